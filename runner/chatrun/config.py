@@ -1,0 +1,161 @@
+"""The validated bot configuration: plain data built from the YAML by `chatrun.loader`.
+
+Everything downstream (the route graph, the engine) reads these dataclasses, never
+raw YAML. Every object keeps `where` (a `Location`) so runtime errors can name the
+file and line of the YAML that caused them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Location:
+    file: str = ""
+    line: int = 0
+    col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}" if self.line else self.file
+
+
+@dataclass
+class ModelConfig:
+    """Which model answers and how. Route-level configs are merged over the bot's."""
+
+    provider: str = "openai"  # "openai" | "scripted"
+    name: str = "gpt-4o-mini"
+    temperature: float | None = None
+    max_tokens: int | None = None  # reply limit sent to the model
+    base_url: str | None = None  # else OPENAI_BASE_URL
+    api_key_env: str | None = None  # name of the env var holding the key; else OPENAI_API_KEY
+    timeout: float = 60.0  # seconds per model call
+    max_retries: int = 3  # on 429/5xx/timeouts, with backoff honouring Retry-After
+    stream: bool = True
+    params: dict[str, Any] = field(default_factory=dict)  # extra request fields (top_p, seed, ...)
+    where: Location = field(default_factory=Location)
+
+    def merged(self, override: dict[str, Any] | None) -> ModelConfig:
+        """A copy with the keys of `override` (raw route-level YAML mapping) applied."""
+        if not override:
+            return self
+        values = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        for key, value in override.items():
+            if key == "params":
+                values["params"] = {**self.params, **value}
+            elif key in values:
+                values[key] = value
+        return ModelConfig(**values)
+
+
+@dataclass
+class MemoryPolicy:
+    """How much of the conversation a route's memory keeps.
+
+    type: "message_window" (max_messages), "token_window" (max_tokens, encoding),
+    or "none" (nothing kept between turns).
+    """
+
+    type: str = "message_window"
+    max_messages: int = 20
+    max_tokens: int = 3000
+    encoding: str | None = None  # tiktoken encoding; None: from the model name, then o200k_base
+    where: Location = field(default_factory=Location)
+
+
+@dataclass
+class ActionConfig:
+    """What a tool does to the conversation besides returning a result.
+
+    Applied in this order (see README, "Tool actions"):
+    requires check -> handler -> set -> emit -> clear_memory / wipe -> message, result
+    (rendered while the current scope still exists) -> pop -> push -> route -> reply
+    -> loop control (execute, immediate).
+    """
+
+    push: str | None = None
+    pop: bool = False
+    route: str | None = None
+    execute: bool = False
+    immediate: bool = False
+    clear_memory: bool = False
+    wipe: str | None = None  # "schedule" | "abort"
+    set: dict[str, str] = field(default_factory=dict)  # PATH -> template
+    emit: dict[str, Any] = field(default_factory=dict)  # EVENT_TYPE -> template (str) or data
+    message: str | None = None  # template: a Message event to the user
+    reply: str | None = None  # template: the tool result the model sees
+    result: str | None = None  # template: with pop, handed to the parent route's memory
+    where: Location = field(default_factory=Location)
+
+    @property
+    def leaves_route(self) -> bool:
+        return bool(self.push or self.pop or self.route)
+
+
+@dataclass
+class ToolConfig:
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )  # JSON Schema of the arguments
+    requires: list[str] = field(default_factory=list)  # state paths that must be set (not null)
+    handler: str | None = None  # "module:function", module resolved relative to the bot directory
+    action: ActionConfig = field(default_factory=ActionConfig)
+    where: Location = field(default_factory=Location)
+
+
+@dataclass
+class ScopeConfig:
+    local: dict[str, Any] = field(default_factory=dict)  # per scope, not inherited
+    shared: dict[str, Any] = field(default_factory=dict)  # inherited by nested scopes
+
+
+@dataclass
+class RouteConfig:
+    name: str
+    system: str = ""  # Jinja2 template
+    description: str = ""
+    default: bool = False
+    user: str | None = None  # Jinja2 template turning structured input into the user message
+    memory: MemoryPolicy | None = None  # None: the bot's default policy
+    model: dict[str, Any] | None = None  # raw override merged over the bot's ModelConfig
+    tools: list[str] = field(default_factory=list)
+    scope: ScopeConfig = field(default_factory=ScopeConfig)
+    roles: list[str] = field(default_factory=list)
+    where: Location = field(default_factory=Location)
+
+
+@dataclass
+class BotConfig:
+    name: str
+    routes: dict[str, RouteConfig]
+    tools: dict[str, ToolConfig]
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
+    state: dict[str, Any] = field(default_factory=dict)
+    limits: Limits = field(default_factory=lambda: Limits())
+    path: str = ""  # the bot.yaml (or single file) it was loaded from
+    root: str = ""  # directory handlers are resolved against
+    where: Location = field(default_factory=Location)
+
+    @property
+    def default_route(self) -> str:
+        return next(name for name, route in self.routes.items() if route.default)
+
+    def route_model(self, route: str) -> ModelConfig:
+        return self.model.merged(self.routes[route].model)
+
+    def route_memory(self, route: str) -> MemoryPolicy:
+        return self.routes[route].memory or self.memory
+
+
+@dataclass
+class Limits:
+    """Per-turn guards: a bot that loops forever gets an Error event, not a hang."""
+
+    max_hops: int = 8  # route invocations per turn (execute chains)
+    max_model_calls: int = 16  # model calls per turn, over all hops

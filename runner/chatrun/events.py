@@ -1,0 +1,36 @@
+"""Events a turn sends to the client, named as on the Quarkus Chat Scopes wire."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MESSAGE = "Message"  # text for the user
+OBJECT = "Object"  # structured data for the user
+THINKING = "Thinking"  # progress note while the turn runs
+CONSOLE = "Console"  # developer-facing output (a browser console, the REPL's dim lines)
+ERROR = "Error"  # the turn (or part of it) failed; data is a message for the user
+STREAM = "Stream"  # a chunk of the model's reply while it streams
+ROUTE_CHANGED = "RouteChanged"  # chatrun extension: data = {"route": str, "stack": [str, ...]}
+
+BUILTIN_TYPES = (MESSAGE, OBJECT, THINKING, CONSOLE, ERROR, STREAM, ROUTE_CHANGED)
+
+
+@dataclass
+class Event:
+    """One event of a turn: its type, its data, and the turn (1-based) it belongs to."""
+
+    type: str
+    data: Any
+    turn: int = 0
+    meta: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = {"type": self.type, "data": self.data, "turn": self.turn}
+        if self.meta:
+            out["meta"] = self.meta
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Event:
+        return cls(type=d["type"], data=d.get("data"), turn=d.get("turn", 0), meta=d.get("meta") or {})

@@ -1,0 +1,137 @@
+"""Chat messages: what a memory holds and what the model is sent.
+
+Four kinds, as in LangChain4j: system, user, assistant (optionally with tool calls)
+and tool result. Messages are immutable, so memories can share them and cache
+their token counts by identity. `to_dict`/`message_from_dict` round-trip losslessly
+through JSON; `to_openai` gives the Chat Completions wire form.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool the model asked to run. `arguments` is the raw JSON text the model sent."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str = field(init=False, default="")
+
+    def to_dict(self) -> dict:
+        raise NotImplementedError
+
+    def to_openai(self) -> dict:
+        raise NotImplementedError
+
+    def text(self) -> str:
+        """The text a token counter measures."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SystemMessage(Message):
+    content: str
+    role: str = field(init=False, default="system")
+
+    def to_dict(self) -> dict:
+        return {"role": "system", "content": self.content}
+
+    def to_openai(self) -> dict:
+        return {"role": "system", "content": self.content}
+
+    def text(self) -> str:
+        return self.content
+
+
+@dataclass(frozen=True)
+class UserMessage(Message):
+    content: str
+    role: str = field(init=False, default="user")
+
+    def to_dict(self) -> dict:
+        return {"role": "user", "content": self.content}
+
+    def to_openai(self) -> dict:
+        return {"role": "user", "content": self.content}
+
+    def text(self) -> str:
+        return self.content
+
+
+@dataclass(frozen=True)
+class AssistantMessage(Message):
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    role: str = field(init=False, default="assistant")
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        return out
+
+    def to_openai(self) -> dict:
+        out: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        return out
+
+    def text(self) -> str:
+        parts = [self.content or ""]
+        parts += [f"{c.name}({c.arguments})" for c in self.tool_calls]
+        return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class ToolResultMessage(Message):
+    tool_call_id: str
+    name: str
+    content: str
+    role: str = field(init=False, default="tool")
+
+    def to_dict(self) -> dict:
+        return {"role": "tool", "tool_call_id": self.tool_call_id, "name": self.name, "content": self.content}
+
+    def to_openai(self) -> dict:
+        return {"role": "tool", "tool_call_id": self.tool_call_id, "content": self.content}
+
+    def text(self) -> str:
+        return self.content
+
+
+def message_from_dict(d: dict) -> Message:
+    """Inverse of `Message.to_dict`."""
+    role = d.get("role")
+    if role == "system":
+        return SystemMessage(d["content"])
+    if role == "user":
+        return UserMessage(d["content"])
+    if role == "assistant":
+        calls = tuple(ToolCall(c["id"], c["name"], c.get("arguments", "{}")) for c in d.get("tool_calls") or ())
+        return AssistantMessage(d.get("content"), calls)
+    if role == "tool":
+        return ToolResultMessage(d["tool_call_id"], d.get("name", ""), d["content"])
+    raise ValueError(f"unknown message role {role!r}")
+
+
+def messages_to_json(messages: list[Message]) -> str:
+    return json.dumps([m.to_dict() for m in messages], ensure_ascii=False)
+
+
+def messages_from_json(text: str) -> list[Message]:
+    return [message_from_dict(d) for d in json.loads(text)]

@@ -1,0 +1,47 @@
+"""What the engine asks of a model, and what it gets back."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from chatrun.config import ModelConfig
+from chatrun.messages import Message, ToolCall
+
+ChunkCallback = Callable[[str], Awaitable[None]]
+
+
+@dataclass
+class ModelRequest:
+    """One call to the model.
+
+    `tools` are OpenAI function specs: {"type": "function", "function": {"name",
+    "description", "parameters"}}. `config` is the route's merged model config
+    (name, temperature, ...). `route` is informational (scripted models and logs).
+    """
+
+    messages: list[Message]
+    tools: list[dict[str, Any]]
+    config: ModelConfig
+    route: str = ""
+
+
+@dataclass
+class ModelResponse:
+    """The model's answer: text, tool calls, or both."""
+
+    text: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+class ChatModel(Protocol):
+    async def complete(
+        self, request: ModelRequest, on_chunk: ChunkCallback | None = None
+    ) -> ModelResponse:
+        """Answer one request. Call `on_chunk` with text chunks while streaming (if given).
+
+        Raises chatrun.errors.ModelError when the model cannot answer (after retries).
+        """
+        ...

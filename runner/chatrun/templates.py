@@ -1,0 +1,90 @@
+"""Jinja2 templates: one environment for prompts, messages, replies and setters.
+
+Templates are compiled once when the bot loads (syntax errors are validation
+errors with the YAML line) and rendered every turn. The environment is sandboxed:
+a bot file must not be able to reach Python internals through a template.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import StrictUndefined, meta, nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Variables a template may use (README: "Template variables").
+TEMPLATE_VARIABLES = ("state", "scope", "args", "user_message", "data", "route", "stack", "turn", "result")
+
+
+class _Undefined(StrictUndefined):
+    """Undefined that still allows `x or "default"` and `x is defined`, but fails loudly
+    when printed or iterated, so a typo in a template is an error, not empty text."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def _tojson(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+ENV = ImmutableSandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=False)
+ENV.filters["tojson"] = _tojson
+
+
+@lru_cache(maxsize=4096)
+def compile_template(source: str):  # noqa: ANN201 - jinja2.Template
+    """Compile (cached). Raises jinja2.TemplateSyntaxError with `.lineno` within the template."""
+    return ENV.from_string(source)
+
+
+def render(source: str, context: dict[str, Any]) -> str:
+    return compile_template(source).render(context)
+
+
+def render_value(source: Any, context: dict[str, Any]) -> Any:
+    """Render a template where a setter or event value expects one.
+
+    A template that is exactly one expression (`"{{ args.n }}"`) keeps the value's
+    type (numbers stay numbers, lists stay lists); other strings render to text;
+    non-strings are returned as they are.
+    """
+    if not isinstance(source, str):
+        return source
+    expr = _single_expression(source)
+    if expr is not None:
+        return ENV.compile_expression(expr, undefined_to_none=False)(**context)
+    return render(source, context)
+
+
+@lru_cache(maxsize=4096)
+def _single_expression(source: str) -> str | None:
+    text = source.strip()
+    if text.startswith("{{") and text.endswith("}}") and text.count("{{") == 1:
+        return text[2:-2].strip()
+    return None
+
+
+def referenced_paths(source: str) -> set[tuple[str, ...]]:
+    """Dotted attribute paths a template reads from its variables, e.g. {("state", "traveller_name")}.
+
+    Used by validation to warn about state a template refers to but no YAML declares.
+    """
+    ast = ENV.parse(source)
+    found: set[tuple[str, ...]] = {(name,) for name in meta.find_undeclared_variables(ast)}
+    for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
+        path: list[str] = []
+        cur: Any = node
+        while isinstance(cur, (nodes.Getattr, nodes.Getitem)):
+            if isinstance(cur, nodes.Getattr):
+                path.append(cur.attr)
+            elif isinstance(cur.arg, nodes.Const) and isinstance(cur.arg.value, str):
+                path.append(cur.arg.value)
+            else:
+                path = []
+            cur = cur.node
+        if isinstance(cur, nodes.Name) and path:
+            found.add((cur.name, *reversed(path)))
+    return found
