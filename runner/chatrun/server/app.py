@@ -1,0 +1,120 @@
+"""The FastAPI application behind `chatrun serve`.
+
+    app = create_app(["bots/travel"], "sqlite:///chatrun.db")
+
+Serves, for each bot: the WebSocket endpoint (Quarkus Chat Scopes frames), the HTTP API,
+the JavaScript client and the web chat page with its inspector.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+from chatrun import __version__
+from chatrun.errors import ChatrunError
+from chatrun.server import wire
+from chatrun.server.auth import Auth, resolve_auth
+from chatrun.server.http import failure_response, make_router
+from chatrun.server.sessions import SessionRegistry
+from chatrun.server.ws import serve_websocket
+from chatrun.store import SessionStore, open_store
+
+STATIC = Path(__file__).parent / "static"
+
+
+def create_app(
+    bots: Any,
+    store_url: str | None = "memory://",
+    auth: Auth | str | Path | None = None,
+    limits: wire.ServerLimits = wire.ServerLimits(),  # noqa: B008 - frozen dataclass, safe to share
+    store: SessionStore | None = None,
+    cache_size: int = 10_000,
+) -> FastAPI:
+    """The app serving `bots` (Bot objects or paths; a dict name -> Bot; the first is the default).
+
+    store_url: "memory://" or "sqlite:///path.db" (ignored when `store` is given).
+    auth: an Auth, a path to an auth file, or None (then $CHATRUN_AUTH_FILE, else no auth).
+    """
+    loaded = _load_bots(bots)
+    registry = SessionRegistry(loaded, store if store is not None else open_store(store_url), cache_size)
+    auth_config = resolve_auth(auth)
+    names = ", ".join(loaded)
+    app = FastAPI(
+        title=f"chatrun: {names}",
+        version=__version__,
+        description="Chat with declarative bots over WebSocket (Quarkus Chat Scopes frames, "
+        "see docs/protocol.md) or HTTP. The web page is at `/`.",
+    )
+    app.state.registry = registry
+    app.state.auth = auth_config
+    app.state.limits = limits
+
+    @app.exception_handler(wire.RequestFailed)
+    async def _failed(request: Request, exc: wire.RequestFailed) -> Any:
+        return failure_response(exc)
+
+    app.include_router(make_router(registry, limits, auth_config))
+
+    @app.websocket("/_chat/routes")
+    async def chat_routes(websocket: WebSocket) -> None:
+        await serve_websocket(websocket, registry, limits, auth_config, None)
+
+    @app.websocket("/bots/{bot}/_chat/routes")
+    async def bot_chat_routes(websocket: WebSocket, bot: str) -> None:
+        await serve_websocket(websocket, registry, limits, auth_config, bot)
+
+    @app.get("/_chat/javascript/chatscopes.js", include_in_schema=False)
+    async def chatscopes_js() -> FileResponse:
+        return FileResponse(STATIC / "chatscopes.js", media_type="text/javascript")
+
+    app.mount("/_chat/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> HTMLResponse:
+        return _page(next(iter(loaded)))
+
+    @app.get("/bots/{bot}/", include_in_schema=False)
+    async def bot_page(bot: str) -> HTMLResponse:
+        registry.bot(bot)  # 404 for an unknown bot
+        return _page(bot)
+
+    @app.get("/bots/{bot}/chat", include_in_schema=False)
+    async def bot_page_redirect(bot: str) -> RedirectResponse:
+        return RedirectResponse(f"/bots/{bot}/")
+
+    return app
+
+
+def _page(bot: str) -> HTMLResponse:
+    import html
+    import json
+
+    text = (STATIC / "index.html").read_text()
+    # The page learns its bot from a data attribute; no templating engine needed for one value.
+    text = text.replace("__CHATRUN_BOT__", html.escape(json.dumps(bot)[1:-1], quote=True))
+    return HTMLResponse(text, headers={"Cache-Control": "no-cache"})
+
+
+def _load_bots(bots: Any) -> dict[str, Any]:
+    import chatrun
+
+    if isinstance(bots, dict):
+        items = list(bots.values())
+    elif isinstance(bots, list | tuple):
+        items = list(bots)
+    else:
+        items = [bots]
+    loaded: dict[str, Any] = {}
+    for item in items:
+        bot = chatrun.load_bot(item) if isinstance(item, str | Path) else item
+        if bot.name in loaded:
+            raise ChatrunError(f"two bots are named {bot.name!r}; each bot served needs its own name")
+        loaded[bot.name] = bot
+    if not loaded:
+        raise ChatrunError("no bot to serve; give at least one bot directory or YAML file")
+    return loaded

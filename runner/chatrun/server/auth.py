@@ -1,0 +1,104 @@
+"""Optional authentication: API keys / bearer tokens mapped to a principal with roles.
+
+The auth file (YAML), given with `--auth FILE` or the CHATRUN_AUTH_FILE environment variable:
+
+    tokens:
+      s3cret-ana: {principal: ana, roles: [staff]}
+      s3cret-bob: {principal: bob}
+
+A client sends its token as `Authorization: Bearer <token>`, as `X-API-Key: <token>`, or
+(for browsers' WebSockets, which cannot set headers) as `?token=<token>`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from chatrun.errors import ChatrunError
+
+AUTH_ENV = "CHATRUN_AUTH_FILE"
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    roles: frozenset[str] = field(default_factory=frozenset)
+
+
+ANONYMOUS = None  # with auth off every request is anonymous: no owner, no role checks
+
+
+@dataclass
+class Auth:
+    tokens: dict[str, Principal]
+    source: str = ""
+
+    def authenticate(self, token: str | None) -> Principal | None:
+        """The principal of a token, or None. Compares in constant time."""
+        if not token:
+            return None
+        found = None
+        for known, principal in self.tokens.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                found = principal
+        return found
+
+    @classmethod
+    def load(cls, path: str | Path) -> Auth:
+        path = Path(path)
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise ChatrunError(f"cannot read the auth file {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ChatrunError(f"{path}: the auth file is not valid YAML: {exc}") from None
+        return cls.from_mapping(raw, str(path))
+
+    @classmethod
+    def from_mapping(cls, raw: object, source: str = "<auth>") -> Auth:
+        if not isinstance(raw, dict) or not isinstance(raw.get("tokens"), dict) or not raw["tokens"]:
+            raise ChatrunError(
+                f"{source}: the auth file needs a `tokens:` mapping, e.g. "
+                "tokens: {my-secret: {principal: ana, roles: [staff]}}"
+            )
+        tokens: dict[str, Principal] = {}
+        for token, entry in raw["tokens"].items():
+            where = f"{source}: tokens.{str(token)[:4]}…"
+            if not isinstance(token, str) or len(token) < 8:
+                raise ChatrunError(f"{where}: a token is a string of at least 8 characters")
+            if isinstance(entry, str):
+                entry = {"principal": entry}
+            if not isinstance(entry, dict) or not isinstance(entry.get("principal"), str):
+                raise ChatrunError(f"{where}: each token maps to {{principal: NAME, roles: [ROLE, ...]}}")
+            roles = entry.get("roles") or []
+            if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+                raise ChatrunError(f"{where}: roles is a list of role names")
+            tokens[token] = Principal(entry["principal"], frozenset(roles))
+        return cls(tokens, source)
+
+
+def resolve_auth(auth: Auth | str | Path | None) -> Auth | None:
+    """The auth to use: the one given, a file path, else $CHATRUN_AUTH_FILE, else none (auth off)."""
+    if isinstance(auth, Auth):
+        return auth
+    if auth:
+        return Auth.load(auth)
+    env = os.environ.get(AUTH_ENV)
+    return Auth.load(env) if env else None
+
+
+def token_from(headers: dict[str, str] | object, query: dict[str, str] | object) -> str | None:
+    """The token a request carries: Authorization: Bearer, X-API-Key, or ?token=."""
+    get_h = headers.get  # type: ignore[attr-defined]
+    value = get_h("authorization")
+    if value and value.lower().startswith("bearer "):
+        return value[7:].strip()
+    key = get_h("x-api-key")
+    if key:
+        return key.strip()
+    return query.get("token") or None  # type: ignore[attr-defined]

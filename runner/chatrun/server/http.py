@@ -1,0 +1,185 @@
+"""The HTTP API: sessions as resources, a turn as a POST (JSON or Server-Sent Events).
+
+    GET    /health
+    GET    /bots                                      the bots served
+    GET    /bots/{bot}                                one bot, with its route graph
+    POST   /bots/{bot}/sessions                       {"id"?, "route"?, "state"?} -> the new session
+    GET    /bots/{bot}/sessions/{id}                  route, stack, scopes, visible state, history
+    DELETE /bots/{bot}/sessions/{id}
+    POST   /bots/{bot}/sessions/{id}/messages         {"userMessage": "...", ...} -> events
+           (Accept: text/event-stream or ?stream=true: the events as they happen)
+    GET    /bots/{bot}/sessions/{id}/inspect          what the page's inspector shows
+"""
+
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from chatrun import events as ev
+from chatrun.server import wire
+from chatrun.server.auth import Principal, token_from
+from chatrun.server.inspect import graph_data, inspect_data, session_data
+from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
+
+
+def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any) -> APIRouter:
+    router = APIRouter()
+
+    def principal(request: Request) -> Principal | None:
+        if auth is None:
+            return None
+        found = auth.authenticate(token_from(request.headers, request.query_params))
+        if found is None:
+            raise wire.RequestFailed(
+                wire.UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer <token>, X-API-Key or ?token=)"
+            )
+        return found
+
+    async def read_body(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if len(raw) > limits.max_frame_bytes:
+            raise wire.RequestFailed(
+                wire.TOO_LARGE, f"body of {len(raw)} bytes is over the limit of {limits.max_frame_bytes} bytes"
+            )
+        if not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise wire.RequestFailed(wire.BAD_REQUEST, f"body is not valid JSON: {exc.msg} at character {exc.pos}") from None
+        if not isinstance(body, dict):
+            raise wire.RequestFailed(wire.BAD_REQUEST, f"body must be a JSON object, not {type(body).__name__}")
+        return body
+
+    Who = Annotated[Principal | None, Depends(principal)]
+
+    @router.get("/health", tags=["server"])
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "bots": list(registry.bots), "live_sessions": registry.live_count()}
+
+    @router.get("/bots", tags=["bots"])
+    async def bots(who: Who) -> list[dict[str, Any]]:
+        return [_bot_summary(b) for b in registry.bots.values()]
+
+    @router.get("/bots/{bot}", tags=["bots"])
+    async def bot(bot: str, who: Who) -> dict[str, Any]:
+        found = registry.bot(bot)
+        return _bot_summary(found) | {"graph": graph_data(found)}
+
+    @router.post("/bots/{bot}/sessions", status_code=201, tags=["sessions"], openapi_extra=_body(
+        {"id": {"type": "string"}, "route": {"type": "string"}, "state": {"type": "object"}}, {"route": "main_menu"}))
+    async def create_session(
+        bot: str,
+        request: Request,
+        who: Who,
+    ) -> dict[str, Any]:
+        data = await read_body(request)
+        session_id = data.get("id") or secrets.token_hex(8)
+        route, state = data.get("route"), data.get("state")
+        if not isinstance(session_id, str) or (route is not None and not isinstance(route, str)):
+            raise wire.RequestFailed(wire.BAD_REQUEST, "id and route must be strings")
+        if state is not None and not isinstance(state, dict):
+            raise wire.RequestFailed(wire.BAD_REQUEST, "state must be a JSON object")
+        async with registry.session(bot, session_id, who, NEW, route=route, state=state) as session:
+            return session_data(session)
+
+    @router.get("/bots/{bot}/sessions/{session_id}", tags=["sessions"])
+    async def read_session(bot: str, session_id: str, who: Who) -> dict[str, Any]:
+        async with registry.session(bot, session_id, who, EXISTING) as session:
+            return session_data(session) | {"history": session.history}
+
+    @router.get("/bots/{bot}/sessions/{session_id}/inspect", tags=["sessions"])
+    async def inspect(bot: str, session_id: str, who: Who) -> dict[str, Any]:
+        async with registry.session(bot, session_id, who, EXISTING) as session:
+            return inspect_data(session)
+
+    @router.delete("/bots/{bot}/sessions/{session_id}", status_code=204, tags=["sessions"])
+    async def delete_session(bot: str, session_id: str, who: Who) -> Response:
+        await registry.delete(bot, session_id, who)
+        return Response(status_code=204)
+
+    @router.post("/bots/{bot}/sessions/{session_id}/messages", tags=["sessions"], openapi_extra=_body(
+        {"userMessage": {"type": "string"}}, {"userMessage": "I want to fly to Dublin"}))
+    async def send_message(
+        bot: str,
+        session_id: str,
+        request: Request,
+        who: Who,
+        stream: Annotated[bool, Query(description="answer with Server-Sent Events as the turn runs")] = False,
+    ) -> Any:
+        data = await read_body(request)
+        message = data.get("userMessage")
+        if message is not None and not isinstance(message, str):
+            raise wire.RequestFailed(wire.BAD_REQUEST, "userMessage must be a string")
+        if isinstance(message, str) and len(message) > limits.max_message_chars:
+            raise wire.RequestFailed(
+                wire.TOO_LARGE, f"userMessage of {len(message)} characters is over the limit of {limits.max_message_chars}"
+            )
+        if stream or "text/event-stream" in request.headers.get("accept", ""):
+            # Fail before the stream starts when the session is unknown or not the caller's.
+            async with registry.session(bot, session_id, who, EXISTING):
+                pass
+            return StreamingResponse(
+                _sse(registry, bot, session_id, who, data),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        async with registry.session(bot, session_id, who, EXISTING) as session:
+            events = [e async for e in session.stream(data or None)]
+            return {
+                "events": [e.to_dict() for e in events if e.type != ev.STREAM],
+                "ok": not any(e.type == ev.ERROR for e in events),
+                "scopeId": session.scope_id,
+                "route": session.route,
+                "stack": session.stack,
+                "turn": session.turn,
+            }
+
+    return router
+
+
+async def _sse(
+    registry: SessionRegistry, bot: str, session_id: str, who: Principal | None, data: dict[str, Any]
+) -> AsyncIterator[str]:
+    try:
+        async with registry.session(bot, session_id, who, EXISTING) as session:
+            async for event in session.stream(data or None):
+                yield _sse_frame(event.type, event.to_dict())
+            yield _sse_frame(
+                wire.COMPLETED,
+                {"type": wire.COMPLETED, "data": session.scope_id, "route": session.route, "stack": session.stack},
+            )
+    except wire.RequestFailed as exc:
+        yield _sse_frame(wire.ERROR, {"type": wire.ERROR, "data": exc.message})
+        yield _sse_frame(wire.FAILED, {"type": wire.FAILED, "data": exc.reason})
+
+
+def _sse_frame(kind: str, payload: dict[str, Any]) -> str:
+    return f"event: {kind}\ndata: {json.dumps(payload, default=str, ensure_ascii=False)}\n\n"
+
+
+def _bot_summary(bot: Any) -> dict[str, Any]:
+    config = bot.config
+    return {
+        "name": bot.name,
+        "description": config.description,
+        "default_route": config.default_route,
+        "routes": list(config.routes),
+    }
+
+
+def failure_response(exc: wire.RequestFailed) -> JSONResponse:
+    status = wire.HTTP_STATUS.get(exc.reason, 400)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=status, headers=headers)
+
+
+def _body(properties: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI text for a JSON body the handler parses itself (to give its own clear errors)."""
+    schema = {"type": "object", "properties": properties, "additionalProperties": True}
+    return {"requestBody": {"content": {"application/json": {"schema": schema, "example": example}}}}

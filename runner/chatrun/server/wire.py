@@ -1,0 +1,192 @@
+"""The frames of the `/_chat/routes` WebSocket protocol (Quarkus Chat Scopes compatible).
+
+Client -> server:
+    {"type": "Connect", "chatId": C, "route": R?}            chatrun extensions: "resume", "bot"
+    {"type": "ChatRouteMessage", "chatId": C, "scopeId": S, "data": {"userMessage": "...", ...}}
+    {"type": "Disconnect", "chatId": C}                       chatrun extension: "keep"
+Any client frame may carry "requestId" (extension); the server echoes it on every frame
+it sends for that request.
+
+Server -> client:
+    {"chatId": C, "type": T, "data": D}   T: Message, Object, Thinking, Console, Error, Stream,
+                                          RouteChanged (extension) or a bot's custom type
+    {"chatId": C, "type": "Completed", "data": <current scope id>}
+    {"chatId": C, "type": "Failed", "data": <reason>}
+
+The JSON Schema of every frame is schemas/wire.schema.json; docs/protocol.md explains it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+CONNECT = "Connect"
+CHAT_ROUTE_MESSAGE = "ChatRouteMessage"
+DISCONNECT = "Disconnect"
+CLIENT_TYPES = (CONNECT, CHAT_ROUTE_MESSAGE, DISCONNECT)
+
+COMPLETED = "Completed"
+FAILED = "Failed"
+ERROR = "Error"
+
+# Failed reasons. The first three are the Quarkus ones; the others are chatrun's.
+ROUTE_NOT_FOUND = "RouteNotFound"
+SESSION_NOT_ACTIVE = "SessionNotActive"
+SERVER_ERROR = "ServerError"
+BAD_REQUEST = "BadRequest"
+FORBIDDEN = "Forbidden"
+TOO_LARGE = "TooLarge"
+TOO_MANY_REQUESTS = "TooManyRequests"
+SESSION_EXISTS = "SessionExists"
+SCOPE_NOT_ACTIVE = "ScopeNotActive"
+BOT_NOT_FOUND = "BotNotFound"
+UNAUTHORIZED = "Unauthorized"
+
+FAILED_REASONS = (
+    ROUTE_NOT_FOUND,
+    SESSION_NOT_ACTIVE,
+    SERVER_ERROR,
+    BAD_REQUEST,
+    FORBIDDEN,
+    TOO_LARGE,
+    TOO_MANY_REQUESTS,
+    SESSION_EXISTS,
+    SCOPE_NOT_ACTIVE,
+    BOT_NOT_FOUND,
+    UNAUTHORIZED,
+)
+
+# HTTP status for each reason, so the REST API and the WebSocket fail the same way.
+HTTP_STATUS = {
+    ROUTE_NOT_FOUND: 404,
+    SESSION_NOT_ACTIVE: 404,
+    BOT_NOT_FOUND: 404,
+    SERVER_ERROR: 500,
+    BAD_REQUEST: 400,
+    FORBIDDEN: 403,
+    TOO_LARGE: 413,
+    TOO_MANY_REQUESTS: 429,
+    SESSION_EXISTS: 409,
+    SCOPE_NOT_ACTIVE: 409,
+    UNAUTHORIZED: 401,
+}
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Guards on what one client may send. Each breach gets its own clear error."""
+
+    max_frame_bytes: int = 64 * 1024  # one WebSocket frame / HTTP body
+    max_message_chars: int = 8000  # the userMessage of one request
+    max_in_flight: int = 8  # requests of one WebSocket connection being served at once
+    max_chats_per_connection: int = 64  # chatIds attached to one WebSocket connection
+
+
+class RequestFailed(Exception):
+    """A request that cannot be served: `reason` is the Failed data, the message the Error text."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass
+class ClientFrame:
+    type: str
+    chat_id: str
+    route: str | None = None
+    scope_id: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    request_id: Any = None
+    resume: bool = False
+    keep: bool = False
+    bot: str | None = None
+
+
+def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
+    """A client frame, checked. Raises FrameError saying what is wrong (with the chatId and
+    requestId when they could be read, so the client can match the failure)."""
+    if text is None or isinstance(text, bytes | bytearray):
+        raise FrameError(BAD_REQUEST, "frames are JSON text, not binary")
+    if len(text.encode()) > limits.max_frame_bytes:
+        raise FrameError(TOO_LARGE, f"frame of {len(text.encode())} bytes is over the limit of {limits.max_frame_bytes} bytes")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FrameError(BAD_REQUEST, f"frame is not valid JSON: {exc.msg} at character {exc.pos}") from None
+    if not isinstance(raw, dict):
+        raise FrameError(BAD_REQUEST, f"a frame is a JSON object, not {type(raw).__name__}")
+    chat_id = raw.get("chatId")
+    request_id = raw.get("requestId")
+    safe_chat = chat_id if isinstance(chat_id, str) else None
+
+    def fail(message: str, reason: str = BAD_REQUEST) -> FrameError:
+        return FrameError(reason, message, safe_chat, request_id)
+
+    kind = raw.get("type")
+    if kind not in CLIENT_TYPES:
+        raise fail(f"unknown frame type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}")
+    if not isinstance(chat_id, str) or not chat_id.strip():
+        raise fail(f"{kind} needs a chatId (a non-empty string)")
+    if len(chat_id) > 128:
+        raise fail("chatId is longer than 128 characters")
+    frame = ClientFrame(kind, chat_id, request_id=request_id)
+    if kind == CONNECT:
+        route = raw.get("route")
+        if route is not None and not isinstance(route, str):
+            raise fail("Connect.route must be a string (a route name) or absent")
+        bot = raw.get("bot")
+        if bot is not None and not isinstance(bot, str):
+            raise fail("Connect.bot must be a string (a bot name) or absent")
+        frame.route = route or None
+        frame.bot = bot
+        frame.resume = bool(raw.get("resume"))
+    elif kind == CHAT_ROUTE_MESSAGE:
+        data = raw.get("data", {})
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise fail("ChatRouteMessage.data must be a JSON object, e.g. {\"userMessage\": \"hi\"}")
+        message = data.get("userMessage")
+        if message is not None and not isinstance(message, str):
+            raise fail("ChatRouteMessage.data.userMessage must be a string")
+        if isinstance(message, str) and len(message) > limits.max_message_chars:
+            raise fail(
+                f"userMessage of {len(message)} characters is over the limit of {limits.max_message_chars}",
+                TOO_LARGE,
+            )
+        scope_id = raw.get("scopeId")
+        if scope_id is not None and not isinstance(scope_id, str):
+            raise fail("ChatRouteMessage.scopeId must be a string (the data of the last Completed)")
+        frame.data = data
+        frame.scope_id = scope_id
+    else:
+        frame.keep = bool(raw.get("keep"))
+    return frame
+
+
+class FrameError(RequestFailed):
+    def __init__(self, reason: str, message: str, chat_id: str | None = None, request_id: Any = None):
+        super().__init__(reason, message)
+        self.chat_id = chat_id
+        self.request_id = request_id
+
+
+def server_frame(chat_id: str | None, kind: str, data: Any, request_id: Any = None) -> str:
+    out: dict[str, Any] = {"chatId": chat_id, "type": kind, "data": data}
+    if request_id is not None:
+        out["requestId"] = request_id
+    return json.dumps(out, default=_jsonable, ensure_ascii=False)
+
+
+def _jsonable(value: Any) -> Any:
+    """Event data a bot's handler produced that JSON does not know (sets, dataclasses...)."""
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    return str(value)

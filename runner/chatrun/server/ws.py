@@ -1,0 +1,222 @@
+"""The `/_chat/routes` WebSocket endpoint, speaking Quarkus Chat Scopes frames (see wire.py).
+
+One connection may carry several chats (chatIds). Each request runs in its own task so a
+slow turn on one chat does not hold up the others; requests for one chat are served in the
+order they arrived (the registry's per-session lock is FIFO). Every request ends with exactly
+one Completed or Failed frame. Closing the connection keeps the sessions in the store; a
+turn still running when the client leaves finishes and is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketState
+
+from chatrun.server import wire
+from chatrun.server.auth import Auth, Principal, token_from
+from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
+
+log = logging.getLogger("chatrun.server")
+
+CLOSE_UNAUTHORIZED = 4401
+
+
+class Connection:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        registry: SessionRegistry,
+        limits: wire.ServerLimits,
+        principal: Principal | None,
+        bot_name: str | None,
+    ):
+        self.ws = websocket
+        self.registry = registry
+        self.limits = limits
+        self.principal = principal
+        self.bot_name = bot_name
+        self.chats: dict[str, str] = {}  # chatId -> bot name, from the moment its Connect is received
+        self.pending: set[str] = set()  # chats whose Connect is not served yet
+        self.in_flight = 0
+        self.tasks: set[asyncio.Task] = set()
+        self.open = True
+        self._send_lock = asyncio.Lock()
+
+    async def send(self, chat_id: str | None, kind: str, data: Any, request_id: Any = None) -> None:
+        if not self.open:
+            return
+        text = wire.server_frame(chat_id, kind, data, request_id)
+        async with self._send_lock:  # one frame at a time on the socket
+            try:
+                await self.ws.send_text(text)
+            except Exception:  # the client left: the turn still completes and is stored
+                self.open = False
+
+    async def fail(self, chat_id: str | None, reason: str, message: str, request_id: Any = None) -> None:
+        await self.send(chat_id, wire.ERROR, message, request_id)
+        await self.send(chat_id, wire.FAILED, reason, request_id)
+
+    async def run(self) -> None:
+        try:
+            while True:
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                self.dispatch(message.get("text") if message.get("text") is not None else message.get("bytes"))
+        finally:
+            self.open = False
+
+    def dispatch(self, raw: str | bytes | None) -> None:
+        """Check a frame and start serving it. Runs synchronously in the receive loop, so the
+        order of frames decides the order in which their requests queue for a session."""
+        try:
+            frame = wire.parse_frame(raw, self.limits)
+        except wire.FrameError as exc:
+            self._spawn(self.fail(exc.chat_id, exc.reason, exc.message, exc.request_id))
+            return
+        if self.in_flight >= self.limits.max_in_flight:
+            self._spawn(
+                self.fail(
+                    frame.chat_id,
+                    wire.TOO_MANY_REQUESTS,
+                    f"this connection already has {self.in_flight} requests in flight (limit "
+                    f"{self.limits.max_in_flight}); wait for a Completed or Failed before sending more",
+                    frame.request_id,
+                )
+            )
+            return
+        if frame.type == wire.CONNECT:
+            if frame.chat_id not in self.chats and len(self.chats) >= self.limits.max_chats_per_connection:
+                self._spawn(
+                    self.fail(
+                        frame.chat_id,
+                        wire.TOO_MANY_REQUESTS,
+                        f"this connection already carries {len(self.chats)} chats (limit "
+                        f"{self.limits.max_chats_per_connection}); Disconnect one or open another connection",
+                        frame.request_id,
+                    )
+                )
+                return
+            try:
+                bot = self.registry.bot(frame.bot or self.bot_name).name
+            except wire.RequestFailed as exc:
+                self._spawn(self.fail(frame.chat_id, exc.reason, exc.message, frame.request_id))
+                return
+            added = frame.chat_id not in self.chats
+            if added:  # later frames of this chat queue behind its Connect
+                self.chats[frame.chat_id] = bot
+                self.pending.add(frame.chat_id)
+            coro = self.connect(frame, bot, added)
+        elif frame.chat_id not in self.chats:
+            self._spawn(self.fail(frame.chat_id, _not_connected(frame.chat_id).reason,
+                                  _not_connected(frame.chat_id).message, frame.request_id))
+            return
+        elif frame.type == wire.CHAT_ROUTE_MESSAGE:
+            coro = self.chat(frame, self.chats[frame.chat_id])
+        else:
+            coro = self.disconnect(frame, self.chats[frame.chat_id])
+        self.in_flight += 1
+        self._spawn(self._serve(frame, coro))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _serve(self, frame: wire.ClientFrame, coro: Any) -> None:
+        try:
+            await coro
+        except wire.RequestFailed as exc:
+            await self.fail(frame.chat_id, exc.reason, exc.message, frame.request_id)
+        except Exception as exc:  # a bug: tell the client, keep the connection
+            log.exception("request %s on chat %s failed", frame.type, frame.chat_id)
+            await self.fail(
+                frame.chat_id, wire.SERVER_ERROR, f"internal server error: {type(exc).__name__}: {exc}", frame.request_id
+            )
+        finally:
+            self.in_flight -= 1
+
+    # -- requests -----------------------------------------------------------------------
+
+    async def connect(self, frame: wire.ClientFrame, bot: str, added: bool) -> None:
+        mode = EXISTING if frame.resume else NEW
+        try:
+            async with self.registry.session(bot, frame.chat_id, self.principal, mode, route=frame.route) as session:
+                self.pending.discard(frame.chat_id)
+                if frame.resume:
+                    if frame.route and frame.route != session.route:
+                        # A resumed session stays where it was; say so rather than ignore the route silently.
+                        await self.send(
+                            frame.chat_id,
+                            "Console",
+                            f"resumed session is on route {session.route}; the requested route {frame.route} was ignored",
+                            frame.request_id,
+                        )
+                    await self.send(
+                        frame.chat_id, "RouteChanged", {"route": session.route, "stack": session.stack}, frame.request_id
+                    )
+                await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
+        except BaseException:
+            if added and frame.chat_id in self.pending:  # this Connect attached the chat: detach it
+                self.pending.discard(frame.chat_id)
+                self.chats.pop(frame.chat_id, None)
+            raise
+
+    async def chat(self, frame: wire.ClientFrame, bot: str) -> None:
+        async with self.registry.session(bot, frame.chat_id, self.principal, EXISTING) as session:
+            if frame.chat_id not in self.chats or frame.chat_id in self.pending:  # its Connect failed
+                raise _not_connected(frame.chat_id)
+            if frame.scope_id and frame.scope_id not in {s.id for s in session.scopes}:
+                raise wire.RequestFailed(
+                    wire.SCOPE_NOT_ACTIVE,
+                    f"scope {frame.scope_id} is no longer active (the conversation moved on); "
+                    f"the current scope is {session.scope_id}",
+                )
+            async for event in session.stream(frame.data or None):
+                await self.send(frame.chat_id, event.type, event.data, frame.request_id)
+            await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
+
+    async def disconnect(self, frame: wire.ClientFrame, bot: str) -> None:
+        if not frame.keep:
+            await self.registry.delete(bot, frame.chat_id, self.principal)
+        self.chats.pop(frame.chat_id, None)
+        await self.send(frame.chat_id, wire.COMPLETED, None, frame.request_id)
+
+
+def _not_connected(chat_id: str) -> wire.RequestFailed:
+    return wire.RequestFailed(
+        wire.SESSION_NOT_ACTIVE,
+        f"chat {chat_id} is not connected on this connection; send Connect first "
+        '(or Connect with "resume": true to continue a stored session)',
+    )
+
+
+async def serve_websocket(
+    websocket: WebSocket,
+    registry: SessionRegistry,
+    limits: wire.ServerLimits,
+    auth: Auth | None,
+    bot_name: str | None,
+) -> None:
+    principal = None
+    await websocket.accept()
+    if auth is not None:
+        principal = auth.authenticate(token_from(websocket.headers, websocket.query_params))
+        if principal is None:
+            # Browsers cannot read an HTTP status of a refused upgrade, so accept and close with a reason.
+            await websocket.close(
+                CLOSE_UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer or ?token=)"
+            )
+            return
+    if bot_name is not None and bot_name not in registry.bots:
+        await websocket.close(4404, f"no bot named {bot_name!r}")
+        return
+    connection = Connection(websocket, registry, limits, principal, bot_name)
+    await connection.run()
+    if connection.tasks:  # let running turns finish (and be stored) before the handler returns
+        await asyncio.gather(*connection.tasks, return_exceptions=True)
+    if websocket.client_state == WebSocketState.CONNECTED:
+        await websocket.close()
