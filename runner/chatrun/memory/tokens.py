@@ -1,0 +1,125 @@
+"""Token counting for token-window memories.
+
+A `TokenCounter` is any callable `Message -> int` (LangChain4j's TokenCountEstimator,
+one message at a time). `tiktoken_counter()` builds the default one:
+
+    tokens(message.text()) + MESSAGE_OVERHEAD
+
+- The encoding is the one named (policy `encoding`), else the model's
+  (`tiktoken.encoding_for_model`), else `o200k_base` (gpt-4o, gpt-4o-mini, o-series) when
+  no model is given or tiktoken does not know the model.
+- `message.text()` of an assistant message already includes each tool call as
+  `name(arguments)`, so tool calls are counted.
+- MESSAGE_OVERHEAD = 4: OpenAI's chat format spends 3-4 tokens per message on role and
+  separators; we take the upper value so the window errs on the safe side. The 3 tokens
+  that prime the reply are not counted (they belong to the request, not to a message).
+
+tiktoken downloads its encoding files at first use. Without network that fails: we warn
+once per process (naming TIKTOKEN_CACHE_DIR) and count with `estimate_tokens` instead,
+ceil(len(text) / 4) + MESSAGE_OVERHEAD, the usual ~4 characters per token of English text.
+Counting never raises into a turn. Encodings are loaded once per process.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from chatrun.errors import ChatrunError
+from chatrun.messages import Message
+
+TokenCounter = Callable[[Message], int]
+
+MESSAGE_OVERHEAD = 4
+DEFAULT_ENCODING = "o200k_base"
+CHARS_PER_TOKEN = 4
+
+_lock = threading.Lock()
+# encoding name -> tiktoken.Encoding, or None when it could not be loaded (we never retry:
+# a download attempt per message would make every add slow on an offline machine).
+_encodings: dict[str, Any] = {}
+_warned = False
+
+
+class TokenizerUnavailableWarning(UserWarning):
+    """tiktoken could not load an encoding; token counts are estimated."""
+
+
+def estimate_tokens(text: str) -> int:
+    """The fallback estimate of the tokens in `text`: ~4 characters per token."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def encoding_name(encoding: str | None = None, model_name: str | None = None) -> str:
+    """The tiktoken encoding to use: `encoding` if given, else the model's, else o200k_base."""
+    import tiktoken
+
+    if encoding:
+        if encoding not in tiktoken.list_encoding_names():
+            known = ", ".join(sorted(tiktoken.list_encoding_names()))
+            raise ChatrunError(f"unknown tiktoken encoding {encoding!r} in the memory policy; use one of: {known}")
+        return encoding
+    if model_name:
+        try:
+            return tiktoken.encoding_name_for_model(model_name)
+        except KeyError:  # a model tiktoken does not know (local models, new names)
+            pass
+    return DEFAULT_ENCODING
+
+
+def load_encoding(name: str) -> Any | None:
+    """The tiktoken Encoding `name`, loaded once per process; None if it cannot be loaded."""
+    global _warned
+    if name in _encodings:
+        return _encodings[name]
+    with _lock:
+        if name in _encodings:
+            return _encodings[name]
+        import tiktoken
+
+        try:
+            enc = tiktoken.get_encoding(name)
+        except Exception as exc:  # requests ConnectionError offline, a hash mismatch, a bad cache dir
+            enc = None
+            if not _warned:
+                _warned = True
+                warnings.warn(
+                    f"tiktoken could not load the {name!r} encoding ({type(exc).__name__}: {exc}). "
+                    "Token counts are estimated as ceil(characters / 4) + 4 per message. To count "
+                    "exactly offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached "
+                    "encoding files (copied from a machine that downloaded them), or allow tiktoken "
+                    "to download them once.",
+                    TokenizerUnavailableWarning,
+                    stacklevel=2,
+                )
+        _encodings[name] = enc
+        return enc
+
+
+def estimate_counter(message: Message) -> int:
+    """The fallback counter: ceil(len(text) / 4) + MESSAGE_OVERHEAD."""
+    return estimate_tokens(message.text()) + MESSAGE_OVERHEAD
+
+
+def tiktoken_counter(encoding: str | None = None, model_name: str | None = None) -> TokenCounter:
+    """A counter using tiktoken (see the module doc), or the estimate when tiktoken cannot load.
+
+    Raises ChatrunError only for an encoding name tiktoken does not define (a bot error).
+    """
+    enc = load_encoding(encoding_name(encoding, model_name))
+    if enc is None:
+        return estimate_counter
+    encode = enc.encode_ordinary  # ordinary: text like "<|endoftext|>" in a message is just text
+
+    def count(message: Message) -> int:
+        text = message.text()
+        try:
+            return len(encode(text)) + MESSAGE_OVERHEAD
+        except Exception:  # never fail a turn over a count
+            return estimate_tokens(text) + MESSAGE_OVERHEAD
+
+    count.encoding = enc.name  # type: ignore[attr-defined]
+    return count

@@ -1,0 +1,271 @@
+"""Sliding-window chat memories with LangChain4j's rules (see docs/memory.md).
+
+- One system message at most; once added it is always retained and always kept first.
+  The same content again is ignored; different content replaces it (still first).
+- Messages are indivisible: a message that does not fit is evicted whole, oldest first.
+  The system message counts towards the window but is never evicted; if it alone exceeds
+  the window it is kept anyway (as LangChain4j does) and everything else goes.
+- When an assistant message with tool calls is evicted, its tool results go with it, so no
+  tool result ever leads the window (OpenAI rejects a tool message without its call).
+- chatrun's extra rule: a tool result is kept only if it answers a still-unanswered tool call
+  of the assistant message it would follow (the latest assistant message, with nothing but
+  tool results after it). Anything else would be an orphan the model provider rejects, so
+  it is ignored. This is how a memory cleared (or evicted) mid-tool-call drops the results.
+
+Token counts are computed once per message and cached beside it, with a running total, so
+adding a message costs one count plus O(evicted): the window is never re-tokenized and the
+store is never read back (LangChain4j does both on every add). With a `ChatMemoryStore`:
+messages are loaded once at construction, `update_messages` is called after each change and
+`delete_messages` on `clear()`, as LangChain4j's ChatMemoryStore contract says.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from chatrun.errors import ChatrunError
+from chatrun.memory.tokens import TokenCounter, tiktoken_counter
+from chatrun.messages import AssistantMessage, Message, SystemMessage, ToolResultMessage
+
+if TYPE_CHECKING:
+    from chatrun.config import MemoryPolicy
+    from chatrun.store import ChatMemoryStore
+
+
+@runtime_checkable
+class ChatMemory(Protocol):
+    """LangChain4j's ChatMemory: what the model sees of one conversation thread."""
+
+    id: str
+    ephemeral: bool  # True: kept for one turn only, never persisted (policy `none`)
+
+    def add(self, message: Message) -> None: ...
+
+    def messages(self) -> list[Message]:
+        """The messages in the window, system message first (a new list)."""
+        ...
+
+    def clear(self) -> None: ...
+
+    def set(self, messages: Iterable[Message]) -> None:
+        """Replace every message (the add rules and the window still apply)."""
+        ...
+
+
+class _Window:
+    """The shared machinery: a system slot plus a deque of (message, count) pairs."""
+
+    ephemeral = False
+
+    def __init__(self, id: str, store: ChatMemoryStore | None = None):
+        self.id = id
+        self._store = store
+        self._reset()
+        if store is not None:
+            loaded = store.get_messages(id)
+            if loaded:
+                self._fill(loaded)
+                if self._evict() or self._size() != len(loaded):
+                    self._persist()  # the stored list broke a rule or no longer fits: mirror it
+
+    # -- the ChatMemory API -----------------------------------------------------------------
+
+    def add(self, message: Message) -> None:
+        changed = self._append(message)
+        changed = self._evict() or changed
+        if changed:
+            self._persist()
+
+    def messages(self) -> list[Message]:
+        if self._dynamic and self._evict():  # the maximum may have shrunk since the last add
+            self._persist()
+        return self._list()
+
+    def clear(self) -> None:
+        self._reset()
+        if self._store is not None:
+            self._store.delete_messages(self.id)
+
+    def set(self, messages: Iterable[Message]) -> None:
+        """Replace every message, applying the add rules and the window; one store update.
+        An empty iterable clears the memory (LangChain4j rejects it; clearing is friendlier)."""
+        messages = list(messages)
+        if not messages:
+            self.clear()
+            return
+        self._reset()
+        self._fill(messages)
+        self._evict()
+        self._persist()
+
+    # -- introspection ----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._size()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r}, messages={self._size()}, size={self._total})"
+
+    # -- to override ------------------------------------------------------------------------
+
+    _dynamic = False  # True when the maximum may change between adds
+
+    def _count(self, message: Message) -> int:
+        return 1
+
+    def _over(self) -> bool:
+        return False
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._system: tuple[SystemMessage, int] | None = None
+        self._items: deque[tuple[Message, int]] = deque()
+        self._total = 0  # sum of the counts of the system message and the items
+        self._first = 0  # sequence number of _items[0]; item i has number _first + i
+        self._open: set[str] = set()  # unanswered tool call ids of the tail assistant message
+        self._open_seq = -1  # sequence number of that assistant message
+
+    def _size(self) -> int:
+        return len(self._items) + (self._system is not None)
+
+    def _list(self) -> list[Message]:
+        out = [self._system[0]] if self._system is not None else []
+        out.extend(m for m, _ in self._items)
+        return out
+
+    def _fill(self, messages: Iterable[Message]) -> None:
+        for message in messages:
+            self._append(message)
+
+    def _append(self, message: Message) -> bool:
+        """Apply the add rules (not the window). Returns whether anything changed."""
+        if isinstance(message, SystemMessage):
+            if self._system is not None:
+                if self._system[0].content == message.content:
+                    return False
+                self._total -= self._system[1]
+            count = self._count(message)
+            self._system = (message, count)
+            self._total += count
+            return True
+        if isinstance(message, ToolResultMessage):
+            if self._open_seq < self._first or message.tool_call_id not in self._open:
+                return False  # an orphan: its call is not the tail assistant's, or was answered
+            self._open.discard(message.tool_call_id)
+        elif not isinstance(message, Message):
+            raise ChatrunError(f"memory {self.id}: cannot add {type(message).__name__}, not a chat message")
+        else:
+            self._open = set()
+        seq = self._first + len(self._items)
+        if isinstance(message, AssistantMessage) and message.tool_calls:
+            self._open = {c.id for c in message.tool_calls}
+            self._open_seq = seq
+        count = self._count(message)
+        self._items.append((message, count))
+        self._total += count
+        return True
+
+    def _evict(self) -> bool:
+        """Evict from the front until the window fits. Returns whether anything was evicted."""
+        evicted = False
+        while self._items and self._over():
+            self._pop_front()
+            evicted = True
+            # An evicted assistant message takes its tool results along: none may lead.
+            while self._items and isinstance(self._items[0][0], ToolResultMessage):
+                self._pop_front()
+        return evicted
+
+    def _pop_front(self) -> None:
+        _, count = self._items.popleft()
+        self._total -= count
+        self._first += 1
+
+    def _persist(self) -> None:
+        if self._store is not None:
+            self._store.update_messages(self.id, self._list())
+
+
+class MessageWindowMemory(_Window):
+    """Keeps the `max_messages` most recent messages (the system message counts, as in
+    LangChain4j's MessageWindowChatMemory)."""
+
+    def __init__(self, id: str, max_messages: int, store: ChatMemoryStore | None = None):
+        if not isinstance(max_messages, int) or max_messages < 1:
+            raise ChatrunError(f"memory {id}: max_messages must be a whole number >= 1, got {max_messages!r}")
+        self.max_messages = max_messages
+        super().__init__(id, store)
+
+    def _over(self) -> bool:
+        return self._size() > self.max_messages
+
+
+class TokenWindowMemory(_Window):
+    """Keeps as many of the most recent messages as fit in `max_tokens` tokens.
+
+    `max_tokens`: an int, or a callable read on every add (and on `messages()`), e.g. the
+    model's context size minus the reply reserve. `counter`: any `Message -> int`; by default
+    tiktoken with `encoding`, else the model's encoding, else o200k_base (see tokens.py).
+    """
+
+    def __init__(
+        self,
+        id: str,
+        max_tokens: int | Callable[[], int],
+        counter: TokenCounter | None = None,
+        encoding: str | None = None,
+        model_name: str | None = None,
+        store: ChatMemoryStore | None = None,
+    ):
+        if not callable(max_tokens) and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ChatrunError(f"memory {id}: max_tokens must be a whole number >= 1, got {max_tokens!r}")
+        self._max = max_tokens
+        self._dynamic = callable(max_tokens)
+        self.counter: TokenCounter = counter or tiktoken_counter(encoding, model_name)
+        super().__init__(id, store)
+
+    @property
+    def max_tokens(self) -> int:
+        """The current maximum (a dynamic maximum is read now)."""
+        return self._max() if callable(self._max) else self._max
+
+    @property
+    def token_count(self) -> int:
+        """Tokens in the window, system message included (from the cached counts)."""
+        return self._total
+
+    def _count(self, message: Message) -> int:
+        return self.counter(message)
+
+    def _evict(self) -> bool:
+        # Read a dynamic maximum once per eviction pass, not once per evicted message.
+        self._limit = self.max_tokens
+        return super()._evict()
+
+    def _over(self) -> bool:
+        return self._total > self._limit
+
+
+class NoMemory(_Window):
+    """Policy `none`: holds the messages of the current turn only. The engine clears it at the
+    end of each turn and never persists it (`ephemeral`). The add rules still apply."""
+
+    ephemeral = True
+
+    def __init__(self, id: str):
+        super().__init__(id, None)
+
+
+def make_memory(policy: MemoryPolicy, memory_id: str, model_name: str | None = None) -> ChatMemory:
+    """The memory a route's policy asks for. The token window's encoding is the policy's,
+    else the route model's, else o200k_base."""
+    if policy.type == "message_window":
+        return MessageWindowMemory(memory_id, policy.max_messages)
+    if policy.type == "token_window":
+        return TokenWindowMemory(memory_id, policy.max_tokens, encoding=policy.encoding, model_name=model_name)
+    if policy.type == "none":
+        return NoMemory(memory_id)
+    raise ChatrunError(f"memory {memory_id}: unknown memory type {policy.type!r}; use message_window, token_window or none")

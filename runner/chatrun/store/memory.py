@@ -1,0 +1,119 @@
+"""`InMemoryStore`: the default store, in process. A ChatMemoryStore and a SessionStore.
+
+Snapshots and history entries are kept as JSON text, so what a caller later does to its
+dicts never leaks into the store, and exactly what the SQLite store would refuse (values
+JSON cannot hold) is refused here too. Messages are immutable and kept as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from chatrun.errors import ChatrunError
+from chatrun.messages import (
+    AssistantMessage,
+    Message,
+    SystemMessage,
+    ToolResultMessage,
+    UserMessage,
+)
+
+_KINDS = (SystemMessage, UserMessage, AssistantMessage, ToolResultMessage)
+
+
+def check_messages(memory_id: str, messages: Any) -> list[Message]:
+    """The messages as a list, or ChatrunError naming the memory and the bad item."""
+    try:
+        items = list(messages)
+    except TypeError:
+        raise ChatrunError(f"memory {memory_id}: expected a list of messages, got {type(messages).__name__}") from None
+    for i, m in enumerate(items):
+        if not isinstance(m, _KINDS):
+            raise ChatrunError(f"memory {memory_id}: item {i} is a {type(m).__name__}, not a chat message")
+    return items
+
+
+def messages_json(memory_id: str, messages: Any) -> str:
+    items = check_messages(memory_id, messages)
+    return json.dumps([m.to_dict() for m in items], ensure_ascii=False)
+
+
+def to_json(what: str, value: Any) -> str:
+    """`value` as JSON text, or ChatrunError saying what could not be saved and why."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ChatrunError(f"cannot save {what}: it holds a value JSON cannot represent ({exc})") from None
+
+
+class InMemoryStore:
+    """Memories, session snapshots and history in dicts, behind a lock (the server uses threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._memories: dict[str, tuple[Message, ...]] = {}
+        self._sessions: dict[str, str] = {}
+        self._history: dict[str, list[str]] = {}
+
+    # -- ChatMemoryStore ----------------------------------------------------------------------
+
+    def get_messages(self, memory_id: str) -> list[Message]:
+        with self._lock:
+            return list(self._memories.get(memory_id, ()))
+
+    def update_messages(self, memory_id: str, messages: list[Message]) -> None:
+        items = tuple(check_messages(memory_id, messages))
+        with self._lock:
+            self._memories[memory_id] = items
+
+    def delete_messages(self, memory_id: str) -> None:
+        with self._lock:
+            self._memories.pop(memory_id, None)
+
+    # -- SessionStore -------------------------------------------------------------------------
+
+    def load_session(self, session_id: str) -> dict | None:
+        with self._lock:
+            text = self._sessions.get(session_id)
+        return None if text is None else json.loads(text)
+
+    def commit_turn(
+        self,
+        session_id: str,
+        snapshot: dict,
+        memories: dict[str, list[Message] | None],
+        history: list[dict],
+    ) -> None:
+        # Everything is checked and encoded before anything is applied: all or nothing.
+        snap = to_json(f"session {session_id}: its snapshot", snapshot)
+        mems = {mid: None if msgs is None else tuple(check_messages(mid, msgs)) for mid, msgs in memories.items()}
+        entries = [to_json(f"session {session_id}: history entry {i}", e) for i, e in enumerate(history)]
+        with self._lock:
+            self._sessions[session_id] = snap
+            for mid, msgs in mems.items():
+                if msgs is None:
+                    self._memories.pop(mid, None)
+                else:
+                    self._memories[mid] = msgs
+            self._history.setdefault(session_id, []).extend(entries)
+
+    def load_history(self, session_id: str) -> list[dict]:
+        with self._lock:
+            entries = list(self._history.get(session_id, ()))
+        return [json.loads(e) for e in entries]
+
+    def delete_session(self, session_id: str, memory_ids: list[str]) -> None:
+        with self._lock:
+            self._sessions.pop(session_id, None)
+            self._history.pop(session_id, None)
+            for mid in memory_ids:
+                self._memories.pop(mid, None)
+
+    def list_sessions(self) -> list[str]:
+        with self._lock:
+            return list(self._sessions)
+
+    def close(self) -> None:
+        """Nothing to release; here so every store can be closed the same way."""

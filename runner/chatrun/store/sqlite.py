@@ -1,0 +1,192 @@
+"""`SQLiteStore`: memories, session snapshots and history in one SQLite file (stdlib sqlite3).
+
+Tables: memories(memory_id, messages JSON), sessions(session_id, snapshot JSON, updated_at),
+history(session_id, seq, entry JSON). `commit_turn` is one transaction; the file uses WAL
+so readers never wait for the writer. One connection behind a lock: the server calls the
+store from worker threads. Messages are stored with `Message.to_dict` and read back with
+`message_from_dict`, a lossless round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from chatrun.errors import ChatrunError
+from chatrun.messages import Message, message_from_dict
+from chatrun.store.memory import messages_json, to_json
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS memories (
+    memory_id TEXT PRIMARY KEY,
+    messages  TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    snapshot   TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS history (
+    session_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    entry      TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+"""
+
+
+class SQLiteStore:
+    """A ChatMemoryStore and SessionStore in the SQLite file `path` (created with its folders)."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self._lock = threading.RLock()
+        memory_db = self.path == ":memory:"
+        try:
+            if not memory_db:
+                Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE in _transaction).
+            self._conn = sqlite3.connect(
+                self.path if memory_db else str(Path(self.path).expanduser()),
+                timeout=30,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; a crash loses at most the last commit
+            self._conn.executescript(_SCHEMA)
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise ChatrunError(
+                    f"store {self.path}: written by a newer chatrun (schema {version}, this one knows "
+                    f"{SCHEMA_VERSION}); upgrade chatrun or use another file"
+                )
+            if version < SCHEMA_VERSION:
+                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except (sqlite3.Error, OSError) as exc:
+            raise ChatrunError(
+                f"cannot open the SQLite store {self.path}: {exc}. Check that the path is a file "
+                "(not a folder), that its folder is writable, and that it is a SQLite database."
+            ) from None
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise ChatrunError(f"store {self.path}: could not {what}: {exc}") from None
+
+    @contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._locked(what) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                if conn.in_transaction:  # SQLite may already have rolled back on its own
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- ChatMemoryStore --------------------------------------------------------------------
+
+    def get_messages(self, memory_id: str) -> list[Message]:
+        with self._locked(f"read memory {memory_id}") as conn:
+            row = conn.execute("SELECT messages FROM memories WHERE memory_id = ?", (memory_id,)).fetchone()
+        if row is None:
+            return []
+        try:
+            return [message_from_dict(d) for d in json.loads(row[0])]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ChatrunError(f"store {self.path}: memory {memory_id} is corrupt ({exc})") from None
+
+    def update_messages(self, memory_id: str, messages: list[Message]) -> None:
+        text = messages_json(memory_id, messages)
+        with self._locked(f"save memory {memory_id}") as conn:
+            conn.execute(_UPSERT_MEMORY, (memory_id, text))
+
+    def delete_messages(self, memory_id: str) -> None:
+        with self._locked(f"delete memory {memory_id}") as conn:
+            conn.execute("DELETE FROM memories WHERE memory_id = ?", (memory_id,))
+
+    # -- SessionStore -----------------------------------------------------------------------
+
+    def load_session(self, session_id: str) -> dict | None:
+        with self._locked(f"read session {session_id}") as conn:
+            row = conn.execute("SELECT snapshot FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def commit_turn(
+        self,
+        session_id: str,
+        snapshot: dict,
+        memories: dict[str, list[Message] | None],
+        history: list[dict],
+    ) -> None:
+        # Encode everything first: a bad value fails before the transaction begins.
+        snap = to_json(f"session {session_id}: its snapshot", snapshot)
+        mems = {mid: None if msgs is None else messages_json(mid, msgs) for mid, msgs in memories.items()}
+        entries = [to_json(f"session {session_id}: history entry {i}", e) for i, e in enumerate(history)]
+        with self._transaction(f"save a turn of session {session_id}") as conn:
+            conn.execute(
+                "INSERT INTO sessions (session_id, snapshot, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(session_id) DO UPDATE SET snapshot = excluded.snapshot, updated_at = excluded.updated_at",
+                (session_id, snap, time.time()),
+            )
+            for mid, text in mems.items():
+                if text is None:
+                    conn.execute("DELETE FROM memories WHERE memory_id = ?", (mid,))
+                else:
+                    conn.execute(_UPSERT_MEMORY, (mid, text))
+            if entries:
+                last = conn.execute(
+                    "SELECT COALESCE(MAX(seq), 0) FROM history WHERE session_id = ?", (session_id,)
+                ).fetchone()[0]
+                conn.executemany(
+                    "INSERT INTO history (session_id, seq, entry) VALUES (?, ?, ?)",
+                    [(session_id, last + 1 + i, e) for i, e in enumerate(entries)],
+                )
+
+    def load_history(self, session_id: str) -> list[dict]:
+        with self._locked(f"read the history of session {session_id}") as conn:
+            rows = conn.execute(
+                "SELECT entry FROM history WHERE session_id = ? ORDER BY seq", (session_id,)
+            ).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def delete_session(self, session_id: str, memory_ids: list[str]) -> None:
+        with self._transaction(f"delete session {session_id}") as conn:
+            conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM history WHERE session_id = ?", (session_id,))
+            conn.executemany("DELETE FROM memories WHERE memory_id = ?", [(m,) for m in memory_ids])
+
+    def list_sessions(self) -> list[str]:
+        """Session ids, oldest session first."""
+        with self._locked("list sessions") as conn:
+            return [r[0] for r in conn.execute("SELECT session_id FROM sessions ORDER BY rowid")]
+
+
+_UPSERT_MEMORY = (
+    "INSERT INTO memories (memory_id, messages) VALUES (?, ?) "
+    "ON CONFLICT(memory_id) DO UPDATE SET messages = excluded.messages"
+)
