@@ -1,0 +1,342 @@
+"""The `openai` provider: any OpenAI-compatible Chat Completions server.
+
+Where requests go and with which key, first found wins:
+
+- base URL: `OpenAIModel(base_url=...)`, the route's `model.base_url`, `OPENAI_BASE_URL`,
+  else the OpenAI API;
+- API key: `OpenAIModel(api_key=...)`, the variable named by `model.api_key_env`,
+  `OPENAI_API_KEY`; with none but a base URL, a placeholder key (local servers such as
+  vLLM, Ollama or llama.cpp need none).
+
+Retries are ours (the client's own are off) so they are explicit and testable: on 408,
+409, 429, 5xx, timeouts and connection errors, up to `model.max_retries` times, waiting
+`backoff_base * 2**n` seconds with jitter, or what the server's Retry-After says
+(capped). A streamed answer is only retried before its first chunk reached the user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import inspect
+import json
+import os
+import random
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from chatrun.config import ModelConfig
+from chatrun.errors import ModelError
+from chatrun.messages import ToolCall
+from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers ignore the key, the client wants one
+RETRY_STATUS = {408, 409, 429}
+
+CREATE_PARAMS = set(inspect.signature(openai.resources.chat.AsyncCompletions.create).parameters) - {"self"}
+
+
+class Retryable(Exception):
+    """One failed attempt that may succeed when tried again."""
+
+    def __init__(self, reason: str, detail: str = "", retry_after: float | None = None):
+        super().__init__(reason)
+        self.reason = reason  # "HTTP 500", "timed out after 60 s"
+        self.detail = detail  # what the server or the network said
+        self.retry_after = retry_after
+
+
+@dataclass
+class ToolCallParts:
+    """A tool call being assembled from stream deltas."""
+
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class OpenAIModel:
+    """ChatModel over the `openai` package's AsyncOpenAI, Chat Completions API.
+
+    `base_url` and `api_key` override the model config and environment; `client` is used
+    as is for every request (its own base URL, key and retry settings apply). `backoff_base`,
+    `backoff_max` and `retry_after_cap` (seconds) shape the waits between retries.
+    """
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None,
+                 client: openai.AsyncOpenAI | None = None, *, backoff_base: float = 0.5,
+                 backoff_max: float = 8.0, retry_after_cap: float = 30.0):
+        self.base_url = base_url
+        self.api_key = api_key
+        self.client = client
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.retry_after_cap = retry_after_cap
+        # An httpx client belongs to the event loop that created it: one client per
+        # (loop, base URL, key), dropped with its loop.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], openai.AsyncOpenAI]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- configuration -----------------------------------------------------------------------------
+
+    def endpoint(self, config: ModelConfig) -> tuple[str, str]:
+        """(base URL, API key) for a request, or ModelError saying how to configure one."""
+        base_url = self.base_url or config.base_url or os.environ.get("OPENAI_BASE_URL") or None
+        key_env = config.api_key_env or "OPENAI_API_KEY"
+        api_key = self.api_key or os.environ.get(key_env) or None
+        if api_key is None:
+            if base_url is None:
+                raise ModelError(
+                    f"no credentials for model {config.name}: set {key_env} to an API key, or point "
+                    "OPENAI_BASE_URL (or model.base_url in the bot) at an OpenAI-compatible server "
+                    "such as vLLM, Ollama or llama.cpp"
+                )
+            api_key = PLACEHOLDER_KEY
+        return (base_url or DEFAULT_BASE_URL).rstrip("/"), api_key
+
+    def client_for(self, base_url: str, api_key: str) -> openai.AsyncOpenAI:
+        if self.client is not None:
+            return self.client
+        loop = asyncio.get_running_loop()
+        clients = self._clients.setdefault(loop, {})
+        client = clients.get((base_url, api_key))
+        if client is None:
+            client = clients[(base_url, api_key)] = openai.AsyncOpenAI(
+                api_key=api_key, base_url=base_url, max_retries=0
+            )
+        return client
+
+    async def aclose(self) -> None:
+        """Close the HTTP clients made on the running event loop."""
+        clients = self._clients.pop(asyncio.get_running_loop(), {})
+        for client in clients.values():
+            await client.close()
+
+    @staticmethod
+    def request_args(request: ModelRequest, stream: bool) -> dict[str, Any]:
+        """Keyword arguments of `chat.completions.create` for a request."""
+        config = request.config
+        args: dict[str, Any] = {"model": config.name, "messages": [m.to_openai() for m in request.messages]}
+        if request.tools:
+            args["tools"] = request.tools
+        if config.temperature is not None:
+            args["temperature"] = config.temperature
+        if config.max_tokens is not None:
+            args["max_tokens"] = config.max_tokens
+        if stream:
+            args["stream"] = True
+            args["stream_options"] = {"include_usage": True}
+        extra: dict[str, Any] = {}
+        for key, value in config.params.items():
+            # Fields the client does not know (top_k, min_p, ...) still reach the server.
+            (args if key in CREATE_PARAMS else extra)[key] = value
+        if extra:
+            args["extra_body"] = {**args.get("extra_body", {}), **extra}
+        return args
+
+    # -- the call ------------------------------------------------------------------------------------
+
+    async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
+        config = request.config
+        base_url, api_key = self.endpoint(config)
+        where = f"model {config.name} at {base_url}"
+        client = self.client_for(base_url, api_key)
+        stream = bool(config.stream and on_chunk is not None)
+        args = self.request_args(request, stream)
+        retries = max(0, int(config.max_retries))
+        for attempt in range(retries + 1):
+            sent = [False]  # whether a chunk reached the user: then a retry would repeat it
+            try:
+                if stream:
+                    assert on_chunk is not None
+                    return await self.stream_once(client, args, config.timeout, on_chunk, sent)
+                return await self.complete_once(client, args, config.timeout)
+            except Retryable as failure:
+                if attempt == retries or sent[0]:
+                    done = f"after {plural(attempt, 'retry', 'retries')}" if attempt else "(not retried: model.max_retries is 0)"
+                    if sent[0]:
+                        done = "while streaming (not retried: part of the answer was already shown)"
+                    detail = f": {failure.detail}" if failure.detail else ""
+                    raise ModelError(f"{where}: {failure.reason} {done}{detail}") from None
+                await asyncio.sleep(self.wait_before_retry(attempt, failure.retry_after))
+            except ModelError as exc:
+                raise ModelError(f"{where}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    def wait_before_retry(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.retry_after_cap)
+        ceiling = min(self.backoff_max, self.backoff_base * 2**attempt)
+        return ceiling * (0.5 + random.random() / 2)  # jitter: clients retrying together spread out
+
+    async def complete_once(self, client: openai.AsyncOpenAI, args: dict[str, Any],
+                            timeout: float) -> ModelResponse:
+        with translate_errors(timeout):
+            completion = await client.chat.completions.create(**args, timeout=timeout)
+        choices = getattr(completion, "choices", None)
+        if not isinstance(choices, list) or not choices:
+            raise ModelError(f"the server answered without choices: {preview(completion)}")
+        message = getattr(choices[0], "message", None)
+        if message is None:
+            raise ModelError(f"the server answered a choice without a message: {preview(completion)}")
+        calls = []
+        for i, call in enumerate(getattr(message, "tool_calls", None) or []):
+            function = getattr(call, "function", None)
+            if function is None:
+                continue  # not a function call (custom tools are never offered)
+            calls.append(ToolCall(call.id or f"call_{i}", function.name or "", function.arguments or ""))
+        return ModelResponse(text=message.content, tool_calls=calls, usage=usage_of(completion))
+
+    async def stream_once(self, client: openai.AsyncOpenAI, args: dict[str, Any], timeout: float,
+                          on_chunk: ChunkCallback, sent: list[bool]) -> ModelResponse:
+        text: list[str] = []
+        calls: dict[int, ToolCallParts] = {}
+        usage: dict[str, int] = {}
+        got_choice = False
+        with translate_errors(timeout):
+            stream = await client.chat.completions.create(**args, timeout=timeout)
+            try:
+                async for chunk in stream:
+                    usage = usage_of(chunk) or usage
+                    for choice in getattr(chunk, "choices", None) or []:
+                        if getattr(choice, "index", 0) not in (0, None):
+                            continue
+                        got_choice = True
+                        delta = choice.delta
+                        if delta is None:
+                            continue
+                        if delta.content:
+                            text.append(delta.content)
+                            sent[0] = True
+                            await on_chunk(delta.content)
+                        for part in delta.tool_calls or []:
+                            add_delta(calls, part)
+            finally:
+                await stream.close()
+        if not got_choice:
+            raise ModelError("the server's stream ended without any answer (is it an OpenAI-compatible server?)")
+        tool_calls = [
+            ToolCall(parts.id or f"call_{index}", parts.name, "".join(parts.arguments))
+            for index, parts in sorted(calls.items())
+        ]
+        return ModelResponse(text="".join(text) or None, tool_calls=tool_calls, usage=usage)
+
+
+def add_delta(calls: dict[int, ToolCallParts], part: Any) -> None:
+    """Fold one streamed tool call delta into the calls being assembled, keyed by index."""
+    index = part.index
+    if index is None:  # some servers omit it: a new id starts a new call
+        last = max(calls) if calls else -1
+        index = last + 1 if (part.id and (last < 0 or calls[last].id != part.id)) else max(last, 0)
+    parts = calls.setdefault(index, ToolCallParts())
+    if part.id:
+        parts.id = part.id
+    function = part.function
+    if function is not None:
+        if function.name and function.name != parts.name:
+            parts.name = function.name if not parts.name else parts.name + function.name
+        if function.arguments:
+            parts.arguments.append(function.arguments)
+
+
+class translate_errors:  # noqa: N801 - used as a context manager
+    """Turn the client's exceptions into Retryable (worth another try) or ModelError."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc is None or isinstance(exc, (ModelError, Retryable, asyncio.CancelledError)):
+            return False
+        if isinstance(exc, openai.APITimeoutError):
+            raise Retryable(f"timed out after {self.timeout:g} s (model.timeout)") from None
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc
+            raise Retryable("cannot connect", f"{type(cause).__name__}: {cause}") from None
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            message = server_message(exc)
+            if status in RETRY_STATUS or status >= 500:
+                raise Retryable(f"HTTP {status}", message, retry_after(exc.response.headers)) from None
+            reason = f"HTTP {status}: {message}"
+            if status in (401, 403):
+                reason += " (check the API key: OPENAI_API_KEY or the variable named by model.api_key_env)"
+            elif status == 404:
+                reason += " (check model.name and the base URL, which usually ends in /v1)"
+            raise ModelError(reason) from None
+        if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError)):
+            raise ModelError(f"the server's answer is not valid Chat Completions JSON ({exc})") from None
+        return False
+
+
+def server_message(exc: openai.APIStatusError) -> str:
+    """The error text the server sent, without the client's decoration."""
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        if isinstance(inner, str):
+            return inner
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:500]
+    try:
+        text = exc.response.text.strip()
+    except Exception:  # noqa: BLE001 - a streamed body may be unreadable; the status still says enough
+        text = ""
+    return text[:500] or exc.message
+
+
+def retry_after(headers: Any) -> float | None:
+    """Seconds the server asks us to wait: retry-after-ms, or Retry-After in seconds or as an HTTP date."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return float(millis) / 1000
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def usage_of(obj: Any) -> dict[str, int]:
+    usage = getattr(obj, "usage", None)
+    if usage is None:
+        return {}
+    out = {}
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        value = getattr(usage, key, None)
+        if isinstance(value, int):
+            out[key] = value
+    return out
+
+
+def preview(obj: Any) -> str:
+    try:
+        text = json.dumps(obj.model_dump(exclude_unset=True))
+    except Exception:  # noqa: BLE001 - only for the message
+        text = repr(obj)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"

@@ -1,0 +1,111 @@
+"""The `scripted` provider: answers from a list, for tests and golden transcripts.
+
+    model = ScriptedModel([
+        {"text": "Hello"},
+        {"tool_calls": [{"name": "book", "arguments": {"seat": "12A"}}]},
+        {"chunks": ["Str", "eamed"]},
+        {"error": "the model is down"},
+    ])
+
+Response forms (one per model call, in order): {"text"}, {"tool_calls": [{"name",
+"arguments": dict | str, "id"?}]}, both, {"chunks": [...]} (the text streamed in these
+pieces), {"error": "message"} (the call raises ModelError), {"delay": seconds} with any
+of them, a plain string (text), or a ModelResponse. Tool call ids the script leaves out
+are "call_1", "call_2", ... counted per model, so transcripts are stable.
+Every request is kept in `.requests`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from typing import Any
+
+from chatrun.errors import ChatrunError, ModelError
+from chatrun.messages import ToolCall
+from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
+
+Scripted = dict[str, Any] | ModelResponse | str
+KEYS = {"text", "tool_calls", "chunks", "error", "delay", "usage"}
+
+
+class ScriptedModel:
+    def __init__(self, responses: list[Scripted] | None = None):
+        self._responses: deque[Scripted] = deque()
+        self.requests: list[ModelRequest] = []
+        self._ids = 0
+        self.add(*(responses or []))
+
+    def add(self, *responses: Scripted) -> ScriptedModel:
+        for response in responses:
+            check(response)
+        self._responses.extend(responses)
+        return self
+
+    @property
+    def remaining(self) -> int:
+        return len(self._responses)
+
+    async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
+        self.requests.append(request)
+        if not self._responses:
+            raise ModelError(
+                f"scripted model has no response left for call {len(self.requests)} (route {request.route})"
+            )
+        response = self._responses.popleft()
+        if isinstance(response, ModelResponse):
+            result = ModelResponse(response.text, list(response.tool_calls), dict(response.usage))
+            chunks = [result.text] if result.text else []
+        else:
+            if isinstance(response, str):
+                response = {"text": response}
+            if response.get("delay"):
+                await asyncio.sleep(float(response["delay"]))
+            if "error" in response:
+                raise ModelError(str(response["error"]))
+            chunks = [str(c) for c in response.get("chunks") or []]
+            text = "".join(chunks) if "chunks" in response else response.get("text")
+            if not chunks and text:
+                chunks = [text]
+            calls = [self.tool_call(c) for c in response.get("tool_calls") or []]
+            result = ModelResponse(text or None, calls, dict(response.get("usage") or {}))
+        if on_chunk is not None:
+            for chunk in chunks:
+                await on_chunk(chunk)
+        return result
+
+    def tool_call(self, call: dict[str, Any] | ToolCall) -> ToolCall:
+        if isinstance(call, ToolCall):
+            return call
+        self._ids += 1
+        arguments = call.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        return ToolCall(call.get("id") or f"call_{self._ids}", call["name"], arguments)
+
+
+def check(response: Scripted) -> None:
+    """Reject a malformed script entry when it is added, not when the model is called."""
+    if isinstance(response, (ModelResponse, str)):
+        return
+    if not isinstance(response, dict):
+        raise ChatrunError(f"a scripted response must be a mapping, a string or a ModelResponse, not {response!r}")
+    unknown = sorted(set(response) - KEYS)
+    if unknown:
+        raise ChatrunError(
+            f"scripted response {response!r} has unknown keys {unknown}; use {', '.join(sorted(KEYS))}"
+        )
+    if not (set(response) & {"text", "tool_calls", "chunks", "error"}):
+        raise ChatrunError(f"scripted response {response!r} needs text, tool_calls, chunks or error")
+    calls = response.get("tool_calls", [])
+    if not isinstance(calls, list):
+        raise ChatrunError(f"tool_calls of scripted response {response!r} must be a list")
+    for call in calls:
+        if isinstance(call, ToolCall):
+            continue
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise ChatrunError(f"a scripted tool call needs a name: {call!r}")
+        unknown = sorted(set(call) - {"name", "arguments", "id"})
+        if unknown:
+            raise ChatrunError(f"scripted tool call {call!r} has unknown keys {unknown}; use name, arguments, id")

@@ -1,0 +1,295 @@
+"""OpenAIModel through the real `openai` client against the local fake OpenAI server."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import socket
+import time
+
+import pytest
+
+from chatrun.config import ModelConfig
+from chatrun.errors import ModelError
+from chatrun.messages import (
+    AssistantMessage,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from chatrun.models import make_model
+from chatrun.models.base import ModelRequest
+from chatrun.models.openai_model import OpenAIModel, retry_after
+from chatrun.testing.fake_openai import FakeOpenAI
+
+TOOLS = [
+    {"type": "function", "function": {"name": "set_destination", "description": "Set it",
+                                      "parameters": {"type": "object", "properties": {"destination": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "book", "description": "Book", "parameters": {"type": "object"}}},
+]
+MESSAGES = [
+    SystemMessage("You are a travel agent."),
+    UserMessage("Fly me to Ireland"),
+    AssistantMessage(None, (ToolCall("call_a", "set_destination", '{"destination": "Ireland"}'),)),
+    ToolResultMessage("call_a", "set_destination", "ok"),
+    UserMessage("Book it"),
+]
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with FakeOpenAI() as server:
+        yield server
+
+
+def config(fake: FakeOpenAI, **fields) -> ModelConfig:
+    fields.setdefault("base_url", fake.base_url)
+    fields.setdefault("stream", False)
+    fields.setdefault("max_retries", 2)
+    fields.setdefault("timeout", 5.0)
+    return ModelConfig(**fields)
+
+
+def call(model, cfg: ModelConfig, tools=None, messages=None, stream: bool = False):
+    """Run one completion; returns (response, streamed chunks)."""
+    chunks: list[str] = []
+
+    async def on_chunk(text: str) -> None:
+        chunks.append(text)
+
+    async def run():
+        request = ModelRequest(list(messages or MESSAGES), list(tools or []), cfg, "main")
+        return await model.complete(request, on_chunk if stream else None)
+
+    return asyncio.run(run()), chunks
+
+
+def model() -> OpenAIModel:
+    return OpenAIModel(backoff_base=0.01, backoff_max=0.05)
+
+
+def test_text_answer_and_what_the_server_received(fake):
+    fake.queue({"text": "Booked."})
+    cfg = config(fake, name="gpt-4o-mini", temperature=0.2, max_tokens=50, params={"seed": 7, "top_k": 3})
+    response, _ = call(model(), cfg, TOOLS)
+    assert response.text == "Booked." and response.tool_calls == []
+    assert response.usage["total_tokens"] == response.usage["prompt_tokens"] + response.usage["completion_tokens"]
+    (body,) = fake.requests
+    assert body["model"] == "gpt-4o-mini"
+    assert body["temperature"] == 0.2 and body["max_tokens"] == 50
+    assert body["seed"] == 7 and body["top_k"] == 3  # unknown params travel in the body too
+    assert body["tools"] == TOOLS
+    assert "stream" not in body
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "tool", "user"]
+    assert body["messages"][0] == {"role": "system", "content": "You are a travel agent."}
+    assert body["messages"][2]["tool_calls"][0]["function"] == {"name": "set_destination",
+                                                                "arguments": '{"destination": "Ireland"}'}
+    assert body["messages"][3] == {"role": "tool", "tool_call_id": "call_a", "content": "ok"}
+    # no key configured but a base URL: a placeholder key, as local servers need none
+    assert fake.log[0].headers["authorization"] == "Bearer not-needed"
+
+
+def test_no_tools_no_temperature_means_fields_left_out(fake):
+    fake.queue({"text": "hi"})
+    call(model(), config(fake))
+    (body,) = fake.requests
+    assert "tools" not in body and "temperature" not in body and "max_tokens" not in body
+
+
+def test_streamed_text_reaches_on_chunk_in_order(fake):
+    fake.queue({"chunks": ["Your ", "flight ", "is booked", "."]})
+    response, chunks = call(model(), config(fake, stream=True), stream=True)
+    assert chunks == ["Your ", "flight ", "is booked", "."]
+    assert response.text == "Your flight is booked."
+    assert response.usage["completion_tokens"] >= 0 and "total_tokens" in response.usage
+    body = fake.requests[0]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+
+def test_stream_config_without_on_chunk_asks_for_a_whole_answer(fake):
+    fake.queue({"text": "whole"})
+    response, _ = call(model(), config(fake, stream=True), stream=False)
+    assert response.text == "whole" and "stream" not in fake.requests[0]
+
+
+def several_calls() -> dict:
+    return {"text": "Setting both.", "tool_calls": [
+        {"name": "set_destination", "arguments": {"destination": "Ireland"}, "id": "call_x"},
+        {"name": "set_destination", "arguments": {"destination": "Dublin, Éire"}},
+        {"name": "book", "arguments": {}},
+    ]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_several_tool_calls_in_one_answer(fake, stream):
+    fake.queue(several_calls())
+    response, chunks = call(model(), config(fake, stream=stream), TOOLS, stream=stream)
+    assert response.text == "Setting both."
+    assert [c.name for c in response.tool_calls] == ["set_destination", "set_destination", "book"]
+    assert json.loads(response.tool_calls[0].arguments) == {"destination": "Ireland"}
+    assert json.loads(response.tool_calls[1].arguments) == {"destination": "Dublin, Éire"}
+    assert response.tool_calls[2].arguments == "{}"
+    assert response.tool_calls[0].id == "call_x"
+    assert len({c.id for c in response.tool_calls}) == 3
+    if stream:
+        assert "".join(chunks) == "Setting both."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_malformed_tool_arguments_are_passed_through_raw(fake, stream):
+    fake.queue({"tool_calls": [{"name": "book", "arguments": '{"seat": 12A'}]})
+    response, _ = call(model(), config(fake, stream=stream), TOOLS, stream=stream)
+    assert response.tool_calls[0].name == "book"
+    assert response.tool_calls[0].arguments == '{"seat": 12A'
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_429_waits_for_retry_after_then_succeeds(fake, stream):
+    fake.queue({"status": 429, "retry_after": 0.3}, {"text": "finally"})
+    started = time.monotonic()
+    response, _ = call(model(), config(fake, stream=stream), stream=stream)
+    assert response.text == "finally"
+    first, second = fake.log
+    assert second.at - first.at >= 0.3
+    assert time.monotonic() - started >= 0.3
+    assert len(fake.requests) == 2
+
+
+def test_retry_after_is_capped(fake):
+    fake.queue({"status": 503, "retry_after": 120}, {"text": "ok"})
+    started = time.monotonic()
+    m = OpenAIModel(backoff_base=0.01, retry_after_cap=0.1)
+    response, _ = call(m, config(fake))
+    assert response.text == "ok" and time.monotonic() - started < 5
+
+
+def test_retry_after_forms():
+    assert retry_after({"retry-after": "1.5"}) == 1.5
+    assert retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    date = email.utils.formatdate(time.time() + 10, usegmt=True)
+    assert 8 <= retry_after({"retry-after": date}) <= 10
+    assert retry_after({"retry-after": "soon"}) is None
+    assert retry_after({}) is None
+
+
+def test_500_then_success(fake):
+    fake.queue({"status": 500}, {"text": "recovered"})
+    response, _ = call(model(), config(fake))
+    assert response.text == "recovered"
+    assert len(fake.requests) == 2
+
+
+def test_persistent_500_is_a_model_error_naming_the_retries(fake):
+    fake.queue(*[{"status": 500, "body": {"error": {"message": "the GPUs are on fire"}}}] * 3)
+    with pytest.raises(ModelError) as info:
+        call(model(), config(fake, name="gpt-4o-mini", max_retries=2))
+    assert str(info.value) == (
+        f"model gpt-4o-mini at {fake.base_url}: HTTP 500 after 2 retries: the GPUs are on fire"
+    )
+    assert len(fake.requests) == 3
+
+
+def test_no_retries_configured(fake):
+    fake.queue({"status": 503})
+    with pytest.raises(ModelError, match="HTTP 503 .not retried: model.max_retries is 0.: fake HTTP 503"):
+        call(model(), config(fake, max_retries=0))
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_timeout_is_retried_then_a_model_error(fake, stream):
+    fake.queue(*[{"delay": 1.0, "text": "too late"}] * 2)
+    with pytest.raises(ModelError, match=r"timed out after 0.2 s \(model.timeout\) after 1 retry"):
+        call(model(), config(fake, timeout=0.2, max_retries=1, stream=stream), stream=stream)
+    assert len(fake.requests) == 2
+
+
+def test_timeout_then_success(fake):
+    fake.queue({"delay": 1.0, "text": "too late"}, {"text": "in time"})
+    response, _ = call(model(), config(fake, timeout=0.2, max_retries=1))
+    assert response.text == "in time"
+
+
+def test_client_errors_are_not_retried_and_say_what_to_check(fake):
+    fake.queue({"status": 401, "body": {"error": {"message": "Incorrect API key provided"}}})
+    with pytest.raises(ModelError, match="HTTP 401: Incorrect API key provided .check the API key"):
+        call(model(), config(fake))
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_garbage_answer_is_a_clear_model_error(fake, stream):
+    fake.queue({"raw": "<html>proxy error</html>"})
+    with pytest.raises(ModelError) as info:
+        call(model(), config(fake, stream=stream), stream=stream)
+    message = str(info.value)
+    assert message.startswith(f"model gpt-4o-mini at {fake.base_url}: ")
+    assert "not valid Chat Completions JSON" in message or "without any answer" in message
+    assert len(fake.requests) == 1  # a server that speaks another protocol will not improve
+
+
+def test_json_without_choices_is_a_model_error(fake):
+    fake.queue({"raw": '{"object": "chat.completion", "choices": []}'})
+    with pytest.raises(ModelError, match="answered without choices"):
+        call(model(), config(fake))
+
+
+def test_unreachable_server_is_retried_then_a_model_error(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = ModelConfig(base_url=f"http://127.0.0.1:{port}/v1", stream=False, max_retries=1)
+    with pytest.raises(ModelError, match=rf"127.0.0.1:{port}/v1: cannot connect after 1 retry: "):
+        call(model(), cfg)
+
+
+def test_no_credentials_says_how_to_configure(monkeypatch):
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ModelError) as info:
+        call(model(), ModelConfig(stream=False))
+    message = str(info.value)
+    assert "OPENAI_API_KEY" in message and "OPENAI_BASE_URL" in message and "model.base_url" in message
+
+
+def test_environment_variables_and_api_key_env(fake, monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-default")
+    monkeypatch.setenv("TRAVEL_KEY", "sk-travel")
+    fake.queue({"text": "a"}, {"text": "b"})
+    m = model()
+    assert call(m, ModelConfig(stream=False))[0].text == "a"
+    assert call(m, ModelConfig(stream=False, api_key_env="TRAVEL_KEY"))[0].text == "b"
+    assert [r.headers["authorization"] for r in fake.log] == ["Bearer sk-default", "Bearer sk-travel"]
+
+
+def test_constructor_overrides_config(fake):
+    fake.queue({"text": "here"})
+    m = OpenAIModel(base_url=fake.base_url, api_key="sk-explicit")
+    response, _ = call(m, ModelConfig(base_url="http://127.0.0.1:9/v1", stream=False))
+    assert response.text == "here" and fake.log[0].headers["authorization"] == "Bearer sk-explicit"
+
+
+def test_one_client_per_event_loop(fake):
+    fake.queue({"text": "1"}, {"text": "2"}, {"text": "3"})
+    m = make_model("openai")
+    assert isinstance(m, OpenAIModel)
+    cfg = config(fake)
+    clients = []
+
+    async def twice():
+        request = ModelRequest(MESSAGES, [], cfg, "main")
+        await m.complete(request)
+        await m.complete(request)
+        clients.append(m.client_for(cfg.base_url, "not-needed"))
+
+    asyncio.run(twice())
+    assert len(m._clients) <= 1
+    # a new loop (as each sync session.chat may run) gets a working client of its own
+    assert call(m, cfg)[0].text == "3"
+    assert len(fake.requests) == 3
