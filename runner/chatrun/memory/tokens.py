@@ -23,6 +23,7 @@ Counting never raises into a turn. Encodings are loaded once per process.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -86,12 +87,13 @@ def load_encoding(name: str) -> Any | None:
             enc = None
             if not _warned:
                 _warned = True
+                cache = os.environ.get("TIKTOKEN_CACHE_DIR") or "unset"
                 warnings.warn(
                     f"tiktoken could not load the {name!r} encoding ({type(exc).__name__}: {exc}). "
                     "Token counts are estimated as ceil(characters / 4) + 4 per message. To count "
                     "exactly offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached "
                     "encoding files (copied from a machine that downloaded them), or allow tiktoken "
-                    "to download them once.",
+                    f"to download them once. TIKTOKEN_CACHE_DIR is now: {cache}.",
                     TokenizerUnavailableWarning,
                     stacklevel=2,
                 )
