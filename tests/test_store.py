@@ -1,0 +1,258 @@
+"""Stores: the in-memory store and the SQLite store behave the same (ChatMemoryStore and
+SessionStore); the SQLite store also survives a reopen, is one transaction per turn and
+takes concurrent writers."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+
+from chatrun.errors import ChatrunError
+from chatrun.messages import (
+    AssistantMessage,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+    messages_from_json,
+    messages_to_json,
+)
+from chatrun.store import ChatMemoryStore, SessionStore, open_store
+from chatrun.store.memory import InMemoryStore
+from chatrun.store.sqlite import SQLiteStore
+
+ALL_KINDS = [
+    SystemMessage("Tu es un agent de voyage. Réponds en français 🙂"),
+    UserMessage("I want to fly to Dublin\nin July"),
+    AssistantMessage(None, (ToolCall("call_1", "set_destination", '{"destination": "Dublin"}'), ToolCall("call_2", "cancel"))),
+    ToolResultMessage("call_1", "set_destination", "Destination set"),
+    ToolResultMessage("call_2", "cancel", ""),
+    AssistantMessage("Done. Anything else?"),
+    AssistantMessage(""),
+    UserMessage(""),
+]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request, tmp_path):
+    if request.param == "memory":
+        s = InMemoryStore()
+    else:
+        s = SQLiteStore(tmp_path / "chatrun.db")
+    yield s
+    s.close()
+
+
+def test_both_protocols(store):
+    assert isinstance(store, ChatMemoryStore)
+    assert isinstance(store, SessionStore)
+
+
+def test_messages_round_trip_losslessly(store):
+    store.update_messages("s1#main", ALL_KINDS)
+    got = store.get_messages("s1#main")
+    assert got == ALL_KINDS
+    assert [type(m) for m in got] == [type(m) for m in ALL_KINDS]
+    assert messages_from_json(messages_to_json(got)) == ALL_KINDS
+
+
+def test_unknown_memory_is_empty_update_replaces_delete_forgets(store):
+    assert store.get_messages("nobody") == []
+    store.update_messages("m", [UserMessage("one")])
+    store.update_messages("m", [UserMessage("two")])
+    assert store.get_messages("m") == [UserMessage("two")]
+    store.delete_messages("m")
+    assert store.get_messages("m") == []
+    store.delete_messages("m")  # deleting twice is fine
+
+
+def test_update_with_something_that_is_not_a_message_is_refused(store):
+    store.update_messages("m", [UserMessage("kept")])
+    with pytest.raises(ChatrunError, match="memory m: item 1"):
+        store.update_messages("m", [UserMessage("ok"), {"role": "user", "content": "a dict"}])
+    assert store.get_messages("m") == [UserMessage("kept")]
+
+
+def test_commit_turn_saves_snapshot_memories_and_history(store):
+    assert store.load_session("s1") is None
+    assert store.load_history("s1") == []
+    store.update_messages("s1#gone", [UserMessage("bye")])
+    snap = {"id": "s1", "turn": 1, "scopes": [{"id": "s1", "route": "main", "local": {"x": [1, 2]}}]}
+    store.commit_turn(
+        "s1", snap,
+        {"s1#main": [UserMessage("hi"), AssistantMessage("hello")], "s1#gone": None},
+        [{"turn": 1, "input": "hi", "ok": True}],
+    )
+    assert store.load_session("s1") == snap
+    assert store.get_messages("s1#main") == [UserMessage("hi"), AssistantMessage("hello")]
+    assert store.get_messages("s1#gone") == []
+    store.commit_turn("s1", snap | {"turn": 2}, {}, [{"turn": 2, "input": "more"}, {"turn": 2, "note": "b"}])
+    assert store.load_session("s1")["turn"] == 2
+    assert store.load_history("s1") == [
+        {"turn": 1, "input": "hi", "ok": True},
+        {"turn": 2, "input": "more"},
+        {"turn": 2, "note": "b"},
+    ]
+    assert store.list_sessions() == ["s1"]
+
+
+def test_loaded_values_are_copies(store):
+    store.commit_turn("s1", {"state": {"a": 1}}, {}, [{"turn": 1}])
+    store.load_session("s1")["state"]["a"] = 99
+    store.load_history("s1")[0]["turn"] = 99
+    assert store.load_session("s1") == {"state": {"a": 1}}
+    assert store.load_history("s1") == [{"turn": 1}]
+
+
+def test_commit_turn_with_an_invalid_message_lands_nothing(store):
+    store.commit_turn("s1", {"turn": 1}, {"s1#a": [UserMessage("a1")], "s1#b": [UserMessage("b1")]}, [{"turn": 1}])
+    with pytest.raises(ChatrunError, match="memory s1#b: item 1 is a str"):
+        store.commit_turn(
+            "s1", {"turn": 2},
+            {"s1#a": [UserMessage("a2")], "s1#b": [UserMessage("b2"), "not a message"], "s1#c": None},
+            [{"turn": 2}],
+        )
+    assert store.load_session("s1") == {"turn": 1}
+    assert store.get_messages("s1#a") == [UserMessage("a1")]
+    assert store.get_messages("s1#b") == [UserMessage("b1")]
+    assert store.load_history("s1") == [{"turn": 1}]
+
+
+def test_commit_turn_with_a_non_json_snapshot_or_entry_lands_nothing(store):
+    store.commit_turn("s1", {"turn": 1}, {}, [{"turn": 1}])
+    with pytest.raises(ChatrunError, match="session s1: its snapshot"):
+        store.commit_turn("s1", {"turn": 2, "bad": {1, 2}}, {"s1#a": [UserMessage("x")]}, [{"turn": 2}])
+    with pytest.raises(ChatrunError, match="session s1: history entry 1"):
+        store.commit_turn("s1", {"turn": 2}, {"s1#a": [UserMessage("x")]}, [{"turn": 2}, {"at": object()}])
+    assert store.load_session("s1") == {"turn": 1}
+    assert store.get_messages("s1#a") == []
+    assert store.load_history("s1") == [{"turn": 1}]
+
+
+def test_delete_session_forgets_it_and_the_given_memories_only(store):
+    for sid in ("s1", "s2"):
+        store.commit_turn(sid, {"id": sid}, {f"{sid}#main": [UserMessage(sid)], f"{sid}#x": [UserMessage("x")]}, [{"t": 1}])
+    store.delete_session("s1", ["s1#main", "s1#x"])
+    assert store.load_session("s1") is None
+    assert store.load_history("s1") == []
+    assert store.get_messages("s1#main") == [] and store.get_messages("s1#x") == []
+    assert store.load_session("s2") == {"id": "s2"}
+    assert store.get_messages("s2#main") == [UserMessage("s2")]
+    assert store.load_history("s2") == [{"t": 1}]
+    assert store.list_sessions() == ["s2"]
+
+
+def test_list_sessions_oldest_first(store):
+    for sid in ("b", "a", "c"):
+        store.commit_turn(sid, {}, {}, [])
+    store.commit_turn("b", {"again": True}, {}, [])
+    assert store.list_sessions() == ["b", "a", "c"]
+
+
+def test_concurrent_commit_turns_from_threads(store):
+    errors: list[BaseException] = []
+    threads_n, turns_n = 8, 25
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(turns_n):
+                # Every thread writes its own session and, concurrently, one shared session.
+                store.commit_turn(f"own{t}", {"turn": i}, {f"own{t}#main": [UserMessage(f"{t}:{i}")]}, [{"i": i}])
+                store.commit_turn("shared", {"last": t}, {}, [{"t": t, "i": i}])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(threads_n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    shared = store.load_history("shared")
+    assert len(shared) == threads_n * turns_n
+    for t in range(threads_n):  # each thread's entries, in its own order
+        assert [e["i"] for e in shared if e["t"] == t] == list(range(turns_n))
+        assert store.load_history(f"own{t}") == [{"i": i} for i in range(turns_n)]
+        assert store.get_messages(f"own{t}#main") == [UserMessage(f"{t}:{turns_n - 1}")]
+
+
+# -- SQLite only -----------------------------------------------------------------------------
+
+
+def test_sqlite_persists_across_reopen(tmp_path):
+    path = tmp_path / "deep" / "er" / "chatrun.db"  # parent folders are created
+    with SQLiteStore(path) as s:
+        s.commit_turn("s1", {"turn": 1}, {"s1#main": ALL_KINDS}, [{"turn": 1, "input": "héllo"}])
+        s.update_messages("loose", [UserMessage("x")])
+    with SQLiteStore(path) as s:
+        assert s.load_session("s1") == {"turn": 1}
+        assert s.get_messages("s1#main") == ALL_KINDS
+        assert s.load_history("s1") == [{"turn": 1, "input": "héllo"}]
+        assert s.get_messages("loose") == [UserMessage("x")]
+        s.commit_turn("s1", {"turn": 2}, {}, [{"turn": 2}])
+        assert [e["turn"] for e in s.load_history("s1")] == [1, 2]
+
+
+def test_sqlite_uses_wal_and_the_documented_tables(tmp_path):
+    path = tmp_path / "c.db"
+    SQLiteStore(path).close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"memories", "sessions", "history"} <= tables
+    conn.close()
+
+
+def test_sqlite_failure_inside_the_transaction_rolls_everything_back(tmp_path):
+    s = SQLiteStore(tmp_path / "c.db")
+    s.commit_turn("s1", {"turn": 1}, {}, [{"turn": 1}])
+    # A memory id SQLite cannot bind fails after the snapshot row was already written.
+    with pytest.raises(ChatrunError, match="save a turn of session s1"):
+        s.commit_turn("s1", {"turn": 2}, {("not", "bindable"): [UserMessage("x")]}, [{"turn": 2}])  # type: ignore[dict-item]
+    assert s.load_session("s1") == {"turn": 1}
+    assert s.load_history("s1") == [{"turn": 1}]
+    s.commit_turn("s1", {"turn": 2}, {}, [{"turn": 2}])  # the store is still usable
+    assert s.load_session("s1") == {"turn": 2}
+    s.close()
+
+
+def test_sqlite_is_shared_by_two_connections(tmp_path):
+    path = tmp_path / "c.db"
+    a, b = SQLiteStore(path), SQLiteStore(path)
+    a.commit_turn("s1", {"by": "a"}, {"s1#main": [UserMessage("from a")]}, [{"n": 1}])
+    assert b.load_session("s1") == {"by": "a"}
+    b.commit_turn("s1", {"by": "b"}, {}, [{"n": 2}])
+    assert [e["n"] for e in a.load_history("s1")] == [1, 2]
+    a.close()
+    b.close()
+
+
+def test_sqlite_cannot_open_a_folder(tmp_path):
+    with pytest.raises(ChatrunError, match=f"cannot open the SQLite store {tmp_path}"):
+        SQLiteStore(tmp_path)
+
+
+def test_sqlite_cannot_open_a_file_that_is_not_a_database(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("these are not the tables you are looking for\n" * 100)
+    with pytest.raises(ChatrunError, match="notes.txt"):
+        SQLiteStore(path)
+
+
+def test_sqlite_cannot_create_its_folder(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ChatrunError, match="cannot open the SQLite store"):
+        SQLiteStore(blocker / "sub" / "c.db")
+
+
+def test_open_store_urls(tmp_path):
+    assert isinstance(open_store(None), InMemoryStore)
+    assert isinstance(open_store("memory://"), InMemoryStore)
+    s = open_store(f"sqlite:///{tmp_path}/x.db")
+    assert isinstance(s, SQLiteStore) and (tmp_path / "x.db").exists()
+    s.close()
+    with pytest.raises(ChatrunError, match="unknown store URL"):
+        open_store("redis://localhost")
