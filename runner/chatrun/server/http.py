@@ -130,7 +130,7 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         async with registry.session(bot, session_id, who, EXISTING) as session:
-            events = [e async for e in session.stream(data or None)]
+            events = [e async for e in session.stream(wire.turn_input(data))]
             return {
                 "events": [e.to_dict() for e in events if e.type != ev.STREAM],
                 "ok": not any(e.type == ev.ERROR for e in events),
@@ -148,7 +148,7 @@ async def _sse(
 ) -> AsyncIterator[str]:
     try:
         async with registry.session(bot, session_id, who, EXISTING) as session:
-            async for event in session.stream(data or None):
+            async for event in session.stream(wire.turn_input(data)):
                 yield _sse_frame(event.type, event.to_dict())
             yield _sse_frame(
                 wire.COMPLETED,

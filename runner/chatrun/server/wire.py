@@ -190,3 +190,13 @@ def _jsonable(value: Any) -> Any:
     if callable(to_dict):
         return to_dict()
     return str(value)
+
+
+def turn_input(data: dict[str, Any]) -> str | dict[str, Any] | None:
+    """What a request hands the engine: the bare text when only userMessage came (so the
+    history reads as text), else the whole mapping (a route's `user:` template reads it)."""
+    if not data:
+        return None
+    if set(data) == {"userMessage"}:
+        return data["userMessage"]
+    return data

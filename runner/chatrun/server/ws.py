@@ -175,7 +175,7 @@ class Connection:
                     f"scope {frame.scope_id} is no longer active (the conversation moved on); "
                     f"the current scope is {session.scope_id}",
                 )
-            async for event in session.stream(frame.data or None):
+            async for event in session.stream(wire.turn_input(frame.data)):
                 await self.send(frame.chat_id, event.type, event.data, frame.request_id)
             await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
 

@@ -1,0 +1,71 @@
+"""`chatrun serve BOT [BOT...]`: the WebSocket/HTTP server and the web chat page."""
+
+from __future__ import annotations
+
+import click
+
+from chatrun.errors import BotError, ChatrunError
+
+
+@click.command()
+@click.argument("bots", nargs=-1, required=True, metavar="BOT [BOT...]")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
+@click.option(
+    "--store",
+    default="sqlite:///chatrun.db",
+    show_default=True,
+    help="Where sessions live: sqlite:///path.db (survives restarts) or memory://.",
+)
+@click.option(
+    "--auth",
+    "auth_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="YAML file mapping tokens to principals and roles (else $CHATRUN_AUTH_FILE; else no auth).",
+)
+@click.option("--max-message-chars", default=8000, show_default=True, type=int, help="Longest userMessage accepted.")
+@click.option("--max-in-flight", default=8, show_default=True, type=int, help="Requests in flight per WebSocket connection.")
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(
+    bots: tuple[str, ...],
+    host: str,
+    port: int,
+    store: str,
+    auth_file: str | None,
+    max_message_chars: int,
+    max_in_flight: int,
+    log_level: str,
+) -> None:
+    """Serve bots over WebSocket and HTTP, with a web chat page and inspector.
+
+    \b
+    Examples:
+      chatrun serve bots/travel
+      chatrun serve bots/travel bots/support --port 9000 --store sqlite:///sessions.db
+      chatrun serve bots/travel --auth tokens.yaml
+
+    \b
+    Then open http://HOST:PORT/ (the first bot) or /bots/NAME/ (each bot).
+    WebSocket: /_chat/routes (Quarkus Chat Scopes frames); HTTP API docs: /docs.
+    """
+    try:
+        import uvicorn
+
+        from chatrun.server import ServerLimits, create_app
+    except ModuleNotFoundError as exc:
+        raise click.ClickException(
+            f"`chatrun serve` needs {exc.name}; install it with: pip install 'chatrun[serve]'"
+        ) from None
+    limits = ServerLimits(max_message_chars=max_message_chars, max_in_flight=max_in_flight)
+    try:
+        app = create_app(list(bots), store, auth=auth_file, limits=limits)
+    except BotError as exc:
+        lines = "\n".join(d.format() for d in exc.diagnostics)
+        raise click.ClickException(f"cannot serve: the bot is invalid\n{lines}") from None
+    except ChatrunError as exc:
+        raise click.ClickException(f"cannot serve: {exc}") from None
+    names = ", ".join(app.state.registry.bots)
+    auth_note = f"auth on ({app.state.auth.source})" if app.state.auth else "auth off"
+    click.echo(f"chatrun: serving {names} on http://{host}:{port}/  (store {store}, {auth_note})", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -1,0 +1,472 @@
+/* The chatrun web page: a chat on the left, an inspector for bot authors on the right.
+ * Plain JavaScript over chatscopes.js; no build step, no network beyond this server. */
+(function () {
+  "use strict";
+
+  const BOT = document.body.dataset.bot;
+  const params = new URLSearchParams(location.search);
+  const TOKEN = params.get("token");
+  const STORE_KEY = "chatrun:" + location.host + ":" + BOT + ":chatId";
+  const $ = (id) => document.getElementById(id);
+  const SVG = "http://www.w3.org/2000/svg";
+
+  const ui = {
+    messages: $("messages"), breadcrumb: $("breadcrumb"), thinking: $("thinking"),
+    thinkingText: $("thinking-text"), input: $("input"), send: $("send"), status: $("status"),
+  };
+  let client = null;
+  let session = null;
+  let busy = false;
+  let streaming = null; // the bot bubble receiving Stream chunks
+  let graph = null;
+  let selectedRoute = null;
+  let inspectData = null;
+
+  // -- small helpers ------------------------------------------------------------------
+
+  function el(tag, cls, text) {
+    const node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined && text !== null) node.textContent = text;
+    return node;
+  }
+
+  function svg(tag, attrs, text) {
+    const node = document.createElementNS(SVG, tag);
+    for (const k in attrs) node.setAttribute(k, attrs[k]);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function api(path, options) {
+    const opts = Object.assign({ headers: {} }, options || {});
+    if (TOKEN) opts.headers.Authorization = "Bearer " + TOKEN;
+    return fetch("/bots/" + encodeURIComponent(BOT) + path, opts).then(async (r) => {
+      if (!r.ok) {
+        const body = await r.json().catch(() => ({}));
+        const err = new Error(body.message || r.statusText);
+        err.status = r.status;
+        throw err;
+      }
+      return r.status === 204 ? null : r.json();
+    });
+  }
+
+  /** JSON as HTML with light syntax colouring (escaped first). */
+  function jsonHtml(value) {
+    const text = JSON.stringify(value, null, 2);
+    if (text === undefined) return "";
+    const escaped = text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    return escaped.replace(
+      /("(?:\\.|[^"\\])*")(\s*:)?|\b(true|false|null)\b|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?/g,
+      (m, str, colon, lit) => {
+        if (str) return colon ? '<span class="k">' + str + "</span>" + colon : '<span class="s">' + str + "</span>";
+        if (lit) return '<span class="z">' + lit + "</span>";
+        return '<span class="n">' + m + "</span>";
+      }
+    );
+  }
+
+  function scrollDown() {
+    ui.messages.scrollTop = ui.messages.scrollHeight;
+  }
+
+  function add(node) {
+    const empty = ui.messages.querySelector(".empty");
+    if (empty) empty.remove();
+    ui.messages.appendChild(node);
+    scrollDown();
+    return node;
+  }
+
+  function setStatus(state, text) {
+    ui.status.dataset.state = state;
+    ui.status.textContent = text;
+  }
+
+  // -- chat rendering ---------------------------------------------------------------------
+
+  function showUser(text) { add(el("div", "msg user", text)); }
+
+  function showMessage(text) {
+    if (streaming) {
+      streaming.textContent = text;
+      streaming.classList.remove("streaming");
+      streaming = null;
+      scrollDown();
+    } else {
+      add(el("div", "msg bot", text));
+    }
+  }
+
+  function showChunk(chunk) {
+    if (!streaming) streaming = add(el("div", "msg bot streaming", ""));
+    streaming.textContent += chunk;
+    scrollDown();
+  }
+
+  function endStreaming() {
+    if (streaming) streaming.classList.remove("streaming");
+    streaming = null;
+  }
+
+  function showThinking(text) {
+    add(el("div", "note", typeof text === "string" ? text : JSON.stringify(text)));
+    ui.thinkingText.textContent = typeof text === "string" ? text : "Thinking…";
+  }
+
+  function showError(text) {
+    endStreaming();
+    add(el("div", "error", typeof text === "string" ? text : JSON.stringify(text)));
+  }
+
+  function showConsole(text) {
+    console.log("[" + BOT + "]", text);
+    add(el("div", "note console", typeof text === "string" ? text : JSON.stringify(text)));
+  }
+
+  function showObject(type, data) {
+    const card = el("div", "object");
+    card.appendChild(el("div", "tag", type));
+    const pre = el("pre");
+    pre.innerHTML = jsonHtml(data);
+    card.appendChild(pre);
+    add(card);
+  }
+
+  function showRouteChange(data, quiet) {
+    if (!data || !data.stack) return;
+    renderBreadcrumb(data.stack);
+    if (!quiet) add(el("div", "route-change", "now in " + data.stack.join(" › ")));
+  }
+
+  function renderBreadcrumb(stack) {
+    ui.breadcrumb.textContent = "";
+    stack.forEach((route, i) => {
+      if (i) ui.breadcrumb.appendChild(el("span", "sep", "›"));
+      const crumb = el("span", "crumb" + (i === stack.length - 1 ? " current" : ""), route);
+      crumb.dataset.route = route;
+      ui.breadcrumb.appendChild(crumb);
+    });
+  }
+
+  function showEvent(type, data) {
+    switch (type) {
+      case "Message": return showMessage(typeof data === "string" ? data : JSON.stringify(data));
+      case "Thinking": return showThinking(data);
+      case "Error": return showError(data);
+      case "Console": return showConsole(data);
+      case "RouteChanged": return showRouteChange(data);
+      case "Stream": return undefined;
+      default: return showObject(type, data);
+    }
+  }
+
+  function setBusy(on) {
+    busy = on;
+    ui.send.disabled = on;
+    ui.thinking.hidden = !on;
+    if (on) ui.thinkingText.textContent = "Thinking…";
+  }
+
+  // -- session --------------------------------------------------------------------------------
+
+  function wsUrl() {
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    let url = proto + "//" + location.host + "/bots/" + encodeURIComponent(BOT) + "/_chat/routes";
+    if (TOKEN) url += "?token=" + encodeURIComponent(TOKEN);
+    return url;
+  }
+
+  function builder() {
+    return client.builder()
+      .messageHandler(showMessage)
+      .streamHandler(showChunk)
+      .thinkingHandler(showThinking)
+      .errorHandler(showError)
+      .consoleHandler(showConsole)
+      .routeChangedHandler((d) => showRouteChange(d))
+      .defaultHandler(showObject);
+  }
+
+  async function startSession() {
+    const saved = localStorage.getItem(STORE_KEY);
+    if (saved) {
+      try {
+        session = await builder().resume(saved).connect();
+        await replayHistory();
+        return;
+      } catch (err) {
+        localStorage.removeItem(STORE_KEY); // gone (deleted, or another principal's): start afresh
+      }
+    }
+    session = await builder().connect();
+    localStorage.setItem(STORE_KEY, session.chatId);
+    ui.messages.textContent = "";
+    ui.messages.appendChild(el("div", "empty", "Say hello to " + BOT + "."));
+  }
+
+  async function replayHistory() {
+    ui.messages.textContent = "";
+    const data = await api("/sessions/" + encodeURIComponent(session.chatId));
+    for (const entry of data.history || []) {
+      const input = entry.input;
+      const text = typeof input === "string" ? input : input && input.userMessage;
+      if (text) showUser(text);
+      for (const event of entry.events || []) showEvent(event.type, event.data);
+    }
+    renderBreadcrumb(data.stack);
+    if (!(data.history || []).length) ui.messages.appendChild(el("div", "empty", "Say hello to " + BOT + "."));
+  }
+
+  async function send(text) {
+    if (!text.trim() || busy || !session) return;
+    showUser(text);
+    setBusy(true);
+    try {
+      await session.chat(text);
+    } catch (err) {
+      if (!err.reason || !String(err.message).includes(" (")) showError(err.message || String(err));
+    } finally {
+      endStreaming();
+      setBusy(false);
+      refreshInspector();
+      ui.input.focus();
+    }
+  }
+
+  async function reset() {
+    if (busy) return;
+    ui.messages.textContent = "";
+    if (session) {
+      try { await session.close(); } catch (err) { /* already gone */ }
+    }
+    localStorage.removeItem(STORE_KEY);
+    await startSession();
+    renderBreadcrumb([graph ? graph.default : ""]);
+    refreshInspector();
+  }
+
+  // -- inspector ----------------------------------------------------------------------------
+
+  async function refreshInspector() {
+    if (!session) return;
+    try {
+      inspectData = await api("/sessions/" + encodeURIComponent(session.chatId) + "/inspect");
+    } catch (err) {
+      return;
+    }
+    const d = inspectData;
+    graph = d.graph;
+    $("session-id").textContent = "session " + d.id + " · turn " + d.turn;
+    $("route-now").textContent = "· on " + d.route;
+    renderBreadcrumb(d.stack);
+    drawGraph(d.graph, d.stack);
+    renderScopes(d.scopes, d.scopeId);
+    $("state").innerHTML = jsonHtml(d.state);
+    renderMemory(d.memory);
+    document.body.dataset.route = d.route;
+    document.body.dataset.turn = String(d.turn);
+  }
+
+  function renderScopes(scopes, current) {
+    const box = $("scopes");
+    box.textContent = "";
+    let parent = box;
+    scopes.forEach((scope) => {
+      const card = el("div", "scope" + (scope.id === current ? " current" : ""));
+      card.dataset.scope = scope.id;
+      const head = el("div", "scope-head");
+      head.appendChild(el("span", "", scope.route));
+      head.appendChild(el("span", "scope-id", scope.id));
+      card.appendChild(head);
+      const pre = el("pre", "json");
+      pre.innerHTML = jsonHtml(scope.visible);
+      card.appendChild(pre);
+      const owned = [];
+      if (Object.keys(scope.local || {}).length) owned.push("local: " + Object.keys(scope.local).join(", "));
+      if (Object.keys(scope.shared || {}).length) owned.push("shared: " + Object.keys(scope.shared).join(", "));
+      if (owned.length) card.appendChild(el("div", "muted small", owned.join(" · ")));
+      parent.appendChild(card);
+      const nest = el("div", "scope-indent");
+      parent.appendChild(nest);
+      parent = nest;
+    });
+  }
+
+  function renderMemory(memory) {
+    const box = $("memory");
+    box.textContent = "";
+    const policy = memory.policy || {};
+    const size = policy.type === "message_window" ? " (" + policy.max_messages + " messages)"
+      : policy.type === "token_window" ? " (" + policy.max_tokens + " tokens)" : "";
+    $("memory-meta").textContent = "· " + memory.messages.length + " messages · " + policy.type + size + " · " + memory.model;
+    if (!memory.messages.length) box.appendChild(el("div", "muted", "empty: this route has not run in this scope yet"));
+    for (const m of memory.messages) {
+      const item = el("div", "mem " + m.role);
+      item.appendChild(el("div", "role", m.role + (m.name ? " · " + m.name : "") + (m.tool_call_id ? " · " + m.tool_call_id : "")));
+      if (m.content) item.appendChild(el("div", "content", m.content));
+      for (const call of m.tool_calls || []) {
+        const f = call.function || call;
+        item.appendChild(el("div", "call", "→ " + f.name + "(" + f.arguments + ")"));
+      }
+      box.appendChild(item);
+    }
+    $("tools").innerHTML = jsonHtml(memory.tools.map((t) => t.function || t));
+  }
+
+  /** The route graph in plain SVG: routes in rows by push depth from the default route. */
+  function drawGraph(g, stack) {
+    const box = $("graph");
+    const current = stack[stack.length - 1];
+    const onStack = new Set(stack);
+    const moves = g.edges.filter((e) => e.to);
+    const level = {};
+    level[g.default] = 0;
+    const queue = [g.default];
+    while (queue.length) {
+      const from = queue.shift();
+      for (const e of moves) {
+        if (e.from === from && level[e.to] === undefined) {
+          level[e.to] = level[from] + (e.kind === "push" ? 1 : 0);
+          queue.push(e.to);
+        }
+      }
+    }
+    const maxLevel = Math.max(0, ...Object.values(level));
+    for (const n of g.nodes) if (level[n.name] === undefined) level[n.name] = maxLevel + 1;
+    const rows = [];
+    for (const n of g.nodes) (rows[level[n.name]] = rows[level[n.name]] || []).push(n);
+    const W = 430, rowH = 78, nodeH = 32, top = 14;
+    const pos = {};
+    rows.forEach((row, r) => {
+      if (!row) return;
+      const nodeW = Math.min(140, (W - 16) / row.length - 12);
+      row.forEach((n, i) => {
+        const cx = (W / (row.length + 1)) * (i + 1);
+        pos[n.name] = { x: cx - nodeW / 2, y: top + r * rowH, w: nodeW, h: nodeH, cx: cx };
+      });
+    });
+    const H = top + rows.length * rowH - rowH + nodeH + 34;
+    const root = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "route graph" });
+    const defs = svg("defs", {});
+    const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: "9", refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto-start-reverse" });
+    marker.appendChild(svg("path", { d: "M0,0 L10,5 L0,10 z", fill: "#9aa3b5" }));
+    defs.appendChild(marker);
+    root.appendChild(defs);
+    // Pops go back to every route that pushes here.
+    const parents = {};
+    for (const e of moves) if (e.kind === "push") (parents[e.to] = parents[e.to] || new Set()).add(e.from);
+    const drawn = new Set();
+    const lines = [];
+    for (const e of g.edges) {
+      const targets = e.to ? [e.to] : Array.from(parents[e.from] || []);
+      for (const to of targets) {
+        const key = e.from + ">" + to + ":" + e.kind;
+        if (drawn.has(key) || !pos[e.from] || !pos[to]) continue;
+        drawn.add(key);
+        lines.push({ from: e.from, to: to, kind: e.kind, tools: g.edges.filter((x) => x.from === e.from && x.kind === e.kind && (x.to || to) === to).map((x) => x.tool) });
+      }
+    }
+    for (const line of lines) {
+      const a = pos[line.from], b = pos[line.to];
+      let d, lx, ly;
+      if (line.kind === "pop") {
+        const x1 = a.cx + a.w / 4, y1 = a.y, x2 = b.cx + b.w / 4, y2 = b.y + b.h;
+        d = "M" + x1 + "," + y1 + " C" + (x1 + 30) + "," + (y1 - 30) + " " + (x2 + 30) + "," + (y2 + 30) + " " + x2 + "," + y2;
+        lx = (x1 + x2) / 2 + 22; ly = (y1 + y2) / 2;
+      } else if (b.y > a.y) {
+        const x1 = a.cx - a.w / 6, y1 = a.y + a.h, x2 = b.cx - b.w / 6, y2 = b.y;
+        d = "M" + x1 + "," + y1 + " C" + x1 + "," + (y1 + 30) + " " + x2 + "," + (y2 - 30) + " " + x2 + "," + y2;
+        lx = (x1 + x2) / 2 - 4; ly = (y1 + y2) / 2;
+      } else {
+        const x1 = a.cx, y1 = a.y + a.h, x2 = b.cx, y2 = b.y + b.h;
+        d = "M" + x1 + "," + y1 + " C" + x1 + "," + (y1 + 34) + " " + x2 + "," + (y2 + 34) + " " + x2 + "," + y2;
+        lx = (x1 + x2) / 2; ly = Math.max(y1, y2) + 30;
+      }
+      const path = svg("path", { d: d, class: "edge " + line.kind, "marker-end": "url(#arrow)" });
+      path.appendChild(svg("title", {}, line.kind + " via " + line.tools.join(", ")));
+      root.appendChild(path);
+      root.appendChild(svg("text", { x: lx, y: ly, class: "edge-label", "text-anchor": "middle" }, line.tools.slice(0, 2).join(", ")));
+    }
+    for (const n of g.nodes) {
+      const p = pos[n.name];
+      const cls = ["node"];
+      if (onStack.has(n.name)) cls.push("on-stack");
+      if (n.name === current) cls.push("current");
+      if (n.name === selectedRoute) cls.push("selected");
+      const group = svg("g", { class: cls.join(" "), "data-route": n.name, tabindex: "0" });
+      group.appendChild(svg("rect", { x: p.x, y: p.y, width: p.w, height: p.h, rx: 8 }));
+      const label = (n.roles.length ? "🔒 " : "") + (n.default ? "★ " : "") + n.name;
+      const maxChars = Math.max(4, Math.floor(p.w / 7));
+      group.appendChild(svg("text", { x: p.cx, y: p.y + p.h / 2 + 4, "text-anchor": "middle" }, label.length > maxChars ? label.slice(0, maxChars - 1) + "…" : label));
+      group.appendChild(svg("title", {}, n.name + (n.description ? ": " + n.description : "")));
+      group.addEventListener("click", () => { selectedRoute = n.name; drawGraph(g, stack); showRouteDetail(n); });
+      root.appendChild(group);
+    }
+    root.appendChild(svg("text", { x: 4, y: H - 6, class: "legend" }, "solid: push · dashed: route · dotted: pop · ★ default · 🔒 roles"));
+    box.textContent = "";
+    box.appendChild(root);
+    const sel = g.nodes.find((n) => n.name === selectedRoute);
+    if (sel) showRouteDetail(sel);
+  }
+
+  function showRouteDetail(n) {
+    const box = $("route-detail");
+    box.textContent = "";
+    const title = el("div");
+    title.appendChild(el("strong", "", n.name));
+    if (n.description) title.appendChild(document.createTextNode(" — " + n.description));
+    box.appendChild(title);
+    const tools = el("div", "muted");
+    tools.textContent = "tools: " + (n.tools.length ? n.tools.join(", ") : "none") + (n.roles.length ? " · roles: " + n.roles.join(", ") : "");
+    box.appendChild(tools);
+  }
+
+  // -- start --------------------------------------------------------------------------------
+
+  async function main() {
+    $("bot-name").textContent = BOT;
+    document.title = BOT + " · chatrun";
+    try {
+      const info = await api("");
+      $("bot-description").textContent = info.description || "";
+      graph = info.graph;
+      renderBreadcrumb([info.default_route]);
+      drawGraph(info.graph, [info.default_route]);
+    } catch (err) {
+      setStatus("offline", err.status === 401 ? "unauthorized: add ?token=…" : "server unreachable");
+      return;
+    }
+    client = new ChatScopesClient();
+    try {
+      await client.open(wsUrl());
+    } catch (err) {
+      setStatus("offline", err.message || "cannot connect");
+      return;
+    }
+    client.websocket.addEventListener("close", (ev) => setStatus("offline", ev.reason || "disconnected"));
+    await startSession();
+    setStatus("online", "connected");
+    document.body.dataset.ready = "true";
+    refreshInspector();
+  }
+
+  $("composer").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const text = ui.input.value;
+    ui.input.value = "";
+    send(text);
+  });
+  ui.input.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey) {
+      ev.preventDefault();
+      $("composer").requestSubmit();
+    }
+  });
+  $("reset").addEventListener("click", reset);
+  $("toggle-inspector").addEventListener("click", () => {
+    document.body.classList.toggle(window.innerWidth > 900 ? "no-inspector" : "show-inspector");
+  });
+  main();
+})();
