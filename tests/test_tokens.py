@@ -124,7 +124,7 @@ OFFLINE_SCRIPT = textwrap.dedent(
 )
 
 
-def test_offline_falls_back_to_the_estimate_and_warns_once(tmp_path):
+def offline_env(tmp_path) -> dict[str, str]:
     empty = tmp_path / "empty-cache"
     empty.mkdir()
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "all_proxy")}
@@ -137,6 +137,12 @@ def test_offline_falls_back_to_the_estimate_and_warns_once(tmp_path):
         http_proxy="http://127.0.0.1:9",
         PYTHONPATH=str(RUNNER),
     )
+    return env
+
+
+def test_offline_falls_back_to_the_estimate_and_warns_once(tmp_path):
+    env = offline_env(tmp_path)
+    empty = Path(env["TIKTOKEN_CACHE_DIR"])
     proc = subprocess.run(
         [sys.executable, "-c", OFFLINE_SCRIPT], env=env, capture_output=True, text=True, timeout=60
     )
@@ -151,3 +157,20 @@ def test_offline_falls_back_to_the_estimate_and_warns_once(tmp_path):
     assert "TIKTOKEN_CACHE_DIR" in tokenizer_warnings[0]
     assert "o200k_base" in tokenizer_warnings[0]
     assert not os.listdir(empty)  # nothing half-written into the cache
+
+
+def test_offline_with_warnings_as_errors_still_counts(tmp_path):
+    script = (
+        "from chatrun.memory import TokenWindowMemory\n"
+        "from chatrun.messages import UserMessage\n"
+        "m = TokenWindowMemory('s#r', max_tokens=10)\n"
+        "m.add(UserMessage('hello world'))\n"
+        "print(m.token_count)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", "-c", script], env=offline_env(tmp_path),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "7"  # the estimate: ceil(11 / 4) + 4
+    assert "TIKTOKEN_CACHE_DIR" in proc.stderr  # logged instead of warned

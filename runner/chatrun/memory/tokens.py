@@ -22,6 +22,7 @@ Counting never raises into a turn. Encodings are loaded once per process.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -87,18 +88,24 @@ def load_encoding(name: str) -> Any | None:
             enc = None
             if not _warned:
                 _warned = True
-                cache = os.environ.get("TIKTOKEN_CACHE_DIR") or "unset"
-                warnings.warn(
-                    f"tiktoken could not load the {name!r} encoding ({type(exc).__name__}: {exc}). "
-                    "Token counts are estimated as ceil(characters / 4) + 4 per message. To count "
-                    "exactly offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached "
-                    "encoding files (copied from a machine that downloaded them), or allow tiktoken "
-                    f"to download them once. TIKTOKEN_CACHE_DIR is now: {cache}.",
-                    TokenizerUnavailableWarning,
-                    stacklevel=2,
-                )
+                _warn_offline(name, exc)
         _encodings[name] = enc
         return enc
+
+
+def _warn_offline(name: str, exc: Exception) -> None:
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR") or "unset"
+    text = (
+        f"tiktoken could not load the {name!r} encoding ({type(exc).__name__}: {exc}). "
+        "Token counts are estimated as ceil(characters / 4) + 4 per message. To count "
+        "exactly offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached "
+        "encoding files (copied from a machine that downloaded them), or allow tiktoken "
+        f"to download them once. TIKTOKEN_CACHE_DIR is now: {cache}."
+    )
+    try:
+        warnings.warn(text, TokenizerUnavailableWarning, stacklevel=4)
+    except Warning:  # warnings turned into errors (-W error): still never fail a turn
+        logging.getLogger("chatrun.memory").warning(text)
 
 
 def estimate_counter(message: Message) -> int:
