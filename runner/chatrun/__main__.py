@@ -1,0 +1,5 @@
+"""`python -m chatrun` is `chatrun`."""
+
+from chatrun.cli import main
+
+main()

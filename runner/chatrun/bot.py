@@ -1,0 +1,64 @@
+"""A loaded bot: its validated config, its route graph, and the sessions it starts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from chatrun.config import BotConfig
+from chatrun.graph import RouteGraph
+from chatrun.models.base import ChatModel
+from chatrun.session import Session
+from chatrun.store import SessionStore
+from chatrun.tools import HandlerResolver
+
+
+class Bot:
+    """Built once from a bot's YAML; cheap to start sessions from, safe to share."""
+
+    def __init__(self, config: BotConfig, store: SessionStore | None = None):
+        from chatrun.store.memory import InMemoryStore
+
+        self.config = config
+        self.graph = RouteGraph.from_config(config)
+        self.store: SessionStore = store if store is not None else InMemoryStore()
+        self._handlers = HandlerResolver(config.root or ".", config.name)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def session(
+        self,
+        route: str | None = None,
+        store: SessionStore | None = None,
+        model: ChatModel | None = None,
+        session_id: str | None = None,
+        state: dict[str, Any] | None = None,
+        roles: set[str] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Session:
+        """A new conversation (on `route`, else the default route), or, when `session_id` is in
+        the store, that conversation resumed.
+
+        store: where the session lives between turns (default: this bot's in-process store).
+        model: answers every route (default: built from each route's model config).
+        state: initial conversation state over the YAML's `state:` (new sessions only).
+        roles: the principal's roles; routes with `roles:` need one of them (None: no checks).
+        """
+        return Session(self, store if store is not None else self.store, model, session_id, route, state, roles, meta)
+
+    def handler(self, spec: str) -> Callable[..., Any]:
+        return self._handlers.resolve(spec)
+
+    def __repr__(self) -> str:
+        return f"<Bot {self.name!r} routes={list(self.config.routes)}>"
+
+
+def load_bot(path: str | Path, store: SessionStore | None = None) -> Bot:
+    """Load, validate and build a bot. Raises chatrun.BotError carrying every diagnostic."""
+    from chatrun.loader import load_config
+
+    config, _warnings = load_config(str(path))
+    return Bot(config, store)

@@ -1,0 +1,234 @@
+"""`chatrun repl BOT`: talk to a bot in the terminal (or through a pipe)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from chatrun import events as ev
+from chatrun.config import ModelConfig
+from chatrun.errors import ChatrunError
+from chatrun.events import Event
+from chatrun.models.human import HumanModel
+
+COMMANDS = """\
+/help              this help
+/route             the current route
+/stack             the scope stack, each scope with its route and state
+/state             the state the current scope sees
+/memory            the current route's memory, as the model will see it
+/history           everything said in this session
+/save FILE         write the conversation so far as a golden transcript
+/reset             start a new session
+/quit              leave (Ctrl-D too); Ctrl-C cancels a running turn"""
+
+
+def model_is_configured(config: ModelConfig) -> bool:
+    """Whether an OpenAI-compatible endpoint can be reached without asking the author."""
+    if config.provider != "openai":
+        return True
+    key_env = config.api_key_env or "OPENAI_API_KEY"
+    return bool(config.base_url or os.environ.get("OPENAI_BASE_URL") or os.environ.get(key_env))
+
+
+NO_MODEL = """\
+No model is configured, so you play the model's part: after each message, answer
+with /say TEXT or /call TOOL {{"arg": "value"}}. To use a real model, set
+OPENAI_API_KEY (and OPENAI_BASE_URL for Azure, vLLM, Ollama, llama.cpp...) or
+model.base_url in {file}."""
+
+
+class Repl:
+    def __init__(self, bot: Any, store: Any, session_id: str | None, route: str | None, play_model: bool):
+        self.bot = bot
+        self.store = store
+        self.route = route
+        self.interactive = sys.stdin.isatty()
+        self.human = HumanModel(self.read_line, self.note) if play_model else None
+        self.session = bot.session(route=route, store=store, model=self.human, session_id=session_id)
+        self.streamed = ""
+        self.records: list[dict[str, Any]] = []  # per turn, for /save
+
+    # -- input and output ----------------------------------------------------------------
+
+    async def read_line(self, prompt: str) -> str | None:
+        return await asyncio.to_thread(self._read_line, prompt)
+
+    def _read_line(self, prompt: str) -> str | None:
+        if self.interactive:
+            try:
+                return input(prompt)
+            except EOFError:
+                return None
+        line = sys.stdin.readline()
+        return line.rstrip("\n") if line else None
+
+    def note(self, text: str) -> None:
+        click.secho(text, dim=True)
+
+    def prompt(self) -> str:
+        return " > ".join(self.session.stack) + "> "
+
+    def show(self, event: Event) -> None:
+        kind, data = event.type, event.data
+        if kind == ev.STREAM:
+            if self.interactive:
+                click.echo(data, nl=False)
+                self.streamed += data
+            return
+        if kind == ev.MESSAGE:
+            if self.streamed and self.streamed == data:
+                click.echo()
+            else:
+                click.echo(data)
+            self.streamed = ""
+        elif kind == ev.THINKING:
+            click.secho(f"… {data}", fg="cyan", italic=True)
+        elif kind == ev.CONSOLE:
+            click.secho(f"[console] {data}", dim=True)
+        elif kind == ev.ERROR:
+            click.secho(f"error: {data}", fg="red")
+        elif kind == ev.ROUTE_CHANGED:
+            click.secho(f"→ {' > '.join(data['stack'])}", fg="yellow")
+        else:
+            text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+            click.secho(f"[{kind}] {text}", fg="magenta")
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        click.secho(f"{self.bot.name}: session {self.session.id} on {' > '.join(self.session.stack)}"
+                    " (/help for commands)", dim=True)
+        while True:
+            line = self._read_line(self.prompt())
+            if line is None:
+                return 0
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                if self.command(line) == "quit":
+                    return 0
+                continue
+            self.turn(line)
+
+    def turn(self, text: str) -> None:
+        before = len(self.human.responses) if self.human else 0
+        events: list[Event] = []
+
+        async def consume() -> None:
+            async for event in self.session.stream(text):
+                events.append(event)
+                self.show(event)
+
+        runner = asyncio.Runner()
+        try:
+            runner.run(consume())
+        except KeyboardInterrupt:
+            click.secho("\nturn cancelled; the session is as it was before it", fg="yellow")
+            return
+        finally:
+            runner.close()
+        if self.streamed:
+            click.echo()
+            self.streamed = ""
+        if self.human:
+            self.records.append({
+                "user": text,
+                "model": self.human.responses[before:],
+                "events": events,
+                "route": self.session.route,
+                "stack": self.session.stack,
+            })
+
+    def command(self, line: str) -> str | None:
+        name, _, arg = line.partition(" ")
+        s = self.session
+        if name in ("/quit", "/exit"):
+            return "quit"
+        if name == "/help":
+            click.echo(COMMANDS)
+        elif name == "/route":
+            click.echo(s.route)
+        elif name == "/stack":
+            for depth, scope in enumerate(s.scopes):
+                click.echo(f"{'  ' * depth}{scope.route} [{scope.id}] local={json.dumps(scope.local)} shared={json.dumps(scope.shared)}")
+        elif name == "/state":
+            click.echo(json.dumps(s.visible_state(), indent=2, ensure_ascii=False, default=str))
+        elif name == "/memory":
+            for m in s.memory():
+                click.echo(json.dumps(m.to_dict(), ensure_ascii=False))
+        elif name == "/history":
+            for entry in s.history:
+                click.echo(json.dumps(entry, ensure_ascii=False, default=str))
+        elif name == "/reset":
+            s.close()
+            self.session = self.bot.session(route=self.route, store=self.store, model=self.human)
+            self.records.clear()
+            click.secho(f"new session {self.session.id}", dim=True)
+        elif name == "/save":
+            self.save(arg.strip())
+        elif name in ("/say", "/call"):
+            click.secho("(/say and /call answer for the model while a turn waits for it)", dim=True)
+        else:
+            click.secho(f"unknown command {name}; /help lists them", fg="red")
+        return None
+
+    def save(self, path: str) -> None:
+        if not path:
+            click.secho("usage: /save FILE", fg="red")
+            return
+        try:
+            from chatrun.transcripts.save import save_transcript
+        except ImportError:
+            click.secho("/save needs the transcripts module, which this install lacks", fg="red")
+            return
+        if self.human is None:
+            click.secho("/save records what the model answered; it works when you play the model "
+                        "(use `chatrun test --record` to record a real model)", fg="red")
+            return
+        try:
+            save_transcript(path, bot_path=self.bot.config.path, route=self.route, records=self.records,
+                            session=self.session)
+        except (ChatrunError, OSError) as exc:
+            click.secho(f"could not save: {exc}", fg="red")
+            return
+        click.secho(f"saved {len(self.records)} turns to {path}; run it with: chatrun test {path}", dim=True)
+
+
+@click.command()
+@click.argument("bot_path", metavar="BOT", type=click.Path(exists=True))
+@click.option("--route", help="Start route (default: the bot's default route).")
+@click.option("--session", "session_id", help="Resume this session from the store (or start it with this id).")
+@click.option("--store", default=None, help="Where sessions live: memory:// (default) or sqlite:///path/to.db.")
+@click.option("--play-model", is_flag=True, help="Answer for the model yourself (/say, /call), even with credentials.")
+def repl(bot_path: str, route: str | None, session_id: str | None, store: str | None, play_model: bool) -> None:
+    """Talk to a bot. Type messages; /help lists the slash commands.
+
+    Reads one user message per line from a pipe too, printing events to stdout.
+
+    \b
+    Examples:
+      chatrun repl bots/travel
+      chatrun repl bots/travel --store sqlite:///chat.db --session 1f2e3d
+      printf 'hello\\n/say Hi there!\\n' | chatrun repl bots/hello --play-model
+    """
+    from chatrun.bot import load_bot
+    from chatrun.cli._output import fail
+    from chatrun.store import open_store
+
+    try:
+        bot = load_bot(bot_path)
+        play = play_model or not model_is_configured(bot.config.model)
+        if play and not play_model:
+            click.secho(NO_MODEL.format(file=bot.config.path), fg="yellow")
+        code = Repl(bot, open_store(store), session_id, route, play).run()
+    except ChatrunError as exc:
+        fail(exc)
+        return
+    sys.exit(code)

@@ -1,0 +1,30 @@
+"""Shared test setup: offline tiktoken encodings, and small bot-writing helpers."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TIKTOKEN = REPO.parent / "shared" / "tiktoken"
+
+# Tests never download: point tiktoken at the encodings shipped beside the repo.
+if SHARED_TIKTOKEN.is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
+
+
+@pytest.fixture
+def write_bot(tmp_path):
+    """Write a single-file bot from YAML text and return its path."""
+
+    def write(text: str, name: str = "bot.yaml", extra: dict[str, str] | None = None) -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        for rel, content in (extra or {}).items():
+            (tmp_path / rel).write_text(textwrap.dedent(content))
+        return path
+
+    return write

@@ -1,0 +1,398 @@
+"""The engine through the session API, with the scripted model: scopes, routes,
+tool actions, memories, atomic turns, persistence."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import chatrun
+from chatrun.errors import SessionError, UnknownRouteError
+from chatrun.messages import AssistantMessage, SystemMessage, ToolResultMessage, UserMessage
+from chatrun.models.scripted import ScriptedModel
+from chatrun.store.sqlite import SQLiteStore
+
+TRAVEL = """
+name: travel
+model: {provider: scripted, name: gpt-4o-mini}
+memory: {type: message_window, max_messages: 50}
+state: {traveller_name: null}
+routes:
+  main_menu:
+    default: true
+    system: 'You are a travel agent. Help {{ state.traveller_name or "the user" }}.'
+    tools: [book_flight, set_name, pop_here, talk_to_agent, forget_later, keep_memory]
+  flight:
+    system: 'Airline. Reservation so far: {{ scope.reservation | tojson }}'
+    scope:
+      local: {reservation: {departure: null, destination: null}}
+    tools: [set_destination, set_departure, book, cancel, loop_forever, explode]
+  agent:
+    system: 'Human agent desk.'
+    roles: [staff]
+    tools: []
+tools:
+  book_flight:
+    description: Book a flight
+    action: {clear_memory: true, push: flight, execute: true, immediate: true}
+  set_name:
+    description: Remember the traveller's name
+    parameters: {type: object, properties: {name: {type: string}}, required: [name]}
+    action: {set: {state.traveller_name: '{{ args.name }}'}}
+  pop_here:
+    description: Pop (invalid at the root)
+    action: {pop: true}
+  talk_to_agent:
+    description: Go to the agent desk
+    action: {route: agent}
+  forget_later:
+    description: Wipe memory at the end of the turn
+    action: {wipe: schedule}
+  keep_memory:
+    description: Abort a scheduled wipe
+    action: {wipe: abort}
+  set_destination:
+    description: Specify the destination
+    parameters: {type: object, properties: {destination: {type: string}}, required: [destination]}
+    action:
+      set: {scope.reservation.destination: '{{ args.destination }}'}
+      emit: {Thinking: 'Destination set to {{ args.destination }}'}
+  set_departure:
+    description: Specify the departure date
+    parameters: {type: object, properties: {date: {type: string}}, required: [date]}
+    action: {set: {scope.reservation.departure: '{{ args.date }}'}}
+  book:
+    description: Book it
+    requires: [scope.reservation.departure, scope.reservation.destination]
+    handler: tools_mod:make_booking
+    action:
+      pop: true
+      message: 'Your flight to {{ scope.reservation.destination }} is booked ({{ result }}).'
+      result: 'Booked flight {{ result }} to {{ scope.reservation.destination }}'
+  cancel:
+    description: Abandon
+    action: {pop: true}
+  loop_forever:
+    description: Re-executes itself
+    action: {route: flight, execute: true}
+  explode:
+    description: A handler that raises
+    handler: tools_mod:explode
+"""
+
+TOOLS_MOD = """
+def make_booking(ctx):
+    ctx.emit("Console", "booking " + ctx.scope["reservation"]["destination"])
+    return "XY123"
+
+def explode(ctx):
+    ctx.state["traveller_name"] = "changed before the crash"
+    raise RuntimeError("payment service down")
+"""
+
+
+def call(name, /, **args):
+    return {"tool_calls": [{"name": name, "arguments": args}]}
+
+
+@pytest.fixture
+def travel(write_bot):
+    return chatrun.load_bot(write_bot(TRAVEL, extra={"tools_mod.py": TOOLS_MOD}))
+
+
+def kinds(events):
+    return [(e.type, e.data) for e in events if e.type != "Stream"]
+
+
+def test_hello_turn_reply_and_memory(travel):
+    model = ScriptedModel([{"text": "Hi! Where to?"}])
+    s = travel.session(model=model)
+    events = s.chat("hello")
+    assert kinds(events) == [("Message", "Hi! Where to?")]
+    assert all(e.turn == 1 for e in events)
+    assert s.memory() == [
+        SystemMessage("You are a travel agent. Help the user."),
+        UserMessage("hello"),
+        AssistantMessage("Hi! Where to?"),
+    ]
+    sent = model.requests[0]
+    assert [t["function"]["name"] for t in sent.tools] == travel.config.routes["main_menu"].tools
+    assert sent.messages[0] == SystemMessage("You are a travel agent. Help the user.")
+
+
+def test_main_menu_push_execute_immediate_then_wizard(travel):
+    model = ScriptedModel([
+        call("book_flight"),
+        call("set_destination", destination="Ireland"),
+        {"text": "When do you want to leave?"},
+    ])
+    s = travel.session(model=model)
+    events = s.chat("I want to book a flight to Ireland in July")
+    assert kinds(events) == [
+        ("RouteChanged", {"route": "flight", "stack": ["main_menu", "flight"]}),
+        ("Thinking", "Destination set to Ireland"),
+        ("Message", "When do you want to leave?"),
+    ]
+    assert s.stack == ["main_menu", "flight"]
+    # execute: the flight route got the same user message, with its own system prompt and tools only
+    second = model.requests[1]
+    assert second.messages == [
+        SystemMessage('Airline. Reservation so far: {"departure": null, "destination": null}'),
+        UserMessage("I want to book a flight to Ireland in July"),
+    ]
+    assert [t["function"]["name"] for t in second.tools] == travel.config.routes["flight"].tools
+    # the system prompt is rendered again before each call, so the model sees the setter's effect
+    assert model.requests[2].messages[0].content.endswith('{"departure": null, "destination": "Ireland"}')
+    # clear_memory emptied main_menu's memory, and the book_flight result was not left as an orphan
+    assert s.memory(s.scopes[0].id) == []
+    assert s.visible_state()["scope"]["reservation"]["destination"] == "Ireland"
+    assert len(model.requests) == 3  # immediate: the book_flight result never went back to main_menu
+
+
+def test_memory_ids_are_scope_and_route(travel):
+    s = travel.session(model=ScriptedModel([call("book_flight"), {"text": "ok"}]))
+    s.chat("fly")
+    root, nested = s.scopes
+    assert set(s.memories()) == {f"{root.id}#main_menu", f"{nested.id}#flight"}
+    assert root.id != nested.id
+
+
+def test_requires_refuses_incomplete_booking_then_books_and_pops(travel, tmp_path):
+    model = ScriptedModel([
+        call("book_flight"),
+        call("set_destination", destination="Ireland"),
+        {"text": "When?"},
+        call("book"),
+        {"text": "I still need the departure date."},
+        call("set_departure", date="2026-07-01"),
+        call("book"),
+    ])
+    s = travel.session(model=model)
+    s.chat("flight to Ireland")
+    flight_scope = s.scopes[-1]
+    events = s.chat("book it")
+    refusal = model.requests[4].messages[-1]
+    assert isinstance(refusal, ToolResultMessage)
+    assert "scope.reservation.departure" in refusal.content and "not set" in refusal.content
+    assert s.stack == ["main_menu", "flight"]
+    assert kinds(events) == [("Message", "I still need the departure date.")]
+
+    events = s.chat("July 1st, and book")
+    assert kinds(events) == [
+        ("Console", "booking Ireland"),
+        ("Message", "Your flight to Ireland is booked (XY123)."),
+        ("RouteChanged", {"route": "main_menu", "stack": ["main_menu"]}),
+    ]
+    assert s.stack == ["main_menu"]
+    # the nested scope's state and memory are gone, in the session and in the store
+    assert "reservation" not in s.visible_state()["scope"]
+    assert flight_scope.memory_id("flight") not in s.memories()
+    assert s.store.get_messages(flight_scope.memory_id("flight")) == []
+    # pop's result was handed to main_menu's memory; without execute the turn ends with the pop
+    assert s.memory()[-1] == AssistantMessage("Booked flight XY123 to Ireland")
+    assert model.remaining == 0
+
+
+def test_tool_calls_after_a_route_change_are_answered_not_run(travel):
+    model = ScriptedModel([
+        {"tool_calls": [
+            {"name": "set_name", "arguments": {"name": "Ana"}},
+            {"name": "talk_to_agent", "arguments": {}},
+            {"name": "set_name", "arguments": {"name": "Bob"}},
+        ]},
+        {"text": "agent here"},
+    ])
+    s = travel.session(model=model)
+    s.chat("agent please")
+    assert s.stack == ["agent"]  # route change: same scope, no nesting
+    assert s.state["traveller_name"] == "Ana"
+    results = [m for m in s.memory(route="main_menu") if isinstance(m, ToolResultMessage)]
+    assert len(results) == 3
+    assert results[2].content.startswith("Not run")
+    # the route change ended main_menu's loop: no further model call on it
+    assert len(model.requests) == 1
+
+
+def test_roles_forbid_entering_a_route(travel):
+    model = ScriptedModel([call("talk_to_agent"), {"text": "Sorry, I can't do that."}])
+    s = travel.session(model=model, roles={"customer"})
+    events = s.chat("agent please")
+    assert s.stack == ["main_menu"]
+    assert [e.type for e in events if e.type != "Stream"] == ["Error", "Message"]
+    assert "not allowed" in events[0].data
+    assert "not allowed" in model.requests[1].messages[-1].content
+    with pytest.raises(SessionError):
+        travel.session(route="agent", roles={"customer"})
+    assert travel.session(route="agent", roles={"staff"}).stack == ["agent"]
+
+
+def test_pop_at_root_is_an_error_and_changes_nothing(travel):
+    model = ScriptedModel([call("pop_here"), {"text": "Can't go back from here."}])
+    s = travel.session(model=model)
+    events = s.chat("go back")
+    assert [e.type for e in events if e.type != "Stream"] == ["Error", "Message"]
+    assert "root scope" in events[0].data
+    assert s.stack == ["main_menu"]
+
+
+def test_bad_tool_calls_become_tool_results(travel):
+    model = ScriptedModel([
+        {"tool_calls": [
+            {"name": "set_name", "arguments": "{not json"},
+            {"name": "set_name", "arguments": {"nom": "Ana"}},
+            {"name": "set_destination", "arguments": {"destination": "X"}},
+            {"name": "no_such_tool", "arguments": {}},
+        ]},
+        {"text": "sorry"},
+    ])
+    s = travel.session(model=model)
+    s.chat("hi")
+    results = [m.content for m in model.requests[1].messages if isinstance(m, ToolResultMessage)]
+    assert "not valid JSON" in results[0]
+    assert "'name' is a required property" in results[1]
+    assert "no tool 'set_destination'" in results[2]  # not offered on this route
+    assert "no tool 'no_such_tool'" in results[3]
+    assert s.state["traveller_name"] is None
+
+
+def test_failed_turn_restores_everything(travel):
+    model = ScriptedModel([
+        call("book_flight"),
+        call("set_destination", destination="Ireland"),
+        {"error": "upstream 500"},
+    ])
+    s = travel.session(model=model)
+    before = (s.snapshot(), s.memories())
+    events = s.chat("flight to Ireland")
+    assert events[-1].type == "Error" and "upstream 500" in events[-1].data
+    assert s.stack == ["main_menu"]
+    after = s.snapshot()
+    assert {k: v for k, v in after.items() if k != "updated"} == {k: v for k, v in before[0].items() if k != "updated"}
+    assert s.memories() == before[1]
+    assert s.turn == 0
+    assert s.history[-1]["ok"] is False and "upstream 500" in s.history[-1]["error"]
+    # the user simply retries
+    model.add(call("book_flight"), {"text": "Where to?"})
+    assert kinds(s.chat("flight to Ireland"))[-1] == ("Message", "Where to?")
+    assert s.turn == 1
+
+
+def test_handler_exception_is_an_error_naming_the_tool(travel):
+    model = ScriptedModel([call("book_flight"), call("explode")])
+    s = travel.session(model=model)
+    events = s.chat("go")
+    assert events[-1].type == "Error"
+    assert "explode" in events[-1].data and "payment service down" in events[-1].data
+    assert s.state["traveller_name"] is None  # the handler's write was rolled back
+    assert s.stack == ["main_menu"]
+
+
+def test_hop_limit_stops_a_route_that_executes_itself(travel):
+    model = ScriptedModel([call("book_flight")] + [call("loop_forever")] * 20)
+    s = travel.session(model=model)
+    events = s.chat("go")
+    assert events[-1].type == "Error" and "max_hops" in events[-1].data
+    assert s.stack == ["main_menu"]
+
+
+def test_clear_memory_and_scheduled_wipe(travel):
+    model = ScriptedModel([call("forget_later"), {"text": "noted"}])
+    s = travel.session(model=model)
+    s.chat("forget this at the end")
+    assert s.memory() == []  # wiped at the end of the turn
+    model.add({"tool_calls": [{"name": "forget_later", "arguments": {}}, {"name": "keep_memory", "arguments": {}}]},
+              {"text": "kept"})
+    s.chat("actually keep it")
+    assert s.memory()[-1] == AssistantMessage("kept")
+
+
+def test_streaming_yields_chunks_then_message(travel):
+    model = ScriptedModel([{"chunks": ["Hel", "lo!"]}])
+    s = travel.session(model=model)
+
+    async def run():
+        return [e async for e in s.stream("hi")]
+
+    events = asyncio.run(run())
+    assert [(e.type, e.data) for e in events] == [("Stream", "Hel"), ("Stream", "lo!"), ("Message", "Hello!")]
+
+
+def test_handlers_per_event_type_and_default(travel):
+    seen = []
+    model = ScriptedModel([call("book_flight"), call("set_destination", destination="Rome"), {"text": "ok"}])
+    s = travel.session(model=model)
+    s.on("Message", lambda d: seen.append(("msg", d))).on_default(lambda t, d: seen.append((t, d)))
+    s.chat("Rome")
+    assert ("msg", "ok") in seen and ("Thinking", "Destination set to Rome") in seen
+    assert ("RouteChanged", {"route": "flight", "stack": ["main_menu", "flight"]}) in seen
+
+
+def test_structured_input(travel):
+    model = ScriptedModel([{"text": "got it"}])
+    s = travel.session(model=model)
+    s.chat({"userMessage": "hello", "seat": "12A"})
+    assert model.requests[0].messages[-1] == UserMessage("hello")
+    model.add({"text": "data only"})
+    s.chat({"seat": "14C"})
+    assert model.requests[1].messages[-1] == UserMessage('{"seat": "14C"}')
+
+
+def test_unknown_start_route(travel):
+    with pytest.raises(UnknownRouteError, match="unknown route 'nowhere'"):
+        travel.session(route="nowhere")
+
+
+def test_sessions_resume_from_sqlite_with_everything(write_bot, tmp_path):
+    path = write_bot(TRAVEL, extra={"tools_mod.py": TOOLS_MOD})
+    db = tmp_path / "sessions.db"
+    model = ScriptedModel([call("book_flight"), call("set_destination", destination="Oslo"), {"text": "When?"}])
+    first = chatrun.load_bot(path).session(store=SQLiteStore(str(db)), model=model)
+    first.chat("Oslo")
+    sid, memories, history = first.id, first.memories(), first.history
+
+    again = chatrun.load_bot(path).session(store=SQLiteStore(str(db)), session_id=sid,
+                                           model=ScriptedModel([{"text": "Noted."}]))
+    assert again.stack == ["main_menu", "flight"]
+    assert again.visible_state()["scope"]["reservation"]["destination"] == "Oslo"
+    assert again.memories() == memories
+    assert again.history == history
+    again.chat("July")
+    assert again.memory()[-1] == AssistantMessage("Noted.")
+    again.close()
+    assert SQLiteStore(str(db)).load_session(sid) is None
+
+
+class StallingModel(ScriptedModel):
+    """Streams one chunk on its second call, then never finishes (a model that hangs)."""
+
+    async def complete(self, request, on_chunk=None):
+        if len(self.requests) == 0:
+            return await super().complete(request, on_chunk)
+        self.requests.append(request)
+        await on_chunk("Thinking about")
+        await asyncio.sleep(3600)
+
+
+def test_cancelled_turn_rolls_back(travel):
+    s = travel.session(model=StallingModel([call("set_name", name="Ana")]))
+
+    async def run_and_stop():
+        stream = s.stream("hi, I'm Ana")
+        async for event in stream:
+            if event.type == "Stream":
+                break  # the client goes away mid-turn
+        await stream.aclose()
+
+    asyncio.run(run_and_stop())
+    assert s.state["traveller_name"] is None
+    assert s.memory() == []
+    assert s.history[-1]["error"] == "cancelled"
+    assert s.turn == 0
+
+
+def test_closed_session_refuses_turns(travel):
+    s = travel.session(model=ScriptedModel([]))
+    s.close()
+    with pytest.raises(SessionError, match="closed"):
+        s.chat("hi")

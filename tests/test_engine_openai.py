@@ -1,0 +1,78 @@
+"""The travel bot end to end through the real `openai` client against the local fake
+OpenAI server: what the server received per route, and what the session became."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import chatrun
+from chatrun.testing.fake_openai import FakeOpenAI
+
+TRAVEL = Path(__file__).resolve().parents[1] / "bots" / "travel"
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    with FakeOpenAI() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        yield server
+
+
+def tool(name, **args):
+    return {"tool_calls": [{"name": name, "arguments": args}]}
+
+
+def offered(body):
+    return [t["function"]["name"] for t in body.get("tools", [])]
+
+
+def test_travel_booking_end_to_end(fake):
+    bot = chatrun.load_bot(TRAVEL)
+    routes = bot.config.routes
+    session = bot.session()
+    fake.queue(
+        tool("book_flight"),  # main_menu: push flight, execute, immediate
+        tool("set_destination", destination="Ireland"),
+        {"text": "When do you leave, when do you come back, and which class?"},
+    )
+    events = session.chat("I want to book a flight to Ireland in July")
+    assert session.stack == ["main_menu", "flight"]
+    assert ("Message", "When do you leave, when do you come back, and which class?") in [(e.type, e.data) for e in events]
+    first, second, third = fake.requests
+    assert offered(first) == routes["main_menu"].tools
+    assert offered(second) == routes["flight"].tools
+    assert first["messages"][0]["role"] == "system" and second["messages"][0]["role"] == "system"
+    assert first["messages"][0]["content"] != second["messages"][0]["content"]
+    assert second["messages"][-1] == {"role": "user", "content": "I want to book a flight to Ireland in July"}
+    assert "Ireland" in third["messages"][0]["content"]  # the wizard's prompt shows the reservation so far
+    assert third["messages"][-2]["role"] == "assistant" and third["messages"][-1]["role"] == "tool"
+
+    # book refuses while the reservation is incomplete
+    fake.queue(tool("book"), {"text": "I still need your dates and class."})
+    session.chat("Just book it")
+    refusal = fake.requests[-1]["messages"][-1]
+    assert refusal["role"] == "tool" and "not set" in refusal["content"]
+    assert session.stack == ["main_menu", "flight"]
+
+    fake.queue(
+        {"tool_calls": [
+            {"name": "set_departure", "arguments": {"date": "2026-07-03"}},
+            {"name": "set_return_date", "arguments": {"date": "2026-07-17"}},
+            {"name": "set_ticket_class", "arguments": {"ticket_class": "economy"}},
+        ]},
+        tool("book"),
+        {"text": "Anything else?"},
+    )
+    flight_scope = session.scopes[-1]
+    events = session.chat("3 to 17 July, economy")
+    assert session.stack == ["main_menu"]
+    assert any(e.type == "Message" and "Ireland" in e.data for e in events)
+    # the flight scope is gone: its local state and its memory
+    assert "reservation" not in session.visible_state()["scope"]
+    assert not any(mid.startswith(flight_scope.id) for mid in session.memories())
+    last = fake.requests[-1]
+    assert offered(last) == routes["main_menu"].tools
+    assert last["messages"][0]["role"] == "system"
