@@ -21,6 +21,7 @@
   let graph = null;
   let selectedRoute = null;
   let inspectData = null;
+  let refreshes = 0; // inspector refreshes so far (tests wait on it)
 
   // -- small helpers ------------------------------------------------------------------
 
@@ -267,6 +268,8 @@
     renderMemory(d.memory);
     document.body.dataset.route = d.route;
     document.body.dataset.turn = String(d.turn);
+    refreshes += 1;
+    document.body.dataset.refreshes = String(refreshes);
   }
 
   function renderScopes(scopes, current) {
@@ -341,7 +344,7 @@
     const pos = {};
     rows.forEach((row, r) => {
       if (!row) return;
-      const nodeW = Math.min(140, (W - 16) / row.length - 12);
+      const nodeW = Math.min(124, W / (row.length + 1) - 14);
       row.forEach((n, i) => {
         const cx = (W / (row.length + 1)) * (i + 1);
         pos[n.name] = { x: cx - nodeW / 2, y: top + r * rowH, w: nodeW, h: nodeH, cx: cx };
@@ -378,7 +381,7 @@
       } else if (b.y > a.y) {
         const x1 = a.cx - a.w / 6, y1 = a.y + a.h, x2 = b.cx - b.w / 6, y2 = b.y;
         d = "M" + x1 + "," + y1 + " C" + x1 + "," + (y1 + 30) + " " + x2 + "," + (y2 - 30) + " " + x2 + "," + y2;
-        lx = (x1 + x2) / 2 - 4; ly = (y1 + y2) / 2;
+        lx = x1 + (x2 - x1) * 0.75 + (x2 >= x1 ? 6 : -6); ly = y1 + (y2 - y1) * 0.62;
       } else {
         const x1 = a.cx, y1 = a.y + a.h, x2 = b.cx, y2 = b.y + b.h;
         d = "M" + x1 + "," + y1 + " C" + x1 + "," + (y1 + 34) + " " + x2 + "," + (y2 + 34) + " " + x2 + "," + y2;
@@ -387,7 +390,10 @@
       const path = svg("path", { d: d, class: "edge " + line.kind, "marker-end": "url(#arrow)" });
       path.appendChild(svg("title", {}, line.kind + " via " + line.tools.join(", ")));
       root.appendChild(path);
-      root.appendChild(svg("text", { x: lx, y: ly, class: "edge-label", "text-anchor": "middle" }, line.tools.slice(0, 2).join(", ")));
+      if (line.kind !== "pop") { // pops go back along the pushes; their tools show on hover
+        const label = line.tools.length > 1 ? line.tools[0] + " +" + (line.tools.length - 1) : line.tools[0];
+        root.appendChild(svg("text", { x: lx, y: ly, class: "edge-label", "text-anchor": "middle" }, label));
+      }
     }
     for (const n of g.nodes) {
       const p = pos[n.name];
@@ -397,14 +403,20 @@
       if (n.name === selectedRoute) cls.push("selected");
       const group = svg("g", { class: cls.join(" "), "data-route": n.name, tabindex: "0" });
       group.appendChild(svg("rect", { x: p.x, y: p.y, width: p.w, height: p.h, rx: 8 }));
-      const label = (n.roles.length ? "🔒 " : "") + (n.default ? "★ " : "") + n.name;
+      const label = (n.default ? "★ " : "") + n.name;
       const maxChars = Math.max(4, Math.floor(p.w / 7));
-      group.appendChild(svg("text", { x: p.cx, y: p.y + p.h / 2 + 4, "text-anchor": "middle" }, label.length > maxChars ? label.slice(0, maxChars - 1) + "…" : label));
+      const short = (t) => (t.length > maxChars ? t.slice(0, maxChars - 1) + "…" : t);
+      if (n.roles.length) {
+        group.appendChild(svg("text", { x: p.cx, y: p.y + p.h / 2 - 2, "text-anchor": "middle" }, short(label)));
+        group.appendChild(svg("text", { x: p.cx, y: p.y + p.h / 2 + 10, "text-anchor": "middle", class: "roles" }, short("roles: " + n.roles.join(", "))));
+      } else {
+        group.appendChild(svg("text", { x: p.cx, y: p.y + p.h / 2 + 4, "text-anchor": "middle" }, short(label)));
+      }
       group.appendChild(svg("title", {}, n.name + (n.description ? ": " + n.description : "")));
       group.addEventListener("click", () => { selectedRoute = n.name; drawGraph(g, stack); showRouteDetail(n); });
       root.appendChild(group);
     }
-    root.appendChild(svg("text", { x: 4, y: H - 6, class: "legend" }, "solid: push · dashed: route · dotted: pop · ★ default · 🔒 roles"));
+    root.appendChild(svg("text", { x: 4, y: H - 6, class: "legend" }, "solid: push · dashed: route · dotted: pop · ★ default route"));
     box.textContent = "";
     box.appendChild(root);
     const sel = g.nodes.find((n) => n.name === selectedRoute);

@@ -1,0 +1,148 @@
+"""The web chat page in a real browser: Debian's chromium driven by playwright, against the real
+server (uvicorn) with the travel bot answered by the fake OpenAI server.
+
+Set CHATRUN_SCREENSHOTS=DIR to keep screenshots of each step."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from test_server_support import ThreadServer, call, write_travel
+
+import chatrun
+from chatrun.server import create_app
+from chatrun.testing.fake_openai import FakeOpenAI
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs chromium)")
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    with FakeOpenAI() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        yield server
+
+
+@pytest.fixture
+def page(fake, tmp_path):
+    bot = chatrun.load_bot(write_travel(tmp_path / "bots"))
+    app = create_app([bot], f"sqlite:///{tmp_path / 'chat.db'}")
+    with ThreadServer(app) as server, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 860})
+            tab = context.new_page()
+            errors: list[str] = []
+            tab.on("pageerror", lambda exc: errors.append(str(exc)))
+            tab.goto(server.url + "/")
+            tab.wait_for_selector("body[data-ready=true]", timeout=10_000)
+            tab.base_url = server.url
+            tab.js_errors = errors
+            yield tab
+            assert not errors, f"JavaScript errors on the page: {errors}"
+        finally:
+            browser.close()
+
+
+def shot(page, name: str) -> None:
+    directory = os.environ.get("CHATRUN_SCREENSHOTS")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(directory) / f"{name}.png"), full_page=True)
+
+
+def send(page, text: str) -> None:
+    seen = int(page.get_attribute("body", "data-refreshes") or 0)
+    page.fill("#input", text)
+    page.press("#input", "Enter")
+    # The inspector refreshes after every turn (failed ones too) and counts it on the body.
+    page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=10_000)
+    page.wait_for_selector("#thinking", state="hidden")
+
+
+def crumbs(page) -> list[str]:
+    return page.locator("#breadcrumb .crumb").all_inner_texts()
+
+
+def test_a_full_booking_in_the_browser(page, fake):
+    assert crumbs(page) == ["main_menu"]
+    assert page.locator(".graph .node.current").get_attribute("data-route") == "main_menu"
+
+    fake.queue(
+        call("book_flight"),
+        call("set_destination", destination="Dublin"),
+        {"chunks": ["Lovely, ", "Dublin! ", "When do you leave?"], "chunk_delay": 0.02},
+    )
+    send(page, "I want to fly to Dublin")
+    shot(page, "1-flight")
+    assert page.locator(".msg.user").last.inner_text() == "I want to fly to Dublin"
+    assert page.locator(".msg.bot").last.inner_text() == "Lovely, Dublin! When do you leave?"
+    assert page.locator(".note").filter(has_text="Destination set to Dublin").count() == 1
+    assert crumbs(page) == ["main_menu", "flight"]
+    assert page.locator("#breadcrumb .crumb.current").inner_text() == "flight"
+    # Inspector: the graph highlights the route, the scope stack shows the reservation...
+    assert page.locator(".graph .node.current").get_attribute("data-route") == "flight"
+    assert page.locator(".graph .node.on-stack").count() == 2
+    scopes = page.locator("#scopes .scope")
+    assert scopes.count() == 2
+    assert '"destination": "Dublin"' in scopes.nth(1).inner_text()
+    assert "current" in (scopes.nth(1).get_attribute("class") or "")
+    # ...and the memory is what the model was sent, with its answer.
+    memory = page.locator("#memory .mem")
+    assert memory.first.inner_text().lower().startswith("system")
+    assert "Reservation so far" in memory.first.inner_text()
+    assert "set_destination" in page.locator("#memory").inner_text()
+    assert memory.last.inner_text().endswith("When do you leave?")
+
+    fake.queue(call("set_departure", date="2026-07-01"), call("book"))
+    send(page, "July 1st")
+    shot(page, "2-booked")
+    assert page.locator(".msg.bot").last.inner_text() == "Your flight to Dublin on 2026-07-01 is booked."
+    assert crumbs(page) == ["main_menu"]
+    assert page.locator(".graph .node.current").get_attribute("data-route") == "main_menu"
+    assert page.locator("#scopes .scope").count() == 1
+    # The flight's result was handed back to the main menu's memory.
+    assert page.locator("#memory .mem").last.inner_text().endswith("Flight booked")
+
+
+def test_errors_reload_and_reset(page, fake):
+    fake.queue({"status": 400, "body": {"error": {"message": "model says no"}}})
+    send(page, "hello")
+    assert page.locator(".error").count() == 1
+    assert "model" in page.locator(".error").inner_text()
+
+    fake.queue(call("book_flight"), {"text": "Where to?"})
+    send(page, "a flight")
+    chat_id = page.evaluate("localStorage.getItem(Object.keys(localStorage)[0])")
+    # A reload resumes the stored session: transcript, breadcrumb and inspector come back.
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    page.wait_for_function("document.body.dataset.turn === '1'")
+    assert crumbs(page) == ["main_menu", "flight"]
+    assert page.locator(".msg.bot").last.inner_text() == "Where to?"
+    assert page.locator(".msg.user").all_inner_texts() == ["hello", "a flight"]
+    shot(page, "3-reloaded")
+
+    page.click("#reset")
+    page.wait_for_function("document.body.dataset.turn === '0'")
+    assert crumbs(page) == ["main_menu"]
+    assert page.locator(".msg").count() == 0
+    new_id = page.evaluate("localStorage.getItem(Object.keys(localStorage)[0])")
+    assert new_id != chat_id
+    assert fake.requests  # the conversation really went through the model
