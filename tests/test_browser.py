@@ -9,11 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
-from test_server_support import ThreadServer, call, write_travel
 
 import chatrun
 from chatrun.server import create_app
 from chatrun.testing.fake_openai import FakeOpenAI
+from test_server_support import ThreadServer, call, write_travel
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
