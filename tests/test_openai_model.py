@@ -63,7 +63,10 @@ def call(model, cfg: ModelConfig, tools=None, messages=None, stream: bool = Fals
 
     async def run():
         request = ModelRequest(list(messages or MESSAGES), list(tools or []), cfg, "main")
-        return await model.complete(request, on_chunk if stream else None)
+        try:
+            return await model.complete(request, on_chunk if stream else None)
+        finally:
+            await model.aclose()  # this loop ends here: close its connections
 
     return asyncio.run(run()), chunks
 
@@ -280,16 +283,71 @@ def test_one_client_per_event_loop(fake):
     m = make_model("openai")
     assert isinstance(m, OpenAIModel)
     cfg = config(fake)
-    clients = []
 
     async def twice():
         request = ModelRequest(MESSAGES, [], cfg, "main")
         await m.complete(request)
         await m.complete(request)
-        clients.append(m.client_for(cfg.base_url, "not-needed"))
+        await m.aclose()
 
     asyncio.run(twice())
-    assert len(m._clients) <= 1
     # a new loop (as each sync session.chat may run) gets a working client of its own
     assert call(m, cfg)[0].text == "3"
-    assert len(fake.requests) == 3
+    first, second, third = fake.log
+    assert first.peer == second.peer  # one client, one kept-alive connection
+    assert third.peer != first.peer
+
+
+def test_dropped_connection_is_retried(fake):
+    fake.queue({"disconnect": True}, {"text": "second try"})
+    response, _ = call(model(), config(fake))
+    assert response.text == "second try" and len(fake.requests) == 2
+
+
+def test_stream_dropped_before_any_text_is_retried(fake):
+    fake.queue({"disconnect": True}, {"chunks": ["fine"]})
+    response, chunks = call(model(), config(fake, stream=True), stream=True)
+    assert response.text == "fine" and chunks == ["fine"] and len(fake.requests) == 2
+
+
+def test_stream_dropped_after_text_is_not_retried(fake):
+    fake.queue({"chunks": ["Half an ", "answer"], "disconnect": True}, {"text": "never asked"})
+    chunks: list[str] = []
+
+    async def on_chunk(text: str) -> None:
+        chunks.append(text)
+
+    async def run():
+        m = model()
+        try:
+            await m.complete(ModelRequest(MESSAGES, [], config(fake, stream=True), "main"), on_chunk)
+        finally:
+            await m.aclose()
+
+    with pytest.raises(ModelError, match="connection lost while streaming .not retried: part of the answer was already shown.: "):
+        asyncio.run(run())
+    assert chunks == ["Half an ", "answer"] and len(fake.requests) == 1
+
+
+def test_error_event_inside_a_stream_is_a_model_error(fake):
+    fake.queue({"raw": 'data: {"error": {"message": "context length exceeded"}}\n\n'})
+    with pytest.raises(ModelError, match="context length exceeded"):
+        call(model(), config(fake, stream=True), stream=True)
+
+
+def test_on_chunk_failures_are_the_callers(fake):
+    fake.queue({"chunks": ["a", "b"]})
+
+    async def on_chunk(text: str) -> None:
+        raise RuntimeError("client went away")
+
+    async def run():
+        m = model()
+        try:
+            await m.complete(ModelRequest(MESSAGES, [], config(fake, stream=True), "main"), on_chunk)
+        finally:
+            await m.aclose()
+
+    with pytest.raises(RuntimeError, match="client went away"):
+        asyncio.run(run())
+    assert len(fake.requests) == 1

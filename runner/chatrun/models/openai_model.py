@@ -17,6 +17,7 @@ Retries are ours (the client's own are off) so they are explicit and testable: o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import inspect
 import json
@@ -107,8 +108,11 @@ class OpenAIModel:
         clients = self._clients.setdefault(loop, {})
         client = clients.get((base_url, api_key))
         if client is None:
+            # DefaultAsyncHttpxClient, not the client's own wrapper: that one schedules its
+            # closing on whatever loop runs when it is garbage collected, which fails noisily
+            # once the loop it belongs to has closed (each sync session.chat may use a new loop).
             client = clients[(base_url, api_key)] = openai.AsyncOpenAI(
-                api_key=api_key, base_url=base_url, max_retries=0
+                api_key=api_key, base_url=base_url, max_retries=0, http_client=openai.DefaultAsyncHttpxClient()
             )
         return client
 
@@ -161,7 +165,7 @@ class OpenAIModel:
                 if attempt == retries or sent[0]:
                     done = f"after {plural(attempt, 'retry', 'retries')}" if attempt else "(not retried: model.max_retries is 0)"
                     if sent[0]:
-                        done = "while streaming (not retried: part of the answer was already shown)"
+                        done = "(not retried: part of the answer was already shown)"
                     detail = f": {failure.detail}" if failure.detail else ""
                     raise ModelError(f"{where}: {failure.reason} {done}{detail}") from None
                 await asyncio.sleep(self.wait_before_retry(attempt, failure.retry_after))
@@ -201,23 +205,31 @@ class OpenAIModel:
         got_choice = False
         with translate_errors(timeout):
             stream = await client.chat.completions.create(**args, timeout=timeout)
-            try:
-                async for chunk in stream:
-                    usage = usage_of(chunk) or usage
-                    for choice in getattr(chunk, "choices", None) or []:
-                        if getattr(choice, "index", 0) not in (0, None):
-                            continue
-                        got_choice = True
-                        delta = choice.delta
-                        if delta is None:
-                            continue
-                        if delta.content:
-                            text.append(delta.content)
-                            sent[0] = True
-                            await on_chunk(delta.content)
-                        for part in delta.tool_calls or []:
-                            add_delta(calls, part)
-            finally:
+        chunks = aiter(stream)
+        try:
+            while True:
+                # Only the stream's own failures are translated: on_chunk's exceptions are the caller's.
+                with translate_errors(timeout, streaming=True):
+                    try:
+                        chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                usage = usage_of(chunk) or usage
+                for choice in getattr(chunk, "choices", None) or []:
+                    if getattr(choice, "index", 0) not in (0, None):
+                        continue
+                    got_choice = True
+                    delta = choice.delta
+                    if delta is None:
+                        continue
+                    if delta.content:
+                        text.append(delta.content)
+                        sent[0] = True
+                        await on_chunk(delta.content)
+                    for part in delta.tool_calls or []:
+                        add_delta(calls, part)
+        finally:
+            with contextlib.suppress(Exception):
                 await stream.close()
         if not got_choice:
             raise ModelError("the server's stream ended without any answer (is it an OpenAI-compatible server?)")
@@ -248,8 +260,9 @@ def add_delta(calls: dict[int, ToolCallParts], part: Any) -> None:
 class translate_errors:  # noqa: N801 - used as a context manager
     """Turn the client's exceptions into Retryable (worth another try) or ModelError."""
 
-    def __init__(self, timeout: float):
+    def __init__(self, timeout: float, streaming: bool = False):
         self.timeout = timeout
+        self.streaming = streaming
 
     def __enter__(self) -> None:
         return None
@@ -257,11 +270,12 @@ class translate_errors:  # noqa: N801 - used as a context manager
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
         if exc is None or isinstance(exc, (ModelError, Retryable, asyncio.CancelledError)):
             return False
-        if isinstance(exc, openai.APITimeoutError):
+        if isinstance(exc, openai.APITimeoutError) or (is_transport_error(exc) and "Timeout" in type(exc).__name__):
             raise Retryable(f"timed out after {self.timeout:g} s (model.timeout)") from None
-        if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc
-            raise Retryable("cannot connect", f"{type(cause).__name__}: {cause}") from None
+        if isinstance(exc, openai.APIConnectionError) or is_transport_error(exc):
+            cause = exc.__cause__ or exc if isinstance(exc, openai.APIConnectionError) else exc
+            what = "connection lost while streaming" if self.streaming else "cannot connect"
+            raise Retryable(what, f"{type(cause).__name__}: {cause}") from None
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             message = server_message(exc)
@@ -275,7 +289,16 @@ class translate_errors:  # noqa: N801 - used as a context manager
             raise ModelError(reason) from None
         if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError)):
             raise ModelError(f"the server's answer is not valid Chat Completions JSON ({exc})") from None
+        if isinstance(exc, openai.OpenAIError):  # e.g. an error event inside a stream
+            raise ModelError(f"{type(exc).__name__}: {exc}") from None
         return False
+
+
+def is_transport_error(exc: BaseException) -> bool:
+    """A network failure of the HTTP library under the client (whatever its name and version)."""
+    if isinstance(exc, OSError):
+        return True
+    return any(c.__module__.startswith(("httpx", "httpcore")) for c in type(exc).__mro__)
 
 
 def server_message(exc: openai.APIStatusError) -> str:

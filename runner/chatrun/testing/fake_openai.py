@@ -19,6 +19,8 @@ Response forms (dicts), consumed one per chat completion request:
     {"delay": 0.5, ...}                              wait before answering (with any of the above)
     {"chunk_delay": 0.01, ...}                       wait between streamed chunks
     {"finish_reason": "length", "usage": {...}}      override those fields
+    {"disconnect": True, ...}                        drop the connection: before any answer, or
+                                                     for a stream after its chunks, before the end
 
 When the queue is empty, `responder(body)` (if set) makes the answer, e.g. `echo`;
 with neither, the fake answers HTTP 500 saying it has no response queued.
@@ -53,7 +55,7 @@ Responder = Callable[[dict[str, Any]], Any]
 
 RESPONSE_KEYS = {
     "text", "tool_calls", "chunks", "status", "retry_after", "body", "raw",
-    "delay", "chunk_delay", "finish_reason", "usage",
+    "delay", "chunk_delay", "finish_reason", "usage", "disconnect",
 }
 MODELS = ["gpt-4o-mini", "gpt-4o", "fake-model"]
 MAX_HEADER_LINES = 200
@@ -61,12 +63,14 @@ MAX_HEADER_LINES = 200
 
 @dataclass
 class Received:
-    """One HTTP request the fake received. `at` is time.monotonic() on arrival."""
+    """One HTTP request the fake received. `at` is time.monotonic() on arrival;
+    `peer` the client's (host, port), so tests can tell reused connections apart."""
 
     method: str
     path: str
     headers: dict[str, str]
     body: Any
+    peer: tuple[str, int] | None = None
     at: float = field(default_factory=time.monotonic)
 
 
@@ -91,6 +95,10 @@ def check_response(response: Response) -> None:
     for call in response.get("tool_calls") or []:
         if not isinstance(call, dict) or "name" not in call:
             raise ValueError(f"a fake tool call needs at least a name: {call!r}")
+
+
+class Disconnect(Exception):
+    """Raised to drop a connection without finishing the answer."""
 
 
 class FakeOpenAI:
@@ -219,7 +227,7 @@ class FakeOpenAI:
                 await self._dispatch(method, path, headers, raw, writer)
                 if not keep_alive:
                     break
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ValueError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ValueError, Disconnect):
             pass
         finally:
             self._tasks.discard(task)
@@ -239,7 +247,7 @@ class FakeOpenAI:
             except (ValueError, UnicodeDecodeError):
                 body = raw.decode("utf-8", "replace")
         with self._lock:
-            self._log.append(Received(method, path, headers, body))
+            self._log.append(Received(method, path, headers, body, writer.get_extra_info("peername")))
         if method == "GET" and path == "/models":
             data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in MODELS]
             await send_json(writer, 200, {"object": "list", "data": data})
@@ -307,8 +315,10 @@ class FakeOpenAI:
                 chunks = split_text(text) if text else []
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             await self._stream(writer, meta, chunks, calls, finish, usage if include_usage else None,
-                               float(response.get("chunk_delay") or 0))
+                               float(response.get("chunk_delay") or 0), bool(response.get("disconnect")))
             return
+        if response.get("disconnect"):
+            raise Disconnect()
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if calls:
             message["tool_calls"] = [
@@ -323,7 +333,7 @@ class FakeOpenAI:
 
     async def _stream(self, writer: asyncio.StreamWriter, meta: dict[str, Any], chunks: list[str],
                       calls: list[dict[str, str]], finish: str, usage: dict[str, int] | None,
-                      pause: float) -> None:
+                      pause: float, disconnect: bool = False) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n")
 
@@ -346,6 +356,8 @@ class FakeOpenAI:
                                                "function": {"name": call["name"], "arguments": ""}}]}))
             for piece in split_arguments(call["arguments"]):
                 await event(delta({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
+        if disconnect:
+            raise Disconnect()
         await event(delta({}, finish))
         if usage is not None:
             await event([], {"usage": usage})
