@@ -1,0 +1,122 @@
+"""Access control: tokens -> principals with roles, session ownership, route roles enforced."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+import chatrun
+from chatrun.errors import ChatrunError
+from chatrun.server import create_app
+from chatrun.server.auth import Auth
+from chatrun.testing.fake_openai import FakeOpenAI
+from test_server_support import call, until_done, write_travel
+
+AUTH = """
+tokens:
+  ana-token-123: {principal: ana, roles: [staff]}
+  bob-token-456: {principal: bob}
+"""
+ANA = {"Authorization": "Bearer ana-token-123"}
+BOB = {"Authorization": "Bearer bob-token-456"}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    with FakeOpenAI() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        yield server
+
+
+@pytest.fixture
+def client(fake, tmp_path):
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(AUTH)
+    app = create_app([chatrun.load_bot(write_travel(tmp_path))], "memory://", auth=str(auth))
+    with TestClient(app) as c:
+        yield c
+
+
+def test_http_requests_need_a_valid_token(client):
+    assert client.get("/health").status_code == 200  # for load balancers
+    r = client.get("/bots")
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert "token" in r.json()["message"]
+    assert client.get("/bots", headers={"Authorization": "Bearer wrong-token"}).status_code == 401
+    assert client.get("/bots", headers=ANA).status_code == 200
+    assert client.get("/bots", headers={"X-API-Key": "bob-token-456"}).status_code == 200
+    assert client.get("/bots?token=bob-token-456").status_code == 200
+
+
+def test_websocket_without_a_valid_token_is_closed_with_4401_and_a_reason(client):
+    for url in ("/_chat/routes", "/_chat/routes?token=nope"):
+        with client.websocket_connect(url) as ws, pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 4401 and "unauthorized" in closed.value.reason
+    with client.websocket_connect("/_chat/routes?token=bob-token-456") as ws:
+        ws.send_json({"type": "Connect", "chatId": "b1"})
+        assert until_done(ws)[-1]["type"] == "Completed"
+
+
+def test_a_session_belongs_to_its_principal(client, fake):
+    with client.websocket_connect("/_chat/routes", headers=ANA) as ws:
+        ws.send_json({"type": "Connect", "chatId": "mine"})
+        until_done(ws)
+    assert client.get("/bots/travel/sessions/mine", headers=ANA).status_code == 200
+    r = client.get("/bots/travel/sessions/mine", headers=BOB)
+    assert r.status_code == 403 and r.json()["error"] == "Forbidden"
+    assert client.post("/bots/travel/sessions/mine/messages", json={"userMessage": "hi"}, headers=BOB).status_code == 403
+    assert client.delete("/bots/travel/sessions/mine", headers=BOB).status_code == 403
+    with client.websocket_connect("/_chat/routes", headers=BOB) as ws:
+        ws.send_json({"type": "Connect", "chatId": "mine", "resume": True})
+        error, failed = until_done(ws)
+        assert failed["data"] == "Forbidden" and "another principal" in error["data"]
+        ws.send_json({"type": "Connect", "chatId": "mine"})
+        assert until_done(ws)[-1]["data"] == "SessionExists"
+    assert fake.requests == []
+
+
+def test_a_route_with_roles_cannot_be_entered_without_one(client, fake):
+    # Bob has no role: connecting on the lounge fails; a tool pushing it fails for the model.
+    with client.websocket_connect("/_chat/routes", headers=BOB) as ws:
+        ws.send_json({"type": "Connect", "chatId": "b", "route": "lounge"})
+        error, failed = until_done(ws)
+        assert failed["data"] == "Forbidden" and "staff" in error["data"]
+        ws.send_json({"type": "Connect", "chatId": "b"})
+        until_done(ws)
+        fake.queue(call("vip_lounge"), {"text": "Sorry, the lounge is for staff."})
+        ws.send_json({"type": "ChatRouteMessage", "chatId": "b", "data": {"userMessage": "lounge please"}})
+        frames = until_done(ws)
+    kinds = [f["type"] for f in frames]
+    assert "Error" in kinds and "RouteChanged" not in kinds and kinds[-1] == "Completed"
+    assert "lounge" in next(f["data"] for f in frames if f["type"] == "Error")
+    tool_result = fake.requests[-1]["messages"][-1]
+    assert tool_result["role"] == "tool" and "not allowed" in tool_result["content"] and "lounge" in tool_result["content"]
+    assert client.get("/bots/travel/sessions/b", headers=BOB).json()["stack"] == ["main_menu"]
+    # Ana is staff: she gets in.
+    fake.queue(call("vip_lounge"), {"text": "Welcome to the lounge."})
+    with client.websocket_connect("/_chat/routes", headers=ANA) as ws:
+        ws.send_json({"type": "Connect", "chatId": "a"})
+        until_done(ws)
+        ws.send_json({"type": "ChatRouteMessage", "chatId": "a", "data": {"userMessage": "lounge please"}})
+        frames = until_done(ws)
+    assert frames[0]["data"] == {"route": "lounge", "stack": ["main_menu", "lounge"]}
+
+
+def test_auth_file_errors_name_the_problem(tmp_path, monkeypatch):
+    bad = tmp_path / "auth.yaml"
+    bad.write_text("tokens: {short: {principal: x}}")
+    with pytest.raises(ChatrunError, match="at least 8 characters"):
+        Auth.load(bad)
+    bad.write_text("users: []")
+    with pytest.raises(ChatrunError, match="needs a `tokens:` mapping"):
+        Auth.load(bad)
+    with pytest.raises(ChatrunError, match="cannot read the auth file"):
+        Auth.load(tmp_path / "missing.yaml")
+    good = tmp_path / "good.yaml"
+    good.write_text(AUTH)
+    monkeypatch.setenv("CHATRUN_AUTH_FILE", str(good))
+    app = create_app([chatrun.load_bot(write_travel(tmp_path / "b"))], "memory://")
+    assert app.state.auth.authenticate("bob-token-456").name == "bob"

@@ -1,0 +1,116 @@
+"""Sessions survive a server restart: `chatrun serve` with a SQLite store is killed (SIGKILL)
+mid-conversation, started again, and the conversation continues with route, stack, state,
+memories and history intact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import websockets
+
+from chatrun.testing.fake_openai import FakeOpenAI
+from test_server_support import REPO, async_until_done, call, free_port, write_travel
+
+
+def start_server(bot: str, db: str, port: int, fake: FakeOpenAI) -> subprocess.Popen:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runner"), env.get("PYTHONPATH")]))
+    env["OPENAI_BASE_URL"] = fake.base_url
+    env["OPENAI_API_KEY"] = "test-key"
+    env.pop("CHATRUN_AUTH_FILE", None)
+    cmd = [sys.executable, "-m", "chatrun", "serve", bot, "--port", str(port), "--store", f"sqlite:///{db}",
+           "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"chatrun serve exited: {proc.stdout.read().decode()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("chatrun serve did not start in 20 s")
+
+
+async def turn(ws, text: str) -> list[dict]:
+    await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "r1", "data": {"userMessage": text}}))
+    return await async_until_done(ws)
+
+
+@pytest.fixture
+def fake():
+    with FakeOpenAI() as server:
+        yield server
+
+
+def test_a_conversation_survives_a_killed_server(tmp_path, fake):
+    bot = str(write_travel(tmp_path / "bots"))
+    db = str(tmp_path / "sessions.db")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    ws_url = f"ws://127.0.0.1:{port}/_chat/routes"
+
+    fake.queue(
+        call("remember_name", name="Ana"), {"text": "Hi Ana"},
+        call("book_flight"), call("set_destination", destination="Dublin"), {"text": "When do you leave?"},
+    )
+
+    async def before() -> str:
+        async with websockets.connect(ws_url) as ws:
+            await ws.send(json.dumps({"type": "Connect", "chatId": "r1"}))
+            await async_until_done(ws)
+            await turn(ws, "I'm Ana")
+            frames = await turn(ws, "Fly me to Dublin")
+            return frames[-1]["data"]
+
+    first = start_server(bot, db, port, fake)
+    try:
+        scope = asyncio.run(before())
+        saved = httpx.get(f"{base}/bots/travel/sessions/r1/inspect").json()
+        saved_history = httpx.get(f"{base}/bots/travel/sessions/r1").json()["history"]
+    finally:
+        first.kill()  # SIGKILL: no shutdown hook runs
+        first.wait(10)
+
+    second = start_server(bot, db, port, fake)
+    try:
+        restored = httpx.get(f"{base}/bots/travel/sessions/r1/inspect").json()
+        for key in ("route", "stack", "scopeId", "state", "scopes", "memory", "turn"):
+            assert restored[key] == saved[key], key
+        assert restored["stack"] == ["main_menu", "flight"] and restored["state"]["traveller_name"] == "Ana"
+        assert restored["scopes"][1]["visible"]["reservation"]["destination"] == "Dublin"
+        assert httpx.get(f"{base}/bots/travel/sessions/r1").json()["history"] == saved_history
+
+        fake.queue(call("set_departure", date="2026-07-01"), call("book"), {"text": "Anything else, Ana?"})
+
+        async def after() -> tuple[list[dict], list[dict], list[dict]]:
+            async with websockets.connect(ws_url) as ws:
+                await ws.send(json.dumps({"type": "Connect", "chatId": "r1", "resume": True}))
+                resumed = await async_until_done(ws)
+                return resumed, await turn(ws, "July 1st"), await turn(ws, "thanks")
+
+        resumed, booked, thanks = asyncio.run(after())
+    finally:
+        second.kill()
+        second.wait(10)
+
+    assert resumed[0]["data"] == {"route": "flight", "stack": ["main_menu", "flight"]}
+    assert resumed[-1] == {"chatId": "r1", "type": "Completed", "data": scope}
+    assert "Your flight to Dublin on 2026-07-01 is booked." in [f["data"] for f in booked]
+    assert booked[-1]["data"] == "r1.1"
+    assert thanks[-2]["data"] == "Anything else, Ana?"
+    # The main menu's memory and state came through the restart: its prompt knows Ana, and it
+    # holds the name exchange, the flight's hand-back result, then the new message.
+    last = fake.requests[-1]["messages"]
+    assert "Help Ana" in last[0]["content"]
+    assert last[-2] == {"role": "assistant", "content": "Flight booked"}
+    assert last[-1] == {"role": "user", "content": "thanks"}
