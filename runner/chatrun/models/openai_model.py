@@ -163,9 +163,12 @@ class OpenAIModel:
                 return await self.complete_once(client, args, config.timeout)
             except Retryable as failure:
                 if attempt == retries or sent[0]:
-                    done = f"after {plural(attempt, 'retry', 'retries')}" if attempt else "(not retried: model.max_retries is 0)"
                     if sent[0]:
                         done = "(not retried: part of the answer was already shown)"
+                    elif attempt:
+                        done = f"after {plural(attempt, 'retry', 'retries')}"
+                    else:
+                        done = "(not retried: model.max_retries is 0)"
                     detail = f": {failure.detail}" if failure.detail else ""
                     raise ModelError(f"{where}: {failure.reason} {done}{detail}") from None
                 await asyncio.sleep(self.wait_before_retry(attempt, failure.retry_after))
@@ -195,7 +198,7 @@ class OpenAIModel:
             if function is None:
                 continue  # not a function call (custom tools are never offered)
             calls.append(ToolCall(call.id or f"call_{i}", function.name or "", function.arguments or ""))
-        return ModelResponse(text=message.content, tool_calls=calls, usage=usage_of(completion))
+        return ModelResponse(text=message.content or None, tool_calls=calls, usage=usage_of(completion))
 
     async def stream_once(self, client: openai.AsyncOpenAI, args: dict[str, Any], timeout: float,
                           on_chunk: ChunkCallback, sent: list[bool]) -> ModelResponse:
