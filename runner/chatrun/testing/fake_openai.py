@@ -224,7 +224,7 @@ class FakeOpenAI:
                     break
                 method, path, headers, raw = request
                 keep_alive = headers.get("connection", "").lower() != "close"
-                await self._dispatch(method, path, headers, raw, writer)
+                await self._dispatch(method, path, headers, raw, reader, writer)
                 if not keep_alive:
                     break
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ValueError, Disconnect):
@@ -236,7 +236,7 @@ class FakeOpenAI:
                 await writer.wait_closed()
 
     async def _dispatch(self, method: str, path: str, headers: dict[str, str], raw: bytes,
-                        writer: asyncio.StreamWriter) -> None:
+                        reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         path = path.split("?", 1)[0].rstrip("/")
         if path.startswith("/v1/"):
             path = path[3:]
@@ -257,7 +257,7 @@ class FakeOpenAI:
                 return
             with self._lock:
                 self._requests.append(body)
-            await self._complete(body, writer)
+            await self._complete(body, reader, writer)
         else:
             await send_json(writer, 404, error_body(f"the fake serves no {method} {path}", "not_found"))
 
@@ -280,10 +280,13 @@ class FakeOpenAI:
             return {"status": 500, "body": error_body(f"fake responder failed: {exc!r}", "fake_error")}
         return response
 
-    async def _complete(self, body: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    async def _complete(self, body: dict[str, Any], reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> None:
         response = await self._next_response(body)
         if response.get("delay"):
             await asyncio.sleep(float(response["delay"]))
+            if writer.is_closing() or reader.at_eof():  # the client gave up waiting (a timeout test)
+                raise Disconnect()
         status = int(response.get("status", 200))
         if status != 200:
             await send_error(writer, status, response)
@@ -338,6 +341,8 @@ class FakeOpenAI:
                      b"Transfer-Encoding: chunked\r\n\r\n")
 
         async def event(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> None:
+            if writer.is_closing():
+                raise Disconnect()
             payload = {**meta, "object": "chat.completion.chunk", "choices": choices, **(extra or {})}
             write_chunk(writer, b"data: " + json.dumps(payload).encode() + b"\n\n")
             await writer.drain()
