@@ -42,6 +42,7 @@ def create_app(
     """
     loaded = _load_bots(bots)
     registry = SessionRegistry(loaded, store if store is not None else open_store(store_url), cache_size)
+    registry.models.warm(list(loaded.values()))
     auth_config = resolve_auth(auth)
     names = ", ".join(loaded)
     app = FastAPI(

@@ -39,6 +39,15 @@ class ModelPool:
     def __init__(self) -> None:
         self._shared: dict[str, Any] = {}
 
+    def warm(self, bots: list[Bot]) -> None:
+        """Build the shared clients the bots will use now, not on the first request: importing a
+        provider's library takes about a second, which would land on the first users' turns."""
+        for bot in bots:
+            for route in bot.config.routes:
+                provider = bot.config.route_model(route).provider
+                if provider in self.SHARED:
+                    self.shared(provider)
+
     def model(self) -> PooledModel:
         return PooledModel(self)
 

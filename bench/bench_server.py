@@ -1,0 +1,255 @@
+"""`chatrun serve` under load: N concurrent WebSocket sessions against the fake OpenAI server
+answering after a fixed delay, side by side with the floor: a bare FastAPI WebSocket endpoint
+that calls the same fake model with the same client and speaks the same frames, with no
+engine, no sessions and no store.
+
+Per configuration and N (100, 1,000): throughput (turns/s), added latency p50/p99 (time from
+sending a ChatRouteMessage to its Completed, minus the model's delay), and server memory per
+session (RSS growth once N sessions exist, divided by N). Three processes on loopback: the fake
+model, the server under test, and this load generator.
+
+    python bench/bench_server.py                   # N = 100 and 1000, delay 0.2 s, 3 turns each
+    python bench/bench_server.py --sessions 100 --turns 5 --delay 0.1
+
+Target (issue 5): within 10% of the floor's throughput, under 5 ms added p99 at 1,000 sessions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "runner"))
+
+BOT = """
+name: bench
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, timeout: 120}
+memory: {type: message_window, max_messages: 20}
+routes:
+  main:
+    default: true
+    system: "You are a concise assistant."
+"""
+
+
+# -- the floor: same frames, same model client, nothing else ---------------------------------------
+
+
+def floor_app() -> FastAPI:
+    import openai
+
+    app = FastAPI()
+    client = openai.AsyncOpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key="bench", max_retries=0, timeout=120)
+
+    @app.websocket("/_chat/routes")
+    async def routes(ws: WebSocket) -> None:
+        await ws.accept()
+
+        async def turn(frame: dict) -> None:
+            chat_id = frame["chatId"]
+            stream = await client.chat.completions.create(
+                model="gpt-4o-mini",
+                messages=[{"role": "system", "content": "You are a concise assistant."},
+                          {"role": "user", "content": frame["data"]["userMessage"]}],
+                stream=True,
+            )
+            text = []
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text.append(chunk.choices[0].delta.content)
+                    await ws.send_text(json.dumps({"chatId": chat_id, "type": "Stream", "data": text[-1]}))
+            await ws.send_text(json.dumps({"chatId": chat_id, "type": "Message", "data": "".join(text)}))
+            await ws.send_text(json.dumps({"chatId": chat_id, "type": "Completed", "data": chat_id + ".1"}))
+
+        tasks = set()
+        try:
+            while True:
+                frame = json.loads(await ws.receive_text())
+                if frame["type"] == "Connect":
+                    await ws.send_text(json.dumps({"chatId": frame["chatId"], "type": "Completed", "data": frame["chatId"] + ".1"}))
+                else:
+                    task = asyncio.ensure_future(turn(frame))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+        except WebSocketDisconnect:
+            pass
+
+    return app
+
+
+def serve_floor(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(floor_app(), host="127.0.0.1", port=port, log_level="warning")
+
+
+# -- processes -------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"a bench process exited: {proc.stdout.read().decode() if proc.stdout else ''}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"nothing listens on port {port} after {timeout} s")
+
+
+def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# -- load -----------------------------------------------------------------------------------------------------
+
+
+async def run_load(url: str, sessions: int, turns: int, pid: int) -> dict[str, float]:
+    import websockets
+
+    latencies: list[float] = []
+    per_conn = 1  # one chat per connection, like a browser tab
+    connections = []
+    sem = asyncio.Semaphore(200)  # bounded connect ramp so the accept queue never overflows
+
+    async def open_one(i: int):  # noqa: ANN202
+        async with sem:
+            ws = await websockets.connect(url, max_size=2**20, open_timeout=60, ping_interval=None)
+            await ws.send(json.dumps({"type": "Connect", "chatId": f"bench-{os.getpid()}-{i}"}))
+            while json.loads(await ws.recv())["type"] != "Completed":
+                pass
+            return ws
+
+    rss_before = rss_mb(pid)
+    connections = await asyncio.gather(*(open_one(i) for i in range(sessions // per_conn)))
+
+    async def chat(i: int, ws) -> None:  # noqa: ANN001
+        chat_id = f"bench-{os.getpid()}-{i}"
+        for t in range(turns):
+            start = time.perf_counter()
+            await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": chat_id, "data": {"userMessage": f"turn {t}"}}))
+            while True:
+                frame = json.loads(await ws.recv())
+                if frame["type"] in ("Completed", "Failed"):
+                    break
+            if frame["type"] == "Failed":
+                raise SystemExit(f"a turn failed: {frame}")
+            latencies.append(time.perf_counter() - start)
+
+    start, cpu_start = time.perf_counter(), cpu_seconds(pid)
+    await asyncio.gather(*(chat(i, ws) for i, ws in enumerate(connections)))
+    wall, cpu = time.perf_counter() - start, cpu_seconds(pid) - cpu_start
+    rss_after = rss_mb(pid)
+    await asyncio.gather(*(ws.close() for ws in connections))
+    latencies.sort()
+    return {
+        "turns": len(latencies),
+        "wall": wall,
+        "throughput": len(latencies) / wall,
+        "p50": statistics.median(latencies),
+        "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        "kb_per_session": (rss_after - rss_before) * 1024 / sessions,
+        "cpu_ms_per_turn": cpu * 1000 / len(latencies),
+    }
+
+
+def measure(kind: str, sessions: int, turns: int, fake_url: str, workdir: Path) -> dict[str, float]:
+    port = free_port()
+    env = dict(os.environ, OPENAI_BASE_URL=fake_url, OPENAI_API_KEY="bench")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runner"), env.get("PYTHONPATH")]))
+    env.pop("CHATRUN_AUTH_FILE", None)
+    if kind == "floor":
+        proc = spawn([__file__, "--serve-floor", str(port)], env)
+    else:
+        store = "memory://" if kind == "chatrun memory://" else f"sqlite:///{workdir / f'bench-{port}.db'}"
+        bot = workdir / "bench.yaml"
+        proc = spawn(["-m", "chatrun", "serve", str(bot), "--port", str(port), "--store", store,
+                      "--log-level", "warning", "--max-in-flight", "64"], env)
+    try:
+        wait_port(port, proc)
+        return asyncio.run(run_load(f"ws://127.0.0.1:{port}/_chat/routes", sessions, turns, proc.pid))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, action="append", help="concurrent sessions (repeatable); default 100 and 1000")
+    parser.add_argument("--turns", type=int, default=3, help="turns per session")
+    parser.add_argument("--delay", type=float, default=0.2, help="the fake model's answer delay, seconds")
+    parser.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_floor:
+        serve_floor(args.serve_floor)
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    sizes = args.sessions or [100, 1000]
+    fake_port = free_port()
+    fake = spawn(["-m", "chatrun.testing.fake_openai", "--port", str(fake_port), "--text",
+                  "Sure, happy to help with that.", "--delay", str(args.delay)],
+                 dict(os.environ, PYTHONPATH=str(REPO / "runner")))
+    try:
+        wait_port(fake_port, fake)
+        fake_url = f"http://127.0.0.1:{fake_port}/v1"
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(tmp)
+            (workdir / "bench.yaml").write_text(textwrap.dedent(BOT))
+            print(f"fake model delay {args.delay * 1000:.0f} ms, {args.turns} turns per session, "
+                  f"{os.cpu_count()} CPUs; latency = send -> Completed, added = latency - delay")
+            print(f"{'server':<22}{'sessions':>9}{'turns/s':>10}{'vs floor':>10}{'p50 +ms':>10}{'p99 +ms':>10}{'KiB/session':>13}{'CPU ms/turn':>13}")
+            for n in sizes:
+                floor = None
+                for kind in ("floor", "chatrun memory://", "chatrun sqlite"):
+                    r = measure(kind, n, args.turns, fake_url, workdir)
+                    floor = floor or r
+                    ratio = r["throughput"] / floor["throughput"] * 100
+                    print(f"{kind:<22}{n:>9}{r['throughput']:>10.1f}{ratio:>9.0f}%"
+                          f"{(r['p50'] - args.delay) * 1000:>10.1f}{(r['p99'] - args.delay) * 1000:>10.1f}"
+                          f"{r['kb_per_session']:>13.1f}{r['cpu_ms_per_turn']:>13.2f}", flush=True)
+    finally:
+        fake.terminate()
+        fake.wait(10)
+
+
+if __name__ == "__main__":
+    main()
