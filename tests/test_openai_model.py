@@ -113,6 +113,15 @@ def test_streamed_text_reaches_on_chunk_in_order(fake):
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
 
+def test_params_can_drop_a_field_but_not_change_the_messages(fake):
+    fake.queue({"chunks": ["ok"]})
+    cfg = config(fake, stream=True, params={"stream_options": None, "messages": [], "stream": False})
+    response, chunks = call(model(), cfg, stream=True)
+    assert response.text == "ok" and chunks == ["ok"]
+    body = fake.requests[0]
+    assert "stream_options" not in body and body["stream"] is True and len(body["messages"]) == len(MESSAGES)
+
+
 def test_stream_config_without_on_chunk_asks_for_a_whole_answer(fake):
     fake.queue({"text": "whole"})
     response, _ = call(model(), config(fake, stream=True), stream=False)

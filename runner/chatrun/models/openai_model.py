@@ -38,6 +38,7 @@ from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers ignore the key, the client wants one
 RETRY_STATUS = {408, 409, 429}
+OWN_FIELDS = {"messages", "stream"}  # what the engine decides; params cannot change them
 
 CREATE_PARAMS = set(inspect.signature(openai.resources.chat.AsyncCompletions.create).parameters) - {"self"}
 
@@ -138,8 +139,15 @@ class OpenAIModel:
             args["stream_options"] = {"include_usage": True}
         extra: dict[str, Any] = {}
         for key, value in config.params.items():
+            if key in OWN_FIELDS:
+                continue
+            if value is None:  # `params: {stream_options: null}` drops a field a server rejects
+                args.pop(key, None)
             # Fields the client does not know (top_k, min_p, ...) still reach the server.
-            (args if key in CREATE_PARAMS else extra)[key] = value
+            elif key in CREATE_PARAMS:
+                args[key] = value
+            else:
+                extra[key] = value
         if extra:
             args["extra_body"] = {**args.get("extra_body", {}), **extra}
         return args
