@@ -146,3 +146,46 @@ def test_errors_reload_and_reset(page, fake):
     new_id = page.evaluate("localStorage.getItem(Object.keys(localStorage)[0])")
     assert new_id != chat_id
     assert fake.requests  # the conversation really went through the model
+
+
+def test_the_javascript_client_has_the_quarkus_api(page, fake):
+    fake.queue(
+        {"chunks": ["a", "b"]},
+        call("remember_name", name="Zoe"),
+        {"text": "Hi Zoe"},
+    )
+    result = page.evaluate(
+        """async () => {
+        const seen = [];
+        const client = new ChatScopesClient();
+        await client.open(location.origin.replace("http", "ws") + "/_chat/routes");
+        const session = await client.builder()
+            .messageHandler((m) => seen.push(["Message", m]))
+            .streamHandler((c) => seen.push(["Stream", c]))
+            .defaultHandler((type, data) => seen.push([type, data]))
+            .connect("main_menu");
+        const first = await session.chat("hello");
+        await session.sendData({userMessage: "I am Zoe", locale: "en"});
+        let failure = null;
+        try {
+            await client.builder().connect("nowhere");
+        } catch (err) {
+            failure = {reason: err.reason, message: err.message};
+        }
+        const resumed = await client.builder().resume(session.chatId).connect();
+        await session.close();
+        let closed = null;
+        try { await client.builder().resume(session.chatId).connect(); }
+        catch (err) { closed = err.reason; }
+        return {seen, first, scopeId: session.scopeId, chatId: session.chatId, failure,
+                resumedScope: resumed.scopeId, closed, ws: client.websocket instanceof WebSocket};
+    }"""
+    )
+    assert result["first"] == result["chatId"] + ".1" == result["scopeId"]
+    assert result["seen"][:3] == [["Stream", "a"], ["Stream", "b"], ["Message", "ab"]]
+    assert ["Message", "Hi Zoe"] in result["seen"]
+    assert result["failure"]["reason"] == "RouteNotFound" and "nowhere" in result["failure"]["message"]
+    assert result["resumedScope"] == result["scopeId"]
+    assert result["closed"] == "SessionNotActive"
+    assert result["ws"] is True
+    assert fake.requests[-2]["messages"][-1]["content"] == "I am Zoe"

@@ -37,7 +37,6 @@
       this.chatId = chatId;
       this.scopeId = null;
       this.handlers = handlers;
-      this.pending = new Map(); // requestId -> {resolve, reject, error}
       this.closed = false;
     }
 
@@ -70,30 +69,7 @@
       });
     }
 
-    _dispatch(frame) {
-      const type = frame.type;
-      const data = frame.data;
-      // A server that does not echo requestId (Quarkus) answers requests of a chat in order.
-      const key = frame.requestId !== undefined && frame.requestId !== null
-        ? frame.requestId
-        : this.pending.keys().next().value;
-      const waiter = this.pending.get(key);
-      if (type === "Completed") {
-        if (typeof data === "string") this.scopeId = data;
-        if (waiter) {
-          this.pending.delete(key);
-          waiter.resolve(data);
-        }
-        return;
-      }
-      if (type === "Failed") {
-        if (waiter) {
-          this.pending.delete(key);
-          waiter.reject(new ChatRouteError(data, waiter.error ? waiter.error + " (" + data + ")" : data));
-        }
-        return;
-      }
-      if (type === "Error" && waiter) waiter.error = data;
+    _handle(type, data) {
       const handler = this.handlers.events[type];
       if (handler) {
         handler(data);
@@ -151,6 +127,7 @@
     constructor() {
       this.websocket = null;
       this.sessions = new Map(); // chatId -> Session
+      this._pending = new Map(); // requestId -> {session, resolve, reject, error}
       this._nextRequest = 1;
     }
 
@@ -186,9 +163,20 @@
       }
       frame.requestId = this._nextRequest++;
       return new Promise((resolve, reject) => {
-        session.pending.set(frame.requestId, { resolve: resolve, reject: reject, error: null });
+        this._pending.set(frame.requestId, { session: session, resolve: resolve, reject: reject, error: null });
         ws.send(JSON.stringify(frame));
       });
+    }
+
+    _waiter(frame) {
+      if (frame.requestId !== undefined && frame.requestId !== null) {
+        return [frame.requestId, this._pending.get(frame.requestId)];
+      }
+      // A server that does not echo requestId (Quarkus) answers a chat's requests in order.
+      for (const [id, waiter] of this._pending) {
+        if (waiter.session.chatId === frame.chatId) return [id, waiter];
+      }
+      return [null, undefined];
     }
 
     _onFrame(text) {
@@ -199,19 +187,39 @@
         console.error("chatscopes: unreadable frame", text);
         return;
       }
-      const session = this.sessions.get(frame.chatId);
+      const [id, waiter] = this._waiter(frame);
+      const session = (waiter && waiter.session) || this.sessions.get(frame.chatId);
+      if (frame.type === "Completed") {
+        if (typeof frame.data === "string") {
+          if (session) session.scopeId = frame.data;
+          const current = this.sessions.get(frame.chatId);
+          if (current) current.scopeId = frame.data;
+        }
+        if (waiter) {
+          this._pending.delete(id);
+          waiter.resolve(frame.data);
+        }
+        return;
+      }
+      if (frame.type === "Failed") {
+        if (waiter) {
+          this._pending.delete(id);
+          const message = waiter.error ? waiter.error + " (" + frame.data + ")" : frame.data;
+          waiter.reject(new ChatRouteError(frame.data, message));
+        }
+        return;
+      }
+      if (frame.type === "Error" && waiter) waiter.error = frame.data;
       if (session) {
-        session._dispatch(frame);
+        session._handle(frame.type, frame.data);
       } else if (frame.type === "Error") {
         console.error("chatscopes:", frame.data);
       }
     }
 
     _failAll(error) {
-      for (const session of this.sessions.values()) {
-        for (const waiter of session.pending.values()) waiter.reject(error);
-        session.pending.clear();
-      }
+      for (const waiter of this._pending.values()) waiter.reject(error);
+      this._pending.clear();
     }
   }
 
