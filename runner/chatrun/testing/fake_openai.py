@@ -175,7 +175,8 @@ class FakeOpenAI:
         if self._thread is None:
             return
         if self._loop is not None and self._stopping is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._stopping.set)
         self._thread.join()
         self._thread = None
 
@@ -257,7 +258,13 @@ class FakeOpenAI:
                 return
             with self._lock:
                 self._requests.append(body)
-            await self._complete(body, reader, writer)
+            try:
+                await self._complete(body, reader, writer)
+            except (Disconnect, ConnectionError, asyncio.CancelledError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - a fake bug answers 500 instead of hanging the client
+                await send_json(writer, 500, error_body(f"the fake failed: {exc!r}", "fake_error"))
+                raise Disconnect() from exc  # the answer may have been half sent: end the connection
         else:
             await send_json(writer, 404, error_body(f"the fake serves no {method} {path}", "not_found"))
 
