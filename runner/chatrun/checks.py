@@ -1,0 +1,385 @@
+"""Checks the JSON Schema cannot express: cross references, templates, state paths,
+handlers, tool parameter schemas and the shape of the route graph.
+
+Each problem is a Diagnostic on the exact line of the YAML node at fault (template
+errors on the line inside a multi-line template).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import sys
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from jinja2 import TemplateSyntaxError, meta, nodes
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from chatrun.config import BotConfig, ToolConfig
+from chatrun.errors import Diagnostic
+from chatrun.loader import Sources
+from chatrun.templates import ENV, TEMPLATE_VARIABLES
+
+# Dict methods a template may call on state (`state.prefs.get('x')`): not state keys.
+_DICT_METHODS = frozenset({"get", "items", "keys", "values"})
+
+
+def run_checks(config: BotConfig, sources: Sources) -> list[Diagnostic]:
+    checker = _Checker(config, sources)
+    checker.run()
+    return checker.out
+
+
+class _Checker:
+    def __init__(self, config: BotConfig, sources: Sources):
+        self.config = config
+        self.src = sources
+        self.out: list[Diagnostic] = []
+        self.declared_scope: dict[str, Any] = {}
+        for route in config.routes.values():
+            _merge_decl(self.declared_scope, route.scope.local)
+            _merge_decl(self.declared_scope, route.scope.shared)
+        self._modules: dict[str, Any] = {}
+
+    def add(self, severity: str, message: str, kind: str, name: str, *sub: Any) -> None:
+        self.out.append(self.src.diag(severity, message, kind, name, *sub))
+
+    def run(self) -> None:
+        self.default_route()
+        for route in self.config.routes.values():
+            self.route_tools(route.name, route.tools)
+            for field in ("system", "user"):
+                source = getattr(route, field)
+                if source:
+                    self.template(source, f"`{field}` of route `{route.name}`", ("routes", route.name, field), None)
+        for tool in self.config.tools.values():
+            self.tool(tool)
+        _graph_checks(self)
+
+    # -- routes ------------------------------------------------------------------
+
+    def default_route(self) -> None:
+        defaults = [r.name for r in self.config.routes.values() if r.default]
+        if not self.config.routes:
+            return  # the loader said there are no routes
+        if not defaults:
+            names = ", ".join(f"`{n}`" for n in self.config.routes)
+            doc = self.src.main
+            pos = doc.pos(("routes",)) if "routes" in (doc.data or {}) else doc.pos(())
+            self.out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
+                                       f"no default route: mark exactly one route with `default: true` (routes: {names})",
+                                       "routes"))
+        elif len(defaults) > 1:
+            listed = ", ".join(f"`{n}` ({self._where('routes', n, 'default')})" for n in defaults)
+            self.add("error", f"several default routes: {listed}; exactly one route may have `default: true`",
+                     "routes", defaults[1], "default")
+
+    def _where(self, kind: str, name: str, *sub: Any) -> str:
+        file, pos = self.src.at(kind, name, *sub)
+        return f"{file}:{pos.line}"
+
+    def route_tools(self, route: str, tools: list[str]) -> None:
+        for i, tool in enumerate(tools):
+            if tool not in self.config.tools:
+                self.add("error", f"route `{route}` lists unknown tool `{tool}`"
+                         f"{_suggest(tool, self.config.tools)}", "routes", route, "tools", i)
+
+    # -- tools -------------------------------------------------------------------
+
+    def tool(self, tool: ToolConfig) -> None:
+        name, action = tool.name, tool.action
+        base = ("tools", name)
+        for key in ("push", "route"):
+            target = getattr(action, key)
+            if target and target not in self.config.routes:
+                verb = "pushes" if key == "push" else "routes to"
+                self.add("error", f"tool `{name}` {verb} unknown route `{target}`{_suggest(target, self.config.routes)}",
+                         *base, "action", key)
+        for i, path in enumerate(tool.requires):
+            problem = self.undeclared(path)
+            if problem:
+                self.add("error", f"`requires` of tool `{name}` names `{path}`, but {problem}", *base, "requires", i)
+        for path, template in action.set.items():
+            problem = self.undeclared(path)
+            if problem:
+                self.add("warning", f"tool `{name}` sets `{path}`, but {problem}", *base, "action", "set", path)
+            if isinstance(template, str):
+                self.template(template, f"`set {path}` of tool `{name}`", (*base, "action", "set", path), tool)
+        for event, template in action.emit.items():
+            if isinstance(template, str):
+                self.template(template, f"`emit {event}` of tool `{name}`", (*base, "action", "emit", event), tool)
+        for key in ("message", "reply", "result"):
+            source = getattr(action, key)
+            if source:
+                self.template(source, f"`{key}` of tool `{name}`", (*base, "action", key), tool)
+        if tool.handler:
+            self.handler(tool)
+        raw = self.src.doc_of("tools", name).data["tools"][name]
+        if isinstance(raw, dict) and "parameters" in raw:
+            self.parameters(tool)
+
+    def parameters(self, tool: ToolConfig) -> None:
+        base = ("tools", tool.name, "parameters")
+        try:
+            Draft202012Validator.check_schema(tool.parameters)
+        except SchemaError as exc:
+            where = ".".join(map(str, exc.path))
+            self.add("error", f"`parameters` of tool `{tool.name}` is not a valid JSON Schema"
+                     f"{f' at `{where}`' if where else ''}: {exc.message}", "tools", tool.name, "parameters", *exc.path)
+            return
+        if tool.parameters.get("type") != "object":
+            self.add("error", f"`parameters` of tool `{tool.name}` must have `type: object` "
+                     "(a tool's arguments are a JSON object)", *base)
+
+    def handler(self, tool: ToolConfig) -> None:
+        spec = tool.handler or ""
+        module_name, _, func_name = spec.partition(":")
+        if not module_name or not func_name:
+            return  # the schema's pattern reported it
+        root = Path(self.config.root or ".")
+        module = self._modules.get(module_name)
+        if module is None:
+            module = self._modules[module_name] = _import_isolated(root, module_name)
+        shown = getattr(module, "__chatrun_shown__", "")
+        at = ("tools", tool.name, "handler")
+        if isinstance(module, str):  # the reason it could not be imported
+            self.add("error", f"handler `{spec}` of tool `{tool.name}`: {module}", *at)
+            return
+        func = getattr(module, func_name, None)
+        if func is None:
+            names = [n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n))]
+            self.add("error", f"handler `{spec}` of tool `{tool.name}`: {shown} has no function "
+                     f"`{func_name}`{_suggest(func_name, names)}", *at)
+        elif not callable(func):
+            self.add("error", f"handler `{spec}` of tool `{tool.name}`: `{func_name}` in {shown} "
+                     f"is a {type(func).__name__}, not a function", *at)
+
+    # -- state paths ---------------------------------------------------------------
+
+    def undeclared(self, path: str | tuple[str, ...]) -> str | None:
+        """Why a state path is not declared, or None when it is (or cannot be checked)."""
+        parts = tuple(path.split(".")) if isinstance(path, str) else path
+        if len(parts) < 2:
+            return None
+        root, rest = parts[0], parts[1:]
+        if root == "state":
+            missing = _missing(self.config.state, rest)
+            if missing:
+                return f"`state.{'.'.join(missing)}` is not declared in the top-level `state:`" \
+                       f"{_suggest(missing[-1], _keys_at(self.config.state, missing[:-1]))}"
+        elif root == "scope":
+            missing = _missing(self.declared_scope, rest)
+            if missing:
+                return f"`scope.{'.'.join(missing)}` is not declared in any route's `scope: local:` or `shared:`" \
+                       f"{_suggest(missing[-1], _keys_at(self.declared_scope, missing[:-1]))}"
+        return None
+
+    # -- templates -------------------------------------------------------------------
+
+    def template(self, source: str, what: str, path: tuple, tool: ToolConfig | None) -> None:
+        if "{" not in source:
+            return  # plain text: nothing to compile or resolve
+        kind, name, *sub = path
+        doc = self.src.doc_of(kind, name)
+        pos = doc.pos(path)
+        block = pos.style in ("|", ">")
+
+        def line_of(lineno: int) -> tuple[int, int]:
+            if block:
+                return pos.value_line + lineno, 0
+            return pos.value_line + lineno - 1, pos.value_col if lineno == 1 else 0
+
+        def emit(severity: str, message: str, lineno: int) -> None:
+            line, col = line_of(lineno)
+            self.out.append(Diagnostic(doc.file, line, col, severity, message, ".".join(map(str, path))))
+
+        try:
+            refs, names = _analyse(source)
+        except TemplateSyntaxError as exc:
+            emit("error", f"template error in {what}: {exc.message}", exc.lineno or 1)
+            return
+        for kind_, unknown, lineno in names:
+            known = ENV.filters if kind_ == "filter" else ENV.tests
+            emit("error", f"template error in {what}: no {kind_} named `{unknown}`{_suggest(unknown, known)}", lineno)
+        for ref, lineno in refs:
+            head = ref[0]
+            if len(ref) == 1:
+                if head not in TEMPLATE_VARIABLES and head not in ENV.globals:
+                    emit("error", f"{what} uses unknown template variable `{head}`"
+                         f"{_suggest(head, TEMPLATE_VARIABLES)} (templates can use: {', '.join(TEMPLATE_VARIABLES)})",
+                         lineno)
+                continue
+            if head in ("state", "scope"):
+                problem = self.undeclared(ref)
+                if problem:
+                    emit("warning", f"{what} reads `{'.'.join(ref)}`, but {problem}", lineno)
+
+
+@lru_cache(maxsize=16384)
+def _analyse(source: str) -> tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]:
+    """Parse a template once: the variable paths it reads (with the template line of their
+    first use) and the filters/tests it names that do not exist. Raises TemplateSyntaxError."""
+    ast = ENV.parse(source)
+    undeclared = meta.find_undeclared_variables(ast)
+    refs: dict[tuple[str, ...], int] = {}
+    for node in ast.find_all(nodes.Name):
+        if node.name in undeclared and node.ctx == "load":
+            refs.setdefault((node.name,), node.lineno)
+    for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
+        path = _attr_path(node)
+        if path and path[0] in undeclared:
+            refs.setdefault(path, node.lineno)
+    unknown: list[tuple[str, str, int]] = []
+    for node in ast.find_all((nodes.Filter, nodes.Test)):
+        kind, known = ("filter", ENV.filters) if isinstance(node, nodes.Filter) else ("test", ENV.tests)
+        if node.name not in known:
+            unknown.append((kind, node.name, node.lineno))
+    return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
+
+
+def _attr_path(node: nodes.Node) -> tuple[str, ...] | None:
+    path: list[str] = []
+    cur: Any = node
+    while isinstance(cur, (nodes.Getattr, nodes.Getitem)):
+        if isinstance(cur, nodes.Getattr):
+            path.append(cur.attr)
+        elif isinstance(cur.arg, nodes.Const) and isinstance(cur.arg.value, str):
+            path.append(cur.arg.value)
+        else:
+            path = []  # a computed key: only what is above it can be checked
+        cur = cur.node
+    if not isinstance(cur, nodes.Name) or not path:
+        return None
+    full = (cur.name, *reversed(path))
+    for i, part in enumerate(full[1:], start=1):  # stop before dict methods: state.prefs.get('x')
+        if part in _DICT_METHODS:
+            return full[:i] if i > 1 else None
+    return full
+
+
+def _merge_decl(into: dict[str, Any], decl: dict[str, Any]) -> None:
+    for key, value in decl.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict) and into[key]:
+            if value:
+                _merge_decl(into[key], value)
+            else:
+                into[key] = {}  # one route declares it free-form: anything below is fine
+        elif key not in into or not isinstance(value, dict) or value:
+            into[key] = dict(value) if isinstance(value, dict) else value
+
+
+def _missing(decl: Any, parts: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The shortest prefix of `parts` that the declaration does not have. Below a value
+    that is not a non-empty mapping (null, {}, a list) anything goes: it is free-form."""
+    node = decl
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or (i > 0 and not node):
+            return None
+        if part not in node:
+            return parts[: i + 1]
+        node = node[part]
+    return None
+
+
+def _keys_at(decl: Any, parts: tuple[str, ...]) -> list[str]:
+    for part in parts:
+        decl = decl.get(part) if isinstance(decl, dict) else None
+    return list(decl) if isinstance(decl, dict) else []
+
+
+def _suggest(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
+def _import_isolated(root: Path, module_name: str) -> Any:
+    """Import a handler module from the bot directory the way the engine will (chatrun.tools),
+    but leave sys.modules as it was: validating one bot must not change what another imports.
+    Returns the module, or a string saying why it could not be imported."""
+    rel = Path(*module_name.split("."))
+    for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
+        if candidate.is_file():
+            break
+    else:
+        return f"no module `{module_name}` in {root} (looked for {rel.with_suffix('.py')})"
+    unique = f"_chatrun_validate_{abs(hash(str(candidate)))}_{module_name.replace('.', '_')}"
+    spec = importlib.util.spec_from_file_location(unique, candidate)
+    if spec is None or spec.loader is None:
+        return f"cannot import {candidate}"
+    module = importlib.util.module_from_spec(spec)
+    before = set(sys.modules)
+    sys.modules[unique] = module  # while it runs: dataclasses and pickling look it up there
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - any failure of the bot's code is a diagnostic
+        return f"{candidate} failed to import: {type(exc).__name__}: {exc}"
+    finally:
+        sys.modules.pop(unique, None)
+        for name in set(sys.modules) - before:  # modules it imported from the bot directory
+            mod_file = getattr(sys.modules[name], "__file__", None) or ""
+            if mod_file.startswith(str(root.resolve())):
+                sys.modules.pop(name, None)
+    module.__chatrun_shown__ = str(candidate)  # the path as the user wrote the bot's, for messages
+    return module
+
+
+def edges(config: BotConfig) -> Iterator[tuple[str, str, str, str]]:
+    """(from route, to route, "push" | "route", tool) for every tool a route lists."""
+    for route in config.routes.values():
+        for name in route.tools:
+            tool = config.tools.get(name)
+            if tool is None:
+                continue
+            for kind in ("push", "route"):
+                target = getattr(tool.action, kind)
+                if target in config.routes:
+                    yield route.name, target, kind, name
+
+
+def _graph_checks(checker: _Checker) -> None:
+    config = checker.config
+    all_edges = list(edges(config))
+    out_edges: dict[str, list[tuple[str, str]]] = {}
+    for src, dst, kind, _tool in all_edges:
+        out_edges.setdefault(src, []).append((dst, kind))
+    defaults = [r.name for r in config.routes.values() if r.default]
+    if len(defaults) == 1:
+        start = defaults[0]
+        reached = _closure({start}, out_edges, ("push", "route"))
+        for name in config.routes:
+            if name not in reached:
+                checker.add("warning", f"route `{name}` is not reachable from the default route `{start}`: no tool "
+                            "on a reachable route pushes it or routes to it (only a client choosing it as the start "
+                            "route can enter it)", "routes", name)
+    # Routes that can be current in a nested scope: pushed ones, and those a nested
+    # scope can route to. A route outside that set is only ever the root scope.
+    nested = _closure({dst for _s, dst, kind, _t in all_edges if kind == "push"}, out_edges, ("push", "route"))
+    for route in config.routes.values():
+        if route.name in nested:
+            continue
+        for i, name in enumerate(route.tools):
+            tool = config.tools.get(name)
+            if tool is not None and tool.action.pop:
+                checker.add("warning", f"tool `{name}` pops, but route `{route.name}` is only ever the root scope "
+                            "(nothing pushes it): calling it there fails at run time", "routes", route.name, "tools", i)
+    used = {name for route in config.routes.values() for name in route.tools}
+    for name in config.tools:
+        if name not in used:
+            checker.add("warning", f"tool `{name}` is not listed by any route, so the model can never call it",
+                        "tools", name)
+
+
+def _closure(start: set[str], out_edges: dict[str, list[tuple[str, str]]], kinds: tuple[str, ...]) -> set[str]:
+    seen = set(start)
+    todo = list(start)
+    while todo:
+        for dst, kind in out_edges.get(todo.pop(), ()):
+            if kind in kinds and dst not in seen:
+                seen.add(dst)
+                todo.append(dst)
+    return seen
+

@@ -1,0 +1,59 @@
+"""Printing diagnostics and errors the same way in every command: `file:line:col: severity:
+message` lines (or JSON), a summary, and exit codes instead of tracebacks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import NoReturn
+
+import click
+
+from chatrun.errors import BotError, ChatrunError, Diagnostic
+
+
+def print_diagnostics(diagnostics: Iterable[Diagnostic], fmt: str = "text") -> None:
+    """Every diagnostic on stdout: one line each (text) or one JSON list (json)."""
+    diagnostics = list(diagnostics)
+    if fmt == "json":
+        click.echo(json.dumps([d.to_dict() for d in diagnostics], indent=2, ensure_ascii=False))
+        return
+    for d in diagnostics:
+        click.echo(d.format())
+
+
+def counts(diagnostics: Iterable[Diagnostic]) -> tuple[int, int]:
+    """(errors, warnings)."""
+    diagnostics = list(diagnostics)
+    errors = sum(1 for d in diagnostics if d.severity == "error")
+    return errors, len(diagnostics) - errors
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def summary(diagnostics: Iterable[Diagnostic], what: str) -> str:
+    """"bots/travel: valid" / "bots/travel: invalid: 2 errors, 1 warning"."""
+    errors, warnings = counts(diagnostics)
+    if errors:
+        return f"{what}: invalid: {plural(errors, 'error')}, {plural(warnings, 'warning')}"
+    return f"{what}: valid" + (f" ({plural(warnings, 'warning')})" if warnings else "")
+
+
+def fail(exc: BaseException, code: int = 1) -> NoReturn:
+    """End a command because of `exc`: its diagnostics (BotError) or its message (ChatrunError)
+    on stderr, or one line for an unexpected exception. Never a traceback."""
+    if isinstance(exc, BotError):
+        for d in exc.diagnostics:
+            click.echo(d.format(), err=True)
+        errors, warnings = counts(exc.diagnostics)
+        click.echo(f"invalid bot: {plural(errors, 'error')}, {plural(warnings, 'warning')}", err=True)
+    elif isinstance(exc, ChatrunError):
+        click.echo(f"error: {exc}", err=True)
+    elif isinstance(exc, KeyboardInterrupt):
+        click.echo("interrupted", err=True)
+        code = 130
+    else:
+        click.echo(f"error: unexpected {type(exc).__name__}: {exc} (this is a chatrun bug; please report it)", err=True)
+    raise click.exceptions.Exit(code)

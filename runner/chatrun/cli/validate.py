@@ -1,0 +1,54 @@
+"""`chatrun validate PATH...`: report every problem of one or more bots."""
+
+from __future__ import annotations
+
+import click
+
+from chatrun.cli._output import counts, fail, plural, print_diagnostics, summary
+from chatrun.errors import BotError, ChatrunError, Diagnostic
+
+
+@click.command("validate")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text: `file:line:col: error|warning: message` lines and a summary; json: a list of diagnostics.")
+def validate(paths: tuple[str, ...], fmt: str) -> None:
+    """Check bots (directories holding bot.yaml, or single YAML files) and report every
+    problem at once: YAML syntax, schema violations, unknown routes and tools, templates,
+    state paths, handlers, the route graph.
+
+    Exit status: 0 when every bot is valid (warnings allowed), 1 when any is invalid,
+    2 on usage errors.
+
+    \b
+    Examples:
+      chatrun validate bots/travel
+      chatrun validate bots/* --format json
+    """
+    from chatrun.loader import load_config
+
+    found: list[Diagnostic] = []
+    lines: list[str] = []
+    try:
+        for path in paths:
+            try:
+                _config, diagnostics = load_config(path)
+            except BotError as exc:
+                diagnostics = exc.diagnostics
+            except ChatrunError as exc:
+                diagnostics = [Diagnostic(path, 0, 0, "error", str(exc))]
+            found.extend(diagnostics)
+            lines.append(summary(diagnostics, path))
+    except Exception as exc:  # noqa: BLE001 - never a traceback from the CLI
+        fail(exc)
+    print_diagnostics(found, fmt)
+    errors, warnings = counts(found)
+    if fmt == "text":
+        for line in lines:
+            click.echo(line)
+        if len(paths) > 1:
+            bad = sum(1 for line in lines if ": invalid:" in line)
+            click.echo(f"{plural(len(paths), 'bot')} checked, {bad} invalid: "
+                       f"{plural(errors, 'error')}, {plural(warnings, 'warning')}")
+    if errors:
+        raise click.exceptions.Exit(1)

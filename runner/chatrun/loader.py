@@ -1,0 +1,503 @@
+"""Load a bot's YAML into `BotConfig`, reporting every problem at once.
+
+Steps: read bot.yaml (or the single file) and the files its `include:` globs name,
+keeping node positions (chatrun.yamlpos); validate each file against
+schemas/bot.schema.json; merge routes and tools (names unique across files);
+build the dataclasses; run the checks the schema cannot express (chatrun.checks).
+Every problem is a Diagnostic at the line of the YAML node at fault.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+
+from chatrun.config import (
+    ActionConfig,
+    BotConfig,
+    Limits,
+    Location,
+    MemoryPolicy,
+    ModelConfig,
+    RouteConfig,
+    ScopeConfig,
+    ToolConfig,
+)
+from chatrun.errors import BotError, Diagnostic
+from chatrun.yamlpos import Pos, YamlDoc, load_yaml
+
+BOT_FILES = ("bot.yaml", "bot.yml")
+_REPO_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+
+
+def schema_path(name: str) -> Path:
+    """The path of a schema file (e.g. "bot.schema.json").
+
+    Installed wheels carry the schemas inside the package (hatch force-include puts
+    them in chatrun/schemas); a source checkout keeps them in the repository's schemas/.
+    """
+    try:
+        packaged = resources.files("chatrun") / "schemas" / name
+        if packaged.is_file():
+            return Path(str(packaged))
+    except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError):
+        pass
+    return _REPO_SCHEMAS / name
+
+
+@lru_cache(maxsize=8)
+def load_schema(name: str) -> dict[str, Any]:
+    return json.loads(schema_path(name).read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=4)
+def _validator(definition: str | None) -> Draft202012Validator:
+    """A validator for the whole bot schema, or for one of its $defs (e.g. "fragment")."""
+    schema = load_schema("bot.schema.json")
+    if definition:
+        schema = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": f"#/$defs/{definition}"}
+    return Draft202012Validator(schema)
+
+
+# -- where a route or tool came from ----------------------------------------------
+
+
+@dataclass
+class Sources:
+    """The files of one bot and which file each route and tool came from, so checks can
+    put their diagnostics on the right line of the right file."""
+
+    main: YamlDoc
+    docs: list[YamlDoc] = field(default_factory=list)
+    origin: dict[tuple[str, str], YamlDoc] = field(default_factory=dict)  # ("routes", name) -> file
+
+    def doc_of(self, kind: str, name: str) -> YamlDoc:
+        return self.origin.get((kind, name), self.main)
+
+    def at(self, kind: str, name: str, *sub: Any) -> tuple[str, Pos]:
+        doc = self.doc_of(kind, name)
+        return doc.file, doc.pos((kind, name, *sub))
+
+    def diag(self, severity: str, message: str, kind: str, name: str, *sub: Any) -> Diagnostic:
+        file, pos = self.at(kind, name, *sub)
+        return Diagnostic(file, pos.line, pos.col, severity, message, ".".join(map(str, (kind, name, *sub))))
+
+
+# -- loading ------------------------------------------------------------------------
+
+
+def load_config(path: str | Path) -> tuple[BotConfig, list[Diagnostic]]:
+    """Load and validate a bot (a directory holding bot.yaml, or a single YAML file).
+
+    Returns the config and the warnings; raises BotError carrying every diagnostic
+    (errors and warnings) when there is any error.
+    """
+    config, diagnostics = check_bot(path)
+    if config is None or any(d.severity == "error" for d in diagnostics):
+        raise BotError(diagnostics)
+    return config, diagnostics
+
+
+def check_bot(path: str | Path) -> tuple[BotConfig | None, list[Diagnostic]]:
+    """Everything `load_config` does, without raising: (config or None, sorted diagnostics)."""
+    main_file, problem = _find_main(Path(path))
+    if problem:
+        return None, [problem]
+    diagnostics: list[Diagnostic] = []
+    main = _read(main_file, diagnostics)
+    if main is None:
+        return None, _sorted(diagnostics)
+    sources = Sources(main, [main])
+    if main.data is not None:
+        diagnostics.extend(schema_diagnostics(main, None))
+        for file in _included(main, diagnostics):
+            doc = _read(file, diagnostics)
+            if doc is None or doc.data is None:
+                continue
+            sources.docs.append(doc)
+            diagnostics.extend(schema_diagnostics(doc, "fragment"))
+    config = _build(sources, diagnostics, main_file)
+    if config is not None:
+        from chatrun.checks import run_checks
+
+        diagnostics.extend(run_checks(config, sources))
+    return config, _sorted(diagnostics)
+
+
+def _find_main(path: Path) -> tuple[Path, Diagnostic | None]:
+    if path.is_dir():
+        for name in BOT_FILES:
+            if (path / name).is_file():
+                return path / name, None
+        return path, Diagnostic(str(path), 0, 0, "error",
+                                f"no bot.yaml in directory {path}: a bot is a directory holding bot.yaml, or one YAML file")
+    if not path.exists():
+        return path, Diagnostic(str(path), 0, 0, "error", f"no such file or directory: {path}")
+    return path, None
+
+
+def _read(file: Path, diagnostics: list[Diagnostic]) -> YamlDoc | None:
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        diagnostics.append(Diagnostic(str(file), 0, 0, "error", f"cannot read {file}: {exc}"))
+        return None
+    doc = load_yaml(text, str(file))
+    diagnostics.extend(doc.diagnostics)
+    if doc.data is None and not doc.diagnostics:
+        diagnostics.append(Diagnostic(str(file), 1, 1, "error", "the file is empty: a bot needs at least `name:` and `routes:`"))
+    elif doc.data is not None and not isinstance(doc.data, dict):
+        diagnostics.append(Diagnostic(str(file), 1, 1, "error",
+                                      f"the file must hold a mapping (name:, routes:, tools:, ...), not {_type_name(doc.data)}"))
+        doc.data = None
+    return doc
+
+
+def _included(main: YamlDoc, diagnostics: list[Diagnostic]) -> list[Path]:
+    patterns = main.data.get("include") or []
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    if not isinstance(patterns, list):
+        return []  # the schema reported it
+    root = Path(main.file).parent
+    files: list[Path] = []
+    for i, pattern in enumerate(patterns):
+        if not isinstance(pattern, str):
+            continue
+        pos = main.pos(("include", i) if isinstance(main.data.get("include"), list) else ("include",))
+        try:
+            matches = sorted(p for p in root.glob(pattern) if p.is_file())
+        except (ValueError, NotImplementedError) as exc:
+            diagnostics.append(Diagnostic(main.file, pos.value_line, pos.value_col, "error",
+                                          f"include pattern `{pattern}` is not a valid glob: {exc}", "include"))
+            continue
+        matches = [p for p in matches if p.resolve() != Path(main.file).resolve() and p not in files]
+        if not matches:
+            diagnostics.append(Diagnostic(main.file, pos.value_line, pos.value_col, "warning",
+                                          f"include pattern `{pattern}` matches no file (relative to {root})", "include"))
+        files.extend(matches)
+    return files
+
+
+def _sorted(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
+    unique = dict.fromkeys(diagnostics)  # the same problem found twice is reported once
+    return sorted(unique, key=lambda d: (d.file, d.line, d.col, d.severity, d.message))
+
+
+# -- schema validation ----------------------------------------------------------------
+
+
+def schema_diagnostics(doc: YamlDoc, definition: str | None) -> list[Diagnostic]:
+    """Every schema violation of one file, each at the line of the node at fault."""
+    validator = _validator(definition)
+    out: list[Diagnostic] = []
+    for error in validator.iter_errors(doc.data):
+        out.extend(_translate(_specific(error), doc, definition))
+    return out
+
+
+def _specific(error: ValidationError) -> ValidationError:
+    """For oneOf/anyOf, the error of the alternative that came closest (unless the
+    alternatives are a list of constants: then "must be one of" says it best)."""
+    while error.validator in ("oneOf", "anyOf") and error.context and not _const_choices(error.validator_value):
+        error = best_match(error.context)
+    return error
+
+
+def _const_choices(subschemas: Any) -> list[Any]:
+    if isinstance(subschemas, list) and subschemas and all(isinstance(s, dict) and "const" in s for s in subschemas):
+        return [s["const"] for s in subschemas]
+    return []
+
+
+_MEMORY_KEYS = {"message_window": {"max_messages"}, "token_window": {"max_tokens", "encoding"}, "none": set()}
+
+
+_HINTS = {
+    "identifier": "use letters, digits, `_` and `-`, starting with a letter or `_`",
+    "statePath": "a state path starts with `state.`, `scope.` or `turn.` (e.g. `scope.reservation.destination`)",
+    "handler": "write `module:function`, e.g. `travel_tools:make_booking` (the module relative to the bot directory)",
+}
+
+
+def _hint(error: ValidationError) -> str:
+    pattern = error.validator_value if error.validator == "pattern" else ""
+    if isinstance(error.schema, dict) and "pattern" in error.schema:
+        pattern = error.schema["pattern"]
+    if pattern.startswith("^(state|scope|turn)"):
+        return _HINTS["statePath"]
+    if ":" in pattern:
+        return _HINTS["handler"]
+    return _HINTS["identifier"]
+
+
+def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = None) -> list[Diagnostic]:
+    path = tuple(error.absolute_path)
+    where = inside(path)
+
+    def diag(message: str, at: tuple = path) -> Diagnostic:
+        pos = doc.pos(at)
+        return Diagnostic(doc.file, pos.line, pos.col, "error", message, ".".join(map(str, at)))
+
+    kind = error.validator
+    if kind == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extras = [k for k in error.instance if k not in allowed]
+        if definition == "fragment" and not path:
+            return [diag(f"unknown key `{k}` at the top level of an included file: included files hold only "
+                         "`routes:` and `tools:`", (k,)) for k in extras]
+        return [diag(f"unknown key `{k}` {where}{_suggest(str(k), allowed)}", (*path, k)) for k in extras]
+    if "propertyNames" in error.schema_path:
+        what = {"routes": "route name", "tools": "tool name", "set": "`set` path", "emit": "event type"}.get(
+            str(path[-1]) if path else "", "key")
+        return [diag(f"invalid {what} `{error.instance}` {where}: {_hint(error)}", (*path, error.instance))]
+    if kind == "required":
+        missing = [k for k in error.validator_value if k not in error.instance]
+        return [diag(f"missing required key `{k}` {where}") for k in missing]
+    if kind == "type":
+        expected = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+        names = " or ".join(_TYPE_WORDS.get(t, t) for t in expected)
+        return [diag(f"{_cap(subject(path))} must be {names}, not {_type_name(error.instance)}")]
+    if kind in ("oneOf", "anyOf") and _const_choices(error.validator_value):
+        choices = [str(c) for c in _const_choices(error.validator_value)]
+        return [diag(f"{_cap(subject(path))} must be one of {', '.join(choices)} (got `{error.instance}`)"
+                     f"{_suggest(str(error.instance), choices)}")]
+    if kind == "pattern":
+        return [diag(f"{_cap(subject(path))}: `{error.instance}` is not valid; {_hint(error)}")]
+    if kind == "dependentRequired":
+        needs = [k for k, deps in error.validator_value.items() if k in error.instance
+                 for d in deps if d not in error.instance]
+        return [diag(f"`{k}` {where} is only used with `pop: true` (it is handed to the parent route when the scope ends)"
+                     if k == "result" else f"`{k}` {where} needs {error.validator_value[k]}", (*path, k)) for k in needs]
+    if error.schema is False and _is_memory(doc.data, path):
+        parent = _get(doc.data, path)
+        mtype = parent.get("type")
+        uses = _MEMORY_KEYS.get(mtype, set())
+        bad = [k for k in parent if k in ("max_messages", "max_tokens", "encoding") and k not in uses]
+        return [diag(f"`{k}` does not apply to `type: {mtype}` memory {where} "
+                     f"(that type uses: {', '.join(sorted(uses)) or 'nothing'})", (*path, k)) for k in bad]
+    if kind == "uniqueItems":
+        return [diag(f"{_cap(subject(path))} lists the same item twice")]
+    return [diag(f"{_cap(subject(path))}: {error.message}")]
+
+
+def _is_memory(data: Any, path: tuple) -> bool:
+    node = _get(data, path)
+    return isinstance(node, dict) and "type" in node
+
+
+def _get(data: Any, path: tuple) -> Any:
+    for part in path:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+_TYPE_WORDS = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
+               "number": "a number", "boolean": "true or false", "null": "null"}
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def subject(path: tuple) -> str:
+    """A JSON path in words: ("routes", "flight", "memory") -> "`memory` of route `flight`"."""
+    if not path:
+        return "the top level"
+    if path[0] in ("routes", "tools") and len(path) >= 2:
+        owner = f"{'route' if path[0] == 'routes' else 'tool'} `{path[1]}`"
+        return f"`{_dotted(path[2:])}` of {owner}" if len(path) > 2 else owner
+    return f"`{_dotted(path)}`"
+
+
+def inside(path: tuple) -> str:
+    """ "in route `flight`", "in `action` of tool `book`", "at the top level"."""
+    return f"in {subject(path)}" if path else "at the top level"
+
+
+def _dotted(path: tuple) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+# -- building the dataclasses ---------------------------------------------------------
+# The schema has already reported wrong types; building stays defensive so that one
+# bad value does not hide the cross-reference problems of the rest of the bot.
+
+
+def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> BotConfig | None:
+    main = sources.main
+    top = main.data if isinstance(main.data, dict) else None
+    if top is None:
+        return None
+    routes: dict[str, RouteConfig] = {}
+    tools: dict[str, ToolConfig] = {}
+    for doc in sources.docs:
+        data = doc.data if isinstance(doc.data, dict) else {}
+        for kind, target, build in (("routes", routes, _route), ("tools", tools, _tool)):
+            section = data.get(kind)
+            if not isinstance(section, dict):
+                continue
+            for name, raw in section.items():
+                if name in target:
+                    first_file, first = sources.at(kind, name)
+                    pos = doc.pos((kind, name))
+                    noun = "route" if kind == "routes" else "tool"
+                    diagnostics.append(Diagnostic(doc.file, pos.line, pos.col, "error",
+                                                  f"{noun} `{name}` is defined twice: here and at {first_file}:{first.line}; "
+                                                  f"{noun} names must be unique across the bot's files", f"{kind}.{name}"))
+                    continue
+                sources.origin[(kind, name)] = doc
+                target[name] = build(str(name), raw if isinstance(raw, dict) else {}, doc)
+    if not routes and not any(d.severity == "error" for d in diagnostics):
+        diagnostics.append(Diagnostic(main.file, 1, 1, "error",
+                                      "the bot has no routes: add `routes:` with at least one route marked `default: true`",
+                                      "routes"))
+    name = top.get("name")
+    return BotConfig(
+        name=name if isinstance(name, str) else main_file.stem,
+        routes=routes,
+        tools=tools,
+        description=_str(top.get("description")) or "",
+        model=_model(top.get("model"), main, ("model",)),
+        memory=_memory(top.get("memory"), main, ("memory",)) or MemoryPolicy(where=_loc(main, ("memory",))),
+        state=dict(top["state"]) if isinstance(top.get("state"), dict) else {},
+        limits=_limits(top.get("limits")),
+        path=str(main_file),
+        root=str(main_file.parent),
+        where=Location(main.file, 1, 1),
+    )
+
+
+def _loc(doc: YamlDoc, path: tuple) -> Location:
+    pos = doc.pos(path)
+    return Location(doc.file, pos.line, pos.col)
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _bool(value: Any) -> bool:
+    return value is True
+
+
+def _dict(value: Any) -> dict:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _str_list(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _model(raw: Any, doc: YamlDoc, path: tuple) -> ModelConfig:
+    fields = ModelConfig.__dataclass_fields__
+    values = {k: v for k, v in _dict(raw).items() if k in fields and k != "where"}
+    defaults = ModelConfig()
+    for key, value in list(values.items()):  # drop values of the wrong type (reported by the schema)
+        default = getattr(defaults, key)
+        if default is not None and value is not None and not isinstance(value, type(default)) \
+                and not (isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
+            del values[key]
+    return ModelConfig(**values, where=_loc(doc, path))
+
+
+def _memory(raw: Any, doc: YamlDoc, path: tuple) -> MemoryPolicy | None:
+    if not isinstance(raw, dict):
+        return None
+    policy = MemoryPolicy(where=_loc(doc, path))
+    if raw.get("type") in _MEMORY_KEYS:
+        policy.type = raw["type"]
+    for key in ("max_messages", "max_tokens"):
+        if isinstance(raw.get(key), int) and not isinstance(raw.get(key), bool) and raw[key] > 0:
+            setattr(policy, key, raw[key])
+    policy.encoding = _str(raw.get("encoding"))
+    return policy
+
+
+def _limits(raw: Any) -> Limits:
+    limits = Limits()
+    for key in ("max_hops", "max_model_calls"):
+        value = _dict(raw).get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            setattr(limits, key, value)
+    return limits
+
+
+def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
+    base = ("routes", name)
+    scope = _dict(raw.get("scope"))
+    model = raw.get("model")
+    return RouteConfig(
+        name=name,
+        system=_str(raw.get("system")) or "",
+        description=_str(raw.get("description")) or "",
+        default=_bool(raw.get("default")),
+        user=_str(raw.get("user")),
+        memory=_memory(raw.get("memory"), doc, (*base, "memory")),
+        model=dict(model) if isinstance(model, dict) and model else None,
+        tools=_str_list(raw.get("tools")),
+        scope=ScopeConfig(local=_dict(scope.get("local")), shared=_dict(scope.get("shared"))),
+        roles=_str_list(raw.get("roles")),
+        where=_loc(doc, base),
+    )
+
+
+def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
+    base = ("tools", name)
+    action = _dict(raw.get("action"))
+    params = raw.get("parameters")
+    wipe = action.get("wipe")
+    return ToolConfig(
+        name=name,
+        description=_str(raw.get("description")) or "",
+        parameters=dict(params) if isinstance(params, dict) else {"type": "object", "properties": {}},
+        requires=_str_list(raw.get("requires")),
+        handler=_str(raw.get("handler")),
+        action=ActionConfig(
+            push=_str(action.get("push")),
+            pop=_bool(action.get("pop")),
+            route=_str(action.get("route")),
+            execute=_bool(action.get("execute")),
+            immediate=_bool(action.get("immediate")),
+            clear_memory=_bool(action.get("clear_memory")),
+            wipe=wipe if wipe in ("schedule", "abort") else None,
+            set={k: v for k, v in _dict(action.get("set")).items() if isinstance(k, str)},
+            emit={k: v for k, v in _dict(action.get("emit")).items() if isinstance(k, str)},
+            message=_str(action.get("message")),
+            reply=_str(action.get("reply")),
+            result=_str(action.get("result")),
+            where=_loc(doc, (*base, "action") if "action" in raw else base),
+        ),
+        where=_loc(doc, base),
+    )

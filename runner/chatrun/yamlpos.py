@@ -1,0 +1,157 @@
+"""YAML loading that remembers where every node came from.
+
+pyyaml's `safe_load` forgets positions and silently keeps the last of two equal keys.
+Validation needs both: every diagnostic names the line of the node at fault, and a
+duplicate key is an error naming both lines. So we let libyaml (when available)
+compose the node tree, then build the Python values ourselves in one pass,
+recording a position per JSON path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from chatrun.errors import Diagnostic
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+Path = tuple  # a JSON path: ("routes", "flight", "tools", 0)
+
+_STR = "tag:yaml.org,2002:str"
+_MAP = "tag:yaml.org,2002:map"
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+@dataclass(frozen=True)
+class Pos:
+    """Where a node is: `line`/`col` (1-based) of its key for mapping entries (of the item
+    itself for sequence items and the document), `value_line`/`value_col` of its value,
+    and the value's scalar `style` ('|' and '>' are block scalars whose text starts on
+    the next line)."""
+
+    line: int
+    col: int
+    value_line: int
+    value_col: int
+    style: str | None = None
+
+
+@dataclass
+class YamlDoc:
+    """A loaded YAML file: its data, the position of every node, and the problems found."""
+
+    file: str
+    data: Any = None
+    positions: dict[Path, Pos] = field(default_factory=dict)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    def pos(self, path: Path) -> Pos:
+        """The position of `path`, or of its nearest ancestor that has one."""
+        path = tuple(path)
+        while path not in self.positions and path:
+            path = path[:-1]
+        return self.positions.get(path, Pos(1, 1, 1, 1))
+
+
+class _Builder:
+    def __init__(self, doc: YamlDoc):
+        self.doc = doc
+        # A constructor instance only to turn non-string scalars (ints, bools, dates) into values.
+        self.constructor = yaml.SafeLoader("")
+        self.scalar_ctors = yaml.SafeLoader.yaml_constructors
+
+    def build(self, node: yaml.Node, path: Path, key_mark: yaml.Mark | None) -> Any:
+        mark = node.start_mark
+        km = key_mark or mark
+        self.doc.positions[path] = Pos(km.line + 1, km.column + 1, mark.line + 1, mark.column + 1,
+                                       getattr(node, "style", None))
+        if isinstance(node, yaml.ScalarNode):
+            return self.scalar(node)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, (*path, i), None) for i, item in enumerate(node.value)]
+        return self.mapping(node, path)
+
+    def scalar(self, node: yaml.ScalarNode) -> Any:
+        if node.tag == _STR:
+            return node.value
+        ctor = self.scalar_ctors.get(node.tag)
+        if ctor is None:
+            return node.value
+        return ctor(self.constructor, node)
+
+    def mapping(self, node: yaml.MappingNode, path: Path) -> dict:
+        result: dict = {}
+        seen: dict[Any, int] = {}
+        merges: list[yaml.Node] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE:
+                merges.append(value_node)
+                continue
+            key = self.scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            if isinstance(key, (list, dict)):  # unhashable keys: keep them as text
+                key = str(key)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                self.doc.diagnostics.append(Diagnostic(
+                    self.doc.file, line, key_node.start_mark.column + 1, "error",
+                    f"duplicate key `{key}`{_in(path)}: first defined on line {seen[key]}; "
+                    "YAML would silently keep only the last one",
+                    _dotted((*path, key)),
+                ))
+                continue
+            seen[key] = line
+            result[key] = self.build(value_node, (*path, key), key_node.start_mark)
+        for merge in merges:  # `<<: *anchor` — explicit keys win over merged ones
+            sources = merge.value if isinstance(merge, yaml.SequenceNode) else [merge]
+            for source in sources:
+                if isinstance(source, yaml.MappingNode):
+                    for key, value in self.mapping(source, path).items():
+                        result.setdefault(key, value)
+        return result
+
+
+def _in(path: Path) -> str:
+    return f" in `{_dotted(path)}`" if path else ""
+
+
+def _dotted(path: Path) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def load_yaml(text: str, file: str) -> YamlDoc:
+    """Parse one YAML document. Syntax errors and duplicate keys become diagnostics
+    (the data is None after a syntax error)."""
+    doc = YamlDoc(file)
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or "invalid YAML"
+        if exc.context:
+            started = exc.context_mark
+            if started and mark and started.line != mark.line:
+                problem = f"{exc.context} (from line {started.line + 1}), {problem}"
+            else:
+                problem = f"{exc.context}, {problem}"
+        doc.diagnostics.append(Diagnostic(
+            file, (mark.line + 1) if mark else 0, (mark.column + 1) if mark else 0,
+            "error", f"YAML syntax error: {problem}",
+        ))
+        return doc
+    except yaml.YAMLError as exc:  # e.g. more than one document
+        doc.diagnostics.append(Diagnostic(file, 1, 1, "error", f"YAML error: {exc}"))
+        return doc
+    if node is None:
+        doc.data = None
+        return doc
+    try:
+        doc.data = _Builder(doc).build(node, (), None)
+    except yaml.YAMLError as exc:  # a bad scalar, e.g. an impossible timestamp
+        mark = getattr(exc, "problem_mark", None)
+        doc.diagnostics.append(Diagnostic(file, (mark.line + 1) if mark else 1, (mark.column + 1) if mark else 1,
+                                          "error", f"YAML error: {getattr(exc, 'problem', exc)}"))
+        doc.data = None
+    return doc
