@@ -1,0 +1,295 @@
+"""The route graph: how a conversation can move between a bot's routes.
+
+Built once from a validated `BotConfig` (`RouteGraph.from_config`). Routes are nodes;
+every tool a route lists that pushes, pops or changes route is an edge labelled with
+that tool. The engine, the validator, the server's inspector and `chatrun graph` all
+read this one model.
+
+Edges are drawn from the route that *lists* the tool. A tool that combines `pop` with
+`push` or `route` therefore gets both a pop edge and a push/route edge from the same
+route (the push/route really applies to the parent scope after the pop); for
+reachability that is exact, for nesting (`can_be_nested`) it errs on the side of
+"can be nested", which keeps the validator from warning about a pop that may work.
+
+Tools or targets that do not exist are left out: the validator reports them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from chatrun.config import BotConfig
+
+EdgeKind = Literal["push", "route", "pop"]
+FORMATS = ("text", "mermaid", "dot")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One route."""
+
+    name: str
+    description: str = ""
+    default: bool = False
+    roles: tuple[str, ...] = ()
+    memory: str = "message_window"  # the effective memory type (route's, else the bot's)
+    tools: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A way out of `source`: `tool` pushes `target`, changes route to `target`, or pops
+    (`target` None: back to whichever route pushed the current scope)."""
+
+    source: str
+    target: str | None
+    kind: EdgeKind
+    tool: str
+    execute: bool = False  # the new current route runs at once with the same user message
+    immediate: bool = False  # the model loop ends after this tool
+
+    @property
+    def flags(self) -> list[str]:
+        return [name for name, on in (("execute", self.execute), ("immediate", self.immediate)) if on]
+
+
+class RouteGraph:
+    """Nodes in config order, edges in config order (route, then its tools, then push,
+    route, pop). Read-only after construction."""
+
+    def __init__(self, name: str, nodes: Iterable[Node], edges: Iterable[Edge], description: str = ""):
+        self.name = name
+        self.description = description
+        self.nodes: dict[str, Node] = {node.name: node for node in nodes}
+        self.edges: list[Edge] = list(edges)
+        self.default: str | None = next((n.name for n in self.nodes.values() if n.default), None)
+        self._out: dict[str, list[Edge]] = {name: [] for name in self.nodes}
+        for edge in self.edges:
+            self._out.setdefault(edge.source, []).append(edge)
+        self._route_in: dict[str, list[str]] = {}
+        for edge in self.edges:
+            if edge.kind == "route" and edge.target:
+                self._route_in.setdefault(edge.target, []).append(edge.source)
+        self._nested = self._closure({e.target for e in self.edges if e.kind == "push" and e.target})
+
+    @classmethod
+    def from_config(cls, config: BotConfig) -> RouteGraph:
+        nodes = [
+            Node(
+                name=name,
+                description=route.description,
+                default=route.default,
+                roles=tuple(route.roles),
+                memory=config.route_memory(name).type,
+                tools=tuple(route.tools),
+            )
+            for name, route in config.routes.items()
+        ]
+        return cls(config.name, nodes, _config_edges(config), config.description)
+
+    # -- queries ----------------------------------------------------------------------
+
+    def edges_from(self, route: str) -> list[Edge]:
+        """The edges leaving `route`, in the order its tools are listed."""
+        return list(self._out.get(route, ()))
+
+    def reachable(self, start: str | None = None) -> set[str]:
+        """Routes a conversation starting on `start` (default: the default route) can get
+        to through push and route edges, `start` included."""
+        start = start if start is not None else self.default
+        if start is None or start not in self.nodes:
+            return set()
+        return self._closure({start})
+
+    def pushed_routes(self) -> set[str]:
+        """Routes some tool pushes."""
+        return {e.target for e in self.edges if e.kind == "push" and e.target}
+
+    def can_be_nested(self, route: str) -> bool:
+        """Whether `route` can be the current route of a nested scope (so popping there
+        can work): some tool pushes it, or a route change reaches it from such a route."""
+        return route in self._nested
+
+    def pop_targets(self, route: str) -> list[str]:
+        """The routes a pop from `route` can return to: those that push `route`, or push a
+        route from which route changes (without nesting) lead to `route`. Config order."""
+        # Walk route edges backwards: every route from which route changes lead here.
+        entries = {route}
+        todo = [route]
+        while todo:
+            for source in self._route_in.get(todo.pop(), ()):
+                if source not in entries:
+                    entries.add(source)
+                    todo.append(source)
+        parents = {e.source for e in self.edges if e.kind == "push" and e.target in entries}
+        return [name for name in self.nodes if name in parents]
+
+    def _closure(self, start: set[str], kinds: tuple[str, ...] = ("push", "route")) -> set[str]:
+        seen = {s for s in start if s in self.nodes}
+        todo = list(seen)
+        while todo:
+            for edge in self._out.get(todo.pop(), ()):
+                if edge.kind in kinds and edge.target in self.nodes and edge.target not in seen:
+                    seen.add(edge.target)
+                    todo.append(edge.target)
+        return seen
+
+    # -- rendering --------------------------------------------------------------------
+
+    def render(self, fmt: str = "text") -> str:
+        """The graph as `text` (for a terminal), `mermaid` (renders in GitHub Markdown)
+        or `dot` (Graphviz). Always ends with a newline."""
+        if fmt == "text":
+            return _render_text(self)
+        if fmt == "mermaid":
+            return _render_mermaid(self)
+        if fmt == "dot":
+            return _render_dot(self)
+        raise ValueError(f"unknown graph format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+    def __repr__(self) -> str:
+        return f"<RouteGraph {self.name!r} nodes={len(self.nodes)} edges={len(self.edges)}>"
+
+
+def _config_edges(config: BotConfig) -> Iterator[Edge]:
+    for name, route in config.routes.items():
+        for tool_name in route.tools:
+            tool = config.tools.get(tool_name)
+            if tool is None:
+                continue
+            action = tool.action
+            flags = {"execute": action.execute, "immediate": action.immediate}
+            if action.push and action.push in config.routes:
+                yield Edge(name, action.push, "push", tool_name, **flags)
+            if action.route and action.route in config.routes:
+                yield Edge(name, action.route, "route", tool_name, **flags)
+            if action.pop:
+                yield Edge(name, None, "pop", tool_name, **flags)
+
+
+def _grouped(graph: RouteGraph) -> list[tuple[str, str, str, list[str]]]:
+    """(source, target, kind, tools) with parallel edges merged, pops expanded to every
+    route they can return to. Config order."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for edge in graph.edges:
+        targets = graph.pop_targets(edge.source) if edge.kind == "pop" else [edge.target]
+        for target in targets:
+            tools = groups.setdefault((edge.source, target, edge.kind), [])  # type: ignore[arg-type]
+            if edge.tool not in tools:
+                tools.append(edge.tool)
+    return [(s, t, k, tools) for (s, t, k), tools in groups.items()]
+
+
+# -- text ---------------------------------------------------------------------------
+
+
+def _render_text(graph: RouteGraph) -> str:
+    lines = [f"{graph.name}: {graph.description}" if graph.description else graph.name]
+    reached = graph.reachable()
+    for node in graph.nodes.values():
+        marks = []
+        if node.default:
+            marks.append("default")
+        marks.append(f"memory: {node.memory}")
+        if node.roles:
+            marks.append("roles: " + ", ".join(node.roles))
+        if graph.default and node.name not in reached:
+            marks.append(f"unreachable from {graph.default}")
+        head = f"{node.name} [{'; '.join(marks)}]"
+        lines.append("")
+        lines.append(head + (f"  {node.description}" if node.description else ""))
+        edges = graph.edges_from(node.name)
+        if not edges:
+            lines.append("  (no way out: the conversation stays here)")
+        width = max((len(e.tool) for e in edges), default=0)
+        for i, edge in enumerate(edges):
+            branch = "└─" if i == len(edges) - 1 else "├─"
+            if edge.kind == "pop":
+                parents = graph.pop_targets(node.name)
+                where = "pop → back to " + (" | ".join(parents) if parents else "(nothing: never nested)")
+            else:
+                where = f"{edge.kind} → {edge.target}"
+            flags = f"  ({', '.join(edge.flags)})" if edge.flags else ""
+            lines.append(f"  {branch} {edge.tool.ljust(width)}  {where}{flags}")
+    return "\n".join(lines) + "\n"
+
+
+# -- mermaid ------------------------------------------------------------------------
+
+# Words mermaid's flowchart parser treats as keywords; a node id spelled like one breaks it.
+_MERMAID_RESERVED = {"end", "graph", "subgraph", "flowchart", "style", "class", "classdef", "click",
+                     "linkstyle", "direction", "default", "call", "href", "interpolate"}
+_MERMAID_ARROWS = {"push": "-->", "route": "-.->", "pop": "==>"}
+
+
+def _mermaid_ids(graph: RouteGraph) -> dict[str, str]:
+    ids: dict[str, str] = {}
+    for i, name in enumerate(graph.nodes):
+        safe = re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) and name.lower() not in _MERMAID_RESERVED
+        ids[name] = name if safe else f"route{i}_"
+    return ids
+
+
+def _mermaid_text(text: str) -> str:
+    # Inside "..." mermaid takes entity codes; a raw quote would end the label.
+    return text.replace("&", "#amp;").replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
+
+
+def _render_mermaid(graph: RouteGraph) -> str:
+    ids = _mermaid_ids(graph)
+    lines = ["flowchart LR"]
+    for node in graph.nodes.values():
+        label = node.name
+        if node.default:
+            label += " (default)"
+        if node.roles:
+            label += " [roles: " + ", ".join(node.roles) + "]"
+        label = _mermaid_text(label)
+        # Stadium for the default route, rectangles for the others.
+        shape = f'(["{label}"])' if node.default else f'["{label}"]'
+        lines.append(f"    {ids[node.name]}{shape}")
+    for source, target, kind, tools in _grouped(graph):
+        text = _mermaid_text(f"{kind}: {', '.join(tools)}")
+        lines.append(f'    {ids[source]} {_MERMAID_ARROWS[kind]}|"{text}"| {ids[target]}')
+    return "\n".join(lines) + "\n"
+
+
+# -- dot ----------------------------------------------------------------------------
+
+_DOT_STYLES = {
+    "push": "style=solid",
+    "route": "style=dashed",
+    "pop": "style=bold, color=gray40, fontcolor=gray40",
+}
+
+
+def _dot_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _render_dot(graph: RouteGraph) -> str:
+    lines = [f"digraph {_dot_quote(graph.name)} {{", "    rankdir=LR;",
+             '    node [shape=box, style=rounded, fontname="Helvetica"];',
+             '    edge [fontname="Helvetica", fontsize=10];']
+    for node in graph.nodes.values():
+        label = node.name + (" (default)" if node.default else "")
+        if node.roles:
+            label += "\nroles: " + ", ".join(node.roles)
+        attrs = [f"label={_dot_quote(label)}"]
+        if node.description:
+            attrs.append(f"tooltip={_dot_quote(node.description)}")
+        if node.default:
+            attrs.append("peripheries=2")
+        lines.append(f"    {_dot_quote(node.name)} [{', '.join(attrs)}];")
+    flags = {(e.source, e.kind, e.tool): e.flags for e in graph.edges}
+    for source, target, kind, tools in _grouped(graph):
+        label = f"{kind}: {', '.join(tools)}"
+        extra = sorted({f for t in tools for f in flags.get((source, kind, t), [])})
+        if extra:
+            label += "\n(" + ", ".join(extra) + ")"
+        lines.append(f"    {_dot_quote(source)} -> {_dot_quote(target)} [label={_dot_quote(label)}, {_DOT_STYLES[kind]}];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
