@@ -435,6 +435,25 @@
     box.appendChild(tools);
   }
 
+  /** With several bots served, a menu to go to another bot's page. */
+  async function showBotSwitch() {
+    const headers = TOKEN ? { Authorization: "Bearer " + TOKEN } : {};
+    const bots = await fetch("/bots", { headers: headers }).then((r) => (r.ok ? r.json() : [])).catch(() => []);
+    if (bots.length < 2) return;
+    const select = $("bot-switch");
+    for (const b of bots) {
+      const option = el("option", "", b.name);
+      option.value = b.name;
+      option.selected = b.name === BOT;
+      select.appendChild(option);
+    }
+    select.hidden = false;
+    $("bot-name").hidden = true;
+    select.addEventListener("change", () => {
+      location.href = "/bots/" + encodeURIComponent(select.value) + "/" + (TOKEN ? "?token=" + encodeURIComponent(TOKEN) : "");
+    });
+  }
+
   // -- start --------------------------------------------------------------------------------
 
   async function main() {
@@ -450,6 +469,7 @@
       setStatus("offline", err.status === 401 ? "unauthorized: add ?token=…" : "server unreachable");
       return;
     }
+    showBotSwitch();
     client = new ChatScopesClient();
     try {
       await client.open(wsUrl());
