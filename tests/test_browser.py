@@ -13,7 +13,7 @@ import pytest
 import chatrun
 from chatrun.server import create_app
 from chatrun.testing.fake_openai import FakeOpenAI
-from test_server_support import ThreadServer, call, write_travel
+from test_server_support import REPO, ThreadServer, call, write_travel
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -40,8 +40,13 @@ def fake(monkeypatch):
 
 
 @pytest.fixture
-def page(fake, tmp_path):
-    bot = chatrun.load_bot(write_travel(tmp_path / "bots"))
+def bot_path(tmp_path):
+    return write_travel(tmp_path / "bots")
+
+
+@pytest.fixture
+def page(fake, tmp_path, bot_path):
+    bot = chatrun.load_bot(bot_path)
     app = create_app([bot], f"sqlite:///{tmp_path / 'chat.db'}")
     with ThreadServer(app) as server, sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
@@ -189,3 +194,47 @@ def test_the_javascript_client_has_the_quarkus_api(page, fake):
     assert result["closed"] == "SessionNotActive"
     assert result["ws"] is True
     assert fake.requests[-2]["messages"][-1]["content"] == "I am Zoe"
+
+
+@pytest.mark.parametrize("bot_path", [REPO / "bots" / "travel"])
+def test_the_travel_example_bot_books_a_flight_in_the_browser(page, fake, bot_path):
+    fake.queue(
+        call("set_name", name="Ana"),
+        {"text": "Hello Ana! Where would you like to go?"},
+    )
+    send(page, "Hi, I'm Ana")
+    assert page.locator(".msg.bot").last.inner_text() == "Hello Ana! Where would you like to go?"
+    assert '"traveller_name": "Ana"' in page.locator("#state").inner_text()
+
+    fake.queue(
+        call("book_flight"),
+        call("set_destination", destination="Dublin"),
+        {"text": "Dublin it is. When do you leave and come back, and in which class?"},
+    )
+    send(page, "A flight to Dublin please")
+    assert crumbs(page) == ["main_menu", "flight"]
+    assert page.locator(".graph .node.current").get_attribute("data-route") == "flight"
+    flight_scope = page.locator("#scopes .scope").nth(1).inner_text()
+    assert '"destination": "Dublin"' in flight_scope
+    assert "Reservation so far" in page.locator("#memory .mem").first.inner_text()
+
+    fake.queue(
+        {"tool_calls": [
+            {"name": "set_departure", "arguments": {"date": "2026-07-01"}},
+            {"name": "set_return_date", "arguments": {"date": "2026-07-10"}},
+            {"name": "set_ticket_class", "arguments": {"ticket_class": "economy"}},
+        ]},
+        call("book"),
+    )
+    send(page, "July 1st to 10th, economy")
+    shot(page, "4-travel-booked")
+    booked = page.locator(".msg.bot").last.inner_text()
+    assert booked.startswith("Your economy flight to Dublin is booked: FL-")
+    assert page.locator(".object").filter(has_text="booking").count() == 1  # the handler's Object event
+    assert crumbs(page) == ["main_menu"]
+    assert page.locator(".graph .node.current").get_attribute("data-route") == "main_menu"
+    assert page.locator("#scopes .scope").count() == 1
+    # The main menu's shared scope got the destination from the wizard; the state the booking.
+    assert '"destination": "Dublin"' in page.locator("#scopes .scope").first.inner_text()
+    assert '"last_booking": "flight FL-' in page.locator("#state").inner_text()
+    assert "Booked flight FL-" in page.locator("#memory .mem").last.inner_text()  # the hand-back result

@@ -350,7 +350,7 @@
         pos[n.name] = { x: cx - nodeW / 2, y: top + r * rowH, w: nodeW, h: nodeH, cx: cx };
       });
     });
-    const H = top + rows.length * rowH - rowH + nodeH + 34;
+    const H = top + rows.length * rowH - rowH + nodeH + 58; // room below for same-row route changes
     const root = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "route graph" });
     const defs = svg("defs", {});
     const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: "9", refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto-start-reverse" });
