@@ -321,3 +321,25 @@ def test_the_page_and_the_javascript_client_are_served(client):
     assert client.get("/bots/travel/").status_code == 200
     assert client.get("/bots/nope/").status_code == 404
     assert client.get("/_chat/static/app.js").status_code == 200
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def test_serve_command_reports_bad_bots_and_auth_files_without_a_traceback(tmp_path):
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+
+    runner = CliRunner()
+    result = runner.invoke(main, ["serve", "--help"])
+    assert result.exit_code == 0 and "--store" in result.output and "--auth" in result.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nroutes: {}\n")
+    result = runner.invoke(main, ["serve", str(bad)])
+    assert result.exit_code != 0 and "cannot serve" in result.output
+    assert "Traceback" not in result.output
+    auth = tmp_path / "auth.yaml"
+    auth.write_text("tokens: {}\n")
+    result = runner.invoke(main, ["serve", str(write_travel(tmp_path)), "--auth", str(auth), "--store", "memory://"])
+    assert result.exit_code != 0 and "tokens:" in result.output and "Traceback" not in result.output
