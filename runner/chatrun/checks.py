@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import json
+import re
 import sys
-from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from jinja2 import TemplateSyntaxError, meta, nodes
+from jinja2 import TemplateSyntaxError, nodes
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
@@ -125,7 +126,7 @@ class _Checker:
     def parameters(self, tool: ToolConfig) -> None:
         base = ("tools", tool.name, "parameters")
         try:
-            Draft202012Validator.check_schema(tool.parameters)
+            _check_schema(json.dumps(tool.parameters, sort_keys=True, default=str))
         except SchemaError as exc:
             where = ".".join(map(str, exc.path))
             self.add("error", f"`parameters` of tool `{tool.name}` is not a valid JSON Schema"
@@ -219,25 +220,73 @@ class _Checker:
                     emit("warning", f"{what} reads `{'.'.join(ref)}`, but {problem}", lineno)
 
 
+_Analysis = tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]
+
+# `{{ dotted.name | filter }}`: most templates are only text and such expressions, and
+# they are read here without Jinja's parser (a big bot has thousands of them).
+_OPERAND = r"""(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*|'[^'\\{}\n]*'|"[^"\\{}\n]*"|\d+)"""
+_SIMPLE = re.compile(
+    r"\{\{-?\s*(" + _OPERAND + r"(?:\s+(?:or|and)\s+" + _OPERAND + r")*)\s*((?:\|\s*[A-Za-z_]\w*\s*)*)-?\}\}"
+)
+_TOKEN = re.compile(r"""'[^']*'|"[^"]*"|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*""")
+_KEYWORDS = frozenset({"true", "false", "none", "True", "False", "None", "and", "or", "not", "in", "is", "if",
+                       "else", "elif", "for", "recursive", "with", "without", "import", "from", "as"})
+# Names Jinja itself provides in some blocks.
+_JINJA_NAMES = frozenset({"loop", "caller", "varargs", "kwargs", "self", "super"})
+
+
 @lru_cache(maxsize=16384)
-def _analyse(source: str) -> tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]:
-    """Parse a template once: the variable paths it reads (with the template line of their
+def _analyse(source: str) -> _Analysis:
+    """Read a template once: the variable paths it reads (with the template line of their
     first use) and the filters/tests it names that do not exist. Raises TemplateSyntaxError."""
+    fast = _analyse_simple(source)
+    if fast is not None:
+        return fast
     ast = ENV.parse(source)
-    undeclared = meta.find_undeclared_variables(ast)
+    stored = {n.name for n in ast.find_all(nodes.Name) if n.ctx in ("store", "param")}
     refs: dict[tuple[str, ...], int] = {}
     for node in ast.find_all(nodes.Name):
-        if node.name in undeclared and node.ctx == "load":
+        if node.ctx == "load" and node.name not in stored and node.name not in _JINJA_NAMES:
             refs.setdefault((node.name,), node.lineno)
     for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
         path = _attr_path(node)
-        if path and path[0] in undeclared:
+        if path and path[0] not in stored and path[0] not in _JINJA_NAMES:
             refs.setdefault(path, node.lineno)
     unknown: list[tuple[str, str, int]] = []
     for node in ast.find_all((nodes.Filter, nodes.Test)):
         kind, known = ("filter", ENV.filters) if isinstance(node, nodes.Filter) else ("test", ENV.tests)
         if node.name not in known:
             unknown.append((kind, node.name, node.lineno))
+    return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
+
+
+def _analyse_simple(source: str) -> _Analysis | None:
+    """The same answer as Jinja's parser for templates made only of text and simple
+    expressions; None for anything else."""
+    if "{%" in source or "{#" in source:
+        return None
+    refs: dict[tuple[str, ...], int] = {}
+    unknown: list[tuple[str, str, int]] = []
+    for match in _SIMPLE.finditer(source):
+        start = match.start(1)
+        for token in _TOKEN.finditer(match.group(1)):
+            text = token.group()
+            if text[0] in "'\"" or text in ("or", "and"):
+                continue
+            parts = tuple(text.split("."))
+            if any(p in _KEYWORDS for p in parts):
+                return None
+            lineno = source.count("\n", 0, start + token.start()) + 1
+            refs.setdefault(parts[:1], lineno)
+            path = _cut_dict_methods(parts)
+            if path and len(path) > 1:
+                refs.setdefault(path, lineno)
+        lineno = source.count("\n", 0, match.start(2)) + 1
+        for name in match.group(2).replace("|", " ").split():
+            if name not in ENV.filters:
+                unknown.append(("filter", name, lineno))
+    if "{{" in _SIMPLE.sub("", source):
+        return None  # some expression is not simple: let Jinja parse (and judge) it
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
 
 
@@ -254,11 +303,76 @@ def _attr_path(node: nodes.Node) -> tuple[str, ...] | None:
         cur = cur.node
     if not isinstance(cur, nodes.Name) or not path:
         return None
-    full = (cur.name, *reversed(path))
-    for i, part in enumerate(full[1:], start=1):  # stop before dict methods: state.prefs.get('x')
+    return _cut_dict_methods((cur.name, *reversed(path)))
+
+
+def _cut_dict_methods(full: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Stop before dict methods: `state.prefs.get('x')` reads state.prefs."""
+    for i, part in enumerate(full[1:], start=1):
         if part in _DICT_METHODS:
             return full[:i] if i > 1 else None
     return full
+
+
+@lru_cache(maxsize=4096)
+def _check_schema(text: str) -> None:
+    """Draft 2020-12 check of a parameters schema (cached: tools often share one).
+    Raises SchemaError."""
+    schema = json.loads(text)
+    if not _plainly_valid(schema):
+        Draft202012Validator.check_schema(schema)
+
+
+_TYPES = frozenset({"object", "array", "string", "integer", "number", "boolean", "null"})
+_NUMBER_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+_COUNT_KEYS = frozenset({"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"})
+_TEXT_KEYS = frozenset({"description", "title", "format", "$comment"})
+_ANY_KEYS = frozenset({"default", "const", "examples"})
+
+
+def _plainly_valid(schema: Any) -> bool:
+    """True when a schema uses only common keywords, each with a value the draft 2020-12
+    meta-schema accepts. Checking against the meta-schema takes about a millisecond per
+    schema; this takes microseconds. False means: ask the meta-schema (it may still be valid)."""
+    if isinstance(schema, bool):
+        return True
+    if not isinstance(schema, dict):
+        return False
+    for key, value in schema.items():
+        if key == "type":
+            types = value if isinstance(value, list) else [value]
+            if not types or not all(t in _TYPES for t in types) or len(set(types)) != len(types):
+                return False
+        elif key == "properties":
+            if not isinstance(value, dict) or not all(_plainly_valid(v) for v in value.values()):
+                return False
+        elif key in ("items", "additionalProperties"):
+            if not _plainly_valid(value):
+                return False
+        elif key == "required":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value) \
+                    or len(set(value)) != len(value):
+                return False
+        elif key == "enum":
+            if not isinstance(value, list):
+                return False
+        elif key in _NUMBER_KEYS:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return False
+        elif key in _COUNT_KEYS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                return False
+        elif key in _TEXT_KEYS:
+            if not isinstance(value, str):
+                return False
+        elif key == "pattern":
+            try:
+                re.compile(value)
+            except (re.error, TypeError):
+                return False
+        elif key not in _ANY_KEYS:
+            return False
+    return True
 
 
 def _merge_decl(into: dict[str, Any], decl: dict[str, Any]) -> None:
@@ -315,7 +429,7 @@ def _import_isolated(root: Path, module_name: str) -> Any:
     sys.modules[unique] = module  # while it runs: dataclasses and pickling look it up there
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - any failure of the bot's code is a diagnostic
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of the bot's code is a diagnostic
         return f"{candidate} failed to import: {type(exc).__name__}: {exc}"
     finally:
         sys.modules.pop(unique, None)
@@ -327,39 +441,21 @@ def _import_isolated(root: Path, module_name: str) -> Any:
     return module
 
 
-def edges(config: BotConfig) -> Iterator[tuple[str, str, str, str]]:
-    """(from route, to route, "push" | "route", tool) for every tool a route lists."""
-    for route in config.routes.values():
-        for name in route.tools:
-            tool = config.tools.get(name)
-            if tool is None:
-                continue
-            for kind in ("push", "route"):
-                target = getattr(tool.action, kind)
-                if target in config.routes:
-                    yield route.name, target, kind, name
-
-
 def _graph_checks(checker: _Checker) -> None:
+    from chatrun.graph import RouteGraph  # the one graph model the engine and `chatrun graph` use
+
     config = checker.config
-    all_edges = list(edges(config))
-    out_edges: dict[str, list[tuple[str, str]]] = {}
-    for src, dst, kind, _tool in all_edges:
-        out_edges.setdefault(src, []).append((dst, kind))
+    graph = RouteGraph.from_config(config)
     defaults = [r.name for r in config.routes.values() if r.default]
     if len(defaults) == 1:
-        start = defaults[0]
-        reached = _closure({start}, out_edges, ("push", "route"))
+        reached = graph.reachable(defaults[0])
         for name in config.routes:
             if name not in reached:
-                checker.add("warning", f"route `{name}` is not reachable from the default route `{start}`: no tool "
-                            "on a reachable route pushes it or routes to it (only a client choosing it as the start "
-                            "route can enter it)", "routes", name)
-    # Routes that can be current in a nested scope: pushed ones, and those a nested
-    # scope can route to. A route outside that set is only ever the root scope.
-    nested = _closure({dst for _s, dst, kind, _t in all_edges if kind == "push"}, out_edges, ("push", "route"))
+                checker.add("warning", f"route `{name}` is not reachable from the default route `{defaults[0]}`: no "
+                            "tool on a reachable route pushes it or routes to it (only a client choosing it as the "
+                            "start route can enter it)", "routes", name)
     for route in config.routes.values():
-        if route.name in nested:
+        if graph.can_be_nested(route.name):
             continue
         for i, name in enumerate(route.tools):
             tool = config.tools.get(name)
@@ -371,15 +467,3 @@ def _graph_checks(checker: _Checker) -> None:
         if name not in used:
             checker.add("warning", f"tool `{name}` is not listed by any route, so the model can never call it",
                         "tools", name)
-
-
-def _closure(start: set[str], out_edges: dict[str, list[tuple[str, str]]], kinds: tuple[str, ...]) -> set[str]:
-    seen = set(start)
-    todo = list(start)
-    while todo:
-        for dst, kind in out_edges.get(todo.pop(), ()):
-            if kind in kinds and dst not in seen:
-                seen.add(dst)
-                todo.append(dst)
-    return seen
-

@@ -10,8 +10,10 @@ Every problem is a Diagnostic at the line of the YAML node at fault.
 from __future__ import annotations
 
 import difflib
+import gc
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -60,12 +62,34 @@ def load_schema(name: str) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=4)
+def _fast_check(definition: str | None) -> Callable[[Any], bool]:
+    return compile_check(_validator(definition).schema)
+
+
+@lru_cache(maxsize=4)
 def _validator(definition: str | None) -> Draft202012Validator:
-    """A validator for the whole bot schema, or for one of its $defs (e.g. "fragment")."""
+    """A validator for the whole bot schema, or for one of its $defs (e.g. "fragment").
+
+    The schema's local `$ref`s are inlined first: resolving references is most of
+    jsonschema's time on a big bot, and ours only point into `$defs` (no recursion).
+    """
     schema = load_schema("bot.schema.json")
-    if definition:
-        schema = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": f"#/$defs/{definition}"}
-    return Draft202012Validator(schema)
+    defs = schema["$defs"]
+    root = defs[definition] if definition else {k: v for k, v in schema.items() if k != "$defs"}
+    return Draft202012Validator(_inline(root, defs))
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _inline(v, defs) for k, v in node.items() if k != "$ref"}
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        # Siblings of $ref (description, examples) are annotations: the referenced keywords win.
+        out = {**out, **_inline(defs[ref.removeprefix("#/$defs/")], defs)}
+    return out
 
 
 # -- where a route or tool came from ----------------------------------------------
@@ -109,7 +133,19 @@ def load_config(path: str | Path) -> tuple[BotConfig, list[Diagnostic]]:
 
 def check_bot(path: str | Path) -> tuple[BotConfig | None, list[Diagnostic]]:
     """Everything `load_config` does, without raising: (config or None, sorted diagnostics)."""
-    main_file, problem = _find_main(Path(path))
+    # Loading allocates hundreds of thousands of small objects and no cycles worth
+    # collecting; the cyclic GC would otherwise run hundreds of times (2-3x slower).
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _check_bot(Path(path))
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _check_bot(path: Path) -> tuple[BotConfig | None, list[Diagnostic]]:
+    main_file, problem = _find_main(path)
     if problem:
         return None, [problem]
     diagnostics: list[Diagnostic] = []
@@ -198,6 +234,8 @@ def _sorted(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
 
 def schema_diagnostics(doc: YamlDoc, definition: str | None) -> list[Diagnostic]:
     """Every schema violation of one file, each at the line of the node at fault."""
+    if _fast_check(definition)(doc.data):
+        return []
     validator = _validator(definition)
     out: list[Diagnostic] = []
     for error in validator.iter_errors(doc.data):
@@ -501,3 +539,114 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
         ),
         where=_loc(doc, base),
     )
+
+
+# -- a fast path for valid documents --------------------------------------------------
+# jsonschema spends ~0.5 ms per route or tool; a big bot has thousands. Most bots are
+# valid, so first ask a compiled yes/no check of the same schema (only the keywords our
+# schema uses). "Yes" is exact; anything it does not know answers "no", and "no" means:
+# run jsonschema for the messages. tests/test_validate.py checks both agree.
+
+_ANNOTATIONS = frozenset({"description", "examples", "title", "$schema", "$id", "$comment", "default",
+                          "enumDescriptions", "markdownDescription"})
+
+
+def _never(_value: Any) -> bool:
+    return False
+
+
+def _always(_value: Any) -> bool:
+    return True
+
+
+_IS_TYPE = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
+}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def compile_check(schema: Any) -> Callable[[Any], bool]:
+    """A function answering "is this value valid under `schema`?" (True only when sure)."""
+    if schema is True:
+        return _always
+    if schema is False or not isinstance(schema, dict):
+        return _never
+    checks: list[Callable[[Any], bool]] = []
+    for key, value in schema.items():
+        check = _keyword(key, value, schema)
+        if check is None:
+            continue
+        checks.append(check)
+    if not checks:
+        return _always
+    if len(checks) == 1:
+        return checks[0]
+    return lambda v: all(check(v) for check in checks)
+
+
+def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None:  # noqa: C901 - a dispatch table
+    if key in _ANNOTATIONS or key in ("then", "else"):
+        return None
+    if key == "type":
+        tests = [_IS_TYPE[t] for t in (value if isinstance(value, list) else [value])]
+        return lambda v: any(t(v) for t in tests)
+    if key == "properties":
+        props = {k: compile_check(s) for k, s in value.items()}
+        return lambda v: not isinstance(v, dict) or all(props[k](v[k]) for k in props.keys() & v.keys())
+    if key == "additionalProperties":
+        known = set(schema.get("properties", {}))
+        if "patternProperties" in schema:
+            return _never
+        extra = compile_check(value)
+        return lambda v: not isinstance(v, dict) or all(extra(v[k]) for k in v.keys() - known)
+    if key == "required":
+        needed = list(value)
+        return lambda v: not isinstance(v, dict) or all(k in v for k in needed)
+    if key == "propertyNames":
+        names = compile_check(value)
+        return lambda v: not isinstance(v, dict) or all(names(k) for k in v)
+    if key == "dependentRequired":
+        deps = dict(value)
+        return lambda v: not isinstance(v, dict) or all(d in v for k, ds in deps.items() if k in v for d in ds)
+    if key == "items":
+        item = compile_check(value)
+        return lambda v: not isinstance(v, list) or all(item(x) for x in v)
+    if key == "uniqueItems":
+        if not value:
+            return None
+        return lambda v: not isinstance(v, list) or (all(isinstance(x, str) for x in v) and len(set(v)) == len(v))
+    if key == "pattern":
+        search = re.compile(value).search
+        return lambda v: not isinstance(v, str) or search(v) is not None
+    if key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        op = {"minimum": lambda a: a >= value, "maximum": lambda a: a <= value,
+              "exclusiveMinimum": lambda a: a > value, "exclusiveMaximum": lambda a: a < value}[key]
+        return lambda v: not _is_number(v) or op(v)
+    if key == "const":
+        if not isinstance(value, str):
+            return _never
+        return lambda v: isinstance(v, str) and v == value
+    if key == "oneOf":
+        subs = [compile_check(s) for s in value]
+        return lambda v: sum(1 for s in subs if s(v)) == 1
+    if key == "anyOf":
+        subs = [compile_check(s) for s in value]
+        return lambda v: any(s(v) for s in subs)
+    if key == "allOf":
+        subs = [compile_check(s) for s in value]
+        return lambda v: all(s(v) for s in subs)
+    if key == "if":
+        cond = compile_check(value)
+        then = compile_check(schema.get("then", True))
+        other = compile_check(schema.get("else", True))
+        return lambda v: then(v) if cond(v) else other(v)
+    return _never  # a keyword this fast path does not know: let jsonschema decide

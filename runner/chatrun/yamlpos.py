@@ -10,7 +10,7 @@ recording a position per JSON path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -25,8 +25,7 @@ _MAP = "tag:yaml.org,2002:map"
 _MERGE = "tag:yaml.org,2002:merge"
 
 
-@dataclass(frozen=True)
-class Pos:
+class Pos(NamedTuple):
     """Where a node is: `line`/`col` (1-based) of its key for mapping entries (of the item
     itself for sequence items and the document), `value_line`/`value_col` of its value,
     and the value's scalar `style` ('|' and '>' are block scalars whose text starts on
@@ -64,13 +63,15 @@ class _Builder:
         self.scalar_ctors = yaml.SafeLoader.yaml_constructors
 
     def build(self, node: yaml.Node, path: Path, key_mark: yaml.Mark | None) -> Any:
+        # The hot loop of loading a big bot: kept free of extra calls on purpose.
         mark = node.start_mark
         km = key_mark or mark
+        node_id = node.id
         self.doc.positions[path] = Pos(km.line + 1, km.column + 1, mark.line + 1, mark.column + 1,
-                                       getattr(node, "style", None))
-        if isinstance(node, yaml.ScalarNode):
-            return self.scalar(node)
-        if isinstance(node, yaml.SequenceNode):
+                                       node.style if node_id == "scalar" else None)
+        if node_id == "scalar":
+            return node.value if node.tag == _STR else self.scalar(node)
+        if node_id == "sequence":
             return [self.build(item, (*path, i), None) for i, item in enumerate(node.value)]
         return self.mapping(node, path)
 
@@ -90,7 +91,10 @@ class _Builder:
             if key_node.tag == _MERGE:
                 merges.append(value_node)
                 continue
-            key = self.scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            if key_node.id == "scalar":
+                key = key_node.value if key_node.tag == _STR else self.scalar(key_node)
+            else:
+                key = str(key_node.value)
             if isinstance(key, (list, dict)):  # unhashable keys: keep them as text
                 key = str(key)
             line = key_node.start_mark.line + 1

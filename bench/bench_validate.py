@@ -1,0 +1,137 @@
+"""Validation time of a generated bot with 1,000 routes and 3,000 tools (target: under 1 s).
+
+Every route has a templated system prompt, scope state and three tools; the tools set
+state, emit events, push and pop, so the templates, state paths and graph checks all
+run. Prints the median of several full `load_config` runs and where the time goes.
+
+    python bench/bench_validate.py [--routes 1000] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
+
+from chatrun.loader import load_config  # noqa: E402
+
+TARGET_S = 1.0
+
+
+def generate(routes: int) -> str:
+    lines = [
+        "name: big",
+        "description: A generated bot for the validation benchmark.",
+        "model: {provider: openai, name: gpt-4o-mini, temperature: 0.2}",
+        "memory: {type: token_window, max_tokens: 3000}",
+        "state:",
+        "  user_name: null",
+        "  visits: 0",
+        "routes:",
+    ]
+    for i in range(routes):
+        lines += [
+            f"  r{i}:",
+            *(["    default: true"] if i == 0 else []),
+            f"    description: Route number {i}",
+            "    system: |",
+            f"      You are step {i}. Help {{{{ state.user_name or 'the user' }}}}.",
+            f"      Collected so far: {{{{ scope.form_{i} | tojson }}}}",
+            "    memory: {type: message_window, max_messages: 20}",
+            "    scope:",
+            f"      local: {{form_{i}: {{field: null, other: null}}}}",
+            f"    tools: [set_{i}, next_{i}, back_{i}]",
+        ]
+    lines.append("tools:")
+    for i in range(routes):
+        nxt = (i + 1) % routes
+        lines += [
+            f"  set_{i}:",
+            f"    description: Set the field of step {i}",
+            "    parameters: {type: object, properties: {value: {type: string}}, required: [value]}",
+            "    action:",
+            f"      set: {{scope.form_{i}.field: '{{{{ args.value }}}}'}}",
+            f"      emit: {{Thinking: 'Step {i} field set to {{{{ args.value }}}}'}}",
+            f"  next_{i}:",
+            f"    description: Go on to step {nxt}",
+            f"    requires: [scope.form_{i}.field]",
+            f"    action: {{push: r{nxt}, execute: true, message: 'On to step {nxt}, {{{{ state.user_name }}}}'}}",
+            f"  back_{i}:",
+            "    description: Go back",
+            f"    action: {{pop: true, result: 'Step {i} done: {{{{ scope.form_{i}.field }}}}'}}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--routes", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    from chatrun import checks
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bot.yaml"
+        path.write_text(generate(args.routes))
+        size = path.stat().st_size
+        wall, cpu = [], []
+        for _ in range(args.runs):
+            # Fresh caches each run: the first validation of a bot is what counts.
+            checks._analyse.cache_clear()
+            checks._check_schema.cache_clear()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            config, warnings = load_config(path)
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+        print(f"bot: {len(config.routes)} routes, {len(config.tools)} tools, {size / 1e6:.1f} MB of YAML, "
+              f"{len(warnings)} warnings")
+        median = statistics.median(wall)
+        print(f"load_config (parse + schema + checks), {args.runs} runs: median {_ms(median)} wall "
+              f"(min {_ms(min(wall))}), median {_ms(statistics.median(cpu))} CPU; "
+              f"target < {_ms(TARGET_S)}: {'OK' if median < TARGET_S else 'MISSED'}")
+        try:
+            load = open("/proc/loadavg").read().split()[0]
+            print(f"  machine load average while measuring: {load} (wall time suffers when it is high)")
+        except OSError:
+            pass
+        _phases(path)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def _phases(path: Path) -> None:
+    """Where the time goes (CPU time of one run per phase, with the GC paused as load_config does)."""
+    import gc
+
+    from chatrun import checks, loader, yamlpos
+
+    text = path.read_text()
+    gc.disable()
+    try:
+        t0 = time.process_time()
+        doc = yamlpos.load_yaml(text, str(path))
+        t1 = time.process_time()
+        loader.schema_diagnostics(doc, None)
+        t2 = time.process_time()
+        sources = loader.Sources(doc, [doc])
+        config = loader._build(sources, [], path)
+        t3 = time.process_time()
+        checks._analyse.cache_clear()
+        checks._check_schema.cache_clear()
+        checks.run_checks(config, sources)
+        t4 = time.process_time()
+    finally:
+        gc.enable()
+    print(f"  phases (CPU): yaml + positions {_ms(t1 - t0)}, schema {_ms(t2 - t1)}, "
+          f"dataclasses {_ms(t3 - t2)}, checks {_ms(t4 - t3)}")
+
+
+if __name__ == "__main__":
+    main()
