@@ -63,8 +63,7 @@ def test_travel_booking_end_to_end(fake):
             {"name": "set_return_date", "arguments": {"date": "2026-07-17"}},
             {"name": "set_ticket_class", "arguments": {"ticket_class": "economy"}},
         ]},
-        tool("book"),
-        {"text": "Anything else?"},
+        tool("book"),  # pops back to main_menu; without execute the turn ends there
     )
     flight_scope = session.scopes[-1]
     events = session.chat("3 to 17 July, economy")
@@ -73,6 +72,10 @@ def test_travel_booking_end_to_end(fake):
     # the flight scope is gone: its local state and its memory
     assert "reservation" not in session.visible_state()["scope"]
     assert not any(mid.startswith(flight_scope.id) for mid in session.memories())
+    # the next message goes to main_menu, whose memory holds the wizard's result
+    fake.queue({"text": "Anything else?"})
+    session.chat("thanks")
     last = fake.requests[-1]
     assert offered(last) == routes["main_menu"].tools
     assert last["messages"][0]["role"] == "system"
+    assert any(m["role"] == "assistant" and (m["content"] or "").startswith("Booked flight") for m in last["messages"])

@@ -1,0 +1,69 @@
+"""`chatrun repl` driven through a pipe, as a script would: the author plays the model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_repl(args: list[str], stdin: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["PYTHONPATH"] = str(REPO / "runner")
+    env.update(env_extra or {})
+    return subprocess.run(
+        [sys.executable, "-m", "chatrun", "repl", *args],
+        input=stdin, capture_output=True, text=True, timeout=60, env=env, cwd=REPO,
+    )
+
+
+def test_no_credentials_lets_the_author_play_the_model():
+    out = run_repl(["bots/hello"], "hello there\n/say Hi! I am the hello bot.\n/route\n")
+    assert out.returncode == 0, out.stderr
+    assert "No model is configured" in out.stdout
+    assert "OPENAI_API_KEY" in out.stdout
+    assert "Hi! I am the hello bot." in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_travel_flow_push_and_pop_through_the_pipe(tmp_path):
+    script = "\n".join([
+        "I want to book a flight to Ireland",
+        "/call book_flight {}",
+        '/call set_destination {"destination": "Ireland"}',
+        "/say When do you want to leave?",
+        "/stack",
+        "cancel that",
+        "/call cancel {}",
+        "/stack",
+        "/quit",
+    ]) + "\n"
+    out = run_repl(["bots/travel", "--play-model"], script)
+    assert out.returncode == 0, out.stderr
+    assert "→ main_menu > flight" in out.stdout
+    assert "When do you want to leave?" in out.stdout
+    assert "→ main_menu" in out.stdout.split("cancel that")[-1] or out.stdout.rstrip().endswith("main_menu")
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_resume_a_session_from_sqlite(tmp_path):
+    db = f"sqlite:///{tmp_path / 'chat.db'}"
+    first = run_repl(["bots/travel", "--play-model", "--store", db, "--session", "s1"],
+                     "flight please\n/call book_flight {}\n/say Where to?\n")
+    assert first.returncode == 0, first.stderr
+    again = run_repl(["bots/travel", "--play-model", "--store", db, "--session", "s1"], "/route\n/history\n")
+    assert again.returncode == 0, again.stderr
+    assert "session s1 on main_menu > flight" in again.stdout
+    assert "flight please" in again.stdout  # the history survived
+
+
+def test_bad_bot_path_is_an_error_not_a_traceback(tmp_path):
+    bad = tmp_path / "bot.yaml"
+    bad.write_text("name: x\nroutes: {a: {sytem: hi}}\n")
+    out = run_repl([str(bad)], "")
+    assert out.returncode == 1
+    assert "bot.yaml:2" in out.stderr
+    assert "Traceback" not in out.stderr
