@@ -69,10 +69,11 @@ class RouteGraph:
         self._out: dict[str, list[Edge]] = {name: [] for name in self.nodes}
         for edge in self.edges:
             self._out.setdefault(edge.source, []).append(edge)
-        self._route_in: dict[str, list[str]] = {}
+        self._into: dict[tuple[str, str], list[str]] = {}  # (kind, target) -> sources
         for edge in self.edges:
-            if edge.kind == "route" and edge.target:
-                self._route_in.setdefault(edge.target, []).append(edge.source)
+            if edge.target:
+                self._into.setdefault((edge.kind, edge.target), []).append(edge.source)
+        self._pop_targets: dict[str, list[str]] = {}  # memo: the graph never changes
         self._nested = self._closure({e.target for e in self.edges if e.kind == "push" and e.target})
 
     @classmethod
@@ -116,16 +117,18 @@ class RouteGraph:
     def pop_targets(self, route: str) -> list[str]:
         """The routes a pop from `route` can return to: those that push `route`, or push a
         route from which route changes (without nesting) lead to `route`. Config order."""
-        # Walk route edges backwards: every route from which route changes lead here.
-        entries = {route}
-        todo = [route]
-        while todo:
-            for source in self._route_in.get(todo.pop(), ()):
-                if source not in entries:
-                    entries.add(source)
-                    todo.append(source)
-        parents = {e.source for e in self.edges if e.kind == "push" and e.target in entries}
-        return [name for name in self.nodes if name in parents]
+        if route not in self._pop_targets:
+            # Walk route edges backwards: every route from which route changes lead here.
+            entries = {route}
+            todo = [route]
+            while todo:
+                for source in self._into.get(("route", todo.pop()), ()):
+                    if source not in entries:
+                        entries.add(source)
+                        todo.append(source)
+            parents = {source for entry in entries for source in self._into.get(("push", entry), ())}
+            self._pop_targets[route] = [name for name in self.nodes if name in parents]
+        return list(self._pop_targets[route])
 
     def _closure(self, start: set[str], kinds: tuple[str, ...] = ("push", "route")) -> set[str]:
         seen = {s for s in start if s in self.nodes}
