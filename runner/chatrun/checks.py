@@ -252,6 +252,11 @@ def _analyse(source: str) -> _Analysis:
         path = _attr_path(node)
         if path and path[0] not in stored and path[0] not in _JINJA_NAMES:
             refs.setdefault(path, node.lineno)
+    # Jinja sees `state.a` inside `state.a.b`: keep the longest paths, so one typo is one warning.
+    longest = {p for p in refs if len(p) > 1}
+    for path in list(refs):
+        if len(path) > 1 and any(len(q) > len(path) and q[: len(path)] == path for q in longest):
+            del refs[path]
     unknown: list[tuple[str, str, int]] = []
     for node in ast.find_all((nodes.Filter, nodes.Test)):
         kind, known = ("filter", ENV.filters) if isinstance(node, nodes.Filter) else ("test", ENV.tests)

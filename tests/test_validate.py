@@ -1,0 +1,424 @@
+"""`chatrun validate` and the checks behind it: every error and warning has an invalid-bot
+fixture in tests/fixtures/invalid/, and each is asserted with its file, exact line,
+severity and message. Then the CLI: output format, exit codes, JSON, a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from chatrun.checks import _analyse
+from chatrun.cli import main
+from chatrun.loader import _fast_check, _validator, check_bot, load_config, load_schema, schema_path
+from chatrun.yamlpos import load_yaml
+
+FIXTURES = Path(__file__).parent / "fixtures" / "invalid"
+REPO = Path(__file__).resolve().parents[1]
+
+# fixture -> every diagnostic it must produce, in order: (file, line, severity, message).
+# "{d}" stands for the fixtures directory (messages name files as the user gave them).
+EXPECTED = {
+    "bad_enum.yaml": [
+        ("bad_enum.yaml", 2, "error",
+         '`model.provider` must be one of openai, scripted (got `openia`); did you mean `openai`?'),
+        ("bad_enum.yaml", 3, "error",
+         '`memory.type` must be one of message_window, token_window, none (got `tokens_window`); did you mean `token_window`?'),
+        ("bad_enum.yaml", 11, "error",
+         '`action.wipe` of tool `forget` must be one of schedule, abort (got `later`)'),
+    ],
+    "bad_names.yaml": [
+        ("bad_names.yaml", 3, "error",
+         'invalid route name `main menu` in `routes`: use letters, digits, `_` and `-`, starting with a letter or `_`'),
+        ("bad_names.yaml", 9, "error",
+         '`handler` of tool `go`: `not a handler` is not valid; write `module:function`, e.g. `travel_tools:make_booking` (the module relative to the bot directory)'),
+        ("bad_names.yaml", 10, "error",
+         '`requires[0]` of tool `go`: `reservation.date` is not valid; a state path starts with `state.`, `scope.` or `turn.` (e.g. `scope.reservation.destination`)'),
+        ("bad_names.yaml", 12, "error",
+         'invalid `set` path `reservation` in `action.set` of tool `go`: a state path starts with `state.`, `scope.` or `turn.` (e.g. `scope.reservation.destination`)'),
+    ],
+    "bad_parameters.yaml": [
+        ("bad_parameters.yaml", 12, "error",
+         "`parameters` of tool `a` is not a valid JSON Schema at `properties.when.type`: 'date' is not valid under any of the given schemas"),
+        ("bad_parameters.yaml", 15, "error",
+         "`parameters` of tool `b` must have `type: object` (a tool's arguments are a JSON object)"),
+    ],
+    "defaults_many.yaml": [
+        ("defaults_many.yaml", 6, "error",
+         'several default routes: `main` ({d}/defaults_many.yaml:4), `other` ({d}/defaults_many.yaml:6), `third` ({d}/defaults_many.yaml:8); exactly one route may have `default: true`'),
+    ],
+    "defaults_none.yaml": [
+        ("defaults_none.yaml", 2, "error",
+         'no default route: mark exactly one route with `default: true` (routes: `main`, `other`)'),
+    ],
+    "duplicate_key.yaml": [
+        ("duplicate_key.yaml", 6, "error",
+         'duplicate key `system` in `routes.main`: first defined on line 5; YAML would silently keep only the last one'),
+    ],
+    "graph_warnings.yaml": [
+        ("graph_warnings.yaml", 5, "warning",
+         'tool `cancel` pops, but route `main` is only ever the root scope (nothing pushes it): calling it there fails at run time'),
+        ("graph_warnings.yaml", 10, "warning",
+         'route `orphan` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (only a client choosing it as the start route can enter it)'),
+        ("graph_warnings.yaml", 22, "warning",
+         'tool `unused` is not listed by any route, so the model can never call it'),
+    ],
+    "handlers": [
+        ("handlers/bot.yaml", 12, "error",
+         'handler `missing_mod:run` of tool `no_module`: no module `missing_mod` in {d}/handlers (looked for missing_mod.py)'),
+        ("handlers/bot.yaml", 15, "error",
+         'handler `tools_mod:make_bookin` of tool `no_function`: {d}/handlers/tools_mod.py has no function `make_bookin`; did you mean `make_booking`?'),
+        ("handlers/bot.yaml", 18, "error",
+         'handler `tools_mod:RATE` of tool `not_callable`: `RATE` in {d}/handlers/tools_mod.py is a float, not a function'),
+        ("handlers/bot.yaml", 21, "error",
+         'handler `broken_mod:run` of tool `broken`: {d}/handlers/broken_mod.py failed to import: RuntimeError: payment service not configured'),
+    ],
+    "includes": [
+        ("includes/bot.yaml", 2, "warning",
+         'include pattern `missing/*.yaml` matches no file (relative to {d}/includes)'),
+        ("includes/routes/more.yaml", 1, "error",
+         'unknown key `state` at the top level of an included file: included files hold only `routes:` and `tools:`'),
+        ("includes/routes/more.yaml", 3, "error",
+         "route `main` is defined twice: here and at {d}/includes/bot.yaml:4; route names must be unique across the bot's files"),
+        ("includes/routes/more.yaml", 6, "error",
+         "tool `to_flight` is defined twice: here and at {d}/includes/bot.yaml:8; tool names must be unique across the bot's files"),
+    ],
+    "memory_keys.yaml": [
+        ("memory_keys.yaml", 4, "error",
+         '`max_tokens` does not apply to `type: message_window` memory in `memory` (that type uses: max_messages)'),
+        ("memory_keys.yaml", 8, "error",
+         '`max_messages` does not apply to `type: none` memory in `memory` of route `main` (that type uses: nothing)'),
+        ("memory_keys.yaml", 9, "warning",
+         'route `other` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (only a client choosing it as the start route can enter it)'),
+        ("memory_keys.yaml", 10, "error",
+         'missing required key `type` in `memory` of route `other`'),
+    ],
+    "missing_name.yaml": [
+        ("missing_name.yaml", 1, "error",
+         'missing required key `name` at the top level'),
+    ],
+    "no_routes.yaml": [
+        ("no_routes.yaml", 1, "error",
+         'the bot has no routes: add `routes:` with at least one route marked `default: true`'),
+    ],
+    "not_a_mapping.yaml": [
+        ("not_a_mapping.yaml", 1, "error",
+         'the file must hold a mapping (name:, routes:, tools:, ...), not a list'),
+    ],
+    "result_without_pop.yaml": [
+        ("result_without_pop.yaml", 11, "error",
+         '`result` in `action` of tool `done` is only used with `pop: true` (it is handed to the parent route when the scope ends)'),
+    ],
+    "templates.yaml": [
+        ("templates.yaml", 9, "error",
+         "template error in `system` of route `main`: Encountered unknown tag 'endfi'. Jinja was looking for the following tags: 'elif' or 'else' or 'endif'. The innermost block that needs to be closed is 'if'."),
+        ("templates.yaml", 10, "error",
+         'template error in `user` of route `main`: no filter named `upper_case`; did you mean `upper`?'),
+        ("templates.yaml", 16, "error",
+         '`message` of tool `greet` uses unknown template variable `usr_message`; did you mean `user_message`? (templates can use: state, scope, args, user_message, data, route, stack, turn, result)'),
+        ("templates.yaml", 17, "error",
+         "template error in `reply` of tool `greet`: unexpected '}'"),
+    ],
+    "undeclared_state.yaml": [
+        ("undeclared_state.yaml", 7, "warning",
+         '`system` of route `main` reads `state.traveler_name`, but `state.traveler_name` is not declared in the top-level `state:`; did you mean `traveller_name`?'),
+        ("undeclared_state.yaml", 11, "warning",
+         "`system` of route `flight` reads `scope.reservation.destinaton`, but `scope.reservation.destinaton` is not declared in any route's `scope: local:` or `shared:`; did you mean `destination`?"),
+        ("undeclared_state.yaml", 25, "warning",
+         "tool `set_destination` sets `scope.reservaton.departure`, but `scope.reservaton` is not declared in any route's `scope: local:` or `shared:`; did you mean `reservation`?"),
+        ("undeclared_state.yaml", 27, "warning",
+         'tool `set_destination` sets `state.nickname`, but `state.nickname` is not declared in the top-level `state:`'),
+        ("undeclared_state.yaml", 30, "error",
+         '`requires` of tool `book_it` names `state.passport`, but `state.passport` is not declared in the top-level `state:`'),
+    ],
+    "unknown_key.yaml": [
+        ("unknown_key.yaml", 8, "error",
+         'unknown key `sytem` in route `flight`; did you mean `system`?'),
+        ("unknown_key.yaml", 16, "error",
+         'unknown key `mesage` in `action` of tool `cancel`; did you mean `message`?'),
+    ],
+    "unknown_targets.yaml": [
+        ("unknown_targets.yaml", 5, "error",
+         'route `main` lists unknown tool `help`'),
+        ("unknown_targets.yaml", 6, "warning",
+         'route `flight` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (only a client choosing it as the start route can enter it)'),
+        ("unknown_targets.yaml", 8, "warning",
+         'tool `cancel` pops, but route `flight` is only ever the root scope (nothing pushes it): calling it there fails at run time'),
+        ("unknown_targets.yaml", 12, "error",
+         'tool `book_flight` pushes unknown route `fligth`; did you mean `flight`?'),
+        ("unknown_targets.yaml", 15, "error",
+         'tool `to_agent` routes to unknown route `agent`'),
+    ],
+    "wrong_type.yaml": [
+        ("wrong_type.yaml", 2, "error",
+         '`model.temperature` must be a number or null, not a string'),
+        ("wrong_type.yaml", 7, "error",
+         '`tools` of route `main` must be a list, not a string'),
+    ],
+    "yaml_syntax.yaml": [
+        ("yaml_syntax.yaml", 7, "error",
+         'YAML syntax error: while scanning a quoted scalar (from line 5), found unexpected end of stream'),
+    ],
+}
+
+
+def _diagnostics(name: str) -> list[tuple[str, int, str, str]]:
+    _config, found = check_bot(FIXTURES / name)
+    return [(str(Path(d.file).relative_to(FIXTURES)), d.line, d.severity, d.message.replace(str(FIXTURES), "{d}"))
+            for d in found]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_reports_exactly_its_problems(name):
+    assert _diagnostics(name) == EXPECTED[name]
+
+
+def test_every_fixture_is_asserted():
+    fixtures = {p.name for p in FIXTURES.iterdir() if p.suffix in (".yaml", "") and not p.name.startswith(".")}
+    assert fixtures == set(EXPECTED)
+
+
+def test_invalid_bot_raises_bot_error_with_every_diagnostic():
+    from chatrun.errors import BotError
+
+    with pytest.raises(BotError) as info:
+        load_config(FIXTURES / "unknown_targets.yaml")
+    assert [d.line for d in info.value.diagnostics] == [5, 6, 8, 12, 15]
+    assert [d.line for d in info.value.errors] == [5, 12, 15]
+    assert "unknown_targets.yaml:5:36: error: route `main` lists unknown tool `help`" in str(info.value)
+
+
+def test_warnings_only_is_valid_and_returned():
+    config, warnings = load_config(FIXTURES / "graph_warnings.yaml")
+    assert config.name == "graph"
+    assert [(w.line, w.severity) for w in warnings] == [(5, "warning"), (10, "warning"), (22, "warning")]
+
+
+def test_handler_check_leaves_sys_modules_alone():
+    before = set(sys.modules)
+    check_bot(FIXTURES / "handlers")
+    assert set(sys.modules) - before == set()
+
+
+def test_template_error_line_in_single_and_multi_line_scalars(write_bot):
+    path = write_bot("""\
+        name: lines
+        routes:
+          main:
+            default: true
+            system: "{{ state.x ) }}"
+            user: |-
+              line one
+              line two {{ data.a }}
+              line three {% for %}
+        state: {x: 1}
+        """)
+    _config, found = check_bot(path)
+    assert [(d.line, d.severity) for d in found] == [(5, "error"), (9, "error")]
+    assert found[0].col == 13 and found[1].message.startswith("template error in `user` of route `main`:")
+
+
+def test_template_variable_rules(write_bot):
+    path = write_bot("""\
+        name: vars
+        state: {name: null}
+        routes:
+          main:
+            default: true
+            system: |
+              {% for item in state.name %}{{ item.label }} {{ loop.index }}{% endfor %}
+              {{ range(3) | list }} {{ turn.anything }} {{ stack | join(",") }} {{ route }}
+              {% set n = namespace(x=1) %}{{ n.x }} {{ nope.field }}
+        """)
+    _config, found = check_bot(path)
+    assert [(d.line, d.severity, d.message.split(";")[0]) for d in found] == [
+        (9, "error", "`system` of route `main` uses unknown template variable `nope`")]
+
+
+def test_scope_declared_by_any_route_and_free_form_below_null_or_empty(write_bot):
+    path = write_bot("""\
+        name: scopes
+        state: {profile: {}, last: null}
+        routes:
+          main:
+            default: true
+            system: "{{ state.profile.anything.deep }} {{ state.last.x }} {{ scope.shared_thing }}"
+            scope: {shared: {shared_thing: 1}}
+            tools: [go]
+          other:
+            system: "{{ scope.cart.items }} {{ scope.cart.total }}"
+            scope: {local: {cart: {items: []}}}
+            tools: [back]
+        tools:
+          go: {description: Go, action: {push: other}}
+          back: {description: Back, action: {pop: true, set: {scope.shared_thing: 2}}}
+        """)
+    _config, found = check_bot(path)
+    assert [(d.line, d.severity) for d in found] == [(10, "warning")]
+    assert "`scope.cart.total`" in found[0].message and "did you mean" not in found[0].message
+
+
+def test_fast_schema_path_agrees_with_jsonschema():
+    """The compiled yes/no check must never call a document valid that jsonschema rejects."""
+    docs = []
+    for path in sorted(FIXTURES.rglob("*.yaml")) + sorted(REPO.glob("bots/*/*.yaml")):
+        doc = load_yaml(path.read_text(), str(path))
+        if isinstance(doc.data, dict):
+            docs.append(doc.data)
+    docs += [
+        {"name": "x", "routes": {"a": {"default": 1}}},
+        {"name": "x", "model": {"temperature": True}},
+        {"name": "x", "model": {"max_tokens": 2.0}},
+        {"name": "x", "routes": {"a": {"tools": ["t", "t"]}}},
+        {"name": "x", "memory": {"type": "none"}},
+        {"name": "x", "tools": {"t": {"action": {"wipe": "schedule", "result": "r", "pop": True}}}},
+        {"name": "x", "include": ["a", 1]},
+    ]
+    for data in docs:
+        for definition in (None, "fragment"):
+            assert _fast_check(definition)(data) == (not list(_validator(definition).iter_errors(data))), data
+
+
+def test_simple_template_reader_matches_jinja():
+    """Templates read without Jinja's parser must give what the parser would."""
+    from chatrun.checks import _analyse_simple
+
+    for source in ["Hi {{ state.name or 'the user' }}.\n{{ scope.form | tojson }}", "{{ args.value }}",
+                   "a {{ x.y.z | upper | trim }} b {{- data.q -}}", "{{ state.prefs.get }}"]:
+        fast = _analyse_simple(source)
+        assert fast is not None
+        _analyse.cache_clear()
+        slow = _analyse.__wrapped__(source + "{% if false %}{% endif %}")  # forces the parser
+        assert (dict(fast[0]), fast[1]) == (dict(slow[0]), slow[1]), source
+
+
+# -- the schema ---------------------------------------------------------------------
+
+
+def _walk(node, path=()):
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.items():
+            yield from _walk(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, (*path, i))
+
+
+def test_schema_is_valid_and_documents_every_property_and_enum_value():
+    from jsonschema import Draft202012Validator
+
+    schema = load_schema("bot.schema.json")
+    Draft202012Validator.check_schema(schema)
+    assert schema_path("bot.schema.json").is_file()
+    undocumented = []
+    for path, node in _walk(schema):
+        if {"examples", "default", "if"} & set(path):
+            continue  # sample values and conditions, not properties
+        for name, prop in node.get("properties", {}).items() if path[-1:] != ("properties",) else ():
+            if isinstance(prop, dict) and "description" not in prop:
+                undocumented.append((*path, "properties", name))
+        for choice in node.get("oneOf", []):
+            if "const" in choice and "description" not in choice:
+                undocumented.append((*path, "oneOf", choice["const"]))
+    assert undocumented == []
+
+
+def test_brief_format_keys_are_all_in_the_schema():
+    defs = load_schema("bot.schema.json")["$defs"]
+    assert set(defs["route"]["properties"]) >= {"default", "description", "system", "user", "memory", "model",
+                                                "tools", "scope", "roles"}
+    assert set(defs["action"]["properties"]) == {"push", "pop", "route", "execute", "immediate", "clear_memory",
+                                                 "wipe", "set", "emit", "message", "reply", "result"}
+    assert set(defs["tool"]["properties"]) == {"description", "parameters", "requires", "handler", "action"}
+
+
+# -- the command line ---------------------------------------------------------------
+
+
+def test_cli_valid_bot_exit_0(write_bot):
+    path = write_bot("name: ok\nroutes: {main: {default: true, system: Hi.}}\n")
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"{path}: valid\n"
+
+
+def test_cli_warnings_exit_0_and_print_lines():
+    path = FIXTURES / "graph_warnings.yaml"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert lines[0] == (f"{path}:5:24: warning: tool `cancel` pops, but route `main` is only ever the root scope "
+                        "(nothing pushes it): calling it there fails at run time")
+    assert lines[-1] == f"{path}: valid (3 warnings)"
+
+
+def test_cli_invalid_exit_1_with_file_line_col():
+    path = FIXTURES / "unknown_key.yaml"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        f"{path}:8:5: error: unknown key `sytem` in route `flight`; did you mean `system`?",
+        f"{path}:16:25: error: unknown key `mesage` in `action` of tool `cancel`; did you mean `message`?",
+        f"{path}: invalid: 2 errors, 0 warnings",
+    ]
+
+
+def test_cli_several_paths_summary_and_json():
+    good = REPO / "bots" / "hello"
+    bad = FIXTURES / "duplicate_key.yaml"
+    paths = [str(p) for p in (good, bad) if p.exists()]
+    result = CliRunner().invoke(main, ["validate", *paths])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1].endswith("invalid: 1 error, 0 warnings")
+    result = CliRunner().invoke(main, ["validate", "--format", "json", *paths])
+    assert result.exit_code == 1
+    data = json.loads(result.output)
+    assert data == [{"file": str(bad), "line": 6, "col": 5, "severity": "error", "path": "routes.main.system",
+                     "message": "duplicate key `system` in `routes.main`: first defined on line 5; "
+                                "YAML would silently keep only the last one"}]
+
+
+def test_cli_usage_errors_exit_2(tmp_path):
+    runner = CliRunner()
+    assert runner.invoke(main, ["validate"]).exit_code == 2
+    missing = runner.invoke(main, ["validate", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    assert runner.invoke(main, ["validate", "--format", "xml", str(tmp_path)]).exit_code == 2
+
+
+def test_cli_directory_without_bot_yaml(tmp_path):
+    result = CliRunner().invoke(main, ["validate", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"error: no bot.yaml in directory {tmp_path}" in result.output
+
+
+def test_cli_help_has_an_example():
+    result = CliRunner().invoke(main, ["validate", "--help"])
+    assert result.exit_code == 0 and "chatrun validate bots/travel" in result.output
+
+
+def test_cli_in_a_subprocess_no_traceback(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(textwrap.dedent("""\
+        name: sub
+        routes:
+          main:
+            default: true
+            tools: [go]
+        tools:
+          go: {description: Go, handler: "mod:run"}
+        """))
+    (tmp_path / "mod.py").write_text("import sys\nsys.exit(3)\n")  # a handler module that exits on import
+    proc = subprocess.run([sys.executable, "-c", "from chatrun.cli import main; main()", "validate", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO / "runner")})
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert f"{bot}:7:25: error: handler `mod:run` of tool `go`: {tmp_path / 'mod.py'} failed to import: SystemExit: 3" \
+        in proc.stdout
