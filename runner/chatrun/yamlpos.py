@@ -84,12 +84,18 @@ class _Builder:
         return ctor(self.constructor, node)
 
     def mapping(self, node: yaml.MappingNode, path: Path) -> dict:
+        merged: dict = {}
+        for key_node, value_node in node.value:  # `<<: *anchor` first: explicit keys win, positions too
+            if key_node.tag == _MERGE:
+                sources = value_node.value if value_node.id == "sequence" else [value_node]
+                for source in sources:
+                    if source.id == "mapping":
+                        for key, value in self.mapping(source, path).items():
+                            merged.setdefault(key, value)
         result: dict = {}
         seen: dict[Any, int] = {}
-        merges: list[yaml.Node] = []
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE:
-                merges.append(value_node)
                 continue
             if key_node.id == "scalar":
                 key = key_node.value if key_node.tag == _STR else self.scalar(key_node)
@@ -108,12 +114,8 @@ class _Builder:
                 continue
             seen[key] = line
             result[key] = self.build(value_node, (*path, key), key_node.start_mark)
-        for merge in merges:  # `<<: *anchor` — explicit keys win over merged ones
-            sources = merge.value if isinstance(merge, yaml.SequenceNode) else [merge]
-            for source in sources:
-                if isinstance(source, yaml.MappingNode):
-                    for key, value in self.mapping(source, path).items():
-                        result.setdefault(key, value)
+        for key, value in merged.items():
+            result.setdefault(key, value)
         return result
 
 

@@ -1,0 +1,207 @@
+"""Loading bots into config dataclasses: the brief's travel example field by field,
+includes, names unique across files, positions kept for every object, YAML details."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from chatrun.config import ActionConfig, Location, MemoryPolicy, ScopeConfig
+from chatrun.errors import BotError
+from chatrun.loader import load_config
+from chatrun.yamlpos import load_yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+TRAVEL = """\
+# yaml-language-server: $schema=../../schemas/bot.schema.json
+name: travel
+description: Books flights and hotels.
+model: {provider: openai, name: gpt-4o-mini, temperature: 0.2}
+memory: {type: token_window, max_tokens: 3000}
+limits: {max_hops: 5, max_model_calls: 9}
+state:
+  traveller_name: null
+routes:
+  main_menu:
+    default: true
+    description: Top-level menu
+    system: |
+      You are a travel agent. Help {{ state.traveller_name or "the user" }}.
+    memory: {type: message_window, max_messages: 20}
+    tools: [book_flight]
+  flight:
+    description: Flight booking wizard
+    system: "Reservation so far: {{ scope.reservation | tojson }}"
+    user: "{{ data.userMessage }}"
+    roles: [staff]
+    model: {name: gpt-4o, temperature: 0}
+    scope:
+      local: {reservation: {departure: null, destination: null}}
+      shared: {}
+    tools: [set_destination, book, cancel]
+tools:
+  book_flight:
+    description: Book a flight
+    action: {clear_memory: true, push: flight, execute: true, immediate: true}
+  set_destination:
+    description: Specify the destination
+    parameters: {type: object, properties: {destination: {type: string}}, required: [destination]}
+    action:
+      set: {scope.reservation.destination: "{{ args.destination }}"}
+      emit: {Thinking: "Destination set to {{ args.destination }}"}
+  book:
+    description: Book the reservation
+    requires: [scope.reservation.departure, scope.reservation.destination]
+    handler: travel_tools:make_booking
+    action: {pop: true, message: "Your flight to {{ scope.reservation.destination }} is booked.", result: "Flight booked"}
+  cancel:
+    description: Abandon the booking
+    action: {pop: true, wipe: schedule}
+"""
+
+HANDLER = "def make_booking(ctx):\n    return 'XY123'\n"
+
+
+@pytest.fixture
+def travel(write_bot):
+    return write_bot(TRAVEL, extra={"travel_tools.py": HANDLER})
+
+
+def test_travel_example_loads_clean(travel):
+    config, warnings = load_config(travel)
+    assert warnings == []
+    assert (config.name, config.description) == ("travel", "Books flights and hotels.")
+    assert config.path == str(travel) and config.root == str(travel.parent)
+    assert (config.model.provider, config.model.name, config.model.temperature) == ("openai", "gpt-4o-mini", 0.2)
+    assert config.model.where == Location(str(travel), 4, 1)
+    assert (config.memory.type, config.memory.max_tokens) == ("token_window", 3000)
+    assert (config.limits.max_hops, config.limits.max_model_calls) == (5, 9)
+    assert config.state == {"traveller_name": None}
+    assert list(config.routes) == ["main_menu", "flight"] and config.default_route == "main_menu"
+
+
+def test_travel_routes(travel):
+    config, _ = load_config(travel)
+    menu, flight = config.routes["main_menu"], config.routes["flight"]
+    assert menu.default and not flight.default
+    assert menu.system == 'You are a travel agent. Help {{ state.traveller_name or "the user" }}.\n'
+    assert menu.memory == MemoryPolicy(type="message_window", max_messages=20, where=Location(str(travel), 15, 5))
+    assert menu.where == Location(str(travel), 10, 3) and flight.where == Location(str(travel), 17, 3)
+    assert flight.user == "{{ data.userMessage }}" and flight.roles == ["staff"]
+    assert flight.memory is None and config.route_memory("flight") is config.memory
+    assert flight.scope == ScopeConfig(local={"reservation": {"departure": None, "destination": None}}, shared={})
+    merged = config.route_model("flight")
+    assert (merged.provider, merged.name, merged.temperature) == ("openai", "gpt-4o", 0)
+    assert flight.tools == ["set_destination", "book", "cancel"]
+
+
+def test_travel_tools(travel):
+    config, _ = load_config(travel)
+    tools = config.tools
+    assert tools["book_flight"].action == ActionConfig(clear_memory=True, push="flight", execute=True, immediate=True,
+                                                       where=Location(str(travel), 30, 5))
+    assert tools["book_flight"].parameters == {"type": "object", "properties": {}}
+    setter = tools["set_destination"]
+    assert setter.parameters["required"] == ["destination"]
+    assert setter.action.set == {"scope.reservation.destination": "{{ args.destination }}"}
+    assert setter.action.emit == {"Thinking": "Destination set to {{ args.destination }}"}
+    book = tools["book"]
+    assert book.requires == ["scope.reservation.departure", "scope.reservation.destination"]
+    assert book.handler == "travel_tools:make_booking"
+    assert (book.action.pop, book.action.result) == (True, "Flight booked")
+    assert book.action.message.startswith("Your flight to")
+    assert tools["cancel"].action.wipe == "schedule"
+    assert tools["cancel"].where == Location(str(travel), 42, 3)
+
+
+def test_directory_bot_with_includes(tmp_path):
+    (tmp_path / "routes").mkdir()
+    (tmp_path / "bot.yaml").write_text(textwrap.dedent("""\
+        name: split
+        include: routes/*.yaml
+        routes:
+          main: {default: true, tools: [go]}
+        tools:
+          go: {description: Go, action: {push: wizard}}
+        """))
+    (tmp_path / "routes" / "wizard.yaml").write_text(textwrap.dedent("""\
+        # the wizard lives here
+        routes:
+          wizard:
+            system: Wizard.
+            tools: [back]
+        tools:
+          back: {description: Back, action: {pop: true}}
+        """))
+    config, warnings = load_config(tmp_path)
+    assert warnings == []
+    assert list(config.routes) == ["main", "wizard"] and list(config.tools) == ["go", "back"]
+    wizard_file = str(tmp_path / "routes" / "wizard.yaml")
+    assert config.routes["wizard"].where == Location(wizard_file, 3, 3)
+    assert config.tools["back"].where == Location(wizard_file, 7, 3)
+    assert config.path == str(tmp_path / "bot.yaml") and config.root == str(tmp_path)
+
+
+def test_names_unique_across_files(tmp_path):
+    (tmp_path / "bot.yaml").write_text("name: dup\ninclude: [more.yaml]\nroutes:\n  main: {default: true}\n")
+    (tmp_path / "more.yaml").write_text("routes:\n  other: {}\n  main: {system: again}\n")
+    with pytest.raises(BotError) as info:
+        load_config(tmp_path)
+    [error] = info.value.errors
+    assert (error.file, error.line) == (str(tmp_path / "more.yaml"), 3)
+    assert error.message == (f"route `main` is defined twice: here and at {tmp_path / 'bot.yaml'}:4; "
+                             "route names must be unique across the bot's files")
+
+
+def test_directory_without_bot_yaml_and_bot_yml(tmp_path):
+    with pytest.raises(BotError, match="no bot.yaml in directory"):
+        load_config(tmp_path)
+    (tmp_path / "bot.yml").write_text("name: short\nroutes: {main: {default: true}}\n")
+    config, _ = load_config(tmp_path)
+    assert config.name == "short"
+
+
+def test_example_bots_load_clean():
+    bots = sorted(p for p in (REPO / "bots").glob("*") if (p / "bot.yaml").is_file())
+    if not bots:
+        pytest.skip("no example bots in this checkout")
+    for bot in bots:
+        config, warnings = load_config(bot)
+        assert warnings == [], (bot, [w.format() for w in warnings])
+        assert config.default_route in config.routes
+
+
+def test_yaml_positions_anchors_merge_keys_and_duplicates():
+    doc = load_yaml(textwrap.dedent("""\
+        base: &base {type: message_window, max_messages: 5}
+        routes:
+          a:
+            memory:
+              <<: *base
+              max_messages: 7
+          b:
+            x: 1
+            x: 2
+        """), "f.yaml")
+    assert doc.data["routes"]["a"]["memory"] == {"type": "message_window", "max_messages": 7}
+    assert doc.pos(("routes", "a", "memory", "max_messages"))[:2] == (6, 7)
+    assert doc.pos(("routes", "b", "nothing", "here"))[:2] == (7, 3)  # nearest ancestor
+    [dup] = doc.diagnostics
+    assert (dup.line, dup.col, dup.severity) == (9, 5, "error")
+    assert dup.message.startswith("duplicate key `x` in `routes.b`: first defined on line 8")
+
+
+def test_yaml_scalar_types_and_block_style():
+    doc = load_yaml("a: 1\nb: 2.5\nc: true\nd: null\ne: '3'\nf: |\n  text\n", "f.yaml")
+    assert doc.data == {"a": 1, "b": 2.5, "c": True, "d": None, "e": "3", "f": "text\n"}
+    assert doc.pos(("f",)).style == "|" and doc.pos(("f",)).value_line == 6
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "bot.yaml"
+    path.write_text("# nothing\n")
+    with pytest.raises(BotError, match="the file is empty"):
+        load_config(path)
