@@ -79,3 +79,4 @@ def test_travel_booking_end_to_end(fake):
     assert offered(last) == routes["main_menu"].tools
     assert last["messages"][0]["role"] == "system"
     assert any(m["role"] == "assistant" and (m["content"] or "").startswith("Booked flight") for m in last["messages"])
+    session.close()

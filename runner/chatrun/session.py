@@ -344,7 +344,13 @@ class Session:
         self.store.delete_session(self.id, ids)
         self._memories.clear()
         self._closed = True
-        if self._loop is not None and not self._loop.is_running():
+        if self._loop is not None and not self._loop.is_running() and not self._loop.is_closed():
+            # Models opened on the private loop of chat() hold connections bound to it.
+            for model in [self._model, *self._models.values()]:
+                aclose = getattr(model, "aclose", None)
+                if aclose is not None:
+                    self._loop.run_until_complete(aclose())
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
 
     def _check_usable(self) -> None:
