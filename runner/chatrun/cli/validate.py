@@ -28,7 +28,7 @@ def validate(paths: tuple[str, ...], fmt: str) -> None:
     from chatrun.loader import load_config
 
     found: list[Diagnostic] = []
-    lines: list[str] = []
+    invalid = 0
     try:
         for path in paths:
             try:
@@ -38,17 +38,17 @@ def validate(paths: tuple[str, ...], fmt: str) -> None:
             except ChatrunError as exc:
                 diagnostics = [Diagnostic(path, 0, 0, "error", str(exc))]
             found.extend(diagnostics)
-            lines.append(summary(diagnostics, path))
+            invalid += any(d.severity == "error" for d in diagnostics)
+            if fmt == "text":  # each bot's problems, then its verdict
+                print_diagnostics(diagnostics)
+                click.echo(summary(diagnostics, path))
     except Exception as exc:  # noqa: BLE001 - never a traceback from the CLI
         fail(exc)
-    print_diagnostics(found, fmt)
     errors, warnings = counts(found)
-    if fmt == "text":
-        for line in lines:
-            click.echo(line)
-        if len(paths) > 1:
-            bad = sum(1 for line in lines if ": invalid:" in line)
-            click.echo(f"{plural(len(paths), 'bot')} checked, {bad} invalid: "
-                       f"{plural(errors, 'error')}, {plural(warnings, 'warning')}")
+    if fmt == "json":
+        print_diagnostics(found, "json")
+    elif len(paths) > 1:
+        click.echo(f"{plural(len(paths), 'bot')} checked, {invalid} invalid: "
+                   f"{plural(errors, 'error')}, {plural(warnings, 'warning')}")
     if errors:
         raise click.exceptions.Exit(1)
