@@ -142,6 +142,7 @@ def test_errors_reload_and_reset(page, fake):
     assert crumbs(page) == ["main_menu", "flight"]
     assert page.locator(".msg.bot").last.inner_text() == "Where to?"
     assert page.locator(".msg.user").all_inner_texts() == ["hello", "a flight"]
+    assert page.locator(".error").count() == 1  # the failed turn is part of the transcript too
     shot(page, "3-reloaded")
 
     page.click("#reset")

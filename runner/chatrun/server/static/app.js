@@ -214,7 +214,10 @@
       const input = entry.input;
       const text = typeof input === "string" ? input : input && input.userMessage;
       if (text) showUser(text);
-      for (const event of entry.events || []) showEvent(event.type, event.data);
+      const events = entry.events || [];
+      for (const event of events) showEvent(event.type, event.data);
+      // A failed turn's history has its error apart from the events it got to send.
+      if (entry.ok === false && entry.error && !events.some((e) => e.type === "Error")) showError(entry.error);
     }
     renderBreadcrumb(data.stack);
     if (!(data.history || []).length) ui.messages.appendChild(el("div", "empty", "Say hello to " + BOT + "."));
