@@ -205,3 +205,15 @@ def test_empty_file(tmp_path):
     path.write_text("# nothing\n")
     with pytest.raises(BotError, match="the file is empty"):
         load_config(path)
+
+
+def test_recursive_alias_and_non_string_names_are_diagnostics(tmp_path):
+    path = tmp_path / "bot.yaml"
+    path.write_text("name: odd\nloop: &x [*x]\nroutes:\n  2: {default: true}\n")
+    with pytest.raises(BotError) as info:
+        load_config(path)
+    assert [(d.line, d.message) for d in info.value.errors] == [
+        (2, "unknown key `loop` at the top level"),
+        (2, "recursive YAML alias: a node cannot contain itself"),
+        (4, "invalid route name `2` in `routes`: use letters, digits, `_` and `-`, starting with a letter or `_`"),
+    ]

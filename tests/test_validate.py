@@ -135,6 +135,10 @@ EXPECTED = {
          'tool `set_destination` sets `state.nickname`, but `state.nickname` is not declared in the top-level `state:`'),
         ("undeclared_state.yaml", 30, "error",
          '`requires` of tool `book_it` names `state.passport`, but `state.passport` is not declared in the top-level `state:`'),
+        ("undeclared_state.yaml", 36, "warning",
+         "`set state.traveller_name` of tool `set_name` reads `args.nmae`, but the tool's `parameters` declare no property `nmae`; did you mean `name`?"),
+        ("undeclared_state.yaml", 37, "warning",
+         "`message` of tool `set_name` reads `args.extra`, but the tool's `parameters` declare no property `extra`"),
     ],
     "unknown_key.yaml": [
         ("unknown_key.yaml", 8, "error",

@@ -218,6 +218,11 @@ class _Checker:
                 problem = self.undeclared(ref)
                 if problem:
                     emit("warning", f"{what} reads `{'.'.join(ref)}`, but {problem}", lineno)
+            elif head == "args" and tool is not None:
+                declared = _declared_args(tool.parameters)
+                if declared is not None and ref[1] not in declared:
+                    emit("warning", f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
+                         f"property `{ref[1]}`{_suggest(ref[1], declared)}", lineno)
 
 
 _Analysis = tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]
@@ -378,6 +383,16 @@ def _plainly_valid(schema: Any) -> bool:
         elif key not in _ANY_KEYS:
             return False
     return True
+
+
+def _declared_args(parameters: dict[str, Any]) -> list[str] | None:
+    """The argument names a parameters schema declares; None when it declares none and
+    leaves the arguments open (then any `args.X` may come)."""
+    props = parameters.get("properties")
+    props = props if isinstance(props, dict) else {}
+    if props or parameters.get("additionalProperties") is False:
+        return list(props)
+    return None
 
 
 def _merge_decl(into: dict[str, Any], decl: dict[str, Any]) -> None:

@@ -304,13 +304,13 @@ def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = No
     if kind == "type":
         expected = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
         names = " or ".join(_TYPE_WORDS.get(t, t) for t in expected)
-        return [diag(f"{_cap(subject(path))} must be {names}, not {_type_name(error.instance)}")]
+        return [diag(f"{subject(path)} must be {names}, not {_type_name(error.instance)}")]
     if kind in ("oneOf", "anyOf") and _const_choices(error.validator_value):
         choices = [str(c) for c in _const_choices(error.validator_value)]
-        return [diag(f"{_cap(subject(path))} must be one of {', '.join(choices)} (got `{error.instance}`)"
+        return [diag(f"{subject(path)} must be one of {', '.join(choices)} (got `{error.instance}`)"
                      f"{_suggest(str(error.instance), choices)}")]
     if kind == "pattern":
-        return [diag(f"{_cap(subject(path))}: `{error.instance}` is not valid; {_hint(error)}")]
+        return [diag(f"{subject(path)}: `{error.instance}` is not valid; {_hint(error)}")]
     if kind == "dependentRequired":
         needs = [k for k, deps in error.validator_value.items() if k in error.instance
                  for d in deps if d not in error.instance]
@@ -324,8 +324,8 @@ def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = No
         return [diag(f"`{k}` does not apply to `type: {mtype}` memory {where} "
                      f"(that type uses: {', '.join(sorted(uses)) or 'nothing'})", (*path, k)) for k in bad]
     if kind == "uniqueItems":
-        return [diag(f"{_cap(subject(path))} lists the same item twice")]
-    return [diag(f"{_cap(subject(path))}: {error.message}")]
+        return [diag(f"{subject(path)} lists the same item twice")]
+    return [diag(f"{subject(path)}: {error.message}")]
 
 
 def _is_memory(data: Any, path: tuple) -> bool:
@@ -356,10 +356,6 @@ def _type_name(value: Any) -> str:
 def _suggest(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"; did you mean `{close[0]}`?" if close else ""
-
-
-def _cap(text: str) -> str:
-    return text[:1].upper() + text[1:]
 
 
 def _lower_first(text: str) -> str:
@@ -406,7 +402,8 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
             section = data.get(kind)
             if not isinstance(section, dict):
                 continue
-            for name, raw in section.items():
+            for key, raw in section.items():
+                name = str(key)  # `2:` is a (reported) bad name, but still a name
                 if name in target:
                     first_file, first = sources.at(kind, name)
                     pos = doc.pos((kind, name))
@@ -416,7 +413,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
                                                   f"{noun} names must be unique across the bot's files", f"{kind}.{name}"))
                     continue
                 sources.origin[(kind, name)] = doc
-                target[name] = build(str(name), raw if isinstance(raw, dict) else {}, doc)
+                target[name] = build(name, raw if isinstance(raw, dict) else {}, doc)
     if not routes and not any(d.severity == "error" for d in diagnostics):
         diagnostics.append(Diagnostic(main.file, 1, 1, "error",
                                       "the bot has no routes: add `routes:` with at least one route marked `default: true`",

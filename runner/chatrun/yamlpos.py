@@ -61,6 +61,7 @@ class _Builder:
         # A constructor instance only to turn non-string scalars (ints, bools, dates) into values.
         self.constructor = yaml.SafeLoader("")
         self.scalar_ctors = yaml.SafeLoader.yaml_constructors
+        self.open: set[yaml.Node] = set()  # collections being built, to catch recursive aliases
 
     def build(self, node: yaml.Node, path: Path, key_mark: yaml.Mark | None) -> Any:
         # The hot loop of loading a big bot: kept free of extra calls on purpose.
@@ -71,9 +72,18 @@ class _Builder:
                                        node.style if node_id == "scalar" else None)
         if node_id == "scalar":
             return node.value if node.tag == _STR else self.scalar(node)
-        if node_id == "sequence":
-            return [self.build(item, (*path, i), None) for i, item in enumerate(node.value)]
-        return self.mapping(node, path)
+        if node in self.open:  # an alias of a node that contains it: `a: &x [*x]`
+            self.doc.diagnostics.append(Diagnostic(self.doc.file, mark.line + 1, mark.column + 1, "error",
+                                                   "recursive YAML alias: a node cannot contain itself",
+                                                   _dotted(path)))
+            return None
+        self.open.add(node)
+        try:
+            if node_id == "sequence":
+                return [self.build(item, (*path, i), None) for i, item in enumerate(node.value)]
+            return self.mapping(node, path)
+        finally:
+            self.open.discard(node)
 
     def scalar(self, node: yaml.ScalarNode) -> Any:
         if node.tag == _STR:
