@@ -1,6 +1,6 @@
 """Sessions survive a server restart: `chatrun serve` with a SQLite store is killed (SIGKILL)
-mid-conversation, started again, and the conversation continues with route, stack, state,
-memories and history intact."""
+mid-conversation (in the middle of a turn), started again, and the conversation continues with
+route, stack, state, memories and history intact; the interrupted turn left no trace."""
 
 from __future__ import annotations
 
@@ -72,11 +72,23 @@ def test_a_conversation_survives_a_killed_server(tmp_path, fake):
             frames = await turn(ws, "Fly me to Dublin")
             return frames[-1]["data"]
 
+    async def in_flight() -> None:
+        """Start a turn whose model answer is slow, and return once the model has the request."""
+        async with websockets.connect(ws_url) as ws:
+            await ws.send(json.dumps({"type": "Connect", "chatId": "r1", "resume": True}))
+            await async_until_done(ws)
+            seen = len(fake.requests)
+            await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "r1", "data": {"userMessage": "lost"}}))
+            while len(fake.requests) == seen:
+                await asyncio.sleep(0.02)
+
     first = start_server(bot, db, port, fake)
     try:
         scope = asyncio.run(before())
         saved = httpx.get(f"{base}/bots/travel/sessions/r1/inspect").json()
         saved_history = httpx.get(f"{base}/bots/travel/sessions/r1").json()["history"]
+        fake.queue({"text": "never delivered", "delay": 30})
+        asyncio.run(in_flight())  # the server dies in the middle of this turn
     finally:
         first.kill()  # SIGKILL: no shutdown hook runs
         first.wait(10)
