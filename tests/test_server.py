@@ -244,6 +244,15 @@ def test_limits_on_frame_size_message_length_and_requests_in_flight(fake, travel
         assert [f["type"] for f in frames if f.get("requestId") == 1][-1] == "Completed"
         r = c.post("/bots/travel/sessions/c1/messages", json={"userMessage": "z" * 101})
         assert r.status_code == 413 and r.json()["error"] == "TooLarge"
+    limits = ServerLimits(max_chats_per_connection=2)
+    with TestClient(create_app([travel], "memory://", limits=limits)) as c, c.websocket_connect("/_chat/routes") as ws:
+        connect(ws, "a")
+        connect(ws, "b")
+        error, failed = connect(ws, "c")
+        assert failed["data"] == "TooManyRequests" and "2 chats" in error["data"]
+        ws.send_json({"type": "Disconnect", "chatId": "a"})
+        until_done(ws)
+        assert connect(ws, "c")[-1]["type"] == "Completed"
 
 
 # -- HTTP --------------------------------------------------------------------------------------
