@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
 
+from chatrun.errors import BotError  # noqa: E402
 from chatrun.loader import load_config  # noqa: E402
 
 TARGET_S = 1.0
@@ -100,6 +101,15 @@ def main() -> None:
         except OSError:
             pass
         _phases(path)
+        # An invalid bot: one typo in the last route, reported at its line, found just as fast.
+        path.write_text(generate(args.routes).replace("    description: Route number", "    descripton: Route number"))
+        checks._analyse.cache_clear()
+        start = time.perf_counter()
+        try:
+            load_config(path)
+        except BotError as exc:
+            took = time.perf_counter() - start
+            print(f"the same bot with {len(exc.errors)} misspelt keys (`descripton`): {_ms(took)} to report them all")
 
 
 def _ms(seconds: float) -> str:

@@ -61,12 +61,12 @@ def load_schema(name: str) -> dict[str, Any]:
     return json.loads(schema_path(name).read_text(encoding="utf-8"))
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=8)
 def _fast_check(definition: str | None) -> Callable[[Any], bool]:
     return compile_check(_validator(definition).schema)
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=8)
 def _validator(definition: str | None) -> Draft202012Validator:
     """A validator for the whole bot schema, or for one of its $defs (e.g. "fragment").
 
@@ -233,13 +233,36 @@ def _sorted(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
 
 
 def schema_diagnostics(doc: YamlDoc, definition: str | None) -> list[Diagnostic]:
-    """Every schema violation of one file, each at the line of the node at fault."""
-    if _fast_check(definition)(doc.data):
+    """Every schema violation of one file, each at the line of the node at fault.
+
+    jsonschema runs only where the fast check says no: on the file with its routes and
+    tools emptied, then on each route and tool that fails, so one typo in a big bot
+    costs one small validation, not a whole-file one.
+    """
+    data = doc.data
+    if _fast_check(definition)(data):
         return []
-    validator = _validator(definition)
     out: list[Diagnostic] = []
-    for error in validator.iter_errors(doc.data):
-        out.extend(_translate(_specific(error), doc, definition))
+    if not isinstance(data, dict):
+        return _validate(doc, data, definition, (), definition)
+    shell = dict(data)
+    parts: list[tuple[str, Any, Any]] = []
+    for kind, item in (("routes", "route"), ("tools", "tool")):
+        section = data.get(kind)
+        if isinstance(section, dict):
+            shell[kind] = dict.fromkeys(section, {})  # names still checked; {} is a valid route and tool
+            parts += [(item, (kind, name), value) for name, value in section.items()]
+    out.extend(_validate(doc, shell, definition, (), definition))
+    for item, prefix, value in parts:
+        if not _fast_check(item)(value):
+            out.extend(_validate(doc, value, item, prefix, definition))
+    return out
+
+
+def _validate(doc: YamlDoc, data: Any, schema: str | None, prefix: tuple, definition: str | None) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for error in _validator(schema).iter_errors(data):
+        out.extend(_translate(_specific(error), doc, definition, prefix))
     return out
 
 
@@ -278,8 +301,9 @@ def _hint(error: ValidationError) -> str:
     return _HINTS["identifier"]
 
 
-def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = None) -> list[Diagnostic]:
-    path = tuple(error.absolute_path)
+def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = None,
+               prefix: tuple = ()) -> list[Diagnostic]:
+    path = (*prefix, *error.absolute_path)
     where = inside(path)
 
     def diag(message: str, at: tuple = path) -> Diagnostic:
