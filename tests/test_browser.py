@@ -13,7 +13,7 @@ import pytest
 import chatrun
 from chatrun.server import create_app
 from chatrun.testing.fake_openai import FakeOpenAI
-from test_server_support import REPO, ThreadServer, call, write_travel
+from test_server_support import REPO, ThreadServer, call, free_port, write_travel
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -239,3 +239,31 @@ def test_the_travel_example_bot_books_a_flight_in_the_browser(page, fake, bot_pa
     assert '"destination": "Dublin"' in page.locator("#scopes .scope").first.inner_text()
     assert '"last_booking": "flight FL-' in page.locator("#state").inner_text()
     assert "Booked flight FL-" in page.locator("#memory .mem").last.inner_text()  # the hand-back result
+
+
+def test_the_page_reconnects_after_a_server_restart_and_continues(fake, tmp_path):
+    db = f"sqlite:///{tmp_path / 'chat.db'}"
+    bot_file = write_travel(tmp_path / "bots")
+    port = free_port()
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            tab = browser.new_page(viewport={"width": 1280, "height": 860})
+            with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port) as server:
+                tab.goto(server.url + "/")
+                tab.wait_for_selector("body[data-ready=true]")
+                fake.queue(call("book_flight"), {"text": "Where to?"})
+                send(tab, "a flight")
+                assert crumbs(tab) == ["main_menu", "flight"]
+            tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
+            with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port):
+                tab.wait_for_function(
+                    "document.getElementById('status').dataset.state === 'online'", timeout=15_000
+                )
+                fake.queue({"text": "Dublin, noted."})
+                send(tab, "Dublin")
+                assert tab.locator(".msg.bot").last.inner_text() == "Dublin, noted."
+                assert crumbs(tab) == ["main_menu", "flight"]
+                assert tab.get_attribute("body", "data-turn") == "2"
+        finally:
+            browser.close()

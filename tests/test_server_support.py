@@ -136,10 +136,10 @@ def free_port() -> int:
 class ThreadServer:
     """A real uvicorn server on 127.0.0.1 in a background thread."""
 
-    def __init__(self, app: Any):
+    def __init__(self, app: Any, port: int | None = None):
         import uvicorn
 
-        self.port = free_port()
+        self.port = port or free_port()
         self.config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

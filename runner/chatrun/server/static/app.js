@@ -473,18 +473,51 @@
       return;
     }
     showBotSwitch();
-    client = new ChatScopesClient();
     try {
-      await client.open(wsUrl());
+      await openClient();
     } catch (err) {
       setStatus("offline", err.message || "cannot connect");
       return;
     }
-    client.websocket.addEventListener("close", (ev) => setStatus("offline", ev.reason || "disconnected"));
     await startSession();
     setStatus("online", "connected");
     document.body.dataset.ready = "true";
     refreshInspector();
+  }
+
+  async function openClient() {
+    client = new ChatScopesClient();
+    await client.open(wsUrl());
+    client.websocket.addEventListener("close", (ev) => {
+      if (ev.code === 4401) {
+        setStatus("offline", ev.reason || "unauthorized");
+        return;
+      }
+      setStatus("offline", "reconnecting…");
+      reconnect(1);
+    });
+  }
+
+  /** The server went away (restart, network): reopen and resume the same session, which
+   * lives in the server's store, with a growing pause between tries. */
+  async function reconnect(attempt) {
+    await new Promise((r) => setTimeout(r, Math.min(5000, 250 * attempt)));
+    try {
+      await openClient();
+      session = await builder().resume(session.chatId).connect();
+      setStatus("online", "connected");
+      refreshInspector();
+    } catch (err) {
+      if (client && client.websocket && client.websocket.readyState === WebSocket.OPEN) {
+        // Connected but the session is gone (deleted meanwhile): start a new one.
+        localStorage.removeItem(STORE_KEY);
+        await startSession();
+        setStatus("online", "connected");
+        refreshInspector();
+        return;
+      }
+      reconnect(attempt + 1);
+    }
   }
 
   $("composer").addEventListener("submit", (ev) => {
