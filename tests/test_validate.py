@@ -267,6 +267,22 @@ def test_scope_declared_by_any_route_and_free_form_below_null_or_empty(write_bot
     assert "`scope.cart.total`" in found[0].message and "did you mean" not in found[0].message
 
 
+def test_schema_messages_name_the_alternatives_and_the_repeated_item(write_bot):
+    path = write_bot("""\
+        name: msgs
+        include: 3
+        routes:
+          main: {default: true, tools: [t, t]}
+        tools:
+          t: {description: T}
+        """)
+    _config, found = check_bot(path)
+    assert [(d.line, d.col, d.message) for d in found] == [
+        (2, 1, "`include` must be a string or a list, not an integer"),
+        (4, 36, "`tools` of route `main` lists `t` twice"),
+    ]
+
+
 def test_fast_schema_path_agrees_with_jsonschema():
     """The compiled yes/no check must never call a document valid that jsonschema rejects."""
     docs = []

@@ -270,8 +270,22 @@ def _specific(error: ValidationError) -> ValidationError:
     """For oneOf/anyOf, the error of the alternative that came closest (unless the
     alternatives are a list of constants: then "must be one of" says it best)."""
     while error.validator in ("oneOf", "anyOf") and error.context and not _const_choices(error.validator_value):
+        if _type_alternatives(error):
+            break  # "must be a string or a list" says it better than either branch
         error = best_match(error.context)
     return error
+
+
+def _type_alternatives(error: ValidationError) -> list[str]:
+    """The types a oneOf/anyOf accepts, when the value has none of them."""
+    types: list[str] = []
+    for sub in error.validator_value:
+        if not isinstance(sub, dict) or "type" not in sub:
+            return []
+        types += sub["type"] if isinstance(sub["type"], list) else [sub["type"]]
+    if any(e.validator != "type" or e.relative_path for e in error.context):
+        return []
+    return types
 
 
 def _const_choices(subschemas: Any) -> list[Any]:
@@ -325,8 +339,9 @@ def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = No
     if kind == "required":
         missing = [k for k in error.validator_value if k not in error.instance]
         return [diag(f"missing required key `{k}` {where}") for k in missing]
-    if kind == "type":
-        expected = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    if kind == "type" or (kind in ("oneOf", "anyOf") and _type_alternatives(error)):
+        expected = _type_alternatives(error) if kind != "type" else (
+            error.validator_value if isinstance(error.validator_value, list) else [error.validator_value])
         names = " or ".join(_TYPE_WORDS.get(t, t) for t in expected)
         return [diag(f"{subject(path)} must be {names}, not {_type_name(error.instance)}")]
     if kind in ("oneOf", "anyOf") and _const_choices(error.validator_value):
@@ -348,7 +363,14 @@ def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = No
         return [diag(f"`{k}` does not apply to `type: {mtype}` memory {where} "
                      f"(that type uses: {', '.join(sorted(uses)) or 'nothing'})", (*path, k)) for k in bad]
     if kind == "uniqueItems":
-        return [diag(f"{subject(path)} lists the same item twice")]
+        seen: set[str] = set()
+        out = []
+        for i, item in enumerate(error.instance):
+            key = json.dumps(item, sort_keys=True, default=str)
+            if key in seen:
+                out.append(diag(f"{subject(path)} lists `{item}` twice", (*path, i)))
+            seen.add(key)
+        return out
     return [diag(f"{subject(path)}: {error.message}")]
 
 

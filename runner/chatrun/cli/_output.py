@@ -51,6 +51,8 @@ def fail(exc: BaseException, code: int = 1) -> NoReturn:
         click.echo(f"invalid bot: {plural(errors, 'error')}, {plural(warnings, 'warning')}", err=True)
     elif isinstance(exc, ChatrunError):
         click.echo(f"error: {exc}", err=True)
+    elif isinstance(exc, BrokenPipeError):  # `chatrun validate ... | head`: the reader left
+        pass
     elif isinstance(exc, KeyboardInterrupt):
         click.echo("interrupted", err=True)
         code = 130
