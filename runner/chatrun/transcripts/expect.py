@@ -1,0 +1,275 @@
+"""Expectations of a transcript turn: matchers, what a turn is observed to do, and diffs.
+
+A matcher is a plain value (equal), `{contains: TEXT}` (substring) or `{regex: PATTERN}`
+(re.search). Inside lists and mappings matchers apply item by item, so an Object
+event's data can be `{booking: {regex: "FL-[0-9A-F]{6}"}, destination: Dublin}`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import yaml
+
+from chatrun import events as ev
+from chatrun.messages import AssistantMessage, Message, SystemMessage
+from chatrun.models.base import ModelRequest
+
+MATCHER_KEYS = ("contains", "regex")
+DEFAULT_KEYS = ("route", "stack", "events")  # what --update writes for a turn without `expect:`
+SENT_KEYS = ("route", "system", "tools", "messages", "messages_count")
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "(not set)"
+
+
+MISSING = _Missing()
+
+
+@dataclass
+class Observed:
+    """What one turn did, in the shapes expectations are written in."""
+
+    route: str
+    stack: list[str]
+    events: list[dict[str, Any]]  # [{Type: data}], Stream chunks left out
+    visible: dict[str, Any]  # session.visible_state()
+    error: str | None  # the text of the Error event the turn ended with
+    sent: list[dict[str, Any]] = field(default_factory=list)  # per model call: SENT_KEYS
+    memory: list[dict[str, str]] = field(default_factory=list)  # [{role: text}]
+
+
+def observe(session: Any, events: list[Any], requests: list[ModelRequest]) -> Observed:
+    plain = [{e.type: _plain(e.data)} for e in events if e.type != ev.STREAM]
+    error = None
+    if events and events[-1].type == ev.ERROR:
+        error = str(events[-1].data)
+    return Observed(
+        route=session.route,
+        stack=list(session.stack),
+        events=plain,
+        visible=_plain(session.visible_state()),
+        error=error,
+        sent=[sent_call(r) for r in requests],
+        memory=role_list(session.memory()),
+    )
+
+
+def sent_call(request: ModelRequest) -> dict[str, Any]:
+    system = next((m.content for m in request.messages if isinstance(m, SystemMessage)), None)
+    messages = role_list(request.messages)
+    return {
+        "route": request.route,
+        "system": system,
+        "tools": [t["function"]["name"] for t in request.tools],
+        "messages": messages,
+        "messages_count": len(messages),
+    }
+
+
+def role_list(messages: list[Message]) -> list[dict[str, str]]:
+    """Messages as [{role: text}], system messages left out (`system:` checks those)."""
+    return [{m.role: message_text(m)} for m in messages if not isinstance(m, SystemMessage)]
+
+
+def message_text(message: Message) -> str:
+    if isinstance(message, AssistantMessage):
+        parts = [message.content or ""] + [f"{c.name}({c.arguments})" for c in message.tool_calls]
+        return "\n".join(p for p in parts if p)
+    return message.text()
+
+
+def _plain(value: Any) -> Any:
+    """JSON-able copy (what a transcript can hold)."""
+    return json.loads(json.dumps(value, ensure_ascii=False, default=str))
+
+
+# -- matching ---------------------------------------------------------------------------------
+
+
+def is_matcher(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in MATCHER_KEYS
+
+
+@lru_cache(maxsize=512)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def match(expected: Any, actual: Any) -> bool:
+    if actual is MISSING:
+        return False
+    if is_matcher(expected):
+        kind, arg = next(iter(expected.items()))
+        if actual is None:
+            return False
+        if kind == "contains":
+            return str(arg) in _as_text(actual)
+        return _regex(str(arg)).search(_as_text(actual)) is not None
+    if isinstance(expected, dict):
+        return (isinstance(actual, dict) and set(expected) == set(actual)
+                and all(match(v, actual[k]) for k, v in expected.items()))
+    if isinstance(expected, list):
+        return (isinstance(actual, list) and len(expected) == len(actual)
+                and all(match(e, a) for e, a in zip(expected, actual, strict=True)))
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return type(expected) is type(actual) and expected == actual
+    return expected == actual
+
+
+def reconcile(expected: Any, actual: Any) -> Any:
+    """`expected` with every part that matches replaced by the actual value, so a diff of
+    the two shows only what differs (a {contains: ..} that holds is not reported)."""
+    if match(expected, actual):
+        return actual
+    if isinstance(expected, dict) and not is_matcher(expected) and isinstance(actual, dict):
+        return {k: reconcile(v, actual[k]) if k in actual else v for k, v in expected.items()}
+    if isinstance(expected, list) and isinstance(actual, list):
+        return [reconcile(e, actual[i]) if i < len(actual) else e for i, e in enumerate(expected)]
+    return expected
+
+
+def refresh(expected: Any, actual: Any) -> Any:
+    """What --update writes: the expectation as written where it still holds, else the actual value."""
+    if match(expected, actual):
+        return expected
+    if isinstance(expected, dict) and not is_matcher(expected) and isinstance(actual, dict) and set(expected) == set(actual):
+        return {k: refresh(v, actual[k]) for k, v in expected.items()}
+    if isinstance(expected, list) and isinstance(actual, list):
+        return [refresh(expected[i], a) if i < len(expected) else a for i, a in enumerate(actual)]
+    return None if actual is MISSING else actual
+
+
+# -- the actual value, shaped like an expectation ----------------------------------------------------
+
+
+def resolve(visible: dict[str, Any], path: str) -> Any:
+    node: Any = visible
+    for part in path.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return MISSING
+    return node
+
+
+def shaped(key: str, expected: Any, obs: Observed) -> Any:
+    """The observed value for expectation `key`, restricted to what `expected` looks at."""
+    if key in ("route", "stack", "events", "memory"):
+        return getattr(obs, key)
+    if key == "error":
+        return obs.error
+    if key == "state":
+        return {path: resolve(obs.visible, path) for path in (expected or {})}
+    if key == "sent":
+        entries = expected if isinstance(expected, list) else []
+        keys_used = [k for k in SENT_KEYS if any(k in e for e in entries)] or ["route", "tools", "messages_count"]
+        out = []
+        for i, call in enumerate(obs.sent):
+            keys = [k for k in SENT_KEYS if k in entries[i]] if i < len(entries) else keys_used
+            out.append({k: call[k] for k in keys})
+        return out
+    raise KeyError(key)
+
+
+# -- comparing -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Mismatch:
+    key: str
+    message: str
+    expected: Any = None
+    actual: Any = None
+
+    def format(self, indent: str = "    ") -> str:
+        lines = [self.message]
+        if self.expected is not None or self.actual is not None:
+            lines += diff_lines(self.expected, self.actual)
+        return "\n".join(indent + line if i else line for i, line in enumerate(lines))
+
+
+def compare(expect: dict[str, Any] | None, obs: Observed) -> list[Mismatch]:
+    expect = expect or {}
+    out: list[Mismatch] = []
+    if obs.error is not None and "error" not in expect:
+        out.append(Mismatch("error", f"the turn ended in an Error the transcript does not expect: {obs.error}"))
+    for key, expected in expect.items():
+        if key == "error":
+            if obs.error is None:
+                out.append(Mismatch("error", "expected the turn to end in an Error, but it succeeded",
+                                    {"error": expected}, {"error": None}))
+            elif expected is not True and not match(expected, obs.error):
+                out.append(Mismatch("error", "the Error text differs", {"error": expected}, {"error": obs.error}))
+            continue
+        actual = shaped(key, expected, obs)
+        if not match(expected, actual):
+            out.append(Mismatch(key, _headline(key, expected, actual),
+                                {key: reconcile(expected, actual)}, {key: actual}))
+    return out
+
+
+def _headline(key: str, expected: Any, actual: Any) -> str:
+    if key in ("events", "sent", "memory") and isinstance(actual, list) and isinstance(expected, list) \
+            and len(expected) != len(actual):
+        what = {"events": "events", "sent": "model calls", "memory": "messages in memory"}[key]
+        return f"{key}: expected {len(expected)} {what}, got {len(actual)}"
+    return f"{key} differs"
+
+
+def updated(expect: dict[str, Any] | None, obs: Observed) -> dict[str, Any]:
+    """The `expect:` block --update writes: the keys the author used, refreshed (matchers that
+    still hold are kept), and `error:` added or removed to agree with the turn."""
+    if not expect:
+        out = {k: shaped(k, None, obs) for k in DEFAULT_KEYS}
+        if obs.error is not None:
+            out["error"] = obs.error
+        return out
+    out = {}
+    for key, expected in expect.items():
+        if key == "error":
+            if obs.error is not None:
+                out[key] = expected if expected is True or match(expected, obs.error) else obs.error
+            continue
+        out[key] = refresh(expected, shaped(key, expected, obs))
+    if obs.error is not None and "error" not in out:
+        out["error"] = obs.error
+    return out
+
+
+# -- diffs -----------------------------------------------------------------------------------------------
+
+
+def dump(value: Any) -> str:
+    return yaml.safe_dump(_printable(value), sort_keys=False, allow_unicode=True,
+                          default_flow_style=False, width=100)
+
+
+def _printable(value: Any) -> Any:
+    if value is MISSING:
+        return "(not set)"
+    if isinstance(value, dict):
+        return {k: _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
+
+
+def diff_lines(expected: Any, actual: Any) -> list[str]:
+    """A unified diff, expected against actual, of the two values as YAML."""
+    a = dump(expected).splitlines()
+    b = dump(actual).splitlines()
+    return list(difflib.unified_diff(a, b, "expected", "actual", lineterm="", n=3))

@@ -1,0 +1,208 @@
+"""Golden transcripts: loading and validating the YAML, keeping the line of every turn.
+
+A transcript is a conversation with a bot: per turn the user's input, what the model
+answers call by call (`model:`), and what must happen (`expect:`). The key names are
+fixed by schemas/transcript.schema.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+
+from chatrun.errors import BotError, Diagnostic
+from chatrun.yamlpos import YamlDoc, load_yaml
+
+SCHEMA = "transcript.schema.json"
+EXPECT_KEYS = ("route", "stack", "events", "state", "error", "sent", "memory")
+
+
+@dataclass
+class TurnSpec:
+    """One turn of a transcript. `line` is the line of the turn's first key (1-based)."""
+
+    index: int  # 1-based
+    line: int
+    user: str | None = None
+    data: dict[str, Any] | None = None
+    model: list[dict[str, Any]] = field(default_factory=list)
+    expect: dict[str, Any] | None = None
+    expect_line: int = 0
+
+    @property
+    def input(self) -> str | dict[str, Any]:
+        return self.data if self.data is not None else (self.user or "")
+
+
+@dataclass
+class Transcript:
+    file: str  # as given (relative paths stay relative: diagnostics and names use it)
+    bot: str  # the `bot:` value as written
+    turns: list[TurnSpec]
+    route: str | None = None
+    state: dict[str, Any] | None = None
+    roles: list[str] | None = None
+    description: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.file
+
+    @property
+    def bot_path(self) -> Path:
+        return (Path(self.file).parent / self.bot).resolve()
+
+    def where(self, turn: TurnSpec) -> str:
+        return f"{self.file}:{turn.line}"
+
+
+@lru_cache(maxsize=1)
+def validator() -> Draft202012Validator:
+    from chatrun.loader import schema_path
+
+    schema = json.loads(schema_path(SCHEMA).read_text(encoding="utf-8"))
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def is_transcript_text(text: str) -> bool:
+    """Cheap test used by discovery: a YAML mapping with a top-level `turns:` key."""
+    return any(line.startswith("turns:") for line in text.splitlines())
+
+
+def load_transcript(path: str | Path) -> Transcript:
+    """Read and validate one transcript. Raises BotError with every problem, each at its line."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BotError([Diagnostic(file, 0, 0, "error", f"cannot read transcript: {exc.strerror or exc}")]) from None
+    doc = load_yaml(text, file)
+    diagnostics = list(doc.diagnostics)
+    if doc.data is not None and not diagnostics:
+        diagnostics += schema_diagnostics(doc)
+    elif doc.data is None and not diagnostics:
+        diagnostics.append(Diagnostic(file, 1, 1, "error", "the transcript is empty; it needs `bot:` and `turns:`"))
+    if diagnostics:
+        raise BotError(sorted(diagnostics, key=lambda d: (d.line, d.col, d.message)))
+    return _build(doc)
+
+
+def _build(doc: YamlDoc) -> Transcript:
+    data = doc.data
+    turns = []
+    for i, raw in enumerate(data["turns"]):
+        expect = raw.get("expect")
+        turns.append(TurnSpec(
+            index=i + 1,
+            line=doc.pos(("turns", i)).line,
+            user=raw.get("user"),
+            data=raw.get("data"),
+            model=list(raw.get("model") or []),
+            expect=expect if expect is not None else None,
+            expect_line=doc.pos(("turns", i, "expect")).line if "expect" in raw else 0,
+        ))
+    return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
+                      data.get("roles"), data.get("description", ""))
+
+
+def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
+    out = []
+    for error in validator().iter_errors(doc.data):
+        error = _specific(error)
+        path = tuple(error.absolute_path)
+        at = path
+        message = _message(error, path)
+        if error.validator == "additionalProperties":
+            extras = [k for k in error.instance if k not in error.schema.get("properties", {})]
+            if extras:
+                at = (*path, extras[0])
+        pos = doc.pos(at)
+        out.append(Diagnostic(doc.file, pos.line, pos.col, "error", message, _dotted(at)))
+    return out
+
+
+def _specific(error: ValidationError) -> ValidationError:
+    while error.validator in ("oneOf", "anyOf") and error.context:
+        if error.path and error.path[-1] == "error" or _turn_input(error):
+            break
+        error = best_match(error.context)
+    return error
+
+
+def _turn_input(error: ValidationError) -> bool:
+    return error.validator == "oneOf" and isinstance(error.instance, dict) and "expect" in error.schema.get("properties", {})
+
+
+def _message(error: ValidationError, path: tuple) -> str:
+    where = f"in `{_dotted(path)}`" if path else "at the top level"
+    kind = error.validator
+    if kind == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extras = [k for k in error.instance if k not in allowed]
+        return f"unknown key `{', '.join(map(str, extras))}` {where}; allowed: {', '.join(allowed)}"
+    if kind == "required":
+        missing = [k for k in error.validator_value if k not in error.instance]
+        return f"missing required key `{', '.join(missing)}` {where}"
+    if _turn_input(error):
+        both = "user" in error.instance and "data" in error.instance
+        return (f"turn {where} has both `user:` and `data:`; give one" if both
+                else f"turn {where} needs `user:` (a message) or `data:` (structured input)")
+    if kind == "anyOf" and path and path[-1] == "error":
+        return f"`{_dotted(path)}` must be true or a matcher on the Error text (a string, {{contains: ..}}, {{regex: ..}})"
+    if kind == "anyOf" and "model" in path:
+        return f"a model response {where} needs `text`, `tool_calls`, `chunks` or `error`"
+    if kind == "propertyNames":
+        return f"`{error.instance}` {where} is not a state path: start it with `state.` or `scope.`"
+    if kind == "type":
+        return f"`{_dotted(path) or 'the transcript'}` must be of type {error.validator_value}, not {type(error.instance).__name__}"
+    return f"`{_dotted(path) or 'the transcript'}`: {error.message}"
+
+
+def _dotted(path: tuple) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+# -- discovery -----------------------------------------------------------------------------
+
+DEFAULT_GLOB = "bots/*/transcripts/*.yaml"
+
+
+def discover(paths: list[str] | tuple[str, ...], root: Path | None = None) -> list[str]:
+    """Transcript files: the given files, the YAML files with `turns:` under given directories,
+    or (no paths) `bots/*/transcripts/*.yaml` under `root` (the current directory)."""
+    root = root or Path.cwd()
+    if not paths:
+        return [_rel(p, root) for p in sorted(root.glob(DEFAULT_GLOB))]
+    found: list[str] = []
+    for given in paths:
+        p = Path(given)
+        if p.is_dir():
+            for candidate in sorted([*p.rglob("*.yaml"), *p.rglob("*.yml")]):
+                if _looks_like_transcript(candidate):
+                    found.append(str(candidate))
+        else:
+            found.append(given)
+    return list(dict.fromkeys(found))
+
+
+def _looks_like_transcript(path: Path) -> bool:
+    try:
+        return is_transcript_text(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)

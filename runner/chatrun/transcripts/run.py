@@ -1,0 +1,158 @@
+"""Running a transcript against its bot, offline: each turn's `model:` list answers the
+model calls of that turn (a scripted model), the session lives in a fresh in-memory
+store, and what the turn did is compared with its `expect:` block."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from chatrun.errors import BotError, ChatrunError
+from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models.scripted import ScriptedModel
+from chatrun.transcripts.expect import Mismatch, Observed, compare, observe
+from chatrun.transcripts.format import Transcript, TurnSpec, load_transcript
+
+
+class TurnScript:
+    """The session's model: answers from the current turn's script, which is swapped per turn
+    so that leftovers and shortfalls are counted per turn."""
+
+    def __init__(self) -> None:
+        self.current = ScriptedModel()
+
+    def next_turn(self, turn: TurnSpec) -> None:
+        self.current = ScriptedModel(scripted_responses(turn))
+
+    async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
+        return await self.current.complete(request, on_chunk)
+
+
+def scripted_responses(turn: TurnSpec) -> list[dict[str, Any]]:
+    """The turn's `model:` list, with tool call ids the transcript leaves out made unique
+    across the whole conversation (call_<turn>_<n>), as a real model's are."""
+    out = []
+    n = 0
+    for response in turn.model:
+        response = dict(response)
+        if response.get("tool_calls"):
+            calls = []
+            for call in response["tool_calls"]:
+                n += 1
+                calls.append(call if call.get("id") else {**call, "id": f"call_{turn.index}_{n}"})
+            response["tool_calls"] = calls
+        out.append(response)
+    return out
+
+
+@dataclass
+class TurnResult:
+    turn: TurnSpec
+    observed: Observed | None
+    problems: list[Mismatch] = field(default_factory=list)
+
+
+@dataclass
+class Result:
+    """The outcome of one transcript. `error` is a problem that kept it from running at all."""
+
+    name: str
+    turns: list[TurnResult] = field(default_factory=list)
+    error: str | None = None
+    transcript: Transcript | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and not any(t.problems for t in self.turns)
+
+    @property
+    def failed_turns(self) -> list[TurnResult]:
+        return [t for t in self.turns if t.problems]
+
+    def report(self) -> str:
+        """What a failure prints: the first failing turn in full, with diffs."""
+        if self.error is not None:
+            return self.error
+        failed = self.failed_turns
+        if not failed:
+            return ""
+        first = failed[0]
+        where = f"turn {first.turn.index} ({self.name}:{first.turn.line})"
+        lines = [f"{where}: {p.format()}" for p in first.problems]
+        later = [str(t.turn.index) for t in failed[1:]]
+        if later:
+            lines.append(f"(turn{'s' if len(later) > 1 else ''} {', '.join(later)} failed too; "
+                         "they may follow from this one)")
+        return "\n".join(lines)
+
+
+def load_bot_cached(path: str, bots: dict[str, Any] | None) -> Any:
+    from chatrun.bot import load_bot
+
+    if bots is None:
+        return load_bot(path)
+    if path not in bots:
+        bots[path] = load_bot(path)
+    return bots[path]
+
+
+def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = None) -> Result:
+    """Run one transcript (a loaded Transcript or a path). Never raises for a failing or
+    invalid transcript: the Result says what went wrong. `bots` caches loaded bots by path."""
+    if not isinstance(transcript, Transcript):
+        try:
+            transcript = load_transcript(transcript)
+        except BotError as exc:
+            return Result(str(transcript), error="invalid transcript:\n" + "\n".join(d.format() for d in exc.diagnostics))
+    t = transcript
+    result = Result(t.name, transcript=t)
+    try:
+        bot = load_bot_cached(str(t.bot_path), bots)
+    except BotError as exc:
+        result.error = f"{t.name}: bot {t.bot} is invalid:\n" + "\n".join(d.format() for d in exc.diagnostics)
+        return result
+    except ChatrunError as exc:
+        result.error = f"{t.name}: cannot load bot {t.bot}: {exc}"
+        return result
+    try:
+        session, script = start_session(bot, t)
+    except ChatrunError as exc:
+        result.error = f"{t.name}: cannot start the conversation: {exc}"
+        return result
+    try:
+        for turn in t.turns:
+            result.turns.append(play_turn(session, script, turn))
+    finally:
+        session.close()
+    return result
+
+
+def start_session(bot: Any, t: Transcript) -> tuple[Any, TurnScript]:
+    from chatrun.store.memory import InMemoryStore
+
+    script = TurnScript()
+    roles = set(t.roles) if t.roles is not None else None
+    session = bot.session(route=t.route, store=InMemoryStore(), model=script, state=t.state, roles=roles)
+    return session, script
+
+
+def play_turn(session: Any, script: TurnScript, turn: TurnSpec) -> TurnResult:
+    try:
+        script.next_turn(turn)
+    except ChatrunError as exc:  # the schema lets through little a scripted model rejects
+        return TurnResult(turn, None, [Mismatch("model", f"bad model response: {exc}")])
+    events = session.chat(turn.input)
+    model = script.current
+    obs = observe(session, events, model.requests)
+    given = len(turn.model)
+    if len(model.requests) > given:
+        return TurnResult(turn, obs, [Mismatch(
+            "model", f"the turn needed more model responses than the transcript gives: it gives {given}, "
+            f"and model call {len(model.requests)} (route {model.requests[-1].route}) found none left",
+        )])
+    problems = []
+    if model.remaining:
+        n = model.remaining
+        problems.append(Mismatch("model", f"{n} scripted model response{'s' if n != 1 else ''} left unused"))
+    problems += compare(turn.expect, obs)
+    return TurnResult(turn, obs, problems)

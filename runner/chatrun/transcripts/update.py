@@ -1,0 +1,229 @@
+"""Rewriting parts of a transcript file (`expect:` for --update, `model:` for --record)
+while leaving every other byte as it was.
+
+ruamel.yaml reads the file (round trip: comments and positions kept) to find the lines
+of each turn's block and to carry the comments of the keys that do not change; only
+those lines are replaced in the original text, so the rest of the file, its comments,
+quoting and order stay byte-identical.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.scalarstring import LiteralScalarString
+
+from chatrun.errors import ChatrunError
+
+TURN_KEY_ORDER = ("user", "data", "model", "expect")
+
+
+def _yaml() -> YAML:
+    y = YAML()
+    y.preserve_quotes = True
+    y.width = 100
+    y.indent(mapping=2, sequence=4, offset=2)
+    return y
+
+
+def to_node(value: Any, top: bool = True) -> Any:
+    """Plain data as ruamel nodes in a readable style: short lists and mappings of scalars
+    in flow style ([main_menu, flight]), one-key items ({Message: ..}) and the rest in
+    block style, multi-line text as literal blocks."""
+    if isinstance(value, str):
+        return LiteralScalarString(value) if "\n" in value.strip("\n") else value
+    if isinstance(value, dict):
+        node = CommentedMap()
+        for k, v in value.items():
+            node[k] = to_node(v, False)
+        if not top and len(value) > 1 and _flat(value.values()):
+            node.fa.set_flow_style()
+        elif not top and len(value) == 0:
+            node.fa.set_flow_style()
+        return node
+    if isinstance(value, list):
+        node = CommentedSeq(to_node(v, False) for v in value)
+        if not value or _flat(value):
+            node.fa.set_flow_style()
+        return node
+    return value
+
+
+def _flat(values: Any) -> bool:
+    values = list(values)
+    scalars = all(isinstance(v, (str, int, float, bool)) or v is None for v in values)
+    if not scalars:
+        return False
+    if any(isinstance(v, str) and ("\n" in v or ": " in v or "#" in v) for v in values):
+        return False
+    return sum(len(str(v)) + 2 for v in values) < 70
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as plain data (ruamel nodes compare like dicts and lists)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
+
+
+def merge_block(old: Any, new: dict[str, Any]) -> CommentedMap:
+    """`new` as a ruamel mapping that keeps, for keys whose value did not change, the old
+    node (with its comments and style)."""
+    out = CommentedMap()
+    for key, value in new.items():
+        if isinstance(old, CommentedMap) and key in old and _same(old[key], value):
+            out[key] = old[key]
+        else:
+            out[key] = to_node(value, False) if not isinstance(value, dict) else to_node(value, True)
+    if isinstance(old, CommentedMap):
+        # Comments attached to kept keys (ruamel keeps them in .ca.items) travel with them.
+        for key in out:
+            if key in old and key in old.ca.items:
+                out.ca.items[key] = old.ca.items[key]
+    return out
+
+
+def rewrite_turns(path: str | Path, changes: dict[int, dict[str, Any]]) -> bool:
+    """Replace (or add) keys of turns in a transcript file: `changes` maps a 0-based turn
+    index to {key: new plain value} for keys `model` and `expect`. Returns True when the
+    file changed."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    y = _yaml()
+    try:
+        root = y.load(text)
+    except Exception as exc:  # noqa: BLE001 - ruamel raises many kinds
+        raise ChatrunError(f"{path}: cannot read the transcript for rewriting: {exc}") from exc
+    lines = text.splitlines(keepends=True)
+    turns = root["turns"]
+    edits: list[tuple[int, int, list[str]]] = []
+    for index, keys in sorted(changes.items()):
+        turn = turns[index]
+        if not isinstance(turn, CommentedMap) or turn.fa.flow_style():
+            raise ChatrunError(f"{path}: turn {index + 1} is written in flow style; write it as a block mapping to update it")
+        for key, value in keys.items():
+            if key in turn and _same(turn[key], value):
+                continue
+            edits += _edit(y, root, turns, index, key, value, lines)
+    if not edits:
+        return False
+    for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        lines[start:end] = new
+    path.write_text("".join(lines), encoding="utf-8")
+    return True
+
+
+def _edit(y: YAML, root: CommentedMap, turns: CommentedSeq, index: int, key: str, value: Any,
+          lines: list[str]) -> list[tuple[int, int, list[str]]]:
+    turn = turns[index]
+    keys = list(turn)
+    col = turn.lc.key(keys[0])[1]
+    turn_end = _trim(lines, turn.lc.key(keys[0])[0], _turn_end(root, turns, index, len(lines)), col)
+    if isinstance(value, dict):
+        block = merge_block(turn.get(key), value)
+    else:
+        block = to_node(value, False)
+        if isinstance(block, CommentedSeq):
+            block.fa.set_block_style()
+            if key == "model" and isinstance(turn.get(key), CommentedSeq):
+                block = _keep_model_items(turn[key], value, block)
+    if key in turn:
+        start = turn.lc.key(key)[0]
+        later = [k for k in keys[keys.index(key) + 1:]]
+        end = turn.lc.key(later[0])[0] if later else turn_end
+        end = _trim(lines, start, end, col)
+        old = turn[key]
+        if isinstance(value, dict) and isinstance(old, CommentedMap) and old and not old.fa.flow_style() \
+                and old.lc.key(next(iter(old)))[0] > start:
+            return _map_edits(y, old, value, block, start, end, lines)
+        return [(start, end, _dump(y, key, block, col))]
+    new = _dump(y, key, block, col)
+    # A new key: before the first existing key that comes after it in the usual order.
+    after = TURN_KEY_ORDER[TURN_KEY_ORDER.index(key) + 1:] if key in TURN_KEY_ORDER else ()
+    for k in keys:
+        if k in after:
+            at = turn.lc.key(k)[0]
+            return [(at, at, new)]
+    return [(turn_end, turn_end, new)]
+
+
+def _map_edits(y: YAML, old: CommentedMap, value: dict[str, Any], block: CommentedMap, start: int, end: int,
+               lines: list[str]) -> list[tuple[int, int, list[str]]]:
+    """Edits inside a block mapping, key by key: unchanged keys keep their lines as they are."""
+    keys = list(old)
+    col = old.lc.key(keys[0])[1]
+    edits = []
+    for i, key in enumerate(keys):
+        k_start = old.lc.key(key)[0]
+        k_end = _trim(lines, k_start, old.lc.key(keys[i + 1])[0] if i + 1 < len(keys) else end, col)
+        if key not in value:
+            edits.append((k_start, k_end, []))
+        elif not _same(old[key], value[key]):
+            edits.append((k_start, k_end, _dump(y, key, block[key], col)))
+    added = [k for k in value if k not in old]
+    if added:
+        at = _trim(lines, start, end, col)
+        new: list[str] = []
+        for key in added:
+            new += _dump(y, key, block[key], col)
+        edits.append((at, at, new))
+    return edits
+
+
+def _keep_model_items(old: CommentedSeq, value: list, block: CommentedSeq) -> CommentedSeq:
+    for i, item in enumerate(value):
+        if i < len(old) and _same(old[i], item):
+            block[i] = old[i]
+    return block
+
+
+def _turn_end(root: CommentedMap, turns: CommentedSeq, index: int, total: int) -> int:
+    if index + 1 < len(turns):
+        return turns.lc.item(index + 1)[0]
+    keys = list(root)
+    after = keys[keys.index("turns") + 1:]
+    return root.lc.key(after[0])[0] if after else total
+
+
+def _trim(lines: list[str], start: int, end: int, col: int) -> int:
+    """Leave blank lines and comments (at or left of `col`) that end a block where they are:
+    they belong to what follows."""
+    while end > start + 1:
+        line = lines[end - 1]
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if not stripped or (stripped.startswith("#") and indent <= col):
+            end -= 1
+            continue
+        break
+    return end
+
+
+def _dump(y: YAML, key: str, node: Any, col: int) -> list[str]:
+    buf = io.StringIO()
+    y.dump({key: node}, buf)
+    pad = " " * col
+    return [(pad + line if line.strip() else line) for line in buf.getvalue().splitlines(keepends=True)]
+
+
+def update_from_result(result: Any) -> bool:
+    """Rewrite the `expect:` blocks of a transcript from what its run (a run.Result) observed.
+    Returns True when the file changed."""
+    from chatrun.transcripts.expect import updated
+
+    if result.transcript is None:
+        return False
+    changes = {}
+    for tr in result.turns:
+        if tr.observed is None:
+            continue
+        new = updated(tr.turn.expect, tr.observed)
+        if tr.turn.expect is None or not _same(tr.turn.expect, new):
+            changes[tr.turn.index - 1] = {"expect": new}
+    return rewrite_turns(result.transcript.file, changes) if changes else False
