@@ -224,7 +224,8 @@ def test_template_error_line_in_single_and_multi_line_scalars(write_bot):
         """)
     _config, found = check_bot(path)
     assert [(d.line, d.severity) for d in found] == [(5, "error"), (9, "error")]
-    assert found[0].col == 13 and found[1].message.startswith("template error in `user` of route `main`:")
+    assert (found[0].col, found[1].col) == (13, 7)
+    assert found[1].message.startswith("template error in `user` of route `main`:")
 
 
 def test_template_variable_rules(write_bot):

@@ -190,9 +190,11 @@ class _Checker:
         block = pos.style in ("|", ">")
 
         def line_of(lineno: int) -> tuple[int, int]:
-            if block:
-                return pos.value_line + lineno, 0
-            return pos.value_line + lineno - 1, pos.value_col if lineno == 1 else 0
+            if block:  # the text starts on the line after `|` / `>`
+                line = pos.value_line + lineno
+                return line, doc.indent(line)
+            line = pos.value_line + lineno - 1
+            return line, pos.value_col if lineno == 1 else doc.indent(line)
 
         def emit(severity: str, message: str, lineno: int) -> None:
             line, col = line_of(lineno)

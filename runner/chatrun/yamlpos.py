@@ -46,6 +46,17 @@ class YamlDoc:
     data: Any = None
     positions: dict[Path, Pos] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    text: str = ""
+    _lines: list[str] | None = field(default=None, repr=False)
+
+    def indent(self, line: int) -> int:
+        """The 1-based column of the first non-blank character of `line` (1 when unknown)."""
+        if self._lines is None:
+            self._lines = self.text.splitlines()
+        if not 1 <= line <= len(self._lines):
+            return 1
+        text = self._lines[line - 1]
+        return len(text) - len(text.lstrip()) + 1
 
     def pos(self, path: Path) -> Pos:
         """The position of `path`, or of its nearest ancestor that has one."""
@@ -140,7 +151,7 @@ def _dotted(path: Path) -> str:
 def load_yaml(text: str, file: str) -> YamlDoc:
     """Parse one YAML document. Syntax errors and duplicate keys become diagnostics
     (the data is None after a syntax error)."""
-    doc = YamlDoc(file)
+    doc = YamlDoc(file, text=text)
     try:
         node = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
