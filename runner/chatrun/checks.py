@@ -119,8 +119,9 @@ class _Checker:
                 self.template(source, f"`{key}` of tool `{name}`", (*base, "action", key), tool)
         if tool.handler:
             self.handler(tool)
-        raw = self.src.doc_of("tools", name).data["tools"][name]
-        if isinstance(raw, dict) and "parameters" in raw:
+        section = self.src.doc_of("tools", name).data.get("tools")
+        raw = section.get(name) if isinstance(section, dict) else None
+        if isinstance(raw, dict) and "parameters" in raw:  # the default needs no check
             self.parameters(tool)
 
     def parameters(self, tool: ToolConfig) -> None:
