@@ -69,10 +69,11 @@ class MemoryPolicy:
 class ActionConfig:
     """What a tool does to the conversation besides returning a result.
 
-    Applied in this order (see README, "Tool actions"):
-    requires check -> handler -> set -> emit -> clear_memory / wipe -> message, result
-    (rendered while the current scope still exists) -> pop -> push -> route -> reply
-    -> loop control (execute, immediate).
+    Applied in this order (README, "Scopes and routes"; docs/format.md):
+    arguments validated -> requires checked -> the action's feasibility checked (pop at
+    the root, roles of a push/route target) -> handler -> set -> emit -> clear_memory /
+    wipe -> message, result, reply rendered (the current scope still exists) -> pop ->
+    push -> route -> loop control (execute, immediate).
     """
 
     push: str | None = None

@@ -11,7 +11,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import StrictUndefined, meta, nodes
+from jinja2 import StrictUndefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Variables a template may use (README: "Template variables").
@@ -65,26 +65,3 @@ def _single_expression(source: str) -> str | None:
     if text.startswith("{{") and text.endswith("}}") and text.count("{{") == 1:
         return text[2:-2].strip()
     return None
-
-
-def referenced_paths(source: str) -> set[tuple[str, ...]]:
-    """Dotted attribute paths a template reads from its variables, e.g. {("state", "traveller_name")}.
-
-    Used by validation to warn about state a template refers to but no YAML declares.
-    """
-    ast = ENV.parse(source)
-    found: set[tuple[str, ...]] = {(name,) for name in meta.find_undeclared_variables(ast)}
-    for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
-        path: list[str] = []
-        cur: Any = node
-        while isinstance(cur, (nodes.Getattr, nodes.Getitem)):
-            if isinstance(cur, nodes.Getattr):
-                path.append(cur.attr)
-            elif isinstance(cur.arg, nodes.Const) and isinstance(cur.arg.value, str):
-                path.append(cur.arg.value)
-            else:
-                path = []
-            cur = cur.node
-        if isinstance(cur, nodes.Name) and path:
-            found.add((cur.name, *reversed(path)))
-    return found
