@@ -29,6 +29,9 @@ class _Missing:
     def __repr__(self) -> str:
         return "(not set)"
 
+    def __reduce__(self) -> str:
+        return "MISSING"  # one instance, also across processes
+
 
 MISSING = _Missing()
 
@@ -108,8 +111,8 @@ def _as_text(value: Any) -> str:
 
 
 def match(expected: Any, actual: Any) -> bool:
-    if actual is MISSING:
-        return False
+    if actual is MISSING:  # a state path that does not exist: `null` expects exactly that (not set)
+        return expected is None
     if is_matcher(expected):
         kind, arg = next(iter(expected.items()))
         if actual is None:
@@ -255,7 +258,7 @@ def updated(expect: dict[str, Any] | None, obs: Observed) -> dict[str, Any]:
 
 def dump(value: Any) -> str:
     return yaml.safe_dump(_printable(value), sort_keys=False, allow_unicode=True,
-                          default_flow_style=False, width=100)
+                          default_flow_style=None, width=100)
 
 
 def _printable(value: Any) -> Any:

@@ -25,7 +25,7 @@ TURN_KEY_ORDER = ("user", "data", "model", "expect")
 def _yaml() -> YAML:
     y = YAML()
     y.preserve_quotes = True
-    y.width = 100
+    y.width = 4096  # never fold a long line: a diff of the file stays one line per change
     y.indent(mapping=2, sequence=4, offset=2)
     return y
 
@@ -40,7 +40,7 @@ def to_node(value: Any, top: bool = True) -> Any:
         node = CommentedMap()
         for k, v in value.items():
             node[k] = to_node(v, False)
-        if not top and len(value) > 1 and _flat(value.values()):
+        if not top and len(value) > 1 and _flat(value.values(), value.keys()):
             node.fa.set_flow_style()
         elif not top and len(value) == 0:
             node.fa.set_flow_style()
@@ -53,14 +53,18 @@ def to_node(value: Any, top: bool = True) -> Any:
     return value
 
 
-def _flat(values: Any) -> bool:
+def _flat(values: Any, keys: Any = ()) -> bool:
+    """Short enough, and simple enough, for one flow-style line."""
     values = list(values)
-    scalars = all(isinstance(v, (str, int, float, bool)) or v is None for v in values)
-    if not scalars:
-        return False
-    if any(isinstance(v, str) and ("\n" in v or ": " in v or "#" in v) for v in values):
-        return False
-    return sum(len(str(v)) + 2 for v in values) < 70
+    for v in values:
+        if isinstance(v, list):
+            if not _flat(v):
+                return False
+        elif isinstance(v, dict) or not (isinstance(v, (str, int, float, bool)) or v is None):
+            return False
+        elif isinstance(v, str) and ("\n" in v or ": " in v or "#" in v):
+            return False
+    return sum(len(str(v)) + 2 for v in [*values, *keys]) < 60
 
 
 def _same(a: Any, b: Any) -> bool:

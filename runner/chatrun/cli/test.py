@@ -1,0 +1,214 @@
+"""`chatrun test [PATH...]`: replay golden transcripts offline and report like pytest."""
+
+from __future__ import annotations
+
+import re
+import sys
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from chatrun.errors import BotError, ChatrunError
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, EXIT_NONE = 0, 1, 2, 4, 5
+
+
+@dataclass
+class Outcome:
+    """What the CLI needs of one transcript's run (small and picklable, for -n)."""
+
+    name: str
+    passed: bool
+    report: str = ""
+    updated: bool = False
+    invalid: bool = False
+
+
+_BOTS: dict[str, Any] = {}  # per process: each bot is loaded once per run
+
+
+def run_one(path: str, update: bool = False, record: bool = False) -> Outcome:
+    from chatrun.transcripts.format import load_transcript
+    from chatrun.transcripts.run import run_transcript
+
+    try:
+        transcript = load_transcript(path)
+    except BotError as exc:
+        return Outcome(path, False, "\n".join(d.format() for d in exc.diagnostics), invalid=True)
+    changed = False
+    try:
+        if record:
+            from chatrun.transcripts.record import record_transcript
+
+            changed = record_transcript(transcript)
+            transcript = load_transcript(path)
+        result = run_transcript(transcript, _BOTS)
+        if update and result.error is None:
+            from chatrun.transcripts.update import update_from_result
+
+            if update_from_result(result):
+                changed = True
+                result = run_transcript(load_transcript(path), _BOTS)
+    except BotError as exc:
+        return Outcome(path, False, "\n".join(d.format() for d in exc.diagnostics), changed, invalid=True)
+    except ChatrunError as exc:
+        return Outcome(path, False, f"{path}: {exc}", changed)
+    return Outcome(path, result.passed, result.report(), changed)
+
+
+# -- -k expressions -------------------------------------------------------------------------------
+
+_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+
+
+def keyword_filter(expr: str) -> Any:
+    """A predicate on transcript names from a pytest-like -k expression: words match as
+    case-insensitive substrings, combined with and, or, not and parentheses."""
+    tokens = _TOKEN.findall(expr)
+    if not tokens:
+        raise click.UsageError("-k needs an expression")
+
+    def predicate(name: str) -> bool:
+        lowered = name.lower()
+        code = []
+        for tok in tokens:
+            if tok in ("and", "or", "not", "(", ")"):
+                code.append(tok)
+            else:
+                code.append(str(tok.lower() in lowered))
+        return bool(eval(" ".join(code), {"__builtins__": {}}, {}))  # noqa: S307 - only True/False/and/or/not/()
+
+    try:
+        predicate("")
+    except SyntaxError:
+        raise click.UsageError(f"-k: invalid expression {expr!r}") from None
+    return predicate
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+
+@click.command("test")
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("-k", "keyword", help="Only transcripts whose path matches: substrings with and/or/not, e.g. -k 'travel and not hotel'.")
+@click.option("-x", "--exitfirst", is_flag=True, help="Stop at the first failing transcript.")
+@click.option("-n", "workers", type=click.IntRange(min=1), default=1, show_default=True, help="Run in N processes.")
+@click.option("-v", "--verbose", is_flag=True, help="One line per transcript with its name.")
+@click.option("--update", is_flag=True, help="Rewrite the expect: blocks from what happened (the rest of the file is kept).")
+@click.option("--record", is_flag=True, help="Run against the bot's real model and write its answers into the model: lists.")
+def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: int, verbose: bool,
+         update: bool, record: bool) -> None:
+    """Replay golden transcripts offline and check what each turn did.
+
+    PATH is a transcript file or a directory searched for YAML files with `turns:`;
+    without PATH: bots/*/transcripts/*.yaml under the current directory.
+    Prints a dot per transcript (F: failed, E: invalid), the failures with diffs, and a
+    last line `N passed, N failed`.
+
+    Exit status: 0 all passed, 1 some failed, 2 interrupted, 4 usage error, 5 no transcripts.
+
+    \b
+    Examples:
+      chatrun test
+      chatrun test bots/travel -k booking -v
+      chatrun test -n 4
+      chatrun test bots/travel/transcripts/booking.yaml --update
+      chatrun test -k flight --record
+    """
+    from chatrun.transcripts.format import discover
+
+    _BOTS.clear()  # bots may have changed since an earlier run in this process
+    try:
+        found = discover(list(paths))
+        missing = [p for p in found if not _exists(p)]
+        if missing:
+            click.echo(f"error: no such transcript: {', '.join(missing)}", err=True)
+            sys.exit(EXIT_USAGE)
+        if keyword:
+            keep = keyword_filter(keyword)
+            found = [p for p in found if keep(p)]
+    except click.UsageError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        sys.exit(EXIT_USAGE)
+    if not found:
+        where = " ".join(paths) or "bots/*/transcripts/*.yaml"
+        click.echo(f"no transcripts found ({where}{', -k ' + keyword if keyword else ''})")
+        click.echo("0 passed, 0 failed")
+        sys.exit(EXIT_NONE)
+    if record and workers > 1:
+        workers = 1  # recording talks to a real model: one conversation at a time
+    outcomes: list[Outcome] = []
+    interrupted = False
+    try:
+        for outcome in _run(found, workers, exitfirst, update, record):
+            outcomes.append(outcome)
+            _progress(outcome, verbose)
+    except KeyboardInterrupt:
+        interrupted = True
+    if not verbose:
+        click.echo()
+    _summary(outcomes, update or record)
+    if interrupted:
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(EXIT_OK if all(o.passed for o in outcomes) else EXIT_FAILED)
+
+
+def _exists(path: str) -> bool:
+    from pathlib import Path
+
+    return Path(path).exists()
+
+
+def _run(found: list[str], workers: int, exitfirst: bool, update: bool, record: bool) -> Any:
+    if workers == 1:
+        for path in found:
+            outcome = run_one(path, update, record)
+            yield outcome
+            if exitfirst and not outcome.passed:
+                return
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        # Submit in chunks so -x stops soon and 10,000 transcripts do not make 10,000 futures at once.
+        pending: set[Future[Outcome]] = set()
+        queue = list(reversed(found))
+        stop = False
+        while (queue or pending) and not stop:
+            while queue and len(pending) < workers * 4:
+                pending.add(pool.submit(run_one, queue.pop(), update, record))
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                outcome = future.result()
+                yield outcome
+                if exitfirst and not outcome.passed:
+                    stop = True
+        for future in pending:
+            future.cancel()
+
+
+def _progress(outcome: Outcome, verbose: bool) -> None:
+    mark = "." if outcome.passed else ("E" if outcome.invalid else "F")
+    if verbose:
+        status = "PASSED" if outcome.passed else ("INVALID" if outcome.invalid else "FAILED")
+        click.echo(f"{outcome.name} {status}{' (updated)' if outcome.updated else ''}")
+    else:
+        click.echo(mark, nl=False)
+
+
+def _summary(outcomes: list[Outcome], rewriting: bool) -> None:
+    failed = [o for o in outcomes if not o.passed]
+    if rewriting:
+        for o in outcomes:
+            if o.updated:
+                click.echo(f"updated {o.name}")
+    if failed:
+        click.echo()
+        click.echo("=" * 30 + " FAILURES " + "=" * 30)
+        for o in failed:
+            click.echo(f"___ {o.name} ___")
+            click.echo(o.report)
+            click.echo()
+    passed = len(outcomes) - len(failed)
+    click.echo(f"{passed} passed, {len(failed)} failed")

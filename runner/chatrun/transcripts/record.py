@@ -1,0 +1,82 @@
+"""`chatrun test --record`: run a transcript's user turns against the bot's real model
+and write what it answered, call by call, into each turn's `model:` list, so later
+runs replay the conversation offline."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from chatrun.errors import ModelError
+from chatrun.models import make_model
+from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
+from chatrun.transcripts.format import Transcript
+from chatrun.transcripts.update import rewrite_turns
+
+
+class RecordingModel:
+    """Passes every call to the real model of the route's provider and keeps its answers."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, ChatModel] = {}
+        self.responses: list[dict[str, Any]] = []
+
+    async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
+        provider = request.config.provider
+        model = self._models.get(provider)
+        if model is None:
+            model = self._models[provider] = make_model(provider)
+        try:
+            response = await model.complete(request, on_chunk)
+        except ModelError as exc:
+            self.responses.append({"error": str(exc)})
+            raise
+        self.responses.append(response_to_script(response))
+        return response
+
+    async def aclose(self) -> None:
+        for model in self._models.values():
+            aclose = getattr(model, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def response_to_script(response: ModelResponse) -> dict[str, Any]:
+    """A ModelResponse as a transcript's `model:` item: text, and tool calls with their
+    arguments parsed (kept as raw text when they are not JSON, so replay sees the same)."""
+    out: dict[str, Any] = {}
+    if response.text:
+        out["text"] = response.text
+    if response.tool_calls:
+        calls = []
+        for call in response.tool_calls:
+            try:
+                arguments: Any = json.loads(call.arguments) if call.arguments.strip() else {}
+            except json.JSONDecodeError:
+                arguments = call.arguments
+            calls.append({"name": call.name, "arguments": arguments})
+        out["tool_calls"] = calls
+    if not out:
+        out["text"] = ""
+    return out
+
+
+def record_transcript(transcript: Transcript) -> bool:
+    """Re-record every turn's `model:` list. Returns True when the file changed."""
+    from chatrun.bot import load_bot
+    from chatrun.store.memory import InMemoryStore
+
+    bot = load_bot(transcript.bot_path)
+    recorder = RecordingModel()
+    roles = set(transcript.roles) if transcript.roles is not None else None
+    session = bot.session(route=transcript.route, store=InMemoryStore(), model=recorder,
+                          state=transcript.state, roles=roles)
+    changes: dict[int, dict[str, Any]] = {}
+    try:
+        for turn in transcript.turns:
+            recorder.responses = []
+            session.chat(turn.input)
+            changes[turn.index - 1] = {"model": recorder.responses}
+    finally:
+        session.close()
+    return rewrite_turns(transcript.file, changes)
