@@ -256,9 +256,21 @@ def updated(expect: dict[str, Any] | None, obs: Observed) -> dict[str, Any]:
 # -- diffs -----------------------------------------------------------------------------------------------
 
 
+class _Dumper(yaml.SafeDumper):
+    """Block style, except short lists of scalars on one line ([main_menu, flight])."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flat = all(isinstance(v, (str, int, float, bool)) or v is None for v in data) \
+        and sum(len(str(v)) + 2 for v in data) < 70
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
 def dump(value: Any) -> str:
-    return yaml.safe_dump(_printable(value), sort_keys=False, allow_unicode=True,
-                          default_flow_style=None, width=100)
+    return yaml.dump(_printable(value), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
 
 
 def _printable(value: Any) -> Any:
