@@ -60,7 +60,10 @@ def _flat(values: Any, keys: Any = ()) -> bool:
         if isinstance(v, list):
             if not _flat(v):
                 return False
-        elif isinstance(v, dict) or not (isinstance(v, (str, int, float, bool)) or v is None):
+        elif isinstance(v, dict):
+            if not _flat(v.values(), v.keys()):
+                return False
+        elif not (isinstance(v, (str, int, float, bool)) or v is None):
             return False
         elif isinstance(v, str) and ("\n" in v or ": " in v or "#" in v):
             return False

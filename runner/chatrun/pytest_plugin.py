@@ -1,0 +1,70 @@
+"""pytest plugin: golden transcripts as test items.
+
+Enabled by the `pytest11` entry point of the chatrun package (or `-p chatrun.pytest_plugin`).
+It collects every `*.yaml` / `*.yml` file under a directory named `transcripts` that has a
+top-level `turns:` key, so `pytest bots/` replays the bots' transcripts with pytest's own
+reporting and options (-k, -x, -n with pytest-xdist). A failure shows the failing turn's
+file:line and a diff of expected against actual, as `chatrun test` does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chatrun.errors import BotError
+
+_BOTS = pytest.StashKey[dict]()
+
+
+def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:
+    if file_path.suffix not in (".yaml", ".yml") or "transcripts" not in file_path.parent.parts:
+        return None
+    from chatrun.transcripts.format import is_transcript_text
+
+    try:
+        if not is_transcript_text(file_path.read_text(encoding="utf-8")):
+            return None
+    except (OSError, UnicodeDecodeError):
+        return None
+    return TranscriptFile.from_parent(parent, path=file_path)
+
+
+class TranscriptFile(pytest.File):
+    def collect(self) -> Any:
+        yield TranscriptItem.from_parent(self, name=self.path.stem)
+
+
+class TranscriptFailed(Exception):
+    """Carries the runner's report: pytest prints it instead of a traceback."""
+
+
+class TranscriptItem(pytest.Item):
+    def runtest(self) -> None:
+        from chatrun.transcripts.format import load_transcript
+        from chatrun.transcripts.run import run_transcript
+
+        try:
+            transcript = load_transcript(self._relpath())
+        except BotError as exc:
+            raise TranscriptFailed("invalid transcript:\n" + "\n".join(d.format() for d in exc.diagnostics)) from None
+        bots = self.config.stash.setdefault(_BOTS, {})
+        result = run_transcript(transcript, bots)
+        if not result.passed:
+            raise TranscriptFailed(result.report())
+
+    def _relpath(self) -> str:
+        try:
+            return str(self.path.relative_to(Path.cwd()))
+        except ValueError:
+            return str(self.path)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, TranscriptFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)  # a chatrun bug: show the traceback
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, f"transcript {self.name}"

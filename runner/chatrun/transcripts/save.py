@@ -1,0 +1,98 @@
+"""Writing a conversation as a golden transcript (the REPL's `/save FILE`).
+
+The user turns and what the model answered are written as they happened; the
+expectations come from replaying the file offline (as `chatrun test --update` would),
+so the saved transcript passes `chatrun test FILE` by construction.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from chatrun.errors import ChatrunError
+from chatrun.models.base import ModelResponse
+from chatrun.transcripts.record import response_to_script
+from chatrun.transcripts.update import _yaml, to_node, update_from_result
+
+HEADER = "# yaml-language-server: $schema={schema}\n# Saved from `chatrun repl`; run it with: chatrun test {file}\n"
+
+
+def save_transcript(
+    path: str | Path,
+    bot_path: str | Path,
+    route: str | None = None,
+    records: list[dict[str, Any]] | None = None,
+    session: Any = None,
+    state: dict[str, Any] | None = None,
+    roles: list[str] | None = None,
+) -> Any:
+    """Write `records` (one per turn: {"user": str | dict, "model": [ModelResponse | dict],
+    and optionally events/route/stack, which are not needed: expectations come from a
+    replay}) as a transcript at `path`, for the bot at `bot_path` (its directory or its
+    bot.yaml) starting on `route` with initial conversation `state`. `session`, when given,
+    supplies the roles and is checked to have started with the first record.
+    Returns the replay's chatrun.transcripts.run.Result (passed unless the bot is not
+    deterministic). Raises ChatrunError when there is nothing to save."""
+    from chatrun.transcripts.run import run_transcript
+
+    records = list(records or [])
+    if not records:
+        raise ChatrunError("there are no turns to save yet")
+    if session is not None:
+        if roles is None and getattr(session, "roles", None) is not None:
+            roles = sorted(session.roles)
+        done = getattr(session, "turn", 0)
+        succeeded = sum(1 for r in records if not _failed(r))
+        if done > succeeded:
+            raise ChatrunError(
+                f"session {session.id} had {done - succeeded} turn(s) before the ones recorded here (a resumed "
+                "session?); a transcript replays a conversation from its start"
+            )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {"bot": _relative_bot(Path(bot_path), path.parent)}
+    if route:
+        doc["route"] = route
+    if state:
+        doc["state"] = state
+    if roles is not None:
+        doc["roles"] = list(roles)
+    doc["turns"] = [_turn(r) for r in records]
+    y = _yaml()
+    buf = io.StringIO()
+    y.dump(to_node(doc), buf)
+    schema = os.path.relpath(_schema_file(), path.parent.resolve())
+    path.write_text(HEADER.format(schema=schema, file=path) + buf.getvalue(), encoding="utf-8")
+    result = run_transcript(str(path))
+    if result.error is None and update_from_result(result):
+        result = run_transcript(str(path))
+    return result
+
+
+def _failed(record: dict[str, Any]) -> bool:
+    events = record.get("events") or []
+    last = events[-1] if events else None
+    return getattr(last, "type", None) == "Error" or (isinstance(last, dict) and last.get("type") == "Error")
+
+
+def _turn(record: dict[str, Any]) -> dict[str, Any]:
+    said = record.get("user", record.get("data"))
+    turn: dict[str, Any] = {"data": said} if isinstance(said, dict) else {"user": said or ""}
+    turn["model"] = [response_to_script(r) if isinstance(r, ModelResponse) else dict(r) for r in record.get("model") or []]
+    return turn
+
+
+def _relative_bot(bot_path: Path, folder: Path) -> str:
+    bot_path = bot_path.resolve()
+    if bot_path.is_file() and bot_path.name in ("bot.yaml", "bot.yml"):
+        bot_path = bot_path.parent
+    return Path(os.path.relpath(bot_path, folder.resolve())).as_posix()
+
+
+def _schema_file() -> Path:
+    from chatrun.loader import schema_path
+
+    return schema_path("transcript.schema.json")
