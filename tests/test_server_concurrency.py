@@ -75,15 +75,17 @@ def test_concurrent_http_requests_for_one_session_are_serialized(server):
 
 
 def test_different_sessions_run_concurrently(server):
-    async def chat(chat_id: str) -> list[dict]:
+    async def chat(chat_id: str, ready: asyncio.Barrier) -> list[dict]:
         async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
             await ws.send(json.dumps({"type": "Connect", "chatId": chat_id}))
             await async_until_done(ws)
+            await ready.wait()  # all connected: the four messages leave together
             await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": chat_id, "data": {"userMessage": chat_id}}))
             return await async_until_done(ws)
 
     async def run() -> list[list[dict]]:
-        return await asyncio.gather(*(chat(f"s{i}") for i in range(4)))
+        ready = asyncio.Barrier(4)
+        return await asyncio.gather(*(chat(f"s{i}", ready) for i in range(4)))
 
     results = asyncio.run(run())
     assert [r[-2]["data"] for r in results] == [f"re: s{i}" for i in range(4)]
