@@ -266,7 +266,14 @@ def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
 
 
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    # Multi-line text (system prompts) as a literal block: one diff line per line of text.
+    style = "|" if "\n" in data.strip("\n") and not any(line != line.rstrip() for line in data.splitlines()) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
 _Dumper.add_representer(list, _represent_list)
+_Dumper.add_representer(str, _represent_str)
 
 
 def dump(value: Any) -> str:

@@ -118,6 +118,8 @@ def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
         path = tuple(error.absolute_path)
         at = path
         message = _message(error, path)
+        if "propertyNames" in error.schema_path:
+            at = (*path, error.instance)
         if error.validator == "additionalProperties":
             extras = [k for k in error.instance if k not in error.schema.get("properties", {})]
             if extras:
@@ -129,10 +131,14 @@ def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
 
 def _specific(error: ValidationError) -> ValidationError:
     while error.validator in ("oneOf", "anyOf") and error.context:
-        if error.path and error.path[-1] == "error" or _turn_input(error):
+        if error.path and error.path[-1] == "error" or _turn_input(error) or _response(error):
             break
         error = best_match(error.context)
     return error
+
+
+def _response(error: ValidationError) -> bool:
+    return error.validator == "anyOf" and "model" in error.path and isinstance(error.instance, dict)
 
 
 def _turn_input(error: ValidationError) -> bool:
@@ -155,9 +161,9 @@ def _message(error: ValidationError, path: tuple) -> str:
                 else f"turn {where} needs `user:` (a message) or `data:` (structured input)")
     if kind == "anyOf" and path and path[-1] == "error":
         return f"`{_dotted(path)}` must be true or a matcher on the Error text (a string, {{contains: ..}}, {{regex: ..}})"
-    if kind == "anyOf" and "model" in path:
+    if _response(error):
         return f"a model response {where} needs `text`, `tool_calls`, `chunks` or `error`"
-    if kind == "propertyNames":
+    if "propertyNames" in error.schema_path:
         return f"`{error.instance}` {where} is not a state path: start it with `state.` or `scope.`"
     if kind == "type":
         return f"`{_dotted(path) or 'the transcript'}` must be of type {error.validator_value}, not {type(error.instance).__name__}"

@@ -63,7 +63,11 @@ def save_transcript(
     doc["turns"] = [_turn(r) for r in records]
     y = _yaml()
     buf = io.StringIO()
-    y.dump(to_node(doc), buf)
+    node = to_node(doc)
+    node["turns"].fa.set_block_style()
+    for turn in node["turns"]:
+        turn.fa.set_block_style()  # --update splices block mappings
+    y.dump(node, buf)
     schema = os.path.relpath(_schema_file(), path.parent.resolve())
     path.write_text(HEADER.format(schema=schema, file=path) + buf.getvalue(), encoding="utf-8")
     result = run_transcript(str(path))

@@ -1,0 +1,459 @@
+"""Golden transcripts: format and validation, matchers, the offline runner, `chatrun test`
+(progress, exit codes, -k/-x/-n, --update, --record against the fake OpenAI server),
+breaking a bot, the pytest plugin, and saving from a session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from chatrun.cli import test as cli_test_module
+from chatrun.errors import BotError
+from chatrun.models.base import ModelResponse
+from chatrun.testing.fake_openai import FakeOpenAI
+from chatrun.transcripts import load_transcript, run_transcript
+from chatrun.transcripts.expect import MISSING, match, refresh
+from chatrun.transcripts.save import save_transcript
+
+REPO = Path(__file__).resolve().parents[1]
+HELLO = REPO / "bots" / "hello"
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return path
+
+
+def hello_transcript(tmp_path: Path, body: str, name: str = "t.yaml") -> Path:
+    return write(tmp_path / "transcripts" / name, f"bot: {os.path.relpath(HELLO, tmp_path / 'transcripts')}\n"
+                 + textwrap.dedent(body).lstrip("\n"))
+
+
+def cli(args: list[str]) -> tuple[int, str]:
+    result = CliRunner().invoke(cli_test_module.test, args, catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def travel_copy(tmp_path, monkeypatch):
+    """bots/travel (with its transcripts) copied to tmp_path/bots/travel; cwd = tmp_path."""
+    shutil.copytree(REPO / "bots" / "travel", tmp_path / "bots" / "travel",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "bots" / "travel"
+
+
+# -- format ------------------------------------------------------------------------------------
+
+
+def test_turn_lines_and_fields(tmp_path):
+    path = hello_transcript(tmp_path, """
+        route: chat
+        state: {mood: good}
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+          # a comment
+
+          - data: {userMessage: hey, channel: web}
+            expect: {route: chat}
+        """)
+    t = load_transcript(path)
+    assert [turn.line for turn in t.turns] == [5, 9]
+    assert t.turns[1].input == {"userMessage": "hey", "channel": "web"}
+    assert t.turns[1].expect_line == 10
+    assert t.route == "chat" and t.state == {"mood": "good"}
+    assert t.bot_path == HELLO.resolve()
+
+
+def test_invalid_transcript_diagnostics_name_lines(tmp_path):
+    path = write(tmp_path / "bad.yaml", """
+        bot: ../x
+        turns:
+          - user: hi
+            data: {userMessage: hi}
+          - user: ok
+            model:
+              - {txt: Hello}
+            expect:
+              routes: main
+              state: {reservation.x: 1}
+        extra: 1
+        """)
+    with pytest.raises(BotError) as info:
+        load_transcript(path)
+    lines = [d.format() for d in info.value.diagnostics]
+    assert any(line.startswith(f"{path}:3:") and "has both `user:` and `data:`" in line for line in lines), lines
+    assert any(line.startswith(f"{path}:7:") and "model response" in line for line in lines), lines
+    assert any(line.startswith(f"{path}:9:") and "unknown key `routes`" in line for line in lines), lines
+    assert any(line.startswith(f"{path}:10:") and "not a state path" in line for line in lines), lines
+    assert any(line.startswith(f"{path}:11:") and "unknown key `extra`" in line for line in lines), lines
+
+
+def test_cli_reports_invalid_transcript_with_file_line(tmp_path):
+    path = write(tmp_path / "transcripts" / "bad.yaml", "bot: ..\nturns:\n  - model: [{text: hi}]\n")
+    code, out = cli([str(path)])
+    assert code == 1
+    assert out.splitlines()[0] == "E"
+    assert f"{path}:3:5: error: turn in `turns[0]` needs `user:`" in out
+    assert out.splitlines()[-1] == "0 passed, 1 failed"
+
+
+# -- matchers ------------------------------------------------------------------------------------
+
+
+def test_matchers():
+    assert match("Dublin", "Dublin") and not match("Dublin", "dublin")
+    assert match({"contains": "booked"}, "Your flight is booked: FL-1")
+    assert match({"regex": r"FL-[0-9A-F]{6}$"}, "FL-ABC123") and not match({"regex": "^x"}, "y")
+    assert match({"booking": {"regex": "^FL-"}, "n": 2}, {"booking": "FL-1", "n": 2})
+    assert not match({"booking": "FL-1"}, {"booking": "FL-1", "n": 2})  # mappings: exactly these keys
+    assert match([1, {"contains": "b"}], [1, "abc"]) and not match([1], [1, 2])
+    assert match(None, MISSING) and not match("x", MISSING)  # null: not set
+    assert not match(1, True) and not match(True, 1)
+    assert match({"contains": "3"}, {"count": 3})  # non-text is matched as JSON
+
+
+def test_refresh_keeps_matchers_that_hold():
+    expected = [{"Message": {"contains": "booked"}}, {"Thinking": "old"}]
+    actual = [{"Message": "Your flight is booked"}, {"Thinking": "new"}, {"Message": "more"}]
+    assert refresh(expected, actual) == [{"Message": {"contains": "booked"}}, {"Thinking": "new"}, {"Message": "more"}]
+
+
+# -- the runner ----------------------------------------------------------------------------------
+
+
+def test_leftover_response_fails_naming_the_turn(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+          - user: again
+            model:
+              - text: Hi again
+              - text: never used
+        """)
+    result = run_transcript(str(path))
+    assert not result.passed
+    assert result.report() == f"turn 2 ({path}:5): 1 scripted model response left unused"
+
+
+def test_running_out_of_responses_fails(tmp_path):
+    path = write(tmp_path / "transcripts" / "t.yaml", f"""
+        bot: {REPO / 'bots' / 'travel'}
+        turns:
+          - user: a flight please
+            model:
+              - tool_calls: [{{name: book_flight, arguments: {{}}}}]
+        """)
+    result = run_transcript(str(path))
+    report = result.report()
+    assert report.startswith(f"turn 1 ({path}:3): the turn needed more model responses than the transcript gives")
+    assert "it gives 1, and model call 2 (route flight) found none left" in report
+
+
+def test_unexpected_error_and_error_expectations(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{error: down}]
+          - user: hi
+            model: [{error: down}]
+            expect: {error: {contains: down}}
+          - user: hi
+            model: [{error: down}]
+            expect: {error: {contains: up}}
+          - user: hi
+            model: [{text: fine}]
+            expect: {error: true}
+        """)
+    result = run_transcript(str(path))
+    problems = {tr.turn.index: [p.message for p in tr.problems] for tr in result.turns}
+    assert problems[1] == ["the turn ended in an Error the transcript does not expect: "
+                           "the model failed on route chat: down"]
+    assert problems[2] == []
+    assert problems[3] == ["the Error text differs"]
+    assert problems[4] == ["expected the turn to end in an Error, but it succeeded"]
+
+
+def test_failure_diff_shows_only_what_differs(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello there}]
+            expect:
+              route: chat
+              events:
+                - Message: {contains: Hello}
+              memory:
+                - user: hi
+                - assistant: Goodbye
+        """)
+    report = run_transcript(str(path)).report()
+    assert report == textwrap.dedent(f"""\
+        turn 1 ({path}:3): memory differs
+            --- expected
+            +++ actual
+            @@ -1,3 +1,3 @@
+             memory:
+             - user: hi
+            -- assistant: Goodbye
+            +- assistant: Hello there""")
+
+
+def test_sent_expectations_and_structured_input(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - data: {userMessage: hi, channel: web}
+            model: [{text: Hello}]
+            expect:
+              sent:
+                - route: chat
+                  system: {regex: "^You are a friendly assistant"}
+                  tools: []
+                  messages: [{user: hi}]
+                  messages_count: 1
+        """)
+    assert run_transcript(str(path)).passed
+
+
+# -- chatrun test ------------------------------------------------------------------------------------
+
+
+def test_discovery_progress_summary_and_exit_codes(travel_copy, tmp_path):
+    code, out = cli([])
+    assert code == 0
+    assert out.splitlines() == ["...", "3 passed, 0 failed"]
+    code, out = cli(["-v"])
+    assert "bots/travel/transcripts/flight_booking.yaml PASSED" in out
+    code, out = cli(["-k", "nothing_matches"])
+    assert code == 5 and out.splitlines()[-1] == "0 passed, 0 failed"
+    code, out = cli(["-k", "flight and not route"])
+    assert code == 0 and out.splitlines()[-1] == "1 passed, 0 failed"
+    code, out = cli(["-k", "(model or route) and travel", "-v"])
+    assert out.splitlines()[-1] == "2 passed, 0 failed" and "flight_booking" not in out
+    code, out = cli(["-k", "flight and ("])
+    assert code == 4 and "invalid expression" in out
+    code, out = cli(["no/such/file.yaml"])
+    assert code == 4
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli([str(empty)])[0] == 5
+
+
+def test_exitfirst_and_parallel(travel_copy):
+    route_file = travel_copy / "routes" / "flight.yaml"
+    route_file.write_text(route_file.read_text().replace("Destination set to", "Destination now"))
+    code, out = cli([])
+    assert code == 1 and out.splitlines()[-1] == "1 passed, 2 failed"
+    code, out = cli(["-x"])
+    assert code == 1 and out.splitlines()[-1] == "0 passed, 1 failed"
+    code, out = cli(["-n", "2"])
+    assert code == 1 and out.splitlines()[-1] == "1 passed, 2 failed"
+    assert "+  - Thinking: Destination now Dublin" in out or "+- Thinking: Destination now Dublin" in out
+
+
+def test_renaming_a_route_fails_the_right_transcripts_then_update_passes(travel_copy):
+    flight = travel_copy / "routes" / "flight.yaml"
+    flight.write_text(flight.read_text().replace("  flight:\n", "  flights:\n"))
+    bot = travel_copy / "bot.yaml"
+    bot.write_text(bot.read_text().replace("push: flight,", "push: flights,"))
+    code, out = cli(["-v"])
+    assert code == 1
+    assert "bots/travel/transcripts/flight_booking.yaml FAILED" in out
+    assert "bots/travel/transcripts/model_error.yaml FAILED" in out
+    assert "bots/travel/transcripts/route_change.yaml FAILED" in out
+    assert "turn 1 (bots/travel/transcripts/flight_booking.yaml:10): route differs" in out
+    assert "    -route: flight\n    +route: flights\n" in out
+    assert "-stack: [main_menu, flight]\n    +stack: [main_menu, flights]" in out
+
+    before = {p: p.read_text() for p in (travel_copy / "transcripts").glob("*.yaml")}
+    code, out = cli(["--update"])
+    assert code == 0, out
+    assert "updated bots/travel/transcripts/flight_booking.yaml" in out
+    code, out = cli([])
+    assert code == 0 and out.splitlines()[-1] == "3 passed, 0 failed"
+    for path, old in before.items():
+        new = path.read_text()
+        assert _outside_expect(new) == _outside_expect(old)  # turns, model lists, comments: as they were
+        assert "flights" in new
+
+
+def _outside_expect(text: str) -> list[str]:
+    out, inside = [], False
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if line.strip().startswith("expect:"):
+            inside, depth = True, indent
+            continue
+        if inside and line.strip() and indent <= depth:
+            inside = False
+        if not inside:
+            out.append(line)
+    return out
+
+
+def test_changing_a_prompt_fails_with_a_diff_of_what_was_sent(travel_copy):
+    bot = travel_copy / "bot.yaml"
+    bot.write_text(bot.read_text().replace("Help {{ state.traveller_name", "Assist {{ state.traveller_name"))
+    code, out = cli([])
+    assert code == 1 and out.splitlines()[-1] == "2 passed, 1 failed"
+    assert "turn 1 (bots/travel/transcripts/flight_booking.yaml:10): sent differs" in out
+    assert ("     - route: main_menu\n"
+            "    -  system:\n"
+            "    -    contains: Help Ana book flights\n"
+            "    +  system: |-\n"
+            "    +    You are a travel agent. Assist Ana book flights and hotels.\n") in out
+    assert cli(["--update"])[0] == 0
+    assert cli([])[0] == 0
+    text = (travel_copy / "transcripts" / "flight_booking.yaml").read_text()
+    assert "# shared state of the main menu's scope" in text  # comments in expect blocks survive
+
+
+def test_update_of_passing_transcripts_changes_no_byte(travel_copy):
+    before = {p: p.read_bytes() for p in (travel_copy / "transcripts").glob("*.yaml")}
+    code, out = cli(["--update"])
+    assert code == 0 and "updated" not in out
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_update_writes_missing_expectations(tmp_path):
+    path = hello_transcript(tmp_path, """
+        # header comment
+        turns:
+          - user: hi    # greeting
+            model: [{text: Hello}]
+          - user: bye
+            model: [{error: gone}]
+        """)
+    original = path.read_text()
+    code, out = cli([str(path), "--update"])
+    assert code == 0, out
+    text = path.read_text()
+    assert text.startswith(original.split("  - user: bye")[0].rstrip("\n").rsplit("\n", 1)[0])
+    assert "  - user: hi    # greeting\n    model: [{text: Hello}]\n    expect:\n      route: chat\n" in text
+    assert "      error: 'the model failed on route chat: gone'" in text
+    assert cli([str(path)])[0] == 0
+
+
+def test_record_against_the_fake_openai_server(tmp_path, monkeypatch):
+    path = write(tmp_path / "transcripts" / "rec.yaml", f"""
+        bot: {REPO / 'bots' / 'travel'}
+        turns:
+          - user: I want to fly to Lima   # recorded below
+            model: []
+          - user: On 2026-09-01
+        """)
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        fake.queue(
+            {"tool_calls": [{"name": "book_flight", "arguments": {}}]},
+            {"tool_calls": [{"name": "set_destination", "arguments": {"destination": "Lima"}}]},
+            {"text": "When do you leave?"},
+            {"tool_calls": [{"name": "set_departure", "arguments": '{"date": "2026-09-01"}'}]},
+            {"chunks": ["And when do ", "you come back?"]},
+        )
+        code, out = cli([str(path), "--record", "--update"])
+        assert fake.pending == 0
+        assert len(fake.requests) == 5
+        assert [r.get("temperature") for r in fake.requests] == [0.2, 0, 0, 0, 0]  # the routes' model configs
+    assert code == 0, out
+    t = load_transcript(path)
+    assert t.turns[0].model == [
+        {"tool_calls": [{"name": "book_flight", "arguments": {}}]},
+        {"tool_calls": [{"name": "set_destination", "arguments": {"destination": "Lima"}}]},
+        {"text": "When do you leave?"},
+    ]
+    assert t.turns[1].model == [
+        {"tool_calls": [{"name": "set_departure", "arguments": {"date": "2026-09-01"}}]},
+        {"text": "And when do you come back?"},
+    ]
+    assert "# recorded below" in path.read_text()
+    assert t.turns[1].expect["route"] == "flight"
+    # offline from now on: no server, same result
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    assert cli([str(path)])[0] == 0
+
+
+# -- saving a conversation (the REPL's /save) ----------------------------------------------------------
+
+
+def test_save_then_run_passes(tmp_path):
+    import chatrun
+    from chatrun.models.scripted import ScriptedModel
+
+    bot = chatrun.load_bot(REPO / "bots" / "travel")
+    answers = [
+        [ModelResponse(tool_calls=[_call("h1", "set_name", '{"name": "Ana"}')]), ModelResponse("Hi Ana!")],
+        [ModelResponse(tool_calls=[_call("h2", "book_flight", "{}")]), ModelResponse("Where to?")],
+    ]
+    model = ScriptedModel([r for turn in answers for r in turn])
+    session = bot.session(model=model)
+    records = []
+    for text, responses in zip(["I am Ana", "a flight"], answers, strict=True):
+        events = session.chat(text)
+        records.append({"user": text, "model": responses, "events": events,
+                        "route": session.route, "stack": session.stack})
+    path = tmp_path / "saved" / "conversation.yaml"
+    result = save_transcript(path, bot_path=bot.config.path, route=None, records=records, session=session)
+    assert result.passed, result.report()
+    t = load_transcript(path)
+    assert t.bot_path == (REPO / "bots" / "travel").resolve()
+    assert t.turns[1].expect["stack"] == ["main_menu", "flight"]
+    assert t.turns[0].model[0] == {"tool_calls": [{"name": "set_name", "arguments": {"name": "Ana"}}]}
+    code, out = cli([str(path)])
+    assert code == 0, out
+
+
+def _call(id_: str, name: str, arguments: str):
+    from chatrun.messages import ToolCall
+
+    return ToolCall(id_, name, arguments)
+
+
+def test_save_from_the_repl_through_a_pipe(tmp_path):
+    script = "\n".join([
+        "hello", "/say Hi! Where to?",
+        "a flight to Rome", "/call book_flight {}", '/call set_destination {"destination": "Rome"}', "/say When?",
+        "/save saved.yaml", "/quit", "",
+    ])
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    run = subprocess.run([sys.executable, "-m", "chatrun", "repl", str(REPO / "bots" / "travel"), "--play-model"],
+                         input=script, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert "saved 2 turns to saved.yaml" in run.stdout, run.stdout + run.stderr
+    check = subprocess.run([sys.executable, "-m", "chatrun", "test", "saved.yaml"],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert check.returncode == 0, check.stdout
+    assert check.stdout.splitlines()[-1] == "1 passed, 0 failed"
+
+
+# -- the pytest plugin ---------------------------------------------------------------------------------------
+
+
+def test_pytest_plugin_collects_and_reports(travel_copy):
+    (travel_copy / "routes" / "flight.yaml").write_text(
+        (travel_copy / "routes" / "flight.yaml").read_text().replace("Destination set to", "Destination now"))
+    (travel_copy / "notes.yaml").write_text("turns: not a transcript (not under transcripts/)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    cmd = [sys.executable, "-m", "pytest", "-p", "chatrun.pytest_plugin", "-p", "no:cacheprovider", "bots"]
+    run = subprocess.run([*cmd, "-q"], capture_output=True, text=True, cwd=travel_copy.parents[1], env=env, timeout=120)
+    assert run.returncode == 1, run.stdout
+    assert "2 failed, 1 passed" in run.stdout
+    assert "turn 1 (bots/travel/transcripts/flight_booking.yaml:10): events differs" in run.stdout
+    assert "+- Thinking: Destination now Dublin" in run.stdout
+    assert "Traceback" not in run.stdout
+    run = subprocess.run([*cmd, "-q", "-k", "route_change"], capture_output=True, text=True,
+                         cwd=travel_copy.parents[1], env=env, timeout=120)
+    assert run.returncode == 0 and "1 passed, 2 deselected" in run.stdout, run.stdout
+    run = subprocess.run([*cmd, "-q", "-n", "2"], capture_output=True, text=True,
+                         cwd=travel_copy.parents[1], env=env, timeout=120)
+    assert "2 failed, 1 passed" in run.stdout, run.stdout
