@@ -124,13 +124,18 @@ def test_a_full_booking_in_the_browser(page, fake):
     assert page.locator("#scopes .scope").count() == 1
     # The flight's result was handed back to the main menu's memory.
     assert page.locator("#memory .mem").last.inner_text().endswith("Flight booked")
+    # The last turn's events, in order, as the history recorded them.
+    page.click("#panel-turn summary")
+    kinds = page.locator("#last-turn .event-type").all_inner_texts()
+    assert kinds == ["Thinking", "Message", "RouteChanged"]
+    assert "turn 2 · ok" in page.locator("#turn-meta").inner_text()
 
 
 def test_errors_reload_and_reset(page, fake):
     fake.queue({"status": 400, "body": {"error": {"message": "model says no"}}})
     send(page, "hello")
-    assert page.locator(".error").count() == 1
-    assert "model" in page.locator(".error").inner_text()
+    assert page.locator("#messages .error").count() == 1
+    assert "model" in page.locator("#messages .error").inner_text()
 
     fake.queue(call("book_flight"), {"text": "Where to?"})
     send(page, "a flight")
@@ -142,7 +147,7 @@ def test_errors_reload_and_reset(page, fake):
     assert crumbs(page) == ["main_menu", "flight"]
     assert page.locator(".msg.bot").last.inner_text() == "Where to?"
     assert page.locator(".msg.user").all_inner_texts() == ["hello", "a flight"]
-    assert page.locator(".error").count() == 1  # the failed turn is part of the transcript too
+    assert page.locator("#messages .error").count() == 1  # the failed turn is part of the transcript too
     shot(page, "3-reloaded")
 
     page.click("#reset")

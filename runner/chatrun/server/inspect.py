@@ -88,7 +88,9 @@ def inspect_data(session: Session) -> dict[str, Any]:
     route = session.route
     memory = session.memory()
     policy = config.route_memory(route)
+    history = session.history
     return session_data(session) | {
+        "last_turn": history[-1] if history else None,
         "graph": graph_data(session.bot),
         "memory": {
             "id": session.scopes[-1].memory_id(route),

@@ -269,6 +269,7 @@
     renderScopes(d.scopes, d.scopeId);
     $("state").innerHTML = jsonHtml(d.state);
     renderMemory(d.memory);
+    renderLastTurn(d.last_turn);
     document.body.dataset.route = d.route;
     document.body.dataset.turn = String(d.turn);
     refreshes += 1;
@@ -319,6 +320,28 @@
       box.appendChild(item);
     }
     $("tools").innerHTML = jsonHtml(memory.tools.map((t) => t.function || t));
+  }
+
+  /** The last turn as the history recorded it: input, outcome, and every event in order. */
+  function renderLastTurn(entry) {
+    const box = $("last-turn");
+    box.textContent = "";
+    if (!entry) {
+      $("turn-meta").textContent = "";
+      box.appendChild(el("div", "muted", "no turn yet"));
+      return;
+    }
+    $("turn-meta").textContent = "· turn " + entry.turn + (entry.ok ? " · ok" : " · failed, rolled back");
+    const input = el("pre", "json");
+    input.innerHTML = jsonHtml({ input: entry.input });
+    box.appendChild(input);
+    if (!entry.ok && entry.error) box.appendChild(el("div", "error", entry.error));
+    for (const event of entry.events || []) {
+      const row = el("div", "turn-event");
+      row.appendChild(el("span", "event-type", event.type));
+      row.appendChild(el("span", "", typeof event.data === "string" ? event.data : JSON.stringify(event.data)));
+      box.appendChild(row);
+    }
   }
 
   /** The route graph in plain SVG: routes in rows by push depth from the default route. */
