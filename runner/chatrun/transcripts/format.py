@@ -165,6 +165,9 @@ def _message(error: ValidationError, path: tuple) -> str:
         return f"a model response {where} needs `text`, `tool_calls`, `chunks` or `error`"
     if "propertyNames" in error.schema_path:
         return f"`{error.instance}` {where} is not a state path: start it with `state.` or `scope.`"
+    if kind == "type" and error.validator_value == "string" and isinstance(error.instance, (bool, int, float)):
+        return (f"`{_dotted(path)}` must be text, but YAML read {error.instance!r}; quote it "
+                f"(e.g. \"yes\", \"no\", \"1.0\")")
     if kind == "type":
         return f"`{_dotted(path) or 'the transcript'}` must be of type {error.validator_value}, not {type(error.instance).__name__}"
     return f"`{_dotted(path) or 'the transcript'}`: {error.message}"
