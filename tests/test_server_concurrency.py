@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -92,3 +93,18 @@ def test_different_sessions_run_concurrently(server):
     calls = model_calls(server.fake)
     # All four model calls were in flight together: the last began before the first was answered.
     assert calls[-1] - calls[0] < DELAY * 0.9
+
+
+def test_a_turn_whose_sse_client_leaves_still_completes_and_is_stored(server):
+    server.fake.queue({"chunks": ["one ", "two ", "three"], "chunk_delay": 0.3})
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        http.post("/bots/travel/sessions", json={"id": "gone"})
+        with http.stream("POST", "/bots/travel/sessions/gone/messages?stream=true", json={"userMessage": "hi"}) as r:
+            first = next(r.iter_lines())
+        assert first == "event: Stream"  # the client leaves after the first chunk
+        deadline = time.monotonic() + 10
+        while (session := http.get("/bots/travel/sessions/gone").json())["turn"] == 0:
+            assert time.monotonic() < deadline, "the abandoned turn never completed"
+            time.sleep(0.05)
+    assert session["history"][-1]["ok"] is True
+    assert [e["data"] for e in session["history"][-1]["events"]] == ["one two three"]

@@ -12,7 +12,9 @@
 """
 
 
+import asyncio
 import json
+import logging
 import secrets
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -25,6 +27,8 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal, token_from
 from chatrun.server.inspect import graph_data, inspect_data, session_data
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
+
+log = logging.getLogger("chatrun.server")
 
 
 def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any) -> APIRouter:
@@ -143,20 +147,38 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
     return router
 
 
+_BACKGROUND: set[asyncio.Task] = set()  # turns whose SSE client left: kept alive until they end
+
+
 async def _sse(
     registry: SessionRegistry, bot: str, session_id: str, who: Principal | None, data: dict[str, Any]
 ) -> AsyncIterator[str]:
-    try:
-        async with registry.session(bot, session_id, who, EXISTING) as session:
-            async for event in session.stream(wire.turn_input(data)):
-                yield _sse_frame(event.type, event.to_dict())
-            yield _sse_frame(
-                wire.COMPLETED,
-                {"type": wire.COMPLETED, "data": session.scope_id, "route": session.route, "stack": session.stack},
-            )
-    except wire.RequestFailed as exc:
-        yield _sse_frame(wire.ERROR, {"type": wire.ERROR, "data": exc.message})
-        yield _sse_frame(wire.FAILED, {"type": wire.FAILED, "data": exc.reason})
+    """The turn's events as Server-Sent Events. The turn runs in its own task, so a client that
+    disconnects does not cancel it: it completes and is stored, as on the WebSocket."""
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def run() -> None:
+        try:
+            async with registry.session(bot, session_id, who, EXISTING) as session:
+                async for event in session.stream(wire.turn_input(data)):
+                    queue.put_nowait(_sse_frame(event.type, event.to_dict()))
+                done = {"type": wire.COMPLETED, "data": session.scope_id, "route": session.route, "stack": session.stack}
+                queue.put_nowait(_sse_frame(wire.COMPLETED, done))
+        except wire.RequestFailed as exc:
+            queue.put_nowait(_sse_frame(wire.ERROR, {"type": wire.ERROR, "data": exc.message}))
+            queue.put_nowait(_sse_frame(wire.FAILED, {"type": wire.FAILED, "data": exc.reason}))
+        except Exception as exc:
+            log.exception("SSE turn of session %s failed", session_id)
+            queue.put_nowait(_sse_frame(wire.ERROR, {"type": wire.ERROR, "data": f"internal server error: {exc}"}))
+            queue.put_nowait(_sse_frame(wire.FAILED, {"type": wire.FAILED, "data": wire.SERVER_ERROR}))
+        finally:
+            queue.put_nowait(None)
+
+    task = asyncio.ensure_future(run())
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+    while (frame := await queue.get()) is not None:
+        yield frame
 
 
 def _sse_frame(kind: str, payload: dict[str, Any]) -> str:
