@@ -108,3 +108,21 @@ def test_a_turn_whose_sse_client_leaves_still_completes_and_is_stored(server):
             time.sleep(0.05)
     assert session["history"][-1]["ok"] is True
     assert [e["data"] for e in session["history"][-1]["events"]] == ["one two three"]
+
+
+def test_a_turn_whose_websocket_client_leaves_still_completes_and_is_stored(server):
+    server.fake.queue({"chunks": ["one ", "two ", "three"], "chunk_delay": 0.3})
+
+    async def leave_early() -> dict:
+        async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
+            await ws.send(json.dumps({"type": "Connect", "chatId": "left"}))
+            await async_until_done(ws)
+            await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "left", "data": {"userMessage": "hi"}}))
+            return json.loads(await ws.recv())
+
+    assert asyncio.run(leave_early())["type"] == "Stream"  # then the socket closes mid-turn
+    deadline = time.monotonic() + 10
+    while (session := httpx.get(f"{server.url}/bots/travel/sessions/left").json())["turn"] == 0:
+        assert time.monotonic() < deadline, "the abandoned turn never completed"
+        time.sleep(0.05)
+    assert [e["data"] for e in session["history"][-1]["events"]] == ["one two three"]
