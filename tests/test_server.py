@@ -352,3 +352,17 @@ def test_serve_command_reports_bad_bots_and_auth_files_without_a_traceback(tmp_p
     auth.write_text("tokens: {}\n")
     result = runner.invoke(main, ["serve", str(write_travel(tmp_path)), "--auth", str(auth), "--store", "memory://"])
     assert result.exit_code != 0 and "tokens:" in result.output and "Traceback" not in result.output
+
+
+def test_sessions_evicted_from_the_live_cache_come_back_from_the_store(fake, travel, tmp_path):
+    app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}", cache_size=1)
+    fake.responder = lambda body: {"text": f"{len(body['messages'])} messages"}
+    with TestClient(app) as c, c.websocket_connect("/_chat/routes") as ws:
+        for chat in ("a", "b", "c"):
+            connect(ws, chat)
+        for _round in range(2):
+            for chat in ("a", "b", "c"):
+                say(ws, "hi", chat_id=chat)
+        assert c.get("/health").json()["live_sessions"] <= 1
+        # Each session's second turn saw its first: system + 2 messages + the new one.
+        assert say(ws, "again", chat_id="a")[-2]["data"] == "6 messages"
