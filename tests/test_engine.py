@@ -272,6 +272,7 @@ def test_failed_turn_restores_everything(travel):
     assert s.memories() == before[1]
     assert s.turn == 0
     assert s.history[-1]["ok"] is False and "upstream 500" in s.history[-1]["error"]
+    assert s.history[-1]["events"][-1]["type"] == "Error"
     # the user simply retries
     model.add(call("book_flight"), {"text": "Where to?"})
     assert kinds(s.chat("flight to Ireland"))[-1] == ("Message", "Where to?")

@@ -232,8 +232,8 @@ class Session:
             self._sink = sink
 
     def _fail(self, before: dict, entry: dict, collected: list[Event], message: str) -> None:
+        self.emit(ev.ERROR, message)  # first, so the history's record of the attempt holds it too
         self._rollback(before, entry | {"ok": False, "error": message, "events": _plain(collected)})
-        self.emit(ev.ERROR, message)
 
     # -- atomic turns -------------------------------------------------------------------------
 
