@@ -67,7 +67,20 @@ def validator() -> Draft202012Validator:
     from chatrun.loader import schema_path
 
     schema = json.loads(schema_path(SCHEMA).read_text(encoding="utf-8"))
-    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    # $refs inlined: resolving them is most of jsonschema's time (ours never recurse).
+    return Draft202012Validator(_inline(schema, schema["$defs"]), format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _inline(v, defs) for k, v in node.items() if k not in ("$ref", "$defs")}
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        out = {**out, **_inline(defs[ref.removeprefix("#/$defs/")], defs)}
+    return out
 
 
 def is_transcript_text(text: str) -> bool:
