@@ -439,12 +439,20 @@ def test_save_from_the_repl_through_a_pipe(tmp_path):
 # -- the pytest plugin ---------------------------------------------------------------------------------------
 
 
+def _plugin_option() -> list[str]:
+    """`-p chatrun.pytest_plugin`, unless the installed package's pytest11 entry point loads it."""
+    from importlib.metadata import entry_points
+
+    installed = any(ep.value == "chatrun.pytest_plugin" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "chatrun.pytest_plugin"]
+
+
 def test_pytest_plugin_collects_and_reports(travel_copy):
     (travel_copy / "routes" / "flight.yaml").write_text(
         (travel_copy / "routes" / "flight.yaml").read_text().replace("Destination set to", "Destination now"))
     (travel_copy / "notes.yaml").write_text("turns: not a transcript (not under transcripts/)\n")
     env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
-    cmd = [sys.executable, "-m", "pytest", "-p", "chatrun.pytest_plugin", "-p", "no:cacheprovider", "bots"]
+    cmd = [sys.executable, "-m", "pytest", *_plugin_option(), "-p", "no:cacheprovider", "bots"]
     run = subprocess.run([*cmd, "-q"], capture_output=True, text=True, cwd=travel_copy.parents[1], env=env, timeout=120)
     assert run.returncode == 1, run.stdout
     assert "2 failed, 1 passed" in run.stdout
