@@ -465,3 +465,21 @@ def test_pytest_plugin_collects_and_reports(travel_copy):
     run = subprocess.run([*cmd, "-q", "-n", "2"], capture_output=True, text=True,
                          cwd=travel_copy.parents[1], env=env, timeout=120)
     assert "2 failed, 1 passed" in run.stdout, run.stdout
+
+
+def test_record_writes_nothing_when_the_model_fails(tmp_path, monkeypatch):
+    path = write(tmp_path / "transcripts" / "rec.yaml", f"""
+        bot: {REPO / 'bots' / 'hello'}
+        turns:
+          - user: hi
+            model: [{{text: kept}}]
+        """)
+    before = path.read_text()
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        fake.queue({"status": 400, "body": {"error": {"message": "bad request", "type": "invalid_request_error"}}})
+        code, out = cli([str(path), "--record"])
+    assert code == 1
+    assert f"turn 1 ({path}:3): the model failed while recording, so nothing was written" in out
+    assert path.read_text() == before

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from chatrun.errors import ModelError
+from chatrun.errors import ChatrunError, ModelError
 from chatrun.models import make_model
 from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
 from chatrun.transcripts.format import Transcript
@@ -62,7 +62,10 @@ def response_to_script(response: ModelResponse) -> dict[str, Any]:
 
 
 def record_transcript(transcript: Transcript) -> bool:
-    """Re-record every turn's `model:` list. Returns True when the file changed."""
+    """Re-record every turn's `model:` list. Returns True when the file changed.
+
+    If a model call fails (no credentials, the provider down), nothing is written and a
+    ChatrunError says which turn failed: a recording must not replace good answers with errors."""
     from chatrun.bot import load_bot
     from chatrun.store.memory import InMemoryStore
 
@@ -76,6 +79,10 @@ def record_transcript(transcript: Transcript) -> bool:
         for turn in transcript.turns:
             recorder.responses = []
             session.chat(turn.input)
+            failed = [r["error"] for r in recorder.responses if "error" in r]
+            if failed:
+                raise ChatrunError(f"turn {turn.index} ({transcript.where(turn)}): the model failed while "
+                                   f"recording, so nothing was written: {failed[0]}")
             changes[turn.index - 1] = {"model": recorder.responses}
     finally:
         session.close()
