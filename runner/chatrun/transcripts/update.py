@@ -47,7 +47,7 @@ def to_node(value: Any, top: bool = True) -> Any:
         return node
     if isinstance(value, list):
         node = CommentedSeq(to_node(v, False) for v in value)
-        if not value or _flat(value):
+        if not value or (not any(isinstance(v, dict) for v in value) and _flat(value)):
             node.fa.set_flow_style()
         return node
     return value
