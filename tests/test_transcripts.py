@@ -483,3 +483,18 @@ def test_record_writes_nothing_when_the_model_fails(tmp_path, monkeypatch):
     assert code == 1
     assert f"turn 1 ({path}:3): the model failed while recording, so nothing was written" in out
     assert path.read_text() == before
+
+
+def test_setup_problems_name_the_line(tmp_path):
+    path = hello_transcript(tmp_path, """
+        route: nowhere
+        turns:
+          - user: hi
+        """)
+    assert run_transcript(str(path)).report() == (
+        f"{path}:2: cannot start the conversation: unknown route 'nowhere'; the bot defines: chat")
+    broken = write(tmp_path / "broken" / "bot.yaml", "name: b\nroutes: {a: {default: true, description: d, tools: [nope]}}\n")
+    path = write(tmp_path / "broken" / "transcripts" / "t.yaml", "bot: ..\nturns:\n  - user: hi\n")
+    report = run_transcript(str(path)).report()
+    assert report.startswith(f"{path}:1: bot .. is invalid:\n{broken}:2:")
+    assert "unknown tool `nope`" in report

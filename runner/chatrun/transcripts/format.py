@@ -49,6 +49,7 @@ class Transcript:
     state: dict[str, Any] | None = None
     roles: list[str] | None = None
     description: str = ""
+    lines: dict[str, int] = field(default_factory=dict)  # line of each top-level key
 
     @property
     def name(self) -> str:
@@ -121,7 +122,8 @@ def _build(doc: YamlDoc) -> Transcript:
             expect_line=doc.pos(("turns", i, "expect")).line if "expect" in raw else 0,
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
-                      data.get("roles"), data.get("description", ""))
+                      data.get("roles"), data.get("description", ""),
+                      {key: doc.pos((key,)).line for key in data})
 
 
 def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:

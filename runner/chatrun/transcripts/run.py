@@ -109,15 +109,16 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
     try:
         bot = load_bot_cached(str(t.bot_path), bots)
     except BotError as exc:
-        result.error = f"{t.name}: bot {t.bot} is invalid:\n" + "\n".join(d.format() for d in exc.diagnostics)
+        result.error = f"{t.name}:{t.lines.get('bot', 1)}: bot {t.bot} is invalid:\n" + "\n".join(d.format() for d in exc.diagnostics)
         return result
     except ChatrunError as exc:
-        result.error = f"{t.name}: cannot load bot {t.bot}: {exc}"
+        result.error = f"{t.name}:{t.lines.get('bot', 1)}: cannot load bot {t.bot}: {exc}"
         return result
     try:
         session, script = start_session(bot, t)
     except ChatrunError as exc:
-        result.error = f"{t.name}: cannot start the conversation: {exc}"
+        key = "route" if "route" in t.lines else "state"
+        result.error = f"{t.name}:{t.lines.get(key, 1)}: cannot start the conversation: {exc}"
         return result
     try:
         for turn in t.turns:
