@@ -55,8 +55,13 @@ def render_value(source: Any, context: dict[str, Any]) -> Any:
         return source
     expr = _single_expression(source)
     if expr is not None:
-        return ENV.compile_expression(expr, undefined_to_none=False)(**context)
+        return _compile_expression(expr)(**context)
     return render(source, context)
+
+
+@lru_cache(maxsize=4096)
+def _compile_expression(expr: str):  # noqa: ANN202 - jinja2.nativetypes-like TemplateExpression
+    return ENV.compile_expression(expr, undefined_to_none=False)
 
 
 @lru_cache(maxsize=4096)
