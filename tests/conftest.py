@@ -17,6 +17,17 @@ if SHARED_TIKTOKEN.is_dir():
 
 
 @pytest.fixture
+def fake(monkeypatch):
+    """A local OpenAI-compatible server; the openai provider is pointed at it through the environment."""
+    from chatrun.testing.fake_openai import FakeOpenAI
+
+    with FakeOpenAI() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        yield server
+
+
+@pytest.fixture
 def write_bot(tmp_path):
     """Write a single-file bot from YAML text and return its path."""
 

@@ -12,7 +12,6 @@ import pytest
 
 import chatrun
 from chatrun.server import create_app
-from chatrun.testing.fake_openai import FakeOpenAI
 from test_server_support import REPO, ThreadServer, call, free_port, write_travel
 
 CHROMIUM = "/usr/bin/chromium"
@@ -29,14 +28,6 @@ ARGS = [
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs chromium)")
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-        yield server
 
 
 @pytest.fixture

@@ -5,20 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import chatrun
-from chatrun.testing.fake_openai import FakeOpenAI
 
 TRAVEL = Path(__file__).resolve().parents[1] / "bots" / "travel"
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-        yield server
 
 
 def tool(name, **args):

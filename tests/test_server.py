@@ -10,16 +10,7 @@ from fastapi.testclient import TestClient
 
 import chatrun
 from chatrun.server import ServerLimits, create_app
-from chatrun.testing.fake_openai import FakeOpenAI
 from test_server_support import call, check_frame, types, until_done, write_travel
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-        yield server
 
 
 @pytest.fixture

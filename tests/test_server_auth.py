@@ -10,7 +10,6 @@ import chatrun
 from chatrun.errors import ChatrunError
 from chatrun.server import create_app
 from chatrun.server.auth import Auth
-from chatrun.testing.fake_openai import FakeOpenAI
 from test_server_support import call, until_done, write_travel
 
 AUTH = """
@@ -20,14 +19,6 @@ tokens:
 """
 ANA = {"Authorization": "Bearer ana-token-123"}
 BOB = {"Authorization": "Bearer bob-token-456"}
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-        yield server
 
 
 @pytest.fixture
