@@ -14,40 +14,14 @@ if TYPE_CHECKING:
 
 
 def graph_data(bot: Bot) -> dict[str, Any]:
-    """Routes and the tool actions that move between them, plus the mermaid text of the graph."""
-    config = bot.config
+    """Routes and the tool actions that move between them (from the bot's route graph), plus its mermaid text."""
+    graph = bot.graph
     nodes = [
-        {
-            "name": name,
-            "description": route.description,
-            "default": route.default,
-            "roles": list(route.roles),
-            "tools": list(route.tools),
-        }
-        for name, route in config.routes.items()
+        {"name": n.name, "description": n.description, "default": n.default, "roles": list(n.roles), "tools": list(n.tools)}
+        for n in graph.nodes.values()
     ]
-    edges = []
-    for name, route in config.routes.items():
-        for tool_name in route.tools:
-            tool = config.tools.get(tool_name)
-            if tool is None:
-                continue
-            action = tool.action
-            if action.push:
-                edges.append({"from": name, "to": action.push, "kind": "push", "tool": tool_name})
-            if action.route:
-                edges.append({"from": name, "to": action.route, "kind": "route", "tool": tool_name})
-            if action.pop:
-                edges.append({"from": name, "to": None, "kind": "pop", "tool": tool_name})
-    return {"bot": bot.name, "default": config.default_route, "nodes": nodes, "edges": edges, "mermaid": _mermaid(bot)}
-
-
-def _mermaid(bot: Bot) -> str:
-    graph = getattr(bot, "graph", None)
-    try:
-        return graph.render("mermaid") if graph is not None else ""
-    except Exception:  # the graph module is another part; the inspector draws from `edges` anyway
-        return ""
+    edges = [{"from": e.source, "to": e.target, "kind": e.kind, "tool": e.tool} for e in graph.edges]
+    return {"bot": bot.name, "default": graph.default, "nodes": nodes, "edges": edges, "mermaid": graph.render("mermaid")}
 
 
 def session_data(session: Session) -> dict[str, Any]:
