@@ -225,9 +225,10 @@ def repl(bot_path: str, route: str | None, session_id: str | None, store: str | 
     try:
         bot = load_bot(bot_path)
         play = play_model or not model_is_configured(bot.config.model)
+        session = Repl(bot, open_store(store), session_id, route, play)
         if play and not play_model:
             click.secho(NO_MODEL.format(file=bot.config.path), fg="yellow")
-        code = Repl(bot, open_store(store), session_id, route, play).run()
+        code = session.run()
     except ChatrunError as exc:
         fail(exc)
         return
