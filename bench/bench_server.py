@@ -10,6 +10,11 @@ model, the server under test, and this load generator.
 
     python bench/bench_server.py                   # N = 100 and 1000, delay 0.2 s, 3 turns each
     python bench/bench_server.py --sessions 100 --turns 5 --delay 0.1
+    python bench/bench_server.py --sessions 1000 --runs 5    # medians of 5 runs, interleaved
+
+Each run starts fresh server processes; with --runs the configurations take turns (floor,
+memory://, sqlite, floor, ...) so a change in machine load hits all of them alike, and the
+table shows per-column medians. The load average is printed before and after.
 
 Target (issue 5): within 10% of the floor's throughput, under 5 ms added p99 at 1,000 sessions.
 """
@@ -211,11 +216,21 @@ def measure(kind: str, sessions: int, turns: int, fake_url: str, workdir: Path) 
             proc.kill()
 
 
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Per-figure medians (each column on its own, so a row need not come from one run)."""
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, action="append", help="concurrent sessions (repeatable); default 100 and 1000")
     parser.add_argument("--turns", type=int, default=3, help="turns per session")
     parser.add_argument("--delay", type=float, default=0.2, help="the fake model's answer delay, seconds")
+    parser.add_argument("--runs", type=int, default=1, help="runs per configuration; the table shows medians")
     parser.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_floor:
@@ -235,17 +250,23 @@ def main() -> None:
             workdir = Path(tmp)
             (workdir / "bench.yaml").write_text(textwrap.dedent(BOT))
             print(f"fake model delay {args.delay * 1000:.0f} ms, {args.turns} turns per session, "
-                  f"{os.cpu_count()} CPUs; latency = send -> Completed, added = latency - delay")
+                  f"{os.cpu_count()} CPUs, median of {args.runs} run(s); latency = send -> Completed, "
+                  f"added = latency - delay; load average {load_average()}")
             print(f"{'server':<22}{'sessions':>9}{'turns/s':>10}{'vs floor':>10}{'p50 +ms':>10}{'p99 +ms':>10}{'KiB/session':>13}{'CPU ms/turn':>13}")
+            kinds = ("floor", "chatrun memory://", "chatrun sqlite")
             for n in sizes:
-                floor = None
-                for kind in ("floor", "chatrun memory://", "chatrun sqlite"):
-                    r = measure(kind, n, args.turns, fake_url, workdir)
-                    floor = floor or r
+                results: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+                for _ in range(args.runs):
+                    for kind in kinds:
+                        results[kind].append(measure(kind, n, args.turns, fake_url, workdir))
+                floor = median_of(results["floor"])
+                for kind in kinds:
+                    r = median_of(results[kind])
                     ratio = r["throughput"] / floor["throughput"] * 100
                     print(f"{kind:<22}{n:>9}{r['throughput']:>10.1f}{ratio:>9.0f}%"
                           f"{(r['p50'] - args.delay) * 1000:>10.1f}{(r['p99'] - args.delay) * 1000:>10.1f}"
                           f"{r['kb_per_session']:>13.1f}{r['cpu_ms_per_turn']:>13.2f}", flush=True)
+            print(f"load average after: {load_average()}")
     finally:
         fake.terminate()
         fake.wait(10)
