@@ -99,7 +99,14 @@ def floor_app() -> FastAPI:
 def serve_floor(port: int) -> None:
     import uvicorn
 
-    uvicorn.run(floor_app(), host="127.0.0.1", port=port, log_level="warning")
+    from chatrun.server.app import tune_gc
+
+    app = floor_app()
+    # The same garbage-collector settings `chatrun serve` applies once its app is built, so the
+    # difference measured is the engine's, not the runtime's (with CPython's defaults the floor
+    # spends ~1.4 ms of CPU per turn in the collector at 1,000 sessions, chatrun ~1.8 ms).
+    tune_gc()
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 # -- processes -------------------------------------------------------------------------------------------
