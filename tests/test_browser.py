@@ -12,7 +12,7 @@ import pytest
 
 import chatrun
 from chatrun.server import create_app
-from test_server_support import REPO, ThreadServer, call, free_port, write_travel
+from server_support import REPO, ThreadServer, call, free_port, write_travel
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [

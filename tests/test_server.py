@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 import chatrun
 from chatrun.server import ServerLimits, create_app
-from test_server_support import call, check_frame, types, until_done, write_travel
+from server_support import call, check_frame, types, until_done, write_travel
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import chatrun
 from chatrun.errors import ChatrunError
 from chatrun.server import create_app
 from chatrun.server.auth import Auth
-from test_server_support import call, until_done, write_travel
+from server_support import call, until_done, write_travel
 
 AUTH = """
 tokens:

@@ -14,7 +14,7 @@ import websockets
 import chatrun
 from chatrun.server import create_app
 from chatrun.testing.fake_openai import FakeOpenAI
-from test_server_support import ThreadServer, async_until_done, check_frame, write_travel
+from server_support import ThreadServer, async_until_done, check_frame, write_travel
 
 DELAY = 0.6  # the fake model's answer time; big enough that overlap and order are unambiguous
 

@@ -16,7 +16,7 @@ import pytest
 import websockets
 
 from chatrun.testing.fake_openai import FakeOpenAI
-from test_server_support import REPO, async_until_done, call, free_port, write_travel
+from server_support import REPO, async_until_done, call, free_port, write_travel
 
 
 def start_server(bot: str, db: str, port: int, fake: FakeOpenAI) -> subprocess.Popen:
