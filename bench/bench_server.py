@@ -11,6 +11,7 @@ model, the server under test, and this load generator.
     python bench/bench_server.py                   # N = 100 and 1000, delay 0.2 s, 3 turns each
     python bench/bench_server.py --sessions 100 --turns 5 --delay 0.1
     python bench/bench_server.py --sessions 1000 --runs 5    # medians of 5 runs, interleaved
+    python bench/bench_server.py --sessions 1000 --delay 10 --spread 10 --turns 2   # below saturation
 
 Each run starts fresh server processes; with --runs the configurations take turns (floor,
 memory://, sqlite, floor, ...) so a change in machine load hits all of them alike, and the
@@ -151,7 +152,7 @@ def rss_mb(pid: int) -> float:
 # -- load -----------------------------------------------------------------------------------------------------
 
 
-async def run_load(url: str, sessions: int, turns: int, pid: int) -> dict[str, float]:
+async def run_load(url: str, sessions: int, turns: int, pid: int, spread: float = 0.0) -> dict[str, float]:
     import websockets
 
     latencies: list[float] = []
@@ -172,6 +173,9 @@ async def run_load(url: str, sessions: int, turns: int, pid: int) -> dict[str, f
 
     async def chat(i: int, ws) -> None:  # noqa: ANN001
         chat_id = f"bench-{os.getpid()}-{i}"
+        # Staggered starts (--spread): session i begins at i/N of the window, so N sessions offer
+        # about N/delay turns per second instead of all N arriving in the same instant.
+        await asyncio.sleep(spread * i / len(connections))
         for t in range(turns):
             start = time.perf_counter()
             await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": chat_id, "data": {"userMessage": f"turn {t}"}}))
@@ -200,7 +204,7 @@ async def run_load(url: str, sessions: int, turns: int, pid: int) -> dict[str, f
     }
 
 
-def measure(kind: str, sessions: int, turns: int, fake_url: str, workdir: Path) -> dict[str, float]:
+def measure(kind: str, sessions: int, turns: int, fake_url: str, workdir: Path, spread: float = 0.0) -> dict[str, float]:
     port = free_port()
     env = dict(os.environ, OPENAI_BASE_URL=fake_url, OPENAI_API_KEY="bench")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runner"), env.get("PYTHONPATH")]))
@@ -214,7 +218,7 @@ def measure(kind: str, sessions: int, turns: int, fake_url: str, workdir: Path) 
                       "--log-level", "warning", "--max-in-flight", "64"], env)
     try:
         wait_port(port, proc)
-        return asyncio.run(run_load(f"ws://127.0.0.1:{port}/_chat/routes", sessions, turns, proc.pid))
+        return asyncio.run(run_load(f"ws://127.0.0.1:{port}/_chat/routes", sessions, turns, proc.pid, spread))
     finally:
         proc.terminate()
         try:
@@ -237,6 +241,9 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, action="append", help="concurrent sessions (repeatable); default 100 and 1000")
     parser.add_argument("--turns", type=int, default=3, help="turns per session")
     parser.add_argument("--delay", type=float, default=0.2, help="the fake model's answer delay, seconds")
+    parser.add_argument("--spread", type=float, default=0.0,
+                        help="start the sessions' first turns evenly over this many seconds (0: all at once); "
+                        "with --spread equal to --delay the load is N/delay turns/s, below saturation if the CPU allows")
     parser.add_argument("--runs", type=int, default=1, help="runs per configuration; the table shows medians")
     parser.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -257,7 +264,7 @@ def main() -> None:
             workdir = Path(tmp)
             (workdir / "bench.yaml").write_text(textwrap.dedent(BOT))
             print(f"fake model delay {args.delay * 1000:.0f} ms, {args.turns} turns per session, "
-                  f"{os.cpu_count()} CPUs, median of {args.runs} run(s); latency = send -> Completed, "
+                  f"{os.cpu_count()} CPUs, median of {args.runs} run(s), starts spread over {args.spread:g} s; latency = send -> Completed, "
                   f"added = latency - delay; load average {load_average()}")
             print(f"{'server':<22}{'sessions':>9}{'turns/s':>10}{'vs floor':>10}{'p50 +ms':>10}{'p99 +ms':>10}{'KiB/session':>13}{'CPU ms/turn':>13}")
             kinds = ("floor", "chatrun memory://", "chatrun sqlite")
@@ -265,7 +272,7 @@ def main() -> None:
                 results: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
                 for _ in range(args.runs):
                     for kind in kinds:
-                        results[kind].append(measure(kind, n, args.turns, fake_url, workdir))
+                        results[kind].append(measure(kind, n, args.turns, fake_url, workdir, args.spread))
                 floor = median_of(results["floor"])
                 for kind in kinds:
                     r = median_of(results[kind])
