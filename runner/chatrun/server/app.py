@@ -37,11 +37,14 @@ def create_app(
     limits: wire.ServerLimits = wire.ServerLimits(),  # noqa: B008 - frozen dataclass, safe to share
     store: SessionStore | None = None,
     cache_size: int = 10_000,
+    gc_tuning: bool = True,
 ) -> FastAPI:
     """The app serving `bots` (Bot objects or paths; a dict name -> Bot; the first is the default).
 
     store_url: "memory://" or "sqlite:///path.db" (ignored when `store` is given).
     auth: an Auth, a path to an auth file, or None (then $CHATRUN_AUTH_FILE, else no auth).
+    gc_tuning: apply tune_gc() at startup (process-wide; pass False when embedding the app
+    in a process whose garbage-collector settings are someone else's).
     """
     loaded = _load_bots(bots)
     registry = SessionRegistry(loaded, store if store is not None else open_store(store_url), cache_size)
@@ -51,7 +54,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        tune_gc()
+        if gc_tuning:
+            tune_gc()
         yield
 
     app = FastAPI(
