@@ -127,9 +127,14 @@ class OpenAIModel:
     def request_args(request: ModelRequest, stream: bool) -> dict[str, Any]:
         """Keyword arguments of `chat.completions.create` for a request."""
         config = request.config
-        args: dict[str, Any] = {"model": config.name, "messages": [m.to_openai() for m in request.messages]}
+        # The client re-walks every message and tool against its TypedDicts before sending
+        # (measured: ~6 ms of CPU for 20 messages and 7 tools, more than the rest of a turn).
+        # Ours are plain JSON already, so they travel in `extra_body`, which the client merges
+        # into the request body as it is; `messages` itself only satisfies the signature.
+        body: dict[str, Any] = {"messages": [m.to_openai() for m in request.messages]}
         if request.tools:
-            args["tools"] = request.tools
+            body["tools"] = request.tools
+        args: dict[str, Any] = {"model": config.name, "messages": [], "extra_body": body}
         if config.temperature is not None:
             args["temperature"] = config.temperature
         if config.max_tokens is not None:
@@ -148,8 +153,7 @@ class OpenAIModel:
                 args[key] = value
             else:
                 extra[key] = value
-        if extra:
-            args["extra_body"] = {**args.get("extra_body", {}), **extra}
+        body.update(extra)
         return args
 
     # -- the call ------------------------------------------------------------------------------------
