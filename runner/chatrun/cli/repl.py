@@ -132,6 +132,9 @@ class Repl:
         except KeyboardInterrupt:
             click.secho("\nturn cancelled; the session is as it was before it", fg="yellow")
             return
+        except ChatrunError as exc:  # e.g. the store failed while recording the turn
+            click.secho(f"error: {exc}", fg="red")
+            return
         finally:
             runner.close()
         if self.streamed:
