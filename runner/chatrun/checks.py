@@ -21,9 +21,10 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from chatrun.config import BotConfig, ToolConfig
-from chatrun.errors import Diagnostic
+from chatrun.errors import ChatrunError, Diagnostic
 from chatrun.loader import Sources
 from chatrun.templates import ENV, TEMPLATE_VARIABLES
+from chatrun.tools import handler_file
 
 # Dict methods a template may call on state (`state.prefs.get('x')`): not state keys.
 _DICT_METHODS = frozenset({"get", "items", "keys", "values"})
@@ -437,12 +438,10 @@ def _import_isolated(root: Path, module_name: str) -> Any:
     """Import a handler module from the bot directory the way the engine will (chatrun.tools),
     but leave sys.modules as it was: validating one bot must not change what another imports.
     Returns the module, or a string saying why it could not be imported."""
-    rel = Path(*module_name.split("."))
-    for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
-        if candidate.is_file():
-            break
-    else:
-        return f"no module `{module_name}` in {root} (looked for {rel.with_suffix('.py')})"
+    try:
+        candidate = handler_file(root, module_name)
+    except ChatrunError as exc:
+        return str(exc)
     unique = f"_chatrun_validate_{abs(hash(str(candidate)))}_{module_name.replace('.', '_')}"
     spec = importlib.util.spec_from_file_location(unique, candidate)
     if spec is None or spec.loader is None:

@@ -82,6 +82,15 @@ class ToolContext:
         self._emit(event_type, data)
 
 
+def handler_file(root: Path, module_name: str) -> Path:
+    """The file of a handler module `a.b` in a bot directory: a/b.py or a/b/__init__.py."""
+    rel = Path(*module_name.split("."))
+    for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    raise ChatrunError(f"no module `{module_name}` in {root} (looked for {rel.with_suffix('.py')})")
+
+
 class HandlerResolver:
     """Imports `module:function` handlers from a bot's directory, once per module."""
 
@@ -103,12 +112,7 @@ class HandlerResolver:
         return func
 
     def _import(self, module_name: str) -> Any:
-        rel = Path(*module_name.split("."))
-        for candidate in (self.root / rel.with_suffix(".py"), self.root / rel / "__init__.py"):
-            if candidate.is_file():
-                break
-        else:
-            raise ChatrunError(f"handler module {module_name!r} not found in {self.root} (looked for {rel}.py)")
+        candidate = handler_file(self.root, module_name)
         # A private module name per bot, so two bots' travel_tools never collide in sys.modules.
         unique = f"_chatrun_bot_{abs(hash(str(self.root)))}_{module_name.replace('.', '_')}"
         spec = importlib.util.spec_from_file_location(unique, candidate)
