@@ -397,3 +397,16 @@ def test_closed_session_refuses_turns(travel):
     s.close()
     with pytest.raises(SessionError, match="closed"):
         s.chat("hi")
+
+
+def test_preview_shows_what_the_model_will_be_sent_next(travel):
+    model = ScriptedModel([call("book_flight"), {"text": "Where to?"}, call("cancel")])
+    s = travel.session(model=model)
+    assert s.preview_messages() == [SystemMessage("You are a travel agent. Help the user.")]
+    s.chat("a flight")
+    s.chat("no, cancel")
+    # main_menu's memory was cleared by book_flight; the next call still leads with its system prompt
+    assert s.memory() == []
+    assert s.preview_messages() == [SystemMessage("You are a travel agent. Help the user.")]
+    s.state["traveller_name"] = "Ana"
+    assert s.preview_messages()[0] == SystemMessage("You are a travel agent. Help Ana.")

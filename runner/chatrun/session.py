@@ -26,7 +26,7 @@ from chatrun.config import ModelConfig
 from chatrun.errors import ChatrunError, ModelError, SessionError, UnknownRouteError
 from chatrun.events import Event
 from chatrun.memory import ChatMemory, make_memory
-from chatrun.messages import AssistantMessage, Message
+from chatrun.messages import AssistantMessage, Message, SystemMessage
 from chatrun.models import make_model
 from chatrun.models.base import ChatModel
 from chatrun.scopes import Scope, init_declared, scope_view
@@ -110,6 +110,20 @@ class Session:
         """The messages of one memory: by default the current route's in the current scope."""
         scope = self.scopes[-1] if scope_id is None else self._scope(scope_id)
         return self.memory_for(scope, route or scope.route, create=False).messages()
+
+    def preview_messages(self) -> list[Message]:
+        """What the current route will send the model next, before the user's next message:
+        its memory, led by the system prompt rendered from the state as it is now."""
+        route = self.bot.config.routes[self.route]
+        messages = self.memory()
+        if not route.system:
+            return messages
+        try:
+            text = Turn(self, self.turn + 1, None, {}).render_template(route.system, f"route {route.name} system", route.where)
+        except ChatrunError:
+            return messages  # the next turn will report the template's error
+        rest = messages[1:] if messages and isinstance(messages[0], SystemMessage) else messages
+        return [SystemMessage(text), *rest]
 
     def memories(self) -> dict[str, list[Message]]:
         return {

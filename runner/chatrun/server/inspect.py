@@ -60,7 +60,7 @@ def inspect_data(session: Session) -> dict[str, Any]:
     """Everything the inspector panel shows, refreshed after every turn."""
     config = session.bot.config
     route = session.route
-    memory = session.memory()
+    memory = session.preview_messages()  # exactly as the model will be sent it next
     policy = config.route_memory(route)
     history = session.history
     return session_data(session) | {
