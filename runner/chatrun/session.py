@@ -315,6 +315,13 @@ class Session:
         self._memories[mid] = memory
         return memory
 
+    def forget_turn_memories(self) -> None:
+        """Policy `none`: what a route held during the turn is gone after it. Only memories
+        loaded in this turn can hold anything (they are never persisted)."""
+        for memory in self._memories.values():
+            if memory.ephemeral:
+                memory.clear()
+
     def clear_scope_memories(self, scope: Scope) -> None:
         for route in scope.memory_routes:
             self.memory_for(scope, route).clear()

@@ -93,8 +93,7 @@ class Turn:
         scope = self.s.scopes[-1]
         route = self.config.routes[scope.route]
         memory = self.s.memory_for(scope, route.name)
-        self.add_system(memory, route)
-        user_text = self.render_user(route)
+        user_text = self.render_user(route)  # the system prompt goes first anyway: memories keep it first
         if user_text:
             memory.add(UserMessage(user_text))
         tools = route_tool_specs(self.config, route.name)
@@ -145,11 +144,7 @@ class Turn:
         for scope in self.s.scopes:
             if scope.id in self.wipe_scheduled and scope.id not in self.wipe_aborted:
                 self.s.clear_scope_memories(scope)
-        for scope in self.s.scopes:
-            for r in scope.memory_routes:
-                memory = self.s.memory_for(scope, r)
-                if memory.ephemeral:
-                    memory.clear()
+        self.s.forget_turn_memories()
 
     # -- rendering ----------------------------------------------------------------
 
