@@ -250,6 +250,26 @@ def test_json_without_choices_is_a_model_error(fake):
         call(model(), config(fake))
 
 
+@pytest.mark.parametrize("message", [
+    {"role": "assistant", "content": 5},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": 3}}]},
+])
+def test_wrongly_typed_answer_is_a_model_error_not_a_crash(fake, message):
+    body = {"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+    fake.queue({"raw": json.dumps(body)})
+    with pytest.raises(ModelError, match="not valid Chat Completions: .* is a int, not text"):
+        call(model(), config(fake))
+
+
+def test_wrongly_typed_stream_delta_is_a_model_error(fake):
+    chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": 3}}]}}]}
+    fake.queue({"raw": f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"})
+    with pytest.raises(ModelError, match="streamed tool call arguments is a int, not text"):
+        call(model(), config(fake, stream=True), stream=True)
+
+
 def test_unreachable_server_is_retried_then_a_model_error(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with socket.socket() as sock:  # a port nobody listens on

@@ -209,7 +209,11 @@ class OpenAIModel:
             function = getattr(call, "function", None)
             if function is None:
                 continue  # not a function call (custom tools are never offered)
-            calls.append(ToolCall(call.id or f"call_{i}", function.name or "", function.arguments or ""))
+            name, arguments = function.name or "", function.arguments or ""
+            check_text("a tool call's name", name, completion)
+            check_text("a tool call's arguments", arguments, completion)
+            calls.append(ToolCall(call.id or f"call_{i}", name, arguments))
+        check_text("the message content", message.content or "", completion)
         return ModelResponse(text=message.content or None, tool_calls=calls, usage=usage_of(completion))
 
     async def stream_once(self, client: openai.AsyncOpenAI, args: dict[str, Any], timeout: float,
@@ -238,6 +242,7 @@ class OpenAIModel:
                     if delta is None:
                         continue
                     if delta.content:
+                        check_text("streamed content", delta.content, chunk)
                         text.append(delta.content)
                         sent[0] = True
                         await on_chunk(delta.content)
@@ -266,6 +271,8 @@ def add_delta(calls: dict[int, ToolCallParts], part: Any) -> None:
         parts.id = part.id
     function = part.function
     if function is not None:
+        check_text("a streamed tool call's name", function.name or "", part)
+        check_text("streamed tool call arguments", function.arguments or "", part)
         if function.name and function.name != parts.name:
             parts.name = function.name if not parts.name else parts.name + function.name
         if function.arguments:
@@ -368,9 +375,16 @@ def usage_of(obj: Any) -> dict[str, int]:
     return out
 
 
+def check_text(what: str, value: Any, answer: Any) -> None:
+    """The client does not type-check what a server sends: a number where text belongs is garbage."""
+    if not isinstance(value, str):
+        raise ModelError(f"the server's answer is not valid Chat Completions: {what} is a "
+                         f"{type(value).__name__}, not text: {preview(answer)}")
+
+
 def preview(obj: Any) -> str:
     try:
-        text = json.dumps(obj.model_dump(exclude_unset=True))
+        text = json.dumps(obj.model_dump(exclude_unset=True, warnings=False))
     except Exception:  # noqa: BLE001 - only for the message
         text = repr(obj)
     return text if len(text) <= 300 else text[:300] + "..."
