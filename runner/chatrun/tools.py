@@ -12,7 +12,6 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,7 @@ def route_tool_specs(config: BotConfig, route: str) -> list[dict[str, Any]]:
     return [tool_spec(config.tools[name]) for name in config.routes[route].tools if name in config.tools]
 
 
-@lru_cache(maxsize=4096)
-def _validator(schema_json: str) -> Draft202012Validator:
-    return Draft202012Validator(json.loads(schema_json))
-
-
-def parse_arguments(tool: ToolConfig, raw: str) -> dict[str, Any]:
+def parse_arguments(tool: ToolConfig, raw: str, validator: Draft202012Validator) -> dict[str, Any]:
     """The call's arguments as a dict, checked against the tool's `parameters`."""
     try:
         args = json.loads(raw) if raw and raw.strip() else {}
@@ -53,7 +47,6 @@ def parse_arguments(tool: ToolConfig, raw: str) -> dict[str, Any]:
         ) from None
     if not isinstance(args, dict):
         raise ToolRefusal(f"Error: the arguments of {tool.name} must be a JSON object, not {type(args).__name__}.")
-    validator = _validator(json.dumps(tool.parameters, sort_keys=True))
     problems = []
     for err in sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(p) for p in err.absolute_path) or "arguments"

@@ -198,7 +198,7 @@ class Turn:
             offered = ", ".join(route.tools) or "none"
             return ToolOutcome(f"Error: there is no tool {call.name!r} here. Tools you can call: {offered}.")
         try:
-            args = parse_arguments(tool, call.arguments)
+            args = parse_arguments(tool, call.arguments, self.s.bot.argument_validator(tool.name))
             self.check_requires(tool)
             self.check_action(tool)
         except ToolRefusal as refusal:
