@@ -410,3 +410,22 @@ def test_preview_shows_what_the_model_will_be_sent_next(travel):
     assert s.preview_messages() == [SystemMessage("You are a travel agent. Help the user.")]
     s.state["traveller_name"] = "Ana"
     assert s.preview_messages()[0] == SystemMessage("You are a travel agent. Help Ana.")
+
+
+def test_event_data_is_plain_json_for_every_client(write_bot):
+    path = write_bot("""
+        name: odd
+        model: {provider: scripted}
+        routes:
+          main: {default: true, system: hi, tools: [odd]}
+        tools:
+          odd: {description: emits odd data, handler: odd_mod:odd}
+        """, extra={"odd_mod.py": """
+def odd(ctx):
+    ctx.emit("Object", {"tags": {"a"}, "pair": (1, 2), "x": float("nan")})
+    return "ok"
+"""})
+    s = chatrun.load_bot(path).session(model=ScriptedModel([call("odd"), {"text": "done"}]))
+    events = s.chat("go")
+    assert events[0].to_dict()["data"] == {"tags": ["a"], "pair": [1, 2], "x": "NaN"}
+    assert s.history[-1]["events"][0]["data"] == {"tags": ["a"], "pair": [1, 2], "x": "NaN"}

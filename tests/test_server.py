@@ -89,6 +89,12 @@ def test_malformed_frames_get_error_and_failed_and_the_connection_stays_usable(c
         (json.dumps({"type": "Connect", "chatId": "c1", "route": 5}), "route must be a string"),
         (json.dumps({"type": "ChatRouteMessage", "chatId": "c1", "data": "hi"}), "data must be a JSON object"),
         (json.dumps({"type": "ChatRouteMessage", "chatId": "c1", "data": {"userMessage": 3}}), "userMessage must be a string"),
+        ("[" * 5000 + "]" * 5000, "nested too deeply"),
+        ('{"type": "ChatRouteMessage", "chatId": "c1", "data": {"v": ' + "[" * 100 + "]" * 100 + "}}", "nested deeper than 64"),
+        ('{"type": "ChatRouteMessage", "chatId": "c1", "data": {"v": NaN}}', "NaN is not a JSON number"),
+        (json.dumps({"type": "Connect", "chatId": "c1", "resume": "false"}), "Connect.resume must be true or false"),
+        (json.dumps({"type": "Disconnect", "chatId": "c1", "keep": 1}), "Disconnect.keep must be true or false"),
+        (json.dumps({"type": "Connect", "chatId": "c1", "requestId": {"x": 1}}), "requestId must be a string or an integer"),
     ]
     with client.websocket_connect("/_chat/routes") as ws:
         for text, expected in bad:
@@ -271,6 +277,12 @@ def test_http_session_lifecycle(client, fake):
 def test_http_errors_are_json_that_say_what_is_wrong(client):
     r = client.post("/bots/travel/sessions", content=b"{oops", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["message"]
+    for body, expected in [(b'{"id": "n1", "state": {"x": NaN}}', "NaN is not a JSON number"),
+                           (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+                           (b'{"state": {"a": ' + b"[" * 300 + b"]" * 300 + b"}}", "nested deeper than 64")]:
+        r = client.post("/bots/travel/sessions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and expected in r.json()["message"], r.text
+    assert client.get("/bots/travel/sessions/n1").status_code == 404  # nothing was created
     r = client.post("/bots/travel/sessions", json={"route": "nowhere"})
     assert r.status_code == 404 and r.json()["error"] == "RouteNotFound"
     assert client.get("/bots/nope").status_code == 404

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,3 +36,23 @@ class Event:
     @classmethod
     def from_dict(cls, d: dict) -> Event:
         return cls(type=d["type"], data=d.get("data"), turn=d.get("turn", 0), meta=d.get("meta") or {})
+
+
+def plain(value: Any) -> Any:
+    """Event data as plain JSON values, once, when the event is made: every client (WebSocket,
+    SSE, the history, transcripts) then sees the same shape. Sets and tuples become lists,
+    objects with to_dict() their dict, NaN/Infinity and anything else their str()."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return json.loads(json.dumps(value, default=_jsonable, ensure_ascii=False), parse_constant=str)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    return str(value)

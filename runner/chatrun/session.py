@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -166,7 +165,7 @@ class Session:
         return self
 
     def emit(self, event_type: str, data: Any) -> None:
-        event = Event(event_type, data, self.turn + 1)
+        event = Event(event_type, ev.plain(data), self.turn + 1)
         if self._sink is not None:
             self._sink(event)
 
@@ -223,7 +222,7 @@ class Session:
     async def _run_turn(self, text: str | None, data: dict[str, Any]) -> None:
         before = self._capture()
         turn = Turn(self, self.turn + 1, text, data)
-        entry = {"turn": turn.number, "input": text if not data else data, "at": time.time()}
+        entry = {"turn": turn.number, "input": text if not data else ev.plain(data), "at": time.time()}
         collected: list[Event] = []
         sink = self._sink
         self._sink = lambda e: (collected.append(e), sink(e))  # type: ignore[misc]
@@ -421,5 +420,5 @@ def _split_input(message: Input) -> tuple[str | None, dict[str, Any]]:
 
 
 def _plain(events: list[Event]) -> list[dict]:
-    """The turn's events for the history: JSON-safe (str() for what JSON cannot hold), no Stream chunks."""
-    return json.loads(json.dumps([e.to_dict() for e in events if e.type != ev.STREAM], default=str))
+    """The turn's events for the history (their data is plain JSON already), no Stream chunks."""
+    return [e.to_dict() for e in events if e.type != ev.STREAM]

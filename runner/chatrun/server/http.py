@@ -52,10 +52,7 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
             )
         if not raw.strip():
             return {}
-        try:
-            body = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise wire.RequestFailed(wire.BAD_REQUEST, f"body is not valid JSON: {exc.msg} at character {exc.pos}") from None
+        body = wire.load_json(raw, "body")
         if not isinstance(body, dict):
             raise wire.RequestFailed(wire.BAD_REQUEST, f"body must be a JSON object, not {type(body).__name__}")
         return body

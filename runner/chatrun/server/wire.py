@@ -114,17 +114,25 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
     if len(text.encode()) > limits.max_frame_bytes:
         raise FrameError(TOO_LARGE, f"frame of {len(text.encode())} bytes is over the limit of {limits.max_frame_bytes} bytes")
     try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FrameError(BAD_REQUEST, f"frame is not valid JSON: {exc.msg} at character {exc.pos}") from None
+        raw = load_json(text, "frame")
+    except RequestFailed as exc:
+        raise FrameError(exc.reason, exc.message) from None
     if not isinstance(raw, dict):
         raise FrameError(BAD_REQUEST, f"a frame is a JSON object, not {type(raw).__name__}")
     chat_id = raw.get("chatId")
     request_id = raw.get("requestId")
     safe_chat = chat_id if isinstance(chat_id, str) else None
+    if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, str | int)):
+        raise FrameError(BAD_REQUEST, "requestId must be a string or an integer", safe_chat)
 
     def fail(message: str, reason: str = BAD_REQUEST) -> FrameError:
         return FrameError(reason, message, safe_chat, request_id)
+
+    def flag(name: str) -> bool:
+        value = raw.get(name, False)
+        if not isinstance(value, bool):
+            raise fail(f"{kind}.{name} must be true or false, not {json.dumps(value)}")
+        return value
 
     kind = raw.get("type")
     if kind not in CLIENT_TYPES:
@@ -143,7 +151,7 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
             raise fail("Connect.bot must be a string (a bot name) or absent")
         frame.route = route or None
         frame.bot = bot
-        frame.resume = bool(raw.get("resume"))
+        frame.resume = flag("resume")
     elif kind == CHAT_ROUTE_MESSAGE:
         data = raw.get("data", {})
         if data is None:
@@ -164,8 +172,41 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
         frame.data = data
         frame.scope_id = scope_id
     else:
-        frame.keep = bool(raw.get("keep"))
+        frame.keep = flag("keep")
     return frame
+
+
+MAX_JSON_DEPTH = 64
+
+
+def load_json(text: str | bytes, what: str) -> Any:
+    """Client JSON, or RequestFailed(BadRequest) saying what is wrong: not JSON, NaN or
+    Infinity (which no store can keep), or nested deeper than MAX_JSON_DEPTH."""
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        value = json.loads(text, parse_constant=no_constants)
+    except json.JSONDecodeError as exc:
+        raise RequestFailed(BAD_REQUEST, f"{what} is not valid JSON: {exc.msg} at character {exc.pos}") from None
+    except (ValueError, RecursionError) as exc:
+        reason = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise RequestFailed(BAD_REQUEST, f"{what} is not valid JSON: {reason}") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise RequestFailed(BAD_REQUEST, f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def _depth(value: Any) -> int:
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:
+                todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 class FrameError(RequestFailed):
@@ -179,17 +220,7 @@ def server_frame(chat_id: str | None, kind: str, data: Any, request_id: Any = No
     out: dict[str, Any] = {"chatId": chat_id, "type": kind, "data": data}
     if request_id is not None:
         out["requestId"] = request_id
-    return json.dumps(out, default=_jsonable, ensure_ascii=False)
-
-
-def _jsonable(value: Any) -> Any:
-    """Event data a bot's handler produced that JSON does not know (sets, dataclasses...)."""
-    if isinstance(value, set | frozenset | tuple):
-        return list(value)
-    to_dict = getattr(value, "to_dict", None)
-    if callable(to_dict):
-        return to_dict()
-    return str(value)
+    return json.dumps(out, ensure_ascii=False)  # event data is plain JSON already (events.plain)
 
 
 def turn_input(data: dict[str, Any]) -> str | dict[str, Any] | None:
