@@ -207,6 +207,15 @@ def test_empty_file(tmp_path):
         load_config(path)
 
 
+def test_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "bot.yaml"
+    path.write_bytes(b"name: latin\nroutes:\n  main: {default: true, system: caf\xe9}\n")
+    with pytest.raises(BotError) as info:
+        load_config(path)
+    assert [(d.line, d.col, d.message) for d in info.value.errors] == [
+        (3, 36, "the file is not UTF-8 text: byte 0xe9 on line 3 cannot be decoded; save the file as UTF-8")]
+
+
 def test_recursive_alias_and_non_string_names_are_diagnostics(tmp_path):
     path = tmp_path / "bot.yaml"
     path.write_text("name: odd\nloop: &x [*x]\nroutes:\n  2: {default: true}\n")

@@ -47,6 +47,9 @@ EXPECTED = {
          "`parameters` of tool `a` is not a valid JSON Schema at `properties.when.type`: 'date' is not valid under any of the given schemas"),
         ("bad_parameters.yaml", 15, "error",
          "`parameters` of tool `b` must have `type: object` (a tool's arguments are a JSON object)"),
+        ("bad_parameters.yaml", 18, "error",
+         "`parameters` of tool `c`: `$ref: #/nope` points nowhere (a tool's schema can only refer inside itself, "
+         "e.g. `#/$defs/NAME`)"),
     ],
     "defaults_many.yaml": [
         ("defaults_many.yaml", 6, "error",
@@ -81,6 +84,10 @@ EXPECTED = {
     "includes": [
         ("includes/bot.yaml", 2, "warning",
          'include pattern `missing/*.yaml` matches no file (relative to {d}/includes)'),
+        ("includes/bot.yaml", 2, "warning",
+         'include `routes`: `routes` is a directory; use `routes/*.yaml`'),
+        ("includes/routes/empty.yaml", 1, "error",
+         'the included file is empty: an included file holds `routes:` and/or `tools:`'),
         ("includes/routes/more.yaml", 1, "error",
          'unknown key `state` at the top level of an included file: included files hold only `routes:` and `tools:`'),
         ("includes/routes/more.yaml", 3, "error",
@@ -97,6 +104,13 @@ EXPECTED = {
          'route `other` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (only a client choosing it as the start route can enter it)'),
         ("memory_keys.yaml", 10, "error",
          'missing required key `type` in `memory` of route `other`'),
+    ],
+    "memory_encoding.yaml": [
+        ("memory_encoding.yaml", 2, "error",
+         "unknown tiktoken encoding `o200k_bas`; did you mean `o200k_base`? (leave `encoding` out to use the "
+         "model's; e.g. o200k_base, cl100k_base)"),
+        ("memory_encoding.yaml", 8, "error",
+         "unknown tiktoken encoding `nope` (leave `encoding` out to use the model's; e.g. o200k_base, cl100k_base)"),
     ],
     "missing_name.yaml": [
         ("missing_name.yaml", 1, "error",
@@ -163,6 +177,20 @@ EXPECTED = {
          '`model.temperature` must be a number or null, not a string'),
         ("wrong_type.yaml", 7, "error",
          '`tools` of route `main` must be a list, not a string'),
+    ],
+    "yaml_values.yaml": [
+        ("yaml_values.yaml", 3, "error",
+         '`.nan` is not a number JSON can hold (NaN and infinity are not allowed)'),
+        ("yaml_values.yaml", 8, "error",
+         'unsupported YAML tag `!!python/object:os.system`: a bot holds only plain mappings, lists, strings, '
+         'numbers, booleans and null (quote the value to make it text)'),
+        ("yaml_values.yaml", 10, "error",
+         'mapping keys must be plain scalars in `routes.main`, not a list'),
+        ("yaml_values.yaml", 14, "error",
+         'unsupported YAML tag `!!binary`: a bot holds only plain mappings, lists, strings, '
+         'numbers, booleans and null (quote the value to make it text)'),
+        ("yaml_values.yaml", 15, "error",
+         '`.inf` is not a number JSON can hold (NaN and infinity are not allowed)'),
     ],
     "yaml_syntax.yaml": [
         ("yaml_syntax.yaml", 7, "error",
@@ -451,3 +479,30 @@ def test_cli_in_a_subprocess_no_traceback(tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
     assert f"{bot}:7:25: error: handler `mod:run` of tool `go`: {tmp_path / 'mod.py'} failed to import: SystemExit: 3" \
         in proc.stdout
+
+
+def test_dates_are_text_and_bad_ones_too(write_bot):
+    """`2001-01-01` is a timestamp to YAML, but JSON (and a template) wants text: kept as written."""
+    path = write_bot("""\
+        name: dates
+        description: 2001-01-01
+        routes:
+          main: {default: true, system: 2020-13-45}
+        """)
+    config, found = check_bot(path)
+    assert found == []
+    assert (config.description, config.routes["main"].system) == ("2001-01-01", "2020-13-45")
+
+
+def test_cli_one_broken_bot_does_not_stop_the_others():
+    broken = FIXTURES / "yaml_values.yaml"
+    fine = FIXTURES / "graph_warnings.yaml"
+    result = CliRunner().invoke(main, ["validate", str(broken), str(fine)])
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert lines[0] == (f"{broken}:3:22: error: `.nan` is not a number JSON can hold "
+                        "(NaN and infinity are not allowed)")
+    assert f"{broken}: invalid: 5 errors, 0 warnings" in lines
+    assert f"{fine}: valid (3 warnings)" in lines
+    assert lines[-1] == "2 bots checked, 1 invalid: 5 errors, 3 warnings"
+    assert "chatrun bug" not in result.output

@@ -7,11 +7,11 @@ errors on the line inside a multi-line template).
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import json
 import re
 import sys
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from jsonschema.exceptions import SchemaError
 
 from chatrun.config import BotConfig, ToolConfig
 from chatrun.errors import ChatrunError, Diagnostic
-from chatrun.loader import Sources
+from chatrun.loader import Sources, suggest
 from chatrun.templates import ENV, TEMPLATE_VARIABLES
 from chatrun.tools import handler_file
 
@@ -46,12 +46,14 @@ class _Checker:
             _merge_decl(self.declared_scope, route.scope.local)
             _merge_decl(self.declared_scope, route.scope.shared)
         self._modules: dict[str, Any] = {}
+        self.defaults = [r.name for r in config.routes.values() if r.default]
 
     def add(self, severity: str, message: str, kind: str, name: str, *sub: Any) -> None:
         self.out.append(self.src.diag(severity, message, kind, name, *sub))
 
     def run(self) -> None:
         self.default_route()
+        self.encodings()
         for route in self.config.routes.values():
             self.route_tools(route.name, route.tools)
             for field in ("system", "user"):
@@ -65,7 +67,7 @@ class _Checker:
     # -- routes ------------------------------------------------------------------
 
     def default_route(self) -> None:
-        defaults = [r.name for r in self.config.routes.values() if r.default]
+        defaults = self.defaults
         if not self.config.routes:
             return  # the loader said there are no routes
         if not defaults:
@@ -80,6 +82,27 @@ class _Checker:
             self.add("error", f"several default routes: {listed}; exactly one route may have `default: true`",
                      "routes", defaults[1], "default")
 
+    def encodings(self) -> None:
+        """An unknown tiktoken encoding would fail every turn of a token-window route."""
+        wanted = [(self.config.memory.encoding, self.src.main, ("memory", "encoding"))]
+        for route in self.config.routes.values():
+            if route.memory is not None:
+                wanted.append((route.memory.encoding, self.src.doc_of("routes", route.name),
+                               ("routes", route.name, "memory", "encoding")))
+        wanted = [w for w in wanted if w[0]]
+        if not wanted:
+            return
+        import tiktoken  # only for bots that name an encoding: importing it costs time
+
+        known = sorted(tiktoken.list_encoding_names())
+        for encoding, doc, path in wanted:
+            if encoding not in known:
+                pos = doc.pos(path)
+                self.out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
+                                           f"unknown tiktoken encoding `{encoding}`{suggest(encoding, known)} "
+                                           "(leave `encoding` out to use the model's; e.g. o200k_base, cl100k_base)",
+                                           ".".join(path)))
+
     def _where(self, kind: str, name: str, *sub: Any) -> str:
         file, pos = self.src.at(kind, name, *sub)
         return f"{file}:{pos.line}"
@@ -88,7 +111,7 @@ class _Checker:
         for i, tool in enumerate(tools):
             if tool not in self.config.tools:
                 self.add("error", f"route `{route}` lists unknown tool `{tool}`"
-                         f"{_suggest(tool, self.config.tools)}", "routes", route, "tools", i)
+                         f"{suggest(tool, self.config.tools)}", "routes", route, "tools", i)
 
     # -- tools -------------------------------------------------------------------
 
@@ -99,7 +122,7 @@ class _Checker:
             target = getattr(action, key)
             if target and target not in self.config.routes:
                 verb = "pushes" if key == "push" else "routes to"
-                self.add("error", f"tool `{name}` {verb} unknown route `{target}`{_suggest(target, self.config.routes)}",
+                self.add("error", f"tool `{name}` {verb} unknown route `{target}`{suggest(target, self.config.routes)}",
                          *base, "action", key)
         for i, path in enumerate(tool.requires):
             problem = self.undeclared(path)
@@ -128,12 +151,16 @@ class _Checker:
     def parameters(self, tool: ToolConfig) -> None:
         base = ("tools", tool.name, "parameters")
         try:
-            _check_schema(json.dumps(tool.parameters, sort_keys=True, default=str))
+            _check_schema(json.dumps(tool.parameters, sort_keys=True))
         except SchemaError as exc:
             where = ".".join(map(str, exc.path))
             self.add("error", f"`parameters` of tool `{tool.name}` is not a valid JSON Schema"
                      f"{f' at `{where}`' if where else ''}: {exc.message}", "tools", tool.name, "parameters", *exc.path)
             return
+        unresolved = _unresolved_ref(json.dumps(tool.parameters, sort_keys=True))
+        if unresolved:
+            self.add("error", f"`parameters` of tool `{tool.name}`: `$ref: {unresolved}` points nowhere "
+                     "(a tool's schema can only refer inside itself, e.g. `#/$defs/NAME`)", *base)
         if tool.parameters.get("type") != "object":
             self.add("error", f"`parameters` of tool `{tool.name}` must have `type: object` "
                      "(a tool's arguments are a JSON object)", *base)
@@ -156,7 +183,7 @@ class _Checker:
         if func is None:
             names = [n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n))]
             self.add("error", f"handler `{spec}` of tool `{tool.name}`: {shown} has no function "
-                     f"`{func_name}`{_suggest(func_name, names)}", *at)
+                     f"`{func_name}`{suggest(func_name, names)}", *at)
         elif not callable(func):
             self.add("error", f"handler `{spec}` of tool `{tool.name}`: `{func_name}` in {shown} "
                      f"is a {type(func).__name__}, not a function", *at)
@@ -173,12 +200,12 @@ class _Checker:
             missing = _missing(self.config.state, rest)
             if missing:
                 return f"`state.{'.'.join(missing)}` is not declared in the top-level `state:`" \
-                       f"{_suggest(missing[-1], _keys_at(self.config.state, missing[:-1]))}"
+                       f"{suggest(missing[-1], _keys_at(self.config.state, missing[:-1]))}"
         elif root == "scope":
             missing = _missing(self.declared_scope, rest)
             if missing:
                 return f"`scope.{'.'.join(missing)}` is not declared in any route's `scope: local:` or `shared:`" \
-                       f"{_suggest(missing[-1], _keys_at(self.declared_scope, missing[:-1]))}"
+                       f"{suggest(missing[-1], _keys_at(self.declared_scope, missing[:-1]))}"
         return None
 
     # -- templates -------------------------------------------------------------------
@@ -209,13 +236,13 @@ class _Checker:
             return
         for kind_, unknown, lineno in names:
             known = ENV.filters if kind_ == "filter" else ENV.tests
-            emit("error", f"template error in {what}: no {kind_} named `{unknown}`{_suggest(unknown, known)}", lineno)
+            emit("error", f"template error in {what}: no {kind_} named `{unknown}`{suggest(unknown, known)}", lineno)
         for ref, lineno in refs:
             head = ref[0]
             if len(ref) == 1:
                 if head not in TEMPLATE_VARIABLES and head not in ENV.globals:
                     emit("error", f"{what} uses unknown template variable `{head}`"
-                         f"{_suggest(head, TEMPLATE_VARIABLES)} (templates can use: {', '.join(TEMPLATE_VARIABLES)})",
+                         f"{suggest(head, TEMPLATE_VARIABLES)} (templates can use: {', '.join(TEMPLATE_VARIABLES)})",
                          lineno)
                 continue
             if head in ("state", "scope"):
@@ -226,7 +253,7 @@ class _Checker:
                 declared = _declared_args(tool.parameters)
                 if declared is not None and ref[1] not in declared:
                     emit("warning", f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
-                         f"property `{ref[1]}`{_suggest(ref[1], declared)}", lineno)
+                         f"property `{ref[1]}`{suggest(ref[1], declared)}", lineno)
 
 
 _Analysis = tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]
@@ -337,6 +364,38 @@ def _check_schema(text: str) -> None:
         Draft202012Validator.check_schema(schema)
 
 
+@lru_cache(maxsize=4096)
+def _unresolved_ref(text: str) -> str | None:
+    """The first `$ref` of a parameters schema that resolves nowhere, or None."""
+    if '"$ref"' not in text:
+        return None
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    schema = json.loads(text)
+    base = "urn:chatrun:parameters"
+    resolver = Registry().with_resource(base, DRAFT202012.create_resource(schema)).resolver(base_uri=base)
+    for ref in _refs(schema):
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            return ref
+    return None
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            elif key not in ("const", "enum", "default", "examples"):
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
 _TYPES = frozenset({"object", "array", "string", "integer", "number", "boolean", "null"})
 _NUMBER_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 _COUNT_KEYS = frozenset({"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"})
@@ -429,11 +488,6 @@ def _keys_at(decl: Any, parts: tuple[str, ...]) -> list[str]:
     return list(decl) if isinstance(decl, dict) else []
 
 
-def _suggest(word: str, choices: Any) -> str:
-    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
-    return f"; did you mean `{close[0]}`?" if close else ""
-
-
 def _import_isolated(root: Path, module_name: str) -> Any:
     """Import a handler module from the bot directory the way the engine will (chatrun.tools),
     but leave sys.modules as it was: validating one bot must not change what another imports.
@@ -468,7 +522,7 @@ def _graph_checks(checker: _Checker) -> None:
 
     config = checker.config
     graph = RouteGraph.from_config(config)
-    defaults = [r.name for r in config.routes.values() if r.default]
+    defaults = checker.defaults
     if len(defaults) == 1:
         reached = graph.reachable(defaults[0])
         for name in config.routes:

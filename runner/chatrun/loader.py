@@ -156,7 +156,7 @@ def _check_bot(path: Path) -> tuple[BotConfig | None, list[Diagnostic]]:
     if main.data is not None:
         diagnostics.extend(schema_diagnostics(main, None))
         for file in _included(main, diagnostics):
-            doc = _read(file, diagnostics)
+            doc = _read(file, diagnostics, included=True)
             if doc is None or doc.data is None:
                 continue
             sources.docs.append(doc)
@@ -166,7 +166,17 @@ def _check_bot(path: Path) -> tuple[BotConfig | None, list[Diagnostic]]:
         from chatrun.checks import run_checks
 
         diagnostics.extend(run_checks(config, sources))
-    return config, _sorted(diagnostics)
+    return config, _sorted(_without_echoes(diagnostics, sources.docs))
+
+
+def _without_echoes(diagnostics: list[Diagnostic], docs: list[YamlDoc]) -> list[Diagnostic]:
+    """A value YAML could not give as JSON (`.nan`, `!!binary`) is reported once, by the
+    YAML reader; the schema and checks would only say again that its stand-in is wrong."""
+    own = {id(d) for doc in docs for d in doc.diagnostics}
+    bad = {(doc.file, path) for doc in docs for path in doc.replaced}
+    if not bad:
+        return diagnostics
+    return [d for d in diagnostics if id(d) in own or (d.file, d.path) not in bad]
 
 
 def _find_main(path: Path) -> tuple[Path, Diagnostic | None]:
@@ -181,16 +191,27 @@ def _find_main(path: Path) -> tuple[Path, Diagnostic | None]:
     return path, None
 
 
-def _read(file: Path, diagnostics: list[Diagnostic]) -> YamlDoc | None:
+def _read(file: Path, diagnostics: list[Diagnostic], included: bool = False) -> YamlDoc | None:
     try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = file.read_bytes()
+    except OSError as exc:
         diagnostics.append(Diagnostic(str(file), 0, 0, "error", f"cannot read {file}: {exc}"))
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:  # name the line, not the byte offset
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        diagnostics.append(Diagnostic(str(file), line, col, "error",
+                                      f"the file is not UTF-8 text: byte {raw[exc.start]:#04x} on line {line} "
+                                      "cannot be decoded; save the file as UTF-8"))
         return None
     doc = load_yaml(text, str(file))
     diagnostics.extend(doc.diagnostics)
     if doc.data is None and not doc.diagnostics:
-        diagnostics.append(Diagnostic(str(file), 1, 1, "error", "the file is empty: a bot needs at least `name:` and `routes:`"))
+        what = ("the included file is empty: an included file holds `routes:` and/or `tools:`" if included
+                else "the file is empty: a bot needs at least `name:` and `routes:`")
+        diagnostics.append(Diagnostic(str(file), 1, 1, "error", what))
     elif doc.data is not None and not isinstance(doc.data, dict):
         diagnostics.append(Diagnostic(str(file), 1, 1, "error",
                                       f"the file must hold a mapping (name:, routes:, tools:, ...), not {_type_name(doc.data)}"))
@@ -218,8 +239,10 @@ def _included(main: YamlDoc, diagnostics: list[Diagnostic]) -> list[Path]:
             continue
         matches = [p for p in matches if p.resolve() != Path(main.file).resolve() and p not in files]
         if not matches:
-            diagnostics.append(Diagnostic(main.file, pos.value_line, pos.value_col, "warning",
-                                          f"include pattern `{pattern}` matches no file (relative to {root})", "include"))
+            folder = pattern.rstrip("/")
+            message = (f"include `{pattern}`: `{folder}` is a directory; use `{folder}/*.yaml`"
+                       if (root / pattern).is_dir() else f"include pattern `{pattern}` matches no file (relative to {root})")
+            diagnostics.append(Diagnostic(main.file, pos.value_line, pos.value_col, "warning", message, "include"))
         files.extend(matches)
     return files
 
@@ -331,7 +354,7 @@ def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = No
         if definition == "fragment" and not path:
             return [diag(f"unknown key `{k}` at the top level of an included file: included files hold only "
                          "`routes:` and `tools:`", (k,)) for k in extras]
-        return [diag(f"unknown key `{k}` {where}{_suggest(str(k), allowed)}", (*path, k)) for k in extras]
+        return [diag(f"unknown key `{k}` {where}{suggest(str(k), allowed)}", (*path, k)) for k in extras]
     if "propertyNames" in error.schema_path:
         what = {"routes": "route name", "tools": "tool name", "set": "`set` path", "emit": "event type"}.get(
             str(path[-1]) if path else "", "key")
@@ -347,7 +370,7 @@ def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = No
     if kind in ("oneOf", "anyOf") and _const_choices(error.validator_value):
         choices = [str(c) for c in _const_choices(error.validator_value)]
         return [diag(f"{subject(path)} must be one of {', '.join(choices)} (got `{error.instance}`)"
-                     f"{_suggest(str(error.instance), choices)}")]
+                     f"{suggest(str(error.instance), choices)}")]
     if kind == "pattern":
         return [diag(f"{subject(path)}: `{error.instance}` is not valid; {_hint(error)}")]
     if kind == "dependentRequired":
@@ -366,7 +389,7 @@ def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = No
         seen: set[str] = set()
         out = []
         for i, item in enumerate(error.instance):
-            key = json.dumps(item, sort_keys=True, default=str)
+            key = json.dumps(item, sort_keys=True)
             if key in seen:
                 out.append(diag(f"{subject(path)} lists `{item}` twice", (*path, i)))
             seen.add(key)
@@ -399,8 +422,9 @@ def _type_name(value: Any) -> str:
             float: "a number"}.get(type(value), type(value).__name__)
 
 
-def _suggest(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+def suggest(word: str, choices: Iterable[Any]) -> str:
+    """"; did you mean `X`?" for the choice closest to `word`, or ""."""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
     return f"; did you mean `{close[0]}`?" if close else ""
 
 
@@ -613,10 +637,6 @@ _IS_TYPE = {
 }
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def compile_check(schema: Any) -> Callable[[Any], bool]:
     """A function answering "is this value valid under `schema`?" (True only when sure)."""
     if schema is True:
@@ -673,7 +693,8 @@ def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None
     if key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         op = {"minimum": lambda a: a >= value, "maximum": lambda a: a <= value,
               "exclusiveMinimum": lambda a: a > value, "exclusiveMaximum": lambda a: a < value}[key]
-        return lambda v: not _is_number(v) or op(v)
+        is_number = _IS_TYPE["number"]
+        return lambda v: not is_number(v) or op(v)
     if key == "const":
         if not isinstance(value, str):
             return _never

@@ -23,6 +23,11 @@ Path = tuple  # a JSON path: ("routes", "flight", "tools", 0)
 _STR = "tag:yaml.org,2002:str"
 _MAP = "tag:yaml.org,2002:map"
 _MERGE = "tag:yaml.org,2002:merge"
+_SEQ = "tag:yaml.org,2002:seq"
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+_FLOAT = "tag:yaml.org,2002:float"
+# Scalar tags whose values JSON can hold (timestamps are kept as their text).
+_JSON_SCALARS = frozenset({"tag:yaml.org,2002:null", "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", _FLOAT})
 
 
 class Pos(NamedTuple):
@@ -47,6 +52,9 @@ class YamlDoc:
     positions: dict[Path, Pos] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
     text: str = ""
+    # Dotted paths of values JSON cannot hold (`.nan`, `!!binary`): reported here, their text
+    # kept as a stand-in, so the loader drops later complaints about the stand-in.
+    replaced: set[str] = field(default_factory=set)
     _lines: list[str] | None = field(default=None, repr=False)
 
     def indent(self, line: int) -> int:
@@ -82,12 +90,15 @@ class _Builder:
         self.doc.positions[path] = Pos(km.line + 1, km.column + 1, mark.line + 1, mark.column + 1,
                                        node.style if node_id == "scalar" else None)
         if node_id == "scalar":
-            return node.value if node.tag == _STR else self.scalar(node)
+            return node.value if node.tag == _STR else self.scalar(node, path)
         if node in self.open:  # an alias of a node that contains it: `a: &x [*x]`
             self.doc.diagnostics.append(Diagnostic(self.doc.file, mark.line + 1, mark.column + 1, "error",
                                                    "recursive YAML alias: a node cannot contain itself",
                                                    _dotted(path)))
             return None
+        if node.tag != (_SEQ if node_id == "sequence" else _MAP):  # `!foo {a: 1}`, `!!set`, `!!omap`
+            self.error(node, f"unsupported YAML tag `{_short(node.tag)}`: a bot holds only plain mappings, "
+                       "lists, strings, numbers, booleans and null", path)
         self.open.add(node)
         try:
             if node_id == "sequence":
@@ -96,13 +107,32 @@ class _Builder:
         finally:
             self.open.discard(node)
 
-    def scalar(self, node: yaml.ScalarNode) -> Any:
-        if node.tag == _STR:
+    def scalar(self, node: yaml.ScalarNode, path: Path = ()) -> Any:
+        """The value of a scalar that JSON can hold; anything else is a diagnostic (and
+        its text is kept, so later checks do not pile up type errors on it)."""
+        tag = node.tag
+        if tag == _STR or tag == _TIMESTAMP:  # `2001-01-01`: a date is text to a bot
             return node.value
-        ctor = self.scalar_ctors.get(node.tag)
-        if ctor is None:
+        if tag not in _JSON_SCALARS:  # !!binary, !!python/..., !custom
+            self.error(node, f"unsupported YAML tag `{_short(tag)}`: a bot holds only plain mappings, "
+                       "lists, strings, numbers, booleans and null (quote the value to make it text)", path)
             return node.value
-        return ctor(self.constructor, node)
+        try:
+            value = self.scalar_ctors[tag](self.constructor, node)
+        except (ValueError, yaml.YAMLError) as exc:  # e.g. `!!int abc`
+            self.error(node, f"invalid {_short(tag).lstrip('!')} `{node.value}`: {exc}", path)
+            return node.value
+        if tag == _FLOAT and (value != value or value in (float("inf"), float("-inf"))):
+            self.error(node, f"`{node.value}` is not a number JSON can hold (NaN and infinity are not allowed)", path)
+            return node.value
+        return value
+
+    def error(self, node: yaml.Node, message: str, path: Path, replaced: bool = True) -> None:
+        mark = node.start_mark
+        self.doc.diagnostics.append(Diagnostic(self.doc.file, mark.line + 1, mark.column + 1, "error", message,
+                                               _dotted(path)))
+        if replaced:
+            self.doc.replaced.add(_dotted(path))
 
     def mapping(self, node: yaml.MappingNode, path: Path) -> dict:
         merged: dict = {}
@@ -118,12 +148,11 @@ class _Builder:
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE:
                 continue
-            if key_node.id == "scalar":
-                key = key_node.value if key_node.tag == _STR else self.scalar(key_node)
-            else:
-                key = str(key_node.value)
-            if isinstance(key, (list, dict)):  # unhashable keys: keep them as text
-                key = str(key)
+            if key_node.id != "scalar":  # `? [a, b]`: JSON object keys are text
+                self.error(key_node, f"mapping keys must be plain scalars{_in(path)}, not a "
+                           f"{'list' if key_node.id == 'sequence' else 'mapping'}", path, replaced=False)
+                continue
+            key = key_node.value if key_node.tag == _STR else self.scalar(key_node, path)
             line = key_node.start_mark.line + 1
             if key in seen:
                 self.doc.diagnostics.append(Diagnostic(
@@ -138,6 +167,10 @@ class _Builder:
         for key, value in merged.items():
             result.setdefault(key, value)
         return result
+
+
+def _short(tag: str) -> str:
+    return "!!" + tag.removeprefix("tag:yaml.org,2002:") if tag.startswith("tag:yaml.org,2002:") else tag
 
 
 def _in(path: Path) -> str:

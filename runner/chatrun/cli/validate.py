@@ -25,25 +25,18 @@ def validate(paths: tuple[str, ...], fmt: str) -> None:
       chatrun validate bots/travel
       chatrun validate bots/* --format json
     """
-    from chatrun.loader import load_config
-
     found: list[Diagnostic] = []
     invalid = 0
-    try:
-        for path in paths:
-            try:
-                _config, diagnostics = load_config(path)
-            except BotError as exc:
-                diagnostics = exc.diagnostics
-            except ChatrunError as exc:
-                diagnostics = [Diagnostic(path, 0, 0, "error", str(exc))]
+    for path in paths:
+        try:  # per bot: one broken bot must not stop the others being checked
+            diagnostics = _check(path)
             found.extend(diagnostics)
             invalid += any(d.severity == "error" for d in diagnostics)
             if fmt == "text":  # each bot's problems, then its verdict
                 print_diagnostics(diagnostics)
                 click.echo(summary(diagnostics, path))
-    except Exception as exc:  # noqa: BLE001 - never a traceback from the CLI
-        fail(exc)
+        except (BrokenPipeError, KeyboardInterrupt) as exc:
+            fail(exc)
     errors, warnings = counts(found)
     if fmt == "json":
         print_diagnostics(found, "json")
@@ -52,3 +45,22 @@ def validate(paths: tuple[str, ...], fmt: str) -> None:
                    f"{plural(errors, 'error')}, {plural(warnings, 'warning')}")
     if errors:
         raise click.exceptions.Exit(1)
+
+
+def _check(path: str) -> list[Diagnostic]:
+    """Every diagnostic of one bot. Bad input is always a diagnostic; only a fault of
+    chatrun itself becomes the "chatrun bug" line, and then for this bot alone."""
+    from chatrun.loader import load_config
+
+    try:
+        _config, diagnostics = load_config(path)
+    except BotError as exc:
+        return exc.diagnostics
+    except ChatrunError as exc:
+        return [Diagnostic(path, 0, 0, "error", str(exc))]
+    except (BrokenPipeError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - never a traceback from the CLI
+        return [Diagnostic(path, 0, 0, "error", f"unexpected {type(exc).__name__}: {exc} "
+                           "(this is a chatrun bug; please report it)")]
+    return diagnostics
