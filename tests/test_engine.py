@@ -273,6 +273,7 @@ def test_failed_turn_restores_everything(travel):
     assert s.turn == 0
     assert s.history[-1]["ok"] is False and "upstream 500" in s.history[-1]["error"]
     assert s.history[-1]["events"][-1]["type"] == "Error"
+    assert s.last_turn == s.history[-1]
     # the user simply retries
     model.add(call("book_flight"), {"text": "Where to?"})
     assert kinds(s.chat("flight to Ireland"))[-1] == ("Message", "Where to?")

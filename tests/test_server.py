@@ -286,6 +286,13 @@ def test_http_errors_are_json_that_say_what_is_wrong(client):
     r = client.post("/bots/travel/sessions", json={"route": "nowhere"})
     assert r.status_code == 404 and r.json()["error"] == "RouteNotFound"
     assert client.get("/bots/nope").status_code == 404
+    r = client.get("/no/such/path")
+    assert r.status_code == 404 and r.json()["error"] == "NotFound"
+    r = client.post("/bots/travel/sessions/x/messages?stream=maybe", json={"userMessage": "hi"})
+    assert r.status_code == 400 and r.json()["error"] == "BadRequest" and "stream" in r.json()["message"]
+    for bad_id, expected in [(0, "non-empty string"), ("a/b", "no '/'"), ("x" * 200, "at most 128")]:
+        r = client.post("/bots/travel/sessions", json={"id": bad_id})
+        assert r.status_code == 400 and expected in r.json()["message"], r.text
     assert client.get("/docs").status_code == 200
     assert "/bots/{bot}/sessions/{session_id}/messages" in client.get("/openapi.json").json()["paths"]
 

@@ -70,6 +70,7 @@ class Session:
         self._running = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_entry: dict | None = None
         snapshot = store.load_session(session_id) if session_id else None
         if snapshot is not None:  # resume where it was; `route` and `state` apply to new sessions only
             self._restore(snapshot)
@@ -134,6 +135,15 @@ class Session:
     @property
     def history(self) -> list[dict]:
         return self.store.load_history(self.id)
+
+    @property
+    def last_turn(self) -> dict | None:
+        """The history's last entry (the last turn tried, failed or not), without reading the
+        whole history back when this session object ran that turn."""
+        if self._last_entry is None:
+            history = self.history
+            self._last_entry = history[-1] if history else None
+        return self._last_entry
 
     def snapshot(self) -> dict[str, Any]:
         """The session as JSON-able data (a copy): what the store keeps between turns."""
@@ -232,6 +242,7 @@ class Session:
             entry.update(ok=True, route=self.route, stack=self.stack, events=_plain(collected))
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
             self.store.commit_turn(self.id, self._snapshot(), self._dirty_memories(before), [entry])
+            self._last_entry = entry
         except asyncio.CancelledError:
             self._rollback(before, entry | {"ok": False, "error": "cancelled", "events": _plain(collected)})
             raise
@@ -269,6 +280,7 @@ class Session:
         self._memories.clear()
         entry.setdefault("route", self.route)
         self.store.commit_turn(self.id, self._snapshot(), {}, [entry])
+        self._last_entry = entry
 
     def _dirty_memories(self, before: dict[str, Any]) -> dict[str, list[Message] | None]:
         """Memories whose messages changed in the turn (None: deleted with a popped scope)."""

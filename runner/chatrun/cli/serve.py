@@ -24,8 +24,8 @@ from chatrun.errors import BotError, ChatrunError
     type=click.Path(dir_okay=False),
     help="YAML file mapping tokens to principals and roles (else $CHATRUN_AUTH_FILE; else no auth).",
 )
-@click.option("--max-message-chars", default=8000, show_default=True, type=int, help="Longest userMessage accepted.")
-@click.option("--max-in-flight", default=8, show_default=True, type=int, help="Requests in flight per WebSocket connection.")
+@click.option("--max-message-chars", default=8000, show_default=True, type=click.IntRange(min=1), help="Longest userMessage accepted.")
+@click.option("--max-in-flight", default=8, show_default=True, type=click.IntRange(min=1), help="Requests in flight per WebSocket connection.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(
     bots: tuple[str, ...],

@@ -8,6 +8,7 @@ the JavaScript client and the web chat page with its inspector.
 
 from __future__ import annotations
 
+import functools
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chatrun import __version__
 from chatrun.errors import ChatrunError
@@ -69,9 +72,25 @@ def create_app(
     app.state.auth = auth_config
     app.state.limits = limits
 
+    # Every HTTP error has the same shape: {"error": REASON, "message": TEXT}.
     @app.exception_handler(wire.RequestFailed)
     async def _failed(request: Request, exc: wire.RequestFailed) -> Any:
         return failure_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Any:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return failure_response(wire.RequestFailed(wire.BAD_REQUEST, problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Any:
+        reason = "NotFound" if exc.status_code == 404 else wire.BAD_REQUEST
+        return JSONResponse({"error": reason, "message": f"{request.method} {request.url.path}: {exc.detail}"},
+                            status_code=exc.status_code)
+
+    @app.exception_handler(ChatrunError)
+    async def _chatrun(request: Request, exc: ChatrunError) -> Any:
+        return failure_response(wire.RequestFailed(wire.SERVER_ERROR, str(exc)))
 
     app.include_router(make_router(registry, limits, auth_config))
 
@@ -124,11 +143,16 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+@functools.cache
+def _index_html() -> str:
+    return (STATIC / "index.html").read_text()
+
+
 def _page(bot: str) -> HTMLResponse:
     import html
     import json
 
-    text = (STATIC / "index.html").read_text()
+    text = _index_html()
     # The page learns its bot from a data attribute; no templating engine needed for one value.
     text = text.replace("__CHATRUN_BOT__", html.escape(json.dumps(bot)[1:-1], quote=True))
     return HTMLResponse(text, headers={"Cache-Control": "no-cache"})

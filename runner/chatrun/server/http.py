@@ -80,10 +80,13 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
         who: Who,
     ) -> dict[str, Any]:
         data = await read_body(request)
-        session_id = data.get("id") or secrets.token_hex(8)
+        session_id = data["id"] if "id" in data else secrets.token_hex(8)
         route, state = data.get("route"), data.get("state")
-        if not isinstance(session_id, str) or (route is not None and not isinstance(route, str)):
-            raise wire.RequestFailed(wire.BAD_REQUEST, "id and route must be strings")
+        problem = wire.chat_id_problem(session_id)
+        if problem:
+            raise wire.RequestFailed(wire.BAD_REQUEST, f"id must be {problem}")
+        if route is not None and not isinstance(route, str):
+            raise wire.RequestFailed(wire.BAD_REQUEST, "route must be a string (a route name)")
         if state is not None and not isinstance(state, dict):
             raise wire.RequestFailed(wire.BAD_REQUEST, "state must be a JSON object")
         async with registry.session(bot, session_id, who, NEW, route=route, state=state) as session:

@@ -62,9 +62,8 @@ def inspect_data(session: Session) -> dict[str, Any]:
     route = session.route
     memory = session.preview_messages()  # exactly as the model will be sent it next
     policy = config.route_memory(route)
-    history = session.history
     return session_data(session) | {
-        "last_turn": history[-1] if history else None,
+        "last_turn": session.last_turn,
         "graph": graph_data(session.bot),
         "memory": {
             "id": session.scopes[-1].memory_id(route),

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 NEW = "new"  # the session must not exist yet
 EXISTING = "existing"  # the session must exist
-ANY = "any"
 
 
 class ModelPool:

@@ -44,20 +44,6 @@ SCOPE_NOT_ACTIVE = "ScopeNotActive"
 BOT_NOT_FOUND = "BotNotFound"
 UNAUTHORIZED = "Unauthorized"
 
-FAILED_REASONS = (
-    ROUTE_NOT_FOUND,
-    SESSION_NOT_ACTIVE,
-    SERVER_ERROR,
-    BAD_REQUEST,
-    FORBIDDEN,
-    TOO_LARGE,
-    TOO_MANY_REQUESTS,
-    SESSION_EXISTS,
-    SCOPE_NOT_ACTIVE,
-    BOT_NOT_FOUND,
-    UNAUTHORIZED,
-)
-
 # HTTP status for each reason, so the REST API and the WebSocket fail the same way.
 HTTP_STATUS = {
     ROUTE_NOT_FOUND: 404,
@@ -137,10 +123,9 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
     kind = raw.get("type")
     if kind not in CLIENT_TYPES:
         raise fail(f"unknown frame type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}")
-    if not isinstance(chat_id, str) or not chat_id.strip():
-        raise fail(f"{kind} needs a chatId (a non-empty string)")
-    if len(chat_id) > 128:
-        raise fail("chatId is longer than 128 characters")
+    problem = chat_id_problem(chat_id)
+    if problem:
+        raise fail(f"{kind} needs a chatId: {problem}")
     frame = ClientFrame(kind, chat_id, request_id=request_id)
     if kind == CONNECT:
         route = raw.get("route")
@@ -174,6 +159,21 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
     else:
         frame.keep = flag("keep")
     return frame
+
+
+MAX_CHAT_ID = 128
+
+
+def chat_id_problem(value: Any) -> str | None:
+    """What is wrong with a chatId / session id, or None. The same rule for WebSocket and HTTP,
+    so every session can be reached by both (ids appear in URL paths: no slash)."""
+    if not isinstance(value, str) or not value.strip():
+        return "a non-empty string"
+    if len(value) > MAX_CHAT_ID:
+        return f"at most {MAX_CHAT_ID} characters, not {len(value)}"
+    if "/" in value:
+        return "no '/' (ids appear in URL paths)"
+    return None
 
 
 MAX_JSON_DEPTH = 64
