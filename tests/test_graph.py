@@ -118,16 +118,16 @@ def test_mermaid_is_a_github_flowchart_with_shapes_and_edge_styles(travel):
     lines = text.splitlines()
     assert lines[0] == "flowchart LR"
     assert lines[1:4] == [
-        '    main_menu(["main_menu (default)"])',  # stadium: the default route
-        '    flight["flight"]',
-        '    hotel["hotel"]',
+        '    n0_main_menu(["main_menu (default)"])',  # stadium: the default route
+        '    n1_flight["flight"]',
+        '    n2_hotel["hotel"]',
     ]
     assert lines[4:] == [
-        '    main_menu -->|"push: book_flight"| flight',
-        '    main_menu -->|"push: book_hotel"| hotel',
-        '    flight ==>|"pop: book, cancel"| main_menu',  # parallel pops merged, drawn back to the pusher
-        '    flight -.->|"route: switch_to_hotel"| hotel',
-        '    hotel ==>|"pop: book_hotel_room, cancel"| main_menu',
+        '    n0_main_menu -->|"push: book_flight"| n1_flight',
+        '    n0_main_menu -->|"push: book_hotel"| n2_hotel',
+        '    n1_flight ==>|"pop: book, cancel"| n0_main_menu',  # parallel pops merged, drawn back to the pusher
+        '    n1_flight -.->|"route: switch_to_hotel"| n2_hotel',
+        '    n2_hotel ==>|"pop: book_hotel_room, cancel"| n0_main_menu',
     ]
     assert text.endswith("\n") and "\t" not in text
 
@@ -136,11 +136,23 @@ def test_mermaid_ids_avoid_keywords_and_labels_escape_quotes():
     config = bot({"end": ["go"], "graph": ["back"]}, {"go": {"push": "graph"}, "back": {"pop": True}})
     config.routes["graph"].roles = ['say "hi"']
     text = RouteGraph.from_config(config).render("mermaid")
+    assert text.splitlines() == [
+        "flowchart LR",
+        '    n0_end(["end (default)"])',
+        '    n1_graph["graph [roles: say #quot;hi#quot;]"]',
+        '    n0_end -->|"push: go"| n1_graph',
+        '    n1_graph ==>|"pop: back"| n0_end',
+    ]
+
+
+def test_mermaid_ids_never_collide():
+    """Names that look like generated ids, or differ only in characters ids cannot hold."""
+    config = bot({"route1_": ["go"], "end": [], "a-b": [], "a_b": []}, {"go": {"push": "end"}})
+    text = RouteGraph.from_config(config).render("mermaid")
     ids = re.findall(r"^    (\w+)[\[(]", text, re.M)
-    assert len(ids) == 2 and not {"end", "graph"} & set(ids)
-    assert '["graph [roles: say #quot;hi#quot;]"]' in text
-    assert f'{ids[0]} -->|"push: go"| {ids[1]}' in text
-    assert f'{ids[1]} ==>|"pop: back"| {ids[0]}' in text
+    assert ids == ["n0_route1_", "n1_end", "n2_a_b", "n3_a_b"]
+    assert len(set(ids)) == 4
+    assert '    n0_route1_ -->|"push: go"| n1_end' in text
 
 
 def test_dot_is_a_digraph_with_styled_edges(travel):
@@ -211,8 +223,15 @@ def test_cli_invalid_bot_prints_diagnostics_and_exits_1():
     assert done.returncode == 1
     assert done.stdout == ""
     assert re.search(r"bad_enum\.yaml:2:9: error: `model\.provider` must be one of", done.stderr)
-    assert "invalid bot: 3 errors" in done.stderr
+    assert done.stderr.splitlines()[-1] == f"{INVALID / 'bad_enum.yaml'}: invalid: 3 errors, 0 warnings"
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("name", ["bad_enum.yaml", "graph_warnings.yaml"])
+def test_cli_problems_are_printed_as_by_validate(name):
+    """What --help promises: the same lines `chatrun validate` prints, on stderr."""
+    path = str(INVALID / name)
+    assert chatrun("graph", path).stderr == chatrun("validate", path).stdout
 
 
 def test_cli_warnings_go_to_stderr_and_the_graph_is_still_drawn():

@@ -74,7 +74,7 @@ class RouteGraph:
             if edge.target:
                 self._into.setdefault((edge.kind, edge.target), []).append(edge.source)
         self._pop_targets: dict[str, list[str]] = {}  # memo: the graph never changes
-        self._nested = self._closure({e.target for e in self.edges if e.kind == "push" and e.target})
+        self._nested = self._closure(self.pushed_routes())
 
     @classmethod
     def from_config(cls, config: BotConfig) -> RouteGraph:
@@ -130,12 +130,13 @@ class RouteGraph:
             self._pop_targets[route] = [name for name in self.nodes if name in parents]
         return list(self._pop_targets[route])
 
-    def _closure(self, start: set[str], kinds: tuple[str, ...] = ("push", "route")) -> set[str]:
+    def _closure(self, start: set[str]) -> set[str]:
+        """`start` and every route push and route edges lead to from it."""
         seen = {s for s in start if s in self.nodes}
         todo = list(seen)
         while todo:
             for edge in self._out.get(todo.pop(), ()):
-                if edge.kind in kinds and edge.target in self.nodes and edge.target not in seen:
+                if edge.kind != "pop" and edge.target in self.nodes and edge.target not in seen:
                     seen.add(edge.target)
                     todo.append(edge.target)
         return seen
@@ -222,18 +223,14 @@ def _render_text(graph: RouteGraph) -> str:
 
 # -- mermaid ------------------------------------------------------------------------
 
-# Words mermaid's flowchart parser treats as keywords; a node id spelled like one breaks it.
-_MERMAID_RESERVED = {"end", "graph", "subgraph", "flowchart", "style", "class", "classdef", "click",
-                     "linkstyle", "direction", "default", "call", "href", "interpolate"}
 _MERMAID_ARROWS = {"push": "-->", "route": "-.->", "pop": "==>"}
 
 
 def _mermaid_ids(graph: RouteGraph) -> dict[str, str]:
-    ids: dict[str, str] = {}
-    for i, name in enumerate(graph.nodes):
-        safe = re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) and name.lower() not in _MERMAID_RESERVED
-        ids[name] = name if safe else f"route{i}_"
-    return ids
+    """`n<index>_<name>` in config order: the index makes ids unique (everything up to the
+    first `_` differs), the leading `n` keeps them clear of mermaid keywords (`end`,
+    `graph`), and the name keeps the source readable."""
+    return {name: f"n{i}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}" for i, name in enumerate(graph.nodes)}
 
 
 def _mermaid_text(text: str) -> str:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import click
 
-from chatrun.cli._output import fail
+from chatrun.cli._output import fail, print_diagnostics, summary
+from chatrun.errors import BotError, Diagnostic
 from chatrun.graph import FORMATS
 
 
@@ -17,8 +21,8 @@ def graph(path: str, fmt: str) -> None:
     """Show a bot's route graph: routes are nodes (the default route marked), edges are
     the tools that push a route (nested scope), change route, or pop back to the parent.
 
-    The bot is validated first; if it is invalid the problems are printed as by
-    `chatrun validate` and the exit status is 1.
+    The bot is validated first; its problems are printed on stderr as by `chatrun
+    validate` (stdout is left to the graph). If it is invalid the exit status is 1.
 
     \b
     Examples:
@@ -30,10 +34,23 @@ def graph(path: str, fmt: str) -> None:
     from chatrun.loader import load_config
 
     try:
-        config, warnings = load_config(path)
-        for d in warnings:  # shown, not fatal: the graph of a bot with warnings is still useful
-            click.echo(d.format(), err=True)
+        try:
+            config, warnings = load_config(path)
+        except BotError as exc:
+            _report(exc.diagnostics, path)
+            raise click.exceptions.Exit(1) from None
+        if warnings:  # shown, not fatal: the graph of a bot with warnings is still useful
+            _report(warnings, path)
         text = RouteGraph.from_config(config).render(fmt)
+    except click.exceptions.Exit:
+        raise
     except Exception as exc:  # noqa: BLE001 - never a traceback from the CLI
         fail(exc)
     click.echo(text, nl=False)
+
+
+def _report(diagnostics: list[Diagnostic], path: str) -> None:
+    """The diagnostics and verdict exactly as `chatrun validate` prints them, on stderr."""
+    with contextlib.redirect_stdout(sys.stderr):
+        print_diagnostics(diagnostics)
+        click.echo(summary(diagnostics, path))
