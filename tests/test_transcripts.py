@@ -5,6 +5,7 @@ breaking a bot, the pytest plugin, and saving from a session."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -105,6 +106,74 @@ def test_cli_reports_invalid_transcript_with_file_line(tmp_path):
     assert out.splitlines()[0] == "E"
     assert f"{path}:3:5: error: turn in `turns[0]` needs `user:`" in out
     assert out.splitlines()[-1] == "0 passed, 1 failed"
+
+
+def test_invalid_regex_is_a_diagnostic_at_its_line(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              events:
+                - Message: {regex: "(unclosed"}
+              error: {regex: "[a-"}
+        """)
+    with pytest.raises(BotError) as info:
+        load_transcript(path)
+    lines = [d.format() for d in info.value.diagnostics]
+    assert lines[0].startswith(f"{path}:7:") and "invalid regex '(unclosed' in `turns[0].expect.events[0].Message`" in lines[0]
+    assert lines[1].startswith(f"{path}:8:") and "invalid regex '[a-'" in lines[1], lines
+    code, out = cli([str(path)])
+    assert code == 1 and out.splitlines()[0] == "E" and "Traceback" not in out
+    assert f"{path}:7:" in out and out.splitlines()[-1] == "0 passed, 1 failed"
+
+
+def test_transcript_not_utf8_is_a_diagnostic(tmp_path):
+    path = hello_transcript(tmp_path, "turns:\n  - user: hi\n")
+    path.write_bytes(path.read_bytes() + b"  - user: caf\xe9\n")
+    with pytest.raises(BotError) as info:
+        load_transcript(path)
+    assert [d.format() for d in info.value.diagnostics] == [
+        f"{path}:4:14: error: the transcript is not valid UTF-8 (byte 0xe9); save it as UTF-8"]
+    code, out = cli([str(path.parent)])  # found by discovery too, not skipped
+    assert code == 1 and out.splitlines()[0] == "E"
+    assert f"{path}:4:14: error: the transcript is not valid UTF-8" in out
+
+
+def crashing_bot(tmp_path: Path, body: str) -> Path:
+    """A bot whose tool handler runs `body`, and a transcript that calls the tool."""
+    write(tmp_path / "crash" / "bot.yaml", """
+        name: crash
+        routes:
+          chat: {default: true, description: d, system: s, tools: [boom]}
+        tools:
+          boom: {description: b, handler: "tools:boom", action: {reply: ok}}
+        """)
+    write(tmp_path / "crash" / "tools.py", f"import os\nimport sys\n\n\ndef boom(ctx):\n    {body}\n")
+    return write(tmp_path / "crash" / "transcripts" / "crash.yaml", """
+        bot: ..
+        turns:
+          - user: hi
+            model: [{tool_calls: [{name: boom, arguments: {}}]}, {text: ok}]
+        """)
+
+
+def test_an_exception_escaping_a_run_fails_that_transcript_only(travel_copy, tmp_path):
+    crash = crashing_bot(tmp_path, "sys.exit(3)")  # escapes the session, unlike an exception
+    for args in ([], ["-n", "2"]):
+        code, out = cli([*args, str(crash), "bots/travel"])
+        assert code == 1, out
+        assert f"{crash}: running the transcript raised SystemExit: 3" in out
+        assert out.splitlines()[-1] == "3 passed, 1 failed"
+
+
+def test_a_dying_worker_fails_its_transcripts_and_the_run_ends(travel_copy, tmp_path):
+    crash = crashing_bot(tmp_path, "os._exit(3)")
+    code, out = cli(["-n", "2", str(crash), "bots/travel"])
+    assert code == 1, out
+    assert f"{crash}: running the transcript raised BrokenProcessPool" in out
+    # the transcripts the dead pool still held fail with it; the run itself still ends with a summary
+    assert re.fullmatch(r"\d passed, [1-4] failed", out.splitlines()[-1]), out
 
 
 # -- matchers ------------------------------------------------------------------------------------
@@ -465,6 +534,24 @@ def test_pytest_plugin_collects_and_reports(travel_copy):
     run = subprocess.run([*cmd, "-q", "-n", "2"], capture_output=True, text=True,
                          cwd=travel_copy.parents[1], env=env, timeout=120)
     assert "2 failed, 1 passed" in run.stdout, run.stdout
+
+
+def test_pytest_plugin_reports_invalid_regex_and_non_utf8_transcripts(tmp_path):
+    hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            expect: {events: [{Message: {regex: "(unclosed"}}]}
+        """, "regex.yaml")
+    latin1 = hello_transcript(tmp_path, "turns:\n  - user: hi\n", "latin1.yaml")
+    latin1.write_bytes(latin1.read_bytes() + b"  - user: caf\xe9\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    run = subprocess.run([sys.executable, "-m", "pytest", *_plugin_option(), "-p", "no:cacheprovider", "-q",
+                          "transcripts"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert run.returncode == 1, run.stdout
+    assert "2 failed" in run.stdout, run.stdout
+    assert "transcripts/regex.yaml:4:" in run.stdout and "invalid regex '(unclosed'" in run.stdout
+    assert "transcripts/latin1.yaml:4:14: error: the transcript is not valid UTF-8" in run.stdout
+    assert "Traceback" not in run.stdout
 
 
 def test_record_writes_nothing_when_the_model_fails(tmp_path, monkeypatch):

@@ -1,6 +1,9 @@
 """pytest plugin: golden transcripts as test items.
 
-Enabled by the `pytest11` entry point of the chatrun package (or `-p chatrun.pytest_plugin`).
+Enabled by the `pytest11` entry point of the installed chatrun package. Only where that
+entry point is not installed (e.g. running from a source tree via PYTHONPATH) load it with
+`-p chatrun.pytest_plugin`; with it installed, `-p` makes pytest fail with
+"Plugin already registered".
 It collects every `*.yaml` / `*.yml` file under a directory named `transcripts` that has a
 top-level `turns:` key, so `pytest bots/` replays the bots' transcripts with pytest's own
 reporting and options (-k, -x, -n with pytest-xdist). A failure shows the failing turn's
@@ -14,8 +17,6 @@ from typing import Any
 
 import pytest
 
-from chatrun.errors import BotError
-
 _BOTS = pytest.StashKey[dict]()
 
 
@@ -24,10 +25,11 @@ def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Col
         return None
     from chatrun.transcripts.format import is_transcript_text
 
+    # errors="replace": a transcript that is not UTF-8 is collected, and its item says why it fails.
     try:
-        if not is_transcript_text(file_path.read_text(encoding="utf-8")):
+        if not is_transcript_text(file_path.read_bytes().decode("utf-8", errors="replace")):
             return None
-    except (OSError, UnicodeDecodeError):
+    except OSError:
         return None
     return TranscriptFile.from_parent(parent, path=file_path)
 
@@ -43,15 +45,10 @@ class TranscriptFailed(Exception):
 
 class TranscriptItem(pytest.Item):
     def runtest(self) -> None:
-        from chatrun.transcripts.format import load_transcript
         from chatrun.transcripts.run import run_transcript
 
-        try:
-            transcript = load_transcript(self._relpath())
-        except BotError as exc:
-            raise TranscriptFailed("invalid transcript:\n" + "\n".join(d.format() for d in exc.diagnostics)) from None
         bots = self.config.stash.setdefault(_BOTS, {})
-        result = run_transcript(transcript, bots)
+        result = run_transcript(self._relpath(), bots)  # an invalid transcript is a failed Result
         if not result.passed:
             raise TranscriptFailed(result.report())
 

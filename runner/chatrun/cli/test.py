@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,19 @@ _BOTS: dict[str, Any] = {}  # per process: each bot is loaded once per run
 
 
 def run_one(path: str, update: bool = False, record: bool = False) -> Outcome:
+    """One transcript's outcome. Never raises: an unexpected exception (a chatrun bug, a
+    handler calling sys.exit) is a failed outcome naming the file, so the run goes on."""
+    try:
+        return _run_one(path, update, record)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported as this transcript's failure
+        return crashed(path, exc)
+
+
+def crashed(path: str, exc: BaseException) -> Outcome:
+    return Outcome(path, False, f"{path}: running the transcript raised {type(exc).__name__}: {exc}")
+
+
+def _run_one(path: str, update: bool, record: bool) -> Outcome:
     from chatrun.transcripts.format import load_transcript
     from chatrun.transcripts.run import run_transcript
 
@@ -172,15 +186,25 @@ def _run(found: list[str], workers: int, exitfirst: bool, update: bool, record: 
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
         # Submit in chunks so -x stops soon and 10,000 transcripts do not make 10,000 futures at once.
-        pending: set[Future[Outcome]] = set()
+        pending: dict[Future[Outcome], str] = {}
         queue = list(reversed(found))
         stop = False
         while (queue or pending) and not stop:
             while queue and len(pending) < workers * 4:
-                pending.add(pool.submit(run_one, queue.pop(), update, record))
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                path = queue.pop()
+                try:
+                    pending[pool.submit(run_one, path, update, record)] = path
+                except BrokenProcessPool as exc:  # a worker died (os._exit, a crash): no more runs
+                    yield crashed(path, exc)
+            if not pending:
+                continue
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
-                outcome = future.result()
+                path = pending.pop(future)
+                try:
+                    outcome = future.result()
+                except (Exception, SystemExit) as exc:  # noqa: BLE001 - e.g. the worker died (BrokenProcessPool)
+                    outcome = crashed(path, exc)
                 yield outcome
                 if exitfirst and not outcome.passed:
                     stop = True

@@ -8,6 +8,7 @@ fixed by schemas/transcript.schema.json.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -20,7 +21,6 @@ from chatrun.errors import BotError, Diagnostic
 from chatrun.yamlpos import YamlDoc, load_yaml
 
 SCHEMA = "transcript.schema.json"
-EXPECT_KEYS = ("route", "stack", "events", "state", "error", "sent", "memory")
 
 
 @dataclass
@@ -93,18 +93,59 @@ def load_transcript(path: str | Path) -> Transcript:
     """Read and validate one transcript. Raises BotError with every problem, each at its line."""
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise BotError([Diagnostic(file, 0, 0, "error", f"cannot read transcript: {exc.strerror or exc}")]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BotError([_not_utf8(file, raw, exc)]) from None
     doc = load_yaml(text, file)
     diagnostics = list(doc.diagnostics)
     if doc.data is not None and not diagnostics:
         diagnostics += schema_diagnostics(doc)
+    if doc.data is not None and not diagnostics:
+        diagnostics += regex_diagnostics(doc)
     elif doc.data is None and not diagnostics:
         diagnostics.append(Diagnostic(file, 1, 1, "error", "the transcript is empty; it needs `bot:` and `turns:`"))
     if diagnostics:
         raise BotError(sorted(diagnostics, key=lambda d: (d.line, d.col, d.message)))
     return _build(doc)
+
+
+def _not_utf8(file: str, raw: bytes, exc: UnicodeDecodeError) -> Diagnostic:
+    before = raw[:exc.start]
+    line = before.count(b"\n") + 1
+    col = len(before) - (before.rfind(b"\n") + 1) + 1
+    return Diagnostic(file, line, col, "error",
+                      f"the transcript is not valid UTF-8 (byte 0x{raw[exc.start]:02x}); save it as UTF-8")
+
+
+def regex_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
+    """Every `{regex: PATTERN}` in the turns' `expect:` blocks compiled now, so a bad pattern
+    is reported at its line instead of failing with re.error in the middle of a run."""
+    out = []
+    for i, turn in enumerate(doc.data["turns"]):
+        if isinstance(turn, dict) and "expect" in turn:
+            for at, pattern in _regexes(turn["expect"], ("turns", i, "expect")):
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    pos = doc.pos(at)
+                    out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
+                                          f"invalid regex {pattern!r} in `{_dotted(at[:-1])}`: {exc}", _dotted(at)))
+    return out
+
+
+def _regexes(node: Any, at: tuple) -> list[tuple[tuple, str]]:
+    # The same test as expect.is_matcher: a one-key mapping {regex: ..} anywhere is a matcher.
+    if isinstance(node, dict):
+        if len(node) == 1 and "regex" in node:
+            return [((*at, "regex"), str(node["regex"]))]
+        return [found for k, v in node.items() for found in _regexes(v, (*at, k))]
+    if isinstance(node, list):
+        return [found for i, v in enumerate(node) for found in _regexes(v, (*at, i))]
+    return []
 
 
 def _build(doc: YamlDoc) -> Transcript:
@@ -219,9 +260,10 @@ def discover(paths: list[str] | tuple[str, ...], root: Path | None = None) -> li
 
 
 def _looks_like_transcript(path: Path) -> bool:
+    # errors="replace": a transcript that is not UTF-8 is still found, and load_transcript says why it fails.
     try:
-        return is_transcript_text(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
+        return is_transcript_text(path.read_bytes().decode("utf-8", errors="replace"))
+    except OSError:
         return False
 
 

@@ -67,13 +67,11 @@ def record_transcript(transcript: Transcript) -> bool:
     If a model call fails (no credentials, the provider down), nothing is written and a
     ChatrunError says which turn failed: a recording must not replace good answers with errors."""
     from chatrun.bot import load_bot
-    from chatrun.store.memory import InMemoryStore
+    from chatrun.transcripts.run import start_session
 
     bot = load_bot(transcript.bot_path)
     recorder = RecordingModel()
-    roles = set(transcript.roles) if transcript.roles is not None else None
-    session = bot.session(route=transcript.route, store=InMemoryStore(), model=recorder,
-                          state=transcript.state, roles=roles)
+    session, _ = start_session(bot, transcript, recorder)
     changes: dict[int, dict[str, Any]] = {}
     try:
         for turn in transcript.turns:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.errors import BotError, ChatrunError
-from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
 from chatrun.models.scripted import ScriptedModel
 from chatrun.transcripts.expect import Mismatch, Observed, compare, observe
 from chatrun.transcripts.format import Transcript, TurnSpec, load_transcript
@@ -128,12 +128,14 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
     return result
 
 
-def start_session(bot: Any, t: Transcript) -> tuple[Any, TurnScript]:
+def start_session(bot: Any, t: Transcript, model: ChatModel | None = None) -> tuple[Any, TurnScript]:
+    """The transcript's conversation in a fresh in-memory store. Its model is the turn script,
+    unless `model` is given (recording passes the real model through)."""
     from chatrun.store.memory import InMemoryStore
 
     script = TurnScript()
     roles = set(t.roles) if t.roles is not None else None
-    session = bot.session(route=t.route, store=InMemoryStore(), model=script, state=t.state, roles=roles)
+    session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles)
     return session, script
 
 
