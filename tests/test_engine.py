@@ -27,7 +27,7 @@ routes:
     system: 'Airline. Reservation so far: {{ scope.reservation | tojson }}'
     scope:
       local: {reservation: {departure: null, destination: null}}
-    tools: [set_destination, set_departure, book, cancel, loop_forever, explode]
+    tools: [set_destination, set_departure, book, cancel, loop_forever, explode, quit]
   agent:
     system: 'Human agent desk.'
     roles: [staff]
@@ -79,12 +79,18 @@ tools:
   explode:
     description: A handler that raises
     handler: tools_mod:explode
+  quit:
+    description: A handler that calls sys.exit
+    handler: tools_mod:leave
 """
 
 TOOLS_MOD = """
 def make_booking(ctx):
     ctx.emit("Console", "booking " + ctx.scope["reservation"]["destination"])
     return "XY123"
+
+def leave(ctx):
+    raise SystemExit(3)
 
 def explode(ctx):
     ctx.state["traveller_name"] = "changed before the crash"
@@ -430,3 +436,10 @@ def odd(ctx):
     events = s.chat("go")
     assert events[0].to_dict()["data"] == {"tags": ["a"], "pair": [1, 2], "x": "NaN"}
     assert s.history[-1]["events"][0]["data"] == {"tags": ["a"], "pair": [1, 2], "x": "NaN"}
+
+
+def test_a_handler_calling_sys_exit_fails_the_turn_not_the_process(travel):
+    s = travel.session(model=ScriptedModel([call("book_flight"), call("quit")]))
+    events = s.chat("go")
+    assert events[-1].type == "Error" and "SystemExit" in events[-1].data
+    assert s.stack == ["main_menu"]

@@ -242,7 +242,7 @@ class Turn:
             try:
                 func = self.s.bot.handler(tool.handler)
                 result = await call_handler(func, ctx)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # a handler's sys.exit() must not end the server
                 raise TurnFailed(f"tool {tool.name} ({where}): handler {tool.handler} raised {type(exc).__name__}: {exc}") from exc
         extra = {"args": args, "result": result}
         roots = self.roots()
