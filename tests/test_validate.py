@@ -50,6 +50,8 @@ EXPECTED = {
         ("bad_parameters.yaml", 18, "error",
          "`parameters` of tool `c`: `$ref: #/nope` points nowhere (a tool's schema can only refer inside itself, "
          "e.g. `#/$defs/NAME`)"),
+        ("bad_parameters.yaml", 26, "error",
+         "`parameters` of tool `d`: key `1` at `properties.1` must be text; quote it"),
     ],
     "defaults_many.yaml": [
         ("defaults_many.yaml", 6, "error",

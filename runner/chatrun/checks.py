@@ -150,6 +150,11 @@ class _Checker:
 
     def parameters(self, tool: ToolConfig) -> None:
         base = ("tools", tool.name, "parameters")
+        odd = _non_text_key(tool.parameters, ())
+        if odd is not None:  # JSON Schema is JSON: `1:` or `true:` as a key has no meaning there
+            self.add("error", f"`parameters` of tool `{tool.name}`: key `{odd[-1]}` at `{'.'.join(map(str, odd))}` "
+                     "must be text; quote it", *base, *odd)
+            return
         try:
             _check_schema(json.dumps(tool.parameters, sort_keys=True))
         except SchemaError as exc:
@@ -362,6 +367,23 @@ def _check_schema(text: str) -> None:
     schema = json.loads(text)
     if not _plainly_valid(schema):
         Draft202012Validator.check_schema(schema)
+
+
+def _non_text_key(node: Any, path: tuple) -> tuple | None:
+    """The path of the first mapping key that is not a string, or None."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if not isinstance(key, str):
+                return (*path, key)
+            found = _non_text_key(value, (*path, key))
+            if found is not None:
+                return found
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            found = _non_text_key(item, (*path, i))
+            if found is not None:
+                return found
+    return None
 
 
 @lru_cache(maxsize=4096)

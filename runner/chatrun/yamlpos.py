@@ -152,7 +152,7 @@ class _Builder:
                 self.error(key_node, f"mapping keys must be plain scalars{_in(path)}, not a "
                            f"{'list' if key_node.id == 'sequence' else 'mapping'}", path, replaced=False)
                 continue
-            key = key_node.value if key_node.tag == _STR else self.scalar(key_node, path)
+            key = key_node.value if key_node.tag == _STR else self.scalar(key_node, (*path, key_node.value))
             line = key_node.start_mark.line + 1
             if key in seen:
                 self.doc.diagnostics.append(Diagnostic(
