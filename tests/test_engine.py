@@ -27,7 +27,7 @@ routes:
     system: 'Airline. Reservation so far: {{ scope.reservation | tojson }}'
     scope:
       local: {reservation: {departure: null, destination: null}}
-    tools: [set_destination, set_departure, book, cancel, loop_forever, explode, quit]
+    tools: [set_destination, set_departure, book, cancel, loop_forever, explode, quit, abort]
   agent:
     system: 'Human agent desk.'
     roles: [staff]
@@ -82,6 +82,9 @@ tools:
   quit:
     description: A handler that calls sys.exit
     handler: tools_mod:leave
+  abort:
+    description: A handler that raises a BaseException
+    handler: tools_mod:abort
 """
 
 TOOLS_MOD = """
@@ -91,6 +94,13 @@ def make_booking(ctx):
 
 def leave(ctx):
     raise SystemExit(3)
+
+class Abort(BaseException):
+    pass
+
+def abort(ctx):
+    ctx.state["traveller_name"] = "half-done"
+    raise Abort("operator abort")
 
 def explode(ctx):
     ctx.state["traveller_name"] = "changed before the crash"
@@ -443,3 +453,11 @@ def test_a_handler_calling_sys_exit_fails_the_turn_not_the_process(travel):
     events = s.chat("go")
     assert events[-1].type == "Error" and "SystemExit" in events[-1].data
     assert s.stack == ["main_menu"]
+
+
+def test_a_base_exception_passes_through_but_the_session_is_rolled_back(travel):
+    s = travel.session(model=ScriptedModel([call("book_flight"), call("abort")]))
+    with pytest.raises(BaseException, match="operator abort"):
+        s.chat("go")
+    assert s.stack == ["main_menu"] and s.state["traveller_name"] is None
+    assert s.history[-1]["error"] == "interrupted: Abort"

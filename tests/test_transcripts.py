@@ -158,12 +158,12 @@ def crashing_bot(tmp_path: Path, body: str) -> Path:
         """)
 
 
-def test_an_exception_escaping_a_run_fails_that_transcript_only(travel_copy, tmp_path):
-    crash = crashing_bot(tmp_path, "sys.exit(3)")  # escapes the session, unlike an exception
+def test_a_handler_calling_sys_exit_fails_that_transcript_only(travel_copy, tmp_path):
+    crash = crashing_bot(tmp_path, "sys.exit(3)")  # the engine turns it into the turn's Error
     for args in ([], ["-n", "2"]):
         code, out = cli([*args, str(crash), "bots/travel"])
         assert code == 1, out
-        assert f"{crash}: running the transcript raised SystemExit: 3" in out
+        assert "handler tools:boom raised SystemExit: 3" in out
         assert out.splitlines()[-1] == "3 passed, 1 failed"
 
 

@@ -252,6 +252,10 @@ class Session:
             self._fail(before, entry, collected, str(exc))
         except Exception as exc:  # a bug in chatrun or in a library: still never lose the session
             self._fail(before, entry, collected, f"internal error on route {self.route}: {type(exc).__name__}: {exc}")
+        except BaseException as exc:  # KeyboardInterrupt and the like: roll back, then let it go on
+            self._rollback(before, entry | {"ok": False, "error": f"interrupted: {type(exc).__name__}",
+                                            "events": _plain(collected)})
+            raise
         finally:
             self._sink = sink
 
