@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
 
+from chatrun.definition.loader import load_config  # noqa: E402
 from chatrun.errors import BotError  # noqa: E402
-from chatrun.loader import load_config  # noqa: E402
 
 TARGET_S = 1.0
 
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--routes", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    from chatrun import checks
+    from chatrun.definition import checks
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bot.yaml"
@@ -120,7 +120,7 @@ def _phases(path: Path) -> None:
     """Where the time goes (CPU time of one run per phase, with the GC paused as load_config does)."""
     import gc
 
-    from chatrun import checks, loader, yamlpos
+    from chatrun.definition import checks, loader, yamlpos
 
     text = path.read_text()
     gc.disable()

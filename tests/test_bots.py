@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import chatrun
-from chatrun.loader import check_bot
+from chatrun.definition.loader import check_bot
 from chatrun.models.scripted import ScriptedModel
 
 BOTS = Path(__file__).resolve().parents[1] / "bots"

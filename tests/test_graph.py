@@ -1,4 +1,4 @@
-"""The route graph (chatrun.graph) and `chatrun graph`."""
+"""The route graph (chatrun.definition.graph) and `chatrun graph`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from chatrun.config import ActionConfig, BotConfig, RouteConfig, ToolConfig
-from chatrun.graph import Edge, RouteGraph
-from chatrun.loader import load_config
+from chatrun.definition.config import ActionConfig, BotConfig, RouteConfig, ToolConfig
+from chatrun.definition.graph import Edge, RouteGraph
+from chatrun.definition.loader import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 TRAVEL = REPO / "bots" / "travel"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from chatrun.config import ActionConfig, Location, MemoryPolicy, ScopeConfig
+from chatrun.definition.config import ActionConfig, Location, MemoryPolicy, ScopeConfig
+from chatrun.definition.loader import load_config
+from chatrun.definition.yamlpos import load_yaml
 from chatrun.errors import BotError
-from chatrun.loader import load_config
-from chatrun.yamlpos import load_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from chatrun.config import MemoryPolicy
+from chatrun.definition.config import MemoryPolicy
 from chatrun.errors import ChatrunError
 from chatrun.memory import ChatMemory, MessageWindowMemory, NoMemory, TokenWindowMemory, make_memory
 from chatrun.messages import (

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from chatrun.config import ModelConfig
+from chatrun.definition.config import ModelConfig
 from chatrun.errors import ModelError
 from chatrun.messages import (
     AssistantMessage,

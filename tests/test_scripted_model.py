@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from chatrun.config import ModelConfig
+from chatrun.definition.config import ModelConfig
 from chatrun.errors import ChatrunError, ModelError
 from chatrun.messages import SystemMessage, ToolCall, UserMessage
 from chatrun.models import make_model

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from chatrun.checks import _analyse
 from chatrun.cli import main
-from chatrun.loader import _fast_check, _validator, check_bot, load_config, load_schema, schema_path
-from chatrun.yamlpos import load_yaml
+from chatrun.definition.checks import _analyse
+from chatrun.definition.loader import _fast_check, _validator, check_bot, load_config
+from chatrun.definition.schemas import load_schema, schema_path
+from chatrun.definition.yamlpos import load_yaml
 
 FIXTURES = Path(__file__).parent / "fixtures" / "invalid"
 REPO = Path(__file__).resolve().parents[1]
@@ -337,7 +338,7 @@ def test_fast_schema_path_agrees_with_jsonschema():
 
 def test_simple_template_reader_matches_jinja():
     """Templates read without Jinja's parser must give what the parser would."""
-    from chatrun.checks import _analyse_simple
+    from chatrun.definition.checks import _analyse_simple
 
     for source in ["Hi {{ state.name or 'the user' }}.\n{{ scope.form | tojson }}", "{{ args.value }}",
                    "a {{ x.y.z | upper | trim }} b {{- data.q -}}", "{{ state.prefs.get }}"]:

@@ -17,11 +17,11 @@ __version__ = "0.1.0"
 __all__ = ["BotError", "ChatrunError", "Diagnostic", "Event", "load_bot", "__version__"]
 
 
-def load_bot(path, store=None):  # noqa: ANN001, ANN201 - documented in chatrun.bot.load_bot
+def load_bot(path, store=None):  # noqa: ANN001, ANN201 - documented in chatrun.engine.bot.load_bot
     """Load and validate a bot (a directory holding bot.yaml, or one YAML file).
 
     Raises BotError carrying every diagnostic when the bot is invalid.
     """
-    from chatrun.bot import load_bot as _load_bot
+    from chatrun.engine.bot import load_bot as _load_bot
 
     return _load_bot(path, store)

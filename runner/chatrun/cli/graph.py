@@ -8,8 +8,8 @@ import sys
 import click
 
 from chatrun.cli._output import fail, print_diagnostics, summary
+from chatrun.definition.graph import FORMATS
 from chatrun.errors import BotError, Diagnostic
-from chatrun.graph import FORMATS
 
 
 @click.command("graph")
@@ -30,8 +30,8 @@ def graph(path: str, fmt: str) -> None:
       chatrun graph bots/travel --format mermaid > docs/travel-graph.md
       chatrun graph bots/travel --format dot | dot -Tsvg > travel.svg
     """
-    from chatrun.graph import RouteGraph
-    from chatrun.loader import load_config
+    from chatrun.definition.graph import RouteGraph
+    from chatrun.definition.loader import load_config
 
     try:
         try:

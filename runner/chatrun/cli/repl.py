@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from chatrun import events as ev
-from chatrun.config import ModelConfig
+from chatrun.definition.config import ModelConfig
 from chatrun.errors import ChatrunError
 from chatrun.events import Event
 from chatrun.models.human import HumanModel
@@ -221,8 +221,8 @@ def repl(bot_path: str, route: str | None, session_id: str | None, store: str | 
       chatrun repl bots/travel --store sqlite:///chat.db --session 1f2e3d
       printf 'hello\\n/say Hi there!\\n' | chatrun repl bots/hello --play-model
     """
-    from chatrun.bot import load_bot
     from chatrun.cli._output import fail
+    from chatrun.engine.bot import load_bot
     from chatrun.store import open_store
 
     try:

@@ -50,7 +50,7 @@ def validate(paths: tuple[str, ...], fmt: str) -> None:
 def _check(path: str) -> list[Diagnostic]:
     """Every diagnostic of one bot. Bad input is always a diagnostic; only a fault of
     chatrun itself becomes the "chatrun bug" line, and then for this bot alone."""
-    from chatrun.loader import load_config
+    from chatrun.definition.loader import load_config
 
     try:
         _config, diagnostics = load_config(path)

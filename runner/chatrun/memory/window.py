@@ -30,7 +30,7 @@ from chatrun.memory.tokens import TokenCounter, tiktoken_counter
 from chatrun.messages import AssistantMessage, Message, SystemMessage, ToolResultMessage
 
 if TYPE_CHECKING:
-    from chatrun.config import MemoryPolicy
+    from chatrun.definition.config import MemoryPolicy
     from chatrun.store import ChatMemoryStore
 
 

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from chatrun.config import ModelConfig
+from chatrun.definition.config import ModelConfig
 from chatrun.messages import Message, ToolCall
 
 ChunkCallback = Callable[[str], Awaitable[None]]

@@ -30,7 +30,7 @@ from typing import Any
 
 import openai
 
-from chatrun.config import ModelConfig
+from chatrun.definition.config import ModelConfig
 from chatrun.errors import ModelError
 from chatrun.messages import ToolCall
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from chatrun.scopes import scope_view
-from chatrun.tools import route_tool_specs
+from chatrun.engine.scopes import scope_view
+from chatrun.engine.tools import route_tool_specs
 
 if TYPE_CHECKING:
-    from chatrun.bot import Bot
-    from chatrun.session import Session
+    from chatrun.engine.bot import Bot
+    from chatrun.engine.session import Session
 
 
 def graph_data(bot: Bot) -> dict[str, Any]:

@@ -22,8 +22,8 @@ from chatrun.server.auth import Principal
 from chatrun.store import SessionStore
 
 if TYPE_CHECKING:
-    from chatrun.bot import Bot
-    from chatrun.session import Session
+    from chatrun.engine.bot import Bot
+    from chatrun.engine.session import Session
 
 NEW = "new"  # the session must not exist yet
 EXISTING = "existing"  # the session must exist
@@ -161,7 +161,7 @@ class SessionRegistry:
         route: str | None,
         state: dict[str, Any] | None,
     ) -> Session:
-        from chatrun.session import ForbiddenRouteError
+        from chatrun.engine.session import ForbiddenRouteError
 
         snapshot = self.store.load_session(session_id)
         if snapshot is not None:

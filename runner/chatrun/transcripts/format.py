@@ -7,7 +7,6 @@ fixed by schemas/transcript.schema.json.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -17,8 +16,10 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
+from chatrun.definition.schemas import inline_refs, load_schema
+from chatrun.definition.sources import dotted
+from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.errors import BotError, Diagnostic
-from chatrun.yamlpos import YamlDoc, load_yaml
 
 SCHEMA = "transcript.schema.json"
 
@@ -65,23 +66,11 @@ class Transcript:
 
 @lru_cache(maxsize=1)
 def validator() -> Draft202012Validator:
-    from chatrun.loader import schema_path
-
-    schema = json.loads(schema_path(SCHEMA).read_text(encoding="utf-8"))
+    schema = load_schema(SCHEMA)
     # $refs inlined: resolving them is most of jsonschema's time (ours never recurse).
-    return Draft202012Validator(_inline(schema, schema["$defs"]), format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return Draft202012Validator(inline_refs(schema, schema["$defs"]), format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
-def _inline(node: Any, defs: dict[str, Any]) -> Any:
-    if isinstance(node, list):
-        return [_inline(item, defs) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _inline(v, defs) for k, v in node.items() if k not in ("$ref", "$defs")}
-    ref = node.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/$defs/"):
-        out = {**out, **_inline(defs[ref.removeprefix("#/$defs/")], defs)}
-    return out
 
 
 def is_transcript_text(text: str) -> bool:
@@ -133,7 +122,7 @@ def regex_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
                 except re.error as exc:
                     pos = doc.pos(at)
                     out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
-                                          f"invalid regex {pattern!r} in `{_dotted(at[:-1])}`: {exc}", _dotted(at)))
+                                          f"invalid regex {pattern!r} in `{dotted(at[:-1])}`: {exc}", dotted(at)))
     return out
 
 
@@ -181,7 +170,7 @@ def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
             if extras:
                 at = (*path, extras[0])
         pos = doc.pos(at)
-        out.append(Diagnostic(doc.file, pos.line, pos.col, "error", message, _dotted(at)))
+        out.append(Diagnostic(doc.file, pos.line, pos.col, "error", message, dotted(at)))
     return out
 
 
@@ -202,7 +191,7 @@ def _turn_input(error: ValidationError) -> bool:
 
 
 def _message(error: ValidationError, path: tuple) -> str:
-    where = f"in `{_dotted(path)}`" if path else "at the top level"
+    where = f"in `{dotted(path)}`" if path else "at the top level"
     kind = error.validator
     if kind == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
@@ -216,24 +205,18 @@ def _message(error: ValidationError, path: tuple) -> str:
         return (f"turn {where} has both `user:` and `data:`; give one" if both
                 else f"turn {where} needs `user:` (a message) or `data:` (structured input)")
     if kind == "anyOf" and path and path[-1] == "error":
-        return f"`{_dotted(path)}` must be true or a matcher on the Error text (a string, {{contains: ..}}, {{regex: ..}})"
+        return f"`{dotted(path)}` must be true or a matcher on the Error text (a string, {{contains: ..}}, {{regex: ..}})"
     if _response(error):
         return f"a model response {where} needs `text`, `tool_calls`, `chunks` or `error`"
     if "propertyNames" in error.schema_path:
         return f"`{error.instance}` {where} is not a state path: start it with `state.` or `scope.`"
     if kind == "type" and error.validator_value == "string" and isinstance(error.instance, (bool, int, float)):
-        return (f"`{_dotted(path)}` must be text, but YAML read {error.instance!r}; quote it "
+        return (f"`{dotted(path)}` must be text, but YAML read {error.instance!r}; quote it "
                 f"(e.g. \"yes\", \"no\", \"1.0\")")
     if kind == "type":
-        return f"`{_dotted(path) or 'the transcript'}` must be of type {error.validator_value}, not {type(error.instance).__name__}"
-    return f"`{_dotted(path) or 'the transcript'}`: {error.message}"
+        return f"`{dotted(path) or 'the transcript'}` must be of type {error.validator_value}, not {type(error.instance).__name__}"
+    return f"`{dotted(path) or 'the transcript'}`: {error.message}"
 
-
-def _dotted(path: tuple) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
 
 
 # -- discovery -----------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def record_transcript(transcript: Transcript) -> bool:
 
     If a model call fails (no credentials, the provider down), nothing is written and a
     ChatrunError says which turn failed: a recording must not replace good answers with errors."""
-    from chatrun.bot import load_bot
+    from chatrun.engine.bot import load_bot
     from chatrun.transcripts.run import start_session
 
     bot = load_bot(transcript.bot_path)

@@ -87,7 +87,7 @@ class Result:
 
 
 def load_bot_cached(path: str, bots: dict[str, Any] | None) -> Any:
-    from chatrun.bot import load_bot
+    from chatrun.engine.bot import load_bot
 
     if bots is None:
         return load_bot(path)

@@ -97,6 +97,6 @@ def _relative_bot(bot_path: Path, folder: Path) -> str:
 
 
 def _schema_file() -> Path:
-    from chatrun.loader import schema_path
+    from chatrun.definition.schemas import schema_path
 
     return schema_path("transcript.schema.json")

@@ -7,10 +7,8 @@ errors on the line inside a multi-line template).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -20,11 +18,12 @@ from jinja2 import TemplateSyntaxError, nodes
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from chatrun.config import BotConfig, ToolConfig
-from chatrun.errors import ChatrunError, Diagnostic
-from chatrun.loader import Sources, suggest
-from chatrun.templates import ENV, TEMPLATE_VARIABLES
-from chatrun.tools import handler_file
+from chatrun.definition.config import BotConfig, ToolConfig
+from chatrun.definition.graph import RouteGraph
+from chatrun.definition.handlers import import_isolated
+from chatrun.definition.sources import Sources, suggest
+from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES
+from chatrun.errors import Diagnostic
 
 # Dict methods a template may call on state (`state.prefs.get('x')`): not state keys.
 _DICT_METHODS = frozenset({"get", "items", "keys", "values"})
@@ -178,7 +177,7 @@ class _Checker:
         root = Path(self.config.root or ".")
         module = self._modules.get(module_name)
         if module is None:
-            module = self._modules[module_name] = _import_isolated(root, module_name)
+            module = self._modules[module_name] = import_isolated(root, module_name)
         shown = getattr(module, "__chatrun_shown__", "")
         at = ("tools", tool.name, "handler")
         if isinstance(module, str):  # the reason it could not be imported
@@ -510,37 +509,7 @@ def _keys_at(decl: Any, parts: tuple[str, ...]) -> list[str]:
     return list(decl) if isinstance(decl, dict) else []
 
 
-def _import_isolated(root: Path, module_name: str) -> Any:
-    """Import a handler module from the bot directory the way the engine will (chatrun.tools),
-    but leave sys.modules as it was: validating one bot must not change what another imports.
-    Returns the module, or a string saying why it could not be imported."""
-    try:
-        candidate = handler_file(root, module_name)
-    except ChatrunError as exc:
-        return str(exc)
-    unique = f"_chatrun_validate_{abs(hash(str(candidate)))}_{module_name.replace('.', '_')}"
-    spec = importlib.util.spec_from_file_location(unique, candidate)
-    if spec is None or spec.loader is None:
-        return f"cannot import {candidate}"
-    module = importlib.util.module_from_spec(spec)
-    before = set(sys.modules)
-    sys.modules[unique] = module  # while it runs: dataclasses and pickling look it up there
-    try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of the bot's code is a diagnostic
-        return f"{candidate} failed to import: {type(exc).__name__}: {exc}"
-    finally:
-        sys.modules.pop(unique, None)
-        for name in set(sys.modules) - before:  # modules it imported from the bot directory
-            mod_file = getattr(sys.modules[name], "__file__", None) or ""
-            if mod_file.startswith(str(root.resolve())):
-                sys.modules.pop(name, None)
-    module.__chatrun_shown__ = str(candidate)  # the path as the user wrote the bot's, for messages
-    return module
-
-
 def _graph_checks(checker: _Checker) -> None:
-    from chatrun.graph import RouteGraph  # the one graph model the engine and `chatrun graph` use
 
     config = checker.config
     graph = RouteGraph.from_config(config)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from chatrun.config import BotConfig
+from chatrun.definition.config import BotConfig
 
 EdgeKind = Literal["push", "route", "pop"]
 FORMATS = ("text", "mermaid", "dot")

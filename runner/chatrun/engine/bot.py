@@ -8,12 +8,12 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from chatrun.config import BotConfig
-from chatrun.graph import RouteGraph
+from chatrun.definition.config import BotConfig
+from chatrun.definition.graph import RouteGraph
+from chatrun.definition.handlers import HandlerResolver
+from chatrun.engine.session import Session
 from chatrun.models.base import ChatModel
-from chatrun.session import Session
 from chatrun.store import SessionStore
-from chatrun.tools import HandlerResolver
 
 
 class Bot:
@@ -68,7 +68,7 @@ class Bot:
 
 def load_bot(path: str | Path, store: SessionStore | None = None) -> Bot:
     """Load, validate and build a bot. Raises chatrun.BotError carrying every diagnostic."""
-    from chatrun.loader import load_config
+    from chatrun.definition.loader import load_config
 
     config, _warnings = load_config(str(path))
     return Bot(config, store)

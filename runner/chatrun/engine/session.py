@@ -21,19 +21,19 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
-from chatrun.config import ModelConfig
+from chatrun.definition.config import ModelConfig
+from chatrun.engine.scopes import Scope, init_declared, scope_view
+from chatrun.engine.turn import Turn, new_scope
 from chatrun.errors import ChatrunError, ModelError, SessionError, UnknownRouteError
 from chatrun.events import Event
 from chatrun.memory import ChatMemory, make_memory
 from chatrun.messages import AssistantMessage, Message, SystemMessage
 from chatrun.models import make_model
 from chatrun.models.base import ChatModel
-from chatrun.scopes import Scope, init_declared, scope_view
 from chatrun.store import SessionStore
-from chatrun.turn import Turn, new_scope
 
 if TYPE_CHECKING:
-    from chatrun.bot import Bot
+    from chatrun.engine.bot import Bot
 
 Input = str | dict[str, Any] | None
 _DONE = object()

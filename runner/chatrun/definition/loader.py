@@ -1,29 +1,25 @@
 """Load a bot's YAML into `BotConfig`, reporting every problem at once.
 
 Steps: read bot.yaml (or the single file) and the files its `include:` globs name,
-keeping node positions (chatrun.yamlpos); validate each file against
+keeping node positions (chatrun.definition.yamlpos); validate each file against
 schemas/bot.schema.json; merge routes and tools (names unique across files);
-build the dataclasses; run the checks the schema cannot express (chatrun.checks).
+build the dataclasses; run the checks the schema cannot express (chatrun.definition.checks).
 Every problem is a Diagnostic at the line of the YAML node at fault.
 """
 
 from __future__ import annotations
 
-import difflib
-import gc
 import json
-import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from chatrun.config import (
+from chatrun.definition.checks import run_checks
+from chatrun.definition.config import (
     ActionConfig,
     BotConfig,
     Limits,
@@ -34,31 +30,12 @@ from chatrun.config import (
     ScopeConfig,
     ToolConfig,
 )
+from chatrun.definition.schemas import compile_check, inline_refs, load_schema
+from chatrun.definition.sources import Sources, inside, subject, suggest
+from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.errors import BotError, Diagnostic
-from chatrun.yamlpos import Pos, YamlDoc, load_yaml
 
 BOT_FILES = ("bot.yaml", "bot.yml")
-_REPO_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
-
-
-def schema_path(name: str) -> Path:
-    """The path of a schema file (e.g. "bot.schema.json").
-
-    Installed wheels carry the schemas inside the package (hatch force-include puts
-    them in chatrun/schemas); a source checkout keeps them in the repository's schemas/.
-    """
-    try:
-        packaged = resources.files("chatrun") / "schemas" / name
-        if packaged.is_file():
-            return Path(str(packaged))
-    except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError):
-        pass
-    return _REPO_SCHEMAS / name
-
-
-@lru_cache(maxsize=8)
-def load_schema(name: str) -> dict[str, Any]:
-    return json.loads(schema_path(name).read_text(encoding="utf-8"))
 
 
 @lru_cache(maxsize=8)
@@ -76,44 +53,7 @@ def _validator(definition: str | None) -> Draft202012Validator:
     schema = load_schema("bot.schema.json")
     defs = schema["$defs"]
     root = defs[definition] if definition else {k: v for k, v in schema.items() if k != "$defs"}
-    return Draft202012Validator(_inline(root, defs))
-
-
-def _inline(node: Any, defs: dict[str, Any]) -> Any:
-    if isinstance(node, list):
-        return [_inline(item, defs) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _inline(v, defs) for k, v in node.items() if k != "$ref"}
-    ref = node.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/$defs/"):
-        # Siblings of $ref (description, examples) are annotations: the referenced keywords win.
-        out = {**out, **_inline(defs[ref.removeprefix("#/$defs/")], defs)}
-    return out
-
-
-# -- where a route or tool came from ----------------------------------------------
-
-
-@dataclass
-class Sources:
-    """The files of one bot and which file each route and tool came from, so checks can
-    put their diagnostics on the right line of the right file."""
-
-    main: YamlDoc
-    docs: list[YamlDoc] = field(default_factory=list)
-    origin: dict[tuple[str, str], YamlDoc] = field(default_factory=dict)  # ("routes", name) -> file
-
-    def doc_of(self, kind: str, name: str) -> YamlDoc:
-        return self.origin.get((kind, name), self.main)
-
-    def at(self, kind: str, name: str, *sub: Any) -> tuple[str, Pos]:
-        doc = self.doc_of(kind, name)
-        return doc.file, doc.pos((kind, name, *sub))
-
-    def diag(self, severity: str, message: str, kind: str, name: str, *sub: Any) -> Diagnostic:
-        file, pos = self.at(kind, name, *sub)
-        return Diagnostic(file, pos.line, pos.col, severity, message, ".".join(map(str, (kind, name, *sub))))
+    return Draft202012Validator(inline_refs(root, defs))
 
 
 # -- loading ------------------------------------------------------------------------
@@ -133,18 +73,7 @@ def load_config(path: str | Path) -> tuple[BotConfig, list[Diagnostic]]:
 
 def check_bot(path: str | Path) -> tuple[BotConfig | None, list[Diagnostic]]:
     """Everything `load_config` does, without raising: (config or None, sorted diagnostics)."""
-    # Loading allocates hundreds of thousands of small objects and no cycles worth
-    # collecting; the cyclic GC would otherwise run hundreds of times (2-3x slower).
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        return _check_bot(Path(path))
-    finally:
-        if paused:
-            gc.enable()
-
-
-def _check_bot(path: Path) -> tuple[BotConfig | None, list[Diagnostic]]:
+    path = Path(path)
     main_file, problem = _find_main(path)
     if problem:
         return None, [problem]
@@ -163,8 +92,6 @@ def _check_bot(path: Path) -> tuple[BotConfig | None, list[Diagnostic]]:
             diagnostics.extend(schema_diagnostics(doc, "fragment"))
     config = _build(sources, diagnostics, main_file)
     if config is not None:
-        from chatrun.checks import run_checks
-
         diagnostics.extend(run_checks(config, sources))
     return config, _sorted(_without_echoes(diagnostics, sources.docs))
 
@@ -422,38 +349,6 @@ def _type_name(value: Any) -> str:
             float: "a number"}.get(type(value), type(value).__name__)
 
 
-def suggest(word: str, choices: Iterable[Any]) -> str:
-    """"; did you mean `X`?" for the choice closest to `word`, or ""."""
-    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
-    return f"; did you mean `{close[0]}`?" if close else ""
-
-
-def _lower_first(text: str) -> str:
-    return text[:1].lower() + text[1:]
-
-
-def subject(path: tuple) -> str:
-    """A JSON path in words: ("routes", "flight", "memory") -> "`memory` of route `flight`"."""
-    if not path:
-        return "the top level"
-    if path[0] in ("routes", "tools") and len(path) >= 2:
-        owner = f"{'route' if path[0] == 'routes' else 'tool'} `{path[1]}`"
-        return f"`{_dotted(path[2:])}` of {owner}" if len(path) > 2 else owner
-    return f"`{_dotted(path)}`"
-
-
-def inside(path: tuple) -> str:
-    """ "in route `flight`", "in `action` of tool `book`", "at the top level"."""
-    return f"in {subject(path)}" if path else "at the top level"
-
-
-def _dotted(path: tuple) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
 # -- building the dataclasses ---------------------------------------------------------
 # The schema has already reported wrong types; building stays defensive so that one
 # bad value does not hide the cross-reference problems of the rest of the bot.
@@ -606,111 +501,3 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
         ),
         where=_loc(doc, base),
     )
-
-
-# -- a fast path for valid documents --------------------------------------------------
-# jsonschema spends ~0.5 ms per route or tool; a big bot has thousands. Most bots are
-# valid, so first ask a compiled yes/no check of the same schema (only the keywords our
-# schema uses). "Yes" is exact; anything it does not know answers "no", and "no" means:
-# run jsonschema for the messages. tests/test_validate.py checks both agree.
-
-_ANNOTATIONS = frozenset({"description", "examples", "title", "$schema", "$id", "$comment", "default",
-                          "enumDescriptions", "markdownDescription"})
-
-
-def _never(_value: Any) -> bool:
-    return False
-
-
-def _always(_value: Any) -> bool:
-    return True
-
-
-_IS_TYPE = {
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
-}
-
-
-def compile_check(schema: Any) -> Callable[[Any], bool]:
-    """A function answering "is this value valid under `schema`?" (True only when sure)."""
-    if schema is True:
-        return _always
-    if schema is False or not isinstance(schema, dict):
-        return _never
-    checks: list[Callable[[Any], bool]] = []
-    for key, value in schema.items():
-        check = _keyword(key, value, schema)
-        if check is None:
-            continue
-        checks.append(check)
-    if not checks:
-        return _always
-    if len(checks) == 1:
-        return checks[0]
-    return lambda v: all(check(v) for check in checks)
-
-
-def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None:  # noqa: C901 - a dispatch table
-    if key in _ANNOTATIONS or key in ("then", "else"):
-        return None
-    if key == "type":
-        tests = [_IS_TYPE[t] for t in (value if isinstance(value, list) else [value])]
-        return lambda v: any(t(v) for t in tests)
-    if key == "properties":
-        props = {k: compile_check(s) for k, s in value.items()}
-        return lambda v: not isinstance(v, dict) or all(props[k](v[k]) for k in props.keys() & v.keys())
-    if key == "additionalProperties":
-        known = set(schema.get("properties", {}))
-        if "patternProperties" in schema:
-            return _never
-        extra = compile_check(value)
-        return lambda v: not isinstance(v, dict) or all(extra(v[k]) for k in v.keys() - known)
-    if key == "required":
-        needed = list(value)
-        return lambda v: not isinstance(v, dict) or all(k in v for k in needed)
-    if key == "propertyNames":
-        names = compile_check(value)
-        return lambda v: not isinstance(v, dict) or all(names(k) for k in v)
-    if key == "dependentRequired":
-        deps = dict(value)
-        return lambda v: not isinstance(v, dict) or all(d in v for k, ds in deps.items() if k in v for d in ds)
-    if key == "items":
-        item = compile_check(value)
-        return lambda v: not isinstance(v, list) or all(item(x) for x in v)
-    if key == "uniqueItems":
-        if not value:
-            return None
-        return lambda v: not isinstance(v, list) or (all(isinstance(x, str) for x in v) and len(set(v)) == len(v))
-    if key == "pattern":
-        search = re.compile(value).search
-        return lambda v: not isinstance(v, str) or search(v) is not None
-    if key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        op = {"minimum": lambda a: a >= value, "maximum": lambda a: a <= value,
-              "exclusiveMinimum": lambda a: a > value, "exclusiveMaximum": lambda a: a < value}[key]
-        is_number = _IS_TYPE["number"]
-        return lambda v: not is_number(v) or op(v)
-    if key == "const":
-        if not isinstance(value, str):
-            return _never
-        return lambda v: isinstance(v, str) and v == value
-    if key == "oneOf":
-        subs = [compile_check(s) for s in value]
-        return lambda v: sum(1 for s in subs if s(v)) == 1
-    if key == "anyOf":
-        subs = [compile_check(s) for s in value]
-        return lambda v: any(s(v) for s in subs)
-    if key == "allOf":
-        subs = [compile_check(s) for s in value]
-        return lambda v: all(s(v) for s in subs)
-    if key == "if":
-        cond = compile_check(value)
-        then = compile_check(schema.get("then", True))
-        other = compile_check(schema.get("else", True))
-        return lambda v: then(v) if cond(v) else other(v)
-    return _never  # a keyword this fast path does not know: let jsonschema decide

@@ -1,4 +1,4 @@
-"""The validated bot configuration: plain data built from the YAML by `chatrun.loader`.
+"""The validated bot configuration: plain data built from the YAML by `chatrun.definition.loader`.
 
 Everything downstream (the route graph, the engine) reads these dataclasses, never
 raw YAML. Every object keeps `where` (a `Location`) so runtime errors can name the

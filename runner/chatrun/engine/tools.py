@@ -6,19 +6,15 @@ never a crash: the model reads what was wrong and can try again.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from chatrun.config import BotConfig, ToolConfig
-from chatrun.errors import ChatrunError
+from chatrun.definition.config import BotConfig, ToolConfig
 
 
 class ToolRefusal(Exception):
@@ -64,7 +60,7 @@ class ToolContext:
     tool: str
     args: dict[str, Any]
     state: dict[str, Any]
-    scope: Any  # chatrun.scopes.ScopeView: the current scope's state, writable
+    scope: Any  # chatrun.engine.scopes.ScopeView: the current scope's state, writable
     turn: dict[str, Any]
     route: str
     session_id: str
@@ -73,50 +69,6 @@ class ToolContext:
     def emit(self, event_type: str, data: Any) -> None:
         """Send an event to the client now (Thinking, Console, Message, Object or a custom type)."""
         self._emit(event_type, data)
-
-
-def handler_file(root: Path, module_name: str) -> Path:
-    """The file of a handler module `a.b` in a bot directory: a/b.py or a/b/__init__.py."""
-    rel = Path(*module_name.split("."))
-    for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    raise ChatrunError(f"no module `{module_name}` in {root} (looked for {rel.with_suffix('.py')})")
-
-
-class HandlerResolver:
-    """Imports `module:function` handlers from a bot's directory, once per module."""
-
-    def __init__(self, root: str, bot_name: str):
-        self.root = Path(root)
-        self.bot_name = bot_name
-        self._modules: dict[str, Any] = {}
-
-    def resolve(self, spec: str) -> Callable[..., Any]:
-        module_name, _, func_name = spec.partition(":")
-        if not module_name or not func_name:
-            raise ChatrunError(f"handler {spec!r} must look like module:function")
-        module = self._modules.get(module_name)
-        if module is None:
-            module = self._modules[module_name] = self._import(module_name)
-        func = getattr(module, func_name, None)
-        if not callable(func):
-            raise ChatrunError(f"handler {spec!r}: {module_name} has no function {func_name!r}")
-        return func
-
-    def _import(self, module_name: str) -> Any:
-        candidate = handler_file(self.root, module_name)
-        # A private module name per bot, so two bots' travel_tools never collide in sys.modules.
-        unique = f"_chatrun_bot_{abs(hash(str(self.root)))}_{module_name.replace('.', '_')}"
-        spec = importlib.util.spec_from_file_location(unique, candidate)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        sys.modules[unique] = module
-        try:
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
-        except Exception as exc:
-            del sys.modules[unique]
-            raise ChatrunError(f"handler module {candidate} failed to import: {exc!r}") from exc
-        return module
 
 
 async def call_handler(func: Callable[..., Any], ctx: ToolContext) -> Any:

@@ -22,7 +22,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
-from chatrun.config import RouteConfig, ToolConfig
+from chatrun.definition.config import RouteConfig, ToolConfig
+from chatrun.definition.templates import render, render_value
+from chatrun.engine.scopes import Scope, ScopeView, get_path, init_declared, scope_view, set_path
+from chatrun.engine.tools import (
+    ToolContext,
+    ToolRefusal,
+    call_handler,
+    parse_arguments,
+    result_text,
+    route_tool_specs,
+)
 from chatrun.errors import ChatrunError
 from chatrun.messages import (
     AssistantMessage,
@@ -32,19 +42,9 @@ from chatrun.messages import (
     UserMessage,
 )
 from chatrun.models.base import ModelRequest
-from chatrun.scopes import Scope, ScopeView, get_path, init_declared, scope_view, set_path
-from chatrun.templates import render, render_value
-from chatrun.tools import (
-    ToolContext,
-    ToolRefusal,
-    call_handler,
-    parse_arguments,
-    result_text,
-    route_tool_specs,
-)
 
 if TYPE_CHECKING:
-    from chatrun.session import Session
+    from chatrun.engine.session import Session
 
 
 class TurnFailed(ChatrunError):

@@ -1,0 +1,160 @@
+"""Where chatrun's JSON Schemas live, and how they are compiled for speed.
+
+Shared by the bot loader and the transcript loader: `schema_path`/`load_schema` find a
+schema (inside the wheel, or the checkout's schemas/), `inline_refs` removes local
+`$ref`s (resolving them is most of jsonschema's time; ours never recurse), and
+`compile_check` is a yes/no fast path for valid documents.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+_REPO_SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
+
+def schema_path(name: str) -> Path:
+    """The path of a schema file (e.g. "bot.schema.json").
+
+    Installed wheels carry the schemas inside the package (hatch force-include puts
+    them in chatrun/schemas); a source checkout keeps them in the repository's schemas/.
+    """
+    try:
+        packaged = resources.files("chatrun") / "schemas" / name
+        if packaged.is_file():
+            return Path(str(packaged))
+    except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError):
+        pass
+    return _REPO_SCHEMAS / name
+
+
+@lru_cache(maxsize=8)
+def load_schema(name: str) -> dict[str, Any]:
+    return json.loads(schema_path(name).read_text(encoding="utf-8"))
+
+
+def inline_refs(node: Any, defs: dict[str, Any]) -> Any:
+    """`node` with every local `#/$defs/...` reference replaced by its definition."""
+    if isinstance(node, list):
+        return [inline_refs(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: inline_refs(v, defs) for k, v in node.items() if k not in ("$ref", "$defs")}
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        # Siblings of $ref (description, examples) are annotations: the referenced keywords win.
+        out = {**out, **inline_refs(defs[ref.removeprefix("#/$defs/")], defs)}
+    return out
+
+
+# -- a fast path for valid documents --------------------------------------------------
+# jsonschema spends ~0.5 ms per route or tool; a big bot has thousands. Most bots are
+# valid, so first ask a compiled yes/no check of the same schema (only the keywords our
+# schema uses). "Yes" is exact; anything it does not know answers "no", and "no" means:
+# run jsonschema for the messages. tests/test_validate.py checks both agree.
+
+_ANNOTATIONS = frozenset({"description", "examples", "title", "$schema", "$id", "$comment", "default",
+                          "enumDescriptions", "markdownDescription"})
+
+
+def _never(_value: Any) -> bool:
+    return False
+
+
+def _always(_value: Any) -> bool:
+    return True
+
+
+_IS_TYPE = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
+}
+
+
+def compile_check(schema: Any) -> Callable[[Any], bool]:
+    """A function answering "is this value valid under `schema`?" (True only when sure)."""
+    if schema is True:
+        return _always
+    if schema is False or not isinstance(schema, dict):
+        return _never
+    checks: list[Callable[[Any], bool]] = []
+    for key, value in schema.items():
+        check = _keyword(key, value, schema)
+        if check is None:
+            continue
+        checks.append(check)
+    if not checks:
+        return _always
+    if len(checks) == 1:
+        return checks[0]
+    return lambda v: all(check(v) for check in checks)
+
+
+def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None:  # noqa: C901 - a dispatch table
+    if key in _ANNOTATIONS or key in ("then", "else"):
+        return None
+    if key == "type":
+        tests = [_IS_TYPE[t] for t in (value if isinstance(value, list) else [value])]
+        return lambda v: any(t(v) for t in tests)
+    if key == "properties":
+        props = {k: compile_check(s) for k, s in value.items()}
+        return lambda v: not isinstance(v, dict) or all(props[k](v[k]) for k in props.keys() & v.keys())
+    if key == "additionalProperties":
+        known = set(schema.get("properties", {}))
+        if "patternProperties" in schema:
+            return _never
+        extra = compile_check(value)
+        return lambda v: not isinstance(v, dict) or all(extra(v[k]) for k in v.keys() - known)
+    if key == "required":
+        needed = list(value)
+        return lambda v: not isinstance(v, dict) or all(k in v for k in needed)
+    if key == "propertyNames":
+        names = compile_check(value)
+        return lambda v: not isinstance(v, dict) or all(names(k) for k in v)
+    if key == "dependentRequired":
+        deps = dict(value)
+        return lambda v: not isinstance(v, dict) or all(d in v for k, ds in deps.items() if k in v for d in ds)
+    if key == "items":
+        item = compile_check(value)
+        return lambda v: not isinstance(v, list) or all(item(x) for x in v)
+    if key == "uniqueItems":
+        if not value:
+            return None
+        return lambda v: not isinstance(v, list) or (all(isinstance(x, str) for x in v) and len(set(v)) == len(v))
+    if key == "pattern":
+        search = re.compile(value).search
+        return lambda v: not isinstance(v, str) or search(v) is not None
+    if key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        op = {"minimum": lambda a: a >= value, "maximum": lambda a: a <= value,
+              "exclusiveMinimum": lambda a: a > value, "exclusiveMaximum": lambda a: a < value}[key]
+        is_number = _IS_TYPE["number"]
+        return lambda v: not is_number(v) or op(v)
+    if key == "const":
+        if not isinstance(value, str):
+            return _never
+        return lambda v: isinstance(v, str) and v == value
+    if key == "oneOf":
+        subs = [compile_check(s) for s in value]
+        return lambda v: sum(1 for s in subs if s(v)) == 1
+    if key == "anyOf":
+        subs = [compile_check(s) for s in value]
+        return lambda v: any(s(v) for s in subs)
+    if key == "allOf":
+        subs = [compile_check(s) for s in value]
+        return lambda v: all(s(v) for s in subs)
+    if key == "if":
+        cond = compile_check(value)
+        then = compile_check(schema.get("then", True))
+        other = compile_check(schema.get("else", True))
+        return lambda v: then(v) if cond(v) else other(v)
+    return _never  # a keyword this fast path does not know: let jsonschema decide
