@@ -286,14 +286,14 @@ def test_failed_turn_restores_everything(travel):
     after = s.snapshot()
     assert {k: v for k, v in after.items() if k != "updated"} == {k: v for k, v in before[0].items() if k != "updated"}
     assert s.memories() == before[1]
-    assert s.turn == 0
+    assert s.turn_count == 0
     assert s.history[-1]["ok"] is False and "upstream 500" in s.history[-1]["error"]
     assert s.history[-1]["events"][-1]["type"] == "Error"
     assert s.last_turn == s.history[-1]
     # the user simply retries
     model.add(call("book_flight"), {"text": "Where to?"})
     assert kinds(s.chat("flight to Ireland"))[-1] == ("Message", "Where to?")
-    assert s.turn == 1
+    assert s.turn_count == 1
 
 
 def test_handler_exception_is_an_error_naming_the_tool(travel):
@@ -406,7 +406,7 @@ def test_cancelled_turn_rolls_back(travel):
     assert s.state["traveller_name"] is None
     assert s.memory() == []
     assert s.history[-1]["error"] == "cancelled"
-    assert s.turn == 0
+    assert s.turn_count == 0
 
 
 def test_closed_session_refuses_turns(travel):

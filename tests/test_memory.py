@@ -10,7 +10,13 @@ import pytest
 
 from chatrun.definition.config import MemoryPolicy
 from chatrun.errors import ChatrunError
-from chatrun.memory import ChatMemory, MessageWindowMemory, NoMemory, TokenWindowMemory, make_memory
+from chatrun.memory import (
+    ChatMemory,
+    MessageWindowMemory,
+    TokenWindowMemory,
+    TurnOnlyMemory,
+    make_memory,
+)
 from chatrun.messages import (
     AssistantMessage,
     Message,
@@ -394,11 +400,11 @@ def test_results_of_an_evicted_call_are_dropped():
     assert memory.messages() == [system]
 
 
-# -- NoMemory and make_memory -------------------------------------------------------------
+# -- TurnOnlyMemory and make_memory -------------------------------------------------------------
 
 
 def test_no_memory_holds_a_turn_and_is_ephemeral():
-    memory = NoMemory("n")
+    memory = TurnOnlyMemory("n")
     assert memory.ephemeral is True
     system, u, ai, tr = SystemMessage("sys"), UserMessage("q"), ai_calls("c"), result("c")
     for m in (u, ai, tr, system, SystemMessage("sys")):
@@ -420,7 +426,7 @@ def test_make_memory_builds_each_policy():
     tw3 = make_memory(MemoryPolicy(type="token_window"), "s1#z", model_name="my-local-llama")
     assert tw3.counter.encoding == "o200k_base"  # unknown model: the documented fallback
     none = make_memory(MemoryPolicy(type="none"), "s1#n")
-    assert isinstance(none, NoMemory) and none.ephemeral
+    assert isinstance(none, TurnOnlyMemory) and none.ephemeral
     with pytest.raises(ChatrunError, match="unknown memory type"):
         make_memory(MemoryPolicy(type="summary"), "s1#q")
     with pytest.raises(ChatrunError, match="unknown tiktoken encoding"):

@@ -7,21 +7,82 @@ and tools that may act on the conversation (push, pop, route, set state, emit).
     >>> bot = chatrun.load_bot("bots/hello")
     >>> session = bot.session()
     >>> events = session.chat("hi")
+
+Everything a program using chatrun needs is importable from here; the submodules are
+internals and may change between releases (tests/test_exported_members.py holds the list).
 """
 
-from chatrun.errors import BotError, ChatrunError, Diagnostic
+from chatrun import events
+from chatrun.engine.bot import Bot, load_bot
+from chatrun.engine.session import Session
+from chatrun.engine.tools import ToolContext
+from chatrun.errors import (
+    BotError,
+    ChatrunError,
+    Diagnostic,
+    ForbiddenRouteError,
+    FrameError,
+    ModelError,
+    RequestFailed,
+    SessionError,
+    ToolRefusal,
+    TurnFailed,
+    UnknownRouteError,
+)
 from chatrun.events import Event
+from chatrun.memory import ChatMemory, MessageWindowMemory, TokenWindowMemory, TurnOnlyMemory
+from chatrun.messages import (
+    AssistantMessage,
+    Message,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from chatrun.models import ChatModel, ModelPool, ModelRequest, ModelResponse
+from chatrun.models.scripted import ScriptedModel
+from chatrun.store import SessionStore, open_store
+from chatrun.store.memory import InMemoryStore
+from chatrun.store.sqlite import SQLiteStore
 
 __version__ = "0.1.0"
 
-__all__ = ["BotError", "ChatrunError", "Diagnostic", "Event", "load_bot", "__version__"]
-
-
-def load_bot(path, store=None):  # noqa: ANN001, ANN201 - documented in chatrun.engine.bot.load_bot
-    """Load and validate a bot (a directory holding bot.yaml, or one YAML file).
-
-    Raises BotError carrying every diagnostic when the bot is invalid.
-    """
-    from chatrun.engine.bot import load_bot as _load_bot
-
-    return _load_bot(path, store)
+__all__ = [
+    "AssistantMessage",
+    "Bot",
+    "BotError",
+    "ChatMemory",
+    "ChatModel",
+    "ChatrunError",
+    "Diagnostic",
+    "Event",
+    "ForbiddenRouteError",
+    "FrameError",
+    "InMemoryStore",
+    "Message",
+    "MessageWindowMemory",
+    "ModelError",
+    "ModelPool",
+    "ModelRequest",
+    "ModelResponse",
+    "RequestFailed",
+    "SQLiteStore",
+    "ScriptedModel",
+    "Session",
+    "SessionError",
+    "SessionStore",
+    "SystemMessage",
+    "TokenWindowMemory",
+    "ToolCall",
+    "ToolContext",
+    "ToolRefusal",
+    "ToolResultMessage",
+    "TurnFailed",
+    "TurnOnlyMemory",
+    "UnknownRouteError",
+    "UserMessage",
+    "__version__",
+    "events",
+    "load_bot",
+    "open_store",
+]

@@ -1,8 +1,25 @@
-"""Errors and diagnostics shared by every part of chatrun."""
+"""Every error chatrun raises on purpose, and the diagnostics of invalid files.
+
+    ChatrunError                 every error below; the message names the place and says what to do
+    ├── BotError                 a bot (or transcript) is invalid; carries every Diagnostic found
+    ├── ModelError               the model could not be reached, or answered something unusable
+    ├── SessionError             a session API call was misused
+    │   ├── UnknownRouteError    a route name the bot does not define
+    │   └── ForbiddenRouteError  the principal may not enter a route with `roles:`
+    ├── TurnFailed               a turn cannot complete: it is rolled back, its message becomes an Error event
+    ├── ToolRefusal              a tool call that cannot run: its message is the tool result the model reads
+    └── RequestFailed            a server request that cannot be served (reason + message)
+        └── FrameError           a malformed WebSocket frame
+
+A turn never lets one of these escape: `Session.stream()` turns them into an Error event
+and rolls the turn back. They reach callers from loading (`BotError`), from starting or
+resuming a session (`SessionError`), and from the server's request handling.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 class ChatrunError(Exception):
@@ -67,3 +84,34 @@ class UnknownRouteError(SessionError):
         self.route = route
         self.known = sorted(known)
         super().__init__(f"unknown route {route!r}; the bot defines: {', '.join(self.known)}")
+
+
+class ForbiddenRouteError(SessionError):
+    """The principal may not enter a route that declares `roles:`."""
+
+
+class TurnFailed(ChatrunError):
+    """The turn cannot complete; the session is restored and the message becomes an Error event."""
+
+
+class ToolRefusal(ChatrunError):
+    """A tool call that cannot run; the message is the tool result the model reads."""
+
+
+class RequestFailed(ChatrunError):
+    """A server request that cannot be served: `reason` is the Failed frame's data (a protocol
+    reason such as "BadRequest"), `message` the Error text."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class FrameError(RequestFailed):
+    """A WebSocket frame that cannot be read; carries what could be read of its chat and request ids."""
+
+    def __init__(self, reason: str, message: str, chat_id: str | None = None, request_id: Any = None):
+        super().__init__(reason, message)
+        self.chat_id = chat_id
+        self.request_id = request_id

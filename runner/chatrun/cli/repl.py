@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 
 import click
 
 from chatrun import events as ev
+from chatrun.cli.human_model import HumanModel
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ChatrunError
 from chatrun.events import Event
-from chatrun.models.human import HumanModel
 
 COMMANDS = """\
 /help              this help
@@ -32,8 +31,9 @@ def model_is_configured(config: ModelConfig) -> bool:
     """Whether an OpenAI-compatible endpoint can be reached without asking the author."""
     if config.provider != "openai":
         return True
-    key_env = config.api_key_env or "OPENAI_API_KEY"
-    return bool(config.base_url or os.environ.get("OPENAI_BASE_URL") or os.environ.get(key_env))
+    from chatrun.models.openai_model import has_credentials
+
+    return has_credentials(config)
 
 
 NO_MODEL = """\

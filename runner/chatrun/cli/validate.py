@@ -50,10 +50,12 @@ def validate(paths: tuple[str, ...], fmt: str) -> None:
 def _check(path: str) -> list[Diagnostic]:
     """Every diagnostic of one bot. Bad input is always a diagnostic; only a fault of
     chatrun itself becomes the "chatrun bug" line, and then for this bot alone."""
+    from chatrun.cli._gc import collector_paused
     from chatrun.definition.loader import load_config
 
     try:
-        _config, diagnostics = load_config(path)
+        with collector_paused():
+            _config, diagnostics = load_config(path)
     except BotError as exc:
         return exc.diagnostics
     except ChatrunError as exc:

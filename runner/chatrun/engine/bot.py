@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from chatrun.definition.config import BotConfig
 from chatrun.definition.graph import RouteGraph
-from chatrun.definition.handlers import HandlerResolver
 from chatrun.engine.session import Session
+from chatrun.engine.tools import Toolbox
 from chatrun.models.base import ChatModel
 from chatrun.store import SessionStore
 
@@ -25,8 +22,7 @@ class Bot:
         self.config = config
         self.graph = RouteGraph.from_config(config)
         self.store: SessionStore = store if store is not None else InMemoryStore()
-        self._handlers = HandlerResolver(config.root or ".", config.name)
-        self._validators: dict[str, Draft202012Validator] = {}
+        self.tools = Toolbox(config)
 
     @property
     def name(self) -> str:
@@ -51,16 +47,6 @@ class Bot:
         roles: the principal's roles; routes with `roles:` need one of them (None: no checks).
         """
         return Session(self, store if store is not None else self.store, model, session_id, route, state, roles, meta)
-
-    def argument_validator(self, tool: str) -> Draft202012Validator:
-        """The validator of a tool's `parameters`, built once per bot."""
-        validator = self._validators.get(tool)
-        if validator is None:
-            validator = self._validators[tool] = Draft202012Validator(self.config.tools[tool].parameters)
-        return validator
-
-    def handler(self, spec: str) -> Callable[..., Any]:
-        return self._handlers.resolve(spec)
 
     def __repr__(self) -> str:
         return f"<Bot {self.name!r} routes={list(self.config.routes)}>"

@@ -47,8 +47,9 @@ class Scope:
         return cls(d["id"], d["route"], d.get("local", {}), d.get("shared", {}), list(d.get("memory_routes", [])))
 
 
-def scope_view(scopes: list[Scope]) -> dict[str, Any]:
-    """What the current (last) scope sees: ancestors' shared, then its own shared, then its local."""
+def merged_scope(scopes: list[Scope]) -> dict[str, Any]:
+    """A merged copy of what the current (last) scope sees: ancestors' shared, then its own
+    shared, then its local. (ScopeView is the live, writable view of the same.)"""
     merged: dict[str, Any] = {}
     for s in scopes:
         merged.update(s.shared)
@@ -93,13 +94,13 @@ class ScopeView(MutableMapping):
         del owner[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(scope_view(self._scopes))
+        return iter(merged_scope(self._scopes))
 
     def __len__(self) -> int:
-        return len(scope_view(self._scopes))
+        return len(merged_scope(self._scopes))
 
     def __repr__(self) -> str:
-        return f"ScopeView({scope_view(self._scopes)!r})"
+        return f"ScopeView({merged_scope(self._scopes)!r})"
 
 
 _MISSING = object()

@@ -21,15 +21,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
-from chatrun.definition.config import ModelConfig
-from chatrun.engine.scopes import Scope, init_declared, scope_view
-from chatrun.engine.turn import Turn, new_scope
-from chatrun.errors import ChatrunError, ModelError, SessionError, UnknownRouteError
+from chatrun.engine.conversation import Checkpoint, Conversation
+from chatrun.engine.scopes import Scope, merged_scope
+from chatrun.engine.turn import Turn
+from chatrun.errors import ChatrunError, ModelError, SessionError
 from chatrun.events import Event
-from chatrun.memory import ChatMemory, make_memory
-from chatrun.messages import AssistantMessage, Message, SystemMessage
-from chatrun.models import make_model
-from chatrun.models.base import ChatModel
+from chatrun.messages import Message, SystemMessage
+from chatrun.models import ChatModel, ModelPool
 from chatrun.store import SessionStore
 
 if TYPE_CHECKING:
@@ -37,11 +35,6 @@ if TYPE_CHECKING:
 
 Input = str | dict[str, Any] | None
 _DONE = object()
-SNAPSHOT_VERSION = 1
-
-
-class ForbiddenRouteError(SessionError):
-    """The principal may not enter a route that declares `roles:`."""
 
 
 class Session:
@@ -60,10 +53,8 @@ class Session:
     ):
         self.bot = bot
         self.store = store
-        self.roles = set(roles) if roles is not None else None
-        self._model = model
-        self._models: dict[str, ChatModel] = {}
-        self._memories: dict[str, ChatMemory] = {}
+        self._own_models = ModelPool() if model is None else None
+        self._model: ChatModel = model if model is not None else self._own_models.model()  # type: ignore[union-attr]
         self._handlers: dict[str, list[Callable[[Any], Any]]] = {}
         self._default_handlers: list[Callable[[str, Any], Any]] = []
         self._sink: Callable[[Event], None] | None = None
@@ -71,63 +62,83 @@ class Session:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_entry: dict | None = None
+        roles = set(roles) if roles is not None else None
         snapshot = store.load_session(session_id) if session_id else None
+        self._c = Conversation(bot.config, store, session_id or secrets.token_hex(8), roles)
         if snapshot is not None:  # resume where it was; `route` and `state` apply to new sessions only
-            self._restore(snapshot)
+            self._c.restore(snapshot)
             return
-        self.id = session_id or secrets.token_hex(8)
-        start = route or bot.config.default_route
-        if start not in bot.config.routes:
-            raise UnknownRouteError(start, list(bot.config.routes))
-        if not self.may_enter(start):
-            raise ForbiddenRouteError(f"route {start!r} needs one of the roles {bot.config.routes[start].roles}")
-        self.turn = 0
-        self.meta = dict(meta or {})
-        self.state = copy.deepcopy(bot.config.state)
-        self.state.update(copy.deepcopy(state or {}))
-        self._next_scope = 1
-        self.scopes: list[Scope] = [new_scope(self._new_scope_id(), bot.config.routes[start])]
-        self.store.commit_turn(self.id, self._snapshot(), {}, [])
+        self._c.start(route or bot.config.default_route, state, meta)
+        self.store.commit_turn(self.id, self._c.snapshot(), {}, [])
 
     # -- introspection -------------------------------------------------------------
 
     @property
+    def id(self) -> str:
+        return self._c.id
+
+    @property
     def route(self) -> str:
-        return self.scopes[-1].route
+        return self._c.scope.route
 
     @property
     def stack(self) -> list[str]:
-        return [s.route for s in self.scopes]
+        return self._c.stack
 
     @property
     def scope_id(self) -> str:
-        return self.scopes[-1].id
+        return self._c.scope.id
+
+    @property
+    def scopes(self) -> list[Scope]:
+        return self._c.scopes
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self._c.state
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self._c.meta
+
+    @property
+    def roles(self) -> set[str] | None:
+        return self._c.roles
+
+    @property
+    def turn_count(self) -> int:
+        """How many turns this conversation has committed."""
+        return self._c.turn_count
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def visible_state(self) -> dict[str, Any]:
-        return {"state": self.state, "scope": scope_view(self.scopes)}
+        return {"state": self.state, "scope": merged_scope(self.scopes)}
 
     def memory(self, scope_id: str | None = None, route: str | None = None) -> list[Message]:
         """The messages of one memory: by default the current route's in the current scope."""
-        scope = self.scopes[-1] if scope_id is None else self._scope(scope_id)
-        return self.memory_for(scope, route or scope.route, create=False).messages()
+        scope = self._c.scope if scope_id is None else self._c.find_scope(scope_id)
+        return self._c.memory_for(scope, route or scope.route, create=False).messages()
 
     def preview_messages(self) -> list[Message]:
         """What the current route will send the model next, before the user's next message:
         its memory, led by the system prompt rendered from the state as it is now."""
-        route = self.bot.config.routes[self.route]
+        route = self._c.route
         messages = self.memory()
         if not route.system:
             return messages
         try:
-            text = Turn(self, self.turn + 1, None, {}).render_template(route.system, f"route {route.name} system", route.where)
-        except ChatrunError:
-            return messages  # the next turn will report the template's error
+            text = self._c.render(route.system, self._c.template_context({}))
+        except Exception:  # noqa: BLE001 - the next turn will report the template's error, with its place
+            return messages
         rest = messages[1:] if messages and isinstance(messages[0], SystemMessage) else messages
         return [SystemMessage(text), *rest]
 
     def memories(self) -> dict[str, list[Message]]:
         return {
-            s.memory_id(r): self.memory_for(s, r, create=False).messages()
+            s.memory_id(r): self._c.memory_for(s, r, create=False).messages()
             for s in self.scopes
             for r in s.memory_routes
         }
@@ -147,20 +158,7 @@ class Session:
 
     def snapshot(self) -> dict[str, Any]:
         """The session as JSON-able data (a copy): what the store keeps between turns."""
-        return copy.deepcopy(self._snapshot())
-
-    def _snapshot(self) -> dict[str, Any]:
-        return {
-            "version": SNAPSHOT_VERSION,
-            "bot": self.bot.name,
-            "id": self.id,
-            "turn": self.turn,
-            "state": self.state,
-            "scopes": [s.to_dict() for s in self.scopes],
-            "next_scope": self._next_scope,
-            "meta": self.meta,
-            "updated": time.time(),
-        }
+        return copy.deepcopy(self._c.snapshot())
 
     # -- events ------------------------------------------------------------------------
 
@@ -174,8 +172,8 @@ class Session:
         self._default_handlers.append(handler)
         return self
 
-    def emit(self, event_type: str, data: Any) -> None:
-        event = Event(event_type, ev.plain(data), self.turn + 1)
+    def _emit(self, event_type: str, data: Any) -> None:
+        event = Event(event_type, ev.plain(data), self.turn_count + 1)
         if self._sink is not None:
             self._sink(event)
 
@@ -230,18 +228,24 @@ class Session:
             self._running = False
 
     async def _run_turn(self, text: str | None, data: dict[str, Any]) -> None:
-        before = self._capture()
-        turn = Turn(self, self.turn + 1, text, data)
+        before = self._c.capture()
+        turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data)
         entry = {"turn": turn.number, "input": text if not data else ev.plain(data), "at": time.time()}
         collected: list[Event] = []
         sink = self._sink
-        self._sink = lambda e: (collected.append(e), sink(e))  # type: ignore[misc]
+
+        def collect(event: Event) -> None:
+            collected.append(event)
+            if sink is not None:
+                sink(event)
+
+        self._sink = collect
         try:
             await turn.run()
-            self.turn = turn.number
+            self._c.turn_count = turn.number
             entry.update(ok=True, route=self.route, stack=self.stack, events=_plain(collected))
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
-            self.store.commit_turn(self.id, self._snapshot(), self._dirty_memories(before), [entry])
+            self.store.commit_turn(self.id, self._c.snapshot(), self._c.dirty_memories(before), [entry])
             self._last_entry = entry
         except asyncio.CancelledError:
             self._rollback(before, entry | {"ok": False, "error": "cancelled", "events": _plain(collected)})
@@ -259,116 +263,15 @@ class Session:
         finally:
             self._sink = sink
 
-    def _fail(self, before: dict, entry: dict, collected: list[Event], message: str) -> None:
-        self.emit(ev.ERROR, message)  # first, so the history's record of the attempt holds it too
+    def _fail(self, before: Checkpoint, entry: dict, collected: list[Event], message: str) -> None:
+        self._emit(ev.ERROR, message)  # first, so the history's record of the attempt holds it too
         self._rollback(before, entry | {"ok": False, "error": message, "events": _plain(collected)})
 
-    # -- atomic turns -------------------------------------------------------------------------
-
-    def _capture(self) -> dict[str, Any]:
-        return {
-            "turn": self.turn,
-            "state": copy.deepcopy(self.state),
-            "scopes": copy.deepcopy(self.scopes),
-            "next_scope": self._next_scope,
-            "memories": {mid: m.messages() for mid, m in self._memories.items()},
-        }
-
-    def _rollback(self, before: dict[str, Any], entry: dict) -> None:
-        self.turn = before["turn"]
-        self.state = before["state"]
-        self.scopes = before["scopes"]
-        self._next_scope = before["next_scope"]
-        # The store holds exactly what the memories held before the turn (nothing is written
-        # until a turn succeeds), so dropping the cache rolls every memory back.
-        self._memories.clear()
+    def _rollback(self, before: Checkpoint, entry: dict) -> None:
+        self._c.rollback(before)
         entry.setdefault("route", self.route)
-        self.store.commit_turn(self.id, self._snapshot(), {}, [entry])
+        self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
         self._last_entry = entry
-
-    def _dirty_memories(self, before: dict[str, Any]) -> dict[str, list[Message] | None]:
-        """Memories whose messages changed in the turn (None: deleted with a popped scope)."""
-        live = {s.memory_id(r) for s in self.scopes for r in s.memory_routes}
-        saved = before["memories"]
-        dirty: dict[str, list[Message] | None] = {}
-        for mid in list(self._memories):
-            if mid not in live:
-                dirty[mid] = None
-                del self._memories[mid]
-                continue
-            memory = self._memories[mid]
-            if memory.ephemeral:
-                continue
-            messages = memory.messages()
-            if saved.get(mid) != messages:
-                dirty[mid] = messages
-        for scope in before["scopes"]:
-            for mid in scope.memory_ids():
-                if mid not in live:
-                    dirty[mid] = None
-        return dirty
-
-    # -- scopes and memories (called by the turn) --------------------------------------------------
-
-    def memory_for(self, scope: Scope, route: str, create: bool = True) -> ChatMemory:
-        """The memory `<scope-id>#<route>`, loaded from the store once per session object.
-        With create=False a route that has no memory yet gets an empty, unregistered one."""
-        mid = scope.memory_id(route)
-        memory = self._memories.get(mid)
-        if memory is not None:
-            return memory
-        policy = self.bot.config.route_memory(route)
-        memory = make_memory(policy, mid, self.bot.config.route_model(route).name)
-        if route in scope.memory_routes:
-            stored = self.store.get_messages(mid)
-            if stored:
-                memory.set(stored)
-        elif not create:
-            return memory
-        else:
-            scope.memory_routes.append(route)
-        self._memories[mid] = memory
-        return memory
-
-    def forget_turn_memories(self) -> None:
-        """Policy `none`: what a route held during the turn is gone after it. Only memories
-        loaded in this turn can hold anything (they are never persisted)."""
-        for memory in self._memories.values():
-            if memory.ephemeral:
-                memory.clear()
-
-    def clear_scope_memories(self, scope: Scope) -> None:
-        for route in scope.memory_routes:
-            self.memory_for(scope, route).clear()
-
-    def push_scope(self, route: str) -> None:
-        self.scopes.append(new_scope(self._new_scope_id(), self.bot.config.routes[route]))
-
-    def pop_scope(self, handed_back: str | None) -> None:
-        popped = self.scopes.pop()
-        for route in popped.memory_routes:
-            self._memories.pop(popped.memory_id(route), None)
-        if handed_back:
-            parent = self.scopes[-1]
-            self.memory_for(parent, parent.route).add(AssistantMessage(handed_back))
-
-    def change_route(self, route: str) -> None:
-        scope = self.scopes[-1]
-        scope.route = route
-        declared = self.bot.config.routes[route].scope
-        init_declared(scope, declared.local, declared.shared)
-
-    def may_enter(self, route: str) -> bool:
-        needed = self.bot.config.routes[route].roles
-        return not needed or self.roles is None or bool(self.roles.intersection(needed))
-
-    def model_for(self, config: ModelConfig) -> ChatModel:
-        if self._model is not None:
-            return self._model
-        model = self._models.get(config.provider)
-        if model is None:
-            model = self._models[config.provider] = make_model(config.provider)
-        return model
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -376,50 +279,27 @@ class Session:
         """End the conversation: delete its scopes, memories and history from the store."""
         if self._closed:
             return
-        ids = [mid for s in self.scopes for mid in s.memory_ids()]
-        self.store.delete_session(self.id, ids)
-        self._memories.clear()
+        self.store.delete_session(self.id, self._c.live_memory_ids())
+        self._c.forget_cached_memories()
         self._closed = True
         if self._loop is not None and not self._loop.is_running() and not self._loop.is_closed():
             # Models opened on the private loop of chat() hold connections bound to it.
-            for model in [self._model, *self._models.values()]:
-                aclose = getattr(model, "aclose", None)
-                if aclose is not None:
-                    self._loop.run_until_complete(aclose())
+            self._loop.run_until_complete(self._close_models())
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
+
+    async def _close_models(self) -> None:
+        aclose = getattr(self._model, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        if self._own_models is not None:
+            await self._own_models.aclose()
 
     def _check_usable(self) -> None:
         if self._closed:
             raise SessionError(f"session {self.id} is closed")
         if self._running:
             raise SessionError(f"session {self.id} is already running a turn; send one message at a time")
-
-    def _new_scope_id(self) -> str:
-        scope_id = f"{self.id}.{self._next_scope}"
-        self._next_scope += 1
-        return scope_id
-
-    def _scope(self, scope_id: str) -> Scope:
-        for s in self.scopes:
-            if s.id == scope_id:
-                return s
-        raise SessionError(f"session {self.id} has no scope {scope_id!r}; scopes: {[s.id for s in self.scopes]}")
-
-    def _restore(self, snapshot: dict[str, Any]) -> None:
-        if snapshot.get("bot") not in (None, self.bot.name):
-            raise SessionError(f"session {snapshot.get('id')} belongs to bot {snapshot.get('bot')!r}, not {self.bot.name!r}")
-        self.id = snapshot["id"]
-        self.turn = snapshot["turn"]
-        self.state = snapshot["state"]
-        self.meta = snapshot.get("meta", {})
-        self._next_scope = snapshot["next_scope"]
-        self.scopes = [Scope.from_dict(d) for d in snapshot["scopes"]]
-        for scope in self.scopes:
-            if scope.route not in self.bot.config.routes:
-                raise SessionError(
-                    f"session {self.id} is on route {scope.route!r}, which the bot no longer defines"
-                )
 
 
 def _split_input(message: Input) -> tuple[str | None, dict[str, Any]]:

@@ -15,10 +15,29 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from chatrun.definition.config import BotConfig, ToolConfig
+from chatrun.definition.handlers import HandlerResolver
+from chatrun.errors import ToolRefusal
 
 
-class ToolRefusal(Exception):
-    """A tool call that cannot run; the message is the tool result the model reads."""
+class Toolbox:
+    """A bot's tools as the engine calls them: argument validators and Python handlers,
+    each built once per bot and shared by its sessions."""
+
+    def __init__(self, config: BotConfig):
+        self.config = config
+        self._handlers = HandlerResolver(config.root or ".", config.name)
+        self._validators: dict[str, Draft202012Validator] = {}
+
+    def argument_validator(self, tool: str) -> Draft202012Validator:
+        """The validator of a tool's `parameters`."""
+        validator = self._validators.get(tool)
+        if validator is None:
+            validator = self._validators[tool] = Draft202012Validator(self.config.tools[tool].parameters)
+        return validator
+
+    def handler(self, spec: str) -> Callable[..., Any]:
+        """The function of a `module:function` handler spec."""
+        return self._handlers.resolve(spec)
 
 
 def tool_spec(tool: ToolConfig) -> dict[str, Any]:

@@ -18,22 +18,23 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from chatrun import events as ev
 from chatrun.definition.config import RouteConfig, ToolConfig
-from chatrun.definition.templates import render, render_value
-from chatrun.engine.scopes import Scope, ScopeView, get_path, init_declared, scope_view, set_path
+from chatrun.engine.conversation import Conversation
+from chatrun.engine.scopes import get_path, set_path
 from chatrun.engine.tools import (
+    Toolbox,
     ToolContext,
-    ToolRefusal,
     call_handler,
     parse_arguments,
     result_text,
     route_tool_specs,
 )
-from chatrun.errors import ChatrunError
+from chatrun.errors import ChatrunError, ToolRefusal, TurnFailed
 from chatrun.messages import (
     AssistantMessage,
     SystemMessage,
@@ -41,14 +42,9 @@ from chatrun.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from chatrun.models.base import ModelRequest
+from chatrun.models.base import ChatModel, ModelRequest
 
-if TYPE_CHECKING:
-    from chatrun.engine.session import Session
-
-
-class TurnFailed(ChatrunError):
-    """The turn cannot complete; the session is restored and the message becomes an Error event."""
+Emit = Callable[[str, Any], None]
 
 
 @dataclass
@@ -60,10 +56,16 @@ class ToolOutcome:
 
 
 class Turn:
-    def __init__(self, session: Session, number: int, text: str | None, data: dict[str, Any]):
-        self.s = session
-        self.config = session.bot.config
-        self.number = number
+    """Runs one user input on a conversation; `emit` sends the turn's events as they happen."""
+
+    def __init__(self, conversation: Conversation, tools: Toolbox, model: ChatModel, emit: Emit,
+                 text: str | None, data: dict[str, Any]):
+        self.c = conversation
+        self.config = conversation.config
+        self.tools = tools
+        self.model = model
+        self.emit = emit
+        self.number = conversation.turn_count + 1
         self.user_message = text
         self.data = data
         self.turn_state: dict[str, Any] = {}
@@ -77,7 +79,7 @@ class Turn:
     async def run(self) -> None:
         execute = True
         while execute:
-            route = self.s.scopes[-1].route
+            route = self.c.scope.route
             self.hops.append(route)
             if len(self.hops) > self.config.limits.max_hops:
                 raise TurnFailed(
@@ -90,9 +92,9 @@ class Turn:
 
     async def invoke_route(self) -> bool:
         """Run the current route's model loop. Returns True when the route asked to execute the next one."""
-        scope = self.s.scopes[-1]
+        scope = self.c.scope
         route = self.config.routes[scope.route]
-        memory = self.s.memory_for(scope, route.name)
+        memory = self.c.memory_for(scope, route.name)
         user_text = self.render_user(route)  # the system prompt goes first anyway: memories keep it first
         if user_text:
             memory.add(UserMessage(user_text))
@@ -108,14 +110,14 @@ class Turn:
             self.add_system(memory, route)
             request = ModelRequest(memory.messages(), tools, model_config, route.name)
             on_chunk = self.stream_chunk if model_config.stream else None
-            response = await self.s.model_for(model_config).complete(request, on_chunk)
+            response = await self.model.complete(request, on_chunk)
             calls = tuple(
                 ToolCall(c.id or f"call_{self.number}_{self.model_calls}_{i}", c.name, c.arguments)
                 for i, c in enumerate(response.tool_calls)
             )
             memory.add(AssistantMessage(response.text, calls))
             if response.text:
-                self.s.emit(ev.MESSAGE, response.text)
+                self.emit(ev.MESSAGE, response.text)
             if not calls:
                 return False
             outcomes = await self.run_calls(route, calls)
@@ -131,7 +133,7 @@ class Turn:
         for call in calls:
             if left:
                 outcomes.append(ToolOutcome(
-                    f"Not run: an earlier tool call moved the conversation to route {self.s.scopes[-1].route}."
+                    f"Not run: an earlier tool call moved the conversation to route {self.c.scope.route}."
                 ))
                 continue
             outcome = await self.run_tool(route, call)
@@ -141,32 +143,20 @@ class Turn:
 
     def finish(self) -> None:
         """End of turn: scheduled wipes, then one-turn memories forget."""
-        for scope in self.s.scopes:
+        for scope in self.c.scopes:
             if scope.id in self.wipe_scheduled and scope.id not in self.wipe_aborted:
-                self.s.clear_scope_memories(scope)
-        self.s.forget_turn_memories()
+                self.c.clear_scope_memories(scope)
+        self.c.forget_turn_memories()
 
     # -- rendering ----------------------------------------------------------------
 
-    def context(self, **extra: Any) -> dict[str, Any]:
-        ctx = {
-            "state": self.s.state,
-            "scope": scope_view(self.s.scopes),
-            "turn": self.turn_state,
-            "user_message": self.user_message,
-            "data": self.data,
-            "route": self.s.scopes[-1].route,
-            "stack": [sc.route for sc in self.s.scopes],
-            "args": {},
-            "result": None,
-        }
-        ctx.update(extra)
-        return ctx
-
-    def render_template(self, source: Any, what: str, where: Any, *, typed: bool = False, **extra: Any) -> Any:
-        """Render for text (typed=False) or for a value that keeps its type (setters, event data)."""
+    def render_template(self, source: Any, what: str, where: Any, values: dict[str, Any] | None = None,
+                        *, typed: bool = False) -> Any:
+        """Render for text (typed=False) or for a value that keeps its type (setters, event data).
+        `values` adds to what templates see (a tool's `args` and `result`)."""
         try:
-            return (render_value if typed else render)(source, self.context(**extra))
+            context = self.c.template_context(self.turn_state, self.user_message, self.data, **(values or {}))
+            return self.c.render(source, context, typed=typed)
         except ChatrunError:
             raise
         except Exception as exc:  # jinja2 UndefinedError, TypeError in filters, ...
@@ -188,7 +178,7 @@ class Turn:
 
     async def stream_chunk(self, chunk: str) -> None:
         if chunk:
-            self.s.emit(ev.STREAM, chunk)
+            self.emit(ev.STREAM, chunk)
 
     # -- tools ----------------------------------------------------------------------
 
@@ -198,7 +188,7 @@ class Turn:
             offered = ", ".join(route.tools) or "none"
             return ToolOutcome(f"Error: there is no tool {call.name!r} here. Tools you can call: {offered}.")
         try:
-            args = parse_arguments(tool, call.arguments, self.s.bot.argument_validator(tool.name))
+            args = parse_arguments(tool, call.arguments, self.tools.argument_validator(tool.name))
             self.check_requires(tool)
             self.check_action(tool)
         except ToolRefusal as refusal:
@@ -217,62 +207,63 @@ class Turn:
     def check_action(self, tool: ToolConfig) -> None:
         """Refuse, before anything applies, an action that cannot complete."""
         action = tool.action
-        if action.pop and len(self.s.scopes) == 1:
-            msg = (f"{tool.name} tried to pop the root scope (route {self.s.scopes[0].route}); "
+        if action.pop and len(self.c.scopes) == 1:
+            msg = (f"{tool.name} tried to pop the root scope (route {self.c.scopes[0].route}); "
                    "there is no parent route to return to, so nothing changed")
-            self.s.emit(ev.ERROR, msg)
+            self.emit(ev.ERROR, msg)
             raise ToolRefusal(f"Error: {msg}.")
         for target in (action.push, action.route):
-            if target and not self.s.may_enter(target):
+            if target and not self.c.may_enter(target):
                 roles = ", ".join(self.config.routes[target].roles)
                 msg = f"you are not allowed to enter route {target} (it needs one of the roles: {roles})"
-                self.s.emit(ev.ERROR, msg[0].upper() + msg[1:])
+                self.emit(ev.ERROR, msg[0].upper() + msg[1:])
                 raise ToolRefusal(f"Error: {tool.name} failed: the user is not allowed to enter route {target}.")
 
     def roots(self) -> dict[str, Any]:
-        return {"state": self.s.state, "scope": ScopeView(self.s.scopes), "turn": self.turn_state}
+        return self.c.state_roots(self.turn_state)
 
     async def apply(self, tool: ToolConfig, args: dict[str, Any]) -> ToolOutcome:
         action = tool.action
         where = tool.where
         result = None
         if tool.handler:
-            ctx = ToolContext(tool.name, args, self.s.state, ScopeView(self.s.scopes), self.turn_state,
-                              self.s.scopes[-1].route, self.s.id, self.s.emit)
+            roots = self.roots()
+            ctx = ToolContext(tool.name, args, roots["state"], roots["scope"], roots["turn"],
+                              self.c.scope.route, self.c.id, self.emit)
             try:
-                func = self.s.bot.handler(tool.handler)
+                func = self.tools.handler(tool.handler)
                 result = await call_handler(func, ctx)
             except (Exception, SystemExit) as exc:  # a handler's sys.exit() must not end the server
                 raise TurnFailed(f"tool {tool.name} ({where}): handler {tool.handler} raised {type(exc).__name__}: {exc}") from exc
         extra = {"args": args, "result": result}
         roots = self.roots()
         for path, template in action.set.items():
-            value = self.render_template(template, f"set {path}", where, typed=True, **extra)
+            value = self.render_template(template, f"set {path}", where, extra, typed=True)
             try:
                 set_path(roots, path, copy.deepcopy(value))
             except ChatrunError as exc:
                 raise TurnFailed(f"tool {tool.name} ({where}): {exc}") from exc
         for event_type, template in action.emit.items():
-            self.s.emit(event_type, self.render_template(template, f"emit {event_type}", where, typed=True, **extra))
-        scope = self.s.scopes[-1]
+            self.emit(event_type, self.render_template(template, f"emit {event_type}", where, extra, typed=True))
+        scope = self.c.scope
         if action.clear_memory:
-            self.s.clear_scope_memories(scope)
+            self.c.clear_scope_memories(scope)
         if action.wipe == "schedule":
             self.wipe_scheduled.add(scope.id)
         elif action.wipe == "abort":
             self.wipe_aborted.add(scope.id)
         if action.message:
-            self.s.emit(ev.MESSAGE, self.render_template(action.message, "message", where, **extra))
-        handed_back = self.render_template(action.result, "result", where, **extra) if action.result else None
-        reply = self.render_template(action.reply, "reply", where, **extra) if action.reply else None
+            self.emit(ev.MESSAGE, self.render_template(action.message, "message", where, extra))
+        handed_back = self.render_template(action.result, "result", where, extra) if action.result else None
+        reply = self.render_template(action.reply, "reply", where, extra) if action.reply else None
         if action.pop:
-            self.s.pop_scope(handed_back)
+            self.c.pop_scope(handed_back)
         if action.push:
-            self.s.push_scope(action.push)
+            self.c.push_scope(action.push)
         if action.route:
-            self.s.change_route(action.route)
+            self.c.change_route(action.route)
         if action.leaves_route:
-            self.s.emit(ev.ROUTE_CHANGED, {"route": self.s.scopes[-1].route, "stack": self.s.stack})
+            self.emit(ev.ROUTE_CHANGED, {"route": self.c.scope.route, "stack": self.c.stack})
         if reply is None:
             reply = self.default_reply(tool, result)
         return ToolOutcome(reply, action.leaves_route, action.execute, action.immediate)
@@ -281,11 +272,6 @@ class Turn:
         if result is not None:
             return result_text(result)
         if tool.action.leaves_route:
-            return f"Done. The conversation is now on route {self.s.scopes[-1].route}."
+            return f"Done. The conversation is now on route {self.c.scope.route}."
         return "Done."
 
-
-def new_scope(scope_id: str, route: RouteConfig) -> Scope:
-    scope = Scope(scope_id, route.name)
-    init_declared(scope, route.scope.local, route.scope.shared)
-    return scope

@@ -249,7 +249,7 @@ class TokenWindowMemory(_Window):
         return self._total > self._limit
 
 
-class NoMemory(_Window):
+class TurnOnlyMemory(_Window):
     """Policy `none`: holds the messages of the current turn only. The engine clears it at the
     end of each turn and never persists it (`ephemeral`). The add rules still apply."""
 
@@ -267,5 +267,5 @@ def make_memory(policy: MemoryPolicy, memory_id: str, model_name: str | None = N
     if policy.type == "token_window":
         return TokenWindowMemory(memory_id, policy.max_tokens, encoding=policy.encoding, model_name=model_name)
     if policy.type == "none":
-        return NoMemory(memory_id)
+        return TurnOnlyMemory(memory_id)
     raise ChatrunError(f"memory {memory_id}: unknown memory type {policy.type!r}; use message_window, token_window or none")

@@ -392,3 +392,12 @@ def preview(obj: Any) -> str:
 
 def plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
+
+
+def has_credentials(config: ModelConfig) -> bool:
+    """Whether a request with this config would find an endpoint (the rules of `endpoint`)."""
+    try:
+        OpenAIModel().endpoint(config)
+    except ModelError:
+        return False
+    return True

@@ -51,7 +51,7 @@ def create_app(
     """
     loaded = _load_bots(bots)
     registry = SessionRegistry(loaded, store if store is not None else open_store(store_url), cache_size)
-    registry.models.warm(list(loaded.values()))
+    registry.models.warm({bot.config.route_model(r).provider for bot in loaded.values() for r in bot.config.routes})
     auth_config = resolve_auth(auth)
     names = ", ".join(loaded)
 

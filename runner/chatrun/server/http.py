@@ -141,7 +141,7 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
                 "scopeId": session.scope_id,
                 "route": session.route,
                 "stack": session.stack,
-                "turn": session.turn,
+                "turn": session.turn_count,
             }
 
     return router

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from chatrun.engine.scopes import scope_view
+from chatrun.engine.scopes import merged_scope
 from chatrun.engine.tools import route_tool_specs
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def session_data(session: Session) -> dict[str, Any]:
     return {
         "id": session.id,
         "bot": session.bot.name,
-        "turn": session.turn,
+        "turn": session.turn_count,
         "route": session.route,
         "stack": session.stack,
         "scopeId": session.scope_id,
@@ -49,7 +49,7 @@ def scopes_data(session: Session) -> list[dict[str, Any]]:
                 "local": scope.local,
                 "shared": scope.shared,
                 # What a route running in this scope reads as `scope`: ancestors' shared, own shared, own local.
-                "visible": scope_view(session.scopes[: i + 1]),
+                "visible": merged_scope(session.scopes[: i + 1]),
                 "memories": scope.memory_ids(),
             }
         )

@@ -15,8 +15,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chatrun.errors import ChatrunError, SessionError, UnknownRouteError
-from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
+from chatrun.errors import ChatrunError, ForbiddenRouteError, SessionError, UnknownRouteError
+from chatrun.models import ModelPool
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.store import SessionStore
@@ -27,56 +27,6 @@ if TYPE_CHECKING:
 
 NEW = "new"  # the session must not exist yet
 EXISTING = "existing"  # the session must exist
-
-
-class ModelPool:
-    """One model client per provider for the whole server, shared by every session:
-    a thousand sessions share one HTTP connection pool instead of opening a thousand."""
-
-    SHARED = ("openai",)  # providers whose client holds no per-conversation state
-
-    def __init__(self) -> None:
-        self._shared: dict[str, Any] = {}
-
-    def warm(self, bots: list[Bot]) -> None:
-        """Build the shared clients the bots will use now, not on the first request: importing a
-        provider's library takes about a second, which would land on the first users' turns."""
-        for bot in bots:
-            for route in bot.config.routes:
-                provider = bot.config.route_model(route).provider
-                if provider in self.SHARED:
-                    self.shared(provider)
-
-    def model(self) -> PooledModel:
-        return PooledModel(self)
-
-    def shared(self, provider: str) -> Any:
-        model = self._shared.get(provider)
-        if model is None:
-            from chatrun.models import make_model
-
-            model = self._shared[provider] = make_model(provider)
-        return model
-
-
-class PooledModel:
-    """A ChatModel for one session: shared clients for stateless providers, its own otherwise."""
-
-    def __init__(self, pool: ModelPool):
-        self._pool = pool
-        self._own: dict[str, Any] = {}
-
-    async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
-        provider = request.config.provider
-        if provider in ModelPool.SHARED:
-            model = self._pool.shared(provider)
-        else:
-            model = self._own.get(provider)
-            if model is None:
-                from chatrun.models import make_model
-
-                model = self._own[provider] = make_model(provider)
-        return await model.complete(request, on_chunk)
 
 
 @dataclass
@@ -123,7 +73,7 @@ class SessionRegistry:
         slot.users += 1
         try:
             async with slot.lock:
-                if slot.session is not None and getattr(slot.session, "_closed", False):
+                if slot.session is not None and slot.session.closed:
                     slot.session = None
                 if slot.session is None:
                     slot.session = self._open(bot, session_id, principal, mode, route, state)
@@ -161,8 +111,6 @@ class SessionRegistry:
         route: str | None,
         state: dict[str, Any] | None,
     ) -> Session:
-        from chatrun.engine.session import ForbiddenRouteError
-
         snapshot = self.store.load_session(session_id)
         if snapshot is not None:
             if mode == NEW:

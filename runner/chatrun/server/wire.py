@@ -22,6 +22,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatrun.errors import (  # the server's request errors, used as wire.RequestFailed
+    FrameError,
+    RequestFailed,
+)
+
 CONNECT = "Connect"
 CHAT_ROUTE_MESSAGE = "ChatRouteMessage"
 DISCONNECT = "Disconnect"
@@ -68,15 +73,6 @@ class ServerLimits:
     max_message_chars: int = 8000  # the userMessage of one request
     max_in_flight: int = 8  # requests of one WebSocket connection being served at once
     max_chats_per_connection: int = 64  # chatIds attached to one WebSocket connection
-
-
-class RequestFailed(Exception):
-    """A request that cannot be served: `reason` is the Failed data, the message the Error text."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass
@@ -207,13 +203,6 @@ def _depth(value: Any) -> int:
             if depth <= MAX_JSON_DEPTH:
                 todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
     return deepest
-
-
-class FrameError(RequestFailed):
-    def __init__(self, reason: str, message: str, chat_id: str | None = None, request_id: Any = None):
-        super().__init__(reason, message)
-        self.chat_id = chat_id
-        self.request_id = request_id
 
 
 def server_frame(chat_id: str | None, kind: str, data: Any, request_id: Any = None) -> str:

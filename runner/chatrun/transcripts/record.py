@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from chatrun.errors import ChatrunError, ModelError
-from chatrun.models import make_model
-from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models import ModelPool
+from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 from chatrun.transcripts.format import Transcript
 from chatrun.transcripts.update import rewrite_turns
 
@@ -18,16 +18,13 @@ class RecordingModel:
     """Passes every call to the real model of the route's provider and keeps its answers."""
 
     def __init__(self) -> None:
-        self._models: dict[str, ChatModel] = {}
+        self._pool = ModelPool()
+        self._model = self._pool.model()
         self.responses: list[dict[str, Any]] = []
 
     async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
-        provider = request.config.provider
-        model = self._models.get(provider)
-        if model is None:
-            model = self._models[provider] = make_model(provider)
         try:
-            response = await model.complete(request, on_chunk)
+            response = await self._model.complete(request, on_chunk)
         except ModelError as exc:
             self.responses.append({"error": str(exc)})
             raise
@@ -35,10 +32,8 @@ class RecordingModel:
         return response
 
     async def aclose(self) -> None:
-        for model in self._models.values():
-            aclose = getattr(model, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        await self._model.aclose()
+        await self._pool.aclose()
 
 
 def response_to_script(response: ModelResponse) -> dict[str, Any]:

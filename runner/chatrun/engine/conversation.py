@@ -1,0 +1,247 @@
+"""The state of one conversation, which a turn acts on.
+
+A conversation is a stack of scopes (root first, each on a route), the conversation
+state, a turn counter and the memories of its routes, loaded from the store once and
+cached. Everything a tool action does to a conversation is a method here: push, pop,
+change route, clear memories. So is what makes turns atomic: `capture()` before a turn,
+`rollback()` after a failed one, `dirty_memories()` for the commit of a good one.
+
+It knows nothing of events' consumers, models or the session API (chatrun.engine.session
+wraps it): the turn (chatrun.engine.turn) reads and changes it, the session owns it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from chatrun.definition.config import BotConfig, RouteConfig
+from chatrun.definition.templates import render, render_value
+from chatrun.engine.scopes import Scope, ScopeView, init_declared, merged_scope
+from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
+from chatrun.memory import ChatMemory, make_memory
+from chatrun.messages import AssistantMessage, Message
+from chatrun.store import SessionStore
+
+SNAPSHOT_VERSION = 1
+
+
+@dataclass
+class Checkpoint:
+    """A conversation as it was before a turn, to restore if the turn fails."""
+
+    turn_count: int
+    state: dict[str, Any]
+    scopes: list[Scope]
+    next_scope: int
+    memories: dict[str, list[Message]]
+
+
+class Conversation:
+    def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
+                 roles: set[str] | None = None):
+        self.config = config
+        self.store = store
+        self.id = session_id
+        self.roles = roles
+        self.turn_count = 0  # turns committed so far
+        self.state: dict[str, Any] = {}
+        self.meta: dict[str, Any] = {}
+        self.scopes: list[Scope] = []
+        self._next_scope = 1
+        self._memories: dict[str, ChatMemory] = {}
+
+    # -- starting and resuming ---------------------------------------------------------
+
+    def start(self, route: str, state: dict[str, Any] | None, meta: dict[str, Any] | None) -> None:
+        """A new conversation on `route`, with the YAML's state updated by `state`."""
+        if route not in self.config.routes:
+            raise UnknownRouteError(route, list(self.config.routes))
+        if not self.may_enter(route):
+            raise ForbiddenRouteError(f"route {route!r} needs one of the roles {self.config.routes[route].roles}")
+        self.meta = dict(meta or {})
+        self.state = copy.deepcopy(self.config.state)
+        self.state.update(copy.deepcopy(state or {}))
+        self.scopes = [self._new_scope(self.config.routes[route])]
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """The conversation a stored snapshot describes."""
+        if snapshot.get("bot") not in (None, self.config.name):
+            raise SessionError(f"session {snapshot.get('id')} belongs to bot {snapshot.get('bot')!r}, "
+                               f"not {self.config.name!r}")
+        self.id = snapshot["id"]
+        self.turn_count = snapshot["turn"]
+        self.state = snapshot["state"]
+        self.meta = snapshot.get("meta", {})
+        self._next_scope = snapshot["next_scope"]
+        self.scopes = [Scope.from_dict(d) for d in snapshot["scopes"]]
+        for scope in self.scopes:
+            if scope.route not in self.config.routes:
+                raise SessionError(f"session {self.id} is on route {scope.route!r}, which the bot no longer defines")
+
+    def snapshot(self) -> dict[str, Any]:
+        """The conversation as JSON-able data (not a copy): what the store keeps between turns."""
+        return {
+            "version": SNAPSHOT_VERSION,
+            "bot": self.config.name,
+            "id": self.id,
+            "turn": self.turn_count,
+            "state": self.state,
+            "scopes": [s.to_dict() for s in self.scopes],
+            "next_scope": self._next_scope,
+            "meta": self.meta,
+            "updated": time.time(),
+        }
+
+    # -- where it is -----------------------------------------------------------------------
+
+    @property
+    def scope(self) -> Scope:
+        return self.scopes[-1]
+
+    @property
+    def route(self) -> RouteConfig:
+        return self.config.routes[self.scopes[-1].route]
+
+    @property
+    def stack(self) -> list[str]:
+        return [s.route for s in self.scopes]
+
+    def find_scope(self, scope_id: str) -> Scope:
+        for s in self.scopes:
+            if s.id == scope_id:
+                return s
+        raise SessionError(f"session {self.id} has no scope {scope_id!r}; scopes: {[s.id for s in self.scopes]}")
+
+    def may_enter(self, route: str) -> bool:
+        needed = self.config.routes[route].roles
+        return not needed or self.roles is None or bool(self.roles.intersection(needed))
+
+    # -- moving between routes (tool actions) ----------------------------------------------
+
+    def push_scope(self, route: str) -> None:
+        self.scopes.append(self._new_scope(self.config.routes[route]))
+
+    def pop_scope(self, handed_back: str | None) -> None:
+        popped = self.scopes.pop()
+        for route in popped.memory_routes:
+            self._memories.pop(popped.memory_id(route), None)
+        if handed_back:
+            parent = self.scopes[-1]
+            self.memory_for(parent, parent.route).add(AssistantMessage(handed_back))
+
+    def change_route(self, route: str) -> None:
+        scope = self.scopes[-1]
+        scope.route = route
+        declared = self.config.routes[route].scope
+        init_declared(scope, declared.local, declared.shared)
+
+    def _new_scope(self, route: RouteConfig) -> Scope:
+        scope = Scope(f"{self.id}.{self._next_scope}", route.name)
+        self._next_scope += 1
+        init_declared(scope, route.scope.local, route.scope.shared)
+        return scope
+
+    # -- memories ----------------------------------------------------------------------------
+
+    def memory_for(self, scope: Scope, route: str, create: bool = True) -> ChatMemory:
+        """The memory `<scope-id>#<route>`, loaded from the store once per conversation object.
+        With create=False a route that has no memory yet gets an empty, unregistered one."""
+        mid = scope.memory_id(route)
+        memory = self._memories.get(mid)
+        if memory is not None:
+            return memory
+        policy = self.config.route_memory(route)
+        memory = make_memory(policy, mid, self.config.route_model(route).name)
+        if route in scope.memory_routes:
+            stored = self.store.get_messages(mid)
+            if stored:
+                memory.set(stored)
+        elif not create:
+            return memory
+        else:
+            scope.memory_routes.append(route)
+        self._memories[mid] = memory
+        return memory
+
+    def clear_scope_memories(self, scope: Scope) -> None:
+        for route in scope.memory_routes:
+            self.memory_for(scope, route).clear()
+
+    def forget_turn_memories(self) -> None:
+        """Policy `none`: what a route held during the turn is gone after it. Only memories
+        loaded in this turn can hold anything (they are never persisted)."""
+        for memory in self._memories.values():
+            if memory.ephemeral:
+                memory.clear()
+
+    def live_memory_ids(self) -> list[str]:
+        return [mid for s in self.scopes for mid in s.memory_ids()]
+
+    def forget_cached_memories(self) -> None:
+        self._memories.clear()
+
+    # -- templates ------------------------------------------------------------------------------
+
+    def template_context(self, turn: dict[str, Any], user_message: str | None = None,
+                         data: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+        """What templates see (README, "State"): a merged, read-only copy of the scope state."""
+        context = {
+            "state": self.state,
+            "scope": merged_scope(self.scopes),
+            "turn": turn,
+            "user_message": user_message,
+            "data": data or {},
+            "route": self.scopes[-1].route,
+            "stack": self.stack,
+            "args": {},
+            "result": None,
+        }
+        context.update(extra)
+        return context
+
+    def render(self, source: Any, context: dict[str, Any], *, typed: bool = False) -> Any:
+        """A template rendered as text, or (typed) as a value that keeps its type."""
+        return render_value(source, context) if typed else render(source, context)
+
+    def state_roots(self, turn: dict[str, Any]) -> dict[str, Any]:
+        """The writable roots of state paths: `state.`, `scope.` (where each key lives), `turn.`."""
+        return {"state": self.state, "scope": ScopeView(self.scopes), "turn": turn}
+
+    # -- atomic turns -------------------------------------------------------------------------
+
+    def capture(self) -> Checkpoint:
+        return Checkpoint(self.turn_count, copy.deepcopy(self.state), copy.deepcopy(self.scopes), self._next_scope,
+                          {mid: m.messages() for mid, m in self._memories.items()})
+
+    def rollback(self, before: Checkpoint) -> None:
+        self.turn_count = before.turn_count
+        self.state = before.state
+        self.scopes = before.scopes
+        self._next_scope = before.next_scope
+        # The store holds exactly what the memories held before the turn (nothing is written
+        # until a turn succeeds), so dropping the cache rolls every memory back.
+        self._memories.clear()
+
+    def dirty_memories(self, before: Checkpoint) -> dict[str, list[Message] | None]:
+        """Memories whose messages changed since `before` (None: deleted with a popped scope)."""
+        live = set(self.live_memory_ids())
+        dirty: dict[str, list[Message] | None] = {}
+        for mid in list(self._memories):
+            if mid not in live:
+                dirty[mid] = None
+                del self._memories[mid]
+                continue
+            memory = self._memories[mid]
+            if memory.ephemeral:
+                continue
+            messages = memory.messages()
+            if before.memories.get(mid) != messages:
+                dirty[mid] = messages
+        for scope in before.scopes:
+            for mid in scope.memory_ids():
+                if mid not in live:
+                    dirty[mid] = None
+        return dirty

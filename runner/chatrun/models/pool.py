@@ -1,0 +1,89 @@
+"""The one place a route's model is found: provider name -> model client.
+
+A `ModelPool` builds each provider's client once. The server keeps one pool for the
+process, so a thousand sessions share one HTTP connection pool; a session started from
+the library gets a pool of its own. `pool.model()` is the `ChatModel` a session uses: it
+answers each request with the client of the request's provider — shared clients for
+providers that hold no per-conversation state, a client of its own for the others (the
+scripted model counts its answers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
+
+SHARED_PROVIDERS = ("openai",)  # clients that hold no per-conversation state
+
+
+def make_model(provider: str, **options: Any) -> ChatModel:
+    """A new client for a provider name: "openai" or "scripted"."""
+    if provider == "openai":
+        from chatrun.models.openai_model import OpenAIModel
+
+        return OpenAIModel(**options)
+    if provider == "scripted":
+        from chatrun.models.scripted import ScriptedModel
+
+        return ScriptedModel(**options)
+    from chatrun.errors import ChatrunError
+
+    raise ChatrunError(f"unknown model provider {provider!r}; use 'openai' or 'scripted'")
+
+
+class ModelPool:
+    def __init__(self) -> None:
+        self._shared: dict[str, ChatModel] = {}
+
+    def warm(self, providers: Iterable[str]) -> None:
+        """Build the shared clients now, not on the first request: importing a provider's
+        library takes about a second, which would land on the first users' turns."""
+        for provider in providers:
+            if provider in SHARED_PROVIDERS:
+                self.shared(provider)
+
+    def shared(self, provider: str) -> ChatModel:
+        model = self._shared.get(provider)
+        if model is None:
+            model = self._shared[provider] = make_model(provider)
+        return model
+
+    def model(self) -> PooledModel:
+        """The ChatModel of one conversation."""
+        return PooledModel(self)
+
+    async def aclose(self) -> None:
+        await _aclose_all(self._shared.values())
+        self._shared.clear()
+
+
+class PooledModel:
+    """A ChatModel for one conversation: the pool's shared clients, its own for the others."""
+
+    def __init__(self, pool: ModelPool):
+        self._pool = pool
+        self._own: dict[str, ChatModel] = {}
+
+    def for_provider(self, provider: str) -> ChatModel:
+        if provider in SHARED_PROVIDERS:
+            return self._pool.shared(provider)
+        model = self._own.get(provider)
+        if model is None:
+            model = self._own[provider] = make_model(provider)
+        return model
+
+    async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
+        return await self.for_provider(request.config.provider).complete(request, on_chunk)
+
+    async def aclose(self) -> None:
+        await _aclose_all(self._own.values())
+        self._own.clear()
+
+
+async def _aclose_all(models: Iterable[ChatModel]) -> None:
+    for model in list(models):
+        aclose = getattr(model, "aclose", None)
+        if aclose is not None:
+            await aclose()
