@@ -44,8 +44,19 @@ from chatrun.models.scripted import ScriptedModel
 from chatrun.store import SessionStore, open_store
 from chatrun.store.memory import InMemoryStore
 from chatrun.store.sqlite import SQLiteStore
+from chatrun.transcripts import load_transcript, run_transcript
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # OpenAIModel imports the openai package (about half a second): only when asked for.
+    if name == "OpenAIModel":
+        from chatrun.models.openai_model import OpenAIModel
+
+        return OpenAIModel
+    raise AttributeError(f"module 'chatrun' has no attribute {name!r}")
+
 
 __all__ = [
     "AssistantMessage",
@@ -65,6 +76,7 @@ __all__ = [
     "ModelPool",
     "ModelRequest",
     "ModelResponse",
+    "OpenAIModel",
     "RequestFailed",
     "SQLiteStore",
     "ScriptedModel",
@@ -84,5 +96,7 @@ __all__ = [
     "__version__",
     "events",
     "load_bot",
+    "load_transcript",
     "open_store",
+    "run_transcript",
 ]
