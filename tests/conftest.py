@@ -39,3 +39,10 @@ def write_bot(tmp_path):
         return path
 
     return write
+
+
+def pytest_collection_modifyitems(items):
+    """Every browser or subprocess test is slow too, so `-m "not slow"` leaves them out."""
+    for item in items:
+        if item.get_closest_marker("browser") or item.get_closest_marker("subprocess"):
+            item.add_marker(pytest.mark.slow)

@@ -26,7 +26,10 @@ ARGS = [
     "--disable-sync",
 ]
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs chromium)")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs chromium)"),
+]
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
 
 

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
+from chatrun.cli import main
 from chatrun.definition.config import ActionConfig, BotConfig, RouteConfig, ToolConfig
 from chatrun.definition.graph import Edge, RouteGraph
 from chatrun.definition.loader import load_config
@@ -168,7 +170,7 @@ def test_dot_is_a_digraph_with_styled_edges(travel):
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed")
 def test_dot_output_is_accepted_by_graphviz(travel):
     done = subprocess.run(["dot", "-Tsvg"], input=travel.render("dot"), capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert "<svg" in done.stdout
 
 
@@ -200,16 +202,31 @@ def test_rendering_is_deterministic_and_unknown_formats_fail(travel):
 # -- the command ----------------------------------------------------------------------
 
 
-def chatrun(*args: str) -> subprocess.CompletedProcess:
+def chatrun(*args: str) -> Result:
+    """The command run in process (click's CliRunner), from the repository's root."""
+    old = os.getcwd()
+    os.chdir(REPO)
+    try:
+        return CliRunner().invoke(main, list(args), catch_exceptions=False)
+    finally:
+        os.chdir(old)
+
+
+@pytest.mark.subprocess
+def test_cli_runs_as_a_process(travel):
+    """One smoke test of the real command line; the others run in process."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
-    return subprocess.run([sys.executable, "-m", "chatrun", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "chatrun", "graph", str(TRAVEL)], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == travel.render("text")
+    assert done.stderr == ""
 
 
 @pytest.mark.parametrize("fmt", ["text", "mermaid", "dot"])
 def test_cli_prints_the_graph(travel, fmt):
     done = chatrun("graph", str(TRAVEL), "--format", fmt)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert done.stdout == travel.render(fmt)
     assert done.stderr == ""
 
@@ -220,7 +237,7 @@ def test_cli_defaults_to_text(travel):
 
 def test_cli_invalid_bot_prints_diagnostics_and_exits_1():
     done = chatrun("graph", str(INVALID / "bad_enum.yaml"))
-    assert done.returncode == 1
+    assert done.exit_code == 1
     assert done.stdout == ""
     assert re.search(r"bad_enum\.yaml:2:9: error: `model\.provider` must be one of", done.stderr)
     assert done.stderr.splitlines()[-1] == f"{INVALID / 'bad_enum.yaml'}: invalid: 3 errors, 0 warnings"
@@ -236,17 +253,17 @@ def test_cli_problems_are_printed_as_by_validate(name):
 
 def test_cli_warnings_go_to_stderr_and_the_graph_is_still_drawn():
     done = chatrun("graph", str(INVALID / "graph_warnings.yaml"), "--format", "mermaid")
-    assert done.returncode == 0
+    assert done.exit_code == 0
     assert done.stdout.startswith("flowchart LR\n")
     assert "warning: route `orphan` is not reachable" in done.stderr
 
 
 def test_cli_usage_errors_exit_2():
-    assert chatrun("graph", "no/such/bot").returncode == 2
-    assert chatrun("graph", "bots/travel", "--format", "svg").returncode == 2
+    assert chatrun("graph", "no/such/bot").exit_code == 2
+    assert chatrun("graph", "bots/travel", "--format", "svg").exit_code == 2
 
 
 def test_cli_help_has_an_example():
     done = chatrun("graph", "--help")
-    assert done.returncode == 0
+    assert done.exit_code == 0
     assert "chatrun graph bots/travel --format mermaid" in done.stdout

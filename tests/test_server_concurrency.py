@@ -16,6 +16,8 @@ from chatrun.server import create_app
 from chatrun.testing.fake_openai import FakeOpenAI
 from server_support import ThreadServer, async_until_done, check_frame, write_travel
 
+pytestmark = pytest.mark.slow
+
 DELAY = 0.6  # the fake model's answer time; big enough that overlap and order are unambiguous
 
 

@@ -18,6 +18,8 @@ import websockets
 from chatrun.testing.fake_openai import FakeOpenAI
 from server_support import REPO, async_until_done, call, free_port, write_travel
 
+pytestmark = pytest.mark.subprocess
+
 
 def start_server(bot: str, db: str, port: int, fake: FakeOpenAI) -> subprocess.Popen:
     env = dict(os.environ)

@@ -140,6 +140,7 @@ def offline_env(tmp_path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.subprocess
 def test_offline_falls_back_to_the_estimate_and_warns_once(tmp_path):
     env = offline_env(tmp_path)
     empty = Path(env["TIKTOKEN_CACHE_DIR"])
@@ -159,6 +160,7 @@ def test_offline_falls_back_to_the_estimate_and_warns_once(tmp_path):
     assert not os.listdir(empty)  # nothing half-written into the cache
 
 
+@pytest.mark.subprocess
 def test_offline_with_warnings_as_errors_still_counts(tmp_path):
     script = (
         "from chatrun.memory import TokenWindowMemory\n"

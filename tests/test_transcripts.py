@@ -489,6 +489,7 @@ def _call(id_: str, name: str, arguments: str):
     return ToolCall(id_, name, arguments)
 
 
+@pytest.mark.subprocess
 def test_save_from_the_repl_through_a_pipe(tmp_path):
     script = "\n".join([
         "hello", "/say Hi! Where to?",
@@ -516,6 +517,7 @@ def _plugin_option() -> list[str]:
     return [] if installed else ["-p", "chatrun.pytest_plugin"]
 
 
+@pytest.mark.subprocess
 def test_pytest_plugin_collects_and_reports(travel_copy):
     (travel_copy / "routes" / "flight.yaml").write_text(
         (travel_copy / "routes" / "flight.yaml").read_text().replace("Destination set to", "Destination now"))
@@ -536,6 +538,7 @@ def test_pytest_plugin_collects_and_reports(travel_copy):
     assert "2 failed, 1 passed" in run.stdout, run.stdout
 
 
+@pytest.mark.subprocess
 def test_pytest_plugin_reports_invalid_regex_and_non_utf8_transcripts(tmp_path):
     hello_transcript(tmp_path, """
         turns:

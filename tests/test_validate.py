@@ -463,6 +463,7 @@ def test_cli_help_has_an_example():
     assert result.exit_code == 0 and "chatrun validate bots/travel" in result.output
 
 
+@pytest.mark.subprocess
 def test_cli_in_a_subprocess_no_traceback(tmp_path):
     bot = tmp_path / "bot.yaml"
     bot.write_text(textwrap.dedent("""\

@@ -32,8 +32,8 @@ class LazyGroup(click.Group):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith("chatrun"):
-                return None  # command not built yet
+            if exc.name and exc.name.split(".")[0] == "chatrun":
+                raise  # a broken import inside chatrun is a bug to see, not "No such command"
             raise click.ClickException(
                 f"`chatrun {name}` needs {exc.name}; install it with: pip install 'chatrun[serve]'"
             ) from exc

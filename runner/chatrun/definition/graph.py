@@ -2,8 +2,8 @@
 
 Built once from a validated `BotConfig` (`RouteGraph.from_config`). Routes are nodes;
 every tool a route lists that pushes, pops or changes route is an edge labelled with
-that tool. The engine, the validator, the server's inspector and `chatrun graph` all
-read this one model.
+that tool. The validator, the server's inspector and `chatrun graph` all read this one
+model; the engine does not (it applies each tool's action from the config).
 
 Edges are drawn from the route that *lists* the tool. A tool that combines `pop` with
 `push` or `route` therefore gets both a pop edge and a push/route edge from the same

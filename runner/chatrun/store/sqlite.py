@@ -2,8 +2,8 @@
 
 Tables: memories(memory_id, messages JSON), sessions(session_id, snapshot JSON, updated_at),
 history(session_id, seq, entry JSON). `commit_turn` is one transaction; the file uses WAL
-so readers never wait for the writer. One connection behind a lock: the server calls the
-store from worker threads. Messages are stored with `Message.to_dict` and read back with
+so readers never wait for the writer. One connection behind a lock, so the store may be
+called from any thread. Messages are stored with `Message.to_dict` and read back with
 `message_from_dict`, a lossless round trip.
 """
 
