@@ -1,0 +1,63 @@
+"""The one rule of the imports (docs/architecture.md): nothing imports upward.
+
+Layers, bottom first: the shared data types; the definition stage; memory, stores and
+models; the engine; the public API (`chatrun/__init__.py`, names imported from `chatrun`);
+the clients. A module may import its own layer and the layers below.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "runner" / "chatrun"
+
+LAYERS = {
+    "errors": 0, "events": 0, "messages": 0,
+    "definition": 1,
+    "memory": 2, "store": 2, "models": 2,
+    "engine": 3,
+    "cli": 5, "server": 5, "transcripts": 5, "pytest_plugin": 5, "testing": 5, "__main__": 5,
+}
+PUBLIC_API = 4
+
+
+def layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[0] != "chatrun":
+        return None
+    if len(parts) == 1 or parts[1] not in LAYERS:
+        return PUBLIC_API  # `chatrun` itself, or a name imported from it
+    return LAYERS[parts[1]]
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] if node.module != "chatrun" else [f"chatrun.{a.name}" for a in node.names]
+            found += [(node.lineno, name) for name in names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+    return found
+
+
+def test_every_top_level_module_has_a_layer():
+    names = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+             if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())) and p.stem != "__init__"}
+    assert names - set(LAYERS) == set()
+
+
+def test_nothing_imports_upward():
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        own = layer_of(module)
+        if module == "chatrun":
+            continue  # the public API gathers names from every layer (transcripts' included)
+        for line, name in imports_of(path):
+            target = layer_of(name)
+            if target is not None and target > own:
+                upward.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {module} imports {name}")
+    assert upward == []
