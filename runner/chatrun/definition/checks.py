@@ -8,6 +8,7 @@ errors on the line inside a multi-line template).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from functools import lru_cache
@@ -61,6 +62,7 @@ class _Checker:
                     self.template(source, f"`{field}` of route `{route.name}`", ("routes", route.name, field), None)
         for tool in self.config.tools.values():
             self.tool(tool)
+        self.env()
         _graph_checks(self)
 
     # -- routes ------------------------------------------------------------------
@@ -142,10 +144,39 @@ class _Checker:
                 self.template(source, f"`{key}` of tool `{name}`", (*base, "action", key), tool)
         if tool.handler:
             self.handler(tool)
+        if tool.handler and tool.http:
+            self.add("error", f"tool `{name}` has both `handler` and `http`; give one (a handler can call "
+                     "the API itself)", *base, "http")
+        if tool.http:
+            self.http(tool)
         section = self.src.doc_of("tools", name).data.get("tools")
         raw = section.get(name) if isinstance(section, dict) else None
         if isinstance(raw, dict) and "parameters" in raw:  # the default needs no check
             self.parameters(tool)
+
+    def http(self, tool: ToolConfig) -> None:
+        http = tool.http
+        assert http is not None
+        base = ("tools", tool.name, "http")
+        variables = (*TEMPLATE_VARIABLES, "env")
+        if http.json is not None and http.form is not None:
+            self.add("error", f"`http` of tool `{tool.name}` has both `json` and `form`; a request has one body",
+                     *base, "form")
+        texts: list[tuple[tuple, Any]] = [(("url",), http.url)]
+        texts += [(("query", k), v) for k, v in http.query.items()]
+        texts += [(("headers", k), v) for k, v in http.headers.items()]
+        texts += [(("form", k), v) for k, v in (http.form or {}).items()]
+        texts += _strings_in(http.json, ("json",))
+        for sub, value in texts:
+            if isinstance(value, str):
+                self.template(value, f"`http.{'.'.join(map(str, sub))}` of tool `{tool.name}`", (*base, *sub), tool,
+                              variables)
+
+    def env(self) -> None:
+        for name, var in self.config.env.items():
+            if var.default is None and name not in os.environ:
+                self.add("warning", f"environment variable `{name}` is declared under `env:` but not set "
+                             "(and has no `default`); a tool that reads it will fail its turn", "env", name)
 
     def parameters(self, tool: ToolConfig) -> None:
         base = ("tools", tool.name, "parameters")
@@ -214,7 +245,8 @@ class _Checker:
 
     # -- templates -------------------------------------------------------------------
 
-    def template(self, source: str, what: str, path: tuple, tool: ToolConfig | None) -> None:
+    def template(self, source: str, what: str, path: tuple, tool: ToolConfig | None,
+                 variables: tuple[str, ...] = TEMPLATE_VARIABLES) -> None:
         if "{" not in source:
             return  # plain text: nothing to compile or resolve
         kind, name, *sub = path
@@ -243,13 +275,20 @@ class _Checker:
             emit("error", f"template error in {what}: no {kind_} named `{unknown}`{suggest(unknown, known)}", lineno)
         for ref, lineno in refs:
             head = ref[0]
-            if len(ref) == 1:
-                if head not in TEMPLATE_VARIABLES and head not in ENV.globals:
+            if head not in variables and head not in ENV.globals:
+                if head == "env":
+                    emit("error", f"{what} reads `{'.'.join(ref)}`, but `env` can only be read in a tool's "
+                         "`http:` section (so secrets never reach prompts, events or the history)", lineno)
+                else:
                     emit("error", f"{what} uses unknown template variable `{head}`"
-                         f"{suggest(head, TEMPLATE_VARIABLES)} (templates can use: {', '.join(TEMPLATE_VARIABLES)})",
-                         lineno)
+                         f"{suggest(head, variables)} (templates can use: {', '.join(variables)})", lineno)
                 continue
-            if head in ("state", "scope"):
+            if len(ref) == 1:
+                continue
+            if head == "env" and ref[1] not in self.config.env:
+                emit("error", f"{what} reads `env.{ref[1]}`, but the bot does not declare it under `env:`"
+                     f"{suggest(ref[1], self.config.env)}", lineno)
+            elif head in ("state", "scope"):
                 problem = self.undeclared(ref)
                 if problem:
                     emit("warning", f"{what} reads `{'.'.join(ref)}`, but {problem}", lineno)
@@ -501,6 +540,17 @@ def _missing(decl: Any, parts: tuple[str, ...]) -> tuple[str, ...] | None:
             return parts[: i + 1]
         node = node[part]
     return None
+
+
+def _strings_in(value: Any, at: tuple) -> list[tuple[tuple, str]]:
+    """Every string inside JSON-like data, with its path (the templates of an `http.json` body)."""
+    if isinstance(value, str):
+        return [(at, value)]
+    if isinstance(value, dict):
+        return [found for k, v in value.items() for found in _strings_in(v, (*at, k))]
+    if isinstance(value, list):
+        return [found for i, v in enumerate(value) for found in _strings_in(v, (*at, i))]
+    return []
 
 
 def _keys_at(decl: Any, parts: tuple[str, ...]) -> list[str]:

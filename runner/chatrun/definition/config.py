@@ -95,6 +95,35 @@ class ActionConfig:
         return bool(self.push or self.pop or self.route)
 
 
+DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a handler, HTTP call or MCP call may take
+
+
+@dataclass
+class HttpConfig:
+    """A declarative HTTP call (`http:` of a tool). Every text is a template over `args`,
+    `state`, `scope`, `turn` and `env` (the bot's declared environment variables)."""
+
+    url: str
+    method: str = "GET"
+    query: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, Any] = field(default_factory=dict)
+    json: Any = None  # a JSON body: a template, or data whose strings are templates
+    form: dict[str, Any] | None = None  # a form body (application/x-www-form-urlencoded)
+    retries: int = 2  # more attempts on 429, 5xx and connection errors, with backoff
+    accept: list[int] = field(default_factory=list)  # statuses besides 2xx that are results, not failures
+    where: Location = field(default_factory=Location)
+
+
+@dataclass
+class EnvVar:
+    """An environment variable a bot declares (`env:`); only declared ones reach templates."""
+
+    name: str
+    secret: bool = False  # never shown: redacted from results, events, history, logs
+    default: str | None = None
+    description: str = ""
+
+
 @dataclass
 class ToolConfig:
     name: str
@@ -104,6 +133,8 @@ class ToolConfig:
     )  # JSON Schema of the arguments
     requires: list[str] = field(default_factory=list)  # state paths that must be set (not null)
     handler: str | None = None  # "module:function", module resolved relative to the bot directory
+    http: HttpConfig | None = None
+    timeout: float = DEFAULT_TOOL_TIMEOUT
     action: ActionConfig = field(default_factory=ActionConfig)
     where: Location = field(default_factory=Location)
 
@@ -139,6 +170,7 @@ class BotConfig:
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     state: dict[str, Any] = field(default_factory=dict)
     limits: Limits = field(default_factory=lambda: Limits())
+    env: dict[str, EnvVar] = field(default_factory=dict)
     path: str = ""  # the bot.yaml (or single file) it was loaded from
     root: str = ""  # directory handlers are resolved against
     where: Location = field(default_factory=Location)

@@ -20,8 +20,11 @@ from jsonschema.exceptions import ValidationError, best_match
 
 from chatrun.definition.checks import run_checks
 from chatrun.definition.config import (
+    DEFAULT_TOOL_TIMEOUT,
     ActionConfig,
     BotConfig,
+    EnvVar,
+    HttpConfig,
     Limits,
     Location,
     MemoryPolicy,
@@ -393,6 +396,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         memory=_memory(top.get("memory"), main, ("memory",)) or MemoryPolicy(where=_loc(main, ("memory",))),
         state=dict(top["state"]) if isinstance(top.get("state"), dict) else {},
         limits=_limits(top.get("limits")),
+        env=_env(top.get("env")),
         path=str(main_file),
         root=str(main_file.parent),
         where=Location(main.file, 1, 1),
@@ -473,6 +477,34 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
     )
 
 
+def _env(raw: Any) -> dict[str, EnvVar]:
+    out: dict[str, EnvVar] = {}
+    for name, spec in _dict(raw).items():
+        spec = _dict(spec)
+        default = spec.get("default")
+        out[str(name)] = EnvVar(str(name), _bool(spec.get("secret")), None if default is None else str(default),
+                                _str(spec.get("description")) or "")
+    return out
+
+
+def _http(raw: Any, doc: YamlDoc, path: tuple) -> HttpConfig | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("url"), str):
+        return None  # absent, or the schema reported it
+    retries = raw.get("retries")
+    accept = raw.get("accept")
+    return HttpConfig(
+        url=raw["url"],
+        method=(_str(raw.get("method")) or "GET").upper(),
+        query=_dict(raw.get("query")),
+        headers=_dict(raw.get("headers")),
+        json=raw.get("json"),
+        form=_dict(raw["form"]) if isinstance(raw.get("form"), dict) else None,
+        retries=retries if isinstance(retries, int) and not isinstance(retries, bool) else 2,
+        accept=[a for a in accept if isinstance(a, int)] if isinstance(accept, list) else [],
+        where=_loc(doc, path),
+    )
+
+
 def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
     base = ("tools", name)
     action = _dict(raw.get("action"))
@@ -484,6 +516,8 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
         parameters=dict(params) if isinstance(params, dict) else {"type": "object", "properties": {}},
         requires=_str_list(raw.get("requires")),
         handler=_str(raw.get("handler")),
+        http=_http(raw.get("http"), doc, (*base, "http")),
+        timeout=float(raw["timeout"]) if isinstance(raw.get("timeout"), int | float) else DEFAULT_TOOL_TIMEOUT,
         action=ActionConfig(
             push=_str(action.get("push")),
             pop=_bool(action.get("pop")),

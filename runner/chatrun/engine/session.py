@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from chatrun import events as ev
 from chatrun.engine.conversation import Checkpoint, Conversation
 from chatrun.engine.scopes import Scope, merged_scope
+from chatrun.engine.tools import ToolMocks
 from chatrun.engine.turn import Turn
 from chatrun.errors import ChatrunError, ModelError, SessionError
 from chatrun.events import Event
@@ -62,6 +63,7 @@ class Session:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_entry: dict | None = None
+        self.tool_mocks: ToolMocks | None = None  # stand-ins for tools (golden transcripts set them)
         roles = set(roles) if roles is not None else None
         snapshot = store.load_session(session_id) if session_id else None
         self._c = Conversation(bot.config, store, session_id or secrets.token_hex(8), roles)
@@ -229,7 +231,7 @@ class Session:
 
     async def _run_turn(self, text: str | None, data: dict[str, Any]) -> None:
         before = self._c.capture()
-        turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data)
+        turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks)
         entry = {"turn": turn.number, "input": text if not data else ev.plain(data), "at": time.time()}
         collected: list[Event] = []
         sink = self._sink

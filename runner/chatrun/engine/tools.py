@@ -6,16 +6,19 @@ never a crash: the model reads what was wrong and can try again.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
 
 from chatrun.definition.config import BotConfig, ToolConfig
 from chatrun.definition.handlers import HandlerResolver
+from chatrun.engine.http_tool import HttpCaller
 from chatrun.errors import ToolRefusal
 
 
@@ -27,6 +30,7 @@ class Toolbox:
         self.config = config
         self._handlers = HandlerResolver(config.root or ".", config.name)
         self._validators: dict[str, Draft202012Validator] = {}
+        self._http: HttpCaller | None = None
 
     def argument_validator(self, tool: str) -> Draft202012Validator:
         """The validator of a tool's `parameters`."""
@@ -38,6 +42,12 @@ class Toolbox:
     def handler(self, spec: str) -> Callable[..., Any]:
         """The function of a `module:function` handler spec."""
         return self._handlers.resolve(spec)
+
+    @property
+    def http(self) -> HttpCaller:
+        if self._http is None:
+            self._http = HttpCaller(self.config.env)
+        return self._http
 
 
 def tool_spec(tool: ToolConfig) -> dict[str, Any]:
@@ -73,28 +83,111 @@ def parse_arguments(tool: ToolConfig, raw: str, validator: Draft202012Validator)
 
 @dataclass
 class ToolContext:
-    """What a Python handler receives. Writes to `state`, `scope` and `turn` are kept
-    only if the turn succeeds."""
+    """What a Python handler receives (`def handler(ctx: chatrun.ToolContext)`).
+
+    tool        the tool's name
+    args        the model's arguments, already checked against the tool's `parameters`
+    state       the conversation state (`state.X`), writable
+    scope       the current scope's state (`scope.X`) as one writable mapping: a key is read
+                and written where it lives (the scope's local state, else the nearest shared)
+    turn        this turn's state (`turn.X`), writable
+    route       the current route's name
+    session_id  the session's id
+
+    Writes to state, scope and turn persist only if the turn succeeds. `emit()` sends an
+    event to the client at once. The return value is `result` in the action's templates and
+    (as text, or JSON for other values) the tool result the model reads; raise
+    `chatrun.ToolRefusal("...")` to refuse: nothing of the action applies and the model reads
+    the message. A sync handler runs in a worker thread, an async one on the event loop;
+    both may take the tool's `timeout` (default 30 s).
+    """
 
     tool: str
     args: dict[str, Any]
     state: dict[str, Any]
-    scope: Any  # chatrun.engine.scopes.ScopeView: the current scope's state, writable
+    scope: MutableMapping[str, Any]
     turn: dict[str, Any]
     route: str
     session_id: str
     _emit: Callable[[str, Any], None] = field(repr=False, default=lambda t, d: None)
+    _loop: asyncio.AbstractEventLoop | None = field(repr=False, default=None)
+    _open: bool = field(repr=False, default=True)
 
     def emit(self, event_type: str, data: Any) -> None:
-        """Send an event to the client now (Thinking, Console, Message, Object or a custom type)."""
-        self._emit(event_type, data)
+        """Send an event to the client now (Thinking, Console, Message, Object or a custom type).
+        Safe from a sync handler's worker thread; ignored once the handler has returned or timed out."""
+        if not self._open:
+            return
+        loop = self._loop
+        if loop is not None and _running_loop() is not loop:
+            loop.call_soon_threadsafe(self._emit_if_open, event_type, data)
+        else:
+            self._emit(event_type, data)
+
+    def _emit_if_open(self, event_type: str, data: Any) -> None:
+        if self._open:
+            self._emit(event_type, data)
 
 
-async def call_handler(func: Callable[..., Any], ctx: ToolContext) -> Any:
-    result = func(ctx)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+async def call_handler(func: Callable[..., Any], ctx: ToolContext, timeout: float) -> Any:
+    """Run a handler: an async one on the event loop, a sync one in a worker thread (so a slow
+    one never holds up other sessions), each within `timeout` seconds (TimeoutError after)."""
+    ctx._loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout):  # inline, not a new task: what the handler raises stays ours
+            if inspect.iscoroutinefunction(func):
+                return await func(ctx)
+            result = await asyncio.to_thread(_call_in_thread, func, ctx)
+            if inspect.isawaitable(result):  # a sync function that returned a coroutine
+                result = await result
+            return result
+    except _Exited as exc:
+        raise exc.original from None
+    finally:
+        ctx._open = False
+
+
+class _Exited(Exception):
+    """A sync handler's SystemExit, carried out of its worker thread as an ordinary exception
+    (a BaseException there would stop the event loop itself)."""
+
+    def __init__(self, original: SystemExit):
+        self.original = original
+
+
+def _call_in_thread(func: Callable[..., Any], ctx: ToolContext) -> Any:
+    try:
+        return func(ctx)
+    except SystemExit as exc:
+        raise _Exited(exc) from None
+
+
+@dataclass
+class Mocked:
+    """A stand-in for what a tool returns: its `result`, or the `error` it fails with."""
+
+    result: Any = None
+    error: str | None = None
+
+    def value(self, tool: ToolConfig) -> Any:
+        if self.error is not None:
+            raise ToolRefusal(f"Error: {tool.name} failed: {self.error}")
+        return copy.deepcopy(self.result)
+
+
+class ToolMocks(Protocol):
+    """Stands in for handlers and HTTP tools (golden transcripts use it): `lookup` gives the
+    mocked outcome of a call, or None to run the tool for real (or raises TurnFailed when a
+    call must not run for real)."""
+
+    def lookup(self, tool: ToolConfig, args: dict[str, Any]) -> Mocked | None: ...
 
 
 def result_text(value: Any) -> str:

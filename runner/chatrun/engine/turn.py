@@ -29,6 +29,7 @@ from chatrun.engine.scopes import get_path, set_path
 from chatrun.engine.tools import (
     Toolbox,
     ToolContext,
+    ToolMocks,
     call_handler,
     parse_arguments,
     result_text,
@@ -59,12 +60,13 @@ class Turn:
     """Runs one user input on a conversation; `emit` sends the turn's events as they happen."""
 
     def __init__(self, conversation: Conversation, tools: Toolbox, model: ChatModel, emit: Emit,
-                 text: str | None, data: dict[str, Any]):
+                 text: str | None, data: dict[str, Any], mocks: ToolMocks | None = None):
         self.c = conversation
         self.config = conversation.config
         self.tools = tools
         self.model = model
         self.emit = emit
+        self.mocks = mocks
         self.number = conversation.turn_count + 1
         self.user_message = text
         self.data = data
@@ -193,7 +195,42 @@ class Turn:
             self.check_action(tool)
         except ToolRefusal as refusal:
             return ToolOutcome(str(refusal))
-        return await self.apply(tool, args)
+        try:
+            result = await self.tool_result(tool, args)
+        except ToolRefusal as refusal:  # the handler refused, or the API call failed
+            return ToolOutcome(str(refusal))
+        return await self.apply(tool, args, result)
+
+    async def tool_result(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
+        """What the tool's mock, handler or HTTP call gives as `result` (None: an action-only tool)."""
+        if self.mocks is not None:
+            mocked = self.mocks.lookup(tool, args)
+            if mocked is not None:
+                return mocked.value(tool)
+        if tool.handler:
+            return await self.call_handler(tool, args)
+        if tool.http:
+            http = self.tools.http
+            values = {"args": args, "env": http.env}
+            return await http.call(tool, lambda source, typed: self.render_template(
+                source, "http", tool.where, values, typed=typed))
+        return None
+
+    async def call_handler(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
+        roots = self.roots()
+        ctx = ToolContext(tool.name, args, roots["state"], roots["scope"], roots["turn"],
+                          self.c.scope.route, self.c.id, self.emit)
+        where = tool.where
+        try:
+            return await call_handler(self.tools.handler(tool.handler or ""), ctx, tool.timeout)
+        except ToolRefusal:
+            raise
+        except TimeoutError as exc:
+            raise TurnFailed(f"tool {tool.name} ({where}): handler {tool.handler} did not finish within "
+                             f"{tool.timeout:g} s (the tool's `timeout`)") from exc
+        except (Exception, SystemExit) as exc:  # a handler's sys.exit() must not end the server
+            raise TurnFailed(f"tool {tool.name} ({where}): handler {tool.handler} raised "
+                             f"{type(exc).__name__}: {exc}") from exc
 
     def check_requires(self, tool: ToolConfig) -> None:
         roots = self.roots()
@@ -222,19 +259,9 @@ class Turn:
     def roots(self) -> dict[str, Any]:
         return self.c.state_roots(self.turn_state)
 
-    async def apply(self, tool: ToolConfig, args: dict[str, Any]) -> ToolOutcome:
+    async def apply(self, tool: ToolConfig, args: dict[str, Any], result: Any) -> ToolOutcome:
         action = tool.action
         where = tool.where
-        result = None
-        if tool.handler:
-            roots = self.roots()
-            ctx = ToolContext(tool.name, args, roots["state"], roots["scope"], roots["turn"],
-                              self.c.scope.route, self.c.id, self.emit)
-            try:
-                func = self.tools.handler(tool.handler)
-                result = await call_handler(func, ctx)
-            except (Exception, SystemExit) as exc:  # a handler's sys.exit() must not end the server
-                raise TurnFailed(f"tool {tool.name} ({where}): handler {tool.handler} raised {type(exc).__name__}: {exc}") from exc
         extra = {"args": args, "result": result}
         roots = self.roots()
         for path, template in action.set.items():

@@ -1,0 +1,198 @@
+"""Declarative HTTP tools: a tool's `http:` section rendered and sent with httpx.
+
+The response becomes the tool's `result` for its action:
+
+    {"status": 200, "ok": true, "json": {...} or null, "text": "...", "headers": {...}}
+
+A failure — no connection, a timeout, a status that is neither 2xx nor listed in
+`accept` (after the retries) — is a `ToolRefusal`: the model reads a short reason as the
+tool result and nothing of the action applies. Values of `secret: true` environment
+variables never leave this module: they are replaced by `[redacted]` in the result and
+in every reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from chatrun.definition.config import EnvVar, HttpConfig, ToolConfig
+from chatrun.errors import ToolRefusal, TurnFailed
+
+REDACTED = "[redacted]"
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+BACKOFF_S = 0.2
+MAX_TEXT_CHARS = 100_000  # a result the model and templates can use, not a download
+
+Render = Callable[[Any, bool], Any]  # (template or value, typed) -> rendered
+
+
+class Environment(Mapping[str, str]):
+    """`env` in templates: the declared variables only. Reading one that is neither set nor
+    defaulted fails the turn with its name, not a template's "undefined"."""
+
+    def __init__(self, declared: dict[str, EnvVar]):
+        self._declared = declared
+
+    def __getitem__(self, name: str) -> str:
+        var = self._declared.get(name)
+        if var is None:
+            raise KeyError(name)
+        value = os.environ.get(name, var.default)
+        if value is None:
+            raise TurnFailed(f"environment variable {name} is not set (the bot declares it under `env:`); "
+                             "set it, or give it a `default`")
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._declared)
+
+    def __len__(self) -> int:
+        return len(self._declared)
+
+    def secrets(self) -> list[str]:
+        values = [os.environ.get(n, v.default) for n, v in self._declared.items() if v.secret]
+        return [v for v in values if v]
+
+
+class HttpCaller:
+    """Sends a bot's HTTP tools: one connection pool per event loop (an httpx client belongs
+    to the loop that made it), shared by every session of the bot."""
+
+    def __init__(self, declared: dict[str, EnvVar]):
+        self.env = Environment(declared)
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = httpx.AsyncClient(follow_redirects=False)
+        return client
+
+    async def aclose(self) -> None:
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    async def call(self, tool: ToolConfig, render: Render) -> dict[str, Any]:
+        """The tool's request, rendered with `render`, sent with retries. Returns the result."""
+        http = tool.http
+        assert http is not None
+        request = self._build(http, render)
+        secrets = self.env.secrets()
+        deadline = time.monotonic() + tool.timeout * (http.retries + 1)
+        attempt = 0
+        while True:
+            try:
+                response = await self.client().send(request, timeout=tool.timeout)
+                await response.aread()
+            except httpx.TimeoutException:
+                problem = f"no answer within {tool.timeout:g} s"
+                wait = BACKOFF_S * 2**attempt
+            except httpx.HTTPError as exc:
+                problem = f"cannot connect ({type(exc).__name__})"
+                wait = BACKOFF_S * 2**attempt
+            else:
+                if response.is_success or response.status_code in http.accept:
+                    return _redacted(_result(response), secrets)
+                problem = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+                if response.status_code not in RETRY_STATUSES:
+                    break
+                wait = _retry_after(response) or BACKOFF_S * 2**attempt
+            attempt += 1
+            if attempt > http.retries or time.monotonic() + wait > deadline:
+                break
+            await asyncio.sleep(wait)
+        where = _redact_text(_shown_url(request.url), secrets)
+        tries = f" after {attempt} attempts" if attempt > 1 else ""
+        raise ToolRefusal(f"Error: {tool.name} failed: {problem} from {request.method} {where}{tries}. "
+                          "Tell the user it did not work this time.")
+
+    def _build(self, http: HttpConfig, render: Render) -> httpx.Request:
+        url = str(render(http.url, False)).strip()
+        if not url.startswith(("http://", "https://")):
+            raise TurnFailed(f"{http.where}: http.url rendered to {url[:80]!r}, not an http(s) URL")
+        query = {k: _text(render(v, False)) for k, v in http.query.items()}
+        headers = {k: _text(render(v, False)) for k, v in http.headers.items()}
+        body: dict[str, Any] = {}
+        if http.json is not None:
+            body["json"] = _render_data(http.json, render)
+        elif http.form is not None:
+            body["data"] = {k: _text(render(v, False)) for k, v in http.form.items()}
+        return self.client().build_request(http.method, url, params=query, headers=headers, **body)
+
+
+def _render_data(value: Any, render: Render) -> Any:
+    if isinstance(value, str):
+        return render(value, True)
+    if isinstance(value, dict):
+        return {k: _render_data(v, render) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render_data(v, render) for v in value]
+    return value
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value) if value is not None else ""
+
+
+def _result(response: httpx.Response) -> dict[str, Any]:
+    text = response.text[:MAX_TEXT_CHARS]
+    try:
+        parsed = json.loads(response.text) if "json" in response.headers.get("content-type", "") else None
+    except ValueError:
+        parsed = None
+    return {
+        "status": response.status_code,
+        "ok": response.is_success,
+        "json": parsed,
+        "text": text,
+        "headers": dict(response.headers),
+    }
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time()) if when else None
+
+
+def _shown_url(url: httpx.URL) -> str:
+    """The URL as a reason may show it: no query, no user info."""
+    parts = urlsplit(str(url))
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
+
+
+def _redact_text(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def _redacted(value: Any, secrets: list[str]) -> Any:
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        return _redact_text(value, secrets)
+    if isinstance(value, dict):
+        return {_redacted(k, secrets): _redacted(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v, secrets) for v in value]
+    return value
