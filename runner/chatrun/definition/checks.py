@@ -171,6 +171,12 @@ class _Checker:
             if isinstance(value, str):
                 self.template(value, f"`http.{'.'.join(map(str, sub))}` of tool `{tool.name}`", (*base, *sub), tool,
                               variables)
+        path_part = http.url.split("?", 1)[0]
+        for expr in _EXPRESSION.findall(path_part):
+            if "args." in expr and "urlsegment" not in expr:
+                self.add("warning", f"`http.url` of tool `{tool.name}` puts `{{{{{expr}}}}}` into the URL path "
+                         "unescaped; use `| urlsegment` so a value like `../admin` stays one path segment",
+                         *base, "url")
 
     def env(self) -> None:
         for name, var in self.config.env.items():
@@ -298,6 +304,8 @@ class _Checker:
                     emit("warning", f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
                          f"property `{ref[1]}`{suggest(ref[1], declared)}", lineno)
 
+
+_EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
 
 _Analysis = tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from typing import Any
+from urllib.parse import quote
 
 from jinja2 import StrictUndefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -30,8 +31,15 @@ def _tojson(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+def _urlsegment(value: Any) -> str:
+    """Escape a value for one segment of a URL path: `/`, `?`, `#` and the rest included
+    (Jinja's `urlencode` keeps `/`, which would let `../` walk the API's paths)."""
+    return quote(str(value), safe="")
+
+
 ENV = ImmutableSandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=False)
 ENV.filters["tojson"] = _tojson
+ENV.filters["urlsegment"] = _urlsegment
 
 
 @lru_cache(maxsize=4096)

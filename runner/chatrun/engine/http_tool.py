@@ -90,13 +90,13 @@ class HttpCaller:
         """The tool's request, rendered with `render`, sent with retries. Returns the result."""
         http = tool.http
         assert http is not None
-        request = self._build(http, render)
+        request = self._build(http, render, tool.timeout)
         secrets = self.env.secrets()
         deadline = time.monotonic() + tool.timeout * (http.retries + 1)
         attempt = 0
         while True:
             try:
-                response = await self.client().send(request, timeout=tool.timeout)
+                response = await self.client().send(request)
                 await response.aread()
             except httpx.TimeoutException:
                 problem = f"no answer within {tool.timeout:g} s"
@@ -120,7 +120,7 @@ class HttpCaller:
         raise ToolRefusal(f"Error: {tool.name} failed: {problem} from {request.method} {where}{tries}. "
                           "Tell the user it did not work this time.")
 
-    def _build(self, http: HttpConfig, render: Render) -> httpx.Request:
+    def _build(self, http: HttpConfig, render: Render, timeout: float) -> httpx.Request:
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
             raise TurnFailed(f"{http.where}: http.url rendered to {url[:80]!r}, not an http(s) URL")
@@ -131,7 +131,7 @@ class HttpCaller:
             body["json"] = _render_data(http.json, render)
         elif http.form is not None:
             body["data"] = {k: _text(render(v, False)) for k, v in http.form.items()}
-        return self.client().build_request(http.method, url, params=query, headers=headers, **body)
+        return self.client().build_request(http.method, url, params=query, headers=headers, timeout=timeout, **body)
 
 
 def _render_data(value: Any, render: Render) -> Any:

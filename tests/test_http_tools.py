@@ -1,0 +1,320 @@
+"""Declarative HTTP tools against a real HTTP server on loopback, and handlers that never block:
+requests as the API sees them, results as the action sees them, retries, failures told to the
+model, secrets redacted, the environment allow-list checked at load and at run time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+import chatrun
+from chatrun.messages import ToolResultMessage
+
+TOKEN = "s3cret-token-value"
+
+
+class OrdersApi:
+    """A small orders API: GET /orders/{id}, POST /orders, /flaky (503 twice, then 200),
+    /slow (answers after a second), /echo-token (echoes the Authorization header)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.flaky_left = 2
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                api.handle(self)
+
+            def do_POST(self) -> None:
+                api.handle(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
+        parts = urlsplit(h.path)
+        length = int(h.headers.get("content-length") or 0)
+        body = h.rfile.read(length).decode() if length else ""
+        self.requests.append({"method": h.command, "path": parts.path, "query": parse_qs(parts.query),
+                              "headers": dict(h.headers), "body": body})
+        if parts.path == "/orders/A1":
+            self.reply(h, 200, {"id": "A1", "status": "shipped", "eta": "2026-12-01"})
+        elif parts.path.startswith("/orders/"):
+            self.reply(h, 404, {"error": "no such order"})
+        elif parts.path == "/orders" and h.command == "POST":
+            self.reply(h, 201, {"created": json.loads(body)})
+        elif parts.path == "/flaky":
+            if self.flaky_left:
+                self.flaky_left -= 1
+                self.reply(h, 503, {"error": "busy"})
+            else:
+                self.reply(h, 200, {"ok": "finally"})
+        elif parts.path == "/slow":
+            time.sleep(1.0)
+            self.reply(h, 200, {"late": True})
+        elif parts.path == "/echo-token":
+            self.reply(h, 200, {"you_sent": h.headers.get("authorization")})
+        else:
+            self.reply(h, 500, {"error": "boom"})
+
+    @staticmethod
+    def reply(h: BaseHTTPRequestHandler, status: int, data: object) -> None:
+        raw = json.dumps(data).encode()
+        h.send_response(status)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(len(raw)))
+        h.end_headers()
+        h.wfile.write(raw)
+
+
+@pytest.fixture
+def api(monkeypatch):
+    server = OrdersApi()
+    monkeypatch.setenv("ORDERS_API_URL", server.url)
+    monkeypatch.setenv("ORDERS_API_TOKEN", TOKEN)
+    yield server
+    server.server.shutdown()
+
+
+BOT = """
+name: orders
+model: {provider: scripted, name: gpt-4o-mini}
+env:
+  ORDERS_API_URL: {description: Where the orders API lives}
+  ORDERS_API_TOKEN: {secret: true}
+state: {last_status: null}
+routes:
+  main:
+    default: true
+    system: You track orders.
+    tools: [order_status, create_order, flaky, slow, echo_token, broken]
+tools:
+  order_status:
+    description: Look an order up
+    parameters: {type: object, properties: {order_id: {type: string}}, required: [order_id]}
+    http:
+      url: "{{ env.ORDERS_API_URL }}/orders/{{ args.order_id | urlsegment }}"
+      headers: {Authorization: "Bearer {{ env.ORDERS_API_TOKEN }}"}
+      query: {verbose: "yes", user: "{{ state.last_status or 'none' }}"}
+      accept: [404]
+    action:
+      set: {state.last_status: "{{ result.json.status if result.ok else none }}"}
+      reply: "{{ result.json.status if result.ok else 'There is no order ' ~ args.order_id }}"
+  create_order:
+    description: Create an order
+    parameters: {type: object, properties: {item: {type: string}, qty: {type: integer}}}
+    http:
+      method: POST
+      url: "{{ env.ORDERS_API_URL }}/orders"
+      json: {item: "{{ args.item }}", qty: "{{ args.qty }}", note: "from {{ route }}"}
+  flaky:
+    description: Flaky endpoint
+    http: {url: "{{ env.ORDERS_API_URL }}/flaky", retries: 3}
+  slow:
+    description: Slow endpoint
+    timeout: 0.3
+    http: {url: "{{ env.ORDERS_API_URL }}/slow", retries: 0}
+  echo_token:
+    description: Echo the token
+    http:
+      url: "{{ env.ORDERS_API_URL }}/echo-token"
+      headers: {Authorization: "Bearer {{ env.ORDERS_API_TOKEN }}"}
+  broken:
+    description: Always fails
+    http: {url: "{{ env.ORDERS_API_URL }}/broken", retries: 1}
+"""
+
+
+def call(name: str, **arguments: object) -> dict:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def run(write_bot, calls: list[dict]) -> tuple[chatrun.Session, list[chatrun.Event], chatrun.ScriptedModel]:
+    model = chatrun.ScriptedModel([*calls, {"text": "ok"}])
+    session = chatrun.load_bot(write_bot(BOT)).session(model=model)
+    events = [e for e in session.chat("go") if e.type != "Stream"]
+    return session, events, model
+
+
+def tool_results(session: chatrun.Session) -> list[str]:
+    return [m.content for m in session.memory() if isinstance(m, ToolResultMessage)]
+
+
+def test_a_get_reaches_the_api_rendered_and_its_json_is_the_result(api, write_bot):
+    session, events, _ = run(write_bot, [call("order_status", order_id="A1")])
+    assert tool_results(session) == ["shipped"]
+    assert session.state["last_status"] == "shipped"
+    sent = api.requests[0]
+    assert (sent["method"], sent["path"]) == ("GET", "/orders/A1")
+    assert sent["query"] == {"verbose": ["yes"], "user": ["none"]}
+    assert sent["headers"]["Authorization"] == f"Bearer {TOKEN}"
+    assert [e.type for e in events] == ["Message"]
+
+
+def test_arguments_are_escaped_in_the_path_and_an_accepted_404_is_a_result(api, write_bot):
+    session, _, _ = run(write_bot, [call("order_status", order_id="../x y")])
+    assert api.requests[0]["path"] == "/orders/..%2Fx%20y"
+    assert tool_results(session) == ["There is no order ../x y"]
+    assert session.state["last_status"] is None
+
+
+def test_a_json_body_keeps_its_types(api, write_bot):
+    session, _, _ = run(write_bot, [call("create_order", item="tea", qty=3)])
+    assert json.loads(api.requests[0]["body"]) == {"item": "tea", "qty": 3, "note": "from main"}
+    result = json.loads(tool_results(session)[0])  # no reply template: the result as JSON
+    assert result["status"] == 201 and result["json"] == {"created": {"item": "tea", "qty": 3, "note": "from main"}}
+
+
+def test_503_is_retried_until_it_succeeds(api, write_bot):
+    session, _, _ = run(write_bot, [call("flaky")])
+    assert len(api.requests) == 3
+    assert json.loads(tool_results(session)[0])["json"] == {"ok": "finally"}
+
+
+def test_a_failure_is_a_short_reason_for_the_model_and_the_turn_goes_on(api, write_bot):
+    session, events, _ = run(write_bot, [call("broken")])
+    assert len(api.requests) == 2  # one retry of the 500
+    [reply] = tool_results(session)
+    assert reply.startswith("Error: broken failed: HTTP 500")
+    assert "after 2 attempts" in reply and "/broken" in reply
+    assert [e.type for e in events] == ["Message"] and session.history[-1]["ok"]
+
+
+def test_a_timeout_is_a_failure_the_model_reads(api, write_bot):
+    session, _, _ = run(write_bot, [call("slow")])
+    [reply] = tool_results(session)
+    assert reply.startswith("Error: slow failed: no answer within 0.3 s")
+
+
+def test_secrets_are_redacted_from_results(api, write_bot):
+    session, _, _ = run(write_bot, [call("echo_token")])
+    [reply] = tool_results(session)
+    assert TOKEN not in reply and "Bearer [redacted]" in reply
+    assert TOKEN not in json.dumps(session.history) and TOKEN not in str(session.memories())
+
+
+def test_an_unset_variable_fails_the_turn_naming_it(api, write_bot, monkeypatch):
+    monkeypatch.delenv("ORDERS_API_URL")
+    session, events, _ = run(write_bot, [call("flaky")])
+    assert events[-1].type == "Error"
+    assert "environment variable ORDERS_API_URL is not set" in events[-1].data
+    assert session.turn_count == 0  # rolled back
+
+
+def test_validation_of_env(write_bot, monkeypatch):
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    path = write_bot("""
+        name: e
+        env: {NOT_SET_ANYWHERE: null, WITH_DEFAULT: {default: x}}
+        routes:
+          main: {default: true, system: "Hi {{ env.WITH_DEFAULT }}", tools: [t, u]}
+        tools:
+          t:
+            description: t
+            parameters: {type: object, properties: {p: {type: string}}}
+            http: {url: "http://127.0.0.1/{{ env.UNDECLARED }}/{{ args.p }}"}
+          u:
+            description: u
+            handler: nowhere:f
+            http: {url: "http://127.0.0.1/", json: {a: 1}, form: {b: "2"}}
+    """)
+    from chatrun.definition.loader import check_bot
+
+    _config, diagnostics = check_bot(path)
+    messages = [(d.severity, d.message) for d in diagnostics]
+    assert ("warning", "environment variable `NOT_SET_ANYWHERE` is declared under `env:` but not set "
+            "(and has no `default`); a tool that reads it will fail its turn") in messages
+    assert any(s == "error" and "`env` can only be read in a tool's `http:` section" in m for s, m in messages)
+    assert any(s == "error" and "reads `env.UNDECLARED`, but the bot does not declare it" in m for s, m in messages)
+    assert any(s == "error" and "has both `handler` and `http`" in m for s, m in messages)
+    assert any(s == "error" and "has both `json` and `form`" in m for s, m in messages)
+    assert ("warning", "`http.url` of tool `t` puts `{{ args.p }}` into the URL path unescaped; use "
+            "`| urlsegment` so a value like `../admin` stays one path segment") in messages
+
+
+# -- handlers ------------------------------------------------------------------------
+
+
+HANDLERS = """
+import time
+
+def slow(ctx):
+    ctx.emit("Thinking", "working in a thread")
+    time.sleep(float(ctx.args.get("seconds", 1)))
+    ctx.state["done"] = True
+    return "slept"
+
+async def quick(ctx):
+    return "quick"
+"""
+
+HANDLER_BOT = """
+name: handlers
+model: {provider: scripted, name: gpt-4o-mini}
+state: {done: false}
+routes:
+  main: {default: true, system: Hi., tools: [slow, quick, too_slow]}
+tools:
+  slow:
+    description: slow
+    parameters: {type: object, properties: {seconds: {type: number}}}
+    handler: handlers:slow
+  too_slow:
+    description: too slow
+    timeout: 0.2
+    parameters: {type: object, properties: {seconds: {type: number}}}
+    handler: handlers:slow
+  quick:
+    description: quick
+    handler: handlers:quick
+"""
+
+
+def test_a_sync_handler_runs_in_a_thread_and_its_events_arrive(write_bot):
+    path = write_bot(HANDLER_BOT, extra={"handlers.py": HANDLERS})
+    session = chatrun.load_bot(path).session(model=chatrun.ScriptedModel([call("slow", seconds=0.01), {"text": "ok"}]))
+    events = [e for e in session.chat("go") if e.type != "Stream"]
+    assert [(e.type, e.data) for e in events] == [("Thinking", "working in a thread"), ("Message", "ok")]
+    assert session.state["done"] is True
+
+
+def test_a_handler_past_its_timeout_fails_the_turn_and_changes_nothing(write_bot):
+    path = write_bot(HANDLER_BOT, extra={"handlers.py": HANDLERS})
+    session = chatrun.load_bot(path).session(model=chatrun.ScriptedModel([call("too_slow", seconds=1.0)]))
+    events = session.chat("go")
+    assert events[-1].type == "Error" and "did not finish within 0.2 s" in events[-1].data
+    time.sleep(1.0)  # the thread finishes in the background; its writes go nowhere
+    assert session.state["done"] is False and session.turn_count == 0
+
+
+def test_a_slow_sync_handler_does_not_hold_up_another_session(write_bot):
+    """Two sessions on one event loop (as under `chatrun serve`): one handler sleeps 1.5 s in
+    its thread while the other session's turn runs to the end."""
+    bot = chatrun.load_bot(write_bot(HANDLER_BOT, extra={"handlers.py": HANDLERS}))
+
+    async def both() -> tuple[float, float]:
+        slow = bot.session(model=chatrun.ScriptedModel([call("slow", seconds=1.5), {"text": "done"}]))
+        quick = bot.session(model=chatrun.ScriptedModel([call("quick"), {"text": "hi"}]))
+        start = time.perf_counter()
+        slow_turn = asyncio.create_task(slow.achat("go"))
+        await asyncio.sleep(0.05)  # the slow handler is now sleeping in its thread
+        quick_start = time.perf_counter()
+        await quick.achat("hi")
+        quick_took = time.perf_counter() - quick_start
+        await slow_turn
+        return quick_took, time.perf_counter() - start
+
+    quick_took, total = asyncio.run(both())
+    assert total >= 1.5
+    assert quick_took < 0.75  # not 1.5 s: the loop was free while the sync handler slept
