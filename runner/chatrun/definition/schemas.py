@@ -139,6 +139,9 @@ def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None
               "exclusiveMinimum": lambda a: a > value, "exclusiveMaximum": lambda a: a < value}[key]
         is_number = _IS_TYPE["number"]
         return lambda v: not is_number(v) or op(v)
+    if key == "enum":
+        choices = [(type(c), c) for c in value]  # typed: True is not 1 for JSON Schema
+        return lambda v: any(type(v) is t and v == c for t, c in choices)
     if key == "const":
         if not isinstance(value, str):
             return _never

@@ -177,17 +177,20 @@ class Mocked:
     error: str | None = None
 
     def value(self, tool: ToolConfig) -> Any:
-        if self.error is not None:
-            raise ToolRefusal(f"Error: {tool.name} failed: {self.error}")
+        if self.error is not None:  # a recorded failure is the whole text the model read
+            text = self.error if self.error.startswith("Error:") else f"Error: {tool.name} failed: {self.error}"
+            raise ToolRefusal(text)
         return copy.deepcopy(self.result)
 
 
 class ToolMocks(Protocol):
     """Stands in for handlers and HTTP tools (golden transcripts use it): `lookup` gives the
     mocked outcome of a call, or None to run the tool for real (or raises TurnFailed when a
-    call must not run for real)."""
+    call must not run for real); `observe` hears the outcome of every real call."""
 
     def lookup(self, tool: ToolConfig, args: dict[str, Any]) -> Mocked | None: ...
+
+    def observe(self, tool: ToolConfig, args: dict[str, Any], result: Any, error: str | None) -> None: ...
 
 
 def result_text(value: Any) -> str:

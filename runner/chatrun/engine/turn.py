@@ -203,10 +203,20 @@ class Turn:
 
     async def tool_result(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
         """What the tool's mock, handler or HTTP call gives as `result` (None: an action-only tool)."""
-        if self.mocks is not None:
-            mocked = self.mocks.lookup(tool, args)
-            if mocked is not None:
-                return mocked.value(tool)
+        if self.mocks is None:
+            return await self.run_tool_for_real(tool, args)
+        mocked = self.mocks.lookup(tool, args)
+        if mocked is not None:
+            return mocked.value(tool)
+        try:
+            result = await self.run_tool_for_real(tool, args)
+        except ToolRefusal as refusal:
+            self.mocks.observe(tool, args, None, str(refusal))
+            raise
+        self.mocks.observe(tool, args, result, None)
+        return result
+
+    async def run_tool_for_real(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
         if tool.handler:
             return await self.call_handler(tool, args)
         if tool.http:

@@ -33,6 +33,7 @@ class TurnSpec:
     user: str | None = None
     data: dict[str, Any] | None = None
     model: list[dict[str, Any]] = field(default_factory=list)
+    mocks: list[dict[str, Any]] = field(default_factory=list)
     expect: dict[str, Any] | None = None
     expect_line: int = 0
 
@@ -50,6 +51,7 @@ class Transcript:
     state: dict[str, Any] | None = None
     roles: list[str] | None = None
     description: str = ""
+    mocks: list[dict[str, Any]] = field(default_factory=list)
     lines: dict[str, int] = field(default_factory=dict)  # line of each top-level key
 
     @property
@@ -148,11 +150,12 @@ def _build(doc: YamlDoc) -> Transcript:
             user=raw.get("user"),
             data=raw.get("data"),
             model=list(raw.get("model") or []),
+            mocks=list(raw.get("mocks") or []),
             expect=expect if expect is not None else None,
             expect_line=doc.pos(("turns", i, "expect")).line if "expect" in raw else 0,
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
-                      data.get("roles"), data.get("description", ""),
+                      data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),
                       {key: doc.pos((key,)).line for key in data})
 
 

@@ -57,7 +57,8 @@ def response_to_script(response: ModelResponse) -> dict[str, Any]:
 
 
 def record_transcript(transcript: Transcript) -> bool:
-    """Re-record every turn's `model:` list. Returns True when the file changed.
+    """Re-record every turn's `model:` list, and the results of HTTP tools its mocks do not
+    cover (into the turn's `mocks:`). Returns True when the file changed.
 
     If a model call fails (no credentials, the provider down), nothing is written and a
     ChatrunError says which turn failed: a recording must not replace good answers with errors."""
@@ -71,12 +72,15 @@ def record_transcript(transcript: Transcript) -> bool:
     try:
         for turn in transcript.turns:
             recorder.responses = []
+            session.tool_mocks.next_turn(turn.mocks)
             session.chat(turn.input)
             failed = [r["error"] for r in recorder.responses if "error" in r]
             if failed:
                 raise ChatrunError(f"turn {turn.index} ({transcript.where(turn)}): the model failed while "
                                    f"recording, so nothing was written: {failed[0]}")
             changes[turn.index - 1] = {"model": recorder.responses}
+            if session.tool_mocks.recorded:  # real HTTP results (secrets already redacted), so replay is offline
+                changes[turn.index - 1]["mocks"] = [*turn.mocks, *session.tool_mocks.recorded]
     finally:
         session.close()
     return rewrite_turns(transcript.file, changes)

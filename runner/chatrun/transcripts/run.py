@@ -12,6 +12,7 @@ from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelRes
 from chatrun.models.scripted import ScriptedModel
 from chatrun.transcripts.expect import Mismatch, Observed, compare, observe
 from chatrun.transcripts.format import Transcript, TurnSpec, load_transcript
+from chatrun.transcripts.mocks import TranscriptMocks
 
 
 class TurnScript:
@@ -129,17 +130,20 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
 
 
 def start_session(bot: Any, t: Transcript, model: ChatModel | None = None) -> tuple[Any, TurnScript]:
-    """The transcript's conversation in a fresh in-memory store. Its model is the turn script,
-    unless `model` is given (recording passes the real model through)."""
+    """The transcript's conversation in a fresh in-memory store, its tools mocked as the
+    transcript says. Its model is the turn script, unless `model` is given (recording passes
+    the real model through, and lets HTTP tools run for real)."""
     from chatrun.store.memory import InMemoryStore
 
     script = TurnScript()
     roles = set(t.roles) if t.roles is not None else None
     session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles)
+    session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None)
     return session, script
 
 
 def play_turn(session: Any, script: TurnScript, turn: TurnSpec) -> TurnResult:
+    session.tool_mocks.next_turn(turn.mocks)
     try:
         script.next_turn(turn)
     except ChatrunError as exc:  # the schema lets through little a scripted model rejects

@@ -19,7 +19,7 @@ from ruamel.yaml.scalarstring import LiteralScalarString
 
 from chatrun.errors import ChatrunError
 
-TURN_KEY_ORDER = ("user", "data", "model", "expect")
+TURN_KEY_ORDER = ("user", "data", "model", "mocks", "expect")
 
 
 def _yaml() -> YAML:

@@ -1,0 +1,77 @@
+"""The orders API of bots/orders (its README gives the shape), served for real on loopback:
+the example bot's tests and bench/bench_http_tool.py talk to it over HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ORDERS = {
+    "A1001": {"id": "A1001", "status": "shipped", "eta": "2026-12-01",
+              "items": [{"name": "Tea", "qty": 2}, {"name": "Mug", "qty": 1}]},
+    "C3003": {"id": "C3003", "status": "processing", "eta": None, "items": [{"name": "Kettle", "qty": 1}]},
+}
+
+
+class OrdersApi:
+    def __init__(self, token: str = "dev-token") -> None:
+        self.token = token
+        self.requests: list[dict] = []
+        self.orders = json.loads(json.dumps(ORDERS))
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a real API server
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                api.handle(self)
+
+            def do_POST(self) -> None:
+                api.handle(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> OrdersApi:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
+        length = int(h.headers.get("content-length") or 0)
+        body = json.loads(h.rfile.read(length) or b"null") if length else None
+        self.requests.append({"method": h.command, "path": h.path, "auth": h.headers.get("authorization"),
+                              "body": body})
+        if h.headers.get("authorization") != f"Bearer {self.token}":
+            return self.reply(h, 401, {"error": "bad token"})
+        parts = h.path.strip("/").split("/")
+        if parts[:2] != ["v1", "orders"] or len(parts) < 3:
+            return self.reply(h, 404, {"error": "not found"})
+        order = self.orders.get(parts[2])
+        if order is None:
+            return self.reply(h, 404, {"error": "no such order"})
+        if h.command == "GET" and len(parts) == 3:
+            return self.reply(h, 200, order)
+        if h.command == "POST" and parts[3:] == ["cancel"]:
+            if order["status"] != "processing":
+                return self.reply(h, 409, {"error": f"already {order['status']}"})
+            order["status"] = "cancelled"
+            return self.reply(h, 200, {"id": order["id"], "status": "cancelled"})
+        return self.reply(h, 405, {"error": "method not allowed"})
+
+    @staticmethod
+    def reply(h: BaseHTTPRequestHandler, status: int, data: object) -> None:
+        raw = json.dumps(data).encode()
+        h.send_response(status)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(len(raw)))
+        h.end_headers()
+        h.wfile.write(raw)
