@@ -237,7 +237,7 @@ def test_validation_of_env(write_bot, monkeypatch):
             "(and has no `default`); a tool that reads it will fail its turn") in messages
     assert any(s == "error" and "`env` can only be read in a tool's `http:` section" in m for s, m in messages)
     assert any(s == "error" and "reads `env.UNDECLARED`, but the bot does not declare it" in m for s, m in messages)
-    assert any(s == "error" and "has both `handler` and `http`" in m for s, m in messages)
+    assert any(s == "error" and "tool `u` has `handler` and `http`; give one" in m for s, m in messages)
     assert any(s == "error" and "has both `json` and `form`" in m for s, m in messages)
     assert ("warning", "`http.url` of tool `t` puts `{{ args.p }}` into the URL path unescaped; use "
             "`| urlsegment` so a value like `../admin` stays one path segment") in messages

@@ -12,7 +12,9 @@ from chatrun.errors import BotError, ChatrunError, Diagnostic
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text: `file:line:col: error|warning: message` lines and a summary; json: a list of diagnostics.")
-def validate(paths: tuple[str, ...], fmt: str) -> None:
+@click.option("--connect", is_flag=True,
+              help="Start the bots' MCP servers and check the MCP tool names they use against what the servers list.")
+def validate(paths: tuple[str, ...], fmt: str, connect: bool) -> None:
     """Check bots (directories holding bot.yaml, or single YAML files) and report every
     problem at once: YAML syntax, schema violations, unknown routes and tools, templates,
     state paths, handlers, the route graph.
@@ -29,11 +31,13 @@ def validate(paths: tuple[str, ...], fmt: str) -> None:
     invalid = 0
     for path in paths:
         try:  # per bot: one broken bot must not stop the others being checked
-            diagnostics = _check(path)
+            diagnostics, unchecked_mcp = _check(path, connect)
             found.extend(diagnostics)
             invalid += any(d.severity == "error" for d in diagnostics)
             if fmt == "text":  # each bot's problems, then its verdict
                 print_diagnostics(diagnostics)
+                if unchecked_mcp:
+                    click.echo(f"{path}: MCP tool names not checked (--connect starts the servers to check them)")
                 click.echo(summary(diagnostics, path))
         except (BrokenPipeError, KeyboardInterrupt) as exc:
             fail(exc)
@@ -47,22 +51,31 @@ def validate(paths: tuple[str, ...], fmt: str) -> None:
         raise click.exceptions.Exit(1)
 
 
-def _check(path: str) -> list[Diagnostic]:
-    """Every diagnostic of one bot. Bad input is always a diagnostic; only a fault of
-    chatrun itself becomes the "chatrun bug" line, and then for this bot alone."""
+def _check(path: str, connect: bool = False) -> tuple[list[Diagnostic], bool]:
+    """Every diagnostic of one bot, and whether it has MCP tools left unchecked. Bad input is
+    always a diagnostic; only a fault of chatrun itself becomes the "chatrun bug" line, and
+    then for this bot alone."""
     from chatrun.cli._gc import collector_paused
     from chatrun.definition.loader import load_config
 
     try:
         with collector_paused():
-            _config, diagnostics = load_config(path)
+            config, diagnostics = load_config(path)
+        if not config.mcp_servers:
+            return diagnostics, False
+        if not connect:
+            return diagnostics, True
+        import asyncio
+
+        from chatrun.engine.mcp_tools import check_mcp_names
+
+        return diagnostics + asyncio.run(check_mcp_names(config)), False
     except BotError as exc:
-        return exc.diagnostics
+        return exc.diagnostics, False
     except ChatrunError as exc:
-        return [Diagnostic(path, 0, 0, "error", str(exc))]
+        return [Diagnostic(path, 0, 0, "error", str(exc))], False
     except (BrokenPipeError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - never a traceback from the CLI
         return [Diagnostic(path, 0, 0, "error", f"unexpected {type(exc).__name__}: {exc} "
-                           "(this is a chatrun bug; please report it)")]
-    return diagnostics
+                           "(this is a chatrun bug; please report it)")], False

@@ -63,6 +63,7 @@ class _Checker:
         for tool in self.config.tools.values():
             self.tool(tool)
         self.env()
+        self.mcp()
         _graph_checks(self)
 
     # -- routes ------------------------------------------------------------------
@@ -144,9 +145,14 @@ class _Checker:
                 self.template(source, f"`{key}` of tool `{name}`", (*base, "action", key), tool)
         if tool.handler:
             self.handler(tool)
-        if tool.handler and tool.http:
-            self.add("error", f"tool `{name}` has both `handler` and `http`; give one (a handler can call "
-                     "the API itself)", *base, "http")
+        kinds = [k for k in ("handler", "http", "mcp") if getattr(tool, k)]
+        if len(kinds) > 1:
+            self.add("error", f"tool `{name}` has {' and '.join(f'`{k}`' for k in kinds)}; give one "
+                     "(a tool gets its result from one place)", *base, kinds[1])
+        if tool.mcp and tool.mcp.server not in self.config.mcp_servers:
+            self.add("error", f"tool `{name}` calls unknown MCP server `{tool.mcp.server}`"
+                     f"{suggest(tool.mcp.server, self.config.mcp_servers)}; declare it under `mcp_servers:`",
+                     *base, "mcp", "server")
         if tool.http:
             self.http(tool)
         section = self.src.doc_of("tools", name).data.get("tools")
@@ -177,6 +183,19 @@ class _Checker:
                 self.add("warning", f"`http.url` of tool `{tool.name}` puts `{{{{{expr}}}}}` into the URL path "
                          "unescaped; use `| urlsegment` so a value like `../admin` stays one path segment",
                          *base, "url")
+
+    def mcp(self) -> None:
+        for server in self.config.mcp_servers.values():
+            if bool(server.command) == bool(server.url):
+                self.add("error", f"MCP server `{server.name}` needs exactly one of `command` (a stdio server) "
+                         "and `url` (a streamable HTTP server)", "mcp_servers", server.name)
+        for route in self.config.routes.values():
+            for i, entry in enumerate(route.mcp):
+                server = entry.partition("/")[0]
+                if server not in self.config.mcp_servers:
+                    self.add("error", f"route `{route.name}` lists MCP tools of unknown server `{server}`"
+                             f"{suggest(server, self.config.mcp_servers)}; declare it under `mcp_servers:`",
+                             "routes", route.name, "mcp", i)
 
     def env(self) -> None:
         for name, var in self.config.env.items():

@@ -115,6 +115,25 @@ class HttpConfig:
 
 
 @dataclass
+class McpServerConfig:
+    """An MCP server a bot uses (`mcp_servers:`): a command speaking stdio, or a streamable HTTP URL."""
+
+    name: str
+    command: list[str] = field(default_factory=list)  # run in the bot's directory; `python` = chatrun's
+    url: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # more environment variables for the command
+    where: Location = field(default_factory=Location)
+
+
+@dataclass
+class McpToolRef:
+    """A tool of the bot that calls an MCP server's tool (`mcp:` of a tool)."""
+
+    server: str
+    tool: str | None = None  # the server's tool name; None: the same as the bot's tool
+
+
+@dataclass
 class EnvVar:
     """An environment variable a bot declares (`env:`); only declared ones reach templates."""
 
@@ -134,6 +153,8 @@ class ToolConfig:
     requires: list[str] = field(default_factory=list)  # state paths that must be set (not null)
     handler: str | None = None  # "module:function", module resolved relative to the bot directory
     http: HttpConfig | None = None
+    mcp: McpToolRef | None = None
+    server_schema: bool = False  # an MCP tool without `parameters`: the server's schema is used
     timeout: float = DEFAULT_TOOL_TIMEOUT
     action: ActionConfig = field(default_factory=ActionConfig)
     where: Location = field(default_factory=Location)
@@ -155,6 +176,7 @@ class RouteConfig:
     memory: MemoryPolicy | None = None  # None: the bot's default policy
     model: dict[str, Any] | None = None  # raw override merged over the bot's ModelConfig
     tools: list[str] = field(default_factory=list)
+    mcp: list[str] = field(default_factory=list)  # "SERVER" (all its tools) or "SERVER/TOOL"
     scope: ScopeConfig = field(default_factory=ScopeConfig)
     roles: list[str] = field(default_factory=list)
     where: Location = field(default_factory=Location)
@@ -171,6 +193,7 @@ class BotConfig:
     state: dict[str, Any] = field(default_factory=dict)
     limits: Limits = field(default_factory=lambda: Limits())
     env: dict[str, EnvVar] = field(default_factory=dict)
+    mcp_servers: dict[str, McpServerConfig] = field(default_factory=dict)
     path: str = ""  # the bot.yaml (or single file) it was loaded from
     root: str = ""  # directory handlers are resolved against
     where: Location = field(default_factory=Location)

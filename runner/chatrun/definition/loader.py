@@ -27,6 +27,8 @@ from chatrun.definition.config import (
     HttpConfig,
     Limits,
     Location,
+    McpServerConfig,
+    McpToolRef,
     MemoryPolicy,
     ModelConfig,
     RouteConfig,
@@ -397,6 +399,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         state=dict(top["state"]) if isinstance(top.get("state"), dict) else {},
         limits=_limits(top.get("limits")),
         env=_env(top.get("env")),
+        mcp_servers=_mcp_servers(top.get("mcp_servers"), main),
         path=str(main_file),
         root=str(main_file.parent),
         where=Location(main.file, 1, 1),
@@ -471,6 +474,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         memory=_memory(raw.get("memory"), doc, (*base, "memory")),
         model=dict(model) if isinstance(model, dict) and model else None,
         tools=_str_list(raw.get("tools")),
+        mcp=_str_list(raw.get("mcp")),
         scope=ScopeConfig(local=_dict(scope.get("local")), shared=_dict(scope.get("shared"))),
         roles=_str_list(raw.get("roles")),
         where=_loc(doc, base),
@@ -485,6 +489,27 @@ def _env(raw: Any) -> dict[str, EnvVar]:
         out[str(name)] = EnvVar(str(name), _bool(spec.get("secret")), None if default is None else str(default),
                                 _str(spec.get("description")) or "")
     return out
+
+
+def _mcp_servers(raw: Any, doc: YamlDoc) -> dict[str, McpServerConfig]:
+    out: dict[str, McpServerConfig] = {}
+    for name, spec in _dict(raw).items():
+        spec = _dict(spec)
+        command = spec.get("command")
+        out[str(name)] = McpServerConfig(
+            name=str(name),
+            command=[str(c) for c in command] if isinstance(command, list) else [],
+            url=_str(spec.get("url")),
+            env={str(k): str(v) for k, v in _dict(spec.get("env")).items()},
+            where=_loc(doc, ("mcp_servers", name)),
+        )
+    return out
+
+
+def _mcp_ref(raw: Any) -> McpToolRef | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("server"), str):
+        return None
+    return McpToolRef(raw["server"], _str(raw.get("tool")))
 
 
 def _http(raw: Any, doc: YamlDoc, path: tuple) -> HttpConfig | None:
@@ -517,6 +542,8 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
         requires=_str_list(raw.get("requires")),
         handler=_str(raw.get("handler")),
         http=_http(raw.get("http"), doc, (*base, "http")),
+        mcp=_mcp_ref(raw.get("mcp")),
+        server_schema=isinstance(raw.get("mcp"), dict) and "parameters" not in raw,
         timeout=float(raw["timeout"]) if isinstance(raw.get("timeout"), int | float) else DEFAULT_TOOL_TIMEOUT,
         action=ActionConfig(
             push=_str(action.get("push")),

@@ -81,6 +81,16 @@ _IS_TYPE = {
 }
 
 
+_COUNTS: dict[str, tuple[type, Callable[[Any], int], Callable[[int, int], bool]]] = {
+    "minItems": (list, len, lambda n, bound: n >= bound),
+    "maxItems": (list, len, lambda n, bound: n <= bound),
+    "minLength": (str, len, lambda n, bound: n >= bound),  # code points, as JSON Schema counts
+    "maxLength": (str, len, lambda n, bound: n <= bound),
+    "minProperties": (dict, len, lambda n, bound: n >= bound),
+    "maxProperties": (dict, len, lambda n, bound: n <= bound),
+}
+
+
 def compile_check(schema: Any) -> Callable[[Any], bool]:
     """A function answering "is this value valid under `schema`?" (True only when sure)."""
     if schema is True:
@@ -139,6 +149,9 @@ def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None
               "exclusiveMinimum": lambda a: a > value, "exclusiveMaximum": lambda a: a < value}[key]
         is_number = _IS_TYPE["number"]
         return lambda v: not is_number(v) or op(v)
+    if key in _COUNTS:
+        kind, size, compare = _COUNTS[key]
+        return lambda v: not isinstance(v, kind) or compare(size(v), value)
     if key == "enum":
         choices = [(type(c), c) for c in value]  # typed: True is not 1 for JSON Schema
         return lambda v: any(type(v) is t and v == c for t, c in choices)

@@ -291,6 +291,7 @@ class Session:
             self._loop.close()
 
     async def _close_models(self) -> None:
+        await self.bot.tools.aclose()  # this private loop's HTTP connections and MCP servers
         aclose = getattr(self._model, "aclose", None)
         if aclose is not None:
             await aclose()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import inspect
 import json
 from collections.abc import Callable, MutableMapping
@@ -16,9 +17,10 @@ from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
 
-from chatrun.definition.config import BotConfig, ToolConfig
+from chatrun.definition.config import BotConfig, McpToolRef, RouteConfig, ToolConfig
 from chatrun.definition.handlers import HandlerResolver
 from chatrun.engine.http_tool import HttpCaller
+from chatrun.engine.mcp_tools import McpServers, McpTool
 from chatrun.errors import ToolRefusal
 
 
@@ -31,13 +33,63 @@ class Toolbox:
         self._handlers = HandlerResolver(config.root or ".", config.name)
         self._validators: dict[str, Draft202012Validator] = {}
         self._http: HttpCaller | None = None
+        self._mcp: McpServers | None = None
 
-    def argument_validator(self, tool: str) -> Draft202012Validator:
-        """The validator of a tool's `parameters`."""
-        validator = self._validators.get(tool)
+    def argument_validator(self, tool: ToolConfig) -> Draft202012Validator:
+        """The validator of a tool's `parameters` (built once per bot tool; an MCP server's
+        tools are validated against the schema the server lists)."""
+        key = tool.name if tool.name in self.config.tools and self.config.tools[tool.name] is tool else None
+        validator = self._validators.get(key) if key else None
         if validator is None:
-            validator = self._validators[tool] = Draft202012Validator(self.config.tools[tool].parameters)
+            validator = Draft202012Validator(tool.parameters)
+            if key:
+                self._validators[key] = validator
         return validator
+
+    async def offered(self, route: RouteConfig, mocks: ToolMocks | None = None) -> dict[str, ToolConfig]:
+        """The tools the model may call on a route, by name: its `tools:` (an MCP tool declared
+        without `parameters` takes the server's), then the MCP tools its `mcp:` lists. With
+        mocks that stand in for the servers, no server is started: the route's MCP tools are
+        the mocked ones (a replayed transcript stays offline and deterministic)."""
+        offered = {name: self.config.tools[name] for name in route.tools if name in self.config.tools}
+        offline = mocks is not None and not mocks.live
+        if not offline:
+            for name, tool in offered.items():
+                if tool.mcp is not None and tool.server_schema:
+                    offered[name] = await self._with_server_schema(tool)
+        for entry in route.mcp:
+            server, _, only = entry.partition("/")
+            if offline:
+                assert mocks is not None
+                listed = [McpTool(server, n, "", {"type": "object"}) for n in mocks.mocked_tools()
+                          if n not in offered and (not only or n == only)]
+            else:
+                listed = await self.mcp.server_tools(server, [only] if only else None)
+            for tool in listed:
+                offered.setdefault(tool.name, ToolConfig(tool.name, tool.description, tool.parameters,
+                                                         mcp=McpToolRef(server, tool.name), where=route.where))
+        return offered
+
+    async def _with_server_schema(self, tool: ToolConfig) -> ToolConfig:
+        assert tool.mcp is not None
+        name = tool.mcp.tool or tool.name
+        for listed in await self.mcp.server_tools(tool.mcp.server, [name]):
+            return dataclasses.replace(tool, description=tool.description or listed.description,
+                                       parameters=listed.parameters, server_schema=False)
+        return tool  # the server is down: offered as declared; calling it says so
+
+    @property
+    def mcp(self) -> McpServers:
+        if self._mcp is None:
+            self._mcp = McpServers(self.config.mcp_servers, self.config.root or ".")
+        return self._mcp
+
+    async def aclose(self) -> None:
+        """Close what the tools opened on the running event loop: HTTP connections, MCP servers."""
+        if self._http is not None:
+            await self._http.aclose()
+        if self._mcp is not None:
+            await self._mcp.aclose()
 
     def handler(self, spec: str) -> Callable[..., Any]:
         """The function of a `module:function` handler spec."""
@@ -188,7 +240,11 @@ class ToolMocks(Protocol):
     mocked outcome of a call, or None to run the tool for real (or raises TurnFailed when a
     call must not run for real); `observe` hears the outcome of every real call."""
 
+    live: bool  # False: tools without a mock must not run for real (HTTP, MCP)
+
     def lookup(self, tool: ToolConfig, args: dict[str, Any]) -> Mocked | None: ...
+
+    def mocked_tools(self) -> set[str]: ...
 
     def observe(self, tool: ToolConfig, args: dict[str, Any], result: Any, error: str | None) -> None: ...
 

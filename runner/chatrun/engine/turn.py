@@ -33,7 +33,7 @@ from chatrun.engine.tools import (
     call_handler,
     parse_arguments,
     result_text,
-    route_tool_specs,
+    tool_spec,
 )
 from chatrun.errors import ChatrunError, ToolRefusal, TurnFailed
 from chatrun.messages import (
@@ -100,7 +100,8 @@ class Turn:
         user_text = self.render_user(route)  # the system prompt goes first anyway: memories keep it first
         if user_text:
             memory.add(UserMessage(user_text))
-        tools = route_tool_specs(self.config, route.name)
+        offered = await self.tools.offered(route, self.mocks)
+        tools = [tool_spec(t) for t in offered.values()]
         model_config = self.config.route_model(route.name)
         while True:
             self.model_calls += 1
@@ -122,14 +123,15 @@ class Turn:
                 self.emit(ev.MESSAGE, response.text)
             if not calls:
                 return False
-            outcomes = await self.run_calls(route, calls)
+            outcomes = await self.run_calls(route, offered, calls)
             for call, outcome in zip(calls, outcomes, strict=True):
                 # Into the memory that holds the call; a cleared or popped memory drops it as an orphan.
                 memory.add(ToolResultMessage(call.id, call.name, outcome.reply))
             if any(o.left_route or o.immediate for o in outcomes):
                 return any(o.execute for o in outcomes)
 
-    async def run_calls(self, route: RouteConfig, calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
+    async def run_calls(self, route: RouteConfig, offered: dict[str, ToolConfig],
+                        calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
         outcomes: list[ToolOutcome] = []
         left = False
         for call in calls:
@@ -138,7 +140,7 @@ class Turn:
                     f"Not run: an earlier tool call moved the conversation to route {self.c.scope.route}."
                 ))
                 continue
-            outcome = await self.run_tool(route, call)
+            outcome = await self.run_tool(offered, call)
             left = outcome.left_route
             outcomes.append(outcome)
         return outcomes
@@ -184,13 +186,13 @@ class Turn:
 
     # -- tools ----------------------------------------------------------------------
 
-    async def run_tool(self, route: RouteConfig, call: ToolCall) -> ToolOutcome:
-        tool = self.config.tools.get(call.name) if call.name in route.tools else None
+    async def run_tool(self, offered: dict[str, ToolConfig], call: ToolCall) -> ToolOutcome:
+        tool = offered.get(call.name)
         if tool is None:
-            offered = ", ".join(route.tools) or "none"
-            return ToolOutcome(f"Error: there is no tool {call.name!r} here. Tools you can call: {offered}.")
+            names = ", ".join(offered) or "none"
+            return ToolOutcome(f"Error: there is no tool {call.name!r} here. Tools you can call: {names}.")
         try:
-            args = parse_arguments(tool, call.arguments, self.tools.argument_validator(tool.name))
+            args = parse_arguments(tool, call.arguments, self.tools.argument_validator(tool))
             self.check_requires(tool)
             self.check_action(tool)
         except ToolRefusal as refusal:
@@ -224,6 +226,8 @@ class Turn:
             values = {"args": args, "env": http.env}
             return await http.call(tool, lambda source, typed: self.render_template(
                 source, "http", tool.where, values, typed=typed))
+        if tool.mcp:
+            return await self.tools.mcp.call(tool, args, tool.timeout)
         return None
 
     async def call_handler(self, tool: ToolConfig, args: dict[str, Any]) -> Any:

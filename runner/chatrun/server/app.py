@@ -60,6 +60,8 @@ def create_app(
         if gc_tuning:
             tune_gc()
         yield
+        for bot in loaded.values():  # HTTP connections and MCP servers the bots' tools opened
+            await bot.tools.aclose()
 
     app = FastAPI(
         lifespan=lifespan,

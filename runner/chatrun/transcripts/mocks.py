@@ -13,9 +13,9 @@ from chatrun.errors import TurnFailed
 
 class TranscriptMocks:
     """The `ToolMocks` of a transcript run: the current turn's mocks, then the transcript's.
-    A handler no mock matches runs for real (it is the bot's own code); an HTTP tool no mock
-    matches fails the turn, naming the tool — unless `live` (recording), when it runs and
-    its outcome is kept in `recorded`."""
+    A handler no mock matches runs for real (it is the bot's own code); an HTTP or MCP tool no
+    mock matches fails the turn, naming the tool — unless `live` (recording), when it runs
+    and its outcome is kept in `recorded`."""
 
     def __init__(self, transcript_mocks: list[dict[str, Any]], live: bool = False):
         self.transcript_mocks = transcript_mocks
@@ -31,14 +31,18 @@ class TranscriptMocks:
         for mock in [*self.turn_mocks, *self.transcript_mocks]:
             if mock.get("tool") == tool.name and _includes(args, mock.get("args") or {}):
                 return Mocked(mock.get("result"), mock.get("error"))
-        if tool.http is not None and not self.live:
-            raise TurnFailed(f"tool {tool.name} calls an HTTP API, and no mock of this transcript matches the call "
+        if (tool.http is not None or tool.mcp is not None) and not self.live:
+            what = "an HTTP API" if tool.http is not None else f"the MCP server {tool.mcp.server}"  # type: ignore[union-attr]
+            raise TurnFailed(f"tool {tool.name} calls {what}, and no mock of this transcript matches the call "
                              f"(arguments {args}); add one to the turn's or the transcript's `mocks:` "
                              "(or record real results with `chatrun test --record`)")
         return None
 
+    def mocked_tools(self) -> set[str]:
+        return {m["tool"] for m in [*self.turn_mocks, *self.transcript_mocks] if isinstance(m.get("tool"), str)}
+
     def observe(self, tool: ToolConfig, args: dict[str, Any], result: Any, error: str | None) -> None:
-        if self.live and tool.http is not None:
+        if self.live and (tool.http is not None or tool.mcp is not None):
             mock: dict[str, Any] = {"tool": tool.name, "args": copy.deepcopy(args)}
             mock.update({"error": error} if error is not None else {"result": copy.deepcopy(result)})
             self.recorded.append(mock)

@@ -1,0 +1,234 @@
+"""MCP tools: a bot's MCP servers (`mcp_servers:`), started on first use and shared by the
+bot's sessions, and calls to their tools through the official `mcp` SDK.
+
+One connection per server per event loop (an SDK client belongs to the task group that
+opened it): a background task opens the client and holds it; calls come from the turns.
+A server that exits is started again by the next call, whose turn gets a clear error
+first; a server that is down or slow fails the call as a refusal the model reads, never
+the process.
+
+What a call gives the action as `result`: the tool's structured content when it has
+some, else its text parsed as JSON when it is JSON, else the text. A result the server
+marks as an error is a refusal with the server's text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from chatrun.definition.config import BotConfig, Location, McpServerConfig, ToolConfig
+from chatrun.errors import Diagnostic, ToolRefusal
+
+START_TIMEOUT_S = 30.0
+
+
+@dataclass
+class McpTool:
+    """A tool a server lists: its name, description and JSON Schema of arguments."""
+
+    server: str
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def spec(self) -> dict[str, Any]:
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+class McpConnection:
+    """One running server for one event loop."""
+
+    def __init__(self, config: McpServerConfig, root: str):
+        self.config = config
+        self.root = root
+        self._client: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._start_error: BaseException | None = None
+        self._tools: list[McpTool] | None = None
+        self._lock = asyncio.Lock()
+        self._broken = False
+
+    async def client(self) -> Any:
+        async with self._lock:
+            if self._broken:  # the last call lost the connection: stop that server, start a new one
+                self._broken = False
+                await self._end_task()
+            if self._task is None or self._task.done():
+                self._ready.clear()
+                self._stop.clear()
+                self._start_error = None
+                self._tools = None
+                self._task = asyncio.get_running_loop().create_task(self._hold(), name=f"mcp {self.config.name}")
+            try:
+                await asyncio.wait_for(self._ready.wait(), START_TIMEOUT_S)
+            except TimeoutError:
+                raise self._unreachable(f"it did not start within {START_TIMEOUT_S:g} s") from None
+            if self._client is None:
+                raise self._unreachable(_reason(self._start_error))
+            return self._client
+
+    async def _hold(self) -> None:
+        try:
+            from mcp import Client
+        except ImportError:
+            self._start_error = ImportError("the mcp package is not installed: pip install 'chatrun[mcp]'")
+            self._ready.set()
+            return
+        try:
+            async with Client(self._server(), raise_exceptions=False) as client:
+                self._client = client
+                self._ready.set()
+                await self._stop.wait()
+        except BaseException as exc:  # noqa: BLE001 - an exiting server ends this task, never the process
+            self._start_error = exc
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            self._client = None
+            self._ready.set()
+
+    def _server(self) -> Any:
+        from mcp import StdioServerParameters
+
+        if self.config.url:
+            return self.config.url
+        command = list(self.config.command)
+        if command and command[0] == "python":  # the interpreter chatrun runs on, with its packages
+            command[0] = sys.executable
+        return StdioServerParameters(command=command[0], args=command[1:], cwd=self.root,
+                                     env={**os.environ, **self.config.env})
+
+    async def tools(self) -> list[McpTool]:
+        if self._tools is None:
+            client = await self.client()
+            listed = await client.list_tools()
+            self._tools = [McpTool(self.config.name, t.name, t.description or "",
+                                   dict(t.input_schema or {"type": "object", "properties": {}}))
+                           for t in listed.tools]
+        return self._tools
+
+    async def call(self, tool: str, args: dict[str, Any], timeout: float) -> Any:
+        client = await self.client()
+        try:
+            async with asyncio.timeout(timeout):
+                answer = await client.call_tool(tool, args)
+        except TimeoutError:
+            raise ToolRefusal(f"Error: {tool} failed: the MCP server {self.config.name} did not answer within "
+                              f"{timeout:g} s. Tell the user it did not work this time.") from None
+        except Exception as exc:  # noqa: BLE001 - a broken connection: start it again next time
+            self._broken = True
+            raise self._unreachable(_reason(exc)) from None
+        text = "\n".join(getattr(part, "text", "") for part in answer.content if getattr(part, "text", None))
+        if answer.is_error:
+            raise ToolRefusal(f"Error: {tool} failed: {text or 'the MCP server reported an error'}")
+        if answer.structured_content is not None:
+            return answer.structured_content
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+    def _unreachable(self, why: str) -> ToolRefusal:
+        return ToolRefusal(f"Error: the MCP server {self.config.name} is not reachable ({why}). "
+                           "Tell the user this is unavailable right now.")
+
+    async def aclose(self) -> None:
+        await self._end_task()
+
+    async def _end_task(self) -> None:
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), 5)
+            except (TimeoutError, Exception):  # noqa: BLE001 - ending it anyway
+                task.cancel()
+
+
+class McpServers:
+    """A bot's MCP servers, one connection per server per event loop."""
+
+    def __init__(self, configs: dict[str, McpServerConfig], root: str):
+        self.configs = configs
+        self.root = root
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, McpConnection]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def connection(self, server: str) -> McpConnection:
+        loop = asyncio.get_running_loop()
+        connections = self._by_loop.setdefault(loop, {})
+        connection = connections.get(server)
+        if connection is None:
+            connection = connections[server] = McpConnection(self.configs[server], self.root)
+        return connection
+
+    async def server_tools(self, server: str, names: list[str] | None = None) -> list[McpTool]:
+        """The tools a route offers from `server` (all, or the named ones); [] when it is down
+        (the model is then simply not offered them, and the log says why)."""
+        try:
+            listed = await self.connection(server).tools()
+        except ToolRefusal:
+            return []
+        return [t for t in listed if names is None or t.name in names]
+
+    async def call(self, tool: ToolConfig | McpTool, args: dict[str, Any], timeout: float) -> Any:
+        if isinstance(tool, McpTool):
+            return await self.connection(tool.server).call(tool.name, args, timeout)
+        assert tool.mcp is not None
+        return await self.connection(tool.mcp.server).call(tool.mcp.tool or tool.name, args, timeout)
+
+    async def aclose(self) -> None:
+        """Stop the servers started on the running loop."""
+        connections = self._by_loop.pop(asyncio.get_running_loop(), {})
+        for connection in connections.values():
+            await connection.aclose()
+
+
+def _reason(exc: BaseException | None) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if exc is None:
+        return "it exited"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def check_mcp_names(config: BotConfig) -> list[Diagnostic]:
+    """`chatrun validate --connect`: start each MCP server the bot uses and check that the
+    tools it names exist there. A server that cannot start is an error at its declaration."""
+    servers = McpServers(config.mcp_servers, config.root or ".")
+    out: list[Diagnostic] = []
+    listed: dict[str, set[str] | None] = {}
+    try:
+        for name, server in config.mcp_servers.items():
+            try:
+                listed[name] = {t.name for t in await servers.connection(name).tools()}
+            except ToolRefusal as refusal:
+                listed[name] = None
+                out.append(_diag(server.where, f"MCP server `{name}` could not be reached to check its tools: "
+                                 f"{refusal}"))
+        wanted = [(t.where, t.mcp.server, t.mcp.tool or t.name, f"tool `{t.name}`")
+                  for t in config.tools.values() if t.mcp is not None]
+        wanted += [(r.where, e.partition("/")[0], e.partition("/")[2], f"route `{r.name}`")
+                   for r in config.routes.values() for e in r.mcp if "/" in e]
+        for where, server, tool, who in wanted:
+            names = listed.get(server)
+            if names is not None and tool not in names:
+                out.append(_diag(where, f"{who} uses MCP tool `{tool}`, which server `{server}` does not list; "
+                                 f"it lists: {', '.join(sorted(names)) or 'nothing'}"))
+    finally:
+        await servers.aclose()
+    return out
+
+
+def _diag(where: Location, message: str) -> Diagnostic:
+    return Diagnostic(where.file, where.line, where.col, "error", message)

@@ -1,0 +1,198 @@
+"""MCP tools against real MCP servers built with the official SDK (bots/notes/notes_server.py):
+over stdio and streamable HTTP, listed per route, called through the action machinery, shared by
+the sessions of a bot, restarted after a crash, and a server that is down is a refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import chatrun
+from chatrun.messages import ToolResultMessage
+
+pytest.importorskip("mcp", reason="the mcp SDK is not installed (pip install 'chatrun[mcp]')")
+
+REPO = Path(__file__).resolve().parents[1]
+NOTES = REPO / "bots" / "notes"
+SERVER = NOTES / "notes_server.py"
+
+
+def call(name: str, **arguments: object) -> dict:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def results(session: chatrun.Session) -> list[str]:
+    return [m.content for m in session.memory() if isinstance(m, ToolResultMessage)]
+
+
+def bot_with(write_bot, server: str, tools: str = "mcp: [notes]") -> chatrun.Bot:
+    return chatrun.load_bot(write_bot(f"""
+        name: n
+        model: {{provider: scripted, name: m}}
+        mcp_servers:
+          notes: {server}
+        routes:
+          main: {{default: true, system: Notes., {tools}}}
+        """))
+
+
+def test_the_notes_bot_through_the_real_openai_client_and_a_stdio_server(fake):
+    fake.queue(
+        call("remember", title="wifi", text="on the fridge"),
+        {"text": "Noted."},
+        call("search_notes", query="WIFI"),
+        {"text": "On the fridge."},
+    )
+    bot = chatrun.load_bot(NOTES)
+
+    async def talk() -> chatrun.Session:
+        session = bot.session()
+        first = [e for e in await session.achat("Remember: wifi password on the fridge") if e.type != "Stream"]
+        assert [(e.type, e.data) for e in first] == [("Thinking", "Saved note wifi"), ("Message", "Noted.")]
+        await session.achat("Where is the wifi password?")
+        await bot.tools.aclose()
+        return session
+
+    session = asyncio.run(talk())
+    assert session.state["saved"] == 1
+    offered = [[t["function"]["name"] for t in r["tools"]] for r in fake.requests]
+    assert offered[0] == ["remember", "search_notes"]  # declared tool, then the server's (route `mcp:`)
+    # `remember` has no parameters in the YAML: the server's schema is offered
+    assert fake.requests[0]["tools"][0]["function"]["parameters"]["required"] == ["title", "text"]
+    assert results(session)[0] == "Saved. The user has 1 notes."
+    assert '"found": [{"title": "wifi", "text": "on the fridge"}]' in results(session)[1]
+
+
+def test_sessions_of_a_bot_share_one_server_on_a_loop(write_bot):
+    bot = bot_with(write_bot, "{command: [python, " + str(SERVER) + "]}")
+
+    async def two_sessions() -> list[str]:
+        a = bot.session(model=chatrun.ScriptedModel([call("add_note", title="t", text="x"), {"text": "ok"}]))
+        b = bot.session(model=chatrun.ScriptedModel([call("search_notes", query="t"), {"text": "ok"}]))
+        await a.achat("save")
+        await b.achat("find")
+        await bot.tools.aclose()
+        return results(b)
+
+    [found] = asyncio.run(two_sessions())
+    assert '"title": "t"' in found
+
+
+def test_a_crashed_server_fails_that_call_and_is_started_again(write_bot):
+    bot = bot_with(write_bot, "{command: [python, " + str(SERVER) + "]}")
+
+    async def crash_then_use() -> chatrun.Session:
+        session = bot.session(model=chatrun.ScriptedModel([
+            call("crash"), {"text": "it broke"},
+            call("add_note", title="after", text="restart"), {"text": "saved"},
+        ]))
+        await session.achat("crash it")
+        await session.achat("save something")
+        await bot.tools.aclose()
+        return session
+
+    session = asyncio.run(crash_then_use())
+    first, second = results(session)
+    assert first.startswith("Error: the MCP server notes is not reachable")
+    assert second == '{"saved": "after", "count": 1}'  # a new server process: its notes start empty
+    assert [h["ok"] for h in session.history] == [True, True]
+
+
+def test_a_server_that_cannot_start_is_a_refusal_not_a_failure(write_bot):
+    bot = chatrun.load_bot(write_bot("""
+        name: n
+        model: {provider: scripted, name: m}
+        mcp_servers:
+          notes: {command: [python, /no/such/server.py]}
+        routes:
+          main: {default: true, system: Notes., tools: [save]}
+        tools:
+          save: {description: s, mcp: {server: notes, tool: add_note}}
+        """))
+    session = bot.session(model=chatrun.ScriptedModel([call("save"), {"text": "sorry"}]))
+    events = session.chat("save")
+    assert events[-1].type != "Error"
+    [reply] = results(session)
+    assert reply.startswith("Error: the MCP server notes is not reachable")
+    session.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.subprocess
+def test_a_streamable_http_server(write_bot):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--http", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        bot = bot_with(write_bot, f"{{url: 'http://127.0.0.1:{port}/mcp'}}")
+        session = bot.session(model=chatrun.ScriptedModel([call("add_note", title="h", text="over http"),
+                                                           {"text": "ok"}]))
+        session.chat("save")
+        assert results(session) == ['{"saved": "h", "count": 1}']
+        session.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_validation_of_mcp_declarations(write_bot):
+    from chatrun.definition.loader import check_bot
+
+    path = write_bot("""
+        name: v
+        mcp_servers:
+          both: {command: [python, x.py], url: "http://127.0.0.1:1/mcp"}
+        routes:
+          main: {default: true, system: Hi., tools: [t], mcp: [nowhere/x]}
+        tools:
+          t: {description: t, mcp: {server: notse}, handler: "m:f"}
+        """)
+    _config, diagnostics = check_bot(path)
+    messages = [d.message for d in diagnostics if d.severity == "error"]
+    assert "MCP server `both` needs exactly one of `command` (a stdio server) and `url` (a streamable HTTP server)" in messages
+    assert any("route `main` lists MCP tools of unknown server `nowhere`" in m for m in messages)
+    assert any("tool `t` calls unknown MCP server `notse`" in m for m in messages)
+    assert any("tool `t` has `handler` and `mcp`; give one" in m for m in messages)
+
+
+def test_validate_connect_checks_mcp_tool_names(write_bot):
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+
+    path = write_bot(f"""
+        name: v
+        mcp_servers:
+          notes: {{command: [python, {SERVER}]}}
+        routes:
+          main: {{default: true, system: Hi., tools: [t], mcp: [notes/search_notes, notes/no_such]}}
+        tools:
+          t: {{description: t, mcp: {{server: notes, tool: add_nte}}}}
+        """)
+    plain = CliRunner().invoke(main, ["validate", str(path)])
+    assert plain.exit_code == 0
+    assert f"{path}: MCP tool names not checked (--connect starts the servers to check them)" in plain.output
+    checked = CliRunner().invoke(main, ["validate", str(path), "--connect"])
+    assert checked.exit_code == 1, checked.output
+    assert "tool `t` uses MCP tool `add_nte`, which server `notes` does not list; it lists: add_note, crash, " \
+           "search_notes" in checked.output
+    assert "route `main` uses MCP tool `no_such`" in checked.output
+    assert "search_notes`, which" not in checked.output
