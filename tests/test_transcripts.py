@@ -588,3 +588,54 @@ def test_setup_problems_name_the_line(tmp_path):
     report = run_transcript(str(path)).report()
     assert report.startswith(f"{path}:1: bot .. is invalid:\n{broken}:2:")
     assert "unknown tool `nope`" in report
+
+
+@pytest.mark.subprocess
+def test_pytest_plugin_runs_conftest_fixtures_around_transcripts(tmp_path):
+    """A bot's own conftest.py sets things up for its transcripts (here: an environment
+    variable its handler reads), with an autouse fixture of any scope."""
+    bot = tmp_path / "bots" / "greeter"
+    (bot / "transcripts").mkdir(parents=True)
+    write(bot / "bot.yaml", """
+        name: greeter
+        model: {provider: scripted, name: m}
+        routes:
+          main: {default: true, system: Hi., tools: [secret_word]}
+        tools:
+          secret_word: {description: The word of the day, handler: "words:word"}
+        """)
+    write(bot / "words.py", """
+        import os
+
+        def word(ctx):
+            return os.environ["WORD_OF_THE_DAY"]
+        """)
+    write(bot / "conftest.py", """
+        import os
+        import pytest
+
+        @pytest.fixture(autouse=True, scope="session")
+        def word_of_the_day():
+            os.environ["WORD_OF_THE_DAY"] = "aubergine"
+            yield
+            del os.environ["WORD_OF_THE_DAY"]
+        """)
+    write(bot / "transcripts" / "word.yaml", """
+        bot: ..
+        turns:
+          - user: What is the word?
+            model:
+              - tool_calls: [{name: secret_word, arguments: {}}]
+              - text: It is aubergine.
+            expect:
+              memory:
+                - user: What is the word?
+                - assistant: {contains: secret_word}
+                - tool: aubergine
+                - assistant: It is aubergine.
+        """)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    run = subprocess.run([sys.executable, "-m", "pytest", *_plugin_option(), "-p", "no:cacheprovider", "-q",
+                          "bots"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed" in run.stdout

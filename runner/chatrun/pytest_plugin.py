@@ -44,6 +44,23 @@ class TranscriptFailed(Exception):
 
 
 class TranscriptItem(pytest.Item):
+    """One transcript. Fixtures apply to it as to a test function without arguments: the
+    autouse fixtures of conftest files (a bot's own setup, e.g. environment variables or a
+    local API server) and `pytest.mark.usefixtures` run around it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # pytest gives fixtures to Function items; these are the same steps for this one.
+        self._fixtureinfo = self.session._fixturemanager.getfixtureinfo(node=self, func=None, cls=None)
+        self.fixturenames = self._fixtureinfo.names_closure
+        self.funcargs: dict[str, Any] = {}
+
+    def setup(self) -> None:
+        from _pytest.fixtures import TopRequest
+
+        self._request = TopRequest(self, _ispytest=True)  # type: ignore[arg-type]  # duck-typed as a Function
+        self._request._fillfixtures()
+
     def runtest(self) -> None:
         from chatrun.transcripts.run import run_transcript
 
