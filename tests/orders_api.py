@@ -23,6 +23,7 @@ class OrdersApi:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as a real API server
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: object) -> None:
                 pass
