@@ -53,7 +53,7 @@ class OrdersApi:
                               "body": body})
         if h.headers.get("authorization") != f"Bearer {self.token}":
             return self.reply(h, 401, {"error": "bad token"})
-        parts = h.path.strip("/").split("/")
+        parts = h.path.split("?", 1)[0].strip("/").split("/")
         if parts[:2] != ["v1", "orders"] or len(parts) < 3:
             return self.reply(h, 404, {"error": "not found"})
         order = self.orders.get(parts[2])

@@ -29,7 +29,8 @@ def test_status_then_cancel_through_the_real_client_and_a_real_api(fake, api):
     fake.queue(
         {"tool_calls": [{"name": "get_order", "arguments": {"order_id": "C3003"}}]},
         {"text": "C3003 is being prepared."},
-        {"tool_calls": [{"name": "cancel_order", "arguments": {"order_id": "C3003", "reason": "too slow"}}]},
+        {"tool_calls": [{"name": "cancel_order",
+                         "arguments": {"orderId": "C3003", "notify": True, "body": {"reason": "too slow"}}}]},
         {"text": "Done: C3003 is cancelled."},
     )
     session = chatrun.load_bot(ORDERS_BOT).session()
@@ -40,11 +41,16 @@ def test_status_then_cancel_through_the_real_client_and_a_real_api(fake, api):
     session.chat("Cancel it please")
     assert [(r["method"], r["path"], r["body"]) for r in api.requests] == [
         ("GET", "/v1/orders/C3003", None),
-        ("POST", "/v1/orders/C3003/cancel", {"reason": "too slow"}),
+        ("POST", "/v1/orders/C3003/cancel?notify=true", {"reason": "too slow"}),
     ]
     assert all(r["auth"] == "Bearer tok-123456789" for r in api.requests)
     results = [m.content for m in session.memory() if isinstance(m, ToolResultMessage)]
     assert results[-1] == "Order C3003 is cancelled; the refund takes 3-5 days."
+    # cancel_order was made from the OpenAPI document: its arguments are the operation's
+    cancel = next(t for t in fake.requests[2]["tools"] if t["function"]["name"] == "cancel_order")["function"]
+    assert cancel["description"] == "Cancel an order that has not shipped yet"
+    assert cancel["parameters"]["required"] == ["body", "orderId"]
+    assert set(cancel["parameters"]["properties"]) == {"orderId", "notify", "body"}
     # the model saw the tool results, never the token
     assert "tok-123456789" not in str(fake.requests)
     # the second turn's system prompt carries the state the first set

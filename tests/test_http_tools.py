@@ -356,3 +356,71 @@ def test_under_chatrun_serve_a_3_s_sync_handler_does_not_delay_another_session(f
     assert any("slept" in str(r["messages"]) for r in fake.requests)  # the sleeper's turn went on after
     # Not 2.5 s (what was left of the sleep): within a generous margin of the turn alone.
     assert during < min(alone) + 0.5, (during, alone)
+
+
+# -- tools from an OpenAPI document ---------------------------------------------------------
+
+
+OPENAPI_DOC = """
+openapi: 3.0.3
+info: {title: Pets, version: "1"}
+servers: [{url: "http://127.0.0.1:9/api"}]
+paths:
+  /pets/{petId}:
+    parameters:
+      - {name: petId, in: path, required: true, schema: {type: integer}}
+    get:
+      operationId: getPet
+      summary: Get a pet
+      parameters:
+        - {name: fields, in: query, schema: {type: string, nullable: true}}
+        - {name: X-Trace, in: header, schema: {type: string}}
+      responses: {"200": {description: ok}, "404": {description: gone}}
+"""
+
+
+def test_an_openapi_operation_becomes_a_tool(write_bot):
+    from chatrun.definition.loader import load_config
+
+    path = write_bot("""
+        name: pets
+        routes:
+          main: {default: true, system: Pets., tools: [get_pet]}
+        tools:
+          get_pet:
+            openapi: {spec: pets.yaml, operation: getPet}
+        """, extra={"pets.yaml": OPENAPI_DOC})
+    config, _ = load_config(path)
+    tool = config.tools["get_pet"]
+    assert tool.description == "Get a pet"
+    assert tool.parameters == {"type": "object", "required": ["petId"], "properties": {
+        "petId": {"type": "integer"}, "fields": {"type": ["string", "null"]}}}  # headers are not the model's
+    assert tool.http.method == "GET" and tool.http.accept == [404]
+    assert tool.http.url == "http://127.0.0.1:9/api/pets/{{ args.petId | urlsegment }}"
+    assert tool.http.args_in_query == ["fields"]
+
+
+def test_openapi_mistakes_are_diagnostics_at_the_tool(write_bot):
+    from chatrun.definition.loader import check_bot
+
+    path = write_bot("""
+        name: pets
+        routes:
+          main: {default: true, system: Pets., tools: [a, b, c, d]}
+        tools:
+          a: {openapi: {spec: pets.yaml, operation: getPett}}
+          b: {openapi: {spec: missing.yaml, operation: getPet}}
+          c: {openapi: {spec: ../outside.yaml, operation: getPet}}
+          d:
+            openapi: {spec: pets.yaml, operation: getPet}
+            parameters: {type: object}
+        """, extra={"pets.yaml": OPENAPI_DOC})
+    _config, diagnostics = check_bot(path)
+    errors = {d.path.split(".")[1]: (d.line, d.message) for d in diagnostics if d.severity == "error"}
+    assert errors["a"][1] == ("tool `a`: the OpenAPI document pets.yaml has no operation `getPett`; "
+                              "did you mean `getPet`? (operationIds: getPet)")
+    assert errors["b"][1].startswith("tool `b`: cannot read the OpenAPI document")
+    assert "is outside the bot directory" in errors["c"][1]
+    assert errors["d"][1] == ("tool `d` takes its HTTP call and parameters from its OpenAPI operation; "
+                              "remove `parameters:` and `http:` (declared once)")
+    assert errors["a"][0] == 6

@@ -111,7 +111,18 @@ class HttpConfig:
     form: dict[str, Any] | None = None  # a form body (application/x-www-form-urlencoded)
     retries: int = 2  # more attempts on 429, 5xx and connection errors, with backoff
     accept: list[int] = field(default_factory=list)  # statuses besides 2xx that are results, not failures
+    args_in_query: list[str] = field(default_factory=list)  # arguments sent as query parameters when given
     where: Location = field(default_factory=Location)
+
+
+@dataclass
+class OpenApiRef:
+    """A tool made from an OpenAPI operation (`openapi:` of a tool)."""
+
+    spec: str  # the document, relative to the bot directory
+    operation: str  # its operationId
+    base_url: str | None = None  # template; default: the document's first server
+    headers: dict[str, Any] = field(default_factory=dict)  # templates, e.g. Authorization
 
 
 @dataclass
@@ -154,6 +165,7 @@ class ToolConfig:
     handler: str | None = None  # "module:function", module resolved relative to the bot directory
     http: HttpConfig | None = None
     mcp: McpToolRef | None = None
+    openapi: OpenApiRef | None = None
     server_schema: bool = False  # an MCP tool without `parameters`: the server's schema is used
     timeout: float = DEFAULT_TOOL_TIMEOUT
     action: ActionConfig = field(default_factory=ActionConfig)

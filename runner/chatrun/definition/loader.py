@@ -31,14 +31,16 @@ from chatrun.definition.config import (
     McpToolRef,
     MemoryPolicy,
     ModelConfig,
+    OpenApiRef,
     RouteConfig,
     ScopeConfig,
     ToolConfig,
 )
+from chatrun.definition.openapi import operation_tool, read_spec
 from chatrun.definition.schemas import compile_check, inline_refs, load_schema
 from chatrun.definition.sources import Sources, inside, subject, suggest
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
-from chatrun.errors import BotError, Diagnostic
+from chatrun.errors import BotError, ChatrunError, Diagnostic
 
 BOT_FILES = ("bot.yaml", "bot.yml")
 
@@ -388,6 +390,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         diagnostics.append(Diagnostic(main.file, 1, 1, "error",
                                       "the bot has no routes: add `routes:` with at least one route marked `default: true`",
                                       "routes"))
+    _resolve_openapi(tools, sources, main_file.parent, diagnostics)
     name = top.get("name")
     return BotConfig(
         name=name if isinstance(name, str) else main_file.stem,
@@ -506,6 +509,47 @@ def _mcp_servers(raw: Any, doc: YamlDoc) -> dict[str, McpServerConfig]:
     return out
 
 
+def _openapi_ref(raw: Any) -> OpenApiRef | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("spec"), str) or not isinstance(raw.get("operation"), str):
+        return None
+    return OpenApiRef(raw["spec"], raw["operation"], _str(raw.get("base_url")), _dict(raw.get("headers")))
+
+
+def _resolve_openapi(tools: dict[str, ToolConfig], sources: Sources, root: Path,
+                     diagnostics: list[Diagnostic]) -> None:
+    """Give each `openapi:` tool the HTTP call, description and parameters its operation declares."""
+    specs: dict[Path, dict[str, Any] | str] = {}
+    for tool in tools.values():
+        ref = tool.openapi
+        if ref is None:
+            continue
+        raw = sources.doc_of("tools", tool.name).data["tools"][tool.name]
+        try:
+            path = (root / ref.spec).resolve()
+            if not path.is_relative_to(root.resolve()):
+                raise ChatrunError(f"the OpenAPI document {ref.spec} is outside the bot directory {root}")
+            if path not in specs:
+                try:
+                    specs[path] = read_spec(path)
+                except ChatrunError as exc:
+                    specs[path] = str(exc)
+            spec = specs[path]
+            if isinstance(spec, str):
+                raise ChatrunError(spec)
+            http, description, parameters = operation_tool(ref, spec, tool.where)
+        except ChatrunError as exc:
+            diagnostics.append(sources.diag("error", f"tool `{tool.name}`: {exc}", "tools", tool.name, "openapi"))
+            continue
+        if "parameters" in raw or "http" in raw:
+            diagnostics.append(sources.diag("error", f"tool `{tool.name}` takes its HTTP call and parameters from "
+                                            "its OpenAPI operation; remove `parameters:` and `http:` (declared once)",
+                                            "tools", tool.name, "openapi"))
+            continue
+        tool.http = http
+        tool.parameters = parameters
+        tool.description = tool.description or description
+
+
 def _mcp_ref(raw: Any) -> McpToolRef | None:
     if not isinstance(raw, dict) or not isinstance(raw.get("server"), str):
         return None
@@ -543,6 +587,7 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
         handler=_str(raw.get("handler")),
         http=_http(raw.get("http"), doc, (*base, "http")),
         mcp=_mcp_ref(raw.get("mcp")),
+        openapi=_openapi_ref(raw.get("openapi")),
         server_schema=isinstance(raw.get("mcp"), dict) and "parameters" not in raw,
         timeout=float(raw["timeout"]) if isinstance(raw.get("timeout"), int | float) else DEFAULT_TOOL_TIMEOUT,
         action=ActionConfig(

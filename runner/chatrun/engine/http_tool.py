@@ -86,11 +86,11 @@ class HttpCaller:
         if client is not None:
             await client.aclose()
 
-    async def call(self, tool: ToolConfig, render: Render) -> dict[str, Any]:
+    async def call(self, tool: ToolConfig, args: dict[str, Any], render: Render) -> dict[str, Any]:
         """The tool's request, rendered with `render`, sent with retries. Returns the result."""
         http = tool.http
         assert http is not None
-        request = self._build(http, render, tool.timeout)
+        request = self._build(http, args, render, tool.timeout)
         secrets = self.env.secrets()
         deadline = time.monotonic() + tool.timeout * (http.retries + 1)
         attempt = 0
@@ -120,11 +120,13 @@ class HttpCaller:
         raise ToolRefusal(f"Error: {tool.name} failed: {problem} from {request.method} {where}{tries}. "
                           "Tell the user it did not work this time.")
 
-    def _build(self, http: HttpConfig, render: Render, timeout: float) -> httpx.Request:
+    def _build(self, http: HttpConfig, args: dict[str, Any], render: Render, timeout: float) -> httpx.Request:
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
             raise TurnFailed(f"{http.where}: http.url rendered to {url[:80]!r}, not an http(s) URL")
         query = {k: _text(render(v, False)) for k, v in http.query.items()}
+        # an OpenAPI operation's query parameters, as the model gave them
+        query.update({k: _text(args[k]) for k in http.args_in_query if args.get(k) is not None})
         headers = {k: _text(render(v, False)) for k, v in http.headers.items()}
         body: dict[str, Any] = {}
         if http.json is not None:

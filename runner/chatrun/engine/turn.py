@@ -224,7 +224,7 @@ class Turn:
         if tool.http:
             http = self.tools.http
             values = {"args": args, "env": http.env}
-            return await http.call(tool, lambda source, typed: self.render_template(
+            return await http.call(tool, args, lambda source, typed: self.render_template(
                 source, "http", tool.where, values, typed=typed))
         if tool.mcp:
             return await self.tools.mcp.call(tool, args, tool.timeout)

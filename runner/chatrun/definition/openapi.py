@@ -1,0 +1,138 @@
+"""Tools from an OpenAPI document: `openapi: {spec, operation}` becomes an HTTP tool.
+
+The operation (found by its `operationId`) gives the method, the path, the description
+and the arguments: path and query parameters become properties of the tool's
+`parameters`, a JSON request body becomes its `body` property. Path parameters are put
+into the URL escaped (`urlsegment`), query parameters are sent when the model gives them.
+The error statuses the operation documents (a 404, a 409) are results for the action, not
+failures: the document says they are answers.
+Declared once, in the document; checked when the bot loads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from chatrun.definition.config import HttpConfig, Location, OpenApiRef
+from chatrun.definition.sources import suggest
+from chatrun.errors import ChatrunError
+
+METHODS = ("get", "post", "put", "patch", "delete")
+
+
+def read_spec(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ChatrunError(f"cannot read the OpenAPI document {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ChatrunError(f"the OpenAPI document {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                           f"{str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("paths"), dict):
+        raise ChatrunError(f"{path} is not an OpenAPI document: it has no `paths:`")
+    return data
+
+
+def operation_tool(ref: OpenApiRef, spec: dict[str, Any], where: Location) -> tuple[HttpConfig, str, dict[str, Any]]:
+    """(the HTTP call, the description, the parameters schema) of the referenced operation."""
+    found = {op.get("operationId"): (method, path, op, item)
+             for path, item in spec["paths"].items() if isinstance(item, dict)
+             for method, op in item.items() if method in METHODS and isinstance(op, dict)}
+    if ref.operation not in found:
+        known = [k for k in found if isinstance(k, str)]
+        raise ChatrunError(f"the OpenAPI document {ref.spec} has no operation `{ref.operation}`"
+                           f"{suggest(ref.operation, known)} (operationIds: {', '.join(sorted(known)) or 'none'})")
+    method, path, op, item = found[ref.operation]
+    base = ref.base_url or _server_url(spec)
+    if not base:
+        raise ChatrunError(f"the OpenAPI document {ref.spec} names no server; give `base_url:` "
+                           "(e.g. `{{ env.API_URL }}`)")
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    query: list[str] = []
+    for param in [*item.get("parameters", []), *op.get("parameters", [])]:
+        param = _deref(param, spec)
+        where_in, name = param.get("in"), param.get("name")
+        if where_in not in ("path", "query") or not isinstance(name, str):
+            continue  # headers and cookies are the bot's to set (`headers:`), not the model's
+        schema = dict(_deref(param.get("schema") or {"type": "string"}, spec))
+        if param.get("description"):
+            schema.setdefault("description", param["description"])
+        properties[name] = _json_schema(schema, spec)
+        if where_in == "path" or param.get("required"):
+            required.append(name)
+        if where_in == "query":
+            query.append(name)
+    body = _json_body(op, spec)
+    if body is not None:
+        properties["body"] = body[0]
+        if body[1]:
+            required.append("body")
+    url = base.rstrip("/") + _templated_path(path)
+    documented = [int(code) for code in (op.get("responses") or {}) if str(code).isdigit() and int(code) >= 300]
+    http = HttpConfig(url=url, method=method.upper(), headers=dict(ref.headers),
+                      json="{{ args.body }}" if body is not None else None,
+                      accept=documented, args_in_query=query, where=where)
+    description = op.get("summary") or op.get("description") or ""
+    parameters = {"type": "object", "properties": properties, "required": sorted(set(required))}
+    return http, description, parameters
+
+
+def _server_url(spec: dict[str, Any]) -> str:
+    servers = spec.get("servers")
+    if isinstance(servers, list) and servers and isinstance(servers[0], dict):
+        return str(servers[0].get("url") or "")
+    return ""
+
+
+def _templated_path(path: str) -> str:
+    out, rest = "", path
+    while "{" in rest:
+        head, _, tail = rest.partition("{")
+        name, _, rest = tail.partition("}")
+        out += head + "{{ args." + name + " | urlsegment }}"
+    return out + rest
+
+
+def _json_body(op: dict[str, Any], spec: dict[str, Any]) -> tuple[dict[str, Any], bool] | None:
+    body = _deref(op.get("requestBody") or {}, spec)
+    content = body.get("content") or {}
+    media = content.get("application/json")
+    if not isinstance(media, dict):
+        return None
+    return _json_schema(_deref(media.get("schema") or {}, spec), spec), bool(body.get("required"))
+
+
+def _deref(node: Any, spec: dict[str, Any]) -> Any:
+    """Follow a local `$ref` (`#/components/...`)."""
+    seen = 0
+    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and seen < 32:
+        ref = node["$ref"]
+        if not ref.startswith("#/"):
+            raise ChatrunError(f"the OpenAPI document refers to {ref}; only references inside it (#/...) are read")
+        target: Any = spec
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, dict) else None
+        if target is None:
+            raise ChatrunError(f"the OpenAPI document's reference {ref} points nowhere")
+        node, seen = target, seen + 1
+    return node
+
+
+def _json_schema(schema: Any, spec: dict[str, Any]) -> Any:
+    """An OpenAPI schema as JSON Schema: references resolved, 3.0's `nullable` as a null type."""
+    schema = _deref(schema, spec)
+    if isinstance(schema, list):
+        return [_json_schema(s, spec) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _json_schema(v, spec) for k, v in schema.items() if k not in ("nullable", "example", "xml")}
+    if schema.get("nullable") and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    return out
