@@ -26,7 +26,8 @@ def client(fake, travel, tmp_path):
 
 
 def connect(ws, chat_id="c1", **extra):
-    ws.send_json({"type": "Connect", "chatId": chat_id, **extra})
+    """Connect as an extension-aware client (chatrun's own); test_quarkus_dialect.py covers the default."""
+    ws.send_json({"type": "Connect", "chatId": chat_id, "extensions": True, **extra})
     return until_done(ws)
 
 
@@ -97,6 +98,7 @@ def test_malformed_frames_get_error_and_failed_and_the_connection_stays_usable(c
         (json.dumps({"type": "Connect", "chatId": "c1", "requestId": {"x": 1}}), "requestId must be a string or an integer"),
     ]
     with client.websocket_connect("/_chat/routes") as ws:
+        connect(ws, "c0")  # an extension-aware connection: malformed frames get an Error saying why
         for text, expected in bad:
             ws.send_text(text)
             error, failed = until_done(ws)
@@ -172,16 +174,19 @@ def test_disconnect_ends_the_session_unless_keep(client, fake):
     assert client.get("/bots/travel/sessions/kept").status_code == 200
 
 
-def test_a_failed_turn_sends_error_then_completed_and_changes_nothing(client, fake):
+def test_a_failed_turn_sends_error_then_failed_server_error_and_changes_nothing(client, fake):
     fake.queue(call("book_flight"), {"status": 400, "body": {"error": {"message": "bad request"}}})
     with client.websocket_connect("/_chat/routes") as ws:
         root = connect(ws)[-1]["data"]
         frames = say(ws, "fly")
-    assert [f["type"] for f in frames][-2:] == ["Error", "Completed"]
-    assert frames[-1]["data"] == root  # the push was rolled back
-    session = client.get("/bots/travel/sessions/c1").json()
-    assert session["stack"] == ["main_menu"] and session["turn"] == 0
-    assert session["history"][-1]["ok"] is False
+        assert [f["type"] for f in frames][-2:] == ["Error", "Failed"]
+        assert frames[-1]["data"] == "ServerError"  # as Quarkus ends a failing route: the promise rejects
+        assert "the model failed" in frames[-2]["data"]
+        session = client.get("/bots/travel/sessions/c1").json()
+        assert session["stack"] == ["main_menu"] and session["turn"] == 0  # the push was rolled back
+        assert session["history"][-1]["ok"] is False
+        fake.queue({"text": "back at the menu"})
+        assert say(ws, "hi", scope_id=root)[-1] == {"chatId": "c1", "type": "Completed", "data": root}
 
 
 def test_every_frame_of_a_turn_matches_the_published_schema(client, fake):

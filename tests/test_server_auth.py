@@ -47,13 +47,13 @@ def test_websocket_without_a_valid_token_is_closed_with_4401_and_a_reason(client
             ws.receive_json()
         assert closed.value.code == 4401 and "unauthorized" in closed.value.reason
     with client.websocket_connect("/_chat/routes?token=bob-token-456") as ws:
-        ws.send_json({"type": "Connect", "chatId": "b1"})
+        ws.send_json({"type": "Connect", "extensions": True, "chatId": "b1"})
         assert until_done(ws)[-1]["type"] == "Completed"
 
 
 def test_a_session_belongs_to_its_principal(client, fake):
     with client.websocket_connect("/_chat/routes", headers=ANA) as ws:
-        ws.send_json({"type": "Connect", "chatId": "mine"})
+        ws.send_json({"type": "Connect", "extensions": True, "chatId": "mine"})
         until_done(ws)
     assert client.get("/bots/travel/sessions/mine", headers=ANA).status_code == 200
     r = client.get("/bots/travel/sessions/mine", headers=BOB)
@@ -61,10 +61,10 @@ def test_a_session_belongs_to_its_principal(client, fake):
     assert client.post("/bots/travel/sessions/mine/messages", json={"userMessage": "hi"}, headers=BOB).status_code == 403
     assert client.delete("/bots/travel/sessions/mine", headers=BOB).status_code == 403
     with client.websocket_connect("/_chat/routes", headers=BOB) as ws:
-        ws.send_json({"type": "Connect", "chatId": "mine", "resume": True})
+        ws.send_json({"type": "Connect", "extensions": True, "chatId": "mine", "resume": True})
         error, failed = until_done(ws)
         assert failed["data"] == "Forbidden" and "another principal" in error["data"]
-        ws.send_json({"type": "Connect", "chatId": "mine"})
+        ws.send_json({"type": "Connect", "extensions": True, "chatId": "mine"})
         assert until_done(ws)[-1]["data"] == "SessionExists"
     assert fake.requests == []
 
@@ -72,10 +72,10 @@ def test_a_session_belongs_to_its_principal(client, fake):
 def test_a_route_with_roles_cannot_be_entered_without_one(client, fake):
     # Bob has no role: connecting on the lounge fails; a tool pushing it fails for the model.
     with client.websocket_connect("/_chat/routes", headers=BOB) as ws:
-        ws.send_json({"type": "Connect", "chatId": "b", "route": "lounge"})
+        ws.send_json({"type": "Connect", "extensions": True, "chatId": "b", "route": "lounge"})
         error, failed = until_done(ws)
         assert failed["data"] == "Forbidden" and "staff" in error["data"]
-        ws.send_json({"type": "Connect", "chatId": "b"})
+        ws.send_json({"type": "Connect", "extensions": True, "chatId": "b"})
         until_done(ws)
         fake.queue(call("vip_lounge"), {"text": "Sorry, the lounge is for staff."})
         ws.send_json({"type": "ChatRouteMessage", "chatId": "b", "data": {"userMessage": "lounge please"}})
@@ -89,7 +89,7 @@ def test_a_route_with_roles_cannot_be_entered_without_one(client, fake):
     # Ana is staff: she gets in.
     fake.queue(call("vip_lounge"), {"text": "Welcome to the lounge."})
     with client.websocket_connect("/_chat/routes", headers=ANA) as ws:
-        ws.send_json({"type": "Connect", "chatId": "a"})
+        ws.send_json({"type": "Connect", "extensions": True, "chatId": "a"})
         until_done(ws)
         ws.send_json({"type": "ChatRouteMessage", "chatId": "a", "data": {"userMessage": "lounge please"}})
         frames = until_done(ws)

@@ -40,7 +40,7 @@ def model_calls(fake: FakeOpenAI) -> list[float]:
 def test_two_requests_for_one_chat_are_served_in_order_never_interleaved(server):
     async def run() -> list[dict]:
         async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
-            await ws.send(json.dumps({"type": "Connect", "chatId": "one"}))
+            await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "one"}))
             await async_until_done(ws)
             for i in (1, 2):
                 await ws.send(json.dumps({
@@ -80,7 +80,7 @@ def test_concurrent_http_requests_for_one_session_are_serialized(server):
 def test_different_sessions_run_concurrently(server):
     async def chat(chat_id: str, ready: asyncio.Barrier) -> list[dict]:
         async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
-            await ws.send(json.dumps({"type": "Connect", "chatId": chat_id}))
+            await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": chat_id}))
             await async_until_done(ws)
             await ready.wait()  # all connected: the four messages leave together
             await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": chat_id, "data": {"userMessage": chat_id}}))
@@ -117,7 +117,7 @@ def test_a_turn_whose_websocket_client_leaves_still_completes_and_is_stored(serv
 
     async def leave_early() -> dict:
         async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
-            await ws.send(json.dumps({"type": "Connect", "chatId": "left"}))
+            await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "left"}))
             await async_until_done(ws)
             await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "left", "data": {"userMessage": "hi"}}))
             return json.loads(await ws.recv())

@@ -68,7 +68,7 @@ def test_a_conversation_survives_a_killed_server(tmp_path, fake):
 
     async def before() -> str:
         async with websockets.connect(ws_url) as ws:
-            await ws.send(json.dumps({"type": "Connect", "chatId": "r1"}))
+            await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "r1"}))
             await async_until_done(ws)
             await turn(ws, "I'm Ana")
             frames = await turn(ws, "Fly me to Dublin")
@@ -77,7 +77,7 @@ def test_a_conversation_survives_a_killed_server(tmp_path, fake):
     async def in_flight() -> None:
         """Start a turn whose model answer is slow, and return once the model has the request."""
         async with websockets.connect(ws_url) as ws:
-            await ws.send(json.dumps({"type": "Connect", "chatId": "r1", "resume": True}))
+            await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "r1", "resume": True}))
             await async_until_done(ws)
             seen = len(fake.requests)
             await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "r1", "data": {"userMessage": "lost"}}))
@@ -108,7 +108,7 @@ def test_a_conversation_survives_a_killed_server(tmp_path, fake):
 
         async def after() -> tuple[list[dict], list[dict], list[dict]]:
             async with websockets.connect(ws_url) as ws:
-                await ws.send(json.dumps({"type": "Connect", "chatId": "r1", "resume": True}))
+                await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "r1", "resume": True}))
                 resumed = await async_until_done(ws)
                 return resumed, await turn(ws, "July 1st"), await turn(ws, "thanks")
 

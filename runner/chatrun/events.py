@@ -26,6 +26,10 @@ class Event:
     data: Any
     turn: int = 0
     meta: dict = field(default_factory=dict)
+    # True for an Error chatrun itself sends (a failed turn, a refused action), not the bot: on the
+    # WebSocket these are the "Error details" extension, which a Quarkus client never gets
+    # (the Quarkus runtime never sends Error). Not part of to_dict(): the history is unchanged.
+    runtime: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict:
         out = {"type": self.type, "data": self.data, "turn": self.turn}

@@ -174,8 +174,8 @@ class Session:
         self._default_handlers.append(handler)
         return self
 
-    def _emit(self, event_type: str, data: Any) -> None:
-        event = Event(event_type, ev.plain(data), self.turn_count + 1)
+    def _emit(self, event_type: str, data: Any, runtime: bool = False) -> None:
+        event = Event(event_type, ev.plain(data), self.turn_count + 1, runtime=runtime)
         if self._sink is not None:
             self._sink(event)
 
@@ -266,7 +266,7 @@ class Session:
             self._sink = sink
 
     def _fail(self, before: Checkpoint, entry: dict, collected: list[Event], message: str) -> None:
-        self._emit(ev.ERROR, message)  # first, so the history's record of the attempt holds it too
+        self._emit(ev.ERROR, message, runtime=True)  # first, so the history's record of the attempt holds it too
         self._rollback(before, entry | {"ok": False, "error": message, "events": _plain(collected)})
 
     def _rollback(self, before: Checkpoint, entry: dict) -> None:

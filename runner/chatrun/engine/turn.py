@@ -45,7 +45,7 @@ from chatrun.messages import (
 )
 from chatrun.models.base import ChatModel, ModelRequest
 
-Emit = Callable[[str, Any], None]
+Emit = Callable[..., None]  # (type, data, runtime=False)
 
 
 @dataclass
@@ -261,13 +261,13 @@ class Turn:
         if action.pop and len(self.c.scopes) == 1:
             msg = (f"{tool.name} tried to pop the root scope (route {self.c.scopes[0].route}); "
                    "there is no parent route to return to, so nothing changed")
-            self.emit(ev.ERROR, msg)
+            self.emit(ev.ERROR, msg, runtime=True)
             raise ToolRefusal(f"Error: {msg}.")
         for target in (action.push, action.route):
             if target and not self.c.may_enter(target):
                 roles = ", ".join(self.config.routes[target].roles)
                 msg = f"you are not allowed to enter route {target} (it needs one of the roles: {roles})"
-                self.emit(ev.ERROR, msg[0].upper() + msg[1:])
+                self.emit(ev.ERROR, msg[0].upper() + msg[1:], runtime=True)
                 raise ToolRefusal(f"Error: {tool.name} failed: the user is not allowed to enter route {target}.")
 
     def roots(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The frames of the `/_chat/routes` WebSocket protocol (Quarkus Chat Scopes compatible).
 
 Client -> server:
-    {"type": "Connect", "chatId": C, "route": R?}            chatrun extensions: "resume", "bot"
+    {"type": "Connect", "chatId": C, "route": R?}            chatrun extensions: "extensions",
+                                                              "resume", "bot"
     {"type": "ChatRouteMessage", "chatId": C, "scopeId": S, "data": {"userMessage": "...", ...}}
     {"type": "Disconnect", "chatId": C}                       chatrun extension: "keep"
 Any client frame may carry "requestId" (extension); the server echoes it on every frame
@@ -12,6 +13,11 @@ Server -> client:
                                           RouteChanged (extension) or a bot's custom type
     {"chatId": C, "type": "Completed", "data": <current scope id>}
     {"chatId": C, "type": "Failed", "data": <reason>}
+
+By default a chat speaks the Quarkus dialect: it gets exactly the frames a Quarkus server
+sends for the same flow. A Connect with "extensions": true asks for chatrun's extra frames for
+that chat (RouteChanged, the full Message after Stream chunks, Error details, a Completed for
+Disconnect). `Dialect` below is the whole difference; docs/protocol.md has the table.
 
 The JSON Schema of every frame is schemas/wire.schema.json; docs/protocol.md explains it.
 """
@@ -36,7 +42,8 @@ COMPLETED = "Completed"
 FAILED = "Failed"
 ERROR = "Error"
 
-# Failed reasons. The first three are the Quarkus ones; the others are chatrun's.
+# Failed reasons. RouteNotFound, SessionNotActive and ServerError are the Quarkus cases (a
+# Quarkus-dialect client gets Quarkus' spelling, see Dialect.reason); the others are chatrun's.
 ROUTE_NOT_FOUND = "RouteNotFound"
 SESSION_NOT_ACTIVE = "SessionNotActive"
 SERVER_ERROR = "ServerError"
@@ -86,6 +93,7 @@ class ClientFrame:
     resume: bool = False
     keep: bool = False
     bot: str | None = None
+    extensions: bool = False
 
 
 def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
@@ -133,6 +141,7 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
         frame.route = route or None
         frame.bot = bot
         frame.resume = flag("resume")
+        frame.extensions = flag("extensions")
     elif kind == CHAT_ROUTE_MESSAGE:
         data = raw.get("data", {})
         if data is None:
@@ -203,6 +212,77 @@ def _depth(value: Any) -> int:
             if depth <= MAX_JSON_DEPTH:
                 todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
     return deepest
+
+
+# -- dialects: what a Quarkus client sees, and what an extension-aware client sees ---------------
+
+QUARKUS_REASONS = {ROUTE_NOT_FOUND: "Route not found", SCOPE_NOT_ACTIVE: SESSION_NOT_ACTIVE}
+STREAM = "Stream"
+MESSAGE = "Message"
+ROUTE_CHANGED = "RouteChanged"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The frames one chat is sent. `extensions=False` (the default, the Quarkus dialect): only
+    what a Quarkus server sends for the same flow, with its Failed spellings. `True` (asked for
+    in Connect): chatrun's extra frames too. Requests themselves are served the same way."""
+
+    extensions: bool
+
+    def reason(self, reason: str) -> str:
+        """The Failed data for a reason: Quarkus' spelling where Quarkus has the case."""
+        return reason if self.extensions else QUARKUS_REASONS.get(reason, reason)
+
+    def failure(self, reason: str, message: str) -> list[tuple[str, Any]]:
+        """The frames of a request that cannot be served: one Failed, after an Error saying why
+        (an extension: the Quarkus runtime never sends Error, and a Quarkus page with no
+        errorHandler breaks on frame types it has no handler for)."""
+        failed = (FAILED, self.reason(reason))
+        return [(ERROR, message), failed] if self.extensions else [failed]
+
+    @property
+    def answers_disconnect(self) -> bool:
+        """Quarkus sends no frame for a Disconnect; the extension answers Completed(null)."""
+        return self.extensions
+
+    @property
+    def tells_resumed_route(self) -> bool:
+        """A resume is answered with RouteChanged (an extension) before its Completed."""
+        return self.extensions
+
+    def turn(self) -> TurnFrames:
+        return TurnFrames(self)
+
+
+class TurnFrames:
+    """Which events of one turn a chat is sent, in order. The Quarkus dialect drops
+    RouteChanged, chatrun's own Error events (a failed turn's reason, a refused action: the
+    Quarkus runtime never sends Error; a bot's emitted Error is an application event and goes
+    out) and the full Message that follows a run of Stream chunks (a Quarkus streaming route
+    sends chunks and no Message)."""
+
+    def __init__(self, dialect: Dialect):
+        self.dialect = dialect
+        self._after_stream = False
+
+    def keep(self, event: Any) -> bool:
+        after_stream, self._after_stream = self._after_stream, event.type == STREAM
+        if self.dialect.extensions:
+            return True
+        if event.type == ROUTE_CHANGED:
+            return False
+        if event.type == ERROR and getattr(event, "runtime", False):
+            return False
+        return not (event.type == MESSAGE and after_stream)
+
+
+QUARKUS_DIALECT = Dialect(extensions=False)
+EXTENDED_DIALECT = Dialect(extensions=True)
+
+
+def dialect(extensions: bool) -> Dialect:
+    return EXTENDED_DIALECT if extensions else QUARKUS_DIALECT
 
 
 def server_frame(chat_id: str | None, kind: str, data: Any, request_id: Any = None) -> str:

@@ -3,8 +3,12 @@
 One connection may carry several chats (chatIds). Each request runs in its own task so a
 slow turn on one chat does not hold up the others; requests for one chat are served in the
 order they arrived (the registry's per-session lock is FIFO). Every request ends with exactly
-one Completed or Failed frame. Closing the connection keeps the sessions in the store; a
-turn still running when the client leaves finishes and is committed.
+one Completed or Failed frame (except a Quarkus-dialect Disconnect, which Quarkus never
+answers). Closing the connection keeps the sessions in the store; a turn still running when
+the client leaves finishes and is committed.
+
+Which frames a chat is sent is its `wire.Dialect` (Quarkus by default, chatrun's extensions
+when its Connect asked); this module only asks the dialect.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ class Connection:
         self.principal = principal
         self.bot_name = bot_name
         self.chats: dict[str, str] = {}  # chatId -> bot name, from the moment its Connect is received
+        self.dialects: dict[str, wire.Dialect] = {}  # chatId -> the dialect its Connect asked for
+        # For frames tied to no connected chat: extended once any Connect here asked for it.
+        self.dialect = wire.QUARKUS_DIALECT
         self.pending: set[str] = set()  # chats whose Connect is not served yet
         self.in_flight = 0
         self.tasks: set[asyncio.Task] = set()
@@ -55,9 +62,12 @@ class Connection:
             except Exception:  # the client left: the turn still completes and is stored
                 self.open = False
 
+    def dialect_of(self, chat_id: str | None) -> wire.Dialect:
+        return self.dialects.get(chat_id, self.dialect) if chat_id is not None else self.dialect
+
     async def fail(self, chat_id: str | None, reason: str, message: str, request_id: Any = None) -> None:
-        await self.send(chat_id, wire.ERROR, message, request_id)
-        await self.send(chat_id, wire.FAILED, reason, request_id)
+        for kind, data in self.dialect_of(chat_id).failure(reason, message):
+            await self.send(chat_id, kind, data, request_id)
 
     async def run(self) -> None:
         try:
@@ -89,6 +99,8 @@ class Connection:
             )
             return
         if frame.type == wire.CONNECT:
+            if frame.extensions:
+                self.dialect = wire.EXTENDED_DIALECT
             if frame.chat_id not in self.chats and len(self.chats) >= self.limits.max_chats_per_connection:
                 self._spawn(
                     self.fail(
@@ -109,8 +121,11 @@ class Connection:
             if added:  # later frames of this chat queue behind its Connect
                 self.chats[frame.chat_id] = bot
                 self.pending.add(frame.chat_id)
+            self.dialects[frame.chat_id] = wire.dialect(frame.extensions)
             coro = self.connect(frame, bot, added)
         elif frame.chat_id not in self.chats:
+            if frame.type == wire.DISCONNECT and not self.dialect_of(frame.chat_id).answers_disconnect:
+                return  # Quarkus ignores a Disconnect of an unknown chat
             self._spawn(self.fail(frame.chat_id, _not_connected(frame.chat_id).reason,
                                   _not_connected(frame.chat_id).message, frame.request_id))
             return
@@ -127,17 +142,25 @@ class Connection:
         task.add_done_callback(self.tasks.discard)
 
     async def _serve(self, frame: wire.ClientFrame, coro: Any) -> None:
+        # A Quarkus-dialect Disconnect gets no frame, not even a Failed (Quarkus sends none).
+        silent = frame.type == wire.DISCONNECT and not self.dialect_of(frame.chat_id).answers_disconnect
         try:
             await coro
         except wire.RequestFailed as exc:
-            await self.fail(frame.chat_id, exc.reason, exc.message, frame.request_id)
+            if silent:
+                log.info("Disconnect of chat %s failed (%s: %s); no frame sent", frame.chat_id, exc.reason, exc.message)
+            else:
+                await self.fail(frame.chat_id, exc.reason, exc.message, frame.request_id)
         except Exception as exc:  # a bug: tell the client, keep the connection
             log.exception("request %s on chat %s failed", frame.type, frame.chat_id)
+            if silent:
+                return
             await self.fail(
                 frame.chat_id, wire.SERVER_ERROR, f"internal server error: {type(exc).__name__}: {exc}", frame.request_id
             )
         finally:
             self.in_flight -= 1
+            self._forget_dialect(frame.chat_id)  # after its Failed went out in that dialect
 
     # -- requests -----------------------------------------------------------------------
 
@@ -155,9 +178,11 @@ class Connection:
                             f"resumed session is on route {session.route}; the requested route {frame.route} was ignored",
                             frame.request_id,
                         )
-                    await self.send(
-                        frame.chat_id, "RouteChanged", {"route": session.route, "stack": session.stack}, frame.request_id
-                    )
+                    if self.dialect_of(frame.chat_id).tells_resumed_route:
+                        await self.send(
+                            frame.chat_id, "RouteChanged", {"route": session.route, "stack": session.stack},
+                            frame.request_id,
+                        )
                 await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
         except BaseException:
             if added and frame.chat_id in self.pending:  # this Connect attached the chat: detach it
@@ -175,15 +200,30 @@ class Connection:
                     f"scope {frame.scope_id} is no longer active (the conversation moved on); "
                     f"the current scope is {session.scope_id}",
                 )
+            dialect = self.dialect_of(frame.chat_id)
+            frames = dialect.turn()
             async for event in session.stream(wire.turn_input(frame.data)):
-                await self.send(frame.chat_id, event.type, event.data, frame.request_id)
-            await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
+                if frames.keep(event):
+                    await self.send(frame.chat_id, event.type, event.data, frame.request_id)
+            last = session.last_turn
+            if last is not None and last.get("ok") is False:
+                # Rolled back. Quarkus ends a failing route with Failed("ServerError"), so the
+                # client's promise rejects; an extension-aware client got the reason as an Error.
+                await self.send(frame.chat_id, wire.FAILED, dialect.reason(wire.SERVER_ERROR), frame.request_id)
+            else:
+                await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
 
     async def disconnect(self, frame: wire.ClientFrame, bot: str) -> None:
         if not frame.keep:
             await self.registry.delete(bot, frame.chat_id, self.principal)
         self.chats.pop(frame.chat_id, None)
-        await self.send(frame.chat_id, wire.COMPLETED, None, frame.request_id)
+        if self.dialect_of(frame.chat_id).answers_disconnect:
+            await self.send(frame.chat_id, wire.COMPLETED, None, frame.request_id)
+        self._forget_dialect(frame.chat_id)
+
+    def _forget_dialect(self, chat_id: str) -> None:
+        if chat_id not in self.chats:
+            self.dialects.pop(chat_id, None)
 
 
 def _not_connected(chat_id: str) -> wire.RequestFailed:
