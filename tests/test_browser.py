@@ -175,7 +175,7 @@ def test_the_javascript_client_has_the_quarkus_api(page, fake):
         try {
             await client.builder().connect("nowhere");
         } catch (err) {
-            failure = {reason: err.reason, message: err.message};
+            failure = {reason: err.reason, message: err.message, detail: err.detail};
         }
         const resumed = await client.builder().resume(session.chatId).connect();
         await session.close();
@@ -189,11 +189,52 @@ def test_the_javascript_client_has_the_quarkus_api(page, fake):
     assert result["first"] == result["chatId"] + ".1" == result["scopeId"]
     assert result["seen"][:3] == [["Stream", "a"], ["Stream", "b"], ["Message", "ab"]]
     assert ["Message", "Hi Zoe"] in result["seen"]
-    assert result["failure"]["reason"] == "RouteNotFound" and "nowhere" in result["failure"]["message"]
+    assert result["failure"]["reason"] == "RouteNotFound" == result["failure"]["message"]
+    assert "nowhere" in result["failure"]["detail"]
     assert result["resumedScope"] == result["scopeId"]
     assert result["closed"] == "SessionNotActive"
     assert result["ws"] is True
     assert fake.requests[-2]["messages"][-1]["content"] == "I am Zoe"
+
+
+def test_the_javascript_client_is_a_superset_of_the_quarkus_client(page, fake):
+    """What a page written for Quarkus relies on: the public members, the console.log handlers
+    the builder pre-registers (a Message with no messageHandler never reaches defaultHandler),
+    sendEvent/send/onMessage, session.id/currentScope, rejection with Error(reason)."""
+    fake.queue({"text": "hello"}, {"status": 400, "body": {"error": {"message": "no"}}})
+    result = page.evaluate(
+        """async () => {
+        const defaults = [];
+        const client = new ChatScopesClient();
+        await client.open(location.origin.replace("http", "ws") + "/_chat/routes");
+        const members = ["open", "builder", "send", "onMessage"].filter((m) => typeof client[m] !== "function");
+        const builder = client.builder().defaultHandler((type, data) => defaults.push(type));
+        for (const m of ["eventHandler", "messageHandler", "errorHandler", "consoleHandler", "thinkingHandler",
+                         "streamHandler", "objectHandler", "defaultHandler", "connect"]) {
+            if (typeof builder[m] !== "function") members.push(m);
+        }
+        const preset = ["Message", "Thinking", "Console", "SystemError"].filter((t) => !builder.eventHandlers.has(t));
+        const session = await builder.connect();
+        for (const m of ["chat", "sendData", "sendEvent"]) if (typeof session[m] !== "function") members.push(m);
+        const counter = client.counter;
+        await session.chat("hi");
+        let rejected = null;
+        try { await session.sendEvent("ChatRouteMessage", {userMessage: "again"}); }
+        catch (err) { rejected = {isError: err instanceof Error, message: err.message, detail: err.detail}; }
+        client.onMessage({data: JSON.stringify({chatId: session.id, type: "Custom", data: 1})});
+        return {members, preset, counter, id: session.id, scope: session.currentScope,
+                sessions: client.sessions.get(session.id) === session, defaults, rejected,
+                ws: client.websocket instanceof WebSocket};
+    }"""
+    )
+    assert result["members"] == [] and result["preset"] == []
+    assert result["counter"] == 1 and result["sessions"] is True and result["ws"] is True
+    assert result["scope"] == result["id"] + ".1"
+    # The Message went to the preset console.log handler; the Stream chunk (no streamHandler),
+    # the Error (an extension) and the custom frame to defaultHandler.
+    assert result["defaults"] == ["Stream", "Error", "Custom"]
+    assert result["rejected"]["isError"] and result["rejected"]["message"] == "ServerError"
+    assert "the model failed" in result["rejected"]["detail"]
 
 
 @pytest.mark.parametrize("bot_path", [REPO / "bots" / "travel"])

@@ -230,7 +230,8 @@
     try {
       await session.chat(text);
     } catch (err) {
-      if (!err.reason || !String(err.message).includes(" (")) showError(err.message || String(err));
+      // The Error frame before a Failed was shown by the errorHandler; else show the reason.
+      if (!err.detail) showError(err.message || String(err));
     } finally {
       endStreaming();
       setBusy(false);

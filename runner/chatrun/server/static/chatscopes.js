@@ -1,6 +1,8 @@
 /*
- * chatscopes.js: a WebSocket client for chat routes, with the same API as the Quarkus
- * Chat Scopes JavaScript client (served at /_chat/javascript/chatscopes.js).
+ * chatscopes.js: a WebSocket client for chat routes, served at /_chat/javascript/chatscopes.js.
+ *
+ * A superset of the Quarkus Chat Scopes JavaScript client: every public member of it, with the
+ * same behaviour, so a page written for Quarkus works with this file unchanged.
  *
  *   const client = new ChatScopesClient();
  *   await client.open("ws://localhost:8000/_chat/routes");
@@ -9,9 +11,23 @@
  *       .connect();                       // or connect("route")
  *   await session.chat("hello");          // resolves on Completed, rejects on Failed
  *
- * chatrun extensions (a Quarkus server ignores them): builder.resume(chatId) continues a
- * stored session; builder.bot(name) picks a bot on a shared endpoint; every request carries a
- * requestId; session.chatId / session.scopeId; session.close({keep: true}) detaches only.
+ * As in Quarkus: ChatScopesClient.open(endpoint) / builder() / send(message) / onMessage(event) /
+ * websocket / sessions / counter; SessionBuilder.eventHandler / messageHandler / errorHandler /
+ * consoleHandler / thinkingHandler / streamHandler / objectHandler / defaultHandler / connect(route),
+ * with console.log handlers pre-registered for Message, Thinking, Console and SystemError (so
+ * those never reach the defaultHandler); Session.chat(userMessage) / sendData(data) /
+ * sendEvent(type, data) / id / currentScope. A rejected promise carries an Error whose message
+ * is the Failed reason.
+ *
+ * chatrun's extras: the Connect asks for chatrun's extensions (RouteChanged events, the full
+ * Message after Stream chunks, an Error frame saying why before a Failed; builder.extensions(false)
+ * asks for the Quarkus frames only); builder.routeChangedHandler(fn), builder.resume(chatId)
+ * continues a stored session, builder.bot(name) picks a bot on a shared endpoint; every request
+ * carries a requestId, so several requests of one session may be in flight; a rejection is a
+ * ChatRouteError with `reason` and `detail` (the Error text); session.close({keep}) sends
+ * Disconnect; session.chatId / session.scopeId are id / currentScope; client.close().
+ * Unlike the Quarkus file, sessions built from one builder do not share their handler map, and
+ * a page with no defaultHandler never breaks on an unhandled frame type (it is logged).
  */
 (function (root) {
   "use strict";
@@ -23,22 +39,31 @@
     return "c-" + Date.now().toString(36) + "-" + Math.random().toString(36).slice(2, 12);
   }
 
+  /** The rejection of a request: `message` and `reason` are the Failed reason (as Quarkus'
+   * `new Error(reason)`), `detail` the Error frame's text when the server sent one. */
   class ChatRouteError extends Error {
-    constructor(reason, message) {
-      super(message || reason);
+    constructor(reason, detail) {
+      super(reason);
       this.name = "ChatRouteError";
       this.reason = reason;
+      this.detail = detail || null;
     }
   }
 
   class Session {
-    constructor(client, chatId, handlers) {
-      this.client = client;
-      this.chatId = chatId;
-      this.scopeId = null;
-      this.handlers = handlers;
+    constructor(builder, id) {
+      this.client = builder.client;
+      this.id = id;
+      this.currentScope = undefined;
+      this.eventHandlers = new Map(builder.eventHandlers);
+      this.defaultHandler = builder._defaultHandler || null;
+      this.extensions = builder._extensions;
       this.closed = false;
     }
+
+    /** chatrun names of id and currentScope. */
+    get chatId() { return this.id; }
+    get scopeId() { return this.currentScope === undefined ? null : this.currentScope; }
 
     /** Send a user message to the current route. Promise resolves on Completed. */
     chat(userMessage) {
@@ -47,34 +72,39 @@
 
     /** Send an object (its fields are the route's input data). */
     sendData(data) {
-      if (data === null || typeof data !== "object") {
-        return Promise.reject(new TypeError("sendData needs an object"));
-      }
-      return this.client._request(this, {
-        type: "ChatRouteMessage",
-        chatId: this.chatId,
-        scopeId: this.scopeId,
-        data: data,
-      });
+      return this.sendEvent("ChatRouteMessage", data);
     }
 
-    /** End the chat on the server (its session is deleted), or with {keep: true} only detach. */
+    /** Send a frame of any type for this chat, with the current scope. Promise of its end. */
+    sendEvent(type, data) {
+      return this.client._request(this, { type: type, chatId: this.id, scopeId: this.currentScope, data: data });
+    }
+
+    /** chatrun extra: end the chat on the server (its session is deleted), or with {keep: true}
+     * only detach it from this connection. */
     close(options) {
-      const frame = { type: "Disconnect", chatId: this.chatId };
+      const frame = { type: "Disconnect", chatId: this.id };
       if (options && options.keep) frame.keep = true;
-      const done = this.client._request(this, frame);
-      return done.finally(() => {
+      const done = () => {
         this.closed = true;
-        this.client.sessions.delete(this.chatId);
-      });
+        this.client.sessions.delete(this.id);
+      };
+      if (!this.extensions) { // Quarkus answers a Disconnect with no frame: nothing to wait for
+        this.client.send(frame);
+        done();
+        return Promise.resolve(null);
+      }
+      return this.client._request(this, frame).finally(done);
     }
 
     _handle(type, data) {
-      const handler = this.handlers.events[type];
+      const handler = this.eventHandlers.get(type);
       if (handler) {
         handler(data);
-      } else if (this.handlers.defaultHandler) {
-        this.handlers.defaultHandler(type, data);
+      } else if (this.defaultHandler) {
+        this.defaultHandler(type, data);
+      } else {
+        console.log("Handler not found for eventType: " + type);
       }
     }
   }
@@ -82,34 +112,43 @@
   class SessionBuilder {
     constructor(client) {
       this.client = client;
-      this.handlers = { events: {}, defaultHandler: null };
+      this.eventHandlers = new Map();
+      this._defaultHandler = null;
       this._resume = null;
       this._bot = null;
+      this._extensions = true;
+      // As the Quarkus builder: these types are logged unless the page registers its own.
+      this.consoleHandler((message) => { console.log(message); });
+      this.thinkingHandler((message) => { console.log(message); });
+      this.eventHandlers.set("SystemError", (message) => { console.log("SystemError: " + message); });
+      this.eventHandlers.set("Message", (message) => { console.log("Message: " + message); });
     }
-    eventHandler(eventType, handler) { this.handlers.events[eventType] = handler; return this; }
+    eventHandler(eventType, handler) { this.eventHandlers.set(eventType, handler); return this; }
     errorHandler(handler) { return this.eventHandler("Error", handler); }
     messageHandler(handler) { return this.eventHandler("Message", handler); }
     consoleHandler(handler) { return this.eventHandler("Console", handler); }
     thinkingHandler(handler) { return this.eventHandler("Thinking", handler); }
     streamHandler(handler) { return this.eventHandler("Stream", handler); }
     objectHandler(handler) { return this.eventHandler("Object", handler); }
-    /** chatrun extension: {route, stack} whenever the current route changes. */
+    /** fn(type, data) for every event type with no handler of its own. */
+    defaultHandler(handler) { this._defaultHandler = handler; return this; }
+    /** chatrun extra: {route, stack} whenever the current route changes. */
     routeChangedHandler(handler) { return this.eventHandler("RouteChanged", handler); }
-    defaultHandler(handler) { this.handlers.defaultHandler = handler; return this; }
-    /** chatrun extension: continue a stored session instead of starting one. */
+    /** chatrun extra: continue a stored session instead of starting one. */
     resume(chatId) { this._resume = chatId; return this; }
-    /** chatrun extension: which bot, when one endpoint serves several. */
+    /** chatrun extra: which bot, when one endpoint serves several. */
     bot(name) { this._bot = name; return this; }
+    /** chatrun extra: false asks the server for exactly the frames a Quarkus server sends. */
+    extensions(on) { this._extensions = on !== false; return this; }
 
     /** Start a chat (on `route`, else the default route). Promise of a Session. */
     connect(route) {
       const chatId = this._resume || newId();
-      const session = new Session(this.client, chatId, {
-        events: Object.assign({}, this.handlers.events),
-        defaultHandler: this.handlers.defaultHandler,
-      });
+      this.client.counter++;
+      const session = new Session(this, chatId);
       const frame = { type: "Connect", chatId: chatId };
-      if (route) frame.route = route;
+      if (route !== undefined && route !== null) frame.route = route;
+      if (this._extensions) frame.extensions = true;
       if (this._resume) frame.resume = true;
       if (this._bot) frame.bot = this._bot;
       this.client.sessions.set(chatId, session);
@@ -127,20 +166,22 @@
     constructor() {
       this.websocket = null;
       this.sessions = new Map(); // chatId -> Session
+      this.counter = 0; // sessions built, as in Quarkus (chatrun's chatIds are UUIDs)
       this._pending = new Map(); // requestId -> {session, resolve, reject, error}
       this._nextRequest = 1;
     }
 
-    /** Open the WebSocket. Promise resolves once connected. */
-    open(url) {
+    /** Open the WebSocket. Promise resolves once connected (rejects if it cannot open). */
+    open(endpoint) {
       return new Promise((resolve, reject) => {
-        const ws = new WebSocket(url);
+        const ws = new WebSocket(endpoint);
         this.websocket = ws;
         let opened = false;
         ws.onopen = () => { opened = true; resolve(this); };
-        ws.onmessage = (msg) => this._onFrame(msg.data);
-        ws.onerror = () => { if (!opened) reject(new Error("cannot open " + url)); };
+        ws.onmessage = (event) => { this.onMessage(event); };
+        ws.onerror = () => { if (!opened) reject(new Error("cannot open " + endpoint)); };
         ws.onclose = (ev) => {
+          console.log("WebSocket connection closed");
           const reason = ev.reason || "connection closed (code " + ev.code + ")";
           if (!opened) reject(new ChatRouteError("Closed", reason));
           this._failAll(new ChatRouteError("Closed", reason));
@@ -152,8 +193,48 @@
       return new SessionBuilder(this);
     }
 
+    /** Send one frame as JSON, as is. */
+    send(message) {
+      this.websocket.send(JSON.stringify(message));
+    }
+
+    /** chatrun extra: close the WebSocket (pending requests reject with reason "Closed"). */
     close() {
       if (this.websocket) this.websocket.close();
+    }
+
+    /** One WebSocket message event from the server: dispatch it to its session. */
+    onMessage(event) {
+      let frame;
+      try {
+        frame = JSON.parse(event.data);
+      } catch (e) {
+        console.error("chatscopes: unreadable frame", event.data);
+        return;
+      }
+      const [id, waiter] = this._waiter(frame);
+      const session = (waiter && waiter.session) || this.sessions.get(frame.chatId);
+      if (frame.type === "Completed") {
+        if (typeof frame.data === "string" && session) session.currentScope = frame.data;
+        if (waiter) {
+          this._pending.delete(id);
+          waiter.resolve(frame.data);
+        }
+        return;
+      }
+      if (frame.type === "Failed") {
+        if (waiter) {
+          this._pending.delete(id);
+          waiter.reject(new ChatRouteError(frame.data, waiter.error));
+        }
+        return;
+      }
+      if (frame.type === "Error" && waiter) waiter.error = frame.data;
+      if (session) {
+        session._handle(frame.type, frame.data);
+      } else {
+        console.log("Session not found for chatId: " + frame.chatId);
+      }
     }
 
     _request(session, frame) {
@@ -164,7 +245,7 @@
       frame.requestId = this._nextRequest++;
       return new Promise((resolve, reject) => {
         this._pending.set(frame.requestId, { session: session, resolve: resolve, reject: reject, error: null });
-        ws.send(JSON.stringify(frame));
+        this.send(frame);
       });
     }
 
@@ -174,47 +255,9 @@
       }
       // A server that does not echo requestId (Quarkus) answers a chat's requests in order.
       for (const [id, waiter] of this._pending) {
-        if (waiter.session.chatId === frame.chatId) return [id, waiter];
+        if (waiter.session.id === frame.chatId) return [id, waiter];
       }
       return [null, undefined];
-    }
-
-    _onFrame(text) {
-      let frame;
-      try {
-        frame = JSON.parse(text);
-      } catch (e) {
-        console.error("chatscopes: unreadable frame", text);
-        return;
-      }
-      const [id, waiter] = this._waiter(frame);
-      const session = (waiter && waiter.session) || this.sessions.get(frame.chatId);
-      if (frame.type === "Completed") {
-        if (typeof frame.data === "string") {
-          if (session) session.scopeId = frame.data;
-          const current = this.sessions.get(frame.chatId);
-          if (current) current.scopeId = frame.data;
-        }
-        if (waiter) {
-          this._pending.delete(id);
-          waiter.resolve(frame.data);
-        }
-        return;
-      }
-      if (frame.type === "Failed") {
-        if (waiter) {
-          this._pending.delete(id);
-          const message = waiter.error ? waiter.error + " (" + frame.data + ")" : frame.data;
-          waiter.reject(new ChatRouteError(frame.data, message));
-        }
-        return;
-      }
-      if (frame.type === "Error" && waiter) waiter.error = frame.data;
-      if (session) {
-        session._handle(frame.type, frame.data);
-      } else if (frame.type === "Error") {
-        console.error("chatscopes:", frame.data);
-      }
     }
 
     _failAll(error) {
@@ -225,7 +268,9 @@
 
   root.ChatScopesClient = ChatScopesClient;
   root.ChatRouteError = ChatRouteError;
+  root.SessionBuilder = SessionBuilder;
+  root.Session = Session;
   if (typeof module !== "undefined" && module.exports) {
-    module.exports = { ChatScopesClient: ChatScopesClient, ChatRouteError: ChatRouteError };
+    module.exports = { ChatScopesClient, ChatRouteError, SessionBuilder, Session };
   }
 })(typeof window !== "undefined" ? window : globalThis);
