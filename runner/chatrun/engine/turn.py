@@ -169,6 +169,11 @@ class Turn:
     def add_system(self, memory: Any, route: RouteConfig) -> None:
         if route.system:
             text = self.render_template(route.system, f"route {route.name} system", route.where)
+            if not text.strip():
+                # An empty SystemMessage would replace the route's instructions in the memory
+                # (LangChain4j's rule); fail the turn instead, naming the template.
+                raise TurnFailed(f"{route.where}: route {route.name} system template rendered empty text; "
+                                 "the model would lose its instructions (make the template always say something)")
             memory.add(SystemMessage(text))
 
     def render_user(self, route: RouteConfig) -> str | None:

@@ -12,6 +12,11 @@
   tool results after it). Anything else would be an orphan the model provider rejects, so
   it is ignored. This is how a memory cleared (or evicted) mid-tool-call drops the results.
 
+A dynamic maximum (a callable, LangChain4j's `dynamicMaxMessages` / `dynamicMaxTokens`) is read
+before every `add`, `set` and `messages()`: a value below 1 raises ChatrunError before anything
+changes. Messages a smaller maximum evicted are gone: a later, larger maximum does not bring
+them back (LangChain4j re-reads its store and may; see docs/memory.md).
+
 Token counts are computed once per message and cached beside it, with a running total, so
 adding a message costs one count plus O(evicted): the window is never re-tokenized and the
 store is never read back (LangChain4j does both on every add). With a `ChatMemoryStore`:
@@ -28,6 +33,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from chatrun.errors import ChatrunError
 from chatrun.memory.tokens import TokenCounter, tiktoken_counter
 from chatrun.messages import AssistantMessage, Message, SystemMessage, ToolResultMessage
+
+DEFAULT_ID = "default"  # LangChain4j's id of a memory built without one
 
 if TYPE_CHECKING:
     from chatrun.definition.config import MemoryPolicy
@@ -59,13 +66,14 @@ class _Window:
 
     ephemeral = False
 
-    def __init__(self, id: str, store: ChatMemoryStore | None = None):
+    def __init__(self, id: str = DEFAULT_ID, store: ChatMemoryStore | None = None):
         self.id = id
         self._store = store
         self._reset()
         if store is not None:
             loaded = store.get_messages(id)
             if loaded:
+                self._refresh_limit()
                 self._fill(loaded)
                 if self._evict() or self._size() != len(loaded):
                     self._persist()  # the stored list broke a rule or no longer fits: mirror it
@@ -73,14 +81,17 @@ class _Window:
     # -- the ChatMemory API -----------------------------------------------------------------
 
     def add(self, message: Message) -> None:
+        self._refresh_limit()  # a bad dynamic maximum fails before the message is taken
         changed = self._append(message)
         changed = self._evict() or changed
         if changed:
             self._persist()
 
     def messages(self) -> list[Message]:
-        if self._dynamic and self._evict():  # the maximum may have shrunk since the last add
-            self._persist()
+        if self._dynamic:
+            self._refresh_limit()
+            if self._evict():  # the maximum may have shrunk since the last add
+                self._persist()
         return self._list()
 
     def clear(self) -> None:
@@ -90,11 +101,12 @@ class _Window:
 
     def set(self, messages: Iterable[Message]) -> None:
         """Replace every message, applying the add rules and the window; one store update.
-        An empty iterable clears the memory (LangChain4j rejects it; clearing is friendlier)."""
+        An empty iterable clears the memory (as LangChain4j's `set` does)."""
         messages = list(messages)
         if not messages:
             self.clear()
             return
+        self._refresh_limit()
         self._reset()
         self._fill(messages)
         self._evict()
@@ -111,12 +123,31 @@ class _Window:
     # -- to override ------------------------------------------------------------------------
 
     _dynamic = False  # True when the maximum may change between adds
+    _limit = 0  # the maximum in force, read by _read_limit()
 
     def _count(self, message: Message) -> int:
         return 1
 
     def _over(self) -> bool:
         return False
+
+    def _maximum(self) -> int:
+        """The maximum now (a dynamic one is called)."""
+        return 0
+
+    def _refresh_limit(self) -> None:
+        """Read a dynamic maximum (once per operation, not once per evicted message)."""
+        if not self._dynamic:
+            return
+        limit = self._maximum()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ChatrunError(
+                f"memory {self.id}: the dynamic maximum {self._limit_name} returned {limit!r}; "
+                "it must be a whole number greater than zero"
+            )
+        self._limit = limit
+
+    _limit_name = "maximum"
 
     # -- internals --------------------------------------------------------------------------
 
@@ -191,16 +222,39 @@ class _Window:
 
 class MessageWindowMemory(_Window):
     """Keeps the `max_messages` most recent messages (the system message counts, as in
-    LangChain4j's MessageWindowChatMemory)."""
+    LangChain4j's MessageWindowChatMemory).
 
-    def __init__(self, id: str, max_messages: int, store: ChatMemoryStore | None = None):
-        if not isinstance(max_messages, int) or max_messages < 1:
+    `max_messages`: an int, or a callable read before every add, set and `messages()`
+    (LangChain4j's `dynamicMaxMessages`). `id` defaults to LangChain4j's "default".
+    """
+
+    _limit_name = "max_messages"
+
+    def __init__(
+        self,
+        id: str = DEFAULT_ID,
+        max_messages: int | Callable[[], int] | None = None,
+        store: ChatMemoryStore | None = None,
+    ):
+        if not callable(max_messages) and (
+            isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1
+        ):
             raise ChatrunError(f"memory {id}: max_messages must be a whole number >= 1, got {max_messages!r}")
-        self.max_messages = max_messages
+        self._max = max_messages
+        self._dynamic = callable(max_messages)
+        self._limit = 0 if self._dynamic else max_messages
         super().__init__(id, store)
 
+    @property
+    def max_messages(self) -> int:
+        """The current maximum (a dynamic maximum is read now)."""
+        return self._max() if callable(self._max) else self._max
+
+    def _maximum(self) -> int:
+        return self.max_messages
+
     def _over(self) -> bool:
-        return self._size() > self.max_messages
+        return self._size() > self._limit
 
 
 class TokenWindowMemory(_Window):
@@ -211,19 +265,24 @@ class TokenWindowMemory(_Window):
     tiktoken with `encoding`, else the model's encoding, else o200k_base (see tokens.py).
     """
 
+    _limit_name = "max_tokens"
+
     def __init__(
         self,
-        id: str,
-        max_tokens: int | Callable[[], int],
+        id: str = DEFAULT_ID,
+        max_tokens: int | Callable[[], int] | None = None,
         counter: TokenCounter | None = None,
         encoding: str | None = None,
         model_name: str | None = None,
         store: ChatMemoryStore | None = None,
     ):
-        if not callable(max_tokens) and (not isinstance(max_tokens, int) or max_tokens < 1):
+        if not callable(max_tokens) and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
             raise ChatrunError(f"memory {id}: max_tokens must be a whole number >= 1, got {max_tokens!r}")
         self._max = max_tokens
         self._dynamic = callable(max_tokens)
+        self._limit = 0 if self._dynamic else max_tokens
         self.counter: TokenCounter = counter or tiktoken_counter(encoding, model_name)
         super().__init__(id, store)
 
@@ -240,10 +299,8 @@ class TokenWindowMemory(_Window):
     def _count(self, message: Message) -> int:
         return self.counter(message)
 
-    def _evict(self) -> bool:
-        # Read a dynamic maximum once per eviction pass, not once per evicted message.
-        self._limit = self.max_tokens
-        return super()._evict()
+    def _maximum(self) -> int:
+        return self.max_tokens
 
     def _over(self) -> bool:
         return self._total > self._limit
@@ -255,7 +312,7 @@ class TurnOnlyMemory(_Window):
 
     ephemeral = True
 
-    def __init__(self, id: str):
+    def __init__(self, id: str = DEFAULT_ID):
         super().__init__(id, None)
 
 
