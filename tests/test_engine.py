@@ -461,3 +461,32 @@ def test_a_base_exception_passes_through_but_the_session_is_rolled_back(travel):
         s.chat("go")
     assert s.stack == ["main_menu"] and s.state["traveller_name"] is None
     assert s.history[-1]["error"] == "interrupted: Abort"
+
+
+def test_a_system_template_that_renders_empty_fails_the_turn_and_keeps_the_instructions(write_bot):
+    """LangChain4j would replace the system message with SystemMessage(""); chatrun fails the
+    turn (rolled back), naming the template, so the route's instructions are never wiped."""
+    bot = chatrun.load_bot(write_bot("""\
+        name: moody
+        model: {provider: scripted}
+        state: {instructions: Be brief.}
+        routes:
+          main:
+            default: true
+            system: "{{ state.instructions }}"
+            tools: [forget]
+        tools:
+          forget:
+            description: Drop the instructions
+            action: {set: {state.instructions: ""}}
+        """, name="moody.yaml"))
+    model = ScriptedModel([{"text": "ok"}, {"tool_calls": [{"name": "forget", "arguments": {}}]}, {"text": "done"},
+                           {"text": "never"}])
+    s = bot.session(model=model)
+    s.chat("hi")
+    s.chat("forget your instructions")  # the setter runs; the next model call's system renders empty
+    assert s.last_turn["ok"] is False
+    assert "route main system template rendered empty text" in s.last_turn["error"]
+    assert "moody.yaml:" in s.last_turn["error"]
+    assert s.state["instructions"] == "Be brief."  # rolled back
+    assert s.memory()[0] == SystemMessage("Be brief.")

@@ -510,3 +510,51 @@ def test_cli_one_broken_bot_does_not_stop_the_others():
     assert f"{fine}: valid (3 warnings)" in lines
     assert lines[-1] == "2 bots checked, 1 invalid: 5 errors, 3 warnings"
     assert "chatrun bug" not in result.output
+
+
+def test_token_window_from_the_context_size_minus_a_reply_reserve(write_bot):
+    """`max_tokens: {context_size, reply_reserve}`: a dynamic maximum; the reserve defaults to the
+    route model's max_tokens; a missing or too large reserve is an error at the key."""
+    import chatrun
+
+    path = write_bot("""\
+        name: ctx
+        model: {provider: scripted, max_tokens: 1000}
+        memory: {type: token_window, max_tokens: {context_size: 128000}}
+        routes:
+          main:
+            default: true
+            memory: {type: token_window, max_tokens: {context_size: 128000, reply_reserve: 4000}}
+          other:
+            system: Other.
+        """)
+    bot = chatrun.load_bot(path)
+    config = bot.config
+    assert (config.routes["main"].memory.context_size, config.routes["main"].memory.reply_reserve) == (128000, 4000)
+    from chatrun.memory import make_memory
+
+    main = make_memory(config.route_memory("main"), "m", "gpt-4o-mini", config.route_model("main").max_tokens)
+    other = make_memory(config.route_memory("other"), "o", "gpt-4o-mini", config.route_model("other").max_tokens)
+    assert (main.max_tokens, other.max_tokens) == (124000, 127000)
+
+    bad = write_bot("""\
+        name: ctx
+        memory: {type: token_window, max_tokens: {context_size: 128000}}
+        routes:
+          main:
+            default: true
+            memory: {type: token_window, max_tokens: {context_size: 100, reply_reserve: 100}}
+            tools: [go]
+          other: {system: Other.}
+          third: {memory: {type: token_window, max_tokens: {context: 5}}}
+        tools:
+          go: {description: Go, action: {push: other}}
+        """, name="bad.yaml")
+    _config, found = check_bot(bad)
+    assert [(d.line, d.severity, d.message) for d in found if "reachable" not in d.message] == [
+        (2, "error", "memory `max_tokens` of route `other` has no `reply_reserve` and the route's model sets no "
+                     "`max_tokens` to reserve; give one of them"),
+        (6, "error", "memory `max_tokens` of route `main` leaves no room for messages: the reserve of 100 tokens "
+                     "is not smaller than context_size 100"),
+        (9, "error", "unknown key `context` in `memory.max_tokens` of route `third`; did you mean `context_size`?"),
+    ]

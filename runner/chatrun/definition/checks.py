@@ -54,6 +54,7 @@ class _Checker:
     def run(self) -> None:
         self.default_route()
         self.encodings()
+        self.context_windows()
         for route in self.config.routes.values():
             self.route_tools(route.name, route.tools)
             for field in ("system", "user"):
@@ -104,6 +105,28 @@ class _Checker:
                                            f"unknown tiktoken encoding `{encoding}`{suggest(encoding, known)} "
                                            "(leave `encoding` out to use the model's; e.g. o200k_base, cl100k_base)",
                                            ".".join(path)))
+
+    def context_windows(self) -> None:
+        """A window of `context_size - reserve` tokens needs a reserve smaller than the context."""
+        for route in self.config.routes.values():
+            policy = self.config.route_memory(route.name)
+            if policy.type != "token_window" or policy.context_size is None:
+                continue
+            own = route.memory is not None
+            doc = self.src.doc_of("routes", route.name) if own else self.src.main
+            path = ("routes", route.name, "memory", "max_tokens") if own else ("memory", "max_tokens")
+            reserve = policy.reply_reserve or self.config.route_model(route.name).max_tokens
+            problem = None
+            if reserve is None:
+                problem = ("has no `reply_reserve` and the route's model sets no `max_tokens` to reserve; "
+                           "give one of them")
+            elif reserve >= policy.context_size:
+                problem = (f"leaves no room for messages: the reserve of {reserve} tokens is not smaller than "
+                           f"context_size {policy.context_size}")
+            if problem:
+                pos = doc.pos(path)
+                self.out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
+                                           f"memory `max_tokens` of route `{route.name}` {problem}", ".".join(path)))
 
     def _where(self, kind: str, name: str, *sub: Any) -> str:
         file, pos = self.src.at(kind, name, *sub)

@@ -62,6 +62,10 @@ class MemoryPolicy:
     max_messages: int = 20
     max_tokens: int = 3000
     encoding: str | None = None  # tiktoken encoding; None: from the model name, then o200k_base
+    # max_tokens: {context_size, reply_reserve}: the window is context_size - reserve, the
+    # reserve being reply_reserve, else the route model's max_tokens (checks.py makes sure).
+    context_size: int | None = None
+    reply_reserve: int | None = None
     where: Location = field(default_factory=Location)
 
 

@@ -229,8 +229,22 @@ def _specific(error: ValidationError) -> ValidationError:
     while error.validator in ("oneOf", "anyOf") and error.context and not _const_choices(error.validator_value):
         if _type_alternatives(error):
             break  # "must be a string or a list" says it better than either branch
-        error = best_match(error.context)
+        same_type = _errors_of_matching_type(error)
+        error = best_match(same_type or error.context)
     return error
+
+
+_JSON_TYPES = {"object": dict, "array": list, "string": str}
+
+
+def _errors_of_matching_type(error: ValidationError) -> list[ValidationError]:
+    """The errors of the alternative whose `type` the value has (a mapping given where a number
+    or a mapping may go is wrong inside the mapping, not for not being a number)."""
+    for index, sub in enumerate(error.validator_value):
+        kind = _JSON_TYPES.get(sub.get("type")) if isinstance(sub, dict) and isinstance(sub.get("type"), str) else None
+        if kind is not None and isinstance(error.instance, kind):
+            return [e for e in error.context if e.schema_path and e.schema_path[0] == index]
+    return []
 
 
 def _type_alternatives(error: ValidationError) -> list[str]:
@@ -452,6 +466,12 @@ def _memory(raw: Any, doc: YamlDoc, path: tuple) -> MemoryPolicy | None:
         if isinstance(raw.get(key), int) and not isinstance(raw.get(key), bool) and raw[key] > 0:
             setattr(policy, key, raw[key])
     policy.encoding = _str(raw.get("encoding"))
+    window = raw.get("max_tokens")
+    if isinstance(window, dict):  # {context_size, reply_reserve}: the schema checked the types
+        for key in ("context_size", "reply_reserve"):
+            value = window.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                setattr(policy, key, value)
     return policy
 
 

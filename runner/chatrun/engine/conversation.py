@@ -154,7 +154,8 @@ class Conversation:
         if memory is not None:
             return memory
         policy = self.config.route_memory(route)
-        memory = make_memory(policy, mid, self.config.route_model(route).name)
+        model = self.config.route_model(route)
+        memory = make_memory(policy, mid, model.name, model.max_tokens)
         if route in scope.memory_routes:
             stored = self.store.get_messages(mid)
             if stored:

@@ -316,13 +316,24 @@ class TurnOnlyMemory(_Window):
         super().__init__(id, None)
 
 
-def make_memory(policy: MemoryPolicy, memory_id: str, model_name: str | None = None) -> ChatMemory:
+def make_memory(
+    policy: MemoryPolicy, memory_id: str, model_name: str | None = None, reply_limit: int | None = None
+) -> ChatMemory:
     """The memory a route's policy asks for. The token window's encoding is the policy's,
-    else the route model's, else o200k_base."""
+    else the route model's, else o200k_base. A `{context_size, reply_reserve}` window is a
+    dynamic maximum: context_size minus the reserve (else minus `reply_limit`, the route
+    model's max_tokens)."""
     if policy.type == "message_window":
         return MessageWindowMemory(memory_id, policy.max_messages)
     if policy.type == "token_window":
-        return TokenWindowMemory(memory_id, policy.max_tokens, encoding=policy.encoding, model_name=model_name)
+        max_tokens: int | Callable[[], int] = policy.max_tokens
+        if policy.context_size is not None:
+            context, reserve = policy.context_size, policy.reply_reserve or reply_limit
+            if reserve is None:
+                raise ChatrunError(f"memory {memory_id}: max_tokens.context_size needs a reply_reserve "
+                                   "(or the model's max_tokens)")
+            max_tokens = lambda: context - reserve  # noqa: E731 - read on every add, as LangChain4j's
+        return TokenWindowMemory(memory_id, max_tokens, encoding=policy.encoding, model_name=model_name)
     if policy.type == "none":
         return TurnOnlyMemory(memory_id)
     raise ChatrunError(f"memory {memory_id}: unknown memory type {policy.type!r}; use message_window, token_window or none")
