@@ -163,7 +163,8 @@ async def run_load(url: str, sessions: int, turns: int, pid: int, spread: float 
     async def open_one(i: int):  # noqa: ANN202
         async with sem:
             ws = await websockets.connect(url, max_size=2**20, open_timeout=60, ping_interval=None)
-            await ws.send(json.dumps({"type": "Connect", "chatId": f"bench-{os.getpid()}-{i}"}))
+            # Extended dialect: chatrun then sends the chunks and the full Message, as the floor does.
+            await ws.send(json.dumps({"type": "Connect", "chatId": f"bench-{os.getpid()}-{i}", "extensions": True}))
             while json.loads(await ws.recv())["type"] != "Completed":
                 pass
             return ws
