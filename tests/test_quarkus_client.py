@@ -36,11 +36,13 @@ QUARKUS_JS = Path(os.environ.get("CHATRUN_QUARKUS_CHATSCOPES")
 # The sha256 the reference README gives for the Quarkus file at commit bf6b338.
 QUARKUS_SHA256 = "1a719889f805e6bf33a9b4cd64f176382ace54dc1604b0dee5320877128b3d4b"
 
+if not QUARKUS_JS.is_file():  # one line for the whole module, not one per test
+    pytest.skip(f"the Quarkus chatscopes.js is not at {QUARKUS_JS} (set CHATRUN_QUARKUS_CHATSCOPES)",
+                allow_module_level=True)
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs chromium)"),
-    pytest.mark.skipif(not QUARKUS_JS.is_file(), reason=f"the Quarkus chatscopes.js is not at {QUARKUS_JS}"),
 ]
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
 
