@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "runner" / "chatrun"
 
 LAYERS = {
-    "errors": 0, "events": 0, "messages": 0,
+    "errors": 0, "events": 0, "messages": 0, "version": 0,
     "definition": 1,
     "memory": 2, "store": 2, "models": 2,
     "engine": 3,

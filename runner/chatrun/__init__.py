@@ -45,8 +45,7 @@ from chatrun.store import SessionStore, open_store
 from chatrun.store.memory import InMemoryStore
 from chatrun.store.sqlite import SQLiteStore
 from chatrun.transcripts import load_transcript, run_transcript
-
-__version__ = "0.1.0"
+from chatrun.version import VERSION as __version__
 
 
 def __getattr__(name: str) -> object:

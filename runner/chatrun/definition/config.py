@@ -209,6 +209,7 @@ class BotConfig:
     state: dict[str, Any] = field(default_factory=dict)
     limits: Limits = field(default_factory=lambda: Limits())
     env: dict[str, EnvVar] = field(default_factory=dict)
+    prices: dict[str, Price] = field(default_factory=dict)  # model name -> price
     mcp_servers: dict[str, McpServerConfig] = field(default_factory=dict)
     path: str = ""  # the bot.yaml (or single file) it was loaded from
     root: str = ""  # directory handlers are resolved against
@@ -231,3 +232,22 @@ class Limits:
 
     max_hops: int = 8  # route invocations per turn (execute chains)
     max_model_calls: int = 16  # model calls per turn, over all hops
+    # Budgets (None: none). A turn ends with an Error before a model call would pass one.
+    max_turn_tokens: int | None = None  # input + output tokens of one turn's model calls
+    max_session_tokens: int | None = None  # the same over the whole session, failed turns included
+    max_turn_cost: float | None = None  # money (in `prices:` units) of one turn
+    max_session_cost: float | None = None
+
+    @property
+    def has_budgets(self) -> bool:
+        return any(v is not None for v in (self.max_turn_tokens, self.max_session_tokens,
+                                           self.max_turn_cost, self.max_session_cost))
+
+
+@dataclass
+class Price:
+    """What a model costs per million tokens (any currency; costs are reported in it)."""
+
+    input: float = 0.0
+    output: float = 0.0
+    cached_input: float | None = None  # default: the input price

@@ -32,6 +32,7 @@ from chatrun.definition.config import (
     MemoryPolicy,
     ModelConfig,
     OpenApiRef,
+    Price,
     RouteConfig,
     ScopeConfig,
     ToolConfig,
@@ -416,6 +417,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         state=dict(top["state"]) if isinstance(top.get("state"), dict) else {},
         limits=_limits(top.get("limits")),
         env=_env(top.get("env")),
+        prices=_prices(top.get("prices")),
         mcp_servers=_mcp_servers(top.get("mcp_servers"), main),
         path=str(main_file),
         root=str(main_file.parent),
@@ -477,11 +479,24 @@ def _memory(raw: Any, doc: YamlDoc, path: tuple) -> MemoryPolicy | None:
 
 def _limits(raw: Any) -> Limits:
     limits = Limits()
-    for key in ("max_hops", "max_model_calls"):
+    for key in ("max_hops", "max_model_calls", "max_turn_tokens", "max_session_tokens"):
         value = _dict(raw).get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             setattr(limits, key, value)
+    for key in ("max_turn_cost", "max_session_cost"):
+        value = _dict(raw).get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            setattr(limits, key, float(value))
     return limits
+
+
+def _prices(raw: Any) -> dict[str, Price]:
+    out: dict[str, Price] = {}
+    for model, spec in _dict(raw).items():
+        spec = _dict(spec)
+        numbers = {k: float(v) for k, v in spec.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        out[str(model)] = Price(numbers.get("input", 0.0), numbers.get("output", 0.0), numbers.get("cached_input"))
+    return out
 
 
 def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:

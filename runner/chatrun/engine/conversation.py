@@ -20,6 +20,7 @@ from typing import Any
 from chatrun.definition.config import BotConfig, RouteConfig
 from chatrun.definition.templates import render, render_value
 from chatrun.engine.scopes import Scope, ScopeView, init_declared, merged_scope
+from chatrun.engine.usage import Usage
 from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.memory import ChatMemory, make_memory
 from chatrun.messages import AssistantMessage, Message
@@ -37,6 +38,7 @@ class Checkpoint:
     scopes: list[Scope]
     next_scope: int
     memories: dict[str, list[Message]]
+    usage: Usage
 
 
 class Conversation:
@@ -52,6 +54,7 @@ class Conversation:
         self.scopes: list[Scope] = []
         self._next_scope = 1
         self._memories: dict[str, ChatMemory] = {}
+        self.usage = Usage()  # every model call of the session, failed turns included
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -77,6 +80,7 @@ class Conversation:
         self.meta = snapshot.get("meta", {})
         self._next_scope = snapshot["next_scope"]
         self.scopes = [Scope.from_dict(d) for d in snapshot["scopes"]]
+        self.usage = Usage.from_dict(snapshot.get("usage"))
         for scope in self.scopes:
             if scope.route not in self.config.routes:
                 raise SessionError(f"session {self.id} is on route {scope.route!r}, which the bot no longer defines")
@@ -92,6 +96,7 @@ class Conversation:
             "scopes": [s.to_dict() for s in self.scopes],
             "next_scope": self._next_scope,
             "meta": self.meta,
+            "usage": self.usage.to_dict(),
             "updated": time.time(),
         }
 
@@ -215,13 +220,14 @@ class Conversation:
 
     def capture(self) -> Checkpoint:
         return Checkpoint(self.turn_count, copy.deepcopy(self.state), copy.deepcopy(self.scopes), self._next_scope,
-                          {mid: m.messages() for mid, m in self._memories.items()})
+                          {mid: m.messages() for mid, m in self._memories.items()}, copy.copy(self.usage))
 
     def rollback(self, before: Checkpoint) -> None:
         self.turn_count = before.turn_count
         self.state = before.state
         self.scopes = before.scopes
         self._next_scope = before.next_scope
+        self.usage = copy.copy(before.usage)
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
         self._memories.clear()

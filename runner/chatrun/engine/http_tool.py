@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from chatrun.definition.config import EnvVar, HttpConfig, ToolConfig
+from chatrun.engine import tracing
 from chatrun.errors import ToolRefusal, TurnFailed
 
 REDACTED = "[redacted]"
@@ -128,6 +129,7 @@ class HttpCaller:
         # an OpenAPI operation's query parameters, as the model gave them
         query.update({k: _text(args[k]) for k in http.args_in_query if args.get(k) is not None})
         headers = {k: _text(render(v, False)) for k, v in http.headers.items()}
+        tracing.inject(headers)  # the API's own traces join the turn's (W3C traceparent)
         body: dict[str, Any] = {}
         if http.json is not None:
             body["json"] = _render_data(http.json, render)

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
+from chatrun.engine import tracing
 from chatrun.engine.conversation import Checkpoint, Conversation
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
@@ -111,6 +112,12 @@ class Session:
     def turn_count(self) -> int:
         """How many turns this conversation has committed."""
         return self._c.turn_count
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        """Every model call of the session, summed (failed turns included): tokens, cost
+        (None without `prices:`), calls, and whether any count was estimated."""
+        return self._c.usage.to_dict()
 
     @property
     def closed(self) -> bool:
@@ -242,35 +249,43 @@ class Session:
                 sink(event)
 
         self._sink = collect
+        span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"))
         try:
-            await turn.run()
+            with span:
+                await turn.run()
             self._c.turn_count = turn.number
+            self._c.usage.add(turn.usage)
             entry.update(ok=True, route=self.route, stack=self.stack, events=_plain(collected))
+            entry.update(_usage_entry(turn))
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
             self.store.commit_turn(self.id, self._c.snapshot(), self._c.dirty_memories(before), [entry])
             self._last_entry = entry
         except asyncio.CancelledError:
-            self._rollback(before, entry | {"ok": False, "error": "cancelled", "events": _plain(collected)})
+            self._rollback(before, entry | {"ok": False, "error": "cancelled", "events": _plain(collected)}, turn)
             raise
         except ModelError as exc:
-            self._fail(before, entry, collected, f"the model failed on route {self.route}: {exc}")
+            self._fail(before, entry, collected, f"the model failed on route {self.route}: {exc}", turn)
         except ChatrunError as exc:  # TurnFailed and friends: the message names the place
-            self._fail(before, entry, collected, str(exc))
+            self._fail(before, entry, collected, str(exc), turn)
         except Exception as exc:  # a bug in chatrun or in a library: still never lose the session
-            self._fail(before, entry, collected, f"internal error on route {self.route}: {type(exc).__name__}: {exc}")
+            self._fail(before, entry, collected, f"internal error on route {self.route}: {type(exc).__name__}: {exc}",
+                       turn)
         except BaseException as exc:  # KeyboardInterrupt and the like: roll back, then let it go on
             self._rollback(before, entry | {"ok": False, "error": f"interrupted: {type(exc).__name__}",
-                                            "events": _plain(collected)})
+                                            "events": _plain(collected)}, turn)
             raise
         finally:
             self._sink = sink
 
-    def _fail(self, before: Checkpoint, entry: dict, collected: list[Event], message: str) -> None:
+    def _fail(self, before: Checkpoint, entry: dict, collected: list[Event], message: str, turn: Turn) -> None:
         self._emit(ev.ERROR, message, runtime=True)  # first, so the history's record of the attempt holds it too
-        self._rollback(before, entry | {"ok": False, "error": message, "events": _plain(collected)})
+        self._rollback(before, entry | {"ok": False, "error": message, "events": _plain(collected)}, turn)
 
-    def _rollback(self, before: Checkpoint, entry: dict) -> None:
+    def _rollback(self, before: Checkpoint, entry: dict, turn: Turn) -> None:
         self._c.rollback(before)
+        # The conversation is as before, but the calls were made (and paid for): they count.
+        self._c.usage.add(turn.usage)
+        entry.update(_usage_entry(turn))
         entry.setdefault("route", self.route)
         self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
         self._last_entry = entry
@@ -316,6 +331,13 @@ def _split_input(message: Input) -> tuple[str | None, dict[str, Any]]:
             raise SessionError("the userMessage field must be a string")
         return text, dict(message)
     raise SessionError(f"a message is a string or a mapping, not {type(message).__name__}")
+
+
+def _usage_entry(turn: Turn) -> dict[str, Any]:
+    """A turn's usage for its history entry: the total and each model call's."""
+    if not turn.calls_usage:
+        return {}
+    return {"usage": {**turn.usage.to_dict(), "by_call": turn.calls_usage}}
 
 
 def _plain(events: list[Event]) -> list[dict]:

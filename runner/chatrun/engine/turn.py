@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatrun import events as ev
-from chatrun.definition.config import RouteConfig, ToolConfig
+from chatrun.definition.config import Price, RouteConfig, ToolConfig
+from chatrun.engine import tracing
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.scopes import get_path, set_path
 from chatrun.engine.tools import (
@@ -35,9 +36,12 @@ from chatrun.engine.tools import (
     result_text,
     tool_spec,
 )
+from chatrun.engine.usage import Usage, call_usage, check_budgets
 from chatrun.errors import ChatrunError, ToolRefusal, TurnFailed
+from chatrun.memory.tokens import TokenCounter, tiktoken_counter
 from chatrun.messages import (
     AssistantMessage,
+    Message,
     SystemMessage,
     ToolCall,
     ToolResultMessage,
@@ -72,6 +76,9 @@ class Turn:
         self.data = data
         self.turn_state: dict[str, Any] = {}
         self.model_calls = 0
+        self.usage = Usage()  # the turn's model calls, summed
+        self.calls_usage: list[dict[str, Any]] = []  # each call's, for the history
+        self._counters: dict[str, TokenCounter] = {}
         self.hops: list[str] = []
         self.wipe_scheduled: set[str] = set()
         self.wipe_aborted: set[str] = set()
@@ -112,13 +119,26 @@ class Turn:
                 )
             self.add_system(memory, route)
             request = ModelRequest(memory.messages(), tools, model_config, route.name)
+            price = self.config.prices.get(model_config.name)
+            if self.config.limits.has_budgets:
+                sent = sum(self.count_tokens(model_config.name, m) for m in request.messages)
+                check_budgets(self.config.limits, self.usage, self.c.usage, sent, price, route.name)
             on_chunk = self.stream_chunk if model_config.stream else None
-            response = await self.model.complete(request, on_chunk)
-            calls = tuple(
-                ToolCall(c.id or f"call_{self.number}_{self.model_calls}_{i}", c.name, c.arguments)
-                for i, c in enumerate(response.tool_calls)
-            )
-            memory.add(AssistantMessage(response.text, calls))
+            with tracing.chat_span(model_config.provider, model_config.name, route.name,
+                                   model_config.temperature) as span:
+                response = await self.model.complete(request, on_chunk)
+                calls = tuple(
+                    ToolCall(c.id or f"call_{self.number}_{self.model_calls}_{i}", c.name, c.arguments)
+                    for i, c in enumerate(response.tool_calls)
+                )
+                answer = AssistantMessage(response.text, calls)
+                usage = self.account(route.name, model_config.name, response.usage, price, request.messages, answer)
+                if span is not None:
+                    content = tracing.capture_content()
+                    tracing.record_answer(span, usage, response.finish_reason,
+                                          [m.to_dict() for m in request.messages] if content else None,
+                                          answer.to_dict() if content else None)
+            memory.add(answer)
             if response.text:
                 self.emit(ev.MESSAGE, response.text)
             if not calls:
@@ -140,7 +160,8 @@ class Turn:
                     f"Not run: an earlier tool call moved the conversation to route {self.c.scope.route}."
                 ))
                 continue
-            outcome = await self.run_tool(offered, call)
+            with tracing.tool_span(call.name, call.id, _action_words(offered.get(call.name))):
+                outcome = await self.run_tool(offered, call)
             left = outcome.left_route
             outcomes.append(outcome)
         return outcomes
@@ -184,6 +205,22 @@ class Turn:
         if self.data:
             return json.dumps(self.data, ensure_ascii=False)
         return None
+
+    def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
+                sent: list[Message], answer: AssistantMessage) -> dict[str, Any]:
+        """Add one call's usage to the turn's; returns the call's entry for the history."""
+        usage = call_usage(raw, price, sent, answer, lambda m: self.count_tokens(model, m))
+        self.usage.add(usage)
+        entry = {"route": route, "model": model, **usage.to_dict()}
+        del entry["calls"]
+        self.calls_usage.append(entry)
+        return entry
+
+    def count_tokens(self, model: str, message: Message) -> int:
+        counter = self._counters.get(model)
+        if counter is None:
+            counter = self._counters[model] = tiktoken_counter(model_name=model)
+        return counter(message)
 
     async def stream_chunk(self, chunk: str) -> None:
         if chunk:
@@ -321,3 +358,15 @@ class Turn:
             return f"Done. The conversation is now on route {self.c.scope.route}."
         return "Done."
 
+
+
+def _action_words(tool: ToolConfig | None) -> str:
+    """What a tool's action does, for traces: "push flight", "pop", "set", ..."""
+    if tool is None:
+        return "unknown tool"
+    action = tool.action
+    words = [f"push {action.push}" if action.push else "", "pop" if action.pop else "",
+             f"route {action.route}" if action.route else "", "set" if action.set else "",
+             "emit" if action.emit else "", "execute" if action.execute else "",
+             "immediate" if action.immediate else ""]
+    return " ".join(w for w in words if w) or "none"

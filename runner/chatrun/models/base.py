@@ -33,7 +33,8 @@ class ModelResponse:
 
     text: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
-    usage: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)  # input/output/cached_input/reasoning tokens
+    finish_reason: str | None = None  # "stop", "tool_calls", "length", ... as the endpoint says
 
 
 class ChatModel(Protocol):

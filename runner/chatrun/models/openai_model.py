@@ -214,7 +214,8 @@ class OpenAIModel:
             check_text("a tool call's arguments", arguments, completion)
             calls.append(ToolCall(call.id or f"call_{i}", name, arguments))
         check_text("the message content", message.content or "", completion)
-        return ModelResponse(text=message.content or None, tool_calls=calls, usage=usage_of(completion))
+        return ModelResponse(text=message.content or None, tool_calls=calls, usage=usage_of(completion),
+                             finish_reason=getattr(choices[0], "finish_reason", None))
 
     async def stream_once(self, client: openai.AsyncOpenAI, args: dict[str, Any], timeout: float,
                           on_chunk: ChunkCallback, sent: list[bool]) -> ModelResponse:
@@ -222,6 +223,7 @@ class OpenAIModel:
         calls: dict[int, ToolCallParts] = {}
         usage: dict[str, int] = {}
         got_choice = False
+        finish_reason = None
         with translate_errors(timeout):
             stream = await client.chat.completions.create(**args, timeout=timeout)
         chunks = aiter(stream)
@@ -238,6 +240,7 @@ class OpenAIModel:
                     if getattr(choice, "index", 0) not in (0, None):
                         continue
                     got_choice = True
+                    finish_reason = getattr(choice, "finish_reason", None) or finish_reason
                     delta = choice.delta
                     if delta is None:
                         continue
@@ -257,7 +260,8 @@ class OpenAIModel:
             ToolCall(parts.id or f"call_{index}", parts.name, "".join(parts.arguments))
             for index, parts in sorted(calls.items())
         ]
-        return ModelResponse(text="".join(text) or None, tool_calls=tool_calls, usage=usage)
+        return ModelResponse(text="".join(text) or None, tool_calls=tool_calls, usage=usage,
+                             finish_reason=finish_reason)
 
 
 def add_delta(calls: dict[int, ToolCallParts], part: Any) -> None:
@@ -364,14 +368,20 @@ def retry_after(headers: Any) -> float | None:
 
 
 def usage_of(obj: Any) -> dict[str, int]:
+    """The usage an answer reports, in chatrun's names (input/output/cached_input/reasoning tokens)."""
     usage = getattr(obj, "usage", None)
     if usage is None:
         return {}
     out = {}
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+    for key, name in (("prompt_tokens", "input_tokens"), ("completion_tokens", "output_tokens")):
         value = getattr(usage, key, None)
         if isinstance(value, int):
-            out[key] = value
+            out[name] = value
+    for details, key, name in (("prompt_tokens_details", "cached_tokens", "cached_input_tokens"),
+                               ("completion_tokens_details", "reasoning_tokens", "reasoning_tokens")):
+        value = getattr(getattr(usage, details, None), key, None)
+        if isinstance(value, int):
+            out[name] = value
     return out
 
 

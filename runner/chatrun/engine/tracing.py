@@ -1,0 +1,127 @@
+"""OpenTelemetry spans of a turn, following the GenAI semantic conventions (v1.37, still
+marked development), when `opentelemetry-api` is installed (`pip install 'chatrun[otel]'`).
+
+    invoke_agent {bot}       one turn       gen_ai.conversation.id = session.id = the session id
+      chat {model}           a model call   gen_ai.request.model, gen_ai.usage.*, finish reasons
+      execute_tool {tool}    a tool call    gen_ai.tool.name, gen_ai.tool.call.id
+
+plus chatrun's own attributes (`chatrun.route`, `chatrun.stack`, `chatrun.turn`, `chatrun.action`).
+Message content is recorded only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT is
+true. The deprecated `gen_ai.system` is emitted beside `gen_ai.provider.name` for backends
+that still read it, unless OTEL_SEMCONV_STABILITY_OPT_IN holds `gen_ai_latest_experimental`.
+Without the package every call here is a no-op costing one function call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    from opentelemetry import trace as _trace
+except ImportError:  # the optional extra is not installed: no spans, no cost
+    _trace = None  # type: ignore[assignment]
+
+from chatrun.version import VERSION
+
+SEMCONV_VERSION = "1.37.0"
+SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+
+
+def _tracer() -> Any:
+    return _trace.get_tracer("chatrun", VERSION, schema_url=SCHEMA_URL)  # type: ignore[union-attr]
+
+
+def capture_content() -> bool:
+    return os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").lower() in ("1", "true")
+
+
+def _latest_only() -> bool:
+    return "gen_ai_latest_experimental" in os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "")
+
+
+@contextlib.contextmanager
+def span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
+    """A span around a block (None inside when tracing is off). An exception ends it with
+    status ERROR and `error.type`, then goes on."""
+    if _trace is None:
+        yield None
+        return
+    with _tracer().start_as_current_span(name, kind=_trace.SpanKind.INTERNAL if "execute_tool" in name
+                                         else _trace.SpanKind.CLIENT, attributes=_clean(attributes),
+                                         record_exception=False, set_status_on_exception=False) as current:
+        try:
+            yield current
+        except BaseException as exc:
+            current.set_attribute("error.type", type(exc).__name__)
+            current.set_status(_trace.Status(_trace.StatusCode.ERROR, str(exc)[:500]))
+            raise
+
+
+def turn_span(bot: str, session_id: str, turn: int, route: str, stack: list[str], owner: str | None) -> Any:
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": bot,
+        "gen_ai.conversation.id": session_id,
+        "session.id": session_id,
+        "chatrun.turn": turn,
+        "chatrun.route": route,
+        "chatrun.stack": stack,
+    }
+    if owner:
+        attributes["user.id"] = owner
+    return span(f"invoke_agent {bot}", attributes)
+
+
+def chat_span(provider: str, model: str, route: str, temperature: float | None) -> Any:
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": provider,
+        "gen_ai.request.model": model,
+        "gen_ai.request.temperature": temperature,
+        "chatrun.route": route,
+    }
+    if not _latest_only():
+        attributes["gen_ai.system"] = provider
+    return span(f"chat {model}", attributes)
+
+
+def tool_span(tool: str, call_id: str, action: str) -> Any:
+    return span(f"execute_tool {tool}", {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "gen_ai.tool.call.id": call_id,
+        "gen_ai.tool.type": "function",
+        "chatrun.action": action,
+    })
+
+
+def record_answer(current: Any, usage: dict[str, Any], finish_reason: str | None,
+                  sent: list[dict[str, Any]] | None = None, answer: dict[str, Any] | None = None) -> None:
+    if current is None:
+        return
+    current.set_attributes(_clean({
+        "gen_ai.usage.input_tokens": usage.get("input_tokens"),
+        "gen_ai.usage.output_tokens": usage.get("output_tokens"),
+        "gen_ai.response.finish_reasons": [finish_reason] if finish_reason else None,
+        "chatrun.usage.estimated": usage.get("estimated"),
+        "chatrun.usage.cost": usage.get("cost"),
+    }))
+    if sent is not None and capture_content():
+        current.set_attribute("gen_ai.input.messages", json.dumps(sent, ensure_ascii=False))
+        current.set_attribute("gen_ai.output.messages", json.dumps([answer], ensure_ascii=False))
+
+
+def inject(headers: dict[str, str]) -> None:
+    """Add the current trace context (W3C `traceparent`) to an outgoing request's headers."""
+    if _trace is not None:
+        from opentelemetry import propagate
+
+        propagate.inject(headers)
+
+
+def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attributes.items() if v is not None}

@@ -1,0 +1,116 @@
+"""What model calls cost: tokens as the endpoint reports them (or as counted when it reports
+none), money from the bot's `prices:`, summed per turn and per session, and the budgets of
+`limits:` checked before each call.
+
+A call's usage, as kept in the history entry of its turn:
+
+    {"route": "flight", "model": "gpt-4o-mini", "input_tokens": 812, "output_tokens": 37,
+     "cached_input_tokens": 512, "reasoning_tokens": 0, "cost": 0.00014, "estimated": false}
+
+Totals (a turn's, a session's) have the same token keys, `cost` (None when no call had a
+price), `calls`, and `estimated` (true when any call was counted rather than reported).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from chatrun.definition.config import Limits, Price
+from chatrun.errors import TurnFailed
+from chatrun.memory.tokens import TokenCounter
+from chatrun.messages import Message
+
+TOKEN_KEYS = ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")
+# What OpenAI-compatible endpoints call them, for usage dicts given in that form.
+_ALIASES = {"prompt_tokens": "input_tokens", "completion_tokens": "output_tokens"}
+
+
+@dataclass
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost: float | None = None
+    calls: int = 0
+    estimated: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add(self, other: Usage) -> None:
+        for key in TOKEN_KEYS:
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        if other.cost is not None:
+            self.cost = (self.cost or 0.0) + other.cost
+        self.calls += other.calls
+        self.estimated = self.estimated or other.estimated
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if out["cost"] is not None:
+            out["cost"] = round(out["cost"], 10)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Usage:
+        data = data or {}
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+def reported(raw: dict[str, Any]) -> dict[str, int]:
+    """A provider's usage in chatrun's names (input/output/cached_input/reasoning tokens)."""
+    out: dict[str, int] = {}
+    for key, value in raw.items():
+        name = _ALIASES.get(key, key)
+        if name in TOKEN_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            out[name] = value
+    return out
+
+
+def call_usage(raw: dict[str, Any], price: Price | None, sent: Iterable[Message], answer: Message,
+               count: TokenCounter) -> Usage:
+    """One model call's usage: what the endpoint reported, else counted and marked estimated."""
+    tokens = reported(raw)
+    usage = Usage(calls=1)
+    if "input_tokens" in tokens and "output_tokens" in tokens:
+        for key, value in tokens.items():
+            setattr(usage, key, value)
+    else:  # some servers report nothing (or only when streaming is asked to): count it ourselves
+        usage.input_tokens = sum(count(m) for m in sent)
+        usage.output_tokens = count(answer)
+        usage.estimated = True
+    usage.cost = cost_of(usage, price)
+    return usage
+
+
+def cost_of(usage: Usage, price: Price | None) -> float | None:
+    if price is None:
+        return None
+    cached = min(usage.cached_input_tokens, usage.input_tokens)
+    cached_price = price.cached_input if price.cached_input is not None else price.input
+    return ((usage.input_tokens - cached) * price.input + cached * cached_price
+            + usage.output_tokens * price.output) / 1_000_000
+
+
+def check_budgets(limits: Limits, turn: Usage, session: Usage, next_input: int, price: Price | None,
+                  route: str) -> None:
+    """Refuse the next model call when it would pass a budget (counting the tokens it sends)."""
+    checks = [
+        ("max_turn_tokens", limits.max_turn_tokens, turn.tokens + next_input, "this turn"),
+        ("max_session_tokens", limits.max_session_tokens, session.tokens + turn.tokens + next_input, "this session"),
+    ]
+    next_cost = cost_of(Usage(input_tokens=next_input), price) or 0.0
+    checks += [
+        ("max_turn_cost", limits.max_turn_cost, (turn.cost or 0.0) + next_cost, "this turn"),
+        ("max_session_cost", limits.max_session_cost, (session.cost or 0.0) + (turn.cost or 0.0) + next_cost,
+         "this session"),
+    ]
+    for name, budget, projected, whose in checks:
+        if budget is not None and projected > budget:
+            unit = "tokens" if name.endswith("tokens") else "in cost"
+            raise TurnFailed(f"the next model call on route {route} would take {whose} to {projected:.6g} {unit}, "
+                             f"past limits.{name} = {budget:g}; the turn stops here")

@@ -1,0 +1,92 @@
+"""Usage and cost: what the endpoint reports (through the real openai client against the fake
+server), priced from `prices:`, kept per call and per turn in the history and per session in
+the snapshot; counted and marked estimated when the endpoint reports nothing; budgets that
+stop a turn before a model call would pass them."""
+
+from __future__ import annotations
+
+import pytest
+
+import chatrun
+
+BOT = """
+name: costly
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+prices:
+  gpt-4o-mini: {input: 0.15, output: 0.60, cached_input: 0.075}
+routes:
+  main: {default: true, system: You help., tools: [note]}
+tools:
+  note: {description: Take a note, action: {reply: noted}}
+"""
+
+
+def usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": reasoning}}
+
+
+def test_reported_usage_is_priced_and_kept_per_call_turn_and_session(fake, write_bot):
+    fake.queue(
+        {"tool_calls": [{"name": "note", "arguments": {}}], "usage": usage(1000, 50, cached=400)},
+        {"text": "Done.", "usage": usage(1200, 20, reasoning=8)},
+        {"text": "Again.", "usage": usage(2000, 10)},
+    )
+    session = chatrun.load_bot(write_bot(BOT)).session()
+    session.chat("take a note")
+    entry = session.last_turn
+    first, second = entry["usage"]["by_call"]
+    assert first == {"route": "main", "model": "gpt-4o-mini", "input_tokens": 1000, "output_tokens": 50,
+                     "cached_input_tokens": 400, "reasoning_tokens": 0,
+                     "cost": pytest.approx((600 * 0.15 + 400 * 0.075 + 50 * 0.60) / 1e6), "estimated": False}
+    assert second["reasoning_tokens"] == 8
+    turn = entry["usage"]
+    assert (turn["input_tokens"], turn["output_tokens"], turn["calls"]) == (2200, 70, 2)
+    assert turn["cost"] == pytest.approx(first["cost"] + second["cost"])
+    session.chat("again")
+    total = session.usage
+    assert (total["input_tokens"], total["output_tokens"], total["calls"], total["estimated"]) == (4200, 80, 3, False)
+    assert session.snapshot()["usage"] == total  # in the store, so a resumed session keeps counting
+
+
+def test_streamed_answers_report_usage_too(fake, write_bot):
+    fake.queue({"chunks": ["Hel", "lo"], "usage": usage(300, 2)})
+    session = chatrun.load_bot(write_bot(BOT)).session()
+    session.chat("hi")
+    assert fake.requests[0]["stream_options"] == {"include_usage": True}
+    assert session.usage["input_tokens"] == 300 and not session.usage["estimated"]
+
+
+def test_without_reported_usage_tokens_are_counted_and_marked_estimated(write_bot):
+    path = write_bot(BOT.replace("provider: openai", "provider: scripted"))
+    session = chatrun.load_bot(path).session(model=chatrun.ScriptedModel([{"text": "Hello there."}]))
+    session.chat("hi")
+    [call] = session.last_turn["usage"]["by_call"]
+    assert call["estimated"] is True
+    assert call["input_tokens"] > 0 and call["output_tokens"] > 0
+    assert session.usage["estimated"] is True and session.usage["cost"] == pytest.approx(call["cost"])
+
+
+def test_a_turn_budget_stops_the_turn_before_the_call_that_would_pass_it(fake, write_bot):
+    """1,450 tokens used by the first call; the second would send ~30 more: past 1,460."""
+    path = write_bot(BOT + "limits: {max_turn_tokens: 1460}\n")
+    fake.queue({"tool_calls": [{"name": "note", "arguments": {}}], "usage": usage(1400, 50)})
+    session = chatrun.load_bot(path).session()
+    events = session.chat("take a note")
+    assert len(fake.requests) == 1  # the second call was never sent
+    assert events[-1].type == "Error"
+    assert "past limits.max_turn_tokens = 1460" in events[-1].data
+    assert session.turn_count == 0  # rolled back ...
+    assert session.usage["input_tokens"] == 1400  # ... but the call it made is counted
+
+
+def test_a_session_cost_budget_holds_across_turns(fake, write_bot):
+    path = write_bot(BOT + "limits: {max_session_cost: 0.00035}\n")
+    fake.queue({"text": "one", "usage": usage(2000, 100)}, {"text": "two", "usage": usage(2000, 100)})
+    session = chatrun.load_bot(path).session()
+    # Budgets are checked before each call: the first call may spend past it (0.00036) ...
+    assert session.chat("first")[-1].type != "Error"
+    events = session.chat("second")  # ... and then no call is sent
+    assert events[-1].type == "Error" and "limits.max_session_cost" in events[-1].data
+    assert len(fake.requests) == 1
