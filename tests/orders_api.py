@@ -1,5 +1,5 @@
-"""The orders API of bots/orders (its README gives the shape), served for real on loopback:
-the example bot's tests and bench/bench_http_tool.py talk to it over HTTP."""
+"""JSON APIs served for real on loopback for the HTTP-tool tests: `LoopbackApi` (the server),
+and `OrdersApi`, the API of bots/orders (its README gives the shape)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ ORDERS = {
 }
 
 
-class OrdersApi:
-    def __init__(self, token: str = "dev-token") -> None:
-        self.token = token
+class LoopbackApi:
+    """A JSON API on a free loopback port, served from a thread: subclasses answer in `handle`."""
+
+    def __init__(self) -> None:
         self.requests: list[dict] = []
-        self.orders = json.loads(json.dumps(ORDERS))
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,13 +38,36 @@ class OrdersApi:
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> OrdersApi:
+    def __enter__(self) -> LoopbackApi:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def reply(h: BaseHTTPRequestHandler, status: int, data: object) -> None:
+        raw = json.dumps(data).encode()
+        h.send_response(status)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(len(raw)))
+        h.end_headers()
+        h.wfile.write(raw)
+
+
+class OrdersApi(LoopbackApi):
+    def __init__(self, token: str = "dev-token") -> None:
+        super().__init__()
+        self.token = token
+        self.orders = json.loads(json.dumps(ORDERS))
+
+    def __enter__(self) -> OrdersApi:
+        super().__enter__()
+        return self
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:
         length = int(h.headers.get("content-length") or 0)
@@ -67,12 +90,3 @@ class OrdersApi:
             order["status"] = "cancelled"
             return self.reply(h, 200, {"id": order["id"], "status": "cancelled"})
         return self.reply(h, 405, {"error": "method not allowed"})
-
-    @staticmethod
-    def reply(h: BaseHTTPRequestHandler, status: int, data: object) -> None:
-        raw = json.dumps(data).encode()
-        h.send_response(status)
-        h.send_header("content-type", "application/json")
-        h.send_header("content-length", str(len(raw)))
-        h.end_headers()
-        h.wfile.write(raw)

@@ -8,39 +8,25 @@ import asyncio
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 import chatrun
 from chatrun.messages import ToolResultMessage
+from orders_api import LoopbackApi
 
 TOKEN = "s3cret-token-value"
 
 
-class OrdersApi:
+class OrdersApi(LoopbackApi):
     """A small orders API: GET /orders/{id}, POST /orders, /flaky (503 twice, then 200),
     /slow (answers after a second), /echo-token (echoes the Authorization header)."""
 
     def __init__(self) -> None:
-        self.requests: list[dict] = []
+        super().__init__()
         self.flaky_left = 2
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                api.handle(self)
-
-            def do_POST(self) -> None:
-                api.handle(self)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(h.path)
@@ -68,23 +54,14 @@ class OrdersApi:
         else:
             self.reply(h, 500, {"error": "boom"})
 
-    @staticmethod
-    def reply(h: BaseHTTPRequestHandler, status: int, data: object) -> None:
-        raw = json.dumps(data).encode()
-        h.send_response(status)
-        h.send_header("content-type", "application/json")
-        h.send_header("content-length", str(len(raw)))
-        h.end_headers()
-        h.wfile.write(raw)
 
 
 @pytest.fixture
 def api(monkeypatch):
-    server = OrdersApi()
-    monkeypatch.setenv("ORDERS_API_URL", server.url)
-    monkeypatch.setenv("ORDERS_API_TOKEN", TOKEN)
-    yield server
-    server.server.shutdown()
+    with OrdersApi() as server:
+        monkeypatch.setenv("ORDERS_API_URL", server.url)
+        monkeypatch.setenv("ORDERS_API_TOKEN", TOKEN)
+        yield server
 
 
 BOT = """
