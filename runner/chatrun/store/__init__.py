@@ -58,6 +58,20 @@ class SessionStore(ChatMemoryStore, Protocol):
         ...
 
 
+@runtime_checkable
+class RecordStore(Protocol):
+    """Small JSON records by key, for indexes kept beside the sessions (the OpenAI-compatible
+    API maps response ids and conversation prefixes to committed turns with them)."""
+
+    def get_record(self, key: str) -> dict | None:
+        """The record saved under `key`, or None."""
+        ...
+
+    def put_record(self, key: str, record: dict) -> None:
+        """Save `record` (JSON-able) under `key`, replacing any record there."""
+        ...
+
+
 def open_store(url: str | None) -> SessionStore:
     """A store from a URL: None or "memory://" (in process), "sqlite:///path/to.db"."""
     from chatrun.errors import ChatrunError

@@ -56,6 +56,7 @@ class InMemoryStore:
         self._memories: dict[str, tuple[Message, ...]] = {}
         self._sessions: dict[str, str] = {}
         self._history: dict[str, list[str]] = {}
+        self._records: dict[str, str] = {}
 
     # -- ChatMemoryStore ----------------------------------------------------------------------
 
@@ -114,6 +115,18 @@ class InMemoryStore:
     def list_sessions(self) -> list[str]:
         with self._lock:
             return list(self._sessions)
+
+    # -- RecordStore ---------------------------------------------------------------------------
+
+    def get_record(self, key: str) -> dict | None:
+        with self._lock:
+            text = self._records.get(key)
+        return None if text is None else json.loads(text)
+
+    def put_record(self, key: str, record: dict) -> None:
+        text = to_json(f"record {key}", record)
+        with self._lock:
+            self._records[key] = text
 
     def close(self) -> None:
         """Nothing to release; here so every store can be closed the same way."""

@@ -1,7 +1,7 @@
 """`SQLiteStore`: memories, session snapshots and history in one SQLite file (stdlib sqlite3).
 
 Tables: memories(memory_id, messages JSON), sessions(session_id, snapshot JSON, updated_at),
-history(session_id, seq, entry JSON). `commit_turn` is one transaction; the file uses WAL
+history(session_id, seq, entry JSON), records(key, record JSON). `commit_turn` is one transaction; the file uses WAL
 so readers never wait for the writer. One connection behind a lock, so the store may be
 called from any thread. Messages are stored with `Message.to_dict` and read back with
 `message_from_dict`, a lossless round trip.
@@ -38,6 +38,10 @@ CREATE TABLE IF NOT EXISTS history (
     seq        INTEGER NOT NULL,
     entry      TEXT NOT NULL,
     PRIMARY KEY (session_id, seq)
+);
+CREATE TABLE IF NOT EXISTS records (
+    key    TEXT PRIMARY KEY,
+    record TEXT NOT NULL
 );
 """
 
@@ -184,6 +188,21 @@ class SQLiteStore:
         """Session ids, oldest session first."""
         with self._locked("list sessions") as conn:
             return [r[0] for r in conn.execute("SELECT session_id FROM sessions ORDER BY rowid")]
+
+    # -- RecordStore ------------------------------------------------------------------------
+
+    def get_record(self, key: str) -> dict | None:
+        with self._locked(f"read record {key}") as conn:
+            row = conn.execute("SELECT record FROM records WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def put_record(self, key: str, record: dict) -> None:
+        text = to_json(f"record {key}", record)
+        with self._locked(f"save record {key}") as conn:
+            conn.execute(
+                "INSERT INTO records (key, record) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET record = excluded.record",
+                (key, text),
+            )
 
 
 _UPSERT_MEMORY = (
