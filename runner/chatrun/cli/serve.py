@@ -26,6 +26,14 @@ from chatrun.errors import BotError, ChatrunError
 )
 @click.option("--max-message-chars", default=8000, show_default=True, type=click.IntRange(min=1), help="Longest userMessage accepted.")
 @click.option("--max-in-flight", default=8, show_default=True, type=click.IntRange(min=1), help="Requests in flight per WebSocket connection.")
+@click.option(
+    "--session-header",
+    "session_headers",
+    multiple=True,
+    metavar="HEADER",
+    help="OpenAI API: a front end's chat-id header to trust for telling chats apart, e.g. "
+    "X-OpenWebUI-Chat-Id (repeatable; see docs/openai-api.md).",
+)
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(
     bots: tuple[str, ...],
@@ -35,6 +43,7 @@ def serve(
     auth_file: str | None,
     max_message_chars: int,
     max_in_flight: int,
+    session_headers: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Serve bots over WebSocket and HTTP, with a web chat page and inspector.
@@ -47,19 +56,22 @@ def serve(
 
     \b
     Then open http://HOST:PORT/ (the first bot) or /bots/NAME/ (each bot).
-    WebSocket: /_chat/routes (Quarkus Chat Scopes frames); HTTP API docs: /docs.
+    WebSocket: /_chat/routes (Quarkus Chat Scopes frames); HTTP API docs: /docs;
+    OpenAI-compatible API: /v1 (model = the bot's name).
     """
     try:
         import uvicorn
 
         from chatrun.server import ServerLimits, create_app
+        from chatrun.server.openai_api import OpenAIOptions
     except ModuleNotFoundError as exc:
         raise click.ClickException(
             f"`chatrun serve` needs {exc.name}; install it with: pip install 'chatrun[serve]'"
         ) from None
     limits = ServerLimits(max_message_chars=max_message_chars, max_in_flight=max_in_flight)
     try:
-        app = create_app(list(bots), store, auth=auth_file, limits=limits)
+        app = create_app(list(bots), store, auth=auth_file, limits=limits,
+                         openai=OpenAIOptions(session_headers=session_headers))
     except BotError as exc:
         lines = "\n".join(d.format() for d in exc.diagnostics)
         raise click.ClickException(f"cannot serve: the bot is invalid\n{lines}") from None

@@ -3,7 +3,7 @@
     app = create_app(["bots/travel"], "sqlite:///chatrun.db")
 
 Serves, for each bot: the WebSocket endpoint (Quarkus Chat Scopes frames), the HTTP API,
-the JavaScript client and the web chat page with its inspector.
+the OpenAI-compatible API under /v1, the JavaScript client and the web chat page with its inspector.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from chatrun.errors import ChatrunError
 from chatrun.server import wire
 from chatrun.server.auth import Auth, resolve_auth
 from chatrun.server.http import failure_response, make_router
+from chatrun.server.openai_api import OpenAIOptions, make_openai_router
 from chatrun.server.sessions import SessionRegistry
 from chatrun.server.ws import serve_websocket
 from chatrun.store import SessionStore, open_store
@@ -41,11 +42,13 @@ def create_app(
     store: SessionStore | None = None,
     cache_size: int = 10_000,
     gc_tuning: bool = True,
+    openai: OpenAIOptions = OpenAIOptions(),  # noqa: B008 - frozen dataclass, safe to share
 ) -> FastAPI:
     """The app serving `bots` (Bot objects or paths; a dict name -> Bot; the first is the default).
 
     store_url: "memory://" or "sqlite:///path.db" (ignored when `store` is given).
     auth: an Auth, a path to an auth file, or None (then $CHATRUN_AUTH_FILE, else no auth).
+    openai: options of the OpenAI-compatible API under /v1 (docs/openai-api.md).
     gc_tuning: apply tune_gc() at startup (process-wide; pass False when embedding the app
     in a process whose garbage-collector settings are someone else's).
     """
@@ -95,6 +98,7 @@ def create_app(
         return failure_response(wire.RequestFailed(wire.SERVER_ERROR, str(exc)))
 
     app.include_router(make_router(registry, limits, auth_config))
+    app.include_router(make_openai_router(registry, limits, auth_config, openai))
 
     @app.websocket("/_chat/routes")
     async def chat_routes(websocket: WebSocket) -> None:

@@ -1,0 +1,207 @@
+"""Which chatrun session an OpenAI-style request belongs to (docs/openai-api.md, "Sessions").
+
+OpenAI clients send the whole conversation with every request and no session id. The rules,
+first match wins:
+
+1. An explicit session id (the X-Chatrun-Session header, or a Responses `conversation`):
+   that session's next turn; a session that does not exist yet is created under that id.
+2. A committed turn the request continues: the Responses `previous_response_id`, or for
+   Chat Completions the conversation before the last user message, looked up in the index
+   of committed turns within the request's namespace (bot, principal, and the `user` field
+   or a trusted front-end chat-id header). When that session is still at that turn, the
+   request is its next turn; when it has moved on since (the client regenerated an answer,
+   edited an earlier message, or a second client shares the history), a new session forks
+   from the state right after that turn, so no conversation ever overwrites another.
+3. Nothing matches: a new session, whose earlier messages become its memory.
+
+Every committed turn is recorded in the store (`RecordStore`: durable with SQLite), so the
+rules hold across restarts; a store without records keeps the index in the process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chatrun.messages import AssistantMessage, Message, UserMessage, message_from_dict
+from chatrun.server import wire
+from chatrun.server.auth import Principal
+from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
+from chatrun.store import RecordStore
+
+if TYPE_CHECKING:
+    from chatrun.session import Session
+
+log = logging.getLogger("chatrun.server.openai")
+
+CONTINUED = "continued"  # the request is the next turn of a stored session
+FORKED = "forked"  # a new session forked from an earlier turn of another
+NEW_SESSION = "new"  # nothing matched: a new session (earlier messages seeded into its memory)
+
+Exchange = list[tuple[str, str]]  # (role, text) pairs, role "user" or "assistant"
+
+
+@dataclass
+class Identity:
+    """What a request says about its conversation."""
+
+    bot: str
+    earlier: Exchange  # the conversation before the turn's user message
+    explicit_id: str | None = None  # X-Chatrun-Session / Responses `conversation`
+    namespace: str = ""  # the `user` field or a trusted front-end chat id
+    previous: dict[str, Any] | None = None  # the record of previous_response_id
+    route: str | None = None  # entry route for a new session (model "bot/route")
+
+
+@dataclass
+class Opened:
+    session: Session
+    how: str
+    forked_from: str | None = None
+    seeded: int = 0  # earlier messages put into a new session's memory
+    notes: list[str] = field(default_factory=list)
+
+
+class _ProcessRecords:
+    """Records in this process only: for stores that do not implement RecordStore."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[str, str] = {}
+
+    def get_record(self, key: str) -> dict | None:
+        with self._lock:
+            text = self._records.get(key)
+        return None if text is None else json.loads(text)
+
+    def put_record(self, key: str, record: dict) -> None:
+        text = json.dumps(record, ensure_ascii=False)
+        with self._lock:
+            self._records[key] = text
+
+
+class TurnIndex:
+    """Committed turns by conversation prefix and by response id, kept in the store."""
+
+    def __init__(self, registry: SessionRegistry):
+        self.registry = registry
+        store = registry.store
+        if isinstance(store, RecordStore):
+            self.records: Any = store
+        else:
+            log.warning("the store %s keeps no records: the OpenAI API's session index lives in this process only",
+                        type(store).__name__)
+            self.records = _ProcessRecords()
+
+    # -- keys ------------------------------------------------------------------------------
+
+    @staticmethod
+    def prefix_key(bot: str, owner: str | None, namespace: str, exchange: Exchange) -> str:
+        text = json.dumps([bot, owner or "", namespace, exchange], ensure_ascii=False, separators=(",", ":"))
+        return "openai:prefix:" + hashlib.sha256(text.encode()).hexdigest()
+
+    @staticmethod
+    def response_key(response_id: str) -> str:
+        return "openai:response:" + response_id
+
+    def response(self, response_id: str, who: Principal | None) -> dict[str, Any] | None:
+        """The record of a response id, if it exists and belongs to the caller."""
+        record = self.records.get_record(self.response_key(response_id))
+        if record is None or record.get("owner") != _owner(who):
+            return None
+        return record
+
+    # -- opening the session of a request ----------------------------------------------------
+
+    @asynccontextmanager
+    async def open(self, ident: Identity, who: Principal | None) -> AsyncIterator[Opened]:
+        """The request's session, locked for its turn (see the module's rules)."""
+        registry = self.registry
+        if ident.explicit_id is not None:
+            problem = wire.chat_id_problem(ident.explicit_id)
+            if problem:
+                raise wire.RequestFailed(wire.BAD_REQUEST, f"the session id must be {problem}")
+            if registry.store.load_session(ident.explicit_id) is not None:
+                async with registry.session(ident.bot, ident.explicit_id, who, EXISTING) as session:
+                    yield Opened(session, CONTINUED)
+                return
+            async with registry.session(ident.bot, ident.explicit_id, who, NEW, route=ident.route) as session:
+                yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
+            return
+        record = ident.previous
+        if record is None and ident.earlier:
+            record = self.records.get_record(self.prefix_key(ident.bot, _owner(who), ident.namespace, ident.earlier))
+        if record is not None and record.get("bot") == ident.bot:
+            if registry.store.load_session(record["session"]) is not None:
+                async with registry.session(ident.bot, record["session"], who, EXISTING) as session:
+                    if session.turn == record["turn"]:
+                        yield Opened(session, CONTINUED)
+                        return
+            fork_id = self._fork(record)
+            async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
+                yield Opened(session, FORKED, forked_from=record["session"])
+            return
+        async with registry.session(ident.bot, secrets.token_hex(8), who, NEW, route=ident.route) as session:
+            yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
+
+    # -- after a committed turn ---------------------------------------------------------------
+
+    def remember(self, session: Session, who: Principal | None, keys: list[str]) -> None:
+        """Record the session as it is now (right after a committed turn) under `keys`."""
+        record = {
+            "bot": session.bot.name,
+            "owner": _owner(who),
+            "session": session.id,
+            "turn": session.turn,
+            "snapshot": session.snapshot(),
+            "memories": {mid: [m.to_dict() for m in messages] for mid, messages in session.memories().items()},
+            "at": time.time(),
+        }
+        for key in keys:
+            self.records.put_record(key, record)
+
+    def _fork(self, record: dict[str, Any]) -> str:
+        """A new session in the store: the recorded one as it was right after the recorded turn."""
+        old, new = record["session"], secrets.token_hex(8)
+        snapshot = json.loads(json.dumps(record["snapshot"]))
+        snapshot["id"] = new
+        snapshot["meta"] = dict(snapshot.get("meta") or {}, forked_from={"session": old, "turn": record["turn"]})
+        for scope in snapshot["scopes"]:
+            scope["id"] = _renamed(scope["id"], old, new)
+        memories: dict[str, list[Message] | None] = {
+            _renamed(mid, old, new): [message_from_dict(d) for d in messages]
+            for mid, messages in record["memories"].items()
+        }
+        self.registry.store.commit_turn(new, snapshot, memories, [])
+        return new
+
+
+def _renamed(scope_or_memory_id: str, old: str, new: str) -> str:
+    # Scope ids are "<session>.<n>" and memory ids "<session>.<n>#<route>" (chatrun.scopes).
+    return new + scope_or_memory_id[len(old):] if scope_or_memory_id.startswith(old + ".") else scope_or_memory_id
+
+
+def _seed(session: Session, earlier: Exchange) -> int:
+    """Put a new session's earlier conversation into its current route's memory."""
+    if not earlier:
+        return 0
+    scope = session.scopes[-1]
+    memory = session.memory_for(scope, scope.route)
+    if memory.ephemeral:
+        return 0
+    for role, text in earlier:
+        memory.add(UserMessage(text) if role == "user" else AssistantMessage(text))
+    session.store.commit_turn(session.id, session.snapshot(), {scope.memory_id(scope.route): memory.messages()}, [])
+    return len(earlier)
+
+
+def _owner(who: Principal | None) -> str | None:
+    return who.name if who is not None else None
