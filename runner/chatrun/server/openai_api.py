@@ -459,7 +459,7 @@ def make_openai_router(
             if result is not None:
                 u = result.usage
                 obj["usage"] = {"input_tokens": u.get("prompt_tokens", 0), "output_tokens": u.get("completion_tokens", 0),
-                                "total_tokens": u.get("total_tokens", 0), "input_tokens_details": {"cached_tokens": 0},
+                                "total_tokens": u.get("total_tokens", 0), "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                                 "output_tokens_details": {"reasoning_tokens": 0}}
                 obj["chatrun"] = result.session | ({"events": result.reply.other} if want_events else {})
             return obj

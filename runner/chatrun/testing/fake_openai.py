@@ -18,7 +18,7 @@ Response forms (dicts), consumed one per chat completion request:
     {"raw": "garbage"}                               a 200 answer whose body is not JSON
     {"delay": 0.5, ...}                              wait before answering (with any of the above)
     {"chunk_delay": 0.01, ...}                       wait between streamed chunks
-    {"finish_reason": "length", "usage": {...}}      override those fields
+    {"finish_reason": "length", "usage": {...}}      override those fields ("usage": None: report none)
     {"disconnect": True, ...}                        drop the connection: before any answer, or
                                                      for a stream after its chunks, before the end
 
@@ -317,7 +317,9 @@ class FakeOpenAI:
         chunks = [str(c) for c in response["chunks"]] if "chunks" in response else None
         text = "".join(chunks) if chunks is not None else response.get("text")
         finish = response.get("finish_reason") or ("tool_calls" if calls else "stop")
-        usage = response.get("usage") or estimate_usage(body, text, calls)
+        # {"usage": None}: a server that reports no usage at all.
+        usage = response["usage"] if "usage" in response and response["usage"] is None else (
+            response.get("usage") or estimate_usage(body, text, calls))
         meta = {"id": f"chatcmpl-fake{number}", "created": int(time.time()),
                 "model": body.get("model", "fake-model")}
         if body.get("stream"):

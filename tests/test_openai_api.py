@@ -1,0 +1,380 @@
+"""The OpenAI-compatible API (/v1) of `chatrun serve`, through the real `openai` SDK (sync, async,
+streaming) against a real uvicorn server serving the travel bot, whose own model is the fake
+OpenAI server. Conformance: responses and chunks are validated with the SDK's pydantic types."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+from openai.types import Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+import chatrun
+from chatrun.server import create_app
+from chatrun.server.auth import Auth
+from chatrun.server.openai_api import OpenAIOptions
+from server_support import ThreadServer, call, write_travel
+
+USAGE = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+BOOKED = "Your flight to Dublin on 2026-07-01 is booked."
+
+
+def queue_booking(fake, chunks: bool = False) -> None:
+    """Turn 1 (3 model calls): push into `flight`, set the destination, ask; turn 2 (2 calls):
+    set the date, book (the tool's message, then pop back to main_menu)."""
+    ask = {"chunks": ["When do ", "you leave?"]} if chunks else {"text": "When do you leave?"}
+    fake.queue(*[r | {"usage": USAGE} for r in (
+        call("book_flight"), call("set_destination", destination="Dublin"), ask,
+        call("set_departure", date="2026-07-01"), call("book"),
+    )])
+
+
+@pytest.fixture
+def travel(tmp_path):
+    return chatrun.load_bot(write_travel(tmp_path / "bots"))
+
+
+def serve(travel, tmp_path, **options):
+    auth = options.pop("auth", None)
+    app = create_app([travel], f"sqlite:///{tmp_path / 'chat.db'}", auth=auth,
+                     openai=OpenAIOptions(session_headers=("X-OpenWebUI-Chat-Id",), **options))
+    return ThreadServer(app)
+
+
+@pytest.fixture
+def server(fake, travel, tmp_path):
+    with serve(travel, tmp_path) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def info(completion) -> dict:
+    """The `chatrun` field: session, turn, route, stack, how the session was found."""
+    return completion.model_extra["chatrun"]
+
+
+def say(client, messages, **extra):
+    return client.chat.completions.create(model="travel", messages=messages, **extra)
+
+
+# -- models ------------------------------------------------------------------------------
+
+
+def test_models_lists_each_bot_and_its_routes(client):
+    ids = [m.id for m in client.models.list()]
+    assert ids == ["travel", "travel/main_menu", "travel/flight", "travel/lounge"]
+    raw = httpx.get(str(client.base_url) + "models").json()
+    for entry in raw["data"]:
+        Model.model_validate(entry, strict=True)
+
+
+# -- chat completions ------------------------------------------------------------------------
+
+
+def test_a_whole_booking_through_chat_completions_pushes_and_pops_inside_chatrun(client, fake):
+    queue_booking(fake)
+    messages = [{"role": "system", "content": "ignored: the bot has its prompts"},
+                {"role": "user", "content": "I want to fly to Dublin"}]
+    first = say(client, messages)
+    assert first.choices[0].message.content == "When do you leave?"
+    assert first.choices[0].message.tool_calls is None  # chatrun's tools stay inside
+    assert info(first) | {"session": "-"} == {"session": "-", "turn": 1, "route": "flight",
+                                             "stack": ["main_menu", "flight"], "how": "new"}
+    assert first.usage.model_dump(exclude_none=True) == {"prompt_tokens": 30, "completion_tokens": 9, "total_tokens": 39}
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "July 1st"}]
+    second = say(client, messages)
+    assert second.choices[0].message.content == BOOKED
+    assert info(second)["session"] == info(first)["session"]
+    assert info(second) | {"session": "-"} == {"session": "-", "turn": 2, "route": "main_menu",
+                                              "stack": ["main_menu"], "how": "continued"}
+    assert second.usage.total_tokens == 26
+    # The flight route's prompt saw the reservation; the model never saw the client's system message.
+    assert '"destination": "Dublin"' in fake.requests[2]["messages"][0]["content"]
+    assert all("ignored" not in json.dumps(r["messages"]) for r in fake.requests)
+
+
+def test_usage_is_estimated_and_said_so_when_the_model_reports_none(client, fake):
+    fake.queue({"text": "Hello there", "usage": None})
+    reply = say(client, [{"role": "user", "content": "hi there you"}])
+    assert info(reply)["usage_estimated"] is True
+    # ~4 characters a token: "hi there you" (12) -> 3, "Hello there" (11) -> 3.
+    assert reply.usage.model_dump(exclude_none=True) == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+
+
+def test_streaming_sends_openai_chunks_then_usage_then_done(client, fake, server):
+    queue_booking(fake, chunks=True)
+    stream = client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "Dublin please"}],
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "When do you leave?"
+    assert [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content] == \
+        ["When do ", "you leave?"]  # as the model streamed them
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == 39
+
+
+def test_raw_chunks_conform_to_the_sdk_types_strictly(fake, server):
+    fake.queue({"chunks": ["Hel", "lo"]})
+    body = {"model": "travel", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    for line in lines[:-1]:
+        ChatCompletionChunk.model_validate(json.loads(line[6:]), strict=True)
+    fake.queue({"text": "Hi"})
+    plain = httpx.post(server.url + "/v1/chat/completions", json=body | {"stream": False}).json()
+    assert ChatCompletion.model_validate(plain, strict=True).choices[0].message.content == "Hi"
+
+
+def test_async_client_and_object_events_as_json(fake, tmp_path, write_bot):
+    bot = chatrun.load_bot(write_bot("""
+        name: quote
+        model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+        routes:
+          main:
+            default: true
+            system: Quote prices.
+            tools: [quote]
+        tools:
+          quote:
+            description: Quote a price
+            parameters: {type: object, properties: {price: {type: number}}, required: [price]}
+            action: {emit: {Object: {price: 120, currency: EUR}}, immediate: true}
+    """))
+    fake.queue(call("quote", price=120))
+
+    async def ask() -> str:
+        with ThreadServer(create_app([bot], "memory://")) as server:
+            async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+                reply = await client.chat.completions.create(
+                    model="quote", messages=[{"role": "user", "content": "price?"}],
+                    response_format={"type": "json_object"})
+                return reply.choices[0].message.content
+
+    assert json.loads(asyncio.run(ask())) == {"price": 120, "currency": "EUR"}
+
+
+def test_thinking_events_only_when_asked_for(client, fake):
+    queue_booking(fake)
+    reply = say(client, [{"role": "user", "content": "Dublin"}], extra_body={"chatrun": {"events": True}})
+    assert [e["type"] for e in info(reply)["events"]] == ["RouteChanged", "Thinking"]
+    assert info(reply)["events"][1]["data"] == "Destination set to Dublin"
+    assert "Destination set" not in reply.choices[0].message.content
+
+
+def test_keepalive_comments_on_a_slow_turn(fake, travel, tmp_path):
+    fake.queue({"text": "slow answer", "delay": 0.6})
+    with serve(travel, tmp_path, keepalive=0.15) as server:
+        body = {"model": "travel", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=10) as response:
+            lines = list(response.iter_lines())
+    assert ": keep-alive" in lines
+    deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in lines if line.startswith("data: {")]
+    assert "".join(d.get("content") or "" for d in deltas) == "slow answer"
+    assert lines.index(": keep-alive") < next(i for i, line in enumerate(lines) if "slow" in line)
+
+
+# -- sessions: reconciliation ---------------------------------------------------------------------
+
+
+def test_regenerating_the_last_answer_forks_from_the_turn_before(client, fake):
+    queue_booking(fake)
+    history = [{"role": "user", "content": "Dublin"}]
+    first = say(client, history)
+    history += [{"role": "assistant", "content": "When do you leave?"}, {"role": "user", "content": "July 1st"}]
+    second = say(client, history)
+    assert info(second)["how"] == "continued"
+    # Regenerate: the same request again. The session has moved on, so it forks from turn 1.
+    fake.queue(call("set_departure", date="2026-07-02"), call("book"))
+    again = say(client, history)
+    assert info(again)["how"] == "forked"
+    assert info(again)["forked_from"] == info(first)["session"] != info(again)["session"]
+    assert again.choices[0].message.content == "Your flight to Dublin on 2026-07-02 is booked."
+    # The fork started in the flight scope with the reservation as it was after turn 1.
+    assert '"destination": "Dublin"' in fake.requests[-2]["messages"][0]["content"]
+    # The original session is untouched and can still be continued.
+    history += [{"role": "assistant", "content": BOOKED}, {"role": "user", "content": "thanks"}]
+    fake.queue({"text": "You're welcome"})
+    assert info(say(client, history))["session"] == info(first)["session"]
+
+
+def test_editing_an_earlier_message_forks_from_the_common_prefix(client, fake):
+    fake.queue({"text": "A1"}, {"text": "A2"}, {"text": "A3"}, {"text": "A2 edited"})
+    h = [{"role": "user", "content": "one"}]
+    s = info(say(client, h))["session"]
+    h += [{"role": "assistant", "content": "A1"}, {"role": "user", "content": "two"}]
+    say(client, h)
+    h += [{"role": "assistant", "content": "A2"}, {"role": "user", "content": "three"}]
+    assert info(say(client, h))["turn"] == 3
+    edited = h[:2] + [{"role": "user", "content": "two, edited"}]
+    fork = say(client, edited)
+    assert info(fork)["how"] == "forked" and info(fork)["forked_from"] == s and info(fork)["turn"] == 2
+    # The model saw the prefix (one, A1) and the edited message, not the later turns.
+    sent = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] != "system"]
+    assert sent == ["one", "A1", "two, edited"]
+
+
+def test_two_chats_with_the_same_history_stay_apart_by_configured_header(client, fake):
+    fake.responder = lambda body: {"text": "echo " + body["messages"][-1]["content"]}
+    sessions = {}
+    for chat in ("A", "B"):
+        h = [{"role": "user", "content": "hi"}]
+        first = say(client, h, extra_headers={"X-OpenWebUI-Chat-Id": chat})
+        h += [{"role": "assistant", "content": "echo hi"}, {"role": "user", "content": "again"}]
+        second = say(client, h, extra_headers={"X-OpenWebUI-Chat-Id": chat})
+        assert info(second)["how"] == "continued" and info(second)["session"] == info(first)["session"]
+        sessions[chat] = info(first)["session"]
+    assert sessions["A"] != sessions["B"]
+    # A header that is not configured is not trusted: the second client's identical history forks.
+    h = [{"role": "user", "content": "hi"}]
+    say(client, h, extra_headers={"X-Unconfigured-Chat-Id": "C"})
+    say(client, h, extra_headers={"X-Unconfigured-Chat-Id": "D"})
+    h += [{"role": "assistant", "content": "echo hi"}, {"role": "user", "content": "again"}]
+    hows = [info(say(client, h, extra_headers={"X-Unconfigured-Chat-Id": c}))["how"] for c in "CD"]
+    assert hows == ["continued", "forked"]
+
+
+def test_unknown_history_starts_a_session_with_it_as_memory_and_explicit_header_wins(client, fake):
+    fake.responder = lambda body: {"text": "ok"}
+    h = [{"role": "user", "content": "my name is Ana"}, {"role": "assistant", "content": "Hello Ana"},
+         {"role": "user", "content": "book me a flight"}]
+    reply = say(client, h)
+    assert info(reply)["how"] == "new"
+    sent = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] != "system"]
+    assert sent == ["my name is Ana", "Hello Ana", "book me a flight"]
+    # X-Chatrun-Session names the session outright, whatever history the client sends.
+    explicit = say(client, [{"role": "user", "content": "x"}], extra_headers={"X-Chatrun-Session": "mine"})
+    assert info(explicit)["session"] == "mine" and info(explicit)["how"] == "new"
+    later = say(client, [{"role": "user", "content": "y"}], extra_headers={"X-Chatrun-Session": "mine"})
+    assert info(later) | {"how": "-"} == info(explicit) | {"how": "-", "turn": 2}
+
+
+# -- responses -----------------------------------------------------------------------------------
+
+
+def test_a_whole_booking_through_responses_with_previous_response_id(client, fake):
+    queue_booking(fake)
+    first = client.responses.create(model="travel", input="I want to fly to Dublin")
+    assert first.output_text == "When do you leave?" and first.status == "completed"
+    assert first.usage.total_tokens == 39
+    second = client.responses.create(model="travel", input="July 1st", previous_response_id=first.id)
+    assert second.output_text == BOOKED
+    assert second.model_extra["chatrun"]["session"] == first.model_extra["chatrun"]["session"]
+    assert second.model_extra["chatrun"]["stack"] == ["main_menu"]
+    # Answering the first response again forks from it (the session has moved on).
+    fake.queue(call("set_departure", date="2026-08-01"), call("book"))
+    other = client.responses.create(model="travel", input="August 1st", previous_response_id=first.id)
+    assert other.output_text == "Your flight to Dublin on 2026-08-01 is booked."
+    assert other.model_extra["chatrun"]["how"] == "forked"
+
+
+def test_raw_responses_conform_to_the_sdk_types_strictly(fake, server):
+    fake.queue({"text": "Hi"}, {"chunks": ["Hel", "lo"]})
+    body = {"model": "travel", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}
+    plain = httpx.post(server.url + "/v1/responses", json=body).json()
+    assert Response.model_validate(plain, strict=True).output_text == "Hi"
+    with httpx.stream("POST", server.url + "/v1/responses", json=body | {"stream": True,
+                      "previous_response_id": plain["id"]}) as response:
+        data = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    adapter = TypeAdapter(ResponseStreamEvent)
+    events = [adapter.validate_python(d, strict=True) for d in data]
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].response.output_text == "Hello"
+
+
+def test_async_streaming_responses_and_conversation_ids(server, fake):
+    queue_booking(fake, chunks=True)
+
+    async def book() -> tuple[list[str], str, str]:
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+            deltas = []
+            stream = await client.responses.create(model="travel", input="Dublin", conversation="trip-1", stream=True)
+            async for event in stream:
+                if event.type == "response.output_text.delta":
+                    deltas.append(event.delta)
+            second = await client.responses.create(model="travel", input="July 1st", conversation="trip-1")
+            return deltas, second.output_text, second.model_extra["chatrun"]["session"]
+
+    deltas, booked, session = asyncio.run(book())
+    assert deltas == ["When do ", "you leave?"]
+    assert booked == BOOKED and session == "trip-1"
+
+
+def test_response_ids_survive_a_restart(fake, travel, tmp_path):
+    queue_booking(fake)
+    with serve(travel, tmp_path) as server:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+            first = client.responses.create(model="travel", input="Dublin")
+    with serve(travel, tmp_path) as server:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+            second = client.responses.create(model="travel", input="July 1st", previous_response_id=first.id)
+    assert second.output_text == BOOKED
+
+
+# -- errors and auth ------------------------------------------------------------------------------
+
+
+def test_errors_have_openai_shape_so_the_sdk_raises_its_own_exceptions(client, fake):
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    assert exc.value.code == "model_not_found" and "travel" in exc.value.message
+    with pytest.raises(openai.BadRequestError, match="last message of messages must be the user's"):
+        client.chat.completions.create(model="travel", messages=[{"role": "assistant", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError, match="role 'tool' is not supported"):
+        client.chat.completions.create(model="travel", messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}])
+    with pytest.raises(openai.NotFoundError, match="previous_response_id"):
+        client.responses.create(model="travel", input="hi", previous_response_id="resp_unknown")
+    fake.queue({"status": 500, "body": "upstream down"})
+    with pytest.raises(openai.InternalServerError) as failed:
+        client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}])
+    assert failed.value.code == "turn_failed"
+
+
+def test_failed_turn_while_streaming_raises_in_the_sdk(client, fake):
+    fake.queue({"status": 500, "body": "upstream down"})
+    stream = client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}], stream=True)
+    with pytest.raises(openai.APIError, match="the turn failed"):
+        list(stream)
+
+
+def test_same_tokens_and_ownership_as_the_rest_of_the_server(fake, travel, tmp_path):
+    auth = Auth.from_mapping({"tokens": {"s3cret-ana": "ana", "s3cret-bob": "bob"}})
+    fake.responder = lambda body: {"text": "ok"}
+    with serve(travel, tmp_path, auth=auth) as server:
+        url = server.url + "/v1"
+        with openai.OpenAI(base_url=url, api_key="wrong-token", max_retries=0) as anon:
+            with pytest.raises(openai.AuthenticationError):
+                anon.models.list()
+        with openai.OpenAI(base_url=url, api_key="s3cret-ana", max_retries=0) as ana, \
+                openai.OpenAI(base_url=url, api_key="s3cret-bob", max_retries=0) as bob:
+            mine = ana.responses.create(model="travel", input="hi", conversation="ana-trip")
+            with pytest.raises(openai.NotFoundError):  # bob cannot continue ana's response
+                bob.responses.create(model="travel", input="hi", previous_response_id=mine.id)
+            with pytest.raises(openai.PermissionDeniedError):  # nor her session by name
+                bob.responses.create(model="travel", input="hi", conversation="ana-trip")
+            # The same history from bob never reaches ana's session.
+            h = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+                 {"role": "user", "content": "more"}]
+            bobs = bob.chat.completions.create(model="travel", messages=h)
+            assert bobs.model_extra["chatrun"]["how"] == "new"
+            with pytest.raises(openai.PermissionDeniedError):  # the lounge needs the staff role
+                bob.chat.completions.create(model="travel/lounge", messages=[{"role": "user", "content": "hi"}])
