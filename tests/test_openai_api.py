@@ -371,6 +371,9 @@ def test_same_tokens_and_ownership_as_the_rest_of_the_server(fake, travel, tmp_p
                 bob.responses.create(model="travel", input="hi", previous_response_id=mine.id)
             with pytest.raises(openai.PermissionDeniedError):  # nor her session by name
                 bob.responses.create(model="travel", input="hi", conversation="ana-trip")
+            with pytest.raises(openai.PermissionDeniedError):  # streaming too: before any event
+                bob.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}],
+                                            stream=True, extra_headers={"X-Chatrun-Session": "ana-trip"})
             # The same history from bob never reaches ana's session.
             h = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
                  {"role": "user", "content": "more"}]

@@ -141,6 +141,7 @@ async def run_turn(
     """One turn in the request's session; the index records it when it commits."""
     reply = Reply()
     async with index.open(ident, who) as opened:
+        emit(OPENED)  # a streaming response may start: the request found (or made) its session
         session = opened.session
         error = None
         async for event in session.stream(text):
@@ -180,6 +181,16 @@ def _turn_in_background(start: Callable[[Emit], Any]) -> tuple[asyncio.Queue, as
 
 _END = object()
 _KEEPALIVE = object()
+OPENED = ev.Event("chatrun.opened", None)  # marker: the turn's session is open
+
+
+async def _opened(queue: asyncio.Queue, task: asyncio.Task) -> None:
+    """Wait until the turn's session is open, so that a request naming a session it may not
+    use, or an unknown previous response, fails with its HTTP status before any SSE is sent."""
+    first = await queue.get()
+    if first is _END:
+        task.result()  # raises the reason
+        raise OpenAIError(500, "the turn ended before it started", "server_error")
 
 
 async def _events(queue: asyncio.Queue, keepalive: float) -> AsyncIterator[Any]:
@@ -364,8 +375,10 @@ def make_openai_router(
                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
             return "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n"
 
+        queue, task = _turn_in_background(start)
+        await _opened(queue, task)
+
         async def frames() -> AsyncIterator[str]:
-            queue, task = _turn_in_background(start)
             view = Reply()
             yield chunk({"role": "assistant", "content": ""})
             async for item in _events(queue, options.keepalive):
@@ -471,6 +484,9 @@ def make_openai_router(
             return JSONResponse(response_object("completed", result, result.reply.text),
                                 headers={"X-Chatrun-Session": result.session["session"]})
 
+        queue, task = _turn_in_background(start)
+        await _opened(queue, task)
+
         async def frames() -> AsyncIterator[str]:
             sequence = 0
 
@@ -480,7 +496,6 @@ def make_openai_router(
                 payload = {"type": kind, "sequence_number": sequence - 1, **data}
                 return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
-            queue, task = _turn_in_background(start)
             yield event("response.created", response=response_object("in_progress", None, None))
             yield event("response.in_progress", response=response_object("in_progress", None, None))
             where = {"item_id": message_id, "output_index": 0, "content_index": 0}
