@@ -19,7 +19,7 @@ from chatrun.messages import (
     messages_from_json,
     messages_to_json,
 )
-from chatrun.store import ChatMemoryStore, SessionStore, open_store
+from chatrun.store import ChatMemoryStore, RecordStore, SessionStore, open_store
 from chatrun.store.memory import InMemoryStore
 from chatrun.store.sqlite import SQLiteStore
 
@@ -48,6 +48,19 @@ def store(request, tmp_path):
 def test_both_protocols(store):
     assert isinstance(store, ChatMemoryStore)
     assert isinstance(store, SessionStore)
+
+
+def test_records_are_saved_replaced_and_refused_when_not_json(store):
+    assert isinstance(store, RecordStore)
+    assert store.get_record("openai:response:r1") is None
+    store.put_record("openai:response:r1", {"session": "s1", "turn": 2})
+    store.put_record("openai:response:r2", {"session": "s2", "turn": 1})
+    store.put_record("openai:response:r1", {"session": "s1", "turn": 3})
+    assert store.get_record("openai:response:r1") == {"session": "s1", "turn": 3}
+    assert store.get_record("openai:response:r2") == {"session": "s2", "turn": 1}
+    with pytest.raises(ChatrunError, match="record bad"):
+        store.put_record("bad", {"x": {1, 2}})
+    assert store.get_record("bad") is None
 
 
 def test_messages_round_trip_losslessly(store):
@@ -195,13 +208,20 @@ def test_sqlite_persists_across_reopen(tmp_path):
         assert [e["turn"] for e in s.load_history("s1")] == [1, 2]
 
 
+def test_sqlite_records_persist_across_reopen(tmp_path):
+    with SQLiteStore(tmp_path / "c.db") as store:
+        store.put_record("k", {"v": 1})
+    with SQLiteStore(tmp_path / "c.db") as store:
+        assert store.get_record("k") == {"v": 1}
+
+
 def test_sqlite_uses_wal_and_the_documented_tables(tmp_path):
     path = tmp_path / "c.db"
     SQLiteStore(path).close()
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert {"memories", "sessions", "history"} <= tables
+    assert {"memories", "sessions", "history", "records"} <= tables
     conn.close()
 
 
