@@ -152,6 +152,20 @@ class Session:
             for r in s.memory_routes
         }
 
+    def seed_memory(self, messages: list[Message]) -> int:
+        """Put a conversation begun elsewhere (e.g. the earlier messages an OpenAI client sends
+        with its first request) into the current route's memory, stored at once. Returns how
+        many messages it holds now (0 for a route whose memory policy keeps nothing)."""
+        self._check_usable()
+        scope = self._c.scope
+        memory = self._c.memory_for(scope, scope.route)
+        if memory.ephemeral:
+            return 0
+        for message in messages:
+            memory.add(message)
+        self.store.commit_turn(self.id, self._c.snapshot(), {scope.memory_id(scope.route): memory.messages()}, [])
+        return len(memory.messages())
+
     @property
     def history(self) -> list[dict]:
         return self.store.load_history(self.id)

@@ -160,7 +160,7 @@ async def run_turn(
             completion = estimate_tokens(reply.text)
             usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         usage.setdefault("total_tokens", usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0))
-        info = {"session": session.id, "turn": session.turn, "route": session.route, "stack": session.stack,
+        info = {"session": session.id, "turn": session.turn_count, "route": session.route, "stack": session.stack,
                 "how": opened.how}
         if opened.forked_from:
             info["forked_from"] = opened.forked_from

@@ -38,7 +38,7 @@ from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 from chatrun.store import RecordStore
 
 if TYPE_CHECKING:
-    from chatrun.session import Session
+    from chatrun.engine.session import Session
 
 log = logging.getLogger("chatrun.server.openai")
 
@@ -142,7 +142,7 @@ class TurnIndex:
         if record is not None and record.get("bot") == ident.bot:
             if registry.store.load_session(record["session"]) is not None:
                 async with registry.session(ident.bot, record["session"], who, EXISTING) as session:
-                    if session.turn == record["turn"]:
+                    if session.turn_count == record["turn"]:
                         yield Opened(session, CONTINUED)
                         return
             fork_id = self._fork(record)
@@ -160,7 +160,7 @@ class TurnIndex:
             "bot": session.bot.name,
             "owner": _owner(who),
             "session": session.id,
-            "turn": session.turn,
+            "turn": session.turn_count,
             "snapshot": session.snapshot(),
             "memories": {mid: [m.to_dict() for m in messages] for mid, messages in session.memories().items()},
             "at": time.time(),
@@ -193,14 +193,7 @@ def _seed(session: Session, earlier: Exchange) -> int:
     """Put a new session's earlier conversation into its current route's memory."""
     if not earlier:
         return 0
-    scope = session.scopes[-1]
-    memory = session.memory_for(scope, scope.route)
-    if memory.ephemeral:
-        return 0
-    for role, text in earlier:
-        memory.add(UserMessage(text) if role == "user" else AssistantMessage(text))
-    session.store.commit_turn(session.id, session.snapshot(), {scope.memory_id(scope.route): memory.messages()}, [])
-    return len(earlier)
+    return session.seed_memory([UserMessage(text) if role == "user" else AssistantMessage(text) for role, text in earlier])
 
 
 def _owner(who: Principal | None) -> str | None:
