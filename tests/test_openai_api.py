@@ -264,6 +264,20 @@ def test_unknown_history_starts_a_session_with_it_as_memory_and_explicit_header_
     assert info(later) | {"how": "-"} == info(explicit) | {"how": "-", "turn": 2}
 
 
+def test_a_deleted_session_is_neither_continued_nor_forked(client, fake, server):
+    fake.responder = lambda body: {"text": "ok"}
+    h = [{"role": "user", "content": "my secret"}]
+    first = client.responses.create(model="travel", input="my secret")
+    session = info(say(client, h))["session"]
+    assert httpx.delete(f"{server.url}/bots/travel/sessions/{session}").status_code == 204
+    h += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    again = say(client, h)
+    assert info(again)["how"] == "new" and info(again)["session"] != session
+    httpx.delete(f"{server.url}/bots/travel/sessions/{first.model_extra['chatrun']['session']}")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="travel", input="more", previous_response_id=first.id)
+
+
 # -- responses -----------------------------------------------------------------------------------
 
 

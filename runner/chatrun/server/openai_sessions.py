@@ -12,6 +12,7 @@ first match wins:
    request is its next turn; when it has moved on since (the client regenerated an answer,
    edited an earlier message, or a second client shares the history), a new session forks
    from the state right after that turn, so no conversation ever overwrites another.
+   Turns of a deleted session match nothing.
 3. Nothing matches: a new session, whose earlier messages become its memory.
 
 Every committed turn is recorded in the store (`RecordStore`: durable with SQLite), so the
@@ -115,9 +116,13 @@ class TurnIndex:
     def response(self, response_id: str, who: Principal | None) -> dict[str, Any] | None:
         """The record of a response id, if it exists and belongs to the caller."""
         record = self.records.get_record(self.response_key(response_id))
-        if record is None or record.get("owner") != _owner(who):
+        if record is None or record.get("owner") != _owner(who) or not self._alive(record):
             return None
         return record
+
+    def _alive(self, record: dict[str, Any]) -> bool:
+        # A deleted session is gone for good: its recorded turns neither continue nor fork.
+        return self.registry.store.load_session(record["session"]) is not None
 
     # -- opening the session of a request ----------------------------------------------------
 
@@ -139,12 +144,11 @@ class TurnIndex:
         record = ident.previous
         if record is None and ident.earlier:
             record = self.records.get_record(self.prefix_key(ident.bot, _owner(who), ident.namespace, ident.earlier))
-        if record is not None and record.get("bot") == ident.bot:
-            if registry.store.load_session(record["session"]) is not None:
-                async with registry.session(ident.bot, record["session"], who, EXISTING) as session:
-                    if session.turn_count == record["turn"]:
-                        yield Opened(session, CONTINUED)
-                        return
+        if record is not None and record.get("bot") == ident.bot and self._alive(record):
+            async with registry.session(ident.bot, record["session"], who, EXISTING) as session:
+                if session.turn_count == record["turn"]:
+                    yield Opened(session, CONTINUED)
+                    return
             fork_id = self._fork(record)
             async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
                 yield Opened(session, FORKED, forked_from=record["session"])
