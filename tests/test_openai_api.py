@@ -357,6 +357,11 @@ def test_errors_have_openai_shape_so_the_sdk_raises_its_own_exceptions(client, f
         client.chat.completions.create(model="travel", messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}])
     with pytest.raises(openai.NotFoundError, match="previous_response_id"):
         client.responses.create(model="travel", input="hi", previous_response_id="resp_unknown")
+    with pytest.raises(openai.NotFoundError, match="not part of chatrun's OpenAI API"):
+        client.responses.retrieve("resp_123")
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.embeddings.create(model="travel", input="hi")
+    assert unknown.value.body["code"] == "unknown_url"
     fake.queue({"status": 500, "body": "upstream down"})
     with pytest.raises(openai.InternalServerError) as failed:
         client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}])

@@ -535,6 +535,13 @@ def make_openai_router(
     router.add_api_route("/models", handled(models), methods=["GET"])
     router.add_api_route("/chat/completions", handled(chat_completions), methods=["POST"])
     router.add_api_route("/responses", handled(responses), methods=["POST"])
+
+    async def unsupported(request: Request) -> Any:
+        raise OpenAIError(404, f"{request.method} {request.url.path} is not part of chatrun's OpenAI API "
+                          "(see docs/openai-api.md)", code="unknown_url")
+
+    router.add_api_route("/{path:path}", handled(unsupported), methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                         include_in_schema=False)
     return router
 
 
