@@ -70,17 +70,3 @@ def test_travel_booking_end_to_end(fake):
     assert any(m["role"] == "assistant" and (m["content"] or "").startswith("Booked flight") for m in last["messages"])
     session.close()
 
-
-def test_a_turn_records_the_usage_its_model_calls_reported_summed(fake):
-    bot = chatrun.load_bot(TRAVEL)
-    session = bot.session()
-    usage = {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}
-    fake.queue(tool("book_flight") | {"usage": usage}, tool("set_destination", destination="Ireland") | {"usage": usage},
-               {"text": "When?", "usage": usage})
-    session.chat("to Ireland")
-    assert session.last_turn["usage"] == {"prompt_tokens": 300, "completion_tokens": 21, "total_tokens": 321}
-    assert session.history[-1]["usage"] == session.last_turn["usage"]  # stored with the turn
-    fake.queue({"text": "Hi", "usage": None})  # a model that reports none: no usage recorded
-    session.chat("hello")
-    assert "usage" not in session.last_turn
-    session.close()

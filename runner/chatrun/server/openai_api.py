@@ -153,20 +153,34 @@ async def run_turn(
         ok = bool(entry.get("ok")) and error is None
         if ok:
             index.remember(session, who, keys_after(reply))
-        usage = dict(entry.get("usage") or {})
-        estimated = not usage
-        if estimated:  # the model reported none: estimate (~4 characters a token) and say so
-            prompt = sum(estimate_tokens(t) for t in prompt_texts)
-            completion = estimate_tokens(reply.text)
-            usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-        usage.setdefault("total_tokens", usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0))
+        usage, estimated, cost = openai_usage(entry.get("usage"), prompt_texts, reply.text)
         info = {"session": session.id, "turn": session.turn_count, "route": session.route, "stack": session.stack,
                 "how": opened.how}
         if opened.forked_from:
             info["forked_from"] = opened.forked_from
         if estimated:
             info["usage_estimated"] = True
+        if cost is not None:
+            info["cost"] = cost
         return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info)
+
+
+def openai_usage(turn_usage: dict[str, Any] | None, prompt_texts: list[str],
+                 reply: str) -> tuple[dict[str, Any], bool, float | None]:
+    """(OpenAI's `usage`, whether it is estimated, the cost) from the turn's history entry,
+    where the engine sums every model call of the turn (counted, and marked estimated, for
+    calls whose endpoint reported none). A turn without model calls gets a rough estimate."""
+    if not turn_usage:
+        prompt = sum(estimate_tokens(t) for t in prompt_texts)
+        completion = estimate_tokens(reply)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}, True, None
+    prompt, completion = int(turn_usage.get("input_tokens", 0)), int(turn_usage.get("output_tokens", 0))
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if turn_usage.get("cached_input_tokens"):
+        usage["prompt_tokens_details"] = {"cached_tokens": int(turn_usage["cached_input_tokens"])}
+    if turn_usage.get("reasoning_tokens"):
+        usage["completion_tokens_details"] = {"reasoning_tokens": int(turn_usage["reasoning_tokens"])}
+    return usage, bool(turn_usage.get("estimated")), turn_usage.get("cost")
 
 
 def _turn_in_background(start: Callable[[Emit], Any]) -> tuple[asyncio.Queue, asyncio.Task]:
@@ -472,8 +486,11 @@ def make_openai_router(
             if result is not None:
                 u = result.usage
                 obj["usage"] = {"input_tokens": u.get("prompt_tokens", 0), "output_tokens": u.get("completion_tokens", 0),
-                                "total_tokens": u.get("total_tokens", 0), "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                                "output_tokens_details": {"reasoning_tokens": 0}}
+                                "total_tokens": u.get("total_tokens", 0),
+                                "input_tokens_details": {"cached_tokens": (u.get("prompt_tokens_details") or {}).get(
+                                    "cached_tokens", 0), "cache_write_tokens": 0},
+                                "output_tokens_details": {"reasoning_tokens": (u.get("completion_tokens_details") or {}).get(
+                                    "reasoning_tokens", 0)}}
                 obj["chatrun"] = result.session | ({"events": result.reply.other} if want_events else {})
             return obj
 
