@@ -428,7 +428,7 @@ def test_make_memory_builds_each_policy():
     none = make_memory(MemoryPolicy(type="none"), "s1#n")
     assert isinstance(none, TurnOnlyMemory) and none.ephemeral
     with pytest.raises(ChatrunError, match="unknown memory type"):
-        make_memory(MemoryPolicy(type="summary"), "s1#q")
+        make_memory(MemoryPolicy(type="summarise"), "s1#q")
     with pytest.raises(ChatrunError, match="unknown tiktoken encoding"):
         make_memory(MemoryPolicy(type="token_window", encoding="o9000"), "s1#e")
 

@@ -29,7 +29,7 @@ EXPECTED = {
         ("bad_enum.yaml", 2, "error",
          '`model.provider` must be one of openai, scripted (got `openia`); did you mean `openai`?'),
         ("bad_enum.yaml", 3, "error",
-         '`memory.type` must be one of message_window, token_window, none (got `tokens_window`); did you mean `token_window`?'),
+         '`memory.type` must be one of message_window, token_window, none, summary (got `tokens_window`); did you mean `token_window`?'),
         ("bad_enum.yaml", 11, "error",
          '`action.wipe` of tool `forget` must be one of schedule, abort (got `later`)'),
     ],

@@ -1,7 +1,7 @@
 """Chat messages: what a memory holds and what the model is sent.
 
 Four kinds, as in LangChain4j: system, user, assistant (optionally with tool calls)
-and tool result. Messages are immutable, so memories can share them and cache
+and tool result; and a fifth, the running summary a `summary` memory keeps. Messages are immutable, so memories can share them and cache
 their token counts by identity. `to_dict`/`message_from_dict` round-trip losslessly
 through JSON; `to_openai` gives the Chat Completions wire form.
 """
@@ -114,6 +114,28 @@ class ToolResultMessage(Message):
         return self.content
 
 
+SUMMARY_HEADING = "Summary of the earlier conversation:"
+
+
+@dataclass(frozen=True)
+class SummaryMessage(Message):
+    """What a `summary` memory keeps of the messages it folded: a running summary, right after
+    the system message. The model is sent it as a user message under a heading (every
+    OpenAI-compatible server accepts that where a second system message may be refused)."""
+
+    content: str
+    role: str = field(init=False, default="summary")
+
+    def to_dict(self) -> dict:
+        return {"role": "summary", "content": self.content}
+
+    def to_openai(self) -> dict:
+        return {"role": "user", "content": f"{SUMMARY_HEADING}\n{self.content}"}
+
+    def text(self) -> str:
+        return f"{SUMMARY_HEADING}\n{self.content}"
+
+
 def message_from_dict(d: dict) -> Message:
     """Inverse of `Message.to_dict`."""
     role = d.get("role")
@@ -126,6 +148,8 @@ def message_from_dict(d: dict) -> Message:
         return AssistantMessage(d.get("content"), calls)
     if role == "tool":
         return ToolResultMessage(d["tool_call_id"], d.get("name", ""), d["content"])
+    if role == "summary":
+        return SummaryMessage(d["content"])
     raise ValueError(f"unknown message role {role!r}")
 
 

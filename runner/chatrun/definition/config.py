@@ -55,6 +55,7 @@ class MemoryPolicy:
     """How much of the conversation a route's memory keeps.
 
     type: "message_window" (max_messages), "token_window" (max_tokens, encoding),
+    "summary" (max_tokens as the trigger, keep_messages, summary_model, summary_prompt),
     or "none" (nothing kept between turns).
     """
 
@@ -66,6 +67,10 @@ class MemoryPolicy:
     # reserve being reply_reserve, else the route model's max_tokens (checks.py makes sure).
     context_size: int | None = None
     reply_reserve: int | None = None
+    keep_messages: int = 10  # summary: the newest messages kept verbatim
+    summary_model: dict[str, Any] | None = None  # summary: model fields the summarizing call overrides
+    summary_prompt: str | None = None  # summary: the summarizing call's instructions (None: built in)
+    clear_tool_results: int | None = None  # any policy: keep only the newest N tool results' content
     where: Location = field(default_factory=Location)
 
 

@@ -266,7 +266,10 @@ def _const_choices(subschemas: Any) -> list[Any]:
     return []
 
 
-_MEMORY_KEYS = {"message_window": {"max_messages"}, "token_window": {"max_tokens", "encoding"}, "none": set()}
+_MEMORY_KEYS = {"message_window": {"max_messages"}, "token_window": {"max_tokens", "encoding"},
+                "summary": {"max_tokens", "encoding", "keep_messages", "summary_model", "summary_prompt"},
+                "none": set()}
+_MEMORY_OPTIONS = set().union(*_MEMORY_KEYS.values())
 
 
 _HINTS = {
@@ -331,7 +334,7 @@ def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = No
         parent = _get(doc.data, path)
         mtype = parent.get("type")
         uses = _MEMORY_KEYS.get(mtype, set())
-        bad = [k for k in parent if k in ("max_messages", "max_tokens", "encoding") and k not in uses]
+        bad = [k for k in parent if k in _MEMORY_OPTIONS and k not in uses]
         return [diag(f"`{k}` does not apply to `type: {mtype}` memory {where} "
                      f"(that type uses: {', '.join(sorted(uses)) or 'nothing'})", (*path, k)) for k in bad]
     if kind == "uniqueItems":
@@ -464,9 +467,14 @@ def _memory(raw: Any, doc: YamlDoc, path: tuple) -> MemoryPolicy | None:
     policy = MemoryPolicy(where=_loc(doc, path))
     if raw.get("type") in _MEMORY_KEYS:
         policy.type = raw["type"]
-    for key in ("max_messages", "max_tokens"):
+    for key in ("max_messages", "max_tokens", "keep_messages"):
         if isinstance(raw.get(key), int) and not isinstance(raw.get(key), bool) and raw[key] > 0:
             setattr(policy, key, raw[key])
+    clear = raw.get("clear_tool_results")
+    if isinstance(clear, int) and not isinstance(clear, bool) and clear >= 0:
+        policy.clear_tool_results = clear
+    policy.summary_model = dict(raw["summary_model"]) if isinstance(raw.get("summary_model"), dict) else None
+    policy.summary_prompt = _str(raw.get("summary_prompt"))
     policy.encoding = _str(raw.get("encoding"))
     window = raw.get("max_tokens")
     if isinstance(window, dict):  # {context_size, reply_reserve}: the schema checked the types

@@ -183,6 +183,11 @@ class Conversation:
             if memory.ephemeral:
                 memory.clear()
 
+    def loaded_memories(self) -> list[tuple[str, str, ChatMemory]]:
+        """(memory id, route, memory) of the memories loaded so far, in the live scopes."""
+        live = set(self.live_memory_ids())
+        return [(mid, mid.rpartition("#")[2], m) for mid, m in self._memories.items() if mid in live]
+
     def live_memory_ids(self) -> list[str]:
         return [mid for s in self.scopes for mid in s.memory_ids()]
 

@@ -267,6 +267,7 @@ class Session:
         try:
             with span:
                 await turn.run()
+                await turn.summarize()  # after the reply: it never delays the user's answer
             self._c.turn_count = turn.number
             self._c.usage.add(turn.usage)
             entry.update(ok=True, route=self.route, stack=self.stack, events=_plain(collected))
@@ -348,10 +349,14 @@ def _split_input(message: Input) -> tuple[str | None, dict[str, Any]]:
 
 
 def _usage_entry(turn: Turn) -> dict[str, Any]:
-    """A turn's usage for its history entry: the total and each model call's."""
-    if not turn.calls_usage:
-        return {}
-    return {"usage": {**turn.usage.to_dict(), "by_call": turn.calls_usage}}
+    """A turn's usage for its history entry (the total and each model call's), and the
+    summaries it made."""
+    out: dict[str, Any] = {}
+    if turn.calls_usage:
+        out["usage"] = {**turn.usage.to_dict(), "by_call": turn.calls_usage}
+    if turn.summaries:
+        out["summaries"] = turn.summaries
+    return out
 
 
 def _plain(events: list[Event]) -> list[dict]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,8 @@ from chatrun.engine.tools import (
     tool_spec,
 )
 from chatrun.engine.usage import Usage, call_usage, check_budgets
-from chatrun.errors import ChatrunError, ToolRefusal, TurnFailed
+from chatrun.errors import ChatrunError, ModelError, ToolRefusal, TurnFailed
+from chatrun.memory import SummaryMemory
 from chatrun.memory.tokens import TokenCounter, tiktoken_counter
 from chatrun.messages import (
     AssistantMessage,
@@ -50,6 +52,7 @@ from chatrun.messages import (
 from chatrun.models.base import ChatModel, ModelRequest
 
 Emit = Callable[..., None]  # (type, data, runtime=False)
+log = logging.getLogger("chatrun.engine")
 
 
 @dataclass
@@ -79,6 +82,7 @@ class Turn:
         self.usage = Usage()  # the turn's model calls, summed
         self.calls_usage: list[dict[str, Any]] = []  # each call's, for the history
         self._counters: dict[str, TokenCounter] = {}
+        self.summaries: list[dict[str, Any]] = []  # what summarize() did, for the history
         self.hops: list[str] = []
         self.wipe_scheduled: set[str] = set()
         self.wipe_aborted: set[str] = set()
@@ -205,6 +209,39 @@ class Turn:
         if self.data:
             return json.dumps(self.data, ensure_ascii=False)
         return None
+
+    # -- summaries --------------------------------------------------------------
+
+    async def summarize(self) -> None:
+        """After the reply: fold what `summary` memories have outgrown into their running
+        summaries. A failed summary fails nothing: the memory stays as it is (larger than its
+        trigger) and the next turn tries again; the history and the log say why."""
+        for memory_id, route, memory in self.c.loaded_memories():
+            if not isinstance(memory, SummaryMemory):
+                continue
+            folded = memory.fold_plan()
+            if not folded:
+                continue
+            policy = self.config.route_memory(route)
+            config = self.config.route_model(route).merged(policy.summary_model)
+            request = ModelRequest(
+                [SystemMessage(policy.summary_prompt or SUMMARY_PROMPT), UserMessage(_fold_text(memory, folded))],
+                [], config, f"{route} (summary)")
+            try:
+                with tracing.chat_span(config.provider, config.name, request.route, config.temperature):
+                    response = await self.model.complete(request, None)
+                answer = AssistantMessage(response.text)
+                self.account(request.route, config.name, response.usage, self.config.prices.get(config.name),
+                             request.messages, answer)
+                if not (response.text or "").strip():
+                    raise ModelError("the summarizing call answered no text")
+                memory.apply_summary(response.text.strip(), folded)
+                self.summaries.append({"memory": memory_id, "folded": len(folded)})
+            except Exception as exc:  # noqa: BLE001 - a summary never fails the turn
+                reason = f"{type(exc).__name__}: {exc}"
+                log.warning("session %s: summarizing memory %s failed (the turn goes on, the next one "
+                            "retries): %s", self.c.id, memory_id, reason)
+                self.summaries.append({"memory": memory_id, "failed": reason})
 
     def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
                 sent: list[Message], answer: AssistantMessage) -> dict[str, Any]:
@@ -370,3 +407,25 @@ def _action_words(tool: ToolConfig | None) -> str:
              "emit" if action.emit else "", "execute" if action.execute else "",
              "immediate" if action.immediate else ""]
     return " ".join(w for w in words if w) or "none"
+
+
+SUMMARY_PROMPT = (
+    "You keep the running summary of a conversation between a user and an assistant. You are "
+    "given the summary so far (if any) and the messages that follow it. Write the new summary: "
+    "the summary so far extended with what those messages add — facts the user gave, decisions, "
+    "open questions, results of tool calls — in at most 200 words, in the conversation's language. "
+    "Answer with the summary only."
+)
+
+
+def _fold_text(memory: SummaryMemory, folded: list[Message]) -> str:
+    """The summarizing call's input: the summary so far, then the folded messages as a transcript."""
+    lines = []
+    if memory.summary is not None:
+        lines += ["Summary so far:", memory.summary.content, ""]
+    lines.append("Messages to add to it:")
+    for message in folded:
+        text = message.text().strip()
+        if text:
+            lines.append(f"{message.role}: {text}")
+    return "\n".join(lines)

@@ -32,9 +32,16 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from chatrun.errors import ChatrunError
 from chatrun.memory.tokens import TokenCounter, tiktoken_counter
-from chatrun.messages import AssistantMessage, Message, SystemMessage, ToolResultMessage
+from chatrun.messages import (
+    AssistantMessage,
+    Message,
+    SummaryMessage,
+    SystemMessage,
+    ToolResultMessage,
+)
 
 DEFAULT_ID = "default"  # LangChain4j's id of a memory built without one
+CLEARED = "[cleared:"  # how a tool result `clear_tool_results` emptied begins
 
 if TYPE_CHECKING:
     from chatrun.definition.config import MemoryPolicy
@@ -66,6 +73,8 @@ class _Window:
 
     ephemeral = False
 
+    clear_tool_results: int | None = None  # keep only the newest N tool results' content
+
     def __init__(self, id: str = DEFAULT_ID, store: ChatMemoryStore | None = None):
         self.id = id
         self._store = store
@@ -83,6 +92,8 @@ class _Window:
     def add(self, message: Message) -> None:
         self._refresh_limit()  # a bad dynamic maximum fails before the message is taken
         changed = self._append(message)
+        if changed and isinstance(message, ToolResultMessage) and self.clear_tool_results is not None:
+            self._clear_old_tool_results(self.clear_tool_results)
         changed = self._evict() or changed
         if changed:
             self._persist()
@@ -199,6 +210,19 @@ class _Window:
         self._total += count
         return True
 
+    def _clear_old_tool_results(self, keep: int) -> None:
+        """Replace the content of all but the newest `keep` tool results by a placeholder (the
+        call and its result stay paired; a cleared result is never cleared twice)."""
+        results = [i for i, (m, _) in enumerate(self._items)
+                   if isinstance(m, ToolResultMessage) and not m.content.startswith(CLEARED)]
+        for i in results[: max(0, len(results) - keep)]:
+            old, count = self._items[i]
+            assert isinstance(old, ToolResultMessage)
+            new = ToolResultMessage(old.tool_call_id, old.name, f"{CLEARED} the result of {old.name} is no longer shown]")
+            new_count = self._count(new)
+            self._items[i] = (new, new_count)
+            self._total += new_count - count
+
     def _evict(self) -> bool:
         """Evict from the front until the window fits. Returns whether anything was evicted."""
         evicted = False
@@ -306,6 +330,51 @@ class TokenWindowMemory(_Window):
         return self._total > self._limit
 
 
+class SummaryMemory(TokenWindowMemory):
+    """Policy `summary`: keeps every message until the memory passes `max_tokens`; then the
+    engine asks a model to fold the oldest messages into a running summary (`fold_plan`,
+    `apply_summary`), keeping the newest `keep_messages` verbatim. The system message stays
+    first and untouched; the summary comes right after it; a tool call is never separated
+    from its results. The summary is extended, never rewritten from scratch: the next fold
+    hands the model the summary so far and only the newly folded messages."""
+
+    def __init__(self, id: str = DEFAULT_ID, max_tokens: int = 3000, keep_messages: int = 10,
+                 counter: TokenCounter | None = None, encoding: str | None = None, model_name: str | None = None,
+                 store: ChatMemoryStore | None = None):
+        if isinstance(keep_messages, bool) or not isinstance(keep_messages, int) or keep_messages < 1:
+            raise ChatrunError(f"memory {id}: keep_messages must be a whole number >= 1, got {keep_messages!r}")
+        self.keep_messages = keep_messages
+        super().__init__(id, max_tokens, counter, encoding, model_name, store)
+
+    def _over(self) -> bool:
+        return False  # never evicts by itself: the engine summarizes
+
+    @property
+    def summary(self) -> SummaryMessage | None:
+        first = self._items[0][0] if self._items else None
+        return first if isinstance(first, SummaryMessage) else None
+
+    def fold_plan(self) -> list[Message] | None:
+        """The messages to fold into the summary now, or None while the memory fits."""
+        if self._total <= self.max_tokens:
+            return None
+        verbatim = [m for m, _ in self._items if not isinstance(m, SummaryMessage)]
+        boundary = len(verbatim) - self.keep_messages
+        while 0 < boundary < len(verbatim) and isinstance(verbatim[boundary], ToolResultMessage):
+            boundary -= 1  # keep the call with its results
+        return verbatim[:boundary] if boundary > 0 else None
+
+    def apply_summary(self, text: str, folded: list[Message]) -> None:
+        """Replace the summary so far and the `folded` messages (the oldest verbatim ones) by `text`."""
+        verbatim = [m for m, _ in self._items if not isinstance(m, SummaryMessage)]
+        if verbatim[: len(folded)] != folded:
+            raise ChatrunError(f"memory {self.id}: the messages to fold changed before the summary arrived")
+        system = [self._system[0]] if self._system is not None else []
+        self._reset()
+        self._fill([*system, SummaryMessage(text), *verbatim[len(folded):]])
+        self._persist()
+
+
 class TurnOnlyMemory(_Window):
     """Policy `none`: holds the messages of the current turn only. The engine clears it at the
     end of each turn and never persists it (`ephemeral`). The add rules still apply."""
@@ -322,10 +391,11 @@ def make_memory(
     """The memory a route's policy asks for. The token window's encoding is the policy's,
     else the route model's, else o200k_base. A `{context_size, reply_reserve}` window is a
     dynamic maximum: context_size minus the reserve (else minus `reply_limit`, the route
-    model's max_tokens)."""
+    model's max_tokens). `clear_tool_results` applies to every policy."""
+    memory: _Window
     if policy.type == "message_window":
-        return MessageWindowMemory(memory_id, policy.max_messages)
-    if policy.type == "token_window":
+        memory = MessageWindowMemory(memory_id, policy.max_messages)
+    elif policy.type == "token_window":
         max_tokens: int | Callable[[], int] = policy.max_tokens
         if policy.context_size is not None:
             context, reserve = policy.context_size, policy.reply_reserve or reply_limit
@@ -333,7 +403,14 @@ def make_memory(
                 raise ChatrunError(f"memory {memory_id}: max_tokens.context_size needs a reply_reserve "
                                    "(or the model's max_tokens)")
             max_tokens = lambda: context - reserve  # noqa: E731 - read on every add, as LangChain4j's
-        return TokenWindowMemory(memory_id, max_tokens, encoding=policy.encoding, model_name=model_name)
-    if policy.type == "none":
-        return TurnOnlyMemory(memory_id)
-    raise ChatrunError(f"memory {memory_id}: unknown memory type {policy.type!r}; use message_window, token_window or none")
+        memory = TokenWindowMemory(memory_id, max_tokens, encoding=policy.encoding, model_name=model_name)
+    elif policy.type == "summary":
+        memory = SummaryMemory(memory_id, policy.max_tokens, policy.keep_messages, encoding=policy.encoding,
+                               model_name=model_name)
+    elif policy.type == "none":
+        memory = TurnOnlyMemory(memory_id)
+    else:
+        raise ChatrunError(f"memory {memory_id}: unknown memory type {policy.type!r}; "
+                           "use message_window, token_window, summary or none")
+    memory.clear_tool_results = policy.clear_tool_results
+    return memory

@@ -15,12 +15,13 @@ from chatrun.errors import ChatrunError
 from chatrun.messages import (
     AssistantMessage,
     Message,
+    SummaryMessage,
     SystemMessage,
     ToolResultMessage,
     UserMessage,
 )
 
-_KINDS = (SystemMessage, UserMessage, AssistantMessage, ToolResultMessage)
+_KINDS = (SystemMessage, UserMessage, AssistantMessage, ToolResultMessage, SummaryMessage)
 
 
 def check_messages(memory_id: str, messages: Any) -> list[Message]:

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from chatrun import events as ev
-from chatrun.messages import AssistantMessage, Message, SystemMessage
+from chatrun.messages import AssistantMessage, Message, SummaryMessage, SystemMessage
 from chatrun.models.base import ModelRequest
 
 MATCHER_KEYS = ("contains", "regex")
@@ -83,6 +83,8 @@ def role_list(messages: list[Message]) -> list[dict[str, str]]:
 
 
 def message_text(message: Message) -> str:
+    if isinstance(message, SummaryMessage):
+        return message.content
     if isinstance(message, AssistantMessage):
         parts = [message.content or ""] + [f"{c.name}({c.arguments})" for c in message.tool_calls]
         return "\n".join(p for p in parts if p)
