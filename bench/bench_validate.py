@@ -1,8 +1,9 @@
 """Validation time of a generated bot with 1,000 routes and 3,000 tools (target: under 1 s).
 
 Every route has a templated system prompt, scope state and three tools; the tools set
-state, emit events, push and pop, so the templates, state paths and graph checks all
-run. Prints the median of several full `load_config` runs and where the time goes.
+state, emit events, push and pop, and every tool decides with `cases:` (conditions over
+args, state and scope, a conditional route), so the templates, conditions, state paths,
+scope visibility and graph checks all run. Prints the median of several full `load_config` runs and where the time goes.
 
     python bench/bench_validate.py [--routes 1000] [--runs 5]
 """
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
 
 from chatrun.cli._gc import collector_paused  # noqa: E402
 from chatrun.definition.loader import load_config  # noqa: E402
+from chatrun.definition.templates import compile_condition  # noqa: E402
 from chatrun.errors import BotError  # noqa: E402
 
 TARGET_S = 1.0
@@ -59,13 +61,17 @@ def generate(routes: int) -> str:
             "    action:",
             f"      set: {{scope.form_{i}.field: '{{{{ args.value }}}}'}}",
             f"      emit: {{Thinking: 'Step {i} field set to {{{{ args.value }}}}'}}",
+            f"      cases: [{{if: \"args.value == 'skip' or state.visits > {i}\", then: {{message: Skipped}}}}]",
             f"  next_{i}:",
             f"    description: Go on to step {nxt}",
             f"    requires: [scope.form_{i}.field]",
-            f"    action: {{push: r{nxt}, execute: true, message: 'On to step {nxt}, {{{{ state.user_name }}}}'}}",
+            f"    action: {{execute: true, message: 'On to step {nxt}, {{{{ state.user_name }}}}',",
+            f"             cases: [{{if: scope.form_{i}.other, then: {{route: r{(i + 2) % routes}}}}}, "
+            f"{{else: {{push: r{nxt}}}}}]}}",
             f"  back_{i}:",
             "    description: Go back",
-            f"    action: {{pop: true, result: 'Step {i} done: {{{{ scope.form_{i}.field }}}}'}}",
+            f"    action: {{pop: true, result: 'Step {i} done: {{{{ scope.form_{i}.field }}}}',",
+            f"             cases: [{{if: scope.form_{i}.field is none, then: {{message: Nothing set}}}}]}}",
         ]
     return "\n".join(lines) + "\n"
 
@@ -86,6 +92,7 @@ def main() -> None:
             # Fresh caches each run: the first validation of a bot is what counts.
             checks._analyse.cache_clear()
             checks._check_schema.cache_clear()
+            compile_condition.cache_clear()
             start, start_cpu = time.perf_counter(), time.process_time()
             with collector_paused():  # as `chatrun validate` runs it
                 config, warnings = load_config(path)

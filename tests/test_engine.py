@@ -281,7 +281,8 @@ def test_failed_turn_restores_everything(travel):
     s = travel.session(model=model)
     before = (s.snapshot(), s.memories())
     events = s.chat("flight to Ireland")
-    assert events[-1].type == "Error" and "upstream 500" in events[-1].data
+    assert events[-1].type == "Error" and "upstream 500" in events[-1].meta["detail"]
+    assert events[-1].data == chatrun.events.MODEL_FAILED_TEXT  # what users see: no detail
     assert s.stack == ["main_menu"]
     after = s.snapshot()
     kept = lambda snap: {k: v for k, v in snap.items() if k not in ("updated", "usage")}  # noqa: E731
@@ -303,7 +304,11 @@ def test_handler_exception_is_an_error_naming_the_tool(travel):
     s = travel.session(model=model)
     events = s.chat("go")
     assert events[-1].type == "Error"
-    assert "explode" in events[-1].data and "payment service down" in events[-1].data
+    detail = events[-1].meta["detail"]
+    assert "explode" in detail and "payment service down" in detail and "bot.yaml:" in detail
+    # What users see names no file, exception or handler; the history keeps the detail.
+    assert events[-1].data == chatrun.events.TURN_FAILED_TEXT
+    assert s.history[-1]["error"] == detail
     assert s.state["traveller_name"] is None  # the handler's write was rolled back
     assert s.stack == ["main_menu"]
 
@@ -312,7 +317,7 @@ def test_hop_limit_stops_a_route_that_executes_itself(travel):
     model = ScriptedModel([call("book_flight")] + [call("loop_forever")] * 20)
     s = travel.session(model=model)
     events = s.chat("go")
-    assert events[-1].type == "Error" and "max_hops" in events[-1].data
+    assert events[-1].type == "Error" and "max_hops" in events[-1].meta["detail"]
     assert s.stack == ["main_menu"]
 
 
@@ -453,7 +458,8 @@ def odd(ctx):
 def test_a_handler_calling_sys_exit_fails_the_turn_not_the_process(travel):
     s = travel.session(model=ScriptedModel([call("book_flight"), call("quit")]))
     events = s.chat("go")
-    assert events[-1].type == "Error" and "SystemExit" in events[-1].data
+    assert events[-1].type == "Error" and "SystemExit" in events[-1].meta["detail"]
+    assert "SystemExit" not in events[-1].data and "bot.yaml" not in events[-1].data
     assert s.stack == ["main_menu"]
 
 

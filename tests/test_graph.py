@@ -42,7 +42,8 @@ def bot(routes: dict[str, list[str]], tools: dict[str, dict], default: str | Non
 
 
 def test_travel_nodes_in_config_order_with_default_roles_and_memory(travel):
-    assert list(travel.nodes) == ["main_menu", "flight", "hotel"]
+    # The main file's routes, then the included files' in sorted order (car, flight, hotel, tours).
+    assert list(travel.nodes) == ["main_menu", "car", "flight", "hotel", "tours"]
     assert travel.default == "main_menu"
     menu, flight = travel.nodes["main_menu"], travel.nodes["flight"]
     assert menu.default and not flight.default
@@ -56,22 +57,28 @@ def test_travel_edges_kinds_targets_and_flags(travel):
     assert travel.edges == [
         Edge("main_menu", "flight", "push", "book_flight", execute=True, immediate=True),
         Edge("main_menu", "hotel", "push", "book_hotel", execute=True, immediate=True),
+        Edge("main_menu", "tours", "push", "search_tours", execute=True, immediate=True),
+        Edge("main_menu", "car", "push", "rent_car", execute=True, immediate=True),
+        Edge("car", None, "pop", "book_car"),  # its cases both pop: unconditional
+        Edge("car", None, "pop", "cancel"),
         Edge("flight", None, "pop", "book"),
         Edge("flight", "hotel", "route", "switch_to_hotel", execute=True, immediate=True),
         Edge("flight", None, "pop", "cancel"),
         Edge("hotel", None, "pop", "book_hotel_room"),
         Edge("hotel", None, "pop", "cancel"),
+        Edge("tours", None, "pop", "book_tour"),
+        Edge("tours", None, "pop", "cancel"),
     ]
     assert [e.tool for e in travel.edges_from("hotel")] == ["book_hotel_room", "cancel"]
     assert travel.edges_from("nowhere") == []
 
 
 def test_travel_reachability_nesting_and_pop_targets(travel):
-    assert travel.reachable() == {"main_menu", "flight", "hotel"}
+    assert travel.reachable() == {"main_menu", "flight", "hotel", "tours", "car"}
     assert travel.reachable("flight") == {"flight", "hotel"}
     assert travel.reachable("hotel") == {"hotel"}
     assert travel.reachable("nowhere") == set()
-    assert travel.pushed_routes() == {"flight", "hotel"}
+    assert travel.pushed_routes() == {"flight", "hotel", "tours", "car"}
     assert travel.can_be_nested("flight") and travel.can_be_nested("hotel")
     assert not travel.can_be_nested("main_menu")
     assert travel.pop_targets("flight") == ["main_menu"]
@@ -119,17 +126,23 @@ def test_mermaid_is_a_github_flowchart_with_shapes_and_edge_styles(travel):
     text = travel.render("mermaid")
     lines = text.splitlines()
     assert lines[0] == "flowchart LR"
-    assert lines[1:4] == [
+    assert lines[1:6] == [
         '    n0_main_menu(["main_menu (default)"])',  # stadium: the default route
-        '    n1_flight["flight"]',
-        '    n2_hotel["hotel"]',
+        '    n1_car["car"]',
+        '    n2_flight["flight"]',
+        '    n3_hotel["hotel"]',
+        '    n4_tours["tours"]',
     ]
-    assert lines[4:] == [
-        '    n0_main_menu -->|"push: book_flight"| n1_flight',
-        '    n0_main_menu -->|"push: book_hotel"| n2_hotel',
-        '    n1_flight ==>|"pop: book, cancel"| n0_main_menu',  # parallel pops merged, drawn back to the pusher
-        '    n1_flight -.->|"route: switch_to_hotel"| n2_hotel',
-        '    n2_hotel ==>|"pop: book_hotel_room, cancel"| n0_main_menu',
+    assert lines[6:] == [
+        '    n0_main_menu -->|"push: book_flight"| n2_flight',
+        '    n0_main_menu -->|"push: book_hotel"| n3_hotel',
+        '    n0_main_menu -->|"push: search_tours"| n4_tours',
+        '    n0_main_menu -->|"push: rent_car"| n1_car',
+        '    n1_car ==>|"pop: book_car, cancel"| n0_main_menu',
+        '    n2_flight ==>|"pop: book, cancel"| n0_main_menu',  # parallel pops merged, drawn back to the pusher
+        '    n2_flight -.->|"route: switch_to_hotel"| n3_hotel',
+        '    n3_hotel ==>|"pop: book_hotel_room, cancel"| n0_main_menu',
+        '    n4_tours ==>|"pop: book_tour, cancel"| n0_main_menu',
     ]
     assert text.endswith("\n") and "\t" not in text
 
@@ -176,7 +189,7 @@ def test_dot_output_is_accepted_by_graphviz(travel):
 
 def test_text_lists_each_route_with_its_ways_out(travel):
     text = travel.render("text")
-    assert text.startswith("travel: Books flights and hotels.\n")
+    assert text.startswith("travel: Books flights, hotels, tours and rental cars.\n")
     assert "main_menu [default; memory: message_window]  Top-level menu" in text
     assert re.search(r"book_flight +push → flight  \(execute, immediate\)", text)
     assert re.search(r"switch_to_hotel +route → hotel", text)

@@ -185,7 +185,7 @@ def test_an_unset_variable_fails_the_turn_naming_it(api, write_bot, monkeypatch)
     monkeypatch.delenv("ORDERS_API_URL")
     session, events, _ = run(write_bot, [call("flaky")])
     assert events[-1].type == "Error"
-    assert "environment variable ORDERS_API_URL is not set" in events[-1].data
+    assert "environment variable ORDERS_API_URL is not set" in events[-1].meta["detail"]  # the author's detail
     assert session.turn_count == 0  # rolled back
 
 
@@ -270,7 +270,7 @@ def test_a_handler_past_its_timeout_fails_the_turn_and_changes_nothing(write_bot
     path = write_bot(HANDLER_BOT, extra={"handlers.py": HANDLERS})
     session = chatrun.load_bot(path).session(model=chatrun.ScriptedModel([call("too_slow", seconds=1.0)]))
     events = session.chat("go")
-    assert events[-1].type == "Error" and "did not finish within 0.2 s" in events[-1].data
+    assert events[-1].type == "Error" and "did not finish within 0.2 s" in events[-1].meta["detail"]
     time.sleep(1.0)  # the thread finishes in the background; its writes go nowhere
     assert session.state["done"] is False and session.turn_count == 0
 

@@ -181,8 +181,9 @@ def test_a_failed_turn_sends_error_then_failed_server_error_and_changes_nothing(
         frames = say(ws, "fly")
         assert [f["type"] for f in frames][-2:] == ["Error", "Failed"]
         assert frames[-1]["data"] == "ServerError"  # as Quarkus ends a failing route: the promise rejects
-        assert "the model failed" in frames[-2]["data"]
+        assert frames[-2]["data"] == chatrun.events.MODEL_FAILED_TEXT  # no endpoint, no status for users
         session = client.get("/bots/travel/sessions/c1").json()
+        assert "the model failed" in session["history"][-1]["error"]  # the author's detail
         assert session["stack"] == ["main_menu"] and session["turn"] == 0  # the push was rolled back
         assert session["history"][-1]["ok"] is False
         fake.queue({"text": "back at the menu"})

@@ -43,11 +43,19 @@ def cli(args: list[str]) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def _classic_travel(directory: str, names: list[str]) -> list[str]:
+    """What the copy leaves out: caches, and the tours and car transcripts, so that the counts
+    below are those of the three flight and hotel transcripts (the bot itself is copied whole)."""
+    left_out = [n for n in names if n == "__pycache__"]
+    if Path(directory).name == "transcripts":
+        left_out += [n for n in names if n in ("tours.yaml", "car.yaml")]
+    return left_out
+
+
 @pytest.fixture
 def travel_copy(tmp_path, monkeypatch):
     """bots/travel (with its transcripts) copied to tmp_path/bots/travel; cwd = tmp_path."""
-    shutil.copytree(REPO / "bots" / "travel", tmp_path / "bots" / "travel",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "bots" / "travel", tmp_path / "bots" / "travel", ignore=_classic_travel)
     monkeypatch.chdir(tmp_path)
     return tmp_path / "bots" / "travel"
 
@@ -639,3 +647,70 @@ def test_pytest_plugin_runs_conftest_fixtures_around_transcripts(tmp_path):
                           "bots"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 passed" in run.stdout
+
+
+# -- warnings: passing transcripts that probably do not test what they mean ---------------------
+
+BANK = REPO / "bots" / "bank"
+
+
+def test_a_call_the_route_does_not_offer_warns_when_the_turn_has_no_expect(tmp_path):
+    path = write(tmp_path / "t.yaml", f"""
+        bot: {BANK}
+        turns:
+          - user: hi
+            model:
+              - tool_calls: [{{name: set_amount, arguments: {{amount: 3}}}}]
+              - text: hello
+          - user: again                 # the same call, but the turn checks what happened
+            model:
+              - tool_calls: [{{name: set_amount, arguments: {{amount: 3}}}}]
+              - text: hello
+            expect: {{route: main}}
+        """)
+    result = run_transcript(str(path))
+    assert result.passed
+    assert result.warnings == [
+        f"{path}:3: warning: the scripted model calls `set_amount`, which route `main` does not offer (it offers: "
+        "transfer_money, check_balance, goodbye); the turn has no `expect:`, so nothing checks what happened"]
+    code, out = cli([str(path)])
+    assert code == 0 and out.splitlines()[-2:] == [result.warnings[0], "1 passed, 0 failed"]
+
+
+def test_an_event_type_the_bot_never_sends_warns(tmp_path):
+    path = write(tmp_path / "t.yaml", f"""
+        bot: {BANK}
+        turns:
+          - user: hi
+            model: [{{text: hello}}]
+            expect:
+              events: [{{Mesage: hello}}]
+        """)
+    result = run_transcript(str(path))
+    assert not result.passed  # the comparison fails too; the warning says why at once
+    assert result.warnings == [f"{path}:3: warning: expects a `Mesage` event, but bot bank never sends one (it can "
+                               "send: Choices, Console, ConversationEnded, Error, Message, Object, RouteChanged, Stream, Thinking)"]
+
+
+def test_the_example_transcripts_have_no_warnings():
+    for path in sorted(REPO.glob("bots/*/transcripts/*.yaml")):
+        assert run_transcript(str(path)).warnings == [], path
+
+
+def test_a_transcript_can_expect_a_refused_start(tmp_path):
+    support = REPO / "bots" / "support"
+    refused = write(tmp_path / "refused.yaml", f"""
+        bot: {support}
+        route: staff_desk
+        roles: [customer]
+        refused: {{contains: "needs one of the roles"}}
+        """)
+    assert run_transcript(str(refused)).passed
+    wrong_text = write(tmp_path / "wrong.yaml", refused.read_text().replace("needs one of the roles", "no entry"))
+    result = run_transcript(str(wrong_text))
+    assert not result.passed and "the start was refused, but the message differs" in result.report()
+    started = write(tmp_path / "started.yaml", refused.read_text().replace("[customer]", "[staff]"))
+    result = run_transcript(str(started))
+    assert result.report() == f"{started}:4: expected the start on route staff_desk to be refused, but the conversation started"
+    code, out = cli([str(refused), str(started)])
+    assert code == 1 and out.splitlines()[-1] == "1 passed, 1 failed"

@@ -76,7 +76,7 @@ def test_a_turn_budget_stops_the_turn_before_the_call_that_would_pass_it(fake, w
     events = session.chat("take a note")
     assert len(fake.requests) == 1  # the second call was never sent
     assert events[-1].type == "Error"
-    assert "past limits.max_turn_tokens = 1460" in events[-1].data
+    assert "past limits.max_turn_tokens = 1460" in events[-1].meta["detail"]
     assert session.turn_count == 0  # rolled back ...
     assert session.usage["input_tokens"] == 1400  # ... but the call it made is counted
 
@@ -88,5 +88,5 @@ def test_a_session_cost_budget_holds_across_turns(fake, write_bot):
     # Budgets are checked before each call: the first call may spend past it (0.00036) ...
     assert session.chat("first")[-1].type != "Error"
     events = session.chat("second")  # ... and then no call is sent
-    assert events[-1].type == "Error" and "limits.max_session_cost" in events[-1].data
+    assert events[-1].type == "Error" and "limits.max_session_cost" in events[-1].meta["detail"]
     assert len(fake.requests) == 1

@@ -54,6 +54,27 @@ EXPECTED = {
         ("bad_parameters.yaml", 26, "error",
          "`parameters` of tool `d`: key `1` at `properties.1` must be text; quote it"),
     ],
+    # Decisions (cases) and scope visibility: issue 9, sections 1 and 6.
+    "decisions.yaml": [
+        ("decisions.yaml", 10, "warning",
+         "`system` of route `pay_wizard` reads `scope.reservation`, but `scope.reservation` is declared by `booking` and is not visible on route `pay_wizard` (a route sees its own scope's keys and the `shared` keys of the scopes it is pushed from)"),
+        ("decisions.yaml", 23, "error",
+         'condition `{{ args.amount > 0 }}` of tool `pay`: a condition is a Jinja expression without `{{ }}` (write `args.amount > state.balance`)'),
+        ("decisions.yaml", 25, "error",
+         'the `else` case of tool `pay` must be the last case: the cases after it could never apply'),
+        ("decisions.yaml", 26, "error",
+         "condition `args.amount >` of tool `pay` does not compile: unexpected 'end of the condition'"),
+        ("decisions.yaml", 27, "error",
+         'tool `pay` (case `if: args.amount >`) pushes unknown route `pay_wizrd`; did you mean `pay_wizard`?'),
+        ("decisions.yaml", 28, "warning",
+         "condition `args.amont > state.balanse` of tool `pay` reads `args.amont`, but the tool's `parameters` declare no property `amont`; did you mean `amount`?"),
+        ("decisions.yaml", 28, "warning",
+         'condition `args.amont > state.balanse` of tool `pay` reads `state.balanse`, but `state.balanse` is not declared in the top-level `state:`; did you mean `balance`?'),
+        ("decisions.yaml", 35, "error",
+         'tool `again` (case `else`) has `execute: true` but no `push`, `pop`, `route` or `call`: it would run the same route again with the same message, over and over until a limit; add a move or remove `execute`'),
+        ("decisions.yaml", 37, "warning",
+         "`message` of tool `peek` reads `scope.amount`, but `scope.amount` is declared by `pay_wizard` and is not visible on route `main` (a route sees its own scope's keys and the `shared` keys of the scopes it is pushed from)"),
+    ],
     "defaults_many.yaml": [
         ("defaults_many.yaml", 6, "error",
          'several default routes: `main` ({d}/defaults_many.yaml:4), `other` ({d}/defaults_many.yaml:6), `third` ({d}/defaults_many.yaml:8); exactly one route may have `default: true`'),
@@ -137,7 +158,7 @@ EXPECTED = {
         ("templates.yaml", 10, "error",
          'template error in `user` of route `main`: no filter named `upper_case`; did you mean `upper`?'),
         ("templates.yaml", 16, "error",
-         '`message` of tool `greet` uses unknown template variable `usr_message`; did you mean `user_message`? (templates can use: state, scope, args, user_message, data, route, stack, turn, result)'),
+         '`message` of tool `greet` uses unknown template variable `usr_message`; did you mean `user_message`? (templates can use: state, scope, args, user_message, data, route, stack, turn, result, error, output)'),
         ("templates.yaml", 17, "error",
          "template error in `reply` of tool `greet`: unexpected '}'"),
     ],
@@ -330,6 +351,11 @@ def test_fast_schema_path_agrees_with_jsonschema():
         {"name": "x", "memory": {"type": "none"}},
         {"name": "x", "tools": {"t": {"action": {"wipe": "schedule", "result": "r", "pop": True}}}},
         {"name": "x", "include": ["a", 1]},
+        {"name": "x", "tools": {"t": {"action": {"cases": []}}}},
+        {"name": "x", "tools": {"t": {"action": {"cases": [{"if": "", "then": {}}]}}}},
+        {"name": "x", "tools": {"t": {"action": {"cases": [{"if": "a", "then": {}, "else": {}}]}}}},
+        {"name": "x", "tools": {"t": {"action": {"cases": [{"else": {"cases": []}}]}}}},
+        {"name": "x", "tools": {"t": {"action": {"cases": [{"if": "a", "then": {"pop": True}}, {"else": {}}]}}}},
     ]
     for data in docs:
         for definition in (None, "fragment"):
@@ -341,7 +367,12 @@ def test_simple_template_reader_matches_jinja():
     from chatrun.definition.checks import _analyse_simple
 
     for source in ["Hi {{ state.name or 'the user' }}.\n{{ scope.form | tojson }}", "{{ args.value }}",
-                   "a {{ x.y.z | upper | trim }} b {{- data.q -}}", "{{ state.prefs.get }}"]:
+                   "a {{ x.y.z | upper | trim }} b {{- data.q -}}", "{{ state.prefs.get }}",
+                   # conditions, as the validator reads them
+                   "{{ args.amount > state.balance }}", "{{ not result.found and scope.x.y == 'a b' }}",
+                   "{{ args.kind in state.kinds or turn.n >= 2.5 }}", "{{ scope.r is not none }}",
+                   "{{ result.item is defined and args.q != none }}", "{{ state.n - 1 * args.x / 2 }}",
+                   "{{ not not args.flag }}", "{{ args.a not in state.seen }}", "{{ True or false }}"]:
         fast = _analyse_simple(source)
         assert fast is not None
         _analyse.cache_clear()
@@ -386,8 +417,12 @@ def test_brief_format_keys_are_all_in_the_schema():
     assert set(defs["route"]["properties"]) >= {"default", "description", "system", "user", "memory", "model",
                                                 "tools", "scope", "roles"}
     assert set(defs["action"]["properties"]) == {"push", "pop", "route", "execute", "immediate", "clear_memory",
-                                                 "wipe", "set", "emit", "message", "reply", "result"}
-    assert set(defs["tool"]["properties"]) >= {"description", "parameters", "requires", "handler", "action"}
+                                                 "wipe", "set", "emit", "message", "reply", "result", "cases",
+                                                 "call", "end", "choices"}
+    # A case adds an action with the same keys, but no nested cases.
+    assert set(defs["caseAction"]["properties"]) == set(defs["action"]["properties"]) - {"cases"}
+    assert set(defs["tool"]["properties"]) >= {"description", "parameters", "requires", "handler", "action",
+                                               "on_error", "timeout"}
 
 
 # -- the command line ---------------------------------------------------------------

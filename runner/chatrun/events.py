@@ -14,8 +14,15 @@ CONSOLE = "Console"  # developer-facing output (a browser console, the REPL's di
 ERROR = "Error"  # the turn (or part of it) failed; data is a message for the user
 STREAM = "Stream"  # a chunk of the model's reply while it streams
 ROUTE_CHANGED = "RouteChanged"  # chatrun extension: data = {"route": str, "stack": [str, ...]}
+CHOICES = "Choices"  # chatrun extension: choices offered to the user; data = {"choices": [{"label", "value"}]}
+ENDED = "ConversationEnded"  # chatrun extension: an `end` action ended the conversation; data = {"route", "tool"}
 
-BUILTIN_TYPES = (MESSAGE, OBJECT, THINKING, CONSOLE, ERROR, STREAM, ROUTE_CHANGED)
+# What a failed turn's Error event says to the user. The author's detail (the file and line,
+# the exception) is in the event's meta["detail"], the history, the log: never in the text.
+TURN_FAILED_TEXT = "Sorry, something went wrong and your last message could not be handled. Nothing of it was kept; please try again."
+MODEL_FAILED_TEXT = "Sorry, the assistant cannot answer right now. Nothing of your last message was kept; please try again."
+
+BUILTIN_TYPES = (MESSAGE, OBJECT, THINKING, CONSOLE, ERROR, STREAM, ROUTE_CHANGED, CHOICES, ENDED)
 
 
 @dataclass

@@ -66,6 +66,8 @@ class TranscriptItem(pytest.Item):
 
         bots = self.config.stash.setdefault(_BOTS, {})
         result = run_transcript(self._relpath(), bots)  # an invalid transcript is a failed Result
+        for warning in result.warnings:
+            self.warn(pytest.PytestWarning(warning))
         if not result.passed:
             raise TranscriptFailed(result.report())
 

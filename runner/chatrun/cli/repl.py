@@ -53,6 +53,7 @@ class Repl:
         self.session = bot.session(route=route, store=store, model=self.human, session_id=session_id)
         self.streamed = ""
         self.records: list[dict[str, Any]] = []  # per turn, for /save
+        self.choices: list[str] = []  # the values of the last Choices event: typing N sends the Nth
 
     # -- input and output ----------------------------------------------------------------
 
@@ -91,8 +92,12 @@ class Repl:
             click.secho(f"… {data}", fg="cyan", italic=True)
         elif kind == ev.CONSOLE:
             click.secho(f"[console] {data}", dim=True)
-        elif kind == ev.ERROR:
-            click.secho(f"error: {data}", fg="red")
+        elif kind == ev.ERROR:  # the REPL is the author's: the detail, not the text users get
+            click.secho(f"error: {event.meta.get('detail') or data}", fg="red")
+        elif kind == ev.CHOICES:
+            self.choices = [c["value"] for c in data.get("choices", [])]
+            for i, choice in enumerate(data.get("choices", []), start=1):
+                click.secho(f"  {i}) {choice['label']}", fg="green")
         elif kind == ev.ROUTE_CHANGED:
             click.secho(f"→ {' > '.join(data['stack'])}", fg="yellow")
         else:
@@ -115,6 +120,10 @@ class Repl:
                 if self.command(line) == "quit":
                     return 0
                 continue
+            if line.isdigit() and 1 <= int(line) <= len(self.choices):
+                line = self.choices[int(line) - 1]  # a numbered choice: send what it stands for
+                click.secho(f"→ {line}", dim=True)
+            self.choices = []
             self.turn(line)
 
     def turn(self, text: str) -> None:

@@ -80,4 +80,18 @@ def serve(
     names = ", ".join(app.state.registry.bots)
     auth_note = f"auth on ({app.state.auth.source})" if app.state.auth else "auth off"
     click.echo(f"chatrun: serving {names} on http://{host}:{port}/  (store {store}, {auth_note})", err=True)
+    _log_to_stderr(log_level)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _log_to_stderr(level: str) -> None:
+    """The server log: chatrun's own records (a failed turn's full detail, which users never see)
+    go to stderr beside uvicorn's."""
+    import logging
+
+    logger = logging.getLogger("chatrun")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())

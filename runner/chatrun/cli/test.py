@@ -6,7 +6,7 @@ import re
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -25,6 +25,7 @@ class Outcome:
     report: str = ""
     updated: bool = False
     invalid: bool = False
+    warnings: list[str] = field(default_factory=list)
 
 
 _BOTS: dict[str, Any] = {}  # per process: each bot is loaded once per run
@@ -69,7 +70,7 @@ def _run_one(path: str, update: bool, record: bool) -> Outcome:
         return Outcome(path, False, "\n".join(d.format() for d in exc.diagnostics), changed, invalid=True)
     except ChatrunError as exc:
         return Outcome(path, False, f"{path}: {exc}", changed)
-    return Outcome(path, result.passed, result.report(), changed)
+    return Outcome(path, result.passed, result.report(), changed, warnings=result.warnings)
 
 
 # -- -k expressions -------------------------------------------------------------------------------
@@ -234,5 +235,10 @@ def _summary(outcomes: list[Outcome], rewriting: bool) -> None:
             click.echo(f"___ {o.name} ___")
             click.echo(o.report)
             click.echo()
+    warnings = [w for o in outcomes for w in o.warnings]
+    if warnings:
+        click.echo()
+        for warning in warnings:
+            click.echo(warning)
     passed = len(outcomes) - len(failed)
     click.echo(f"{passed} passed, {len(failed)} failed")

@@ -19,7 +19,7 @@ from jinja2 import TemplateSyntaxError, nodes
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from chatrun.definition.config import BotConfig, ToolConfig
+from chatrun.definition.config import ActionConfig, BotConfig, RouteConfig, ToolConfig
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.handlers import import_isolated
 from chatrun.definition.sources import Sources, suggest
@@ -47,6 +47,12 @@ class _Checker:
             _merge_decl(self.declared_scope, route.scope.shared)
         self._modules: dict[str, Any] = {}
         self.defaults = [r.name for r in config.routes.values() if r.default]
+        self.graph = RouteGraph.from_config(config)
+        self.visibility = ScopeVisibility(config, self.graph)
+        self.routes_of: dict[str, list[str]] = {}  # tool -> the routes that list it
+        for route in config.routes.values():
+            for name in route.tools:
+                self.routes_of.setdefault(name, []).append(route.name)
 
     def add(self, severity: str, message: str, kind: str, name: str, *sub: Any) -> None:
         self.out.append(self.src.diag(severity, message, kind, name, *sub))
@@ -60,7 +66,13 @@ class _Checker:
             for field in ("system", "user"):
                 source = getattr(route, field)
                 if source:
-                    self.template(source, f"`{field}` of route `{route.name}`", ("routes", route.name, field), None)
+                    self.template(source, f"`{field}` of route `{route.name}`", ("routes", route.name, field), None,
+                                  routes=[route.name])
+            if route.output is not None:
+                self.output(route)
+            if isinstance(route.choices, str):
+                self.template(route.choices, f"`choices` of route `{route.name}`", ("routes", route.name, "choices"),
+                              None, routes=[route.name])
         for tool in self.config.tools.values():
             self.tool(tool)
         self.env()
@@ -138,34 +150,47 @@ class _Checker:
                 self.add("error", f"route `{route}` lists unknown tool `{tool}`"
                          f"{suggest(tool, self.config.tools)}", "routes", route, "tools", i)
 
+    def output(self, route: RouteConfig) -> None:
+        """A route's `output:`: a valid JSON Schema, and `set` paths and templates like an action's."""
+        output = route.output
+        assert output is not None
+        at = ("routes", route.name, "output")
+        try:
+            _check_schema(json.dumps(output.schema, sort_keys=True))
+        except SchemaError as exc:
+            where = ".".join(map(str, exc.path))
+            self.add("error", f"`output.schema` of route `{route.name}` is not a valid JSON Schema"
+                     f"{f' at `{where}`' if where else ''}: {exc.message}", *at, "schema", *exc.path)
+        except (TypeError, ValueError) as exc:  # a key JSON cannot hold (the YAML reader said which)
+            self.add("error", f"`output.schema` of route `{route.name}` is not JSON: {exc}", *at, "schema")
+        for path, template in output.set.items():
+            problem = self.undeclared(path)
+            if problem:
+                self.add("warning", f"`output.set` of route `{route.name}` sets `{path}`, but {problem}",
+                         *at, "set", path)
+            if isinstance(template, str):
+                self.template(template, f"`output.set {path}` of route `{route.name}`", (*at, "set", path), None,
+                              routes=[route.name])
+
     # -- tools -------------------------------------------------------------------
 
     def tool(self, tool: ToolConfig) -> None:
-        name, action = tool.name, tool.action
+        name = tool.name
         base = ("tools", name)
-        for key in ("push", "route"):
-            target = getattr(action, key)
-            if target and target not in self.config.routes:
-                verb = "pushes" if key == "push" else "routes to"
-                self.add("error", f"tool `{name}` {verb} unknown route `{target}`{suggest(target, self.config.routes)}",
-                         *base, "action", key)
+        routes = self.routes_of.get(name, [])
         for i, path in enumerate(tool.requires):
-            problem = self.undeclared(path)
+            problem = self.undeclared(path) or self.invisible(tuple(path.split(".")), routes)
             if problem:
                 self.add("error", f"`requires` of tool `{name}` names `{path}`, but {problem}", *base, "requires", i)
-        for path, template in action.set.items():
-            problem = self.undeclared(path)
-            if problem:
-                self.add("warning", f"tool `{name}` sets `{path}`, but {problem}", *base, "action", "set", path)
-            if isinstance(template, str):
-                self.template(template, f"`set {path}` of tool `{name}`", (*base, "action", "set", path), tool)
-        for event, template in action.emit.items():
-            if isinstance(template, str):
-                self.template(template, f"`emit {event}` of tool `{name}`", (*base, "action", "emit", event), tool)
-        for key in ("message", "reply", "result"):
-            source = getattr(action, key)
-            if source:
-                self.template(source, f"`{key}` of tool `{name}`", (*base, "action", key), tool)
+        self.action(tool, tool.action, (*base, "action"), "")
+        self.cases(tool)
+        self.loops(tool)
+        if tool.on_error is not None:
+            for key in ("message", "reply"):
+                source = getattr(tool.on_error, key)
+                if source:
+                    self.template(source, f"`on_error {key}` of tool `{name}`", (*base, "on_error", key), tool,
+                                  routes=routes)
         if tool.handler:
             self.handler(tool)
         kinds = [k for k in ("handler", "http", "mcp") if getattr(tool, k)]
@@ -225,6 +250,86 @@ class _Checker:
             if var.default is None and name not in os.environ:
                 self.add("warning", f"environment variable `{name}` is declared under `env:` but not set "
                              "(and has no `default`); a tool that reads it will fail its turn", "env", name)
+    def action(self, tool: ToolConfig, action: ActionConfig, at: tuple, case: str) -> None:
+        """The targets and templates of an action (`case`: "" for the tool's own, else which case)."""
+        name = tool.name
+        of = f"tool `{name}`{case}"
+        routes = self.routes_of.get(name, [])
+        for key in ("push", "route", "call"):
+            target = getattr(action, key)
+            if target and target not in self.config.routes:
+                verb = {"push": "pushes", "route": "routes to", "call": "calls"}[key]
+                self.add("error", f"{of} {verb} unknown route `{target}`{suggest(target, self.config.routes)}", *at, key)
+        for path, template in action.set.items():
+            problem = self.undeclared(path)
+            if problem:
+                self.add("warning", f"{of} sets `{path}`, but {problem}", *at, "set", path)
+            if isinstance(template, str):
+                self.template(template, f"`set {path}` of {of}", (*at, "set", path), tool, routes=routes)
+        for event, template in action.emit.items():
+            if isinstance(template, str):
+                self.template(template, f"`emit {event}` of {of}", (*at, "emit", event), tool, routes=routes)
+        for key in ("message", "reply", "result", "choices"):
+            source = getattr(action, key)
+            if source and isinstance(source, str):
+                self.template(source, f"`{key}` of {of}", (*at, key), tool, routes=routes)
+
+    def cases(self, tool: ToolConfig) -> None:
+        """Each case's condition compiles and reads what is declared and visible; `else` comes last;
+        each case's action is checked like the tool's own."""
+        base = ("tools", tool.name, "action", "cases")
+        routes = self.routes_of.get(tool.name, [])
+        cases = tool.action.cases
+        for n, case in enumerate(cases):
+            at = (*base, case.index)
+            if case.condition is None:
+                if n != len(cases) - 1:
+                    self.add("error", f"the `else` case of tool `{tool.name}` must be the last case: the cases after "
+                             "it could never apply", *at, "else")
+                self.action(tool, case.action, (*at, "else"), " (else case)")
+                continue
+            what = f"condition `{case.condition}` of tool `{tool.name}`"
+            if any(mark in case.condition for mark in ("{{", "}}", "{%", "%}", "{#")):
+                self.add("error", f"{what}: a condition is a Jinja expression without `{{{{ }}}}` "
+                         "(write `args.amount > state.balance`)", *at, "if")
+                continue
+            source = "{{ " + case.condition + " }}"
+            # Parsed here (syntax errors at load, with their line); compiled to Python on first
+            # use, once per process: compiling costs a millisecond each, too much for a big bot.
+            try:
+                _analyse(source)
+            except TemplateSyntaxError as exc:
+                message = (exc.message or "").replace("end of print statement", "end of the condition")
+                self.add("error", f"{what} does not compile: {message}", *at, "if")
+            else:
+                self.template(source, what, (*at, "if"), tool, routes=routes)
+            self.action(tool, case.action, (*at, "then"), f" (case `if: {case.condition}`)")
+
+    def loops(self, tool: ToolConfig) -> None:
+        """Moves that cannot work together: `execute` without a move runs the same route again with
+        the same message (a loop); `call` with another move; `end` with a move or `execute`."""
+        for case, merged in tool.action.variants():
+            if case is None:
+                at: tuple = ("action",)
+                which = ""
+            else:
+                at = ("action", "cases", case.index, "then" if case.condition is not None else "else")
+                which = f" (case `{case.label}`)"
+            moves = [k for k in ("push", "pop", "route", "call") if getattr(merged, k)]
+            problem = None
+            if merged.end and (moves or merged.execute):
+                problem = (f"has `end: true` with `{'`, `'.join(moves + ['execute'] * merged.execute)}`: the "
+                           "conversation ends after this tool, so nothing would run on; remove one")
+            elif merged.call and len(moves) > 1:
+                problem = (f"has `call` with `{'`, `'.join(m for m in moves if m != 'call')}`: a call pushes the "
+                           "called route and comes back here; it cannot move anywhere else too")
+            elif merged.execute and not moves:
+                problem = ("has `execute: true` but no `push`, `pop`, `route` or `call`: it would run the same "
+                           "route again with the same message, over and over until a limit; add a move or "
+                           "remove `execute`")
+            if problem:
+                self.add("error", f"tool `{tool.name}`{which} {problem}", "tools", tool.name, *at)
+                return
 
     def parameters(self, tool: ToolConfig) -> None:
         base = ("tools", tool.name, "parameters")
@@ -291,19 +396,30 @@ class _Checker:
                        f"{suggest(missing[-1], _keys_at(self.declared_scope, missing[:-1]))}"
         return None
 
+    def invisible(self, ref: tuple[str, ...], routes: list[str]) -> str | None:
+        """Why a declared `scope.KEY` cannot be seen from one of `routes` (the routes the
+        template runs on), or None."""
+        if len(ref) < 2 or ref[0] != "scope":
+            return None
+        for route in routes:
+            if not self.visibility.sees(route, ref[1]):
+                owners = ", ".join(f"`{r}`" for r in self.visibility.declaring(ref[1]))
+                return (f"`scope.{ref[1]}` is declared by {owners} and is not visible on route `{route}` (a route "
+                        "sees its own scope's keys and the `shared` keys of the scopes it is pushed from)")
+        return None
+
     # -- templates -------------------------------------------------------------------
 
     def template(self, source: str, what: str, path: tuple, tool: ToolConfig | None,
-                 variables: tuple[str, ...] = TEMPLATE_VARIABLES) -> None:
+                 variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None) -> None:
         if "{" not in source:
             return  # plain text: nothing to compile or resolve
         kind, name, *sub = path
         doc = self.src.doc_of(kind, name)
-        pos = doc.pos(path)
-        block = pos.style in ("|", ">")
 
         def line_of(lineno: int) -> tuple[int, int]:
-            if block:  # the text starts on the line after `|` / `>`
+            pos = doc.pos(path)  # only when there is something to report: most templates are fine
+            if pos.style in ("|", ">"):  # the text starts on the line after `|` / `>`
                 line = pos.value_line + lineno
                 return line, doc.indent(line)
             line = pos.value_line + lineno - 1
@@ -337,7 +453,7 @@ class _Checker:
                 emit("error", f"{what} reads `env.{ref[1]}`, but the bot does not declare it under `env:`"
                      f"{suggest(ref[1], self.config.env)}", lineno)
             elif head in ("state", "scope"):
-                problem = self.undeclared(ref)
+                problem = self.undeclared(ref) or self.invisible(ref, routes or [])
                 if problem:
                     emit("warning", f"{what} reads `{'.'.join(ref)}`, but {problem}", lineno)
             elif head == "args" and tool is not None:
@@ -351,15 +467,23 @@ _EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
 
 _Analysis = tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]
 
-# `{{ dotted.name | filter }}`: most templates are only text and such expressions, and
-# they are read here without Jinja's parser (a big bot has thousands of them).
-_OPERAND = r"""(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*|'[^'\\{}\n]*'|"[^"\\{}\n]*"|\d+)"""
+# `{{ dotted.name | filter }}` and simple conditions (`a.b > 3 and not c is none`): most
+# templates and every usual condition are only text and such expressions, and they are read
+# here without Jinja's parser (a big bot has thousands of them).
+_NAME = r"(?!(?:not|in|is|or|and|if|else)\b)[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_OPERAND = r"""(?:""" + _NAME + r"""|'[^'\\{}\n]*'|"[^"\\{}\n]*"|\d+(?:\.\d+)?)"""
+_TERM = r"(?:not\s+)*" + _OPERAND + r"(?:\s+is\s+(?:not\s+)?(?:none|defined|undefined)\b)?"
+_BINARY = r"(?:\s+(?:or|and|in|not\s+in)\s+|\s*(?:==|!=|<=|>=|<|>|\+|\*|/)\s*|\s+-\s+)"
 _SIMPLE = re.compile(
-    r"\{\{-?\s*(" + _OPERAND + r"(?:\s+(?:or|and)\s+" + _OPERAND + r")*)\s*((?:\|\s*[A-Za-z_]\w*\s*)*)-?\}\}"
+    r"\{\{-?\s*(" + _TERM + r"(?:" + _BINARY + _TERM + r")*)\s*((?:\|\s*[A-Za-z_]\w*\s*)*)-?\}\}"
 )
 _TOKEN = re.compile(r"""'[^']*'|"[^"]*"|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*""")
 _KEYWORDS = frozenset({"true", "false", "none", "True", "False", "None", "and", "or", "not", "in", "is", "if",
                        "else", "elif", "for", "recursive", "with", "without", "import", "from", "as"})
+# Words of a simple expression that are no variables: operators, constants, and (after `is`) tests.
+_OPERATOR_WORDS = frozenset({"and", "or", "not", "in", "is"})
+_CONSTANTS = frozenset({"true", "false", "none", "True", "False", "None"})
+_TESTS_AFTER_IS = frozenset({"none", "defined", "undefined"})
 # Names Jinja itself provides in some blocks.
 _JINJA_NAMES = frozenset({"loop", "caller", "varargs", "kwargs", "self", "super"})
 
@@ -401,11 +525,17 @@ def _analyse_simple(source: str) -> _Analysis | None:
         return None
     refs: dict[tuple[str, ...], int] = {}
     unknown: list[tuple[str, str, int]] = []
+    matches = 0
     for match in _SIMPLE.finditer(source):
+        matches += 1
         start = match.start(1)
+        previous = ""
         for token in _TOKEN.finditer(match.group(1)):
             text = token.group()
-            if text[0] in "'\"" or text in ("or", "and"):
+            after_is = previous == "is" or previous == "is not"
+            previous = ("is not" if previous == "is" and text == "not" else text)
+            if text[0] in "'\"" or text in _OPERATOR_WORDS or text in _CONSTANTS \
+                    or (after_is and text in _TESTS_AFTER_IS):
                 continue
             parts = tuple(text.split("."))
             if any(p in _KEYWORDS for p in parts):
@@ -419,7 +549,7 @@ def _analyse_simple(source: str) -> _Analysis | None:
         for name in match.group(2).replace("|", " ").split():
             if name not in ENV.filters:
                 unknown.append(("filter", name, lineno))
-    if "{{" in _SIMPLE.sub("", source):
+    if source.count("{{") != matches:  # a match holds no `{{` (quoted text excludes braces)
         return None  # some expression is not simple: let Jinja parse (and judge) it
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
 
@@ -609,10 +739,115 @@ def _keys_at(decl: Any, parts: tuple[str, ...]) -> list[str]:
     return list(decl) if isinstance(decl, dict) else []
 
 
+class ScopeVisibility:
+    """Which `scope.KEY`s a route can see (README, "State"): the keys declared by the routes its
+    scope can have been on (it, and the routes that change route into it), and the `shared` keys
+    of every scope that can be below it on the stack. A union over every way there: a key no
+    way makes visible is an error waiting for every turn.
+
+    As data flow over the route graph (unions only, so strongly connected parts share one set):
+    own(R) = R's local and shared keys, flowing along route edges; shared(R) = R's shared keys,
+    flowing along route edges; below(R) flows along route edges, and a push P -> R adds
+    shared(P) and below(P). A route sees own(R) and below(R)."""
+
+    def __init__(self, config: BotConfig, graph: RouteGraph):
+        self.config = config
+        names = list(config.routes)
+        moves = [e for e in graph.edges if e.target in config.routes and e.kind in ("push", "route", "call")]
+        route_edges = [(e.source, e.target, frozenset()) for e in moves if e.kind == "route"]
+        decl = {n: config.routes[n].scope for n in names}
+        own = _flow(names, route_edges, {n: {*decl[n].local, *decl[n].shared} for n in names})
+        shared = _flow(names, route_edges, {n: set(decl[n].shared) for n in names})
+        push_edges = [(e.source, e.target, shared[e.source]) for e in moves if e.kind in ("push", "call")]
+        below = _flow(names, route_edges + push_edges, {n: set() for n in names})
+        self._own, self._below = own, below
+
+    def sees(self, route: str, key: str) -> bool:
+        if route not in self._own:
+            return True
+        return key in self._own[route] or key in self._below[route]
+
+    def declaring(self, key: str) -> list[str]:
+        return [r.name for r in self.config.routes.values() if key in r.scope.local or key in r.scope.shared]
+
+
+def _flow(nodes: list[str], edges: list[tuple[str, str, frozenset[str]]],
+          base: dict[str, set[str]]) -> dict[str, frozenset[str]]:
+    """The least sets with value(n) >= base(n) and, for every edge (a, b, extra),
+    value(b) >= value(a) | extra: strongly connected components in topological order."""
+    succ: dict[str, list[str]] = {n: [] for n in nodes}
+    for a, b, _ in edges:
+        succ[a].append(b)
+    component = _components(nodes, succ)  # node -> component index, sources first
+    members: dict[int, list[str]] = {}
+    for n in nodes:
+        members.setdefault(component[n], []).append(n)
+    incoming: dict[int, list[tuple[str, frozenset[str]]]] = {}
+    value: dict[int, set[str]] = {c: set().union(*(base[n] for n in ms)) for c, ms in members.items()}
+    for a, b, extra in edges:
+        if component[a] == component[b]:
+            value[component[b]] |= extra  # inside a cycle: every member gets it
+        else:
+            incoming.setdefault(component[b], []).append((a, extra))
+    done: dict[int, frozenset[str]] = {}
+    for c in sorted(members):
+        acc = value[c]
+        for a, extra in incoming.get(c, ()):
+            acc |= done[component[a]]
+            acc |= extra
+        done[c] = frozenset(acc)
+    return {n: done[component[n]] for n in nodes}
+
+
+def _components(nodes: list[str], succ: dict[str, list[str]]) -> dict[str, int]:
+    """Tarjan's strongly connected components, iteratively (a long chain of routes must not
+    hit the recursion limit). Numbered in topological order: an edge between two components
+    goes from a lower number to a higher one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(succ[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(succ[child])))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                scc = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    scc.append(member)
+                    if member == node:
+                        break
+                found.append(scc)
+    # Tarjan finds components in reverse topological order.
+    return {n: i for i, scc in enumerate(reversed(found)) for n in scc}
+
+
 def _graph_checks(checker: _Checker) -> None:
 
     config = checker.config
-    graph = RouteGraph.from_config(config)
+    graph = checker.graph
     defaults = checker.defaults
     if len(defaults) == 1:
         reached = graph.reachable(defaults[0])
@@ -621,6 +856,12 @@ def _graph_checks(checker: _Checker) -> None:
                 checker.add("warning", f"route `{name}` is not reachable from the default route `{defaults[0]}`: no "
                             "tool on a reachable route pushes it or routes to it (only a client choosing it as the "
                             "start route can enter it)", "routes", name)
+    called = {e.target for e in graph.edges if e.kind == "call"}
+    for route in config.routes.values():
+        if route.returns and route.name not in called:
+            checker.add("warning", f"route `{route.name}` has `returns: {route.returns}`, but no tool calls it "
+                        "(`call: {route.name}`): it only returns when called".replace("{route.name}", route.name),
+                        "routes", route.name, "returns")
     for route in config.routes.values():
         if graph.can_be_nested(route.name):
             continue

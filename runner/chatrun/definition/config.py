@@ -88,6 +88,8 @@ class ActionConfig:
     push: str | None = None
     pop: bool = False
     route: str | None = None
+    call: str | None = None  # push this route and run it now; its result comes back as this call's result
+    end: bool = False  # end the conversation (Quarkus ChatScope.end())
     execute: bool = False
     immediate: bool = False
     clear_memory: bool = False
@@ -97,11 +99,64 @@ class ActionConfig:
     message: str | None = None  # template: a Message event to the user
     reply: str | None = None  # template: the tool result the model sees
     result: str | None = None  # template: with pop, handed to the parent route's memory
+    choices: list[Any] | str | None = None  # choices offered to the user: a list, or a template of one
+    cases: list[CaseConfig] = field(default_factory=list)  # the first whose condition holds adds its action
     where: Location = field(default_factory=Location)
+    _merged: dict[int, ActionConfig] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def leaves_route(self) -> bool:
-        return bool(self.push or self.pop or self.route)
+        return bool(self.push or self.pop or self.route or self.call)
+
+    def with_case(self, case: CaseConfig) -> ActionConfig:
+        """This action with a case's action over it: the case's keys win, its `set` and `emit`
+        entries come after this action's (the same key: the case's value, in the case's place).
+        Computed once per case (the engine asks on every call)."""
+        merged = self._merged.get(id(case))
+        if merged is None:
+            extra = case.action
+            values = {key: getattr(extra, key) or getattr(self, key) for key in _SCALAR_KEYS}
+            values["set"] = {**{k: v for k, v in self.set.items() if k not in extra.set}, **extra.set}
+            values["emit"] = {**{k: v for k, v in self.emit.items() if k not in extra.emit}, **extra.emit}
+            merged = self._merged[id(case)] = ActionConfig(**values, where=extra.where)
+        return merged
+
+    def variants(self) -> list[tuple[CaseConfig | None, ActionConfig]]:
+        """Every action calling the tool can apply: (the case, the merged action) for each
+        case, and (None, this action) when no case may match (there is no `else`)."""
+        out: list[tuple[CaseConfig | None, ActionConfig]] = [(case, self.with_case(case)) for case in self.cases]
+        if not self.cases or self.cases[-1].condition is not None:
+            out.append((None, self))
+        return out
+
+
+_SCALAR_KEYS = ("push", "pop", "route", "call", "end", "execute", "immediate", "clear_memory", "wipe", "message", "reply",
+                "result", "choices")
+
+
+@dataclass
+class CaseConfig:
+    """One case of an action's `cases:`: `if: CONDITION` (a Jinja expression) with the action
+    to add (`then:`), or the `else:` action (condition None)."""
+
+    condition: str | None
+    action: ActionConfig
+    where: Location = field(default_factory=Location)
+    index: int = 0  # its place in the YAML list `cases:`
+
+    @property
+    def label(self) -> str:
+        return f"if {self.condition}" if self.condition is not None else "else"
+
+
+@dataclass
+class OnErrorConfig:
+    """A tool's `on_error:`: when its handler raises (or times out), nothing of the action
+    applies, `message` (if any) goes to the user and `reply` to the model, and the turn goes on."""
+
+    message: str | None = None  # template
+    reply: str | None = None  # template
+    where: Location = field(default_factory=Location)
 
 
 DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a handler, HTTP call or MCP call may take
@@ -178,6 +233,7 @@ class ToolConfig:
     server_schema: bool = False  # an MCP tool without `parameters`: the server's schema is used
     timeout: float = DEFAULT_TOOL_TIMEOUT
     action: ActionConfig = field(default_factory=ActionConfig)
+    on_error: OnErrorConfig | None = None  # what a failing handler does instead of failing the turn
     where: Location = field(default_factory=Location)
 
 
@@ -185,6 +241,17 @@ class ToolConfig:
 class ScopeConfig:
     local: dict[str, Any] = field(default_factory=dict)  # per scope, not inherited
     shared: dict[str, Any] = field(default_factory=dict)  # inherited by nested scopes
+
+
+@dataclass
+class OutputConfig:
+    """A route's `output:`: its final answers are JSON matching `schema`, sent as an Object event
+    (not a Message) and assignable with `set` (templates see it as `output`)."""
+
+    schema: dict[str, Any]
+    request: str = "json_schema"  # "json_schema" | "json_object" | "none": the response_format asked for
+    set: dict[str, Any] = field(default_factory=dict)  # PATH -> template reading `output`
+    where: Location = field(default_factory=Location)
 
 
 @dataclass
@@ -200,6 +267,9 @@ class RouteConfig:
     mcp: list[str] = field(default_factory=list)  # "SERVER" (all its tools) or "SERVER/TOOL"
     scope: ScopeConfig = field(default_factory=ScopeConfig)
     roles: list[str] = field(default_factory=list)
+    returns: str | None = None  # "answer": when called, the final answer is the result (the scope pops)
+    output: OutputConfig | None = None  # structured output: JSON answers, validated
+    choices: list[Any] | str | None = None  # offered after the route's final answer: a list, or a template
     where: Location = field(default_factory=Location)
 
 

@@ -11,6 +11,10 @@ route (the push/route really applies to the parent scope after the pop); for
 reachability that is exact, for nesting (`can_be_nested`) it errs on the side of
 "can be nested", which keeps the validator from warning about a pop that may work.
 
+A tool with `cases:` moves differently by case: an edge that only some cases take carries
+their conditions (`Edge.condition`: "if EXPR", "else", "otherwise" when no case matched),
+drawn on the edge's label in every format.
+
 Tools or targets that do not exist are left out: the validator reports them.
 """
 
@@ -21,10 +25,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from chatrun.definition.config import BotConfig
+from chatrun.definition.config import ActionConfig, BotConfig
 
-EdgeKind = Literal["push", "route", "pop"]
+EdgeKind = Literal["push", "route", "pop", "call", "end"]
 FORMATS = ("text", "mermaid", "dot")
+END_NODE = "(end)"  # where `end` edges lead in drawings: the conversation is over
+ANSWER = "(answer)"  # the "tool" of the pop a `returns: answer` route makes by answering
 
 
 @dataclass(frozen=True)
@@ -50,10 +56,16 @@ class Edge:
     tool: str
     execute: bool = False  # the new current route runs at once with the same user message
     immediate: bool = False  # the model loop ends after this tool
+    condition: str | None = None  # when only some of the tool's cases move: "if EXPR", "else", "otherwise"
 
     @property
     def flags(self) -> list[str]:
         return [name for name, on in (("execute", self.execute), ("immediate", self.immediate)) if on]
+
+    @property
+    def label(self) -> str:
+        """The tool, with its condition when the move is conditional: `transfer [if args.amount > 0]`."""
+        return f"{self.tool} [{self.condition}]" if self.condition else self.tool
 
 
 class RouteGraph:
@@ -106,8 +118,8 @@ class RouteGraph:
         return self._closure({start})
 
     def pushed_routes(self) -> set[str]:
-        """Routes some tool pushes."""
-        return {e.target for e in self.edges if e.kind == "push" and e.target}
+        """Routes some tool pushes (or calls: a call pushes)."""
+        return {e.target for e in self.edges if e.kind in ("push", "call") and e.target}
 
     def can_be_nested(self, route: str) -> bool:
         """Whether `route` can be the current route of a nested scope (so popping there
@@ -126,7 +138,8 @@ class RouteGraph:
                     if source not in entries:
                         entries.add(source)
                         todo.append(source)
-            parents = {source for entry in entries for source in self._into.get(("push", entry), ())}
+            parents = {source for entry in entries for kind in ("push", "call")
+                       for source in self._into.get((kind, entry), ())}
             self._pop_targets[route] = [name for name in self.nodes if name in parents]
         return list(self._pop_targets[route])
 
@@ -136,7 +149,7 @@ class RouteGraph:
         todo = list(seen)
         while todo:
             for edge in self._out.get(todo.pop(), ()):
-                if edge.kind != "pop" and edge.target in self.nodes and edge.target not in seen:
+                if edge.target in self.nodes and edge.target not in seen:  # push, route, call
                     seen.add(edge.target)
                     todo.append(edge.target)
         return seen
@@ -162,16 +175,28 @@ def _config_edges(config: BotConfig) -> Iterator[Edge]:
     for name, route in config.routes.items():
         for tool_name in route.tools:
             tool = config.tools.get(tool_name)
-            if tool is None:
-                continue
-            action = tool.action
-            flags = {"execute": action.execute, "immediate": action.immediate}
-            if action.push and action.push in config.routes:
-                yield Edge(name, action.push, "push", tool_name, **flags)
-            if action.route and action.route in config.routes:
-                yield Edge(name, action.route, "route", tool_name, **flags)
-            if action.pop:
-                yield Edge(name, None, "pop", tool_name, **flags)
+            if tool is not None:
+                yield from _tool_edges(config, name, tool_name, tool.action)
+        if route.returns == "answer":  # a called route that returns with its answer pops by itself
+            yield Edge(name, None, "pop", ANSWER)
+
+
+def _tool_edges(config: BotConfig, source: str, tool: str, action: ActionConfig) -> Iterator[Edge]:
+    """The moves of one tool from `source`. With `cases:`, a move that only some variants make
+    is labelled with their conditions ("otherwise": no case matched and there is no else)."""
+    variants = action.variants()
+    moves: dict[tuple[str, str | None], list[tuple[str, ActionConfig]]] = {}
+    for case, merged in variants:
+        label = case.label if case is not None else "otherwise"
+        for kind, target in (("push", merged.push), ("route", merged.route), ("call", merged.call),
+                             ("pop", None), ("end", None)):
+            if (kind == "pop" and merged.pop) or (kind == "end" and merged.end) or (target and target in config.routes):
+                moves.setdefault((kind, target), []).append((label, merged))
+    for (kind, target), uses in moves.items():
+        condition = None if len(uses) == len(variants) else "; ".join(label for label, _ in uses)
+        yield Edge(source, target, kind, tool,  # type: ignore[arg-type]
+                   execute=any(m.execute for _, m in uses), immediate=any(m.immediate for _, m in uses),
+                   condition=condition)
 
 
 def _grouped(graph: RouteGraph) -> list[tuple[str, str, str, list[str]]]:
@@ -179,11 +204,14 @@ def _grouped(graph: RouteGraph) -> list[tuple[str, str, str, list[str]]]:
     route they can return to. Config order."""
     groups: dict[tuple[str, str, str], list[str]] = {}
     for edge in graph.edges:
-        targets = graph.pop_targets(edge.source) if edge.kind == "pop" else [edge.target]
+        if edge.kind == "end":
+            targets = [END_NODE]
+        else:
+            targets = graph.pop_targets(edge.source) if edge.kind == "pop" else [edge.target]
         for target in targets:
             tools = groups.setdefault((edge.source, target, edge.kind), [])  # type: ignore[arg-type]
-            if edge.tool not in tools:
-                tools.append(edge.tool)
+            if edge.label not in tools:
+                tools.append(edge.label)
     return [(s, t, k, tools) for (s, t, k), tools in groups.items()]
 
 
@@ -214,23 +242,28 @@ def _render_text(graph: RouteGraph) -> str:
             if edge.kind == "pop":
                 parents = graph.pop_targets(node.name)
                 where = "pop → back to " + (" | ".join(parents) if parents else "(nothing: never nested)")
+            elif edge.kind == "end":
+                where = "end → the conversation ends"
             else:
                 where = f"{edge.kind} → {edge.target}"
             flags = f"  ({', '.join(edge.flags)})" if edge.flags else ""
-            lines.append(f"  {branch} {edge.tool.ljust(width)}  {where}{flags}")
+            condition = f"  [{edge.condition}]" if edge.condition else ""
+            lines.append(f"  {branch} {edge.tool.ljust(width)}  {where}{flags}{condition}")
     return "\n".join(lines) + "\n"
 
 
 # -- mermaid ------------------------------------------------------------------------
 
-_MERMAID_ARROWS = {"push": "-->", "route": "-.->", "pop": "==>"}
+_MERMAID_ARROWS = {"push": "-->", "route": "-.->", "pop": "==>", "call": "-->", "end": "==>"}
 
 
 def _mermaid_ids(graph: RouteGraph) -> dict[str, str]:
     """`n<index>_<name>` in config order: the index makes ids unique (everything up to the
     first `_` differs), the leading `n` keeps them clear of mermaid keywords (`end`,
     `graph`), and the name keeps the source readable."""
-    return {name: f"n{i}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}" for i, name in enumerate(graph.nodes)}
+    ids = {name: f"n{i}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}" for i, name in enumerate(graph.nodes)}
+    ids[END_NODE] = "end_of_conversation"
+    return ids
 
 
 def _mermaid_text(text: str) -> str:
@@ -251,6 +284,8 @@ def _render_mermaid(graph: RouteGraph) -> str:
         # Stadium for the default route, rectangles for the others.
         shape = f'(["{label}"])' if node.default else f'["{label}"]'
         lines.append(f"    {ids[node.name]}{shape}")
+    if any(e.kind == "end" for e in graph.edges):
+        lines.append(f'    {ids[END_NODE]}(("end"))')
     for source, target, kind, tools in _grouped(graph):
         text = _mermaid_text(f"{kind}: {', '.join(tools)}")
         lines.append(f'    {ids[source]} {_MERMAID_ARROWS[kind]}|"{text}"| {ids[target]}')
@@ -263,6 +298,8 @@ _DOT_STYLES = {
     "push": "style=solid",
     "route": "style=dashed",
     "pop": "style=bold, color=gray40, fontcolor=gray40",
+    "call": "style=solid, arrowhead=diamond",
+    "end": "style=bold, color=firebrick, fontcolor=firebrick",
 }
 
 
@@ -284,7 +321,9 @@ def _render_dot(graph: RouteGraph) -> str:
         if node.default:
             attrs.append("peripheries=2")
         lines.append(f"    {_dot_quote(node.name)} [{', '.join(attrs)}];")
-    flags = {(e.source, e.kind, e.tool): e.flags for e in graph.edges}
+    if any(e.kind == "end" for e in graph.edges):
+        lines.append(f'    {_dot_quote(END_NODE)} [label="end", shape=doublecircle];')
+    flags = {(e.source, e.kind, e.label): e.flags for e in graph.edges}
     for source, target, kind, tools in _grouped(graph):
         label = f"{kind}: {', '.join(tools)}"
         extra = sorted({f for t in tools for f in flags.get((source, kind, t), [])})

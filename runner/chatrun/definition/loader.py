@@ -23,6 +23,7 @@ from chatrun.definition.config import (
     DEFAULT_TOOL_TIMEOUT,
     ActionConfig,
     BotConfig,
+    CaseConfig,
     EnvVar,
     HttpConfig,
     Limits,
@@ -31,7 +32,9 @@ from chatrun.definition.config import (
     McpToolRef,
     MemoryPolicy,
     ModelConfig,
+    OnErrorConfig,
     OpenApiRef,
+    OutputConfig,
     Price,
     RouteConfig,
     ScopeConfig,
@@ -523,6 +526,9 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         mcp=_str_list(raw.get("mcp")),
         scope=ScopeConfig(local=_dict(scope.get("local")), shared=_dict(scope.get("shared"))),
         roles=_str_list(raw.get("roles")),
+        returns=raw.get("returns") if raw.get("returns") == "answer" else None,
+        output=_output(raw.get("output"), doc, (*base, "output")),
+        choices=_choices(raw.get("choices")),
         where=_loc(doc, base),
     )
 
@@ -617,11 +623,26 @@ def _http(raw: Any, doc: YamlDoc, path: tuple) -> HttpConfig | None:
     )
 
 
+def _choices(raw: Any) -> list[Any] | str | None:
+    return raw if isinstance(raw, (list, str)) else None
+
+
+def _output(raw: Any, doc: YamlDoc, path: tuple) -> OutputConfig | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("schema"), dict):
+        return None
+    request = raw.get("request")
+    return OutputConfig(
+        schema=dict(raw["schema"]),
+        request=request if request in ("json_schema", "json_object", "none") else "json_schema",
+        set={k: v for k, v in _dict(raw.get("set")).items() if isinstance(k, str)},
+        where=_loc(doc, path),
+    )
+
+
 def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
     base = ("tools", name)
-    action = _dict(raw.get("action"))
     params = raw.get("parameters")
-    wipe = action.get("wipe")
+    on_error = raw.get("on_error")
     return ToolConfig(
         name=name,
         description=_str(raw.get("description")) or "",
@@ -633,20 +654,48 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
         openapi=_openapi_ref(raw.get("openapi")),
         server_schema=isinstance(raw.get("mcp"), dict) and "parameters" not in raw,
         timeout=float(raw["timeout"]) if isinstance(raw.get("timeout"), int | float) else DEFAULT_TOOL_TIMEOUT,
-        action=ActionConfig(
-            push=_str(action.get("push")),
-            pop=_bool(action.get("pop")),
-            route=_str(action.get("route")),
-            execute=_bool(action.get("execute")),
-            immediate=_bool(action.get("immediate")),
-            clear_memory=_bool(action.get("clear_memory")),
-            wipe=wipe if wipe in ("schedule", "abort") else None,
-            set={k: v for k, v in _dict(action.get("set")).items() if isinstance(k, str)},
-            emit={k: v for k, v in _dict(action.get("emit")).items() if isinstance(k, str)},
-            message=_str(action.get("message")),
-            reply=_str(action.get("reply")),
-            result=_str(action.get("result")),
-            where=_loc(doc, (*base, "action") if "action" in raw else base),
-        ),
+        action=_action(_dict(raw.get("action")), doc, (*base, "action") if "action" in raw else base),
+        on_error=OnErrorConfig(_str(on_error.get("message")), _str(on_error.get("reply")),
+                               _loc(doc, (*base, "on_error"))) if isinstance(on_error, dict) else None,
         where=_loc(doc, base),
     )
+
+
+def _action(action: dict, doc: YamlDoc, path: tuple, where: Location | None = None) -> ActionConfig:
+    wipe = action.get("wipe")
+    return ActionConfig(
+        push=_str(action.get("push")),
+        pop=_bool(action.get("pop")),
+        route=_str(action.get("route")),
+        call=_str(action.get("call")),
+        end=_bool(action.get("end")),
+        execute=_bool(action.get("execute")),
+        immediate=_bool(action.get("immediate")),
+        clear_memory=_bool(action.get("clear_memory")),
+        wipe=wipe if wipe in ("schedule", "abort") else None,
+        set={k: v for k, v in _dict(action.get("set")).items() if isinstance(k, str)},
+        emit={k: v for k, v in _dict(action.get("emit")).items() if isinstance(k, str)},
+        message=_str(action.get("message")),
+        reply=_str(action.get("reply")),
+        result=_str(action.get("result")),
+        choices=_choices(action.get("choices")),
+        cases=_cases(action["cases"], doc, path) if "cases" in action else [],
+        where=where or _loc(doc, path),
+    )
+
+
+def _cases(raw: Any, doc: YamlDoc, path: tuple) -> list[CaseConfig]:
+    """The cases of an action (those the schema rejected are left out; it reported them)."""
+    cases: list[CaseConfig] = []
+    for i, item in enumerate(raw if isinstance(raw, list) else []):
+        if not isinstance(item, dict):
+            continue
+        at = (*path, "cases", i)
+        # A case's place (its condition's line, or `else:`) is its action's place too.
+        if isinstance(item.get("if"), str) and isinstance(item.get("then"), dict):
+            where = _loc(doc, (*at, "if"))
+            cases.append(CaseConfig(item["if"], _action(item["then"], doc, (*at, "then"), where), where, i))
+        elif "if" not in item and isinstance(item.get("else"), dict):
+            where = _loc(doc, (*at, "else"))
+            cases.append(CaseConfig(None, _action(item["else"], doc, (*at, "else"), where), where, i))
+    return cases

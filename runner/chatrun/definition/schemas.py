@@ -141,6 +141,15 @@ def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None
         if not value:
             return None
         return lambda v: not isinstance(v, list) or (all(isinstance(x, str) for x in v) and len(set(v)) == len(v))
+    if key in ("minItems", "maxItems"):
+        bound = value
+        fits = (lambda n: n >= bound) if key == "minItems" else (lambda n: n <= bound)
+        return lambda v: not isinstance(v, list) or fits(len(v))
+    if key in ("minLength", "maxLength"):
+        bound = value
+        fits = (lambda n: n >= bound) if key == "minLength" else (lambda n: n <= bound)
+        # Astral characters count as one in JSON Schema and in Python: len() agrees.
+        return lambda v: not isinstance(v, str) or fits(len(v))
     if key == "pattern":
         search = re.compile(value).search
         return lambda v: not isinstance(v, str) or search(v) is not None

@@ -12,11 +12,12 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
-from jinja2 import StrictUndefined
+from jinja2 import StrictUndefined, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Variables a template may use (README: "Template variables").
-TEMPLATE_VARIABLES = ("state", "scope", "args", "user_message", "data", "route", "stack", "turn", "result")
+TEMPLATE_VARIABLES = ("state", "scope", "args", "user_message", "data", "route", "stack", "turn", "result", "error",
+                      "output")
 
 
 class _Undefined(StrictUndefined):
@@ -78,3 +79,21 @@ def _single_expression(source: str) -> str | None:
     if text.startswith("{{") and text.endswith("}}") and text.count("{{") == 1:
         return text[2:-2].strip()
     return None
+
+
+def is_nothing(value: Any) -> bool:
+    """None or undefined: what an `emit` or `set` template may render to in order to send or
+    assign nothing (docs/format.md, "Nothing")."""
+    return value is None or isinstance(value, Undefined)
+
+
+@lru_cache(maxsize=16384)
+def compile_condition(expression: str):  # noqa: ANN201 - a compiled jinja2 expression
+    """A case's `if:` condition, compiled on first use and kept (validation has parsed it
+    already; compiling to Python costs about a millisecond). Raises jinja2.TemplateSyntaxError."""
+    return ENV.compile_expression(expression, undefined_to_none=False)
+
+
+def holds(expression: str, context: dict[str, Any]) -> bool:
+    """Whether a condition holds: its value is truthy (undefined is false)."""
+    return bool(compile_condition(expression)(**context))

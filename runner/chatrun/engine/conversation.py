@@ -23,7 +23,7 @@ from chatrun.engine.scopes import Scope, ScopeView, init_declared, merged_scope
 from chatrun.engine.usage import Usage
 from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.memory import ChatMemory, make_memory
-from chatrun.messages import AssistantMessage, Message
+from chatrun.messages import AssistantMessage, Message, ToolResultMessage
 from chatrun.store import SessionStore
 
 SNAPSHOT_VERSION = 1
@@ -39,6 +39,7 @@ class Checkpoint:
     next_scope: int
     memories: dict[str, list[Message]]
     usage: Usage
+    ended: dict[str, str] | None = None
 
 
 class Conversation:
@@ -55,6 +56,7 @@ class Conversation:
         self._next_scope = 1
         self._memories: dict[str, ChatMemory] = {}
         self.usage = Usage()  # every model call of the session, failed turns included
+        self.ended: dict[str, str] | None = None  # set by an `end` action: {"tool", "route"}
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -81,6 +83,7 @@ class Conversation:
         self._next_scope = snapshot["next_scope"]
         self.scopes = [Scope.from_dict(d) for d in snapshot["scopes"]]
         self.usage = Usage.from_dict(snapshot.get("usage"))
+        self.ended = snapshot.get("ended")
         for scope in self.scopes:
             if scope.route not in self.config.routes:
                 raise SessionError(f"session {self.id} is on route {scope.route!r}, which the bot no longer defines")
@@ -98,6 +101,7 @@ class Conversation:
             "meta": self.meta,
             "usage": self.usage.to_dict(),
             "updated": time.time(),
+            **({"ended": self.ended} if self.ended else {}),
         }
 
     # -- where it is -----------------------------------------------------------------------
@@ -126,16 +130,35 @@ class Conversation:
 
     # -- moving between routes (tool actions) ----------------------------------------------
 
-    def push_scope(self, route: str) -> None:
-        self.scopes.append(self._new_scope(self.config.routes[route]))
+    def push_scope(self, route: str, caller: dict[str, str] | None = None) -> None:
+        scope = self._new_scope(self.config.routes[route])
+        scope.caller = caller
+        self.scopes.append(scope)
 
-    def pop_scope(self, handed_back: str | None) -> None:
+    def pop_scope(self, handed_back: str | None) -> dict[str, str] | None:
+        """End the current scope. A called scope's result answers the call waiting in the parent's
+        memory (a tool result: the parent's model sees a call and its result); otherwise
+        `handed_back` goes to the parent's memory as an assistant message. Returns the caller
+        of a called scope (the parent resumes), else None."""
         popped = self.scopes.pop()
         for route in popped.memory_routes:
             self._memories.pop(popped.memory_id(route), None)
+        parent = self.scopes[-1]
+        if popped.caller:
+            text = handed_back or f"{popped.route} finished without a result."
+            self.memory_for(parent, parent.route).add(
+                ToolResultMessage(popped.caller["call_id"], popped.caller["tool"], text))
+            return popped.caller
         if handed_back:
-            parent = self.scopes[-1]
             self.memory_for(parent, parent.route).add(AssistantMessage(handed_back))
+        return None
+
+    def end(self, tool: str) -> None:
+        """The conversation ends (an `end` action): no more turns; its memories are deleted when
+        the turn commits (they are no longer live), its history and last state stay for the author."""
+        self.ended = {"tool": tool, "route": self.scope.route}
+        for scope in self.scopes:
+            scope.memory_routes = []
 
     def change_route(self, route: str) -> None:
         scope = self.scopes[-1]
@@ -225,7 +248,7 @@ class Conversation:
 
     def capture(self) -> Checkpoint:
         return Checkpoint(self.turn_count, copy.deepcopy(self.state), copy.deepcopy(self.scopes), self._next_scope,
-                          {mid: m.messages() for mid, m in self._memories.items()}, copy.copy(self.usage))
+                          {mid: m.messages() for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended)
 
     def rollback(self, before: Checkpoint) -> None:
         self.turn_count = before.turn_count
@@ -233,6 +256,7 @@ class Conversation:
         self.scopes = before.scopes
         self._next_scope = before.next_scope
         self.usage = copy.copy(before.usage)
+        self.ended = before.ended
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
         self._memories.clear()

@@ -26,6 +26,7 @@ class Scope:
     local: dict[str, Any] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)
     memory_routes: list[str] = field(default_factory=list)  # routes that have a memory in this scope
+    caller: dict[str, str] | None = None  # a called scope: {"call_id", "tool"} of the call waiting for it
 
     def memory_id(self, route: str) -> str:
         return f"{self.id}#{route}"
@@ -40,11 +41,13 @@ class Scope:
             "local": self.local,
             "shared": self.shared,
             "memory_routes": self.memory_routes,
+            **({"caller": self.caller} if self.caller else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> Scope:
-        return cls(d["id"], d["route"], d.get("local", {}), d.get("shared", {}), list(d.get("memory_routes", [])))
+        return cls(d["id"], d["route"], d.get("local", {}), d.get("shared", {}), list(d.get("memory_routes", [])),
+                   d.get("caller"))
 
 
 def merged_scope(scopes: list[Scope]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +36,7 @@ from chatrun.store import SessionStore
 if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
 
+log = logging.getLogger("chatrun")
 Input = str | dict[str, Any] | None
 _DONE = object()
 
@@ -123,6 +125,12 @@ class Session:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def ended(self) -> dict[str, str] | None:
+        """Set when a tool's `end` action ended the conversation: {"route", "tool"}. An ended
+        session takes no more turns; its history and last state stay readable."""
+        return self._c.ended
+
     def visible_state(self) -> dict[str, Any]:
         return {"state": self.state, "scope": merged_scope(self.scopes)}
 
@@ -195,8 +203,8 @@ class Session:
         self._default_handlers.append(handler)
         return self
 
-    def _emit(self, event_type: str, data: Any, runtime: bool = False) -> None:
-        event = Event(event_type, ev.plain(data), self.turn_count + 1, runtime=runtime)
+    def _emit(self, event_type: str, data: Any, runtime: bool = False, meta: dict[str, Any] | None = None) -> None:
+        event = Event(event_type, ev.plain(data), self.turn_count + 1, meta or {}, runtime=runtime)
         if self._sink is not None:
             self._sink(event)
 
@@ -279,10 +287,12 @@ class Session:
             self._rollback(before, entry | {"ok": False, "error": "cancelled", "events": _plain(collected)}, turn)
             raise
         except ModelError as exc:
-            self._fail(before, entry, collected, f"the model failed on route {self.route}: {exc}", turn)
+            self._fail(before, entry, collected, f"the model failed on route {self.route}: {exc}", turn,
+                       ev.MODEL_FAILED_TEXT)
         except ChatrunError as exc:  # TurnFailed and friends: the message names the place
             self._fail(before, entry, collected, str(exc), turn)
         except Exception as exc:  # a bug in chatrun or in a library: still never lose the session
+            log.exception("internal error in session %s", self.id)
             self._fail(before, entry, collected, f"internal error on route {self.route}: {type(exc).__name__}: {exc}",
                        turn)
         except BaseException as exc:  # KeyboardInterrupt and the like: roll back, then let it go on
@@ -292,9 +302,16 @@ class Session:
         finally:
             self._sink = sink
 
-    def _fail(self, before: Checkpoint, entry: dict, collected: list[Event], message: str, turn: Turn) -> None:
-        self._emit(ev.ERROR, message, runtime=True)  # first, so the history's record of the attempt holds it too
-        self._rollback(before, entry | {"ok": False, "error": message, "events": _plain(collected)}, turn)
+    def _fail(self, before: Checkpoint, entry: dict, collected: list[Event], detail: str, turn: Turn,
+              text: str = ev.TURN_FAILED_TEXT) -> None:
+        """The turn failed: the user gets a safe Error text (no file paths, exception names or
+        stack details); the author gets `detail` in the Error event's meta, the history and the log."""
+        # INFO: a failed turn is the bot's or the model's problem, reported to the client already;
+        # `chatrun serve` logs it (the author's detail), library users opt in with logging.
+        log.info("session %s, turn %s failed: %s", self.id, self.turn_count + 1, detail)
+        # First, so the history's record of the attempt holds it too.
+        self._emit(ev.ERROR, text, runtime=True, meta={"detail": detail})
+        self._rollback(before, entry | {"ok": False, "error": detail, "events": _plain(collected)}, turn)
 
     def _rollback(self, before: Checkpoint, entry: dict, turn: Turn) -> None:
         self._c.rollback(before)
@@ -331,6 +348,9 @@ class Session:
     def _check_usable(self) -> None:
         if self._closed:
             raise SessionError(f"session {self.id} is closed")
+        if self._c.ended:
+            raise SessionError(f"session {self.id} has ended (tool {self._c.ended['tool']} ended the conversation "
+                               f"on route {self._c.ended['route']}); start a new session")
         if self._running:
             raise SessionError(f"session {self.id} is already running a turn; send one message at a time")
 

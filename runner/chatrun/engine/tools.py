@@ -37,13 +37,25 @@ class Toolbox:
 
     def argument_validator(self, tool: ToolConfig) -> Draft202012Validator:
         """The validator of a tool's `parameters` (built once per bot tool; an MCP server's
-        tools are validated against the schema the server lists)."""
+        tools are validated against the schema the server lists), `format` included: date,
+        date-time, time, email, uri, uri-reference, uuid, ipv4, ipv6 are checked."""
         key = tool.name if tool.name in self.config.tools and self.config.tools[tool.name] is tool else None
         validator = self._validators.get(key) if key else None
         if validator is None:
-            validator = Draft202012Validator(tool.parameters)
+            validator = Draft202012Validator(tool.parameters, format_checker=Draft202012Validator.FORMAT_CHECKER)
             if key:
                 self._validators[key] = validator
+        return validator
+
+    def output_validator(self, route: str) -> Draft202012Validator:
+        """The validator of a route's `output` schema (formats checked)."""
+        key = f"route:{route}"
+        validator = self._validators.get(key)
+        if validator is None:
+            output = self.config.routes[route].output
+            assert output is not None
+            validator = self._validators[key] = Draft202012Validator(
+                output.schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
         return validator
 
     async def offered(self, route: RouteConfig, mocks: ToolMocks | None = None) -> dict[str, ToolConfig]:
@@ -111,6 +123,35 @@ def tool_spec(tool: ToolConfig) -> dict[str, Any]:
 
 def route_tool_specs(config: BotConfig, route: str) -> list[dict[str, Any]]:
     return [tool_spec(config.tools[name]) for name in config.routes[route].tools if name in config.tools]
+
+
+def response_format(route: RouteConfig) -> dict[str, Any] | None:
+    """The `response_format` a route with `output:` asks for (OpenAI's field), else None."""
+    output = route.output
+    if output is None or output.request == "none":
+        return None
+    if output.request == "json_object":
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {"name": f"{route.name}_output", "schema": output.schema}}
+
+
+def parse_output(text: str | None, validator: Draft202012Validator) -> tuple[Any, str | None]:
+    """A structured answer: (the value, None), or (None, what is wrong with it). A ```json fence
+    around the JSON is tolerated (models without JSON mode add one)."""
+    raw = (text or "").strip()
+    if raw.startswith("```") and raw.endswith("```"):
+        raw = raw.strip("`").removeprefix("json").strip()
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return None, f"it is not JSON ({exc.msg} at character {exc.pos})"
+    problems = []
+    for err in sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path)):
+        where = ".".join(str(p) for p in err.absolute_path) or "the answer"
+        problems.append(f"{where}: {err.message}")
+    if problems:
+        return None, "; ".join(problems)
+    return value, None
 
 
 def parse_arguments(tool: ToolConfig, raw: str, validator: Draft202012Validator) -> dict[str, Any]:

@@ -24,16 +24,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatrun import events as ev
-from chatrun.definition.config import Price, RouteConfig, ToolConfig
+from chatrun.definition.config import ActionConfig, Price, RouteConfig, ToolConfig
+from chatrun.definition.templates import holds, is_nothing
 from chatrun.engine import tracing
 from chatrun.engine.conversation import Conversation
-from chatrun.engine.scopes import get_path, set_path
+from chatrun.engine.scopes import Scope, ScopeView, get_path, set_path
 from chatrun.engine.tools import (
     Toolbox,
     ToolContext,
     ToolMocks,
     call_handler,
     parse_arguments,
+    parse_output,
+    response_format,
     result_text,
     tool_spec,
 )
@@ -56,11 +59,31 @@ log = logging.getLogger("chatrun.engine")
 
 
 @dataclass
+class WorkingState:
+    """The copies of the state a handler writes to (Turn.working_copy)."""
+
+    state: dict[str, Any]
+    scopes: list[Scope]
+    turn: dict[str, Any]
+
+
+class HandlerFailed(Exception):
+    """A handler raised or timed out. The message is for the author (it names the place and
+    the exception); `reason` is what the model may read through `on_error`."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
 class ToolOutcome:
     reply: str
     left_route: bool = False
     execute: bool = False
     immediate: bool = False
+    deferred: bool = False  # a `call`: the result comes when the called scope returns
+    end: bool = False  # the conversation ends
 
 
 class Turn:
@@ -86,6 +109,11 @@ class Turn:
         self.hops: list[str] = []
         self.wipe_scheduled: set[str] = set()
         self.wipe_aborted: set[str] = set()
+        # Memories that have this turn's user message, or resume a call without it: a route run
+        # again in the same turn (pop + execute, a route change back) does not get it twice.
+        self.user_given: set[str] = set()
+        self.ended: str | None = None  # the tool that ended the conversation
+        self.work: WorkingState | None = None  # the copies the current tool's handler writes to
 
     # -- the loop ---------------------------------------------------------------
 
@@ -108,12 +136,18 @@ class Turn:
         scope = self.c.scope
         route = self.config.routes[scope.route]
         memory = self.c.memory_for(scope, route.name)
-        user_text = self.render_user(route)  # the system prompt goes first anyway: memories keep it first
-        if user_text:
-            memory.add(UserMessage(user_text))
+        memory_id = scope.memory_id(route.name)
+        if memory_id not in self.user_given:
+            self.user_given.add(memory_id)
+            user_text = self.render_user(route)  # the system prompt goes first anyway: memories keep it first
+            if user_text:
+                memory.add(UserMessage(user_text))
         offered = await self.tools.offered(route, self.mocks)
         tools = [tool_spec(t) for t in offered.values()]
         model_config = self.config.route_model(route.name)
+        returning = route.returns == "answer" and scope.caller is not None
+        output = route.output
+        correction: list[Any] = []  # a rejected JSON answer and what was wrong: sent once, never kept
         while True:
             self.model_calls += 1
             if self.model_calls > self.config.limits.max_model_calls:
@@ -122,12 +156,14 @@ class Turn:
                     f"limits.max_model_calls = {self.config.limits.max_model_calls} (route {route.name})"
                 )
             self.add_system(memory, route)
-            request = ModelRequest(memory.messages(), tools, model_config, route.name)
+            request = ModelRequest(memory.messages() + correction, tools, model_config, route.name,
+                                   response_format(route))
             price = self.config.prices.get(model_config.name)
             if self.config.limits.has_budgets:
                 sent = sum(self.count_tokens(model_config.name, m) for m in request.messages)
                 check_budgets(self.config.limits, self.usage, self.c.usage, sent, price, route.name)
-            on_chunk = self.stream_chunk if model_config.stream else None
+            # A returning route's answer is its result, and JSON is no text for the user: never streamed.
+            on_chunk = self.stream_chunk if model_config.stream and not returning and not output else None
             with tracing.chat_span(model_config.provider, model_config.name, route.name,
                                    model_config.temperature) as span:
                 response = await self.model.complete(request, on_chunk)
@@ -142,15 +178,38 @@ class Turn:
                     tracing.record_answer(span, usage, response.finish_reason,
                                           [m.to_dict() for m in request.messages] if content else None,
                                           answer.to_dict() if content else None)
+            value = None
+            if output is not None and not calls:
+                value, problem = parse_output(response.text, self.tools.output_validator(route.name))
+                if problem is not None:
+                    if correction:
+                        raise TurnFailed(f"route {route.name} ({output.where}): the model's answer does not match "
+                                         f"the route's `output` schema, even after a corrective retry: {problem}")
+                    correction = [AssistantMessage(response.text), UserMessage(
+                        f"Your answer is not valid: {problem}. Answer again with only a JSON value that "
+                        "matches the required schema, and nothing else.")]
+                    continue
             memory.add(answer)
+            if returning and not calls:
+                return self.return_answer(response.text or "" if value is None else
+                                          json.dumps(value, ensure_ascii=False))
+            if output is not None and not calls:
+                self.apply_output(route, value)
+                self.offer(route.choices, f"route {route.name} choices", route.where)
+                return False
             if response.text:
                 self.emit(ev.MESSAGE, response.text)
             if not calls:
+                self.offer(route.choices, f"route {route.name} choices", route.where)
                 return False
             outcomes = await self.run_calls(route, offered, calls)
             for call, outcome in zip(calls, outcomes, strict=True):
+                if outcome.deferred:
+                    continue  # the called route's result answers it when it returns
                 # Into the memory that holds the call; a cleared or popped memory drops it as an orphan.
                 memory.add(ToolResultMessage(call.id, call.name, outcome.reply))
+            if any(o.end for o in outcomes):
+                return False
             if any(o.left_route or o.immediate for o in outcomes):
                 return any(o.execute for o in outcomes)
 
@@ -160,22 +219,75 @@ class Turn:
         left = False
         for call in calls:
             if left:
-                outcomes.append(ToolOutcome(
-                    f"Not run: an earlier tool call moved the conversation to route {self.c.scope.route}."
-                ))
+                where = ("an earlier tool call ended the conversation" if self.ended else
+                         f"an earlier tool call moved the conversation to route {self.c.scope.route}")
+                outcomes.append(ToolOutcome(f"Not run: {where}."))
                 continue
             with tracing.tool_span(call.name, call.id, _action_words(offered.get(call.name))):
                 outcome = await self.run_tool(offered, call)
-            left = outcome.left_route
+            left = outcome.left_route or outcome.end
             outcomes.append(outcome)
         return outcomes
 
+    def offer(self, choices: list[Any] | str | None, what: str, where: Any,
+              values: dict[str, Any] | None = None) -> None:
+        """A Choices event: static choices, or a template's list (none or empty: no event)."""
+        if choices is None:
+            return
+        items = self.render_template(choices, what, where, values, typed=True) if isinstance(choices, str) else choices
+        if is_nothing(items):
+            return
+        if not isinstance(items, list):
+            raise TurnFailed(f"{where}: {what}: the template gave {type(items).__name__}, not a list of choices")
+        normalized = []
+        for item in items:
+            if isinstance(item, dict) and item.get("label") not in (None, ""):
+                normalized.append({"label": str(item["label"]), "value": str(item.get("value") or item["label"])})
+            elif isinstance(item, (str, int, float)) and not isinstance(item, bool) and str(item):
+                normalized.append({"label": str(item), "value": str(item)})
+            else:
+                raise TurnFailed(f"{where}: {what}: {item!r} is not a choice (a text, or a mapping with a label)")
+        if normalized:
+            self.emit(ev.CHOICES, {"choices": normalized})
+
+    def apply_output(self, route: RouteConfig, value: Any) -> None:
+        """A valid structured answer: an Object event, then the output's `set` assignments."""
+        output = route.output
+        assert output is not None
+        self.emit(ev.OBJECT, value)
+        roots = self.roots()
+        for path, template in output.set.items():
+            assigned = self.render_template(template, f"output set {path}", output.where, {"output": value}, typed=True)
+            if isinstance(template, str) and is_nothing(assigned):
+                continue
+            try:
+                set_path(roots, path, copy.deepcopy(assigned))
+            except ChatrunError as exc:
+                raise TurnFailed(f"route {route.name} ({output.where}): {exc}") from exc
+
+    def return_answer(self, text: str) -> bool:
+        """A called route with `returns: answer` answered: that answer is its result. Its scope
+        pops, the answer becomes the result of the call waiting in the parent, which resumes."""
+        self.resume(self.c.pop_scope(text))
+        self.emit(ev.ROUTE_CHANGED, {"route": self.c.scope.route, "stack": self.c.stack})
+        return True
+
+    def resume(self, caller: dict[str, str] | None) -> None:
+        """After a called scope returned: the parent runs on without this turn's user message (the
+        called route had it; the parent's memory ends with the call and its result)."""
+        if caller is not None:
+            self.user_given.add(self.c.scope.memory_id(self.c.scope.route))
+
     def finish(self) -> None:
-        """End of turn: scheduled wipes, then one-turn memories forget."""
+        """End of turn: scheduled wipes, then one-turn memories forget; an `end` ends the conversation."""
         for scope in self.c.scopes:
             if scope.id in self.wipe_scheduled and scope.id not in self.wipe_aborted:
                 self.c.clear_scope_memories(scope)
         self.c.forget_turn_memories()
+        if self.ended:
+            route = self.c.scope.route
+            self.c.end(self.ended)
+            self.emit(ev.ENDED, {"route": route, "tool": self.ended})
 
     # -- rendering ----------------------------------------------------------------
 
@@ -276,11 +388,21 @@ class Turn:
             self.check_action(tool)
         except ToolRefusal as refusal:
             return ToolOutcome(str(refusal))
+        self.work = None
         try:
             result = await self.tool_result(tool, args)
-        except ToolRefusal as refusal:  # the handler refused, or the API call failed
-            return ToolOutcome(str(refusal))
-        return await self.apply(tool, args, result)
+            action = self.choose(tool, args, result)
+            if action is not tool.action:
+                self.check_action(tool, action)  # a case's move, now that the case is known
+        except ToolRefusal as refusal:  # the handler refused, the API call failed, the case cannot complete
+            return ToolOutcome(str(refusal))  # nothing applies: the handler's writes were to copies
+        except HandlerFailed as failure:
+            if tool.on_error is None:
+                raise TurnFailed(str(failure)) from failure.__cause__
+            return self.handler_error(tool, args, failure)
+        if self.work is not None:
+            self.adopt(self.work)
+        return await self.apply(tool, args, result, action, call.id)
 
     async def tool_result(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
         """What the tool's mock, handler or HTTP call gives as `result` (None: an action-only tool)."""
@@ -310,8 +432,10 @@ class Turn:
         return None
 
     async def call_handler(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
-        roots = self.roots()
-        ctx = ToolContext(tool.name, args, roots["state"], roots["scope"], roots["turn"],
+        """The handler's return value. It writes to copies of the state (`self.work`), adopted only
+        if the tool goes on. Raises ToolRefusal (the handler refused) or HandlerFailed."""
+        work = self.work = self.working_copy()
+        ctx = ToolContext(tool.name, args, work.state, ScopeView(work.scopes), work.turn,
                           self.c.scope.route, self.c.id, self.emit)
         where = tool.where
         try:
@@ -319,11 +443,12 @@ class Turn:
         except ToolRefusal:
             raise
         except TimeoutError as exc:
-            raise TurnFailed(f"tool {tool.name} ({where}): handler {tool.handler} did not finish within "
-                             f"{tool.timeout:g} s (the tool's `timeout`)") from exc
+            raise HandlerFailed(f"tool {tool.name} ({where}): handler {tool.handler} did not finish within "
+                                f"{tool.timeout:g} s (the tool's `timeout`)",
+                                f"it took longer than {tool.timeout:g} seconds") from exc
         except (Exception, SystemExit) as exc:  # a handler's sys.exit() must not end the server
-            raise TurnFailed(f"tool {tool.name} ({where}): handler {tool.handler} raised "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise HandlerFailed(f"tool {tool.name} ({where}): handler {tool.handler} raised "
+                                f"{type(exc).__name__}: {exc}", str(exc) or type(exc).__name__) from exc
 
     def check_requires(self, tool: ToolConfig) -> None:
         roots = self.roots()
@@ -334,15 +459,15 @@ class Turn:
                 "Ask the user for them (and set them) first."
             )
 
-    def check_action(self, tool: ToolConfig) -> None:
+    def check_action(self, tool: ToolConfig, action: ActionConfig | None = None) -> None:
         """Refuse, before anything applies, an action that cannot complete."""
-        action = tool.action
+        action = action or tool.action
         if action.pop and len(self.c.scopes) == 1:
             msg = (f"{tool.name} tried to pop the root scope (route {self.c.scopes[0].route}); "
                    "there is no parent route to return to, so nothing changed")
             self.emit(ev.ERROR, msg, runtime=True)
             raise ToolRefusal(f"Error: {msg}.")
-        for target in (action.push, action.route):
+        for target in (action.push, action.route, action.call):
             if target and not self.c.may_enter(target):
                 roles = ", ".join(self.config.routes[target].roles)
                 msg = f"you are not allowed to enter route {target} (it needs one of the roles: {roles})"
@@ -352,19 +477,24 @@ class Turn:
     def roots(self) -> dict[str, Any]:
         return self.c.state_roots(self.turn_state)
 
-    async def apply(self, tool: ToolConfig, args: dict[str, Any], result: Any) -> ToolOutcome:
-        action = tool.action
+    async def apply(self, tool: ToolConfig, args: dict[str, Any], result: Any, action: ActionConfig,
+                    call_id: str = "") -> ToolOutcome:
         where = tool.where
         extra = {"args": args, "result": result}
         roots = self.roots()
         for path, template in action.set.items():
             value = self.render_template(template, f"set {path}", where, extra, typed=True)
+            if isinstance(template, str) and is_nothing(value):
+                continue  # a template that renders to none/undefined assigns nothing
             try:
                 set_path(roots, path, copy.deepcopy(value))
             except ChatrunError as exc:
                 raise TurnFailed(f"tool {tool.name} ({where}): {exc}") from exc
         for event_type, template in action.emit.items():
-            self.emit(event_type, self.render_template(template, f"emit {event_type}", where, extra, typed=True))
+            value = self.render_template(template, f"emit {event_type}", where, extra, typed=True)
+            if isinstance(template, str) and is_nothing(value):
+                continue  # ... and sends no event
+            self.emit(event_type, value)
         scope = self.c.scope
         if action.clear_memory:
             self.c.clear_scope_memories(scope)
@@ -374,24 +504,80 @@ class Turn:
             self.wipe_aborted.add(scope.id)
         if action.message:
             self.emit(ev.MESSAGE, self.render_template(action.message, "message", where, extra))
+        self.offer(action.choices, f"tool {tool.name} choices", where, extra)
         handed_back = self.render_template(action.result, "result", where, extra) if action.result else None
         reply = self.render_template(action.reply, "reply", where, extra) if action.reply else None
+        resumes = False
         if action.pop:
-            self.c.pop_scope(handed_back)
+            caller = self.c.pop_scope(handed_back)
+            self.resume(caller)
+            resumes = caller is not None
         if action.push:
             self.c.push_scope(action.push)
         if action.route:
             self.c.change_route(action.route)
+        if action.call:
+            self.c.push_scope(action.call, {"call_id": call_id, "tool": tool.name})
         if action.leaves_route:
             self.emit(ev.ROUTE_CHANGED, {"route": self.c.scope.route, "stack": self.c.stack})
+        if action.end:
+            self.ended = tool.name
         if reply is None:
-            reply = self.default_reply(tool, result)
-        return ToolOutcome(reply, action.leaves_route, action.execute, action.immediate)
+            reply = self.default_reply(tool, result, action)
+        # A call runs the called route now; a returning call resumes the caller now.
+        execute = action.execute or bool(action.call) or resumes
+        return ToolOutcome(reply, action.leaves_route, execute, action.immediate,
+                           deferred=bool(action.call), end=action.end)
 
-    def default_reply(self, tool: ToolConfig, result: Any) -> str:
+    def choose(self, tool: ToolConfig, args: dict[str, Any], result: Any) -> ActionConfig:
+        """The action calling the tool applies: its own, with the first case whose condition holds
+        (else the `else:` case) over it. Conditions see the state as it is before the action."""
+        action = tool.action
+        if not action.cases:
+            return action
+        context = self.c.template_context(self.turn_state, self.user_message, self.data, args=args, result=result)
+        for case in action.cases:
+            if case.condition is None:
+                return action.with_case(case)
+            try:
+                if holds(case.condition, context):
+                    return action.with_case(case)
+            except ChatrunError:
+                raise
+            except Exception as exc:  # jinja2 UndefinedError, TypeError comparing None, ...
+                raise TurnFailed(f"tool {tool.name} ({case.where}): condition `{case.condition}` failed: {exc}") from exc
+        return action
+
+    # -- handlers -------------------------------------------------------------------
+
+    def working_copy(self) -> WorkingState:
+        """What a handler may write: copies of the state, adopted only when the handler succeeds,
+        so a refusal, a failure or a timeout leaves nothing behind."""
+        return WorkingState(copy.deepcopy(self.c.state), copy.deepcopy(self.c.scopes), copy.deepcopy(self.turn_state))
+
+    def adopt(self, work: WorkingState) -> None:
+        self.c.state = work.state
+        for live, written in zip(self.c.scopes, work.scopes, strict=True):
+            live.local, live.shared = written.local, written.shared
+        self.turn_state.clear()
+        self.turn_state.update(work.turn)
+
+    def handler_error(self, tool: ToolConfig, args: dict[str, Any], failure: HandlerFailed) -> ToolOutcome:
+        """A declared failure (`on_error:`): the user gets its message, the model its reply."""
+        on_error = tool.on_error
+        assert on_error is not None
+        self.emit(ev.CONSOLE, f"handled failure: {failure}")
+        extra = {"args": args, "error": failure.reason}
+        if on_error.message:
+            self.emit(ev.MESSAGE, self.render_template(on_error.message, "on_error message", on_error.where, extra))
+        if on_error.reply:
+            return ToolOutcome(self.render_template(on_error.reply, "on_error reply", on_error.where, extra))
+        return ToolOutcome(f"Error: {tool.name} failed: {failure.reason}. Nothing was done.")
+
+    def default_reply(self, tool: ToolConfig, result: Any, action: ActionConfig) -> str:
         if result is not None:
             return result_text(result)
-        if tool.action.leaves_route:
+        if action.leaves_route:
             return f"Done. The conversation is now on route {self.c.scope.route}."
         return "Done."
 

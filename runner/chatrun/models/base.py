@@ -25,6 +25,7 @@ class ModelRequest:
     tools: list[dict[str, Any]]
     config: ModelConfig
     route: str = ""
+    response_format: dict[str, Any] | None = None  # a route's `output:`: JSON asked for (OpenAI's field)
 
 
 @dataclass

@@ -142,6 +142,8 @@ class OpenAIModel:
         if stream:
             args["stream"] = True
             args["stream_options"] = {"include_usage": True}
+        if request.response_format is not None:
+            args["response_format"] = request.response_format
         extra: dict[str, Any] = {}
         for key, value in config.params.items():
             if key in OWN_FIELDS:

@@ -20,7 +20,9 @@ def graph_data(bot: Bot) -> dict[str, Any]:
         {"name": n.name, "description": n.description, "default": n.default, "roles": list(n.roles), "tools": list(n.tools)}
         for n in graph.nodes.values()
     ]
-    edges = [{"from": e.source, "to": e.target, "kind": e.kind, "tool": e.tool} for e in graph.edges]
+    # `end` edges lead out of the graph: the page's drawing has no node for them (the mermaid text does).
+    edges = [{"from": e.source, "to": e.target, "kind": e.kind, "tool": e.tool, "condition": e.condition}
+             for e in graph.edges if e.kind != "end"]
     return {"bot": bot.name, "default": graph.default, "nodes": nodes, "edges": edges, "mermaid": graph.render("mermaid")}
 
 

@@ -52,8 +52,8 @@ class Observed:
 def observe(session: Any, events: list[Any], requests: list[ModelRequest]) -> Observed:
     plain = [{e.type: _plain(e.data)} for e in events if e.type != ev.STREAM]
     error = None
-    if events and events[-1].type == ev.ERROR:
-        error = str(events[-1].data)
+    if events and events[-1].type == ev.ERROR:  # the author's detail when the turn failed
+        error = str(events[-1].meta.get("detail") or events[-1].data)
     return Observed(
         route=session.route,
         stack=list(session.stack),

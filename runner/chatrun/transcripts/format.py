@@ -53,6 +53,7 @@ class Transcript:
     description: str = ""
     mocks: list[dict[str, Any]] = field(default_factory=list)
     lines: dict[str, int] = field(default_factory=dict)  # line of each top-level key
+    refused: Any = None  # `refused:`: the start must be refused (true or a matcher on the message)
 
     @property
     def name(self) -> str:
@@ -76,8 +77,8 @@ def validator() -> Draft202012Validator:
 
 
 def is_transcript_text(text: str) -> bool:
-    """Cheap test used by discovery: a YAML mapping with a top-level `turns:` key."""
-    return any(line.startswith("turns:") for line in text.splitlines())
+    """Cheap test used by discovery: a YAML mapping with a top-level `turns:` (or `refused:`) key."""
+    return any(line.startswith(("turns:", "refused:")) for line in text.splitlines())
 
 
 def load_transcript(path: str | Path) -> Transcript:
@@ -116,7 +117,7 @@ def regex_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     """Every `{regex: PATTERN}` in the turns' `expect:` blocks compiled now, so a bad pattern
     is reported at its line instead of failing with re.error in the middle of a run."""
     out = []
-    for i, turn in enumerate(doc.data["turns"]):
+    for i, turn in enumerate(doc.data.get("turns") or []):
         if isinstance(turn, dict) and "expect" in turn:
             for at, pattern in _regexes(turn["expect"], ("turns", i, "expect")):
                 try:
@@ -142,7 +143,7 @@ def _regexes(node: Any, at: tuple) -> list[tuple[tuple, str]]:
 def _build(doc: YamlDoc) -> Transcript:
     data = doc.data
     turns = []
-    for i, raw in enumerate(data["turns"]):
+    for i, raw in enumerate(data.get("turns") or []):
         expect = raw.get("expect")
         turns.append(TurnSpec(
             index=i + 1,
@@ -156,7 +157,7 @@ def _build(doc: YamlDoc) -> Transcript:
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
                       data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),
-                      {key: doc.pos((key,)).line for key in data})
+                      {key: doc.pos((key,)).line for key in data}, data.get("refused"))
 
 
 def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:

@@ -51,6 +51,7 @@ class TurnResult:
     turn: TurnSpec
     observed: Observed | None
     problems: list[Mismatch] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -61,6 +62,12 @@ class Result:
     turns: list[TurnResult] = field(default_factory=list)
     error: str | None = None
     transcript: Transcript | None = None
+    notes: list[str] = field(default_factory=list)  # warnings about the transcript itself
+
+    @property
+    def warnings(self) -> list[str]:
+        """What passes but probably does not test what the author meant (`chatrun test` prints them)."""
+        return self.notes + [w for t in self.turns for w in t.warnings]
 
     @property
     def passed(self) -> bool:
@@ -115,6 +122,10 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
     except ChatrunError as exc:
         result.error = f"{t.name}:{t.lines.get('bot', 1)}: cannot load bot {t.bot}: {exc}"
         return result
+    result.notes = event_type_warnings(bot.config, t)
+    if t.refused is not None:
+        result.error = expect_refused_start(bot, t)
+        return result
     try:
         session, script = start_session(bot, t)
     except ChatrunError as exc:
@@ -123,7 +134,10 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
         return result
     try:
         for turn in t.turns:
-            result.turns.append(play_turn(session, script, turn))
+            played = play_turn(session, script, turn)
+            if turn.expect is None:
+                played.warnings = unoffered_calls(t, turn, script.current.requests)
+            result.turns.append(played)
     finally:
         session.close()
     return result
@@ -163,3 +177,55 @@ def play_turn(session: Any, script: TurnScript, turn: TurnSpec) -> TurnResult:
         problems.append(Mismatch("model", f"{n} scripted model response{'s' if n != 1 else ''} left unused"))
     problems += compare(turn.expect, obs)
     return TurnResult(turn, obs, problems)
+
+
+def expect_refused_start(bot: Any, t: Transcript) -> str | None:
+    """None when starting the conversation is refused as `refused:` expects, else what differs."""
+    from chatrun.transcripts.expect import match
+
+    where = f"{t.name}:{t.lines.get('refused', 1)}"
+    try:
+        session, _ = start_session(bot, t)
+    except ChatrunError as exc:
+        if t.refused is True or match(t.refused, str(exc)):
+            return None
+        return f"{where}: the start was refused, but the message differs:\n    expected: {t.refused!r}\n    actual: {exc}"
+    session.close()
+    return f"{where}: expected the start on route {session.route} to be refused, but the conversation started"
+
+
+def unoffered_calls(t: Transcript, turn: TurnSpec, requests: list[ModelRequest]) -> list[str]:
+    """Scripted tool calls the route did not offer. The engine answers them with an error
+    result, which a turn without `expect:` lets pass unnoticed: most likely a typo, or a route
+    the turn did not reach."""
+    out = []
+    for request, response in zip(requests, turn.model, strict=False):
+        offered = [spec["function"]["name"] for spec in request.tools]
+        for call in response.get("tool_calls") or []:
+            name = call.get("name")
+            if name not in offered:
+                out.append(f"{t.where(turn)}: warning: the scripted model calls `{name}`, which route `{request.route}` "
+                           f"does not offer (it offers: {', '.join(offered) or 'no tools'}); the turn has no `expect:`, "
+                           "so nothing checks what happened")
+    return out
+
+
+def event_type_warnings(config: Any, t: Transcript) -> list[str]:
+    """Expected event types the bot can never send (a typo such as `Mesage`). A bot with
+    handlers may send any type (`ctx.emit`), so it is not judged."""
+    from chatrun import events as ev
+
+    if any(tool.handler for tool in config.tools.values()):
+        return []
+    known = set(ev.BUILTIN_TYPES)
+    for tool in config.tools.values():
+        for _, action in tool.action.variants():
+            known.update(action.emit)
+    out = []
+    for turn in t.turns:
+        for item in (turn.expect or {}).get("events") or []:
+            for kind in item if isinstance(item, dict) else ():
+                if kind not in known:
+                    out.append(f"{t.where(turn)}: warning: expects a `{kind}` event, but bot {config.name} never "
+                               f"sends one (it can send: {', '.join(sorted(known))})")
+    return out

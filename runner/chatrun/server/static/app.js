@@ -135,6 +135,25 @@
     add(card);
   }
 
+  /** Choices (quick replies) as buttons: a click sends the choice's value; used or replayed ones are disabled. */
+  function showChoices(data, replayed) {
+    const box = el("div", "choices");
+    for (const choice of (data && data.choices) || []) {
+      const button = el("button", "choice", choice.label);
+      button.type = "button";
+      button.dataset.value = choice.value;
+      button.disabled = Boolean(replayed);
+      button.addEventListener("click", () => {
+        if (busy) return;
+        box.querySelectorAll("button").forEach((b) => { b.disabled = true; });
+        button.classList.add("picked");
+        send(choice.value);
+      });
+      box.appendChild(button);
+    }
+    add(box);
+  }
+
   function showRouteChange(data, quiet) {
     if (!data || !data.stack) return;
     renderBreadcrumb(data.stack);
@@ -151,8 +170,9 @@
     });
   }
 
-  function showEvent(type, data) {
+  function showEvent(type, data, replayed) {
     switch (type) {
+      case "Choices": return showChoices(data, replayed);
       case "Message": return showMessage(typeof data === "string" ? data : JSON.stringify(data));
       case "Thinking": return showThinking(data);
       case "Error": return showError(data);
@@ -187,7 +207,7 @@
       .errorHandler(showError)
       .consoleHandler(showConsole)
       .routeChangedHandler((d) => showRouteChange(d))
-      .defaultHandler(showObject);
+      .defaultHandler((type, data) => showEvent(type, data));  // Choices, Object and custom types
   }
 
   async function startSession() {
@@ -215,7 +235,7 @@
       const text = typeof input === "string" ? input : input && input.userMessage;
       if (text) showUser(text);
       const events = entry.events || [];
-      for (const event of events) showEvent(event.type, event.data);
+      for (const event of events) showEvent(event.type, event.data, true);
       // A failed turn's history has its error apart from the events it got to send.
       if (entry.ok === false && entry.error && !events.some((e) => e.type === "Error")) showError(entry.error);
     }
@@ -395,7 +415,7 @@
         const key = e.from + ">" + to + ":" + e.kind;
         if (drawn.has(key) || !pos[e.from] || !pos[to]) continue;
         drawn.add(key);
-        lines.push({ from: e.from, to: to, kind: e.kind, tools: g.edges.filter((x) => x.from === e.from && x.kind === e.kind && (x.to || to) === to).map((x) => x.tool) });
+        lines.push({ from: e.from, to: to, kind: e.kind, tools: g.edges.filter((x) => x.from === e.from && x.kind === e.kind && (x.to || to) === to).map((x) => (x.condition ? x.tool + " [" + x.condition + "]" : x.tool)) });
       }
     }
     for (const line of lines) {

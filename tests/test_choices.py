@@ -1,0 +1,157 @@
+"""Choices (issue 9, section 5): declared in YAML on a route (after its final answers) or on a
+tool's action, static or templated, sent as one `Choices` event; the REPL shows numbered
+options (typing the number sends it), the web page buttons (in real Chromium), transcripts
+expect them like any event."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import chatrun
+from chatrun.definition.loader import check_bot
+from chatrun.models.scripted import ScriptedModel
+
+REPO = Path(__file__).resolve().parents[1]
+BANK = REPO / "bots" / "bank"
+
+BOT = """
+name: menu
+state: {sizes: [S, M, L]}
+routes:
+  main:
+    default: true
+    choices: [Pizza, {label: Pasta of the day, value: pasta}]
+    tools: [pick_size, nothing]
+tools:
+  pick_size:
+    action:
+      message: Which size?
+      choices: "{{ state.sizes }}"
+  nothing:
+    action:
+      choices: "{{ none }}"
+"""
+
+
+def call(name, /, **args):
+    return {"tool_calls": [{"name": name, "arguments": args}]}
+
+
+def kinds(events):
+    return [(e.type, e.data) for e in events if e.type != "Stream"]
+
+
+@pytest.fixture
+def bot(write_bot):
+    return chatrun.load_bot(write_bot(BOT))
+
+
+def test_route_choices_follow_its_answer_and_tool_choices_follow_the_message(bot):
+    s = bot.session(model=ScriptedModel([call("pick_size"), call("nothing"), {"text": "What would you like?"}]))
+    assert kinds(s.chat("hi")) == [
+        ("Message", "Which size?"),
+        ("Choices", {"choices": [{"label": "S", "value": "S"}, {"label": "M", "value": "M"},
+                                 {"label": "L", "value": "L"}]}),
+        # `nothing` renders to none: no event
+        ("Message", "What would you like?"),
+        ("Choices", {"choices": [{"label": "Pizza", "value": "Pizza"}, {"label": "Pasta of the day", "value": "pasta"}]}),
+    ]
+
+
+def test_choices_of_the_wrong_shape_fail_the_turn_naming_the_place(write_bot):
+    bot = chatrun.load_bot(write_bot(BOT.replace('"{{ state.sizes }}"', '"{{ state }}"')))
+    events = bot.session(model=ScriptedModel([call("pick_size")])).chat("hi")
+    assert events[-1].type == "Error"
+    assert "tool pick_size choices: the template gave dict, not a list of choices" in events[-1].meta["detail"]
+
+
+def test_bank_offers_yes_and_no_once_the_transfer_is_complete(fake):
+    s = chatrun.load_bot(BANK).session()
+    fake.queue(call("transfer_money"), call("set_recipient", recipient="Joe"), {"text": "How much?"})
+    assert "Choices" not in [e.type for e in s.chat("send money to Joe")]  # template renders to none
+    fake.queue(call("set_amount", amount=20), {"text": "Send 20 to Joe?"})
+    assert kinds(s.chat("20"))[-1] == ("Choices", {"choices": [{"label": "Yes, send it", "value": "Yes, send it"},
+                                                               {"label": "No, cancel", "value": "No, cancel"}]})
+
+
+def test_validation_checks_choices(write_bot):
+    path = write_bot("""
+        name: v
+        routes:
+          main:
+            default: true
+            choices: "{{ state.opts | sortt }}"
+            tools: [t]
+        tools:
+          t: {action: {choices: [{value: x}]}}
+        """)
+    _, diagnostics = check_bot(path)
+    messages = [(d.severity, d.line, d.message) for d in diagnostics]
+    assert ("error", 6, "template error in `choices` of route `main`: no filter named `sortt`; did you mean "
+            "`sort`?") in messages
+    # A list of choices that is wrong inside is judged as a list (not "must be a string").
+    assert ("error", 9, "missing required key `label` in `action.choices[0]` of tool `t`") in messages
+
+
+def test_the_repl_numbers_choices_and_sends_the_picked_one():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["PYTHONPATH"] = str(REPO / "runner")
+    script = "\n".join([
+        "Send 20 to Joe",
+        "/call transfer_money {}",
+        '/call set_recipient {"recipient": "Joe"}',
+        '/call set_amount {"amount": 20}',
+        "/say Send 20 to Joe?",
+        "1",
+        '/call confirm_transfer {"confirmed": true}',
+    ]) + "\n"
+    out = subprocess.run([sys.executable, "-m", "chatrun", "repl", "bots/bank"], input=script, capture_output=True,
+                         text=True, timeout=60, env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "  1) Yes, send it\n  2) No, cancel" in out.stdout
+    assert "→ Yes, send it" in out.stdout
+    assert "Done: 20 sent to Joe. Your balance is 980." in out.stdout
+
+
+def test_choices_are_buttons_on_the_page(fake, tmp_path):
+    chromium = "/usr/bin/chromium"
+    if not Path(chromium).exists():
+        pytest.skip(f"{chromium} is missing (CI installs chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from chatrun.server import create_app
+    from server_support import ThreadServer
+    from test_browser import ARGS, send
+
+    app = create_app([chatrun.load_bot(BANK)], f"sqlite:///{tmp_path / 'chat.db'}")
+    with ThreadServer(app) as server, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(server.url + "/")
+            page.wait_for_selector("body[data-ready=true]", timeout=10_000)
+            fake.queue(call("transfer_money"),
+                       {"tool_calls": [{"name": "set_recipient", "arguments": {"recipient": "Joe"}},
+                                       {"name": "set_amount", "arguments": {"amount": 20}}]},
+                       {"text": "Send 20 to Joe?"})
+            send(page, "Send 20 to Joe")
+            buttons = page.locator("#messages .choices .choice")
+            assert buttons.all_inner_texts() == ["Yes, send it", "No, cancel"]
+            fake.queue(call("confirm_transfer", confirmed=True))
+            seen = int(page.get_attribute("body", "data-refreshes") or 0)
+            buttons.first.click()
+            page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=10_000)
+            assert page.locator(".msg.user").last.inner_text() == "Yes, send it"  # the click sent the choice
+            assert page.locator(".msg.bot").last.inner_text() == "Done: 20 sent to Joe. Your balance is 980."
+            assert all(b.is_disabled() for b in buttons.all())  # a used set of choices is spent
+            assert fake.requests[-1]["messages"][-1]["content"] != ""  # the model got the click as the user's message
+            assert any(m.get("content") == "Yes, send it" for m in fake.requests[-1]["messages"])
+            assert not errors, errors
+        finally:
+            browser.close()
