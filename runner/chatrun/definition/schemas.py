@@ -107,7 +107,15 @@ def compile_check(schema: Any) -> Callable[[Any], bool]:
         return _always
     if len(checks) == 1:
         return checks[0]
-    return lambda v: all(check(v) for check in checks)
+    checks_tuple = tuple(checks)
+
+    def every(v: Any) -> bool:  # a plain loop: generators cost more on this hot path
+        for check in checks_tuple:
+            if not check(v):
+                return False
+        return True
+
+    return every
 
 
 def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None:  # noqa: C901 - a dispatch table
@@ -115,10 +123,22 @@ def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None
         return None
     if key == "type":
         tests = [_IS_TYPE[t] for t in (value if isinstance(value, list) else [value])]
+        if len(tests) == 1:
+            return tests[0]
         return lambda v: any(t(v) for t in tests)
     if key == "properties":
         props = {k: compile_check(s) for k, s in value.items()}
-        return lambda v: not isinstance(v, dict) or all(props[k](v[k]) for k in props.keys() & v.keys())
+
+        def properties(v: Any) -> bool:
+            if not isinstance(v, dict):
+                return True
+            for k, item in v.items():
+                check = props.get(k)
+                if check is not None and not check(item):
+                    return False
+            return True
+
+        return properties
     if key == "additionalProperties":
         known = set(schema.get("properties", {}))
         if "patternProperties" in schema:
