@@ -4,6 +4,7 @@ through the real app, the real engine, the real openai client and the fake OpenA
 from __future__ import annotations
 
 import json
+import textwrap
 
 import pytest
 from fastapi.testclient import TestClient
@@ -382,3 +383,30 @@ def test_sessions_evicted_from_the_live_cache_come_back_from_the_store(fake, tra
         assert c.get("/health").json()["live_sessions"] <= 1
         # Each session's second turn saw its first: system + 2 messages + the new one.
         assert say(ws, "again", chat_id="a")[-2]["data"] == "6 messages"
+
+
+def test_a_message_to_an_ended_conversation_fails_with_session_not_active(tmp_path, fake):
+    """An `end` action ends the conversation: later messages fail cleanly, on both transports."""
+    bot_file = tmp_path / "bot.yaml"
+    bot_file.write_text(textwrap.dedent("""
+        name: ender
+        model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+        routes: {main: {default: true, system: Hi., tools: [bye]}}
+        tools:
+          bye: {description: End the chat, action: {end: true, message: Goodbye!}}
+        """))
+    fake.queue(call("bye"))
+    app = create_app([chatrun.load_bot(bot_file)], "memory://")
+    with TestClient(app) as client, client.websocket_connect("/_chat/routes") as ws:
+        ws.send_json({"type": "Connect", "chatId": "e1", "extensions": True})
+        until_done(ws)
+        ws.send_json({"type": "ChatRouteMessage", "chatId": "e1", "data": {"userMessage": "bye"}})
+        frames = until_done(ws)
+        assert "ConversationEnded" in types(frames) and frames[-1]["type"] == "Completed"
+        ws.send_json({"type": "ChatRouteMessage", "chatId": "e1", "data": {"userMessage": "still there?"}})
+        frames = until_done(ws)
+        assert frames[-1] == {"chatId": "e1", "type": "Failed", "data": "SessionNotActive"}
+        assert "has ended" in frames[-2]["data"]
+        reply = client.post("/bots/ender/sessions/e1/messages", json={"userMessage": "hello?"})
+        assert reply.json()["error"] == "SessionNotActive"
+        assert len(fake.requests) == 1  # no model call for the refused messages

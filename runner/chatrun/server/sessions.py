@@ -82,7 +82,10 @@ class SessionRegistry:
                 else:
                     self._check_owner(slot.session.meta.get("owner"), principal, session_id)
                 self._slots.move_to_end(key)
-                yield slot.session
+                try:
+                    yield slot.session
+                except SessionError as exc:  # e.g. a message to a conversation an `end` action ended
+                    raise wire.RequestFailed(wire.SESSION_NOT_ACTIVE, str(exc)) from None
         finally:
             slot.users -= 1
             if slot.session is None and slot.users == 0 and self._slots.get(key) is slot:
