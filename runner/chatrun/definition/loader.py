@@ -41,7 +41,14 @@ from chatrun.definition.config import (
     ToolConfig,
 )
 from chatrun.definition.openapi import operation_tool, read_spec
-from chatrun.definition.schemas import compile_check, inline_refs, load_schema
+from chatrun.definition.schemas import (
+    Violation,
+    compile_check,
+    inline_refs,
+    load_schema,
+    properties,
+    violation,
+)
 from chatrun.definition.sources import Sources, inside, subject, suggest
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.errors import BotError, ChatrunError, Diagnostic
@@ -223,25 +230,25 @@ def schema_diagnostics(doc: YamlDoc, definition: str | None) -> list[Diagnostic]
 def _validate(doc: YamlDoc, data: Any, schema: str | None, prefix: tuple, definition: str | None) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for error in _validator(schema).iter_errors(data):
-        out.extend(_translate(_specific(error), doc, definition, prefix))
+        out.extend(_translate(_specific(violation(error)), doc, definition, prefix))
     return out
 
 
-def _specific(error: ValidationError) -> ValidationError:
+def _specific(error: Violation) -> Violation:
     """For oneOf/anyOf, the error of the alternative that came closest (unless the
     alternatives are a list of constants: then "must be one of" says it best)."""
     while error.validator in ("oneOf", "anyOf") and error.context and not _const_choices(error.validator_value):
         if _type_alternatives(error):
             break  # "must be a string or a list" says it better than either branch
         same_type = _errors_of_matching_type(error)
-        error = best_match(same_type or error.context)
+        error = violation(best_match(same_type or error.context))
     return error
 
 
 _JSON_TYPES = {"object": dict, "array": list, "string": str}
 
 
-def _errors_of_matching_type(error: ValidationError) -> list[ValidationError]:
+def _errors_of_matching_type(error: Violation) -> list[ValidationError]:
     """The errors of the alternative whose `type` the value has (a mapping given where a number
     or a mapping may go is wrong inside the mapping, not for not being a number)."""
     for index, sub in enumerate(error.validator_value):
@@ -251,7 +258,7 @@ def _errors_of_matching_type(error: ValidationError) -> list[ValidationError]:
     return []
 
 
-def _type_alternatives(error: ValidationError) -> list[str]:
+def _type_alternatives(error: Violation) -> list[str]:
     """The types a oneOf/anyOf accepts, when the value has none of them."""
     types: list[str] = []
     for sub in error.validator_value:
@@ -282,7 +289,7 @@ _HINTS = {
 }
 
 
-def _hint(error: ValidationError) -> str:
+def _hint(error: Violation) -> str:
     pattern = error.validator_value if error.validator == "pattern" else ""
     if isinstance(error.schema, dict) and "pattern" in error.schema:
         pattern = error.schema["pattern"]
@@ -293,7 +300,7 @@ def _hint(error: ValidationError) -> str:
     return _HINTS["identifier"]
 
 
-def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = None,
+def _translate(error: Violation, doc: YamlDoc, definition: str | None = None,
                prefix: tuple = ()) -> list[Diagnostic]:
     path = (*prefix, *error.absolute_path)
     where = inside(path)
@@ -304,7 +311,7 @@ def _translate(error: ValidationError, doc: YamlDoc, definition: str | None = No
 
     kind = error.validator
     if kind == "additionalProperties":
-        allowed = sorted(error.schema.get("properties", {}))
+        allowed = sorted(properties(error.schema))
         extras = [k for k in error.instance if k not in allowed]
         if definition == "fragment" and not path:
             return [diag(f"unknown key `{k}` at the top level of an included file: included files hold only "
@@ -406,15 +413,16 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
                                                   f"{noun} names must be unique across the bot's files", f"{kind}.{name}"))
                     continue
                 sources.origin[(kind, name)] = doc
-                target[name] = build(name, raw if isinstance(raw, dict) else {}, doc)
+                # Why the ignore: each section's builder makes its own kind (mypy sees the pairs' union)
+                target[name] = build(name, raw if isinstance(raw, dict) else {}, doc)  # type: ignore[assignment]
     if not routes and not any(d.severity == "error" for d in diagnostics):
         diagnostics.append(Diagnostic(main.file, 1, 1, "error",
                                       "the bot has no routes: add `routes:` with at least one route marked `default: true`",
                                       "routes"))
     _resolve_openapi(tools, sources, main_file.parent, diagnostics)
-    name = top.get("name")
+    bot_name = top.get("name")
     return BotConfig(
-        name=name if isinstance(name, str) else main_file.stem,
+        name=bot_name if isinstance(bot_name, str) else main_file.stem,
         routes=routes,
         tools=tools,
         description=_str(top.get("description")) or "",

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
+
+from jsonschema.exceptions import ValidationError
 
 _REPO_SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
 
@@ -36,6 +39,36 @@ def schema_path(name: str) -> Path:
 @lru_cache(maxsize=8)
 def load_schema(name: str) -> dict[str, Any]:
     return json.loads(schema_path(name).read_text(encoding="utf-8"))
+
+
+class Violation(Protocol):
+    """A jsonschema ValidationError as a validator's `iter_errors` yields it.
+
+    The stubs type `validator`, `validator_value`, `instance` and `schema` as `... | Unset`
+    because an error built by hand may lack them; one from a validator always has them.
+    `violation()` says so once, instead of a check or a cast at every use."""
+
+    message: str
+    validator: str
+    validator_value: Any  # the failing keyword's value in the schema
+    instance: Any  # the part of the document that failed
+    schema: Mapping[str, Any] | bool  # the (sub)schema holding the keyword; `false` fails everything
+    path: deque[str | int]
+    relative_path: deque[str | int]
+    schema_path: deque[str | int]
+    context: list[ValidationError]  # for oneOf/anyOf: each alternative's errors
+
+    @property
+    def absolute_path(self) -> Sequence[str | int]: ...
+
+
+def violation(error: ValidationError) -> Violation:
+    return cast(Violation, error)
+
+
+def properties(schema: Mapping[str, Any] | bool) -> Mapping[str, Any]:
+    """The `properties` a schema declares ({} for the `true`/`false` schemas)."""
+    return schema.get("properties", {}) if isinstance(schema, Mapping) else {}
 
 
 def inline_refs(node: Any, defs: dict[str, Any]) -> Any:
@@ -118,7 +151,7 @@ def compile_check(schema: Any) -> Callable[[Any], bool]:
     return every
 
 
-def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None:  # noqa: C901 - a dispatch table
+def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None:  # a dispatch table: long, not complex
     if key in _ANNOTATIONS or key in ("then", "else"):
         return None
     if key == "type":

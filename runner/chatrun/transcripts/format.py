@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
+from jsonschema.exceptions import best_match
 
-from chatrun.definition.schemas import inline_refs, load_schema
+from chatrun.definition.schemas import Violation, inline_refs, load_schema, properties, violation
 from chatrun.definition.sources import dotted
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.errors import BotError, Diagnostic
@@ -162,15 +162,15 @@ def _build(doc: YamlDoc) -> Transcript:
 
 def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     out = []
-    for error in validator().iter_errors(doc.data):
-        error = _specific(error)
+    for raw_error in validator().iter_errors(doc.data):
+        error = _specific(violation(raw_error))
         path = tuple(error.absolute_path)
         at = path
         message = _message(error, path)
         if "propertyNames" in error.schema_path:
             at = (*path, error.instance)
         if error.validator == "additionalProperties":
-            extras = [k for k in error.instance if k not in error.schema.get("properties", {})]
+            extras = [k for k in error.instance if k not in properties(error.schema)]
             if extras:
                 at = (*path, extras[0])
         pos = doc.pos(at)
@@ -178,27 +178,27 @@ def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     return out
 
 
-def _specific(error: ValidationError) -> ValidationError:
+def _specific(error: Violation) -> Violation:
     while error.validator in ("oneOf", "anyOf") and error.context:
         if error.path and error.path[-1] == "error" or _turn_input(error) or _response(error):
             break
-        error = best_match(error.context)
+        error = violation(best_match(error.context))
     return error
 
 
-def _response(error: ValidationError) -> bool:
+def _response(error: Violation) -> bool:
     return error.validator == "anyOf" and "model" in error.path and isinstance(error.instance, dict)
 
 
-def _turn_input(error: ValidationError) -> bool:
-    return error.validator == "oneOf" and isinstance(error.instance, dict) and "expect" in error.schema.get("properties", {})
+def _turn_input(error: Violation) -> bool:
+    return error.validator == "oneOf" and isinstance(error.instance, dict) and "expect" in properties(error.schema)
 
 
-def _message(error: ValidationError, path: tuple) -> str:
+def _message(error: Violation, path: tuple) -> str:
     where = f"in `{dotted(path)}`" if path else "at the top level"
     kind = error.validator
     if kind == "additionalProperties":
-        allowed = sorted(error.schema.get("properties", {}))
+        allowed = sorted(properties(error.schema))
         extras = [k for k in error.instance if k not in allowed]
         return f"unknown key `{', '.join(map(str, extras))}` {where}; allowed: {', '.join(allowed)}"
     if kind == "required":
