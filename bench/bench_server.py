@@ -35,8 +35,12 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "runner"))
@@ -160,7 +164,7 @@ async def run_load(url: str, sessions: int, turns: int, pid: int, spread: float 
     connections = []
     sem = asyncio.Semaphore(200)  # bounded connect ramp so the accept queue never overflows
 
-    async def open_one(i: int):  # noqa: ANN202
+    async def open_one(i: int) -> ClientConnection:
         async with sem:
             ws = await websockets.connect(url, max_size=2**20, open_timeout=60, ping_interval=None)
             # Extended dialect: chatrun then sends the chunks and the full Message, as the floor does.
@@ -172,7 +176,7 @@ async def run_load(url: str, sessions: int, turns: int, pid: int, spread: float 
     rss_before = rss_mb(pid)
     connections = await asyncio.gather(*(open_one(i) for i in range(sessions // per_conn)))
 
-    async def chat(i: int, ws) -> None:  # noqa: ANN001
+    async def chat(i: int, ws: ClientConnection) -> None:
         chat_id = f"bench-{os.getpid()}-{i}"
         # Staggered starts (--spread): session i begins at i/N of the window, so N sessions offer
         # about N/delay turns per second instead of all N arriving in the same instant.

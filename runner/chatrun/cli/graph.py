@@ -44,7 +44,7 @@ def graph(path: str, fmt: str) -> None:
         text = RouteGraph.from_config(config).render(fmt)
     except click.exceptions.Exit:
         raise
-    except Exception as exc:  # noqa: BLE001 - never a traceback from the CLI
+    except Exception as exc:  # never a traceback from the CLI
         fail(exc)
     click.echo(text, nl=False)
 

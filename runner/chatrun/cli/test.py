@@ -36,7 +36,7 @@ def run_one(path: str, update: bool = False, record: bool = False) -> Outcome:
     handler calling sys.exit) is a failed outcome naming the file, so the run goes on."""
     try:
         return _run_one(path, update, record)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported as this transcript's failure
+    except (Exception, SystemExit) as exc:  # reported as this transcript's failure
         return crashed(path, exc)
 
 
@@ -93,7 +93,7 @@ def keyword_filter(expr: str) -> Any:
                 code.append(tok)
             else:
                 code.append(str(tok.lower() in lowered))
-        return bool(eval(" ".join(code), {"__builtins__": {}}, {}))  # noqa: S307 - only True/False/and/or/not/()
+        return bool(eval(" ".join(code), {"__builtins__": {}}, {}))  # only True/False/and/or/not/()
 
     try:
         predicate("")
@@ -204,7 +204,7 @@ def _run(found: list[str], workers: int, exitfirst: bool, update: bool, record: 
                 path = pending.pop(future)
                 try:
                     outcome = future.result()
-                except (Exception, SystemExit) as exc:  # noqa: BLE001 - e.g. the worker died (BrokenProcessPool)
+                except (Exception, SystemExit) as exc:  # e.g. the worker died (BrokenProcessPool)
                     outcome = crashed(path, exc)
                 yield outcome
                 if exitfirst and not outcome.passed:

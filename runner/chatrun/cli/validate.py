@@ -76,6 +76,6 @@ def _check(path: str, connect: bool = False) -> tuple[list[Diagnostic], bool]:
         return [Diagnostic(path, 0, 0, "error", str(exc))], False
     except (BrokenPipeError, KeyboardInterrupt):
         raise
-    except Exception as exc:  # noqa: BLE001 - never a traceback from the CLI
+    except Exception as exc:  # never a traceback from the CLI
         return [Diagnostic(path, 0, 0, "error", f"unexpected {type(exc).__name__}: {exc} "
                            "(this is a chatrun bug; please report it)")], False

@@ -191,7 +191,7 @@ class FakeOpenAI:
         self._loop = loop
         try:
             loop.run_until_complete(self._serve(ready))
-        except BaseException as exc:  # noqa: BLE001 - handed to the starting thread
+        except BaseException as exc:  # handed to the starting thread
             self._startup_error = exc
             ready.set()
         finally:
@@ -262,7 +262,7 @@ class FakeOpenAI:
                 await self._complete(body, reader, writer)
             except (Disconnect, ConnectionError, asyncio.CancelledError):
                 raise
-            except Exception as exc:  # noqa: BLE001 - a fake bug answers 500 instead of hanging the client
+            except Exception as exc:  # a fake bug answers 500 instead of hanging the client
                 await send_json(writer, 500, error_body(f"the fake failed: {exc!r}", "fake_error"))
                 raise Disconnect() from exc  # the answer may have been half sent: end the connection
         else:
@@ -283,7 +283,7 @@ class FakeOpenAI:
             if inspect.isawaitable(response):
                 response = await response
             check_response(response)
-        except Exception as exc:  # noqa: BLE001 - a broken responder is an answer, not a crash
+        except Exception as exc:  # a broken responder is an answer, not a crash
             return {"status": 500, "body": error_body(f"fake responder failed: {exc!r}", "fake_error")}
         return response
 
