@@ -505,4 +505,4 @@ def test_memories_with_different_ids_share_a_store_without_mixing():
 def test_adding_something_that_is_not_a_message_is_a_clear_error():
     memory = MessageWindowMemory("s#r", max_messages=5)
     with pytest.raises(ChatrunError, match="s#r"):
-        memory.add({"role": "user", "content": "hi"})  # type: ignore[arg-type]
+        memory.add({"role": "user", "content": "hi"})  # type: ignore[arg-type]  # the wrong type on purpose

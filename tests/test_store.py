@@ -230,7 +230,7 @@ def test_sqlite_failure_inside_the_transaction_rolls_everything_back(tmp_path):
     s.commit_turn("s1", {"turn": 1}, {}, [{"turn": 1}])
     # A memory id SQLite cannot bind fails after the snapshot row was already written.
     with pytest.raises(ChatrunError, match="save a turn of session s1"):
-        s.commit_turn("s1", {"turn": 2}, {("not", "bindable"): [UserMessage("x")]}, [{"turn": 2}])  # type: ignore[dict-item]
+        s.commit_turn("s1", {"turn": 2}, {("not", "bindable"): [UserMessage("x")]}, [{"turn": 2}])  # type: ignore[dict-item]  # the wrong key on purpose
     assert s.load_session("s1") == {"turn": 1}
     assert s.load_history("s1") == [{"turn": 1}]
     s.commit_turn("s1", {"turn": 2}, {}, [{"turn": 2}])  # the store is still usable

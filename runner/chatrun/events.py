@@ -49,7 +49,7 @@ class Event:
         return cls(type=d["type"], data=d.get("data"), turn=d.get("turn", 0), meta=d.get("meta") or {})
 
 
-def plain(value: Any) -> Any:
+def plain(value: object) -> Any:
     """Event data as plain JSON values, once, when the event is made: every client (WebSocket,
     SSE, the history, transcripts) then sees the same shape. Sets and tuples become lists,
     objects with to_dict() their dict, NaN/Infinity and anything else their str()."""

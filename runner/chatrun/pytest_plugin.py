@@ -12,10 +12,14 @@ file:line and a diff of expected against actual, as `chatrun test` does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:  # pytest types Node.repr_failure with these but does not export them
+    from _pytest._code.code import TerminalRepr, TracebackStyle
 
 _BOTS = pytest.StashKey[dict]()
 
@@ -35,7 +39,7 @@ def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Col
 
 
 class TranscriptFile(pytest.File):
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[TranscriptItem]:
         yield TranscriptItem.from_parent(self, name=self.path.stem)
 
 
@@ -77,7 +81,8 @@ class TranscriptItem(pytest.Item):
         except ValueError:
             return str(self.path)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: TracebackStyle | None = None) -> str | TerminalRepr:
         if isinstance(excinfo.value, TranscriptFailed):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)  # a chatrun bug: show the traceback

@@ -24,6 +24,7 @@ from chatrun.definition.graph import RouteGraph
 from chatrun.definition.handlers import import_isolated
 from chatrun.definition.sources import Sources, suggest
 from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES
+from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
 
 # Dict methods a template may call on state (`state.prefs.get('x')`): not state keys.
@@ -99,18 +100,19 @@ class _Checker:
 
     def encodings(self) -> None:
         """An unknown tiktoken encoding would fail every turn of a token-window route."""
-        wanted = [(self.config.memory.encoding, self.src.main, ("memory", "encoding"))]
+        wanted: list[tuple[str | None, YamlDoc, tuple[str, ...]]] = [
+            (self.config.memory.encoding, self.src.main, ("memory", "encoding"))]
         for route in self.config.routes.values():
             if route.memory is not None:
                 wanted.append((route.memory.encoding, self.src.doc_of("routes", route.name),
                                ("routes", route.name, "memory", "encoding")))
-        wanted = [w for w in wanted if w[0]]
-        if not wanted:
+        named = [(encoding, doc, path) for encoding, doc, path in wanted if encoding]
+        if not named:
             return
         import tiktoken  # only for bots that name an encoding: importing it costs time
 
         known = sorted(tiktoken.list_encoding_names())
-        for encoding, doc, path in wanted:
+        for encoding, doc, path in named:
             if encoding not in known:
                 pos = doc.pos(path)
                 self.out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
@@ -501,20 +503,20 @@ def _analyse(source: str) -> _Analysis:
     for node in ast.find_all(nodes.Name):
         if node.ctx == "load" and node.name not in stored and node.name not in _JINJA_NAMES:
             refs.setdefault((node.name,), node.lineno)
-    for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
-        path = _attr_path(node)
+    for access in ast.find_all((nodes.Getattr, nodes.Getitem)):
+        path = _attr_path(access)
         if path and path[0] not in stored and path[0] not in _JINJA_NAMES:
-            refs.setdefault(path, node.lineno)
+            refs.setdefault(path, access.lineno)
     # Jinja sees `state.a` inside `state.a.b`: keep the longest paths, so one typo is one warning.
     longest = {p for p in refs if len(p) > 1}
     for path in list(refs):
         if len(path) > 1 and any(len(q) > len(path) and q[: len(path)] == path for q in longest):
             del refs[path]
     unknown: list[tuple[str, str, int]] = []
-    for node in ast.find_all((nodes.Filter, nodes.Test)):
-        kind, known = ("filter", ENV.filters) if isinstance(node, nodes.Filter) else ("test", ENV.tests)
-        if node.name not in known:
-            unknown.append((kind, node.name, node.lineno))
+    for call in ast.find_all((nodes.Filter, nodes.Test)):
+        kind, known = ("filter", ENV.filters) if isinstance(call, nodes.Filter) else ("test", ENV.tests)
+        if call.name not in known:
+            unknown.append((kind, call.name, call.lineno))
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
 
 

@@ -199,16 +199,17 @@ def _tool_edges(config: BotConfig, source: str, tool: str, action: ActionConfig)
                    condition=condition)
 
 
-def _grouped(graph: RouteGraph) -> list[tuple[str, str, str, list[str]]]:
+def _grouped(graph: RouteGraph) -> list[tuple[str, str, EdgeKind, list[str]]]:
     """(source, target, kind, tools) with parallel edges merged, pops expanded to every
     route they can return to. Config order."""
-    groups: dict[tuple[str, str, str], list[str]] = {}
+    groups: dict[tuple[str, str, EdgeKind], list[str]] = {}
     for edge in graph.edges:
         if edge.kind == "end":
             targets = [END_NODE]
         else:
             targets = graph.pop_targets(edge.source) if edge.kind == "pop" else [edge.target]
         for target in targets:
+            # Why the ignore: only pop edges have no target, and those were expanded above
             tools = groups.setdefault((edge.source, target, edge.kind), [])  # type: ignore[arg-type]
             if edge.label not in tools:
                 tools.append(edge.label)

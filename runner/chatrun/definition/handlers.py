@@ -10,6 +10,7 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from chatrun.errors import ChatrunError
@@ -30,7 +31,7 @@ class HandlerResolver:
     def __init__(self, root: str, bot_name: str):
         self.root = Path(root)
         self.bot_name = bot_name
-        self._modules: dict[str, Any] = {}
+        self._modules: dict[str, ModuleType] = {}
 
     def resolve(self, spec: str) -> Callable[..., Any]:
         module_name, _, func_name = spec.partition(":")
@@ -44,15 +45,17 @@ class HandlerResolver:
             raise ChatrunError(f"handler {spec!r}: {module_name} has no function {func_name!r}")
         return func
 
-    def _import(self, module_name: str) -> Any:
+    def _import(self, module_name: str) -> ModuleType:
         candidate = handler_file(self.root, module_name)
         # A private module name per bot, so two bots' travel_tools never collide in sys.modules.
         unique = f"_chatrun_bot_{abs(hash(str(self.root)))}_{module_name.replace('.', '_')}"
         spec = importlib.util.spec_from_file_location(unique, candidate)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        if spec is None or spec.loader is None:
+            raise ChatrunError(f"handler module {candidate} cannot be imported")
+        module = importlib.util.module_from_spec(spec)
         sys.modules[unique] = module
         try:
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[unique]
             raise ChatrunError(f"handler module {candidate} failed to import: {exc!r}") from exc
@@ -60,7 +63,7 @@ class HandlerResolver:
 
 
 
-def import_isolated(root: Path, module_name: str) -> Any:
+def import_isolated(root: Path, module_name: str) -> ModuleType | str:
     """Import a handler module from the bot directory the way the engine will (HandlerResolver),
     but leave sys.modules as it was: validating one bot must not change what another imports.
     Returns the module, or a string saying why it could not be imported."""
@@ -77,7 +80,7 @@ def import_isolated(root: Path, module_name: str) -> Any:
     sys.modules[unique] = module  # while it runs: dataclasses and pickling look it up there
     try:
         spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of the bot's code is a diagnostic
+    except (Exception, SystemExit) as exc:  # any failure of the bot's code is a diagnostic
         return f"{candidate} failed to import: {type(exc).__name__}: {exc}"
     finally:
         sys.modules.pop(unique, None)
@@ -85,5 +88,5 @@ def import_isolated(root: Path, module_name: str) -> Any:
             mod_file = getattr(sys.modules[name], "__file__", None) or ""
             if mod_file.startswith(str(root.resolve())):
                 sys.modules.pop(name, None)
-    module.__chatrun_shown__ = str(candidate)  # the path as the user wrote the bot's, for messages
+    vars(module)["__chatrun_shown__"] = str(candidate)  # the path as the user wrote the bot's, for messages
     return module

@@ -12,7 +12,8 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
-from jinja2 import StrictUndefined, Undefined
+from jinja2 import StrictUndefined, Template, Undefined
+from jinja2.environment import TemplateExpression
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Variables a template may use (README: "Template variables").
@@ -24,7 +25,9 @@ class _Undefined(StrictUndefined):
     """Undefined that still allows `x or "default"` and `x is defined`, but fails loudly
     when printed or iterated, so a typo in a template is an error, not empty text."""
 
-    def __bool__(self) -> bool:
+    # Why the ignore: StrictUndefined's __bool__ is its always-raising helper (typed to accept
+    # anything and return Never); being falsy instead is the point of this class.
+    def __bool__(self) -> bool:  # type: ignore[override]
         return False
 
 
@@ -44,7 +47,7 @@ ENV.filters["urlsegment"] = _urlsegment
 
 
 @lru_cache(maxsize=4096)
-def compile_template(source: str):  # noqa: ANN201 - jinja2.Template
+def compile_template(source: str) -> Template:
     """Compile (cached). Raises jinja2.TemplateSyntaxError with `.lineno` within the template."""
     return ENV.from_string(source)
 
@@ -69,7 +72,7 @@ def render_value(source: Any, context: dict[str, Any]) -> Any:
 
 
 @lru_cache(maxsize=4096)
-def _compile_expression(expr: str):  # noqa: ANN202 - jinja2.nativetypes-like TemplateExpression
+def _compile_expression(expr: str) -> TemplateExpression:
     return ENV.compile_expression(expr, undefined_to_none=False)
 
 

@@ -60,7 +60,7 @@ def merged_scope(scopes: list[Scope]) -> dict[str, Any]:
     return merged
 
 
-class ScopeView(MutableMapping):
+class ScopeView(MutableMapping[str, Any]):
     """The current scope's state as one writable mapping (what handlers get as `ctx.scope`).
 
     A key is read from and written to where it lives: the current scope's local state,

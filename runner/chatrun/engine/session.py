@@ -57,10 +57,13 @@ class Session:
     ):
         self.bot = bot
         self.store = store
-        self._own_models = ModelPool() if model is None else None
-        self._model: ChatModel = model if model is not None else self._own_models.model()  # type: ignore[union-attr]
-        self._handlers: dict[str, list[Callable[[Any], Any]]] = {}
-        self._default_handlers: list[Callable[[str, Any], Any]] = []
+        self._own_models: ModelPool | None = None
+        if model is None:  # the bot's own model, closed with the session
+            self._own_models = ModelPool()
+            model = self._own_models.model()
+        self._model: ChatModel = model
+        self._handlers: dict[str, list[Callable[[Any], object]]] = {}
+        self._default_handlers: list[Callable[[str, Any], object]] = []
         self._sink: Callable[[Event], None] | None = None
         self._running = False
         self._closed = False
@@ -148,7 +151,7 @@ class Session:
             return messages
         try:
             text = self._c.render(route.system, self._c.template_context({}))
-        except Exception:  # noqa: BLE001 - the next turn will report the template's error, with its place
+        except Exception:  # the next turn will report the template's error, with its place
             return messages
         rest = messages[1:] if messages and isinstance(messages[0], SystemMessage) else messages
         return [SystemMessage(text), *rest]
@@ -193,17 +196,17 @@ class Session:
 
     # -- events ------------------------------------------------------------------------
 
-    def on(self, event_type: str, handler: Callable[[Any], Any]) -> Session:
+    def on(self, event_type: str, handler: Callable[[Any], object]) -> Session:
         """Call `handler(data)` for every event of this type, as it happens."""
         self._handlers.setdefault(event_type, []).append(handler)
         return self
 
-    def on_default(self, handler: Callable[[str, Any], Any]) -> Session:
+    def on_default(self, handler: Callable[[str, Any], object]) -> Session:
         """Call `handler(type, data)` for events no `on()` handler takes."""
         self._default_handlers.append(handler)
         return self
 
-    def _emit(self, event_type: str, data: Any, runtime: bool = False, meta: dict[str, Any] | None = None) -> None:
+    def _emit(self, event_type: str, data: object, runtime: bool = False, meta: dict[str, Any] | None = None) -> None:
         event = Event(event_type, ev.plain(data), self.turn_count + 1, meta or {}, runtime=runtime)
         if self._sink is not None:
             self._sink(event)
@@ -211,11 +214,11 @@ class Session:
     def _dispatch(self, event: Event) -> None:
         handlers = self._handlers.get(event.type)
         if handlers:
-            for h in handlers:
-                h(event.data)
+            for handler in handlers:
+                handler(event.data)
         else:
-            for h in self._default_handlers:
-                h(event.type, event.data)
+            for default in self._default_handlers:
+                default(event.type, event.data)
 
     # -- turns -----------------------------------------------------------------------------
 

@@ -202,11 +202,11 @@ class ToolContext:
     turn: dict[str, Any]
     route: str
     session_id: str
-    _emit: Callable[[str, Any], None] = field(repr=False, default=lambda t, d: None)
+    _emit: Callable[[str, object], None] = field(repr=False, default=lambda t, d: None)
     _loop: asyncio.AbstractEventLoop | None = field(repr=False, default=None)
     _open: bool = field(repr=False, default=True)
 
-    def emit(self, event_type: str, data: Any) -> None:
+    def emit(self, event_type: str, data: object) -> None:
         """Send an event to the client now (Thinking, Console, Message, Object or a custom type).
         Safe from a sync handler's worker thread; ignored once the handler has returned or timed out."""
         if not self._open:
@@ -217,7 +217,7 @@ class ToolContext:
         else:
             self._emit(event_type, data)
 
-    def _emit_if_open(self, event_type: str, data: Any) -> None:
+    def _emit_if_open(self, event_type: str, data: object) -> None:
         if self._open:
             self._emit(event_type, data)
 

@@ -130,5 +130,6 @@ def tiktoken_counter(encoding: str | None = None, model_name: str | None = None)
         except Exception:  # never fail a turn over a count
             return estimate_tokens(text) + MESSAGE_OVERHEAD
 
+    # Why the ignore: mypy has no attributes on functions; which encoding counts is worth showing.
     count.encoding = enc.name  # type: ignore[attr-defined]
     return count

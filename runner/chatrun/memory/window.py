@@ -174,7 +174,7 @@ class _Window:
         return len(self._items) + (self._system is not None)
 
     def _list(self) -> list[Message]:
-        out = [self._system[0]] if self._system is not None else []
+        out: list[Message] = [self._system[0]] if self._system is not None else []
         out.extend(m for m, _ in self._items)
         return out
 

@@ -285,7 +285,7 @@ def add_delta(calls: dict[int, ToolCallParts], part: Any) -> None:
             parts.arguments.append(function.arguments)
 
 
-class translate_errors:  # noqa: N801 - used as a context manager
+class translate_errors:  # lower case: it reads as a `with` clause
     """Turn the client's exceptions into Retryable (worth another try) or ModelError."""
 
     def __init__(self, timeout: float, streaming: bool = False):
@@ -295,9 +295,9 @@ class translate_errors:  # noqa: N801 - used as a context manager
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if exc is None or isinstance(exc, (ModelError, Retryable, asyncio.CancelledError)):
-            return False
+            return  # nothing to translate: the exception (if any) goes on as it is
         if isinstance(exc, openai.APITimeoutError) or (is_transport_error(exc) and "Timeout" in type(exc).__name__):
             raise Retryable(f"timed out after {self.timeout:g} s (model.timeout)") from None
         if isinstance(exc, openai.APIConnectionError) or is_transport_error(exc):
@@ -319,7 +319,7 @@ class translate_errors:  # noqa: N801 - used as a context manager
             raise ModelError(f"the server's answer is not valid Chat Completions JSON ({exc})") from None
         if isinstance(exc, openai.OpenAIError):  # e.g. an error event inside a stream
             raise ModelError(f"{type(exc).__name__}: {exc}") from None
-        return False
+        return  # not the client's: goes on as it is
 
 
 def is_transport_error(exc: BaseException) -> bool:
@@ -342,7 +342,7 @@ def server_message(exc: openai.APIStatusError) -> str:
         return body.strip()[:500]
     try:
         text = exc.response.text.strip()
-    except Exception:  # noqa: BLE001 - a streamed body may be unreadable; the status still says enough
+    except Exception:  # a streamed body may be unreadable; the status still says enough
         text = ""
     return text[:500] or exc.message
 
@@ -397,7 +397,7 @@ def check_text(what: str, value: Any, answer: Any) -> None:
 def preview(obj: Any) -> str:
     try:
         text = json.dumps(obj.model_dump(exclude_unset=True, warnings=False))
-    except Exception:  # noqa: BLE001 - only for the message
+    except Exception:  # only for the message
         text = repr(obj)
     return text if len(text) <= 300 else text[:300] + "..."
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 from chatrun.errors import ChatrunError, ModelError
@@ -31,7 +32,7 @@ KEYS = {"text", "tool_calls", "chunks", "error", "delay", "usage"}
 
 
 class ScriptedModel:
-    def __init__(self, responses: list[Scripted] | None = None):
+    def __init__(self, responses: Iterable[Scripted] | None = None):
         self._responses: deque[Scripted] = deque()
         self.requests: list[ModelRequest] = []
         self._ids = 0

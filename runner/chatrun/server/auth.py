@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,13 +93,14 @@ def resolve_auth(auth: Auth | str | Path | None) -> Auth | None:
     return Auth.load(env) if env else None
 
 
-def token_from(headers: dict[str, str] | object, query: dict[str, str] | object) -> str | None:
-    """The token a request carries: Authorization: Bearer, X-API-Key, or ?token=."""
-    get_h = headers.get  # type: ignore[attr-defined]
+def token_from(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+    """The token a request carries: Authorization: Bearer, X-API-Key, or ?token=.
+    `headers` and `query` are starlette's Headers and QueryParams, both read-only mappings."""
+    get_h = headers.get
     value = get_h("authorization")
     if value and value.lower().startswith("bearer "):
         return value[7:].strip()
     key = get_h("x-api-key")
     if key:
         return key.strip()
-    return query.get("token") or None  # type: ignore[attr-defined]
+    return query.get("token") or None

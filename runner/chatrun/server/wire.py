@@ -130,6 +130,7 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
     problem = chat_id_problem(chat_id)
     if problem:
         raise fail(f"{kind} needs a chatId: {problem}")
+    assert isinstance(chat_id, str)  # chat_id_problem checked it; this tells the type checker
     frame = ClientFrame(kind, chat_id, request_id=request_id)
     if kind == CONNECT:
         route = raw.get("route")

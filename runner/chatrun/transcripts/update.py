@@ -46,10 +46,10 @@ def to_node(value: Any, top: bool = True) -> Any:
             node.fa.set_flow_style()
         return node
     if isinstance(value, list):
-        node = CommentedSeq(to_node(v, False) for v in value)
+        seq = CommentedSeq(to_node(v, False) for v in value)
         if not value or (not any(isinstance(v, dict) for v in value) and _flat(value)):
-            node.fa.set_flow_style()
-        return node
+            seq.fa.set_flow_style()
+        return seq
     return value
 
 
@@ -105,7 +105,7 @@ def rewrite_turns(path: str | Path, changes: dict[int, dict[str, Any]]) -> bool:
     y = _yaml()
     try:
         root = y.load(text)
-    except Exception as exc:  # noqa: BLE001 - ruamel raises many kinds
+    except Exception as exc:  # ruamel raises many kinds
         raise ChatrunError(f"{path}: cannot read the transcript for rewriting: {exc}") from exc
     lines = text.splitlines(keepends=True)
     turns = root["turns"]
@@ -132,6 +132,7 @@ def _edit(y: YAML, root: CommentedMap, turns: CommentedSeq, index: int, key: str
     keys = list(turn)
     col = turn.lc.key(keys[0])[1]
     turn_end = _trim(lines, turn.lc.key(keys[0])[0], _turn_end(root, turns, index, len(lines)), col)
+    block: Any  # a node as to_node makes it: CommentedMap, CommentedSeq or a scalar
     if isinstance(value, dict):
         block = merge_block(turn.get(key), value)
     else:
@@ -165,7 +166,7 @@ def _map_edits(y: YAML, old: CommentedMap, value: dict[str, Any], block: Comment
     """Edits inside a block mapping, key by key: unchanged keys keep their lines as they are."""
     keys = list(old)
     col = old.lc.key(keys[0])[1]
-    edits = []
+    edits: list[tuple[int, int, list[str]]] = []
     for i, key in enumerate(keys):
         k_start = old.lc.key(key)[0]
         k_end = _trim(lines, k_start, old.lc.key(keys[i + 1])[0] if i + 1 < len(keys) else end, col)
