@@ -12,6 +12,8 @@ Everything a program using chatrun needs is importable from here; the submodules
 internals and may change between releases (tests/test_exported_members.py holds the list).
 """
 
+import typing as _typing
+
 from chatrun import events
 from chatrun.engine.bot import Bot, load_bot
 from chatrun.engine.session import Session
@@ -46,6 +48,9 @@ from chatrun.store.memory import InMemoryStore
 from chatrun.store.sqlite import SQLiteStore
 from chatrun.transcripts import load_transcript, run_transcript
 from chatrun.version import VERSION as __version__
+
+if _typing.TYPE_CHECKING:  # type checkers see the class; at run time __getattr__ imports it on first use
+    from chatrun.models.openai_model import OpenAIModel
 
 
 def __getattr__(name: str) -> object:
