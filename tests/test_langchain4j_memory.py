@@ -161,7 +161,7 @@ class TestMessageWindowChatMemoryTest:
         assert memory.messages() == [first_system, first_user, first_ai]
         second_system = system_message("You are an unhelpful assistant")
         memory.add(second_system)
-        LANGCHAIN4J = [first_user, first_ai, second_system]  # noqa: N806 - its default: not first
+        LANGCHAIN4J = [first_user, first_ai, second_system]  # its default: not first
         deliberate(SYSTEM_FIRST)
         assert memory.messages() == [second_system, first_user, first_ai] != LANGCHAIN4J
 
@@ -177,7 +177,7 @@ class TestMessageWindowChatMemoryTest:
         memory.add(system)
         assert memory.messages() == [system, user, ai]
 
-    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest(self):  # noqa: N802
+    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest(self):
         memory = MessageWindowMemory(max_messages=2)
         user = user_message("How much is 2+2?")
         memory.add(user)
@@ -193,7 +193,7 @@ class TestMessageWindowChatMemoryTest:
         memory.add(ai2)
         assert memory.messages() == [ai2]
 
-    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest_when_SystemMessage_is_present(self):  # noqa: N802, E501
+    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest_when_SystemMessage_is_present(self):
         memory = MessageWindowMemory(max_messages=3)
         system = system_message("Use calculator for math questions")
         memory.add(system)
@@ -212,7 +212,7 @@ class TestMessageWindowChatMemoryTest:
         memory.add(ai2)
         assert memory.messages() == [system, ai2]
 
-    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest_when_SystemMessage_is_present_2(self):  # noqa: N802, E501
+    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest_when_SystemMessage_is_present_2(self):
         memory = MessageWindowMemory(max_messages=2)
         system = system_message("Use calculator for math questions")
         memory.add(system)
@@ -227,7 +227,7 @@ class TestMessageWindowChatMemoryTest:
         memory.add(ToolResultMessage(request.id, request.name, "4"))
         assert memory.messages() == [system]
 
-    def test_should_evict_multiple_orphan_ToolExecutionResultMessages_when_evicting_AiMessage_with_ToolExecutionRequests(self):  # noqa: N802, E501
+    def test_should_evict_multiple_orphan_ToolExecutionResultMessages_when_evicting_AiMessage_with_ToolExecutionRequests(self):
         memory = MessageWindowMemory(max_messages=3)
         user = user_message("How much is 2+2 and 3+3?")
         memory.add(user)
@@ -247,7 +247,7 @@ class TestMessageWindowChatMemoryTest:
         memory.add(ai2)
         assert memory.messages() == [ai2]
 
-    def test_should_evict_multiple_orphan_ToolExecutionResultMessages_when_evicting_AiMessage_with_ToolExecutionRequests_when_SystemMessage_is_present(self):  # noqa: N802, E501
+    def test_should_evict_multiple_orphan_ToolExecutionResultMessages_when_evicting_AiMessage_with_ToolExecutionRequests_when_SystemMessage_is_present(self):
         memory = MessageWindowMemory(max_messages=4)
         system = system_message("Use calculator for math questions")
         memory.add(system)
@@ -323,7 +323,7 @@ class TestMessageWindowChatMemoryTest:
         assert memory.messages() == [system, user, ai]
         memory = MessageWindowMemory(max_messages=5)
         add_all(memory, user, system, ai)
-        LANGCHAIN4J = [user, system, ai]  # noqa: N806
+        LANGCHAIN4J = [user, system, ai]
         deliberate(SYSTEM_FIRST)
         assert memory.messages() == [system, user, ai] != LANGCHAIN4J
 
@@ -340,7 +340,7 @@ class TestMessageWindowChatMemoryTest:
         store = HitCountStore()
         memory = MessageWindowMemory(max_messages=3, store=store)
         counts = store.measure(lambda: add_all(memory, user_message("first"), ai_message("second"), ai_message("3rd")))
-        LANGCHAIN4J = [(3, 3, 0), (1, 0, 0), (0, 1, 0)]  # noqa: N806 - (get, update, delete) hits
+        LANGCHAIN4J = [(3, 3, 0), (1, 0, 0), (0, 1, 0)]  # (get, update, delete) hits
         deliberate(STORE_READ_ONCE)
         assert counts == (0, 3, 0) != LANGCHAIN4J[0]
         assert store.measure(memory.messages) == (0, 0, 0) != LANGCHAIN4J[1]
@@ -476,7 +476,7 @@ class TestTokenWindowChatMemoryTest:
         assert memory.messages() == [first_system, first_user, first_ai]
         second_system = system_message("You are an unhelpful assistant")
         memory.add(second_system)
-        LANGCHAIN4J = [first_user, first_ai, second_system]  # noqa: N806
+        LANGCHAIN4J = [first_user, first_ai, second_system]
         deliberate(SYSTEM_FIRST)
         assert memory.messages() == [second_system, first_user, first_ai] != LANGCHAIN4J
 
@@ -490,7 +490,7 @@ class TestTokenWindowChatMemoryTest:
         memory.add(system)
         assert memory.messages() == [system, user, ai]
 
-    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest(self, est):  # noqa: N802, E501
+    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest(self, est):
         memory = token_memory(39, est)
         user = user_message("How much is 2+2?")
         assert est(user) == 12
@@ -510,7 +510,7 @@ class TestTokenWindowChatMemoryTest:
         memory.add(ai2)
         assert memory.messages() == [ai2] and counted(memory) == 14
 
-    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest_when_SystemMessage_is_present(self, est):  # noqa: N802, E501
+    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest_when_SystemMessage_is_present(self, est):
         memory = token_memory(48, est)
         system = system_message("Use calculator for math questions")
         memory.add(system)
@@ -529,7 +529,7 @@ class TestTokenWindowChatMemoryTest:
         memory.add(ai2)
         assert memory.messages() == [system, ai2] and counted(memory) == 23
 
-    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest_when_SystemMessage_is_present_2(self, est):  # noqa: N802, E501
+    def test_should_evict_orphan_ToolExecutionResultMessage_when_evicting_AiMessage_with_ToolExecutionRequest_when_SystemMessage_is_present_2(self, est):
         memory = token_memory(36, est)
         system = system_message("Use calculator for math questions")
         memory.add(system)
@@ -544,7 +544,7 @@ class TestTokenWindowChatMemoryTest:
         memory.add(ToolResultMessage(request.id, request.name, "4"))
         assert memory.messages() == [system] and counted(memory) == 12
 
-    def test_should_evict_multiple_orphan_ToolExecutionResultMessages_when_evicting_AiMessage_with_ToolExecutionRequests(self, est):  # noqa: N802, E501
+    def test_should_evict_multiple_orphan_ToolExecutionResultMessages_when_evicting_AiMessage_with_ToolExecutionRequests(self, est):
         max_tokens = 82
         memory = token_memory(max_tokens, est)
         user = user_message("How much is 2+2 and 3+3?")
@@ -566,7 +566,7 @@ class TestTokenWindowChatMemoryTest:
         memory.add(ai2)
         assert memory.messages() == [ai2] and counted(memory) == 23
 
-    def test_should_evict_multiple_orphan_ToolExecutionResultMessages_when_evicting_AiMessage_with_ToolExecutionRequests_when_SystemMessage_is_present(self, est):  # noqa: N802, E501
+    def test_should_evict_multiple_orphan_ToolExecutionResultMessages_when_evicting_AiMessage_with_ToolExecutionRequests_when_SystemMessage_is_present(self, est):
         max_tokens = 91
         memory = token_memory(max_tokens, est)
         system = system_message("Use calculator for math questions")
@@ -659,7 +659,7 @@ class TestTokenWindowChatMemoryTest:
         assert memory.messages() == [system, user, ai]
         memory = token_memory(100, est)
         add_all(memory, user, system, ai)
-        LANGCHAIN4J = [user, system, ai]  # noqa: N806
+        LANGCHAIN4J = [user, system, ai]
         deliberate(SYSTEM_FIRST)
         assert memory.messages() == [system, user, ai] != LANGCHAIN4J
 
@@ -680,7 +680,7 @@ class TestTokenWindowChatMemoryTest:
         store = HitCountStore()
         memory = token_memory(35, est, store=store)
         counts = store.measure(lambda: add_all(memory, user_message("first"), ai_message("second"), ai_message("3rd")))
-        LANGCHAIN4J = [(3, 3, 0), (1, 0, 0), (0, 1, 0)]  # noqa: N806 - (get, update, delete) hits
+        LANGCHAIN4J = [(3, 3, 0), (1, 0, 0), (0, 1, 0)]  # (get, update, delete) hits
         deliberate(STORE_READ_ONCE)
         assert counts == (0, 3, 0) != LANGCHAIN4J[0]
         assert store.measure(memory.messages) == (0, 0, 0) != LANGCHAIN4J[1]

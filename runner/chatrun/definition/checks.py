@@ -241,10 +241,10 @@ class _Checker:
                          "and `url` (a streamable HTTP server)", "mcp_servers", server.name)
         for route in self.config.routes.values():
             for i, entry in enumerate(route.mcp):
-                server = entry.partition("/")[0]
-                if server not in self.config.mcp_servers:
-                    self.add("error", f"route `{route.name}` lists MCP tools of unknown server `{server}`"
-                             f"{suggest(server, self.config.mcp_servers)}; declare it under `mcp_servers:`",
+                server_name = entry.partition("/")[0]
+                if server_name not in self.config.mcp_servers:
+                    self.add("error", f"route `{route.name}` lists MCP tools of unknown server `{server_name}`"
+                             f"{suggest(server_name, self.config.mcp_servers)}; declare it under `mcp_servers:`",
                              "routes", route.name, "mcp", i)
 
     def env(self) -> None:

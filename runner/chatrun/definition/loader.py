@@ -252,7 +252,7 @@ def _errors_of_matching_type(error: Violation) -> list[ValidationError]:
     """The errors of the alternative whose `type` the value has (a mapping given where a number
     or a mapping may go is wrong inside the mapping, not for not being a number)."""
     for index, sub in enumerate(error.validator_value):
-        kind = _JSON_TYPES.get(sub.get("type")) if isinstance(sub, dict) and isinstance(sub.get("type"), str) else None
+        kind = _JSON_TYPES.get(of) if isinstance(sub, dict) and isinstance(of := sub.get("type"), str) else None
         if kind is not None and isinstance(error.instance, kind):
             return [e for e in error.context if e.schema_path and e.schema_path[0] == index]
     return []

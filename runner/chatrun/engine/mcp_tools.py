@@ -88,7 +88,7 @@ class McpConnection:
                 self._client = client
                 self._ready.set()
                 await self._stop.wait()
-        except BaseException as exc:  # noqa: BLE001 - an exiting server ends this task, never the process
+        except BaseException as exc:  # an exiting server ends this task, never the process
             self._start_error = exc
             if isinstance(exc, asyncio.CancelledError):
                 raise
@@ -124,7 +124,7 @@ class McpConnection:
         except TimeoutError:
             raise ToolRefusal(f"Error: {tool} failed: the MCP server {self.config.name} did not answer within "
                               f"{timeout:g} s. Tell the user it did not work this time.") from None
-        except Exception as exc:  # noqa: BLE001 - a broken connection: start it again next time
+        except Exception as exc:  # a broken connection: start it again next time
             self._broken = True
             raise self._unreachable(_reason(exc)) from None
         text = "\n".join(getattr(part, "text", "") for part in answer.content if getattr(part, "text", None))
@@ -150,7 +150,7 @@ class McpConnection:
         if task is not None and not task.done():
             try:
                 await asyncio.wait_for(asyncio.shield(task), 5)
-            except (TimeoutError, Exception):  # noqa: BLE001 - ending it anyway
+            except (TimeoutError, Exception):  # ending it anyway
                 task.cancel()
 
 
@@ -220,10 +220,10 @@ async def check_mcp_names(config: BotConfig) -> list[Diagnostic]:
                   for t in config.tools.values() if t.mcp is not None]
         wanted += [(r.where, e.partition("/")[0], e.partition("/")[2], f"route `{r.name}`")
                    for r in config.routes.values() for e in r.mcp if "/" in e]
-        for where, server, tool, who in wanted:
-            names = listed.get(server)
+        for where, server_name, tool, who in wanted:
+            names = listed.get(server_name)
             if names is not None and tool not in names:
-                out.append(_diag(where, f"{who} uses MCP tool `{tool}`, which server `{server}` does not list; "
+                out.append(_diag(where, f"{who} uses MCP tool `{tool}`, which server `{server_name}` does not list; "
                                  f"it lists: {', '.join(sorted(names)) or 'nothing'}"))
     finally:
         await servers.aclose()

@@ -77,9 +77,9 @@ class Toolbox:
                           if n not in offered and (not only or n == only)]
             else:
                 listed = await self.mcp.server_tools(server, [only] if only else None)
-            for tool in listed:
-                offered.setdefault(tool.name, ToolConfig(tool.name, tool.description, tool.parameters,
-                                                         mcp=McpToolRef(server, tool.name), where=route.where))
+            for found in listed:
+                offered.setdefault(found.name, ToolConfig(found.name, found.description, found.parameters,
+                                                          mcp=McpToolRef(server, found.name), where=route.where))
         return offered
 
     async def _with_server_schema(self, tool: ToolConfig) -> ToolConfig:

@@ -23,7 +23,7 @@ from typing import Any
 try:
     from opentelemetry import trace as _trace
 except ImportError:  # the optional extra is not installed: no spans, no cost
-    _trace = None  # type: ignore[assignment]
+    _trace = None  # type: ignore[assignment]  # mypy types the name as the module; None says "off"
 
 from chatrun.version import VERSION
 
@@ -32,7 +32,7 @@ SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
 
 
 def _tracer() -> Any:
-    return _trace.get_tracer("chatrun", VERSION, schema_url=SCHEMA_URL)  # type: ignore[union-attr]
+    return _trace.get_tracer("chatrun", VERSION, schema_url=SCHEMA_URL)
 
 
 def capture_content() -> bool:

@@ -99,7 +99,7 @@ def cost_of(usage: Usage, price: Price | None) -> float | None:
 def check_budgets(limits: Limits, turn: Usage, session: Usage, next_input: int, price: Price | None,
                   route: str) -> None:
     """Refuse the next model call when it would pass a budget (counting the tokens it sends)."""
-    checks = [
+    checks: list[tuple[str, float | None, float, str]] = [
         ("max_turn_tokens", limits.max_turn_tokens, turn.tokens + next_input, "this turn"),
         ("max_session_tokens", limits.max_session_tokens, session.tokens + turn.tokens + next_input, "this session"),
     ]

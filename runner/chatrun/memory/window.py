@@ -266,7 +266,7 @@ class MessageWindowMemory(_Window):
             raise ChatrunError(f"memory {id}: max_messages must be a whole number >= 1, got {max_messages!r}")
         self._max = max_messages
         self._dynamic = callable(max_messages)
-        self._limit = 0 if self._dynamic else max_messages
+        self._limit = 0 if callable(max_messages) else max_messages
         super().__init__(id, store)
 
     @property
@@ -306,7 +306,7 @@ class TokenWindowMemory(_Window):
             raise ChatrunError(f"memory {id}: max_tokens must be a whole number >= 1, got {max_tokens!r}")
         self._max = max_tokens
         self._dynamic = callable(max_tokens)
-        self._limit = 0 if self._dynamic else max_tokens
+        self._limit = 0 if callable(max_tokens) else max_tokens
         self.counter: TokenCounter = counter or tiktoken_counter(encoding, model_name)
         super().__init__(id, store)
 

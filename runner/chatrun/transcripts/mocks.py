@@ -32,7 +32,7 @@ class TranscriptMocks:
             if mock.get("tool") == tool.name and _includes(args, mock.get("args") or {}):
                 return Mocked(mock.get("result"), mock.get("error"))
         if (tool.http is not None or tool.mcp is not None) and not self.live:
-            what = "an HTTP API" if tool.http is not None else f"the MCP server {tool.mcp.server}"  # type: ignore[union-attr]
+            what = "an HTTP API" if tool.http is not None or tool.mcp is None else f"the MCP server {tool.mcp.server}"
             raise TurnFailed(f"tool {tool.name} calls {what}, and no mock of this transcript matches the call "
                              f"(arguments {args}); add one to the turn's or the transcript's `mocks:` "
                              "(or record real results with `chatrun test --record`)")
