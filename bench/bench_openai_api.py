@@ -45,7 +45,7 @@ routes:
 """
 
 
-def timed(fn) -> float:  # noqa: ANN001
+def timed(fn) -> float:
     start = time.perf_counter()
     fn()
     return (time.perf_counter() - start) * 1000

@@ -43,7 +43,7 @@ class Answers:
         self.requests: list = []
         self.turn = 0
 
-    async def complete(self, request, on_chunk=None):  # noqa: ANN001, ANN201 - the ChatModel protocol
+    async def complete(self, request, on_chunk=None):  # the ChatModel protocol
         self.requests.append(request)
         text = SUMMARY if request.route.endswith("(summary)") else REPLY.format(i=self.turn)
         return chatrun.ModelResponse(text=text)

@@ -756,11 +756,13 @@ class ScopeVisibility:
         self.config = config
         names = list(config.routes)
         moves = [e for e in graph.edges if e.target in config.routes and e.kind in ("push", "route", "call")]
-        route_edges = [(e.source, e.target, frozenset()) for e in moves if e.kind == "route"]
+        route_edges: list[tuple[str, str, frozenset[str]]] = [
+            (e.source, e.target, frozenset()) for e in moves if e.kind == "route" and e.target is not None]
         decl = {n: config.routes[n].scope for n in names}
         own = _flow(names, route_edges, {n: {*decl[n].local, *decl[n].shared} for n in names})
         shared = _flow(names, route_edges, {n: set(decl[n].shared) for n in names})
-        push_edges = [(e.source, e.target, shared[e.source]) for e in moves if e.kind in ("push", "call")]
+        push_edges = [(e.source, e.target, shared[e.source]) for e in moves
+                      if e.kind in ("push", "call") and e.target is not None]
         below = _flow(names, route_edges + push_edges, {n: set() for n in names})
         self._own, self._below = own, below
 

@@ -207,10 +207,10 @@ def _grouped(graph: RouteGraph) -> list[tuple[str, str, EdgeKind, list[str]]]:
         if edge.kind == "end":
             targets = [END_NODE]
         else:
-            targets = graph.pop_targets(edge.source) if edge.kind == "pop" else [edge.target]
+            # Why the ignore: only pop and end edges have no target, and those are expanded here
+            targets = graph.pop_targets(edge.source) if edge.kind == "pop" else [edge.target]  # type: ignore[list-item]
         for target in targets:
-            # Why the ignore: only pop edges have no target, and those were expanded above
-            tools = groups.setdefault((edge.source, target, edge.kind), [])  # type: ignore[arg-type]
+            tools = groups.setdefault((edge.source, target, edge.kind), [])
             if edge.label not in tools:
                 tools.append(edge.label)
     return [(s, t, k, tools) for (s, t, k), tools in groups.items()]

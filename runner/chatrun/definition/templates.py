@@ -91,7 +91,7 @@ def is_nothing(value: Any) -> bool:
 
 
 @lru_cache(maxsize=16384)
-def compile_condition(expression: str):  # noqa: ANN201 - a compiled jinja2 expression
+def compile_condition(expression: str) -> TemplateExpression:
     """A case's `if:` condition, compiled on first use and kept (validation has parsed it
     already; compiling to Python costs about a millisecond). Raises jinja2.TemplateSyntaxError."""
     return ENV.compile_expression(expression, undefined_to_none=False)

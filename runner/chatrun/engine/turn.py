@@ -347,9 +347,9 @@ class Turn:
                              request.messages, answer)
                 if not (response.text or "").strip():
                     raise ModelError("the summarizing call answered no text")
-                memory.apply_summary(response.text.strip(), folded)
+                memory.apply_summary((response.text or "").strip(), folded)
                 self.summaries.append({"memory": memory_id, "folded": len(folded)})
-            except Exception as exc:  # noqa: BLE001 - a summary never fails the turn
+            except Exception as exc:  # a summary never fails the turn
                 reason = f"{type(exc).__name__}: {exc}"
                 log.warning("session %s: summarizing memory %s failed (the turn goes on, the next one "
                             "retries): %s", self.c.id, memory_id, reason)

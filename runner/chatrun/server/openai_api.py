@@ -126,7 +126,7 @@ class TurnResult:
     reply: Reply
     ok: bool
     error: str | None
-    usage: dict[str, int]
+    usage: dict[str, Any]  # OpenAI's usage object: counts and *_details mappings
     usage_estimated: bool
     session: dict[str, Any]
 
@@ -408,7 +408,7 @@ def make_openai_router(
                 failure = exc if isinstance(exc, OpenAIError) else from_failure(exc)
                 yield "data: " + json.dumps(failure.body()) + "\n\n"
                 return
-            except Exception as exc:  # noqa: BLE001 - reported to the client, logged here
+            except Exception as exc:  # reported to the client, logged here
                 log.exception("chat completion turn failed")
                 yield "data: " + json.dumps(OpenAIError(500, f"internal server error: {exc}", "server_error").body()) + "\n\n"
                 return
@@ -421,7 +421,7 @@ def make_openai_router(
             info = result.session | ({"events": result.reply.other} if want_events else {})
             yield chunk({}, "stop", chatrun=info)
             if include_usage:
-                payload = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                payload: dict[str, Any] = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
                            "model": model, "system_fingerprint": None, "choices": [], "usage": result.usage}
                 yield "data: " + json.dumps(payload) + "\n\n"
             yield "data: [DONE]\n\n"
@@ -533,7 +533,7 @@ def make_openai_router(
                 failure = None if result.ok else f"the turn failed: {result.error}"
             except (OpenAIError, wire.RequestFailed) as exc:
                 failure = exc.message
-            except Exception as exc:  # noqa: BLE001 - reported to the client, logged here
+            except Exception as exc:  # reported to the client, logged here
                 log.exception("responses turn failed")
                 failure = f"internal server error: {exc}"
             if failure is not None:
