@@ -164,3 +164,12 @@ class ThreadServer:
     def __exit__(self, *exc: Any) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+def app_for_testclient(*args: Any, **kwargs: Any) -> Any:
+    """create_app for Starlette's TestClient, whose requests say `Host: testserver`."""
+    from chatrun.server import create_app
+    from chatrun.server.guard import LOOPBACK_HOSTS, EdgePolicy
+
+    kwargs.setdefault("edge", EdgePolicy(allowed_hosts=(*LOOPBACK_HOSTS, "testserver")))
+    return create_app(*args, **kwargs)

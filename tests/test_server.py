@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 import chatrun
-from chatrun.server import ServerLimits, create_app
-from server_support import call, check_frame, types, until_done, write_travel
+from chatrun.server import ServerLimits
+from server_support import call, check_frame, app_for_testclient, types, until_done, write_travel
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def travel(tmp_path):
 
 @pytest.fixture
 def client(fake, travel, tmp_path):
-    app = create_app([travel], f"sqlite:///{tmp_path / 'chat.db'}")
+    app = app_for_testclient([travel], f"sqlite:///{tmp_path / 'chat.db'}")
     with TestClient(app) as c:
         yield c
 
@@ -208,7 +208,7 @@ def test_every_frame_of_a_turn_matches_the_published_schema(client, fake):
 def test_per_bot_websocket_paths(fake, tmp_path):
     hello = tmp_path / "hello.yaml"
     hello.write_text("name: hello\nroutes:\n  start: {default: true, system: Say hello.}\n")
-    app = create_app([chatrun.load_bot(write_travel(tmp_path)), chatrun.load_bot(hello)], "memory://")
+    app = app_for_testclient([chatrun.load_bot(write_travel(tmp_path)), chatrun.load_bot(hello)], "memory://")
     fake.responder = lambda body: {"text": body["messages"][0]["content"]}
     with TestClient(app) as c:
         with c.websocket_connect("/bots/hello/_chat/routes") as ws:
@@ -228,7 +228,7 @@ def test_per_bot_websocket_paths(fake, tmp_path):
 
 def test_limits_on_frame_size_message_length_and_requests_in_flight(fake, travel):
     limits = ServerLimits(max_frame_bytes=2000, max_message_chars=100, max_in_flight=1)
-    app = create_app([travel], "memory://", limits=limits)
+    app = app_for_testclient([travel], "memory://", limits=limits)
     with TestClient(app) as c, c.websocket_connect("/_chat/routes") as ws:
         connect(ws)
         ws.send_text(json.dumps({"type": "ChatRouteMessage", "chatId": "c1", "data": {"userMessage": "x" * 3000}}))
@@ -249,7 +249,7 @@ def test_limits_on_frame_size_message_length_and_requests_in_flight(fake, travel
         r = c.post("/bots/travel/sessions/c1/messages", json={"userMessage": "z" * 101})
         assert r.status_code == 413 and r.json()["error"] == "TooLarge"
     limits = ServerLimits(max_chats_per_connection=2)
-    with TestClient(create_app([travel], "memory://", limits=limits)) as c, c.websocket_connect("/_chat/routes") as ws:
+    with TestClient(app_for_testclient([travel], "memory://", limits=limits)) as c, c.websocket_connect("/_chat/routes") as ws:
         connect(ws, "a")
         connect(ws, "b")
         error, failed = connect(ws, "c")
@@ -372,7 +372,7 @@ def test_serve_command_reports_bad_bots_and_auth_files_without_a_traceback(tmp_p
 
 
 def test_sessions_evicted_from_the_live_cache_come_back_from_the_store(fake, travel, tmp_path):
-    app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}", cache_size=1)
+    app = app_for_testclient([travel], f"sqlite:///{tmp_path / 'c.db'}", cache_size=1)
     fake.responder = lambda body: {"text": f"{len(body['messages'])} messages"}
     with TestClient(app) as c, c.websocket_connect("/_chat/routes") as ws:
         for chat in ("a", "b", "c"):

@@ -8,9 +8,8 @@ from starlette.websockets import WebSocketDisconnect
 
 import chatrun
 from chatrun.errors import ChatrunError
-from chatrun.server import create_app
 from chatrun.server.auth import Auth
-from server_support import call, until_done, write_travel
+from server_support import call, app_for_testclient, until_done, write_travel
 
 AUTH = """
 tokens:
@@ -25,7 +24,7 @@ BOB = {"Authorization": "Bearer bob-token-456"}
 def client(fake, tmp_path):
     auth = tmp_path / "auth.yaml"
     auth.write_text(AUTH)
-    app = create_app([chatrun.load_bot(write_travel(tmp_path))], "memory://", auth=str(auth))
+    app = app_for_testclient([chatrun.load_bot(write_travel(tmp_path))], "memory://", auth=str(auth))
     with TestClient(app) as c:
         yield c
 
@@ -56,14 +55,17 @@ def test_a_session_belongs_to_its_principal(client, fake):
         ws.send_json({"type": "Connect", "extensions": True, "chatId": "mine"})
         until_done(ws)
     assert client.get("/bots/travel/sessions/mine", headers=ANA).status_code == 200
+    # Another principal's session answers exactly like an unknown id: no existence oracle.
     r = client.get("/bots/travel/sessions/mine", headers=BOB)
-    assert r.status_code == 403 and r.json()["error"] == "Forbidden"
-    assert client.post("/bots/travel/sessions/mine/messages", json={"userMessage": "hi"}, headers=BOB).status_code == 403
-    assert client.delete("/bots/travel/sessions/mine", headers=BOB).status_code == 403
+    unknown = client.get("/bots/travel/sessions/nobody-has-this", headers=BOB)
+    assert r.status_code == unknown.status_code == 404 and r.json()["error"] == "SessionNotActive"
+    assert r.json()["message"].replace("mine", "X") == unknown.json()["message"].replace("nobody-has-this", "X")
+    assert client.post("/bots/travel/sessions/mine/messages", json={"userMessage": "hi"}, headers=BOB).status_code == 404
+    assert client.delete("/bots/travel/sessions/mine", headers=BOB).status_code == 404
     with client.websocket_connect("/_chat/routes", headers=BOB) as ws:
         ws.send_json({"type": "Connect", "extensions": True, "chatId": "mine", "resume": True})
         error, failed = until_done(ws)
-        assert failed["data"] == "Forbidden" and "another principal" in error["data"]
+        assert failed["data"] == "SessionNotActive" and "no session 'mine'" in error["data"]
         ws.send_json({"type": "Connect", "extensions": True, "chatId": "mine"})
         assert until_done(ws)[-1]["data"] == "SessionExists"
     assert fake.requests == []
@@ -109,5 +111,5 @@ def test_auth_file_errors_name_the_problem(tmp_path, monkeypatch):
     good = tmp_path / "good.yaml"
     good.write_text(AUTH)
     monkeypatch.setenv("CHATRUN_AUTH_FILE", str(good))
-    app = create_app([chatrun.load_bot(write_travel(tmp_path / "b"))], "memory://")
+    app = app_for_testclient([chatrun.load_bot(write_travel(tmp_path / "b"))], "memory://")
     assert app.state.auth.authenticate("bob-token-456").name == "bob"

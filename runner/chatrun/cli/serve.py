@@ -34,6 +34,22 @@ from chatrun.errors import BotError, ChatrunError
     help="OpenAI API: a front end's chat-id header to trust for telling chats apart, e.g. "
     "X-OpenWebUI-Chat-Id (repeatable; see docs/openai-api.md).",
 )
+@click.option("--allow-origin", multiple=True, metavar="ORIGIN",
+              help="Browser origin (scheme://host[:port]) allowed to open the WebSocket or POST, besides "
+              "the server's own page; repeatable; '*' allows any.")
+@click.option("--allow-host", multiple=True, metavar="NAME",
+              help="Host name clients may reach the server by (DNS-rebinding guard); repeatable; '*' allows any. "
+              "Default: localhost, 127.0.0.1, ::1 and --host.")
+@click.option("--send-timeout", default=20.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds a WebSocket client may take to read what it is sent before it is disconnected.")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds to send a request's headers (408 and closed after).")
+@click.option("--body-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds to send a request's body (408 after).")
+@click.option("--keep-alive-timeout", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Seconds an idle HTTP connection stays open.")
+@click.option("--max-connections", default=1000, show_default=True, type=click.IntRange(min=1),
+              help="Connections served at once; more get 503. Keep under the file-descriptor limit (ulimit -n).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(
     bots: tuple[str, ...],
@@ -44,6 +60,13 @@ def serve(
     max_message_chars: int,
     max_in_flight: int,
     session_headers: tuple[str, ...],
+    allow_origin: tuple[str, ...],
+    allow_host: tuple[str, ...],
+    send_timeout: float,
+    header_timeout: float,
+    body_timeout: float,
+    keep_alive_timeout: int,
+    max_connections: int,
     log_level: str,
 ) -> None:
     """Serve bots over WebSocket and HTTP, with a web chat page and inspector.
@@ -53,6 +76,8 @@ def serve(
       chatrun serve bots/travel
       chatrun serve bots/travel bots/support --port 9000 --store sqlite:///sessions.db
       chatrun serve bots/travel --auth tokens.yaml
+      chatrun serve bots/travel --host 0.0.0.0 --auth tokens.yaml --allow-host chat.example.com \\
+        --allow-origin https://chat.example.com
 
     \b
     Then open http://HOST:PORT/ (the first bot) or /bots/NAME/ (each bot).
@@ -64,13 +89,19 @@ def serve(
 
         from chatrun.server import ServerLimits, create_app
         from chatrun.server.openai_api import OpenAIOptions
+        from chatrun.server.guard import LOOPBACK_HOSTS, EdgePolicy
+        from chatrun.server.listen import ListenOptions, uvicorn_config
     except ModuleNotFoundError as exc:
         raise click.ClickException(
             f"`chatrun serve` needs {exc.name}; install it with: pip install 'chatrun[serve]'"
         ) from None
-    limits = ServerLimits(max_message_chars=max_message_chars, max_in_flight=max_in_flight)
+    limits = ServerLimits(max_message_chars=max_message_chars, max_in_flight=max_in_flight, send_timeout=send_timeout)
+    wildcard = host in ("0.0.0.0", "::", "")
+    hosts = allow_host or (("*",) if wildcard else tuple(dict.fromkeys((*LOOPBACK_HOSTS, host))))
+    edge = EdgePolicy(allowed_hosts=hosts, allowed_origins=allow_origin,
+                      max_body_bytes=limits.max_frame_bytes, body_timeout=body_timeout)
     try:
-        app = create_app(list(bots), store, auth=auth_file, limits=limits,
+        app = create_app(list(bots), store, auth=auth_file, limits=limits, edge=edge,
                          openai=OpenAIOptions(session_headers=session_headers))
     except BotError as exc:
         lines = "\n".join(d.format() for d in exc.diagnostics)
@@ -80,8 +111,15 @@ def serve(
     names = ", ".join(app.state.registry.bots)
     auth_note = f"auth on ({app.state.auth.source})" if app.state.auth else "auth off"
     click.echo(f"chatrun: serving {names} on http://{host}:{port}/  (store {store}, {auth_note})", err=True)
+    if host not in LOOPBACK_HOSTS and not app.state.auth:
+        click.echo(f"chatrun: warning: listening on {host} without --auth: anyone who can reach this "
+                   "address can use every session (see docs/security.md)", err=True)
+    if wildcard and not allow_host:
+        click.echo("chatrun: warning: any Host name is accepted; name the server's with --allow-host", err=True)
+    options = ListenOptions(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout,
+                            max_connections=max_connections)
     _log_to_stderr(log_level)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.Server(uvicorn_config(app, host, port, options, log_level=log_level)).run()
 
 
 def _log_to_stderr(level: str) -> None:

@@ -182,6 +182,12 @@ def _included(main: YamlDoc, diagnostics: list[Diagnostic]) -> list[Path]:
             diagnostics.append(Diagnostic(main.file, pos.value_line, pos.value_col, "error",
                                           f"include pattern `{pattern}` is not a valid glob: {exc}", "include"))
             continue
+        outside = [p for p in matches if not p.resolve().is_relative_to(root.resolve())]
+        if outside:  # like handlers, included files live in the bot directory
+            diagnostics.append(Diagnostic(main.file, pos.value_line, pos.value_col, "error",
+                                          f"include `{pattern}` reaches outside the bot directory {root} "
+                                          f"({outside[0]}); included files must be inside it", "include"))
+            continue
         matches = [p for p in matches if p.resolve() != Path(main.file).resolve() and p not in files]
         if not matches:
             folder = pattern.rstrip("/")

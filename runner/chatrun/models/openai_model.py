@@ -212,11 +212,11 @@ class OpenAIModel:
             if function is None:
                 continue  # not a function call (custom tools are never offered)
             name, arguments = function.name or "", function.arguments or ""
-            check_text("a tool call's name", name, completion)
-            check_text("a tool call's arguments", arguments, completion)
+            name = whole_text("a tool call's name", name, completion)
+            arguments = whole_text("a tool call's arguments", arguments, completion)
             calls.append(ToolCall(call.id or f"call_{i}", name, arguments))
-        check_text("the message content", message.content or "", completion)
-        return ModelResponse(text=message.content or None, tool_calls=calls, usage=usage_of(completion),
+        content = whole_text("the message content", message.content or "", completion)
+        return ModelResponse(text=content or None, tool_calls=calls, usage=usage_of(completion),
                              finish_reason=getattr(choices[0], "finish_reason", None))
 
     async def stream_once(self, client: openai.AsyncOpenAI, args: dict[str, Any], timeout: float,
@@ -226,6 +226,7 @@ class OpenAIModel:
         usage: dict[str, int] = {}
         got_choice = False
         finish_reason = None
+        held = ""  # a high surrogate ending a chunk: its pair starts the next one
         with translate_errors(timeout):
             stream = await client.chat.completions.create(**args, timeout=timeout)
         chunks = aiter(stream)
@@ -248,9 +249,12 @@ class OpenAIModel:
                         continue
                     if delta.content:
                         check_text("streamed content", delta.content, chunk)
-                        text.append(delta.content)
-                        sent[0] = True
-                        await on_chunk(delta.content)
+                        content, held = split_high_surrogate(held + delta.content)
+                        content = whole_text("streamed content", content, chunk)
+                        if content:
+                            text.append(content)
+                            sent[0] = True
+                            await on_chunk(content)
                     for part in delta.tool_calls or []:
                         add_delta(calls, part)
         finally:
@@ -258,8 +262,11 @@ class OpenAIModel:
                 await stream.close()
         if not got_choice:
             raise ModelError("the server's stream ended without any answer (is it an OpenAI-compatible server?)")
+        if held:
+            whole_text("streamed content", held, "the stream's last chunk")
         tool_calls = [
-            ToolCall(parts.id or f"call_{index}", parts.name, "".join(parts.arguments))
+            ToolCall(parts.id or f"call_{index}", whole_text("a streamed tool call's name", parts.name, parts.name),
+                     whole_text("streamed tool call arguments", "".join(parts.arguments), parts.id))
             for index, parts in sorted(calls.items())
         ]
         return ModelResponse(text="".join(text) or None, tool_calls=tool_calls, usage=usage,
@@ -392,6 +399,30 @@ def check_text(what: str, value: Any, answer: Any) -> None:
     if not isinstance(value, str):
         raise ModelError(f"the server's answer is not valid Chat Completions: {what} is a "
                          f"{type(value).__name__}, not text: {preview(answer)}")
+
+
+def whole_text(what: str, value: Any, answer: Any) -> str:
+    """Text from the server, safe to send on: surrogate pairs a server escaped as two code points
+    (`"\\ud83d\\ude00"` split or kept apart) are joined; a lone surrogate, which no UTF-8 socket,
+    file or database can carry, is a ModelError (the turn fails and is rolled back)."""
+    check_text(what, value, answer)
+    try:
+        value.encode()
+        return value
+    except UnicodeEncodeError:
+        pass
+    try:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeDecodeError:
+        raise ModelError(f"the server's answer is not valid text: {what} holds a lone UTF-16 surrogate: "
+                         f"{preview(answer)}") from None
+
+
+def split_high_surrogate(text: str) -> tuple[str, str]:
+    """(text, "") or, when text ends with the first half of a surrogate pair, (the rest, that half)."""
+    if text and "\ud800" <= text[-1] <= "\udbff":
+        return text[:-1], text[-1]
+    return text, ""
 
 
 def preview(obj: Any) -> str:

@@ -25,8 +25,10 @@ from chatrun import __version__
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
 from chatrun.server.auth import Auth, resolve_auth
+from chatrun.server.guard import EdgeGuard, EdgePolicy
 from chatrun.server.http import failure_response, make_router
 from chatrun.server.openai_api import OpenAIOptions, make_openai_router
+from chatrun.server.listen import redact_tokens_in_logs
 from chatrun.server.sessions import SessionRegistry
 from chatrun.server.ws import serve_websocket
 from chatrun.store import SessionStore, open_store
@@ -43,6 +45,7 @@ def create_app(
     cache_size: int = 10_000,
     gc_tuning: bool = True,
     openai: OpenAIOptions = OpenAIOptions(),  # noqa: B008 - frozen dataclass, safe to share
+    edge: EdgePolicy | None = None,
 ) -> FastAPI:
     """The app serving `bots` (Bot objects or paths; a dict name -> Bot; the first is the default).
 
@@ -51,6 +54,8 @@ def create_app(
     openai: options of the OpenAI-compatible API under /v1 (docs/openai-api.md).
     gc_tuning: apply tune_gc() at startup (process-wide; pass False when embedding the app
     in a process whose garbage-collector settings are someone else's).
+    edge: the Host/Origin/body checks (guard.py); by default loopback names only, same-origin
+    browsers only, bodies up to limits.max_frame_bytes.
     """
     loaded = _load_bots(bots)
     registry = SessionRegistry(loaded, store if store is not None else open_store(store_url), cache_size)
@@ -89,9 +94,14 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Any:
-        reason = "NotFound" if exc.status_code == 404 else wire.BAD_REQUEST
+        reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, wire.BAD_REQUEST)
+        # exc.headers carries `Allow` on a 405.
         return JSONResponse({"error": reason, "message": f"{request.method} {request.url.path}: {exc.detail}"},
-                            status_code=exc.status_code)
+                            status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> Any:  # still the documented JSON, not text/plain
+        return failure_response(wire.RequestFailed(wire.SERVER_ERROR, f"internal server error: {type(exc).__name__}"))
 
     @app.exception_handler(ChatrunError)
     async def _chatrun(request: Request, exc: ChatrunError) -> Any:
@@ -127,6 +137,10 @@ def create_app(
     async def bot_page_redirect(bot: str) -> RedirectResponse:
         return RedirectResponse(f"/bots/{bot}/")
 
+    policy = edge or EdgePolicy(max_body_bytes=limits.max_frame_bytes)
+    app.add_middleware(EdgeGuard, policy=policy)
+    app.state.edge = policy
+    redact_tokens_in_logs()
     return app
 
 

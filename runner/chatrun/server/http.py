@@ -32,7 +32,7 @@ log = logging.getLogger("chatrun.server")
 
 
 def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(responses=ERROR_RESPONSES)
 
     def principal(request: Request) -> Principal | None:
         if auth is None:
@@ -89,6 +89,8 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
             raise wire.RequestFailed(wire.BAD_REQUEST, "route must be a string (a route name)")
         if state is not None and not isinstance(state, dict):
             raise wire.RequestFailed(wire.BAD_REQUEST, "state must be a JSON object")
+        if state:
+            check_initial_state(state, registry.bot(bot).config.state)
         async with registry.session(bot, session_id, who, NEW, route=route, state=state) as session:
             return session_data(session)
 
@@ -193,6 +195,50 @@ def _bot_summary(bot: Any) -> dict[str, Any]:
         "default_route": config.default_route,
         "routes": list(config.routes),
     }
+
+
+_JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+
+
+def check_initial_state(state: dict[str, Any], declared: dict[str, Any]) -> None:
+    """An initial state reaches the system prompt: only declared keys, each of the JSON type of
+    its declared default (any type when the default is null). RequestFailed(BadRequest) if not."""
+    for key, value in state.items():
+        if key not in declared:
+            known = ", ".join(declared) or "none"
+            raise wire.RequestFailed(wire.BAD_REQUEST, f"state.{key} is not declared by the bot (its state keys: {known})")
+        default = declared[key]
+        if default is None or value is None:
+            continue
+        want, got = _JSON_TYPES.get(type(default)), _JSON_TYPES.get(type(value))
+        if want != got:
+            raise wire.RequestFailed(
+                wire.BAD_REQUEST, f"state.{key} must be a {want} like its declared default {json.dumps(default)}, not a {got}"
+            )
+
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error", "message"],
+    "properties": {"error": {"type": "string"}, "message": {"type": "string"}},
+}
+_ERRORS = {
+    400: "BadRequest (bad JSON, bad field, lone surrogate) or BadHost",
+    401: "Unauthorized: no valid token (auth on)",
+    403: "Forbidden: a route the principal's roles do not allow, or a foreign Origin",
+    404: "NotFound, BotNotFound, SessionNotActive (also another principal's session), RouteNotFound",
+    405: "MethodNotAllowed (with an Allow header)",
+    408: "RequestTimeout: the body did not arrive in time",
+    409: "SessionExists or ScopeNotActive",
+    413: "TooLarge: body or userMessage over the limit",
+    415: "UnsupportedMediaType: a body that is not application/json",
+    429: "TooManyRequests",
+    500: "ServerError",
+}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"description": text, "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
+    for status, text in _ERRORS.items()
+}
 
 
 def failure_response(exc: wire.RequestFailed) -> JSONResponse:

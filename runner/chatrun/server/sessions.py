@@ -81,6 +81,8 @@ class SessionRegistry:
                     raise _exists(session_id)
                 else:
                     self._check_owner(slot.session.meta.get("owner"), principal, session_id)
+                # Roles are the requester's, not those of the token that opened the session.
+                slot.session.roles = set(principal.roles) if principal is not None else None
                 self._slots.move_to_end(key)
                 try:
                     yield slot.session
@@ -124,9 +126,7 @@ class SessionRegistry:
                 )
             self._check_owner((snapshot.get("meta") or {}).get("owner"), principal, session_id)
         elif mode == EXISTING:
-            raise wire.RequestFailed(
-                wire.SESSION_NOT_ACTIVE, f"no session {session_id!r} for bot {bot.name!r}; create it (Connect) first"
-            )
+            raise _not_found(session_id)
         roles = set(principal.roles) if principal is not None else None
         meta = {"owner": principal.name} if principal is not None else {}
         try:
@@ -150,9 +150,12 @@ class SessionRegistry:
 
     @staticmethod
     def _check_owner(owner: str | None, principal: Principal | None, session_id: str) -> None:
-        # Sessions created with auth off have no owner; with auth on, only their owner may use them.
-        if owner is not None and (principal is None or principal.name != owner):
-            raise wire.RequestFailed(wire.FORBIDDEN, f"session {session_id} belongs to another principal")
+        # Only the principal who created a session may use it, answered exactly like an unknown
+        # id (no existence oracle). Sessions created with auth off have no owner: once auth is
+        # on, no principal reaches them (they stay in the store, untouched); sessions created
+        # with auth on are not reachable with auth off either. See docs/security.md.
+        if owner != (principal.name if principal is not None else None):
+            raise _not_found(session_id)
 
     def _evict(self) -> None:
         """Drop the least recently used idle sessions beyond the cache size (they stay in the store)."""
@@ -166,6 +169,10 @@ class SessionRegistry:
             if slot.users == 0 and not slot.lock.locked():
                 del self._slots[key]
                 excess -= 1
+
+
+def _not_found(session_id: str) -> wire.RequestFailed:
+    return wire.RequestFailed(wire.SESSION_NOT_ACTIVE, f"no session {session_id!r}; create it (Connect) first")
 
 
 def _exists(session_id: str) -> wire.RequestFailed:

@@ -80,6 +80,8 @@ class ServerLimits:
     max_message_chars: int = 8000  # the userMessage of one request
     max_in_flight: int = 8  # requests of one WebSocket connection being served at once
     max_chats_per_connection: int = 64  # chatIds attached to one WebSocket connection
+    send_timeout: float = 20.0  # seconds a client may take to read a frame (see outbound.py)
+    max_outbound_bytes: int = 1024 * 1024  # replies waiting to be sent on one connection
 
 
 @dataclass
@@ -201,7 +203,40 @@ def load_json(text: str | bytes, what: str) -> Any:
         raise RequestFailed(BAD_REQUEST, f"{what} is not valid JSON: {reason}") from None
     if _depth(value) > MAX_JSON_DEPTH:
         raise RequestFailed(BAD_REQUEST, f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
+    where = lone_surrogate_at(value)
+    if where is not None:
+        raise RequestFailed(
+            BAD_REQUEST, f"{what} is not valid text: {where or 'it'} holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
+        )
     return value
+
+
+def lone_surrogate_at(value: Any, path: str = "") -> str | None:
+    """The path of the first text in `value` (keys included) holding a lone UTF-16 surrogate,
+    or None. Such text is valid JSON (`"\\ud800"`) but no UTF-8 socket, file or database can
+    carry it, so it is refused where it comes in."""
+    todo = [(value, path)]
+    while todo:
+        item, where = todo.pop()
+        if isinstance(item, str):
+            if not _encodable(item):
+                return where
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                if isinstance(key, str) and not _encodable(key):
+                    return f"{where}.{key!a}".lstrip(".")
+                todo.append((inner, f"{where}.{key}".lstrip(".")))
+        elif isinstance(item, list):
+            todo.extend((inner, f"{where}[{i}]") for i, inner in enumerate(item))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _depth(value: Any) -> int:

@@ -14,6 +14,7 @@ when its Connect asked); this module only asks the dialect.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -21,6 +22,7 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal, token_from
+from chatrun.server.outbound import Outbound
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 
 log = logging.getLogger("chatrun.server")
@@ -49,35 +51,45 @@ class Connection:
         self.pending: set[str] = set()  # chats whose Connect is not served yet
         self.in_flight = 0
         self.tasks: set[asyncio.Task] = set()
-        self.open = True
-        self._send_lock = asyncio.Lock()
+        self.out = Outbound(websocket, limits.max_outbound_bytes, limits.send_timeout)
+
+    @property
+    def open(self) -> bool:
+        return not self.out.gone.is_set()
 
     async def send(self, chat_id: str | None, kind: str, data: Any, request_id: Any = None) -> None:
-        if not self.open:
-            return
-        text = wire.server_frame(chat_id, kind, data, request_id)
-        async with self._send_lock:  # one frame at a time on the socket
-            try:
-                await self.ws.send_text(text)
-            except Exception:  # the client left: the turn still completes and is stored
-                self.open = False
+        # Never waits on the socket (see outbound.py): callers may hold a session's lock.
+        self.out.put(wire.server_frame(chat_id, kind, data, request_id))
 
     def dialect_of(self, chat_id: str | None) -> wire.Dialect:
         return self.dialects.get(chat_id, self.dialect) if chat_id is not None else self.dialect
 
     async def fail(self, chat_id: str | None, reason: str, message: str, request_id: Any = None) -> None:
+        self.reject(chat_id, reason, message, request_id)
+
+    def reject(self, chat_id: str | None, reason: str, message: str, request_id: Any = None) -> None:
+        """Answer a request with its failure frames, at once: no task per rejected frame."""
         for kind, data in self.dialect_of(chat_id).failure(reason, message):
-            await self.send(chat_id, kind, data, request_id)
+            self.out.put(wire.server_frame(chat_id, kind, data, request_id))
 
     async def run(self) -> None:
+        reader = asyncio.ensure_future(self._receive_loop())
+        gone = asyncio.ensure_future(self.out.gone.wait())
         try:
-            while True:
-                message = await self.ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                self.dispatch(message.get("text") if message.get("text") is not None else message.get("bytes"))
+            await asyncio.wait({reader, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self.open = False
+            for task in (reader, gone):
+                task.cancel()
+            self.out.give_up(self.out.reason)
+
+    async def _receive_loop(self) -> None:
+        # Read the next frame only when the replies to the earlier ones are being read.
+        while await self.out.wait_for_room():
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                self.out.give_up(None)
+                return
+            self.dispatch(message.get("text") if message.get("text") is not None else message.get("bytes"))
 
     def dispatch(self, raw: str | bytes | None) -> None:
         """Check a frame and start serving it. Runs synchronously in the receive loop, so the
@@ -85,37 +97,33 @@ class Connection:
         try:
             frame = wire.parse_frame(raw, self.limits)
         except wire.FrameError as exc:
-            self._spawn(self.fail(exc.chat_id, exc.reason, exc.message, exc.request_id))
+            self.reject(exc.chat_id, exc.reason, exc.message, exc.request_id)
             return
         if self.in_flight >= self.limits.max_in_flight:
-            self._spawn(
-                self.fail(
-                    frame.chat_id,
-                    wire.TOO_MANY_REQUESTS,
-                    f"this connection already has {self.in_flight} requests in flight (limit "
-                    f"{self.limits.max_in_flight}); wait for a Completed or Failed before sending more",
-                    frame.request_id,
-                )
+            self.reject(
+                frame.chat_id,
+                wire.TOO_MANY_REQUESTS,
+                f"this connection already has {self.in_flight} requests in flight (limit "
+                f"{self.limits.max_in_flight}); wait for a Completed or Failed before sending more",
+                frame.request_id,
             )
             return
         if frame.type == wire.CONNECT:
             if frame.extensions:
                 self.dialect = wire.EXTENDED_DIALECT
             if frame.chat_id not in self.chats and len(self.chats) >= self.limits.max_chats_per_connection:
-                self._spawn(
-                    self.fail(
-                        frame.chat_id,
-                        wire.TOO_MANY_REQUESTS,
-                        f"this connection already carries {len(self.chats)} chats (limit "
-                        f"{self.limits.max_chats_per_connection}); Disconnect one or open another connection",
-                        frame.request_id,
-                    )
+                self.reject(
+                    frame.chat_id,
+                    wire.TOO_MANY_REQUESTS,
+                    f"this connection already carries {len(self.chats)} chats (limit "
+                    f"{self.limits.max_chats_per_connection}); Disconnect one or open another connection",
+                    frame.request_id,
                 )
                 return
             try:
                 bot = self.registry.bot(frame.bot or self.bot_name).name
             except wire.RequestFailed as exc:
-                self._spawn(self.fail(frame.chat_id, exc.reason, exc.message, frame.request_id))
+                self.reject(frame.chat_id, exc.reason, exc.message, frame.request_id)
                 return
             added = frame.chat_id not in self.chats
             if added:  # later frames of this chat queue behind its Connect
@@ -126,8 +134,8 @@ class Connection:
         elif frame.chat_id not in self.chats:
             if frame.type == wire.DISCONNECT and not self.dialect_of(frame.chat_id).answers_disconnect:
                 return  # Quarkus ignores a Disconnect of an unknown chat
-            self._spawn(self.fail(frame.chat_id, _not_connected(frame.chat_id).reason,
-                                  _not_connected(frame.chat_id).message, frame.request_id))
+            problem = _not_connected(frame.chat_id)
+            self.reject(frame.chat_id, problem.reason, problem.message, frame.request_id)
             return
         elif frame.type == wire.CHAT_ROUTE_MESSAGE:
             coro = self.chat(frame, self.chats[frame.chat_id])
@@ -258,5 +266,7 @@ async def serve_websocket(
     await connection.run()
     if connection.tasks:  # let running turns finish (and be stored) before the handler returns
         await asyncio.gather(*connection.tasks, return_exceptions=True)
-    if websocket.client_state == WebSocketState.CONNECTED:
-        await websocket.close()
+    await connection.out.close()
+    if websocket.client_state == WebSocketState.CONNECTED and not connection.out.reason:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(websocket.close(), 1.0)

@@ -5,7 +5,16 @@
 
   const BOT = document.body.dataset.bot;
   const params = new URLSearchParams(location.search);
-  const TOKEN = params.get("token");
+  // The token comes once in the URL (?token=…); it is kept for this tab in sessionStorage and
+  // taken out of the address bar, so it does not linger in history, bookmarks or screenshots.
+  const TOKEN_KEY = "chatrun:" + location.host + ":token";
+  const TOKEN = params.get("token") || sessionStorage.getItem(TOKEN_KEY);
+  if (params.has("token")) {
+    if (TOKEN) sessionStorage.setItem(TOKEN_KEY, TOKEN);
+    params.delete("token");
+    const rest = params.toString();
+    history.replaceState(null, "", location.pathname + (rest ? "?" + rest : "") + location.hash);
+  }
   const STORE_KEY = "chatrun:" + location.host + ":" + BOT + ":chatId";
   const $ = (id) => document.getElementById(id);
   const SVG = "http://www.w3.org/2000/svg";
@@ -497,7 +506,7 @@
     select.hidden = false;
     $("bot-name").hidden = true;
     select.addEventListener("change", () => {
-      location.href = "/bots/" + encodeURIComponent(select.value) + "/" + (TOKEN ? "?token=" + encodeURIComponent(TOKEN) : "");
+      location.href = "/bots/" + encodeURIComponent(select.value) + "/";
     });
   }
 

@@ -1,0 +1,169 @@
+"""The server's edge: checks every request passes before the app sees it (an ASGI middleware).
+
+- Host: only the names the server is known by (DNS rebinding: a page on a foreign name that
+  resolves to 127.0.0.1 must not reach a local server). 400 BadHost / WebSocket refused (403).
+- Origin: a browser's WebSocket or write request (POST, DELETE...) from another site is
+  refused unless its origin is allowed (same-origin by default). 403 Forbidden / 403.
+- Content-Type: a POST with a body must be JSON (a form or text/plain POST is what a foreign
+  page can send without asking). 415 UnsupportedMediaType.
+- Body: at most `max_body_bytes`, checked from Content-Length first and then while reading,
+  never read whole first (413 TooLarge); all of it within `body_timeout` seconds (408).
+
+Every refusal is the JSON the API documents: {"error": REASON, "message": TEXT}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+@dataclass(frozen=True)
+class EdgePolicy:
+    """allowed_hosts: host names (no port) a request's Host may carry; ("*",) allows any.
+    allowed_origins: origins (scheme://host[:port]) allowed besides the server's own; ("*",) any."""
+
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
+    allowed_origins: tuple[str, ...] = ()
+    max_body_bytes: int = 64 * 1024
+    body_timeout: float = 30.0
+
+
+class Refused(Exception):
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+class EdgeGuard:
+    def __init__(self, app: ASGIApp, policy: EdgePolicy):
+        self.app = app
+        self.policy = policy
+        self.any_host = "*" in policy.allowed_hosts
+        self.hosts = {h.lower().strip("[]") for h in policy.allowed_hosts}
+        self.any_origin = "*" in policy.allowed_origins
+        self.origins = {o.lower().rstrip("/") for o in policy.allowed_origins}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        try:
+            self.check_host(headers)
+            if scope["type"] == "websocket" or scope["method"] not in SAFE_METHODS:
+                self.check_origin(headers)
+            if scope["type"] == "http":
+                receive = await self.read_body(scope, headers, receive)
+        except Refused as exc:
+            if scope["type"] == "websocket":
+                # Refused before the handshake: the client sees HTTP 403 (browsers show no reason).
+                await send({"type": "websocket.close", "code": 1008, "reason": exc.message[:120]})
+            else:
+                await send_error(send, exc.status, exc.reason, exc.message)
+            return
+        await self.app(scope, receive, send)
+
+    def check_host(self, headers: dict[str, str]) -> None:
+        if self.any_host:
+            return
+        host = headers.get("host", "")
+        name = urlsplit(f"//{host}").hostname or ""
+        if name not in self.hosts:
+            raise Refused(
+                400,
+                "BadHost",
+                f"Host {host!r} is not a name this server answers to (allowed: {', '.join(sorted(self.hosts))}); "
+                "start it with --allow-host NAME",
+            )
+
+    def check_origin(self, headers: dict[str, str]) -> None:
+        origin = headers.get("origin")
+        if origin is None or self.any_origin:
+            return  # not a browser, or every origin allowed
+        if origin.lower().rstrip("/") in self.origins:
+            return
+        if urlsplit(origin.lower()).netloc == headers.get("host", "").lower():
+            return  # same origin: the server's own page
+        raise Refused(
+            403, "Forbidden", f"Origin {origin!r} is not allowed; start the server with --allow-origin {origin}"
+        )
+
+    async def read_body(self, scope: Scope, headers: dict[str, str], receive: Receive) -> Receive:
+        """Read the body under the size and time limits; hand the app a receive replaying it."""
+        limit = self.policy.max_body_bytes
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise Refused(413, "TooLarge", f"body of {length} bytes is over the limit of {limit} bytes")
+        has_body = (length not in (None, "0")) or "transfer-encoding" in headers
+        if has_body and scope["method"] not in SAFE_METHODS:
+            kind = headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json" and not kind.endswith("+json"):
+                raise Refused(
+                    415, "UnsupportedMediaType", f"the body must be JSON (Content-Type: application/json), not {kind or 'untyped'}"
+                )
+        chunks: list[bytes] = []
+        size = 0
+        deadline = time.monotonic() + self.policy.body_timeout
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise Refused(
+                    408, "RequestTimeout", f"the body did not arrive within {self.policy.body_timeout:g} s"
+                ) from None
+            if message["type"] != "http.request":  # the client left
+                return _replay(b"", receive, message)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise Refused(413, "TooLarge", f"body over the limit of {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return _replay(b"".join(chunks), receive)
+
+
+def _replay(body: bytes, receive: Receive, first: Message | None = None) -> Receive:
+    pending = [first or {"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop()
+        return await receive()  # then only http.disconnect can come (StreamingResponse listens)
+
+    return replay
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+async def send_error(send: Send, status: int, reason: str, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps({"error": reason, "message": message}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,127 @@
+"""How `chatrun serve` listens: uvicorn with the timeouts and caps a hostile client needs.
+
+uvicorn offers the connection cap (`limit_concurrency`: 503 beyond it) and the keep-alive
+timeout; it has no timeout on a request's headers, so a client dripping them one byte at a
+time would hold its connection for ever. HeaderTimeoutProtocol adds one: a connection whose
+request headers are not complete within `header_timeout` seconds of its first byte (or of the
+connection) is answered 408 and closed. (Body timeouts are the EdgeGuard's.) A WebSocket
+whose client stopped reading is aborted once its handler ends, rather than waiting for ever
+to flush. Access logs never show a `token=` query value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+
+@dataclass(frozen=True)
+class ListenOptions:
+    header_timeout: float = 10.0  # seconds to send a request's headers
+    keep_alive_timeout: int = 5  # seconds an idle HTTP connection stays open
+    max_connections: int = 1000  # beyond it new requests get 503 (keep under the fd limit)
+    ws_ping_interval: float = 20.0  # WebSocket pings; a peer that does not answer in time is closed
+
+
+class HeaderTimeoutProtocol(HttpToolsProtocol):
+    header_timeout = ListenOptions.header_timeout
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._arm_header_timer()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._header_timer is None:  # a keep-alive connection's next request starts
+            self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_header_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._disarm_header_timer()  # idle between requests: the keep-alive timeout's job
+
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def _disarm_header_timer(self) -> None:
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        body = b'{"error": "RequestTimeout", "message": "the request headers did not arrive in time"}'
+        self.transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        self.transport.close()
+
+
+class AbortingWebSocketProtocol(WebSocketsSansIOProtocol):
+    async def run_asgi(self) -> None:
+        await super().run_asgi()
+        if not self.writable.is_set():
+            self.transport.abort()  # the peer does not read: do not wait for ever to flush
+
+
+class RedactTokens(logging.Filter):
+    """Replace the value of any `token=` query parameter in a log record with `***`."""
+
+    PATTERN = re.compile(r"([?&]token=)[^&\s\"']*", re.IGNORECASE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and record.args:
+            record.args = tuple(self._redact(a) for a in record.args)
+        if isinstance(record.msg, str) and "token=" in record.msg.lower():
+            record.msg = self.PATTERN.sub(r"\1***", record.msg)
+        return True
+
+    def _redact(self, value: Any) -> Any:
+        return self.PATTERN.sub(r"\1***", value) if isinstance(value, str) and "token=" in value.lower() else value
+
+
+def redact_tokens_in_logs() -> None:
+    """Install RedactTokens on uvicorn's loggers (idempotent)."""
+    for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactTokens) for f in logger.filters):
+            logger.addFilter(RedactTokens())
+
+
+def uvicorn_config(app: Any, host: str, port: int, options: ListenOptions = ListenOptions(), **extra: Any) -> Any:  # noqa: B008
+    """The uvicorn.Config `chatrun serve` runs (tests use it too)."""
+    import uvicorn
+
+    protocol = type("HeaderTimeout", (HeaderTimeoutProtocol,), {"header_timeout": options.header_timeout})
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=protocol,
+        ws=AbortingWebSocketProtocol,
+        timeout_keep_alive=options.keep_alive_timeout,
+        limit_concurrency=options.max_connections,
+        ws_ping_interval=options.ws_ping_interval,
+        ws_ping_timeout=options.ws_ping_interval,
+        **extra,
+    )
+    redact_tokens_in_logs()
+    return config
