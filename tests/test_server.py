@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 import chatrun
 from chatrun.server import ServerLimits
-from server_support import call, check_frame, app_for_testclient, types, until_done, write_travel
+from server_support import app_for_testclient, call, check_frame, types, until_done, write_travel
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from starlette.websockets import WebSocketDisconnect
 import chatrun
 from chatrun.errors import ChatrunError
 from chatrun.server.auth import Auth
-from server_support import call, app_for_testclient, until_done, write_travel
+from server_support import app_for_testclient, call, until_done, write_travel
 
 AUTH = """
 tokens:
