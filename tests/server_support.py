@@ -136,11 +136,17 @@ def free_port() -> int:
 class ThreadServer:
     """A real uvicorn server on 127.0.0.1 in a background thread."""
 
-    def __init__(self, app: Any, port: int | None = None):
+    def __init__(self, app: Any, port: int | None = None, listen: Any = None, log_level: str = "warning"):
+        """listen: chatrun.server.listen.ListenOptions to run as `chatrun serve` does."""
         import uvicorn
 
         self.port = port or free_port()
-        self.config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        if listen is not None:
+            from chatrun.server.listen import uvicorn_config
+
+            self.config = uvicorn_config(app, "127.0.0.1", self.port, listen, log_level=log_level, lifespan="off")
+        else:
+            self.config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level=log_level, lifespan="off")
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -3,12 +3,14 @@
 Nothing that serves a request ever awaits the client's socket: `put` only appends to the
 buffer (a turn holding its session's lock never waits on a client), and one writer task per
 connection sends the frames in order, each with a write timeout. A client that does not read
-is given up on: when a send has not finished within `send_timeout` seconds, or when more than
-`max_bytes` wait to be sent, the connection is closed (code 1008) and what it had not read
-is dropped. Its turns still run to the end and are committed.
+is given up on: when what it was sent has not all gone out for `send_timeout` seconds (the
+buffer has not been empty once in that time: a client that reads drains it at once, one whose
+kernel only trickles data in never does), or when more than `max_bytes` wait to be sent, the connection is dropped (no close frame) and what it had not
+read is discarded. Its turns still run to the end and are committed.
 
 The receive loop calls `wait_for_room` before reading the next frame, so a client that sends
-without reading (a flood of frames, each answered) stops being read once its replies pile up.
+without reading (a flood of frames, each answered) stops being read once its replies pile up
+past half the buffer, until they drain to a quarter.
 """
 
 from __future__ import annotations
@@ -17,12 +19,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import deque
 from typing import Any
 
 log = logging.getLogger("chatrun.server")
-
-CLOSE_NOT_READING = 1008  # policy violation: the client does not read what it asked for
 
 
 class Outbound:
@@ -34,8 +35,12 @@ class Outbound:
         self.reason: str | None = None
         self._frames: deque[tuple[str, int]] = deque()
         self._bytes = 0
+        self._backlog_since: float | None = None  # when the buffer last stopped being empty
         self._queued = asyncio.Event()
-        self._room = asyncio.Event()  # buffer at most half full: the receive loop may read on
+        # The receive loop may read on: set once the buffer drains to a quarter, cleared when it
+        # is over half full. The gap matters: a client whose kernel only trickles data in (a
+        # full receive window) drains a frame now and then but never a quarter of the buffer.
+        self._room = asyncio.Event()
         self._room.set()
         self._writer = asyncio.ensure_future(self._write())
 
@@ -51,6 +56,10 @@ class Outbound:
         if self._bytes + data_size > self.max_bytes:
             self.give_up(f"client not reading: more than {self.max_bytes} bytes of replies wait to be sent")
             return
+        if self._stale():
+            return
+        if not self._frames:
+            self._backlog_since = time.monotonic()
         self._frames.append((text, data_size))
         self._bytes += data_size
         self._queued.set()
@@ -58,15 +67,23 @@ class Outbound:
             self._room.clear()
 
     async def wait_for_room(self) -> bool:
-        """Wait until the buffer is at most half full; False when the client is given up on
-        (it did not read for `send_timeout` seconds)."""
-        if self._room.is_set():
+        """Wait until the buffer has room (see _room); False when the client is given up on
+        (its replies did not drain within `send_timeout` seconds)."""
+        if self._room.is_set() or self._stale():
             return not self.gone.is_set()
+        left = self._backlog_since + self.send_timeout - time.monotonic() if self._backlog_since else 0
         try:
-            await asyncio.wait_for(self._room.wait(), self.send_timeout)
+            await asyncio.wait_for(self._room.wait(), max(0.0, left))
         except TimeoutError:
-            self.give_up(f"client not reading: its replies did not drain in {self.send_timeout:g} s")
+            self._stale()
         return not self.gone.is_set()
+
+    def _stale(self) -> bool:
+        """Give up (and say so) when replies have been waiting for more than send_timeout."""
+        since = self._backlog_since
+        if self._frames and since is not None and time.monotonic() - since > self.send_timeout:
+            self.give_up(f"client not reading: its replies have not all gone out for {self.send_timeout:g} s")
+        return self.gone.is_set()
 
     def give_up(self, reason: str | None) -> None:
         """Stop sending: drop what is queued and mark the connection gone. `reason` None means
@@ -79,19 +96,17 @@ class Outbound:
         self.gone.set()
         self._frames.clear()
         self._bytes = 0
+        self._backlog_since = None
         self._room.set()
         self._queued.set()
 
     async def close(self) -> None:
-        """End the writer; close the socket (bounded in time) when the client was given up on."""
+        """End the writer. A client given up on gets no close frame (it would not read it, and
+        a closing handshake would wait for its answer): its connection is dropped when the
+        handler ends (listen.AbortingWebSocketProtocol aborts one whose buffer is full)."""
         self._writer.cancel()
         with contextlib.suppress(BaseException):
             await self._writer
-        if self.reason:
-            with contextlib.suppress(Exception):
-                # Bounded: a client that does not read may never make room for the close frame
-                # either; the server protocol then aborts the connection when the handler ends.
-                await asyncio.wait_for(self.ws.close(CLOSE_NOT_READING, self.reason[:120]), 1.0)
 
     async def _write(self) -> None:
         while not self.gone.is_set():
@@ -109,5 +124,9 @@ class Outbound:
                     return
                 self._frames.popleft()
                 self._bytes -= size
-                if self._bytes <= self.max_bytes // 2:
+                if not self._frames:
+                    self._backlog_since = None
+                elif self._stale():
+                    return
+                if self._bytes <= self.max_bytes // 4:
                     self._room.set()

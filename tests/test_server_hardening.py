@@ -1,0 +1,446 @@
+"""`chatrun serve` under hostile clients (issue 13): bounded buffers, no stuck sessions, timeouts,
+edge checks, surrogates, roles per request. Real uvicorn on loopback, real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import socket
+import time
+
+import httpx
+import pytest
+import websockets
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import chatrun
+from chatrun.server import ServerLimits, create_app, wire
+from chatrun.server.auth import Auth
+from chatrun.server.guard import LOOPBACK_HOSTS, EdgePolicy
+from chatrun.server.listen import ListenOptions
+from server_support import ThreadServer, async_until_done, call, write_travel
+
+SMALL = ServerLimits(send_timeout=1.0, max_outbound_bytes=64 * 1024)
+
+
+@pytest.fixture
+def travel(tmp_path):
+    return chatrun.load_bot(write_travel(tmp_path / "bot"))
+
+
+def serve(app, log_level: str = "warning", **listen):
+    return ThreadServer(app, listen=ListenOptions(**listen), log_level=log_level)
+
+
+# -- a raw WebSocket client: it sends, and reads only when told to --------------------------
+
+
+def raw_ws(port: int, path: str = "/_chat/routes", origin: str | None = None) -> socket.socket:
+    sock = socket.socket()
+    sock.connect(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    extra = f"Origin: {origin}\r\n" if origin else ""
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n".encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return sock
+
+
+def ws_frame(text: str) -> bytes:
+    payload = text.encode("utf-8", "surrogatepass")
+    mask = os.urandom(4)
+    n = len(payload)
+    header = bytes([0x81]) + (bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big"))
+    return header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def read_until_closed(sock: socket.socket, within: float) -> bool:
+    """Read and drop everything; True when the server closed the connection within `within` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            if not sock.recv(65536):
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+    return False
+
+
+async def one_turn(url: str, chat_id: str, message: str = "hi", resume: bool = False) -> list[dict]:
+    async with websockets.connect(url + "/_chat/routes") as ws:
+        await ws.send(json.dumps({"type": "Connect", "chatId": chat_id, "resume": resume}))
+        assert (await async_until_done(ws, 20))[-1]["type"] == "Completed"
+        await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": chat_id, "data": {"userMessage": message}}))
+        return await async_until_done(ws, 20)
+
+
+# -- item 1: a flood of frames from a client that never reads -------------------------------
+
+
+def test_a_client_flooding_without_reading_is_cut_off_and_others_are_served(travel, fake):
+    fake.responder = lambda body: {"text": "hello"}
+    app = create_app([travel], "memory://", limits=SMALL)
+    with serve(app) as srv:
+        flooder = raw_ws(srv.port)
+        flooder.settimeout(0.5)
+        frame = ws_frame('{"type": "Nope", "chatId": "x"}')  # each one answered by Error + Failed
+        sent = 0
+        try:
+            for _ in range(200_000):
+                flooder.sendall(frame)
+                sent += 1
+        except (TimeoutError, ConnectionResetError, BrokenPipeError):
+            pass  # the server stopped reading us: back-pressure, as it should
+        assert sent < 200_000, "the server read every frame of a client that reads nothing"
+        # Meanwhile another client is served as usual.
+        frames = asyncio.run(one_turn(srv.ws_url, "other"))
+        assert frames[-1]["type"] == "Completed" and any(f["data"] == "hello" for f in frames)
+        # After the send timeout (1 s here) the flooder is disconnected, its unread replies
+        # dropped. Wait well past it without reading: reading would make it a client that reads.
+        time.sleep(5)
+        assert read_until_closed(flooder, within=15), "a client that never reads kept its connection"
+        flooder.close()
+        # Nothing kept running for it.
+        assert asyncio.run(one_turn(srv.ws_url, "after"))[-1]["type"] == "Completed"
+
+
+# -- item 2: a client that stops reading does not hold its session --------------------------
+
+
+def test_a_client_that_stops_reading_does_not_lock_its_session(travel, fake):
+    big = ["x" * 16_000] * 400  # ~6 MB of Stream frames: more than any socket buffer holds
+    fake.queue({"text": "hi"}, {"chunks": big}, {"text": "second client served"})
+    app = create_app([travel], "memory://", limits=SMALL)
+    with serve(app) as srv:
+        asyncio.run(one_turn(srv.ws_url, "shared"))  # creates the session
+        slow = raw_ws(srv.port)
+        slow.sendall(ws_frame(json.dumps({"type": "Connect", "chatId": "shared", "resume": True})))
+        slow.sendall(ws_frame(json.dumps({"type": "ChatRouteMessage", "chatId": "shared", "data": {"userMessage": "big"}})))
+        time.sleep(0.5)  # its turn starts; it never reads
+
+        async def second() -> list[dict]:
+            return await asyncio.wait_for(one_turn(srv.ws_url, "shared", "me too", resume=True), 30)
+
+        frames = asyncio.run(second())
+        assert frames[-1]["type"] == "Completed"
+        assert any(f["data"] == "second client served" for f in frames)
+        slow.close()
+        # The slow client's turn was committed: the second turn's model request saw it.
+        contents = [m.get("content") for m in fake.requests[-1]["messages"]]
+        assert "big" in contents and "".join(big) in contents
+
+
+# -- item 3: lone surrogates ----------------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(min_size=0, max_size=5), st.characters(categories=["Cs"]), st.text(max_size=5))
+def test_client_text_with_a_lone_surrogate_is_a_bad_request(before, surrogate, after):
+    text = json.dumps({"chatId": before + surrogate + after})  # valid JSON: the surrogate is escaped
+    with pytest.raises(wire.RequestFailed) as caught:
+        wire.load_json(text, "frame")
+    assert caught.value.reason == wire.BAD_REQUEST and "surrogate" in caught.value.message
+
+
+def test_lone_surrogates_from_clients_are_refused_at_the_edge(travel, fake):
+    fake.responder = lambda body: {"text": "fine"}
+    app = create_app([travel], "memory://")
+    with serve(app) as srv:
+
+        async def run() -> list[list[dict]]:
+            async with websockets.connect(srv.ws_url + "/_chat/routes") as ws:
+                out = []
+                await ws.send('{"type": "Connect", "chatId": "\\ud800"}')
+                out.append(await async_until_done(ws))
+                await ws.send('{"type": "Connect", "chatId": "ok"}')
+                out.append(await async_until_done(ws))
+                await ws.send('{"type": "ChatRouteMessage", "chatId": "ok", "data": {"userMessage": "a\\udc00b"}}')
+                out.append(await async_until_done(ws))
+                return out
+
+        bad_id, connected, bad_message = asyncio.run(run())
+        assert [f["type"] for f in bad_id] == ["Error", "Failed"] and bad_id[-1]["data"] == "BadRequest"
+        assert connected[-1]["type"] == "Completed"  # the connection still works
+        assert bad_message[-1]["data"] == "BadRequest" and "surrogate" in bad_message[0]["data"]
+        assert fake.requests == []
+        headers = {"content-type": "application/json"}
+        for url, body in [("/bots/travel/sessions", '{"id": "\\ud800"}'),
+                          ("/bots/travel/sessions/ok/messages", '{"userMessage": "\\udfff"}')]:
+            r = httpx.post(srv.url + url, content=body, headers=headers)
+            assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+            assert r.json()["error"] == "BadRequest" and "surrogate" in r.json()["message"]
+        history = httpx.get(srv.url + "/bots/travel/sessions/ok").json()["history"]
+        assert history == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{"text": "bad \ud800 text"}, {"chunks": ["bad ", "\udc00", "text"]}, call("remember_name", name="\ud83d"),
+     {"chunks": ["ends high \ud83d"]}],
+    ids=["reply", "stream", "tool-arguments", "stream-ends-half-pair"],
+)
+def test_a_lone_surrogate_from_the_model_fails_the_turn_cleanly(travel, fake, answer):
+    fake.queue(answer)
+    app = create_app([travel], "memory://")
+    with serve(app) as srv:
+        frames = asyncio.run(one_turn(srv.ws_url, "m"))
+        assert sum(f["type"] in ("Completed", "Failed") for f in frames) == 1
+        error = next(f["data"] for f in frames if f["type"] == "Error")
+        assert "surrogate" in error
+        session = httpx.get(srv.url + "/bots/travel/sessions/m")
+        assert session.status_code == 200
+        [attempt] = session.json()["history"]  # the failed attempt is recorded, nothing else
+        assert attempt["ok"] is False and "surrogate" in attempt["error"]
+
+
+def test_a_surrogate_pair_split_across_stream_chunks_is_joined(travel, fake):
+    fake.queue({"chunks": ["smile \ud83d", "\ude00 done"]})
+    app = create_app([travel], "memory://")
+    with serve(app) as srv:
+        frames = asyncio.run(one_turn(srv.ws_url, "p"))
+        assert frames[-1]["type"] == "Completed"
+        assert "".join(f["data"] for f in frames if f["type"] == "Stream") == "smile \U0001f600 done"
+        [turn] = httpx.get(srv.url + "/bots/travel/sessions/p").json()["history"]
+        assert turn["events"][0]["data"] == "smile \U0001f600 done"
+
+
+# -- item 4: header and body timeouts, a connection cap -------------------------------------
+
+
+def test_dripped_headers_and_bodies_time_out(travel):
+    app = create_app([travel], "memory://", edge=EdgePolicy(body_timeout=1.0))
+    with serve(app, header_timeout=1.0) as srv:
+        drip = socket.create_connection(("127.0.0.1", srv.port))
+        drip.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        for _ in range(3):
+            time.sleep(0.2)
+            drip.sendall(b"X-Drip: 1\r\n")
+        drip.settimeout(10)
+        answer = drip.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408") and b"RequestTimeout" in answer
+        assert read_until_closed(drip, 5)
+
+        body = socket.create_connection(("127.0.0.1", srv.port))
+        body.sendall(b"POST /bots/travel/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\"")
+        body.settimeout(10)
+        answer = body.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408") and b'"RequestTimeout"' in answer
+        body.close()
+        assert httpx.get(srv.url + "/health").status_code == 200
+
+
+def test_over_the_connection_cap_new_clients_get_503(travel):
+    app = create_app([travel], "memory://")
+    with serve(app, max_connections=3, header_timeout=60) as srv:
+        held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(3)]
+        for sock in held:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")  # headers never finished
+        time.sleep(0.3)
+        r = httpx.get(srv.url + "/health", timeout=10)
+        assert r.status_code == 503
+        for sock in held:
+            sock.close()
+        deadline = time.monotonic() + 10
+        while httpx.get(srv.url + "/health", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+# -- item 5: the body limit holds while reading ---------------------------------------------
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(travel):
+    app = create_app([travel], "memory://")
+    with serve(app) as srv:
+        sock = socket.create_connection(("127.0.0.1", srv.port))
+        sock.sendall(b"POST /bots/travel/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 67108864\r\n\r\n")  # 64 MiB announced, none sent
+        sock.settimeout(10)
+        answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 413") and b'"TooLarge"' in answer
+        sock.close()
+
+        def chunks():
+            for _ in range(1000):  # 16 MiB without a Content-Length
+                yield b"x" * 16384
+
+        r = httpx.post(srv.url + "/bots/travel/sessions", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"] == "TooLarge"
+
+
+# -- item 6: cross-site use -----------------------------------------------------------------
+
+
+def test_foreign_origins_hosts_and_simple_posts_are_refused(travel, fake):
+    fake.responder = lambda body: {"text": "ok"}
+    app = create_app([travel], "memory://", edge=EdgePolicy(allowed_origins=("https://chat.example.com",)))
+    with serve(app) as srv:
+
+        async def open_ws(origin: str) -> str:
+            try:
+                async with websockets.connect(srv.ws_url + "/_chat/routes", origin=origin) as ws:
+                    await ws.send(json.dumps({"type": "Connect", "chatId": origin.replace("/", "_")}))
+                    return (await async_until_done(ws))[-1]["type"]
+            except websockets.InvalidStatus as exc:
+                return f"HTTP {exc.response.status_code}"
+
+        assert asyncio.run(open_ws("http://evil.example")) == "HTTP 403"
+        assert asyncio.run(open_ws(srv.url)) == "Completed"  # same origin: the server's own page
+        assert asyncio.run(open_ws("https://chat.example.com")) == "Completed"  # allowed
+
+        simple = httpx.post(srv.url + "/bots/travel/sessions", content='{"id": "x"}', headers={"content-type": "text/plain"})
+        assert simple.status_code == 415 and simple.json()["error"] == "UnsupportedMediaType"
+        foreign = httpx.post(srv.url + "/bots/travel/sessions", json={"id": "y"}, headers={"origin": "http://evil.example"})
+        assert foreign.status_code == 403 and foreign.json()["error"] == "Forbidden"
+        rebound = httpx.get(srv.url + "/bots", headers={"host": "evil.example"})
+        assert rebound.status_code == 400 and rebound.json()["error"] == "BadHost"
+        assert httpx.post(srv.url + "/bots/travel/sessions", json={"id": "z"}).status_code == 201
+
+
+def test_serve_binds_loopback_by_default_and_warns_when_exposed_without_auth(tmp_path):
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+
+    help_text = CliRunner().invoke(main, ["serve", "--help"]).output
+    assert "[default: 127.0.0.1]" in help_text and "--allow-origin" in help_text
+    # An unusable port makes serve stop right after its checks, before it would listen.
+    bot = write_travel(tmp_path / "bot")
+    result = CliRunner().invoke(main, ["serve", str(bot), "--host", "0.0.0.0", "--port", "-1", "--store", "memory://"])
+    assert "warning: listening on 0.0.0.0 without --auth" in result.output
+    assert "any Host name is accepted" in result.output
+
+
+# -- item 7: roles are those of each request's token ----------------------------------------
+
+
+def test_roles_come_from_each_requests_token_not_the_sessions_opener(travel, fake):
+    auth = Auth.from_mapping({"tokens": {"ana-staff-123": {"principal": "ana", "roles": ["staff"]},
+                                        "ana-plain-456": {"principal": "ana"}}})
+    app = create_app([travel], "memory://", auth=auth)
+    fake.queue(call("vip_lounge"), {"text": "Sorry."})
+    with serve(app) as srv:
+        staff = {"authorization": "Bearer ana-staff-123"}
+        plain = {"authorization": "Bearer ana-plain-456"}
+        assert httpx.post(srv.url + "/bots/travel/sessions", json={"id": "s"}, headers=staff).status_code == 201
+        r = httpx.post(srv.url + "/bots/travel/sessions/s/messages", json={"userMessage": "lounge"}, headers=plain)
+        assert r.status_code == 200
+        assert r.json()["route"] == "main_menu", "the token without the staff role entered the lounge"
+        tool_result = fake.requests[-1]["messages"][-1]
+        assert tool_result["role"] == "tool" and "not allowed" in tool_result["content"]
+
+
+# -- item 8: tokens stay out of logs --------------------------------------------------------
+
+
+def test_tokens_are_redacted_from_access_logs(travel, caplog):
+    auth = Auth.from_mapping({"tokens": {"very-secret-token": {"principal": "ana"}}})
+    app = create_app([travel], "memory://", auth=auth)
+    with serve(app, log_level="info") as srv:
+        loggers = [logging.getLogger(name) for name in ("uvicorn.access", "uvicorn.error")]
+        for logger in loggers:  # uvicorn's loggers do not propagate to the root (caplog's)
+            logger.addHandler(caplog.handler)
+        with caplog.at_level(logging.INFO):
+            assert httpx.get(srv.url + "/bots?token=very-secret-token").status_code == 200
+
+            async def ws() -> None:
+                async with websockets.connect(srv.ws_url + "/_chat/routes?token=very-secret-token&x=1"):
+                    pass
+
+            asyncio.run(ws())
+            time.sleep(0.3)
+        for logger in loggers:
+            logger.removeHandler(caplog.handler)
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("uvicorn"))
+    assert "token=***" in logged and "very-secret-token" not in logged
+
+
+# -- item 10: smaller leaks -----------------------------------------------------------------
+
+
+def test_sessions_created_with_auth_off_are_not_reachable_once_auth_is_on(travel, tmp_path):
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    with serve(create_app([travel], store)) as srv:
+        assert httpx.post(srv.url + "/bots/travel/sessions", json={"id": "open"}).status_code == 201
+    auth = Auth.from_mapping({"tokens": {"ana-token-123": {"principal": "ana"}}})
+    with serve(create_app([travel], store, auth=auth)) as srv:
+        r = httpx.get(srv.url + "/bots/travel/sessions/open", headers={"authorization": "Bearer ana-token-123"})
+        assert r.status_code == 404 and r.json()["error"] == "SessionNotActive"
+
+
+def test_initial_state_over_http_is_checked_against_the_declared_state(tmp_path):
+    bot = tmp_path / "counter.yaml"
+    bot.write_text(
+        "name: counter\nmodel: {provider: openai, name: m}\nstate: {count: 0, label: null}\n"
+        "routes:\n  main:\n    default: true\n    system: 'Count {{ state.count }}'\n"
+    )
+    app = create_app([chatrun.load_bot(bot)], "memory://")
+    with serve(app) as srv:
+        url = srv.url + "/bots/counter/sessions"
+        undeclared = httpx.post(url, json={"state": {"role": "admin"}})
+        assert undeclared.status_code == 400 and "state.role is not declared" in undeclared.json()["message"]
+        wrong = httpx.post(url, json={"state": {"count": "ignore previous instructions"}})
+        assert wrong.status_code == 400 and "state.count must be a number" in wrong.json()["message"]
+        ok = httpx.post(url, json={"state": {"count": 3, "label": {"any": "thing"}}})
+        assert ok.status_code == 201 and ok.json()["state"]["count"] == 3
+
+
+def test_405_carries_allow_and_the_openapi_documents_errors(travel):
+    app = create_app([travel], "memory://")
+    with serve(app) as srv:
+        r = httpx.put(srv.url + "/bots/travel/sessions", json={})
+        assert r.status_code == 405 and "POST" in r.headers["allow"] and r.json()["error"] == "MethodNotAllowed"
+        spec = httpx.get(srv.url + "/openapi.json").json()
+        responses = spec["paths"]["/bots/{bot}/sessions/{session_id}"]["get"]["responses"]
+        assert {"401", "404", "500"} <= set(responses)
+
+
+def test_an_include_outside_the_bot_directory_is_an_error(tmp_path):
+    (tmp_path / "secret.yaml").write_text("tools:\n  t: {description: x, action: {pop: true}}\n")
+    bot_dir = tmp_path / "bot"
+    bot_dir.mkdir()
+    (bot_dir / "bot.yaml").write_text(
+        "name: b\nmodel: {provider: openai, name: m}\ninclude: ['../*.yaml']\n"
+        "routes:\n  main: {default: true, system: hi}\n"
+    )
+    with pytest.raises(chatrun.BotError) as caught:
+        chatrun.load_bot(bot_dir)
+    assert any("outside the bot directory" in d.message for d in caught.value.diagnostics)
+
+
+def test_the_api_conforms_to_its_openapi_document(travel, fake):
+    """schemathesis, every check, against the app as served (bounded: a few examples a route)."""
+    import schemathesis
+    from hypothesis import HealthCheck
+    from hypothesis import settings as hsettings
+
+    fake.responder = lambda body: {"text": "ok"}
+    app = create_app([travel], "memory://", edge=EdgePolicy(allowed_hosts=(*LOOPBACK_HOSTS, "testserver")))
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    failures = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+
+        @hsettings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(case=operation.as_strategy())
+        def check(case):
+            try:
+                case.call_and_validate()
+            except Exception as exc:  # collect, report all at once
+                failures.append(f"{operation.label}: {exc}")
+
+        check()
+    assert not failures, "\n\n".join(failures[:5])
