@@ -422,25 +422,40 @@ def test_an_include_outside_the_bot_directory_is_an_error(tmp_path):
 
 
 def test_the_api_conforms_to_its_openapi_document(travel, fake):
-    """schemathesis, every check, against the app as served (bounded: a few examples a route)."""
+    """schemathesis with every check, positive and negative data, against the app (bounded:
+    a few examples per operation and mode)."""
     import schemathesis
     from hypothesis import HealthCheck
     from hypothesis import settings as hsettings
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis.checks import CHECKS, load_all_checks
+    from schemathesis.generation import GenerationMode
 
+    load_all_checks()
+    every_check = CHECKS.get_all()
     fake.responder = lambda body: {"text": "ok"}
     app = create_app([travel], "memory://", edge=EdgePolicy(allowed_hosts=(*LOOPBACK_HOSTS, "testserver")))
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-    failures = []
-    for result in schema.get_all_operations():
-        operation = result.ok()
+    failures: list[str] = []
+    ran = [0]
 
-        @hsettings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-        @given(case=operation.as_strategy())
+    def exercise(operation, mode) -> None:
+        @hsettings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(case=operation.as_strategy(generation_mode=mode))
         def check(case):
+            ran[0] += 1
             try:
-                case.call_and_validate()
+                case.call_and_validate(checks=every_check)
             except Exception as exc:  # collect, report all at once
-                failures.append(f"{operation.label}: {exc}")
+                failures.append(f"{operation.label} ({mode.value}): {exc}")
 
-        check()
+        try:
+            check()
+        except Unsatisfiable:  # no invalid input exists for an operation without parameters
+            assert mode == GenerationMode.NEGATIVE
+
+    for result in schema.get_all_operations():
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            exercise(result.ok(), mode)
+    assert ran[0] >= 10
     assert not failures, "\n\n".join(failures[:5])
