@@ -436,18 +436,15 @@ def test_the_api_conforms_to_its_openapi_document(travel, fake):
     fake.responder = lambda body: {"text": "ok"}
     app = create_app([travel], "memory://", edge=EdgePolicy(allowed_hosts=(*LOOPBACK_HOSTS, "testserver")))
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-    failures: list[str] = []
     ran = [0]
 
     def exercise(operation, mode) -> None:
-        @hsettings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @hsettings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+                   derandomize=True)  # the same examples every run: CI does not flake
         @given(case=operation.as_strategy(generation_mode=mode))
         def check(case):
             ran[0] += 1
-            try:
-                case.call_and_validate(checks=every_check)
-            except Exception as exc:  # collect, report all at once
-                failures.append(f"{operation.label} ({mode.value}): {exc}")
+            case.call_and_validate(checks=every_check)
 
         try:
             check()
@@ -458,4 +455,3 @@ def test_the_api_conforms_to_its_openapi_document(travel, fake):
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             exercise(result.ok(), mode)
     assert ran[0] >= 10
-    assert not failures, "\n\n".join(failures[:5])

@@ -73,7 +73,7 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
         return _bot_summary(found) | {"graph": graph_data(found)}
 
     @router.post("/bots/{bot}/sessions", status_code=201, tags=["sessions"], openapi_extra=_body(
-        {"id": {"type": "string"}, "route": {"type": "string"}, "state": {"type": "object"}}, {"route": "main_menu"}))
+        {"id": SESSION_ID_SCHEMA, "route": {"type": "string"}, "state": _state_schema(registry)}, {"route": "main_menu"}))
     async def create_session(
         bot: str,
         request: Request,
@@ -110,7 +110,7 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
         return Response(status_code=204)
 
     @router.post("/bots/{bot}/sessions/{session_id}/messages", tags=["sessions"], openapi_extra=_body(
-        {"userMessage": {"type": "string"}}, {"userMessage": "I want to fly to Dublin"}))
+        {"userMessage": {"type": "string", "maxLength": limits.max_message_chars}}, {"userMessage": "I want to fly to Dublin"}))
     async def send_message(
         bot: str,
         session_id: str,
@@ -215,6 +215,23 @@ def check_initial_state(state: dict[str, Any], declared: dict[str, Any]) -> None
             raise wire.RequestFailed(
                 wire.BAD_REQUEST, f"state.{key} must be a {want} like its declared default {json.dumps(default)}, not a {got}"
             )
+
+
+# wire.chat_id_problem as a schema: 1-128 characters, not all blank, no slash.
+SESSION_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": wire.MAX_CHAT_ID, "pattern": "^[^/]*[^/\\s][^/]*$"}
+
+
+def _state_schema(registry: SessionRegistry) -> dict[str, Any]:
+    """The initial state the served bots accept (check_initial_state): their declared keys."""
+    properties: dict[str, Any] = {}
+    for bot in registry.bots.values():
+        for key, default in bot.config.state.items():
+            kind = None if default is None else _JSON_TYPES.get(type(default))
+            if key in properties and properties[key].get("type") != kind:
+                properties[key] = {}  # two bots disagree: any type here, the bot's check decides
+            else:
+                properties[key] = {"type": kind} if kind else {}
+    return {"type": "object", "properties": properties, "additionalProperties": False}
 
 
 _ERROR_SCHEMA = {
