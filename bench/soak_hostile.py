@@ -81,19 +81,19 @@ def masked(text: str) -> bytes:
     return bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
-def closed_by_server(sock: socket.socket) -> bool:
-    """Without reading its data: has the server closed or reset this connection?"""
-    import select
-
-    readable, _, errored = select.select([sock], [], [sock], 0)
-    if errored:
-        return True
-    if not readable:
-        return False
-    try:
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True
+def closed_by_server(sock: socket.socket, within: float = 0.0) -> bool:
+    """Has the server closed or reset this connection? Reads (and drops) what it was sent, for
+    up to `within` seconds: a closed connection shows its end only after its data."""
+    deadline = time.monotonic() + within
+    while True:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            if not sock.recv(1 << 20):
+                return True
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
 
 
 async def turns_meanwhile(port: int, stop: threading.Event) -> list[float]:
@@ -123,20 +123,17 @@ def flood(port: int, pid: int, frames: int, send_timeout: float) -> None:
     sock = raw_ws(port)
     sock.settimeout(2)
     frame = masked('{"type": "Nope", "chatId": "x"}')
-    sent, started = 0, time.monotonic()
+    sent = 0
     try:
         for _ in range(frames):
             sock.sendall(frame)
             sent += 1
     except OSError:
         pass  # the server stopped reading (back-pressure) or dropped us
-    dropped_after = None
-    deadline = time.monotonic() + send_timeout + 15
-    while time.monotonic() < deadline:
-        if closed_by_server(sock):
-            dropped_after = time.monotonic() - started
-            break
-        time.sleep(0.2)
+    # Read nothing for a while (reading would make it a client that reads), then see whether the
+    # server has dropped it: its end comes after whatever was still in flight to it.
+    time.sleep(send_timeout + 5)
+    dropped = closed_by_server(sock, within=30)
     stop.set()
     bystander.join(120)
     sock.close()
@@ -145,7 +142,7 @@ def flood(port: int, pid: int, frames: int, send_timeout: float) -> None:
     slowest = max(result[0]) if result and result[0] else float("nan")
     print(f"flood: sent {sent:,} of {frames:,} invalid frames without reading before the server stopped taking them")
     print(f"  server RSS {base:.0f} MiB before, peak {top:.0f} MiB (+{top - base:.1f} MiB), {rss_mb(pid):.0f} MiB after")
-    print(f"  flooder dropped: {f'after {dropped_after:.1f} s' if dropped_after else 'NO'}; "
+    print(f"  flooder dropped by the server within {send_timeout + 5:g} s of not reading: {'yes' if dropped else 'NO'}; "
           f"bystander: {len(result[0]) if result else 0} turns, slowest {slowest:.2f} s")
 
 
@@ -174,7 +171,7 @@ def drip(port: int, count: int, wait: float) -> None:
         except OSError:
             served.append(False)
         time.sleep(1)
-    still_open = sum(not closed_by_server(s) for s in socks)
+    still_open = sum(not closed_by_server(s, within=0.05) for s in socks)
     for s in socks:
         s.close()
     print(f"drip: {count} connections dripping headers/bodies a byte a second; after {wait:.0f} s "
