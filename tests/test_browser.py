@@ -308,3 +308,28 @@ def test_the_page_reconnects_after_a_server_restart_and_continues(fake, tmp_path
                 assert tab.get_attribute("body", "data-turn") == "2"
         finally:
             browser.close()
+
+
+def test_the_page_takes_its_token_out_of_the_url_and_keeps_working(fake, tmp_path, bot_path):
+    from chatrun.server.auth import Auth
+
+    auth = Auth.from_mapping({"tokens": {"page-token-123": {"principal": "ana"}}})
+    app = create_app([chatrun.load_bot(bot_path)], "memory://", auth=auth)
+    with ThreadServer(app) as server, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            tab = browser.new_context().new_page()
+            tab.goto(server.url + "/?token=page-token-123")
+            tab.wait_for_selector("body[data-ready=true]", timeout=10_000)
+            assert "token" not in tab.url  # gone from the address bar (and so from history)
+            fake.queue({"text": "Hello Ana"})
+            send(tab, "hi")
+            assert tab.locator(".msg.bot").last.inner_text() == "Hello Ana"
+            tab.reload()  # the tab still has its token, from sessionStorage
+            tab.wait_for_selector("body[data-ready=true]", timeout=10_000)
+            assert "token" not in tab.url
+            fake.queue({"text": "Still you"})
+            send(tab, "again")
+            assert tab.locator(".msg.bot").last.inner_text() == "Still you"
+        finally:
+            browser.close()
