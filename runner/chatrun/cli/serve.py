@@ -88,9 +88,9 @@ def serve(
         import uvicorn
 
         from chatrun.server import ServerLimits, create_app
-        from chatrun.server.openai_api import OpenAIOptions
         from chatrun.server.guard import LOOPBACK_HOSTS, EdgePolicy
         from chatrun.server.listen import ListenOptions, uvicorn_config
+        from chatrun.server.openai_api import OpenAIOptions
     except ModuleNotFoundError as exc:
         raise click.ClickException(
             f"`chatrun serve` needs {exc.name}; install it with: pip install 'chatrun[serve]'"

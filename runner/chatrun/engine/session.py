@@ -113,6 +113,11 @@ class Session:
     def roles(self) -> set[str] | None:
         return self._c.roles
 
+    @roles.setter
+    def roles(self, roles: set[str] | None) -> None:
+        # A server sets the roles of each request's principal (not only the opener's).
+        self._c.roles = set(roles) if roles is not None else None
+
     @property
     def turn_count(self) -> int:
         """How many turns this conversation has committed."""

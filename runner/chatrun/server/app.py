@@ -27,8 +27,8 @@ from chatrun.server import wire
 from chatrun.server.auth import Auth, resolve_auth
 from chatrun.server.guard import EdgeGuard, EdgePolicy
 from chatrun.server.http import failure_response, make_router
-from chatrun.server.openai_api import OpenAIOptions, make_openai_router
 from chatrun.server.listen import redact_tokens_in_logs
+from chatrun.server.openai_api import OpenAIOptions, make_openai_router
 from chatrun.server.sessions import SessionRegistry
 from chatrun.server.ws import serve_websocket
 from chatrun.store import SessionStore, open_store
