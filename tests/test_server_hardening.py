@@ -80,7 +80,7 @@ def read_until_closed(sock: socket.socket, within: float) -> bool:
 
 async def one_turn(url: str, chat_id: str, message: str = "hi", resume: bool = False) -> list[dict]:
     async with websockets.connect(url + "/_chat/routes") as ws:
-        await ws.send(json.dumps({"type": "Connect", "chatId": chat_id, "resume": resume}))
+        await ws.send(json.dumps({"type": "Connect", "chatId": chat_id, "resume": resume, "extensions": True}))
         assert (await async_until_done(ws, 20))[-1]["type"] == "Completed"
         await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": chat_id, "data": {"userMessage": message}}))
         return await async_until_done(ws, 20)
@@ -126,7 +126,7 @@ def test_a_client_that_stops_reading_does_not_lock_its_session(travel, fake):
     with serve(app) as srv:
         asyncio.run(one_turn(srv.ws_url, "shared"))  # creates the session
         slow = raw_ws(srv.port)
-        slow.sendall(ws_frame(json.dumps({"type": "Connect", "chatId": "shared", "resume": True})))
+        slow.sendall(ws_frame(json.dumps({"type": "Connect", "chatId": "shared", "resume": True, "extensions": True})))
         slow.sendall(ws_frame(json.dumps({"type": "ChatRouteMessage", "chatId": "shared", "data": {"userMessage": "big"}})))
         time.sleep(0.5)  # its turn starts; it never reads
 
@@ -162,10 +162,11 @@ def test_lone_surrogates_from_clients_are_refused_at_the_edge(travel, fake):
         async def run() -> list[list[dict]]:
             async with websockets.connect(srv.ws_url + "/_chat/routes") as ws:
                 out = []
+                await ws.send('{"type": "Connect", "chatId": "ok", "extensions": true}')
+                connected = await async_until_done(ws)
                 await ws.send('{"type": "Connect", "chatId": "\\ud800"}')
                 out.append(await async_until_done(ws))
-                await ws.send('{"type": "Connect", "chatId": "ok"}')
-                out.append(await async_until_done(ws))
+                out.append(connected)
                 await ws.send('{"type": "ChatRouteMessage", "chatId": "ok", "data": {"userMessage": "a\\udc00b"}}')
                 out.append(await async_until_done(ws))
                 return out
