@@ -391,9 +391,9 @@ def test_same_tokens_and_ownership_as_the_rest_of_the_server(fake, travel, tmp_p
             mine = ana.responses.create(model="travel", input="hi", conversation="ana-trip")
             with pytest.raises(openai.NotFoundError):  # bob cannot continue ana's response
                 bob.responses.create(model="travel", input="hi", previous_response_id=mine.id)
-            with pytest.raises(openai.PermissionDeniedError):  # nor her session by name
+            with pytest.raises(openai.NotFoundError):  # nor her session by name (404: no existence oracle)
                 bob.responses.create(model="travel", input="hi", conversation="ana-trip")
-            with pytest.raises(openai.PermissionDeniedError):  # streaming too: before any event
+            with pytest.raises(openai.NotFoundError):  # streaming too: before any event
                 bob.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}],
                                             stream=True, extra_headers={"X-Chatrun-Session": "ana-trip"})
             # The same history from bob never reaches ana's session.

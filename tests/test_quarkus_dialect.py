@@ -10,8 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import chatrun
-from chatrun.server import create_app
-from server_support import call, check_frame, types, until_done, write_travel
+from server_support import app_for_testclient, call, check_frame, types, until_done, write_travel
 
 EXTRA_TOOLS = """
   shout:
@@ -30,7 +29,7 @@ def client(fake, tmp_path):
         "tools: [book_flight, vip_lounge, remember_name]", "tools: [book_flight, vip_lounge, remember_name, shout, leave]"
     )
     path.write_text(text + EXTRA_TOOLS)
-    app = create_app([chatrun.load_bot(path)], f"sqlite:///{tmp_path / 'chat.db'}")
+    app = app_for_testclient([chatrun.load_bot(path)], f"sqlite:///{tmp_path / 'chat.db'}")
     with TestClient(app) as c:
         yield c
 
