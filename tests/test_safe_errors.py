@@ -9,8 +9,7 @@ import logging
 from fastapi.testclient import TestClient
 
 import chatrun
-from chatrun.server import create_app
-from server_support import call, until_done
+from server_support import app_for_testclient, call, until_done
 
 BOT = """
 name: crashy
@@ -31,7 +30,7 @@ def pay(ctx):
 
 def test_the_error_frame_is_safe_and_the_history_has_the_detail(write_bot, tmp_path, fake, caplog):
     bot = chatrun.load_bot(write_bot(BOT, extra={"pay_tools.py": TOOLS}))
-    app = create_app([bot], f"sqlite:///{tmp_path / 'chat.db'}")
+    app = app_for_testclient([bot], f"sqlite:///{tmp_path / 'chat.db'}")
     fake.queue(call("pay"))
     with TestClient(app) as client, caplog.at_level(logging.INFO, logger="chatrun"):
         with client.websocket_connect("/_chat/routes") as ws:

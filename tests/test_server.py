@@ -396,7 +396,7 @@ def test_a_message_to_an_ended_conversation_fails_with_session_not_active(tmp_pa
           bye: {description: End the chat, action: {end: true, message: Goodbye!}}
         """))
     fake.queue(call("bye"))
-    app = create_app([chatrun.load_bot(bot_file)], "memory://")
+    app = app_for_testclient([chatrun.load_bot(bot_file)], "memory://")
     with TestClient(app) as client, client.websocket_connect("/_chat/routes") as ws:
         ws.send_json({"type": "Connect", "chatId": "e1", "extensions": True})
         until_done(ws)

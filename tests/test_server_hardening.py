@@ -198,8 +198,7 @@ def test_a_lone_surrogate_from_the_model_fails_the_turn_cleanly(travel, fake, an
     with serve(app) as srv:
         frames = asyncio.run(one_turn(srv.ws_url, "m"))
         assert sum(f["type"] in ("Completed", "Failed") for f in frames) == 1
-        error = next(f["data"] for f in frames if f["type"] == "Error")
-        assert "surrogate" in error
+        assert any(f["type"] == "Error" for f in frames)  # the user's safe message; the detail is below
         session = httpx.get(srv.url + "/bots/travel/sessions/m")
         assert session.status_code == 200
         [attempt] = session.json()["history"]  # the failed attempt is recorded, nothing else
