@@ -71,3 +71,24 @@ def test_bad_bot_path_is_an_error_not_a_traceback(tmp_path):
     assert out.returncode == 1
     assert "bot.yaml:2" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_memory_shows_the_system_message_as_the_model_will_see_it():
+    out = run_repl(["bots/hello", "--play-model"], "hi\n/say Hello!\n/memory\n")
+    assert out.returncode == 0, out.stderr
+    memory = out.stdout.split("Hello!\n", 1)[1].strip().splitlines()
+    assert memory[0].startswith('{"role": "system"') and "friendly assistant" in memory[0]
+    assert '"role": "user"' in memory[1] and '"role": "assistant"' in memory[2]
+
+
+def test_offline_tiktoken_warning_is_one_sentence_on_one_line(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_text("name: t\nroutes:\n  chat:\n    default: true\n    system: hi\n"
+                   "    memory: {type: token_window, max_tokens: 500}\n")
+    out = run_repl([str(bot), "--play-model"], "hello\n/say hi\n",
+                   {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty")})
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("warning: tiktoken could not load the o200k_base encoding")
+    assert "TIKTOKEN_CACHE_DIR" in lines[0] and lines[0].count(". ") == 0

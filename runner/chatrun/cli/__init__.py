@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import warnings
+
 import click
 
 from chatrun import __version__
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """chatrun's own warnings as one line, without Python's source line: they are for users."""
+    if getattr(category, "__module__", "").startswith("chatrun"):
+        click.secho(f"warning: {message}", fg="yellow", err=True)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
 
 COMMANDS = {
     "validate": "chatrun.cli.validate:validate",
@@ -52,3 +65,4 @@ def main() -> None:
       chatrun repl bots/hello
       chatrun test
     """
+    warnings.showwarning = _show_warning

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import click
@@ -24,7 +26,9 @@ COMMANDS = """\
 /history           everything said in this session
 /save FILE         write the conversation so far as a golden transcript
 /reset             start a new session
-/quit              leave (Ctrl-D too); Ctrl-C cancels a running turn"""
+/quit              leave (Ctrl-D too)
+Ctrl-C cancels a running turn, or clears the line; twice on an empty line quits.
+Up/Down recall earlier lines (kept in {history}); Tab completes commands."""
 
 
 def model_is_configured(config: ModelConfig) -> bool:
@@ -43,6 +47,77 @@ OPENAI_API_KEY (and OPENAI_BASE_URL for Azure, vLLM, Ollama, llama.cpp...) or
 model.base_url in {file}."""
 
 
+def history_path() -> Path:
+    """Where the REPL keeps its input history: $XDG_STATE_HOME/chatrun/history."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "chatrun" / "history"
+
+
+COMMAND_NAMES = ["/help", "/route", "/stack", "/state", "/memory", "/history", "/save ", "/reset",
+                 "/quit", "/say ", "/call "]
+
+
+def setup_line_editing() -> Path | None:
+    """Line editing, history and command completion through the stdlib readline (a terminal only).
+    Readline also lifts the terminal's 4,095-byte line limit, so long pastes arrive whole.
+    Returns the history file, or None when readline is unavailable."""
+    try:
+        import readline
+    except ImportError:  # e.g. Windows without pyreadline
+        return None
+    path = history_path()
+    try:
+        readline.read_history_file(path)
+    except OSError:  # no history yet
+        pass
+    readline.set_history_length(1000)
+    readline.set_completer_delims(" \t\n")
+    readline.set_completer(_complete)
+    readline.parse_and_bind("tab: complete")
+    return path
+
+
+def save_history(path: Path | None) -> None:
+    if path is None:
+        return
+    import readline
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        readline.write_history_file(path)
+    except OSError as exc:
+        click.secho(f"could not save the input history to {path}: {exc}", dim=True, err=True)
+
+
+def _complete(text: str, state: int) -> str | None:
+    matches = [c for c in COMMAND_NAMES if c.startswith(text)] if text.startswith("/") else []
+    return matches[state] if state < len(matches) else None
+
+
+def run_to_completion(coro: Coroutine[Any, Any, None]) -> None:
+    """Run one turn. Ctrl-C raises KeyboardInterrupt wherever the main thread is (in input() at
+    the `model>` prompt too: input is read on this thread, never on a helper thread that would
+    outlive the turn and swallow the next line); the turn is then cancelled and awaited, so the
+    session rolls back, and KeyboardInterrupt is re-raised."""
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(coro)
+    try:
+        loop.run_until_complete(task)
+    except KeyboardInterrupt:
+        if not task.done():
+            task.cancel()
+            try:
+                loop.run_until_complete(task)
+            except BaseException:  # the cancellation itself, as expected  # noqa: B036
+                pass
+        raise
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
 class Repl:
     def __init__(self, bot: Any, store: Any, session_id: str | None, route: str | None, play_model: bool):
         self.bot = bot
@@ -58,7 +133,9 @@ class Repl:
     # -- input and output ----------------------------------------------------------------
 
     async def read_line(self, prompt: str) -> str | None:
-        return await asyncio.to_thread(self._read_line, prompt)
+        # Read on the event loop's thread on purpose: the turn has nothing else to do while it
+        # waits for the author's answer, and Ctrl-C then interrupts this very read.
+        return self._read_line(prompt)
 
     def _read_line(self, prompt: str) -> str | None:
         if self.interactive:
@@ -109,9 +186,29 @@ class Repl:
     def run(self) -> int:
         click.secho(f"{self.bot.name}: session {self.session.id} on {' > '.join(self.session.stack)}"
                     " (/help for commands)", dim=True)
+        history = setup_line_editing() if self.interactive else None
+        try:
+            return self.loop()
+        finally:
+            save_history(history)
+
+    def loop(self) -> int:
+        interrupted = False
         while True:
-            line = self._read_line(self.prompt())
+            try:
+                line = self._read_line(self.prompt())
+            except KeyboardInterrupt:
+                # As shells do: Ctrl-C drops the line being typed; twice in a row leaves.
+                if interrupted:
+                    click.echo()
+                    return 0
+                interrupted = True
+                click.secho("\n(Ctrl-C again or Ctrl-D to quit)", dim=True)
+                continue
+            interrupted = False
             if line is None:
+                if self.interactive:
+                    click.echo()
                 return 0
             line = line.strip()
             if not line:
@@ -135,17 +232,15 @@ class Repl:
                 events.append(event)
                 self.show(event)
 
-        runner = asyncio.Runner()
         try:
-            runner.run(consume())
+            run_to_completion(consume())
         except KeyboardInterrupt:
             click.secho("\nturn cancelled; the session is as it was before it", fg="yellow")
+            self.streamed = ""
             return
         except ChatrunError as exc:  # e.g. the store failed while recording the turn
             click.secho(f"error: {exc}", fg="red")
             return
-        finally:
-            runner.close()
         if self.streamed:
             click.echo()
             self.streamed = ""
@@ -164,7 +259,7 @@ class Repl:
         if name in ("/quit", "/exit"):
             return "quit"
         if name == "/help":
-            click.echo(COMMANDS)
+            click.echo(COMMANDS.format(history=history_path()))
         elif name == "/route":
             click.echo(s.route)
         elif name == "/stack":
@@ -173,7 +268,7 @@ class Repl:
         elif name == "/state":
             click.echo(json.dumps(s.visible_state(), indent=2, ensure_ascii=False, default=str))
         elif name == "/memory":
-            for m in s.memory():
+            for m in s.preview_messages():  # led by the system message, rendered as it is now
                 click.echo(json.dumps(m.to_dict(), ensure_ascii=False))
         elif name == "/history":
             for entry in s.history:
@@ -184,7 +279,7 @@ class Repl:
             self.records.clear()
             click.secho(f"new session {self.session.id}", dim=True)
         elif name == "/save":
-            self.save(arg.strip())
+            self.save(os.path.expanduser(arg.strip()))
         elif name in ("/say", "/call"):
             click.secho("(/say and /call answer for the model while a turn waits for it)", dim=True)
         else:

@@ -96,11 +96,9 @@ def load_encoding(name: str) -> Any | None:
 def _warn_offline(name: str, exc: Exception) -> None:
     cache = os.environ.get("TIKTOKEN_CACHE_DIR") or "unset"
     text = (
-        f"tiktoken could not load the {name!r} encoding ({type(exc).__name__}: {exc}). "
-        "Token counts are estimated as ceil(characters / 4) + 4 per message. To count "
-        "exactly offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached "
-        "encoding files (copied from a machine that downloaded them), or allow tiktoken "
-        f"to download them once. TIKTOKEN_CACHE_DIR is now: {cache}."
+        f"tiktoken could not load the {name} encoding ({type(exc).__name__}), so token counts "
+        "are estimated at 4 characters per token; to count exactly, set TIKTOKEN_CACHE_DIR "
+        f"to a folder holding tiktoken's encoding files (it is now {cache})."
     )
     try:
         warnings.warn(text, TokenizerUnavailableWarning, stacklevel=4)

@@ -1,0 +1,142 @@
+"""`chatrun repl` at a real terminal (a pseudo-terminal): Ctrl-C, line editing and history,
+long pastes, and the order of output and prompts."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tty_support import Terminal
+
+
+@pytest.fixture
+def term(tmp_path):
+    started: list[Terminal] = []
+
+    def start(*args: str) -> Terminal:
+        t = Terminal.chatrun(["repl", *args], home=tmp_path)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.close()
+
+
+def test_ctrl_c_at_the_model_prompt_cancels_and_the_next_line_is_not_swallowed(term):
+    t = term("bots/hello", "--play-model")
+    t.expect("chat> ")
+    t.send("first message\r")
+    t.expect("model> ")
+    t.send("/sa")  # its echo shows readline is reading (a signal sooner could go unseen till input)
+    t.expect("/sa")
+    t.send("\x03")
+    t.expect("turn cancelled; the session is as it was before it")
+    t.expect("chat> ")
+    t.send("second message\r")
+    # The line reached the REPL (no leftover reader took it): a new turn asks the model again.
+    t.expect("[model on route chat")
+    t.expect("model> ")
+    t.send("/say Hello again\r")
+    t.expect("Hello again")
+    t.expect("chat> ")
+    t.send("/history\r")
+    history = t.expect("chat> ")
+    assert "second message" in history
+    t.send("/quit\r")
+    assert t.wait() == 0
+
+
+def test_ctrl_c_at_an_idle_prompt_clears_the_line_and_twice_quits(term):
+    t = term("bots/hello", "--play-model")
+    t.expect("chat> ")
+    t.send("half a thought")
+    t.expect("half a thought")
+    t.send("\x03")
+    t.expect("(Ctrl-C again or Ctrl-D to quit)")
+    t.expect("chat> ")
+    t.send("/route\r")  # the session is still there, and the dropped text is gone
+    assert "chat" in t.expect("chat> ")
+    t.send("x")
+    t.expect("x")
+    t.send("\x03")
+    t.expect("chat> ")
+    t.send("y")
+    t.expect("y")
+    t.send("\x03")
+    assert t.wait() == 0
+    assert "Aborted" not in t.text
+
+
+def test_ctrl_d_quits_cleanly(term):
+    t = term("bots/hello", "--play-model")
+    t.expect("chat> ")
+    t.send("\x04")
+    assert t.wait() == 0
+    assert "Aborted" not in t.text and "Traceback" not in t.text
+
+
+def test_up_arrow_recalls_history_which_is_kept_between_runs(term, tmp_path):
+    t = term("bots/hello", "--play-model")
+    t.expect("chat> ")
+    t.send("/state\r")
+    t.expect("chat> ")
+    t.send("\x1b[A\r")  # Up, Enter: /state again
+    shown = t.expect("chat> ")
+    assert "^[[A" not in shown
+    assert "{" in shown  # the state was printed a second time
+    t.send("/quit\r")
+    assert t.wait() == 0
+    history = tmp_path / ".local" / "state" / "chatrun" / "history"
+    assert "/state" in history.read_text()
+
+    again = term("bots/hello", "--play-model")
+    again.expect("chat> ")
+    again.send("\x1b[A\x1b[A\r")  # two lines back: /state, recalled from the file
+    assert "{" in again.expect("chat> ")
+    again.send("/quit\r")
+    assert again.wait() == 0
+
+
+def test_tab_completes_slash_commands(term):
+    t = term("bots/hello", "--play-model")
+    t.expect("chat> ")
+    t.send("/rou\t\r")
+    assert "chat" in t.expect("chat> ")
+    assert "unknown command" not in t.text
+
+
+def test_a_long_paste_arrives_whole_and_save_expands_the_home_folder(term, tmp_path):
+    long = "x" * 54_000
+    t = term("bots/hello", "--play-model")
+    t.expect("chat> ")
+    t.send(long + "\r")
+    t.expect("model> ", timeout=120)
+    t.send("/say Got it\r")
+    t.expect("Got it")
+    t.expect("chat> ")
+    t.send("/save ~/t.yaml\r")
+    t.expect("saved 1 turns to")
+    t.expect("chat> ")
+    t.send("/quit\r")
+    assert t.wait() == 0
+    saved = yaml.safe_load((tmp_path / "t.yaml").read_text())  # HOME is tmp_path
+    assert saved["turns"][0]["user"] == long
+    assert not (tmp_path / "~").exists()
+
+
+def test_events_are_printed_before_the_next_prompt(term):
+    t = term("bots/travel", "--play-model")
+    t.expect("main_menu> ")
+    t.send("a flight please\r")
+    t.expect("model> ")
+    t.send("/call book_flight {}\r")
+    t.expect("model> ")
+    t.send("/say Where to?\r")
+    between = t.expect("main_menu > flight> ")
+    # Everything the turn printed came before the prompt, and nothing follows it.
+    assert "→ main_menu > flight" in between and "Where to?" in between
+    t.send("/route\r")
+    assert t.expect("main_menu > flight> ").strip().endswith("flight")
+    t.send("/quit\r")
+    assert t.wait() == 0
