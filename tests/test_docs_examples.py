@@ -1,0 +1,198 @@
+"""Every example in README.md and docs/*.md runs as printed.
+
+Each fenced block is run by its language:
+- `sh`: every command runs (bash, `chatrun` on PATH) and must exit 0;
+- `console`: every `$ command` runs, and what it prints must be the lines that follow it;
+- `python`: runs as a script (an OpenAI-compatible fake server answers any model call);
+- `yaml`: parses; `json`: every line parses; `html`: each inline <script> parses, as a
+  module when it says type="module" (node --check);
+- a block without a language is prose (a synopsis, a diagram) and is not run.
+
+A `<!-- doc-test: ... -->` comment on the line before a block says more:
+- `skip: REASON` — it cannot run here (it installs packages, or serves until stopped);
+- `file NAME` — a yaml block is written to NAME in the folder later blocks of the page run in;
+- `bot` — a yaml block is a whole bot: `chatrun validate` must find it valid;
+- `transcript BOT` — a yaml block is a golden transcript of BOT (e.g. bots/travel), written
+  into a copy of its transcripts/ folder; `chatrun test` must pass it;
+- `output of COMMAND` — the block is exactly what COMMAND prints;
+- `given: PYTHON` — a python block is a fragment; this code runs before it.
+
+Every page runs in a fresh folder holding a link to the repository's bots/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bots" / "README.md"]
+FENCE = re.compile(r"^```(\S*)\s*$")
+MARKER = re.compile(r"^<!--\s*doc-test:\s*(.*?)\s*-->\s*$")
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    lang: str
+    text: str
+    marker: str  # what the doc-test comment says, or ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(REPO)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    found, lines = [], page.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        marker = MARKER.match(before)
+        found.append(Block(page, i + 1, opening.group(1), "\n".join(lines[i + 1:end]) + "\n",
+                           marker.group(1) if marker else ""))
+        i = end + 1
+    return found
+
+
+def shell_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(REPO / "runner")
+    env["NO_COLOR"] = "1"
+    return env
+
+
+def run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=180)
+
+
+def commands(text: str) -> list[str]:
+    """Shell lines, with `\\` continuations joined and comments dropped."""
+    joined = text.replace("\\\n", " ")
+    return [line for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def check_console(block: Block, cwd: Path, env: dict[str, str]) -> None:
+    steps: list[tuple[str, list[str]]] = []
+    for line in block.text.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        else:
+            steps[-1][1].append(line)
+    for command, expected in steps:
+        out = run(command, cwd, env)
+        printed = (out.stdout + out.stderr).splitlines()
+        assert printed == expected, f"{block.where}: `{command}` printed:\n" + "\n".join(printed)
+
+
+def check_yaml(block: Block, cwd: Path, env: dict[str, str]) -> None:
+    yaml.safe_load(block.text)  # a comment-only block (an editor's schema line) is fine too
+    kind, _, arg = block.marker.partition(" ")
+    if kind == "file":
+        (cwd / arg).write_text(block.text)
+    elif kind == "bot":
+        bot = cwd / "doc_bot" / "bot.yaml"
+        bot.parent.mkdir(exist_ok=True)
+        bot.write_text(block.text)
+        out = run(f"chatrun validate {bot.parent}", cwd, env)
+        assert out.returncode == 0 and "valid" in out.stdout, f"{block.where}:\n{out.stdout}{out.stderr}"
+    elif kind == "transcript":
+        bot = cwd / f"copy_of_{Path(arg).name}"
+        if not bot.exists():
+            shutil.copytree(REPO / arg, bot)
+        path = bot / "transcripts" / f"doc_{block.line}.yaml"
+        path.write_text(block.text)
+        out = run(f"chatrun test {path}", cwd, env)
+        assert out.returncode == 0, f"{block.where}:\n{out.stdout}{out.stderr}"
+
+
+def check_html(block: Block, cwd: Path) -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the JavaScript examples are not checked")
+    scripts = re.findall(r"<script([^>]*)>(.*?)</script>", block.text, re.S)
+    for n, (attributes, code) in enumerate(scripts):
+        if not code.strip():
+            continue
+        module = 'type="module"' in attributes
+        path = cwd / f"script_{block.line}_{n}.{'mjs' if module else 'cjs'}"
+        path.write_text(code)
+        out = subprocess.run([node, "--check", str(path)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, f"{block.where}: the script does not parse:\n{out.stderr}"
+
+
+def check_python(block: Block, cwd: Path, env: dict[str, str], fake_url: str) -> None:
+    given = block.marker.removeprefix("given:").strip() if block.marker.startswith("given:") else ""
+    code = f"{given}\n{block.text}" if given else block.text
+    env = {**env, "OPENAI_BASE_URL": fake_url, "OPENAI_API_KEY": "doc-test"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, f"{block.where}:\n{out.stdout}{out.stderr}"
+
+
+def check(block: Block, cwd: Path, env: dict[str, str], fake_url: str) -> None:
+    if block.marker.startswith("output of "):
+        command = block.marker.removeprefix("output of ").strip("` ")
+        out = run(command, cwd, env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == block.text.strip(), f"{block.where}: `{command}` prints:\n{out.stdout}"
+    elif block.lang == "sh":
+        for command in commands(block.text):
+            out = run(command, cwd, env)
+            assert out.returncode == 0, f"{block.where}: `{command}` failed:\n{out.stdout}{out.stderr}"
+            assert "Traceback" not in out.stdout + out.stderr, f"{block.where}: `{command}`"
+    elif block.lang == "console":
+        check_console(block, cwd, env)
+    elif block.lang == "python":
+        check_python(block, cwd, env, fake_url)
+    elif block.lang == "yaml":
+        check_yaml(block, cwd, env)
+    elif block.lang == "json":
+        for line in block.text.splitlines():
+            if line.strip():
+                json.loads(line)
+    elif block.lang == "html":
+        check_html(block, cwd)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_example_of_the_page_runs_as_printed(page, tmp_path, fake):
+    from chatrun.testing.fake_openai import echo
+
+    fake.responder = echo
+    (tmp_path / "bots").symlink_to(REPO / "bots")
+    env = shell_env()
+    skipped = []
+    for block in blocks(page):
+        if block.marker.startswith("skip"):
+            skipped.append(block.where)
+            continue
+        check(block, tmp_path, env, fake.base_url)
+    assert len(skipped) <= 3, f"skip markers are for what truly cannot run here: {skipped}"
+
+
+def test_markers_are_recognised():
+    """A misspelt marker would silently run a block the wrong way (or not at all)."""
+    kinds = ("skip", "file ", "bot", "transcript ", "output of ", "given:")
+    for page in PAGES:
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if "doc-test" in line:
+                marker = MARKER.match(line)
+                assert marker and marker.group(1).startswith(kinds), f"{page.name}:{n}: {line}"
