@@ -15,6 +15,55 @@ SHARED_TIKTOKEN = REPO.parent / "shared" / "tiktoken"
 if SHARED_TIKTOKEN.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
 
+ENCODINGS = ("o200k_base", "cl100k_base")
+NO_ENCODINGS = (
+    "tiktoken's encoding files are not available (offline, and TIKTOKEN_CACHE_DIR={} holds "
+    "none): set TIKTOKEN_CACHE_DIR to a folder holding them to run these tests"
+)
+_encodings_available: bool | None = None
+
+
+def encodings_available() -> bool:
+    """Whether tiktoken can load the encodings the exact-count tests use (tried once per process)."""
+    global _encodings_available
+    if _encodings_available is None:
+        import tiktoken
+
+        try:
+            for name in ENCODINGS:
+                tiktoken.get_encoding(name)
+            _encodings_available = True
+        except Exception:  # a ConnectionError offline, an unreadable cache folder
+            _encodings_available = False
+    return _encodings_available
+
+
+def no_encodings_reason() -> str:
+    return NO_ENCODINGS.format(os.environ.get("TIKTOKEN_CACHE_DIR") or "(unset)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "needs_encodings: needs tiktoken's real encoding files; skipped when they cannot be had"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    marked = [item for item in items if item.get_closest_marker("needs_encodings")]
+    if marked and not encodings_available():
+        skip = pytest.mark.skip(reason=no_encodings_reason())
+        for item in marked:
+            item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    """One line (also with -q and xdist) saying why the exact-count tests were skipped."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if "tiktoken's encoding files are not available" in str(r.longrepr)]
+    if skipped:
+        reason = str(skipped[0].longrepr[-1]).removeprefix("Skipped: ")
+        terminalreporter.write_line(f"{len(skipped)} skipped: {reason}", yellow=True)
+
 
 @pytest.fixture
 def fake(monkeypatch):

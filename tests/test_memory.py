@@ -339,6 +339,7 @@ def test_token_window_set_and_clear():
     assert memory.messages() == [] and memory.token_count == 0
 
 
+@pytest.mark.needs_encodings
 def test_token_window_uses_tiktoken_by_default():
     memory = TokenWindowMemory("t", max_tokens=100)
     memory.add(UserMessage("hello world"))  # 2 tokens in o200k_base + 4 per message
@@ -414,6 +415,7 @@ def test_no_memory_holds_a_turn_and_is_ephemeral():
     assert memory.messages() == []
 
 
+@pytest.mark.needs_encodings
 def test_make_memory_builds_each_policy():
     mw = make_memory(MemoryPolicy(type="message_window", max_messages=7), "s1#main")
     assert isinstance(mw, MessageWindowMemory) and mw.max_messages == 7 and mw.id == "s1#main"

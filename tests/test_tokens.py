@@ -34,12 +34,14 @@ from chatrun.messages import (
 RUNNER = Path(__file__).resolve().parents[1] / "runner"
 
 
+@pytest.mark.needs_encodings
 def test_hello_world_is_two_tokens_in_o200k_base():
     count = tiktoken_counter("o200k_base")
     assert count(UserMessage("hello world")) == 2 + MESSAGE_OVERHEAD
     assert MESSAGE_OVERHEAD == 4
 
 
+@pytest.mark.needs_encodings
 def test_cl100k_base_counts_with_its_own_tokens():
     count = tiktoken_counter(model_name="gpt-3.5-turbo")
     assert count.encoding == "cl100k_base"
@@ -69,6 +71,7 @@ def test_unknown_encoding_is_a_clear_error():
         tiktoken_counter("p50k_nope")
 
 
+@pytest.mark.needs_encodings
 def test_tool_calls_are_counted():
     count = tiktoken_counter("o200k_base")
     plain = AssistantMessage("Booking now.")
@@ -79,12 +82,14 @@ def test_tool_calls_are_counted():
     assert count(AssistantMessage(None, (ToolCall("c2", "cancel"),))) == len(enc.encode("\ncancel({})")) + 4
 
 
+@pytest.mark.needs_encodings
 def test_special_token_text_is_counted_as_plain_text():
     count = tiktoken_counter("o200k_base")
     # tiktoken.encode raises on special tokens by default; a user may type one.
     assert count(ToolResultMessage("c", "t", "<|endoftext|>")) > MESSAGE_OVERHEAD
 
 
+@pytest.mark.needs_encodings
 def test_encodings_are_loaded_once_per_process():
     assert load_encoding("o200k_base") is load_encoding("o200k_base")
 

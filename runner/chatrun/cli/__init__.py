@@ -9,7 +9,7 @@ import click
 from chatrun import __version__
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001 (warnings.showwarning signature)
     """chatrun's own warnings as one line, without Python's source line: they are for users."""
     if getattr(category, "__module__", "").startswith("chatrun"):
         click.secho(f"warning: {message}", fg="yellow", err=True)
