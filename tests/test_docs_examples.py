@@ -196,3 +196,21 @@ def test_markers_are_recognised():
             if "doc-test" in line:
                 marker = MARKER.match(line)
                 assert marker and marker.group(1).startswith(kinds), f"{page.name}:{n}: {line}"
+
+
+@pytest.mark.parametrize("command", ["", "validate", "graph", "repl", "test", "serve"])
+def test_help_examples_name_files_that_exist_and_the_quick_ones_run(command, tmp_path):
+    env = shell_env()
+    out = run(f"chatrun {command} --help", REPO, env)
+    assert out.returncode == 0, out.stderr
+    examples = out.stdout.split("Examples:", 1)[1].splitlines() if "Examples:" in out.stdout else []
+    examples = [line.strip() for line in examples if line.strip().startswith(("chatrun ", "printf "))]
+    assert examples, out.stdout
+    for example in examples:
+        for word in example.split():
+            if word.startswith("bots/"):
+                assert list(REPO.glob(word.rstrip("/"))), f"`chatrun {command} --help` names {word}, which does not exist"
+        quick = example.startswith(("chatrun validate", "chatrun graph")) and not any(c in example for c in "|>")
+        if quick:
+            ran = run(example, REPO, env)
+            assert ran.returncode == 0, f"{example}:\n{ran.stdout}{ran.stderr}"

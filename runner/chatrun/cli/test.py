@@ -129,7 +129,7 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
       chatrun test
       chatrun test bots/travel -k booking -v
       chatrun test -n 4
-      chatrun test bots/travel/transcripts/booking.yaml --update
+      chatrun test bots/travel/transcripts/flight_booking.yaml --update
       chatrun test -k flight --record
     """
     from chatrun.transcripts.format import discover

@@ -25,7 +25,7 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool) -> None:
     \b
     Examples:
       chatrun validate bots/travel
-      chatrun validate bots/* --format json
+      chatrun validate bots/*/ --format json
     """
     found: list[Diagnostic] = []
     invalid = 0

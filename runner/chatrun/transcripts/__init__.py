@@ -1,7 +1,7 @@
 """Golden transcripts: conversations replayed offline against a bot, with expectations.
 
     from chatrun.transcripts import load_transcript, run_transcript
-    result = run_transcript("bots/travel/transcripts/booking.yaml")
+    result = run_transcript("bots/travel/transcripts/flight_booking.yaml")
     assert result.passed, result.report()
 """
 
