@@ -20,6 +20,18 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 Path = tuple  # a JSON path: ("routes", "flight", "tools", 0)
 
+# Bounds against pathological YAML: no bot nests deeper than a few dozen levels, and aliases
+# may repeat parts of a file but not multiply it (a "billion laughs" 9^9 alias bomb would
+# otherwise build ~400 million values).
+MAX_DEPTH = 100
+ALIAS_GROWTH = 10  # values built may exceed the file's own nodes by this factor...
+ALIAS_SLACK = 100_000  # ...plus this many
+
+
+class _TooBig(Exception):
+    def __init__(self, node: yaml.Node, message: str):
+        self.node, self.message = node, message
+
 _STR = "tag:yaml.org,2002:str"
 _MAP = "tag:yaml.org,2002:map"
 _MERGE = "tag:yaml.org,2002:merge"
@@ -81,16 +93,28 @@ class _Builder:
         self.constructor = yaml.SafeLoader("")
         self.scalar_ctors = yaml.SafeLoader.yaml_constructors
         self.open: set[yaml.Node] = set()  # collections being built, to catch recursive aliases
+        self.budget = 0  # values left to build; set by start()
+
+    def start(self, root: yaml.Node) -> Any:
+        self.budget = _count_nodes(root) * ALIAS_GROWTH + ALIAS_SLACK
+        return self.build(root, (), None)
 
     def build(self, node: yaml.Node, path: Path, key_mark: yaml.Mark | None) -> Any:
         # The hot loop of loading a big bot: kept free of extra calls on purpose (isinstance
         # costs no more than reading node.id did, and tells the type checker the node's kind).
+        self.budget -= 1
+        if self.budget < 0:
+            raise _TooBig(node, "YAML aliases expand to too many values (an alias bomb?): each alias "
+                          "copies its anchor's value, and nested ones multiply")
         mark = node.start_mark
         km = key_mark or mark
         if isinstance(node, yaml.ScalarNode):
             self.doc.positions[path] = Pos(km.line + 1, km.column + 1, mark.line + 1, mark.column + 1, node.style)
             return node.value if node.tag == _STR else self.scalar(node, path)
         self.doc.positions[path] = Pos(km.line + 1, km.column + 1, mark.line + 1, mark.column + 1, None)
+        if len(path) > MAX_DEPTH:
+            self.error(node, f"YAML nested more than {MAX_DEPTH} levels deep; no bot needs that", path)
+            return None
         if node in self.open:  # an alias of a node that contains it: `a: &x [*x]`
             self.doc.diagnostics.append(Diagnostic(self.doc.file, mark.line + 1, mark.column + 1, "error",
                                                    "recursive YAML alias: a node cannot contain itself",
@@ -169,6 +193,34 @@ class _Builder:
         return result
 
 
+def _count_nodes(root: yaml.Node) -> int:
+    """The distinct nodes of a composed document (aliases are shared nodes, counted once)."""
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.id == "sequence":
+            todo.extend(node.value)
+        elif node.id == "mapping":
+            for key, value in node.value:
+                todo.append(key)
+                todo.append(value)
+    return len(seen)
+
+
+def _syntax_problem(text: str, mark: yaml.Mark | None, problem: str) -> str:
+    """libyaml's message, naming a tab as a tab (it says only "found character that cannot
+    start any token")."""
+    if mark is not None:
+        lines = text.splitlines()
+        if mark.line < len(lines) and lines[mark.line][mark.column:mark.column + 1] == "\t":
+            return "a tab character; YAML indents with spaces only (replace the tab with spaces)"
+    return problem
+
+
 def _short(tag: str) -> str:
     return "!!" + tag.removeprefix("tag:yaml.org,2002:") if tag.startswith("tag:yaml.org,2002:") else tag
 
@@ -189,7 +241,7 @@ def load_yaml(text: str, file: str) -> YamlDoc:
         node = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        problem = exc.problem or "invalid YAML"
+        problem = _syntax_problem(text, mark, exc.problem or "invalid YAML")
         if exc.context:
             started = exc.context_mark
             if started and mark and started.line != mark.line:
@@ -208,7 +260,11 @@ def load_yaml(text: str, file: str) -> YamlDoc:
         doc.data = None
         return doc
     try:
-        doc.data = _Builder(doc).build(node, (), None)
+        doc.data = _Builder(doc).start(node)
+    except _TooBig as exc:
+        mark = exc.node.start_mark
+        doc.diagnostics.append(Diagnostic(file, mark.line + 1, mark.column + 1, "error", exc.message))
+        doc.data = None
     except yaml.YAMLError as exc:  # a bad scalar, e.g. an impossible timestamp
         mark = getattr(exc, "problem_mark", None)
         doc.diagnostics.append(Diagnostic(file, (mark.line + 1) if mark else 1, (mark.column + 1) if mark else 1,
