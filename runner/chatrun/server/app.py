@@ -58,6 +58,7 @@ def create_app(
     browsers only, bodies up to limits.max_frame_bytes.
     """
     loaded = _load_bots(bots)
+    own_store = store is None  # opened here, so closed here (SQLite: no -wal/-shm left behind)
     registry = SessionRegistry(loaded, store if store is not None else open_store(store_url), cache_size)
     registry.models.warm({bot.config.route_model(r).provider for bot in loaded.values() for r in bot.config.routes})
     auth_config = resolve_auth(auth)
@@ -70,6 +71,9 @@ def create_app(
         yield
         for bot in loaded.values():  # HTTP connections and MCP servers the bots' tools opened
             await bot.tools.aclose()
+        close = getattr(registry.store, "close", None)
+        if own_store and close is not None:
+            close()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -77,6 +81,8 @@ def create_app(
         version=__version__,
         description="Chat with declarative bots over WebSocket (Quarkus Chat Scopes frames, "
         "see docs/protocol.md) or HTTP. The web page is at `/`.",
+        docs_url=None,  # served below from the package's own assets: no CDN, so it works offline
+        redoc_url=None,
     )
     app.state.registry = registry
     app.state.auth = auth_config
@@ -123,6 +129,11 @@ def create_app(
         return FileResponse(STATIC / "chatscopes.js", media_type="text/javascript")
 
     app.mount("/_chat/static", StaticFiles(directory=STATIC), name="static")
+    _add_api_docs(app)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
 
     @app.get("/", include_in_schema=False)
     async def index() -> HTMLResponse:
@@ -142,6 +153,42 @@ def create_app(
     app.state.edge = policy
     redact_tokens_in_logs()
     return app
+
+
+def _add_api_docs(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc over /openapi.json, their scripts and styles served from
+    the fastapi-offline package (FastAPI's defaults load them from a CDN: blank offline)."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+
+    try:
+        import fastapi_offline
+    except ImportError:
+        assets = None
+    else:
+        assets = Path(fastapi_offline.__file__).parent / "static"
+        app.mount("/_chat/docs-assets", StaticFiles(directory=assets), name="docs-assets")
+
+    def missing() -> HTMLResponse:
+        return HTMLResponse("<p>The API docs need the fastapi-offline package: "
+                            "<code>pip install 'chatrun[serve]'</code>. The API itself is at "
+                            '<a href="/openapi.json">/openapi.json</a>.</p>', status_code=503)
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        if assets is None:
+            return missing()
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} — API",
+                                   swagger_js_url="/_chat/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/_chat/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/favicon.ico")
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        if assets is None:
+            return missing()
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} — API",
+                              redoc_js_url="/_chat/docs-assets/redoc.standalone.js",
+                              redoc_favicon_url="/favicon.ico", with_google_fonts=False)
 
 
 GC_THRESHOLDS = (50_000, 20, 10)

@@ -89,6 +89,22 @@
     return node;
   }
 
+  function plural(n, word) { return n + " " + word + (n === 1 ? "" : "s"); }
+
+  /** Without a valid token nothing can work: say so in full where the chat would be, and
+   * disable the input rather than let messages fail one by one. */
+  function showUnauthorized(detail) {
+    setStatus("offline", "unauthorized");
+    ui.input.disabled = true;
+    ui.send.disabled = true;
+    ui.input.placeholder = "Unauthorized: see the notice above";
+    const notice = el("div", "notice error", "Unauthorized: this server needs a token. Open the page with "
+      + "?token=YOUR_TOKEN at the end of its address (tokens are in the server's --auth file)."
+      + (detail ? " The server said: " + detail : ""));
+    notice.id = "unauthorized";
+    add(notice);
+  }
+
   function setStatus(state, text) {
     ui.status.dataset.state = state;
     ui.status.textContent = text;
@@ -292,7 +308,8 @@
     }
     const d = inspectData;
     graph = d.graph;
-    $("session-id").textContent = "session " + d.id + " · turn " + d.turn;
+    // Completed turns: a failed attempt (shown under "Last turn") does not count.
+    $("session-id").textContent = "session " + d.id + " · " + plural(d.turn, "completed turn");
     $("route-now").textContent = "· on " + d.route;
     renderBreadcrumb(d.stack);
     drawGraph(d.graph, d.stack);
@@ -337,7 +354,7 @@
     const policy = memory.policy || {};
     const size = policy.type === "message_window" ? " (" + policy.max_messages + " messages)"
       : policy.type === "token_window" ? " (" + policy.max_tokens + " tokens)" : "";
-    $("memory-meta").textContent = "· " + memory.messages.length + " messages · " + policy.type + size + " · " + memory.model;
+    $("memory-meta").textContent = "· " + plural(memory.messages.length, "message") + " · " + policy.type + size + " · " + memory.model;
     if (!memory.messages.length) box.appendChild(el("div", "muted", "empty: this route has not run in this scope yet"));
     for (const m of memory.messages) {
       const item = el("div", "mem " + m.role);
@@ -396,7 +413,13 @@
     for (const n of g.nodes) if (level[n.name] === undefined) level[n.name] = maxLevel + 1;
     const rows = [];
     for (const n of g.nodes) (rows[level[n.name]] = rows[level[n.name]] || []).push(n);
-    const W = 430, rowH = 78, nodeH = 32, top = 14;
+    // Route changes between routes of the first row arc above it (below it, they would cross
+    // the push labels); elsewhere below their row. Each further arc on a side runs wider, so
+    // labels never sit on one another.
+    const sameRowTop = moves.filter((e) => e.kind !== "push" && level[e.from] === 0 && level[e.to] === 0 && e.from !== e.to);
+    const arcsAbove = rows.length > 1 ? new Set(sameRowTop.map((e) => e.from + ">" + e.to)).size : 0;
+    const W = 430, rowH = 78, nodeH = 32, arcStep = 18, top = 14 + (arcsAbove ? 30 + arcStep * arcsAbove : 0);
+    const arcs = {}; // side -> arcs drawn so far
     const pos = {};
     rows.forEach((row, r) => {
       if (!row) return;
@@ -406,7 +429,9 @@
         pos[n.name] = { x: cx - nodeW / 2, y: top + r * rowH, w: nodeW, h: nodeH, cx: cx };
       });
     });
-    const H = top + rows.length * rowH - rowH + nodeH + 58; // room below for same-row route changes
+    const arcsBelow = new Set(moves.filter((e) => e.kind !== "push" && level[e.from] === level[e.to] && e.from !== e.to
+      && !(arcsAbove && level[e.from] === 0)).map((e) => e.from + ">" + e.to)).size;
+    const H = top + rows.length * rowH - rowH + nodeH + 40 + arcStep * Math.max(1, arcsBelow); // room below for same-row route changes
     const root = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "route graph" });
     const defs = svg("defs", {});
     const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: "9", refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto-start-reverse" });
@@ -439,9 +464,13 @@
         d = "M" + x1 + "," + y1 + " C" + x1 + "," + (y1 + 30) + " " + x2 + "," + (y2 - 30) + " " + x2 + "," + y2;
         lx = x1 + (x2 - x1) * 0.75 + (x2 >= x1 ? 6 : -6); ly = y1 + (y2 - y1) * 0.62;
       } else {
-        const x1 = a.cx, y1 = a.y + a.h, x2 = b.cx, y2 = b.y + b.h;
-        d = "M" + x1 + "," + y1 + " C" + x1 + "," + (y1 + 34) + " " + x2 + "," + (y2 + 34) + " " + x2 + "," + y2;
-        lx = (x1 + x2) / 2; ly = Math.max(y1, y2) + 30;
+        const above = arcsAbove > 0 && level[line.from] === 0;
+        const side = above ? "above" : "below:" + level[line.from];
+        const depth = 34 + arcStep * (arcs[side] = (arcs[side] || 0) + 1) - arcStep;
+        const sign = above ? -1 : 1;
+        const x1 = a.cx, y1 = above ? a.y : a.y + a.h, x2 = b.cx, y2 = above ? b.y : b.y + b.h;
+        d = "M" + x1 + "," + y1 + " C" + x1 + "," + (y1 + sign * depth) + " " + x2 + "," + (y2 + sign * depth) + " " + x2 + "," + y2;
+        lx = (x1 + x2) / 2; ly = y1 + sign * (depth * 0.75) + (above ? -3 : 4);
       }
       const path = svg("path", { d: d, class: "edge " + line.kind, "marker-end": "url(#arrow)" });
       path.appendChild(svg("title", {}, line.kind + " via " + line.tools.join(", ")));
@@ -522,7 +551,8 @@
       renderBreadcrumb([info.default_route]);
       drawGraph(info.graph, [info.default_route]);
     } catch (err) {
-      setStatus("offline", err.status === 401 ? "unauthorized: add ?token=…" : "server unreachable");
+      if (err.status === 401) showUnauthorized(err.message);
+      else setStatus("offline", "server unreachable");
       return;
     }
     showBotSwitch();
@@ -543,7 +573,7 @@
     await client.open(wsUrl());
     client.websocket.addEventListener("close", (ev) => {
       if (ev.code === 4401) {
-        setStatus("offline", ev.reason || "unauthorized");
+        showUnauthorized(ev.reason);
         return;
       }
       setStatus("offline", "reconnecting…");
