@@ -195,7 +195,8 @@ def test_concurrent_commit_turns_from_threads(store):
 
 
 def test_sqlite_persists_across_reopen(tmp_path):
-    path = tmp_path / "deep" / "er" / "chatrun.db"  # parent folders are created
+    path = tmp_path / "deep" / "er" / "chatrun.db"
+    path.parent.mkdir(parents=True)  # the folder must exist (tests/test_store_urls.py)
     with SQLiteStore(path) as s:
         s.commit_turn("s1", {"turn": 1}, {"s1#main": ALL_KINDS}, [{"turn": 1, "input": "héllo"}])
         s.update_messages("loose", [UserMessage("x")])

@@ -59,3 +59,16 @@ def fail(exc: BaseException, code: int = 1) -> NoReturn:
     else:
         click.echo(f"error: unexpected {type(exc).__name__}: {exc} (this is a chatrun bug; please report it)", err=True)
     raise click.exceptions.Exit(code)
+
+
+def describe_store(store: object) -> str:
+    """Where sessions live, for start-up messages: the resolved file of a SQLite store (so
+    `sqlite:///tmp/x.db` is seen to be ./tmp/x.db), else the store's kind."""
+    path = getattr(store, "path", None)
+    if isinstance(path, str) and path != ":memory:":
+        from pathlib import Path
+
+        return f"SQLite file {Path(path).expanduser().resolve()}"
+    if type(store).__name__ == "InMemoryStore":
+        return "in memory (sessions end with the process)"
+    return getattr(store, "url", None) or type(store).__name__

@@ -312,7 +312,8 @@ class Repl:
 @click.argument("bot_path", metavar="BOT", type=click.Path(exists=True))
 @click.option("--route", help="Start route (default: the bot's default route).")
 @click.option("--session", "session_id", help="Resume this session from the store (or start it with this id).")
-@click.option("--store", default=None, help="Where sessions live: memory:// (default) or sqlite:///path/to.db.")
+@click.option("--store", default=None, help="Where sessions live: memory:// (default) or sqlite:///path/to.db "
+              "(relative to the current folder; sqlite:////abs/path.db for an absolute path).")
 @click.option("--play-model", is_flag=True, help="Answer for the model yourself (/say, /call), even with credentials.")
 def repl(bot_path: str, route: str | None, session_id: str | None, store: str | None, play_model: bool) -> None:
     """Talk to a bot. Type messages; /help lists the slash commands.
@@ -325,14 +326,17 @@ def repl(bot_path: str, route: str | None, session_id: str | None, store: str | 
       chatrun repl bots/travel --store sqlite:///chat.db --session 1f2e3d
       printf 'hello\\n/say Hi there!\\n' | chatrun repl bots/hello --play-model
     """
-    from chatrun.cli._output import fail
+    from chatrun.cli._output import describe_store, fail
     from chatrun.engine.bot import load_bot
     from chatrun.store import open_store
 
     try:
         bot = load_bot(bot_path)
         play = play_model or not model_is_configured(bot.config.model)
-        session = Repl(bot, open_store(store), session_id, route, play)
+        opened = open_store(store)
+        if store:
+            click.secho(f"store: {describe_store(opened)}", dim=True)
+        session = Repl(bot, opened, session_id, route, play)
         if play and not play_model:
             click.secho(NO_MODEL.format(file=bot.config.path), fg="yellow")
         code = session.run()

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import socket
+
 import click
 
-from chatrun.errors import BotError, ChatrunError
+from chatrun.errors import ChatrunError
 
 
 @click.command()
-@click.argument("bots", nargs=-1, required=True, metavar="BOT [BOT...]")
+@click.argument("bots", nargs=-1, required=True, metavar="BOT [BOT...]", type=click.Path(exists=True))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
 @click.option(
     "--store",
     default="sqlite:///chatrun.db",
     show_default=True,
-    help="Where sessions live: sqlite:///path.db (survives restarts) or memory://.",
+    help="Where sessions live: sqlite:///path.db (survives restarts; relative to the current folder, "
+    "sqlite:////abs/path.db absolute) or memory://.",
 )
 @click.option(
     "--auth",
@@ -95,22 +98,35 @@ def serve(
         raise click.ClickException(
             f"`chatrun serve` needs {exc.name}; install it with: pip install 'chatrun[serve]'"
         ) from None
+    from chatrun.cli._output import describe_store, fail
+    from chatrun.cli.repl import model_is_configured
+
     limits = ServerLimits(max_message_chars=max_message_chars, max_in_flight=max_in_flight, send_timeout=send_timeout)
     wildcard = host in ("0.0.0.0", "::", "")
     hosts = allow_host or (("*",) if wildcard else tuple(dict.fromkeys((*LOOPBACK_HOSTS, host))))
     edge = EdgePolicy(allowed_hosts=hosts, allowed_origins=allow_origin,
                       max_body_bytes=limits.max_frame_bytes, body_timeout=body_timeout)
-    try:
+    try:  # the same messages and exit codes as the other commands (1: invalid bot, bad store)
         app = create_app(list(bots), store, auth=auth_file, limits=limits, edge=edge,
                          openai=OpenAIOptions(session_headers=session_headers))
-    except BotError as exc:
-        lines = "\n".join(d.format() for d in exc.diagnostics)
-        raise click.ClickException(f"cannot serve: the bot is invalid\n{lines}") from None
     except ChatrunError as exc:
-        raise click.ClickException(f"cannot serve: {exc}") from None
-    names = ", ".join(app.state.registry.bots)
+        fail(exc)
+    registry = app.state.registry
+    for name, bot in registry.bots.items():
+        if not model_is_configured(bot.config.model):
+            click.secho(f"warning: bot {name} has no model configured, so every message will fail: set "
+                        f"OPENAI_API_KEY (and OPENAI_BASE_URL for other providers) or model.base_url in "
+                        f"{bot.config.path}", fg="yellow", err=True)
+    try:  # bind before saying "serving": a port in use is an error, not a false start
+        listener = _listen(host, port)
+    except OSError as exc:
+        if hasattr(registry.store, "close"):
+            registry.store.close()
+        click.echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+        raise click.exceptions.Exit(1) from None
     auth_note = f"auth on ({app.state.auth.source})" if app.state.auth else "auth off"
-    click.echo(f"chatrun: serving {names} on http://{host}:{port}/  (store {store}, {auth_note})", err=True)
+    click.echo(f"chatrun: serving {', '.join(registry.bots)} on http://{host}:{port}/  "
+               f"(store: {describe_store(registry.store)}; {auth_note})", err=True)
     if host not in LOOPBACK_HOSTS and not app.state.auth:
         click.echo(f"chatrun: warning: listening on {host} without --auth: anyone who can reach this "
                    "address can use every session (see docs/security.md)", err=True)
@@ -119,7 +135,11 @@ def serve(
     options = ListenOptions(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout,
                             max_connections=max_connections)
     _log_to_stderr(log_level)
-    uvicorn.Server(uvicorn_config(app, host, port, options, log_level=log_level)).run()
+    try:
+        uvicorn.Server(uvicorn_config(app, host, port, options, log_level=log_level)).run(sockets=[listener])
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown: the normal way to stop
+        pass
+    click.echo("chatrun: stopped", err=True)
 
 
 def _log_to_stderr(level: str) -> None:
@@ -133,3 +153,18 @@ def _log_to_stderr(level: str) -> None:
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(level.upper())
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, as uvicorn would open it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock

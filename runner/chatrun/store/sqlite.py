@@ -47,15 +47,23 @@ CREATE TABLE IF NOT EXISTS records (
 
 
 class SQLiteStore:
-    """A ChatMemoryStore and SessionStore in the SQLite file `path` (created with its folders)."""
+    """A ChatMemoryStore and SessionStore in the SQLite file `path` (created if missing; its
+    folder must exist)."""
 
     def __init__(self, path: str | Path):
         self.path = str(path)
         self._lock = threading.RLock()
         memory_db = self.path == ":memory:"
         try:
-            if not memory_db:
-                Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            folder = Path(self.path).expanduser().absolute().parent
+            if not memory_db and not folder.is_dir():
+                # Never create folders silently: `sqlite:///tmp/x.db` is ./tmp/x.db, which is
+                # rarely what was meant (sqlite:////tmp/x.db is /tmp/x.db).
+                raise ChatrunError(
+                    f"cannot open the SQLite store {self.path}: the folder {folder} does not exist; "
+                    "create it, or fix the URL (sqlite:///rel/path.db is relative to the current "
+                    "folder, sqlite:////abs/path.db absolute)"
+                )
             # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE in _transaction).
             self._conn = sqlite3.connect(
                 self.path if memory_db else str(Path(self.path).expanduser()),
