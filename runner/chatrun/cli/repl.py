@@ -47,6 +47,10 @@ OPENAI_API_KEY (and OPENAI_BASE_URL for Azure, vLLM, Ollama, llama.cpp...) or
 model.base_url in {file}."""
 
 
+# A terminal in canonical mode (no readline) keeps at most 4,095 bytes of a line.
+TTY_LINE_LIMIT = 4094
+
+
 def history_path() -> Path:
     """Where the REPL keeps its input history: $XDG_STATE_HOME/chatrun/history."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -140,9 +144,13 @@ class Repl:
     def _read_line(self, prompt: str) -> str | None:
         if self.interactive:
             try:
-                return input(prompt)
+                line = input(prompt)
             except EOFError:
                 return None
+            if len(line) >= TTY_LINE_LIMIT and "readline" not in sys.modules:
+                click.secho(f"warning: the terminal cut this line at {TTY_LINE_LIMIT} characters (no readline "
+                            "here); pipe long text in instead: chatrun repl BOT < file", fg="yellow", err=True)
+            return line
         line = sys.stdin.readline()
         return line.rstrip("\n") if line else None
 
