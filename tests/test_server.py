@@ -363,7 +363,7 @@ def test_serve_command_reports_bad_bots_and_auth_files_without_a_traceback(tmp_p
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nroutes: {}\n")
     result = runner.invoke(main, ["serve", str(bad)])
-    assert result.exit_code != 0 and "cannot serve" in result.output
+    assert result.exit_code == 1 and f"{bad}:1:1: error" in result.output and "invalid bot" in result.output
     assert "Traceback" not in result.output
     auth = tmp_path / "auth.yaml"
     auth.write_text("tokens: {}\n")
