@@ -42,13 +42,7 @@ def no_encodings_reason() -> str:
     return NO_ENCODINGS.format(os.environ.get("TIKTOKEN_CACHE_DIR") or "(unset)")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "needs_encodings: needs tiktoken's real encoding files; skipped when they cannot be had"
-    )
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def skip_without_encodings(items: list[pytest.Item]) -> None:
     marked = [item for item in items if item.get_closest_marker("needs_encodings")]
     if marked and not encodings_available():
         skip = pytest.mark.skip(reason=no_encodings_reason())
@@ -91,7 +85,9 @@ def write_bot(tmp_path):
 
 
 def pytest_collection_modifyitems(items):
-    """Every browser or subprocess test is slow too, so `-m "not slow"` leaves them out."""
+    """Every browser or subprocess test is slow too, so `-m "not slow"` leaves them out; the
+    tests that need tiktoken's encodings skip when there are none."""
+    skip_without_encodings(items)
     for item in items:
         if item.get_closest_marker("browser") or item.get_closest_marker("subprocess"):
             item.add_marker(pytest.mark.slow)

@@ -39,6 +39,8 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bots
 FENCE = re.compile(r"^```(\S*)\s*$")
 MARKER = re.compile(r"^<!--\s*doc-test:\s*(.*?)\s*-->\s*$")
 
+pytestmark = pytest.mark.subprocess
+
 
 @dataclass
 class Block:

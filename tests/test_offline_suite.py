@@ -12,6 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.subprocess
+
 
 def test_without_encodings_the_exact_count_tests_skip_with_one_clear_line(tmp_path):
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"),

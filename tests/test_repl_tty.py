@@ -8,6 +8,8 @@ import yaml
 
 from tty_support import Terminal
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture
 def term(tmp_path):

@@ -14,9 +14,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from server_support import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.subprocess
 
 
 def env() -> dict[str, str]:

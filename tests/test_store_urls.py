@@ -36,6 +36,7 @@ def test_a_missing_folder_is_an_error_naming_it_not_created(tmp_path, monkeypatc
     assert not (tmp_path / "proc").exists()
 
 
+@pytest.mark.subprocess
 def test_the_repl_says_where_the_store_file_is(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     env["PYTHONPATH"] = str(REPO / "runner")

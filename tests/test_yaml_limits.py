@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.subprocess
 
 
 def validate(path: Path) -> subprocess.CompletedProcess:
