@@ -9,7 +9,9 @@ Each fenced block is run by its language:
 - a block without a language is prose (a synopsis, a diagram) and is not run.
 
 A `<!-- doc-test: ... -->` comment on the line before a block says more:
-- `skip: REASON` — it cannot run here (it installs packages, or serves until stopped);
+- `skip: REASON` — it cannot run here (it installs packages, or needs a running server);
+- `serve` — an sh block of `chatrun serve` commands, which serve until stopped: each runs with
+  `--help` appended, so its bots and options are still checked (other lines are not run);
 - `file NAME` — a yaml block is written to NAME in the folder later blocks of the page run in;
 - `bot` — a yaml block is a whole bot: `chatrun validate` must find it valid;
 - `transcript BOT` — a yaml block is a golden transcript of BOT (e.g. bots/travel), written
@@ -158,6 +160,11 @@ def check(block: Block, cwd: Path, env: dict[str, str], fake_url: str) -> bool:
         out = run(command, cwd, env)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == block.text.strip(), f"{block.where}: `{command}` prints:\n{out.stdout}"
+    elif block.marker == "serve":
+        for command in commands(block.text):
+            if command.startswith("chatrun serve"):
+                out = run(command + " --help", cwd, env)
+                assert out.returncode == 0, f"{block.where}: `{command}` is refused:\n{out.stdout}{out.stderr}"
     elif block.lang == "sh":
         for command in commands(block.text):
             out = run(command, cwd, env)
@@ -198,7 +205,7 @@ def test_every_example_of_the_page_runs_as_printed(page, tmp_path, fake):
 
 def test_markers_are_recognised():
     """A misspelt marker would silently run a block the wrong way (or not at all)."""
-    kinds = ("skip", "file ", "bot", "transcript ", "output of ", "given:")
+    kinds = ("skip", "serve", "file ", "bot", "transcript ", "output of ", "given:")
     for page in PAGES:
         for n, line in enumerate(page.read_text().splitlines(), 1):
             if "doc-test" in line:
