@@ -117,21 +117,21 @@ def serve(
             click.secho(f"warning: bot {name} has no model configured, so every message will fail: set "
                         f"OPENAI_API_KEY (and OPENAI_BASE_URL for other providers) or model.base_url in "
                         f"{bot.config.path}", fg="yellow", err=True)
-    try:  # bind before saying "serving": a port in use is an error, not a false start
-        listener = _listen(host, port)
-    except OSError as exc:
-        if hasattr(registry.store, "close"):
-            registry.store.close()
-        click.echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
-        raise click.exceptions.Exit(1) from None
-    auth_note = f"auth on ({app.state.auth.source})" if app.state.auth else "auth off"
-    click.echo(f"chatrun: serving {', '.join(registry.bots)} on http://{host}:{port}/  "
-               f"(store: {describe_store(registry.store)}; {auth_note})", err=True)
     if host not in LOOPBACK_HOSTS and not app.state.auth:
         click.echo(f"chatrun: warning: listening on {host} without --auth: anyone who can reach this "
                    "address can use every session (see docs/security.md)", err=True)
     if wildcard and not allow_host:
         click.echo("chatrun: warning: any Host name is accepted; name the server's with --allow-host", err=True)
+    try:  # bind before saying "serving": a port in use is an error, not a false start
+        listener = _listen(host, port)
+    except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
+        if hasattr(registry.store, "close"):
+            registry.store.close()
+        click.echo(f"error: cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}", err=True)
+        raise click.exceptions.Exit(1) from None
+    auth_note = f"auth on ({app.state.auth.source})" if app.state.auth else "auth off"
+    click.echo(f"chatrun: serving {', '.join(registry.bots)} on http://{host}:{port}/  "
+               f"(store: {describe_store(registry.store)}; {auth_note})", err=True)
     options = ListenOptions(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout,
                             max_connections=max_connections)
     _log_to_stderr(log_level)

@@ -202,9 +202,9 @@ def _count_nodes(root: yaml.Node) -> int:
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if node.id == "sequence":
+        if isinstance(node, yaml.SequenceNode):
             todo.extend(node.value)
-        elif node.id == "mapping":
+        elif isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 todo.append(key)
                 todo.append(value)
