@@ -120,7 +120,8 @@ def test_counts_read_as_english_and_the_turn_counts_agree(browse, fake):
     page, url, _ = browse(support_app())
     page.goto(url + "/")
     page.wait_for_selector("body[data-ready=true]", timeout=20_000)
-    assert page.inner_text("#session-id").endswith("· 0 completed turns")
+    page.wait_for_function("document.querySelector('#session-id').textContent.endsWith('· 0 completed turns')",
+                           timeout=20_000)  # filled in when the Connect completes
     fake.queue({"status": 500}, {"status": 500}, {"status": 500}, {"status": 500})  # the first turn fails
     page.fill("#input", "hello")
     page.press("#input", "Enter")
