@@ -154,7 +154,10 @@ def test_closing_the_socket_keeps_the_session_and_resume_continues_it(client, fa
     with client.websocket_connect("/_chat/routes") as ws:
         frames = connect(ws, resume=True)
         assert [f["type"] for f in frames] == ["RouteChanged", "Completed"]
-        assert frames[0]["data"] == {"route": "flight", "stack": ["main_menu", "flight"]}
+        data = frames[0]["data"]
+        last = data.pop("lastTurn")  # the last committed turn, so a client knows what was taken
+        assert data == {"route": "flight", "stack": ["main_menu", "flight"]}
+        assert {k: last[k] for k in ("turn", "input", "requestId")} == {"turn": 1, "input": "I want a flight", "requestId": None}
         assert frames[-1]["data"] == scope
         fake.queue({"text": "Noted"})
         assert say(ws, "Dublin", scope_id=scope)[-2]["data"] == "Noted"

@@ -117,7 +117,8 @@ def test_a_conversation_survives_a_killed_server(tmp_path, fake):
         second.kill()
         second.wait(10)
 
-    assert resumed[0]["data"] == {"route": "flight", "stack": ["main_menu", "flight"]}
+    assert resumed[0]["data"]["lastTurn"]["turn"] == 2  # the interrupted turn 3 was never committed
+    assert resumed[0]["data"] | {"lastTurn": None} == {"route": "flight", "stack": ["main_menu", "flight"], "lastTurn": None}
     assert resumed[-1] == {"chatId": "r1", "type": "Completed", "data": scope}
     assert "Your flight to Dublin on 2026-07-01 is booked." in [f["data"] for f in booked]
     assert booked[-1]["data"] == "r1.1"

@@ -276,4 +276,6 @@ def test_open_store_urls(tmp_path):
     assert isinstance(s, SQLiteStore) and (tmp_path / "x.db").exists()
     s.close()
     with pytest.raises(ChatrunError, match="unknown store URL"):
+        open_store("mongodb://localhost")
+    with pytest.raises(ChatrunError, match="asynchronous"):
         open_store("redis://localhost")

@@ -8,6 +8,8 @@ the OpenAI-compatible API under /v1, the JavaScript client and the web chat page
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import gc
 from collections.abc import AsyncIterator
@@ -29,9 +31,10 @@ from chatrun.server.guard import EdgeGuard, EdgePolicy
 from chatrun.server.http import failure_response, make_router
 from chatrun.server.listen import redact_tokens_in_logs
 from chatrun.server.openai_api import OpenAIOptions, make_openai_router
-from chatrun.server.sessions import SessionRegistry
+from chatrun.server.sessions import SessionRegistry, SessionSettings
 from chatrun.server.ws import serve_websocket
-from chatrun.store import SessionStore, open_store
+from chatrun.store import SessionStore
+from chatrun.store.aio import AsyncStore, open_async_store
 
 STATIC = Path(__file__).parent / "static"
 
@@ -41,15 +44,18 @@ def create_app(
     store_url: str | None = "memory://",
     auth: Auth | str | Path | None = None,
     limits: wire.ServerLimits = wire.ServerLimits(),  # noqa: B008 - frozen dataclass, safe to share
-    store: SessionStore | None = None,
+    store: SessionStore | AsyncStore | None = None,
     cache_size: int = 10_000,
     gc_tuning: bool = True,
     openai: OpenAIOptions = OpenAIOptions(),  # noqa: B008 - frozen dataclass, safe to share
     edge: EdgePolicy | None = None,
+    sessions: SessionSettings | None = None,
 ) -> FastAPI:
     """The app serving `bots` (Bot objects or paths; a dict name -> Bot; the first is the default).
 
-    store_url: "memory://" or "sqlite:///path.db" (ignored when `store` is given).
+    store_url: "memory://", "sqlite:///path.db" (this app must be the file's only server) or
+    "redis://host:port/db" (shared by replicas); ignored when `store` is given.
+    sessions: lease, queue, if-busy and cache settings (default: SessionSettings(cache_size)).
     auth: an Auth, a path to an auth file, or None (then $CHATRUN_AUTH_FILE, else no auth).
     openai: options of the OpenAI-compatible API under /v1 (docs/openai-api.md).
     gc_tuning: apply tune_gc() at startup (process-wide; pass False when embedding the app
@@ -58,22 +64,29 @@ def create_app(
     browsers only, bodies up to limits.max_frame_bytes.
     """
     loaded = _load_bots(bots)
-    own_store = store is None  # opened here, so closed here (SQLite: no -wal/-shm left behind)
-    registry = SessionRegistry(loaded, store if store is not None else open_store(store_url), cache_size)
-    registry.models.warm({bot.config.route_model(r).provider for bot in loaded.values() for r in bot.config.routes})
+    settings = sessions or SessionSettings(cache_size=cache_size)
     auth_config = resolve_auth(auth)
+    own_store = store is None  # opened here, so closed here (SQLite: no -wal/-shm left behind)
+    if store is None:
+        store = open_async_store(store_url, settings.lease, exclusive=True)
+    registry = SessionRegistry(loaded, store, settings=settings)
+    registry.models.warm({bot.config.route_model(r).provider for bot in loaded.values() for r in bot.config.routes})
     names = ", ".join(loaded)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if gc_tuning:
             tune_gc()
-        yield
-        for bot in loaded.values():  # HTTP connections and MCP servers the bots' tools opened
-            await bot.tools.aclose()
-        close = getattr(registry.store, "close", None)
-        if own_store and close is not None:
-            close()
+        sweeper = asyncio.ensure_future(registry.sweep_forever())
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            for bot in loaded.values():  # HTTP connections and MCP servers the bots' tools opened
+                await bot.tools.aclose()
+            if own_store:
+                with contextlib.suppress(Exception):
+                    await registry.store.close()
 
     app = FastAPI(
         lifespan=lifespan,

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from chatrun import events as ev
@@ -60,8 +60,12 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
     Who = Annotated[Principal | None, Depends(principal)]
 
     @router.get("/health", tags=["server"])
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "bots": list(registry.bots), "live_sessions": registry.live_count()}
+    async def health() -> Any:
+        # 503 while draining (SIGTERM): a load balancer stops sending this replica new requests.
+        body = {"status": "draining" if registry.draining else "ok", "bots": list(registry.bots),
+                "live_sessions": registry.live_count(), "cache_bytes": registry.cache_bytes(),
+                "in_progress": registry.in_progress}
+        return JSONResponse(body, status_code=503) if registry.draining else body
 
     @router.get("/bots", tags=["bots"])
     async def bots(who: Who) -> list[dict[str, Any]]:
@@ -96,12 +100,12 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
 
     @router.get("/bots/{bot}/sessions/{session_id}", tags=["sessions"])
     async def read_session(bot: str, session_id: str, who: Who) -> dict[str, Any]:
-        async with registry.session(bot, session_id, who, EXISTING) as session:
-            return session_data(session) | {"history": session.history}
+        async with registry.session(bot, session_id, who, EXISTING, history=True) as session:
+            return session_data(session) | {"history": session.history, "lastTurn": registry.last_committed(session)}
 
     @router.get("/bots/{bot}/sessions/{session_id}/inspect", tags=["sessions"])
     async def inspect(bot: str, session_id: str, who: Who) -> dict[str, Any]:
-        async with registry.session(bot, session_id, who, EXISTING) as session:
+        async with registry.session(bot, session_id, who, EXISTING, history=True) as session:
             return inspect_data(session)
 
     @router.delete("/bots/{bot}/sessions/{session_id}", status_code=204, tags=["sessions"])
@@ -117,6 +121,8 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
         request: Request,
         who: Who,
         stream: Annotated[bool, Query(description="answer with Server-Sent Events as the turn runs")] = False,
+        if_busy: Annotated[str | None, Query(alias="ifBusy", description="queue (wait) or reject when the session is running a turn")] = None,
+        idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description="a retry with the same key replays the committed turn instead of running it again")] = None,
     ) -> Any:
         data = await read_body(request)
         message = data.get("userMessage")
@@ -128,23 +134,26 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
             )
         if stream or "text/event-stream" in request.headers.get("accept", ""):
             # Fail before the stream starts when the session is unknown or not the caller's.
-            async with registry.session(bot, session_id, who, EXISTING):
+            async with registry.session(bot, session_id, who, EXISTING, if_busy=if_busy):
                 pass
             return StreamingResponse(
-                _sse(registry, bot, session_id, who, data),
+                _sse(registry, bot, session_id, who, data, if_busy, idempotency_key),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        async with registry.session(bot, session_id, who, EXISTING) as session:
-            events = [e async for e in session.stream(wire.turn_input(data))]
-            return {
+        async with registry.session(bot, session_id, who, EXISTING, if_busy=if_busy) as session:
+            run = registry.turn(session, wire.turn_input(data), idempotency_key)
+            events = [e async for e in run]
+            body = {
                 "events": [e.to_dict() for e in events if e.type != ev.STREAM],
                 "ok": not any(e.type == ev.ERROR for e in events),
                 "scopeId": session.scope_id,
                 "route": session.route,
                 "stack": session.stack,
-                "turn": session.turn_count,
+                "turn": run.turn,
+                "replayed": run.replayed,
             }
+            return JSONResponse(body, headers={"Idempotent-Replayed": "true"} if run.replayed else None)
 
     return router
 
@@ -153,7 +162,8 @@ _BACKGROUND: set[asyncio.Task] = set()  # turns whose SSE client left: kept aliv
 
 
 async def _sse(
-    registry: SessionRegistry, bot: str, session_id: str, who: Principal | None, data: dict[str, Any]
+    registry: SessionRegistry, bot: str, session_id: str, who: Principal | None, data: dict[str, Any],
+    if_busy: str | None = None, idempotency_key: str | None = None,
 ) -> AsyncIterator[str]:
     """The turn's events as Server-Sent Events. The turn runs in its own task, so a client that
     disconnects does not cancel it: it completes and is stored, as on the WebSocket."""
@@ -161,8 +171,8 @@ async def _sse(
 
     async def run() -> None:
         try:
-            async with registry.session(bot, session_id, who, EXISTING) as session:
-                async for event in session.stream(wire.turn_input(data)):
+            async with registry.session(bot, session_id, who, EXISTING, if_busy=if_busy) as session:
+                async for event in registry.turn(session, wire.turn_input(data), idempotency_key):
                     queue.put_nowait(_sse_frame(event.type, event.to_dict()))
                 done = {"type": wire.COMPLETED, "data": session.scope_id, "route": session.route, "stack": session.stack}
                 queue.put_nowait(_sse_frame(wire.COMPLETED, done))

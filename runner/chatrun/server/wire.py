@@ -55,6 +55,8 @@ SESSION_EXISTS = "SessionExists"
 SCOPE_NOT_ACTIVE = "ScopeNotActive"
 BOT_NOT_FOUND = "BotNotFound"
 UNAUTHORIZED = "Unauthorized"
+CONFLICT = "Conflict"  # the turn was not committed: the session changed meanwhile (fencing)
+UNAVAILABLE = "Unavailable"  # the server is shutting down: send again (another replica serves it)
 
 # HTTP status for each reason, so the REST API and the WebSocket fail the same way.
 HTTP_STATUS = {
@@ -69,6 +71,8 @@ HTTP_STATUS = {
     SESSION_EXISTS: 409,
     SCOPE_NOT_ACTIVE: 409,
     UNAUTHORIZED: 401,
+    CONFLICT: 409,
+    UNAVAILABLE: 503,
 }
 
 
@@ -96,6 +100,7 @@ class ClientFrame:
     keep: bool = False
     bot: str | None = None
     extensions: bool = False
+    if_busy: str | None = None  # chatrun extension "ifBusy": "queue" | "reject"
 
 
 def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
@@ -162,8 +167,12 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
         scope_id = raw.get("scopeId")
         if scope_id is not None and not isinstance(scope_id, str):
             raise fail("ChatRouteMessage.scopeId must be a string (the data of the last Completed)")
+        if_busy = raw.get("ifBusy")
+        if if_busy is not None and if_busy not in ("queue", "reject"):
+            raise fail(f"ChatRouteMessage.ifBusy must be \"queue\" or \"reject\", not {json.dumps(if_busy)}")
         frame.data = data
         frame.scope_id = scope_id
+        frame.if_busy = if_busy
     else:
         frame.keep = flag("keep")
     return frame

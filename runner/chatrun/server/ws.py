@@ -187,8 +187,12 @@ class Connection:
                             frame.request_id,
                         )
                     if self.dialect_of(frame.chat_id).tells_resumed_route:
+                        # lastTurn (chatrun extension): what the store holds as the last committed
+                        # turn, so a client that lost a reply learns whether its message was taken.
                         await self.send(
-                            frame.chat_id, "RouteChanged", {"route": session.route, "stack": session.stack},
+                            frame.chat_id, "RouteChanged",
+                            {"route": session.route, "stack": session.stack,
+                             "lastTurn": self.registry.last_committed(session)},
                             frame.request_id,
                         )
                 await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
@@ -199,10 +203,17 @@ class Connection:
             raise
 
     async def chat(self, frame: wire.ClientFrame, bot: str) -> None:
-        async with self.registry.session(bot, frame.chat_id, self.principal, EXISTING) as session:
+        async with self.registry.session(
+            bot, frame.chat_id, self.principal, EXISTING, if_busy=frame.if_busy
+        ) as session:
             if frame.chat_id not in self.chats or frame.chat_id in self.pending:  # its Connect failed
                 raise _not_connected(frame.chat_id)
-            if frame.scope_id and frame.scope_id not in {s.id for s in session.scopes}:
+            # A string requestId is an idempotency key: a retry of a committed turn is replayed
+            # (even if the scope it named has gone since: that turn may be what ended it).
+            key = frame.request_id if isinstance(frame.request_id, str) else None
+            run = self.registry.turn(session, wire.turn_input(frame.data), key)
+            replay = await run.is_replay()
+            if not replay and frame.scope_id and frame.scope_id not in {s.id for s in session.scopes}:
                 raise wire.RequestFailed(
                     wire.SCOPE_NOT_ACTIVE,
                     f"scope {frame.scope_id} is no longer active (the conversation moved on); "
@@ -210,11 +221,11 @@ class Connection:
                 )
             dialect = self.dialect_of(frame.chat_id)
             frames = dialect.turn()
-            async for event in session.stream(wire.turn_input(frame.data)):
+            async for event in run:
                 if frames.keep(event):
                     await self.send(frame.chat_id, event.type, event.data, frame.request_id)
             last = session.last_turn
-            if last is not None and last.get("ok") is False:
+            if not run.replayed and last is not None and last.get("ok") is False:
                 # Rolled back. Quarkus ends a failing route with Failed("ServerError"), so the
                 # client's promise rejects; an extension-aware client got the reason as an Error.
                 await self.send(frame.chat_id, wire.FAILED, dialect.reason(wire.SERVER_ERROR), frame.request_id)

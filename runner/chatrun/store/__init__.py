@@ -5,6 +5,9 @@ what a chatrun session needs to survive a restart: a snapshot of its scopes and
 state, and its never-evicted history. Every store implements both.
 
 `open_store(url)`: "memory://" (the default: in process), "sqlite:///path/to.db".
+The server talks to stores through `chatrun.store.aio` (async, versioned, leased): the
+SQLite store from a worker thread, Redis ("redis://host:port/db", `chatrun.store.redis`)
+natively.
 """
 
 from __future__ import annotations
@@ -41,9 +44,25 @@ class SessionStore(ChatMemoryStore, Protocol):
         snapshot: dict,
         memories: dict[str, list[Message] | None],
         history: list[dict],
-    ) -> None:
+        expected_version: str | None = None,
+        outcome: tuple[str, dict] | None = None,
+    ) -> str:
         """Atomically: replace the session's snapshot, replace each memory in `memories`
-        (delete it where the value is None), and append `history` entries."""
+        (delete it where the value is None), append `history` entries, record `outcome`
+        (request id, entry) for exactly-once retries, and return the session's new version.
+        With `expected_version` (a version, or versions.CREATE for a new session) the commit
+        lands only if the stored version is that one, else StaleVersion and nothing lands."""
+        ...
+
+    def load_versioned(self, session_id: str) -> tuple[dict, str] | None:
+        """The snapshot and its version, or None."""
+        ...
+
+    def version(self, session_id: str) -> str | None:
+        ...
+
+    def get_outcome(self, session_id: str, request_id: str) -> dict | None:
+        """The history entry recorded for a committed request, or None."""
         ...
 
     def load_history(self, session_id: str) -> list[dict]:
@@ -72,8 +91,9 @@ class RecordStore(Protocol):
         ...
 
 
-def open_store(url: str | None) -> SessionStore:
-    """A store from a URL: None or "memory://" (in process), "sqlite:///path/to.db"."""
+def open_store(url: str | None, exclusive: bool = False) -> SessionStore:
+    """A store from a URL: None or "memory://" (in process), "sqlite:///path/to.db".
+    exclusive: this process is the file's only server (see SQLiteStore)."""
     from chatrun.errors import ChatrunError
 
     if not url or url == "memory://":
@@ -83,5 +103,11 @@ def open_store(url: str | None) -> SessionStore:
     if url.startswith("sqlite:///"):
         from chatrun.store.sqlite import SQLiteStore
 
-        return SQLiteStore(url[len("sqlite:///"):])
-    raise ChatrunError(f"unknown store URL {url!r}; use memory:// or sqlite:///path/to.db")
+        return SQLiteStore(url[len("sqlite:///"):], exclusive=exclusive)
+    if url.startswith(("redis://", "rediss://")):
+        raise ChatrunError(
+            f"store {url}: a Redis store is asynchronous; open it with chatrun.store.aio.open_async_store"
+        )
+    raise ChatrunError(
+        f"unknown store URL {url!r}; use memory://, sqlite:///path/to.db or redis://host:port/db"
+    )

@@ -20,6 +20,7 @@ from chatrun.messages import (
     ToolResultMessage,
     UserMessage,
 )
+from chatrun.store.versions import KEEP_OUTCOMES, check_version, next_version
 
 _KINDS = (SystemMessage, UserMessage, AssistantMessage, ToolResultMessage, SummaryMessage)
 
@@ -56,8 +57,10 @@ class InMemoryStore:
         self._lock = threading.Lock()
         self._memories: dict[str, tuple[Message, ...]] = {}
         self._sessions: dict[str, str] = {}
+        self._versions: dict[str, str] = {}
         self._history: dict[str, list[str]] = {}
         self._records: dict[str, str] = {}
+        self._outcomes: dict[str, dict[str, str]] = {}  # session -> request id -> entry JSON
 
     # -- ChatMemoryStore ----------------------------------------------------------------------
 
@@ -81,18 +84,40 @@ class InMemoryStore:
             text = self._sessions.get(session_id)
         return None if text is None else json.loads(text)
 
+    def load_versioned(self, session_id: str) -> tuple[dict, str] | None:
+        """The snapshot and its version, or None for an unknown session."""
+        with self._lock:
+            text, version = self._sessions.get(session_id), self._versions.get(session_id)
+        return None if text is None or version is None else (json.loads(text), version)
+
+    def version(self, session_id: str) -> str | None:
+        with self._lock:
+            return self._versions.get(session_id)
+
+    def get_outcome(self, session_id: str, request_id: str) -> dict | None:
+        with self._lock:
+            text = self._outcomes.get(session_id, {}).get(request_id)
+        return None if text is None else json.loads(text)
+
     def commit_turn(
         self,
         session_id: str,
         snapshot: dict,
         memories: dict[str, list[Message] | None],
         history: list[dict],
-    ) -> None:
+        expected_version: str | None = None,
+        outcome: tuple[str, dict] | None = None,
+    ) -> str:
+        """See SessionStore.commit_turn; returns the session's new version."""
         # Everything is checked and encoded before anything is applied: all or nothing.
         snap = to_json(f"session {session_id}: its snapshot", snapshot)
         mems = {mid: None if msgs is None else tuple(check_messages(mid, msgs)) for mid, msgs in memories.items()}
         entries = [to_json(f"session {session_id}: history entry {i}", e) for i, e in enumerate(history)]
+        recorded = None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1]))
         with self._lock:
+            current = self._versions.get(session_id)
+            check_version(session_id, expected_version, current)
+            version = self._versions[session_id] = next_version(current)
             self._sessions[session_id] = snap
             for mid, msgs in mems.items():
                 if msgs is None:
@@ -100,6 +125,12 @@ class InMemoryStore:
                 else:
                     self._memories[mid] = msgs
             self._history.setdefault(session_id, []).extend(entries)
+            if recorded is not None:
+                outcomes = self._outcomes.setdefault(session_id, {})
+                outcomes[recorded[0]] = recorded[1]
+                while len(outcomes) > KEEP_OUTCOMES:  # dicts keep insertion order: drop the oldest
+                    del outcomes[next(iter(outcomes))]
+        return version
 
     def load_history(self, session_id: str) -> list[dict]:
         with self._lock:
@@ -109,7 +140,9 @@ class InMemoryStore:
     def delete_session(self, session_id: str, memory_ids: list[str]) -> None:
         with self._lock:
             self._sessions.pop(session_id, None)
+            self._versions.pop(session_id, None)
             self._history.pop(session_id, None)
+            self._outcomes.pop(session_id, None)
             for mid in memory_ids:
                 self._memories.pop(mid, None)
 

@@ -1,15 +1,23 @@
 """`SQLiteStore`: memories, session snapshots and history in one SQLite file (stdlib sqlite3).
 
-Tables: memories(memory_id, messages JSON), sessions(session_id, snapshot JSON, updated_at),
-history(session_id, seq, entry JSON), records(key, record JSON). `commit_turn` is one transaction; the file uses WAL
-so readers never wait for the writer. One connection behind a lock, so the store may be
-called from any thread. Messages are stored with `Message.to_dict` and read back with
+Tables: memories(memory_id, messages JSON), sessions(session_id, snapshot JSON, updated_at,
+version), history(session_id, seq, entry JSON), requests(session_id, request_id, outcome JSON,
+seq), records(key, record JSON). `commit_turn` is one transaction and checks the session's
+version (fencing); the file uses WAL so readers never wait for the writer. One connection
+behind a lock: the server calls the store from a worker thread. Messages are stored with
+`Message.to_dict` and read back with
 `message_from_dict`, a lossless round trip.
+
+One server process per file: `SQLiteStore(path, exclusive=True)` (what `chatrun serve` opens)
+holds an advisory lock on "<path>.lock" for its lifetime and refuses to open a file another
+server holds, naming it. Other writers (the REPL, scripts) may still open the file: their
+commits bump the version, so a server's stale cached copy is reloaded, never written over.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -20,8 +28,10 @@ from pathlib import Path
 from chatrun.errors import ChatrunError
 from chatrun.messages import Message, message_from_dict
 from chatrun.store.memory import messages_json, to_json
+from chatrun.store.versions import KEEP_OUTCOMES, check_version, next_version
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+LEGACY_VERSION = "0.schema1"  # the version of a session saved before sessions had versions
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS memories (
@@ -31,7 +41,15 @@ CREATE TABLE IF NOT EXISTS memories (
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
     snapshot   TEXT NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    version    TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS requests (
+    session_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    outcome    TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    PRIMARY KEY (session_id, request_id)
 );
 CREATE TABLE IF NOT EXISTS history (
     session_id TEXT NOT NULL,
@@ -50,9 +68,10 @@ class SQLiteStore:
     """A ChatMemoryStore and SessionStore in the SQLite file `path` (created if missing; its
     folder must exist)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, exclusive: bool = False):
         self.path = str(path)
         self._lock = threading.RLock()
+        self._owner_lock: int | None = None
         memory_db = self.path == ":memory:"
         try:
             folder = Path(self.path).expanduser().absolute().parent
@@ -64,6 +83,8 @@ class SQLiteStore:
                     "create it, or fix the URL (sqlite:///rel/path.db is relative to the current "
                     "folder, sqlite:////abs/path.db absolute)"
                 )
+            if not memory_db and exclusive:
+                self._owner_lock = _lock_for_server(Path(self.path).expanduser())
             # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE in _transaction).
             self._conn = sqlite3.connect(
                 self.path if memory_db else str(Path(self.path).expanduser()),
@@ -81,8 +102,15 @@ class SQLiteStore:
                     f"{SCHEMA_VERSION}); upgrade chatrun or use another file"
                 )
             if version < SCHEMA_VERSION:
+                columns = {r[1] for r in self._conn.execute("PRAGMA table_info(sessions)")}
+                if "version" not in columns:  # a schema-1 file: its sessions get versions from now on
+                    self._conn.execute("ALTER TABLE sessions ADD COLUMN version TEXT NOT NULL DEFAULT ''")
                 self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except ChatrunError:
+            self._release_owner_lock()
+            raise
         except (sqlite3.Error, OSError) as exc:
+            self._release_owner_lock()
             raise ChatrunError(
                 f"cannot open the SQLite store {self.path}: {exc}. Check that the path is a file "
                 "(not a folder), that its folder is writable, and that it is a SQLite database."
@@ -113,6 +141,12 @@ class SQLiteStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+        self._release_owner_lock()
+
+    def _release_owner_lock(self) -> None:
+        if self._owner_lock is not None:
+            os.close(self._owner_lock)  # closing the descriptor drops the lock
+            self._owner_lock = None
 
     def __enter__(self) -> SQLiteStore:
         return self
@@ -148,22 +182,51 @@ class SQLiteStore:
             row = conn.execute("SELECT snapshot FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
         return None if row is None else json.loads(row[0])
 
+    def load_versioned(self, session_id: str) -> tuple[dict, str] | None:
+        """The snapshot and its version, or None for an unknown session."""
+        with self._locked(f"read session {session_id}") as conn:
+            row = conn.execute(
+                "SELECT snapshot, version FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+        return None if row is None else (json.loads(row[0]), row[1] or LEGACY_VERSION)
+
+    def version(self, session_id: str) -> str | None:
+        with self._locked(f"read session {session_id}") as conn:
+            row = conn.execute("SELECT version FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        return None if row is None else row[0] or LEGACY_VERSION
+
+    def get_outcome(self, session_id: str, request_id: str) -> dict | None:
+        with self._locked(f"read request {request_id} of session {session_id}") as conn:
+            row = conn.execute(
+                "SELECT outcome FROM requests WHERE session_id = ? AND request_id = ?", (session_id, request_id)
+            ).fetchone()
+        return None if row is None else json.loads(row[0])
+
     def commit_turn(
         self,
         session_id: str,
         snapshot: dict,
         memories: dict[str, list[Message] | None],
         history: list[dict],
-    ) -> None:
+        expected_version: str | None = None,
+        outcome: tuple[str, dict] | None = None,
+    ) -> str:
+        """See SessionStore.commit_turn; returns the session's new version."""
         # Encode everything first: a bad value fails before the transaction begins.
         snap = to_json(f"session {session_id}: its snapshot", snapshot)
         mems = {mid: None if msgs is None else messages_json(mid, msgs) for mid, msgs in memories.items()}
         entries = [to_json(f"session {session_id}: history entry {i}", e) for i, e in enumerate(history)]
+        recorded = None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1]))
         with self._transaction(f"save a turn of session {session_id}") as conn:
+            row = conn.execute("SELECT version FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+            current = None if row is None else row[0] or LEGACY_VERSION
+            check_version(session_id, expected_version, current)
+            version = next_version(current)
             conn.execute(
-                "INSERT INTO sessions (session_id, snapshot, updated_at) VALUES (?, ?, ?) "
-                "ON CONFLICT(session_id) DO UPDATE SET snapshot = excluded.snapshot, updated_at = excluded.updated_at",
-                (session_id, snap, time.time()),
+                "INSERT INTO sessions (session_id, snapshot, updated_at, version) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(session_id) DO UPDATE SET snapshot = excluded.snapshot, "
+                "updated_at = excluded.updated_at, version = excluded.version",
+                (session_id, snap, time.time(), version),
             )
             for mid, text in mems.items():
                 if text is None:
@@ -178,6 +241,20 @@ class SQLiteStore:
                     "INSERT INTO history (session_id, seq, entry) VALUES (?, ?, ?)",
                     [(session_id, last + 1 + i, e) for i, e in enumerate(entries)],
                 )
+            if recorded is not None:
+                self._record_outcome(conn, session_id, *recorded)
+        return version
+
+    @staticmethod
+    def _record_outcome(conn: sqlite3.Connection, session_id: str, request_id: str, text: str) -> None:
+        seq = conn.execute(
+            "SELECT COALESCE(MAX(seq), 0) FROM requests WHERE session_id = ?", (session_id,)
+        ).fetchone()[0] + 1
+        conn.execute(
+            "INSERT OR REPLACE INTO requests (session_id, request_id, outcome, seq) VALUES (?, ?, ?, ?)",
+            (session_id, request_id, text, seq),
+        )
+        conn.execute("DELETE FROM requests WHERE session_id = ? AND seq <= ?", (session_id, seq - KEEP_OUTCOMES))
 
     def load_history(self, session_id: str) -> list[dict]:
         with self._locked(f"read the history of session {session_id}") as conn:
@@ -190,6 +267,7 @@ class SQLiteStore:
         with self._transaction(f"delete session {session_id}") as conn:
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM history WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM requests WHERE session_id = ?", (session_id,))
             conn.executemany("DELETE FROM memories WHERE memory_id = ?", [(m,) for m in memory_ids])
 
     def list_sessions(self) -> list[str]:
@@ -211,6 +289,32 @@ class SQLiteStore:
                 "INSERT INTO records (key, record) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET record = excluded.record",
                 (key, text),
             )
+
+
+def _lock_for_server(db: Path) -> int:
+    """Hold "<db>.lock" for this process. A POSIX record lock: it belongs to the process (a
+    restart inside one process reopens freely) and the kernel drops it when the process dies."""
+    import errno
+    import fcntl
+
+    lock_path = db.with_name(db.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EAGAIN):
+            os.close(fd)
+            raise
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise ChatrunError(
+            f"store {db}: already served by {holder}. A SQLite store serves one `chatrun serve` "
+            "process; stop the other one, use another file, or run several replicas on a Redis "
+            "store (--store redis://HOST:PORT/0, see docs/deploy.md)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"chatrun serve (pid {os.getpid()})".encode(), 0)  # named in the other's error
+    return fd
 
 
 _UPSERT_MEMORY = (

@@ -1,0 +1,330 @@
+"""`RedisStore`: sessions, memories, history and leases in Redis, shared by every replica.
+
+    --store redis://[:PASSWORD@]HOST:PORT/DB[?prefix=chatrun:]      (rediss:// for TLS)
+
+The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for session S
+(prefix "chatrun:"):
+
+    chatrun:s:S     hash   v (version), snap (snapshot JSON), owner, m:<memory id> (messages JSON)
+    chatrun:h:S     list   history entries (JSON), oldest first
+    chatrun:r:S     hash   request id -> the history entry of the committed request
+    chatrun:ro:S    list   request ids, oldest first (the last KEEP_OUTCOMES are kept)
+    chatrun:l:S     string the lease: its holder's token, with a TTL
+    chatrun:q:S     zset   the queue of requests waiting for the lease (score: arrival number)
+    chatrun:qn:S    string the queue's arrival counter
+    chatrun:qa:S    hash   waiter token -> the time (ms) it must poll again by, or be dropped
+    chatrun:sessions zset  session ids by creation time
+    chatrun:o:OWNER set    the session ids a principal owns
+
+Every write of a turn is one Lua script (atomic on the server): it checks that the caller
+still holds the lease and that the session is at the version the turn started from, then
+writes snapshot, memories, history and the request's outcome, or nothing. The lease is a
+token with a TTL, renewed every ttl/3 by a task while the request runs; a replica that dies
+stops renewing and its lease expires. Waiters queue in FIFO order and poll (every 2..20 ms);
+a waiter that stops polling (its replica died) is dropped from the head of the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from chatrun.errors import ChatrunError
+from chatrun.messages import message_from_dict
+from chatrun.store.aio import Lease, LeaseSettings, Loaded, MemoryIds
+from chatrun.store.buffer import PendingCommit
+from chatrun.store.versions import CREATE, KEEP_OUTCOMES, LeaseLost, SessionBusy, StaleVersion
+
+log = logging.getLogger("chatrun.store")
+
+WAITER_TTL_MS = 3000  # a waiter that has not polled for this long is dropped from the queue
+QUEUE_KEYS_TTL_MS = 3_600_000  # the queue's keys vanish an hour after the last waiter polled
+
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local token = ARGV[1]
+local holder = redis.call('GET', KEYS[1])
+if holder == token then return {1, redis.call('HGET', KEYS[5], 'v') or ''} end
+while true do
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if not head or head == token then break end
+  if tonumber(redis.call('HGET', KEYS[4], head) or '0') >= now then break end
+  redis.call('ZREM', KEYS[2], head)
+  redis.call('HDEL', KEYS[4], head)
+end
+local queued = redis.call('ZSCORE', KEYS[2], token)
+if ARGV[4] == '1' and not queued and (holder or redis.call('ZCARD', KEYS[2]) > 0) then
+  return {0, -1}
+end
+if not queued then redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[3]), token) end
+redis.call('HSET', KEYS[4], token, now + tonumber(ARGV[3]))
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+redis.call('PEXPIRE', KEYS[3], ARGV[5])
+redis.call('PEXPIRE', KEYS[4], ARGV[5])
+if not holder and redis.call('ZRANGE', KEYS[2], 0, 0)[1] == token then
+  redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+  redis.call('ZREM', KEYS[2], token)
+  redis.call('HDEL', KEYS[4], token)
+  return {1, redis.call('HGET', KEYS[5], 'v') or ''}
+end
+return {0, redis.call('ZRANK', KEYS[2], token)}
+"""
+
+_LEAVE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: session hash, history, lease, outcomes, outcome order, sessions index, owner set
+# ARGV: token, expected, random, snapshot, session id, request id, outcome, keep, now, owner,
+#       memory count, (memory id, messages or '' to delete)..., entry count, entries...
+_COMMIT = """
+if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then return {'lease', ''} end
+local cur = redis.call('HGET', KEYS[1], 'v')
+if ARGV[2] == '' then
+  if cur then return {'stale', cur} end
+elseif cur ~= ARGV[2] then
+  return {'stale', cur or ''}
+end
+local n = 0
+if cur then n = tonumber(string.match(cur, '^(%d+)')) or 0 end
+local v = (n + 1) .. '.' .. ARGV[3]
+redis.call('HSET', KEYS[1], 'v', v, 'snap', ARGV[4])
+if not cur then
+  redis.call('ZADD', KEYS[6], ARGV[9], ARGV[5])
+  if ARGV[10] ~= '' then
+    redis.call('HSET', KEYS[1], 'owner', ARGV[10])
+    redis.call('SADD', KEYS[7], ARGV[5])
+  end
+end
+local i = 11
+local count = tonumber(ARGV[i]); i = i + 1
+for _ = 1, count do
+  if ARGV[i + 1] == '' then
+    redis.call('HDEL', KEYS[1], 'm:' .. ARGV[i])
+  else
+    redis.call('HSET', KEYS[1], 'm:' .. ARGV[i], ARGV[i + 1])
+  end
+  i = i + 2
+end
+count = tonumber(ARGV[i]); i = i + 1
+for _ = 1, count do
+  redis.call('RPUSH', KEYS[2], ARGV[i])
+  i = i + 1
+end
+if ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[4], ARGV[6], ARGV[7])
+  redis.call('RPUSH', KEYS[5], ARGV[6])
+  while redis.call('LLEN', KEYS[5]) > tonumber(ARGV[8]) do
+    redis.call('HDEL', KEYS[4], redis.call('LPOP', KEYS[5]))
+  end
+end
+return {'ok', v}
+"""
+
+# KEYS: session hash, history, outcomes, outcome order, lease, sessions index; ARGV: token, id, prefix
+_DELETE = """
+if ARGV[1] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[1] then return 0 end
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner then redis.call('SREM', ARGV[3] .. 'o:' .. owner, ARGV[2]) end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+redis.call('ZREM', KEYS[6], ARGV[2])
+return 1
+"""
+
+
+def redis_url_parts(url: str) -> tuple[str, str]:
+    """(the URL for redis-py, the key prefix): `prefix` is chatrun's own query parameter."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query)
+    prefix = next((v for k, v in query if k == "prefix"), "chatrun:")
+    rest = urlencode([(k, v) for k, v in query if k != "prefix"])
+    return urlunsplit(parts._replace(query=rest)), prefix
+
+
+def redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+class RedisStore:
+    """See the module's text. One asyncio connection pool; every method is a coroutine."""
+
+    distributed = True
+
+    def __init__(self, url: str, settings: LeaseSettings = LeaseSettings()):  # noqa: B008 - frozen
+        try:
+            import redis.asyncio as aioredis
+        except ModuleNotFoundError:
+            raise ChatrunError(
+                f"store {redacted(url)}: the Redis store needs the redis package; "
+                "install it with: pip install 'chatrun[redis]'"
+            ) from None
+        client_url, self.prefix = redis_url_parts(url)
+        self.url = redacted(url)
+        self.settings = settings
+        password = None if urlsplit(client_url).password else os.environ.get("CHATRUN_REDIS_PASSWORD")
+        self.client = aioredis.from_url(
+            client_url, decode_responses=True, password=password,
+            socket_connect_timeout=5, socket_keepalive=True, health_check_interval=30,
+        )
+        self._acquire = self.client.register_script(_ACQUIRE)
+        self._leave = self.client.register_script(_LEAVE)
+        self._renew = self.client.register_script(_RENEW)
+        self._release = self.client.register_script(_RELEASE)
+        self._commit = self.client.register_script(_COMMIT)
+        self._delete = self.client.register_script(_DELETE)
+
+    def _key(self, kind: str, session_id: str) -> str:
+        return f"{self.prefix}{kind}:{session_id}"
+
+    # -- leases ---------------------------------------------------------------------------
+
+    async def acquire(self, session_id: str, wait: float, reject: bool = False,
+                      stop: Callable[[], bool] | None = None) -> Lease:
+        token = secrets.token_hex(12)
+        keys = [self._key(k, session_id) for k in ("l", "q", "qn", "qa", "s")]
+        ttl_ms = int(self.settings.ttl * 1000)
+        args = [token, ttl_ms, WAITER_TTL_MS, "1" if reject else "0", QUEUE_KEYS_TTL_MS]
+        deadline = time.monotonic() + wait
+        pause = 0.002
+        try:
+            while True:
+                granted, detail = await self._acquire(keys=keys, args=args)
+                if granted == 1:
+                    lease = Lease(session_id, token, detail or None)
+                    lease.renewer = asyncio.ensure_future(self._keep(lease))
+                    return lease
+                if detail == -1:
+                    raise SessionBusy(f"session {session_id} is running a turn (if busy: reject)")
+                if stop is not None and stop():
+                    raise SessionBusy(f"session {session_id}: the server is shutting down")
+                if time.monotonic() >= deadline:
+                    raise SessionBusy(
+                        f"session {session_id} stayed busy for {wait:g} s (queue position {int(detail) + 1}); "
+                        "try again later"
+                    )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, self.settings.poll)
+        except BaseException:
+            with contextlib.suppress(Exception):  # stop waiting: leave the queue at once
+                await asyncio.shield(self._leave(keys=[keys[1], keys[3]], args=[token]))
+            raise
+
+    async def _keep(self, lease: Lease) -> None:
+        """Renew the lease every ttl/3 until released; mark it lost if it slipped away."""
+        key = self._key("l", lease.session_id)
+        ttl_ms = int(self.settings.ttl * 1000)
+        while True:
+            await asyncio.sleep(self.settings.ttl / 3)
+            try:
+                renewed = await self._renew(keys=[key], args=[lease.token, ttl_ms])
+            except Exception as exc:  # Redis unreachable: try again; the commit's check decides
+                log.warning("could not renew the lease on session %s: %s", lease.session_id, exc)
+                continue
+            if not renewed:
+                lease.lost = True
+                log.warning("lost the lease on session %s", lease.session_id)
+                return
+
+    async def release(self, lease: Lease) -> None:
+        if lease.renewer is not None:
+            lease.renewer.cancel()
+        if lease.token is not None:
+            await self._release(keys=[self._key("l", lease.session_id)], args=[lease.token])
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def version(self, session_id: str) -> str | None:
+        return await self.client.hget(self._key("s", session_id), "v")
+
+    async def load(self, session_id: str, memory_ids: MemoryIds) -> Loaded | None:
+        fields = await self.client.hgetall(self._key("s", session_id))
+        if not fields or "snap" not in fields:
+            return None
+        try:
+            snapshot = json.loads(fields["snap"])
+            memories, sizes = {}, {}
+            for name, text in fields.items():
+                if name.startswith("m:"):
+                    memories[name[2:]] = [message_from_dict(d) for d in json.loads(text)]
+                    sizes[name[2:]] = len(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ChatrunError(f"store {self.url}: session {session_id} is corrupt ({exc})") from None
+        return Loaded(snapshot, fields["v"], memories, sizes)
+
+    async def commit(self, session_id: str, pending: PendingCommit, expected: str,
+                     lease: Lease | None, outcome: tuple[str, dict] | None = None) -> str:
+        if lease is not None and lease.lost:
+            raise LeaseLost(session_id)
+        owner = (pending.snapshot.get("meta") or {}).get("owner") if expected == CREATE else None
+        args: list[str | int | float] = [
+            lease.token if lease is not None and lease.token else "",
+            expected, secrets.token_hex(4),
+            json.dumps(pending.snapshot, ensure_ascii=False), session_id,
+            outcome[0] if outcome else "", json.dumps(outcome[1], ensure_ascii=False) if outcome else "",
+            KEEP_OUTCOMES, time.time(), owner or "",
+            len(pending.memories_json),
+        ]
+        for mid, text in pending.memories_json.items():
+            args += [mid, text if text is not None else ""]
+        args.append(len(pending.history))
+        args += [json.dumps(e, ensure_ascii=False) for e in pending.history]
+        keys = [self._key(k, session_id) for k in ("s", "h", "l", "r", "ro")]
+        keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}"]
+        status, detail = await self._commit(keys=keys, args=args)
+        if status == "lease":
+            raise LeaseLost(session_id)
+        if status == "stale":
+            raise StaleVersion(session_id, expected, detail or None)
+        return detail
+
+    async def history(self, session_id: str) -> list[dict]:
+        return [json.loads(e) for e in await self.client.lrange(self._key("h", session_id), 0, -1)]
+
+    async def outcome(self, session_id: str, request_id: str) -> dict | None:
+        text = await self.client.hget(self._key("r", session_id), request_id)
+        return None if text is None else json.loads(text)
+
+    async def delete(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
+        keys = [self._key(k, session_id) for k in ("s", "h", "r", "ro", "l")] + [f"{self.prefix}sessions"]
+        token = lease.token if lease is not None and lease.token else ""
+        if not await self._delete(keys=keys, args=[token, session_id, self.prefix]):
+            raise LeaseLost(session_id)
+
+    async def count_owned(self, owner: str) -> int:
+        return await self.client.scard(f"{self.prefix}o:{owner}")
+
+    async def list_sessions(self) -> list[str]:
+        return await self.client.zrange(f"{self.prefix}sessions", 0, -1)
+
+    async def ping(self) -> None:
+        try:
+            await self.client.ping()
+        except Exception as exc:
+            raise ChatrunError(f"store {self.url}: cannot reach Redis: {exc}") from None
+
+    async def close(self) -> None:
+        await self.client.aclose()
