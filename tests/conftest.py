@@ -91,3 +91,16 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("browser") or item.get_closest_marker("subprocess"):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A real redis-server on a free loopback port, for the whole test session (each xdist
+    worker starts its own). Tests take `redis_server.url()`: a URL with its own key prefix."""
+    from redis_support import REDIS_SERVER, RedisServer
+
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip("redis-server is not installed (apt-get install redis-server): Redis tests skipped")
+    server = RedisServer().start()
+    yield server
+    server.stop()

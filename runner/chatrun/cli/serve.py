@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import click
@@ -17,9 +18,28 @@ from chatrun.errors import ChatrunError
     "--store",
     default="sqlite:///chatrun.db",
     show_default=True,
-    help="Where sessions live: sqlite:///path.db (survives restarts; relative to the current folder, "
-    "sqlite:////abs/path.db absolute) or memory://.",
+    help="Where sessions live: sqlite:///path.db (one process, survives restarts; relative to the current "
+    "folder, sqlite:////abs/path.db absolute), redis://[:PASSWORD@]HOST:PORT/DB or rediss:// (N replicas "
+    "share it; see docs/deploy.md) or memory://.",
 )
+@click.option("--if-busy", type=click.Choice(["queue", "reject"]), default="queue", show_default=True,
+              help="A message for a session already running a turn: wait in its FIFO queue, or fail "
+              "at once with TooManyRequests (a request may choose with ifBusy).")
+@click.option("--queue-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds a request waits for a busy session before TooManyRequests.")
+@click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0.2),
+              help="Redis store: seconds a session's lease outlives a dead replica (renewed every ttl/3 while a turn runs).")
+@click.option("--drain-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0),
+              help="On SIGTERM: seconds to let running turns finish before closing connections "
+              "(the process exits within this plus 5 s; a second SIGTERM exits at once).")
+@click.option("--cache-size", default=10_000, show_default=True, type=click.IntRange(min=1),
+              help="Live sessions kept in memory at most (the rest are reloaded from the store).")
+@click.option("--cache-mb", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Memory the live sessions may take, in MiB (their JSON size).")
+@click.option("--cache-idle", default=900.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds an unused live session stays in memory.")
+@click.option("--max-sessions-per-principal", default=0, show_default=True, type=click.IntRange(min=0),
+              help="With --auth: sessions one principal may own (0: no limit).")
 @click.option(
     "--auth",
     "auth_file",
@@ -71,6 +91,14 @@ def serve(
     keep_alive_timeout: int,
     max_connections: int,
     log_level: str,
+    if_busy: str,
+    queue_timeout: float,
+    lease_ttl: float,
+    drain_timeout: float,
+    cache_size: int,
+    cache_mb: int,
+    cache_idle: float,
+    max_sessions_per_principal: int,
 ) -> None:
     """Serve bots over WebSocket and HTTP, with a web chat page and inspector.
 
@@ -81,6 +109,7 @@ def serve(
       chatrun serve bots/travel --auth tokens.yaml
       chatrun serve bots/travel --host 0.0.0.0 --auth tokens.yaml --allow-host chat.example.com \\
         --allow-origin https://chat.example.com
+      chatrun serve bots/travel --store redis://127.0.0.1:6379/0 --port 8001
 
     \b
     Then open http://HOST:PORT/ (the first bot) or /bots/NAME/ (each bot).
@@ -88,12 +117,13 @@ def serve(
     OpenAI-compatible API: /v1 (model = the bot's name).
     """
     try:
-        import uvicorn
-
         from chatrun.server import ServerLimits, create_app
+        from chatrun.server.drain import run
         from chatrun.server.guard import LOOPBACK_HOSTS, EdgePolicy
-        from chatrun.server.listen import ListenOptions, uvicorn_config
+        from chatrun.server.listen import ListenOptions
         from chatrun.server.openai_api import OpenAIOptions
+        from chatrun.server.sessions import SessionSettings
+        from chatrun.store.aio import LeaseSettings
     except ModuleNotFoundError as exc:
         raise click.ClickException(
             f"`chatrun serve` needs {exc.name}; install it with: pip install 'chatrun[serve]'"
@@ -107,7 +137,15 @@ def serve(
     edge = EdgePolicy(allowed_hosts=hosts, allowed_origins=allow_origin,
                       max_body_bytes=limits.max_frame_bytes, body_timeout=body_timeout)
     try:  # the same messages and exit codes as the other commands (1: invalid bot, bad store)
-        app = create_app(list(bots), store, auth=auth_file, limits=limits, edge=edge,
+        sessions = SessionSettings(
+            if_busy=if_busy,
+            lease=LeaseSettings(ttl=lease_ttl, wait=queue_timeout),
+            cache_size=cache_size,
+            cache_bytes=cache_mb * 2**20,
+            cache_idle=cache_idle,
+            max_sessions_per_principal=max_sessions_per_principal,
+        )
+        app = create_app(list(bots), store, auth=auth_file, limits=limits, sessions=sessions, edge=edge,
                          openai=OpenAIOptions(session_headers=session_headers))
     except ChatrunError as exc:
         fail(exc)
@@ -125,18 +163,18 @@ def serve(
     try:  # bind before saying "serving": a port in use is an error, not a false start
         listener = _listen(host, port)
     except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
-        if hasattr(registry.store, "close"):
-            registry.store.close()
+        asyncio.run(registry.store.close())
         click.echo(f"error: cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}", err=True)
         raise click.exceptions.Exit(1) from None
     auth_note = f"auth on ({app.state.auth.source})" if app.state.auth else "auth off"
     click.echo(f"chatrun: serving {', '.join(registry.bots)} on http://{host}:{port}/  "
-               f"(store: {describe_store(registry.store)}; {auth_note})", err=True)
+               f"(store: {describe_store(getattr(registry.store, 'sync', registry.store))}; {auth_note})", err=True)
     options = ListenOptions(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout,
                             max_connections=max_connections)
     _log_to_stderr(log_level)
     try:
-        uvicorn.Server(uvicorn_config(app, host, port, options, log_level=log_level)).run(sockets=[listener])
+        run(app, host=host, port=port, log_level=log_level, drain_timeout=drain_timeout, options=options,
+            sockets=[listener])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown: the normal way to stop
         pass
     click.echo("chatrun: stopped", err=True)

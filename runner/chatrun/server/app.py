@@ -77,6 +77,9 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if gc_tuning:
             tune_gc()
+        ping = getattr(registry.store, "ping", None)
+        if ping is not None:  # a shared store that cannot be reached: fail at startup, not per request
+            await ping()
         sweeper = asyncio.ensure_future(registry.sweep_forever())
         try:
             yield

@@ -1,0 +1,121 @@
+"""A real redis-server for tests (started on a free loopback port, no persistence), and
+`chatrun serve` replicas as subprocesses. No tests here."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> RedisServer:
+        self.proc = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def url(self, prefix: str | None = None) -> str:
+        """A URL with its own key prefix: every test gets an empty keyspace."""
+        return f"redis://127.0.0.1:{self.port}/0?prefix={prefix or 't' + secrets.token_hex(4) + ':'}"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+class Replica:
+    """`chatrun serve BOT --store STORE` in a subprocess on a free port."""
+
+    def __init__(self, bot: str, store: str, fake_url: str, *extra: str):
+        self.bot, self.store, self.fake_url, self.extra = bot, store, fake_url, extra
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/_chat/routes"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "chatrun", "serve", self.bot, "--port", str(self.port),
+                "--store", self.store, "--log-level", "warning", *self.extra]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runner"), env.get("PYTHONPATH")]))
+        env["OPENAI_BASE_URL"] = self.fake_url
+        env["OPENAI_API_KEY"] = "test-key"
+        env.pop("CHATRUN_AUTH_FILE", None)
+        return env
+
+    def start(self, wait: bool = True) -> Replica:
+        self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"chatrun serve exited: {self.proc.stdout.read().decode()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=0.5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        self.kill()
+        raise AssertionError(f"chatrun serve did not start in {timeout} s")
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def output(self) -> str:
+        assert self.proc is not None and self.proc.poll() is not None
+        return self.proc.stdout.read().decode(errors="replace")

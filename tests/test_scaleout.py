@@ -1,0 +1,357 @@
+"""Scale-out: `chatrun serve` replicas (real subprocesses) on one real Redis, a counter bot,
+the fake OpenAI server answering after a delay. Nothing lost, nothing run twice, nothing
+reordered; kill -9 mid-turn; a lease lost during a long model call; deletes across replicas;
+two processes on one SQLite file; SIGTERM drains.
+
+Bounded: a few dozen turns, a handful of kills. Every test here starts `chatrun serve`
+processes: marked `subprocess` (so `slow` too); they run in the default suite."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import textwrap
+import time
+import uuid
+from collections import Counter
+
+import httpx
+import pytest
+import websockets
+
+from chatrun.testing.fake_openai import FakeOpenAI
+from redis_support import Replica
+from server_support import async_until_done
+
+COUNTER = """
+name: counter
+description: Counts the turns it sees.
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+memory: {type: message_window, max_messages: 1000}
+state: {count: 0}
+routes:
+  main:
+    default: true
+    system: "Count so far: {{ state.count }}"
+    tools: [inc]
+tools:
+  inc:
+    description: Count one
+    action: {set: {state.count: "{{ state.count + 1 }}"}, message: "counted", immediate: true}
+"""
+
+DELAY = 0.15  # the fake model's answer time
+
+pytestmark = pytest.mark.subprocess
+
+
+@pytest.fixture
+def counter_bot(tmp_path):
+    path = tmp_path / "counter.yaml"
+    path.write_text(textwrap.dedent(COUNTER))
+    return str(path)
+
+
+@pytest.fixture
+def fake():
+    with FakeOpenAI() as server:
+        server.responder = lambda body: {"tool_calls": [{"name": "inc", "arguments": {}}], "delay": DELAY}
+        yield server
+
+
+def replicas(n: int, bot: str, store: str, fake: FakeOpenAI, *extra: str) -> list[Replica]:
+    started = [Replica(bot, store, fake.base_url, *extra).start(wait=False) for _ in range(n)]
+    for r in started:
+        r.wait_ready()
+    return started
+
+
+async def say(http: httpx.AsyncClient, replica: Replica, sid: str, text: str, key: str | None = None) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key else {}
+    return await http.post(f"{replica.url}/bots/counter/sessions/{sid}/messages", json={"userMessage": text},
+                           headers=headers)
+
+
+def stored(replica: Replica, sid: str) -> dict:
+    return httpx.get(f"{replica.url}/bots/counter/sessions/{sid}", timeout=30).json()
+
+
+def check_consistent(session: dict) -> list[dict]:
+    """The committed turns: numbered 1..N in order, and the counter agrees with them."""
+    ok = [h for h in session["history"] if h["ok"]]
+    assert [h["turn"] for h in ok] == list(range(1, len(ok) + 1))
+    assert session["turn"] == len(ok) and session["state"]["count"] == len(ok)
+    return ok
+
+
+def test_three_replicas_one_session_alternately_and_concurrently_nothing_lost_or_doubled(redis_server, counter_bot, fake):
+    group = replicas(3, counter_bot, redis_server.url(), fake)
+    try:
+        async def drive() -> list[int]:
+            async with httpx.AsyncClient(timeout=60) as http:
+                assert (await http.post(f"{group[0].url}/bots/counter/sessions", json={"id": "c"})).status_code == 201
+                for i in range(9):  # alternately: each replica continues what another one did
+                    reply = await say(http, group[i % 3], "c", f"a{i}")
+                    assert reply.status_code == 200 and reply.json()["turn"] == i + 1, reply.text
+                # Concurrently: 15 requests spread over the three replicas at once.
+                replies = await asyncio.gather(*(say(http, group[i % 3], "c", f"b{i}") for i in range(15)))
+                assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+                return sorted(r.json()["turn"] for r in replies)
+
+        turns = asyncio.run(drive())
+        assert turns == list(range(10, 25))  # every concurrent request got its own turn
+        for replica in group:  # each replica sees the same, complete session
+            session = stored(replica, "c")
+            ok = check_consistent(session)
+            assert len(ok) == 24
+            inputs = [h["input"] for h in ok]
+            assert inputs[:9] == [f"a{i}" for i in range(9)]
+            assert sorted(inputs[9:]) == sorted(f"b{i}" for i in range(15))
+        # Each model call saw every earlier turn: system + 3 messages (user, tool call, result) per earlier turn + the new one.
+        calls = [r for r in fake.requests]
+        assert sorted(len(r["messages"]) for r in calls) == [2 + 3 * k for k in range(24)]
+    finally:
+        for r in group:
+            r.kill()
+
+
+def test_kill_9_mid_turn_loses_nothing_acknowledged_and_retries_never_run_twice(redis_server, counter_bot, fake):
+    store = redis_server.url()
+    group = replicas(3, counter_bot, store, fake, "--lease-ttl", "1")
+    acknowledged: dict[str, int] = {}  # request id -> turn, as the client was told
+    sessions = ["k0", "k1", "k2"]
+    retries: list[str] = []
+    try:
+        async def client(http: httpx.AsyncClient, sid: str, n: int) -> None:
+            """Send n messages, each with its own request id; on any failure retry the same id
+            on the next replica until it is answered."""
+            for i in range(n):
+                key, target = str(uuid.uuid4()), hash((sid, i)) % 3
+                while True:
+                    try:
+                        reply = await say(http, group[target], sid, f"{sid}-{i}", key)
+                        if reply.status_code == 200:
+                            acknowledged[key] = reply.json()["turn"]
+                            break
+                    except httpx.HTTPError:
+                        pass  # the replica died under us: in doubt, retry with the same id
+                    retries.append(key)
+                    target = (target + 1) % 3
+                    await asyncio.sleep(0.1)
+
+        async def killer() -> None:
+            for round_ in range(3):
+                await asyncio.sleep(0.6)
+                victim = group[round_ % 3]
+                victim.kill()  # kill -9, turns in flight
+                await asyncio.to_thread(victim.start)
+
+        async def drive() -> None:
+            async with httpx.AsyncClient(timeout=60) as http:
+                for sid in sessions:
+                    await http.post(f"{group[0].url}/bots/counter/sessions", json={"id": sid})
+                await asyncio.gather(killer(), *(client(http, sid, 8) for sid in sessions))
+
+        asyncio.run(drive())
+        assert len(acknowledged) == 24 and retries  # the kills hit requests in flight
+        for sid in sessions:
+            session = stored(group[0], sid)
+            ok = check_consistent(session)
+            assert len(ok) == 8, [h["input"] for h in ok]  # no lost and no doubled turn
+            per_key = Counter(h["requestId"] for h in ok)
+            assert all(count == 1 for count in per_key.values())
+            assert {h["requestId"]: h["turn"] for h in ok} == {
+                k: t for k, t in acknowledged.items() if k in per_key
+            }
+            assert [h["input"] for h in ok] == [f"{sid}-{i}" for i in range(8)]  # in order
+        # A retry of an acknowledged request replays it on any replica and runs nothing.
+        key, turn = next(iter(acknowledged.items()))
+        calls = len(fake.requests)
+        sid = next(s for s in sessions if any(h.get("requestId") == key for h in stored(group[0], s)["history"]))
+        reply = httpx.post(f"{group[2].url}/bots/counter/sessions/{sid}/messages", json={"userMessage": "again"},
+                           headers={"Idempotency-Key": key}, timeout=30)
+        assert reply.json()["replayed"] is True and reply.json()["turn"] == turn
+        assert reply.headers["Idempotent-Replayed"] == "true" and len(fake.requests) == calls
+    finally:
+        for r in group:
+            r.kill()
+
+
+def test_a_lease_lost_during_a_long_model_call_cannot_commit(redis_server, counter_bot, fake):
+    a, b = replicas(2, counter_bot, redis_server.url(), fake, "--lease-ttl", "0.6")
+    try:
+        httpx.post(f"{a.url}/bots/counter/sessions", json={"id": "l"}, timeout=30)
+        fake.queue({"tool_calls": [{"name": "inc", "arguments": {}}], "delay": 2.0})
+
+        async def drive() -> tuple[list[dict], httpx.Response]:
+            async with websockets.connect(a.ws_url) as ws:
+                await ws.send(json.dumps({"type": "Connect", "chatId": "l", "resume": True}))
+                await async_until_done(ws, 30)
+                await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "l", "data": {"userMessage": "slow"}}))
+                while not fake.requests:
+                    await asyncio.sleep(0.02)
+                a.signal(signal.SIGSTOP)  # replica A freezes (a long pause): it cannot renew its lease
+                await asyncio.sleep(1.2)  # two TTLs: the lease expires
+                async with httpx.AsyncClient(timeout=30) as http:
+                    other = await say(http, b, "l", "meanwhile")  # B takes the session and commits
+                a.signal(signal.SIGCONT)
+                return await async_until_done(ws, 30), other
+
+        frames, other = asyncio.run(drive())
+        assert other.status_code == 200 and other.json()["turn"] == 1
+        assert [f["type"] for f in frames][-2:] == ["Error", "Failed"] and frames[-1]["data"] == "Conflict"
+        assert "not committed" in frames[-2]["data"] and "lease" in frames[-2]["data"]
+        session = stored(a, "l")  # A reloaded: it serves the stored session, B's turn and not its own
+        ok = check_consistent(session)
+        assert [h["input"] for h in ok] == ["meanwhile"]
+    finally:
+        for r in (a, b):
+            r.signal(signal.SIGCONT)
+            r.kill()
+
+
+def test_a_deleted_session_stays_deleted_across_replicas(redis_server, counter_bot, fake):
+    a, b = replicas(2, counter_bot, redis_server.url(), fake)
+    try:
+        with httpx.Client(timeout=30) as http:
+            http.post(f"{a.url}/bots/counter/sessions", json={"id": "d"})
+            for r in (a, b, a):  # both replicas hold a live copy now
+                assert http.post(f"{r.url}/bots/counter/sessions/d/messages", json={"userMessage": "x"}).status_code == 200
+            assert http.delete(f"{a.url}/bots/counter/sessions/d").status_code == 204
+            for r in (b, a):
+                assert http.get(f"{r.url}/bots/counter/sessions/d").status_code == 404
+                gone = http.post(f"{r.url}/bots/counter/sessions/d/messages", json={"userMessage": "x"})
+                assert gone.status_code == 404 and gone.json()["error"] == "SessionNotActive"
+            # The id can be used again: a new session, and neither replica's old copy comes back.
+            assert http.post(f"{b.url}/bots/counter/sessions", json={"id": "d"}).status_code == 201
+            for r in (a, b):
+                session = http.get(f"{r.url}/bots/counter/sessions/d").json()
+                assert session["turn"] == 0 and session["state"]["count"] == 0 and session["history"] == []
+    finally:
+        for r in (a, b):
+            r.kill()
+
+
+def test_a_second_server_process_on_one_sqlite_file_is_refused(tmp_path, counter_bot, fake):
+    store = f"sqlite:///{tmp_path / 'one.db'}"
+    first = Replica(counter_bot, store, fake.base_url).start()
+    try:
+        second = Replica(counter_bot, store, fake.base_url).start(wait=False)
+        assert second.proc.wait(30) != 0
+        out = second.output()
+        assert "already served by chatrun serve (pid" in out and "one `chatrun serve`" in out and "Traceback" not in out
+        httpx.post(f"{first.url}/bots/counter/sessions", json={"id": "s"}, timeout=30)
+        assert httpx.post(f"{first.url}/bots/counter/sessions/s/messages", json={"userMessage": "x"},
+                          timeout=30).json()["turn"] == 1
+    finally:
+        first.kill()
+    # Once the first is gone, the file can be served again, with everything it held.
+    again = Replica(counter_bot, store, fake.base_url).start()
+    try:
+        assert stored(again, "s")["state"]["count"] == 1
+    finally:
+        again.kill()
+
+
+def test_sigterm_lets_the_turn_in_flight_finish_and_exits(tmp_path, counter_bot, fake):
+    server = Replica(counter_bot, f"sqlite:///{tmp_path / 't.db'}", fake.base_url).start()
+    fake.queue({"tool_calls": [{"name": "inc", "arguments": {}}], "delay": 1.5})
+    try:
+        async def drive() -> tuple[list[dict], float]:
+            async with websockets.connect(server.ws_url) as ws:
+                await ws.send(json.dumps({"type": "Connect", "chatId": "t"}))
+                await async_until_done(ws, 30)
+                await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "t", "data": {"userMessage": "x"}}))
+                while not fake.requests:
+                    await asyncio.sleep(0.02)
+                server.signal(signal.SIGTERM)
+                sent = time.monotonic()
+                await asyncio.sleep(0.3)
+                with pytest.raises((httpx.HTTPError, OSError)):  # no new connections while draining
+                    async with httpx.AsyncClient() as http:
+                        await http.get(f"{server.url}/health", timeout=2)
+                return await async_until_done(ws, 30), sent
+
+        frames, sent = asyncio.run(drive())
+        assert frames[-1]["type"] == "Completed"  # the turn finished and its client was told
+        assert server.proc.wait(15) == 0
+        assert time.monotonic() - sent < 1.5 + 5 + 3
+    finally:
+        server.kill()
+    again = Replica(counter_bot, f"sqlite:///{tmp_path / 't.db'}", fake.base_url).start()
+    try:
+        assert stored(again, "t")["state"]["count"] == 1  # and it was committed
+    finally:
+        again.kill()
+
+
+def test_one_sigterm_exits_within_the_drain_bound_even_with_a_stuck_turn(tmp_path, counter_bot, fake):
+    server = Replica(counter_bot, "memory://", fake.base_url, "--drain-timeout", "1").start()
+    fake.queue({"tool_calls": [{"name": "inc", "arguments": {}}], "delay": 60})
+    try:
+        httpx.post(f"{server.url}/bots/counter/sessions", json={"id": "s"}, timeout=30)
+
+        async def drive() -> float:
+            async with httpx.AsyncClient(timeout=60) as http:
+                stuck = asyncio.ensure_future(say(http, server, "s", "x"))
+                while not fake.requests:
+                    await asyncio.sleep(0.02)
+                server.signal(signal.SIGTERM)
+                sent = time.monotonic()
+                await asyncio.to_thread(server.proc.wait, 20)
+                stuck.cancel()
+                return time.monotonic() - sent
+
+        took = asyncio.run(drive())
+        assert server.proc.returncode == 0
+        assert took < 1 + 5 + 3  # drain timeout + close timeout + slack
+    finally:
+        server.kill()
+
+
+def test_a_retry_of_a_turn_whose_reply_was_lost_is_replayed_on_another_replica(redis_server, counter_bot, fake):
+    a, b = replicas(2, counter_bot, redis_server.url(), fake)
+    frame = {"type": "ChatRouteMessage", "chatId": "r", "data": {"userMessage": "once"}, "requestId": "rid-1"}
+    try:
+        async def lose_the_reply() -> None:
+            async with websockets.connect(a.ws_url) as ws:
+                await ws.send(json.dumps({"type": "Connect", "chatId": "r"}))
+                await async_until_done(ws, 30)
+                await ws.send(json.dumps(frame))
+            # The socket closed before any reply: the client cannot know whether the turn ran.
+
+        async def retry() -> tuple[list[dict], list[dict]]:
+            async with websockets.connect(b.ws_url) as ws:
+                await ws.send(json.dumps({"type": "Connect", "chatId": "r", "resume": True}))
+                resumed = await async_until_done(ws, 30)
+                await ws.send(json.dumps(frame))
+                return resumed, await async_until_done(ws, 30)
+
+        asyncio.run(lose_the_reply())
+        deadline = time.monotonic() + 20
+        while stored(a, "r")["turn"] == 0:  # the turn runs on and commits without its client
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        calls = len(fake.requests)
+        resumed, frames = asyncio.run(retry())
+        last = resumed[0]["data"]["lastTurn"]  # on resume the client learns what was committed
+        assert (last["turn"], last["input"], last["requestId"]) == (1, "once", "rid-1")
+        assert [(f["type"], f["data"]) for f in frames][0] == ("Message", "counted")
+        assert frames[-1]["type"] == "Completed" and all(f["requestId"] == "rid-1" for f in frames)
+        assert len(fake.requests) == calls  # replayed, not run again
+        assert check_consistent(stored(b, "r"))[0]["requestId"] == "rid-1" and stored(b, "r")["turn"] == 1
+        # An integer requestId is only a correlation id (per connection): never deduplicated.
+        async def integer_ids() -> list[dict]:
+            async with websockets.connect(b.ws_url) as ws:
+                await ws.send(json.dumps({"type": "Connect", "chatId": "r", "resume": True}))
+                await async_until_done(ws, 30)
+                for _ in range(2):
+                    await ws.send(json.dumps(frame | {"requestId": 7}))
+                    await async_until_done(ws, 30)
+            return stored(b, "r")["history"]
+
+        assert [h["turn"] for h in asyncio.run(integer_ids()) if h["ok"]] == [1, 2, 3]
+    finally:
+        for r in (a, b):
+            r.kill()

@@ -1,0 +1,159 @@
+"""The Redis store against a real redis-server: atomic fenced commits, leases (FIFO queue,
+reject, expiry, renewal), recorded outcomes, deletes. In-process, asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from chatrun.messages import AssistantMessage, UserMessage
+from chatrun.store.aio import LeaseSettings
+from chatrun.store.buffer import TurnBuffer
+from chatrun.store.redis import RedisStore, redis_url_parts
+from chatrun.store.versions import CREATE, LeaseLost, SessionBusy, StaleVersion
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def no_memories(_snapshot: dict) -> list[str]:
+    return []
+
+
+def pending(session_id: str, snapshot: dict, memories=None, history=None, request_id=None):
+    buffer = TurnBuffer(session_id)
+    buffer.request_id = request_id
+    buffer.commit_turn(session_id, snapshot, memories or {}, history or [])
+    return buffer.take()
+
+
+@pytest.fixture
+def url(redis_server):
+    return redis_server.url()
+
+
+def test_a_commit_lands_whole_and_only_from_the_version_it_started_from(url):
+    async def go():
+        store = RedisStore(url)
+        lease = await store.acquire("s", wait=5)
+        v1 = await store.commit("s", pending("s", {"turn": 0}), CREATE, lease)
+        with pytest.raises(StaleVersion, match="already exists"):
+            await store.commit("s", pending("s", {"turn": 0}), CREATE, lease)
+        v2 = await store.commit("s", pending("s", {"turn": 1}, {"s.1#main": [UserMessage("hi"), AssistantMessage("yo")]},
+                                            [{"turn": 1, "ok": True}]), v1, lease)
+        assert v1.startswith("1.") and v2.startswith("2.")
+        # A turn that started from v1 (another replica's stale copy) is refused, and nothing of it lands.
+        with pytest.raises(StaleVersion, match=f"at version {v2}, not {v1}"):
+            await store.commit("s", pending("s", {"turn": 9}, {"s.1#main": None}, [{"turn": 9}]), v1, lease)
+        loaded = await store.load("s", no_memories)
+        assert loaded.version == v2 and loaded.snapshot == {"turn": 1}
+        assert loaded.memories == {"s.1#main": [UserMessage("hi"), AssistantMessage("yo")]}
+        assert await store.history("s") == [{"turn": 1, "ok": True}]
+        await store.release(lease)
+        await store.close()
+
+    run(go())
+
+
+def test_a_commit_without_the_lease_is_refused(url):
+    async def go():
+        store = RedisStore(url, LeaseSettings(ttl=0.3))
+        first = await store.acquire("s", wait=5)
+        first.renewer.cancel()  # a replica that stopped renewing (paused, partitioned)
+        version = await store.commit("s", pending("s", {"turn": 0}), CREATE, first)
+        await asyncio.sleep(0.5)  # the lease expired...
+        second = await store.acquire("s", wait=5)  # ...and another request took it
+        with pytest.raises(LeaseLost, match="expired"):
+            await store.commit("s", pending("s", {"turn": 1}), version, first)
+        assert (await store.load("s", no_memories)).snapshot == {"turn": 0}
+        await store.commit("s", pending("s", {"turn": 1}), version, second)
+        await store.release(second)
+        await store.close()
+
+    run(go())
+
+
+def test_a_held_lease_is_renewed_past_its_ttl(url):
+    async def go():
+        store = RedisStore(url, LeaseSettings(ttl=0.3))
+        lease = await store.acquire("s", wait=5)
+        await asyncio.sleep(1.0)  # three TTLs: kept alive by renewal
+        assert not lease.lost
+        with pytest.raises(SessionBusy):
+            await store.acquire("s", wait=0.1)
+        await store.commit("s", pending("s", {"turn": 0}), CREATE, lease)
+        await store.release(lease)
+        await store.close()
+
+    run(go())
+
+
+def test_waiters_get_the_lease_in_arrival_order_and_reject_fails_at_once(url):
+    async def go():
+        stores = [RedisStore(url) for _ in range(3)]  # three replicas
+        order: list[int] = []
+        holder = await stores[0].acquire("s", wait=5)
+
+        async def wait_turn(i: int) -> None:
+            lease = await stores[i % 3].acquire("s", wait=10)
+            order.append(i)
+            await asyncio.sleep(0.02)
+            await stores[i % 3].release(lease)
+
+        tasks = []
+        for i in range(6):
+            tasks.append(asyncio.ensure_future(wait_turn(i)))
+            await asyncio.sleep(0.03)  # arrival order 0..5
+        with pytest.raises(SessionBusy, match="reject"):
+            await stores[1].acquire("s", wait=10, reject=True)
+        await stores[0].release(holder)
+        await asyncio.gather(*tasks)
+        assert order == list(range(6))
+        lease = await stores[2].acquire("s", wait=1, reject=True)  # free now: reject does not fail
+        await stores[2].release(lease)
+        for s in stores:
+            await s.close()
+
+    run(go())
+
+
+def test_a_waiter_that_gives_up_leaves_the_queue(url):
+    async def go():
+        store = RedisStore(url)
+        holder = await store.acquire("s", wait=5)
+        with pytest.raises(SessionBusy, match="stayed busy"):
+            await store.acquire("s", wait=0.2)
+        await store.release(holder)
+        lease = await store.acquire("s", wait=0.5)  # not stuck behind the one that left
+        await store.release(lease)
+        await store.close()
+
+    run(go())
+
+
+def test_outcomes_are_recorded_with_the_commit_and_delete_forgets_everything(url):
+    async def go():
+        store = RedisStore(url)
+        lease = await store.acquire("s", wait=5)
+        v = await store.commit("s", pending("s", {"turn": 0, "meta": {"owner": "ana"}}), CREATE, lease)
+        entry = {"turn": 1, "ok": True, "events": [{"type": "Message", "data": "hi", "turn": 1}]}
+        await store.commit("s", pending("s", {"turn": 1}, history=[entry], request_id="r-1"), v, lease,
+                           ("r-1", entry | {"requestId": "r-1"}))
+        assert (await store.outcome("s", "r-1"))["events"][0]["data"] == "hi"
+        assert await store.outcome("s", "r-2") is None
+        assert await store.count_owned("ana") == 1 and await store.list_sessions() == ["s"]
+        await store.delete("s", [], lease)
+        assert await store.load("s", no_memories) is None and await store.history("s") == []
+        assert await store.outcome("s", "r-1") is None and await store.count_owned("ana") == 0
+        await store.release(lease)
+        await store.close()
+
+    run(go())
+
+
+def test_redis_urls_keep_their_password_out_of_messages():
+    assert redis_url_parts("redis://:pw@h:1/2?prefix=x:") == ("redis://:pw@h:1/2", "x:")
+    store = RedisStore("redis://:secret@127.0.0.1:1/0")
+    assert "secret" not in store.url
