@@ -94,6 +94,12 @@ class InMemoryStore:
         with self._lock:
             return self._versions.get(session_id)
 
+    def count_owned(self, owner: str) -> int:
+        """How many sessions `owner` (the snapshot's meta.owner) has."""
+        with self._lock:
+            texts = list(self._sessions.values())
+        return sum(1 for t in texts if (json.loads(t).get("meta") or {}).get("owner") == owner)
+
     def get_outcome(self, session_id: str, request_id: str) -> dict | None:
         with self._lock:
             text = self._outcomes.get(session_id, {}).get(request_id)

@@ -195,6 +195,13 @@ class SQLiteStore:
             row = conn.execute("SELECT version FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
         return None if row is None else row[0] or LEGACY_VERSION
 
+    def count_owned(self, owner: str) -> int:
+        """How many sessions `owner` (the snapshot's meta.owner) has (a scan: checked on create only)."""
+        with self._locked(f"count the sessions of {owner}") as conn:
+            return conn.execute(
+                "SELECT COUNT(*) FROM sessions WHERE json_extract(snapshot, '$.meta.owner') = ?", (owner,)
+            ).fetchone()[0]
+
     def get_outcome(self, session_id: str, request_id: str) -> dict | None:
         with self._locked(f"read request {request_id} of session {session_id}") as conn:
             row = conn.execute(
