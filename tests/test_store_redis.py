@@ -157,3 +157,34 @@ def test_redis_urls_keep_their_password_out_of_messages():
     assert redis_url_parts("redis://:pw@h:1/2?prefix=x:") == ("redis://:pw@h:1/2", "x:")
     store = RedisStore("redis://:secret@127.0.0.1:1/0")
     assert "secret" not in store.url
+
+
+def test_serve_says_when_redis_cannot_be_reached(tmp_path):
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+    from redis_support import free_port
+    from server_support import write_travel
+
+    bot = str(write_travel(tmp_path))
+    result = CliRunner().invoke(main, ["serve", bot, "--store", f"redis://127.0.0.1:{free_port()}/0"])
+    assert result.exit_code != 0 and "cannot reach Redis" in result.output and "Traceback" not in result.output
+
+
+def test_a_turn_fails_cleanly_when_redis_goes_away(redis_server, tmp_path, fake):
+    from fastapi.testclient import TestClient
+
+    import chatrun
+    from chatrun.server import create_app
+    from redis_support import RedisServer
+    from server_support import write_travel
+
+    own = RedisServer().start()  # a Redis of its own, to stop
+    fake.responder = lambda body: {"text": "ok"}
+    app = create_app([chatrun.load_bot(write_travel(tmp_path))], own.url())
+    with TestClient(app) as c:
+        assert c.post("/bots/travel/sessions", json={"id": "g"}).status_code == 201
+        own.stop()
+        r = c.post("/bots/travel/sessions/g/messages", json={"userMessage": "hi"})
+        assert r.status_code == 500 and r.json()["error"] == "ServerError" and "store failed" in r.json()["message"]
+        assert c.get("/health").status_code == 200  # the server itself stays up

@@ -147,6 +147,10 @@ def serve(
         )
         app = create_app(list(bots), store, auth=auth_file, limits=limits, sessions=sessions, edge=edge,
                          openai=OpenAIOptions(session_headers=session_headers))
+        if store.startswith(("redis://", "rediss://")):
+            from chatrun.store.redis import check_reachable
+
+            check_reachable(store)
     except ChatrunError as exc:
         fail(exc)
     registry = app.state.registry

@@ -177,7 +177,15 @@ class SessionRegistry:
         entered = False
         lease: Lease | None = None
         try:
-            lease = await self._enter(slot, session_id, policy)
+            try:
+                lease = await self._enter(slot, session_id, policy)
+            except (wire.RequestFailed, asyncio.CancelledError):
+                raise
+            except Exception as exc:  # the store is unreachable or failing: say so, as a request failure
+                log.warning("store %s failed for session %s: %s", self.store.url, session_id, exc)
+                raise wire.RequestFailed(
+                    wire.SERVER_ERROR, f"session {session_id}: the store failed ({type(exc).__name__}: {exc})"
+                ) from None
             self.waiting, self.active, entered = self.waiting - 1, self.active + 1, True
             self._refuse_if_draining()
             await self._ready(slot, bot, session_id, principal, mode, route, state, lease)
@@ -324,8 +332,8 @@ class SessionRegistry:
     ) -> None:
         try:
             loaded = await self.store.load(session_id, _memory_ids)
-        except ChatrunError as exc:
-            raise wire.RequestFailed(wire.SERVER_ERROR, str(exc)) from None
+        except Exception as exc:  # a corrupt record or an unreachable store
+            raise wire.RequestFailed(wire.SERVER_ERROR, f"session {session_id}: could not load it: {exc}") from None
         if loaded is not None:
             snapshot = loaded.snapshot
             if mode == NEW:

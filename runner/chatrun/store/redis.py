@@ -328,3 +328,18 @@ class RedisStore:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def check_reachable(url: str) -> None:
+    """Ping Redis with a client of its own (made and closed here, on a loop of its own), so a
+    command line can say "cannot reach Redis" before it starts serving. Raises ChatrunError."""
+    import asyncio
+
+    async def ping() -> None:
+        store = RedisStore(url)
+        try:
+            await store.ping()
+        finally:
+            await store.close()
+
+    asyncio.run(ping())
