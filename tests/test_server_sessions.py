@@ -135,6 +135,8 @@ def test_a_retried_idempotency_key_replays_the_committed_turn(fake, travel, tmp_
         fake.queue({"text": "now it works"})
         retried = c.post("/bots/travel/sessions/i/messages", json={"userMessage": "x"}, headers={"Idempotency-Key": "k-2"})
         assert retried.json()["ok"] and retried.json()["replayed"] is False and retried.json()["turn"] == 2
+        too_long = c.post("/bots/travel/sessions/i/messages", json={"userMessage": "x"}, headers={"Idempotency-Key": "k" * 201})
+        assert too_long.status_code == 400 and "1 to 200 characters, not 201" in too_long.json()["message"]
 
 
 def test_a_slow_sqlite_write_does_not_freeze_the_event_loop(fake, travel, tmp_path):

@@ -52,6 +52,7 @@ EXISTING = "existing"  # the session must exist
 QUEUE = "queue"  # if busy: wait in the session's FIFO queue (the default)
 REJECT = "reject"  # if busy: fail at once with TooManyRequests
 IF_BUSY = (QUEUE, REJECT)
+MAX_REQUEST_ID = 200  # characters of an idempotency key (each session keeps its last 1,000)
 
 log = logging.getLogger("chatrun.server")
 
@@ -227,6 +228,12 @@ class SessionRegistry:
     def turn(self, session: Session, message: Any, request_id: str | None = None) -> TurnRun:
         """Run one turn of a session held by `session()`: its events, then the commit (the
         last step of the iteration). A retry of a committed `request_id` replays its events."""
+        if request_id is not None and not 0 < len(request_id) <= MAX_REQUEST_ID:
+            raise wire.RequestFailed(
+                wire.BAD_REQUEST,
+                f"a request id (string requestId, Idempotency-Key) has 1 to {MAX_REQUEST_ID} characters, "
+                f"not {len(request_id)}",
+            )
         return TurnRun(self, session, message, request_id)
 
     def last_committed(self, session: Session) -> dict | None:
