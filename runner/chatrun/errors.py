@@ -8,6 +8,9 @@
     │   └── ForbiddenRouteError  the principal may not enter a route with `roles:`
     ├── TurnFailed               a turn cannot complete: it is rolled back, its message becomes an Error event
     ├── ToolRefusal              a tool call that cannot run: its message is the tool result the model reads
+    ├── StaleVersion             a store refused a commit: the session is not at the version the turn started from
+    │   └── LeaseLost            ... because the turn's lease on the session expired (another replica may hold it)
+    ├── SessionBusy              the session is running a turn and the request would not (or could no longer) wait
     └── RequestFailed            a server request that cannot be served (reason + message)
         └── FrameError           a malformed WebSocket frame
 
@@ -96,6 +99,38 @@ class TurnFailed(ChatrunError):
 
 class ToolRefusal(ChatrunError):
     """A tool call that cannot run; the message is the tool result the model reads."""
+
+
+class StaleVersion(ChatrunError):
+    """A commit refused by the store (fencing): the stored session is not at the version the
+    turn started from (another request committed, or deleted it, meanwhile). Nothing was written."""
+
+    def __init__(self, session_id: str, expected: str | None, found: str | None, why: str = ""):
+        self.session_id, self.expected, self.found = session_id, expected, found
+        if why:
+            text = why
+        elif expected == "":  # chatrun.store.versions.CREATE
+            text = f"session {session_id} already exists (version {found})"
+        elif found is None:
+            text = f"session {session_id} was deleted meanwhile"
+        else:
+            text = f"session {session_id} is at version {found}, not {expected}: another request committed first"
+        super().__init__(text)
+
+
+class LeaseLost(StaleVersion):
+    """A commit refused: the turn's lease on the session expired and may be someone else's now."""
+
+    def __init__(self, session_id: str):
+        super().__init__(
+            session_id, None, None,
+            f"the lease on session {session_id} expired during the turn (the turn outlived the lease "
+            "or could not renew it), so another request may hold the session",
+        )
+
+
+class SessionBusy(ChatrunError):
+    """The session is running a turn and the request asked not to wait (or waited too long)."""
 
 
 class RequestFailed(ChatrunError):

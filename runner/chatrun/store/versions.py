@@ -11,41 +11,13 @@ from __future__ import annotations
 
 import secrets
 
-from chatrun.errors import ChatrunError
+from chatrun.errors import LeaseLost, SessionBusy, StaleVersion
+
+__all__ = ["CREATE", "KEEP_OUTCOMES", "LeaseLost", "SessionBusy", "StaleVersion", "check_version",
+           "next_version", "version_number"]
 
 CREATE = ""  # expected version of a commit that creates the session: refused if it exists
 KEEP_OUTCOMES = 1000  # recorded request outcomes kept per session (the oldest are dropped)
-
-
-class StaleVersion(ChatrunError):
-    """A commit refused: the stored session is not at the version the turn started from."""
-
-    def __init__(self, session_id: str, expected: str | None, found: str | None, why: str = ""):
-        self.session_id, self.expected, self.found = session_id, expected, found
-        if why:
-            text = why
-        elif expected == CREATE:
-            text = f"session {session_id} already exists (version {found})"
-        elif found is None:
-            text = f"session {session_id} was deleted meanwhile"
-        else:
-            text = f"session {session_id} is at version {found}, not {expected}: another request committed first"
-        super().__init__(text)
-
-
-class LeaseLost(StaleVersion):
-    """A commit refused: the turn's lease on the session expired and may be someone else's now."""
-
-    def __init__(self, session_id: str):
-        super().__init__(
-            session_id, None, None,
-            f"the lease on session {session_id} expired during the turn (the turn outlived the lease "
-            "or could not renew it), so another request may hold the session",
-        )
-
-
-class SessionBusy(ChatrunError):
-    """The session is running a turn and the request asked not to wait (or waited too long)."""
 
 
 def next_version(current: str | None) -> str:
