@@ -43,21 +43,48 @@ tools:
 
 DELAY = 0.15  # the fake model's answer time
 
+LEASE_TTL = 1.0  # seconds, for the shared replicas
+
 pytestmark = pytest.mark.subprocess
 
 
-@pytest.fixture
-def counter_bot(tmp_path):
-    path = tmp_path / "counter.yaml"
+@pytest.fixture(scope="module")
+def counter_bot(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bot") / "counter.yaml"
     path.write_text(textwrap.dedent(COUNTER))
     return str(path)
 
 
-@pytest.fixture
-def fake():
+@pytest.fixture(scope="module")
+def shared_fake():
     with FakeOpenAI() as server:
-        server.responder = lambda body: {"tool_calls": [{"name": "inc", "arguments": {}}], "delay": DELAY}
         yield server
+
+
+@pytest.fixture
+def fake(shared_fake):
+    shared_fake.reset()
+    shared_fake.responder = lambda body: {"tool_calls": [{"name": "inc", "arguments": {}}], "delay": DELAY}
+    return shared_fake
+
+
+@pytest.fixture(scope="module")
+def started_trio(redis_server, counter_bot, shared_fake):
+    """Three replicas on one Redis, shared by the tests of this module (each test uses its own
+    session ids); a lease TTL of 1 s, so a killed replica's sessions free up quickly."""
+    group = replicas(3, counter_bot, redis_server.url(), shared_fake, "--lease-ttl", str(LEASE_TTL))
+    yield group
+    for r in group:
+        r.signal(signal.SIGCONT)
+        r.kill()
+
+
+@pytest.fixture
+def trio(started_trio):
+    for r in started_trio:  # a test may have killed one
+        if r.proc.poll() is not None:
+            r.start()
+    return started_trio
 
 
 def replicas(n: int, bot: str, store: str, fake: FakeOpenAI, *extra: str) -> list[Replica]:
@@ -85,40 +112,35 @@ def check_consistent(session: dict) -> list[dict]:
     return ok
 
 
-def test_three_replicas_one_session_alternately_and_concurrently_nothing_lost_or_doubled(redis_server, counter_bot, fake):
-    group = replicas(3, counter_bot, redis_server.url(), fake)
-    try:
-        async def drive() -> list[int]:
-            async with httpx.AsyncClient(timeout=60) as http:
-                assert (await http.post(f"{group[0].url}/bots/counter/sessions", json={"id": "c"})).status_code == 201
-                for i in range(9):  # alternately: each replica continues what another one did
-                    reply = await say(http, group[i % 3], "c", f"a{i}")
-                    assert reply.status_code == 200 and reply.json()["turn"] == i + 1, reply.text
-                # Concurrently: 15 requests spread over the three replicas at once.
-                replies = await asyncio.gather(*(say(http, group[i % 3], "c", f"b{i}") for i in range(15)))
-                assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
-                return sorted(r.json()["turn"] for r in replies)
+def test_three_replicas_one_session_alternately_and_concurrently_nothing_lost_or_doubled(trio, fake):
+    group = trio
+    async def drive() -> list[int]:
+        async with httpx.AsyncClient(timeout=60) as http:
+            assert (await http.post(f"{group[0].url}/bots/counter/sessions", json={"id": "c"})).status_code == 201
+            for i in range(9):  # alternately: each replica continues what another one did
+                reply = await say(http, group[i % 3], "c", f"a{i}")
+                assert reply.status_code == 200 and reply.json()["turn"] == i + 1, reply.text
+            # Concurrently: 15 requests spread over the three replicas at once.
+            replies = await asyncio.gather(*(say(http, group[i % 3], "c", f"b{i}") for i in range(15)))
+            assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+            return sorted(r.json()["turn"] for r in replies)
 
-        turns = asyncio.run(drive())
-        assert turns == list(range(10, 25))  # every concurrent request got its own turn
-        for replica in group:  # each replica sees the same, complete session
-            session = stored(replica, "c")
-            ok = check_consistent(session)
-            assert len(ok) == 24
-            inputs = [h["input"] for h in ok]
-            assert inputs[:9] == [f"a{i}" for i in range(9)]
-            assert sorted(inputs[9:]) == sorted(f"b{i}" for i in range(15))
-        # Each model call saw every earlier turn: system + 3 messages (user, tool call, result) per earlier turn + the new one.
-        calls = [r for r in fake.requests]
-        assert sorted(len(r["messages"]) for r in calls) == [2 + 3 * k for k in range(24)]
-    finally:
-        for r in group:
-            r.kill()
+    turns = asyncio.run(drive())
+    assert turns == list(range(10, 25))  # every concurrent request got its own turn
+    for replica in group:  # each replica sees the same, complete session
+        session = stored(replica, "c")
+        ok = check_consistent(session)
+        assert len(ok) == 24
+        inputs = [h["input"] for h in ok]
+        assert inputs[:9] == [f"a{i}" for i in range(9)]
+        assert sorted(inputs[9:]) == sorted(f"b{i}" for i in range(15))
+    # Each model call saw every earlier turn: system + 3 messages (user, tool call, result) per earlier turn + the new one.
+    calls = [r for r in fake.requests]
+    assert sorted(len(r["messages"]) for r in calls) == [2 + 3 * k for k in range(24)]
 
 
-def test_kill_9_mid_turn_loses_nothing_acknowledged_and_retries_never_run_twice(redis_server, counter_bot, fake):
-    store = redis_server.url()
-    group = replicas(3, counter_bot, store, fake, "--lease-ttl", "1")
+def test_kill_9_mid_turn_loses_nothing_acknowledged_and_retries_never_run_twice(trio, fake):
+    group = trio
     acknowledged: dict[str, int] = {}  # request id -> turn, as the client was told
     sessions = ["k0", "k1", "k2"]
     retries: list[str] = []
@@ -174,15 +196,16 @@ def test_kill_9_mid_turn_loses_nothing_acknowledged_and_retries_never_run_twice(
         assert reply.json()["replayed"] is True and reply.json()["turn"] == turn
         assert reply.headers["Idempotent-Replayed"] == "true" and len(fake.requests) == calls
     finally:
-        for r in group:
-            r.kill()
+        for r in group:  # the next test gets all three
+            if r.proc.poll() is not None:
+                r.start()
 
 
-def test_a_lease_lost_during_a_long_model_call_cannot_commit(redis_server, counter_bot, fake):
-    a, b = replicas(2, counter_bot, redis_server.url(), fake, "--lease-ttl", "0.6")
+def test_a_lease_lost_during_a_long_model_call_cannot_commit(trio, fake):
+    a, b = trio[0], trio[1]
     try:
         httpx.post(f"{a.url}/bots/counter/sessions", json={"id": "l"}, timeout=30)
-        fake.queue({"tool_calls": [{"name": "inc", "arguments": {}}], "delay": 2.0})
+        fake.queue({"tool_calls": [{"name": "inc", "arguments": {}}], "delay": 3 * LEASE_TTL})
 
         async def drive() -> tuple[list[dict], httpx.Response]:
             async with websockets.connect(a.ws_url) as ws:
@@ -192,7 +215,7 @@ def test_a_lease_lost_during_a_long_model_call_cannot_commit(redis_server, count
                 while not fake.requests:
                     await asyncio.sleep(0.02)
                 a.signal(signal.SIGSTOP)  # replica A freezes (a long pause): it cannot renew its lease
-                await asyncio.sleep(1.2)  # two TTLs: the lease expires
+                await asyncio.sleep(2 * LEASE_TTL)  # two TTLs: the lease expires
                 async with httpx.AsyncClient(timeout=30) as http:
                     other = await say(http, b, "l", "meanwhile")  # B takes the session and commits
                 a.signal(signal.SIGCONT)
@@ -206,31 +229,25 @@ def test_a_lease_lost_during_a_long_model_call_cannot_commit(redis_server, count
         ok = check_consistent(session)
         assert [h["input"] for h in ok] == ["meanwhile"]
     finally:
-        for r in (a, b):
-            r.signal(signal.SIGCONT)
-            r.kill()
+        a.signal(signal.SIGCONT)
 
 
-def test_a_deleted_session_stays_deleted_across_replicas(redis_server, counter_bot, fake):
-    a, b = replicas(2, counter_bot, redis_server.url(), fake)
-    try:
-        with httpx.Client(timeout=30) as http:
-            http.post(f"{a.url}/bots/counter/sessions", json={"id": "d"})
-            for r in (a, b, a):  # both replicas hold a live copy now
-                assert http.post(f"{r.url}/bots/counter/sessions/d/messages", json={"userMessage": "x"}).status_code == 200
-            assert http.delete(f"{a.url}/bots/counter/sessions/d").status_code == 204
-            for r in (b, a):
-                assert http.get(f"{r.url}/bots/counter/sessions/d").status_code == 404
-                gone = http.post(f"{r.url}/bots/counter/sessions/d/messages", json={"userMessage": "x"})
-                assert gone.status_code == 404 and gone.json()["error"] == "SessionNotActive"
-            # The id can be used again: a new session, and neither replica's old copy comes back.
-            assert http.post(f"{b.url}/bots/counter/sessions", json={"id": "d"}).status_code == 201
-            for r in (a, b):
-                session = http.get(f"{r.url}/bots/counter/sessions/d").json()
-                assert session["turn"] == 0 and session["state"]["count"] == 0 and session["history"] == []
-    finally:
+def test_a_deleted_session_stays_deleted_across_replicas(trio, fake):
+    a, b = trio[0], trio[1]
+    with httpx.Client(timeout=30) as http:
+        http.post(f"{a.url}/bots/counter/sessions", json={"id": "d"})
+        for r in (a, b, a):  # both replicas hold a live copy now
+            assert http.post(f"{r.url}/bots/counter/sessions/d/messages", json={"userMessage": "x"}).status_code == 200
+        assert http.delete(f"{a.url}/bots/counter/sessions/d").status_code == 204
+        for r in (b, a):
+            assert http.get(f"{r.url}/bots/counter/sessions/d").status_code == 404
+            gone = http.post(f"{r.url}/bots/counter/sessions/d/messages", json={"userMessage": "x"})
+            assert gone.status_code == 404 and gone.json()["error"] == "SessionNotActive"
+        # The id can be used again: a new session, and neither replica's old copy comes back.
+        assert http.post(f"{b.url}/bots/counter/sessions", json={"id": "d"}).status_code == 201
         for r in (a, b):
-            r.kill()
+            session = http.get(f"{r.url}/bots/counter/sessions/d").json()
+            assert session["turn"] == 0 and session["state"]["count"] == 0 and session["history"] == []
 
 
 def test_a_second_server_process_on_one_sqlite_file_is_refused(tmp_path, counter_bot, fake):
@@ -310,48 +327,44 @@ def test_one_sigterm_exits_within_the_drain_bound_even_with_a_stuck_turn(tmp_pat
         server.kill()
 
 
-def test_a_retry_of_a_turn_whose_reply_was_lost_is_replayed_on_another_replica(redis_server, counter_bot, fake):
-    a, b = replicas(2, counter_bot, redis_server.url(), fake)
+def test_a_retry_of_a_turn_whose_reply_was_lost_is_replayed_on_another_replica(trio, fake):
+    a, b = trio[1], trio[2]
     frame = {"type": "ChatRouteMessage", "chatId": "r", "data": {"userMessage": "once"}, "requestId": "rid-1"}
-    try:
-        async def lose_the_reply() -> None:
-            async with websockets.connect(a.ws_url) as ws:
-                await ws.send(json.dumps({"type": "Connect", "chatId": "r"}))
+    async def lose_the_reply() -> None:
+        async with websockets.connect(a.ws_url) as ws:
+            await ws.send(json.dumps({"type": "Connect", "chatId": "r"}))
+            await async_until_done(ws, 30)
+            await ws.send(json.dumps(frame))
+        # The socket closed before any reply: the client cannot know whether the turn ran.
+
+    async def retry() -> tuple[list[dict], list[dict]]:
+        async with websockets.connect(b.ws_url) as ws:
+            await ws.send(json.dumps({"type": "Connect", "chatId": "r", "resume": True}))
+            resumed = await async_until_done(ws, 30)
+            await ws.send(json.dumps(frame))
+            return resumed, await async_until_done(ws, 30)
+
+    asyncio.run(lose_the_reply())
+    deadline = time.monotonic() + 20
+    while stored(a, "r")["turn"] == 0:  # the turn runs on and commits without its client
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    calls = len(fake.requests)
+    resumed, frames = asyncio.run(retry())
+    last = resumed[0]["data"]["lastTurn"]  # on resume the client learns what was committed
+    assert (last["turn"], last["input"], last["requestId"]) == (1, "once", "rid-1")
+    assert [(f["type"], f["data"]) for f in frames][0] == ("Message", "counted")
+    assert frames[-1]["type"] == "Completed" and all(f["requestId"] == "rid-1" for f in frames)
+    assert len(fake.requests) == calls  # replayed, not run again
+    assert check_consistent(stored(b, "r"))[0]["requestId"] == "rid-1" and stored(b, "r")["turn"] == 1
+    # An integer requestId is only a correlation id (per connection): never deduplicated.
+    async def integer_ids() -> list[dict]:
+        async with websockets.connect(b.ws_url) as ws:
+            await ws.send(json.dumps({"type": "Connect", "chatId": "r", "resume": True}))
+            await async_until_done(ws, 30)
+            for _ in range(2):
+                await ws.send(json.dumps(frame | {"requestId": 7}))
                 await async_until_done(ws, 30)
-                await ws.send(json.dumps(frame))
-            # The socket closed before any reply: the client cannot know whether the turn ran.
+        return stored(b, "r")["history"]
 
-        async def retry() -> tuple[list[dict], list[dict]]:
-            async with websockets.connect(b.ws_url) as ws:
-                await ws.send(json.dumps({"type": "Connect", "chatId": "r", "resume": True}))
-                resumed = await async_until_done(ws, 30)
-                await ws.send(json.dumps(frame))
-                return resumed, await async_until_done(ws, 30)
-
-        asyncio.run(lose_the_reply())
-        deadline = time.monotonic() + 20
-        while stored(a, "r")["turn"] == 0:  # the turn runs on and commits without its client
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        calls = len(fake.requests)
-        resumed, frames = asyncio.run(retry())
-        last = resumed[0]["data"]["lastTurn"]  # on resume the client learns what was committed
-        assert (last["turn"], last["input"], last["requestId"]) == (1, "once", "rid-1")
-        assert [(f["type"], f["data"]) for f in frames][0] == ("Message", "counted")
-        assert frames[-1]["type"] == "Completed" and all(f["requestId"] == "rid-1" for f in frames)
-        assert len(fake.requests) == calls  # replayed, not run again
-        assert check_consistent(stored(b, "r"))[0]["requestId"] == "rid-1" and stored(b, "r")["turn"] == 1
-        # An integer requestId is only a correlation id (per connection): never deduplicated.
-        async def integer_ids() -> list[dict]:
-            async with websockets.connect(b.ws_url) as ws:
-                await ws.send(json.dumps({"type": "Connect", "chatId": "r", "resume": True}))
-                await async_until_done(ws, 30)
-                for _ in range(2):
-                    await ws.send(json.dumps(frame | {"requestId": 7}))
-                    await async_until_done(ws, 30)
-            return stored(b, "r")["history"]
-
-        assert [h["turn"] for h in asyncio.run(integer_ids()) if h["ok"]] == [1, 2, 3]
-    finally:
-        for r in (a, b):
-            r.kill()
+    assert [h["turn"] for h in asyncio.run(integer_ids()) if h["ok"]] == [1, 2, 3]
