@@ -188,3 +188,24 @@ def test_a_turn_fails_cleanly_when_redis_goes_away(redis_server, tmp_path, fake)
         r = c.post("/bots/travel/sessions/g/messages", json={"userMessage": "hi"})
         assert r.status_code == 500 and r.json()["error"] == "ServerError" and "store failed" in r.json()["message"]
         assert c.get("/health").status_code == 200  # the server itself stays up
+
+
+def test_the_password_comes_from_the_url_or_the_environment(monkeypatch):
+    from chatrun.errors import ChatrunError
+    from chatrun.store.redis import check_reachable
+    from redis_support import RedisServer
+
+    locked = RedisServer("--requirepass", "s3cret").start()
+    try:
+        check_reachable(f"redis://:s3cret@127.0.0.1:{locked.port}/0")
+        monkeypatch.setenv("CHATRUN_REDIS_PASSWORD", "s3cret")
+        check_reachable(f"redis://127.0.0.1:{locked.port}/0")
+        monkeypatch.setenv("CHATRUN_REDIS_PASSWORD", "wrong")
+        with pytest.raises(ChatrunError, match="cannot reach Redis") as caught:
+            check_reachable(f"redis://127.0.0.1:{locked.port}/0")
+        assert "wrong" not in str(caught.value)
+        with pytest.raises(ChatrunError) as caught:
+            check_reachable(f"redis://:bad-pass@127.0.0.1:{locked.port}/0")
+        assert "bad-pass" not in str(caught.value) and "***" in str(caught.value)
+    finally:
+        locked.stop()
