@@ -171,3 +171,27 @@ def test_stores_count_sessions_per_owner(tmp_path):
         store.commit_turn("c", {"meta": {}}, {}, [])
         assert store.count_owned("ana") == 2 and store.count_owned("bob") == 0
         store.close()
+
+
+def test_a_websocket_retry_is_replayed_even_when_its_turn_ended_the_scope_it_named(fake, travel, tmp_path):
+    from server_support import call, until_done
+
+    app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}")
+    fake.queue(call("book_flight"), {"text": "Where to?"}, call("cancel"), {"text": "Back at the menu"})
+    with TestClient(app) as c, c.websocket_connect("/_chat/routes") as ws:
+        ws.send_json({"type": "Connect", "chatId": "p"})
+        until_done(ws)
+        ws.send_json({"type": "ChatRouteMessage", "chatId": "p", "data": {"userMessage": "a flight"}})
+        flight = until_done(ws)[-1]["data"]  # the pushed flight scope
+        frame = {"type": "ChatRouteMessage", "chatId": "p", "scopeId": flight, "requestId": "cancel-1",
+                 "data": {"userMessage": "never mind"}}
+        ws.send_json(frame)
+        first = until_done(ws)
+        assert first[-1]["type"] == "Completed" and first[-1]["data"] != flight  # the turn popped the scope
+        calls = len(fake.requests)
+        ws.send_json(frame)  # the same request again, naming the scope that is gone now
+        again = until_done(ws)
+        assert [(f["type"], f["data"]) for f in again] == [(f["type"], f["data"]) for f in first if f["type"] != "Stream"]
+        assert len(fake.requests) == calls
+        ws.send_json(frame | {"requestId": "cancel-2"})  # a new request naming it: ScopeNotActive
+        assert until_done(ws)[-1]["data"] == "ScopeNotActive"

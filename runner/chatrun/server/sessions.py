@@ -95,6 +95,16 @@ class TurnRun:
         self._registry, self._session, self._message, self.request_id = registry, session, message, request_id
         self.replayed = False
         self.turn = 0
+        self._recorded: dict | None = None
+        self._looked_up = request_id is None
+
+    async def is_replay(self) -> bool:
+        """Whether this request id already committed a turn (then iterating replays it). Checks
+        that apply to new turns only (the scope the client names) are skipped for a replay."""
+        if not self._looked_up:
+            self._recorded = await self._registry.store.outcome(self._session.id, self.request_id or "")
+            self._looked_up = True
+        return self._recorded is not None
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()
@@ -102,13 +112,12 @@ class TurnRun:
     async def _events(self) -> AsyncIterator[Event]:
         registry, session = self._registry, self._session
         held = registry._held_by(session)
-        if self.request_id is not None:
-            recorded = await registry.store.outcome(session.id, self.request_id)
-            if recorded is not None:
-                self.replayed, self.turn = True, recorded.get("turn", 0)
-                for item in recorded.get("events", []):
-                    yield Event.from_dict(item)
-                return
+        if await self.is_replay():
+            recorded = self._recorded or {}
+            self.replayed, self.turn = True, recorded.get("turn", 0)
+            for item in recorded.get("events", []):
+                yield Event.from_dict(item)
+            return
         assert held.slot.buffer is not None
         held.slot.buffer.request_id = self.request_id
         try:
