@@ -94,7 +94,7 @@ class Replica:
             self.wait_ready()
         return self
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = 90) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -106,7 +106,7 @@ class Replica:
             except httpx.HTTPError:
                 time.sleep(0.05)
         self.kill()
-        raise AssertionError(f"chatrun serve did not start in {timeout} s")
+        raise AssertionError(f"chatrun serve did not start in {timeout} s (a loaded machine?): {self.output()}")
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None

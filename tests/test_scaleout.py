@@ -20,6 +20,7 @@ import httpx
 import pytest
 import websockets
 
+from chatrun.server.drain import CLOSE_TIMEOUT
 from chatrun.testing.fake_openai import FakeOpenAI
 from redis_support import Replica
 from server_support import async_until_done
@@ -44,6 +45,7 @@ tools:
 DELAY = 0.15  # the fake model's answer time
 
 LEASE_TTL = 1.0  # seconds, for the shared replicas
+SLACK = 10.0  # seconds a loaded 2-core machine may add to a bound (the bound is what is tested)
 
 pytestmark = pytest.mark.subprocess
 
@@ -89,8 +91,13 @@ def trio(started_trio):
 
 def replicas(n: int, bot: str, store: str, fake: FakeOpenAI, *extra: str) -> list[Replica]:
     started = [Replica(bot, store, fake.base_url, *extra).start(wait=False) for _ in range(n)]
-    for r in started:
-        r.wait_ready()
+    try:
+        for r in started:
+            r.wait_ready()
+    except BaseException:
+        for r in started:  # none left behind
+            r.kill()
+        raise
     return started
 
 
@@ -273,8 +280,16 @@ def test_a_second_server_process_on_one_sqlite_file_is_refused(tmp_path, counter
 
 def test_sigterm_lets_the_turn_in_flight_finish_and_exits(tmp_path, counter_bot, fake):
     server = Replica(counter_bot, f"sqlite:///{tmp_path / 't.db'}", fake.base_url).start()
-    fake.queue({"tool_calls": [{"name": "inc", "arguments": {}}], "delay": 1.5})
+    fake.queue({"tool_calls": [{"name": "inc", "arguments": {}}], "delay": 3})
     try:
+        async def refused() -> bool:
+            try:
+                async with httpx.AsyncClient() as http:
+                    await http.get(f"{server.url}/health", timeout=2)
+                return False
+            except (httpx.HTTPError, OSError):
+                return True
+
         async def drive() -> tuple[list[dict], float]:
             async with websockets.connect(server.ws_url) as ws:
                 await ws.send(json.dumps({"type": "Connect", "chatId": "t"}))
@@ -284,16 +299,15 @@ def test_sigterm_lets_the_turn_in_flight_finish_and_exits(tmp_path, counter_bot,
                     await asyncio.sleep(0.02)
                 server.signal(signal.SIGTERM)
                 sent = time.monotonic()
-                await asyncio.sleep(0.3)
-                with pytest.raises((httpx.HTTPError, OSError)):  # no new connections while draining
-                    async with httpx.AsyncClient() as http:
-                        await http.get(f"{server.url}/health", timeout=2)
+                while not await refused():  # soon after SIGTERM no new connection is accepted
+                    assert time.monotonic() - sent < SLACK
+                    await asyncio.sleep(0.05)
                 return await async_until_done(ws, 30), sent
 
         frames, sent = asyncio.run(drive())
         assert frames[-1]["type"] == "Completed"  # the turn finished and its client was told
-        assert server.proc.wait(15) == 0
-        assert time.monotonic() - sent < 1.5 + 5 + 3
+        assert server.proc.wait(30) == 0
+        assert time.monotonic() - sent < 3 + CLOSE_TIMEOUT + SLACK
     finally:
         server.kill()
     again = Replica(counter_bot, f"sqlite:///{tmp_path / 't.db'}", fake.base_url).start()
@@ -316,13 +330,13 @@ def test_one_sigterm_exits_within_the_drain_bound_even_with_a_stuck_turn(tmp_pat
                     await asyncio.sleep(0.02)
                 server.signal(signal.SIGTERM)
                 sent = time.monotonic()
-                await asyncio.to_thread(server.proc.wait, 20)
+                await asyncio.to_thread(server.proc.wait, 30)
                 stuck.cancel()
                 return time.monotonic() - sent
 
         took = asyncio.run(drive())
         assert server.proc.returncode == 0
-        assert took < 1 + 5 + 3  # drain timeout + close timeout + slack
+        assert took < 1 + CLOSE_TIMEOUT + SLACK  # drain timeout + close timeout + a loaded machine's slack
     finally:
         server.kill()
 
