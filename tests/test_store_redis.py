@@ -103,9 +103,11 @@ def test_waiters_get_the_lease_in_arrival_order_and_reject_fails_at_once(url):
             await stores[i % 3].release(lease)
 
         tasks = []
+        queue = stores[0]._key("q", "s")
         for i in range(6):
             tasks.append(asyncio.ensure_future(wait_turn(i)))
-            await asyncio.sleep(0.03)  # arrival order 0..5
+            while await stores[0].client.zcard(queue) < i + 1:  # arrived: it is in the queue
+                await asyncio.sleep(0.005)
         with pytest.raises(SessionBusy, match="reject"):
             await stores[1].acquire("s", wait=10, reject=True)
         await stores[0].release(holder)
