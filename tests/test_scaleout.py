@@ -216,7 +216,7 @@ def test_a_lease_lost_during_a_long_model_call_cannot_commit(trio, fake):
 
         async def drive() -> tuple[list[dict], httpx.Response]:
             async with websockets.connect(a.ws_url) as ws:
-                await ws.send(json.dumps({"type": "Connect", "chatId": "l", "resume": True}))
+                await ws.send(json.dumps({"type": "Connect", "chatId": "l", "resume": True, "extensions": True}))
                 await async_until_done(ws, 30)
                 await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "l", "data": {"userMessage": "slow"}}))
                 while not fake.requests:
@@ -347,14 +347,14 @@ def test_a_retry_of_a_turn_whose_reply_was_lost_is_replayed_on_another_replica(t
 
     async def lose_the_reply() -> None:
         async with websockets.connect(a.ws_url) as ws:
-            await ws.send(json.dumps({"type": "Connect", "chatId": "r"}))
+            await ws.send(json.dumps({"type": "Connect", "chatId": "r", "extensions": True}))
             await async_until_done(ws, 30)
             await ws.send(json.dumps(frame))
         # The socket closed before any reply: the client cannot know whether the turn ran.
 
     async def retry() -> tuple[list[dict], list[dict]]:
         async with websockets.connect(b.ws_url) as ws:
-            await ws.send(json.dumps({"type": "Connect", "chatId": "r", "resume": True}))
+            await ws.send(json.dumps({"type": "Connect", "chatId": "r", "resume": True, "extensions": True}))
             resumed = await async_until_done(ws, 30)
             await ws.send(json.dumps(frame))
             return resumed, await async_until_done(ws, 30)
@@ -369,14 +369,14 @@ def test_a_retry_of_a_turn_whose_reply_was_lost_is_replayed_on_another_replica(t
     last = resumed[0]["data"]["lastTurn"]  # on resume the client learns what was committed
     assert (last["turn"], last["input"], last["requestId"]) == (1, "once", "rid-1")
     assert [(f["type"], f["data"]) for f in frames][0] == ("Message", "counted")
-    assert frames[-1]["type"] == "Completed" and all(f["requestId"] == "rid-1" for f in frames)
+    assert frames[-1]["type"] == "Completed" and all(f["requestId"] == "rid-1" for f in frames), frames
     assert len(fake.requests) == calls  # replayed, not run again
     assert check_consistent(stored(b, "r"))[0]["requestId"] == "rid-1" and stored(b, "r")["turn"] == 1
 
     # An integer requestId is only a correlation id (per connection): never deduplicated.
     async def integer_ids() -> list[dict]:
         async with websockets.connect(b.ws_url) as ws:
-            await ws.send(json.dumps({"type": "Connect", "chatId": "r", "resume": True}))
+            await ws.send(json.dumps({"type": "Connect", "chatId": "r", "resume": True, "extensions": True}))
             await async_until_done(ws, 30)
             for _ in range(2):
                 await ws.send(json.dumps(frame | {"requestId": 7}))

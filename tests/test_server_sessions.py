@@ -179,7 +179,7 @@ def test_a_websocket_retry_is_replayed_even_when_its_turn_ended_the_scope_it_nam
     app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}")
     fake.queue(call("book_flight"), {"text": "Where to?"}, call("cancel"), {"text": "Back at the menu"})
     with TestClient(app) as c, c.websocket_connect("/_chat/routes") as ws:
-        ws.send_json({"type": "Connect", "chatId": "p"})
+        ws.send_json({"type": "Connect", "chatId": "p", "extensions": True})
         until_done(ws)
         ws.send_json({"type": "ChatRouteMessage", "chatId": "p", "data": {"userMessage": "a flight"}})
         flight = until_done(ws)[-1]["data"]  # the pushed flight scope

@@ -224,8 +224,9 @@ class Connection:
             async for event in run:
                 if frames.keep(event):
                     await self.send(frame.chat_id, event.type, event.data, frame.request_id)
-            last = session.last_turn
-            if not run.replayed and last is not None and last.get("ok") is False:
+            # A replay sends a committed turn again: it succeeded (only successes are recorded).
+            last = None if run.replayed else session.last_turn
+            if last is not None and last.get("ok") is False:
                 # Rolled back. Quarkus ends a failing route with Failed("ServerError"), so the
                 # client's promise rejects; an extension-aware client got the reason as an Error.
                 await self.send(frame.chat_id, wire.FAILED, dialect.reason(wire.SERVER_ERROR), frame.request_id)
