@@ -16,10 +16,10 @@ from fastapi.testclient import TestClient
 
 import chatrun
 from chatrun.messages import UserMessage
-from chatrun.server import create_app
 from chatrun.server.sessions import SessionSettings
 from chatrun.store.sqlite import SQLiteStore
 from server_support import ThreadServer, write_travel
+from server_support import app_for_testclient as create_app
 
 AUTH = """
 tokens:

@@ -177,8 +177,8 @@ def test_a_turn_fails_cleanly_when_redis_goes_away(redis_server, tmp_path, fake)
     from fastapi.testclient import TestClient
 
     import chatrun
-    from chatrun.server import create_app
     from redis_support import RedisServer
+    from server_support import app_for_testclient as create_app
     from server_support import write_travel
 
     own = RedisServer().start()  # a Redis of its own, to stop

@@ -144,7 +144,9 @@ async def run_turn(
         emit(OPENED)  # a streaming response may start: the request found (or made) its session
         session = opened.session
         error = None
-        async for event in session.stream(text):
+        # Through the registry: the turn is committed (fenced by version and lease) before the
+        # answer; a refused commit fails the request (Conflict) instead of answering unsaved.
+        async for event in index.registry.turn(session, text):
             if event.type == ev.ERROR:
                 error = str(event.data)
             reply.feed(event)
@@ -152,7 +154,7 @@ async def run_turn(
         entry = session.last_turn or {}
         ok = bool(entry.get("ok")) and error is None
         if ok:
-            index.remember(session, who, keys_after(reply))
+            await index.remember(session, who, keys_after(reply))
         usage, estimated, cost = openai_usage(entry.get("usage"), prompt_texts, reply.text)
         info = {"session": session.id, "turn": session.turn_count, "route": session.route, "stack": session.stack,
                 "how": opened.how}
@@ -442,7 +444,7 @@ def make_openai_router(
         previous_id = body.get("previous_response_id")
         previous = None
         if previous_id is not None:
-            previous = index.response(str(previous_id), who)
+            previous = await index.response(str(previous_id), who)
             if previous is None:
                 raise OpenAIError(404, f"no response {previous_id!r} (previous_response_id) for this caller",
                                   code="previous_response_not_found")

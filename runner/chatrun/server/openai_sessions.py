@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import secrets
-import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -36,7 +35,9 @@ from chatrun.messages import AssistantMessage, Message, UserMessage, message_fro
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
-from chatrun.store import RecordStore
+from chatrun.store.buffer import PendingCommit
+from chatrun.store.memory import messages_json
+from chatrun.store.versions import CREATE
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -71,36 +72,18 @@ class Opened:
     notes: list[str] = field(default_factory=list)
 
 
-class _ProcessRecords:
-    """Records in this process only: for stores that do not implement RecordStore."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._records: dict[str, str] = {}
-
-    def get_record(self, key: str) -> dict | None:
-        with self._lock:
-            text = self._records.get(key)
-        return None if text is None else json.loads(text)
-
-    def put_record(self, key: str, record: dict) -> None:
-        text = json.dumps(record, ensure_ascii=False)
-        with self._lock:
-            self._records[key] = text
-
-
 class TurnIndex:
     """Committed turns by conversation prefix and by response id, kept in the store."""
 
     def __init__(self, registry: SessionRegistry):
         self.registry = registry
-        store = registry.store
-        if isinstance(store, RecordStore):
-            self.records: Any = store
-        else:
+        # The server's store keeps the records (asynchronously: SQLite in its worker thread,
+        # Redis shared by replicas); a store of the user's without RecordStore keeps them in
+        # this process only.
+        self.records = registry.store
+        if getattr(registry.store, "records", True) is None:
             log.warning("the store %s keeps no records: the OpenAI API's session index lives in this process only",
-                        type(store).__name__)
-            self.records = _ProcessRecords()
+                        registry.store.url)
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -113,16 +96,16 @@ class TurnIndex:
     def response_key(response_id: str) -> str:
         return "openai:response:" + response_id
 
-    def response(self, response_id: str, who: Principal | None) -> dict[str, Any] | None:
+    async def response(self, response_id: str, who: Principal | None) -> dict[str, Any] | None:
         """The record of a response id, if it exists and belongs to the caller."""
-        record = self.records.get_record(self.response_key(response_id))
-        if record is None or record.get("owner") != _owner(who) or not self._alive(record):
+        record = await self.records.get_record(self.response_key(response_id))
+        if record is None or record.get("owner") != _owner(who) or not await self._alive(record):
             return None
         return record
 
-    def _alive(self, record: dict[str, Any]) -> bool:
+    async def _alive(self, record: dict[str, Any]) -> bool:
         # A deleted session is gone for good: its recorded turns neither continue nor fork.
-        return self.registry.store.load_session(record["session"]) is not None
+        return await self.registry.store.version(record["session"]) is not None
 
     # -- opening the session of a request ----------------------------------------------------
 
@@ -134,7 +117,7 @@ class TurnIndex:
             problem = wire.chat_id_problem(ident.explicit_id)
             if problem:
                 raise wire.RequestFailed(wire.BAD_REQUEST, f"the session id must be {problem}")
-            if registry.store.load_session(ident.explicit_id) is not None:
+            if await registry.store.version(ident.explicit_id) is not None:
                 async with registry.session(ident.bot, ident.explicit_id, who, EXISTING) as session:
                     yield Opened(session, CONTINUED)
                 return
@@ -143,13 +126,13 @@ class TurnIndex:
             return
         record = ident.previous
         if record is None and ident.earlier:
-            record = self.records.get_record(self.prefix_key(ident.bot, _owner(who), ident.namespace, ident.earlier))
-        if record is not None and record.get("bot") == ident.bot and self._alive(record):
+            record = await self.records.get_record(self.prefix_key(ident.bot, _owner(who), ident.namespace, ident.earlier))
+        if record is not None and record.get("bot") == ident.bot and await self._alive(record):
             async with registry.session(ident.bot, record["session"], who, EXISTING) as session:
                 if session.turn_count == record["turn"]:
                     yield Opened(session, CONTINUED)
                     return
-            fork_id = self._fork(record)
+            fork_id = await self._fork(record)
             async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
                 yield Opened(session, FORKED, forked_from=record["session"])
             return
@@ -158,7 +141,7 @@ class TurnIndex:
 
     # -- after a committed turn ---------------------------------------------------------------
 
-    def remember(self, session: Session, who: Principal | None, keys: list[str]) -> None:
+    async def remember(self, session: Session, who: Principal | None, keys: list[str]) -> None:
         """Record the session as it is now (right after a committed turn) under `keys`."""
         record = {
             "bot": session.bot.name,
@@ -170,9 +153,9 @@ class TurnIndex:
             "at": time.time(),
         }
         for key in keys:
-            self.records.put_record(key, record)
+            await self.records.put_record(key, record)
 
-    def _fork(self, record: dict[str, Any]) -> str:
+    async def _fork(self, record: dict[str, Any]) -> str:
         """A new session in the store: the recorded one as it was right after the recorded turn."""
         old, new = record["session"], secrets.token_hex(8)
         snapshot = json.loads(json.dumps(record["snapshot"]))
@@ -184,7 +167,9 @@ class TurnIndex:
             _renamed(mid, old, new): [message_from_dict(d) for d in messages]
             for mid, messages in record["memories"].items()
         }
-        self.registry.store.commit_turn(new, snapshot, memories, [])
+        texts: dict[str, str | None] = {mid: None if m is None else messages_json(mid, m) for mid, m in memories.items()}
+        # A new session (versions.CREATE: refused if the id exists), written like any commit.
+        await self.registry.store.commit(new, PendingCommit(snapshot, memories, texts, []), CREATE, None)
         return new
 
 

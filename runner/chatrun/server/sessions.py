@@ -37,7 +37,7 @@ from chatrun.events import Event
 from chatrun.models import ModelPool
 from chatrun.server import wire
 from chatrun.server.auth import Principal
-from chatrun.store import SessionStore
+from chatrun.store import RecordStore, SessionStore
 from chatrun.store.aio import AsyncStore, Lease, LeaseSettings, as_async_store
 from chatrun.store.buffer import TurnBuffer
 from chatrun.store.versions import CREATE, SessionBusy, StaleVersion
@@ -140,6 +140,8 @@ class SessionRegistry:
     ):
         self.bots = bots
         self.store = as_async_store(store)
+        # Records a Session's own store (its TurnBuffer) passes through: an in-process store's.
+        self._records: RecordStore | None = getattr(self.store, "records", None)
         self.settings = settings or SessionSettings(cache_size=cache_size)
         self.models = models or ModelPool()
         self.draining = False  # set on SIGTERM: new requests are refused, running ones finish
@@ -359,13 +361,13 @@ class SessionRegistry:
                     wire.SESSION_NOT_ACTIVE, f"session {session_id} belongs to bot {snapshot.get('bot')!r}, not {bot.name!r}"
                 )
             self._check_owner((snapshot.get("meta") or {}).get("owner"), principal, session_id)
-            buffer = TurnBuffer(session_id, snapshot, loaded.memories, loaded.sizes)
+            buffer = TurnBuffer(session_id, snapshot, loaded.memories, loaded.sizes, self._records)
             version, committed = loaded.version, snapshot.get("committed")
         elif mode == EXISTING:
             raise _not_found(session_id)
         else:
             await self._check_quota(principal)
-            buffer, version, committed = TurnBuffer(session_id), CREATE, None
+            buffer, version, committed = TurnBuffer(session_id, records=self._records), CREATE, None
         slot.session = self._build(bot, session_id, principal, route, state, buffer)
         slot.buffer, slot.version, slot.committed = buffer, version, committed
         if version == CREATE:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from chatrun.messages import Message
-from chatrun.store import SessionStore, open_store
+from chatrun.store import RecordStore, SessionStore, open_store
 from chatrun.store.buffer import PendingCommit
 from chatrun.store.memory import InMemoryStore
 
@@ -87,6 +88,14 @@ class AsyncStore(Protocol):
 
     async def count_owned(self, owner: str) -> int: ...
 
+    async def get_record(self, key: str) -> dict | None:
+        """The record saved under `key` (chatrun.store.RecordStore, asynchronously), or None."""
+        ...
+
+    async def put_record(self, key: str, record: dict) -> None:
+        """Save `record` (JSON-able) under `key`, replacing any record there."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -100,6 +109,9 @@ class LocalAsyncStore:
         self.url = url
         threaded = not isinstance(store, InMemoryStore)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="chatrun-store") if threaded else None
+        # A store without records (a user's own SessionStore) gets them in this process only.
+        self.records: RecordStore | None = store if isinstance(store, RecordStore) else None
+        self._process_records: dict[str, str] = {}
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._executor is None:
@@ -149,8 +161,22 @@ class LocalAsyncStore:
         counter = getattr(self.sync, "count_owned", None)
         return 0 if counter is None else await self._call(counter, owner)
 
+    async def get_record(self, key: str) -> dict | None:
+        if self.records is None:
+            text = self._process_records.get(key)
+            return None if text is None else json.loads(text)
+        return await self._call(self.records.get_record, key)
+
+    async def put_record(self, key: str, record: dict) -> None:
+        if self.records is None:
+            self._process_records[key] = json.dumps(record, ensure_ascii=False)
+            return
+        await self._call(self.records.put_record, key, record)
+
     async def close(self) -> None:
-        await self._call(self.sync.close)
+        closer = getattr(self.sync, "close", None)  # SessionStore does not require close()
+        if closer is not None:
+            await self._call(closer)
         if self._executor is not None:
             self._executor.shutdown(wait=False)
 

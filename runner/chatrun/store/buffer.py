@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import Message
+from chatrun.store import RecordStore
 from chatrun.store.memory import check_messages, messages_json, to_json
 
 
@@ -34,8 +35,10 @@ class TurnBuffer:
     """A SessionStore over one session's loaded data; commits wait in `pending`."""
 
     def __init__(self, session_id: str, snapshot: dict | None = None,
-                 memories: dict[str, list[Message]] | None = None, sizes: dict[str, int] | None = None):
+                 memories: dict[str, list[Message]] | None = None, sizes: dict[str, int] | None = None,
+                 records: RecordStore | None = None):
         self.session_id = session_id
+        self.records = records  # the real store's records, when it keeps them in this process
         self._snapshot_json = None if snapshot is None else to_json(f"session {session_id}", snapshot)
         self._memories: dict[str, tuple[Message, ...]] = {k: tuple(v) for k, v in (memories or {}).items()}
         self._sizes: dict[str, int] = dict(sizes or {})
@@ -105,6 +108,19 @@ class TurnBuffer:
             self.history.extend(entries)
         return "pending"
 
+    def load_versioned(self, session_id: str) -> tuple[dict, str] | None:
+        snapshot = self.load_session(session_id)
+        return None if snapshot is None else (snapshot, self.version(session_id) or "")
+
+    def version(self, session_id: str) -> str | None:
+        """Not a store version: the registry keeps the real one (its slot) and checks it."""
+        self._check(session_id)
+        return None if self._snapshot_json is None else "live"
+
+    def get_outcome(self, session_id: str, request_id: str) -> dict | None:
+        self._check(session_id)
+        raise ChatrunError(f"session {session_id}: request outcomes are read from the server's store, not its buffer")
+
     def load_history(self, session_id: str) -> list[dict]:
         self._check(session_id)
         if self.history is None:
@@ -121,6 +137,22 @@ class TurnBuffer:
 
     def list_sessions(self) -> list[str]:
         return [self.session_id] if self._snapshot_json is not None else []
+
+    # -- RecordStore: records are not the session's, so they go straight to the real store ------
+
+    def get_record(self, key: str) -> dict | None:
+        return self._record_store(key).get_record(key)
+
+    def put_record(self, key: str, record: dict) -> None:
+        self._record_store(key).put_record(key, record)
+
+    def _record_store(self, key: str) -> RecordStore:
+        if self.records is None:
+            raise ChatrunError(
+                f"session {self.session_id}: record {key}: this store keeps records only through the "
+                "server's asynchronous interface (SessionRegistry.store.get_record/put_record)"
+            )
+        return self.records
 
     def close(self) -> None:
         """Nothing to release."""

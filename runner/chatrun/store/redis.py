@@ -15,6 +15,7 @@ The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for se
     chatrun:qa:S    hash   waiter token -> the time (ms) it must poll again by, or be dropped
     chatrun:sessions zset  session ids by creation time
     chatrun:o:OWNER set    the session ids a principal owns
+    chatrun:rec:KEY string a record (RecordStore: JSON), e.g. the OpenAI API's index of turns
 
 Every write of a turn is one Lua script (atomic on the server): it checks that the caller
 still holds the lease and that the session is at the version the turn started from, then
@@ -34,12 +35,14 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import message_from_dict
 from chatrun.store.aio import Lease, LeaseSettings, Loaded, MemoryIds
 from chatrun.store.buffer import PendingCommit
+from chatrun.store.memory import to_json
 from chatrun.store.versions import CREATE, KEEP_OUTCOMES, LeaseLost, SessionBusy, StaleVersion
 
 log = logging.getLogger("chatrun.store")
@@ -186,7 +189,8 @@ class RedisStore:
         self.url = redacted(url)
         self.settings = settings
         password = None if urlsplit(client_url).password else os.environ.get("CHATRUN_REDIS_PASSWORD")
-        self.client = aioredis.from_url(
+        # Any: the stubs type replies as bytes | str; decode_responses=True makes them str.
+        self.client: Any = aioredis.from_url(
             client_url, decode_responses=True, password=password,
             socket_connect_timeout=5, socket_keepalive=True, health_check_interval=30,
         )
@@ -207,7 +211,7 @@ class RedisStore:
         token = secrets.token_hex(12)
         keys = [self._key(k, session_id) for k in ("l", "q", "qn", "qa", "s")]
         ttl_ms = int(self.settings.ttl * 1000)
-        args = [token, ttl_ms, WAITER_TTL_MS, "1" if reject else "0", QUEUE_KEYS_TTL_MS]
+        args: list[str | int] = [token, ttl_ms, WAITER_TTL_MS, "1" if reject else "0", QUEUE_KEYS_TTL_MS]
         deadline = time.monotonic() + wait
         pause = 0.002
         try:
@@ -240,7 +244,7 @@ class RedisStore:
         while True:
             await asyncio.sleep(self.settings.ttl / 3)
             try:
-                renewed = await self._renew(keys=[key], args=[lease.token, ttl_ms])
+                renewed = await self._renew(keys=[key], args=[lease.token or "", ttl_ms])
             except Exception as exc:  # Redis unreachable: try again; the commit's check decides
                 log.warning("could not renew the lease on session %s: %s", lease.session_id, exc)
                 continue
@@ -316,6 +320,15 @@ class RedisStore:
 
     async def count_owned(self, owner: str) -> int:
         return await self.client.scard(f"{self.prefix}o:{owner}")
+
+    # -- RecordStore (asynchronously) ------------------------------------------------------
+
+    async def get_record(self, key: str) -> dict | None:
+        text = await self.client.get(f"{self.prefix}rec:{key}")
+        return None if text is None else json.loads(text)
+
+    async def put_record(self, key: str, record: dict) -> None:
+        await self.client.set(f"{self.prefix}rec:{key}", to_json(f"record {key}", record))
 
     async def list_sessions(self) -> list[str]:
         return await self.client.zrange(f"{self.prefix}sessions", 0, -1)
