@@ -347,6 +347,36 @@ def test_response_ids_survive_a_restart(fake, travel, tmp_path):
     assert second.output_text == BOOKED
 
 
+def test_a_turn_is_committed_to_the_store_before_its_answer(client, fake, tmp_path):
+    from chatrun.store.sqlite import SQLiteStore
+
+    fake.queue({"text": "Hello!"})
+    first = say(client, [{"role": "user", "content": "hi"}])
+    session = info(first)["session"]
+    # Read the file with a store of its own while the server still runs: the turn is there.
+    with SQLiteStore(tmp_path / "chat.db") as store:
+        history = store.load_history(session)
+        assert [(e["turn"], e["ok"], e["input"]) for e in history] == [(1, True, "hi")]
+        assert store.load_session(session)["committed"]["turn"] == 1
+
+
+def test_replicas_on_redis_share_the_sessions_and_the_index_of_turns(fake, travel, redis_server):
+    queue_booking(fake)
+    url = redis_server.url()  # one key prefix shared by both replicas
+
+    def replica():
+        return ThreadServer(create_app([travel], url,
+                                       openai=OpenAIOptions(session_headers=("X-OpenWebUI-Chat-Id",))))
+    with replica() as one, replica() as two:
+        with openai.OpenAI(base_url=one.url + "/v1", api_key="x", max_retries=0) as a:
+            first = a.responses.create(model="travel", input="Dublin")
+        with openai.OpenAI(base_url=two.url + "/v1", api_key="x", max_retries=0) as b:
+            second = b.responses.create(model="travel", input="July 1st", previous_response_id=first.id)
+    assert second.output_text == BOOKED
+    assert second.model_extra["chatrun"]["how"] == "continued"
+    assert second.model_extra["chatrun"]["session"] == first.model_extra["chatrun"]["session"]
+
+
 # -- errors and auth ------------------------------------------------------------------------------
 
 

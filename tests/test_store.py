@@ -279,3 +279,53 @@ def test_open_store_urls(tmp_path):
         open_store("mongodb://localhost")
     with pytest.raises(ChatrunError, match="asynchronous"):
         open_store("redis://localhost")
+
+
+_SCHEMA_1 = """
+CREATE TABLE memories (memory_id TEXT PRIMARY KEY, messages TEXT NOT NULL);
+CREATE TABLE sessions (session_id TEXT PRIMARY KEY, snapshot TEXT NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE history (session_id TEXT NOT NULL, seq INTEGER NOT NULL, entry TEXT NOT NULL,
+                      PRIMARY KEY (session_id, seq));
+"""
+
+
+@pytest.mark.parametrize("with_records", [False, True], ids=["schema1", "schema1-with-records"])
+def test_a_schema_1_file_migrates_in_place_keeping_sessions_and_records(tmp_path, with_records):
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(_SCHEMA_1 + ("CREATE TABLE records (key TEXT PRIMARY KEY, record TEXT NOT NULL);"
+                                    if with_records else ""))
+    conn.execute("INSERT INTO sessions VALUES ('s1', '{\"turn\": 1}', 0)")
+    conn.execute("INSERT INTO history VALUES ('s1', 1, '{\"turn\": 1}')")
+    if with_records:
+        conn.execute("INSERT INTO records VALUES ('k', '{\"v\": 1}')")
+    conn.execute("PRAGMA user_version=1")
+    conn.commit()
+    conn.close()
+    with SQLiteStore(path) as store:
+        snapshot, version = store.load_versioned("s1")
+        assert snapshot == {"turn": 1}
+        new = store.commit_turn("s1", {"turn": 2}, {}, [{"turn": 2}], expected_version=version)
+        assert store.version("s1") == new != version
+        assert [e["turn"] for e in store.load_history("s1")] == [1, 2]
+        assert store.get_record("k") == ({"v": 1} if with_records else None)
+        store.put_record("k2", {"v": 2})
+    with SQLiteStore(path) as store:
+        assert store.get_record("k2") == {"v": 2}
+        assert store.load_session("s1") == {"turn": 2}
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    conn.close()
+
+
+def test_the_servers_turn_buffer_passes_records_to_its_store_and_says_when_it_has_none():
+    from chatrun.store.buffer import TurnBuffer
+
+    real = InMemoryStore()
+    buffer = TurnBuffer("s1", records=real)
+    assert isinstance(buffer, RecordStore) and isinstance(buffer, SessionStore)
+    buffer.put_record("k", {"v": 1})
+    assert real.get_record("k") == {"v": 1} and buffer.get_record("k") == {"v": 1}
+    assert buffer.pending is None  # a record is not part of the session's commit
+    with pytest.raises(ChatrunError, match="s1: record k"):
+        TurnBuffer("s1").get_record("k")

@@ -211,3 +211,21 @@ def test_the_password_comes_from_the_url_or_the_environment(monkeypatch):
         assert "bad-pass" not in str(caught.value) and "***" in str(caught.value)
     finally:
         locked.stop()
+
+
+def test_records_are_kept_in_redis_for_every_replica(url):
+    async def scenario():
+        one, two = RedisStore(url), RedisStore(url)
+        try:
+            assert await one.get_record("openai:x") is None
+            await one.put_record("openai:x", {"session": "s1", "turn": 1})
+            await two.put_record("openai:y", {"v": "é"})
+            assert await two.get_record("openai:x") == {"session": "s1", "turn": 1}
+            assert await one.get_record("openai:y") == {"v": "é"}
+            await one.put_record("openai:x", {"turn": 2})
+            assert await two.get_record("openai:x") == {"turn": 2}
+        finally:
+            await one.close()
+            await two.close()
+
+    run(scenario())
