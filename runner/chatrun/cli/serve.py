@@ -53,6 +53,7 @@ from chatrun.errors import ChatrunError
               help="Seconds an idle HTTP connection stays open.")
 @click.option("--max-connections", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Connections served at once; more get 503. Keep under the file-descriptor limit (ulimit -n).")
+@click.option("--reload", "reload", is_flag=True, help="Watch each bot's files; serve the new version after a valid edit.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(
     bots: tuple[str, ...],
@@ -70,6 +71,7 @@ def serve(
     body_timeout: float,
     keep_alive_timeout: int,
     max_connections: int,
+    reload: bool,
     log_level: str,
 ) -> None:
     """Serve bots over WebSocket and HTTP, with a web chat page and inspector.
@@ -81,6 +83,7 @@ def serve(
       chatrun serve bots/travel --auth tokens.yaml
       chatrun serve bots/travel --host 0.0.0.0 --auth tokens.yaml --allow-host chat.example.com \\
         --allow-origin https://chat.example.com
+      chatrun serve bots/travel --reload       # edit the YAML; the next turn uses it
 
     \b
     Then open http://HOST:PORT/ (the first bot) or /bots/NAME/ (each bot).
@@ -108,7 +111,7 @@ def serve(
                       max_body_bytes=limits.max_frame_bytes, body_timeout=body_timeout)
     try:  # the same messages and exit codes as the other commands (1: invalid bot, bad store)
         app = create_app(list(bots), store, auth=auth_file, limits=limits, edge=edge,
-                         openai=OpenAIOptions(session_headers=session_headers))
+                         openai=OpenAIOptions(session_headers=session_headers), reload=reload)
     except ChatrunError as exc:
         fail(exc)
     registry = app.state.registry

@@ -29,6 +29,7 @@ from chatrun.server.guard import EdgeGuard, EdgePolicy
 from chatrun.server.http import failure_response, make_router
 from chatrun.server.listen import redact_tokens_in_logs
 from chatrun.server.openai_api import OpenAIOptions, make_openai_router
+from chatrun.server.reload import Watchers
 from chatrun.server.sessions import SessionRegistry
 from chatrun.server.ws import serve_websocket
 from chatrun.store import SessionStore, open_store
@@ -46,6 +47,7 @@ def create_app(
     gc_tuning: bool = True,
     openai: OpenAIOptions = OpenAIOptions(),  # noqa: B008 - frozen dataclass, safe to share
     edge: EdgePolicy | None = None,
+    reload: bool = False,
 ) -> FastAPI:
     """The app serving `bots` (Bot objects or paths; a dict name -> Bot; the first is the default).
 
@@ -56,6 +58,8 @@ def create_app(
     in a process whose garbage-collector settings are someone else's).
     edge: the Host/Origin/body checks (guard.py); by default loopback names only, same-origin
     browsers only, bodies up to limits.max_frame_bytes.
+    reload: watch each bot's files and serve the new version of a bot after a valid edit
+    (chatrun.server.reload).
     """
     loaded = _load_bots(bots)
     own_store = store is None  # opened here, so closed here (SQLite: no -wal/-shm left behind)
@@ -68,9 +72,12 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if gc_tuning:
             tune_gc()
+        watchers = Watchers(registry) if reload else None
         yield
-        for bot in loaded.values():  # HTTP connections and MCP servers the bots' tools opened
-            await bot.tools.aclose()
+        if watchers is not None:
+            await watchers.stop()
+        for bot in {id(b): b for b in (*loaded.values(), *registry.bots.values())}.values():
+            await bot.tools.aclose()  # HTTP connections and MCP servers the bots' tools opened
         close = getattr(registry.store, "close", None)
         if own_store and close is not None:
             close()

@@ -83,6 +83,8 @@ class SessionRegistry:
                     self._check_owner(slot.session.meta.get("owner"), principal, session_id)
                 # Roles are the requester's, not those of the token that opened the session.
                 slot.session.roles = set(principal.roles) if principal is not None else None
+                if slot.session.bot is not bot:  # the bot was reloaded (serve --reload)
+                    slot.session.use_bot(bot)
                 self._slots.move_to_end(key)
                 try:
                     yield slot.session
