@@ -7,6 +7,7 @@ be walked on a fresh machine: answer each model call with `/say TEXT` or
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
@@ -32,6 +33,8 @@ class HumanModel:
 
     async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
         tools = [t["function"]["name"] for t in request.tools]
+        for _ in range(3):  # let the REPL print the events queued so far (a route change) first
+            await asyncio.sleep(0)
         self.show_what_the_model_sees(request.messages, request.route)
         self.write(f"[model on route {request.route}; tools: {', '.join(tools) or 'none'}; {HELP}]")
         while True:

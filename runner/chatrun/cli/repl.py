@@ -409,7 +409,7 @@ def repl(bot_path: str, route: str | None, session_id: str | None, store: str | 
         session = Repl(bot, opened, session_id, route, play, parse_roles(roles))
         if play and not play_model:
             click.secho(NO_MODEL.format(file=bot.config.path), fg="yellow")
-        if roles is None:
+        if roles is None and any(r.roles for r in bot.config.routes.values()):
             click.secho(ROLES_OFF, dim=True)
         if reload:
             session.reloader.start()
