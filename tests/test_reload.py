@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.server_support import free_port
 
 from chatrun import ScriptedModel, SessionError, load_bot
 from chatrun.engine.reload import BotReloader
+from server_support import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_repl import run_repl
+from test_repl import run_repl
 
 pytestmark = pytest.mark.subprocess
 
