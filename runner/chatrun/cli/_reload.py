@@ -44,7 +44,7 @@ class ReplReloader:
     def _watch(self) -> None:
         from watchfiles import watch
 
-        for changes in watch(self.reloader.root, watch_filter=lambda _c, p: self.reloader.relevant(p),
+        for changes in watch(*self.reloader.roots(), watch_filter=lambda _c, p: self.reloader.relevant(p),
                              stop_event=self._stop, debounce=200, step=50, rust_timeout=500):
             self._take(self.reloader.reload(sorted({p for _c, p in changes})))
 

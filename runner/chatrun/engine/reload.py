@@ -7,8 +7,10 @@
 
 What is watched: the bot's directory, recursively, for YAML files (bot.yaml and the files
 its `include:` names) and Python files (handler modules), leaving out `transcripts/`,
-caches and hidden folders, whose edits never change the bot. Watching the folder rather
-than a list of files means a file an edited `include:` starts naming is seen too.
+caches and hidden folders, whose edits never change the bot; and the folders of included
+files that live outside it. Watching folders rather than a list of files means a file an
+edited `include:` starts naming is seen too (outside the bot's directory: from the next
+start).
 """
 
 from __future__ import annotations
@@ -52,12 +54,26 @@ class BotReloader:
         self.root = self.path if self.path.is_dir() else self.path.parent
         self.bot = bot  # the bot running now
 
+    def roots(self) -> list[Path]:
+        """The folders to watch: the bot's, and those of its files that live elsewhere."""
+        roots = [self.root.resolve()]
+        if self.bot is not None:
+            config = self.bot.config
+            for item in (*config.routes.values(), *config.tools.values()):
+                folder = Path(item.where.file).resolve().parent if item.where.file else None
+                if folder is not None and not any(folder.is_relative_to(r) for r in roots):
+                    roots.append(folder)
+        return roots
+
     def relevant(self, changed: str | Path) -> bool:
         """Whether an edit of this file can change the bot."""
         path = Path(changed)
-        try:
-            parts = path.resolve().relative_to(self.root.resolve()).parts
-        except ValueError:
+        resolved = path.resolve()
+        for root in self.roots():
+            if resolved.is_relative_to(root):
+                parts = resolved.relative_to(root).parts
+                break
+        else:
             return False
         if any(p in IGNORED_FOLDERS or p.startswith(".") for p in parts[:-1]):
             return False
@@ -91,6 +107,6 @@ class BotReloader:
         """A Reload for every batch of relevant edits, until cancelled (or `stop_event` is set)."""
         from watchfiles import awatch
 
-        async for changes in awatch(self.root, watch_filter=lambda _c, p: self.relevant(p),
+        async for changes in awatch(*self.roots(), watch_filter=lambda _c, p: self.relevant(p),
                                     stop_event=stop_event, debounce=200, step=50):  # type: ignore[arg-type]
             yield self.reload(sorted({p for _c, p in changes}))
