@@ -59,8 +59,9 @@ class BotReloader:
         roots = [self.root.resolve()]
         if self.bot is not None:
             config = self.bot.config
-            for item in (*config.routes.values(), *config.tools.values()):
-                folder = Path(item.where.file).resolve().parent if item.where.file else None
+            files = [r.where.file for r in config.routes.values()] + [t.where.file for t in config.tools.values()]
+            for file in files:
+                folder = Path(file).resolve().parent if file else None
                 if folder is not None and not any(folder.is_relative_to(r) for r in roots):
                     roots.append(folder)
         return roots

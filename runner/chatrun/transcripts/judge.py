@@ -83,8 +83,8 @@ def parse_verdict(criterion: str, text: str, subject_digest: str) -> Verdict:
     """The judge's answer as a Verdict; an answer that is not the JSON asked for scores 0."""
     found = re.search(r"\{.*\}", text or "", re.DOTALL)
     try:
-        data = json.loads(found.group(0)) if found else None
-        score = float(data["score"])  # type: ignore[index]
+        data = json.loads(found.group(0)) if found else {}
+        score = float(data["score"])
     except (ValueError, TypeError, KeyError, json.JSONDecodeError):
         return Verdict(criterion, 0.0, f"the judge did not answer with {{\"score\", \"reason\"}} JSON: {text!r}",
                        subject_digest)
