@@ -295,16 +295,3 @@ class Repl:
         assert "Traceback" not in out
         return out
 
-
-def test_included_files_outside_the_bot_directory_are_watched_too(tmp_path):
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    (shared / "deep.yaml").write_text('routes:\n  deep:\n    system: "Deep down."\n')
-    folder = write(tmp_path / "bot", BOT.replace('  deep:\n    system: "Deep down."\n', "")
-                   .replace("state: {mood: calm}\n", "state: {mood: calm}\ninclude: [../shared/deep.yaml]\n"))
-    bot = load_bot(folder)
-    assert "deep" in bot.config.routes
-    reloader = BotReloader(folder, bot)
-    assert shared.resolve() in reloader.roots()
-    assert reloader.relevant(shared / "deep.yaml")
-    assert not reloader.relevant(tmp_path / "elsewhere" / "x.yaml")

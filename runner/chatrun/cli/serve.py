@@ -138,6 +138,10 @@ def serve(
     options = ListenOptions(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout,
                             max_connections=max_connections)
     _log_to_stderr(log_level)
+    if reload:  # what the watcher did is shown whatever the log level
+        import logging
+
+        logging.getLogger("chatrun.reload").setLevel(logging.INFO)
     try:
         uvicorn.Server(uvicorn_config(app, host, port, options, log_level=log_level)).run(sockets=[listener])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown: the normal way to stop
