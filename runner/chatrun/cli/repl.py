@@ -22,7 +22,7 @@ from chatrun.events import Event
 COMMANDS = """\
 /help              this help
 /say TEXT          (playing the model) answer with this text
-/call TOOL {JSON}  (playing the model) call a tool with these arguments
+/call TOOL {{JSON}}  (playing the model) call a tool with these arguments
 /route             the current route
 /stack             the scope stack, each scope with its route and state
 /state             the state the current scope sees
