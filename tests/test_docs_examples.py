@@ -4,7 +4,7 @@ Each fenced block is run by its language:
 - `sh`: every command runs (bash, `chatrun` on PATH) and must exit 0;
 - `console`: every `$ command` runs, and what it prints must be the lines that follow it;
 - `python`: runs as a script (an OpenAI-compatible fake server answers any model call);
-- `yaml`: parses; `json`: every line parses; `html`: each inline <script> parses, as a
+- `yaml`: parses; `json`: parses as one document, or line by line; `html`: each inline <script> parses, as a
   module when it says type="module" (node --check);
 - a block without a language is prose (a synopsis, a diagram) and is not run.
 
@@ -176,10 +176,13 @@ def check(block: Block, cwd: Path, env: dict[str, str], fake_url: str) -> bool:
         check_python(block, cwd, env, fake_url)
     elif block.lang == "yaml":
         check_yaml(block, cwd, env)
-    elif block.lang == "json":
-        for line in block.text.splitlines():
-            if line.strip():
-                json.loads(line)
+    elif block.lang == "json":  # one JSON document (a settings file), or one per line (frames)
+        try:
+            json.loads(block.text)
+        except json.JSONDecodeError:
+            for line in block.text.splitlines():
+                if line.strip():
+                    json.loads(line)
     elif block.lang == "html":
         return check_html(block, cwd)
     return True

@@ -25,6 +25,8 @@ COMMANDS = {
     "repl": "chatrun.cli.repl:repl",
     "test": "chatrun.cli.test:test",
     "serve": "chatrun.cli.serve:serve",
+    "init": "chatrun.cli.init:init",
+    "schema": "chatrun.cli.schema:schema",
 }
 
 
@@ -60,6 +62,7 @@ def main() -> None:
 
     \b
     Examples:
+      chatrun init mybot --template wizard
       chatrun validate bots/travel
       chatrun graph bots/travel --format mermaid
       chatrun repl bots/hello

@@ -7,11 +7,12 @@ be walked on a fresh machine: answer each model call with `/say TEXT` or
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
 from chatrun.errors import ModelError
-from chatrun.messages import ToolCall
+from chatrun.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResultMessage
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 
 ReadLine = Callable[[str], Awaitable[str | None]]
@@ -26,9 +27,15 @@ class HumanModel:
         self.write = write
         self.calls = 0
         self.responses: list[ModelResponse] = []  # what was answered, for /save
+        self.last_route: str | None = None
+        self.last_system: str | None = None
+        self.shown: set[str] = set()  # ids of the tool results already shown
 
     async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
         tools = [t["function"]["name"] for t in request.tools]
+        for _ in range(3):  # let the REPL print the events queued so far (a route change) first
+            await asyncio.sleep(0)
+        self.show_what_the_model_sees(request.messages, request.route)
         self.write(f"[model on route {request.route}; tools: {', '.join(tools) or 'none'}; {HELP}]")
         while True:
             line = await self.read_line("model> ")
@@ -38,6 +45,21 @@ class HumanModel:
             if response is not None:
                 self.responses.append(response)
                 return response
+
+    def show_what_the_model_sees(self, messages: list[Message], route: str) -> None:
+        """Before each call (and after a turn): the results of the tools just called (refusals
+        included), the route if it changed, the system prompt if it changed."""
+        for result in trailing_tool_results(messages):
+            if result.tool_call_id not in self.shown:
+                self.shown.add(result.tool_call_id)
+                self.write(f"[tool {result.name} → {result.content}]")
+        if self.last_route is not None and route != self.last_route:
+            self.write(f"[route: {self.last_route} → {route}]")
+        self.last_route = route
+        system = messages[0].content if messages and isinstance(messages[0], SystemMessage) else ""
+        if system != self.last_system:
+            self.write(f"[system prompt{' now' if self.last_system is not None else ''}: {system or '(none)'}]")
+            self.last_system = system
 
     def parse(self, line: str, tools: list[str]) -> ModelResponse | None:
         command, _, rest = line.partition(" ")
@@ -57,3 +79,16 @@ class HumanModel:
             return ModelResponse(tool_calls=[ToolCall(f"human_{self.calls}", name, raw)])
         self.write(f"[{HELP}]")
         return None
+
+
+def trailing_tool_results(messages: list[Message]) -> list[ToolResultMessage]:
+    """The tool results after the model's last tool calls: what it learns from them."""
+    results: list[ToolResultMessage] = []
+    for message in reversed(messages):
+        if isinstance(message, ToolResultMessage):
+            results.append(message)
+        elif isinstance(message, AssistantMessage) and message.tool_calls:
+            break
+        else:
+            return []
+    return results[::-1]

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from chatrun import events as ev
+from chatrun.cli._reload import ReplReloader
 from chatrun.cli.human_model import HumanModel
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ChatrunError
@@ -20,16 +21,23 @@ from chatrun.events import Event
 
 COMMANDS = """\
 /help              this help
+/say TEXT          (playing the model) answer with this text
+/call TOOL {{JSON}}  (playing the model) call a tool with these arguments
 /route             the current route
 /stack             the scope stack, each scope with its route and state
 /state             the state the current scope sees
 /memory            the current route's memory, as the model will see it
 /history           everything said in this session
+/roles [a,b]       the roles route checks use; with a list, a new session with those roles
+/reload            load the bot's files again (--reload does it on every edit)
 /save FILE         write the conversation so far as a golden transcript
 /reset             start a new session
 /quit              leave (Ctrl-D too)
 Ctrl-C cancels a running turn, or clears the line; twice on an empty line quits.
 Up/Down recall earlier lines (kept in {history}); Tab completes commands."""
+
+ROLES_OFF = ("(no --roles given: role checks are off, every route is open; "
+             "--roles a,b or /roles a,b to walk the bot as a principal with those roles)")
 
 
 def model_is_configured(config: ModelConfig) -> bool:
@@ -124,13 +132,16 @@ def run_to_completion(coro: Coroutine[Any, Any, None]) -> None:
 
 
 class Repl:
-    def __init__(self, bot: Any, store: Any, session_id: str | None, route: str | None, play_model: bool):
+    def __init__(self, bot: Any, store: Any, session_id: str | None, route: str | None, play_model: bool,
+                 roles: set[str] | None = None):
         self.bot = bot
         self.store = store
         self.route = route
+        self.roles = roles
         self.interactive = sys.stdin.isatty()
         self.human = HumanModel(self.read_line, self.note) if play_model else None
-        self.session = bot.session(route=route, store=store, model=self.human, session_id=session_id)
+        self.reloader = ReplReloader(bot)
+        self.session = bot.session(route=route, store=store, model=self.human, session_id=session_id, roles=roles)
         self.streamed = ""
         self.records: list[dict[str, Any]] = []  # per turn, for /save
         self.choices: list[str] = []  # the values of the last Choices event: typing N sends the Nth
@@ -233,6 +244,7 @@ class Repl:
             self.turn(line)
 
     def turn(self, text: str) -> None:
+        self.take_reloaded_bot()
         before = len(self.human.responses) if self.human else 0
         events: list[Event] = []
 
@@ -253,6 +265,7 @@ class Repl:
         if self.streamed:
             click.echo()
             self.streamed = ""
+        self.show_what_the_model_sees_next()
         if self.human:
             self.records.append({
                 "user": text,
@@ -263,6 +276,7 @@ class Repl:
             })
 
     def command(self, line: str) -> str | None:
+        self.take_reloaded_bot()
         name, _, arg = line.partition(" ")
         s = self.session
         if name in ("/quit", "/exit"):
@@ -283,10 +297,12 @@ class Repl:
             for entry in s.history:
                 click.echo(json.dumps(entry, ensure_ascii=False, default=str))
         elif name == "/reset":
-            s.close()
-            self.session = self.bot.session(route=self.route, store=self.store, model=self.human)
-            self.records.clear()
-            click.secho(f"new session {self.session.id}", dim=True)
+            self.reset()
+        elif name == "/roles":
+            self.set_roles(arg.strip())
+        elif name == "/reload":
+            self.reloader.reload_now()
+            self.take_reloaded_bot()
         elif name == "/save":
             self.save(os.path.expanduser(arg.strip()))
         elif name in ("/say", "/call"):
@@ -294,6 +310,46 @@ class Repl:
         else:
             click.secho(f"unknown command {name}; /help lists them", fg="red")
         return None
+
+    def reset(self) -> None:
+        self.session.close()
+        try:
+            self.session = self.bot.session(route=self.route, store=self.store, model=self.human, roles=self.roles)
+        except ChatrunError as exc:  # e.g. --route names a route the roles may not enter
+            click.secho(f"error: {exc}; starting on the default route", fg="red")
+            self.session = self.bot.session(store=self.store, model=self.human, roles=self.roles)
+        self.records.clear()
+        if self.human:
+            self.human.last_route = self.human.last_system = None
+        click.secho(f"new session {self.session.id} on {' > '.join(self.session.stack)}", dim=True)
+
+    def set_roles(self, arg: str) -> None:
+        """/roles shows the roles; /roles a,b starts a new session with them (roles belong to
+        the principal a session starts with); /roles - turns role checks off."""
+        if arg:
+            self.roles = None if arg == "-" else parse_roles(arg)
+            self.reset()
+        if self.roles is None:
+            click.secho(ROLES_OFF, dim=True)
+        else:
+            click.echo(f"roles: {', '.join(sorted(self.roles)) or '(none)'}")
+
+    def take_reloaded_bot(self) -> None:
+        """Between turns: run the next turns on the bot an edit produced, keeping the session."""
+        bot = self.reloader.take_new_bot()
+        if bot is None:
+            return
+        self.bot = bot
+        self.session.use_bot(bot)
+        if self.session.stale:
+            click.secho(f"error: {self.session.stale} (/reset)", fg="red")
+
+    def show_what_the_model_sees_next(self) -> None:
+        """Playing the model: after a turn, the tool results it ended with and the next
+        system prompt, if changed (before each call the played model shows them itself)."""
+        if self.human is None or self.session.closed:
+            return
+        self.human.show_what_the_model_sees(self.session.preview_messages(), self.session.route)
 
     def save(self, path: str) -> None:
         if not path:
@@ -324,7 +380,11 @@ class Repl:
 @click.option("--store", default=None, help="Where sessions live: memory:// (default) or sqlite:///path/to.db "
               "(relative to the current folder; sqlite:////abs/path.db for an absolute path).")
 @click.option("--play-model", is_flag=True, help="Answer for the model yourself (/say, /call), even with credentials.")
-def repl(bot_path: str, route: str | None, session_id: str | None, store: str | None, play_model: bool) -> None:
+@click.option("--roles", default=None, metavar="A,B", help="The principal's roles, so routes with `roles:` can be walked "
+              "(default: role checks off).")
+@click.option("--reload", "reload", is_flag=True, help="Watch the bot's files; the next turn uses the edited bot.")
+def repl(bot_path: str, route: str | None, session_id: str | None, store: str | None, play_model: bool,
+         roles: str | None, reload: bool) -> None:
     """Talk to a bot. Type messages; /help lists the slash commands.
 
     Reads one user message per line from a pipe too, printing events to stdout.
@@ -334,6 +394,7 @@ def repl(bot_path: str, route: str | None, session_id: str | None, store: str | 
       chatrun repl bots/travel
       chatrun repl bots/travel --store sqlite:///chat.db --session 1f2e3d
       printf 'hello\\n/say Hi there!\\n' | chatrun repl bots/hello --play-model
+      chatrun repl bots/travel --roles staff --reload
     """
     from chatrun.cli._output import describe_store, fail
     from chatrun.engine.bot import load_bot
@@ -345,11 +406,22 @@ def repl(bot_path: str, route: str | None, session_id: str | None, store: str | 
         opened = open_store(store)
         if store:
             click.secho(f"store: {describe_store(opened)}", dim=True)
-        session = Repl(bot, opened, session_id, route, play)
+        session = Repl(bot, opened, session_id, route, play, parse_roles(roles))
         if play and not play_model:
             click.secho(NO_MODEL.format(file=bot.config.path), fg="yellow")
+        if roles is None and any(r.roles for r in bot.config.routes.values()):
+            click.secho(ROLES_OFF, dim=True)
+        if reload:
+            session.reloader.start()
         code = session.run()
     except ChatrunError as exc:
         fail(exc)
         return
     sys.exit(code)
+
+
+def parse_roles(text: str | None) -> set[str] | None:
+    """"a, b" -> {"a", "b"}; None -> None (role checks off)."""
+    if text is None:
+        return None
+    return {r.strip() for r in text.split(",") if r.strip()}

@@ -73,6 +73,7 @@ from chatrun.errors import ChatrunError
               help="Seconds an idle HTTP connection stays open.")
 @click.option("--max-connections", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Connections served at once; more get 503. Keep under the file-descriptor limit (ulimit -n).")
+@click.option("--reload", "reload", is_flag=True, help="Watch each bot's files; serve the new version after a valid edit.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(
     bots: tuple[str, ...],
@@ -90,6 +91,7 @@ def serve(
     body_timeout: float,
     keep_alive_timeout: int,
     max_connections: int,
+    reload: bool,
     log_level: str,
     if_busy: str,
     queue_timeout: float,
@@ -110,6 +112,7 @@ def serve(
       chatrun serve bots/travel --host 0.0.0.0 --auth tokens.yaml --allow-host chat.example.com \\
         --allow-origin https://chat.example.com
       chatrun serve bots/travel --store redis://127.0.0.1:6379/0 --port 8001
+      chatrun serve bots/travel --reload       # edit the YAML; the next turn uses it
 
     \b
     Then open http://HOST:PORT/ (the first bot) or /bots/NAME/ (each bot).
@@ -146,7 +149,7 @@ def serve(
             max_sessions_per_principal=max_sessions_per_principal,
         )
         app = create_app(list(bots), store, auth=auth_file, limits=limits, sessions=sessions, edge=edge,
-                         openai=OpenAIOptions(session_headers=session_headers))
+                         openai=OpenAIOptions(session_headers=session_headers), reload=reload)
         if store.startswith(("redis://", "rediss://")):
             from chatrun.store.redis import check_reachable
 
@@ -176,6 +179,10 @@ def serve(
     options = ListenOptions(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout,
                             max_connections=max_connections)
     _log_to_stderr(log_level)
+    if reload:  # what the watcher did is shown whatever the log level
+        import logging
+
+        logging.getLogger("chatrun.reload").setLevel(logging.INFO)
     try:
         run(app, host=host, port=port, log_level=log_level, drain_timeout=drain_timeout, options=options,
             sockets=[listener])

@@ -26,17 +26,18 @@ class Outcome:
     updated: bool = False
     invalid: bool = False
     warnings: list[str] = field(default_factory=list)
+    roles_off: bool = False  # the transcript declares no `roles:`, so role checks are off in it
 
 
 _BOTS: dict[str, Any] = {}  # per process: each bot is loaded once per run
 
 
-def run_one(path: str, update: bool = False, record: bool = False) -> Outcome:
+def run_one(path: str, update: bool = False, record: bool = False, live: bool = False) -> Outcome:
     """One transcript's outcome. Never raises: an unexpected exception (a chatrun bug, a
     handler calling sys.exit) is a failed outcome naming the file, so the run goes on."""
     try:
-        return _run_one(path, update, record)
-    except (Exception, SystemExit) as exc:  # reported as this transcript's failure
+        return _run_one(path, update, record, live)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported as this transcript's failure
         return crashed(path, exc)
 
 
@@ -44,8 +45,9 @@ def crashed(path: str, exc: BaseException) -> Outcome:
     return Outcome(path, False, f"{path}: running the transcript raised {type(exc).__name__}: {exc}")
 
 
-def _run_one(path: str, update: bool, record: bool) -> Outcome:
+def _run_one(path: str, update: bool, record: bool, live: bool = False) -> Outcome:
     from chatrun.transcripts.format import load_transcript
+    from chatrun.transcripts.judge import LIVE
     from chatrun.transcripts.run import run_transcript
 
     try:
@@ -53,11 +55,19 @@ def _run_one(path: str, update: bool, record: bool) -> Outcome:
     except BotError as exc:
         return Outcome(path, False, "\n".join(d.format() for d in exc.diagnostics), invalid=True)
     changed = False
+    roles_off = _roles_off(transcript)
+    if live:
+        try:
+            result = run_transcript(transcript, _BOTS, LIVE)
+        except ChatrunError as exc:  # the judge model failed
+            return Outcome(path, False, f"{path}: {exc}", roles_off=roles_off)
+        return Outcome(path, result.passed, result.report(), roles_off=roles_off)
     try:
         if record:
-            from chatrun.transcripts.record import record_transcript
+            from chatrun.transcripts.record import record_transcript, record_verdicts
 
             changed = record_transcript(transcript)
+            changed = record_verdicts(load_transcript(path), _BOTS) or changed
             transcript = load_transcript(path)
         result = run_transcript(transcript, _BOTS)
         if update and result.error is None:
@@ -69,8 +79,22 @@ def _run_one(path: str, update: bool, record: bool) -> Outcome:
     except BotError as exc:
         return Outcome(path, False, "\n".join(d.format() for d in exc.diagnostics), changed, invalid=True)
     except ChatrunError as exc:
-        return Outcome(path, False, f"{path}: {exc}", changed)
-    return Outcome(path, result.passed, result.report(), changed, warnings=result.warnings)
+        return Outcome(path, False, f"{path}: {exc}", changed, roles_off=roles_off)
+    return Outcome(path, result.passed, result.report(), changed, warnings=result.warnings, roles_off=roles_off)
+
+
+def _roles_off(transcript: Any) -> bool:
+    """The transcript gives no `roles:` though its bot has routes that need one: those
+    routes are open in it (the CLI says so once)."""
+    if transcript.roles is not None or transcript.refused is not None:
+        return False
+    from chatrun.transcripts.run import load_bot_cached
+
+    try:
+        bot = load_bot_cached(str(transcript.bot_path), _BOTS)
+    except ChatrunError:  # the run reports it
+        return False
+    return any(route.roles for route in bot.config.routes.values())
 
 
 # -- -k expressions -------------------------------------------------------------------------------
@@ -112,9 +136,14 @@ def keyword_filter(expr: str) -> Any:
 @click.option("-n", "workers", type=click.IntRange(min=1), default=1, show_default=True, help="Run in N processes.")
 @click.option("-v", "--verbose", is_flag=True, help="One line per transcript with its name.")
 @click.option("--update", is_flag=True, help="Rewrite the expect: blocks from what happened (the rest of the file is kept).")
-@click.option("--record", is_flag=True, help="Run against the bot's real model and write its answers into the model: lists.")
+@click.option("--record", is_flag=True, help="Run against the bot's real model and write its answers into the model: lists "
+              "(and the judge's verdicts into judged: lists).")
+@click.option("--live", is_flag=True, help="Run against the bot's real model, comparing route, stack, state and events "
+              "(not the model's text) and asking the judge; nothing is written.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run each transcript N times and print its pass rate (with --live: how flaky it is).")
 def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: int, verbose: bool,
-         update: bool, record: bool) -> None:
+         update: bool, record: bool, live: bool, repeat: int) -> None:
     """Replay golden transcripts offline and check what each turn did.
 
     PATH is a transcript file or a directory searched for YAML files with `turns:`;
@@ -131,6 +160,7 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
       chatrun test -n 4
       chatrun test bots/travel/transcripts/flight_booking.yaml --update
       chatrun test -k flight --record
+      chatrun test bots/travel --live --repeat 5
     """
     from chatrun.transcripts.format import discover
 
@@ -152,18 +182,26 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
         click.echo(f"no transcripts found ({where}{', -k ' + keyword if keyword else ''})")
         click.echo("0 passed, 0 failed")
         sys.exit(EXIT_NONE)
+    if (update or record) and live:
+        click.echo("error: --live runs against the real model and writes nothing; drop --update/--record", err=True)
+        sys.exit(EXIT_USAGE)
     if record and workers > 1:
         workers = 1  # recording talks to a real model: one conversation at a time
+    found = [path for path in found for _ in range(repeat)]
     outcomes: list[Outcome] = []
     interrupted = False
     try:
-        for outcome in _run(found, workers, exitfirst, update, record):
+        for outcome in _run(found, workers, exitfirst, update, record, live):
             outcomes.append(outcome)
             _progress(outcome, verbose)
     except KeyboardInterrupt:
         interrupted = True
     if not verbose:
         click.echo()
+    _roles_note(outcomes)
+    if repeat > 1:
+        _pass_rates(outcomes)
+        outcomes = _first_failure_each(outcomes)
     _summary(outcomes, update or record)
     if interrupted:
         click.echo("interrupted", err=True)
@@ -177,10 +215,10 @@ def _exists(path: str) -> bool:
     return Path(path).exists()
 
 
-def _run(found: list[str], workers: int, exitfirst: bool, update: bool, record: bool) -> Any:
+def _run(found: list[str], workers: int, exitfirst: bool, update: bool, record: bool, live: bool = False) -> Any:
     if workers == 1:
         for path in found:
-            outcome = run_one(path, update, record)
+            outcome = run_one(path, update, record, live)
             yield outcome
             if exitfirst and not outcome.passed:
                 return
@@ -194,7 +232,7 @@ def _run(found: list[str], workers: int, exitfirst: bool, update: bool, record: 
             while queue and len(pending) < workers * 4:
                 path = queue.pop()
                 try:
-                    pending[pool.submit(run_one, path, update, record)] = path
+                    pending[pool.submit(run_one, path, update, record, live)] = path
                 except BrokenProcessPool as exc:  # a worker died (os._exit, a crash): no more runs
                     yield crashed(path, exc)
             if not pending:
@@ -220,6 +258,35 @@ def _progress(outcome: Outcome, verbose: bool) -> None:
         click.echo(f"{outcome.name} {status}{' (updated)' if outcome.updated else ''}")
     else:
         click.echo(mark, nl=False)
+
+
+def _roles_note(outcomes: list[Outcome]) -> None:
+    """Said once: transcripts without `roles:` run with role checks off."""
+    off = list(dict.fromkeys(o.name for o in outcomes if o.roles_off))
+    if off:
+        names = ", ".join(off[:3]) + (f" and {len(off) - 3} more" if len(off) > 3 else "")
+        click.echo(f"note: role checks are off in {len(off)} transcript{'s' if len(off) != 1 else ''} with no `roles:` "
+                   f"whose bot has routes with `roles:` ({names}); declare the principal's roles, e.g. "
+                   "`roles: []` or `roles: [staff]`")
+
+
+def _pass_rates(outcomes: list[Outcome]) -> None:
+    """One line per transcript: how many of its runs passed."""
+    runs: dict[str, list[bool]] = {}
+    for o in outcomes:
+        runs.setdefault(o.name, []).append(o.passed)
+    click.echo("pass rates:")
+    for name, passed in runs.items():
+        click.echo(f"  {name}: {sum(passed)}/{len(passed)} passed ({100 * sum(passed) // len(passed)}%)")
+
+
+def _first_failure_each(outcomes: list[Outcome]) -> list[Outcome]:
+    """One outcome per transcript for the summary: its first failed run, else its first run."""
+    chosen: dict[str, Outcome] = {}
+    for o in outcomes:
+        if o.name not in chosen or (chosen[o.name].passed and not o.passed):
+            chosen[o.name] = o
+    return list(chosen.values())
 
 
 def _summary(outcomes: list[Outcome], rewriting: bool) -> None:

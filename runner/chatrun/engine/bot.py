@@ -9,6 +9,7 @@ from chatrun.definition.config import BotConfig
 from chatrun.definition.graph import RouteGraph
 from chatrun.engine.session import Session
 from chatrun.engine.tools import Toolbox
+from chatrun.errors import Diagnostic
 from chatrun.models.base import ChatModel
 from chatrun.store import SessionStore
 
@@ -23,6 +24,9 @@ class Bot:
         self.graph = RouteGraph.from_config(config)
         self.store: SessionStore = store if store is not None else InMemoryStore()
         self.tools = Toolbox(config)
+        # Set by `--reload` when the bot's files were edited into an invalid bot: this bot
+        # keeps running, and clients (the inspector) show these diagnostics.
+        self.reload_problems: list[Diagnostic] = []
 
     @property
     def name(self) -> str:

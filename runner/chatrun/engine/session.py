@@ -70,6 +70,7 @@ class Session:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_entry: dict | None = None
         self.tool_mocks: ToolMocks | None = None  # stand-ins for tools (golden transcripts set them)
+        self._stale: str | None = None  # why the reloaded bot cannot run this conversation
         roles = set(roles) if roles is not None else None
         snapshot = store.load_session(session_id) if session_id else None
         self._c = Conversation(bot.config, store, session_id or secrets.token_hex(8), roles)
@@ -139,17 +140,26 @@ class Session:
         session takes no more turns; its history and last state stay readable."""
         return self._c.ended
 
+    @property
+    def stale(self) -> str | None:
+        """Why this session cannot run a turn on its (reloaded) bot, or None."""
+        return self._stale
+
     def visible_state(self) -> dict[str, Any]:
         return {"state": self.state, "scope": merged_scope(self.scopes)}
 
     def memory(self, scope_id: str | None = None, route: str | None = None) -> list[Message]:
         """The messages of one memory: by default the current route's in the current scope."""
         scope = self._c.scope if scope_id is None else self._c.find_scope(scope_id)
+        if (route or scope.route) not in self.bot.config.routes:  # gone in a reload: nothing to show
+            return []
         return self._c.memory_for(scope, route or scope.route, create=False).messages()
 
     def preview_messages(self) -> list[Message]:
         """What the current route will send the model next, before the user's next message:
         its memory, led by the system prompt rendered from the state as it is now."""
+        if self._stale:
+            return []
         route = self._c.route
         messages = self.memory()
         if not route.system:
@@ -330,6 +340,23 @@ class Session:
         self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
         self._last_entry = entry
 
+    # -- reloading ---------------------------------------------------------------------------------
+
+    def use_bot(self, bot: Bot) -> None:
+        """Run the next turns with `bot` (the same bot, its files edited and loaded again),
+        keeping state, scopes and memories. Between turns only. If a route on the stack is
+        gone from `bot`, every turn fails with a SessionError saying so until the session is
+        reset (or the route comes back)."""
+        if self._running:
+            raise SessionError(f"session {self.id} is running a turn; change its bot between turns")
+        self.bot = bot
+        self._c.config = bot.config
+        self._c.forget_cached_memories()  # rebuilt with the new policies from the store
+        gone = [route for route in self.stack if route not in bot.config.routes]
+        self._stale = None if not gone else (
+            f"session {self.id} is on route {gone[-1]!r}, which the reloaded bot no longer defines; "
+            f"reset the session to start again on {bot.config.default_route!r}")
+
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -359,6 +386,8 @@ class Session:
         if self._c.ended:
             raise SessionError(f"session {self.id} has ended (tool {self._c.ended['tool']} ended the conversation "
                                f"on route {self._c.ended['route']}); start a new session")
+        if self._stale:
+            raise SessionError(self._stale)
         if self._running:
             raise SessionError(f"session {self.id} is already running a turn; send one message at a time")
 

@@ -31,6 +31,7 @@ from chatrun.server.guard import EdgeGuard, EdgePolicy
 from chatrun.server.http import failure_response, make_router
 from chatrun.server.listen import redact_tokens_in_logs
 from chatrun.server.openai_api import OpenAIOptions, make_openai_router
+from chatrun.server.reload import Watchers
 from chatrun.server.sessions import SessionRegistry, SessionSettings
 from chatrun.server.ws import serve_websocket
 from chatrun.store import SessionStore
@@ -50,6 +51,7 @@ def create_app(
     openai: OpenAIOptions = OpenAIOptions(),  # noqa: B008 - frozen dataclass, safe to share
     edge: EdgePolicy | None = None,
     sessions: SessionSettings | None = None,
+    reload: bool = False,
 ) -> FastAPI:
     """The app serving `bots` (Bot objects or paths; a dict name -> Bot; the first is the default).
 
@@ -62,6 +64,8 @@ def create_app(
     in a process whose garbage-collector settings are someone else's).
     edge: the Host/Origin/body checks (guard.py); by default loopback names only, same-origin
     browsers only, bodies up to limits.max_frame_bytes.
+    reload: watch each bot's files and serve the new version of a bot after a valid edit
+    (chatrun.server.reload).
     """
     loaded = _load_bots(bots)
     settings = sessions or SessionSettings(cache_size=cache_size)
@@ -81,12 +85,15 @@ def create_app(
         if ping is not None:  # a shared store that cannot be reached: fail at startup, not per request
             await ping()
         sweeper = asyncio.ensure_future(registry.sweep_forever())
+        watchers = Watchers(registry) if reload else None
         try:
             yield
         finally:
             sweeper.cancel()
-            for bot in loaded.values():  # HTTP connections and MCP servers the bots' tools opened
-                await bot.tools.aclose()
+            if watchers is not None:
+                await watchers.stop()
+            for bot in {id(b): b for b in (*loaded.values(), *registry.bots.values())}.values():
+                await bot.tools.aclose()  # HTTP connections and MCP servers the bots' tools opened
             if own_store:
                 with contextlib.suppress(Exception):
                     await registry.store.close()

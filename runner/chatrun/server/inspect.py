@@ -63,9 +63,13 @@ def inspect_data(session: Session) -> dict[str, Any]:
     config = session.bot.config
     route = session.route
     memory = session.preview_messages()  # exactly as the model will be sent it next
+    if route not in config.routes:  # gone in a reload: the session must be reset
+        route = config.default_route
     policy = config.route_memory(route)
     return session_data(session) | {
         "last_turn": session.last_turn,
+        # The bot's files were edited into an invalid bot (serve --reload): the page shows a banner.
+        "reload_problems": [d.to_dict() for d in session.bot.reload_problems],
         "graph": graph_data(session.bot),
         "memory": {
             "id": session.scopes[-1].memory_id(route),

@@ -209,6 +209,8 @@ class SessionRegistry:
             self._held[id(session)] = _Held(slot, lease)
             # Roles are the requester's, not those of the token that opened the session.
             session.roles = set(principal.roles) if principal is not None else None
+            if session.bot is not bot:  # the bot was reloaded (serve --reload)
+                session.use_bot(bot)
             try:
                 yield session
             except SessionError as exc:  # e.g. a message to a conversation an `end` action ended

@@ -36,6 +36,7 @@ class TurnSpec:
     mocks: list[dict[str, Any]] = field(default_factory=list)
     expect: dict[str, Any] | None = None
     expect_line: int = 0
+    judged: list[dict[str, Any]] = field(default_factory=list)  # recorded verdicts (chatrun.transcripts.judge)
 
     @property
     def input(self) -> str | dict[str, Any]:
@@ -53,7 +54,8 @@ class Transcript:
     description: str = ""
     mocks: list[dict[str, Any]] = field(default_factory=list)
     lines: dict[str, int] = field(default_factory=dict)  # line of each top-level key
-    refused: Any = None  # `refused:`: the start must be refused (true or a matcher on the message)
+    judge: dict[str, Any] | None = None  # the judge's settings (model, threshold, conversation)
+    refused: Any = None  # the start must be refused: True or a matcher on the error (None: not expected)
 
     @property
     def name(self) -> str:
@@ -154,10 +156,11 @@ def _build(doc: YamlDoc) -> Transcript:
             mocks=list(raw.get("mocks") or []),
             expect=expect if expect is not None else None,
             expect_line=doc.pos(("turns", i, "expect")).line if "expect" in raw else 0,
+            judged=list(raw.get("judged") or []),
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
                       data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),
-                      {key: doc.pos((key,)).line for key in data}, data.get("refused"))
+                      {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"))
 
 
 def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:

@@ -84,3 +84,17 @@ def record_transcript(transcript: Transcript) -> bool:
     finally:
         session.close()
     return rewrite_turns(transcript.file, changes)
+
+
+def record_verdicts(transcript: Transcript, bots: dict[str, Any] | None = None) -> bool:
+    """Ask the judge about every `judge:` criterion of the (just recorded) transcript and write
+    its verdicts into the turns' `judged:` lists. Returns True when the file changed."""
+    from chatrun.transcripts.judge import RECORD
+    from chatrun.transcripts.run import run_transcript
+
+    if not transcript.judge and not any((t.expect or {}).get("judge") for t in transcript.turns):
+        return False
+    result = run_transcript(transcript, bots, RECORD)
+    if result.error is not None:
+        raise ChatrunError(result.error)
+    return rewrite_turns(transcript.file, {index: {"judged": verdicts} for index, verdicts in result.verdicts.items()})

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.errors import BotError, ChatrunError
-from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models import ModelPool
+from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 from chatrun.models.scripted import ScriptedModel
-from chatrun.transcripts.expect import Mismatch, Observed, compare, observe
+from chatrun.transcripts.expect import Mismatch, Observed, compare, compare_live, observe
 from chatrun.transcripts.format import Transcript, TurnSpec, load_transcript
+from chatrun.transcripts.judge import LIVE, REPLAY, Judge, criteria, reply_text
 from chatrun.transcripts.mocks import TranscriptMocks
 
 
@@ -27,6 +29,31 @@ class TurnScript:
 
     async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
         return await self.current.complete(request, on_chunk)
+
+
+class LiveModel:
+    """`chatrun test --live`: the bot's real model answers; the requests are kept per turn."""
+
+    def __init__(self) -> None:
+        self._pool = ModelPool()
+        self._model = self._pool.model()
+        self.requests: list[ModelRequest] = []
+        self.remaining = 0
+
+    @property
+    def current(self) -> LiveModel:
+        return self
+
+    def next_turn(self, turn: TurnSpec) -> None:
+        self.requests = []
+
+    async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
+        self.requests.append(request)
+        return await self._model.complete(request, on_chunk)
+
+    async def aclose(self) -> None:
+        await self._model.aclose()
+        await self._pool.aclose()
 
 
 def scripted_responses(turn: TurnSpec) -> list[dict[str, Any]]:
@@ -68,6 +95,7 @@ class Result:
     def warnings(self) -> list[str]:
         """What passes but probably does not test what the author meant (`chatrun test` prints them)."""
         return self.notes + [w for t in self.turns for w in t.warnings]
+    verdicts: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # judged (record mode), per turn
 
     @property
     def passed(self) -> bool:
@@ -104,9 +132,13 @@ def load_bot_cached(path: str, bots: dict[str, Any] | None) -> Any:
     return bots[path]
 
 
-def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = None) -> Result:
+def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = None, mode: str = REPLAY) -> Result:
     """Run one transcript (a loaded Transcript or a path). Never raises for a failing or
-    invalid transcript: the Result says what went wrong. `bots` caches loaded bots by path."""
+    invalid transcript: the Result says what went wrong. `bots` caches loaded bots by path.
+
+    mode: "replay" (the transcript's model answers and judge verdicts, offline), "record"
+    (replayed answers, the judge asked: Result.verdicts), or "live" (the bot's real model
+    and the judge asked; route, stack, state and events compared, not exact text)."""
     if not isinstance(transcript, Transcript):
         try:
             transcript = load_transcript(transcript)
@@ -126,37 +158,55 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
     if t.refused is not None:
         result.error = expect_refused_start(bot, t)
         return result
+    live = mode == LIVE
     try:
-        session, script = start_session(bot, t)
+        session, script = start_session(bot, t, LiveModel() if live else None)
     except ChatrunError as exc:
         key = "route" if "route" in t.lines else "state"
         result.error = f"{t.name}:{t.lines.get(key, 1)}: cannot start the conversation: {exc}"
         return result
+    judge = Judge(t.judge, bot.config.model, mode)
     try:
         for turn in t.turns:
-            played = play_turn(session, script, turn)
+            played = play_turn(session, script, turn, judge, live)
             if turn.expect is None:
                 played.warnings = unoffered_calls(t, turn, script.current.requests)
             result.turns.append(played)
+        judge_conversation(result, judge)
     finally:
         session.close()
+        judge.close()
+    result.verdicts = judge.recorded
     return result
 
 
-def start_session(bot: Any, t: Transcript, model: ChatModel | None = None) -> tuple[Any, TurnScript]:
+def judge_conversation(result: Result, judge: Judge) -> None:
+    """`judge.conversation`: criteria on the whole conversation, reported on the last turn."""
+    if not judge.conversation or not result.turns or any(t.observed is None for t in result.turns):
+        return
+    last = result.turns[-1]
+    text = "\n".join(reply_text(t.turn.input, t.observed.events) for t in result.turns)  # type: ignore[union-attr]
+    for criterion in judge.conversation:
+        judged = judge.judge(criterion, text, last.turn.judged, last.turn.index - 1)
+        if not judged.passed:
+            last.problems.append(Mismatch("judge", f"(the conversation) {judged.problem}"))
+
+
+def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]:
     """The transcript's conversation in a fresh in-memory store, its tools mocked as the
     transcript says. Its model is the turn script, unless `model` is given (recording passes
-    the real model through, and lets HTTP tools run for real)."""
+    the real model through, and lets HTTP tools run for real; so does a live run's LiveModel,
+    which is then the script too)."""
     from chatrun.store.memory import InMemoryStore
 
-    script = TurnScript()
+    script = model if isinstance(model, LiveModel) else TurnScript()
     roles = set(t.roles) if t.roles is not None else None
     session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles)
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None)
     return session, script
 
 
-def play_turn(session: Any, script: TurnScript, turn: TurnSpec) -> TurnResult:
+def play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None = None, live: bool = False) -> TurnResult:
     session.tool_mocks.next_turn(turn.mocks)
     try:
         script.next_turn(turn)
@@ -165,6 +215,8 @@ def play_turn(session: Any, script: TurnScript, turn: TurnSpec) -> TurnResult:
     events = session.chat(turn.input)
     model = script.current
     obs = observe(session, events, model.requests)
+    if live:
+        return TurnResult(turn, obs, compare_live(turn.expect, obs) + judge_turn(judge, turn, obs))
     given = len(turn.model)
     if len(model.requests) > given:
         return TurnResult(turn, obs, [Mismatch(
@@ -176,6 +228,7 @@ def play_turn(session: Any, script: TurnScript, turn: TurnSpec) -> TurnResult:
         n = model.remaining
         problems.append(Mismatch("model", f"{n} scripted model response{'s' if n != 1 else ''} left unused"))
     problems += compare(turn.expect, obs)
+    problems += judge_turn(judge, turn, obs)
     return TurnResult(turn, obs, problems)
 
 
@@ -229,3 +282,17 @@ def event_type_warnings(config: Any, t: Transcript) -> list[str]:
                     out.append(f"{t.where(turn)}: warning: expects a `{kind}` event, but bot {config.name} never "
                                f"sends one (it can send: {', '.join(sorted(known))})")
     return out
+
+
+def judge_turn(judge: Judge | None, turn: TurnSpec, obs: Observed) -> list[Mismatch]:
+    """The turn's `judge:` criteria, scored on its reply."""
+    wanted = criteria((turn.expect or {}).get("judge"))
+    if judge is None or not wanted:
+        return []
+    text = reply_text(turn.input, obs.events)
+    problems = []
+    for criterion in wanted:
+        judged = judge.judge(criterion, text, turn.judged, turn.index - 1)
+        if not judged.passed:
+            problems.append(Mismatch("judge", judged.problem))
+    return problems

@@ -317,10 +317,23 @@
     $("state").innerHTML = jsonHtml(d.state);
     renderMemory(d.memory);
     renderLastTurn(d.last_turn);
+    renderReloadProblems(d.reload_problems || []);
     document.body.dataset.route = d.route;
     document.body.dataset.turn = String(d.turn);
     refreshes += 1;
     document.body.dataset.refreshes = String(refreshes);
+  }
+
+  // serve --reload: the bot's files were edited into an invalid bot; the old one still runs.
+  function renderReloadProblems(problems) {
+    const banner = $("reload-banner");
+    banner.hidden = problems.length === 0;
+    banner.textContent = "";
+    if (!problems.length) return;
+    banner.appendChild(el("strong", "", "The edited bot is invalid; still running the previous version."));
+    problems.forEach((d) => {
+      banner.appendChild(el("div", "small", d.file + ":" + d.line + ": " + d.severity + ": " + d.message));
+    });
   }
 
   function renderScopes(scopes, current) {

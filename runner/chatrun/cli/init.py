@@ -1,0 +1,88 @@
+"""`chatrun init NAME [--template hello|wizard|support]`: a new bot directory that validates
+and passes `chatrun test` as written: a commented bot.yaml (with the `$schema` modeline for
+editors), one golden transcript and a short README. The starters live in cli/starters/."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import click
+
+from chatrun.definition.schemas import schema_path
+
+STARTERS = Path(__file__).parent / "starters"
+TEMPLATES = ("hello", "wizard", "support")
+
+
+def bot_name(directory: Path) -> str:
+    """A valid bot name from the directory's name: `My Bot!` -> `My_Bot`."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", directory.resolve().name).strip("_-") or "bot"
+    return name if re.match(r"[A-Za-z_]", name) else f"_{name}"
+
+
+def schema_ref(schema: Path, from_dir: Path) -> str:
+    """How a file in `from_dir` names a schema: relative when it can be, else absolute."""
+    schema, from_dir = schema.resolve(), from_dir.resolve()
+    try:
+        shared = Path(os.path.commonpath([schema, from_dir]))
+    except ValueError:  # another drive (Windows)
+        return schema.as_posix()
+    if shared == Path(shared.anchor):  # nothing in common but the root: the absolute path reads better
+        return schema.as_posix()
+    return Path(os.path.relpath(schema, from_dir)).as_posix()
+
+
+def render_starter(template: str, directory: Path) -> dict[Path, str]:
+    """The files to write (path -> text), placeholders filled in."""
+    source = STARTERS / template
+    files: dict[Path, str] = {}
+    for path in sorted(source.rglob("*")):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(source)
+        target = directory / rel
+        text = path.read_text(encoding="utf-8")
+        replacements = {
+            "__NAME__": bot_name(directory),
+            "__DIR__": directory.as_posix(),
+            "__SCHEMA__": schema_ref(schema_path("bot.schema.json"), target.parent),
+            "__TRANSCRIPT_SCHEMA__": schema_ref(schema_path("transcript.schema.json"), target.parent),
+        }
+        for key, value in replacements.items():
+            text = text.replace(key, value)
+        files[target] = text
+    return files
+
+
+def create_bot(directory: Path, template: str = "hello") -> list[Path]:
+    """Write the starter into `directory` (which must not hold a bot yet); the files written."""
+    files = render_starter(template, directory)
+    existing = [p for p in files if p.exists()]
+    if existing or (directory.exists() and any(directory.iterdir())):
+        what = ", ".join(str(p) for p in existing) or f"{directory} is not empty"
+        raise click.ClickException(f"refusing to overwrite: {what}; choose a new directory")
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return list(files)
+
+
+@click.command()
+@click.argument("name", metavar="NAME", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--template", "-t", type=click.Choice(TEMPLATES), default="hello", show_default=True,
+              help="hello: one route; wizard: a nested scope collecting answers; support: state, events and roles.")
+def init(name: Path, template: str) -> None:
+    """Create a bot directory NAME: bot.yaml, a golden transcript and a README.
+
+    \b
+    Examples:
+      chatrun init mybot
+      chatrun init bots/pizza --template wizard
+      chatrun init desk -t support && chatrun test desk
+    """
+    written = create_bot(name, template)
+    for path in written:
+        click.echo(f"created {path}")
+    click.echo(f"\nnext: chatrun validate {name} && chatrun test {name} && chatrun repl {name}")

@@ -1,0 +1,62 @@
+"""The REPL for bot authors (issue 15): playing the model shows what the model would see,
+`--roles`/`/roles` walk role-restricted routes, `/help` lists every command."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_repl import run_repl
+
+pytestmark = pytest.mark.subprocess
+
+
+def test_playing_the_model_shows_tool_results_refusals_route_changes_and_prompts():
+    script = "\n".join([
+        "I want to book a flight to Ireland",
+        "/call book_flight {}",
+        "/call book {}",                                        # refused: nothing is set yet
+        '/call set_destination {"destination": "Ireland"}',
+        "/say When do you want to leave?",
+    ]) + "\n"
+    out = run_repl(["bots/travel", "--play-model"], script)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "[system prompt: You are a travel agent." in text
+    assert "[route: main_menu → flight]" in text
+    assert "[system prompt now: You are an airline reservation system." in text
+    assert "[tool book → Error: book cannot run yet; these are not set: scope.reservation.departure" in text
+    assert "[tool set_destination → " in text
+    # The prompt changed with the destination set: shown again before the next call.
+    after = text.split("[tool set_destination → ")[1]
+    assert '[system prompt now: ' in after and '"destination": "Ireland"' in after
+    assert "Traceback" not in text + out.stderr
+
+
+def test_roles_open_role_restricted_routes_and_without_them_the_repl_says_checks_are_off():
+    take_over = "Let a human take over\n/call take_over {}\n/say Staff here.\n/route\n"
+    off = run_repl(["bots/support", "--play-model"], take_over)
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.count("role checks are off") == 1
+    assert "staff_desk" in off.stdout.splitlines()[-1]  # /route: open to anyone with checks off
+
+    customer = run_repl(["bots/support", "--play-model", "--roles", "customer"],
+                        take_over.replace("/say Staff here.", "/say I cannot do that."))
+    assert customer.returncode == 0, customer.stderr
+    assert "role checks are off" not in customer.stdout
+    assert "[tool take_over → " in customer.stdout and "staff" in customer.stdout
+    assert customer.stdout.splitlines()[-1] == "helpdesk"
+
+    switched = run_repl(["bots/support", "--play-model", "--roles", "customer"],
+                        "/roles staff\n" + take_over)
+    assert "roles: staff" in switched.stdout
+    assert switched.stdout.splitlines()[-1] == "staff_desk"
+
+
+def test_help_lists_every_command_once_with_one_line_each():
+    out = run_repl(["bots/hello", "--play-model"], "/help\n")
+    lines = [line for line in out.stdout.splitlines() if line.startswith("/")]
+    names = [line.split()[0] for line in lines]
+    for command in ("/help", "/say", "/call", "/route", "/stack", "/state", "/memory", "/history", "/roles",
+                    "/reload", "/save", "/reset", "/quit"):
+        assert names.count(command) == 1, command
+    assert all(len(line.split(None, 1)) == 2 for line in lines)  # each with its line of help
