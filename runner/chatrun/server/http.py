@@ -128,10 +128,9 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
         message = data.get("userMessage")
         if message is not None and not isinstance(message, str):
             raise wire.RequestFailed(wire.BAD_REQUEST, "userMessage must be a string")
-        if isinstance(message, str) and len(message) > limits.max_message_chars:
-            raise wire.RequestFailed(
-                wire.TOO_LARGE, f"userMessage of {len(message)} characters is over the limit of {limits.max_message_chars}"
-            )
+        too_long = limits.message_too_long(message) if isinstance(message, str) else None
+        if too_long:
+            raise wire.RequestFailed(wire.TOO_LARGE, too_long)
         if stream or "text/event-stream" in request.headers.get("accept", ""):
             # Fail before the stream starts when the session is unknown or not the caller's.
             async with registry.session(bot, session_id, who, EXISTING, if_busy=if_busy):

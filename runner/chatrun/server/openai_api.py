@@ -314,9 +314,9 @@ def make_openai_router(
         return name, route or None
 
     def check_length(text: str) -> None:
-        if len(text) > limits.max_message_chars:
-            raise OpenAIError(413, f"the user message of {len(text)} characters is over the limit of "
-                              f"{limits.max_message_chars}", code="too_large")
+        too_long = limits.message_too_long(text)
+        if too_long:
+            raise OpenAIError(413, too_long, code="too_large")
 
     def namespace(request: Request, body: dict[str, Any]) -> str:
         for header in trusted:

@@ -87,6 +87,12 @@ class ServerLimits:
     send_timeout: float = 20.0  # seconds a client may take to read a frame (see outbound.py)
     max_outbound_bytes: int = 1024 * 1024  # replies waiting to be sent on one connection
 
+    def message_too_long(self, text: str) -> str | None:
+        """Why a user message is refused for its length, or None (one rule for every transport)."""
+        if len(text) > self.max_message_chars:
+            return f"userMessage of {len(text)} characters is over the limit of {self.max_message_chars}"
+        return None
+
 
 @dataclass
 class ClientFrame:
@@ -159,11 +165,9 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
         message = data.get("userMessage")
         if message is not None and not isinstance(message, str):
             raise fail("ChatRouteMessage.data.userMessage must be a string")
-        if isinstance(message, str) and len(message) > limits.max_message_chars:
-            raise fail(
-                f"userMessage of {len(message)} characters is over the limit of {limits.max_message_chars}",
-                TOO_LARGE,
-            )
+        too_long = limits.message_too_long(message) if isinstance(message, str) else None
+        if too_long:
+            raise fail(too_long, TOO_LARGE)
         scope_id = raw.get("scopeId")
         if scope_id is not None and not isinstance(scope_id, str):
             raise fail("ChatRouteMessage.scopeId must be a string (the data of the last Completed)")
