@@ -50,7 +50,8 @@ class Bot:
         state: initial conversation state over the YAML's `state:` (new sessions only).
         roles: the principal's roles; routes with `roles:` need one of them (None: no checks).
         """
-        return Session(self, store if store is not None else self.store, model, session_id, route, state, roles, meta)
+        return Session(self, store if store is not None else self.store, model=model, session_id=session_id,
+                       route=route, state=state, roles=roles, meta=meta)
 
     def __repr__(self) -> str:
         return f"<Bot {self.name!r} routes={list(self.config.routes)}>"

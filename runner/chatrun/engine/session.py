@@ -48,6 +48,7 @@ class Session:
         self,
         bot: Bot,
         store: SessionStore,
+        *,  # keywords only: Bot.session passes them on, and a shifted position would go unnoticed
         model: ChatModel | None = None,
         session_id: str | None = None,
         route: str | None = None,
