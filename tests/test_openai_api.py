@@ -281,6 +281,33 @@ def test_a_deleted_session_is_neither_continued_nor_forked(client, fake, server)
         client.responses.create(model="travel", input="more", previous_response_id=first.id)
 
 
+def test_the_index_keeps_a_sessions_last_turns_and_deletes_them_with_it(client, fake, server, tmp_path,
+                                                                        monkeypatch):
+    import sqlite3
+
+    from chatrun.server import openai_sessions
+
+    monkeypatch.setattr(openai_sessions, "KEEP_TURNS", 2)
+    fake.responder = lambda body: {"text": "ok"}
+    ids = [client.responses.create(model="travel", input="one").id]
+    for text in ("two", "three"):
+        ids.append(client.responses.create(model="travel", input=text, previous_response_id=ids[-1]).id)
+    with pytest.raises(openai.NotFoundError):  # turn 1 is past the last two: forgotten
+        client.responses.create(model="travel", input="again", previous_response_id=ids[0])
+    forked = client.responses.create(model="travel", input="other", previous_response_id=ids[1])
+    assert forked.model_extra["chatrun"]["how"] == "forked"
+    session = forked.model_extra["chatrun"]["forked_from"]
+    with sqlite3.connect(tmp_path / "chat.db") as db:
+        def records_of(sid):
+            return db.execute("SELECT count(*) FROM records WHERE session = ?", (sid,)).fetchone()[0]
+        kept = records_of(session)
+        assert 0 < kept <= 2 * 2 + 1  # two turns' keys (response id, prefix) and the list of turns
+        assert httpx.delete(f"{server.url}/bots/travel/sessions/{session}").status_code == 204
+        assert records_of(session) == 0
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="travel", input="again", previous_response_id=ids[2])
+
+
 # -- responses -----------------------------------------------------------------------------------
 
 

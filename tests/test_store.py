@@ -21,7 +21,7 @@ from chatrun.messages import (
 )
 from chatrun.store import ChatMemoryStore, RecordStore, SessionStore, open_store
 from chatrun.store.memory import InMemoryStore
-from chatrun.store.sqlite import SQLiteStore
+from chatrun.store.sqlite import SCHEMA_VERSION, SQLiteStore
 
 ALL_KINDS = [
     SystemMessage("Tu es un agent de voyage. Réponds en français 🙂"),
@@ -61,6 +61,22 @@ def test_records_are_saved_replaced_and_refused_when_not_json(store):
     with pytest.raises(ChatrunError, match="record bad"):
         store.put_record("bad", {"x": {1, 2}})
     assert store.get_record("bad") is None
+
+
+def test_a_sessions_records_go_with_it_unless_since_saved_for_another(store):
+    store.commit_turn("s1", {"turn": 1}, {}, [])
+    store.commit_turn("s2", {"turn": 1}, {}, [])
+    store.put_record("a", {"v": 1}, "s1")
+    store.put_record("shared", {"v": 1}, "s1")
+    store.put_record("shared", {"v": 2}, "s2")  # the same key, since saved for s2: it is s2's now
+    store.put_record("free", {"v": 1})
+    store.put_record("gone", {"v": 1}, "s2")
+    store.delete_record("gone")
+    store.delete_record("never-there")
+    store.delete_session("s1", [])
+    assert [store.get_record(k) for k in ("a", "shared", "free", "gone")] == [None, {"v": 2}, {"v": 1}, None]
+    store.delete_session("s2", [])
+    assert [store.get_record(k) for k in ("shared", "free")] == [None, {"v": 1}]
 
 
 def test_messages_round_trip_losslessly(store):
@@ -309,12 +325,15 @@ def test_a_schema_1_file_migrates_in_place_keeping_sessions_and_records(tmp_path
         assert store.version("s1") == new != version
         assert [e["turn"] for e in store.load_history("s1")] == [1, 2]
         assert store.get_record("k") == ({"v": 1} if with_records else None)
-        store.put_record("k2", {"v": 2})
+        store.put_record("k2", {"v": 2}, "s1")
     with SQLiteStore(path) as store:
         assert store.get_record("k2") == {"v": 2}
         assert store.load_session("s1") == {"turn": 2}
+        store.delete_session("s1", [])
+        assert store.get_record("k2") is None
+        assert store.get_record("k") == ({"v": 1} if with_records else None)  # a record of no session stays
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     conn.close()
 
 

@@ -229,3 +229,27 @@ def test_records_are_kept_in_redis_for_every_replica(url):
             await two.close()
 
     run(scenario())
+
+
+def test_a_sessions_records_go_with_it_unless_since_saved_for_another(url):
+    async def scenario():
+        store = RedisStore(url)
+        try:
+            for sid in ("r1", "r2"):
+                await store.commit(sid, pending(sid, {"turn": 0}), CREATE, None)
+            await store.put_record("a", {"v": 1}, "r1")
+            await store.put_record("shared", {"v": 1}, "r1")
+            await store.put_record("shared", {"v": 2}, "r2")  # since saved for r2: r2's now
+            await store.put_record("free", {"v": 1})
+            await store.put_record("gone", {"v": 1}, "r2")
+            await store.delete_record("gone")
+            await store.delete("r1", [], None)
+            got = [await store.get_record(k) for k in ("a", "shared", "free", "gone")]
+            assert got == [None, {"v": 2}, {"v": 1}, None]
+            await store.delete("r2", [], None)
+            assert [await store.get_record(k) for k in ("shared", "free")] == [None, {"v": 1}]
+            assert await store.client.hgetall(f"{store.prefix}rs") == {}
+        finally:
+            await store.close()
+
+    run(scenario())

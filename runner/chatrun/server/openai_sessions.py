@@ -16,7 +16,9 @@ first match wins:
 3. Nothing matches: a new session, whose earlier messages become its memory.
 
 Every committed turn is recorded in the store (`RecordStore`: durable with SQLite), so the
-rules hold across restarts; a store without records keeps the index in the process.
+rules hold across restarts; a store without records keeps the index in the process. A record
+holds the session as it was after its turn, so only the last KEEP_TURNS turns of a session are
+kept (an older one matches nothing: rule 3), and a session's records go when it is deleted.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ FORKED = "forked"  # a new session forked from an earlier turn of another
 NEW_SESSION = "new"  # nothing matched: a new session (earlier messages seeded into its memory)
 
 Exchange = list[tuple[str, str]]  # (role, text) pairs, role "user" or "assistant"
+# Turns of a session that can be continued or forked from. Each record holds a snapshot and the
+# memories, so keeping every turn would grow a session's index with the square of its length.
+KEEP_TURNS = 32
 
 
 @dataclass
@@ -95,6 +100,10 @@ class TurnIndex:
     @staticmethod
     def response_key(response_id: str) -> str:
         return "openai:response:" + response_id
+
+    @staticmethod
+    def turns_key(session_id: str) -> str:
+        return "openai:turns:" + session_id
 
     async def response(self, response_id: str, who: Principal | None) -> dict[str, Any] | None:
         """The record of a response id, if it exists and belongs to the caller."""
@@ -153,7 +162,19 @@ class TurnIndex:
             "at": time.time(),
         }
         for key in keys:
-            await self.records.put_record(key, record)
+            await self.records.put_record(key, record, session.id)
+        await self._forget_old_turns(session.id, session.turn_count, keys)
+
+    async def _forget_old_turns(self, session_id: str, turn: int, keys: list[str]) -> None:
+        """Keep the records of the session's last KEEP_TURNS turns (see KEEP_TURNS)."""
+        listed = await self.records.get_record(self.turns_key(session_id)) or {"turns": []}
+        turns = [entry for entry in listed["turns"] if entry[0] != turn] + [[turn, keys]]
+        for _old_turn, old_keys in turns[:-KEEP_TURNS]:
+            for key in old_keys:
+                old = await self.records.get_record(key)
+                if old is not None and old.get("session") == session_id:  # not since saved for another
+                    await self.records.delete_record(key)
+        await self.records.put_record(self.turns_key(session_id), {"turns": turns[-KEEP_TURNS:]}, session_id)
 
     async def _fork(self, record: dict[str, Any]) -> str:
         """A new session in the store: the recorded one as it was right after the recorded turn."""

@@ -86,8 +86,13 @@ class RecordStore(Protocol):
         """The record saved under `key`, or None."""
         ...
 
-    def put_record(self, key: str, record: dict) -> None:
-        """Save `record` (JSON-able) under `key`, replacing any record there."""
+    def put_record(self, key: str, record: dict, session: str | None = None) -> None:
+        """Save `record` (JSON-able) under `key`, replacing any record there. A record saved
+        for a `session` is deleted with that session (delete_session)."""
+        ...
+
+    def delete_record(self, key: str) -> None:
+        """Delete the record under `key` (nothing when there is none)."""
         ...
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import Any, Protocol
 from chatrun.messages import Message
 from chatrun.store import RecordStore, SessionStore, open_store
 from chatrun.store.buffer import PendingCommit
-from chatrun.store.memory import InMemoryStore
+from chatrun.store.memory import InMemoryStore, Records, to_json
 
 MemoryIds = Callable[[dict], list[str]]  # the memory ids a snapshot's scopes hold
 
@@ -92,9 +91,12 @@ class AsyncStore(Protocol):
         """The record saved under `key` (chatrun.store.RecordStore, asynchronously), or None."""
         ...
 
-    async def put_record(self, key: str, record: dict) -> None:
-        """Save `record` (JSON-able) under `key`, replacing any record there."""
+    async def put_record(self, key: str, record: dict, session: str | None = None) -> None:
+        """Save `record` (JSON-able) under `key`, replacing any record there; one saved for a
+        `session` is deleted with it."""
         ...
+
+    async def delete_record(self, key: str) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -111,7 +113,7 @@ class LocalAsyncStore:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="chatrun-store") if threaded else None
         # A store without records (a user's own SessionStore) gets them in this process only.
         self.records: RecordStore | None = store if isinstance(store, RecordStore) else None
-        self._process_records: dict[str, str] = {}
+        self._process_records = Records()
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._executor is None:
@@ -156,6 +158,7 @@ class LocalAsyncStore:
 
     async def delete(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
         await self._call(self.sync.delete_session, session_id, memory_ids)
+        self._process_records.delete_session(session_id)
 
     async def count_owned(self, owner: str) -> int:
         counter = getattr(self.sync, "count_owned", None)
@@ -163,15 +166,20 @@ class LocalAsyncStore:
 
     async def get_record(self, key: str) -> dict | None:
         if self.records is None:
-            text = self._process_records.get(key)
-            return None if text is None else json.loads(text)
+            return self._process_records.get(key)
         return await self._call(self.records.get_record, key)
 
-    async def put_record(self, key: str, record: dict) -> None:
+    async def put_record(self, key: str, record: dict, session: str | None = None) -> None:
         if self.records is None:
-            self._process_records[key] = json.dumps(record, ensure_ascii=False)
+            self._process_records.put(key, to_json(f"record {key}", record), session)
             return
-        await self._call(self.records.put_record, key, record)
+        await self._call(self.records.put_record, key, record, session)
+
+    async def delete_record(self, key: str) -> None:
+        if self.records is None:
+            self._process_records.delete(key)
+            return
+        await self._call(self.records.delete_record, key)
 
     async def close(self) -> None:
         closer = getattr(self.sync, "close", None)  # SessionStore does not require close()

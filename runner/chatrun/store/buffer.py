@@ -143,8 +143,11 @@ class TurnBuffer:
     def get_record(self, key: str) -> dict | None:
         return self._record_store(key).get_record(key)
 
-    def put_record(self, key: str, record: dict) -> None:
-        self._record_store(key).put_record(key, record)
+    def put_record(self, key: str, record: dict, session: str | None = None) -> None:
+        self._record_store(key).put_record(key, record, session)
+
+    def delete_record(self, key: str) -> None:
+        self._record_store(key).delete_record(key)
 
     def _record_store(self, key: str) -> RecordStore:
         if self.records is None:

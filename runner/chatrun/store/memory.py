@@ -50,6 +50,38 @@ def to_json(what: str, value: Any) -> str:
         raise ChatrunError(f"cannot save {what}: it holds a value JSON cannot represent ({exc})") from None
 
 
+class Records:
+    """Records (RecordStore) as JSON text by key, each deleted with the session it was last
+    saved for. Not locked: its owner locks."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, str] = {}
+        self._session_of: dict[str, str] = {}
+        self._keys_of: dict[str, set[str]] = {}
+
+    def get(self, key: str) -> dict | None:
+        text = self._texts.get(key)
+        return None if text is None else json.loads(text)
+
+    def put(self, key: str, text: str, session: str | None) -> None:
+        self.delete(key)
+        self._texts[key] = text
+        if session is not None:
+            self._session_of[key] = session
+            self._keys_of.setdefault(session, set()).add(key)
+
+    def delete(self, key: str) -> None:
+        self._texts.pop(key, None)
+        session = self._session_of.pop(key, None)
+        if session is not None:
+            self._keys_of[session].discard(key)
+
+    def delete_session(self, session: str) -> None:
+        for key in self._keys_of.pop(session, set()):
+            self._texts.pop(key, None)
+            self._session_of.pop(key, None)
+
+
 class InMemoryStore:
     """Memories, session snapshots and history in dicts, behind a lock (the server uses threads)."""
 
@@ -59,7 +91,7 @@ class InMemoryStore:
         self._sessions: dict[str, str] = {}
         self._versions: dict[str, str] = {}
         self._history: dict[str, list[str]] = {}
-        self._records: dict[str, str] = {}
+        self._records = Records()
         self._outcomes: dict[str, dict[str, str]] = {}  # session -> request id -> entry JSON
 
     # -- ChatMemoryStore ----------------------------------------------------------------------
@@ -149,6 +181,7 @@ class InMemoryStore:
             self._versions.pop(session_id, None)
             self._history.pop(session_id, None)
             self._outcomes.pop(session_id, None)
+            self._records.delete_session(session_id)
             for mid in memory_ids:
                 self._memories.pop(mid, None)
 
@@ -160,13 +193,16 @@ class InMemoryStore:
 
     def get_record(self, key: str) -> dict | None:
         with self._lock:
-            text = self._records.get(key)
-        return None if text is None else json.loads(text)
+            return self._records.get(key)
 
-    def put_record(self, key: str, record: dict) -> None:
+    def put_record(self, key: str, record: dict, session: str | None = None) -> None:
         text = to_json(f"record {key}", record)
         with self._lock:
-            self._records[key] = text
+            self._records.put(key, text, session)
+
+    def delete_record(self, key: str) -> None:
+        with self._lock:
+            self._records.delete(key)
 
     def close(self) -> None:
         """Nothing to release; here so every store can be closed the same way."""

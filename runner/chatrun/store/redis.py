@@ -16,6 +16,8 @@ The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for se
     chatrun:sessions zset  session ids by creation time
     chatrun:o:OWNER set    the session ids a principal owns
     chatrun:rec:KEY string a record (RecordStore: JSON), e.g. the OpenAI API's index of turns
+    chatrun:rk:S    set    the keys of the records saved for session S (deleted with it)
+    chatrun:rs      hash   record key -> the session it was last saved for
 
 Every write of a turn is one Lua script (atomic on the server): it checks that the caller
 still holds the lease and that the session is at the version the turn started from, then
@@ -144,12 +146,19 @@ end
 return {'ok', v}
 """
 
-# KEYS: session hash, history, outcomes, outcome order, lease, sessions index; ARGV: token, id, prefix
+# KEYS: session hash, history, outcomes, outcome order, lease, sessions index, the session's
+# record keys; ARGV: token, id, prefix
 _DELETE = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[1] then return 0 end
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner then redis.call('SREM', ARGV[3] .. 'o:' .. owner, ARGV[2]) end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[7])) do
+  if redis.call('HGET', ARGV[3] .. 'rs', key) == ARGV[2] then
+    redis.call('DEL', ARGV[3] .. 'rec:' .. key)
+    redis.call('HDEL', ARGV[3] .. 'rs', key)
+  end
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7])
 redis.call('ZREM', KEYS[6], ARGV[2])
 return 1
 """
@@ -313,7 +322,8 @@ class RedisStore:
         return None if text is None else json.loads(text)
 
     async def delete(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
-        keys = [self._key(k, session_id) for k in ("s", "h", "r", "ro", "l")] + [f"{self.prefix}sessions"]
+        keys = [self._key(k, session_id) for k in ("s", "h", "r", "ro", "l")]
+        keys += [f"{self.prefix}sessions", self._key("rk", session_id)]
         token = lease.token if lease is not None and lease.token else ""
         if not await self._delete(keys=keys, args=[token, session_id, self.prefix]):
             raise LeaseLost(session_id)
@@ -327,8 +337,22 @@ class RedisStore:
         text = await self.client.get(f"{self.prefix}rec:{key}")
         return None if text is None else json.loads(text)
 
-    async def put_record(self, key: str, record: dict) -> None:
-        await self.client.set(f"{self.prefix}rec:{key}", to_json(f"record {key}", record))
+    async def put_record(self, key: str, record: dict, session: str | None = None) -> None:
+        text = to_json(f"record {key}", record)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(f"{self.prefix}rec:{key}", text)
+            if session is not None:
+                pipe.sadd(self._key("rk", session), key)
+                pipe.hset(f"{self.prefix}rs", key, session)
+            else:
+                pipe.hdel(f"{self.prefix}rs", key)
+            await pipe.execute()
+
+    async def delete_record(self, key: str) -> None:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(f"{self.prefix}rec:{key}")
+            pipe.hdel(f"{self.prefix}rs", key)
+            await pipe.execute()
 
     async def list_sessions(self) -> list[str]:
         return await self.client.zrange(f"{self.prefix}sessions", 0, -1)

@@ -30,7 +30,7 @@ from chatrun.messages import Message, message_from_dict
 from chatrun.store.memory import messages_json, to_json
 from chatrun.store.versions import KEEP_OUTCOMES, check_version, next_version
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 LEGACY_VERSION = "0.schema1"  # the version of a session saved before sessions had versions
 
 _SCHEMA = """
@@ -58,8 +58,9 @@ CREATE TABLE IF NOT EXISTS history (
     PRIMARY KEY (session_id, seq)
 );
 CREATE TABLE IF NOT EXISTS records (
-    key    TEXT PRIMARY KEY,
-    record TEXT NOT NULL
+    key     TEXT PRIMARY KEY,
+    record  TEXT NOT NULL,
+    session TEXT  -- set: the record is deleted with that session
 );
 """
 
@@ -105,7 +106,11 @@ class SQLiteStore:
                 columns = {r[1] for r in self._conn.execute("PRAGMA table_info(sessions)")}
                 if "version" not in columns:  # a schema-1 file: its sessions get versions from now on
                     self._conn.execute("ALTER TABLE sessions ADD COLUMN version TEXT NOT NULL DEFAULT ''")
+                columns = {r[1] for r in self._conn.execute("PRAGMA table_info(records)")}
+                if "session" not in columns:  # a schema-2 file: its records stay until deleted by key
+                    self._conn.execute("ALTER TABLE records ADD COLUMN session TEXT")
                 self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._conn.execute("CREATE INDEX IF NOT EXISTS records_by_session ON records (session)")
         except ChatrunError:
             self._release_owner_lock()
             raise
@@ -275,6 +280,7 @@ class SQLiteStore:
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM history WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM requests WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM records WHERE session = ?", (session_id,))
             conn.executemany("DELETE FROM memories WHERE memory_id = ?", [(m,) for m in memory_ids])
 
     def list_sessions(self) -> list[str]:
@@ -289,13 +295,18 @@ class SQLiteStore:
             row = conn.execute("SELECT record FROM records WHERE key = ?", (key,)).fetchone()
         return None if row is None else json.loads(row[0])
 
-    def put_record(self, key: str, record: dict) -> None:
+    def put_record(self, key: str, record: dict, session: str | None = None) -> None:
         text = to_json(f"record {key}", record)
         with self._locked(f"save record {key}") as conn:
             conn.execute(
-                "INSERT INTO records (key, record) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET record = excluded.record",
-                (key, text),
+                "INSERT INTO records (key, record, session) VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                "record = excluded.record, session = excluded.session",
+                (key, text, session),
             )
+
+    def delete_record(self, key: str) -> None:
+        with self._locked(f"delete record {key}") as conn:
+            conn.execute("DELETE FROM records WHERE key = ?", (key,))
 
 
 def _lock_for_server(db: Path) -> int:
