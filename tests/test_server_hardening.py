@@ -250,7 +250,8 @@ def test_over_the_connection_cap_new_clients_get_503(travel):
             sock.sendall(b"GET /health HTTP/1.1\r\n")  # headers never finished
         time.sleep(0.3)
         r = httpx.get(srv.url + "/health", timeout=10)
-        assert r.status_code == 503
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"] == "Unavailable" and "--max-connections" in r.json()["message"]
         for sock in held:
             sock.close()
         deadline = time.monotonic() + 10

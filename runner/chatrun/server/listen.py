@@ -1,6 +1,7 @@
 """How `chatrun serve` listens: uvicorn with the timeouts and caps a hostile client needs.
 
-uvicorn offers the connection cap (`limit_concurrency`: 503 beyond it) and the keep-alive
+uvicorn offers the connection cap (`limit_concurrency`: 503 beyond it, answered here with
+the same JSON error body as every other refusal instead of uvicorn's plain text) and the keep-alive
 timeout; it has no timeout on a request's headers, so a client dripping them one byte at a
 time would hold its connection for ever. HeaderTimeoutProtocol adds one: a connection whose
 request headers are not complete within `header_timeout` seconds of its first byte (or of the
@@ -44,7 +45,18 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm_header_timer()
-        super().on_headers_complete()
+        cap = self.limit_concurrency
+        if cap is None or (len(self.connections) < cap and len(self.tasks) < cap):
+            super().on_headers_complete()
+            return
+        # Over the cap: uvicorn would answer with its own plain-text app; hand it ours instead
+        # (it runs the request's cycle with whichever app it holds, synchronously chosen here).
+        self.logger.warning("Exceeded concurrency limit.")
+        app, self.app, self.limit_concurrency = self.app, _over_the_cap, None
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app, self.limit_concurrency = app, cap
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
@@ -73,6 +85,15 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
         self.transport.close()
+
+
+async def _over_the_cap(scope: Any, receive: Any, send: Any) -> None:
+    body = (b'{"error": "Unavailable", "message": "the server is serving as many connections as it may '
+            b'(serve --max-connections); try again shortly"}')
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"), (b"retry-after", b"1")]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class AbortingWebSocketProtocol(WebSocketsSansIOProtocol):
