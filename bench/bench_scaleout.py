@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "runner"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_server import cpu_seconds, free_port, load_average, spawn, wait_port  # noqa: E402
+from bench_server import cpu_seconds, free_port, load_average, spawn, timed_turn, wait_port  # noqa: E402
 
 BOT = """
 name: bench
@@ -99,15 +99,7 @@ async def run_load(ports: list[int], sessions: int, turns: int, pids: list[int],
         chat_id = f"b{tag}-{i}"
         for t in range(turns):
             ws = conns[(i + t) % len(conns)]
-            start = time.perf_counter()
-            await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": chat_id, "data": {"userMessage": f"turn {t}"}}))
-            while True:
-                frame = json.loads(await ws.recv())
-                if frame["type"] in ("Completed", "Failed"):
-                    break
-            if frame["type"] == "Failed":
-                raise SystemExit(f"a turn failed: {frame}")
-            latencies.append(time.perf_counter() - start)
+            latencies.append(await timed_turn(ws, chat_id, f"turn {t}"))
 
     cpu_start = sum(cpu_seconds(p) for p in pids)
     redis_start = cpu_seconds(redis_pid) if redis_pid else 0.0

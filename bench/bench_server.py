@@ -182,15 +182,7 @@ async def run_load(url: str, sessions: int, turns: int, pid: int, spread: float 
         # about N/delay turns per second instead of all N arriving in the same instant.
         await asyncio.sleep(spread * i / len(connections))
         for t in range(turns):
-            start = time.perf_counter()
-            await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": chat_id, "data": {"userMessage": f"turn {t}"}}))
-            while True:
-                frame = json.loads(await ws.recv())
-                if frame["type"] in ("Completed", "Failed"):
-                    break
-            if frame["type"] == "Failed":
-                raise SystemExit(f"a turn failed: {frame}")
-            latencies.append(time.perf_counter() - start)
+            latencies.append(await timed_turn(ws, chat_id, f"turn {t}"))
 
     start, cpu_start = time.perf_counter(), cpu_seconds(pid)
     await asyncio.gather(*(chat(i, ws) for i, ws in enumerate(connections)))
@@ -207,6 +199,19 @@ async def run_load(url: str, sessions: int, turns: int, pid: int, spread: float 
         "kb_per_session": (rss_after - rss_before) * 1024 / sessions,
         "cpu_ms_per_turn": cpu * 1000 / len(latencies),
     }
+
+
+async def timed_turn(ws, chat_id: str, text: str) -> float:
+    """Send one ChatRouteMessage and wait for its Completed frame: the seconds it took."""
+    start = time.perf_counter()
+    await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": chat_id, "data": {"userMessage": text}}))
+    while True:
+        frame = json.loads(await ws.recv())
+        if frame["type"] in ("Completed", "Failed"):
+            break
+    if frame["type"] == "Failed":
+        raise SystemExit(f"a turn failed: {frame}")
+    return time.perf_counter() - start
 
 
 def measure(kind: str, sessions: int, turns: int, fake_url: str, workdir: Path, spread: float = 0.0) -> dict[str, float]:
