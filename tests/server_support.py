@@ -14,6 +14,8 @@ from typing import Any
 
 import jsonschema
 
+from chat_support import call  # noqa: F401  (the server tests' scripted answers, re-exported)
+
 REPO = Path(__file__).resolve().parents[1]
 WIRE_SCHEMA = json.loads((REPO / "schemas" / "wire.schema.json").read_text())
 _validator = jsonschema.Draft202012Validator(WIRE_SCHEMA)
@@ -83,11 +85,6 @@ def write_travel(directory: Path) -> Path:
     path = directory / "travel.yaml"
     path.write_text(textwrap.dedent(TRAVEL))
     return path
-
-
-def call(tool: str, /, **args: Any) -> dict:
-    """A fake-OpenAI answer calling one tool."""
-    return {"tool_calls": [{"name": tool, "arguments": args}]}
 
 
 def check_frame(frame: dict) -> dict:

@@ -11,19 +11,12 @@ from types import SimpleNamespace
 import pytest
 
 import chatrun
+from chat_support import call, kinds
 from chatrun.definition.loader import check_bot
 from chatrun.models.scripted import ScriptedModel
 
 BOTS = Path(__file__).resolve().parents[1] / "bots"
 BOT_DIRS = sorted(p for p in BOTS.iterdir() if (p / "bot.yaml").is_file())
-
-
-def call(name, /, **args):
-    return {"tool_calls": [{"name": name, "arguments": args}]}
-
-
-def kinds(events):
-    return [(e.type, e.data) for e in events if e.type != "Stream"]
 
 
 def test_the_example_bots_are_there():

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import chatrun
+from chat_support import call, kinds
 from chatrun.definition.graph import Edge
 from chatrun.definition.loader import check_bot
 from chatrun.messages import AssistantMessage, ToolResultMessage, UserMessage
@@ -58,14 +59,6 @@ tools:
   back_with_execute:
     action: {pop: true, execute: true}
 """
-
-
-def call(name, /, **args):
-    return {"tool_calls": [{"name": name, "arguments": args}]}
-
-
-def kinds(events):
-    return [(e.type, e.data) for e in events if e.type != "Stream"]
 
 
 @pytest.fixture

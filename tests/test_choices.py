@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import chatrun
+from chat_support import call, kinds
 from chatrun.definition.loader import check_bot
 from chatrun.models.scripted import ScriptedModel
 
@@ -36,14 +37,6 @@ tools:
     action:
       choices: "{{ none }}"
 """
-
-
-def call(name, /, **args):
-    return {"tool_calls": [{"name": name, "arguments": args}]}
-
-
-def kinds(events):
-    return [(e.type, e.data) for e in events if e.type != "Stream"]
 
 
 @pytest.fixture

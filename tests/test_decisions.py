@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import chatrun
+from chat_support import call, kinds
 from chatrun.definition.graph import Edge, RouteGraph
 from chatrun.models.scripted import ScriptedModel
 
@@ -82,14 +83,6 @@ def find(ctx):
 @pytest.fixture
 def shop(write_bot):
     return chatrun.load_bot(write_bot(SHOP, extra={"shop_tools.py": SHOP_TOOLS}))
-
-
-def call(name, /, **args):
-    return {"tool_calls": [{"name": name, "arguments": args}]}
-
-
-def kinds(events):
-    return [(e.type, e.data) for e in events if e.type != "Stream"]
 
 
 def test_first_matching_case_applies_with_the_tools_own_keys(shop):

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 import chatrun
+from chat_support import call, kinds
 from chatrun.errors import SessionError, UnknownRouteError
 from chatrun.messages import AssistantMessage, SystemMessage, ToolResultMessage, UserMessage
 from chatrun.models.scripted import ScriptedModel
@@ -108,17 +109,9 @@ def explode(ctx):
 """
 
 
-def call(name, /, **args):
-    return {"tool_calls": [{"name": name, "arguments": args}]}
-
-
 @pytest.fixture
 def travel(write_bot):
     return chatrun.load_bot(write_bot(TRAVEL, extra={"tools_mod.py": TOOLS_MOD}))
-
-
-def kinds(events):
-    return [(e.type, e.data) for e in events if e.type != "Stream"]
 
 
 def test_hello_turn_reply_and_memory(travel):

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 import chatrun
+from chat_support import call, kinds
 from chatrun.models.scripted import ScriptedModel
 
 BOT = """
@@ -108,14 +109,6 @@ def threaded(ctx):
 @pytest.fixture
 def desk(write_bot):
     return chatrun.load_bot(write_bot(BOT, extra={"desk_tools.py": TOOLS}))
-
-
-def call(name, /, **args):
-    return {"tool_calls": [{"name": name, "arguments": args}]}
-
-
-def kinds(events):
-    return [(e.type, e.data) for e in events if e.type != "Stream"]
 
 
 def in_booking(desk, *responses):

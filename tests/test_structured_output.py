@@ -10,6 +10,7 @@ import json
 import pytest
 
 import chatrun
+from chat_support import kinds
 from chatrun.definition.loader import check_bot
 from chatrun.messages import AssistantMessage, UserMessage
 from chatrun.models.scripted import ScriptedModel
@@ -59,10 +60,6 @@ GOOD = '{"category": "billing", "urgent": true}'
 @pytest.fixture
 def bot(write_bot):
     return chatrun.load_bot(write_bot(BOT))
-
-
-def kinds(events):
-    return [(e.type, e.data) for e in events if e.type != "Stream"]
 
 
 def test_a_valid_answer_is_an_object_event_and_is_assigned(bot):
