@@ -3,7 +3,13 @@ OpenAI server: what the server received per route, and what the session became."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
+
+import pytest
 
 import chatrun
 
@@ -70,3 +76,22 @@ def test_travel_booking_end_to_end(fake):
     assert any(m["role"] == "assistant" and (m["content"] or "").startswith("Booked flight") for m in last["messages"])
     session.close()
 
+
+
+@pytest.mark.subprocess
+def test_a_script_that_never_closes_its_session_exits_quietly(fake, tmp_path):
+    # The plainest library use: chat, then let the interpreter end. The session's private loop
+    # must still be shut down cleanly, or Python prints "Task was destroyed but it is pending!".
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(f"""
+        import chatrun
+        session = chatrun.load_bot({str(TRAVEL)!r}).session()
+        for text in ("hello", "again"):
+            print([e.data for e in session.chat(text) if e.type == "Message"])
+    """))
+    fake.responder = lambda body: {"chunks": ["Hi ", "there"]}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env=os.environ | {"PYTHONPATH": str(TRAVEL.parents[1] / "runner")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['Hi there']", "['Hi there']"]
+    assert done.stderr == ""

@@ -17,7 +17,9 @@ import asyncio
 import copy
 import logging
 import secrets
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -248,6 +250,10 @@ class Session:
             raise SessionError("Session.chat() is synchronous; inside async code use `await session.achat(...)`")
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
+            # A session never closed (a script that just ends) still shuts its loop down cleanly,
+            # when collected or at exit: else its HTTP clients' async generators are finalized on a
+            # loop that never runs again, and Python prints "Task was destroyed but it is pending".
+            weakref.finalize(self, _shut_down, self._loop)
         return self._loop.run_until_complete(self.achat(message))
 
     async def achat(self, message: Input = None) -> list[Event]:
@@ -370,8 +376,7 @@ class Session:
         if self._loop is not None and not self._loop.is_running() and not self._loop.is_closed():
             # Models opened on the private loop of chat() hold connections bound to it.
             self._loop.run_until_complete(self._close_models())
-            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
+            _shut_down(self._loop)
 
     async def _close_models(self) -> None:
         await self.bot.tools.aclose()  # this private loop's HTTP connections and MCP servers
@@ -391,6 +396,27 @@ class Session:
             raise SessionError(self._stale)
         if self._running:
             raise SessionError(f"session {self.id} is already running a turn; send one message at a time")
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop) -> None:
+    """Finish a private loop's async generators and close it (once; never a running loop)."""
+    if loop.is_closed() or loop.is_running():
+        return
+
+    def shut_down() -> None:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        shut_down()
+        return
+    # Collected while another loop runs in this thread (async code dropped a sync session): a
+    # thread of its own may run this one.
+    worker = threading.Thread(target=shut_down, name="chatrun-session-loop", daemon=True)
+    worker.start()
+    worker.join(timeout=5)
 
 
 def _split_input(message: Input) -> tuple[str | None, dict[str, Any]]:
