@@ -130,6 +130,52 @@ def test_structured_output_through_the_openai_client(bot, fake):
     assert s.state["last"] == {"category": "technical", "urgent": False}
 
 
+def refusing(*formats: str):
+    """A fake endpoint refusing the given response_format types, as vLLM or an older server would."""
+    from chatrun.testing.fake_openai import error_body
+
+    def answer(body):
+        kind = (body.get("response_format") or {}).get("type")
+        if kind in formats:
+            return {"status": 400, "body": error_body(f"response_format type {kind} is not supported",
+                                                       "invalid_request_error")}
+        return {"text": '{"category": "billing", "urgent": true}'}
+    return answer
+
+
+def test_a_server_refusing_json_schema_is_asked_with_json_object_and_the_schema_in_the_prompt(bot, fake, caplog):
+    fake.responder = refusing("json_schema")
+    s = bot.session()
+    assert kinds(s.chat("I was charged twice")) == [("Object", {"category": "billing", "urgent": True})]
+    refused, taken = fake.requests
+    assert refused["response_format"]["type"] == "json_schema"
+    assert taken["response_format"] == {"type": "json_object"}
+    system = taken["messages"][0]["content"]
+    assert system.startswith("Classify the message.") and '"required": ["category", "urgent"]' in system
+    assert "refused response_format json_schema" in caplog.text and "json_object from now on" in caplog.text
+    s.chat("again")  # learnt: the next call asks with json_object at once
+    assert [r["response_format"]["type"] for r in fake.requests[2:]] == ["json_object"]
+    assert s.memory()[0].content == "Classify the message."  # the schema note was never kept
+
+
+def test_a_server_refusing_both_is_asked_without_response_format(bot, fake):
+    fake.responder = refusing("json_schema", "json_object")
+    s = bot.session()
+    assert kinds(s.chat("I was charged twice")) == [("Object", {"category": "billing", "urgent": True})]
+    assert [(r.get("response_format") or {}).get("type") for r in fake.requests] == ["json_schema", "json_object", None]
+    assert "JSON Schema" in fake.requests[-1]["messages"][0]["content"]
+
+
+def test_other_refusals_are_not_retried(bot, fake):
+    from chatrun.testing.fake_openai import error_body
+
+    fake.queue({"status": 400, "body": error_body("messages: too long", "invalid_request_error")})
+    s = bot.session()
+    events = s.chat("hi")
+    assert events[-1].type == "Error" and "HTTP 400: messages: too long" in events[-1].meta["detail"]
+    assert len(fake.requests) == 1
+
+
 def test_validation_of_output(write_bot):
     path = write_bot("""
         name: v

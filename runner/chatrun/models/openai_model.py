@@ -12,6 +12,11 @@ Retries are ours (the client's own are off) so they are explicit and testable: o
 409, 429, 5xx, timeouts and connection errors, up to `model.max_retries` times, waiting
 `backoff_base * 2**n` seconds with jitter, or what the server's Retry-After says
 (capped). A streamed answer is only retried before its first chunk reached the user.
+
+Structured output: a server that refuses a route's `response_format` (HTTP 400 naming it) is
+asked again with the next weaker one — json_schema, then json_object (the schema goes into the
+system prompt), then none — and the weaker one is used for that server and model from then on.
+The route's answer is checked against its schema either way.
 """
 
 from __future__ import annotations
@@ -21,18 +26,19 @@ import contextlib
 import email.utils
 import inspect
 import json
+import logging
 import os
 import random
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import openai
 
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ModelError
-from chatrun.messages import ToolCall
+from chatrun.messages import SystemMessage, ToolCall
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -41,6 +47,21 @@ RETRY_STATUS = {408, 409, 429}
 OWN_FIELDS = {"messages", "stream"}  # what the engine decides; params cannot change them
 
 CREATE_PARAMS = set(inspect.signature(openai.resources.chat.AsyncCompletions.create).parameters) - {"self"}
+# What a server that cannot do a response_format is asked instead ("none": no response_format).
+WEAKER_FORMAT = {"json_schema": "json_object", "json_object": "none"}
+FORMAT_WORDS = ("response_format", "response format", "json_schema", "json_object", "structured output")
+
+log = logging.getLogger("chatrun.models")
+
+
+class Refused(ModelError):
+    """The server refused the request itself (a 4xx other than 408/409/429): asking again as
+    it is would fail again."""
+
+    def __init__(self, reason: str, status: int, message: str):
+        super().__init__(reason)
+        self.status = status
+        self.message = message
 
 
 class Retryable(Exception):
@@ -84,6 +105,8 @@ class OpenAIModel:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], openai.AsyncOpenAI]] = (
             weakref.WeakKeyDictionary()
         )
+        # (base URL, model name) -> the strongest response_format that server took: learnt from refusals.
+        self._formats: dict[tuple[str, str], str] = {}
 
     # -- configuration -----------------------------------------------------------------------------
 
@@ -165,6 +188,25 @@ class OpenAIModel:
         base_url, api_key = self.endpoint(config)
         where = f"model {config.name} at {base_url}"
         client = self.client_for(base_url, api_key)
+        known = (base_url, config.name)
+        asked = format_kind(request.response_format)
+        while True:
+            taken = self._formats.get(known, asked) if asked is not None else None
+            sent = with_format(request, taken) if taken is not None and taken != asked else request
+            try:
+                return await self.attempts(client, sent, on_chunk, where)
+            except Refused as exc:
+                weaker = WEAKER_FORMAT.get(taken or "")
+                if weaker is None or exc.status != 400 or not any(w in exc.message.lower() for w in FORMAT_WORDS):
+                    raise ModelError(f"{where}: {exc}") from None
+                self._formats[known] = weaker
+                log.warning("%s refused response_format %s (%s); asking with %s from now on",
+                            where, taken, exc.message, weaker)
+
+    async def attempts(self, client: openai.AsyncOpenAI, request: ModelRequest, on_chunk: ChunkCallback | None,
+                       where: str) -> ModelResponse:
+        """The request, retried as `model.max_retries` allows. Raises Refused as it is."""
+        config = request.config
         stream = bool(config.stream and on_chunk is not None)
         args = self.request_args(request, stream)
         retries = max(0, int(config.max_retries))
@@ -186,6 +228,8 @@ class OpenAIModel:
                     detail = f": {failure.detail}" if failure.detail else ""
                     raise ModelError(f"{where}: {failure.reason} {done}{detail}") from None
                 await asyncio.sleep(self.wait_before_retry(attempt, failure.retry_after))
+            except Refused:
+                raise
             except ModelError as exc:
                 raise ModelError(f"{where}: {exc}") from None
         raise AssertionError("unreachable")
@@ -292,6 +336,27 @@ def add_delta(calls: dict[int, ToolCallParts], part: Any) -> None:
             parts.arguments.append(function.arguments)
 
 
+def format_kind(response_format: dict[str, Any] | None) -> str | None:
+    return None if response_format is None else str(response_format.get("type"))
+
+
+def with_format(request: ModelRequest, kind: str) -> ModelRequest:
+    """The request with a weaker response_format `kind` ("none": without one). The schema it
+    loses goes into the system prompt, so the model still knows what to answer."""
+    schema = ((request.response_format or {}).get("json_schema") or {}).get("schema")
+    messages = list(request.messages)
+    if schema is not None:
+        # json_object also needs the word JSON in the messages (OpenAI refuses it otherwise).
+        note = ("Answer with only a JSON value, no other text, matching this JSON Schema:\n"
+                + json.dumps(schema, ensure_ascii=False))
+        if messages and isinstance(messages[0], SystemMessage):
+            messages[0] = SystemMessage(f"{messages[0].content}\n\n{note}")
+        else:
+            messages.insert(0, SystemMessage(note))
+    response_format = None if kind == "none" else {"type": kind}
+    return replace(request, messages=messages, response_format=response_format)
+
+
 class translate_errors:  # lower case: it reads as a `with` clause
     """Turn the client's exceptions into Retryable (worth another try) or ModelError."""
 
@@ -321,7 +386,7 @@ class translate_errors:  # lower case: it reads as a `with` clause
                 reason += " (check the API key: OPENAI_API_KEY or the variable named by model.api_key_env)"
             elif status == 404:
                 reason += " (check model.name and the base URL, which usually ends in /v1)"
-            raise ModelError(reason) from None
+            raise Refused(reason, status, message) from None
         if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError)):
             raise ModelError(f"the server's answer is not valid Chat Completions JSON ({exc})") from None
         if isinstance(exc, openai.OpenAIError):  # e.g. an error event inside a stream
