@@ -422,6 +422,16 @@ def test_errors_have_openai_shape_so_the_sdk_raises_its_own_exceptions(client, f
     with pytest.raises(openai.NotFoundError) as unknown:
         client.embeddings.create(model="travel", input="hi")
     assert unknown.value.body["code"] == "unknown_url"
+    with pytest.raises(openai.BadRequestError, match=r"messages: \[\] should be non-empty") as empty:
+        client.chat.completions.create(model="travel", messages=[])
+    assert empty.value.code == "invalid_request"
+    # Bodies are checked against the schema /openapi.json shows: a wrong shape is a 400 naming its place.
+    wrong = httpx.post(f"{client.base_url}chat/completions", json={
+        "model": "travel", "messages": [{"role": "user", "content": "hi"}], "response_format": "json"})
+    assert wrong.status_code == 400
+    assert wrong.json()["error"]["message"] == "response_format: 'json' is not of type 'object', 'null'"
+    with pytest.raises(openai.BadRequestError, match=r"input\[0\]\.content: 7 is not valid"):
+        client.responses.create(model="travel", input=[{"role": "user", "content": 7}])
     fake.queue({"status": 500, "body": "upstream down"})
     with pytest.raises(openai.InternalServerError) as failed:
         client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}])

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatrun import events as ev
 from chatrun.memory.tokens import estimate_tokens
-from chatrun.server import wire
+from chatrun.server import openai_schema, wire
 from chatrun.server.auth import Principal, token_from
 from chatrun.server.openai_sessions import Exchange, Identity, Opened, TurnIndex
 from chatrun.server.sessions import SessionRegistry
@@ -289,7 +289,7 @@ def make_openai_router(
                               "(the OpenAI SDKs' api_key)", code="invalid_api_key")
         return found
 
-    async def read_body(request: Request) -> dict[str, Any]:
+    async def read_body(request: Request, schema: dict[str, Any]) -> dict[str, Any]:
         raw = await request.body()
         if len(raw) > limits.max_frame_bytes:
             raise OpenAIError(413, f"body of {len(raw)} bytes is over the limit of {limits.max_frame_bytes} bytes",
@@ -300,6 +300,9 @@ def make_openai_router(
             raise OpenAIError(400, exc.message, code="invalid_json") from None
         if not isinstance(body, dict):
             raise OpenAIError(400, "the body must be a JSON object", code="invalid_json")
+        wrong = openai_schema.problem(schema, body)
+        if wrong is not None:
+            raise OpenAIError(400, wrong, code="invalid_request")
         return body
 
     def bot_and_route(model: Any) -> tuple[str, str | None]:
@@ -349,7 +352,7 @@ def make_openai_router(
     async def chat_completions(request: Request) -> Any:
         """OpenAI Chat Completions: the last user message is one turn of a chatrun session."""
         who = principal(request)
-        body = await read_body(request)
+        body = await read_body(request, openai_schema.CHAT_COMPLETIONS)
         model = body.get("model")
         bot, route = bot_and_route(model)
         earlier, text = conversation_of(body.get("messages"), "messages")
@@ -433,7 +436,7 @@ def make_openai_router(
     async def responses(request: Request) -> Any:
         """OpenAI Responses: one turn; previous_response_id and conversation name the session."""
         who = principal(request)
-        body = await read_body(request)
+        body = await read_body(request, openai_schema.RESPONSES)
         model = body.get("model")
         bot, route = bot_and_route(model)
         items = body.get("input")
@@ -551,9 +554,11 @@ def make_openai_router(
 
         return _sse(frames())
 
-    router.add_api_route("/models", handled(models), methods=["GET"])
-    router.add_api_route("/chat/completions", handled(chat_completions), methods=["POST"])
-    router.add_api_route("/responses", handled(responses), methods=["POST"])
+    router.add_api_route("/models", handled(models), methods=["GET"], responses=openai_schema.ERROR_RESPONSES)
+    for path, handler, schema in (("/chat/completions", chat_completions, openai_schema.CHAT_COMPLETIONS),
+                                  ("/responses", responses, openai_schema.RESPONSES)):
+        router.add_api_route(path, handled(handler), methods=["POST"], responses=openai_schema.ERROR_RESPONSES,
+                             openapi_extra=openai_schema.request_body(schema))
 
     async def unsupported(request: Request) -> Any:
         raise OpenAIError(404, f"{request.method} {request.url.path} is not part of chatrun's OpenAI API "

@@ -1,0 +1,123 @@
+"""The request bodies and errors of the OpenAI-compatible API (/v1), as JSON Schema: shown in
+/openapi.json and checked on every request, so what is documented is what is enforced.
+
+The schemas hold what chatrun reads; every other field an OpenAI SDK sends (temperature,
+metadata, store, ...) is allowed and ignored: the bot's own model settings apply.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+# Roles, item and part types are strings here: the handler says which it supports, and why.
+_TEXT_PART = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"type": "string", "description": "text, input_text or output_text"},
+                   "text": {"type": "string"}},
+}
+_CONTENT = {"anyOf": [{"type": "string"}, {"type": "null"},
+                      {"type": "array", "items": {"anyOf": [{"type": "string"}, _TEXT_PART]}}]}
+_MESSAGE = {
+    "type": "object",
+    "required": ["role"],
+    "properties": {
+        "role": {"type": "string", "description": "user or assistant; system and developer messages are "
+                                                  "ignored (the bot has its own prompts)"},
+        "content": _CONTENT,
+        "type": {"type": "string", "description": "message (the only item type supported)"},
+    },
+}
+_MODEL = {"type": "string", "minLength": 1, "description": "a served bot, or `bot/route` (GET /v1/models)"}
+_CHATRUN = {"type": "object", "properties": {"events": {"type": "boolean", "description": (
+    "list the turn's other events (RouteChanged, Thinking, ...) in the response's `chatrun` field")}}}
+_USER = {"type": "string", "description": "keeps conversations of different end users apart"}
+
+CHAT_COMPLETIONS: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {
+        "model": _MODEL,
+        "messages": {"type": "array", "minItems": 1, "items": _MESSAGE,
+                     "description": "the conversation; its last message is the user's, the turn to run"},
+        "stream": {"type": "boolean"},
+        "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": "boolean"}}},
+        "response_format": {"type": ["object", "null"], "properties": {
+            "type": {"enum": ["text", "json_object", "json_schema"],
+                     "description": "json_object/json_schema: the reply is the turn's Object events as JSON"}}},
+        "user": _USER,
+        "safety_identifier": _USER,
+        "chatrun": _CHATRUN,
+    },
+    "example": {"model": "travel", "messages": [{"role": "user", "content": "I want to fly to Dublin"}]},
+}
+
+RESPONSES: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": _MODEL,
+        "input": {"anyOf": [{"type": "string", "minLength": 1},
+                            {"type": "array", "minItems": 1, "items": {"anyOf": [{"type": "string"}, _MESSAGE]}}]},
+        "previous_response_id": {"type": ["string", "null"], "minLength": 1},
+        "conversation": {"anyOf": [{"type": "null"}, {"type": "string", "minLength": 1},
+                                   {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}}]},
+        "stream": {"type": "boolean"},
+        "user": _USER,
+        "safety_identifier": _USER,
+        "chatrun": _CHATRUN,
+    },
+    "example": {"model": "travel", "input": "I want to fly to Dublin"},
+}
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"}, "code": {"type": ["string", "null"]},
+        "param": {"type": ["string", "null"]}}}},
+}
+_ERRORS = {
+    400: "invalid_request_error: a body that is not JSON or does not match this schema, a conversation "
+         "that does not end with the user's message, unsupported content",
+    401: "invalid_api_key: no valid token (auth on)",
+    403: "permission_error: a route the caller's roles do not allow",
+    404: "model_not_found, previous_response_not_found",
+    408: "the body did not arrive in time",
+    409: "the session is busy or changed meanwhile",
+    413: "too_large: the body or the user message is over the limit",
+    415: "a body that is not application/json",
+    429: "rate_limit_error: too many sessions for this caller",
+    500: "server_error: the turn failed (the model, a tool), or the store",
+    503: "the server is shutting down: send again",
+}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"description": text, "content": {"application/json": {"schema": _ERROR}}}
+    for status, text in _ERRORS.items()
+}
+
+VALIDATORS = {id(schema): Draft202012Validator(schema) for schema in (CHAT_COMPLETIONS, RESPONSES)}
+
+
+def request_body(schema: dict[str, Any], streams: bool = True) -> dict[str, Any]:
+    """`openapi_extra` for an operation whose body the handler reads itself."""
+    content: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
+    if streams:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    ok = {"description": "the reply (with `stream`: Server-Sent Events)", "content": content}
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {k: v for k, v in schema.items() if k != "example"}, "example": schema["example"]}}},
+        "responses": {"200": ok}}
+
+
+def problem(schema: dict[str, Any], body: Any) -> str | None:
+    """What is wrong with a request body (the first error, with its place), or None."""
+    # best_match looks inside anyOf for the branch the body most likely meant.
+    error = best_match(VALIDATORS[id(schema)].iter_errors(body))
+    if error is None:
+        return None
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+    return f"{where or 'the body'}: {error.message}"
