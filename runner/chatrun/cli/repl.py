@@ -28,6 +28,7 @@ COMMANDS = """\
 /state             the state the current scope sees
 /memory            the current route's memory, as the model will see it
 /history           everything said in this session
+/usage             the last turn's tokens and cost, per model call, and the session's total
 /roles [a,b]       the roles route checks use; with a list, a new session with those roles
 /reload            load the bot's files again (--reload does it on every edit)
 /save FILE         write the conversation so far as a golden transcript
@@ -66,7 +67,7 @@ def history_path() -> Path:
     return Path(state) / "chatrun" / "history"
 
 
-COMMAND_NAMES = ["/help", "/route", "/stack", "/state", "/memory", "/history", "/save ", "/reset",
+COMMAND_NAMES = ["/help", "/route", "/stack", "/state", "/memory", "/history", "/usage", "/save ", "/reset",
                  "/quit", "/say ", "/call "]
 
 
@@ -296,6 +297,8 @@ class Repl:
         elif name == "/history":
             for entry in s.history:
                 click.echo(json.dumps(entry, ensure_ascii=False, default=str))
+        elif name == "/usage":
+            self.show_usage()
         elif name == "/reset":
             self.reset()
         elif name == "/roles":
@@ -310,6 +313,13 @@ class Repl:
         else:
             click.secho(f"unknown command {name}; /help lists them", fg="red")
         return None
+
+    def show_usage(self) -> None:
+        from chatrun.cli._usage import session_usage_line, turn_usage_lines
+
+        for line in turn_usage_lines(self.session.last_turn):
+            click.echo(line)
+        click.echo(session_usage_line(self.session.usage))
 
     def reset(self) -> None:
         self.session.close()

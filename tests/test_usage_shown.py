@@ -1,0 +1,84 @@
+"""Where usage is shown: the REPL's /usage, `chatrun test -v`, the HTTP session resource. The
+numbers come from the fake OpenAI server's reported usage through the real openai client
+(or, when the model is played or scripted, from chatrun's own count, marked estimated)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+BOT = """
+name: costly
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+prices:
+  gpt-4o-mini: {input: 0.15, output: 0.60, cached_input: 0.075}
+routes:
+  main: {default: true, system: You help., tools: [note]}
+tools:
+  note: {description: Take a note, action: {reply: noted}}
+"""
+
+
+def usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": reasoning}}
+
+
+def run_chatrun(args: list[str], stdin: str = "", env_extra: dict[str, str] | None = None,
+                cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["PYTHONPATH"] = str(REPO / "runner")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "chatrun", *args], input=stdin, capture_output=True, text=True,
+                          timeout=120, env=env, cwd=cwd)
+
+
+# -- the REPL ------------------------------------------------------------------------------------
+
+
+@pytest.mark.subprocess
+def test_repl_usage_shows_each_call_of_the_last_turn_and_the_session_total(fake, write_bot):
+    fake.queue(
+        {"tool_calls": [{"name": "note", "arguments": {}}], "usage": usage(1000, 50, cached=400)},
+        {"text": "Noted.", "usage": usage(1200, 20, reasoning=8)},
+        {"text": "Again.", "usage": usage(2000, 10)},
+    )
+    path = write_bot(BOT)
+    out = run_chatrun(["repl", str(path)], "/usage\ntake a note\n/usage\nagain\n/usage\n",
+                      {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "test-key"})
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    before, first, second = out.stdout.split("Noted.")[0], *out.stdout.split("Noted.")[1].split("Again.")
+    assert "no turn yet" in before and "session (0 calls): input 0  output 0" in before
+    # 600 input at 0.15 + 400 cached at 0.075 + 50 output at 0.60, per million: 0.00015
+    assert first.strip().splitlines() == [
+        "last turn 1 (2 calls):",
+        "  route main  model gpt-4o-mini  input 1,000 (400 cached)  output 50  cost 0.00015",
+        "  route main  model gpt-4o-mini  input 1,200  output 20 (8 reasoning)  cost 0.000192",
+        "  total  input 2,200 (400 cached)  output 70 (8 reasoning)  cost 0.000342",
+        "session (2 calls): input 2,200 (400 cached)  output 70 (8 reasoning)  cost 0.000342",
+    ]
+    lines = second.strip().splitlines()
+    assert lines[:2] == ["last turn 2 (1 call):", "  route main  model gpt-4o-mini  input 2,000  output 10  cost 0.000306"]
+    assert lines[-1] == "session (3 calls): input 4,200 (400 cached)  output 80 (8 reasoning)  cost 0.000648"
+    assert "estimated" not in out.stdout  # every count was reported by the endpoint
+
+
+@pytest.mark.subprocess
+def test_repl_usage_while_playing_the_model_is_counted_and_marked_estimated():
+    out = run_chatrun(["repl", "bots/hello", "--play-model"], "hi\n/say Hello there!\n/usage\n/help\n")
+    assert out.returncode == 0, out.stderr
+    after = out.stdout.split("Hello there!\n", 1)[1]
+    turn, call, total, session = after.splitlines()[:4]
+    assert turn == "last turn 1 (1 call):"
+    assert call.startswith("  route chat  model gpt-4o-mini  input ") and call.endswith("(estimated)")
+    assert total.startswith("  total  input ") and session.startswith("session (1 call): input ")
+    assert "cost" not in after.split("/help")[0]  # the hello bot declares no prices
+    assert "/usage             the last turn's tokens and cost" in out.stdout
