@@ -82,3 +82,63 @@ def test_repl_usage_while_playing_the_model_is_counted_and_marked_estimated():
     assert total.startswith("  total  input ") and session.startswith("session (1 call): input ")
     assert "cost" not in after.split("/help")[0]  # the hello bot declares no prices
     assert "/usage             the last turn's tokens and cost" in out.stdout
+
+
+# -- chatrun test -v -------------------------------------------------------------------------------
+
+TRANSCRIPT = """
+bot: bot.yaml
+turns:
+  - user: take a note
+    model:
+      - tool_calls: [{name: note, arguments: {}}]
+      - text: Noted.
+    expect: {route: main}
+  - user: thanks
+    model: [{text: "You are welcome."}]
+"""
+
+
+def test_chatrun_test_verbose_prints_each_transcripts_usage_and_a_total(tmp_path):
+    import re
+
+    from click.testing import CliRunner
+
+    import chatrun
+    from chatrun.cli import test as cli_test
+
+    (tmp_path / "bot.yaml").write_text(BOT)
+    (tmp_path / "notes.yaml").write_text(TRANSCRIPT)
+    (tmp_path / "thanks.yaml").write_text(TRANSCRIPT.split("  - user: thanks")[0].replace("take a note", "a note"))
+    result = CliRunner().invoke(cli_test.test, [str(tmp_path / "notes.yaml"), str(tmp_path / "thanks.yaml"), "-v"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    pattern = re.compile(r"usage \((\d+) calls?\): input ([\d,]+)  output ([\d,]+)  cost ([\d.]+)  \(estimated\)$")
+    notes = pattern.search(lines[lines.index(f"{tmp_path / 'notes.yaml'} PASSED") + 1])
+    thanks = pattern.search(lines[lines.index(f"{tmp_path / 'thanks.yaml'} PASSED") + 1])
+    total = pattern.search(lines[-1])
+    assert notes and thanks and total, result.output
+    # The scripted model reports nothing: chatrun counts, as the library does for the same conversation.
+    session = chatrun.load_bot(tmp_path / "bot.yaml").session(model=chatrun.ScriptedModel(
+        [{"tool_calls": [{"name": "note", "arguments": {}}]}, {"text": "Noted."}, {"text": "You are welcome."}]))
+    session.chat("take a note")
+    session.chat("thanks")
+    expected = session.usage
+    assert notes.groups()[:3] == (str(expected["calls"]), f"{expected['input_tokens']:,}", f"{expected['output_tokens']:,}")
+    assert float(notes.group(4)) == pytest.approx(expected["cost"], abs=1e-6)
+    assert int(total.group(1)) == int(notes.group(1)) + int(thanks.group(1)) == 5
+    for i in (2, 3):
+        assert int(total.group(i).replace(",", "")) == sum(int(m.group(i).replace(",", "")) for m in (notes, thanks))
+    assert float(total.group(4)) == pytest.approx(float(notes.group(4)) + float(thanks.group(4)), abs=2e-6)
+
+
+def test_chatrun_test_without_verbose_prints_no_usage(tmp_path):
+    from click.testing import CliRunner
+
+    from chatrun.cli import test as cli_test
+
+    (tmp_path / "bot.yaml").write_text(BOT)
+    (tmp_path / "notes.yaml").write_text(TRANSCRIPT)
+    result = CliRunner().invoke(cli_test.test, [str(tmp_path / "notes.yaml")], catch_exceptions=False)
+    assert result.exit_code == 0 and "usage" not in result.output

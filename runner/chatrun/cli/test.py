@@ -27,6 +27,7 @@ class Outcome:
     invalid: bool = False
     warnings: list[str] = field(default_factory=list)
     roles_off: bool = False  # the transcript declares no `roles:`, so role checks are off in it
+    usage: dict[str, Any] | None = None  # its session's model calls, summed (shown with -v)
 
 
 _BOTS: dict[str, Any] = {}  # per process: each bot is loaded once per run
@@ -61,7 +62,7 @@ def _run_one(path: str, update: bool, record: bool, live: bool = False) -> Outco
             result = run_transcript(transcript, _BOTS, LIVE)
         except ChatrunError as exc:  # the judge model failed
             return Outcome(path, False, f"{path}: {exc}", roles_off=roles_off)
-        return Outcome(path, result.passed, result.report(), roles_off=roles_off)
+        return Outcome(path, result.passed, result.report(), roles_off=roles_off, usage=result.usage)
     try:
         if record:
             from chatrun.transcripts.record import record_transcript, record_verdicts
@@ -80,7 +81,8 @@ def _run_one(path: str, update: bool, record: bool, live: bool = False) -> Outco
         return Outcome(path, False, "\n".join(d.format() for d in exc.diagnostics), changed, invalid=True)
     except ChatrunError as exc:
         return Outcome(path, False, f"{path}: {exc}", changed, roles_off=roles_off)
-    return Outcome(path, result.passed, result.report(), changed, warnings=result.warnings, roles_off=roles_off)
+    return Outcome(path, result.passed, result.report(), changed, warnings=result.warnings, roles_off=roles_off,
+                   usage=result.usage)
 
 
 def _roles_off(transcript: Any) -> bool:
@@ -134,7 +136,8 @@ def keyword_filter(expr: str) -> Any:
 @click.option("-k", "keyword", help="Only transcripts whose path matches: substrings with and/or/not, e.g. -k 'travel and not hotel'.")
 @click.option("-x", "--exitfirst", is_flag=True, help="Stop at the first failing transcript.")
 @click.option("-n", "workers", type=click.IntRange(min=1), default=1, show_default=True, help="Run in N processes.")
-@click.option("-v", "--verbose", is_flag=True, help="One line per transcript with its name.")
+@click.option("-v", "--verbose", is_flag=True, help="One line per transcript with its name and its model calls' usage "
+              "(tokens, cost with `prices:`), and a total.")
 @click.option("--update", is_flag=True, help="Rewrite the expect: blocks from what happened (the rest of the file is kept).")
 @click.option("--record", is_flag=True, help="Run against the bot's real model and write its answers into the model: lists "
               "(and the judge's verdicts into judged: lists).")
@@ -203,6 +206,8 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
         _pass_rates(outcomes)
         outcomes = _first_failure_each(outcomes)
     _summary(outcomes, update or record)
+    if verbose:
+        _usage_total(outcomes)
     if interrupted:
         click.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
@@ -256,8 +261,24 @@ def _progress(outcome: Outcome, verbose: bool) -> None:
     if verbose:
         status = "PASSED" if outcome.passed else ("INVALID" if outcome.invalid else "FAILED")
         click.echo(f"{outcome.name} {status}{' (updated)' if outcome.updated else ''}")
+        if outcome.usage is not None:
+            from chatrun.cli._usage import calls_text, tokens_text
+
+            click.echo(f"  usage ({calls_text(outcome.usage.get('calls', 0))}): {tokens_text(outcome.usage)}")
     else:
         click.echo(mark, nl=False)
+
+
+def _usage_total(outcomes: list[Outcome]) -> None:
+    """-v: every run's model calls, summed (scripted answers are counted, so estimated)."""
+    from chatrun.cli._usage import calls_text, tokens_text
+    from chatrun.engine.usage import Usage
+
+    total = Usage()
+    for o in outcomes:
+        if o.usage is not None:
+            total.add(Usage.from_dict(o.usage))
+    click.echo(f"usage ({calls_text(total.calls)}): {tokens_text(total.to_dict())}")
 
 
 def _roles_note(outcomes: list[Outcome]) -> None:

@@ -90,6 +90,7 @@ class Result:
     error: str | None = None
     transcript: Transcript | None = None
     notes: list[str] = field(default_factory=list)  # warnings about the transcript itself
+    usage: dict[str, Any] | None = None  # the session's model calls, summed (Session.usage)
 
     @property
     def warnings(self) -> list[str]:
@@ -174,6 +175,7 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
             result.turns.append(played)
         judge_conversation(result, judge)
     finally:
+        result.usage = session.usage
         session.close()
         judge.close()
     result.verdicts = judge.recorded
