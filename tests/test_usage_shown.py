@@ -142,3 +142,42 @@ def test_chatrun_test_without_verbose_prints_no_usage(tmp_path):
     (tmp_path / "notes.yaml").write_text(TRANSCRIPT)
     result = CliRunner().invoke(cli_test.test, [str(tmp_path / "notes.yaml")], catch_exceptions=False)
     assert result.exit_code == 0 and "usage" not in result.output
+
+
+# -- the HTTP session resource ----------------------------------------------------------------------
+
+
+def test_the_http_session_resource_carries_the_sessions_usage_as_documented(fake, write_bot, tmp_path):
+    from fastapi.testclient import TestClient
+    from jsonschema import Draft202012Validator
+
+    import chatrun
+    from server_support import app_for_testclient
+
+    bot = chatrun.load_bot(write_bot(BOT))
+    db = f"sqlite:///{tmp_path / 'chat.db'}"
+    fake.queue(
+        {"tool_calls": [{"name": "note", "arguments": {}}], "usage": usage(1000, 50, cached=400)},
+        {"text": "Noted.", "usage": usage(1200, 20, reasoning=8)},
+        {"status": 400, "body": {"error": {"message": "no", "type": "invalid_request_error"}}},
+    )
+    with TestClient(app_for_testclient([bot], db)) as client:
+        created = client.post("/bots/costly/sessions", json={"id": "u1"})
+        assert created.status_code == 201
+        assert created.json()["usage"] == {"input_tokens": 0, "output_tokens": 0, "cached_input_tokens": 0,
+                                           "reasoning_tokens": 0, "cost": None, "calls": 0, "estimated": False}
+        assert client.post("/bots/costly/sessions/u1/messages", json={"userMessage": "take a note"}).json()["ok"]
+        failed = client.post("/bots/costly/sessions/u1/messages", json={"userMessage": "again"}).json()
+        assert failed["ok"] is False  # the endpoint refused: no call was answered, none is counted
+        read = client.get("/bots/costly/sessions/u1")
+        spec = client.get("/openapi.json").json()
+    schema = spec["paths"]["/bots/{bot}/sessions/{session_id}"]["get"]["responses"]["200"]["content"][
+        "application/json"]["schema"]
+    assert "usage" in schema["required"]
+    assert not list(Draft202012Validator(schema).iter_errors(read.json()))
+    body = read.json()
+    assert body["usage"] == {"input_tokens": 2200, "output_tokens": 70, "cached_input_tokens": 400,
+                             "reasoning_tokens": 8, "cost": pytest.approx(0.000342), "calls": 2, "estimated": False}
+    assert body["history"][0]["usage"]["by_call"][1]["reasoning_tokens"] == 8
+    with TestClient(app_for_testclient([chatrun.load_bot(write_bot(BOT))], db)) as client:  # a restarted server
+        assert client.get("/bots/costly/sessions/u1").json()["usage"] == body["usage"]  # from the stored snapshot

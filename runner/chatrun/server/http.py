@@ -4,7 +4,7 @@
     GET    /bots                                      the bots served
     GET    /bots/{bot}                                one bot, with its route graph
     POST   /bots/{bot}/sessions                       {"id"?, "route"?, "state"?} -> the new session
-    GET    /bots/{bot}/sessions/{id}                  route, stack, scopes, visible state, history
+    GET    /bots/{bot}/sessions/{id}                  route, stack, scopes, visible state, history, usage
     DELETE /bots/{bot}/sessions/{id}
     POST   /bots/{bot}/sessions/{id}/messages         {"userMessage": "...", ...} -> events
            (Accept: text/event-stream or ?stream=true: the events as they happen)
@@ -76,7 +76,8 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
         found = registry.bot(bot)
         return _bot_summary(found) | {"graph": graph_data(found)}
 
-    @router.post("/bots/{bot}/sessions", status_code=201, tags=["sessions"], openapi_extra=_body(
+    @router.post("/bots/{bot}/sessions", status_code=201, tags=["sessions"], responses=_session_response(201),
+                 openapi_extra=_body(
         {"id": SESSION_ID_SCHEMA, "route": {"type": "string"}, "state": _state_schema(registry)}, {"route": "main_menu"}))
     async def create_session(
         bot: str,
@@ -98,7 +99,7 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
         async with registry.session(bot, session_id, who, NEW, route=route, state=state) as session:
             return session_data(session)
 
-    @router.get("/bots/{bot}/sessions/{session_id}", tags=["sessions"])
+    @router.get("/bots/{bot}/sessions/{session_id}", tags=["sessions"], responses=_session_response(200, history=True))
     async def read_session(bot: str, session_id: str, who: Who) -> dict[str, Any]:
         async with registry.session(bot, session_id, who, EXISTING, history=True) as session:
             return session_data(session) | {"history": session.history, "lastTurn": registry.last_committed(session)}
@@ -265,6 +266,34 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"description": text, "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
     for status, text in _ERRORS.items()
 }
+
+
+def _session_response(status: int, history: bool = False) -> dict[int | str, dict[str, Any]]:
+    """The session resource (inspect.session_data), documented in the OpenAPI text so that
+    clients (and schemathesis) can rely on its keys; `usage` is the wire schema's Usage."""
+    from chatrun.definition.schemas import load_schema
+
+    strings = {"type": "array", "items": {"type": "string"}}
+    properties: dict[str, Any] = {
+        "id": {"type": "string"}, "bot": {"type": "string"}, "turn": {"type": "integer", "minimum": 0},
+        "route": {"type": "string"}, "stack": strings, "scopeId": {"type": "string"},
+        "state": {"type": "object"}, "visible": {"type": "object"}, "scopes": {"type": "array", "items": {"type": "object"}},
+        "usage": _plain_schema(load_schema("wire.schema.json")["$defs"]["Usage"]),
+    }
+    if history:
+        properties |= {"history": {"type": "array", "items": {"type": "object"}},
+                       "lastTurn": {"type": ["object", "null"]}}
+    schema = {"type": "object", "required": list(properties), "properties": properties, "additionalProperties": True}
+    return {status: {"description": "the session", "content": {"application/json": {"schema": schema}}}}
+
+
+def _plain_schema(node: Any) -> Any:
+    """A schema without the editor-only markdownDescription (an OpenAPI document has no use for it)."""
+    if isinstance(node, dict):
+        return {k: _plain_schema(v) for k, v in node.items() if k != "markdownDescription"}
+    if isinstance(node, list):
+        return [_plain_schema(v) for v in node]
+    return node
 
 
 def failure_response(exc: wire.RequestFailed) -> JSONResponse:

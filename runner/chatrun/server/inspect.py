@@ -38,6 +38,7 @@ def session_data(session: Session) -> dict[str, Any]:
         "state": session.state,
         "visible": session.visible_state(),
         "scopes": scopes_data(session),
+        "usage": session.usage,  # every model call of the session, summed (wire.schema.json#/$defs/Usage)
     }
 
 
