@@ -27,8 +27,12 @@ def tokens_text(usage: dict[str, Any]) -> str:
 
 
 def cost_text(cost: float) -> str:
-    """Enough digits for a fraction of a cent, no float noise: 0.00015, 1.25, 0."""
-    return f"{cost:.6f}".rstrip("0").rstrip(".") if cost else "0"
+    """Four significant digits for fractions of a cent, four decimals above 1, no float noise
+    and no exponent: 0.0000846, 0.000342, 1.25, 0 (the inspector writes it the same way)."""
+    if not cost:
+        return "0"
+    text = f"{cost:.4f}" if cost >= 1 else f"{float(f'{cost:.4g}'):.12f}"
+    return text.rstrip("0").rstrip(".")
 
 
 def calls_text(n: int) -> str:

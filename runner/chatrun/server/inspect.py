@@ -1,5 +1,6 @@
 """What the inspector beside the chat shows: the route graph, the scope stack with each scope's
-visible state, and the current route's memory exactly as the model will see it."""
+visible state, the current route's memory exactly as the model will see it (a `summary`
+memory's running summary marked as such), and what the model calls cost, per turn and in all."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatrun.engine.scopes import merged_scope
 from chatrun.engine.tools import route_tool_specs
+from chatrun.messages import Message, SummaryMessage
 
 if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
@@ -69,14 +71,41 @@ def inspect_data(session: Session) -> dict[str, Any]:
     policy = config.route_memory(route)
     return session_data(session) | {
         "last_turn": session.last_turn,
+        "turns_usage": turns_usage(session.history),
         # The bot's files were edited into an invalid bot (serve --reload): the page shows a banner.
         "reload_problems": [d.to_dict() for d in session.bot.reload_problems],
         "graph": graph_data(session.bot),
         "memory": {
             "id": session.scopes[-1].memory_id(route),
-            "policy": {"type": policy.type, "max_messages": policy.max_messages, "max_tokens": policy.max_tokens},
-            "messages": [m.to_openai() for m in memory],
+            "policy": {"type": policy.type, "max_messages": policy.max_messages, "max_tokens": policy.max_tokens,
+                       "keep_messages": policy.keep_messages if policy.type == "summary" else None},
+            "messages": [memory_message(m) for m in memory],
             "tools": route_tool_specs(config, route),
             "model": config.route_model(route).name,
         },
     }
+
+
+def memory_message(message: Message) -> dict[str, Any]:
+    """A message as the model is sent it; the running summary of a `summary` memory is sent as
+    a user message under a heading, so it says what it is (`summary`: its text alone)."""
+    sent = message.to_openai()
+    if isinstance(message, SummaryMessage):
+        sent["summary"] = message.content
+    return sent
+
+
+# The inspector lists the usage of this many turns, the latest; the session's total counts all.
+USAGE_TURNS = 50
+
+
+def turns_usage(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each recorded turn's usage (failed attempts too: their calls were paid for), the latest
+    USAGE_TURNS, oldest first: {turn, ok, usage (None: no model call), summaries}."""
+    return [{"turn": entry.get("turn"), "ok": entry.get("ok", True), "usage": _without_calls(entry.get("usage")),
+             "summaries": entry.get("summaries", [])}
+            for entry in history[-USAGE_TURNS:]]
+
+
+def _without_calls(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if usage is None else {k: v for k, v in usage.items() if k != "by_call"}

@@ -317,6 +317,7 @@
     $("state").innerHTML = jsonHtml(d.state);
     renderMemory(d.memory);
     renderLastTurn(d.last_turn);
+    renderUsage(d.usage, d.turns_usage || [], d.last_turn);
     renderReloadProblems(d.reload_problems || []);
     document.body.dataset.route = d.route;
     document.body.dataset.turn = String(d.turn);
@@ -366,10 +367,15 @@
     box.textContent = "";
     const policy = memory.policy || {};
     const size = policy.type === "message_window" ? " (" + policy.max_messages + " messages)"
-      : policy.type === "token_window" ? " (" + policy.max_tokens + " tokens)" : "";
+      : policy.type === "token_window" ? " (" + policy.max_tokens + " tokens)"
+      : policy.type === "summary" ? " (over " + policy.max_tokens + " tokens, newest " + policy.keep_messages + " kept)" : "";
     $("memory-meta").textContent = "· " + plural(memory.messages.length, "message") + " · " + policy.type + size + " · " + memory.model;
     if (!memory.messages.length) box.appendChild(el("div", "muted", "empty: this route has not run in this scope yet"));
     for (const m of memory.messages) {
+      if (typeof m.summary === "string") {
+        box.appendChild(renderSummary(m));
+        continue;
+      }
       const item = el("div", "mem " + m.role);
       item.appendChild(el("div", "role", m.role + (m.name ? " · " + m.name : "") + (m.tool_call_id ? " · " + m.tool_call_id : "")));
       if (m.content) item.appendChild(el("div", "content", m.content));
@@ -380,6 +386,79 @@
       box.appendChild(item);
     }
     $("tools").innerHTML = jsonHtml(memory.tools.map((t) => t.function || t));
+  }
+
+  /** A `summary` memory's running summary: what the folded messages became (sent to the
+   * model as a user message under a heading, so it is labelled, not shown as the user's). */
+  function renderSummary(m) {
+    const item = el("div", "mem summary");
+    item.appendChild(el("div", "role", "summary of earlier messages · sent as " + m.role));
+    item.appendChild(el("div", "content", m.summary));
+    return item;
+  }
+
+  // -- usage: what the model calls cost ------------------------------------------------------
+
+  function tokens(n) { return (n || 0).toLocaleString("en-US"); }
+
+  /** Money in the units of the bot's prices, as the CLI writes it (cli/_usage.py cost_text):
+   * four significant digits below 1, four decimals above, no exponent. */
+  function money(cost) {
+    if (!cost) return "0";
+    const text = cost >= 1 ? cost.toFixed(4) : Number(cost.toPrecision(4)).toFixed(12);
+    return text.replace(/0+$/, "").replace(/\.$/, "");
+  }
+
+  function usageCells(u) {
+    return [
+      tokens(u.input_tokens) + (u.cached_input_tokens ? " (" + tokens(u.cached_input_tokens) + " cached)" : ""),
+      tokens(u.output_tokens) + (u.reasoning_tokens ? " (" + tokens(u.reasoning_tokens) + " reasoning)" : ""),
+      u.cost === null || u.cost === undefined ? "–" : money(u.cost),
+    ];
+  }
+
+  function usageRow(label, u, cls) {
+    const row = el("tr", cls || "");
+    row.appendChild(el("td", "", label));
+    usageCells(u).forEach((text) => row.appendChild(el("td", "num", text)));
+    const mark = el("td", "");
+    if (u.estimated) mark.appendChild(el("span", "estimated", "estimated"));
+    row.appendChild(mark);
+    return row;
+  }
+
+  function usageTable(caption, rows) {
+    const table = el("table", "usage-table");
+    table.appendChild(el("caption", "", caption));
+    const head = el("tr", "");
+    ["", "input", "output", "cost", ""].forEach((text) => head.appendChild(el("th", "", text)));
+    table.appendChild(head);
+    rows.forEach((row) => table.appendChild(row));
+    return table;
+  }
+
+  /** The session's total, then each turn's, then each call of the last turn. Counts chatrun
+   * made itself (the endpoint reported none) are marked estimated; cost shows with prices:. */
+  function renderUsage(total, turns, last) {
+    const box = $("usage");
+    box.textContent = "";
+    if (!total) return;
+    const priced = total.cost !== null && total.cost !== undefined;
+    $("usage-meta").textContent = "· " + plural(total.calls, "model call") + " · "
+      + tokens(total.input_tokens + total.output_tokens) + " tokens" + (priced ? " · cost " + money(total.cost) : "")
+      + (total.estimated ? " · estimated" : "");
+    box.appendChild(usageTable("session", [usageRow("total", total, "session-total")]));
+    const counted = turns.filter((t) => t.usage);
+    if (counted.length) {
+      box.appendChild(usageTable("per turn", counted.map((t) =>
+        usageRow("turn " + t.turn + (t.ok ? "" : " (failed)"), t.usage, "turn-usage"))));
+    }
+    const calls = (last && last.usage && last.usage.by_call) || [];
+    if (calls.length) {
+      box.appendChild(usageTable("turn " + last.turn + ", each model call", calls.map((c) =>
+        usageRow(c.route + " · " + c.model, c, "call-usage"))));
+    }
+    if (!priced && total.calls) box.appendChild(el("div", "muted small", "no cost: the bot declares no prices: for these models"));
   }
 
   /** The last turn as the history recorded it: input, outcome, and every event in order. */
@@ -396,6 +475,11 @@
     input.innerHTML = jsonHtml({ input: entry.input });
     box.appendChild(input);
     if (!entry.ok && entry.error) box.appendChild(el("div", "error", entry.error));
+    for (const s of entry.summaries || []) {  // a `summary` memory folded messages after the reply
+      box.appendChild(el("div", "muted small summary-note", s.failed
+        ? "summarizing memory " + s.memory + " failed (the next turn retries): " + s.failed
+        : "memory " + s.memory + ": " + plural(s.folded, "message") + " folded into its summary"));
+    }
     for (const event of entry.events || []) {
       const row = el("div", "turn-event");
       row.appendChild(el("span", "event-type", event.type));
