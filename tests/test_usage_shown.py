@@ -117,7 +117,8 @@ def test_chatrun_test_verbose_prints_each_transcripts_usage_and_a_total(tmp_path
     pattern = re.compile(r"usage \((\d+) calls?\): input ([\d,]+)  output ([\d,]+)  cost ([\d.]+)  \(estimated\)$")
     notes = pattern.search(lines[lines.index(f"{tmp_path / 'notes.yaml'} PASSED") + 1])
     thanks = pattern.search(lines[lines.index(f"{tmp_path / 'thanks.yaml'} PASSED") + 1])
-    total = pattern.search(lines[-1])
+    total = pattern.search(lines[-2])
+    assert lines[-1] == "2 passed, 0 failed"  # still the last line, as pytest's
     assert notes and thanks and total, result.output
     # The scripted model reports nothing: chatrun counts, as the library does for the same conversation.
     session = chatrun.load_bot(tmp_path / "bot.yaml").session(model=chatrun.ScriptedModel(

@@ -205,9 +205,7 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
     if repeat > 1:
         _pass_rates(outcomes)
         outcomes = _first_failure_each(outcomes)
-    _summary(outcomes, update or record)
-    if verbose:
-        _usage_total(outcomes)
+    _summary(outcomes, update or record, verbose)
     if interrupted:
         click.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
@@ -310,7 +308,7 @@ def _first_failure_each(outcomes: list[Outcome]) -> list[Outcome]:
     return list(chosen.values())
 
 
-def _summary(outcomes: list[Outcome], rewriting: bool) -> None:
+def _summary(outcomes: list[Outcome], rewriting: bool, usage: bool = False) -> None:
     failed = [o for o in outcomes if not o.passed]
     if rewriting:
         for o in outcomes:
@@ -328,5 +326,7 @@ def _summary(outcomes: list[Outcome], rewriting: bool) -> None:
         click.echo()
         for warning in warnings:
             click.echo(warning)
+    if usage:
+        _usage_total(outcomes)
     passed = len(outcomes) - len(failed)
-    click.echo(f"{passed} passed, {len(failed)} failed")
+    click.echo(f"{passed} passed, {len(failed)} failed")  # last, as pytest's
