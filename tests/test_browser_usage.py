@@ -32,7 +32,7 @@ model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
 prices:
   gpt-4o-mini: {input: 0.15, output: 0.60, cached_input: 0.075}
   cheap-model: {input: 0.05, output: 0.20}
-memory: {type: summary, max_tokens: 60, keep_messages: 2, summary_model: {name: cheap-model}}
+memory: {type: summary, max_tokens: 60, keep_messages: 2, summary_model: {name: cheap-model}, clear_tool_results: 3}
 routes:
   main: {default: true, system: You chat.}
 """
@@ -103,7 +103,8 @@ def test_the_inspector_shows_usage_per_turn_per_call_and_in_all_and_the_summary_
     assert summary.locator(".role").inner_text().lower() == "summary of earlier messages · sent as user"
     assert summary.locator(".content").inner_text() == "S: the user said one."
     assert page.locator("#memory .mem.user").all_inner_texts()[-1].endswith("two")
-    assert "over 60 tokens, newest 2 kept" in page.locator("#memory-meta").inner_text()
+    assert "summary (over 60 tokens, newest 2 kept) · tool results older than the newest 3 cleared · gpt-4o-mini" \
+        in page.locator("#memory-meta").inner_text()
     page.click("#panel-turn summary")
     assert page.locator("#last-turn .summary-note").inner_text().endswith(": 2 messages folded into its summary")
 

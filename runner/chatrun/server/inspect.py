@@ -78,7 +78,8 @@ def inspect_data(session: Session) -> dict[str, Any]:
         "memory": {
             "id": session.scopes[-1].memory_id(route),
             "policy": {"type": policy.type, "max_messages": policy.max_messages, "max_tokens": policy.max_tokens,
-                       "keep_messages": policy.keep_messages if policy.type == "summary" else None},
+                       "keep_messages": policy.keep_messages if policy.type == "summary" else None,
+                       "clear_tool_results": policy.clear_tool_results},
             "messages": [memory_message(m) for m in memory],
             "tools": route_tool_specs(config, route),
             "model": config.route_model(route).name,

@@ -369,7 +369,10 @@
     const size = policy.type === "message_window" ? " (" + policy.max_messages + " messages)"
       : policy.type === "token_window" ? " (" + policy.max_tokens + " tokens)"
       : policy.type === "summary" ? " (over " + policy.max_tokens + " tokens, newest " + policy.keep_messages + " kept)" : "";
-    $("memory-meta").textContent = "· " + plural(memory.messages.length, "message") + " · " + policy.type + size + " · " + memory.model;
+    const clearing = typeof policy.clear_tool_results === "number"
+      ? " · tool results older than the newest " + policy.clear_tool_results + " cleared" : "";
+    $("memory-meta").textContent = "· " + plural(memory.messages.length, "message") + " · " + policy.type + size + clearing
+      + " · " + memory.model;
     if (!memory.messages.length) box.appendChild(el("div", "muted", "empty: this route has not run in this scope yet"));
     for (const m of memory.messages) {
       if (typeof m.summary === "string") {
