@@ -72,6 +72,19 @@ def test_repl_usage_shows_each_call_of_the_last_turn_and_the_session_total(fake,
 
 
 @pytest.mark.subprocess
+def test_repl_usage_after_a_failed_turn_counts_the_calls_it_made(fake, write_bot):
+    fake.queue({"tool_calls": [{"name": "note", "arguments": {}}], "usage": usage(1000, 50)},
+               {"status": 400, "body": {"error": {"message": "no", "type": "invalid_request_error"}}})
+    out = run_chatrun(["repl", str(write_bot(BOT))], "take a note\n/usage\n/history\n",
+                      {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "test-key"})
+    assert out.returncode == 0, out.stderr
+    assert "error: the model failed on route main" in out.stdout
+    assert ("last turn 1 (1 call, failed and rolled back; its calls still count):\n"
+            "  route main  model gpt-4o-mini  input 1,000  output 50  cost 0.00018\n") in out.stdout
+    assert "session (1 call): input 1,000  output 50  cost 0.00018\n" in out.stdout
+
+
+@pytest.mark.subprocess
 def test_repl_usage_while_playing_the_model_is_counted_and_marked_estimated():
     out = run_chatrun(["repl", "bots/hello", "--play-model"], "hi\n/say Hello there!\n/usage\n/help\n")
     assert out.returncode == 0, out.stderr

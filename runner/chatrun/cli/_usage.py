@@ -45,8 +45,9 @@ def turn_usage_lines(entry: dict[str, Any] | None) -> list[str]:
         return ["no turn yet"]
     usage = entry.get("usage")
     if not usage:
-        return [f"last turn {entry.get('turn')}: no model call"]
-    lines = [f"last turn {entry.get('turn')} ({calls_text(usage.get('calls', 0))}):"]
+        return [f"last turn {entry.get('turn')}: no model call{', failed' if entry.get('ok') is False else ''}"]
+    failed = ", failed and rolled back; its calls still count" if entry.get("ok") is False else ""
+    lines = [f"last turn {entry.get('turn')} ({calls_text(usage.get('calls', 0))}{failed}):"]
     for call in usage.get("by_call", []):
         lines.append(f"  route {call.get('route')}  model {call.get('model')}  {tokens_text(call)}")
     lines.append(f"  total  {tokens_text(usage)}")
