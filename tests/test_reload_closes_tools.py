@@ -72,9 +72,10 @@ def eventually(check, what: str, timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
-def test_repl_keeps_one_server_across_turns_closes_it_on_reload_and_the_new_one_on_exit(tmp_path):
+@pytest.mark.parametrize("watch", [False, True], ids=["/reload", "--reload"])
+def test_repl_keeps_one_server_across_turns_closes_it_on_reload_and_the_new_one_on_exit(tmp_path, watch):
     folder = notes_bot(tmp_path / "notes")
-    repl = Repl(folder)
+    repl = Repl(folder, *(["--reload"] if watch else []))
     repl.send("note the wifi password")
     repl.send('/call remember {"title": "wifi", "text": "pw 123"}')
     repl.wait_for("[tool remember → Saved. The user has 1 notes.]")
@@ -88,8 +89,10 @@ def test_repl_keeps_one_server_across_turns_closes_it_on_reload_and_the_new_one_
     [first] = mcp_servers(repl.proc.pid)
 
     edit(folder, "description: Take and find notes", "description: Take and find notes (edited)")
-    repl.send("/reload")
+    if not watch:
+        repl.send("/reload")
     repl.wait_for("[reloaded notes:")
+    repl.send("/route")  # the REPL takes a watched edit's bot with the next line it reads
     eventually(lambda: not alive(first), "the replaced bot's MCP server still runs after /reload")
 
     repl.send("save another")
