@@ -5,7 +5,9 @@ servers built with the SDK (bots/notes/notes_server.py), counted as processes.""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -105,6 +107,22 @@ def test_repl_keeps_one_server_across_turns_closes_it_on_reload_and_the_new_one_
     out = repl.finish()
     assert not alive(second), "the MCP server outlived the REPL"
     assert "Traceback" not in out and "error occurred" not in out
+
+
+def test_repl_with_a_real_model_keeps_one_connection_across_turns_and_resets(tmp_path, fake):
+    """The real openai client against the fake server: one client for the REPL's life (not one
+    per turn, each left open on a closed loop), shared by the sessions /reset starts."""
+    fake.queue({"text": "One."}, {"text": "Two."}, {"text": "Three."})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env.update(PYTHONPATH=str(REPO / "runner"), OPENAI_BASE_URL=fake.base_url, OPENAI_API_KEY="test-key",
+               PYTHONWARNINGS="always::ResourceWarning")
+    run = subprocess.run([sys.executable, "-m", "chatrun", "repl", "bots/hello"], input="hi\nagain\n/reset\nnew\n",
+                         capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert ["One.", "Two.", "Three."] == [line for line in run.stdout.splitlines() if line.endswith(".")][-3:]
+    peers = [r.peer for r in fake.log if r.path.endswith("/chat/completions")]
+    assert len(peers) == 3 and len(set(peers)) == 1, peers
+    assert "ResourceWarning" not in run.stderr and "Traceback" not in run.stderr
 
 
 def test_serve_reload_closes_the_old_bots_server_once_no_session_runs_on_it(tmp_path, fake):

@@ -19,6 +19,7 @@ from chatrun.cli.human_model import HumanModel
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ChatrunError
 from chatrun.events import Event
+from chatrun.models.pool import ModelPool
 
 COMMANDS = """\
 /help              this help
@@ -150,7 +151,9 @@ class Repl:
         # One loop for the REPL's life: the bot's MCP servers and HTTP connections belong to the
         # loop that opened them, so they serve every turn and are closed here (close()).
         self.loop = asyncio.new_event_loop()
-        self.session = bot.session(route=route, store=store, model=self.human, session_id=session_id, roles=roles)
+        self.models = ModelPool()  # the real model's clients, on that loop too, closed on exit
+        self.model: Any = self.human or self.models.model()
+        self.session = bot.session(route=route, store=store, model=self.model, session_id=session_id, roles=roles)
         self.streamed = ""
         self.records: list[dict[str, Any]] = []  # per turn, for /save
         self.choices: list[str] = []  # the values of the last Choices event: typing N sends the Nth
@@ -230,9 +233,17 @@ class Repl:
             return
         try:
             self.loop.run_until_complete(self.bot.tools.aclose())
+            self.close_model()
+            self.loop.run_until_complete(self.models.aclose())
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         finally:
             self.loop.close()
+
+    def close_model(self) -> None:
+        """The clients the session's model opened for itself (a played model has none)."""
+        aclose = getattr(self.model, "aclose", None)
+        if aclose is not None and self.model is not self.human:
+            self.loop.run_until_complete(aclose())
 
     def completion_names(self) -> Names:
         """What Tab completes: the bot the next turn runs on (an edit's, once reloaded), plus
@@ -343,12 +354,14 @@ class Repl:
 
     def reset(self, route: str | None = None) -> None:
         self.session.close()
+        self.close_model()
+        self.model = self.human or self.models.model()
         try:
-            self.session = self.bot.session(route=route or self.route, store=self.store, model=self.human,
+            self.session = self.bot.session(route=route or self.route, store=self.store, model=self.model,
                                             roles=self.roles)
         except ChatrunError as exc:  # e.g. --route names a route the roles may not enter
             click.secho(f"error: {exc}; starting on the default route", fg="red")
-            self.session = self.bot.session(store=self.store, model=self.human, roles=self.roles)
+            self.session = self.bot.session(store=self.store, model=self.model, roles=self.roles)
         self.records.clear()
         if self.human:
             self.human.last_route = self.human.last_system = None
