@@ -565,6 +565,27 @@ def test_pytest_plugin_reports_invalid_regex_and_non_utf8_transcripts(tmp_path):
     assert "Traceback" not in run.stdout
 
 
+@pytest.mark.subprocess
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_pytest_plugin_says_once_that_role_checks_are_off_in_transcripts_without_roles(tmp_path, workers):
+    support = os.path.relpath(REPO / "bots" / "support", tmp_path / "transcripts")
+    turn = "turns:\n  - user: hi\n    model: [{text: Hello.}]\n    expect: {events: [{Message: Hello.}]}\n"
+    for name in ("open_a.yaml", "open_b.yaml"):
+        write(tmp_path / "transcripts" / name, f"bot: {support}\n{turn}")
+    write(tmp_path / "transcripts" / "customer.yaml", f"bot: {support}\nroles: []\n{turn}")
+    hello_transcript(tmp_path, turn.replace("Hello.", "Hi."), "hello.yaml")  # no route needs a role
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    run = subprocess.run([sys.executable, "-m", "pytest", *_plugin_option(), "-p", "no:cacheprovider", "-q",
+                          *workers, "transcripts"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert run.returncode == 0, run.stdout
+    assert "4 passed" in run.stdout
+    notes = [line for line in run.stdout.splitlines() if "role checks are off" in line]
+    assert len(notes) == 1, run.stdout
+    assert "role checks are off in 2 transcripts" in notes[0]
+    assert "transcripts/open_a.yaml" in notes[0] and "transcripts/open_b.yaml" in notes[0]
+    assert "customer" not in notes[0] and "hello" not in notes[0]
+
+
 def test_record_writes_nothing_when_the_model_fails(tmp_path, monkeypatch):
     path = write(tmp_path / "transcripts" / "rec.yaml", f"""
         bot: {REPO / 'bots' / 'hello'}

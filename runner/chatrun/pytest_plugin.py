@@ -7,7 +7,10 @@ entry point is not installed (e.g. running from a source tree via PYTHONPATH) lo
 It collects every `*.yaml` / `*.yml` file under a directory named `transcripts` that has a
 top-level `turns:` key, so `pytest bots/` replays the bots' transcripts with pytest's own
 reporting and options (-k, -x, -n with pytest-xdist). A failure shows the failing turn's
-file:line and a diff of expected against actual, as `chatrun test` does.
+file:line and a diff of expected against actual, as `chatrun test` does. Transcripts that
+declare no `roles:` though their bot has role-restricted routes are named once, in the
+terminal summary: role checks are off in them (with -n too: the workers pass it on in
+each report's user_properties).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ if TYPE_CHECKING:  # pytest types Node.repr_failure with these but does not expo
     from _pytest._code.code import TerminalRepr, TracebackStyle
 
 _BOTS = pytest.StashKey[dict]()
+ROLES_OFF_PROPERTY = "chatrun_roles_off"
 
 
 def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:
@@ -69,11 +73,23 @@ class TranscriptItem(pytest.Item):
         from chatrun.transcripts.run import run_transcript
 
         bots = self.config.stash.setdefault(_BOTS, {})
+        if self._roles_off(bots):
+            self.user_properties.append((ROLES_OFF_PROPERTY, self._relpath()))
         result = run_transcript(self._relpath(), bots)  # an invalid transcript is a failed Result
         for warning in result.warnings:
             self.warn(pytest.PytestWarning(warning))
         if not result.passed:
             raise TranscriptFailed(result.report())
+
+    def _roles_off(self, bots: dict[str, Any]) -> bool:
+        from chatrun.errors import ChatrunError
+        from chatrun.transcripts.format import load_transcript
+        from chatrun.transcripts.roles import roles_off
+
+        try:
+            return roles_off(load_transcript(self._relpath()), bots)
+        except ChatrunError:  # an invalid transcript: its run says why
+            return False
 
     def _relpath(self) -> str:
         try:
@@ -89,3 +105,27 @@ class TranscriptItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int, str]:
         return self.path, 0, f"transcript {self.name}"
+
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(RolesOffNote(), "chatrun-roles-off-note")
+
+
+class RolesOffNote:
+    """Names, once at the end of the run, the transcripts that ran with role checks off
+    (reported by this process, or by the workers of pytest-xdist)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.names += [str(value) for name, value in report.user_properties if name == ROLES_OFF_PROPERTY]
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        from chatrun.transcripts.roles import roles_off_note
+
+        note = roles_off_note(self.names)
+        if note:
+            terminalreporter.write_line(note, yellow=True)

@@ -35,6 +35,11 @@ class ReplReloader:
         """/reload: load the bot's files again now."""
         return self._take(self.reloader.reload())
 
+    def newest_bot(self) -> Bot:
+        """The bot the next turn runs on: the last valid edit's, taken or not."""
+        assert self.reloader.bot is not None  # made with the running bot
+        return self.reloader.bot
+
     def take_new_bot(self) -> Bot | None:
         """The bot a valid edit produced since the last call, if any."""
         with self._lock:

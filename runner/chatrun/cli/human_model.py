@@ -30,6 +30,7 @@ class HumanModel:
         self.last_route: str | None = None
         self.last_system: str | None = None
         self.shown: set[str] = set()  # ids of the tool results already shown
+        self.offered: list[str] = []  # the tools of the call waiting for an answer (Tab completes them)
 
     async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
         tools = [t["function"]["name"] for t in request.tools]
@@ -37,14 +38,18 @@ class HumanModel:
             await asyncio.sleep(0)
         self.show_what_the_model_sees(request.messages, request.route)
         self.write(f"[model on route {request.route}; tools: {', '.join(tools) or 'none'}; {HELP}]")
-        while True:
-            line = await self.read_line("model> ")
-            if line is None:
-                raise ModelError("input ended while the model's answer was awaited")
-            response = self.parse(line.strip(), tools)
-            if response is not None:
-                self.responses.append(response)
-                return response
+        self.offered = tools
+        try:
+            while True:
+                line = await self.read_line("model> ")
+                if line is None:
+                    raise ModelError("input ended while the model's answer was awaited")
+                response = self.parse(line.strip(), tools)
+                if response is not None:
+                    self.responses.append(response)
+                    return response
+        finally:
+            self.offered = []
 
     def show_what_the_model_sees(self, messages: list[Message], route: str) -> None:
         """Before each call (and after a turn): the results of the tools just called (refusals

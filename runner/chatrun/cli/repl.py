@@ -6,18 +6,20 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import click
 
 from chatrun import events as ev
+from chatrun.cli._complete import DELIMITERS, Names, command_names, completions
 from chatrun.cli._reload import ReplReloader
 from chatrun.cli.human_model import HumanModel
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ChatrunError
 from chatrun.events import Event
+from chatrun.models.pool import ModelPool
 
 COMMANDS = """\
 /help              this help
@@ -32,10 +34,11 @@ COMMANDS = """\
 /roles [a,b]       the roles route checks use; with a list, a new session with those roles
 /reload            load the bot's files again (--reload does it on every edit)
 /save FILE         write the conversation so far as a golden transcript
-/reset             start a new session
+/reset [ROUTE]     start a new session (on ROUTE, else --route or the default route)
 /quit              leave (Ctrl-D too)
 Ctrl-C cancels a running turn, or clears the line; twice on an empty line quits.
-Up/Down recall earlier lines (kept in {history}); Tab completes commands."""
+Up/Down recall earlier lines (kept in {history}); Tab completes commands, and the names of
+tools (/call), routes (/reset) and roles (/roles) of the bot as it is now (after a reload too)."""
 
 ROLES_OFF = ("(no --roles given: role checks are off, every route is open; "
              "--roles a,b or /roles a,b to walk the bot as a principal with those roles)")
@@ -67,13 +70,13 @@ def history_path() -> Path:
     return Path(state) / "chatrun" / "history"
 
 
-COMMAND_NAMES = ["/help", "/route", "/stack", "/state", "/memory", "/history", "/usage", "/save ", "/reset",
-                 "/quit", "/say ", "/call "]
+COMMAND_NAMES = command_names(COMMANDS)  # "/save " takes an argument, "/help" does not
 
 
-def setup_line_editing() -> Path | None:
-    """Line editing, history and command completion through the stdlib readline (a terminal only).
-    Readline also lifts the terminal's 4,095-byte line limit, so long pastes arrive whole.
+def setup_line_editing(names: Callable[[], Names]) -> Path | None:
+    """Line editing, history and completion through the stdlib readline (a terminal only):
+    `names` gives what Tab completes, asked afresh on each Tab. Readline also lifts the
+    terminal's 4,095-byte line limit, so long pastes arrive whole.
     Returns the history file, or None when readline is unavailable."""
     try:
         import readline
@@ -85,8 +88,8 @@ def setup_line_editing() -> Path | None:
     except OSError:  # no history yet
         pass
     readline.set_history_length(1000)
-    readline.set_completer_delims(" \t\n")
-    readline.set_completer(_complete)
+    readline.set_completer_delims(DELIMITERS)
+    readline.set_completer(Completer(readline, names))
     readline.parse_and_bind("tab: complete")
     return path
 
@@ -103,17 +106,26 @@ def save_history(path: Path | None) -> None:
         click.secho(f"could not save the input history to {path}: {exc}", dim=True, err=True)
 
 
-def _complete(text: str, state: int) -> str | None:
-    matches = [c for c in COMMAND_NAMES if c.startswith(text)] if text.startswith("/") else []
-    return matches[state] if state < len(matches) else None
+class Completer:
+    """readline's completer: it asks for candidate `state` of the word before the cursor."""
+
+    def __init__(self, readline: Any, names: Callable[[], Names]):
+        self.readline = readline
+        self.names = names
+        self.matches: list[str] = []
+
+    def __call__(self, text: str, state: int) -> str | None:
+        if state == 0:
+            line = self.readline.get_line_buffer()[: self.readline.get_endidx()]
+            self.matches = completions(line, self.names())
+        return self.matches[state] if state < len(self.matches) else None
 
 
-def run_to_completion(coro: Coroutine[Any, Any, None]) -> None:
-    """Run one turn. Ctrl-C raises KeyboardInterrupt wherever the main thread is (in input() at
-    the `model>` prompt too: input is read on this thread, never on a helper thread that would
-    outlive the turn and swallow the next line); the turn is then cancelled and awaited, so the
-    session rolls back, and KeyboardInterrupt is re-raised."""
-    loop = asyncio.new_event_loop()
+def run_to_completion(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> None:
+    """Run one turn on the REPL's loop. Ctrl-C raises KeyboardInterrupt wherever the main thread
+    is (in input() at the `model>` prompt too: input is read on this thread, never on a helper
+    thread that would outlive the turn and swallow the next line); the turn is then cancelled
+    and awaited, so the session rolls back, and KeyboardInterrupt is re-raised."""
     task = loop.create_task(coro)
     try:
         loop.run_until_complete(task)
@@ -125,11 +137,6 @@ def run_to_completion(coro: Coroutine[Any, Any, None]) -> None:
             except BaseException:  # the cancellation itself, as expected  # noqa: B036
                 pass
         raise
-    finally:
-        try:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            loop.close()
 
 
 class Repl:
@@ -142,7 +149,12 @@ class Repl:
         self.interactive = sys.stdin.isatty()
         self.human = HumanModel(self.read_line, self.note) if play_model else None
         self.reloader = ReplReloader(bot)
-        self.session = bot.session(route=route, store=store, model=self.human, session_id=session_id, roles=roles)
+        # One loop for the REPL's life: the bot's MCP servers and HTTP connections belong to the
+        # loop that opened them, so they serve every turn and are closed here (close()).
+        self.loop = asyncio.new_event_loop()
+        self.models = ModelPool()  # the real model's clients, on that loop too, closed on exit
+        self.model: Any = self.human or self.models.model()
+        self.session = bot.session(route=route, store=store, model=self.model, session_id=session_id, roles=roles)
         self.streamed = ""
         self.records: list[dict[str, Any]] = []  # per turn, for /save
         self.choices: list[str] = []  # the values of the last Choices event: typing N sends the Nth
@@ -207,13 +219,42 @@ class Repl:
     def run(self) -> int:
         click.secho(f"{self.bot.name}: session {self.session.id} on {' > '.join(self.session.stack)}"
                     " (/help for commands)", dim=True)
-        history = setup_line_editing() if self.interactive else None
+        history = setup_line_editing(self.completion_names) if self.interactive else None
         try:
-            return self.loop()
+            return self.read_eval_loop()
         finally:
             save_history(history)
+            self.close()
 
-    def loop(self) -> int:
+    def close(self) -> None:
+        """Leaving: stop the watcher, and close the tools the bot opened (MCP servers, HTTP
+        connections) and the loop. The session stays in the store (--session resumes it)."""
+        self.reloader.stop()
+        if self.loop.is_closed():
+            return
+        try:
+            self.loop.run_until_complete(self.bot.tools.aclose())
+            self.close_model()
+            self.loop.run_until_complete(self.models.aclose())
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        finally:
+            self.loop.close()
+
+    def close_model(self) -> None:
+        """The clients the session's model opened for itself (a played model has none)."""
+        aclose = getattr(self.model, "aclose", None)
+        if aclose is not None and self.model is not self.human:
+            self.loop.run_until_complete(aclose())
+
+    def completion_names(self) -> Names:
+        """What Tab completes: the bot the next turn runs on (an edit's, once reloaded), plus
+        the tools a played model call offers now (those of MCP servers too)."""
+        config = self.reloader.newest_bot().config
+        offered = self.human.offered if self.human else []
+        return Names(COMMAND_NAMES, tools=[*config.tools, *offered], routes=list(config.routes),
+                     roles=sorted({role for route in config.routes.values() for role in route.roles}))
+
+    def read_eval_loop(self) -> int:
         interrupted = False
         while True:
             try:
@@ -255,7 +296,7 @@ class Repl:
                 self.show(event)
 
         try:
-            run_to_completion(consume())
+            run_to_completion(self.loop, consume())
         except KeyboardInterrupt:
             click.secho("\nturn cancelled; the session is as it was before it", fg="yellow")
             self.streamed = ""
@@ -300,7 +341,7 @@ class Repl:
         elif name == "/usage":
             self.show_usage()
         elif name == "/reset":
-            self.reset()
+            self.reset(arg.strip() or None)
         elif name == "/roles":
             self.set_roles(arg.strip())
         elif name == "/reload":
@@ -321,13 +362,16 @@ class Repl:
             click.echo(line)
         click.echo(session_usage_line(self.session.usage))
 
-    def reset(self) -> None:
+    def reset(self, route: str | None = None) -> None:
         self.session.close()
+        self.close_model()
+        self.model = self.human or self.models.model()
         try:
-            self.session = self.bot.session(route=self.route, store=self.store, model=self.human, roles=self.roles)
+            self.session = self.bot.session(route=route or self.route, store=self.store, model=self.model,
+                                            roles=self.roles)
         except ChatrunError as exc:  # e.g. --route names a route the roles may not enter
             click.secho(f"error: {exc}; starting on the default route", fg="red")
-            self.session = self.bot.session(store=self.store, model=self.human, roles=self.roles)
+            self.session = self.bot.session(store=self.store, model=self.model, roles=self.roles)
         self.records.clear()
         if self.human:
             self.human.last_route = self.human.last_system = None
@@ -349,8 +393,10 @@ class Repl:
         bot = self.reloader.take_new_bot()
         if bot is None:
             return
-        self.bot = bot
+        old, self.bot = self.bot, bot
         self.session.use_bot(bot)
+        # No session runs on the old bot now: its MCP servers and HTTP connections go.
+        self.loop.run_until_complete(old.tools.aclose())
         if self.session.stale:
             click.secho(f"error: {self.session.stale} (/reset)", fg="red")
 

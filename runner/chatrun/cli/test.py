@@ -86,17 +86,9 @@ def _run_one(path: str, update: bool, record: bool, live: bool = False) -> Outco
 
 
 def _roles_off(transcript: Any) -> bool:
-    """The transcript gives no `roles:` though its bot has routes that need one: those
-    routes are open in it (the CLI says so once)."""
-    if transcript.roles is not None or transcript.refused is not None:
-        return False
-    from chatrun.transcripts.run import load_bot_cached
+    from chatrun.transcripts.roles import roles_off
 
-    try:
-        bot = load_bot_cached(str(transcript.bot_path), _BOTS)
-    except ChatrunError:  # the run reports it
-        return False
-    return any(route.roles for route in bot.config.routes.values())
+    return roles_off(transcript, _BOTS)
 
 
 # -- -k expressions -------------------------------------------------------------------------------
@@ -281,12 +273,11 @@ def _usage_total(outcomes: list[Outcome]) -> None:
 
 def _roles_note(outcomes: list[Outcome]) -> None:
     """Said once: transcripts without `roles:` run with role checks off."""
-    off = list(dict.fromkeys(o.name for o in outcomes if o.roles_off))
-    if off:
-        names = ", ".join(off[:3]) + (f" and {len(off) - 3} more" if len(off) > 3 else "")
-        click.echo(f"note: role checks are off in {len(off)} transcript{'s' if len(off) != 1 else ''} with no `roles:` "
-                   f"whose bot has routes with `roles:` ({names}); declare the principal's roles, e.g. "
-                   "`roles: []` or `roles: [staff]`")
+    from chatrun.transcripts.roles import roles_off_note
+
+    note = roles_off_note([o.name for o in outcomes if o.roles_off])
+    if note:
+        click.echo(note)
 
 
 def _pass_rates(outcomes: list[Outcome]) -> None:

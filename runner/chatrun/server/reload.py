@@ -23,14 +23,20 @@ log = logging.getLogger("chatrun.reload")
 
 
 class Watchers:
-    """The watcher tasks of a server, and the bots reloads replaced: their tools (HTTP
-    connections, MCP servers) stay open while a turn may still run on them, until stop()."""
+    """The watcher tasks of a server, and the bots reloads replaced. A replaced bot's tools
+    (HTTP connections, MCP servers) stay open while a session the server holds still runs on
+    it (a cached session moves to the new bot when next used); once none does, they are
+    closed, so an edit never leaves a server process behind. stop() closes the rest."""
+
+    CHECK_EVERY_S = 1.0  # how often replaced bots are checked for sessions still on them
 
     def __init__(self, registry: SessionRegistry) -> None:
         self.registry = registry
         self.retired: list[Bot] = []
+        self._retired_more = asyncio.Event()
         self.tasks = [asyncio.create_task(self._watch(name), name=f"chatrun-reload-{name}")
                       for name in list(registry.bots)]
+        self.tasks.append(asyncio.create_task(self._close_unused_forever(), name="chatrun-reload-close"))
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -40,6 +46,26 @@ class Watchers:
             await bot.tools.aclose()
         self.retired.clear()
 
+    async def close_unused(self) -> int:
+        """Close the tools of the replaced bots no session runs on any more; how many."""
+        in_use = self.registry.bots_in_use() | {id(bot) for bot in self.registry.bots.values()}
+        unused = [bot for bot in self.retired if id(bot) not in in_use]
+        self.retired = [bot for bot in self.retired if id(bot) in in_use]
+        for bot in unused:
+            try:
+                await bot.tools.aclose()
+            except Exception as exc:  # noqa: BLE001 - a tool that fails to close must not stop the server
+                log.warning("chatrun: closing the tools of a replaced %s bot failed: %s", bot.name, exc)
+        return len(unused)
+
+    async def _close_unused_forever(self) -> None:
+        while True:
+            if not self.retired:
+                await self._retired_more.wait()
+                self._retired_more.clear()
+            if await self.close_unused() == 0 and self.retired:
+                await asyncio.sleep(self.CHECK_EVERY_S)
+
     async def _watch(self, name: str) -> None:
         bot = self.registry.bots[name]
         reloader = BotReloader(bot.config.path, bot)
@@ -48,6 +74,7 @@ class Watchers:
             old = self.registry.bots[name]
             if apply(self.registry, name, outcome):
                 self.retired.append(old)
+                self._retired_more.set()
 
 
 def apply(registry: SessionRegistry, name: str, outcome: Reload) -> bool:

@@ -209,6 +209,7 @@ class SessionRegistry:
             self._held[id(session)] = _Held(slot, lease)
             # Roles are the requester's, not those of the token that opened the session.
             session.roles = set(principal.roles) if principal is not None else None
+            bot = self.bot(bot.name)  # the newest: a reload may have come while this request waited
             if session.bot is not bot:  # the bot was reloaded (serve --reload)
                 session.use_bot(bot)
             try:
@@ -265,6 +266,11 @@ class SessionRegistry:
                 raise wire.RequestFailed(wire.CONFLICT, f"session {session_id} was not deleted: {exc}") from None
             session.close()
             self._drop(held.slot)
+
+    def bots_in_use(self) -> set[int]:
+        """The ids of the bots the sessions this registry holds run on (a session moves to a
+        reloaded bot when next used; until then it keeps the one it had)."""
+        return {id(slot.session.bot) for slot in self._slots.values() if slot.session is not None}
 
     def live_count(self) -> int:
         return sum(1 for s in self._slots.values() if s.session is not None)
