@@ -70,6 +70,22 @@ def test_ctrl_c_at_an_idle_prompt_clears_the_line_and_twice_quits(term):
     assert "Aborted" not in t.text
 
 
+def test_ctrl_c_works_even_when_started_with_sigint_ignored(tmp_path):
+    # A script's background job (`cmd &`) and some IDE consoles start programs with SIGINT ignored;
+    # Python then never raises KeyboardInterrupt, and Ctrl-C at the REPL did nothing.
+    t = Terminal.chatrun(["repl", "bots/hello", "--play-model"], home=tmp_path, ignore_sigint=True)
+    try:
+        t.expect("chat> ")
+        t.send("half a thought")
+        t.expect("half a thought")
+        t.send("\x03")
+        t.expect("(Ctrl-C again or Ctrl-D to quit)", timeout=20)
+        t.send("\x04")
+        assert t.wait() == 0
+    finally:
+        t.close()
+
+
 def test_ctrl_d_quits_cleanly(term):
     t = term("bots/hello", "--play-model")
     t.expect("chat> ")

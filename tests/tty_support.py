@@ -7,6 +7,7 @@ import os
 import pty
 import re
 import select
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,11 +19,13 @@ ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b[=>]")
 class Terminal:
     """A child process whose stdin, stdout and stderr are a pty it controls (Ctrl-C is SIGINT)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path = REPO):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path = REPO, ignore_sigint: bool = False):
         pid, fd = pty.fork()
         if pid == 0:  # the child: become the command
             try:
                 os.chdir(cwd)
+                if ignore_sigint:  # as a script's background job starts (an ignored signal survives exec)
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
                 os.execvpe(argv[0], argv, env)
             finally:
                 os._exit(127)
@@ -32,13 +35,14 @@ class Terminal:
         self.returncode: int | None = None
 
     @classmethod
-    def chatrun(cls, args: list[str], home: Path, extra_env: dict[str, str] | None = None) -> Terminal:
+    def chatrun(cls, args: list[str], home: Path, extra_env: dict[str, str] | None = None,
+                ignore_sigint: bool = False) -> Terminal:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
         env.update({"PYTHONPATH": str(REPO / "runner"), "HOME": str(home), "TERM": "xterm",
                     "INPUTRC": "/dev/null", "XDG_STATE_HOME": str(home / ".local" / "state"),
                     "COLUMNS": "100", "LINES": "40"})
         env.update(extra_env or {})
-        return cls([sys.executable, "-m", "chatrun", *args], env)
+        return cls([sys.executable, "-m", "chatrun", *args], env, ignore_sigint=ignore_sigint)
 
     @property
     def text(self) -> str:

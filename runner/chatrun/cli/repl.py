@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -220,6 +221,10 @@ class Repl:
         click.secho(f"{self.bot.name}: session {self.session.id} on {' > '.join(self.session.stack)}"
                     " (/help for commands)", dim=True)
         history = setup_line_editing(self.completion_names) if self.interactive else None
+        if self.interactive and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            # Started with SIGINT ignored (a script's background job, some IDE consoles), Python
+            # never turns Ctrl-C into KeyboardInterrupt; at a terminal it is the REPL's cancel key.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             return self.read_eval_loop()
         finally:
