@@ -123,5 +123,26 @@ def inject(headers: dict[str, str]) -> None:
         propagate.inject(headers)
 
 
+def enabled() -> bool:
+    return _trace is not None
+
+
+@contextlib.contextmanager
+def continued_from(headers: dict[str, str]) -> Iterator[None]:
+    """Inside this block, spans started (and tasks created) continue the trace whose context
+    `headers` carry (W3C `traceparent`/`tracestate`), unless a span is already current (an
+    instrumented server framework started one: it extracted the same context already)."""
+    if _trace is None or "traceparent" not in headers or _trace.get_current_span().get_span_context().is_valid:
+        yield
+        return
+    from opentelemetry import context, propagate
+
+    token = context.attach(propagate.extract(headers))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
 def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in attributes.items() if v is not None}

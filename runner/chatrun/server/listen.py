@@ -113,6 +113,9 @@ class RedactTokens(logging.Filter):
             record.args = tuple(self._redact(a) for a in record.args)
         if isinstance(record.msg, str) and "token=" in record.msg.lower():
             record.msg = self.PATTERN.sub(r"\1***", record.msg)
+        fields = getattr(record, "chatrun", None)  # a turn line's fields, which the JSON format writes
+        if isinstance(fields, dict):
+            record.chatrun = {k: self._redact(v) for k, v in fields.items()}
         return True
 
     def _redact(self, value: Any) -> Any:
@@ -120,8 +123,8 @@ class RedactTokens(logging.Filter):
 
 
 def redact_tokens_in_logs() -> None:
-    """Install RedactTokens on uvicorn's loggers (idempotent)."""
-    for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
+    """Install RedactTokens on uvicorn's loggers and the turn log (idempotent)."""
+    for name in ("uvicorn.access", "uvicorn.error", "uvicorn", "chatrun.turns"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, RedactTokens) for f in logger.filters):
             logger.addFilter(RedactTokens())
