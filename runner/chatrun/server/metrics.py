@@ -49,6 +49,7 @@ class ServerMetrics:
     def __init__(self, sessions: SessionRegistry):
         prom = _prom
         self.registry = reg = prom.CollectorRegistry()
+        self._children: dict[tuple[Any, ...], Any] = {}
         model = ["bot", "gen_ai_provider_name", "gen_ai_request_model"]
         self.turns = prom.Counter("chatrun_turns", "Turns served, by the route they started on and how they ended",
                                   ["bot", "route", "outcome"], registry=reg)
@@ -82,6 +83,15 @@ class ServerMetrics:
         prom.Gauge("chatrun_session_requests_active", "Requests holding a session",
                    registry=reg).set_function(lambda: sessions.active)
 
+    def child(self, metric: Any, *labels: str) -> Any:
+        """metric.labels(*labels), remembered: a turn reports a dozen measurements, and
+        prometheus-client's own lookup (validating the labels each time) is most of their cost."""
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def render(self) -> bytes:
         return bytes(_prom.generate_latest(self.registry))
 
@@ -89,11 +99,11 @@ class ServerMetrics:
         return TurnObserver(self, bot)
 
     def turn_done(self, bot: str, route: str, outcome: str, seconds: float) -> None:
-        self.turns.labels(bot, route, outcome).inc()
-        self.turn_seconds.labels(bot, outcome).observe(seconds)
+        self.child(self.turns, bot, route, outcome).inc()
+        self.child(self.turn_seconds, bot, outcome).observe(seconds)
 
     def waited(self, bot: str, seconds: float) -> None:
-        self.wait_seconds.labels(bot).observe(seconds)
+        self.child(self.wait_seconds, bot).observe(seconds)
 
     @contextlib.contextmanager
     def websocket(self) -> Iterator[None]:
@@ -112,21 +122,21 @@ class TurnObserver:
 
     def model_call(self, measure: ModelCallMeasure) -> None:
         m = self.m
-        m.call_seconds.labels("chat", self.bot, measure.provider, measure.model,
-                              measure.error or "").observe(measure.seconds)
+        m.child(m.call_seconds, "chat", self.bot, measure.provider, measure.model,
+                measure.error or "").observe(measure.seconds)
         if measure.first_chunk_seconds is not None:
-            m.first_chunk.labels(self.bot, measure.provider, measure.model).observe(measure.first_chunk_seconds)
+            m.child(m.first_chunk, self.bot, measure.provider, measure.model).observe(measure.first_chunk_seconds)
 
     def model_usage(self, provider: str, model: str, usage: dict[str, Any]) -> None:
         m = self.m
         for kind, key in (("input", "input_tokens"), ("output", "output_tokens")):
-            m.tokens.labels("chat", self.bot, provider, model, kind).observe(int(usage.get(key) or 0))
+            m.child(m.tokens, "chat", self.bot, provider, model, kind).observe(int(usage.get(key) or 0))
         if usage.get("cost") is not None:
-            m.cost.labels(self.bot, model).inc(float(usage["cost"]))
+            m.child(m.cost, self.bot, model).inc(float(usage["cost"]))
 
     def tool_call(self, tool: str, seconds: float, failed: bool) -> None:
         m = self.m
-        m.tool_calls.labels(self.bot, tool).inc()
-        m.tool_seconds.labels(self.bot, tool).observe(seconds)
+        m.child(m.tool_calls, self.bot, tool).inc()
+        m.child(m.tool_seconds, self.bot, tool).observe(seconds)
         if failed:
-            m.tool_failures.labels(self.bot, tool).inc()
+            m.child(m.tool_failures, self.bot, tool).inc()
