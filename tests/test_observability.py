@@ -463,3 +463,25 @@ def test_an_mcp_tool_call_carries_the_execute_tool_trace_context(spans, write_bo
     # The SDK's own client span (`MCP send tools/call whoami`) sits between: its parent is execute_tool.
     sent = finished[parent_id]
     assert sent.name.startswith("MCP send tools/call") and sent.parent.span_id == tool_span.context.span_id
+
+
+def test_a_message_to_an_ended_conversation_counts_as_refused(fake, write_bot):
+    path = write_bot("""
+        name: bye
+        model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+        routes: {main: {default: true, system: Hi., tools: [goodbye]}}
+        tools:
+          goodbye: {description: End the conversation, action: {end: true}}
+        """)
+    with ThreadServer(create_app([path], "memory://")) as server:
+        assert httpx.post(f"{server.url}/bots/bye/sessions", json={"id": "e1"}, timeout=30).status_code == 201
+        fake.queue(call("goodbye"))
+        url = f"{server.url}/bots/bye/sessions/e1/messages"
+        assert httpx.post(url, json={"userMessage": "bye"}, timeout=60).json()["ok"] is True
+        refused = httpx.post(url, json={"userMessage": "still there?"}, timeout=60)
+        assert refused.status_code >= 400
+        after = metrics(server)
+    assert value(after, "chatrun_turns_total", bot="bye", outcome="ok") == 1
+    assert value(after, "chatrun_turns_total", bot="bye", outcome="refused") == 1
+    assert value(after, "chatrun_tool_calls_total", bot="bye", tool="goodbye") == 1
+    assert value(after, "chatrun_tool_failures_total", bot="bye") == 0
