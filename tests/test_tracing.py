@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 REPO = Path(__file__).resolve().parents[1]
 EXPORTER = InMemorySpanExporter()
+_attached: list[bool] = []
 
 
 @pytest.fixture
@@ -24,8 +25,10 @@ def spans():
     provider = trace.get_tracer_provider()
     if not isinstance(provider, sdk_trace.TracerProvider):  # set once per process, as OpenTelemetry allows
         provider = sdk_trace.TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
         trace.set_tracer_provider(provider)
+    if not _attached:  # another test module may have set the provider: add this module's exporter to it
+        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+        _attached.append(True)
     EXPORTER.clear()
     yield EXPORTER
 
