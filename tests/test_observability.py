@@ -256,9 +256,11 @@ def test_serve_writes_json_turn_lines(fake, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
     proc = subprocess.Popen([sys.executable, "-m", "chatrun", "serve", str(write_travel(tmp_path / "bot")),
                              "--port", str(port), "--store", "memory://", "--log-format", "json"],
-                            cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                            cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     lines: list[str] = []
+    access: list[str] = []  # uvicorn's access log goes to stdout
     threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    threading.Thread(target=lambda: access.extend(proc.stdout), daemon=True).start()
     try:
         base = f"http://127.0.0.1:{port}"
         _until(lambda: _reachable(base) or proc.poll() is not None, timeout=60)
@@ -266,12 +268,16 @@ def test_serve_writes_json_turn_lines(fake, tmp_path):
         fake.queue({"text": "Hi"})
         httpx.post(f"{base}/bots/travel/sessions/j1/messages", json={"userMessage": "hello"}, timeout=60)
         _until(lambda: any('"chatrun.turns"' in line for line in lines), timeout=30)
+        _until(lambda: any("/messages" in line for line in access), timeout=30)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     turn = json.loads(next(line for line in lines if '"chatrun.turns"' in line))
     assert turn["outcome"] == "ok" and turn["session"] == "j1" and turn["bot"] == "travel"
     assert "input" not in turn and "hello" not in json.dumps(turn)
+    requests = [json.loads(line) for line in access]
+    [message] = [r for r in requests if r["path"] == "/bots/travel/sessions/j1/messages"]
+    assert message["event"] == "request" and message["method"] == "POST" and message["status"] == 200
 
 
 def _reachable(base: str) -> bool:

@@ -76,7 +76,8 @@ from chatrun.errors import ChatrunError
 @click.option("--reload", "reload", is_flag=True, help="Watch each bot's files; serve the new version after a valid edit.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="chatrun's log records (one line per turn among them): text, or one JSON object per line.")
+              help="Log records (chatrun's, one line per turn among them, and uvicorn's access log): text, or "
+              "one JSON object per line.")
 @click.option("--log-content", is_flag=True,
               help="Put the user's message and the bot's replies in the per-turn log line (off: never logged).")
 def serve(
@@ -183,7 +184,7 @@ def serve(
     auth_note = f"auth on ({app.state.auth.source})" if app.state.auth else "auth off"
     click.echo(f"chatrun: serving {', '.join(registry.bots)} on http://{host}:{port}/  "
                f"(store: {describe_store(getattr(registry.store, 'sync', registry.store))}; {auth_note})", err=True)
-    options = ListenOptions(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout,
+    options = ListenOptions(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout, log_format=log_format,
                             max_connections=max_connections)
     _log_to_stderr(log_level, log_format)
     if reload:  # what the watcher did is shown whatever the log level

@@ -121,6 +121,9 @@ class JsonFormatter(logging.Formatter):
             out.update(fields)
         else:
             out["message"] = record.getMessage()
+            if record.name == "uvicorn.access" and isinstance(record.args, tuple) and len(record.args) == 5:
+                client, method, path, _version, status = record.args  # uvicorn's access record
+                out.update(event="request", client=client, method=method, path=path, status=status)
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False, default=str)
