@@ -99,6 +99,13 @@ def tool_span(tool: str, call_id: str, action: str) -> Any:
     })
 
 
+def tool_failed(current: Any) -> None:
+    """The tool did not do its work (refused, failed, unknown); the model was told, the turn goes on."""
+    if current is not None:
+        current.set_attribute("error.type", "tool_error")
+        current.set_status(_trace.Status(_trace.StatusCode.ERROR))
+
+
 def record_answer(current: Any, usage: dict[str, Any], finish_reason: str | None,
                   sent: list[dict[str, Any]] | None = None, answer: dict[str, Any] | None = None) -> None:
     if current is None:

@@ -226,8 +226,10 @@ class Turn:
                          f"an earlier tool call moved the conversation to route {self.c.scope.route}")
                 outcomes.append(ToolOutcome(f"Not run: {where}."))
                 continue
-            with tracing.tool_span(call.name, call.id, _action_words(offered.get(call.name))):
+            with tracing.tool_span(call.name, call.id, _action_words(offered.get(call.name))) as span:
                 outcome = await self.timed_tool(offered, call)
+                if outcome.failed:
+                    tracing.tool_failed(span)
             left = outcome.left_route or outcome.end
             outcomes.append(outcome)
         return outcomes
