@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 REPO = Path(__file__).resolve().parents[1]
 EXPORTER = InMemorySpanExporter()
+_attached: list[bool] = []
 
 
 @pytest.fixture
@@ -24,8 +25,10 @@ def spans():
     provider = trace.get_tracer_provider()
     if not isinstance(provider, sdk_trace.TracerProvider):  # set once per process, as OpenTelemetry allows
         provider = sdk_trace.TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
         trace.set_tracer_provider(provider)
+    if not _attached:  # another test module may have set the provider: add this module's exporter to it
+        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+        _attached.append(True)
     EXPORTER.clear()
     yield EXPORTER
 
@@ -119,3 +122,22 @@ def test_an_http_tool_carries_the_trace_context_to_the_api(spans, write_bot, mon
     [header] = seen
     [tool_span] = [s for s in spans.get_finished_spans() if s.name == "execute_tool ping"]
     assert header.startswith(f"00-{tool_span.context.trace_id:032x}-{tool_span.context.span_id:016x}-")
+
+
+def test_a_tool_that_refuses_marks_its_span_as_an_error(spans, write_bot):
+    bot = chatrun.load_bot(write_bot("""
+        name: refusing
+        model: {provider: scripted, name: m}
+        routes: {main: {default: true, system: Hi., tools: [named]}}
+        tools:
+          named:
+            description: needs a name
+            parameters: {type: object, properties: {name: {type: string}}, required: [name]}
+        """))
+    session = bot.session(model=chatrun.ScriptedModel([{"tool_calls": [{"name": "named", "arguments": {}}]},
+                                                       {"tool_calls": [{"name": "named", "arguments": {"name": "x"}}]},
+                                                       {"text": "ok"}]))
+    session.chat("go")
+    refused, done = [s for s in spans.get_finished_spans() if s.name == "execute_tool named"]
+    assert refused.status.status_code == trace.StatusCode.ERROR and refused.attributes["error.type"] == "tool_error"
+    assert done.status.status_code == trace.StatusCode.UNSET and "error.type" not in done.attributes

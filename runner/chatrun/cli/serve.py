@@ -75,6 +75,11 @@ from chatrun.errors import ChatrunError
               help="Connections served at once; more get 503. Keep under the file-descriptor limit (ulimit -n).")
 @click.option("--reload", "reload", is_flag=True, help="Watch each bot's files; serve the new version after a valid edit.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Log records (chatrun's, one line per turn among them, and uvicorn's access log): text, or "
+              "one JSON object per line.")
+@click.option("--log-content", is_flag=True,
+              help="Put the user's message and the bot's replies in the per-turn log line (off: never logged).")
 def serve(
     bots: tuple[str, ...],
     host: str,
@@ -93,6 +98,8 @@ def serve(
     max_connections: int,
     reload: bool,
     log_level: str,
+    log_format: str,
+    log_content: bool,
     if_busy: str,
     queue_timeout: float,
     lease_ttl: float,
@@ -149,7 +156,8 @@ def serve(
             max_sessions_per_principal=max_sessions_per_principal,
         )
         app = create_app(list(bots), store, auth=auth_file, limits=limits, sessions=sessions, edge=edge,
-                         openai=OpenAIOptions(session_headers=session_headers), reload=reload)
+                         openai=OpenAIOptions(session_headers=session_headers), reload=reload,
+                         log_content=log_content)
         if store.startswith(("redis://", "rediss://")):
             from chatrun.store.redis import check_reachable
 
@@ -176,9 +184,9 @@ def serve(
     auth_note = f"auth on ({app.state.auth.source})" if app.state.auth else "auth off"
     click.echo(f"chatrun: serving {', '.join(registry.bots)} on http://{host}:{port}/  "
                f"(store: {describe_store(getattr(registry.store, 'sync', registry.store))}; {auth_note})", err=True)
-    options = ListenOptions(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout,
+    options = ListenOptions(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout, log_format=log_format,
                             max_connections=max_connections)
-    _log_to_stderr(log_level)
+    _log_to_stderr(log_level, log_format)
     if reload:  # what the watcher did is shown whatever the log level
         import logging
 
@@ -191,16 +199,23 @@ def serve(
     click.echo("chatrun: stopped", err=True)
 
 
-def _log_to_stderr(level: str) -> None:
-    """The server log: chatrun's own records (a failed turn's full detail, which users never see)
-    go to stderr beside uvicorn's."""
+def _log_to_stderr(level: str, log_format: str = "text") -> None:
+    """The server log: chatrun's own records (a failed turn's full detail, which users never see;
+    one line per turn) go to stderr beside uvicorn's, as text or as JSON lines."""
     import logging
 
+    from chatrun.server.turnlog import JsonFormatter
+
     logger = logging.getLogger("chatrun")
+    ours: list[logging.Handler] = [h for h in logger.handlers if getattr(h, "chatrun_serve", False)]
     if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        handler: logging.Handler = logging.StreamHandler()
+        handler.chatrun_serve = True  # type: ignore[attr-defined]  # marks the handler serve owns
         logger.addHandler(handler)
+        ours = [handler]
+    for handler in ours:
+        handler.setFormatter(JsonFormatter() if log_format == "json"
+                             else logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
     logger.setLevel(level.upper())
 
 

@@ -99,6 +99,13 @@ def tool_span(tool: str, call_id: str, action: str) -> Any:
     })
 
 
+def tool_failed(current: Any) -> None:
+    """The tool did not do its work (refused, failed, unknown); the model was told, the turn goes on."""
+    if current is not None:
+        current.set_attribute("error.type", "tool_error")
+        current.set_status(_trace.Status(_trace.StatusCode.ERROR))
+
+
 def record_answer(current: Any, usage: dict[str, Any], finish_reason: str | None,
                   sent: list[dict[str, Any]] | None = None, answer: dict[str, Any] | None = None) -> None:
     if current is None:
@@ -121,6 +128,27 @@ def inject(headers: dict[str, str]) -> None:
         from opentelemetry import propagate
 
         propagate.inject(headers)
+
+
+def enabled() -> bool:
+    return _trace is not None
+
+
+@contextlib.contextmanager
+def continued_from(headers: dict[str, str]) -> Iterator[None]:
+    """Inside this block, spans started (and tasks created) continue the trace whose context
+    `headers` carry (W3C `traceparent`/`tracestate`), unless a span is already current (an
+    instrumented server framework started one: it extracted the same context already)."""
+    if _trace is None or "traceparent" not in headers or _trace.get_current_span().get_span_context().is_valid:
+        yield
+        return
+    from opentelemetry import context, propagate
+
+    token = context.attach(propagate.extract(headers))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def _clean(attributes: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 from chatrun import events as ev
 from chatrun.definition.config import ActionConfig, Price, RouteConfig, ToolConfig
 from chatrun.definition.templates import holds, is_nothing
-from chatrun.engine import tracing
+from chatrun.engine import observe, tracing
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.scopes import Scope, ScopeView, get_path, set_path
 from chatrun.engine.tools import (
@@ -84,6 +85,7 @@ class ToolOutcome:
     immediate: bool = False
     deferred: bool = False  # a `call`: the result comes when the called scope returns
     end: bool = False  # the conversation ends
+    failed: bool = False  # the tool did not do its work (refused, failed, unknown): for metrics
 
 
 class Turn:
@@ -166,13 +168,14 @@ class Turn:
             on_chunk = self.stream_chunk if model_config.stream and not returning and not output else None
             with tracing.chat_span(model_config.provider, model_config.name, route.name,
                                    model_config.temperature) as span:
-                response = await self.model.complete(request, on_chunk)
+                response = await observe.timed_call(self.model, request, on_chunk)
                 calls = tuple(
                     ToolCall(c.id or f"call_{self.number}_{self.model_calls}_{i}", c.name, c.arguments)
                     for i, c in enumerate(response.tool_calls)
                 )
                 answer = AssistantMessage(response.text, calls)
-                usage = self.account(route.name, model_config.name, response.usage, price, request.messages, answer)
+                usage = self.account(route.name, model_config.name, response.usage, price, request.messages, answer,
+                                     model_config.provider)
                 if span is not None:
                     content = tracing.capture_content()
                     tracing.record_answer(span, usage, response.finish_reason,
@@ -223,8 +226,10 @@ class Turn:
                          f"an earlier tool call moved the conversation to route {self.c.scope.route}")
                 outcomes.append(ToolOutcome(f"Not run: {where}."))
                 continue
-            with tracing.tool_span(call.name, call.id, _action_words(offered.get(call.name))):
-                outcome = await self.run_tool(offered, call)
+            with tracing.tool_span(call.name, call.id, _action_words(offered.get(call.name))) as span:
+                outcome = await self.timed_tool(offered, call)
+                if outcome.failed:
+                    tracing.tool_failed(span)
             left = outcome.left_route or outcome.end
             outcomes.append(outcome)
         return outcomes
@@ -341,10 +346,10 @@ class Turn:
                 [], config, f"{route} (summary)")
             try:
                 with tracing.chat_span(config.provider, config.name, request.route, config.temperature):
-                    response = await self.model.complete(request, None)
+                    response = await observe.timed_call(self.model, request, None)
                 answer = AssistantMessage(response.text)
                 self.account(request.route, config.name, response.usage, self.config.prices.get(config.name),
-                             request.messages, answer)
+                             request.messages, answer, config.provider)
                 if not (response.text or "").strip():
                     raise ModelError("the summarizing call answered no text")
                 memory.apply_summary((response.text or "").strip(), folded)
@@ -356,13 +361,14 @@ class Turn:
                 self.summaries.append({"memory": memory_id, "failed": reason})
 
     def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
-                sent: list[Message], answer: AssistantMessage) -> dict[str, Any]:
+                sent: list[Message], answer: AssistantMessage, provider: str = "") -> dict[str, Any]:
         """Add one call's usage to the turn's; returns the call's entry for the history."""
         usage = call_usage(raw, price, sent, answer, lambda m: self.count_tokens(model, m))
         self.usage.add(usage)
         entry = {"route": route, "model": model, **usage.to_dict()}
         del entry["calls"]
         self.calls_usage.append(entry)
+        observe.model_usage(provider, model, entry)
         return entry
 
     def count_tokens(self, model: str, message: Message) -> int:
@@ -377,17 +383,32 @@ class Turn:
 
     # -- tools ----------------------------------------------------------------------
 
+    async def timed_tool(self, offered: dict[str, ToolConfig], call: ToolCall) -> ToolOutcome:
+        """run_tool, reporting its duration and whether it failed to whoever observes the turn."""
+        if not observe.active():
+            return await self.run_tool(offered, call)
+        started, failed = time.perf_counter(), True
+        try:
+            outcome = await self.run_tool(offered, call)
+            failed = outcome.failed
+            return outcome
+        finally:  # a failure that fails the turn counts too
+            # A name the model made up is not a label: one series per invented name would never end.
+            observe.tool_call(call.name if call.name in offered else "(unknown)", time.perf_counter() - started,
+                              failed)
+
     async def run_tool(self, offered: dict[str, ToolConfig], call: ToolCall) -> ToolOutcome:
         tool = offered.get(call.name)
         if tool is None:
             names = ", ".join(offered) or "none"
-            return ToolOutcome(f"Error: there is no tool {call.name!r} here. Tools you can call: {names}.")
+            return ToolOutcome(f"Error: there is no tool {call.name!r} here. Tools you can call: {names}.",
+                               failed=True)
         try:
             args = parse_arguments(tool, call.arguments, self.tools.argument_validator(tool))
             self.check_requires(tool)
             self.check_action(tool)
         except ToolRefusal as refusal:
-            return ToolOutcome(str(refusal))
+            return ToolOutcome(str(refusal), failed=True)
         self.work = None
         try:
             result = await self.tool_result(tool, args)
@@ -395,7 +416,7 @@ class Turn:
             if action is not tool.action:
                 self.check_action(tool, action)  # a case's move, now that the case is known
         except ToolRefusal as refusal:  # the handler refused, the API call failed, the case cannot complete
-            return ToolOutcome(str(refusal))  # nothing applies: the handler's writes were to copies
+            return ToolOutcome(str(refusal), failed=True)  # nothing applies: the handler's writes were to copies
         except HandlerFailed as failure:
             if tool.on_error is None:
                 raise TurnFailed(str(failure)) from failure.__cause__
@@ -571,8 +592,9 @@ class Turn:
         if on_error.message:
             self.emit(ev.MESSAGE, self.render_template(on_error.message, "on_error message", on_error.where, extra))
         if on_error.reply:
-            return ToolOutcome(self.render_template(on_error.reply, "on_error reply", on_error.where, extra))
-        return ToolOutcome(f"Error: {tool.name} failed: {failure.reason}. Nothing was done.")
+            return ToolOutcome(self.render_template(on_error.reply, "on_error reply", on_error.where, extra),
+                               failed=True)
+        return ToolOutcome(f"Error: {tool.name} failed: {failure.reason}. Nothing was done.", failed=True)
 
     def default_reply(self, tool: ToolConfig, result: Any, action: ActionConfig) -> str:
         if result is not None:

@@ -19,20 +19,22 @@ from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chatrun import __version__
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
-from chatrun.server.auth import Auth, resolve_auth
+from chatrun.server.auth import Auth, resolve_auth, token_from
 from chatrun.server.guard import EdgeGuard, EdgePolicy
 from chatrun.server.http import failure_response, make_router
 from chatrun.server.listen import redact_tokens_in_logs
+from chatrun.server.metrics import CONTENT_TYPE, MISSING, ServerMetrics
 from chatrun.server.openai_api import OpenAIOptions, make_openai_router
 from chatrun.server.reload import Watchers
 from chatrun.server.sessions import SessionRegistry, SessionSettings
+from chatrun.server.tracecontext import TraceContext
 from chatrun.server.ws import serve_websocket
 from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, open_async_store
@@ -52,6 +54,7 @@ def create_app(
     edge: EdgePolicy | None = None,
     sessions: SessionSettings | None = None,
     reload: bool = False,
+    log_content: bool = False,
 ) -> FastAPI:
     """The app serving `bots` (Bot objects or paths; a dict name -> Bot; the first is the default).
 
@@ -66,6 +69,8 @@ def create_app(
     browsers only, bodies up to limits.max_frame_bytes.
     reload: watch each bot's files and serve the new version of a bot after a valid edit
     (chatrun.server.reload).
+    log_content: the per-turn log line (logger chatrun.turns) carries the user's message and
+    the replies (docs/observability.md); off by default.
     """
     loaded = _load_bots(bots)
     settings = sessions or SessionSettings(cache_size=cache_size)
@@ -74,6 +79,8 @@ def create_app(
     if store is None:
         store = open_async_store(store_url, settings.lease, exclusive=True)
     registry = SessionRegistry(loaded, store, settings=settings)
+    registry.metrics = metrics = ServerMetrics.create(registry)
+    registry.log_content = log_content
     registry.models.warm({bot.config.route_model(r).provider for bot in loaded.values() for r in bot.config.routes})
     names = ", ".join(loaded)
 
@@ -110,6 +117,7 @@ def create_app(
     app.state.registry = registry
     app.state.auth = auth_config
     app.state.limits = limits
+    app.state.metrics = metrics
 
     # Every HTTP error has the same shape: {"error": REASON, "message": TEXT}.
     @app.exception_handler(wire.RequestFailed)
@@ -141,11 +149,23 @@ def create_app(
 
     @app.websocket("/_chat/routes")
     async def chat_routes(websocket: WebSocket) -> None:
-        await serve_websocket(websocket, registry, limits, auth_config, None)
+        with metrics.websocket() if metrics is not None else contextlib.nullcontext():
+            await serve_websocket(websocket, registry, limits, auth_config, None)
 
     @app.websocket("/bots/{bot}/_chat/routes")
     async def bot_chat_routes(websocket: WebSocket, bot: str) -> None:
-        await serve_websocket(websocket, registry, limits, auth_config, bot)
+        with metrics.websocket() if metrics is not None else contextlib.nullcontext():
+            await serve_websocket(websocket, registry, limits, auth_config, bot)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics(request: Request) -> Response:
+        # Protected like the API: counts and bot names are the operator's, not the public's.
+        if auth_config is not None and auth_config.authenticate(token_from(request.headers, request.query_params)) is None:
+            raise wire.RequestFailed(wire.UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer "
+                                     "<token>, X-API-Key or ?token=)")
+        if metrics is None:
+            return JSONResponse({"error": "NotImplemented", "message": MISSING}, status_code=501)
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/_chat/javascript/chatscopes.js", include_in_schema=False)
     async def chatscopes_js() -> FileResponse:
@@ -173,6 +193,7 @@ def create_app(
 
     policy = edge or EdgePolicy(max_body_bytes=limits.max_frame_bytes)
     app.add_middleware(EdgeGuard, policy=policy)
+    app.add_middleware(TraceContext)  # outermost: the edge's refusals are part of the caller's trace too
     app.state.edge = policy
     redact_tokens_in_logs()
     return app

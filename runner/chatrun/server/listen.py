@@ -28,6 +28,7 @@ class ListenOptions:
     keep_alive_timeout: int = 5  # seconds an idle HTTP connection stays open
     max_connections: int = 1000  # beyond it new requests get 503 (keep under the fd limit)
     ws_ping_interval: float = 20.0  # WebSocket pings; a peer that does not answer in time is closed
+    log_format: str = "text"  # "json": uvicorn's own records (access log included) as JSON lines too
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -113,6 +114,9 @@ class RedactTokens(logging.Filter):
             record.args = tuple(self._redact(a) for a in record.args)
         if isinstance(record.msg, str) and "token=" in record.msg.lower():
             record.msg = self.PATTERN.sub(r"\1***", record.msg)
+        fields = getattr(record, "chatrun", None)  # a turn line's fields, which the JSON format writes
+        if isinstance(fields, dict):
+            record.chatrun = {k: self._redact(v) for k, v in fields.items()}
         return True
 
     def _redact(self, value: Any) -> Any:
@@ -120,8 +124,8 @@ class RedactTokens(logging.Filter):
 
 
 def redact_tokens_in_logs() -> None:
-    """Install RedactTokens on uvicorn's loggers (idempotent)."""
-    for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
+    """Install RedactTokens on uvicorn's loggers and the turn log (idempotent)."""
+    for name in ("uvicorn.access", "uvicorn.error", "uvicorn", "chatrun.turns"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, RedactTokens) for f in logger.filters):
             logger.addFilter(RedactTokens())
@@ -132,6 +136,8 @@ def uvicorn_config(app: Any, host: str, port: int, options: ListenOptions = List
     import uvicorn
 
     protocol = type("HeaderTimeout", (HeaderTimeoutProtocol,), {"header_timeout": options.header_timeout})
+    if options.log_format == "json":
+        extra.setdefault("log_config", json_log_config())
     config = uvicorn.Config(
         app,
         host=host,
@@ -145,4 +151,16 @@ def uvicorn_config(app: Any, host: str, port: int, options: ListenOptions = List
         **extra,
     )
     redact_tokens_in_logs()
+    return config
+
+
+def json_log_config() -> dict[str, Any]:
+    """uvicorn's logging configuration with its formatters replaced by chatrun's JSON lines."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    for name in config["formatters"]:
+        config["formatters"][name] = {"()": "chatrun.server.turnlog.JsonFormatter"}
     return config

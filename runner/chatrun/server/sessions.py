@@ -37,6 +37,7 @@ from chatrun.events import Event
 from chatrun.models import ModelPool
 from chatrun.server import wire
 from chatrun.server.auth import Principal
+from chatrun.server.turnlog import CANCELLED, CONFLICT, ERROR, REFUSED, TurnReport
 from chatrun.store import RecordStore, SessionStore
 from chatrun.store.aio import AsyncStore, Lease, LeaseSettings, as_async_store
 from chatrun.store.buffer import TurnBuffer
@@ -45,6 +46,7 @@ from chatrun.store.versions import CREATE, SessionBusy, StaleVersion
 if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
     from chatrun.engine.session import Session
+    from chatrun.server.metrics import ServerMetrics
 
 NEW = "new"  # the session must not exist yet
 EXISTING = "existing"  # the session must exist
@@ -112,21 +114,38 @@ class TurnRun:
     async def _events(self) -> AsyncIterator[Event]:
         registry, session = self._registry, self._session
         held = registry._held_by(session)
-        if await self.is_replay():
-            recorded = self._recorded or {}
-            self.replayed, self.turn = True, recorded.get("turn", 0)
-            for item in recorded.get("events", []):
-                yield Event.from_dict(item)
-            return
-        assert held.slot.buffer is not None
-        held.slot.buffer.request_id = self.request_id
+        report = TurnReport(session, self.request_id, registry.metrics, registry.log_content, self._message)
         try:
-            async for event in session.stream(self._message):
-                yield event
+            if await self.is_replay():
+                recorded = self._recorded or {}
+                self.replayed, self.turn = True, recorded.get("turn", 0)
+                report.replayed(recorded)
+                for item in recorded.get("events", []):
+                    yield Event.from_dict(item)
+                return
+            assert held.slot.buffer is not None
+            held.slot.buffer.request_id = self.request_id
+            try:
+                with report.observing():
+                    async for event in session.stream(self._message):
+                        report.saw(event)
+                        yield event
+            finally:
+                held.slot.buffer.request_id = None
+            report.ran()
+            self.turn = session.turn_count
+            await registry._flush(held.slot, session.id, held.lease, self.request_id)
+        except (asyncio.CancelledError, GeneratorExit):  # the request was cancelled, or stopped reading
+            report.outcome = CANCELLED
+            raise
+        except SessionError:  # e.g. a conversation an `end` action ended
+            report.outcome = REFUSED
+            raise
+        except wire.RequestFailed as exc:
+            report.outcome = CONFLICT if exc.reason == wire.CONFLICT else ERROR
+            raise
         finally:
-            held.slot.buffer.request_id = None
-        self.turn = session.turn_count
-        await registry._flush(held.slot, session.id, held.lease, self.request_id)
+            report.finish()
 
 
 class SessionRegistry:
@@ -147,6 +166,8 @@ class SessionRegistry:
         self.draining = False  # set on SIGTERM: new requests are refused, running ones finish
         self.active = 0  # requests holding a session
         self.waiting = 0  # requests queued for a session
+        self.metrics: ServerMetrics | None = None  # set by create_app when prometheus-client is installed
+        self.log_content = False  # the turn log line carries the user's message and the replies
         self._slots: OrderedDict[tuple[str, str], _Slot] = OrderedDict()
         self._held: dict[int, _Held] = {}
         self._bytes = 0
@@ -188,9 +209,12 @@ class SessionRegistry:
         self.waiting += 1
         entered = False
         lease: Lease | None = None
+        asked = time.monotonic()
         try:
             try:
                 lease = await self._enter(slot, session_id, policy)
+                if self.metrics is not None:
+                    self.metrics.waited(bot.name, time.monotonic() - asked)
             except (wire.RequestFailed, asyncio.CancelledError):
                 raise
             except Exception as exc:  # the store is unreachable or failing: say so, as a request failure

@@ -1,0 +1,100 @@
+"""Measurements of a turn's model and tool calls, for whoever observes the turn.
+
+The engine only reports; it knows nothing of Prometheus or of the server. An observer (the
+server's metrics, chatrun.server.metrics) is installed for the duration of a turn with
+`observing(observer)`: a context variable, so every task the turn starts sees it and two
+apps in one process (tests) each see only their own turns. With no observer every function
+here is a no-op costing one ContextVar lookup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from chatrun.models.base import ChatModel, ModelRequest, ModelResponse
+
+
+@dataclass(frozen=True)
+class ModelCallMeasure:
+    """One model call: how long it took, how long until its first streamed chunk (None when
+    not streamed or nothing came), and the exception type's name when it failed."""
+
+    provider: str
+    model: str
+    route: str
+    seconds: float
+    first_chunk_seconds: float | None = None
+    error: str | None = None
+
+
+class Observer(Protocol):
+    def model_call(self, measure: ModelCallMeasure) -> None: ...
+
+    def model_usage(self, provider: str, model: str, usage: dict[str, Any]) -> None:
+        """A call's usage entry (input_tokens, output_tokens, cost, estimated, ...)."""
+
+    def tool_call(self, tool: str, seconds: float, failed: bool) -> None: ...
+
+
+_observer: ContextVar[Observer | None] = ContextVar("chatrun_observer", default=None)
+
+
+@contextlib.contextmanager
+def observing(observer: Observer | None) -> Iterator[None]:
+    """Report the measurements of turns run inside this block (and the tasks it starts) to `observer`."""
+    token = _observer.set(observer)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # left from another context (a generator closed elsewhere)
+            _observer.reset(token)
+
+
+def active() -> bool:
+    return _observer.get() is not None
+
+
+Chunk = Callable[[str], Awaitable[None]]
+
+
+async def timed_call(model: ChatModel, request: ModelRequest, on_chunk: Chunk | None) -> ModelResponse:
+    """`model.complete(request, on_chunk)`, reporting its duration and time to first chunk."""
+    observer = _observer.get()
+    if observer is None:
+        return await model.complete(request, on_chunk)
+    provider, name, route = request.config.provider, request.config.name, request.route
+    started = time.perf_counter()
+    first: list[float] = []
+
+    async def timed_chunk(chunk: str) -> None:
+        if not first and chunk:
+            first.append(time.perf_counter() - started)
+        assert on_chunk is not None
+        await on_chunk(chunk)
+
+    try:
+        response = await model.complete(request, timed_chunk if on_chunk is not None else None)
+    except BaseException as exc:
+        observer.model_call(ModelCallMeasure(provider, name, route, time.perf_counter() - started,
+                                             first[0] if first else None, type(exc).__name__))
+        raise
+    observer.model_call(ModelCallMeasure(provider, name, route, time.perf_counter() - started,
+                                         first[0] if first else None))
+    return response
+
+
+def model_usage(provider: str, model: str, usage: dict[str, Any]) -> None:
+    observer = _observer.get()
+    if observer is not None:
+        observer.model_usage(provider, model, usage)
+
+
+def tool_call(tool: str, seconds: float, failed: bool) -> None:
+    observer = _observer.get()
+    if observer is not None:
+        observer.tool_call(tool, seconds, failed)

@@ -1,0 +1,142 @@
+"""`/metrics`: what the server is doing, in Prometheus' text format (prometheus-client,
+`pip install 'chatrun[metrics]'`). docs/observability.md lists every metric.
+
+Each app has its own CollectorRegistry (never the process-wide default), so two apps in one
+process (tests, an embedding program) count separately. Model and tool calls are measured
+by the engine (chatrun.engine.observe) and reported to the TurnObserver the session registry
+installs for the turn. Without prometheus-client `ServerMetrics.create()` is None and nothing
+is measured; `/metrics` then answers 501 saying what to install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+try:
+    import prometheus_client as _prom
+except ImportError:  # the optional extra is not installed: no metrics, no cost
+    _prom = None  # type: ignore[assignment]  # None says "off"
+
+from chatrun.engine.observe import ModelCallMeasure
+
+if TYPE_CHECKING:
+    from chatrun.server.sessions import SessionRegistry
+
+# The OpenTelemetry GenAI semantic conventions' explicit bucket boundaries (v1.37).
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+# A turn is several model calls and tools; waiting for a session is usually nothing.
+TURN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MISSING = "/metrics needs prometheus-client: pip install 'chatrun[metrics]'"
+
+
+def available() -> bool:
+    return _prom is not None
+
+
+class ServerMetrics:
+    """The metrics of one app."""
+
+    @classmethod
+    def create(cls, registry: SessionRegistry) -> ServerMetrics | None:
+        return cls(registry) if _prom is not None else None
+
+    def __init__(self, sessions: SessionRegistry):
+        prom = _prom
+        self.registry = reg = prom.CollectorRegistry()
+        self._children: dict[tuple[Any, ...], Any] = {}
+        model = ["bot", "gen_ai_provider_name", "gen_ai_request_model"]
+        self.turns = prom.Counter("chatrun_turns", "Turns served, by the route they started on and how they ended",
+                                  ["bot", "route", "outcome"], registry=reg)
+        self.turn_seconds = prom.Histogram("chatrun_turn_duration_seconds", "Time a turn took, commit included",
+                                           ["bot", "outcome"], buckets=TURN_BUCKETS, registry=reg)
+        self.call_seconds = prom.Histogram(
+            "gen_ai_client_operation_duration_seconds", "Duration of a model call (GenAI semantic conventions)",
+            ["gen_ai_operation_name", *model, "error_type"], buckets=DURATION_BUCKETS, registry=reg)
+        self.first_chunk = prom.Histogram(
+            "chatrun_model_time_to_first_chunk_seconds", "Time from a streamed model call to its first chunk",
+            model, buckets=DURATION_BUCKETS, registry=reg)
+        self.tokens = prom.Histogram(
+            "gen_ai_client_token_usage", "Tokens used per model call (GenAI semantic conventions)",
+            ["gen_ai_operation_name", *model, "gen_ai_token_type"], buckets=TOKEN_BUCKETS, registry=reg)
+        self.cost = prom.Counter("chatrun_cost", "Cost of the model calls, in the units of the bot's `prices:`",
+                                 ["bot", "gen_ai_request_model"], registry=reg)
+        self.tool_calls = prom.Counter("chatrun_tool_calls", "Tool calls run", ["bot", "tool"], registry=reg)
+        self.tool_failures = prom.Counter("chatrun_tool_failures",
+                                          "Tool calls that did not do their work (refused, failed, unknown tool)",
+                                          ["bot", "tool"], registry=reg)
+        self.tool_seconds = prom.Histogram("chatrun_tool_duration_seconds", "Time a tool call took",
+                                           ["bot", "tool"], buckets=DURATION_BUCKETS, registry=reg)
+        self.websockets = prom.Gauge("chatrun_websocket_connections", "Open WebSocket connections", registry=reg)
+        self.wait_seconds = prom.Histogram(
+            "chatrun_session_wait_seconds", "Time a request waited for its session (the per-session lock / lease)",
+            ["bot"], buckets=WAIT_BUCKETS, registry=reg)
+        prom.Gauge("chatrun_live_sessions", "Sessions held in memory", registry=reg).set_function(
+            sessions.live_count)
+        prom.Gauge("chatrun_session_requests_waiting", "Requests waiting for a session held by another request",
+                   registry=reg).set_function(lambda: sessions.waiting)
+        prom.Gauge("chatrun_session_requests_active", "Requests holding a session",
+                   registry=reg).set_function(lambda: sessions.active)
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """metric.labels(*labels), remembered: a turn reports a dozen measurements, and
+        prometheus-client's own lookup (validating the labels each time) is most of their cost."""
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+    def render(self) -> bytes:
+        return bytes(_prom.generate_latest(self.registry))
+
+    def turn_observer(self, bot: str) -> TurnObserver:
+        return TurnObserver(self, bot)
+
+    def turn_done(self, bot: str, route: str, outcome: str, seconds: float) -> None:
+        self.child(self.turns, bot, route, outcome).inc()
+        self.child(self.turn_seconds, bot, outcome).observe(seconds)
+
+    def waited(self, bot: str, seconds: float) -> None:
+        self.child(self.wait_seconds, bot).observe(seconds)
+
+    @contextlib.contextmanager
+    def websocket(self) -> Iterator[None]:
+        self.websockets.inc()
+        try:
+            yield
+        finally:
+            self.websockets.dec()
+
+
+class TurnObserver:
+    """What the engine reports during one turn of `bot` (chatrun.engine.observe.Observer)."""
+
+    def __init__(self, metrics: ServerMetrics, bot: str):
+        self.m, self.bot = metrics, bot
+
+    def model_call(self, measure: ModelCallMeasure) -> None:
+        m = self.m
+        m.child(m.call_seconds, "chat", self.bot, measure.provider, measure.model,
+                measure.error or "").observe(measure.seconds)
+        if measure.first_chunk_seconds is not None:
+            m.child(m.first_chunk, self.bot, measure.provider, measure.model).observe(measure.first_chunk_seconds)
+
+    def model_usage(self, provider: str, model: str, usage: dict[str, Any]) -> None:
+        m = self.m
+        for kind, key in (("input", "input_tokens"), ("output", "output_tokens")):
+            m.child(m.tokens, "chat", self.bot, provider, model, kind).observe(int(usage.get(key) or 0))
+        if usage.get("cost") is not None:
+            m.child(m.cost, self.bot, model).inc(float(usage["cost"]))
+
+    def tool_call(self, tool: str, seconds: float, failed: bool) -> None:
+        m = self.m
+        m.child(m.tool_calls, self.bot, tool).inc()
+        m.child(m.tool_seconds, self.bot, tool).observe(seconds)
+        if failed:
+            m.child(m.tool_failures, self.bot, tool).inc()

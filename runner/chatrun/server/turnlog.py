@@ -1,0 +1,129 @@
+"""One structured log line per turn the server runs (logger `chatrun.turns`, level INFO).
+
+    INFO:     chatrun.turns: turn session=4f2a bot=travel turn=3 route=main_menu->flight outcome=ok
+              duration_ms=812 input_tokens=220 output_tokens=15 cost=4.2e-05 calls=2 request_id=r-17
+
+`chatrun serve --log-format json` writes the same fields as one JSON object per line
+(JsonFormatter, for every `chatrun.*` logger). The user's message and the bot's replies are
+logged only when asked (`--log-content`); an author's failure detail stays in the engine's
+own log line. Outcomes: ok, failed (rolled back), cancelled, replayed (a retried request id:
+nothing ran), conflict (not committed: the session changed meanwhile), refused (the session
+cannot take a message, e.g. it ended), error (the store failed, or a bug).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from chatrun import events as ev
+from chatrun.engine import observe
+
+if TYPE_CHECKING:
+    from chatrun.engine.session import Session
+    from chatrun.server.metrics import ServerMetrics
+
+log = logging.getLogger("chatrun.turns")
+
+OK, FAILED, CANCELLED, REPLAYED, CONFLICT, REFUSED, ERROR = (
+    "ok", "failed", "cancelled", "replayed", "conflict", "refused", "error")
+
+
+class TurnReport:
+    """Measures one request's turn, then logs it and counts it (TurnRun uses it)."""
+
+    def __init__(self, session: Session, request_id: str | None, metrics: ServerMetrics | None,
+                 content: bool, message: Any):
+        self.session, self.request_id, self.metrics, self.content = session, request_id, metrics, content
+        self.bot = session.bot.name
+        self.route = session.route
+        self.started = time.perf_counter()
+        self.message = message
+        self.replies: list[str] = []
+        self.outcome = ERROR
+        self.turn = 0
+        self.entry: dict[str, Any] = {}
+
+    def observing(self) -> Any:
+        """The block the turn runs in: the engine reports its model and tool calls to the metrics."""
+        return observe.observing(self.metrics.turn_observer(self.bot) if self.metrics is not None else None)
+
+    def saw(self, event: ev.Event) -> None:
+        if self.content and event.type == ev.MESSAGE:
+            self.replies.append(str(event.data))
+
+    def ran(self) -> None:
+        """The engine finished the turn: ok, failed or cancelled, as its history entry says."""
+        self.entry = self.session.last_turn or {}
+        self.turn = int(self.entry.get("turn") or 0)
+        error = self.entry.get("error")
+        self.outcome = OK if self.entry.get("ok") else CANCELLED if error == "cancelled" else FAILED
+
+    def replayed(self, recorded: dict[str, Any]) -> None:
+        self.outcome, self.turn = REPLAYED, int(recorded.get("turn") or 0)
+
+    def finish(self) -> None:
+        seconds = time.perf_counter() - self.started
+        if self.metrics is not None:
+            self.metrics.turn_done(self.bot, self.route, self.outcome, seconds)
+        if log.isEnabledFor(logging.INFO):
+            fields = self.fields(seconds)
+            log.info("turn %s", plain(fields), extra={"chatrun": fields})
+
+    def fields(self, seconds: float) -> dict[str, Any]:
+        usage = self.entry.get("usage") or {}
+        after = self.session.route if self.outcome == OK else self.route
+        fields: dict[str, Any] = {
+            "session": self.session.id, "bot": self.bot, "turn": self.turn or None,
+            "route": self.route, "route_after": after, "outcome": self.outcome,
+            "duration_ms": round(seconds * 1000, 1),
+            "input_tokens": usage.get("input_tokens"), "output_tokens": usage.get("output_tokens"),
+            "cost": usage.get("cost"), "calls": usage.get("calls"),
+            "estimated": usage.get("estimated") or None, "request_id": self.request_id,
+        }
+        if self.content:
+            message = self.message.get("userMessage") if isinstance(self.message, dict) else self.message
+            fields["input"] = message
+            fields["reply"] = "\n".join(self.replies)
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+def plain(fields: dict[str, Any]) -> str:
+    """key=value pairs; a value with spaces or quotes is JSON-quoted; route before->after."""
+    parts = []
+    for key, value in fields.items():
+        if key == "route_after":
+            continue
+        if key == "route" and fields.get("route_after") not in (None, value):
+            value = f"{value}->{fields['route_after']}"
+        text = value if isinstance(value, str) else json.dumps(value)
+        if isinstance(value, str) and (not value or any(c in value for c in ' "=\n\t\\')):
+            text = json.dumps(value, ensure_ascii=False)
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ts, level, logger, message, and a turn line's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+        }
+        fields = getattr(record, "chatrun", None)
+        if isinstance(fields, dict):
+            out["event"] = "turn"
+            out.update(fields)
+        else:
+            out["message"] = record.getMessage()
+            if record.name == "uvicorn.access" and isinstance(record.args, tuple) and len(record.args) == 5:
+                client, method, path, _version, status = record.args  # uvicorn's access record
+                out.update(event="request", client=client, method=method, path=path, status=status)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False, default=str)
