@@ -104,3 +104,44 @@ def redis_server():
     server = RedisServer().start()
     yield server
     server.stop()
+
+
+_span_exporter: list = []  # the in-memory exporter, added once per process to the SDK's tracer provider
+
+
+@pytest.fixture
+def spans():
+    """The OpenTelemetry spans finished during the test (the SDK's in-memory exporter)."""
+    trace = pytest.importorskip("opentelemetry.trace", reason="opentelemetry is not installed (pip install 'chatrun[otel]')")
+    sdk_trace = pytest.importorskip("opentelemetry.sdk.trace", reason="the OpenTelemetry SDK is not installed")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    if not _span_exporter:
+        provider = trace.get_tracer_provider()
+        if not isinstance(provider, sdk_trace.TracerProvider):  # set once per process, as OpenTelemetry allows
+            provider = sdk_trace.TracerProvider()
+            trace.set_tracer_provider(provider)
+        _span_exporter.append(InMemorySpanExporter())
+        provider.add_span_processor(SimpleSpanProcessor(_span_exporter[0]))
+    exporter = _span_exporter[0]
+    exporter.clear()
+    yield exporter
+
+
+@pytest.fixture
+def term(tmp_path):
+    """term(*args) starts `chatrun repl *args` in a pseudo-terminal (tty_support.Terminal); all
+    are closed after the test."""
+    from tty_support import Terminal
+
+    started: list[Terminal] = []
+
+    def start(*args: str) -> Terminal:
+        t = Terminal.chatrun(["repl", *args], home=tmp_path)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.close()

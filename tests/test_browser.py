@@ -5,32 +5,14 @@ Set CHATRUN_SCREENSHOTS=DIR to keep screenshots of each step."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 import chatrun
+from browser_support import BROWSER_MARKS, chat_page, chromium, send, shot
 from chatrun.server import create_app
 from server_support import REPO, ThreadServer, call, free_port, write_travel
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs chromium)"),
-]
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture
@@ -42,37 +24,8 @@ def bot_path(tmp_path):
 def page(fake, tmp_path, bot_path):
     bot = chatrun.load_bot(bot_path)
     app = create_app([bot], f"sqlite:///{tmp_path / 'chat.db'}")
-    with ThreadServer(app) as server, sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            context = browser.new_context(viewport={"width": 1280, "height": 860})
-            tab = context.new_page()
-            errors: list[str] = []
-            tab.on("pageerror", lambda exc: errors.append(str(exc)))
-            tab.goto(server.url + "/")
-            tab.wait_for_selector("body[data-ready=true]", timeout=10_000)
-            tab.base_url = server.url
-            tab.js_errors = errors
-            yield tab
-            assert not errors, f"JavaScript errors on the page: {errors}"
-        finally:
-            browser.close()
-
-
-def shot(page, name: str) -> None:
-    directory = os.environ.get("CHATRUN_SCREENSHOTS")
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(directory) / f"{name}.png"), full_page=True)
-
-
-def send(page, text: str) -> None:
-    seen = int(page.get_attribute("body", "data-refreshes") or 0)
-    page.fill("#input", text)
-    page.press("#input", "Enter")
-    # The inspector refreshes after every turn (failed ones too) and counts it on the body.
-    page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=10_000)
-    page.wait_for_selector("#thinking", state="hidden")
+    with ThreadServer(app) as server, chat_page(server.url) as tab:
+        yield tab
 
 
 def crumbs(page) -> list[str]:
@@ -286,28 +239,24 @@ def test_the_page_reconnects_after_a_server_restart_and_continues(fake, tmp_path
     db = f"sqlite:///{tmp_path / 'chat.db'}"
     bot_file = write_travel(tmp_path / "bots")
     port = free_port()
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            tab = browser.new_page(viewport={"width": 1280, "height": 860})
-            with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port) as server:
-                tab.goto(server.url + "/")
-                tab.wait_for_selector("body[data-ready=true]")
-                fake.queue(call("book_flight"), {"text": "Where to?"})
-                send(tab, "a flight")
-                assert crumbs(tab) == ["main_menu", "flight"]
-            tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
-            with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port):
-                tab.wait_for_function(
-                    "document.getElementById('status').dataset.state === 'online'", timeout=15_000
-                )
-                fake.queue({"text": "Dublin, noted."})
-                send(tab, "Dublin")
-                assert tab.locator(".msg.bot").last.inner_text() == "Dublin, noted."
-                assert crumbs(tab) == ["main_menu", "flight"]
-                assert tab.get_attribute("body", "data-turn") == "2"
-        finally:
-            browser.close()
+    with chromium() as browser:
+        tab = browser.new_page(viewport={"width": 1280, "height": 860})
+        with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port) as server:
+            tab.goto(server.url + "/")
+            tab.wait_for_selector("body[data-ready=true]")
+            fake.queue(call("book_flight"), {"text": "Where to?"})
+            send(tab, "a flight")
+            assert crumbs(tab) == ["main_menu", "flight"]
+        tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
+        with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port):
+            tab.wait_for_function(
+                "document.getElementById('status').dataset.state === 'online'", timeout=15_000
+            )
+            fake.queue({"text": "Dublin, noted."})
+            send(tab, "Dublin")
+            assert tab.locator(".msg.bot").last.inner_text() == "Dublin, noted."
+            assert crumbs(tab) == ["main_menu", "flight"]
+            assert tab.get_attribute("body", "data-turn") == "2"
 
 
 def test_the_page_takes_its_token_out_of_the_url_and_keeps_working(fake, tmp_path, bot_path):
@@ -315,21 +264,17 @@ def test_the_page_takes_its_token_out_of_the_url_and_keeps_working(fake, tmp_pat
 
     auth = Auth.from_mapping({"tokens": {"page-token-123": {"principal": "ana"}}})
     app = create_app([chatrun.load_bot(bot_path)], "memory://", auth=auth)
-    with ThreadServer(app) as server, sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            tab = browser.new_context().new_page()
-            tab.goto(server.url + "/?token=page-token-123")
-            tab.wait_for_selector("body[data-ready=true]", timeout=10_000)
-            assert "token" not in tab.url  # gone from the address bar (and so from history)
-            fake.queue({"text": "Hello Ana"})
-            send(tab, "hi")
-            assert tab.locator(".msg.bot").last.inner_text() == "Hello Ana"
-            tab.reload()  # the tab still has its token, from sessionStorage
-            tab.wait_for_selector("body[data-ready=true]", timeout=10_000)
-            assert "token" not in tab.url
-            fake.queue({"text": "Still you"})
-            send(tab, "again")
-            assert tab.locator(".msg.bot").last.inner_text() == "Still you"
-        finally:
-            browser.close()
+    with ThreadServer(app) as server, chromium() as browser:
+        tab = browser.new_context().new_page()
+        tab.goto(server.url + "/?token=page-token-123")
+        tab.wait_for_selector("body[data-ready=true]", timeout=10_000)
+        assert "token" not in tab.url  # gone from the address bar (and so from history)
+        fake.queue({"text": "Hello Ana"})
+        send(tab, "hi")
+        assert tab.locator(".msg.bot").last.inner_text() == "Hello Ana"
+        tab.reload()  # the tab still has its token, from sessionStorage
+        tab.wait_for_selector("body[data-ready=true]", timeout=10_000)
+        assert "token" not in tab.url
+        fake.queue({"text": "Still you"})
+        send(tab, "again")
+        assert tab.locator(".msg.bot").last.inner_text() == "Still you"

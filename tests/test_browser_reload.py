@@ -5,21 +5,16 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
-import pytest
 import uvicorn
 
 import chatrun
+from browser_support import BROWSER_MARKS, chat_page, send
 from chatrun.server import create_app
 from server_support import free_port
-from test_browser import ARGS, CHROMIUM, send, sync_api
 from test_reload import BOT, write
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs chromium)"),
-]
+pytestmark = BROWSER_MARKS
 
 
 def wait_until(predicate, what: str, timeout: float = 30) -> None:
@@ -41,34 +36,27 @@ def test_the_inspector_shows_a_banner_while_the_edited_bot_is_invalid(tmp_path, 
     try:
         wait_until(lambda: server.started, "uvicorn to start")
         time.sleep(0.5)  # the watcher's first scan
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-            try:
-                page = browser.new_page()
-                page.goto(f"http://127.0.0.1:{port}/")
-                page.wait_for_selector("body[data-ready=true]", timeout=10_000)
-                fake.queue({"text": "Hello."})
-                send(page, "hi")
-                assert page.is_hidden("#reload-banner")
+        with chat_page(f"http://127.0.0.1:{port}") as page:
+            fake.queue({"text": "Hello."})
+            send(page, "hi")
+            assert page.is_hidden("#reload-banner")
 
-                write(folder, BOT.replace("tools: [go_deep, set_mood]", "tools: [nope]"))
-                wait_until(lambda: registry.bots["reloading"].reload_problems, "the invalid edit to be seen")
-                fake.queue({"text": "Still the old bot."})
-                send(page, "still there?")
-                banner = page.inner_text("#reload-banner")
-                assert "still running the previous version" in banner and "nope" in banner
-                assert "bot.yaml:" in banner
-                assert fake.requests[-1]["messages"][0]["content"] == "PROMPT-ONE calm"
+            write(folder, BOT.replace("tools: [go_deep, set_mood]", "tools: [nope]"))
+            wait_until(lambda: registry.bots["reloading"].reload_problems, "the invalid edit to be seen")
+            fake.queue({"text": "Still the old bot."})
+            send(page, "still there?")
+            banner = page.inner_text("#reload-banner")
+            assert "still running the previous version" in banner and "nope" in banner
+            assert "bot.yaml:" in banner
+            assert fake.requests[-1]["messages"][0]["content"] == "PROMPT-ONE calm"
 
-                old = registry.bots["reloading"]
-                write(folder, BOT.replace("PROMPT-ONE", "PROMPT-TWO"))
-                wait_until(lambda: registry.bots["reloading"] is not old, "the valid edit to be loaded")
-                fake.queue({"text": "New bot."})
-                send(page, "and now?")
-                assert page.is_hidden("#reload-banner")
-                assert fake.requests[-1]["messages"][0]["content"] == "PROMPT-TWO calm"
-            finally:
-                browser.close()
+            old = registry.bots["reloading"]
+            write(folder, BOT.replace("PROMPT-ONE", "PROMPT-TWO"))
+            wait_until(lambda: registry.bots["reloading"] is not old, "the valid edit to be loaded")
+            fake.queue({"text": "New bot."})
+            send(page, "and now?")
+            assert page.is_hidden("#reload-banner")
+            assert fake.requests[-1]["messages"][0]["content"] == "PROMPT-TWO calm"
     finally:
         server.should_exit = True
         thread.join(10)

@@ -13,18 +13,11 @@ from pathlib import Path
 import pytest
 
 import chatrun
+from browser_support import BROWSER_MARKS, chat_page, send
 from chatrun.server import create_app
 from server_support import ThreadServer
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs chromium)"),
-]
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+pytestmark = BROWSER_MARKS
 
 BOT = """
 name: long
@@ -48,26 +41,8 @@ def usage(prompt: int, completion: int, cached: int = 0) -> dict:
 def page(fake, tmp_path):
     (tmp_path / "bot.yaml").write_text(textwrap.dedent(BOT))
     app = create_app([chatrun.load_bot(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 'chat.db'}")
-    with ThreadServer(app) as server, sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            tab = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
-            errors: list[str] = []
-            tab.on("pageerror", lambda exc: errors.append(str(exc)))
-            tab.goto(server.url + "/")
-            tab.wait_for_selector("body[data-ready=true]", timeout=10_000)
-            yield tab
-            assert not errors, f"JavaScript errors on the page: {errors}"
-        finally:
-            browser.close()
-
-
-def send(page, text: str) -> None:
-    seen = int(page.get_attribute("body", "data-refreshes") or 0)
-    page.fill("#input", text)
-    page.press("#input", "Enter")
-    page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=10_000)
-    page.wait_for_selector("#thinking", state="hidden")
+    with ThreadServer(app) as server, chat_page(server.url, height=1000) as tab:
+        yield tab
 
 
 def rows(page, cls: str) -> list[list[str]]:

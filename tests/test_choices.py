@@ -112,39 +112,25 @@ def test_the_repl_numbers_choices_and_sends_the_picked_one():
 
 
 def test_choices_are_buttons_on_the_page(fake, tmp_path):
-    chromium = "/usr/bin/chromium"
-    if not Path(chromium).exists():
-        pytest.skip(f"{chromium} is missing (CI installs chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
+    from browser_support import chat_page, send
     from chatrun.server import create_app
     from server_support import ThreadServer
-    from test_browser import ARGS, send
 
     app = create_app([chatrun.load_bot(BANK)], f"sqlite:///{tmp_path / 'chat.db'}")
-    with ThreadServer(app) as server, sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
-        try:
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(server.url + "/")
-            page.wait_for_selector("body[data-ready=true]", timeout=10_000)
-            fake.queue(call("transfer_money"),
-                       {"tool_calls": [{"name": "set_recipient", "arguments": {"recipient": "Joe"}},
-                                       {"name": "set_amount", "arguments": {"amount": 20}}]},
-                       {"text": "Send 20 to Joe?"})
-            send(page, "Send 20 to Joe")
-            buttons = page.locator("#messages .choices .choice")
-            assert buttons.all_inner_texts() == ["Yes, send it", "No, cancel"]
-            fake.queue(call("confirm_transfer", confirmed=True))
-            seen = int(page.get_attribute("body", "data-refreshes") or 0)
-            buttons.first.click()
-            page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=10_000)
-            assert page.locator(".msg.user").last.inner_text() == "Yes, send it"  # the click sent the choice
-            assert page.locator(".msg.bot").last.inner_text() == "Done: 20 sent to Joe. Your balance is 980."
-            assert all(b.is_disabled() for b in buttons.all())  # a used set of choices is spent
-            assert fake.requests[-1]["messages"][-1]["content"] != ""  # the model got the click as the user's message
-            assert any(m.get("content") == "Yes, send it" for m in fake.requests[-1]["messages"])
-            assert not errors, errors
-        finally:
-            browser.close()
+    with ThreadServer(app) as server, chat_page(server.url) as page:
+        fake.queue(call("transfer_money"),
+                   {"tool_calls": [{"name": "set_recipient", "arguments": {"recipient": "Joe"}},
+                                   {"name": "set_amount", "arguments": {"amount": 20}}]},
+                   {"text": "Send 20 to Joe?"})
+        send(page, "Send 20 to Joe")
+        buttons = page.locator("#messages .choices .choice")
+        assert buttons.all_inner_texts() == ["Yes, send it", "No, cancel"]
+        fake.queue(call("confirm_transfer", confirmed=True))
+        seen = int(page.get_attribute("body", "data-refreshes") or 0)
+        buttons.first.click()
+        page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=10_000)
+        assert page.locator(".msg.user").last.inner_text() == "Yes, send it"  # the click sent the choice
+        assert page.locator(".msg.bot").last.inner_text() == "Done: 20 sent to Joe. Your balance is 980."
+        assert all(b.is_disabled() for b in buttons.all())  # a used set of choices is spent
+        assert fake.requests[-1]["messages"][-1]["content"] != ""  # the model got the click as the user's message
+        assert any(m.get("content") == "Yes, send it" for m in fake.requests[-1]["messages"])

@@ -289,37 +289,17 @@ def _reachable(base: str) -> bool:
 
 # -- trace context -----------------------------------------------------------------------------
 
-trace = pytest.importorskip("opentelemetry.trace")
-sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-
-EXPORTER = InMemorySpanExporter()
-_attached: list[bool] = []
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 
 
-@pytest.fixture
-def spans():
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, sdk_trace.TracerProvider):  # set once per process, as OpenTelemetry allows
-        provider = sdk_trace.TracerProvider()
-        trace.set_tracer_provider(provider)
-    if not _attached:  # another test module may have set the provider: add this module's exporter to it
-        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-        _attached.append(True)
-    EXPORTER.clear()
-    yield EXPORTER
-
-
-def agent_spans(exporter: InMemorySpanExporter, session_id: str) -> list:
+def agent_spans(exporter, session_id: str) -> list:
     return [s for s in exporter.get_finished_spans()
             if s.name.startswith("invoke_agent") and s.attributes.get("session.id") == session_id]
 
 
-def assert_continued(span, exporter: InMemorySpanExporter = EXPORTER) -> None:
+def assert_continued(span, exporter) -> None:
     """The span is in the caller's trace, below the caller's span: its child, or (FastAPI's own
     telemetry, when a tracer provider is set) below FastAPI's HTTP/WebSocket server span (and
     its route's operation span), which is the caller's span's child."""
@@ -333,7 +313,7 @@ def assert_continued(span, exporter: InMemorySpanExporter = EXPORTER) -> None:
     assert f"{parent.span_id:016x}" == PARENT_ID
 
 
-def _finished(exporter: InMemorySpanExporter, span_id: int):
+def _finished(exporter, span_id: int):
     """A span, once it has ended (a server span ends just after its response was sent)."""
     deadline = time.monotonic() + 30
     while True:
@@ -349,7 +329,7 @@ def test_an_http_turn_continues_the_callers_trace(travel_server, fake, spans):
     fake.queue({"text": "Hi"})
     say(travel_server, "t1", "hi", traceparent=TRACEPARENT)
     [agent] = agent_spans(spans, "t1")
-    assert_continued(agent)
+    assert_continued(agent, spans)
     fake.queue({"text": "Hi again"})
     say(travel_server, "t1", "hi")  # no traceparent: a trace of its own
     second = agent_spans(spans, "t1")[1]
@@ -359,12 +339,14 @@ def test_an_http_turn_continues_the_callers_trace(travel_server, fake, spans):
 def test_the_middleware_alone_continues_the_trace_when_no_server_span_does(spans):
     """Without FastAPI's own telemetry (older FastAPI, or turned off) the TraceContext middleware
     still makes spans started while serving a request children of the caller's span."""
+    from opentelemetry import trace as otel_trace
+
     from chatrun.server.tracecontext import TraceContext
 
     seen = []
 
     async def app(scope, receive, send) -> None:
-        with trace.get_tracer("t").start_as_current_span("inside") as inside:
+        with otel_trace.get_tracer("t").start_as_current_span("inside") as inside:
             seen.append(inside)
 
     headers = [(b"traceparent", TRACEPARENT.encode()), (b"host", b"x")]
@@ -384,7 +366,7 @@ def test_a_streamed_http_turn_continues_the_callers_trace(travel_server, fake, s
                       json={"userMessage": "hi"}, headers={"traceparent": TRACEPARENT}, timeout=60) as response:
         assert "Completed" in response.read().decode()
     [agent] = agent_spans(spans, "t2")
-    assert_continued(agent)
+    assert_continued(agent, spans)
 
 
 def test_websocket_turns_continue_the_handshakes_trace(travel_server, fake, spans):
@@ -406,7 +388,7 @@ def test_websocket_turns_continue_the_handshakes_trace(travel_server, fake, span
     agents = agent_spans(spans, "t3")
     assert len(agents) == 2
     for agent in agents:
-        assert_continued(agent)
+        assert_continued(agent, spans)
 
 
 async def _until_done(ws) -> None:
@@ -420,7 +402,7 @@ def test_openai_compatible_requests_continue_the_callers_trace(travel_server, fa
                           json={"model": "travel", "messages": [{"role": "user", "content": "hi"}]}, timeout=60)
     assert response.status_code == 200, response.text
     [agent] = [s for s in spans.get_finished_spans() if s.name == "invoke_agent travel"]
-    assert_continued(agent)
+    assert_continued(agent, spans)
 
 
 MCP_SERVER = '''

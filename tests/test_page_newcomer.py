@@ -12,17 +12,11 @@ from pathlib import Path
 import pytest
 
 import chatrun
+from browser_support import BROWSER_MARKS, chromium
 from chatrun.server import create_app
 from server_support import REPO, ThreadServer
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs chromium)"),
-]
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture
@@ -31,8 +25,7 @@ def browse(fake):
     from chatrun.testing.fake_openai import echo
 
     fake.responder = echo
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+    with chromium() as browser:
         servers: list[ThreadServer] = []
 
         def open_page(app, width: int = 1280):
@@ -54,7 +47,6 @@ def browse(fake):
         try:
             yield open_page
         finally:
-            browser.close()
             for server in servers:
                 server.__exit__(None, None, None)
 

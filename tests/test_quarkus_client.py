@@ -25,12 +25,10 @@ from pathlib import Path
 import pytest
 
 import chatrun
+from browser_support import BROWSER_MARKS, chromium
 from chatrun.server import create_app
 from server_support import REPO, ThreadServer, call
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 QUARKUS_JS = Path(os.environ.get("CHATRUN_QUARKUS_CHATSCOPES")
                   or REPO.parent / "shared" / "reference" / "quarkus-chatscopes" / "chatscopes.js")
 # The sha256 the reference README gives for the Quarkus file at commit bf6b338.
@@ -39,12 +37,7 @@ QUARKUS_SHA256 = "1a719889f805e6bf33a9b4cd64f176382ace54dc1604b0dee5320877128b3d
 if not QUARKUS_JS.is_file():  # one line for the whole module, not one per test
     pytest.skip(f"the Quarkus chatscopes.js is not at {QUARKUS_JS} (set CHATRUN_QUARKUS_CHATSCOPES)",
                 allow_module_level=True)
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs chromium)"),
-]
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+pytestmark = [*BROWSER_MARKS, pytest.mark.slow]
 
 PORTS = """
 name: ports
@@ -171,20 +164,16 @@ def quarkus(fake, tmp_path):
     app.add_api_route("/quarkus/", lambda: HTMLResponse(PAGE), include_in_schema=False)
     app.add_api_route("/quarkus/chatscopes.js", lambda: FileResponse(QUARKUS_JS, media_type="text/javascript"),
                       include_in_schema=False)
-    with ThreadServer(app) as server, sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            tab = browser.new_page()
-            errors: list[str] = []
-            tab.on("pageerror", lambda exc: errors.append(str(exc)))
-            tab.goto(server.url + "/quarkus/")
-            tab.wait_for_selector("body[data-ready=true]", state="attached", timeout=10_000)
-            tab.db = db
-            tab.base_url = server.url
-            yield tab
-            assert not errors, f"uncaught errors on the Quarkus page: {errors}"
-        finally:
-            browser.close()
+    with ThreadServer(app) as server, chromium() as browser:
+        tab = browser.new_page()
+        errors: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.goto(server.url + "/quarkus/")
+        tab.wait_for_selector("body[data-ready=true]", state="attached", timeout=10_000)
+        tab.db = db
+        tab.base_url = server.url
+        yield tab
+        assert not errors, f"uncaught errors on the Quarkus page: {errors}"
 
 
 def memories(db: Path) -> dict[str, int]:

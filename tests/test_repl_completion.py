@@ -8,7 +8,6 @@ import pytest
 
 from chatrun.cli._complete import Names, command_names, completions
 from chatrun.cli.repl import COMMAND_NAMES, COMMANDS
-from tty_support import Terminal
 
 NAMES = Names(COMMAND_NAMES, tools=["book_flight", "book_hotel", "cancel"], routes=["flight", "hotel", "main_menu"],
               roles=["customer", "staff"])
@@ -45,20 +44,6 @@ def test_reset_completes_route_names_and_roles_complete_after_each_comma():
 
 
 # -- at a terminal ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def term(tmp_path):
-    started: list[Terminal] = []
-
-    def start(*args: str) -> Terminal:
-        t = Terminal.chatrun(["repl", *args], home=tmp_path)
-        started.append(t)
-        return t
-
-    yield start
-    for t in started:
-        t.close()
 
 
 @pytest.mark.subprocess

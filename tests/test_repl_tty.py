@@ -11,20 +11,6 @@ from tty_support import Terminal
 pytestmark = pytest.mark.subprocess
 
 
-@pytest.fixture
-def term(tmp_path):
-    started: list[Terminal] = []
-
-    def start(*args: str) -> Terminal:
-        t = Terminal.chatrun(["repl", *args], home=tmp_path)
-        started.append(t)
-        return t
-
-    yield start
-    for t in started:
-        t.close()
-
-
 def test_ctrl_c_at_the_model_prompt_cancels_and_the_next_line_is_not_swallowed(term):
     t = term("bots/hello", "--play-model")
     t.expect("chat> ")
@@ -32,7 +18,7 @@ def test_ctrl_c_at_the_model_prompt_cancels_and_the_next_line_is_not_swallowed(t
     t.expect("model> ")
     t.send("/sa")  # its echo shows readline is reading (a signal sooner could go unseen till input)
     t.expect("/sa")
-    t.send("\x03")
+    t.interrupt()
     t.expect("turn cancelled; the session is as it was before it")
     t.expect("chat> ")
     t.send("second message\r")
@@ -54,18 +40,18 @@ def test_ctrl_c_at_an_idle_prompt_clears_the_line_and_twice_quits(term):
     t.expect("chat> ")
     t.send("half a thought")
     t.expect("half a thought")
-    t.send("\x03")
+    t.interrupt()
     t.expect("(Ctrl-C again or Ctrl-D to quit)")
     t.expect("chat> ")
     t.send("/route\r")  # the session is still there, and the dropped text is gone
     assert "chat" in t.expect("chat> ")
     t.send("x")
     t.expect("x")
-    t.send("\x03")
+    t.interrupt()
     t.expect("chat> ")
     t.send("y")
     t.expect("y")
-    t.send("\x03")
+    t.interrupt()
     assert t.wait() == 0
     assert "Aborted" not in t.text
 
@@ -78,8 +64,9 @@ def test_ctrl_c_works_even_when_started_with_sigint_ignored(tmp_path):
         t.expect("chat> ")
         t.send("half a thought")
         t.expect("half a thought")
-        t.send("\x03")
+        t.interrupt()
         t.expect("(Ctrl-C again or Ctrl-D to quit)", timeout=20)
+        t.expect("chat> ")
         t.send("\x04")
         assert t.wait() == 0
     finally:

@@ -11,26 +11,8 @@ import pytest
 import chatrun
 
 trace = pytest.importorskip("opentelemetry.trace", reason="opentelemetry is not installed (pip install 'chatrun[otel]')")
-sdk_trace = pytest.importorskip("opentelemetry.sdk.trace", reason="the OpenTelemetry SDK is not installed")
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-EXPORTER = InMemorySpanExporter()
-_attached: list[bool] = []
-
-
-@pytest.fixture
-def spans():
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, sdk_trace.TracerProvider):  # set once per process, as OpenTelemetry allows
-        provider = sdk_trace.TracerProvider()
-        trace.set_tracer_provider(provider)
-    if not _attached:  # another test module may have set the provider: add this module's exporter to it
-        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-        _attached.append(True)
-    EXPORTER.clear()
-    yield EXPORTER
 
 
 def call(name: str, **arguments: object) -> dict:

@@ -8,23 +8,9 @@ from __future__ import annotations
 import pytest
 
 import chatrun
+from chat_support import COSTLY_BOT, usage
 
-BOT = """
-name: costly
-model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
-prices:
-  gpt-4o-mini: {input: 0.15, output: 0.60, cached_input: 0.075}
-routes:
-  main: {default: true, system: You help., tools: [note]}
-tools:
-  note: {description: Take a note, action: {reply: noted}}
-"""
-
-
-def usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
-            "completion_tokens_details": {"reasoning_tokens": reasoning}}
+BOT = COSTLY_BOT
 
 
 def test_reported_usage_is_priced_and_kept_per_call_turn_and_session(fake, write_bot):

@@ -86,6 +86,14 @@ class Terminal:
                 data = data[written:]
             self._pump(0)
 
+    def interrupt(self) -> None:
+        """Press Ctrl-C once the program is waiting for a key again. CPython's readline checks
+        for a signal only when it interrupts its wait for input: a SIGINT that lands while it is
+        still handling the previous key (its echo already shown) waits for the next line. A
+        person never types that fast; a loaded test machine can deschedule it right there."""
+        time.sleep(0.3)
+        self.send("\x03")
+
     def wait(self, timeout: float = 60) -> int:
         deadline = time.monotonic() + timeout
         while self.returncode is None:
@@ -109,4 +117,6 @@ class Terminal:
             except (ProcessLookupError, ChildProcessError):
                 pass
             self.returncode = -9
-        os.close(self.fd)
+        if self.fd >= 0:  # closing twice (a failed wait closed it already) is a no-op
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,71 @@
+"""Debian's Chromium driven by playwright, for the tests of the web page and the JavaScript
+clients. Importing this module skips the importing one when playwright is not installed.
+
+Set CHATRUN_SCREENSHOTS=DIR to keep screenshots (shot)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# The marks of a browser test module: `pytestmark = BROWSER_MARKS`.
+BROWSER_MARKS = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs chromium)"),
+]
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless Chromium, closed after the block."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (CI installs chromium)")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextmanager
+def chat_page(base_url: str, width: int = 1280, height: int = 860) -> Iterator[Any]:
+    """The server's chat page, loaded and ready; the block fails if the page threw a JavaScript
+    error. The page carries `base_url` and `js_errors`."""
+    with chromium() as browser:
+        tab = browser.new_context(viewport={"width": width, "height": height}).new_page()
+        errors: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.goto(base_url + "/")
+        tab.wait_for_selector("body[data-ready=true]", timeout=10_000)
+        tab.base_url = base_url
+        tab.js_errors = errors
+        yield tab
+        assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def send(page: Any, text: str) -> None:
+    """Type a message and wait for its turn to end (the inspector refreshes after every turn,
+    failed ones too, and counts it on the body)."""
+    seen = int(page.get_attribute("body", "data-refreshes") or 0)
+    page.fill("#input", text)
+    page.press("#input", "Enter")
+    page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=10_000)
+    page.wait_for_selector("#thinking", state="hidden")
+
+
+def shot(page: Any, name: str) -> None:
+    """A full-page screenshot in $CHATRUN_SCREENSHOTS, when set."""
+    directory = os.environ.get("CHATRUN_SCREENSHOTS")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(directory) / f"{name}.png"), full_page=True)
