@@ -167,9 +167,16 @@ def test_the_http_session_resource_carries_the_sessions_usage_as_documented(fake
         assert created.status_code == 201
         assert created.json()["usage"] == {"input_tokens": 0, "output_tokens": 0, "cached_input_tokens": 0,
                                            "reasoning_tokens": 0, "cost": None, "calls": 0, "estimated": False}
-        assert client.post("/bots/costly/sessions/u1/messages", json={"userMessage": "take a note"}).json()["ok"]
+        sent = client.post("/bots/costly/sessions/u1/messages", json={"userMessage": "take a note"},
+                           headers={"Idempotency-Key": "k1"}).json()
+        assert sent["ok"] and sent["usage"]["calls"] == 2 and sent["usage"]["input_tokens"] == 2200
+        assert [c["input_tokens"] for c in sent["usage"]["by_call"]] == [1000, 1200]
+        replayed = client.post("/bots/costly/sessions/u1/messages", json={"userMessage": "take a note"},
+                               headers={"Idempotency-Key": "k1"}).json()
+        assert replayed["replayed"] and replayed["usage"] == sent["usage"]  # the recorded turn's, nothing ran
         failed = client.post("/bots/costly/sessions/u1/messages", json={"userMessage": "again"}).json()
         assert failed["ok"] is False  # the endpoint refused: no call was answered, none is counted
+        assert "usage" not in failed
         read = client.get("/bots/costly/sessions/u1")
         spec = client.get("/openapi.json").json()
     schema = spec["paths"]["/bots/{bot}/sessions/{session_id}"]["get"]["responses"]["200"]["content"][

@@ -153,6 +153,8 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any)
                 "turn": run.turn,
                 "replayed": run.replayed,
             }
+            if run.entry.get("usage"):  # the turn's model calls: absent when it made none
+                body["usage"] = run.entry["usage"]
             return JSONResponse(body, headers={"Idempotent-Replayed": "true"} if run.replayed else None)
 
     return router

@@ -91,12 +91,14 @@ class _Held:
 
 class TurnRun:
     """One turn's events (async iteration). `replayed`: a retry of a committed request,
-    whose recorded events are sent again and nothing runs; `turn`: the turn's number."""
+    whose recorded events are sent again and nothing runs; `turn`: the turn's number; `entry`:
+    its history entry once iterated (ok, usage, ...; the recorded one for a replay)."""
 
     def __init__(self, registry: SessionRegistry, session: Session, message: Any, request_id: str | None):
         self._registry, self._session, self._message, self.request_id = registry, session, message, request_id
         self.replayed = False
         self.turn = 0
+        self.entry: dict[str, Any] = {}
         self._recorded: dict | None = None
         self._looked_up = request_id is None
 
@@ -118,7 +120,7 @@ class TurnRun:
         try:
             if await self.is_replay():
                 recorded = self._recorded or {}
-                self.replayed, self.turn = True, recorded.get("turn", 0)
+                self.replayed, self.turn, self.entry = True, recorded.get("turn", 0), recorded
                 report.replayed(recorded)
                 for item in recorded.get("events", []):
                     yield Event.from_dict(item)
@@ -133,7 +135,7 @@ class TurnRun:
             finally:
                 held.slot.buffer.request_id = None
             report.ran()
-            self.turn = session.turn_count
+            self.turn, self.entry = session.turn_count, session.last_turn or {}
             await registry._flush(held.slot, session.id, held.lease, self.request_id)
         except (asyncio.CancelledError, GeneratorExit):  # the request was cancelled, or stopped reading
             report.outcome = CANCELLED
