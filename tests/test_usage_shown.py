@@ -4,6 +4,7 @@ numbers come from the fake OpenAI server's reported usage through the real opena
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -189,3 +190,18 @@ def test_the_http_session_resource_carries_the_sessions_usage_as_documented(fake
     assert body["history"][0]["usage"]["by_call"][1]["reasoning_tokens"] == 8
     with TestClient(app_for_testclient([chatrun.load_bot(write_bot(BOT))], db)) as client:  # a restarted server
         assert client.get("/bots/costly/sessions/u1").json()["usage"] == body["usage"]  # from the stored snapshot
+
+
+def test_a_streamed_http_turn_ends_with_its_usage_in_the_completed_event(fake, write_bot):
+    from fastapi.testclient import TestClient
+
+    import chatrun
+    from server_support import app_for_testclient
+
+    fake.queue({"text": "Streamed.", "usage": usage(300, 5)})
+    with TestClient(app_for_testclient([chatrun.load_bot(write_bot(BOT))], "memory://")) as client:
+        assert client.post("/bots/costly/sessions", json={"id": "s1"}).status_code == 201
+        streamed = client.post("/bots/costly/sessions/s1/messages?stream=true", json={"userMessage": "hi"}).text
+    completed = json.loads(streamed.split("event: Completed\ndata: ", 1)[1].split("\n", 1)[0])
+    assert completed["usage"]["input_tokens"] == 300 and completed["usage"]["calls"] == 1
+    assert completed["usage"]["by_call"][0]["route"] == "main"

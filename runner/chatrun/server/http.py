@@ -174,9 +174,12 @@ async def _sse(
     async def run() -> None:
         try:
             async with registry.session(bot, session_id, who, EXISTING, if_busy=if_busy) as session:
-                async for event in registry.turn(session, wire.turn_input(data), idempotency_key):
+                run = registry.turn(session, wire.turn_input(data), idempotency_key)
+                async for event in run:
                     queue.put_nowait(_sse_frame(event.type, event.to_dict()))
                 done = {"type": wire.COMPLETED, "data": session.scope_id, "route": session.route, "stack": session.stack}
+                if run.entry.get("usage"):
+                    done["usage"] = run.entry["usage"]
                 queue.put_nowait(_sse_frame(wire.COMPLETED, done))
         except wire.RequestFailed as exc:
             queue.put_nowait(_sse_frame(wire.ERROR, {"type": wire.ERROR, "data": exc.message}))
