@@ -124,7 +124,8 @@ def serve(
     \b
     Then open http://HOST:PORT/ (the first bot) or /bots/NAME/ (each bot).
     WebSocket: /_chat/routes (Quarkus Chat Scopes frames); HTTP API docs: /docs;
-    OpenAI-compatible API: /v1 (model = the bot's name).
+    OpenAI-compatible API: /v1 (model = the bot's name); Prometheus metrics: /metrics
+    (pip install 'chatrun[metrics]').
     """
     try:
         from chatrun.server import ServerLimits, create_app

@@ -361,7 +361,7 @@ class Turn:
                 self.summaries.append({"memory": memory_id, "failed": reason})
 
     def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
-                sent: list[Message], answer: AssistantMessage, provider: str = "") -> dict[str, Any]:
+                sent: list[Message], answer: AssistantMessage, provider: str) -> dict[str, Any]:
         """Add one call's usage to the turn's; returns the call's entry for the history."""
         usage = call_usage(raw, price, sent, answer, lambda m: self.count_tokens(model, m))
         self.usage.add(usage)
