@@ -21,15 +21,22 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun import events as ev
-from chatrun.definition.config import ActionConfig, Price, RouteConfig, ToolConfig
+from chatrun.definition.config import ActionConfig, ModelConfig, Price, RouteConfig, ToolConfig
 from chatrun.definition.templates import holds, is_nothing
 from chatrun.engine import observe, tracing
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.scopes import Scope, ScopeView, get_path, set_path
+from chatrun.engine.steps import (
+    NextStep,
+    NextStepFinalOutput,
+    NextStepHandoff,
+    NextStepRunAgain,
+    combine,
+)
 from chatrun.engine.tools import (
     Toolbox,
     ToolContext,
@@ -43,7 +50,7 @@ from chatrun.engine.tools import (
 )
 from chatrun.engine.usage import Usage, call_usage, check_budgets
 from chatrun.errors import ChatrunError, ModelError, ToolRefusal, TurnFailed
-from chatrun.memory import SummaryMemory
+from chatrun.memory import ChatMemory, SummaryMemory
 from chatrun.memory.tokens import TokenCounter, tiktoken_counter
 from chatrun.messages import (
     AssistantMessage,
@@ -53,7 +60,7 @@ from chatrun.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from chatrun.models.base import ChatModel, ModelRequest
+from chatrun.models.base import ChatModel, ModelRequest, ModelResponse
 
 Emit = Callable[..., None]  # (type, data, runtime=False)
 log = logging.getLogger("chatrun.engine")
@@ -79,13 +86,28 @@ class HandlerFailed(Exception):
 
 @dataclass
 class ToolOutcome:
+    """What one tool call gave: the result the model reads, and the step it asks the loop for."""
+
     reply: str
-    left_route: bool = False
-    execute: bool = False
-    immediate: bool = False
+    next: NextStep = NextStepRunAgain()
+    moved: bool = False  # it left the route or ended the conversation: the response's later calls do not run
     deferred: bool = False  # a `call`: the result comes when the called scope returns
-    end: bool = False  # the conversation ends
     failed: bool = False  # the tool did not do its work (refused, failed, unknown): for metrics
+
+
+@dataclass
+class RouteRun:
+    """What a route's model loop works with, gathered once per route invocation."""
+
+    route: RouteConfig
+    memory: ChatMemory  # the scope's memory of the route
+    offered: dict[str, ToolConfig]
+    specs: list[dict[str, Any]]  # the offered tools as the model sees them
+    model: ModelConfig
+    returning: bool  # a called route with `returns: answer`: its answer is the call's result
+    # A rejected JSON answer and what was wrong with it, sent after the memory's messages (never
+    # kept in the memory); once set it stays for the rest of this route's loop, as it always has.
+    correction: list[Message] = field(default_factory=list)
 
 
 class Turn:
@@ -120,8 +142,8 @@ class Turn:
     # -- the loop ---------------------------------------------------------------
 
     async def run(self) -> None:
-        execute = True
-        while execute:
+        step: NextStep = NextStepHandoff()  # the current route runs first
+        while isinstance(step, NextStepHandoff):
             route = self.c.scope.route
             self.hops.append(route)
             if len(self.hops) > self.config.limits.max_hops:
@@ -130,11 +152,19 @@ class Turn:
                     f"more than limits.max_hops = {self.config.limits.max_hops}; a tool probably executes "
                     "a route that executes again"
                 )
-            execute = await self.invoke_route()
+            step = await self.invoke_route()
         self.finish()
 
-    async def invoke_route(self) -> bool:
-        """Run the current route's model loop. Returns True when the route asked to execute the next one."""
+    async def invoke_route(self) -> NextStep:
+        """Run the current route's model loop until it hands off to another route or the turn is done."""
+        run = await self.start_route()
+        step: NextStep = NextStepRunAgain()
+        while isinstance(step, NextStepRunAgain):
+            step = await self.model_step(run)
+        return step
+
+    async def start_route(self) -> RouteRun:
+        """The route's memory (given the user's message, once per memory and turn) and tools."""
         scope = self.c.scope
         route = self.config.routes[scope.route]
         memory = self.c.memory_for(scope, route.name)
@@ -145,76 +175,90 @@ class Turn:
             if user_text:
                 memory.add(UserMessage(user_text))
         offered = await self.tools.offered(route, self.mocks)
-        tools = [tool_spec(t) for t in offered.values()]
-        model_config = self.config.route_model(route.name)
-        returning = route.returns == "answer" and scope.caller is not None
-        output = route.output
-        correction: list[Any] = []  # a rejected JSON answer and what was wrong: sent once, never kept
-        while True:
-            self.model_calls += 1
-            if self.model_calls > self.config.limits.max_model_calls:
-                raise TurnFailed(
-                    f"this turn called the model {self.model_calls - 1} times, more than "
-                    f"limits.max_model_calls = {self.config.limits.max_model_calls} (route {route.name})"
-                )
-            self.add_system(memory, route)
-            request = ModelRequest(memory.messages() + correction, tools, model_config, route.name,
-                                   response_format(route))
-            price = self.config.prices.get(model_config.name)
-            if self.config.limits.has_budgets:
-                sent = sum(self.count_tokens(model_config.name, m) for m in request.messages)
-                check_budgets(self.config.limits, self.usage, self.c.usage, sent, price, route.name)
-            # A returning route's answer is its result, and JSON is no text for the user: never streamed.
-            on_chunk = self.stream_chunk if model_config.stream and not returning and not output else None
-            with tracing.chat_span(model_config.provider, model_config.name, route.name,
-                                   model_config.temperature) as span:
-                response = await observe.timed_call(self.model, request, on_chunk)
-                calls = tuple(
-                    ToolCall(c.id or f"call_{self.number}_{self.model_calls}_{i}", c.name, c.arguments)
-                    for i, c in enumerate(response.tool_calls)
-                )
-                answer = AssistantMessage(response.text, calls)
-                usage = self.account(route.name, model_config.name, response.usage, price, request.messages, answer,
-                                     model_config.provider)
-                if span is not None:
-                    content = tracing.capture_content()
-                    tracing.record_answer(span, usage, response.finish_reason,
-                                          [m.to_dict() for m in request.messages] if content else None,
-                                          answer.to_dict() if content else None)
-            value = None
-            if output is not None and not calls:
-                value, problem = parse_output(response.text, self.tools.output_validator(route.name))
-                if problem is not None:
-                    if correction:
-                        raise TurnFailed(f"route {route.name} ({output.where}): the model's answer does not match "
-                                         f"the route's `output` schema, even after a corrective retry: {problem}")
-                    correction = [AssistantMessage(response.text), UserMessage(
-                        f"Your answer is not valid: {problem}. Answer again with only a JSON value that "
-                        "matches the required schema, and nothing else.")]
-                    continue
-            memory.add(answer)
-            if returning and not calls:
-                return self.return_answer(response.text or "" if value is None else
-                                          json.dumps(value, ensure_ascii=False))
-            if output is not None and not calls:
-                self.apply_output(route, value)
-                self.offer(route.choices, f"route {route.name} choices", route.where)
-                return False
-            if response.text:
-                self.emit(ev.MESSAGE, response.text)
-            if not calls:
-                self.offer(route.choices, f"route {route.name} choices", route.where)
-                return False
-            outcomes = await self.run_calls(route, offered, calls)
-            for call, outcome in zip(calls, outcomes, strict=True):
-                if outcome.deferred:
-                    continue  # the called route's result answers it when it returns
-                # Into the memory that holds the call; a cleared or popped memory drops it as an orphan.
-                memory.add(ToolResultMessage(call.id, call.name, outcome.reply))
-            if any(o.end for o in outcomes):
-                return False
-            if any(o.left_route or o.immediate for o in outcomes):
-                return any(o.execute for o in outcomes)
+        return RouteRun(route, memory, offered, [tool_spec(t) for t in offered.values()],
+                        self.config.route_model(route.name), route.returns == "answer" and scope.caller is not None)
+
+    async def model_step(self, run: RouteRun) -> NextStep:
+        """One model call on the route and what follows from its answer."""
+        response, answer = await self.ask_model(run)
+        route, calls = run.route, answer.tool_calls
+        value = None
+        if route.output is not None and not calls:
+            value, problem = parse_output(response.text, self.tools.output_validator(route.name))
+            if problem is not None:
+                return self.correct(run, response.text, problem)
+        run.memory.add(answer)
+        if not calls:
+            return self.answered(run, response.text, value)
+        if response.text:
+            self.emit(ev.MESSAGE, response.text)
+        outcomes = await self.run_calls(route, run.offered, calls)
+        for call, outcome in zip(calls, outcomes, strict=True):
+            if outcome.deferred:
+                continue  # the called route's result answers it when it returns
+            # Into the memory that holds the call; a cleared or popped memory drops it as an orphan.
+            run.memory.add(ToolResultMessage(call.id, call.name, outcome.reply))
+        return combine(outcome.next for outcome in outcomes)
+
+    async def ask_model(self, run: RouteRun) -> tuple[ModelResponse, AssistantMessage]:
+        """Call the model (within the turn's limits and budgets, traced, its usage counted)."""
+        route, model_config = run.route, run.model
+        self.model_calls += 1
+        if self.model_calls > self.config.limits.max_model_calls:
+            raise TurnFailed(
+                f"this turn called the model {self.model_calls - 1} times, more than "
+                f"limits.max_model_calls = {self.config.limits.max_model_calls} (route {route.name})"
+            )
+        self.add_system(run.memory, route)
+        request = ModelRequest(run.memory.messages() + run.correction, run.specs, model_config, route.name,
+                               response_format(route))
+        price = self.config.prices.get(model_config.name)
+        if self.config.limits.has_budgets:
+            sent = sum(self.count_tokens(model_config.name, m) for m in request.messages)
+            check_budgets(self.config.limits, self.usage, self.c.usage, sent, price, route.name)
+        # A returning route's answer is its result, and JSON is no text for the user: never streamed.
+        streamed = model_config.stream and not run.returning and not route.output
+        with tracing.chat_span(model_config.provider, model_config.name, route.name,
+                               model_config.temperature) as span:
+            response = await observe.timed_call(self.model, request, self.stream_chunk if streamed else None)
+            calls = tuple(
+                ToolCall(c.id or f"call_{self.number}_{self.model_calls}_{i}", c.name, c.arguments)
+                for i, c in enumerate(response.tool_calls)
+            )
+            answer = AssistantMessage(response.text, calls)
+            usage = self.account(route.name, model_config.name, response.usage, price, request.messages, answer,
+                                 model_config.provider)
+            if span is not None:
+                content = tracing.capture_content()
+                tracing.record_answer(span, usage, response.finish_reason,
+                                      [m.to_dict() for m in request.messages] if content else None,
+                                      answer.to_dict() if content else None)
+        return response, answer
+
+    def correct(self, run: RouteRun, text: str | None, problem: str) -> NextStep:
+        """A JSON answer that misses the route's `output` schema: asked again once, with what was wrong."""
+        route = run.route
+        if run.correction:
+            assert route.output is not None
+            raise TurnFailed(f"route {route.name} ({route.output.where}): the model's answer does not match "
+                             f"the route's `output` schema, even after a corrective retry: {problem}")
+        run.correction = [AssistantMessage(text), UserMessage(
+            f"Your answer is not valid: {problem}. Answer again with only a JSON value that "
+            "matches the required schema, and nothing else.")]
+        return NextStepRunAgain()
+
+    def answered(self, run: RouteRun, text: str | None, value: Any) -> NextStep:
+        """The model answered without tool calls: a returning route's result, a structured
+        answer, or a message to the user."""
+        route = run.route
+        if run.returning:
+            return self.return_answer(text or "" if value is None else json.dumps(value, ensure_ascii=False))
+        if route.output is not None:
+            self.apply_output(route, value)
+        elif text:
+            self.emit(ev.MESSAGE, text)
+        self.offer(route.choices, f"route {route.name} choices", route.where)
+        return NextStepFinalOutput()
 
     async def run_calls(self, route: RouteConfig, offered: dict[str, ToolConfig],
                         calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
@@ -230,7 +274,7 @@ class Turn:
                 outcome = await self.timed_tool(offered, call)
                 if outcome.failed:
                     tracing.tool_failed(span)
-            left = outcome.left_route or outcome.end
+            left = outcome.moved
             outcomes.append(outcome)
         return outcomes
 
@@ -270,12 +314,12 @@ class Turn:
             except ChatrunError as exc:
                 raise TurnFailed(f"route {route.name} ({output.where}): {exc}") from exc
 
-    def return_answer(self, text: str) -> bool:
+    def return_answer(self, text: str) -> NextStep:
         """A called route with `returns: answer` answered: that answer is its result. Its scope
         pops, the answer becomes the result of the call waiting in the parent, which resumes."""
         self.resume(self.c.pop_scope(text))
         self.emit(ev.ROUTE_CHANGED, {"route": self.c.scope.route, "stack": self.c.stack})
-        return True
+        return NextStepHandoff()
 
     def resume(self, caller: dict[str, str] | None) -> None:
         """After a called scope returned: the parent runs on without this turn's user message (the
@@ -547,8 +591,8 @@ class Turn:
             reply = self.default_reply(tool, result, action)
         # A call runs the called route now; a returning call resumes the caller now.
         execute = action.execute or bool(action.call) or resumes
-        return ToolOutcome(reply, action.leaves_route, execute, action.immediate,
-                           deferred=bool(action.call), end=action.end)
+        return ToolOutcome(reply, _next_step(action, execute), moved=action.leaves_route or action.end,
+                           deferred=bool(action.call))
 
     def choose(self, tool: ToolConfig, args: dict[str, Any], result: Any) -> ActionConfig:
         """The action calling the tool applies: its own, with the first case whose condition holds
@@ -603,6 +647,16 @@ class Turn:
             return f"Done. The conversation is now on route {self.c.scope.route}."
         return "Done."
 
+
+
+def _next_step(action: ActionConfig, execute: bool) -> NextStep:
+    """The step a tool call's action asks for: the conversation ends, or the loop stops (a move,
+    `immediate`) and the route it is on runs next only with `execute`, or the model reads the result."""
+    if action.end:
+        return NextStepFinalOutput()
+    if action.leaves_route or action.immediate:
+        return NextStepHandoff() if execute else NextStepFinalOutput()
+    return NextStepRunAgain()
 
 
 def _action_words(tool: ToolConfig | None) -> str:
