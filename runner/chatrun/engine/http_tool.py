@@ -107,7 +107,7 @@ class HttpCaller:
                 wait = BACKOFF_S * 2**attempt
             else:
                 if response.is_success or response.status_code in http.accept:
-                    return _redacted(_result(response), secrets)
+                    return _redacted_result(_result(response), secrets)
                 problem = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
                 if response.status_code not in RETRY_STATUSES:
                     break
@@ -188,6 +188,12 @@ def _redact_text(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, REDACTED)
     return text
+
+
+def _redacted_result(result: dict[str, Any], secrets: list[str]) -> dict[str, Any]:
+    if not secrets:
+        return result
+    return {_redacted(k, secrets): _redacted(v, secrets) for k, v in result.items()}
 
 
 def _redacted(value: Any, secrets: list[str]) -> Any:

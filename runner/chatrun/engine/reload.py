@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from chatrun.definition.loader import check_bot
 from chatrun.engine.bot import Bot
@@ -41,7 +42,7 @@ class Reload:
     def ok(self) -> bool:
         return self.bot is not None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "at": self.at, "changed": self.changed,
                 "diagnostics": [d.to_dict() for d in self.diagnostics]}
 
@@ -109,5 +110,5 @@ class BotReloader:
         from watchfiles import awatch
 
         async for changes in awatch(*self.roots(), watch_filter=lambda _c, p: self.relevant(p),
-                                    stop_event=stop_event, debounce=200, step=50):  # type: ignore[arg-type]
+                                    stop_event=stop_event, debounce=200, step=50):
             yield self.reload(sorted({p for _c, p in changes}))

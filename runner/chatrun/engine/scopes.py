@@ -34,7 +34,7 @@ class Scope:
     def memory_ids(self) -> list[str]:
         return [self.memory_id(r) for r in self.memory_routes]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "route": self.route,
@@ -45,7 +45,7 @@ class Scope:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> Scope:
+    def from_dict(cls, d: dict[str, Any]) -> Scope:
         return cls(d["id"], d["route"], d.get("local", {}), d.get("shared", {}), list(d.get("memory_routes", [])),
                    d.get("caller"))
 

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 from chatrun import events as ev
 from chatrun.definition.config import ActionConfig, ModelConfig, Price, RouteConfig, ToolConfig
@@ -340,6 +340,14 @@ class Turn:
 
     # -- rendering ----------------------------------------------------------------
 
+    @overload
+    def render_template(self, source: Any, what: str, where: Any, values: dict[str, Any] | None = None,
+                        *, typed: Literal[False] = False) -> str: ...
+
+    @overload
+    def render_template(self, source: Any, what: str, where: Any, values: dict[str, Any] | None = None,
+                        *, typed: bool) -> Any: ...
+
     def render_template(self, source: Any, what: str, where: Any, values: dict[str, Any] | None = None,
                         *, typed: bool = False) -> Any:
         """Render for text (typed=False) or for a value that keeps its type (setters, event data).
@@ -352,7 +360,7 @@ class Turn:
         except Exception as exc:  # jinja2 UndefinedError, TypeError in filters, ...
             raise TurnFailed(f"{where}: {what} template failed: {exc}") from exc
 
-    def add_system(self, memory: Any, route: RouteConfig) -> None:
+    def add_system(self, memory: ChatMemory, route: RouteConfig) -> None:
         if route.system:
             text = self.render_template(route.system, f"route {route.name} system", route.where)
             if not text.strip():
