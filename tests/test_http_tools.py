@@ -372,9 +372,9 @@ def test_an_openapi_operation_becomes_a_tool(write_bot):
     assert tool.description == "Get a pet"
     assert tool.parameters == {"type": "object", "required": ["petId"], "properties": {
         "petId": {"type": "integer"}, "fields": {"type": ["string", "null"]}}}  # headers are not the model's
-    assert tool.http.method == "GET" and tool.http.accept == [404]
-    assert tool.http.url == "http://127.0.0.1:9/api/pets/{{ args.petId | urlsegment }}"
-    assert tool.http.args_in_query == ["fields"]
+    assert tool.kinds["http"].method == "GET" and tool.kinds["http"].accept == [404]
+    assert tool.kinds["http"].url == "http://127.0.0.1:9/api/pets/{{ args.petId | urlsegment }}"
+    assert tool.kinds["http"].args_in_query == ["fields"]
 
 
 def test_openapi_mistakes_are_diagnostics_at_the_tool(write_bot):

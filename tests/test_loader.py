@@ -110,7 +110,7 @@ def test_travel_tools(travel):
     assert setter.action.emit == {"Thinking": "Destination set to {{ args.destination }}"}
     book = tools["book"]
     assert book.requires == ["scope.reservation.departure", "scope.reservation.destination"]
-    assert book.handler == "travel_tools:make_booking"
+    assert book.kinds["handler"] == "travel_tools:make_booking"
     assert (book.action.pop, book.action.result) == (True, "Flight booked")
     assert book.action.message.startswith("Your flight to")
     assert tools["cancel"].action.wipe == "schedule"

@@ -192,7 +192,7 @@ def test_sync_handler_does_not_block_the_event_loop(desk):
     import asyncio
 
     s = in_booking(desk, call("threaded"), {"text": "done"})
-    module = desk.tools.handler("desk_tools:threaded").__globals__
+    module = desk.tools.runtime("handler").resolver.resolve("desk_tools:threaded").__globals__
 
     async def main():
         async def release():

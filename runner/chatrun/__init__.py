@@ -17,7 +17,6 @@ import typing as _typing
 from chatrun import events
 from chatrun.engine.bot import Bot, load_bot
 from chatrun.engine.session import Session
-from chatrun.engine.tools import ToolContext
 from chatrun.errors import (
     BotError,
     ChatrunError,
@@ -49,6 +48,7 @@ from chatrun.models.scripted import ScriptedModel
 from chatrun.store import SessionStore, open_store
 from chatrun.store.memory import InMemoryStore
 from chatrun.store.sqlite import SQLiteStore
+from chatrun.toolkinds.handler import ToolContext
 from chatrun.transcripts import load_transcript, run_transcript
 from chatrun.version import VERSION as __version__
 

@@ -31,13 +31,13 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool) -> None:
     invalid = 0
     for path in paths:
         try:  # per bot: one broken bot must not stop the others being checked
-            diagnostics, unchecked_mcp = _check(path, connect)
+            diagnostics, unchecked = _check(path, connect)
             found.extend(diagnostics)
             invalid += any(d.severity == "error" for d in diagnostics)
             if fmt == "text":  # each bot's problems, then its verdict
                 print_diagnostics(diagnostics)
-                if unchecked_mcp:
-                    click.echo(f"{path}: MCP tool names not checked (--connect starts the servers to check them)")
+                for note in unchecked:
+                    click.echo(f"{path}: {note}")
                 click.echo(summary(diagnostics, path))
         except (BrokenPipeError, KeyboardInterrupt) as exc:
             fail(exc)
@@ -51,31 +51,31 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
-def _check(path: str, connect: bool = False) -> tuple[list[Diagnostic], bool]:
-    """Every diagnostic of one bot, and whether it has MCP tools left unchecked. Bad input is
+def _check(path: str, connect: bool = False) -> tuple[list[Diagnostic], list[str]]:
+    """Every diagnostic of one bot, and what only --connect would check (MCP tool names). Bad input is
     always a diagnostic; only a fault of chatrun itself becomes the "chatrun bug" line, and
     then for this bot alone."""
     from chatrun.cli._gc import collector_paused
     from chatrun.definition.loader import load_config
+    from chatrun.toolkinds import connect_checks, unconnected
 
     try:
         with collector_paused():
             config, diagnostics = load_config(path)
-        if not config.mcp_servers:
-            return diagnostics, False
+        unchecked = unconnected(config)
+        if not unchecked:
+            return diagnostics, []
         if not connect:
-            return diagnostics, True
+            return diagnostics, unchecked
         import asyncio
 
-        from chatrun.engine.mcp_tools import check_mcp_names
-
-        return diagnostics + asyncio.run(check_mcp_names(config)), False
+        return diagnostics + asyncio.run(connect_checks(config)), []
     except BotError as exc:
-        return exc.diagnostics, False
+        return exc.diagnostics, []
     except ChatrunError as exc:
-        return [Diagnostic(path, 0, 0, "error", str(exc))], False
+        return [Diagnostic(path, 0, 0, "error", str(exc))], []
     except (BrokenPipeError, KeyboardInterrupt):
         raise
     except Exception as exc:  # never a traceback from the CLI
         return [Diagnostic(path, 0, 0, "error", f"unexpected {type(exc).__name__}: {exc} "
-                           "(this is a chatrun bug; please report it)")], False
+                           "(this is a chatrun bug; please report it)")], []

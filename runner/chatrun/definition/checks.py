@@ -12,7 +12,6 @@ import os
 import re
 from collections.abc import Iterator
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from jinja2 import TemplateSyntaxError, nodes
@@ -21,7 +20,7 @@ from jsonschema.exceptions import SchemaError
 
 from chatrun.definition.config import ActionConfig, BotConfig, RouteConfig, ToolConfig
 from chatrun.definition.graph import RouteGraph
-from chatrun.definition.handlers import import_isolated
+from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
 from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES
 from chatrun.definition.yamlpos import YamlDoc
@@ -46,7 +45,7 @@ class _Checker:
         for route in config.routes.values():
             _merge_decl(self.declared_scope, route.scope.local)
             _merge_decl(self.declared_scope, route.scope.shared)
-        self._modules: dict[str, Any] = {}
+        self.cache: dict[str, Any] = {}  # what the tool kinds' checks keep for this run
         self.defaults = [r.name for r in config.routes.values() if r.default]
         self.graph = RouteGraph.from_config(config)
         self.visibility = ScopeVisibility(config, self.graph)
@@ -77,7 +76,8 @@ class _Checker:
         for tool in self.config.tools.values():
             self.tool(tool)
         self.env()
-        self.mcp()
+        for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
+            kind.check_bot(self.config, self)
         _graph_checks(self)
 
     # -- routes ------------------------------------------------------------------
@@ -193,59 +193,17 @@ class _Checker:
                 if source:
                     self.template(source, f"`on_error {key}` of tool `{name}`", (*base, "on_error", key), tool,
                                   routes=routes)
-        if tool.handler:
-            self.handler(tool)
-        kinds = [k for k in ("handler", "http", "mcp") if getattr(tool, k)]
-        if len(kinds) > 1:
-            self.add("error", f"tool `{name}` has {' and '.join(f'`{k}`' for k in kinds)}; give one "
-                     "(a tool gets its result from one place)", *base, kinds[1])
-        if tool.mcp and tool.mcp.server not in self.config.mcp_servers:
-            self.add("error", f"tool `{name}` calls unknown MCP server `{tool.mcp.server}`"
-                     f"{suggest(tool.mcp.server, self.config.mcp_servers)}; declare it under `mcp_servers:`",
-                     *base, "mcp", "server")
-        if tool.http:
-            self.http(tool)
+        declared = list(tool.kinds)
+        if len(declared) > 1:
+            self.add("error", f"tool `{name}` has {' and '.join(f'`{k}`' for k in declared)}; give one "
+                     "(a tool gets its result from one place)", *base, declared[1])
+        for kind in kinds():  # each kind checks its own config (chatrun.toolkinds)
+            if kind.key in tool.kinds:
+                kind.check(tool, tool.kinds[kind.key], self)
         section = self.src.doc_of("tools", name).data.get("tools")
         raw = section.get(name) if isinstance(section, dict) else None
         if isinstance(raw, dict) and "parameters" in raw:  # the default needs no check
             self.parameters(tool)
-
-    def http(self, tool: ToolConfig) -> None:
-        http = tool.http
-        assert http is not None
-        base = ("tools", tool.name, "http")
-        variables = (*TEMPLATE_VARIABLES, "env")
-        if http.json is not None and http.form is not None:
-            self.add("error", f"`http` of tool `{tool.name}` has both `json` and `form`; a request has one body",
-                     *base, "form")
-        texts: list[tuple[tuple, Any]] = [(("url",), http.url)]
-        texts += [(("query", k), v) for k, v in http.query.items()]
-        texts += [(("headers", k), v) for k, v in http.headers.items()]
-        texts += [(("form", k), v) for k, v in (http.form or {}).items()]
-        texts += _strings_in(http.json, ("json",))
-        for sub, value in texts:
-            if isinstance(value, str):
-                self.template(value, f"`http.{'.'.join(map(str, sub))}` of tool `{tool.name}`", (*base, *sub), tool,
-                              variables)
-        path_part = http.url.split("?", 1)[0]
-        for expr in _EXPRESSION.findall(path_part):
-            if "args." in expr and "urlsegment" not in expr:
-                self.add("warning", f"`http.url` of tool `{tool.name}` puts `{{{{{expr}}}}}` into the URL path "
-                         "unescaped; use `| urlsegment` so a value like `../admin` stays one path segment",
-                         *base, "url")
-
-    def mcp(self) -> None:
-        for server in self.config.mcp_servers.values():
-            if bool(server.command) == bool(server.url):
-                self.add("error", f"MCP server `{server.name}` needs exactly one of `command` (a stdio server) "
-                         "and `url` (a streamable HTTP server)", "mcp_servers", server.name)
-        for route in self.config.routes.values():
-            for i, entry in enumerate(route.mcp):
-                server_name = entry.partition("/")[0]
-                if server_name not in self.config.mcp_servers:
-                    self.add("error", f"route `{route.name}` lists MCP tools of unknown server `{server_name}`"
-                             f"{suggest(server_name, self.config.mcp_servers)}; declare it under `mcp_servers:`",
-                             "routes", route.name, "mcp", i)
 
     def env(self) -> None:
         for name, var in self.config.env.items():
@@ -355,29 +313,6 @@ class _Checker:
             self.add("error", f"`parameters` of tool `{tool.name}` must have `type: object` "
                      "(a tool's arguments are a JSON object)", *base)
 
-    def handler(self, tool: ToolConfig) -> None:
-        spec = tool.handler or ""
-        module_name, _, func_name = spec.partition(":")
-        if not module_name or not func_name:
-            return  # the schema's pattern reported it
-        root = Path(self.config.root or ".")
-        module = self._modules.get(module_name)
-        if module is None:
-            module = self._modules[module_name] = import_isolated(root, module_name)
-        shown = getattr(module, "__chatrun_shown__", "")
-        at = ("tools", tool.name, "handler")
-        if isinstance(module, str):  # the reason it could not be imported
-            self.add("error", f"handler `{spec}` of tool `{tool.name}`: {module}", *at)
-            return
-        func = getattr(module, func_name, None)
-        if func is None:
-            names = [n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n))]
-            self.add("error", f"handler `{spec}` of tool `{tool.name}`: {shown} has no function "
-                     f"`{func_name}`{suggest(func_name, names)}", *at)
-        elif not callable(func):
-            self.add("error", f"handler `{spec}` of tool `{tool.name}`: `{func_name}` in {shown} "
-                     f"is a {type(func).__name__}, not a function", *at)
-
     # -- state paths ---------------------------------------------------------------
 
     def undeclared(self, path: str | tuple[str, ...]) -> str | None:
@@ -464,8 +399,6 @@ class _Checker:
                     emit("warning", f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
                          f"property `{ref[1]}`{suggest(ref[1], declared)}", lineno)
 
-
-_EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
 
 _Analysis = tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]
 
@@ -722,17 +655,6 @@ def _missing(decl: Any, parts: tuple[str, ...]) -> tuple[str, ...] | None:
             return parts[: i + 1]
         node = node[part]
     return None
-
-
-def _strings_in(value: Any, at: tuple) -> list[tuple[tuple, str]]:
-    """Every string inside JSON-like data, with its path (the templates of an `http.json` body)."""
-    if isinstance(value, str):
-        return [(at, value)]
-    if isinstance(value, dict):
-        return [found for k, v in value.items() for found in _strings_in(v, (*at, k))]
-    if isinstance(value, list):
-        return [found for i, v in enumerate(value) for found in _strings_in(v, (*at, i))]
-    return []
 
 
 def _keys_at(decl: Any, parts: tuple[str, ...]) -> list[str]:

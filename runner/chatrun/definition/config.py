@@ -163,33 +163,6 @@ DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a handler, HTTP call or MCP call may take
 
 
 @dataclass
-class HttpConfig:
-    """A declarative HTTP call (`http:` of a tool). Every text is a template over `args`,
-    `state`, `scope`, `turn` and `env` (the bot's declared environment variables)."""
-
-    url: str
-    method: str = "GET"
-    query: dict[str, Any] = field(default_factory=dict)
-    headers: dict[str, Any] = field(default_factory=dict)
-    json: Any = None  # a JSON body: a template, or data whose strings are templates
-    form: dict[str, Any] | None = None  # a form body (application/x-www-form-urlencoded)
-    retries: int = 2  # more attempts on 429, 5xx and connection errors, with backoff
-    accept: list[int] = field(default_factory=list)  # statuses besides 2xx that are results, not failures
-    args_in_query: list[str] = field(default_factory=list)  # arguments sent as query parameters when given
-    where: Location = field(default_factory=Location)
-
-
-@dataclass
-class OpenApiRef:
-    """A tool made from an OpenAPI operation (`openapi:` of a tool)."""
-
-    spec: str  # the document, relative to the bot directory
-    operation: str  # its operationId
-    base_url: str | None = None  # template; default: the document's first server
-    headers: dict[str, Any] = field(default_factory=dict)  # templates, e.g. Authorization
-
-
-@dataclass
 class McpServerConfig:
     """An MCP server a bot uses (`mcp_servers:`): a command speaking stdio, or a streamable HTTP URL."""
 
@@ -198,14 +171,6 @@ class McpServerConfig:
     url: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # more environment variables for the command
     where: Location = field(default_factory=Location)
-
-
-@dataclass
-class McpToolRef:
-    """A tool of the bot that calls an MCP server's tool (`mcp:` of a tool)."""
-
-    server: str
-    tool: str | None = None  # the server's tool name; None: the same as the bot's tool
 
 
 @dataclass
@@ -226,15 +191,20 @@ class ToolConfig:
         default_factory=lambda: {"type": "object", "properties": {}}
     )  # JSON Schema of the arguments
     requires: list[str] = field(default_factory=list)  # state paths that must be set (not null)
-    handler: str | None = None  # "module:function", module resolved relative to the bot directory
-    http: HttpConfig | None = None
-    mcp: McpToolRef | None = None
-    openapi: OpenApiRef | None = None
-    server_schema: bool = False  # an MCP tool without `parameters`: the server's schema is used
+    # Where the result comes from: the tool's kind by its YAML key ("handler", "http", "openapi",
+    # "mcp"), with that kind's own config (each kind is a module of chatrun.toolkinds, which
+    # defines it). Empty: an action-only tool. Two or more are an error the checks report.
+    # Once loaded, an `openapi:` tool is an `http:` one (its operation gave the call).
+    kinds: dict[str, Any] = field(default_factory=dict)
     timeout: float = DEFAULT_TOOL_TIMEOUT
     action: ActionConfig = field(default_factory=ActionConfig)
     on_error: OnErrorConfig | None = None  # what a failing handler does instead of failing the turn
     where: Location = field(default_factory=Location)
+
+    @property
+    def kind(self) -> str | None:
+        """The key of the kind that gives the tool its result (None: an action-only tool)."""
+        return next(iter(self.kinds), None)
 
 
 @dataclass

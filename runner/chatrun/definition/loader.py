@@ -25,22 +25,19 @@ from chatrun.definition.config import (
     BotConfig,
     CaseConfig,
     EnvVar,
-    HttpConfig,
     Limits,
     Location,
     McpServerConfig,
-    McpToolRef,
     MemoryPolicy,
     ModelConfig,
     OnErrorConfig,
-    OpenApiRef,
     OutputConfig,
     Price,
     RouteConfig,
     ScopeConfig,
     ToolConfig,
 )
-from chatrun.definition.openapi import operation_tool, read_spec
+from chatrun.definition.kinds import Load, kinds, parse_kinds
 from chatrun.definition.schemas import (
     Violation,
     compile_check,
@@ -51,7 +48,7 @@ from chatrun.definition.schemas import (
 )
 from chatrun.definition.sources import Sources, inside, subject, suggest
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
-from chatrun.errors import BotError, ChatrunError, Diagnostic
+from chatrun.errors import BotError, Diagnostic
 
 BOT_FILES = ("bot.yaml", "bot.yml")
 
@@ -425,7 +422,9 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         diagnostics.append(Diagnostic(main.file, 1, 1, "error",
                                       "the bot has no routes: add `routes:` with at least one route marked `default: true`",
                                       "routes"))
-    _resolve_openapi(tools, sources, main_file.parent, diagnostics)
+    load = Load(main_file.parent, sources, diagnostics)
+    for tool_kind in kinds():  # a kind's load-time step: an `openapi:` operation becomes an `http:` call
+        tool_kind.resolve(list(tools.values()), load)
     bot_name = top.get("name")
     return BotConfig(
         name=bot_name if isinstance(bot_name, str) else main_file.stem,
@@ -572,71 +571,6 @@ def _mcp_servers(raw: Any, doc: YamlDoc) -> dict[str, McpServerConfig]:
     return out
 
 
-def _openapi_ref(raw: Any) -> OpenApiRef | None:
-    if not isinstance(raw, dict) or not isinstance(raw.get("spec"), str) or not isinstance(raw.get("operation"), str):
-        return None
-    return OpenApiRef(raw["spec"], raw["operation"], _str(raw.get("base_url")), _dict(raw.get("headers")))
-
-
-def _resolve_openapi(tools: dict[str, ToolConfig], sources: Sources, root: Path,
-                     diagnostics: list[Diagnostic]) -> None:
-    """Give each `openapi:` tool the HTTP call, description and parameters its operation declares."""
-    specs: dict[Path, dict[str, Any] | str] = {}
-    for tool in tools.values():
-        ref = tool.openapi
-        if ref is None:
-            continue
-        raw = sources.doc_of("tools", tool.name).data["tools"][tool.name]
-        try:
-            path = (root / ref.spec).resolve()
-            if not path.is_relative_to(root.resolve()):
-                raise ChatrunError(f"the OpenAPI document {ref.spec} is outside the bot directory {root}")
-            if path not in specs:
-                try:
-                    specs[path] = read_spec(path)
-                except ChatrunError as exc:
-                    specs[path] = str(exc)
-            spec = specs[path]
-            if isinstance(spec, str):
-                raise ChatrunError(spec)
-            http, description, parameters = operation_tool(ref, spec, tool.where)
-        except ChatrunError as exc:
-            diagnostics.append(sources.diag("error", f"tool `{tool.name}`: {exc}", "tools", tool.name, "openapi"))
-            continue
-        if "parameters" in raw or "http" in raw:
-            diagnostics.append(sources.diag("error", f"tool `{tool.name}` takes its HTTP call and parameters from "
-                                            "its OpenAPI operation; remove `parameters:` and `http:` (declared once)",
-                                            "tools", tool.name, "openapi"))
-            continue
-        tool.http = http
-        tool.parameters = parameters
-        tool.description = tool.description or description
-
-
-def _mcp_ref(raw: Any) -> McpToolRef | None:
-    if not isinstance(raw, dict) or not isinstance(raw.get("server"), str):
-        return None
-    return McpToolRef(raw["server"], _str(raw.get("tool")))
-
-
-def _http(raw: Any, doc: YamlDoc, path: tuple) -> HttpConfig | None:
-    if not isinstance(raw, dict) or not isinstance(raw.get("url"), str):
-        return None  # absent, or the schema reported it
-    retries = raw.get("retries")
-    accept = raw.get("accept")
-    return HttpConfig(
-        url=raw["url"],
-        method=(_str(raw.get("method")) or "GET").upper(),
-        query=_dict(raw.get("query")),
-        headers=_dict(raw.get("headers")),
-        json=raw.get("json"),
-        form=_dict(raw["form"]) if isinstance(raw.get("form"), dict) else None,
-        retries=retries if isinstance(retries, int) and not isinstance(retries, bool) else 2,
-        accept=[a for a in accept if isinstance(a, int)] if isinstance(accept, list) else [],
-        where=_loc(doc, path),
-    )
-
-
 def _choices(raw: Any) -> list[Any] | str | None:
     return raw if isinstance(raw, (list, str)) else None
 
@@ -662,11 +596,7 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
         description=_str(raw.get("description")) or "",
         parameters=dict(params) if isinstance(params, dict) else {"type": "object", "properties": {}},
         requires=_str_list(raw.get("requires")),
-        handler=_str(raw.get("handler")),
-        http=_http(raw.get("http"), doc, (*base, "http")),
-        mcp=_mcp_ref(raw.get("mcp")),
-        openapi=_openapi_ref(raw.get("openapi")),
-        server_schema=isinstance(raw.get("mcp"), dict) and "parameters" not in raw,
+        kinds=parse_kinds(raw, doc, base),  # `handler:`, `http:`, ...: each kind parses its own key
         timeout=float(raw["timeout"]) if isinstance(raw.get("timeout"), int | float) else DEFAULT_TOOL_TIMEOUT,
         action=_action(_dict(raw.get("action")), doc, (*base, "action") if "action" in raw else base),
         on_error=OnErrorConfig(_str(on_error.get("message")), _str(on_error.get("reply")),

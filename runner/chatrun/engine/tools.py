@@ -1,39 +1,34 @@
-"""Tool plumbing: OpenAI tool specs, argument checks, and Python handlers.
+"""Tool plumbing: OpenAI tool specs, argument checks, and each bot's tool kinds at work.
 
 Everything here turns a bad tool call into a message for the model (`ToolRefusal`),
-never a crash: the model reads what was wrong and can try again.
+never a crash: the model reads what was wrong and can try again. What a tool's call does
+is its kind's (chatrun.toolkinds); the Toolbox keeps each kind's runtime for the bot.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import dataclasses
-import inspect
 import json
-from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
 
-from chatrun.definition.config import BotConfig, McpToolRef, RouteConfig, ToolConfig
-from chatrun.definition.handlers import HandlerResolver
-from chatrun.engine.http_tool import HttpCaller
-from chatrun.engine.mcp_tools import McpServers, McpTool
+from chatrun.definition.config import BotConfig, RouteConfig, ToolConfig
 from chatrun.errors import ToolRefusal
+from chatrun.toolkinds import KINDS
+from chatrun.toolkinds.base import KindRuntime
 
 
 class Toolbox:
-    """A bot's tools as the engine calls them: argument validators and Python handlers,
-    each built once per bot and shared by its sessions."""
+    """A bot's tools as the engine calls them: argument validators and the runtime of each
+    tool kind (imported handlers, HTTP connections, MCP servers), each built once per bot
+    and shared by its sessions."""
 
     def __init__(self, config: BotConfig):
         self.config = config
-        self._handlers = HandlerResolver(config.root or ".", config.name)
         self._validators: dict[str, Draft202012Validator] = {}
-        self._http: HttpCaller | None = None
-        self._mcp: McpServers | None = None
+        self._runtimes: dict[str, KindRuntime[Any] | None] | None = None  # by kind key, made on first use
 
     def argument_validator(self, tool: ToolConfig) -> Draft202012Validator:
         """The validator of a tool's `parameters` (built once per bot tool; an MCP server's
@@ -59,59 +54,34 @@ class Toolbox:
         return validator
 
     async def offered(self, route: RouteConfig, mocks: ToolMocks | None = None) -> dict[str, ToolConfig]:
-        """The tools the model may call on a route, by name: its `tools:` (an MCP tool declared
-        without `parameters` takes the server's), then the MCP tools its `mcp:` lists. With
-        mocks that stand in for the servers, no server is started: the route's MCP tools are
-        the mocked ones (a replayed transcript stays offline and deterministic)."""
+        """The tools the model may call on a route, by name: its `tools:`, as each kind completes
+        them and with the tools kinds add (an MCP server's). With mocks that stand in for
+        outside services, none is reached: a replayed transcript stays offline and deterministic."""
         offered = {name: self.config.tools[name] for name in route.tools if name in self.config.tools}
-        offline = mocks is not None and not mocks.live
-        if not offline:
-            for name, tool in offered.items():
-                if tool.mcp is not None and tool.server_schema:
-                    offered[name] = await self._with_server_schema(tool)
-        for entry in route.mcp:
-            server, _, only = entry.partition("/")
-            if offline:
-                assert mocks is not None
-                listed = [McpTool(server, n, "", {"type": "object"}) for n in mocks.mocked_tools()
-                          if n not in offered and (not only or n == only)]
-            else:
-                listed = await self.mcp.server_tools(server, [only] if only else None)
-            for found in listed:
-                offered.setdefault(found.name, ToolConfig(found.name, found.description, found.parameters,
-                                                          mcp=McpToolRef(server, found.name), where=route.where))
+        mocked = mocks.mocked_tools() if mocks is not None and not mocks.live else None
+        for runtime in self.runtimes().values():
+            if runtime is not None:
+                await runtime.offer(route, offered, mocked)
         return offered
 
-    async def _with_server_schema(self, tool: ToolConfig) -> ToolConfig:
-        assert tool.mcp is not None
-        name = tool.mcp.tool or tool.name
-        for listed in await self.mcp.server_tools(tool.mcp.server, [name]):
-            return dataclasses.replace(tool, description=tool.description or listed.description,
-                                       parameters=listed.parameters, server_schema=False)
-        return tool  # the server is down: offered as declared; calling it says so
+    def runtimes(self) -> dict[str, KindRuntime[Any] | None]:
+        """Each kind's runtime for this bot, by kind key (None: a kind that is gone once loaded)."""
+        if self._runtimes is None:
+            self._runtimes = {key: kind.runtime(self.config) for key, kind in KINDS.items()}
+        return self._runtimes
 
-    @property
-    def mcp(self) -> McpServers:
-        if self._mcp is None:
-            self._mcp = McpServers(self.config.mcp_servers, self.config.root or ".")
-        return self._mcp
+    def runtime(self, key: str) -> KindRuntime[Any]:
+        """The runtime of the kind `key` (a tool's ToolConfig.kind)."""
+        runtime = self.runtimes()[key]
+        if runtime is None:
+            raise RuntimeError(f"tool kind `{key}` has no runtime: its tools become another kind when the bot loads")
+        return runtime
 
     async def aclose(self) -> None:
         """Close what the tools opened on the running event loop: HTTP connections, MCP servers."""
-        if self._http is not None:
-            await self._http.aclose()
-        if self._mcp is not None:
-            await self._mcp.aclose()
-
-    def handler(self, spec: str) -> Callable[..., Any]:
-        """The function of a `module:function` handler spec."""
-        return self._handlers.resolve(spec)
-
-    @property
-    def http(self) -> HttpCaller:
-        if self._http is None:
-            self._http = HttpCaller(self.config.env)
-        return self._http
+        for runtime in (self._runtimes or {}).values():
+            if runtime is not None:
+                await runtime.aclose()
 
 
 def tool_spec(tool: ToolConfig) -> dict[str, Any]:
@@ -172,94 +142,6 @@ def parse_arguments(tool: ToolConfig, raw: str, validator: Draft202012Validator)
     if problems:
         raise ToolRefusal(f"Error: invalid arguments for {tool.name}: " + "; ".join(problems) + ". Call it again with valid arguments.")
     return args
-
-
-@dataclass
-class ToolContext:
-    """What a Python handler receives (`def handler(ctx: chatrun.ToolContext)`).
-
-    tool        the tool's name
-    args        the model's arguments, already checked against the tool's `parameters`
-    state       the conversation state (`state.X`), writable
-    scope       the current scope's state (`scope.X`) as one writable mapping: a key is read
-                and written where it lives (the scope's local state, else the nearest shared)
-    turn        this turn's state (`turn.X`), writable
-    route       the current route's name
-    session_id  the session's id
-
-    Writes to state, scope and turn persist only if the turn succeeds. `emit()` sends an
-    event to the client at once. The return value is `result` in the action's templates and
-    (as text, or JSON for other values) the tool result the model reads; raise
-    `chatrun.ToolRefusal("...")` to refuse: nothing of the action applies and the model reads
-    the message. A sync handler runs in a worker thread, an async one on the event loop;
-    both may take the tool's `timeout` (default 30 s).
-    """
-
-    tool: str
-    args: dict[str, Any]
-    state: dict[str, Any]
-    scope: MutableMapping[str, Any]
-    turn: dict[str, Any]
-    route: str
-    session_id: str
-    _emit: Callable[[str, object], None] = field(repr=False, default=lambda t, d: None)
-    _loop: asyncio.AbstractEventLoop | None = field(repr=False, default=None)
-    _open: bool = field(repr=False, default=True)
-
-    def emit(self, event_type: str, data: object) -> None:
-        """Send an event to the client now (Thinking, Console, Message, Object or a custom type).
-        Safe from a sync handler's worker thread; ignored once the handler has returned or timed out."""
-        if not self._open:
-            return
-        loop = self._loop
-        if loop is not None and _running_loop() is not loop:
-            loop.call_soon_threadsafe(self._emit_if_open, event_type, data)
-        else:
-            self._emit(event_type, data)
-
-    def _emit_if_open(self, event_type: str, data: object) -> None:
-        if self._open:
-            self._emit(event_type, data)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-async def call_handler(func: Callable[..., Any], ctx: ToolContext, timeout: float) -> Any:
-    """Run a handler: an async one on the event loop, a sync one in a worker thread (so a slow
-    one never holds up other sessions), each within `timeout` seconds (TimeoutError after)."""
-    ctx._loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(timeout):  # inline, not a new task: what the handler raises stays ours
-            if inspect.iscoroutinefunction(func):
-                return await func(ctx)
-            result = await asyncio.to_thread(_call_in_thread, func, ctx)
-            if inspect.isawaitable(result):  # a sync function that returned a coroutine
-                result = await result
-            return result
-    except _Exited as exc:
-        raise exc.original from None
-    finally:
-        ctx._open = False
-
-
-class _Exited(Exception):
-    """A sync handler's SystemExit, carried out of its worker thread as an ordinary exception
-    (a BaseException there would stop the event loop itself)."""
-
-    def __init__(self, original: SystemExit):
-        self.original = original
-
-
-def _call_in_thread(func: Callable[..., Any], ctx: ToolContext) -> Any:
-    try:
-        return func(ctx)
-    except SystemExit as exc:
-        raise _Exited(exc) from None
 
 
 @dataclass

@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from chatrun import events as ev
-from chatrun.definition.config import ActionConfig, ModelConfig, Price, RouteConfig, ToolConfig
+from chatrun.definition.config import (
+    ActionConfig,
+    Location,
+    ModelConfig,
+    Price,
+    RouteConfig,
+    ToolConfig,
+)
 from chatrun.definition.templates import holds, is_nothing
 from chatrun.engine import observe, tracing
 from chatrun.engine.conversation import Conversation
@@ -39,9 +46,7 @@ from chatrun.engine.steps import (
 )
 from chatrun.engine.tools import (
     Toolbox,
-    ToolContext,
     ToolMocks,
-    call_handler,
     parse_arguments,
     parse_output,
     response_format,
@@ -61,6 +66,7 @@ from chatrun.messages import (
     UserMessage,
 )
 from chatrun.models.base import ChatModel, ModelRequest, ModelResponse
+from chatrun.toolkinds.base import ToolFailed, Writable
 
 Emit = Callable[..., None]  # (type, data, runtime=False)
 log = logging.getLogger("chatrun.engine")
@@ -68,20 +74,11 @@ log = logging.getLogger("chatrun.engine")
 
 @dataclass
 class WorkingState:
-    """The copies of the state a handler writes to (Turn.working_copy)."""
+    """The copies of the state a tool's own code writes to (Turn.working_copy)."""
 
     state: dict[str, Any]
     scopes: list[Scope]
     turn: dict[str, Any]
-
-
-class HandlerFailed(Exception):
-    """A handler raised or timed out. The message is for the author (it names the place and
-    the exception); `reason` is what the model may read through `on_error`."""
-
-    def __init__(self, message: str, reason: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass
@@ -137,7 +134,7 @@ class Turn:
         # again in the same turn (pop + execute, a route change back) does not get it twice.
         self.user_given: set[str] = set()
         self.ended: str | None = None  # the tool that ended the conversation
-        self.work: WorkingState | None = None  # the copies the current tool's handler writes to
+        self.work: WorkingState | None = None  # the copies the current tool's own code writes to
 
     # -- the loop ---------------------------------------------------------------
 
@@ -469,7 +466,7 @@ class Turn:
                 self.check_action(tool, action)  # a case's move, now that the case is known
         except ToolRefusal as refusal:  # the handler refused, the API call failed, the case cannot complete
             return ToolOutcome(str(refusal), failed=True)  # nothing applies: the handler's writes were to copies
-        except HandlerFailed as failure:
+        except ToolFailed as failure:
             if tool.on_error is None:
                 raise TurnFailed(str(failure)) from failure.__cause__
             return self.handler_error(tool, args, failure)
@@ -493,35 +490,11 @@ class Turn:
         return result
 
     async def run_tool_for_real(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
-        if tool.handler:
-            return await self.call_handler(tool, args)
-        if tool.http:
-            http = self.tools.http
-            values = {"args": args, "env": http.env}
-            return await http.call(tool, args, lambda source, typed: self.render_template(
-                source, "http", tool.where, values, typed=typed))
-        if tool.mcp:
-            return await self.tools.mcp.call(tool, args, tool.timeout)
-        return None
-
-    async def call_handler(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
-        """The handler's return value. It writes to copies of the state (`self.work`), adopted only
-        if the tool goes on. Raises ToolRefusal (the handler refused) or HandlerFailed."""
-        work = self.work = self.working_copy()
-        ctx = ToolContext(tool.name, args, work.state, ScopeView(work.scopes), work.turn,
-                          self.c.scope.route, self.c.id, self.emit)
-        where = tool.where
-        try:
-            return await call_handler(self.tools.handler(tool.handler or ""), ctx, tool.timeout)
-        except ToolRefusal:
-            raise
-        except TimeoutError as exc:
-            raise HandlerFailed(f"tool {tool.name} ({where}): handler {tool.handler} did not finish within "
-                                f"{tool.timeout:g} s (the tool's `timeout`)",
-                                f"it took longer than {tool.timeout:g} seconds") from exc
-        except (Exception, SystemExit) as exc:  # a handler's sys.exit() must not end the server
-            raise HandlerFailed(f"tool {tool.name} ({where}): handler {tool.handler} raised "
-                                f"{type(exc).__name__}: {exc}", str(exc) or type(exc).__name__) from exc
+        """What the tool's kind gives (None: an action-only tool)."""
+        key = tool.kind
+        if key is None:
+            return None
+        return await self.tools.runtime(key).call(tool, tool.kinds[key], args, _KindCall(self))
 
     def check_requires(self, tool: ToolConfig) -> None:
         roots = self.roots()
@@ -635,7 +608,7 @@ class Turn:
         self.turn_state.clear()
         self.turn_state.update(work.turn)
 
-    def handler_error(self, tool: ToolConfig, args: dict[str, Any], failure: HandlerFailed) -> ToolOutcome:
+    def handler_error(self, tool: ToolConfig, args: dict[str, Any], failure: ToolFailed) -> ToolOutcome:
         """A declared failure (`on_error:`): the user gets its message, the model its reply."""
         on_error = tool.on_error
         assert on_error is not None
@@ -655,6 +628,35 @@ class Turn:
             return f"Done. The conversation is now on route {self.c.scope.route}."
         return "Done."
 
+
+
+class _KindCall:
+    """What a tool kind's call gets from the turn (chatrun.toolkinds.base.CallContext)."""
+
+    def __init__(self, turn: Turn):
+        self.turn = turn
+
+    @property
+    def route(self) -> str:
+        return self.turn.c.scope.route
+
+    @property
+    def session_id(self) -> str:
+        return self.turn.c.id
+
+    def render(self, source: Any, what: str, where: Location, values: dict[str, Any], *, typed: bool) -> Any:
+        return self.turn.render_template(source, what, where, values, typed=typed)
+
+    def writable(self) -> Writable:
+        """Copies of the state, kept as `turn.work` and adopted only if the tool goes on."""
+        work = self.turn.work = self.turn.working_copy()
+        return Writable(work.state, ScopeView(work.scopes), work.turn)
+
+    def emit(self, event_type: str, data: object) -> None:
+        self.turn.emit(event_type, data)
+
+    def trace_headers(self, headers: dict[str, str]) -> None:
+        tracing.inject(headers)
 
 
 def _next_step(action: ActionConfig, execute: bool) -> NextStep:

@@ -1,5 +1,6 @@
 """Tools in golden transcripts: `mocks:` stand in for handlers and HTTP tools, so a transcript
-replays offline and deterministically; `--record` writes real results as mocks."""
+replays offline and deterministically; `--record` writes real results as mocks. Which tools
+must be mocked is each tool kind's to say (chatrun.toolkinds.outside)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from chatrun.definition.config import ToolConfig
 from chatrun.engine.tools import Mocked
 from chatrun.errors import TurnFailed
+from chatrun.toolkinds import outside
 
 
 class TranscriptMocks:
@@ -31,8 +33,8 @@ class TranscriptMocks:
         for mock in [*self.turn_mocks, *self.transcript_mocks]:
             if mock.get("tool") == tool.name and _includes(args, mock.get("args") or {}):
                 return Mocked(mock.get("result"), mock.get("error"))
-        if (tool.http is not None or tool.mcp is not None) and not self.live:
-            what = "an HTTP API" if tool.http is not None or tool.mcp is None else f"the MCP server {tool.mcp.server}"
+        what = outside(tool)
+        if what is not None and not self.live:
             raise TurnFailed(f"tool {tool.name} calls {what}, and no mock of this transcript matches the call "
                              f"(arguments {args}); add one to the turn's or the transcript's `mocks:` "
                              "(or record real results with `chatrun test --record`)")
@@ -42,7 +44,7 @@ class TranscriptMocks:
         return {m["tool"] for m in [*self.turn_mocks, *self.transcript_mocks] if isinstance(m.get("tool"), str)}
 
     def observe(self, tool: ToolConfig, args: dict[str, Any], result: Any, error: str | None) -> None:
-        if self.live and (tool.http is not None or tool.mcp is not None):
+        if self.live and outside(tool) is not None:
             mock: dict[str, Any] = {"tool": tool.name, "args": copy.deepcopy(args)}
             mock.update({"error": error} if error is not None else {"result": copy.deepcopy(result)})
             self.recorded.append(mock)

@@ -269,8 +269,9 @@ def event_type_warnings(config: Any, t: Transcript) -> list[str]:
     """Expected event types the bot can never send (a typo such as `Mesage`). A bot with
     handlers may send any type (`ctx.emit`), so it is not judged."""
     from chatrun import events as ev
+    from chatrun.toolkinds import may_emit_any_event
 
-    if any(tool.handler for tool in config.tools.values()):
+    if may_emit_any_event(config):
         return []
     known = set(ev.BUILTIN_TYPES)
     for tool in config.tools.values():

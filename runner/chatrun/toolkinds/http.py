@@ -1,6 +1,11 @@
-"""Declarative HTTP tools: a tool's `http:` section rendered and sent with httpx.
+"""The `http:` tool kind: a declarative HTTP call, rendered and sent with httpx.
 
-The response becomes the tool's `result` for its action:
+    tools:
+      get_order:
+        http: {url: "{{ env.API_URL }}/orders/{{ args.id | urlsegment }}", headers: {...}}
+
+Every text of the section is a template over `args`, the state and `env` (the bot's
+declared environment variables). The response becomes the tool's `result` for its action:
 
     {"status": 200, "ok": true, "json": {...} or null, "text": "...", "headers": {...}}
 
@@ -8,7 +13,7 @@ A failure — no connection, a timeout, a status that is neither 2xx nor listed 
 `accept` (after the retries) — is a `ToolRefusal`: the model reads a short reason as the
 tool result and nothing of the action applies. Values of `secret: true` environment
 variables never leave this module: they are replaced by `[redacted]` in the result and
-in every reason.
+in every reason. A replay mocks it (an HTTP API); `--record` keeps its real results.
 """
 
 from __future__ import annotations
@@ -17,17 +22,22 @@ import asyncio
 import email.utils
 import json
 import os
+import re
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import httpx
 
-from chatrun.definition.config import EnvVar, HttpConfig, ToolConfig
-from chatrun.engine import tracing
+from chatrun.definition.config import BotConfig, EnvVar, Location, RouteConfig, ToolConfig
+from chatrun.definition.kinds import Checks
+from chatrun.definition.templates import TEMPLATE_VARIABLES
+from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal, TurnFailed
+from chatrun.toolkinds.base import CallContext, ToolKind
 
 REDACTED = "[redacted]"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -35,6 +45,94 @@ BACKOFF_S = 0.2
 MAX_TEXT_CHARS = 100_000  # a result the model and templates can use, not a download
 
 Render = Callable[[Any, bool], Any]  # (template or value, typed) -> rendered
+_EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
+
+
+@dataclass
+class HttpConfig:
+    """A declarative HTTP call (`http:` of a tool). Every text is a template over `args`,
+    `state`, `scope`, `turn` and `env` (the bot's declared environment variables)."""
+
+    url: str
+    method: str = "GET"
+    query: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, Any] = field(default_factory=dict)
+    json: Any = None  # a JSON body: a template, or data whose strings are templates
+    form: dict[str, Any] | None = None  # a form body (application/x-www-form-urlencoded)
+    retries: int = 2  # more attempts on 429, 5xx and connection errors, with backoff
+    accept: list[int] = field(default_factory=list)  # statuses besides 2xx that are results, not failures
+    args_in_query: list[str] = field(default_factory=list)  # arguments sent as query parameters when given
+    where: Location = field(default_factory=Location)
+
+
+class HttpKind(ToolKind[HttpConfig]):
+    key: ClassVar[str] = "http"
+
+    def parse(self, raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> HttpConfig | None:
+        section = raw.get("http")
+        if not isinstance(section, dict) or not isinstance(section.get("url"), str):
+            return None  # absent, or the schema reported it
+        retries, accept, pos = section.get("retries"), section.get("accept"), doc.pos((*at, "http"))
+        method, form = section.get("method"), section.get("form")
+        return HttpConfig(
+            url=section["url"],
+            method=((method if isinstance(method, str) else None) or "GET").upper(),
+            query=_mapping(section.get("query")),
+            headers=_mapping(section.get("headers")),
+            json=section.get("json"),
+            form=dict(form) if isinstance(form, dict) else None,
+            retries=retries if isinstance(retries, int) and not isinstance(retries, bool) else 2,
+            accept=[a for a in accept if isinstance(a, int)] if isinstance(accept, list) else [],
+            where=Location(doc.file, pos.line, pos.col),
+        )
+
+    def check(self, tool: ToolConfig, spec: HttpConfig, checks: Checks) -> None:
+        check_http(tool, spec, checks)
+
+    def runtime(self, config: BotConfig) -> HttpCaller:
+        return HttpCaller(config.env)
+
+    def outside(self, spec: HttpConfig) -> str | None:
+        return "an HTTP API"
+
+
+def check_http(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
+    """Its templates (which may read `env`), one body at most, path arguments escaped."""
+    base = ("tools", tool.name, "http")
+    variables = (*TEMPLATE_VARIABLES, "env")
+    if http.json is not None and http.form is not None:
+        checks.add("error", f"`http` of tool `{tool.name}` has both `json` and `form`; a request has one body",
+                   *base, "form")
+    texts: list[tuple[tuple[Any, ...], Any]] = [(("url",), http.url)]
+    texts += [(("query", k), v) for k, v in http.query.items()]
+    texts += [(("headers", k), v) for k, v in http.headers.items()]
+    texts += [(("form", k), v) for k, v in (http.form or {}).items()]
+    texts += _strings_in(http.json, ("json",))
+    for sub, value in texts:
+        if isinstance(value, str):
+            checks.template(value, f"`http.{'.'.join(map(str, sub))}` of tool `{tool.name}`", (*base, *sub), tool,
+                            variables)
+    path_part = http.url.split("?", 1)[0]
+    for expr in _EXPRESSION.findall(path_part):
+        if "args." in expr and "urlsegment" not in expr:
+            checks.add("warning", f"`http.url` of tool `{tool.name}` puts `{{{{{expr}}}}}` into the URL path "
+                       "unescaped; use `| urlsegment` so a value like `../admin` stays one path segment",
+                       *base, "url")
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _strings_in(value: Any, at: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], str]]:
+    """Every string inside JSON-like data, with its path (the templates of an `http.json` body)."""
+    if isinstance(value, str):
+        return [(at, value)]
+    if isinstance(value, dict):
+        return [found for k, v in value.items() for found in _strings_in(v, (*at, k))]
+    if isinstance(value, list):
+        return [found for i, v in enumerate(value) for found in _strings_in(v, (*at, i))]
+    return []
 
 
 class Environment(Mapping[str, str]):
@@ -87,11 +185,22 @@ class HttpCaller:
         if client is not None:
             await client.aclose()
 
-    async def call(self, tool: ToolConfig, args: dict[str, Any], render: Render) -> dict[str, Any]:
-        """The tool's request, rendered with `render`, sent with retries. Returns the result."""
-        http = tool.http
-        assert http is not None
-        request = self._build(http, args, render, tool.timeout)
+    async def call(self, tool: ToolConfig, spec: HttpConfig, args: dict[str, Any],
+                   ctx: CallContext) -> dict[str, Any]:
+        """The tool's request, its templates rendered by the turn, sent with retries. Returns the result."""
+        values = {"args": args, "env": self.env}
+
+        def render(source: Any, typed: bool) -> Any:
+            return ctx.render(source, "http", tool.where, values, typed=typed)
+
+        request = self._build(spec, args, render, tool.timeout, ctx.trace_headers)
+        return await self._send(tool, spec, request)
+
+    async def offer(self, route: RouteConfig, offered: dict[str, ToolConfig], mocked: set[str] | None) -> None:
+        return None
+
+    async def _send(self, tool: ToolConfig, http: HttpConfig, request: httpx.Request) -> dict[str, Any]:
+        """Send, retrying what may pass on a second try, within the tool's time."""
         secrets = self.env.secrets()
         deadline = time.monotonic() + tool.timeout * (http.retries + 1)
         attempt = 0
@@ -121,7 +230,8 @@ class HttpCaller:
         raise ToolRefusal(f"Error: {tool.name} failed: {problem} from {request.method} {where}{tries}. "
                           "Tell the user it did not work this time.")
 
-    def _build(self, http: HttpConfig, args: dict[str, Any], render: Render, timeout: float) -> httpx.Request:
+    def _build(self, http: HttpConfig, args: dict[str, Any], render: Render, timeout: float,
+               trace_headers: Callable[[dict[str, str]], None]) -> httpx.Request:
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
             raise TurnFailed(f"{http.where}: http.url rendered to {url[:80]!r}, not an http(s) URL")
@@ -129,7 +239,7 @@ class HttpCaller:
         # an OpenAPI operation's query parameters, as the model gave them
         query.update({k: _text(args[k]) for k in http.args_in_query if args.get(k) is not None})
         headers = {k: _text(render(v, False)) for k, v in http.headers.items()}
-        tracing.inject(headers)  # the API's own traces join the turn's (W3C traceparent)
+        trace_headers(headers)  # the API's own traces join the turn's (W3C traceparent)
         body: dict[str, Any] = {}
         if http.json is not None:
             body["json"] = _render_data(http.json, render)

@@ -1,4 +1,5 @@
-"""Python handlers of a bot: `module:function` specs resolved from the bot's directory.
+"""Python handlers of a bot (the `handler:` tool kind, handler.py): `module:function` specs
+resolved from the bot's directory.
 
 Used twice: the checks import a module in isolation (validating one bot must not change
 what another imports), the engine resolves handlers through one HandlerResolver per bot.

@@ -1,5 +1,6 @@
-"""MCP tools: a bot's MCP servers (`mcp_servers:`), started on first use and shared by the
-bot's sessions, and calls to their tools through the official `mcp` SDK.
+"""A bot's MCP servers (`mcp_servers:`), started on first use and shared by the bot's
+sessions, and calls to their tools through the official `mcp` SDK (the `mcp:` tool kind,
+chatrun.toolkinds.mcp, uses them).
 
 One connection per server per event loop (an SDK client belongs to the task group that
 opened it): a background task opens the client and holds it; calls come from the turns.
@@ -22,8 +23,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from chatrun.definition.config import BotConfig, Location, McpServerConfig, ToolConfig
-from chatrun.errors import Diagnostic, ToolRefusal
+from chatrun.definition.config import McpServerConfig
+from chatrun.errors import ToolRefusal
 
 START_TIMEOUT_S = 30.0
 
@@ -181,12 +182,6 @@ class McpServers:
             return []
         return [t for t in listed if names is None or t.name in names]
 
-    async def call(self, tool: ToolConfig | McpTool, args: dict[str, Any], timeout: float) -> Any:
-        if isinstance(tool, McpTool):
-            return await self.connection(tool.server).call(tool.name, args, timeout)
-        assert tool.mcp is not None
-        return await self.connection(tool.mcp.server).call(tool.mcp.tool or tool.name, args, timeout)
-
     async def aclose(self) -> None:
         """Stop the servers started on the running loop."""
         connections = self._by_loop.pop(asyncio.get_running_loop(), {})
@@ -200,35 +195,3 @@ def _reason(exc: BaseException | None) -> str:
     if exc is None:
         return "it exited"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-async def check_mcp_names(config: BotConfig) -> list[Diagnostic]:
-    """`chatrun validate --connect`: start each MCP server the bot uses and check that the
-    tools it names exist there. A server that cannot start is an error at its declaration."""
-    servers = McpServers(config.mcp_servers, config.root or ".")
-    out: list[Diagnostic] = []
-    listed: dict[str, set[str] | None] = {}
-    try:
-        for name, server in config.mcp_servers.items():
-            try:
-                listed[name] = {t.name for t in await servers.connection(name).tools()}
-            except ToolRefusal as refusal:
-                listed[name] = None
-                out.append(_diag(server.where, f"MCP server `{name}` could not be reached to check its tools: "
-                                 f"{refusal}"))
-        wanted = [(t.where, t.mcp.server, t.mcp.tool or t.name, f"tool `{t.name}`")
-                  for t in config.tools.values() if t.mcp is not None]
-        wanted += [(r.where, e.partition("/")[0], e.partition("/")[2], f"route `{r.name}`")
-                   for r in config.routes.values() for e in r.mcp if "/" in e]
-        for where, server_name, tool, who in wanted:
-            names = listed.get(server_name)
-            if names is not None and tool not in names:
-                out.append(_diag(where, f"{who} uses MCP tool `{tool}`, which server `{server_name}` does not list; "
-                                 f"it lists: {', '.join(sorted(names)) or 'nothing'}"))
-    finally:
-        await servers.aclose()
-    return out
-
-
-def _diag(where: Location, message: str) -> Diagnostic:
-    return Diagnostic(where.file, where.line, where.col, "error", message)

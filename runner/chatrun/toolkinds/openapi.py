@@ -1,4 +1,4 @@
-"""Tools from an OpenAPI document: `openapi: {spec, operation}` becomes an HTTP tool.
+"""The `openapi:` tool kind: `openapi: {spec, operation}` becomes an HTTP tool.
 
 The operation (found by its `operationId`) gives the method, the path, the description
 and the arguments: path and query parameters become properties of the tool's
@@ -6,22 +6,90 @@ and the arguments: path and query parameters become properties of the tool's
 into the URL escaped (`urlsegment`), query parameters are sent when the model gives them.
 The error statuses the operation documents (a 404, a 409) are results for the action, not
 failures: the document says they are answers.
-Declared once, in the document; checked when the bot loads.
+Declared once, in the document; read and checked when the bot loads (`resolve`), which
+turns the tool into an `http:` one: its call, checks and mocks are those of `http`, so
+this kind has no runtime of its own.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
-from chatrun.definition.config import HttpConfig, Location, OpenApiRef
+from chatrun.definition.config import Location, ToolConfig
+from chatrun.definition.kinds import Load, in_table_order
 from chatrun.definition.sources import suggest
+from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ChatrunError
+from chatrun.toolkinds.base import ToolKind
+from chatrun.toolkinds.http import HttpConfig
 
 METHODS = ("get", "post", "put", "patch", "delete")
+
+
+@dataclass
+class OpenApiRef:
+    """A tool made from an OpenAPI operation (`openapi:` of a tool)."""
+
+    spec: str  # the document, relative to the bot directory
+    operation: str  # its operationId
+    base_url: str | None = None  # template; default: the document's first server
+    headers: dict[str, Any] = field(default_factory=dict)  # templates, e.g. Authorization
+
+
+class OpenApiKind(ToolKind[OpenApiRef]):
+    key: ClassVar[str] = "openapi"
+
+    def parse(self, raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> OpenApiRef | None:
+        section = raw.get("openapi")
+        if (not isinstance(section, dict) or not isinstance(section.get("spec"), str)
+                or not isinstance(section.get("operation"), str)):
+            return None
+        base_url, headers = section.get("base_url"), section.get("headers")
+        return OpenApiRef(section["spec"], section["operation"], base_url if isinstance(base_url, str) else None,
+                          dict(headers) if isinstance(headers, dict) else {})
+
+    def resolve(self, tools: list[ToolConfig], load: Load) -> None:
+        """Give each `openapi:` tool the HTTP call, description and parameters its operation
+        declares: it becomes an `http:` tool (or loses this kind, its problem reported)."""
+        specs: dict[Path, dict[str, Any] | str] = {}
+        for tool in tools:
+            ref = tool.kinds.pop(self.key, None)
+            if isinstance(ref, OpenApiRef):
+                _resolve(tool, ref, load, specs)
+
+
+def _resolve(tool: ToolConfig, ref: OpenApiRef, load: Load, specs: dict[Path, dict[str, Any] | str]) -> None:
+    sources, root = load.sources, load.root
+    raw = sources.doc_of("tools", tool.name).data["tools"][tool.name]
+    try:
+        path = (root / ref.spec).resolve()
+        if not path.is_relative_to(root.resolve()):
+            raise ChatrunError(f"the OpenAPI document {ref.spec} is outside the bot directory {root}")
+        if path not in specs:
+            try:
+                specs[path] = read_spec(path)
+            except ChatrunError as exc:
+                specs[path] = str(exc)
+        spec = specs[path]
+        if isinstance(spec, str):
+            raise ChatrunError(spec)
+        http, description, parameters = operation_tool(ref, spec, tool.where)
+    except ChatrunError as exc:
+        load.diagnostics.append(sources.diag("error", f"tool `{tool.name}`: {exc}", "tools", tool.name, "openapi"))
+        return
+    if "parameters" in raw or "http" in raw:
+        load.diagnostics.append(sources.diag("error", f"tool `{tool.name}` takes its HTTP call and parameters from "
+                                             "its OpenAPI operation; remove `parameters:` and `http:` (declared once)",
+                                             "tools", tool.name, "openapi"))
+        return
+    tool.kinds = in_table_order({**tool.kinds, "http": http})
+    tool.parameters = parameters
+    tool.description = tool.description or description
 
 
 def read_spec(path: Path) -> dict[str, Any]:

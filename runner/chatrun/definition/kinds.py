@@ -1,0 +1,96 @@
+"""The definition stage's table of tool kinds: what the loader and the checks ask of a kind.
+
+A tool gets its result from one kind — a Python `handler:`, an `http:` call, an `openapi:`
+operation, an `mcp:` server's tool — and each kind is one module of `chatrun.toolkinds`,
+holding everything about it: its config, its checks, its call, how a replay mocks it.
+That package lies above this stage (beside `models/`: a kind's call needs httpx or the
+mcp SDK, and what the engine hands it), and nothing imports upward, so the loader and the
+checks cannot import the kinds. They reach them through this table instead, which
+`chatrun.toolkinds` fills when it is imported — and it always is before a bot loads:
+importing any `chatrun.*` module first runs `chatrun/__init__.py`, which imports it.
+
+The table is keyed by the kind's YAML key and ordered: that order is the order kinds are
+parsed, named in "has `handler` and `http`" and checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from chatrun.definition.config import BotConfig, ToolConfig
+from chatrun.definition.sources import Sources
+from chatrun.definition.templates import TEMPLATE_VARIABLES
+from chatrun.definition.yamlpos import YamlDoc
+from chatrun.errors import Diagnostic
+
+
+class Checks(Protocol):
+    """What a kind's checks report through (the checker of definition/checks.py)."""
+
+    config: BotConfig
+    cache: dict[str, Any]  # what a kind keeps for the rest of one check run (imported modules)
+
+    def add(self, severity: str, message: str, kind: str, name: str, *sub: Any) -> None:
+        """A diagnostic at the YAML node `kind.name.sub...` (e.g. "tools", "get_pet", "http", "url")."""
+
+    def template(self, source: str, what: str, path: tuple[Any, ...], tool: ToolConfig | None,
+                 variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None) -> None:
+        """Check a template: it compiles, and what it reads exists (diagnostics on its own line)."""
+
+
+@dataclass
+class Load:
+    """What a kind's load-time step (`resolve`) works with."""
+
+    root: Path  # the bot directory
+    sources: Sources
+    diagnostics: list[Diagnostic]  # where its problems go
+
+
+class KindDefinition(Protocol):
+    """A tool kind as the definition stage sees it (chatrun.toolkinds.base.ToolKind is one)."""
+
+    @property
+    def key(self) -> str:
+        """Its key in a tool's YAML (`http:`) and in ToolConfig.kinds."""
+
+    def parse(self, raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> Any | None:
+        """The kind's config from the tool's YAML mapping `raw` (at path `at` in `doc`), or None
+        when the tool does not use this kind (or the schema already reported its section)."""
+
+    def resolve(self, tools: list[ToolConfig], load: Load) -> None:
+        """Complete this kind's tools once every tool is built (an OpenAPI operation is read)."""
+
+    def check(self, tool: ToolConfig, spec: Any, checks: Checks) -> None:
+        """What the schema cannot say about one tool's config of this kind."""
+
+    def check_bot(self, config: BotConfig, checks: Checks) -> None:
+        """What the schema cannot say about the bot-level declarations the kind uses."""
+
+
+_TABLE: dict[str, KindDefinition] = {}
+
+
+def register(kind: KindDefinition) -> None:
+    """Add a kind to the table (chatrun.toolkinds does, for each of its modules)."""
+    _TABLE[kind.key] = kind
+
+
+def kinds() -> list[KindDefinition]:
+    """The registered kinds, in table order."""
+    if not _TABLE:  # only a broken install gets here: importing chatrun registers them
+        raise RuntimeError("no tool kinds are registered; import chatrun.toolkinds first")
+    return list(_TABLE.values())
+
+
+def parse_kinds(raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> dict[str, Any]:
+    """ToolConfig.kinds of a tool's YAML mapping: each kind it declares, with its config."""
+    found = {kind.key: kind.parse(raw, doc, at) for kind in kinds()}
+    return {key: spec for key, spec in found.items() if spec is not None}
+
+
+def in_table_order(found: dict[str, Any]) -> dict[str, Any]:
+    """`found` (a tool's kinds) ordered like the table."""
+    return {kind.key: found[kind.key] for kind in kinds() if kind.key in found}

@@ -1,0 +1,154 @@
+"""The `mcp:` tool kind: a tool of the bot that calls a tool of an MCP server.
+
+    mcp_servers:
+      files: {command: [python, files_server.py]}
+    tools:
+      read_file: {mcp: {server: files, tool: read}}   # no `parameters`: the server's schema
+    routes:
+      main: {mcp: [files/list]}                        # a route offers a server's tools as they are
+
+The servers themselves (connections, restarts, results) are in mcp_servers.py. Besides
+its tools' config this kind checks the bot's `mcp_servers:` and the routes' `mcp:` lists,
+and offers the tools those lists name. A replay mocks it (the MCP server) and stays
+offline: a route's server tools are then the mocked ones, and no server starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from chatrun.definition.config import BotConfig, Location, RouteConfig, ToolConfig
+from chatrun.definition.kinds import Checks
+from chatrun.definition.sources import suggest
+from chatrun.definition.yamlpos import YamlDoc
+from chatrun.errors import Diagnostic, ToolRefusal
+from chatrun.toolkinds.base import CallContext, ToolKind
+from chatrun.toolkinds.mcp_servers import McpServers, McpTool
+
+
+@dataclass
+class McpToolRef:
+    """A tool of the bot that calls an MCP server's tool (`mcp:` of a tool)."""
+
+    server: str
+    tool: str | None = None  # the server's tool name; None: the same as the bot's tool
+    server_schema: bool = False  # declared without `parameters`: the server's schema is used
+
+
+class McpKind(ToolKind[McpToolRef]):
+    key: ClassVar[str] = "mcp"
+
+    def parse(self, raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> McpToolRef | None:
+        section = raw.get("mcp")
+        if not isinstance(section, dict) or not isinstance(section.get("server"), str):
+            return None
+        tool = section.get("tool")
+        return McpToolRef(section["server"], tool if isinstance(tool, str) else None, "parameters" not in raw)
+
+    def check(self, tool: ToolConfig, spec: McpToolRef, checks: Checks) -> None:
+        servers = checks.config.mcp_servers
+        if spec.server not in servers:
+            checks.add("error", f"tool `{tool.name}` calls unknown MCP server `{spec.server}`"
+                       f"{suggest(spec.server, servers)}; declare it under `mcp_servers:`",
+                       "tools", tool.name, "mcp", "server")
+
+    def check_bot(self, config: BotConfig, checks: Checks) -> None:
+        for server in config.mcp_servers.values():
+            if bool(server.command) == bool(server.url):
+                checks.add("error", f"MCP server `{server.name}` needs exactly one of `command` (a stdio server) "
+                           "and `url` (a streamable HTTP server)", "mcp_servers", server.name)
+        for route in config.routes.values():
+            for i, entry in enumerate(route.mcp):
+                server_name = entry.partition("/")[0]
+                if server_name not in config.mcp_servers:
+                    checks.add("error", f"route `{route.name}` lists MCP tools of unknown server `{server_name}`"
+                               f"{suggest(server_name, config.mcp_servers)}; declare it under `mcp_servers:`",
+                               "routes", route.name, "mcp", i)
+
+    def runtime(self, config: BotConfig) -> McpRuntime:
+        return McpRuntime(McpServers(config.mcp_servers, config.root or "."))
+
+    def unconnected(self, config: BotConfig) -> str | None:
+        return "MCP tool names not checked (--connect starts the servers to check them)" if config.mcp_servers else None
+
+    async def connect_check(self, config: BotConfig) -> list[Diagnostic]:
+        return await check_mcp_names(config) if config.mcp_servers else []
+
+    def outside(self, spec: McpToolRef) -> str | None:
+        return f"the MCP server {spec.server}"
+
+
+class McpRuntime:
+    """A bot's MCP servers, as its Toolbox keeps them."""
+
+    def __init__(self, servers: McpServers):
+        self.servers = servers
+
+    async def call(self, tool: ToolConfig, spec: McpToolRef, args: dict[str, Any], ctx: CallContext) -> Any:
+        return await self.servers.connection(spec.server).call(spec.tool or tool.name, args, tool.timeout)
+
+    async def offer(self, route: RouteConfig, offered: dict[str, ToolConfig], mocked: set[str] | None) -> None:
+        """A tool declared without `parameters` takes the server's; then the tools the route's
+        `mcp:` lists. With mocks that stand in for the servers (`mocked`), no server is started:
+        the route's MCP tools are the mocked ones (a replayed transcript stays offline)."""
+        if mocked is None:
+            for name, tool in offered.items():
+                spec = tool.kinds.get(McpKind.key)
+                if isinstance(spec, McpToolRef) and spec.server_schema:
+                    offered[name] = await self._with_server_schema(tool, spec)
+        for entry in route.mcp:
+            server, _, only = entry.partition("/")
+            if mocked is not None:
+                listed = [McpTool(server, n, "", {"type": "object"}) for n in mocked
+                          if n not in offered and (not only or n == only)]
+            else:
+                listed = await self.servers.server_tools(server, [only] if only else None)
+            for found in listed:
+                offered.setdefault(found.name, ToolConfig(found.name, found.description, found.parameters,
+                                                          kinds={McpKind.key: McpToolRef(server, found.name)},
+                                                          where=route.where))
+
+    async def _with_server_schema(self, tool: ToolConfig, spec: McpToolRef) -> ToolConfig:
+        name = spec.tool or tool.name
+        for listed in await self.servers.server_tools(spec.server, [name]):
+            return dataclasses.replace(tool, description=tool.description or listed.description,
+                                       parameters=listed.parameters,
+                                       kinds={**tool.kinds, McpKind.key: dataclasses.replace(spec, server_schema=False)})
+        return tool  # the server is down: offered as declared; calling it says so
+
+    async def aclose(self) -> None:
+        await self.servers.aclose()
+
+
+async def check_mcp_names(config: BotConfig) -> list[Diagnostic]:
+    """`chatrun validate --connect`: start each MCP server the bot uses and check that the
+    tools it names exist there. A server that cannot start is an error at its declaration."""
+    servers = McpServers(config.mcp_servers, config.root or ".")
+    out: list[Diagnostic] = []
+    listed: dict[str, set[str] | None] = {}
+    try:
+        for name, server in config.mcp_servers.items():
+            try:
+                listed[name] = {t.name for t in await servers.connection(name).tools()}
+            except ToolRefusal as refusal:
+                listed[name] = None
+                out.append(_diag(server.where, f"MCP server `{name}` could not be reached to check its tools: "
+                                 f"{refusal}"))
+        refs = [(t, t.kinds[McpKind.key]) for t in config.tools.values() if McpKind.key in t.kinds]
+        wanted = [(t.where, ref.server, ref.tool or t.name, f"tool `{t.name}`") for t, ref in refs]
+        wanted += [(r.where, e.partition("/")[0], e.partition("/")[2], f"route `{r.name}`")
+                   for r in config.routes.values() for e in r.mcp if "/" in e]
+        for where, server_name, tool, who in wanted:
+            names = listed.get(server_name)
+            if names is not None and tool not in names:
+                out.append(_diag(where, f"{who} uses MCP tool `{tool}`, which server `{server_name}` does not list; "
+                                 f"it lists: {', '.join(sorted(names)) or 'nothing'}"))
+    finally:
+        await servers.aclose()
+    return out
+
+
+def _diag(where: Location, message: str) -> Diagnostic:
+    return Diagnostic(where.file, where.line, where.col, "error", message)
