@@ -163,17 +163,6 @@ DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a handler, HTTP call or MCP call may take
 
 
 @dataclass
-class McpServerConfig:
-    """An MCP server a bot uses (`mcp_servers:`): a command speaking stdio, or a streamable HTTP URL."""
-
-    name: str
-    command: list[str] = field(default_factory=list)  # run in the bot's directory; `python` = chatrun's
-    url: str | None = None
-    env: dict[str, str] = field(default_factory=dict)  # more environment variables for the command
-    where: Location = field(default_factory=Location)
-
-
-@dataclass
 class EnvVar:
     """An environment variable a bot declares (`env:`); only declared ones reach templates."""
 
@@ -234,7 +223,8 @@ class RouteConfig:
     memory: MemoryPolicy | None = None  # None: the bot's default policy
     model: dict[str, Any] | None = None  # raw override merged over the bot's ModelConfig
     tools: list[str] = field(default_factory=list)
-    mcp: list[str] = field(default_factory=list)  # "SERVER" (all its tools) or "SERVER/TOOL"
+    # What tool kinds declare on the route, by kind key (the mcp kind: its `mcp:` list of servers' tools).
+    kind_config: dict[str, Any] = field(default_factory=dict)
     scope: ScopeConfig = field(default_factory=ScopeConfig)
     roles: list[str] = field(default_factory=list)
     returns: str | None = None  # "answer": when called, the final answer is the result (the scope pops)
@@ -255,7 +245,8 @@ class BotConfig:
     limits: Limits = field(default_factory=lambda: Limits())
     env: dict[str, EnvVar] = field(default_factory=dict)
     prices: dict[str, Price] = field(default_factory=dict)  # model name -> price
-    mcp_servers: dict[str, McpServerConfig] = field(default_factory=dict)
+    # What tool kinds declare for the whole bot, by kind key (the mcp kind: its `mcp_servers:`).
+    kind_config: dict[str, Any] = field(default_factory=dict)
     path: str = ""  # the bot.yaml (or single file) it was loaded from
     root: str = ""  # directory handlers are resolved against
     where: Location = field(default_factory=Location)

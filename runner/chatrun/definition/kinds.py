@@ -10,7 +10,9 @@ checks cannot import the kinds. They reach them through this table instead, whic
 importing any `chatrun.*` module first runs `chatrun/__init__.py`, which imports it.
 
 The table is keyed by the kind's YAML key and ordered: that order is the order kinds are
-parsed, named in "has `handler` and `http`" and checked.
+parsed, named in "has `handler` and `http`" and checked. Besides a tool's own section, a
+kind may declare things for the whole bot or on a route (the mcp kind: `mcp_servers:`, a
+route's `mcp:` list), kept by kind key in BotConfig.kind_config and RouteConfig.kind_config.
 """
 
 from __future__ import annotations
@@ -60,6 +62,13 @@ class KindDefinition(Protocol):
         """The kind's config from the tool's YAML mapping `raw` (at path `at` in `doc`), or None
         when the tool does not use this kind (or the schema already reported its section)."""
 
+    def parse_bot(self, top: dict[str, Any], doc: YamlDoc) -> Any | None:
+        """What the kind declares for the whole bot (mcp: `mcp_servers:`), from the main file's
+        top-level mapping, or None: BotConfig.kind_config."""
+
+    def parse_route(self, raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> Any | None:
+        """What the kind declares on a route (mcp: its `mcp:` list), or None: RouteConfig.kind_config."""
+
     def resolve(self, tools: list[ToolConfig], load: Load) -> None:
         """Complete this kind's tools once every tool is built (an OpenAPI operation is read)."""
 
@@ -89,6 +98,18 @@ def parse_kinds(raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> dict[
     """ToolConfig.kinds of a tool's YAML mapping: each kind it declares, with its config."""
     found = {kind.key: kind.parse(raw, doc, at) for kind in kinds()}
     return {key: spec for key, spec in found.items() if spec is not None}
+
+
+def route_kinds(raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> dict[str, Any]:
+    """RouteConfig.kind_config of a route's YAML mapping."""
+    found = {kind.key: kind.parse_route(raw, doc, at) for kind in kinds()}
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def bot_kinds(top: dict[str, Any], doc: YamlDoc) -> dict[str, Any]:
+    """BotConfig.kind_config of the main file's top-level mapping."""
+    found = {kind.key: kind.parse_bot(top, doc) for kind in kinds()}
+    return {key: value for key, value in found.items() if value is not None}
 
 
 def in_table_order(found: dict[str, Any]) -> dict[str, Any]:

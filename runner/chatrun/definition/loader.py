@@ -27,7 +27,6 @@ from chatrun.definition.config import (
     EnvVar,
     Limits,
     Location,
-    McpServerConfig,
     MemoryPolicy,
     ModelConfig,
     OnErrorConfig,
@@ -37,7 +36,7 @@ from chatrun.definition.config import (
     ScopeConfig,
     ToolConfig,
 )
-from chatrun.definition.kinds import Load, kinds, parse_kinds
+from chatrun.definition.kinds import Load, bot_kinds, kinds, parse_kinds, route_kinds
 from chatrun.definition.schemas import (
     Violation,
     compile_check,
@@ -437,7 +436,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         limits=_limits(top.get("limits")),
         env=_env(top.get("env")),
         prices=_prices(top.get("prices")),
-        mcp_servers=_mcp_servers(top.get("mcp_servers"), main),
+        kind_config=bot_kinds(top, main),
         path=str(main_file),
         root=str(main_file.parent),
         where=Location(main.file, 1, 1),
@@ -536,7 +535,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         memory=_memory(raw.get("memory"), doc, (*base, "memory")),
         model=dict(model) if isinstance(model, dict) and model else None,
         tools=_str_list(raw.get("tools")),
-        mcp=_str_list(raw.get("mcp")),
+        kind_config=route_kinds(raw, doc, base),
         scope=ScopeConfig(local=_dict(scope.get("local")), shared=_dict(scope.get("shared"))),
         roles=_str_list(raw.get("roles")),
         returns=raw.get("returns") if raw.get("returns") == "answer" else None,
@@ -553,21 +552,6 @@ def _env(raw: Any) -> dict[str, EnvVar]:
         default = spec.get("default")
         out[str(name)] = EnvVar(str(name), _bool(spec.get("secret")), None if default is None else str(default),
                                 _str(spec.get("description")) or "")
-    return out
-
-
-def _mcp_servers(raw: Any, doc: YamlDoc) -> dict[str, McpServerConfig]:
-    out: dict[str, McpServerConfig] = {}
-    for name, spec in _dict(raw).items():
-        spec = _dict(spec)
-        command = spec.get("command")
-        out[str(name)] = McpServerConfig(
-            name=str(name),
-            command=[str(c) for c in command] if isinstance(command, list) else [],
-            url=_str(spec.get("url")),
-            env={str(k): str(v) for k, v in _dict(spec.get("env")).items()},
-            where=_loc(doc, ("mcp_servers", name)),
-        )
     return out
 
 

@@ -96,6 +96,12 @@ class ToolKind(Generic[Spec]):
     def parse(self, raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> Spec | None:
         raise NotImplementedError
 
+    def parse_bot(self, top: dict[str, Any], doc: YamlDoc) -> Any | None:
+        return None
+
+    def parse_route(self, raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> Any | None:
+        return None
+
     def resolve(self, tools: list[ToolConfig], load: Load) -> None:
         return None
 

@@ -25,7 +25,7 @@ from chatrun.definition.sources import suggest
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic, ToolRefusal
 from chatrun.toolkinds.base import CallContext, ToolKind
-from chatrun.toolkinds.mcp_servers import McpServers, McpTool
+from chatrun.toolkinds.mcp_servers import McpServerConfig, McpServers, McpTool
 
 
 @dataclass
@@ -47,34 +47,60 @@ class McpKind(ToolKind[McpToolRef]):
         tool = section.get("tool")
         return McpToolRef(section["server"], tool if isinstance(tool, str) else None, "parameters" not in raw)
 
+    def parse_bot(self, top: dict[str, Any], doc: YamlDoc) -> dict[str, McpServerConfig] | None:
+        """The bot's `mcp_servers:`."""
+        raw = top.get("mcp_servers")
+        out: dict[str, McpServerConfig] = {}
+        for name, spec in (raw.items() if isinstance(raw, dict) else ()):
+            spec = spec if isinstance(spec, dict) else {}
+            command, url, env = spec.get("command"), spec.get("url"), spec.get("env")
+            pos = doc.pos(("mcp_servers", name))
+            out[str(name)] = McpServerConfig(
+                name=str(name),
+                command=[str(c) for c in command] if isinstance(command, list) else [],
+                url=url if isinstance(url, str) else None,
+                env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+                where=Location(doc.file, pos.line, pos.col),
+            )
+        return out or None
+
+    def parse_route(self, raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> list[str] | None:
+        """A route's `mcp:`: "SERVER" (all its tools) or "SERVER/TOOL" entries."""
+        entries = raw.get("mcp")
+        listed = [e for e in entries if isinstance(e, str)] if isinstance(entries, list) else []
+        return listed or None
+
     def check(self, tool: ToolConfig, spec: McpToolRef, checks: Checks) -> None:
-        servers = checks.config.mcp_servers
+        servers = servers_of(checks.config)
         if spec.server not in servers:
             checks.add("error", f"tool `{tool.name}` calls unknown MCP server `{spec.server}`"
                        f"{suggest(spec.server, servers)}; declare it under `mcp_servers:`",
                        "tools", tool.name, "mcp", "server")
 
     def check_bot(self, config: BotConfig, checks: Checks) -> None:
-        for server in config.mcp_servers.values():
+        servers = servers_of(config)
+        for server in servers.values():
             if bool(server.command) == bool(server.url):
                 checks.add("error", f"MCP server `{server.name}` needs exactly one of `command` (a stdio server) "
                            "and `url` (a streamable HTTP server)", "mcp_servers", server.name)
         for route in config.routes.values():
-            for i, entry in enumerate(route.mcp):
+            for i, entry in enumerate(route_entries(route)):
                 server_name = entry.partition("/")[0]
-                if server_name not in config.mcp_servers:
+                if server_name not in servers:
                     checks.add("error", f"route `{route.name}` lists MCP tools of unknown server `{server_name}`"
-                               f"{suggest(server_name, config.mcp_servers)}; declare it under `mcp_servers:`",
+                               f"{suggest(server_name, servers)}; declare it under `mcp_servers:`",
                                "routes", route.name, "mcp", i)
 
     def runtime(self, config: BotConfig) -> McpRuntime:
-        return McpRuntime(McpServers(config.mcp_servers, config.root or "."))
+        return McpRuntime(McpServers(servers_of(config), config.root or "."))
 
     def unconnected(self, config: BotConfig) -> str | None:
-        return "MCP tool names not checked (--connect starts the servers to check them)" if config.mcp_servers else None
+        if not servers_of(config):
+            return None
+        return "MCP tool names not checked (--connect starts the servers to check them)"
 
     async def connect_check(self, config: BotConfig) -> list[Diagnostic]:
-        return await check_mcp_names(config) if config.mcp_servers else []
+        return await check_mcp_names(config) if servers_of(config) else []
 
     def outside(self, spec: McpToolRef) -> str | None:
         return f"the MCP server {spec.server}"
@@ -98,7 +124,7 @@ class McpRuntime:
                 spec = tool.kinds.get(McpKind.key)
                 if isinstance(spec, McpToolRef) and spec.server_schema:
                     offered[name] = await self._with_server_schema(tool, spec)
-        for entry in route.mcp:
+        for entry in route_entries(route):
             server, _, only = entry.partition("/")
             if mocked is not None:
                 listed = [McpTool(server, n, "", {"type": "object"}) for n in mocked
@@ -122,14 +148,27 @@ class McpRuntime:
         await self.servers.aclose()
 
 
+def servers_of(config: BotConfig) -> dict[str, McpServerConfig]:
+    """The bot's `mcp_servers:`, by name."""
+    servers: dict[str, McpServerConfig] = config.kind_config.get(McpKind.key, {})
+    return servers
+
+
+def route_entries(route: RouteConfig) -> list[str]:
+    """A route's `mcp:` entries."""
+    entries: list[str] = route.kind_config.get(McpKind.key, [])
+    return entries
+
+
 async def check_mcp_names(config: BotConfig) -> list[Diagnostic]:
     """`chatrun validate --connect`: start each MCP server the bot uses and check that the
     tools it names exist there. A server that cannot start is an error at its declaration."""
-    servers = McpServers(config.mcp_servers, config.root or ".")
+    declared = servers_of(config)
+    servers = McpServers(declared, config.root or ".")
     out: list[Diagnostic] = []
     listed: dict[str, set[str] | None] = {}
     try:
-        for name, server in config.mcp_servers.items():
+        for name, server in declared.items():
             try:
                 listed[name] = {t.name for t in await servers.connection(name).tools()}
             except ToolRefusal as refusal:
@@ -139,7 +178,7 @@ async def check_mcp_names(config: BotConfig) -> list[Diagnostic]:
         refs = [(t, t.kinds[McpKind.key]) for t in config.tools.values() if McpKind.key in t.kinds]
         wanted = [(t.where, ref.server, ref.tool or t.name, f"tool `{t.name}`") for t, ref in refs]
         wanted += [(r.where, e.partition("/")[0], e.partition("/")[2], f"route `{r.name}`")
-                   for r in config.routes.values() for e in r.mcp if "/" in e]
+                   for r in config.routes.values() for e in route_entries(r) if "/" in e]
         for where, server_name, tool, who in wanted:
             names = listed.get(server_name)
             if names is not None and tool not in names:

@@ -20,13 +20,24 @@ import json
 import os
 import sys
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from chatrun.definition.config import McpServerConfig
+from chatrun.definition.config import Location
 from chatrun.errors import ToolRefusal
 
 START_TIMEOUT_S = 30.0
+
+
+@dataclass
+class McpServerConfig:
+    """An MCP server a bot uses (`mcp_servers:`): a command speaking stdio, or a streamable HTTP URL."""
+
+    name: str
+    command: list[str] = field(default_factory=list)  # run in the bot's directory; `python` = chatrun's
+    url: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # more environment variables for the command
+    where: Location = field(default_factory=Location)
 
 
 @dataclass
