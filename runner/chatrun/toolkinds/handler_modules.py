@@ -41,7 +41,7 @@ class HandlerResolver:
         module = self._modules.get(module_name)
         if module is None:
             module = self._modules[module_name] = self._import(module_name)
-        func = getattr(module, func_name, None)
+        func: object = getattr(module, func_name, None)
         if not callable(func):
             raise ChatrunError(f"handler {spec!r}: {module_name} has no function {func_name!r}")
         return func
