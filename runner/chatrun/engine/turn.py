@@ -12,6 +12,10 @@ Rules the loop follows (README, "The model loop"):
   without sending the results back to the model.
 - `execute`: after the loop ends, the (new) current route runs with the same user message.
 - Hops (route invocations) and model calls per turn are bounded (`limits:`).
+
+After each model answer the loop takes one typed next step (engine/steps.py): ask the model
+again, hand off to the route the conversation moved to, or end the turn. What a tool call
+does to get its result is its kind's (chatrun.toolkinds), reached through the Toolbox.
 """
 
 from __future__ import annotations
