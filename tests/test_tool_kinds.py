@@ -10,13 +10,13 @@ import pytest
 
 import chatrun
 from chatrun.definition import kinds as definition_kinds
-from chatrun.definition.config import BotConfig, RouteConfig, ToolConfig
+from chatrun.definition.config import BotConfig, ToolConfig
 from chatrun.definition.kinds import Checks
 from chatrun.definition.loader import check_bot
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import TurnFailed
 from chatrun.toolkinds import KINDS, outside
-from chatrun.toolkinds.base import CallContext, ToolKind
+from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolKind
 from chatrun.transcripts.mocks import TranscriptMocks
 
 
@@ -30,19 +30,13 @@ class Echo:
     prefix: str
 
 
-class EchoRuntime:
+class EchoRuntime(RuntimeDefaults):
     def __init__(self) -> None:
         self.calls = 0
 
     async def call(self, tool: ToolConfig, spec: Echo, args: dict[str, Any], ctx: CallContext) -> Any:
         self.calls += 1
         return f"{spec.prefix}{args.get('text', '')} on {ctx.route}"
-
-    async def offer(self, route: RouteConfig, offered: dict[str, ToolConfig], mocked: set[str] | None) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
 
 
 class EchoKind(ToolKind[Echo]):

@@ -84,9 +84,20 @@ class KindRuntime(Protocol[SpecIn]):
         """Close what the kind opened on the running event loop."""
 
 
+class RuntimeDefaults:
+    """A KindRuntime's `offer` and `aclose` for a kind that adds no tools and opens nothing."""
+
+    async def offer(self, route: RouteConfig, offered: dict[str, ToolConfig], mocked: set[str] | None) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
 class ToolKind(Generic[Spec]):
     """One kind of tool. A kind module subclasses this; the defaults suit a kind with no
-    load-time step, no bot-level declarations and nothing outside the bot."""
+    load-time step, no bot-level declarations and nothing outside the bot. The definition
+    stage's methods are described in chatrun.definition.kinds.KindDefinition."""
 
     key: ClassVar[str]  # its key in a tool's YAML and in ToolConfig.kinds
     emits_events: ClassVar[bool] = False  # its code may send events of any type (ctx.emit)

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from chatrun.definition.config import BotConfig, RouteConfig, ToolConfig
+from chatrun.definition.config import BotConfig, ToolConfig
 from chatrun.definition.kinds import Checks
 from chatrun.definition.sources import suggest
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal
-from chatrun.toolkinds.base import CallContext, ToolFailed, ToolKind
+from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolFailed, ToolKind
 from chatrun.toolkinds.handler_modules import HandlerResolver, import_isolated
 
 
@@ -66,7 +66,7 @@ class HandlerKind(ToolKind[str]):
         return HandlerRuntime(HandlerResolver(config.root or ".", config.name))
 
 
-class HandlerRuntime:
+class HandlerRuntime(RuntimeDefaults):
     """A bot's handlers, each module imported once."""
 
     def __init__(self, resolver: HandlerResolver):
@@ -88,12 +88,6 @@ class HandlerRuntime:
         except (Exception, SystemExit) as exc:  # a handler's sys.exit() must not end the server
             raise ToolFailed(f"tool {tool.name} ({tool.where}): handler {spec} raised "
                              f"{type(exc).__name__}: {exc}", str(exc) or type(exc).__name__) from exc
-
-    async def offer(self, route: RouteConfig, offered: dict[str, ToolConfig], mocked: set[str] | None) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
 
 
 @dataclass

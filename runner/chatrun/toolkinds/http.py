@@ -32,12 +32,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from chatrun.definition.config import BotConfig, EnvVar, Location, RouteConfig, ToolConfig
+from chatrun.definition.config import BotConfig, EnvVar, Location, ToolConfig
 from chatrun.definition.kinds import Checks
 from chatrun.definition.templates import TEMPLATE_VARIABLES
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal, TurnFailed
-from chatrun.toolkinds.base import CallContext, ToolKind
+from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolKind
 
 REDACTED = "[redacted]"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -163,7 +163,7 @@ class Environment(Mapping[str, str]):
         return [v for v in values if v]
 
 
-class HttpCaller:
+class HttpCaller(RuntimeDefaults):
     """Sends a bot's HTTP tools: one connection pool per event loop (an httpx client belongs
     to the loop that made it), shared by every session of the bot."""
 
@@ -195,9 +195,6 @@ class HttpCaller:
 
         request = self._build(spec, args, render, tool.timeout, ctx.trace_headers)
         return await self._send(tool, spec, request)
-
-    async def offer(self, route: RouteConfig, offered: dict[str, ToolConfig], mocked: set[str] | None) -> None:
-        return None
 
     async def _send(self, tool: ToolConfig, http: HttpConfig, request: httpx.Request) -> dict[str, Any]:
         """Send, retrying what may pass on a second try, within the tool's time."""
