@@ -69,6 +69,10 @@ class KindDefinition(Protocol):
     def parse_route(self, raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> Any | None:
         """What the kind declares on a route (mcp: its `mcp:` list), or None: RouteConfig.kind_config."""
 
+    def pattern_hint(self, pattern: str) -> str | None:
+        """How to write a value of the kind's section that missed the schema's `pattern`, when
+        `pattern` is one of the kind's (else None)."""
+
     def resolve(self, tools: list[ToolConfig], load: Load) -> None:
         """Complete this kind's tools once every tool is built (an OpenAPI operation is read)."""
 

@@ -287,7 +287,6 @@ _MEMORY_OPTIONS = set().union(*_MEMORY_KEYS.values())
 _HINTS = {
     "identifier": "use letters, digits, `_` and `-`, starting with a letter or `_`",
     "statePath": "a state path starts with `state.`, `scope.` or `turn.` (e.g. `scope.reservation.destination`)",
-    "handler": "write `module:function`, e.g. `travel_tools:make_booking` (the module relative to the bot directory)",
 }
 
 
@@ -297,8 +296,10 @@ def _hint(error: Violation) -> str:
         pattern = error.schema["pattern"]
     if pattern.startswith("^(state|scope|turn)"):
         return _HINTS["statePath"]
-    if ":" in pattern:
-        return _HINTS["handler"]
+    for kind in kinds():  # a pattern of a tool kind's section (`handler: module:function`)
+        hint = kind.pattern_hint(pattern)
+        if hint is not None:
+            return hint
     return _HINTS["identifier"]
 
 

@@ -113,6 +113,9 @@ class ToolKind(Generic[Spec]):
     def parse_route(self, raw: dict[str, Any], doc: YamlDoc, at: tuple[Any, ...]) -> Any | None:
         return None
 
+    def pattern_hint(self, pattern: str) -> str | None:
+        return None
+
     def resolve(self, tools: list[ToolConfig], load: Load) -> None:
         return None
 

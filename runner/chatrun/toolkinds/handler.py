@@ -39,6 +39,11 @@ class HandlerKind(ToolKind[str]):
         spec = raw.get("handler")
         return spec if isinstance(spec, str) and spec else None
 
+    def pattern_hint(self, pattern: str) -> str | None:
+        if ":" not in pattern:  # the schema's `handler` pattern is its only one with a colon
+            return None
+        return "write `module:function`, e.g. `travel_tools:make_booking` (the module relative to the bot directory)"
+
     def check(self, tool: ToolConfig, spec: str, checks: Checks) -> None:
         """The module imports (in isolation) and has the function."""
         module_name, _, func_name = spec.partition(":")
