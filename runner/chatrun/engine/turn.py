@@ -529,8 +529,36 @@ class Turn:
 
     async def apply(self, tool: ToolConfig, args: dict[str, Any], result: Any, action: ActionConfig,
                     call_id: str = "") -> ToolOutcome:
+        """The action's effects, in order: state and events, the scope's memory, the user's
+        message and choices, then the move; returns what the model reads and the next step."""
         where = tool.where
         extra = {"args": args, "result": result}
+        self.assign_and_emit(tool, action, extra)
+        scope = self.c.scope
+        if action.clear_memory:
+            self.c.clear_scope_memories(scope)
+        if action.wipe == "schedule":
+            self.wipe_scheduled.add(scope.id)
+        elif action.wipe == "abort":
+            self.wipe_aborted.add(scope.id)
+        if action.message:
+            self.emit(ev.MESSAGE, self.render_template(action.message, "message", where, extra))
+        self.offer(action.choices, f"tool {tool.name} choices", where, extra)
+        handed_back = self.render_template(action.result, "result", where, extra) if action.result else None
+        reply = self.render_template(action.reply, "reply", where, extra) if action.reply else None
+        resumes = self.move(tool, action, handed_back, call_id)
+        if action.end:
+            self.ended = tool.name
+        if reply is None:
+            reply = self.default_reply(tool, result, action)
+        # A call runs the called route now; a returning call resumes the caller now.
+        execute = action.execute or bool(action.call) or resumes
+        return ToolOutcome(reply, _next_step(action, execute), moved=action.leaves_route or action.end,
+                           deferred=bool(action.call))
+
+    def assign_and_emit(self, tool: ToolConfig, action: ActionConfig, extra: dict[str, Any]) -> None:
+        """The action's `set` assignments, then its `emit` events."""
+        where = tool.where
         roots = self.roots()
         for path, template in action.set.items():
             value = self.render_template(template, f"set {path}", where, extra, typed=True)
@@ -545,18 +573,9 @@ class Turn:
             if isinstance(template, str) and is_nothing(value):
                 continue  # ... and sends no event
             self.emit(event_type, value)
-        scope = self.c.scope
-        if action.clear_memory:
-            self.c.clear_scope_memories(scope)
-        if action.wipe == "schedule":
-            self.wipe_scheduled.add(scope.id)
-        elif action.wipe == "abort":
-            self.wipe_aborted.add(scope.id)
-        if action.message:
-            self.emit(ev.MESSAGE, self.render_template(action.message, "message", where, extra))
-        self.offer(action.choices, f"tool {tool.name} choices", where, extra)
-        handed_back = self.render_template(action.result, "result", where, extra) if action.result else None
-        reply = self.render_template(action.reply, "reply", where, extra) if action.reply else None
+
+    def move(self, tool: ToolConfig, action: ActionConfig, handed_back: str | None, call_id: str) -> bool:
+        """The action's pop, push, route change or call. Returns True when a pop resumed a caller."""
         resumes = False
         if action.pop:
             caller = self.c.pop_scope(handed_back)
@@ -570,14 +589,7 @@ class Turn:
             self.c.push_scope(action.call, {"call_id": call_id, "tool": tool.name})
         if action.leaves_route:
             self.emit(ev.ROUTE_CHANGED, {"route": self.c.scope.route, "stack": self.c.stack})
-        if action.end:
-            self.ended = tool.name
-        if reply is None:
-            reply = self.default_reply(tool, result, action)
-        # A call runs the called route now; a returning call resumes the caller now.
-        execute = action.execute or bool(action.call) or resumes
-        return ToolOutcome(reply, _next_step(action, execute), moved=action.leaves_route or action.end,
-                           deferred=bool(action.call))
+        return resumes
 
     def choose(self, tool: ToolConfig, args: dict[str, Any], result: Any) -> ActionConfig:
         """The action calling the tool applies: its own, with the first case whose condition holds
