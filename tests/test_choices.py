@@ -91,6 +91,7 @@ def test_validation_checks_choices(write_bot):
     assert ("error", 9, "missing required key `label` in `action.choices[0]` of tool `t`") in messages
 
 
+@pytest.mark.subprocess
 def test_the_repl_numbers_choices_and_sends_the_picked_one():
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     env["PYTHONPATH"] = str(REPO / "runner")
@@ -111,6 +112,7 @@ def test_the_repl_numbers_choices_and_sends_the_picked_one():
     assert "Done: 20 sent to Joe. Your balance is 980." in out.stdout
 
 
+@pytest.mark.browser  # chromium() skips when Debian's Chromium is missing
 def test_choices_are_buttons_on_the_page(fake, tmp_path):
     from browser_support import chat_page, send
     from chatrun.server import create_app

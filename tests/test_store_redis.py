@@ -59,11 +59,13 @@ def test_a_commit_lands_whole_and_only_from_the_version_it_started_from(url):
 
 def test_a_commit_without_the_lease_is_refused(url):
     async def go():
-        store = RedisStore(url, LeaseSettings(ttl=0.3))
+        # TTLs of seconds, not fractions: the first commit must land within the TTL even when a
+        # busy machine delays this process.
+        store = RedisStore(url, LeaseSettings(ttl=2.0))
         first = await store.acquire("s", wait=5)
         first.renewer.cancel()  # a replica that stopped renewing (paused, partitioned)
         version = await store.commit("s", pending("s", {"turn": 0}), CREATE, first)
-        await asyncio.sleep(0.5)  # the lease expired...
+        await asyncio.sleep(3.0)  # the lease expired...
         second = await store.acquire("s", wait=5)  # ...and another request took it
         with pytest.raises(LeaseLost, match="expired"):
             await store.commit("s", pending("s", {"turn": 1}), version, first)
@@ -77,9 +79,9 @@ def test_a_commit_without_the_lease_is_refused(url):
 
 def test_a_held_lease_is_renewed_past_its_ttl(url):
     async def go():
-        store = RedisStore(url, LeaseSettings(ttl=0.3))
+        store = RedisStore(url, LeaseSettings(ttl=2.0))  # renewed every 2/3 s: a stall under 1.3 s is harmless
         lease = await store.acquire("s", wait=5)
-        await asyncio.sleep(1.0)  # three TTLs: kept alive by renewal
+        await asyncio.sleep(6.5)  # over three TTLs: kept alive by renewal
         assert not lease.lost
         with pytest.raises(SessionBusy):
             await store.acquire("s", wait=0.1)
@@ -192,6 +194,7 @@ def test_a_turn_fails_cleanly_when_redis_goes_away(redis_server, tmp_path, fake)
         assert c.get("/health").status_code == 200  # the server itself stays up
 
 
+@pytest.mark.subprocess  # its own redis-server
 def test_the_password_comes_from_the_url_or_the_environment(monkeypatch):
     from chatrun.errors import ChatrunError
     from chatrun.store.redis import check_reachable
