@@ -421,6 +421,22 @@ def test_update_writes_missing_expectations(tmp_path):
     assert cli([str(path)])[0] == 0
 
 
+def test_update_of_a_turn_that_expected_only_an_error_and_now_succeeds_writes_what_it_did(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              error: true
+        """)
+    assert cli([str(path)])[0] == 1  # the turn did not fail
+    code, out = cli([str(path), "--update"])
+    assert code == 0, out
+    assert "    expect:\n      route: chat\n" in path.read_text()  # not an empty `expect:`
+    assert "error" not in load_transcript(path).turns[0].expect
+    assert cli([str(path)])[0] == 0  # valid, and it passes
+
+
 def test_record_against_the_fake_openai_server(tmp_path, monkeypatch):
     path = write(tmp_path / "transcripts" / "rec.yaml", f"""
         bot: {REPO / 'bots' / 'travel'}
