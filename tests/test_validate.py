@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import chatrun
 from chatrun.cli import main
 from chatrun.definition.checks import _analyse
 from chatrun.definition.loader import _fast_check, _validator, check_bot, load_config
@@ -91,7 +92,7 @@ EXPECTED = {
         ("graph_warnings.yaml", 5, "warning",
          'tool `cancel` pops, but route `main` is only ever the root scope (nothing pushes it): calling it there fails at run time'),
         ("graph_warnings.yaml", 10, "warning",
-         'route `orphan` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (only a client choosing it as the start route can enter it)'),
+         'route `orphan` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (if clients start conversations on it, mark it `entry: true`)'),
         ("graph_warnings.yaml", 22, "warning",
          'tool `unused` is not listed by any route, so the model can never call it'),
     ],
@@ -125,7 +126,7 @@ EXPECTED = {
         ("memory_keys.yaml", 8, "error",
          '`max_messages` does not apply to `type: none` memory in `memory` of route `main` (that type uses: nothing)'),
         ("memory_keys.yaml", 9, "warning",
-         'route `other` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (only a client choosing it as the start route can enter it)'),
+         'route `other` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (if clients start conversations on it, mark it `entry: true`)'),
         ("memory_keys.yaml", 10, "error",
          'missing required key `type` in `memory` of route `other`'),
     ],
@@ -188,7 +189,7 @@ EXPECTED = {
         ("unknown_targets.yaml", 5, "error",
          'route `main` lists unknown tool `help`'),
         ("unknown_targets.yaml", 6, "warning",
-         'route `flight` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (only a client choosing it as the start route can enter it)'),
+         'route `flight` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (if clients start conversations on it, mark it `entry: true`)'),
         ("unknown_targets.yaml", 8, "warning",
          'tool `cancel` pops, but route `flight` is only ever the root scope (nothing pushes it): calling it there fails at run time'),
         ("unknown_targets.yaml", 12, "error",
@@ -593,3 +594,23 @@ def test_token_window_from_the_context_size_minus_a_reply_reserve(write_bot):
                      "is not smaller than context_size 100"),
         (9, "error", "unknown key `context` in `memory.max_tokens` of route `third`; did you mean `context_size`?"),
     ]
+
+
+def test_entry_routes_and_what_they_lead_to_are_reachable(write_bot):
+    text = """\
+        name: pages
+        routes:
+          main: {default: true}
+          support: {entry: true, tools: [escalate]}
+          escalated: {}
+          orphan: {}
+        tools:
+          escalate: {action: {route: escalated}}
+        """
+    _config, found = check_bot(write_bot(text))
+    unreachable = [d.message.split("`")[1] for d in found if "is not reachable" in d.message]
+    assert unreachable == ["orphan"]  # not support (an entry), nor escalated (reached from it)
+    assert "from the default route `main` or an entry route" in found[0].message
+    graph = chatrun.load_bot(write_bot(text)).graph.render("text")
+    assert "support [entry; memory: message_window]" in graph
+    assert "orphan [memory: message_window; unreachable from main]" in graph

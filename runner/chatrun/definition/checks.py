@@ -854,12 +854,14 @@ def _graph_checks(checker: _Checker) -> None:
     graph = checker.graph
     defaults = checker.defaults
     if len(defaults) == 1:
-        reached = graph.reachable(defaults[0])
+        reached = graph.reachable_from_starts()
+        entries = [r.name for r in config.routes.values() if r.entry]
+        starts = f"the default route `{defaults[0]}`" + (" or an entry route" if entries else "")
         for name in config.routes:
             if name not in reached:
-                checker.add("warning", f"route `{name}` is not reachable from the default route `{defaults[0]}`: no "
-                            "tool on a reachable route pushes it or routes to it (only a client choosing it as the "
-                            "start route can enter it)", "routes", name)
+                checker.add("warning", f"route `{name}` is not reachable from {starts}: no tool on a reachable "
+                            "route pushes it or routes to it (if clients start conversations on it, mark it "
+                            "`entry: true`)", "routes", name)
     called = {e.target for e in graph.edges if e.kind == "call"}
     for route in config.routes.values():
         if route.returns and route.name not in called:
