@@ -751,3 +751,28 @@ def test_a_transcript_can_expect_a_refused_start(tmp_path):
     assert result.report() == f"{started}:4: expected the start on route staff_desk to be refused, but the conversation started"
     code, out = cli([str(refused), str(started)])
     assert code == 1 and out.splitlines()[-1] == "1 passed, 1 failed"
+
+
+ENDING_BOT = """
+name: ending
+routes:
+  main:
+    default: true
+    tools: [goodbye]
+tools:
+  goodbye:
+    action: {message: Goodbye!, end: true}
+"""
+
+
+def test_a_message_after_end_is_a_refused_turn_that_can_be_expected(tmp_path):
+    write(tmp_path / "bot" / "bot.yaml", ENDING_BOT)
+    body = ("bot: ../bot\nturns:\n  - user: bye\n    model: [{tool_calls: [{name: goodbye, arguments: {}}]}]\n"
+            "  - user: are you there?\n")
+    expected = write(tmp_path / "transcripts" / "expected.yaml", body + "    expect: {error: true}\n")
+    assert cli([str(expected)])[0] == 0
+    unexpected = write(tmp_path / "transcripts" / "unexpected.yaml", body)
+    code, out = cli([str(unexpected)])
+    assert code == 1
+    assert "unexpected.yaml:5): the turn ended in an Error the transcript does not expect" in out  # at its line
+    assert "has ended (tool goodbye ended the conversation on route main)" in out
