@@ -156,6 +156,8 @@ EXPECTED = {
     "templates.yaml": [
         ("templates.yaml", 9, "error",
          "template error in `system` of route `main`: Encountered unknown tag 'endfi'. Jinja was looking for the following tags: 'elif' or 'else' or 'endif'. The innermost block that needs to be closed is 'if'."),
+        ("templates.yaml", 10, "warning",
+         "`user` of route `main` reads `data.userMessage`, which is undefined when a client sends only text (`data` is then empty): every such turn fails. Read the text as `user_message`, and optional fields as `data.userMessage | default('')` or under `{% if data.userMessage is defined %}`"),
         ("templates.yaml", 10, "error",
          'template error in `user` of route `main`: no filter named `upper_case`; did you mean `upper`?'),
         ("templates.yaml", 16, "error",
@@ -614,3 +616,17 @@ def test_entry_routes_and_what_they_lead_to_are_reachable(write_bot):
     graph = chatrun.load_bot(write_bot(text)).graph.render("text")
     assert "support [entry; memory: message_window]" in graph
     assert "orphan [memory: message_window; unreachable from main]" in graph
+
+
+def test_a_user_template_reading_data_unguarded_is_a_warning_that_says_what_works(write_bot):
+    def warnings(user: str) -> list[str]:
+        _config, found = check_bot(write_bot(f"name: u\nroutes:\n  main:\n    default: true\n    user: {user!r}\n"))
+        return [d.message for d in found if "`user` of route" in d.message]
+
+    (only,) = warnings("{{ data.userMessage }}")
+    assert "reads `data.userMessage`, which is undefined when a client sends only text" in only
+    assert "`user_message`" in only
+    for fine in ("{{ user_message }}", "[{{ data.page | default('chat') }}] {{ user_message }}",
+                 "{% if data.page is defined %}{{ data.page }}: {% endif %}{{ user_message }}",
+                 "{{ data.page if 'page' in data else '' }}{{ user_message }}"):
+        assert warnings(fine) == [], fine
