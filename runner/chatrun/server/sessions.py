@@ -41,6 +41,7 @@ from chatrun.server.turnlog import CANCELLED, CONFLICT, ERROR, REFUSED, TurnRepo
 from chatrun.store import RecordStore, SessionStore
 from chatrun.store.aio import AsyncStore, Lease, LeaseSettings, as_async_store
 from chatrun.store.buffer import TurnBuffer
+from chatrun.store.record import Committed, owner_in_meta, owner_meta
 from chatrun.store.versions import CREATE, SessionBusy, StaleVersion
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class _Slot:
     session: Session | None = None
     buffer: TurnBuffer | None = None
     version: str | None = None  # the stored version the live session matches
-    committed: dict | None = None  # the last committed turn: number, input, requestId, at
+    committed: Committed | None = None  # the last committed turn: number, input, requestId, at
     users: int = 0
     size: int = 0  # bytes counted for this slot in the registry's total
     used: float = field(default_factory=time.monotonic)
@@ -106,7 +107,7 @@ class TurnRun:
         """Whether this request id already committed a turn (then iterating replays it). Checks
         that apply to new turns only (the scope the client names) are skipped for a replay."""
         if not self._looked_up:
-            self._recorded = await self._registry.store.outcome(self._session.id, self.request_id or "")
+            self._recorded = await self._registry.store.get_outcome(self._session.id, self.request_id or "")
             self._looked_up = True
         return self._recorded is not None
 
@@ -230,7 +231,7 @@ class SessionRegistry:
             assert slot.session is not None and slot.buffer is not None
             session = slot.session
             if history:
-                slot.buffer.history = await self.store.history(session_id)
+                slot.buffer.history = await self.store.load_history(session_id)
             self._slots.move_to_end(key)
             self._held[id(session)] = _Held(slot, lease)
             # Roles are the requester's, not those of the token that opened the session.
@@ -276,7 +277,7 @@ class SessionRegistry:
             )
         return TurnRun(self, session, message, request_id)
 
-    def last_committed(self, session: Session) -> dict | None:
+    def last_committed(self, session: Session) -> Committed | None:
         """The session's last committed turn: {"turn", "input", "requestId", "at"}, or None."""
         return self._held_by(session).slot.committed
 
@@ -286,7 +287,7 @@ class SessionRegistry:
             held = self._held_by(session)
             memory_ids = [mid for s in session.scopes for mid in s.memory_ids()]
             try:
-                await self.store.delete(session_id, memory_ids, held.lease)
+                await self.store.delete_session(session_id, memory_ids, held.lease)
             except StaleVersion as exc:
                 self._drop(held.slot)
                 raise wire.RequestFailed(wire.CONFLICT, f"session {session_id} was not deleted: {exc}") from None
@@ -376,32 +377,31 @@ class SessionRegistry:
         elif mode == NEW:
             raise _exists(session_id)
         else:
-            self._check_owner(slot.session.meta.get("owner"), principal, session_id)
+            self._check_owner(owner_in_meta(slot.session.meta), principal, session_id)
 
     async def _open(
         self, slot: _Slot, bot: Bot, session_id: str, principal: Principal | None,
         mode: str, route: str | None, state: dict[str, Any] | None, lease: Lease,
     ) -> None:
         try:
-            loaded = await self.store.load(session_id, _memory_ids)
+            record = await self.store.load_session(session_id)
         except Exception as exc:  # a corrupt record or an unreachable store
             raise wire.RequestFailed(wire.SERVER_ERROR, f"session {session_id}: could not load it: {exc}") from None
-        if loaded is not None:
-            snapshot = loaded.snapshot
+        if record is not None:
             if mode == NEW:
                 raise _exists(session_id)
-            if snapshot.get("bot") not in (None, bot.name):
+            if record.bot not in (None, bot.name):
                 raise wire.RequestFailed(
-                    wire.SESSION_NOT_ACTIVE, f"session {session_id} belongs to bot {snapshot.get('bot')!r}, not {bot.name!r}"
+                    wire.SESSION_NOT_ACTIVE, f"session {session_id} belongs to bot {record.bot!r}, not {bot.name!r}"
                 )
-            self._check_owner((snapshot.get("meta") or {}).get("owner"), principal, session_id)
-            buffer = TurnBuffer(session_id, snapshot, loaded.memories, loaded.sizes, self._records)
-            version, committed = loaded.version, snapshot.get("committed")
+            self._check_owner(record.owner, principal, session_id)
+            buffer = TurnBuffer(session_id, record, self._records, track_committed=True)
+            version, committed = record.version, record.committed
         elif mode == EXISTING:
             raise _not_found(session_id)
         else:
             await self._check_quota(principal)
-            buffer, version, committed = TurnBuffer(session_id, records=self._records), CREATE, None
+            buffer, version, committed = TurnBuffer(session_id, records=self._records, track_committed=True), CREATE, None
         slot.session = self._build(bot, session_id, principal, route, state, buffer)
         slot.buffer, slot.version, slot.committed = buffer, version, committed
         if version == CREATE:
@@ -423,7 +423,7 @@ class SessionRegistry:
         route: str | None, state: dict[str, Any] | None, buffer: TurnBuffer,
     ) -> Session:
         roles = set(principal.roles) if principal is not None else None
-        meta = {"owner": principal.name} if principal is not None else {}
+        meta = owner_meta(principal.name if principal is not None else None)
         try:
             return bot.session(
                 route=route,
@@ -446,25 +446,17 @@ class SessionRegistry:
     async def _flush(self, slot: _Slot, session_id: str, lease: Lease, request_id: str | None) -> None:
         """Write what the request's turn committed to the buffer: fenced by version and lease."""
         assert slot.buffer is not None
-        pending = slot.buffer.take()
-        if pending is None:
+        commit = slot.buffer.take()
+        if commit is None:
             return
-        entry = next((e for e in reversed(pending.history) if "turn" in e), None)
-        committed = slot.committed
-        if entry is not None and entry.get("ok"):
-            committed = {"turn": entry["turn"], "input": entry.get("input"), "requestId": request_id,
-                         "at": entry.get("at")}
-        if committed is not None:
-            pending.snapshot["committed"] = committed
-        outcome = (request_id, entry) if request_id is not None and entry is not None and entry.get("ok") else None
-        expected = slot.version if slot.version is not None else CREATE
+        expected = commit.expected = slot.version if slot.version is not None else CREATE
         try:
-            version = await self.store.commit(session_id, pending, expected, lease, outcome)
+            version = await self.store.commit_turn(commit, lease)
         except StaleVersion as exc:
             self._drop(slot)
             if expected == CREATE:
                 raise _exists(session_id) from None
-            what = f"turn {entry['turn']}" if entry is not None else "the change"
+            what = f"turn {commit.turn}" if commit.turn is not None else "the change"
             raise wire.RequestFailed(
                 wire.CONFLICT,
                 f"{what} of session {session_id} was not committed: {exc}. The session was reloaded "
@@ -478,7 +470,7 @@ class SessionRegistry:
                 f"session {session_id}: the turn could not be saved ({type(exc).__name__}: {exc}); "
                 "retry with the same request id: a turn that was saved is not run again",
             ) from None
-        slot.version, slot.committed = version, committed
+        slot.version, slot.committed = version, commit.committed
 
     def _drop(self, slot: _Slot) -> None:
         slot.session = slot.buffer = slot.version = slot.committed = None
@@ -514,12 +506,6 @@ class SessionRegistry:
             if slot.users == 0 and not slot.lock.locked():
                 self._drop(slot)
                 del self._slots[key]
-
-
-def _memory_ids(snapshot: dict) -> list[str]:
-    from chatrun.engine.scopes import Scope
-
-    return [mid for d in snapshot.get("scopes", []) for mid in Scope.from_dict(d).memory_ids()]
 
 
 def _not_found(session_id: str) -> wire.RequestFailed:
