@@ -20,7 +20,15 @@ from __future__ import annotations
 from chatrun.errors import ChatrunError
 from chatrun.messages import Message
 from chatrun.store import RecordStore
-from chatrun.store.record import Commit, Committed, JSONObject, SessionRecord, from_json
+from chatrun.store.record import (
+    Commit,
+    Committed,
+    JSONObject,
+    SessionRecord,
+    committed_turn,
+    from_json,
+    with_committed,
+)
 
 
 class TurnBuffer:
@@ -30,7 +38,7 @@ class TurnBuffer:
                  track_committed: bool = False):
         self.session_id = session_id
         self.records = records  # the real store's records, when it keeps them in this process
-        # The server's buffers write the last committed turn into the snapshot ("committed").
+        # The server's buffers write the last committed turn into the snapshot (record.with_committed).
         self.track_committed = track_committed
         self._snapshot_json = None if record is None else record.snapshot_json
         # The record's decoded snapshot, handed to the first load_session (the Session restored
@@ -90,11 +98,8 @@ class TurnBuffer:
         turn_at = next((i for i in range(len(entries) - 1, -1, -1) if "turn" in entries[i]), None)
         committed = self.committed
         if self.track_committed and turn_at is not None and entries[turn_at].get("ok"):
-            entry = entries[turn_at]
-            committed = {"turn": entry["turn"], "input": entry.get("input"), "requestId": self.request_id,
-                         "at": entry.get("at")}
-        stored = snapshot | {"committed": committed} if committed is not None else snapshot
-        commit = Commit.encode(session_id, stored, memories, entries)
+            committed = committed_turn(entries[turn_at], self.request_id)
+        commit = Commit.encode(session_id, with_committed(snapshot, committed), memories, entries)
         commit.committed = committed
         if turn_at is not None:
             commit.turn = entries[turn_at]["turn"]

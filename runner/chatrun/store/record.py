@@ -76,6 +76,16 @@ class Committed(TypedDict):
     at: Any
 
 
+def committed_turn(entry: JSONObject, request_id: str | None) -> Committed:
+    """What the snapshot records of a turn committed with history `entry`."""
+    return {"turn": entry["turn"], "input": entry.get("input"), "requestId": request_id, "at": entry.get("at")}
+
+
+def with_committed(snapshot: JSONObject, committed: Committed | None) -> JSONObject:
+    """The snapshot as stored: the engine's, plus the last committed turn (when there is one)."""
+    return snapshot | {"committed": committed} if committed is not None else snapshot
+
+
 def owner_meta(owner: str | None) -> JSONObject:
     """The `meta` a new session of `owner` starts with (no owner: auth is off)."""
     return {"owner": owner} if owner is not None else {}
