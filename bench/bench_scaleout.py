@@ -169,7 +169,10 @@ async def lock_cost(redis_port: int, rounds: int) -> dict[str, list[float]]:
         buffer = TurnBuffer("c")
         buffer.commit_turn("c", {"turn": i, "state": {"n": i}}, {}, [{"turn": i, "ok": True, "input": "hi"}])
         t0 = time.perf_counter()
-        version = await store.commit("c", buffer.take(), version or CREATE, lease)
+        commit = buffer.take()
+        assert commit is not None
+        commit.expected = version or CREATE
+        version = await store.commit_turn(commit, lease)
         commit_ms.append((time.perf_counter() - t0) * 1000)
     await store.release(lease)
     await store.close()

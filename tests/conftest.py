@@ -84,13 +84,38 @@ def write_bot(tmp_path):
     return write
 
 
+# Fixtures that start a process (a server or a terminal): a test using one is a subprocess test.
+PROCESS_FIXTURES = {"redis_server", "term"}
+
+
 def pytest_collection_modifyitems(items):
     """Every browser or subprocess test is slow too, so `-m "not slow"` leaves them out; the
     tests that need tiktoken's encodings skip when there are none."""
     skip_without_encodings(items)
     for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.subprocess)
         if item.get_closest_marker("browser") or item.get_closest_marker("subprocess"):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _inner_loop_starts_no_process(request, monkeypatch):
+    """The inner loop (`-m "not slow"`) stays fast only if no unmarked test starts a process:
+    a test that starts one (a browser, a CLI, an MCP server, node) without the `slow` mark
+    fails, naming the command, instead of silently slowing every developer's loop."""
+    if request.node.get_closest_marker("slow"):
+        return
+    import subprocess
+
+    def refuse(self, args, *rest, **kwargs):
+        shown = args if isinstance(args, str) else " ".join(map(str, args))
+        raise RuntimeError(
+            f"{request.node.nodeid} starts a process ({shown[:80]}) but is not marked: mark it "
+            "`subprocess` or `browser` (both imply `slow`) so the inner loop stays fast"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)  # undone by monkeypatch after the test
 
 
 @pytest.fixture(scope="session")

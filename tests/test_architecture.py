@@ -61,3 +61,77 @@ def test_nothing_imports_upward():
             if target is not None and target > own:
                 upward.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {module} imports {name}")
     assert upward == []
+
+
+def runtime_imports_of(path: Path, modules: set[str]) -> list[str]:
+    """The chatrun modules `path` imports when it runs: at the top or inside a function (a lazy
+    import is still a dependency), but not under `if TYPE_CHECKING:` (annotations only)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and ast.unparse(block.test).endswith("TYPE_CHECKING") for n in ast.walk(block)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from chatrun.server import wire` imports the submodule `wire`; `from chatrun.store
+            # import open_store` the package itself (module_graph keeps whichever is a module).
+            found += [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                      for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+    return found
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module of the package -> the modules of the package it imports at run time."""
+    def name(path: Path) -> str:
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+    paths = {name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for module, path in paths.items():
+        graph[module] = {m for m in runtime_imports_of(path, set(paths)) if m in paths and m != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while component[-1:] != [v]:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles_inside_a_package():
+    """Modules of one package import each other one way (a cycle, even through a lazy import,
+    means neither can be read or replaced alone); `if TYPE_CHECKING:` imports do not count."""
+    graph = module_graph()
+    within = {m: {d for d in deps if d.split(".")[:2] == m.split(".")[:2]} for m, deps in graph.items()}
+    assert cycles(within) == []
+
+
+def test_the_cycle_check_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

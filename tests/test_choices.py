@@ -91,6 +91,19 @@ def test_validation_checks_choices(write_bot):
     assert ("error", 9, "missing required key `label` in `action.choices[0]` of tool `t`") in messages
 
 
+def test_a_typed_value_that_is_a_choice_is_that_choice_not_a_number():
+    from chatrun.cli.repl import picked_choice
+
+    scale = [(str(n), str(n)) for n in range(11)]  # a 0-10 rating
+    assert picked_choice("9", scale) == "9"  # not the 9th choice, "8"
+    assert picked_choice("0", scale) == "0"
+    yes_no = [("yes", "Yes, send it"), ("no", "No, cancel")]
+    assert picked_choice("2", yes_no) == "no"  # a number picks by position
+    assert picked_choice("Yes, send it", yes_no) == "yes"  # a label is its choice
+    assert picked_choice("3", yes_no) == "3" and picked_choice("maybe", yes_no) == "maybe"
+
+
+@pytest.mark.subprocess
 def test_the_repl_numbers_choices_and_sends_the_picked_one():
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     env["PYTHONPATH"] = str(REPO / "runner")
@@ -111,6 +124,7 @@ def test_the_repl_numbers_choices_and_sends_the_picked_one():
     assert "Done: 20 sent to Joe. Your balance is 980." in out.stdout
 
 
+@pytest.mark.browser  # chromium() skips when Debian's Chromium is missing
 def test_choices_are_buttons_on_the_page(fake, tmp_path):
     from browser_support import chat_page, send
     from chatrun.server import create_app

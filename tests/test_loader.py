@@ -35,7 +35,7 @@ routes:
   flight:
     description: Flight booking wizard
     system: "Reservation so far: {{ scope.reservation | tojson }}"
-    user: "{{ data.userMessage }}"
+    user: "[{{ data.page | default('chat') }}] {{ user_message }}"
     roles: [staff]
     model: {name: gpt-4o, temperature: 0}
     scope:
@@ -90,7 +90,7 @@ def test_travel_routes(travel):
     assert menu.system == 'You are a travel agent. Help {{ state.traveller_name or "the user" }}.\n'
     assert menu.memory == MemoryPolicy(type="message_window", max_messages=20, where=Location(str(travel), 15, 5))
     assert menu.where == Location(str(travel), 10, 3) and flight.where == Location(str(travel), 17, 3)
-    assert flight.user == "{{ data.userMessage }}" and flight.roles == ["staff"]
+    assert flight.user == "[{{ data.page | default('chat') }}] {{ user_message }}" and flight.roles == ["staff"]
     assert flight.memory is None and config.route_memory("flight") is config.memory
     assert flight.scope == ScopeConfig(local={"reservation": {"departure": None, "destination": None}}, shared={})
     merged = config.route_model("flight")

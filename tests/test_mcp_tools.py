@@ -42,6 +42,7 @@ def bot_with(write_bot, server: str, tools: str = "mcp: [notes]") -> chatrun.Bot
         """))
 
 
+@pytest.mark.subprocess  # a stdio MCP server
 def test_the_notes_bot_through_the_real_openai_client_and_a_stdio_server(fake):
     fake.queue(
         call("remember", title="wifi", text="on the fridge"),
@@ -69,6 +70,7 @@ def test_the_notes_bot_through_the_real_openai_client_and_a_stdio_server(fake):
     assert '"found": [{"title": "wifi", "text": "on the fridge"}]' in results(session)[1]
 
 
+@pytest.mark.subprocess  # a stdio MCP server
 def test_sessions_of_a_bot_share_one_server_on_a_loop(write_bot):
     bot = bot_with(write_bot, "{command: [python, " + str(SERVER) + "]}")
 
@@ -84,6 +86,7 @@ def test_sessions_of_a_bot_share_one_server_on_a_loop(write_bot):
     assert '"title": "t"' in found
 
 
+@pytest.mark.subprocess  # a stdio MCP server
 def test_a_crashed_server_fails_that_call_and_is_started_again(write_bot):
     bot = bot_with(write_bot, "{command: [python, " + str(SERVER) + "]}")
 
@@ -173,6 +176,7 @@ def test_validation_of_mcp_declarations(write_bot):
     assert any("tool `t` has `handler` and `mcp`; give one" in m for m in messages)
 
 
+@pytest.mark.subprocess  # a stdio MCP server
 def test_validate_connect_checks_mcp_tool_names(write_bot):
     from click.testing import CliRunner
 

@@ -422,6 +422,7 @@ server.run("stdio")
 '''
 
 
+@pytest.mark.subprocess  # a stdio MCP server
 def test_an_mcp_tool_call_carries_the_execute_tool_trace_context(spans, write_bot, tmp_path):
     pytest.importorskip("mcp")
     (tmp_path / "traced_server.py").write_text(textwrap.dedent(MCP_SERVER))

@@ -79,6 +79,7 @@ def node_openai(tmp_path_factory):
     return folder
 
 
+@pytest.mark.subprocess  # npm and node
 def test_a_booking_streamed_by_the_openai_npm_package(node_openai, fake, tmp_path):
     booking = [call("book_flight"), call("set_destination", destination="Dublin"),
                {"chunks": ["When do ", "you leave?"]}, call("set_departure", date="2026-07-01"), call("book")]

@@ -44,7 +44,11 @@ tools:
 
 DELAY = 0.15  # the fake model's answer time
 
-LEASE_TTL = 1.0  # seconds, for the shared replicas
+# Leases are renewed every TTL/3 while held. The shared replicas keep the default TTL (10 s): a
+# replica starved of CPU for seconds on a busy machine must not lose a lease mid-turn, which would
+# fail the turn with a 409 the test did not cause. Only the test of a lost lease shortens it, on
+# replicas of its own, and loses the lease by freezing the holder (SIGSTOP), not by timing.
+SHORT_LEASE_TTL = 3.0
 SLACK = 10.0  # seconds a loaded 2-core machine may add to a bound (the bound is what is tested)
 
 pytestmark = pytest.mark.subprocess
@@ -73,8 +77,8 @@ def fake(shared_fake):
 @pytest.fixture(scope="module")
 def started_trio(redis_server, counter_bot, shared_fake):
     """Three replicas on one Redis, shared by the tests of this module (each test uses its own
-    session ids); a lease TTL of 1 s, so a killed replica's sessions free up quickly."""
-    group = replicas(3, counter_bot, redis_server.url(), shared_fake, "--lease-ttl", str(LEASE_TTL))
+    session ids), with the default lease TTL: a killed replica's sessions free up within it."""
+    group = replicas(3, counter_bot, redis_server.url(), shared_fake)
     yield group
     for r in group:
         r.signal(signal.SIGCONT)
@@ -208,11 +212,21 @@ def test_kill_9_mid_turn_loses_nothing_acknowledged_and_retries_never_run_twice(
                 r.start()
 
 
-def test_a_lease_lost_during_a_long_model_call_cannot_commit(trio, fake):
-    a, b = trio[0], trio[1]
+@pytest.fixture
+def short_lease_pair(redis_server, counter_bot, shared_fake):
+    """Two replicas of their own with a short lease, for the test that loses one."""
+    pair = replicas(2, counter_bot, redis_server.url(), shared_fake, "--lease-ttl", str(SHORT_LEASE_TTL))
+    yield pair
+    for r in pair:
+        r.signal(signal.SIGCONT)
+        r.kill()
+
+
+def test_a_lease_lost_during_a_long_model_call_cannot_commit(short_lease_pair, fake):
+    a, b = short_lease_pair
     try:
         httpx.post(f"{a.url}/bots/counter/sessions", json={"id": "l"}, timeout=30)
-        fake.queue({"tool_calls": [{"name": "inc", "arguments": {}}], "delay": 3 * LEASE_TTL})
+        fake.queue({"tool_calls": [{"name": "inc", "arguments": {}}], "delay": 3 * SHORT_LEASE_TTL})
 
         async def drive() -> tuple[list[dict], httpx.Response]:
             async with websockets.connect(a.ws_url) as ws:
@@ -222,7 +236,7 @@ def test_a_lease_lost_during_a_long_model_call_cannot_commit(trio, fake):
                 while not fake.requests:
                     await asyncio.sleep(0.02)
                 a.signal(signal.SIGSTOP)  # replica A freezes (a long pause): it cannot renew its lease
-                await asyncio.sleep(2 * LEASE_TTL)  # two TTLs: the lease expires
+                await asyncio.sleep(2 * SHORT_LEASE_TTL)  # two TTLs: the lease expires
                 async with httpx.AsyncClient(timeout=30) as http:
                     other = await say(http, b, "l", "meanwhile")  # B takes the session and commits
                 a.signal(signal.SIGCONT)

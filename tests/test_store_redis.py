@@ -4,6 +4,7 @@ reject, expiry, renewal), recorded outcomes, deletes. In-process, asyncio."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -18,15 +19,20 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def no_memories(_snapshot: dict) -> list[str]:
-    return []
-
-
 def pending(session_id: str, snapshot: dict, memories=None, history=None, request_id=None):
     buffer = TurnBuffer(session_id)
     buffer.request_id = request_id
     buffer.commit_turn(session_id, snapshot, memories or {}, history or [])
     return buffer.take()
+
+
+async def commit(store, session_id, pending_commit, expected, lease, outcome=None):
+    """RedisStore.commit_turn with the expected version and outcome of the server's commit."""
+    assert pending_commit.session_id == session_id
+    pending_commit.expected = expected
+    if outcome is not None:
+        pending_commit.outcome = (outcome[0], json.dumps(outcome[1], ensure_ascii=False))
+    return await store.commit_turn(pending_commit, lease)
 
 
 @pytest.fixture
@@ -38,19 +44,19 @@ def test_a_commit_lands_whole_and_only_from_the_version_it_started_from(url):
     async def go():
         store = RedisStore(url)
         lease = await store.acquire("s", wait=5)
-        v1 = await store.commit("s", pending("s", {"turn": 0}), CREATE, lease)
+        v1 = await commit(store, "s", pending("s", {"turn": 0}), CREATE, lease)
         with pytest.raises(StaleVersion, match="already exists"):
-            await store.commit("s", pending("s", {"turn": 0}), CREATE, lease)
-        v2 = await store.commit("s", pending("s", {"turn": 1}, {"s.1#main": [UserMessage("hi"), AssistantMessage("yo")]},
+            await commit(store, "s", pending("s", {"turn": 0}), CREATE, lease)
+        v2 = await commit(store, "s", pending("s", {"turn": 1}, {"s.1#main": [UserMessage("hi"), AssistantMessage("yo")]},
                                             [{"turn": 1, "ok": True}]), v1, lease)
         assert v1.startswith("1.") and v2.startswith("2.")
         # A turn that started from v1 (another replica's stale copy) is refused, and nothing of it lands.
         with pytest.raises(StaleVersion, match=f"at version {v2}, not {v1}"):
-            await store.commit("s", pending("s", {"turn": 9}, {"s.1#main": None}, [{"turn": 9}]), v1, lease)
-        loaded = await store.load("s", no_memories)
+            await commit(store, "s", pending("s", {"turn": 9}, {"s.1#main": None}, [{"turn": 9}]), v1, lease)
+        loaded = await store.load_session("s")
         assert loaded.version == v2 and loaded.snapshot == {"turn": 1}
         assert loaded.memories == {"s.1#main": [UserMessage("hi"), AssistantMessage("yo")]}
-        assert await store.history("s") == [{"turn": 1, "ok": True}]
+        assert await store.load_history("s") == [{"turn": 1, "ok": True}]
         await store.release(lease)
         await store.close()
 
@@ -59,16 +65,18 @@ def test_a_commit_lands_whole_and_only_from_the_version_it_started_from(url):
 
 def test_a_commit_without_the_lease_is_refused(url):
     async def go():
-        store = RedisStore(url, LeaseSettings(ttl=0.3))
+        # TTLs of seconds, not fractions: the first commit must land within the TTL even when a
+        # busy machine delays this process.
+        store = RedisStore(url, LeaseSettings(ttl=2.0))
         first = await store.acquire("s", wait=5)
         first.renewer.cancel()  # a replica that stopped renewing (paused, partitioned)
-        version = await store.commit("s", pending("s", {"turn": 0}), CREATE, first)
-        await asyncio.sleep(0.5)  # the lease expired...
+        version = await commit(store, "s", pending("s", {"turn": 0}), CREATE, first)
+        await asyncio.sleep(3.0)  # the lease expired...
         second = await store.acquire("s", wait=5)  # ...and another request took it
         with pytest.raises(LeaseLost, match="expired"):
-            await store.commit("s", pending("s", {"turn": 1}), version, first)
-        assert (await store.load("s", no_memories)).snapshot == {"turn": 0}
-        await store.commit("s", pending("s", {"turn": 1}), version, second)
+            await commit(store, "s", pending("s", {"turn": 1}), version, first)
+        assert (await store.load_session("s")).snapshot == {"turn": 0}
+        await commit(store, "s", pending("s", {"turn": 1}), version, second)
         await store.release(second)
         await store.close()
 
@@ -77,13 +85,13 @@ def test_a_commit_without_the_lease_is_refused(url):
 
 def test_a_held_lease_is_renewed_past_its_ttl(url):
     async def go():
-        store = RedisStore(url, LeaseSettings(ttl=0.3))
+        store = RedisStore(url, LeaseSettings(ttl=2.0))  # renewed every 2/3 s: a stall under 1.3 s is harmless
         lease = await store.acquire("s", wait=5)
-        await asyncio.sleep(1.0)  # three TTLs: kept alive by renewal
+        await asyncio.sleep(6.5)  # over three TTLs: kept alive by renewal
         assert not lease.lost
         with pytest.raises(SessionBusy):
             await store.acquire("s", wait=0.1)
-        await store.commit("s", pending("s", {"turn": 0}), CREATE, lease)
+        await commit(store, "s", pending("s", {"turn": 0}), CREATE, lease)
         await store.release(lease)
         await store.close()
 
@@ -139,16 +147,16 @@ def test_outcomes_are_recorded_with_the_commit_and_delete_forgets_everything(url
     async def go():
         store = RedisStore(url)
         lease = await store.acquire("s", wait=5)
-        v = await store.commit("s", pending("s", {"turn": 0, "meta": {"owner": "ana"}}), CREATE, lease)
+        v = await commit(store, "s", pending("s", {"turn": 0, "meta": {"owner": "ana"}}), CREATE, lease)
         entry = {"turn": 1, "ok": True, "events": [{"type": "Message", "data": "hi", "turn": 1}]}
-        await store.commit("s", pending("s", {"turn": 1}, history=[entry], request_id="r-1"), v, lease,
+        await commit(store, "s", pending("s", {"turn": 1}, history=[entry], request_id="r-1"), v, lease,
                            ("r-1", entry | {"requestId": "r-1"}))
-        assert (await store.outcome("s", "r-1"))["events"][0]["data"] == "hi"
-        assert await store.outcome("s", "r-2") is None
+        assert (await store.get_outcome("s", "r-1"))["events"][0]["data"] == "hi"
+        assert await store.get_outcome("s", "r-2") is None
         assert await store.count_owned("ana") == 1 and await store.list_sessions() == ["s"]
-        await store.delete("s", [], lease)
-        assert await store.load("s", no_memories) is None and await store.history("s") == []
-        assert await store.outcome("s", "r-1") is None and await store.count_owned("ana") == 0
+        await store.delete_session("s", [], lease)
+        assert await store.load_session("s") is None and await store.load_history("s") == []
+        assert await store.get_outcome("s", "r-1") is None and await store.count_owned("ana") == 0
         await store.release(lease)
         await store.close()
 
@@ -192,6 +200,7 @@ def test_a_turn_fails_cleanly_when_redis_goes_away(redis_server, tmp_path, fake)
         assert c.get("/health").status_code == 200  # the server itself stays up
 
 
+@pytest.mark.subprocess  # its own redis-server
 def test_the_password_comes_from_the_url_or_the_environment(monkeypatch):
     from chatrun.errors import ChatrunError
     from chatrun.store.redis import check_reachable
@@ -236,17 +245,17 @@ def test_a_sessions_records_go_with_it_unless_since_saved_for_another(url):
         store = RedisStore(url)
         try:
             for sid in ("r1", "r2"):
-                await store.commit(sid, pending(sid, {"turn": 0}), CREATE, None)
+                await commit(store, sid, pending(sid, {"turn": 0}), CREATE, None)
             await store.put_record("a", {"v": 1}, "r1")
             await store.put_record("shared", {"v": 1}, "r1")
             await store.put_record("shared", {"v": 2}, "r2")  # since saved for r2: r2's now
             await store.put_record("free", {"v": 1})
             await store.put_record("gone", {"v": 1}, "r2")
             await store.delete_record("gone")
-            await store.delete("r1", [], None)
+            await store.delete_session("r1", [], None)
             got = [await store.get_record(k) for k in ("a", "shared", "free", "gone")]
             assert got == [None, {"v": 2}, {"v": 1}, None]
-            await store.delete("r2", [], None)
+            await store.delete_session("r2", [], None)
             assert [await store.get_record(k) for k in ("shared", "free")] == [None, {"v": 1}]
             assert await store.client.hgetall(f"{store.prefix}rs") == {}
         finally:

@@ -421,6 +421,22 @@ def test_update_writes_missing_expectations(tmp_path):
     assert cli([str(path)])[0] == 0
 
 
+def test_update_of_a_turn_that_expected_only_an_error_and_now_succeeds_writes_what_it_did(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              error: true
+        """)
+    assert cli([str(path)])[0] == 1  # the turn did not fail
+    code, out = cli([str(path), "--update"])
+    assert code == 0, out
+    assert "    expect:\n      route: chat\n" in path.read_text()  # not an empty `expect:`
+    assert "error" not in load_transcript(path).turns[0].expect
+    assert cli([str(path)])[0] == 0  # valid, and it passes
+
+
 def test_record_against_the_fake_openai_server(tmp_path, monkeypatch):
     path = write(tmp_path / "transcripts" / "rec.yaml", f"""
         bot: {REPO / 'bots' / 'travel'}
@@ -735,3 +751,28 @@ def test_a_transcript_can_expect_a_refused_start(tmp_path):
     assert result.report() == f"{started}:4: expected the start on route staff_desk to be refused, but the conversation started"
     code, out = cli([str(refused), str(started)])
     assert code == 1 and out.splitlines()[-1] == "1 passed, 1 failed"
+
+
+ENDING_BOT = """
+name: ending
+routes:
+  main:
+    default: true
+    tools: [goodbye]
+tools:
+  goodbye:
+    action: {message: Goodbye!, end: true}
+"""
+
+
+def test_a_message_after_end_is_a_refused_turn_that_can_be_expected(tmp_path):
+    write(tmp_path / "bot" / "bot.yaml", ENDING_BOT)
+    body = ("bot: ../bot\nturns:\n  - user: bye\n    model: [{tool_calls: [{name: goodbye, arguments: {}}]}]\n"
+            "  - user: are you there?\n")
+    expected = write(tmp_path / "transcripts" / "expected.yaml", body + "    expect: {error: true}\n")
+    assert cli([str(expected)])[0] == 0
+    unexpected = write(tmp_path / "transcripts" / "unexpected.yaml", body)
+    code, out = cli([str(unexpected)])
+    assert code == 1
+    assert "unexpected.yaml:5): the turn ended in an Error the transcript does not expect" in out  # at its line
+    assert "has ended (tool goodbye ended the conversation on route main)" in out

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import chatrun
 from chatrun.cli import main
 from chatrun.definition.checks import _analyse
 from chatrun.definition.loader import _fast_check, _validator, check_bot, load_config
@@ -91,7 +92,7 @@ EXPECTED = {
         ("graph_warnings.yaml", 5, "warning",
          'tool `cancel` pops, but route `main` is only ever the root scope (nothing pushes it): calling it there fails at run time'),
         ("graph_warnings.yaml", 10, "warning",
-         'route `orphan` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (only a client choosing it as the start route can enter it)'),
+         'route `orphan` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (if clients start conversations on it, mark it `entry: true`)'),
         ("graph_warnings.yaml", 22, "warning",
          'tool `unused` is not listed by any route, so the model can never call it'),
     ],
@@ -125,7 +126,7 @@ EXPECTED = {
         ("memory_keys.yaml", 8, "error",
          '`max_messages` does not apply to `type: none` memory in `memory` of route `main` (that type uses: nothing)'),
         ("memory_keys.yaml", 9, "warning",
-         'route `other` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (only a client choosing it as the start route can enter it)'),
+         'route `other` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (if clients start conversations on it, mark it `entry: true`)'),
         ("memory_keys.yaml", 10, "error",
          'missing required key `type` in `memory` of route `other`'),
     ],
@@ -155,6 +156,8 @@ EXPECTED = {
     "templates.yaml": [
         ("templates.yaml", 9, "error",
          "template error in `system` of route `main`: Encountered unknown tag 'endfi'. Jinja was looking for the following tags: 'elif' or 'else' or 'endif'. The innermost block that needs to be closed is 'if'."),
+        ("templates.yaml", 10, "warning",
+         "`user` of route `main` reads `data.userMessage`, which is undefined when a client sends only text (`data` is then empty): every such turn fails. Read the text as `user_message`, and optional fields as `data.userMessage | default('')` or under `{% if data.userMessage is defined %}`"),
         ("templates.yaml", 10, "error",
          'template error in `user` of route `main`: no filter named `upper_case`; did you mean `upper`?'),
         ("templates.yaml", 16, "error",
@@ -188,7 +191,7 @@ EXPECTED = {
         ("unknown_targets.yaml", 5, "error",
          'route `main` lists unknown tool `help`'),
         ("unknown_targets.yaml", 6, "warning",
-         'route `flight` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (only a client choosing it as the start route can enter it)'),
+         'route `flight` is not reachable from the default route `main`: no tool on a reachable route pushes it or routes to it (if clients start conversations on it, mark it `entry: true`)'),
         ("unknown_targets.yaml", 8, "warning",
          'tool `cancel` pops, but route `flight` is only ever the root scope (nothing pushes it): calling it there fails at run time'),
         ("unknown_targets.yaml", 12, "error",
@@ -593,3 +596,37 @@ def test_token_window_from_the_context_size_minus_a_reply_reserve(write_bot):
                      "is not smaller than context_size 100"),
         (9, "error", "unknown key `context` in `memory.max_tokens` of route `third`; did you mean `context_size`?"),
     ]
+
+
+def test_entry_routes_and_what_they_lead_to_are_reachable(write_bot):
+    text = """\
+        name: pages
+        routes:
+          main: {default: true}
+          support: {entry: true, tools: [escalate]}
+          escalated: {}
+          orphan: {}
+        tools:
+          escalate: {action: {route: escalated}}
+        """
+    _config, found = check_bot(write_bot(text))
+    unreachable = [d.message.split("`")[1] for d in found if "is not reachable" in d.message]
+    assert unreachable == ["orphan"]  # not support (an entry), nor escalated (reached from it)
+    assert "from the default route `main` or an entry route" in found[0].message
+    graph = chatrun.load_bot(write_bot(text)).graph.render("text")
+    assert "support [entry; memory: message_window]" in graph
+    assert "orphan [memory: message_window; unreachable from main]" in graph
+
+
+def test_a_user_template_reading_data_unguarded_is_a_warning_that_says_what_works(write_bot):
+    def warnings(user: str) -> list[str]:
+        _config, found = check_bot(write_bot(f"name: u\nroutes:\n  main:\n    default: true\n    user: {user!r}\n"))
+        return [d.message for d in found if "`user` of route" in d.message]
+
+    (only,) = warnings("{{ data.userMessage }}")
+    assert "reads `data.userMessage`, which is undefined when a client sends only text" in only
+    assert "`user_message`" in only
+    for fine in ("{{ user_message }}", "[{{ data.page | default('chat') }}] {{ user_message }}",
+                 "{% if data.page is defined %}{{ data.page }}: {% endif %}{{ user_message }}",
+                 "{{ data.page if 'page' in data else '' }}{{ user_message }}"):
+        assert warnings(fine) == [], fine

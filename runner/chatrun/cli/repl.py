@@ -158,7 +158,7 @@ class Repl:
         self.session = bot.session(route=route, store=store, model=self.model, session_id=session_id, roles=roles)
         self.streamed = ""
         self.records: list[dict[str, Any]] = []  # per turn, for /save
-        self.choices: list[str] = []  # the values of the last Choices event: typing N sends the Nth
+        self.choices: list[tuple[str, str]] = []  # (value, label) of the last Choices event (picked_choice)
 
     # -- input and output ----------------------------------------------------------------
 
@@ -206,7 +206,7 @@ class Repl:
         elif kind == ev.ERROR:  # the REPL is the author's: the detail, not the text users get
             click.secho(f"error: {event.meta.get('detail') or data}", fg="red")
         elif kind == ev.CHOICES:
-            self.choices = [c["value"] for c in data.get("choices", [])]
+            self.choices = [(str(c["value"]), str(c["label"])) for c in data.get("choices", [])]
             for i, choice in enumerate(data.get("choices", []), start=1):
                 click.secho(f"  {i}) {choice['label']}", fg="green")
         elif kind == ev.ROUTE_CHANGED:
@@ -284,8 +284,9 @@ class Repl:
                 if self.command(line) == "quit":
                     return 0
                 continue
-            if line.isdigit() and 1 <= int(line) <= len(self.choices):
-                line = self.choices[int(line) - 1]  # a numbered choice: send what it stands for
+            picked = picked_choice(line, self.choices)
+            if picked != line:
+                line = picked
                 click.secho(f"→ {line}", dim=True)
             self.choices = []
             self.turn(line)
@@ -486,3 +487,15 @@ def parse_roles(text: str | None) -> set[str] | None:
     if text is None:
         return None
     return {r.strip() for r in text.split(",") if r.strip()}
+
+
+def picked_choice(line: str, choices: list[tuple[str, str]]) -> str:
+    """What a typed line sends while choices (value, label) are shown: a line that is itself a
+    choice's value or label is that choice (with choices 0 to 10, typing 9 sends 9); else a
+    number N from 1 sends the Nth choice's value; anything else is sent as typed."""
+    for value, label in choices:
+        if line in (value, label):
+            return value
+    if line.isdigit() and 1 <= int(line) <= len(choices):
+        return choices[int(line) - 1][0]
+    return line

@@ -79,6 +79,7 @@ class _Checker:
         for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
             kind.check_bot(self.config, self)
         _graph_checks(self)
+        _user_template_checks(self)
 
     # -- routes ------------------------------------------------------------------
 
@@ -770,18 +771,62 @@ def _components(nodes: list[str], succ: dict[str, list[str]]) -> dict[str, int]:
     return {n: i for i, scc in enumerate(reversed(found)) for n in scc}
 
 
+def _user_template_checks(checker: _Checker) -> None:
+    """A `user:` template that reads a field of `data` without a guard fails every turn whose
+    client sent only text (then `data` is empty and the text is `user_message`)."""
+    for route in checker.config.routes.values():
+        if not route.user:
+            continue
+        try:
+            reads = _unguarded_data_reads(route.user)
+        except TemplateSyntaxError:
+            continue  # reported by the template check
+        if reads:
+            checker.add("warning", f"`user` of route `{route.name}` reads `{reads[0]}`, which is undefined when "
+                        "a client sends only text (`data` is then empty): every such turn fails. Read the text "
+                        f"as `user_message`, and optional fields as `{reads[0]} | default('')` or under "
+                        f"`{{% if {reads[0]} is defined %}}`", "routes", route.name, "user")
+
+
+@lru_cache(maxsize=1024)
+def _unguarded_data_reads(source: str) -> list[str]:
+    """The `data.KEY` paths a template reads outside a `default` filter, unless the template
+    tests a path with `is defined`/`undefined` or `in` (an author guarding by hand)."""
+    tree = ENV.parse(source)
+    if any(t.name in ("defined", "undefined") for t in tree.find_all(nodes.Test)) \
+            or any(op.op in ("in", "notin") for op in tree.find_all(nodes.Operand)):
+        return []
+    found: list[str] = []
+
+    def visit(node: nodes.Node, guarded: bool) -> None:
+        if isinstance(node, nodes.Filter) and node.name in ("default", "d"):
+            guarded = True  # what it filters may be undefined; its arguments are visited too
+        if isinstance(node, (nodes.Getattr, nodes.Getitem)) and not guarded:
+            path = _attr_path(node)
+            if path and path[0] == "data" and len(path) > 1:
+                found.append(".".join(path[:2]))
+                return
+        for child in node.iter_child_nodes():
+            visit(child, guarded)
+
+    visit(tree, False)
+    return found
+
+
 def _graph_checks(checker: _Checker) -> None:
 
     config = checker.config
     graph = checker.graph
     defaults = checker.defaults
     if len(defaults) == 1:
-        reached = graph.reachable(defaults[0])
+        reached = graph.reachable_from_starts()
+        entries = [r.name for r in config.routes.values() if r.entry]
+        starts = f"the default route `{defaults[0]}`" + (" or an entry route" if entries else "")
         for name in config.routes:
             if name not in reached:
-                checker.add("warning", f"route `{name}` is not reachable from the default route `{defaults[0]}`: no "
-                            "tool on a reachable route pushes it or routes to it (only a client choosing it as the "
-                            "start route can enter it)", "routes", name)
+                checker.add("warning", f"route `{name}` is not reachable from {starts}: no tool on a reachable "
+                            "route pushes it or routes to it (if clients start conversations on it, mark it "
+                            "`entry: true`)", "routes", name)
     called = {e.target for e in graph.edges if e.kind == "call"}
     for route in config.routes.values():
         if route.returns and route.name not in called:

@@ -219,6 +219,7 @@ class RouteConfig:
     system: str = ""  # Jinja2 template
     description: str = ""
     default: bool = False
+    entry: bool = False  # clients start conversations here too (so it counts as reachable)
     user: str | None = None  # Jinja2 template turning structured input into the user message
     memory: MemoryPolicy | None = None  # None: the bot's default policy
     model: dict[str, Any] | None = None  # raw override merged over the bot's ModelConfig

@@ -40,6 +40,7 @@ class Node:
     name: str
     description: str = ""
     default: bool = False
+    entry: bool = False  # a route clients start on (`entry: true`), besides the default
     roles: tuple[str, ...] = ()
     memory: str = "message_window"  # the effective memory type (route's, else the bot's)
     tools: tuple[str, ...] = ()
@@ -95,6 +96,7 @@ class RouteGraph:
                 name=name,
                 description=route.description,
                 default=route.default,
+                entry=route.entry,
                 roles=tuple(route.roles),
                 memory=config.route_memory(name).type,
                 tools=tuple(route.tools),
@@ -116,6 +118,12 @@ class RouteGraph:
         if start is None or start not in self.nodes:
             return set()
         return self._closure({start})
+
+    def reachable_from_starts(self) -> set[str]:
+        """Routes a conversation can get to from where conversations start: the default route
+        and every entry route."""
+        starts = {n.name for n in self.nodes.values() if n.default or n.entry}
+        return self._closure(starts) if starts else set()
 
     def pushed_routes(self) -> set[str]:
         """Routes some tool pushes (or calls: a call pushes)."""
@@ -221,11 +229,13 @@ def _grouped(graph: RouteGraph) -> list[tuple[str, str, EdgeKind, list[str]]]:
 
 def _render_text(graph: RouteGraph) -> str:
     lines = [f"{graph.name}: {graph.description}" if graph.description else graph.name]
-    reached = graph.reachable()
+    reached = graph.reachable_from_starts()
     for node in graph.nodes.values():
         marks = []
         if node.default:
             marks.append("default")
+        if node.entry:
+            marks.append("entry")
         marks.append(f"memory: {node.memory}")
         if node.roles:
             marks.append("roles: " + ", ".join(node.roles))

@@ -532,6 +532,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         system=_str(raw.get("system")) or "",
         description=_str(raw.get("description")) or "",
         default=_bool(raw.get("default")),
+        entry=_bool(raw.get("entry")),
         user=_str(raw.get("user")),
         memory=_memory(raw.get("memory"), doc, (*base, "memory")),
         model=dict(model) if isinstance(model, dict) and model else None,

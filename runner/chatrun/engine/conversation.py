@@ -25,6 +25,7 @@ from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.memory import ChatMemory, make_memory
 from chatrun.messages import AssistantMessage, Message, ToolResultMessage
 from chatrun.store import SessionStore
+from chatrun.store.record import route_of_memory, scope_id
 
 SNAPSHOT_VERSION = 1
 
@@ -167,7 +168,7 @@ class Conversation:
         init_declared(scope, declared.local, declared.shared)
 
     def _new_scope(self, route: RouteConfig) -> Scope:
-        scope = Scope(f"{self.id}.{self._next_scope}", route.name)
+        scope = Scope(scope_id(self.id, self._next_scope), route.name)
         self._next_scope += 1
         init_declared(scope, route.scope.local, route.scope.shared)
         return scope
@@ -209,7 +210,7 @@ class Conversation:
     def loaded_memories(self) -> list[tuple[str, str, ChatMemory]]:
         """(memory id, route, memory) of the memories loaded so far, in the live scopes."""
         live = set(self.live_memory_ids())
-        return [(mid, mid.rpartition("#")[2], m) for mid, m in self._memories.items() if mid in live]
+        return [(mid, route_of_memory(mid), m) for mid, m in self._memories.items() if mid in live]
 
     def live_memory_ids(self) -> list[str]:
         return [mid for s in self.scopes for mid in s.memory_ids()]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.errors import ChatrunError
+from chatrun.store.record import memory_id
 
 ROOTS = ("state", "scope", "turn")
 
@@ -29,7 +30,7 @@ class Scope:
     caller: dict[str, str] | None = None  # a called scope: {"call_id", "tool"} of the call waiting for it
 
     def memory_id(self, route: str) -> str:
-        return f"{self.id}#{route}"
+        return memory_id(self.id, route)
 
     def memory_ids(self) -> list[str]:
         return [self.memory_id(r) for r in self.memory_routes]

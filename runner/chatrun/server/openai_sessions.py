@@ -37,8 +37,7 @@ from chatrun.messages import AssistantMessage, Message, UserMessage, message_fro
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
-from chatrun.store.buffer import PendingCommit
-from chatrun.store.memory import messages_json
+from chatrun.store.record import Commit, forked_snapshot, renamed_id
 from chatrun.store.versions import CREATE
 
 if TYPE_CHECKING:
@@ -179,24 +178,14 @@ class TurnIndex:
     async def _fork(self, record: dict[str, Any]) -> str:
         """A new session in the store: the recorded one as it was right after the recorded turn."""
         old, new = record["session"], secrets.token_hex(8)
-        snapshot = json.loads(json.dumps(record["snapshot"]))
-        snapshot["id"] = new
-        snapshot["meta"] = dict(snapshot.get("meta") or {}, forked_from={"session": old, "turn": record["turn"]})
-        for scope in snapshot["scopes"]:
-            scope["id"] = _renamed(scope["id"], old, new)
         memories: dict[str, list[Message] | None] = {
-            _renamed(mid, old, new): [message_from_dict(d) for d in messages]
+            renamed_id(mid, old, new): [message_from_dict(d) for d in messages]
             for mid, messages in record["memories"].items()
         }
-        texts: dict[str, str | None] = {mid: None if m is None else messages_json(mid, m) for mid, m in memories.items()}
+        snapshot = forked_snapshot(record["snapshot"], old, new, record["turn"])
         # A new session (versions.CREATE: refused if the id exists), written like any commit.
-        await self.registry.store.commit(new, PendingCommit(snapshot, memories, texts, []), CREATE, None)
+        await self.registry.store.commit_turn(Commit.encode(new, snapshot, memories, [], expected=CREATE), None)
         return new
-
-
-def _renamed(scope_or_memory_id: str, old: str, new: str) -> str:
-    # Scope ids are "<session>.<n>" and memory ids "<session>.<n>#<route>" (chatrun.scopes).
-    return new + scope_or_memory_id[len(old):] if scope_or_memory_id.startswith(old + ".") else scope_or_memory_id
 
 
 def _seed(session: Session, earlier: Exchange) -> int:

@@ -4,6 +4,12 @@
 what a chatrun session needs to survive a restart: a snapshot of its scopes and
 state, and its never-evicted history. Every store implements both.
 
+`SessionStore` is what a live Session needs of its store; `DurableStore` adds what a store
+that keeps sessions for a server must also do (record request outcomes for exactly-once
+retries): the built-in stores are both, a server's `TurnBuffer` is a SessionStore only. The
+built-in stores also read and write the typed record of a session (`chatrun.store.record`:
+`SessionRecord`, `Commit`) directly, the server's one-JSON-pass path (`EncodedStore`).
+
 `open_store(url)`: "memory://" (the default: in process), "sqlite:///path/to.db".
 The server talks to stores through `chatrun.store.aio` (async, versioned, leased): the
 SQLite store from a worker thread, Redis ("redis://host:port/db", `chatrun.store.redis`)
@@ -15,6 +21,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from chatrun.messages import Message
+from chatrun.store.record import Commit, JSONObject, SessionRecord
 
 
 @runtime_checkable
@@ -34,18 +41,20 @@ class ChatMemoryStore(Protocol):
 
 @runtime_checkable
 class SessionStore(ChatMemoryStore, Protocol):
-    def load_session(self, session_id: str) -> dict | None:
+    """What a live Session needs of its store (chatrun.Session), and what every store offers."""
+
+    def load_session(self, session_id: str) -> JSONObject | None:
         """The snapshot saved by the last `commit_turn`, or None for an unknown session."""
         ...
 
     def commit_turn(
         self,
         session_id: str,
-        snapshot: dict,
+        snapshot: JSONObject,
         memories: dict[str, list[Message] | None],
-        history: list[dict],
+        history: list[JSONObject],
         expected_version: str | None = None,
-        outcome: tuple[str, dict] | None = None,
+        outcome: tuple[str, JSONObject] | None = None,
     ) -> str:
         """Atomically: replace the session's snapshot, replace each memory in `memories`
         (delete it where the value is None), append `history` entries, record `outcome`
@@ -54,18 +63,14 @@ class SessionStore(ChatMemoryStore, Protocol):
         lands only if the stored version is that one, else StaleVersion and nothing lands."""
         ...
 
-    def load_versioned(self, session_id: str) -> tuple[dict, str] | None:
+    def load_versioned(self, session_id: str) -> tuple[JSONObject, str] | None:
         """The snapshot and its version, or None."""
         ...
 
     def version(self, session_id: str) -> str | None:
         ...
 
-    def get_outcome(self, session_id: str, request_id: str) -> dict | None:
-        """The history entry recorded for a committed request, or None."""
-        ...
-
-    def load_history(self, session_id: str) -> list[dict]:
+    def load_history(self, session_id: str) -> list[JSONObject]:
         """Every history entry of the session, oldest first."""
         ...
 
@@ -78,15 +83,42 @@ class SessionStore(ChatMemoryStore, Protocol):
 
 
 @runtime_checkable
+class DurableStore(SessionStore, Protocol):
+    """A SessionStore a server can keep its sessions in: it also answers for the outcomes it
+    recorded (`commit_turn(..., outcome=...)`), so a retried request is replayed, not run again.
+    InMemoryStore and SQLiteStore are; so is every store written against the SessionStore
+    of chatrun 0.1 (which named get_outcome itself): nothing a store implements was removed."""
+
+    def get_outcome(self, session_id: str, request_id: str) -> JSONObject | None:
+        """The history entry recorded for a committed request, or None."""
+        ...
+
+
+@runtime_checkable
+class EncodedStore(DurableStore, Protocol):
+    """A DurableStore that reads and writes `chatrun.store.record`'s typed values directly:
+    the server's path, one JSON pass per load and per commit (LocalAsyncStore uses it when
+    the store has it, and SessionStore's dict methods otherwise)."""
+
+    def read_session(self, session_id: str) -> SessionRecord | None:
+        """The stored session with the memories its snapshot names, or None."""
+        ...
+
+    def write_commit(self, commit: Commit) -> str:
+        """commit_turn, already encoded: returns the session's new version."""
+        ...
+
+
+@runtime_checkable
 class RecordStore(Protocol):
     """Small JSON records by key, for indexes kept beside the sessions (the OpenAI-compatible
     API maps response ids and conversation prefixes to committed turns with them)."""
 
-    def get_record(self, key: str) -> dict | None:
+    def get_record(self, key: str) -> JSONObject | None:
         """The record saved under `key`, or None."""
         ...
 
-    def put_record(self, key: str, record: dict, session: str | None = None) -> None:
+    def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None:
         """Save `record` (JSON-able) under `key`, replacing any record there. A record saved
         for a `session` is deleted with that session (delete_session)."""
         ...
@@ -96,7 +128,7 @@ class RecordStore(Protocol):
         ...
 
 
-def open_store(url: str | None, exclusive: bool = False) -> SessionStore:
+def open_store(url: str | None, exclusive: bool = False) -> EncodedStore:
     """A store from a URL: None or "memory://" (in process), "sqlite:///path/to.db".
     exclusive: this process is the file's only server (see SQLiteStore)."""
     from chatrun.errors import ChatrunError

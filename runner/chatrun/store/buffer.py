@@ -2,48 +2,54 @@
 
 The engine calls its store synchronously (`load_session`, `get_messages`, `commit_turn`), and
 the server must never block its event loop on store I/O. So the server loads a session's
-snapshot and memories asynchronously first, hands the Session this buffer, and after the turn
-writes what the buffer collected to the real store itself (asynchronously, fenced by version
-and lease: see chatrun.store.aio). Reads come from what was loaded plus what was committed
-since; a commit is checked and copied here at once (a value JSON cannot hold fails the turn
-inside the engine, as with any store) and waits in `pending` until the server writes it.
+record (`chatrun.store.record.SessionRecord`: snapshot and memories) asynchronously first,
+hands the Session this buffer, and after the turn writes what the buffer collected to the real
+store itself (asynchronously, fenced by version and lease: see chatrun.store.aio). Reads come
+from what was loaded plus what was committed since; a commit is checked and encoded here at
+once, the one JSON pass of a commit (a value JSON cannot hold fails the turn inside the
+engine, as with any store), and waits in `pending` (a `Commit`) until the server writes it.
+
+The buffer is a SessionStore, not a DurableStore: request outcomes are the server's store's
+to answer. It stamps the running request's id on the history entries, and keeps the
+snapshot's `committed` (the last committed turn; with track_committed) up to date, so the commit it hands the
+server is final: nothing is decoded or encoded again on the way to the store.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-
 from chatrun.errors import ChatrunError
 from chatrun.messages import Message
 from chatrun.store import RecordStore
-from chatrun.store.memory import check_messages, messages_json, to_json
-
-
-@dataclass
-class PendingCommit:
-    """What the turns of one request committed, merged: the last snapshot, every changed
-    memory (None: deleted) as messages and as JSON text, the history entries in order."""
-
-    snapshot: dict
-    memories: dict[str, list[Message] | None] = field(default_factory=dict)
-    memories_json: dict[str, str | None] = field(default_factory=dict)
-    history: list[dict] = field(default_factory=list)
+from chatrun.store.record import (
+    Commit,
+    Committed,
+    JSONObject,
+    SessionRecord,
+    committed_turn,
+    from_json,
+    with_committed,
+)
 
 
 class TurnBuffer:
-    """A SessionStore over one session's loaded data; commits wait in `pending`."""
+    """A SessionStore over one session's loaded record; commits wait in `pending`."""
 
-    def __init__(self, session_id: str, snapshot: dict | None = None,
-                 memories: dict[str, list[Message]] | None = None, sizes: dict[str, int] | None = None,
-                 records: RecordStore | None = None):
+    def __init__(self, session_id: str, record: SessionRecord | None = None, records: RecordStore | None = None,
+                 track_committed: bool = False):
         self.session_id = session_id
         self.records = records  # the real store's records, when it keeps them in this process
-        self._snapshot_json = None if snapshot is None else to_json(f"session {session_id}", snapshot)
-        self._memories: dict[str, tuple[Message, ...]] = {k: tuple(v) for k, v in (memories or {}).items()}
-        self._sizes: dict[str, int] = dict(sizes or {})
-        self.history: list[dict] | None = None  # the stored history, when the server loaded it
-        self.pending: PendingCommit | None = None
+        # The server's buffers write the last committed turn into the snapshot (record.with_committed).
+        self.track_committed = track_committed
+        self._snapshot_json = None if record is None else record.snapshot_json
+        # The record's decoded snapshot, handed to the first load_session (the Session restored
+        # from it) instead of decoding the text a second time.
+        self._unclaimed: JSONObject | None = None if record is None else record.snapshot
+        self._memories: dict[str, tuple[Message, ...]] = {} if record is None else {
+            mid: tuple(m) for mid, m in record.memories.items()}
+        self._sizes: dict[str, int] = {} if record is None else dict(record.sizes)
+        self.committed: Committed | None = None if record is None else record.committed
+        self.history: list[JSONObject] | None = None  # the stored history, when the server loaded it
+        self.pending: Commit | None = None
         self.request_id: str | None = None  # stamped on the history entries of the running request
 
     @property
@@ -51,7 +57,7 @@ class TurnBuffer:
         """Roughly what the session costs in memory, in bytes (its JSON size)."""
         return len(self._snapshot_json or "") + sum(self._sizes.values())
 
-    def take(self) -> PendingCommit | None:
+    def take(self) -> Commit | None:
         pending, self.pending = self.pending, None
         return pending
 
@@ -68,47 +74,58 @@ class TurnBuffer:
 
     # -- SessionStore -------------------------------------------------------------------------
 
-    def load_session(self, session_id: str) -> dict | None:
+    def load_session(self, session_id: str) -> JSONObject | None:
         self._check(session_id)
-        return None if self._snapshot_json is None else json.loads(self._snapshot_json)
+        if self._unclaimed is not None:
+            snapshot, self._unclaimed = self._unclaimed, None
+            return snapshot
+        return None if self._snapshot_json is None else from_json(self._snapshot_json)
 
     def commit_turn(
         self,
         session_id: str,
-        snapshot: dict,
+        snapshot: JSONObject,
         memories: dict[str, list[Message] | None],
-        history: list[dict],
+        history: list[JSONObject],
         expected_version: str | None = None,
-        outcome: tuple[str, dict] | None = None,
+        outcome: tuple[str, JSONObject] | None = None,
     ) -> str:
+        """Encode the commit now (the engine's dicts live on) and keep it for the server, which
+        fences it itself: `expected_version` and `outcome` are the server's to set, not the engine's."""
         self._check(session_id)
-        # Checked and copied now, all before anything is kept: the engine's dicts live on.
-        snap_json = to_json(f"session {session_id}: its snapshot", snapshot)
-        mems = {mid: None if m is None else check_messages(mid, m) for mid, m in memories.items()}
-        texts = {mid: None if m is None else messages_json(mid, m) for mid, m in mems.items()}
         stamp = {"requestId": self.request_id} if self.request_id is not None else {}
-        entries = [json.loads(to_json(f"session {session_id}: history entry {i}", e | stamp))
-                   for i, e in enumerate(history)]
+        entries = [e | stamp for e in history]
+        turn_at = next((i for i in range(len(entries) - 1, -1, -1) if "turn" in entries[i]), None)
+        committed = self.committed
+        if self.track_committed and turn_at is not None and entries[turn_at].get("ok"):
+            committed = committed_turn(entries[turn_at], self.request_id)
+        commit = Commit.encode(session_id, with_committed(snapshot, committed), memories, entries)
+        commit.committed = committed
+        if turn_at is not None:
+            commit.turn = entries[turn_at]["turn"]
+            if self.request_id is not None and entries[turn_at].get("ok"):
+                commit.outcome = (self.request_id, commit.history_json[turn_at])  # the entry's own JSON
+        self._keep(commit)
+        return "pending"
+
+    def _keep(self, commit: Commit) -> None:
+        """Make a checked commit what this buffer reads back, and add it to the pending one."""
         if self.pending is None:
-            self.pending = PendingCommit(json.loads(snap_json))
-        pending = self.pending
-        pending.snapshot = json.loads(snap_json)
-        pending.memories.update(mems)
-        pending.memories_json.update(texts)
-        pending.history.extend(entries)
-        self._snapshot_json = snap_json
-        for mid, msgs in mems.items():
+            self.pending = commit
+        else:
+            self.pending.merge(commit)
+        self._snapshot_json, self._unclaimed, self.committed = commit.snapshot_json, None, commit.committed
+        for mid, msgs in commit.memories.items():
             if msgs is None:
                 self._memories.pop(mid, None)
                 self._sizes.pop(mid, None)
             else:
                 self._memories[mid] = tuple(msgs)
-                self._sizes[mid] = len(texts[mid] or "")
+                self._sizes[mid] = len(commit.memories_json.get(mid) or "")
         if self.history is not None:
-            self.history.extend(entries)
-        return "pending"
+            self.history.extend(from_json(e) for e in commit.history_json)
 
-    def load_versioned(self, session_id: str) -> tuple[dict, str] | None:
+    def load_versioned(self, session_id: str) -> tuple[JSONObject, str] | None:
         snapshot = self.load_session(session_id)
         return None if snapshot is None else (snapshot, self.version(session_id) or "")
 
@@ -117,11 +134,8 @@ class TurnBuffer:
         self._check(session_id)
         return None if self._snapshot_json is None else "live"
 
-    def get_outcome(self, session_id: str, request_id: str) -> dict | None:
-        self._check(session_id)
-        raise ChatrunError(f"session {session_id}: request outcomes are read from the server's store, not its buffer")
-
-    def load_history(self, session_id: str) -> list[dict]:
+    def load_history(self, session_id: str) -> list[JSONObject]:
+        """The history the server loaded for this request (SessionRegistry.session(history=True))."""
         self._check(session_id)
         if self.history is None:
             raise ChatrunError(f"session {session_id}: its history was not loaded for this request")
@@ -130,7 +144,7 @@ class TurnBuffer:
     def delete_session(self, session_id: str, memory_ids: list[str]) -> None:
         """The server deletes the stored session itself; here only the loaded copy goes."""
         self._check(session_id)
-        self._snapshot_json = None
+        self._snapshot_json = self._unclaimed = None
         self._memories.clear()
         self._sizes.clear()
         self.pending = None
@@ -140,10 +154,10 @@ class TurnBuffer:
 
     # -- RecordStore: records are not the session's, so they go straight to the real store ------
 
-    def get_record(self, key: str) -> dict | None:
+    def get_record(self, key: str) -> JSONObject | None:
         return self._record_store(key).get_record(key)
 
-    def put_record(self, key: str, record: dict, session: str | None = None) -> None:
+    def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None:
         self._record_store(key).put_record(key, record, session)
 
     def delete_record(self, key: str) -> None:

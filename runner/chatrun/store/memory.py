@@ -7,47 +7,19 @@ JSON cannot hold) is refused here too. Messages are immutable and kept as they a
 
 from __future__ import annotations
 
-import json
 import threading
-from typing import Any
 
-from chatrun.errors import ChatrunError
-from chatrun.messages import (
-    AssistantMessage,
-    Message,
-    SummaryMessage,
-    SystemMessage,
-    ToolResultMessage,
-    UserMessage,
+from chatrun.messages import Message
+from chatrun.store.record import (
+    Commit,
+    JSONObject,
+    SessionRecord,
+    check_messages,
+    from_json,
+    messages_json,
+    to_json,
 )
 from chatrun.store.versions import KEEP_OUTCOMES, check_version, next_version
-
-_KINDS = (SystemMessage, UserMessage, AssistantMessage, ToolResultMessage, SummaryMessage)
-
-
-def check_messages(memory_id: str, messages: Any) -> list[Message]:
-    """The messages as a list, or ChatrunError naming the memory and the bad item."""
-    try:
-        items = list(messages)
-    except TypeError:
-        raise ChatrunError(f"memory {memory_id}: expected a list of messages, got {type(messages).__name__}") from None
-    for i, m in enumerate(items):
-        if not isinstance(m, _KINDS):
-            raise ChatrunError(f"memory {memory_id}: item {i} is a {type(m).__name__}, not a chat message")
-    return items
-
-
-def messages_json(memory_id: str, messages: Any) -> str:
-    items = check_messages(memory_id, messages)
-    return json.dumps([m.to_dict() for m in items], ensure_ascii=False)
-
-
-def to_json(what: str, value: Any) -> str:
-    """`value` as JSON text, or ChatrunError saying what could not be saved and why."""
-    try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ChatrunError(f"cannot save {what}: it holds a value JSON cannot represent ({exc})") from None
 
 
 class Records:
@@ -59,9 +31,9 @@ class Records:
         self._session_of: dict[str, str] = {}
         self._keys_of: dict[str, set[str]] = {}
 
-    def get(self, key: str) -> dict | None:
+    def get(self, key: str) -> JSONObject | None:
         text = self._texts.get(key)
-        return None if text is None else json.loads(text)
+        return None if text is None else from_json(text)
 
     def put(self, key: str, text: str, session: str | None) -> None:
         self.delete(key)
@@ -88,8 +60,10 @@ class InMemoryStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._memories: dict[str, tuple[Message, ...]] = {}
+        self._memory_sizes: dict[str, int] = {}  # JSON size of the memories a commit wrote
         self._sessions: dict[str, str] = {}
         self._versions: dict[str, str] = {}
+        self._owners: dict[str, str | None] = {}  # read from each snapshot when it is committed
         self._history: dict[str, list[str]] = {}
         self._records = Records()
         self._outcomes: dict[str, dict[str, str]] = {}  # session -> request id -> entry JSON
@@ -104,86 +78,108 @@ class InMemoryStore:
         items = tuple(check_messages(memory_id, messages))
         with self._lock:
             self._memories[memory_id] = items
+            self._memory_sizes.pop(memory_id, None)  # measured when next read for a session
 
     def delete_messages(self, memory_id: str) -> None:
         with self._lock:
             self._memories.pop(memory_id, None)
+            self._memory_sizes.pop(memory_id, None)
 
     # -- SessionStore -------------------------------------------------------------------------
 
-    def load_session(self, session_id: str) -> dict | None:
+    def load_session(self, session_id: str) -> JSONObject | None:
         with self._lock:
             text = self._sessions.get(session_id)
-        return None if text is None else json.loads(text)
+        return None if text is None else from_json(text)
 
-    def load_versioned(self, session_id: str) -> tuple[dict, str] | None:
+    def load_versioned(self, session_id: str) -> tuple[JSONObject, str] | None:
         """The snapshot and its version, or None for an unknown session."""
         with self._lock:
             text, version = self._sessions.get(session_id), self._versions.get(session_id)
-        return None if text is None or version is None else (json.loads(text), version)
+        return None if text is None or version is None else (from_json(text), version)
+
+    def read_session(self, session_id: str) -> SessionRecord | None:
+        """The session's record with its memories (EncodedStore): one decode of its snapshot."""
+        with self._lock:
+            text, version = self._sessions.get(session_id), self._versions.get(session_id)
+            if text is None or version is None:
+                return None
+            record = SessionRecord.decode(session_id, text, version)
+            stored = {mid: self._memories.get(mid, ()) for mid in record.memory_ids}
+            known = {mid: self._memory_sizes.get(mid) for mid in record.memory_ids}
+        record.memories = {mid: list(m) for mid, m in stored.items()}
+        record.sizes = {mid: size if size is not None else _size_of(mid, stored[mid]) for mid, size in known.items()}
+        return record
 
     def version(self, session_id: str) -> str | None:
         with self._lock:
             return self._versions.get(session_id)
 
     def count_owned(self, owner: str) -> int:
-        """How many sessions `owner` (the snapshot's meta.owner) has."""
+        """How many sessions `owner` (the snapshot's owner, chatrun.store.record) has."""
         with self._lock:
-            texts = list(self._sessions.values())
-        return sum(1 for t in texts if (json.loads(t).get("meta") or {}).get("owner") == owner)
+            return sum(1 for o in self._owners.values() if o == owner)
 
-    def get_outcome(self, session_id: str, request_id: str) -> dict | None:
+    def get_outcome(self, session_id: str, request_id: str) -> JSONObject | None:
         with self._lock:
             text = self._outcomes.get(session_id, {}).get(request_id)
-        return None if text is None else json.loads(text)
+        return None if text is None else from_json(text)
 
     def commit_turn(
         self,
         session_id: str,
-        snapshot: dict,
+        snapshot: JSONObject,
         memories: dict[str, list[Message] | None],
-        history: list[dict],
+        history: list[JSONObject],
         expected_version: str | None = None,
-        outcome: tuple[str, dict] | None = None,
+        outcome: tuple[str, JSONObject] | None = None,
     ) -> str:
         """See SessionStore.commit_turn; returns the session's new version."""
         # Everything is checked and encoded before anything is applied: all or nothing.
-        snap = to_json(f"session {session_id}: its snapshot", snapshot)
-        mems = {mid: None if msgs is None else tuple(check_messages(mid, msgs)) for mid, msgs in memories.items()}
-        entries = [to_json(f"session {session_id}: history entry {i}", e) for i, e in enumerate(history)]
-        recorded = None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1]))
+        return self.write_commit(Commit.encode(session_id, snapshot, memories, history, expected_version, outcome))
+
+    def write_commit(self, commit: Commit) -> str:
+        """An encoded commit (EncodedStore): applied whole, or StaleVersion and nothing."""
+        session_id = commit.session_id
+        mems = {mid: None if m is None else tuple(m) for mid, m in commit.memories.items()}
         with self._lock:
             current = self._versions.get(session_id)
-            check_version(session_id, expected_version, current)
+            check_version(session_id, commit.expected, current)
             version = self._versions[session_id] = next_version(current)
-            self._sessions[session_id] = snap
+            self._sessions[session_id] = commit.snapshot_json
+            self._owners[session_id] = commit.owner
             for mid, msgs in mems.items():
+                text = commit.memories_json.get(mid)
                 if msgs is None:
                     self._memories.pop(mid, None)
+                    self._memory_sizes.pop(mid, None)
                 else:
                     self._memories[mid] = msgs
-            self._history.setdefault(session_id, []).extend(entries)
-            if recorded is not None:
+                    self._memory_sizes[mid] = len(text) if text is not None else _size_of(mid, msgs)
+            self._history.setdefault(session_id, []).extend(commit.history_json)
+            if commit.outcome is not None:
                 outcomes = self._outcomes.setdefault(session_id, {})
-                outcomes[recorded[0]] = recorded[1]
+                outcomes[commit.outcome[0]] = commit.outcome[1]
                 while len(outcomes) > KEEP_OUTCOMES:  # dicts keep insertion order: drop the oldest
                     del outcomes[next(iter(outcomes))]
         return version
 
-    def load_history(self, session_id: str) -> list[dict]:
+    def load_history(self, session_id: str) -> list[JSONObject]:
         with self._lock:
             entries = list(self._history.get(session_id, ()))
-        return [json.loads(e) for e in entries]
+        return [from_json(e) for e in entries]
 
     def delete_session(self, session_id: str, memory_ids: list[str]) -> None:
         with self._lock:
             self._sessions.pop(session_id, None)
             self._versions.pop(session_id, None)
+            self._owners.pop(session_id, None)
             self._history.pop(session_id, None)
             self._outcomes.pop(session_id, None)
             self._records.delete_session(session_id)
             for mid in memory_ids:
                 self._memories.pop(mid, None)
+                self._memory_sizes.pop(mid, None)
 
     def list_sessions(self) -> list[str]:
         with self._lock:
@@ -191,11 +187,11 @@ class InMemoryStore:
 
     # -- RecordStore ---------------------------------------------------------------------------
 
-    def get_record(self, key: str) -> dict | None:
+    def get_record(self, key: str) -> JSONObject | None:
         with self._lock:
             return self._records.get(key)
 
-    def put_record(self, key: str, record: dict, session: str | None = None) -> None:
+    def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None:
         text = to_json(f"record {key}", record)
         with self._lock:
             self._records.put(key, text, session)
@@ -206,3 +202,8 @@ class InMemoryStore:
 
     def close(self) -> None:
         """Nothing to release; here so every store can be closed the same way."""
+
+
+def _size_of(memory_id: str, messages: tuple[Message, ...]) -> int:
+    """The JSON size of a memory whose text was never made (update_messages, or none stored)."""
+    return len(messages_json(memory_id, messages))

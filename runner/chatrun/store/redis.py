@@ -42,9 +42,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import message_from_dict
-from chatrun.store.aio import Lease, LeaseSettings, Loaded, MemoryIds
-from chatrun.store.buffer import PendingCommit
-from chatrun.store.memory import to_json
+from chatrun.store.lease import Lease, LeaseSettings
+from chatrun.store.record import Commit, JSONObject, SessionRecord, from_json, to_json
 from chatrun.store.versions import CREATE, KEEP_OUTCOMES, LeaseLost, SessionBusy, StaleVersion
 
 log = logging.getLogger("chatrun.store")
@@ -271,40 +270,41 @@ class RedisStore:
     # -- sessions -------------------------------------------------------------------------
 
     async def version(self, session_id: str) -> str | None:
-        return await self.client.hget(self._key("s", session_id), "v")
+        version: str | None = await self.client.hget(self._key("s", session_id), "v")
+        return version
 
-    async def load(self, session_id: str, memory_ids: MemoryIds) -> Loaded | None:
-        fields = await self.client.hgetall(self._key("s", session_id))
+    async def load_session(self, session_id: str) -> SessionRecord | None:
+        fields: dict[str, str] = await self.client.hgetall(self._key("s", session_id))
         if not fields or "snap" not in fields:
             return None
         try:
-            snapshot = json.loads(fields["snap"])
-            memories, sizes = {}, {}
+            record = SessionRecord.decode(session_id, fields["snap"], fields["v"])
             for name, text in fields.items():
                 if name.startswith("m:"):
-                    memories[name[2:]] = [message_from_dict(d) for d in json.loads(text)]
-                    sizes[name[2:]] = len(text)
+                    record.memories[name[2:]] = [message_from_dict(d) for d in json.loads(text)]
+                    record.sizes[name[2:]] = len(text)
         except (ValueError, KeyError, TypeError) as exc:
             raise ChatrunError(f"store {self.url}: session {session_id} is corrupt ({exc})") from None
-        return Loaded(snapshot, fields["v"], memories, sizes)
+        return record
 
-    async def commit(self, session_id: str, pending: PendingCommit, expected: str,
-                     lease: Lease | None, outcome: tuple[str, dict] | None = None) -> str:
+    async def commit_turn(self, commit: Commit, lease: Lease | None) -> str:
+        session_id, expected = commit.session_id, commit.expected
+        if expected is None:  # the Lua script fences every write; an unchecked one has no meaning here
+            raise ChatrunError(f"store {self.url}: session {session_id}: a commit names the version it expects")
         if lease is not None and lease.lost:
             raise LeaseLost(session_id)
-        owner = (pending.snapshot.get("meta") or {}).get("owner") if expected == CREATE else None
+        owner = commit.owner if expected == CREATE else None
         args: list[str | int | float] = [
             lease.token if lease is not None and lease.token else "",
-            expected, secrets.token_hex(4),
-            json.dumps(pending.snapshot, ensure_ascii=False), session_id,
-            outcome[0] if outcome else "", json.dumps(outcome[1], ensure_ascii=False) if outcome else "",
+            expected, secrets.token_hex(4), commit.snapshot_json, session_id,
+            commit.outcome[0] if commit.outcome else "", commit.outcome[1] if commit.outcome else "",
             KEEP_OUTCOMES, time.time(), owner or "",
-            len(pending.memories_json),
+            len(commit.memories_json),
         ]
-        for mid, text in pending.memories_json.items():
+        for mid, text in commit.memories_json.items():
             args += [mid, text if text is not None else ""]
-        args.append(len(pending.history))
-        args += [json.dumps(e, ensure_ascii=False) for e in pending.history]
+        args.append(len(commit.history_json))
+        args += commit.history_json
         keys = [self._key(k, session_id) for k in ("s", "h", "l", "r", "ro")]
         keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}"]
         status, detail = await self._commit(keys=keys, args=args)
@@ -312,16 +312,16 @@ class RedisStore:
             raise LeaseLost(session_id)
         if status == "stale":
             raise StaleVersion(session_id, expected, detail or None)
-        return detail
+        return str(detail)
 
-    async def history(self, session_id: str) -> list[dict]:
-        return [json.loads(e) for e in await self.client.lrange(self._key("h", session_id), 0, -1)]
+    async def load_history(self, session_id: str) -> list[JSONObject]:
+        return [from_json(e) for e in await self.client.lrange(self._key("h", session_id), 0, -1)]
 
-    async def outcome(self, session_id: str, request_id: str) -> dict | None:
+    async def get_outcome(self, session_id: str, request_id: str) -> JSONObject | None:
         text = await self.client.hget(self._key("r", session_id), request_id)
-        return None if text is None else json.loads(text)
+        return None if text is None else from_json(text)
 
-    async def delete(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
+    async def delete_session(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
         keys = [self._key(k, session_id) for k in ("s", "h", "r", "ro", "l")]
         keys += [f"{self.prefix}sessions", self._key("rk", session_id)]
         token = lease.token if lease is not None and lease.token else ""
@@ -329,15 +329,15 @@ class RedisStore:
             raise LeaseLost(session_id)
 
     async def count_owned(self, owner: str) -> int:
-        return await self.client.scard(f"{self.prefix}o:{owner}")
+        return int(await self.client.scard(f"{self.prefix}o:{owner}"))
 
     # -- RecordStore (asynchronously) ------------------------------------------------------
 
-    async def get_record(self, key: str) -> dict | None:
+    async def get_record(self, key: str) -> JSONObject | None:
         text = await self.client.get(f"{self.prefix}rec:{key}")
-        return None if text is None else json.loads(text)
+        return None if text is None else from_json(text)
 
-    async def put_record(self, key: str, record: dict, session: str | None = None) -> None:
+    async def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None:
         text = to_json(f"record {key}", record)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(f"{self.prefix}rec:{key}", text)
@@ -355,7 +355,7 @@ class RedisStore:
             await pipe.execute()
 
     async def list_sessions(self) -> list[str]:
-        return await self.client.zrange(f"{self.prefix}sessions", 0, -1)
+        return list(await self.client.zrange(f"{self.prefix}sessions", 0, -1))
 
     async def ping(self) -> None:
         try:

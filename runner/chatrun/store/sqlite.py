@@ -2,7 +2,7 @@
 
 Tables: memories(memory_id, messages JSON), sessions(session_id, snapshot JSON, updated_at,
 version), history(session_id, seq, entry JSON), requests(session_id, request_id, outcome JSON,
-seq), records(key, record JSON). `commit_turn` is one transaction and checks the session's
+seq), records(key, record JSON). A commit (`commit_turn`, `write_commit`) is one transaction and checks the session's
 version (fencing); the file uses WAL so readers never wait for the writer. One connection
 behind a lock: the server calls the store from a worker thread. Messages are stored with
 `Message.to_dict` and read back with
@@ -27,7 +27,16 @@ from pathlib import Path
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import Message, message_from_dict
-from chatrun.store.memory import messages_json, to_json
+from chatrun.store.record import (
+    EMPTY_MEMORY_SIZE,
+    OWNER_JSON_PATH,
+    Commit,
+    JSONObject,
+    SessionRecord,
+    from_json,
+    messages_json,
+    to_json,
+)
 from chatrun.store.versions import KEEP_OUTCOMES, check_version, next_version
 
 SCHEMA_VERSION = 3
@@ -164,10 +173,11 @@ class SQLiteStore:
     def get_messages(self, memory_id: str) -> list[Message]:
         with self._locked(f"read memory {memory_id}") as conn:
             row = conn.execute("SELECT messages FROM memories WHERE memory_id = ?", (memory_id,)).fetchone()
-        if row is None:
-            return []
+        return [] if row is None else self._messages(memory_id, row[0])
+
+    def _messages(self, memory_id: str, text: str) -> list[Message]:
         try:
-            return [message_from_dict(d) for d in json.loads(row[0])]
+            return [message_from_dict(d) for d in json.loads(text)]
         except (ValueError, KeyError, TypeError) as exc:
             raise ChatrunError(f"store {self.path}: memory {memory_id} is corrupt ({exc})") from None
 
@@ -182,18 +192,37 @@ class SQLiteStore:
 
     # -- SessionStore -----------------------------------------------------------------------
 
-    def load_session(self, session_id: str) -> dict | None:
+    def load_session(self, session_id: str) -> JSONObject | None:
         with self._locked(f"read session {session_id}") as conn:
             row = conn.execute("SELECT snapshot FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        return None if row is None else from_json(row[0])
 
-    def load_versioned(self, session_id: str) -> tuple[dict, str] | None:
+    def load_versioned(self, session_id: str) -> tuple[JSONObject, str] | None:
         """The snapshot and its version, or None for an unknown session."""
         with self._locked(f"read session {session_id}") as conn:
             row = conn.execute(
                 "SELECT snapshot, version FROM sessions WHERE session_id = ?", (session_id,)
             ).fetchone()
-        return None if row is None else (json.loads(row[0]), row[1] or LEGACY_VERSION)
+        return None if row is None else (from_json(row[0]), row[1] or LEGACY_VERSION)
+
+    def read_session(self, session_id: str) -> SessionRecord | None:
+        """The session's record with its memories (EncodedStore), read in one transaction: one
+        decode of each JSON text."""
+        with self._locked(f"read session {session_id}") as conn:
+            row = conn.execute(
+                "SELECT snapshot, version FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            record = SessionRecord.decode(session_id, row[0], row[1] or LEGACY_VERSION)
+            texts: dict[str, str] = {}
+            for mid in record.memory_ids:
+                found = conn.execute("SELECT messages FROM memories WHERE memory_id = ?", (mid,)).fetchone()
+                if found is not None:
+                    texts[mid] = found[0]
+        record.memories = {mid: self._messages(mid, texts[mid]) if mid in texts else [] for mid in record.memory_ids}
+        record.sizes = {mid: len(texts[mid]) if mid in texts else EMPTY_MEMORY_SIZE for mid in record.memory_ids}
+        return record
 
     def version(self, session_id: str) -> str | None:
         with self._locked(f"read session {session_id}") as conn:
@@ -201,61 +230,68 @@ class SQLiteStore:
         return None if row is None else row[0] or LEGACY_VERSION
 
     def count_owned(self, owner: str) -> int:
-        """How many sessions `owner` (the snapshot's meta.owner) has (a scan: checked on create only)."""
+        """How many sessions `owner` (the snapshot's owner, chatrun.store.record) has (a scan:
+        checked on create only)."""
         with self._locked(f"count the sessions of {owner}") as conn:
-            return conn.execute(
-                "SELECT COUNT(*) FROM sessions WHERE json_extract(snapshot, '$.meta.owner') = ?", (owner,)
-            ).fetchone()[0]
+            row = conn.execute(
+                "SELECT COUNT(*) FROM sessions WHERE json_extract(snapshot, ?) = ?", (OWNER_JSON_PATH, owner)
+            ).fetchone()
+        return int(row[0])
 
-    def get_outcome(self, session_id: str, request_id: str) -> dict | None:
+    def get_outcome(self, session_id: str, request_id: str) -> JSONObject | None:
         with self._locked(f"read request {request_id} of session {session_id}") as conn:
             row = conn.execute(
                 "SELECT outcome FROM requests WHERE session_id = ? AND request_id = ?", (session_id, request_id)
             ).fetchone()
-        return None if row is None else json.loads(row[0])
+        return None if row is None else from_json(row[0])
 
     def commit_turn(
         self,
         session_id: str,
-        snapshot: dict,
+        snapshot: JSONObject,
         memories: dict[str, list[Message] | None],
-        history: list[dict],
+        history: list[JSONObject],
         expected_version: str | None = None,
-        outcome: tuple[str, dict] | None = None,
+        outcome: tuple[str, JSONObject] | None = None,
     ) -> str:
         """See SessionStore.commit_turn; returns the session's new version."""
         # Encode everything first: a bad value fails before the transaction begins.
-        snap = to_json(f"session {session_id}: its snapshot", snapshot)
-        mems = {mid: None if msgs is None else messages_json(mid, msgs) for mid, msgs in memories.items()}
-        entries = [to_json(f"session {session_id}: history entry {i}", e) for i, e in enumerate(history)]
-        recorded = None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1]))
+        return self.write_commit(Commit.encode(session_id, snapshot, memories, history, expected_version, outcome))
+
+    def write_commit(self, commit: Commit) -> str:
+        """An encoded commit (EncodedStore), in one transaction fenced by the session's version."""
+        session_id = commit.session_id
         with self._transaction(f"save a turn of session {session_id}") as conn:
             row = conn.execute("SELECT version FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
             current = None if row is None else row[0] or LEGACY_VERSION
-            check_version(session_id, expected_version, current)
+            check_version(session_id, commit.expected, current)
             version = next_version(current)
             conn.execute(
                 "INSERT INTO sessions (session_id, snapshot, updated_at, version) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(session_id) DO UPDATE SET snapshot = excluded.snapshot, "
                 "updated_at = excluded.updated_at, version = excluded.version",
-                (session_id, snap, time.time(), version),
+                (session_id, commit.snapshot_json, time.time(), version),
             )
-            for mid, text in mems.items():
+            for mid, text in commit.memories_json.items():
                 if text is None:
                     conn.execute("DELETE FROM memories WHERE memory_id = ?", (mid,))
                 else:
                     conn.execute(_UPSERT_MEMORY, (mid, text))
-            if entries:
-                last = conn.execute(
-                    "SELECT COALESCE(MAX(seq), 0) FROM history WHERE session_id = ?", (session_id,)
-                ).fetchone()[0]
-                conn.executemany(
-                    "INSERT INTO history (session_id, seq, entry) VALUES (?, ?, ?)",
-                    [(session_id, last + 1 + i, e) for i, e in enumerate(entries)],
-                )
-            if recorded is not None:
-                self._record_outcome(conn, session_id, *recorded)
+            if commit.history_json:
+                self._append_history(conn, session_id, commit.history_json)
+            if commit.outcome is not None:
+                self._record_outcome(conn, session_id, *commit.outcome)
         return version
+
+    @staticmethod
+    def _append_history(conn: sqlite3.Connection, session_id: str, entries: list[str]) -> None:
+        last = conn.execute(
+            "SELECT COALESCE(MAX(seq), 0) FROM history WHERE session_id = ?", (session_id,)
+        ).fetchone()[0]
+        conn.executemany(
+            "INSERT INTO history (session_id, seq, entry) VALUES (?, ?, ?)",
+            [(session_id, last + 1 + i, e) for i, e in enumerate(entries)],
+        )
 
     @staticmethod
     def _record_outcome(conn: sqlite3.Connection, session_id: str, request_id: str, text: str) -> None:
@@ -268,12 +304,12 @@ class SQLiteStore:
         )
         conn.execute("DELETE FROM requests WHERE session_id = ? AND seq <= ?", (session_id, seq - KEEP_OUTCOMES))
 
-    def load_history(self, session_id: str) -> list[dict]:
+    def load_history(self, session_id: str) -> list[JSONObject]:
         with self._locked(f"read the history of session {session_id}") as conn:
             rows = conn.execute(
                 "SELECT entry FROM history WHERE session_id = ? ORDER BY seq", (session_id,)
             ).fetchall()
-        return [json.loads(r[0]) for r in rows]
+        return [from_json(r[0]) for r in rows]
 
     def delete_session(self, session_id: str, memory_ids: list[str]) -> None:
         with self._transaction(f"delete session {session_id}") as conn:
@@ -290,12 +326,12 @@ class SQLiteStore:
 
     # -- RecordStore ------------------------------------------------------------------------
 
-    def get_record(self, key: str) -> dict | None:
+    def get_record(self, key: str) -> JSONObject | None:
         with self._locked(f"read record {key}") as conn:
             row = conn.execute("SELECT record FROM records WHERE key = ?", (key,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        return None if row is None else from_json(row[0])
 
-    def put_record(self, key: str, record: dict, session: str | None = None) -> None:
+    def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None:
         text = to_json(f"record {key}", record)
         with self._locked(f"save record {key}") as conn:
             conn.execute(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatrun.errors import BotError, ChatrunError
+from chatrun.errors import BotError, ChatrunError, SessionError
 from chatrun.models import ModelPool
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 from chatrun.models.scripted import ScriptedModel
@@ -214,7 +214,12 @@ def play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None = N
         script.next_turn(turn)
     except ChatrunError as exc:  # the schema lets through little a scripted model rejects
         return TurnResult(turn, None, [Mismatch("model", f"bad model response: {exc}")])
-    events = session.chat(turn.input)
+    try:
+        events = session.chat(turn.input)
+    except SessionError as exc:
+        if session.ended is None:
+            raise
+        return message_after_end(session, turn, str(exc))
     model = script.current
     obs = observe(session, events, model.requests)
     if live:
@@ -231,6 +236,18 @@ def play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None = N
         problems.append(Mismatch("model", f"{n} scripted model response{'s' if n != 1 else ''} left unused"))
     problems += compare(turn.expect, obs)
     problems += judge_turn(judge, turn, obs)
+    return TurnResult(turn, obs, problems)
+
+
+def message_after_end(session: Any, turn: TurnSpec, refusal: str) -> TurnResult:
+    """A message sent after a tool ended the conversation is refused, as any client is told;
+    the turn expects that like any error (`expect: {error: true}`), else it fails at its line."""
+    obs = observe(session, [], [])
+    obs.error = refusal
+    problems = compare(turn.expect, obs)
+    if turn.model:
+        problems.append(Mismatch("model", "the conversation had ended, so no model was called: "
+                                 "the turn's `model:` answers are left unused"))
     return TurnResult(turn, obs, problems)
 
 

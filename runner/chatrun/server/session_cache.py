@@ -1,0 +1,126 @@
+"""The live sessions of this process: a slot per (bot, session id), bounded by count, bytes
+and idle time (SessionSettings.cache_size, cache_bytes, cache_idle).
+
+A slot holds the live Session, its TurnBuffer, the stored version it matches and the last
+committed turn; `users` counts the requests holding or waiting for it, which are never
+evicted. A dropped slot keeps its lock (requests queued on it stay ordered) but no session:
+the next request loads the session from the store again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from chatrun.store.buffer import TurnBuffer
+from chatrun.store.lease import Lease
+from chatrun.store.record import Committed
+
+if TYPE_CHECKING:
+    from chatrun.engine.session import Session
+
+SlotKey = tuple[str, str]  # (bot name, session id)
+
+
+@dataclass
+class Slot:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    session: Session | None = None
+    buffer: TurnBuffer | None = None
+    version: str | None = None  # the stored version the live session matches
+    committed: Committed | None = None  # the last committed turn: number, input, requestId, at
+    users: int = 0
+    size: int = 0  # bytes counted for this slot in the cache's total
+    used: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Hold:
+    """A slot held by one request, with the lease it holds the session by."""
+
+    slot: Slot
+    lease: Lease
+
+
+@dataclass(frozen=True)
+class CacheLimits:
+    size: int = 10_000  # live sessions kept at most
+    bytes: int = 256 * 2**20  # their size (JSON bytes of snapshot and memories) at most
+    idle: float = 900.0  # seconds a live session stays cached unused
+
+
+class SessionCache:
+    def __init__(self, limits: CacheLimits):
+        self.limits = limits
+        self._slots: OrderedDict[SlotKey, Slot] = OrderedDict()
+        self._bytes = 0
+
+    @asynccontextmanager
+    async def use(self, key: SlotKey) -> AsyncIterator[Slot]:
+        """The slot of `key` (made if missing), counted as used until the block ends; then the
+        cache forgets an empty slot and evicts what is over its bounds."""
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = Slot()
+        slot.users += 1
+        try:
+            yield slot
+        finally:
+            slot.users -= 1
+            slot.used = time.monotonic()
+            self.account(slot)
+            if slot.session is None and slot.users == 0 and self._slots.get(key) is slot:
+                del self._slots[key]
+            self.evict()
+
+    def touch(self, key: SlotKey) -> None:
+        """Mark the slot most recently used (evicted last)."""
+        self._slots.move_to_end(key)
+
+    def drop(self, slot: Slot) -> None:
+        """Forget the slot's live session: the store is the truth, the next request reloads."""
+        slot.session = slot.buffer = slot.version = slot.committed = None
+        self.account(slot)
+
+    def account(self, slot: Slot) -> None:
+        """Count the slot's current size in the cache's total."""
+        size = slot.buffer.size if slot.session is not None and slot.buffer is not None else 0
+        self._bytes += size - slot.size
+        slot.size = size
+
+    def evict(self) -> None:
+        """Drop least recently used idle sessions while over the count or byte bound, and every
+        session unused for longer than the idle bound (they stay in the store)."""
+        limits, now = self.limits, time.monotonic()
+        for key in list(self._slots):
+            slot = self._slots[key]
+            over = (
+                len(self._slots) > limits.size
+                or self._bytes > limits.bytes
+                or now - slot.used > limits.idle
+            )
+            if not over:
+                break
+            if slot.users == 0 and not slot.lock.locked():
+                self.drop(slot)
+                del self._slots[key]
+
+    async def sweep_forever(self) -> None:
+        """Evict idle sessions even when no request comes."""
+        while True:
+            await asyncio.sleep(max(0.05, min(30.0, self.limits.idle / 4)))
+            self.evict()
+
+    def live_count(self) -> int:
+        return sum(1 for s in self._slots.values() if s.session is not None)
+
+    def byte_count(self) -> int:
+        return self._bytes
+
+    def bots_in_use(self) -> set[int]:
+        return {id(slot.session.bot) for slot in self._slots.values() if slot.session is not None}

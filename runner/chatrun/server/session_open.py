@@ -1,0 +1,160 @@
+"""Make a held slot's live session the stored session's current state, or create it.
+
+A cached copy is used only while it matches the stored version the lease saw: a turn
+committed elsewhere (another replica, the REPL on the same SQLite file) or a delete makes
+the request reload it. Loading checks the session's bot and owner (chatrun.store.record's
+SessionRecord); creating checks the principal's quota and writes the new session at once
+(versions.CREATE: refused if the id exists meanwhile).
+
+Only the principal who created a session may use it, answered exactly like an unknown id
+(no existence oracle). Sessions created with auth off have no owner: once auth is on, no
+principal reaches them (they stay in the store, untouched); sessions created with auth on
+are not reachable with auth off either. See docs/security.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from chatrun.errors import ChatrunError, ForbiddenRouteError, SessionError, UnknownRouteError
+from chatrun.models import ModelPool
+from chatrun.server import wire
+from chatrun.server.auth import Principal
+from chatrun.server.session_cache import SessionCache, Slot
+from chatrun.server.session_writes import SessionWrites, exists
+from chatrun.store import RecordStore
+from chatrun.store.aio import AsyncStore, Lease
+from chatrun.store.buffer import TurnBuffer
+from chatrun.store.record import SessionRecord, owner_in_meta, owner_meta
+from chatrun.store.versions import CREATE
+
+if TYPE_CHECKING:
+    from chatrun.engine.bot import Bot
+    from chatrun.engine.session import Session
+
+NEW = "new"  # the session must not exist yet
+EXISTING = "existing"  # the session must exist
+
+
+@dataclass(frozen=True)
+class SessionStart:
+    """How a new session starts (ignored when the session exists): its entry route (None:
+    the bot's default) and the state it starts with, over the YAML's."""
+
+    route: str | None = None
+    state: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    """Which session a request wants, on whose behalf, and whether it must exist (`mode`)."""
+
+    bot: Bot
+    session_id: str
+    principal: Principal | None
+    mode: str = EXISTING
+    start: SessionStart = SessionStart()
+
+    @property
+    def owner(self) -> str | None:
+        return self.principal.name if self.principal is not None else None
+
+
+class SessionOpener:
+    def __init__(self, store: AsyncStore, cache: SessionCache, writes: SessionWrites, models: ModelPool,
+                 max_sessions_per_principal: int = 0):
+        self.store = store
+        self.cache = cache
+        self.writes = writes
+        self.models = models
+        self.max_sessions_per_principal = max_sessions_per_principal
+        # Records a Session's own store (its TurnBuffer) passes through: an in-process store's.
+        self.records: RecordStore | None = getattr(store, "records", None)
+
+    async def ready(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
+        """Make slot.session the stored session's current state (reload if stale), or create it."""
+        if slot.session is not None and (slot.version != lease.version or slot.session.closed):
+            self.cache.drop(slot)  # committed or deleted elsewhere since it was loaded
+        if slot.session is None:
+            await self._open(slot, request, lease)
+        elif request.mode == NEW:
+            raise exists(request.session_id)
+        else:
+            check_owner(owner_in_meta(slot.session.meta), request)
+
+    async def _open(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
+        record = await self._load(request.session_id)
+        if record is not None:
+            self._check_loaded(record, request)
+            buffer = TurnBuffer(request.session_id, record, self.records, track_committed=True)
+            version, committed = record.version, record.committed
+        elif request.mode == EXISTING:
+            raise not_found(request.session_id)
+        else:
+            await self._check_quota(request.principal)
+            buffer = TurnBuffer(request.session_id, records=self.records, track_committed=True)
+            version, committed = CREATE, None
+        slot.session = self._build(request, buffer)
+        slot.buffer, slot.version, slot.committed = buffer, version, committed
+        if version == CREATE:
+            await self.writes.commit(slot, request.session_id, lease)
+
+    async def _load(self, session_id: str) -> SessionRecord | None:
+        try:
+            return await self.store.load_session(session_id)
+        except Exception as exc:  # a corrupt record or an unreachable store
+            raise wire.RequestFailed(wire.SERVER_ERROR, f"session {session_id}: could not load it: {exc}") from None
+
+    @staticmethod
+    def _check_loaded(record: SessionRecord, request: SessionRequest) -> None:
+        if request.mode == NEW:
+            raise exists(request.session_id)
+        if record.bot not in (None, request.bot.name):
+            raise wire.RequestFailed(
+                wire.SESSION_NOT_ACTIVE,
+                f"session {request.session_id} belongs to bot {record.bot!r}, not {request.bot.name!r}",
+            )
+        check_owner(record.owner, request)
+
+    async def _check_quota(self, principal: Principal | None) -> None:
+        limit = self.max_sessions_per_principal
+        if not limit or principal is None:
+            return
+        owned = await self.store.count_owned(principal.name)
+        if owned >= limit:
+            raise wire.RequestFailed(
+                wire.TOO_MANY_REQUESTS,
+                f"principal {principal.name} already has {owned} sessions (limit {limit}); delete one first",
+            )
+
+    def _build(self, request: SessionRequest, buffer: TurnBuffer) -> Session:
+        principal = request.principal
+        try:
+            return request.bot.session(
+                route=request.start.route,
+                store=buffer,
+                model=self.models.model(),
+                session_id=request.session_id,
+                state=request.start.state,
+                roles=set(principal.roles) if principal is not None else None,
+                meta=owner_meta(request.owner),
+            )
+        except UnknownRouteError as exc:
+            raise wire.RequestFailed(wire.ROUTE_NOT_FOUND, str(exc)) from None
+        except ForbiddenRouteError as exc:
+            raise wire.RequestFailed(wire.FORBIDDEN, str(exc)) from None
+        except SessionError as exc:
+            raise wire.RequestFailed(wire.SESSION_NOT_ACTIVE, str(exc)) from None
+        except ChatrunError as exc:
+            raise wire.RequestFailed(wire.SERVER_ERROR, str(exc)) from None
+
+
+def check_owner(owner: str | None, request: SessionRequest) -> None:
+    """Not found unless the session's owner is the requester (see the module's text)."""
+    if owner != request.owner:
+        raise not_found(request.session_id)
+
+
+def not_found(session_id: str) -> wire.RequestFailed:
+    return wire.RequestFailed(wire.SESSION_NOT_ACTIVE, f"no session {session_id!r}; create it (Connect) first")

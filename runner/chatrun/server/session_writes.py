@@ -1,0 +1,72 @@
+"""What a held session writes to the store: its request's commit and its deletion, fenced.
+
+The engine runs against a TurnBuffer (no I/O); after the turn its commit (a
+`chatrun.store.record.Commit`) is written here, fenced by the version the turn started from
+and by the lease: a refused commit is reported as Failed(Conflict) and the live copy
+dropped, so the next request reloads the session as stored, never writes over it. A commit
+whose fate is unknown (the store failed) drops the live copy too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from chatrun.server import wire
+from chatrun.server.session_cache import Hold, SessionCache, Slot
+from chatrun.store.aio import AsyncStore, Lease
+from chatrun.store.versions import CREATE, StaleVersion
+
+log = logging.getLogger("chatrun.server")
+
+
+class SessionWrites:
+    def __init__(self, store: AsyncStore, cache: SessionCache):
+        self.store = store
+        self.cache = cache
+
+    async def commit(self, slot: Slot, session_id: str, lease: Lease) -> None:
+        """Write what the request's turns committed to the slot's buffer, if anything."""
+        assert slot.buffer is not None
+        commit = slot.buffer.take()
+        if commit is None:
+            return
+        expected = commit.expected = slot.version if slot.version is not None else CREATE
+        try:
+            version = await self.store.commit_turn(commit, lease)
+        except StaleVersion as exc:
+            self.cache.drop(slot)
+            if expected == CREATE:
+                raise exists(session_id) from None
+            what = f"turn {commit.turn}" if commit.turn is not None else "the change"
+            raise wire.RequestFailed(
+                wire.CONFLICT,
+                f"{what} of session {session_id} was not committed: {exc}. The session was reloaded "
+                "as stored; send the message again.",
+            ) from None
+        except Exception as exc:  # the store failed: whether the commit landed is unknown
+            self.cache.drop(slot)
+            log.warning("commit of session %s failed: %s", session_id, exc)
+            raise wire.RequestFailed(
+                wire.SERVER_ERROR,
+                f"session {session_id}: the turn could not be saved ({type(exc).__name__}: {exc}); "
+                "retry with the same request id: a turn that was saved is not run again",
+            ) from None
+        slot.version, slot.committed = version, commit.committed
+
+    async def delete(self, hold: Hold, session_id: str, memory_ids: list[str]) -> None:
+        """Delete the stored session (its history, outcomes, records and these memories)."""
+        try:
+            await self.store.delete_session(session_id, memory_ids, hold.lease)
+        except StaleVersion as exc:
+            self.cache.drop(hold.slot)
+            raise wire.RequestFailed(wire.CONFLICT, f"session {session_id} was not deleted: {exc}") from None
+        if hold.slot.session is not None:
+            hold.slot.session.close()
+        self.cache.drop(hold.slot)
+
+
+def exists(session_id: str) -> wire.RequestFailed:
+    return wire.RequestFailed(
+        wire.SESSION_EXISTS,
+        f"session {session_id!r} already exists; to continue it send Connect with \"resume\": true",
+    )

@@ -1,0 +1,108 @@
+"""One turn of a held session, run once: its events, then its commit.
+
+A request id (a string requestId on the WebSocket, Idempotency-Key over HTTP) is recorded
+with the turn it committed (the store's outcome); a retry of it replays the recorded events
+instead of running again. The client's Completed comes after the commit: Completed means
+committed. Each turn is reported (logged and counted) by a TurnReport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from chatrun.errors import SessionError
+from chatrun.events import Event
+from chatrun.server import wire
+from chatrun.server.session_cache import Hold
+from chatrun.server.session_writes import SessionWrites
+from chatrun.server.turnlog import CANCELLED, CONFLICT, ERROR, REFUSED, TurnReport
+from chatrun.store.aio import AsyncStore
+
+if TYPE_CHECKING:
+    from chatrun.engine.session import Session
+
+MAX_REQUEST_ID = 200  # characters of an idempotency key (each session keeps its last 1,000)
+
+
+def check_request_id(request_id: str | None) -> None:
+    if request_id is not None and not 0 < len(request_id) <= MAX_REQUEST_ID:
+        raise wire.RequestFailed(
+            wire.BAD_REQUEST,
+            f"a request id (string requestId, Idempotency-Key) has 1 to {MAX_REQUEST_ID} characters, "
+            f"not {len(request_id)}",
+        )
+
+
+class TurnRun:
+    """One turn's events (async iteration). `replayed`: a retry of a committed request,
+    whose recorded events are sent again and nothing runs; `turn`: the turn's number; `entry`:
+    its history entry once iterated (ok, usage, ...; the recorded one for a replay)."""
+
+    def __init__(self, session: Session, message: Any, request_id: str | None, hold: Callable[[], Hold],
+                 store: AsyncStore, writes: SessionWrites, report: Callable[[], TurnReport]):
+        """hold: the session's hold (looked up when the turn starts); report: a new TurnReport."""
+        self._session, self._message, self.request_id = session, message, request_id
+        self._hold_of, self._store, self._writes, self._report = hold, store, writes, report
+        self.replayed = False
+        self.turn = 0
+        self.entry: dict[str, Any] = {}
+        self._recorded: dict[str, Any] | None = None
+        self._looked_up = request_id is None
+
+    async def is_replay(self) -> bool:
+        """Whether this request id already committed a turn (then iterating replays it). Checks
+        that apply to new turns only (the scope the client names) are skipped for a replay."""
+        if not self._looked_up:
+            self._recorded = await self._store.get_outcome(self._session.id, self.request_id or "")
+            self._looked_up = True
+        return self._recorded is not None
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        hold = self._hold_of()
+        report = self._report()
+        try:
+            if await self.is_replay():
+                for event in self._replay(report):
+                    yield event
+                return
+            async for event in self._run(hold, report):
+                yield event
+        except (asyncio.CancelledError, GeneratorExit):  # the request was cancelled, or stopped reading
+            report.outcome = CANCELLED
+            raise
+        except SessionError:  # e.g. a conversation an `end` action ended
+            report.outcome = REFUSED
+            raise
+        except wire.RequestFailed as exc:
+            report.outcome = CONFLICT if exc.reason == wire.CONFLICT else ERROR
+            raise
+        finally:
+            report.finish()
+
+    def _replay(self, report: TurnReport) -> Iterator[Event]:
+        recorded = self._recorded or {}
+        self.replayed, self.turn, self.entry = True, recorded.get("turn", 0), recorded
+        report.replayed(recorded)
+        for item in recorded.get("events", []):
+            yield Event.from_dict(item)
+
+    async def _run(self, hold: Hold, report: TurnReport) -> AsyncIterator[Event]:
+        session, slot = self._session, hold.slot
+        assert slot.buffer is not None
+        buffer = slot.buffer
+        buffer.request_id = self.request_id
+        try:
+            with report.observing():
+                async for event in session.stream(self._message):
+                    report.saw(event)
+                    yield event
+        finally:
+            buffer.request_id = None
+        report.ran()
+        self.turn, self.entry = session.turn_count, session.last_turn or {}
+        await self._writes.commit(slot, session.id, hold.lease)

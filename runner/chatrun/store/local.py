@@ -1,0 +1,146 @@
+"""`LocalAsyncStore`: an in-process SessionStore behind the server's asynchronous interface.
+
+InMemoryStore is called inline (dict operations), any other store (SQLite, a user's own) in
+one worker thread, so a slow disk or a lock held by another process never freezes the event
+loop. Leases are no-ops: one process serves these stores and the server's per-session
+asyncio lock orders its turns.
+
+The built-in stores are `EncodedStore`s: a load is one `read_session` (one decode of each
+JSON text) and a commit one `write_commit` of the `Commit` the server's buffer encoded. A
+user's store gets SessionStore's dict methods (decoding and encoding once more on the way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, TypeVar, runtime_checkable
+
+from chatrun.store import DurableStore, EncodedStore, RecordStore, SessionStore
+from chatrun.store.lease import Lease
+from chatrun.store.memory import InMemoryStore, Records
+from chatrun.store.record import (
+    Commit,
+    JSONObject,
+    SessionRecord,
+    from_json,
+    messages_json,
+    to_json,
+)
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class _CountsOwners(Protocol):
+    def count_owned(self, owner: str) -> int: ...
+
+
+@runtime_checkable
+class _Closes(Protocol):
+    def close(self) -> None: ...
+
+
+class LocalAsyncStore:
+    """An in-process SessionStore behind the async interface (see the module's text)."""
+
+    distributed = False
+
+    def __init__(self, store: SessionStore, url: str = "memory://"):
+        self.sync = store
+        self.url = url
+        self._encoded: EncodedStore | None = store if isinstance(store, EncodedStore) else None
+        threaded = not isinstance(store, InMemoryStore)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="chatrun-store") if threaded else None
+        # A store without records (a user's own SessionStore) gets them in this process only.
+        self.records: RecordStore | None = store if isinstance(store, RecordStore) else None
+        self._process_records = Records()
+
+    async def _call(self, fn: Callable[..., T], *args: object) -> T:
+        if self._executor is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
+    async def acquire(self, session_id: str, wait: float, reject: bool = False,
+                      stop: Callable[[], bool] | None = None) -> Lease:
+        return Lease(session_id, None, await self.version(session_id))
+
+    async def release(self, lease: Lease) -> None:
+        return None
+
+    async def version(self, session_id: str) -> str | None:
+        return await self._call(self.sync.version, session_id)
+
+    async def load_session(self, session_id: str) -> SessionRecord | None:
+        if self._encoded is not None:
+            return await self._call(self._encoded.read_session, session_id)
+        return await self._call(self._read_from_dicts, session_id)
+
+    def _read_from_dicts(self, session_id: str) -> SessionRecord | None:
+        """A user's SessionStore: its snapshot is encoded again to be measured and kept as text."""
+        found = self.sync.load_versioned(session_id)
+        if found is None:
+            return None
+        snapshot, version = found
+        record = SessionRecord.of(session_id, snapshot, version, to_json(f"session {session_id}", snapshot))
+        record.memories = {mid: self.sync.get_messages(mid) for mid in record.memory_ids}
+        record.sizes = {mid: len(messages_json(mid, m)) for mid, m in record.memories.items()}
+        return record
+
+    async def commit_turn(self, commit: Commit, lease: Lease | None) -> str:
+        if self._encoded is not None:
+            return await self._call(self._encoded.write_commit, commit)
+        return await self._call(self._commit_as_dicts, commit)
+
+    def _commit_as_dicts(self, commit: Commit) -> str:
+        outcome = None if commit.outcome is None else (commit.outcome[0], from_json(commit.outcome[1]))
+        return self.sync.commit_turn(
+            commit.session_id, from_json(commit.snapshot_json), commit.memories,
+            [from_json(e) for e in commit.history_json], commit.expected, outcome,
+        )
+
+    async def load_history(self, session_id: str) -> list[JSONObject]:
+        return await self._call(self.sync.load_history, session_id)
+
+    async def get_outcome(self, session_id: str, request_id: str) -> JSONObject | None:
+        """The recorded outcome; None from a store that records none (not a DurableStore)."""
+        if not isinstance(self.sync, DurableStore):
+            return None
+        return await self._call(self.sync.get_outcome, session_id, request_id)
+
+    async def delete_session(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
+        await self._call(self.sync.delete_session, session_id, memory_ids)
+        self._process_records.delete_session(session_id)
+
+    async def count_owned(self, owner: str) -> int:
+        if not isinstance(self.sync, _CountsOwners):
+            return 0
+        return await self._call(self.sync.count_owned, owner)
+
+    async def list_sessions(self) -> list[str]:
+        return await self._call(self.sync.list_sessions)
+
+    async def get_record(self, key: str) -> JSONObject | None:
+        if self.records is None:
+            return self._process_records.get(key)
+        return await self._call(self.records.get_record, key)
+
+    async def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None:
+        if self.records is None:
+            self._process_records.put(key, to_json(f"record {key}", record), session)
+            return
+        await self._call(self.records.put_record, key, record, session)
+
+    async def delete_record(self, key: str) -> None:
+        if self.records is None:
+            self._process_records.delete(key)
+            return
+        await self._call(self.records.delete_record, key)
+
+    async def close(self) -> None:
+        if isinstance(self.sync, _Closes):  # SessionStore does not require close()
+            await self._call(self.sync.close)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)

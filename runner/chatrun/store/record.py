@@ -1,0 +1,265 @@
+"""The stored session, typed: one record read from a store, one commit written to it.
+
+The snapshot is the engine's (`Conversation.snapshot`): the stores keep it as JSON text and
+never look inside it, except here, for the few fields a store or the server keys on: the
+bot, the owner (`meta.owner`), the last committed turn (`committed`, the server's) and the
+memory ids its scopes hold. This module is the one place that reads those keys, and the one
+place that spells the id formats, so a new store touches `store/` only and needs no engine
+code to know which memories a session has.
+
+    record = SessionRecord.decode("s1", text, version)     # one json.loads per load
+    commit = Commit.encode("s1", snapshot, memories, history)  # one json.dumps per value
+
+(Not to be confused with `RecordStore`'s records: small JSON values by key, such as the
+OpenAI API's index of turns.)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from chatrun.errors import ChatrunError
+from chatrun.messages import (
+    AssistantMessage,
+    Message,
+    SummaryMessage,
+    SystemMessage,
+    ToolResultMessage,
+    UserMessage,
+)
+
+JSONObject = dict[str, Any]  # a JSON object as json.loads returns it
+
+# -- id formats: a scope is "<session>.<n>", a memory "<scope>#<route>" -----------------------
+
+SCOPE_SEPARATOR = "."
+MEMORY_SEPARATOR = "#"
+
+
+def scope_id(session_id: str, number: int) -> str:
+    """The id of a session's `number`th scope (numbered from 1 as they are opened)."""
+    return f"{session_id}{SCOPE_SEPARATOR}{number}"
+
+
+def memory_id(scope: str, route: str) -> str:
+    """The id of the memory `route` keeps in the scope `scope`."""
+    return f"{scope}{MEMORY_SEPARATOR}{route}"
+
+
+def route_of_memory(memory: str) -> str:
+    """The route of a memory id (what follows its last '#')."""
+    return memory.rpartition(MEMORY_SEPARATOR)[2]
+
+
+def renamed_id(scope_or_memory: str, old_session: str, new_session: str) -> str:
+    """A scope or memory id of `old_session` as the same id of `new_session` (a fork); any
+    other id unchanged."""
+    prefix = old_session + SCOPE_SEPARATOR
+    if scope_or_memory.startswith(prefix):
+        return new_session + scope_or_memory[len(old_session):]
+    return scope_or_memory
+
+
+# -- the keys of a snapshot a store or the server reads -------------------------------------
+
+OWNER_JSON_PATH = "$.meta.owner"  # the owner, for stores that query inside the JSON (SQLite)
+
+
+class Committed(TypedDict):
+    """The last committed turn, kept in the snapshot under "committed" by the server."""
+
+    turn: int
+    input: Any
+    requestId: str | None  # noqa: N815 - the stored JSON's key
+    at: Any
+
+
+def committed_turn(entry: JSONObject, request_id: str | None) -> Committed:
+    """What the snapshot records of a turn committed with history `entry`."""
+    return {"turn": entry["turn"], "input": entry.get("input"), "requestId": request_id, "at": entry.get("at")}
+
+
+def with_committed(snapshot: JSONObject, committed: Committed | None) -> JSONObject:
+    """The snapshot as stored: the engine's, plus the last committed turn (when there is one)."""
+    return snapshot | {"committed": committed} if committed is not None else snapshot
+
+
+def owner_meta(owner: str | None) -> JSONObject:
+    """The `meta` a new session of `owner` starts with (no owner: auth is off)."""
+    return {"owner": owner} if owner is not None else {}
+
+
+def owner_in_meta(meta: JSONObject | None) -> str | None:
+    """The owner a session's meta names (None: created with auth off)."""
+    owner = (meta or {}).get("owner")
+    return owner if isinstance(owner, str) else None
+
+
+def owner_of(snapshot: JSONObject) -> str | None:
+    return owner_in_meta(snapshot.get("meta"))
+
+
+def memory_ids_of(snapshot: JSONObject) -> list[str]:
+    """The memory ids a snapshot's scopes hold, in scope order."""
+    return [
+        memory_id(scope["id"], route)
+        for scope in snapshot.get("scopes", [])
+        for route in scope.get("memory_routes", [])
+    ]
+
+
+def forked_snapshot(snapshot: JSONObject, old: str, new: str, turn: int) -> JSONObject:
+    """A copy of session `old`'s snapshot as the new session `new`, noting where it forked from."""
+    forked: JSONObject = json.loads(json.dumps(snapshot))
+    forked["id"] = new
+    forked["meta"] = dict(forked.get("meta") or {}, forked_from={"session": old, "turn": turn})
+    for scope in forked["scopes"]:
+        scope["id"] = renamed_id(scope["id"], old, new)
+    return forked
+
+
+# -- JSON and messages, checked ---------------------------------------------------------------
+
+_KINDS = (SystemMessage, UserMessage, AssistantMessage, ToolResultMessage, SummaryMessage)
+
+
+def to_json(what: str, value: Any) -> str:
+    """`value` as JSON text, or ChatrunError saying what could not be saved and why."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ChatrunError(f"cannot save {what}: it holds a value JSON cannot represent ({exc})") from None
+
+
+def from_json(text: str) -> JSONObject:
+    """A JSON object a store saved (its own text: trusted to be an object)."""
+    value: JSONObject = json.loads(text)
+    return value
+
+
+def check_messages(memory: str, messages: Any) -> list[Message]:
+    """The messages as a list, or ChatrunError naming the memory and the bad item."""
+    try:
+        items = list(messages)
+    except TypeError:
+        raise ChatrunError(f"memory {memory}: expected a list of messages, got {type(messages).__name__}") from None
+    for i, m in enumerate(items):
+        if not isinstance(m, _KINDS):
+            raise ChatrunError(f"memory {memory}: item {i} is a {type(m).__name__}, not a chat message")
+    return items
+
+
+def messages_json(memory: str, messages: Any) -> str:
+    items = check_messages(memory, messages)
+    return json.dumps([m.to_dict() for m in items], ensure_ascii=False)
+
+
+EMPTY_MEMORY_SIZE = len("[]")  # what an absent memory counts in a cache's byte bound
+
+
+# -- the record ------------------------------------------------------------------------------
+
+
+@dataclass
+class SessionRecord:
+    """One stored session as a store returns it: its snapshot (as stored, and decoded once),
+    version, the fields read from it, and its memories with their JSON sizes (for a cache's
+    byte bound)."""
+
+    session_id: str
+    version: str
+    snapshot_json: str
+    snapshot: JSONObject  # decoded from snapshot_json; whoever restores a session from it may keep it
+    bot: str | None
+    owner: str | None
+    committed: Committed | None
+    memory_ids: list[str]
+    bot_version: str | None = None  # the bot version the session runs on: filled by the versions issue
+    memories: dict[str, list[Message]] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # memory id -> its JSON size in bytes
+
+    @classmethod
+    def decode(cls, session_id: str, snapshot_json: str, version: str) -> SessionRecord:
+        """The record of a stored snapshot text (the one JSON pass of a load)."""
+        return cls.of(session_id, from_json(snapshot_json), version, snapshot_json)
+
+    @classmethod
+    def of(cls, session_id: str, snapshot: JSONObject, version: str, snapshot_json: str) -> SessionRecord:
+        bot = snapshot.get("bot")
+        return cls(
+            session_id=session_id,
+            version=version,
+            snapshot_json=snapshot_json,
+            snapshot=snapshot,
+            bot=bot if isinstance(bot, str) else None,
+            owner=owner_of(snapshot),
+            committed=snapshot.get("committed"),
+            memory_ids=memory_ids_of(snapshot),
+        )
+
+    @property
+    def size(self) -> int:
+        """Roughly what the session costs in memory, in bytes (its JSON size)."""
+        return len(self.snapshot_json) + sum(self.sizes.values())
+
+
+# -- the commit ------------------------------------------------------------------------------
+
+
+@dataclass
+class Commit:
+    """What one request wrote to a session, checked and encoded once, ready for any store:
+    the snapshot (JSON text), each changed memory (None: deleted) as messages and as JSON
+    text, the history entries to append (JSON text), and, for the server's fenced write, the
+    version it must land on (`expected`: None unchecked, versions.CREATE a new session) and
+    the outcome to record for exactly-once retries (request id, its history entry as JSON).
+
+    `owner` is read from the snapshot for stores that index sessions by owner; `turn` and
+    `committed` tell the server which turn this is and what the snapshot says was committed."""
+
+    session_id: str
+    snapshot_json: str
+    owner: str | None = None
+    memories: dict[str, list[Message] | None] = field(default_factory=dict)
+    memories_json: dict[str, str | None] = field(default_factory=dict)
+    history_json: list[str] = field(default_factory=list)
+    expected: str | None = None
+    outcome: tuple[str, str] | None = None
+    turn: int | None = None
+    committed: Committed | None = None
+
+    @classmethod
+    def encode(
+        cls,
+        session_id: str,
+        snapshot: JSONObject,
+        memories: dict[str, list[Message] | None],
+        history: list[JSONObject],
+        expected: str | None = None,
+        outcome: tuple[str, JSONObject] | None = None,
+    ) -> Commit:
+        """SessionStore.commit_turn's arguments, checked and encoded: a value JSON cannot hold
+        or an item that is not a message raises ChatrunError here, before any store is touched."""
+        mems = {mid: None if m is None else check_messages(mid, m) for mid, m in memories.items()}
+        return cls(
+            session_id=session_id,
+            snapshot_json=to_json(f"session {session_id}: its snapshot", snapshot),
+            owner=owner_of(snapshot),
+            memories=mems,
+            memories_json={mid: None if m is None else messages_json(mid, m) for mid, m in mems.items()},
+            history_json=[to_json(f"session {session_id}: history entry {i}", e) for i, e in enumerate(history)],
+            expected=expected,
+            outcome=None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1])),
+        )
+
+    def merge(self, later: Commit) -> None:
+        """Fold a later commit of the same request into this one: its snapshot wins, memories
+        are replaced, history entries append, and a later turn's outcome replaces an earlier one."""
+        self.snapshot_json, self.owner, self.committed = later.snapshot_json, later.owner, later.committed
+        self.memories.update(later.memories)
+        self.memories_json.update(later.memories_json)
+        self.history_json.extend(later.history_json)
+        if later.turn is not None:
+            self.turn, self.outcome = later.turn, later.outcome

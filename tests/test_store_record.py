@@ -1,0 +1,176 @@
+"""The typed record of a stored session (chatrun.store.record): the one place that reads a
+snapshot's keys and spells the id formats; sessions stored before it (by chatrun 0.1's
+SQLite and Redis stores) load unchanged; a load and a commit are one JSON pass each; the
+server's buffer is a SessionStore, the built-in stores are DurableStores."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+
+import pytest
+
+import chatrun
+from chat_support import call
+from chatrun.messages import AssistantMessage, UserMessage, messages_to_json
+from chatrun.models.scripted import ScriptedModel
+from chatrun.store import DurableStore, EncodedStore, SessionStore
+from chatrun.store.aio import LocalAsyncStore
+from chatrun.store.buffer import TurnBuffer
+from chatrun.store.memory import InMemoryStore
+from chatrun.store.record import (
+    Commit,
+    SessionRecord,
+    forked_snapshot,
+    memory_id,
+    renamed_id,
+    route_of_memory,
+    scope_id,
+)
+from chatrun.store.sqlite import SQLiteStore
+from chatrun.store.versions import CREATE
+from server_support import write_travel
+
+MEMORY = [UserMessage("fly me to Dublin"), AssistantMessage("When?")]
+
+
+@pytest.fixture
+def travel(tmp_path):
+    return chatrun.load_bot(write_travel(tmp_path))
+
+
+def stored_by_0_1(travel) -> tuple[dict, dict[str, str]]:
+    """A snapshot and memory texts exactly as chatrun 0.1's server stored them: the engine's
+    snapshot, an owner in its meta, and the server's `committed` added last."""
+    session = travel.session(model=ScriptedModel([call("book_flight"), {"text": "ok"}]), meta={"owner": "ana"},
+                             store=InMemoryStore(), session_id="old")
+    session.chat("fly")
+    snapshot = session.snapshot() | {"committed": {"turn": 1, "input": "fly", "requestId": "r-1", "at": 1.5}}
+    texts = {mid: messages_to_json(list(messages)) for mid, messages in session.memories().items()}
+    return snapshot, texts
+
+
+def test_the_id_formats_are_the_engines(travel):
+    s = travel.session(model=ScriptedModel([call("book_flight"), {"text": "ok"}]), session_id="s9")
+    s.chat("fly")
+    root, nested = s.scopes
+    assert (root.id, nested.id) == (scope_id("s9", 1), scope_id("s9", 2))
+    assert root.memory_id("main_menu") == memory_id(root.id, "main_menu") == "s9.1#main_menu"
+    assert route_of_memory("s9.1#flight") == "flight"
+    assert renamed_id("s9.1#flight", "s9", "t2") == "t2.1#flight" and renamed_id("s90.1#x", "s9", "t2") == "s90.1#x"
+    record = SessionRecord.decode("s9", json.dumps(s.snapshot()), "1.x")
+    assert record.memory_ids == [mid for scope in s.scopes for mid in scope.memory_ids()]
+
+
+def test_a_record_reads_bot_owner_committed_and_memory_ids(travel):
+    snapshot, texts = stored_by_0_1(travel)
+    record = SessionRecord.decode("old", json.dumps(snapshot), "3.abcd")
+    assert (record.bot, record.owner, record.version, record.bot_version) == ("travel", "ana", "3.abcd", None)
+    assert record.committed == {"turn": 1, "input": "fly", "requestId": "r-1", "at": 1.5}
+    assert sorted(record.memory_ids) == sorted(texts)
+
+
+def test_a_fork_renames_the_scopes_and_notes_its_origin(travel):
+    snapshot, _ = stored_by_0_1(travel)
+    forked = forked_snapshot(snapshot, "old", "new", 1)
+    assert forked["id"] == "new" and [s["id"] for s in forked["scopes"]] == ["new.1", "new.2"]
+    assert forked["meta"] == {"owner": "ana", "forked_from": {"session": "old", "turn": 1}}
+    assert snapshot["id"] == "old" and snapshot["scopes"][0]["id"] == "old.1"  # a copy
+
+
+def test_a_sqlite_file_written_by_0_1_loads(travel, tmp_path):
+    snapshot, texts = stored_by_0_1(travel)
+    path = tmp_path / "old.db"
+    SQLiteStore(path).close()  # the tables (the schema is unchanged)
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO sessions VALUES (?, ?, ?, ?)", ("old", json.dumps(snapshot, ensure_ascii=False), 1.0, ""))
+    conn.executemany("INSERT INTO memories VALUES (?, ?)", list(texts.items()))
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    record = asyncio.run(LocalAsyncStore(store).load_session("old"))
+    assert record is not None and record.version == "0.schema1" and record.owner == "ana"
+    assert record.memories == {mid: chatrun.messages.messages_from_json(t) for mid, t in texts.items()}
+    assert record.sizes == {mid: len(t) for mid, t in texts.items()}
+    assert store.count_owned("ana") == 1 and store.count_owned("bob") == 0
+    session = travel.session(store=TurnBuffer("old", record), session_id="old", model=ScriptedModel([]))
+    assert session.turn_count == 1 and session.stack == ["main_menu", "flight"]
+    store.close()
+
+
+def test_a_redis_session_written_by_0_1_loads(travel, redis_server):
+    from chatrun.store.redis import RedisStore
+
+    snapshot, texts = stored_by_0_1(travel)
+
+    async def go():
+        store = RedisStore(redis_server.url())
+        fields = {"v": "3.abcd", "snap": json.dumps(snapshot, ensure_ascii=False), "owner": "ana"}
+        await store.client.hset(store._key("s", "old"), mapping=fields | {f"m:{m}": t for m, t in texts.items()})
+        record = await store.load_session("old")
+        await store.close()
+        return record
+
+    record = asyncio.run(go())
+    assert record.version == "3.abcd" and record.owner == "ana" and record.committed["requestId"] == "r-1"
+    assert set(record.memories) == set(texts) and record.sizes == {mid: len(t) for mid, t in texts.items()}
+
+
+def count_json(monkeypatch) -> dict[str, int]:
+    """Count json.dumps/json.loads calls on a session's snapshot (a dict or text with "scopes")."""
+    counts = {"dumps": 0, "loads": 0}
+    dumps, loads = json.dumps, json.loads
+
+    def counting_dumps(value, *args, **kwargs):
+        if isinstance(value, dict) and "scopes" in value:
+            counts["dumps"] += 1
+        return dumps(value, *args, **kwargs)
+
+    def counting_loads(text, *args, **kwargs):
+        if isinstance(text, str) and '"scopes"' in text:
+            counts["loads"] += 1
+        return loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", counting_dumps)
+    monkeypatch.setattr(json, "loads", counting_loads)
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_load_and_a_commit_are_one_json_pass_each(travel, tmp_path, monkeypatch, kind):
+    sync = InMemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "c.db")
+    store = LocalAsyncStore(sync)
+    first = TurnBuffer("s1", track_committed=True)
+    travel.session(store=first, session_id="s1", model=ScriptedModel([]))
+    commit = first.take()
+    commit.expected = CREATE
+    version = asyncio.run(store.commit_turn(commit, None))
+    counts = count_json(monkeypatch)
+    record = asyncio.run(store.load_session("s1"))
+    buffer = TurnBuffer("s1", record, track_committed=True)
+    session = travel.session(store=buffer, session_id="s1", model=ScriptedModel([{"text": "hello"}]))
+    assert counts == {"dumps": 0, "loads": 1}  # the load: one decode, the Session keeps it
+    session.chat("hi")
+    commit = buffer.take()
+    commit.expected = version
+    asyncio.run(store.commit_turn(commit, None))
+    assert counts == {"dumps": 1, "loads": 1}  # the commit: one encode, written as it is
+    assert sync.load_session("s1")["committed"]["input"] == "hi"
+    sync.close()
+
+
+def test_the_buffer_is_a_session_store_and_the_stores_are_durable(tmp_path):
+    buffer = TurnBuffer("s1")
+    assert isinstance(buffer, SessionStore) and not isinstance(buffer, DurableStore)
+    assert not hasattr(buffer, "get_outcome")
+    for store in (InMemoryStore(), SQLiteStore(tmp_path / "d.db")):
+        assert isinstance(store, EncodedStore) and isinstance(store, DurableStore)
+        store.close()
+
+
+def test_a_commit_refuses_what_json_cannot_hold_before_any_store_sees_it():
+    with pytest.raises(chatrun.ChatrunError, match="s1: its snapshot"):
+        Commit.encode("s1", {"x": {1, 2}}, {}, [])
+    with pytest.raises(chatrun.ChatrunError, match="item 0"):
+        Commit.encode("s1", {}, {"m": ["not a message"]}, [])  # type: ignore[list-item]
