@@ -61,3 +61,39 @@ def test_nothing_imports_upward():
             if target is not None and target > own:
                 upward.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {module} imports {name}")
     assert upward == []
+
+
+# -- the wire protocols' shared plumbing (issue 21) ------------------------------------------------
+
+SERVER = PACKAGE / "server"
+# The request plumbing, the wire protocols and the app around them. The session registry's
+# modules (sessions.py, openai_sessions.py) are split on their own and are not listed yet.
+SHORT_FUNCTION_MODULES = [
+    *(SERVER / f"{name}.py" for name in (
+        "app", "auth", "drain", "guard", "http", "inspect", "listen", "metrics", "openai_api", "openai_schema",
+        "openai_turn", "outbound", "plumbing", "reload", "site", "turnlog", "wire", "ws")),
+    PACKAGE / "cli" / "serve.py",
+]
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_of_the_server_plumbing_is_longer_than_a_screen():
+    long = []
+    for path in SHORT_FUNCTION_MODULES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.name} has {lines} lines")
+    assert long == []
+
+
+def test_requests_are_authenticated_and_their_bodies_read_in_one_place():
+    """chatrun.server.plumbing: authenticate() and read_json_object(); a wire protocol uses them."""
+    found = []
+    for path in SERVER.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        for needle in ("token_from(", "request.body()", "request.stream()"):
+            if needle in text and path.name not in ("plumbing.py", "auth.py"):
+                found.append(f"{path.name}: {needle}")
+    assert found == []

@@ -273,13 +273,15 @@ def make_websocket_router() -> APIRouter:
 
 
 async def serve_websocket(websocket: WebSocket, bot_name: str | None) -> None:
+    """One connection: accepted, authenticated, then served until the client leaves. It is
+    authenticated after the accept (not as a route dependency, which runs before it) because
+    browsers cannot read the status of a refused upgrade, but can read a close code's reason."""
     metrics = websocket.app.state.metrics
     with metrics.websocket() if metrics is not None else contextlib.nullcontext():
         await websocket.accept()
         try:
             principal = authenticate(websocket)
         except Unauthorized:
-            # Browsers cannot read an HTTP status of a refused upgrade, so accept and close with a reason.
             await websocket.close(CLOSE_UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer or ?token=)")
             return
         registry = sessions_of(websocket)
