@@ -33,7 +33,7 @@ from chatrun.server.plumbing import (
     Caller,
     DetachedTurn,
     Emit,
-    Sessions,
+    Registry,
     limits_of,
     read_json_object,
 )
@@ -70,7 +70,7 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
 # -- the endpoints (no docstrings: FastAPI would put them in the OpenAPI text) ----------------------
 
 
-async def health(registry: Sessions) -> Any:
+async def health(registry: Registry) -> Any:
     # 503 while draining (SIGTERM): a load balancer stops sending this replica new requests.
     body = {"status": "draining" if registry.draining else "ok", "bots": list(registry.bots),
             "live_sessions": registry.live_count(), "cache_bytes": registry.cache_bytes(),
@@ -78,16 +78,16 @@ async def health(registry: Sessions) -> Any:
     return JSONResponse(body, status_code=503) if registry.draining else body
 
 
-async def list_bots(who: Caller, registry: Sessions) -> list[dict[str, Any]]:
+async def list_bots(who: Caller, registry: Registry) -> list[dict[str, Any]]:
     return [_bot_summary(b) for b in registry.bots.values()]
 
 
-async def read_bot(bot: str, who: Caller, registry: Sessions) -> dict[str, Any]:
+async def read_bot(bot: str, who: Caller, registry: Registry) -> dict[str, Any]:
     found = registry.bot(bot)
     return _bot_summary(found) | {"graph": graph_data(found)}
 
 
-async def create_session(bot: str, request: Request, who: Caller, registry: Sessions) -> dict[str, Any]:
+async def create_session(bot: str, request: Request, who: Caller, registry: Registry) -> dict[str, Any]:
     data = await read_json_object(request, blank_is_empty=True)
     session_id = data["id"] if "id" in data else secrets.token_hex(8)
     route, state = data.get("route"), data.get("state")
@@ -104,17 +104,17 @@ async def create_session(bot: str, request: Request, who: Caller, registry: Sess
         return session_data(session)
 
 
-async def read_session(bot: str, session_id: str, who: Caller, registry: Sessions) -> dict[str, Any]:
+async def read_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
     async with registry.session(bot, session_id, who, EXISTING, history=True) as session:
         return session_data(session) | {"history": session.history, "lastTurn": registry.last_committed(session)}
 
 
-async def inspect_session(bot: str, session_id: str, who: Caller, registry: Sessions) -> dict[str, Any]:
+async def inspect_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
     async with registry.session(bot, session_id, who, EXISTING, history=True) as session:
         return inspect_data(session)
 
 
-async def delete_session(bot: str, session_id: str, who: Caller, registry: Sessions) -> Response:
+async def delete_session(bot: str, session_id: str, who: Caller, registry: Registry) -> Response:
     await registry.delete(bot, session_id, who)
     return Response(status_code=204)
 
@@ -124,7 +124,7 @@ async def send_message(
     session_id: str,
     request: Request,
     who: Caller,
-    registry: Sessions,
+    registry: Registry,
     stream: Annotated[bool, Query(description="answer with Server-Sent Events as the turn runs")] = False,
     if_busy: Annotated[str | None, Query(alias="ifBusy", description="queue (wait) or reject when the session is running a turn")] = None,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description="a retry with the same key replays the committed turn instead of running it again")] = None,

@@ -43,7 +43,7 @@ from chatrun.server.plumbing import (
     DetachedTurn,
     Emit,
     NotAnObject,
-    Sessions,
+    Registry,
     read_json_object,
 )
 from chatrun.server.sessions import SessionRegistry
@@ -160,7 +160,7 @@ def state_of(request: Request) -> OpenAIState:
 # -- the endpoints (their docstrings are the operations' descriptions in /openapi.json) ---------------
 
 
-async def models(who: Caller, registry: Sessions) -> Any:
+async def models(who: Caller, registry: Registry) -> Any:
     """Each served bot as a model, and each `bot/route` entry point."""
     return {"object": "list", "data": [
         {"id": mid, "object": "model", "created": 0, "owned_by": "chatrun"} for mid in model_ids(registry)

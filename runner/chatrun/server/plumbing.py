@@ -1,7 +1,7 @@
 """The request plumbing every wire protocol shares: who is calling, the JSON body, a turn
 detached from the client that asked for it.
 
-    async def endpoint(request: Request, who: Caller, registry: Sessions) -> ...
+    async def endpoint(request: Request, who: Caller, registry: Registry) -> ...
 
 `authenticate` is the one place a token is checked. It takes Starlette's HTTPConnection, the
 common base of Request and WebSocket, so it serves as a FastAPI dependency of an HTTP route
@@ -50,12 +50,12 @@ def authenticate(connection: HTTPConnection) -> Principal | None:
 Caller = Annotated[Principal | None, Depends(authenticate)]
 
 
-def sessions_of(connection: HTTPConnection) -> SessionRegistry:
+def registry_of(connection: HTTPConnection) -> SessionRegistry:
     registry: SessionRegistry = connection.app.state.registry
     return registry
 
 
-Sessions = Annotated[SessionRegistry, Depends(sessions_of)]
+Registry = Annotated[SessionRegistry, Depends(registry_of)]
 
 
 def limits_of(connection: HTTPConnection) -> wire.ServerLimits:

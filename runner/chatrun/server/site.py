@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.staticfiles import StaticFiles
 
 from chatrun.server.metrics import CONTENT_TYPE, MISSING
-from chatrun.server.plumbing import Caller, Sessions
+from chatrun.server.plumbing import Caller, Registry
 
 STATIC = Path(__file__).parent / "static"
 
@@ -62,7 +62,7 @@ async def index(request: Request) -> HTMLResponse:
     return _page(request.app.state.default_bot)
 
 
-async def bot_page(bot: str, registry: Sessions) -> HTMLResponse:
+async def bot_page(bot: str, registry: Registry) -> HTMLResponse:
     registry.bot(bot)  # 404 for an unknown bot
     return _page(bot)
 

@@ -24,7 +24,7 @@ from starlette.websockets import WebSocket, WebSocketState
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.outbound import Outbound
-from chatrun.server.plumbing import Unauthorized, authenticate, limits_of, sessions_of
+from chatrun.server.plumbing import Unauthorized, authenticate, limits_of, registry_of
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 
 log = logging.getLogger("chatrun.server")
@@ -284,7 +284,7 @@ async def serve_websocket(websocket: WebSocket, bot_name: str | None) -> None:
         except Unauthorized:
             await websocket.close(CLOSE_UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer or ?token=)")
             return
-        registry = sessions_of(websocket)
+        registry = registry_of(websocket)
         if bot_name is not None and bot_name not in registry.bots:
             await websocket.close(4404, f"no bot named {bot_name!r}")
             return
