@@ -105,13 +105,14 @@ async def create_session(bot: str, request: Request, who: Caller, registry: Regi
 
 
 async def read_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
-    async with registry.session(bot, session_id, who, EXISTING, history=True) as session:
-        return session_data(session) | {"history": session.history, "lastTurn": registry.last_committed(session)}
+    async with registry.session(bot, session_id, who, EXISTING) as session:
+        history = await registry.history(session)
+        return session_data(session) | {"history": history, "lastTurn": registry.last_committed(session)}
 
 
 async def inspect_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
-    async with registry.session(bot, session_id, who, EXISTING, history=True) as session:
-        return inspect_data(session)
+    async with registry.session(bot, session_id, who, EXISTING) as session:
+        return inspect_data(session, await registry.history(session))
 
 
 async def delete_session(bot: str, session_id: str, who: Caller, registry: Registry) -> Response:
