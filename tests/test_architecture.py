@@ -135,3 +135,34 @@ def test_no_import_cycles_inside_a_package():
 
 def test_the_cycle_check_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# -- the wire protocols' shared plumbing (issue 21) ------------------------------------------------
+
+SERVER = PACKAGE / "server"
+# Every module of the server (the wire protocols, their plumbing, the session registry's parts)
+# and `chatrun serve`: a function a maintainer can read in one screen.
+SHORT_FUNCTION_MODULES = [*sorted(SERVER.glob("*.py")), PACKAGE / "cli" / "serve.py"]
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_of_the_server_plumbing_is_longer_than_a_screen():
+    long = []
+    for path in SHORT_FUNCTION_MODULES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.name} has {lines} lines")
+    assert long == []
+
+
+def test_requests_are_authenticated_and_their_bodies_read_in_one_place():
+    """chatrun.server.plumbing: authenticate() and read_json_object(); a wire protocol uses them."""
+    found = []
+    for path in SERVER.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        for needle in ("token_from(", "request.body()", "request.stream()"):
+            if needle in text and path.name not in ("plumbing.py", "auth.py"):
+                found.append(f"{path.name}: {needle}")
+    assert found == []

@@ -15,7 +15,7 @@ import chatrun
 from chat_support import call
 from chatrun.messages import AssistantMessage, UserMessage, messages_to_json
 from chatrun.models.scripted import ScriptedModel
-from chatrun.store import DurableStore, EncodedStore, SessionStore
+from chatrun.store import DurableStore, EncodedStore, HistoryStore, SessionStore
 from chatrun.store.aio import LocalAsyncStore
 from chatrun.store.buffer import TurnBuffer
 from chatrun.store.memory import InMemoryStore
@@ -163,7 +163,8 @@ def test_a_load_and_a_commit_are_one_json_pass_each(travel, tmp_path, monkeypatc
 def test_the_buffer_is_a_session_store_and_the_stores_are_durable(tmp_path):
     buffer = TurnBuffer("s1")
     assert isinstance(buffer, SessionStore) and not isinstance(buffer, DurableStore)
-    assert not hasattr(buffer, "get_outcome")
+    assert not hasattr(buffer, "get_outcome") and not hasattr(buffer, "load_history")  # nothing it cannot honour
+    assert not isinstance(buffer, HistoryStore)
     for store in (InMemoryStore(), SQLiteStore(tmp_path / "d.db")):
         assert isinstance(store, EncodedStore) and isinstance(store, DurableStore)
         store.close()
@@ -174,3 +175,10 @@ def test_a_commit_refuses_what_json_cannot_hold_before_any_store_sees_it():
         Commit.encode("s1", {"x": {1, 2}}, {}, [])
     with pytest.raises(chatrun.ChatrunError, match="item 0"):
         Commit.encode("s1", {}, {"m": ["not a message"]}, [])  # type: ignore[list-item]
+
+
+def test_a_session_on_a_store_without_history_says_so(travel):
+    session = travel.session(store=TurnBuffer("s1"), session_id="s1", model=ScriptedModel([]))
+    with pytest.raises(chatrun.SessionError, match="its store \\(TurnBuffer\\) keeps no history"):
+        _ = session.history
+    assert travel.session(store=InMemoryStore(), model=ScriptedModel([])).history == []

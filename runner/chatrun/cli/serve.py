@@ -3,11 +3,102 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib
 import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from chatrun.errors import ChatrunError
+
+if TYPE_CHECKING:  # the server's modules need the `serve` extra: imported when the command runs
+    from chatrun.server.guard import EdgePolicy
+    from chatrun.server.listen import ListenOptions
+    from chatrun.server.sessions import SessionSettings
+    from chatrun.server.wire import ServerLimits
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """`chatrun serve`'s command line, one field per option (`chatrun serve --help` says what each does)."""
+
+    bots: tuple[str, ...]
+    host: str
+    port: int
+    store: str
+    auth_file: str | None
+    max_message_chars: int
+    max_in_flight: int
+    session_headers: tuple[str, ...]
+    allow_origin: tuple[str, ...]
+    allow_host: tuple[str, ...]
+    send_timeout: float
+    header_timeout: float
+    body_timeout: float
+    keep_alive_timeout: int
+    max_connections: int
+    reload: bool
+    log_level: str
+    log_format: str
+    log_content: bool
+    if_busy: str
+    queue_timeout: float
+    lease_ttl: float
+    drain_timeout: float
+    cache_size: int
+    cache_mb: int
+    cache_idle: float
+    max_sessions_per_principal: int
+
+    @property
+    def wildcard(self) -> bool:
+        """Listening on every interface."""
+        return self.host in ("0.0.0.0", "::", "")
+
+    def limits(self) -> ServerLimits:
+        from chatrun.server.wire import ServerLimits
+
+        return ServerLimits(max_message_chars=self.max_message_chars, max_in_flight=self.max_in_flight,
+                            send_timeout=self.send_timeout)
+
+    def edge(self, max_body_bytes: int) -> EdgePolicy:
+        from chatrun.server.guard import LOOPBACK_HOSTS, EdgePolicy
+
+        hosts = self.allow_host or (("*",) if self.wildcard else tuple(dict.fromkeys((*LOOPBACK_HOSTS, self.host))))
+        return EdgePolicy(allowed_hosts=hosts, allowed_origins=self.allow_origin,
+                          max_body_bytes=max_body_bytes, body_timeout=self.body_timeout)
+
+    def sessions(self) -> SessionSettings:
+        from chatrun.server.sessions import SessionSettings
+        from chatrun.store.aio import LeaseSettings
+
+        return SessionSettings(
+            if_busy=self.if_busy,
+            lease=LeaseSettings(ttl=self.lease_ttl, wait=self.queue_timeout),
+            cache_size=self.cache_size,
+            cache_bytes=self.cache_mb * 2**20,
+            cache_idle=self.cache_idle,
+            max_sessions_per_principal=self.max_sessions_per_principal,
+        )
+
+    def listen_options(self) -> ListenOptions:
+        from chatrun.server.listen import ListenOptions
+
+        return ListenOptions(header_timeout=self.header_timeout, keep_alive_timeout=self.keep_alive_timeout,
+                             log_format=self.log_format, max_connections=self.max_connections)
+
+
+def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
+    """click hands a command each option as a keyword argument; `serve` takes them as one ServeOptions."""
+
+    @functools.wraps(command)
+    def with_options(**options: Any) -> None:
+        command(ServeOptions(**options))
+
+    return with_options
 
 
 @click.command()
@@ -80,35 +171,8 @@ from chatrun.errors import ChatrunError
               "one JSON object per line.")
 @click.option("--log-content", is_flag=True,
               help="Put the user's message and the bot's replies in the per-turn log line (off: never logged).")
-def serve(
-    bots: tuple[str, ...],
-    host: str,
-    port: int,
-    store: str,
-    auth_file: str | None,
-    max_message_chars: int,
-    max_in_flight: int,
-    session_headers: tuple[str, ...],
-    allow_origin: tuple[str, ...],
-    allow_host: tuple[str, ...],
-    send_timeout: float,
-    header_timeout: float,
-    body_timeout: float,
-    keep_alive_timeout: int,
-    max_connections: int,
-    reload: bool,
-    log_level: str,
-    log_format: str,
-    log_content: bool,
-    if_busy: str,
-    queue_timeout: float,
-    lease_ttl: float,
-    drain_timeout: float,
-    cache_size: int,
-    cache_mb: int,
-    cache_idle: float,
-    max_sessions_per_principal: int,
-) -> None:
+@_gathered
+def serve(options: ServeOptions) -> None:
     """Serve bots over WebSocket and HTTP, with a web chat page and inspector.
 
     \b
@@ -127,77 +191,85 @@ def serve(
     OpenAI-compatible API: /v1 (model = the bot's name); Prometheus metrics: /metrics
     (pip install 'chatrun[metrics]').
     """
+    app = _create_app(options)
+    registry = app.state.registry
+    _warn(options, app)
+    try:  # bind before saying "serving": a port in use is an error, not a false start
+        listener = _listen(options.host, options.port)
+    except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
+        asyncio.run(registry.store.close())
+        click.echo(f"error: cannot listen on {options.host}:{options.port}: "
+                   f"{getattr(exc, 'strerror', None) or exc}", err=True)
+        raise click.exceptions.Exit(1) from None
+    _announce(options, app)
+    _log_to_stderr(options.log_level, options.log_format)
+    if options.reload:  # what the watcher did is shown whatever the log level
+        import logging
+
+        logging.getLogger("chatrun.reload").setLevel(logging.INFO)
+    from chatrun.server.drain import run
+
     try:
-        from chatrun.server import ServerLimits, create_app
-        from chatrun.server.drain import run
-        from chatrun.server.guard import LOOPBACK_HOSTS, EdgePolicy
-        from chatrun.server.listen import ListenOptions
-        from chatrun.server.openai_api import OpenAIOptions
-        from chatrun.server.sessions import SessionSettings
-        from chatrun.store.aio import LeaseSettings
+        run(app, host=options.host, port=options.port, log_level=options.log_level,
+            drain_timeout=options.drain_timeout, options=options.listen_options(), sockets=[listener])
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown: the normal way to stop
+        pass
+    click.echo("chatrun: stopped", err=True)
+
+
+def _create_app(options: ServeOptions) -> Any:
+    """The app, or the exit of any other command: 1 for an invalid bot or a bad store."""
+    try:  # the `serve` extra is optional: say how to install it before anything starts
+        for module in ("chatrun.server", "chatrun.server.drain"):
+            importlib.import_module(module)
     except ModuleNotFoundError as exc:
         raise click.ClickException(
             f"`chatrun serve` needs {exc.name}; install it with: pip install 'chatrun[serve]'"
         ) from None
-    from chatrun.cli._output import describe_store, fail
-    from chatrun.cli.repl import model_is_configured
+    from chatrun.cli._output import fail
+    from chatrun.server import create_app
+    from chatrun.server.openai_api import OpenAIOptions
 
-    limits = ServerLimits(max_message_chars=max_message_chars, max_in_flight=max_in_flight, send_timeout=send_timeout)
-    wildcard = host in ("0.0.0.0", "::", "")
-    hosts = allow_host or (("*",) if wildcard else tuple(dict.fromkeys((*LOOPBACK_HOSTS, host))))
-    edge = EdgePolicy(allowed_hosts=hosts, allowed_origins=allow_origin,
-                      max_body_bytes=limits.max_frame_bytes, body_timeout=body_timeout)
+    limits = options.limits()
+    edge = options.edge(limits.max_frame_bytes)
     try:  # the same messages and exit codes as the other commands (1: invalid bot, bad store)
-        sessions = SessionSettings(
-            if_busy=if_busy,
-            lease=LeaseSettings(ttl=lease_ttl, wait=queue_timeout),
-            cache_size=cache_size,
-            cache_bytes=cache_mb * 2**20,
-            cache_idle=cache_idle,
-            max_sessions_per_principal=max_sessions_per_principal,
-        )
-        app = create_app(list(bots), store, auth=auth_file, limits=limits, sessions=sessions, edge=edge,
-                         openai=OpenAIOptions(session_headers=session_headers), reload=reload,
-                         log_content=log_content)
-        if store.startswith(("redis://", "rediss://")):
+        app = create_app(list(options.bots), options.store, auth=options.auth_file, limits=limits,
+                         sessions=options.sessions(), edge=edge,
+                         openai=OpenAIOptions(session_headers=options.session_headers), reload=options.reload,
+                         log_content=options.log_content)
+        if options.store.startswith(("redis://", "rediss://")):
             from chatrun.store.redis import check_reachable
 
-            check_reachable(store)
+            check_reachable(options.store)
     except ChatrunError as exc:
         fail(exc)
-    registry = app.state.registry
-    for name, bot in registry.bots.items():
+    return app
+
+
+def _warn(options: ServeOptions, app: Any) -> None:
+    """What may not be meant: a bot without a model, a public address without auth, any Host."""
+    from chatrun.cli.repl import model_is_configured
+    from chatrun.server.guard import LOOPBACK_HOSTS
+
+    for name, bot in app.state.registry.bots.items():
         if not model_is_configured(bot.config.model):
             click.secho(f"warning: bot {name} has no model configured, so every message will fail: set "
                         f"OPENAI_API_KEY (and OPENAI_BASE_URL for other providers) or model.base_url in "
                         f"{bot.config.path}", fg="yellow", err=True)
-    if host not in LOOPBACK_HOSTS and not app.state.auth:
-        click.echo(f"chatrun: warning: listening on {host} without --auth: anyone who can reach this "
+    if options.host not in LOOPBACK_HOSTS and not app.state.auth:
+        click.echo(f"chatrun: warning: listening on {options.host} without --auth: anyone who can reach this "
                    "address can use every session (see docs/security.md)", err=True)
-    if wildcard and not allow_host:
+    if options.wildcard and not options.allow_host:
         click.echo("chatrun: warning: any Host name is accepted; name the server's with --allow-host", err=True)
-    try:  # bind before saying "serving": a port in use is an error, not a false start
-        listener = _listen(host, port)
-    except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
-        asyncio.run(registry.store.close())
-        click.echo(f"error: cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}", err=True)
-        raise click.exceptions.Exit(1) from None
-    auth_note = f"auth on ({app.state.auth.source})" if app.state.auth else "auth off"
-    click.echo(f"chatrun: serving {', '.join(registry.bots)} on http://{host}:{port}/  "
-               f"(store: {describe_store(getattr(registry.store, 'sync', registry.store))}; {auth_note})", err=True)
-    options = ListenOptions(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout, log_format=log_format,
-                            max_connections=max_connections)
-    _log_to_stderr(log_level, log_format)
-    if reload:  # what the watcher did is shown whatever the log level
-        import logging
 
-        logging.getLogger("chatrun.reload").setLevel(logging.INFO)
-    try:
-        run(app, host=host, port=port, log_level=log_level, drain_timeout=drain_timeout, options=options,
-            sockets=[listener])
-    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown: the normal way to stop
-        pass
-    click.echo("chatrun: stopped", err=True)
+
+def _announce(options: ServeOptions, app: Any) -> None:
+    from chatrun.cli._output import describe_store
+
+    registry = app.state.registry
+    auth_note = f"auth on ({app.state.auth.source})" if app.state.auth else "auth off"
+    click.echo(f"chatrun: serving {', '.join(registry.bots)} on http://{options.host}:{options.port}/  "
+               f"(store: {describe_store(getattr(registry.store, 'sync', registry.store))}; {auth_note})", err=True)
 
 
 def _log_to_stderr(level: str, log_format: str = "text") -> None:

@@ -33,7 +33,7 @@ from chatrun.errors import ChatrunError, ModelError, SessionError
 from chatrun.events import Event
 from chatrun.messages import Message, SystemMessage
 from chatrun.models import ChatModel, ModelPool
-from chatrun.store import SessionStore
+from chatrun.store import HistoryStore, SessionStore
 
 if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
@@ -196,7 +196,11 @@ class Session:
         return len(memory.messages())
 
     @property
-    def history(self) -> list[dict]:
+    def history(self) -> list[dict[str, Any]]:
+        """Every turn tried, oldest first, as its store keeps it. A session served by
+        `chatrun serve` runs on a per-request buffer: its server reads the history itself."""
+        if not isinstance(self.store, HistoryStore):
+            raise SessionError(f"session {self.id}: its store ({type(self.store).__name__}) keeps no history")
         return self.store.load_history(self.id)
 
     @property

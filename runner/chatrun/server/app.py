@@ -10,36 +10,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
-from fastapi.staticfiles import StaticFiles
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chatrun import __version__
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
-from chatrun.server.auth import Auth, resolve_auth, token_from
+from chatrun.server.auth import Auth, resolve_auth
 from chatrun.server.guard import EdgeGuard, EdgePolicy
 from chatrun.server.http import failure_response, make_router
 from chatrun.server.listen import redact_tokens_in_logs
-from chatrun.server.metrics import CONTENT_TYPE, MISSING, ServerMetrics
-from chatrun.server.openai_api import OpenAIOptions, make_openai_router
+from chatrun.server.metrics import ServerMetrics
+from chatrun.server.openai_api import OpenAIOptions, OpenAIState, make_openai_router
 from chatrun.server.reload import Watchers
 from chatrun.server.sessions import SessionRegistry, SessionSettings
+from chatrun.server.site import add_site_routes
 from chatrun.server.tracecontext import TraceContext
-from chatrun.server.ws import serve_websocket
+from chatrun.server.ws import make_websocket_router
 from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, open_async_store
-
-STATIC = Path(__file__).parent / "static"
 
 
 def create_app(
@@ -74,123 +72,26 @@ def create_app(
     """
     loaded = _load_bots(bots)
     settings = sessions or SessionSettings(cache_size=cache_size)
-    auth_config = resolve_auth(auth)
+    auth_config = resolve_auth(auth)  # before the store opens: a bad auth file leaves nothing open
     own_store = store is None  # opened here, so closed here (SQLite: no -wal/-shm left behind)
     if store is None:
         store = open_async_store(store_url, settings.lease, exclusive=True)
-    registry = SessionRegistry(loaded, store, settings=settings)
-    registry.metrics = metrics = ServerMetrics.create(registry)
-    registry.log_content = log_content
-    registry.models.warm({bot.config.route_model(r).provider for bot in loaded.values() for r in bot.config.routes})
-    names = ", ".join(loaded)
-
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        if gc_tuning:
-            tune_gc()
-        ping = getattr(registry.store, "ping", None)
-        if ping is not None:  # a shared store that cannot be reached: fail at startup, not per request
-            await ping()
-        sweeper = asyncio.ensure_future(registry.sweep_forever())
-        watchers = Watchers(registry) if reload else None
-        try:
-            yield
-        finally:
-            sweeper.cancel()
-            if watchers is not None:
-                await watchers.stop()
-            for bot in {id(b): b for b in (*loaded.values(), *registry.bots.values())}.values():
-                await bot.tools.aclose()  # HTTP connections and MCP servers the bots' tools opened
-            if own_store:
-                with contextlib.suppress(Exception):
-                    await registry.store.close()
-
+    registry = _registry(loaded, store, settings, log_content)
     app = FastAPI(
-        lifespan=lifespan,
-        title=f"chatrun: {names}",
+        lifespan=Lifecycle(registry, loaded, gc_tuning, reload, own_store).run,
+        title=f"chatrun: {', '.join(loaded)}",
         version=__version__,
         description="Chat with declarative bots over WebSocket (Quarkus Chat Scopes frames, "
         "see docs/protocol.md) or HTTP. The web page is at `/`.",
-        docs_url=None,  # served below from the package's own assets: no CDN, so it works offline
+        docs_url=None,  # served by chatrun.server.site from the package's own assets: no CDN, so it works offline
         redoc_url=None,
+        exception_handlers=ERROR_HANDLERS,
     )
-    app.state.registry = registry
-    app.state.auth = auth_config
-    app.state.limits = limits
-    app.state.metrics = metrics
-
-    # Every HTTP error has the same shape: {"error": REASON, "message": TEXT}.
-    @app.exception_handler(wire.RequestFailed)
-    async def _failed(request: Request, exc: wire.RequestFailed) -> Any:
-        return failure_response(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> Any:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        return failure_response(wire.RequestFailed(wire.BAD_REQUEST, problems))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> Any:
-        reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, wire.BAD_REQUEST)
-        # exc.headers carries `Allow` on a 405.
-        return JSONResponse({"error": reason, "message": f"{request.method} {request.url.path}: {exc.detail}"},
-                            status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> Any:  # still the documented JSON, not text/plain
-        return failure_response(wire.RequestFailed(wire.SERVER_ERROR, f"internal server error: {type(exc).__name__}"))
-
-    @app.exception_handler(ChatrunError)
-    async def _chatrun(request: Request, exc: ChatrunError) -> Any:
-        return failure_response(wire.RequestFailed(wire.SERVER_ERROR, str(exc)))
-
-    app.include_router(make_router(registry, limits, auth_config))
-    app.include_router(make_openai_router(registry, limits, auth_config, openai))
-
-    @app.websocket("/_chat/routes")
-    async def chat_routes(websocket: WebSocket) -> None:
-        with metrics.websocket() if metrics is not None else contextlib.nullcontext():
-            await serve_websocket(websocket, registry, limits, auth_config, None)
-
-    @app.websocket("/bots/{bot}/_chat/routes")
-    async def bot_chat_routes(websocket: WebSocket, bot: str) -> None:
-        with metrics.websocket() if metrics is not None else contextlib.nullcontext():
-            await serve_websocket(websocket, registry, limits, auth_config, bot)
-
-    @app.get("/metrics", include_in_schema=False)
-    async def prometheus_metrics(request: Request) -> Response:
-        # Protected like the API: counts and bot names are the operator's, not the public's.
-        if auth_config is not None and auth_config.authenticate(token_from(request.headers, request.query_params)) is None:
-            raise wire.RequestFailed(wire.UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer "
-                                     "<token>, X-API-Key or ?token=)")
-        if metrics is None:
-            return JSONResponse({"error": "NotImplemented", "message": MISSING}, status_code=501)
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
-
-    @app.get("/_chat/javascript/chatscopes.js", include_in_schema=False)
-    async def chatscopes_js() -> FileResponse:
-        return FileResponse(STATIC / "chatscopes.js", media_type="text/javascript")
-
-    app.mount("/_chat/static", StaticFiles(directory=STATIC), name="static")
-    _add_api_docs(app)
-
-    @app.get("/favicon.ico", include_in_schema=False)
-    async def favicon() -> FileResponse:
-        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
-
-    @app.get("/", include_in_schema=False)
-    async def index() -> HTMLResponse:
-        return _page(next(iter(loaded)))
-
-    @app.get("/bots/{bot}/", include_in_schema=False)
-    async def bot_page(bot: str) -> HTMLResponse:
-        registry.bot(bot)  # 404 for an unknown bot
-        return _page(bot)
-
-    @app.get("/bots/{bot}/chat", include_in_schema=False)
-    async def bot_page_redirect(bot: str) -> RedirectResponse:
-        return RedirectResponse(f"/bots/{bot}/")
-
+    # What the endpoints reach through request.app.state (chatrun.server.plumbing).
+    app.state.registry, app.state.auth, app.state.limits = registry, auth_config, limits
+    app.state.metrics = registry.metrics
+    app.state.default_bot = next(iter(loaded))
+    _add_routes(app, registry, limits, openai)
     policy = edge or EdgePolicy(max_body_bytes=limits.max_frame_bytes)
     app.add_middleware(EdgeGuard, policy=policy)
     app.add_middleware(TraceContext)  # outermost: the edge's refusals are part of the caller's trace too
@@ -199,40 +100,91 @@ def create_app(
     return app
 
 
-def _add_api_docs(app: FastAPI) -> None:
-    """/docs (Swagger UI) and /redoc over /openapi.json, their scripts and styles served from
-    the fastapi-offline package (FastAPI's defaults load them from a CDN: blank offline)."""
-    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+def _registry(loaded: dict[str, Any], store: SessionStore | AsyncStore, settings: SessionSettings,
+              log_content: bool) -> SessionRegistry:
+    registry = SessionRegistry(loaded, store, settings=settings)
+    registry.metrics = ServerMetrics.create(registry)
+    registry.log_content = log_content
+    registry.models.warm({bot.config.route_model(r).provider for bot in loaded.values() for r in bot.config.routes})
+    return registry
 
-    try:
-        import fastapi_offline
-    except ImportError:
-        assets = None
-    else:
-        assets = Path(fastapi_offline.__file__).parent / "static"
-        app.mount("/_chat/docs-assets", StaticFiles(directory=assets), name="docs-assets")
 
-    def missing() -> HTMLResponse:
-        return HTMLResponse("<p>The API docs need the fastapi-offline package: "
-                            "<code>pip install 'chatrun[serve]'</code>. The API itself is at "
-                            '<a href="/openapi.json">/openapi.json</a>.</p>', status_code=503)
+def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimits, openai: OpenAIOptions) -> None:
+    """The wire protocols' routes, then the site's; the order decides which route a path matches."""
+    app.include_router(make_router(registry, limits))
+    app.state.openai = OpenAIState.create(registry, limits, openai)
+    app.include_router(make_openai_router())
+    app.include_router(make_websocket_router())
+    add_site_routes(app)
 
-    @app.get("/docs", include_in_schema=False)
-    async def swagger_ui() -> HTMLResponse:
-        if assets is None:
-            return missing()
-        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} — API",
-                                   swagger_js_url="/_chat/docs-assets/swagger-ui-bundle.js",
-                                   swagger_css_url="/_chat/docs-assets/swagger-ui.css",
-                                   swagger_favicon_url="/favicon.ico")
 
-    @app.get("/redoc", include_in_schema=False)
-    async def redoc() -> HTMLResponse:
-        if assets is None:
-            return missing()
-        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} — API",
-                              redoc_js_url="/_chat/docs-assets/redoc.standalone.js",
-                              redoc_favicon_url="/favicon.ico", with_google_fonts=False)
+@dataclass
+class Lifecycle:
+    """What the app starts when it starts serving, and stops (and closes) when it stops."""
+
+    registry: SessionRegistry
+    bots: dict[str, Any]  # the bots given to create_app (the registry's may be newer versions)
+    gc_tuning: bool
+    reload: bool
+    own_store: bool  # the store was opened by create_app, so it is closed here
+
+    @asynccontextmanager
+    async def run(self, _app: FastAPI) -> AsyncIterator[None]:
+        registry = self.registry
+        if self.gc_tuning:
+            tune_gc()
+        ping = getattr(registry.store, "ping", None)
+        if ping is not None:  # a shared store that cannot be reached: fail at startup, not per request
+            await ping()
+        sweeper = asyncio.ensure_future(registry.sweep_forever())
+        watchers = Watchers(registry) if self.reload else None
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            if watchers is not None:
+                await watchers.stop()
+            for bot in {id(b): b for b in (*self.bots.values(), *registry.bots.values())}.values():
+                await bot.tools.aclose()  # HTTP connections and MCP servers the bots' tools opened
+            if self.own_store:
+                with contextlib.suppress(Exception):
+                    await registry.store.close()
+
+
+# -- errors: every HTTP error has the same shape, {"error": REASON, "message": TEXT} --------------
+
+
+async def _failed(request: Request, exc: wire.RequestFailed) -> Response:
+    return failure_response(exc)
+
+
+async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+    problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return failure_response(wire.RequestFailed(wire.BAD_REQUEST, problems))
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+    reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, wire.BAD_REQUEST)
+    # exc.headers carries `Allow` on a 405.
+    return JSONResponse({"error": reason, "message": f"{request.method} {request.url.path}: {exc.detail}"},
+                        status_code=exc.status_code, headers=exc.headers)
+
+
+async def _bug(request: Request, exc: Exception) -> Response:  # still the documented JSON, not text/plain
+    return failure_response(wire.RequestFailed(wire.SERVER_ERROR, f"internal server error: {type(exc).__name__}"))
+
+
+async def _chatrun(request: Request, exc: ChatrunError) -> Response:
+    return failure_response(wire.RequestFailed(wire.SERVER_ERROR, str(exc)))
+
+
+ERROR_HANDLERS: dict[int | type[Exception], Callable[[Request, Any], Coroutine[Any, Any, Response]]] = {
+    wire.RequestFailed: _failed,
+    RequestValidationError: _invalid,
+    StarletteHTTPException: _http,
+    Exception: _bug,
+    ChatrunError: _chatrun,
+}
 
 
 GC_THRESHOLDS = (50_000, 20, 10)
@@ -252,21 +204,6 @@ def tune_gc() -> None:
     """
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-@functools.cache
-def _index_html() -> str:
-    return (STATIC / "index.html").read_text()
-
-
-def _page(bot: str) -> HTMLResponse:
-    import html
-    import json
-
-    text = _index_html()
-    # The page learns its bot from a data attribute; no templating engine needed for one value.
-    text = text.replace("__CHATRUN_BOT__", html.escape(json.dumps(bot)[1:-1], quote=True))
-    return HTMLResponse(text, headers={"Cache-Control": "no-cache"})
 
 
 def _load_bots(bots: Any) -> dict[str, Any]:

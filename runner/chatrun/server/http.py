@@ -12,190 +12,208 @@
 """
 
 
-import asyncio
+import functools
 import json
 import logging
 import secrets
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from chatrun import events as ev
+from chatrun.engine.session import Session
 from chatrun.server import wire
-from chatrun.server.auth import Principal, token_from
+from chatrun.server.auth import Principal
 from chatrun.server.inspect import graph_data, inspect_data, session_data
+from chatrun.server.plumbing import (
+    Caller,
+    DetachedTurn,
+    Emit,
+    Registry,
+    limits_of,
+    read_json_object,
+)
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 
 log = logging.getLogger("chatrun.server")
 
 
-def make_router(registry: SessionRegistry, limits: wire.ServerLimits, auth: Any) -> APIRouter:
+def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRouter:
+    """The HTTP API's routes: the module's endpoints, with the OpenAPI text of this app (the
+    state keys of the bots it serves, its userMessage limit)."""
     router = APIRouter(responses=ERROR_RESPONSES)
-
-    def principal(request: Request) -> Principal | None:
-        if auth is None:
-            return None
-        found = auth.authenticate(token_from(request.headers, request.query_params))
-        if found is None:
-            raise wire.RequestFailed(
-                wire.UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer <token>, X-API-Key or ?token=)"
-            )
-        return found
-
-    async def read_body(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        if len(raw) > limits.max_frame_bytes:
-            raise wire.RequestFailed(
-                wire.TOO_LARGE, f"body of {len(raw)} bytes is over the limit of {limits.max_frame_bytes} bytes"
-            )
-        if not raw.strip():
-            return {}
-        body = wire.load_json(raw, "body")
-        if not isinstance(body, dict):
-            raise wire.RequestFailed(wire.BAD_REQUEST, f"body must be a JSON object, not {type(body).__name__}")
-        return body
-
-    Who = Annotated[Principal | None, Depends(principal)]
-
-    @router.get("/health", tags=["server"])
-    async def health() -> Any:
-        # 503 while draining (SIGTERM): a load balancer stops sending this replica new requests.
-        body = {"status": "draining" if registry.draining else "ok", "bots": list(registry.bots),
-                "live_sessions": registry.live_count(), "cache_bytes": registry.cache_bytes(),
-                "in_progress": registry.in_progress}
-        return JSONResponse(body, status_code=503) if registry.draining else body
-
-    @router.get("/bots", tags=["bots"])
-    async def bots(who: Who) -> list[dict[str, Any]]:
-        return [_bot_summary(b) for b in registry.bots.values()]
-
-    @router.get("/bots/{bot}", tags=["bots"])
-    async def bot(bot: str, who: Who) -> dict[str, Any]:
-        found = registry.bot(bot)
-        return _bot_summary(found) | {"graph": graph_data(found)}
-
-    @router.post("/bots/{bot}/sessions", status_code=201, tags=["sessions"], responses=_session_response(201),
-                 openapi_extra=_body(
-        {"id": SESSION_ID_SCHEMA, "route": {"type": "string"}, "state": _state_schema(registry)}, {"route": "main_menu"}))
-    async def create_session(
-        bot: str,
-        request: Request,
-        who: Who,
-    ) -> dict[str, Any]:
-        data = await read_body(request)
-        session_id = data["id"] if "id" in data else secrets.token_hex(8)
-        route, state = data.get("route"), data.get("state")
-        problem = wire.chat_id_problem(session_id)
-        if problem:
-            raise wire.RequestFailed(wire.BAD_REQUEST, f"id must be {problem}")
-        if route is not None and not isinstance(route, str):
-            raise wire.RequestFailed(wire.BAD_REQUEST, "route must be a string (a route name)")
-        if state is not None and not isinstance(state, dict):
-            raise wire.RequestFailed(wire.BAD_REQUEST, "state must be a JSON object")
-        if state:
-            check_initial_state(state, registry.bot(bot).config.state)
-        async with registry.session(bot, session_id, who, NEW, route=route, state=state) as session:
-            return session_data(session)
-
-    @router.get("/bots/{bot}/sessions/{session_id}", tags=["sessions"], responses=_session_response(200, history=True))
-    async def read_session(bot: str, session_id: str, who: Who) -> dict[str, Any]:
-        async with registry.session(bot, session_id, who, EXISTING, history=True) as session:
-            return session_data(session) | {"history": session.history, "lastTurn": registry.last_committed(session)}
-
-    @router.get("/bots/{bot}/sessions/{session_id}/inspect", tags=["sessions"])
-    async def inspect(bot: str, session_id: str, who: Who) -> dict[str, Any]:
-        async with registry.session(bot, session_id, who, EXISTING, history=True) as session:
-            return inspect_data(session)
-
-    @router.delete("/bots/{bot}/sessions/{session_id}", status_code=204, tags=["sessions"])
-    async def delete_session(bot: str, session_id: str, who: Who) -> Response:
-        await registry.delete(bot, session_id, who)
-        return Response(status_code=204)
-
-    @router.post("/bots/{bot}/sessions/{session_id}/messages", tags=["sessions"], openapi_extra=_body(
-        {"userMessage": {"type": "string", "maxLength": limits.max_message_chars}}, {"userMessage": "I want to fly to Dublin"}))
-    async def send_message(
-        bot: str,
-        session_id: str,
-        request: Request,
-        who: Who,
-        stream: Annotated[bool, Query(description="answer with Server-Sent Events as the turn runs")] = False,
-        if_busy: Annotated[str | None, Query(alias="ifBusy", description="queue (wait) or reject when the session is running a turn")] = None,
-        idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description="a retry with the same key replays the committed turn instead of running it again")] = None,
-    ) -> Any:
-        data = await read_body(request)
-        message = data.get("userMessage")
-        if message is not None and not isinstance(message, str):
-            raise wire.RequestFailed(wire.BAD_REQUEST, "userMessage must be a string")
-        too_long = limits.message_too_long(message) if isinstance(message, str) else None
-        if too_long:
-            raise wire.RequestFailed(wire.TOO_LARGE, too_long)
-        if stream or "text/event-stream" in request.headers.get("accept", ""):
-            # Fail before the stream starts when the session is unknown or not the caller's.
-            async with registry.session(bot, session_id, who, EXISTING, if_busy=if_busy):
-                pass
-            return StreamingResponse(
-                _sse(registry, bot, session_id, who, data, if_busy, idempotency_key),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        async with registry.session(bot, session_id, who, EXISTING, if_busy=if_busy) as session:
-            run = registry.turn(session, wire.turn_input(data), idempotency_key)
-            events = [e async for e in run]
-            body = {
-                "events": [e.to_dict() for e in events if e.type != ev.STREAM],
-                "ok": not any(e.type == ev.ERROR for e in events),
-                "scopeId": session.scope_id,
-                "route": session.route,
-                "stack": session.stack,
-                "turn": run.turn,
-                "replayed": run.replayed,
-            }
-            if run.entry.get("usage"):  # the turn's model calls: absent when it made none
-                body["usage"] = run.entry["usage"]
-            return JSONResponse(body, headers={"Idempotent-Replayed": "true"} if run.replayed else None)
-
+    router.add_api_route("/health", health, methods=["GET"], tags=["server"])
+    router.add_api_route("/bots", list_bots, methods=["GET"], tags=["bots"], name="bots")
+    router.add_api_route("/bots/{bot}", read_bot, methods=["GET"], tags=["bots"], name="bot")
+    router.add_api_route(
+        "/bots/{bot}/sessions", create_session, methods=["POST"], status_code=201, tags=["sessions"],
+        responses=_session_response(201), openapi_extra=_body(
+            {"id": SESSION_ID_SCHEMA, "route": {"type": "string"}, "state": _state_schema(registry)},
+            {"route": "main_menu"}))
+    router.add_api_route("/bots/{bot}/sessions/{session_id}", read_session, methods=["GET"], tags=["sessions"],
+                         responses=_session_response(200, history=True))
+    router.add_api_route("/bots/{bot}/sessions/{session_id}/inspect", inspect_session, methods=["GET"],
+                         tags=["sessions"], name="inspect")
+    router.add_api_route("/bots/{bot}/sessions/{session_id}", delete_session, methods=["DELETE"], status_code=204,
+                         tags=["sessions"])
+    router.add_api_route(
+        "/bots/{bot}/sessions/{session_id}/messages", send_message, methods=["POST"], tags=["sessions"],
+        openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
+                            {"userMessage": "I want to fly to Dublin"}))
     return router
 
 
-_BACKGROUND: set[asyncio.Task] = set()  # turns whose SSE client left: kept alive until they end
+# -- the endpoints (no docstrings: FastAPI would put them in the OpenAPI text) ----------------------
 
 
-async def _sse(
-    registry: SessionRegistry, bot: str, session_id: str, who: Principal | None, data: dict[str, Any],
-    if_busy: str | None = None, idempotency_key: str | None = None,
-) -> AsyncIterator[str]:
-    """The turn's events as Server-Sent Events. The turn runs in its own task, so a client that
-    disconnects does not cancel it: it completes and is stored, as on the WebSocket."""
-    queue: asyncio.Queue[str | None] = asyncio.Queue()
+async def health(registry: Registry) -> Any:
+    # 503 while draining (SIGTERM): a load balancer stops sending this replica new requests.
+    body = {"status": "draining" if registry.draining else "ok", "bots": list(registry.bots),
+            "live_sessions": registry.live_count(), "cache_bytes": registry.cache_bytes(),
+            "in_progress": registry.in_progress}
+    return JSONResponse(body, status_code=503) if registry.draining else body
 
-    async def run() -> None:
-        try:
-            async with registry.session(bot, session_id, who, EXISTING, if_busy=if_busy) as session:
-                run = registry.turn(session, wire.turn_input(data), idempotency_key)
-                async for event in run:
-                    queue.put_nowait(_sse_frame(event.type, event.to_dict()))
-                done = {"type": wire.COMPLETED, "data": session.scope_id, "route": session.route, "stack": session.stack}
-                if run.entry.get("usage"):
-                    done["usage"] = run.entry["usage"]
-                queue.put_nowait(_sse_frame(wire.COMPLETED, done))
-        except wire.RequestFailed as exc:
-            queue.put_nowait(_sse_frame(wire.ERROR, {"type": wire.ERROR, "data": exc.message}))
-            queue.put_nowait(_sse_frame(wire.FAILED, {"type": wire.FAILED, "data": exc.reason}))
-        except Exception as exc:
-            log.exception("SSE turn of session %s failed", session_id)
-            queue.put_nowait(_sse_frame(wire.ERROR, {"type": wire.ERROR, "data": f"internal server error: {exc}"}))
-            queue.put_nowait(_sse_frame(wire.FAILED, {"type": wire.FAILED, "data": wire.SERVER_ERROR}))
-        finally:
-            queue.put_nowait(None)
 
-    task = asyncio.ensure_future(run())
-    _BACKGROUND.add(task)
-    task.add_done_callback(_BACKGROUND.discard)
-    while (frame := await queue.get()) is not None:
+async def list_bots(who: Caller, registry: Registry) -> list[dict[str, Any]]:
+    return [_bot_summary(b) for b in registry.bots.values()]
+
+
+async def read_bot(bot: str, who: Caller, registry: Registry) -> dict[str, Any]:
+    found = registry.bot(bot)
+    return _bot_summary(found) | {"graph": graph_data(found)}
+
+
+async def create_session(bot: str, request: Request, who: Caller, registry: Registry) -> dict[str, Any]:
+    data = await read_json_object(request, blank_is_empty=True)
+    session_id = data["id"] if "id" in data else secrets.token_hex(8)
+    route, state = data.get("route"), data.get("state")
+    problem = wire.chat_id_problem(session_id)
+    if problem:
+        raise wire.RequestFailed(wire.BAD_REQUEST, f"id must be {problem}")
+    if route is not None and not isinstance(route, str):
+        raise wire.RequestFailed(wire.BAD_REQUEST, "route must be a string (a route name)")
+    if state is not None and not isinstance(state, dict):
+        raise wire.RequestFailed(wire.BAD_REQUEST, "state must be a JSON object")
+    if state:
+        check_initial_state(state, registry.bot(bot).config.state)
+    async with registry.session(bot, session_id, who, NEW, route=route, state=state) as session:
+        return session_data(session)
+
+
+async def read_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
+    async with registry.session(bot, session_id, who, EXISTING) as session:
+        history = await registry.history(session)
+        return session_data(session) | {"history": history, "lastTurn": registry.last_committed(session)}
+
+
+async def inspect_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
+    async with registry.session(bot, session_id, who, EXISTING) as session:
+        return inspect_data(session, await registry.history(session))
+
+
+async def delete_session(bot: str, session_id: str, who: Caller, registry: Registry) -> Response:
+    await registry.delete(bot, session_id, who)
+    return Response(status_code=204)
+
+
+async def send_message(
+    bot: str,
+    session_id: str,
+    request: Request,
+    who: Caller,
+    registry: Registry,
+    stream: Annotated[bool, Query(description="answer with Server-Sent Events as the turn runs")] = False,
+    if_busy: Annotated[str | None, Query(alias="ifBusy", description="queue (wait) or reject when the session is running a turn")] = None,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description="a retry with the same key replays the committed turn instead of running it again")] = None,
+) -> Any:
+    turn = TurnRequest(bot, session_id, who, await _message_body(request), if_busy, idempotency_key)
+    if stream or "text/event-stream" in request.headers.get("accept", ""):
+        # Fail before the stream starts when the session is unknown or not the caller's.
+        async with turn.session(registry):
+            pass
+        return StreamingResponse(
+            _sse(registry, turn), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return await _reply(registry, turn)
+
+
+# -- a turn ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """A POST .../messages: the session, the caller, the body and how to queue or replay."""
+
+    bot: str
+    session_id: str
+    who: Principal | None
+    data: dict[str, Any]
+    if_busy: str | None
+    idempotency_key: str | None
+
+    def session(self, registry: SessionRegistry) -> AbstractAsyncContextManager[Session]:
+        return registry.session(self.bot, self.session_id, self.who, EXISTING, if_busy=self.if_busy)
+
+
+async def _message_body(request: Request) -> dict[str, Any]:
+    data = await read_json_object(request, blank_is_empty=True)
+    message = data.get("userMessage")
+    if message is not None and not isinstance(message, str):
+        raise wire.RequestFailed(wire.BAD_REQUEST, "userMessage must be a string")
+    too_long = limits_of(request).message_too_long(message) if isinstance(message, str) else None
+    if too_long:
+        raise wire.RequestFailed(wire.TOO_LARGE, too_long)
+    return data
+
+
+async def _reply(registry: SessionRegistry, turn: TurnRequest) -> JSONResponse:
+    """The turn's events and outcome as one JSON reply."""
+    async with turn.session(registry) as session:
+        run = registry.turn(session, wire.turn_input(turn.data), turn.idempotency_key)
+        events = [e async for e in run]
+        body = {
+            "events": [e.to_dict() for e in events if e.type != ev.STREAM],
+            "ok": not any(e.type == ev.ERROR for e in events),
+            "scopeId": session.scope_id,
+            "route": session.route,
+            "stack": session.stack,
+            "turn": run.turn,
+            "replayed": run.replayed,
+        }
+        if run.entry.get("usage"):  # the turn's model calls: absent when it made none
+            body["usage"] = run.entry["usage"]
+        return JSONResponse(body, headers={"Idempotent-Replayed": "true"} if run.replayed else None)
+
+
+async def _sse(registry: SessionRegistry, turn: TurnRequest) -> AsyncIterator[str]:
+    """The turn's events as Server-Sent Events. The turn is detached: a client that
+    disconnects does not cancel it; it completes and is stored, as on the WebSocket."""
+    async for frame in DetachedTurn(functools.partial(_sse_turn, registry, turn)).items():
         yield frame
+
+
+async def _sse_turn(registry: SessionRegistry, turn: TurnRequest, emit: Emit) -> None:
+    try:
+        async with turn.session(registry) as session:
+            run = registry.turn(session, wire.turn_input(turn.data), turn.idempotency_key)
+            async for event in run:
+                emit(_sse_frame(event.type, event.to_dict()))
+            done = {"type": wire.COMPLETED, "data": session.scope_id, "route": session.route, "stack": session.stack}
+            if run.entry.get("usage"):
+                done["usage"] = run.entry["usage"]
+            emit(_sse_frame(wire.COMPLETED, done))
+    except wire.RequestFailed as exc:
+        emit(_sse_frame(wire.ERROR, {"type": wire.ERROR, "data": exc.message}))
+        emit(_sse_frame(wire.FAILED, {"type": wire.FAILED, "data": exc.reason}))
+    except Exception as exc:
+        log.exception("SSE turn of session %s failed", turn.session_id)
+        emit(_sse_frame(wire.ERROR, {"type": wire.ERROR, "data": f"internal server error: {exc}"}))
+        emit(_sse_frame(wire.FAILED, {"type": wire.FAILED, "data": wire.SERVER_ERROR}))
 
 
 def _sse_frame(kind: str, payload: dict[str, Any]) -> str:

@@ -61,8 +61,9 @@ def scopes_data(session: Session) -> list[dict[str, Any]]:
     return out
 
 
-def inspect_data(session: Session) -> dict[str, Any]:
-    """Everything the inspector panel shows, refreshed after every turn."""
+def inspect_data(session: Session, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Everything the inspector panel shows, refreshed after every turn (`history`: the
+    session's stored history)."""
     config = session.bot.config
     route = session.route
     memory = session.preview_messages()  # exactly as the model will be sent it next
@@ -70,8 +71,8 @@ def inspect_data(session: Session) -> dict[str, Any]:
         route = config.default_route
     policy = config.route_memory(route)
     return session_data(session) | {
-        "last_turn": session.last_turn,
-        "turns_usage": turns_usage(session.history),
+        "last_turn": history[-1] if history else None,
+        "turns_usage": turns_usage(history),
         # The bot's files were edited into an invalid bot (serve --reload): the page shows a banner.
         "reload_problems": [d.to_dict() for d in session.bot.reload_problems],
         "graph": graph_data(session.bot),

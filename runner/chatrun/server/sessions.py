@@ -136,10 +136,9 @@ class SessionRegistry:
         route: str | None = None,
         state: dict[str, Any] | None = None,
         if_busy: str | None = None,
-        history: bool = False,
     ) -> AsyncIterator[Session]:
-        """The session, held for the caller until the block ends (its turn, see `turn`).
-        history: load the stored history too (session.history). Raises wire.RequestFailed."""
+        """The session, held for the caller until the block ends (its turn, see `turn`); its
+        stored history is `history(session)`. Raises wire.RequestFailed."""
         bot = self.bot(bot_name)
         self.gate.refuse_if_draining()
         policy = self.gate.policy(if_busy)
@@ -148,16 +147,19 @@ class SessionRegistry:
         async with self.cache.use((bot.name, session_id)) as slot, \
                 self.gate.through(slot.lock, session_id, policy, waited) as lease:
             await self.opener.ready(slot, request, lease)
-            async with self._held(slot, Hold(slot, lease), request, history) as session:
+            async with self._held(slot, Hold(slot, lease), request) as session:
                 yield session
 
+    async def history(self, session: Session) -> list[dict[str, Any]]:
+        """The stored history of a session the caller holds (`session`), oldest first: read
+        from the store, which keeps it (the live session's buffer does not)."""
+        return await self.store.load_history(session.id)
+
     @asynccontextmanager
-    async def _held(self, slot: Slot, hold: Hold, request: SessionRequest, history: bool) -> AsyncIterator[Session]:
+    async def _held(self, slot: Slot, hold: Hold, request: SessionRequest) -> AsyncIterator[Session]:
         """The ready session, handed to the request on the newest bot with the requester's roles."""
         assert slot.session is not None and slot.buffer is not None
         session = slot.session
-        if history:
-            slot.buffer.history = await self.store.load_history(request.session_id)
         self.cache.touch((request.bot.name, request.session_id))
         self._holds[id(session)] = hold
         # Roles are the requester's, not those of the token that opened the session.
@@ -173,7 +175,6 @@ class SessionRegistry:
         finally:
             self._holds.pop(id(session), None)
             if slot.buffer is not None:
-                slot.buffer.history = None
                 if slot.buffer.pending is not None:
                     # The request ended without writing what its turn did (cancelled): the
                     # live copy is ahead of the store, so it goes; the store is the truth.

@@ -112,6 +112,27 @@ class ClientFrame:
 def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
     """A client frame, checked. Raises FrameError saying what is wrong (with the chatId and
     requestId when they could be read, so the client can match the failure)."""
+    fields = _FrameFields(_frame_object(text, limits))
+    kind = fields.raw.get("type")
+    if kind not in CLIENT_TYPES:
+        raise fields.fail(f"unknown frame type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}")
+    chat_id = fields.raw.get("chatId")
+    problem = chat_id_problem(chat_id)
+    if problem:
+        raise fields.fail(f"{kind} needs a chatId: {problem}")
+    assert isinstance(chat_id, str)  # chat_id_problem checked it; this tells the type checker
+    frame = ClientFrame(kind, chat_id, request_id=fields.request_id)
+    if kind == CONNECT:
+        _read_connect(frame, fields)
+    elif kind == CHAT_ROUTE_MESSAGE:
+        _read_chat_route_message(frame, fields, limits)
+    else:
+        frame.keep = fields.flag(kind, "keep")
+    return frame
+
+
+def _frame_object(text: str | bytes | None, limits: ServerLimits) -> dict[str, Any]:
+    """The frame's JSON object: text within the size limit, valid JSON, an object."""
     if text is None or isinstance(text, bytes | bytearray):
         raise FrameError(BAD_REQUEST, "frames are JSON text, not binary")
     if len(text.encode()) > limits.max_frame_bytes:
@@ -122,64 +143,64 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
         raise FrameError(exc.reason, exc.message) from None
     if not isinstance(raw, dict):
         raise FrameError(BAD_REQUEST, f"a frame is a JSON object, not {type(raw).__name__}")
-    chat_id = raw.get("chatId")
-    request_id = raw.get("requestId")
-    safe_chat = chat_id if isinstance(chat_id, str) else None
-    if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, str | int)):
-        raise FrameError(BAD_REQUEST, "requestId must be a string or an integer", safe_chat)
+    return raw
 
-    def fail(message: str, reason: str = BAD_REQUEST) -> FrameError:
-        return FrameError(reason, message, safe_chat, request_id)
 
-    def flag(name: str) -> bool:
-        value = raw.get(name, False)
+class _FrameFields:
+    """A frame's fields, read one by one; a failure carries the frame's chatId and requestId
+    when they are usable, so the client can match it."""
+
+    def __init__(self, raw: dict[str, Any]):
+        self.raw = raw
+        chat_id, request_id = raw.get("chatId"), raw.get("requestId")
+        self.safe_chat = chat_id if isinstance(chat_id, str) else None
+        if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, str | int)):
+            raise FrameError(BAD_REQUEST, "requestId must be a string or an integer", self.safe_chat)
+        self.request_id = request_id
+
+    def fail(self, message: str, reason: str = BAD_REQUEST) -> FrameError:
+        return FrameError(reason, message, self.safe_chat, self.request_id)
+
+    def flag(self, kind: str, name: str) -> bool:
+        value = self.raw.get(name, False)
         if not isinstance(value, bool):
-            raise fail(f"{kind}.{name} must be true or false, not {json.dumps(value)}")
+            raise self.fail(f"{kind}.{name} must be true or false, not {json.dumps(value)}")
         return value
 
-    kind = raw.get("type")
-    if kind not in CLIENT_TYPES:
-        raise fail(f"unknown frame type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}")
-    problem = chat_id_problem(chat_id)
-    if problem:
-        raise fail(f"{kind} needs a chatId: {problem}")
-    assert isinstance(chat_id, str)  # chat_id_problem checked it; this tells the type checker
-    frame = ClientFrame(kind, chat_id, request_id=request_id)
-    if kind == CONNECT:
-        route = raw.get("route")
-        if route is not None and not isinstance(route, str):
-            raise fail("Connect.route must be a string (a route name) or absent")
-        bot = raw.get("bot")
-        if bot is not None and not isinstance(bot, str):
-            raise fail("Connect.bot must be a string (a bot name) or absent")
-        frame.route = route or None
-        frame.bot = bot
-        frame.resume = flag("resume")
-        frame.extensions = flag("extensions")
-    elif kind == CHAT_ROUTE_MESSAGE:
-        data = raw.get("data", {})
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise fail("ChatRouteMessage.data must be a JSON object, e.g. {\"userMessage\": \"hi\"}")
-        message = data.get("userMessage")
-        if message is not None and not isinstance(message, str):
-            raise fail("ChatRouteMessage.data.userMessage must be a string")
-        too_long = limits.message_too_long(message) if isinstance(message, str) else None
-        if too_long:
-            raise fail(too_long, TOO_LARGE)
-        scope_id = raw.get("scopeId")
-        if scope_id is not None and not isinstance(scope_id, str):
-            raise fail("ChatRouteMessage.scopeId must be a string (the data of the last Completed)")
-        if_busy = raw.get("ifBusy")
-        if if_busy is not None and if_busy not in ("queue", "reject"):
-            raise fail(f"ChatRouteMessage.ifBusy must be \"queue\" or \"reject\", not {json.dumps(if_busy)}")
-        frame.data = data
-        frame.scope_id = scope_id
-        frame.if_busy = if_busy
-    else:
-        frame.keep = flag("keep")
-    return frame
+
+def _read_connect(frame: ClientFrame, fields: _FrameFields) -> None:
+    route, bot = fields.raw.get("route"), fields.raw.get("bot")
+    if route is not None and not isinstance(route, str):
+        raise fields.fail("Connect.route must be a string (a route name) or absent")
+    if bot is not None and not isinstance(bot, str):
+        raise fields.fail("Connect.bot must be a string (a bot name) or absent")
+    frame.route = route or None
+    frame.bot = bot
+    frame.resume = fields.flag(CONNECT, "resume")
+    frame.extensions = fields.flag(CONNECT, "extensions")
+
+
+def _read_chat_route_message(frame: ClientFrame, fields: _FrameFields, limits: ServerLimits) -> None:
+    data = fields.raw.get("data", {})
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise fields.fail("ChatRouteMessage.data must be a JSON object, e.g. {\"userMessage\": \"hi\"}")
+    message = data.get("userMessage")
+    if message is not None and not isinstance(message, str):
+        raise fields.fail("ChatRouteMessage.data.userMessage must be a string")
+    too_long = limits.message_too_long(message) if isinstance(message, str) else None
+    if too_long:
+        raise fields.fail(too_long, TOO_LARGE)
+    scope_id = fields.raw.get("scopeId")
+    if scope_id is not None and not isinstance(scope_id, str):
+        raise fields.fail("ChatRouteMessage.scopeId must be a string (the data of the last Completed)")
+    if_busy = fields.raw.get("ifBusy")
+    if if_busy is not None and if_busy not in ("queue", "reject"):
+        raise fields.fail(f"ChatRouteMessage.ifBusy must be \"queue\" or \"reject\", not {json.dumps(if_busy)}")
+    frame.data = data
+    frame.scope_id = scope_id
+    frame.if_busy = if_busy
 
 
 MAX_CHAT_ID = 128

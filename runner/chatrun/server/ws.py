@@ -18,11 +18,13 @@ import contextlib
 import logging
 from typing import Any
 
+from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketState
 
 from chatrun.server import wire
-from chatrun.server.auth import Auth, Principal, token_from
+from chatrun.server.auth import Principal
 from chatrun.server.outbound import Outbound
+from chatrun.server.plumbing import Unauthorized, authenticate, limits_of, registry_of
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 
 log = logging.getLogger("chatrun.server")
@@ -254,27 +256,43 @@ def _not_connected(chat_id: str) -> wire.RequestFailed:
     )
 
 
-async def serve_websocket(
-    websocket: WebSocket,
-    registry: SessionRegistry,
-    limits: wire.ServerLimits,
-    auth: Auth | None,
-    bot_name: str | None,
-) -> None:
-    principal = None
-    await websocket.accept()
-    if auth is not None:
-        principal = auth.authenticate(token_from(websocket.headers, websocket.query_params))
-        if principal is None:
-            # Browsers cannot read an HTTP status of a refused upgrade, so accept and close with a reason.
-            await websocket.close(
-                CLOSE_UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer or ?token=)"
-            )
+async def chat_routes(websocket: WebSocket) -> None:
+    await serve_websocket(websocket, None)
+
+
+async def bot_chat_routes(websocket: WebSocket, bot: str) -> None:
+    await serve_websocket(websocket, bot)
+
+
+def make_websocket_router() -> APIRouter:
+    """/_chat/routes, and the per-bot path whose Connects default to that bot."""
+    router = APIRouter()
+    router.add_api_websocket_route("/_chat/routes", chat_routes)
+    router.add_api_websocket_route("/bots/{bot}/_chat/routes", bot_chat_routes)
+    return router
+
+
+async def serve_websocket(websocket: WebSocket, bot_name: str | None) -> None:
+    """One connection: accepted, authenticated, then served until the client leaves. It is
+    authenticated after the accept (not as a route dependency, which runs before it) because
+    browsers cannot read the status of a refused upgrade, but can read a close code's reason."""
+    metrics = websocket.app.state.metrics
+    with metrics.websocket() if metrics is not None else contextlib.nullcontext():
+        await websocket.accept()
+        try:
+            principal = authenticate(websocket)
+        except Unauthorized:
+            await websocket.close(CLOSE_UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer or ?token=)")
             return
-    if bot_name is not None and bot_name not in registry.bots:
-        await websocket.close(4404, f"no bot named {bot_name!r}")
-        return
-    connection = Connection(websocket, registry, limits, principal, bot_name)
+        registry = registry_of(websocket)
+        if bot_name is not None and bot_name not in registry.bots:
+            await websocket.close(4404, f"no bot named {bot_name!r}")
+            return
+        await _serve(Connection(websocket, registry, limits_of(websocket), principal, bot_name))
+
+
+async def _serve(connection: Connection) -> None:
+    websocket = connection.ws
     await connection.run()
     if connection.tasks:  # let running turns finish (and be stored) before the handler returns
         await asyncio.gather(*connection.tasks, return_exceptions=True)

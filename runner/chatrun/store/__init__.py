@@ -41,7 +41,9 @@ class ChatMemoryStore(Protocol):
 
 @runtime_checkable
 class SessionStore(ChatMemoryStore, Protocol):
-    """What a live Session needs of its store (chatrun.Session), and what every store offers."""
+    """What a live Session needs of its store (chatrun.Session), and what every store offers.
+    The server's per-request TurnBuffer is one; the history and outcomes it cannot know without
+    I/O are DurableStore's."""
 
     def load_session(self, session_id: str) -> JSONObject | None:
         """The snapshot saved by the last `commit_turn`, or None for an unknown session."""
@@ -70,10 +72,6 @@ class SessionStore(ChatMemoryStore, Protocol):
     def version(self, session_id: str) -> str | None:
         ...
 
-    def load_history(self, session_id: str) -> list[JSONObject]:
-        """Every history entry of the session, oldest first."""
-        ...
-
     def delete_session(self, session_id: str, memory_ids: list[str]) -> None:
         """Forget the session, its history and the given memories."""
         ...
@@ -83,11 +81,21 @@ class SessionStore(ChatMemoryStore, Protocol):
 
 
 @runtime_checkable
-class DurableStore(SessionStore, Protocol):
-    """A SessionStore a server can keep its sessions in: it also answers for the outcomes it
-    recorded (`commit_turn(..., outcome=...)`), so a retried request is replayed, not run again.
-    InMemoryStore and SQLiteStore are; so is every store written against the SessionStore
-    of chatrun 0.1 (which named get_outcome itself): nothing a store implements was removed."""
+class HistoryStore(Protocol):
+    """A store that keeps sessions' histories (every turn tried), not only their state."""
+
+    def load_history(self, session_id: str) -> list[JSONObject]:
+        """Every history entry of the session, oldest first."""
+        ...
+
+
+@runtime_checkable
+class DurableStore(SessionStore, HistoryStore, Protocol):
+    """A SessionStore sessions are kept in: it also answers for their history and for the
+    outcomes it recorded (`commit_turn(..., outcome=...)`), so a retried request is replayed,
+    not run again. InMemoryStore and SQLiteStore are; so is every store written against the
+    SessionStore of chatrun 0.1 (which named load_history and get_outcome itself): nothing a
+    store implements was removed."""
 
     def get_outcome(self, session_id: str, request_id: str) -> JSONObject | None:
         """The history entry recorded for a committed request, or None."""

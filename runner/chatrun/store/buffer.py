@@ -9,8 +9,8 @@ from what was loaded plus what was committed since; a commit is checked and enco
 once, the one JSON pass of a commit (a value JSON cannot hold fails the turn inside the
 engine, as with any store), and waits in `pending` (a `Commit`) until the server writes it.
 
-The buffer is a SessionStore, not a DurableStore: request outcomes are the server's store's
-to answer. It stamps the running request's id on the history entries, and keeps the
+The buffer is a SessionStore, not a DurableStore: a session's history and request outcomes
+are the server's store's to answer (the server reads them asynchronously itself). It stamps the running request's id on the history entries, and keeps the
 snapshot's `committed` (the last committed turn; with track_committed) up to date, so the commit it hands the
 server is final: nothing is decoded or encoded again on the way to the store.
 """
@@ -48,7 +48,6 @@ class TurnBuffer:
             mid: tuple(m) for mid, m in record.memories.items()}
         self._sizes: dict[str, int] = {} if record is None else dict(record.sizes)
         self.committed: Committed | None = None if record is None else record.committed
-        self.history: list[JSONObject] | None = None  # the stored history, when the server loaded it
         self.pending: Commit | None = None
         self.request_id: str | None = None  # stamped on the history entries of the running request
 
@@ -122,8 +121,6 @@ class TurnBuffer:
             else:
                 self._memories[mid] = tuple(msgs)
                 self._sizes[mid] = len(commit.memories_json.get(mid) or "")
-        if self.history is not None:
-            self.history.extend(from_json(e) for e in commit.history_json)
 
     def load_versioned(self, session_id: str) -> tuple[JSONObject, str] | None:
         snapshot = self.load_session(session_id)
@@ -133,13 +130,6 @@ class TurnBuffer:
         """Not a store version: the registry keeps the real one (its slot) and checks it."""
         self._check(session_id)
         return None if self._snapshot_json is None else "live"
-
-    def load_history(self, session_id: str) -> list[JSONObject]:
-        """The history the server loaded for this request (SessionRegistry.session(history=True))."""
-        self._check(session_id)
-        if self.history is None:
-            raise ChatrunError(f"session {session_id}: its history was not loaded for this request")
-        return [dict(e) for e in self.history]
 
     def delete_session(self, session_id: str, memory_ids: list[str]) -> None:
         """The server deletes the stored session itself; here only the loaded copy goes."""

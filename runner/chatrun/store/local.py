@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar, runtime_checkable
 
-from chatrun.store import DurableStore, EncodedStore, RecordStore, SessionStore
+from chatrun.store import DurableStore, EncodedStore, HistoryStore, RecordStore, SessionStore
 from chatrun.store.lease import Lease
 from chatrun.store.memory import InMemoryStore, Records
 from chatrun.store.record import (
@@ -102,6 +102,9 @@ class LocalAsyncStore:
         )
 
     async def load_history(self, session_id: str) -> list[JSONObject]:
+        """The stored history; [] from a store that keeps none (not a HistoryStore)."""
+        if not isinstance(self.sync, HistoryStore):
+            return []
         return await self._call(self.sync.load_history, session_id)
 
     async def get_outcome(self, session_id: str, request_id: str) -> JSONObject | None:

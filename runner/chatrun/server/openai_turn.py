@@ -1,0 +1,221 @@
+"""A turn as an OpenAI client sees it, shared by the /v1 endpoints (chatrun.server.openai_api):
+the conversation a request sends, the reply text a turn's events make, OpenAI's usage and
+error objects.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from chatrun import events as ev
+from chatrun.memory.tokens import estimate_tokens
+from chatrun.server import wire
+from chatrun.server.auth import Principal
+from chatrun.server.openai_sessions import Exchange, Identity, Opened, TurnIndex
+from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
+
+SEPARATOR = "\n\n"  # between the texts of a turn's several Message/Object events
+# The HTTP API's wording names its three ways to send a token; an OpenAI client has one.
+UNAUTHORIZED_MESSAGE = "unauthorized: send a valid token as Authorization: Bearer <token> (the OpenAI SDKs' api_key)"
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code = status, message, type_, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": None}}
+
+    def response(self) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+_TYPES = {401: "invalid_request_error", 403: "permission_error", 404: "invalid_request_error",
+          429: "rate_limit_error", 500: "server_error"}
+_CODES = {wire.UNAUTHORIZED: "invalid_api_key", wire.BOT_NOT_FOUND: "model_not_found",
+          wire.SESSION_NOT_ACTIVE: "session_not_found", wire.ROUTE_NOT_FOUND: "model_not_found"}
+
+
+def from_failure(exc: wire.RequestFailed) -> OpenAIError:
+    status = wire.HTTP_STATUS.get(exc.reason, 400)
+    message = UNAUTHORIZED_MESSAGE if isinstance(exc, Unauthorized) else exc.message
+    return OpenAIError(status, message, _TYPES.get(status, "invalid_request_error"), _CODES.get(exc.reason, exc.reason))
+
+
+# -- the turn --------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    """The client's view of a turn: the text of its Message and Object events, in order.
+    Streamed chunks are passed on as they come; the Message that ends them adds nothing."""
+
+    parts: list[str] = field(default_factory=list)
+    objects: list[Any] = field(default_factory=list)
+    other: list[dict] = field(default_factory=list)  # Thinking, Console, RouteChanged, ...
+    streaming: str = ""
+
+    def feed(self, event: ev.Event) -> str:
+        """The text to send the client now for this event ('' for none)."""
+        if event.type == ev.STREAM:
+            delta = (SEPARATOR if not self.streaming and self.parts else "") + str(event.data)
+            self.streaming += str(event.data)
+            return delta
+        if event.type == ev.MESSAGE:
+            return self._part(str(event.data))
+        if event.type == ev.OBJECT:
+            self.objects.append(event.data)
+            return self._part(json.dumps(event.data, ensure_ascii=False))
+        if event.type != ev.ERROR:
+            self.other.append(event.to_dict())
+        return ""
+
+    def _part(self, text: str) -> str:
+        streamed, self.streaming = self.streaming, ""
+        if streamed:  # the client has those chunks already: send what the final text adds, if anything
+            self.parts.append(text if text.startswith(streamed) else streamed)
+            return text[len(streamed):] if text.startswith(streamed) else ""
+        self.parts.append(text)
+        return (SEPARATOR if len(self.parts) > 1 else "") + text
+
+    @property
+    def text(self) -> str:
+        return SEPARATOR.join(self.parts + ([self.streaming] if self.streaming else []))
+
+    def json_text(self) -> str:
+        """The reply for response_format json_object/json_schema: the Object events as JSON."""
+        if not self.objects:
+            return self.text
+        return json.dumps(self.objects[0] if len(self.objects) == 1 else self.objects, ensure_ascii=False)
+
+
+@dataclass
+class TurnResult:
+    opened: Opened
+    reply: Reply
+    ok: bool
+    error: str | None
+    usage: dict[str, Any]  # OpenAI's usage object: counts and *_details mappings
+    usage_estimated: bool
+    session: dict[str, Any]
+
+
+async def run_turn(
+    index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
+    emit: Emit, keys_after: Callable[[Reply], list[str]],
+) -> TurnResult:
+    """One turn in the request's session; the index records it when it commits."""
+    reply = Reply()
+    async with index.open(ident, who) as opened:
+        emit(OPENED)  # a streaming response may start: the request found (or made) its session
+        session = opened.session
+        error = None
+        # Through the registry: the turn is committed (fenced by version and lease) before the
+        # answer; a refused commit fails the request (Conflict) instead of answering unsaved.
+        async for event in index.registry.turn(session, text):
+            if event.type == ev.ERROR:
+                error = str(event.data)
+            reply.feed(event)
+            emit(event)
+        entry = session.last_turn or {}
+        ok = bool(entry.get("ok")) and error is None
+        if ok:
+            await index.remember(session, who, keys_after(reply))
+        usage, estimated, cost = openai_usage(entry.get("usage"), prompt_texts, reply.text)
+        info = {"session": session.id, "turn": session.turn_count, "route": session.route, "stack": session.stack,
+                "how": opened.how}
+        if opened.forked_from:
+            info["forked_from"] = opened.forked_from
+        if estimated:
+            info["usage_estimated"] = True
+        if cost is not None:
+            info["cost"] = cost
+        return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info)
+
+
+def openai_usage(turn_usage: dict[str, Any] | None, prompt_texts: list[str],
+                 reply: str) -> tuple[dict[str, Any], bool, float | None]:
+    """(OpenAI's `usage`, whether it is estimated, the cost) from the turn's history entry,
+    where the engine sums every model call of the turn (counted, and marked estimated, for
+    calls whose endpoint reported none). A turn without model calls gets a rough estimate."""
+    if not turn_usage:
+        prompt = sum(estimate_tokens(t) for t in prompt_texts)
+        completion = estimate_tokens(reply)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}, True, None
+    prompt, completion = int(turn_usage.get("input_tokens", 0)), int(turn_usage.get("output_tokens", 0))
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if turn_usage.get("cached_input_tokens"):
+        usage["prompt_tokens_details"] = {"cached_tokens": int(turn_usage["cached_input_tokens"])}
+    if turn_usage.get("reasoning_tokens"):
+        usage["completion_tokens_details"] = {"reasoning_tokens": int(turn_usage["reasoning_tokens"])}
+    return usage, bool(turn_usage.get("estimated")), turn_usage.get("cost")
+
+
+OPENED = ev.Event("chatrun.opened", None)  # marker: the turn's session is open
+
+
+async def opened(turn: DetachedTurn) -> None:
+    """Wait until the turn's session is open, so that a request naming a session it may not
+    use, or an unknown previous response, fails with its HTTP status before any SSE is sent."""
+    first = await turn.next()
+    if first is END:
+        turn.task.result()  # raises the reason
+        raise OpenAIError(500, "the turn ended before it started", "server_error")
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+
+def _text_of(content: Any, where: str) -> str:
+    """The text of a message's content: a string, or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for i, part in enumerate(content):
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
+                texts.append(str(part.get("text", "")))
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise OpenAIError(400, f"{where}.content[{i}]: only text parts are supported, not {kind!r}",
+                                  code="unsupported_content")
+        return "".join(texts)
+    raise OpenAIError(400, f"{where}.content must be a string or a list of parts", code="invalid_content")
+
+
+def conversation_of(messages: Any, where: str) -> tuple[Exchange, str]:
+    """(the earlier user/assistant exchange, the last user message) of an OpenAI message list.
+    System and developer messages are not part of it: the bot has its own prompts."""
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError(400, f"{where} must be a non-empty list of messages", code="invalid_messages")
+    exchange: Exchange = []
+    for i, message in enumerate(messages):
+        if isinstance(message, str):
+            message = {"role": "user", "content": message}
+        if not isinstance(message, dict):
+            raise OpenAIError(400, f"{where}[{i}] must be a message object", code="invalid_messages")
+        role = message.get("role")
+        if message.get("type") not in (None, "message"):
+            raise OpenAIError(400, f"{where}[{i}]: items of type {message.get('type')!r} are not supported; "
+                              "chatrun's tools run inside the bot", code="unsupported_item")
+        if role in ("system", "developer"):
+            continue
+        if role not in ("user", "assistant"):
+            raise OpenAIError(400, f"{where}[{i}]: role {role!r} is not supported; chatrun's tools run inside the bot, "
+                              "send user and assistant messages", code="unsupported_role")
+        exchange.append((role, _text_of(message.get("content"), f"{where}[{i}]").strip()))
+    if not exchange or exchange[-1][0] != "user":
+        raise OpenAIError(400, f"the last message of {where} must be the user's (the turn to run)",
+                          code="invalid_messages")
+    return exchange[:-1], exchange[-1][1]

@@ -1,0 +1,129 @@
+"""The request plumbing every wire protocol shares: who is calling, the JSON body, a turn
+detached from the client that asked for it.
+
+    async def endpoint(request: Request, who: Caller, registry: Registry) -> ...
+
+`authenticate` is the one place a token is checked. It takes Starlette's HTTPConnection, the
+common base of Request and WebSocket, so it serves as a FastAPI dependency of an HTTP route
+(`Caller`) and is called as it is by the WebSocket endpoint, which must accept the socket
+before it can refuse it. It raises `Unauthorized`; each protocol words the refusal its own
+way (the HTTP API's JSON error, OpenAI's error object, a WebSocket close code).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any, ClassVar
+
+from fastapi import Depends, Request
+from starlette.requests import HTTPConnection
+
+from chatrun.server import wire
+from chatrun.server.auth import Auth, Principal, token_from
+from chatrun.server.sessions import SessionRegistry
+
+# -- who is calling --------------------------------------------------------------------------
+
+
+class Unauthorized(wire.RequestFailed):
+    """Auth is on and the request carries no valid token. Worded here for the HTTP API."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            wire.UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer <token>, X-API-Key or ?token=)"
+        )
+
+
+def authenticate(connection: HTTPConnection) -> Principal | None:
+    """The principal of a request or WebSocket; None when auth is off (every caller is anonymous).
+    Raises Unauthorized when auth is on and the token is missing or unknown."""
+    auth: Auth | None = connection.app.state.auth
+    if auth is None:
+        return None
+    found = auth.authenticate(token_from(connection.headers, connection.query_params))
+    if found is None:
+        raise Unauthorized()
+    return found
+
+
+Caller = Annotated[Principal | None, Depends(authenticate)]
+
+
+def registry_of(connection: HTTPConnection) -> SessionRegistry:
+    registry: SessionRegistry = connection.app.state.registry
+    return registry
+
+
+Registry = Annotated[SessionRegistry, Depends(registry_of)]
+
+
+def limits_of(connection: HTTPConnection) -> wire.ServerLimits:
+    limits: wire.ServerLimits = connection.app.state.limits
+    return limits
+
+
+# -- the body ----------------------------------------------------------------------------------
+
+
+class NotAnObject(wire.RequestFailed):
+    """A body that is JSON but not an object. Worded here for the HTTP API."""
+
+    def __init__(self, body: Any):
+        super().__init__(wire.BAD_REQUEST, f"body must be a JSON object, not {type(body).__name__}")
+
+
+async def read_json_object(request: Request, *, blank_is_empty: bool = False) -> dict[str, Any]:
+    """The request's body as a JSON object. The handlers read it themselves (rather than
+    declaring a pydantic body) to give their own clear errors, in the order the API documents:
+    RequestFailed TooLarge over the limit of a frame, BadRequest for what wire.load_json
+    refuses, NotAnObject for JSON of another type. `blank_is_empty`: no body means {}."""
+    raw = await request.body()
+    limit = limits_of(request).max_frame_bytes
+    if len(raw) > limit:
+        raise wire.RequestFailed(wire.TOO_LARGE, f"body of {len(raw)} bytes is over the limit of {limit} bytes")
+    if blank_is_empty and not raw.strip():
+        return {}
+    body = wire.load_json(raw, "body")
+    if not isinstance(body, dict):
+        raise NotAnObject(body)
+    return body
+
+
+# -- a turn detached from its client --------------------------------------------------------------
+
+Emit = Callable[[Any], None]
+END = object()  # the turn's task is done: nothing more will come
+KEEPALIVE = object()  # `keepalive` seconds passed with nothing to send
+
+
+class DetachedTurn:
+    """A turn run in its own task, so that a client who disconnects does not cancel it: it
+    completes and is committed, as on the WebSocket. What it emits is queued for the request
+    that started it, which reads it for as long as its client listens."""
+
+    # asyncio keeps only weak references to tasks: these keep running turns alive until they end.
+    _running: ClassVar[set[asyncio.Task[Any]]] = set()
+
+    def __init__(self, run: Callable[[Emit], Awaitable[Any]]):
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.task: asyncio.Task[Any] = asyncio.ensure_future(run(self._queue.put_nowait))
+        self._running.add(self.task)
+        self.task.add_done_callback(self._running.discard)
+        self.task.add_done_callback(lambda _task: self._queue.put_nowait(END))
+
+    async def next(self) -> Any:
+        """The next item the turn emitted, or END."""
+        return await self._queue.get()
+
+    async def items(self, keepalive: float | None = None) -> AsyncIterator[Any]:
+        """What the turn emits until it ends, with KEEPALIVE after every `keepalive` seconds of silence."""
+        while True:
+            try:
+                item = await asyncio.wait_for(self._queue.get(), keepalive)
+            except TimeoutError:
+                yield KEEPALIVE
+                continue
+            if item is END:
+                return
+            yield item

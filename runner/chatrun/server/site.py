@@ -1,0 +1,119 @@
+"""What the app serves besides its wire protocols: the web chat page and its assets, the
+JavaScript client, the API docs (/docs, /redoc) and /metrics. None of it is in /openapi.json.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from chatrun.server.metrics import CONTENT_TYPE, MISSING
+from chatrun.server.plumbing import Caller, Registry
+
+STATIC = Path(__file__).parent / "static"
+
+
+def add_site_routes(app: FastAPI) -> None:
+    """The site's routes, after the wire protocols' (app.state.default_bot names the page at /)."""
+    _get(app, "/metrics", prometheus_metrics)
+    _get(app, "/_chat/javascript/chatscopes.js", chatscopes_js)
+    app.mount("/_chat/static", StaticFiles(directory=STATIC), name="static")
+    app.state.docs_assets = assets = _docs_assets()
+    if assets is not None:
+        app.mount("/_chat/docs-assets", StaticFiles(directory=assets), name="docs-assets")
+    _get(app, "/docs", swagger_ui)
+    _get(app, "/redoc", redoc)
+    _get(app, "/favicon.ico", favicon)
+    _get(app, "/", index)
+    _get(app, "/bots/{bot}/", bot_page)
+    _get(app, "/bots/{bot}/chat", bot_page_redirect)
+
+
+def _get(app: FastAPI, path: str, endpoint: Callable[..., Any]) -> None:
+    app.add_api_route(path, endpoint, methods=["GET"], include_in_schema=False)
+
+
+async def prometheus_metrics(request: Request, who: Caller) -> Response:
+    # Protected like the API (who: Caller): counts and bot names are the operator's, not the public's.
+    metrics = request.app.state.metrics
+    if metrics is None:
+        return JSONResponse({"error": "NotImplemented", "message": MISSING}, status_code=501)
+    return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def chatscopes_js() -> FileResponse:
+    return FileResponse(STATIC / "chatscopes.js", media_type="text/javascript")
+
+
+async def favicon() -> FileResponse:
+    return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
+
+
+async def index(request: Request) -> HTMLResponse:
+    return _page(request.app.state.default_bot)
+
+
+async def bot_page(bot: str, registry: Registry) -> HTMLResponse:
+    registry.bot(bot)  # 404 for an unknown bot
+    return _page(bot)
+
+
+async def bot_page_redirect(bot: str) -> RedirectResponse:
+    return RedirectResponse(f"/bots/{bot}/")
+
+
+@functools.cache
+def _index_html() -> str:
+    return (STATIC / "index.html").read_text()
+
+
+def _page(bot: str) -> HTMLResponse:
+    text = _index_html()
+    # The page learns its bot from a data attribute; no templating engine needed for one value.
+    text = text.replace("__CHATRUN_BOT__", html.escape(json.dumps(bot)[1:-1], quote=True))
+    return HTMLResponse(text, headers={"Cache-Control": "no-cache"})
+
+
+# -- the API docs: /docs (Swagger UI) and /redoc over /openapi.json ---------------------------------
+
+
+def _docs_assets() -> Path | None:
+    """The docs' scripts and styles, from the fastapi-offline package (FastAPI's defaults load
+    them from a CDN: blank offline); None without it."""
+    try:
+        import fastapi_offline
+    except ImportError:
+        return None
+    return Path(fastapi_offline.__file__).parent / "static"
+
+
+def _docs_missing() -> HTMLResponse:
+    return HTMLResponse("<p>The API docs need the fastapi-offline package: "
+                        "<code>pip install 'chatrun[serve]'</code>. The API itself is at "
+                        '<a href="/openapi.json">/openapi.json</a>.</p>', status_code=503)
+
+
+async def swagger_ui(request: Request) -> HTMLResponse:
+    if request.app.state.docs_assets is None:
+        return _docs_missing()
+    return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{request.app.title} — API",
+                               swagger_js_url="/_chat/docs-assets/swagger-ui-bundle.js",
+                               swagger_css_url="/_chat/docs-assets/swagger-ui.css",
+                               swagger_favicon_url="/favicon.ico")
+
+
+async def redoc(request: Request) -> HTMLResponse:
+    if request.app.state.docs_assets is None:
+        return _docs_missing()
+    return get_redoc_html(openapi_url="/openapi.json", title=f"{request.app.title} — API",
+                          redoc_js_url="/_chat/docs-assets/redoc.standalone.js",
+                          redoc_favicon_url="/favicon.ico", with_google_fonts=False)
