@@ -71,7 +71,7 @@ class Session:
         self._running = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._last_entry: dict | None = None
+        self._last_entry: dict[str, Any] | None = None
         self.tool_mocks: ToolMocks | None = None  # stand-ins for tools (golden transcripts set them)
         self._stale: str | None = None  # why the reloaded bot cannot run this conversation
         roles = set(roles) if roles is not None else None
@@ -204,7 +204,7 @@ class Session:
         return self.store.load_history(self.id)
 
     @property
-    def last_turn(self) -> dict | None:
+    def last_turn(self) -> dict[str, Any] | None:
         """The history's last entry (the last turn tried, failed or not), without reading the
         whole history back when this session object ran that turn."""
         if self._last_entry is None:
@@ -331,7 +331,7 @@ class Session:
         finally:
             self._sink = sink
 
-    def _fail(self, before: Checkpoint, entry: dict, collected: list[Event], detail: str, turn: Turn,
+    def _fail(self, before: Checkpoint, entry: dict[str, Any], collected: list[Event], detail: str, turn: Turn,
               text: str = ev.TURN_FAILED_TEXT) -> None:
         """The turn failed: the user gets a safe Error text (no file paths, exception names or
         stack details); the author gets `detail` in the Error event's meta, the history and the log."""
@@ -342,7 +342,7 @@ class Session:
         self._emit(ev.ERROR, text, runtime=True, meta={"detail": detail})
         self._rollback(before, entry | {"ok": False, "error": detail, "events": _plain(collected)}, turn)
 
-    def _rollback(self, before: Checkpoint, entry: dict, turn: Turn) -> None:
+    def _rollback(self, before: Checkpoint, entry: dict[str, Any], turn: Turn) -> None:
         self._c.rollback(before)
         # The conversation is as before, but the calls were made (and paid for): they count.
         self._c.usage.add(turn.usage)
@@ -447,6 +447,6 @@ def _usage_entry(turn: Turn) -> dict[str, Any]:
     return out
 
 
-def _plain(events: list[Event]) -> list[dict]:
+def _plain(events: list[Event]) -> list[dict[str, Any]]:
     """The turn's events for the history (their data is plain JSON already), no Stream chunks."""
     return [e.to_dict() for e in events if e.type != ev.STREAM]
