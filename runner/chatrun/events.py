@@ -24,6 +24,14 @@ MODEL_FAILED_TEXT = "Sorry, the assistant cannot answer right now. Nothing of yo
 
 BUILTIN_TYPES = (MESSAGE, OBJECT, THINKING, CONSOLE, ERROR, STREAM, ROUTE_CHANGED, CHOICES, ENDED)
 
+# Who an event is for. The user's clients (the WebSocket, HTTP, /v1, the page, the REPL's
+# conversation) get only USER events; OPERATORS events are for the people who watch or take
+# over conversations; BACKEND events go to the bot's declared sinks (webhooks), never to a chat.
+USER = "user"
+OPERATORS = "operators"
+BACKEND = "backend"
+AUDIENCES = (USER, OPERATORS, BACKEND)
+
 
 @dataclass
 class Event:
@@ -37,16 +45,25 @@ class Event:
     # WebSocket these are the "Error details" extension, which a Quarkus client never gets
     # (the Quarkus runtime never sends Error). Not part of to_dict(): the history is unchanged.
     runtime: bool = field(default=False, compare=False)
+    audience: str = USER  # USER, OPERATORS or BACKEND (AUDIENCES): who may receive it
 
     def to_dict(self) -> dict:
         out = {"type": self.type, "data": self.data, "turn": self.turn}
         if self.meta:
             out["meta"] = self.meta
+        if self.audience != USER:  # the history of a bot without audiences reads as before
+            out["audience"] = self.audience
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> Event:
-        return cls(type=d["type"], data=d.get("data"), turn=d.get("turn", 0), meta=d.get("meta") or {})
+        return cls(type=d["type"], data=d.get("data"), turn=d.get("turn", 0), meta=d.get("meta") or {},
+                   audience=d.get("audience") or USER)
+
+    @property
+    def for_user(self) -> bool:
+        """Whether the user's clients may receive it (the other audiences never reach a chat)."""
+        return self.audience == USER
 
 
 def plain(value: object) -> Any:
