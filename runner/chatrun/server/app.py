@@ -71,8 +71,7 @@ def create_app(
     (chatrun.server.reload).
     log_content: the per-turn log line (logger chatrun.turns) carries the user's message and
     the replies (docs/observability.md); off by default.
-    outbox: how the delivery worker of backend events polls and claims (chatrun.server.outbox;
-    default: OutboxSettings.from_env()).
+    outbox: how backend events are delivered (chatrun.server.outbox; default: from the environment).
     """
     loaded = _load_bots(bots)
     settings = sessions or SessionSettings(cache_size=cache_size)

@@ -24,15 +24,16 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from chatrun.definition.config import RetryPolicy, SinkConfig
 from chatrun.engine import tracing
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
 from chatrun.server.auth import Principal
+from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Caller, Registry
 from chatrun.server.webhook import Attempt, WebhookSender
 from chatrun.store.record import DEAD, PENDING, OutboxEntry
@@ -177,18 +178,19 @@ OUTBOX_ROLE = "outbox"  # with auth on, only principals with this role see or re
 
 
 def make_outbox_router() -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(responses=ERROR_RESPONSES)
 
     @router.get("/outbox")
-    async def list_entries(who: Caller, registry: Registry, state: str | None = None, limit: int = 100) -> Any:
+    async def list_entries(who: Caller, registry: Registry, state: Literal["pending", "dead"] | None = None,
+                           limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+        """The outbox's entries, oldest first (`state`: only pending ones, or only dead letters)."""
         _allowed(who)
-        if state not in (None, PENDING, DEAD):
-            raise wire.RequestFailed(wire.BAD_REQUEST, f"state must be {PENDING} or {DEAD}, not {state!r}")
-        entries = await registry.store.list_outbox(state, max(1, min(limit, 1000)))
+        entries = await registry.store.list_outbox(state, limit)
         return {"entries": [entry.shown() for entry in entries]}
 
     @router.post("/outbox/{entry_id}/retry")
     async def retry(entry_id: str, who: Caller, registry: Registry) -> Any:
+        """A dead letter back in the queue, due now, its tries counted afresh (404: no such dead letter)."""
         _allowed(who)
         if not await registry.store.requeue_outbox(entry_id, time.time()):
             raise wire.RequestFailed(wire.NOT_FOUND, f"outbox entry {entry_id}: no such dead letter")
