@@ -140,3 +140,35 @@ def test_a_commit_that_cannot_land_queues_nothing(tmp_path):
     with pytest.raises(StaleVersion):
         store.write_commit(commit)
     assert store.list_outbox() == []
+
+
+def test_with_auth_on_only_principals_with_the_outbox_role_see_the_outbox(tmp_path, fake):
+    from chatrun.server.auth import Auth, Principal
+
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(survey_bot(OPENAI_MODEL))
+    auth = Auth({"t-ana": Principal("ana"), "t-ops": Principal("ops", frozenset({"outbox"}))})
+    with TestClient(app_for_testclient([str(bot)], "memory://", auth=auth)) as client:
+        assert client.get("/outbox").status_code == 401
+        refused = client.get("/outbox", headers={"Authorization": "Bearer t-ana"})
+        assert refused.status_code == 403 and "role `outbox`" in refused.json()["message"]
+        assert client.post("/outbox/x/retry", headers={"Authorization": "Bearer t-ana"}).status_code == 403
+        assert client.get("/outbox", headers={"Authorization": "Bearer t-ops"}).json() == {"entries": []}
+
+
+def test_a_library_session_returns_backend_events_and_queues_them_in_its_store(tmp_path, monkeypatch):
+    import chatrun
+    from chat_support import call
+    from chatrun.models.scripted import ScriptedModel
+
+    bot_file = tmp_path / "bot.yaml"
+    bot_file.write_text(survey_bot("provider: scripted"))
+    monkeypatch.setenv("HOOK_URL", "http://127.0.0.1:9")
+    store = open_store(f"sqlite:///{tmp_path / 'lib.db'}")
+    session = chatrun.load_bot(bot_file).session(store=store, model=ScriptedModel([call("score", n=5), "Thanks."]))
+    events = session.chat("5")
+    backend = [e for e in events if e.audience == "backend"]
+    assert [(e.type, e.data) for e in backend] == [("Detractor", 5)]
+    queued = session.last_turn["outbox"]
+    assert [(q["sink"], q["body"]["data"]) for q in queued] == [("crm", 5)]
+    assert [e.id for e in store.list_outbox(PENDING)] == [queued[0]["body"]["id"]]

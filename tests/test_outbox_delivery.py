@@ -154,3 +154,24 @@ def test_the_redis_store_keeps_the_outbox_with_the_commit_and_one_claim_at_a_tim
         await store.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.subprocess
+def test_the_repl_shows_a_backend_event_dimmed_and_sends_nothing(tmp_path, receiver):
+    import os
+    import subprocess
+    import sys
+
+    from redis_support import REPO
+
+    path = tmp_path / "bot.yaml"
+    path.write_text(survey_bot("provider: scripted"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env.update(PYTHONPATH=str(REPO / "runner"), HOOK_URL=receiver.url, HOOK_SECRET=SECRET)
+    out = subprocess.run([sys.executable, "-m", "chatrun", "repl", str(path), "--play-model"],
+                         input='my score is 3\n/call score {"n": 3}\n/say Thanks.\n', capture_output=True, text=True,
+                         timeout=120, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "[backend] Detractor 3 (for crm; the REPL sends nothing, `chatrun serve` delivers)" in out.stdout
+    assert "[Thanks] 3" in out.stdout  # a user event, shown as before
+    assert receiver.seen() == []
