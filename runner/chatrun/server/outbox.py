@@ -137,13 +137,15 @@ class OutboxWorker:
         started = time.monotonic()
         attributes = {"chatrun.sink": entry.sink, "chatrun.event.id": entry.id,
                       "chatrun.event.type": entry.body.get("type"), "chatrun.attempt": entry.attempts}
-        with tracing.span(f"deliver {entry.sink}", attributes):
+        with tracing.span(f"deliver {entry.sink}", attributes) as current:
             if bot is None or sink is None or sink.webhook is None:
                 attempt = Attempt(False, f"bot {entry.body.get('bot')!r} serves no sink {entry.sink!r} any more")
                 policy = RetryPolicy(attempts=1)  # nothing to retry against: a dead letter at once
             else:
                 attempt = await self.sender.send(bot.config, sink.webhook, entry.body, entry.attempts)
                 policy = sink.retry
+            if not attempt.delivered:
+                tracing.delivery_failed(current, attempt.error or "failed")
         await self._settle(entry, attempt, policy, time.monotonic() - started)
 
     async def _settle(self, entry: OutboxEntry, attempt: Attempt, policy: RetryPolicy, seconds: float) -> None:
