@@ -200,3 +200,24 @@ def test_a_webhook_whose_secret_is_unset_sends_nothing_and_names_the_variable(tm
     assert receiver.seen() == []
     monkeypatch.setenv("HOOK_SECRET", SECRET)
     assert asyncio.run(attempt()).delivered and receiver.seen()[0].signed_with(SECRET)
+
+
+@pytest.mark.parametrize("served", ["attempts: 5, backoff: 0.1"], indirect=True)
+def test_each_delivery_attempt_is_a_span(spans, served, receiver):
+    receiver.status = 500
+    served.post("/bots/survey/sessions", json={"id": "t1"})
+    assert turn(served, "1", "t1")["ok"] is True
+    receiver.wait_for(lambda seen: len(seen) >= 1, what="a failed attempt")
+    receiver.status = 200
+    receiver.wait_for(lambda seen: any(d.status == 200 for d in seen), what="the delivery")
+    wait_until(lambda: outbox(served) == [], what="the outbox emptied")
+
+    def delivery_spans():
+        return [s for s in spans.get_finished_spans() if s.name == "deliver crm"]
+
+    found = wait_until(lambda: len(delivery_spans()) >= 2 and delivery_spans(), what="the spans")
+    first, last = found[0], found[-1]
+    assert first.attributes["chatrun.event.type"] == "Detractor" and first.attributes["chatrun.attempt"] == 1
+    assert first.attributes["chatrun.event.id"] == last.attributes["chatrun.event.id"]
+    assert first.status.status_code.name == "ERROR" and first.attributes["error.type"] == "delivery_failed"
+    assert last.status.status_code.name == "UNSET" and "error.type" not in last.attributes
