@@ -114,8 +114,11 @@ def test_a_required_bound_argument_that_renders_to_nothing_fails_the_call_naming
     assert reply == ("Error: my_tickets cannot run: its argument `reporter` is set by the bot and has no value "
                      "here. Nothing was sent.")
     [error] = [e for e in events if e.type == "Error"]
-    assert "tool my_tickets: its bound argument `reporter` rendered to nothing (from '{{ principal.email }}')" \
-        in error.data and "bot.yaml:" in error.data and "no principal" in error.data
+    assert error.data == "my_tickets could not run: the bot has no value for its argument `reporter` (no one is " \
+                         "signed in)"
+    detail = error.meta["detail"]  # the author's: where, which template
+    assert "bot.yaml:" in detail and "tool my_tickets: its bound argument `reporter` rendered to nothing (from " \
+           "'{{ principal.email }}'); the call was not made" in detail
     assert session.turn_count == 1  # the turn goes on: the model reads why
 
 
@@ -129,7 +132,7 @@ def test_a_bound_value_that_misses_the_schema_is_the_bots_problem(api, write_bot
     assert api.requests == []
     assert tool_results(session) == ["Error: my_tickets cannot run: an argument the bot sets is invalid. "
                                      "Nothing was sent."]
-    assert any(e.type == "Error" and "reporter: 'not-an-email' is not a 'email'" in e.data for e in events)
+    assert any(e.type == "Error" and "reporter: 'not-an-email' is not a 'email'" in e.meta["detail"] for e in events)
 
 
 def test_templates_see_the_principal_and_the_session_id(write_bot):

@@ -485,12 +485,14 @@ class Turn:
             args, ignored = bind_arguments(tool, sent, render)
             check_arguments(tool, args, self.tools.argument_validator(tool))
         except Unbound as unbound:
-            why = "" if self.c.principal is not None else " (no principal: the session has no signed-in user)"
-            self.emit(ev.ERROR, f"{tool.where}: {unbound}{why}", runtime=True)
+            why = "" if self.c.principal is not None else " (no one is signed in)"
+            self.emit(ev.ERROR, f"{tool.name} could not run: the bot has no value for its argument `{unbound.name}`"
+                      f"{why}", runtime=True, meta={"detail": f"{tool.where}: {unbound}{why}"})
             raise ToolRefusal(f"Error: {tool.name} cannot run: its argument `{unbound.name}` is set by the bot "
                               "and has no value here. Nothing was sent.") from None
         except BoundInvalid as invalid:
-            self.emit(ev.ERROR, f"{tool.where}: {invalid.detail}", runtime=True)
+            self.emit(ev.ERROR, f"{tool.name} could not run: a value the bot gives its arguments is invalid",
+                      runtime=True, meta={"detail": f"{tool.where}: {invalid.detail}"})
             raise
         if ignored:
             self.emit(ev.CONSOLE, f"tool {tool.name}: the model sent {', '.join(ignored)}, which the bot binds; "
