@@ -5,6 +5,7 @@ loopback (what is sent is what the API receives) and through the loader's diagno
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
@@ -176,3 +177,36 @@ def test_validation_of_bind(write_bot):
            "it)" in messages
     assert any(m.startswith(f"{path}:11:") and "`bind email` of tool `t` uses unknown template variable `stat`" in m
                for m in messages), messages
+
+
+def test_an_openapi_tool_binds_only_what_its_operation_takes(write_bot):
+    spec = (Path(__file__).resolve().parents[1] / "bots" / "helpdesk" / "helpdesk.openapi.yaml").read_text()
+    path = write_bot("""
+        name: o
+        routes:
+          main: {default: true, system: "Hi.", tools: [mine]}
+        tools:
+          mine:
+            openapi: {spec: api.yaml, operation: listTickets}
+            bind: {reportr: "{{ principal.email }}"}
+        """, extra={"api.yaml": spec})
+    with pytest.raises(chatrun.BotError) as info:
+        chatrun.load_bot(path)
+    assert [d.format() for d in info.value.diagnostics] == [
+        f"{path}:8:12: error: tool `mine` binds `reportr`, but its OpenAPI operation takes no argument `reportr`; "
+        "did you mean `reporter`? (it takes: reporter, status)"]
+
+
+def test_the_auth_file_gives_principals_claims():
+    from chatrun.server.auth import Auth
+
+    auth = Auth.from_mapping({"tokens": {"tok-ana-0123456": {"principal": "ana", "roles": ["staff"],
+                                                             "claims": {"email": "ana@example.com", "id": 7}}}})
+    principal = auth.authenticate("tok-ana-0123456")
+    assert principal is not None
+    assert principal.as_template() == {"name": "ana", "roles": ["staff"], "email": "ana@example.com", "id": 7}
+    for claims, problem in (({"name": "x"}, "claim 'name': a claim is named by text other than name and roles"),
+                            ({"email": ["a", "b"]}, "claim `email` must be text, a number or a boolean"),
+                            ("ana@example.com", "claims is a mapping")):
+        with pytest.raises(chatrun.ChatrunError, match=problem):
+            Auth.from_mapping({"tokens": {"tok-ana-0123456": {"principal": "ana", "claims": claims}}})
