@@ -5,8 +5,8 @@ loopback (what is sent is what the API receives) and through the loader's diagno
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
