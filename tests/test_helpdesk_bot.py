@@ -108,3 +108,28 @@ def test_a_model_cannot_read_another_users_tickets_through_chatrun_serve(fake, a
     assert ana_read[-1].startswith("The user has no ticket T-201.")
     assert not any("Salary" in text for text in ana_read)
     assert [e["data"] for e in events if e["type"] == "Message"][-1] == "One open ticket."
+
+
+@pytest.mark.subprocess  # chatrun repl
+def test_the_repl_signs_a_principal_in_and_save_keeps_it(api, tmp_path):
+    from test_repl import run_repl
+
+    saved = tmp_path / "walk.yaml"
+    script = "\n".join([
+        "/principal ana email=ana@example.com",
+        "my tickets",
+        '/call my_tickets {"reporter": "bob@example.com"}',
+        "/say One ticket.",
+        f"/save {saved}",
+        "/principal -",
+        "again",
+        "/call my_tickets {}",
+        "/say Sign in first.",
+    ]) + "\n"
+    out = run_repl([str(HELPDESK), "--play-model"], script)
+    assert out.returncode == 0, out.stderr
+    assert 'principal: {"email": "ana@example.com", "name": "ana", "roles": []}' in out.stdout
+    assert "[tool my_tickets → T-101 (open): VPN drops every hour" in out.stdout
+    assert "its argument `reporter` is set by the bot and has no value here" in out.stdout  # signed out
+    assert api.requests == [{"path": "/tickets", "query": {"reporter": "ana@example.com"}}]
+    assert "principal: {email: ana@example.com, name: ana, roles: []}" in saved.read_text()
