@@ -33,6 +33,7 @@ COMMANDS = """\
 /history           everything said in this session
 /usage             the last turn's tokens and cost, per model call, and the session's total
 /roles [a,b]       the roles route checks use; with a list, a new session with those roles
+/principal [NAME k=v ...]  who is signed in (templates' `principal`); NAME email=a@b.c signs one in, - no one
 /reload            load the bot's files again (--reload does it on every edit)
 /save FILE         write the conversation so far as a golden transcript
 /reset [ROUTE]     start a new session (on ROUTE, else --route or the default route)
@@ -147,6 +148,7 @@ class Repl:
         self.store = store
         self.route = route
         self.roles = roles
+        self.principal: dict[str, Any] | None = None  # who is signed in (/principal): what `bind:` reads
         self.interactive = sys.stdin.isatty()
         self.human = HumanModel(self.read_line, self.note) if play_model else None
         self.reloader = ReplReloader(bot)
@@ -350,6 +352,8 @@ class Repl:
             self.reset(arg.strip() or None)
         elif name == "/roles":
             self.set_roles(arg.strip())
+        elif name == "/principal":
+            self.set_principal(arg.strip())
         elif name == "/reload":
             self.reloader.reload_now()
             self.take_reloaded_bot()
@@ -378,6 +382,7 @@ class Repl:
         except ChatrunError as exc:  # e.g. --route names a route the roles may not enter
             click.secho(f"error: {exc}; starting on the default route", fg="red")
             self.session = self.bot.session(store=self.store, model=self.model, roles=self.roles)
+        self.session.principal = self.principal
         self.records.clear()
         if self.human:
             self.human.last_route = self.human.last_system = None
@@ -393,6 +398,28 @@ class Repl:
             click.secho(ROLES_OFF, dim=True)
         else:
             click.echo(f"roles: {', '.join(sorted(self.roles)) or '(none)'}")
+
+    def set_principal(self, arg: str) -> None:
+        """/principal shows who is signed in; /principal NAME k=v ... signs NAME in with those
+        claims (`principal.k` in templates; its roles are --roles / /roles), for this session
+        and the next; /principal - signs out. Like a server's, it is the session's, not stored."""
+        if arg == "-":
+            self.principal = None
+        elif arg:
+            name, *claims = arg.split()
+            pairs = [claim.partition("=") for claim in claims]
+            bad = [claim for claim, (_, eq, _) in zip(claims, pairs, strict=True) if not eq]
+            if bad:
+                click.secho(f"error: {bad[0]!r} is not a claim; write NAME=VALUE (e.g. email=ana@example.com)",
+                            fg="red")
+                return
+            self.principal = {**{k: v for k, _, v in pairs}, "name": name, "roles": sorted(self.roles or ())}
+        self.session.principal = self.principal
+        who = self.session.principal
+        if who is None:
+            click.secho("(no one is signed in: `principal` is none in templates)", dim=True)
+        else:
+            click.echo("principal: " + json.dumps(who, ensure_ascii=False))
 
     def take_reloaded_bot(self) -> None:
         """Between turns: run the next turns on the bot an edit produced, keeping the session."""

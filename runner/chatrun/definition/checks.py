@@ -18,6 +18,7 @@ from jinja2 import TemplateSyntaxError, nodes
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from chatrun.definition.binding import check_binding
 from chatrun.definition.config import ActionConfig, BotConfig, RouteConfig, ToolConfig
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
@@ -205,6 +206,7 @@ class _Checker:
         raw = section.get(name) if isinstance(section, dict) else None
         if isinstance(raw, dict) and "parameters" in raw:  # the default needs no check
             self.parameters(tool)
+        check_binding(self, tool, raw if isinstance(raw, dict) else None, routes)
 
     def env(self) -> None:
         for name, var in self.config.env.items():

@@ -189,6 +189,9 @@ class ToolConfig:
     action: ActionConfig = field(default_factory=ActionConfig)
     on_error: OnErrorConfig | None = None  # what a failing handler does instead of failing the turn
     where: Location = field(default_factory=Location)
+    # Bound arguments (`bind:`): argument NAME -> template. Not offered to the model, never taken
+    # from it: the engine renders them into the call's arguments (engine/binding.py).
+    bind: dict[str, Any] = field(default_factory=dict)
 
     @property
     def kind(self) -> str | None:

@@ -588,6 +588,7 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
         on_error=OnErrorConfig(_str(on_error.get("message")), _str(on_error.get("reply")),
                                _loc(doc, (*base, "on_error"))) if isinstance(on_error, dict) else None,
         where=_loc(doc, base),
+        bind={k: v for k, v in _dict(raw.get("bind")).items() if isinstance(k, str)},
     )
 
 

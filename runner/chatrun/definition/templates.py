@@ -17,8 +17,11 @@ from jinja2.environment import TemplateExpression
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Variables a template may use (README: "Template variables").
-TEMPLATE_VARIABLES = ("state", "scope", "args", "user_message", "data", "route", "stack", "turn", "result", "error",
+TEMPLATE_VARIABLES: tuple[str, ...] = ("state", "scope", "args", "user_message", "data", "route", "stack", "turn", "result", "error",
                       "output")
+# Who is signed in (`principal.name`, `principal.roles`, its claims) and the session's id: what
+# bound arguments (`bind:`) are usually made of, usable in every template.
+TEMPLATE_VARIABLES += ("principal", "session_id")
 
 
 class _Undefined(StrictUndefined):

@@ -50,6 +50,9 @@ class Conversation:
         self.store = store
         self.id = session_id
         self.roles = roles
+        # Who is signed in, as templates see it (`principal.name`, `.roles`, claims such as `.email`);
+        # None: no one (the REPL, a server without --auth). Set per request, never stored.
+        self.principal: dict[str, Any] | None = None
         self.turn_count = 0  # turns committed so far
         self.state: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
@@ -233,6 +236,8 @@ class Conversation:
             "stack": self.stack,
             "args": {},
             "result": None,
+            "principal": self.principal,  # who is signed in (name, roles, claims), None when no one
+            "session_id": self.id,
         }
         context.update(extra)
         return context

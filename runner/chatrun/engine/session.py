@@ -20,7 +20,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
@@ -57,6 +57,7 @@ class Session:
         state: dict[str, Any] | None = None,
         roles: set[str] | None = None,
         meta: dict[str, Any] | None = None,
+        principal: Mapping[str, Any] | None = None,
     ):
         self.bot = bot
         self.store = store
@@ -76,7 +77,10 @@ class Session:
         self._stale: str | None = None  # why the reloaded bot cannot run this conversation
         roles = set(roles) if roles is not None else None
         snapshot = store.load_session(session_id) if session_id else None
+        if roles is None and principal is not None and principal.get("roles") is not None:
+            roles = set(principal["roles"])
         self._c = Conversation(bot.config, store, session_id or secrets.token_hex(8), roles)
+        self.principal = principal
         if snapshot is not None:  # resume where it was; `route` and `state` apply to new sessions only
             self._c.restore(snapshot)
             return
@@ -121,6 +125,18 @@ class Session:
     def roles(self, roles: set[str] | None) -> None:
         # A server sets the roles of each request's principal (not only the opener's).
         self._c.roles = set(roles) if roles is not None else None
+
+    @property
+    def principal(self) -> dict[str, Any] | None:
+        """Who is signed in, as templates see it: `name`, `roles` and the principal's claims
+        (e.g. `email`); None when no one is. Bound arguments read it (`bind: {email:
+        "{{ principal.email }}"}`)."""
+        return self._c.principal
+
+    @principal.setter
+    def principal(self, principal: Mapping[str, Any] | None) -> None:
+        # A server sets the principal of each request (like the roles): it is never stored.
+        self._c.principal = plain_principal(principal)
 
     @property
     def turn_count(self) -> int:
@@ -450,3 +466,12 @@ def _usage_entry(turn: Turn) -> dict[str, Any]:
 def _plain(events: list[Event]) -> list[dict[str, Any]]:
     """The turn's events for the history (their data is plain JSON already), no Stream chunks."""
     return [e.to_dict() for e in events if e.type != ev.STREAM]
+
+
+def plain_principal(principal: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A principal as templates see it: a plain mapping with `name` (text) and `roles` (a sorted
+    list), plus its claims; None stays None."""
+    if principal is None:
+        return None
+    roles = principal.get("roles") or ()
+    return {**principal, "name": str(principal.get("name") or ""), "roles": sorted(str(r) for r in roles)}

@@ -56,6 +56,7 @@ class Transcript:
     lines: dict[str, int] = field(default_factory=dict)  # line of each top-level key
     judge: dict[str, Any] | None = None  # the judge's settings (model, threshold, conversation)
     refused: Any = None  # the start must be refused: True or a matcher on the error (None: not expected)
+    principal: dict[str, Any] | None = None  # who is signed in (name, roles, claims): bound arguments read it
 
     @property
     def name(self) -> str:
@@ -160,7 +161,8 @@ def _build(doc: YamlDoc) -> Transcript:
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
                       data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),
-                      {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"))
+                      {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"),
+                      data.get("principal"))
 
 
 def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:

@@ -203,7 +203,8 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
 
     script = model if isinstance(model, LiveModel) else TurnScript()
     roles = set(t.roles) if t.roles is not None else None
-    session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles)
+    session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles,
+                          principal=t.principal)
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None)
     return session, script
 

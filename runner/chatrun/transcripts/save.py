@@ -60,6 +60,9 @@ def save_transcript(
         doc["state"] = state
     if roles is not None:
         doc["roles"] = list(roles)
+    principal = getattr(session, "principal", None)
+    if principal is not None:  # what bound arguments read: the replay signs the same one in
+        doc["principal"] = dict(principal)
     doc["turns"] = [_turn(r) for r in records]
     y = _yaml()
     buf = io.StringIO()
