@@ -22,7 +22,7 @@ from chatrun.definition.config import ActionConfig, BotConfig, RouteConfig, Tool
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
-from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES
+from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES, zone_named
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
 
@@ -76,6 +76,7 @@ class _Checker:
         for tool in self.config.tools.values():
             self.tool(tool)
         self.env()
+        self.timezones()
         for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
             kind.check_bot(self.config, self)
         _graph_checks(self)
@@ -211,6 +212,18 @@ class _Checker:
             if var.default is None and name not in os.environ:
                 self.add("warning", f"environment variable `{name}` is declared under `env:` but not set "
                              "(and has no `default`); a tool that reads it will fail its turn", "env", name)
+    def timezones(self) -> None:
+        """`timezone:` and a declared `state.timezone` default name IANA zones (docs/format.md, "The clock")."""
+        doc = self.src.main
+        for value, path in ((self.config.timezone, ("timezone",)), (self.config.state.get("timezone"), ("state", "timezone"))):
+            if not isinstance(value, str) or zone_named(value) is not None:
+                continue
+            pos = doc.pos(path)
+            self.out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
+                                       f"`{'.'.join(path)}` is {value!r}, which is not an IANA time zone name"
+                                       f"{suggest(value, _zone_names())} (e.g. Europe/Paris, America/New_York, UTC)",
+                                       ".".join(path)))
+
     def action(self, tool: ToolConfig, action: ActionConfig, at: tuple, case: str) -> None:
         """The targets and templates of an action (`case`: "" for the tool's own, else which case)."""
         name = tool.name
@@ -425,6 +438,12 @@ _JINJA_NAMES = frozenset({"loop", "caller", "varargs", "kwargs", "self", "super"
 
 
 @lru_cache(maxsize=16384)
+def _zone_names() -> set[str]:
+    import zoneinfo  # only for a bot that names a zone that does not exist
+
+    return zoneinfo.available_timezones()
+
+
 def _analyse(source: str) -> _Analysis:
     """Read a template once: the variable paths it reads (with the template line of their
     first use) and the filters/tests it names that do not exist. Raises TemplateSyntaxError."""

@@ -21,10 +21,12 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
 from chatrun.engine import tracing
+from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import Checkpoint, Conversation
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
@@ -121,6 +123,20 @@ class Session:
     def roles(self, roles: set[str] | None) -> None:
         # A server sets the roles of each request's principal (not only the opener's).
         self._c.roles = set(roles) if roles is not None else None
+
+    @property
+    def clock(self) -> Clock:
+        """What the templates' `now` reads: the system clock unless set (a transcript's `clock:`,
+        the REPL's `/clock`, a test's `FixedClock`)."""
+        return self._c.clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        self._c.clock = clock
+
+    def now(self) -> datetime:
+        """`now` as the next turn's templates see it: the clock's instant in the session's zone."""
+        return self._c.now()
 
     @property
     def turn_count(self) -> int:
