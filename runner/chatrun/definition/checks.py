@@ -362,7 +362,8 @@ class _Checker:
     # -- templates -------------------------------------------------------------------
 
     def template(self, source: str, what: str, path: tuple, tool: ToolConfig | None,
-                 variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None) -> None:
+                 variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None,
+                 undeclared: str = "warning") -> None:
         if "{" not in source:
             return  # plain text: nothing to compile or resolve
         kind, name, *sub = path
@@ -406,11 +407,11 @@ class _Checker:
             elif head in ("state", "scope"):
                 problem = self.undeclared(ref) or self.invisible(ref, routes or [])
                 if problem:
-                    emit("warning", f"{what} reads `{'.'.join(ref)}`, but {problem}", lineno)
+                    emit(undeclared, f"{what} reads `{'.'.join(ref)}`, but {problem}", lineno)
             elif head == "args" and tool is not None:
                 declared = _declared_args(tool.parameters)
                 if declared is not None and ref[1] not in declared:
-                    emit("warning", f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
+                    emit(undeclared, f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
                          f"property `{ref[1]}`{suggest(ref[1], declared)}", lineno)
 
 
@@ -437,13 +438,13 @@ _TESTS_AFTER_IS = frozenset({"none", "defined", "undefined"})
 _JINJA_NAMES = frozenset({"loop", "caller", "varargs", "kwargs", "self", "super"})
 
 
-@lru_cache(maxsize=16384)
 def _zone_names() -> set[str]:
     import zoneinfo  # only for a bot that names a zone that does not exist
 
     return zoneinfo.available_timezones()
 
 
+@lru_cache(maxsize=16384)
 def _analyse(source: str) -> _Analysis:
     """Read a template once: the variable paths it reads (with the template line of their
     first use) and the filters/tests it names that do not exist. Raises TemplateSyntaxError."""
