@@ -77,6 +77,8 @@ def parse_duration(text: str | int | float) -> timedelta:
     if isinstance(text, bool):
         raise ValueError(f"not a duration: {text!r}")
     if isinstance(text, (int, float)):
+        if text < 0:
+            raise ValueError(f"not a duration: {text!r} (a clock only moves forward)")
         return timedelta(seconds=text)
     compact = str(text).replace(" ", "")
     parts = _DURATION_PART.findall(compact)
