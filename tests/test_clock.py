@@ -278,3 +278,29 @@ def test_today_is_a_date_and_now_an_aware_datetime(write_bot):
     session.clock = at("2026-11-25T09:00:00+00:00")
     now = session.now()
     assert now.tzinfo is not None and now.date() == date(2026, 11, 25) and now.hour == 10
+
+
+class TickingClock:
+    """A clock that moves a minute every time it is read: a turn must read it once."""
+
+    def __init__(self, start: datetime):
+        self.at = start
+        self.reads = 0
+
+    def now(self) -> datetime:
+        self.reads += 1
+        self.at += timedelta(minutes=1)
+        return self.at
+
+
+def test_a_turn_reads_the_clock_once_so_its_templates_agree(write_bot):
+    clock = TickingClock(datetime(2026, 11, 26, 22, 58, tzinfo=UTC))  # 23:59 in Paris on the first read
+    model = chatrun.ScriptedModel([call("stamp"), call("check"), {"text": "ok"}])
+    session = chatrun.load_bot(write_bot(BOT)).session(model=model)
+    session.clock = clock
+    list(session.chat("go"))
+    systems = [r.messages[0].content for r in model.requests]
+    assert clock.reads == 1
+    assert systems[0].startswith("Today is 2026-11-26, 23:59 CET") and all(s.startswith("Today is 2026-11-26, 23:59")
+                                                                           for s in systems)
+    assert session.state["stamped"] == "2026-11-26T23:59:00+01:00"

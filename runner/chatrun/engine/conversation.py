@@ -61,6 +61,7 @@ class Conversation:
         self.usage = Usage()  # every model call of the session, failed turns included
         self.ended: dict[str, str] | None = None  # set by an `end` action: {"tool", "route"}
         self.clock: Clock = SystemClock()  # what `now` reads (transcripts and the REPL pin it)
+        self.turn_instant: datetime | None = None  # the clock read once when a turn starts
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -245,8 +246,10 @@ class Conversation:
         return context
 
     def now(self) -> datetime:
-        """The clock's instant in the session's zone (`state.timezone`, else the bot's `timezone:`)."""
-        return self.clock.now().astimezone(session_zone(self.config.timezone, self.state.get("timezone")))
+        """The clock's instant (as the running turn read it) in the session's zone (`state.timezone`,
+        else the bot's `timezone:`)."""
+        instant = self.turn_instant or self.clock.now()
+        return instant.astimezone(session_zone(self.config.timezone, self.state.get("timezone")))
 
     def render(self, source: Any, context: dict[str, Any], *, typed: bool = False) -> Any:
         """A template rendered as text, or (typed) as a value that keeps its type."""

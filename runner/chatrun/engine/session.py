@@ -305,6 +305,7 @@ class Session:
 
     async def _run_turn(self, text: str | None, data: dict[str, Any]) -> None:
         before = self._c.capture()
+        self._c.turn_instant = self._c.clock.now()  # one turn, one `now`: its decisions agree on the day
         turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks)
         entry = {"turn": turn.number, "input": text if not data else ev.plain(data), "at": time.time()}
         collected: list[Event] = []
@@ -346,6 +347,7 @@ class Session:
             raise
         finally:
             self._sink = sink
+            self._c.turn_instant = None
 
     def _fail(self, before: Checkpoint, entry: dict[str, Any], collected: list[Event], detail: str, turn: Turn,
               text: str = ev.TURN_FAILED_TEXT) -> None:
