@@ -64,6 +64,7 @@ class HttpConfig:
     accept: list[int] = field(default_factory=list)  # statuses besides 2xx that are results, not failures
     args_in_query: list[str] = field(default_factory=list)  # arguments sent as query parameters when given
     where: Location = field(default_factory=Location)
+    section: str = "http"  # the YAML key it was written under (`openapi` for an operation's call)
 
 
 class HttpKind(ToolKind[HttpConfig]):
@@ -113,7 +114,7 @@ def check_http(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
                             variables, undeclared="error" if body else "warning")
     for sub, value in texts:
         if isinstance(value, str):
-            _check_empty_env(tool, value, sub, checks)
+            _check_empty_env(tool, http.section, value, sub, checks)
     path_part = http.url.split("?", 1)[0]
     for expr in _EXPRESSION.findall(path_part):
         if "args." in expr and "urlsegment" not in expr:
@@ -132,7 +133,7 @@ def _texts(http: HttpConfig) -> list[tuple[tuple[Any, ...], Any]]:
     return texts
 
 
-def _check_empty_env(tool: ToolConfig, template: str, sub: tuple[Any, ...], checks: Checks) -> None:
+def _check_empty_env(tool: ToolConfig, section: str, template: str, sub: tuple[Any, ...], checks: Checks) -> None:
     """A secret (or a header's variable) that is set but empty would send `Authorization: Bearer `
     and fail as a mystery at the API: an error now, naming it (unset is the `env:` warning)."""
     for name in env_reads(template):
@@ -141,8 +142,8 @@ def _check_empty_env(tool: ToolConfig, template: str, sub: tuple[Any, ...], chec
             continue
         if os.environ.get(name, var.default) == "":
             where = "set" if name in os.environ else "given `default: \"\"`"
-            checks.add("error", f"`http.{'.'.join(map(str, sub))}` of tool `{tool.name}` reads `env.{name}`, "
-                       f"which is {where} but empty; {_empty_why(var)}", "tools", tool.name, "http", *sub)
+            checks.add("error", f"`{section}.{'.'.join(map(str, sub))}` of tool `{tool.name}` reads `env.{name}`, "
+                       f"which is {where} but empty; {_empty_why(var)}", "tools", tool.name, section, *sub)
 
 
 def _needs_value(var: EnvVar, sub: tuple[Any, ...]) -> bool:
