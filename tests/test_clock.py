@@ -304,3 +304,32 @@ def test_a_turn_reads_the_clock_once_so_its_templates_agree(write_bot):
     assert systems[0].startswith("Today is 2026-11-26, 23:59 CET") and all(s.startswith("Today is 2026-11-26, 23:59")
                                                                            for s in systems)
     assert session.state["stamped"] == "2026-11-26T23:59:00+01:00"
+
+
+def test_record_plays_each_turn_at_its_clock_and_keeps_the_keys(fake, tmp_path):
+    """`--record --update` against a real (fake) OpenAI server: the prompts the model got carry
+    the pinned instants, and the file keeps its `clock:` keys."""
+    from chatrun.cli import main
+
+    path = tmp_path / "rec.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        bot: {AIRLINE}
+        clock: {{at: 2026-11-24T18:00:00+01:00, advance: 1h}}
+        turns:
+          - user: Move my flight to the 28th.
+          - clock: 2026-11-28T07:00:00+01:00
+            user: And to the 29th?
+        """))
+    fake.queue(
+        {"tool_calls": [{"name": "change_date", "arguments": {"new_date": "2026-11-28"}}]}, {"text": "Moved."},
+        {"tool_calls": [{"name": "change_date", "arguments": {"new_date": "2026-11-29"}}]}, {"text": "Not today."},
+    )
+    result = CliRunner().invoke(main, ["test", str(path), "--record", "--update"])
+    assert result.exit_code == 0, result.output
+    systems = [r["messages"][0]["content"] for r in fake.requests]
+    assert "Tuesday 24 November 2026; it is 18:00" in systems[0] and "Tuesday 24 November 2026; it is 18:00" in systems[1]
+    assert "Saturday 28 November 2026; it is 07:00" in systems[2]
+    text = path.read_text()
+    assert "clock: {at: 2026-11-24T18:00:00+01:00, advance: 1h}\n" in text and "  - clock: 2026-11-28T07:00:00+01:00\n" in text
+    assert "same-day changes cannot be made here" in text  # the expectation --update wrote
+    assert chatrun.run_transcript(str(path)).passed
