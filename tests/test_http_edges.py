@@ -32,6 +32,7 @@ tools:
     description: Fetch
     http:
       url: "{{ env.API_URL }}/things"
+      query: {tenant: "{{ state.tenant }}", trace: "{{ state.trace or '' }}"}
       headers:
         Authorization: "Bearer {{ env.API_TOKEN }}"
         X-Tenant: "{{ state.tenant }}"
@@ -52,7 +53,7 @@ class EchoApi(LoopbackApi):
     def handle(self, h: BaseHTTPRequestHandler) -> None:
         length = int(h.headers.get("content-length") or 0)
         body = h.rfile.read(length).decode() if length else ""
-        self.requests.append({"method": h.command, "headers": dict(h.headers), "body": body})
+        self.requests.append({"method": h.command, "path": h.path, "headers": dict(h.headers), "body": body})
         self.reply(h, 200, {"ok": True})
 
 
@@ -78,12 +79,14 @@ def test_a_header_whose_template_gives_nothing_is_left_out(api, write_bot):
     assert headers["authorization"] == "Bearer t0ken" and headers["x-kind"] == "fetch"
     assert "x-tenant" not in headers  # none: not the text "None"
     assert "x-trace" not in headers  # empty: not an empty header
+    assert api.requests[0]["path"] == "/things?trace="  # a query parameter of none is left out, an empty one sent
 
 
 def test_a_header_with_a_value_is_sent(api, write_bot):
     call_tool(write_bot, "fetch", state={"tenant": "acme", "trace": "abc"})
     headers = {k.lower(): v for k, v in api.requests[0]["headers"].items()}
     assert (headers["x-tenant"], headers["x-trace"]) == ("acme", "abc")
+    assert api.requests[0]["path"] == "/things?tenant=acme&trace=abc"
 
 
 def test_an_empty_secret_is_an_error_at_load_naming_it(api, write_bot, monkeypatch):
@@ -92,16 +95,16 @@ def test_an_empty_secret_is_an_error_at_load_naming_it(api, write_bot, monkeypat
     with pytest.raises(chatrun.BotError) as caught:
         chatrun.load_bot(path)
     found = [(d.line, d.message) for d in caught.value.diagnostics]
-    assert (20, "`http.headers.Authorization` of tool `fetch` reads `env.API_TOKEN`, which is set but empty; a "
+    assert (21, "`http.headers.Authorization` of tool `fetch` reads `env.API_TOKEN`, which is set but empty; a "
                 "secret cannot be empty (the request would go out without it); set it to its value") in found
-    assert any(line == 30 and "`env.API_TOKEN`" in message for line, message in found)
+    assert any(line == 31 and "`env.API_TOKEN`" in message for line, message in found)
 
 
 def test_a_header_variable_whose_default_is_empty_is_an_error_at_load(api, write_bot):
     bot = BOT.replace('X-Kind: "{{ \'fetch\' }}"', 'X-Kind: "{{ env.API_TENANT }}"')
     _config, found = check_bot(write_bot(bot))
     assert [(d.line, d.severity, d.message) for d in found] == [
-        (23, "error", "`http.headers.X-Kind` of tool `fetch` reads `env.API_TENANT`, which is given "
+        (24, "error", "`http.headers.X-Kind` of tool `fetch` reads `env.API_TENANT`, which is given "
                       "`default: \"\"` but empty; a header's value cannot be empty (the request would go out without "
                       "it); set it to its value")]
 
@@ -127,9 +130,9 @@ def test_a_body_path_that_names_nothing_is_an_error(write_bot, monkeypatch):
                       'json: {name: "{{ args.nmae }}", tenant: "{{ state.tennant }}"}')
     _config, found = check_bot(write_bot(bot))
     assert [(d.line, d.severity, d.message) for d in found] == [
-        (31, "error", "`http.json.name` of tool `create` reads `args.nmae`, but the tool's `parameters` declare no "
+        (32, "error", "`http.json.name` of tool `create` reads `args.nmae`, but the tool's `parameters` declare no "
                       "property `nmae`; did you mean `name`?"),
-        (31, "error", "`http.json.tenant` of tool `create` reads `state.tennant`, but `state.tennant` is not declared "
+        (32, "error", "`http.json.tenant` of tool `create` reads `state.tennant`, but `state.tennant` is not declared "
                       "in the top-level `state:`; did you mean `tenant`?"),
     ]
     # outside a body (the URL, a header) it stays a warning

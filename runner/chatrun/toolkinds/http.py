@@ -289,7 +289,7 @@ class HttpCaller(RuntimeDefaults):
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
             raise TurnFailed(f"{http.where}: http.url rendered to {url[:80]!r}, not an http(s) URL")
-        query = {k: _text(render(v, False)) for k, v in http.query.items()}
+        query = _query(http, render)
         # an OpenAPI operation's query parameters, as the model gave them
         query.update({k: _text(args[k]) for k in http.args_in_query if args.get(k) is not None})
         headers = _headers(http, render)
@@ -300,6 +300,17 @@ class HttpCaller(RuntimeDefaults):
         elif http.form is not None:
             body["data"] = {k: _text(render(v, False)) for k, v in http.form.items()}
         return self.client().build_request(http.method, url, params=query, headers=headers, timeout=timeout, **body)
+
+
+def _query(http: HttpConfig, render: Render) -> dict[str, str]:
+    """The rendered query parameters; one whose template gives none (or undefined) is left out,
+    not sent as `None` (an empty text is sent: `?q=` may mean something to the API)."""
+    query = {}
+    for name, template in http.query.items():
+        value = render(template, True)
+        if not is_nothing(value):
+            query[name] = _text(value)
+    return query
 
 
 def _headers(http: HttpConfig, render: Render) -> dict[str, str]:
