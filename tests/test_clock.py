@@ -333,3 +333,16 @@ def test_record_plays_each_turn_at_its_clock_and_keeps_the_keys(fake, tmp_path):
     assert "clock: {at: 2026-11-24T18:00:00+01:00, advance: 1h}\n" in text and "  - clock: 2026-11-28T07:00:00+01:00\n" in text
     assert "same-day changes cannot be made here" in text  # the expectation --update wrote
     assert chatrun.run_transcript(str(path)).passed
+
+
+def test_a_machine_without_a_time_zone_database_is_told_what_to_install(write_bot, monkeypatch):
+    import zoneinfo
+
+    from chatrun.definition import templates
+
+    monkeypatch.setattr(zoneinfo, "available_timezones", lambda: set())
+    monkeypatch.setattr(templates, "ZoneInfo", lambda name: (_ for _ in ()).throw(zoneinfo.ZoneInfoNotFoundError(name)))
+    _config, found = check_bot(write_bot(BOT))
+    assert [d.message for d in found] == [
+        "`timezone` is 'Europe/Paris', which is not an IANA time zone name (this machine has no time zone database: "
+        "install the system's tzdata, or `pip install tzdata`)"]

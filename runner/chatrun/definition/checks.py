@@ -219,9 +219,11 @@ class _Checker:
             if not isinstance(value, str) or zone_named(value) is not None:
                 continue
             pos = doc.pos(path)
+            known = _zone_names()
+            hint = (suggest(value, known) + " (e.g. Europe/Paris, America/New_York, UTC)" if known else
+                    " (this machine has no time zone database: install the system's tzdata, or `pip install tzdata`)")
             self.out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
-                                       f"`{'.'.join(path)}` is {value!r}, which is not an IANA time zone name"
-                                       f"{suggest(value, _zone_names())} (e.g. Europe/Paris, America/New_York, UTC)",
+                                       f"`{'.'.join(path)}` is {value!r}, which is not an IANA time zone name{hint}",
                                        ".".join(path)))
 
     def action(self, tool: ToolConfig, action: ActionConfig, at: tuple, case: str) -> None:
