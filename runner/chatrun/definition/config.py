@@ -249,6 +249,7 @@ class BotConfig:
     limits: Limits = field(default_factory=lambda: Limits())
     env: dict[str, EnvVar] = field(default_factory=dict)
     prices: dict[str, Price] = field(default_factory=dict)  # model name -> price
+    timezone: str | None = None  # IANA name `now` is shown in (None: UTC); a session's `state.timezone` wins
     # What tool kinds declare for the whole bot, by kind key (the mcp kind: its `mcp_servers:`).
     kind_config: dict[str, Any] = field(default_factory=dict)
     path: str = ""  # the bot.yaml (or single file) it was loaded from

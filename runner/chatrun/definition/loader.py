@@ -437,6 +437,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         limits=_limits(top.get("limits")),
         env=_env(top.get("env")),
         prices=_prices(top.get("prices")),
+        timezone=_str(top.get("timezone")),
         kind_config=bot_kinds(top, main),
         path=str(main_file),
         root=str(main_file.parent),

@@ -21,10 +21,12 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
 from chatrun.engine import tracing
+from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import Checkpoint, Conversation
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
@@ -137,6 +139,20 @@ class Session:
     def principal(self, principal: Mapping[str, Any] | None) -> None:
         # A server sets the principal of each request (like the roles): it is never stored.
         self._c.principal = plain_principal(principal)
+
+    @property
+    def clock(self) -> Clock:
+        """What the templates' `now` reads: the system clock unless set (a transcript's `clock:`,
+        the REPL's `/clock`, a test's `FixedClock`)."""
+        return self._c.clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        self._c.clock = clock
+
+    def now(self) -> datetime:
+        """`now` as the next turn's templates see it: the clock's instant in the session's zone."""
+        return self._c.now()
 
     @property
     def turn_count(self) -> int:
@@ -305,6 +321,7 @@ class Session:
 
     async def _run_turn(self, text: str | None, data: dict[str, Any]) -> None:
         before = self._c.capture()
+        self._c.turn_instant = self._c.clock.now()  # one turn, one `now`: its decisions agree on the day
         turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks)
         entry = {"turn": turn.number, "input": text if not data else ev.plain(data), "at": time.time()}
         collected: list[Event] = []
@@ -346,6 +363,7 @@ class Session:
             raise
         finally:
             self._sink = sink
+            self._c.turn_instant = None
 
     def _fail(self, before: Checkpoint, entry: dict[str, Any], collected: list[Event], detail: str, turn: Turn,
               text: str = ev.TURN_FAILED_TEXT) -> None:

@@ -87,7 +87,8 @@ def _failed(record: dict[str, Any]) -> bool:
 
 def _turn(record: dict[str, Any]) -> dict[str, Any]:
     said = record.get("user", record.get("data"))
-    turn: dict[str, Any] = {"data": said} if isinstance(said, dict) else {"user": said or ""}
+    turn: dict[str, Any] = {"clock": record["clock"]} if record.get("clock") else {}  # the REPL's pinned /clock
+    turn.update({"data": said} if isinstance(said, dict) else {"user": said or ""})
     turn["model"] = [response_to_script(r) if isinstance(r, ModelResponse) else dict(r) for r in record.get("model") or []]
     return turn
 
