@@ -27,10 +27,8 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
-
-import httpx
 
 from chatrun.definition.config import BotConfig, EnvVar, Location, ToolConfig
 from chatrun.definition.kinds import Checks
@@ -38,6 +36,9 @@ from chatrun.definition.templates import TEMPLATE_VARIABLES
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal, TurnFailed
 from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolKind
+
+if TYPE_CHECKING:  # httpx (and the click, rich and pygments its CLI pulls in) loads on the first call
+    import httpx
 
 REDACTED = "[redacted]"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -174,6 +175,8 @@ class HttpCaller(RuntimeDefaults):
         )
 
     def client(self) -> httpx.AsyncClient:
+        import httpx
+
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
@@ -198,6 +201,8 @@ class HttpCaller(RuntimeDefaults):
 
     async def _send(self, tool: ToolConfig, http: HttpConfig, request: httpx.Request) -> dict[str, Any]:
         """Send, retrying what may pass on a second try, within the tool's time."""
+        import httpx
+
         secrets = self.env.secrets()
         deadline = time.monotonic() + tool.timeout * (http.retries + 1)
         attempt = 0
