@@ -18,7 +18,6 @@ in every reason. A replay mocks it (an HTTP API); `--record` keeps its real resu
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import json
 import os
@@ -37,7 +36,9 @@ from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal, TurnFailed
 from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolKind
 
-if TYPE_CHECKING:  # httpx (and the click, rich and pygments its CLI pulls in) loads on the first call
+if TYPE_CHECKING:  # asyncio and httpx (with the click, rich and pygments its CLI pulls in) load on the first call
+    import asyncio
+
     import httpx
 
 REDACTED = "[redacted]"
@@ -175,6 +176,8 @@ class HttpCaller(RuntimeDefaults):
         )
 
     def client(self) -> httpx.AsyncClient:
+        import asyncio
+
         import httpx
 
         loop = asyncio.get_running_loop()
@@ -184,6 +187,8 @@ class HttpCaller(RuntimeDefaults):
         return client
 
     async def aclose(self) -> None:
+        import asyncio
+
         client = self._clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await client.aclose()
@@ -201,6 +206,8 @@ class HttpCaller(RuntimeDefaults):
 
     async def _send(self, tool: ToolConfig, http: HttpConfig, request: httpx.Request) -> dict[str, Any]:
         """Send, retrying what may pass on a second try, within the tool's time."""
+        import asyncio
+
         import httpx
 
         secrets = self.env.secrets()
