@@ -9,6 +9,8 @@ recording a position per JSON path.
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -26,6 +28,12 @@ Path = tuple  # a JSON path: ("routes", "flight", "tools", 0)
 MAX_DEPTH = 100
 ALIAS_GROWTH = 10  # values built may exceed the file's own nodes by this factor...
 ALIAS_SLACK = 100_000  # ...plus this many
+# Where an anchor (`&name`) may stand: a node property follows white space, the start of the
+# text or a flow indicator (`[&a x]`, `{"k":&a v}`). Text without one has no anchors, hence no
+# aliases (an alias of an undefined anchor does not compose): every node is built once, so the
+# guard cannot trip and its count of the file's nodes (a second walk of the whole tree) is skipped.
+# A false match ("a &b" inside a string) only costs that count.
+_MAY_HOLD_AN_ANCHOR = re.compile(r"(?:^|[\s\[\]{},:\ufeff])&[^\s\[\]{},]", re.MULTILINE)
 
 
 class _TooBig(Exception):
@@ -95,8 +103,9 @@ class _Builder:
         self.open: set[yaml.Node] = set()  # collections being built, to catch recursive aliases
         self.budget = 0  # values left to build; set by start()
 
-    def start(self, root: yaml.Node) -> Any:
-        self.budget = _count_nodes(root) * ALIAS_GROWTH + ALIAS_SLACK
+    def start(self, root: yaml.Node, text: str) -> Any:
+        may_alias = _MAY_HOLD_AN_ANCHOR.search(text) is not None
+        self.budget = _count_nodes(root) * ALIAS_GROWTH + ALIAS_SLACK if may_alias else sys.maxsize
         return self.build(root, (), None)
 
     def build(self, node: yaml.Node, path: Path, key_mark: yaml.Mark | None) -> Any:
@@ -260,7 +269,7 @@ def load_yaml(text: str, file: str) -> YamlDoc:
         doc.data = None
         return doc
     try:
-        doc.data = _Builder(doc).start(node)
+        doc.data = _Builder(doc).start(node, text)
     except _TooBig as exc:
         mark = exc.node.start_mark
         doc.diagnostics.append(Diagnostic(file, mark.line + 1, mark.column + 1, "error", exc.message))
