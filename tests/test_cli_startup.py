@@ -47,8 +47,10 @@ def test_help_imports_no_command_and_no_engine():
 def test_validate_loads_the_definition_stage_but_not_the_engine_or_http_clients():
     modules = imported_by("validate", "bots/travel")
     assert "chatrun.definition.loader" in modules
-    # asyncio (with ssl) loads when a tool is first called: toolkinds/ imports it inside functions
-    assert loaded(modules, ("chatrun.engine", "chatrun.models", "chatrun.server", "httpx", "openai", "asyncio")) == []
+    # asyncio (with ssl) loads when a tool is first called: toolkinds/ imports it inside functions;
+    # jsonschema only for a file or a tool schema the fast checks cannot vouch for
+    assert loaded(modules, ("chatrun.engine", "chatrun.models", "chatrun.server", "httpx", "openai", "asyncio",
+                            "jsonschema")) == []
 
 
 @pytest.mark.subprocess
@@ -77,6 +79,28 @@ def test_the_tool_kinds_are_registered_when_the_definition_stage_first_asks(tmp_
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["http", "True", "False"]
+
+
+@pytest.mark.subprocess
+def test_an_invalid_bot_still_gets_jsonschemas_diagnostics(tmp_path):
+    """The other side of loading jsonschema lazily: a schema violation and a tool schema the fast
+    check cannot vouch for both reach jsonschema, in a fresh process, with their lines."""
+    (tmp_path / "bot.yaml").write_text(textwrap.dedent("""\
+        name: lazy
+        model: {provider: scripted, name: m}
+        routes:
+          main: {default: true, system: hi, tools: [t], temprature: 1}
+        tools:
+          t:
+            description: T
+            parameters: {type: object, properties: {x: {type: string, pattern: "("}}}
+            action: {message: ok}
+        """))
+    done = subprocess.run([sys.executable, "-m", "chatrun", "validate", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{tmp_path / 'bot.yaml'}:4:" in done.stdout and "temprature" in done.stdout
+    assert "is not a valid JSON Schema" in done.stdout and "chatrun bug" not in done.stdout + done.stderr
 
 
 def test_each_summary_is_its_commands_own_first_sentence():
