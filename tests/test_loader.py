@@ -226,3 +226,32 @@ def test_recursive_alias_and_non_string_names_are_diagnostics(tmp_path):
         (2, "recursive YAML alias: a node cannot contain itself"),
         (4, "invalid route name `2` in `routes`: use letters, digits, `_` and `-`, starting with a letter or `_`"),
     ]
+
+
+# -- the alias-bomb guard counts the file's nodes only when the file may hold an anchor (issue 26) --
+
+
+def compact_bomb(levels: int = 7) -> str:
+    """An alias bomb in flow style with no space before any anchor (`"b":&b [*a,*a]`): 9^7 values."""
+    parts = ['"a":&a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, levels):
+        prev, cur = chr(96 + i), chr(97 + i)
+        parts.append(f'"{cur}":&{cur} [' + ",".join([f"*{prev}"] * 9) + "]")
+    return "{" + ",".join(parts) + "}\n"
+
+
+@pytest.mark.parametrize("text", [compact_bomb(), "x: [" + compact_bomb().strip() + "]\n",
+                                  "- " + compact_bomb(), "k:\n  " + compact_bomb()])
+def test_an_alias_bomb_is_refused_however_its_anchors_are_written(text):
+    doc = load_yaml(text, "bomb.yaml")
+    assert doc.data is None
+    assert [d.message for d in doc.diagnostics if "alias" in d.message][0].startswith(
+        "YAML aliases expand to too many values")
+
+
+def test_a_file_without_anchors_loads_whole_with_its_positions():
+    text = "name: Q&A bot\nroutes:\n  chat: {default: true, system: 'salt & pepper'}\n"
+    doc = load_yaml(text, "bot.yaml")
+    assert doc.diagnostics == []
+    assert doc.data == {"name": "Q&A bot", "routes": {"chat": {"default": True, "system": "salt & pepper"}}}
+    assert doc.positions[("routes", "chat", "system")] == (3, 25, 3, 33, "'")

@@ -6,7 +6,7 @@ import warnings
 
 import click
 
-from chatrun import __version__
+from chatrun.version import VERSION as __version__
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001 (warnings.showwarning signature)
@@ -29,6 +29,21 @@ COMMANDS = {
     "schema": "chatrun.cli.schema:schema",
 }
 
+# Each command's one-line summary for `chatrun --help`, so listing the commands imports none of
+# them (tests/test_cli_startup.py checks each is its command's own first sentence).
+SUMMARIES = {
+    "validate": "Check bots (directories holding bot.yaml, or single YAML files) and report every problem "
+                "at once: YAML syntax, schema violations, unknown routes and tools, templates, state paths, "
+                "handlers, the route graph.",
+    "graph": "Show a bot's route graph: routes are nodes (the default route marked), edges are the tools "
+             "that push a route (nested scope), change route, or pop back to the parent.",
+    "repl": "Talk to a bot.",
+    "test": "Replay golden transcripts offline and check what each turn did.",
+    "serve": "Serve bots over WebSocket and HTTP, with a web chat page and inspector.",
+    "init": "Create a bot directory NAME: bot.yaml, a golden transcript and a README.",
+    "schema": "Print the path of chatrun's JSON Schema for bots (default), transcripts or wire frames.",
+}
+
 
 class LazyGroup(click.Group):
     """Imports a command's module only when it runs, so `chatrun --help` stays fast
@@ -36,6 +51,14 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's own listing, from SUMMARIES instead of importing every command for its help."""
+        limit = formatter.width - 6 - max(map(len, COMMANDS))
+        rows = [(name, click.Command(name, help=SUMMARIES[name]).get_short_help_str(limit))
+                for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = COMMANDS.get(name)

@@ -15,8 +15,6 @@ from functools import lru_cache
 from typing import Any
 
 from jinja2 import TemplateSyntaxError, nodes
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
 from chatrun.definition.binding import check_binding
 from chatrun.definition.config import ActionConfig, BotConfig, RouteConfig, ToolConfig
@@ -163,7 +161,7 @@ class _Checker:
         at = ("routes", route.name, "output")
         try:
             _check_schema(json.dumps(output.schema, sort_keys=True))
-        except SchemaError as exc:
+        except NotASchema as exc:
             where = ".".join(map(str, exc.path))
             self.add("error", f"`output.schema` of route `{route.name}` is not a valid JSON Schema"
                      f"{f' at `{where}`' if where else ''}: {exc.message}", *at, "schema", *exc.path)
@@ -319,7 +317,7 @@ class _Checker:
             return
         try:
             _check_schema(json.dumps(tool.parameters, sort_keys=True))
-        except SchemaError as exc:
+        except NotASchema as exc:
             where = ".".join(map(str, exc.path))
             self.add("error", f"`parameters` of tool `{tool.name}` is not a valid JSON Schema"
                      f"{f' at `{where}`' if where else ''}: {exc.message}", "tools", tool.name, "parameters", *exc.path)
@@ -539,13 +537,28 @@ def _cut_dict_methods(full: tuple[str, ...]) -> tuple[str, ...] | None:
     return full
 
 
+class NotASchema(Exception):
+    """What jsonschema's SchemaError says (its message, and the path of the part at fault)."""
+
+    def __init__(self, message: str, path: tuple[Any, ...]):
+        super().__init__(message)
+        self.message, self.path = message, path
+
+
 @lru_cache(maxsize=4096)
 def _check_schema(text: str) -> None:
     """Draft 2020-12 check of a parameters schema (cached: tools often share one).
-    Raises SchemaError."""
+    Raises NotASchema."""
     schema = json.loads(text)
     if not _plainly_valid(schema):
-        Draft202012Validator.check_schema(schema)
+        # jsonschema loads only here (about 0.1 s): a valid bot with plain schemas never needs it
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            raise NotASchema(exc.message, tuple(exc.path)) from exc
 
 
 def _non_text_key(node: Any, path: tuple) -> tuple | None:

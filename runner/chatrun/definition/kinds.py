@@ -6,8 +6,10 @@ holding everything about it: its config, its checks, its call, how a replay mock
 That package lies above this stage (beside `models/`: a kind's call needs httpx or the
 mcp SDK, and what the engine hands it), and nothing imports upward, so the loader and the
 checks cannot import the kinds. They reach them through this table instead, which
-`chatrun.toolkinds` fills when it is imported — and it always is before a bot loads:
-importing any `chatrun.*` module first runs `chatrun/__init__.py`, which imports it.
+`chatrun.toolkinds` fills when it is imported. Importing it costs httpx and more, which
+`chatrun --help` should not pay, so it is imported when the table is first asked for:
+`chatrun/__init__.py` (which runs before any `chatrun.*` module) hands `fill_with` the
+function that imports it. This module stays cheap to import for that reason.
 
 The table is keyed by the kind's YAML key and ordered: that order is the order kinds are
 parsed, named in "has `handler` and `http`" and checked. Besides a tool's own section, a
@@ -17,15 +19,16 @@ route's `mcp:` list), kept by kind key in BotConfig.kind_config and RouteConfig.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from chatrun.definition.config import BotConfig, ToolConfig
-from chatrun.definition.sources import Sources
-from chatrun.definition.templates import TEMPLATE_VARIABLES
-from chatrun.definition.yamlpos import YamlDoc
-from chatrun.errors import Diagnostic
+if TYPE_CHECKING:  # annotations only: importing this module must not load jinja2 or yaml
+    from chatrun.definition.config import BotConfig, ToolConfig
+    from chatrun.definition.sources import Sources
+    from chatrun.definition.yamlpos import YamlDoc
+    from chatrun.errors import Diagnostic
 
 
 class Checks(Protocol):
@@ -38,10 +41,11 @@ class Checks(Protocol):
         """A diagnostic at the YAML node `kind.name.sub...` (e.g. "tools", "get_pet", "http", "url")."""
 
     def template(self, source: str, what: str, path: tuple[Any, ...], tool: ToolConfig | None,
-                 variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None,
+                 variables: tuple[str, ...] = ..., routes: list[str] | None = None,
                  undeclared: str = "warning") -> None:
         """Check a template: it compiles, and what it reads exists (diagnostics on its own line;
-        a read of an undeclared `state.`/`scope.`/`args.` path has severity `undeclared`)."""
+        a read of an undeclared `state.`/`scope.`/`args.` path has severity `undeclared`).
+        `variables` defaults to definition.templates.TEMPLATE_VARIABLES."""
 
 
 @dataclass
@@ -86,6 +90,7 @@ class KindDefinition(Protocol):
 
 
 _TABLE: dict[str, KindDefinition] = {}
+_FILL: list[Callable[[], None]] = []  # what fills the table on first use (set by chatrun/__init__.py)
 
 
 def register(kind: KindDefinition) -> None:
@@ -93,9 +98,16 @@ def register(kind: KindDefinition) -> None:
     _TABLE[kind.key] = kind
 
 
+def fill_with(fill: Callable[[], None]) -> None:
+    """Call `fill` (it registers the kinds) the first time the table is asked for."""
+    _FILL[:] = [fill]
+
+
 def kinds() -> list[KindDefinition]:
     """The registered kinds, in table order."""
-    if not _TABLE:  # only a broken install gets here: importing chatrun registers them
+    while _FILL:  # once, even when some kind was registered by hand before
+        _FILL.pop()()
+    if not _TABLE:  # only a broken install gets here: chatrun/__init__.py sets the filler
         raise RuntimeError("no tool kinds are registered; import chatrun.toolkinds first")
     return list(_TABLE.values())
 

@@ -13,10 +13,7 @@ import json
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
+from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.checks import run_checks
 from chatrun.definition.config import (
@@ -53,25 +50,35 @@ from chatrun.definition.sources import Sources, inside, subject, suggest
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.errors import BotError, Diagnostic
 
+if TYPE_CHECKING:  # jsonschema loads only for a file the fast check finds fault with
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
+
 BOT_FILES = ("bot.yaml", "bot.yml")
 
 
 @lru_cache(maxsize=8)
 def _fast_check(definition: str | None) -> Callable[[Any], bool]:
-    return compile_check(_validator(definition).schema)
+    return compile_check(_inlined(definition))
+
+
+@lru_cache(maxsize=8)
+def _inlined(definition: str | None) -> Any:
+    """The whole bot schema, or one of its $defs (e.g. "fragment"), its local `$ref`s inlined:
+    resolving references is most of jsonschema's time on a big bot, and ours only point into
+    `$defs` (no recursion)."""
+    schema = load_schema("bot.schema.json")
+    defs = schema["$defs"]
+    root = defs[definition] if definition else {k: v for k, v in schema.items() if k != "$defs"}
+    return inline_refs(root, defs)
 
 
 @lru_cache(maxsize=8)
 def _validator(definition: str | None) -> Draft202012Validator:
-    """A validator for the whole bot schema, or for one of its $defs (e.g. "fragment").
+    """A jsonschema validator of `_inlined(definition)`, for the files the fast check fails."""
+    from jsonschema import Draft202012Validator
 
-    The schema's local `$ref`s are inlined first: resolving references is most of
-    jsonschema's time on a big bot, and ours only point into `$defs` (no recursion).
-    """
-    schema = load_schema("bot.schema.json")
-    defs = schema["$defs"]
-    root = defs[definition] if definition else {k: v for k, v in schema.items() if k != "$defs"}
-    return Draft202012Validator(inline_refs(root, defs))
+    return Draft202012Validator(_inlined(definition))
 
 
 # -- loading ------------------------------------------------------------------------
@@ -247,8 +254,14 @@ def _specific(error: Violation) -> Violation:
         if _type_alternatives(error):
             break  # "must be a string or a list" says it better than either branch
         same_type = _errors_of_matching_type(error)
-        error = violation(best_match(same_type or error.context))
+        error = violation(_best_match(same_type or error.context))
     return error
+
+
+def _best_match(errors: list[ValidationError]) -> ValidationError:
+    from jsonschema.exceptions import best_match  # loaded already: the errors came from jsonschema
+
+    return best_match(errors)
 
 
 _JSON_TYPES = {"object": dict, "array": list, "string": str}

@@ -15,9 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from jsonschema.exceptions import ValidationError
+if TYPE_CHECKING:  # jsonschema loads only when a document fails compile_check's fast path
+    from jsonschema.exceptions import ValidationError
 
 _REPO_SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
 

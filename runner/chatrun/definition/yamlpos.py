@@ -9,6 +9,8 @@ recording a position per JSON path.
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -26,6 +28,21 @@ Path = tuple  # a JSON path: ("routes", "flight", "tools", 0)
 MAX_DEPTH = 100
 ALIAS_GROWTH = 10  # values built may exceed the file's own nodes by this factor...
 ALIAS_SLACK = 100_000  # ...plus this many
+# Where an anchor (`&name`) may stand: a node property follows white space, the start of the
+# text or a flow indicator (`[&a x]`, `{"k":&a v}`). Text without one has no anchors, hence no
+# aliases (an alias of an undefined anchor does not compose): every node is built once, so the
+# guard cannot trip and its count of the file's nodes (a second walk of the whole tree) is skipped.
+# A false match ("a &b" inside a string) only costs that count.
+_AMPERSAND_NAME = re.compile(r"&[^\s\[\]{},]")  # starts with a literal: re skips to each `&` at C speed
+_BEFORE_AN_ANCHOR = frozenset("[]{},:\ufeff")
+
+
+def _may_hold_an_anchor(text: str) -> bool:
+    for match in _AMPERSAND_NAME.finditer(text):
+        at = match.start()
+        if at == 0 or text[at - 1].isspace() or text[at - 1] in _BEFORE_AN_ANCHOR:
+            return True
+    return False
 
 
 class _TooBig(Exception):
@@ -86,6 +103,11 @@ class YamlDoc:
         return self.positions.get(path, Pos(1, 1, 1, 1))
 
 
+# Pos(...) runs the NamedTuple's __new__, a Python function: building the tuple directly is a
+# third of the cost, and a big bot makes one per YAML node.
+_new_pos = tuple.__new__
+
+
 class _Builder:
     def __init__(self, doc: YamlDoc):
         self.doc = doc
@@ -95,8 +117,9 @@ class _Builder:
         self.open: set[yaml.Node] = set()  # collections being built, to catch recursive aliases
         self.budget = 0  # values left to build; set by start()
 
-    def start(self, root: yaml.Node) -> Any:
-        self.budget = _count_nodes(root) * ALIAS_GROWTH + ALIAS_SLACK
+    def start(self, root: yaml.Node, text: str) -> Any:
+        may_alias = _may_hold_an_anchor(text)
+        self.budget = _count_nodes(root) * ALIAS_GROWTH + ALIAS_SLACK if may_alias else sys.maxsize
         return self.build(root, (), None)
 
     def build(self, node: yaml.Node, path: Path, key_mark: yaml.Mark | None) -> Any:
@@ -109,9 +132,10 @@ class _Builder:
         mark = node.start_mark
         km = key_mark or mark
         if isinstance(node, yaml.ScalarNode):
-            self.doc.positions[path] = Pos(km.line + 1, km.column + 1, mark.line + 1, mark.column + 1, node.style)
+            self.doc.positions[path] = _new_pos(Pos, (km.line + 1, km.column + 1, mark.line + 1, mark.column + 1,
+                                                      node.style))
             return node.value if node.tag == _STR else self.scalar(node, path)
-        self.doc.positions[path] = Pos(km.line + 1, km.column + 1, mark.line + 1, mark.column + 1, None)
+        self.doc.positions[path] = _new_pos(Pos, (km.line + 1, km.column + 1, mark.line + 1, mark.column + 1, None))
         if len(path) > MAX_DEPTH:
             self.error(node, f"YAML nested more than {MAX_DEPTH} levels deep; no bot needs that", path)
             return None
@@ -260,7 +284,7 @@ def load_yaml(text: str, file: str) -> YamlDoc:
         doc.data = None
         return doc
     try:
-        doc.data = _Builder(doc).start(node)
+        doc.data = _Builder(doc).start(node, text)
     except _TooBig as exc:
         mark = exc.node.start_mark
         doc.diagnostics.append(Diagnostic(file, mark.line + 1, mark.column + 1, "error", exc.message))

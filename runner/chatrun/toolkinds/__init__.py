@@ -15,8 +15,9 @@ definition stage, below the engine. A kind's call needs libraries and what the e
 hands it (`CallContext`), never the engine itself, so the engine and the clients
 (transcripts, cli) import this table directly. The definition stage must not import
 upward, so it reaches the kinds through its own table (chatrun.definition.kinds), filled
-here by `register`: importing any chatrun module runs chatrun/__init__.py first, which
-imports this package, so the kinds are registered before any bot is loaded.
+here by `register`: chatrun/__init__.py (which runs before any chatrun module) tells that
+table to import this package the first time it is asked for, so the kinds are registered
+before any bot is loaded, and `chatrun --help` never imports them.
 """
 
 from __future__ import annotations

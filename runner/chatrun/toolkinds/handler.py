@@ -15,12 +15,11 @@ not keep its results, and its events may be of any type.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from chatrun.definition.config import BotConfig, ToolConfig
 from chatrun.definition.kinds import Checks
@@ -30,6 +29,9 @@ from chatrun.errors import ToolRefusal
 from chatrun.events import AUDIENCES
 from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolFailed, ToolKind
 from chatrun.toolkinds.handler_modules import HandlerResolver, import_isolated
+
+if TYPE_CHECKING:  # asyncio loads when a handler is first called: `chatrun validate` needs none of it
+    import asyncio
 
 
 class HandlerKind(ToolKind[str]):
@@ -149,6 +151,8 @@ class ToolContext:
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
+    import asyncio
+
     try:
         return asyncio.get_running_loop()
     except RuntimeError:
@@ -158,6 +162,8 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 async def call_handler(func: Callable[..., Any], ctx: ToolContext, timeout: float) -> Any:
     """Run a handler: an async one on the event loop, a sync one in a worker thread (so a slow
     one never holds up other sessions), each within `timeout` seconds (TimeoutError after)."""
+    import asyncio
+
     ctx._loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeout):  # inline, not a new task: what the handler raises stays ours

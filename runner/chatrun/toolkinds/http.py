@@ -18,7 +18,6 @@ in every reason. A replay mocks it (an HTTP API); `--record` keeps its real resu
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import json
 import os
@@ -27,10 +26,8 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
-
-import httpx
 
 from chatrun.definition.config import BotConfig, EnvVar, Location, ToolConfig
 from chatrun.definition.kinds import Checks
@@ -38,6 +35,11 @@ from chatrun.definition.templates import TEMPLATE_VARIABLES, is_nothing
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal, TurnFailed
 from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolKind
+
+if TYPE_CHECKING:  # asyncio and httpx (with the click, rich and pygments its CLI pulls in) load on the first call
+    import asyncio
+
+    import httpx
 
 REDACTED = "[redacted]"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -218,6 +220,10 @@ class HttpCaller(RuntimeDefaults):
         )
 
     def client(self) -> httpx.AsyncClient:
+        import asyncio
+
+        import httpx
+
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
@@ -225,6 +231,8 @@ class HttpCaller(RuntimeDefaults):
         return client
 
     async def aclose(self) -> None:
+        import asyncio
+
         client = self._clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await client.aclose()
@@ -255,6 +263,10 @@ class HttpCaller(RuntimeDefaults):
 
     async def _send(self, tool: ToolConfig, http: HttpConfig, request: httpx.Request) -> dict[str, Any]:
         """Send, retrying what may pass on a second try, within the tool's time."""
+        import asyncio
+
+        import httpx
+
         secrets = self.env.secrets()
         deadline = time.monotonic() + tool.timeout * (http.retries + 1)
         attempt = 0

@@ -15,16 +15,18 @@ marks as an error is a refusal with the server's text.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import Location
 from chatrun.errors import ToolRefusal
+
+if TYPE_CHECKING:  # asyncio loads when a server is first used: `chatrun validate` needs none of it
+    import asyncio
 
 START_TIMEOUT_S = 30.0
 
@@ -58,6 +60,8 @@ class McpConnection:
     """One running server for one event loop."""
 
     def __init__(self, config: McpServerConfig, root: str):
+        import asyncio
+
         self.config = config
         self.root = root
         self._client: Any = None
@@ -70,6 +74,8 @@ class McpConnection:
         self._broken = False
 
     async def client(self) -> Any:
+        import asyncio
+
         async with self._lock:
             if self._broken:  # the last call lost the connection: stop that server, start a new one
                 self._broken = False
@@ -89,6 +95,8 @@ class McpConnection:
             return self._client
 
     async def _hold(self) -> None:
+        import asyncio
+
         try:
             from mcp import Client
         except ImportError:
@@ -129,6 +137,8 @@ class McpConnection:
         return self._tools
 
     async def call(self, tool: str, args: dict[str, Any], timeout: float) -> Any:
+        import asyncio
+
         client = await self.client()
         try:
             async with asyncio.timeout(timeout):
@@ -157,6 +167,8 @@ class McpConnection:
         await self._end_task()
 
     async def _end_task(self) -> None:
+        import asyncio
+
         self._stop.set()
         task, self._task = self._task, None
         if task is not None and not task.done():
@@ -177,6 +189,8 @@ class McpServers:
         )
 
     def connection(self, server: str) -> McpConnection:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         connections = self._by_loop.setdefault(loop, {})
         connection = connections.get(server)
@@ -195,6 +209,8 @@ class McpServers:
 
     async def aclose(self) -> None:
         """Stop the servers started on the running loop."""
+        import asyncio
+
         connections = self._by_loop.pop(asyncio.get_running_loop(), {})
         for connection in connections.values():
             await connection.aclose()
