@@ -296,7 +296,8 @@ def event_type_warnings(config: Any, t: Transcript) -> list[str]:
             known.update(action.emit)
     out = []
     for turn in t.turns:
-        for item in (turn.expect or {}).get("events") or []:
+        expect = turn.expect or {}
+        for item in [i for key in ("events", "operators_events", "backend_events") for i in expect.get(key) or []]:
             for kind in item if isinstance(item, dict) else ():
                 if kind not in known:
                     out.append(f"{t.where(turn)}: warning: expects a `{kind}` event, but bot {config.name} never "
