@@ -80,6 +80,7 @@ class _Checker:
             kind.check_bot(self.config, self)
         _graph_checks(self)
         _user_template_checks(self)
+        _audience_checks(self)
 
     # -- routes ------------------------------------------------------------------
 
@@ -846,3 +847,35 @@ def _graph_checks(checker: _Checker) -> None:
         if name not in used:
             checker.add("warning", f"tool `{name}` is not listed by any route, so the model can never call it",
                         "tools", name)
+
+
+def _audience_checks(checker: _Checker) -> None:
+    """`events:` and `sinks:`: built-in types stay the user's, a sink takes declared backend types
+    only, its templates read declared `env` only, its secret is a declared variable; a backend
+    type no sink takes is a warning (its events reach only the history)."""
+    from chatrun import events as ev
+
+    config = checker.config
+    for name in config.events:
+        if name in ev.BUILTIN_TYPES:
+            checker.add("error", f"`events.{name}`: {name} is a built-in event type, always for the user; "
+                        "declare only the bot's own types", "events", name)
+    backend = [name for name, decl in config.events.items() if decl.audience == ev.BACKEND and name not in ev.BUILTIN_TYPES]
+    for sink in config.sinks.values():
+        for i, name in enumerate(sink.events or []):
+            if name not in backend:
+                checker.add("error", f"sink `{sink.name}` takes event type `{name}`, but `events:` does not declare "
+                            f"it with `audience: backend`{suggest(name, backend)}", "sinks", sink.name, "events", i)
+        if sink.webhook is None:
+            continue
+        hook, at = sink.webhook, ("sinks", sink.name, "webhook")
+        texts = [(("url",), hook.url), *((("headers", k), v) for k, v in hook.headers.items())]
+        for sub, text in texts:
+            checker.template(text, f"`webhook.{'.'.join(sub)}` of sink `{sink.name}`", (*at, *sub), None, ("env",))
+        if hook.secret is not None and hook.secret not in config.env:
+            checker.add("error", f"sink `{sink.name}` signs with `env.{hook.secret}`, but the bot does not declare it "
+                        f"under `env:`{suggest(hook.secret, config.env)}", *at, "secret")
+    for name in backend:
+        if not config.sinks_for(name):
+            checker.add("warning", f"event type `{name}` is for the backend, but no sink takes it: its events "
+                        "are kept only in the history", "events", name)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatrun import events as ev
+
 
 @dataclass(frozen=True)
 class Location:
@@ -248,6 +250,8 @@ class BotConfig:
     prices: dict[str, Price] = field(default_factory=dict)  # model name -> price
     # What tool kinds declare for the whole bot, by kind key (the mcp kind: its `mcp_servers:`).
     kind_config: dict[str, Any] = field(default_factory=dict)
+    events: dict[str, EventTypeConfig] = field(default_factory=dict)  # `events:`: declared types, their audience
+    sinks: dict[str, SinkConfig] = field(default_factory=dict)  # `sinks:`: where backend events go
     path: str = ""  # the bot.yaml (or single file) it was loaded from
     root: str = ""  # directory handlers are resolved against
     where: Location = field(default_factory=Location)
@@ -261,6 +265,15 @@ class BotConfig:
 
     def route_memory(self, route: str) -> MemoryPolicy:
         return self.routes[route].memory or self.memory
+
+    def audience_of(self, event_type: str) -> str:
+        """Who events of this type are for: as `events:` declares it, else the user."""
+        declared = self.events.get(event_type)
+        return declared.audience if declared is not None else ev.USER
+
+    def sinks_for(self, event_type: str) -> list[SinkConfig]:
+        """The sinks that take backend events of this type, in the order `sinks:` lists them."""
+        return [sink for sink in self.sinks.values() if sink.takes(event_type)]
 
 
 @dataclass
@@ -288,3 +301,50 @@ class Price:
     input: float = 0.0
     output: float = 0.0
     cached_input: float | None = None  # default: the input price
+
+
+@dataclass
+class EventTypeConfig:
+    """One entry of the bot's `events:`: an event type and who its events are for."""
+
+    name: str
+    audience: str = ev.USER  # events.USER, OPERATORS or BACKEND
+    description: str = ""
+    where: Location = field(default_factory=Location)
+
+
+@dataclass
+class RetryPolicy:
+    """How a sink retries a delivery that failed: the n-th retry waits about
+    backoff * 2**(n-1) seconds (at most max_backoff, with jitter); after `attempts` tries or
+    `max_age` seconds since the event, the entry becomes a dead letter."""
+
+    attempts: int = 10
+    backoff: float = 1.0
+    max_backoff: float = 300.0
+    max_age: float = 86400.0
+
+
+@dataclass
+class WebhookConfig:
+    """A sink's `webhook:`: POST each event as JSON to `url` (a template over `env`), signed
+    with HMAC-SHA256 when `secret` names a declared environment variable."""
+
+    url: str
+    secret: str | None = None  # the name of an `env:` variable holding the signing secret
+    headers: dict[str, str] = field(default_factory=dict)  # extra headers: templates over `env`
+    timeout: float = 10.0
+
+
+@dataclass
+class SinkConfig:
+    """One entry of the bot's `sinks:`: where backend events go, which types, how retried."""
+
+    name: str
+    webhook: WebhookConfig | None = None
+    events: list[str] | None = None  # None: every backend event type
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    where: Location = field(default_factory=Location)
+
+    def takes(self, event_type: str) -> bool:
+        return self.events is None or event_type in self.events

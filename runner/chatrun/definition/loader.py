@@ -25,6 +25,7 @@ from chatrun.definition.config import (
     BotConfig,
     CaseConfig,
     EnvVar,
+    EventTypeConfig,
     Limits,
     Location,
     MemoryPolicy,
@@ -32,9 +33,12 @@ from chatrun.definition.config import (
     OnErrorConfig,
     OutputConfig,
     Price,
+    RetryPolicy,
     RouteConfig,
     ScopeConfig,
+    SinkConfig,
     ToolConfig,
+    WebhookConfig,
 )
 from chatrun.definition.kinds import Load, bot_kinds, kinds, parse_kinds, route_kinds
 from chatrun.definition.schemas import (
@@ -438,6 +442,8 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         env=_env(top.get("env")),
         prices=_prices(top.get("prices")),
         kind_config=bot_kinds(top, main),
+        events=_event_types(top.get("events"), main),
+        sinks=_sinks(top.get("sinks"), main),
         path=str(main_file),
         root=str(main_file.parent),
         where=Location(main.file, 1, 1),
@@ -554,6 +560,32 @@ def _env(raw: Any) -> dict[str, EnvVar]:
         default = spec.get("default")
         out[str(name)] = EnvVar(str(name), _bool(spec.get("secret")), None if default is None else str(default),
                                 _str(spec.get("description")) or "")
+    return out
+
+
+def _event_types(raw: Any, doc: YamlDoc) -> dict[str, EventTypeConfig]:
+    out: dict[str, EventTypeConfig] = {}
+    for name, spec in _dict(raw).items():
+        spec = _dict(spec)
+        audience = spec.get("audience")
+        out[str(name)] = EventTypeConfig(str(name), audience if isinstance(audience, str) else "user",
+                                         _str(spec.get("description")) or "", _loc(doc, ("events", name)))
+    return out
+
+
+def _sinks(raw: Any, doc: YamlDoc) -> dict[str, SinkConfig]:
+    out: dict[str, SinkConfig] = {}
+    for name, spec in _dict(raw).items():
+        spec = _dict(spec)
+        hook = _dict(spec.get("webhook"))
+        webhook = None if not hook else WebhookConfig(
+            url=_str(hook.get("url")) or "", secret=_str(hook.get("secret")),
+            headers={str(k): str(v) for k, v in _dict(hook.get("headers")).items()},
+            timeout=float(hook.get("timeout", 10.0)))
+        retry = {k: v for k, v in _dict(spec.get("retry")).items() if k in RetryPolicy.__dataclass_fields__}
+        events = spec.get("events")
+        out[str(name)] = SinkConfig(str(name), webhook, _str_list(events) if events is not None else None,
+                                    RetryPolicy(**retry), _loc(doc, ("sinks", name)))
     return out
 
 

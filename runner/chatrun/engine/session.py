@@ -228,8 +228,12 @@ class Session:
         self._default_handlers.append(handler)
         return self
 
-    def _emit(self, event_type: str, data: object, runtime: bool = False, meta: dict[str, Any] | None = None) -> None:
-        event = Event(event_type, ev.plain(data), self.turn_count + 1, meta or {}, runtime=runtime)
+    def _emit(self, event_type: str, data: object, runtime: bool = False, meta: dict[str, Any] | None = None,
+              audience: str | None = None) -> None:
+        # Who it is for: a handler's explicit audience, else as the bot's `events:` declares the type;
+        # chatrun's own events (a failed turn's Error) are always the user's.
+        who = ev.USER if runtime else audience or self.bot.config.audience_of(event_type)
+        event = Event(event_type, ev.plain(data), self.turn_count + 1, meta or {}, runtime=runtime, audience=who)
         if self._sink is not None:
             self._sink(event)
 

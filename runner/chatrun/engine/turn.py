@@ -72,7 +72,7 @@ from chatrun.messages import (
 from chatrun.models.base import ChatModel, ModelRequest, ModelResponse
 from chatrun.toolkinds.base import ToolFailed, Writable
 
-Emit = Callable[..., None]  # (type, data, runtime=False)
+Emit = Callable[..., None]  # (type, data, runtime=False, audience=None)
 log = logging.getLogger("chatrun.engine")
 
 
@@ -668,8 +668,8 @@ class _KindCall:
         work = self.turn.work = self.turn.working_copy()
         return Writable(work.state, ScopeView(work.scopes), work.turn)
 
-    def emit(self, event_type: str, data: object) -> None:
-        self.turn.emit(event_type, data)
+    def emit(self, event_type: str, data: object, audience: str | None = None) -> None:
+        self.turn.emit(event_type, data, audience=audience)
 
     def trace_headers(self, headers: dict[str, str]) -> None:
         tracing.inject(headers)

@@ -54,8 +54,8 @@ class CallContext(Protocol):
     def writable(self) -> Writable:
         """Fresh copies of the state for the tool's code to write."""
 
-    def emit(self, event_type: str, data: object) -> None:
-        """Send an event to the client now."""
+    def emit(self, event_type: str, data: object, audience: str | None = None) -> None:
+        """Send an event now (audience None: as the bot's `events:` declares the type)."""
 
     def trace_headers(self, headers: dict[str, str]) -> None:
         """Add the turn's trace context to outgoing HTTP headers (W3C traceparent)."""

@@ -27,6 +27,7 @@ from chatrun.definition.kinds import Checks
 from chatrun.definition.sources import suggest
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal
+from chatrun.events import AUDIENCES
 from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolFailed, ToolKind
 from chatrun.toolkinds.handler_modules import HandlerResolver, import_isolated
 
@@ -123,24 +124,28 @@ class ToolContext:
     turn: dict[str, Any]
     route: str
     session_id: str
-    _emit: Callable[[str, object], None] = field(repr=False, default=lambda t, d: None)
+    _emit: Callable[..., None] = field(repr=False, default=lambda t, d, audience=None: None)
     _loop: asyncio.AbstractEventLoop | None = field(repr=False, default=None)
     _open: bool = field(repr=False, default=True)
 
-    def emit(self, event_type: str, data: object) -> None:
-        """Send an event to the client now (Thinking, Console, Message, Object or a custom type).
+    def emit(self, event_type: str, data: object, audience: str | None = None) -> None:
+        """Send an event now (Thinking, Console, Message, Object or a custom type). `audience`
+        ("user", "operators", "backend"; None: as the bot's `events:` declares the type) says who
+        it is for: a backend event goes to the bot's sinks once the turn commits, never to a chat.
         Safe from a sync handler's worker thread; ignored once the handler has returned or timed out."""
+        if audience is not None and audience not in AUDIENCES:
+            raise ValueError(f"ctx.emit({event_type!r}): audience {audience!r} is not one of {', '.join(AUDIENCES)}")
         if not self._open:
             return
         loop = self._loop
         if loop is not None and _running_loop() is not loop:
-            loop.call_soon_threadsafe(self._emit_if_open, event_type, data)
+            loop.call_soon_threadsafe(self._emit_if_open, event_type, data, audience)
         else:
-            self._emit(event_type, data)
+            self._emit(event_type, data, audience=audience)
 
-    def _emit_if_open(self, event_type: str, data: object) -> None:
+    def _emit_if_open(self, event_type: str, data: object, audience: str | None) -> None:
         if self._open:
-            self._emit(event_type, data)
+            self._emit(event_type, data, audience=audience)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
