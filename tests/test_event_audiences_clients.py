@@ -10,9 +10,11 @@ expect the user's events under `events:` and the others under `operators_events:
 
 from __future__ import annotations
 
+import functools
 import json
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import openai
 import pytest
@@ -234,14 +236,16 @@ def test_update_writes_the_other_audiences_events_when_a_turn_sends_some(tmp_pat
 # -- the REPL (the author's view) --------------------------------------------------------------------
 
 
-def test_the_repl_shows_the_other_audiences_marked(capsys):
+def test_the_repl_shows_the_other_audiences_marked(survey, capsys):
     from chatrun.cli.repl import Repl
 
-    show = Repl.show.__get__(type("Fake", (), {"streamed": "", "interactive": False, "choices": []})())
+    repl = SimpleNamespace(streamed="", interactive=False, choices=[], session=SimpleNamespace(bot=survey))
+    show = functools.partial(Repl.show, repl)
+    repl.show_backend = functools.partial(Repl.show_backend, repl)
     show(ev.Event("Detractor", {"score": 2}, 1, audience=ev.BACKEND))
     show(ev.Event("Handoff", "call back", 1, audience=ev.OPERATORS))
     show(ev.Event(ev.ENDED, {"route": "main", "tool": "bye"}, 1))
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == '[backend] Detractor {"score": 2}'
+    assert out[0].startswith('[backend] Detractor {"score": 2} (for no sink;')
     assert out[1] == "[operators] Handoff call back"
     assert out[2] == "■ the conversation has ended (tool bye on route main); /reset starts a new one"

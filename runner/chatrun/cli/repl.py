@@ -188,6 +188,9 @@ class Repl:
 
     def show(self, event: Event) -> None:
         kind, data = event.type, event.data
+        if event.audience == ev.BACKEND:  # never a chat's: shown dimmed, delivered only by `chatrun serve`
+            self.show_backend(event)
+            return
         if not event.for_user:  # the author sees every audience; a user's chat never gets these
             text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
             click.secho(f"[{event.audience}] {kind} {text}", dim=True)
@@ -221,6 +224,12 @@ class Repl:
         else:
             text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
             click.secho(f"[{kind}] {text}", fg="magenta")
+
+    def show_backend(self, event: Event) -> None:
+        text = event.data if isinstance(event.data, str) else json.dumps(event.data, ensure_ascii=False)
+        sinks = ", ".join(sink.name for sink in self.session.bot.config.sinks_for(event.type)) or "no sink"
+        click.secho(f"[backend] {event.type} {text} (for {sinks}; the REPL sends nothing, `chatrun serve` delivers)",
+                    dim=True)
 
     # -- the loop ------------------------------------------------------------------------------
 

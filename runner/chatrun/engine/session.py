@@ -34,8 +34,10 @@ from chatrun.events import Event
 from chatrun.messages import Message, SystemMessage
 from chatrun.models import ChatModel, ModelPool
 from chatrun.store import HistoryStore, SessionStore
+from chatrun.store.record import OUTBOX_KEY
 
 if TYPE_CHECKING:
+    from chatrun.definition.config import BotConfig
     from chatrun.engine.bot import Bot
 
 log = logging.getLogger("chatrun")
@@ -312,6 +314,9 @@ class Session:
             self._c.turn_count = turn.number
             self._c.usage.add(turn.usage)
             entry.update(ok=True, route=self.route, stack=self.stack, events=_plain(collected))
+            outbox = _outbox(self.bot.config, self.id, collected)
+            if outbox:  # the store queues these with the commit (chatrun.store.record.outbox_of)
+                entry[OUTBOX_KEY] = outbox
             entry.update(_usage_entry(turn))
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
             self.store.commit_turn(self.id, self._c.snapshot(), self._c.dirty_memories(before), [entry])
@@ -454,3 +459,18 @@ def _usage_entry(turn: Turn) -> dict[str, Any]:
 def _plain(events: list[Event]) -> list[dict[str, Any]]:
     """The turn's events for the history (their data is plain JSON already), no Stream chunks."""
     return [e.to_dict() for e in events if e.type != ev.STREAM]
+
+
+def _outbox(config: BotConfig, session_id: str, events: list[Event]) -> list[dict[str, Any]]:
+    """The deliveries a committed turn queues: each backend event, once per sink that takes its
+    type, with the body the sink receives and its own idempotency key."""
+    now = time.time()
+    out: list[dict[str, Any]] = []
+    for event in events:
+        if event.audience != ev.BACKEND:
+            continue
+        for sink in config.sinks_for(event.type):
+            body = {"id": "evt_" + secrets.token_hex(12), "type": event.type, "data": event.data,
+                    "turn": event.turn, "session": session_id, "bot": config.name, "created": now}
+            out.append({"sink": sink.name, "body": body})
+    return out

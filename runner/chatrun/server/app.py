@@ -31,6 +31,7 @@ from chatrun.server.http import failure_response, make_router
 from chatrun.server.listen import redact_tokens_in_logs
 from chatrun.server.metrics import ServerMetrics
 from chatrun.server.openai_api import OpenAIOptions, OpenAIState, make_openai_router
+from chatrun.server.outbox import OutboxSettings, OutboxWorker, make_outbox_router
 from chatrun.server.reload import Watchers
 from chatrun.server.sessions import SessionRegistry, SessionSettings
 from chatrun.server.site import add_site_routes
@@ -53,6 +54,7 @@ def create_app(
     sessions: SessionSettings | None = None,
     reload: bool = False,
     log_content: bool = False,
+    outbox: OutboxSettings | None = None,
 ) -> FastAPI:
     """The app serving `bots` (Bot objects or paths; a dict name -> Bot; the first is the default).
 
@@ -69,6 +71,7 @@ def create_app(
     (chatrun.server.reload).
     log_content: the per-turn log line (logger chatrun.turns) carries the user's message and
     the replies (docs/observability.md); off by default.
+    outbox: how backend events are delivered (chatrun.server.outbox; default: from the environment).
     """
     loaded = _load_bots(bots)
     settings = sessions or SessionSettings(cache_size=cache_size)
@@ -78,7 +81,7 @@ def create_app(
         store = open_async_store(store_url, settings.lease, exclusive=True)
     registry = _registry(loaded, store, settings, log_content)
     app = FastAPI(
-        lifespan=Lifecycle(registry, loaded, gc_tuning, reload, own_store).run,
+        lifespan=Lifecycle(registry, loaded, gc_tuning, reload, own_store, outbox or OutboxSettings.from_env()).run,
         title=f"chatrun: {', '.join(loaded)}",
         version=__version__,
         description="Chat with declarative bots over WebSocket (Quarkus Chat Scopes frames, "
@@ -115,6 +118,7 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     app.state.openai = OpenAIState.create(registry, limits, openai)
     app.include_router(make_openai_router())
     app.include_router(make_websocket_router())
+    app.include_router(make_outbox_router())
     add_site_routes(app)
 
 
@@ -127,6 +131,7 @@ class Lifecycle:
     gc_tuning: bool
     reload: bool
     own_store: bool  # the store was opened by create_app, so it is closed here
+    outbox: OutboxSettings = OutboxSettings()  # noqa: RUF009 - frozen
 
     @asynccontextmanager
     async def run(self, _app: FastAPI) -> AsyncIterator[None]:
@@ -137,11 +142,21 @@ class Lifecycle:
         if ping is not None:  # a shared store that cannot be reached: fail at startup, not per request
             await ping()
         sweeper = asyncio.ensure_future(registry.sweep_forever())
+        if not registry.store.has_outbox and any(bot.config.sinks for bot in registry.bots.values()):
+            raise ChatrunError(f"store {registry.store.url} keeps no outbox, so the backend events of bots with "
+                               "`sinks:` could not be delivered; serve them on memory://, sqlite:// or redis://")
+        worker = registry.outbox = OutboxWorker(registry, self.outbox)
+        registry.writes.on_outbox = worker.nudge
+        delivering = asyncio.ensure_future(worker.run_forever())
         watchers = Watchers(registry) if self.reload else None
         try:
             yield
         finally:
             sweeper.cancel()
+            delivering.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await delivering
+            await worker.aclose()
             if watchers is not None:
                 await watchers.stop()
             for bot in {id(b): b for b in (*self.bots.values(), *registry.bots.values())}.values():

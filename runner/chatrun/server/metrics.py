@@ -76,12 +76,37 @@ class ServerMetrics:
         self.wait_seconds = prom.Histogram(
             "chatrun_session_wait_seconds", "Time a request waited for its session (the per-session lock / lease)",
             ["bot"], buckets=WAIT_BUCKETS, registry=reg)
+        self._outbox_metrics(prom, reg)
         prom.Gauge("chatrun_live_sessions", "Sessions held in memory", registry=reg).set_function(
             sessions.live_count)
         prom.Gauge("chatrun_session_requests_waiting", "Requests waiting for a session held by another request",
                    registry=reg).set_function(lambda: sessions.waiting)
         prom.Gauge("chatrun_session_requests_active", "Requests holding a session",
                    registry=reg).set_function(lambda: sessions.active)
+
+    def _outbox_metrics(self, prom: Any, reg: Any) -> None:
+        sink = ["bot", "sink"]
+        self.deliveries = prom.Counter("chatrun_outbox_deliveries",
+                                       "Delivery attempts of backend events to sinks, by outcome "
+                                       "(delivered, retry: failed and due again, dead: failed for good)",
+                                       [*sink, "outcome"], registry=reg)
+        self.delivery_seconds = prom.Histogram("chatrun_outbox_delivery_duration_seconds",
+                                               "Time a delivery attempt took", sink, buckets=DURATION_BUCKETS,
+                                               registry=reg)
+        self.outbox_depth = prom.Gauge("chatrun_outbox_entries", "Outbox entries, by state (pending, dead)",
+                                       ["state"], registry=reg)
+        self.outbox_age = prom.Gauge("chatrun_outbox_oldest_pending_age_seconds",
+                                     "Age of the oldest pending outbox entry (0: none)", registry=reg)
+
+    def delivered(self, bot: str, sink: str, outcome: str, seconds: float) -> None:
+        """One delivery attempt: outcome "delivered", "retry" or "dead"."""
+        self.child(self.deliveries, bot, sink, outcome).inc()
+        self.child(self.delivery_seconds, bot, sink).observe(seconds)
+
+    def outbox_state(self, pending: int, dead: int, oldest_age: float) -> None:
+        self.outbox_depth.labels("pending").set(pending)
+        self.outbox_depth.labels("dead").set(dead)
+        self.outbox_age.set(oldest_age)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """metric.labels(*labels), remembered: a turn reports a dozen measurements, and

@@ -10,6 +10,7 @@ whose fate is unknown (the store failed) drops the live copy too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from chatrun.server import wire
 from chatrun.server.session_cache import Hold, SessionCache, Slot
@@ -23,6 +24,7 @@ class SessionWrites:
     def __init__(self, store: AsyncStore, cache: SessionCache):
         self.store = store
         self.cache = cache
+        self.on_outbox: Callable[[], None] = lambda: None  # a commit queued backend events (the worker's nudge)
 
     async def commit(self, slot: Slot, session_id: str, lease: Lease) -> None:
         """Write what the request's turns committed to the slot's buffer, if anything."""
@@ -52,6 +54,8 @@ class SessionWrites:
                 "retry with the same request id: a turn that was saved is not run again",
             ) from None
         slot.version, slot.committed = version, commit.committed
+        if commit.outbox:
+            self.on_outbox()
 
     async def delete(self, hold: Hold, session_id: str, memory_ids: list[str]) -> None:
         """Delete the stored session (its history, outcomes, records and these memories)."""

@@ -73,6 +73,7 @@ class SessionRegistry:
         self.settings = settings = settings or SessionSettings(cache_size=cache_size)
         self.models = models or ModelPool()
         self.metrics: ServerMetrics | None = None  # set by create_app when prometheus-client is installed
+        self.outbox: Any = None  # the app's OutboxWorker (chatrun.server.outbox), while the app runs
         self.log_content = False  # the turn log line carries the user's message and the replies
         self.cache = SessionCache(CacheLimits(settings.cache_size, settings.cache_bytes, settings.cache_idle))
         self.gate = SessionGate(self.store, settings.lease, settings.if_busy)

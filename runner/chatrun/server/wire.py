@@ -57,9 +57,11 @@ BOT_NOT_FOUND = "BotNotFound"
 UNAUTHORIZED = "Unauthorized"
 CONFLICT = "Conflict"  # the turn was not committed: the session changed meanwhile (fencing)
 UNAVAILABLE = "Unavailable"  # the server is shutting down: send again (another replica serves it)
+NOT_FOUND = "NotFound"  # no such thing (an outbox entry)
 
 # HTTP status for each reason, so the REST API and the WebSocket fail the same way.
 HTTP_STATUS = {
+    NOT_FOUND: 404,
     ROUTE_NOT_FOUND: 404,
     SESSION_NOT_ACTIVE: 404,
     BOT_NOT_FOUND: 404,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from chatrun.messages import Message
-from chatrun.store.record import Commit, JSONObject, SessionRecord
+from chatrun.store.record import Commit, JSONObject, OutboxEntry, SessionRecord
 
 
 @runtime_checkable
@@ -133,6 +133,32 @@ class RecordStore(Protocol):
 
     def delete_record(self, key: str) -> None:
         """Delete the record under `key` (nothing when there is none)."""
+        ...
+
+
+@runtime_checkable
+class OutboxStore(Protocol):
+    """A store that keeps an outbox: the backend events of committed turns, written by
+    `commit_turn` with the turn (from its history entry's "outbox"), waiting for delivery.
+    Workers claim due entries for `lease` seconds (a claim not settled in time comes due
+    again: another worker takes over), try them, and settle them under their claim."""
+
+    def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]:
+        """Up to `limit` pending entries due by `now`, oldest first, each claimed (a fresh
+        `claim` token) until now + lease."""
+        ...
+
+    def settle_outbox(self, entry: OutboxEntry, delivered: bool) -> bool:
+        """Delete a delivered entry, or save the entry's new bookkeeping (attempts, next_at,
+        state, error) unclaimed; only while `entry.claim` is still its claim (else False)."""
+        ...
+
+    def list_outbox(self, state: str | None = None, limit: int = 100) -> list[OutboxEntry]:
+        """Entries oldest first: every one, or those in `state` ("pending", "dead")."""
+        ...
+
+    def requeue_outbox(self, entry_id: str, now: float) -> bool:
+        """A dead letter pending again, due now, its tries counted afresh (False: no such dead letter)."""
         ...
 
 

@@ -21,7 +21,7 @@ from typing import Protocol
 from chatrun.store import SessionStore, open_store
 from chatrun.store.lease import Lease, LeaseSettings
 from chatrun.store.local import LocalAsyncStore
-from chatrun.store.record import Commit, JSONObject, SessionRecord
+from chatrun.store.record import Commit, JSONObject, OutboxEntry, SessionRecord
 
 __all__ = ["AsyncStore", "Lease", "LeaseSettings", "LocalAsyncStore", "as_async_store", "open_async_store"]
 
@@ -70,6 +70,20 @@ class AsyncStore(Protocol):
         ...
 
     async def delete_record(self, key: str) -> None: ...
+
+    # The outbox (chatrun.store.OutboxStore, asynchronously): backend events of committed turns.
+    @property
+    def has_outbox(self) -> bool:
+        """False: a user's own store keeps none (a bot with sinks cannot be served on it)."""
+        ...
+
+    async def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]: ...
+
+    async def settle_outbox(self, entry: OutboxEntry, delivered: bool) -> bool: ...
+
+    async def list_outbox(self, state: str | None = None, limit: int = 100) -> list[OutboxEntry]: ...
+
+    async def requeue_outbox(self, entry_id: str, now: float) -> bool: ...
 
     async def close(self) -> None: ...
 

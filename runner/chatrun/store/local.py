@@ -18,12 +18,20 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar, runtime_checkable
 
-from chatrun.store import DurableStore, EncodedStore, HistoryStore, RecordStore, SessionStore
+from chatrun.store import (
+    DurableStore,
+    EncodedStore,
+    HistoryStore,
+    OutboxStore,
+    RecordStore,
+    SessionStore,
+)
 from chatrun.store.lease import Lease
 from chatrun.store.memory import InMemoryStore, Records
 from chatrun.store.record import (
     Commit,
     JSONObject,
+    OutboxEntry,
     SessionRecord,
     from_json,
     messages_json,
@@ -141,6 +149,32 @@ class LocalAsyncStore:
             self._process_records.delete(key)
             return
         await self._call(self.records.delete_record, key)
+
+    # -- the outbox: a store without one (a user's own SessionStore) has none to claim ------------
+
+    @property
+    def has_outbox(self) -> bool:
+        return isinstance(self.sync, OutboxStore)
+
+    async def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]:
+        if not isinstance(self.sync, OutboxStore):
+            return []
+        return await self._call(self.sync.claim_outbox, now, lease, limit)
+
+    async def settle_outbox(self, entry: OutboxEntry, delivered: bool) -> bool:
+        if not isinstance(self.sync, OutboxStore):
+            return False
+        return await self._call(self.sync.settle_outbox, entry, delivered)
+
+    async def list_outbox(self, state: str | None = None, limit: int = 100) -> list[OutboxEntry]:
+        if not isinstance(self.sync, OutboxStore):
+            return []
+        return await self._call(self.sync.list_outbox, state, limit)
+
+    async def requeue_outbox(self, entry_id: str, now: float) -> bool:
+        if not isinstance(self.sync, OutboxStore):
+            return False
+        return await self._call(self.sync.requeue_outbox, entry_id, now)
 
     async def close(self) -> None:
         if isinstance(self.sync, _Closes):  # SessionStore does not require close()

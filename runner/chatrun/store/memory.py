@@ -7,17 +7,23 @@ JSON cannot hold) is refused here too. Messages are immutable and kept as they a
 
 from __future__ import annotations
 
+import secrets
 import threading
 
 from chatrun.messages import Message
 from chatrun.store.record import (
+    DEAD,
+    PENDING,
     Commit,
     JSONObject,
+    OutboxEntry,
     SessionRecord,
     check_messages,
     from_json,
     messages_json,
+    requeued,
     to_json,
+    unclaimed,
 )
 from chatrun.store.versions import KEEP_OUTCOMES, check_version, next_version
 
@@ -67,6 +73,7 @@ class InMemoryStore:
         self._history: dict[str, list[str]] = {}
         self._records = Records()
         self._outcomes: dict[str, dict[str, str]] = {}  # session -> request id -> entry JSON
+        self._outbox: dict[str, str] = {}  # entry id -> OutboxEntry JSON, oldest first
 
     # -- ChatMemoryStore ----------------------------------------------------------------------
 
@@ -157,6 +164,8 @@ class InMemoryStore:
                     self._memories[mid] = msgs
                     self._memory_sizes[mid] = len(text) if text is not None else _size_of(mid, msgs)
             self._history.setdefault(session_id, []).extend(commit.history_json)
+            for item in commit.outbox:
+                self._outbox[item.id] = item.to_json()
             if commit.outcome is not None:
                 outcomes = self._outcomes.setdefault(session_id, {})
                 outcomes[commit.outcome[0]] = commit.outcome[1]
@@ -199,6 +208,50 @@ class InMemoryStore:
     def delete_record(self, key: str) -> None:
         with self._lock:
             self._records.delete(key)
+
+    # -- OutboxStore --------------------------------------------------------------------------
+
+    def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]:
+        """Up to `limit` pending entries due by `now`, oldest first, claimed until now + lease."""
+        claimed: list[OutboxEntry] = []
+        with self._lock:
+            for text in list(self._outbox.values()):
+                entry = OutboxEntry.from_json(text)
+                if entry.state != PENDING or entry.due > now:
+                    continue
+                entry.claim, entry.claimed_until = secrets.token_hex(8), now + lease
+                self._outbox[entry.id] = entry.to_json()
+                claimed.append(entry)
+                if len(claimed) >= limit:
+                    break
+        return claimed
+
+    def settle_outbox(self, entry: OutboxEntry, delivered: bool) -> bool:
+        """After an attempt under `entry.claim`: delete the delivered entry, else save its new
+        bookkeeping, unclaimed. False (nothing written) when the claim was lost meanwhile."""
+        with self._lock:
+            text = self._outbox.get(entry.id)
+            if text is None or OutboxEntry.from_json(text).claim != entry.claim:
+                return False
+            if delivered:
+                del self._outbox[entry.id]
+            else:
+                self._outbox[entry.id] = unclaimed(entry).to_json()
+        return True
+
+    def list_outbox(self, state: str | None = None, limit: int = 100) -> list[OutboxEntry]:
+        with self._lock:
+            entries = [OutboxEntry.from_json(t) for t in self._outbox.values()]
+        return [e for e in entries if state is None or e.state == state][:limit]
+
+    def requeue_outbox(self, entry_id: str, now: float) -> bool:
+        """A dead letter back in the queue, due now, with its tries counted afresh."""
+        with self._lock:
+            text = self._outbox.get(entry_id)
+            if text is None or (entry := OutboxEntry.from_json(text)).state != DEAD:
+                return False
+            self._outbox[entry_id] = requeued(entry, now).to_json()
+        return True
 
     def close(self) -> None:
         """Nothing to release; here so every store can be closed the same way."""

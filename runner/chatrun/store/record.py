@@ -229,6 +229,7 @@ class Commit:
     outcome: tuple[str, str] | None = None
     turn: int | None = None
     committed: Committed | None = None
+    outbox: list[OutboxEntry] = field(default_factory=list)  # backend events to deliver, from the history
 
     @classmethod
     def encode(
@@ -252,6 +253,7 @@ class Commit:
             history_json=[to_json(f"session {session_id}: history entry {i}", e) for i, e in enumerate(history)],
             expected=expected,
             outcome=None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1])),
+            outbox=outbox_of(session_id, history),
         )
 
     def merge(self, later: Commit) -> None:
@@ -261,5 +263,75 @@ class Commit:
         self.memories.update(later.memories)
         self.memories_json.update(later.memories_json)
         self.history_json.extend(later.history_json)
+        self.outbox.extend(later.outbox)
         if later.turn is not None:
             self.turn, self.outcome = later.turn, later.outcome
+
+
+# -- the outbox ------------------------------------------------------------------------------
+
+OUTBOX_KEY = "outbox"  # a committed turn's history entry lists its deliveries under this key
+PENDING = "pending"  # waiting for its next attempt (or being tried under a claim)
+DEAD = "dead"  # out of attempts or too old: kept as a dead letter until retried
+
+
+@dataclass
+class OutboxEntry:
+    """One delivery of one backend event to one sink, stored with the turn that emitted it.
+
+    `body` is what the sink receives (the event, its turn, session, bot, the idempotency key
+    `id` and `created`); the rest is the delivery's bookkeeping: tries so far, when the next
+    is due, the last error, and the claim of the worker trying it now (a token and until when)."""
+
+    id: str
+    session_id: str
+    sink: str
+    body: JSONObject
+    created: float
+    attempts: int = 0
+    next_at: float = 0.0
+    state: str = PENDING
+    error: str | None = None
+    claim: str | None = None
+    claimed_until: float = 0.0
+
+    def to_json(self) -> str:
+        return to_json(f"outbox entry {self.id}", self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> OutboxEntry:
+        return cls(**from_json(text))
+
+    @property
+    def due(self) -> float:
+        """When a worker may claim it next (a claim held by a dead worker ends too)."""
+        return max(self.next_at, self.claimed_until)
+
+    def shown(self) -> JSONObject:
+        """What `GET /outbox` lists of it (no claim token)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("claim",)}
+
+
+def outbox_of(session_id: str, history: list[JSONObject]) -> list[OutboxEntry]:
+    """The deliveries the committed turns among `history` queued (Session puts them under
+    "outbox" in a successful turn's entry: a failed turn's entry has none)."""
+    out: list[OutboxEntry] = []
+    for entry in history:
+        if not entry.get("ok"):
+            continue
+        for item in entry.get(OUTBOX_KEY) or ():
+            body = item["body"]
+            out.append(OutboxEntry(body["id"], session_id, item["sink"], body, body["created"],
+                                   next_at=body["created"]))
+    return out
+
+
+def unclaimed(entry: OutboxEntry) -> OutboxEntry:
+    """The entry as saved after an attempt: its claim let go."""
+    return OutboxEntry(**{**entry.__dict__, "claim": None, "claimed_until": 0.0})
+
+
+def requeued(entry: OutboxEntry, now: float) -> OutboxEntry:
+    """A dead letter retried by hand: pending, due now, no tries counted, its age counted from now."""
+    return OutboxEntry(**{**entry.__dict__, "state": PENDING, "attempts": 0, "next_at": now, "created": now,
+                          "claim": None, "claimed_until": 0.0})

@@ -18,6 +18,10 @@ The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for se
     chatrun:rec:KEY string a record (RecordStore: JSON), e.g. the OpenAI API's index of turns
     chatrun:rk:S    set    the keys of the records saved for session S (deleted with it)
     chatrun:rs      hash   record key -> the session it was last saved for
+    chatrun:ob      hash   outbox entry id -> the entry (JSON; its claim is kept apart)
+    chatrun:obq     zset   pending outbox entry ids by when a worker may claim them
+    chatrun:obc     hash   outbox entry id -> the token of the worker that claimed it last
+    chatrun:obd     zset   dead-letter outbox entry ids by when they died
 
 Every write of a turn is one Lua script (atomic on the server): it checks that the caller
 still holds the lease and that the session is at the version the turn started from, then
@@ -43,7 +47,18 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from chatrun.errors import ChatrunError
 from chatrun.messages import message_from_dict
 from chatrun.store.lease import Lease, LeaseSettings
-from chatrun.store.record import Commit, JSONObject, SessionRecord, from_json, to_json
+from chatrun.store.record import (
+    DEAD,
+    PENDING,
+    Commit,
+    JSONObject,
+    OutboxEntry,
+    SessionRecord,
+    from_json,
+    requeued,
+    to_json,
+    unclaimed,
+)
 from chatrun.store.versions import CREATE, KEEP_OUTCOMES, LeaseLost, SessionBusy, StaleVersion
 
 log = logging.getLogger("chatrun.store")
@@ -98,9 +113,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS: session hash, history, lease, outcomes, outcome order, sessions index, owner set
+# KEYS: session hash, history, lease, outcomes, outcome order, sessions index, owner set,
+#       outbox entries, outbox queue
 # ARGV: token, expected, random, snapshot, session id, request id, outcome, keep, now, owner,
-#       memory count, (memory id, messages or '' to delete)..., entry count, entries...
+#       memory count, (memory id, messages or '' to delete)..., entry count, entries...,
+#       outbox count, (id, due, entry)...
 _COMMIT = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then return {'lease', ''} end
 local cur = redis.call('HGET', KEYS[1], 'v')
@@ -135,6 +152,12 @@ for _ = 1, count do
   redis.call('RPUSH', KEYS[2], ARGV[i])
   i = i + 1
 end
+count = tonumber(ARGV[i]); i = i + 1
+for _ = 1, count do
+  redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 2])
+  redis.call('ZADD', KEYS[9], ARGV[i + 1], ARGV[i])
+  i = i + 3
+end
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[4], ARGV[6], ARGV[7])
   redis.call('RPUSH', KEYS[5], ARGV[6])
@@ -143,6 +166,52 @@ if ARGV[6] ~= '' then
   end
 end
 return {'ok', v}
+"""
+
+# KEYS: outbox entries, outbox queue, claims; ARGV: now, lease, limit, token prefix
+_CLAIM = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {}
+for i, id in ipairs(ids) do
+  local text = redis.call('HGET', KEYS[1], id)
+  if text then
+    local token = ARGV[4] .. i
+    redis.call('HSET', KEYS[3], id, token)
+    redis.call('ZADD', KEYS[2], tonumber(ARGV[1]) + tonumber(ARGV[2]), id)
+    table.insert(out, id); table.insert(out, text); table.insert(out, token)
+  else
+    redis.call('ZREM', KEYS[2], id)
+  end
+end
+return out
+"""
+
+# KEYS: outbox entries, outbox queue, claims, dead letters; ARGV: id, token, delivered, entry, state, due
+_SETTLE = """
+if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[1])
+if ARGV[3] == '1' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return 1
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
+if ARGV[5] == 'dead' then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZADD', KEYS[4], ARGV[6], ARGV[1])
+else
+  redis.call('ZADD', KEYS[2], ARGV[6], ARGV[1])
+end
+return 1
+"""
+
+# KEYS: outbox entries, outbox queue, dead letters; ARGV: id, entry, due
+_REQUEUE = """
+if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then return 0 end
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+return 1
 """
 
 # KEYS: session hash, history, outcomes, outcome order, lease, sessions index, the session's
@@ -184,6 +253,7 @@ class RedisStore:
     """See the module's text. One asyncio connection pool; every method is a coroutine."""
 
     distributed = True
+    has_outbox = True
 
     def __init__(self, url: str, settings: LeaseSettings = LeaseSettings()):  # noqa: B008 - frozen
         try:
@@ -208,6 +278,10 @@ class RedisStore:
         self._release = self.client.register_script(_RELEASE)
         self._commit = self.client.register_script(_COMMIT)
         self._delete = self.client.register_script(_DELETE)
+        self._claim = self.client.register_script(_CLAIM)
+        self._settle = self.client.register_script(_SETTLE)
+        self._requeue = self.client.register_script(_REQUEUE)
+        self._outbox_keys = [f"{self.prefix}{k}" for k in ("ob", "obq", "obc", "obd")]
 
     def _key(self, kind: str, session_id: str) -> str:
         return f"{self.prefix}{kind}:{session_id}"
@@ -305,8 +379,11 @@ class RedisStore:
             args += [mid, text if text is not None else ""]
         args.append(len(commit.history_json))
         args += commit.history_json
+        args.append(len(commit.outbox))
+        for entry in commit.outbox:
+            args += [entry.id, entry.due, entry.to_json()]
         keys = [self._key(k, session_id) for k in ("s", "h", "l", "r", "ro")]
-        keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}"]
+        keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}", *self._outbox_keys[:2]]
         status, detail = await self._commit(keys=keys, args=args)
         if status == "lease":
             raise LeaseLost(session_id)
@@ -356,6 +433,39 @@ class RedisStore:
 
     async def list_sessions(self) -> list[str]:
         return list(await self.client.zrange(f"{self.prefix}sessions", 0, -1))
+
+    # -- the outbox (OutboxStore, asynchronously) ---------------------------------------------
+
+    async def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]:
+        found = await self._claim(keys=self._outbox_keys[:3], args=[now, lease, limit, secrets.token_hex(6) + "-"])
+        claimed = []
+        for i in range(0, len(found), 3):
+            entry = OutboxEntry.from_json(found[i + 1])
+            entry.claim, entry.claimed_until = found[i + 2], now + lease
+            claimed.append(entry)
+        return claimed
+
+    async def settle_outbox(self, entry: OutboxEntry, delivered: bool) -> bool:
+        saved = unclaimed(entry)
+        args = [entry.id, entry.claim or "", "1" if delivered else "0", saved.to_json(), saved.state,
+                saved.due if saved.state != DEAD else time.time()]
+        return bool(await self._settle(keys=self._outbox_keys, args=args))
+
+    async def list_outbox(self, state: str | None = None, limit: int = 100) -> list[OutboxEntry]:
+        ids: list[str] = []
+        for kind, key in ((PENDING, self._outbox_keys[1]), (DEAD, self._outbox_keys[3])):
+            if state in (None, kind):
+                ids += await self.client.zrange(key, 0, limit - 1)
+        texts = await self.client.hmget(self._outbox_keys[0], ids[:limit]) if ids else []
+        return [OutboxEntry.from_json(t) for t in texts if t is not None]
+
+    async def requeue_outbox(self, entry_id: str, now: float) -> bool:
+        text = await self.client.hget(self._outbox_keys[0], entry_id)
+        if text is None:
+            return False
+        entry = requeued(OutboxEntry.from_json(text), now)
+        keys = [self._outbox_keys[0], self._outbox_keys[1], self._outbox_keys[3]]
+        return bool(await self._requeue(keys=keys, args=[entry_id, entry.to_json(), entry.due]))
 
     async def ping(self) -> None:
         try:

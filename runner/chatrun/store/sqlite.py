@@ -2,7 +2,8 @@
 
 Tables: memories(memory_id, messages JSON), sessions(session_id, snapshot JSON, updated_at,
 version), history(session_id, seq, entry JSON), requests(session_id, request_id, outcome JSON,
-seq), records(key, record JSON). A commit (`commit_turn`, `write_commit`) is one transaction and checks the session's
+seq), records(key, record JSON), outbox(id, state, due, entry JSON: backend events to deliver, written
+in the commit of their turn). A commit (`commit_turn`, `write_commit`) is one transaction and checks the session's
 version (fencing); the file uses WAL so readers never wait for the writer. One connection
 behind a lock: the server calls the store from a worker thread. Messages are stored with
 `Message.to_dict` and read back with
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sqlite3
 import threading
 import time
@@ -28,14 +30,19 @@ from pathlib import Path
 from chatrun.errors import ChatrunError
 from chatrun.messages import Message, message_from_dict
 from chatrun.store.record import (
+    DEAD,
     EMPTY_MEMORY_SIZE,
     OWNER_JSON_PATH,
+    PENDING,
     Commit,
     JSONObject,
+    OutboxEntry,
     SessionRecord,
     from_json,
     messages_json,
+    requeued,
     to_json,
+    unclaimed,
 )
 from chatrun.store.versions import KEEP_OUTCOMES, check_version, next_version
 
@@ -71,6 +78,13 @@ CREATE TABLE IF NOT EXISTS records (
     record  TEXT NOT NULL,
     session TEXT  -- set: the record is deleted with that session
 );
+CREATE TABLE IF NOT EXISTS outbox (
+    id    TEXT PRIMARY KEY,  -- the idempotency key
+    state TEXT NOT NULL,     -- pending | dead
+    due   REAL NOT NULL,     -- when a worker may claim it (its next try, or its claim's end)
+    entry TEXT NOT NULL      -- OutboxEntry JSON
+);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox (state, due);
 """
 
 
@@ -281,6 +295,8 @@ class SQLiteStore:
                 self._append_history(conn, session_id, commit.history_json)
             if commit.outcome is not None:
                 self._record_outcome(conn, session_id, *commit.outcome)
+            conn.executemany("INSERT INTO outbox (id, state, due, entry) VALUES (?, ?, ?, ?)",
+                             [(e.id, e.state, e.due, e.to_json()) for e in commit.outbox])
         return version
 
     @staticmethod
@@ -323,6 +339,50 @@ class SQLiteStore:
         """Session ids, oldest session first."""
         with self._locked("list sessions") as conn:
             return [r[0] for r in conn.execute("SELECT session_id FROM sessions ORDER BY rowid")]
+
+    # -- OutboxStore (see InMemoryStore for what each does) ---------------------------------------
+
+    def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]:
+        with self._transaction("claim outbox entries") as conn:
+            rows = conn.execute("SELECT entry FROM outbox WHERE state = ? AND due <= ? ORDER BY rowid LIMIT ?",
+                                (PENDING, now, limit)).fetchall()
+            claimed = []
+            for (text,) in rows:
+                entry = OutboxEntry.from_json(text)
+                entry.claim, entry.claimed_until = secrets.token_hex(8), now + lease
+                self._save_entry(conn, entry)
+                claimed.append(entry)
+        return claimed
+
+    def settle_outbox(self, entry: OutboxEntry, delivered: bool) -> bool:
+        with self._transaction(f"settle outbox entry {entry.id}") as conn:
+            row = conn.execute("SELECT entry FROM outbox WHERE id = ?", (entry.id,)).fetchone()
+            if row is None or OutboxEntry.from_json(row[0]).claim != entry.claim:
+                return False
+            if delivered:
+                conn.execute("DELETE FROM outbox WHERE id = ?", (entry.id,))
+            else:
+                self._save_entry(conn, unclaimed(entry))
+        return True
+
+    def list_outbox(self, state: str | None = None, limit: int = 100) -> list[OutboxEntry]:
+        with self._locked("list the outbox") as conn:
+            rows = conn.execute("SELECT entry FROM outbox WHERE ? IS NULL OR state = ? ORDER BY rowid LIMIT ?",
+                                (state, state, limit)).fetchall()
+        return [OutboxEntry.from_json(r[0]) for r in rows]
+
+    def requeue_outbox(self, entry_id: str, now: float) -> bool:
+        with self._transaction(f"retry outbox entry {entry_id}") as conn:
+            row = conn.execute("SELECT entry FROM outbox WHERE id = ? AND state = ?", (entry_id, DEAD)).fetchone()
+            if row is None:
+                return False
+            self._save_entry(conn, requeued(OutboxEntry.from_json(row[0]), now))
+        return True
+
+    @staticmethod
+    def _save_entry(conn: sqlite3.Connection, entry: OutboxEntry) -> None:
+        conn.execute("UPDATE outbox SET state = ?, due = ?, entry = ? WHERE id = ?",
+                     (entry.state, entry.due, entry.to_json(), entry.id))
 
     # -- RecordStore ------------------------------------------------------------------------
 

@@ -1,0 +1,207 @@
+"""The outbox worker: delivers the backend events of committed turns to the bots' sinks.
+
+A turn's backend events are written into the store's outbox by the turn's own commit
+(chatrun.store.record.outbox_of), so a rolled-back turn queues nothing and a committed one
+is never lost. This task, started and stopped with the app (server/app.py's Lifecycle),
+claims due entries for `lease` seconds (on Redis one replica at a time: a claim is a token,
+and a replica that dies holding claims lets them come due again for the others), tries each
+(chatrun.server.webhook), and settles it under its claim: a delivered entry is deleted; a
+failed one gets its next attempt time (exponential backoff with jitter, the sink's `retry:`)
+or, out of attempts or too old, becomes a dead letter, listed by `GET /outbox?state=dead`
+and retried by `POST /outbox/{id}/retry`.
+
+Delivery is at least once: an entry delivered whose settle never landed (the process was
+killed between the receiver's 2xx and the store's delete) is delivered again, with the same
+idempotency key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+
+from chatrun.definition.config import RetryPolicy, SinkConfig
+from chatrun.engine import tracing
+from chatrun.errors import ChatrunError
+from chatrun.server import wire
+from chatrun.server.auth import Principal
+from chatrun.server.http import ERROR_RESPONSES
+from chatrun.server.plumbing import Caller, Registry
+from chatrun.server.webhook import Attempt, WebhookSender
+from chatrun.store.record import DEAD, PENDING, OutboxEntry
+
+if TYPE_CHECKING:
+    from chatrun.server.sessions import SessionRegistry
+
+log = logging.getLogger("chatrun.outbox")
+GAUGE_LIMIT = 10_000  # the outbox gauges count this many entries at most
+MEASURE_EVERY = 10.0  # seconds between two updates of the outbox gauges
+
+
+@dataclass(frozen=True)
+class OutboxSettings:
+    """How the worker polls and claims. A claim must outlast the slowest attempt (a sink's
+    `timeout`), so it is at least that plus `lease`'s margin."""
+
+    poll: float = 1.0  # seconds between looks at the outbox when nothing was due
+    lease: float = 60.0  # seconds a claim lasts (another replica takes the entry over after)
+    batch: int = 32  # entries claimed at once
+
+    @classmethod
+    def from_env(cls) -> OutboxSettings:
+        """$CHATRUN_OUTBOX_POLL and $CHATRUN_OUTBOX_LEASE (seconds) over the defaults."""
+        values: dict[str, float] = {}
+        for name, var in (("poll", "CHATRUN_OUTBOX_POLL"), ("lease", "CHATRUN_OUTBOX_LEASE")):
+            text = os.environ.get(var)
+            if text:
+                try:
+                    values[name] = float(text)
+                except ValueError:
+                    raise ChatrunError(f"${var} must be a number of seconds, not {text!r}") from None
+        return cls(poll=values.get("poll", cls.poll), lease=values.get("lease", cls.lease))
+
+
+def next_attempt(policy: RetryPolicy, attempts: int, now: float) -> float:
+    """When the try after `attempts` failed ones is due: backoff * 2**(attempts-1), at most
+    max_backoff, times a jitter in [0.5, 1] (so receivers are not hit by every replica at once)."""
+    delay = min(policy.max_backoff, policy.backoff * 2 ** max(0, attempts - 1))
+    return now + delay * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not a secret
+
+
+def after_failure(entry: OutboxEntry, policy: RetryPolicy, error: str, now: float) -> OutboxEntry:
+    """The entry's bookkeeping after a failed attempt (its `attempts` already counts it)."""
+    entry.error = error
+    if entry.attempts >= policy.attempts or now - entry.created >= policy.max_age:
+        entry.state = DEAD
+        entry.next_at = now
+    else:
+        entry.next_at = next_attempt(policy, entry.attempts, now)
+    return entry
+
+
+class OutboxWorker:
+    """The delivery task of one app (one per replica)."""
+
+    def __init__(self, registry: SessionRegistry, settings: OutboxSettings = OutboxSettings()):  # noqa: B008
+        self.registry = registry
+        self.settings = settings
+        self.sender = WebhookSender()
+        self._wake = asyncio.Event()
+
+    def nudge(self) -> None:
+        """Look at the outbox now (a turn committed backend events in this process)."""
+        self._wake.set()
+
+    async def run_forever(self) -> None:
+        measured = 0.0
+        while True:
+            try:
+                if time.monotonic() - measured >= MEASURE_EVERY:
+                    measured = time.monotonic()
+                    await self.measure()
+                claimed = await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the store is down for a moment: try again later, never die
+                log.exception("outbox: could not claim entries")
+                claimed = 0
+            if not claimed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.settings.poll)
+                self._wake.clear()
+
+    async def run_once(self) -> int:
+        """Claim the due entries and try them all; how many were claimed."""
+        store = self.registry.store
+        lease = self.settings.lease + max((s.webhook.timeout for s in self._sinks() if s.webhook), default=0)
+        entries = await store.claim_outbox(time.time(), lease, self.settings.batch)
+        if entries:
+            await asyncio.gather(*(self.deliver(entry) for entry in entries))
+        return len(entries)
+
+    def _sinks(self) -> list[SinkConfig]:
+        return [sink for bot in self.registry.bots.values() for sink in bot.config.sinks.values()]
+
+    async def deliver(self, entry: OutboxEntry) -> None:
+        entry.attempts += 1
+        bot = self.registry.bots.get(str(entry.body.get("bot")))
+        sink = None if bot is None else bot.config.sinks.get(entry.sink)
+        started = time.monotonic()
+        attributes = {"chatrun.sink": entry.sink, "chatrun.event.id": entry.id,
+                      "chatrun.event.type": entry.body.get("type"), "chatrun.attempt": entry.attempts}
+        with tracing.span(f"deliver {entry.sink}", attributes):
+            if bot is None or sink is None or sink.webhook is None:
+                attempt = Attempt(False, f"bot {entry.body.get('bot')!r} serves no sink {entry.sink!r} any more")
+                policy = RetryPolicy(attempts=1)  # nothing to retry against: a dead letter at once
+            else:
+                attempt = await self.sender.send(bot.config, sink.webhook, entry.body, entry.attempts)
+                policy = sink.retry
+        await self._settle(entry, attempt, policy, time.monotonic() - started)
+
+    async def _settle(self, entry: OutboxEntry, attempt: Attempt, policy: RetryPolicy, seconds: float) -> None:
+        if not attempt.delivered:
+            after_failure(entry, policy, attempt.error or "failed", time.time())
+            log.warning("outbox: %s to sink %s, attempt %d failed: %s%s", entry.id, entry.sink, entry.attempts,
+                        attempt.error, " (now a dead letter)" if entry.state == DEAD else "")
+        if not await self.registry.store.settle_outbox(entry, attempt.delivered):
+            log.info("outbox: %s: its claim ended before the attempt did; another worker has it", entry.id)
+        metrics = self.registry.metrics
+        if metrics is not None:
+            outcome = "delivered" if attempt.delivered else "dead" if entry.state == DEAD else "retry"
+            metrics.delivered(str(entry.body.get("bot")), entry.sink, outcome, seconds)
+
+    async def measure(self) -> None:
+        """The outbox gauges: entries by state (counted up to GAUGE_LIMIT) and the oldest's age."""
+        metrics = self.registry.metrics
+        if metrics is None:
+            return
+        pending = await self.registry.store.list_outbox(PENDING, GAUGE_LIMIT)
+        dead = await self.registry.store.list_outbox(DEAD, GAUGE_LIMIT)
+        oldest = min((e.created for e in pending), default=None)
+        metrics.outbox_state(len(pending), len(dead), 0.0 if oldest is None else max(0.0, time.time() - oldest))
+
+    async def aclose(self) -> None:
+        await self.sender.aclose()
+
+
+# -- the HTTP API: GET /outbox, POST /outbox/{id}/retry ------------------------------------------
+
+OUTBOX_ROLE = "outbox"  # with auth on, only principals with this role see or retry the outbox
+
+
+def make_outbox_router() -> APIRouter:
+    router = APIRouter(responses=ERROR_RESPONSES)
+
+    @router.get("/outbox")
+    async def list_entries(who: Caller, registry: Registry, state: Literal["pending", "dead"] | None = None,
+                           limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+        """The outbox's entries, oldest first (`state`: only pending ones, or only dead letters)."""
+        _allowed(who)
+        entries = await registry.store.list_outbox(state, limit)
+        return {"entries": [entry.shown() for entry in entries]}
+
+    @router.post("/outbox/{entry_id}/retry")
+    async def retry(entry_id: str, who: Caller, registry: Registry) -> Any:
+        """A dead letter back in the queue, due now, its tries counted afresh (404: no such dead letter)."""
+        _allowed(who)
+        if not await registry.store.requeue_outbox(entry_id, time.time()):
+            raise wire.RequestFailed(wire.NOT_FOUND, f"outbox entry {entry_id}: no such dead letter")
+        worker = getattr(registry, "outbox", None)
+        if worker is not None:
+            worker.nudge()
+        return {"id": entry_id, "state": PENDING}
+
+    return router
+
+
+def _allowed(who: Principal | None) -> None:
+    if who is not None and OUTBOX_ROLE not in who.roles:
+        raise wire.RequestFailed(wire.FORBIDDEN, f"the outbox is for principals with the role `{OUTBOX_ROLE}`")

@@ -1,0 +1,135 @@
+"""The `webhook:` sink: one backend event POSTed as JSON, signed with HMAC-SHA256.
+
+    POST <url>
+    Content-Type: application/json
+    Chatrun-Event-Id: evt_...          the idempotency key (also Idempotency-Key)
+    Chatrun-Event-Type: Detractor
+    Chatrun-Timestamp: 1764032400      Unix seconds when this attempt was signed
+    Chatrun-Signature: v1=<hex>        HMAC-SHA256(secret, f"{timestamp}.{raw body}"), hex
+    Chatrun-Attempt: 1
+
+    {"id": "evt_...", "type": "Detractor", "data": ..., "turn": 3, "session": "...",
+     "bot": "survey", "created": 1764032399.5}
+
+A receiver verifies the signature over the raw body bytes, rejects an old timestamp (replays)
+and de-duplicates on the event id (docs/deploy.md, "Webhook delivery", has a tested example).
+Any 2xx answer is a delivery; anything else (another status, a timeout, no connection) is a
+failed attempt, retried by the outbox worker (chatrun.server.outbox).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from chatrun import __version__
+from chatrun.definition.config import BotConfig, WebhookConfig
+from chatrun.definition.templates import ENV
+from chatrun.errors import ChatrunError
+from chatrun.toolkinds.http import Environment
+
+SIGNATURE_VERSION = "v1"
+
+
+def signature(secret: str, timestamp: int, body: bytes) -> str:
+    """The `Chatrun-Signature` header's value for a body signed at `timestamp`."""
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"{SIGNATURE_VERSION}={digest}"
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """The request body: compact JSON, UTF-8 (the bytes the signature covers)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+@dataclass
+class Attempt:
+    """How one delivery attempt went: delivered (a 2xx), else why not (for the dead letter)."""
+
+    delivered: bool
+    error: str | None = None
+    status: int | None = None
+
+
+class WebhookSender:
+    """POSTs events to the webhooks of the served bots, one HTTP client for all of them."""
+
+    def __init__(self) -> None:
+        self._client: httpx.AsyncClient | None = None
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(follow_redirects=False)
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def send(self, config: BotConfig, hook: WebhookConfig, body: dict[str, Any], attempt: int) -> Attempt:
+        try:
+            url, headers = _request(config, hook, body, attempt)
+        except ChatrunError as exc:  # an unset variable: the error names it, never a value
+            return Attempt(False, str(exc))
+        try:
+            response = await self.client().post(url, content=encode_body_signed(headers, body, hook, config),
+                                                headers=headers, timeout=hook.timeout)
+        except httpx.TimeoutException:
+            return Attempt(False, f"{_shown(url)}: no answer within {hook.timeout:g} s (the webhook's `timeout`)")
+        except httpx.HTTPError as exc:
+            return Attempt(False, f"{_shown(url)}: cannot connect ({type(exc).__name__})")
+        if 200 <= response.status_code < 300:
+            return Attempt(True, status=response.status_code)
+        return Attempt(False, f"{_shown(url)} answered {response.status_code}", response.status_code)
+
+
+def encode_body_signed(headers: dict[str, str], body: dict[str, Any], hook: WebhookConfig, config: BotConfig) -> bytes:
+    """The body's bytes, and (with a `secret`) its signature put into `headers`."""
+    raw = encode_body(body)
+    if hook.secret is not None:
+        secret = os.environ.get(hook.secret, _default(config, hook.secret))
+        if not secret:
+            raise ChatrunError(f"the webhook's secret `env.{hook.secret}` is not set")
+        timestamp = int(headers["Chatrun-Timestamp"])
+        headers["Chatrun-Signature"] = signature(secret, timestamp, raw)
+    return raw
+
+
+def _request(config: BotConfig, hook: WebhookConfig, body: dict[str, Any], attempt: int) -> tuple[str, dict[str, str]]:
+    """The URL and headers of an attempt (templates over `env`); ChatrunError names an unset variable."""
+    env = {"env": Environment(config.env)}
+    url = ENV.from_string(hook.url).render(env)
+    headers = {name: ENV.from_string(value).render(env) for name, value in hook.headers.items()}
+    headers = {name: value for name, value in headers.items() if value and value != "None"}
+    headers.update({
+        "Content-Type": "application/json",
+        "User-Agent": f"chatrun/{__version__}",
+        "Chatrun-Event-Id": body["id"],
+        "Idempotency-Key": body["id"],
+        "Chatrun-Event-Type": str(body["type"]),
+        "Chatrun-Timestamp": str(int(time.time())),
+        "Chatrun-Attempt": str(attempt),
+    })
+    if hook.secret is not None:
+        secret = os.environ.get(hook.secret, _default(config, hook.secret))
+        if not secret:
+            raise ChatrunError(f"the webhook's secret `env.{hook.secret}` is not set (nor has a `default`)")
+    return url, headers
+
+
+def _default(config: BotConfig, name: str) -> str | None:
+    var = config.env.get(name)
+    return var.default if var is not None else None
+
+
+def _shown(url: str) -> str:
+    """The URL for an error message: no query (it may carry a token)."""
+    return url.split("?", 1)[0]
