@@ -188,12 +188,10 @@ async def unsupported(request: Request) -> Any:
                       "(see docs/openai-api.md)", code="unknown_url")
 
 
-# -- Chat Completions ------------------------------------------------------------------------------
-
-
 @dataclass
-class ChatCompletion:
-    """One /v1/chat/completions request, checked: its turn, and the reply in either form."""
+class TurnRequest:
+    """What a request of either OpenAI API holds once checked: where its turn goes, who asks,
+    the model named, the input, and which conversation it continues."""
 
     index: TurnIndex
     keepalive: float
@@ -201,6 +199,15 @@ class ChatCompletion:
     model: str
     text: str  # the last user message: the turn's input
     ident: Identity
+
+
+# -- Chat Completions ------------------------------------------------------------------------------
+
+
+@dataclass
+class ChatCompletion(TurnRequest):
+    """One /v1/chat/completions request, checked: its turn, and the reply in either form."""
+
     as_json: bool  # response_format json_object/json_schema: the Object events as the reply
     want_events: bool
     include_usage: bool
@@ -295,15 +302,9 @@ class ChatCompletion:
 
 
 @dataclass
-class ResponseRequest:
+class ResponseRequest(TurnRequest):
     """One /v1/responses request, checked: its turn, and the response object in either form."""
 
-    index: TurnIndex
-    keepalive: float
-    who: Principal | None
-    model: str
-    text: str  # the last user message: the turn's input
-    ident: Identity
     previous_id: str | None
     conversation: str | None
     want_events: bool
