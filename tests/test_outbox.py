@@ -74,7 +74,7 @@ def test_the_webhook_gets_exactly_the_backend_events_of_committed_turns_signed(s
     assert len({d.body["id"] for d in got}) == 2
     history = client.get("/bots/survey/sessions/s1").json()["history"]
     assert [e["ok"] for e in history] == [True, False, True]
-    assert "outbox" not in history[1] and history[0]["outbox"][0]["body"]["id"] == first.body["id"]
+    assert all("outbox" not in e for e in history)  # the deliveries (with the event data) are the outbox's
 
 
 @pytest.mark.parametrize("served", ["attempts: 3, backoff: 0.1"], indirect=True)
@@ -172,3 +172,52 @@ def test_a_library_session_returns_backend_events_and_queues_them_in_its_store(t
     queued = session.last_turn["outbox"]
     assert [(q["sink"], q["body"]["data"]) for q in queued] == [("crm", 5)]
     assert [e.id for e in store.list_outbox(PENDING)] == [queued[0]["body"]["id"]]
+    assert "outbox" not in store.load_history(session.id)[-1]
+
+
+def test_a_webhook_whose_secret_is_unset_sends_nothing_and_names_the_variable(tmp_path, receiver, monkeypatch):
+    import asyncio
+
+    import chatrun
+    from chatrun.server.webhook import WebhookSender
+
+    bot_file = tmp_path / "bot.yaml"
+    bot_file.write_text(survey_bot("provider: scripted"))
+    monkeypatch.setenv("HOOK_URL", receiver.url)
+    monkeypatch.delenv("HOOK_SECRET", raising=False)
+    config = chatrun.load_bot(bot_file).config
+    body = {"id": "evt_1", "type": "Detractor", "data": 1, "turn": 1, "session": "s", "bot": "survey", "created": 1.0}
+
+    async def attempt():
+        sender = WebhookSender()
+        try:
+            return await sender.send(config, config.sinks["crm"].webhook, body, 1)
+        finally:
+            await sender.aclose()
+
+    failed = asyncio.run(attempt())
+    assert not failed.delivered and "`env.HOOK_SECRET` is not set" in failed.error
+    assert receiver.seen() == []
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    assert asyncio.run(attempt()).delivered and receiver.seen()[0].signed_with(SECRET)
+
+
+@pytest.mark.parametrize("served", ["attempts: 5, backoff: 0.1"], indirect=True)
+def test_each_delivery_attempt_is_a_span(spans, served, receiver):
+    receiver.status = 500
+    served.post("/bots/survey/sessions", json={"id": "t1"})
+    assert turn(served, "1", "t1")["ok"] is True
+    receiver.wait_for(lambda seen: len(seen) >= 1, what="a failed attempt")
+    receiver.status = 200
+    receiver.wait_for(lambda seen: any(d.status == 200 for d in seen), what="the delivery")
+    wait_until(lambda: outbox(served) == [], what="the outbox emptied")
+
+    def delivery_spans():
+        return [s for s in spans.get_finished_spans() if s.name == "deliver crm"]
+
+    found = wait_until(lambda: len(delivery_spans()) >= 2 and delivery_spans(), what="the spans")
+    first, last = found[0], found[-1]
+    assert first.attributes["chatrun.event.type"] == "Detractor" and first.attributes["chatrun.attempt"] == 1
+    assert first.attributes["chatrun.event.id"] == last.attributes["chatrun.event.id"]
+    assert first.status.status_code.name == "ERROR" and first.attributes["error.type"] == "delivery_failed"
+    assert last.status.status_code.name == "UNSET" and "error.type" not in last.attributes

@@ -84,7 +84,9 @@ def test_kill_9_after_the_commit_and_the_event_still_arrives_once(kind, bot, fak
     assert len(accepted) == 1 and len(receiver.accepted()) == 1
     delivered = accepted[0]
     assert delivered.body["data"] == 2 and delivered.signed_with(SECRET)
-    assert receiver.arrivals == 2  # the attempt that hung in the dead replica's hands, and this one
+    # The attempt that hung in the dead replica's hands (on a slow machine it may have timed out
+    # and tried again before the kill), and the one that got through.
+    assert receiver.arrivals >= 2
     # Every attempt (the one that hung in the dead replica's hands too) carried the same key.
     assert {d.headers["idempotency-key"] for d in receiver.seen()} == {delivered.body["id"]}
 

@@ -81,3 +81,13 @@ tools:
     t.send("/quit\r")
     assert t.wait() == 0
     assert "unknown command" not in t.text and "error" not in t.text
+
+
+def test_clock_completes_its_words_after_the_command():
+    names = Names(COMMAND_NAMES, clock=["real", "+1h", "+1d", "2026-11-25T09:00"])
+    assert "/clock " in COMMAND_NAMES
+    assert completions("/clo", names) == ["/clock "]
+    assert completions("/clock r", names) == ["real"]
+    assert completions("/clock +", names) == ["+1d", "+1h"]
+    assert completions("/clock 2026", names) == ["2026-11-25T09:00"]
+    assert completions("/clock real x", names) == []

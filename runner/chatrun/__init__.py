@@ -16,6 +16,7 @@ import typing as _typing
 
 from chatrun import events
 from chatrun.engine.bot import Bot, load_bot
+from chatrun.engine.clock import Clock, FixedClock, SystemClock
 from chatrun.engine.session import Session
 from chatrun.errors import (
     BotError,
@@ -72,8 +73,10 @@ __all__ = [
     "ChatMemory",
     "ChatModel",
     "ChatrunError",
+    "Clock",
     "Diagnostic",
     "Event",
+    "FixedClock",
     "ForbiddenRouteError",
     "FrameError",
     "InMemoryStore",
@@ -93,6 +96,7 @@ __all__ = [
     "SessionError",
     "SessionStore",
     "StaleVersion",
+    "SystemClock",
     "SystemMessage",
     "TokenWindowMemory",
     "ToolCall",

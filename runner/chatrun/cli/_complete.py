@@ -1,5 +1,5 @@
 """Tab completion in `chatrun repl`: slash commands, then their arguments from the running bot
-(`/call TOOL`, `/reset ROUTE`, `/roles A,B`). Pure functions over the text before the cursor,
+(`/call TOOL`, `/reset ROUTE`, `/roles A,B`, `/clock real`). Pure functions over the text before the cursor,
 so they are tested without a terminal; repl.py hands them to the stdlib readline."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ class Names:
     tools: list[str] = field(default_factory=list)
     routes: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)
+    clock: list[str] = field(default_factory=list)  # /clock's words: real, +1h, +1d, the time now
 
 
 def command_names(help_text: str) -> list[str]:
@@ -50,6 +51,8 @@ def completions(before_cursor: str, names: Names) -> list[str]:
         return _starting_with(names.tools, word, " ")
     if command == "/reset":
         return _starting_with(names.routes, word, "")
+    if command == "/clock":
+        return _starting_with(names.clock, word, "")
     return []
 
 

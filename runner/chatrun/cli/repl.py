@@ -18,6 +18,7 @@ from chatrun.cli._complete import DELIMITERS, Names, command_names, completions
 from chatrun.cli._reload import ReplReloader
 from chatrun.cli.human_model import HumanModel
 from chatrun.definition.config import ModelConfig
+from chatrun.engine.clock import Clock, FixedClock, SystemClock, parse_duration, parse_instant
 from chatrun.errors import ChatrunError
 from chatrun.events import Event
 from chatrun.models.pool import ModelPool
@@ -33,13 +34,17 @@ COMMANDS = """\
 /history           everything said in this session
 /usage             the last turn's tokens and cost, per model call, and the session's total
 /roles [a,b]       the roles route checks use; with a list, a new session with those roles
+/principal [NAME k=v ...]  who is signed in (templates' `principal`); NAME email=a@b.c signs one in, - no one
+/clock [WHEN|real] the time templates see (`now`); 2026-12-24T18:00 pins it (in the bot's
+                   time zone unless it has an offset), +2h or +1d moves it on, real unpins it
 /reload            load the bot's files again (--reload does it on every edit)
 /save FILE         write the conversation so far as a golden transcript
 /reset [ROUTE]     start a new session (on ROUTE, else --route or the default route)
 /quit              leave (Ctrl-D too)
 Ctrl-C cancels a running turn, or clears the line; twice on an empty line quits.
 Up/Down recall earlier lines (kept in {history}); Tab completes commands, and the names of
-tools (/call), routes (/reset) and roles (/roles) of the bot as it is now (after a reload too)."""
+tools (/call), routes (/reset) and roles (/roles) of the bot as it is now (after a reload too),
+and /clock's words (real, +1h, +1d, the time now)."""
 
 ROLES_OFF = ("(no --roles given: role checks are off, every route is open; "
              "--roles a,b or /roles a,b to walk the bot as a principal with those roles)")
@@ -147,6 +152,7 @@ class Repl:
         self.store = store
         self.route = route
         self.roles = roles
+        self.principal: dict[str, Any] | None = None  # who is signed in (/principal): what `bind:` reads
         self.interactive = sys.stdin.isatty()
         self.human = HumanModel(self.read_line, self.note) if play_model else None
         self.reloader = ReplReloader(bot)
@@ -156,6 +162,7 @@ class Repl:
         self.models = ModelPool()  # the real model's clients, on that loop too, closed on exit
         self.model: Any = self.human or self.models.model()
         self.session = bot.session(route=route, store=store, model=self.model, session_id=session_id, roles=roles)
+        self.clock: Clock = SystemClock()  # kept across /reset: a pinned clock stays pinned
         self.streamed = ""
         self.records: list[dict[str, Any]] = []  # per turn, for /save
         self.choices: list[tuple[str, str]] = []  # (value, label) of the last Choices event (picked_choice)
@@ -273,7 +280,8 @@ class Repl:
         config = self.reloader.newest_bot().config
         offered = self.human.offered if self.human else []
         return Names(COMMAND_NAMES, tools=[*config.tools, *offered], routes=list(config.routes),
-                     roles=sorted({role for route in config.routes.values() for role in route.roles}))
+                     roles=sorted({role for route in config.routes.values() for role in route.roles}),
+                     clock=["real", "+1h", "+1d", self.session.now().strftime("%Y-%m-%dT%H:%M")])
 
     def read_eval_loop(self) -> int:
         interrupted = False
@@ -310,6 +318,8 @@ class Repl:
     def turn(self, text: str) -> None:
         self.take_reloaded_bot()
         before = len(self.human.responses) if self.human else 0
+        # /save writes a pinned clock's instant on the turn, so the transcript replays at it
+        pinned = self.session.now().isoformat() if isinstance(self.clock, FixedClock) else None
         events: list[Event] = []
 
         async def consume() -> None:
@@ -337,6 +347,7 @@ class Repl:
                 "events": events,
                 "route": self.session.route,
                 "stack": self.session.stack,
+                **({"clock": pinned} if pinned else {}),
             })
 
     def command(self, line: str) -> str | None:
@@ -366,6 +377,10 @@ class Repl:
             self.reset(arg.strip() or None)
         elif name == "/roles":
             self.set_roles(arg.strip())
+        elif name == "/principal":
+            self.set_principal(arg.strip())
+        elif name == "/clock":
+            self.set_clock(arg.strip())
         elif name == "/reload":
             self.reloader.reload_now()
             self.take_reloaded_bot()
@@ -394,6 +409,8 @@ class Repl:
         except ChatrunError as exc:  # e.g. --route names a route the roles may not enter
             click.secho(f"error: {exc}; starting on the default route", fg="red")
             self.session = self.bot.session(store=self.store, model=self.model, roles=self.roles)
+        self.session.principal = self.principal
+        self.session.clock = self.clock
         self.records.clear()
         if self.human:
             self.human.last_route = self.human.last_system = None
@@ -409,6 +426,48 @@ class Repl:
             click.secho(ROLES_OFF, dim=True)
         else:
             click.echo(f"roles: {', '.join(sorted(self.roles)) or '(none)'}")
+
+    def set_principal(self, arg: str) -> None:
+        """/principal shows who is signed in; /principal NAME k=v ... signs NAME in with those
+        claims (`principal.k` in templates; its roles are --roles / /roles), for this session
+        and the next; /principal - signs out. Like a server's, it is the session's, not stored."""
+        if arg == "-":
+            self.principal = None
+        elif arg:
+            name, *claims = arg.split()
+            pairs = [claim.partition("=") for claim in claims]
+            bad = [claim for claim, (_, eq, _) in zip(claims, pairs, strict=True) if not eq]
+            if bad:
+                click.secho(f"error: {bad[0]!r} is not a claim; write NAME=VALUE (e.g. email=ana@example.com)",
+                            fg="red")
+                return
+            self.principal = {**{k: v for k, _, v in pairs}, "name": name, "roles": sorted(self.roles or ())}
+        self.session.principal = self.principal
+        who = self.session.principal
+        if who is None:
+            click.secho("(no one is signed in: `principal` is none in templates)", dim=True)
+        else:
+            click.echo("principal: " + json.dumps(who, ensure_ascii=False))
+
+    def set_clock(self, arg: str) -> None:
+        """/clock shows `now`; /clock WHEN pins it, /clock +DURATION moves a pinned clock on
+        (pinning the real time first), /clock real goes back to the system clock."""
+        try:
+            if arg == "real":
+                self.clock = SystemClock()
+            elif arg.startswith("+"):
+                pinned = self.clock if isinstance(self.clock, FixedClock) else FixedClock(self.session.now())
+                pinned.advance(parse_duration(arg[1:]))
+                self.clock = pinned
+            elif arg:
+                self.clock = FixedClock(parse_instant(arg, self.session.now().tzinfo))
+            self.session.clock = self.clock
+            now = self.session.now()
+        except (ValueError, ChatrunError) as exc:
+            click.secho(f"error: {exc} (e.g. /clock 2026-12-24T18:00, /clock +1d, /clock real)", fg="red")
+            return
+        kind = "pinned" if isinstance(self.clock, FixedClock) else "system clock"
+        click.echo(f"{now.replace(microsecond=0).isoformat()} ({now.strftime('%A')}, {now.tzinfo}; {kind})")
 
     def take_reloaded_bot(self) -> None:
         """Between turns: run the next turns on the bot an edit produced, keeping the session."""

@@ -18,11 +18,12 @@ from jinja2 import TemplateSyntaxError, nodes
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from chatrun.definition.binding import check_binding
 from chatrun.definition.config import ActionConfig, BotConfig, RouteConfig, ToolConfig
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
-from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES
+from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES, zone_named
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
 
@@ -76,6 +77,7 @@ class _Checker:
         for tool in self.config.tools.values():
             self.tool(tool)
         self.env()
+        self.timezones()
         for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
             kind.check_bot(self.config, self)
         _graph_checks(self)
@@ -206,12 +208,27 @@ class _Checker:
         raw = section.get(name) if isinstance(section, dict) else None
         if isinstance(raw, dict) and "parameters" in raw:  # the default needs no check
             self.parameters(tool)
+        check_binding(self, tool, raw if isinstance(raw, dict) else None, routes)
 
     def env(self) -> None:
         for name, var in self.config.env.items():
             if var.default is None and name not in os.environ:
                 self.add("warning", f"environment variable `{name}` is declared under `env:` but not set "
                              "(and has no `default`); a tool that reads it will fail its turn", "env", name)
+    def timezones(self) -> None:
+        """`timezone:` and a declared `state.timezone` default name IANA zones (docs/format.md, "The clock")."""
+        doc = self.src.main
+        for value, path in ((self.config.timezone, ("timezone",)), (self.config.state.get("timezone"), ("state", "timezone"))):
+            if not isinstance(value, str) or zone_named(value) is not None:
+                continue
+            pos = doc.pos(path)
+            known = _zone_names()
+            hint = (suggest(value, known) + " (e.g. Europe/Paris, America/New_York, UTC)" if known else
+                    " (this machine has no time zone database: install the system's tzdata, or `pip install tzdata`)")
+            self.out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
+                                       f"`{'.'.join(path)}` is {value!r}, which is not an IANA time zone name{hint}",
+                                       ".".join(path)))
+
     def action(self, tool: ToolConfig, action: ActionConfig, at: tuple, case: str) -> None:
         """The targets and templates of an action (`case`: "" for the tool's own, else which case)."""
         name = tool.name
@@ -350,7 +367,8 @@ class _Checker:
     # -- templates -------------------------------------------------------------------
 
     def template(self, source: str, what: str, path: tuple, tool: ToolConfig | None,
-                 variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None) -> None:
+                 variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None,
+                 undeclared: str = "warning") -> None:
         if "{" not in source:
             return  # plain text: nothing to compile or resolve
         kind, name, *sub = path
@@ -394,11 +412,11 @@ class _Checker:
             elif head in ("state", "scope"):
                 problem = self.undeclared(ref) or self.invisible(ref, routes or [])
                 if problem:
-                    emit("warning", f"{what} reads `{'.'.join(ref)}`, but {problem}", lineno)
+                    emit(undeclared, f"{what} reads `{'.'.join(ref)}`, but {problem}", lineno)
             elif head == "args" and tool is not None:
                 declared = _declared_args(tool.parameters)
                 if declared is not None and ref[1] not in declared:
-                    emit("warning", f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
+                    emit(undeclared, f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
                          f"property `{ref[1]}`{suggest(ref[1], declared)}", lineno)
 
 
@@ -423,6 +441,12 @@ _CONSTANTS = frozenset({"true", "false", "none", "True", "False", "None"})
 _TESTS_AFTER_IS = frozenset({"none", "defined", "undefined"})
 # Names Jinja itself provides in some blocks.
 _JINJA_NAMES = frozenset({"loop", "caller", "varargs", "kwargs", "self", "super"})
+
+
+def _zone_names() -> set[str]:
+    import zoneinfo  # only for a bot that names a zone that does not exist
+
+    return zoneinfo.available_timezones()
 
 
 @lru_cache(maxsize=16384)

@@ -191,6 +191,9 @@ class ToolConfig:
     action: ActionConfig = field(default_factory=ActionConfig)
     on_error: OnErrorConfig | None = None  # what a failing handler does instead of failing the turn
     where: Location = field(default_factory=Location)
+    # Bound arguments (`bind:`): argument NAME -> template. Not offered to the model, never taken
+    # from it: the engine renders them into the call's arguments (engine/binding.py).
+    bind: dict[str, Any] = field(default_factory=dict)
 
     @property
     def kind(self) -> str | None:
@@ -248,6 +251,7 @@ class BotConfig:
     limits: Limits = field(default_factory=lambda: Limits())
     env: dict[str, EnvVar] = field(default_factory=dict)
     prices: dict[str, Price] = field(default_factory=dict)  # model name -> price
+    timezone: str | None = None  # IANA name `now` is shown in (None: UTC); a session's `state.timezone` wins
     # What tool kinds declare for the whole bot, by kind key (the mcp kind: its `mcp_servers:`).
     kind_config: dict[str, Any] = field(default_factory=dict)
     events: dict[str, EventTypeConfig] = field(default_factory=dict)  # `events:`: declared types, their audience

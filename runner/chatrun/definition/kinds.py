@@ -38,8 +38,10 @@ class Checks(Protocol):
         """A diagnostic at the YAML node `kind.name.sub...` (e.g. "tools", "get_pet", "http", "url")."""
 
     def template(self, source: str, what: str, path: tuple[Any, ...], tool: ToolConfig | None,
-                 variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None) -> None:
-        """Check a template: it compiles, and what it reads exists (diagnostics on its own line)."""
+                 variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None,
+                 undeclared: str = "warning") -> None:
+        """Check a template: it compiles, and what it reads exists (diagnostics on its own line;
+        a read of an undeclared `state.`/`scope.`/`args.` path has severity `undeclared`)."""
 
 
 @dataclass

@@ -441,6 +441,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         limits=_limits(top.get("limits")),
         env=_env(top.get("env")),
         prices=_prices(top.get("prices")),
+        timezone=_str(top.get("timezone")),
         kind_config=bot_kinds(top, main),
         events=_event_types(top.get("events"), main),
         sinks=_sinks(top.get("sinks"), main),
@@ -620,6 +621,7 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
         on_error=OnErrorConfig(_str(on_error.get("message")), _str(on_error.get("reply")),
                                _loc(doc, (*base, "on_error"))) if isinstance(on_error, dict) else None,
         where=_loc(doc, base),
+        bind={k: v for k, v in _dict(raw.get("bind")).items() if isinstance(k, str)},
     )
 
 

@@ -8,17 +8,23 @@ a bot file must not be able to reach Python internals through a template.
 from __future__ import annotations
 
 import json
+from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from jinja2 import StrictUndefined, Template, Undefined
+from jinja2 import StrictUndefined, Template, Undefined, pass_context
 from jinja2.environment import TemplateExpression
+from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Variables a template may use (README: "Template variables").
-TEMPLATE_VARIABLES = ("state", "scope", "args", "user_message", "data", "route", "stack", "turn", "result", "error",
-                      "output")
+TEMPLATE_VARIABLES: tuple[str, ...] = ("state", "scope", "args", "user_message", "data", "route", "stack", "turn", "result",
+                                       "error", "output", "now", "today")
+# Who is signed in (`principal.name`, `principal.roles`, its claims) and the session's id: what
+# bound arguments (`bind:`) are usually made of, usable in every template.
+TEMPLATE_VARIABLES += ("principal", "session_id")
 
 
 class _Undefined(StrictUndefined):
@@ -32,7 +38,11 @@ class _Undefined(StrictUndefined):
 
 
 def _tojson(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
+    return json.dumps(value, ensure_ascii=False, default=_json_default)
+
+
+def _json_default(value: Any) -> str:
+    return value.isoformat() if isinstance(value, (date, datetime)) else str(value)
 
 
 def _urlsegment(value: Any) -> str:
@@ -41,9 +51,113 @@ def _urlsegment(value: Any) -> str:
     return quote(str(value), safe="")
 
 
-ENV = ImmutableSandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=False)
+# -- dates (docs/format.md, "The clock") ------------------------------------------------------
+# `now` is an aware datetime in the session's zone and `today` its date; these read the dates
+# a bot keeps in its state (ISO text) so they can be compared with them and counted.
+
+
+def _as_date(value: Any) -> date:
+    """`"2026-11-25"`, an ISO date-time, a datetime or a date -> the date (of a date-time: its own)."""
+    if isinstance(value, datetime):
+        return value.date()
+    if isinstance(value, date):
+        return value
+    text = _iso_text(value, "date")
+    try:
+        return date.fromisoformat(text) if len(text) == 10 else datetime.fromisoformat(text).date()
+    except ValueError:
+        raise ValueError(f"`date` cannot read {value!r}: write dates as 2026-11-25") from None
+
+
+@pass_context
+def _as_datetime(context: Context, value: Any) -> datetime:
+    """An ISO date-time (or date: its midnight) -> an aware datetime; one without an offset is
+    read in the session's zone (that of `now`)."""
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, date):
+        parsed = datetime(value.year, value.month, value.day)
+    else:
+        try:
+            parsed = datetime.fromisoformat(_iso_text(value, "datetime"))
+        except ValueError:
+            raise ValueError(f"`datetime` cannot read {value!r}: write date-times as 2026-11-25T09:30:00+01:00 "
+                             "(the offset may be left out: the session's time zone)") from None
+    if parsed.tzinfo is None:
+        now = context.get("now")
+        parsed = parsed.replace(tzinfo=now.tzinfo if isinstance(now, datetime) else UTC)
+    return parsed
+
+
+def _iso_text(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"`{name}` reads ISO text, a date or a date-time, not {value!r}")
+    return value.strip()
+
+
+@pass_context
+def _add_days(context: Context, value: Any, days: int | float) -> date | datetime:
+    """A date or date-time `days` later (earlier when negative); text is read as by `date`
+    (a bare date) or `datetime`."""
+    return _moment(context, value) + timedelta(days=days)
+
+
+@pass_context
+def _add_hours(context: Context, value: Any, hours: int | float) -> datetime:
+    moment = _moment(context, value)
+    if not isinstance(moment, datetime):
+        moment = _as_datetime(context, moment)
+    return moment + timedelta(hours=hours)
+
+
+def _moment(context: Context, value: Any) -> date | datetime:
+    if isinstance(value, str) and len(value.strip()) == 10:
+        return _as_date(value)
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return value
+    return _as_datetime(context, value)
+
+
+def _days_between(start: Any, end: Any) -> int:
+    """Whole calendar days from `start` to `end` (negative when `end` is earlier)."""
+    return (_as_date(end) - _as_date(start)).days
+
+
+def zone_named(name: str) -> ZoneInfo | None:
+    """The IANA time zone `name` (e.g. Europe/Paris), or None when there is none of that name."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return None
+
+
+def plain(value: Any) -> Any:
+    """A template's typed value as state and events can keep it: dates and date-times become
+    their ISO text (a store keeps JSON)."""
+    if isinstance(value, (date, datetime)):
+        return value.isoformat()
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def _finalize(value: Any) -> Any:
+    """What `{{ ... }}` prints: dates and date-times as ISO text (2026-11-25T09:00:00+01:00), the
+    form the bot's state and APIs use, not Python's `str` (a space before the time)."""
+    return value.isoformat() if isinstance(value, (date, datetime)) else value
+
+
+ENV = ImmutableSandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=False,
+                                    finalize=_finalize)
 ENV.filters["tojson"] = _tojson
 ENV.filters["urlsegment"] = _urlsegment
+ENV.filters["date"] = _as_date
+ENV.filters["datetime"] = _as_datetime
+ENV.filters["add_days"] = _add_days
+ENV.filters["add_hours"] = _add_hours
+ENV.globals["days_between"] = _days_between
 
 
 @lru_cache(maxsize=4096)
@@ -67,7 +181,7 @@ def render_value(source: Any, context: dict[str, Any]) -> Any:
         return source
     expr = _single_expression(source)
     if expr is not None:
-        return _compile_expression(expr)(**context)
+        return plain(_compile_expression(expr)(**context))
     return render(source, context)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ class Bot:
         state: dict[str, Any] | None = None,
         roles: set[str] | None = None,
         meta: dict[str, Any] | None = None,
+        principal: Mapping[str, Any] | None = None,
     ) -> Session:
         """A new conversation (on `route`, else the default route), or, when `session_id` is in
         the store, that conversation resumed.
@@ -49,9 +51,11 @@ class Bot:
         model: answers every route (default: built from each route's model config).
         state: initial conversation state over the YAML's `state:` (new sessions only).
         roles: the principal's roles; routes with `roles:` need one of them (None: no checks).
+        principal: who is signed in, as templates see it (`principal.name`, `principal.roles`,
+            claims such as `principal.email`); its `roles` are the roles when `roles` is not given.
         """
         return Session(self, store if store is not None else self.store, model=model, session_id=session_id,
-                       route=route, state=state, roles=roles, meta=meta)
+                       route=route, state=state, roles=roles, meta=meta, principal=principal)
 
     def __repr__(self) -> str:
         return f"<Bot {self.name!r} routes={list(self.config.routes)}>"

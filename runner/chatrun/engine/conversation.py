@@ -15,10 +15,12 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from chatrun.definition.config import BotConfig, RouteConfig
 from chatrun.definition.templates import render, render_value
+from chatrun.engine.clock import Clock, SystemClock, session_zone
 from chatrun.engine.scopes import Scope, ScopeView, init_declared, merged_scope
 from chatrun.engine.usage import Usage
 from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
@@ -50,6 +52,9 @@ class Conversation:
         self.store = store
         self.id = session_id
         self.roles = roles
+        # Who is signed in, as templates see it (`principal.name`, `.roles`, claims such as `.email`);
+        # None: no one (the REPL, a server without --auth). Set per request, never stored.
+        self.principal: dict[str, Any] | None = None
         self.turn_count = 0  # turns committed so far
         self.state: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
@@ -58,6 +63,8 @@ class Conversation:
         self._memories: dict[str, ChatMemory] = {}
         self.usage = Usage()  # every model call of the session, failed turns included
         self.ended: dict[str, str] | None = None  # set by an `end` action: {"tool", "route"}
+        self.clock: Clock = SystemClock()  # what `now` reads (transcripts and the REPL pin it)
+        self.turn_instant: datetime | None = None  # the clock read once when a turn starts
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -222,7 +229,9 @@ class Conversation:
 
     def template_context(self, turn: dict[str, Any], user_message: str | None = None,
                          data: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-        """What templates see (README, "State"): a merged, read-only copy of the scope state."""
+        """What templates see (README, "State"): a merged, read-only copy of the scope state,
+        and the time (`now` in the session's zone, `today` its date)."""
+        now = self.now()
         context = {
             "state": self.state,
             "scope": merged_scope(self.scopes),
@@ -233,9 +242,19 @@ class Conversation:
             "stack": self.stack,
             "args": {},
             "result": None,
+            "principal": self.principal,  # who is signed in (name, roles, claims), None when no one
+            "session_id": self.id,
+            "now": now,
+            "today": now.date(),
         }
         context.update(extra)
         return context
+
+    def now(self) -> datetime:
+        """The clock's instant (as the running turn read it) in the session's zone (`state.timezone`,
+        else the bot's `timezone:`)."""
+        instant = self.turn_instant or self.clock.now()
+        return instant.astimezone(session_zone(self.config.timezone, self.state.get("timezone")))
 
     def render(self, source: Any, context: dict[str, Any], *, typed: bool = False) -> Any:
         """A template rendered as text, or (typed) as a value that keeps its type."""

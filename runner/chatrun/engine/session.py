@@ -20,11 +20,13 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
 from chatrun.engine import tracing
+from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import Checkpoint, Conversation
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
@@ -59,6 +61,7 @@ class Session:
         state: dict[str, Any] | None = None,
         roles: set[str] | None = None,
         meta: dict[str, Any] | None = None,
+        principal: Mapping[str, Any] | None = None,
     ):
         self.bot = bot
         self.store = store
@@ -78,7 +81,10 @@ class Session:
         self._stale: str | None = None  # why the reloaded bot cannot run this conversation
         roles = set(roles) if roles is not None else None
         snapshot = store.load_session(session_id) if session_id else None
+        if roles is None and principal is not None and principal.get("roles") is not None:
+            roles = set(principal["roles"])
         self._c = Conversation(bot.config, store, session_id or secrets.token_hex(8), roles)
+        self.principal = principal
         if snapshot is not None:  # resume where it was; `route` and `state` apply to new sessions only
             self._c.restore(snapshot)
             return
@@ -123,6 +129,32 @@ class Session:
     def roles(self, roles: set[str] | None) -> None:
         # A server sets the roles of each request's principal (not only the opener's).
         self._c.roles = set(roles) if roles is not None else None
+
+    @property
+    def principal(self) -> dict[str, Any] | None:
+        """Who is signed in, as templates see it: `name`, `roles` and the principal's claims
+        (e.g. `email`); None when no one is. Bound arguments read it (`bind: {email:
+        "{{ principal.email }}"}`)."""
+        return self._c.principal
+
+    @principal.setter
+    def principal(self, principal: Mapping[str, Any] | None) -> None:
+        # A server sets the principal of each request (like the roles): it is never stored.
+        self._c.principal = plain_principal(principal)
+
+    @property
+    def clock(self) -> Clock:
+        """What the templates' `now` reads: the system clock unless set (a transcript's `clock:`,
+        the REPL's `/clock`, a test's `FixedClock`)."""
+        return self._c.clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        self._c.clock = clock
+
+    def now(self) -> datetime:
+        """`now` as the next turn's templates see it: the clock's instant in the session's zone."""
+        return self._c.now()
 
     @property
     def turn_count(self) -> int:
@@ -295,6 +327,7 @@ class Session:
 
     async def _run_turn(self, text: str | None, data: dict[str, Any]) -> None:
         before = self._c.capture()
+        self._c.turn_instant = self._c.clock.now()  # one turn, one `now`: its decisions agree on the day
         turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks)
         entry = {"turn": turn.number, "input": text if not data else ev.plain(data), "at": time.time()}
         collected: list[Event] = []
@@ -339,6 +372,7 @@ class Session:
             raise
         finally:
             self._sink = sink
+            self._c.turn_instant = None
 
     def _fail(self, before: Checkpoint, entry: dict[str, Any], collected: list[Event], detail: str, turn: Turn,
               text: str = ev.TURN_FAILED_TEXT) -> None:
@@ -459,6 +493,15 @@ def _usage_entry(turn: Turn) -> dict[str, Any]:
 def _plain(events: list[Event]) -> list[dict[str, Any]]:
     """The turn's events for the history (their data is plain JSON already), no Stream chunks."""
     return [e.to_dict() for e in events if e.type != ev.STREAM]
+
+
+def plain_principal(principal: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A principal as templates see it: a plain mapping with `name` (text) and `roles` (a sorted
+    list), plus its claims; None stays None."""
+    if principal is None:
+        return None
+    roles = principal.get("roles") or ()
+    return {**principal, "name": str(principal.get("name") or ""), "roles": sorted(str(r) for r in roles)}
 
 
 def _outbox(config: BotConfig, session_id: str, events: list[Event]) -> list[dict[str, Any]]:

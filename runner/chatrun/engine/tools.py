@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from jsonschema import Draft202012Validator
 
 from chatrun.definition.config import BotConfig, RouteConfig, ToolConfig
+from chatrun.engine.binding import bound_problem, offered_parameters
 from chatrun.errors import ToolRefusal
 from chatrun.toolkinds import KINDS
 from chatrun.toolkinds.base import KindRuntime
@@ -85,9 +86,10 @@ class Toolbox:
 
 
 def tool_spec(tool: ToolConfig) -> dict[str, Any]:
+    """The tool as the model sees it: its bound arguments are not offered (engine/binding.py)."""
     return {
         "type": "function",
-        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
+        "function": {"name": tool.name, "description": tool.description, "parameters": offered_parameters(tool)},
     }
 
 
@@ -126,6 +128,13 @@ def parse_output(text: str | None, validator: Draft202012Validator) -> tuple[Any
 
 def parse_arguments(tool: ToolConfig, raw: str, validator: Draft202012Validator) -> dict[str, Any]:
     """The call's arguments as a dict, checked against the tool's `parameters`."""
+    args = decode_arguments(tool, raw)
+    check_arguments(tool, args, validator)
+    return args
+
+
+def decode_arguments(tool: ToolConfig, raw: str) -> dict[str, Any]:
+    """The model's arguments as a dict (not yet checked)."""
     try:
         args = json.loads(raw) if raw and raw.strip() else {}
     except json.JSONDecodeError as exc:
@@ -135,13 +144,31 @@ def parse_arguments(tool: ToolConfig, raw: str, validator: Draft202012Validator)
         ) from None
     if not isinstance(args, dict):
         raise ToolRefusal(f"Error: the arguments of {tool.name} must be a JSON object, not {type(args).__name__}.")
-    problems = []
+    return args
+
+
+def check_arguments(tool: ToolConfig, args: dict[str, Any], validator: Draft202012Validator) -> None:
+    """Refuse arguments that miss the tool's `parameters`. A bound argument's value is the
+    bot's (`bind:`), not the model's: its problem is reported as the bot's."""
+    problems: list[str] = []
+    bound: list[str] = []
     for err in sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(p) for p in err.absolute_path) or "arguments"
-        problems.append(f"{where}: {err.message}")
+        name = bound_problem(tool, list(err.absolute_path))
+        (bound if name else problems).append(f"{where}: {err.message}")
+    if bound:
+        raise BoundInvalid(tool.name, "; ".join(bound))
     if problems:
         raise ToolRefusal(f"Error: invalid arguments for {tool.name}: " + "; ".join(problems) + ". Call it again with valid arguments.")
-    return args
+
+
+class BoundInvalid(ToolRefusal):
+    """A bound argument's rendered value does not match the tool's `parameters`: the bot's
+    problem (its template or its data), which the model cannot fix."""
+
+    def __init__(self, tool: str, problems: str):
+        super().__init__(f"Error: {tool} cannot run: an argument the bot sets is invalid. Nothing was sent.")
+        self.detail = f"tool {tool}: a bound argument is invalid: {problems}; the call was not made"
 
 
 @dataclass

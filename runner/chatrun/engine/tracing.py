@@ -106,6 +106,13 @@ def tool_failed(current: Any) -> None:
         current.set_status(_trace.Status(_trace.StatusCode.ERROR))
 
 
+def delivery_failed(current: Any, error: str) -> None:
+    """A backend event's delivery attempt failed (chatrun serve's outbox worker retries it)."""
+    if current is not None:
+        current.set_attribute("error.type", "delivery_failed")
+        current.set_status(_trace.Status(_trace.StatusCode.ERROR, error[:500]))
+
+
 def record_answer(current: Any, usage: dict[str, Any], finish_reason: str | None,
                   sent: list[dict[str, Any]] | None = None, answer: dict[str, Any] | None = None) -> None:
     if current is None:

@@ -39,6 +39,7 @@ from chatrun.definition.config import (
 )
 from chatrun.definition.templates import holds, is_nothing
 from chatrun.engine import observe, tracing
+from chatrun.engine.binding import Unbound, bind_arguments, ignored_note
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.scopes import Scope, ScopeView, get_path, set_path
 from chatrun.engine.steps import (
@@ -49,9 +50,11 @@ from chatrun.engine.steps import (
     combine,
 )
 from chatrun.engine.tools import (
+    BoundInvalid,
     Toolbox,
     ToolMocks,
-    parse_arguments,
+    check_arguments,
+    decode_arguments,
     parse_output,
     response_format,
     result_text,
@@ -457,11 +460,47 @@ class Turn:
             return ToolOutcome(f"Error: there is no tool {call.name!r} here. Tools you can call: {names}.",
                                failed=True)
         try:
-            args = parse_arguments(tool, call.arguments, self.tools.argument_validator(tool))
+            args, ignored = self.arguments(tool, call.arguments)
             self.check_requires(tool)
             self.check_action(tool)
         except ToolRefusal as refusal:
             return ToolOutcome(str(refusal), failed=True)
+        outcome = await self.run_checked_tool(tool, args, call.id)
+        if ignored:  # the model sent arguments the bot sets: it reads that they were not its to give
+            outcome.reply += ignored_note(ignored)
+        return outcome
+
+    def arguments(self, tool: ToolConfig, raw: str) -> tuple[dict[str, Any], list[str]]:
+        """The call's arguments: the model's, with the tool's bound arguments (`bind:`) put in
+        over whatever it sent for them, checked against the tool's `parameters`. Returns them
+        and the bound names the model sent (ignored)."""
+        sent = decode_arguments(tool, raw)
+        model_args = {k: v for k, v in sent.items() if k not in tool.bind}
+
+        def render(source: Any, what: str) -> Any:
+            return self.render_template(source, f"{what} of tool {tool.name}", tool.where, {"args": model_args},
+                                        typed=True)
+
+        try:
+            args, ignored = bind_arguments(tool, sent, render)
+            check_arguments(tool, args, self.tools.argument_validator(tool))
+        except Unbound as unbound:
+            why = "" if self.c.principal is not None else " (no one is signed in)"
+            self.emit(ev.ERROR, f"{tool.name} could not run: the bot has no value for its argument `{unbound.name}`"
+                      f"{why}", runtime=True, meta={"detail": f"{tool.where}: {unbound}{why}"})
+            raise ToolRefusal(f"Error: {tool.name} cannot run: its argument `{unbound.name}` is set by the bot "
+                              "and has no value here. Nothing was sent.") from None
+        except BoundInvalid as invalid:
+            self.emit(ev.ERROR, f"{tool.name} could not run: a value the bot gives its arguments is invalid",
+                      runtime=True, meta={"detail": f"{tool.where}: {invalid.detail}"})
+            raise
+        if ignored:
+            self.emit(ev.CONSOLE, f"tool {tool.name}: the model sent {', '.join(ignored)}, which the bot binds; "
+                      "ignored, the bound value was used")
+        return args, ignored
+
+    async def run_checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
+        """A call whose arguments, requirements and action were checked: its result, then its action."""
         self.work = None
         try:
             result = await self.tool_result(tool, args)
@@ -476,7 +515,7 @@ class Turn:
             return self.handler_error(tool, args, failure)
         if self.work is not None:
             self.adopt(self.work)
-        return await self.apply(tool, args, result, action, call.id)
+        return await self.apply(tool, args, result, action, call_id)
 
     async def tool_result(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
         """What the tool's mock, handler or HTTP call gives as `result` (None: an action-only tool)."""

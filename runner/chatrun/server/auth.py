@@ -3,8 +3,11 @@
 The auth file (YAML), given with `--auth FILE` or the CHATRUN_AUTH_FILE environment variable:
 
     tokens:
-      s3cret-ana: {principal: ana, roles: [staff]}
+      s3cret-ana: {principal: ana, roles: [staff], claims: {email: ana@example.com}}
       s3cret-bob: {principal: bob}
+
+`claims:` are what templates read besides the name and roles (`principal.email`), e.g. for
+bound arguments (`bind:`): text, numbers or booleans, by name.
 
 A client sends its token as `Authorization: Bearer <token>`, as `X-API-Key: <token>`, or
 (for browsers' WebSockets, which cannot set headers) as `?token=<token>`.
@@ -17,6 +20,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -29,6 +33,16 @@ AUTH_ENV = "CHATRUN_AUTH_FILE"
 class Principal:
     name: str
     roles: frozenset[str] = field(default_factory=frozenset)
+    claims: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs: hashable, like the rest
+
+    def as_template(self) -> dict[str, Any]:
+        """The principal as templates see it (`principal.name`, `.roles`, `.email`, ...)."""
+        return {**dict(self.claims), "name": self.name, "roles": sorted(self.roles)}
+
+
+def template_principal(principal: Principal | None) -> dict[str, Any] | None:
+    """What a session's templates see of a request's principal (None: anonymous)."""
+    return principal.as_template() if principal is not None else None
 
 
 ANONYMOUS = None  # with auth off every request is anonymous: no owner, no role checks
@@ -79,8 +93,26 @@ class Auth:
             roles = entry.get("roles") or []
             if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
                 raise ChatrunError(f"{where}: roles is a list of role names")
-            tokens[token] = Principal(entry["principal"], frozenset(roles))
+            tokens[token] = Principal(entry["principal"], frozenset(roles), _claims(entry.get("claims"), where))
         return cls(tokens, source)
+
+
+_RESERVED_CLAIMS = ("name", "roles")
+
+
+def _claims(raw: object, where: str) -> tuple[tuple[str, Any], ...]:
+    """A token's `claims:`: NAME -> text, number or boolean (templates read `principal.NAME`)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise ChatrunError(f"{where}: claims is a mapping, e.g. claims: {{email: ana@example.com}}")
+    for name, value in raw.items():
+        if not isinstance(name, str) or name in _RESERVED_CLAIMS:
+            raise ChatrunError(f"{where}: claim {name!r}: a claim is named by text other than "
+                               f"{' and '.join(_RESERVED_CLAIMS)} (those are the principal's own)")
+        if not isinstance(value, (str, int, float, bool)):
+            raise ChatrunError(f"{where}: claim `{name}` must be text, a number or a boolean")
+    return tuple(sorted(raw.items()))
 
 
 def resolve_auth(auth: Auth | str | Path | None) -> Auth | None:

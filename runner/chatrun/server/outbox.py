@@ -137,13 +137,15 @@ class OutboxWorker:
         started = time.monotonic()
         attributes = {"chatrun.sink": entry.sink, "chatrun.event.id": entry.id,
                       "chatrun.event.type": entry.body.get("type"), "chatrun.attempt": entry.attempts}
-        with tracing.span(f"deliver {entry.sink}", attributes):
+        with tracing.span(f"deliver {entry.sink}", attributes) as current:
             if bot is None or sink is None or sink.webhook is None:
                 attempt = Attempt(False, f"bot {entry.body.get('bot')!r} serves no sink {entry.sink!r} any more")
                 policy = RetryPolicy(attempts=1)  # nothing to retry against: a dead letter at once
             else:
                 attempt = await self.sender.send(bot.config, sink.webhook, entry.body, entry.attempts)
                 policy = sink.retry
+            if not attempt.delivered:
+                tracing.delivery_failed(current, attempt.error or "failed")
         await self._settle(entry, attempt, policy, time.monotonic() - started)
 
     async def _settle(self, entry: OutboxEntry, attempt: Attempt, policy: RetryPolicy, seconds: float) -> None:
@@ -178,28 +180,30 @@ OUTBOX_ROLE = "outbox"  # with auth on, only principals with this role see or re
 
 
 def make_outbox_router() -> APIRouter:
-    router = APIRouter(responses=ERROR_RESPONSES)
-
-    @router.get("/outbox")
-    async def list_entries(who: Caller, registry: Registry, state: Literal["pending", "dead"] | None = None,
-                           limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
-        """The outbox's entries, oldest first (`state`: only pending ones, or only dead letters)."""
-        _allowed(who)
-        entries = await registry.store.list_outbox(state, limit)
-        return {"entries": [entry.shown() for entry in entries]}
-
-    @router.post("/outbox/{entry_id}/retry")
-    async def retry(entry_id: str, who: Caller, registry: Registry) -> Any:
-        """A dead letter back in the queue, due now, its tries counted afresh (404: no such dead letter)."""
-        _allowed(who)
-        if not await registry.store.requeue_outbox(entry_id, time.time()):
-            raise wire.RequestFailed(wire.NOT_FOUND, f"outbox entry {entry_id}: no such dead letter")
-        worker = getattr(registry, "outbox", None)
-        if worker is not None:
-            worker.nudge()
-        return {"id": entry_id, "state": PENDING}
-
+    """GET /outbox and POST /outbox/{id}/retry (docs/deploy.md, "Webhook delivery")."""
+    router = APIRouter(responses=ERROR_RESPONSES, tags=["outbox"])
+    router.add_api_route("/outbox", list_entries, methods=["GET"])
+    router.add_api_route("/outbox/{entry_id}/retry", retry_entry, methods=["POST"])
     return router
+
+
+async def list_entries(who: Caller, registry: Registry, state: Literal["pending", "dead"] | None = None,
+                       limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+    """The outbox's entries, oldest first (`state`: only pending ones, or only dead letters)."""
+    _allowed(who)
+    entries = await registry.store.list_outbox(state, limit)
+    return {"entries": [entry.shown() for entry in entries]}
+
+
+async def retry_entry(entry_id: str, who: Caller, registry: Registry) -> Any:
+    """A dead letter back in the queue, due now, its tries counted afresh (404: no such dead letter)."""
+    _allowed(who)
+    if not await registry.store.requeue_outbox(entry_id, time.time()):
+        raise wire.RequestFailed(wire.NOT_FOUND, f"outbox entry {entry_id}: no such dead letter")
+    worker = getattr(registry, "outbox", None)
+    if worker is not None:
+        worker.nudge()
+    return {"id": entry_id, "state": PENDING}
 
 
 def _allowed(who: Principal | None) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from chatrun.errors import ChatrunError, ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.models import ModelPool
 from chatrun.server import wire
-from chatrun.server.auth import Principal
+from chatrun.server.auth import Principal, template_principal
 from chatrun.server.session_cache import SessionCache, Slot
 from chatrun.server.session_writes import SessionWrites, exists
 from chatrun.store import RecordStore
@@ -138,6 +138,7 @@ class SessionOpener:
                 session_id=request.session_id,
                 state=request.start.state,
                 roles=set(principal.roles) if principal is not None else None,
+                principal=template_principal(principal),
                 meta=owner_meta(request.owner),
             )
         except UnknownRouteError as exc:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from chatrun.errors import ChatrunError, SessionError
 from chatrun.models import ModelPool
 from chatrun.server import wire
-from chatrun.server.auth import Principal
+from chatrun.server.auth import Principal, template_principal
 from chatrun.server.session_cache import CacheLimits, Hold, SessionCache, Slot
 from chatrun.server.session_gate import IF_BUSY, QUEUE, REJECT, SessionGate
 from chatrun.server.session_open import EXISTING, NEW, SessionOpener, SessionRequest, SessionStart
@@ -166,6 +166,7 @@ class SessionRegistry:
         # Roles are the requester's, not those of the token that opened the session.
         principal = request.principal
         session.roles = set(principal.roles) if principal is not None else None
+        session.principal = template_principal(principal)
         bot = self.bot(request.bot.name)  # the newest: a reload may have come while this request waited
         if session.bot is not bot:  # the bot was reloaded (serve --reload)
             session.use_bot(bot)

@@ -77,11 +77,14 @@ class WebhookSender:
     async def send(self, config: BotConfig, hook: WebhookConfig, body: dict[str, Any], attempt: int) -> Attempt:
         try:
             url, headers = _request(config, hook, body, attempt)
+            raw = encode_body(body)
+            if hook.secret is not None:
+                timestamp = int(headers["Chatrun-Timestamp"])
+                headers["Chatrun-Signature"] = signature(_secret(config, hook.secret), timestamp, raw)
         except ChatrunError as exc:  # an unset variable: the error names it, never a value
             return Attempt(False, str(exc))
         try:
-            response = await self.client().post(url, content=encode_body_signed(headers, body, hook, config),
-                                                headers=headers, timeout=hook.timeout)
+            response = await self.client().post(url, content=raw, headers=headers, timeout=hook.timeout)
         except httpx.TimeoutException:
             return Attempt(False, f"{_shown(url)}: no answer within {hook.timeout:g} s (the webhook's `timeout`)")
         except httpx.HTTPError as exc:
@@ -89,18 +92,6 @@ class WebhookSender:
         if 200 <= response.status_code < 300:
             return Attempt(True, status=response.status_code)
         return Attempt(False, f"{_shown(url)} answered {response.status_code}", response.status_code)
-
-
-def encode_body_signed(headers: dict[str, str], body: dict[str, Any], hook: WebhookConfig, config: BotConfig) -> bytes:
-    """The body's bytes, and (with a `secret`) its signature put into `headers`."""
-    raw = encode_body(body)
-    if hook.secret is not None:
-        secret = os.environ.get(hook.secret, _default(config, hook.secret))
-        if not secret:
-            raise ChatrunError(f"the webhook's secret `env.{hook.secret}` is not set")
-        timestamp = int(headers["Chatrun-Timestamp"])
-        headers["Chatrun-Signature"] = signature(secret, timestamp, raw)
-    return raw
 
 
 def _request(config: BotConfig, hook: WebhookConfig, body: dict[str, Any], attempt: int) -> tuple[str, dict[str, str]]:
@@ -118,16 +109,16 @@ def _request(config: BotConfig, hook: WebhookConfig, body: dict[str, Any], attem
         "Chatrun-Timestamp": str(int(time.time())),
         "Chatrun-Attempt": str(attempt),
     })
-    if hook.secret is not None:
-        secret = os.environ.get(hook.secret, _default(config, hook.secret))
-        if not secret:
-            raise ChatrunError(f"the webhook's secret `env.{hook.secret}` is not set (nor has a `default`)")
     return url, headers
 
 
-def _default(config: BotConfig, name: str) -> str | None:
+def _secret(config: BotConfig, name: str) -> str:
     var = config.env.get(name)
-    return var.default if var is not None else None
+    secret = os.environ.get(name, var.default if var is not None else None)
+    if not secret:
+        raise ChatrunError(f"the webhook's secret `env.{name}` is not set (and has no `default`); "
+                           "nothing is sent unsigned")
+    return secret
 
 
 def _shown(url: str) -> str:

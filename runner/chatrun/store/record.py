@@ -250,7 +250,8 @@ class Commit:
             owner=owner_of(snapshot),
             memories=mems,
             memories_json={mid: None if m is None else messages_json(mid, m) for mid, m in mems.items()},
-            history_json=[to_json(f"session {session_id}: history entry {i}", e) for i, e in enumerate(history)],
+            history_json=[to_json(f"session {session_id}: history entry {i}", _without_outbox(e))
+                          for i, e in enumerate(history)],
             expected=expected,
             outcome=None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1])),
             outbox=outbox_of(session_id, history),
@@ -312,9 +313,16 @@ class OutboxEntry:
         return {k: v for k, v in self.__dict__.items() if k not in ("claim",)}
 
 
+def _without_outbox(entry: JSONObject) -> JSONObject:
+    """A history entry as stored: its deliveries go to the outbox, not into the history (whose
+    readers include the session's own user; the backend events themselves stay in `events`)."""
+    return entry if OUTBOX_KEY not in entry else {k: v for k, v in entry.items() if k != OUTBOX_KEY}
+
+
 def outbox_of(session_id: str, history: list[JSONObject]) -> list[OutboxEntry]:
     """The deliveries the committed turns among `history` queued (Session puts them under
-    "outbox" in a successful turn's entry: a failed turn's entry has none)."""
+    "outbox" in a successful turn's entry: a failed turn's entry has none). The stored history
+    entry leaves them out (_without_outbox)."""
     out: list[OutboxEntry] = []
     for entry in history:
         if not entry.get("ok"):

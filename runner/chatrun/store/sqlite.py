@@ -343,6 +343,9 @@ class SQLiteStore:
     # -- OutboxStore (see InMemoryStore for what each does) ---------------------------------------
 
     def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]:
+        with self._locked("look at the outbox") as conn:  # most looks find nothing: no write lock for them
+            if conn.execute("SELECT 1 FROM outbox WHERE state = ? AND due <= ? LIMIT 1", (PENDING, now)).fetchone() is None:
+                return []
         with self._transaction("claim outbox entries") as conn:
             rows = conn.execute("SELECT entry FROM outbox WHERE state = ? AND due <= ? ORDER BY rowid LIMIT ?",
                                 (PENDING, now, limit)).fetchall()

@@ -34,7 +34,7 @@ import httpx
 
 from chatrun.definition.config import BotConfig, EnvVar, Location, ToolConfig
 from chatrun.definition.kinds import Checks
-from chatrun.definition.templates import TEMPLATE_VARIABLES
+from chatrun.definition.templates import TEMPLATE_VARIABLES, is_nothing
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal, TurnFailed
 from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolKind
@@ -46,6 +46,7 @@ MAX_TEXT_CHARS = 100_000  # a result the model and templates can use, not a down
 
 Render = Callable[[Any, bool], Any]  # (template or value, typed) -> rendered
 _EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
+_ENV_READ = re.compile(r"\benv(?:\.|\[\s*['\"])([A-Za-z_]\w*)")
 
 
 @dataclass
@@ -63,6 +64,7 @@ class HttpConfig:
     accept: list[int] = field(default_factory=list)  # statuses besides 2xx that are results, not failures
     args_in_query: list[str] = field(default_factory=list)  # arguments sent as query parameters when given
     where: Location = field(default_factory=Location)
+    section: str = "http"  # the YAML key it was written under (`openapi` for an operation's call)
 
 
 class HttpKind(ToolKind[HttpConfig]):
@@ -103,21 +105,59 @@ def check_http(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
     if http.json is not None and http.form is not None:
         checks.add("error", f"`http` of tool `{tool.name}` has both `json` and `form`; a request has one body",
                    *base, "form")
-    texts: list[tuple[tuple[Any, ...], Any]] = [(("url",), http.url)]
-    texts += [(("query", k), v) for k, v in http.query.items()]
-    texts += [(("headers", k), v) for k, v in http.headers.items()]
-    texts += [(("form", k), v) for k, v in (http.form or {}).items()]
-    texts += _strings_in(http.json, ("json",))
+    texts = _texts(http)
     for sub, value in texts:
         if isinstance(value, str):
+            # A body path that names nothing sends null (or fails the call) every time: an error.
+            body = sub[0] in ("json", "form")
             checks.template(value, f"`http.{'.'.join(map(str, sub))}` of tool `{tool.name}`", (*base, *sub), tool,
-                            variables)
+                            variables, undeclared="error" if body else "warning")
+    for sub, value in texts:
+        if isinstance(value, str):
+            _check_empty_env(tool, http.section, value, sub, checks)
     path_part = http.url.split("?", 1)[0]
     for expr in _EXPRESSION.findall(path_part):
         if "args." in expr and "urlsegment" not in expr:
             checks.add("warning", f"`http.url` of tool `{tool.name}` puts `{{{{{expr}}}}}` into the URL path "
                        "unescaped; use `| urlsegment` so a value like `../admin` stays one path segment",
                        *base, "url")
+
+
+def _texts(http: HttpConfig) -> list[tuple[tuple[Any, ...], Any]]:
+    """Every template of the request, with its path under `http`."""
+    texts: list[tuple[tuple[Any, ...], Any]] = [(("url",), http.url)]
+    texts += [(("query", k), v) for k, v in http.query.items()]
+    texts += [(("headers", k), v) for k, v in http.headers.items()]
+    texts += [(("form", k), v) for k, v in (http.form or {}).items()]
+    texts += _strings_in(http.json, ("json",))
+    return texts
+
+
+def _check_empty_env(tool: ToolConfig, section: str, template: str, sub: tuple[Any, ...], checks: Checks) -> None:
+    """A secret (or a header's variable) that is set but empty would send `Authorization: Bearer `
+    and fail as a mystery at the API: an error now, naming it (unset is the `env:` warning)."""
+    for name in env_reads(template):
+        var = checks.config.env.get(name)
+        if var is None or not _needs_value(var, sub):
+            continue
+        if os.environ.get(name, var.default) == "":
+            where = "set" if name in os.environ else "given `default: \"\"`"
+            checks.add("error", f"`{section}.{'.'.join(map(str, sub))}` of tool `{tool.name}` reads `env.{name}`, "
+                       f"which is {where} but empty; {_empty_why(var)}", "tools", tool.name, section, *sub)
+
+
+def _needs_value(var: EnvVar, sub: tuple[Any, ...]) -> bool:
+    return var.secret or sub[0] == "headers"
+
+
+def _empty_why(var: EnvVar) -> str:
+    what = "a secret" if var.secret else "a header's value"
+    return f"{what} cannot be empty (the request would go out without it); set it to its value"
+
+
+def env_reads(template: str) -> list[str]:
+    """The `env.NAME`s a template reads (in the order written, once each)."""
+    return list(dict.fromkeys(_ENV_READ.findall(template)))
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -141,6 +181,10 @@ class Environment(Mapping[str, str]):
 
     def __init__(self, declared: dict[str, EnvVar]):
         self._declared = declared
+
+    @property
+    def declared(self) -> dict[str, EnvVar]:
+        return self._declared
 
     def __getitem__(self, name: str) -> str:
         var = self._declared.get(name)
@@ -193,8 +237,21 @@ class HttpCaller(RuntimeDefaults):
         def render(source: Any, typed: bool) -> Any:
             return ctx.render(source, "http", tool.where, values, typed=typed)
 
+        self._refuse_empty_values(tool, spec)
         request = self._build(spec, args, render, tool.timeout, ctx.trace_headers)
         return await self._send(tool, spec, request)
+
+    def _refuse_empty_values(self, tool: ToolConfig, spec: HttpConfig) -> None:
+        """A secret or a header's variable that is empty now (the environment changed since the
+        bot loaded, or nobody validated it): refused naming it, nothing sent."""
+        for sub, template in _texts(spec):
+            if not isinstance(template, str) or "env" not in template:
+                continue
+            for name in env_reads(template):
+                var = self.env.declared.get(name)
+                if var is not None and _needs_value(var, sub) and os.environ.get(name, var.default) == "":
+                    raise ToolRefusal(f"Error: {tool.name} was not sent: the environment variable {name} is empty "
+                                      f"({_empty_why(var)}). Tell the user it did not work this time.")
 
     async def _send(self, tool: ToolConfig, http: HttpConfig, request: httpx.Request) -> dict[str, Any]:
         """Send, retrying what may pass on a second try, within the tool's time."""
@@ -232,10 +289,10 @@ class HttpCaller(RuntimeDefaults):
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
             raise TurnFailed(f"{http.where}: http.url rendered to {url[:80]!r}, not an http(s) URL")
-        query = {k: _text(render(v, False)) for k, v in http.query.items()}
+        query = _query(http, render)
         # an OpenAPI operation's query parameters, as the model gave them
         query.update({k: _text(args[k]) for k in http.args_in_query if args.get(k) is not None})
-        headers = {k: _text(render(v, False)) for k, v in http.headers.items()}
+        headers = _headers(http, render)
         trace_headers(headers)  # the API's own traces join the turn's (W3C traceparent)
         body: dict[str, Any] = {}
         if http.json is not None:
@@ -243,6 +300,31 @@ class HttpCaller(RuntimeDefaults):
         elif http.form is not None:
             body["data"] = {k: _text(render(v, False)) for k, v in http.form.items()}
         return self.client().build_request(http.method, url, params=query, headers=headers, timeout=timeout, **body)
+
+
+def _query(http: HttpConfig, render: Render) -> dict[str, str]:
+    """The rendered query parameters; one whose template gives none (or undefined) is left out,
+    not sent as `None` (an empty text is sent: `?q=` may mean something to the API)."""
+    query = {}
+    for name, template in http.query.items():
+        value = render(template, True)
+        if not is_nothing(value):
+            query[name] = _text(value)
+    return query
+
+
+def _headers(http: HttpConfig, render: Render) -> dict[str, str]:
+    """The rendered headers; one whose template gives nothing (none, undefined, empty or blank
+    text) is left out, so `X-Tenant: "{{ state.tenant }}"` is only sent when there is a tenant."""
+    headers = {}
+    for name, template in http.headers.items():
+        value = render(template, True)
+        if is_nothing(value):
+            continue
+        text = _text(value).strip()
+        if text:
+            headers[name] = text
+    return headers
 
 
 def _render_data(value: Any, render: Render) -> Any:

@@ -162,15 +162,17 @@ def route_entries(route: RouteConfig) -> list[str]:
 
 async def check_mcp_names(config: BotConfig) -> list[Diagnostic]:
     """`chatrun validate --connect`: start each MCP server the bot uses and check that the
-    tools it names exist there. A server that cannot start is an error at its declaration."""
+    tools it names exist there, and that each tool of the bot gives every argument the
+    server's tool requires (offered to the model or bound). A server that cannot start is an
+    error at its declaration."""
     declared = servers_of(config)
     servers = McpServers(declared, config.root or ".")
     out: list[Diagnostic] = []
-    listed: dict[str, set[str] | None] = {}
+    listed: dict[str, dict[str, McpTool] | None] = {}
     try:
         for name, server in declared.items():
             try:
-                listed[name] = {t.name for t in await servers.connection(name).tools()}
+                listed[name] = {t.name: t for t in await servers.connection(name).tools()}
             except ToolRefusal as refusal:
                 listed[name] = None
                 out.append(_diag(server.where, f"MCP server `{name}` could not be reached to check its tools: "
@@ -184,8 +186,34 @@ async def check_mcp_names(config: BotConfig) -> list[Diagnostic]:
             if names is not None and tool not in names:
                 out.append(_diag(where, f"{who} uses MCP tool `{tool}`, which server `{server_name}` does not list; "
                                  f"it lists: {', '.join(sorted(names)) or 'nothing'}"))
+        for bot_tool, ref in refs:
+            found = (listed.get(ref.server) or {}).get(ref.tool or bot_tool.name)
+            if found is not None:
+                out += _argument_problems(bot_tool, ref, found)
     finally:
         await servers.aclose()
+    return out
+
+
+def _argument_problems(tool: ToolConfig, ref: McpToolRef, listed: McpTool) -> list[Diagnostic]:
+    """What the server's tool requires that the bot's tool neither offers nor binds, and bound
+    names the server's tool does not take."""
+    server_props = listed.parameters.get("properties")
+    server_names = list(server_props) if isinstance(server_props, dict) else []
+    required = listed.parameters.get("required")
+    out: list[Diagnostic] = []
+    what = f"MCP tool `{listed.name}` of server `{ref.server}`"
+    if not ref.server_schema:  # declared `parameters`: they must carry what the server requires
+        props = tool.parameters.get("properties")
+        given = set(props) if isinstance(props, dict) else set()
+        for name in required if isinstance(required, list) else []:
+            if name not in given and name not in tool.bind:
+                out.append(_diag(tool.where, f"tool `{tool.name}` does not give argument `{name}`, which {what} "
+                                 "requires: declare it in `parameters` (the model gives it) or bind it (`bind:`)"))
+    for name in tool.bind:
+        if server_names and name not in server_names:
+            out.append(_diag(tool.where, f"tool `{tool.name}` binds `{name}`, which {what} does not take"
+                             f"{suggest(name, server_names)} (it takes: {', '.join(server_names)})"))
     return out
 
 

@@ -146,7 +146,7 @@ def operation_tool(ref: OpenApiRef, spec: dict[str, Any], where: Location) -> tu
     documented = [int(code) for code in (op.get("responses") or {}) if str(code).isdigit() and int(code) >= 300]
     http = HttpConfig(url=url, method=method.upper(), headers=dict(ref.headers),
                       json="{{ args.body }}" if body is not None else None,
-                      accept=documented, args_in_query=query, where=where)
+                      accept=documented, args_in_query=query, where=where, section="openapi")
     description = op.get("summary") or op.get("description") or ""
     parameters = {"type": "object", "properties": properties, "required": sorted(set(required))}
     return http, description, parameters

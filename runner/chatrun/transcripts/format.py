@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from jsonschema.exceptions import best_match
 from chatrun.definition.schemas import Violation, inline_refs, load_schema, properties, violation
 from chatrun.definition.sources import dotted
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
+from chatrun.engine.clock import parse_duration
 from chatrun.errors import BotError, Diagnostic
 
 SCHEMA = "transcript.schema.json"
@@ -37,6 +39,7 @@ class TurnSpec:
     expect: dict[str, Any] | None = None
     expect_line: int = 0
     judged: list[dict[str, Any]] = field(default_factory=list)  # recorded verdicts (chatrun.transcripts.judge)
+    clock: str | dict[str, Any] | None = None  # the turn's `clock:`: an instant, or {at?, advance?}
 
     @property
     def input(self) -> str | dict[str, Any]:
@@ -56,6 +59,8 @@ class Transcript:
     lines: dict[str, int] = field(default_factory=dict)  # line of each top-level key
     judge: dict[str, Any] | None = None  # the judge's settings (model, threshold, conversation)
     refused: Any = None  # the start must be refused: True or a matcher on the error (None: not expected)
+    principal: dict[str, Any] | None = None  # who is signed in (name, roles, claims): bound arguments read it
+    clock: str | dict[str, Any] | None = None  # `clock:`: the pinned instant, or {at, advance}
 
     @property
     def name(self) -> str:
@@ -99,7 +104,7 @@ def load_transcript(path: str | Path) -> Transcript:
     if doc.data is not None and not diagnostics:
         diagnostics += schema_diagnostics(doc)
     if doc.data is not None and not diagnostics:
-        diagnostics += regex_diagnostics(doc)
+        diagnostics += regex_diagnostics(doc) + clock_diagnostics(doc)
     elif doc.data is None and not diagnostics:
         diagnostics.append(Diagnostic(file, 1, 1, "error", "the transcript is empty; it needs `bot:` and `turns:`"))
     if diagnostics:
@@ -131,6 +136,27 @@ def regex_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     return out
 
 
+def clock_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
+    """The instants and durations of `clock:` (top level and turns) read now, at their lines."""
+    settings: list[tuple[tuple[Any, ...], Any]] = [(("clock",), doc.data.get("clock"))]
+    settings += [(("turns", i, "clock"), turn.get("clock")) for i, turn in enumerate(doc.data.get("turns") or [])
+                 if isinstance(turn, dict)]
+    out = []
+    for at, setting in settings:
+        parts = {"at": setting} if isinstance(setting, str) else setting if isinstance(setting, dict) else {}
+        for key, value in parts.items():
+            where = at if isinstance(setting, str) else (*at, key)
+            try:
+                parse_duration(value) if key == "advance" else datetime.fromisoformat(str(value))
+            except ValueError:
+                pos = doc.pos(where)
+                wanted = ("a duration such as 30s, 5m, 1h30m or 1d" if key == "advance"
+                          else "an ISO date-time such as 2026-11-25T09:00:00+01:00")
+                out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
+                                      f"`{dotted(where)}` is {value!r}, not {wanted}", dotted(where)))
+    return out
+
+
 def _regexes(node: Any, at: tuple) -> list[tuple[tuple, str]]:
     # The same test as expect.is_matcher: a one-key mapping {regex: ..} anywhere is a matcher.
     if isinstance(node, dict):
@@ -157,10 +183,12 @@ def _build(doc: YamlDoc) -> Transcript:
             expect=expect if expect is not None else None,
             expect_line=doc.pos(("turns", i, "expect")).line if "expect" in raw else 0,
             judged=list(raw.get("judged") or []),
+            clock=raw.get("clock"),
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
                       data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),
-                      {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"))
+                      {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"),
+                      data.get("principal"), data.get("clock"))
 
 
 def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:

@@ -63,7 +63,7 @@ def record_transcript(transcript: Transcript) -> bool:
     If a model call fails (no credentials, the provider down), nothing is written and a
     ChatrunError says which turn failed: a recording must not replace good answers with errors."""
     from chatrun.engine.bot import load_bot
-    from chatrun.transcripts.run import start_session
+    from chatrun.transcripts.run import advance_clock, set_turn_clock, start_session
 
     bot = load_bot(transcript.bot_path)
     recorder = RecordingModel()
@@ -73,7 +73,9 @@ def record_transcript(transcript: Transcript) -> bool:
         for turn in transcript.turns:
             recorder.responses = []
             session.tool_mocks.next_turn(turn.mocks)
+            set_turn_clock(session, turn)
             session.chat(turn.input)
+            advance_clock(session)
             failed = [r["error"] for r in recorder.responses if "error" in r]
             if failed:
                 raise ChatrunError(f"turn {turn.index} ({transcript.where(turn)}): the model failed while "

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatrun.engine.clock import FixedClock, parse_duration, parse_instant
 from chatrun.errors import BotError, ChatrunError, SessionError
 from chatrun.models import ModelPool
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
@@ -203,13 +204,47 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
 
     script = model if isinstance(model, LiveModel) else TurnScript()
     roles = set(t.roles) if t.roles is not None else None
-    session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles)
+    session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles,
+                          principal=t.principal)
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None)
+    if t.clock is not None:
+        setting = t.clock if isinstance(t.clock, dict) else {"at": t.clock}
+        step = parse_duration(setting.get("advance", 0))
+        session.clock = FixedClock(parse_instant(setting["at"], session.now().tzinfo), step)
     return session, script
+
+
+def set_turn_clock(session: Any, turn: TurnSpec) -> None:
+    """A turn's `clock:`: the instant it runs at, or how far to move the pinned clock first
+    (a transcript without a top-level `clock:` is pinned from here on)."""
+    if turn.clock is None:
+        return
+    setting = turn.clock if isinstance(turn.clock, dict) else {"at": turn.clock}
+    clock = session.clock
+    if not isinstance(clock, FixedClock):
+        clock = session.clock = FixedClock(session.now())
+    if "at" in setting:
+        clock.set(parse_instant(setting["at"], session.now().tzinfo))
+    if "advance" in setting:
+        clock.advance(parse_duration(setting["advance"]))
+
+
+def advance_clock(session: Any) -> None:
+    """After a turn, a pinned clock moves on by the transcript's `clock: {advance: ..}`."""
+    if isinstance(session.clock, FixedClock):
+        session.clock.advance()
 
 
 def play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None = None, live: bool = False) -> TurnResult:
     session.tool_mocks.next_turn(turn.mocks)
+    set_turn_clock(session, turn)
+    try:
+        return _play_turn(session, script, turn, judge, live)
+    finally:
+        advance_clock(session)
+
+
+def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, live: bool) -> TurnResult:
     try:
         script.next_turn(turn)
     except ChatrunError as exc:  # the schema lets through little a scripted model rejects

@@ -60,6 +60,9 @@ def save_transcript(
         doc["state"] = state
     if roles is not None:
         doc["roles"] = list(roles)
+    principal = getattr(session, "principal", None)
+    if principal is not None:  # what bound arguments read: the replay signs the same one in
+        doc["principal"] = dict(principal)
     doc["turns"] = [_turn(r) for r in records]
     y = _yaml()
     buf = io.StringIO()
@@ -84,7 +87,8 @@ def _failed(record: dict[str, Any]) -> bool:
 
 def _turn(record: dict[str, Any]) -> dict[str, Any]:
     said = record.get("user", record.get("data"))
-    turn: dict[str, Any] = {"data": said} if isinstance(said, dict) else {"user": said or ""}
+    turn: dict[str, Any] = {"clock": record["clock"]} if record.get("clock") else {}  # the REPL's pinned /clock
+    turn.update({"data": said} if isinstance(said, dict) else {"user": said or ""})
     turn["model"] = [response_to_script(r) if isinstance(r, ModelResponse) else dict(r) for r in record.get("model") or []]
     return turn
 
