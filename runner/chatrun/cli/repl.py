@@ -198,6 +198,10 @@ class Repl:
         if event.audience == ev.BACKEND:  # never a chat's: shown dimmed, delivered only by `chatrun serve`
             self.show_backend(event)
             return
+        if not event.for_user:  # the author sees every audience; a user's chat never gets these
+            text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+            click.secho(f"[{event.audience}] {kind} {text}", dim=True)
+            return
         if kind == ev.STREAM:
             if self.interactive:
                 click.echo(data, nl=False)
@@ -221,6 +225,9 @@ class Repl:
                 click.secho(f"  {i}) {choice['label']}", fg="green")
         elif kind == ev.ROUTE_CHANGED:
             click.secho(f"→ {' > '.join(data['stack'])}", fg="yellow")
+        elif kind == ev.ENDED:
+            click.secho(f"■ the conversation has ended (tool {data.get('tool')} on route {data.get('route')}); "
+                        "/reset starts a new one", fg="yellow")
         else:
             text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
             click.secho(f"[{kind}] {text}", fg="magenta")

@@ -4,7 +4,7 @@
     GET    /bots                                      the bots served
     GET    /bots/{bot}                                one bot, with its route graph
     POST   /bots/{bot}/sessions                       {"id"?, "route"?, "state"?} -> the new session
-    GET    /bots/{bot}/sessions/{id}                  route, stack, scopes, visible state, history, usage
+    GET    /bots/{bot}/sessions/{id}                  route, stack, scopes, visible state, history, usage, ended
     DELETE /bots/{bot}/sessions/{id}
     POST   /bots/{bot}/sessions/{id}/messages         {"userMessage": "...", ...} -> events
            (Accept: text/event-stream or ?stream=true: the events as they happen)
@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from chatrun import events as ev
 from chatrun.engine.session import Session
 from chatrun.server import wire
+from chatrun.server.audience import history_for, inspector_audiences, resource_audiences
 from chatrun.server.auth import Principal
 from chatrun.server.inspect import graph_data, inspect_data, session_data
 from chatrun.server.plumbing import (
@@ -106,13 +107,13 @@ async def create_session(bot: str, request: Request, who: Caller, registry: Regi
 
 async def read_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
     async with registry.session(bot, session_id, who, EXISTING) as session:
-        history = await registry.history(session)
+        history = history_for(await registry.history(session), resource_audiences(who))
         return session_data(session) | {"history": history, "lastTurn": registry.last_committed(session)}
 
 
 async def inspect_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
     async with registry.session(bot, session_id, who, EXISTING) as session:
-        return inspect_data(session, await registry.history(session))
+        return inspect_data(session, history_for(await registry.history(session), inspector_audiences(who)))
 
 
 async def delete_session(bot: str, session_id: str, who: Caller, registry: Registry) -> Response:
@@ -302,6 +303,7 @@ def _session_response(status: int, history: bool = False) -> dict[int | str, dic
         "route": {"type": "string"}, "stack": strings, "scopeId": {"type": "string"},
         "state": {"type": "object"}, "visible": {"type": "object"}, "scopes": {"type": "array", "items": {"type": "object"}},
         "usage": _plain_schema(load_schema("wire.schema.json")["$defs"]["Usage"]),
+        "ended": {"type": ["object", "null"], "properties": {"route": {"type": "string"}, "tool": {"type": "string"}}},
     }
     if history:
         properties |= {"history": {"type": "array", "items": {"type": "object"}},

@@ -41,6 +41,7 @@ def session_data(session: Session) -> dict[str, Any]:
         "visible": session.visible_state(),
         "scopes": scopes_data(session),
         "usage": session.usage,  # every model call of the session, summed (wire.schema.json#/$defs/Usage)
+        "ended": session.ended,  # {"route", "tool"} once an `end` action ended the conversation, else None
     }
 
 

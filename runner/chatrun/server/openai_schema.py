@@ -87,7 +87,7 @@ _ERRORS = {
     403: "permission_error: a route the caller's roles do not allow",
     404: "model_not_found, previous_response_not_found",
     408: "the body did not arrive in time",
-    409: "the session is busy or changed meanwhile",
+    409: "the session is busy or changed meanwhile; conversation_ended: an `end` action ended the conversation",
     413: "too_large: the body or the user message is over the limit",
     415: "a body that is not application/json",
     429: "rate_limit_error: too many sessions for this caller",

@@ -49,6 +49,15 @@ def from_failure(exc: wire.RequestFailed) -> OpenAIError:
     return OpenAIError(status, message, _TYPES.get(status, "invalid_request_error"), _CODES.get(exc.reason, exc.reason))
 
 
+def conversation_ended(session_id: str, ended: dict[str, str]) -> OpenAIError:
+    """A message to a conversation an `end` action ended: 409 `conversation_ended` (the SDKs
+    raise ConflictError). Nothing runs; a new conversation (a new chat) starts afresh."""
+    return OpenAIError(
+        409, f"this conversation has ended (tool {ended.get('tool')} ended it on route {ended.get('route')}) "
+        f"and takes no more messages; start a new conversation (session {session_id} stays readable)",
+        code="conversation_ended")
+
+
 # -- the turn --------------------------------------------------------------------------------
 
 
@@ -114,8 +123,10 @@ async def run_turn(
     """One turn in the request's session; the index records it when it commits."""
     reply = Reply()
     async with index.open(ident, who) as opened:
-        emit(OPENED)  # a streaming response may start: the request found (or made) its session
         session = opened.session
+        if session.ended:  # before OPENED: a streaming request fails with its status, no stream
+            raise conversation_ended(session.id, session.ended)
+        emit(OPENED)  # a streaming response may start: the request found (or made) its session
         error = None
         # Through the registry: the turn is committed (fenced by version and lease) before the
         # answer; a refused commit fails the request (Conflict) instead of answering unsaved.
@@ -133,6 +144,8 @@ async def run_turn(
                 "how": opened.how}
         if opened.forked_from:
             info["forked_from"] = opened.forked_from
+        if session.ended:  # this turn's `end` action ended the conversation: later messages are refused
+            info["ended"] = session.ended
         if estimated:
             info["usage_estimated"] = True
         if cost is not None:

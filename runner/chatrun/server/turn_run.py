@@ -4,6 +4,9 @@ A request id (a string requestId on the WebSocket, Idempotency-Key over HTTP) is
 with the turn it committed (the store's outcome); a retry of it replays the recorded events
 instead of running again. The client's Completed comes after the commit: Completed means
 committed. Each turn is reported (logged and counted) by a TurnReport.
+
+This is where a turn's events leave the engine toward every client of the server: only the
+user's events go on (audience.for_clients); the others are in the history, with their audience.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from chatrun.errors import SessionError
 from chatrun.events import Event
 from chatrun.server import wire
+from chatrun.server.audience import for_clients
 from chatrun.server.session_cache import Hold
 from chatrun.server.session_writes import SessionWrites
 from chatrun.server.turnlog import CANCELLED, CONFLICT, ERROR, REFUSED, TurnReport
@@ -68,10 +72,12 @@ class TurnRun:
         try:
             if await self.is_replay():
                 for event in self._replay(report):
-                    yield event
+                    if for_clients(event):
+                        yield event
                 return
             async for event in self._run(hold, report):
-                yield event
+                if for_clients(event):  # the one filter every client's events pass
+                    yield event
         except (asyncio.CancelledError, GeneratorExit):  # the request was cancelled, or stopped reading
             report.outcome = CANCELLED
             raise

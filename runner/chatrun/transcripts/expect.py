@@ -7,6 +7,7 @@ event's data can be `{booking: {regex: "FL-[0-9A-F]{6}"}, destination: Dublin}`.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import re
@@ -23,6 +24,9 @@ from chatrun.models.base import ModelRequest
 MATCHER_KEYS = ("contains", "regex")
 DEFAULT_KEYS = ("route", "stack", "events")  # what --update writes for a turn without `expect:`
 SENT_KEYS = ("route", "system", "tools", "messages", "messages_count")
+# `events` is what the user's clients receive; these keys expect the other audiences' events.
+AUDIENCE_KEYS = {"operators_events": ev.OPERATORS, "backend_events": ev.BACKEND}
+EVENT_KEYS = ("events", *AUDIENCE_KEYS)
 
 
 class _Missing:
@@ -42,26 +46,32 @@ class Observed:
 
     route: str
     stack: list[str]
-    events: list[dict[str, Any]]  # [{Type: data}], Stream chunks left out
+    events: list[dict[str, Any]]  # [{Type: data}] of the user's events, Stream chunks left out
     visible: dict[str, Any]  # session.visible_state()
     error: str | None  # the text of the Error event the turn ended with
     sent: list[dict[str, Any]] = field(default_factory=list)  # per model call: SENT_KEYS
     memory: list[dict[str, str]] = field(default_factory=list)  # [{role: text}]
+    operators_events: list[dict[str, Any]] = field(default_factory=list)  # [{Type: data}] for operators
+    backend_events: list[dict[str, Any]] = field(default_factory=list)  # [{Type: data}] for the backend
 
 
 def observe(session: Any, events: list[Any], requests: list[ModelRequest]) -> Observed:
-    plain = [{e.type: _plain(e.data)} for e in events if e.type != ev.STREAM]
+    def plain_for(audience: str) -> list[dict[str, Any]]:
+        return [{e.type: _plain(e.data)} for e in events if e.type != ev.STREAM and e.audience == audience]
+
     error = None
     if events and events[-1].type == ev.ERROR:  # the author's detail when the turn failed
         error = str(events[-1].meta.get("detail") or events[-1].data)
     return Observed(
         route=session.route,
         stack=list(session.stack),
-        events=plain,
+        events=plain_for(ev.USER),
         visible=_plain(session.visible_state()),
         error=error,
         sent=[sent_call(r) for r in requests],
         memory=role_list(session.memory()),
+        operators_events=plain_for(ev.OPERATORS),
+        backend_events=plain_for(ev.BACKEND),
     )
 
 
@@ -173,7 +183,7 @@ def resolve(visible: dict[str, Any], path: str) -> Any:
 
 def shaped(key: str, expected: Any, obs: Observed) -> Any:
     """The observed value for expectation `key`, restricted to what `expected` looks at."""
-    if key in ("route", "stack", "events", "memory"):
+    if key in ("route", "stack", "memory", *EVENT_KEYS):
         return getattr(obs, key)
     if key == "error":
         return obs.error
@@ -232,7 +242,7 @@ def compare(expect: dict[str, Any] | None, obs: Observed) -> list[Mismatch]:
 # Live runs (`chatrun test --live`): what a real model says differs from run to run; what the
 # bot does with it should not. Compared: route, stack, state, error or not, and the events'
 # types in order, with the data of the events the bot makes itself (not the model's text).
-LIVE_KEYS = ("route", "stack", "state", "events", "error")
+LIVE_KEYS = ("route", "stack", "state", "error", *EVENT_KEYS)
 MODEL_TEXT_EVENTS = (ev.MESSAGE, ev.THINKING, ev.CONSOLE, ev.ERROR)
 
 
@@ -254,16 +264,18 @@ def compare_live(expect: dict[str, Any] | None, obs: Observed) -> list[Mismatch]
     expect = {k: v for k, v in (expect or {}).items() if k in LIVE_KEYS}
     if "error" in expect:
         expect["error"] = True
-    if "events" in expect:
-        expect["events"] = live_events(expect["events"])
-        obs = Observed(obs.route, obs.stack, live_events(obs.events), obs.visible, obs.error, obs.sent, obs.memory)
+    for key in EVENT_KEYS:
+        if key in expect:
+            expect[key] = live_events(expect[key])
+            obs = dataclasses.replace(obs, **{key: live_events(getattr(obs, key))})
     return compare(expect, obs)
 
 
 def _headline(key: str, expected: Any, actual: Any) -> str:
-    if key in ("events", "sent", "memory") and isinstance(actual, list) and isinstance(expected, list) \
+    if key in ("sent", "memory", *EVENT_KEYS) and isinstance(actual, list) and isinstance(expected, list) \
             and len(expected) != len(actual):
-        what = {"events": "events", "sent": "model calls", "memory": "messages in memory"}[key]
+        what = {"sent": "model calls", "memory": "messages in memory", "operators_events": "operators events",
+                "backend_events": "backend events"}.get(key, "events")
         return f"{key}: expected {len(expected)} {what}, got {len(actual)}"
     return f"{key} differs"
 
@@ -273,6 +285,7 @@ def updated(expect: dict[str, Any] | None, obs: Observed) -> dict[str, Any]:
     still hold are kept), and `error:` added or removed to agree with the turn."""
     if not expect:
         out = {k: shaped(k, None, obs) for k in DEFAULT_KEYS}
+        out |= {k: shaped(k, None, obs) for k in AUDIENCE_KEYS if shaped(k, None, obs)}  # only when sent
         if obs.error is not None:
             out["error"] = obs.error
         return out

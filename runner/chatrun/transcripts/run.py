@@ -325,13 +325,14 @@ def event_type_warnings(config: Any, t: Transcript) -> list[str]:
 
     if may_emit_any_event(config):
         return []
-    known = set(ev.BUILTIN_TYPES)
+    known = set(ev.BUILTIN_TYPES) | set(config.events)  # `events:` declares the bot's own types
     for tool in config.tools.values():
         for _, action in tool.action.variants():
             known.update(action.emit)
     out = []
     for turn in t.turns:
-        for item in (turn.expect or {}).get("events") or []:
+        expect = turn.expect or {}
+        for item in [i for key in ("events", "operators_events", "backend_events") for i in expect.get(key) or []]:
             for kind in item if isinstance(item, dict) else ():
                 if kind not in known:
                     out.append(f"{t.where(turn)}: warning: expects a `{kind}` event, but bot {config.name} never "

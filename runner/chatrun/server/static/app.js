@@ -26,6 +26,7 @@
   let client = null;
   let session = null;
   let busy = false;
+  let ended = null; // {route, tool} once an `end` action ended the conversation: no more input
   let streaming = null; // the bot bubble receiving Stream chunks
   let graph = null;
   let selectedRoute = null;
@@ -195,8 +196,36 @@
     });
   }
 
+  /** The conversation has ended (an `end` action): say so, take the input away, offer a new one. */
+  function showEnded() {
+    endStreaming();
+    ended = true;
+    ui.input.disabled = true;
+    ui.send.disabled = true;
+    ui.input.placeholder = "This conversation has ended";
+    ui.messages.querySelectorAll(".choices button").forEach((b) => { b.disabled = true; });
+    const notice = el("div", "notice ended");
+    notice.id = "ended";
+    notice.setAttribute("role", "status");
+    notice.appendChild(el("span", "", "This conversation has ended. "));
+    const again = el("button", "btn primary", "Start a new conversation");
+    again.type = "button";
+    again.id = "start-new";
+    again.addEventListener("click", () => reset());
+    notice.appendChild(again);
+    add(notice);
+  }
+
+  function takeInputBack() {
+    ended = null;
+    ui.input.disabled = false;
+    ui.send.disabled = busy;
+    ui.input.placeholder = "Type a message…";
+  }
+
   function showEvent(type, data, replayed) {
     switch (type) {
+      case "ConversationEnded": return showEnded();
       case "Choices": return showChoices(data, replayed);
       case "Message": return showMessage(typeof data === "string" ? data : JSON.stringify(data));
       case "Thinking": return showThinking(data);
@@ -210,7 +239,7 @@
 
   function setBusy(on) {
     busy = on;
-    ui.send.disabled = on;
+    ui.send.disabled = on || Boolean(ended);
     ui.thinking.hidden = !on;
     if (on) ui.thinkingText.textContent = "Thinking…";
   }
@@ -259,7 +288,9 @@
       const input = entry.input;
       const text = typeof input === "string" ? input : input && input.userMessage;
       if (text) showUser(text);
-      const events = entry.events || [];
+      // The server lists the user's events only (an operator's token also gets operators events,
+      // which are not for this chat either).
+      const events = (entry.events || []).filter((e) => !e.audience || e.audience === "user");
       for (const event of events) showEvent(event.type, event.data, true);
       // A failed turn's history has its error apart from the events it got to send.
       if (entry.ok === false && entry.error && !events.some((e) => e.type === "Error")) showError(entry.error);
@@ -269,7 +300,7 @@
   }
 
   async function send(text) {
-    if (!text.trim() || busy || !session) return;
+    if (!text.trim() || busy || ended || !session) return;
     showUser(text);
     setBusy(true);
     try {
@@ -288,6 +319,7 @@
   async function reset() {
     if (busy) return;
     ui.messages.textContent = "";
+    takeInputBack();
     if (session) {
       try { await session.close(); } catch (err) { /* already gone */ }
     }
@@ -484,8 +516,13 @@
         : "memory " + s.memory + ": " + plural(s.folded, "message") + " folded into its summary"));
     }
     for (const event of entry.events || []) {
-      const row = el("div", "turn-event");
-      row.appendChild(el("span", "event-type", event.type));
+      // Every audience's events are here (the author's view); only the user's reached the chat.
+      const audience = event.audience || "user";
+      const row = el("div", "turn-event" + (audience === "user" ? "" : " not-for-user"));
+      row.dataset.audience = audience;
+      const kind = el("span", "event-type", event.type);
+      if (audience !== "user") kind.appendChild(el("span", "audience", audience));
+      row.appendChild(kind);
       row.appendChild(el("span", "", typeof event.data === "string" ? event.data : JSON.stringify(event.data)));
       box.appendChild(row);
     }

@@ -1,0 +1,65 @@
+"""Who sees which events, for every client of the server: one rule, applied in two places.
+
+A turn's events leave the engine toward clients in one place, `TurnRun` (the WebSocket in both
+dialects, the HTTP reply and SSE, /v1 and the page all read a turn through it): it passes on
+only the events `for_clients` lets through, those for the user (`Event.for_user`). Operators
+and backend events stay in the stored history, with their audience.
+
+Reading the history back (`history_for`), each view sees the audiences it may:
+
+- the session resource (`GET .../sessions/{id}`, what the user's page replays): the user's
+  events, and the operators' for a principal with the role `operators` (OPERATOR_ROLE);
+- the inspector (`GET .../inspect`, the author's and operators' view): every event, each
+  marked with its audience, with auth off (the author on their own machine) or for a
+  principal with the role `operators`; only the user's events for any other principal.
+
+Backend events never reach a chat: they go to the bot's sinks (and the inspector).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chatrun.events import AUDIENCES, OPERATORS, USER, Event
+from chatrun.server.auth import Principal
+
+OPERATOR_ROLE = "operators"  # a principal with this role (in --auth) sees operators events
+EVERY_AUDIENCE = frozenset(AUDIENCES)
+USER_ONLY = frozenset({USER})
+
+
+def for_clients(event: Event) -> bool:
+    """Whether a turn's event is sent to the user's clients as it happens (or is replayed)."""
+    return event.for_user
+
+
+def _is_operator(who: Principal | None) -> bool:
+    return who is not None and OPERATOR_ROLE in who.roles
+
+
+def resource_audiences(who: Principal | None) -> frozenset[str]:
+    """The audiences the session resource's history lists for `who`."""
+    return frozenset({USER, OPERATORS}) if _is_operator(who) else USER_ONLY
+
+
+def inspector_audiences(who: Principal | None) -> frozenset[str]:
+    """The audiences the inspector shows `who` (None: auth is off, the author's own server)."""
+    return EVERY_AUDIENCE if who is None or _is_operator(who) else USER_ONLY
+
+
+def history_for(history: list[dict[str, Any]], audiences: frozenset[str]) -> list[dict[str, Any]]:
+    """The history entries with only the events of `audiences` (an event without `audience` is
+    the user's). Entries are copied when something is left out; the stored history is untouched."""
+    if audiences == EVERY_AUDIENCE:
+        return history
+    out = []
+    for entry in history:
+        events = entry.get("events")
+        if isinstance(events, list) and any(_audience(e) not in audiences for e in events):
+            entry = entry | {"events": [e for e in events if _audience(e) in audiences]}
+        out.append(entry)
+    return out
+
+
+def _audience(event: Any) -> str:
+    return (event.get("audience") if isinstance(event, dict) else None) or USER
