@@ -52,18 +52,6 @@ def test_cl100k_base_counts_with_its_own_tokens():
     assert len(tiktoken.get_encoding("o200k_base").encode(text)) != expected
 
 
-@pytest.mark.needs_encodings
-def test_a_kept_count_is_only_reused_by_the_same_encoding():
-    text = "Réservez un vol pour Dublin en juillet, s'il vous plaît."
-    message = SystemMessage(text)
-    o200k, cl100k = tiktoken_counter("o200k_base"), tiktoken_counter("cl100k_base")
-    assert o200k(message) == len(tiktoken.get_encoding("o200k_base").encode(text)) + MESSAGE_OVERHEAD
-    assert cl100k(message) == len(tiktoken.get_encoding("cl100k_base").encode(text)) + MESSAGE_OVERHEAD
-    assert o200k(message) != cl100k(message)
-    # The kept count is no field: equality, the dict form and the wire form do not change.
-    assert message == SystemMessage(text) and message.to_dict() == {"role": "system", "content": text}
-
-
 @pytest.mark.parametrize(
     ("encoding", "model", "expected"),
     [
