@@ -1,101 +1,226 @@
-"""What the OpenAI-compatible API costs per turn over chatrun's own HTTP API (target: < 5 ms),
-and how much the index of turns grows.
+"""What the OpenAI-compatible API costs the server per turn, early and late in a conversation,
+against chatrun's own HTTP API and two floors, all measured in the same run.
 
-One real uvicorn server (SQLite store) serving a one-route bot whose model is the local fake
-OpenAI server (echo). A conversation of --turns turns is sent three ways, median per turn:
-  http      POST /bots/echo/sessions/{id}/messages (the session named by the client)
-  chat      POST /v1/chat/completions with the whole history (session found by reconciliation)
-  responses POST /v1/responses with previous_response_id
-The difference is the OpenAI layer: parsing, hashing the history, opening the session, and
-recording the turn (snapshot and memories) in the store. Also printed: the bytes the records
-table holds after one conversation, which grow with its length (each turn records its state).
+Three kinds of process on loopback: the fake OpenAI model (echo, no delay), the server under
+test, and this load generator. Measured: CPU time of the server process per turn (from
+/proc, so the client's and the model's work is not counted), for turns 1-10 and turns
+31-40 of --conversations conversations of --turns turns, contenders interleaved round by
+round; the table shows the min and median over rounds.
 
-    python bench/bench_openai_api.py [--turns 40]
+Contenders:
+  floor      a bare FastAPI /v1/chat/completions that forwards the client's whole history to
+             the model with the `openai` SDK (`messages=`, which the SDK re-walks) and answers
+             the SDK's parsed completion
+  floor_eb   the same passing the history the way chatrun does (`extra_body`): the real minimum
+  http       chatrun serve, POST /bots/echo/sessions/{id}/messages (the client names the session)
+  chat       chatrun serve, POST /v1/chat/completions with the whole history (reconciliation)
+  responses  chatrun serve, POST /v1/responses with previous_response_id
+
+Goal (issue 26): chat <= 1.15x floor_eb, flat in conversation length. Also printed: the bytes
+the records table holds after the run (the turn index; each record holds the session's state).
+
+    python bench/bench_openai_api.py                          # 3 rounds, 8 conversations of 40 turns
+    python bench/bench_openai_api.py --rounds 5 --conversations 10
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "runner"))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import httpx  # noqa: E402
+from fastapi import FastAPI, Request  # noqa: E402
+from fastapi.responses import Response  # noqa: E402
 
-import chatrun  # noqa: E402
-from chatrun.server import create_app  # noqa: E402
-from chatrun.testing.fake_openai import FakeOpenAI, echo  # noqa: E402
-from server_support import ThreadServer  # noqa: E402
+from bench_server import cpu_seconds, free_port, spawn, wait_port  # noqa: E402
 
 BOT = """
 name: echo
 model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: false}
-memory: {type: message_window, max_messages: 40}
+memory: {type: message_window, max_messages: 200}
 routes:
   main:
     default: true
     system: Repeat what the user says.
 """
+SYSTEM = "Repeat what the user says."
+EARLY, LATE = range(0, 10), range(30, 40)
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1000
+# -- the floors --------------------------------------------------------------------------------------
+
+
+def floor_app(extra_body: bool) -> FastAPI:
+    import openai
+
+    app = FastAPI()
+    client = openai.AsyncOpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key="bench", max_retries=0)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        messages = [{"role": "system", "content": SYSTEM}, *body["messages"]]
+        if extra_body:
+            completion = await client.chat.completions.create(model="gpt-4o-mini", messages=[],
+                                                              extra_body={"messages": messages})
+        else:
+            completion = await client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+        answer = {"id": completion.id, "object": "chat.completion", "created": completion.created,
+                  "model": body["model"], "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                      "role": "assistant", "content": completion.choices[0].message.content}}]}
+        return Response(json.dumps(answer), media_type="application/json")
+
+    return app
+
+
+def serve_floor(port: int, extra_body: bool) -> None:
+    import uvicorn
+
+    from chatrun.server.app import tune_gc
+
+    app = floor_app(extra_body)
+    tune_gc()  # the same collector settings as chatrun serve (see bench_server.py)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+# -- conversations ---------------------------------------------------------------------------------
+
+
+class Conversation:
+    """One client conversation against one contender; `turn()` sends the next message."""
+
+    def __init__(self, http: httpx.Client, kind: str, name: str):
+        self.http, self.kind, self.name = http, kind, name
+        self.history: list[dict[str, Any]] = []
+        self.previous: str | None = None
+        self.count = 0
+        if kind == "http":
+            http.post("/bots/echo/sessions", json={"id": name}).raise_for_status()
+
+    def turn(self) -> None:
+        text = f"{self.name} message number {self.count}"
+        self.count += 1
+        if self.kind == "http":
+            self.http.post(f"/bots/echo/sessions/{self.name}/messages", json={"userMessage": text}).raise_for_status()
+        elif self.kind == "responses":
+            body = {"model": "echo", "input": text, "previous_response_id": self.previous}
+            reply = self.http.post("/v1/responses", json=body)
+            reply.raise_for_status()
+            self.previous = reply.json()["id"]
+        else:  # chat and the floors
+            self.history.append({"role": "user", "content": text})
+            reply = self.http.post("/v1/chat/completions", json={"model": "echo", "messages": self.history})
+            reply.raise_for_status()
+            self.history.append(reply.json()["choices"][0]["message"])
+
+
+def measure(kind: str, url: str, pid: int, conversations: int, turns: int, round_no: int) -> dict[str, float]:
+    """Server CPU ms per turn over the early and the late turns of `conversations` conversations,
+    turn k of each conversation before turn k+1 of any (so each block spans many turns)."""
+    with httpx.Client(base_url=url, timeout=60) as http:
+        talks = [Conversation(http, kind, f"{kind[:4]}-{round_no}-{i}") for i in range(conversations)]
+        spent = {"early": 0.0, "late": 0.0}
+        for t in range(turns):
+            start = cpu_seconds(pid)
+            for talk in talks:
+                talk.turn()
+            block = "early" if t in EARLY else "late" if t in LATE else None
+            if block:
+                spent[block] += cpu_seconds(pid) - start
+    return {block: ms * 1000 / (conversations * 10) for block, ms in spent.items()}
+
+
+# -- the run ------------------------------------------------------------------------------------------------
+
+
+def start_servers(workdir: Path, env: dict[str, str]) -> dict[str, tuple[str, subprocess.Popen]]:
+    servers: dict[str, tuple[str, subprocess.Popen]] = {}
+    for kind in ("floor", "floor_eb"):
+        port = free_port()
+        flag = "--serve-floor-eb" if kind == "floor_eb" else "--serve-floor"
+        servers[kind] = (f"http://127.0.0.1:{port}", spawn([__file__, flag, str(port)], env))
+        wait_port(port, servers[kind][1])
+    port = free_port()
+    (workdir / "echo.yaml").write_text(BOT)
+    proc = spawn(["-m", "chatrun", "serve", str(workdir / "echo.yaml"), "--port", str(port),
+                  "--store", f"sqlite:///{workdir / 'bench.db'}", "--log-level", "warning"], env)
+    wait_port(port, proc)
+    for kind in ("http", "chat", "responses"):  # one server: the difference is the endpoint's
+        servers[kind] = (f"http://127.0.0.1:{port}", proc)
+    return servers
+
+
+def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace, db: Path) -> None:
+    def median(kind: str, block: str) -> float:
+        return statistics.median(r[block] for r in results[kind])
+
+    print(f"server CPU ms per turn, {args.rounds} rounds x {args.conversations} conversations x {args.turns} turns, "
+          f"contenders interleaved; min / median over rounds; load average "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print(f"{'contender':<11}{'turns 1-10':>16}{'turns 31-40':>16}{'late/early':>12}{'x floor_eb (late)':>19}")
+    for kind, runs in results.items():
+        early = f"{min(r['early'] for r in runs):.2f} / {median(kind, 'early'):.2f}"
+        late = f"{min(r['late'] for r in runs):.2f} / {median(kind, 'late'):.2f}"
+        print(f"{kind:<11}{early:>16}{late:>16}{median(kind, 'late') / median(kind, 'early'):>12.2f}"
+              f"{median(kind, 'late') / median('floor_eb', 'late'):>19.2f}")
+    print("goal: chat <= 1.15x floor_eb, flat in conversation length (late/early ~ floor_eb's)")
+    conn = sqlite3.connect(db)
+    records, size = conn.execute("SELECT COUNT(*), SUM(LENGTH(record)) FROM records").fetchone()
+    conn.close()
+    if records:
+        print(f"records after the run: {records} rows, {size / 1024:.0f} KiB ({size / records / 1024:.1f} KiB a row)")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=40)
-    turns = parser.parse_args().turns
-    with tempfile.TemporaryDirectory() as tmp, FakeOpenAI() as fake:
-        import os
-
-        os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = fake.base_url, "bench"
-        fake.responder = echo
-        (Path(tmp) / "echo.yaml").write_text(BOT)
-        bot = chatrun.load_bot(Path(tmp) / "echo.yaml")
-        db = Path(tmp) / "bench.db"
-        with ThreadServer(create_app([bot], f"sqlite:///{db}")) as server, httpx.Client(base_url=server.url) as http:
-            http.post("/bots/echo/sessions", json={"id": "h"})
-            ms = {"http": [], "chat": [], "responses": []}
-            history: list[dict] = []
-            previous = None
-            for i in range(turns):
-                text = f"message number {i}"
-                ms["http"].append(timed(lambda t=text: http.post("/bots/echo/sessions/h/messages",
-                                                                 json={"userMessage": t}).raise_for_status()))
-                history.append({"role": "user", "content": text})
-
-                def chat(h=history) -> None:
-                    reply = http.post("/v1/chat/completions", json={"model": "echo", "messages": h}).json()
-                    h.append(reply["choices"][0]["message"])
-
-                ms["chat"].append(timed(chat))
-
-                def respond(t=text) -> None:
-                    nonlocal previous
-                    body = {"model": "echo", "input": t, "previous_response_id": previous}
-                    previous = http.post("/v1/responses", json=body).json()["id"]
-
-                ms["responses"].append(timed(respond))
-        conn = sqlite3.connect(db)
-        records, size = conn.execute("SELECT COUNT(*), SUM(LENGTH(record)) FROM records").fetchone()
-        conn.close()
-    base = statistics.median(ms["http"])
-    print(f"{turns} turns each, median ms per turn (the model is a local fake answering in well under 1 ms):")
-    for name, values in ms.items():
-        extra = "" if name == "http" else f"   ({statistics.median(values) - base:+.2f} ms against http)"
-        print(f"  {name:<10} {statistics.median(values):7.2f}{extra}")
-    print(f"records after two conversations of {turns} turns: {records} rows, {size / 1024:.0f} KiB "
-          f"({size / records / 1024:.1f} KiB a turn on average)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--conversations", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=40, help="turns per conversation (at least 40)")
+    parser.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-floor-eb", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_floor or args.serve_floor_eb:
+        serve_floor(args.serve_floor or args.serve_floor_eb, extra_body=bool(args.serve_floor_eb))
+        return
+    fake_port = free_port()
+    fake = spawn(["-m", "chatrun.testing.fake_openai", "--port", str(fake_port), "--echo"],
+                 dict(os.environ, PYTHONPATH=str(ROOT / "runner")))
+    servers: dict[str, tuple[str, subprocess.Popen]] = {}
+    try:
+        wait_port(fake_port, fake)
+        env = dict(os.environ, OPENAI_BASE_URL=f"http://127.0.0.1:{fake_port}/v1", OPENAI_API_KEY="bench")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "runner"), env.get("PYTHONPATH")]))
+        env.pop("CHATRUN_AUTH_FILE", None)
+        with tempfile.TemporaryDirectory() as tmp:
+            servers = start_servers(Path(tmp), env)
+            results: dict[str, list[dict[str, float]]] = {kind: [] for kind in servers}
+            run: Callable[[str, int], dict[str, float]] = lambda kind, r: measure(  # noqa: E731
+                kind, servers[kind][0], servers[kind][1].pid, args.conversations, max(args.turns, 40), r)
+            for kind in servers:  # warm up: imports, first connections, the bot's compiled templates
+                run(kind, -1)
+            for r in range(args.rounds):
+                for kind in servers:
+                    results[kind].append(run(kind, r))
+            report(results, args, Path(tmp) / "bench.db")
+    finally:
+        for _, proc in {id(p): (u, p) for u, p in servers.values()}.values():
+            proc.terminate()
+            proc.wait(10)
+        fake.terminate()
+        fake.wait(10)
 
 
 if __name__ == "__main__":

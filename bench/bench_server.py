@@ -1,7 +1,10 @@
 """`chatrun serve` under load: N concurrent WebSocket sessions against the fake OpenAI server
-answering after a fixed delay, side by side with the floor: a bare FastAPI WebSocket endpoint
-that calls the same fake model with the same client and speaks the same frames, with no
-engine, no sessions and no store.
+answering after a fixed delay, side by side with two floors: a bare FastAPI WebSocket endpoint
+that calls the same fake model with the same client, sends the same history (the last 20
+messages of the chat, as the bot's window keeps) and speaks the same frames, with no engine,
+no sessions and no store; "floor" passes the history as the SDK's `messages=` (which the SDK
+re-walks on every call), "floor_eb" the way chatrun does (`extra_body`): the real minimum.
+CPU ms/turn is the server process's; "x floor_eb" compares it with floor_eb's from the same run.
 
 Per configuration and N (100, 1,000): throughput (turns/s), added latency p50/p99 (time from
 sending a ChatRouteMessage to its Completed, minus the model's delay), and server memory per
@@ -17,7 +20,8 @@ Each run starts fresh server processes; with --runs the configurations take turn
 memory://, sqlite, floor, ...) so a change in machine load hits all of them alike, and the
 table shows per-column medians. The load average is printed before and after.
 
-Target (issue 5): within 10% of the floor's throughput, under 5 ms added p99 at 1,000 sessions.
+Targets: within 10% of the floor's throughput, under 5 ms added p99 at 1,000 sessions (issue 5);
+CPU per turn <= 1.1x floor_eb (issue 26).
 """
 
 from __future__ import annotations
@@ -59,29 +63,44 @@ routes:
 # -- the floor: same frames, same model client, nothing else ---------------------------------------
 
 
-def floor_app() -> FastAPI:
+WINDOW = 20  # the bot's message_window: the floors send the same history
+
+
+def floor_app(extra_body: bool = False) -> FastAPI:
+    """The floor: the SDK's streaming call with the chat's history (the last WINDOW messages,
+    as the bot's memory keeps), passed as `messages=` (the SDK re-walks them) or, for floor_eb,
+    the way chatrun passes them (`extra_body`): the real minimum."""
     import openai
 
     app = FastAPI()
     client = openai.AsyncOpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key="bench", max_retries=0, timeout=120)
+    system = {"role": "system", "content": "You are a concise assistant."}
 
     @app.websocket("/_chat/routes")
     async def routes(ws: WebSocket) -> None:
         await ws.accept()
+        histories: dict[str, list[dict]] = {}
 
         async def turn(frame: dict) -> None:
             chat_id = frame["chatId"]
-            stream = await client.chat.completions.create(
-                model="gpt-4o-mini",
-                messages=[{"role": "system", "content": "You are a concise assistant."},
-                          {"role": "user", "content": frame["data"]["userMessage"]}],
-                stream=True,
-            )
+            history = histories.setdefault(chat_id, [])
+            history.append({"role": "user", "content": frame["data"]["userMessage"]})
+            del history[:-WINDOW]
+            messages = [system, *history]
+            if extra_body:
+                stream = await client.chat.completions.create(
+                    model="gpt-4o-mini", messages=[], stream=True, stream_options={"include_usage": True},
+                    extra_body={"messages": messages})
+            else:
+                stream = await client.chat.completions.create(
+                    model="gpt-4o-mini", messages=messages, stream=True,  # type: ignore[arg-type]
+                    stream_options={"include_usage": True})
             text = []
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
                     text.append(chunk.choices[0].delta.content)
                     await ws.send_text(json.dumps({"chatId": chat_id, "type": "Stream", "data": text[-1]}))
+            history.append({"role": "assistant", "content": "".join(text)})
             await ws.send_text(json.dumps({"chatId": chat_id, "type": "Message", "data": "".join(text)}))
             await ws.send_text(json.dumps({"chatId": chat_id, "type": "Completed", "data": chat_id + ".1"}))
 
@@ -101,12 +120,12 @@ def floor_app() -> FastAPI:
     return app
 
 
-def serve_floor(port: int) -> None:
+def serve_floor(port: int, extra_body: bool = False) -> None:
     import uvicorn
 
     from chatrun.server.app import tune_gc
 
-    app = floor_app()
+    app = floor_app(extra_body)
     # The same garbage-collector settings `chatrun serve` applies once its app is built, so the
     # difference measured is the engine's, not the runtime's (with CPython's defaults the floor
     # spends ~1.4 ms of CPU per turn in the collector at 1,000 sessions, chatrun ~1.8 ms).
@@ -219,8 +238,8 @@ def measure(kind: str, sessions: int, turns: int, fake_url: str, workdir: Path, 
     env = dict(os.environ, OPENAI_BASE_URL=fake_url, OPENAI_API_KEY="bench")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runner"), env.get("PYTHONPATH")]))
     env.pop("CHATRUN_AUTH_FILE", None)
-    if kind == "floor":
-        proc = spawn([__file__, "--serve-floor", str(port)], env)
+    if kind in ("floor", "floor_eb"):
+        proc = spawn([__file__, "--serve-floor-eb" if kind == "floor_eb" else "--serve-floor", str(port)], env)
     else:
         store = "memory://" if kind == "chatrun memory://" else f"sqlite:///{workdir / f'bench-{port}.db'}"
         bot = workdir / "bench.yaml"
@@ -256,9 +275,10 @@ def main() -> None:
                         "with --spread equal to --delay the load is N/delay turns/s, below saturation if the CPU allows")
     parser.add_argument("--runs", type=int, default=1, help="runs per configuration; the table shows medians")
     parser.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-floor-eb", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_floor:
-        serve_floor(args.serve_floor)
+    if args.serve_floor or args.serve_floor_eb:
+        serve_floor(args.serve_floor or args.serve_floor_eb, extra_body=bool(args.serve_floor_eb))
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
@@ -276,20 +296,22 @@ def main() -> None:
             print(f"fake model delay {args.delay * 1000:.0f} ms, {args.turns} turns per session, "
                   f"{os.cpu_count()} CPUs, median of {args.runs} run(s), starts spread over {args.spread:g} s; latency = send -> Completed, "
                   f"added = latency - delay; load average {load_average()}")
-            print(f"{'server':<22}{'sessions':>9}{'turns/s':>10}{'vs floor':>10}{'p50 +ms':>10}{'p99 +ms':>10}{'KiB/session':>13}{'CPU ms/turn':>13}")
-            kinds = ("floor", "chatrun memory://", "chatrun sqlite")
+            print(f"{'server':<22}{'sessions':>9}{'turns/s':>10}{'vs floor':>10}{'p50 +ms':>10}{'p99 +ms':>10}"
+                  f"{'KiB/session':>13}{'CPU ms/turn':>13}{'x floor_eb':>12}")
+            kinds = ("floor", "floor_eb", "chatrun memory://", "chatrun sqlite")
             for n in sizes:
                 results: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
                 for _ in range(args.runs):
                     for kind in kinds:
                         results[kind].append(measure(kind, n, args.turns, fake_url, workdir, args.spread))
-                floor = median_of(results["floor"])
+                floor, floor_eb = median_of(results["floor"]), median_of(results["floor_eb"])
                 for kind in kinds:
                     r = median_of(results[kind])
                     ratio = r["throughput"] / floor["throughput"] * 100
+                    cpu_ratio = r["cpu_ms_per_turn"] / floor_eb["cpu_ms_per_turn"]
                     print(f"{kind:<22}{n:>9}{r['throughput']:>10.1f}{ratio:>9.0f}%"
                           f"{(r['p50'] - args.delay) * 1000:>10.1f}{(r['p99'] - args.delay) * 1000:>10.1f}"
-                          f"{r['kb_per_session']:>13.1f}{r['cpu_ms_per_turn']:>13.2f}", flush=True)
+                          f"{r['kb_per_session']:>13.1f}{r['cpu_ms_per_turn']:>13.2f}{cpu_ratio:>12.2f}", flush=True)
             print(f"load average after: {load_average()}")
     finally:
         fake.terminate()

@@ -327,6 +327,36 @@ def test_one_client_per_event_loop(fake):
     assert third.peer != first.peer
 
 
+def test_sessions_on_their_own_loops_share_one_verifying_ssl_context(fake, monkeypatch):
+    """Loading the CA bundle is most of a new HTTP client's cost: each library session (its own
+    model, its own loop) gets a client of its own, all on the process's one SSL context."""
+    import ssl
+
+    import openai
+
+    built: list[object] = []
+
+    class Recording(openai.DefaultAsyncHttpxClient):  # type: ignore[misc, valid-type]
+        def __init__(self, **kwargs):
+            built.append(kwargs.get("verify", True))
+            super().__init__(**kwargs)
+
+    monkeypatch.setattr(openai, "DefaultAsyncHttpxClient", Recording)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    fake.queue({"text": "1"}, {"text": "2"})
+    cfg = config(fake)
+    assert [call(OpenAIModel(), cfg)[0].text for _ in range(2)] == ["1", "2"]
+    first, second = built
+    assert isinstance(first, ssl.SSLContext) and first is second
+    assert first.verify_mode == ssl.CERT_REQUIRED and first.check_hostname
+    # The variables the default context reads still take effect when they change.
+    monkeypatch.setenv("SSL_CERT_FILE", ssl.get_default_verify_paths().openssl_cafile)
+    from chatrun.models.openai_model import shared_ssl_context
+
+    assert shared_ssl_context() is not first
+
+
 def test_dropped_connection_is_retried(fake):
     fake.queue({"disconnect": True}, {"text": "second try"})
     response, _ = call(model(), config(fake))

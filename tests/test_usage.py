@@ -54,6 +54,39 @@ def test_without_reported_usage_tokens_are_counted_and_marked_estimated(write_bo
     assert session.usage["estimated"] is True and session.usage["cost"] == pytest.approx(call["cost"])
 
 
+def test_estimated_usage_tokenizes_each_message_once_and_counts_as_before(write_bot, monkeypatch):
+    """A model that reports no usage is sent the whole conversation on every call: each message
+    is tokenized once (its count kept with it), however often it is sent, and the estimate
+    is the same exact count."""
+    import tiktoken
+
+    from chatrun.memory.tokens import tiktoken_counter
+
+    encoded: list[str] = []
+    encode = tiktoken.Encoding.encode_ordinary
+
+    def counting(self, text):
+        encoded.append(text)
+        return encode(self, text)
+
+    monkeypatch.setattr(tiktoken.Encoding, "encode_ordinary", counting)
+    path = write_bot(BOT.replace("provider: openai", "provider: scripted"))
+    model = chatrun.ScriptedModel()
+    session = chatrun.load_bot(path).session(model=model)
+    turns = 4  # within the default window, so the last call sent the whole memory
+    for i in range(turns):
+        model.add({"tool_calls": [{"name": "note", "arguments": {}}]}, {"text": f"Noted {i}."})
+        session.chat(f"take note {i}")
+    # Each turn adds 4 messages (user, tool call, tool result, answer) and sends its system
+    # message; counting every sent message on every call would tokenize hundreds.
+    assert len(encoded) <= 5 * turns
+    enc = tiktoken.get_encoding(tiktoken_counter(model_name="gpt-4o-mini").encoding)  # type: ignore[attr-defined]
+    last = session.last_turn["usage"]["by_call"][-1]
+    sent = session.memory()[:-1]  # the last call was sent all but its own answer
+    assert last["input_tokens"] == sum(len(encode(enc, m.text())) + 4 for m in sent)
+    assert last["estimated"] is True
+
+
 def test_a_turn_budget_stops_the_turn_before_the_call_that_would_pass_it(fake, write_bot):
     """1,450 tokens used by the first call; the second would send ~30 more: past 1,460."""
     path = write_bot(BOT + "limits: {max_turn_tokens: 1460}\n")

@@ -126,7 +126,7 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
 @click.option("--cache-size", default=10_000, show_default=True, type=click.IntRange(min=1),
               help="Live sessions kept in memory at most (the rest are reloaded from the store).")
 @click.option("--cache-mb", default=256, show_default=True, type=click.IntRange(min=1),
-              help="Memory the live sessions may take, in MiB (their JSON size).")
+              help="Memory the live sessions may take, in MiB (their estimated share of the RSS).")
 @click.option("--cache-idle", default=900.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds an unused live session stays in memory.")
 @click.option("--max-sessions-per-principal", default=0, show_default=True, type=click.IntRange(min=0),

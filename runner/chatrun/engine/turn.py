@@ -218,7 +218,7 @@ class Turn:
                                response_format(route))
         price = self.config.prices.get(model_config.name)
         if self.config.limits.has_budgets:
-            sent = sum(self.count_tokens(model_config.name, m) for m in request.messages)
+            sent = sum(map(self.counter(model_config.name), request.messages))
             check_budgets(self.config.limits, self.usage, self.c.usage, sent, price, route.name)
         # A returning route's answer is its result, and JSON is no text for the user: never streamed.
         streamed = model_config.stream and not run.returning and not route.output
@@ -419,7 +419,7 @@ class Turn:
     def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
                 sent: list[Message], answer: AssistantMessage, provider: str) -> dict[str, Any]:
         """Add one call's usage to the turn's; returns the call's entry for the history."""
-        usage = call_usage(raw, price, sent, answer, lambda m: self.count_tokens(model, m))
+        usage = call_usage(raw, price, sent, answer, self.counter(model))
         self.usage.add(usage)
         entry = {"route": route, "model": model, **usage.to_dict()}
         del entry["calls"]
@@ -427,11 +427,12 @@ class Turn:
         observe.model_usage(provider, model, entry)
         return entry
 
-    def count_tokens(self, model: str, message: Message) -> int:
+    def counter(self, model: str) -> TokenCounter:
+        """The token counter of a model's encoding (it keeps each message's count with the message)."""
         counter = self._counters.get(model)
         if counter is None:
             counter = self._counters[model] = tiktoken_counter(model_name=model)
-        return counter(message)
+        return counter
 
     async def stream_chunk(self, chunk: str) -> None:
         if chunk:

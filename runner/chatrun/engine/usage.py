@@ -80,7 +80,7 @@ def call_usage(raw: dict[str, Any], price: Price | None, sent: Iterable[Message]
         for key, value in tokens.items():
             setattr(usage, key, value)
     else:  # some servers report nothing (or only when streaming is asked to): count it ourselves
-        usage.input_tokens = sum(count(m) for m in sent)
+        usage.input_tokens = sum(map(count, sent))  # each message's count is kept with it: no re-tokenizing
         usage.output_tokens = count(answer)
         usage.estimated = True
     usage.cost = cost_of(usage, price)

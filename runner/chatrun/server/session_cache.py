@@ -1,5 +1,6 @@
 """The live sessions of this process: a slot per (bot, session id), bounded by count, bytes
-and idle time (SessionSettings.cache_size, cache_bytes, cache_idle).
+(their estimated memory, `live_size`) and idle time (SessionSettings.cache_size, cache_bytes,
+cache_idle).
 
 A slot holds the live Session, its TurnBuffer, the stored version it matches and the last
 committed turn; `users` counts the requests holding or waiting for it, which are never
@@ -47,10 +48,24 @@ class Hold:
     lease: Lease
 
 
+# What a live session adds to the process's RSS, fitted to measurements (bench/bench_cache.py:
+# sessions of 1 to 20 messages, short and long ones, within 20%): the session, its scopes,
+# memories, buffer and slot; each message object; and its text, which its JSON size tracks.
+# Counting the JSON size alone undercounted a short conversation's RSS about 3 to 8 times.
+LIVE_SESSION_BYTES = 3584
+MESSAGE_BYTES = 200
+JSON_BYTE_FACTOR = 0.7
+
+
+def live_size(json_bytes: int, messages: int) -> int:
+    """The estimated RSS of a live session whose snapshot and memories are `json_bytes` of JSON."""
+    return int(LIVE_SESSION_BYTES + MESSAGE_BYTES * messages + JSON_BYTE_FACTOR * json_bytes)
+
+
 @dataclass(frozen=True)
 class CacheLimits:
     size: int = 10_000  # live sessions kept at most
-    bytes: int = 256 * 2**20  # their size (JSON bytes of snapshot and memories) at most
+    bytes: int = 256 * 2**20  # their estimated memory (live_size) at most
     idle: float = 900.0  # seconds a live session stays cached unused
 
 
@@ -89,7 +104,8 @@ class SessionCache:
 
     def account(self, slot: Slot) -> None:
         """Count the slot's current size in the cache's total."""
-        size = slot.buffer.size if slot.session is not None and slot.buffer is not None else 0
+        buffer = slot.buffer
+        size = live_size(buffer.size, buffer.message_count) if slot.session is not None and buffer is not None else 0
         self._bytes += size - slot.size
         slot.size = size
 

@@ -54,7 +54,7 @@ class SessionSettings:
     if_busy: str = QUEUE  # what a request for a busy session does (a request may override it)
     lease: LeaseSettings = LeaseSettings()
     cache_size: int = 10_000  # live sessions kept at most
-    cache_bytes: int = 256 * 2**20  # their size (JSON bytes of snapshot and memories) at most
+    cache_bytes: int = 256 * 2**20  # their estimated memory (session_cache.live_size) at most
     cache_idle: float = 900.0  # seconds a live session stays cached unused
     max_sessions_per_principal: int = 0  # sessions one principal may own (0: no limit; auth only)
 

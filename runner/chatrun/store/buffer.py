@@ -56,6 +56,11 @@ class TurnBuffer:
         """Roughly what the session costs in memory, in bytes (its JSON size)."""
         return len(self._snapshot_json or "") + sum(self._sizes.values())
 
+    @property
+    def message_count(self) -> int:
+        """The messages of the session's memories this buffer holds."""
+        return sum(len(messages) for messages in self._memories.values())
+
     def take(self) -> Commit | None:
         pending, self.pending = self.pending, None
         return pending
