@@ -145,3 +145,26 @@ def test_events_are_printed_before_the_next_prompt(term):
     assert t.expect("main_menu > flight> ").strip().endswith("flight")
     t.send("/quit\r")
     assert t.wait() == 0
+
+
+def test_ctrl_c_at_the_model_prompt_then_quit_prints_no_traceback_and_usage_says_cancelled(term):
+    # Every newcomer's default mode (no API key: the author plays the model). The interrupted
+    # turn task kept its KeyboardInterrupt, and quitting printed "Task exception was never
+    # retrieved" with 25 lines of traceback; /usage called the cancelled turn "failed".
+    t = term("bots/hello", "--play-model")
+    t.expect("chat> ")
+    t.send("first message\r")
+    t.expect("model> ")
+    t.send("/sa")
+    t.expect("/sa")
+    t.interrupt()
+    t.expect("turn cancelled; the session is as it was before it")
+    t.expect("chat> ")
+    t.send("/usage\r")
+    usage = t.expect("chat> ")
+    assert "last turn 1: no model call, cancelled" in usage
+    assert "failed" not in usage
+    t.send("/quit\r")
+    assert t.wait() == 0
+    assert "Task exception was never retrieved" not in t.text
+    assert "Traceback" not in t.text

@@ -44,14 +44,24 @@ def turn_usage_lines(entry: dict[str, Any] | None) -> list[str]:
     if entry is None:
         return ["no turn yet"]
     usage = entry.get("usage")
+    outcome = turn_outcome(entry)
     if not usage:
-        return [f"last turn {entry.get('turn')}: no model call{', failed' if entry.get('ok') is False else ''}"]
-    failed = ", failed and rolled back; its calls still count" if entry.get("ok") is False else ""
+        return [f"last turn {entry.get('turn')}: no model call{f', {outcome}' if outcome else ''}"]
+    failed = f", {outcome} and rolled back; its calls still count" if outcome else ""
     lines = [f"last turn {entry.get('turn')} ({calls_text(usage.get('calls', 0))}{failed}):"]
     for call in usage.get("by_call", []):
         lines.append(f"  route {call.get('route')}  model {call.get('model')}  {tokens_text(call)}")
     lines.append(f"  total  {tokens_text(usage)}")
     return lines
+
+
+def turn_outcome(entry: dict[str, Any]) -> str:
+    """"" for a committed turn; "cancelled" for one the author stopped (Ctrl-C: the engine
+    records "cancelled" or "interrupted: KeyboardInterrupt"); else "failed"."""
+    if entry.get("ok") is not False:
+        return ""
+    error = str(entry.get("error") or "")
+    return "cancelled" if error == "cancelled" or error.startswith("interrupted:") else "failed"
 
 
 def session_usage_line(usage: dict[str, Any]) -> str:

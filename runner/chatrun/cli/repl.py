@@ -145,6 +145,16 @@ def run_to_completion(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any,
         raise
 
 
+def quiet_about_interrupts(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Ctrl-C during a turn raises KeyboardInterrupt inside the engine's turn task, which
+    run_to_completion() handles (the turn is rolled back and reported as cancelled); the task
+    keeps that exception, and asyncio would print its 25-line traceback ("Task exception was
+    never retrieved") when the task is collected. That is no error: say nothing."""
+    if isinstance(context.get("exception"), KeyboardInterrupt):
+        return
+    loop.default_exception_handler(context)
+
+
 class Repl:
     def __init__(self, bot: Any, store: Any, session_id: str | None, route: str | None, play_model: bool,
                  roles: set[str] | None = None):
@@ -159,6 +169,7 @@ class Repl:
         # One loop for the REPL's life: the bot's MCP servers and HTTP connections belong to the
         # loop that opened them, so they serve every turn and are closed here (close()).
         self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(quiet_about_interrupts)
         self.models = ModelPool()  # the real model's clients, on that loop too, closed on exit
         self.model: Any = self.human or self.models.model()
         self.session = bot.session(route=route, store=store, model=self.model, session_id=session_id, roles=roles)
