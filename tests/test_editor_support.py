@@ -99,28 +99,22 @@ class Lsp:
         self.proc.wait(10)
 
 
-@pytest.mark.subprocess
-def test_the_yaml_language_server_shows_the_docs_on_hover(tmp_path):
-    command = language_server()
-    if command is None:
-        pytest.skip("yaml-language-server is not installed (.ci/run installs it into .venv/ylsp)")
-    bot = tmp_path / "bot.yaml"
-    schema = schema_files()[0]
-    text = f"# yaml-language-server: $schema={schema}\nname: demo\nmemory: {{type: none}}\nroutes:\n  main: {{default: true}}\n"
-    bot.write_text(text)
+def hovers(command: list[str], root: Path, document: Path, spots: dict[str, tuple[int, int]]) -> dict:
+    """Ask a real language server for the hover at each (line, character) of `document`."""
+    text = document.read_text()
     lsp = Lsp(command)
     result: dict = {}
 
     def talk() -> None:
-        lsp.request("initialize", {"processId": os.getpid(), "rootUri": tmp_path.as_uri(),
+        lsp.request("initialize", {"processId": os.getpid(), "rootUri": root.as_uri(),
                                    "capabilities": {"textDocument": {"hover": {"contentFormat": ["markdown"]}}}})
         lsp.notify("initialized", {})
         lsp.notify("workspace/didChangeConfiguration", {"settings": {"yaml": {"hover": True, "validate": True}}})
-        lsp.notify("textDocument/didOpen", {"textDocument": {"uri": bot.as_uri(), "languageId": "yaml",
+        lsp.notify("textDocument/didOpen", {"textDocument": {"uri": document.as_uri(), "languageId": "yaml",
                                                              "version": 1, "text": text}})
-        for line, word in ((1, "name"), (2, "memory")):
-            answer = lsp.request("textDocument/hover", {"textDocument": {"uri": bot.as_uri()},
-                                                        "position": {"line": line, "character": 1}})
+        for word, (line, character) in spots.items():
+            answer = lsp.request("textDocument/hover", {"textDocument": {"uri": document.as_uri()},
+                                                        "position": {"line": line, "character": character}})
             result[word] = answer.get("result")
 
     thread = threading.Thread(target=talk, daemon=True)
@@ -128,8 +122,45 @@ def test_the_yaml_language_server_shows_the_docs_on_hover(tmp_path):
     thread.join(60)
     lsp.close()
     assert not thread.is_alive(), "the language server did not answer in 60 s"
+    return result
+
+
+@pytest.mark.subprocess
+def test_the_yaml_language_server_shows_the_docs_on_hover(tmp_path):
+    command = language_server()
+    if command is None:
+        pytest.skip("yaml-language-server is not installed (.ci/run installs it into .venv/ylsp)")
+    bot = tmp_path / "bot.yaml"
+    schema = schema_files()[0]
+    bot.write_text(f"# yaml-language-server: $schema={schema}\nname: demo\nmemory: {{type: none}}\n"
+                   "routes:\n  main: {default: true}\n")
+    result = hovers(command, tmp_path, bot, {"name": (1, 1), "memory": (2, 1)})
     schema_data = json.loads(schema.read_text())
     name_hover = result["name"]["contents"]["value"]
     assert schema_data["properties"]["name"]["description"] in name_hover
     assert "name: travel" in name_hover  # the example, from markdownDescription
     assert "memory" in result["memory"]["contents"]["value"].lower()
+
+
+@pytest.mark.subprocess
+def test_a_bot_made_by_init_shows_the_docs_on_hover_after_it_moved(tmp_path):
+    # The modeline `chatrun init` writes points inside the bot, so a clone elsewhere (or a
+    # machine without the author's virtualenv) still gets the docs.
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+
+    command = language_server()
+    if command is None:
+        pytest.skip("yaml-language-server is not installed (.ci/run installs it into .venv/ylsp)")
+    assert CliRunner().invoke(main, ["init", str(tmp_path / "made")]).exit_code == 0
+    clone = tmp_path / "clone" / "mybot"
+    shutil.copytree(tmp_path / "made", clone)
+    shutil.rmtree(tmp_path / "made")
+    bot = clone / "bot.yaml"
+    lines = bot.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines) if text.startswith("name:"))
+    result = hovers(command, clone, bot, {"name": (line, 1)})
+    assert result["name"] is not None, "no hover: the modeline's schema was not found"
+    schema_data = json.loads((clone / ".chatrun" / "schemas" / "bot.schema.json").read_text())
+    assert schema_data["properties"]["name"]["description"] in result["name"]["contents"]["value"]

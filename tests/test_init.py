@@ -3,7 +3,9 @@ transcript as written, for every template; nothing is ever overwritten."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,19 +33,59 @@ def test_each_template_validates_and_passes_chatrun_test(tmp_path, monkeypatch, 
     assert "1 passed, 0 failed" in tested.output
 
 
+def modeline_target(path: Path) -> Path:
+    first = path.read_text().splitlines()[0]
+    match = re.fullmatch(r"# yaml-language-server: \$schema=(\S+)", first)
+    assert match, first
+    assert not Path(match.group(1)).is_absolute(), f"{path}: the modeline must be relative: {first}"
+    return (path.parent / match.group(1)).resolve()
+
+
 @pytest.mark.parametrize("template", TEMPLATES)
-def test_the_modelines_point_at_the_real_schemas(tmp_path, template):
+def test_the_modelines_point_at_copies_of_the_schemas_inside_the_bot(tmp_path, template):
     runner = CliRunner()
     assert runner.invoke(main, ["init", str(tmp_path / "b"), "-t", template]).exit_code == 0
-    for file, schema in (("bot.yaml", "bot.schema.json"), (next((tmp_path / "b" / "transcripts").glob("*.yaml")).name,
-                                                            "transcript.schema.json")):
-        path = tmp_path / "b" / file if file == "bot.yaml" else tmp_path / "b" / "transcripts" / file
-        first = path.read_text().splitlines()[0]
-        match = re.fullmatch(r"# yaml-language-server: \$schema=(\S+)", first)
-        assert match, first
-        target = (path.parent / match.group(1)).resolve()
-        assert target.name == schema and target.is_file()
-        assert target == Path(runner.invoke(main, ["schema", schema.split(".")[0]]).output.strip())
+    bot = tmp_path / "b"
+    transcript = next((bot / "transcripts").glob("*.yaml"))
+    for path, which in ((bot / "bot.yaml", "bot"), (transcript, "transcript")):
+        target = modeline_target(path)
+        # Inside the bot (committed with it), never into the virtualenv chatrun is installed in.
+        assert target.is_relative_to(bot.resolve()) and target.is_file(), target
+        installed = Path(runner.invoke(main, ["schema", which]).output.strip())
+        assert target.read_bytes() == installed.read_bytes()
+
+
+def test_a_new_bot_keeps_working_schemas_when_moved_and_the_install_is_gone(tmp_path):
+    # What a clone on another machine sees: the bot elsewhere, no path into anyone's venv.
+    runner = CliRunner()
+    assert runner.invoke(main, ["init", str(tmp_path / "b")]).exit_code == 0
+    moved = tmp_path / "elsewhere" / "clone"
+    shutil.copytree(tmp_path / "b", moved)
+    shutil.rmtree(tmp_path / "b")
+    for path in (moved / "bot.yaml", *(moved / "transcripts").glob("*.yaml")):
+        target = modeline_target(path)
+        assert target.is_file() and target.is_relative_to(moved.resolve())
+        assert "properties" in json.loads(target.read_text())
+    validated = runner.invoke(main, ["validate", str(moved)])
+    assert validated.exit_code == 0, validated.output
+
+
+def test_schema_write_refreshes_a_bots_copies(tmp_path):
+    runner = CliRunner()
+    assert runner.invoke(main, ["init", str(tmp_path / "b")]).exit_code == 0
+    copies = tmp_path / "b" / ".chatrun" / "schemas"
+    (copies / "bot.schema.json").write_text("{}")  # as an older chatrun wrote it
+    written = runner.invoke(main, ["schema", "--write", str(copies)])
+    assert written.exit_code == 0, written.output
+    assert written.output.count("wrote ") == 3
+    for which in ("bot", "transcript", "wire"):
+        installed = Path(runner.invoke(main, ["schema", which]).output.strip())
+        assert (copies / f"{which}.schema.json").read_bytes() == installed.read_bytes()
+    fresh = runner.invoke(main, ["schema", "--write", str(tmp_path / "new" / "dir")])
+    assert fresh.exit_code == 0 and (tmp_path / "new" / "dir" / "wire.schema.json").is_file()
+    (tmp_path / "afile").write_text("x")
+    refused = runner.invoke(main, ["schema", "--write", str(tmp_path / "afile")])
+    assert refused.exit_code == 1 and "is a file" in refused.output
 
 
 def test_init_refuses_to_overwrite(tmp_path):

@@ -1,6 +1,10 @@
 """`chatrun init NAME [--template hello|wizard|support]`: a new bot directory that validates
 and passes `chatrun test` as written: a commented bot.yaml (with the `$schema` modeline for
-editors), one golden transcript and a short README. The starters live in cli/starters/."""
+editors), one golden transcript and a short README. The starters live in cli/starters/.
+
+The modelines point at copies of the schemas inside the bot (`.chatrun/schemas/`, see
+cli/schema.py), relatively: a path into the author's virtualenv would break as soon as the
+bot is committed, cloned elsewhere or chatrun is installed again."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from chatrun.definition.schemas import schema_path
+from chatrun.cli.schema import BOT_SCHEMA_DIR, write_schemas
 
 STARTERS = Path(__file__).parent / "starters"
 TEMPLATES = ("hello", "wizard", "support")
@@ -47,8 +51,8 @@ def render_starter(template: str, directory: Path) -> dict[Path, str]:
         replacements = {
             "__NAME__": bot_name(directory),
             "__DIR__": directory.as_posix(),
-            "__SCHEMA__": schema_ref(schema_path("bot.schema.json"), target.parent),
-            "__TRANSCRIPT_SCHEMA__": schema_ref(schema_path("transcript.schema.json"), target.parent),
+            "__SCHEMA__": schema_ref(directory / BOT_SCHEMA_DIR / "bot.schema.json", target.parent),
+            "__TRANSCRIPT_SCHEMA__": schema_ref(directory / BOT_SCHEMA_DIR / "transcript.schema.json", target.parent),
         }
         for key, value in replacements.items():
             text = text.replace(key, value)
@@ -66,7 +70,7 @@ def create_bot(directory: Path, template: str = "hello") -> list[Path]:
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    return list(files)
+    return [*files, *write_schemas(directory / BOT_SCHEMA_DIR)]
 
 
 @click.command()

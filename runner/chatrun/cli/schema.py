@@ -1,22 +1,52 @@
-"""`chatrun schema [bot|transcript|wire]`: the path of a JSON Schema, for editors that need a file."""
+"""`chatrun schema [bot|transcript|wire]`: the path of a JSON Schema, for editors that need a
+file; `chatrun schema --write DIR` copies all of them into DIR (what `chatrun init` does for a
+new bot's `.chatrun/schemas/`, so its modelines point at files committed with it)."""
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import click
 
 from chatrun.definition.schemas import schema_path
 
 SCHEMAS = {"bot": "bot.schema.json", "transcript": "transcript.schema.json", "wire": "wire.schema.json"}
+# Where `chatrun init` puts a bot's own copies, relative to the bot's directory.
+BOT_SCHEMA_DIR = Path(".chatrun") / "schemas"
+
+
+def write_schemas(directory: Path) -> list[Path]:
+    """Copy every schema into `directory` (made if missing, copies replaced); the files written."""
+    if directory.exists() and not directory.is_dir():
+        raise click.ClickException(f"{directory} is a file; --write needs a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in SCHEMAS.values():
+        target = directory / name
+        shutil.copyfile(schema_path(name), target)
+        written.append(target)
+    return written
 
 
 @click.command()
 @click.argument("which", type=click.Choice(list(SCHEMAS)), default="bot")
-def schema(which: str) -> None:
+@click.option("--write", "write_dir", metavar="DIR", type=click.Path(path_type=Path),
+              help="Copy all the schemas (bot, transcript, wire) into DIR, replacing older copies.")
+def schema(which: str, write_dir: Path | None) -> None:
     """Print the path of chatrun's JSON Schema for bots (default), transcripts or wire frames.
+
+    With --write DIR, copy them all into DIR instead (`chatrun init` puts them in the bot's
+    .chatrun/schemas/; refresh those copies after upgrading chatrun).
 
     \b
     Examples:
       chatrun schema
       chatrun schema transcript
+      chatrun schema --write mybot/.chatrun/schemas
     """
+    if write_dir is not None:
+        for path in write_schemas(write_dir):
+            click.echo(f"wrote {path}")
+        return
     click.echo(schema_path(SCHEMAS[which]).resolve())
