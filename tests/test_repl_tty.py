@@ -3,10 +3,14 @@ long pastes, and the order of output and prompts."""
 
 from __future__ import annotations
 
+import shutil
+import time
+from pathlib import Path
+
 import pytest
 import yaml
 
-from tty_support import Terminal
+from tty_support import REPO, Terminal
 
 pytestmark = pytest.mark.subprocess
 
@@ -168,3 +172,44 @@ def test_ctrl_c_at_the_model_prompt_then_quit_prints_no_traceback_and_usage_says
     assert t.wait() == 0
     assert "Task exception was never retrieved" not in t.text
     assert "Traceback" not in t.text
+
+
+def test_a_reload_notice_while_typing_draws_the_prompt_and_the_typed_text_again(term, tmp_path):
+    # --reload's watcher prints from another thread while input() waits: the notice landed
+    # after "chat> half" and the author typed on a line with no prompt.
+    bot = tmp_path / "hello"
+    shutil.copytree(REPO / "bots" / "hello", bot)
+    t = term(str(bot), "--play-model", "--reload")
+    t.expect("(watching")
+    t.expect("chat> ")
+    t.send("half")
+    t.expect("half")
+    edit_until_reloaded(t, bot / "bot.yaml")
+    redrawn = t.expect("chat> half", timeout=20)
+    assert redrawn.startswith(" the next turn uses it]"), redrawn  # the prompt follows the notice's line
+    t.send(" typed\r")
+    t.expect("model> ")
+    t.send("/say Noted\r")
+    t.expect("chat> ")
+    t.send("/history\r")
+    assert "half typed" in t.expect("chat> ")
+    t.send("/quit\r")
+    assert t.wait() == 0
+
+
+def edit_until_reloaded(t: Terminal, bot_yaml: Path) -> None:
+    """Edit the bot until the REPL says it reloaded: the watcher may not be watching yet when
+    "(watching …)" is printed (its thread starts then), so a first edit can go unseen."""
+    deadline = time.monotonic() + 90
+    n = 0
+    while True:
+        n += 1
+        bot_yaml.write_text(bot_yaml.read_text().replace("Answer in", "Answer, please, in", 1) if n == 1
+                            else bot_yaml.read_text() + f"# edit {n}\n")
+        try:
+            t.expect("[reloaded hello:", timeout=5)
+            t.expect(";")  # the file list: the rest of the notice follows
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise

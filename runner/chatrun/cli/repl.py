@@ -100,6 +100,12 @@ def setup_line_editing(names: Callable[[], Names]) -> Path | None:
     return path
 
 
+def typed_so_far() -> str:
+    """The line being edited at the prompt ("" without readline, where the terminal holds it)."""
+    readline = sys.modules.get("readline")
+    return readline.get_line_buffer() if readline is not None else ""
+
+
 def save_history(path: Path | None) -> None:
     if path is None:
         return
@@ -165,7 +171,8 @@ class Repl:
         self.principal: dict[str, Any] | None = None  # who is signed in (/principal): what `bind:` reads
         self.interactive = sys.stdin.isatty()
         self.human = HumanModel(self.read_line, self.note) if play_model else None
-        self.reloader = ReplReloader(bot)
+        self.waiting_at: str | None = None  # the prompt input() shows now, if it is waiting
+        self.reloader = ReplReloader(bot, echo=self.notice_while_reading)
         # One loop for the REPL's life: the bot's MCP servers and HTTP connections belong to the
         # loop that opened them, so they serve every turn and are closed here (close()).
         self.loop = asyncio.new_event_loop()
@@ -187,10 +194,13 @@ class Repl:
 
     def _read_line(self, prompt: str) -> str | None:
         if self.interactive:
+            self.waiting_at = prompt
             try:
                 line = input(prompt)
             except EOFError:
                 return None
+            finally:
+                self.waiting_at = None
             if len(line) >= TTY_LINE_LIMIT and "readline" not in sys.modules:
                 click.secho(f"warning: the terminal cut this line at {TTY_LINE_LIMIT} characters (no readline "
                             "here); pipe long text in instead: chatrun repl BOT < file", fg="yellow", err=True)
@@ -200,6 +210,18 @@ class Repl:
 
     def note(self, text: str) -> None:
         click.secho(text, dim=True)
+
+    def notice_while_reading(self, text: str) -> None:
+        """A notice from another thread (--reload's watcher): printed on a line of its own, then,
+        if input() is waiting, its prompt and what was typed so far drawn again below it (else
+        the author types on after the notice, with no prompt)."""
+        prompt = self.waiting_at
+        if prompt is None:
+            click.secho(text, fg="yellow")
+            return
+        click.echo("\r\x1b[K", nl=False)  # the start of the prompt's line, cleared
+        click.secho(text, fg="yellow")
+        click.echo(prompt + typed_so_far(), nl=False)
 
     def prompt(self) -> str:
         return " > ".join(self.session.stack) + "> "
