@@ -126,6 +126,34 @@ def test_a_server_that_cannot_start_is_a_refusal_not_a_failure(write_bot):
     session.close()
 
 
+@pytest.mark.subprocess  # a stdio MCP server (that cannot start)
+def test_a_server_whose_stderr_is_logged_says_where_when_it_cannot_start(write_bot, tmp_path):
+    from chatrun.toolkinds.mcp_servers import send_stderr_to
+
+    bot = chatrun.load_bot(write_bot("""
+        name: n
+        model: {provider: scripted, name: m}
+        mcp_servers:
+          notes: {command: [python, -c, "import sys; sys.exit('cannot open the notes database')"]}
+        routes:
+          main: {default: true, system: Notes., tools: [save]}
+        tools:
+          save: {description: s, mcp: {server: notes, tool: add_note}}
+        """))
+    log = tmp_path / "notes.log"
+    send_stderr_to(lambda server, root: log.open("a", encoding="utf-8"))
+    try:
+        session = bot.session(model=chatrun.ScriptedModel([call("save"), {"text": "sorry"}]))
+        session.chat("save")
+        [reply] = results(session)
+        assert reply.startswith("Error: the MCP server notes is not reachable")
+        assert f"its stderr is in {log}" in reply
+        assert "cannot open the notes database" in log.read_text()
+        session.close()
+    finally:
+        send_stderr_to(None)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

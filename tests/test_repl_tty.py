@@ -213,3 +213,50 @@ def edit_until_reloaded(t: Terminal, bot_yaml: Path) -> None:
         except AssertionError:
             if time.monotonic() > deadline:
                 raise
+
+
+NOISY_SERVER = '''
+import sys
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("noisy")
+print("NOISY: starting up, loading the world", file=sys.stderr, flush=True)
+
+
+@server.tool()
+def shout(word: str) -> dict:
+    """Say a word loudly."""
+    print(f"NOISY: shouting {word}", file=sys.stderr, flush=True)
+    return {"said": word.upper()}
+
+
+server.run()
+'''
+
+
+def test_an_mcp_servers_stderr_goes_to_a_log_file_not_over_the_prompt(term, tmp_path):
+    pytest.importorskip("mcp", reason="the mcp SDK is not installed (pip install 'chatrun[mcp]')")
+    bot = tmp_path / "loud"
+    bot.mkdir()
+    (bot / "noisy_server.py").write_text(NOISY_SERVER)
+    (bot / "bot.yaml").write_text(
+        "name: loud\nmcp_servers:\n  noisy: {command: [python, noisy_server.py]}\n"
+        "routes:\n  main: {default: true, system: Shout., mcp: [noisy]}\n")
+    t = term(str(bot), "--play-model")
+    log = tmp_path / ".local" / "state" / "chatrun" / "mcp" / "loud.noisy.log"
+    t.expect(f"(MCP servers' stderr goes to {log})")
+    t.expect("main> ")
+    t.send("shout hello\r")
+    t.expect("tools: shout")  # the server started and listed its tool
+    t.expect("model> ")
+    t.send('/call shout {"word": "hello"}\r')
+    t.expect('[tool shout → {"said": "HELLO"}]')
+    t.expect("model> ")
+    t.send("/say Done\r")
+    t.expect("main> ")
+    t.send("/quit\r")
+    assert t.wait() == 0
+    assert "NOISY" not in t.text
+    logged = log.read_text()
+    assert "started: python noisy_server.py" in logged
+    assert "NOISY: starting up" in logged and "NOISY: shouting hello" in logged

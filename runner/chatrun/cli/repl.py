@@ -277,6 +277,7 @@ class Repl:
         click.secho(f"{self.bot.name}: session {self.session.id} on {' > '.join(self.session.stack)}"
                     " (/help for commands)", dim=True)
         history = setup_line_editing(self.completion_names) if self.interactive else None
+        self.log_mcp_stderr()
         if self.interactive and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
             # Started with SIGINT ignored (a script's background job, some IDE consoles), Python
             # never turns Ctrl-C into KeyboardInterrupt; at a terminal it is the REPL's cancel key.
@@ -287,10 +288,22 @@ class Repl:
             save_history(history)
             self.close()
 
+    def log_mcp_stderr(self) -> None:
+        """Stdio MCP servers write their stderr to log files, never over the prompt; say where."""
+        from chatrun.cli._mcp_log import send_mcp_stderr_to_logs, where_mcp_logs_go
+
+        send_mcp_stderr_to_logs(history_path().parent)
+        where = where_mcp_logs_go(self.bot.config, history_path().parent)
+        if where:
+            click.secho(where, dim=True)
+
     def close(self) -> None:
         """Leaving: stop the watcher, and close the tools the bot opened (MCP servers, HTTP
         connections) and the loop. The session stays in the store (--session resumes it)."""
         self.reloader.stop()
+        from chatrun.toolkinds.mcp_servers import send_stderr_to
+
+        send_stderr_to(None)
         if self.loop.is_closed():
             return
         try:

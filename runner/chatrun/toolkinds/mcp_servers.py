@@ -19,8 +19,9 @@ import json
 import os
 import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from chatrun.definition.config import Location
 from chatrun.errors import ToolRefusal
@@ -56,6 +57,22 @@ class McpTool:
                 "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
 
 
+# Where a stdio server's stderr goes: given the server and the bot's directory, a file opened
+# for writing (with a real file descriptor: the process writes to it directly). None, the
+# default, lets the server write to chatrun's own stderr (`chatrun serve`'s log, a script's
+# terminal). The REPL sends it to a log file, so a chatty server cannot write over the prompt.
+StderrFor = Callable[[McpServerConfig, str], TextIO]
+_stderr_for: StderrFor | None = None
+
+
+def send_stderr_to(stderr_for: StderrFor | None) -> None:
+    """Send the stderr of every stdio MCP server started from now on to `stderr_for(server,
+    bot_root)` (None: chatrun's own stderr again). Process-wide on purpose: a reloaded bot's
+    servers follow the same rule without being told again."""
+    global _stderr_for
+    _stderr_for = stderr_for
+
+
 class McpConnection:
     """One running server for one event loop."""
 
@@ -72,6 +89,7 @@ class McpConnection:
         self._tools: list[McpTool] | None = None
         self._lock = asyncio.Lock()
         self._broken = False
+        self._stderr: TextIO | None = None  # where the running stdio server writes its stderr, if not ours
 
     async def client(self) -> Any:
         import asyncio
@@ -115,17 +133,24 @@ class McpConnection:
         finally:
             self._client = None
             self._ready.set()
+            if self._stderr is not None:
+                self._stderr.close()
 
     def _server(self) -> Any:
         from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
 
         if self.config.url:
             return self.config.url
         command = list(self.config.command)
         if command and command[0] == "python":  # the interpreter chatrun runs on, with its packages
             command[0] = sys.executable
-        return StdioServerParameters(command=command[0], args=command[1:], cwd=self.root,
-                                     env={**os.environ, **self.config.env})
+        params = StdioServerParameters(command=command[0], args=command[1:], cwd=self.root,
+                                       env={**os.environ, **self.config.env})
+        if _stderr_for is None:
+            return params
+        self._stderr = _stderr_for(self.config, self.root)
+        return stdio_client(params, errlog=self._stderr)
 
     async def tools(self) -> list[McpTool]:
         if self._tools is None:
@@ -160,6 +185,9 @@ class McpConnection:
             return text
 
     def _unreachable(self, why: str) -> ToolRefusal:
+        log = getattr(self._stderr, "name", None)
+        if isinstance(log, str):  # the author looks there for why it did not start
+            why = f"{why}; its stderr is in {log}"
         return ToolRefusal(f"Error: the MCP server {self.config.name} is not reachable ({why}). "
                            "Tell the user this is unavailable right now.")
 
