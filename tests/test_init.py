@@ -81,6 +81,12 @@ def test_schema_write_refreshes_a_bots_copies(tmp_path):
     for which in ("bot", "transcript", "wire"):
         installed = Path(runner.invoke(main, ["schema", which]).output.strip())
         assert (copies / f"{which}.schema.json").read_bytes() == installed.read_bytes()
+    assert "differ" not in runner.invoke(main, ["validate", str(tmp_path / "b")]).output
+    (copies / "transcript.schema.json").write_text("{}")  # after an upgrade of chatrun
+    noted = runner.invoke(main, ["validate", str(tmp_path / "b")])
+    assert noted.exit_code == 0, noted.output  # a note, not a problem of the bot
+    assert (f"transcript.schema.json in {copies} differ from this chatrun's (editors check against them); "
+            f"refresh them: chatrun schema --write {copies}") in noted.output
     fresh = runner.invoke(main, ["schema", "--write", str(tmp_path / "new" / "dir")])
     assert fresh.exit_code == 0 and (tmp_path / "new" / "dir" / "wire.schema.json").is_file()
     (tmp_path / "afile").write_text("x")

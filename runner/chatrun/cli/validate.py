@@ -36,7 +36,7 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool) -> None:
             invalid += any(d.severity == "error" for d in diagnostics)
             if fmt == "text":  # each bot's problems, then its verdict
                 print_diagnostics(diagnostics)
-                for note in unchecked:
+                for note in [*unchecked, *stale_schema_copies(path)]:
                     click.echo(f"{path}: {note}")
                 click.echo(summary(diagnostics, path))
         except (BrokenPipeError, KeyboardInterrupt) as exc:
@@ -49,6 +49,23 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool) -> None:
                    f"{plural(errors, 'error')}, {plural(warnings, 'warning')}")
     if errors:
         raise click.exceptions.Exit(1)
+
+
+def stale_schema_copies(path: str) -> list[str]:
+    """A bot's own copies of the schemas (`chatrun init` writes them) that differ from this
+    chatrun's: the editor would check the bot against another version of the format."""
+    from pathlib import Path
+
+    from chatrun.cli.schema import BOT_SCHEMA_DIR, SCHEMAS
+    from chatrun.definition.schemas import schema_path
+
+    folder = Path(path) / BOT_SCHEMA_DIR
+    stale = [name for name in SCHEMAS.values()
+             if (folder / name).is_file() and (folder / name).read_bytes() != schema_path(name).read_bytes()]
+    if not stale:
+        return []
+    return [f"{', '.join(stale)} in {folder} differ from this chatrun's (editors check against them); "
+            f"refresh them: chatrun schema --write {folder}"]
 
 
 def _check(path: str, connect: bool = False) -> tuple[list[Diagnostic], list[str]]:
