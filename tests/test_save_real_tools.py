@@ -149,3 +149,24 @@ def test_a_real_failure_is_saved_as_that_failure_and_replays_as_it(tmp_path, mon
     [live] = live_tool_results(out.stdout)
     assert live.startswith("Error: get_order failed: HTTP 500")
     assert replayed_tool_results(saved, monkeypatch, url) == [live]
+
+
+@pytest.mark.subprocess  # a stdio MCP server
+def test_record_keeps_an_mcp_servers_real_results_as_mocks_and_replays_offline(fake, tmp_path):
+    from click.testing import CliRunner
+
+    import chatrun
+    from chatrun.cli import main
+
+    transcript = tmp_path / "rec.yaml"
+    transcript.write_text(f"bot: {REPO / 'bots' / 'notes'}\nturns:\n  - user: Remember to call the shop\n")
+    fake.queue({"tool_calls": [{"name": "remember", "arguments": {"title": "shop", "text": "call the shop"}}]},
+               {"text": "Saved."})
+    result = CliRunner().invoke(main, ["test", str(transcript), "--record", "--update"])
+    assert result.exit_code == 0, result.output
+    [mock] = chatrun.load_transcript(str(transcript)).turns[0].mocks
+    assert mock == {"tool": "remember", "args": {"title": "shop", "text": "call the shop"},
+                    "result": {"saved": "shop", "count": 1}}
+    replay = chatrun.run_transcript(str(transcript))  # no server started: the mock answers
+    assert replay.passed, replay.report()
+    assert {"Thinking": "Saved note shop"} in replay.turns[0].observed.events
