@@ -148,3 +148,49 @@ def test_the_schema_refuses_an_unknown_part_of_a_request_at_its_line(tmp_path):
     with pytest.raises(chatrun.BotError) as failure:
         chatrun.load_transcript(str(path))
     assert f"{path}:10" in str(failure.value) and "verb" in str(failure.value)
+
+
+TWICE = """
+mocks:
+  - tool: get_order
+    args: {order_id: A1001}
+    result: {status: 200, ok: true, json: {id: A1001, status: shipped, items: []}}
+turns:
+  - user: Where is A1001? And now?
+    model:
+      - tool_calls: [{name: get_order, arguments: {order_id: A1001}}]
+      - tool_calls: [{name: get_order, arguments: {order_id: A1001}}]
+      - tool_calls: [{name: get_order, arguments: {order_id: A1001}}]
+      - text: Delivered.
+    mocks:
+"""
+
+
+def tool_texts(result) -> list[str]:
+    return [text for m in result.turns[-1].observed.memory for role, text in m.items() if role == "tool"]
+
+
+def test_mocks_of_the_same_call_answer_it_in_turn_the_last_repeating(tmp_path):
+    path = transcript(tmp_path, "orders", TWICE + """
+      - tool: get_order
+        args: {order_id: A1001}
+        result: {status: 200, ok: true, json: {id: A1001, status: processing, items: []}}
+      - tool: get_order
+        args: {order_id: A1001}
+        result: {status: 200, ok: true, json: {id: A1001, status: delivered, items: []}}
+""")
+    result = run_transcript(str(path))
+    assert [t.split(".")[0] for t in tool_texts(result)] == [
+        "Order A1001: processing", "Order A1001: delivered", "Order A1001: delivered"]
+
+
+def test_a_turns_mock_still_overrides_the_transcripts_for_every_call(tmp_path):
+    path = transcript(tmp_path, "orders", TWICE + """
+      - tool: get_order
+        args: {order_id: A1001}
+        result: {status: 200, ok: true, json: {id: A1001, status: processing, items: []}}
+      - tool: get_order
+        result: {status: 404, ok: false, json: {error: no such order}}
+""")
+    result = run_transcript(str(path))
+    assert [t.split(".")[0] for t in tool_texts(result)] == ["Order A1001: processing"] * 3

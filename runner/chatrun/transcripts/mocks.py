@@ -35,6 +35,7 @@ class TranscriptMocks:
         self.turn_where: list[str] = []
         self.live = live
         self.recorded: list[dict[str, Any]] = []
+        self.used: set[int] = set()  # id() of the mocks that answered a call (see _pick)
 
     def next_turn(self, mocks: list[dict[str, Any]], lines: list[int] | None = None) -> None:
         self.turn_mocks = mocks
@@ -50,17 +51,32 @@ class TranscriptMocks:
     def lookup(self, tool: ToolConfig, args: dict[str, Any]) -> Mocked | None:
         mocks = [*zip(self.turn_mocks, self.turn_where, strict=True),
                  *zip(self.transcript_mocks, self.transcript_where, strict=True)]
-        for mock, where in mocks:
-            if mock.get("tool") == tool.name and _includes(args, mock.get("args") or {}):
-                wanted = mock.get("request")
-                check = request_check(wanted, where, tool.name) if isinstance(wanted, dict) else None
-                return Mocked(mock.get("result"), mock.get("error"), check)
+        matching = [(m, w) for m, w in mocks if m.get("tool") == tool.name and _includes(args, m.get("args") or {})]
+        if matching:
+            mock, where = self._pick(matching)
+            wanted = mock.get("request")
+            check = request_check(wanted, where, tool.name) if isinstance(wanted, dict) else None
+            return Mocked(mock.get("result"), mock.get("error"), check)
         what = outside(tool)
         if what is not None and not self.live:
             raise TurnFailed(f"tool {tool.name} calls {what}, and no mock of this transcript matches the call "
                              f"(arguments {args}); add one to the turn's or the transcript's `mocks:` "
                              "(or record real results with `chatrun test --record`)")
         return None
+
+    def _pick(self, matching: list[tuple[dict[str, Any], str]]) -> tuple[dict[str, Any], str]:
+        """The first matching mock, as always — unless the same list (the turn's, or the
+        transcript's) has more mocks with the same `args` after it: those answer the same call
+        in turn, the last one repeating, as /save and --record write a call that was made
+        twice and got two answers."""
+        first, _ = matching[0]
+        source = self.turn_mocks if any(first is m for m in self.turn_mocks) else self.transcript_mocks
+        siblings = [(m, w) for m, w in matching if m.get("args") == first.get("args") and any(m is s for s in source)]
+        for mock, where in siblings:
+            if id(mock) not in self.used or mock is siblings[-1][0]:
+                self.used.add(id(mock))
+                return mock, where
+        return siblings[-1]
 
     def mocked_tools(self) -> set[str]:
         return {m["tool"] for m in [*self.turn_mocks, *self.transcript_mocks] if isinstance(m.get("tool"), str)}
