@@ -86,7 +86,8 @@ def save_session(tmp_path: Path, api_url: str, lines: list[str]) -> tuple[subpro
     out = run_repl([str(tmp_path / "bot"), "--play-model"], "\n".join([*lines, f"/save {saved}"]) + "\n",
                    env_extra={"ORDERS_API_URL": api_url})
     assert out.returncode == 0, out.stderr
-    assert f"saved {len(lines) // 3} turns" in out.stdout, out.stdout
+    turns = sum(1 for line in lines if not line.startswith("/"))
+    assert f"saved {turns} turns" in out.stdout, out.stdout
     return out, saved
 
 
@@ -170,3 +171,17 @@ def test_record_keeps_an_mcp_servers_real_results_as_mocks_and_replays_offline(f
     replay = chatrun.run_transcript(str(transcript))  # no server started: the mock answers
     assert replay.passed, replay.report()
     assert {"Thinking": "Saved note shop"} in replay.turns[0].observed.events
+
+
+@pytest.mark.subprocess  # chatrun repl
+def test_a_call_made_twice_with_two_real_answers_replays_both(tmp_path, monkeypatch):
+    with OrdersApi() as api:
+        out, saved = save_session(tmp_path, api.url, [
+            "cancel C3003 and show it", '/call get_order {"order_id": "C3003"}',
+            '/call cancel_order {"orderId": "C3003", "body": {"reason": "late"}}',
+            '/call get_order {"order_id": "C3003"}', "/say Cancelled.",
+        ])
+        url = api.url
+    live = live_tool_results(out.stdout)
+    assert live[0] == "C3003 is processing" and live[2] == "C3003 is cancelled"
+    assert replayed_tool_results(saved, monkeypatch, url) == live
