@@ -366,6 +366,7 @@ class Repl:
         before = len(self.human.responses) if self.human else 0
         # /save writes a pinned clock's instant on the turn, so the transcript replays at it
         pinned = self.session.now().isoformat() if isinstance(self.clock, FixedClock) else None
+        tools = self.record_tools()
         events: list[Event] = []
 
         async def consume() -> None:
@@ -393,8 +394,21 @@ class Repl:
                 "events": events,
                 "route": self.session.route,
                 "stack": self.session.stack,
+                "mocks": tools.recorded if tools is not None else [],
                 **({"clock": pinned} if pinned else {}),
             })
+
+    def record_tools(self) -> Any:
+        """When /save may write this turn (the author plays the model), keep what its tools that
+        reach outside the bot (HTTP APIs, MCP servers) really gave, so the saved transcript
+        replays offline to what happened. The tools still run for real."""
+        if self.human is None:
+            return None
+        from chatrun.transcripts.mocks import TranscriptMocks
+
+        recorder = TranscriptMocks([], live=True)
+        self.session.tool_mocks = recorder
+        return recorder
 
     def command(self, line: str) -> str | None:
         self.take_reloaded_bot()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -177,6 +178,9 @@ class Mocked:
 
     result: Any = None
     error: str | None = None
+    # Checks the HTTP request the tool would send (None when the kind sends none) before the
+    # stand-in applies; raises TurnFailed when it is not what the mock expects (its `request:`).
+    check_request: Callable[[dict[str, Any] | None], None] | None = None
 
     def value(self, tool: ToolConfig) -> Any:
         if self.error is not None:  # a recorded failure is the whole text the model read

@@ -524,6 +524,8 @@ class Turn:
             return await self.run_tool_for_real(tool, args)
         mocked = self.mocks.lookup(tool, args)
         if mocked is not None:
+            if mocked.check_request is not None:
+                mocked.check_request(await self.request_of(tool, args))
             return mocked.value(tool)
         try:
             result = await self.run_tool_for_real(tool, args)
@@ -532,6 +534,14 @@ class Turn:
             raise
         self.mocks.observe(tool, args, result, None)
         return result
+
+    async def request_of(self, tool: ToolConfig, args: dict[str, Any]) -> dict[str, Any] | None:
+        """The HTTP request the tool's kind would send for this call, built but not sent (None:
+        the kind sends none, or an action-only tool)."""
+        key = tool.kind
+        if key is None:
+            return None
+        return await self.tools.runtime(key).request(tool, tool.kinds[key], args, _KindCall(self))
 
     async def run_tool_for_real(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
         """What the tool's kind gives (None: an action-only tool)."""

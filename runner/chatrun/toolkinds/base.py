@@ -76,6 +76,12 @@ class KindRuntime(Protocol[SpecIn]):
     async def call(self, tool: ToolConfig, spec: SpecIn, args: dict[str, Any], ctx: CallContext) -> Any:
         """The tool's `result`; raises ToolRefusal (the model reads why) or ToolFailed."""
 
+    async def request(self, tool: ToolConfig, spec: SpecIn, args: dict[str, Any],
+                      ctx: CallContext) -> dict[str, Any] | None:
+        """The HTTP request `call` would send, built but not sent, as plain data (`method`,
+        `url`, `query`, `headers`, `json`, `form`; secrets redacted), or None: the kind sends
+        no HTTP request. A transcript mock's `request:` is matched against it."""
+
     async def offer(self, route: RouteConfig, offered: dict[str, ToolConfig], mocked: set[str] | None) -> None:
         """Add to or complete the tools `route` offers (`mocked`: the names a replay's mocks
         cover when they stand in for outside services, else None)."""
@@ -85,7 +91,12 @@ class KindRuntime(Protocol[SpecIn]):
 
 
 class RuntimeDefaults:
-    """A KindRuntime's `offer` and `aclose` for a kind that adds no tools and opens nothing."""
+    """A KindRuntime's `request`, `offer` and `aclose` for a kind that sends no HTTP request of
+    its own, adds no tools and opens nothing."""
+
+    async def request(self, tool: ToolConfig, spec: Any, args: dict[str, Any],
+                      ctx: CallContext) -> dict[str, Any] | None:
+        return None
 
     async def offer(self, route: RouteConfig, offered: dict[str, ToolConfig], mocked: set[str] | None) -> None:
         return None

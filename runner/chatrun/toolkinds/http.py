@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from chatrun.definition.config import BotConfig, EnvVar, Location, ToolConfig
 from chatrun.definition.kinds import Checks
@@ -249,6 +249,19 @@ class HttpCaller(RuntimeDefaults):
         request = self._build(spec, args, render, tool.timeout, ctx.trace_headers)
         return await self._send(tool, spec, request)
 
+    async def request(self, tool: ToolConfig, spec: HttpConfig, args: dict[str, Any],
+                      ctx: CallContext) -> dict[str, Any] | None:
+        """The request `call` would send, rendered the same way but not sent, as plain data
+        with the values of secret environment variables redacted (what a transcript may hold)."""
+        values = {"args": args, "env": self.env}
+
+        def render(source: Any, typed: bool) -> Any:
+            return ctx.render(source, "http", tool.where, values, typed=typed)
+
+        request = self._build(spec, args, render, tool.timeout, lambda headers: None)
+        plain: dict[str, Any] = _redacted(_plain_request(request, spec), self.env.secrets())
+        return plain
+
     def _refuse_empty_values(self, tool: ToolConfig, spec: HttpConfig) -> None:
         """A secret or a header's variable that is empty now (the environment changed since the
         bot loaded, or nobody validated it): refused naming it, nothing sent."""
@@ -312,6 +325,20 @@ class HttpCaller(RuntimeDefaults):
         elif http.form is not None:
             body["data"] = {k: _text(render(v, False)) for k, v in http.form.items()}
         return self.client().build_request(http.method, url, params=query, headers=headers, timeout=timeout, **body)
+
+
+def _plain_request(request: httpx.Request, http: HttpConfig) -> dict[str, Any]:
+    """A built request as a transcript mock's `request:` matches it: the body parsed as it was
+    written (`json` or `form`, None when the tool sends none)."""
+    body = request.content.decode("utf-8", "replace")
+    return {
+        "method": request.method,
+        "url": str(request.url),
+        "query": dict(request.url.params),
+        "headers": dict(request.headers),
+        "json": json.loads(body) if http.json is not None and body else None,
+        "form": dict(parse_qsl(body, keep_blank_values=True)) if http.form is not None else None,
+    }
 
 
 def _query(http: HttpConfig, render: Render) -> dict[str, str]:

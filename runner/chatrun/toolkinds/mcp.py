@@ -115,6 +115,10 @@ class McpRuntime:
     async def call(self, tool: ToolConfig, spec: McpToolRef, args: dict[str, Any], ctx: CallContext) -> Any:
         return await self.servers.connection(spec.server).call(spec.tool or tool.name, args, tool.timeout)
 
+    async def request(self, tool: ToolConfig, spec: McpToolRef, args: dict[str, Any],
+                      ctx: CallContext) -> dict[str, Any] | None:
+        return None  # an MCP call is the SDK's message to the server, not an HTTP request of the bot's
+
     async def offer(self, route: RouteConfig, offered: dict[str, ToolConfig], mocked: set[str] | None) -> None:
         """A tool declared without `parameters` takes the server's; then the tools the route's
         `mcp:` lists. With mocks that stand in for the servers (`mocked`), no server is started:

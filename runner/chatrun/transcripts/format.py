@@ -40,6 +40,7 @@ class TurnSpec:
     expect_line: int = 0
     judged: list[dict[str, Any]] = field(default_factory=list)  # recorded verdicts (chatrun.transcripts.judge)
     clock: str | dict[str, Any] | None = None  # the turn's `clock:`: an instant, or {at?, advance?}
+    mock_lines: list[int] = field(default_factory=list)  # the line of each of `mocks` (their messages name it)
 
     @property
     def input(self) -> str | dict[str, Any]:
@@ -61,6 +62,7 @@ class Transcript:
     refused: Any = None  # the start must be refused: True or a matcher on the error (None: not expected)
     principal: dict[str, Any] | None = None  # who is signed in (name, roles, claims): bound arguments read it
     clock: str | dict[str, Any] | None = None  # `clock:`: the pinned instant, or {at, advance}
+    mock_lines: list[int] = field(default_factory=list)  # the line of each of `mocks`
 
     @property
     def name(self) -> str:
@@ -184,11 +186,17 @@ def _build(doc: YamlDoc) -> Transcript:
             expect_line=doc.pos(("turns", i, "expect")).line if "expect" in raw else 0,
             judged=list(raw.get("judged") or []),
             clock=raw.get("clock"),
+            mock_lines=_lines(doc, ("turns", i, "mocks"), raw.get("mocks")),
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
                       data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),
                       {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"),
-                      data.get("principal"), data.get("clock"))
+                      data.get("principal"), data.get("clock"), _lines(doc, ("mocks",), data.get("mocks")))
+
+
+def _lines(doc: YamlDoc, at: tuple[Any, ...], items: Any) -> list[int]:
+    """The line of each item of the list at `at`."""
+    return [doc.pos((*at, i)).line for i in range(len(items))] if isinstance(items, list) else []
 
 
 def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:

@@ -72,7 +72,7 @@ def record_transcript(transcript: Transcript) -> bool:
     try:
         for turn in transcript.turns:
             recorder.responses = []
-            session.tool_mocks.next_turn(turn.mocks)
+            session.tool_mocks.next_turn(turn.mocks, turn.mock_lines)
             set_turn_clock(session, turn)
             session.chat(turn.input)
             advance_clock(session)

@@ -206,7 +206,7 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
     roles = set(t.roles) if t.roles is not None else None
     session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles,
                           principal=t.principal)
-    session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None)
+    session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None, file=t.file, lines=t.mock_lines)
     if t.clock is not None:
         setting = t.clock if isinstance(t.clock, dict) else {"at": t.clock}
         step = parse_duration(setting.get("advance", 0))
@@ -236,7 +236,7 @@ def advance_clock(session: Any) -> None:
 
 
 def play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None = None, live: bool = False) -> TurnResult:
-    session.tool_mocks.next_turn(turn.mocks)
+    session.tool_mocks.next_turn(turn.mocks, turn.mock_lines)
     set_turn_clock(session, turn)
     try:
         return _play_turn(session, script, turn, judge, live)

@@ -30,8 +30,9 @@ def save_transcript(
     roles: list[str] | None = None,
 ) -> Any:
     """Write `records` (one per turn: {"user": str | dict, "model": [ModelResponse | dict],
-    and optionally events/route/stack, which are not needed: expectations come from a
-    replay}) as a transcript at `path`, for the bot at `bot_path` (its directory or its
+    "mocks": [what tools that reach outside the bot really gave, as `mocks:` items, see
+    TranscriptMocks.recorded], and optionally events/route/stack, which are not needed:
+    expectations come from a replay}) as a transcript at `path`, for the bot at `bot_path` (its directory or its
     bot.yaml) starting on `route` with initial conversation `state`. `session`, when given,
     supplies the roles and is checked to have started with the first record.
     Returns the replay's chatrun.transcripts.run.Result (passed unless the bot is not
@@ -90,6 +91,8 @@ def _turn(record: dict[str, Any]) -> dict[str, Any]:
     turn: dict[str, Any] = {"clock": record["clock"]} if record.get("clock") else {}  # the REPL's pinned /clock
     turn.update({"data": said} if isinstance(said, dict) else {"user": said or ""})
     turn["model"] = [response_to_script(r) if isinstance(r, ModelResponse) else dict(r) for r in record.get("model") or []]
+    if record.get("mocks"):  # what the HTTP and MCP tools really gave: the replay is offline
+        turn["mocks"] = [dict(m) for m in record["mocks"]]
     return turn
 
 
