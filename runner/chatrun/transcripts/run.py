@@ -165,6 +165,8 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
         session, script = start_session(bot, t, LiveModel() if live else None)
     except ChatrunError as exc:
         key = "route" if "route" in t.lines else "state"
+        if "tokenizer" in t.lines and str(exc).startswith("tokenizer "):  # the pinned counter cannot count here
+            key = "tokenizer"
         result.error = f"{t.name}:{t.lines.get(key, 1)}: cannot start the conversation: {exc}"
         return result
     judge = Judge(t.judge, bot.config.model, mode)
@@ -207,6 +209,8 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
     session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles,
                           principal=t.principal)
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None)
+    if t.tokenizer is not None:
+        session.tokenizer = t.tokenizer  # raises when the pinned encoding cannot be loaded here
     if t.clock is not None:
         setting = t.clock if isinstance(t.clock, dict) else {"at": t.clock}
         step = parse_duration(setting.get("advance", 0))
