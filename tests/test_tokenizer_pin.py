@@ -92,3 +92,31 @@ def test_an_unknown_tokenizer_is_a_diagnostic_at_its_line(tmp_path):
     text = "\n".join(d.format() for d in caught.value.diagnostics)  # type: ignore[attr-defined]
     assert f"{path}:2:" in text
     assert "unknown tokenizer `o200k_bse`; did you mean `o200k_base`?" in text
+
+
+@pytest.mark.needs_encodings
+def test_update_pins_the_counter_it_counted_with(tmp_path):
+    from chatrun.transcripts.update import update_from_result
+
+    path = window_transcript(tmp_path, None, ESTIMATED)  # written elsewhere, with the estimate
+    assert update_from_result(run_transcript(str(path)))
+    assert path.read_text().splitlines()[1] == "tokenizer: o200k_base  # the token counter its windows were written with"
+    transcript = load_transcript(path)
+    assert transcript.tokenizer == "o200k_base"
+    assert transcript.turns[1].expect["memory"] == [{"user": TEXT}, {"assistant": "ok"}] * 2
+    assert run_transcript(transcript).passed
+    assert not update_from_result(run_transcript(transcript))  # pinned once: nothing more to write
+
+
+@pytest.mark.subprocess
+def test_update_without_encoding_files_pins_the_estimate_it_used(tmp_path):
+    path = window_transcript(tmp_path, None, EXACT)  # written where counts were exact: fails here
+    env = offline_env(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "chatrun", "test", "--update", str(path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = path.read_text()
+    assert "tokenizer: estimate  #" in text
+    expect = load_transcript(path).turns[1].expect
+    assert expect["memory"] == [{"assistant": "ok"}, {"user": TEXT}, {"assistant": "ok"}]  # the estimate's window
+    assert run_transcript(str(path)).passed  # here, with the files: the pinned estimate gives the same window

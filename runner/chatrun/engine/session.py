@@ -33,7 +33,14 @@ from chatrun.engine.tools import ToolMocks
 from chatrun.engine.turn import Turn
 from chatrun.errors import ChatrunError, ModelError, SessionError
 from chatrun.events import Event
-from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
+from chatrun.memory.tokens import (
+    ESTIMATE,
+    TokenCounter,
+    encoding_name,
+    load_encoding,
+    pinned_counter,
+    tiktoken_counter,
+)
 from chatrun.memory.window import TokenWindowMemory
 from chatrun.messages import Message, SystemMessage
 from chatrun.models import ChatModel, ModelPool
@@ -168,6 +175,28 @@ class Session:
             if counter is not None and isinstance(memory, TokenWindowMemory):
                 memory.counter = counter
                 memory.set(memory.messages())
+
+    def counting_tokenizer(self) -> str | None:
+        """What a transcript of this session pins (`tokenizer:`, written by /save, --record and
+        --update): the pinned counter, else the one the bot's token-counting memories count with
+        here (`estimate` where tiktoken cannot load it). None when no token window got near its
+        limit (at least half full: there another counter could evict other messages; a pin on
+        every file would tie transcripts to one machine's files for nothing), or when routes
+        count with different encodings (one pin would change some of them)."""
+        if self._c.tokenizer:
+            return self._c.tokenizer
+        if not any(isinstance(m, TokenWindowMemory) and m.near_limit() for m in self._c.memories_made()):
+            return None
+        config = self.bot.config
+        try:
+            names = {encoding_name(policy.encoding, config.route_model(route).name) for route in config.routes
+                     if (policy := config.route_memory(route)).type in ("token_window", "summary")}
+        except ChatrunError:  # an unknown encoding: validation reports it
+            return None
+        loaded = {name for name in names if load_encoding(name) is not None}
+        if names and not loaded:
+            return ESTIMATE
+        return loaded.pop() if len(names) == 1 and loaded else None
 
     def token_window(self) -> tuple[TokenCounter, int] | None:
         """The counter and the current maximum of the current route's memory when it counts

@@ -308,6 +308,7 @@ class TokenWindowMemory(_Window):
         self._dynamic = callable(max_tokens)
         self._limit = 0 if callable(max_tokens) else max_tokens
         self.counter: TokenCounter = counter or tiktoken_counter(encoding, model_name)
+        self.fullest = 0  # the most tokens it was asked to hold (before evicting), see near_limit
         super().__init__(id, store)
 
     @property
@@ -327,7 +328,13 @@ class TokenWindowMemory(_Window):
         return self.max_tokens
 
     def _over(self) -> bool:
+        self.fullest = max(self.fullest, self._total)
         return self._total > self._limit
+
+    def near_limit(self) -> bool:
+        """Whether the window has held at least half its maximum: from there another counter
+        (the estimate instead of tiktoken's, or another encoding) may evict other messages."""
+        return self.fullest * 2 >= self.max_tokens
 
 
 class SummaryMemory(TokenWindowMemory):
@@ -347,6 +354,7 @@ class SummaryMemory(TokenWindowMemory):
         super().__init__(id, max_tokens, counter, encoding, model_name, store)
 
     def _over(self) -> bool:
+        self.fullest = max(self.fullest, self._total)
         return False  # never evicts by itself: the engine summarizes
 
     @property

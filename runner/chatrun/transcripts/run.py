@@ -92,6 +92,7 @@ class Result:
     transcript: Transcript | None = None
     notes: list[str] = field(default_factory=list)  # warnings about the transcript itself
     usage: dict[str, Any] | None = None  # the session's model calls, summed (Session.usage)
+    tokenizer: str | None = None  # the token counter its windows counted with (Session.counting_tokenizer)
 
     @property
     def warnings(self) -> list[str]:
@@ -179,6 +180,7 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
         judge_conversation(result, judge)
     finally:
         result.usage = session.usage
+        result.tokenizer = session.counting_tokenizer()
         session.close()
         judge.close()
     result.verdicts = judge.recorded
