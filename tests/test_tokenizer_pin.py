@@ -9,6 +9,8 @@ unless it pins it."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from chatrun.transcripts import load_transcript, run_transcript
-from test_tokens import offline_env
+from test_tokens import RUNNER, offline_env
 
 TEXT = "hello world " * 10
 BOT = """\
@@ -120,3 +122,39 @@ def test_update_without_encoding_files_pins_the_estimate_it_used(tmp_path):
     expect = load_transcript(path).turns[1].expect
     assert expect["memory"] == [{"assistant": "ok"}, {"user": TEXT}, {"assistant": "ok"}]  # the estimate's window
     assert run_transcript(str(path)).passed  # here, with the files: the pinned estimate gives the same window
+
+
+def repl_window(tmp_path: Path, script: list[str], offline: bool = False) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "bot.yaml").write_text(BOT)
+    env = offline_env(tmp_path) if offline else {**os.environ, "PYTHONPATH": str(RUNNER)}
+    env = {k: v for k, v in env.items() if not k.startswith("OPENAI_")}
+    return subprocess.run([sys.executable, "-m", "chatrun", "repl", str(tmp_path / "bot.yaml"), "--play-model"],
+                          input="\n".join(script) + "\n", env=env, capture_output=True, text=True, timeout=120)
+
+
+TWO_TURNS = [TEXT, "/say ok", TEXT, "/say ok"]  # the REPL strips the line: 119 characters, 24 tokens
+
+
+@pytest.mark.subprocess
+@pytest.mark.needs_encodings
+def test_repl_memory_shows_each_messages_tokens_and_the_exact_counter(tmp_path):
+    saved = tmp_path / "saved.yaml"
+    out = repl_window(tmp_path, [*TWO_TURNS, "/memory", f"/save {saved}"])
+    assert out.returncode == 0, out.stderr
+    shown = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"role"')]
+    assert [(m["role"], m["tokens"]) for m in shown] == [("user", 24), ("assistant", 5)] * 2
+    assert "4 messages, 58 tokens of max_tokens 60, counted with o200k_base (exact)" in out.stdout
+    text = saved.read_text()
+    assert "\ntokenizer: o200k_base\n" in text  # the window was full: /save pins what counted it
+    assert run_transcript(str(saved)).passed
+
+
+@pytest.mark.subprocess
+def test_repl_memory_says_when_counts_are_estimated(tmp_path):
+    saved = tmp_path / "saved.yaml"
+    out = repl_window(tmp_path, [*TWO_TURNS, "/memory", f"/save {saved}"], offline=True)
+    assert out.returncode == 0, out.stderr
+    assert '"tokens": 34}' in out.stdout
+    assert "3 messages, 44 tokens of max_tokens 60, counted with estimate" in out.stdout
+    assert "\ntokenizer: estimate\n" in saved.read_text()
+    assert run_transcript(str(saved)).passed  # and with the files here: the same window
