@@ -158,3 +158,18 @@ def test_repl_memory_says_when_counts_are_estimated(tmp_path):
     assert "3 messages, 44 tokens of max_tokens 60, counted with estimate" in out.stdout
     assert "\ntokenizer: estimate\n" in saved.read_text()
     assert run_transcript(str(saved)).passed  # and with the files here: the same window
+
+
+@pytest.mark.needs_encodings
+def test_record_pins_the_counter_the_recording_counted_with(tmp_path, fake):
+    from chatrun.transcripts.record import record_transcript
+
+    path = window_transcript(tmp_path, None, EXACT)
+    fake.queue({"text": "OK"}, {"text": "OK"})  # 5 tokens each, as "ok": the window is as full
+    assert record_transcript(load_transcript(path))
+    transcript = load_transcript(path)
+    assert transcript.tokenizer == "o200k_base"
+    assert [turn.model for turn in transcript.turns] == [[{"text": "OK"}]] * 2
+
+    fake.queue({"text": "OK"}, {"text": "OK"})
+    assert not record_transcript(transcript)  # the same answers: not a byte changes, the pin stays
