@@ -43,8 +43,11 @@ def test_the_inspector_shows_token_counts_per_message(fake, tmp_path):
         send(page, TEXT)  # 7 + 24 + 5 + 24 + 5 = 65 > 60: the first user message is evicted
         page.locator("#memory").scroll_into_view_if_needed()  # the inspector scrolls: show the panel
         shot(page, "inspector-tokens")
-        heads = page.locator("#memory .mem .role").all_inner_texts()
-        assert [h.lower().replace("\n", " ") for h in heads] == [
-            "system 7 tokens", "assistant 5 tokens", "user 24 tokens", "assistant 5 tokens"]
+        roles = page.locator("#memory .mem .role").all_inner_texts()
+        assert [r.lower() for r in roles] == ["system", "assistant", "user", "assistant"]
+        items = page.locator("#memory .mem")
+        counts = [items.nth(i).get_attribute("data-tokens") for i in range(items.count())]
+        assert counts == ["7 tokens", "5 tokens", "24 tokens", "5 tokens"]  # drawn beside each role (CSS)
+        assert items.last.inner_text().endswith("ok")  # not part of the message's text
         meta = page.locator("#memory-meta").inner_text()
         assert "4 messages · 41 of 60 tokens, o200k_base (exact) · token_window" in meta

@@ -86,8 +86,10 @@ def record_transcript(transcript: Transcript) -> bool:
         tokenizer = session.counting_tokenizer()
     finally:
         session.close()
-    # Rewritten answers were recorded with this counter's windows: pin it (unless nothing changed).
-    return rewrite_turns(transcript.file, changes) and (pin_tokenizer(transcript.file, tokenizer) or True)
+    changed = rewrite_turns(transcript.file, changes)
+    if changed:  # the new answers were recorded with this counter's windows: pin it
+        pin_tokenizer(transcript.file, tokenizer)
+    return changed
 
 
 def record_verdicts(transcript: Transcript, bots: dict[str, Any] | None = None) -> bool:

@@ -410,15 +410,15 @@
     if (!memory.messages.length) box.appendChild(el("div", "muted", "empty: this route has not run in this scope yet"));
     const counts = (memory.tokens && memory.tokens.messages) || [];
     memory.messages.forEach((m, i) => {
-      const counted = typeof counts[i] === "number" ? el("span", "tokens", plural(counts[i], "token")) : null;
+      // Drawn by CSS from the attribute: the count is not part of the message's text.
+      const counted = typeof counts[i] === "number" ? plural(counts[i], "token") : null;
       if (typeof m.summary === "string") {
         box.appendChild(renderSummary(m, counted));
         return;
       }
       const item = el("div", "mem " + m.role);
-      const head = el("div", "role", m.role + (m.name ? " · " + m.name : "") + (m.tool_call_id ? " · " + m.tool_call_id : ""));
-      if (counted) head.appendChild(counted);
-      item.appendChild(head);
+      if (counted) item.dataset.tokens = counted;
+      item.appendChild(el("div", "role", m.role + (m.name ? " · " + m.name : "") + (m.tool_call_id ? " · " + m.tool_call_id : "")));
       if (m.content) item.appendChild(el("div", "content", m.content));
       for (const call of m.tool_calls || []) {
         const f = call.function || call;
@@ -433,9 +433,8 @@
    * model as a user message under a heading, so it is labelled, not shown as the user's). */
   function renderSummary(m, counted) {
     const item = el("div", "mem summary");
-    const head = el("div", "role", "summary of earlier messages · sent as " + m.role);
-    if (counted) head.appendChild(counted);
-    item.appendChild(head);
+    if (counted) item.dataset.tokens = counted;
+    item.appendChild(el("div", "role", "summary of earlier messages · sent as " + m.role));
     item.appendChild(el("div", "content", m.summary));
     return item;
   }
