@@ -21,6 +21,7 @@ from chatrun.definition.config import ModelConfig
 from chatrun.engine.clock import Clock, FixedClock, SystemClock, parse_duration, parse_instant
 from chatrun.errors import ChatrunError
 from chatrun.events import Event
+from chatrun.memory.tokens import counter_label
 from chatrun.models.pool import ModelPool
 
 COMMANDS = """\
@@ -30,7 +31,7 @@ COMMANDS = """\
 /route             the current route
 /stack             the scope stack, each scope with its route and state
 /state             the state the current scope sees
-/memory            the current route's memory, as the model will see it
+/memory            the current route's memory, as the model will see it, with token counts
 /history           everything said in this session
 /usage             the last turn's tokens and cost, per model call, and the session's total
 /roles [a,b]       the roles route checks use; with a list, a new session with those roles
@@ -426,8 +427,7 @@ class Repl:
         elif name == "/state":
             click.echo(json.dumps(s.visible_state(), indent=2, ensure_ascii=False, default=str))
         elif name == "/memory":
-            for m in s.preview_messages():  # led by the system message, rendered as it is now
-                click.echo(json.dumps(m.to_dict(), ensure_ascii=False))
+            self.show_memory()
         elif name == "/history":
             for entry in s.history:
                 click.echo(json.dumps(entry, ensure_ascii=False, default=str))
@@ -451,6 +451,20 @@ class Repl:
         else:
             click.secho(f"unknown command {name}; /help lists them", fg="red")
         return None
+
+    def show_memory(self) -> None:
+        """The current route's memory as the model will see it (led by the system message,
+        rendered as it is now), one JSON line per message with its token count, then the total
+        and the counter: a token window's own, else the route model's encoding."""
+        s = self.session
+        messages = s.preview_messages()
+        window = s.token_window()
+        counter = window[0] if window else s.token_counter()
+        counts = [counter(m) for m in messages]
+        for message, tokens in zip(messages, counts, strict=True):
+            click.echo(json.dumps({**message.to_dict(), "tokens": tokens}, ensure_ascii=False))
+        limit = f" of max_tokens {window[1]}" if window else ""
+        click.echo(f"{len(messages)} messages, {sum(counts)} tokens{limit}, counted with {counter_label(counter)}")
 
     def show_usage(self) -> None:
         from chatrun.cli._usage import session_usage_line, turn_usage_lines

@@ -65,6 +65,7 @@ class Conversation:
         self.ended: dict[str, str] | None = None  # set by an `end` action: {"tool", "route"}
         self.clock: Clock = SystemClock()  # what `now` reads (transcripts and the REPL pin it)
         self.turn_instant: datetime | None = None  # the clock read once when a turn starts
+        self.tokenizer: str | None = None  # the pinned token counter (a transcript's `tokenizer:`)
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -182,6 +183,10 @@ class Conversation:
 
     # -- memories ----------------------------------------------------------------------------
 
+    def memories_made(self) -> list[ChatMemory]:
+        """The memories this conversation object has loaded or made so far."""
+        return list(self._memories.values())
+
     def memory_for(self, scope: Scope, route: str, create: bool = True) -> ChatMemory:
         """The memory `<scope-id>#<route>`, loaded from the store once per conversation object.
         With create=False a route that has no memory yet gets an empty, unregistered one."""
@@ -191,7 +196,7 @@ class Conversation:
             return memory
         policy = self.config.route_memory(route)
         model = self.config.route_model(route)
-        memory = make_memory(policy, mid, model.name, model.max_tokens)
+        memory = make_memory(policy, mid, model.name, model.max_tokens, self.tokenizer)
         if route in scope.memory_routes:
             stored = self.store.get_messages(mid)
             if stored:

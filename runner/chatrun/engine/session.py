@@ -33,6 +33,15 @@ from chatrun.engine.tools import ToolMocks
 from chatrun.engine.turn import Turn
 from chatrun.errors import ChatrunError, ModelError, SessionError
 from chatrun.events import Event
+from chatrun.memory.tokens import (
+    ESTIMATE,
+    TokenCounter,
+    encoding_name,
+    load_encoding,
+    pinned_counter,
+    tiktoken_counter,
+)
+from chatrun.memory.window import TokenWindowMemory
 from chatrun.messages import Message, SystemMessage
 from chatrun.models import ChatModel, ModelPool
 from chatrun.store import HistoryStore, SessionStore
@@ -151,6 +160,65 @@ class Session:
     @clock.setter
     def clock(self, clock: Clock) -> None:
         self._c.clock = clock
+
+    @property
+    def tokenizer(self) -> str | None:
+        """The pinned token counter (`estimate` or a tiktoken encoding; a transcript's
+        `tokenizer:`), or None: each memory counts with its policy's or its model's encoding."""
+        return self._c.tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: str | None) -> None:
+        counter = pinned_counter(tokenizer) if tokenizer else None  # raises for one it cannot count with
+        self._c.tokenizer = tokenizer
+        for memory in self._c.memories_made():  # made before the pin: count again with it
+            if counter is not None and isinstance(memory, TokenWindowMemory):
+                memory.counter = counter
+                memory.set(memory.messages())
+
+    def counting_tokenizer(self) -> str | None:
+        """What a transcript of this session pins (`tokenizer:`, written by /save, --record and
+        --update): the pinned counter, else the one the bot's token-counting memories count with
+        here (`estimate` where tiktoken cannot load it). None when no token window got near its
+        limit (at least half full: there another counter could evict other messages; a pin on
+        every file would tie transcripts to one machine's files for nothing), or when routes
+        count with different encodings (one pin would change some of them)."""
+        if self._c.tokenizer:
+            return self._c.tokenizer
+        if not any(isinstance(m, TokenWindowMemory) and m.near_limit() for m in self._c.memories_made()):
+            return None
+        config = self.bot.config
+        try:
+            names = {encoding_name(policy.encoding, config.route_model(route).name) for route in config.routes
+                     if (policy := config.route_memory(route)).type in ("token_window", "summary")}
+        except ChatrunError:  # an unknown encoding: validation reports it
+            return None
+        loaded = {name for name in names if load_encoding(name) is not None}
+        if names and not loaded:
+            return ESTIMATE
+        return loaded.pop() if len(names) == 1 and loaded else None
+
+    def token_window(self) -> tuple[TokenCounter, int] | None:
+        """The counter and the current maximum of the current route's memory when it counts
+        tokens (`token_window`, `summary`), else None."""
+        if self._stale is not None:
+            return None
+        scope = self._c.scope
+        memory = self._c.memory_for(scope, scope.route, create=False)
+        return (memory.counter, memory.max_tokens) if isinstance(memory, TokenWindowMemory) else None
+
+    def token_counter(self) -> TokenCounter:
+        """What counts the current route's memory (for showing counts: `/memory`, the
+        inspector): its window's counter, else the pinned one, else the route model's encoding."""
+        scope = self._c.scope
+        if self._stale is None:
+            memory = self._c.memory_for(scope, scope.route, create=False)
+            if isinstance(memory, TokenWindowMemory):
+                return memory.counter
+        if self._c.tokenizer:
+            return pinned_counter(self._c.tokenizer)
+        return tiktoken_counter(model_name=self.bot.config.route_model(scope.route).name
+                                if scope.route in self.bot.config.routes else None)
 
     def now(self) -> datetime:
         """`now` as the next turn's templates see it: the clock's instant in the session's zone."""

@@ -63,7 +63,7 @@ from chatrun.engine.tools import (
 from chatrun.engine.usage import Usage, call_usage, check_budgets
 from chatrun.errors import ChatrunError, ModelError, ToolRefusal, TurnFailed
 from chatrun.memory import ChatMemory, SummaryMemory
-from chatrun.memory.tokens import TokenCounter, tiktoken_counter
+from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
 from chatrun.messages import (
     AssistantMessage,
     Message,
@@ -428,10 +428,13 @@ class Turn:
         return entry
 
     def counter(self, model: str) -> TokenCounter:
-        """The token counter of a model's encoding (it keeps each message's count with the message)."""
+        """The token counter of a model's encoding (it keeps each message's count with the message),
+        or the pinned one (a transcript's `tokenizer:`): usage estimates then agree on every machine."""
         counter = self._counters.get(model)
         if counter is None:
-            counter = self._counters[model] = tiktoken_counter(model_name=model)
+            pinned = self.c.tokenizer
+            counter = pinned_counter(pinned) if pinned else tiktoken_counter(model_name=model)
+            self._counters[model] = counter
         return counter
 
     async def stream_chunk(self, chunk: str) -> None:

@@ -18,6 +18,10 @@ tiktoken downloads its encoding files at first use. Without network that fails: 
 once per process (naming TIKTOKEN_CACHE_DIR) and count with `estimate_tokens` instead,
 ceil(len(text) / 4) + MESSAGE_OVERHEAD, the usual ~4 characters per token of English text.
 Counting never raises into a turn. Encodings are loaded once per process.
+
+A transcript may pin its counter (`tokenizer: estimate` or an encoding name, see
+`pinned_counter`): the window it was written against is then the same on every machine.
+`counter_label` names a counter for people (`/memory`, the inspector, transcript diffs).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ TokenCounter = Callable[[Message], int]
 MESSAGE_OVERHEAD = 4
 DEFAULT_ENCODING = "o200k_base"
 CHARS_PER_TOKEN = 4
+ESTIMATE = "estimate"  # the name of the offline counter (a transcript's `tokenizer: estimate`)
 COUNT_ATTRIBUTE = "_token_count"  # on a message: (encoding name, tokens), see remember_count
 
 _lock = threading.Lock()
@@ -63,7 +68,7 @@ def encoding_name(encoding: str | None = None, model_name: str | None = None) ->
     if encoding:
         if encoding not in tiktoken.list_encoding_names():
             known = ", ".join(sorted(tiktoken.list_encoding_names()))
-            raise ChatrunError(f"unknown tiktoken encoding {encoding!r} in the memory policy; use one of: {known}")
+            raise ChatrunError(f"unknown tiktoken encoding {encoding!r}; use one of: {known}")
         return encoding
     if model_name:
         try:
@@ -119,6 +124,46 @@ def remember_count(message: Message, encoding: str, tokens: int) -> None:
 def estimate_counter(message: Message) -> int:
     """The fallback counter: ceil(len(text) / 4) + MESSAGE_OVERHEAD."""
     return estimate_tokens(message.text()) + MESSAGE_OVERHEAD
+
+
+# Why the ignore: mypy has no attributes on functions; which counter counts is worth showing.
+estimate_counter.encoding = ESTIMATE  # type: ignore[attr-defined]
+
+
+def counter_name(counter: TokenCounter) -> str:
+    """What counts with `counter`: a tiktoken encoding's name, `estimate`, or `custom`."""
+    return str(getattr(counter, "encoding", "custom"))
+
+
+def counter_label(counter: TokenCounter) -> str:
+    """`counter_name` saying whether the counts are exact: "o200k_base (exact)", "estimate"."""
+    name = counter_name(counter)
+    return name if name in (ESTIMATE, "custom") else f"{name} (exact)"
+
+
+def known_tokenizers() -> list[str]:
+    """What a transcript's `tokenizer:` may name: `estimate` or a tiktoken encoding."""
+    import tiktoken
+
+    return [ESTIMATE, *sorted(tiktoken.list_encoding_names())]
+
+
+def pinned_counter(tokenizer: str) -> TokenCounter:
+    """The counter a transcript pinned (`tokenizer: estimate` or an encoding name), whatever the
+    policy or the model would pick, so a replay gives the same window on every machine.
+
+    Raises ChatrunError for an unknown name, or for an encoding tiktoken cannot load here
+    (counting otherwise would silently give another window than the one the file was written with).
+    """
+    if tokenizer == ESTIMATE:
+        return estimate_counter
+    name = encoding_name(tokenizer)
+    if load_encoding(name) is None:
+        cache = os.environ.get("TIKTOKEN_CACHE_DIR") or "unset"
+        raise ChatrunError(f"tokenizer {name} is pinned but tiktoken cannot load its encoding file here "
+                           f"(TIKTOKEN_CACHE_DIR is {cache}); point TIKTOKEN_CACHE_DIR at a folder holding it, "
+                           "or pin `tokenizer: estimate`, which counts the same on every machine")
+    return tiktoken_counter(name)
 
 
 def tiktoken_counter(encoding: str | None = None, model_name: str | None = None) -> TokenCounter:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from chatrun.errors import ChatrunError
-from chatrun.memory.tokens import TokenCounter, tiktoken_counter
+from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
 from chatrun.messages import (
     AssistantMessage,
     Message,
@@ -308,6 +308,7 @@ class TokenWindowMemory(_Window):
         self._dynamic = callable(max_tokens)
         self._limit = 0 if callable(max_tokens) else max_tokens
         self.counter: TokenCounter = counter or tiktoken_counter(encoding, model_name)
+        self.fullest = 0  # the most tokens it was asked to hold (before evicting), see near_limit
         super().__init__(id, store)
 
     @property
@@ -327,7 +328,13 @@ class TokenWindowMemory(_Window):
         return self.max_tokens
 
     def _over(self) -> bool:
+        self.fullest = max(self.fullest, self._total)
         return self._total > self._limit
+
+    def near_limit(self) -> bool:
+        """Whether the window has held at least half its maximum: from there another counter
+        (the estimate instead of tiktoken's, or another encoding) may evict other messages."""
+        return self.fullest * 2 >= self.max_tokens
 
 
 class SummaryMemory(TokenWindowMemory):
@@ -347,6 +354,7 @@ class SummaryMemory(TokenWindowMemory):
         super().__init__(id, max_tokens, counter, encoding, model_name, store)
 
     def _over(self) -> bool:
+        self.fullest = max(self.fullest, self._total)
         return False  # never evicts by itself: the engine summarizes
 
     @property
@@ -386,13 +394,15 @@ class TurnOnlyMemory(_Window):
 
 
 def make_memory(
-    policy: MemoryPolicy, memory_id: str, model_name: str | None = None, reply_limit: int | None = None
+    policy: MemoryPolicy, memory_id: str, model_name: str | None = None, reply_limit: int | None = None,
+    tokenizer: str | None = None,
 ) -> ChatMemory:
-    """The memory a route's policy asks for. The token window's encoding is the policy's,
-    else the route model's, else o200k_base. A `{context_size, reply_reserve}` window is a
+    """The memory a route's policy asks for. The token window's counter is the pinned
+    `tokenizer` (a transcript's), else the policy's encoding, else the route model's, else o200k_base. A `{context_size, reply_reserve}` window is a
     dynamic maximum: context_size minus the reserve (else minus `reply_limit`, the route
     model's max_tokens). `clear_tool_results` applies to every policy."""
     memory: _Window
+    counter = pinned_counter(tokenizer) if tokenizer and policy.type in ("token_window", "summary") else None
     if policy.type == "message_window":
         memory = MessageWindowMemory(memory_id, policy.max_messages)
     elif policy.type == "token_window":
@@ -403,10 +413,10 @@ def make_memory(
                 raise ChatrunError(f"memory {memory_id}: max_tokens.context_size needs a reply_reserve "
                                    "(or the model's max_tokens)")
             max_tokens = lambda: context - reserve  # noqa: E731 - read on every add, as LangChain4j's
-        memory = TokenWindowMemory(memory_id, max_tokens, encoding=policy.encoding, model_name=model_name)
+        memory = TokenWindowMemory(memory_id, max_tokens, counter, policy.encoding, model_name)
     elif policy.type == "summary":
-        memory = SummaryMemory(memory_id, policy.max_tokens, policy.keep_messages, encoding=policy.encoding,
-                               model_name=model_name)
+        memory = SummaryMemory(memory_id, policy.max_tokens, policy.keep_messages, counter, policy.encoding,
+                               model_name)
     elif policy.type == "none":
         memory = TurnOnlyMemory(memory_id)
     else:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatrun.engine.scopes import merged_scope
 from chatrun.engine.tools import route_tool_specs
+from chatrun.memory.tokens import counter_label
 from chatrun.messages import Message, SummaryMessage
 
 if TYPE_CHECKING:
@@ -82,11 +83,23 @@ def inspect_data(session: Session, history: list[dict[str, Any]]) -> dict[str, A
             "policy": {"type": policy.type, "max_messages": policy.max_messages, "max_tokens": policy.max_tokens,
                        "keep_messages": policy.keep_messages if policy.type == "summary" else None,
                        "clear_tool_results": policy.clear_tool_results},
-            "messages": [memory_message(m) for m in memory],
+            **memory_tokens(session, memory),
             "tools": route_tool_specs(config, route),
             "model": config.route_model(route).name,
         },
     }
+
+
+def memory_tokens(session: Session, memory: list[Message]) -> dict[str, Any]:
+    """The messages exactly as the model is sent them, and beside them their token counts:
+    `tokens` = {messages (one count each), total, max_tokens (a token window's, else None),
+    counter ("o200k_base (exact)" or "estimate")}: what the window counts."""
+    window = session.token_window()
+    counter = window[0] if window else session.token_counter()
+    counts = [counter(m) for m in memory]
+    return {"messages": [memory_message(m) for m in memory],
+            "tokens": {"messages": counts, "total": sum(counts), "max_tokens": window[1] if window else None,
+                       "counter": counter_label(counter)}}
 
 
 def memory_message(message: Message) -> dict[str, Any]:

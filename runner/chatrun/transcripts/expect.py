@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -53,12 +54,16 @@ class Observed:
     memory: list[dict[str, str]] = field(default_factory=list)  # [{role: text}]
     operators_events: list[dict[str, Any]] = field(default_factory=list)  # [{Type: data}] for operators
     backend_events: list[dict[str, Any]] = field(default_factory=list)  # [{Type: data}] for the backend
+    # The memory's token counts in words, made only when a `memory:` expectation fails (counting
+    # may load tiktoken): a window that evicted other messages than expected is explained by them.
+    memory_tokens: Callable[[], str] | None = None
 
 
 def observe(session: Any, events: list[Any], requests: list[ModelRequest]) -> Observed:
     def plain_for(audience: str) -> list[dict[str, Any]]:
         return [{e.type: _plain(e.data)} for e in events if e.type != ev.STREAM and e.audience == audience]
 
+    memory = session.memory()
     error = None
     if events and events[-1].type == ev.ERROR:  # the author's detail when the turn failed
         error = str(events[-1].meta.get("detail") or events[-1].data)
@@ -69,10 +74,25 @@ def observe(session: Any, events: list[Any], requests: list[ModelRequest]) -> Ob
         visible=_plain(session.visible_state()),
         error=error,
         sent=[sent_call(r) for r in requests],
-        memory=role_list(session.memory()),
+        memory=role_list(memory),
         operators_events=plain_for(ev.OPERATORS),
         backend_events=plain_for(ev.BACKEND),
+        memory_tokens=lambda: token_note(session.token_window(), memory),
     )
+
+
+def token_note(window: tuple[Any, int] | None, messages: list[Message]) -> str:
+    """"tokens in memory, counted with estimate: 34 + 5 + 5 = 44 of max_tokens 60" (each message,
+    oldest first, the system message marked), or "" for a memory that does not count tokens."""
+    if window is None:
+        return ""
+    from chatrun.memory.tokens import counter_label
+
+    counter, limit = window
+    counts = [f"{counter(m)} (system)" if isinstance(m, SystemMessage) else str(counter(m)) for m in messages]
+    total = sum(counter(m) for m in messages)
+    return (f"tokens in memory, counted with {counter_label(counter)}: "
+            f"{' + '.join(counts) or '0'} = {total} of max_tokens {limit}")
 
 
 def sent_call(request: ModelRequest) -> dict[str, Any]:
@@ -209,11 +229,14 @@ class Mismatch:
     message: str
     expected: Any = None
     actual: Any = None
+    note: str = ""  # said after the diff (the token counts of a `memory:` mismatch)
 
     def format(self, indent: str = "    ") -> str:
         lines = [self.message]
         if self.expected is not None or self.actual is not None:
             lines += diff_lines(self.expected, self.actual)
+        if self.note:
+            lines.append(self.note)
         return "\n".join(indent + line if i else line for i, line in enumerate(lines))
 
 
@@ -234,8 +257,9 @@ def compare(expect: dict[str, Any] | None, obs: Observed) -> list[Mismatch]:
             continue
         actual = shaped(key, expected, obs)
         if not match(expected, actual):
+            note = obs.memory_tokens() if key == "memory" and obs.memory_tokens else ""
             out.append(Mismatch(key, _headline(key, expected, actual),
-                                {key: reconcile(expected, actual)}, {key: actual}))
+                                {key: reconcile(expected, actual)}, {key: actual}, note))
     return out
 
 

@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from chatrun.definition.schemas import Violation, inline_refs, load_schema, properties, violation
-from chatrun.definition.sources import dotted
+from chatrun.definition.sources import dotted, suggest
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.engine.clock import parse_duration
 from chatrun.errors import BotError, Diagnostic
@@ -63,6 +63,7 @@ class Transcript:
     principal: dict[str, Any] | None = None  # who is signed in (name, roles, claims): bound arguments read it
     clock: str | dict[str, Any] | None = None  # `clock:`: the pinned instant, or {at, advance}
     mock_lines: list[int] = field(default_factory=list)  # the line of each of `mocks`
+    tokenizer: str | None = None  # `tokenizer:`: the pinned token counter (estimate or an encoding)
 
     @property
     def name(self) -> str:
@@ -106,7 +107,7 @@ def load_transcript(path: str | Path) -> Transcript:
     if doc.data is not None and not diagnostics:
         diagnostics += schema_diagnostics(doc)
     if doc.data is not None and not diagnostics:
-        diagnostics += regex_diagnostics(doc) + clock_diagnostics(doc)
+        diagnostics += regex_diagnostics(doc) + clock_diagnostics(doc) + tokenizer_diagnostics(doc)
     elif doc.data is None and not diagnostics:
         diagnostics.append(Diagnostic(file, 1, 1, "error", "the transcript is empty; it needs `bot:` and `turns:`"))
     if diagnostics:
@@ -159,6 +160,23 @@ def clock_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     return out
 
 
+def tokenizer_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
+    """`tokenizer:` names a counter tiktoken defines (or `estimate`): a typo is caught at its
+    line, not in the middle of the replay."""
+    name = doc.data.get("tokenizer")
+    if name is None:
+        return []
+    from chatrun.memory.tokens import known_tokenizers  # imports tiktoken: only when pinned
+
+    known = known_tokenizers()
+    if name in known:
+        return []
+    pos = doc.pos(("tokenizer",))
+    return [Diagnostic(doc.file, pos.line, pos.col, "error",
+                       f"unknown tokenizer `{name}`{suggest(name, known)} (`estimate` counts the same on every "
+                       f"machine; tiktoken's encodings: {', '.join(known[1:])})", "tokenizer")]
+
+
 def _regexes(node: Any, at: tuple) -> list[tuple[tuple, str]]:
     # The same test as expect.is_matcher: a one-key mapping {regex: ..} anywhere is a matcher.
     if isinstance(node, dict):
@@ -191,7 +209,8 @@ def _build(doc: YamlDoc) -> Transcript:
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
                       data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),
                       {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"),
-                      data.get("principal"), data.get("clock"), _lines(doc, ("mocks",), data.get("mocks")))
+                      data.get("principal"), data.get("clock"), _lines(doc, ("mocks",), data.get("mocks")),
+                      data.get("tokenizer"))
 
 
 def _lines(doc: YamlDoc, at: tuple[Any, ...], items: Any) -> list[int]:

@@ -11,7 +11,7 @@ from chatrun.errors import ChatrunError, ModelError
 from chatrun.models import ModelPool
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 from chatrun.transcripts.format import Transcript
-from chatrun.transcripts.update import rewrite_turns
+from chatrun.transcripts.update import pin_tokenizer, rewrite_turns
 
 
 class RecordingModel:
@@ -83,9 +83,13 @@ def record_transcript(transcript: Transcript) -> bool:
             changes[turn.index - 1] = {"model": recorder.responses}
             if session.tool_mocks.recorded:  # real HTTP results (secrets already redacted), so replay is offline
                 changes[turn.index - 1]["mocks"] = [*turn.mocks, *session.tool_mocks.recorded]
+        tokenizer = session.counting_tokenizer()
     finally:
         session.close()
-    return rewrite_turns(transcript.file, changes)
+    changed = rewrite_turns(transcript.file, changes)
+    if changed:  # the new answers were recorded with this counter's windows: pin it
+        pin_tokenizer(transcript.file, tokenizer)
+    return changed
 
 
 def record_verdicts(transcript: Transcript, bots: dict[str, Any] | None = None) -> bool:

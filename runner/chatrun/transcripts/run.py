@@ -92,6 +92,7 @@ class Result:
     transcript: Transcript | None = None
     notes: list[str] = field(default_factory=list)  # warnings about the transcript itself
     usage: dict[str, Any] | None = None  # the session's model calls, summed (Session.usage)
+    tokenizer: str | None = None  # the token counter its windows counted with (Session.counting_tokenizer)
 
     @property
     def warnings(self) -> list[str]:
@@ -165,6 +166,8 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
         session, script = start_session(bot, t, LiveModel() if live else None)
     except ChatrunError as exc:
         key = "route" if "route" in t.lines else "state"
+        if "tokenizer" in t.lines and str(exc).startswith("tokenizer "):  # the pinned counter cannot count here
+            key = "tokenizer"
         result.error = f"{t.name}:{t.lines.get(key, 1)}: cannot start the conversation: {exc}"
         return result
     judge = Judge(t.judge, bot.config.model, mode)
@@ -177,6 +180,7 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
         judge_conversation(result, judge)
     finally:
         result.usage = session.usage
+        result.tokenizer = session.counting_tokenizer()
         session.close()
         judge.close()
     result.verdicts = judge.recorded
@@ -207,6 +211,8 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
     session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles,
                           principal=t.principal)
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None, file=t.file, lines=t.mock_lines)
+    if t.tokenizer is not None:
+        session.tokenizer = t.tokenizer  # raises when the pinned encoding cannot be loaded here
     if t.clock is not None:
         setting = t.clock if isinstance(t.clock, dict) else {"at": t.clock}
         step = parse_duration(setting.get("advance", 0))

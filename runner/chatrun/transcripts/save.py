@@ -64,6 +64,9 @@ def save_transcript(
     principal = getattr(session, "principal", None)
     if principal is not None:  # what bound arguments read: the replay signs the same one in
         doc["principal"] = dict(principal)
+    tokenizer = session.counting_tokenizer() if hasattr(session, "counting_tokenizer") else None
+    if tokenizer:  # the counter the REPL's windows counted with: the replay's windows are the same anywhere
+        doc["tokenizer"] = tokenizer
     doc["turns"] = [_turn(r) for r in records]
     y = _yaml()
     buf = io.StringIO()

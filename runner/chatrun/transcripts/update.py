@@ -220,6 +220,21 @@ def _dump(y: YAML, key: str, node: Any, col: int) -> list[str]:
     return [(pad + line if line.strip() else line) for line in buf.getvalue().splitlines(keepends=True)]
 
 
+def pin_tokenizer(path: str | Path, tokenizer: str | None) -> bool:
+    """Write `tokenizer: NAME` above `turns:` in a transcript that pins none, so its token
+    windows replay the same on every machine. Returns True when the file changed."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    root = _yaml().load(text)
+    if not tokenizer or not isinstance(root, CommentedMap) or "tokenizer" in root or "turns" not in root:
+        return False
+    lines = text.splitlines(keepends=True)
+    at = root.lc.key("turns")[0]
+    lines.insert(at, f"tokenizer: {tokenizer}  # the token counter its windows were written with\n")
+    path.write_text("".join(lines), encoding="utf-8")
+    return True
+
+
 def update_from_result(result: Any) -> bool:
     """Rewrite the `expect:` blocks of a transcript from what its run (a run.Result) observed.
     Returns True when the file changed."""
@@ -234,4 +249,7 @@ def update_from_result(result: Any) -> bool:
         new = updated(tr.turn.expect, tr.observed)
         if tr.turn.expect is None or not _same(tr.turn.expect, new):
             changes[tr.turn.index - 1] = {"expect": new}
-    return rewrite_turns(result.transcript.file, changes) if changes else False
+    if not changes:  # a passing transcript keeps every byte
+        return False
+    # The expectations just written hold for the counter this run counted with: pin it.
+    return pin_tokenizer(result.transcript.file, result.tokenizer) | rewrite_turns(result.transcript.file, changes)

@@ -403,15 +403,21 @@
       : policy.type === "summary" ? " (over " + policy.max_tokens + " tokens, newest " + policy.keep_messages + " kept)" : "";
     const clearing = typeof policy.clear_tool_results === "number"
       ? " · tool results older than the newest " + policy.clear_tool_results + " cleared" : "";
-    $("memory-meta").textContent = "· " + plural(memory.messages.length, "message") + " · " + policy.type + size + clearing
-      + " · " + memory.model;
+    const total = memory.tokens ? " · " + tokens(memory.tokens.total)
+      + (memory.tokens.max_tokens ? " of " + tokens(memory.tokens.max_tokens) : "") + " tokens, " + memory.tokens.counter : "";
+    $("memory-meta").textContent = "· " + plural(memory.messages.length, "message") + total + " · " + policy.type + size
+      + clearing + " · " + memory.model;
     if (!memory.messages.length) box.appendChild(el("div", "muted", "empty: this route has not run in this scope yet"));
-    for (const m of memory.messages) {
+    const counts = (memory.tokens && memory.tokens.messages) || [];
+    memory.messages.forEach((m, i) => {
+      // Drawn by CSS from the attribute: the count is not part of the message's text.
+      const counted = typeof counts[i] === "number" ? plural(counts[i], "token") : null;
       if (typeof m.summary === "string") {
-        box.appendChild(renderSummary(m));
-        continue;
+        box.appendChild(renderSummary(m, counted));
+        return;
       }
       const item = el("div", "mem " + m.role);
+      if (counted) item.dataset.tokens = counted;
       item.appendChild(el("div", "role", m.role + (m.name ? " · " + m.name : "") + (m.tool_call_id ? " · " + m.tool_call_id : "")));
       if (m.content) item.appendChild(el("div", "content", m.content));
       for (const call of m.tool_calls || []) {
@@ -419,14 +425,15 @@
         item.appendChild(el("div", "call", "→ " + f.name + "(" + f.arguments + ")"));
       }
       box.appendChild(item);
-    }
+    });
     $("tools").innerHTML = jsonHtml(memory.tools.map((t) => t.function || t));
   }
 
   /** A `summary` memory's running summary: what the folded messages became (sent to the
    * model as a user message under a heading, so it is labelled, not shown as the user's). */
-  function renderSummary(m) {
+  function renderSummary(m, counted) {
     const item = el("div", "mem summary");
+    if (counted) item.dataset.tokens = counted;
     item.appendChild(el("div", "role", "summary of earlier messages · sent as " + m.role));
     item.appendChild(el("div", "content", m.summary));
     return item;
