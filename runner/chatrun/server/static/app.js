@@ -115,20 +115,33 @@
 
   function showUser(text) { add(el("div", "msg user", text)); }
 
+  /** A bot reply: Markdown, rendered safely (markdown.js builds nodes, never HTML). */
+  function botBubble(text, cls) {
+    const bubble = el("div", "msg bot md" + (cls ? " " + cls : ""));
+    setReply(bubble, text);
+    return bubble;
+  }
+
+  function setReply(bubble, text) {
+    bubble.dataset.text = text;
+    bubble.textContent = "";
+    bubble.appendChild(ChatrunMarkdown.render(text));
+  }
+
   function showMessage(text) {
     if (streaming) {
-      streaming.textContent = text;
+      setReply(streaming, text);
       streaming.classList.remove("streaming");
       streaming = null;
       scrollDown();
     } else {
-      add(el("div", "msg bot", text));
+      add(botBubble(text));
     }
   }
 
   function showChunk(chunk) {
-    if (!streaming) streaming = add(el("div", "msg bot streaming", ""));
-    streaming.textContent += chunk;
+    if (!streaming) streaming = add(botBubble("", "streaming"));
+    setReply(streaming, streaming.dataset.text + chunk);
     scrollDown();
   }
 
@@ -152,12 +165,72 @@
     add(el("div", "note console", typeof text === "string" ? text : JSON.stringify(text)));
   }
 
-  function showObject(type, data) {
+  // -- Object events (and the bot's own types) as readable cards ---------------------------
+
+  /** The JSON Schema describing an Object's data, if the bot declares one: the `output:` schema
+   * of the current route, else of a route whose schema has every key of the data. */
+  function schemaFor(data) {
+    if (!graph || !data || typeof data !== "object" || Array.isArray(data)) return null;
+    const keys = Object.keys(data);
+    const fits = (s) => s && s.properties && keys.every((k) => k in s.properties);
+    const here = graph.nodes.find((n) => n.name === document.body.dataset.route);
+    if (here && fits(here.output)) return here.output;
+    const other = graph.nodes.find((n) => fits(n.output));
+    return other ? other.output : null;
+  }
+
+  /** "check_in" and "checkIn" read as "Check in". */
+  function humanize(key) {
+    const words = String(key).replace(/([a-z])([A-Z])/g, "$1 $2").replace(/[_-]+/g, " ").trim().toLowerCase();
+    return words.charAt(0).toUpperCase() + words.slice(1);
+  }
+
+  function isPlainObject(value) {
+    return value !== null && typeof value === "object" && !Array.isArray(value);
+  }
+
+  /** A value as readable nodes: objects as label/value lists (the schema's titles, else the key
+   * made readable), lists of plain values joined, other lists one entry each. */
+  function valueNode(value, schema) {
+    if (isPlainObject(value)) {
+      const list = el("dl", "fields");
+      for (const key of Object.keys(value)) {
+        const sub = schema && schema.properties && schema.properties[key];
+        list.appendChild(el("dt", "", (sub && sub.title) || humanize(key)));
+        const dd = el("dd");
+        dd.appendChild(valueNode(value[key], sub));
+        list.appendChild(dd);
+      }
+      return list;
+    }
+    if (Array.isArray(value)) {
+      if (value.every((v) => !isPlainObject(v) && !Array.isArray(v))) return valueNode(value.map(plainText).join(", "));
+      const list = el("ol", "entries");
+      for (const v of value) list.appendChild(el("li")).appendChild(valueNode(v, schema && schema.items));
+      return list;
+    }
+    return el("span", value === null || value === undefined ? "empty" : "", plainText(value));
+  }
+
+  function plainText(value) {
+    if (value === null || value === undefined) return "—";
+    if (value === true) return "yes";
+    if (value === false) return "no";
+    return String(value);
+  }
+
+  function showObject(data, replayed, type) {
+    const schema = schemaFor(data);
     const card = el("div", "object");
-    card.appendChild(el("div", "tag", type));
-    const pre = el("pre");
+    card.dataset.type = type;
+    card.appendChild(el("div", "tag", (schema && schema.title) || (type === "Object" ? "Details" : humanize(type))));
+    card.appendChild(valueNode(data, schema));
+    const raw = el("details", "raw");
+    raw.appendChild(el("summary", "", "JSON"));
+    const pre = el("pre", "json");
     pre.innerHTML = jsonHtml(data);
-    card.appendChild(pre);
+    raw.appendChild(pre);
+    card.appendChild(raw);
     add(card);
   }
 
@@ -183,14 +256,20 @@
   function showRouteChange(data, quiet) {
     if (!data || !data.stack) return;
     renderBreadcrumb(data.stack);
-    if (!quiet) add(el("div", "route-change", "now in " + data.stack.join(" › ")));
+    if (!quiet) add(el("div", "route-change", "now in " + data.stack.map(routeTitle).join(" › ")));
+  }
+
+  /** What end users read for a route: its `title:`, else its name. */
+  function routeTitle(name) {
+    const node = graph && graph.nodes.find((n) => n.name === name);
+    return (node && node.title) || name;
   }
 
   function renderBreadcrumb(stack) {
     ui.breadcrumb.textContent = "";
     stack.forEach((route, i) => {
       if (i) ui.breadcrumb.appendChild(el("span", "sep", "›"));
-      const crumb = el("span", "crumb" + (i === stack.length - 1 ? " current" : ""), route);
+      const crumb = el("span", "crumb" + (i === stack.length - 1 ? " current" : ""), routeTitle(route));
       crumb.dataset.route = route;
       ui.breadcrumb.appendChild(crumb);
     });
@@ -223,18 +302,23 @@
     ui.input.placeholder = "Type a message…";
   }
 
+  const asText = (data) => (typeof data === "string" ? data : JSON.stringify(data));
+
+  /** One renderer per event type: (data, replayed, type). A type not listed here (an Object,
+   * the bot's own types) is shown as a card. A new kind of card is one more line. */
+  const RENDERERS = {
+    ConversationEnded: () => showEnded(),
+    Choices: (data, replayed) => showChoices(data, replayed),
+    Message: (data) => showMessage(asText(data)),
+    Thinking: (data) => showThinking(data),
+    Error: (data) => showError(data),
+    Console: (data) => showConsole(data),
+    RouteChanged: (data) => showRouteChange(data),
+    Stream: () => undefined, // the history has the whole Message too
+  };
+
   function showEvent(type, data, replayed) {
-    switch (type) {
-      case "ConversationEnded": return showEnded();
-      case "Choices": return showChoices(data, replayed);
-      case "Message": return showMessage(typeof data === "string" ? data : JSON.stringify(data));
-      case "Thinking": return showThinking(data);
-      case "Error": return showError(data);
-      case "Console": return showConsole(data);
-      case "RouteChanged": return showRouteChange(data);
-      case "Stream": return undefined;
-      default: return showObject(type, data);
-    }
+    return (RENDERERS[type] || showObject)(data, replayed, type);
   }
 
   function setBusy(on) {
@@ -351,6 +435,7 @@
     renderLastTurn(d.last_turn);
     renderUsage(d.usage, d.turns_usage || [], d.last_turn);
     renderReloadProblems(d.reload_problems || []);
+    renderModelProblem(d.model_problem);
     document.body.dataset.route = d.route;
     document.body.dataset.turn = String(d.turn);
     refreshes += 1;
@@ -367,6 +452,17 @@
     problems.forEach((d) => {
       banner.appendChild(el("div", "small", d.file + ":" + d.line + ": " + d.severity + ": " + d.message));
     });
+  }
+
+  /** No model can be reached (no credentials, no endpoint): say why above the chat, not only
+   * "Sorry…" after each message. */
+  function renderModelProblem(problem) {
+    const banner = $("model-banner");
+    banner.hidden = !problem;
+    banner.textContent = "";
+    if (!problem) return;
+    banner.appendChild(el("strong", "", "No model is configured, so the bot cannot answer. "));
+    banner.appendChild(el("span", "", problem));
   }
 
   function renderScopes(scopes, current) {
