@@ -218,6 +218,8 @@ def test_a_phone_gets_titles_big_targets_and_no_zoom(server, fake):
             assert apart, (name, ident)
         shot(page, "phone-inspector-390")
         assert page_width(page) == 390
+        # The graph, drawn while the inspector was hidden, is laid out again when shown.
+        assert_labels_apart(page.evaluate(GEOMETRY))
 
 
 def overlaps(a: dict, b: dict, margin: float = 0) -> bool:
@@ -254,12 +256,15 @@ def test_route_graph_labels_stay_apart_and_clear_of_edges(fake, bot):
     with ThreadServer(app) as server, chat_page(server.url, width=1280) as page:
         page.wait_for_selector("#graph svg text.edge-label")
         shot(page, f"graph-{bot}")
-        geometry = page.evaluate(GEOMETRY)
-        labels = geometry["labels"]
-        assert len(labels) >= 2
-        for i, a in enumerate(labels):
-            for b in labels[i + 1:]:
-                assert not overlaps(a["box"], b["box"]), (a, b)
-            for node in geometry["nodes"]:
-                assert not overlaps(a["box"], node), (a, node)
-        assert geometry["crossings"] == []
+        assert_labels_apart(page.evaluate(GEOMETRY))
+
+
+def assert_labels_apart(geometry: dict) -> None:
+    labels = geometry["labels"]
+    assert len(labels) >= 2
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            assert not overlaps(a["box"], b["box"]), (a, b)
+        for node in geometry["nodes"]:
+            assert not overlaps(a["box"], node), (a, node)
+    assert geometry["crossings"] == []
