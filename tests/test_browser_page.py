@@ -125,11 +125,20 @@ def test_replies_are_markdown_rendered_safely(server, fake, width):
         fake.queue({"chunks": ["Total: **12", "0 EUR**"], "chunk_delay": 0.02})
         send(page, "total?")
         assert page.locator(".msg.bot").last.locator("strong").inner_text() == "120 EUR"
+        # Headings, numbered lists from their number, quotes; snake_case and 2 * 3 stay as written.
+        fake.queue({"text": "## Steps\n3. call my_tool_name\n4. compute 2 * 3 * 4\n\n> quoted ~~old~~"})
+        send(page, "steps?")
+        reply = page.locator(".msg.bot").last
+        assert reply.locator("h4").inner_text() == "Steps"
+        assert reply.locator("ol").get_attribute("start") == "3"
+        assert reply.locator("ol li").all_inner_texts() == ["call my_tool_name", "compute 2 * 3 * 4"]
+        assert reply.locator("em").count() == 0
+        assert reply.locator("blockquote del").inner_text() == "old"
         page.reload()
         page.wait_for_selector("body[data-ready=true]")
-        page.wait_for_function("document.querySelectorAll('.msg.bot').length === 2")
+        page.wait_for_function("document.querySelectorAll('.msg.bot').length === 3")
         assert page.locator(".msg.bot").first.locator("pre code").inner_text() == 'print("<b>hi</b>")'
-        assert page.locator(".msg.bot").last.locator("strong").inner_text() == "120 EUR"
+        assert page.locator(".msg.bot").nth(1).locator("strong").inner_text() == "120 EUR"
 
 
 LONG_WORD = "Supercalifragilisticexpialidocious" * 8
@@ -142,7 +151,8 @@ def test_long_words_and_urls_never_widen_the_page(server, fake, width):
         if width > 900:  # the chat alone, the whole width: the inspector hidden
             page.click("#toggle-inspector")
             page.wait_for_selector("#inspector", state="hidden")
-        fake.queue({"text": f"Look: {LONG_WORD} at {LONG_URL}"}, {"text": LONG_URL})
+        fake.queue({"text": f"Look: {LONG_WORD} at {LONG_URL}"},
+                   {"text": f"{LONG_URL}\n\n```\n{LONG_WORD} = 1\n```"})  # a code block scrolls inside its bubble
         send(page, LONG_WORD)
         send(page, LONG_URL)
         shot(page, f"long-words-{width}")
