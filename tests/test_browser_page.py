@@ -59,7 +59,7 @@ tools:
       properties: {hotel: {type: string}, nights: {type: integer}}
       required: [hotel, nights]
     action:
-      emit: {Booking: "{{ {'hotel': args.hotel, 'nights': args.nights, 'guest': {'first_name': 'Ada'}} }}"}
+      emit: {Booking: "{{ {'hotel': args.hotel, 'nights': args.nights, 'guest': {'first_name': 'Ada'}, 'notes': none} }}"}
       message: Booked.
 """
 
@@ -183,7 +183,8 @@ def test_objects_are_readable_cards_with_json_on_demand(server, fake, width):
         send(page, "book it")
         booking = page.locator('.object[data-type="Booking"]')
         assert booking.locator(".tag").inner_text().lower() == "booking"
-        assert booking.locator(":scope > .fields > dt").all_inner_texts() == ["Hotel", "Nights", "Guest"]
+        assert booking.locator(":scope > .fields > dt").all_inner_texts() == ["Hotel", "Nights", "Guest", "Notes"]
+        assert booking.locator(":scope > .fields > dd").last.inner_text() == "—"  # null, after later messages too
         assert booking.locator(".fields .fields dt").inner_text() == "First name"
         assert booking.locator(".fields .fields dd").inner_text() == "Ada"
         shot(page, f"objects-{width}")

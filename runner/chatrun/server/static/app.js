@@ -83,7 +83,7 @@
   }
 
   function add(node) {
-    const empty = ui.messages.querySelector(".empty");
+    const empty = ui.messages.querySelector(":scope > .empty");
     if (empty) empty.remove();
     ui.messages.appendChild(node);
     scrollDown();
@@ -209,7 +209,7 @@
       for (const v of value) list.appendChild(el("li")).appendChild(valueNode(v, schema && schema.items));
       return list;
     }
-    return el("span", value === null || value === undefined ? "empty" : "", plainText(value));
+    return el("span", value === null || value === undefined ? "none" : "", plainText(value));
   }
 
   function plainText(value) {
