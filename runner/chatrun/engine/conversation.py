@@ -263,6 +263,7 @@ class Conversation:
             "result": None,
             "principal": self.principal,  # who is signed in (name, roles, claims), None when no one
             "session_id": self.id,
+            "decision": None,  # set while a decision on a pending item applies (engine/pending.py)
             "now": now,
             "today": now.date(),
         }
