@@ -421,9 +421,9 @@ def test_brief_format_keys_are_all_in_the_schema():
                                                 "tools", "scope", "roles"}
     assert set(defs["action"]["properties"]) == {"push", "pop", "route", "execute", "immediate", "clear_memory",
                                                  "wipe", "set", "emit", "message", "reply", "result", "cases",
-                                                 "call", "end", "choices"}
-    # A case adds an action with the same keys, but no nested cases.
-    assert set(defs["caseAction"]["properties"]) == set(defs["action"]["properties"]) - {"cases"}
+                                                 "call", "end", "choices", "ask", "operator"}
+    # A case adds an action with the same keys, but no nested cases and no pause (the tool's own action pauses).
+    assert set(defs["caseAction"]["properties"]) == set(defs["action"]["properties"]) - {"cases", "ask", "operator"}
     assert set(defs["tool"]["properties"]) >= {"description", "parameters", "requires", "handler", "action",
                                                "on_error", "timeout"}
 
