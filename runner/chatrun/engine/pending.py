@@ -21,6 +21,7 @@ from chatrun.engine.clock import parse_duration
 PENDING_KEY = "pending"  # the snapshot's list of open items (plain dicts)
 PENDING_COUNTER_KEY = "pending_next"  # the snapshot's next item number
 TAKEOVER_KEY = "taken_over"  # the snapshot's takeover: {"by", "since"} or absent
+RESOLVED_KEY = "pending_resolved"  # the snapshot's last resolved items: {id: outcome}
 
 APPROVAL = "approval"
 QUESTION = "question"
