@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import chatrun
-from chat_support import call, kinds
+from chat_support import call
 from chatrun import (
     Answer,
     Approve,
@@ -106,7 +106,7 @@ def small(ctx):
 ALICE = {"name": "alice", "roles": ["customer"]}
 BOB = {"name": "bob", "roles": ["supervisor"]}
 CAROL = {"name": "carol", "roles": ["supervisor"]}
-OPERATOR = {"name": "olga", "roles": ["operator"]}
+OPERATOR = {"name": "olga", "roles": ["operators"]}
 START = datetime(2026, 11, 25, 9, 0, tzinfo=UTC)
 
 
@@ -184,7 +184,7 @@ def test_a_supervisor_approves_the_tool_runs_once_and_the_model_goes_on(desk):
     with pytest.raises(NotPending) as info:  # decided twice: nothing happens twice
         session.chat(Approve("p1"))
     assert info.value.outcome == "approved" and "resolved already (approved)" in str(info.value)
-    assert session.state["refunds"] == 1 and len(session.history) == len(session.history)
+    assert session.state["refunds"] == 1 and session.history[-1] == entry  # no turn for it
 
 
 def test_an_edited_amount_is_validated_again_and_used(desk):
