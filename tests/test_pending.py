@@ -35,7 +35,7 @@ routes:
   main:
     default: true
     system: You are a refund desk.
-    tools: [refund, small_refund, submit_documents, pick_colour, ask_age, human]
+    tools: [refund, small_refund, submit_documents, pick_colour, ask_age, human, human_brief, ask_desk, note]
   menu:
     system: The menu.
 tools:
@@ -92,6 +92,17 @@ tools:
     description: Hand over to a person
     action:
       operator: {text: Connecting you with a colleague., release_to: menu}
+  human_brief:
+    description: Hand over, remembering a summary
+    action:
+      operator: {remember: summary}
+  ask_desk:
+    description: Ask the service desk for the order's status
+    action:
+      ask: {from: operator, text: Checking with the service desk., schema: {type: string}}
+  note:
+    description: Take a note
+    action: {reply: noted}
 """
 
 TOOLS = """
@@ -443,3 +454,64 @@ def chatrun_check(path):
     from chatrun.definition.loader import check_bot
 
     return check_bot(path)
+
+
+def test_the_calls_after_a_waiting_call_do_not_run(desk):
+    model = ScriptedModel([{"tool_calls": [{"name": "refund", "arguments": {"order": "A1", "amount": 120}},
+                                           {"name": "note", "arguments": {}}]}])
+    session = start(desk, model)
+    session.chat("Refund and note it")
+    results = [m for m in session.memory() if isinstance(m, ToolResultMessage)]
+    assert [r.content for r in results] == [
+        "Waiting for approval: Refund 120 EUR on A1?",
+        "Not run: an earlier tool call waits for a person; call this again after it is resolved."]
+
+
+def test_an_operator_answers_a_question_and_others_may_not(desk):
+    model = ScriptedModel([call("ask_desk")])
+    session = start(desk, model)
+    events = session.chat("Where is my order?")
+    assert of(events, "Pending")[0]["by"] == ["operators"]
+    assert [e.audience for e in events if e.type == "Pending"] == ["user", "operators"]
+    with pytest.raises(DecisionRefused):
+        session.chat(Answer("p1", "shipped"))
+    model.add("It has shipped.")
+    events = as_(session, OPERATOR).chat(Answer("p1", "shipped yesterday"))
+    assert of(events, "Message") == ["It has shipped."]
+    assert model.requests[-1].messages[-1].content == "shipped yesterday"
+
+
+def test_an_operator_steps_in_unasked_and_a_summary_is_remembered(desk):
+    model = ScriptedModel([call("human_brief")])
+    session = start(desk, model)
+    events = session.chat("Let me talk to someone")
+    assert of(events, "Message") == ["Connecting you with a person."]
+    as_(session, OPERATOR)
+    with pytest.raises(chatrun.UnknownRouteError):
+        session.chat(Release(route="nowhere"))
+    session.chat(OperatorSay("Hello, how can I help?"))  # speaking takes it
+    assert session.taken_over["by"]["name"] == "olga"
+    as_(session, ALICE).chat("My parcel is late.")
+    events = as_(session, OPERATOR).chat(Release())
+    assert of(events, "Resolved")[0]["outcome"] == "released" and of(events, "RouteChanged") == []
+    assert session.memory()[-1] == AssistantMessage(
+        "(An operator talked with the user meanwhile: 1 message(s) from the user, 1 from the operator. "
+        "The user's last: 'My parcel is late.'. The operator's last: 'Hello, how can I help?'.)")
+    model.add("Back with the bot.")
+    events = as_(session, ALICE).chat("Thanks")
+    assert of(events, "Message") == ["Back with the bot."]
+
+
+def test_an_operator_takes_a_conversation_nobody_handed_over(desk):
+    model = ScriptedModel(["Hello."])
+    session = start(desk, model)
+    session.chat("Hi")
+    with pytest.raises(NotPending):
+        as_(session, OPERATOR).chat(OperatorSay("Hi"))  # nothing to speak in before taking it
+    events = session.chat(TakeOver(note="Quality check"))
+    assert of(events, "Resolved")[0]["outcome"] == "taken"
+    assert [(i.kind, i.ask, i.by) for i in session.pending] == [("takeover", "Quality check", ["operators"])]
+    events = as_(session, ALICE).chat("Are you a bot?")
+    assert of(events, "UserMessage", "operators") == [{"text": "Are you a bot?", "data": {}}]
+    as_(session, OPERATOR).chat(Release(route="menu"))
+    assert session.route == "menu" and session.pending == [] and session.taken_over is None

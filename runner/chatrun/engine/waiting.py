@@ -532,8 +532,7 @@ def resolve(turn: Turn, item: PendingItem, outcome: str, **extra: Any) -> None:
     by = None if outcome == TIMED_OUT else (c.principal or {}).get("name")
     data = {"id": item.id, "kind": item.kind, "outcome": outcome, "by": by,
             **{k: v for k, v in extra.items() if v is not None or k == "answer"}}
-    audience = ev.OPERATORS if item.kind == TAKEOVER else ev.USER
-    turn.emit(ev.RESOLVED, data, audience=audience)
+    turn.emit(ev.RESOLVED, data, audience=ev.USER)  # the user learns every outcome (the operators see all)
 
 
 # -- operators ------------------------------------------------------------------------------------
