@@ -331,7 +331,9 @@ def test_a_backend_answers_with_its_token_and_the_cases_see_the_answer(desk):
         session.chat(Answer("p1", {"verdict": "approved"}, token="wrong"))
     with pytest.raises(DecisionRefused):
         session.chat(Answer("p1", {"verdict": "approved"}))  # alice, no token
-    as_(session, None)
+    as_(session, None)  # roles not checked (a program, a server without --auth): still the token
+    with pytest.raises(DecisionRefused, match="answered with its token"):
+        session.chat(Answer("p1", {"verdict": "approved"}))
     with pytest.raises(InvalidDecision, match="'maybe' is not one of"):
         session.chat(Answer("p1", {"verdict": "maybe"}, token=backend_copy["token"]))
     model.add("You are verified.")
