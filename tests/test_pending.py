@@ -237,6 +237,8 @@ def test_roles_and_the_self_rule_refuse_before_the_turn(desk):
     assert len(session.history) == before and session.state["refunds"] == 0
     with pytest.raises(NotPending, match="no open item has that id"):
         as_(session, BOB).chat(Approve("p9"))
+    with pytest.raises(InvalidDecision, match="it is an approval, not a question: approve or reject it"):
+        session.chat(Answer("p1", "yes"))
 
 
 def test_a_timeout_rejects_on_the_session_clock(desk):

@@ -107,7 +107,9 @@ def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
     item = find_item(c, decision.item)
     if isinstance(decision, Answer):
         if item.kind != QUESTION:
-            raise NotPending(c.id, item.id, None) from None
+            what = "an approval, not a question: approve or reject it" if item.kind == APPROVAL else \
+                "a takeover, not a question: release it"
+            raise InvalidDecision(item.id, f"it is {what}")
         if not (item.token and decision.token and secrets.compare_digest(item.token, decision.token)):
             if item.by == [BACKEND_ROLE] and BACKEND_ROLE not in (c.roles or ()):
                 # A backend proves itself with the item's token (or a principal with the role
@@ -121,7 +123,8 @@ def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
             raise InvalidDecision(item.id, f"the answer is invalid: {problem}")
         return
     if item.kind != APPROVAL:
-        raise NotPending(c.id, item.id, None)
+        raise InvalidDecision(item.id, f"it is a {item.kind}, not an approval: "
+                              + ("answer it" if item.kind == QUESTION else "release it"))
     _check_roles(c, item.id, item.by, item)
     if not item.data.get("self", True) and _same_principal(c.principal, item.requested_by):
         raise DecisionRefused(item.id, item.by, _caller_roles(c, item) or [],
