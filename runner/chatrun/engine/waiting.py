@@ -28,6 +28,7 @@ from jsonschema import Draft202012Validator
 from chatrun import events as ev
 from chatrun.definition.config import OperatorConfig, ToolConfig
 from chatrun.definition.templates import holds
+from chatrun.engine import tracing
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.pending import (
     ANSWERED,
@@ -438,11 +439,14 @@ async def approved(turn: Turn, item: PendingItem, args: dict[str, Any], outcome:
     turn.decision_info = _decision(turn, outcome, reason, args)
     memory = _memory_of(turn, item)
     resolve(turn, item, outcome, reason=reason, args=args)
-    try:
-        turn.check_action(tool)
-        tool_outcome = await turn.run_checked_tool(tool, args, item.call_id or "")
-    except ToolRefusal as refusal:
-        tool_outcome = ToolOutcome(str(refusal), failed=True)
+    with tracing.tool_span(tool.name, item.call_id or "", f"{outcome} {item.id}") as span:
+        try:
+            turn.check_action(tool)  # the state may have changed while it waited (a route's roles)
+            tool_outcome = await turn.run_checked_tool(tool, args, item.call_id or "")
+        except ToolRefusal as refusal:
+            tool_outcome = ToolOutcome(str(refusal), failed=True)
+        if tool_outcome.failed:
+            tracing.tool_failed(span)
     return _continue(turn, item, memory, tool_outcome)
 
 
