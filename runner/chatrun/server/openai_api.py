@@ -29,6 +29,7 @@ from chatrun.server import openai_schema, wire
 from chatrun.server.auth import Principal
 from chatrun.server.openai_sessions import Identity, TurnIndex
 from chatrun.server.openai_turn import (
+    Attempt,
     OpenAIError,
     Reply,
     TurnResult,
@@ -47,10 +48,14 @@ from chatrun.server.plumbing import (
     read_json_object,
 )
 from chatrun.server.sessions import SessionRegistry
+from chatrun.server.turn_run import check_request_id
 
 log = logging.getLogger("chatrun.server.openai")
 
 SESSION_HEADER = "x-chatrun-session"
+IDEMPOTENCY_HEADER = "idempotency-key"
+# The openai SDKs (Python, Node) number their own retries of a request: 0 first, then 1, 2, ...
+RETRY_HEADER = "x-stainless-retry-count"
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,7 @@ class ChatCompletion(TurnRequest):
     as_json: bool  # response_format json_object/json_schema: the Object events as the reply
     want_events: bool
     include_usage: bool
+    attempt: Attempt
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -225,6 +231,7 @@ class ChatCompletion(TurnRequest):
             as_json=(body.get("response_format") or {}).get("type") in ("json_object", "json_schema"),
             want_events=bool(body["chatrun"].get("events")) if isinstance(body.get("chatrun"), dict) else False,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+            attempt=attempt_of(api.index, request, body, ident, text, who),
         )
 
     def keys_after(self, reply: Reply) -> list[str]:
@@ -234,7 +241,7 @@ class ChatCompletion(TurnRequest):
 
     def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:
         prompts = [t for _, t in self.ident.earlier] + [self.text]
-        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after)
+        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after, self.attempt)
 
     def info(self, result: TurnResult) -> dict[str, Any]:
         return result.session | ({"events": result.reply.other} if self.want_events else {})
@@ -296,6 +303,21 @@ class ChatCompletion(TurnRequest):
                                        "usage": result.usage}
             frames.append("data: " + json.dumps(payload) + "\n\n")
         return [*frames, "data: [DONE]\n\n"]
+
+
+def attempt_of(index: TurnIndex, request: Request, body: dict[str, Any], ident: Identity, text: str,
+               who: Principal | None) -> Attempt:
+    """Which request this is, for exactly-once: an Idempotency-Key names it; without one, it is
+    what it says about its turn, and only the SDKs' own retries (x-stainless-retry-count > 0)
+    look for an earlier attempt: the same request sent again by a user is a regenerate (a fork)."""
+    owner = who.name if who is not None else None
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None:
+        check_request_id(key)
+        return Attempt(index.request_key(ident.bot, owner, ["idempotency-key", key]), True)
+    what = [ident.namespace, ident.explicit_id, ident.route, ident.earlier, text, body.get("response_format")]
+    retries = request.headers.get(RETRY_HEADER, "0").strip()
+    return Attempt(index.request_key(ident.bot, owner, what), retries.isdigit() and int(retries) > 0)
 
 
 # -- Responses ---------------------------------------------------------------------------------------
