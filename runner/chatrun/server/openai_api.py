@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
-from chatrun.server import openai_schema, wire
+from chatrun.server import openai_schema, openai_tasks, wire
 from chatrun.server.auth import Principal
 from chatrun.server.openai_sessions import Identity, TurnIndex
 from chatrun.server.openai_turn import (
@@ -61,10 +61,12 @@ RETRY_HEADER = "x-stainless-retry-count"
 @dataclass(frozen=True)
 class OpenAIOptions:
     """session_headers: request headers naming the front end's chat (e.g. X-OpenWebUI-Chat-Id),
-    trusted to keep chats apart; keepalive: seconds of silence before an SSE comment."""
+    trusted to keep chats apart; keepalive: seconds of silence before an SSE comment;
+    front_end_tasks: what Open WebUI's title/tags/follow-up requests get (openai_tasks)."""
 
     session_headers: tuple[str, ...] = ()
     keepalive: float = 10.0
+    front_end_tasks: str = openai_tasks.ANSWER  # a front end's background tasks: answer, run or refuse
 
 
 # -- the routes --------------------------------------------------------------------------------
@@ -177,6 +179,12 @@ async def chat_completions(request: Request, who: Caller) -> Any:
     api = state_of(request)
     body = await api.read_body(request, openai_schema.CHAT_COMPLETIONS)
     completion = ChatCompletion.parse(api, request, body, who)
+    task = openai_tasks.task_of(completion.ident.earlier, completion.text)
+    if task is not None and api.options.front_end_tasks != openai_tasks.RUN:
+        if api.options.front_end_tasks == openai_tasks.REFUSE:
+            raise OpenAIError(400, "this server does not run a chat front end's background tasks (title, tags, "
+                              "follow-ups): turn them off in the front end (docs/openai-api.md)", code="front_end_task")
+        return completion.fixed(openai_tasks.fixed_answer(task, completion.text), bool(body.get("stream")))
     return await completion.stream() if body.get("stream") else await completion.answer()
 
 
@@ -262,6 +270,21 @@ class ChatCompletion(TurnRequest):
         turn = DetachedTurn(self.run)
         await opened(turn)
         return _sse(self.frames(turn))
+
+    def fixed(self, content: str, stream: bool) -> Response:
+        """An answer made without a turn (a front end's task): no session, no usage."""
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        info = {"front_end_task": True}
+        if stream:
+            frames = [self.chunk({"role": "assistant", "content": ""}), self.chunk({"content": content}),
+                      self.chunk({}, "stop", chatrun=info), "data: [DONE]\n\n"]
+            return _sse(_frames_of(frames))
+        return JSONResponse({
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                         "message": {"role": "assistant", "content": content, "refusal": None}}],
+            "usage": usage, "system_fingerprint": None, "chatrun": info,
+        })
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
         payload = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -490,6 +513,11 @@ def model_ids(registry: SessionRegistry) -> list[str]:
 def _output_message(message_id: str, text: str | None, status: str) -> dict[str, Any]:
     content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
     return {"type": "message", "id": message_id, "role": "assistant", "status": status, "content": content}
+
+
+async def _frames_of(frames: list[str]) -> AsyncIterator[str]:
+    for frame in frames:
+        yield frame
 
 
 def _sse(frames: AsyncIterator[str]) -> StreamingResponse:
