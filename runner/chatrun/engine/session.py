@@ -331,11 +331,12 @@ class Session:
         return self
 
     def _emit(self, event_type: str, data: object, runtime: bool = False, meta: dict[str, Any] | None = None,
-              audience: str | None = None) -> None:
+              audience: str | None = None, multi: bool = False) -> None:
         # Who it is for: a handler's explicit audience, else as the bot's `events:` declares the type;
         # chatrun's own events (a failed turn's Error) are always the user's.
         who = ev.USER if runtime else audience or self.bot.config.audience_of(event_type)
-        event = Event(event_type, ev.plain(data), self.turn_count + 1, meta or {}, runtime=runtime, audience=who)
+        event = Event(event_type, ev.plain(data), self.turn_count + 1, meta or {}, runtime=runtime, audience=who,
+                      multi=multi)
         if self._sink is not None:
             self._sink(event)
 

@@ -329,24 +329,27 @@ class Dialect:
 
 class TurnFrames:
     """Which events of one turn a chat is sent, in order. The Quarkus dialect drops
-    RouteChanged, chatrun's own Error events (a failed turn's reason, a refused action: the
+    RouteChanged and chatrun's own Error events (a failed turn's reason, a refused action: the
     Quarkus runtime never sends Error; a bot's emitted Error is an application event and goes
-    out) and the full Message that follows a run of Stream chunks (a Quarkus streaming route
-    sends chunks and no Message)."""
+    out). A streamed reply reaches it as a Quarkus route's would: one Message (a route returning
+    String), or, from a route with `stream_to_quarkus: true` (Multi<String>), its Stream chunks
+    and not the full Message that follows them."""
 
     def __init__(self, dialect: Dialect):
         self.dialect = dialect
-        self._after_stream = False
+        self._after_multi = False
 
     def keep(self, event: Any) -> bool:
-        after_stream, self._after_stream = self._after_stream, event.type == STREAM
+        after_multi, self._after_multi = self._after_multi, event.type == STREAM and getattr(event, "multi", False)
         if self.dialect.extensions:
             return True
         if event.type == ROUTE_CHANGED:
             return False
         if event.type == ERROR and getattr(event, "runtime", False):
             return False
-        return not (event.type == MESSAGE and after_stream)
+        if event.type == STREAM:
+            return bool(getattr(event, "multi", False))
+        return not (event.type == MESSAGE and after_multi)
 
 
 QUARKUS_DIALECT = Dialect(extensions=False)
