@@ -240,7 +240,7 @@ def _create_app(options: ServeOptions) -> Any:
         app = create_app(list(options.bots), options.store, auth=options.auth_file, limits=limits,
                          sessions=options.sessions(), edge=edge,
                          openai=OpenAIOptions(session_headers=options.session_headers,
-                                                             front_end_tasks=options.front_end_tasks), reload=options.reload,
+                                              front_end_tasks=options.front_end_tasks), reload=options.reload,
                          log_content=options.log_content)
         if options.store.startswith(("redis://", "rediss://")):
             from chatrun.store.redis import check_reachable
@@ -266,6 +266,11 @@ def _warn(options: ServeOptions, app: Any) -> None:
                    "address can use every session (see docs/security.md)", err=True)
     if options.wildcard and not options.allow_host:
         click.echo("chatrun: warning: any Host name is accepted; name the server's with --allow-host", err=True)
+    from chatrun.server.listen import fd_headroom
+
+    short = fd_headroom(options.max_connections)
+    if short:
+        click.echo(f"chatrun: warning: {short}", err=True)
 
 
 def _announce(options: ServeOptions, app: Any) -> None:
