@@ -98,9 +98,26 @@ class OpenAIRoute(APIRoute):
             except OpenAIError as exc:
                 return exc.response()
             except wire.RequestFailed as exc:
+                if exc.reason == wire.SERVER_ERROR:
+                    return (await _server_failure(request, exc)).response()
                 return from_failure(exc).response()
+            except Exception as exc:  # the store's client raising, or a bug: still OpenAI's shape
+                return (await _server_failure(request, exc)).response()
 
         return in_openai_shape
+
+
+async def _server_failure(request: Request, exc: Exception) -> OpenAIError:
+    """A 503 `store_unavailable` when the store does not answer (the SDKs retry 503s, and the
+    request can succeed once it is back), else a 500 (logged)."""
+    if not await state_of(request).registry.store_ready():
+        log.warning("/v1 request failed, the store is unreachable: %s", exc)
+        return OpenAIError(503, "the session store is unreachable (nothing of this request was saved); "
+                           "send it again shortly", "server_error", "store_unavailable")
+    if isinstance(exc, wire.RequestFailed):
+        return from_failure(exc)
+    log.error("/v1 request failed", exc_info=exc)
+    return OpenAIError(500, f"internal server error: {type(exc).__name__}", "server_error")
 
 
 @dataclass(frozen=True)
