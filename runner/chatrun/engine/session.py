@@ -410,8 +410,10 @@ class Session:
         self._sink = collect
         span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"))
         try:
-            with span:
+            with span as current:
                 await turn.run()
+                tracing.record_turn(current, entry["input"], [e.data for e in collected if e.for_user
+                                                              and e.type in (ev.MESSAGE, ev.OBJECT)])
                 await turn.summarize()  # after the reply: it never delays the user's answer
             self._c.turn_count = turn.number
             self._c.usage.add(turn.usage)

@@ -166,12 +166,24 @@ class RedactTokens(logging.Filter):
         return self.PATTERN.sub(r"\1***", value) if isinstance(value, str) and "token=" in value.lower() else value
 
 
+class QuietScrapes(logging.Filter):
+    """Drop the access-log line of a `GET /metrics` (a scraper's every 15 s would drown the log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (isinstance(args, tuple) and len(args) >= 3 and args[1] == "GET"
+                    and isinstance(args[2], str) and args[2].split("?", 1)[0] == "/metrics")
+
+
 def redact_tokens_in_logs() -> None:
     """Install RedactTokens on uvicorn's loggers and the turn log (idempotent)."""
     for name in ("uvicorn.access", "uvicorn.error", "uvicorn", "chatrun.turns"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, RedactTokens) for f in logger.filters):
             logger.addFilter(RedactTokens())
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, QuietScrapes) for f in access.filters):
+        access.addFilter(QuietScrapes())
 
 
 def uvicorn_config(app: Any, host: str, port: int, options: ListenOptions = ListenOptions(), **extra: Any) -> Any:  # noqa: B008
