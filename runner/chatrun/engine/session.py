@@ -28,6 +28,7 @@ from chatrun import events as ev
 from chatrun.engine import tracing
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import Checkpoint, Conversation
+from chatrun.engine.pending import PendingItem, earliest_due
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
 from chatrun.engine.turn import Turn
@@ -244,6 +245,21 @@ class Session:
         """Set when a tool's `end` action ended the conversation: {"route", "tool"}. An ended
         session takes no more turns; its history and last state stay readable."""
         return self._c.ended
+
+    @property
+    def pending(self) -> list[PendingItem]:
+        """The open pending items (approvals, questions, a takeover), oldest first (copies)."""
+        return [PendingItem.from_dict(item.to_dict()) for item in self._c.pending]
+
+    @property
+    def taken_over(self) -> dict[str, Any] | None:
+        """{"by": principal, "since": iso} while an operator has the conversation, else None."""
+        return copy.deepcopy(self._c.taken_over)
+
+    @property
+    def next_due(self) -> str | None:
+        """The earliest due time of the open items (ISO), or None: when `Expire()` has work."""
+        return earliest_due(self._c.pending)
 
     @property
     def stale(self) -> str | None:
