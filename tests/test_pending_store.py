@@ -171,3 +171,13 @@ def test_the_redis_store_updates_its_due_index_in_the_commit_script_and_drops_it
             await store.close()
 
     asyncio.run(go())
+
+
+def test_a_conversation_an_operator_holds_is_listed_for_operators_until_released():
+    store = open_store("memory://")
+    v = store.commit_turn("t", {"bot": "b", "scopes": [], "taken_over": {"by": "olga", "since": T0}}, {}, [], CREATE)
+    listed = store.list_pending(kind="takeover")
+    assert [(p.session_id, p.items, p.taken_over) for p in listed] == [("t", [], {"by": "olga", "since": T0})]
+    assert store.list_pending(kind="approval") == []
+    store.commit_turn("t", {"bot": "b", "scopes": []}, {}, [], v)
+    assert store.list_pending() == []

@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.errors import (  # the server's request errors, used as wire.RequestFailed
+    DecisionRefused,
     FrameError,
+    InvalidDecision,
+    NotPending,
     RequestFailed,
 )
 
@@ -58,6 +61,9 @@ UNAUTHORIZED = "Unauthorized"
 CONFLICT = "Conflict"  # the turn was not committed: the session changed meanwhile (fencing)
 UNAVAILABLE = "Unavailable"  # the server is shutting down: send again (another replica serves it)
 NOT_FOUND = "NotFound"  # no such thing (an outbox entry)
+DECISION_REFUSED = "DecisionRefused"  # a decision on a pending item by someone who may not make it
+NOT_PENDING = "NotPending"  # a decision on an item that is not pending (unknown, or resolved already)
+INVALID_DECISION = "InvalidDecision"  # edited arguments or an answer that do not validate (item stays pending)
 
 # HTTP status for each reason, so the REST API and the WebSocket fail the same way.
 HTTP_STATUS = {
@@ -75,6 +81,9 @@ HTTP_STATUS = {
     UNAUTHORIZED: 401,
     CONFLICT: 409,
     UNAVAILABLE: 503,
+    DECISION_REFUSED: 403,
+    NOT_PENDING: 409,
+    INVALID_DECISION: 422,
 }
 
 
@@ -203,6 +212,16 @@ def _read_chat_route_message(frame: ClientFrame, fields: _FrameFields, limits: S
     frame.data = data
     frame.scope_id = scope_id
     frame.if_busy = if_busy
+
+
+DECISION_ERRORS = (DecisionRefused, NotPending, InvalidDecision)
+
+
+def decision_failed(exc: DecisionRefused | NotPending | InvalidDecision) -> RequestFailed:
+    """The request failure of a decision the engine refused before its turn ran (nothing
+    committed): the same reason on every transport (HTTP 403, 409, 422)."""
+    reason = {DecisionRefused: DECISION_REFUSED, NotPending: NOT_PENDING}.get(type(exc), INVALID_DECISION)
+    return RequestFailed(reason, str(exc))
 
 
 MAX_CHAT_ID = 128

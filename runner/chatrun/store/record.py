@@ -113,6 +113,12 @@ def memory_ids_of(snapshot: JSONObject) -> list[str]:
 
 
 PENDING_ITEMS_KEY = "pending"  # the snapshot's open pending items (engine/pending.py: PendingItem.to_dict)
+TAKEN_OVER_KEY = "taken_over"  # the snapshot's takeover: {"by", "since"} while an operator has it
+
+
+def taken_over_of(snapshot: JSONObject) -> JSONObject | None:
+    found = snapshot.get(TAKEN_OVER_KEY)
+    return found if isinstance(found, dict) else None
 
 
 def pending_items_of(snapshot: JSONObject) -> list[JSONObject]:
@@ -165,6 +171,7 @@ def forked_snapshot(snapshot: JSONObject, old: str, new: str, turn: int) -> JSON
     forked["id"] = new
     forked["meta"] = dict(forked.get("meta") or {}, forked_from={"session": old, "turn": turn})
     forked.pop(PENDING_ITEMS_KEY, None)  # a decision belongs to the conversation that asked for it
+    forked.pop(TAKEN_OVER_KEY, None)
     for scope in forked["scopes"]:
         scope["id"] = renamed_id(scope["id"], old, new)
     return forked
@@ -228,6 +235,7 @@ class SessionRecord:
     memory_ids: list[str]
     bot_version: str | None = None  # the bot version the session runs on: filled by the versions issue
     pending: list[JSONObject] = field(default_factory=list)  # open pending items (snapshot "pending")
+    taken_over: JSONObject | None = None  # {"by", "since"} while an operator has the conversation
     memories: dict[str, list[Message]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # memory id -> its JSON size in bytes
 
@@ -249,6 +257,7 @@ class SessionRecord:
             committed=snapshot.get("committed"),
             memory_ids=memory_ids_of(snapshot),
             pending=pending_items_of(snapshot),
+            taken_over=taken_over_of(snapshot),
         )
 
     @property
@@ -275,9 +284,11 @@ class PendingSession:
     bot: str | None
     owner: str | None
     items: list[JSONObject]
+    taken_over: JSONObject | None = None
 
     def to_dict(self) -> JSONObject:
-        return {"session": self.session_id, "bot": self.bot, "owner": self.owner, "items": self.items}
+        return {"session": self.session_id, "bot": self.bot, "owner": self.owner, "items": self.items,
+                "taken_over": self.taken_over}
 
 
 def pending_session(record: SessionRecord, bot: str | None = None, kind: str | None = None) -> PendingSession | None:
@@ -287,7 +298,8 @@ def pending_session(record: SessionRecord, bot: str | None = None, kind: str | N
     if bot is not None and record.bot != bot:
         return None
     items = [i for i in record.pending if kind is None or i.get("kind") == kind]
-    return PendingSession(record.session_id, record.bot, record.owner, items) if items else None
+    listed = items or (record.taken_over is not None and kind in (None, "takeover"))
+    return PendingSession(record.session_id, record.bot, record.owner, items, record.taken_over) if listed else None
 
 
 # -- the commit ------------------------------------------------------------------------------
@@ -316,7 +328,7 @@ class Commit:
     committed: Committed | None = None
     outbox: list[OutboxEntry] = field(default_factory=list)  # backend events to deliver, from the history
     due: float | None = None  # the earliest due time of its pending items, epoch seconds (the due index)
-    pending_count: int = 0  # how many pending items the snapshot holds (the operators' index)
+    pending_count: int = 0  # pending items the snapshot holds, + 1 for a takeover (the operators' index)
 
     @classmethod
     def encode(
@@ -332,6 +344,7 @@ class Commit:
         or an item that is not a message raises ChatrunError here, before any store is touched."""
         mems = {mid: None if m is None else check_messages(mid, m) for mid, m in memories.items()}
         items = pending_items_of(snapshot)
+        waiting = len(items) + (taken_over_of(snapshot) is not None)  # a takeover waits for its release
         return cls(
             session_id=session_id,
             snapshot_json=to_json(f"session {session_id}: its snapshot", snapshot),
@@ -344,7 +357,7 @@ class Commit:
             outcome=None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1])),
             outbox=outbox_of(session_id, history),
             due=due_epoch(items),
-            pending_count=len(items),
+            pending_count=waiting,
         )
 
     def merge(self, later: Commit) -> None:
