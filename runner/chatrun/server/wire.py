@@ -5,6 +5,8 @@ Client -> server:
                                                               "resume", "bot"
     {"type": "ChatRouteMessage", "chatId": C, "scopeId": S, "data": {"userMessage": "...", ...}}
     {"type": "Disconnect", "chatId": C}                       chatrun extension: "keep"
+    {"type": "Decide", "chatId": C, "item": P, "decision": "approve"|"reject", "args"?, "reason"?}
+    {"type": "Answer", "chatId": C, "item": P, "answer": V}   chatrun extensions: humans in the loop
 Any client frame may carry "requestId" (extension); the server echoes it on every frame
 it sends for that request.
 
@@ -39,7 +41,9 @@ from chatrun.errors import (  # the server's request errors, used as wire.Reques
 CONNECT = "Connect"
 CHAT_ROUTE_MESSAGE = "ChatRouteMessage"
 DISCONNECT = "Disconnect"
-CLIENT_TYPES = (CONNECT, CHAT_ROUTE_MESSAGE, DISCONNECT)
+DECIDE = "Decide"  # chatrun extension: {"item", "decision": "approve"|"reject", "args"?, "reason"?}
+ANSWER = "Answer"  # chatrun extension: {"item", "answer"}
+CLIENT_TYPES = (CONNECT, CHAT_ROUTE_MESSAGE, DISCONNECT, DECIDE, ANSWER)
 
 COMPLETED = "Completed"
 FAILED = "Failed"
@@ -118,6 +122,7 @@ class ClientFrame:
     bot: str | None = None
     extensions: bool = False
     if_busy: str | None = None  # chatrun extension "ifBusy": "queue" | "reject"
+    item: str | None = None  # Decide / Answer: the pending item's id
 
 
 def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
@@ -137,6 +142,8 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
         _read_connect(frame, fields)
     elif kind == CHAT_ROUTE_MESSAGE:
         _read_chat_route_message(frame, fields, limits)
+    elif kind in (DECIDE, ANSWER):
+        _read_decision(frame, fields)
     else:
         frame.keep = fields.flag(kind, "keep")
     return frame
@@ -222,6 +229,19 @@ def decision_failed(exc: DecisionRefused | NotPending | InvalidDecision) -> Requ
     committed): the same reason on every transport (HTTP 403, 409, 422)."""
     reason = {DecisionRefused: DECISION_REFUSED, NotPending: NOT_PENDING}.get(type(exc), INVALID_DECISION)
     return RequestFailed(reason, str(exc))
+
+
+def _read_decision(frame: ClientFrame, fields: _FrameFields) -> None:
+    """Decide and Answer: the item's id, and the body POST .../pending/{item} takes (its
+    fields are checked where that body is, server/pending_api.decision_of)."""
+    item = fields.raw.get("item")
+    if not isinstance(item, str) or not item:
+        raise fields.fail(f"{frame.type} needs an item: the id of a pending item (e.g. \"p1\")")
+    if frame.type == ANSWER and "answer" not in fields.raw:
+        raise fields.fail("Answer needs an answer (any JSON value the item's schema accepts)")
+    names = ("answer",) if frame.type == ANSWER else ("decision", "args", "reason")
+    frame.data = {name: fields.raw[name] for name in names if name in fields.raw}
+    frame.item = item
 
 
 MAX_CHAT_ID = 128
@@ -311,6 +331,24 @@ QUARKUS_REASONS = {ROUTE_NOT_FOUND: "Route not found", SCOPE_NOT_ACTIVE: SESSION
 STREAM = "Stream"
 MESSAGE = "Message"
 ROUTE_CHANGED = "RouteChanged"
+PENDING = "Pending"  # events.PENDING
+RESOLVED = "Resolved"  # events.RESOLVED
+
+
+def written_out(item: Any) -> str:
+    """A pending item as text, for a client without buttons (the Quarkus dialect, /v1): what
+    it asks, and when the user may answer it, how ("Reply approve or reject.", or the choices'
+    values). The user's next message is the answer (docs/format.md, "Messages while something
+    is pending")."""
+    if not isinstance(item, dict):
+        return str(item)
+    text = str(item.get("ask") or "")
+    if "user" not in (item.get("by") or ()):
+        return text
+    if item.get("kind") == "approval":
+        return f"{text}\n\nReply approve or reject."
+    values = [str(c.get("label", c.get("value"))) if isinstance(c, dict) else str(c) for c in item.get("choices") or ()]
+    return f"{text}\n\nReply with one of: {', '.join(values)}." if values else text
 
 
 @dataclass(frozen=True)
@@ -357,11 +395,21 @@ class TurnFrames:
         self.dialect = dialect
         self._after_stream = False
 
+    def out(self, event: Any) -> tuple[str, Any] | None:
+        """The frame (type, data) a chat is sent for an event, or None. The Quarkus dialect
+        gets a Pending as the Message a Quarkus route would send to ask (`written_out`) and
+        no Resolved: the user's next message answers."""
+        if not self.keep(event):
+            return None
+        if not self.dialect.extensions and event.type == PENDING:
+            return MESSAGE, written_out(event.data)
+        return event.type, event.data
+
     def keep(self, event: Any) -> bool:
         after_stream, self._after_stream = self._after_stream, event.type == STREAM
         if self.dialect.extensions:
             return True
-        if event.type == ROUTE_CHANGED:
+        if event.type in (ROUTE_CHANGED, RESOLVED):
             return False
         if event.type == ERROR and getattr(event, "runtime", False):
             return False
