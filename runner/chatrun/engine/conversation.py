@@ -21,7 +21,13 @@ from typing import Any
 from chatrun.definition.config import BotConfig, RouteConfig
 from chatrun.definition.templates import render, render_value
 from chatrun.engine.clock import Clock, SystemClock, session_zone
-from chatrun.engine.pending import PENDING_COUNTER_KEY, PENDING_KEY, TAKEOVER_KEY, PendingItem
+from chatrun.engine.pending import (
+    PENDING_COUNTER_KEY,
+    PENDING_KEY,
+    RESOLVED_KEY,
+    TAKEOVER_KEY,
+    PendingItem,
+)
 from chatrun.engine.scopes import Scope, ScopeView, init_declared, merged_scope
 from chatrun.engine.usage import Usage
 from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
@@ -47,6 +53,7 @@ class Checkpoint:
     pending: list[dict[str, Any]] | None = None  # the open items (their snapshot form)
     next_pending: int = 1
     taken_over: dict[str, Any] | None = None
+    resolved: dict[str, str] | None = None
 
 
 class Conversation:
@@ -73,6 +80,7 @@ class Conversation:
         self.pending: list[PendingItem] = []  # open items, oldest first (engine/pending.py)
         self.next_pending = 1  # the number of the next item ("p1", "p2", ...)
         self.taken_over: dict[str, Any] | None = None  # {"by", "since"} while an operator has it
+        self.resolved: dict[str, str] = {}  # the last resolved items' outcomes, by id (NotPending says it)
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -103,6 +111,7 @@ class Conversation:
         self.pending = [PendingItem.from_dict(d) for d in snapshot.get(PENDING_KEY) or ()]
         self.next_pending = snapshot.get(PENDING_COUNTER_KEY, 1)
         self.taken_over = snapshot.get(TAKEOVER_KEY)
+        self.resolved = snapshot.get(RESOLVED_KEY) or {}
         for scope in self.scopes:
             if scope.route not in self.config.routes:
                 raise SessionError(f"session {self.id} is on route {scope.route!r}, which the bot no longer defines")
@@ -125,6 +134,7 @@ class Conversation:
             **({PENDING_KEY: [item.to_dict() for item in self.pending], PENDING_COUNTER_KEY: self.next_pending}
                if self.next_pending > 1 else {}),
             **({TAKEOVER_KEY: self.taken_over} if self.taken_over else {}),
+            **({RESOLVED_KEY: self.resolved} if self.resolved else {}),
         }
 
     # -- where it is -----------------------------------------------------------------------
@@ -263,6 +273,7 @@ class Conversation:
             "result": None,
             "principal": self.principal,  # who is signed in (name, roles, claims), None when no one
             "session_id": self.id,
+            "decision": None,  # set while a decision on a pending item applies (engine/pending.py)
             "now": now,
             "today": now.date(),
         }
@@ -288,7 +299,8 @@ class Conversation:
     def capture(self) -> Checkpoint:
         return Checkpoint(self.turn_count, copy.deepcopy(self.state), copy.deepcopy(self.scopes), self._next_scope,
                           {mid: m.messages() for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended,
-                          [item.to_dict() for item in self.pending], self.next_pending, copy.deepcopy(self.taken_over))
+                          [item.to_dict() for item in self.pending], self.next_pending, copy.deepcopy(self.taken_over),
+                          dict(self.resolved))
 
     def rollback(self, before: Checkpoint) -> None:
         self.turn_count = before.turn_count
@@ -300,6 +312,7 @@ class Conversation:
         self.pending = [PendingItem.from_dict(d) for d in before.pending or ()]
         self.next_pending = before.next_pending
         self.taken_over = before.taken_over
+        self.resolved = dict(before.resolved or {})
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
         self._memories.clear()

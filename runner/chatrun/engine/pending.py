@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
+
+from chatrun.engine.clock import parse_duration
 
 PENDING_KEY = "pending"  # the snapshot's list of open items (plain dicts)
 PENDING_COUNTER_KEY = "pending_next"  # the snapshot's next item number
 TAKEOVER_KEY = "taken_over"  # the snapshot's takeover: {"by", "since"} or absent
+RESOLVED_KEY = "pending_resolved"  # the snapshot's last resolved items: {id: outcome}
 
 APPROVAL = "approval"
 QUESTION = "question"
@@ -147,27 +150,16 @@ def decision_entry(decision: Decision) -> dict[str, Any]:
     return {"decision": {"kind": _DECISION_NAMES[type(decision)], **body}}
 
 
-# -- durations and times ----------------------------------------------------------------------
+# -- times ------------------------------------------------------------------------------------
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str | int | float) -> timedelta:
-    """`90s`, `30m`, `2h`, `1d` (or a number of seconds) as a timedelta; ValueError otherwise."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        if text <= 0:
-            raise ValueError(f"a duration must be positive, not {text}")
-        return timedelta(seconds=text)
-    value = str(text).strip()
-    number, unit = value[:-1], value[-1:]
-    if unit not in _UNITS or not number.isdigit() or int(number) <= 0:
-        raise ValueError(f"{value!r} is not a duration: write a positive whole number and a unit, "
-                         "like 90s, 30m, 2h or 1d")
-    return timedelta(seconds=int(number) * _UNITS[unit])
+def due_after(now: datetime, timeout: str | None) -> str | None:
+    """When an item made `now` with `timeout` (a duration such as `30m`) is due; None: never."""
+    return format_time(now + parse_duration(timeout)) if timeout else None
 
 
 def format_time(moment: datetime) -> str:
-    return moment.isoformat()
+    """An instant as stored in items: ISO 8601 in UTC, so stores can compare and index them."""
+    return moment.astimezone(UTC).isoformat()
 
 
 def parse_time(text: str) -> datetime:
