@@ -66,19 +66,35 @@ OWNER_ONLY = Reach()
 SYSTEM = Reach(system=True)
 
 
-def reaches(reach: Reach, principal: Principal | None, items: list[dict[str, Any]],
-            taken_over: dict[str, Any] | None) -> bool:
-    """Whether a request that is not the owner's may use a session with these open items."""
+def reaches(reach: Reach, principal: Principal | None, record: SessionRecord, bot: Bot) -> bool:
+    """Whether a request that is not the owner's may use a stored session (see the module's
+    text): the server itself; an operator, or a principal with a role an open item waits for,
+    or a backend with an open item's token; and, once items were resolved, a principal with a
+    role the bot names as a decider (so a decision retried after it landed is replayed, and a
+    late one told NotPending, rather than not found)."""
     if reach.system:
         return True
-    if not reach.pending or not (items or taken_over):
+    if not reach.pending or not (record.pending or record.taken_over or record.resolved):
         return False
     roles = set(principal.roles) if principal is not None else set()
     if OPERATOR_ROLE in roles:
         return True
-    if any(roles & set(item.get("by") or ()) for item in items):
+    if any(roles & set(item.get("by") or ()) for item in record.pending):
         return True
-    return reach.token is not None and any(item.get("token") == reach.token for item in items)
+    if record.resolved and roles & decider_roles(bot):
+        return True
+    return reach.token is not None and any(item.get("token") == reach.token for item in record.pending)
+
+
+def decider_roles(bot: Bot) -> frozenset[str]:
+    """The roles a bot names as deciders: its approvals' `by` and its operator actions' roles."""
+    roles: set[str] = set()
+    for tool in bot.config.tools.values():
+        if tool.approval is not None:
+            roles.update(tool.approval.by)
+        if tool.action.operator is not None:
+            roles.add(tool.action.operator.role)
+    return frozenset(roles - {"user", "backend"})
 
 
 @dataclass(frozen=True)
@@ -117,8 +133,9 @@ class SessionOpener:
         elif request.mode == NEW:
             raise exists(request.session_id)
         elif owner_in_meta(slot.session.meta) != request.owner:
-            session = slot.session
-            if not reaches(request.reach, request.principal, [i.to_dict() for i in session.pending], session.taken_over):
+            snapshot = slot.session.snapshot()
+            if not reaches(request.reach, request.principal, SessionRecord.of(request.session_id, snapshot, "", ""),
+                           request.bot):
                 raise not_found(request.session_id)
 
     async def _open(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
@@ -153,8 +170,7 @@ class SessionOpener:
                 wire.SESSION_NOT_ACTIVE,
                 f"session {request.session_id} belongs to bot {record.bot!r}, not {request.bot.name!r}",
             )
-        if record.owner != request.owner and not reaches(request.reach, request.principal, record.pending,
-                                                         record.taken_over):
+        if record.owner != request.owner and not reaches(request.reach, request.principal, record, request.bot):
             raise not_found(request.session_id)
 
     async def _check_quota(self, principal: Principal | None) -> None:

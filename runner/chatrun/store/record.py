@@ -114,6 +114,12 @@ def memory_ids_of(snapshot: JSONObject) -> list[str]:
 
 PENDING_ITEMS_KEY = "pending"  # the snapshot's open pending items (engine/pending.py: PendingItem.to_dict)
 TAKEN_OVER_KEY = "taken_over"  # the snapshot's takeover: {"by", "since"} while an operator has it
+RESOLVED_ITEMS_KEY = "pending_resolved"  # the snapshot's last resolved items: {id: outcome}
+
+
+def resolved_items_of(snapshot: JSONObject) -> dict[str, str]:
+    found = snapshot.get(RESOLVED_ITEMS_KEY)
+    return dict(found) if isinstance(found, dict) else {}
 
 
 def taken_over_of(snapshot: JSONObject) -> JSONObject | None:
@@ -172,6 +178,7 @@ def forked_snapshot(snapshot: JSONObject, old: str, new: str, turn: int) -> JSON
     forked["meta"] = dict(forked.get("meta") or {}, forked_from={"session": old, "turn": turn})
     forked.pop(PENDING_ITEMS_KEY, None)  # a decision belongs to the conversation that asked for it
     forked.pop(TAKEN_OVER_KEY, None)
+    forked.pop(RESOLVED_ITEMS_KEY, None)
     for scope in forked["scopes"]:
         scope["id"] = renamed_id(scope["id"], old, new)
     return forked
@@ -236,6 +243,7 @@ class SessionRecord:
     bot_version: str | None = None  # the bot version the session runs on: filled by the versions issue
     pending: list[JSONObject] = field(default_factory=list)  # open pending items (snapshot "pending")
     taken_over: JSONObject | None = None  # {"by", "since"} while an operator has the conversation
+    resolved: dict[str, str] = field(default_factory=dict)  # the last resolved items: id -> outcome
     memories: dict[str, list[Message]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # memory id -> its JSON size in bytes
 
@@ -258,6 +266,7 @@ class SessionRecord:
             memory_ids=memory_ids_of(snapshot),
             pending=pending_items_of(snapshot),
             taken_over=taken_over_of(snapshot),
+            resolved=resolved_items_of(snapshot),
         )
 
     @property
