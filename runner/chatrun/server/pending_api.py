@@ -20,7 +20,7 @@ principal answers a question with `Authorization: Bearer <the item's token>`.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
@@ -60,6 +60,18 @@ _ITEM = {"type": "object", "description": "a pending item (docs/protocol.md, \"P
                         "schema": {"type": ["object", "null"]}, "choices": {"type": ["array", "null"]},
                         "requested_by": {"type": ["object", "null"]}}}
 _TAKEN_OVER = {"type": ["object", "null"], "properties": {"by": {}, "since": {"type": "string"}}}
+_TEXT = {"type": "string", "pattern": "\\S"}  # _text_field: not blank
+_REASON = {"type": "string", "description": "why: the history and the model's conditions see it"}
+_DECISION_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"oneOf": [
+        {"type": "object", "required": ["decision"], "not": {"required": ["answer"]},
+         "properties": {"decision": {"const": "approve"}, "reason": _REASON,
+                        "args": {"type": "object", "description": "edited arguments (the approval's `edit:`)"}}},
+        {"type": "object", "required": ["decision"], "not": {"anyOf": [{"required": ["answer"]}, {"required": ["args"]}]},
+         "properties": {"decision": {"const": "reject"}, "reason": _REASON}},
+        {"type": "object", "required": ["answer"], "not": {"required": ["decision"]},
+         "properties": {"answer": {"description": "the answer to a question (validated against its schema)"}}}]},
+    "example": {"decision": "approve", "args": {"amount": 40}, "reason": "checked the order"}}}}}
 
 
 def make_pending_router() -> APIRouter:
@@ -69,17 +81,13 @@ def make_pending_router() -> APIRouter:
     router.add_api_route(f"{session}/pending", list_session_pending, methods=["GET"],
                          responses=_json(200, "the session's open items", {
                              "pending": {"type": "array", "items": _ITEM}, "taken_over": _TAKEN_OVER}))
-    router.add_api_route(f"{session}/pending/{{item}}", decide, methods=["POST"], openapi_extra=_body(
-        {"decision": {"enum": ["approve", "reject"]}, "args": {"type": "object"}, "reason": {"type": "string"},
-         "answer": {"description": "the answer to a question (validated against its schema)"}},
-        {"decision": "approve", "args": {"amount": 40}, "reason": "checked the order"}))
+    router.add_api_route(f"{session}/pending/{{item}}", decide, methods=["POST"], openapi_extra=_DECISION_BODY)
     router.add_api_route(f"{session}/takeover", take_over, methods=["POST"],
-                         openapi_extra=_body({"note": {"type": "string"}}, {"note": "customer asked for a human"}))
+                         openapi_extra=_body({"note": _TEXT}, {"note": "customer asked for a human"}))
     router.add_api_route(f"{session}/operator/messages", operator_says, methods=["POST"],
-                         openapi_extra=_body({"text": {"type": "string", "minLength": 1}},
-                                             {"text": "Hello, this is Olga from support."}))
+                         openapi_extra=_required_body({"text": _TEXT}, {"text": "Hello, this is Olga from support."}))
     router.add_api_route(f"{session}/release", release, methods=["POST"],
-                         openapi_extra=_body({"route": {"type": "string"}}, {"route": "menu"}))
+                         openapi_extra=_body({"route": _TEXT}, {"route": "menu"}))
     router.add_api_route("/pending", list_all_pending, methods=["GET"],
                          responses=_json(200, "the waiting sessions, longest waiting first", {
                              "sessions": {"type": "array", "items": {"type": "object", "properties": {
@@ -128,13 +136,11 @@ async def release(bot: str, session_id: str, request: Request, who: Caller, regi
 async def list_all_pending(
     who: Caller, registry: Registry,
     bot: Annotated[str | None, Query(description="only this bot's sessions")] = None,
-    kind: Annotated[str | None, Query(description="approval, question or takeover")] = None,
+    kind: Annotated[Literal["approval", "question", "takeover"] | None, Query(description="only items of this kind")] = None,
     role: Annotated[str | None, Query(description="only items this role may decide (named in their `by`)")] = None,
     older_than: Annotated[float | None, Query(ge=0, description="only items waiting longer than this (seconds)")] = None,
 ) -> Any:
     require_operator(who, "GET /pending")
-    if kind is not None and kind not in KINDS:
-        raise wire.RequestFailed(wire.BAD_REQUEST, f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
     if bot is not None:
         registry.bot(bot)  # an unknown bot is a 404 naming the served ones, not an empty list
     found = await registry.store.list_pending(bot, kind)
@@ -206,6 +212,13 @@ def _filtered(found: PendingSession, role: str | None, older_than: float | None,
     if not items and (found.taken_over is None or role is not None or older_than is not None):
         return None
     return found.to_dict() | {"items": [i.public() for i in items]}
+
+
+def _required_body(properties: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
+    """_body whose every property is required."""
+    extra = _body(properties, example)
+    extra["requestBody"]["content"]["application/json"]["schema"]["required"] = list(properties)
+    return extra
 
 
 def _json(status: int, description: str, properties: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
