@@ -95,7 +95,7 @@ class AskConfig:
 class OperatorConfig:
     """An action's `operator:`: a handover to a live operator."""
 
-    role: str = "operator"
+    role: str = "operators"  # the server's operator role (server/audience.py), one name for one role
     text: str | None = None
     release_to: str | None = None
     remember: str = "messages"  # "messages" | "summary"

@@ -682,7 +682,7 @@ def _operator(raw: Any, doc: YamlDoc, path: tuple) -> OperatorConfig | None:
     if not isinstance(raw, dict):
         return None
     return OperatorConfig(
-        role=_str(raw.get("role")) or "operator",
+        role=_str(raw.get("role")) or "operators",
         text=_str(raw.get("text")),
         release_to=_str(raw.get("release_to")),
         remember="summary" if raw.get("remember") == "summary" else "messages",

@@ -72,6 +72,7 @@ from chatrun.errors import (
     NotPending,
     ToolRefusal,
     TurnFailed,
+    UnknownRouteError,
 )
 from chatrun.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
 
@@ -79,7 +80,7 @@ if TYPE_CHECKING:
     from chatrun.engine.tools import Toolbox
     from chatrun.engine.turn import Turn
 
-OPERATOR_ROLES = ("operator", "operators")  # may act on any takeover, besides the item's own role
+OPERATOR_ROLE = "operators"  # the server's operator role (server/audience.py): may act on any takeover
 RESOLVED_KEPT = 50  # how many resolved items' outcomes a session remembers (for NotPending)
 _YES = {"approve", "approved", "yes", "y", "ok", "okay", "sure", "confirm", "go ahead"}
 _NO = {"reject", "rejected", "no", "n", "deny", "cancel", "decline"}
@@ -97,8 +98,10 @@ def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
         item = takeover_item(c)
         if item is None and not isinstance(decision, TakeOver):
             raise NotPending(c.id, "takeover", None)
-        needed = [*(item.by if item else []), *OPERATOR_ROLES]
+        needed = list(dict.fromkeys([*(item.by if item else []), OPERATOR_ROLE]))
         _check_roles(c, item.id if item else "takeover", needed)
+        if isinstance(decision, Release) and decision.route and decision.route not in c.config.routes:
+            raise UnknownRouteError(decision.route, list(c.config.routes))
         return
     item = find_item(c, decision.item)
     if isinstance(decision, Answer):
@@ -235,7 +238,7 @@ def ask_question(turn: Turn, tool: ToolConfig, args: dict[str, Any], result: Any
     extra = {"args": args, "result": result}
     text = turn.render_template(ask.text, "ask text", ask.where, extra) if ask.text else "Waiting for an answer."
     choices = turn.choice_list(ask.choices, f"tool {tool.name} ask choices", ask.where, extra)
-    by = {"user": [USER_ROLE], "operator": ["operator"], "backend": [BACKEND_ROLE]}[ask.source]
+    by = {"user": [USER_ROLE], "operator": [OPERATOR_ROLE], "backend": [BACKEND_ROLE]}[ask.source]
     item = new_item(turn, QUESTION, ask.timeout, tool=tool.name, call_id=call_id, args=args, ask=text, by=by,
                     schema=copy.deepcopy(ask.schema), choices=choices or None,
                     token=secrets.token_urlsafe(24) if ask.source == "backend" else None,
@@ -529,8 +532,7 @@ def resolve(turn: Turn, item: PendingItem, outcome: str, **extra: Any) -> None:
     by = None if outcome == TIMED_OUT else (c.principal or {}).get("name")
     data = {"id": item.id, "kind": item.kind, "outcome": outcome, "by": by,
             **{k: v for k, v in extra.items() if v is not None or k == "answer"}}
-    audience = ev.OPERATORS if item.kind == TAKEOVER else ev.USER
-    turn.emit(ev.RESOLVED, data, audience=audience)
+    turn.emit(ev.RESOLVED, data, audience=ev.USER)  # the user learns every outcome (the operators see all)
 
 
 # -- operators ------------------------------------------------------------------------------------
@@ -542,7 +544,7 @@ def operate(turn: Turn, decision: TakeOver | OperatorSay | Release) -> NextStep:
     name = (c.principal or {}).get("name") or "operator"
     if item is None:  # an operator takes a conversation nobody handed over
         item = new_item(turn, TAKEOVER, None, ask=decision.note if isinstance(decision, TakeOver) and decision.note
-                        else "An operator took over.", by=["operator"], data=_takeover_data(None, "messages"))
+                        else "An operator took over.", by=[OPERATOR_ROLE], data=_takeover_data(None, "messages"))
     if c.taken_over is None:  # taken: the item stays open (the takeover) until the release
         c.taken_over = {"by": copy.deepcopy(c.principal), "since": format_time(c.now()), "item": item.id}
         turn.emit(ev.RESOLVED, {"id": item.id, "kind": TAKEOVER, "outcome": TAKEN, "by": name})
