@@ -173,6 +173,11 @@ def test_a_backend_answers_with_the_item_token_and_an_operator_takes_over_and_re
     client.post("/bots/desk/sessions/b1/messages", json={"userMessage": "human"}, headers=ANA)
     listed = client.get("/pending?kind=takeover", headers=OLGA).json()["sessions"]
     assert [s["session"] for s in listed] == ["b1"]
+    sweeper = client.app.state.registry.sweeper
+    sweeper._measured = 0.0  # it measured at startup; it does every 30 s: now
+    client.portal.call(sweeper.measure)  # the sweeper's gauges, read from the store
+    gauges = client.get("/metrics", headers=OLGA).text
+    assert 'chatrun_pending_items{bot="desk",kind="takeover"} 1.0' in gauges
     taken = client.post("/bots/desk/sessions/b1/takeover", json={}, headers=OLGA)
     assert taken.status_code == 200, taken.text
     said = client.post("/bots/desk/sessions/b1/operator/messages", json={"text": "Hi, Olga here."}, headers=OLGA).json()
@@ -183,6 +188,9 @@ def test_a_backend_answers_with_the_item_token_and_an_operator_takes_over_and_re
     released = client.post("/bots/desk/sessions/b1/release", json={}, headers=OLGA)
     assert released.status_code == 200, released.text
     assert client.get("/bots/desk/sessions/b1/pending", headers=ANA).json() == {"pending": [], "taken_over": None}
+    sweeper._measured = 0.0
+    client.portal.call(sweeper.measure)
     metrics = client.get("/metrics", headers=OLGA).text
+    assert 'chatrun_pending_items{bot="desk",kind="takeover"} 0.0' in metrics
     assert 'chatrun_pending_decisions_total{bot="desk",kind="question",outcome="answered"} 1.0' in metrics
     assert 'chatrun_pending_decision_seconds_count{bot="desk",kind="question"} 1.0' in metrics
