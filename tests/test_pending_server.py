@@ -150,7 +150,7 @@ def test_only_operators_or_a_takeover_items_role_take_over_speak_and_release(wai
         assert r.status_code == 403 and "operators" in r.json()["message"], path
     r = client.post("/bots/travel/sessions/s1/takeover", json={}, headers=ANA)  # the owner is no operator
     assert r.status_code == 403
-    r = client.post("/bots/travel/sessions/s1/operator/messages", json={"text": " "}, headers=OLGA)
+    r = client.post("/bots/travel/sessions/s1/operator/messages", json={"text": ""}, headers=OLGA)
     assert r.status_code == 400 and "text must be a non-empty string" in r.json()["message"]
 
 

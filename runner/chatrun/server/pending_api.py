@@ -60,7 +60,7 @@ _ITEM = {"type": "object", "description": "a pending item (docs/protocol.md, \"P
                         "schema": {"type": ["object", "null"]}, "choices": {"type": ["array", "null"]},
                         "requested_by": {"type": ["object", "null"]}}}
 _TAKEN_OVER = {"type": ["object", "null"], "properties": {"by": {}, "since": {"type": "string"}}}
-_TEXT = {"type": "string", "pattern": "\\S"}  # _text_field: not blank
+_TEXT = {"type": "string", "minLength": 1}  # _text_field
 _REASON = {"type": "string", "description": "why: the history and the model's conditions see it"}
 _DECISION_BODY = {"requestBody": {"required": True, "content": {"application/json": {
     "schema": {"oneOf": [
@@ -196,7 +196,7 @@ def _text_field(body: dict[str, Any], name: str, required: bool) -> str | None:
     value = body.get(name)
     if value is None and not required:
         return None
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or not value:
         raise wire.RequestFailed(wire.BAD_REQUEST, f"{name} must be a non-empty string")
     return value
 
