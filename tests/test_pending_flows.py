@@ -194,3 +194,15 @@ def test_a_backend_answers_with_the_item_token_and_an_operator_takes_over_and_re
     assert 'chatrun_pending_items{bot="desk",kind="takeover"} 0.0' in metrics
     assert 'chatrun_pending_decisions_total{bot="desk",kind="question",outcome="answered"} 1.0' in metrics
     assert 'chatrun_pending_decision_seconds_count{bot="desk",kind="question"} 1.0' in metrics
+
+
+def test_a_pause_and_its_decision_are_span_events(served, spans):
+    client, _ = served
+    assert client.post("/bots/desk/sessions", json={"id": "t1"}, headers=ANA).status_code == 201
+    client.post("/bots/desk/sessions/t1/messages", json={"userMessage": "refund D4 5"}, headers=ANA)
+    client.post("/bots/desk/sessions/t1/pending/p1", json={"decision": "reject", "reason": "no"}, headers=ANA)
+    noted = [(e.name, dict(e.attributes)) for s in spans.get_finished_spans() for e in s.events
+             if e.name.startswith("chatrun.")]
+    assert [(n, a["chatrun.pending.id"], a["chatrun.pending.kind"]) for n, a in noted] == [
+        ("chatrun.pending", "p1", "approval"), ("chatrun.resolved", "p1", "approval")]
+    assert noted[0][1]["chatrun.pending.tool"] == "refund" and noted[1][1]["chatrun.pending.outcome"] == "rejected"
