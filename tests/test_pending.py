@@ -237,6 +237,8 @@ def test_roles_and_the_self_rule_refuse_before_the_turn(desk):
     assert len(session.history) == before and session.state["refunds"] == 0
     with pytest.raises(NotPending, match="no open item has that id"):
         as_(session, BOB).chat(Approve("p9"))
+    with pytest.raises(InvalidDecision, match="it is an approval, not a question: approve or reject it"):
+        session.chat(Answer("p1", "yes"))
 
 
 def test_a_timeout_rejects_on_the_session_clock(desk):
@@ -331,7 +333,9 @@ def test_a_backend_answers_with_its_token_and_the_cases_see_the_answer(desk):
         session.chat(Answer("p1", {"verdict": "approved"}, token="wrong"))
     with pytest.raises(DecisionRefused):
         session.chat(Answer("p1", {"verdict": "approved"}))  # alice, no token
-    as_(session, None)
+    as_(session, None)  # roles not checked (a program, a server without --auth): still the token
+    with pytest.raises(DecisionRefused, match="answered with its token"):
+        session.chat(Answer("p1", {"verdict": "approved"}))
     with pytest.raises(InvalidDecision, match="'maybe' is not one of"):
         session.chat(Answer("p1", {"verdict": "maybe"}, token=backend_copy["token"]))
     model.add("You are verified.")
@@ -515,3 +519,45 @@ def test_an_operator_takes_a_conversation_nobody_handed_over(desk):
     assert of(events, "UserMessage", "operators") == [{"text": "Are you a bot?", "data": {}}]
     as_(session, OPERATOR).chat(Release(route="menu"))
     assert session.route == "menu" and session.pending == [] and session.taken_over is None
+
+
+REQUEST = """
+import sys, chatrun
+from chatrun import SQLiteStore, ScriptedModel
+bot = chatrun.load_bot(sys.argv[1])
+model = ScriptedModel([{"tool_calls": [{"name": "refund", "arguments": {"order": "A1", "amount": 120}}]}])
+session = bot.session(model=model, store=SQLiteStore(sys.argv[2]), principal={"name": "alice", "roles": ["customer"]})
+session.chat("Refund A1")
+print(session.id)
+"""
+
+DECIDE = """
+import sys, chatrun
+from chatrun import Approve, SQLiteStore, ScriptedModel
+bot = chatrun.load_bot(sys.argv[1])
+session = bot.session(model=ScriptedModel(["Refunded."]), store=SQLiteStore(sys.argv[2]), session_id=sys.argv[3],
+                      principal={"name": "bob", "roles": ["supervisor"]})
+print([e.data for e in session.chat(Approve("p1")) if e.type == "Console"])
+"""
+
+
+@pytest.mark.slow
+def test_a_request_in_one_process_is_approved_in_another(desk, tmp_path):
+    import subprocess
+    import sys
+
+    bot_file = str(tmp_path / "bot.yaml")  # where the desk fixture wrote the bot (and its handlers)
+    db = str(tmp_path / "sessions.db")
+    first = subprocess.run([sys.executable, "-c", REQUEST, bot_file, db], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    sid = first.stdout.strip()
+    second = subprocess.run([sys.executable, "-c", DECIDE, bot_file, db, sid], capture_output=True, text=True,
+                            timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "['refunding 120']"
+    store = SQLiteStore(db)
+    try:
+        history = store.load_history(sid)
+    finally:
+        store.close()
+    assert [entry["input"] for entry in history] == ["Refund A1", {"decision": {"kind": "approve", "item": "p1"}}]

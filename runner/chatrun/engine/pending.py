@@ -163,7 +163,9 @@ def format_time(moment: datetime) -> str:
 
 
 def parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text)
+    """An ISO time as an aware instant (one without an offset is UTC)."""
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def earliest_due(items: list[PendingItem]) -> str | None:

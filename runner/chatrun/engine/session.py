@@ -35,6 +35,7 @@ from chatrun.engine.pending import (
     PendingItem,
     decision_entry,
     earliest_due,
+    parse_time,
 )
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
@@ -433,7 +434,7 @@ class Session:
 
     def _due(self, expire: Expire) -> bool:
         """Whether `Expire` has an item to resolve (by its `now`, else the session clock's)."""
-        now = datetime.fromisoformat(expire.now) if expire.now else self.now()
+        now = parse_time(expire.now) if expire.now else self.now()
         return any(item.is_due(now) for item in self._c.pending)
 
     async def _run_turn(self, text: str | None, data: dict[str, Any], decision: Decision | None = None) -> None:

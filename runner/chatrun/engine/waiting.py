@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 from jsonschema import Draft202012Validator
 
 from chatrun import events as ev
-from chatrun.definition.config import ActionConfig, OperatorConfig, ToolConfig
+from chatrun.definition.config import OperatorConfig, ToolConfig
 from chatrun.definition.templates import holds
+from chatrun.engine import tracing
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.pending import (
     ANSWERED,
@@ -74,6 +75,7 @@ from chatrun.errors import (
     TurnFailed,
     UnknownRouteError,
 )
+from chatrun.memory import ChatMemory
 from chatrun.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
 
 if TYPE_CHECKING:
@@ -106,23 +108,29 @@ def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
     item = find_item(c, decision.item)
     if isinstance(decision, Answer):
         if item.kind != QUESTION:
-            raise NotPending(c.id, item.id, None) from None
+            what = "an approval, not a question: approve or reject it" if item.kind == APPROVAL else \
+                "a takeover, not a question: release it"
+            raise InvalidDecision(item.id, f"it is {what}")
         if not (item.token and decision.token and secrets.compare_digest(item.token, decision.token)):
-            if item.by == [BACKEND_ROLE] and decision.token is not None:
-                raise DecisionRefused(item.id, item.by, _caller_roles(c, item) or [],
-                                      f"item {item.id}: the token does not match this question's")
+            if item.by == [BACKEND_ROLE] and BACKEND_ROLE not in (c.roles or ()):
+                # A backend proves itself with the item's token (or a principal with the role
+                # `backend`), also where roles are not checked: the token is the only key it has.
+                why = "the token does not match this question's" if decision.token else \
+                    "a question for a backend is answered with its token"
+                raise DecisionRefused(item.id, item.by, _caller_roles(c, item) or [], f"item {item.id}: {why}")
             _check_roles(c, item.id, item.by, item)
         problem = answer_problem(item, decision.value)
         if problem:
             raise InvalidDecision(item.id, f"the answer is invalid: {problem}")
         return
     if item.kind != APPROVAL:
-        raise NotPending(c.id, item.id, None)
+        raise InvalidDecision(item.id, f"it is a {item.kind}, not an approval: "
+                              + ("answer it" if item.kind == QUESTION else "release it"))
     _check_roles(c, item.id, item.by, item)
     if not item.data.get("self", True) and _same_principal(c.principal, item.requested_by):
         raise DecisionRefused(item.id, item.by, _caller_roles(c, item) or [],
                               f"item {item.id}: the principal whose message caused the call of {item.tool} may not "
-                              "decide it (the tool's `approval` has `self: false`); another approver must")
+                              "decide it (the tool's `approval` does not allow `self`); another approver must")
     if isinstance(decision, Approve) and decision.args is not None:
         edited_args(c, tools, item, decision.args)
 
@@ -431,11 +439,14 @@ async def approved(turn: Turn, item: PendingItem, args: dict[str, Any], outcome:
     turn.decision_info = _decision(turn, outcome, reason, args)
     memory = _memory_of(turn, item)
     resolve(turn, item, outcome, reason=reason, args=args)
-    try:
-        turn.check_action(tool)
-        tool_outcome = await turn.run_checked_tool(tool, args, item.call_id or "")
-    except ToolRefusal as refusal:
-        tool_outcome = ToolOutcome(str(refusal), failed=True)
+    with tracing.tool_span(tool.name, item.call_id or "", f"{outcome} {item.id}") as span:
+        try:
+            turn.check_action(tool)  # the state may have changed while it waited (a route's roles)
+            tool_outcome = await turn.run_checked_tool(tool, args, item.call_id or "")
+        except ToolRefusal as refusal:
+            tool_outcome = ToolOutcome(str(refusal), failed=True)
+        if tool_outcome.failed:
+            tracing.tool_failed(span)
     return _continue(turn, item, memory, tool_outcome)
 
 
@@ -471,7 +482,8 @@ async def answered(turn: Turn, item: PendingItem, value: Any, outcome: str) -> N
     try:
         action = turn.choose(tool, args, value)
         turn.check_action(tool, action)
-        tool_outcome = await turn.apply(tool, args, value, _without_pause(action), item.call_id or "")
+        # `apply` never reads `ask` (it was this pause): the rest of the action applies now.
+        tool_outcome = await turn.apply(tool, args, value, action, item.call_id or "")
     except ToolRefusal as refusal:
         tool_outcome = ToolOutcome(str(refusal), failed=True)
     return _continue(turn, item, memory, tool_outcome)
@@ -484,24 +496,13 @@ def dropped(turn: Turn, item: PendingItem) -> NextStep:
     return _continue(turn, item, memory, ToolOutcome("No answer came in time; the question was dropped."))
 
 
-def _without_pause(action: ActionConfig) -> ActionConfig:
-    """The tool's action as it applies once answered (its `ask` is done)."""
-    return copy.copy(action) if action.ask is None else _replace_ask(action)
-
-
-def _replace_ask(action: ActionConfig) -> ActionConfig:
-    out = copy.copy(action)
-    out.ask = None
-    return out
-
-
-def _memory_of(turn: Turn, item: PendingItem) -> Any:
+def _memory_of(turn: Turn, item: PendingItem) -> ChatMemory:
     c = turn.c
     scope = c.find_scope(item.scope_id)
     return c.memory_for(scope, item.route)
 
 
-def _continue(turn: Turn, item: PendingItem, memory: Any, outcome: ToolOutcome) -> NextStep:
+def _continue(turn: Turn, item: PendingItem, memory: ChatMemory, outcome: ToolOutcome) -> NextStep:
     """The placeholder result becomes the real one; the model loop goes on on the current route
     without a user message (the memory ends with the call, its result and any queued messages)."""
     replace_result(memory, item.call_id, outcome.reply, drop=outcome.deferred)
@@ -510,8 +511,10 @@ def _continue(turn: Turn, item: PendingItem, memory: Any, outcome: ToolOutcome) 
     return outcome.next
 
 
-def replace_result(memory: Any, call_id: str | None, reply: str, *, drop: bool = False) -> None:
-    messages: list[Message] = memory.messages()
+def replace_result(memory: ChatMemory, call_id: str | None, reply: str, *, drop: bool = False) -> None:
+    """The call's result message (the placeholder) replaced by `reply`, in place (dropped when a
+    `call` action's called route will give the result)."""
+    messages = memory.messages()
     out: list[Message] = []
     for message in messages:
         if isinstance(message, ToolResultMessage) and message.tool_call_id == call_id:
