@@ -53,6 +53,7 @@ class ServeOptions:
     cache_mb: int
     cache_idle: float
     max_sessions_per_principal: int
+    sweep_interval: float
 
     @property
     def wildcard(self) -> bool:
@@ -130,6 +131,9 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
               help="Memory the live sessions may take, in MiB (their estimated share of the RSS).")
 @click.option("--cache-idle", default=900.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds an unused live session stays in memory.")
+@click.option("--sweep-interval", default=5.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds between two looks for pending items (approvals, questions) whose timeout has come; "
+              "each replica looks, exactly one resolves each (0: this replica never looks).")
 @click.option("--max-sessions-per-principal", default=0, show_default=True, type=click.IntRange(min=0),
               help="With --auth: sessions one principal may own (0: no limit).")
 @click.option(
@@ -233,6 +237,7 @@ def _create_app(options: ServeOptions) -> Any:
     from chatrun.cli._output import fail
     from chatrun.server import create_app
     from chatrun.server.openai_api import OpenAIOptions
+    from chatrun.server.sweeper import SweepSettings
 
     limits = options.limits()
     edge = options.edge(limits.max_frame_bytes)
@@ -241,7 +246,7 @@ def _create_app(options: ServeOptions) -> Any:
                          sessions=options.sessions(), edge=edge,
                          openai=OpenAIOptions(session_headers=options.session_headers,
                                               front_end_tasks=options.front_end_tasks), reload=options.reload,
-                         log_content=options.log_content)
+                         log_content=options.log_content, sweep=SweepSettings(interval=options.sweep_interval))
         if options.store.startswith(("redis://", "rediss://")):
             from chatrun.store.redis import check_reachable
 

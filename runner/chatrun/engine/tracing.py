@@ -155,6 +155,19 @@ def delivery_failed(current: Any, error: str) -> None:
         current.set_status(_trace.Status(_trace.StatusCode.ERROR, error[:500]))
 
 
+def pending_noted(kind: str, data: dict[str, Any]) -> None:
+    """A span event on the current span (the turn's, or the tool call's that paused) when an
+    item opens (`chatrun.pending`) or is resolved (`chatrun.resolved`): its id, kind, outcome."""
+    if _trace is None:
+        return
+    current = _trace.get_current_span()
+    if current.is_recording():
+        current.add_event(f"chatrun.{kind}", _clean({
+            "chatrun.pending.id": data.get("id"), "chatrun.pending.kind": data.get("kind"),
+            "chatrun.pending.outcome": data.get("outcome"), "chatrun.pending.tool": data.get("tool"),
+            "chatrun.pending.due": data.get("due")}))
+
+
 def record_answer(current: Any, usage: dict[str, Any], finish_reason: str | None,
                   sent: list[dict[str, Any]] | None = None, answer: dict[str, Any] | None = None) -> None:
     if current is None:

@@ -63,7 +63,12 @@ def session_data(session: Session) -> dict[str, Any]:
         "scopes": scopes_data(session),
         "usage": session.usage,  # every model call of the session, summed (wire.schema.json#/$defs/Usage)
         "ended": session.ended,  # {"route", "tool"} once an `end` action ended the conversation, else None
-    }
+    } | pending_data(session)
+
+
+def pending_data(session: Session) -> dict[str, Any]:
+    """The session's open items as a Pending event shows them (no backend token), and its takeover."""
+    return {"pending": [item.public() for item in session.pending], "taken_over": session.taken_over}
 
 
 def scopes_data(session: Session) -> list[dict[str, Any]]:

@@ -83,6 +83,9 @@ class Reply:
         if event.type == ev.OBJECT:
             self.objects.append(event.data)
             return self._part(readable(event.data))
+        if event.type == ev.PENDING:  # a front end without buttons: the user's next message answers it
+            self.other.append(event.to_dict())
+            return self._part(wire.written_out(event.data))
         if event.type != ev.ERROR:
             self.other.append(event.to_dict())
         return ""
@@ -231,6 +234,8 @@ async def _run_turn(
             info["forked_from"] = opened.forked_from
         if session.ended:  # this turn's `end` action ended the conversation: later messages are refused
             info["ended"] = session.ended
+        if session.pending:  # what the reply's text asks, as data (a front end with buttons may use it)
+            info["pending"] = [item.public() for item in session.pending]
         if estimated:
             info["usage_estimated"] = True
         if cost is not None:

@@ -31,7 +31,16 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal, template_principal
 from chatrun.server.session_cache import CacheLimits, Hold, SessionCache, Slot
 from chatrun.server.session_gate import IF_BUSY, QUEUE, REJECT, SessionGate
-from chatrun.server.session_open import EXISTING, NEW, SessionOpener, SessionRequest, SessionStart
+from chatrun.server.session_open import (
+    EXISTING,
+    NEW,
+    OWNER_ONLY,
+    SYSTEM,
+    Reach,
+    SessionOpener,
+    SessionRequest,
+    SessionStart,
+)
 from chatrun.server.session_writes import SessionWrites
 from chatrun.server.turn_run import MAX_REQUEST_ID, TurnRun, check_request_id
 from chatrun.server.turnlog import TurnReport
@@ -46,7 +55,8 @@ if TYPE_CHECKING:
     from chatrun.engine.session import Session
     from chatrun.server.metrics import ServerMetrics
 
-__all__ = ["EXISTING", "IF_BUSY", "MAX_REQUEST_ID", "NEW", "QUEUE", "REJECT", "SessionRegistry",
+__all__ = ["EXISTING", "IF_BUSY", "MAX_REQUEST_ID", "NEW", "OWNER_ONLY", "QUEUE", "REJECT", "SYSTEM", "Reach",
+           "SessionRegistry",
            "SessionRequest", "SessionSettings", "SessionStart", "TurnRun"]
 
 
@@ -77,6 +87,7 @@ class SessionRegistry:
         self.models = models or ModelPool()
         self.metrics: ServerMetrics | None = None  # set by create_app when prometheus-client is installed
         self.outbox: Any = None  # the app's OutboxWorker (chatrun.server.outbox), while the app runs
+        self.sweeper: Any = None  # the app's PendingSweeper (chatrun.server.sweeper), while the app runs
         self.log_content = False  # the turn log line carries the user's message and the replies
         self.cache = SessionCache(CacheLimits(settings.cache_size, settings.cache_bytes, settings.cache_idle))
         self.gate = SessionGate(self.store, settings.lease, settings.if_busy)
@@ -152,13 +163,15 @@ class SessionRegistry:
         route: str | None = None,
         state: dict[str, Any] | None = None,
         if_busy: str | None = None,
+        reach: Reach = OWNER_ONLY,
     ) -> AsyncIterator[Session]:
         """The session, held for the caller until the block ends (its turn, see `turn`); its
-        stored history is `history(session)`. Raises wire.RequestFailed."""
+        stored history is `history(session)`. `reach`: who besides its owner may use it
+        (session_open.Reach: the parties its pending items wait for). Raises wire.RequestFailed."""
         bot = self.bot(bot_name)
         self.gate.refuse_if_draining()
         policy = self.gate.policy(if_busy)
-        request = SessionRequest(bot, session_id, principal, mode, SessionStart(route, state))
+        request = SessionRequest(bot, session_id, principal, mode, SessionStart(route, state), reach)
         waited = functools.partial(self.metrics.waited, bot.name) if self.metrics is not None else None
         async with self.cache.use((bot.name, session_id)) as slot, \
                 self.gate.through(slot.lock, session_id, policy, waited) as lease:
