@@ -413,3 +413,37 @@ def test_a_message_to_an_ended_conversation_fails_with_session_not_active(tmp_pa
         reply = client.post("/bots/ender/sessions/e1/messages", json={"userMessage": "hello?"})
         assert reply.json()["error"] == "SessionNotActive"
         assert len(fake.requests) == 1  # no model call for the refused messages
+
+
+POP_AT_ROOT = """
+name: popper
+routes:
+  main:
+    default: true
+    system: Help.
+    tools: [back]
+tools:
+  back:
+    description: Go back
+    action: {pop: true}
+"""
+
+
+def test_a_committed_turn_that_went_on_after_an_error_event_replies_ok_and_matches_its_schema(fake, write_bot):
+    """A refused tool call (popping the root scope) sends an Error event, the model goes on and the
+    turn commits: the reply's `ok` says committed, and /openapi.json documents the reply."""
+    from jsonschema import Draft202012Validator
+
+    with TestClient(app_for_testclient([chatrun.load_bot(write_bot(POP_AT_ROOT))], "memory://")) as c:
+        c.post("/bots/popper/sessions", json={"id": "p1"})
+        fake.queue(call("back"), {"text": "There is nothing to go back to."})
+        reply = c.post("/bots/popper/sessions/p1/messages", json={"userMessage": "back"}).json()
+        history = c.get("/bots/popper/sessions/p1").json()["history"]
+        spec = c.get("/openapi.json").json()
+    assert [e["type"] for e in reply["events"]] == ["Error", "Message"]
+    assert history[-1]["ok"] is True and reply["ok"] is True and reply["turn"] == 1
+    schema = spec["paths"]["/bots/{bot}/sessions/{session_id}/messages"]["post"]["responses"]["200"]["content"][
+        "application/json"]["schema"]
+    assert {"ok", "events", "turn", "replayed"} <= set(schema["required"])
+    assert not list(Draft202012Validator(schema).iter_errors(reply))
+    assert list(Draft202012Validator(schema).iter_errors({**reply, "ok": "yes"}))

@@ -63,7 +63,7 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
                          tags=["sessions"])
     router.add_api_route(
         "/bots/{bot}/sessions/{session_id}/messages", send_message, methods=["POST"], tags=["sessions"],
-        openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
+        responses=_turn_response(), openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
                             {"userMessage": "I want to fly to Dublin"}))
     return router
 
@@ -179,7 +179,9 @@ async def _reply(registry: SessionRegistry, turn: TurnRequest) -> JSONResponse:
         events = [e async for e in run]
         body = {
             "events": [e.to_dict() for e in events if e.type != ev.STREAM],
-            "ok": not any(e.type == ev.ERROR for e in events),
+            # Committed or rolled back, as the history says: an Error event the turn went on after
+            # (a refused tool call) does not make a committed turn fail.
+            "ok": bool(run.entry.get("ok")),
             "scopeId": session.scope_id,
             "route": session.route,
             "stack": session.stack,
@@ -310,6 +312,28 @@ def _session_response(status: int, history: bool = False) -> dict[int | str, dic
                        "lastTurn": {"type": ["object", "null"]}}
     schema = {"type": "object", "required": list(properties), "properties": properties, "additionalProperties": True}
     return {status: {"description": "the session", "content": {"application/json": {"schema": schema}}}}
+
+
+def _turn_response() -> dict[int | str, dict[str, Any]]:
+    """The reply of POST .../messages (see _reply), documented so that clients can rely on its keys."""
+    from chatrun.definition.schemas import load_schema
+
+    event = {"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}},
+             "additionalProperties": True}
+    properties: dict[str, Any] = {
+        "events": {"type": "array", "items": event, "description": "the turn's events (no Stream chunks)"},
+        "ok": {"type": "boolean", "description": "true when the turn committed (its changes are stored, even if it "
+               "sent an Error event and went on); false when it failed and nothing of it was kept"},
+        "scopeId": {"type": "string"}, "route": {"type": "string"},
+        "stack": {"type": "array", "items": {"type": "string"}},
+        "turn": {"type": "integer", "minimum": 0}, "replayed": {"type": "boolean"},
+        "usage": _plain_schema(load_schema("wire.schema.json")["$defs"]["Usage"]),
+    }
+    schema = {"type": "object", "required": [k for k in properties if k != "usage"], "properties": properties,
+              "additionalProperties": True}
+    streamed = {"type": "string", "description": "with ?stream=true or Accept: text/event-stream: Server-Sent Events"}
+    return {200: {"description": "the turn, once committed or rolled back",
+                  "content": {"application/json": {"schema": schema}, "text/event-stream": {"schema": streamed}}}}
 
 
 def _plain_schema(node: Any) -> Any:
