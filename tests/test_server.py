@@ -447,3 +447,25 @@ def test_a_committed_turn_that_went_on_after_an_error_event_replies_ok_and_match
     assert {"ok", "events", "turn", "replayed"} <= set(schema["required"])
     assert not list(Draft202012Validator(schema).iter_errors(reply))
     assert list(Draft202012Validator(schema).iter_errors({**reply, "ok": "yes"}))
+
+
+def test_a_turn_with_no_message_lets_the_bot_speak_first_over_http_and_the_websocket(fake, write_bot):
+    """docs/format.md, "A bot that speaks first": an empty input runs a turn whose model reads only
+    its system prompt; the opening line is in the memory the user's first message follows."""
+    bot = chatrun.load_bot(write_bot(POP_AT_ROOT))
+    with TestClient(app_for_testclient([bot], "memory://")) as c:
+        c.post("/bots/popper/sessions", json={"id": "g1"})
+        fake.queue({"text": "Hello! How can I help?"}, {"text": "Sure."})
+        opening = c.post("/bots/popper/sessions/g1/messages", json={}).json()
+        c.post("/bots/popper/sessions/g1/messages", json={"userMessage": "help me"})
+        fake.queue({"text": "Welcome back."})
+        with c.websocket_connect("/_chat/routes") as ws:
+            connect(ws, "g2")
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "g2", "data": {}})
+            frames = until_done(ws)
+    assert opening["ok"] is True and opening["turn"] == 1
+    assert [(e["type"], e["data"]) for e in opening["events"]] == [("Message", "Hello! How can I help?")]
+    assert [m["role"] for m in fake.requests[0]["messages"]] == ["system"]
+    assert [m["role"] for m in fake.requests[1]["messages"]] == ["system", "assistant", "user"]
+    assert [m["role"] for m in fake.requests[2]["messages"]] == ["system"]
+    assert [f["data"] for f in frames if f["type"] == "Message"] == ["Welcome back."]
