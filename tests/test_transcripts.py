@@ -635,6 +635,32 @@ def test_setup_problems_name_the_line(tmp_path):
     assert "unknown tool `nope`" in report
 
 
+def test_a_state_the_http_api_refuses_is_refused_at_its_line(travel_copy):
+    """`state:` follows the HTTP API's rule (declared keys, each of its default's JSON type), so a
+    transcript cannot test a conversation no client can start; the CLI names file:line."""
+    path = write(travel_copy / "transcripts" / "state.yaml", """
+        bot: ..
+        state:
+          traveller_name: Ana
+          travller_age: 40
+        turns:
+          - user: hi
+            model: [{text: Hello Ana.}]
+        """)
+    assert run_transcript(str(path)).report() == (
+        f"{path}:4: state.travller_age is not declared by the bot (its state keys: traveller_name, last_booking)")
+    code, out = cli([str(path)])
+    assert code == 1 and f"{path}:4: state.travller_age is not declared" in out
+    write(path, """
+        bot: ..
+        state: {traveller_name: Ana}
+        turns:
+          - user: hi
+            model: [{text: Hello Ana.}]
+        """)
+    assert run_transcript(str(path)).passed
+
+
 @pytest.mark.subprocess
 def test_pytest_plugin_runs_conftest_fixtures_around_transcripts(tmp_path):
     """A bot's own conftest.py sets things up for its transcripts (here: an environment

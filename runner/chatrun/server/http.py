@@ -25,6 +25,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from chatrun import events as ev
+from chatrun.definition.config import JSON_TYPES, initial_state_problem
 from chatrun.engine.session import Session
 from chatrun.server import wire
 from chatrun.server.audience import history_for, inspector_audiences, resource_audiences
@@ -233,24 +234,11 @@ def _bot_summary(bot: Any) -> dict[str, Any]:
     }
 
 
-_JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
-
-
 def check_initial_state(state: dict[str, Any], declared: dict[str, Any]) -> None:
-    """An initial state reaches the system prompt: only declared keys, each of the JSON type of
-    its declared default (any type when the default is null). RequestFailed(BadRequest) if not."""
-    for key, value in state.items():
-        if key not in declared:
-            known = ", ".join(declared) or "none"
-            raise wire.RequestFailed(wire.BAD_REQUEST, f"state.{key} is not declared by the bot (its state keys: {known})")
-        default = declared[key]
-        if default is None or value is None:
-            continue
-        want, got = _JSON_TYPES.get(type(default)), _JSON_TYPES.get(type(value))
-        if want != got:
-            raise wire.RequestFailed(
-                wire.BAD_REQUEST, f"state.{key} must be a {want} like its declared default {json.dumps(default)}, not a {got}"
-            )
+    """RequestFailed(BadRequest) for a state the bot does not accept (config.initial_state_problem)."""
+    problem = initial_state_problem(state, declared)
+    if problem is not None:
+        raise wire.RequestFailed(wire.BAD_REQUEST, problem[1])
 
 
 # wire.chat_id_problem as a schema: 1-128 characters, not all blank, no slash.
@@ -262,7 +250,7 @@ def _state_schema(registry: SessionRegistry) -> dict[str, Any]:
     properties: dict[str, Any] = {}
     for bot in registry.bots.values():
         for key, default in bot.config.state.items():
-            kind = None if default is None else _JSON_TYPES.get(type(default))
+            kind = None if default is None else JSON_TYPES.get(type(default))
             if key in properties and properties[key].get("type") != kind:
                 properties[key] = {}  # two bots disagree: any type here, the bot's check decides
             else:
