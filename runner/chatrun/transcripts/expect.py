@@ -57,6 +57,8 @@ class Observed:
     # The memory's token counts in words, made only when a `memory:` expectation fails (counting
     # may load tiktoken): a window that evicted other messages than expected is explained by them.
     memory_tokens: Callable[[], str] | None = None
+    # The same for what each model call was sent, made only when a `sent:` expectation fails.
+    sent_tokens: Callable[[], str] | None = None
 
 
 def observe(session: Any, events: list[Any], requests: list[ModelRequest]) -> Observed:
@@ -78,6 +80,7 @@ def observe(session: Any, events: list[Any], requests: list[ModelRequest]) -> Ob
         operators_events=plain_for(ev.OPERATORS),
         backend_events=plain_for(ev.BACKEND),
         memory_tokens=lambda: token_note(session.token_window(), memory),
+        sent_tokens=lambda: sent_token_note(session.token_counter(), requests),
     )
 
 
@@ -93,6 +96,21 @@ def token_note(window: tuple[Any, int] | None, messages: list[Message]) -> str:
     total = sum(counter(m) for m in messages)
     return (f"tokens in memory, counted with {counter_label(counter)}: "
             f"{' + '.join(counts) or '0'} = {total} of max_tokens {limit}")
+
+
+def sent_token_note(counter: Any, requests: list[ModelRequest]) -> str:
+    """"tokens sent, counted with estimate:" then, per model call, its messages' counts (the
+    system message marked) and their sum: a prompt that grew or a window that evicted other
+    messages than expected is explained by them."""
+    from chatrun.memory.tokens import counter_label
+
+    lines = [f"tokens sent, counted with {counter_label(counter)}:"]
+    for i, request in enumerate(requests, 1):
+        counts = [f"{counter(m)} (system)" if isinstance(m, SystemMessage) else str(counter(m))
+                  for m in request.messages]
+        total = sum(counter(m) for m in request.messages)
+        lines.append(f"  call {i} (route {request.route}): {' + '.join(counts) or '0'} = {total}")
+    return "\n".join(lines)
 
 
 def sent_call(request: ModelRequest) -> dict[str, Any]:
@@ -236,7 +254,7 @@ class Mismatch:
         if self.expected is not None or self.actual is not None:
             lines += diff_lines(self.expected, self.actual)
         if self.note:
-            lines.append(self.note)
+            lines += self.note.splitlines()
         return "\n".join(indent + line if i else line for i, line in enumerate(lines))
 
 
@@ -257,10 +275,16 @@ def compare(expect: dict[str, Any] | None, obs: Observed) -> list[Mismatch]:
             continue
         actual = shaped(key, expected, obs)
         if not match(expected, actual):
-            note = obs.memory_tokens() if key == "memory" and obs.memory_tokens else ""
+            note = _token_note(key, obs)
             out.append(Mismatch(key, _headline(key, expected, actual),
                                 {key: reconcile(expected, actual)}, {key: actual}, note))
     return out
+
+
+def _token_note(key: str, obs: Observed) -> str:
+    """The token counts said after a failing `memory:` or `sent:` diff."""
+    made = {"memory": obs.memory_tokens, "sent": obs.sent_tokens}.get(key)
+    return made() if made is not None else ""
 
 
 # Live runs (`chatrun test --live`): what a real model says differs from run to run; what the
