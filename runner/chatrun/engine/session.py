@@ -548,13 +548,15 @@ def _split_input(message: Input) -> tuple[str | None, dict[str, Any]]:
 
 
 def _usage_entry(turn: Turn) -> dict[str, Any]:
-    """A turn's usage for its history entry (the total and each model call's), and the
-    summaries it made."""
+    """A turn's usage for its history entry (the total and each model call's), the summaries
+    it made and its tool calls (`calls`: tool, route, args, result or error)."""
     out: dict[str, Any] = {}
     if turn.calls_usage:
         out["usage"] = {**turn.usage.to_dict(), "by_call": turn.calls_usage}
     if turn.summaries:
         out["summaries"] = turn.summaries
+    if turn.tool_calls:
+        out["calls"] = turn.tool_calls
     return out
 
 
