@@ -469,3 +469,16 @@ def test_a_turn_with_no_message_lets_the_bot_speak_first_over_http_and_the_webso
     assert [m["role"] for m in fake.requests[1]["messages"]] == ["system", "assistant", "user"]
     assert [m["role"] for m in fake.requests[2]["messages"]] == ["system"]
     assert [f["data"] for f in frames if f["type"] == "Message"] == ["Welcome back."]
+
+
+def test_a_turns_tool_calls_are_kept_in_its_history_entry_for_operators_views_only(fake, write_bot):
+    with TestClient(app_for_testclient([chatrun.load_bot(write_bot(POP_AT_ROOT))], "memory://")) as c:
+        c.post("/bots/popper/sessions", json={"id": "k1"})
+        fake.queue(call("back"), {"text": "There is nothing to go back to."})
+        c.post("/bots/popper/sessions/k1/messages", json={"userMessage": "back"})
+        resource = c.get("/bots/popper/sessions/k1").json()
+        inspected = c.get("/bots/popper/sessions/k1/inspect").json()
+    [made] = inspected["last_turn"]["calls"]  # auth off: the author's own server shows them
+    assert made["tool"] == "back" and made["route"] == "main" and made["args"] == {}
+    assert "tried to pop the root scope" in made["error"] and "result" not in made
+    assert "calls" not in resource["history"][0]  # the user's view of the history

@@ -258,6 +258,7 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
         script.next_turn(turn)
     except ChatrunError as exc:  # the schema lets through little a scripted model rejects
         return TurnResult(turn, None, [Mismatch("model", f"bad model response: {exc}")])
+    started_on = session.route
     try:
         events = session.chat(turn.input)
     except SessionError as exc:
@@ -265,7 +266,7 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
             raise
         return message_after_end(session, turn, str(exc))
     model = script.current
-    obs = observe(session, events, model.requests)
+    obs = observe(session, events, model.requests, started_on, (session.last_turn or {}).get("calls"))
     if live:
         return TurnResult(turn, obs, compare_live(turn.expect, obs) + judge_turn(judge, turn, obs))
     given = len(turn.model)
