@@ -398,6 +398,8 @@ class Session:
         self._c.turn_instant = self._c.clock.now()  # one turn, one `now`: its decisions agree on the day
         turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks)
         entry = {"turn": turn.number, "input": text if not data else ev.plain(data), "at": time.time()}
+        if turn.number == 1:  # how the conversation started: `chatrun record --from-session` starts there
+            entry["start"] = {"route": self.route, "state": ev.plain(before.state)}
         collected: list[Event] = []
         sink = self._sink
 
@@ -549,7 +551,8 @@ def _split_input(message: Input) -> tuple[str | None, dict[str, Any]]:
 
 def _usage_entry(turn: Turn) -> dict[str, Any]:
     """A turn's usage for its history entry (the total and each model call's), the summaries
-    it made and its tool calls (`calls`: tool, route, args, result or error)."""
+    it made, its tool calls (`calls`: tool, route, args, result or error) and its model's
+    answers (`model`, as a transcript writes them)."""
     out: dict[str, Any] = {}
     if turn.calls_usage:
         out["usage"] = {**turn.usage.to_dict(), "by_call": turn.calls_usage}
@@ -557,6 +560,8 @@ def _usage_entry(turn: Turn) -> dict[str, Any]:
         out["summaries"] = turn.summaries
     if turn.tool_calls:
         out["calls"] = turn.tool_calls
+    if turn.answers:
+        out["model"] = turn.answers
     return out
 
 

@@ -138,6 +138,9 @@ class Turn:
         # Each tool call of the turn, in order, for the history (its `calls`): the tool, the route
         # it ran on, the arguments it ran with (bound ones included) and its result or failure.
         self.tool_calls: list[dict[str, Any]] = []
+        # Each model answer of the turn ({text?, tool_calls?}), for the history (its `model`): with
+        # `calls`, what `chatrun record --from-session` replays the turn from.
+        self.answers: list[dict[str, Any]] = []
         self.wipe_scheduled: set[str] = set()
         self.wipe_aborted: set[str] = set()
         # Memories that have this turn's user message, or resume a call without it: a route run
@@ -233,6 +236,7 @@ class Turn:
                 for i, c in enumerate(response.tool_calls)
             )
             answer = AssistantMessage(response.text, calls)
+            self.answers.append(_answer_record(answer))
             usage = self.account(route.name, model_config.name, response.usage, price, request.messages, answer,
                                  model_config.provider)
             if span is not None:
@@ -798,4 +802,24 @@ def _storable(value: Any) -> Any:
     a failed turn stays readable."""
     text = json.dumps(ev.plain(value), ensure_ascii=False)
     return json.loads(text.encode("utf-8", "replace").decode("utf-8"))
+
+
+def _answer_record(answer: AssistantMessage) -> dict[str, Any]:
+    """A model answer as a transcript's `model:` item writes it: its text, and its tool calls
+    with their arguments as the model sent them (a mapping when they are a JSON object)."""
+    out: dict[str, Any] = {}
+    if answer.content:
+        out["text"] = answer.content
+    if answer.tool_calls:
+        out["tool_calls"] = [{"name": c.name, "arguments": _arguments(c.arguments)} for c in answer.tool_calls]
+    stored: dict[str, Any] = _storable(out or {"text": ""})
+    return stored
+
+
+def _arguments(raw: str) -> Any:
+    try:
+        decoded = json.loads(raw)
+    except ValueError:
+        return raw
+    return decoded if isinstance(decoded, dict) else raw
 
