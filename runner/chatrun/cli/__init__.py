@@ -27,6 +27,7 @@ COMMANDS = {
     "serve": "chatrun.cli.serve:serve",
     "init": "chatrun.cli.init:init",
     "schema": "chatrun.cli.schema:schema",
+    "record": "chatrun.cli.record:record",
 }
 
 # Each command's one-line summary for `chatrun --help`, so listing the commands imports none of
@@ -42,6 +43,7 @@ SUMMARIES = {
     "serve": "Serve bots over WebSocket and HTTP, with a web chat page and inspector.",
     "init": "Create a bot directory NAME: bot.yaml, a golden transcript and a README.",
     "schema": "Print the path of chatrun's JSON Schema for bots (default), transcripts or wire frames.",
+    "record": "Turn a stored session into a golden transcript whose tool results are mocks.",
 }
 
 

@@ -136,7 +136,8 @@ class Turn:
         self.summaries: list[dict[str, Any]] = []  # what summarize() did, for the history
         self.hops: list[str] = []
         # Each tool call of the turn, in order, for the history (its `calls`): the tool, the route
-        # it ran on, the arguments it ran with (bound ones included) and its result or failure.
+        # it ran on, the arguments it ran with (bound ones included), its result, and what the
+        # model read of it (`reply`, or `error` when it failed).
         self.tool_calls: list[dict[str, Any]] = []
         # Each model answer of the turn ({text?, tool_calls?}), for the history (its `model`): with
         # `calls`, what `chatrun record --from-session` replays the turn from.
@@ -468,8 +469,7 @@ class Turn:
         record: dict[str, Any] = {"tool": call.name, "route": self.c.scope.route}
         self.tool_calls.append(record)
         outcome = await self.run_offered_tool(offered, call, record)
-        if outcome.failed:
-            record["error"] = outcome.reply
+        record["error" if outcome.failed else "reply"] = _storable(outcome.reply)  # what the model reads
         return outcome
 
     async def run_offered_tool(self, offered: dict[str, ToolConfig], call: ToolCall,
