@@ -28,6 +28,7 @@ COMMANDS = {
     "init": "chatrun.cli.init:init",
     "schema": "chatrun.cli.schema:schema",
     "record": "chatrun.cli.record:record",
+    "simulate": "chatrun.cli.simulate:simulate",
 }
 
 # Each command's one-line summary for `chatrun --help`, so listing the commands imports none of
@@ -44,6 +45,7 @@ SUMMARIES = {
     "init": "Create a bot directory NAME: bot.yaml, a golden transcript and a README.",
     "schema": "Print the path of chatrun's JSON Schema for bots (default), transcripts or wire frames.",
     "record": "Turn a stored session into a golden transcript whose tool results are mocks.",
+    "simulate": "Play scenarios with a simulated user and report each one's pass rate.",
 }
 
 
