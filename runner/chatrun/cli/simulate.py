@@ -37,7 +37,8 @@ def simulate(paths: tuple[str, ...], trials: int | None, junit: str | None, json
       chatrun simulate bots/travel/scenarios --trials 20 --junit simulate.xml
       chatrun simulate book_flight.yaml --record recorded/
     """
-    from chatrun.transcripts.scenario import junit_xml, simulate as run_scenario
+    from chatrun.transcripts.scenario import junit_xml
+    from chatrun.transcripts.scenario import simulate as run_scenario
 
     try:
         files = _scenario_files(paths)
@@ -93,7 +94,12 @@ def _recorder(folder: Path) -> Any:
     """Keeps each trial as a transcript: the simulated user's lines as the turns, the bot's
     model answers and outside tools' results as they came (chatrun record --from-session's way)."""
     from chatrun.toolkinds import outside
-    from chatrun.transcripts.from_session import StoredSession, bot_reference, transcript_of, write_transcript
+    from chatrun.transcripts.from_session import (
+        StoredSession,
+        bot_reference,
+        transcript_of,
+        write_transcript,
+    )
 
     def keep(scenario: Any, bot: Any, trial: Any) -> None:
         def is_outside(name: str) -> bool:
