@@ -29,6 +29,7 @@ COMMANDS = {
     "schema": "chatrun.cli.schema:schema",
     "record": "chatrun.cli.record:record",
     "simulate": "chatrun.cli.simulate:simulate",
+    "mcp": "chatrun.cli.mcp_door:mcp",
 }
 
 # Each command's one-line summary for `chatrun --help`, so listing the commands imports none of
@@ -46,6 +47,7 @@ SUMMARIES = {
     "schema": "Print the path of chatrun's JSON Schema for bots (default), transcripts or wire frames.",
     "record": "Turn a stored session into a golden transcript whose tool results are mocks.",
     "simulate": "Play scenarios with a simulated user and report each one's pass rate.",
+    "mcp": "Serve chatrun's authoring tools to coding assistants over MCP (stdio).",
 }
 
 
