@@ -137,6 +137,14 @@ def test_an_invalid_scenario_names_its_line_and_fails(scenarios):
     assert f"{path}:4:" in result.output and "'rout' was unexpected" in result.output
 
 
+def test_an_undeclared_initial_state_is_refused_at_its_line(scenarios):
+    path = scenarios / "state.yaml"
+    path.write_text("bot: ../travel\npersona: P\ngoal: G\nstate: {nickname: A}\nsuccess: {route: main_menu}\n")
+    result = CliRunner().invoke(main, ["simulate", str(path)])
+    assert result.exit_code == 1
+    assert f"{path}:4: state.nickname is not declared by the bot" in result.output
+
+
 def test_wilson_interval_and_subsequences():
     assert wilson(0, 0) == (0.0, 1.0)
     low, high = wilson(10, 10)

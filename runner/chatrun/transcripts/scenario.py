@@ -306,6 +306,11 @@ def simulate(path: str, trials: int | None = None, on_trial: Callable[[Trial], N
         return Outcome(path, error="\n".join(d.format() for d in exc.diagnostics))
     except ChatrunError as exc:
         return Outcome(path, error=f"{path}:1: {exc}")
+    from chatrun.definition.config import initial_state_problem
+
+    problem = initial_state_problem(scenario.state or {}, bot.config.state)
+    if problem is not None:  # the HTTP API's rule, as for transcripts
+        return Outcome(path, error=f"{path}:{scenario.lines.get('state', 1)}: {problem[1]}")
     outcome = Outcome(path, threshold=scenario.threshold)
     judge = Judge(scenario.judge, bot.config.model, LIVE)
     try:
