@@ -171,6 +171,30 @@ def test_async_client_and_object_events_as_json(fake, tmp_path, write_bot):
 
     assert json.loads(asyncio.run(ask())) == {"price": 120, "currency": "EUR"}
 
+    # Without response_format a chat client shows the object readably, and a program still gets
+    # the data itself in the chatrun field.
+    fake.queue(call("quote", price=120))
+
+    async def ask_plainly() -> tuple[str, dict]:
+        with ThreadServer(create_app([bot], "memory://")) as server:
+            async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+                reply = await client.chat.completions.create(
+                    model="quote", messages=[{"role": "user", "content": "price?"}])
+                return reply.choices[0].message.content, reply.model_extra["chatrun"]
+
+    text, field = asyncio.run(ask_plainly())
+    assert text == "- **Price:** 120\n- **Currency:** EUR"
+    assert field["objects"] == [{"price": 120, "currency": "EUR"}]
+
+
+def test_readable_objects_nest_and_say_yes():
+    from chatrun.server.openai_turn import readable
+
+    assert readable({"flight": {"from": "ZRH", "to": "LIS"}, "paid": True, "seats": ["3A", "3B"], "note": None}) == (
+        "- **Flight:**\n  - **From:** ZRH\n  - **To:** LIS\n- **Paid:** yes\n- **Seats:**\n  - 3A\n  - 3B\n"
+        "- **Note:** —")
+    assert readable("plain") == "plain"
+
 
 def test_thinking_events_only_when_asked_for(client, fake):
     queue_booking(fake)
