@@ -7,6 +7,7 @@ file and line of the YAML that caused them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -405,3 +406,25 @@ class SinkConfig:
 
     def takes(self, event_type: str) -> bool:
         return self.events is None or event_type in self.events
+
+
+JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+
+
+def initial_state_problem(state: dict[str, Any], declared: dict[str, Any]) -> tuple[str, str] | None:
+    """The one rule for a state a conversation starts with (the HTTP API's `state`, a
+    transcript's `state:`): it reaches the system prompt, so only declared keys, each of the
+    JSON type of its declared default (any type when the default is null). (key, message) of
+    the first problem, or None."""
+    for key, value in state.items():
+        if key not in declared:
+            known = ", ".join(declared) or "none"
+            return key, f"state.{key} is not declared by the bot (its state keys: {known})"
+        default = declared[key]
+        if default is None or value is None:
+            continue
+        want, got = JSON_TYPES.get(type(default)), JSON_TYPES.get(type(value))
+        if want != got:
+            return key, f"state.{key} must be a {want} like its declared default {json.dumps(default)}, not a {got}"
+    return None
+

@@ -444,6 +444,8 @@ class Session:
         turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks, decision)
         given = decision_entry(decision) if decision is not None else text if not data else ev.plain(data)
         entry = {"turn": turn.number, "input": given, "at": time.time()}
+        if turn.number == 1:  # how the conversation started: `chatrun record --from-session` starts there
+            entry["start"] = {"route": self.route, "state": ev.plain(before.state)}
         collected: list[Event] = []
         sink = self._sink
 
@@ -596,13 +598,18 @@ def _split_input(message: Input) -> tuple[str | None, dict[str, Any]]:
 
 
 def _usage_entry(turn: Turn) -> dict[str, Any]:
-    """A turn's usage for its history entry (the total and each model call's), and the
-    summaries it made."""
+    """A turn's usage for its history entry (the total and each model call's), the summaries
+    it made, its tool calls (`calls`: tool, route, args, result or error) and its model's
+    answers (`model`, as a transcript writes them)."""
     out: dict[str, Any] = {}
     if turn.calls_usage:
         out["usage"] = {**turn.usage.to_dict(), "by_call": turn.calls_usage}
     if turn.summaries:
         out["summaries"] = turn.summaries
+    if turn.tool_calls:
+        out["calls"] = turn.tool_calls
+    if turn.answers:
+        out["model"] = turn.answers
     return out
 
 
