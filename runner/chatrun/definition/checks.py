@@ -23,6 +23,7 @@ from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
 from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES, zone_named
 from chatrun.definition.yamlpos import YamlDoc
+from chatrun.definition.versions import policy_problem
 from chatrun.errors import Diagnostic
 
 # Dict methods a template may call on state (`state.prefs.get('x')`): not state keys.
@@ -58,6 +59,7 @@ class _Checker:
 
     def run(self) -> None:
         self.default_route()
+        self.on_change()
         self.encodings()
         self.context_windows()
         for route in self.config.routes.values():
@@ -83,6 +85,13 @@ class _Checker:
         _audience_checks(self)
 
     # -- routes ------------------------------------------------------------------
+
+    def on_change(self) -> None:
+        problem = policy_problem(self.config.on_change, list(self.config.routes))
+        if problem:
+            doc = self.src.main
+            pos = doc.pos(("on_change",))
+            self.out.append(Diagnostic(doc.file, pos.line, pos.col, "error", problem, "on_change"))
 
     def default_route(self) -> None:
         defaults = self.defaults

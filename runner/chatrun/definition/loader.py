@@ -48,6 +48,7 @@ from chatrun.definition.schemas import (
 )
 from chatrun.definition.sources import Sources, inside, subject, suggest
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
+from chatrun.definition.versions import DEFAULT_POLICY, bot_files, content_version
 from chatrun.errors import BotError, Diagnostic
 
 if TYPE_CHECKING:  # jsonschema loads only for a file the fast check finds fault with
@@ -461,7 +462,17 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         path=str(main_file),
         root=str(main_file.parent),
         where=Location(main.file, 1, 1),
+        version=None if top.get("version") is None else str(top.get("version")),
+        content_version=content_version(_version_files(main_file)),
+        on_change=_str(top.get("on_change")) or DEFAULT_POLICY,
     )
+
+
+def _version_files(main_file: Path) -> dict[str, str]:
+    """What the content version covers: a bot.yaml's whole directory, a single-file bot's file."""
+    if main_file.name in ("bot.yaml", "bot.yml"):
+        return bot_files(main_file.parent)
+    return {main_file.name: main_file.read_text(encoding="utf-8", errors="replace")}
 
 
 def _loc(doc: YamlDoc, path: tuple) -> Location:
