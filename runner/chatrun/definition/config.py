@@ -259,14 +259,14 @@ class BotConfig:
     path: str = ""  # the bot.yaml (or single file) it was loaded from
     root: str = ""  # directory handlers are resolved against
     where: Location = field(default_factory=Location)
-    version: str | None = None  # the human `version:` (docs/versions.md)
     content_version: str = ""  # the hash of the bot's files (chatrun.definition.versions)
     on_change: str = "restart_scope"  # what older sessions do when this version serves them
 
     @property
     def version_label(self) -> str:
         """How the version is shown: the human name and the content hash, or the hash alone."""
-        return f"{self.version} ({self.content_version})" if self.version else self.content_version
+        human = getattr(self, "version", None)  # h-format's `version:` key, when merged
+        return f"{human} ({self.content_version})" if human else self.content_version
 
     @property
     def default_route(self) -> str:

@@ -462,7 +462,6 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         path=str(main_file),
         root=str(main_file.parent),
         where=Location(main.file, 1, 1),
-        version=None if top.get("version") is None else str(top.get("version")),
         content_version=content_version(_version_files(main_file)),
         on_change=_str(top.get("on_change")) or DEFAULT_POLICY,
     )
