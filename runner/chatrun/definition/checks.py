@@ -22,8 +22,8 @@ from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
 from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES, zone_named
-from chatrun.definition.yamlpos import YamlDoc
 from chatrun.definition.versions import policy_problem
+from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
 
 # Dict methods a template may call on state (`state.prefs.get('x')`): not state keys.

@@ -47,8 +47,8 @@ from chatrun.definition.schemas import (
     violation,
 )
 from chatrun.definition.sources import Sources, inside, subject, suggest
-from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.definition.versions import DEFAULT_POLICY, bot_files, content_version
+from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.errors import BotError, Diagnostic
 
 if TYPE_CHECKING:  # jsonschema loads only for a file the fast check finds fault with

@@ -176,7 +176,7 @@ class SessionRecord:
     owner: str | None
     committed: Committed | None
     memory_ids: list[str]
-    bot_version: str | None = None  # the bot version the session runs on: filled by the versions issue
+    bot_version: str | None = None  # the content version of the bot the session runs on (None: older snapshots)
     memories: dict[str, list[Message]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # memory id -> its JSON size in bytes
 
@@ -187,7 +187,7 @@ class SessionRecord:
 
     @classmethod
     def of(cls, session_id: str, snapshot: JSONObject, version: str, snapshot_json: str) -> SessionRecord:
-        bot = snapshot.get("bot")
+        bot, bot_version = snapshot.get("bot"), snapshot.get("bot_version")
         return cls(
             session_id=session_id,
             version=version,
@@ -197,6 +197,7 @@ class SessionRecord:
             owner=owner_of(snapshot),
             committed=snapshot.get("committed"),
             memory_ids=memory_ids_of(snapshot),
+            bot_version=bot_version if isinstance(bot_version, str) else None,
         )
 
     @property
