@@ -313,6 +313,11 @@ class MigrationConfig:
     tools: dict[str, str] = field(default_factory=dict)  # old tool -> new tool (in memories)
     index: int = 0  # its place in the YAML list
     where: Location = field(default_factory=Location)
+    # Where each entry is, for diagnostics: "routes.cart", "state.rename.email", "state.drop.0", ...
+    places: dict[str, Location] = field(default_factory=dict)
+
+    def place(self, *key: Any) -> Location:
+        return self.places.get(".".join(map(str, key)), self.where)
 
     def applies_to(self, old_version: str | None) -> bool:
         return self.from_version == "*" or self.from_version == old_version

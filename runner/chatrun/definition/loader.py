@@ -627,8 +627,23 @@ def _migrations(raw: Any, doc: YamlDoc) -> list[MigrationConfig]:
                                  {str(k): v for k, v in _dict(state.get("default")).items()}),
             scopes={str(k): str(v) for k, v in _dict(spec.get("scopes")).items()},
             tools={str(k): str(v) for k, v in _dict(spec.get("tools")).items()},
-            index=i, where=_loc(doc, ("migrations", i))))
+            index=i, where=_loc(doc, ("migrations", i)), places=_places(spec, doc, ("migrations", i))))
     return out
+
+
+def _places(spec: dict, doc: YamlDoc, at: tuple) -> dict[str, Location]:
+    """The location of every entry of a migration, by its dotted key ("routes.cart", "state.drop.0")."""
+    places: dict[str, Location] = {}
+    for section in ("routes", "scopes", "tools"):
+        for key in _dict(spec.get(section)):
+            places[f"{section}.{key}"] = _loc(doc, (*at, section, key))
+    state = _dict(spec.get("state"))
+    for part in ("rename", "default"):
+        for key in _dict(state.get(part)):
+            places[f"state.{part}.{key}"] = _loc(doc, (*at, "state", part, key))
+    for i, _ in enumerate(state.get("drop") if isinstance(state.get("drop"), list) else []):
+        places[f"state.drop.{i}"] = _loc(doc, (*at, "state", "drop", i))
+    return places
 
 
 def _choices(raw: Any) -> list[Any] | str | None:

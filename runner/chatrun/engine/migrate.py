@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.definition.config import BotConfig, MigrationConfig
+from chatrun.definition.migrations import split_state_path
 from chatrun.engine.scopes import Scope, init_declared
 from chatrun.messages import AssistantMessage, Message, ToolResultMessage
-
-STATE_ROOTS = ("state", "scope")
 
 
 @dataclass
@@ -41,17 +40,9 @@ class MigrationResult:
     applied: list[int] = field(default_factory=list)  # indexes of new.migrations that applied
 
 
-def split_path(path: str) -> tuple[str, list[str]]:
-    """A migration's state path as (root, keys): `state.a.b`, `a.b` (state) or `scope.k`."""
-    parts = path.split(".")
-    if parts[0] in STATE_ROOTS and len(parts) > 1:
-        return parts[0], parts[1:]
-    return "state", parts
-
-
 def shown(path: str) -> str:
     """A migration's state path with its root spelled out (`email` -> `state.email`)."""
-    root, keys = split_path(path)
+    root, keys = split_state_path(path)
     return ".".join([root, *keys])
 
 
@@ -172,7 +163,7 @@ class _Migration:
         return [d for s in self.scopes for d in (s.local, s.shared)]
 
     def rename_path(self, source: str, target: str, where: str) -> None:
-        (root, keys), (target_root, target_keys) = split_path(source), split_path(target)
+        (root, keys), (target_root, target_keys) = split_state_path(source), split_state_path(target)
         for container in self.containers(root):
             found, value = _pop(container, keys)
             if not found:
@@ -182,13 +173,13 @@ class _Migration:
             self.note(f"{where}: {shown(source)} renamed to {shown(target)}")
 
     def drop_path(self, path: str, where: str) -> None:
-        root, keys = split_path(path)
+        root, keys = split_state_path(path)
         for container in self.containers(root):
             if _pop(container, keys)[0]:
                 self.note(f"{where}: {shown(path)} dropped")
 
     def default_path(self, path: str, value: Any, where: str) -> None:
-        root, keys = split_path(path)
+        root, keys = split_state_path(path)
         targets = self.containers(root) if root == "state" else [s.local for s in self.scopes[-1:]]
         for container in targets:
             if _get(container, keys) is None and not (root == "scope" and _in_any_scope(self.scopes, keys)):
