@@ -27,6 +27,8 @@ COMMANDS = {
     "serve": "chatrun.cli.serve:serve",
     "init": "chatrun.cli.init:init",
     "schema": "chatrun.cli.schema:schema",
+    "upgrade": "chatrun.cli.upgrade:upgrade",
+    "diff": "chatrun.cli.diff:diff",
 }
 
 # Each command's one-line summary for `chatrun --help`, so listing the commands imports none of
@@ -42,6 +44,8 @@ SUMMARIES = {
     "serve": "Serve bots over WebSocket and HTTP, with a web chat page and inspector.",
     "init": "Create a bot directory NAME: bot.yaml, a golden transcript and a README.",
     "schema": "Print the path of chatrun's JSON Schema for bots (default), transcripts or wire frames.",
+    "upgrade": "Rewrite bots to the current format version, keeping comments and order, and print what changed.",
+    "diff": "Compare two versions of a bot: what changed, and which changes break live sessions.",
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from jinja2 import TemplateSyntaxError, nodes
 
 from chatrun.definition.binding import check_binding
-from chatrun.definition.config import ActionConfig, BotConfig, RouteConfig, ToolConfig
+from chatrun.definition.config import ActionConfig, BotConfig, Location, RouteConfig, ToolConfig
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
@@ -83,6 +83,17 @@ class _Checker:
         _graph_checks(self)
         _user_template_checks(self)
         _audience_checks(self)
+        self.format_and_migrations()
+
+    def format_and_migrations(self) -> None:
+        from chatrun.definition.migrations import format_diagnostics, migration_diagnostics
+
+        main = self.src.main
+        at = None
+        if isinstance(main.data, dict) and "format" in main.data:
+            pos = main.pos(("format",))
+            at = Location(main.file, pos.line, pos.col)
+        self.out += format_diagnostics(self.config, at) + migration_diagnostics(self.config)
 
     # -- routes ------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from chatrun.definition.config import (
     Limits,
     Location,
     MemoryPolicy,
+    MigrationConfig,
     ModelConfig,
     OnErrorConfig,
     OutputConfig,
@@ -34,6 +35,7 @@ from chatrun.definition.config import (
     RouteConfig,
     ScopeConfig,
     SinkConfig,
+    StateMigration,
     ToolConfig,
     WebhookConfig,
 )
@@ -459,6 +461,9 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         kind_config=bot_kinds(top, main),
         events=_event_types(top.get("events"), main),
         sinks=_sinks(top.get("sinks"), main),
+        format=top["format"] if isinstance(top.get("format"), int) and not isinstance(top["format"], bool) else None,
+        version=_version(top.get("version")),
+        migrations=_migrations(top.get("migrations"), main),
         path=str(main_file),
         root=str(main_file.parent),
         where=Location(main.file, 1, 1),
@@ -611,6 +616,44 @@ def _sinks(raw: Any, doc: YamlDoc) -> dict[str, SinkConfig]:
         out[str(name)] = SinkConfig(str(name), webhook, _str_list(events) if events is not None else None,
                                     RetryPolicy(**retry), _loc(doc, ("sinks", name)))
     return out
+
+
+def _version(raw: Any) -> str | None:
+    """A version as text (`version: 2` and `version: "2"` are the same version)."""
+    return None if raw is None or isinstance(raw, (bool, dict, list)) else str(raw)
+
+
+def _migrations(raw: Any, doc: YamlDoc) -> list[MigrationConfig]:
+    out: list[MigrationConfig] = []
+    for i, spec in enumerate(raw if isinstance(raw, list) else []):
+        if not isinstance(spec, dict):
+            continue
+        state = _dict(spec.get("state"))
+        out.append(MigrationConfig(
+            from_version=_version(spec.get("from")) or "*",
+            routes={str(k): str(v) for k, v in _dict(spec.get("routes")).items()},
+            state=StateMigration({str(k): str(v) for k, v in _dict(state.get("rename")).items()},
+                                 [str(p) for p in state.get("drop") or [] if p is not None] if isinstance(state.get("drop"), list) else [],
+                                 {str(k): v for k, v in _dict(state.get("default")).items()}),
+            scopes={str(k): str(v) for k, v in _dict(spec.get("scopes")).items()},
+            tools={str(k): str(v) for k, v in _dict(spec.get("tools")).items()},
+            index=i, where=_loc(doc, ("migrations", i)), places=_places(spec, doc, ("migrations", i))))
+    return out
+
+
+def _places(spec: dict, doc: YamlDoc, at: tuple) -> dict[str, Location]:
+    """The location of every entry of a migration, by its dotted key ("routes.cart", "state.drop.0")."""
+    places: dict[str, Location] = {}
+    for section in ("routes", "scopes", "tools"):
+        for key in _dict(spec.get(section)):
+            places[f"{section}.{key}"] = _loc(doc, (*at, section, key))
+    state = _dict(spec.get("state"))
+    for part in ("rename", "default"):
+        for key in _dict(state.get(part)):
+            places[f"state.{part}.{key}"] = _loc(doc, (*at, "state", part, key))
+    for i, _ in enumerate(state.get("drop") if isinstance(state.get("drop"), list) else []):
+        places[f"state.drop.{i}"] = _loc(doc, (*at, "state", "drop", i))
+    return places
 
 
 def _choices(raw: Any) -> list[Any] | str | None:

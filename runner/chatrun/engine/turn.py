@@ -312,7 +312,9 @@ class Turn:
         for path, template in output.set.items():
             assigned = self.render_template(template, f"output set {path}", output.where, {"output": value}, typed=True)
             if isinstance(template, str) and is_nothing(assigned):
-                continue
+                if self.c.config.format_version >= 2:
+                    continue  # format 2: a template that renders to none/undefined assigns nothing
+                assigned = None  # format 1: it assigned None
             try:
                 set_path(roots, path, copy.deepcopy(assigned))
             except ChatrunError as exc:
@@ -616,7 +618,9 @@ class Turn:
         for path, template in action.set.items():
             value = self.render_template(template, f"set {path}", where, extra, typed=True)
             if isinstance(template, str) and is_nothing(value):
-                continue  # a template that renders to none/undefined assigns nothing
+                if self.c.config.format_version >= 2:
+                    continue  # format 2: a template that renders to none/undefined assigns nothing
+                value = None  # format 1 (docs/format.md, "Format version"): it assigned None
             try:
                 set_path(roots, path, copy.deepcopy(value))
             except ChatrunError as exc:

@@ -1,0 +1,112 @@
+"""Declarative migrations (issue 23): sessions of bots/shop version 1, run for real and
+stored in SQLite, moved to version 2 by `migrate_snapshot`, then continued on version 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import chatrun
+from chat_support import call
+from chatrun.engine.migrate import migrate_snapshot
+from chatrun.store.record import memory_ids_of
+
+SHOP = Path(__file__).resolve().parents[1] / "bots" / "shop" / "versions"
+V1, V2 = SHOP / "1", SHOP / "2"
+
+
+def stored(store, session_id):
+    snapshot = store.load_session(session_id)
+    return snapshot, {mid: store.get_messages(mid) for mid in memory_ids_of(snapshot)}
+
+
+def run_v1(store, *answers_and_inputs):
+    """A version 1 session: each (input, answers) pair is one turn."""
+    bot = chatrun.load_bot(V1, store=store)
+    model = chatrun.ScriptedModel([a for _, answers in answers_and_inputs for a in answers])
+    session = bot.session(model=model)
+    for text, _ in answers_and_inputs:
+        session.chat(text)
+    return bot, session.id
+
+
+def write_back(store, session_id, result, before):
+    """What the server's migrate policy does with a result: store it, delete dropped memories."""
+    memories = {mid: None for mid in set(before) - set(result.memories)} | dict(result.memories)
+    store.commit_turn(session_id, result.snapshot, memories, [])
+
+
+def test_a_session_wrapping_a_gift_moves_to_version_2_and_goes_on(tmp_path):
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    v1, sid = run_v1(store, ("add T1", [call("add_item", sku="T1"), "ok"]),
+                     ("mail a@b.c", [call("save_email", email="a@b.c"), "ok"]),
+                     ("wrap it", [call("wrap_gift"), "Which ribbon?"]))
+    snapshot, memories = stored(store, sid)
+    assert [s["route"] for s in snapshot["scopes"]] == ["browse", "gift_wrap"]
+    before = copy_of(snapshot)
+    v2 = chatrun.load_bot(V2, store=store)
+
+    result = migrate_snapshot(snapshot, v1.config, v2.config, memories)
+
+    assert snapshot == before  # pure: the input is untouched
+    assert result.snapshot["state"] == {"cart": ["T1"], "contact": {"email": "a@b.c"}, "currency": "EUR"}
+    assert [s["route"] for s in result.snapshot["scopes"]] == ["browse"]  # gift_wrap: drop
+    assert result.unmapped_routes == [] and result.applied == [0]
+    (root_memory,) = result.memories
+    names = [c.name for m in result.memories[root_memory] for c in getattr(m, "tool_calls", ())]
+    assert names == ["add_to_basket", "save_email", "wrap_gift"]
+    assert any("gift_wrap" in n and "dropped" in n for n in result.notes)
+    assert any("state.email renamed to state.contact.email" in n for n in result.notes)
+
+    write_back(store, sid, result, memories)
+    model = chatrun.ScriptedModel([call("add_to_basket", product="T2", quantity=2), call("checkout"), "Pay now?"])
+    session = v2.session(model=model, session_id=sid)
+    events = session.chat("two T2 and check out")
+    assert not [e for e in events if e.type == "Error"]
+    assert session.state["cart"] == ["T1", "2 x T2"] and session.route == "payment"
+    # the model saw the renamed tool's old call next to its result, under the new name
+    sent = model.requests[0].messages
+    assert [c.name for m in sent for c in getattr(m, "tool_calls", ())][0] == "add_to_basket"
+
+
+def test_a_session_at_the_checkout_continues_on_the_renamed_route_with_its_memory(tmp_path):
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    v1, sid = run_v1(store, ("mail a@b.c", [call("save_email", email="a@b.c"), call("checkout"), "Pay?"]))
+    snapshot, memories = stored(store, sid)
+    assert snapshot["scopes"][0]["route"] == "checkout"
+    v2 = chatrun.load_bot(V2, store=store)
+    result = migrate_snapshot(snapshot, v1.config, v2.config, memories)
+    scope = result.snapshot["scopes"][0]
+    assert scope["route"] == "payment"
+    assert set(result.memories) == {f"{scope['id']}#{r}" for r in scope["memory_routes"]}
+    write_back(store, sid, result, memories)
+    session = v2.session(model=chatrun.ScriptedModel([call("pay")]), session_id=sid)
+    events = session.chat("yes")
+    assert [e.data for e in events if e.type == "Message"][-1] == "Paid. Thank you!"
+
+
+def test_a_removed_route_no_migration_maps_is_reported_not_failed(tmp_path):
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    v1, sid = run_v1(store, ("wrap it", [call("wrap_gift"), "Which ribbon?"]))
+    snapshot, memories = stored(store, sid)
+    v2 = chatrun.load_bot(V2, store=store)
+    v2.config.migrations[0].scopes = {}
+    result = migrate_snapshot(snapshot, v1.config, v2.config, memories)
+    assert result.unmapped_routes == ["gift_wrap"]
+    assert [s["route"] for s in result.snapshot["scopes"]] == ["browse", "gift_wrap"]
+
+
+def test_a_migration_from_another_version_does_not_apply(tmp_path):
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    v1, sid = run_v1(store, ("mail a@b.c", [call("save_email", email="a@b.c"), "ok"]))
+    snapshot, memories = stored(store, sid)
+    v2 = chatrun.load_bot(V2, store=store)
+    v2.config.migrations[0].from_version = "0.9"
+    result = migrate_snapshot(snapshot, v1.config, v2.config, memories)
+    assert result.applied == [] and result.snapshot["state"]["email"] == "a@b.c"
+    # what the new version declares still arrives with its YAML value
+    assert result.snapshot["state"]["contact"] == {"email": None}
+
+
+def copy_of(value):
+    import copy
+    return copy.deepcopy(value)
