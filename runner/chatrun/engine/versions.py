@@ -18,6 +18,7 @@ because the bot changed. Each move says what it did (`notes`), for the history.
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,8 @@ def move(conversation: Conversation, old: BotConfig | None, new: BotConfig) -> M
     if new.on_change == MIGRATE and old is not None:
         _migrate(conversation, old, new, moved)
     conversation.config = new
+    for path in _fill_defaults(conversation.state, new.state, "state"):
+        moved.notes.append(f"{path} added with the new version's default")
     gone = conversation.gone_routes()
     if gone:
         target = new.on_change if new.on_change not in POLICIES else new.default_route
@@ -61,6 +64,19 @@ def move(conversation: Conversation, old: BotConfig | None, new: BotConfig) -> M
         conversation.restart_gone(target, note)
         moved.notes.append(f"route {gone[0]!r} is gone: restarted on {target!r}")
     return moved
+
+
+def _fill_defaults(state: dict[str, Any], declared: dict[str, Any], at: str) -> list[str]:
+    """The keys the new version's `state:` declares that the session lacks, set to their
+    defaults (a template reading them must not fail); what is there is kept. The paths set."""
+    added = []
+    for key, default in declared.items():
+        if key not in state:
+            state[key] = copy.deepcopy(default)
+            added.append(f"{at}.{key}")
+        elif isinstance(default, dict) and isinstance(state[key], dict):
+            added.extend(_fill_defaults(state[key], default, f"{at}.{key}"))
+    return added
 
 
 def _migrate(conversation: Conversation, old: BotConfig, new: BotConfig, moved: Moved) -> None:

@@ -108,12 +108,13 @@ class BotVersions:
 
     def target(self, current: Bot) -> Bot:
         """The bot a session now on `current` runs next: the primary, unless the primary pins
-        sessions to their versions or `current` is newer (never a downgrade)."""
+        sessions to their versions, `current` still takes new sessions (a canary's weight) or
+        `current` is newer (never a downgrade)."""
         primary = self.primary
         here = self.of(current)
         if current is primary.bot or primary.bot.config.on_change == PIN:
             return current
-        if here is not None and here.published > primary.published:
+        if here is not None and (here.weight > 0 or here.published > primary.published):
             return current
         return primary.bot
 
