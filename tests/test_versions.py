@@ -133,8 +133,9 @@ def test_migrate_moves_100_sessions_to_version_2_with_zero_failed_turns(fake, tm
             assert session["state"]["contact"] == {"email": f"a{i}@example.com"} and "email" not in session["state"]
             assert session["state"]["currency"] == "EUR"
             assert session["route"] == {"gift_wrap": "browse", "checkout": "payment", "browse": "browse"}[was]
-            sent = str(fake.requests[-1]["messages"])
-            assert "'add_to_basket'" in sent and "'add_item'" not in sent  # tool names mapped in memory
+            if session["route"] == "browse":  # browse's memory holds the add_item call: mapped
+                sent = str(fake.requests[-1]["messages"])
+                assert "'add_to_basket'" in sent and "'add_item'" not in sent
             moved = [h for h in session["history"] if h.get("moved")]
             assert len(moved) == 1 and moved[0]["ok"] and moved[0]["moved"]["to"] == v2_hash
         assert messages(both.post("/bots/shop/sessions", json={"id": "new"}))["botVersion"] == v2_hash
