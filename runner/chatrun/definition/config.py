@@ -268,8 +268,7 @@ class BotConfig:
     @property
     def version_label(self) -> str:
         """How the version is shown: the human name and the content hash, or the hash alone."""
-        human = getattr(self, "version", None)  # h-format's `version:` key, when merged
-        return f"{human} ({self.content_version})" if human else self.content_version
+        return f"{self.version} ({self.content_version})" if self.version else self.content_version
 
     @property
     def format_version(self) -> int:

@@ -422,7 +422,8 @@ class Session:
                 sink(event)
 
         self._sink = collect
-        span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"))
+        span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"),
+                                 self.bot_version)
         try:
             with span:
                 await turn.run()

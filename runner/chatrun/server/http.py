@@ -231,7 +231,7 @@ def _bot_summary(bot: Any) -> dict[str, Any]:
         "description": config.description,
         "default_route": config.default_route,
         "routes": list(config.routes),
-        "version": getattr(config, "version", None),  # the human `version:`, when the bot has one
+        "version": config.version,  # the human `version:`, when the bot has one
         "content_version": config.content_version,  # the hash of its files (docs/versions.md)
         "on_change": config.on_change,
     }

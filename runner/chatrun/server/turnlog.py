@@ -69,6 +69,8 @@ class TurnReport:
         seconds = time.perf_counter() - self.started
         if self.metrics is not None:
             self.metrics.turn_done(self.bot, self.route, self.outcome, seconds)
+            cost = (self.entry.get("usage") or {}).get("cost")
+            self.metrics.version_turn_done(self.bot, self.session.bot_version, self.outcome, cost)
         if log.isEnabledFor(logging.INFO):
             fields = self.fields(seconds)
             log.info("turn %s", plain(fields), extra={"chatrun": fields})
@@ -83,6 +85,7 @@ class TurnReport:
             "input_tokens": usage.get("input_tokens"), "output_tokens": usage.get("output_tokens"),
             "cost": usage.get("cost"), "calls": usage.get("calls"),
             "estimated": usage.get("estimated") or None, "request_id": self.request_id,
+            "bot_version": self.session.bot_version,
         }
         if self.content:
             message = self.message.get("userMessage") if isinstance(self.message, dict) else self.message

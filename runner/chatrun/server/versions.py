@@ -65,7 +65,7 @@ class Version:
 
     def to_dict(self) -> dict[str, Any]:
         config = self.bot.config
-        return {"label": self.label, "version": getattr(config, "version", None), "content_version":
+        return {"label": self.label, "version": config.version, "content_version":
                 config.content_version, "weight": self.weight, "on_change": config.on_change,
                 "published": self.published, "stored": self.stored}
 
