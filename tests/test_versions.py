@@ -34,12 +34,12 @@ def shop_responder(body: dict) -> dict:
 
 
 def shop_copy(tmp_path: Path, on_change: str | None = None, weights: str | None = None) -> Path:
-    """bots/shop in tmp_path, version 2 with `on_change:` (None: as shipped), versions.yaml with weights."""
+    """bots/shop in tmp_path, version 2 with `on_change:` (None: as shipped, migrate), versions.yaml with weights."""
     root = tmp_path / "shop"
     shutil.copytree(SHOP, root)
     if on_change is not None:
         v2 = root / "versions" / "2" / "bot.yaml"
-        v2.write_text(v2.read_text().replace('version: "2"\n', f'version: "2"\non_change: {on_change}\n'))
+        v2.write_text(v2.read_text().replace("on_change: migrate", f"on_change: {on_change}"))
     if weights is not None:
         (root / "versions.yaml").write_text(f"weights: {weights}\n")
     return root
@@ -162,7 +162,7 @@ def test_pin_finishes_100_sessions_on_version_1_while_new_ones_start_on_version_
 
 def test_restart_scope_continues_a_session_whose_route_is_gone_at_the_default_route(fake, tmp_path):
     fake.responder = shop_responder
-    root = shop_copy(tmp_path)  # as shipped: no on_change, so restart_scope; migrations unused
+    root = shop_copy(tmp_path, on_change="restart_scope")  # migrations unused
     store = f"sqlite:///{tmp_path / 'sessions.db'}"
     where = start_v1_sessions(store, root, 3)
     with TestClient(create_app(str(root), store)) as both:
@@ -193,6 +193,18 @@ def test_a_replica_without_a_sessions_version_loads_it_from_the_store_and_never_
         assert resource(old, "s1")["botVersion"] != v2_hash
         bot = messages(old.get("/bots/shop"))
         assert {v["content_version"]: v["stored"] for v in bot["versions"]}[v2_hash] is True
+        metrics = old.get("/metrics").text  # per version: a canary is compared with what it may replace
+        assert f'chatrun_version_turns_total{{bot="shop",bot_version="{v2_hash}",outcome="ok"}} 1.0' in metrics
+
+
+def test_a_named_route_as_policy_restarts_lost_scopes_there(fake, tmp_path):
+    fake.responder = shop_responder
+    root = shop_copy(tmp_path, on_change="payment")
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    start_v1_sessions(store, root, 1)  # s0 wraps a gift: version 2 has no gift_wrap
+    with TestClient(create_app(str(root), store)) as both:
+        say(both, "s0", "hello again")
+        assert resource(both, "s0")["stack"] == ["browse", "payment"]
 
 
 def test_a_version_no_one_has_is_refused_with_a_retryable_503(fake, tmp_path):
