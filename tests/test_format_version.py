@@ -183,7 +183,7 @@ def test_diff_of_the_shop_lists_breaking_changes_all_migrated_and_exits_0():
     result = cli("diff", V1, V2)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert "migrated  route checkout: renamed to payment (migration 1 (" in "\n".join(lines)
+    assert "migrated  route checkout: renamed to payment (by migration 1 at " in "\n".join(lines)
     assert any(line.startswith("migrated  parameter add_to_basket.sku: removed") for line in lines)
     assert lines[-1] == "13 change(s), 9 breaking, 0 not handled by a migration"
 

@@ -104,9 +104,9 @@ def _print(changes: list[Change], counted: int | None) -> None:
         click.echo("no changes a session can meet")
     for c in changes:
         mark = "BREAKING" if c.unhandled else ("migrated" if c.breaking else "        ")
-        line = f"{mark}  {c.kind} {c.name}: {c.what}"
+        line = f"{mark}  {c.label}: {c.what}"
         if c.breaking:
-            line += f" ({c.why})" if c.migrated is None else f" ({c.migrated})"
+            line += f" ({c.why})" if c.migrated is None else f" (by {c.migrated})"
         if c.sessions is not None:
             line += f" [{c.sessions} session{'s' if c.sessions != 1 else ''}]"
         click.echo(line)

@@ -38,9 +38,10 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool, against: str | Non
     """
     found: list[Diagnostic] = []
     invalid = 0
-    for path in paths:
+    checks = [pair for path in paths for pair in versions_of(path, against)]
+    for path, old in checks:
         try:  # per bot: one broken bot must not stop the others being checked
-            diagnostics, unchecked = _check(path, connect, against)
+            diagnostics, unchecked = _check(path, connect, old)
             found.extend(diagnostics)
             invalid += any(d.severity == "error" for d in diagnostics)
             if fmt == "text":  # each bot's problems, then its verdict
@@ -53,11 +54,32 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool, against: str | Non
     errors, warnings = counts(found)
     if fmt == "json":
         print_diagnostics(found, "json")
-    elif len(paths) > 1:
-        click.echo(f"{plural(len(paths), 'bot')} checked, {invalid} invalid: "
+    elif len(checks) > 1:
+        click.echo(f"{plural(len(checks), 'bot')} checked, {invalid} invalid: "
                    f"{plural(errors, 'error')}, {plural(warnings, 'warning')}")
     if errors:
         raise click.exceptions.Exit(1)
+
+
+def versions_of(path: str, against: str | None) -> list[tuple[str, str | None]]:
+    """(bot, the version it migrates from) to check for a PATH: the bot itself; or, for a folder
+    of versions (`versions/<v>/bot.yaml`, no bot.yaml of its own), each version in order, each
+    against the one before it."""
+    from pathlib import Path
+
+    folder = Path(path)
+    if not folder.is_dir() or (folder / "bot.yaml").is_file():
+        return [(path, against)]
+    found = sorted((p.parent for p in folder.glob("versions/*/bot.yaml")), key=lambda p: _version_key(p.name))
+    if not found:
+        return [(path, against)]
+    shown = [str(Path(path) / "versions" / p.name) for p in found]
+    return [(v, shown[i - 1] if i else against) for i, v in enumerate(shown)]
+
+
+def _version_key(name: str) -> tuple[int, int | str]:
+    """Versions in order: numbers by value (2 before 10), then names."""
+    return (0, int(name)) if name.isdigit() else (1, name)
 
 
 def stale_schema_copies(path: str) -> list[str]:

@@ -45,6 +45,16 @@ class Change:
     sessions: int | None = None  # with --store: stored sessions it touches
 
     @property
+    def label(self) -> str:
+        """The change's subject in words: "route checkout", "state.email", "tool pay requires state.x"."""
+        if self.kind in ("state", "scope"):
+            return self.name
+        if self.kind == "requires":
+            tool, _, path = self.name.partition(": ")
+            return f"tool {tool} requires {path}"
+        return f"{self.kind} {self.name}"
+
+    @property
     def unhandled(self) -> bool:
         return self.breaking and self.migrated is None
 
@@ -64,7 +74,7 @@ def diff_bots(old: BotConfig, new: BotConfig) -> list[Change]:
 
 
 def _label(m: MigrationConfig) -> str:
-    return f"migration {m.index + 1} ({m.where})"
+    return f"migration {m.index + 1} at {m.where}"
 
 
 def _handled(migrations: list[MigrationConfig], section: str, name: str) -> tuple[str | None, str | None]:
