@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -73,13 +74,14 @@ def bot_file(path: str) -> Path:
 def upgraded(path: str) -> Upgrade:
     """The bot's main file as the current format would have it."""
     from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap
 
     from chatrun.definition.config import CURRENT_FORMAT, SUPPORTED_FORMATS
 
     file = bot_file(path)
     text = file.read_text(encoding="utf-8")
     data = YAML().load(text)
-    if not hasattr(data, "lc"):
+    if not isinstance(data, CommentedMap):
         raise ValueError(f"{file}: not a YAML mapping")
     lines = text.splitlines(keepends=True)
     result = Upgrade(file, text)
@@ -103,9 +105,9 @@ def upgraded(path: str) -> Upgrade:
     return result
 
 
-def _first_key_line(data: object) -> int:
-    keys = list(data)  # type: ignore[call-overload]
-    return data.lc.key(keys[0])[0] if keys else 0  # type: ignore[attr-defined]
+def _first_key_line(data: Any) -> int:
+    keys = list(data)
+    return int(data.lc.key(keys[0])[0]) if keys else 0
 
 
 def _review(path: str, old_format: int) -> list[str]:

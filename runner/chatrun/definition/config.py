@@ -300,8 +300,9 @@ SUPPORTED_FORMATS = (1, 2)
 
 
 @dataclass
-class StateMigration:
-    """A migration's `state:`: paths (`state.KEY`, `KEY`, or `scope.KEY`) renamed, dropped, defaulted."""
+class KeyChanges:
+    """Keys renamed, dropped and defaulted: a migration's `state:` (paths `state.KEY`, `KEY` or
+    `scope.KEY`) or one tool's entry in its `arguments:` (argument names)."""
 
     rename: dict[str, str] = field(default_factory=dict)
     drop: list[str] = field(default_factory=list)
@@ -315,9 +316,10 @@ class MigrationConfig:
 
     from_version: str = "*"
     routes: dict[str, str] = field(default_factory=dict)  # old route -> new route
-    state: StateMigration = field(default_factory=StateMigration)
+    state: KeyChanges = field(default_factory=KeyChanges)
     scopes: dict[str, str] = field(default_factory=dict)  # old route -> "reset" | "drop"
     tools: dict[str, str] = field(default_factory=dict)  # old tool -> new tool (in memories)
+    arguments: dict[str, KeyChanges] = field(default_factory=dict)  # new tool -> its calls' arguments in memories
     index: int = 0  # its place in the YAML list
     where: Location = field(default_factory=Location)
     # Where each entry is, for diagnostics: "routes.cart", "state.rename.email", "state.drop.0", ...

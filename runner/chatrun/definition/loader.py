@@ -23,6 +23,7 @@ from chatrun.definition.config import (
     CaseConfig,
     EnvVar,
     EventTypeConfig,
+    KeyChanges,
     Limits,
     Location,
     MemoryPolicy,
@@ -35,7 +36,6 @@ from chatrun.definition.config import (
     RouteConfig,
     ScopeConfig,
     SinkConfig,
-    StateMigration,
     ToolConfig,
     WebhookConfig,
 )
@@ -628,30 +628,37 @@ def _migrations(raw: Any, doc: YamlDoc) -> list[MigrationConfig]:
     for i, spec in enumerate(raw if isinstance(raw, list) else []):
         if not isinstance(spec, dict):
             continue
-        state = _dict(spec.get("state"))
         out.append(MigrationConfig(
             from_version=_version(spec.get("from")) or "*",
             routes={str(k): str(v) for k, v in _dict(spec.get("routes")).items()},
-            state=StateMigration({str(k): str(v) for k, v in _dict(state.get("rename")).items()},
-                                 [str(p) for p in state.get("drop") or [] if p is not None] if isinstance(state.get("drop"), list) else [],
-                                 {str(k): v for k, v in _dict(state.get("default")).items()}),
+            state=_key_changes(spec.get("state")),
             scopes={str(k): str(v) for k, v in _dict(spec.get("scopes")).items()},
             tools={str(k): str(v) for k, v in _dict(spec.get("tools")).items()},
+            arguments={str(k): _key_changes(v) for k, v in _dict(spec.get("arguments")).items()},
             index=i, where=_loc(doc, ("migrations", i)), places=_places(spec, doc, ("migrations", i))))
     return out
+
+
+def _key_changes(raw: Any) -> KeyChanges:
+    spec = _dict(raw)
+    drop = spec.get("drop")
+    return KeyChanges({str(k): str(v) for k, v in _dict(spec.get("rename")).items()},
+                      [str(p) for p in drop if p is not None] if isinstance(drop, list) else [],
+                      {str(k): v for k, v in _dict(spec.get("default")).items()})
 
 
 def _places(spec: dict, doc: YamlDoc, at: tuple) -> dict[str, Location]:
     """The location of every entry of a migration, by its dotted key ("routes.cart", "state.drop.0")."""
     places: dict[str, Location] = {}
-    for section in ("routes", "scopes", "tools"):
+    for section in ("routes", "scopes", "tools", "arguments"):
         for key in _dict(spec.get(section)):
             places[f"{section}.{key}"] = _loc(doc, (*at, section, key))
     state = _dict(spec.get("state"))
     for part in ("rename", "default"):
         for key in _dict(state.get(part)):
             places[f"state.{part}.{key}"] = _loc(doc, (*at, "state", part, key))
-    for i, _ in enumerate(state.get("drop") if isinstance(state.get("drop"), list) else []):
+    drop = state.get("drop")
+    for i, _ in enumerate(drop if isinstance(drop, list) else []):
         places[f"state.drop.{i}"] = _loc(doc, (*at, "state", "drop", i))
     return places
 

@@ -77,6 +77,18 @@ def migration_diagnostics(config: BotConfig) -> list[Diagnostic]:
             if new not in config.tools:
                 out.append(_diag(m.place("tools", old), "error", f"migration maps tool `{old}` to `{new}`, "
                                  f"which this version does not define{suggest(new, config.tools)}", f"{at}.tools.{old}"))
+        for tool, changes in m.arguments.items():
+            if tool not in config.tools:
+                out.append(_diag(m.place("arguments", tool), "error", f"migration changes the arguments of tool "
+                                 f"`{tool}`, which this version does not define{suggest(tool, config.tools)}",
+                                 f"{at}.arguments.{tool}"))
+                continue
+            params = config.tools[tool].parameters.get("properties") or {}
+            for name in [*changes.rename.values(), *changes.default]:
+                if name not in params:
+                    out.append(_diag(m.place("arguments", tool), "error", f"migration gives tool `{tool}` the "
+                                     f"argument `{name}`, which is not one of its parameters{suggest(name, params)}",
+                                     f"{at}.arguments.{tool}"))
         for route in m.scopes:
             if route in config.routes:
                 out.append(_diag(m.place("scopes", route), "error", f"`scopes: {{{route}: ...}}` is for removed routes, "

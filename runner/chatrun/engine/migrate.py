@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatrun.definition.config import BotConfig, MigrationConfig
+from chatrun.definition.config import BotConfig, KeyChanges, MigrationConfig
 from chatrun.definition.migrations import split_state_path
 from chatrun.engine.scopes import Scope, init_declared
-from chatrun.messages import AssistantMessage, Message, ToolResultMessage
+from chatrun.messages import AssistantMessage, Message, ToolCall, ToolResultMessage
 
 
 @dataclass
@@ -76,6 +77,8 @@ class _Migration:
             self.end_scopes(route, what, where)
         for old_tool, new_tool in m.tools.items():
             self.rename_tool(old_tool, new_tool, where)
+        for tool, changes in m.arguments.items():
+            self.change_arguments(tool, changes, where)
         for source, target in m.state.rename.items():
             self.rename_path(source, target, where)
         for path in m.state.drop:
@@ -154,6 +157,22 @@ class _Migration:
         if changed:
             self.note(f"{where}: tool `{old}` is now `{new}` in {changed} message(s)")
 
+    def change_arguments(self, tool: str, changes: KeyChanges, where: str) -> None:
+        """The arguments of `tool`'s calls in memories, renamed, dropped and defaulted as its new
+        parameters want them (the model reads them as examples of how to call it)."""
+        changed = 0
+        for mid, messages in self.result.memories.items():
+            out: list[Message] = []
+            for message in messages:
+                if isinstance(message, AssistantMessage) and any(c.name == tool for c in message.tool_calls):
+                    calls = tuple(_with_arguments(c, changes) if c.name == tool else c for c in message.tool_calls)
+                    changed += sum(1 for a, b in zip(message.tool_calls, calls, strict=True) if a is not b)
+                    message = dataclasses.replace(message, tool_calls=calls)
+                out.append(message)
+            self.result.memories[mid] = out
+        if changed:
+            self.note(f"{where}: the arguments of {changed} call(s) of `{tool}` changed")
+
     # -- state paths -------------------------------------------------------------------------
 
     def containers(self, root: str) -> list[dict[str, Any]]:
@@ -220,6 +239,24 @@ def _with_tool_renamed(message: Message, old: str, new: str) -> Message:
     return message
 
 
+def _with_arguments(call: ToolCall, changes: KeyChanges) -> ToolCall:
+    try:
+        arguments = json.loads(call.arguments or "{}")
+    except ValueError:
+        return call  # malformed as the model sent it: kept as it was
+    if not isinstance(arguments, dict):
+        return call
+    for old, new in changes.rename.items():
+        if old in arguments:
+            arguments[new] = arguments.pop(old)
+    for name in changes.drop:
+        arguments.pop(name, None)
+    for name, value in changes.default.items():
+        arguments.setdefault(name, copy.deepcopy(value))
+    text = json.dumps(arguments, ensure_ascii=False)
+    return call if text == call.arguments else dataclasses.replace(call, arguments=text)
+
+
 def _get(container: dict[str, Any], keys: list[str]) -> Any:
     value: Any = container
     for key in keys:
@@ -248,3 +285,22 @@ def _put(container: dict[str, Any], keys: list[str], value: Any) -> None:
 
 def _in_any_scope(scopes: list[Scope], keys: list[str]) -> bool:
     return any(_get(d, keys) is not None for s in scopes for d in (s.local, s.shared))
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a stored session holds that a change of its bot can touch (chatrun diff --store)."""
+
+    bot: str | None
+    routes: frozenset[str]  # the routes of its scopes
+    state: frozenset[str]  # its top-level state keys
+    scope: frozenset[str]  # the fields of its scopes
+    tools: frozenset[str]  # the tools called in its memories
+
+
+def footprint(snapshot: dict[str, Any], memories: dict[str, list[Message]]) -> Footprint:
+    scopes = [Scope.from_dict(d) for d in snapshot.get("scopes", [])]
+    tools = {c.name for ms in memories.values() for m in ms if isinstance(m, AssistantMessage) for c in m.tool_calls}
+    tools |= {m.name for ms in memories.values() for m in ms if isinstance(m, ToolResultMessage)}
+    return Footprint(snapshot.get("bot"), frozenset(s.route for s in scopes), frozenset(snapshot.get("state") or {}),
+                     frozenset(k for s in scopes for k in (*s.local, *s.shared)), frozenset(tools))
