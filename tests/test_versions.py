@@ -239,3 +239,39 @@ def test_canary_weights_split_new_sessions_and_the_header_picks_one(fake, tmp_pa
         shown = messages(both.get("/bots/shop"))
         assert [(v["label"], v["weight"]) for v in shown["versions"]] == [("1", 50), ("2", 50)]
         assert shown["version"] == "2"  # the primary: ties go to the newest
+
+
+# -- serve --reload: each valid edit is a new version, under the same policies ------------------
+
+
+@pytest.mark.parametrize("policy", ["pin", "restart_scope"])
+def test_a_reload_keeps_pinned_sessions_on_their_version_and_moves_the_others(fake, tmp_path, policy):
+    from chatrun.engine.reload import BotReloader
+    from chatrun.server.reload import apply
+
+    fake.responder = shop_responder
+    folder = shop_copy(tmp_path, on_change=policy) / "versions" / "1"
+    bot_yaml = folder / "bot.yaml"
+    bot_yaml.write_text(bot_yaml.read_text().replace('version: "1"\n', f'version: "1"\non_change: {policy}\n'))
+    app = create_app(str(folder), f"sqlite:///{tmp_path / 'sessions.db'}")
+    with TestClient(app) as client:
+        registry = app.state.registry
+        first = registry.bots["shop"]
+        messages(client.post("/bots/shop/sessions", json={"id": "w"}))
+        say(client, "w", "wrap it please")  # on gift_wrap, which the edit removes
+        text = bot_yaml.read_text()
+        cut = text[text.index("  gift_wrap:"):text.index("  checkout:\n    description: Paying")]
+        bot_yaml.write_text(text.replace(cut, "").replace(", wrap_gift", "")
+                            .replace("  wrap_gift:\n    description: Wrap the order as a gift\n"
+                                     "    action: {push: gift_wrap, reply: Let us choose a ribbon.}\n", ""))
+        outcome = BotReloader(folder, first).reload()
+        assert outcome.ok, [d.format() for d in outcome.diagnostics]
+        assert apply(registry, "shop", outcome)
+        say(client, "w", "hello again")  # no turn fails because the bot changed
+        session = resource(client, "w")
+        if policy == "pin":
+            assert session["botVersion"] == first.config.content_version and session["route"] == "gift_wrap"
+        else:
+            assert session["botVersion"] == outcome.bot.config.content_version and session["route"] == "browse"
+        created = messages(client.post("/bots/shop/sessions", json={"id": "fresh"}))
+        assert created["botVersion"] == outcome.bot.config.content_version
