@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chatrun import ScriptedModel, SessionError, load_bot
+from chatrun import ScriptedModel, load_bot
 from chatrun.engine.reload import BotReloader
 from server_support import free_port
 
