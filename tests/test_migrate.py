@@ -195,3 +195,11 @@ def test_scope_fields_are_renamed_in_every_scope_that_holds_them(tmp_path, write
     helper = result.snapshot["scopes"][1]
     assert helper["local"] == {"text": ""} and result.snapshot["state"] == {"subject": None}
     assert result.unmapped_routes == ["helper"]
+
+
+def test_a_state_key_moved_into_scope_state_lands_where_every_scope_sees_it(tmp_path, write_bot):
+    _, old, new, sid, snapshot, memories = desk_session_inside_a_call(tmp_path, write_bot, "drop")
+    new.config.migrations[0].state.rename = {"topic": "scope.topic"}
+    result = migrate_snapshot(snapshot, old.config, new.config, memories)
+    (root,) = result.snapshot["scopes"]
+    assert root["shared"] == {"topic": "tea"} and result.snapshot["state"] == {"subject": None}
