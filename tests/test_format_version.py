@@ -227,3 +227,52 @@ def test_diff_errors_exit_2_naming_the_place(tmp_path):
     assert f"{tmp_path / 'bot.yaml'}:2:" in result.output
     result = cli("diff", V1, V2, "--store", "postgres://nowhere")
     assert result.exit_code == 2 and "unknown store URL" in result.output
+
+
+def test_validate_on_a_folder_of_versions_checks_each_against_the_one_before(tmp_path):
+    shutil.copytree(REPO / "bots" / "shop", tmp_path / "shop")
+    for extra in ("3", "10"):  # in order by number: 2 before 10
+        shutil.copytree(tmp_path / "shop" / "versions" / "2", tmp_path / "shop" / "versions" / extra)
+    ten = tmp_path / "shop" / "versions" / "10" / "bot.yaml"
+    ten.write_text(ten.read_text().replace("  payment:\n", "  pay_desk:\n").replace("route: payment", "route: pay_desk")
+                   .replace("{checkout: payment}", "{checkout: pay_desk}"))
+    result = cli("validate", tmp_path / "shop")
+    out = result.output.splitlines()
+    assert [line.split(":")[0] for line in out if line.endswith(": valid") or "valid (" in line] == [
+        str(tmp_path / "shop" / "versions" / v) for v in ("1", "2", "3", "10")]
+    # 10 renames `payment` without a migration from 3: its removal is reported at version 3's line
+    removed = [line for line in out if "route `payment` is removed" in line]
+    assert len(removed) == 1 and removed[0].startswith(str(tmp_path / "shop" / "versions" / "3" / "bot.yaml"))
+    assert result.exit_code == 0 and out[-1] == "4 bots checked, 0 invalid: 0 errors, 1 warning"
+
+
+@pytest.mark.slow
+def test_diff_counts_sessions_kept_in_redis(tmp_path, redis_server):
+    """The same three sessions, copied from the SQLite file the engine wrote into a real Redis
+    through the store's own commit: the counts are the same."""
+    import asyncio
+
+    from chatrun.store.aio import open_async_store
+    from chatrun.store.record import Commit, memory_ids_of
+    from chatrun.store.versions import CREATE
+
+    db = tmp_path / "sessions.db"
+    ids = v1_sessions(db)
+    sqlite = chatrun.SQLiteStore(str(db))
+    url = redis_server.url()
+
+    async def copy() -> None:
+        redis = open_async_store(url)
+        for sid in ids.values():
+            snapshot = sqlite.load_session(sid)
+            memories = {mid: sqlite.get_messages(mid) for mid in memory_ids_of(snapshot)}
+            await redis.commit_turn(Commit.encode(sid, snapshot, memories, [], expected=CREATE), None)
+        await redis.close()
+
+    asyncio.run(copy())
+    from_sqlite = json.loads(cli("diff", V1, V2, "--store", f"sqlite:///{db}", "--json").output)
+    result = cli("diff", V1, V2, "--store", url, "--json")
+    assert result.exit_code == 0, result.output
+    from_redis = json.loads(result.output)
+    assert from_redis["sessions"] == 3
+    assert [c["sessions"] for c in from_redis["changes"]] == [c["sessions"] for c in from_sqlite["changes"]]

@@ -110,3 +110,96 @@ def test_a_migration_from_another_version_does_not_apply(tmp_path):
 def copy_of(value):
     import copy
     return copy.deepcopy(value)
+
+
+OLD_DESK = """\
+name: desk
+format: 2
+version: "1"
+state: {topic: null}
+routes:
+  main: {default: true, system: Hi., tools: [ask, note]}
+  helper:
+    system: Help.
+    scope: {local: {draft: ""}}
+tools:
+  ask: {description: Ask the helper, action: {call: helper}}
+  note:
+    description: Note the topic
+    parameters: {type: object, properties: {topic: {type: string}}}
+    action: {set: {state.topic: "{{ args.topic }}"}}
+"""
+
+NEW_DESK = """\
+name: desk
+format: 2
+version: "2"
+state: {subject: null}
+migrations:
+  - from: "1"
+    scopes: {helper: SCOPES}
+    state: {rename: {topic: subject}}
+routes:
+  main: {default: true, system: Hi., tools: [note]}
+tools:
+  note:
+    description: Note the subject
+    parameters: {type: object, properties: {subject: {type: string}}}
+    action: {set: {state.subject: "{{ args.subject }}"}}
+"""
+
+
+def desk_session_inside_a_call(tmp_path, write_bot, how: str):
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    old = chatrun.load_bot(write_bot(OLD_DESK, name="old.yaml"), store=store)
+    new = chatrun.load_bot(write_bot(NEW_DESK.replace("SCOPES", how), name="new.yaml"), store=store)
+    session = old.session(model=chatrun.ScriptedModel([call("note", topic="tea"), call("ask"), "What do you need?"]))
+    session.chat("about tea; ask the helper")
+    assert session.stack == ["main", "helper"]
+    snapshot, memories = stored(store, session.id)
+    return store, old, new, session.id, snapshot, memories
+
+
+def test_dropping_a_called_scope_answers_the_call_waiting_for_it(tmp_path, write_bot):
+    store, old, new, sid, snapshot, memories = desk_session_inside_a_call(tmp_path, write_bot, "drop")
+    result = migrate_snapshot(snapshot, old.config, new.config, memories)
+    assert [s["route"] for s in result.snapshot["scopes"]] == ["main"]
+    assert result.snapshot["state"] == {"subject": "tea"}
+    (messages,) = result.memories.values()
+    assert messages[-1].role == "tool" and "helper ended when the bot changed" in messages[-1].content
+    write_back(store, sid, result, memories)
+    model = chatrun.ScriptedModel(["Back on the main desk."])
+    events = new.session(model=model, session_id=sid).chat("hello?")
+    assert not [e for e in events if e.type == "Error"]
+    sent = model.requests[0].messages
+    calls = {c.id for m in sent for c in getattr(m, "tool_calls", ())}
+    answered = {m.tool_call_id for m in sent if m.role == "tool"}
+    assert calls and calls <= answered  # every call the model sees has its result
+
+
+def test_resetting_a_scope_puts_it_on_the_default_route_cleared(tmp_path, write_bot):
+    _, old, new, _, snapshot, memories = desk_session_inside_a_call(tmp_path, write_bot, "reset")
+    result = migrate_snapshot(snapshot, old.config, new.config, memories)
+    scopes = result.snapshot["scopes"]
+    assert [s["route"] for s in scopes] == ["main", "main"]
+    assert scopes[1]["local"] == {} and scopes[1]["memory_routes"] == [] and "caller" not in scopes[1]
+    assert any("reset to `main`" in n for n in result.notes)
+
+
+def test_scope_fields_are_renamed_in_every_scope_that_holds_them(tmp_path, write_bot):
+    _, old, new, _, snapshot, memories = desk_session_inside_a_call(tmp_path, write_bot, "drop")
+    new.config.migrations[0].scopes = {}
+    new.config.migrations[0].state.rename = {"scope.draft": "scope.text"}
+    new.config.migrations[0].state.drop = ["topic"]
+    result = migrate_snapshot(snapshot, old.config, new.config, memories)
+    helper = result.snapshot["scopes"][1]
+    assert helper["local"] == {"text": ""} and result.snapshot["state"] == {"subject": None}
+    assert result.unmapped_routes == ["helper"]
+
+
+def test_a_state_key_moved_into_scope_state_lands_where_every_scope_sees_it(tmp_path, write_bot):
+    _, old, new, sid, snapshot, memories = desk_session_inside_a_call(tmp_path, write_bot, "drop")
+    new.config.migrations[0].state.rename = {"topic": "scope.topic"}
+    result = migrate_snapshot(snapshot, old.config, new.config, memories)
+    (root,) = result.snapshot["scopes"]
+    assert root["shared"] == {"topic": "tea"} and result.snapshot["state"] == {"subject": None}

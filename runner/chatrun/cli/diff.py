@@ -4,18 +4,21 @@ sessions, and (with --store) how many stored sessions each one touches."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from chatrun.definition.diff import Change
+
+if TYPE_CHECKING:
+    from chatrun.engine.migrate import Footprint
 
 
 @click.command("diff")
 @click.argument("old", type=click.Path(exists=True))
 @click.argument("new", type=click.Path(exists=True))
 @click.option("--store", "store_url", metavar="URL",
-              help="Count the stored sessions of the bot each change touches (sqlite:///path/to.db).")
+              help="Count the stored sessions of the bot each change touches (sqlite:///path/to.db, redis://host:port/db).")
 @click.option("--json", "as_json", is_flag=True, help="Print the changes as one JSON object.")
 def diff(old: str, new: str, store_url: str | None, as_json: bool) -> None:
     """Compare two versions of a bot: what changed, and which changes break live sessions.
@@ -70,33 +73,38 @@ def _load(path: str) -> Any:
 def _count(changes: list[Change], url: str, bot: str) -> int:
     """Set each change's `sessions`: the stored sessions of `bot` it touches. Returns how many
     sessions of the bot the store holds."""
-    from chatrun.engine.migrate import footprint
+    import asyncio
+
     from chatrun.errors import ChatrunError
-    from chatrun.store import open_store
-    from chatrun.store.record import memory_ids_of
 
     try:
-        store = open_store(url)
-        found = []
-        for sid in store.list_sessions():
-            snapshot = store.load_session(sid)
-            if snapshot is None:
-                continue
-            memories = {mid: store.get_messages(mid) for mid in memory_ids_of(snapshot)}
-            held = footprint(snapshot, memories)
-            if held.bot in (None, bot):
-                found.append(held)
+        found = asyncio.run(_footprints(url, bot))
     except (ChatrunError, OSError) as exc:
         click.echo(f"{url}: error: {exc}", err=True)
         raise click.exceptions.Exit(2) from None
     for change in changes:
         t = change.touch
-        if t == type(t)() and not t.every:
-            change.sessions = 0
-            continue
         change.sessions = sum(1 for h in found if t.every or h.routes & t.routes or h.state & t.state
                               or h.scope & t.scope or h.tools & t.tools)
     return len(found)
+
+
+async def _footprints(url: str, bot: str) -> list[Footprint]:
+    """What each stored session of `bot` holds, read through the server's store (any URL it takes:
+    sqlite:///, redis://)."""
+    from chatrun.engine.migrate import footprint
+    from chatrun.store.aio import open_async_store
+
+    store = open_async_store(url)
+    try:
+        found = []
+        for sid in await store.list_sessions():
+            record = await store.load_session(sid)
+            if record is not None and record.bot in (None, bot):
+                found.append(footprint(record.snapshot, record.memories))
+        return found
+    finally:
+        await store.close()
 
 
 def _print(changes: list[Change], counted: int | None) -> None:

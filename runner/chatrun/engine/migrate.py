@@ -181,13 +181,18 @@ class _Migration:
             return [self.state]
         return [d for s in self.scopes for d in (s.local, s.shared)]
 
+    def root_of(self, root: str) -> dict[str, Any]:
+        """Where a value moved into another root lands: the conversation state, or the root
+        scope's shared state (seen by every scope)."""
+        return self.state if root == "state" else self.scopes[0].shared
+
     def rename_path(self, source: str, target: str, where: str) -> None:
         (root, keys), (target_root, target_keys) = split_state_path(source), split_state_path(target)
         for container in self.containers(root):
             found, value = _pop(container, keys)
             if not found:
                 continue
-            destination = container if target_root == root else self.containers(target_root)[0]
+            destination = container if target_root == root else self.root_of(target_root)
             _put(destination, target_keys, value)
             self.note(f"{where}: {shown(source)} renamed to {shown(target)}")
 
