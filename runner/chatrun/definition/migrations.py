@@ -52,16 +52,25 @@ def format_diagnostics(config: BotConfig, format_at: Location | None) -> list[Di
     return []
 
 
-def first_set_template(config: BotConfig) -> Location | None:
-    """Where the first `set` whose value is a template is (its action, or the route's `output:`)."""
+def set_templates(config: BotConfig) -> list[tuple[Location, str]]:
+    """Every `set` whose value is a template (what format 2 changed the meaning of): where it is
+    (its action, or the route's `output:`) and what it is ("`set state.x` of tool `t`")."""
+    out: list[tuple[Location, str]] = []
     for tool in config.tools.values():
         for _, action in tool.action.variants():
-            if any(isinstance(v, str) for v in action.set.values()):
-                return action.where if action.where.line else tool.where
+            where = action.where if action.where.line else tool.where
+            out += [(where, f"`set {target}` of tool `{tool.name}`")
+                    for target, value in action.set.items() if isinstance(value, str)]
     for route in config.routes.values():
-        if route.output is not None and any(isinstance(v, str) for v in route.output.set.values()):
-            return route.output.where
-    return None
+        if route.output is not None:
+            out += [(route.output.where, f"`output.set {target}` of route `{route.name}`")
+                    for target, value in route.output.set.items() if isinstance(value, str)]
+    return list(dict.fromkeys(out))
+
+
+def first_set_template(config: BotConfig) -> Location | None:
+    found = set_templates(config)
+    return found[0][0] if found else None
 
 
 def migration_diagnostics(config: BotConfig) -> list[Diagnostic]:
