@@ -203,3 +203,32 @@ def test_a_state_key_moved_into_scope_state_lands_where_every_scope_sees_it(tmp_
     result = migrate_snapshot(snapshot, old.config, new.config, memories)
     (root,) = result.snapshot["scopes"]
     assert root["shared"] == {"topic": "tea"} and result.snapshot["state"] == {"subject": None}
+
+
+def test_migrations_chain_a_session_of_version_1_through_2_to_3(tmp_path):
+    text = (V2 / "bot.yaml").read_text()
+    text = (text.replace('version: "2"', 'version: "3"').replace("  payment:\n", "  pay_desk:\n")
+            .replace("route: payment", "route: pay_desk")
+            .replace("routes:\n  browse:", '  - from: "2"\n    routes: {payment: pay_desk}\nroutes:\n  browse:'))
+    (tmp_path / "bot.yaml").write_text(text)
+    v3 = chatrun.load_bot(tmp_path)  # valid: `payment`, the first link's target, is renamed by the second
+    for old in (V1, V2):
+        assert check_bot_against(old, tmp_path) == []
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    v1, sid = run_v1(store, ("mail a@b.c", [call("save_email", email="a@b.c"), call("checkout"), "Pay?"]))
+    snapshot, memories = stored(store, sid)
+    result = migrate_snapshot(snapshot, v1.config, v3.config, memories)
+    assert result.applied == [0, 1]
+    assert result.snapshot["scopes"][0]["route"] == "pay_desk"
+    assert result.snapshot["state"]["contact"] == {"email": "a@b.c"}
+    v2 = chatrun.load_bot(V2)
+    from_2 = migrate_snapshot(migrate_snapshot(snapshot, v1.config, v2.config, memories).snapshot,
+                              v2.config, v3.config, {})
+    assert from_2.applied == [1] and from_2.snapshot["scopes"][0]["route"] == "pay_desk"
+
+
+def check_bot_against(old, new):
+    from chatrun.definition.loader import load_config
+    from chatrun.definition.migrations import against_diagnostics
+
+    return [d.format() for d in against_diagnostics(load_config(old)[0], load_config(new)[0])]

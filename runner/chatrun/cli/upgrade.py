@@ -113,20 +113,9 @@ def _first_key_line(data: Any) -> int:
 def _review(path: str, old_format: int) -> list[str]:
     """The `set` templates whose meaning the upgrade changes, to check by hand."""
     from chatrun.definition.loader import load_config
-    from chatrun.definition.migrations import FORMAT_CHANGES
+    from chatrun.definition.migrations import FORMAT_CHANGES, set_templates
 
+    if old_format >= 2:
+        return []
     config, _ = load_config(path)
-    out = []
-    for tool in config.tools.values():
-        for _, action in tool.action.variants():
-            for target, value in action.set.items():
-                if isinstance(value, str):
-                    where = action.where if action.where.line else tool.where
-                    out.append(f"{where}: review `set {target}` of tool `{tool.name}`: {FORMAT_CHANGES[2]}")
-    for route in config.routes.values():
-        if route.output is not None:
-            for target, value in route.output.set.items():
-                if isinstance(value, str):
-                    out.append(f"{route.output.where}: review `output.set {target}` of route `{route.name}`: "
-                               f"{FORMAT_CHANGES[2]}")
-    return list(dict.fromkeys(out)) if old_format < 2 else []
+    return [f"{where}: review {what}: {FORMAT_CHANGES[2]}" for where, what in set_templates(config)]

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chatrun.definition.config import BotConfig, MigrationConfig, ToolConfig
-from chatrun.definition.migrations import declared_state, split_state_path
+from chatrun.definition.migrations import applying, declared_state, split_state_path
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Change:
 
 
 def diff_bots(old: BotConfig, new: BotConfig) -> list[Change]:
-    migrations = [m for m in new.migrations if m.applies_to(old.version)]
+    migrations = applying(new.migrations, old.version)
     changes = _routes(old, new, migrations) + _state(old, new, migrations) + _tools(old, new, migrations)
     if old.format_version != new.format_version:
         changes.append(Change("format", "format", f"changed: {old.format_version} -> {new.format_version}", False,

@@ -52,32 +52,46 @@ def format_diagnostics(config: BotConfig, format_at: Location | None) -> list[Di
     return []
 
 
-def first_set_template(config: BotConfig) -> Location | None:
-    """Where the first `set` whose value is a template is (its action, or the route's `output:`)."""
+def set_templates(config: BotConfig) -> list[tuple[Location, str]]:
+    """Every `set` whose value is a template (what format 2 changed the meaning of): where it is
+    (its action, or the route's `output:`) and what it is ("`set state.x` of tool `t`")."""
+    out: list[tuple[Location, str]] = []
     for tool in config.tools.values():
         for _, action in tool.action.variants():
-            if any(isinstance(v, str) for v in action.set.values()):
-                return action.where if action.where.line else tool.where
+            where = action.where if action.where.line else tool.where
+            out += [(where, f"`set {target}` of tool `{tool.name}`")
+                    for target, value in action.set.items() if isinstance(value, str)]
     for route in config.routes.values():
-        if route.output is not None and any(isinstance(v, str) for v in route.output.set.values()):
-            return route.output.where
-    return None
+        if route.output is not None:
+            out += [(route.output.where, f"`output.set {target}` of route `{route.name}`")
+                    for target, value in route.output.set.items() if isinstance(value, str)]
+    return list(dict.fromkeys(out))
+
+
+def first_set_template(config: BotConfig) -> Location | None:
+    found = set_templates(config)
+    return found[0][0] if found else None
 
 
 def migration_diagnostics(config: BotConfig) -> list[Diagnostic]:
     """A migration's targets exist in this version; `scopes:` names routes this version removed."""
     out: list[Diagnostic] = []
-    for m in config.migrations:
+    for i, m in enumerate(config.migrations):
         at = f"migrations[{m.index}]"
+        # In a chain (1 -> 2 -> 3) a name may be an intermediate version's that a later link renames.
+        later_routes = {r for n in config.migrations[i + 1:] for r in (*n.routes, *n.scopes)}
+        later_tools = {t for n in config.migrations[i + 1:] for t in n.tools}
         for old, new in m.routes.items():
-            if new not in config.routes:
+            if new not in config.routes and new not in later_routes:
                 out.append(_diag(m.place("routes", old), "error", f"migration maps route `{old}` to `{new}`, "
                                  f"which this version does not define{suggest(new, config.routes)}", f"{at}.routes.{old}"))
         for old, new in m.tools.items():
-            if new not in config.tools:
+            if new not in config.tools and new not in later_tools:
                 out.append(_diag(m.place("tools", old), "error", f"migration maps tool `{old}` to `{new}`, "
                                  f"which this version does not define{suggest(new, config.tools)}", f"{at}.tools.{old}"))
         for tool, changes in m.arguments.items():
+            if tool in later_tools:
+                continue  # an intermediate version's tool: its parameters are not this version's
             if tool not in config.tools:
                 out.append(_diag(m.place("arguments", tool), "error", f"migration changes the arguments of tool "
                                  f"`{tool}`, which this version does not define{suggest(tool, config.tools)}",
@@ -100,10 +114,11 @@ def against_diagnostics(old: BotConfig, new: BotConfig) -> list[Diagnostic]:
     """NEW's migrations checked against OLD: the names they take from the old side exist there,
     and every route NEW removed is resolved by a migration that applies to OLD's version."""
     out: list[Diagnostic] = []
-    applying = [m for m in new.migrations if m.applies_to(old.version)]
-    for m in applying:
-        out += _old_side(m, old)
-    resolved = {route for m in applying for route in (*m.routes, *m.scopes)}
+    chain = applying(new.migrations, old.version)
+    for m in chain:
+        if m.applies_to(old.version):  # a later link of the chain names an intermediate version's names
+            out += _old_side(m, old)
+    resolved = {route for m in chain for route in (*m.routes, *m.scopes)}
     for name, route in old.routes.items():
         if name not in new.routes and name not in resolved:
             out.append(_diag(route.where, "warning",
@@ -138,6 +153,15 @@ def declared_state(config: BotConfig) -> dict[str, set[str]]:
     """The top-level keys a bot declares: {"state": ..., "scope": ...} (scope: every route's)."""
     scope = {k for r in config.routes.values() for k in (*r.scope.local, *r.scope.shared)}
     return {"state": set(config.state), "scope": scope}
+
+
+def applying(migrations: list[MigrationConfig], old_version: str | None) -> list[MigrationConfig]:
+    """The migrations a session of `old_version` goes through: the first whose `from:` names it
+    (or is `*`), and every one after it — a list kept oldest first chains versions (1 -> 2 -> 3)."""
+    for i, m in enumerate(migrations):
+        if m.applies_to(old_version):
+            return migrations[i:]
+    return []
 
 
 def split_state_path(path: str) -> tuple[str, list[str]]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.definition.config import BotConfig, KeyChanges, MigrationConfig
-from chatrun.definition.migrations import split_state_path
+from chatrun.definition.migrations import applying, split_state_path
 from chatrun.engine.scopes import Scope, init_declared
 from chatrun.messages import AssistantMessage, Message, ToolCall, ToolResultMessage
 
@@ -51,10 +51,9 @@ def migrate_snapshot(snapshot: dict[str, Any], old: BotConfig, new: BotConfig,
                      memories: dict[str, list[Message]]) -> MigrationResult:
     """The session `snapshot` of bot `old`, with its `memories`, as a session of `new`."""
     run = _Migration(copy.deepcopy(snapshot), {mid: list(ms) for mid, ms in memories.items()}, new)
-    for migration in new.migrations:
-        if migration.applies_to(old.version):
-            run.apply(migration)
-            run.result.applied.append(migration.index)
+    for migration in applying(new.migrations, old.version):
+        run.apply(migration)
+        run.result.applied.append(migration.index)
     run.finish(old)
     return run.result
 
