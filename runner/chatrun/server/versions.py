@@ -175,6 +175,9 @@ class VersionShelf:
         if held is not None:
             return held.bot
         loaded = await self._load(name, recorded)
+        held = versions.find(recorded)  # another request may have loaded it meanwhile
+        if held is not None:
+            return held.bot
         versions.add(loaded)
         return loaded.bot
 
