@@ -326,10 +326,10 @@ class Turn:
         roots = self.roots()
         for path, template in output.set.items():
             assigned = self.render_template(template, f"output set {path}", output.where, {"output": value}, typed=True)
-            if isinstance(template, str) and is_nothing(assigned):
+            if self.assigns_nothing(template, assigned):
                 continue
             try:
-                set_path(roots, path, copy.deepcopy(assigned))
+                set_path(roots, path, copy.deepcopy(None if is_nothing(assigned) else assigned))
             except ChatrunError as exc:
                 raise TurnFailed(f"route {route.name} ({output.where}): {exc}") from exc
 
@@ -660,16 +660,21 @@ class Turn:
         return ToolOutcome(reply, _next_step(action, execute), moved=action.leaves_route or action.end,
                            deferred=bool(action.call))
 
+    def assigns_nothing(self, template: Any, value: Any) -> bool:
+        """Whether a `set` template's value assigns nothing: in format 2 a template that renders to
+        none/undefined does; in format 1 it assigned None (docs/format.md, "Format version")."""
+        return isinstance(template, str) and is_nothing(value) and self.c.config.format_version >= 2
+
     def assign_and_emit(self, tool: ToolConfig, action: ActionConfig, extra: dict[str, Any]) -> None:
         """The action's `set` assignments, then its `emit` events."""
         where = tool.where
         roots = self.roots()
         for path, template in action.set.items():
             value = self.render_template(template, f"set {path}", where, extra, typed=True)
-            if isinstance(template, str) and is_nothing(value):
-                continue  # a template that renders to none/undefined assigns nothing
+            if self.assigns_nothing(template, value):
+                continue
             try:
-                set_path(roots, path, copy.deepcopy(value))
+                set_path(roots, path, copy.deepcopy(None if is_nothing(value) else value))
             except ChatrunError as exc:
                 raise TurnFailed(f"tool {tool.name} ({where}): {exc}") from exc
         for event_type, template in action.emit.items():

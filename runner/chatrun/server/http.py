@@ -40,6 +40,7 @@ from chatrun.server.plumbing import (
     read_json_object,
 )
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
+from chatrun.server.versions import RETRY_AFTER_S, VERSION_HEADER
 
 log = logging.getLogger("chatrun.server")
 
@@ -89,7 +90,8 @@ async def list_bots(who: Caller, registry: Registry) -> list[dict[str, Any]]:
 
 async def read_bot(bot: str, who: Caller, registry: Registry) -> dict[str, Any]:
     found = registry.bot(bot)
-    return _bot_summary(found) | {"graph": graph_data(found)}
+    versions = [v.to_dict() for v in registry.shelf.bots[found.name].versions]
+    return _bot_summary(found) | {"graph": graph_data(found), "versions": versions}
 
 
 async def create_session(bot: str, request: Request, who: Caller, registry: Registry) -> dict[str, Any]:
@@ -105,7 +107,8 @@ async def create_session(bot: str, request: Request, who: Caller, registry: Regi
         raise wire.RequestFailed(wire.BAD_REQUEST, "state must be a JSON object")
     if state:
         check_initial_state(state, registry.bot(bot).config.state)
-    async with registry.session(bot, session_id, who, NEW, route=route, state=state) as session:
+    version = request.headers.get(VERSION_HEADER)  # a tester's pick (docs/versions.md, "Canaries")
+    async with registry.session(bot, session_id, who, NEW, route=route, state=state, version=version) as session:
         return session_data(session)
 
 
@@ -241,6 +244,9 @@ def _bot_summary(bot: Any) -> dict[str, Any]:
         "description": config.description,
         "default_route": config.default_route,
         "routes": list(config.routes),
+        "version": config.version,  # the human `version:`, when the bot has one
+        "content_version": config.content_version,  # the hash of its files (docs/versions.md)
+        "on_change": config.on_change,
     }
 
 
@@ -350,6 +356,8 @@ def _plain_schema(node: Any) -> Any:
 def failure_response(exc: wire.RequestFailed) -> JSONResponse:
     status = wire.HTTP_STATUS.get(exc.reason, 400)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 503:  # draining, or a bot version this replica lacks: another try is served
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
     return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=status, headers=headers)
 
 
