@@ -42,6 +42,7 @@ from chatrun.messages import (
 
 DEFAULT_ID = "default"  # LangChain4j's id of a memory built without one
 CLEARED = "[cleared:"  # how a tool result `clear_tool_results` emptied begins
+_NO_CALLS: frozenset[str] = frozenset()  # the empty `_open` every memory without unanswered calls shares
 
 if TYPE_CHECKING:
     from chatrun.definition.config import MemoryPolicy
@@ -167,7 +168,9 @@ class _Window:
         self._items: deque[tuple[Message, int]] = deque()
         self._total = 0  # sum of the counts of the system message and the items
         self._first = 0  # sequence number of _items[0]; item i has number _first + i
-        self._open: set[str] = set()  # unanswered tool call ids of the tail assistant message
+        # Unanswered tool call ids of the tail assistant message; shared empty set when none, so
+        # an idle memory holds no set of its own (216 B each).
+        self._open: frozenset[str] = _NO_CALLS
         self._open_seq = -1  # sequence number of that assistant message
 
     def _size(self) -> int:
@@ -196,14 +199,14 @@ class _Window:
         if isinstance(message, ToolResultMessage):
             if self._open_seq < self._first or message.tool_call_id not in self._open:
                 return False  # an orphan: its call is not the tail assistant's, or was answered
-            self._open.discard(message.tool_call_id)
+            self._open = self._open - {message.tool_call_id}
         elif not isinstance(message, Message):
             raise ChatrunError(f"memory {self.id}: cannot add {type(message).__name__}, not a chat message")
         else:
-            self._open = set()
+            self._open = _NO_CALLS
         seq = self._first + len(self._items)
         if isinstance(message, AssistantMessage) and message.tool_calls:
-            self._open = {c.id for c in message.tool_calls}
+            self._open = frozenset(c.id for c in message.tool_calls)
             self._open_seq = seq
         count = self._count(message)
         self._items.append((message, count))
