@@ -28,7 +28,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -65,6 +65,15 @@ class Identity:
     namespace: str = ""  # the `user` field or a trusted front-end chat id
     previous: dict[str, Any] | None = None  # the record of previous_response_id
     route: str | None = None  # entry route for a new session (model "bot/route")
+    # The running hash of `earlier` (per owner): hashed once, then only extended by the turn.
+    _hashes: dict[str | None, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def prefix_key(self, owner: str | None, more: Sequence[tuple[str, str]] = ()) -> str:
+        """The index key of the earlier conversation followed by `more` (TurnIndex.prefix_key)."""
+        running = self._hashes.get(owner)
+        if running is None:
+            running = self._hashes[owner] = _running_hash(self.bot, owner, self.namespace, self.earlier)
+        return _key_after(running, bool(self.earlier), more)
 
 
 @dataclass
@@ -93,8 +102,8 @@ class TurnIndex:
 
     @staticmethod
     def prefix_key(bot: str, owner: str | None, namespace: str, exchange: Exchange) -> str:
-        text = json.dumps([bot, owner or "", namespace, exchange], ensure_ascii=False, separators=(",", ":"))
-        return "openai:prefix:" + hashlib.sha256(text.encode()).hexdigest()
+        """The key of a conversation: the SHA-256 of the JSON text [bot, owner, namespace, exchange]."""
+        return _key_after(_running_hash(bot, owner, namespace, []), False, exchange)
 
     @staticmethod
     def response_key(response_id: str) -> str:
@@ -134,7 +143,7 @@ class TurnIndex:
             return
         record = ident.previous
         if record is None and ident.earlier:
-            record = await self.records.get_record(self.prefix_key(ident.bot, _owner(who), ident.namespace, ident.earlier))
+            record = await self.records.get_record(ident.prefix_key(_owner(who)))
         if record is not None and record.get("bot") == ident.bot and await self._alive(record):
             async with registry.session(ident.bot, record["session"], who, EXISTING) as session:
                 if session.turn_count == record["turn"]:
@@ -186,6 +195,26 @@ class TurnIndex:
         # A new session (versions.CREATE: refused if the id exists), written like any commit.
         await self.registry.store.commit_turn(Commit.encode(new, snapshot, memories, [], expected=CREATE), None)
         return new
+
+
+def _running_hash(bot: str, owner: str | None, namespace: str, exchange: Exchange) -> Any:
+    """A SHA-256 of the prefix key's JSON text without its closing "]]", so a longer
+    conversation's key extends it instead of hashing the whole conversation again."""
+    text = _JSON([bot, owner or "", namespace, exchange])[:-2]
+    return hashlib.sha256(text.encode())
+
+
+def _key_after(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) -> str:
+    """The prefix key of the conversation `running` hashed followed by `more`."""
+    hashed = running.copy()
+    if more:
+        hashed.update(("," if nonempty else "").encode() + _JSON(list(more))[1:-1].encode())
+    hashed.update(b"]]")
+    return "openai:prefix:" + hashed.hexdigest()
+
+
+def _JSON(value: Any) -> str:  # noqa: N802 - the one spelling of the key's JSON text
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _seed(session: Session, earlier: Exchange) -> int:
