@@ -26,7 +26,8 @@ messages are loaded once at construction, `update_messages` is called after each
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, MutableSequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from chatrun.errors import ChatrunError
@@ -69,7 +70,7 @@ class ChatMemory(Protocol):
 
 
 class _Window:
-    """The shared machinery: a system slot plus a list of (message, count) pairs."""
+    """The shared machinery: a system slot plus a sequence of (message, count) pairs."""
 
     ephemeral = False
 
@@ -164,9 +165,10 @@ class _Window:
 
     def _reset(self) -> None:
         self._system: tuple[SystemMessage, int] | None = None
-        # A list, not a deque: a deque's first block alone is ~760 B per memory of every idle
-        # session, and evicting from the front of a window-sized list is a short memmove.
-        self._items: list[tuple[Message, int]] = []
+        # A list until the window first evicts, then a deque (_pop_front): a deque's first block
+        # alone is ~760 B per memory of every idle session, but evicting from a list's front
+        # moves the whole window (2.5 us an add at 30,000 messages, against 0.6).
+        self._items: MutableSequence[tuple[Message, int]] = []
         self._total = 0  # sum of the counts of the system message and the items
         self._first = 0  # sequence number of _items[0]; item i has number _first + i
         # Unanswered tool call ids of the tail assistant message; shared empty set when none, so
@@ -239,7 +241,10 @@ class _Window:
         return evicted
 
     def _pop_front(self) -> None:
-        _, count = self._items.pop(0)
+        items = self._items
+        if not isinstance(items, deque):
+            items = self._items = deque(items)
+        _, count = items.popleft()
         self._total -= count
         self._first += 1
 
