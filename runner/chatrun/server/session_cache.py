@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SlotKey = tuple[str, str]  # (bot name, session id)
 
 
-@dataclass
+@dataclass(slots=True)  # one per cached session: no __dict__
 class Slot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     session: Session | None = None
