@@ -726,7 +726,8 @@ def test_an_event_type_the_bot_never_sends_warns(tmp_path):
     result = run_transcript(str(path))
     assert not result.passed  # the comparison fails too; the warning says why at once
     assert result.warnings == [f"{path}:3: warning: expects a `Mesage` event, but bot bank never sends one (it can "
-                               "send: Choices, Console, ConversationEnded, Error, Message, Object, RouteChanged, Stream, Thinking)"]
+                               "send: Choices, Console, ConversationEnded, Error, Message, Object, Pending, Resolved, "
+                               "RouteChanged, Stream, Thinking, UserMessage)"]
 
 
 def test_the_example_transcripts_have_no_warnings():

@@ -161,7 +161,7 @@ EXPECTED = {
         ("templates.yaml", 10, "error",
          'template error in `user` of route `main`: no filter named `upper_case`; did you mean `upper`?'),
         ("templates.yaml", 16, "error",
-         '`message` of tool `greet` uses unknown template variable `usr_message`; did you mean `user_message`? (templates can use: state, scope, args, user_message, data, route, stack, turn, result, error, output, now, today, principal, session_id)'),
+         '`message` of tool `greet` uses unknown template variable `usr_message`; did you mean `user_message`? (templates can use: state, scope, args, user_message, data, route, stack, turn, result, error, output, now, today, principal, session_id, decision)'),
         ("templates.yaml", 17, "error",
          "template error in `reply` of tool `greet`: unexpected '}'"),
     ],
@@ -421,9 +421,9 @@ def test_brief_format_keys_are_all_in_the_schema():
                                                 "tools", "scope", "roles"}
     assert set(defs["action"]["properties"]) == {"push", "pop", "route", "execute", "immediate", "clear_memory",
                                                  "wipe", "set", "emit", "message", "reply", "result", "cases",
-                                                 "call", "end", "choices"}
-    # A case adds an action with the same keys, but no nested cases.
-    assert set(defs["caseAction"]["properties"]) == set(defs["action"]["properties"]) - {"cases"}
+                                                 "call", "end", "choices", "ask", "operator"}
+    # A case adds an action with the same keys, but no nested cases and no pause (the tool's own action pauses).
+    assert set(defs["caseAction"]["properties"]) == set(defs["action"]["properties"]) - {"cases", "ask", "operator"}
     assert set(defs["tool"]["properties"]) >= {"description", "parameters", "requires", "handler", "action",
                                                "on_error", "timeout"}
 
@@ -630,3 +630,25 @@ def test_a_user_template_reading_data_unguarded_is_a_warning_that_says_what_work
                  "{% if data.page is defined %}{{ data.page }}: {% endif %}{{ user_message }}",
                  "{{ data.page if 'page' in data else '' }}{{ user_message }}"):
         assert warnings(fine) == [], fine
+
+
+def test_a_route_asking_to_stream_is_warned_that_quarkus_clients_get_a_message(write_bot):
+    path = write_bot("""\
+        name: streams
+        routes:
+          main:
+            default: true
+            model: {stream: true}
+            tools: []
+          said:
+            entry: true
+            model: {stream: true}
+            stream_to_quarkus: false
+          multi:
+            entry: true
+            model: {stream: true}
+            stream_to_quarkus: true
+        """)
+    _config, found = check_bot(path)
+    assert [(d.line, d.severity) for d in found] == [(5, "warning")]
+    assert "add `stream_to_quarkus: true`" in found[0].message and "route `main`" in found[0].message

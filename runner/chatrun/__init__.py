@@ -26,8 +26,8 @@ _LAZY: dict[str, str] = {
     "Session": "chatrun.engine.session",
     **dict.fromkeys(("Clock", "FixedClock", "SystemClock"), "chatrun.engine.clock"),
     **dict.fromkeys(
-        ("BotError", "ChatrunError", "Diagnostic", "ForbiddenRouteError", "FrameError", "LeaseLost",
-         "ModelError", "RequestFailed", "SessionBusy", "SessionError", "StaleVersion", "ToolRefusal",
+        ("BotError", "ChatrunError", "DecisionRefused", "Diagnostic", "ForbiddenRouteError", "FrameError",
+         "InvalidDecision", "LeaseLost", "ModelError", "NotPending", "RequestFailed", "SessionBusy", "SessionError", "StaleVersion", "ToolRefusal",
          "TurnFailed", "UnknownRouteError"),
         "chatrun.errors"),
     "Event": "chatrun.events",
@@ -36,6 +36,8 @@ _LAZY: dict[str, str] = {
                     "chatrun.messages"),
     **dict.fromkeys(("ChatModel", "ModelPool", "ModelRequest", "ModelResponse"), "chatrun.models"),
     "ScriptedModel": "chatrun.models.scripted",
+    **dict.fromkeys(("Answer", "Approve", "Expire", "OperatorSay", "PendingItem", "Reject", "Release", "TakeOver"),
+                    "chatrun.engine.pending"),
     "OpenAIModel": "chatrun.models.openai_model",  # the openai package: about half a second
     **dict.fromkeys(("SessionStore", "open_store"), "chatrun.store"),
     "InMemoryStore": "chatrun.store.memory",
@@ -48,15 +50,28 @@ if _typing.TYPE_CHECKING:  # type checkers see every name; at run time __getattr
     from chatrun import events
     from chatrun.engine.bot import Bot, load_bot
     from chatrun.engine.clock import Clock, FixedClock, SystemClock
+    from chatrun.engine.pending import (
+        Answer,
+        Approve,
+        Expire,
+        OperatorSay,
+        PendingItem,
+        Reject,
+        Release,
+        TakeOver,
+    )
     from chatrun.engine.session import Session
     from chatrun.errors import (
         BotError,
         ChatrunError,
+        DecisionRefused,
         Diagnostic,
         ForbiddenRouteError,
         FrameError,
+        InvalidDecision,
         LeaseLost,
         ModelError,
+        NotPending,
         RequestFailed,
         SessionBusy,
         SessionError,
@@ -113,6 +128,8 @@ from chatrun.definition import kinds as _kinds  # noqa: E402  (after the names i
 _kinds.fill_with(_register_tool_kinds)
 
 __all__ = [
+    "Answer",
+    "Approve",
     "AssistantMessage",
     "Bot",
     "BotError",
@@ -120,12 +137,15 @@ __all__ = [
     "ChatModel",
     "ChatrunError",
     "Clock",
+    "DecisionRefused",
     "Diagnostic",
     "Event",
+    "Expire",
     "FixedClock",
     "ForbiddenRouteError",
     "FrameError",
     "InMemoryStore",
+    "InvalidDecision",
     "LeaseLost",
     "Message",
     "MessageWindowMemory",
@@ -133,7 +153,12 @@ __all__ = [
     "ModelPool",
     "ModelRequest",
     "ModelResponse",
+    "NotPending",
     "OpenAIModel",
+    "OperatorSay",
+    "PendingItem",
+    "Reject",
+    "Release",
     "RequestFailed",
     "SQLiteStore",
     "ScriptedModel",
@@ -144,6 +169,7 @@ __all__ = [
     "StaleVersion",
     "SystemClock",
     "SystemMessage",
+    "TakeOver",
     "TokenWindowMemory",
     "ToolCall",
     "ToolContext",

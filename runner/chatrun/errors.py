@@ -11,6 +11,9 @@
     ├── StaleVersion             a store refused a commit: the session is not at the version the turn started from
     │   └── LeaseLost            ... because the turn's lease on the session expired (another replica may hold it)
     ├── SessionBusy              the session is running a turn and the request would not (or could no longer) wait
+    ├── DecisionRefused          a decision on a pending item by someone who may not make it (role, self rule)
+    ├── NotPending               a decision on an item that is not pending (unknown, or resolved already)
+    ├── InvalidDecision          a decision whose edited arguments or answer do not validate (item stays pending)
     └── RequestFailed            a server request that cannot be served (reason + message)
         └── FrameError           a malformed WebSocket frame
 
@@ -131,6 +134,35 @@ class LeaseLost(StaleVersion):
 
 class SessionBusy(ChatrunError):
     """The session is running a turn and the request asked not to wait (or waited too long)."""
+
+
+class DecisionRefused(ChatrunError):
+    """A decision on a pending item by a principal who may not make it: it lacks the item's roles,
+    or it caused the call and the bot does not allow self-approval. Nothing was committed."""
+
+    def __init__(self, item: str, needed: list[str], caller: list[str], why: str = ""):
+        self.item, self.needed, self.caller = item, list(needed), list(caller)
+        text = why or (f"pending item {item} may be decided only by one of the roles {', '.join(needed) or '(none)'}; "
+                       f"the caller has {', '.join(caller) or 'no roles'}")
+        super().__init__(text)
+
+
+class NotPending(ChatrunError):
+    """A decision on an item that is not pending: unknown, or already resolved (`outcome` says how)."""
+
+    def __init__(self, session_id: str, item: str, outcome: str | None = None):
+        self.session_id, self.item, self.outcome = session_id, item, outcome
+        done = f"it was resolved already ({outcome})" if outcome else "no open item has that id"
+        super().__init__(f"session {session_id}: item {item} is not pending: {done}")
+
+
+class InvalidDecision(ChatrunError):
+    """A decision whose edited arguments or answer do not match the declared schema: nothing was
+    committed and the item stays pending (the server answers 422)."""
+
+    def __init__(self, item: str, problems: str):
+        self.item, self.problems = item, problems
+        super().__init__(f"item {item}: {problems}")
 
 
 class RequestFailed(ChatrunError):

@@ -16,13 +16,18 @@ STREAM = "Stream"  # a chunk of the model's reply while it streams
 ROUTE_CHANGED = "RouteChanged"  # chatrun extension: data = {"route": str, "stack": [str, ...]}
 CHOICES = "Choices"  # chatrun extension: choices offered to the user; data = {"choices": [{"label", "value"}]}
 ENDED = "ConversationEnded"  # chatrun extension: an `end` action ended the conversation; data = {"route", "tool"}
+# Humans in the loop (chatrun extension; engine/pending.py, docs/format.md "Humans in the loop"):
+PENDING = "Pending"  # an item waits: data = PendingItem.public() (a backend's copy adds "token")
+RESOLVED = "Resolved"  # an item was resolved: data = {"id", "kind", "outcome", "by", "args"?, "answer"?, "reason"?}
+USER_MESSAGE = "UserMessage"  # during a takeover, the user's message for the operators: data = {"text", "data"}
 
 # What a failed turn's Error event says to the user. The author's detail (the file and line,
 # the exception) is in the event's meta["detail"], the history, the log: never in the text.
 TURN_FAILED_TEXT = "Sorry, something went wrong and your last message could not be handled. Nothing of it was kept; please try again."
 MODEL_FAILED_TEXT = "Sorry, the assistant cannot answer right now. Nothing of your last message was kept; please try again."
 
-BUILTIN_TYPES = (MESSAGE, OBJECT, THINKING, CONSOLE, ERROR, STREAM, ROUTE_CHANGED, CHOICES, ENDED)
+BUILTIN_TYPES = (MESSAGE, OBJECT, THINKING, CONSOLE, ERROR, STREAM, ROUTE_CHANGED, CHOICES, ENDED, PENDING, RESOLVED,
+                 USER_MESSAGE)
 
 # Who an event is for. The user's clients (the WebSocket, HTTP, /v1, the page, the REPL's
 # conversation) get only USER events; OPERATORS events are for the people who watch or take
@@ -46,6 +51,10 @@ class Event:
     # (the Quarkus runtime never sends Error). Not part of to_dict(): the history is unchanged.
     runtime: bool = field(default=False, compare=False)
     audience: str = USER  # USER, OPERATORS or BACKEND (AUDIENCES): who may receive it
+    # True for a Stream chunk of a route with `stream_to_quarkus: true`: Quarkus-dialect chats get
+    # its chunks (as from a route returning Multi<String>); of any other route they get the
+    # Message that follows. Not part of to_dict(), like `runtime`.
+    multi: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict:
         out = {"type": self.type, "data": self.data, "turn": self.turn}

@@ -56,6 +56,16 @@ class _Checker:
     def add(self, severity: str, message: str, kind: str, name: str, *sub: Any) -> None:
         self.out.append(self.src.diag(severity, message, kind, name, *sub))
 
+    def quarkus_stream(self, route: RouteConfig) -> None:
+        """A Quarkus-dialect chat now gets a streamed reply as one Message unless the route
+        says `stream_to_quarkus: true`: a route that asks its model to stream gets a warning
+        until it says which it means."""
+        if route.stream_to_quarkus is None and (route.model or {}).get("stream") is True:
+            self.add("warning", f"route `{route.name}` streams (`model: {{stream: true}}`), but Quarkus-dialect "
+                     "WebSocket chats now get its reply as one Message: add `stream_to_quarkus: true` to send them "
+                     "Stream chunks (a Quarkus Multi<String> route), or `false` to keep the Message",
+                     "routes", route.name, "model", "stream")
+
     def run(self) -> None:
         self.default_route()
         self.encodings()
@@ -72,6 +82,7 @@ class _Checker:
             if isinstance(route.choices, str):
                 self.template(route.choices, f"`choices` of route `{route.name}`", ("routes", route.name, "choices"),
                               None, routes=[route.name])
+            self.quarkus_stream(route)
         for tool in self.config.tools.values():
             self.tool(tool)
         self.env()
@@ -187,6 +198,8 @@ class _Checker:
             if problem:
                 self.add("error", f"`requires` of tool `{name}` names `{path}`, but {problem}", *base, "requires", i)
         self.action(tool, tool.action, (*base, "action"), "")
+        self.approval(tool)
+        self.ask_and_operator(tool)
         self.cases(tool)
         self.loops(tool)
         if tool.on_error is not None:
@@ -251,6 +264,86 @@ class _Checker:
             if source and isinstance(source, str):
                 self.template(source, f"`{key}` of {of}", (*at, key), tool, routes=routes)
 
+    def approval(self, tool: ToolConfig) -> None:
+        """`approval:`: its condition compiles, its editable names are parameters, its texts compile
+        (`rejected` sees `decision`). Durations and enums are the schema's."""
+        approval = tool.approval
+        if approval is None:
+            return
+        at = ("tools", tool.name, "approval")
+        routes = self.routes_of.get(tool.name, [])
+        if approval.condition is not None:
+            self.condition(approval.condition, f"`approval.if` of tool `{tool.name}`", (*at, "if"), tool, routes)
+        declared = _declared_args(tool.parameters) or []
+        for i, name in enumerate(approval.edit if isinstance(approval.edit, list) else []):
+            if name not in declared:
+                self.add("error", f"`approval.edit` of tool `{tool.name}` names `{name}`, which is not one of its "
+                         f"parameters{suggest(name, declared)}", *at, "edit", i)
+            elif name in tool.bind:
+                self.add("error", f"`approval.edit` of tool `{tool.name}` names `{name}`, which the bot binds "
+                         "(`bind:`): an approver cannot change it", *at, "edit", i)
+        if approval.self_decide is False and approval.by == ["user"]:
+            self.add("error", f"`approval` of tool `{tool.name}` has `by: [user]` and `self: false`: the user who "
+                     "caused the call is the only one who may decide it, so no one could; add a role to `by`",
+                     *at, "self")
+        for key in ("ask", "rejected"):
+            source = getattr(approval, key)
+            if source:
+                self.template(source, f"`approval.{key}` of tool `{tool.name}`", (*at, key), tool, routes=routes)
+
+    def ask_and_operator(self, tool: ToolConfig) -> None:
+        """An action's `ask:` (its schema, `into` path, texts, `on_timeout` answer) and `operator:`
+        (its `release_to` route); at most one of them, and no move beside them."""
+        action, at = tool.action, ("tools", tool.name, "action")
+        routes = self.routes_of.get(tool.name, [])
+        ask, operator = action.ask, action.operator
+        if ask is not None and operator is not None:
+            self.add("error", f"tool `{tool.name}` has both `ask` and `operator`: one pause per call", *at, "operator")
+        if ask is not None:
+            try:
+                _check_schema(json.dumps(ask.schema, sort_keys=True))
+            except (NotASchema, TypeError, ValueError) as exc:
+                self.add("error", f"`ask.schema` of tool `{tool.name}` is not a valid JSON Schema: "
+                         f"{getattr(exc, 'message', exc)}", *at, "ask", "schema")
+            if ask.into:
+                problem = self.undeclared(ask.into)
+                if problem:
+                    self.add("warning", f"`ask.into` of tool `{tool.name}` is `{ask.into}`, but {problem}",
+                             *at, "ask", "into")
+            if ask.text:
+                self.template(ask.text, f"`ask.text` of tool `{tool.name}`", (*at, "ask", "text"), tool,
+                              routes=routes)
+            if ask.choices is not None and ask.source != "user":
+                self.add("error", f"`ask.choices` of tool `{tool.name}`: choices are for `from: user`",
+                         *at, "ask", "choices")
+        if operator is not None:
+            if operator.release_to and operator.release_to not in self.config.routes:
+                self.add("error", f"`operator.release_to` of tool `{tool.name}` names unknown route "
+                         f"`{operator.release_to}`{suggest(operator.release_to, self.config.routes)}",
+                         *at, "operator", "release_to")
+            if operator.text:
+                self.template(operator.text, f"`operator.text` of tool `{tool.name}`", (*at, "operator", "text"),
+                              tool, routes=routes)
+
+    def condition(self, condition: str, what: str, path: tuple, tool: ToolConfig, routes: list[str]) -> bool:
+        """A condition (a Jinja expression without braces) compiles and reads what is declared;
+        False when it does not compile."""
+        if any(mark in condition for mark in ("{{", "}}", "{%", "%}", "{#")):
+            self.add("error", f"{what}: a condition is a Jinja expression without `{{{{ }}}}` "
+                     "(write `args.amount > state.balance`)", *path)
+            return False
+        source = "{{ " + condition + " }}"
+        # Parsed here (syntax errors at load, with their line); compiled to Python on first
+        # use, once per process: compiling costs a millisecond each, too much for a big bot.
+        try:
+            _analyse(source)
+        except TemplateSyntaxError as exc:
+            message = (exc.message or "").replace("end of print statement", "end of the condition")
+            self.add("error", f"{what} does not compile: {message}", *path)
+            return False
+        self.template(source, what, path, tool, routes=routes)
+        return True
+
     def cases(self, tool: ToolConfig) -> None:
         """Each case's condition compiles and reads what is declared and visible; `else` comes last;
         each case's action is checked like the tool's own."""
@@ -266,20 +359,9 @@ class _Checker:
                 self.action(tool, case.action, (*at, "else"), " (else case)")
                 continue
             what = f"condition `{case.condition}` of tool `{tool.name}`"
-            if any(mark in case.condition for mark in ("{{", "}}", "{%", "%}", "{#")):
-                self.add("error", f"{what}: a condition is a Jinja expression without `{{{{ }}}}` "
-                         "(write `args.amount > state.balance`)", *at, "if")
-                continue
-            source = "{{ " + case.condition + " }}"
-            # Parsed here (syntax errors at load, with their line); compiled to Python on first
-            # use, once per process: compiling costs a millisecond each, too much for a big bot.
-            try:
-                _analyse(source)
-            except TemplateSyntaxError as exc:
-                message = (exc.message or "").replace("end of print statement", "end of the condition")
-                self.add("error", f"{what} does not compile: {message}", *at, "if")
-            else:
-                self.template(source, what, (*at, "if"), tool, routes=routes)
+            if not self.condition(case.condition, what, (*at, "if"), tool, routes):
+                if any(mark in case.condition for mark in ("{{", "}}", "{%", "%}", "{#")):
+                    continue
             self.action(tool, case.action, (*at, "then"), f" (case `if: {case.condition}`)")
 
     def loops(self, tool: ToolConfig) -> None:

@@ -77,6 +77,51 @@ class MemoryPolicy:
 
 
 @dataclass
+class AskConfig:
+    """An action's `ask:`: a question that waits for an answer of `schema` from `source`."""
+
+    source: str  # "user" | "operator" | "backend" (YAML `from:`)
+    text: str | None = None  # template shown while it waits
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
+    choices: list[Any] | str | None = None
+    into: str | None = None  # state path the answer lands at
+    timeout: str | None = None  # a duration ("2d")
+    on_timeout: Any = None
+    has_on_timeout: bool = False  # `on_timeout:` given (its value may be null)
+    where: Location = field(default_factory=Location)
+
+
+@dataclass
+class OperatorConfig:
+    """An action's `operator:`: a handover to a live operator."""
+
+    role: str = "operators"  # the server's operator role (server/audience.py), one name for one role
+    text: str | None = None
+    release_to: str | None = None
+    remember: str = "messages"  # "messages" | "summary"
+    where: Location = field(default_factory=Location)
+
+
+@dataclass
+class ApprovalConfig:
+    """A tool's `approval:`: the call waits for a decision by one of `by` before it runs."""
+
+    condition: str | None = None  # YAML `if:`; None: always
+    by: list[str] = field(default_factory=lambda: ["user"])
+    self_decide: bool | None = None  # YAML `self:`; None: true only when `by` has `user`
+    edit: list[str] | bool = field(default_factory=list)
+    ask: str | None = None
+    timeout: str | None = None
+    on_timeout: str = "reject"  # "reject" | "approve"
+    rejected: str | None = None
+    where: Location = field(default_factory=Location)
+
+    @property
+    def may_self_decide(self) -> bool:
+        return self.self_decide if self.self_decide is not None else "user" in self.by
+
+
+@dataclass
 class ActionConfig:
     """What a tool does to the conversation besides returning a result.
 
@@ -103,6 +148,8 @@ class ActionConfig:
     result: str | None = None  # template: with pop, handed to the parent route's memory
     choices: list[Any] | str | None = None  # choices offered to the user: a list, or a template of one
     cases: list[CaseConfig] = field(default_factory=list)  # the first whose condition holds adds its action
+    ask: AskConfig | None = None  # a question that waits (the tool's action only, not a case's)
+    operator: OperatorConfig | None = None  # a handover to an operator (the tool's action only)
     where: Location = field(default_factory=Location)
     _merged: dict[int, ActionConfig] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -120,7 +167,8 @@ class ActionConfig:
             values = {key: getattr(extra, key) or getattr(self, key) for key in _SCALAR_KEYS}
             values["set"] = {**{k: v for k, v in self.set.items() if k not in extra.set}, **extra.set}
             values["emit"] = {**{k: v for k, v in self.emit.items() if k not in extra.emit}, **extra.emit}
-            merged = self._merged[id(case)] = ActionConfig(**values, where=extra.where)
+            merged = self._merged[id(case)] = ActionConfig(**values, ask=self.ask, operator=self.operator,
+                                                           where=extra.where)
         return merged
 
     def variants(self) -> list[tuple[CaseConfig | None, ActionConfig]]:
@@ -194,6 +242,7 @@ class ToolConfig:
     # Bound arguments (`bind:`): argument NAME -> template. Not offered to the model, never taken
     # from it: the engine renders them into the call's arguments (engine/binding.py).
     bind: dict[str, Any] = field(default_factory=dict)
+    approval: ApprovalConfig | None = None  # the call waits for a person's decision (`approval:`)
 
     @property
     def kind(self) -> str | None:
@@ -223,6 +272,7 @@ class RouteConfig:
     name: str
     system: str = ""  # Jinja2 template
     description: str = ""
+    title: str = ""  # what end users read for the route (the web page); "": its name
     default: bool = False
     entry: bool = False  # clients start conversations here too (so it counts as reachable)
     user: str | None = None  # Jinja2 template turning structured input into the user message
@@ -236,6 +286,9 @@ class RouteConfig:
     returns: str | None = None  # "answer": when called, the final answer is the result (the scope pops)
     output: OutputConfig | None = None  # structured output: JSON answers, validated
     choices: list[Any] | str | None = None  # offered after the route's final answer: a list, or a template
+    # Quarkus-dialect WebSocket chats get this route's streamed reply as Stream chunks (a Quarkus
+    # route returning Multi<String>); else as one Message (a route returning String).
+    stream_to_quarkus: bool | None = None  # None: not said (false)
     where: Location = field(default_factory=Location)
 
 

@@ -19,6 +19,8 @@ from chatrun.definition.checks import run_checks
 from chatrun.definition.config import (
     DEFAULT_TOOL_TIMEOUT,
     ActionConfig,
+    ApprovalConfig,
+    AskConfig,
     BotConfig,
     CaseConfig,
     EnvVar,
@@ -28,6 +30,7 @@ from chatrun.definition.config import (
     MemoryPolicy,
     ModelConfig,
     OnErrorConfig,
+    OperatorConfig,
     OutputConfig,
     Price,
     RetryPolicy,
@@ -551,6 +554,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         name=name,
         system=_str(raw.get("system")) or "",
         description=_str(raw.get("description")) or "",
+        title=_str(raw.get("title")) or "",
         default=_bool(raw.get("default")),
         entry=_bool(raw.get("entry")),
         user=_str(raw.get("user")),
@@ -563,6 +567,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         returns=raw.get("returns") if raw.get("returns") == "answer" else None,
         output=_output(raw.get("output"), doc, (*base, "output")),
         choices=_choices(raw.get("choices")),
+        stream_to_quarkus=None if raw.get("stream_to_quarkus") is None else _bool(raw.get("stream_to_quarkus")),
         where=_loc(doc, base),
     )
 
@@ -635,6 +640,55 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
                                _loc(doc, (*base, "on_error"))) if isinstance(on_error, dict) else None,
         where=_loc(doc, base),
         bind={k: v for k, v in _dict(raw.get("bind")).items() if isinstance(k, str)},
+        approval=_approval(raw.get("approval"), doc, (*base, "approval")),
+    )
+
+
+def _approval(raw: Any, doc: YamlDoc, path: tuple) -> ApprovalConfig | None:
+    if not isinstance(raw, dict):
+        return None
+    edit = raw.get("edit")
+    by = _str_list(raw.get("by"))
+    self_decide = raw.get("self")
+    return ApprovalConfig(
+        condition=_str(raw.get("if")),
+        by=by or ["user"],
+        self_decide=self_decide if isinstance(self_decide, bool) else None,
+        edit=edit if isinstance(edit, bool) else _str_list(edit),
+        ask=_str(raw.get("ask")),
+        timeout=_str(raw.get("timeout")),
+        on_timeout="approve" if raw.get("on_timeout") == "approve" else "reject",
+        rejected=_str(raw.get("rejected")),
+        where=_loc(doc, path),
+    )
+
+
+def _ask(raw: Any, doc: YamlDoc, path: tuple) -> AskConfig | None:
+    if not isinstance(raw, dict) or raw.get("from") not in ("user", "operator", "backend"):
+        return None
+    schema = raw.get("schema")
+    return AskConfig(
+        source=raw["from"],
+        text=_str(raw.get("text")),
+        schema=dict(schema) if isinstance(schema, dict) else {"type": "string"},
+        choices=_choices(raw.get("choices")),
+        into=_str(raw.get("into")),
+        timeout=_str(raw.get("timeout")),
+        on_timeout=raw.get("on_timeout"),
+        has_on_timeout="on_timeout" in raw,
+        where=_loc(doc, path),
+    )
+
+
+def _operator(raw: Any, doc: YamlDoc, path: tuple) -> OperatorConfig | None:
+    if not isinstance(raw, dict):
+        return None
+    return OperatorConfig(
+        role=_str(raw.get("role")) or "operators",
+        text=_str(raw.get("text")),
+        release_to=_str(raw.get("release_to")),
+        remember="summary" if raw.get("remember") == "summary" else "messages",
+        where=_loc(doc, path),
     )
 
 
@@ -657,6 +711,8 @@ def _action(action: dict, doc: YamlDoc, path: tuple, where: Location | None = No
         result=_str(action.get("result")),
         choices=_choices(action.get("choices")),
         cases=_cases(action["cases"], doc, path) if "cases" in action else [],
+        ask=_ask(action.get("ask"), doc, (*path, "ask")),
+        operator=_operator(action.get("operator"), doc, (*path, "operator")),
         where=where or _loc(doc, path),
     )
 

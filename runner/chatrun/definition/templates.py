@@ -25,6 +25,8 @@ TEMPLATE_VARIABLES: tuple[str, ...] = ("state", "scope", "args", "user_message",
 # Who is signed in (`principal.name`, `principal.roles`, its claims) and the session's id: what
 # bound arguments (`bind:`) are usually made of, usable in every template.
 TEMPLATE_VARIABLES += ("principal", "session_id")
+# A decision on a pending item (humans in the loop): {outcome, by, reason, args}; none elsewhere.
+TEMPLATE_VARIABLES += ("decision",)
 
 
 class _Undefined(StrictUndefined):

@@ -21,6 +21,13 @@ from typing import Any
 from chatrun.definition.config import BotConfig, RouteConfig
 from chatrun.definition.templates import render, render_value
 from chatrun.engine.clock import SYSTEM_CLOCK, Clock, session_zone
+from chatrun.engine.pending import (
+    PENDING_COUNTER_KEY,
+    PENDING_KEY,
+    RESOLVED_KEY,
+    TAKEOVER_KEY,
+    PendingItem,
+)
 from chatrun.engine.scopes import Scope, ScopeView, init_declared, merged_scope
 from chatrun.engine.usage import Usage
 from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
@@ -43,6 +50,10 @@ class Checkpoint:
     memories: dict[str, list[Message]]
     usage: Usage
     ended: dict[str, str] | None = None
+    pending: list[dict[str, Any]] | None = None  # the open items (their snapshot form)
+    next_pending: int = 1
+    taken_over: dict[str, Any] | None = None
+    resolved: dict[str, str] | None = None
 
 
 class Conversation:
@@ -66,6 +77,10 @@ class Conversation:
         self.clock: Clock = SYSTEM_CLOCK  # what `now` reads (transcripts and the REPL pin it)
         self.turn_instant: datetime | None = None  # the clock read once when a turn starts
         self.tokenizer: str | None = None  # the pinned token counter (a transcript's `tokenizer:`)
+        self.pending: list[PendingItem] = []  # open items, oldest first (engine/pending.py)
+        self.next_pending = 1  # the number of the next item ("p1", "p2", ...)
+        self.taken_over: dict[str, Any] | None = None  # {"by", "since"} while an operator has it
+        self.resolved: dict[str, str] = {}  # the last resolved items' outcomes, by id (NotPending says it)
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -93,6 +108,10 @@ class Conversation:
         self.scopes = [Scope.from_dict(d) for d in snapshot["scopes"]]
         self.usage = Usage.from_dict(snapshot.get("usage"))
         self.ended = snapshot.get("ended")
+        self.pending = [PendingItem.from_dict(d) for d in snapshot.get(PENDING_KEY) or ()]
+        self.next_pending = snapshot.get(PENDING_COUNTER_KEY, 1)
+        self.taken_over = snapshot.get(TAKEOVER_KEY)
+        self.resolved = snapshot.get(RESOLVED_KEY) or {}
         for scope in self.scopes:
             if scope.route not in self.config.routes:
                 raise SessionError(f"session {self.id} is on route {scope.route!r}, which the bot no longer defines")
@@ -111,6 +130,11 @@ class Conversation:
             "usage": self.usage.to_dict(),
             "updated": time.time(),
             **({"ended": self.ended} if self.ended else {}),
+            # Only sessions that ever had an item carry these: other snapshots read as before.
+            **({PENDING_KEY: [item.to_dict() for item in self.pending], PENDING_COUNTER_KEY: self.next_pending}
+               if self.next_pending > 1 else {}),
+            **({TAKEOVER_KEY: self.taken_over} if self.taken_over else {}),
+            **({RESOLVED_KEY: self.resolved} if self.resolved else {}),
         }
 
     # -- where it is -----------------------------------------------------------------------
@@ -249,6 +273,7 @@ class Conversation:
             "result": None,
             "principal": self.principal,  # who is signed in (name, roles, claims), None when no one
             "session_id": self.id,
+            "decision": None,  # set while a decision on a pending item applies (engine/pending.py)
             "now": now,
             "today": now.date(),
         }
@@ -273,7 +298,9 @@ class Conversation:
 
     def capture(self) -> Checkpoint:
         return Checkpoint(self.turn_count, copy.deepcopy(self.state), copy.deepcopy(self.scopes), self._next_scope,
-                          {mid: m.messages() for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended)
+                          {mid: m.messages() for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended,
+                          [item.to_dict() for item in self.pending], self.next_pending, copy.deepcopy(self.taken_over),
+                          dict(self.resolved))
 
     def rollback(self, before: Checkpoint) -> None:
         self.turn_count = before.turn_count
@@ -282,6 +309,10 @@ class Conversation:
         self._next_scope = before.next_scope
         self.usage = copy.copy(before.usage)
         self.ended = before.ended
+        self.pending = [PendingItem.from_dict(d) for d in before.pending or ()]
+        self.next_pending = before.next_pending
+        self.taken_over = before.taken_over
+        self.resolved = dict(before.resolved or {})
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
         self._memories.clear()

@@ -28,9 +28,19 @@ from chatrun import events as ev
 from chatrun.engine import tracing
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import Checkpoint, Conversation
+from chatrun.engine.pending import (
+    DECISION_TYPES,
+    Decision,
+    Expire,
+    PendingItem,
+    decision_entry,
+    earliest_due,
+    parse_time,
+)
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
 from chatrun.engine.turn import Turn
+from chatrun.engine.waiting import check_decision
 from chatrun.errors import ChatrunError, ModelError, SessionError
 from chatrun.events import Event
 from chatrun.memory.tokens import (
@@ -52,7 +62,7 @@ if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
 
 log = logging.getLogger("chatrun")
-Input = str | dict[str, Any] | None
+Input = str | dict[str, Any] | Decision | None
 _DONE = object()
 
 
@@ -246,6 +256,21 @@ class Session:
         return self._c.ended
 
     @property
+    def pending(self) -> list[PendingItem]:
+        """The open pending items (approvals, questions, a takeover), oldest first (copies)."""
+        return [PendingItem.from_dict(item.to_dict()) for item in self._c.pending]
+
+    @property
+    def taken_over(self) -> dict[str, Any] | None:
+        """{"by": principal, "since": iso} while an operator has the conversation, else None."""
+        return copy.deepcopy(self._c.taken_over)
+
+    @property
+    def next_due(self) -> str | None:
+        """The earliest due time of the open items (ISO), or None: when `Expire()` has work."""
+        return earliest_due(self._c.pending)
+
+    @property
     def stale(self) -> str | None:
         """Why this session cannot run a turn on its (reloaded) bot, or None."""
         return self._stale
@@ -336,11 +361,12 @@ class Session:
         return self
 
     def _emit(self, event_type: str, data: object, runtime: bool = False, meta: dict[str, Any] | None = None,
-              audience: str | None = None) -> None:
+              audience: str | None = None, multi: bool = False) -> None:
         # Who it is for: a handler's explicit audience, else as the bot's `events:` declares the type;
         # chatrun's own events (a failed turn's Error) are always the user's.
         who = ev.USER if runtime else audience or self.bot.config.audience_of(event_type)
-        event = Event(event_type, ev.plain(data), self.turn_count + 1, meta or {}, runtime=runtime, audience=who)
+        event = Event(event_type, ev.plain(data), self.turn_count + 1, meta or {}, runtime=runtime, audience=who,
+                      multi=multi)
         if self._sink is not None:
             self._sink(event)
 
@@ -375,13 +401,27 @@ class Session:
         return [event async for event in self.stream(message)]
 
     async def stream(self, message: Input = None) -> AsyncIterator[Event]:
-        """Run one turn, yielding its events as they happen (Stream chunks included)."""
+        """Run one turn, yielding its events as they happen (Stream chunks included).
+
+        A decision on a pending item (`Approve`, `Reject`, `Answer`, `TakeOver`, `OperatorSay`,
+        `Release`, `Expire`; engine/pending.py) is an input too. It is checked before its turn
+        starts: `NotPending`, `DecisionRefused`, `InvalidDecision` raise and nothing is committed.
+        `Expire()` with nothing due runs no turn."""
         self._check_usable()
-        text, data = _split_input(message)
+        decision: Decision | None = None
+        text: str | None = None
+        data: dict[str, Any] = {}
+        if isinstance(message, DECISION_TYPES):
+            decision = message
+            check_decision(self._c, self.bot.tools, decision)
+            if isinstance(decision, Expire) and not self._due(decision):
+                return
+        else:
+            text, data = _split_input(message)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._running = True
         self._sink = queue.put_nowait
-        task = asyncio.ensure_future(self._run_turn(text, data))
+        task = asyncio.ensure_future(self._run_turn(text, data, decision))
         task.add_done_callback(lambda _t: queue.put_nowait(_DONE))
         try:
             while (item := await queue.get()) is not _DONE:
@@ -398,11 +438,17 @@ class Session:
             self._sink = None
             self._running = False
 
-    async def _run_turn(self, text: str | None, data: dict[str, Any]) -> None:
+    def _due(self, expire: Expire) -> bool:
+        """Whether `Expire` has an item to resolve (by its `now`, else the session clock's)."""
+        now = parse_time(expire.now) if expire.now else self.now()
+        return any(item.is_due(now) for item in self._c.pending)
+
+    async def _run_turn(self, text: str | None, data: dict[str, Any], decision: Decision | None = None) -> None:
         before = self._c.capture()
         self._c.turn_instant = self._c.clock.now()  # one turn, one `now`: its decisions agree on the day
-        turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks)
-        entry = {"turn": turn.number, "input": text if not data else ev.plain(data), "at": time.time()}
+        turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks, decision)
+        given = decision_entry(decision) if decision is not None else text if not data else ev.plain(data)
+        entry = {"turn": turn.number, "input": given, "at": time.time()}
         collected: list[Event] = []
         sink = self._sink
 
@@ -414,8 +460,10 @@ class Session:
         self._sink = collect
         span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"))
         try:
-            with span:
+            with span as current:
                 await turn.run()
+                tracing.record_turn(current, entry["input"], [e.data for e in collected if e.for_user
+                                                              and e.type in (ev.MESSAGE, ev.OBJECT)])
                 await turn.summarize()  # after the reply: it never delays the user's answer
             self._c.turn_count = turn.number
             self._c.usage.add(turn.usage)

@@ -24,7 +24,7 @@ import copy
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
@@ -38,15 +38,18 @@ from chatrun.definition.config import (
     ToolConfig,
 )
 from chatrun.definition.templates import holds, is_nothing
-from chatrun.engine import observe, tracing
+from chatrun.engine import observe, tracing, waiting
 from chatrun.engine.binding import Unbound, bind_arguments, ignored_note
 from chatrun.engine.conversation import Conversation
+from chatrun.engine.pending import Decision
 from chatrun.engine.scopes import Scope, ScopeView, get_path, set_path
 from chatrun.engine.steps import (
     NextStep,
     NextStepFinalOutput,
     NextStepHandoff,
+    NextStepPause,
     NextStepRunAgain,
+    ToolOutcome,
     combine,
 )
 from chatrun.engine.tools import (
@@ -75,7 +78,7 @@ from chatrun.messages import (
 from chatrun.models.base import ChatModel, ModelRequest, ModelResponse
 from chatrun.toolkinds.base import ToolFailed, Writable
 
-Emit = Callable[..., None]  # (type, data, runtime=False, audience=None)
+Emit = Callable[..., None]  # (type, data, runtime=False, audience=None, multi=False)
 log = logging.getLogger("chatrun.engine")
 
 
@@ -86,17 +89,6 @@ class WorkingState:
     state: dict[str, Any]
     scopes: list[Scope]
     turn: dict[str, Any]
-
-
-@dataclass
-class ToolOutcome:
-    """What one tool call gave: the result the model reads, and the step it asks the loop for."""
-
-    reply: str
-    next: NextStep = NextStepRunAgain()
-    moved: bool = False  # it left the route or ended the conversation: the response's later calls do not run
-    deferred: bool = False  # a `call`: the result comes when the called scope returns
-    failed: bool = False  # the tool did not do its work (refused, failed, unknown): for metrics
 
 
 @dataclass
@@ -118,7 +110,8 @@ class Turn:
     """Runs one user input on a conversation; `emit` sends the turn's events as they happen."""
 
     def __init__(self, conversation: Conversation, tools: Toolbox, model: ChatModel, emit: Emit,
-                 text: str | None, data: dict[str, Any], mocks: ToolMocks | None = None):
+                 text: str | None, data: dict[str, Any], mocks: ToolMocks | None = None,
+                 decision: Decision | None = None):
         self.c = conversation
         self.config = conversation.config
         self.tools = tools
@@ -142,12 +135,17 @@ class Turn:
         self.user_given: set[str] = set()
         self.ended: str | None = None  # the tool that ended the conversation
         self.work: WorkingState | None = None  # the copies the current tool's own code writes to
+        self.decision = decision  # the input of a decision turn (Approve, Answer, Expire, ...), else None
+        self.decision_info: dict[str, Any] | None = None  # `decision` in templates while one applies
+        self.paused = False  # a call of this turn waits (approval, question, operator)
 
     # -- the loop ---------------------------------------------------------------
 
     async def run(self) -> None:
-        step: NextStep = NextStepHandoff()  # the current route runs first
-        while isinstance(step, NextStepHandoff):
+        # The current route runs first, unless something waits (engine/waiting.py): then a decision
+        # resolves it and the loop goes on (run again or hand off), or a message is handled without it.
+        step: NextStep = await waiting.first_step(self)
+        while isinstance(step, NextStepHandoff | NextStepRunAgain):
             route = self.c.scope.route
             self.hops.append(route)
             if len(self.hops) > self.config.limits.max_hops:
@@ -224,7 +222,7 @@ class Turn:
         streamed = model_config.stream and not run.returning and not route.output
         with tracing.chat_span(model_config.provider, model_config.name, route.name,
                                model_config.temperature) as span:
-            response = await observe.timed_call(self.model, request, self.stream_chunk if streamed else None)
+            response = await observe.timed_call(self.model, request, self.chunk_sender(bool(route.stream_to_quarkus)) if streamed else None)
             calls = tuple(
                 ToolCall(c.id or f"call_{self.number}_{self.model_calls}_{i}", c.name, c.arguments)
                 for i, c in enumerate(response.tool_calls)
@@ -271,6 +269,8 @@ class Turn:
         for call in calls:
             if left:
                 where = ("an earlier tool call ended the conversation" if self.ended else
+                         "an earlier tool call waits for a person; call this again after it is resolved"
+                         if self.paused else
                          f"an earlier tool call moved the conversation to route {self.c.scope.route}")
                 outcomes.append(ToolOutcome(f"Not run: {where}."))
                 continue
@@ -279,17 +279,25 @@ class Turn:
                 if outcome.failed:
                     tracing.tool_failed(span)
             left = outcome.moved
+            self.paused = self.paused or isinstance(outcome.next, NextStepPause)
             outcomes.append(outcome)
         return outcomes
 
     def offer(self, choices: list[Any] | str | None, what: str, where: Any,
               values: dict[str, Any] | None = None) -> None:
         """A Choices event: static choices, or a template's list (none or empty: no event)."""
+        normalized = self.choice_list(choices, what, where, values)
+        if normalized:
+            self.emit(ev.CHOICES, {"choices": normalized})
+
+    def choice_list(self, choices: list[Any] | str | None, what: str, where: Any,
+                    values: dict[str, Any] | None = None) -> list[dict[str, str]]:
+        """Choices as `[{label, value}]`: static ones, or a template's list (none: no choices)."""
         if choices is None:
-            return
+            return []
         items = self.render_template(choices, what, where, values, typed=True) if isinstance(choices, str) else choices
         if is_nothing(items):
-            return
+            return []
         if not isinstance(items, list):
             raise TurnFailed(f"{where}: {what}: the template gave {type(items).__name__}, not a list of choices")
         normalized = []
@@ -300,8 +308,7 @@ class Turn:
                 normalized.append({"label": str(item), "value": str(item)})
             else:
                 raise TurnFailed(f"{where}: {what}: {item!r} is not a choice (a text, or a mapping with a label)")
-        if normalized:
-            self.emit(ev.CHOICES, {"choices": normalized})
+        return normalized
 
     def apply_output(self, route: RouteConfig, value: Any) -> None:
         """A valid structured answer: an Object event, then the output's `set` assignments."""
@@ -357,12 +364,18 @@ class Turn:
         """Render for text (typed=False) or for a value that keeps its type (setters, event data).
         `values` adds to what templates see (a tool's `args` and `result`)."""
         try:
-            context = self.c.template_context(self.turn_state, self.user_message, self.data, **(values or {}))
-            return self.c.render(source, context, typed=typed)
+            return self.c.render(source, self.context(**(values or {})), typed=typed)
         except ChatrunError:
             raise
         except Exception as exc:  # jinja2 UndefinedError, TypeError in filters, ...
             raise TurnFailed(f"{where}: {what} template failed: {exc}") from exc
+
+    def context(self, **values: Any) -> dict[str, Any]:
+        """What this turn's templates see, with `values` (a tool's `args`, `result`) and, while a
+        decision applies, `decision`."""
+        if self.decision_info is not None:
+            values = {"decision": self.decision_info, **values}
+        return self.c.template_context(self.turn_state, self.user_message, self.data, **values)
 
     def add_system(self, memory: ChatMemory, route: RouteConfig) -> None:
         if route.system:
@@ -437,9 +450,13 @@ class Turn:
             self._counters[model] = counter
         return counter
 
-    async def stream_chunk(self, chunk: str) -> None:
-        if chunk:
-            self.emit(ev.STREAM, chunk)
+    def chunk_sender(self, multi: bool) -> Callable[[str], Awaitable[None]]:
+        """What the model calls with each chunk of a streamed reply: a Stream event. `multi`: the
+        route streams to Quarkus-dialect clients too (`stream_to_quarkus`, Quarkus' Multi<String>)."""
+        async def send(chunk: str) -> None:
+            if chunk:
+                self.emit(ev.STREAM, chunk, multi=multi)
+        return send
 
     # -- tools ----------------------------------------------------------------------
 
@@ -467,6 +484,8 @@ class Turn:
             args, ignored = self.arguments(tool, call.arguments)
             self.check_requires(tool)
             self.check_action(tool)
+            if waiting.needs_approval(self, tool, args):  # nothing of the tool runs before the decision
+                return waiting.request_approval(self, tool, args, call.id)
         except ToolRefusal as refusal:
             return ToolOutcome(str(refusal), failed=True)
         outcome = await self.run_checked_tool(tool, args, call.id)
@@ -506,9 +525,10 @@ class Turn:
     async def run_checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
         """A call whose arguments, requirements and action were checked: its result, then its action."""
         self.work = None
+        asks = tool.action.ask is not None  # the action applies once the answer is in (engine/waiting.py)
         try:
             result = await self.tool_result(tool, args)
-            action = self.choose(tool, args, result)
+            action = tool.action if asks else self.choose(tool, args, result)
             if action is not tool.action:
                 self.check_action(tool, action)  # a case's move, now that the case is known
         except ToolRefusal as refusal:  # the handler refused, the API call failed, the case cannot complete
@@ -519,6 +539,8 @@ class Turn:
             return self.handler_error(tool, args, failure)
         if self.work is not None:
             self.adopt(self.work)
+        if asks:
+            return waiting.ask_question(self, tool, args, result, call_id)
         return await self.apply(tool, args, result, action, call_id)
 
     async def tool_result(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
@@ -602,6 +624,11 @@ class Turn:
         resumes = self.move(tool, action, handed_back, call_id)
         if action.end:
             self.ended = tool.name
+        if action.operator is not None:
+            waiting.hand_over(self, tool, action.operator, extra)
+            if reply is None:
+                reply = "An operator takes the conversation over now; the conversation continues with them."
+            return ToolOutcome(reply, NextStepPause(), moved=True)
         if reply is None:
             reply = self.default_reply(tool, result, action)
         # A call runs the called route now; a returning call resumes the caller now.
@@ -650,7 +677,7 @@ class Turn:
         action = tool.action
         if not action.cases:
             return action
-        context = self.c.template_context(self.turn_state, self.user_message, self.data, args=args, result=result)
+        context = self.context(args=args, result=result)
         for case in action.cases:
             if case.condition is None:
                 return action.with_case(case)

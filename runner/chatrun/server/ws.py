@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketState
 
+from chatrun.engine import tracing
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.outbound import Outbound
@@ -223,9 +224,10 @@ class Connection:
                 )
             dialect = self.dialect_of(frame.chat_id)
             frames = dialect.turn()
-            async for event in run:
-                if frames.keep(event):
-                    await self.send(frame.chat_id, event.type, event.data, frame.request_id)
+            with tracing.own_trace():  # one trace per turn, linked to the connection's
+                async for event in run:
+                    if frames.keep(event):
+                        await self.send(frame.chat_id, event.type, event.data, frame.request_id)
             # A replay sends a committed turn again: it succeeded (only successes are recorded).
             last = None if run.replayed else session.last_turn
             if last is not None and last.get("ok") is False:

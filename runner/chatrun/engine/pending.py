@@ -1,0 +1,175 @@
+"""Humans in the loop: what waits for a party other than the model, and the inputs that resolve it.
+
+A **pending item** is a tool call (or the whole conversation) waiting for someone: an approval
+of a tool call (`approval:` on a tool), a question that waits for an answer (`ask:` in an
+action), an operator's takeover (`operator:` in an action, or `TakeOver`). It is plain data
+kept in the session's snapshot under `PENDING_KEY`, committed with the turn that made it.
+
+Resolving it is **an input to a turn** — `session.stream(Approve("p1"))` — so a decision is as
+atomic, rolled back and recorded as a user's message (docs/format.md, "Humans in the loop").
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any
+
+from chatrun.engine.clock import parse_duration
+
+PENDING_KEY = "pending"  # the snapshot's list of open items (plain dicts)
+PENDING_COUNTER_KEY = "pending_next"  # the snapshot's next item number
+TAKEOVER_KEY = "taken_over"  # the snapshot's takeover: {"by", "since"} or absent
+RESOLVED_KEY = "pending_resolved"  # the snapshot's last resolved items: {id: outcome}
+
+APPROVAL = "approval"
+QUESTION = "question"
+TAKEOVER = "takeover"
+KINDS = (APPROVAL, QUESTION, TAKEOVER)
+
+# Outcomes in Resolved events and `decision.outcome`
+APPROVED, EDITED, REJECTED, TIMED_OUT = "approved", "edited", "rejected", "timed_out"
+ANSWERED, RELEASED, TAKEN = "answered", "released", "taken"
+
+USER_ROLE = "user"  # in `by:`: the session's own user
+BACKEND_ROLE = "backend"  # a question `from: backend` is answered with its token
+
+APPROVAL_CHOICES = [{"label": "Approve", "value": "approve"}, {"label": "Reject", "value": "reject"}]
+
+
+@dataclass
+class PendingItem:
+    """One open item; `to_dict()`/`from_dict()` are its snapshot form."""
+
+    id: str
+    kind: str  # APPROVAL | QUESTION | TAKEOVER
+    created: str  # ISO time from the session clock
+    due: str | None
+    route: str
+    scope_id: str
+    tool: str | None = None
+    call_id: str | None = None
+    args: dict[str, Any] | None = None
+    ask: str = ""  # the rendered text users and approvers see
+    by: list[str] = field(default_factory=list)  # roles that may decide / answer / take
+    edit: list[str] = field(default_factory=list)  # editable parameters (approvals)
+    schema: dict[str, Any] | None = None  # questions: the answer's JSON Schema
+    choices: list[Any] | None = None  # questions from the user: offered choices
+    requested_by: dict[str, Any] | None = None  # the principal whose message created it
+    token: str | None = None  # questions from backend: the secret it answers with
+    data: dict[str, Any] = field(default_factory=dict)  # kind-specific extras
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PendingItem:
+        known = {f.name for f in fields(cls)}
+        return cls(**copy.deepcopy({k: v for k, v in d.items() if k in known}))
+
+    def public(self) -> dict[str, Any]:
+        """What a `Pending` event carries: everything but the token and the kind's extras."""
+        out = self.to_dict()
+        del out["token"], out["data"]
+        if self.kind == APPROVAL:
+            out["choices"] = copy.deepcopy(APPROVAL_CHOICES)
+        return out
+
+    def is_due(self, now: datetime) -> bool:
+        return self.due is not None and parse_time(self.due) <= now
+
+
+# -- the inputs that resolve items (accepted by Session.stream / chat / achat) ---------------
+
+
+@dataclass(frozen=True)
+class Approve:
+    """Approve the tool call of item `item`, optionally with edited arguments."""
+
+    item: str
+    args: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Refuse the tool call of item `item`: the model is told the tool's `rejected` text."""
+
+    item: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The answer to question `item` (validated against its schema); a backend sends its token."""
+
+    item: str
+    value: Any
+    token: str | None = None
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """An operator takes the conversation (no item needed): the bot stays silent until `Release`."""
+
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class OperatorSay:
+    """The operator speaks to the user (a Message event with meta {"from": "operator"})."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """The operator gives the conversation back to the bot, optionally on another route."""
+
+    route: str | None = None
+
+
+@dataclass(frozen=True)
+class Expire:
+    """Resolve every item whose due time has passed (by the session clock, or `now`); no-op if none."""
+
+    now: str | None = None
+
+
+Decision = Approve | Reject | Answer | TakeOver | OperatorSay | Release | Expire
+DECISION_TYPES = (Approve, Reject, Answer, TakeOver, OperatorSay, Release, Expire)
+_DECISION_NAMES = {Approve: "approve", Reject: "reject", Answer: "answer", TakeOver: "takeover",
+                   OperatorSay: "operator_say", Release: "release", Expire: "expire"}
+
+
+def decision_entry(decision: Decision) -> dict[str, Any]:
+    """A decision as a history entry's input: {"decision": {"kind": "approve", "item": "p1", ...}}.
+    A backend's token is never recorded."""
+    body = {k: v for k, v in asdict(decision).items() if v is not None and k != "token"}
+    return {"decision": {"kind": _DECISION_NAMES[type(decision)], **body}}
+
+
+# -- times ------------------------------------------------------------------------------------
+
+def due_after(now: datetime, timeout: str | None) -> str | None:
+    """When an item made `now` with `timeout` (a duration such as `30m`) is due; None: never."""
+    return format_time(now + parse_duration(timeout)) if timeout else None
+
+
+def format_time(moment: datetime) -> str:
+    """An instant as stored in items: ISO 8601 in UTC, so stores can compare and index them."""
+    return moment.astimezone(UTC).isoformat()
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO time as an aware instant (one without an offset is UTC)."""
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def earliest_due(items: list[PendingItem]) -> str | None:
+    dues = [item for item in items if item.due is not None]
+    if not dues:
+        return None
+    return min(dues, key=lambda item: parse_time(item.due or "")).due

@@ -1,0 +1,595 @@
+"""Humans in the loop at work in a turn: pausing a call, and the turns that resolve what waits.
+
+The data (PendingItem, the inputs Approve/Reject/Answer/TakeOver/OperatorSay/Release/Expire) is
+engine/pending.py's; this module is what a `Turn` does with it:
+
+- `request_approval`, `ask_question`, `hand_over` make an item while a tool call runs; the
+  call's outcome asks the loop for `NextStepPause` (engine/steps.py) and the turn ends committed.
+- `check_decision` runs before a decision turn starts (roles, the self rule, a pending item,
+  valid edited arguments or answer) and raises: nothing is committed when it refuses.
+- `first_step` is where every turn begins: a decision resolves its item and says how the model
+  loop continues; a message while something waits follows the rules of docs/format.md
+  ("Messages while something is pending"); otherwise the current route runs as always.
+
+It imports the turn only for type checking: the turn calls in, never the other way round at
+import time (no cycle).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from jsonschema import Draft202012Validator
+
+from chatrun import events as ev
+from chatrun.definition.config import OperatorConfig, ToolConfig
+from chatrun.definition.templates import holds
+from chatrun.engine import tracing
+from chatrun.engine.conversation import Conversation
+from chatrun.engine.pending import (
+    ANSWERED,
+    APPROVAL,
+    APPROVED,
+    BACKEND_ROLE,
+    EDITED,
+    QUESTION,
+    REJECTED,
+    RELEASED,
+    TAKEN,
+    TAKEOVER,
+    TIMED_OUT,
+    USER_ROLE,
+    Answer,
+    Approve,
+    Decision,
+    Expire,
+    OperatorSay,
+    PendingItem,
+    Reject,
+    Release,
+    TakeOver,
+    due_after,
+    format_time,
+    parse_time,
+)
+from chatrun.engine.scopes import set_path
+from chatrun.engine.steps import (
+    NextStep,
+    NextStepFinalOutput,
+    NextStepHandoff,
+    NextStepPause,
+    ToolOutcome,
+    combine,
+)
+from chatrun.engine.tools import check_arguments
+from chatrun.errors import (
+    ChatrunError,
+    DecisionRefused,
+    InvalidDecision,
+    NotPending,
+    ToolRefusal,
+    TurnFailed,
+    UnknownRouteError,
+)
+from chatrun.memory import ChatMemory
+from chatrun.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+
+if TYPE_CHECKING:
+    from chatrun.engine.tools import Toolbox
+    from chatrun.engine.turn import Turn
+
+OPERATOR_ROLE = "operators"  # the server's operator role (server/audience.py): may act on any takeover
+RESOLVED_KEPT = 50  # how many resolved items' outcomes a session remembers (for NotPending)
+_YES = {"approve", "approved", "yes", "y", "ok", "okay", "sure", "confirm", "go ahead"}
+_NO = {"reject", "rejected", "no", "n", "deny", "cancel", "decline"}
+
+
+# -- who may decide (before the turn) -------------------------------------------------------------
+
+
+def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
+    """Refuse a decision before its turn starts: NotPending, DecisionRefused or InvalidDecision.
+    Expire, TakeOver of a conversation nobody handed over, and the like need no item."""
+    if isinstance(decision, Expire):
+        return
+    if isinstance(decision, TakeOver | OperatorSay | Release):
+        item = takeover_item(c)
+        if item is None and not isinstance(decision, TakeOver):
+            raise NotPending(c.id, "takeover", None)
+        needed = list(dict.fromkeys([*(item.by if item else []), OPERATOR_ROLE]))
+        _check_roles(c, item.id if item else "takeover", needed)
+        if isinstance(decision, Release) and decision.route and decision.route not in c.config.routes:
+            raise UnknownRouteError(decision.route, list(c.config.routes))
+        return
+    item = find_item(c, decision.item)
+    if isinstance(decision, Answer):
+        if item.kind != QUESTION:
+            what = "an approval, not a question: approve or reject it" if item.kind == APPROVAL else \
+                "a takeover, not a question: release it"
+            raise InvalidDecision(item.id, f"it is {what}")
+        if not (item.token and decision.token and secrets.compare_digest(item.token, decision.token)):
+            if item.by == [BACKEND_ROLE] and BACKEND_ROLE not in (c.roles or ()):
+                # A backend proves itself with the item's token (or a principal with the role
+                # `backend`), also where roles are not checked: the token is the only key it has.
+                why = "the token does not match this question's" if decision.token else \
+                    "a question for a backend is answered with its token"
+                raise DecisionRefused(item.id, item.by, _caller_roles(c, item) or [], f"item {item.id}: {why}")
+            _check_roles(c, item.id, item.by, item)
+        problem = answer_problem(item, decision.value)
+        if problem:
+            raise InvalidDecision(item.id, f"the answer is invalid: {problem}")
+        return
+    if item.kind != APPROVAL:
+        raise InvalidDecision(item.id, f"it is a {item.kind}, not an approval: "
+                              + ("answer it" if item.kind == QUESTION else "release it"))
+    _check_roles(c, item.id, item.by, item)
+    if not item.data.get("self", True) and _same_principal(c.principal, item.requested_by):
+        raise DecisionRefused(item.id, item.by, _caller_roles(c, item) or [],
+                              f"item {item.id}: the principal whose message caused the call of {item.tool} may not "
+                              "decide it (the tool's `approval` does not allow `self`); another approver must")
+    if isinstance(decision, Approve) and decision.args is not None:
+        edited_args(c, tools, item, decision.args)
+
+
+def find_item(c: Conversation, item_id: str) -> PendingItem:
+    for item in c.pending:
+        if item.id == item_id:
+            return item
+    raise NotPending(c.id, item_id, c.resolved.get(item_id))
+
+
+def takeover_item(c: Conversation) -> PendingItem | None:
+    return next((item for item in c.pending if item.kind == TAKEOVER), None)
+
+
+def _caller_roles(c: Conversation, item: PendingItem | None = None) -> list[str] | None:
+    """The caller's roles, with `user` when it is the session's user: no one signed in, the
+    session's owner, or the principal whose message made the item. None: roles are not checked
+    (a program or a server without --auth)."""
+    if c.roles is None:
+        return None
+    roles = set(c.roles)
+    name = (c.principal or {}).get("name")
+    owner = c.meta.get("owner")
+    if c.principal is None or (owner and name == owner) or (item and _same_principal(c.principal, item.requested_by)):
+        roles.add(USER_ROLE)
+    return sorted(roles)
+
+
+def _check_roles(c: Conversation, item_id: str, needed: list[str], item: PendingItem | None = None) -> None:
+    roles = _caller_roles(c, item)
+    if roles is not None and not set(roles) & set(needed):
+        raise DecisionRefused(item_id, needed, roles)
+
+
+def _same_principal(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two principals are the same one (by name; no one signed in is the same no one)."""
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(a.get("name")) and a.get("name") == b.get("name")
+
+
+def edited_args(c: Conversation, tools: Toolbox, item: PendingItem, changes: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments with an approver's changes, which must be editable and valid."""
+    tool = c.config.tools[item.tool or ""]
+    original = item.args or {}
+    changed = sorted(k for k, v in changes.items() if original.get(k, _MISSING) != v)
+    editable = set(item.edit)
+    refused = [k for k in changed if k not in editable]
+    if refused:
+        allowed = ", ".join(item.edit) or "none"
+        raise InvalidDecision(item.id, f"these arguments of {tool.name} may not be edited: {', '.join(refused)} "
+                              f"(editable: {allowed})")
+    args = {**original, **changes}
+    try:
+        check_arguments(tool, args, tools.argument_validator(tool))
+    except ToolRefusal as refusal:
+        raise InvalidDecision(item.id, str(refusal).removeprefix("Error: ").replace(
+            " Call it again with valid arguments.", "")) from None
+    return args
+
+
+_MISSING = object()
+
+
+def answer_problem(item: PendingItem, value: Any) -> str | None:
+    """What is wrong with an answer to a question (None: it matches the item's schema)."""
+    validator = Draft202012Validator(item.schema or {}, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    problems = [f"{'.'.join(map(str, e.absolute_path)) or 'the answer'}: {e.message}"
+                for e in sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))]
+    return "; ".join(problems) or None
+
+
+# -- making items (inside a tool call) ----------------------------------------------------------
+
+
+def needs_approval(turn: Turn, tool: ToolConfig, args: dict[str, Any]) -> bool:
+    approval = tool.approval
+    if approval is None:
+        return False
+    if approval.condition is None:
+        return True
+    context = turn.context(args=args)
+    try:
+        return holds(approval.condition, context)
+    except ChatrunError:
+        raise
+    except Exception as exc:
+        raise TurnFailed(f"tool {tool.name} ({approval.where}): condition `{approval.condition}` failed: {exc}") from exc
+
+
+def request_approval(turn: Turn, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
+    """The call waits: an approval item, a Pending event, a placeholder result for the model."""
+    approval = tool.approval
+    assert approval is not None
+    if approval.ask:
+        ask = turn.render_template(approval.ask, "approval ask", approval.where, {"args": args})
+    else:
+        ask = f"Approve {tool.name} with {json.dumps(args, ensure_ascii=False, sort_keys=True)}?"
+    editable = [k for k in (tool.parameters.get("properties") or {}) if k not in tool.bind] \
+        if approval.edit is True else list(approval.edit or [])
+    item = new_item(turn, APPROVAL, approval.timeout, tool=tool.name, call_id=call_id, args=args, ask=ask,
+                    by=list(approval.by), edit=editable,
+                    data={"self": approval.may_self_decide, "on_timeout": approval.on_timeout})
+    announce(turn, item)
+    return ToolOutcome(f"Waiting for approval: {ask}", NextStepPause(), moved=True)
+
+
+def ask_question(turn: Turn, tool: ToolConfig, args: dict[str, Any], result: Any, call_id: str) -> ToolOutcome:
+    """After the tool's own result: the question waits for its answer (the call's real result)."""
+    ask = tool.action.ask
+    assert ask is not None
+    extra = {"args": args, "result": result}
+    text = turn.render_template(ask.text, "ask text", ask.where, extra) if ask.text else "Waiting for an answer."
+    choices = turn.choice_list(ask.choices, f"tool {tool.name} ask choices", ask.where, extra)
+    by = {"user": [USER_ROLE], "operator": [OPERATOR_ROLE], "backend": [BACKEND_ROLE]}[ask.source]
+    item = new_item(turn, QUESTION, ask.timeout, tool=tool.name, call_id=call_id, args=args, ask=text, by=by,
+                    schema=copy.deepcopy(ask.schema), choices=choices or None,
+                    token=secrets.token_urlsafe(24) if ask.source == "backend" else None,
+                    data={"result": result})
+    announce(turn, item)
+    return ToolOutcome(f"Waiting for an answer: {text}", NextStepPause(), moved=True)
+
+
+def hand_over(turn: Turn, tool: ToolConfig, operator: OperatorConfig, extra: dict[str, Any]) -> None:
+    """An `operator:` action: the conversation waits for an operator to take it."""
+    text = turn.render_template(operator.text, "operator text", operator.where, extra) if operator.text else \
+        "Connecting you with a person."
+    item = new_item(turn, TAKEOVER, None, tool=tool.name, ask=text, by=[operator.role],
+                    data=_takeover_data(operator.release_to, operator.remember))
+    turn.emit(ev.MESSAGE, text)
+    announce(turn, item)
+
+
+def _takeover_data(release_to: str | None, remember: str) -> dict[str, Any]:
+    return {"messages": [], "release_to": release_to, "remember": remember}
+
+
+def new_item(turn: Turn, kind: str, timeout: str | None, **fields: Any) -> PendingItem:
+    c = turn.c
+    now = c.now()
+    item = PendingItem(id=f"p{c.next_pending}", kind=kind, created=format_time(now), due=due_after(now, timeout),
+                       route=c.scope.route, scope_id=c.scope.id, requested_by=copy.deepcopy(c.principal), **fields)
+    c.next_pending += 1
+    c.pending.append(item)
+    return item
+
+
+def announce(turn: Turn, item: PendingItem) -> None:
+    """The Pending events: the user's (and the operators' for items others decide), a backend's
+    copy with the token for a question it answers."""
+    public = item.public()
+    if item.kind != TAKEOVER:
+        turn.emit(ev.PENDING, public, audience=ev.USER)
+    if item.kind == TAKEOVER or any(role != USER_ROLE for role in item.by):
+        turn.emit(ev.PENDING, public, audience=ev.OPERATORS)
+    if item.token:
+        turn.emit(ev.PENDING, {**public, "token": item.token}, audience=ev.BACKEND)
+
+
+# -- where a turn begins ------------------------------------------------------------------------
+
+
+async def first_step(turn: Turn) -> NextStep:
+    """A decision's continuation, a message's handling while something waits, or (nothing
+    waits) the current route runs."""
+    decision = turn.decision
+    if decision is not None:
+        return await decide(turn, decision)
+    c = turn.c
+    if takeover_item(c) is not None:
+        return to_operators(turn)
+    blocking = [item for item in c.pending if item.scope_id == c.scope.id]
+    if not blocking:
+        return NextStepHandoff()
+    item = blocking[0]
+    if item.kind == APPROVAL and user_decides(turn, item):
+        return await approval_by_message(turn, item)
+    if item.kind == QUESTION and item.by == [USER_ROLE]:
+        return await answer_by_message(turn, item)
+    return queue(turn, item)
+
+
+def user_decides(turn: Turn, item: PendingItem) -> bool:
+    return USER_ROLE in item.by and (item.data.get("self", True)
+                                     or not _same_principal(turn.c.principal, item.requested_by))
+
+
+async def approval_by_message(turn: Turn, item: PendingItem) -> NextStep:
+    said = _said(turn).strip().strip(".!").casefold()
+    if said in _YES:
+        return await decide(turn, Approve(item.id))
+    if said in _NO:
+        return await decide(turn, Reject(item.id))
+    turn.emit(ev.MESSAGE, item.ask)
+    turn.emit(ev.CHOICES, {"choices": item.public()["choices"]})
+    return NextStepFinalOutput()
+
+
+async def answer_by_message(turn: Turn, item: PendingItem) -> NextStep:
+    value = _answer_of(turn, item)
+    problem = answer_problem(item, value)
+    if problem:
+        turn.emit(ev.MESSAGE, f"That answer does not fit: {problem}. {item.ask}")
+        if item.choices:
+            turn.emit(ev.CHOICES, {"choices": item.choices})
+        return NextStepFinalOutput()
+    return await decide(turn, Answer(item.id, value))
+
+
+def _said(turn: Turn) -> str:
+    value = turn.data.get("value") if turn.data else None
+    return str(value) if value is not None else turn.user_message or ""
+
+
+def _answer_of(turn: Turn, item: PendingItem) -> Any:
+    """A user's message as an answer: a choice's value (by label or value), the text for a string
+    schema, else the data sent (without userMessage) or the text read as JSON."""
+    text = _said(turn).strip()
+    for choice in item.choices or ():
+        if text.casefold() in (str(choice.get("label", "")).casefold(), str(choice.get("value", "")).casefold()):
+            return choice.get("value")
+    if (item.schema or {}).get("type") == "string":
+        return text
+    data = {k: v for k, v in (turn.data or {}).items() if k != "userMessage"}
+    if data:
+        return data
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def queue(turn: Turn, item: PendingItem) -> NextStep:
+    """Waiting on someone else: the message joins the scope's memory (the model reads it when the
+    loop resumes) and the user hears what is awaited. No model call."""
+    c = turn.c
+    scope = c.scope
+    memory = c.memory_for(scope, scope.route)
+    text = turn.render_user(c.route)
+    if text:
+        memory.add(UserMessage(text))
+    turn.emit(ev.MESSAGE, f"Still waiting: {item.ask}")
+    return NextStepFinalOutput()
+
+
+def to_operators(turn: Turn) -> NextStep:
+    """During a takeover the bot is silent: the message goes to the operators and is kept."""
+    item = takeover_item(turn.c)
+    assert item is not None
+    data = {"text": turn.user_message, "data": {k: v for k, v in turn.data.items() if k != "userMessage"}}
+    item.data.setdefault("messages", []).append({"from": "user", "text": _said(turn)})
+    turn.emit(ev.USER_MESSAGE, data, audience=ev.OPERATORS)
+    return NextStepFinalOutput()
+
+
+# -- decisions ----------------------------------------------------------------------------------
+
+
+async def decide(turn: Turn, decision: Decision) -> NextStep:
+    if isinstance(decision, Expire):
+        return await expire(turn, decision)
+    if isinstance(decision, TakeOver | OperatorSay | Release):
+        return operate(turn, decision)
+    item = find_item(turn.c, decision.item)
+    if isinstance(decision, Answer):
+        return await answered(turn, item, decision.value, ANSWERED)
+    if isinstance(decision, Reject):
+        return await rejected(turn, item, REJECTED, decision.reason)
+    args = item.args or {}
+    if decision.args is not None:
+        args = edited_args(turn.c, turn.tools, item, decision.args)
+    return await approved(turn, item, args, EDITED if args != (item.args or {}) else APPROVED, decision.reason)
+
+
+async def expire(turn: Turn, decision: Expire) -> NextStep:
+    """Every item due by `now` (the session clock's, unless given) is resolved as its timeout says."""
+    now = parse_time(decision.now) if decision.now else turn.c.now()
+    steps: list[NextStep] = []
+    for item in [i for i in turn.c.pending if i.is_due(now)]:
+        if item.kind == APPROVAL:
+            if item.data.get("on_timeout") == "approve":
+                steps.append(await approved(turn, item, item.args or {}, TIMED_OUT, None))
+            else:
+                steps.append(await rejected(turn, item, TIMED_OUT, None))
+        elif item.kind == QUESTION:
+            tool = turn.config.tools[item.tool or ""]
+            ask = tool.action.ask
+            if ask is not None and ask.has_on_timeout:
+                steps.append(await answered(turn, item, ask.on_timeout, TIMED_OUT))
+            else:
+                steps.append(dropped(turn, item))
+    return combine(steps) if steps else NextStepFinalOutput()
+
+
+def _decision(turn: Turn, outcome: str, reason: str | None, args: dict[str, Any] | None) -> dict[str, Any]:
+    """What `decision` is in templates (a case's condition, `rejected`) while it applies."""
+    by = None if outcome == TIMED_OUT else (turn.c.principal or {}).get("name")
+    return {"outcome": outcome, "by": by, "reason": reason, "args": args}
+
+
+async def approved(turn: Turn, item: PendingItem, args: dict[str, Any], outcome: str,
+                   reason: str | None) -> NextStep:
+    """The call runs now with `args` (its action too), its result replaces the placeholder."""
+    tool = turn.config.tools[item.tool or ""]
+    turn.decision_info = _decision(turn, outcome, reason, args)
+    memory = _memory_of(turn, item)
+    resolve(turn, item, outcome, reason=reason, args=args)
+    with tracing.tool_span(tool.name, item.call_id or "", f"{outcome} {item.id}") as span:
+        try:
+            turn.check_action(tool)  # the state may have changed while it waited (a route's roles)
+            tool_outcome = await turn.run_checked_tool(tool, args, item.call_id or "")
+        except ToolRefusal as refusal:
+            tool_outcome = ToolOutcome(str(refusal), failed=True)
+        if tool_outcome.failed:
+            tracing.tool_failed(span)
+    return _continue(turn, item, memory, tool_outcome)
+
+
+async def rejected(turn: Turn, item: PendingItem, outcome: str, reason: str | None) -> NextStep:
+    tool = turn.config.tools[item.tool or ""]
+    approval = tool.approval
+    turn.decision_info = _decision(turn, outcome, reason, item.args)
+    memory = _memory_of(turn, item)
+    resolve(turn, item, outcome, reason=reason)
+    if approval is not None and approval.rejected:
+        reply = turn.render_template(approval.rejected, "approval rejected", approval.where, {"args": item.args})
+    elif outcome == TIMED_OUT:
+        reply = f"No one approved this call of {tool.name} in time; it was not run."
+    else:
+        reply = f"This call of {tool.name} was rejected{': ' + reason if reason else ''}; it was not run."
+    return _continue(turn, item, memory, ToolOutcome(reply))
+
+
+async def answered(turn: Turn, item: PendingItem, value: Any, outcome: str) -> NextStep:
+    """The answer lands at `into`, then the rest of the tool's action applies with result = it."""
+    tool = turn.config.tools[item.tool or ""]
+    ask = tool.action.ask
+    assert ask is not None
+    turn.decision_info = _decision(turn, outcome, None, item.args)
+    memory = _memory_of(turn, item)
+    resolve(turn, item, outcome, answer=value)
+    args = item.args or {}
+    if ask.into:
+        try:
+            set_path(turn.roots(), ask.into, copy.deepcopy(value))
+        except ChatrunError as exc:
+            raise TurnFailed(f"tool {tool.name} ({ask.where}): {exc}") from exc
+    try:
+        action = turn.choose(tool, args, value)
+        turn.check_action(tool, action)
+        # `apply` never reads `ask` (it was this pause): the rest of the action applies now.
+        tool_outcome = await turn.apply(tool, args, value, action, item.call_id or "")
+    except ToolRefusal as refusal:
+        tool_outcome = ToolOutcome(str(refusal), failed=True)
+    return _continue(turn, item, memory, tool_outcome)
+
+
+def dropped(turn: Turn, item: PendingItem) -> NextStep:
+    memory = _memory_of(turn, item)
+    turn.decision_info = _decision(turn, TIMED_OUT, None, item.args)
+    resolve(turn, item, TIMED_OUT, answer=None)
+    return _continue(turn, item, memory, ToolOutcome("No answer came in time; the question was dropped."))
+
+
+def _memory_of(turn: Turn, item: PendingItem) -> ChatMemory:
+    c = turn.c
+    scope = c.find_scope(item.scope_id)
+    return c.memory_for(scope, item.route)
+
+
+def _continue(turn: Turn, item: PendingItem, memory: ChatMemory, outcome: ToolOutcome) -> NextStep:
+    """The placeholder result becomes the real one; the model loop goes on on the current route
+    without a user message (the memory ends with the call, its result and any queued messages)."""
+    replace_result(memory, item.call_id, outcome.reply, drop=outcome.deferred)
+    c = turn.c
+    turn.user_given.add(c.scope.memory_id(c.scope.route))
+    return outcome.next
+
+
+def replace_result(memory: ChatMemory, call_id: str | None, reply: str, *, drop: bool = False) -> None:
+    """The call's result message (the placeholder) replaced by `reply`, in place (dropped when a
+    `call` action's called route will give the result)."""
+    messages = memory.messages()
+    out: list[Message] = []
+    for message in messages:
+        if isinstance(message, ToolResultMessage) and message.tool_call_id == call_id:
+            if not drop:
+                out.append(ToolResultMessage(message.tool_call_id, message.name, reply))
+        else:
+            out.append(message)
+    memory.set(out)
+
+
+def resolve(turn: Turn, item: PendingItem, outcome: str, **extra: Any) -> None:
+    """The item is done: gone from the open list, its outcome kept, a Resolved event sent."""
+    c = turn.c
+    c.pending = [i for i in c.pending if i.id != item.id]
+    c.resolved[item.id] = outcome
+    while len(c.resolved) > RESOLVED_KEPT:
+        del c.resolved[next(iter(c.resolved))]
+    by = None if outcome == TIMED_OUT else (c.principal or {}).get("name")
+    data = {"id": item.id, "kind": item.kind, "outcome": outcome, "by": by,
+            **{k: v for k, v in extra.items() if v is not None or k == "answer"}}
+    turn.emit(ev.RESOLVED, data, audience=ev.USER)  # the user learns every outcome (the operators see all)
+
+
+# -- operators ------------------------------------------------------------------------------------
+
+
+def operate(turn: Turn, decision: TakeOver | OperatorSay | Release) -> NextStep:
+    c = turn.c
+    item = takeover_item(c)
+    name = (c.principal or {}).get("name") or "operator"
+    if item is None:  # an operator takes a conversation nobody handed over
+        item = new_item(turn, TAKEOVER, None, ask=decision.note if isinstance(decision, TakeOver) and decision.note
+                        else "An operator took over.", by=[OPERATOR_ROLE], data=_takeover_data(None, "messages"))
+    if c.taken_over is None:  # taken: the item stays open (the takeover) until the release
+        c.taken_over = {"by": copy.deepcopy(c.principal), "since": format_time(c.now()), "item": item.id}
+        turn.emit(ev.RESOLVED, {"id": item.id, "kind": TAKEOVER, "outcome": TAKEN, "by": name})
+    if isinstance(decision, OperatorSay):
+        item.data.setdefault("messages", []).append({"from": "operator", "name": name, "text": decision.text})
+        turn.emit(ev.MESSAGE, decision.text, meta={"from": "operator", "name": name})
+    elif isinstance(decision, Release):
+        release(turn, item, decision.route)
+    return NextStepFinalOutput()
+
+
+def release(turn: Turn, item: PendingItem, route: str | None) -> None:
+    """The bot has the conversation back, with what was said in its memory; maybe on another route."""
+    c = turn.c
+    said = item.data.get("messages") or []
+    scope = c.find_scope(item.scope_id) if any(s.id == item.scope_id for s in c.scopes) else c.scope
+    memory = c.memory_for(scope, scope.route)
+    if item.data.get("remember") == "summary":
+        if said:
+            memory.add(AssistantMessage(_summary_line(said)))
+    else:
+        for line in said:
+            memory.add(UserMessage(line["text"]) if line["from"] == "user"
+                       else AssistantMessage(f"[operator {line.get('name') or ''}] {line['text']}".replace("  ", " ")))
+    c.taken_over = None
+    resolve(turn, item, RELEASED)
+    target = route or item.data.get("release_to")
+    if target and target != c.scope.route:
+        if target not in c.config.routes:
+            raise TurnFailed(f"release to unknown route {target!r}; the bot defines: {', '.join(c.config.routes)}")
+        c.change_route(target)
+        turn.emit(ev.ROUTE_CHANGED, {"route": c.scope.route, "stack": c.stack})
+
+
+def _summary_line(said: list[dict[str, Any]]) -> str:
+    users = [line["text"] for line in said if line["from"] == "user"]
+    operators = [line["text"] for line in said if line["from"] != "user"]
+    text = f"(An operator talked with the user meanwhile: {len(users)} message(s) from the user, " \
+           f"{len(operators)} from the operator."
+    if users:
+        text += f" The user's last: {users[-1]!r}."
+    if operators:
+        text += f" The operator's last: {operators[-1]!r}."
+    return re.sub(r"\s+", " ", text + ")")
+

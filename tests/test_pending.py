@@ -1,0 +1,563 @@
+"""Humans in the loop through the library API (issue 22): approvals, questions that wait,
+operator takeovers; decisions as turns, checked before they start; stored across processes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import chatrun
+from chat_support import call
+from chatrun import (
+    Answer,
+    Approve,
+    DecisionRefused,
+    Expire,
+    FixedClock,
+    InvalidDecision,
+    NotPending,
+    OperatorSay,
+    Reject,
+    Release,
+    TakeOver,
+)
+from chatrun.messages import AssistantMessage, ToolResultMessage, UserMessage
+from chatrun.models.scripted import ScriptedModel
+from chatrun.store.sqlite import SQLiteStore
+
+DESK = """
+name: desk
+model: {provider: scripted, name: gpt-4o-mini}
+memory: {type: message_window, max_messages: 50}
+state: {refunds: 0, last: null, kyc: null, colour: null, age: null}
+routes:
+  main:
+    default: true
+    system: You are a refund desk.
+    tools: [refund, small_refund, submit_documents, pick_colour, ask_age, human, human_brief, ask_desk, note]
+  menu:
+    system: The menu.
+tools:
+  refund:
+    description: Refund an order
+    parameters:
+      type: object
+      properties: {order: {type: string}, amount: {type: number, maximum: 500}}
+      required: [order, amount]
+    handler: desk_tools:refund
+    approval:
+      if: args.amount > 50
+      by: [supervisor]
+      self: false
+      edit: [amount]
+      ask: "Refund {{ args.amount }} EUR on {{ args.order }}?"
+      timeout: 30m
+      rejected: "The refund was declined{{ ': ' ~ decision.reason if decision.reason }}."
+    action:
+      set:
+        state.refunds: "{{ state.refunds + 1 }}"
+        state.last: "{{ decision.outcome if decision else 'direct' }}"
+  small_refund:
+    description: Refund a small amount, the user confirms
+    parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    handler: desk_tools:small
+    approval: {timeout: 1h, on_timeout: approve}
+  submit_documents:
+    description: Submit the KYC documents
+    action:
+      ask:
+        from: backend
+        text: We are checking your documents.
+        schema: {type: object, properties: {verdict: {enum: [approved, rejected]}}, required: [verdict]}
+        into: state.kyc
+        timeout: 2d
+      cases:
+        - if: result.verdict == 'approved'
+          then: {message: "Your documents are approved."}
+  pick_colour:
+    description: Ask the user for a colour
+    action:
+      ask:
+        from: user
+        text: Which colour?
+        choices: [{label: Red, value: red}, {label: Blue, value: blue}]
+        schema: {enum: [red, blue]}
+        into: state.colour
+  ask_age:
+    description: Ask the user's age
+    action:
+      ask: {from: user, text: How old are you?, schema: {type: integer, minimum: 18}, into: state.age}
+  human:
+    description: Hand over to a person
+    action:
+      operator: {text: Connecting you with a colleague., release_to: menu}
+  human_brief:
+    description: Hand over, remembering a summary
+    action:
+      operator: {remember: summary}
+  ask_desk:
+    description: Ask the service desk for the order's status
+    action:
+      ask: {from: operator, text: Checking with the service desk., schema: {type: string}}
+  note:
+    description: Take a note
+    action: {reply: noted}
+"""
+
+TOOLS = """
+def refund(ctx):
+    ctx.emit("Console", "refunding " + str(ctx.args["amount"]))
+    return "Refunded " + str(ctx.args["amount"]) + " EUR on " + ctx.args["order"] + "."
+
+def small(ctx):
+    return "Refunded " + str(ctx.args["amount"]) + " EUR."
+"""
+
+ALICE = {"name": "alice", "roles": ["customer"]}
+BOB = {"name": "bob", "roles": ["supervisor"]}
+CAROL = {"name": "carol", "roles": ["supervisor"]}
+OPERATOR = {"name": "olga", "roles": ["operators"]}
+START = datetime(2026, 11, 25, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def desk(write_bot):
+    return chatrun.load_bot(write_bot(DESK, extra={"desk_tools.py": TOOLS}))
+
+
+def as_(session, principal):
+    session.principal = principal
+    session.roles = set(principal["roles"]) if principal else None
+    return session
+
+
+def of(events, kind, audience="user"):
+    return [e.data for e in events if e.type == kind and e.audience == audience]
+
+
+def start(desk, model, store=None, principal=ALICE):
+    session = desk.session(model=model, store=store) if store is not None else desk.session(model=model)
+    session.clock = FixedClock(START)
+    return as_(session, principal)
+
+
+def request_refund(desk, amount=120, store=None):
+    model = ScriptedModel([call("refund", order="A1", amount=amount)])
+    session = start(desk, model, store)
+    events = session.chat("Refund my order A1")
+    return session, model, events
+
+
+def test_a_call_that_needs_approval_ends_the_turn_with_nothing_run(desk):
+    session, model, events = request_refund(desk)
+    (pending,) = of(events, "Pending")
+    assert pending["kind"] == "approval" and pending["tool"] == "refund"
+    assert pending["args"] == {"order": "A1", "amount": 120}
+    assert pending["ask"] == "Refund 120 EUR on A1?"
+    assert pending["by"] == ["supervisor"] and pending["edit"] == ["amount"]
+    assert pending["choices"] == [{"label": "Approve", "value": "approve"}, {"label": "Reject", "value": "reject"}]
+    assert "token" not in pending and "data" not in pending
+    assert pending["due"] == (START + timedelta(minutes=30)).isoformat()
+    assert of(events, "Console") == []  # the handler did not run
+    assert session.state["refunds"] == 0
+    assert [i.id for i in session.pending] == ["p1"] and session.next_due == pending["due"]
+    memory = session.memory()
+    assert isinstance(memory[-2], AssistantMessage) and memory[-2].tool_calls[0].name == "refund"
+    assert memory[-1] == ToolResultMessage(memory[-2].tool_calls[0].id, "refund",
+                                           "Waiting for approval: Refund 120 EUR on A1?")
+    assert len(model.requests) == 1
+
+
+def test_below_the_condition_the_tool_runs_at_once(desk):
+    model = ScriptedModel([call("refund", order="A1", amount=20), "Done: refunded 20 EUR."])
+    session = start(desk, model)
+    events = session.chat("Refund 20")
+    assert of(events, "Pending") == [] and session.pending == []
+    assert session.state == {**session.state, "refunds": 1, "last": "direct"}
+
+
+def test_a_supervisor_approves_the_tool_runs_once_and_the_model_goes_on(desk):
+    session, model, _ = request_refund(desk)
+    model.add("The refund of 120 EUR is done.")
+    events = as_(session, BOB).chat(Approve("p1"))
+    assert of(events, "Console") == ["refunding 120"]
+    assert of(events, "Resolved") == [{"id": "p1", "kind": "approval", "outcome": "approved", "by": "bob",
+                                       "args": {"order": "A1", "amount": 120}}]
+    assert of(events, "Message") == ["The refund of 120 EUR is done."]
+    assert session.state["refunds"] == 1 and session.state["last"] == "approved"
+    assert session.pending == []
+    sent = model.requests[-1].messages
+    assert sent[-1] == ToolResultMessage(sent[-2].tool_calls[0].id, "refund", "Refunded 120 EUR on A1.")
+    assert not any(isinstance(m, UserMessage) and m.content == "" for m in sent)
+    entry = session.history[-1]
+    assert entry["ok"] and entry["input"] == {"decision": {"kind": "approve", "item": "p1"}}
+    with pytest.raises(NotPending) as info:  # decided twice: nothing happens twice
+        session.chat(Approve("p1"))
+    assert info.value.outcome == "approved" and "resolved already (approved)" in str(info.value)
+    assert session.state["refunds"] == 1 and session.history[-1] == entry  # no turn for it
+
+
+def test_an_edited_amount_is_validated_again_and_used(desk):
+    session, model, _ = request_refund(desk)
+    as_(session, BOB)
+    before = len(session.history)
+    with pytest.raises(InvalidDecision, match="amount: 900 is greater than the maximum of 500"):
+        session.chat(Approve("p1", args={"amount": 900}))
+    with pytest.raises(InvalidDecision, match=r"may not be edited: order \(editable: amount\)"):
+        session.chat(Approve("p1", args={"order": "B2"}))
+    assert len(session.history) == before and [i.id for i in session.pending] == ["p1"]  # nothing committed
+    model.add("Refunded 80 instead.")
+    events = session.chat(Approve("p1", args={"amount": 80}, reason="policy cap"))
+    assert of(events, "Console") == ["refunding 80"]
+    (resolved,) = of(events, "Resolved")
+    assert resolved["outcome"] == "edited" and resolved["args"] == {"order": "A1", "amount": 80}
+    assert resolved["reason"] == "policy cap"
+    assert session.state["last"] == "edited"
+
+
+def test_a_rejection_tells_the_model_the_rejected_text_and_runs_nothing(desk):
+    session, model, _ = request_refund(desk)
+    model.add("Sorry, the refund was declined.")
+    events = as_(session, BOB).chat(Reject("p1", reason="no receipt"))
+    assert of(events, "Console") == [] and session.state["refunds"] == 0
+    assert of(events, "Resolved")[0]["outcome"] == "rejected"
+    assert model.requests[-1].messages[-1].content == "The refund was declined: no receipt."
+    assert of(events, "Message") == ["Sorry, the refund was declined."]
+
+
+def test_roles_and_the_self_rule_refuse_before_the_turn(desk):
+    session, _, _ = request_refund(desk)
+    before = len(session.history)
+    with pytest.raises(DecisionRefused, match="roles supervisor; the caller has customer, user"):
+        session.chat(Approve("p1"))  # alice, the customer
+    self_approver = {"name": "alice", "roles": ["supervisor"]}
+    with pytest.raises(DecisionRefused, match="may not decide it"):
+        as_(session, self_approver).chat(Approve("p1"))
+    assert len(session.history) == before and session.state["refunds"] == 0
+    with pytest.raises(NotPending, match="no open item has that id"):
+        as_(session, BOB).chat(Approve("p9"))
+    with pytest.raises(InvalidDecision, match="it is an approval, not a question: approve or reject it"):
+        session.chat(Answer("p1", "yes"))
+
+
+def test_a_timeout_rejects_on_the_session_clock(desk):
+    session, model, _ = request_refund(desk)
+    assert session.chat(Expire()) == []  # nothing due yet: no turn at all
+    turns = len(session.history)
+    session.clock = FixedClock(START + timedelta(minutes=31))
+    model.add("Nobody approved it in time.")
+    events = session.chat(Expire())
+    assert of(events, "Resolved") == [{"id": "p1", "kind": "approval", "outcome": "timed_out", "by": None}]
+    assert session.state["refunds"] == 0 and session.pending == []
+    assert len(session.history) == turns + 1
+    assert session.history[-1]["input"] == {"decision": {"kind": "expire"}}
+
+
+def test_a_timeout_can_approve(desk):
+    model = ScriptedModel([call("small_refund", amount=5)])
+    session = start(desk, model)
+    session.chat("Refund 5")
+    model.add("Done.")
+    events = session.chat(Expire(now=(START + timedelta(hours=2)).isoformat()))
+    assert of(events, "Resolved")[0]["outcome"] == "timed_out"
+    assert model.requests[-1].messages[-1].content == "Refunded 5 EUR."
+
+
+def test_the_user_decides_their_own_approval_by_message(desk):
+    model = ScriptedModel([call("small_refund", amount=5)])
+    session = start(desk, model)
+    events = session.chat("Refund 5")
+    assert of(events, "Pending")[0]["by"] == ["user"]
+    events = session.chat("what?")  # neither yes nor no: asked again, no model call
+    assert of(events, "Message") == ["Approve small_refund with {\"amount\": 5}?"]
+    assert of(events, "Choices")[0]["choices"][0]["value"] == "approve"
+    assert len(model.requests) == 1 and len(session.pending) == 1
+    model.add("Refunded.")
+    events = session.chat("Yes")
+    assert of(events, "Resolved")[0]["outcome"] == "approved"
+    assert of(events, "Message") == ["Refunded."]
+
+
+def test_messages_while_a_supervisor_decides_are_queued_for_the_model(desk):
+    session, model, _ = request_refund(desk)
+    events = session.chat("Any news? Order A1 is urgent.")
+    assert of(events, "Message") == ["Still waiting: Refund 120 EUR on A1?"]
+    assert len(model.requests) == 1  # no model call
+    model.add("Done, and noted it is urgent.")
+    as_(session, BOB).chat(Approve("p1"))
+    sent = model.requests[-1].messages
+    assert [type(m).__name__ for m in sent[-3:]] == ["AssistantMessage", "ToolResultMessage", "UserMessage"]
+    assert sent[-1] == UserMessage("Any news? Order A1 is urgent.")
+    assert sent[-2].content == "Refunded 120 EUR on A1."
+
+
+def test_a_question_from_the_user_validates_the_answer(desk):
+    model = ScriptedModel([call("ask_age")])
+    session = start(desk, model)
+    events = session.chat("Sign me up")
+    (pending,) = of(events, "Pending")
+    assert pending["kind"] == "question" and pending["schema"] == {"type": "integer", "minimum": 18}
+    events = session.chat("12")
+    assert of(events, "Message") == ["That answer does not fit: the answer: 12 is less than the minimum of 18. "
+                                     "How old are you?"]
+    assert len(session.pending) == 1 and session.state["age"] is None
+    model.add("Welcome!")
+    events = session.chat("42")
+    assert session.state["age"] == 42 and session.pending == []
+    assert of(events, "Resolved")[0] == {"id": "p1", "kind": "question", "outcome": "answered", "by": "alice",
+                                         "answer": 42}
+    assert model.requests[-1].messages[-1].content == "42"
+
+
+def test_a_question_with_choices_takes_a_label_or_a_value(desk):
+    model = ScriptedModel([call("pick_colour")])
+    session = start(desk, model)
+    events = session.chat("Paint it")
+    assert of(events, "Pending")[0]["choices"] == [{"label": "Red", "value": "red"}, {"label": "Blue", "value": "blue"}]
+    model.add("Blue it is.")
+    session.chat("Blue")
+    assert session.state["colour"] == "blue"
+
+
+def test_a_backend_answers_with_its_token_and_the_cases_see_the_answer(desk):
+    model = ScriptedModel([call("submit_documents")])
+    session = start(desk, model)
+    events = session.chat("Here are my documents")
+    user_copy = [e for e in events if e.type == "Pending" and e.audience == "user"][0].data
+    backend_copy = [e for e in events if e.type == "Pending" and e.audience == "backend"][0].data
+    assert "token" not in user_copy and backend_copy["token"] and backend_copy["by"] == ["backend"]
+    events = session.chat("Is it done?")  # the user waits; queued
+    assert of(events, "Message") == ["Still waiting: We are checking your documents."]
+    with pytest.raises(DecisionRefused, match="token does not match"):
+        session.chat(Answer("p1", {"verdict": "approved"}, token="wrong"))
+    with pytest.raises(DecisionRefused):
+        session.chat(Answer("p1", {"verdict": "approved"}))  # alice, no token
+    as_(session, None)  # roles not checked (a program, a server without --auth): still the token
+    with pytest.raises(DecisionRefused, match="answered with its token"):
+        session.chat(Answer("p1", {"verdict": "approved"}))
+    with pytest.raises(InvalidDecision, match="'maybe' is not one of"):
+        session.chat(Answer("p1", {"verdict": "maybe"}, token=backend_copy["token"]))
+    model.add("You are verified.")
+    events = session.chat(Answer("p1", {"verdict": "approved"}, token=backend_copy["token"]))
+    assert session.state["kyc"] == {"verdict": "approved"}
+    assert of(events, "Message") == ["Your documents are approved.", "You are verified."]
+    assert "token" not in str(session.history[-1]["input"])
+
+
+def test_an_operator_takes_over_and_releases_with_the_talk_in_memory(desk):
+    model = ScriptedModel([call("human")])
+    session = start(desk, model)
+    events = session.chat("I want a human")
+    assert of(events, "Message") == ["Connecting you with a colleague."]
+    assert [e.audience for e in events if e.type == "Pending"] == ["operators"]
+    events = session.chat("Hello? Is anyone there?")
+    assert [(e.type, e.audience, e.data) for e in events] == [
+        ("UserMessage", "operators", {"text": "Hello? Is anyone there?", "data": {}})]
+    with pytest.raises(DecisionRefused):
+        session.chat(TakeOver())  # alice is no operator
+    as_(session, OPERATOR)
+    events = session.chat(TakeOver())
+    assert of(events, "Resolved") == [{"id": "p1", "kind": "takeover", "outcome": "taken", "by": "olga"}]
+    assert session.taken_over["by"]["name"] == "olga"
+    events = session.chat(OperatorSay("Hi, I am Olga. Your refund is on its way."))
+    assert [(e.type, e.data, e.meta) for e in events] == [
+        ("Message", "Hi, I am Olga. Your refund is on its way.", {"from": "operator", "name": "olga"})]
+    as_(session, ALICE).chat("Thanks!")
+    assert len(model.requests) == 1  # the bot stayed silent
+    events = as_(session, OPERATOR).chat(Release())
+    assert of(events, "RouteChanged") == [{"route": "menu", "stack": ["menu"]}]
+    assert session.taken_over is None and session.pending == []
+    memory = session.memory(route="main")
+    assert memory[-3:] == [UserMessage("Hello? Is anyone there?"),
+                           AssistantMessage("[operator olga] Hi, I am Olga. Your refund is on its way."),
+                           UserMessage("Thanks!")]
+
+
+def test_a_failed_decision_turn_rolls_back_and_the_item_stays(desk):
+    session, model, _ = request_refund(desk)
+    model.add({"error": "the model is down"})
+    events = as_(session, BOB).chat(Approve("p1"))
+    assert events[-1].type == "Error"
+    assert [i.id for i in session.pending] == ["p1"] and session.state["refunds"] == 0
+    assert session.history[-1]["ok"] is False
+    model.add("Done now.")
+    events = session.chat(Approve("p1"))
+    assert of(events, "Console") == ["refunding 120"] and session.state["refunds"] == 1
+
+
+def test_a_pending_approval_survives_closing_the_store_and_is_decided_in_another(desk, tmp_path):
+    path = tmp_path / "s.db"
+    store = SQLiteStore(str(path))
+    session, _, _ = request_refund(desk, store=store)
+    sid = session.id
+    store.close()
+    again = SQLiteStore(str(path))
+    model = ScriptedModel(["Refunded."])
+    resumed = desk.session(model=model, store=again, session_id=sid)
+    assert [(i.id, i.kind, i.args) for i in resumed.pending] == [("p1", "approval", {"order": "A1", "amount": 120})]
+    assert resumed.next_due == (START + timedelta(minutes=30)).isoformat()
+    assert resumed.snapshot()["pending"][0]["requested_by"]["name"] == "alice"
+    events = as_(resumed, BOB).chat(Approve("p1"))
+    assert of(events, "Console") == ["refunding 120"]
+    assert model.requests[0].messages[-1].content == "Refunded 120 EUR on A1."
+    again.close()
+
+
+def test_with_the_real_openai_client(desk, fake):
+    fake.queue(call("refund", order="A1", amount=120))
+    session = as_(desk.session(model=chatrun.OpenAIModel()), ALICE)
+    session.chat("Refund A1")
+    fake.queue({"text": "Refunded."})
+    events = as_(session, BOB).chat(Approve("p1"))
+    assert of(events, "Message") == ["Refunded."]
+    body = fake.requests[-1]
+    assert body["messages"][-1] == {"role": "tool", "tool_call_id": body["messages"][-2]["tool_calls"][0]["id"],
+                                    "content": "Refunded 120 EUR on A1."}
+
+
+def test_validation_names_the_line_of_each_bad_part(write_bot):
+    path = write_bot("""
+        name: bad
+        routes: {main: {default: true, system: Hi., tools: [pay]}}
+        tools:
+          pay:
+            description: Pay
+            parameters: {type: object, properties: {amount: {type: number}}}
+            approval:
+              if: args.amount >
+              edit: [amont]
+              by: [user]
+              self: false
+            action:
+              operator: {release_to: nowhere}
+        """)
+    _, diagnostics = chatrun_check(path)
+    assert [(d.line, d.message) for d in diagnostics if d.severity == "error"] == [
+        (9, "`approval.if` of tool `pay` does not compile: unexpected 'end of the condition'"),
+        (10, "`approval.edit` of tool `pay` names `amont`, which is not one of its parameters; did you mean `amount`?"),
+        (12, "`approval` of tool `pay` has `by: [user]` and `self: false`: the user who caused the call is the only "
+             "one who may decide it, so no one could; add a role to `by`"),
+        (14, "`operator.release_to` of tool `pay` names unknown route `nowhere`"),
+    ]
+
+
+def test_a_duration_is_a_number_and_a_unit(write_bot):
+    path = write_bot("""
+        name: bad
+        routes: {main: {default: true, system: Hi., tools: [pay]}}
+        tools:
+          pay: {description: Pay, approval: {timeout: 10 minutes}}
+        """)
+    _, diagnostics = chatrun_check(path)
+    (error,) = [d for d in diagnostics if d.severity == "error"]
+    assert error.line == 5 and "timeout" in error.message
+
+
+def chatrun_check(path):
+    from chatrun.definition.loader import check_bot
+
+    return check_bot(path)
+
+
+def test_the_calls_after_a_waiting_call_do_not_run(desk):
+    model = ScriptedModel([{"tool_calls": [{"name": "refund", "arguments": {"order": "A1", "amount": 120}},
+                                           {"name": "note", "arguments": {}}]}])
+    session = start(desk, model)
+    session.chat("Refund and note it")
+    results = [m for m in session.memory() if isinstance(m, ToolResultMessage)]
+    assert [r.content for r in results] == [
+        "Waiting for approval: Refund 120 EUR on A1?",
+        "Not run: an earlier tool call waits for a person; call this again after it is resolved."]
+
+
+def test_an_operator_answers_a_question_and_others_may_not(desk):
+    model = ScriptedModel([call("ask_desk")])
+    session = start(desk, model)
+    events = session.chat("Where is my order?")
+    assert of(events, "Pending")[0]["by"] == ["operators"]
+    assert [e.audience for e in events if e.type == "Pending"] == ["user", "operators"]
+    with pytest.raises(DecisionRefused):
+        session.chat(Answer("p1", "shipped"))
+    model.add("It has shipped.")
+    events = as_(session, OPERATOR).chat(Answer("p1", "shipped yesterday"))
+    assert of(events, "Message") == ["It has shipped."]
+    assert model.requests[-1].messages[-1].content == "shipped yesterday"
+
+
+def test_an_operator_steps_in_unasked_and_a_summary_is_remembered(desk):
+    model = ScriptedModel([call("human_brief")])
+    session = start(desk, model)
+    events = session.chat("Let me talk to someone")
+    assert of(events, "Message") == ["Connecting you with a person."]
+    as_(session, OPERATOR)
+    with pytest.raises(chatrun.UnknownRouteError):
+        session.chat(Release(route="nowhere"))
+    session.chat(OperatorSay("Hello, how can I help?"))  # speaking takes it
+    assert session.taken_over["by"]["name"] == "olga"
+    as_(session, ALICE).chat("My parcel is late.")
+    events = as_(session, OPERATOR).chat(Release())
+    assert of(events, "Resolved")[0]["outcome"] == "released" and of(events, "RouteChanged") == []
+    assert session.memory()[-1] == AssistantMessage(
+        "(An operator talked with the user meanwhile: 1 message(s) from the user, 1 from the operator. "
+        "The user's last: 'My parcel is late.'. The operator's last: 'Hello, how can I help?'.)")
+    model.add("Back with the bot.")
+    events = as_(session, ALICE).chat("Thanks")
+    assert of(events, "Message") == ["Back with the bot."]
+
+
+def test_an_operator_takes_a_conversation_nobody_handed_over(desk):
+    model = ScriptedModel(["Hello."])
+    session = start(desk, model)
+    session.chat("Hi")
+    with pytest.raises(NotPending):
+        as_(session, OPERATOR).chat(OperatorSay("Hi"))  # nothing to speak in before taking it
+    events = session.chat(TakeOver(note="Quality check"))
+    assert of(events, "Resolved")[0]["outcome"] == "taken"
+    assert [(i.kind, i.ask, i.by) for i in session.pending] == [("takeover", "Quality check", ["operators"])]
+    events = as_(session, ALICE).chat("Are you a bot?")
+    assert of(events, "UserMessage", "operators") == [{"text": "Are you a bot?", "data": {}}]
+    as_(session, OPERATOR).chat(Release(route="menu"))
+    assert session.route == "menu" and session.pending == [] and session.taken_over is None
+
+
+REQUEST = """
+import sys, chatrun
+from chatrun import SQLiteStore, ScriptedModel
+bot = chatrun.load_bot(sys.argv[1])
+model = ScriptedModel([{"tool_calls": [{"name": "refund", "arguments": {"order": "A1", "amount": 120}}]}])
+session = bot.session(model=model, store=SQLiteStore(sys.argv[2]), principal={"name": "alice", "roles": ["customer"]})
+session.chat("Refund A1")
+print(session.id)
+"""
+
+DECIDE = """
+import sys, chatrun
+from chatrun import Approve, SQLiteStore, ScriptedModel
+bot = chatrun.load_bot(sys.argv[1])
+session = bot.session(model=ScriptedModel(["Refunded."]), store=SQLiteStore(sys.argv[2]), session_id=sys.argv[3],
+                      principal={"name": "bob", "roles": ["supervisor"]})
+print([e.data for e in session.chat(Approve("p1")) if e.type == "Console"])
+"""
+
+
+@pytest.mark.slow
+def test_a_request_in_one_process_is_approved_in_another(desk, tmp_path):
+    import subprocess
+    import sys
+
+    bot_file = str(tmp_path / "bot.yaml")  # where the desk fixture wrote the bot (and its handlers)
+    db = str(tmp_path / "sessions.db")
+    first = subprocess.run([sys.executable, "-c", REQUEST, bot_file, db], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    sid = first.stdout.strip()
+    second = subprocess.run([sys.executable, "-c", DECIDE, bot_file, db, sid], capture_output=True, text=True,
+                            timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "['refunding 120']"
+    store = SQLiteStore(db)
+    try:
+        history = store.load_history(sid)
+    finally:
+        store.close()
+    assert [entry["input"] for entry in history] == ["Refund A1", {"decision": {"kind": "approve", "item": "p1"}}]
