@@ -20,7 +20,7 @@ from typing import Any
 
 from chatrun.definition.config import BotConfig, RouteConfig
 from chatrun.definition.templates import render, render_value
-from chatrun.engine.clock import Clock, SystemClock, session_zone
+from chatrun.engine.clock import SYSTEM_CLOCK, Clock, session_zone
 from chatrun.engine.pending import (
     PENDING_COUNTER_KEY,
     PENDING_KEY,
@@ -74,7 +74,7 @@ class Conversation:
         self._memories: dict[str, ChatMemory] = {}
         self.usage = Usage()  # every model call of the session, failed turns included
         self.ended: dict[str, str] | None = None  # set by an `end` action: {"tool", "route"}
-        self.clock: Clock = SystemClock()  # what `now` reads (transcripts and the REPL pin it)
+        self.clock: Clock = SYSTEM_CLOCK  # what `now` reads (transcripts and the REPL pin it)
         self.turn_instant: datetime | None = None  # the clock read once when a turn starts
         self.tokenizer: str | None = None  # the pinned token counter (a transcript's `tokenizer:`)
         self.pending: list[PendingItem] = []  # open items, oldest first (engine/pending.py)

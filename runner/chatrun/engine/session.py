@@ -351,6 +351,11 @@ class Session:
             self._last_entry = history[-1] if history else None
         return self._last_entry
 
+    def forget_last_turn(self) -> None:
+        """Drop the kept copy of the last history entry (an idle session need not hold it; about
+        1.3 KB): `last_turn` reads it back from the store's history when asked again."""
+        self._last_entry = None
+
     def snapshot(self) -> dict[str, Any]:
         """The session as JSON-able data (a copy): what the store keeps between turns."""
         return copy.deepcopy(self._c.snapshot())

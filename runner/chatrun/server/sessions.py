@@ -219,6 +219,10 @@ class SessionRegistry:
             raise wire.RequestFailed(wire.SESSION_NOT_ACTIVE, str(exc)) from None
         finally:
             self._holds.pop(id(session), None)
+            # Readers of the turn's entry (frames, logs, metrics) ran inside the block; an idle
+            # cached session keeps less (the buffer keeps no history to read it back from, and
+            # a server reads the history from its store itself).
+            session.forget_last_turn()
             if slot.buffer is not None:
                 if slot.buffer.pending is not None:
                     # The request ended without writing what its turn did (cancelled): the
