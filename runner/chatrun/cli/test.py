@@ -33,11 +33,12 @@ class Outcome:
 _BOTS: dict[str, Any] = {}  # per process: each bot is loaded once per run
 
 
-def run_one(path: str, update: bool = False, record: bool = False, live: bool = False) -> Outcome:
+def run_one(path: str, update: bool = False, record: bool = False, live: bool = False,
+            locale: str | None = None) -> Outcome:
     """One transcript's outcome. Never raises: an unexpected exception (a chatrun bug, a
     handler calling sys.exit) is a failed outcome naming the file, so the run goes on."""
     try:
-        return _run_one(path, update, record, live)
+        return _run_one(path, update, record, live, locale)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported as this transcript's failure
         return crashed(path, exc)
 
@@ -46,7 +47,7 @@ def crashed(path: str, exc: BaseException) -> Outcome:
     return Outcome(path, False, f"{path}: running the transcript raised {type(exc).__name__}: {exc}")
 
 
-def _run_one(path: str, update: bool, record: bool, live: bool = False) -> Outcome:
+def _run_one(path: str, update: bool, record: bool, live: bool = False, locale: str | None = None) -> Outcome:
     from chatrun.transcripts.format import load_transcript
     from chatrun.transcripts.judge import LIVE
     from chatrun.transcripts.run import run_transcript
@@ -55,6 +56,8 @@ def _run_one(path: str, update: bool, record: bool, live: bool = False) -> Outco
         transcript = load_transcript(path)
     except BotError as exc:
         return Outcome(path, False, "\n".join(d.format() for d in exc.diagnostics), invalid=True)
+    if locale is not None:  # `--locale`: the session speaks this locale, whatever the file's `locale:`
+        transcript.locale = locale
     changed = False
     roles_off = _roles_off(transcript)
     if live:
@@ -135,10 +138,12 @@ def keyword_filter(expr: str) -> Any:
               "(and the judge's verdicts into judged: lists).")
 @click.option("--live", is_flag=True, help="Run against the bot's real model, comparing route, stack, state and events "
               "(not the model's text) and asking the judge; nothing is written.")
+@click.option("--locale", "locale", metavar="TAG", help="Run every transcript in this locale (docs/i18n.md), "
+              "instead of its own `locale:`.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Run each transcript N times and print its pass rate (with --live: how flaky it is).")
 def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: int, verbose: bool,
-         update: bool, record: bool, live: bool, repeat: int) -> None:
+         update: bool, record: bool, live: bool, repeat: int, locale: str | None) -> None:
     """Replay golden transcripts offline and check what each turn did.
 
     PATH is a transcript file or a directory searched for YAML files with `turns:`;
@@ -186,7 +191,7 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
     outcomes: list[Outcome] = []
     interrupted = False
     try:
-        for outcome in _run(found, workers, exitfirst, update, record, live):
+        for outcome in _run(found, workers, exitfirst, update, record, live, locale):
             outcomes.append(outcome)
             _progress(outcome, verbose)
     except KeyboardInterrupt:
@@ -210,10 +215,11 @@ def _exists(path: str) -> bool:
     return Path(path).exists()
 
 
-def _run(found: list[str], workers: int, exitfirst: bool, update: bool, record: bool, live: bool = False) -> Any:
+def _run(found: list[str], workers: int, exitfirst: bool, update: bool, record: bool, live: bool = False,
+         locale: str | None = None) -> Any:
     if workers == 1:
         for path in found:
-            outcome = run_one(path, update, record, live)
+            outcome = run_one(path, update, record, live, locale)
             yield outcome
             if exitfirst and not outcome.passed:
                 return
@@ -227,7 +233,7 @@ def _run(found: list[str], workers: int, exitfirst: bool, update: bool, record: 
             while queue and len(pending) < workers * 4:
                 path = queue.pop()
                 try:
-                    pending[pool.submit(run_one, path, update, record, live)] = path
+                    pending[pool.submit(run_one, path, update, record, live, locale)] = path
                 except BrokenProcessPool as exc:  # a worker died (os._exit, a crash): no more runs
                     yield crashed(path, exc)
             if not pending:

@@ -21,6 +21,7 @@ from chatrun.definition.config import ActionConfig, BotConfig, Location, RouteCo
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
+from chatrun.definition.catalogs import T_CALL, catalog_checks
 from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES, zone_named
 from chatrun.definition.versions import policy_problem
 from chatrun.definition.yamlpos import YamlDoc
@@ -50,6 +51,7 @@ class _Checker:
         self.graph = RouteGraph.from_config(config)
         self.visibility = ScopeVisibility(config, self.graph)
         self.routes_of: dict[str, list[str]] = {}  # tool -> the routes that list it
+        self.used_keys: dict[str, tuple[str, int, int]] = {}  # t('key') -> where it is first used
         for route in config.routes.values():
             for name in route.tools:
                 self.routes_of.setdefault(name, []).append(route.name)
@@ -81,6 +83,8 @@ class _Checker:
                                   routes=[route.name])
             if route.output is not None:
                 self.output(route)
+            if isinstance(route.choices, list) and route.choices and self.config.catalogs is not None:
+                self.untranslated(f"`choices` of route `{route.name}`", ("routes", route.name, "choices"))
             if isinstance(route.choices, str):
                 self.template(route.choices, f"`choices` of route `{route.name}`", ("routes", route.name, "choices"),
                               None, routes=[route.name])
@@ -95,6 +99,8 @@ class _Checker:
         _user_template_checks(self)
         _audience_checks(self)
         self.format_and_migrations()
+        if self.config.catalogs is not None:
+            self.out.extend(catalog_checks(self.config.catalogs, self.used_keys))
 
     def format_and_migrations(self) -> None:
         from chatrun.definition.migrations import format_diagnostics, migration_diagnostics
@@ -283,6 +289,8 @@ class _Checker:
             source = getattr(action, key)
             if source and isinstance(source, str):
                 self.template(source, f"`{key}` of {of}", (*at, key), tool, routes=routes)
+            elif key == "choices" and source and self.config.catalogs is not None:
+                self.untranslated(f"`choices` of {of}", (*at, key))
 
     def approval(self, tool: ToolConfig) -> None:
         """`approval:`: its condition compiles, its editable names are parameters, its texts compile
@@ -469,7 +477,10 @@ class _Checker:
     def template(self, source: str, what: str, path: tuple, tool: ToolConfig | None,
                  variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None,
                  undeclared: str = "warning") -> None:
+        said = path[-1] in USER_FACING
         if "{" not in source:
+            if said and self.config.catalogs is not None and source.strip():
+                self.untranslated(what, path)
             return  # plain text: nothing to compile or resolve
         kind, name, *sub = path
         doc = self.src.doc_of(kind, name)
@@ -491,6 +502,7 @@ class _Checker:
         except TemplateSyntaxError as exc:
             emit("error", f"template error in {what}: {exc.message}", exc.lineno or 1)
             return
+        self.translations(source, what, emit, line_of, doc.file, said)
         for kind_, unknown, lineno in names:
             known = ENV.filters if kind_ == "filter" else ENV.tests
             emit("error", f"template error in {what}: no {kind_} named `{unknown}`{suggest(unknown, known)}", lineno)
@@ -519,6 +531,30 @@ class _Checker:
                     emit(undeclared, f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
                          f"property `{ref[1]}`{suggest(ref[1], declared)}", lineno)
 
+
+    def translations(self, source: str, what: str, emit: Any, line_of: Any, file: str, said: bool) -> None:
+        """The `t('key')` calls of a template (docs/i18n.md): kept for the catalog checks; an
+        error without `locales:`; a text the user gets that uses no `t()` is untranslated."""
+        calls = list(T_CALL.finditer(source))
+        if calls and self.config.catalogs is None:
+            emit("error", f"{what} calls `t()`, but the bot declares no `locales:` (docs/i18n.md)",
+                 source.count("\n", 0, calls[0].start()) + 1)
+            return
+        for call in calls:
+            lineno = source.count("\n", 0, call.start()) + 1
+            line, col = line_of(lineno)
+            self.used_keys.setdefault(call.group(2), (file, line, col))
+        if said and not calls and self.config.catalogs is not None and "t(" not in source:
+            emit("warning", f"{what} is sent to the user untranslated: the bot declares `locales:`, so write "
+                 "it as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)", 1)
+
+    def untranslated(self, what: str, path: tuple) -> None:
+        self.add("warning", f"{what} is sent to the user untranslated: the bot declares `locales:`, so write it "
+                 "as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)", *path)
+
+
+# The fields whose text a bot sends without a model: in a bot with `locales:` they must use `t()`.
+USER_FACING = frozenset({"message", "reply", "text", "ask", "rejected", "choices"})
 
 _Analysis = tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun import events as ev
+from chatrun.definition.catalogs import Catalogs
 
 
 @dataclass(frozen=True)
@@ -318,6 +319,7 @@ class BotConfig:
     where: Location = field(default_factory=Location)
     content_version: str = ""  # the hash of the bot's files (chatrun.definition.versions)
     on_change: str = "restart_scope"  # what older sessions do when this version serves them
+    catalogs: Catalogs | None = None  # `locales:` and their texts (definition/catalogs.py); None: one language
 
     @property
     def version_label(self) -> str:

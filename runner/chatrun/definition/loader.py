@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chatrun.definition.catalogs import Catalogs, load_catalogs
 from chatrun.definition.checks import run_checks
 from chatrun.definition.config import (
     DEFAULT_TOOL_TIMEOUT,
@@ -472,7 +473,19 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         where=Location(main.file, 1, 1),
         content_version=content_version(_version_files(main_file)),
         on_change=_str(top.get("on_change")) or DEFAULT_POLICY,
+        catalogs=_catalogs(top.get("locales"), main, main_file, diagnostics),
     )
+
+
+def _catalogs(locales: Any, main: YamlDoc, main_file: Path, diagnostics: list[Diagnostic]) -> Catalogs | None:
+    """`locales: [en, de]`: the catalogs beside the bot (definition/catalogs.py); the schema
+    has checked the list."""
+    if not isinstance(locales, list) or not locales or not all(isinstance(x, str) for x in locales):
+        return None
+    pos = main.pos(("locales",))
+    catalogs, problems = load_catalogs(str(main_file.parent), locales, (main.file, pos.line, pos.col))
+    diagnostics.extend(problems)
+    return catalogs
 
 
 def _version_files(main_file: Path) -> dict[str, str]:

@@ -27,6 +27,10 @@ TEMPLATE_VARIABLES: tuple[str, ...] = ("state", "scope", "args", "user_message",
 TEMPLATE_VARIABLES += ("principal", "session_id")
 # A decision on a pending item (humans in the loop): {outcome, by, reason, args}; none elsewhere.
 TEMPLATE_VARIABLES += ("decision",)
+# The session's locale (docs/i18n.md): one of the bot's `locales:`, or None for a bot without them.
+TEMPLATE_VARIABLES += ("locale",)
+# Where the context keeps the bot's catalogs for `t()` (not a variable a template names).
+CATALOGS_KEY = "_catalogs"
 
 
 class _Undefined(StrictUndefined):
@@ -151,6 +155,15 @@ def _finalize(value: Any) -> Any:
     return value.isoformat() if isinstance(value, (date, datetime)) else value
 
 
+@pass_context
+def _t(context: Context, key: str, **args: Any) -> str:
+    """`t('key', name=value, count=n)`: the text of `key` in the session's locale (docs/i18n.md)."""
+    catalogs = context.get(CATALOGS_KEY)
+    if catalogs is None:
+        raise ValueError(f"t({key!r}): the bot declares no `locales:`, so it has no catalogs")
+    return str(catalogs.translate(context.get("locale") or catalogs.default, key, args))
+
+
 ENV = ImmutableSandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=False,
                                     finalize=_finalize)
 ENV.filters["tojson"] = _tojson
@@ -160,6 +173,7 @@ ENV.filters["datetime"] = _as_datetime
 ENV.filters["add_days"] = _add_days
 ENV.filters["add_hours"] = _add_hours
 ENV.globals["days_between"] = _days_between
+ENV.globals["t"] = _t
 
 
 @lru_cache(maxsize=4096)

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from chatrun.definition.config import BotConfig, RouteConfig
-from chatrun.definition.templates import render, render_value
+from chatrun.definition.templates import CATALOGS_KEY, render, render_value
 from chatrun.engine.clock import SYSTEM_CLOCK, Clock, session_zone
 from chatrun.engine.pending import (
     PENDING_COUNTER_KEY,
@@ -294,11 +294,23 @@ class Conversation:
             "principal": self.principal,  # who is signed in (name, roles, claims), None when no one
             "session_id": self.id,
             "decision": None,  # set while a decision on a pending item applies (engine/pending.py)
+            "locale": self.locale,
+            CATALOGS_KEY: self.config.catalogs,  # what `t()` reads (definition/templates.py)
             "now": now,
             "today": now.date(),
         }
         context.update(extra)
         return context
+
+    @property
+    def locale(self) -> str | None:
+        """The session's locale (docs/i18n.md): `state.locale` when the bot set one, else what the
+        client asked for (`meta.locale`), matched to the bot's `locales:`; None without them."""
+        catalogs = self.config.catalogs
+        if catalogs is None:
+            return None
+        chosen = self.state.get("locale")
+        return catalogs.negotiate(chosen if isinstance(chosen, str) and chosen else self.meta.get("locale"))
 
     def now(self) -> datetime:
         """The clock's instant (as the running turn read it) in the session's zone (`state.timezone`,

@@ -147,6 +147,17 @@ class Session:
         return self._c.meta
 
     @property
+    def locale(self) -> str | None:
+        """The locale the bot speaks in this session (docs/i18n.md), None for a bot without `locales:`."""
+        return self._c.locale
+
+    def ask_locale(self, wanted: str) -> str | None:
+        """Record the client's locale (a tag or an Accept-Language value; kept with the session,
+        as `meta.locale`) and return the locale the session now speaks (`state.locale` still wins)."""
+        self._c.meta["locale"] = wanted
+        return self._c.locale
+
+    @property
     def roles(self) -> set[str] | None:
         return self._c.roles
 

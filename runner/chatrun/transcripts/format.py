@@ -65,6 +65,7 @@ class Transcript:
     mock_lines: list[int] = field(default_factory=list)  # the line of each of `mocks`
     tokenizer: str | None = None  # `tokenizer:`: the pinned token counter (estimate or an encoding)
     state_lines: dict[str, int] = field(default_factory=dict)  # the line of each key of `state:`
+    locale: str | None = None  # `locale:`: what the client asks for (docs/i18n.md); `chatrun test --locale` overrides
 
     @property
     def name(self) -> str:
@@ -211,7 +212,7 @@ def _build(doc: YamlDoc) -> Transcript:
                       data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),
                       {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"),
                       data.get("principal"), data.get("clock"), _lines(doc, ("mocks",), data.get("mocks")),
-                      data.get("tokenizer"), _key_lines(doc, ("state",), data.get("state")))
+                      data.get("tokenizer"), _key_lines(doc, ("state",), data.get("state")), data.get("locale"))
 
 
 def _key_lines(doc: YamlDoc, at: tuple[Any, ...], mapping: Any) -> dict[str, int]:

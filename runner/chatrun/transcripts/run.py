@@ -212,7 +212,7 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
     script = model if isinstance(model, LiveModel) else TurnScript()
     roles = set(t.roles) if t.roles is not None else None
     session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles,
-                          principal=t.principal)
+                          principal=t.principal, meta={"locale": t.locale} if t.locale else None)
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None, file=t.file, lines=t.mock_lines)
     if t.tokenizer is not None:
         session.tokenizer = t.tokenizer  # raises when the pinned encoding cannot be loaded here
