@@ -161,7 +161,7 @@ EXPECTED = {
         ("templates.yaml", 10, "error",
          'template error in `user` of route `main`: no filter named `upper_case`; did you mean `upper`?'),
         ("templates.yaml", 16, "error",
-         '`message` of tool `greet` uses unknown template variable `usr_message`; did you mean `user_message`? (templates can use: state, scope, args, user_message, data, route, stack, turn, result, error, output, now, today, principal, session_id, decision)'),
+         '`message` of tool `greet` uses unknown template variable `usr_message`; did you mean `user_message`? (templates can use: state, scope, args, user_message, data, route, stack, turn, result, error, output, now, today, principal, session_id, decision, locale)'),
         ("templates.yaml", 17, "error",
          "template error in `reply` of tool `greet`: unexpected '}'"),
     ],

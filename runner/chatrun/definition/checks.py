@@ -17,11 +17,11 @@ from typing import Any
 from jinja2 import TemplateSyntaxError, nodes
 
 from chatrun.definition.binding import check_binding
+from chatrun.definition.catalogs import T_CALL, catalog_checks
 from chatrun.definition.config import ActionConfig, BotConfig, Location, RouteConfig, ToolConfig
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
-from chatrun.definition.catalogs import T_CALL, catalog_checks
 from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES, zone_named
 from chatrun.definition.versions import policy_problem
 from chatrun.definition.yamlpos import YamlDoc

@@ -1,0 +1,147 @@
+"""Locales and text catalogs (docs/i18n.md): the checks `chatrun validate` makes at file:line,
+`t()` with plural rules and placeholders, the session's locale (client, Accept-Language,
+`state.locale`), the REPL's `/locale`, and `chatrun test --locale` on the bakery bot."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+from click.testing import CliRunner
+
+import chatrun
+from chatrun.cli import main
+from chatrun.definition.catalogs import Catalogs, plural_category, preferred_tags
+from chatrun.definition.loader import check_bot
+from chatrun.models.scripted import ScriptedModel
+
+BAKERY = Path(__file__).resolve().parents[1] / "bots" / "bakery"
+
+BOT = """\
+name: desk
+locales: [en, de]
+routes:
+  main:
+    default: true
+    system: "{{ t('prompt') }}"
+    tools: [hello, bye]
+tools:
+  hello:
+    action: {message: "{{ t('hello', name=state.name) }}"}
+  bye:
+    action: {message: Goodbye!, end: true}
+state: {name: Ana}
+"""
+
+
+def _bot(tmp_path: Path, en: str, de: str, bot: str = BOT) -> Path:
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "bot.yaml").write_text(bot)
+    (tmp_path / "locales" / "en.yaml").write_text(textwrap.dedent(en))
+    (tmp_path / "locales" / "de.yaml").write_text(textwrap.dedent(de))
+    return tmp_path
+
+
+def _found(path: Path) -> list[tuple[str, int, str, str]]:
+    _, diagnostics = check_bot(path)
+    return [(Path(d.file).name, d.line, d.severity, d.message) for d in diagnostics]
+
+
+def test_validate_names_a_missing_key_an_unused_key_a_placeholder_mismatch_and_an_untranslated_text(tmp_path):
+    path = _bot(tmp_path, """\
+        prompt: Be brief.
+        hello: Hello {name}!
+        spare: Never used.
+        """, """\
+        hello: Hallo {nom}!
+        spare: Nie benutzt.
+        """)
+    assert _found(path) == [
+        ("bot.yaml", 6, "error", "t('prompt'): locale `de` has no text with this key (add it to locales/de.yaml)"),
+        ("bot.yaml", 12, "warning", "`message` of tool `bye` is sent to the user untranslated: the bot declares "
+         "`locales:`, so write it as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)"),
+        ("de.yaml", 1, "error", "`hello` in de has the placeholders {nom}, but in en {name} "
+         f"({path / 'locales' / 'en.yaml'}:2)"),
+        ("de.yaml", 2, "warning", "`spare` is not used by any template of the bot (t('spare'))"),
+        ("en.yaml", 3, "warning", "`spare` is not used by any template of the bot (t('spare'))"),
+    ]
+
+
+def test_a_key_only_the_default_locale_has_is_an_error_at_its_line(tmp_path):
+    bot = BOT.replace("message: Goodbye!", "message: \"{{ t('bye') }}\"")
+    path = _bot(tmp_path, "prompt: Be brief.\nhello: Hi {name}\nbye: Bye\nextra: More\n",
+                "prompt: Kurz.\nhello: Hallo {name}\nbye: Tschüss\n", bot)
+    found = _found(path)
+    assert ("en.yaml", 4, "error", "`extra` has no text in locale `de` (add it to locales/de.yaml)") in found
+    assert [f for f in found if f[2] == "error"] == [found[0]]
+
+
+def test_t_without_locales_and_a_declared_locale_without_a_catalog_are_errors(tmp_path):
+    (tmp_path / "bot.yaml").write_text(BOT.replace("locales: [en, de]\n", ""))
+    assert ("bot.yaml", 5, "error", "`system` of route `main` calls `t()`, but the bot declares no `locales:` "
+            "(docs/i18n.md)") in _found(tmp_path)
+    (tmp_path / "bot.yaml").write_text(BOT)
+    found = _found(tmp_path)
+    assert [f[:3] for f in found[:2]] == [("bot.yaml", 2, "error")] * 2
+    assert {f[3].split(" is declared")[0] for f in found[:2]} == {"locale `en`", "locale `de`"}
+
+
+def test_the_cli_prints_file_line_and_exits_non_zero(tmp_path):
+    path = _bot(tmp_path, "prompt: Be brief.\nhello: Hello {name}!\n", "hello: Hallo {name}!\n",
+                BOT.replace("message: Goodbye!", "message: \"{{ t('hello', name='x') }}\""))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code != 0
+    assert f"{path / 'bot.yaml'}:6:" in result.output and "locale `de` has no text" in result.output
+
+
+def test_plural_rules_are_cldr_ones():
+    assert [plural_category("en", n) for n in (0, 1, 2)] == ["other", "one", "other"]
+    assert [plural_category("pl", n) for n in (1, 3, 5, 22)] == ["one", "few", "many", "few"]
+    assert plural_category("ar", 0) == "zero"
+
+
+def test_negotiation_reads_tags_and_accept_language():
+    catalogs = Catalogs(("en", "de", "pt-BR"))
+    assert catalogs.negotiate("de-AT") == "de"
+    assert catalogs.negotiate("fr;q=0.9, pt-br;q=0.8, de;q=0.5") == "pt-BR"
+    assert catalogs.negotiate("fr, *;q=0.1") == "en"
+    assert catalogs.negotiate(None) == "en"
+    assert preferred_tags("en;q=0, de") == ["de"]
+
+
+def _session(**kw):
+    bot = chatrun.load_bot(BAKERY)
+    return bot.session(model=ScriptedModel([{"tool_calls": [{"name": "add_loaves", "arguments": {"count": 2}}]},
+                                            {"text": "ok"}]), **kw)
+
+
+def test_the_session_speaks_the_clients_locale_and_state_locale_wins():
+    session = _session(meta={"locale": "de-CH"})
+    assert session.locale == "de"
+    events = session.chat("Zwei Brote")
+    assert [e.data for e in events if e.type == "Message"][0] == "Ihre Bestellung hat jetzt 2 Brote."
+    assert session.ask_locale("en-US") == "en"
+    session2 = _session(meta={"locale": "en"}, state={"locale": "de"})
+    assert session2.locale == "de"
+    assert _session().locale == "en"
+
+
+def test_chatrun_test_runs_a_transcript_in_another_locale(tmp_path):
+    runner = CliRunner()
+    assert runner.invoke(main, ["test", str(BAKERY / "transcripts")]).exit_code == 0
+    result = runner.invoke(main, ["test", "--locale", "en", str(BAKERY / "transcripts" / "de.yaml")])
+    assert result.exit_code == 1
+    assert "+- Message: Your order now has 1 loaf." in result.output
+
+
+def test_the_bakery_bot_has_no_untranslated_literal(tmp_path):
+    copy = tmp_path / "bakery"
+    shutil.copytree(BAKERY, copy)
+    bot = copy / "bot.yaml"
+    bot.write_text(bot.read_text().replace("message: \"{{ t('goodbye', count=state.loaves) }}\"",
+                                           "message: Thank you!"))
+    found = _found(copy)
+    assert [f[2] for f in found] == ["warning", "warning", "warning"]
+    assert "`message` of tool `goodbye` is sent to the user untranslated" in found[0][3]
+    assert {f[3] for f in found[1:]} == {"`goodbye` is not used by any template of the bot (t('goodbye'))"}
