@@ -8,6 +8,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 import chatrun
@@ -145,3 +146,22 @@ def test_the_bakery_bot_has_no_untranslated_literal(tmp_path):
     assert [f[2] for f in found] == ["warning", "warning", "warning"]
     assert "`message` of tool `goodbye` is sent to the user untranslated" in found[0][3]
     assert {f[3] for f in found[1:]} == {"`goodbye` is not used by any template of the bot (t('goodbye'))"}
+
+
+@pytest.mark.slow
+def test_the_repl_shows_and_changes_the_locale():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["PYTHONPATH"] = str(BAKERY.parents[1] / "runner")
+    script = "\n".join(["/locale", "/locale de-AT", "Zwei Brote", '/call add_loaves {"count": 2}', "/say Gern.",
+                        "/reset", "/locale", "/quit"]) + "\n"
+    out = subprocess.run([sys.executable, "-m", "chatrun", "repl", str(BAKERY), "--play-model"], input=script,
+                         capture_output=True, text=True, timeout=120, env=env, cwd=BAKERY.parents[1])
+    assert out.returncode == 0, out.stderr
+    assert "locale: en (the bot's locales: en, de; default en)" in out.stdout
+    assert out.stdout.count("locale: de (the bot's locales: en, de; default en)") == 2  # asked, and kept by /reset
+    assert "Ihre Bestellung hat jetzt 2 Brote." in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr

@@ -36,6 +36,7 @@ COMMANDS = """\
 /usage             the last turn's tokens and cost, per model call, and the session's total
 /roles [a,b]       the roles route checks use; with a list, a new session with those roles
 /principal [NAME k=v ...]  who is signed in (templates' `principal`); NAME email=a@b.c signs one in, - no one
+/locale [TAG]      the session's locale and the bot's `locales:`; with a tag (de, pt-BR), speak it
 /clock [WHEN|real] the time templates see (`now`); 2026-12-24T18:00 pins it (in the bot's
                    time zone unless it has an offset), +2h or +1d moves it on, real unpins it
 /reload            load the bot's files again (--reload does it on every edit)
@@ -170,6 +171,7 @@ class Repl:
         self.route = route
         self.roles = roles
         self.principal: dict[str, Any] | None = None  # who is signed in (/principal): what `bind:` reads
+        self.wanted_locale: str | None = None  # the locale /locale asked for (docs/i18n.md)
         self.interactive = sys.stdin.isatty()
         self.human = HumanModel(self.read_line, self.note) if play_model else None
         self.waiting_at: str | None = None  # the prompt input() shows now, if it is waiting
@@ -441,6 +443,8 @@ class Repl:
             self.set_principal(arg.strip())
         elif name == "/clock":
             self.set_clock(arg.strip())
+        elif name == "/locale":
+            self.set_locale(arg.strip())
         elif name == "/reload":
             self.reloader.reload_now()
             self.take_reloaded_bot()
@@ -485,10 +489,25 @@ class Repl:
             self.session = self.bot.session(store=self.store, model=self.model, roles=self.roles)
         self.session.principal = self.principal
         self.session.clock = self.clock
+        if self.wanted_locale:
+            self.session.ask_locale(self.wanted_locale)
         self.records.clear()
         if self.human:
             self.human.last_route = self.human.last_system = None
         click.secho(f"new session {self.session.id} on {' > '.join(self.session.stack)}", dim=True)
+
+    def set_locale(self, arg: str) -> None:
+        """/locale shows the locale the session speaks (docs/i18n.md); /locale TAG asks for TAG, as
+        a client would, for this session and the next (a bot's `state.locale` still wins)."""
+        catalogs = self.bot.config.catalogs
+        if catalogs is None:
+            click.secho("(this bot declares no `locales:`: it speaks one language; docs/i18n.md)", dim=True)
+            return
+        if arg:
+            self.wanted_locale = arg
+            self.session.ask_locale(arg)
+        click.echo(f"locale: {self.session.locale} (the bot's locales: {', '.join(catalogs.locales)}; "
+                   f"default {catalogs.default})")
 
     def set_roles(self, arg: str) -> None:
         """/roles shows the roles; /roles a,b starts a new session with them (roles belong to
