@@ -108,7 +108,9 @@ async def create_session(bot: str, request: Request, who: Caller, registry: Regi
     if state:
         check_initial_state(state, registry.bot(bot).config.state)
     version = request.headers.get(VERSION_HEADER)  # a tester's pick (docs/versions.md, "Canaries")
-    async with registry.session(bot, session_id, who, NEW, route=route, state=state, version=version) as session:
+    locale = request.headers.get("accept-language")  # the session's locale (docs/i18n.md)
+    async with registry.session(bot, session_id, who, NEW, route=route, state=state, version=version,
+                                locale=locale) as session:
         return session_data(session)
 
 

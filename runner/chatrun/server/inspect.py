@@ -66,6 +66,7 @@ def session_data(session: Session) -> dict[str, Any]:
         # The version of the bot it runs (docs/versions.md): the content hash, and with the human name.
         "botVersion": session.bot_version,
         "botVersionLabel": session.bot.config.version_label,
+        "locale": session.locale,  # the locale it speaks (docs/i18n.md); null for a bot without `locales:`
     } | pending_data(session)
 
 

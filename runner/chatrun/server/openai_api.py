@@ -58,6 +58,14 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 RETRY_HEADER = "x-stainless-retry-count"
 
 
+def locale_of(request: Request, body: dict[str, Any]) -> str | None:
+    """The locale a request asks a new session to speak (docs/i18n.md): the body's
+    `metadata.locale`, else the Accept-Language header."""
+    metadata = body.get("metadata")
+    wanted = metadata.get("locale") if isinstance(metadata, dict) else None
+    return wanted if isinstance(wanted, str) and wanted else request.headers.get("accept-language")
+
+
 @dataclass(frozen=True)
 class OpenAIOptions:
     """session_headers: request headers naming the front end's chat (e.g. X-OpenWebUI-Chat-Id),
@@ -250,7 +258,8 @@ class ChatCompletion(TurnRequest):
         bot, route = api.bot_and_route(body.get("model"))
         earlier, text = conversation_of(body.get("messages"), "messages")
         api.check_length(text)
-        ident = Identity(bot, earlier, request.headers.get(SESSION_HEADER), api.namespace(request, body), route=route)
+        ident = Identity(bot, earlier, request.headers.get(SESSION_HEADER), api.namespace(request, body), route=route,
+                         locale=locale_of(request, body))
         return cls(
             api.index, api.options.keepalive, who, body["model"], text, ident,
             as_json=(body.get("response_format") or {}).get("type") in ("json_object", "json_schema"),
@@ -389,7 +398,7 @@ class ResponseRequest(TurnRequest):
             earlier = []  # the response's session already holds what came before
         conversation = _conversation_id(body.get("conversation"))
         explicit = conversation or request.headers.get(SESSION_HEADER)
-        ident = Identity(bot, earlier, explicit, api.namespace(request, body), previous, route)
+        ident = Identity(bot, earlier, explicit, api.namespace(request, body), previous, route, locale_of(request, body))
         want_events = isinstance(body.get("chatrun"), dict) and bool(body["chatrun"].get("events"))
         return cls(api.index, api.options.keepalive, who, body["model"], text, ident, previous_id, conversation,
                    want_events)

@@ -50,6 +50,7 @@ class SessionStart:
 
     route: str | None = None
     state: dict[str, Any] | None = None
+    locale: str | None = None  # what the client asked for (a tag or Accept-Language; docs/i18n.md)
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ class SessionOpener:
                 state=request.start.state,
                 roles=set(principal.roles) if principal is not None else None,
                 principal=template_principal(principal),
-                meta=owner_meta(request.owner),
+                meta={**owner_meta(request.owner), **({"locale": request.start.locale} if request.start.locale else {})},
             )
         except UnknownRouteError as exc:
             raise wire.RequestFailed(wire.ROUTE_NOT_FOUND, str(exc)) from None

@@ -178,6 +178,7 @@ class SessionRegistry:
         if_busy: str | None = None,
         reach: Reach = OWNER_ONLY,
         version: str | None = None,
+        locale: str | None = None,
     ) -> AsyncIterator[Session]:
         """The session, held for the caller until the block ends (its turn, see `turn`); its
         stored history is `history(session)`. `reach`: who besides its owner may use it
@@ -185,7 +186,7 @@ class SessionRegistry:
         bot = self.bot(bot_name)
         self.gate.refuse_if_draining()
         policy = self.gate.policy(if_busy)
-        request = SessionRequest(bot, session_id, principal, mode, SessionStart(route, state), reach, version)
+        request = SessionRequest(bot, session_id, principal, mode, SessionStart(route, state, locale), reach, version)
         waited = functools.partial(self.metrics.waited, bot.name) if self.metrics is not None else None
         async with self.cache.use((bot.name, session_id)) as slot, \
                 self.gate.through(slot.lock, session_id, policy, waited) as lease:

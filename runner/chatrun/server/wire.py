@@ -2,7 +2,7 @@
 
 Client -> server:
     {"type": "Connect", "chatId": C, "route": R?}            chatrun extensions: "extensions",
-                                                              "resume", "bot"
+                                                              "resume", "bot", "locale"
     {"type": "ChatRouteMessage", "chatId": C, "scopeId": S, "data": {"userMessage": "...", ...}}
     {"type": "Disconnect", "chatId": C}                       chatrun extension: "keep"
     {"type": "Decide", "chatId": C, "item": P, "decision": "approve"|"reject", "args"?, "reason"?}
@@ -123,6 +123,7 @@ class ClientFrame:
     keep: bool = False
     bot: str | None = None
     extensions: bool = False
+    locale: str | None = None  # Connect's `locale` (docs/i18n.md)
     if_busy: str | None = None  # chatrun extension "ifBusy": "queue" | "reject"
     item: str | None = None  # Decide / Answer: the pending item's id
 
@@ -196,6 +197,10 @@ def _read_connect(frame: ClientFrame, fields: _FrameFields) -> None:
         raise fields.fail("Connect.bot must be a string (a bot name) or absent")
     frame.route = route or None
     frame.bot = bot
+    locale = fields.raw.get("locale")
+    if locale is not None and not isinstance(locale, str):
+        raise fields.fail("Connect.locale must be a string (a locale such as de or pt-BR) or absent")
+    frame.locale = locale or None
     frame.resume = fields.flag(CONNECT, "resume")
     frame.extensions = fields.flag(CONNECT, "extensions")
 

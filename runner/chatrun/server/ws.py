@@ -184,7 +184,7 @@ class Connection:
         try:
             version = self.ws.headers.get(VERSION_HEADER)  # a tester's pick for new sessions (docs/versions.md)
             async with self.registry.session(bot, frame.chat_id, self.principal, mode, route=frame.route,
-                                             version=version) as session:
+                                             version=version, locale=frame.locale or self.ws.headers.get("accept-language")) as session:
                 self.pending.discard(frame.chat_id)
                 if frame.resume:
                     if frame.route and frame.route != session.route:
