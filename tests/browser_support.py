@@ -38,11 +38,12 @@ def chromium() -> Iterator[Any]:
 
 
 @contextmanager
-def chat_page(base_url: str, width: int = 1280, height: int = 860) -> Iterator[Any]:
+def chat_page(base_url: str, width: int = 1280, height: int = 860, locale: str | None = None) -> Iterator[Any]:
     """The server's chat page, loaded and ready; the block fails if the page threw a JavaScript
-    error. The page carries `base_url` and `js_errors`."""
+    error. The page carries `base_url` and `js_errors`. `locale`: the browser's language."""
     with chromium() as browser:
-        tab = browser.new_context(viewport={"width": width, "height": height}).new_page()
+        options: dict[str, Any] = {"locale": locale} if locale else {}
+        tab = browser.new_context(viewport={"width": width, "height": height}, **options).new_page()
         errors: list[str] = []
         tab.on("pageerror", lambda exc: errors.append(str(exc)))
         tab.goto(base_url + "/")

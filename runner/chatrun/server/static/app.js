@@ -32,6 +32,7 @@
   let selectedRoute = null;
   let inspectData = null;
   let refreshes = 0; // inspector refreshes so far (tests wait on it)
+  let sessionLocale = ""; // the locale the session speaks (the inspector reads it; docs/i18n.md)
 
   // -- small helpers ------------------------------------------------------------------
 
@@ -113,13 +114,22 @@
 
   // -- chat rendering ---------------------------------------------------------------------
 
-  function showUser(text) { add(el("div", "msg user", text)); }
+  /** A chat bubble whose direction follows its text (dir="auto"): right-to-left text renders
+   * right to left, in the session's language (lang) once the inspector has read it. */
+  function bubble(cls, text) {
+    const node = el("div", cls, text);
+    node.dir = "auto";
+    if (sessionLocale) node.lang = sessionLocale;
+    return node;
+  }
+
+  function showUser(text) { add(bubble("msg user", text)); }
 
   /** A bot reply: Markdown, rendered safely (markdown.js builds nodes, never HTML). */
   function botBubble(text, cls) {
-    const bubble = el("div", "msg bot md" + (cls ? " " + cls : ""));
-    setReply(bubble, text);
-    return bubble;
+    const node = bubble("msg bot md" + (cls ? " " + cls : ""));
+    setReply(node, text);
+    return node;
   }
 
   function setReply(bubble, text) {
@@ -337,8 +347,12 @@
     return url;
   }
 
+  // The locale a new session asks for (docs/i18n.md): ?locale=de, else the browser's languages.
+  const LOCALE = params.get("locale") || (navigator.languages || [navigator.language]).filter(Boolean).join(", ");
+
   function builder() {
     return client.builder()
+      .locale(LOCALE)
       .messageHandler(showMessage)
       .streamHandler(showChunk)
       .thinkingHandler(showThinking)
@@ -430,6 +444,9 @@
     // The version of the bot the session runs: its human name and content hash (docs/versions.md).
     $("bot-version").textContent = d.botVersionLabel ? "· version " + d.botVersionLabel : "";
     document.body.dataset.botVersion = d.botVersion || "";
+    // The locale the session speaks (docs/i18n.md), for a bot with `locales:`.
+    sessionLocale = d.locale || "";
+    $("session-locale").textContent = d.locale ? "· locale " + d.locale : "";
     renderBreadcrumb(d.stack);
     drawGraph(d.graph, d.stack);
     renderScopes(d.scopes, d.scopeId);

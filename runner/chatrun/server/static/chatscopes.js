@@ -140,6 +140,8 @@
     bot(name) { this._bot = name; return this; }
     /** chatrun extra: false asks the server for exactly the frames a Quarkus server sends. */
     extensions(on) { this._extensions = on !== false; return this; }
+    /** chatrun extra: the locale a new chat asks for (`de`, `pt-BR`; docs/i18n.md). */
+    locale(tag) { this._locale = tag; return this; }
 
     /** Start a chat (on `route`, else the default route). Promise of a Session. */
     connect(route) {
@@ -151,6 +153,7 @@
       if (this._extensions) frame.extensions = true;
       if (this._resume) frame.resume = true;
       if (this._bot) frame.bot = this._bot;
+      if (this._locale && !this._resume) frame.locale = this._locale;
       this.client.sessions.set(chatId, session);
       return this.client._request(session, frame).then(
         () => session,
