@@ -41,10 +41,22 @@ class TurnSpec:
     judged: list[dict[str, Any]] = field(default_factory=list)  # recorded verdicts (chatrun.transcripts.judge)
     clock: str | dict[str, Any] | None = None  # the turn's `clock:`: an instant, or {at?, advance?}
     mock_lines: list[int] = field(default_factory=list)  # the line of each of `mocks` (their messages name it)
+    # A third party's step instead of the user's message: {KEY: value} with KEY one of DECISION_KEYS
+    decision: dict[str, Any] | None = None
+    acting: dict[str, Any] | str | None = None  # `as:`: who sends this turn (a principal, or "backend")
 
     @property
     def input(self) -> str | dict[str, Any]:
         return self.data if self.data is not None else (self.user or "")
+
+    @property
+    def said(self) -> str | dict[str, Any] | None:
+        """What the turn sends in words, for reports: the user's input or the decision step."""
+        return self.decision if self.decision is not None else self.input
+
+
+# The steps a third party takes in a turn (docs/transcripts.md, "Humans in the loop")
+DECISION_KEYS = ("approve", "reject", "answer", "operator", "expire")
 
 
 @dataclass
@@ -205,6 +217,8 @@ def _build(doc: YamlDoc) -> Transcript:
             judged=list(raw.get("judged") or []),
             clock=raw.get("clock"),
             mock_lines=_lines(doc, ("turns", i, "mocks"), raw.get("mocks")),
+            decision=next(({k: raw[k]} for k in DECISION_KEYS if k in raw), None),
+            acting=raw.get("as"),
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
                       data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),
@@ -263,9 +277,10 @@ def _message(error: Violation, path: tuple) -> str:
         missing = [k for k in error.validator_value if k not in error.instance]
         return f"missing required key `{', '.join(missing)}` {where}"
     if _turn_input(error):
-        both = "user" in error.instance and "data" in error.instance
-        return (f"turn {where} has both `user:` and `data:`; give one" if both
-                else f"turn {where} needs `user:` (a message) or `data:` (structured input)")
+        given = [k for k in ("user", "data", *DECISION_KEYS) if k in error.instance]
+        return (f"turn {where} has {' and '.join(f'`{k}:`' for k in given)}; give one" if len(given) > 1
+                else f"turn {where} needs `user:` (a message), `data:` (structured input) or a third party's step "
+                f"({', '.join(f'`{k}:`' for k in DECISION_KEYS)})")
     if kind == "anyOf" and path and path[-1] == "error":
         return f"`{dotted(path)}` must be true or a matcher on the Error text (a string, {{contains: ..}}, {{regex: ..}})"
     if _response(error):

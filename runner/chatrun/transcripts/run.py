@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.engine.clock import FixedClock, parse_duration, parse_instant
-from chatrun.errors import BotError, ChatrunError, SessionError
+from chatrun.errors import BotError, ChatrunError, DecisionRefused, InvalidDecision, NotPending, SessionError
 from chatrun.models import ModelPool
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 from chatrun.models.scripted import ScriptedModel
@@ -256,7 +256,9 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
     except ChatrunError as exc:  # the schema lets through little a scripted model rejects
         return TurnResult(turn, None, [Mismatch("model", f"bad model response: {exc}")])
     try:
-        events = session.chat(turn.input)
+        events = send(session, turn)
+    except REFUSED_DECISIONS as exc:  # refused before its turn: nothing ran, nothing was committed
+        return message_after_end(session, turn, str(exc), script.current.requests)
     except SessionError as exc:
         if session.ended is None:
             raise
@@ -280,16 +282,68 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
     return TurnResult(turn, obs, problems)
 
 
-def message_after_end(session: Any, turn: TurnSpec, refusal: str) -> TurnResult:
-    """A message sent after a tool ended the conversation is refused, as any client is told;
-    the turn expects that like any error (`expect: {error: true}`), else it fails at its line."""
-    obs = observe(session, [], [])
+def message_after_end(session: Any, turn: TurnSpec, refusal: str, requests: Any = ()) -> TurnResult:
+    """A message sent after a tool ended the conversation is refused, as any client is told, and
+    so is a decision the engine refuses before its turn (DecisionRefused, NotPending,
+    InvalidDecision); the turn expects that like any error (`expect: {error: ...}`), else it
+    fails at its line."""
+    obs = observe(session, [], list(requests))
     obs.error = refusal
     problems = compare(turn.expect, obs)
     if turn.model:
-        problems.append(Mismatch("model", "the conversation had ended, so no model was called: "
-                                 "the turn's `model:` answers are left unused"))
+        why = "the decision was refused before its turn" if turn.decision is not None else "the conversation had ended"
+        problems.append(Mismatch("model", f"{why}, so no model was called: the turn's `model:` answers are left unused"))
     return TurnResult(turn, obs, problems)
+
+
+# What a decision step may meet instead of a turn (the engine raises them before anything runs)
+REFUSED_DECISIONS = (DecisionRefused, NotPending, InvalidDecision)
+
+
+def send(session: Any, turn: TurnSpec) -> list[Any]:
+    """Run the turn's input — the user's message, or a third party's step — as whoever `as:`
+    names (the transcript's principal again afterwards)."""
+    principal, roles = session.principal, session.roles
+    if turn.acting is not None:
+        acting = turn.acting
+        session.principal = None if acting == BACKEND else acting
+        if acting == BACKEND:
+            session.roles = set()
+        elif "roles" in acting:  # else the transcript's roles (None: checks off)
+            session.roles = set(acting["roles"])
+    try:
+        return session.chat(step_input(session, turn))
+    finally:
+        session.principal, session.roles = principal, roles
+
+
+BACKEND = "backend"  # `as: backend`: no one signed in, answering a backend's question with its token
+
+
+def step_input(session: Any, turn: TurnSpec) -> Any:
+    """The turn's input for Session.chat: its message, or the decision its step describes."""
+    from chatrun.engine.pending import Answer, Approve, Expire, OperatorSay, Reject, Release, TakeOver
+
+    if turn.decision is None:
+        return turn.input
+    (kind, value), = turn.decision.items()
+    body = value if isinstance(value, dict) else {"item": value}
+    if kind == "approve":
+        return Approve(body["item"], args=body.get("args"), reason=body.get("reason"))
+    if kind == "reject":
+        return Reject(body["item"], reason=body.get("reason"))
+    if kind == "answer":
+        token = next((i.token for i in session.pending if i.id == body["item"]), None) if turn.acting == BACKEND else None
+        return Answer(body["item"], body["value"], token=token)
+    if kind == "expire":
+        return Expire()
+    if value == "take" or "take" in body:
+        note = body.get("take")
+        return TakeOver(note if isinstance(note, str) else None)
+    if "say" in body:
+        return OperatorSay(body["say"])
+    route = body.get("release")
+    return Release(route if isinstance(route, str) else None)
 
 
 def expect_refused_start(bot: Any, t: Transcript) -> str | None:
