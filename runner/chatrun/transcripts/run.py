@@ -8,7 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.engine.clock import FixedClock, parse_duration, parse_instant
-from chatrun.errors import BotError, ChatrunError, DecisionRefused, InvalidDecision, NotPending, SessionError
+from chatrun.errors import (
+    BotError,
+    ChatrunError,
+    DecisionRefused,
+    InvalidDecision,
+    NotPending,
+    SessionError,
+    UnknownRouteError,
+)
 from chatrun.models import ModelPool
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 from chatrun.models.scripted import ScriptedModel
@@ -297,7 +305,7 @@ def message_after_end(session: Any, turn: TurnSpec, refusal: str, requests: Any 
 
 
 # What a decision step may meet instead of a turn (the engine raises them before anything runs)
-REFUSED_DECISIONS = (DecisionRefused, NotPending, InvalidDecision)
+REFUSED_DECISIONS = (DecisionRefused, NotPending, InvalidDecision, UnknownRouteError)  # a release to an unknown route too
 
 
 def send(session: Any, turn: TurnSpec) -> list[Any]:
