@@ -63,7 +63,13 @@ def record_transcript(transcript: Transcript) -> bool:
     If a model call fails (no credentials, the provider down), nothing is written and a
     ChatrunError says which turn failed: a recording must not replace good answers with errors."""
     from chatrun.engine.bot import load_bot
-    from chatrun.transcripts.run import REFUSED_DECISIONS, advance_clock, send, set_turn_clock, start_session
+    from chatrun.transcripts.run import (
+        REFUSED_DECISIONS,
+        advance_clock,
+        send,
+        set_turn_clock,
+        start_session,
+    )
 
     bot = load_bot(transcript.bot_path)
     recorder = RecordingModel()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.engine.clock import FixedClock, parse_duration, parse_instant
+from chatrun.engine.pending import Answer, Approve, Expire, OperatorSay, Reject, Release, TakeOver
 from chatrun.errors import (
     BotError,
     ChatrunError,
@@ -312,12 +313,12 @@ def send(session: Any, turn: TurnSpec) -> list[Any]:
     """Run the turn's input — the user's message, or a third party's step — as whoever `as:`
     names (the transcript's principal again afterwards)."""
     principal, roles = session.principal, session.roles
-    if turn.acting is not None:
-        acting = turn.acting
-        session.principal = None if acting == BACKEND else acting
-        if acting == BACKEND:
-            session.roles = set()
-        elif "roles" in acting:  # else the transcript's roles (None: checks off)
+    acting = turn.acting
+    if acting == BACKEND:
+        session.principal, session.roles = None, set()
+    elif isinstance(acting, dict):
+        session.principal = acting
+        if "roles" in acting:  # else the transcript's roles (None: checks off)
             session.roles = set(acting["roles"])
     try:
         return session.chat(step_input(session, turn))
@@ -330,8 +331,6 @@ BACKEND = "backend"  # `as: backend`: no one signed in, answering a backend's qu
 
 def step_input(session: Any, turn: TurnSpec) -> Any:
     """The turn's input for Session.chat: its message, or the decision its step describes."""
-    from chatrun.engine.pending import Answer, Approve, Expire, OperatorSay, Reject, Release, TakeOver
-
     if turn.decision is None:
         return turn.input
     (kind, value), = turn.decision.items()
