@@ -32,6 +32,7 @@ EVENT_KEYS = ("events", *AUDIENCE_KEYS)
 # author decides on. `created`, `scope_id`, `call_id`, `requested_by` and `token` are the
 # runtime's (they differ from run to run, or are secret) and are left out.
 ITEM_FIELDS = ("id", "kind", "tool", "args", "ask", "by", "edit", "due", "schema", "choices")
+PENDING_SHORT = ("id", "kind", "tool")  # what --update and /save write under `pending:` of a turn without `expect:`
 
 
 class _Missing:
@@ -357,8 +358,8 @@ def updated(expect: dict[str, Any] | None, obs: Observed) -> dict[str, Any]:
     if not expect:
         out = {k: shaped(k, None, obs) for k in DEFAULT_KEYS}
         out |= {k: shaped(k, None, obs) for k in AUDIENCE_KEYS if shaped(k, None, obs)}  # only when sent
-        if obs.pending:  # something waits: say what
-            out["pending"] = obs.pending
+        if obs.pending:  # something waits: which items (the Pending events say the rest)
+            out["pending"] = [{k: item[k] for k in PENDING_SHORT if k in item} for item in obs.pending]
         if obs.error is not None:
             out["error"] = obs.error
         return out

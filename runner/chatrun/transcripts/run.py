@@ -185,6 +185,7 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
             played = play_turn(session, script, turn, judge, live)
             if turn.expect is None:
                 played.warnings = unoffered_calls(t, turn, script.current.requests)
+            played.warnings += unpinned_due(session, t, played)
             result.turns.append(played)
         judge_conversation(result, judge)
     finally:
@@ -382,6 +383,16 @@ def unoffered_calls(t: Transcript, turn: TurnSpec, requests: list[ModelRequest])
                            f"does not offer (it offers: {', '.join(offered) or 'no tools'}); the turn has no `expect:`, "
                            "so nothing checks what happened")
     return out
+
+
+def unpinned_due(session: Any, t: Transcript, played: TurnResult) -> list[str]:
+    """An item with a timeout on the system clock: its `due` differs on every run, and no
+    `expire:` step can reach it reliably. Pinning `clock:` fixes both."""
+    obs = played.observed
+    if isinstance(session.clock, FixedClock) or obs is None or not any("due" in item for item in obs.pending):
+        return []
+    return [f"{t.where(played.turn)}: warning: an item with a timeout waits, but the clock is not pinned, so its "
+            "due time differs on every run; pin it with `clock:` (docs/transcripts.md, \"The clock\")"]
 
 
 def event_type_warnings(config: Any, t: Transcript) -> list[str]:

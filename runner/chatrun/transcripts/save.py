@@ -70,6 +70,8 @@ def save_transcript(
     tokenizer = session.counting_tokenizer() if hasattr(session, "counting_tokenizer") else None
     if tokenizer:  # the counter the REPL's windows counted with: the replay's windows are the same anywhere
         doc["tokenizer"] = tokenizer
+    if _needs_clock(records):  # items with due times: the replay must count from the same instant
+        doc["clock"] = records[0]["at"]
     doc["turns"] = [_turn(r, principal, roles) for r in records]
     y = _yaml()
     buf = io.StringIO()
@@ -106,6 +108,14 @@ def _turn(record: dict[str, Any], principal: Any = None, roles: Any = None) -> d
     if record.get("mocks"):  # what the HTTP and MCP tools really gave: the replay is offline
         turn["mocks"] = [dict(m) for m in record["mocks"]]
     return turn
+
+
+def _needs_clock(records: list[dict[str, Any]]) -> bool:
+    """Whether a turn made an item with a due time while no turn had its clock pinned."""
+    if any(r.get("clock") for r in records) or not records[0].get("at"):
+        return False
+    return any(getattr(e, "type", None) == "Pending" and (getattr(e, "data", None) or {}).get("due")
+               for r in records for e in r.get("events") or [])
 
 
 def _acting(record: dict[str, Any], principal: Any, roles: Any) -> Any:
