@@ -57,6 +57,14 @@ class TurnSpec:
 
 # The steps a third party takes in a turn (docs/transcripts.md, "Humans in the loop")
 DECISION_KEYS = ("approve", "reject", "answer", "operator", "expire")
+STEP_SHAPES = {  # what a step key takes, for the message when it is written wrong
+    "approve": "an item id (approve: p1) or {item, args, reason}",
+    "reject": "an item id (reject: p1) or {item, reason}",
+    "answer": "{item: ID, value: ANSWER}",
+    "operator": "take, release, {take: NOTE}, {say: TEXT} or {release: ROUTE}",
+    "expire": "true (let the items due by the turn's clock time out)",
+    "as": "backend, or a principal {name: NAME, roles: [...]}",
+}
 
 
 @dataclass
@@ -250,8 +258,15 @@ def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     return out
 
 
+def _step(path: tuple) -> str | None:
+    """The step key (STEP_SHAPES) a path is in: `turns[0].approve...` -> approve."""
+    return path[2] if len(path) >= 3 and path[0] == "turns" and path[2] in STEP_SHAPES else None
+
+
 def _specific(error: Violation) -> Violation:
     while error.validator in ("oneOf", "anyOf") and error.context:
+        if _step(tuple(error.path)) and len(error.path) == 3:
+            break
         if error.path and error.path[-1] == "error" or _turn_input(error) or _response(error):
             break
         error = violation(best_match(error.context))
@@ -269,6 +284,9 @@ def _turn_input(error: Violation) -> bool:
 def _message(error: Violation, path: tuple) -> str:
     where = f"in `{dotted(path)}`" if path else "at the top level"
     kind = error.validator
+    step = _step(path)
+    if step and kind != "additionalProperties" or step and len(path) == 3:
+        return f"`{dotted(path[:3])}` must be {STEP_SHAPES[step]}"
     if kind == "additionalProperties":
         allowed = sorted(properties(error.schema))
         extras = [k for k in error.instance if k not in allowed]
@@ -278,7 +296,8 @@ def _message(error: Violation, path: tuple) -> str:
         return f"missing required key `{', '.join(missing)}` {where}"
     if _turn_input(error):
         given = [k for k in ("user", "data", *DECISION_KEYS) if k in error.instance]
-        return (f"turn {where} has {' and '.join(f'`{k}:`' for k in given)}; give one" if len(given) > 1
+        return (f"turn {where} has {'both ' if len(given) == 2 else ''}{' and '.join(f'`{k}:`' for k in given)}; "
+                "give one" if len(given) > 1
                 else f"turn {where} needs `user:` (a message), `data:` (structured input) or a third party's step "
                 f"({', '.join(f'`{k}:`' for k in DECISION_KEYS)})")
     if kind == "anyOf" and path and path[-1] == "error":
