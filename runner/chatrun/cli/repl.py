@@ -53,7 +53,7 @@ COMMANDS = """\
 Ctrl-C cancels a running turn, or clears the line; twice on an empty line quits.
 Up/Down recall earlier lines (kept in {history}); Tab completes commands, and the names of
 tools (/call), routes (/reset) and roles (/roles) of the bot as it is now (after a reload too),
-/clock's words (real, +1h, +1d, the time now), and pending items' ids."""
+the words of /clock (real, +1h, +1d, the time now) and /operator, and the ids of pending items."""
 
 ROLES_OFF = ("(no --roles given: role checks are off, every route is open; "
              "--roles a,b or /roles a,b to walk the bot as a principal with those roles)")
@@ -358,7 +358,8 @@ class Repl:
         offered = self.human.offered if self.human else []
         return Names(COMMAND_NAMES, tools=[*config.tools, *offered], routes=list(config.routes),
                      roles=sorted({role for route in config.routes.values() for role in route.roles}),
-                     clock=["real", "+1h", "+1d", self.session.now().strftime("%Y-%m-%dT%H:%M")])
+                     clock=["real", "+1h", "+1d", self.session.now().strftime("%Y-%m-%dT%H:%M")],
+                     items=[item.id for item in self.session.pending])
 
     def read_eval_loop(self) -> int:
         interrupted = False
