@@ -82,9 +82,9 @@ def test_a_fork_renames_the_scopes_and_notes_its_origin(travel):
 def test_a_sqlite_file_written_by_0_1_loads(travel, tmp_path):
     snapshot, texts = stored_by_0_1(travel)
     path = tmp_path / "old.db"
-    SQLiteStore(path).close()  # the tables (the schema is unchanged)
+    SQLiteStore(path).close()  # the tables (0.1's columns, plus the pending index's)
     conn = sqlite3.connect(path)
-    conn.execute("INSERT INTO sessions VALUES (?, ?, ?, ?)", ("old", json.dumps(snapshot, ensure_ascii=False), 1.0, ""))
+    conn.execute("INSERT INTO sessions (session_id, snapshot, updated_at, version) VALUES (?, ?, ?, ?)", ("old", json.dumps(snapshot, ensure_ascii=False), 1.0, ""))
     conn.executemany("INSERT INTO memories VALUES (?, ?)", list(texts.items()))
     conn.commit()
     conn.close()

@@ -32,9 +32,11 @@ from chatrun.server.listen import redact_tokens_in_logs
 from chatrun.server.metrics import ServerMetrics
 from chatrun.server.openai_api import OpenAIOptions, OpenAIState, make_openai_router
 from chatrun.server.outbox import OutboxSettings, OutboxWorker, make_outbox_router
+from chatrun.server.pending_api import make_pending_router
 from chatrun.server.reload import Watchers
 from chatrun.server.sessions import SessionRegistry, SessionSettings
 from chatrun.server.site import add_site_routes
+from chatrun.server.sweeper import PendingSweeper, SweepSettings
 from chatrun.server.tracecontext import TraceContext
 from chatrun.server.ws import make_websocket_router
 from chatrun.store import SessionStore
@@ -55,6 +57,7 @@ def create_app(
     reload: bool = False,
     log_content: bool = False,
     outbox: OutboxSettings | None = None,
+    sweep: SweepSettings | None = None,
 ) -> FastAPI:
     """The app serving `bots` (Bot objects or paths; a dict name -> Bot; the first is the default).
 
@@ -71,7 +74,8 @@ def create_app(
     (chatrun.server.reload).
     log_content: the per-turn log line (logger chatrun.turns) carries the user's message and
     the replies (docs/observability.md); off by default.
-    outbox: how backend events are delivered (chatrun.server.outbox; default: from the environment).
+    outbox, sweep: how backend events are delivered, how often pending items' timeouts are looked
+    for (chatrun.server.outbox, chatrun.server.sweeper; default: from the environment).
     """
     loaded = _load_bots(bots)
     settings = sessions or SessionSettings(cache_size=cache_size)
@@ -81,19 +85,17 @@ def create_app(
         store = open_async_store(store_url, settings.lease, exclusive=True)
     registry = _registry(loaded, store, settings, log_content)
     app = FastAPI(
-        lifespan=Lifecycle(registry, loaded, gc_tuning, reload, own_store, outbox or OutboxSettings.from_env()).run,
+        lifespan=Lifecycle(registry, loaded, gc_tuning, reload, own_store, outbox or OutboxSettings.from_env(),
+                           sweep or SweepSettings.from_env()).run,
         title=f"chatrun: {', '.join(loaded)}",
         version=__version__,
-        description="Chat with declarative bots over WebSocket (Quarkus Chat Scopes frames, "
-        "see docs/protocol.md) or HTTP. The web page is at `/`.",
-        docs_url=None,  # served by chatrun.server.site from the package's own assets: no CDN, so it works offline
-        redoc_url=None,
+        description="Chat with declarative bots over WebSocket (Quarkus Chat Scopes frames, see docs/protocol.md) or HTTP. The web page is at `/`.",
+        docs_url=None, redoc_url=None,  # served by chatrun.server.site from the package's own assets: works offline
         exception_handlers=ERROR_HANDLERS,
     )
     # What the endpoints reach through request.app.state (chatrun.server.plumbing).
     app.state.registry, app.state.auth, app.state.limits = registry, auth_config, limits
-    app.state.metrics = registry.metrics
-    app.state.default_bot = next(iter(loaded))
+    app.state.metrics, app.state.default_bot = registry.metrics, next(iter(loaded))
     _add_routes(app, registry, limits, openai)
     policy = edge or EdgePolicy(max_body_bytes=limits.max_frame_bytes)
     app.add_middleware(EdgeGuard, policy=policy)
@@ -119,6 +121,7 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     app.include_router(make_openai_router())
     app.include_router(make_websocket_router())
     app.include_router(make_outbox_router())
+    app.include_router(make_pending_router())
     add_site_routes(app)
 
 
@@ -132,6 +135,7 @@ class Lifecycle:
     reload: bool
     own_store: bool  # the store was opened by create_app, so it is closed here
     outbox: OutboxSettings = OutboxSettings()  # noqa: RUF009 - frozen
+    sweep: SweepSettings = SweepSettings()  # noqa: RUF009 - frozen
 
     @asynccontextmanager
     async def run(self, _app: FastAPI) -> AsyncIterator[None]:
@@ -148,11 +152,14 @@ class Lifecycle:
         worker = registry.outbox = OutboxWorker(registry, self.outbox)
         registry.writes.on_outbox = worker.nudge
         delivering = asyncio.ensure_future(worker.run_forever())
+        pending = registry.sweeper = PendingSweeper(registry, self.sweep)
+        expiring = asyncio.ensure_future(pending.run_forever())
         watchers = Watchers(registry) if self.reload else None
         try:
             yield
         finally:
             sweeper.cancel()
+            expiring.cancel()
             delivering.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await delivering

@@ -73,9 +73,12 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
 
 async def health(registry: Registry) -> Any:
     # 503 while draining (SIGTERM): a load balancer stops sending this replica new requests.
+    # `store` is readiness: "unreachable" while the store does not answer. The status stays
+    # 200 then (liveness): restarting the replica would not bring the store back.
     body = {"status": "draining" if registry.draining else "ok", "bots": list(registry.bots),
             "live_sessions": registry.live_count(), "cache_bytes": registry.cache_bytes(),
-            "in_progress": registry.in_progress}
+            "in_progress": registry.in_progress,
+            "store": "ok" if await registry.store_ready() else "unreachable"}
     return JSONResponse(body, status_code=503) if registry.draining else body
 
 
@@ -175,20 +178,27 @@ async def _message_body(request: Request) -> dict[str, Any]:
 async def _reply(registry: SessionRegistry, turn: TurnRequest) -> JSONResponse:
     """The turn's events and outcome as one JSON reply."""
     async with turn.session(registry) as session:
-        run = registry.turn(session, wire.turn_input(turn.data), turn.idempotency_key)
-        events = [e async for e in run]
-        body = {
-            "events": [e.to_dict() for e in events if e.type != ev.STREAM],
-            "ok": not any(e.type == ev.ERROR for e in events),
-            "scopeId": session.scope_id,
-            "route": session.route,
-            "stack": session.stack,
-            "turn": run.turn,
-            "replayed": run.replayed,
-        }
-        if run.entry.get("usage"):  # the turn's model calls: absent when it made none
-            body["usage"] = run.entry["usage"]
-        return JSONResponse(body, headers={"Idempotent-Replayed": "true"} if run.replayed else None)
+        return await turn_reply(registry, session, wire.turn_input(turn.data), turn.idempotency_key)
+
+
+async def turn_reply(registry: SessionRegistry, session: Session, message: Any, key: str | None) -> JSONResponse:
+    """One turn of a held session (a message, or a decision: server/pending_api.py) as one
+    JSON reply: its events, whether it succeeded, where the conversation is, and whether it
+    was a replay of the Idempotency-Key's committed turn."""
+    run = registry.turn(session, message, key)
+    events = [e async for e in run]
+    body = {
+        "events": [e.to_dict() for e in events if e.type != ev.STREAM],
+        "ok": not any(e.type == ev.ERROR for e in events),
+        "scopeId": session.scope_id,
+        "route": session.route,
+        "stack": session.stack,
+        "turn": run.turn,
+        "replayed": run.replayed,
+    }
+    if run.entry.get("usage"):  # the turn's model calls: absent when it made none
+        body["usage"] = run.entry["usage"]
+    return JSONResponse(body, headers={"Idempotent-Replayed": "true"} if run.replayed else None)
 
 
 async def _sse(registry: SessionRegistry, turn: TurnRequest) -> AsyncIterator[str]:
@@ -276,13 +286,15 @@ _ERROR_SCHEMA = {
 _ERRORS = {
     400: "BadRequest (bad JSON, bad field, lone surrogate) or BadHost",
     401: "Unauthorized: no valid token (auth on)",
-    403: "Forbidden: a route the principal's roles do not allow, or a foreign Origin",
+    403: "Forbidden: a route the principal's roles do not allow, or a foreign Origin; DecisionRefused: "
+         "a decision by a principal without the item's role (or its own call, when self-approval is off)",
     404: "NotFound, BotNotFound, SessionNotActive (also another principal's session), RouteNotFound",
     405: "MethodNotAllowed (with an Allow header)",
     408: "RequestTimeout: the body did not arrive in time",
-    409: "SessionExists or ScopeNotActive",
+    409: "SessionExists, ScopeNotActive, Conflict, or NotPending (the item was resolved already, or never was)",
     413: "TooLarge: body or userMessage over the limit",
     415: "UnsupportedMediaType: a body that is not application/json",
+    422: "InvalidDecision: edited arguments or an answer that do not match the declared schema (the item stays pending)",
     429: "TooManyRequests",
     500: "ServerError",
 }
@@ -304,6 +316,8 @@ def _session_response(status: int, history: bool = False) -> dict[int | str, dic
         "state": {"type": "object"}, "visible": {"type": "object"}, "scopes": {"type": "array", "items": {"type": "object"}},
         "usage": _plain_schema(load_schema("wire.schema.json")["$defs"]["Usage"]),
         "ended": {"type": ["object", "null"], "properties": {"route": {"type": "string"}, "tool": {"type": "string"}}},
+        "pending": {"type": "array", "items": {"type": "object"}},  # pending_api's items (docs/protocol.md)
+        "taken_over": {"type": ["object", "null"]},
     }
     if history:
         properties |= {"history": {"type": "array", "items": {"type": "object"}},

@@ -2,7 +2,10 @@
 `pip install 'chatrun[metrics]'`). docs/observability.md lists every metric.
 
 Each app has its own CollectorRegistry (never the process-wide default), so two apps in one
-process (tests, an embedding program) count separately. Model and tool calls are measured
+process (tests, an embedding program) count separately; each also carries the process and
+Python collectors (`process_*`, `python_*`), as a default registry would. Counters and
+histograms have no `_created` series (a timestamp per series that Prometheus does not read
+and that doubles what a scrape stores). Model and tool calls are measured
 by the engine (chatrun.engine.observe) and reported to the TurnObserver the session registry
 installs for the turn. Without prometheus-client `ServerMetrics.create()` is None and nothing
 is measured; `/metrics` then answers 501 saying what to install.
@@ -30,6 +33,8 @@ DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 
 # A turn is several model calls and tools; waiting for a session is usually nothing.
 TURN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60)
+# A person decides in seconds to days.
+DECISION_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MISSING = "/metrics needs prometheus-client: pip install 'chatrun[metrics]'"
@@ -48,8 +53,13 @@ class ServerMetrics:
 
     def __init__(self, sessions: SessionRegistry):
         prom = _prom
+        prom.disable_created_metrics()  # process-wide, as prometheus-client has it
         self.registry = reg = prom.CollectorRegistry()
+        prom.ProcessCollector(registry=reg)
+        prom.PlatformCollector(registry=reg)
+        prom.GCCollector(registry=reg)
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._pending_seen: set[tuple[str, str]] = set()
         model = ["bot", "gen_ai_provider_name", "gen_ai_request_model"]
         self.turns = prom.Counter("chatrun_turns", "Turns served, by the route they started on and how they ended",
                                   ["bot", "route", "outcome"], registry=reg)
@@ -77,6 +87,7 @@ class ServerMetrics:
             "chatrun_session_wait_seconds", "Time a request waited for its session (the per-session lock / lease)",
             ["bot"], buckets=WAIT_BUCKETS, registry=reg)
         self._outbox_metrics(prom, reg)
+        self._pending_metrics(prom, reg)
         prom.Gauge("chatrun_live_sessions", "Sessions held in memory", registry=reg).set_function(
             sessions.live_count)
         prom.Gauge("chatrun_session_requests_waiting", "Requests waiting for a session held by another request",
@@ -97,6 +108,38 @@ class ServerMetrics:
                                        ["state"], registry=reg)
         self.outbox_age = prom.Gauge("chatrun_outbox_oldest_pending_age_seconds",
                                      "Age of the oldest pending outbox entry (0: none)", registry=reg)
+
+    def _pending_metrics(self, prom: Any, reg: Any) -> None:
+        self.pending_items = prom.Gauge("chatrun_pending_items",
+                                        "Open pending items (approvals, questions, takeovers), by bot and kind, "
+                                        "as the store lists them (measured by the sweeper)", ["bot", "kind"],
+                                        registry=reg)
+        self.pending_oldest = prom.Gauge("chatrun_pending_oldest_age_seconds",
+                                         "Age of the oldest open pending item, by bot and kind", ["bot", "kind"],
+                                         registry=reg)
+        self.decisions = prom.Counter("chatrun_pending_decisions",
+                                      "Pending items resolved, by outcome (approved, edited, rejected, timed_out, "
+                                      "answered, released, taken)", ["bot", "kind", "outcome"], registry=reg)
+        self.decision_seconds = prom.Histogram("chatrun_pending_decision_seconds",
+                                               "Time from a pending item's creation to its resolution",
+                                               ["bot", "kind"], buckets=DECISION_BUCKETS, registry=reg)
+
+    def decided(self, bot: str, kind: str, outcome: str, seconds: float | None) -> None:
+        """A committed turn resolved an item (seconds: how long it waited, when known)."""
+        self.child(self.decisions, bot, kind, outcome).inc()
+        if seconds is not None:
+            self.child(self.decision_seconds, bot, kind).observe(max(0.0, seconds))
+
+    def pending_state(self, counts: dict[tuple[str, str], tuple[int, float]]) -> None:
+        """(bot, kind) -> (open items, the oldest's age): the whole picture, so kinds that no
+        longer wait drop to 0."""
+        for labels in set(self._pending_seen) - set(counts):
+            self.pending_items.labels(*labels).set(0)
+            self.pending_oldest.labels(*labels).set(0)
+        for labels, (count, oldest) in counts.items():
+            self.pending_items.labels(*labels).set(count)
+            self.pending_oldest.labels(*labels).set(oldest)
+        self._pending_seen = set(counts) | set(self._pending_seen)
 
     def delivered(self, bot: str, sink: str, outcome: str, seconds: float) -> None:
         """One delivery attempt: outcome "delivered", "retry" or "dead"."""

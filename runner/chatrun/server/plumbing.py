@@ -50,6 +50,23 @@ def authenticate(connection: HTTPConnection) -> Principal | None:
 Caller = Annotated[Principal | None, Depends(authenticate)]
 
 
+def caller_or_item_token(connection: HTTPConnection) -> tuple[Principal | None, str | None]:
+    """The caller's principal and the token it sent. A backend answering a pending question
+    sends the item's token instead of a principal's: with auth on, a token that names no
+    principal passes here as (None, token), and reaches only a session with an open item of
+    that token (session_open.Reach); without any token it is Unauthorized as usual."""
+    token = token_from(connection.headers, connection.query_params)
+    try:
+        return authenticate(connection), token
+    except Unauthorized:
+        if token is None:
+            raise
+        return None, token
+
+
+CallerOrToken = Annotated[tuple[Principal | None, str | None], Depends(caller_or_item_token)]
+
+
 def registry_of(connection: HTTPConnection) -> SessionRegistry:
     registry: SessionRegistry = connection.app.state.registry
     return registry

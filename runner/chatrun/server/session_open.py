@@ -7,7 +7,11 @@ SessionRecord); creating checks the principal's quota and writes the new session
 (versions.CREATE: refused if the id exists meanwhile).
 
 Only the principal who created a session may use it, answered exactly like an unknown id
-(no existence oracle). Sessions created with auth off have no owner: once auth is on, no
+(no existence oracle). Requests about pending items (`Reach.pending`) may also come from
+the parties an item waits for: an operator (role `operators`), a principal with a role
+named in an open item's `by`, or a backend sending an open item's token; the server's own
+sweeper (`Reach.system`) reaches every session. The engine then decides who may decide what
+(DecisionRefused). Sessions created with auth off have no owner: once auth is on, no
 principal reaches them (they stay in the store, untouched); sessions created with auth on
 are not reachable with auth off either. See docs/security.md.
 """
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from chatrun.errors import ChatrunError, ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.models import ModelPool
 from chatrun.server import wire
+from chatrun.server.audience import OPERATOR_ROLE
 from chatrun.server.auth import Principal, template_principal
 from chatrun.server.session_cache import SessionCache, Slot
 from chatrun.server.session_writes import SessionWrites, exists
@@ -47,6 +52,52 @@ class SessionStart:
 
 
 @dataclass(frozen=True)
+class Reach:
+    """Who besides its owner a request may use a session as: `pending`, a party one of its
+    pending items waits for (see the module's text), `token` the bearer token a backend sent;
+    `system`, the server itself (the sweeper's Expire)."""
+
+    pending: bool = False
+    token: str | None = None
+    system: bool = False
+
+
+OWNER_ONLY = Reach()
+SYSTEM = Reach(system=True)
+
+
+def reaches(reach: Reach, principal: Principal | None, record: SessionRecord, bot: Bot) -> bool:
+    """Whether a request that is not the owner's may use a stored session (see the module's
+    text): the server itself; an operator, or a principal with a role an open item waits for,
+    or a backend with an open item's token; and, once items were resolved, a principal with a
+    role the bot names as a decider (so a decision retried after it landed is replayed, and a
+    late one told NotPending, rather than not found)."""
+    if reach.system:
+        return True
+    if not reach.pending or not (record.pending or record.taken_over or record.resolved):
+        return False
+    roles = set(principal.roles) if principal is not None else set()
+    if OPERATOR_ROLE in roles:
+        return True
+    if any(roles & set(item.get("by") or ()) for item in record.pending):
+        return True
+    if record.resolved and roles & decider_roles(bot):
+        return True
+    return reach.token is not None and any(item.get("token") == reach.token for item in record.pending)
+
+
+def decider_roles(bot: Bot) -> frozenset[str]:
+    """The roles a bot names as deciders: its approvals' `by` and its operator actions' roles."""
+    roles: set[str] = set()
+    for tool in bot.config.tools.values():
+        if tool.approval is not None:
+            roles.update(tool.approval.by)
+        if tool.action.operator is not None:
+            roles.add(tool.action.operator.role)
+    return frozenset(roles - {"user", "backend"})
+
+
+@dataclass(frozen=True)
 class SessionRequest:
     """Which session a request wants, on whose behalf, and whether it must exist (`mode`)."""
 
@@ -55,6 +106,7 @@ class SessionRequest:
     principal: Principal | None
     mode: str = EXISTING
     start: SessionStart = SessionStart()
+    reach: Reach = OWNER_ONLY
 
     @property
     def owner(self) -> str | None:
@@ -80,8 +132,11 @@ class SessionOpener:
             await self._open(slot, request, lease)
         elif request.mode == NEW:
             raise exists(request.session_id)
-        else:
-            check_owner(owner_in_meta(slot.session.meta), request)
+        elif owner_in_meta(slot.session.meta) != request.owner:
+            snapshot = slot.session.snapshot()
+            if not reaches(request.reach, request.principal, SessionRecord.of(request.session_id, snapshot, "", ""),
+                           request.bot):
+                raise not_found(request.session_id)
 
     async def _open(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
         record = await self._load(request.session_id)
@@ -115,7 +170,8 @@ class SessionOpener:
                 wire.SESSION_NOT_ACTIVE,
                 f"session {request.session_id} belongs to bot {record.bot!r}, not {request.bot.name!r}",
             )
-        check_owner(record.owner, request)
+        if record.owner != request.owner and not reaches(request.reach, request.principal, record, request.bot):
+            raise not_found(request.session_id)
 
     async def _check_quota(self, principal: Principal | None) -> None:
         limit = self.max_sessions_per_principal
@@ -149,12 +205,6 @@ class SessionOpener:
             raise wire.RequestFailed(wire.SESSION_NOT_ACTIVE, str(exc)) from None
         except ChatrunError as exc:
             raise wire.RequestFailed(wire.SERVER_ERROR, str(exc)) from None
-
-
-def check_owner(owner: str | None, request: SessionRequest) -> None:
-    """Not found unless the session's owner is the requester (see the module's text)."""
-    if owner != request.owner:
-        raise not_found(request.session_id)
 
 
 def not_found(session_id: str) -> wire.RequestFailed:

@@ -18,6 +18,7 @@ caller's block; `turn()` runs one turn of it; `delete()` deletes it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,7 +31,16 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal, template_principal
 from chatrun.server.session_cache import CacheLimits, Hold, SessionCache, Slot
 from chatrun.server.session_gate import IF_BUSY, QUEUE, REJECT, SessionGate
-from chatrun.server.session_open import EXISTING, NEW, SessionOpener, SessionRequest, SessionStart
+from chatrun.server.session_open import (
+    EXISTING,
+    NEW,
+    OWNER_ONLY,
+    SYSTEM,
+    Reach,
+    SessionOpener,
+    SessionRequest,
+    SessionStart,
+)
 from chatrun.server.session_writes import SessionWrites
 from chatrun.server.turn_run import MAX_REQUEST_ID, TurnRun, check_request_id
 from chatrun.server.turnlog import TurnReport
@@ -38,12 +48,15 @@ from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, LeaseSettings, as_async_store
 from chatrun.store.record import Committed
 
+STORE_PING_TIMEOUT = 2.0  # seconds /health waits for the store's answer before calling it unreachable
+
 if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
     from chatrun.engine.session import Session
     from chatrun.server.metrics import ServerMetrics
 
-__all__ = ["EXISTING", "IF_BUSY", "MAX_REQUEST_ID", "NEW", "QUEUE", "REJECT", "SessionRegistry",
+__all__ = ["EXISTING", "IF_BUSY", "MAX_REQUEST_ID", "NEW", "OWNER_ONLY", "QUEUE", "REJECT", "SYSTEM", "Reach",
+           "SessionRegistry",
            "SessionRequest", "SessionSettings", "SessionStart", "TurnRun"]
 
 
@@ -74,6 +87,7 @@ class SessionRegistry:
         self.models = models or ModelPool()
         self.metrics: ServerMetrics | None = None  # set by create_app when prometheus-client is installed
         self.outbox: Any = None  # the app's OutboxWorker (chatrun.server.outbox), while the app runs
+        self.sweeper: Any = None  # the app's PendingSweeper (chatrun.server.sweeper), while the app runs
         self.log_content = False  # the turn log line carries the user's message and the replies
         self.cache = SessionCache(CacheLimits(settings.cache_size, settings.cache_bytes, settings.cache_idle))
         self.gate = SessionGate(self.store, settings.lease, settings.if_busy)
@@ -108,6 +122,18 @@ class SessionRegistry:
         """Requests holding or waiting for a session."""
         return self.gate.active + self.gate.waiting
 
+    async def store_ready(self) -> bool:
+        """Whether the store answers now (readiness: /health, and whether a failure was the
+        store's). A store that cannot be asked (a file, memory) is taken as ready."""
+        ping = getattr(self.store, "ping", None)
+        if ping is None:
+            return True
+        try:
+            await asyncio.wait_for(ping(), STORE_PING_TIMEOUT)
+        except Exception:  # unreachable, refused, timed out: not ready, whatever the cause
+            return False
+        return True
+
     # -- bots -------------------------------------------------------------------------------
 
     def bot(self, name: str | None) -> Bot:
@@ -137,13 +163,15 @@ class SessionRegistry:
         route: str | None = None,
         state: dict[str, Any] | None = None,
         if_busy: str | None = None,
+        reach: Reach = OWNER_ONLY,
     ) -> AsyncIterator[Session]:
         """The session, held for the caller until the block ends (its turn, see `turn`); its
-        stored history is `history(session)`. Raises wire.RequestFailed."""
+        stored history is `history(session)`. `reach`: who besides its owner may use it
+        (session_open.Reach: the parties its pending items wait for). Raises wire.RequestFailed."""
         bot = self.bot(bot_name)
         self.gate.refuse_if_draining()
         policy = self.gate.policy(if_busy)
-        request = SessionRequest(bot, session_id, principal, mode, SessionStart(route, state))
+        request = SessionRequest(bot, session_id, principal, mode, SessionStart(route, state), reach)
         waited = functools.partial(self.metrics.waited, bot.name) if self.metrics is not None else None
         async with self.cache.use((bot.name, session_id)) as slot, \
                 self.gate.through(slot.lock, session_id, policy, waited) as lease:

@@ -87,6 +87,9 @@ class TurnRun:
         except wire.RequestFailed as exc:
             report.outcome = CONFLICT if exc.reason == wire.CONFLICT else ERROR
             raise
+        except wire.DECISION_ERRORS as exc:  # refused before the turn ran: nothing to commit
+            report.outcome = REFUSED
+            raise wire.decision_failed(exc) from None
         finally:
             report.finish()
 

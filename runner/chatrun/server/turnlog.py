@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
-from chatrun.engine import observe
+from chatrun.engine import observe, tracing
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -46,6 +46,9 @@ class TurnReport:
         self.outcome = ERROR
         self.turn = 0
         self.entry: dict[str, Any] = {}
+        self.waiting = {item.id: item.created for item in session.pending}  # what a Resolved may resolve
+        self.opened: list[str] = []  # the items this turn opened ("p1:approval")
+        self.resolved: list[dict[str, Any]] = []  # the Resolved events' data
 
     def observing(self) -> Any:
         """The block the turn runs in: the engine reports its model and tool calls to the metrics."""
@@ -54,6 +57,12 @@ class TurnReport:
     def saw(self, event: ev.Event) -> None:
         if self.content and event.type == ev.MESSAGE:
             self.replies.append(str(event.data))
+        elif event.type == ev.PENDING and isinstance(event.data, dict) and event.for_user:
+            self.opened.append(f"{event.data.get('id')}:{event.data.get('kind')}")
+            tracing.pending_noted("pending", event.data)
+        elif event.type == ev.RESOLVED and isinstance(event.data, dict):
+            self.resolved.append(event.data)
+            tracing.pending_noted("resolved", event.data)
 
     def ran(self) -> None:
         """The engine finished the turn: ok, failed or cancelled, as its history entry says."""
@@ -69,9 +78,23 @@ class TurnReport:
         seconds = time.perf_counter() - self.started
         if self.metrics is not None:
             self.metrics.turn_done(self.bot, self.route, self.outcome, seconds)
+            if self.outcome == OK:  # a rolled-back decision decided nothing
+                for done in self.resolved:
+                    self.metrics.decided(self.bot, str(done.get("kind")), str(done.get("outcome")),
+                                         self._waited(done.get("id")))
         if log.isEnabledFor(logging.INFO):
             fields = self.fields(seconds)
             log.info("turn %s", plain(fields), extra={"chatrun": fields})
+
+    def _waited(self, item: Any) -> float | None:
+        """Seconds from the item's creation to now (None: it was not open when the turn began)."""
+        created = self.waiting.get(item)
+        if not isinstance(created, str):
+            return None
+        try:
+            return time.time() - datetime.fromisoformat(created).timestamp()
+        except ValueError:
+            return None
 
     def fields(self, seconds: float) -> dict[str, Any]:
         usage = self.entry.get("usage") or {}
@@ -83,6 +106,9 @@ class TurnReport:
             "input_tokens": usage.get("input_tokens"), "output_tokens": usage.get("output_tokens"),
             "cost": usage.get("cost"), "calls": usage.get("calls"),
             "estimated": usage.get("estimated") or None, "request_id": self.request_id,
+            # humans in the loop: the items this turn opened, and those it resolved (id:outcome)
+            "pending": ",".join(self.opened) or None,
+            "resolved": ",".join(f"{r.get('id')}:{r.get('outcome')}" for r in self.resolved) or None,
         }
         if self.content:
             message = self.message.get("userMessage") if isinstance(self.message, dict) else self.message

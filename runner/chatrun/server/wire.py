@@ -5,6 +5,8 @@ Client -> server:
                                                               "resume", "bot"
     {"type": "ChatRouteMessage", "chatId": C, "scopeId": S, "data": {"userMessage": "...", ...}}
     {"type": "Disconnect", "chatId": C}                       chatrun extension: "keep"
+    {"type": "Decide", "chatId": C, "item": P, "decision": "approve"|"reject", "args"?, "reason"?}
+    {"type": "Answer", "chatId": C, "item": P, "answer": V}   chatrun extensions: humans in the loop
 Any client frame may carry "requestId" (extension); the server echoes it on every frame
 it sends for that request.
 
@@ -29,14 +31,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.errors import (  # the server's request errors, used as wire.RequestFailed
+    DecisionRefused,
     FrameError,
+    InvalidDecision,
+    NotPending,
     RequestFailed,
 )
+from chatrun.messages import lone_surrogate_at
 
 CONNECT = "Connect"
 CHAT_ROUTE_MESSAGE = "ChatRouteMessage"
 DISCONNECT = "Disconnect"
-CLIENT_TYPES = (CONNECT, CHAT_ROUTE_MESSAGE, DISCONNECT)
+DECIDE = "Decide"  # chatrun extension: {"item", "decision": "approve"|"reject", "args"?, "reason"?}
+ANSWER = "Answer"  # chatrun extension: {"item", "answer"}
+CLIENT_TYPES = (CONNECT, CHAT_ROUTE_MESSAGE, DISCONNECT, DECIDE, ANSWER)
 
 COMPLETED = "Completed"
 FAILED = "Failed"
@@ -58,6 +66,9 @@ UNAUTHORIZED = "Unauthorized"
 CONFLICT = "Conflict"  # the turn was not committed: the session changed meanwhile (fencing)
 UNAVAILABLE = "Unavailable"  # the server is shutting down: send again (another replica serves it)
 NOT_FOUND = "NotFound"  # no such thing (an outbox entry)
+DECISION_REFUSED = "DecisionRefused"  # a decision on a pending item by someone who may not make it
+NOT_PENDING = "NotPending"  # a decision on an item that is not pending (unknown, or resolved already)
+INVALID_DECISION = "InvalidDecision"  # edited arguments or an answer that do not validate (item stays pending)
 
 # HTTP status for each reason, so the REST API and the WebSocket fail the same way.
 HTTP_STATUS = {
@@ -75,6 +86,9 @@ HTTP_STATUS = {
     UNAUTHORIZED: 401,
     CONFLICT: 409,
     UNAVAILABLE: 503,
+    DECISION_REFUSED: 403,
+    NOT_PENDING: 409,
+    INVALID_DECISION: 422,
 }
 
 
@@ -109,6 +123,7 @@ class ClientFrame:
     bot: str | None = None
     extensions: bool = False
     if_busy: str | None = None  # chatrun extension "ifBusy": "queue" | "reject"
+    item: str | None = None  # Decide / Answer: the pending item's id
 
 
 def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
@@ -128,6 +143,8 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
         _read_connect(frame, fields)
     elif kind == CHAT_ROUTE_MESSAGE:
         _read_chat_route_message(frame, fields, limits)
+    elif kind in (DECIDE, ANSWER):
+        _read_decision(frame, fields)
     else:
         frame.keep = fields.flag(kind, "keep")
     return frame
@@ -205,6 +222,29 @@ def _read_chat_route_message(frame: ClientFrame, fields: _FrameFields, limits: S
     frame.if_busy = if_busy
 
 
+DECISION_ERRORS = (DecisionRefused, NotPending, InvalidDecision)
+
+
+def decision_failed(exc: DecisionRefused | NotPending | InvalidDecision) -> RequestFailed:
+    """The request failure of a decision the engine refused before its turn ran (nothing
+    committed): the same reason on every transport (HTTP 403, 409, 422)."""
+    reason = {DecisionRefused: DECISION_REFUSED, NotPending: NOT_PENDING}.get(type(exc), INVALID_DECISION)
+    return RequestFailed(reason, str(exc))
+
+
+def _read_decision(frame: ClientFrame, fields: _FrameFields) -> None:
+    """Decide and Answer: the item's id, and the body POST .../pending/{item} takes (its
+    fields are checked where that body is, server/pending_api.decision_of)."""
+    item = fields.raw.get("item")
+    if not isinstance(item, str) or not item:
+        raise fields.fail(f"{frame.type} needs an item: the id of a pending item (e.g. \"p1\")")
+    if frame.type == ANSWER and "answer" not in fields.raw:
+        raise fields.fail("Answer needs an answer (any JSON value the item's schema accepts)")
+    names = ("answer",) if frame.type == ANSWER else ("decision", "args", "reason")
+    frame.data = {name: fields.raw[name] for name in names if name in fields.raw}
+    frame.item = item
+
+
 MAX_CHAT_ID = 128
 
 
@@ -247,32 +287,6 @@ def load_json(text: str | bytes, what: str) -> Any:
     return value
 
 
-def lone_surrogate_at(value: Any, path: str = "") -> str | None:
-    """The path of the first text in `value` (keys included) holding a lone UTF-16 surrogate,
-    or None. Such text is valid JSON (`"\\ud800"`) but no UTF-8 socket, file or database can
-    carry it, so it is refused where it comes in."""
-    todo = [(value, path)]
-    while todo:
-        item, where = todo.pop()
-        if isinstance(item, str):
-            if not _encodable(item):
-                return where
-        elif isinstance(item, dict):
-            for key, inner in item.items():
-                if isinstance(key, str) and not _encodable(key):
-                    return f"{where}.{key!a}".lstrip(".")
-                todo.append((inner, f"{where}.{key}".lstrip(".")))
-        elif isinstance(item, list):
-            todo.extend((inner, f"{where}[{i}]") for i, inner in enumerate(item))
-    return None
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _depth(value: Any) -> int:
@@ -292,6 +306,24 @@ QUARKUS_REASONS = {ROUTE_NOT_FOUND: "Route not found", SCOPE_NOT_ACTIVE: SESSION
 STREAM = "Stream"
 MESSAGE = "Message"
 ROUTE_CHANGED = "RouteChanged"
+PENDING = "Pending"  # events.PENDING
+RESOLVED = "Resolved"  # events.RESOLVED
+
+
+def written_out(item: Any) -> str:
+    """A pending item as text, for a client without buttons (the Quarkus dialect, /v1): what
+    it asks, and when the user may answer it, how ("Reply approve or reject.", or the choices'
+    values). The user's next message is the answer (docs/format.md, "Messages while something
+    is pending")."""
+    if not isinstance(item, dict):
+        return str(item)
+    text = str(item.get("ask") or "")
+    if "user" not in (item.get("by") or ()):
+        return text
+    if item.get("kind") == "approval":
+        return f"{text}\n\nReply approve or reject."
+    values = [str(c.get("label", c.get("value"))) if isinstance(c, dict) else str(c) for c in item.get("choices") or ()]
+    return f"{text}\n\nReply with one of: {', '.join(values)}." if values else text
 
 
 @dataclass(frozen=True)
@@ -329,24 +361,37 @@ class Dialect:
 
 class TurnFrames:
     """Which events of one turn a chat is sent, in order. The Quarkus dialect drops
-    RouteChanged, chatrun's own Error events (a failed turn's reason, a refused action: the
+    RouteChanged and chatrun's own Error events (a failed turn's reason, a refused action: the
     Quarkus runtime never sends Error; a bot's emitted Error is an application event and goes
-    out) and the full Message that follows a run of Stream chunks (a Quarkus streaming route
-    sends chunks and no Message)."""
+    out). A streamed reply reaches it as a Quarkus route's would: one Message (a route returning
+    String), or, from a route with `stream_to_quarkus: true` (Multi<String>), its Stream chunks
+    and not the full Message that follows them."""
 
     def __init__(self, dialect: Dialect):
         self.dialect = dialect
-        self._after_stream = False
+        self._after_multi = False
+
+    def out(self, event: Any) -> tuple[str, Any] | None:
+        """The frame (type, data) a chat is sent for an event, or None. The Quarkus dialect
+        gets a Pending as the Message a Quarkus route would send to ask (`written_out`) and
+        no Resolved: the user's next message answers."""
+        if not self.keep(event):
+            return None
+        if not self.dialect.extensions and event.type == PENDING:
+            return MESSAGE, written_out(event.data)
+        return event.type, event.data
 
     def keep(self, event: Any) -> bool:
-        after_stream, self._after_stream = self._after_stream, event.type == STREAM
+        after_multi, self._after_multi = self._after_multi, event.type == STREAM and getattr(event, "multi", False)
         if self.dialect.extensions:
             return True
-        if event.type == ROUTE_CHANGED:
+        if event.type in (ROUTE_CHANGED, RESOLVED):
             return False
         if event.type == ERROR and getattr(event, "runtime", False):
             return False
-        return not (event.type == MESSAGE and after_stream)
+        if event.type == STREAM:
+            return bool(getattr(event, "multi", False))
+        return not (event.type == MESSAGE and after_multi)
 
 
 QUARKUS_DIALECT = Dialect(extensions=False)

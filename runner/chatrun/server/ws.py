@@ -21,11 +21,13 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketState
 
+from chatrun.engine import tracing
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.outbound import Outbound
+from chatrun.server.pending_api import decision_of
 from chatrun.server.plumbing import Unauthorized, authenticate, limits_of, registry_of
-from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
+from chatrun.server.sessions import EXISTING, NEW, Reach, SessionRegistry
 
 log = logging.getLogger("chatrun.server")
 
@@ -141,6 +143,8 @@ class Connection:
             return
         elif frame.type == wire.CHAT_ROUTE_MESSAGE:
             coro = self.chat(frame, self.chats[frame.chat_id])
+        elif frame.type in (wire.DECIDE, wire.ANSWER):
+            coro = self.decide(frame, self.chats[frame.chat_id])
         else:
             coro = self.disconnect(frame, self.chats[frame.chat_id])
         self.in_flight += 1
@@ -221,19 +225,37 @@ class Connection:
                     f"scope {frame.scope_id} is no longer active (the conversation moved on); "
                     f"the current scope is {session.scope_id}",
                 )
-            dialect = self.dialect_of(frame.chat_id)
-            frames = dialect.turn()
+            await self._send_turn(frame, session, run)
+
+    async def decide(self, frame: wire.ClientFrame, bot: str) -> None:
+        """A Decide or Answer frame: a decision turn on a pending item of this chat's session
+        (the same rules as POST .../pending/{item}; Failed DecisionRefused, NotPending, InvalidDecision)."""
+        assert frame.item is not None
+        decision = decision_of(frame.item, frame.data, None)
+        async with self.registry.session(bot, frame.chat_id, self.principal, EXISTING,
+                                         reach=Reach(pending=True)) as session:
+            if frame.chat_id not in self.chats or frame.chat_id in self.pending:
+                raise _not_connected(frame.chat_id)
+            key = frame.request_id if isinstance(frame.request_id, str) else None
+            await self._send_turn(frame, session, self.registry.turn(session, decision, key))
+
+    async def _send_turn(self, frame: wire.ClientFrame, session: Any, run: Any) -> None:
+        """A turn's frames in the chat's dialect, then its Completed (or Failed when rolled back)."""
+        dialect = self.dialect_of(frame.chat_id)
+        frames = dialect.turn()
+        with tracing.own_trace():  # one trace per turn, linked to the connection's
             async for event in run:
-                if frames.keep(event):
-                    await self.send(frame.chat_id, event.type, event.data, frame.request_id)
-            # A replay sends a committed turn again: it succeeded (only successes are recorded).
-            last = None if run.replayed else session.last_turn
-            if last is not None and last.get("ok") is False:
-                # Rolled back. Quarkus ends a failing route with Failed("ServerError"), so the
-                # client's promise rejects; an extension-aware client got the reason as an Error.
-                await self.send(frame.chat_id, wire.FAILED, dialect.reason(wire.SERVER_ERROR), frame.request_id)
-            else:
-                await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
+                sent = frames.out(event)
+                if sent is not None:
+                    await self.send(frame.chat_id, *sent, frame.request_id)
+        # A replay sends a committed turn again: it succeeded (only successes are recorded).
+        last = None if run.replayed else session.last_turn
+        if last is not None and last.get("ok") is False:
+            # Rolled back. Quarkus ends a failing route with Failed("ServerError"), so the
+            # client's promise rejects; an extension-aware client got the reason as an Error.
+            await self.send(frame.chat_id, wire.FAILED, dialect.reason(wire.SERVER_ERROR), frame.request_id)
+        else:
+            await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
 
     async def disconnect(self, frame: wire.ClientFrame, bot: str) -> None:
         if not frame.keep:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from chatrun.messages import Message
-from chatrun.store.record import Commit, JSONObject, OutboxEntry, SessionRecord
+from chatrun.store.record import Commit, JSONObject, OutboxEntry, PendingSession, SessionRecord
 
 
 @runtime_checkable
@@ -159,6 +159,23 @@ class OutboxStore(Protocol):
 
     def requeue_outbox(self, entry_id: str, now: float) -> bool:
         """A dead letter pending again, due now, its tries counted afresh (False: no such dead letter)."""
+        ...
+
+
+@runtime_checkable
+class PendingIndex(Protocol):
+    """A store that indexes its sessions' pending items (approvals, questions, takeovers: the
+    snapshot's "pending", read by `chatrun.store.record`), updated by the commit that changes
+    them and dropped with the session. The built-in stores are; for any other store the server
+    scans (`list_sessions` and a load of each)."""
+
+    def list_due(self, now: float) -> list[str]:
+        """The ids of the sessions with a pending item due by `now` (epoch seconds), earliest first."""
+        ...
+
+    def list_pending(self, bot: str | None = None, kind: str | None = None) -> list[PendingSession]:
+        """The sessions with open pending items (only the items of `kind`; only sessions of
+        `bot`). Reads the snapshots of the sessions that wait, never all sessions."""
         ...
 
 

@@ -21,7 +21,7 @@ from typing import Protocol
 from chatrun.store import SessionStore, open_store
 from chatrun.store.lease import Lease, LeaseSettings
 from chatrun.store.local import LocalAsyncStore
-from chatrun.store.record import Commit, JSONObject, OutboxEntry, SessionRecord
+from chatrun.store.record import Commit, JSONObject, OutboxEntry, PendingSession, SessionRecord
 
 __all__ = ["AsyncStore", "Lease", "LeaseSettings", "LocalAsyncStore", "as_async_store", "open_async_store"]
 
@@ -70,6 +70,11 @@ class AsyncStore(Protocol):
         ...
 
     async def delete_record(self, key: str) -> None: ...
+
+    # Pending items (chatrun.store.PendingIndex, asynchronously): the sweeper and the operators' list.
+    async def list_due(self, now: float) -> list[str]: ...
+
+    async def list_pending(self, bot: str | None = None, kind: str | None = None) -> list[PendingSession]: ...
 
     # The outbox (chatrun.store.OutboxStore, asynchronously): backend events of committed turns.
     @property

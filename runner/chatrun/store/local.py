@@ -23,6 +23,7 @@ from chatrun.store import (
     EncodedStore,
     HistoryStore,
     OutboxStore,
+    PendingIndex,
     RecordStore,
     SessionStore,
 )
@@ -32,9 +33,12 @@ from chatrun.store.record import (
     Commit,
     JSONObject,
     OutboxEntry,
+    PendingSession,
     SessionRecord,
+    due_epoch,
     from_json,
     messages_json,
+    pending_session,
     to_json,
 )
 
@@ -149,6 +153,24 @@ class LocalAsyncStore:
             self._process_records.delete(key)
             return
         await self._call(self.records.delete_record, key)
+
+    # -- pending items: a user's own store is scanned (every session loaded: fine for a few) --------
+
+    async def list_due(self, now: float) -> list[str]:
+        if isinstance(self.sync, PendingIndex):
+            return await self._call(self.sync.list_due, now)
+        due = [(at, r.session_id) for r in await self._scan() if (at := due_epoch(r.pending)) is not None and at <= now]
+        return [sid for _, sid in sorted(due)]
+
+    async def list_pending(self, bot: str | None = None, kind: str | None = None) -> list[PendingSession]:
+        if isinstance(self.sync, PendingIndex):
+            return await self._call(self.sync.list_pending, bot, kind)
+        found = (pending_session(r, bot, kind) for r in await self._scan())
+        return [entry for entry in found if entry is not None]
+
+    async def _scan(self) -> list[SessionRecord]:
+        records = [await self.load_session(sid) for sid in await self.list_sessions()]
+        return [r for r in records if r is not None]
 
     # -- the outbox: a store without one (a user's own SessionStore) has none to claim ------------
 

@@ -17,10 +17,12 @@ from chatrun.store.record import (
     Commit,
     JSONObject,
     OutboxEntry,
+    PendingSession,
     SessionRecord,
     check_messages,
     from_json,
     messages_json,
+    pending_session,
     requeued,
     to_json,
     unclaimed,
@@ -74,6 +76,8 @@ class InMemoryStore:
         self._records = Records()
         self._outcomes: dict[str, dict[str, str]] = {}  # session -> request id -> entry JSON
         self._outbox: dict[str, str] = {}  # entry id -> OutboxEntry JSON, oldest first
+        self._due: dict[str, float] = {}  # session -> its earliest pending item's due time (epoch seconds)
+        self._with_pending: set[str] = set()  # sessions with open pending items
 
     # -- ChatMemoryStore ----------------------------------------------------------------------
 
@@ -155,6 +159,7 @@ class InMemoryStore:
             version = self._versions[session_id] = next_version(current)
             self._sessions[session_id] = commit.snapshot_json
             self._owners[session_id] = commit.owner
+            self._index_pending(session_id, commit)
             for mid, msgs in mems.items():
                 text = commit.memories_json.get(mid)
                 if msgs is None:
@@ -185,6 +190,8 @@ class InMemoryStore:
             self._owners.pop(session_id, None)
             self._history.pop(session_id, None)
             self._outcomes.pop(session_id, None)
+            self._due.pop(session_id, None)
+            self._with_pending.discard(session_id)
             self._records.delete_session(session_id)
             for mid in memory_ids:
                 self._memories.pop(mid, None)
@@ -193,6 +200,33 @@ class InMemoryStore:
     def list_sessions(self) -> list[str]:
         with self._lock:
             return list(self._sessions)
+
+    # -- PendingIndex: sessions waiting for a party ----------------------------------------------
+
+    def _index_pending(self, session_id: str, commit: Commit) -> None:
+        if commit.due is None:
+            self._due.pop(session_id, None)
+        else:
+            self._due[session_id] = commit.due
+        if commit.pending_count:
+            self._with_pending.add(session_id)
+        else:
+            self._with_pending.discard(session_id)
+
+    def list_due(self, now: float) -> list[str]:
+        """The sessions with a pending item due by `now` (epoch seconds), earliest first."""
+        with self._lock:
+            due = sorted((at, sid) for sid, at in self._due.items() if at <= now)
+        return [sid for _, sid in due]
+
+    def list_pending(self, bot: str | None = None, kind: str | None = None) -> list[PendingSession]:
+        """The sessions with open pending items (of `kind`, on `bot`), oldest session first: reads
+        the snapshots of the sessions that have pending items only."""
+        with self._lock:
+            stored = [(sid, text, self._versions[sid]) for sid, text in self._sessions.items()
+                      if sid in self._with_pending]
+        found = (pending_session(SessionRecord.decode(*s), bot, kind) for s in stored)
+        return [entry for entry in found if entry is not None]
 
     # -- RecordStore ---------------------------------------------------------------------------
 

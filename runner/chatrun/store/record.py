@@ -2,8 +2,10 @@
 
 The snapshot is the engine's (`Conversation.snapshot`): the stores keep it as JSON text and
 never look inside it, except here, for the few fields a store or the server keys on: the
-bot, the owner (`meta.owner`), the last committed turn (`committed`, the server's) and the
-memory ids its scopes hold. This module is the one place that reads those keys, and the one
+bot, the owner (`meta.owner`), the last committed turn (`committed`, the server's), the
+memory ids its scopes hold, and its pending items (`pending`: approvals, questions and
+takeovers waiting for a party; the stores index the earliest `due` time and which sessions
+have any). This module is the one place that reads those keys, and the one
 place that spells the id formats, so a new store touches `store/` only and needs no engine
 code to know which memories a session has.
 
@@ -110,11 +112,73 @@ def memory_ids_of(snapshot: JSONObject) -> list[str]:
     ]
 
 
+PENDING_ITEMS_KEY = "pending"  # the snapshot's open pending items (engine/pending.py: PendingItem.to_dict)
+TAKEN_OVER_KEY = "taken_over"  # the snapshot's takeover: {"by", "since"} while an operator has it
+RESOLVED_ITEMS_KEY = "pending_resolved"  # the snapshot's last resolved items: {id: outcome}
+
+
+def resolved_items_of(snapshot: JSONObject) -> dict[str, str]:
+    found = snapshot.get(RESOLVED_ITEMS_KEY)
+    return dict(found) if isinstance(found, dict) else {}
+
+
+def taken_over_of(snapshot: JSONObject) -> JSONObject | None:
+    found = snapshot.get(TAKEN_OVER_KEY)
+    return found if isinstance(found, dict) else None
+
+
+def pending_items_of(snapshot: JSONObject) -> list[JSONObject]:
+    """The snapshot's open pending items, oldest first (plain dicts; [] when none)."""
+    items = snapshot.get(PENDING_ITEMS_KEY)
+    return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+
+def epoch_of(iso: str) -> float:
+    """An ISO time (a pending item's `due`) as epoch seconds; a time without a zone is UTC."""
+    from datetime import UTC, datetime
+
+    moment = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def due_of(items: list[JSONObject]) -> str | None:
+    """The earliest due time of `items` (ISO, as stored), or None when none has one. An item
+    whose `due` cannot be read counts as due now: a timeout is never silently lost."""
+    best: tuple[float, str] | None = None
+    for item in items:
+        due = item.get("due")
+        if not isinstance(due, str):
+            continue
+        try:
+            at = epoch_of(due)
+        except ValueError:
+            at = 0.0
+        if best is None or at < best[0]:
+            best = (at, due)
+    return None if best is None else best[1]
+
+
+def due_epoch(items: list[JSONObject]) -> float | None:
+    """due_of as epoch seconds (what the stores' due indexes are ordered by)."""
+    due = due_of(items)
+    if due is None:
+        return None
+    try:
+        return epoch_of(due)
+    except ValueError:
+        return 0.0
+
+
 def forked_snapshot(snapshot: JSONObject, old: str, new: str, turn: int) -> JSONObject:
     """A copy of session `old`'s snapshot as the new session `new`, noting where it forked from."""
     forked: JSONObject = json.loads(json.dumps(snapshot))
     forked["id"] = new
     forked["meta"] = dict(forked.get("meta") or {}, forked_from={"session": old, "turn": turn})
+    forked.pop(PENDING_ITEMS_KEY, None)  # a decision belongs to the conversation that asked for it
+    forked.pop(TAKEN_OVER_KEY, None)
+    forked.pop(RESOLVED_ITEMS_KEY, None)
     for scope in forked["scopes"]:
         scope["id"] = renamed_id(scope["id"], old, new)
     return forked
@@ -177,6 +241,9 @@ class SessionRecord:
     committed: Committed | None
     memory_ids: list[str]
     bot_version: str | None = None  # the bot version the session runs on: filled by the versions issue
+    pending: list[JSONObject] = field(default_factory=list)  # open pending items (snapshot "pending")
+    taken_over: JSONObject | None = None  # {"by", "since"} while an operator has the conversation
+    resolved: dict[str, str] = field(default_factory=dict)  # the last resolved items: id -> outcome
     memories: dict[str, list[Message]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # memory id -> its JSON size in bytes
 
@@ -197,12 +264,51 @@ class SessionRecord:
             owner=owner_of(snapshot),
             committed=snapshot.get("committed"),
             memory_ids=memory_ids_of(snapshot),
+            pending=pending_items_of(snapshot),
+            taken_over=taken_over_of(snapshot),
+            resolved=resolved_items_of(snapshot),
         )
+
+    @property
+    def due(self) -> str | None:
+        """The earliest due time of its pending items (ISO), or None."""
+        return due_of(self.pending)
+
+    @property
+    def pending_kinds(self) -> list[str]:
+        """The kinds of its open pending items, oldest first ("approval", "question", "takeover")."""
+        return [str(i.get("kind")) for i in self.pending]
 
     @property
     def size(self) -> int:
         """Roughly what the session costs in memory, in bytes (its JSON size)."""
         return len(self.snapshot_json) + sum(self.sizes.values())
+
+
+@dataclass
+class PendingSession:
+    """A session with open pending items, as the operators' list shows it (`list_pending`)."""
+
+    session_id: str
+    bot: str | None
+    owner: str | None
+    items: list[JSONObject]
+    taken_over: JSONObject | None = None
+
+    def to_dict(self) -> JSONObject:
+        return {"session": self.session_id, "bot": self.bot, "owner": self.owner, "items": self.items,
+                "taken_over": self.taken_over}
+
+
+def pending_session(record: SessionRecord, bot: str | None = None, kind: str | None = None) -> PendingSession | None:
+    """What `list_pending(bot, kind)` lists of a stored session: its items of `kind` (all when
+    None) if it runs on `bot` (any when None) and has any; else None. The one filter rule of
+    every store."""
+    if bot is not None and record.bot != bot:
+        return None
+    items = [i for i in record.pending if kind is None or i.get("kind") == kind]
+    listed = items or (record.taken_over is not None and kind in (None, "takeover"))
+    return PendingSession(record.session_id, record.bot, record.owner, items, record.taken_over) if listed else None
 
 
 # -- the commit ------------------------------------------------------------------------------
@@ -230,6 +336,8 @@ class Commit:
     turn: int | None = None
     committed: Committed | None = None
     outbox: list[OutboxEntry] = field(default_factory=list)  # backend events to deliver, from the history
+    due: float | None = None  # the earliest due time of its pending items, epoch seconds (the due index)
+    pending_count: int = 0  # pending items the snapshot holds, + 1 for a takeover (the operators' index)
 
     @classmethod
     def encode(
@@ -244,6 +352,8 @@ class Commit:
         """SessionStore.commit_turn's arguments, checked and encoded: a value JSON cannot hold
         or an item that is not a message raises ChatrunError here, before any store is touched."""
         mems = {mid: None if m is None else check_messages(mid, m) for mid, m in memories.items()}
+        items = pending_items_of(snapshot)
+        waiting = len(items) + (taken_over_of(snapshot) is not None)  # a takeover waits for its release
         return cls(
             session_id=session_id,
             snapshot_json=to_json(f"session {session_id}: its snapshot", snapshot),
@@ -255,12 +365,15 @@ class Commit:
             expected=expected,
             outcome=None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1])),
             outbox=outbox_of(session_id, history),
+            due=due_epoch(items),
+            pending_count=waiting,
         )
 
     def merge(self, later: Commit) -> None:
         """Fold a later commit of the same request into this one: its snapshot wins, memories
         are replaced, history entries append, and a later turn's outcome replaces an earlier one."""
         self.snapshot_json, self.owner, self.committed = later.snapshot_json, later.owner, later.committed
+        self.due, self.pending_count = later.due, later.pending_count
         self.memories.update(later.memories)
         self.memories_json.update(later.memories_json)
         self.history_json.extend(later.history_json)

@@ -22,6 +22,8 @@ The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for se
     chatrun:obq     zset   pending outbox entry ids by when a worker may claim them
     chatrun:obc     hash   outbox entry id -> the token of the worker that claimed it last
     chatrun:obd     zset   dead-letter outbox entry ids by when they died
+    chatrun:due     zset   session ids by the due time of their earliest pending item (epoch s)
+    chatrun:pending set    the session ids with open pending items (the operators' list)
 
 Every write of a turn is one Lua script (atomic on the server): it checks that the caller
 still holds the lease and that the session is at the version the turn started from, then
@@ -53,8 +55,10 @@ from chatrun.store.record import (
     Commit,
     JSONObject,
     OutboxEntry,
+    PendingSession,
     SessionRecord,
     from_json,
+    pending_session,
     requeued,
     to_json,
     unclaimed,
@@ -65,6 +69,7 @@ log = logging.getLogger("chatrun.store")
 
 WAITER_TTL_MS = 3000  # a waiter that has not polled for this long is dropped from the queue
 QUEUE_KEYS_TTL_MS = 3_600_000  # the queue's keys vanish an hour after the last waiter polled
+RECONNECT_RETRIES = 1  # a command that meets a dead connection is sent once more, on a new one
 
 _ACQUIRE = """
 local t = redis.call('TIME')
@@ -114,10 +119,10 @@ return 0
 """
 
 # KEYS: session hash, history, lease, outcomes, outcome order, sessions index, owner set,
-#       outbox entries, outbox queue
+#       outbox entries, outbox queue, due index, pending set
 # ARGV: token, expected, random, snapshot, session id, request id, outcome, keep, now, owner,
 #       memory count, (memory id, messages or '' to delete)..., entry count, entries...,
-#       outbox count, (id, due, entry)...
+#       outbox count, (id, due, entry)..., due ('' none), pending count
 _COMMIT = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then return {'lease', ''} end
 local cur = redis.call('HGET', KEYS[1], 'v')
@@ -158,6 +163,8 @@ for _ = 1, count do
   redis.call('ZADD', KEYS[9], ARGV[i + 1], ARGV[i])
   i = i + 3
 end
+if ARGV[i] == '' then redis.call('ZREM', KEYS[10], ARGV[5]) else redis.call('ZADD', KEYS[10], ARGV[i], ARGV[5]) end
+if ARGV[i + 1] == '0' then redis.call('SREM', KEYS[11], ARGV[5]) else redis.call('SADD', KEYS[11], ARGV[5]) end
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[4], ARGV[6], ARGV[7])
   redis.call('RPUSH', KEYS[5], ARGV[6])
@@ -215,7 +222,7 @@ return 1
 """
 
 # KEYS: session hash, history, outcomes, outcome order, lease, sessions index, the session's
-# record keys; ARGV: token, id, prefix
+# record keys, due index, pending set; ARGV: token, id, prefix
 _DELETE = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[1] then return 0 end
 local owner = redis.call('HGET', KEYS[1], 'owner')
@@ -228,6 +235,8 @@ for _, key in ipairs(redis.call('SMEMBERS', KEYS[7])) do
 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7])
 redis.call('ZREM', KEYS[6], ARGV[2])
+redis.call('ZREM', KEYS[8], ARGV[2])
+redis.call('SREM', KEYS[9], ARGV[2])
 return 1
 """
 
@@ -258,6 +267,10 @@ class RedisStore:
     def __init__(self, url: str, settings: LeaseSettings = LeaseSettings()):  # noqa: B008 - frozen
         try:
             import redis.asyncio as aioredis
+            from redis.asyncio.retry import Retry
+            from redis.backoff import ExponentialBackoff
+            from redis.exceptions import ConnectionError as RedisConnectionError
+            from redis.exceptions import TimeoutError as RedisTimeoutError
         except ModuleNotFoundError:
             raise ChatrunError(
                 f"store {redacted(url)}: the Redis store needs the redis package; "
@@ -268,9 +281,14 @@ class RedisStore:
         self.settings = settings
         password = None if urlsplit(client_url).password else os.environ.get("CHATRUN_REDIS_PASSWORD")
         # Any: the stubs type replies as bytes | str; decode_responses=True makes them str.
+        # A command that meets a dead connection (Redis restarted: every pooled connection is
+        # stale) reconnects and is sent once more; the commit that could run twice that way is
+        # fenced by its expected version. Without `retry`, a pool's connections never retry.
         self.client: Any = aioredis.from_url(
             client_url, decode_responses=True, password=password,
             socket_connect_timeout=5, socket_keepalive=True, health_check_interval=30,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
         self._acquire = self.client.register_script(_ACQUIRE)
         self._leave = self.client.register_script(_LEAVE)
@@ -282,6 +300,7 @@ class RedisStore:
         self._settle = self.client.register_script(_SETTLE)
         self._requeue = self.client.register_script(_REQUEUE)
         self._outbox_keys = [f"{self.prefix}{k}" for k in ("ob", "obq", "obc", "obd")]
+        self._pending_keys = [f"{self.prefix}due", f"{self.prefix}pending"]
 
     def _key(self, kind: str, session_id: str) -> str:
         return f"{self.prefix}{kind}:{session_id}"
@@ -382,8 +401,10 @@ class RedisStore:
         args.append(len(commit.outbox))
         for entry in commit.outbox:
             args += [entry.id, entry.due, entry.to_json()]
+        args += ["" if commit.due is None else commit.due, commit.pending_count]
         keys = [self._key(k, session_id) for k in ("s", "h", "l", "r", "ro")]
-        keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}", *self._outbox_keys[:2]]
+        keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}", *self._outbox_keys[:2],
+                 *self._pending_keys]
         status, detail = await self._commit(keys=keys, args=args)
         if status == "lease":
             raise LeaseLost(session_id)
@@ -400,7 +421,7 @@ class RedisStore:
 
     async def delete_session(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
         keys = [self._key(k, session_id) for k in ("s", "h", "r", "ro", "l")]
-        keys += [f"{self.prefix}sessions", self._key("rk", session_id)]
+        keys += [f"{self.prefix}sessions", self._key("rk", session_id), *self._pending_keys]
         token = lease.token if lease is not None and lease.token else ""
         if not await self._delete(keys=keys, args=[token, session_id, self.prefix]):
             raise LeaseLost(session_id)
@@ -433,6 +454,26 @@ class RedisStore:
 
     async def list_sessions(self) -> list[str]:
         return list(await self.client.zrange(f"{self.prefix}sessions", 0, -1))
+
+    # -- sessions waiting for a party (PendingIndex, asynchronously) -----------------------------
+
+    async def list_due(self, now: float) -> list[str]:
+        """Sessions with a pending item due by `now` (epoch seconds), earliest first: one ZRANGEBYSCORE."""
+        return list(await self.client.zrangebyscore(self._pending_keys[0], "-inf", now))
+
+    async def list_pending(self, bot: str | None = None, kind: str | None = None) -> list[PendingSession]:
+        """Sessions with open pending items: the set's members, then one HGET of each snapshot
+        (one pipelined round trip): the cost grows with the sessions that wait, not with all."""
+        ids = sorted(await self.client.smembers(self._pending_keys[1]))
+        if not ids:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for sid in ids:
+                pipe.hmget(self._key("s", sid), "snap", "v")
+            rows = await pipe.execute()
+        found = (pending_session(SessionRecord.decode(sid, snap, version), bot, kind)
+                 for sid, (snap, version) in zip(ids, rows, strict=True) if snap is not None)
+        return [entry for entry in found if entry is not None]
 
     # -- the outbox (OutboxStore, asynchronously) ---------------------------------------------
 

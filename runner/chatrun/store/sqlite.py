@@ -1,7 +1,7 @@
 """`SQLiteStore`: memories, session snapshots and history in one SQLite file (stdlib sqlite3).
 
 Tables: memories(memory_id, messages JSON), sessions(session_id, snapshot JSON, updated_at,
-version), history(session_id, seq, entry JSON), requests(session_id, request_id, outcome JSON,
+version, due: its earliest pending item's due time, pending: how many items wait; both indexed), history(session_id, seq, entry JSON), requests(session_id, request_id, outcome JSON,
 seq), records(key, record JSON), outbox(id, state, due, entry JSON: backend events to deliver, written
 in the commit of their turn). A commit (`commit_turn`, `write_commit`) is one transaction and checks the session's
 version (fencing); the file uses WAL so readers never wait for the writer. One connection
@@ -37,16 +37,18 @@ from chatrun.store.record import (
     Commit,
     JSONObject,
     OutboxEntry,
+    PendingSession,
     SessionRecord,
     from_json,
     messages_json,
+    pending_session,
     requeued,
     to_json,
     unclaimed,
 )
 from chatrun.store.versions import KEEP_OUTCOMES, check_version, next_version
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 LEGACY_VERSION = "0.schema1"  # the version of a session saved before sessions had versions
 
 _SCHEMA = """
@@ -58,7 +60,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
     snapshot   TEXT NOT NULL,
     updated_at REAL NOT NULL,
-    version    TEXT NOT NULL DEFAULT ''
+    version    TEXT NOT NULL DEFAULT '',
+    due        REAL,              -- the earliest due time of its pending items (epoch seconds), or NULL
+    pending    INTEGER NOT NULL DEFAULT 0  -- how many pending items it holds
 );
 CREATE TABLE IF NOT EXISTS requests (
     session_id TEXT NOT NULL,
@@ -132,8 +136,14 @@ class SQLiteStore:
                 columns = {r[1] for r in self._conn.execute("PRAGMA table_info(records)")}
                 if "session" not in columns:  # a schema-2 file: its records stay until deleted by key
                     self._conn.execute("ALTER TABLE records ADD COLUMN session TEXT")
+                columns = {r[1] for r in self._conn.execute("PRAGMA table_info(sessions)")}
+                if "due" not in columns:  # a schema-3 file: no session of it can have pending items
+                    self._conn.execute("ALTER TABLE sessions ADD COLUMN due REAL")
+                    self._conn.execute("ALTER TABLE sessions ADD COLUMN pending INTEGER NOT NULL DEFAULT 0")
                 self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._conn.execute("CREATE INDEX IF NOT EXISTS records_by_session ON records (session)")
+            self._conn.execute("CREATE INDEX IF NOT EXISTS sessions_due ON sessions (due) WHERE due IS NOT NULL")
+            self._conn.execute("CREATE INDEX IF NOT EXISTS sessions_pending ON sessions (pending) WHERE pending > 0")
         except ChatrunError:
             self._release_owner_lock()
             raise
@@ -281,10 +291,11 @@ class SQLiteStore:
             check_version(session_id, commit.expected, current)
             version = next_version(current)
             conn.execute(
-                "INSERT INTO sessions (session_id, snapshot, updated_at, version) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT(session_id) DO UPDATE SET snapshot = excluded.snapshot, "
-                "updated_at = excluded.updated_at, version = excluded.version",
-                (session_id, commit.snapshot_json, time.time(), version),
+                "INSERT INTO sessions (session_id, snapshot, updated_at, version, due, pending) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO UPDATE SET snapshot = excluded.snapshot, "
+                "updated_at = excluded.updated_at, version = excluded.version, due = excluded.due, "
+                "pending = excluded.pending",
+                (session_id, commit.snapshot_json, time.time(), version, commit.due, commit.pending_count),
             )
             for mid, text in commit.memories_json.items():
                 if text is None:
@@ -339,6 +350,22 @@ class SQLiteStore:
         """Session ids, oldest session first."""
         with self._locked("list sessions") as conn:
             return [r[0] for r in conn.execute("SELECT session_id FROM sessions ORDER BY rowid")]
+
+    # -- PendingIndex: sessions waiting for a party (see InMemoryStore) ---------------------------
+
+    def list_due(self, now: float) -> list[str]:
+        with self._locked("list the sessions with items due") as conn:
+            rows = conn.execute("SELECT session_id FROM sessions WHERE due IS NOT NULL AND due <= ? ORDER BY due",
+                                (now,)).fetchall()
+        return [r[0] for r in rows]
+
+    def list_pending(self, bot: str | None = None, kind: str | None = None) -> list[PendingSession]:
+        with self._locked("list the sessions with pending items") as conn:
+            rows = conn.execute("SELECT session_id, snapshot, version FROM sessions WHERE pending > 0 "
+                                "ORDER BY rowid").fetchall()
+        found = (pending_session(SessionRecord.decode(sid, text, version or LEGACY_VERSION), bot, kind)
+                 for sid, text, version in rows)
+        return [entry for entry in found if entry is not None]
 
     # -- OutboxStore (see InMemoryStore for what each does) ---------------------------------------
 

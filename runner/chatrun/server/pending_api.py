@@ -1,0 +1,227 @@
+"""Humans in the loop over HTTP: a session's pending items, decisions and answers, an
+operator's takeover, and the operators' list of waiting sessions (docs/protocol.md, "Pending
+items"; docs/operators.md).
+
+    GET  /bots/{bot}/sessions/{id}/pending             {"pending": [item, ...], "taken_over": ...}
+    POST /bots/{bot}/sessions/{id}/pending/{item}      {"decision": "approve"|"reject", "args"?, "reason"?}
+                                                       or {"answer": value}       -> the turn, as POST .../messages
+    POST /bots/{bot}/sessions/{id}/takeover            {"note"?}                  -> the turn
+    POST /bots/{bot}/sessions/{id}/operator/messages   {"text"}                   -> the turn
+    POST /bots/{bot}/sessions/{id}/release             {"route"?}                 -> the turn
+    GET  /pending?bot=&kind=&role=&older_than=         every waiting session (role `operators`)
+
+A decision is a turn (`session.stream(Approve(...))`), so it is fenced, committed and replayed
+by `Idempotency-Key` exactly like a user's message. Who may reach a session that is not theirs
+for this is session_open.Reach's rule; who may decide what is the engine's (DecisionRefused:
+403; NotPending: 409; InvalidDecision: 422, turn_run maps them). A backend that has no
+principal answers a question with `Authorization: Bearer <the item's token>`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse
+
+from chatrun.engine.pending import (
+    KINDS,
+    TAKEOVER,
+    Answer,
+    Approve,
+    OperatorSay,
+    PendingItem,
+    Reject,
+    Release,
+    TakeOver,
+    parse_time,
+)
+from chatrun.server import wire
+from chatrun.server.audience import OPERATOR_ROLE
+from chatrun.server.auth import Principal
+from chatrun.server.http import ERROR_RESPONSES, _body, turn_reply
+from chatrun.server.inspect import pending_data
+from chatrun.server.plumbing import Caller, CallerOrToken, Registry, read_json_object
+from chatrun.server.sessions import EXISTING, Reach
+from chatrun.store.record import PendingSession
+
+IdempotencyKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", description="a retry with the same key replays the committed decision")]
+
+_ITEM = {"type": "object", "description": "a pending item (docs/protocol.md, \"Pending items\")",
+         "required": ["id", "kind", "created", "due", "route", "ask", "by"],
+         "properties": {"id": {"type": "string"}, "kind": {"enum": list(KINDS)}, "created": {"type": "string"},
+                        "due": {"type": ["string", "null"]}, "route": {"type": "string"},
+                        "scope_id": {"type": "string"}, "tool": {"type": ["string", "null"]},
+                        "call_id": {"type": ["string", "null"]}, "args": {"type": ["object", "null"]},
+                        "ask": {"type": "string"}, "by": {"type": "array", "items": {"type": "string"}},
+                        "edit": {"type": "array", "items": {"type": "string"}},
+                        "schema": {"type": ["object", "null"]}, "choices": {"type": ["array", "null"]},
+                        "requested_by": {"type": ["object", "null"]}}}
+_TAKEN_OVER = {"type": ["object", "null"], "properties": {"by": {}, "since": {"type": "string"}}}
+_TEXT = {"type": "string", "minLength": 1}  # _text_field
+_REASON = {"type": "string", "description": "why: the history and the model's conditions see it"}
+_DECISION_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"oneOf": [
+        {"type": "object", "required": ["decision"], "not": {"required": ["answer"]},
+         "properties": {"decision": {"const": "approve"}, "reason": _REASON,
+                        "args": {"type": "object", "description": "edited arguments (the approval's `edit:`)"}}},
+        {"type": "object", "required": ["decision"], "not": {"anyOf": [{"required": ["answer"]}, {"required": ["args"]}]},
+         "properties": {"decision": {"const": "reject"}, "reason": _REASON}},
+        {"type": "object", "required": ["answer"], "not": {"required": ["decision"]},
+         "properties": {"answer": {"description": "the answer to a question (validated against its schema)"}}}]},
+    "example": {"decision": "approve", "args": {"amount": 40}, "reason": "checked the order"}}}}}
+
+
+def make_pending_router() -> APIRouter:
+    """The routes of the module's text, with their bodies in the OpenAPI text."""
+    router = APIRouter(responses=ERROR_RESPONSES, tags=["pending"])
+    session = "/bots/{bot}/sessions/{session_id}"
+    router.add_api_route(f"{session}/pending", list_session_pending, methods=["GET"],
+                         responses=_json(200, "the session's open items", {
+                             "pending": {"type": "array", "items": _ITEM}, "taken_over": _TAKEN_OVER}))
+    router.add_api_route(f"{session}/pending/{{item}}", decide, methods=["POST"], openapi_extra=_DECISION_BODY)
+    router.add_api_route(f"{session}/takeover", take_over, methods=["POST"],
+                         openapi_extra=_body({"note": _TEXT}, {"note": "customer asked for a human"}))
+    router.add_api_route(f"{session}/operator/messages", operator_says, methods=["POST"],
+                         openapi_extra=_required_body({"text": _TEXT}, {"text": "Hello, this is Olga from support."}))
+    router.add_api_route(f"{session}/release", release, methods=["POST"],
+                         openapi_extra=_body({"route": _TEXT}, {"route": "menu"}))
+    router.add_api_route("/pending", list_all_pending, methods=["GET"],
+                         responses=_json(200, "the waiting sessions, longest waiting first", {
+                             "sessions": {"type": "array", "items": {"type": "object", "properties": {
+                                 "session": {"type": "string"}, "bot": {"type": "string"},
+                                 "owner": {"type": ["string", "null"]}, "items": {"type": "array", "items": _ITEM},
+                                 "taken_over": _TAKEN_OVER}}}}))
+    return router
+
+
+# -- the endpoints (no docstrings: FastAPI would put them in the OpenAPI text) -----------------------
+
+
+async def list_session_pending(bot: str, session_id: str, caller: CallerOrToken, registry: Registry) -> Any:
+    who, token = caller
+    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, token=token)) as session:
+        return pending_data(session)
+
+
+async def decide(bot: str, session_id: str, item: str, request: Request, caller: CallerOrToken, registry: Registry,
+                 idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    who, token = caller
+    decision = decision_of(item, await read_json_object(request), token)
+    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, token=token)) as session:
+        return await turn_reply(registry, session, decision, idempotency_key)
+
+
+async def take_over(bot: str, session_id: str, request: Request, who: Caller, registry: Registry,
+                    idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    note = _text_field(await read_json_object(request, blank_is_empty=True), "note", required=False)
+    return await _operator_turn(registry, bot, session_id, who, TakeOver(note), idempotency_key)
+
+
+async def operator_says(bot: str, session_id: str, request: Request, who: Caller, registry: Registry,
+                        idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    text = _text_field(await read_json_object(request), "text", required=True)
+    assert text is not None
+    return await _operator_turn(registry, bot, session_id, who, OperatorSay(text), idempotency_key)
+
+
+async def release(bot: str, session_id: str, request: Request, who: Caller, registry: Registry,
+                  idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    route = _text_field(await read_json_object(request, blank_is_empty=True), "route", required=False)
+    return await _operator_turn(registry, bot, session_id, who, Release(route), idempotency_key)
+
+
+async def list_all_pending(
+    who: Caller, registry: Registry,
+    bot: Annotated[str | None, Query(description="only this bot's sessions")] = None,
+    kind: Annotated[Literal["approval", "question", "takeover"] | None, Query(description="only items of this kind")] = None,
+    role: Annotated[str | None, Query(description="only items this role may decide (named in their `by`)")] = None,
+    older_than: Annotated[float | None, Query(ge=0, description="only items waiting longer than this (seconds)")] = None,
+) -> Any:
+    require_operator(who, "GET /pending")
+    if bot is not None:
+        registry.bot(bot)  # an unknown bot is a 404 naming the served ones, not an empty list
+    found = await registry.store.list_pending(bot, kind)
+    shown = [s for s in (_filtered(p, role, older_than, time.time()) for p in found) if s is not None]
+    shown.sort(key=lambda s: min((i["created"] for i in s["items"]), default=(s["taken_over"] or {}).get("since", "")))
+    return {"sessions": shown}
+
+
+# -- the parts ---------------------------------------------------------------------------------------
+
+
+def decision_of(item: str, body: dict[str, Any], token: str | None) -> Approve | Reject | Answer:
+    """The engine input a decision body asks for; RequestFailed(BadRequest) naming the field."""
+    if "answer" in body:
+        if "decision" in body:
+            raise wire.RequestFailed(wire.BAD_REQUEST, "send either decision or answer, not both")
+        return Answer(item, body["answer"], token)
+    decision, args, reason = body.get("decision"), body.get("args"), body.get("reason")
+    if decision not in ("approve", "reject"):
+        raise wire.RequestFailed(wire.BAD_REQUEST, 'decision must be "approve" or "reject" (or send "answer")')
+    if args is not None and not isinstance(args, dict):
+        raise wire.RequestFailed(wire.BAD_REQUEST, "args must be a JSON object (the edited arguments)")
+    if reason is not None and not isinstance(reason, str):
+        raise wire.RequestFailed(wire.BAD_REQUEST, "reason must be a string")
+    if decision == "reject":
+        if args is not None:
+            raise wire.RequestFailed(wire.BAD_REQUEST, "a rejection takes no args")
+        return Reject(item, reason)
+    return Approve(item, args, reason)
+
+
+def require_operator(who: Principal | None, what: str, item_roles: set[str] | None = None) -> None:
+    """Forbidden unless the caller is an operator (or holds one of `item_roles`); auth off: anyone."""
+    if who is None:
+        return
+    allowed = {OPERATOR_ROLE} | (item_roles or set())
+    if not allowed & set(who.roles):
+        raise wire.RequestFailed(wire.FORBIDDEN, f"{what} needs the role {' or '.join(sorted(allowed))}; "
+                                                 f"{who.name} has {', '.join(sorted(who.roles)) or 'no roles'}")
+
+
+async def _operator_turn(registry: Any, bot: str, session_id: str, who: Principal | None, message: Any,
+                         key: str | None) -> JSONResponse:
+    """A takeover, an operator's message or a release: the caller must be an operator, or hold
+    the role a takeover item of the session names (an `operator: role:` action)."""
+    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True)) as session:
+        roles = {r for item in session.pending if item.kind == TAKEOVER for r in item.by}
+        require_operator(who, f"{type(message).__name__} on session {session_id}", roles)
+        return await turn_reply(registry, session, message, key)
+
+
+def _text_field(body: dict[str, Any], name: str, required: bool) -> str | None:
+    value = body.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise wire.RequestFailed(wire.BAD_REQUEST, f"{name} must be a non-empty string")
+    return value
+
+
+def _filtered(found: PendingSession, role: str | None, older_than: float | None, now: float) -> dict[str, Any] | None:
+    """A waiting session as GET /pending shows it: its items as a Pending event shows them (no
+    token), only those `role` may decide and those older than `older_than` seconds."""
+    items = [PendingItem.from_dict(i) for i in found.items]
+    if role is not None:
+        items = [i for i in items if role in i.by]
+    if older_than is not None:
+        items = [i for i in items if now - parse_time(i.created).timestamp() >= older_than]
+    if not items and (found.taken_over is None or role is not None or older_than is not None):
+        return None
+    return found.to_dict() | {"items": [i.public() for i in items]}
+
+
+def _required_body(properties: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
+    """_body whose every property is required (so the body is too)."""
+    extra = _body(properties, example)
+    extra["requestBody"]["required"] = True
+    extra["requestBody"]["content"]["application/json"]["schema"]["required"] = list(properties)
+    return extra
+
+
+def _json(status: int, description: str, properties: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
+    schema = {"type": "object", "required": list(properties), "properties": properties}
+    return {status: {"description": description, "content": {"application/json": {"schema": schema}}}}

@@ -1,0 +1,123 @@
+"""The pending sweeper: timeouts of pending items fire with no client present.
+
+Every replica runs one, started and stopped with the app (server/app.py's Lifecycle). Every
+`interval` seconds (`chatrun serve --sweep-interval`, default 5) it asks the store which
+sessions have an item due (`list_due`: SQLite's index, Redis' sorted set updated by each
+commit) and runs `Expire()` on each through the session registry, as the server itself
+(session_open.SYSTEM): the same lease, version fencing and commit as any turn. So a timeout
+is resolved exactly once however many replicas see it due: the first takes the lease and
+commits; the others find the session busy (they skip it: `ifBusy: reject`) or, once it is
+committed, nothing due any more. A replica killed mid-sweep leaves the item due, and the
+next sweep (of any replica, or of the restarted one) resolves it.
+
+The same loop refreshes the `chatrun_pending_*` gauges every MEASURE_EVERY seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from chatrun.engine.pending import Expire, parse_time
+from chatrun.errors import ChatrunError
+from chatrun.server import wire
+from chatrun.server.session_gate import REJECT
+from chatrun.server.sessions import EXISTING, SYSTEM
+
+if TYPE_CHECKING:
+    from chatrun.server.sessions import SessionRegistry
+
+log = logging.getLogger("chatrun.pending")
+MEASURE_EVERY = 30.0  # seconds between two reads of every waiting session for the gauges
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    interval: float = 5.0  # seconds between two looks at the due index (0: no sweeper on this replica)
+    batch: int = 100  # sessions expired per look at most (the rest: on the next look)
+
+    @classmethod
+    def from_env(cls) -> SweepSettings:
+        """$CHATRUN_SWEEP_INTERVAL (seconds) over the default (what create_app uses unless told)."""
+        text = os.environ.get("CHATRUN_SWEEP_INTERVAL")
+        if not text:
+            return cls()
+        try:
+            interval = float(text)
+        except ValueError:
+            raise ChatrunError(f"$CHATRUN_SWEEP_INTERVAL must be a number of seconds, not {text!r}") from None
+        if interval < 0:
+            raise ChatrunError(f"$CHATRUN_SWEEP_INTERVAL must be 0 (off) or more, not {text!r}")
+        return cls(interval=interval)
+
+
+class PendingSweeper:
+    def __init__(self, registry: SessionRegistry, settings: SweepSettings = SweepSettings(),  # noqa: B008 - frozen
+                 clock: Callable[[], float] = time.time):
+        self.registry, self.settings, self.clock = registry, settings, clock
+        self.expired = 0  # sessions this sweeper committed an Expire on (tests and /health read it)
+        self._measured = 0.0
+
+    async def run_forever(self) -> None:
+        if self.settings.interval <= 0:
+            return
+        while True:
+            try:
+                await self.sweep()
+                await self.measure()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the store is unreachable: look again next time
+                log.warning("pending sweeper: %s", exc)
+            await asyncio.sleep(self.settings.interval)
+
+    async def sweep(self) -> int:
+        """Expire every session due now (up to `batch`); how many this replica expired."""
+        now = self.clock()
+        done = 0
+        for session_id in (await self.registry.store.list_due(now))[: self.settings.batch]:
+            done += await self.expire(session_id, now)
+        return done
+
+    async def expire(self, session_id: str, now: float) -> int:
+        """Run Expire() on one session if it is still due (1), else nothing (0)."""
+        record = await self.registry.store.load_session(session_id)
+        if record is None or record.bot not in self.registry.bots:
+            return 0  # deleted meanwhile, or a bot another replica serves
+        try:
+            async with self.registry.session(record.bot, session_id, None, EXISTING, if_busy=REJECT,
+                                             reach=SYSTEM) as session:
+                due = session.next_due
+                if due is None or parse_time(due).timestamp() > now:
+                    return 0  # another replica (or a decision) resolved it first
+                # A request id per due time: a retried sweep replays instead of expiring twice.
+                async for _ in self.registry.turn(session, Expire(), f"expire:{due}"):
+                    pass
+        except wire.RequestFailed as exc:  # busy (a turn runs: next look), a conflict, draining
+            log.info("pending sweeper: session %s not expired now: %s", session_id, exc.message)
+            return 0
+        self.expired += 1
+        return 1
+
+    async def measure(self) -> None:
+        """The pending gauges: open items by bot and kind, and the oldest's age."""
+        metrics = self.registry.metrics
+        if metrics is None or self.clock() - self._measured < MEASURE_EVERY:
+            return
+        self._measured = now = self.clock()
+        counts: dict[tuple[str, str], tuple[int, float]] = {}
+        for waiting in await self.registry.store.list_pending():
+            for item in waiting.items:
+                key = (str(waiting.bot), str(item.get("kind")))
+                count, oldest = counts.get(key, (0, 0.0))
+                try:
+                    age = now - parse_time(str(item.get("created"))).timestamp()
+                except ValueError:
+                    age = 0.0
+                counts[key] = (count + 1, max(oldest, age))
+        metrics.pending_state(counts)
