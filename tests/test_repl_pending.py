@@ -48,6 +48,10 @@ def test_a_supervisor_edits_an_approval_and_save_writes_the_steps(tmp_path):
     assert ("    as: {name: bob, roles: [supervisor]}\n"
             "    approve:\n      item: p1\n      args:\n        amount: 80\n      reason: only the broken part\n") in written
     assert "    as: {name: ana, roles: [customer]}\n    user: Thanks!\n" in written
+    # the refused decisions are steps too, expecting their refusal
+    assert "    approve: p1\n    model: []\n" in written
+    assert "error: pending item p1 may be decided only by one of the roles supervisor" in written
+    assert "error: \"item p1: invalid arguments for refund: amount: 'lots' is not of type 'number'.\"" in written
     result = run_transcript(str(saved))
     assert result.passed, result.report()
 

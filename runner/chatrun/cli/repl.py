@@ -20,7 +20,13 @@ from chatrun.cli.human_model import HumanModel
 from chatrun.definition.config import ModelConfig
 from chatrun.engine.clock import Clock, FixedClock, SystemClock, parse_duration, parse_instant
 from chatrun.engine.pending import Answer, Approve, Expire, OperatorSay, Reject, Release, TakeOver
-from chatrun.errors import ChatrunError
+from chatrun.errors import (
+    ChatrunError,
+    DecisionRefused,
+    InvalidDecision,
+    NotPending,
+    UnknownRouteError,
+)
 from chatrun.events import Event
 from chatrun.memory.tokens import counter_label
 from chatrun.models.pool import ModelPool
@@ -55,6 +61,7 @@ Up/Down recall earlier lines (kept in {history}); Tab completes commands, and th
 tools (/call), routes (/reset) and roles (/roles) of the bot as it is now (after a reload too),
 the words of /clock (real, +1h, +1d, the time now) and /operator, and the ids of pending items."""
 
+REFUSED = (DecisionRefused, NotPending, InvalidDecision, UnknownRouteError)  # a decision refused before its turn
 ROLES_OFF = ("(no --roles given: role checks are off, every route is open; "
              "--roles a,b or /roles a,b to walk the bot as a principal with those roles)")
 
@@ -417,6 +424,11 @@ class Repl:
             return
         except ChatrunError as exc:  # e.g. the store failed while recording the turn
             click.secho(f"error: {exc}", fg="red")
+            if step is not None and isinstance(exc, REFUSED) and self.human:  # /save writes it, expecting the refusal
+                self.records.append({"decision": step, "model": [], "events": [], "principal": self.session.principal,
+                                     "roles": sorted(self.session.roles) if self.session.roles is not None else None,
+                                     **({"as": "backend"} if backend else {}),
+                                     **({"clock": pinned} if pinned else {})})
             return
         if self.streamed:
             click.echo()

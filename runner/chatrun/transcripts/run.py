@@ -209,6 +209,9 @@ def judge_conversation(result: Result, judge: Judge) -> None:
             last.problems.append(Mismatch("judge", f"(the conversation) {judged.problem}"))
 
 
+SESSION_ID = "transcript"  # the id of every transcript's session
+
+
 def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]:
     """The transcript's conversation in a fresh in-memory store, its tools mocked as the
     transcript says. Its model is the turn script, unless `model` is given (recording passes
@@ -218,8 +221,9 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
 
     script = model if isinstance(model, LiveModel) else TurnScript()
     roles = set(t.roles) if t.roles is not None else None
+    # One session id for every replay: what quotes it (a NotPending refusal) reads the same each run
     session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles,
-                          principal=t.principal)
+                          principal=t.principal, session_id=SESSION_ID)
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None, file=t.file, lines=t.mock_lines)
     if t.tokenizer is not None:
         session.tokenizer = t.tokenizer  # raises when the pinned encoding cannot be loaded here
