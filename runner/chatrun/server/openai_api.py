@@ -261,8 +261,8 @@ class ChatCompletion(TurnRequest):
 
     def keys_after(self, reply: Reply) -> list[str]:
         content = (reply.json_text() if self.as_json else reply.text).strip()
-        after = self.ident.earlier + [("user", self.text), ("assistant", content)]
-        return [self.index.prefix_key(self.ident.bot, self.who.name if self.who else None, self.ident.namespace, after)]
+        turn = [("user", self.text), ("assistant", content)]
+        return [self.ident.prefix_key(self.who.name if self.who else None, turn)]
 
     def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:
         prompts = [t for _, t in self.ident.earlier] + [self.text]
@@ -397,9 +397,8 @@ class ResponseRequest(TurnRequest):
     def keys_after(self, reply: Reply) -> list[str]:
         keys = [self.index.response_key(self.id)]
         if self.ident.previous is None:
-            after = self.ident.earlier + [("user", self.text), ("assistant", reply.text.strip())]
-            keys.append(self.index.prefix_key(self.ident.bot, self.who.name if self.who else None,
-                                              self.ident.namespace, after))
+            turn = [("user", self.text), ("assistant", reply.text.strip())]
+            keys.append(self.ident.prefix_key(self.who.name if self.who else None, turn))
         return keys
 
     def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:

@@ -167,6 +167,9 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
         result.error = f"{t.name}:{t.lines.get('bot', 1)}: cannot load bot {t.bot}: {exc}"
         return result
     result.notes = event_type_warnings(bot.config, t)
+    result.error = state_problem(bot.config, t)
+    if result.error is not None:
+        return result
     if t.refused is not None:
         result.error = expect_refused_start(bot, t)
         return result
@@ -269,6 +272,7 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
         script.next_turn(turn)
     except ChatrunError as exc:  # the schema lets through little a scripted model rejects
         return TurnResult(turn, None, [Mismatch("model", f"bad model response: {exc}")])
+    started_on, before = session.route, session.last_turn
     try:
         events = send(session, turn)
     except REFUSED_DECISIONS as exc:  # refused before its turn: nothing ran, nothing was committed
@@ -278,7 +282,9 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
             raise
         return message_after_end(session, turn, str(exc))
     model = script.current
-    obs = observe(session, events, model.requests)
+    last = session.last_turn
+    ran = last is not None and last != before  # an `expire:` with nothing due runs no turn
+    obs = observe(session, events, model.requests, started_on, last.get("calls") if ran and last else [])
     if live:
         return TurnResult(turn, obs, compare_live(turn.expect, obs) + judge_turn(judge, turn, obs))
     given = len(turn.model)
@@ -356,6 +362,18 @@ def step_input(session: Any, turn: TurnSpec) -> Any:
         return OperatorSay(body["say"])
     route = body.get("release")
     return Release(route if isinstance(route, str) else None)
+
+
+def state_problem(config: Any, t: Transcript) -> str | None:
+    """A `state:` the HTTP API would refuse (an undeclared key, a value of another type) is
+    refused here too, at its line: a transcript tests conversations clients can start."""
+    from chatrun.definition.config import initial_state_problem
+
+    problem = initial_state_problem(t.state or {}, config.state)
+    if problem is None:
+        return None
+    key, message = problem
+    return f"{t.name}:{t.state_lines.get(key, t.lines.get('state', 1))}: {message}"
 
 
 def expect_refused_start(bot: Any, t: Transcript) -> str | None:
