@@ -368,7 +368,7 @@ def test_an_operator_takes_over_and_releases_with_the_talk_in_memory(desk):
     events = as_(session, OPERATOR).chat(Release())
     assert of(events, "RouteChanged") == [{"route": "menu", "stack": ["menu"]}]
     assert session.taken_over is None and session.pending == []
-    memory = session.memory(route="main")
+    memory = session.memory(route="menu")  # the route the bot goes on with reads what was said
     assert memory[-3:] == [UserMessage("Hello? Is anyone there?"),
                            AssistantMessage("[operator olga] Hi, I am Olga. Your refund is on its way."),
                            UserMessage("Thanks!")]

@@ -19,7 +19,7 @@ def test_every_command_of_the_help_completes_with_a_space_when_it_takes_an_argum
         assert name in COMMAND_NAMES
     for name in ("/say ", "/call ", "/save ", "/roles ", "/reset "):
         assert name in COMMAND_NAMES
-    assert completions("/re", NAMES) == ["/reload", "/reset "]
+    assert completions("/re", NAMES) == ["/reject ", "/reload", "/reset "]
     assert completions("/rol", NAMES) == ["/roles "]
     assert completions("/nothing", NAMES) == []
     assert completions("hello /re", NAMES) == []  # a message, not a command
@@ -91,3 +91,11 @@ def test_clock_completes_its_words_after_the_command():
     assert completions("/clock +", names) == ["+1d", "+1h"]
     assert completions("/clock 2026", names) == ["2026-11-25T09:00"]
     assert completions("/clock real x", names) == []
+
+
+def test_decisions_complete_the_ids_of_pending_items_and_operator_its_words():
+    names = Names(COMMAND_NAMES, items=["p1", "p2"])
+    assert completions("/approve ", names) == ["p1 ", "p2 "]
+    assert completions("/answer p", names) == ["p1 ", "p2 "]
+    assert completions("/reject p1 ", names) == []  # the reason is free text
+    assert completions("/operator re", names) == ["release "]

@@ -1,5 +1,5 @@
 """Tab completion in `chatrun repl`: slash commands, then their arguments from the running bot
-(`/call TOOL`, `/reset ROUTE`, `/roles A,B`, `/clock real`). Pure functions over the text before the cursor,
+(`/call TOOL`, `/reset ROUTE`, `/roles A,B`, `/clock real`, `/approve ID`, `/operator take`). Pure functions over the text before the cursor,
 so they are tested without a terminal; repl.py hands them to the stdlib readline."""
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ class Names:
     routes: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)
     clock: list[str] = field(default_factory=list)  # /clock's words: real, +1h, +1d, the time now
+    items: list[str] = field(default_factory=list)  # the ids of the pending items (/approve, /reject, /answer)
+
+
+OPERATOR_WORDS = ["take", "say", "release"]
+DECIDING = ("/approve", "/reject", "/answer")
 
 
 def command_names(help_text: str) -> list[str]:
@@ -53,6 +58,10 @@ def completions(before_cursor: str, names: Names) -> list[str]:
         return _starting_with(names.routes, word, "")
     if command == "/clock":
         return _starting_with(names.clock, word, "")
+    if command in DECIDING:
+        return _starting_with(names.items, word, " ")
+    if command == "/operator":
+        return _starting_with(OPERATOR_WORDS, word, " ")
     return []
 
 

@@ -19,7 +19,14 @@ from chatrun.cli._reload import ReplReloader
 from chatrun.cli.human_model import HumanModel
 from chatrun.definition.config import ModelConfig
 from chatrun.engine.clock import Clock, FixedClock, SystemClock, parse_duration, parse_instant
-from chatrun.errors import ChatrunError
+from chatrun.engine.pending import Answer, Approve, Expire, OperatorSay, Reject, Release, TakeOver
+from chatrun.errors import (
+    ChatrunError,
+    DecisionRefused,
+    InvalidDecision,
+    NotPending,
+    UnknownRouteError,
+)
 from chatrun.events import Event
 from chatrun.memory.tokens import counter_label
 from chatrun.models.pool import ModelPool
@@ -35,7 +42,14 @@ COMMANDS = """\
 /history           everything said in this session
 /usage             the last turn's tokens and cost, per model call, and the session's total
 /roles [a,b]       the roles route checks use; with a list, a new session with those roles
-/principal [NAME k=v ...]  who is signed in (templates' `principal`); NAME email=a@b.c signs one in, - no one
+/principal [NAME k=v ...]  who is signed in (templates' `principal`); NAME email=a@b.c signs one in, - no one;
+                   roles=a,b gives them roles for the next turns (a supervisor, an operator), no new session
+/pending           the items waiting for someone (approvals, questions, a takeover)
+/approve ID [{{JSON}}] [REASON]  approve item ID as the principal, with edited arguments
+/reject ID [REASON]  reject item ID (the model reads the tool's `rejected` text)
+/answer ID VALUE   answer question ID (JSON, else text); a backend's question with its token
+/operator take|say TEXT|release [ROUTE]  act as an operator: take the conversation, speak, give it back
+/expire            let the timeouts of the items due by the clock decide them (/clock +31m first)
 /locale [TAG]      the session's locale and the bot's `locales:`; with a tag (de, pt-BR), speak it
 /clock [WHEN|real] the time templates see (`now`); 2026-12-24T18:00 pins it (in the bot's
                    time zone unless it has an offset), +2h or +1d moves it on, real unpins it
@@ -46,8 +60,9 @@ COMMANDS = """\
 Ctrl-C cancels a running turn, or clears the line; twice on an empty line quits.
 Up/Down recall earlier lines (kept in {history}); Tab completes commands, and the names of
 tools (/call), routes (/reset) and roles (/roles) of the bot as it is now (after a reload too),
-and /clock's words (real, +1h, +1d, the time now)."""
+the words of /clock (real, +1h, +1d, the time now) and /operator, and the ids of pending items."""
 
+REFUSED = (DecisionRefused, NotPending, InvalidDecision, UnknownRouteError)  # a decision refused before its turn
 ROLES_OFF = ("(no --roles given: role checks are off, every route is open; "
              "--roles a,b or /roles a,b to walk the bot as a principal with those roles)")
 
@@ -187,6 +202,7 @@ class Repl:
         self.streamed = ""
         self.records: list[dict[str, Any]] = []  # per turn, for /save
         self.choices: list[tuple[str, str]] = []  # (value, label) of the last Choices event (picked_choice)
+        self.shown_items: set[str] = set()  # the pending items shown in this turn (each went to several audiences)
 
     # -- input and output ----------------------------------------------------------------
 
@@ -231,6 +247,12 @@ class Repl:
 
     def show(self, event: Event) -> None:
         kind, data = event.type, event.data
+        if kind in (ev.PENDING, ev.RESOLVED, ev.USER_MESSAGE) and isinstance(data, dict):
+            self.show_pending(event)
+            return
+        if kind == ev.MESSAGE and event.meta.get("from") == "operator":
+            click.secho(f"[operator {event.meta.get('name') or ''}] {data}", fg="blue")
+            return
         if event.audience == ev.BACKEND:  # never a chat's: shown dimmed, delivered only by `chatrun serve`
             self.show_backend(event)
             return
@@ -267,6 +289,21 @@ class Repl:
         else:
             text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
             click.secho(f"[{kind}] {text}", fg="magenta")
+
+    def show_pending(self, event: Event) -> None:
+        """Humans in the loop, one dim line each: an item when it appears (once, whichever
+        audiences it went to), its resolution, and a user's message the operators got."""
+        data = event.data
+        if event.type == ev.USER_MESSAGE:
+            click.secho(f"[to operators] user: {data.get('text') or json.dumps(data.get('data'))}", dim=True)
+        elif event.type == ev.RESOLVED:
+            extra = "".join(f"; {k} {json.dumps(data[k], ensure_ascii=False)}" for k in ("args", "answer", "reason")
+                            if data.get(k) is not None)
+            click.secho(f"✓ {data['id']} {data['kind']} {data['outcome']} by {data.get('by') or 'nobody'}{extra}",
+                        dim=True)
+        elif data.get("id") not in self.shown_items:
+            self.shown_items.add(data.get("id"))
+            click.secho(pending_line(data), dim=True)
 
     def show_backend(self, event: Event) -> None:
         text = event.data if isinstance(event.data, str) else json.dumps(event.data, ensure_ascii=False)
@@ -330,7 +367,8 @@ class Repl:
         offered = self.human.offered if self.human else []
         return Names(COMMAND_NAMES, tools=[*config.tools, *offered], routes=list(config.routes),
                      roles=sorted({role for route in config.routes.values() for role in route.roles}),
-                     clock=["real", "+1h", "+1d", self.session.now().strftime("%Y-%m-%dT%H:%M")])
+                     clock=["real", "+1h", "+1d", self.session.now().strftime("%Y-%m-%dT%H:%M")],
+                     items=[item.id for item in self.session.pending])
 
     def read_eval_loop(self) -> int:
         interrupted = False
@@ -364,8 +402,11 @@ class Repl:
             self.choices = []
             self.turn(line)
 
-    def turn(self, text: str) -> None:
+    def turn(self, text: Any, step: dict[str, Any] | None = None, backend: bool = False) -> None:
+        """Run one turn: the user's `text`, or a decision (`step` is how /save writes it,
+        `backend`: answered with the item's token, as the backend)."""
         self.take_reloaded_bot()
+        self.shown_items = set()
         before = len(self.human.responses) if self.human else 0
         # /save writes a pinned clock's instant on the turn, so the transcript replays at it
         pinned = self.session.now().isoformat() if isinstance(self.clock, FixedClock) else None
@@ -385,6 +426,11 @@ class Repl:
             return
         except ChatrunError as exc:  # e.g. the store failed while recording the turn
             click.secho(f"error: {exc}", fg="red")
+            if step is not None and isinstance(exc, REFUSED) and self.human:  # /save writes it, expecting the refusal
+                self.records.append({"decision": step, "model": [], "events": [], "principal": self.session.principal,
+                                     "roles": sorted(self.session.roles) if self.session.roles is not None else None,
+                                     **({"as": "backend"} if backend else {}),
+                                     **({"clock": pinned} if pinned else {})})
             return
         if self.streamed:
             click.echo()
@@ -392,7 +438,11 @@ class Repl:
         self.show_what_the_model_sees_next()
         if self.human:
             self.records.append({
-                "user": text,
+                **({"decision": step} if step is not None else {"user": text}),
+                "principal": self.session.principal,
+                "roles": sorted(self.session.roles) if self.session.roles is not None else None,
+                **({"as": "backend"} if backend else {}),
+                "at": self.session.now().replace(microsecond=0).isoformat(),  # /save pins the clock at it when items fall due
                 "model": self.human.responses[before:],
                 "events": events,
                 "route": self.session.route,
@@ -450,11 +500,29 @@ class Repl:
             self.take_reloaded_bot()
         elif name == "/save":
             self.save(os.path.expanduser(arg.strip()))
+        elif name in ("/pending", "/approve", "/reject", "/answer", "/operator", "/expire"):
+            self.pending_command(name, arg.strip())
         elif name in ("/say", "/call"):
             click.secho("(/say and /call answer for the model while a turn waits for it)", dim=True)
         else:
             click.secho(f"unknown command {name}; /help lists them", fg="red")
         return None
+
+    def pending_command(self, name: str, arg: str) -> None:
+        """/pending lists what waits; the others decide as the principal (/principal), each a turn."""
+        if name == "/pending":
+            for item in self.session.pending:
+                click.secho(pending_line(item.public()), dim=True)
+            taken = self.session.taken_over
+            click.secho(f"taken over by {(taken['by'] or {}).get('name')}" if taken else
+                        "" if self.session.pending else "(nothing is pending)", dim=True)
+            return
+        try:
+            decision, step, backend = parse_decision(name, arg, self.session.pending)
+        except ValueError as exc:
+            click.secho(f"error: {exc}", fg="red")
+            return
+        self.turn(decision, step, backend)
 
     def show_memory(self) -> None:
         """The current route's memory as the model will see it (led by the system message,
@@ -534,7 +602,11 @@ class Repl:
                 click.secho(f"error: {bad[0]!r} is not a claim; write NAME=VALUE (e.g. email=ana@example.com)",
                             fg="red")
                 return
-            self.principal = {**{k: v for k, _, v in pairs}, "name": name, "roles": sorted(self.roles or ())}
+            given: dict[str, str] = {k: v for k, _, v in pairs}
+            if "roles" in given:  # a principal with roles of its own: the next turns are theirs
+                self.roles = parse_roles(given.pop("roles"))
+                self.session.roles = self.roles
+            self.principal = {**given, "name": name, "roles": sorted(self.roles or ())}
         self.session.principal = self.principal
         who = self.session.principal
         if who is None:
@@ -655,6 +727,62 @@ def parse_roles(text: str | None) -> set[str] | None:
     if text is None:
         return None
     return {r.strip() for r in text.split(",") if r.strip()}
+
+
+def parse_decision(name: str, arg: str, pending: list[Any]) -> tuple[Any, dict[str, Any], bool]:
+    """A decision command as (the input for the session, the transcript step /save writes,
+    whether it answers as the backend). Raises ValueError with the command's usage."""
+    item, _, rest = arg.partition(" ")
+    rest = rest.strip()
+    if name == "/expire":
+        return Expire(), {"expire": True}, False
+    if name == "/operator":
+        return operator_decision(item, rest)
+    if not item:
+        raise ValueError(f"usage: {name} ID ...; /pending lists the ids")
+    if name == "/reject":
+        return Reject(item, reason=rest or None), {"reject": {"item": item, "reason": rest} if rest else item}, False
+    if name == "/answer":
+        if not rest:
+            raise ValueError("usage: /answer ID VALUE (JSON, else text)")
+        try:
+            value: Any = json.loads(rest)
+        except json.JSONDecodeError:
+            value = rest
+        token = next((i.token for i in pending if i.id == item and i.token), None)  # the REPL plays the backend
+        return Answer(item, value, token=token), {"answer": {"item": item, "value": value}}, token is not None
+    args = None
+    if rest.startswith("{"):
+        try:
+            args, end = json.JSONDecoder().raw_decode(rest)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"the edited arguments are not JSON: {exc.msg} (e.g. /approve p1 {{\"amount\": 80}})") from None
+        if not isinstance(args, dict):
+            raise ValueError("the edited arguments must be a JSON object, e.g. {\"amount\": 80}")
+        rest = rest[end:].strip()
+    body = {"item": item, **({"args": args} if args is not None else {}), **({"reason": rest} if rest else {})}
+    return Approve(item, args=args, reason=rest or None), {"approve": body if len(body) > 1 else item}, False
+
+
+def operator_decision(word: str, rest: str) -> tuple[Any, dict[str, Any], bool]:
+    if word == "take":
+        return TakeOver(rest or None), {"operator": {"take": rest} if rest else "take"}, False
+    if word == "say" and rest:
+        return OperatorSay(rest), {"operator": {"say": rest}}, False
+    if word == "release":
+        return Release(rest or None), {"operator": {"release": rest} if rest else "release"}, False
+    raise ValueError("usage: /operator take [NOTE] | /operator say TEXT | /operator release [ROUTE]")
+
+
+def pending_line(item: dict[str, Any]) -> str:
+    """An item that waits, in one line: its id, kind and text, who decides, and the command."""
+    what = f"{item['tool']} {json.dumps(item.get('args') or {}, ensure_ascii=False)}; " if item.get("tool") else ""
+    edit = f"; may edit {', '.join(item['edit'])}" if item.get("edit") else ""
+    due = f"; due {item['due']}" if item.get("due") else ""
+    how = {"approval": f"/approve {item['id']} or /reject {item['id']}",
+           "question": f"/answer {item['id']} VALUE", "takeover": "/operator take"}.get(item.get("kind", ""), "")
+    return (f"⏸ {item['id']} {item.get('kind')}: {item.get('ask')} ({what}by {', '.join(item.get('by') or [])}"
+            f"{edit}{due}) — {how}")
 
 
 def picked_choice(line: str, choices: list[tuple[str, str]]) -> str:

@@ -196,8 +196,10 @@ def _tool_edges(config: BotConfig, source: str, tool: str, action: ActionConfig)
     moves: dict[tuple[str, str | None], list[tuple[str, ActionConfig]]] = {}
     for case, merged in variants:
         label = case.label if case is not None else "otherwise"
-        for kind, target in (("push", merged.push), ("route", merged.route), ("call", merged.call),
-                             ("pop", None), ("end", None)):
+        # A handover's `release_to` is where the conversation goes on when the operator releases it
+        released = merged.operator.release_to if merged.operator is not None else None
+        for kind, target in (("push", merged.push), ("route", merged.route), ("route", released),
+                             ("call", merged.call), ("pop", None), ("end", None)):
             if (kind == "pop" and merged.pop) or (kind == "end" and merged.end) or (target and target in config.routes):
                 moves.setdefault((kind, target), []).append((label, merged))
     for (kind, target), uses in moves.items():

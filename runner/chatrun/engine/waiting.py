@@ -563,15 +563,6 @@ def release(turn: Turn, item: PendingItem, route: str | None) -> None:
     """The bot has the conversation back, with what was said in its memory; maybe on another route."""
     c = turn.c
     said = item.data.get("messages") or []
-    scope = c.find_scope(item.scope_id) if any(s.id == item.scope_id for s in c.scopes) else c.scope
-    memory = c.memory_for(scope, scope.route)
-    if item.data.get("remember") == "summary":
-        if said:
-            memory.add(AssistantMessage(_summary_line(said)))
-    else:
-        for line in said:
-            memory.add(UserMessage(line["text"]) if line["from"] == "user"
-                       else AssistantMessage(f"[operator {line.get('name') or ''}] {line['text']}".replace("  ", " ")))
     c.taken_over = None
     resolve(turn, item, RELEASED)
     target = route or item.data.get("release_to")
@@ -580,6 +571,18 @@ def release(turn: Turn, item: PendingItem, route: str | None) -> None:
             raise TurnFailed(f"release to unknown route {target!r}; the bot defines: {', '.join(c.config.routes)}")
         c.change_route(target)
         turn.emit(ev.ROUTE_CHANGED, {"route": c.scope.route, "stack": c.stack})
+    # What was said goes into the memory of the route the bot goes on with (after a release to
+    # another route, that route's: the one whose model answers next must read it).
+    scope = c.scope if target else c.find_scope(item.scope_id) if any(s.id == item.scope_id for s in c.scopes) \
+        else c.scope
+    memory = c.memory_for(scope, scope.route)
+    if item.data.get("remember") == "summary":
+        if said:
+            memory.add(AssistantMessage(_summary_line(said)))
+    else:
+        for line in said:
+            memory.add(UserMessage(line["text"]) if line["from"] == "user"
+                       else AssistantMessage(f"[operator {line.get('name') or ''}] {line['text']}".replace("  ", " ")))
 
 
 def _summary_line(said: list[dict[str, Any]]) -> str:

@@ -28,6 +28,11 @@ SENT_KEYS = ("route", "system", "tools", "messages", "messages_count")
 # `events` is what the user's clients receive; these keys expect the other audiences' events.
 AUDIENCE_KEYS = {"operators_events": ev.OPERATORS, "backend_events": ev.BACKEND}
 EVENT_KEYS = ("events", *AUDIENCE_KEYS)
+# A pending item as transcripts read it (in `pending:` and in Pending events): the fields an
+# author decides on. `created`, `scope_id`, `call_id`, `requested_by` and `token` are the
+# runtime's (they differ from run to run, or are secret) and are left out.
+ITEM_FIELDS = ("id", "kind", "tool", "args", "ask", "by", "edit", "due", "schema", "choices")
+PENDING_SHORT = ("id", "kind", "tool")  # what --update and /save write under `pending:` of a turn without `expect:`
 
 
 class _Missing:
@@ -61,6 +66,9 @@ class Observed:
     # The memory's token counts in words, made only when a `memory:` expectation fails (counting
     # may load tiktoken): a window that evicted other messages than expected is explained by them.
     memory_tokens: Callable[[], str] | None = None
+    pending: list[dict[str, Any]] = field(default_factory=list)  # the open items, as item_view shows them
+    resolved: dict[str, Any] = field(default_factory=dict)  # {item id: outcome} of the turn's Resolved events
+    taken_over: dict[str, Any] | None = None  # {by: name, item: id} while an operator has the conversation
     # The same for what each model call was sent, made only when a `sent:` expectation fails.
     sent_tokens: Callable[[], str] | None = None
 
@@ -70,7 +78,7 @@ def observe(session: Any, events: list[Any], requests: list[ModelRequest], start
     """What the turn did; `started_on`: the route it started on, `calls`: its tool calls (the
     history entry's), both left empty when no turn ran."""
     def plain_for(audience: str) -> list[dict[str, Any]]:
-        return [{e.type: _plain(e.data)} for e in events if e.type != ev.STREAM and e.audience == audience]
+        return [{e.type: event_view(e)} for e in events if e.type != ev.STREAM and e.audience == audience]
 
     memory = session.memory()
     error = None
@@ -89,8 +97,34 @@ def observe(session: Any, events: list[Any], requests: list[ModelRequest], start
         path=trajectory(started_on, events),
         calls=_plain(calls or []),
         memory_tokens=lambda: token_note(session.token_window(), memory),
+        pending=[item_view(item.to_dict()) for item in getattr(session, "pending", [])],
+        resolved={e.data["id"]: e.data["outcome"] for e in events if e.type == ev.RESOLVED and e.audience == ev.USER},
+        taken_over=takeover_view(getattr(session, "taken_over", None)),
         sent_tokens=lambda: sent_token_note(session.token_counter(), requests),
     )
+
+
+def item_view(item: dict[str, Any]) -> dict[str, Any]:
+    """A pending item (its dict or a Pending event's data) with the ITEM_FIELDS that are set;
+    an approval's choices (always Approve and Reject) are left out."""
+    out = {k: _plain(item[k]) for k in ITEM_FIELDS if item.get(k) not in (None, [], {})}
+    if item.get("kind") == "approval":
+        out.pop("choices", None)
+    return out
+
+
+def takeover_view(taken: dict[str, Any] | None) -> dict[str, Any] | None:
+    if taken is None:
+        return None
+    by = taken.get("by")
+    return {"by": by.get("name") if isinstance(by, dict) else by, "item": taken.get("item")}
+
+
+def event_view(event: Any) -> Any:
+    """An event's data as an expectation reads it: a Pending event as its item (item_view)."""
+    if event.type == ev.PENDING and isinstance(event.data, dict):
+        return item_view(event.data)
+    return _plain(event.data)
 
 
 def trajectory(started_on: str | None, events: list[Any]) -> list[str]:
@@ -238,8 +272,14 @@ def resolve(visible: dict[str, Any], path: str) -> Any:
 
 def shaped(key: str, expected: Any, obs: Observed) -> Any:
     """The observed value for expectation `key`, restricted to what `expected` looks at."""
-    if key in ("route", "stack", "memory", *EVENT_KEYS):
+    if key in ("route", "stack", "memory", "resolved", *EVENT_KEYS):
         return getattr(obs, key)
+    if key == "pending":
+        return picked_fields(expected, obs.pending)
+    if key == "taken_over":
+        if isinstance(expected, dict) and obs.taken_over is not None:
+            return {k: obs.taken_over[k] for k in expected if k in obs.taken_over}
+        return obs.taken_over
     if key == "error":
         return obs.error
     if key == "state":
@@ -258,6 +298,14 @@ def shaped(key: str, expected: Any, obs: Observed) -> Any:
             out.append({k: call[k] for k in keys})
         return out
     raise KeyError(key)
+
+
+def picked_fields(expected: Any, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each item restricted to the fields its expectation names (an item the expectation does
+    not list keeps all of its fields, so the diff shows it in full)."""
+    entries = expected if isinstance(expected, list) else []
+    return [{k: item[k] for k in entries[i] if k in item} | {k: MISSING for k in entries[i] if k not in item}
+            if i < len(entries) and isinstance(entries[i], dict) else item for i, item in enumerate(items)]
 
 
 def _shaped_call(call: dict[str, Any], wanted: Any) -> dict[str, Any]:
@@ -370,6 +418,8 @@ def updated(expect: dict[str, Any] | None, obs: Observed) -> dict[str, Any]:
     if not expect:
         out = {k: shaped(k, None, obs) for k in DEFAULT_KEYS}
         out |= {k: shaped(k, None, obs) for k in AUDIENCE_KEYS if shaped(k, None, obs)}  # only when sent
+        if obs.pending:  # something waits: which items (the Pending events say the rest)
+            out["pending"] = [{k: item[k] for k in PENDING_SHORT if k in item} for item in obs.pending]
         if obs.error is not None:
             out["error"] = obs.error
         return out

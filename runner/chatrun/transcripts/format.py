@@ -41,11 +41,31 @@ class TurnSpec:
     judged: list[dict[str, Any]] = field(default_factory=list)  # recorded verdicts (chatrun.transcripts.judge)
     clock: str | dict[str, Any] | None = None  # the turn's `clock:`: an instant, or {at?, advance?}
     mock_lines: list[int] = field(default_factory=list)  # the line of each of `mocks` (their messages name it)
+    # A third party's step instead of the user's message: {KEY: value} with KEY one of DECISION_KEYS
+    decision: dict[str, Any] | None = None
+    acting: dict[str, Any] | str | None = None  # `as:`: who sends this turn (a principal, or "backend")
     upgrade: str | None = None  # `upgrade:`: the bot version the session moves to before this turn
 
     @property
     def input(self) -> str | dict[str, Any]:
         return self.data if self.data is not None else (self.user or "")
+
+    @property
+    def said(self) -> str | dict[str, Any] | None:
+        """What the turn sends in words, for reports: the user's input or the decision step."""
+        return self.decision if self.decision is not None else self.input
+
+
+# The steps a third party takes in a turn (docs/transcripts.md, "Humans in the loop")
+DECISION_KEYS = ("approve", "reject", "answer", "operator", "expire")
+STEP_SHAPES = {  # what a step key takes, for the message when it is written wrong
+    "approve": "an item id (approve: p1) or {item, args, reason}",
+    "reject": "an item id (reject: p1) or {item, reason}",
+    "answer": "{item: ID, value: ANSWER}",
+    "operator": "take, release, {take: NOTE}, {say: TEXT} or {release: ROUTE}",
+    "expire": "true (let the items due by the turn's clock time out)",
+    "as": "backend, or a principal {name: NAME, roles: [...]}",
+}
 
 
 @dataclass
@@ -225,6 +245,8 @@ def _build(doc: YamlDoc) -> Transcript:
             judged=list(raw.get("judged") or []),
             clock=raw.get("clock"),
             mock_lines=_lines(doc, ("turns", i, "mocks"), raw.get("mocks")),
+            decision=next(({k: raw[k]} for k in DECISION_KEYS if k in raw), None),
+            acting=raw.get("as"),
             upgrade=_label(raw.get("upgrade")),
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
@@ -268,8 +290,15 @@ def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     return out
 
 
+def _step(path: tuple) -> str | None:
+    """The step key (STEP_SHAPES) a path is in: `turns[0].approve...` -> approve."""
+    return path[2] if len(path) >= 3 and path[0] == "turns" and path[2] in STEP_SHAPES else None
+
+
 def _specific(error: Violation) -> Violation:
     while error.validator in ("oneOf", "anyOf") and error.context:
+        if _step(tuple(error.path)) and len(error.path) == 3:
+            break
         if error.path and error.path[-1] == "error" or _turn_input(error) or _response(error):
             break
         error = violation(best_match(error.context))
@@ -287,6 +316,9 @@ def _turn_input(error: Violation) -> bool:
 def _message(error: Violation, path: tuple) -> str:
     where = f"in `{dotted(path)}`" if path else "at the top level"
     kind = error.validator
+    step = _step(path)
+    if step and kind != "additionalProperties" or step and len(path) == 3:
+        return f"`{dotted(path[:3])}` must be {STEP_SHAPES[step]}"
     if kind == "additionalProperties":
         allowed = sorted(properties(error.schema))
         extras = [k for k in error.instance if k not in allowed]
@@ -295,9 +327,11 @@ def _message(error: Violation, path: tuple) -> str:
         missing = [k for k in error.validator_value if k not in error.instance]
         return f"missing required key `{', '.join(missing)}` {where}"
     if _turn_input(error):
-        both = "user" in error.instance and "data" in error.instance
-        return (f"turn {where} has both `user:` and `data:`; give one" if both
-                else f"turn {where} needs `user:` (a message) or `data:` (structured input)")
+        given = [k for k in ("user", "data", *DECISION_KEYS) if k in error.instance]
+        return (f"turn {where} has {'both ' if len(given) == 2 else ''}{' and '.join(f'`{k}:`' for k in given)}; "
+                "give one" if len(given) > 1
+                else f"turn {where} needs `user:` (a message), `data:` (structured input) or a third party's step "
+                f"({', '.join(f'`{k}:`' for k in DECISION_KEYS)})")
     if kind == "anyOf" and path and path[-1] == "error":
         return f"`{dotted(path)}` must be true or a matcher on the Error text (a string, {{contains: ..}}, {{regex: ..}})"
     if _response(error):

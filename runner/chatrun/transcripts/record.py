@@ -63,7 +63,13 @@ def record_transcript(transcript: Transcript) -> bool:
     If a model call fails (no credentials, the provider down), nothing is written and a
     ChatrunError says which turn failed: a recording must not replace good answers with errors."""
     from chatrun.engine.bot import load_bot
-    from chatrun.transcripts.run import advance_clock, set_turn_clock, start_session
+    from chatrun.transcripts.run import (
+        REFUSED_DECISIONS,
+        advance_clock,
+        send,
+        set_turn_clock,
+        start_session,
+    )
 
     bot = load_bot(transcript.bot_path)
     recorder = RecordingModel()
@@ -74,7 +80,10 @@ def record_transcript(transcript: Transcript) -> bool:
             recorder.responses = []
             session.tool_mocks.next_turn(turn.mocks, turn.mock_lines)
             set_turn_clock(session, turn)
-            session.chat(turn.input)
+            try:
+                send(session, turn)
+            except REFUSED_DECISIONS:  # a refused decision runs no turn: nothing to record
+                pass
             advance_clock(session)
             failed = [r["error"] for r in recorder.responses if "error" in r]
             if failed:

@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.engine.clock import FixedClock, parse_duration, parse_instant
-from chatrun.errors import BotError, ChatrunError, SessionError
+from chatrun.engine.pending import Answer, Approve, Expire, OperatorSay, Reject, Release, TakeOver
+from chatrun.errors import (
+    BotError,
+    ChatrunError,
+    DecisionRefused,
+    InvalidDecision,
+    NotPending,
+    SessionError,
+    UnknownRouteError,
+)
 from chatrun.models import ModelPool
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 from chatrun.models.scripted import ScriptedModel
@@ -183,6 +192,7 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
             played = play_turn(session, script, turn, judge, live)
             if turn.expect is None:
                 played.warnings = unoffered_calls(t, turn, script.current.requests)
+            played.warnings += unpinned_due(session, t, played)
             result.turns.append(played)
         judge_conversation(result, judge)
     finally:
@@ -264,6 +274,9 @@ def judge_conversation(result: Result, judge: Judge) -> None:
             last.problems.append(Mismatch("judge", f"(the conversation) {judged.problem}"))
 
 
+SESSION_ID = "transcript"  # the id of every transcript's session
+
+
 def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]:
     """The transcript's conversation in a fresh in-memory store, its tools mocked as the
     transcript says. Its model is the turn script, unless `model` is given (recording passes
@@ -273,8 +286,10 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
 
     script = model if isinstance(model, LiveModel) else TurnScript()
     roles = set(t.roles) if t.roles is not None else None
+    # One session id for every replay: what quotes it (a NotPending refusal) reads the same each run
     session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles,
-                          principal=t.principal, meta={"locale": t.locale} if t.locale else None)
+                          principal=t.principal, session_id=SESSION_ID,
+                          meta={"locale": t.locale} if t.locale else None)
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None, file=t.file, lines=t.mock_lines)
     if t.tokenizer is not None:
         session.tokenizer = t.tokenizer  # raises when the pinned encoding cannot be loaded here
@@ -320,15 +335,19 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
         script.next_turn(turn)
     except ChatrunError as exc:  # the schema lets through little a scripted model rejects
         return TurnResult(turn, None, [Mismatch("model", f"bad model response: {exc}")])
-    started_on = session.route
+    started_on, before = session.route, session.last_turn
     try:
-        events = session.chat(turn.input)
+        events = send(session, turn)
+    except REFUSED_DECISIONS as exc:  # refused before its turn: nothing ran, nothing was committed
+        return message_after_end(session, turn, str(exc), script.current.requests)
     except SessionError as exc:
         if session.ended is None:
             raise
         return message_after_end(session, turn, str(exc))
     model = script.current
-    obs = observe(session, events, model.requests, started_on, (session.last_turn or {}).get("calls"))
+    last = session.last_turn
+    ran = last is not None and last != before  # an `expire:` with nothing due runs no turn
+    obs = observe(session, events, model.requests, started_on, last.get("calls") if ran and last else [])
     if live:
         return TurnResult(turn, obs, compare_live(turn.expect, obs) + judge_turn(judge, turn, obs))
     given = len(turn.model)
@@ -346,16 +365,66 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
     return TurnResult(turn, obs, problems)
 
 
-def message_after_end(session: Any, turn: TurnSpec, refusal: str) -> TurnResult:
-    """A message sent after a tool ended the conversation is refused, as any client is told;
-    the turn expects that like any error (`expect: {error: true}`), else it fails at its line."""
-    obs = observe(session, [], [])
+def message_after_end(session: Any, turn: TurnSpec, refusal: str, requests: Any = ()) -> TurnResult:
+    """A message sent after a tool ended the conversation is refused, as any client is told, and
+    so is a decision the engine refuses before its turn (DecisionRefused, NotPending,
+    InvalidDecision); the turn expects that like any error (`expect: {error: ...}`), else it
+    fails at its line."""
+    obs = observe(session, [], list(requests))
     obs.error = refusal
     problems = compare(turn.expect, obs)
     if turn.model:
-        problems.append(Mismatch("model", "the conversation had ended, so no model was called: "
-                                 "the turn's `model:` answers are left unused"))
+        why = "the decision was refused before its turn" if turn.decision is not None else "the conversation had ended"
+        problems.append(Mismatch("model", f"{why}, so no model was called: the turn's `model:` answers are left unused"))
     return TurnResult(turn, obs, problems)
+
+
+# What a decision step may meet instead of a turn (the engine raises them before anything runs)
+REFUSED_DECISIONS = (DecisionRefused, NotPending, InvalidDecision, UnknownRouteError)  # a release to an unknown route too
+
+
+def send(session: Any, turn: TurnSpec) -> list[Any]:
+    """Run the turn's input — the user's message, or a third party's step — as whoever `as:`
+    names (the transcript's principal again afterwards)."""
+    principal, roles = session.principal, session.roles
+    acting = turn.acting
+    if acting == BACKEND:
+        session.principal, session.roles = None, set()
+    elif isinstance(acting, dict):
+        session.principal = acting
+        if "roles" in acting:  # else the transcript's roles (None: checks off)
+            session.roles = set(acting["roles"])
+    try:
+        return session.chat(step_input(session, turn))
+    finally:
+        session.principal, session.roles = principal, roles
+
+
+BACKEND = "backend"  # `as: backend`: no one signed in, answering a backend's question with its token
+
+
+def step_input(session: Any, turn: TurnSpec) -> Any:
+    """The turn's input for Session.chat: its message, or the decision its step describes."""
+    if turn.decision is None:
+        return turn.input
+    (kind, value), = turn.decision.items()
+    body = value if isinstance(value, dict) else {"item": value}
+    if kind == "approve":
+        return Approve(body["item"], args=body.get("args"), reason=body.get("reason"))
+    if kind == "reject":
+        return Reject(body["item"], reason=body.get("reason"))
+    if kind == "answer":
+        token = next((i.token for i in session.pending if i.id == body["item"]), None) if turn.acting == BACKEND else None
+        return Answer(body["item"], body["value"], token=token)
+    if kind == "expire":
+        return Expire()
+    if value == "take" or "take" in body:
+        note = body.get("take")
+        return TakeOver(note if isinstance(note, str) else None)
+    if "say" in body:
+        return OperatorSay(body["say"])
+    route = body.get("release")
+    return Release(route if isinstance(route, str) else None)
 
 
 def state_problem(config: Any, t: Transcript) -> str | None:
@@ -399,6 +468,16 @@ def unoffered_calls(t: Transcript, turn: TurnSpec, requests: list[ModelRequest])
                            f"does not offer (it offers: {', '.join(offered) or 'no tools'}); the turn has no `expect:`, "
                            "so nothing checks what happened")
     return out
+
+
+def unpinned_due(session: Any, t: Transcript, played: TurnResult) -> list[str]:
+    """An item with a timeout on the system clock: its `due` differs on every run, and no
+    `expire:` step can reach it reliably. Pinning `clock:` fixes both."""
+    obs = played.observed
+    if isinstance(session.clock, FixedClock) or obs is None or not any("due" in item for item in obs.pending):
+        return []
+    return [f"{t.where(played.turn)}: warning: an item with a timeout waits, but the clock is not pinned, so its "
+            "due time differs on every run; pin it with `clock:` (docs/transcripts.md, \"The clock\")"]
 
 
 def event_type_warnings(config: Any, t: Transcript) -> list[str]:

@@ -59,15 +59,20 @@ def save_transcript(
         doc["route"] = route
     if state:
         doc["state"] = state
+    first = records[0]
+    if "roles" in first:  # who sent the first turn (the REPL records each turn's sender)
+        roles = first["roles"]
     if roles is not None:
         doc["roles"] = list(roles)
-    principal = getattr(session, "principal", None)
+    principal = first.get("principal", getattr(session, "principal", None))
     if principal is not None:  # what bound arguments read: the replay signs the same one in
         doc["principal"] = dict(principal)
     tokenizer = session.counting_tokenizer() if hasattr(session, "counting_tokenizer") else None
     if tokenizer:  # the counter the REPL's windows counted with: the replay's windows are the same anywhere
         doc["tokenizer"] = tokenizer
-    doc["turns"] = [_turn(r) for r in records]
+    if _needs_clock(records):  # items with due times: the replay must count from the same instant
+        doc["clock"] = records[0]["at"]
+    doc["turns"] = [_turn(r, principal, roles) for r in records]
     y = _yaml()
     buf = io.StringIO()
     node = to_node(doc)
@@ -89,14 +94,42 @@ def _failed(record: dict[str, Any]) -> bool:
     return getattr(last, "type", None) == "Error" or (isinstance(last, dict) and last.get("type") == "Error")
 
 
-def _turn(record: dict[str, Any]) -> dict[str, Any]:
+def _turn(record: dict[str, Any], principal: Any = None, roles: Any = None) -> dict[str, Any]:
     said = record.get("user", record.get("data"))
     turn: dict[str, Any] = {"clock": record["clock"]} if record.get("clock") else {}  # the REPL's pinned /clock
-    turn.update({"data": said} if isinstance(said, dict) else {"user": said or ""})
+    acting = _acting(record, principal, roles)
+    if acting is not None:
+        turn["as"] = acting
+    if record.get("decision"):  # a third party's step ({approve: p1}, {operator: take}, ...)
+        turn.update(record["decision"])
+    else:
+        turn.update({"data": said} if isinstance(said, dict) else {"user": said or ""})
     turn["model"] = [response_to_script(r) if isinstance(r, ModelResponse) else dict(r) for r in record.get("model") or []]
     if record.get("mocks"):  # what the HTTP and MCP tools really gave: the replay is offline
         turn["mocks"] = [dict(m) for m in record["mocks"]]
     return turn
+
+
+def _needs_clock(records: list[dict[str, Any]]) -> bool:
+    """Whether a turn made an item with a due time while no turn had its clock pinned."""
+    if any(r.get("clock") for r in records) or not records[0].get("at"):
+        return False
+    return any(getattr(e, "type", None) == "Pending" and (getattr(e, "data", None) or {}).get("due")
+               for r in records for e in r.get("events") or [])
+
+
+def _acting(record: dict[str, Any], principal: Any, roles: Any) -> Any:
+    """The turn's `as:` when someone other than the first turn's sender sent it: `backend`, or
+    the principal with its roles."""
+    if record.get("as") == "backend":
+        return "backend"
+    who = record.get("principal", principal)
+    their_roles = record.get("roles", roles)
+    if who == principal and their_roles == roles:
+        return None
+    if who is None:
+        who = {"name": "someone"}
+    return {**dict(who), "roles": sorted(their_roles or ())}
 
 
 def _relative_bot(bot_path: Path, folder: Path) -> str:
