@@ -4,7 +4,8 @@ The quick tag resolver of `definition/yamlpos.py` is compared with PyYAML's own,
 scalar by scalar, then through the whole of `check_bot`: the example bots, every invalid
 fixture, and a generated bot (the validation bench's) with errors injected all over it
 must give the same diagnostics, file, line, column, severity, message and path, whichever
-resolver composes the YAML.
+resolver composes the YAML. Likewise the template reader that skips Jinja's parser for
+simple expressions, against Jinja's parser on every template.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chatrun.definition import yamlpos
+from chatrun.definition import checks, yamlpos
 from chatrun.definition.loader import check_bot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,12 +97,60 @@ INJECTED = [
 
 
 def test_a_generated_bot_with_injected_errors_gets_the_same_diagnostics(tmp_path, monkeypatch):
-    text = _load("bench_validate").generate(40)
+    quick, before = _both(_generated_with_errors(tmp_path), monkeypatch)
+    assert quick == before
+    assert len({d.line for d in quick if d.severity == "error"}) >= len(INJECTED) - 2  # nearly all are reported
+
+
+def _generated_with_errors(tmp_path: Path, routes: int = 40) -> Path:
+    text = _load("bench_validate").generate(routes)
     for old, new in INJECTED:
         assert old in text, old
         text = text.replace(old, new, 1)
     bot = tmp_path / "bot.yaml"
     bot.write_text(text)
-    quick, before = _both(bot, monkeypatch)
-    assert quick == before
-    assert len({d.line for d in quick if d.severity == "error"}) >= len(INJECTED) - 2  # nearly all are reported
+    return bot
+
+
+MULTILINE = """\
+name: lines
+model: {provider: openai, name: gpt-4o-mini}
+state: {a: {b: 1}}
+routes:
+  main:
+    default: true
+    system: |
+      Line one {{ state.a.b }} and {{ stat.a
+         | upper }}, {{ state.a.c |
+           tojsn }}
+      then {{
+        args.nope or
+        state.a.b
+      }} and {{ data.x }} {{ state.a.b | upper | lowr }}
+"""
+
+
+@pytest.mark.parametrize("bot", ["generated", "multiline", "travel", "airline"])
+def test_templates_read_without_jinja_give_what_jinjas_parser_gives(bot, tmp_path, monkeypatch):
+    if bot == "generated":
+        path = _generated_with_errors(tmp_path)
+    elif bot == "multiline":
+        path = tmp_path / "bot.yaml"
+        path.write_text(MULTILINE)
+    else:
+        path = REPO / "bots" / bot
+    checks._analyse.cache_clear()
+    quick = check_bot(path)[1]
+    checks._analyse.cache_clear()
+    with monkeypatch.context() as patched:
+        patched.setattr(checks, "_analyse_simple", lambda source: None)  # every template through Jinja's parser
+        parsed = check_bot(path)[1]
+    checks._analyse.cache_clear()
+    # The same diagnostics; two on one line may come in another order (Jinja walks its tree).
+    assert sorted(quick, key=repr) == sorted(parsed, key=repr)
+    if bot == "multiline":
+        # each at its own line of the file: `tojsn` on the line after its `|` (as Jinja says)
+        assert [(d.line, d.severity, d.message.split("; ")[0][-22:]) for d in quick] == [
+            (8, "error", "mplate variable `stat`"), (9, "warning", "the top-level `state:`"),
+            (10, "error", "o filter named `tojsn`"), (14, "error", "no filter named `lowr`"),
+        ]
