@@ -272,6 +272,7 @@ class RouteConfig:
     name: str
     system: str = ""  # Jinja2 template
     description: str = ""
+    title: str = ""  # what end users read for the route (the web page); "": its name
     default: bool = False
     entry: bool = False  # clients start conversations here too (so it counts as reachable)
     user: str | None = None  # Jinja2 template turning structured input into the user message

@@ -554,6 +554,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         name=name,
         system=_str(raw.get("system")) or "",
         description=_str(raw.get("description")) or "",
+        title=_str(raw.get("title")) or "",
         default=_bool(raw.get("default")),
         entry=_bool(raw.get("entry")),
         user=_str(raw.get("user")),

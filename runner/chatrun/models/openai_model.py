@@ -545,8 +545,13 @@ def plural(n: int, one: str, many: str) -> str:
 
 def has_credentials(config: ModelConfig) -> bool:
     """Whether a request with this config would find an endpoint (the rules of `endpoint`)."""
+    return credentials_problem(config) is None
+
+
+def credentials_problem(config: ModelConfig) -> str | None:
+    """Why a request with this config would find no endpoint (the rules of `endpoint`), or None."""
     try:
         OpenAIModel().endpoint(config)
-    except ModelError:
-        return False
-    return True
+    except ModelError as exc:
+        return str(exc)
+    return None

@@ -12,6 +12,7 @@ from chatrun.memory.tokens import counter_label
 from chatrun.messages import Message, SummaryMessage
 
 if TYPE_CHECKING:
+    from chatrun.definition.config import RouteConfig
     from chatrun.engine.bot import Bot
     from chatrun.engine.session import Session
 
@@ -19,14 +20,33 @@ if TYPE_CHECKING:
 def graph_data(bot: Bot) -> dict[str, Any]:
     """Routes and the tool actions that move between them (from the bot's route graph), plus its mermaid text."""
     graph = bot.graph
+    routes = bot.config.routes
     nodes = [
-        {"name": n.name, "description": n.description, "default": n.default, "roles": list(n.roles), "tools": list(n.tools)}
+        {"name": n.name, "title": routes[n.name].title or None, "description": n.description, "default": n.default,
+         "roles": list(n.roles), "tools": list(n.tools), "output": output_schema(routes[n.name])}
         for n in graph.nodes.values()
     ]
     # `end` edges lead out of the graph: the page's drawing has no node for them (the mermaid text does).
     edges = [{"from": e.source, "to": e.target, "kind": e.kind, "tool": e.tool, "condition": e.condition}
              for e in graph.edges if e.kind != "end"]
     return {"bot": bot.name, "default": graph.default, "nodes": nodes, "edges": edges, "mermaid": graph.render("mermaid")}
+
+
+def output_schema(route: RouteConfig) -> dict[str, Any] | None:
+    """A route's `output:` schema: the page labels an Object event's fields with its titles."""
+    return route.output.schema if route.output is not None else None
+
+
+def model_problem(session: Session) -> str | None:
+    """Why no model can answer on the current route (no credentials, no endpoint), else None:
+    the page shows it as a banner rather than only the user's "Sorry…"."""
+    routes = session.bot.config.routes
+    config = session.bot.config.route_model(session.route if session.route in routes else session.bot.config.default_route)
+    if config.provider != "openai":
+        return None
+    from chatrun.models.openai_model import credentials_problem
+
+    return credentials_problem(config)
 
 
 def session_data(session: Session) -> dict[str, Any]:
@@ -82,6 +102,7 @@ def inspect_data(session: Session, history: list[dict[str, Any]]) -> dict[str, A
         "turns_usage": turns_usage(history),
         # The bot's files were edited into an invalid bot (serve --reload): the page shows a banner.
         "reload_problems": [d.to_dict() for d in session.bot.reload_problems],
+        "model_problem": model_problem(session),
         "graph": graph_data(session.bot),
         "memory": {
             "id": session.scopes[-1].memory_id(route),

@@ -83,7 +83,7 @@
   }
 
   function add(node) {
-    const empty = ui.messages.querySelector(".empty");
+    const empty = ui.messages.querySelector(":scope > .empty");
     if (empty) empty.remove();
     ui.messages.appendChild(node);
     scrollDown();
@@ -115,20 +115,33 @@
 
   function showUser(text) { add(el("div", "msg user", text)); }
 
+  /** A bot reply: Markdown, rendered safely (markdown.js builds nodes, never HTML). */
+  function botBubble(text, cls) {
+    const bubble = el("div", "msg bot md" + (cls ? " " + cls : ""));
+    setReply(bubble, text);
+    return bubble;
+  }
+
+  function setReply(bubble, text) {
+    bubble.dataset.text = text;
+    bubble.textContent = "";
+    bubble.appendChild(ChatrunMarkdown.render(text));
+  }
+
   function showMessage(text) {
     if (streaming) {
-      streaming.textContent = text;
+      setReply(streaming, text);
       streaming.classList.remove("streaming");
       streaming = null;
       scrollDown();
     } else {
-      add(el("div", "msg bot", text));
+      add(botBubble(text));
     }
   }
 
   function showChunk(chunk) {
-    if (!streaming) streaming = add(el("div", "msg bot streaming", ""));
-    streaming.textContent += chunk;
+    if (!streaming) streaming = add(botBubble("", "streaming"));
+    setReply(streaming, streaming.dataset.text + chunk);
     scrollDown();
   }
 
@@ -152,12 +165,72 @@
     add(el("div", "note console", typeof text === "string" ? text : JSON.stringify(text)));
   }
 
-  function showObject(type, data) {
+  // -- Object events (and the bot's own types) as readable cards ---------------------------
+
+  /** The JSON Schema describing an Object's data, if the bot declares one: the `output:` schema
+   * of the current route, else of a route whose schema has every key of the data. */
+  function schemaFor(data) {
+    if (!graph || !data || typeof data !== "object" || Array.isArray(data)) return null;
+    const keys = Object.keys(data);
+    const fits = (s) => s && s.properties && keys.every((k) => k in s.properties);
+    const here = graph.nodes.find((n) => n.name === document.body.dataset.route);
+    if (here && fits(here.output)) return here.output;
+    const other = graph.nodes.find((n) => fits(n.output));
+    return other ? other.output : null;
+  }
+
+  /** "check_in" and "checkIn" read as "Check in". */
+  function humanize(key) {
+    const words = String(key).replace(/([a-z])([A-Z])/g, "$1 $2").replace(/[_-]+/g, " ").trim().toLowerCase();
+    return words.charAt(0).toUpperCase() + words.slice(1);
+  }
+
+  function isPlainObject(value) {
+    return value !== null && typeof value === "object" && !Array.isArray(value);
+  }
+
+  /** A value as readable nodes: objects as label/value lists (the schema's titles, else the key
+   * made readable), lists of plain values joined, other lists one entry each. */
+  function valueNode(value, schema) {
+    if (isPlainObject(value)) {
+      const list = el("dl", "fields");
+      for (const key of Object.keys(value)) {
+        const sub = schema && schema.properties && schema.properties[key];
+        list.appendChild(el("dt", "", (sub && sub.title) || humanize(key)));
+        const dd = el("dd");
+        dd.appendChild(valueNode(value[key], sub));
+        list.appendChild(dd);
+      }
+      return list;
+    }
+    if (Array.isArray(value)) {
+      if (value.every((v) => !isPlainObject(v) && !Array.isArray(v))) return valueNode(value.map(plainText).join(", "));
+      const list = el("ol", "entries");
+      for (const v of value) list.appendChild(el("li")).appendChild(valueNode(v, schema && schema.items));
+      return list;
+    }
+    return el("span", value === null || value === undefined ? "none" : "", plainText(value));
+  }
+
+  function plainText(value) {
+    if (value === null || value === undefined) return "—";
+    if (value === true) return "yes";
+    if (value === false) return "no";
+    return String(value);
+  }
+
+  function showObject(data, replayed, type) {
+    const schema = schemaFor(data);
     const card = el("div", "object");
-    card.appendChild(el("div", "tag", type));
-    const pre = el("pre");
+    card.dataset.type = type;
+    card.appendChild(el("div", "tag", (schema && schema.title) || (type === "Object" ? "Details" : humanize(type))));
+    card.appendChild(valueNode(data, schema));
+    const raw = el("details", "raw");
+    raw.appendChild(el("summary", "", "JSON"));
+    const pre = el("pre", "json");
     pre.innerHTML = jsonHtml(data);
-    card.appendChild(pre);
+    raw.appendChild(pre);
+    card.appendChild(raw);
     add(card);
   }
 
@@ -183,14 +256,20 @@
   function showRouteChange(data, quiet) {
     if (!data || !data.stack) return;
     renderBreadcrumb(data.stack);
-    if (!quiet) add(el("div", "route-change", "now in " + data.stack.join(" › ")));
+    if (!quiet) add(el("div", "route-change", "now in " + data.stack.map(routeTitle).join(" › ")));
+  }
+
+  /** What end users read for a route: its `title:`, else its name. */
+  function routeTitle(name) {
+    const node = graph && graph.nodes.find((n) => n.name === name);
+    return (node && node.title) || name;
   }
 
   function renderBreadcrumb(stack) {
     ui.breadcrumb.textContent = "";
     stack.forEach((route, i) => {
       if (i) ui.breadcrumb.appendChild(el("span", "sep", "›"));
-      const crumb = el("span", "crumb" + (i === stack.length - 1 ? " current" : ""), route);
+      const crumb = el("span", "crumb" + (i === stack.length - 1 ? " current" : ""), routeTitle(route));
       crumb.dataset.route = route;
       ui.breadcrumb.appendChild(crumb);
     });
@@ -223,18 +302,23 @@
     ui.input.placeholder = "Type a message…";
   }
 
+  const asText = (data) => (typeof data === "string" ? data : JSON.stringify(data));
+
+  /** One renderer per event type: (data, replayed, type). A type not listed here (an Object,
+   * the bot's own types) is shown as a card. A new kind of card is one more line. */
+  const RENDERERS = {
+    ConversationEnded: () => showEnded(),
+    Choices: (data, replayed) => showChoices(data, replayed),
+    Message: (data) => showMessage(asText(data)),
+    Thinking: (data) => showThinking(data),
+    Error: (data) => showError(data),
+    Console: (data) => showConsole(data),
+    RouteChanged: (data) => showRouteChange(data),
+    Stream: () => undefined, // the history has the whole Message too
+  };
+
   function showEvent(type, data, replayed) {
-    switch (type) {
-      case "ConversationEnded": return showEnded();
-      case "Choices": return showChoices(data, replayed);
-      case "Message": return showMessage(typeof data === "string" ? data : JSON.stringify(data));
-      case "Thinking": return showThinking(data);
-      case "Error": return showError(data);
-      case "Console": return showConsole(data);
-      case "RouteChanged": return showRouteChange(data);
-      case "Stream": return undefined;
-      default: return showObject(type, data);
-    }
+    return (RENDERERS[type] || showObject)(data, replayed, type);
   }
 
   function setBusy(on) {
@@ -351,6 +435,7 @@
     renderLastTurn(d.last_turn);
     renderUsage(d.usage, d.turns_usage || [], d.last_turn);
     renderReloadProblems(d.reload_problems || []);
+    renderModelProblem(d.model_problem);
     document.body.dataset.route = d.route;
     document.body.dataset.turn = String(d.turn);
     refreshes += 1;
@@ -367,6 +452,17 @@
     problems.forEach((d) => {
       banner.appendChild(el("div", "small", d.file + ":" + d.line + ": " + d.severity + ": " + d.message));
     });
+  }
+
+  /** No model can be reached (no credentials, no endpoint): say why above the chat, not only
+   * "Sorry…" after each message. */
+  function renderModelProblem(problem) {
+    const banner = $("model-banner");
+    banner.hidden = !problem;
+    banner.textContent = "";
+    if (!problem) return;
+    banner.appendChild(el("strong", "", "No model is configured, so the bot cannot answer. "));
+    banner.appendChild(el("span", "", problem));
   }
 
   function renderScopes(scopes, current) {
@@ -562,7 +658,7 @@
     // labels never sit on one another.
     const sameRowTop = moves.filter((e) => e.kind !== "push" && level[e.from] === 0 && level[e.to] === 0 && e.from !== e.to);
     const arcsAbove = rows.length > 1 ? new Set(sameRowTop.map((e) => e.from + ">" + e.to)).size : 0;
-    const W = 430, rowH = 78, nodeH = 32, arcStep = 18, top = 14 + (arcsAbove ? 30 + arcStep * arcsAbove : 0);
+    const W = 430, rowH = 112, nodeH = 32, arcStep = 18, top = 14 + (arcsAbove ? 30 + arcStep * arcsAbove : 0);
     const arcs = {}; // side -> arcs drawn so far
     const pos = {};
     rows.forEach((row, r) => {
@@ -582,6 +678,9 @@
     marker.appendChild(svg("path", { d: "M0,0 L10,5 L0,10 z", fill: "#9aa3b5" }));
     defs.appendChild(marker);
     root.appendChild(defs);
+    // The SVG is measured while drawn (labels' widths, points along edges): in the page, hidden.
+    box.textContent = "";
+    box.appendChild(root);
     // Pops go back to every route that pushes here.
     const parents = {};
     for (const e of moves) if (e.kind === "push") (parents[e.to] = parents[e.to] || new Set()).add(e.from);
@@ -596,17 +695,29 @@
         lines.push({ from: e.from, to: to, kind: e.kind, tools: g.edges.filter((x) => x.from === e.from && x.kind === e.kind && (x.to || to) === to).map((x) => (x.condition ? x.tool + " [" + x.condition + "]" : x.tool)) });
       }
     }
+    // Edges down to the next rows leave a route from their own point of its bottom, in the order
+    // of their targets, so they fan out instead of crossing; a pop comes back beside its push.
+    const down = {};
+    for (const line of lines) {
+      if (line.kind !== "pop" && pos[line.to].y > pos[line.from].y) (down[line.from] = down[line.from] || []).push(line.to);
+    }
+    for (const from in down) down[from] = Array.from(new Set(down[from])).sort((x, y) => pos[x].cx - pos[y].cx);
+    const port = (from, to) => {
+      const kids = down[from] || [], i = kids.indexOf(to), a = pos[from];
+      return i < 0 ? a.cx : a.x + (a.w * (i + 1)) / (kids.length + 1);
+    };
+    const curve = (x1, y1, x2, y2, bend) => "M" + x1 + "," + y1 + " C" + x1 + "," + (y1 + bend) + " " + x2 + "," + (y2 - bend) + " " + x2 + "," + y2;
+    const paths = [];
     for (const line of lines) {
       const a = pos[line.from], b = pos[line.to];
-      let d, lx, ly;
-      if (line.kind === "pop") {
+      let d;
+      if (line.kind === "pop" && b.y < a.y) {
+        d = curve(a.cx + 5, a.y, port(line.to, line.from) + 5, b.y + b.h, -36);
+      } else if (line.kind === "pop") {
         const x1 = a.cx + a.w / 4, y1 = a.y, x2 = b.cx + b.w / 4, y2 = b.y + b.h;
         d = "M" + x1 + "," + y1 + " C" + (x1 + 30) + "," + (y1 - 30) + " " + (x2 + 30) + "," + (y2 + 30) + " " + x2 + "," + y2;
-        lx = (x1 + x2) / 2 + 22; ly = (y1 + y2) / 2;
       } else if (b.y > a.y) {
-        const x1 = a.cx - a.w / 6, y1 = a.y + a.h, x2 = b.cx - b.w / 6, y2 = b.y;
-        d = "M" + x1 + "," + y1 + " C" + x1 + "," + (y1 + 30) + " " + x2 + "," + (y2 - 30) + " " + x2 + "," + y2;
-        lx = x1 + (x2 - x1) * 0.75 + (x2 >= x1 ? 6 : -6); ly = y1 + (y2 - y1) * 0.62;
+        d = curve(port(line.from, line.to), a.y + a.h, b.cx - 5, b.y, 36);
       } else {
         const above = arcsAbove > 0 && level[line.from] === 0;
         const side = above ? "above" : "below:" + level[line.from];
@@ -614,16 +725,13 @@
         const sign = above ? -1 : 1;
         const x1 = a.cx, y1 = above ? a.y : a.y + a.h, x2 = b.cx, y2 = above ? b.y : b.y + b.h;
         d = "M" + x1 + "," + y1 + " C" + x1 + "," + (y1 + sign * depth) + " " + x2 + "," + (y2 + sign * depth) + " " + x2 + "," + y2;
-        lx = (x1 + x2) / 2; ly = y1 + sign * (depth * 0.75) + (above ? -3 : 4);
       }
       const path = svg("path", { d: d, class: "edge " + line.kind, "marker-end": "url(#arrow)" });
       path.appendChild(svg("title", {}, line.kind + " via " + line.tools.join(", ")));
       root.appendChild(path);
-      if (line.kind !== "pop") { // pops go back along the pushes; their tools show on hover
-        const label = line.tools.length > 1 ? line.tools[0] + " +" + (line.tools.length - 1) : line.tools[0];
-        root.appendChild(svg("text", { x: lx, y: ly, class: "edge-label", "text-anchor": "middle" }, label));
-      }
+      paths.push({ path: path, line: line });
     }
+    placeEdgeLabels(root, paths, Object.values(pos), W, H);
     for (const n of g.nodes) {
       const p = pos[n.name];
       const cls = ["node"];
@@ -646,10 +754,69 @@
       root.appendChild(group);
     }
     root.appendChild(svg("text", { x: 4, y: H - 6, class: "legend" }, "solid: push · dashed: route · dotted: pop · ★ default route"));
-    box.textContent = "";
-    box.appendChild(root);
     const sel = g.nodes.find((n) => n.name === selectedRoute);
     if (sel) showRouteDetail(sel);
+  }
+
+  /** Each edge's label beside its edge: the first spot along it (middle first, either side)
+   * that overlaps no other label, no route and no edge; failing that, the least crowded. */
+  function placeEdgeLabels(root, paths, nodes, W, H) {
+    const placed = [];
+    const points = paths.map((p) => pointsAlong(p.path, 3)).flat();
+    for (const { path, line } of paths) {
+      if (line.kind === "pop") continue; // pops go back along the pushes; their tools show on hover
+      const text = line.tools.length > 1 ? line.tools[0] + " +" + (line.tools.length - 1) : line.tools[0];
+      const label = svg("text", { x: 0, y: 0, class: "edge-label", "text-anchor": "start" }, text);
+      root.appendChild(label);
+      const size = label.getBBox(); // 0 while the inspector is hidden: an estimate, redrawn when shown
+      const w = size.width || text.length * 5.6, h = size.height || 13, above = size.height ? -size.y : 10;
+      let best = null;
+      for (const spot of labelSpots(path, w, h)) {
+        const crowd = crowding(spot, placed, nodes, points, W, H);
+        if (!best || crowd < best.crowd) best = { spot: spot, crowd: crowd };
+        if (!crowd) break;
+      }
+      label.setAttribute("x", best.spot.x);
+      label.setAttribute("y", best.spot.y + above);
+      placed.push(best.spot);
+    }
+  }
+
+  function pointsAlong(path, step) {
+    const length = path.getTotalLength();
+    const out = [];
+    for (let s = 0; s <= length; s += step) out.push(path.getPointAtLength(s));
+    return out;
+  }
+
+  /** Boxes (x, y, w, h) for a label: at points along the path, offset across it on each side. */
+  function* labelSpots(path, w, h) {
+    const length = path.getTotalLength();
+    for (const gap of [3, 8, 16, 26]) {
+      for (const t of [0.5, 0.4, 0.6, 0.3, 0.7, 0.2, 0.8]) {
+        const p = path.getPointAtLength(length * t);
+        const q = path.getPointAtLength(Math.min(length, length * t + 2));
+        const o = path.getPointAtLength(Math.max(0, length * t - 2));
+        const dx = q.x - o.x, dy = q.y - o.y, norm = Math.hypot(dx, dy) || 1;
+        const nx = -dy / norm, ny = dx / norm; // across the edge
+        const reach = gap + Math.abs(nx) * w / 2 + Math.abs(ny) * h / 2;
+        for (const side of [1, -1]) {
+          const cx = p.x + side * nx * reach, cy = p.y + side * ny * reach;
+          yield { x: cx - w / 2, y: cy - h / 2, w: w, h: h };
+        }
+      }
+    }
+  }
+
+  /** How much a label box collides: other labels and routes count most, edges' points one each. */
+  function crowding(box, labels, nodes, points, W, H) {
+    const hits = (r, m) => box.x < r.x + r.w + m && r.x < box.x + box.w + m && box.y < r.y + r.h + m && r.y < box.y + box.h + m;
+    let n = 0;
+    if (box.x < 0 || box.y < 0 || box.x + box.w > W || box.y + box.h > H - 14) n += 100;
+    for (const r of labels) if (hits(r, 2)) n += 50;
+    for (const r of nodes) if (hits(r, 2)) n += 50;
+    for (const p of points) if (p.x > box.x - 1 && p.x < box.x + box.w + 1 && p.y > box.y - 1 && p.y < box.y + box.h + 1) n += 1;
+    return n;
   }
 
   function showRouteDetail(n) {
@@ -762,6 +929,7 @@
   $("reset").addEventListener("click", reset);
   $("toggle-inspector").addEventListener("click", () => {
     document.body.classList.toggle(window.innerWidth > 900 ? "no-inspector" : "show-inspector");
+    if (graph) drawGraph(graph, inspectData ? inspectData.stack : [graph.default]); // measured only when shown
   });
   main();
 })();
