@@ -369,7 +369,7 @@ def test_a_streamed_http_turn_continues_the_callers_trace(travel_server, fake, s
     assert_continued(agent, spans)
 
 
-def test_websocket_turns_continue_the_handshakes_trace(travel_server, fake, spans):
+def test_each_websocket_turn_is_a_trace_of_its_own_linked_to_the_connection(travel_server, fake, spans):
     import websockets
 
     fake.queue({"text": "Hi"}, {"text": "Hi again"})
@@ -387,8 +387,16 @@ def test_websocket_turns_continue_the_handshakes_trace(travel_server, fake, span
     asyncio.run(talk())
     agents = agent_spans(spans, "t3")
     assert len(agents) == 2
+    # Not every turn of the connection in one trace: each its own, linked to the connection's
+    # span (the handshake's: the caller's trace, through FastAPI's WebSocket span when it has one).
+    assert len({a.context.trace_id for a in agents}) == 2
     for agent in agents:
-        assert_continued(agent, spans)
+        assert agent.parent is None and f"{agent.context.trace_id:032x}" != TRACE_ID
+        [link] = agent.links
+        assert f"{link.context.trace_id:032x}" == TRACE_ID
+        chats = [s for s in spans.get_finished_spans() if s.name.startswith("chat ")
+                 and s.parent is not None and s.parent.span_id == agent.context.span_id]
+        assert len(chats) == 1 and chats[0].context.trace_id == agent.context.trace_id
 
 
 async def _until_done(ws) -> None:
@@ -474,3 +482,37 @@ def test_a_message_to_an_ended_conversation_counts_as_refused(fake, write_bot):
     assert value(after, "chatrun_turns_total", bot="bye", outcome="refused") == 1
     assert value(after, "chatrun_tool_calls_total", bot="bye", tool="goodbye") == 1
     assert value(after, "chatrun_tool_failures_total", bot="bye") == 0
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_metrics_have_the_process_collectors_no_created_series_and_no_access_log_line(fake, tmp_path):
+    from chatrun.server.listen import ListenOptions
+
+    app = create_app([write_travel(tmp_path / "bot")], "memory://")
+    access, seen = logging.getLogger("uvicorn.access"), _Lines()  # uvicorn's access log does not propagate
+    with ThreadServer(app, listen=ListenOptions(), log_level="info") as server:  # as `chatrun serve` runs
+        new_session(server, "p1")
+        fake.queue({"text": "Hi"})
+        say(server, "p1", "hi")
+        access.addHandler(seen)
+        try:
+            samples = metrics(server)
+            assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+        finally:
+            access.removeHandler(seen)
+    logged = seen.lines
+    names = {name for name, _labels in samples}
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_info",
+            "python_gc_collections_total"} <= names
+    assert value(samples, "chatrun_turns_total", outcome="ok") == 1
+    assert not [name for name in names if name.endswith("_created")]
+    assert any("/health" in line for line in logged)  # the access log is on...
+    assert not any("/metrics" in line for line in logged)  # ...but a scrape writes no line

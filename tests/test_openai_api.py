@@ -470,3 +470,50 @@ def test_same_tokens_and_ownership_as_the_rest_of_the_server(fake, travel, tmp_p
             assert bobs.model_extra["chatrun"]["how"] == "new"
             with pytest.raises(openai.PermissionDeniedError):  # the lounge needs the staff role
                 bob.chat.completions.create(model="travel/lounge", messages=[{"role": "user", "content": "hi"}])
+
+
+# -- a front end's background tasks ------------------------------------------------------------------
+
+# Open WebUI's default title prompt (v0.6), as it sends it: one user message quoting the chat.
+TITLE_TASK = """### Task:
+Generate a concise, 3-5 word title with an emoji summarizing the chat history.
+### Guidelines:
+- The title should clearly represent the main theme or subject of the conversation.
+### Output:
+JSON format: { "title": "your concise title here" }
+### Chat History:
+<chat_history>
+USER: I want to fly to Dublin next July with my sister
+ASSISTANT: When do you leave?
+</chat_history>"""
+FOLLOW_UP_TASK = """### Task:
+Suggest 3-5 relevant follow-up questions or prompts that the user might naturally ask next.
+### Output:
+JSON format: { "follow_ups": ["Question 1?", "Question 2?", "Question 3?"] }
+### Chat History:
+<chat_history>
+USER: hi
+</chat_history>"""
+
+
+def test_open_webui_tasks_are_answered_without_running_the_bot(client, fake, server):
+    title = say(client, [{"role": "user", "content": TITLE_TASK}])
+    assert json.loads(title.choices[0].message.content) == {"title": "I want to fly to …"}
+    assert info(title) == {"front_end_task": True}
+    chunks = list(say(client, [{"role": "user", "content": FOLLOW_UP_TASK}], stream=True))
+    TypeAdapter(list[ChatCompletionChunk]).validate_python([c.model_dump() for c in chunks])
+    assert json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)) == {"follow_ups": []}
+    assert fake.requests == []  # no model was called
+
+
+def test_open_webui_tasks_can_be_run_as_turns_or_refused(fake, travel, tmp_path):
+    with serve(travel, tmp_path, front_end_tasks="refuse") as s, \
+            openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0) as c:
+        with pytest.raises(openai.BadRequestError) as refused:
+            say(c, [{"role": "user", "content": TITLE_TASK}])
+    assert refused.value.code == "front_end_task" and fake.requests == []
+    fake.queue({"text": '{"title": "Flight to Dublin"}'})
+    with serve(travel, tmp_path, front_end_tasks="run") as s, \
+            openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0) as c:
+        ran = say(c, [{"role": "user", "content": TITLE_TASK}])
+    assert ran.choices[0].message.content == '{"title": "Flight to Dublin"}' and info(ran)["how"] == "new"

@@ -52,6 +52,10 @@ routes:
   multi:
     description: WebsocketTest's `multi` route, RouteTest's `multi-executor`, a streaming route
     model: {stream: true}
+    stream_to_quarkus: true
+  string:
+    description: a route returning String whose model streams (for chatrun's other clients)
+    model: {stream: true}
   top:
     description: RouteTest's SimpleRoute `top` (pushes sub, says "top")
     tools: [push_sub, push_sub_and_run]
@@ -232,6 +236,21 @@ def test_websocket_test_multi(quarkus, fake):
     }""")
     assert result["ok"] is True
     assert result["seen"] == [["Stream", c] for c in "01234"]
+
+
+def test_a_streaming_model_reaches_a_page_with_only_a_message_handler(quarkus, fake):
+    """A page ported from a Quarkus app registers only a messageHandler: a route whose model
+    streams, without `stream_to_quarkus`, answers it with one Message, as a String route does.
+    (Stream frames would reach no handler, and the client would throw on the second one; the
+    fixture fails the test on any page error.)"""
+    fake.queue({"chunks": ["Hel", "lo, ", "world"]}, {"chunks": ["again"]})
+    result = quarkus.evaluate("""async () => {
+        const s = await quarkusSession("string", {defaultHandler: false});
+        return [await turn(s, "Hello"), await turn(s, "More")];
+    }""")
+    assert result == [{"ok": True, "value": None, "seen": [["Message", "Hello, world"]]},
+                      {"ok": True, "value": None, "seen": [["Message", "again"]]}]
+    assert all(r["stream"] is True for r in fake.requests)
 
 
 def test_websocket_test_client_close(quarkus, fake):

@@ -44,10 +44,25 @@ def say(ws, text, chat_id="q1", scope_id=None):
     return until_done(ws)
 
 
-def test_a_streaming_route_sends_stream_chunks_and_no_message(client, fake):
+def test_a_streamed_reply_is_one_message_as_from_a_quarkus_string_route(client, fake):
     fake.queue({"chunks": ["Hel", "lo"]})
     with client.websocket_connect("/_chat/routes") as ws:
         assert connect(ws) == [{"chatId": "q1", "type": "Completed", "data": "q1.1"}]
+        frames = say(ws, "hi", scope_id="q1.1")
+    assert frames == [
+        {"chatId": "q1", "type": "Message", "data": "Hello"},
+        {"chatId": "q1", "type": "Completed", "data": "q1.1"},
+    ]
+    assert fake.requests[-1]["stream"] is True  # the model still streams (for the other clients)
+
+
+def test_a_stream_to_quarkus_route_sends_stream_chunks_and_no_message(fake, tmp_path):
+    path = write_travel(tmp_path / "bots")
+    path.write_text(path.read_text().replace("  main_menu:\n", "  main_menu:\n    stream_to_quarkus: true\n", 1))
+    fake.queue({"chunks": ["Hel", "lo"]})
+    app = app_for_testclient([chatrun.load_bot(path)], f"sqlite:///{tmp_path / 'chat.db'}")
+    with TestClient(app) as c, c.websocket_connect("/_chat/routes") as ws:
+        connect(ws)
         frames = say(ws, "hi", scope_id="q1.1")
     assert frames == [
         {"chatId": "q1", "type": "Stream", "data": "Hel"},
@@ -65,7 +80,7 @@ def test_push_and_pop_send_no_route_changed(client, fake):
         root = connect(ws)[-1]["data"]
         first = say(ws, "fly", scope_id=root)
         second = say(ws, "July 1st", scope_id=first[-1]["data"])
-    assert [f["type"] for f in first] == ["Thinking", "Stream", "Completed"]
+    assert [f["type"] for f in first] == ["Thinking", "Message", "Completed"]
     assert first[-1]["data"] != root
     assert [f["type"] for f in second] == ["Thinking", "Message", "Completed"]  # an action's message: no stream
     assert second[-1]["data"] == root
@@ -111,8 +126,8 @@ def test_chatruns_own_errors_stay_out_but_the_bots_error_events_go_out(client, f
         connect(ws)
         refused = say(ws, "leave")
         shouted = say(ws, "shout")
-    # The refused root pop is told to the model only; its reply streams.
-    assert {f["type"] for f in refused[:-1]} == {"Stream"} and refused[-1]["type"] == "Completed"
+    # The refused root pop is told to the model only; its reply is the one Message.
+    assert types(refused) == ["Message", "Completed"]
     assert shouted[:-1] == [{"chatId": "q1", "type": "Error", "data": "the bot says no"}]
 
 
@@ -130,7 +145,7 @@ def test_a_chat_that_asks_for_extensions_gets_them_beside_a_quarkus_chat(client,
     with client.websocket_connect("/_chat/routes") as ws:
         connect(ws, "quarkus")
         connect(ws, "chatrun", extensions=True)
-        assert types(say(ws, "a", chat_id="quarkus")) == ["Stream", "Completed"]
+        assert types(say(ws, "a", chat_id="quarkus")) == ["Message", "Completed"]
         assert types(say(ws, "b", chat_id="chatrun")) == ["Stream", "Message", "Completed"]
         ws.send_json({"type": "Disconnect", "chatId": "chatrun"})
         assert until_done(ws) == [{"chatId": "chatrun", "type": "Completed", "data": None}]

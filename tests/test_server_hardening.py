@@ -203,6 +203,46 @@ def test_a_lone_surrogate_from_the_model_fails_the_turn_cleanly(travel, fake, an
         assert session.status_code == 200
         [attempt] = session.json()["history"]  # the failed attempt is recorded, nothing else
         assert attempt["ok"] is False and "surrogate" in attempt["error"]
+        # A model error, as docs/protocol.md promises (not an internal error of chatrun's)...
+        assert attempt["error"].startswith("the model failed on route main_menu")
+        assert [f["data"] for f in frames if f["type"] == "Error"] == [chatrun.events.MODEL_FAILED_TEXT]
+        assert all(wire.lone_surrogate_at(f) is None for f in frames)  # ...and no frame carried one
+
+
+ECHO_NAME = """
+  greet:
+    description: Greet the traveller by name
+    parameters: {type: object, properties: {name: {type: string}}, required: [name]}
+    action: {set: {state.traveller_name: "{{ args.name }}"}, message: "Hello {{ args.name }}", immediate: true}
+"""
+
+
+@pytest.mark.parametrize("arguments", ['{"name": "\\ud800"}', '{"name": "ok \\udfff"}'])
+def test_a_lone_surrogate_in_escaped_tool_arguments_is_a_model_error_on_http_and_v1(fake, tmp_path, arguments):
+    """The arguments' JSON is plain ASCII; its escapes make the lone surrogate. It used to reach
+    a Message event and the state, then fail the commit: HTTP 500, no history entry."""
+    import openai
+
+    path = write_travel(tmp_path / "bot")
+    path.write_text(path.read_text().replace("tools: [book_flight, vip_lounge, remember_name]",
+                                             "tools: [book_flight, vip_lounge, remember_name, greet]") + ECHO_NAME)
+    travel = chatrun.load_bot(path)
+    bad = {"tool_calls": [{"name": "greet", "arguments": arguments}]}
+    app = create_app([travel], f"sqlite:///{tmp_path / 'chat.db'}")
+    with serve(app) as srv:
+        fake.queue(bad)
+        assert httpx.post(srv.url + "/bots/travel/sessions", json={"id": "h"}).status_code == 201
+        said = httpx.post(srv.url + "/bots/travel/sessions/h/messages", json={"userMessage": "I am Ann"})
+        assert said.status_code != 500, said.text
+        assert said.json()["ok"] is False and wire.lone_surrogate_at(said.json()) is None
+        [attempt] = httpx.get(srv.url + "/bots/travel/sessions/h").json()["history"]
+        assert attempt["ok"] is False and attempt["error"].startswith("the model failed")
+        assert httpx.get(srv.url + "/bots/travel/sessions/h").json()["turn"] == 0  # rolled back
+        fake.queue(bad)
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
+            with pytest.raises(openai.InternalServerError) as failed:
+                client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "I am Ann"}])
+        assert failed.value.body["code"] == "turn_failed"  # the turn failed, in OpenAI's shape
 
 
 def test_a_surrogate_pair_split_across_stream_chunks_is_joined(travel, fake):

@@ -4,6 +4,7 @@ HTTP tool's API as a W3C traceparent header."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,12 @@ def test_a_booking_turn_is_one_agent_span_with_chat_and_tool_children(fake, span
     for s in finished:
         by_name.setdefault(s.name, []).append(s)
     [agent] = by_name["invoke_agent travel"]
-    assert agent.parent is None
+    assert agent.parent is None and agent.kind == trace.SpanKind.INTERNAL
+    # The user's input and the reply, in the conventions' parts format (content capture is on).
+    assert json.loads(agent.attributes["gen_ai.input.messages"]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "Fly me to Dublin"}]}]
+    assert json.loads(agent.attributes["gen_ai.output.messages"]) == [
+        {"role": "assistant", "parts": [{"type": "text", "content": "When do you leave?"}], "finish_reason": "stop"}]
     assert agent.attributes["gen_ai.conversation.id"] == session.id == agent.attributes["session.id"]
     assert agent.attributes["gen_ai.operation.name"] == "invoke_agent"
     assert agent.attributes["chatrun.route"] == "main_menu" and agent.attributes["chatrun.turn"] == 1
@@ -55,7 +61,9 @@ def test_no_message_content_unless_asked(fake, spans, monkeypatch):
     fake.queue({"text": "Hi"})
     chatrun.load_bot(REPO / "bots" / "hello").session().chat("secret stuff")
     [chat] = [s for s in spans.get_finished_spans() if s.name.startswith("chat ")]
-    assert "gen_ai.input.messages" not in chat.attributes
+    assert "gen_ai.input.messages" not in chat.attributes and chat.kind == trace.SpanKind.CLIENT
+    [agent] = [s for s in spans.get_finished_spans() if s.name.startswith("invoke_agent ")]
+    assert "gen_ai.input.messages" not in agent.attributes and "gen_ai.output.messages" not in agent.attributes
     assert chat.attributes["chatrun.usage.estimated"] is False or "gen_ai.usage.input_tokens" in chat.attributes
 
 

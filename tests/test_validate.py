@@ -630,3 +630,25 @@ def test_a_user_template_reading_data_unguarded_is_a_warning_that_says_what_work
                  "{% if data.page is defined %}{{ data.page }}: {% endif %}{{ user_message }}",
                  "{{ data.page if 'page' in data else '' }}{{ user_message }}"):
         assert warnings(fine) == [], fine
+
+
+def test_a_route_asking_to_stream_is_warned_that_quarkus_clients_get_a_message(write_bot):
+    path = write_bot("""\
+        name: streams
+        routes:
+          main:
+            default: true
+            model: {stream: true}
+            tools: []
+          said:
+            entry: true
+            model: {stream: true}
+            stream_to_quarkus: false
+          multi:
+            entry: true
+            model: {stream: true}
+            stream_to_quarkus: true
+        """)
+    _config, found = check_bot(path)
+    assert [(d.line, d.severity) for d in found] == [(5, "warning")]
+    assert "add `stream_to_quarkus: true`" in found[0].message and "route `main`" in found[0].message

@@ -51,6 +51,10 @@ class Event:
     # (the Quarkus runtime never sends Error). Not part of to_dict(): the history is unchanged.
     runtime: bool = field(default=False, compare=False)
     audience: str = USER  # USER, OPERATORS or BACKEND (AUDIENCES): who may receive it
+    # True for a Stream chunk of a route with `stream_to_quarkus: true`: Quarkus-dialect chats get
+    # its chunks (as from a route returning Multi<String>); of any other route they get the
+    # Message that follows. Not part of to_dict(), like `runtime`.
+    multi: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict:
         out = {"type": self.type, "data": self.data, "turn": self.turn}

@@ -159,3 +159,32 @@ def messages_to_json(messages: list[Message]) -> str:
 
 def messages_from_json(text: str) -> list[Message]:
     return [message_from_dict(d) for d in json.loads(text)]
+
+
+def lone_surrogate_at(value: Any, path: str = "") -> str | None:
+    """The path of the first text in `value` (keys included) holding a lone UTF-16 surrogate,
+    or None. Such text is valid JSON (`"\\ud800"`) but no UTF-8 socket, file or database can
+    carry it, so it is refused where it comes in: from a client (server/wire.py), from a model
+    (engine/tools.py: the JSON of tool arguments and structured answers)."""
+    todo = [(value, path)]
+    while todo:
+        item, where = todo.pop()
+        if isinstance(item, str):
+            if not _encodable(item):
+                return where
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                if isinstance(key, str) and not _encodable(key):
+                    return f"{where}.{key!a}".lstrip(".")
+                todo.append((inner, f"{where}.{key}".lstrip(".")))
+        elif isinstance(item, list):
+            todo.extend((inner, f"{where}[{i}]") for i, inner in enumerate(item))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

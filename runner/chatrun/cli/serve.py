@@ -33,6 +33,7 @@ class ServeOptions:
     max_message_chars: int
     max_in_flight: int
     session_headers: tuple[str, ...]
+    front_end_tasks: str
     allow_origin: tuple[str, ...]
     allow_host: tuple[str, ...]
     send_timeout: float
@@ -152,6 +153,9 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
     help="OpenAI API: a front end's chat-id header to trust for telling chats apart, e.g. "
     "X-OpenWebUI-Chat-Id (repeatable; see docs/openai-api.md).",
 )
+@click.option("--front-end-tasks", default="answer", show_default=True, type=click.Choice(["answer", "run", "refuse"]),
+              help="OpenAI API: a chat front end's background tasks (Open WebUI's titles, tags, follow-ups): "
+              "answer them at once without running the bot, run them as turns, or refuse them (400).")
 @click.option("--allow-origin", multiple=True, metavar="ORIGIN",
               help="Browser origin (scheme://host[:port]) allowed to open the WebSocket or POST, besides "
               "the server's own page; repeatable; '*' allows any.")
@@ -240,7 +244,8 @@ def _create_app(options: ServeOptions) -> Any:
     try:  # the same messages and exit codes as the other commands (1: invalid bot, bad store)
         app = create_app(list(options.bots), options.store, auth=options.auth_file, limits=limits,
                          sessions=options.sessions(), edge=edge,
-                         openai=OpenAIOptions(session_headers=options.session_headers), reload=options.reload,
+                         openai=OpenAIOptions(session_headers=options.session_headers,
+                                              front_end_tasks=options.front_end_tasks), reload=options.reload,
                          log_content=options.log_content, sweep=SweepSettings(interval=options.sweep_interval))
         if options.store.startswith(("redis://", "rediss://")):
             from chatrun.store.redis import check_reachable
@@ -266,6 +271,11 @@ def _warn(options: ServeOptions, app: Any) -> None:
                    "address can use every session (see docs/security.md)", err=True)
     if options.wildcard and not options.allow_host:
         click.echo("chatrun: warning: any Host name is accepted; name the server's with --allow-host", err=True)
+    from chatrun.server.listen import fd_headroom
+
+    short = fd_headroom(options.max_connections)
+    if short:
+        click.echo(f"chatrun: warning: {short}", err=True)
 
 
 def _announce(options: ServeOptions, app: Any) -> None:

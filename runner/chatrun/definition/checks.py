@@ -56,6 +56,16 @@ class _Checker:
     def add(self, severity: str, message: str, kind: str, name: str, *sub: Any) -> None:
         self.out.append(self.src.diag(severity, message, kind, name, *sub))
 
+    def quarkus_stream(self, route: RouteConfig) -> None:
+        """A Quarkus-dialect chat now gets a streamed reply as one Message unless the route
+        says `stream_to_quarkus: true`: a route that asks its model to stream gets a warning
+        until it says which it means."""
+        if route.stream_to_quarkus is None and (route.model or {}).get("stream") is True:
+            self.add("warning", f"route `{route.name}` streams (`model: {{stream: true}}`), but Quarkus-dialect "
+                     "WebSocket chats now get its reply as one Message: add `stream_to_quarkus: true` to send them "
+                     "Stream chunks (a Quarkus Multi<String> route), or `false` to keep the Message",
+                     "routes", route.name, "model", "stream")
+
     def run(self) -> None:
         self.default_route()
         self.encodings()
@@ -72,6 +82,7 @@ class _Checker:
             if isinstance(route.choices, str):
                 self.template(route.choices, f"`choices` of route `{route.name}`", ("routes", route.name, "choices"),
                               None, routes=[route.name])
+            self.quarkus_stream(route)
         for tool in self.config.tools.values():
             self.tool(tool)
         self.env()

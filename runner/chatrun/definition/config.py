@@ -286,6 +286,9 @@ class RouteConfig:
     returns: str | None = None  # "answer": when called, the final answer is the result (the scope pops)
     output: OutputConfig | None = None  # structured output: JSON answers, validated
     choices: list[Any] | str | None = None  # offered after the route's final answer: a list, or a template
+    # Quarkus-dialect WebSocket chats get this route's streamed reply as Stream chunks (a Quarkus
+    # route returning Multi<String>); else as one Message (a route returning String).
+    stream_to_quarkus: bool | None = None  # None: not said (false)
     where: Location = field(default_factory=Location)
 
 

@@ -567,6 +567,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         returns=raw.get("returns") if raw.get("returns") == "answer" else None,
         output=_output(raw.get("output"), doc, (*base, "output")),
         choices=_choices(raw.get("choices")),
+        stream_to_quarkus=None if raw.get("stream_to_quarkus") is None else _bool(raw.get("stream_to_quarkus")),
         where=_loc(doc, base),
     )
 

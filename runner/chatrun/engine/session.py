@@ -356,11 +356,12 @@ class Session:
         return self
 
     def _emit(self, event_type: str, data: object, runtime: bool = False, meta: dict[str, Any] | None = None,
-              audience: str | None = None) -> None:
+              audience: str | None = None, multi: bool = False) -> None:
         # Who it is for: a handler's explicit audience, else as the bot's `events:` declares the type;
         # chatrun's own events (a failed turn's Error) are always the user's.
         who = ev.USER if runtime else audience or self.bot.config.audience_of(event_type)
-        event = Event(event_type, ev.plain(data), self.turn_count + 1, meta or {}, runtime=runtime, audience=who)
+        event = Event(event_type, ev.plain(data), self.turn_count + 1, meta or {}, runtime=runtime, audience=who,
+                      multi=multi)
         if self._sink is not None:
             self._sink(event)
 
@@ -454,8 +455,10 @@ class Session:
         self._sink = collect
         span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"))
         try:
-            with span:
+            with span as current:
                 await turn.run()
+                tracing.record_turn(current, entry["input"], [e.data for e in collected if e.for_user
+                                                              and e.type in (ev.MESSAGE, ev.OBJECT)])
                 await turn.summarize()  # after the reply: it never delays the user's answer
             self._c.turn_count = turn.number
             self._c.usage.add(turn.usage)

@@ -17,7 +17,8 @@ from jsonschema import Draft202012Validator
 
 from chatrun.definition.config import BotConfig, RouteConfig, ToolConfig
 from chatrun.engine.binding import bound_problem, offered_parameters
-from chatrun.errors import ToolRefusal
+from chatrun.errors import ModelError, ToolRefusal
+from chatrun.messages import lone_surrogate_at
 from chatrun.toolkinds import KINDS
 from chatrun.toolkinds.base import KindRuntime
 
@@ -118,6 +119,7 @@ def parse_output(text: str | None, validator: Draft202012Validator) -> tuple[Any
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         return None, f"it is not JSON ({exc.msg} at character {exc.pos})"
+    refuse_lone_surrogates(value, "the structured answer's values")
     problems = []
     for err in sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(p) for p in err.absolute_path) or "the answer"
@@ -145,7 +147,18 @@ def decode_arguments(tool: ToolConfig, raw: str) -> dict[str, Any]:
         ) from None
     if not isinstance(args, dict):
         raise ToolRefusal(f"Error: the arguments of {tool.name} must be a JSON object, not {type(args).__name__}.")
+    refuse_lone_surrogates(args, f"the arguments of tool {tool.name}")
     return args
+
+
+def refuse_lone_surrogates(value: Any, what: str) -> None:
+    """JSON from the model whose escapes make a lone UTF-16 surrogate (`"\\ud800"`): nothing can
+    carry or store it, so the turn fails as a model error (rolled back, the attempt in the
+    history) before any of it is shown, set or sent."""
+    where = lone_surrogate_at(value)
+    if where is not None:
+        raise ModelError(f"the model's answer is not valid text: {what} hold a lone UTF-16 surrogate "
+                         f"(\\ud800-\\udfff) at {where or 'the top'}")
 
 
 def check_arguments(tool: ToolConfig, args: dict[str, Any], validator: Draft202012Validator) -> None:

@@ -6,8 +6,11 @@ marked development), when `opentelemetry-api` is installed (`pip install 'chatru
       execute_tool {tool}    a tool call    gen_ai.tool.name, gen_ai.tool.call.id
 
 plus chatrun's own attributes (`chatrun.route`, `chatrun.stack`, `chatrun.turn`, `chatrun.action`).
-Message content is recorded only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT is
-true. The deprecated `gen_ai.system` is emitted beside `gen_ai.provider.name` for backends
+The agent span is INTERNAL (the agent runs in this process), the model calls CLIENT. Message
+content is recorded only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT is true: the
+model calls' messages on `chat`, the user's input and the reply on `invoke_agent` (the
+conventions' `parts` format). Inside `own_trace()` (each WebSocket turn) a turn starts a trace
+of its own, linked to the span current there (the connection's). The deprecated `gen_ai.system` is emitted beside `gen_ai.provider.name` for backends
 that still read it, unless OTEL_SEMCONV_STABILITY_OPT_IN holds `gen_ai_latest_experimental`.
 Without the package every call here is a no-op costing one function call.
 """
@@ -43,15 +46,40 @@ def _latest_only() -> bool:
     return "gen_ai_latest_experimental" in os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "")
 
 
+_LINK_KEY = "chatrun.trace.link"  # the context key own_trace() leaves the linked span's context under
+
+
 @contextlib.contextmanager
-def span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
-    """A span around a block (None inside when tracing is off). An exception ends it with
-    status ERROR and `error.type`, then goes on."""
+def own_trace() -> Iterator[None]:
+    """Spans started inside begin a trace of their own, linked to the span current here (a
+    WebSocket connection's, which would otherwise hold every turn of the connection)."""
+    if _trace is None or not _trace.get_current_span().get_span_context().is_valid:
+        yield
+        return
+    from opentelemetry import context
+
+    linked = _trace.get_current_span().get_span_context()
+    token = context.attach(context.set_value(_LINK_KEY, linked, context.Context()))  # no current span
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+@contextlib.contextmanager
+def span(name: str, attributes: dict[str, Any], client: bool = True) -> Iterator[Any]:
+    """A span around a block (None inside when tracing is off): CLIENT (a call out) or INTERNAL.
+    An exception ends it with status ERROR and `error.type`, then goes on."""
     if _trace is None:
         yield None
         return
-    with _tracer().start_as_current_span(name, kind=_trace.SpanKind.INTERNAL if "execute_tool" in name
-                                         else _trace.SpanKind.CLIENT, attributes=_clean(attributes),
+    from opentelemetry import context
+
+    linked = context.get_value(_LINK_KEY)
+    root = isinstance(linked, _trace.SpanContext) and not _trace.get_current_span().get_span_context().is_valid
+    links = [_trace.Link(linked)] if root and isinstance(linked, _trace.SpanContext) else None
+    with _tracer().start_as_current_span(name, kind=_trace.SpanKind.CLIENT if client else _trace.SpanKind.INTERNAL,
+                                         attributes=_clean(attributes), links=links,
                                          record_exception=False, set_status_on_exception=False) as current:
         try:
             yield current
@@ -73,7 +101,21 @@ def turn_span(bot: str, session_id: str, turn: int, route: str, stack: list[str]
     }
     if owner:
         attributes["user.id"] = owner
-    return span(f"invoke_agent {bot}", attributes)
+    return span(f"invoke_agent {bot}", attributes, client=False)
+
+
+def record_turn(current: Any, user_input: Any, replies: list[Any]) -> None:
+    """The user's input and the reply (the turn's Message and Object events) on the agent span,
+    when content capture is on, in the GenAI conventions' `parts` format."""
+    if current is None or not capture_content():
+        return
+    said = user_input if isinstance(user_input, str) else json.dumps(user_input, ensure_ascii=False)
+    current.set_attribute("gen_ai.input.messages", json.dumps(
+        [{"role": "user", "parts": [{"type": "text", "content": said}]}], ensure_ascii=False))
+    parts = [{"type": "text", "content": r} if isinstance(r, str) else {"type": "text", "content": json.dumps(
+        r, ensure_ascii=False)} for r in replies]
+    current.set_attribute("gen_ai.output.messages", json.dumps(
+        [{"role": "assistant", "parts": parts, "finish_reason": "stop"}], ensure_ascii=False))
 
 
 def chat_span(provider: str, model: str, route: str, temperature: float | None) -> Any:
@@ -96,7 +138,7 @@ def tool_span(tool: str, call_id: str, action: str) -> Any:
         "gen_ai.tool.call.id": call_id,
         "gen_ai.tool.type": "function",
         "chatrun.action": action,
-    })
+    }, client=False)
 
 
 def tool_failed(current: Any) -> None:

@@ -24,7 +24,7 @@ import copy
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
@@ -78,7 +78,7 @@ from chatrun.messages import (
 from chatrun.models.base import ChatModel, ModelRequest, ModelResponse
 from chatrun.toolkinds.base import ToolFailed, Writable
 
-Emit = Callable[..., None]  # (type, data, runtime=False, audience=None)
+Emit = Callable[..., None]  # (type, data, runtime=False, audience=None, multi=False)
 log = logging.getLogger("chatrun.engine")
 
 
@@ -222,7 +222,7 @@ class Turn:
         streamed = model_config.stream and not run.returning and not route.output
         with tracing.chat_span(model_config.provider, model_config.name, route.name,
                                model_config.temperature) as span:
-            response = await observe.timed_call(self.model, request, self.stream_chunk if streamed else None)
+            response = await observe.timed_call(self.model, request, self.chunk_sender(bool(route.stream_to_quarkus)) if streamed else None)
             calls = tuple(
                 ToolCall(c.id or f"call_{self.number}_{self.model_calls}_{i}", c.name, c.arguments)
                 for i, c in enumerate(response.tool_calls)
@@ -450,9 +450,13 @@ class Turn:
             self._counters[model] = counter
         return counter
 
-    async def stream_chunk(self, chunk: str) -> None:
-        if chunk:
-            self.emit(ev.STREAM, chunk)
+    def chunk_sender(self, multi: bool) -> Callable[[str], Awaitable[None]]:
+        """What the model calls with each chunk of a streamed reply: a Stream event. `multi`: the
+        route streams to Quarkus-dialect clients too (`stream_to_quarkus`, Quarkus' Multi<String>)."""
+        async def send(chunk: str) -> None:
+            if chunk:
+                self.emit(ev.STREAM, chunk, multi=multi)
+        return send
 
     # -- tools ----------------------------------------------------------------------
 

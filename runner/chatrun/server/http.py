@@ -73,9 +73,12 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
 
 async def health(registry: Registry) -> Any:
     # 503 while draining (SIGTERM): a load balancer stops sending this replica new requests.
+    # `store` is readiness: "unreachable" while the store does not answer. The status stays
+    # 200 then (liveness): restarting the replica would not bring the store back.
     body = {"status": "draining" if registry.draining else "ok", "bots": list(registry.bots),
             "live_sessions": registry.live_count(), "cache_bytes": registry.cache_bytes(),
-            "in_progress": registry.in_progress}
+            "in_progress": registry.in_progress,
+            "store": "ok" if await registry.store_ready() else "unreachable"}
     return JSONResponse(body, status_code=503) if registry.draining else body
 
 

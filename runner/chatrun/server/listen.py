@@ -1,8 +1,12 @@
 """How `chatrun serve` listens: uvicorn with the timeouts and caps a hostile client needs.
 
-uvicorn offers the connection cap (`limit_concurrency`: 503 beyond it, answered here with
-the same JSON error body as every other refusal instead of uvicorn's plain text) and the keep-alive
-timeout; it has no timeout on a request's headers, so a client dripping them one byte at a
+uvicorn offers the connection cap (`limit_concurrency`) but checks it only once a request's
+headers are complete, so connections that never finish their headers (slowloris) would each
+hold a file descriptor until the process has none left and new clients get no answer at all.
+HeaderTimeoutProtocol counts connections as they are accepted: one over the cap is answered
+503 at once (the same JSON error body as every other refusal) and closed, so its descriptor is
+free again; `fd_headroom` checks at start-up that the cap fits under the fd limit. uvicorn
+offers the keep-alive timeout; it has no timeout on a request's headers, so a client dripping them one byte at a
 time would hold its connection for ever. HeaderTimeoutProtocol adds one: a connection whose
 request headers are not complete within `header_timeout` seconds of its first byte (or of the
 connection) is answered 408 and closed. (Body timeouts are the EdgeGuard's.) A WebSocket
@@ -37,6 +41,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
+        cap = self.limit_concurrency
+        if cap is not None and len(self.connections) > cap:  # this one included: over the cap at accept
+            self.logger.warning("Exceeded connection limit (serve --max-connections %d): refused at accept.", cap)
+            transport.write(OVER_THE_CAP_RESPONSE)
+            transport.close()
+            return
         self._arm_header_timer()
 
     def on_message_begin(self) -> None:
@@ -88,13 +98,46 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
+OVER_THE_CAP_BODY = (b'{"error": "Unavailable", "message": "the server is serving as many connections as it may '
+                     b'(serve --max-connections); try again shortly"}')
+OVER_THE_CAP_HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(OVER_THE_CAP_BODY)).encode()),
+                        (b"connection", b"close"), (b"retry-after", b"1")]
+# The same answer, written before the request is read (a connection refused at accept).
+OVER_THE_CAP_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\n"
+                         + b"".join(name + b": " + value + b"\r\n" for name, value in OVER_THE_CAP_HEADERS)
+                         + b"\r\n" + OVER_THE_CAP_BODY)
+# File descriptors a server needs besides its clients' connections: the listening socket, the
+# store's connections, the models' and tools' HTTP connections, MCP servers, log files.
+FD_RESERVE = 64
+
+
 async def _over_the_cap(scope: Any, receive: Any, send: Any) -> None:
-    body = (b'{"error": "Unavailable", "message": "the server is serving as many connections as it may '
-            b'(serve --max-connections); try again shortly"}')
-    await send({"type": "http.response.start", "status": 503, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"), (b"retry-after", b"1")]})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send({"type": "http.response.start", "status": 503, "headers": OVER_THE_CAP_HEADERS})
+    await send({"type": "http.response.body", "body": OVER_THE_CAP_BODY, "more_body": False})
+
+
+def fd_headroom(max_connections: int) -> str | None:
+    """Make room for `max_connections` client connections under the process's file-descriptor
+    limit (raising the soft limit up to the hard one when needed); a warning when there is not
+    enough, else None. Past the limit new connections cannot even be accepted: they get no answer."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return None
+    return (f"--max-connections {max_connections} does not fit under the open-file limit ({soft}; "
+            f"{FD_RESERVE} are kept for the store, models and tools): past it new clients get no answer. "
+            f"Lower --max-connections to {max(1, soft - FD_RESERVE)} or raise the limit (ulimit -n)")
 
 
 class AbortingWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -123,12 +166,24 @@ class RedactTokens(logging.Filter):
         return self.PATTERN.sub(r"\1***", value) if isinstance(value, str) and "token=" in value.lower() else value
 
 
+class QuietScrapes(logging.Filter):
+    """Drop the access-log line of a `GET /metrics` (a scraper's every 15 s would drown the log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (isinstance(args, tuple) and len(args) >= 3 and args[1] == "GET"
+                    and isinstance(args[2], str) and args[2].split("?", 1)[0] == "/metrics")
+
+
 def redact_tokens_in_logs() -> None:
     """Install RedactTokens on uvicorn's loggers and the turn log (idempotent)."""
     for name in ("uvicorn.access", "uvicorn.error", "uvicorn", "chatrun.turns"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, RedactTokens) for f in logger.filters):
             logger.addFilter(RedactTokens())
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, QuietScrapes) for f in access.filters):
+        access.addFilter(QuietScrapes())
 
 
 def uvicorn_config(app: Any, host: str, port: int, options: ListenOptions = ListenOptions(), **extra: Any) -> Any:  # noqa: B008

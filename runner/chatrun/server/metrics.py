@@ -2,7 +2,10 @@
 `pip install 'chatrun[metrics]'`). docs/observability.md lists every metric.
 
 Each app has its own CollectorRegistry (never the process-wide default), so two apps in one
-process (tests, an embedding program) count separately. Model and tool calls are measured
+process (tests, an embedding program) count separately; each also carries the process and
+Python collectors (`process_*`, `python_*`), as a default registry would. Counters and
+histograms have no `_created` series (a timestamp per series that Prometheus does not read
+and that doubles what a scrape stores). Model and tool calls are measured
 by the engine (chatrun.engine.observe) and reported to the TurnObserver the session registry
 installs for the turn. Without prometheus-client `ServerMetrics.create()` is None and nothing
 is measured; `/metrics` then answers 501 saying what to install.
@@ -50,7 +53,11 @@ class ServerMetrics:
 
     def __init__(self, sessions: SessionRegistry):
         prom = _prom
+        prom.disable_created_metrics()  # process-wide, as prometheus-client has it
         self.registry = reg = prom.CollectorRegistry()
+        prom.ProcessCollector(registry=reg)
+        prom.PlatformCollector(registry=reg)
+        prom.GCCollector(registry=reg)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._pending_seen: set[tuple[str, str]] = set()
         model = ["bot", "gen_ai_provider_name", "gen_ai_request_model"]

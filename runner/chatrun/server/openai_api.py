@@ -25,10 +25,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
-from chatrun.server import openai_schema, wire
+from chatrun.server import openai_schema, openai_tasks, wire
 from chatrun.server.auth import Principal
 from chatrun.server.openai_sessions import Identity, TurnIndex
 from chatrun.server.openai_turn import (
+    Attempt,
     OpenAIError,
     Reply,
     TurnResult,
@@ -47,19 +48,25 @@ from chatrun.server.plumbing import (
     read_json_object,
 )
 from chatrun.server.sessions import SessionRegistry
+from chatrun.server.turn_run import check_request_id
 
 log = logging.getLogger("chatrun.server.openai")
 
 SESSION_HEADER = "x-chatrun-session"
+IDEMPOTENCY_HEADER = "idempotency-key"
+# The openai SDKs (Python, Node) number their own retries of a request: 0 first, then 1, 2, ...
+RETRY_HEADER = "x-stainless-retry-count"
 
 
 @dataclass(frozen=True)
 class OpenAIOptions:
     """session_headers: request headers naming the front end's chat (e.g. X-OpenWebUI-Chat-Id),
-    trusted to keep chats apart; keepalive: seconds of silence before an SSE comment."""
+    trusted to keep chats apart; keepalive: seconds of silence before an SSE comment;
+    front_end_tasks: what Open WebUI's title/tags/follow-up requests get (openai_tasks)."""
 
     session_headers: tuple[str, ...] = ()
     keepalive: float = 10.0
+    front_end_tasks: str = openai_tasks.ANSWER  # a front end's background tasks: answer, run or refuse
 
 
 # -- the routes --------------------------------------------------------------------------------
@@ -91,9 +98,26 @@ class OpenAIRoute(APIRoute):
             except OpenAIError as exc:
                 return exc.response()
             except wire.RequestFailed as exc:
+                if exc.reason == wire.SERVER_ERROR:
+                    return (await _server_failure(request, exc)).response()
                 return from_failure(exc).response()
+            except Exception as exc:  # the store's client raising, or a bug: still OpenAI's shape
+                return (await _server_failure(request, exc)).response()
 
         return in_openai_shape
+
+
+async def _server_failure(request: Request, exc: Exception) -> OpenAIError:
+    """A 503 `store_unavailable` when the store does not answer (the SDKs retry 503s, and the
+    request can succeed once it is back), else a 500 (logged)."""
+    if not await state_of(request).registry.store_ready():
+        log.warning("/v1 request failed, the store is unreachable: %s", exc)
+        return OpenAIError(503, "the session store is unreachable (nothing of this request was saved); "
+                           "send it again shortly", "server_error", "store_unavailable")
+    if isinstance(exc, wire.RequestFailed):
+        return from_failure(exc)
+    log.error("/v1 request failed", exc_info=exc)
+    return OpenAIError(500, f"internal server error: {type(exc).__name__}", "server_error")
 
 
 @dataclass(frozen=True)
@@ -172,6 +196,12 @@ async def chat_completions(request: Request, who: Caller) -> Any:
     api = state_of(request)
     body = await api.read_body(request, openai_schema.CHAT_COMPLETIONS)
     completion = ChatCompletion.parse(api, request, body, who)
+    task = openai_tasks.task_of(completion.ident.earlier, completion.text)
+    if task is not None and api.options.front_end_tasks != openai_tasks.RUN:
+        if api.options.front_end_tasks == openai_tasks.REFUSE:
+            raise OpenAIError(400, "this server does not run a chat front end's background tasks (title, tags, "
+                              "follow-ups): turn them off in the front end (docs/openai-api.md)", code="front_end_task")
+        return completion.fixed(openai_tasks.fixed_answer(task, completion.text), bool(body.get("stream")))
     return await completion.stream() if body.get("stream") else await completion.answer()
 
 
@@ -211,6 +241,7 @@ class ChatCompletion(TurnRequest):
     as_json: bool  # response_format json_object/json_schema: the Object events as the reply
     want_events: bool
     include_usage: bool
+    attempt: Attempt
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -225,6 +256,7 @@ class ChatCompletion(TurnRequest):
             as_json=(body.get("response_format") or {}).get("type") in ("json_object", "json_schema"),
             want_events=bool(body["chatrun"].get("events")) if isinstance(body.get("chatrun"), dict) else False,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+            attempt=attempt_of(api.index, request, body, ident, text, who),
         )
 
     def keys_after(self, reply: Reply) -> list[str]:
@@ -234,7 +266,7 @@ class ChatCompletion(TurnRequest):
 
     def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:
         prompts = [t for _, t in self.ident.earlier] + [self.text]
-        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after)
+        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after, self.attempt)
 
     def info(self, result: TurnResult) -> dict[str, Any]:
         return result.session | ({"events": result.reply.other} if self.want_events else {})
@@ -255,6 +287,21 @@ class ChatCompletion(TurnRequest):
         turn = DetachedTurn(self.run)
         await opened(turn)
         return _sse(self.frames(turn))
+
+    def fixed(self, content: str, stream: bool) -> Response:
+        """An answer made without a turn (a front end's task): no session, no usage."""
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        info = {"front_end_task": True}
+        if stream:
+            frames = [self.chunk({"role": "assistant", "content": ""}), self.chunk({"content": content}),
+                      self.chunk({}, "stop", chatrun=info), "data: [DONE]\n\n"]
+            return _sse(_frames_of(frames))
+        return JSONResponse({
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                         "message": {"role": "assistant", "content": content, "refusal": None}}],
+            "usage": usage, "system_fingerprint": None, "chatrun": info,
+        })
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
         payload = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -296,6 +343,21 @@ class ChatCompletion(TurnRequest):
                                        "usage": result.usage}
             frames.append("data: " + json.dumps(payload) + "\n\n")
         return [*frames, "data: [DONE]\n\n"]
+
+
+def attempt_of(index: TurnIndex, request: Request, body: dict[str, Any], ident: Identity, text: str,
+               who: Principal | None) -> Attempt:
+    """Which request this is, for exactly-once: an Idempotency-Key names it; without one, it is
+    what it says about its turn, and only the SDKs' own retries (x-stainless-retry-count > 0)
+    look for an earlier attempt: the same request sent again by a user is a regenerate (a fork)."""
+    owner = who.name if who is not None else None
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None:
+        check_request_id(key)
+        return Attempt(index.request_key(ident.bot, owner, ["idempotency-key", key]), True)
+    what = [ident.namespace, ident.explicit_id, ident.route, ident.earlier, text, body.get("response_format")]
+    retries = request.headers.get(RETRY_HEADER, "0").strip()
+    return Attempt(index.request_key(ident.bot, owner, what), retries.isdigit() and int(retries) > 0)
 
 
 # -- Responses ---------------------------------------------------------------------------------------
@@ -468,6 +530,11 @@ def model_ids(registry: SessionRegistry) -> list[str]:
 def _output_message(message_id: str, text: str | None, status: str) -> dict[str, Any]:
     content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
     return {"type": "message", "id": message_id, "role": "assistant", "status": status, "content": content}
+
+
+async def _frames_of(frames: list[str]) -> AsyncIterator[str]:
+    for frame in frames:
+        yield frame
 
 
 def _sse(frames: AsyncIterator[str]) -> StreamingResponse:

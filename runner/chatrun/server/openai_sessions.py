@@ -23,6 +23,7 @@ kept (an older one matches nothing: rule 3), and a session's records go when it 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -48,6 +49,12 @@ log = logging.getLogger("chatrun.server.openai")
 CONTINUED = "continued"  # the request is the next turn of a stored session
 FORKED = "forked"  # a new session forked from an earlier turn of another
 NEW_SESSION = "new"  # nothing matched: a new session (earlier messages seeded into its memory)
+REPLAYED = "replayed"  # a retry of a request whose turn committed: its answer again, nothing run
+
+# How long a retry waits for the attempt it repeats (still running, perhaps on another replica)
+# to commit or fail, and how old a claim may be before it counts as abandoned (a replica died).
+REPLAY_WAIT = 300.0
+REPLAY_POLL = 0.1
 
 Exchange = list[tuple[str, str]]  # (role, text) pairs, role "user" or "assistant"
 # Turns of a session that can be continued or forked from. Each record holds a snapshot and the
@@ -95,6 +102,13 @@ class TurnIndex:
     def prefix_key(bot: str, owner: str | None, namespace: str, exchange: Exchange) -> str:
         text = json.dumps([bot, owner or "", namespace, exchange], ensure_ascii=False, separators=(",", ":"))
         return "openai:prefix:" + hashlib.sha256(text.encode()).hexdigest()
+
+    @staticmethod
+    def request_key(bot: str, owner: str | None, what: list[Any]) -> str:
+        """The key of one request's outcome: `what` is an Idempotency-Key, or everything the
+        request says about its turn (namespace, session, route, conversation, input)."""
+        text = json.dumps([bot, owner or "", what], ensure_ascii=False, separators=(",", ":"))
+        return "openai:request:" + hashlib.sha256(text.encode()).hexdigest()
 
     @staticmethod
     def response_key(response_id: str) -> str:
@@ -146,6 +160,34 @@ class TurnIndex:
             return
         async with registry.session(ident.bot, secrets.token_hex(8), who, NEW, route=ident.route) as session:
             yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
+
+    # -- exactly once: a retried request replays the turn its first attempt committed ---------
+
+    async def claim(self, key: str) -> None:
+        """Mark a request as running, so that its retries (on any replica) wait for its outcome."""
+        await self.records.put_record(key, {"running": True, "at": time.time()})
+
+    async def release(self, key: str) -> None:
+        """The attempt committed nothing (it failed, or was refused): a retry runs afresh."""
+        record = await self.records.get_record(key)
+        if record is not None and record.get("running"):
+            await self.records.delete_record(key)
+
+    async def settle(self, key: str, outcome: dict[str, Any], session_id: str) -> None:
+        """What a committed attempt answered, for its retries (deleted with the session)."""
+        await self.records.put_record(key, outcome, session_id)
+
+    async def outcome(self, key: str) -> dict[str, Any] | None:
+        """The committed outcome of an earlier attempt of this request, waiting while one runs;
+        None when there is none (never tried, failed, or abandoned by a replica that died)."""
+        deadline = time.monotonic() + REPLAY_WAIT
+        while True:
+            record = await self.records.get_record(key)
+            if record is None or not record.get("running"):
+                return record
+            if time.time() - float(record.get("at", 0)) > REPLAY_WAIT or time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(REPLAY_POLL)
 
     # -- after a committed turn ---------------------------------------------------------------
 

@@ -5,6 +5,7 @@ error objects.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from chatrun import events as ev
 from chatrun.memory.tokens import estimate_tokens
 from chatrun.server import wire
 from chatrun.server.auth import Principal
-from chatrun.server.openai_sessions import Exchange, Identity, Opened, TurnIndex
+from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Opened, TurnIndex
 from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
 
 SEPARATOR = "\n\n"  # between the texts of a turn's several Message/Object events
@@ -108,23 +109,74 @@ class Reply:
         return json.dumps(self.objects[0] if len(self.objects) == 1 else self.objects, ensure_ascii=False)
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a request that may be retried: `key` names its outcome in the index,
+    `retry` whether an earlier attempt may have committed it (an Idempotency-Key, or an SDK's
+    retry): then that attempt's answer is replayed instead of running the turn again."""
+
+    key: str
+    retry: bool
+
+
 @dataclass
 class TurnResult:
-    opened: Opened
+    opened: Opened | None  # None: a replay
     reply: Reply
     ok: bool
     error: str | None
     usage: dict[str, Any]  # OpenAI's usage object: counts and *_details mappings
     usage_estimated: bool
     session: dict[str, Any]
+    events: list[dict[str, Any]] = field(default_factory=list)  # the client's events, without Stream chunks
 
 
 async def run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
+    emit: Emit, keys_after: Callable[[Reply], list[str]], attempt: Attempt | None = None,
+) -> TurnResult:
+    """One turn in the request's session; the index records it when it commits. With an
+    `attempt`, a retry of a committed request replays that turn's answer instead."""
+    if attempt is None:
+        return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after)
+    if attempt.retry:
+        recorded = await index.outcome(attempt.key)
+        if recorded is not None:
+            return _replay(recorded, emit)
+    await index.claim(attempt.key)
+    try:
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after)
+    except BaseException:
+        await asyncio.shield(index.release(attempt.key))
+        raise
+    if result.ok:
+        await index.settle(attempt.key, {"events": result.events, "usage": result.usage,
+                                         "estimated": result.usage_estimated, "session": result.session},
+                           result.session["session"])
+    else:
+        await index.release(attempt.key)
+    return result
+
+
+def _replay(recorded: dict[str, Any], emit: Emit) -> TurnResult:
+    """The answer a committed attempt gave, sent again (its events, as the client saw them)."""
+    reply = Reply()
+    emit(OPENED)
+    for item in recorded.get("events", []):
+        event = ev.Event.from_dict(item)
+        reply.feed(event)
+        emit(event)
+    info = dict(recorded.get("session") or {}) | {"how": REPLAYED}
+    info.pop("forked_from", None)
+    return TurnResult(None, reply, True, None, recorded.get("usage") or {}, bool(recorded.get("estimated")), info)
+
+
+async def _run_turn(
+    index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
     emit: Emit, keys_after: Callable[[Reply], list[str]],
 ) -> TurnResult:
-    """One turn in the request's session; the index records it when it commits."""
     reply = Reply()
+    events: list[dict[str, Any]] = []
     async with index.open(ident, who) as opened:
         session = opened.session
         if session.ended:  # before OPENED: a streaming request fails with its status, no stream
@@ -137,6 +189,8 @@ async def run_turn(
             if event.type == ev.ERROR:
                 error = str(event.data)
             reply.feed(event)
+            if event.type != ev.STREAM:  # what a replay sends again: the Message has the chunks' text
+                events.append(event.to_dict())
             emit(event)
         entry = session.last_turn or {}
         ok = bool(entry.get("ok")) and error is None
@@ -155,7 +209,7 @@ async def run_turn(
             info["usage_estimated"] = True
         if cost is not None:
             info["cost"] = cost
-        return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info)
+        return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
 
 
 def openai_usage(turn_usage: dict[str, Any] | None, prompt_texts: list[str],

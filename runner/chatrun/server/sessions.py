@@ -18,6 +18,7 @@ caller's block; `turn()` runs one turn of it; `delete()` deletes it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -46,6 +47,8 @@ from chatrun.server.turnlog import TurnReport
 from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, LeaseSettings, as_async_store
 from chatrun.store.record import Committed
+
+STORE_PING_TIMEOUT = 2.0  # seconds /health waits for the store's answer before calling it unreachable
 
 if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
@@ -118,6 +121,18 @@ class SessionRegistry:
     def in_progress(self) -> int:
         """Requests holding or waiting for a session."""
         return self.gate.active + self.gate.waiting
+
+    async def store_ready(self) -> bool:
+        """Whether the store answers now (readiness: /health, and whether a failure was the
+        store's). A store that cannot be asked (a file, memory) is taken as ready."""
+        ping = getattr(self.store, "ping", None)
+        if ping is None:
+            return True
+        try:
+            await asyncio.wait_for(ping(), STORE_PING_TIMEOUT)
+        except Exception:  # unreachable, refused, timed out: not ready, whatever the cause
+            return False
+        return True
 
     # -- bots -------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from chatrun.errors import (  # the server's request errors, used as wire.Reques
     NotPending,
     RequestFailed,
 )
+from chatrun.messages import lone_surrogate_at
 
 CONNECT = "Connect"
 CHAT_ROUTE_MESSAGE = "ChatRouteMessage"
@@ -286,32 +287,6 @@ def load_json(text: str | bytes, what: str) -> Any:
     return value
 
 
-def lone_surrogate_at(value: Any, path: str = "") -> str | None:
-    """The path of the first text in `value` (keys included) holding a lone UTF-16 surrogate,
-    or None. Such text is valid JSON (`"\\ud800"`) but no UTF-8 socket, file or database can
-    carry it, so it is refused where it comes in."""
-    todo = [(value, path)]
-    while todo:
-        item, where = todo.pop()
-        if isinstance(item, str):
-            if not _encodable(item):
-                return where
-        elif isinstance(item, dict):
-            for key, inner in item.items():
-                if isinstance(key, str) and not _encodable(key):
-                    return f"{where}.{key!a}".lstrip(".")
-                todo.append((inner, f"{where}.{key}".lstrip(".")))
-        elif isinstance(item, list):
-            todo.extend((inner, f"{where}[{i}]") for i, inner in enumerate(item))
-    return None
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _depth(value: Any) -> int:
@@ -386,14 +361,15 @@ class Dialect:
 
 class TurnFrames:
     """Which events of one turn a chat is sent, in order. The Quarkus dialect drops
-    RouteChanged, chatrun's own Error events (a failed turn's reason, a refused action: the
+    RouteChanged and chatrun's own Error events (a failed turn's reason, a refused action: the
     Quarkus runtime never sends Error; a bot's emitted Error is an application event and goes
-    out) and the full Message that follows a run of Stream chunks (a Quarkus streaming route
-    sends chunks and no Message)."""
+    out). A streamed reply reaches it as a Quarkus route's would: one Message (a route returning
+    String), or, from a route with `stream_to_quarkus: true` (Multi<String>), its Stream chunks
+    and not the full Message that follows them."""
 
     def __init__(self, dialect: Dialect):
         self.dialect = dialect
-        self._after_stream = False
+        self._after_multi = False
 
     def out(self, event: Any) -> tuple[str, Any] | None:
         """The frame (type, data) a chat is sent for an event, or None. The Quarkus dialect
@@ -406,14 +382,16 @@ class TurnFrames:
         return event.type, event.data
 
     def keep(self, event: Any) -> bool:
-        after_stream, self._after_stream = self._after_stream, event.type == STREAM
+        after_multi, self._after_multi = self._after_multi, event.type == STREAM and getattr(event, "multi", False)
         if self.dialect.extensions:
             return True
         if event.type in (ROUTE_CHANGED, RESOLVED):
             return False
         if event.type == ERROR and getattr(event, "runtime", False):
             return False
-        return not (event.type == MESSAGE and after_stream)
+        if event.type == STREAM:
+            return bool(getattr(event, "multi", False))
+        return not (event.type == MESSAGE and after_multi)
 
 
 QUARKUS_DIALECT = Dialect(extensions=False)

@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketState
 
+from chatrun.engine import tracing
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.outbound import Outbound
@@ -242,10 +243,11 @@ class Connection:
         """A turn's frames in the chat's dialect, then its Completed (or Failed when rolled back)."""
         dialect = self.dialect_of(frame.chat_id)
         frames = dialect.turn()
-        async for event in run:
-            sent = frames.out(event)
-            if sent is not None:
-                await self.send(frame.chat_id, *sent, frame.request_id)
+        with tracing.own_trace():  # one trace per turn, linked to the connection's
+            async for event in run:
+                sent = frames.out(event)
+                if sent is not None:
+                    await self.send(frame.chat_id, *sent, frame.request_id)
         # A replay sends a committed turn again: it succeeded (only successes are recorded).
         last = None if run.replayed else session.last_turn
         if last is not None and last.get("ok") is False:

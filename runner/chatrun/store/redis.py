@@ -69,6 +69,7 @@ log = logging.getLogger("chatrun.store")
 
 WAITER_TTL_MS = 3000  # a waiter that has not polled for this long is dropped from the queue
 QUEUE_KEYS_TTL_MS = 3_600_000  # the queue's keys vanish an hour after the last waiter polled
+RECONNECT_RETRIES = 1  # a command that meets a dead connection is sent once more, on a new one
 
 _ACQUIRE = """
 local t = redis.call('TIME')
@@ -266,6 +267,10 @@ class RedisStore:
     def __init__(self, url: str, settings: LeaseSettings = LeaseSettings()):  # noqa: B008 - frozen
         try:
             import redis.asyncio as aioredis
+            from redis.asyncio.retry import Retry
+            from redis.backoff import ExponentialBackoff
+            from redis.exceptions import ConnectionError as RedisConnectionError
+            from redis.exceptions import TimeoutError as RedisTimeoutError
         except ModuleNotFoundError:
             raise ChatrunError(
                 f"store {redacted(url)}: the Redis store needs the redis package; "
@@ -276,9 +281,14 @@ class RedisStore:
         self.settings = settings
         password = None if urlsplit(client_url).password else os.environ.get("CHATRUN_REDIS_PASSWORD")
         # Any: the stubs type replies as bytes | str; decode_responses=True makes them str.
+        # A command that meets a dead connection (Redis restarted: every pooled connection is
+        # stale) reconnects and is sent once more; the commit that could run twice that way is
+        # fenced by its expected version. Without `retry`, a pool's connections never retry.
         self.client: Any = aioredis.from_url(
             client_url, decode_responses=True, password=password,
             socket_connect_timeout=5, socket_keepalive=True, health_check_interval=30,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
         self._acquire = self.client.register_script(_ACQUIRE)
         self._leave = self.client.register_script(_LEAVE)

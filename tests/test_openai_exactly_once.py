@@ -1,0 +1,117 @@
+"""/v1/chat/completions runs a turn once however the client retries (docs/openai-api.md,
+"Retries run a turn once"): the real openai SDK, its own retries, two replicas on a real Redis,
+and a side-effecting `http:` tool whose calls a local receiver counts."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+import chatrun
+from chat_support import call
+from chatrun.server import create_app
+from server_support import ThreadServer
+from webhook_support import Receiver
+
+pytestmark = pytest.mark.slow  # a redis-server process
+
+BOT = """
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: false}
+routes:
+  main:
+    default: true
+    system: You place orders.
+    tools: [place_order]
+tools:
+  place_order:
+    description: Place the order (charges the customer)
+    parameters: {type: object, properties: {item: {type: string}}, required: [item]}
+    http: {url: "RECEIVER/orders", method: POST, json: {item: "{{ args.item }}"}}
+"""
+
+
+class Alternating(httpx.BaseTransport):
+    """Sends each attempt to the next replica in turn: a load balancer the SDK's retries pass."""
+
+    def __init__(self, urls: list[str]):
+        self.urls, self.sent = urls, 0
+        self.inner = httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        target = httpx.URL(self.urls[self.sent % len(self.urls)])
+        self.sent += 1
+        request.url = request.url.copy_with(host=target.host, port=target.port)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture
+def shop(tmp_path, write_bot):
+    with Receiver() as receiver:
+        yield chatrun.load_bot(write_bot(BOT.replace("RECEIVER", receiver.url))), receiver
+
+
+def replicas(bot, url: str) -> tuple[ThreadServer, ThreadServer]:
+    return ThreadServer(create_app([bot], url)), ThreadServer(create_app([bot], url))
+
+
+def sdk(transport: Alternating, timeout: float, retries: int) -> openai.OpenAI:
+    return openai.OpenAI(base_url=transport.urls[0] + "/v1", api_key="x", timeout=timeout, max_retries=retries,
+                         http_client=httpx.Client(transport=transport))
+
+
+def test_the_sdks_retries_on_another_replica_replay_the_committed_turn(fake, shop, redis_server):
+    bot, receiver = shop
+    # The first attempt calls the tool, then its model answers slower than the client waits:
+    # the client gives up and retries, on the other replica, while the turn runs and commits.
+    fake.queue(call("place_order", item="tea"), {"text": "Ordered: tea.", "delay": 3.0})
+    one, two = replicas(bot, redis_server.url())
+    with one, two:
+        transport = Alternating([one.url, two.url])
+        with sdk(transport, timeout=1.5, retries=6) as client:
+            reply = client.chat.completions.create(model="shop", messages=[{"role": "user", "content": "tea please"}])
+    assert transport.sent >= 2  # the SDK did retry
+    assert len(receiver.seen()) == 1  # the order was placed once
+    assert reply.choices[0].message.content == "Ordered: tea."
+    assert reply.model_extra["chatrun"]["how"] == "replayed"
+    assert fake.pending == 0 and len(fake.requests) == 2  # one turn's model calls, no more
+
+
+def test_an_idempotency_key_replays_on_any_replica_and_a_regenerate_still_forks(fake, shop, redis_server):
+    bot, receiver = shop
+    fake.queue(call("place_order", item="tea"), {"text": "Ordered: tea."})
+    one, two = replicas(bot, redis_server.url())
+    messages = [{"role": "user", "content": "tea please"}]
+    with one, two:
+        transport = Alternating([one.url, two.url])
+        with sdk(transport, timeout=30, retries=0) as client:
+            first = client.chat.completions.create(model="shop", messages=messages,
+                                                   extra_headers={"Idempotency-Key": "order-1"})
+            again = client.chat.completions.create(model="shop", messages=messages,
+                                                   extra_headers={"Idempotency-Key": "order-1"})
+            assert len(receiver.seen()) == 1
+            assert again.choices[0].message.content == first.choices[0].message.content == "Ordered: tea."
+            assert again.model_extra["chatrun"]["how"] == "replayed"
+            assert again.model_extra["chatrun"]["session"] == first.model_extra["chatrun"]["session"]
+            # The same request without a key and not marked as a retry is the user's: it runs.
+            fake.queue(call("place_order", item="tea"), {"text": "Ordered another tea."})
+            regenerated = client.chat.completions.create(model="shop", messages=messages)
+    assert regenerated.choices[0].message.content == "Ordered another tea."
+    assert regenerated.model_extra["chatrun"]["how"] == "new"
+    assert len(receiver.seen()) == 2
+
+
+def test_a_failed_attempt_is_run_again_by_its_retry(fake, shop, redis_server):
+    bot, receiver = shop
+    fake.queue({"status": 500, "body": "down"}, {"text": "Hello."})
+    one, two = replicas(bot, redis_server.url())
+    with one, two:
+        transport = Alternating([one.url, two.url])
+        with sdk(transport, timeout=30, retries=2) as client:
+            reply = client.chat.completions.create(model="shop", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "Hello."
+    assert reply.model_extra["chatrun"]["how"] == "new" and transport.sent == 2
