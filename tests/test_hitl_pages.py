@@ -7,7 +7,7 @@ card; the operator page lists it, edits the amount, approves; the user's page sh
 resolved and the bot's reply with the edited amount. A takeover round trip: the user asks for a
 person, the operator takes over (the user's page shows the banner), speaks (marked as the
 operator's), reads the user's answer, releases (the banner goes, the bot answers again). The
-user's own decisions: a question's form (validation in place) and its choices as buttons.
+user's own decisions: a question's form (validation in place), its choices as buttons, an approval.
 
 Set CHATRUN_SCREENSHOTS=DIR to keep screenshots (1280 px and 390 px)."""
 
@@ -40,6 +40,8 @@ def responder(body: dict[str, Any]) -> dict[str, Any]:
         return {"text": "Tool said: " + str(messages[-1]["content"])}
     user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
     words = str(user).split()
+    if words and words[0] == "cancel":
+        return {"tool_calls": [{"name": "cancel", "arguments": {"order": words[1]}}]}
     if words and words[0] == "refund":
         return {"tool_calls": [{"name": "refund", "arguments": {"order": words[1], "amount": float(words[2])}}]}
     if words and words[0] in ("delivery", "size", "human"):
@@ -127,6 +129,8 @@ def test_the_operator_edits_and_approves_a_refund_the_user_waits_for(pages, widt
 
     operator = pages.open("/operator", SAM, width)
     operator.select_option("#kind-filter", "approval")
+    operator.locator(".op-session .op-kind.approval").wait_for(timeout=30_000)
+    shot(operator, f"hitl-operator-list-{width}")
     open_waiting(operator, "approval")
     card = operator.locator('#detail .pending-card[data-kind="approval"]')
     assert card.locator(".pending-ask").inner_text() == "Refund 80.0 EUR on A7?"
@@ -149,6 +153,9 @@ def test_the_operator_edits_and_approves_a_refund_the_user_waits_for(pages, widt
     reply.wait_for(timeout=30_000)
     assert '"refunded": 40' in reply.inner_text()
     shot(user, f"hitl-user-approved-{width}")
+    user.reload()  # the history replays the card, resolved
+    user.wait_for_selector("body[data-ready=true]", timeout=30_000)
+    assert user.locator('.pending-card[data-state="resolved"] .pending-status').inner_text() == "Approved with changes by sam"
     # The operator page shows the decision and drops the item.
     operator.wait_for_function("!document.querySelector('#detail .pending-card')", timeout=30_000)
     assert "approved p1" in operator.locator("#op-history").inner_text()
@@ -191,7 +198,7 @@ def test_a_takeover_round_trip(pages, width):
 
 
 @pytest.mark.parametrize("width", [1280, 390])
-def test_the_user_answers_a_form_and_picks_a_choice(pages, width):
+def test_the_user_answers_a_form_picks_a_choice_and_approves(pages, width):
     user = pages.open("/", ANA, width)
     say(user, "delivery")
     card = user.locator('.pending-card[data-kind="question"]')
@@ -215,19 +222,31 @@ def test_the_user_answers_a_form_and_picks_a_choice(pages, width):
     card.locator('[data-field="slot"] select').select_option(label="afternoon")
     card.locator('[data-field="ring"] input').check()
     card.locator("button.answer").click()
-    card.locator('[data-state="resolved"]').or_(user.locator('.pending-card[data-kind="question"][data-state="resolved"]')).first.wait_for(timeout=30_000)
-    assert user.locator('.pending-card[data-kind="question"]').first.get_attribute("data-outcome") == "answered"
+    answered = user.locator('.pending-card[data-kind="question"][data-outcome="answered"]')
+    answered.wait_for(timeout=30_000)
+    assert answered.locator(".pending-status").inner_text() == (
+        "Answered by ana: Street Main St 1 · Floor 2 · Time slot afternoon · Ring the bell yes")
+    assert answered.locator("input, select, button").count() == 0
 
     say(user, "size")
     sizes = user.locator('.pending-card[data-kind="question"]').last
     assert sizes.locator("button.choice").all_inner_texts() == ["Small", "Large"]
     sizes.locator("button.choice", has_text="Large").click()
-    user.wait_for_selector('.pending-card[data-kind="question"][data-outcome="answered"] >> nth=1', timeout=30_000)
+    sizes.locator(".pending-status", has_text="Answered by ana: Large").wait_for(timeout=30_000)
     state = user.evaluate(f"fetch('/bots/shop/sessions/' + localStorage.getItem('chatrun:' + location.host + ':shop:chatId'),"
                           f" {{headers: {{Authorization: 'Bearer {ANA}'}}}}).then(r => r.json())")
     assert state["state"] == {"delivery": {"street": "Main St 1", "floor": 2, "slot": "afternoon", "ring": True},
                               "size": "L"}
     shot(user, f"hitl-user-answered-{width}")
+
+    say(user, "cancel B2")  # an approval the user gives: buttons, no form (nothing is editable)
+    mine = user.locator('.pending-card[data-kind="approval"]')
+    assert mine.locator("button").all_inner_texts() == ["Approve", "Reject"]
+    assert mine.locator(".pf-field").count() == 0
+    shot(user, f"hitl-user-approval-{width}")
+    mine.locator("button.approve").click()
+    mine.locator(".pending-status", has_text="Approved by ana").wait_for(timeout=30_000)
+    assert '"cancelled": "B2"' in user.locator(".msg.bot").last.inner_text()
 
 
 def test_the_operator_page_refuses_a_token_without_the_role(pages):

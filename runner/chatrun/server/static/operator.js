@@ -162,7 +162,7 @@
     back.addEventListener("click", () => { open = null; document.body.classList.remove("op-open"); refreshList(); });
     head.appendChild(back);
     head.appendChild(el("h2", "", data.bot + " · " + data.id));
-    head.appendChild(el("span", "muted small", "on " + data.route + " · " + data.turn + " turns"));
+    head.appendChild(el("span", "muted small", "on " + data.route + " · " + data.turn + (data.turn === 1 ? " turn" : " turns")));
     box.appendChild(head);
     box.appendChild(renderActions(data));
     box.appendChild(renderHistory(data.history || []));

@@ -151,6 +151,7 @@
     node.dataset.item = item.id;
     node.dataset.kind = item.kind;
     node.dataset.state = "open";
+    node.item = item;
     node.appendChild(el("div", "tag", KIND_TITLE[item.kind] || humanize(item.kind)));
     node.appendChild(el("div", "pending-ask", item.ask));
     if (item.args && Object.keys(item.args).length) {
@@ -250,9 +251,20 @@
         }
       }
     }
-    if (resolved.answer !== undefined) text += ": " + plain(resolved.answer);
+    if (resolved.answer !== undefined) text += ": " + answerText(resolved.answer, node.item || {});
     if (resolved.reason) text += " (" + resolved.reason + ")";
     node.querySelector(".pending-status").textContent = text;
+  }
+
+  /** An answer as people read it: a choice's label; an object's fields with the schema's titles. */
+  function answerText(answer, item) {
+    const choice = (item.choices || []).find((c) => JSON.stringify(c.value) === JSON.stringify(answer));
+    if (choice) return choice.label;
+    if (answer && typeof answer === "object" && !Array.isArray(answer)) {
+      const props = (item.schema && item.schema.properties) || {};
+      return Object.keys(answer).map((k) => ((props[k] && props[k].title) || humanize(k)) + " " + plain(answer[k])).join(" · ");
+    }
+    return plain(answer);
   }
 
   window.ChatrunPending = { card: card, resolve: resolve, schemaForm: schemaForm, plain: plain };
