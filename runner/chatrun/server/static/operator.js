@@ -153,6 +153,9 @@
 
   function renderSession(data, inspect) {
     const box = $("detail");
+    // A redraw (the user wrote meanwhile) keeps a half-typed operator message.
+    const typing = $("operator-input");
+    const draft = typing && box.dataset.session === data.id ? { text: typing.value, focused: document.activeElement === typing } : null;
     box.textContent = "";
     box.dataset.session = data.id;
     box.dataset.turn = String(data.turn);
@@ -167,6 +170,11 @@
     box.appendChild(renderActions(data));
     box.appendChild(renderHistory(data.history || []));
     box.appendChild(renderInspector(data, inspect));
+    const input = $("operator-input");
+    if (input && draft) {
+      input.value = draft.text;
+      if (draft.focused) input.focus();
+    }
   }
 
   /** The open items with their controls, and the takeover's: take, speak, release. */
@@ -174,7 +182,7 @@
     const box = el("div", "op-actions");
     for (const item of data.pending || []) {
       if (item.kind === "takeover") continue;
-      box.appendChild(ChatrunPending.card(item, { canDecide: true, decide: (body) => decide(item.id, body) }));
+      box.appendChild(ChatrunPending.card(item, { canDecide: true, reason: true, decide: (body) => decide(item.id, body) }));
     }
     const taken = data.taken_over;
     const bar = el("div", "op-takeover");
@@ -201,7 +209,10 @@
       say.appendChild(send);
       say.addEventListener("submit", (ev) => {
         ev.preventDefault();
-        if (input.value.trim()) act("/operator/messages", { text: input.value });
+        const text = input.value;
+        if (!text.trim()) return;
+        input.value = "";
+        act("/operator/messages", { text: text }).then((ok) => { if (!ok && !$("operator-input").value) $("operator-input").value = text; });
       });
       bar.appendChild(say);
       const release = el("div", "op-release");
@@ -241,10 +252,11 @@
       });
     } catch (err) {
       $("action-problem").textContent = err.message;
-      return;
+      return false;
     }
     await refreshSession();
     refreshList();
+    return true;
   }
 
   /** The conversation as the user saw it (the user's messages during a takeover are its

@@ -143,7 +143,8 @@
 
   // -- the card ----------------------------------------------------------------------------------
 
-  /** A card for a pending item. opts.canDecide: show the controls; opts.decide(body) sends
+  /** A card for a pending item. opts.canDecide: show the controls (opts.reason: a reason field
+   * for approvals); opts.decide(body) sends
    * `{"decision"...}` or `{"answer"...}` and resolves with the turn (or rejects with the server's
    * message, shown in the card; the item stays open). */
   function card(item, opts) {
@@ -204,12 +205,18 @@
     if (item.kind === "approval") {
       const form = (item.edit || []).length ? editForm(item) : null;
       if (form) box.appendChild(form);
+      const reason = opts.reason ? field("reason", { type: "string" }, false, undefined, "Reason (optional; the bot is told)") : null;
+      if (reason) box.appendChild(reason);
+      const withReason = (body) => {
+        const why = reason ? reason.read() : undefined;
+        return why ? Object.assign(body, { reason: why }) : body;
+      };
       button("Approve", "primary approve", (b) => {
         let args = null;
         try { args = form ? form.read() : null; } catch (err) { return; } // the field says why
-        send(args ? { decision: "approve", args: args } : { decision: "approve" }, b);
+        send(withReason(args ? { decision: "approve", args: args } : { decision: "approve" }), b);
       });
-      button("Reject", "reject", (b) => send({ decision: "reject" }, b));
+      button("Reject", "reject", (b) => send(withReason({ decision: "reject" }), b));
     } else if (item.choices && item.choices.length) {
       for (const choice of item.choices) {
         const b = button(choice.label, "choice", (picked) => send({ answer: choice.value }, picked));
