@@ -25,28 +25,11 @@ from typing import Any
 import pytest
 
 from browser_support import BROWSER_MARKS, chromium, shot
+from hitl_support import SHOP, responder
 from server_support import free_port
 
 pytestmark = BROWSER_MARKS
-HERE = Path(__file__).parent / "fixtures" / "hitl_shop"
 ANA, SAM = "ana-token-123", "sam-token-123"  # tests/fixtures/hitl_shop/auth.yaml
-
-
-def responder(body: dict[str, Any]) -> dict[str, Any]:
-    """The model: `refund ORDER AMOUNT`, `delivery`, `size`, `human` call their tools; a tool's
-    result is read back; anything else is echoed."""
-    messages = body["messages"]
-    if messages[-1]["role"] == "tool":
-        return {"text": "Tool said: " + str(messages[-1]["content"])}
-    user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-    words = str(user).split()
-    if words and words[0] == "cancel":
-        return {"tool_calls": [{"name": "cancel", "arguments": {"order": words[1]}}]}
-    if words and words[0] == "refund":
-        return {"tool_calls": [{"name": "refund", "arguments": {"order": words[1], "amount": float(words[2])}}]}
-    if words and words[0] in ("delivery", "size", "human"):
-        return {"tool_calls": [{"name": words[0], "arguments": {}}]}
-    return {"text": f"You said {user}."}
 
 
 @pytest.fixture
@@ -55,8 +38,8 @@ def server(fake, tmp_path):
     fake.responder = responder
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "runner"))
-    proc = subprocess.Popen([sys.executable, "-m", "chatrun", "serve", str(HERE / "shop.yaml"),
-                             "--auth", str(HERE / "auth.yaml"), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "chatrun", "serve", str(SHOP / "shop.yaml"),
+                             "--auth", str(SHOP / "auth.yaml"), "--port", str(port),
                              "--store", f"sqlite:///{tmp_path / 's.db'}"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
