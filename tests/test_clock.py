@@ -47,6 +47,7 @@ tools:
         - if: (args.day or state.due) | date < today
           then: {reply: overdue}
         - else: {reply: "not yet, {{ (state.due | datetime) - now }} to go"}
+format: 2
 """
 
 

@@ -216,7 +216,7 @@ def test_markers_are_recognised():
                 assert marker and marker.group(1).startswith(kinds), f"{page.name}:{n}: {line}"
 
 
-@pytest.mark.parametrize("command", ["", "validate", "graph", "repl", "test", "serve"])
+@pytest.mark.parametrize("command", ["", "validate", "graph", "repl", "test", "serve", "upgrade", "diff"])
 def test_help_examples_name_files_that_exist_and_the_quick_ones_run(command, tmp_path):
     env = shell_env()
     out = run(f"chatrun {command} --help", REPO, env)

@@ -152,7 +152,7 @@ def test_an_empty_secret_in_an_openapi_tools_headers_is_reported_where_it_is_wri
     orders = Path(__file__).resolve().parents[1] / "bots" / "orders"
     _config, found = check_bot(orders)
     errors = [(Path(d.file).name, d.line, d.message) for d in found if d.severity == "error"]
-    assert ("bot.yaml", 56, "`openapi.headers.Authorization` of tool `cancel_order` reads `env.ORDERS_API_TOKEN`, "
+    assert ("bot.yaml", 57, "`openapi.headers.Authorization` of tool `cancel_order` reads `env.ORDERS_API_TOKEN`, "
                             "which is set but empty; a secret cannot be empty (the request would go out without it); "
                             "set it to its value") in errors
     assert any("`http.headers.Authorization` of tool `get_order`" in message for _, _, message in errors)

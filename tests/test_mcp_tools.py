@@ -228,3 +228,46 @@ def test_validate_connect_checks_mcp_tool_names(write_bot):
            "search_notes" in checked.output
     assert "route `main` uses MCP tool `no_such`" in checked.output
     assert "search_notes`, which" not in checked.output
+
+
+ENV_SERVER = '''
+import os
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("env")
+
+
+@server.tool()
+def read_env(variable: str) -> str:
+    """The value of an environment variable of this server."""
+    return os.environ.get(variable, "<unset>")
+
+
+server.run("stdio")
+'''
+
+
+@pytest.mark.subprocess  # a stdio MCP server
+def test_a_stdio_servers_env_adds_variables_to_the_environment_it_inherits(write_bot, tmp_path, monkeypatch):
+    (tmp_path / "env_server.py").write_text(ENV_SERVER)
+    monkeypatch.setenv("CHATRUN_TEST_INHERITED", "from chatrun's environment")
+    bot = chatrun.load_bot(write_bot("""
+        name: n
+        model: {provider: scripted, name: m}
+        mcp_servers:
+          envs: {command: [python, env_server.py], env: {NOTES_DIR: /srv/notes, CHATRUN_TEST_INHERITED: replaced}}
+        routes:
+          main: {default: true, system: Env., mcp: [envs]}
+        """))
+    model = chatrun.ScriptedModel([call("read_env", variable="NOTES_DIR"), call("read_env", variable="CHATRUN_TEST_INHERITED"),
+                                   call("read_env", variable="PATH"), {"text": "ok"}])
+
+    async def run() -> chatrun.Session:
+        session = bot.session(model=model)
+        await session.achat("where?")
+        await bot.tools.aclose()
+        return session
+
+    told = results(asyncio.run(run()))
+    assert told[:2] == ['{"result": "/srv/notes"}', '{"result": "replaced"}']  # env: wins over the inherited value
+    assert told[2] not in ('{"result": ""}', '{"result": "<unset>"}')  # the rest of the environment is inherited

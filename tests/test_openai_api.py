@@ -171,6 +171,30 @@ def test_async_client_and_object_events_as_json(fake, tmp_path, write_bot):
 
     assert json.loads(asyncio.run(ask())) == {"price": 120, "currency": "EUR"}
 
+    # Without response_format a chat client shows the object readably, and a program still gets
+    # the data itself in the chatrun field.
+    fake.queue(call("quote", price=120))
+
+    async def ask_plainly() -> tuple[str, dict]:
+        with ThreadServer(create_app([bot], "memory://")) as server:
+            async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+                reply = await client.chat.completions.create(
+                    model="quote", messages=[{"role": "user", "content": "price?"}])
+                return reply.choices[0].message.content, reply.model_extra["chatrun"]
+
+    text, field = asyncio.run(ask_plainly())
+    assert text == "- **Price:** 120\n- **Currency:** EUR"
+    assert field["objects"] == [{"price": 120, "currency": "EUR"}]
+
+
+def test_readable_objects_nest_and_say_yes():
+    from chatrun.server.openai_turn import readable
+
+    assert readable({"flight": {"from": "ZRH", "to": "LIS"}, "paid": True, "seats": ["3A", "3B"], "note": None}) == (
+        "- **Flight:**\n  - **From:** ZRH\n  - **To:** LIS\n- **Paid:** yes\n- **Seats:**\n  - 3A\n  - 3B\n"
+        "- **Note:** —")
+    assert readable("plain") == "plain"
+
 
 def test_thinking_events_only_when_asked_for(client, fake):
     queue_booking(fake)
@@ -214,6 +238,32 @@ def test_regenerating_the_last_answer_forks_from_the_turn_before(client, fake):
     history += [{"role": "assistant", "content": BOOKED}, {"role": "user", "content": "thanks"}]
     fake.queue({"text": "You're welcome"})
     assert info(say(client, history))["session"] == info(first)["session"]
+
+
+def test_a_turn_recorded_with_its_state_inline_still_forks(client, fake, tmp_path):
+    """Records written before a turn's state had a record of its own hold it inline."""
+    import json
+    import sqlite3
+
+    fake.queue({"text": "A1"}, {"text": "A2"}, {"text": "A2 again"})
+    h = [{"role": "user", "content": "one"}]
+    s = info(say(client, h))["session"]
+    h += [{"role": "assistant", "content": "A1"}, {"role": "user", "content": "two"}]
+    say(client, h)
+    with sqlite3.connect(tmp_path / "chat.db") as db:  # turn 1's record, as the older chatrun wrote it
+        state_key = f"openai:state:{s}:1"
+        (state,) = db.execute("SELECT record FROM records WHERE key = ?", (state_key,)).fetchone()
+        rows = db.execute("SELECT key, record FROM records WHERE session = ? AND key LIKE 'openai:prefix:%'", (s,))
+        for key, text in list(rows):
+            record = json.loads(text)
+            if record["turn"] == 1:
+                del record["state"]
+                db.execute("UPDATE records SET record = ? WHERE key = ?", (json.dumps(record | json.loads(state)), key))
+        db.execute("DELETE FROM records WHERE key = ?", (state_key,))
+    again = say(client, h)  # regenerate turn 2: forks from turn 1's inline state
+    assert info(again)["how"] == "forked" and info(again)["forked_from"] == s and info(again)["turn"] == 2
+    sent = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] != "system"]
+    assert sent == ["one", "A1", "two"]
 
 
 def test_editing_an_earlier_message_forks_from_the_common_prefix(client, fake):
@@ -301,7 +351,10 @@ def test_the_index_keeps_a_sessions_last_turns_and_deletes_them_with_it(client, 
         def records_of(sid):
             return db.execute("SELECT count(*) FROM records WHERE session = ?", (sid,)).fetchone()[0]
         kept = records_of(session)
-        assert 0 < kept <= 2 * 2 + 1  # two turns' keys (response id, prefix) and the list of turns
+        assert 0 < kept <= 2 * 3 + 1  # two turns' keys (response id, prefix), their states, the list of turns
+        states = {k for (k,) in db.execute("SELECT key FROM records WHERE session = ? AND key LIKE 'openai:state:%'",
+                                            (session,))}
+        assert states == {f"openai:state:{session}:2", f"openai:state:{session}:3"}  # turn 1's went with it
         assert httpx.delete(f"{server.url}/bots/travel/sessions/{session}").status_code == 204
         assert records_of(session) == 0
     with pytest.raises(openai.NotFoundError):

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chatrun import ScriptedModel, SessionError, load_bot
+from chatrun import ScriptedModel, load_bot
 from chatrun.engine.reload import BotReloader
 from server_support import free_port
 
@@ -72,21 +72,66 @@ def test_a_valid_reload_keeps_state_scopes_and_memories(tmp_path):
     assert session.preview_messages()[0].content == "Deeper still."
 
 
-def test_a_session_on_a_route_the_edit_removed_gets_a_clear_error_and_can_reset(tmp_path):
-    folder = write(tmp_path / "bot")
-    bot = load_bot(folder)
-    session = bot.session(model=ScriptedModel([{"tool_calls": [{"name": "go_deep", "arguments": {}}]}, "Below."]))
-    session.chat("go down")
+def _without_deep(folder: Path, bot):
     without_deep = BOT.replace('  deep:\n    system: "Deep down."\n', "").replace(
         "action: {push: deep}", "action: {reply: nowhere}")
     write(folder, without_deep)
     outcome = BotReloader(folder, bot).reload()
     assert outcome.ok, [d.format() for d in outcome.diagnostics]
-    session.use_bot(outcome.bot)
-    with pytest.raises(SessionError, match="route 'deep', which the reloaded bot no longer defines; reset"):
-        session.chat("hello?")
-    fresh = outcome.bot.session(model=ScriptedModel(["Hi again."]))
-    assert [e.data for e in fresh.chat("hello?") if e.type == "Message"] == ["Hi again."]
+    return outcome.bot
+
+
+def test_a_session_on_a_route_the_edit_removed_goes_on_at_the_default_route_with_a_note(tmp_path):
+    folder = write(tmp_path / "bot")
+    bot = load_bot(folder)
+    model = ScriptedModel([{"tool_calls": [{"name": "go_deep", "arguments": {}}]}])
+    session = bot.session(model=model)
+    model.add("Back on top.")
+    session.chat("go down")
+    first_scope = session.scopes[0].id
+    new_bot = _without_deep(folder, bot)
+    session.use_bot(new_bot)
+    # restart_scope (the default): the scope on `deep` ended, a new one on `main` took over
+    assert session.stack == ["main", "main"] and session.scopes[0].id == first_scope
+    assert [e.data for e in session.chat("hello?") if e.type == "Message"] == ["Back on top."]
+    sent = [m.to_openai() for m in model.requests[-1].messages]
+    assert any("'deep'" in str(m["content"]) and "no longer exists" in str(m["content"]) for m in sent)
+    entry = session.history[-1]
+    assert entry["ok"] and entry["moved"]["from"] == bot.config.content_version
+    assert entry["moved"]["to"] == new_bot.config.content_version != bot.config.content_version
+    assert "restarted on 'main'" in entry["moved"]["notes"][0]
+    assert session.snapshot()["bot_version"] == new_bot.config.content_version
+
+
+def test_a_failed_turn_after_a_move_rolls_back_the_turn_but_not_the_bots_change(tmp_path):
+    folder = write(tmp_path / "bot")
+    bot = load_bot(folder)
+    model = ScriptedModel([{"tool_calls": [{"name": "go_deep", "arguments": {}}]}])
+    session = bot.session(model=model)
+    session.chat("go down")
+    new_bot = _without_deep(folder, bot)
+    session.use_bot(new_bot)
+    events = session.chat("hello?")  # the scripted model has no answer left: the turn fails
+    assert [e.type for e in events if e.type == "Error"] == ["Error"]
+    stored = session.store.load_session(session.id)
+    assert [s["route"] for s in stored["scopes"]] == ["main", "deep"]  # as it was: nothing committed
+    assert stored["bot_version"] == bot.config.content_version
+    assert session.stack == ["main", "main"] and session.moved is not None  # moved again, for the next turn
+    model.add("Now it works.")
+    assert [e.data for e in session.chat("again") if e.type == "Message"] == ["Now it works."]
+    assert session.store.load_session(session.id)["bot_version"] == new_bot.config.content_version
+
+
+def test_a_stored_session_on_a_lost_route_resumes_on_a_bot_that_lacks_it(tmp_path):
+    folder = write(tmp_path / "bot")
+    bot = load_bot(folder)
+    session = bot.session(model=ScriptedModel([{"tool_calls": [{"name": "go_deep", "arguments": {}}]}, "Below."]))
+    session.chat("go down")
+    new_bot = _without_deep(folder, bot)
+    resumed = new_bot.session(session_id=session.id, store=bot.store, model=ScriptedModel(["Hello from main."]))
+    assert resumed.stack == ["main", "main"]
+    assert [e.data for e in resumed.chat("hi") if e.type == "Message"] == ["Hello from main."]
+    assert resumed.history[-1]["moved"]["from"] is None  # the old version was not at hand
 
 
 def test_an_invalid_edit_keeps_the_old_bot_and_reports_where(tmp_path):

@@ -413,3 +413,72 @@ def test_a_message_to_an_ended_conversation_fails_with_session_not_active(tmp_pa
         reply = client.post("/bots/ender/sessions/e1/messages", json={"userMessage": "hello?"})
         assert reply.json()["error"] == "SessionNotActive"
         assert len(fake.requests) == 1  # no model call for the refused messages
+
+
+POP_AT_ROOT = """
+name: popper
+routes:
+  main:
+    default: true
+    system: Help.
+    tools: [back]
+tools:
+  back:
+    description: Go back
+    action: {pop: true}
+"""
+
+
+def test_a_committed_turn_that_went_on_after_an_error_event_replies_ok_and_matches_its_schema(fake, write_bot):
+    """A refused tool call (popping the root scope) sends an Error event, the model goes on and the
+    turn commits: the reply's `ok` says committed, and /openapi.json documents the reply."""
+    from jsonschema import Draft202012Validator
+
+    with TestClient(app_for_testclient([chatrun.load_bot(write_bot(POP_AT_ROOT))], "memory://")) as c:
+        c.post("/bots/popper/sessions", json={"id": "p1"})
+        fake.queue(call("back"), {"text": "There is nothing to go back to."})
+        reply = c.post("/bots/popper/sessions/p1/messages", json={"userMessage": "back"}).json()
+        history = c.get("/bots/popper/sessions/p1").json()["history"]
+        spec = c.get("/openapi.json").json()
+    assert [e["type"] for e in reply["events"]] == ["Error", "Message"]
+    assert history[-1]["ok"] is True and reply["ok"] is True and reply["turn"] == 1
+    schema = spec["paths"]["/bots/{bot}/sessions/{session_id}/messages"]["post"]["responses"]["200"]["content"][
+        "application/json"]["schema"]
+    assert {"ok", "events", "turn", "replayed"} <= set(schema["required"])
+    assert not list(Draft202012Validator(schema).iter_errors(reply))
+    assert list(Draft202012Validator(schema).iter_errors({**reply, "ok": "yes"}))
+
+
+def test_a_turn_with_no_message_lets_the_bot_speak_first_over_http_and_the_websocket(fake, write_bot):
+    """docs/format.md, "A bot that speaks first": an empty input runs a turn whose model reads only
+    its system prompt; the opening line is in the memory the user's first message follows."""
+    bot = chatrun.load_bot(write_bot(POP_AT_ROOT))
+    with TestClient(app_for_testclient([bot], "memory://")) as c:
+        c.post("/bots/popper/sessions", json={"id": "g1"})
+        fake.queue({"text": "Hello! How can I help?"}, {"text": "Sure."})
+        opening = c.post("/bots/popper/sessions/g1/messages", json={}).json()
+        c.post("/bots/popper/sessions/g1/messages", json={"userMessage": "help me"})
+        fake.queue({"text": "Welcome back."})
+        with c.websocket_connect("/_chat/routes") as ws:
+            connect(ws, "g2")
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "g2", "data": {}})
+            frames = until_done(ws)
+    assert opening["ok"] is True and opening["turn"] == 1
+    assert [(e["type"], e["data"]) for e in opening["events"]] == [("Message", "Hello! How can I help?")]
+    assert [m["role"] for m in fake.requests[0]["messages"]] == ["system"]
+    assert [m["role"] for m in fake.requests[1]["messages"]] == ["system", "assistant", "user"]
+    assert [m["role"] for m in fake.requests[2]["messages"]] == ["system"]
+    assert [f["data"] for f in frames if f["type"] == "Message"] == ["Welcome back."]
+
+
+def test_a_turns_tool_calls_are_kept_in_its_history_entry_for_operators_views_only(fake, write_bot):
+    with TestClient(app_for_testclient([chatrun.load_bot(write_bot(POP_AT_ROOT))], "memory://")) as c:
+        c.post("/bots/popper/sessions", json={"id": "k1"})
+        fake.queue(call("back"), {"text": "There is nothing to go back to."})
+        c.post("/bots/popper/sessions/k1/messages", json={"userMessage": "back"})
+        resource = c.get("/bots/popper/sessions/k1").json()
+        inspected = c.get("/bots/popper/sessions/k1/inspect").json()
+    [made] = inspected["last_turn"]["calls"]  # auth off: the author's own server shows them
+    assert made["tool"] == "back" and made["route"] == "main" and made["args"] == {}
+    assert "tried to pop the root scope" in made["error"] and "result" not in made
+    assert "calls" not in resource["history"][0]  # the user's view of the history

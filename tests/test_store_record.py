@@ -47,6 +47,7 @@ def stored_by_0_1(travel) -> tuple[dict, dict[str, str]]:
                              store=InMemoryStore(), session_id="old")
     session.chat("fly")
     snapshot = session.snapshot() | {"committed": {"turn": 1, "input": "fly", "requestId": "r-1", "at": 1.5}}
+    del snapshot["bot_version"]  # recorded since bot versions (issue 23)
     texts = {mid: messages_to_json(list(messages)) for mid, messages in session.memories().items()}
     return snapshot, texts
 
@@ -67,6 +68,8 @@ def test_a_record_reads_bot_owner_committed_and_memory_ids(travel):
     snapshot, texts = stored_by_0_1(travel)
     record = SessionRecord.decode("old", json.dumps(snapshot), "3.abcd")
     assert (record.bot, record.owner, record.version, record.bot_version) == ("travel", "ana", "3.abcd", None)
+    versioned = SessionRecord.decode("old", json.dumps(snapshot | {"bot_version": "0123abcd4567"}), "3.abcd")
+    assert versioned.bot_version == "0123abcd4567"
     assert record.committed == {"turn": 1, "input": "fly", "requestId": "r-1", "at": 1.5}
     assert sorted(record.memory_ids) == sorted(texts)
 

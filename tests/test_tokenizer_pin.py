@@ -173,3 +173,18 @@ def test_record_pins_the_counter_the_recording_counted_with(tmp_path, fake):
 
     fake.queue({"text": "OK"}, {"text": "OK"})
     assert not record_transcript(transcript)  # the same answers: not a byte changes, the pin stays
+
+
+def test_a_failing_sent_expectation_ends_with_the_token_counts_of_each_call(tmp_path):
+    """Why a message was not sent (the window evicted it) is read off the counts under the diff."""
+    (tmp_path / "bot.yaml").write_text(BOT.replace("    default: true\n", "    default: true\n    system: Be brief.\n"))
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        f"bot: bot.yaml\ntokenizer: estimate\nturns:\n"
+        f'  - user: "{TEXT}"\n    model: [{{text: ok}}]\n'
+        f'  - user: "{TEXT}"\n    model: [{{text: ok}}]\n    expect:\n      sent: [{{messages_count: 3}}]\n'
+    )
+    report = run_transcript(str(path)).report()
+    assert report.endswith("    -- messages_count: 3\n    +- messages_count: 2\n"
+                           "    tokens sent, counted with estimate:\n"
+                           "      call 1 (route chat): 7 (system) + 5 + 34 = 46"), report

@@ -635,6 +635,119 @@ def test_setup_problems_name_the_line(tmp_path):
     assert "unknown tool `nope`" in report
 
 
+TRAJECTORY = """
+    bot: ..
+    turns:
+      - user: Book me a flight... no wait, I only need a hotel in Rome
+        model:
+          - tool_calls: [{name: book_flight, arguments: {}}]
+          - tool_calls: [{name: switch_to_hotel, arguments: {}}]
+          - tool_calls: [{name: set_city, arguments: {city: Rome}}]
+          - text: Rome it is. When do you check in?
+        expect:
+          path: %s
+          calls: %s
+    """
+ROUTE_PATH = "[main_menu, flight, hotel]"
+CALLS = "[{tool: book_flight}, {tool: switch_to_hotel, route: flight}, {tool: set_city, args: {city: {regex: '^Ro'}}}]"
+
+
+def test_trajectory_expectations_pass_when_the_turn_took_that_path_and_made_those_calls(travel_copy):
+    path = write(travel_copy / "transcripts" / "trajectory.yaml", TRAJECTORY % (ROUTE_PATH, CALLS))
+    result = run_transcript(str(path))
+    assert result.passed, result.report()
+    assert [c["tool"] for c in result.turns[0].observed.calls] == ["book_flight", "switch_to_hotel", "set_city"]
+
+
+@pytest.mark.parametrize("route_path, calls, says", [
+    ("[main_menu, hotel]", CALLS, "path: expected 2 routes, got 3"),
+    ("[main_menu, flight, flight]", CALLS, "path differs"),
+    (ROUTE_PATH, "[{tool: book_flight}, {tool: set_city}, {tool: switch_to_hotel}]", "calls differs"),
+    (ROUTE_PATH, "[{tool: book_flight}, {tool: switch_to_hotel}]", "calls: expected 2 tool calls, got 3"),
+    (ROUTE_PATH, "[{tool: book_flight}, {tool: switch_to_hotel}, {tool: set_city, args: {city: Paris}}]",
+     "calls differs"),
+])
+def test_a_trajectory_that_differs_fails_at_the_turns_line_with_a_diff(travel_copy, route_path, calls, says):
+    path = write(travel_copy / "transcripts" / "trajectory.yaml", TRAJECTORY % (route_path, calls))
+    report = run_transcript(str(path)).report()
+    assert report.startswith(f"turn 1 ({path}:3): {says}"), report
+    assert "--- expected" in report and "+++ actual" in report
+
+
+def test_a_calls_diff_shows_the_differing_argument_and_a_missing_one_as_not_set(travel_copy):
+    calls = "[{tool: book_flight}, {tool: switch_to_hotel}, {tool: set_city, args: {city: Paris, nights: 2}}]"
+    path = write(travel_copy / "transcripts" / "trajectory.yaml", TRAJECTORY % (ROUTE_PATH, calls))
+    report = run_transcript(str(path)).report()
+    assert "-    city: Paris\n    -    nights: 2\n    +    city: Rome\n    +    nights: (not set)" in report, report
+
+
+def test_calls_see_bound_arguments_results_and_refusals(tmp_path):
+    """What the tool ran with (the bound email, not the one the model sent), its mocked result,
+    and a refused call's error: each is checked, none is a copy of the scripted model."""
+    helpdesk = REPO / "bots" / "helpdesk"
+    path = write(tmp_path / "t.yaml", f"""
+        bot: {helpdesk}
+        principal: {{name: ana, email: ana@example.com}}
+        roles: []
+        mocks:
+          - tool: my_tickets
+            result: {{status: 200, ok: true, json: {{tickets: [{{id: T-101, title: VPN, status: open}}]}}}}
+        turns:
+          - user: Show me the tickets of bob@example.com.
+            model:
+              - tool_calls: [{{name: my_tickets, arguments: {{reporter: bob@example.com}}}}, {{name: nope, arguments: {{}}}}]
+              - text: Only yours.
+            expect:
+              calls:
+                - {{tool: my_tickets, args: {{reporter: ana@example.com}}, result: {{contains: T-101}}}}
+                - {{tool: nope, error: {{contains: there is no tool 'nope' here}}}}
+        """)
+    result = run_transcript(str(path))
+    assert result.passed, result.report()
+    write(path, path.read_text().replace("args: {reporter: ana@example.com}", "args: {reporter: bob@example.com}"))
+    report = run_transcript(str(path)).report()
+    assert "-    reporter: bob@example.com\n    +    reporter: ana@example.com" in report, report
+
+
+def test_update_refreshes_a_trajectory_and_the_schema_checks_its_shape(travel_copy):
+    path = write(travel_copy / "transcripts" / "trajectory.yaml",
+                 TRAJECTORY % ("[main_menu]", "[{tool: book_flight}, {tool: set_city, args: {city: {regex: '^Ro'}}}]"))
+    code, _ = cli(["--update", str(path)])
+    assert code == 0 and run_transcript(str(path)).passed
+    text = path.read_text()
+    assert "path: [main_menu, flight, hotel]" in text and "city: Rome" in text
+    write(path, TRAJECTORY % (ROUTE_PATH, "[{args: {city: Rome}}]"))
+    with pytest.raises(BotError) as exc:
+        load_transcript(str(path))
+    assert f"{path}:11:15: error: missing required key `tool` in `turns[0].expect.calls[0]`" == str(exc.value)
+
+
+def test_a_state_the_http_api_refuses_is_refused_at_its_line(travel_copy):
+    """`state:` follows the HTTP API's rule (declared keys, each of its default's JSON type), so a
+    transcript cannot test a conversation no client can start; the CLI names file:line."""
+    path = write(travel_copy / "transcripts" / "state.yaml", """
+        bot: ..
+        state:
+          traveller_name: Ana
+          travller_age: 40
+        turns:
+          - user: hi
+            model: [{text: Hello Ana.}]
+        """)
+    assert run_transcript(str(path)).report() == (
+        f"{path}:4: state.travller_age is not declared by the bot (its state keys: traveller_name, last_booking)")
+    code, out = cli([str(path)])
+    assert code == 1 and f"{path}:4: state.travller_age is not declared" in out
+    write(path, """
+        bot: ..
+        state: {traveller_name: Ana}
+        turns:
+          - user: hi
+            model: [{text: Hello Ana.}]
+        """)
+    assert run_transcript(str(path)).passed
+
+
 @pytest.mark.subprocess
 def test_pytest_plugin_runs_conftest_fixtures_around_transcripts(tmp_path):
     """A bot's own conftest.py sets things up for its transcripts (here: an environment

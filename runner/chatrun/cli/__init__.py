@@ -27,6 +27,11 @@ COMMANDS = {
     "serve": "chatrun.cli.serve:serve",
     "init": "chatrun.cli.init:init",
     "schema": "chatrun.cli.schema:schema",
+    "record": "chatrun.cli.record:record",
+    "simulate": "chatrun.cli.simulate:simulate",
+    "mcp": "chatrun.cli.mcp_door:mcp",
+    "upgrade": "chatrun.cli.upgrade:upgrade",
+    "diff": "chatrun.cli.diff:diff",
 }
 
 # Each command's one-line summary for `chatrun --help`, so listing the commands imports none of
@@ -42,6 +47,11 @@ SUMMARIES = {
     "serve": "Serve bots over WebSocket and HTTP, with a web chat page and inspector.",
     "init": "Create a bot directory NAME: bot.yaml, a golden transcript and a README.",
     "schema": "Print the path of chatrun's JSON Schema for bots (default), transcripts or wire frames.",
+    "record": "Turn a stored session into a golden transcript whose tool results are mocks.",
+    "simulate": "Play scenarios with a simulated user and report each one's pass rate.",
+    "mcp": "Serve chatrun's authoring tools to coding assistants over MCP (stdio).",
+    "upgrade": "Rewrite bots to the current format version, keeping comments and order, and print what changed.",
+    "diff": "Compare two versions of a bot: what changed, and which changes break live sessions.",
 }
 
 

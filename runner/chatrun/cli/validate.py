@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from chatrun.cli._output import counts, fail, plural, print_diagnostics, summary
 from chatrun.errors import BotError, ChatrunError, Diagnostic
+
+if TYPE_CHECKING:
+    from chatrun.definition.config import BotConfig
 
 
 @click.command("validate")
@@ -14,7 +19,10 @@ from chatrun.errors import BotError, ChatrunError, Diagnostic
               help="text: `file:line:col: error|warning: message` lines and a summary; json: a list of diagnostics.")
 @click.option("--connect", is_flag=True,
               help="Start the bots' MCP servers and check the MCP tool names they use against what the servers list.")
-def validate(paths: tuple[str, ...], fmt: str, connect: bool) -> None:
+@click.option("--against", "against", type=click.Path(exists=True), metavar="OLD",
+              help="Check the bots' `migrations:` against OLD, the version they migrate from: every route, tool and "
+                   "state key a migration names exists there, every route removed since is mapped.")
+def validate(paths: tuple[str, ...], fmt: str, connect: bool, against: str | None) -> None:
     """Check bots (directories holding bot.yaml, or single YAML files) and report every
     problem at once: YAML syntax, schema violations, unknown routes and tools, templates,
     state paths, handlers, the route graph.
@@ -26,12 +34,14 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool) -> None:
     Examples:
       chatrun validate bots/travel
       chatrun validate bots/*/ --format json
+      chatrun validate bots/shop/versions/2 --against bots/shop/versions/1
     """
     found: list[Diagnostic] = []
     invalid = 0
-    for path in paths:
+    checks = [pair for path in paths for pair in versions_of(path, against)]
+    for path, old in checks:
         try:  # per bot: one broken bot must not stop the others being checked
-            diagnostics, unchecked = _check(path, connect)
+            diagnostics, unchecked = _check(path, connect, old)
             found.extend(diagnostics)
             invalid += any(d.severity == "error" for d in diagnostics)
             if fmt == "text":  # each bot's problems, then its verdict
@@ -44,11 +54,32 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool) -> None:
     errors, warnings = counts(found)
     if fmt == "json":
         print_diagnostics(found, "json")
-    elif len(paths) > 1:
-        click.echo(f"{plural(len(paths), 'bot')} checked, {invalid} invalid: "
+    elif len(checks) > 1:
+        click.echo(f"{plural(len(checks), 'bot')} checked, {invalid} invalid: "
                    f"{plural(errors, 'error')}, {plural(warnings, 'warning')}")
     if errors:
         raise click.exceptions.Exit(1)
+
+
+def versions_of(path: str, against: str | None) -> list[tuple[str, str | None]]:
+    """(bot, the version it migrates from) to check for a PATH: the bot itself; or, for a folder
+    of versions (`versions/<v>/bot.yaml`, no bot.yaml of its own), each version in order, each
+    against the one before it."""
+    from pathlib import Path
+
+    folder = Path(path)
+    if not folder.is_dir() or (folder / "bot.yaml").is_file():
+        return [(path, against)]
+    found = sorted((p.parent for p in folder.glob("versions/*/bot.yaml")), key=lambda p: _version_key(p.name))
+    if not found:
+        return [(path, against)]
+    shown = [str(Path(path) / "versions" / p.name) for p in found]
+    return [(v, shown[i - 1] if i else against) for i, v in enumerate(shown)]
+
+
+def _version_key(name: str) -> tuple[int, int | str]:
+    """Versions in order: numbers by value (2 before 10), then names."""
+    return (0, int(name)) if name.isdigit() else (1, name)
 
 
 def stale_schema_copies(path: str) -> list[str]:
@@ -68,7 +99,7 @@ def stale_schema_copies(path: str) -> list[str]:
             f"refresh them: chatrun schema --write {folder}"]
 
 
-def _check(path: str, connect: bool = False) -> tuple[list[Diagnostic], list[str]]:
+def _check(path: str, connect: bool = False, against: str | None = None) -> tuple[list[Diagnostic], list[str]]:
     """Every diagnostic of one bot, and what only --connect would check (MCP tool names). Bad input is
     always a diagnostic; only a fault of chatrun itself becomes the "chatrun bug" line, and
     then for this bot alone."""
@@ -79,6 +110,8 @@ def _check(path: str, connect: bool = False) -> tuple[list[Diagnostic], list[str
     try:
         with collector_paused():
             config, diagnostics = load_config(path)
+        if against is not None:
+            diagnostics = diagnostics + _against(config, against)
         unchecked = unconnected(config)
         if not unchecked:
             return diagnostics, []
@@ -96,3 +129,17 @@ def _check(path: str, connect: bool = False) -> tuple[list[Diagnostic], list[str
     except Exception as exc:  # never a traceback from the CLI
         return [Diagnostic(path, 0, 0, "error", f"unexpected {type(exc).__name__}: {exc} "
                            "(this is a chatrun bug; please report it)")], []
+
+
+def _against(config: BotConfig, old_path: str) -> list[Diagnostic]:
+    """The bot's migrations checked against the old version; an old version that does not load
+    is one error naming it."""
+    from chatrun.definition.loader import load_config
+    from chatrun.definition.migrations import against_diagnostics
+
+    try:
+        old, _ = load_config(old_path)
+    except BotError as exc:
+        return [Diagnostic(old_path, 0, 0, "error", f"--against {old_path}: the old version does not load "
+                           f"({plural(len(exc.diagnostics), 'problem')}; chatrun validate {old_path} lists them)")]
+    return against_diagnostics(old, config)

@@ -17,11 +17,12 @@ from typing import Any
 from jinja2 import TemplateSyntaxError, nodes
 
 from chatrun.definition.binding import check_binding
-from chatrun.definition.config import ActionConfig, BotConfig, RouteConfig, ToolConfig
+from chatrun.definition.config import ActionConfig, BotConfig, Location, RouteConfig, ToolConfig
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
 from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES, zone_named
+from chatrun.definition.versions import policy_problem
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
 
@@ -68,6 +69,7 @@ class _Checker:
 
     def run(self) -> None:
         self.default_route()
+        self.on_change()
         self.encodings()
         self.context_windows()
         for route in self.config.routes.values():
@@ -92,8 +94,26 @@ class _Checker:
         _graph_checks(self)
         _user_template_checks(self)
         _audience_checks(self)
+        self.format_and_migrations()
+
+    def format_and_migrations(self) -> None:
+        from chatrun.definition.migrations import format_diagnostics, migration_diagnostics
+
+        main = self.src.main
+        at = None
+        if isinstance(main.data, dict) and "format" in main.data:
+            pos = main.pos(("format",))
+            at = Location(main.file, pos.line, pos.col)
+        self.out += format_diagnostics(self.config, at) + migration_diagnostics(self.config)
 
     # -- routes ------------------------------------------------------------------
+
+    def on_change(self) -> None:
+        problem = policy_problem(self.config.on_change, list(self.config.routes))
+        if problem:
+            doc = self.src.main
+            pos = doc.pos(("on_change",))
+            self.out.append(Diagnostic(doc.file, pos.line, pos.col, "error", problem, "on_change"))
 
     def default_route(self) -> None:
         defaults = self.defaults

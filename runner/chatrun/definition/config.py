@@ -7,6 +7,7 @@ file and line of the YAML that caused them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,9 +310,24 @@ class BotConfig:
     kind_config: dict[str, Any] = field(default_factory=dict)
     events: dict[str, EventTypeConfig] = field(default_factory=dict)  # `events:`: declared types, their audience
     sinks: dict[str, SinkConfig] = field(default_factory=dict)  # `sinks:`: where backend events go
+    format: int | None = None  # `format:`: the format version declared (None: not declared; read as current)
+    version: str | None = None  # `version:`: the bot's own version, for people and migrations' `from:`
+    migrations: list[MigrationConfig] = field(default_factory=list)  # `migrations:`, in order
     path: str = ""  # the bot.yaml (or single file) it was loaded from
     root: str = ""  # directory handlers are resolved against
     where: Location = field(default_factory=Location)
+    content_version: str = ""  # the hash of the bot's files (chatrun.definition.versions)
+    on_change: str = "restart_scope"  # what older sessions do when this version serves them
+
+    @property
+    def version_label(self) -> str:
+        """How the version is shown: the human name and the content hash, or the hash alone."""
+        return f"{self.version} ({self.content_version})" if self.version else self.content_version
+
+    @property
+    def format_version(self) -> int:
+        """The format version whose meaning applies (an undeclared one reads as the current)."""
+        return self.format if self.format is not None else CURRENT_FORMAT
 
     @property
     def default_route(self) -> str:
@@ -331,6 +347,43 @@ class BotConfig:
     def sinks_for(self, event_type: str) -> list[SinkConfig]:
         """The sinks that take backend events of this type, in the order `sinks:` lists them."""
         return [sink for sink in self.sinks.values() if sink.takes(event_type)]
+
+
+CURRENT_FORMAT = 2  # the bot format this runner writes; it also reads the one before
+SUPPORTED_FORMATS = (1, 2)
+
+
+@dataclass
+class KeyChanges:
+    """Keys renamed, dropped and defaulted: a migration's `state:` (paths `state.KEY`, `KEY` or
+    `scope.KEY`) or one tool's entry in its `arguments:` (argument names)."""
+
+    rename: dict[str, str] = field(default_factory=dict)
+    drop: list[str] = field(default_factory=list)
+    default: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MigrationConfig:
+    """One entry of a bot's `migrations:`: how a session of an older version (`from_version`,
+    "*" for any) moves to this one. docs/format.md, "Migrations"."""
+
+    from_version: str = "*"
+    routes: dict[str, str] = field(default_factory=dict)  # old route -> new route
+    state: KeyChanges = field(default_factory=KeyChanges)
+    scopes: dict[str, str] = field(default_factory=dict)  # old route -> "reset" | "drop"
+    tools: dict[str, str] = field(default_factory=dict)  # old tool -> new tool (in memories)
+    arguments: dict[str, KeyChanges] = field(default_factory=dict)  # new tool -> its calls' arguments in memories
+    index: int = 0  # its place in the YAML list
+    where: Location = field(default_factory=Location)
+    # Where each entry is, for diagnostics: "routes.cart", "state.rename.email", "state.drop.0", ...
+    places: dict[str, Location] = field(default_factory=dict)
+
+    def place(self, *key: Any) -> Location:
+        return self.places.get(".".join(map(str, key)), self.where)
+
+    def applies_to(self, old_version: str | None) -> bool:
+        return self.from_version == "*" or self.from_version == old_version
 
 
 @dataclass
@@ -405,3 +458,25 @@ class SinkConfig:
 
     def takes(self, event_type: str) -> bool:
         return self.events is None or event_type in self.events
+
+
+JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+
+
+def initial_state_problem(state: dict[str, Any], declared: dict[str, Any]) -> tuple[str, str] | None:
+    """The one rule for a state a conversation starts with (the HTTP API's `state`, a
+    transcript's `state:`): it reaches the system prompt, so only declared keys, each of the
+    JSON type of its declared default (any type when the default is null). (key, message) of
+    the first problem, or None."""
+    for key, value in state.items():
+        if key not in declared:
+            known = ", ".join(declared) or "none"
+            return key, f"state.{key} is not declared by the bot (its state keys: {known})"
+        default = declared[key]
+        if default is None or value is None:
+            continue
+        want, got = JSON_TYPES.get(type(default)), JSON_TYPES.get(type(value))
+        if want != got:
+            return key, f"state.{key} must be a {want} like its declared default {json.dumps(default)}, not a {got}"
+    return None
+

@@ -25,9 +25,11 @@ from chatrun.definition.config import (
     CaseConfig,
     EnvVar,
     EventTypeConfig,
+    KeyChanges,
     Limits,
     Location,
     MemoryPolicy,
+    MigrationConfig,
     ModelConfig,
     OnErrorConfig,
     OperatorConfig,
@@ -50,6 +52,7 @@ from chatrun.definition.schemas import (
     violation,
 )
 from chatrun.definition.sources import Sources, inside, subject, suggest
+from chatrun.definition.versions import DEFAULT_POLICY, bot_files, content_version
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.errors import BotError, Diagnostic
 
@@ -461,10 +464,22 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         kind_config=bot_kinds(top, main),
         events=_event_types(top.get("events"), main),
         sinks=_sinks(top.get("sinks"), main),
+        format=top["format"] if isinstance(top.get("format"), int) and not isinstance(top["format"], bool) else None,
+        version=_version(top.get("version")),
+        migrations=_migrations(top.get("migrations"), main),
         path=str(main_file),
         root=str(main_file.parent),
         where=Location(main.file, 1, 1),
+        content_version=content_version(_version_files(main_file)),
+        on_change=_str(top.get("on_change")) or DEFAULT_POLICY,
     )
+
+
+def _version_files(main_file: Path) -> dict[str, str]:
+    """What the content version covers: a bot.yaml's whole directory, a single-file bot's file."""
+    if main_file.name in ("bot.yaml", "bot.yml"):
+        return bot_files(main_file.parent)
+    return {main_file.name: main_file.read_text(encoding="utf-8", errors="replace")}
 
 
 def _loc(doc: YamlDoc, path: tuple) -> Location:
@@ -606,6 +621,51 @@ def _sinks(raw: Any, doc: YamlDoc) -> dict[str, SinkConfig]:
         out[str(name)] = SinkConfig(str(name), webhook, _str_list(events) if events is not None else None,
                                     RetryPolicy(**retry), _loc(doc, ("sinks", name)))
     return out
+
+
+def _version(raw: Any) -> str | None:
+    """A version as text (`version: 2` and `version: "2"` are the same version)."""
+    return None if raw is None or isinstance(raw, (bool, dict, list)) else str(raw)
+
+
+def _migrations(raw: Any, doc: YamlDoc) -> list[MigrationConfig]:
+    out: list[MigrationConfig] = []
+    for i, spec in enumerate(raw if isinstance(raw, list) else []):
+        if not isinstance(spec, dict):
+            continue
+        out.append(MigrationConfig(
+            from_version=_version(spec.get("from")) or "*",
+            routes={str(k): str(v) for k, v in _dict(spec.get("routes")).items()},
+            state=_key_changes(spec.get("state")),
+            scopes={str(k): str(v) for k, v in _dict(spec.get("scopes")).items()},
+            tools={str(k): str(v) for k, v in _dict(spec.get("tools")).items()},
+            arguments={str(k): _key_changes(v) for k, v in _dict(spec.get("arguments")).items()},
+            index=i, where=_loc(doc, ("migrations", i)), places=_places(spec, doc, ("migrations", i))))
+    return out
+
+
+def _key_changes(raw: Any) -> KeyChanges:
+    spec = _dict(raw)
+    drop = spec.get("drop")
+    return KeyChanges({str(k): str(v) for k, v in _dict(spec.get("rename")).items()},
+                      [str(p) for p in drop if p is not None] if isinstance(drop, list) else [],
+                      {str(k): v for k, v in _dict(spec.get("default")).items()})
+
+
+def _places(spec: dict, doc: YamlDoc, at: tuple) -> dict[str, Location]:
+    """The location of every entry of a migration, by its dotted key ("routes.cart", "state.drop.0")."""
+    places: dict[str, Location] = {}
+    for section in ("routes", "scopes", "tools", "arguments"):
+        for key in _dict(spec.get(section)):
+            places[f"{section}.{key}"] = _loc(doc, (*at, section, key))
+    state = _dict(spec.get("state"))
+    for part in ("rename", "default"):
+        for key in _dict(state.get(part)):
+            places[f"state.{part}.{key}"] = _loc(doc, (*at, "state", part, key))
+    drop = state.get("drop")
+    for i, _ in enumerate(drop if isinstance(drop, list) else []):
+        places[f"state.drop.{i}"] = _loc(doc, (*at, "state", "drop", i))
+    return places
 
 
 def _choices(raw: Any) -> list[Any] | str | None:

@@ -37,6 +37,9 @@ class SystemClock:
         return "SystemClock()"
 
 
+SYSTEM_CLOCK = SystemClock()  # stateless: every session that does not pin its clock shares it
+
+
 @dataclass
 class FixedClock:
     """A pinned instant that moves only when told: `advance()` by `step` (or by what it is

@@ -20,7 +20,7 @@ from typing import Any
 
 from chatrun.definition.config import BotConfig, RouteConfig
 from chatrun.definition.templates import render, render_value
-from chatrun.engine.clock import Clock, SystemClock, session_zone
+from chatrun.engine.clock import SYSTEM_CLOCK, Clock, session_zone
 from chatrun.engine.pending import (
     PENDING_COUNTER_KEY,
     PENDING_KEY,
@@ -32,7 +32,7 @@ from chatrun.engine.scopes import Scope, ScopeView, init_declared, merged_scope
 from chatrun.engine.usage import Usage
 from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.memory import ChatMemory, make_memory
-from chatrun.messages import AssistantMessage, Message, ToolResultMessage
+from chatrun.messages import AssistantMessage, Message, SummaryMessage, ToolResultMessage
 from chatrun.store import SessionStore
 from chatrun.store.record import route_of_memory, scope_id
 
@@ -74,7 +74,7 @@ class Conversation:
         self._memories: dict[str, ChatMemory] = {}
         self.usage = Usage()  # every model call of the session, failed turns included
         self.ended: dict[str, str] | None = None  # set by an `end` action: {"tool", "route"}
-        self.clock: Clock = SystemClock()  # what `now` reads (transcripts and the REPL pin it)
+        self.clock: Clock = SYSTEM_CLOCK  # what `now` reads (transcripts and the REPL pin it)
         self.turn_instant: datetime | None = None  # the clock read once when a turn starts
         self.tokenizer: str | None = None  # the pinned token counter (a transcript's `tokenizer:`)
         self.pending: list[PendingItem] = []  # open items, oldest first (engine/pending.py)
@@ -112,15 +112,14 @@ class Conversation:
         self.next_pending = snapshot.get(PENDING_COUNTER_KEY, 1)
         self.taken_over = snapshot.get(TAKEOVER_KEY)
         self.resolved = snapshot.get(RESOLVED_KEY) or {}
-        for scope in self.scopes:
-            if scope.route not in self.config.routes:
-                raise SessionError(f"session {self.id} is on route {scope.route!r}, which the bot no longer defines")
+        # A scope on a route this bot lacks is moved by the session (engine/versions.py) before it runs.
 
     def snapshot(self) -> dict[str, Any]:
         """The conversation as JSON-able data (not a copy): what the store keeps between turns."""
         return {
             "version": SNAPSHOT_VERSION,
             "bot": self.config.name,
+            "bot_version": self.config.content_version,
             "id": self.id,
             "turn": self.turn_count,
             "state": self.state,
@@ -199,6 +198,22 @@ class Conversation:
         declared = self.config.routes[route].scope
         init_declared(scope, declared.local, declared.shared)
 
+    def gone_routes(self) -> list[str]:
+        """The routes of the scope stack this bot does not define (it changed under the session)."""
+        return [s.route for s in self.scopes if s.route not in self.config.routes]
+
+    def restart_gone(self, route: str, note: str) -> None:
+        """The scopes from the first one on a route the bot lacks ended; the conversation goes on
+        in a new scope on `route` (the base scope when the base route is gone), whose memory
+        starts with `note` (what happened, for the model)."""
+        first = next(i for i, s in enumerate(self.scopes) if s.route not in self.config.routes)
+        for scope in self.scopes[first:]:
+            for memory_route in scope.memory_routes:
+                self._memories.pop(scope.memory_id(memory_route), None)
+        self.scopes = self.scopes[:first]
+        self.push_scope(route)
+        self.memory_for(self.scope, route).add(SummaryMessage(note))
+
     def _new_scope(self, route: RouteConfig) -> Scope:
         scope = Scope(scope_id(self.id, self._next_scope), route.name)
         self._next_scope += 1
@@ -247,6 +262,11 @@ class Conversation:
         """(memory id, route, memory) of the memories loaded so far, in the live scopes."""
         live = set(self.live_memory_ids())
         return [(mid, route_of_memory(mid), m) for mid, m in self._memories.items() if mid in live]
+
+    def live_memories(self) -> dict[str, list[Message]]:
+        """Every live memory's messages by memory id: as loaded, else as stored."""
+        return {mid: (self._memories[mid].messages() if mid in self._memories else self.store.get_messages(mid))
+                for mid in self.live_memory_ids()}
 
     def live_memory_ids(self) -> list[str]:
         return [mid for s in self.scopes for mid in s.memory_ids()]

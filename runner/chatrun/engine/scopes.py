@@ -20,7 +20,7 @@ from chatrun.store.record import memory_id
 ROOTS = ("state", "scope", "turn")
 
 
-@dataclass
+@dataclass(slots=True)  # every open scope of every cached session: no __dict__
 class Scope:
     id: str
     route: str

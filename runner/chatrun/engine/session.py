@@ -40,6 +40,8 @@ from chatrun.engine.pending import (
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
 from chatrun.engine.turn import Turn
+from chatrun.engine.versions import Moved
+from chatrun.engine.versions import move as move_conversation
 from chatrun.engine.waiting import check_decision
 from chatrun.errors import ChatrunError, ModelError, SessionError
 from chatrun.events import Event
@@ -97,7 +99,9 @@ class Session:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_entry: dict[str, Any] | None = None
         self.tool_mocks: ToolMocks | None = None  # stand-ins for tools (golden transcripts set them)
-        self._stale: str | None = None  # why the reloaded bot cannot run this conversation
+        # A move to another version of the bot (engine/versions.py), committed with the next
+        # turn: the conversation as it was before it, the bot it left, and what the move did.
+        self._moved: tuple[Checkpoint, Bot, Moved] | None = None
         roles = set(roles) if roles is not None else None
         snapshot = store.load_session(session_id) if session_id else None
         if roles is None and principal is not None and principal.get("roles") is not None:
@@ -106,6 +110,8 @@ class Session:
         self.principal = principal
         if snapshot is not None:  # resume where it was; `route` and `state` apply to new sessions only
             self._c.restore(snapshot)
+            if self._c.gone_routes() or snapshot.get("bot_version") not in (None, bot.config.content_version):
+                self._begin_move(bot, None)  # stored by a version of the bot no one gave us
             return
         self._c.start(route or bot.config.default_route, state, meta)
         self.store.commit_turn(self.id, self._c.snapshot(), {}, [])
@@ -211,8 +217,6 @@ class Session:
     def token_window(self) -> tuple[TokenCounter, int] | None:
         """The counter and the current maximum of the current route's memory when it counts
         tokens (`token_window`, `summary`), else None."""
-        if self._stale is not None:
-            return None
         scope = self._c.scope
         memory = self._c.memory_for(scope, scope.route, create=False)
         return (memory.counter, memory.max_tokens) if isinstance(memory, TokenWindowMemory) else None
@@ -221,10 +225,9 @@ class Session:
         """What counts the current route's memory (for showing counts: `/memory`, the
         inspector): its window's counter, else the pinned one, else the route model's encoding."""
         scope = self._c.scope
-        if self._stale is None:
-            memory = self._c.memory_for(scope, scope.route, create=False)
-            if isinstance(memory, TokenWindowMemory):
-                return memory.counter
+        memory = self._c.memory_for(scope, scope.route, create=False)
+        if isinstance(memory, TokenWindowMemory):
+            return memory.counter
         if self._c.tokenizer:
             return pinned_counter(self._c.tokenizer)
         return tiktoken_counter(model_name=self.bot.config.route_model(scope.route).name
@@ -272,8 +275,19 @@ class Session:
 
     @property
     def stale(self) -> str | None:
-        """Why this session cannot run a turn on its (reloaded) bot, or None."""
-        return self._stale
+        """Why this session cannot run a turn on its bot, or None. Always None since bot
+        versions (docs/versions.md): a session on a route its bot lost moves on its own."""
+        return None
+
+    @property
+    def bot_version(self) -> str:
+        """The content version of the bot this session runs on (its next turn commits it)."""
+        return self.bot.config.content_version
+
+    @property
+    def moved(self) -> Moved | None:
+        """The move to another version of the bot that the next turn commits, if any."""
+        return self._moved[2] if self._moved is not None else None
 
     def visible_state(self) -> dict[str, Any]:
         return {"state": self.state, "scope": merged_scope(self.scopes)}
@@ -288,8 +302,6 @@ class Session:
     def preview_messages(self) -> list[Message]:
         """What the current route will send the model next, before the user's next message:
         its memory, led by the system prompt rendered from the state as it is now."""
-        if self._stale:
-            return []
         route = self._c.route
         messages = self.memory()
         if not route.system:
@@ -338,6 +350,11 @@ class Session:
             history = self.history
             self._last_entry = history[-1] if history else None
         return self._last_entry
+
+    def forget_last_turn(self) -> None:
+        """Drop the kept copy of the last history entry (an idle session need not hold it; about
+        1.3 KB): `last_turn` reads it back from the store's history when asked again."""
+        self._last_entry = None
 
     def snapshot(self) -> dict[str, Any]:
         """The session as JSON-able data (a copy): what the store keeps between turns."""
@@ -439,11 +456,16 @@ class Session:
         return any(item.is_due(now) for item in self._c.pending)
 
     async def _run_turn(self, text: str | None, data: dict[str, Any], decision: Decision | None = None) -> None:
-        before = self._c.capture()
+        if self._moved is None and self._c.gone_routes():  # e.g. restored by a bot that lost its route
+            self._begin_move(self.bot, None)
+        # After a move, the turn starts from before it: it commits the move, or rolls it back.
+        before = self._moved[0] if self._moved is not None else self._c.capture()
         self._c.turn_instant = self._c.clock.now()  # one turn, one `now`: its decisions agree on the day
         turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks, decision)
         given = decision_entry(decision) if decision is not None else text if not data else ev.plain(data)
         entry = {"turn": turn.number, "input": given, "at": time.time()}
+        if turn.number == 1:  # how the conversation started: `chatrun record --from-session` starts there
+            entry["start"] = {"route": self.route, "state": ev.plain(before.state)}
         collected: list[Event] = []
         sink = self._sink
 
@@ -453,7 +475,8 @@ class Session:
                 sink(event)
 
         self._sink = collect
-        span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"))
+        span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"),
+                                 self.bot_version)
         try:
             with span as current:
                 await turn.run()
@@ -467,9 +490,12 @@ class Session:
             if outbox:  # the store queues these with the commit (chatrun.store.record.outbox_of)
                 entry[OUTBOX_KEY] = outbox
             entry.update(_usage_entry(turn))
+            if self._moved is not None:
+                entry["moved"] = self._moved[2].to_dict()
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
             self.store.commit_turn(self.id, self._c.snapshot(), self._c.dirty_memories(before), [entry])
             self._last_entry = entry
+            self._moved = None
         except asyncio.CancelledError:
             self._rollback(before, entry | {"ok": False, "error": "cancelled", "events": _plain(collected)}, turn)
             raise
@@ -502,6 +528,9 @@ class Session:
         self._rollback(before, entry | {"ok": False, "error": detail, "events": _plain(collected)}, turn)
 
     def _rollback(self, before: Checkpoint, entry: dict[str, Any], turn: Turn) -> None:
+        moved, self._moved = self._moved, None
+        if moved is not None:  # as stored: on the bot it left (the move is made again below)
+            self._c.config = moved[1].config
         self._c.rollback(before)
         # The conversation is as before, but the calls were made (and paid for): they count.
         self._c.usage.add(turn.usage)
@@ -509,23 +538,35 @@ class Session:
         entry.setdefault("route", self.route)
         self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
         self._last_entry = entry
+        if moved is not None:  # a failed turn undoes itself, not the bot's change
+            target, self.bot = self.bot, moved[1]
+            self._begin_move(target, moved[1] if moved[2].old is not None else None)
 
     # -- reloading ---------------------------------------------------------------------------------
 
     def use_bot(self, bot: Bot) -> None:
-        """Run the next turns with `bot` (the same bot, its files edited and loaded again),
-        keeping state, scopes and memories. Between turns only. If a route on the stack is
-        gone from `bot`, every turn fails with a SessionError saying so until the session is
-        reset (or the route comes back)."""
+        """Run the next turns with `bot` (the same bot, its files edited and loaded again, or
+        another version of it), keeping what `bot.config.on_change` keeps (engine/versions.py):
+        state, scopes and memories, migrated or restarted where routes are gone. Between turns
+        only; the move is committed with the next turn (rolled back with it)."""
         if self._running:
             raise SessionError(f"session {self.id} is running a turn; change its bot between turns")
-        self.bot = bot
-        self._c.config = bot.config
+        if bot is self.bot:
+            return
+        self._begin_move(bot, self.bot)
+
+    def _begin_move(self, bot: Bot, old: Bot | None) -> None:
+        if self._moved is not None:  # moved again before a turn: from where it was stored
+            before, left, earlier = self._moved
+            self._c.rollback(before)
+            self._c.config, old = left.config, (left if earlier.old is not None else None)
+        before = self._c.capture()
         self._c.forget_cached_memories()  # rebuilt with the new policies from the store
-        gone = [route for route in self.stack if route not in bot.config.routes]
-        self._stale = None if not gone else (
-            f"session {self.id} is on route {gone[-1]!r}, which the reloaded bot no longer defines; "
-            f"reset the session to start again on {bot.config.default_route!r}")
+        moved = move_conversation(self._c, old.config if old is not None else None, bot.config)
+        self.bot = bot
+        self._moved = (before, old if old is not None else bot, moved)
+        if moved.notes:
+            log.info("session %s moved to bot version %s: %s", self.id, moved.new, "; ".join(moved.notes))
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -555,8 +596,6 @@ class Session:
         if self._c.ended:
             raise SessionError(f"session {self.id} has ended (tool {self._c.ended['tool']} ended the conversation "
                                f"on route {self._c.ended['route']}); start a new session")
-        if self._stale:
-            raise SessionError(self._stale)
         if self._running:
             raise SessionError(f"session {self.id} is already running a turn; send one message at a time")
 
@@ -596,13 +635,18 @@ def _split_input(message: Input) -> tuple[str | None, dict[str, Any]]:
 
 
 def _usage_entry(turn: Turn) -> dict[str, Any]:
-    """A turn's usage for its history entry (the total and each model call's), and the
-    summaries it made."""
+    """A turn's usage for its history entry (the total and each model call's), the summaries
+    it made, its tool calls (`calls`: tool, route, args, result or error) and its model's
+    answers (`model`, as a transcript writes them)."""
     out: dict[str, Any] = {}
     if turn.calls_usage:
         out["usage"] = {**turn.usage.to_dict(), "by_call": turn.calls_usage}
     if turn.summaries:
         out["summaries"] = turn.summaries
+    if turn.tool_calls:
+        out["calls"] = turn.tool_calls
+    if turn.answers:
+        out["model"] = turn.answers
     return out
 
 

@@ -89,10 +89,12 @@ def span(name: str, attributes: dict[str, Any], client: bool = True) -> Iterator
             raise
 
 
-def turn_span(bot: str, session_id: str, turn: int, route: str, stack: list[str], owner: str | None) -> Any:
+def turn_span(bot: str, session_id: str, turn: int, route: str, stack: list[str], owner: str | None,
+              bot_version: str | None = None) -> Any:
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": bot,
+        "gen_ai.agent.version": bot_version,  # the content version of the bot (docs/versions.md)
         "gen_ai.conversation.id": session_id,
         "session.id": session_id,
         "chatrun.turn": turn,

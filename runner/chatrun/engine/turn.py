@@ -128,6 +128,13 @@ class Turn:
         self._counters: dict[str, TokenCounter] = {}
         self.summaries: list[dict[str, Any]] = []  # what summarize() did, for the history
         self.hops: list[str] = []
+        # Each tool call of the turn, in order, for the history (its `calls`): the tool, the route
+        # it ran on, the arguments it ran with (bound ones included), its result, and what the
+        # model read of it (`reply`, or `error` when it failed).
+        self.tool_calls: list[dict[str, Any]] = []
+        # Each model answer of the turn ({text?, tool_calls?}), for the history (its `model`): with
+        # `calls`, what `chatrun record --from-session` replays the turn from.
+        self.answers: list[dict[str, Any]] = []
         self.wipe_scheduled: set[str] = set()
         self.wipe_aborted: set[str] = set()
         # Memories that have this turn's user message, or resume a call without it: a route run
@@ -228,6 +235,7 @@ class Turn:
                 for i, c in enumerate(response.tool_calls)
             )
             answer = AssistantMessage(response.text, calls)
+            self.answers.append(_answer_record(answer))
             usage = self.account(route.name, model_config.name, response.usage, price, request.messages, answer,
                                  model_config.provider)
             if span is not None:
@@ -318,10 +326,10 @@ class Turn:
         roots = self.roots()
         for path, template in output.set.items():
             assigned = self.render_template(template, f"output set {path}", output.where, {"output": value}, typed=True)
-            if isinstance(template, str) and is_nothing(assigned):
+            if self.assigns_nothing(template, assigned):
                 continue
             try:
-                set_path(roots, path, copy.deepcopy(assigned))
+                set_path(roots, path, copy.deepcopy(None if is_nothing(assigned) else assigned))
             except ChatrunError as exc:
                 raise TurnFailed(f"route {route.name} ({output.where}): {exc}") from exc
 
@@ -475,6 +483,14 @@ class Turn:
                               failed)
 
     async def run_tool(self, offered: dict[str, ToolConfig], call: ToolCall) -> ToolOutcome:
+        record: dict[str, Any] = {"tool": call.name, "route": self.c.scope.route}
+        self.tool_calls.append(record)
+        outcome = await self.run_offered_tool(offered, call, record)
+        record["error" if outcome.failed else "reply"] = _storable(outcome.reply)  # what the model reads
+        return outcome
+
+    async def run_offered_tool(self, offered: dict[str, ToolConfig], call: ToolCall,
+                               record: dict[str, Any]) -> ToolOutcome:
         tool = offered.get(call.name)
         if tool is None:
             names = ", ".join(offered) or "none"
@@ -482,6 +498,7 @@ class Turn:
                                failed=True)
         try:
             args, ignored = self.arguments(tool, call.arguments)
+            record["args"] = _storable(args)
             self.check_requires(tool)
             self.check_action(tool)
             if waiting.needs_approval(self, tool, args):  # nothing of the tool runs before the decision
@@ -544,7 +561,14 @@ class Turn:
         return await self.apply(tool, args, result, action, call_id)
 
     async def tool_result(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
-        """What the tool's mock, handler or HTTP call gives as `result` (None: an action-only tool)."""
+        """What the tool's mock, handler or HTTP call gives as `result` (None: an action-only
+        tool), kept in the call's history record."""
+        result = await self.tool_result_of(tool, args)
+        if result is not None and self.tool_calls:
+            self.tool_calls[-1]["result"] = _storable(result)
+        return result
+
+    async def tool_result_of(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
         if self.mocks is None:
             return await self.run_tool_for_real(tool, args)
         mocked = self.mocks.lookup(tool, args)
@@ -636,16 +660,21 @@ class Turn:
         return ToolOutcome(reply, _next_step(action, execute), moved=action.leaves_route or action.end,
                            deferred=bool(action.call))
 
+    def assigns_nothing(self, template: Any, value: Any) -> bool:
+        """Whether a `set` template's value assigns nothing: in format 2 a template that renders to
+        none/undefined does; in format 1 it assigned None (docs/format.md, "Format version")."""
+        return isinstance(template, str) and is_nothing(value) and self.c.config.format_version >= 2
+
     def assign_and_emit(self, tool: ToolConfig, action: ActionConfig, extra: dict[str, Any]) -> None:
         """The action's `set` assignments, then its `emit` events."""
         where = tool.where
         roots = self.roots()
         for path, template in action.set.items():
             value = self.render_template(template, f"set {path}", where, extra, typed=True)
-            if isinstance(template, str) and is_nothing(value):
-                continue  # a template that renders to none/undefined assigns nothing
+            if self.assigns_nothing(template, value):
+                continue
             try:
-                set_path(roots, path, copy.deepcopy(value))
+                set_path(roots, path, copy.deepcopy(None if is_nothing(value) else value))
             except ChatrunError as exc:
                 raise TurnFailed(f"tool {tool.name} ({where}): {exc}") from exc
         for event_type, template in action.emit.items():
@@ -797,3 +826,32 @@ def _fold_text(memory: SummaryMemory, folded: list[Message]) -> str:
         if text:
             lines.append(f"{message.role}: {text}")
     return "\n".join(lines)
+
+
+def _storable(value: Any) -> Any:
+    """A call's arguments or result as the history keeps them: plain JSON, a lone UTF-16
+    surrogate (the model's arguments may hold one; no store can) replaced, so that the record of
+    a failed turn stays readable."""
+    text = json.dumps(ev.plain(value), ensure_ascii=False)
+    return json.loads(text.encode("utf-8", "replace").decode("utf-8"))
+
+
+def _answer_record(answer: AssistantMessage) -> dict[str, Any]:
+    """A model answer as a transcript's `model:` item writes it: its text, and its tool calls
+    with their arguments as the model sent them (a mapping when they are a JSON object)."""
+    out: dict[str, Any] = {}
+    if answer.content:
+        out["text"] = answer.content
+    if answer.tool_calls:
+        out["tool_calls"] = [{"name": c.name, "arguments": _arguments(c.arguments)} for c in answer.tool_calls]
+    stored: dict[str, Any] = _storable(out or {"text": ""})
+    return stored
+
+
+def _arguments(raw: str) -> Any:
+    try:
+        decoded = json.loads(raw)
+    except ValueError:
+        return raw
+    return decoded if isinstance(decoded, dict) else raw
+

@@ -27,7 +27,7 @@ TOKEN_KEYS = ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning
 _ALIASES = {"prompt_tokens": "input_tokens", "completion_tokens": "output_tokens"}
 
 
-@dataclass
+@dataclass(slots=True)  # one per session, cached sessions included: no __dict__
 class Usage:
     input_tokens: int = 0
     output_tokens: int = 0

@@ -59,18 +59,25 @@ class ModelPool:
         self._shared.clear()
 
 
+_NONE_OWN: dict[str, ChatModel] = {}  # the models of a conversation that made none (shared, never written)
+
+
 class PooledModel:
     """A ChatModel for one conversation: the pool's shared clients, its own for the others."""
 
+    __slots__ = ("_pool", "_own")  # one per session, cached sessions included
+
     def __init__(self, pool: ModelPool):
         self._pool = pool
-        self._own: dict[str, ChatModel] = {}
+        self._own: dict[str, ChatModel] = _NONE_OWN  # a dict of its own only once it makes a model
 
     def for_provider(self, provider: str) -> ChatModel:
         if provider in SHARED_PROVIDERS:
             return self._pool.shared(provider)
         model = self._own.get(provider)
         if model is None:
+            if self._own is _NONE_OWN:
+                self._own = {}
             model = self._own[provider] = make_model(provider)
         return model
 
@@ -79,7 +86,7 @@ class PooledModel:
 
     async def aclose(self) -> None:
         await _aclose_all(self._own.values())
-        self._own.clear()
+        self._own = _NONE_OWN
 
 
 async def _aclose_all(models: Iterable[ChatModel]) -> None:

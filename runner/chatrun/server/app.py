@@ -38,6 +38,7 @@ from chatrun.server.sessions import SessionRegistry, SessionSettings
 from chatrun.server.site import add_site_routes
 from chatrun.server.sweeper import PendingSweeper, SweepSettings
 from chatrun.server.tracecontext import TraceContext
+from chatrun.server.versions import BotVersions, versions_of
 from chatrun.server.ws import make_websocket_router
 from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, open_async_store
@@ -77,13 +78,13 @@ def create_app(
     outbox, sweep: how backend events are delivered, how often pending items' timeouts are looked
     for (chatrun.server.outbox, chatrun.server.sweeper; default: from the environment).
     """
-    loaded = _load_bots(bots)
     settings = sessions or SessionSettings(cache_size=cache_size)
     auth_config = resolve_auth(auth)  # before the store opens: a bad auth file leaves nothing open
     own_store = store is None  # opened here, so closed here (SQLite: no -wal/-shm left behind)
     if store is None:
         store = open_async_store(store_url, settings.lease, exclusive=True)
-    registry = _registry(loaded, store, settings, log_content)
+    registry = _registry(_load_bots(bots), store, settings, log_content)
+    loaded = registry.bots
     app = FastAPI(
         lifespan=Lifecycle(registry, loaded, gc_tuning, reload, own_store, outbox or OutboxSettings.from_env(),
                            sweep or SweepSettings.from_env()).run,
@@ -105,12 +106,14 @@ def create_app(
     return app
 
 
-def _registry(loaded: dict[str, Any], store: SessionStore | AsyncStore, settings: SessionSettings,
+def _registry(versions: dict[str, BotVersions], store: SessionStore | AsyncStore, settings: SessionSettings,
               log_content: bool) -> SessionRegistry:
-    registry = SessionRegistry(loaded, store, settings=settings)
+    loaded = {name: found.primary.bot for name, found in versions.items()}
+    registry = SessionRegistry(loaded, store, settings=settings, versions=versions)
     registry.metrics = ServerMetrics.create(registry)
     registry.log_content = log_content
-    registry.models.warm({bot.config.route_model(r).provider for bot in loaded.values() for r in bot.config.routes})
+    registry.models.warm({bot.config.route_model(r).provider for bot in registry.shelf.all_bots()
+                          for r in bot.config.routes})
     return registry
 
 
@@ -145,6 +148,7 @@ class Lifecycle:
         ping = getattr(registry.store, "ping", None)
         if ping is not None:  # a shared store that cannot be reached: fail at startup, not per request
             await ping()
+        await registry.shelf.publish()  # the bots' files, for replicas that lack a session's version
         sweeper = asyncio.ensure_future(registry.sweep_forever())
         if not registry.store.has_outbox and any(bot.config.sinks for bot in registry.bots.values()):
             raise ChatrunError(f"store {registry.store.url} keeps no outbox, so the backend events of bots with "
@@ -166,7 +170,8 @@ class Lifecycle:
             await worker.aclose()
             if watchers is not None:
                 await watchers.stop()
-            for bot in {id(b): b for b in (*self.bots.values(), *registry.bots.values())}.values():
+            every = (*self.bots.values(), *registry.bots.values(), *registry.shelf.all_bots())
+            for bot in {id(b): b for b in every}.values():
                 await bot.tools.aclose()  # HTTP connections and MCP servers the bots' tools opened
             if self.own_store:
                 with contextlib.suppress(Exception):
@@ -228,21 +233,21 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def _load_bots(bots: Any) -> dict[str, Any]:
-    import chatrun
-
+def _load_bots(bots: Any) -> dict[str, BotVersions]:
+    """Each bot's versions: a directory with versions/ serves them all (server/versions.py)."""
     if isinstance(bots, dict):
         items = list(bots.values())
     elif isinstance(bots, list | tuple):
         items = list(bots)
     else:
         items = [bots]
-    loaded: dict[str, Any] = {}
+    loaded: dict[str, BotVersions] = {}
     for item in items:
-        bot = chatrun.load_bot(item) if isinstance(item, str | Path) else item
-        if bot.name in loaded:
-            raise ChatrunError(f"two bots are named {bot.name!r}; each bot served needs its own name")
-        loaded[bot.name] = bot
+        found = versions_of(item)
+        name = found[0].bot.name
+        if name in loaded:
+            raise ChatrunError(f"two bots are named {name!r}; each bot served needs its own name")
+        loaded[name] = BotVersions(name, found)
     if not loaded:
         raise ChatrunError("no bot to serve; give at least one bot directory or YAML file")
     return loaded

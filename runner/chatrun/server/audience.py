@@ -49,7 +49,9 @@ def inspector_audiences(who: Principal | None) -> frozenset[str]:
 
 def history_for(history: list[dict[str, Any]], audiences: frozenset[str]) -> list[dict[str, Any]]:
     """The history entries with only the events of `audiences` (an event without `audience` is
-    the user's). Entries are copied when something is left out; the stored history is untouched."""
+    the user's), and the turn's tool calls (`calls`: arguments and results the bot's tools saw)
+    only for operators. Entries are copied when something is left out; the stored history is
+    untouched."""
     if audiences == EVERY_AUDIENCE:
         return history
     out = []
@@ -57,6 +59,8 @@ def history_for(history: list[dict[str, Any]], audiences: frozenset[str]) -> lis
         events = entry.get("events")
         if isinstance(events, list) and any(_audience(e) not in audiences for e in events):
             entry = entry | {"events": [e for e in events if _audience(e) in audiences]}
+        if "calls" in entry and OPERATORS not in audiences:
+            entry = {k: v for k, v in entry.items() if k != "calls"}
         out.append(entry)
     return out
 

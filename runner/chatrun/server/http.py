@@ -25,6 +25,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from chatrun import events as ev
+from chatrun.definition.config import JSON_TYPES, initial_state_problem
 from chatrun.engine.session import Session
 from chatrun.server import wire
 from chatrun.server.audience import (
@@ -44,6 +45,7 @@ from chatrun.server.plumbing import (
     read_json_object,
 )
 from chatrun.server.sessions import EXISTING, NEW, OWNER_ONLY, Reach, SessionRegistry
+from chatrun.server.versions import RETRY_AFTER_S, VERSION_HEADER
 
 log = logging.getLogger("chatrun.server")
 
@@ -68,7 +70,7 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
                          tags=["sessions"])
     router.add_api_route(
         "/bots/{bot}/sessions/{session_id}/messages", send_message, methods=["POST"], tags=["sessions"],
-        openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
+        responses=_turn_response(), openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
                             {"userMessage": "I want to fly to Dublin"}))
     return router
 
@@ -93,7 +95,8 @@ async def list_bots(who: Caller, registry: Registry) -> list[dict[str, Any]]:
 
 async def read_bot(bot: str, who: Caller, registry: Registry) -> dict[str, Any]:
     found = registry.bot(bot)
-    return _bot_summary(found) | {"graph": graph_data(found)}
+    versions = [v.to_dict() for v in registry.shelf.bots[found.name].versions]
+    return _bot_summary(found) | {"graph": graph_data(found), "versions": versions}
 
 
 async def create_session(bot: str, request: Request, who: Caller, registry: Registry) -> dict[str, Any]:
@@ -109,7 +112,8 @@ async def create_session(bot: str, request: Request, who: Caller, registry: Regi
         raise wire.RequestFailed(wire.BAD_REQUEST, "state must be a JSON object")
     if state:
         check_initial_state(state, registry.bot(bot).config.state)
-    async with registry.session(bot, session_id, who, NEW, route=route, state=state) as session:
+    version = request.headers.get(VERSION_HEADER)  # a tester's pick (docs/versions.md, "Canaries")
+    async with registry.session(bot, session_id, who, NEW, route=route, state=state, version=version) as session:
         return session_data(session)
 
 
@@ -200,7 +204,9 @@ async def turn_reply(registry: SessionRegistry, session: Session, message: Any, 
     events = [e async for e in run]
     body = {
         "events": [e.to_dict() for e in events if e.type != ev.STREAM],
-        "ok": not any(e.type == ev.ERROR for e in events),
+        # Committed or rolled back, as the history says: an Error event the turn went on after
+        # (a refused tool call) does not make a committed turn fail.
+        "ok": bool(run.entry.get("ok")),
         "scopeId": session.scope_id,
         "route": session.route,
         "stack": session.stack,
@@ -249,27 +255,17 @@ def _bot_summary(bot: Any) -> dict[str, Any]:
         "description": config.description,
         "default_route": config.default_route,
         "routes": list(config.routes),
+        "version": config.version,  # the human `version:`, when the bot has one
+        "content_version": config.content_version,  # the hash of its files (docs/versions.md)
+        "on_change": config.on_change,
     }
 
 
-_JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
-
-
 def check_initial_state(state: dict[str, Any], declared: dict[str, Any]) -> None:
-    """An initial state reaches the system prompt: only declared keys, each of the JSON type of
-    its declared default (any type when the default is null). RequestFailed(BadRequest) if not."""
-    for key, value in state.items():
-        if key not in declared:
-            known = ", ".join(declared) or "none"
-            raise wire.RequestFailed(wire.BAD_REQUEST, f"state.{key} is not declared by the bot (its state keys: {known})")
-        default = declared[key]
-        if default is None or value is None:
-            continue
-        want, got = _JSON_TYPES.get(type(default)), _JSON_TYPES.get(type(value))
-        if want != got:
-            raise wire.RequestFailed(
-                wire.BAD_REQUEST, f"state.{key} must be a {want} like its declared default {json.dumps(default)}, not a {got}"
-            )
+    """RequestFailed(BadRequest) for a state the bot does not accept (config.initial_state_problem)."""
+    problem = initial_state_problem(state, declared)
+    if problem is not None:
+        raise wire.RequestFailed(wire.BAD_REQUEST, problem[1])
 
 
 # wire.chat_id_problem as a schema: 1-128 characters, not all blank, no slash.
@@ -281,7 +277,7 @@ def _state_schema(registry: SessionRegistry) -> dict[str, Any]:
     properties: dict[str, Any] = {}
     for bot in registry.bots.values():
         for key, default in bot.config.state.items():
-            kind = None if default is None else _JSON_TYPES.get(type(default))
+            kind = None if default is None else JSON_TYPES.get(type(default))
             if key in properties and properties[key].get("type") != kind:
                 properties[key] = {}  # two bots disagree: any type here, the bot's check decides
             else:
@@ -337,6 +333,28 @@ def _session_response(status: int, history: bool = False) -> dict[int | str, dic
     return {status: {"description": "the session", "content": {"application/json": {"schema": schema}}}}
 
 
+def _turn_response() -> dict[int | str, dict[str, Any]]:
+    """The reply of POST .../messages (see _reply), documented so that clients can rely on its keys."""
+    from chatrun.definition.schemas import load_schema
+
+    event = {"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}},
+             "additionalProperties": True}
+    properties: dict[str, Any] = {
+        "events": {"type": "array", "items": event, "description": "the turn's events (no Stream chunks)"},
+        "ok": {"type": "boolean", "description": "true when the turn committed (its changes are stored, even if it "
+               "sent an Error event and went on); false when it failed and nothing of it was kept"},
+        "scopeId": {"type": "string"}, "route": {"type": "string"},
+        "stack": {"type": "array", "items": {"type": "string"}},
+        "turn": {"type": "integer", "minimum": 0}, "replayed": {"type": "boolean"},
+        "usage": _plain_schema(load_schema("wire.schema.json")["$defs"]["Usage"]),
+    }
+    schema = {"type": "object", "required": [k for k in properties if k != "usage"], "properties": properties,
+              "additionalProperties": True}
+    streamed = {"type": "string", "description": "with ?stream=true or Accept: text/event-stream: Server-Sent Events"}
+    return {200: {"description": "the turn, once committed or rolled back",
+                  "content": {"application/json": {"schema": schema}, "text/event-stream": {"schema": streamed}}}}
+
+
 def _plain_schema(node: Any) -> Any:
     """A schema without the editor-only markdownDescription (an OpenAPI document has no use for it)."""
     if isinstance(node, dict):
@@ -349,6 +367,8 @@ def _plain_schema(node: Any) -> Any:
 def failure_response(exc: wire.RequestFailed) -> JSONResponse:
     status = wire.HTTP_STATUS.get(exc.reason, 400)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 503:  # draining, or a bot version this replica lacks: another try is served
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
     return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=status, headers=headers)
 
 

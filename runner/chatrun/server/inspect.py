@@ -63,6 +63,9 @@ def session_data(session: Session) -> dict[str, Any]:
         "scopes": scopes_data(session),
         "usage": session.usage,  # every model call of the session, summed (wire.schema.json#/$defs/Usage)
         "ended": session.ended,  # {"route", "tool"} once an `end` action ended the conversation, else None
+        # The version of the bot it runs (docs/versions.md): the content hash, and with the human name.
+        "botVersion": session.bot_version,
+        "botVersionLabel": session.bot.config.version_label,
     } | pending_data(session)
 
 
@@ -94,11 +97,10 @@ def inspect_data(session: Session, history: list[dict[str, Any]]) -> dict[str, A
     config = session.bot.config
     route = session.route
     memory = session.preview_messages()  # exactly as the model will be sent it next
-    if route not in config.routes:  # gone in a reload: the session must be reset
-        route = config.default_route
     policy = config.route_memory(route)
     return session_data(session) | {
         "last_turn": history[-1] if history else None,
+        "moved": session.moved.to_dict() if session.moved is not None else None,  # committed with the next turn
         "turns_usage": turns_usage(history),
         # The bot's files were edited into an invalid bot (serve --reload): the page shows a banner.
         "reload_problems": [d.to_dict() for d in session.bot.reload_problems],

@@ -76,6 +76,11 @@ class ServerMetrics:
             ["gen_ai_operation_name", *model, "gen_ai_token_type"], buckets=TOKEN_BUCKETS, registry=reg)
         self.cost = prom.Counter("chatrun_cost", "Cost of the model calls, in the units of the bot's `prices:`",
                                  ["bot", "gen_ai_request_model"], registry=reg)
+        # Per bot version (docs/versions.md, "Canaries"): compare a canary with the version it may replace.
+        self.version_turns = prom.Counter("chatrun_version_turns", "Turns served, by the bot version that ran them "
+                                          "and how they ended", ["bot", "bot_version", "outcome"], registry=reg)
+        self.version_cost = prom.Counter("chatrun_version_cost", "Cost of the turns of each bot version, in the "
+                                         "units of the bot's `prices:`", ["bot", "bot_version"], registry=reg)
         self.tool_calls = prom.Counter("chatrun_tool_calls", "Tool calls run", ["bot", "tool"], registry=reg)
         self.tool_failures = prom.Counter("chatrun_tool_failures",
                                           "Tool calls that did not do their work (refused, failed, unknown tool)",
@@ -169,6 +174,11 @@ class ServerMetrics:
     def turn_done(self, bot: str, route: str, outcome: str, seconds: float) -> None:
         self.child(self.turns, bot, route, outcome).inc()
         self.child(self.turn_seconds, bot, outcome).observe(seconds)
+
+    def version_turn_done(self, bot: str, version: str, outcome: str, cost: float | None) -> None:
+        self.child(self.version_turns, bot, version, outcome).inc()
+        if cost:
+            self.child(self.version_cost, bot, version).inc(cost)
 
     def waited(self, bot: str, seconds: float) -> None:
         self.child(self.wait_seconds, bot).observe(seconds)

@@ -261,15 +261,15 @@ class ChatCompletion(TurnRequest):
 
     def keys_after(self, reply: Reply) -> list[str]:
         content = (reply.json_text() if self.as_json else reply.text).strip()
-        after = self.ident.earlier + [("user", self.text), ("assistant", content)]
-        return [self.index.prefix_key(self.ident.bot, self.who.name if self.who else None, self.ident.namespace, after)]
+        turn = [("user", self.text), ("assistant", content)]
+        return [self.ident.prefix_key(self.who.name if self.who else None, turn)]
 
     def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:
         prompts = [t for _, t in self.ident.earlier] + [self.text]
         return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after, self.attempt)
 
     def info(self, result: TurnResult) -> dict[str, Any]:
-        return result.session | ({"events": result.reply.other} if self.want_events else {})
+        return result.session | _objects_and_events(result.reply, self.want_events)
 
     async def answer(self) -> JSONResponse:
         result = await self.run(lambda _e: None)
@@ -397,9 +397,8 @@ class ResponseRequest(TurnRequest):
     def keys_after(self, reply: Reply) -> list[str]:
         keys = [self.index.response_key(self.id)]
         if self.ident.previous is None:
-            after = self.ident.earlier + [("user", self.text), ("assistant", reply.text.strip())]
-            keys.append(self.index.prefix_key(self.ident.bot, self.who.name if self.who else None,
-                                              self.ident.namespace, after))
+            turn = [("user", self.text), ("assistant", reply.text.strip())]
+            keys.append(self.ident.prefix_key(self.who.name if self.who else None, turn))
         return keys
 
     def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:
@@ -418,7 +417,7 @@ class ResponseRequest(TurnRequest):
             obj["conversation"] = {"id": self.conversation}
         if result is not None:
             obj["usage"] = _responses_usage(result.usage)
-            obj["chatrun"] = result.session | ({"events": result.reply.other} if self.want_events else {})
+            obj["chatrun"] = result.session | _objects_and_events(result.reply, self.want_events)
         return obj
 
     async def answer(self) -> JSONResponse:
@@ -540,3 +539,9 @@ async def _frames_of(frames: list[str]) -> AsyncIterator[str]:
 def _sse(frames: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(frames, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _objects_and_events(reply: Reply, want_events: bool) -> dict[str, Any]:
+    """What the `chatrun` field adds to the session: the turn's Object events as data (the
+    reply text shows them readably), and the other events when the request asked for them."""
+    return ({"objects": reply.objects} if reply.objects else {}) | ({"events": reply.other} if want_events else {})

@@ -16,9 +16,12 @@ first match wins:
 3. Nothing matches: a new session, whose earlier messages become its memory.
 
 Every committed turn is recorded in the store (`RecordStore`: durable with SQLite), so the
-rules hold across restarts; a store without records keeps the index in the process. A record
-holds the session as it was after its turn, so only the last KEEP_TURNS turns of a session are
-kept (an older one matches nothing: rule 3), and a session's records go when it is deleted.
+rules hold across restarts; a store without records keeps the index in the process. A turn's
+keys (its prefix key, its response id) hold a small record naming the session and the turn;
+the session as it was after the turn (snapshot and memories, read only to fork) is one
+record of its own beside them, so a lookup or a clean-up reads no conversation. Only the last
+KEEP_TURNS turns of a session are kept (an older one matches nothing: rule 3), and a
+session's records go when it is deleted.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -72,6 +75,15 @@ class Identity:
     namespace: str = ""  # the `user` field or a trusted front-end chat id
     previous: dict[str, Any] | None = None  # the record of previous_response_id
     route: str | None = None  # entry route for a new session (model "bot/route")
+    # The running hash of `earlier` (per owner): hashed once, then only extended by the turn.
+    _hashes: dict[str | None, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def prefix_key(self, owner: str | None, more: Sequence[tuple[str, str]] = ()) -> str:
+        """The index key of the earlier conversation followed by `more` (TurnIndex.prefix_key)."""
+        running = self._hashes.get(owner)
+        if running is None:
+            running = self._hashes[owner] = _running_hash(self.bot, owner, self.namespace, self.earlier)
+        return _key_after(running, bool(self.earlier), more)
 
 
 @dataclass
@@ -100,8 +112,8 @@ class TurnIndex:
 
     @staticmethod
     def prefix_key(bot: str, owner: str | None, namespace: str, exchange: Exchange) -> str:
-        text = json.dumps([bot, owner or "", namespace, exchange], ensure_ascii=False, separators=(",", ":"))
-        return "openai:prefix:" + hashlib.sha256(text.encode()).hexdigest()
+        """The key of a conversation: the SHA-256 of the JSON text [bot, owner, namespace, exchange]."""
+        return _key_after(_running_hash(bot, owner, namespace, []), False, exchange)
 
     @staticmethod
     def request_key(bot: str, owner: str | None, what: list[Any]) -> str:
@@ -117,6 +129,11 @@ class TurnIndex:
     @staticmethod
     def turns_key(session_id: str) -> str:
         return "openai:turns:" + session_id
+
+    @staticmethod
+    def state_key(session_id: str, turn: int) -> str:
+        """The key of the session's state right after `turn` (one session's only: never shared)."""
+        return f"openai:state:{session_id}:{turn}"
 
     async def response(self, response_id: str, who: Principal | None) -> dict[str, Any] | None:
         """The record of a response id, if it exists and belongs to the caller."""
@@ -148,16 +165,17 @@ class TurnIndex:
             return
         record = ident.previous
         if record is None and ident.earlier:
-            record = await self.records.get_record(self.prefix_key(ident.bot, _owner(who), ident.namespace, ident.earlier))
+            record = await self.records.get_record(ident.prefix_key(_owner(who)))
         if record is not None and record.get("bot") == ident.bot and await self._alive(record):
             async with registry.session(ident.bot, record["session"], who, EXISTING) as session:
                 if session.turn_count == record["turn"]:
                     yield Opened(session, CONTINUED)
                     return
             fork_id = await self._fork(record)
-            async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
-                yield Opened(session, FORKED, forked_from=record["session"])
-            return
+            if fork_id is not None:
+                async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
+                    yield Opened(session, FORKED, forked_from=record["session"])
+                return
         async with registry.session(ident.bot, secrets.token_hex(8), who, NEW, route=ident.route) as session:
             yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
 
@@ -193,41 +211,66 @@ class TurnIndex:
 
     async def remember(self, session: Session, who: Principal | None, keys: list[str]) -> None:
         """Record the session as it is now (right after a committed turn) under `keys`."""
-        record = {
-            "bot": session.bot.name,
-            "owner": _owner(who),
-            "session": session.id,
-            "turn": session.turn_count,
+        turn = session.turn_count
+        state = self.state_key(session.id, turn)
+        await self.records.put_record(state, {
             "snapshot": session.snapshot(),
             "memories": {mid: [m.to_dict() for m in messages] for mid, messages in session.memories().items()},
-            "at": time.time(),
-        }
+        }, session.id)
+        record = {"bot": session.bot.name, "owner": _owner(who), "session": session.id, "turn": turn,
+                  "state": state, "at": time.time()}
         for key in keys:
             await self.records.put_record(key, record, session.id)
-        await self._forget_old_turns(session.id, session.turn_count, keys)
+        await self._forget_old_turns(session.id, turn, keys)
 
     async def _forget_old_turns(self, session_id: str, turn: int, keys: list[str]) -> None:
         """Keep the records of the session's last KEEP_TURNS turns (see KEEP_TURNS)."""
         listed = await self.records.get_record(self.turns_key(session_id)) or {"turns": []}
         turns = [entry for entry in listed["turns"] if entry[0] != turn] + [[turn, keys]]
-        for _old_turn, old_keys in turns[:-KEEP_TURNS]:
+        for old_turn, old_keys in turns[:-KEEP_TURNS]:
+            await self.records.delete_record(self.state_key(session_id, old_turn))
             for key in old_keys:
                 old = await self.records.get_record(key)
                 if old is not None and old.get("session") == session_id:  # not since saved for another
                     await self.records.delete_record(key)
         await self.records.put_record(self.turns_key(session_id), {"turns": turns[-KEEP_TURNS:]}, session_id)
 
-    async def _fork(self, record: dict[str, Any]) -> str:
-        """A new session in the store: the recorded one as it was right after the recorded turn."""
+    async def _fork(self, record: dict[str, Any]) -> str | None:
+        """A new session in the store: the recorded one as it was right after the recorded turn
+        (None when that state is gone)."""
+        # A record written before the state had a record of its own holds it inline.
+        state = record if "snapshot" in record else await self.records.get_record(record["state"])
+        if state is None:
+            return None
         old, new = record["session"], secrets.token_hex(8)
         memories: dict[str, list[Message] | None] = {
             renamed_id(mid, old, new): [message_from_dict(d) for d in messages]
-            for mid, messages in record["memories"].items()
+            for mid, messages in state["memories"].items()
         }
-        snapshot = forked_snapshot(record["snapshot"], old, new, record["turn"])
+        snapshot = forked_snapshot(state["snapshot"], old, new, record["turn"])
         # A new session (versions.CREATE: refused if the id exists), written like any commit.
         await self.registry.store.commit_turn(Commit.encode(new, snapshot, memories, [], expected=CREATE), None)
         return new
+
+
+def _running_hash(bot: str, owner: str | None, namespace: str, exchange: Exchange) -> Any:
+    """A SHA-256 of the prefix key's JSON text without its closing "]]", so a longer
+    conversation's key extends it instead of hashing the whole conversation again."""
+    text = _JSON([bot, owner or "", namespace, exchange])[:-2]
+    return hashlib.sha256(text.encode())
+
+
+def _key_after(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) -> str:
+    """The prefix key of the conversation `running` hashed followed by `more`."""
+    hashed = running.copy()
+    if more:
+        hashed.update(("," if nonempty else "").encode() + _JSON(list(more))[1:-1].encode())
+    hashed.update(b"]]")
+    return "openai:prefix:" + hashed.hexdigest()
+
+
+def _JSON(value: Any) -> str:  # noqa: N802 - the one spelling of the key's JSON text
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _seed(session: Session, earlier: Exchange) -> int:

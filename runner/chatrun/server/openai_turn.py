@@ -82,7 +82,7 @@ class Reply:
             return self._part(str(event.data))
         if event.type == ev.OBJECT:
             self.objects.append(event.data)
-            return self._part(json.dumps(event.data, ensure_ascii=False))
+            return self._part(readable(event.data))
         if event.type == ev.PENDING:  # a front end without buttons: the user's next message answers it
             self.other.append(event.to_dict())
             return self._part(wire.written_out(event.data))
@@ -107,6 +107,37 @@ class Reply:
         if not self.objects:
             return self.text
         return json.dumps(self.objects[0] if len(self.objects) == 1 else self.objects, ensure_ascii=False)
+
+
+def readable(value: Any) -> str:
+    """An Object event as a chat client shows it: Markdown a person reads ("- **Check in:**
+    2026-12-01"), not JSON in front of the reply. Programs get the object itself from
+    response_format or the response's `chatrun.objects`."""
+    if isinstance(value, dict | list):
+        return "\n".join(_readable_lines(value, 0)) or "-"
+    return _scalar(value)
+
+
+def _readable_lines(value: dict[str, Any] | list[Any], depth: int) -> list[str]:
+    indent = "  " * depth
+    items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+    lines: list[str] = []
+    for key, item in items:
+        label = f"**{str(key).replace('_', ' ').capitalize()}:** " if key is not None else ""
+        if isinstance(item, dict | list) and item:
+            lines.append(f"{indent}- {label}".rstrip())
+            lines.extend(_readable_lines(item, depth + 1))
+        else:
+            lines.append(f"{indent}- {label}{_scalar(item)}")
+    return lines
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None or value == [] or value == {}:
+        return "—"
+    return str(value)
 
 
 @dataclass(frozen=True)

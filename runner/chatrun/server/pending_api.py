@@ -215,8 +215,9 @@ def _filtered(found: PendingSession, role: str | None, older_than: float | None,
 
 
 def _required_body(properties: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
-    """_body whose every property is required."""
+    """_body whose every property is required (so the body is too)."""
     extra = _body(properties, example)
+    extra["requestBody"]["required"] = True
     extra["requestBody"]["content"]["application/json"]["schema"]["required"] = list(properties)
     return extra
 

@@ -48,7 +48,7 @@ class Watchers:
 
     async def close_unused(self) -> int:
         """Close the tools of the replaced bots no session runs on any more; how many."""
-        in_use = self.registry.bots_in_use() | {id(bot) for bot in self.registry.bots.values()}
+        in_use = self.registry.bots_in_use() | {id(bot) for bot in self.registry.shelf.all_bots()}
         unused = [bot for bot in self.retired if id(bot) not in in_use]
         self.retired = [bot for bot in self.retired if id(bot) in in_use]
         for bot in unused:
@@ -75,6 +75,9 @@ class Watchers:
             if apply(self.registry, name, outcome):
                 self.retired.append(old)
                 self._retired_more.set()
+                version = self.registry.shelf.bots[name].of(self.registry.bots[name])
+                if version is not None:  # other replicas may need it for the sessions it runs
+                    await self.registry.shelf.publish_one(name, version)
 
 
 def apply(registry: SessionRegistry, name: str, outcome: Reload) -> bool:
@@ -85,6 +88,6 @@ def apply(registry: SessionRegistry, name: str, outcome: Reload) -> bool:
         log.warning("chatrun: %s changed but bot %s is invalid; still serving the previous version\n%s",
                     changed, name, lines)
         return False
-    registry.bots[name] = outcome.bot
+    registry.serve_new_version(outcome.bot)
     log.info("chatrun: reloaded bot %s (%s changed)", name, changed)
     return True

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SlotKey = tuple[str, str]  # (bot name, session id)
 
 
-@dataclass
+@dataclass(slots=True)  # one per cached session: no __dict__
 class Slot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     session: Session | None = None
@@ -52,7 +52,7 @@ class Hold:
 # sessions of 1 to 20 messages, short and long ones, within 20%): the session, its scopes,
 # memories, buffer and slot; each message object; and its text, which its JSON size tracks.
 # Counting the JSON size alone undercounted a short conversation's RSS about 3 to 8 times.
-LIVE_SESSION_BYTES = 3584
+LIVE_SESSION_BYTES = 1536  # 3584 until an idle session stopped keeping its last entry (issue 26)
 MESSAGE_BYTES = 200
 JSON_BYTE_FACTOR = 0.7
 

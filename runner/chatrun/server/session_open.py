@@ -18,7 +18,7 @@ are not reachable with auth off either. See docs/security.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from chatrun.errors import ChatrunError, ForbiddenRouteError, SessionError, UnknownRouteError
@@ -28,6 +28,7 @@ from chatrun.server.audience import OPERATOR_ROLE
 from chatrun.server.auth import Principal, template_principal
 from chatrun.server.session_cache import SessionCache, Slot
 from chatrun.server.session_writes import SessionWrites, exists
+from chatrun.server.versions import VersionShelf
 from chatrun.store import RecordStore
 from chatrun.store.aio import AsyncStore, Lease
 from chatrun.store.buffer import TurnBuffer
@@ -107,6 +108,7 @@ class SessionRequest:
     mode: str = EXISTING
     start: SessionStart = SessionStart()
     reach: Reach = OWNER_ONLY
+    version: str | None = None  # the version a new session starts on (a tester's header), else by weight
 
     @property
     def owner(self) -> str | None:
@@ -115,8 +117,9 @@ class SessionRequest:
 
 class SessionOpener:
     def __init__(self, store: AsyncStore, cache: SessionCache, writes: SessionWrites, models: ModelPool,
-                 max_sessions_per_principal: int = 0):
+                 shelf: VersionShelf, max_sessions_per_principal: int = 0):
         self.store = store
+        self.shelf = shelf
         self.cache = cache
         self.writes = writes
         self.models = models
@@ -140,17 +143,20 @@ class SessionOpener:
 
     async def _open(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
         record = await self._load(request.session_id)
+        versions = self.shelf.bots[request.bot.name]
         if record is not None:
             self._check_loaded(record, request)
+            bot = await self.shelf.bot_for(request.bot.name, record.bot_version) or request.bot
             buffer = TurnBuffer(request.session_id, record, self.records, track_committed=True)
             version, committed = record.version, record.committed
         elif request.mode == EXISTING:
             raise not_found(request.session_id)
         else:
             await self._check_quota(request.principal)
+            bot = versions.for_new(request.session_id, request.version)
             buffer = TurnBuffer(request.session_id, records=self.records, track_committed=True)
             version, committed = CREATE, None
-        slot.session = self._build(request, buffer)
+        slot.session = self._build(replace(request, bot=bot), buffer)
         slot.buffer, slot.version, slot.committed = buffer, version, committed
         if version == CREATE:
             await self.writes.commit(slot, request.session_id, lease)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from chatrun.server.session_open import (
 from chatrun.server.session_writes import SessionWrites
 from chatrun.server.turn_run import MAX_REQUEST_ID, TurnRun, check_request_id
 from chatrun.server.turnlog import TurnReport
+from chatrun.server.versions import BotVersions, Version, VersionShelf
 from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, LeaseSettings, as_async_store
 from chatrun.store.record import Committed
@@ -80,9 +82,14 @@ class SessionRegistry:
         cache_size: int = 10_000,
         models: ModelPool | None = None,
         settings: SessionSettings | None = None,
+        versions: dict[str, BotVersions] | None = None,
     ):
-        self.bots = bots
         self.store = as_async_store(store)
+        # Every version of each bot (server/versions.py); `bots` are the primaries: what new
+        # sessions start on unless a canary's weights or a tester's header say otherwise.
+        self.shelf = VersionShelf(versions or {name: BotVersions(name, [Version(bot, bot.config.content_version, 100)])
+                                               for name, bot in bots.items()}, self.store)
+        self.bots = self.shelf.primaries()
         self.settings = settings = settings or SessionSettings(cache_size=cache_size)
         self.models = models or ModelPool()
         self.metrics: ServerMetrics | None = None  # set by create_app when prometheus-client is installed
@@ -92,7 +99,7 @@ class SessionRegistry:
         self.cache = SessionCache(CacheLimits(settings.cache_size, settings.cache_bytes, settings.cache_idle))
         self.gate = SessionGate(self.store, settings.lease, settings.if_busy)
         self.writes = SessionWrites(self.store, self.cache)
-        self.opener = SessionOpener(self.store, self.cache, self.writes, self.models,
+        self.opener = SessionOpener(self.store, self.cache, self.writes, self.models, self.shelf,
                                     settings.max_sessions_per_principal)
         self._holds: dict[int, Hold] = {}  # id(session) -> the hold of the request using it
 
@@ -146,6 +153,12 @@ class SessionRegistry:
             )
         return bot
 
+    def serve_new_version(self, bot: Bot) -> Version:
+        """A reloaded bot (`serve --reload`) becomes its bot's primary version (server/versions.py)."""
+        version = self.shelf.bots[bot.name].replace_primary(bot, time.time())
+        self.bots[bot.name] = bot
+        return version
+
     def bots_in_use(self) -> set[int]:
         """The ids of the bots the sessions this registry holds run on (a session moves to a
         reloaded bot when next used; until then it keeps the one it had)."""
@@ -164,6 +177,7 @@ class SessionRegistry:
         state: dict[str, Any] | None = None,
         if_busy: str | None = None,
         reach: Reach = OWNER_ONLY,
+        version: str | None = None,
     ) -> AsyncIterator[Session]:
         """The session, held for the caller until the block ends (its turn, see `turn`); its
         stored history is `history(session)`. `reach`: who besides its owner may use it
@@ -171,7 +185,7 @@ class SessionRegistry:
         bot = self.bot(bot_name)
         self.gate.refuse_if_draining()
         policy = self.gate.policy(if_busy)
-        request = SessionRequest(bot, session_id, principal, mode, SessionStart(route, state), reach)
+        request = SessionRequest(bot, session_id, principal, mode, SessionStart(route, state), reach, version)
         waited = functools.partial(self.metrics.waited, bot.name) if self.metrics is not None else None
         async with self.cache.use((bot.name, session_id)) as slot, \
                 self.gate.through(slot.lock, session_id, policy, waited) as lease:
@@ -195,8 +209,9 @@ class SessionRegistry:
         principal = request.principal
         session.roles = set(principal.roles) if principal is not None else None
         session.principal = template_principal(principal)
-        bot = self.bot(request.bot.name)  # the newest: a reload may have come while this request waited
-        if session.bot is not bot:  # the bot was reloaded (serve --reload)
+        # The version policy, now: a reload or a promotion may have come while this request waited.
+        bot = self.shelf.bots[request.bot.name].target(session.bot)
+        if session.bot is not bot:
             session.use_bot(bot)
         try:
             yield session
@@ -204,6 +219,10 @@ class SessionRegistry:
             raise wire.RequestFailed(wire.SESSION_NOT_ACTIVE, str(exc)) from None
         finally:
             self._holds.pop(id(session), None)
+            # Readers of the turn's entry (frames, logs, metrics) ran inside the block; an idle
+            # cached session keeps less (the buffer keeps no history to read it back from, and
+            # a server reads the history from its store itself).
+            session.forget_last_turn()
             if slot.buffer is not None:
                 if slot.buffer.pending is not None:
                     # The request ended without writing what its turn did (cancelled): the

@@ -82,6 +82,8 @@ class TurnReport:
                 for done in self.resolved:
                     self.metrics.decided(self.bot, str(done.get("kind")), str(done.get("outcome")),
                                          self._waited(done.get("id")))
+            cost = (self.entry.get("usage") or {}).get("cost")
+            self.metrics.version_turn_done(self.bot, self.session.bot_version, self.outcome, cost)
         if log.isEnabledFor(logging.INFO):
             fields = self.fields(seconds)
             log.info("turn %s", plain(fields), extra={"chatrun": fields})
@@ -109,6 +111,7 @@ class TurnReport:
             # humans in the loop: the items this turn opened, and those it resolved (id:outcome)
             "pending": ",".join(self.opened) or None,
             "resolved": ",".join(f"{r.get('id')}:{r.get('outcome')}" for r in self.resolved) or None,
+            "bot_version": self.session.bot_version,
         }
         if self.content:
             message = self.message.get("userMessage") if isinstance(self.message, dict) else self.message

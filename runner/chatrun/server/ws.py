@@ -28,6 +28,7 @@ from chatrun.server.outbound import Outbound
 from chatrun.server.pending_api import decision_of
 from chatrun.server.plumbing import Unauthorized, authenticate, limits_of, registry_of
 from chatrun.server.sessions import EXISTING, NEW, Reach, SessionRegistry
+from chatrun.server.versions import VERSION_HEADER
 
 log = logging.getLogger("chatrun.server")
 
@@ -181,7 +182,9 @@ class Connection:
     async def connect(self, frame: wire.ClientFrame, bot: str, added: bool) -> None:
         mode = EXISTING if frame.resume else NEW
         try:
-            async with self.registry.session(bot, frame.chat_id, self.principal, mode, route=frame.route) as session:
+            version = self.ws.headers.get(VERSION_HEADER)  # a tester's pick for new sessions (docs/versions.md)
+            async with self.registry.session(bot, frame.chat_id, self.principal, mode, route=frame.route,
+                                             version=version) as session:
                 self.pending.discard(frame.chat_id)
                 if frame.resume:
                     if frame.route and frame.route != session.route:

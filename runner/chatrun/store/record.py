@@ -240,7 +240,7 @@ class SessionRecord:
     owner: str | None
     committed: Committed | None
     memory_ids: list[str]
-    bot_version: str | None = None  # the bot version the session runs on: filled by the versions issue
+    bot_version: str | None = None  # the content version of the bot the session runs on (None: older snapshots)
     pending: list[JSONObject] = field(default_factory=list)  # open pending items (snapshot "pending")
     taken_over: JSONObject | None = None  # {"by", "since"} while an operator has the conversation
     resolved: dict[str, str] = field(default_factory=dict)  # the last resolved items: id -> outcome
@@ -254,7 +254,7 @@ class SessionRecord:
 
     @classmethod
     def of(cls, session_id: str, snapshot: JSONObject, version: str, snapshot_json: str) -> SessionRecord:
-        bot = snapshot.get("bot")
+        bot, bot_version = snapshot.get("bot"), snapshot.get("bot_version")
         return cls(
             session_id=session_id,
             version=version,
@@ -264,6 +264,7 @@ class SessionRecord:
             owner=owner_of(snapshot),
             committed=snapshot.get("committed"),
             memory_ids=memory_ids_of(snapshot),
+            bot_version=bot_version if isinstance(bot_version, str) else None,
             pending=pending_items_of(snapshot),
             taken_over=taken_over_of(snapshot),
             resolved=resolved_items_of(snapshot),

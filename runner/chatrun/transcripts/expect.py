@@ -54,12 +54,21 @@ class Observed:
     memory: list[dict[str, str]] = field(default_factory=list)  # [{role: text}]
     operators_events: list[dict[str, Any]] = field(default_factory=list)  # [{Type: data}] for operators
     backend_events: list[dict[str, Any]] = field(default_factory=list)  # [{Type: data}] for the backend
+    # The trajectory: the route the turn started on then each route it moved to, and its tool
+    # calls in order ({tool, route, args, result or error}: the history entry's `calls`).
+    path: list[str] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
     # The memory's token counts in words, made only when a `memory:` expectation fails (counting
     # may load tiktoken): a window that evicted other messages than expected is explained by them.
     memory_tokens: Callable[[], str] | None = None
+    # The same for what each model call was sent, made only when a `sent:` expectation fails.
+    sent_tokens: Callable[[], str] | None = None
 
 
-def observe(session: Any, events: list[Any], requests: list[ModelRequest]) -> Observed:
+def observe(session: Any, events: list[Any], requests: list[ModelRequest], started_on: str | None = None,
+            calls: list[dict[str, Any]] | None = None) -> Observed:
+    """What the turn did; `started_on`: the route it started on, `calls`: its tool calls (the
+    history entry's), both left empty when no turn ran."""
     def plain_for(audience: str) -> list[dict[str, Any]]:
         return [{e.type: _plain(e.data)} for e in events if e.type != ev.STREAM and e.audience == audience]
 
@@ -77,8 +86,19 @@ def observe(session: Any, events: list[Any], requests: list[ModelRequest]) -> Ob
         memory=role_list(memory),
         operators_events=plain_for(ev.OPERATORS),
         backend_events=plain_for(ev.BACKEND),
+        path=trajectory(started_on, events),
+        calls=_plain(calls or []),
         memory_tokens=lambda: token_note(session.token_window(), memory),
+        sent_tokens=lambda: sent_token_note(session.token_counter(), requests),
     )
+
+
+def trajectory(started_on: str | None, events: list[Any]) -> list[str]:
+    """The routes of a turn, in order: the one it started on, then each one it moved to."""
+    if started_on is None:
+        return []
+    moved = [e.data["route"] for e in events if e.type == ev.ROUTE_CHANGED and isinstance(e.data, dict)]
+    return [started_on, *moved]
 
 
 def token_note(window: tuple[Any, int] | None, messages: list[Message]) -> str:
@@ -93,6 +113,21 @@ def token_note(window: tuple[Any, int] | None, messages: list[Message]) -> str:
     total = sum(counter(m) for m in messages)
     return (f"tokens in memory, counted with {counter_label(counter)}: "
             f"{' + '.join(counts) or '0'} = {total} of max_tokens {limit}")
+
+
+def sent_token_note(counter: Any, requests: list[ModelRequest]) -> str:
+    """"tokens sent, counted with estimate:" then, per model call, its messages' counts (the
+    system message marked) and their sum: a prompt that grew or a window that evicted other
+    messages than expected is explained by them."""
+    from chatrun.memory.tokens import counter_label
+
+    lines = [f"tokens sent, counted with {counter_label(counter)}:"]
+    for i, request in enumerate(requests, 1):
+        counts = [f"{counter(m)} (system)" if isinstance(m, SystemMessage) else str(counter(m))
+                  for m in request.messages]
+        total = sum(counter(m) for m in request.messages)
+        lines.append(f"  call {i} (route {request.route}): {' + '.join(counts) or '0'} = {total}")
+    return "\n".join(lines)
 
 
 def sent_call(request: ModelRequest) -> dict[str, Any]:
@@ -209,6 +244,11 @@ def shaped(key: str, expected: Any, obs: Observed) -> Any:
         return obs.error
     if key == "state":
         return {path: resolve(obs.visible, path) for path in (expected or {})}
+    if key == "path":
+        return obs.path
+    if key == "calls":
+        entries = expected if isinstance(expected, list) else []
+        return [_shaped_call(call, entries[i] if i < len(entries) else None) for i, call in enumerate(obs.calls)]
     if key == "sent":
         entries = expected if isinstance(expected, list) else []
         keys_used = [k for k in SENT_KEYS if any(k in e for e in entries)] or ["route", "tools", "messages_count"]
@@ -218,6 +258,20 @@ def shaped(key: str, expected: Any, obs: Observed) -> Any:
             out.append({k: call[k] for k in keys})
         return out
     raise KeyError(key)
+
+
+def _shaped_call(call: dict[str, Any], wanted: Any) -> dict[str, Any]:
+    """A tool call as its expectation looks at it: the keys it names (`args`: the arguments it
+    names; the call may have more), a call nobody expects as {tool, args}."""
+    if not isinstance(wanted, dict) or is_matcher(wanted):
+        return {"tool": call.get("tool"), "args": call.get("args", {})}
+    out = {}
+    for key, value in wanted.items():
+        actual = call.get(key, MISSING)
+        if key == "args" and isinstance(value, dict) and not is_matcher(value) and isinstance(actual, dict):
+            actual = {name: actual.get(name, MISSING) for name in value}
+        out[key] = actual
+    return out
 
 
 # -- comparing -----------------------------------------------------------------------------------------
@@ -236,7 +290,7 @@ class Mismatch:
         if self.expected is not None or self.actual is not None:
             lines += diff_lines(self.expected, self.actual)
         if self.note:
-            lines.append(self.note)
+            lines += self.note.splitlines()
         return "\n".join(indent + line if i else line for i, line in enumerate(lines))
 
 
@@ -257,16 +311,22 @@ def compare(expect: dict[str, Any] | None, obs: Observed) -> list[Mismatch]:
             continue
         actual = shaped(key, expected, obs)
         if not match(expected, actual):
-            note = obs.memory_tokens() if key == "memory" and obs.memory_tokens else ""
+            note = _token_note(key, obs)
             out.append(Mismatch(key, _headline(key, expected, actual),
                                 {key: reconcile(expected, actual)}, {key: actual}, note))
     return out
 
 
+def _token_note(key: str, obs: Observed) -> str:
+    """The token counts said after a failing `memory:` or `sent:` diff."""
+    made = {"memory": obs.memory_tokens, "sent": obs.sent_tokens}.get(key)
+    return made() if made is not None else ""
+
+
 # Live runs (`chatrun test --live`): what a real model says differs from run to run; what the
 # bot does with it should not. Compared: route, stack, state, error or not, and the events'
 # types in order, with the data of the events the bot makes itself (not the model's text).
-LIVE_KEYS = ("route", "stack", "state", "error", *EVENT_KEYS)
+LIVE_KEYS = ("route", "stack", "state", "error", "path", "calls", *EVENT_KEYS)
 MODEL_TEXT_EVENTS = (ev.MESSAGE, ev.THINKING, ev.CONSOLE, ev.ERROR)
 
 
@@ -296,10 +356,10 @@ def compare_live(expect: dict[str, Any] | None, obs: Observed) -> list[Mismatch]
 
 
 def _headline(key: str, expected: Any, actual: Any) -> str:
-    if key in ("sent", "memory", *EVENT_KEYS) and isinstance(actual, list) and isinstance(expected, list) \
-            and len(expected) != len(actual):
+    if key in ("sent", "memory", "calls", "path", *EVENT_KEYS) and isinstance(actual, list) \
+            and isinstance(expected, list) and len(expected) != len(actual):
         what = {"sent": "model calls", "memory": "messages in memory", "operators_events": "operators events",
-                "backend_events": "backend events"}.get(key, "events")
+                "backend_events": "backend events", "calls": "tool calls", "path": "routes"}.get(key, "events")
         return f"{key}: expected {len(expected)} {what}, got {len(actual)}"
     return f"{key} differs"
 

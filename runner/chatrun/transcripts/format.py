@@ -64,6 +64,7 @@ class Transcript:
     clock: str | dict[str, Any] | None = None  # `clock:`: the pinned instant, or {at, advance}
     mock_lines: list[int] = field(default_factory=list)  # the line of each of `mocks`
     tokenizer: str | None = None  # `tokenizer:`: the pinned token counter (estimate or an encoding)
+    state_lines: dict[str, int] = field(default_factory=dict)  # the line of each key of `state:`
 
     @property
     def name(self) -> str:
@@ -210,7 +211,12 @@ def _build(doc: YamlDoc) -> Transcript:
                       data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),
                       {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"),
                       data.get("principal"), data.get("clock"), _lines(doc, ("mocks",), data.get("mocks")),
-                      data.get("tokenizer"))
+                      data.get("tokenizer"), _key_lines(doc, ("state",), data.get("state")))
+
+
+def _key_lines(doc: YamlDoc, at: tuple[Any, ...], mapping: Any) -> dict[str, int]:
+    """The line of each key of the mapping at `at`."""
+    return {k: doc.pos((*at, k)).line for k in mapping} if isinstance(mapping, dict) else {}
 
 
 def _lines(doc: YamlDoc, at: tuple[Any, ...], items: Any) -> list[int]:

@@ -158,6 +158,9 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
         result.error = f"{t.name}:{t.lines.get('bot', 1)}: cannot load bot {t.bot}: {exc}"
         return result
     result.notes = event_type_warnings(bot.config, t)
+    result.error = state_problem(bot.config, t)
+    if result.error is not None:
+        return result
     if t.refused is not None:
         result.error = expect_refused_start(bot, t)
         return result
@@ -255,6 +258,7 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
         script.next_turn(turn)
     except ChatrunError as exc:  # the schema lets through little a scripted model rejects
         return TurnResult(turn, None, [Mismatch("model", f"bad model response: {exc}")])
+    started_on = session.route
     try:
         events = session.chat(turn.input)
     except SessionError as exc:
@@ -262,7 +266,7 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
             raise
         return message_after_end(session, turn, str(exc))
     model = script.current
-    obs = observe(session, events, model.requests)
+    obs = observe(session, events, model.requests, started_on, (session.last_turn or {}).get("calls"))
     if live:
         return TurnResult(turn, obs, compare_live(turn.expect, obs) + judge_turn(judge, turn, obs))
     given = len(turn.model)
@@ -290,6 +294,18 @@ def message_after_end(session: Any, turn: TurnSpec, refusal: str) -> TurnResult:
         problems.append(Mismatch("model", "the conversation had ended, so no model was called: "
                                  "the turn's `model:` answers are left unused"))
     return TurnResult(turn, obs, problems)
+
+
+def state_problem(config: Any, t: Transcript) -> str | None:
+    """A `state:` the HTTP API would refuse (an undeclared key, a value of another type) is
+    refused here too, at its line: a transcript tests conversations clients can start."""
+    from chatrun.definition.config import initial_state_problem
+
+    problem = initial_state_problem(t.state or {}, config.state)
+    if problem is None:
+        return None
+    key, message = problem
+    return f"{t.name}:{t.state_lines.get(key, t.lines.get('state', 1))}: {message}"
 
 
 def expect_refused_start(bot: Any, t: Transcript) -> str | None:

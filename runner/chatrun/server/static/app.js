@@ -535,6 +535,9 @@
     // Completed turns: a failed attempt (shown under "Last turn") does not count.
     $("session-id").textContent = "session " + d.id + " · " + plural(d.turn, "completed turn");
     $("route-now").textContent = "· on " + d.route;
+    // The version of the bot the session runs: its human name and content hash (docs/versions.md).
+    $("bot-version").textContent = d.botVersionLabel ? "· version " + d.botVersionLabel : "";
+    document.body.dataset.botVersion = d.botVersion || "";
     renderBreadcrumb(d.stack);
     drawGraph(d.graph, d.stack);
     renderScopes(d.scopes, d.scopeId);

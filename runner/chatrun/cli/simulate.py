@@ -1,0 +1,115 @@
+"""`chatrun simulate [PATH...]`: scenarios played by a simulated user, N trials each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from chatrun.cli._output import fail
+
+
+@click.command("simulate")
+@click.argument("paths", nargs=-1, type=click.Path(exists=True))
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help="Trials per scenario (default: each scenario's `trials`).")
+@click.option("--junit", "junit", type=click.Path(dir_okay=False), default=None,
+              help="Write a JUnit XML report here (one test case per scenario).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the verdicts as JSON here (`-` for stdout).")
+@click.option("--record", "record_dir", type=click.Path(file_okay=False), default=None,
+              help="Write each trial as a golden transcript into this folder; `chatrun test` replays it offline.")
+def simulate(paths: tuple[str, ...], trials: int | None, junit: str | None, json_path: str | None,
+             record_dir: str | None) -> None:
+    """Play scenarios with a simulated user and report each one's pass rate.
+
+    PATH is a scenario file or a folder of them (default: bots/*/scenarios/). Each trial is a
+    conversation between the scenario's simulated user (its persona and goal, answered by
+    `user_model`) and the bot (its own model); it passes when the conversation meets the
+    scenario's `success` criteria. A scenario passes when its pass rate reaches its
+    `threshold`; the rate is shown with its 95% Wilson interval. Exit status 0 when every
+    scenario passes, 1 otherwise.
+
+    \b
+    Examples:
+      chatrun simulate bots/travel/scenarios --trials 20 --junit simulate.xml
+      chatrun simulate book_flight.yaml --record recorded/
+    """
+    from chatrun.transcripts.scenario import junit_xml
+    from chatrun.transcripts.scenario import simulate as run_scenario
+
+    try:
+        files = _scenario_files(paths)
+        outcomes = []
+        for file in files:
+            outcome = run_scenario(file, trials, on_trial=_progress,
+                                   keep=_recorder(Path(record_dir)) if record_dir else None)
+            click.echo("")
+            click.echo(_line(outcome))
+            outcomes.append(outcome)
+        if junit:
+            Path(junit).write_text(junit_xml(outcomes), encoding="utf-8")
+        if json_path:
+            data = json.dumps({"ok": all(o.ok for o in outcomes), "scenarios": [o.to_dict() for o in outcomes]},
+                              indent=2, ensure_ascii=False)
+            click.echo(data) if json_path == "-" else Path(json_path).write_text(data + "\n", encoding="utf-8")
+    except Exception as exc:  # never a traceback from the CLI
+        fail(exc)
+    failed = sum(not o.ok for o in outcomes)
+    click.echo(f"{len(outcomes) - failed} scenario{'s' if len(outcomes) - failed != 1 else ''} passed, {failed} failed")
+    if failed:
+        raise click.exceptions.Exit(1)
+
+
+def _scenario_files(paths: tuple[str, ...]) -> list[str]:
+    from chatrun.errors import ChatrunError
+
+    roots = [Path(p) for p in paths] or sorted(Path("bots").glob("*/scenarios"))
+    files = []
+    for root in roots:
+        files += sorted(str(f) for f in root.glob("*.yaml")) if root.is_dir() else [str(root)]
+    if not files:
+        raise ChatrunError("no scenarios found (give files or folders, or put them in bots/*/scenarios/)")
+    return files
+
+
+def _progress(trial: Any) -> None:
+    click.echo("." if trial.passed else "F", nl=False)
+
+
+def _line(outcome: Any) -> str:
+    if outcome.error is not None:
+        return f"{outcome.error}\n{outcome.scenario}: could not run"
+    low, high = outcome.interval
+    verdict = "ok" if outcome.ok else "FAILED"
+    lines = [f"{outcome.scenario}: {outcome.passed_trials}/{len(outcome.trials)} trials passed "
+             f"({outcome.rate:.0%}, 95% CI {low:.0%}-{high:.0%}), threshold {outcome.threshold:.0%}: {verdict}"]
+    lines += [f"  trial {t.number}: {p}" for t in outcome.trials for p in t.problems]
+    return "\n".join(lines)
+
+
+def _recorder(folder: Path) -> Any:
+    """Keeps each trial as a transcript: the simulated user's lines as the turns, the bot's
+    model answers and outside tools' results as they came (chatrun record --from-session's way)."""
+    from chatrun.toolkinds import outside
+    from chatrun.transcripts.from_session import (
+        StoredSession,
+        bot_reference,
+        transcript_of,
+        write_transcript,
+    )
+
+    def keep(scenario: Any, bot: Any, trial: Any) -> None:
+        def is_outside(name: str) -> bool:
+            tool = bot.config.tools.get(name)
+            return tool is None or outside(tool) is not None
+
+        path = folder / f"{Path(scenario.file).stem}.trial{trial.number}.yaml"
+        stored = StoredSession(trial.session_id, bot.name, trial.history)
+        doc = transcript_of(stored, bot.config, bot_reference(scenario.bot_path, folder), is_outside)
+        doc["description"] = f"Trial {trial.number} of scenario {scenario.file} ({'passed' if trial.passed else 'failed'})."
+        write_transcript(doc, path, trial.session_id, f"scenario {scenario.file}")
+
+    return keep

@@ -1,0 +1,101 @@
+"""A live conversation moved to another version of its bot (docs/versions.md).
+
+Which version a session runs is the client's choice (the server's version policy,
+chatrun.server.versions; `--reload`); how it arrives is the new version's `on_change:`:
+
+    migrate         the new version's `migrations:` (chatrun.engine.migrate) rewrite its
+                    snapshot and memories, then any scope still on a route the new version
+                    lacks restarts as below
+    restart_scope   a scope on a route the new version lacks ends (with the scopes above it);
+                    the conversation goes on in a new scope on the default route
+    <route>         the same, on that route
+    pin             when a client moves a pinned session all the same (the REPL's --reload,
+                    an old version no replica can load), as restart_scope
+
+Whatever the policy, the conversation can run its next turn afterwards: no turn fails
+because the bot changed. Each move says what it did (`notes`), for the history.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chatrun.definition.versions import MIGRATE, POLICIES
+from chatrun.store.record import MEMORY_SEPARATOR
+
+if TYPE_CHECKING:
+    from chatrun.definition.config import BotConfig
+    from chatrun.engine.conversation import Conversation
+    from chatrun.messages import Message
+
+log = logging.getLogger("chatrun.versions")
+
+
+@dataclass
+class Moved:
+    """What a move did: from which content version to which, and one note per change."""
+
+    old: str | None
+    new: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"from": self.old, "to": self.new, "notes": self.notes}
+
+
+def move(conversation: Conversation, old: BotConfig | None, new: BotConfig) -> Moved:
+    """Move `conversation` (restored under `old`; None: not known, as for a stored session
+    whose version no one has) onto `new`, by `new.on_change`. Changes the conversation in
+    place; nothing is stored until its next turn commits."""
+    moved = Moved(old.content_version if old is not None else None, new.content_version)
+    if new.on_change == MIGRATE and old is not None:
+        _migrate(conversation, old, new, moved)
+    conversation.config = new
+    for path in _fill_defaults(conversation.state, new.state, "state"):
+        moved.notes.append(f"{path} added with the new version's default")
+    gone = conversation.gone_routes()
+    if gone:
+        target = new.on_change if new.on_change not in POLICIES else new.default_route
+        note = (f"The bot was updated and the route {gone[0]!r} this conversation was on no longer exists; "
+                f"the conversation continues on {target!r}.")
+        conversation.restart_gone(target, note)
+        moved.notes.append(f"route {gone[0]!r} is gone: restarted on {target!r}")
+    return moved
+
+
+def _fill_defaults(state: dict[str, Any], declared: dict[str, Any], at: str) -> list[str]:
+    """The keys the new version's `state:` declares that the session lacks, set to their
+    defaults (a template reading them must not fail); what is there is kept. The paths set."""
+    added = []
+    for key, default in declared.items():
+        if key not in state:
+            state[key] = copy.deepcopy(default)
+            added.append(f"{at}.{key}")
+        elif isinstance(default, dict) and isinstance(state[key], dict):
+            added.extend(_fill_defaults(state[key], default, f"{at}.{key}"))
+    return added
+
+
+def _migrate(conversation: Conversation, old: BotConfig, new: BotConfig, moved: Moved) -> None:
+    """The new version's migrations applied to the conversation (its config is still `old`)."""
+    from chatrun.engine.migrate import migrate_snapshot
+
+    memories = conversation.live_memories()
+    result = migrate_snapshot(conversation.snapshot(), old, new, memories)
+    conversation.config = new
+    conversation.restore(result.snapshot)
+    conversation.forget_cached_memories()
+    for memory_id, messages in result.memories.items():
+        _set_memory(conversation, memory_id, messages)
+    moved.notes.extend(result.notes)
+
+
+def _set_memory(conversation: Conversation, memory_id: str, messages: list[Message]) -> None:
+    scope_id, _, route = memory_id.rpartition(MEMORY_SEPARATOR)
+    scope = next((s for s in conversation.scopes if s.id == scope_id), None)
+    if scope is None or route not in conversation.config.routes:
+        return  # a scope or route the migration left behind: the restart below ends it
+    conversation.memory_for(scope, route).set(messages)

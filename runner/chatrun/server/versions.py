@@ -1,0 +1,227 @@
+"""The versions of each bot a server serves, which one a session runs, and the versions kept
+in the store for other replicas (docs/versions.md).
+
+    bots/shop/versions/1/, versions/2/   several versions served at once (definition/versions.py)
+    versions.yaml `weights:`             the canary: new sessions split by weight (by session id,
+                                         so a retried create lands on the same version), or the
+                                         version a tester names in the `Chatrun-Bot-Version` header
+    primary                              the version with the largest weight (ties: the newest):
+                                         where `migrate` and `restart_scope` sessions move to
+
+A stored session records the content version it runs (`SessionRecord.bot_version`). It runs
+that version while the primary's `on_change` is `pin`, and also when its version is newer than
+the primary (a canary's session, a replica not yet upgraded): a session never moves to an older
+version. A replica that lacks a session's version loads it from the store, where every replica
+puts the files of the versions it serves (content-addressed: `bot-version:<bot>:<hash>`), or,
+when the store does not have it either, refuses with `Unavailable` (HTTP 503 + Retry-After):
+the client sends again and another replica serves it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chatrun.definition.versions import (
+    PIN,
+    bot_files,
+    content_version,
+    version_layout,
+    write_bundle,
+)
+from chatrun.errors import ChatrunError
+from chatrun.server import wire
+
+if TYPE_CHECKING:
+    from chatrun.engine.bot import Bot
+    from chatrun.store.aio import AsyncStore
+
+log = logging.getLogger("chatrun.versions")
+
+VERSION_HEADER = "Chatrun-Bot-Version"  # a tester's pick of the version a new session starts on
+RECORD_PREFIX = "bot-version:"
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class Version:
+    """One served version of a bot: where it comes from (`label`: its versions/ folder, else
+    its content hash), its canary weight and when it was first published to the store."""
+
+    bot: Bot
+    label: str
+    weight: int = 0
+    published: float = 0.0
+    stored: bool = False  # loaded from the store, not from this server's files
+
+    @property
+    def content_version(self) -> str:
+        return self.bot.config.content_version
+
+    def to_dict(self) -> dict[str, Any]:
+        config = self.bot.config
+        return {"label": self.label, "version": config.version, "content_version":
+                config.content_version, "weight": self.weight, "on_change": config.on_change,
+                "published": self.published, "stored": self.stored}
+
+
+@dataclass
+class BotVersions:
+    """The versions of one bot this server holds, oldest first."""
+
+    name: str
+    versions: list[Version] = field(default_factory=list)
+
+    @property
+    def primary(self) -> Version:
+        return max(reversed(self.versions), key=lambda v: v.weight)  # reversed: a tie goes to the newest
+
+    def find(self, wanted: str | None) -> Version | None:
+        """The version with this content hash or label (None: none such)."""
+        return next((v for v in self.versions if wanted in (v.content_version, v.label)), None)
+
+    def of(self, bot: Bot) -> Version | None:
+        return next((v for v in self.versions if v.bot is bot), None)
+
+    def for_new(self, session_id: str, wanted: str | None = None) -> Bot:
+        """The version a new session starts on: the one the header names, else by weight."""
+        if wanted:
+            named = self.find(wanted)
+            if named is None:
+                labels = ", ".join(f"{v.label} ({v.content_version})" for v in self.versions)
+                raise wire.RequestFailed(wire.BAD_REQUEST, f"{VERSION_HEADER}: bot {self.name} has no version "
+                                                           f"{wanted!r}; it serves: {labels}")
+            return named.bot
+        weighted = [v for v in self.versions if v.weight > 0] or [self.primary]
+        total = sum(v.weight for v in weighted) or 1
+        point = int.from_bytes(hashlib.sha256(session_id.encode()).digest()[:8], "big") % total
+        for version in weighted:
+            point -= version.weight
+            if point < 0:
+                return version.bot
+        return weighted[-1].bot
+
+    def target(self, current: Bot) -> Bot:
+        """The bot a session now on `current` runs next: the primary, unless the primary pins
+        sessions to their versions, `current` still takes new sessions (a canary's weight) or
+        `current` is newer (never a downgrade)."""
+        primary = self.primary
+        here = self.of(current)
+        if current is primary.bot or primary.bot.config.on_change == PIN:
+            return current
+        if here is not None and (here.weight > 0 or here.published > primary.published):
+            return current
+        return primary.bot
+
+    def add(self, version: Version) -> None:
+        self.versions = sorted([*self.versions, version], key=lambda v: v.published)
+
+    def replace_primary(self, bot: Bot, published: float) -> Version:
+        """A reloaded bot (`serve --reload`) becomes the primary. Older versions are kept only
+        while the new one pins sessions to them."""
+        kept = self.versions if bot.config.on_change == PIN else []
+        for version in kept:
+            version.weight = 0
+        self.versions = kept
+        version = Version(bot, bot.config.content_version, 100, published)
+        self.add(version)
+        return version
+
+
+class VersionShelf:
+    """Every served bot's versions, and their copies in the store."""
+
+    def __init__(self, versions: dict[str, BotVersions], store: AsyncStore):
+        self.bots = versions
+        self.store = store
+        self.cache = Path(tempfile.gettempdir()) / "chatrun-versions"
+
+    def primaries(self) -> dict[str, Bot]:
+        return {name: versions.primary.bot for name, versions in self.bots.items()}
+
+    def all_bots(self) -> list[Bot]:
+        return [v.bot for versions in self.bots.values() for v in versions.versions]
+
+    async def publish(self) -> None:
+        """Put every local version's files in the store (once: the first publication's time
+        orders versions across replicas) and learn when each was first published."""
+        for name, versions in self.bots.items():
+            for version in versions.versions:
+                await self.publish_one(name, version)
+            versions.versions.sort(key=lambda v: v.published)
+
+    async def publish_one(self, name: str, version: Version) -> None:
+        key = record_key(name, version.content_version)
+        stored = await self.store.get_record(key)
+        if stored is None:
+            files = bot_files(version.bot.config.root)
+            stored = {"bot": name, "label": version.label, "files": files, "published": time.time()}
+            await self.store.put_record(key, stored)
+        version.published = float(stored.get("published") or 0.0)
+
+    async def bot_for(self, name: str, recorded: str | None) -> Bot | None:
+        """The bot of a stored session's recorded version: held here, else loaded from the
+        store; None for a session from before versions (it runs the primary). Raises
+        RequestFailed(Unavailable) when no one has it."""
+        versions = self.bots[name]
+        if recorded is None:
+            return None
+        held = versions.find(recorded)
+        if held is not None:
+            return held.bot
+        loaded = await self._load(name, recorded)
+        held = versions.find(recorded)  # another request may have loaded it meanwhile
+        if held is not None:
+            return held.bot
+        versions.add(loaded)
+        return loaded.bot
+
+    async def _load(self, name: str, recorded: str) -> Version:
+        from chatrun.engine.bot import load_bot
+
+        stored = await self.store.get_record(record_key(name, recorded))
+        files = stored.get("files") if isinstance(stored, dict) else None
+        if not isinstance(files, dict) or content_version(files) != recorded:
+            raise unavailable(name, recorded, "this replica does not have it and the store holds no copy")
+        folder = write_bundle(files, self.cache / name / recorded)
+        try:
+            bot = load_bot(folder)
+        except ChatrunError as exc:
+            raise unavailable(name, recorded, f"its stored copy does not load here: {exc}") from None
+        log.info("chatrun: loaded version %s of bot %s from the store", recorded, name)
+        assert isinstance(stored, dict)
+        return Version(bot, str(stored.get("label") or recorded), 0, float(stored.get("published") or 0.0), True)
+
+
+def record_key(name: str, content: str) -> str:
+    return f"{RECORD_PREFIX}{name}:{content}"
+
+
+def unavailable(name: str, recorded: str, why: str) -> wire.RequestFailed:
+    return wire.RequestFailed(wire.UNAVAILABLE, f"bot {name} version {recorded}: {why}; send the request again "
+                                                "(a replica that serves that version will answer)")
+
+
+def versions_of(path_or_bot: Any) -> list[Version]:
+    """The versions a `create_app` argument serves: a versions/ layout's, else the one bot."""
+    from chatrun.engine.bot import load_bot
+
+    layout = version_layout(path_or_bot) if isinstance(path_or_bot, str | Path) else None
+    if layout is None:
+        bot = load_bot(path_or_bot) if isinstance(path_or_bot, str | Path) else path_or_bot
+        return [Version(bot, bot.config.content_version, 100)]
+    found = [Version(load_bot(folder), label) for label, folder in layout.versions]
+    weights = layout.weights or {layout.versions[-1][0]: 100}
+    for index, version in enumerate(found):
+        version.weight = weights.get(version.label, 0)
+        version.published = index * 1e-3  # until the store says when each was first published
+    names = {v.bot.name for v in found}
+    if len(names) > 1:
+        raise ChatrunError(f"{layout.root}: the versions of one bot must keep its name; they are named "
+                           f"{', '.join(sorted(names))}")
+    return found

@@ -1,0 +1,159 @@
+"""A stored session as a golden transcript (`chatrun record --from-session`).
+
+A turn's history entry holds what replaying it needs: the input, the model's answers
+(`model`), the tool calls with the arguments they ran with and their results (`calls`), and,
+on turn 1, how the conversation started (`start`: route and state). The transcript's
+expectations are what *happened* — each turn's route, stack, the user's events and its tool
+calls, as stored — not what a replay gives, so running it (`chatrun test`) checks that the
+replay does exactly what the session did; `record_session` runs it once and says where not.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from chatrun import events as ev
+from chatrun.errors import ChatrunError
+
+HEADER = ("# yaml-language-server: $schema={schema}\n"
+          "# Recorded from session {session} of {store}; run it with: chatrun test {file}\n")
+
+
+@dataclass
+class StoredSession:
+    """What a store gives of one session: its bot's name and its history, oldest turn first."""
+
+    session_id: str
+    bot: str | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def load_stored_session(url: str, session_id: str) -> StoredSession:
+    """The session `session_id` of the store at `url` (sqlite:///…, redis://…). ChatrunError
+    when there is no such session."""
+    from chatrun.store.aio import open_async_store
+
+    store = open_async_store(url)
+    try:
+        record = await store.load_session(session_id)
+        if record is None:
+            raise ChatrunError(f"{url} has no session {session_id!r}")
+        history = await store.load_history(session_id)
+    finally:
+        await store.close()
+    return StoredSession(session_id, record.bot, list(history))
+
+
+def transcript_of(stored: StoredSession, bot_config: Any, bot_ref: str,
+                  is_outside: Callable[[str], bool]) -> dict[str, Any]:
+    """The transcript document (plain data) of a stored session. `bot_ref`: the `bot:` value;
+    `is_outside(tool)`: whether a tool's result comes from outside the bot (HTTP, MCP), so
+    the replay must be given it as a mock (a handler runs again: it is the bot's own code)."""
+    history = stored.history
+    if not history:
+        raise ChatrunError(f"session {stored.session_id} has no turns to record")
+    start = next((e["start"] for e in history if isinstance(e.get("start"), dict)), None)
+    if start is None:
+        raise ChatrunError(f"session {stored.session_id} was stored by a chatrun that did not keep how a "
+                           "conversation starts (history entries without `start`); it cannot be replayed exactly")
+    doc: dict[str, Any] = {"description": f"Recorded from session {stored.session_id}.", "bot": bot_ref}
+    if start.get("route") != bot_config.default_route:
+        doc["route"] = start["route"]
+    changed = {k: v for k, v in (start.get("state") or {}).items() if bot_config.state.get(k) != v}
+    if changed:
+        doc["state"] = changed
+    doc["turns"] = [_turn(entry, is_outside) for entry in history]
+    return doc
+
+
+def _turn(entry: dict[str, Any], is_outside: Callable[[str], bool]) -> dict[str, Any]:
+    said = entry.get("input")
+    turn: dict[str, Any] = {"clock": _instant(entry["at"])} if isinstance(entry.get("at"), int | float) else {}
+    turn.update({"data": said} if isinstance(said, dict) else {"data": {}} if said is None else {"user": said})
+    model = [dict(answer) for answer in entry.get("model") or []]
+    error = entry.get("error")
+    if not entry.get("ok") and isinstance(error, str) and error.startswith("the model failed"):
+        model.append({"error": error})  # the call that failed: the replay fails it the same way
+    turn["model"] = model
+    calls = [c for c in entry.get("calls") or [] if isinstance(c, dict)]
+    mocks = [_mock(c) for c in calls if "args" in c and is_outside(str(c.get("tool")))]
+    if mocks:
+        turn["mocks"] = mocks
+    turn["expect"] = _what_happened(entry, calls)
+    return turn
+
+
+def _mock(call: dict[str, Any]) -> dict[str, Any]:
+    mock: dict[str, Any] = {"tool": call["tool"], "args": call["args"]}
+    if "error" in call:
+        mock["error"] = call["error"]
+    else:
+        mock["result"] = call.get("result")
+    return mock
+
+
+def _what_happened(entry: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """The turn's expectations, from the history: the user's events, the route and stack it
+    ended on (a failed turn: that it failed), and its tool calls with their arguments."""
+    events = [{e["type"]: e.get("data")} for e in entry.get("events") or []
+              if isinstance(e, dict) and e.get("type") != ev.STREAM and not e.get("audience")]
+    expect: dict[str, Any] = {}
+    if entry.get("ok"):
+        expect["route"] = entry.get("route")
+        expect["stack"] = entry.get("stack")
+    else:
+        expect["error"] = True
+    expect["events"] = events
+    if calls:
+        expect["calls"] = [_expected_call(c) for c in calls]
+    return expect
+
+
+def _expected_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A call as it happened: the tool, the arguments it ran with, what the model read of it."""
+    out: dict[str, Any] = {"tool": call.get("tool")}
+    out.update({key: call[key] for key in ("args", "reply", "error") if key in call})
+    return out
+
+
+def _instant(at: float) -> str:
+    """The turn's start as the instant its pinned clock runs at (templates reading `now` agree)."""
+    return datetime.fromtimestamp(at, UTC).isoformat()
+
+
+def write_transcript(doc: dict[str, Any], path: Path, session_id: str, store_url: str) -> None:
+    from chatrun.definition.schemas import schema_path
+    from chatrun.transcripts.update import _yaml, to_node
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    y = _yaml()
+    buf = io.StringIO()
+    node = to_node(doc)
+    node["turns"].fa.set_block_style()
+    for turn in node["turns"]:
+        turn.fa.set_block_style()
+    y.dump(node, buf)
+    schema = os.path.relpath(schema_path("transcript.schema.json"), path.parent.resolve())
+    header = HEADER.format(schema=schema, session=session_id, store=_shown_url(store_url), file=path)
+    path.write_text(header + buf.getvalue(), encoding="utf-8")
+
+
+def _shown_url(url: str) -> str:
+    """The store's URL without a password (redis://:secret@host)."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url
+
+
+def bot_reference(bot_path: Path, folder: Path) -> str:
+    bot_path = bot_path.resolve()
+    if bot_path.is_file() and bot_path.name in ("bot.yaml", "bot.yml"):
+        bot_path = bot_path.parent
+    return Path(os.path.relpath(bot_path, folder.resolve())).as_posix()

@@ -1,0 +1,352 @@
+"""Scenarios (`chatrun simulate`): a simulated user with a persona and a goal talks to a bot,
+N trials; each trial passes when the conversation meets the scenario's success criteria.
+
+Exact criteria are checked on what the conversation did: the route and stack it ended on, its
+state, and — as subsequences (these items in this order, others may come between) — the
+routes it went through (`path`), its tool calls (`calls`) and the user's events (`events`).
+Judged criteria (`judge`) are scored by the transcripts' judge on the whole conversation.
+The pass rate of the trials is reported with a Wilson score interval; a scenario passes when
+its rate reaches its `threshold`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from chatrun import events as ev
+from chatrun.definition.schemas import load_schema
+from chatrun.definition.yamlpos import load_yaml
+from chatrun.errors import BotError, ChatrunError, Diagnostic
+from chatrun.messages import AssistantMessage, Message, SystemMessage, UserMessage
+from chatrun.models.base import ModelRequest
+from chatrun.transcripts.expect import _shaped_call, match, resolve
+
+SCHEMA = "scenario.schema.json"
+DONE = "DONE"
+USER_PROMPT = """\
+You are role-playing a user talking to a chatbot, to test it. Stay in character.
+
+Who you are: {persona}
+What you want: {goal}
+
+Write only what this user would type next: one short message, no quotes, no narration.
+When your goal is reached, or the bot clearly cannot help, answer with exactly {done}."""
+
+
+@dataclass
+class Scenario:
+    file: str
+    bot: str
+    persona: str
+    goal: str
+    success: dict[str, Any]
+    route: str | None = None
+    state: dict[str, Any] | None = None
+    opening: str | None = None
+    user_model: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 8
+    trials: int = 5
+    threshold: float = 1.0
+    mocks: list[dict[str, Any]] = field(default_factory=list)
+    judge: dict[str, Any] | None = None
+    lines: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bot_path(self) -> Path:
+        return (Path(self.file).parent / self.bot).resolve()
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """A scenario file, checked against schemas/scenario.schema.json; BotError naming each
+    problem's file:line otherwise."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ChatrunError(f"cannot read scenario {path}: {exc}") from exc
+    doc = load_yaml(text, str(path))
+    if doc.diagnostics:
+        raise BotError(doc.diagnostics)
+    validator = Draft202012Validator(load_schema(SCHEMA))
+    problems = []
+    for error in sorted(validator.iter_errors(doc.data), key=lambda e: list(e.absolute_path)):
+        at = tuple(error.absolute_path)
+        pos = doc.pos(at)
+        where = ".".join(map(str, at)) or "the file"
+        problems.append(Diagnostic(str(path), pos.line, pos.col, "error", f"{where}: {error.message}"))
+    if problems:
+        raise BotError(problems)
+    data = doc.data
+    return Scenario(
+        file=str(path), bot=data["bot"], persona=data["persona"], goal=data["goal"], success=data["success"],
+        route=data.get("route"), state=data.get("state"), opening=data.get("opening"),
+        user_model=dict(data.get("user_model") or {}), max_turns=int(data.get("max_turns", 8)),
+        trials=int(data.get("trials", 5)), threshold=float(data.get("threshold", 1.0)),
+        mocks=list(data.get("mocks") or []), judge=data.get("judge"),
+        lines={key: doc.pos((key,)).line for key in data},
+    )
+
+
+# -- one trial -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    """One simulated conversation: what was said, what the bot did, and what failed."""
+
+    number: int
+    said: list[tuple[str, str]] = field(default_factory=list)  # (user, bot's reply) per turn
+    path: list[str] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    route: str = ""
+    stack: list[str] = field(default_factory=list)
+    visible: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    session_id: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def text(self) -> str:
+        return "\n".join(f"User: {user}\nAssistant: {reply or '(no message)'}" for user, reply in self.said)
+
+
+async def play(scenario: Scenario, bot: Any, number: int) -> Trial:
+    """One trial: the simulated user and the bot take turns until the user says DONE, the
+    conversation ends, or `max_turns` turns have run."""
+    from chatrun.models import ModelPool
+    from chatrun.store.memory import InMemoryStore
+    from chatrun.transcripts.mocks import TranscriptMocks
+
+    pool = ModelPool()  # the bot's model and the simulated user's, closed on this loop
+    answers, user = pool.model(), pool.model()
+    session = bot.session(route=scenario.route, store=InMemoryStore(), state=scenario.state, model=answers)
+    session.tool_mocks = TranscriptMocks(scenario.mocks, live=True, file=scenario.file)
+    config = bot.config.model.merged({**scenario.user_model, "stream": False})
+    trial = Trial(number, session_id=session.id)
+    trial.path = [session.route]
+    try:
+        for turn in range(scenario.max_turns):
+            said = scenario.opening if turn == 0 and scenario.opening else \
+                await _user_says(user, config, scenario, trial.said)
+            if said.strip() == DONE:
+                break
+            events = await session.achat(said)
+            _take(trial, events)
+            trial.said.append((said, _reply(events)))
+            if session.ended is not None:
+                break
+        trial.route, trial.stack = session.route, list(session.stack)
+        trial.visible = json.loads(json.dumps(session.visible_state(), default=str))
+        trial.history = list(session.history)
+    finally:
+        session.close()
+        await bot.tools.aclose()  # this loop's HTTP connections and MCP servers
+        await answers.aclose()
+        await user.aclose()
+        await pool.aclose()
+    return trial
+
+
+async def _user_says(user: Any, config: Any, scenario: Scenario, said: list[tuple[str, str]]) -> str:
+    """The simulated user's next message: the bot's replies are its `user` messages, its own
+    lines its `assistant` ones (it is the model here)."""
+    messages: list[Message] = [SystemMessage(USER_PROMPT.format(persona=scenario.persona, goal=scenario.goal,
+                                                                 done=DONE))]
+    if not said:
+        messages.append(UserMessage("(The conversation starts. Write your first message.)"))
+    for mine, reply in said:
+        messages += [AssistantMessage(mine), UserMessage(reply or "(the bot said nothing)")]
+    response = await user.complete(ModelRequest(messages, [], config, "simulated-user"))
+    return (response.text or DONE).strip()
+
+
+def _take(trial: Trial, events: list[Any]) -> None:
+    for e in events:
+        if e.type == ev.STREAM or e.audience != ev.USER:
+            continue
+        trial.events.append({e.type: e.data})
+        if e.type == ev.ROUTE_CHANGED and isinstance(e.data, dict):
+            trial.path.append(e.data["route"])
+
+
+def _reply(events: list[Any]) -> str:
+    parts = [e.data if isinstance(e.data, str) else json.dumps(e.data, ensure_ascii=False)
+             for e in events if e.type in (ev.MESSAGE, ev.OBJECT)]
+    return "\n".join(parts)
+
+
+# -- success criteria ----------------------------------------------------------------------------
+
+
+def check(scenario: Scenario, trial: Trial, judge: Any) -> None:
+    """Fill `trial.problems` with each success criterion the trial does not meet."""
+    trial.calls = [c for entry in trial.history for c in entry.get("calls") or []]
+    success = scenario.success
+    for key in ("route", "stack"):
+        if key in success and not match(success[key], getattr(trial, key)):
+            trial.problems.append(f"{key}: expected {_shown(success[key])}, ended with {_shown(getattr(trial, key))}")
+    for path, wanted in (success.get("state") or {}).items():
+        actual = resolve(trial.visible, path)
+        if not match(wanted, actual):
+            trial.problems.append(f"state {path}: expected {_shown(wanted)}, got {_shown(actual)}")
+    shape: dict[str, Callable[[Any, Any], Any]] = {
+        "path": lambda actual, wanted: actual,
+        "events": lambda actual, wanted: actual,
+        "calls": _shaped_call,
+    }
+    for key, shaped in shape.items():
+        if key in success:
+            missing = first_missing(success[key], getattr(trial, key), shaped)
+            if missing is not None:
+                trial.problems.append(f"{key}: no {_shown(missing)} after the ones before it "
+                                      f"(the conversation's {key}: {_shown(_summary(key, getattr(trial, key)))})")
+    for criterion in _criteria(success.get("judge")):
+        judged = judge.judge(criterion, trial.text(), [], 0)
+        if not judged.passed:
+            trial.problems.append(judged.problem)
+
+
+def first_missing(wanted: list[Any], actual: list[Any], shaped: Callable[[Any, Any], Any]) -> Any:
+    """The first item of `wanted` not found, in order, in `actual` (None: all were)."""
+    at = 0
+    for item in wanted:
+        while at < len(actual) and not match(item, shaped(actual[at], item)):
+            at += 1
+        if at == len(actual):
+            return item
+        at += 1
+    return None
+
+
+def _summary(key: str, items: list[Any]) -> Any:
+    return [c.get("tool") for c in items] if key == "calls" else items
+
+
+def _criteria(value: Any) -> list[str]:
+    if not value:
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+# -- many trials ---------------------------------------------------------------------------------
+
+
+def wilson(passed: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a pass rate (95% with z = 1.96): honest for few trials
+    and for rates near 0 or 1, where the normal approximation is not."""
+    if n == 0:
+        return 0.0, 1.0
+    p = passed / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class Outcome:
+    """A scenario's trials and verdict (`error`: it could not run)."""
+
+    scenario: str
+    trials: list[Trial] = field(default_factory=list)
+    threshold: float = 1.0
+    error: str | None = None
+
+    @property
+    def passed_trials(self) -> int:
+        return sum(t.passed for t in self.trials)
+
+    @property
+    def rate(self) -> float:
+        return self.passed_trials / len(self.trials) if self.trials else 0.0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.passed_trials, len(self.trials))
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.trials) and self.rate >= self.threshold - 1e-9
+
+    def to_dict(self) -> dict[str, Any]:
+        low, high = self.interval
+        return {"scenario": self.scenario, "ok": self.ok, "trials": len(self.trials), "passed": self.passed_trials,
+                "pass_rate": round(self.rate, 4), "interval": [round(low, 4), round(high, 4)],
+                "confidence": 0.95, "threshold": self.threshold, "error": self.error,
+                "failures": [{"trial": t.number, "problems": t.problems, "turns": len(t.said)}
+                             for t in self.trials if not t.passed]}
+
+
+def simulate(path: str, trials: int | None = None, on_trial: Callable[[Trial], None] | None = None,
+             keep: Callable[[Scenario, Any, Trial], None] | None = None) -> Outcome:
+    """Run a scenario file's trials (`trials` overrides its own count). Never raises for a bad
+    scenario or bot: the Outcome's `error` says what is wrong, naming file:line."""
+    from chatrun.engine.bot import load_bot
+    from chatrun.transcripts.judge import LIVE, Judge
+
+    try:
+        scenario = load_scenario(path)
+        bot = load_bot(str(scenario.bot_path))
+    except BotError as exc:
+        return Outcome(path, error="\n".join(d.format() for d in exc.diagnostics))
+    except ChatrunError as exc:
+        return Outcome(path, error=f"{path}:1: {exc}")
+    from chatrun.definition.config import initial_state_problem
+
+    problem = initial_state_problem(scenario.state or {}, bot.config.state)
+    if problem is not None:  # the HTTP API's rule, as for transcripts
+        return Outcome(path, error=f"{path}:{scenario.lines.get('state', 1)}: {problem[1]}")
+    outcome = Outcome(path, threshold=scenario.threshold)
+    judge = Judge(scenario.judge, bot.config.model, LIVE)
+    try:
+        for number in range(1, (trials or scenario.trials) + 1):
+            try:
+                trial = asyncio.run(play(scenario, bot, number))
+            except ChatrunError as exc:
+                trial = Trial(number, problems=[f"the trial could not run: {exc}"])
+            else:
+                check(scenario, trial, judge)
+                if keep is not None:
+                    keep(scenario, bot, trial)
+            outcome.trials.append(trial)
+            if on_trial is not None:
+                on_trial(trial)
+    finally:
+        judge.close()
+    return outcome
+
+
+def junit_xml(outcomes: list[Outcome]) -> str:
+    """One <testsuite>, one <testcase> per scenario; a scenario under its threshold is a failure."""
+    from xml.sax.saxutils import escape, quoteattr
+
+    failures = sum(not o.ok for o in outcomes)
+    lines = ['<?xml version="1.0" encoding="UTF-8"?>',
+             f'<testsuite name="chatrun simulate" tests="{len(outcomes)}" failures="{failures}">']
+    for o in outcomes:
+        low, high = o.interval
+        lines.append(f'  <testcase classname="scenarios" name={quoteattr(o.scenario)}>')
+        summary = (f"{o.passed_trials}/{len(o.trials)} trials passed ({o.rate:.0%}; 95% CI {low:.0%}-{high:.0%}), "
+                   f"threshold {o.threshold:.0%}")
+        if not o.ok:
+            detail = o.error or "\n".join(f"trial {t.number}: {p}" for t in o.trials for p in t.problems)
+            lines.append(f"    <failure message={quoteattr(o.error or summary)}>{escape(detail)}</failure>")
+        lines.append(f"    <system-out>{escape(summary)}</system-out>")
+        lines.append("  </testcase>")
+    lines.append("</testsuite>")
+    return "\n".join(lines) + "\n"

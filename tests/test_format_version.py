@@ -1,0 +1,278 @@
+"""The format's own version (issue 23): `format:`, the previous version's meaning kept and
+warned about, `chatrun upgrade`; `chatrun validate --against` and `chatrun diff` on the two
+versions of bots/shop, with sessions stored in a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import chatrun
+from chat_support import call
+from chatrun.cli import main
+from chatrun.definition.loader import check_bot
+
+REPO = Path(__file__).resolve().parents[1]
+SHOP = REPO / "bots" / "shop" / "versions"
+V1, V2 = SHOP / "1", SHOP / "2"
+UPGRADE = REPO / "tests" / "fixtures" / "upgrade"
+
+NICKNAME_BOT = """\
+name: nick
+{format}model: {{provider: scripted, name: gpt-4o-mini}}
+state: {{nickname: anon}}
+routes:
+  main: {{default: true, system: Hi., tools: [rename]}}
+tools:
+  rename:
+    description: Set the nickname
+    parameters: {{type: object, properties: {{nickname: {{type: string}}}}}}
+    action:
+      set: {{state.nickname: "{{{{ args.nickname }}}}"}}
+"""
+
+
+def cli(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+# -- the format version: warnings and the old meaning ------------------------------------------
+
+
+def nickname_after_a_call_without_one(path: Path) -> object:
+    bot = chatrun.load_bot(path)
+    session = bot.session(model=chatrun.ScriptedModel([call("rename"), "done"]))
+    events = session.chat("forget my nickname")
+    assert not [e for e in events if e.type == "Error"]
+    return session.state["nickname"]
+
+
+def test_format_1_keeps_its_meaning_none_assigns_none_and_format_2_assigns_nothing(write_bot):
+    old = write_bot(NICKNAME_BOT.format(format="format: 1\n"), name="old.yaml")
+    new = write_bot(NICKNAME_BOT.format(format="format: 2\n"), name="new.yaml")
+    assert nickname_after_a_call_without_one(old) is None
+    assert nickname_after_a_call_without_one(new) == "anon"
+
+
+def test_format_1_is_warned_about_at_its_line_and_format_2_is_clean(write_bot):
+    _, found = check_bot(write_bot(NICKNAME_BOT.format(format="format: 1\n"), name="old.yaml"))
+    assert [(d.line, d.severity) for d in found] == [(2, "warning")]
+    assert "format 1 is the previous version and keeps its meaning" in found[0].message
+    assert "assigns nothing (format 1: it assigns None)" in found[0].message
+    _, found = check_bot(write_bot(NICKNAME_BOT.format(format="format: 2\n"), name="new.yaml"))
+    assert found == []
+
+
+def test_a_bot_without_format_is_warned_at_its_first_set_template(write_bot):
+    path = write_bot(NICKNAME_BOT.format(format=""))
+    _, found = check_bot(path)
+    assert [(d.file, d.line, d.severity) for d in found] == [(str(path), 10, "warning")]
+    assert "declares no `format:`" in found[0].message and "chatrun upgrade" in found[0].message
+    assert nickname_after_a_call_without_one(path) == "anon"  # read as the current format
+    # a bot with nothing whose meaning depends on the version gets no warning
+    assert check_bot(write_bot("name: x\nroutes: {main: {default: true, system: Hi.}}\n", name="x.yaml"))[1] == []
+
+
+def test_an_unknown_format_is_an_error_at_its_line(write_bot):
+    _, found = check_bot(write_bot("name: x\nformat: 3\nroutes: {main: {default: true, system: Hi.}}\n"))
+    assert [(d.line, d.severity) for d in found] == [(2, "error")]
+
+
+# -- chatrun upgrade ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["format1", "unversioned"])
+def test_upgrade_changes_one_line_and_keeps_every_other_byte(tmp_path, name):
+    bot = tmp_path / "bot.yaml"
+    shutil.copy(UPGRADE / f"{name}.yaml", bot)
+    result = cli("upgrade", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert bot.read_bytes() == (UPGRADE / f"{name}.upgraded.yaml").read_bytes()
+    assert check_bot(tmp_path)[1] == []  # upgraded: no format warning left
+    again = cli("upgrade", "--check", tmp_path)
+    assert again.exit_code == 0 and again.output == f"{bot}: already on the current format\n"
+
+
+def test_upgrade_says_what_it_changed_and_which_set_to_review(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    shutil.copy(UPGRADE / "format1.yaml", bot)
+    result = cli("upgrade", tmp_path)
+    lines = result.output.splitlines()
+    assert lines[0] == f"{bot}:4: `format: 1` is now `format: 2`"
+    assert lines[1].startswith(f"{bot}:21:")  # the action holding the set and "review `set state.nickname` of tool `rename`" in lines[1]
+
+
+def test_upgrade_check_writes_nothing_and_fails_for_ci(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    shutil.copy(UPGRADE / "unversioned.yaml", bot)
+    result = cli("upgrade", "--check", tmp_path)
+    assert result.exit_code == 1
+    assert result.output.splitlines()[0] == f"{bot}:5: added `format: 2`"  # under `name:`
+    assert bot.read_bytes() == (UPGRADE / "unversioned.yaml").read_bytes()
+
+
+def test_upgrade_of_something_that_is_not_a_bot_exits_2_without_a_traceback(tmp_path):
+    (tmp_path / "bot.yaml").write_text("- a list\n")
+    result = cli("upgrade", tmp_path)
+    assert result.exit_code == 2 and "not a YAML mapping" in result.output
+    assert "Traceback" not in result.output
+
+
+# -- validate --against ---------------------------------------------------------------------------
+
+
+def test_validate_against_the_old_version_is_clean_for_the_shop():
+    result = cli("validate", V2, "--against", V1)
+    assert result.exit_code == 0, result.output
+    assert result.output == f"{V2}: valid\n"
+
+
+def test_validate_against_names_each_wrong_name_at_its_line(tmp_path):
+    text = (V2 / "bot.yaml").read_text()
+    text = (text.replace("routes: {checkout: payment}", "routes: {checkout: payment, chekout: payment}")
+            .replace("rename: {email: contact.email}", "rename: {emial: contact.email}")
+            .replace("tools: {add_item: add_to_basket}", "tools: {add_itme: add_to_basket}")
+            .replace("    scopes: {gift_wrap: drop}", "    scopes: {}"))
+    new = tmp_path / "bot.yaml"
+    new.write_text(text)
+    line = {needle: text[:text.index(needle)].count("\n") + 1 for needle in ("chekout", "emial", "add_itme")}
+    result = cli("validate", tmp_path, "--against", V1)
+    assert result.exit_code == 1
+    out = result.output.splitlines()
+    assert f"{new}:{line['chekout']}:" in "\n".join(o for o in out if "route `chekout`" in o)
+    assert any(o.startswith(f"{new}:{line['emial']}:") and "renames `emial`" in o for o in out)
+    assert any(o.startswith(f"{new}:{line['add_itme']}:") and "did you mean `add_item`?" in o for o in out)
+    removed = [o for o in out if "route `gift_wrap` is removed" in o]
+    assert len(removed) == 1 and removed[0].startswith(f"{V1 / 'bot.yaml'}:20:")  # where the old route was
+
+
+def test_a_migration_naming_what_the_new_version_lacks_is_an_error_alone(tmp_path):
+    text = (V2 / "bot.yaml").read_text().replace("checkout: payment}", "checkout: paymnt}")
+    (tmp_path / "bot.yaml").write_text(text)
+    _, found = check_bot(tmp_path)
+    assert [d.message for d in found if d.severity == "error"] == [
+        "migration maps route `checkout` to `paymnt`, which this version does not define; did you mean `payment`?"]
+
+
+# -- chatrun diff ---------------------------------------------------------------------------------
+
+
+def v1_sessions(db: Path) -> dict[str, str]:
+    """Sessions of version 1 left where a deploy finds them: browsing, wrapping a gift, at the checkout."""
+    store = chatrun.SQLiteStore(str(db))
+    bot = chatrun.load_bot(V1, store=store)
+    scripts = {
+        "browsing": [("add T1", [call("add_item", sku="T1"), "ok"])],
+        "wrapping": [("wrap it", [call("wrap_gift"), "Which ribbon?"])],
+        "paying": [("mail a@b.c", [call("save_email", email="a@b.c"), call("checkout"), "Pay?"])],
+    }
+    ids = {}
+    for name, turns in scripts.items():
+        session = bot.session(model=chatrun.ScriptedModel([a for _, answers in turns for a in answers]))
+        for text, _ in turns:
+            session.chat(text)
+        ids[name] = session.id
+    return ids
+
+
+def test_diff_of_the_shop_lists_breaking_changes_all_migrated_and_exits_0():
+    result = cli("diff", V1, V2)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "migrated  route checkout: renamed to payment (by migration 1 at " in "\n".join(lines)
+    assert any(line.startswith("migrated  parameter add_to_basket.sku: removed") for line in lines)
+    assert lines[-1] == "13 change(s), 9 breaking, 0 not handled by a migration"
+
+
+def test_diff_without_the_migration_exits_1_and_json_says_why(tmp_path):
+    text = (V2 / "bot.yaml").read_text()
+    start, end = text.index("migrations:"), text.index("routes:\n  browse:")
+    (tmp_path / "bot.yaml").write_text(text[:start] + text[end:])
+    result = cli("diff", V1, tmp_path, "--json")
+    assert result.exit_code == 1
+    report = json.loads(result.output)
+    unhandled = {(c["kind"], c["name"]) for c in report["changes"] if c["breaking"] and not c["migrated"]}
+    assert unhandled >= {("route", "checkout"), ("route", "gift_wrap"), ("state", "state.email"),
+                         ("requires", "checkout: state.contact.email")}
+    assert report["unhandled"] == len(unhandled)
+
+
+def test_diff_counts_the_stored_sessions_each_change_touches(tmp_path):
+    db = tmp_path / "sessions.db"
+    v1_sessions(db)
+    result = cli("diff", V1, V2, "--store", f"sqlite:///{db}", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    counts = {(c["kind"], c["name"]): c["sessions"] for c in report["changes"]}
+    assert report["sessions"] == 3
+    assert counts[("route", "checkout")] == 1  # the session at the checkout
+    assert counts[("route", "gift_wrap")] == 1  # the one wrapping a gift
+    assert counts[("scope", "scope.ribbon")] == 1
+    assert counts[("state", "state.email")] == 3  # every session holds the key
+    assert counts[("tool", "add_item")] == 1  # only the browsing session called it
+    assert counts[("parameter", "add_to_basket.sku")] == 1
+    assert counts[("route", "payment")] == 0 if ("route", "payment") in counts else True
+    text = cli("diff", V1, V2, "--store", f"sqlite:///{db}").output
+    assert "[1 session]" in text and text.splitlines()[-1].endswith("; 3 stored sessions of the bot")
+
+
+def test_diff_errors_exit_2_naming_the_place(tmp_path):
+    (tmp_path / "bot.yaml").write_text("name: broken\nroutes: {main: {default: true, tools: [nope]}}\n")
+    result = cli("diff", V1, tmp_path)
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'bot.yaml'}:2:" in result.output
+    result = cli("diff", V1, V2, "--store", "postgres://nowhere")
+    assert result.exit_code == 2 and "unknown store URL" in result.output
+
+
+def test_validate_on_a_folder_of_versions_checks_each_against_the_one_before(tmp_path):
+    shutil.copytree(REPO / "bots" / "shop", tmp_path / "shop")
+    for extra in ("3", "10"):  # in order by number: 2 before 10
+        shutil.copytree(tmp_path / "shop" / "versions" / "2", tmp_path / "shop" / "versions" / extra)
+    ten = tmp_path / "shop" / "versions" / "10" / "bot.yaml"
+    ten.write_text(ten.read_text().replace("  payment:\n", "  pay_desk:\n").replace("route: payment", "route: pay_desk")
+                   .replace("{checkout: payment}", "{checkout: pay_desk}"))
+    result = cli("validate", tmp_path / "shop")
+    out = result.output.splitlines()
+    assert [line.split(":")[0] for line in out if line.endswith(": valid") or "valid (" in line] == [
+        str(tmp_path / "shop" / "versions" / v) for v in ("1", "2", "3", "10")]
+    # 10 renames `payment` without a migration from 3: its removal is reported at version 3's line
+    removed = [line for line in out if "route `payment` is removed" in line]
+    assert len(removed) == 1 and removed[0].startswith(str(tmp_path / "shop" / "versions" / "3" / "bot.yaml"))
+    assert result.exit_code == 0 and out[-1] == "4 bots checked, 0 invalid: 0 errors, 1 warning"
+
+
+@pytest.mark.slow
+def test_diff_counts_sessions_kept_in_redis(tmp_path, redis_server):
+    """The same three sessions, copied from the SQLite file the engine wrote into a real Redis
+    through the store's own commit: the counts are the same."""
+    import asyncio
+
+    from chatrun.store.aio import open_async_store
+    from chatrun.store.record import Commit, memory_ids_of
+    from chatrun.store.versions import CREATE
+
+    db = tmp_path / "sessions.db"
+    ids = v1_sessions(db)
+    sqlite = chatrun.SQLiteStore(str(db))
+    url = redis_server.url()
+
+    async def copy() -> None:
+        redis = open_async_store(url)
+        for sid in ids.values():
+            snapshot = sqlite.load_session(sid)
+            memories = {mid: sqlite.get_messages(mid) for mid in memory_ids_of(snapshot)}
+            await redis.commit_turn(Commit.encode(sid, snapshot, memories, [], expected=CREATE), None)
+        await redis.close()
+
+    asyncio.run(copy())
+    from_sqlite = json.loads(cli("diff", V1, V2, "--store", f"sqlite:///{db}", "--json").output)
+    result = cli("diff", V1, V2, "--store", url, "--json")
+    assert result.exit_code == 0, result.output
+    from_redis = json.loads(result.output)
+    assert from_redis["sessions"] == 3
+    assert [c["sessions"] for c in from_redis["changes"]] == [c["sessions"] for c in from_sqlite["changes"]]

@@ -1,0 +1,66 @@
+"""What an idle cached session of `chatrun serve` keeps in memory (issue 26): allocations are
+counted with tracemalloc (sizes, not time: the same on any machine), per session of 3 turns."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tracemalloc
+
+import chatrun
+from chatrun.server.sessions import NEW, SessionRegistry, SessionSettings
+from chatrun.store import open_store
+from chatrun.testing.fake_openai import FakeOpenAI
+
+BOT = """
+name: idle
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+memory: {type: message_window, max_messages: 20}
+routes:
+  main:
+    default: true
+    system: "You are a concise assistant."
+"""
+
+SESSIONS = 200
+
+
+async def _chat(registry: SessionRegistry, session_id: str) -> None:
+    async with registry.session("idle", session_id, None, NEW):
+        pass
+    for t in range(3):
+        async with registry.session("idle", session_id, None) as session:
+            async for _ in registry.turn(session, f"turn {t}"):
+                pass
+
+
+async def _bytes_per_idle_session(registry: SessionRegistry, fake: FakeOpenAI) -> float:
+    for i in range(10):  # warm up: imports, the model client's connections, the store's caches
+        await _chat(registry, f"warm-{i}")
+    fake._log.clear(), fake._requests.clear()  # the fake model runs in this process: not counted
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(SESSIONS):
+            await _chat(registry, f"s{i}")
+        fake._log.clear(), fake._requests.clear()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert registry.live_count() == SESSIONS + 10  # all cached: nothing was evicted
+    return grown / SESSIONS
+
+
+def test_an_idle_cached_session_keeps_little(fake, tmp_path):
+    """The session, its scope, memory (six messages), buffer (the snapshot's JSON) and cache
+    slot, as tracemalloc counts them here: about 5.1 KiB; 5.6 KiB while its usage, scopes, slot
+    and model handle had a __dict__, 6.8 KiB while it kept its last history entry."""
+    fake.responder = lambda body: {"text": "Sure, happy to help with that."}
+    (tmp_path / "idle.yaml").write_text(BOT)
+    bot = chatrun.load_bot(tmp_path / "idle.yaml")
+    registry = SessionRegistry({bot.name: bot}, open_store(f"sqlite:///{tmp_path / 's.db'}"),
+                               settings=SessionSettings(cache_size=10**6, cache_bytes=2**40))
+    per_session = asyncio.run(_bytes_per_idle_session(registry, fake))
+    assert per_session < 5.5 * 1024, f"an idle session keeps {per_session:.0f} B"
