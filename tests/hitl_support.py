@@ -9,7 +9,7 @@ SHOP = Path(__file__).parent / "fixtures" / "hitl_shop"
 
 
 def responder(body: dict[str, Any]) -> dict[str, Any]:
-    """The model: `refund ORDER AMOUNT`, `delivery`, `size`, `human` call their tools; a tool's
+    """The model: `refund ORDER AMOUNT`, `delivery`, `size`, `check`, `human` call their tools; a tool's
     result is read back; anything else is echoed."""
     messages = body["messages"]
     if messages[-1]["role"] == "tool":
@@ -20,6 +20,6 @@ def responder(body: dict[str, Any]) -> dict[str, Any]:
         return {"tool_calls": [{"name": "cancel", "arguments": {"order": words[1]}}]}
     if words and words[0] == "refund":
         return {"tool_calls": [{"name": "refund", "arguments": {"order": words[1], "amount": float(words[2])}}]}
-    if words and words[0] in ("delivery", "size", "human"):
+    if words and words[0] in ("delivery", "size", "check", "human"):
         return {"tool_calls": [{"name": words[0], "arguments": {}}]}
     return {"text": f"You said {user}."}

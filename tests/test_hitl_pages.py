@@ -235,6 +235,28 @@ def test_the_user_answers_a_form_picks_a_choice_and_approves(pages, width):
     assert '"cancelled": "B2"' in user.locator(".msg.bot").last.inner_text()
 
 
+def test_the_operator_answers_a_question_the_user_waits_for(pages):
+    user = pages.open("/", ANA)
+    say(user, "check")
+    waiting = user.locator('.pending-card[data-kind="question"]')
+    assert waiting.locator(".pending-status").inner_text() == "Waiting for an answer…"
+    assert waiting.locator("input, select, button").count() == 0
+
+    operator = pages.open("/operator", SAM)
+    operator.select_option("#kind-filter", "question")
+    open_waiting(operator, "question")
+    card = operator.locator('#detail .pending-card[data-kind="question"]')
+    card.locator("button.answer").click()
+    assert card.locator('[data-field="verdict"] .pf-problem').inner_text() == "Verdict is required"
+    card.locator('[data-field="verdict"] select').select_option(label="ok")
+    card.locator('[data-field="note"] input').fill("checked by phone")
+    card.locator("button.answer").click()
+    status = user.locator('.pending-card[data-kind="question"][data-outcome="answered"] .pending-status')
+    status.wait_for(timeout=30_000)
+    assert status.inner_text() == "Answered by sam: Verdict ok · Note checked by phone"
+    user.locator(".msg.bot", has_text="Tool said").wait_for(timeout=30_000)
+
+
 def test_the_operator_page_refuses_a_token_without_the_role(pages):
     page = pages.open("/operator", ANA)
     notice = page.locator("#unauthorized")

@@ -182,7 +182,9 @@
     const box = el("div", "op-actions");
     for (const item of data.pending || []) {
       if (item.kind === "takeover") continue;
-      box.appendChild(ChatrunPending.card(item, { canDecide: true, reason: true, decide: (body) => decide(item.id, body) }));
+      // An item only its user (or a backend) decides is shown, without controls.
+      const ours = (item.by || []).some((role) => role !== "user" && role !== "backend");
+      box.appendChild(ChatrunPending.card(item, { canDecide: ours, reason: true, decide: (body) => decide(item.id, body) }));
     }
     const taken = data.taken_over;
     const bar = el("div", "op-takeover");
