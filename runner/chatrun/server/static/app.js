@@ -37,6 +37,7 @@
   const cards = new Map();
   const seenTurns = new Set();
   let watching = null; // the polling timer while someone else has to act
+  let waitingOnOthers = false;
   let epoch = 0; // bumped by every turn of this page: a poll that overlapped one is dropped
 
   // -- small helpers ------------------------------------------------------------------
@@ -398,9 +399,10 @@
       data = null;
     }
     if (data && started === epoch && !busy) showOthersTurns(data);
-    const waiting = data && ((data.pending || []).some((i) => !(i.by || []).includes("user")) || data.taken_over);
+    // A failed read (the server restarting) is tried again, more slowly, only while waiting.
+    if (data) waitingOnOthers = Boolean((data.pending || []).some((i) => !(i.by || []).includes("user")) || data.taken_over);
     clearTimeout(watching);
-    watching = waiting || !data ? setTimeout(watch, 1500) : null;
+    watching = waitingOnOthers ? setTimeout(watch, data ? 1500 : 5000) : null;
   }
 
   function showOthersTurns(data) {
@@ -510,6 +512,7 @@
     cards.clear();
     seenTurns.clear();
     clearTimeout(watching);
+    waitingOnOthers = false;
     showTakeover(null);
     takeInputBack();
     if (session) {
