@@ -15,6 +15,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
@@ -102,7 +103,7 @@ def main() -> None:
               f"{len(warnings)} warnings")
         median = statistics.median(wall)
         print(f"load_config (parse + schema + checks), {args.runs} runs: median {_ms(median)} wall "
-              f"(min {_ms(min(wall))}), median {_ms(statistics.median(cpu))} CPU; "
+              f"(min {_ms(min(wall))}), CPU min {_ms(min(cpu))} median {_ms(statistics.median(cpu))}; "
               f"target < {_ms(TARGET_S)}: {'OK' if median < TARGET_S else 'MISSED'}")
         try:
             load = open("/proc/loadavg").read().split()[0]
@@ -151,6 +152,35 @@ def _phases(path: Path) -> None:
         gc.enable()
     print(f"  phases (CPU): yaml + positions {_ms(t1 - t0)}, schema {_ms(t2 - t1)}, "
           f"dataclasses {_ms(t3 - t2)}, checks {_ms(t4 - t3)}")
+    _floor(text)
+
+
+def _floor(text: str) -> None:
+    """What PyYAML alone costs on this file (CPU, min of 3): libyaml composing the node tree
+    that positions are read from (with chatrun's resolver, the Python call libyaml makes per
+    node), and a plain `yaml.load` with the C loader, which keeps no positions at all."""
+    import gc
+
+    import yaml
+
+    from chatrun.definition import yamlpos
+
+    def cpu(step: Callable[[], object]) -> float:
+        times = []
+        for _ in range(3):
+            start = time.process_time()
+            step()
+            times.append(time.process_time() - start)
+        return min(times)
+
+    gc.disable()
+    try:
+        compose = cpu(lambda: yaml.compose(text, Loader=yamlpos._Loader))
+        plain = cpu(lambda: yaml.load(text, Loader=yamlpos._BaseLoader))
+    finally:
+        gc.enable()
+    print(f"  floor (CPU, PyYAML alone): compose the node tree {_ms(compose)}; "
+          f"yaml.load with the C loader, no positions, {_ms(plain)}")
 
 
 if __name__ == "__main__":

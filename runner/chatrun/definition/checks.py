@@ -642,13 +642,15 @@ def _analyse_simple(source: str) -> _Analysis | None:
             path = _cut_dict_methods(parts)
             if path and len(path) > 1:
                 refs.setdefault(path, lineno)
-        lineno = source.count("\n", 0, match.start(2)) + 1
-        for name in match.group(2).replace("|", " ").split():
-            if name not in ENV.filters:
-                unknown.append(("filter", name, lineno))
+        for name in _FILTER_NAME.finditer(match.group(2)):  # at the name's own line, as Jinja reports it
+            if name.group() not in ENV.filters:
+                unknown.append(("filter", name.group(), source.count("\n", 0, match.start(2) + name.start()) + 1))
     if source.count("{{") != matches:  # a match holds no `{{` (quoted text excludes braces)
         return None  # some expression is not simple: let Jinja parse (and judge) it
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
+
+
+_FILTER_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 def _attr_path(node: nodes.Node) -> tuple[str, ...] | None:

@@ -18,7 +18,39 @@ import yaml
 
 from chatrun.errors import Diagnostic
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BaseLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _AnyCharacter:
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """The safe loader with a quicker tag resolver: the same tags, found with less work.
+
+    libyaml composes in C but calls this Python method once per node: on a 5,000-route bot
+    that is half a million calls. PyYAML's resolver builds a list of candidate regexes for
+    every plain scalar; most scalars are keys and words whose first character no implicit
+    resolver claims (`description`, `You are...`), so they are text without trying any.
+    The rest (`true`, `12`, `null`, `no`...) are resolved by PyYAML itself and remembered
+    for the document, since the same few values recur."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._resolved: dict[str, str] = {}
+
+    def resolve(self, kind: type, value: Any, implicit: tuple[bool, bool]) -> str:
+        if kind is yaml.ScalarNode:
+            if not implicit[0]:  # quoted or block text: PyYAML too returns the string tag here
+                return _STR
+            if value and value[0] not in _RESOLVED_FIRST:
+                return _STR
+            tag = self._resolved.get(value)
+            if tag is None:
+                tag = self._resolved[value] = super().resolve(kind, value, implicit)
+            return tag
+        return _SEQ if kind is yaml.SequenceNode else _MAP
 
 Path = tuple  # a JSON path: ("routes", "flight", "tools", 0)
 
@@ -57,6 +89,11 @@ _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _FLOAT = "tag:yaml.org,2002:float"
 # Scalar tags whose values JSON can hold (timestamps are kept as their text).
 _JSON_SCALARS = frozenset({"tag:yaml.org,2002:null", "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", _FLOAT})
+# The first characters of plain scalars that some implicit resolver may claim (any other
+# plain scalar is text). A resolver for any first character (key None) would void the shortcut:
+# then every character counts as claimed.
+_RESOLVERS = yaml.SafeLoader.yaml_implicit_resolvers  # the dict CSafeLoader uses too
+_RESOLVED_FIRST: Any = _AnyCharacter() if None in _RESOLVERS else frozenset(k for k in _RESOLVERS if k)
 
 
 class Pos(NamedTuple):

@@ -28,7 +28,12 @@ from chatrun import events as ev
 from chatrun.definition.config import JSON_TYPES, initial_state_problem
 from chatrun.engine.session import Session
 from chatrun.server import wire
-from chatrun.server.audience import history_for, inspector_audiences, resource_audiences
+from chatrun.server.audience import (
+    OPERATOR_ROLE,
+    history_for,
+    inspector_audiences,
+    resource_audiences,
+)
 from chatrun.server.auth import Principal
 from chatrun.server.inspect import graph_data, inspect_data, session_data
 from chatrun.server.plumbing import (
@@ -39,7 +44,7 @@ from chatrun.server.plumbing import (
     limits_of,
     read_json_object,
 )
-from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
+from chatrun.server.sessions import EXISTING, NEW, OWNER_ONLY, Reach, SessionRegistry
 from chatrun.server.versions import RETRY_AFTER_S, VERSION_HEADER
 
 log = logging.getLogger("chatrun.server")
@@ -115,14 +120,20 @@ async def create_session(bot: str, request: Request, who: Caller, registry: Regi
 
 
 async def read_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
-    async with registry.session(bot, session_id, who, EXISTING) as session:
+    async with registry.session(bot, session_id, who, EXISTING, reach=_operators_read(who)) as session:
         history = history_for(await registry.history(session), resource_audiences(who))
         return session_data(session) | {"history": history, "lastTurn": registry.last_committed(session)}
 
 
 async def inspect_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
-    async with registry.session(bot, session_id, who, EXISTING) as session:
+    async with registry.session(bot, session_id, who, EXISTING, reach=_operators_read(who)) as session:
         return inspect_data(session, history_for(await registry.history(session), inspector_audiences(who)))
+
+
+def _operators_read(who: Principal | None) -> Reach:
+    """An operator reads a session that waits for someone (the operator page opens it with its
+    history and inspector); everyone else reads only their own."""
+    return Reach(pending=True) if who is not None and OPERATOR_ROLE in who.roles else OWNER_ONLY
 
 
 async def delete_session(bot: str, session_id: str, who: Caller, registry: Registry) -> Response:

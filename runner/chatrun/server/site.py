@@ -1,4 +1,4 @@
-"""What the app serves besides its wire protocols: the web chat page and its assets, the
+"""What the app serves besides its wire protocols: the web chat page, the operator page (/operator) and their assets, the
 JavaScript client, the API docs (/docs, /redoc) and /metrics. None of it is in /openapi.json.
 """
 
@@ -34,6 +34,7 @@ def add_site_routes(app: FastAPI) -> None:
     _get(app, "/redoc", redoc)
     _get(app, "/favicon.ico", favicon)
     _get(app, "/", index)
+    _get(app, "/operator", operator_page)
     _get(app, "/bots/{bot}/", bot_page)
     _get(app, "/bots/{bot}/chat", bot_page_redirect)
 
@@ -74,6 +75,12 @@ async def bot_page_redirect(bot: str) -> RedirectResponse:
 @functools.cache
 def _index_html() -> str:
     return (STATIC / "index.html").read_text()
+
+
+async def operator_page() -> FileResponse:
+    # The page itself is public like the chat page; what it shows comes from GET /pending,
+    # which needs the role `operators` (the page asks for a token when refused).
+    return FileResponse(STATIC / "operator.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
 
 
 def _page(bot: str) -> HTMLResponse:

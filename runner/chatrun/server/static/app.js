@@ -32,6 +32,13 @@
   let selectedRoute = null;
   let inspectData = null;
   let refreshes = 0; // inspector refreshes so far (tests wait on it)
+  // Humans in the loop: the cards of pending items by id; the turns shown (others' turns — a
+  // supervisor's decision, an operator's message — reach this page by polling the session).
+  const cards = new Map();
+  const seenTurns = new Set();
+  let watching = null; // the polling timer while someone else has to act
+  let waitingOnOthers = false;
+  let epoch = 0; // bumped by every turn of this page: a poll that overlapped one is dropped
   let sessionLocale = ""; // the locale the session speaks (the inspector reads it; docs/i18n.md)
 
   // -- small helpers ------------------------------------------------------------------
@@ -116,18 +123,18 @@
 
   /** A chat bubble whose direction follows its text (dir="auto"): right-to-left text renders
    * right to left, in the session's language (lang) once the inspector has read it. */
-  function bubble(cls, text) {
+  function chatBubble(cls, text) {
     const node = el("div", cls, text);
     node.dir = "auto";
     if (sessionLocale) node.lang = sessionLocale;
     return node;
   }
 
-  function showUser(text) { add(bubble("msg user", text)); }
+  function showUser(text) { add(chatBubble("msg user", text)); }
 
   /** A bot reply: Markdown, rendered safely (markdown.js builds nodes, never HTML). */
   function botBubble(text, cls) {
-    const node = bubble("msg bot md" + (cls ? " " + cls : ""));
+    const node = chatBubble("msg bot md" + (cls ? " " + cls : ""));
     setReply(node, text);
     return node;
   }
@@ -319,7 +326,10 @@
   const RENDERERS = {
     ConversationEnded: () => showEnded(),
     Choices: (data, replayed) => showChoices(data, replayed),
-    Message: (data) => showMessage(asText(data)),
+    Message: (data, replayed, type, meta) => (meta && meta.from === "operator"
+      ? showOperatorMessage(asText(data), meta.name) : showMessage(asText(data))),
+    Pending: (data) => showPending(data),
+    Resolved: (data) => showResolved(data),
     Thinking: (data) => showThinking(data),
     Error: (data) => showError(data),
     Console: (data) => showConsole(data),
@@ -327,8 +337,98 @@
     Stream: () => undefined, // the history has the whole Message too
   };
 
-  function showEvent(type, data, replayed) {
-    return (RENDERERS[type] || showObject)(data, replayed, type);
+  function showEvent(type, data, replayed, meta) {
+    return (RENDERERS[type] || showObject)(data, replayed, type, meta);
+  }
+
+  // -- humans in the loop: pending items, decisions, a takeover -----------------------------
+
+  /** A pending item as a card (pending.js): with controls when this user decides it, else a
+   * "waiting" card that the Resolved event updates. */
+  function showPending(item) {
+    endStreaming();
+    const mine = (item.by || []).includes("user");
+    const node = ChatrunPending.card(item, { canDecide: mine, decide: (body) => decide(item.id, body) });
+    node.classList.add(mine ? "for-user" : "for-others");
+    cards.set(item.id, node);
+    add(node);
+  }
+
+  function showResolved(resolved) {
+    const node = cards.get(resolved.id);
+    if (node) ChatrunPending.resolve(node, resolved);
+    if (resolved.kind === "takeover") showTakeover(resolved.outcome === "taken" ? resolved.by : null);
+  }
+
+  /** An operator has the conversation: a banner says who; it goes on release. */
+  function showTakeover(name) {
+    const banner = $("takeover-banner");
+    banner.hidden = !name;
+    banner.textContent = name ? "You are talking to " + name : "";
+    banner.dataset.name = name || "";
+  }
+
+  function showOperatorMessage(text, name) {
+    endStreaming();
+    const bubble = botBubble(text, "operator");
+    bubble.insertBefore(el("div", "from", (name || "operator") + " · operator"), bubble.firstChild);
+    add(bubble);
+  }
+
+  /** The user's own decision or answer: a turn over HTTP, its events shown as they come back. */
+  async function decide(item, body) {
+    if (busy) throw new Error("Wait for the current reply first.");
+    setBusy(true);
+    epoch += 1;
+    try {
+      const reply = await api("/sessions/" + encodeURIComponent(session.chatId) + "/pending/" + encodeURIComponent(item), {
+        method: "POST", body: JSON.stringify(body),
+        headers: { "Content-Type": "application/json", "Idempotency-Key": "page-" + item + "-" + Date.now() },
+      });
+      seenTurns.add(reply.turn);
+      for (const event of reply.events || []) {
+        if (!event.audience || event.audience === "user") showEvent(event.type, event.data, false, event.meta);
+      }
+    } finally {
+      epoch += 1;
+      setBusy(false);
+      refreshInspector();
+      watch();
+    }
+  }
+
+  /** While an item waits for someone else, or an operator has the conversation, read the
+   * session every 1.5 s and show the turns others made (their decisions, operator messages). */
+  async function watch() {
+    if (!session) return;
+    const started = epoch;
+    let data;
+    try {
+      data = await api("/sessions/" + encodeURIComponent(session.chatId));
+    } catch (err) {
+      data = null;
+    }
+    if (data && started === epoch && !busy) showOthersTurns(data);
+    // A failed read (the server restarting) is tried again, more slowly, only while waiting.
+    if (data) waitingOnOthers = Boolean((data.pending || []).some((i) => !(i.by || []).includes("user")) || data.taken_over);
+    clearTimeout(watching);
+    watching = waitingOnOthers ? setTimeout(watch, data ? 1500 : 5000) : null;
+  }
+
+  function showOthersTurns(data) {
+    let shown = false;
+    for (const entry of data.history || []) {
+      if (seenTurns.has(entry.turn)) continue;
+      seenTurns.add(entry.turn);
+      const input = entry.input;
+      if (typeof input === "string" || (input && input.userMessage !== undefined)) continue; // this page's own
+      for (const event of entry.events || []) {
+        if (!event.audience || event.audience === "user") showEvent(event.type, event.data, false, event.meta);
+      }
+      shown = true;
+    }
+    showTakeover(data.taken_over ? data.taken_over.by.name || data.taken_over.by : null);
+    if (shown) refreshInspector();
   }
 
   function setBusy(on) {
@@ -389,11 +489,14 @@
       // The server lists the user's events only (an operator's token also gets operators events,
       // which are not for this chat either).
       const events = (entry.events || []).filter((e) => !e.audience || e.audience === "user");
-      for (const event of events) showEvent(event.type, event.data, true);
+      for (const event of events) showEvent(event.type, event.data, true, event.meta);
+      seenTurns.add(entry.turn);
       // A failed turn's history has its error apart from the events it got to send.
       if (entry.ok === false && entry.error && !events.some((e) => e.type === "Error")) showError(entry.error);
     }
     renderBreadcrumb(data.stack);
+    showTakeover(data.taken_over ? data.taken_over.by.name : null);
+    watch();
     if (!(data.history || []).length) ui.messages.appendChild(el("div", "empty", "Say hello to " + BOT + "."));
   }
 
@@ -401,6 +504,7 @@
     if (!text.trim() || busy || ended || !session) return;
     showUser(text);
     setBusy(true);
+    epoch += 1;
     try {
       await session.chat(text);
     } catch (err) {
@@ -408,8 +512,10 @@
       if (!err.detail) showError(err.message || String(err));
     } finally {
       endStreaming();
+      epoch += 1;
       setBusy(false);
       refreshInspector();
+      watch();
       ui.input.focus();
     }
   }
@@ -417,6 +523,11 @@
   async function reset() {
     if (busy) return;
     ui.messages.textContent = "";
+    cards.clear();
+    seenTurns.clear();
+    clearTimeout(watching);
+    waitingOnOthers = false;
+    showTakeover(null);
     takeInputBack();
     if (session) {
       try { await session.close(); } catch (err) { /* already gone */ }

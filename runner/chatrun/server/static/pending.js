@@ -1,0 +1,278 @@
+/* Pending items (humans in the loop, docs/operators.md) as cards, for the chat page and the
+ * operator page alike: an approval with its arguments, Approve/Reject and the editable ones;
+ * a question as buttons (its choices) or a form built from its JSON Schema; a takeover.
+ * Plain JavaScript, no build step; builds nodes, never HTML. */
+(function () {
+  "use strict";
+
+  function el(tag, cls, text) {
+    const node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined && text !== null) node.textContent = text;
+    return node;
+  }
+
+  function humanize(key) {
+    const words = String(key).replace(/([a-z])([A-Z])/g, "$1 $2").replace(/[_-]+/g, " ").trim().toLowerCase();
+    return words.charAt(0).toUpperCase() + words.slice(1);
+  }
+
+  function plain(value) {
+    if (value === null || value === undefined) return "—";
+    if (value === true) return "yes";
+    if (value === false) return "no";
+    return typeof value === "object" ? JSON.stringify(value) : String(value);
+  }
+
+  const KIND_TITLE = { approval: "Approval", question: "Question", takeover: "Operator" };
+  const WAITING = { approval: "Waiting for approval…", question: "Waiting for an answer…", takeover: "Waiting for an operator…" };
+
+  // -- one form field per JSON Schema property (string, number, integer, boolean, enum) -------
+
+  /** A labelled input for `schema`; .read() gives the value or throws the problem as text. */
+  function field(name, schema, required, initial, label) {
+    const box = el("label", "pf-field");
+    box.dataset.field = name;
+    const title = (schema && schema.title) || humanize(name);
+    box.appendChild(el("span", "pf-label", label || title + (required ? " *" : "")));
+    let input;
+    const type = schema && (schema.enum ? "enum" : schema.type);
+    if (type === "enum") {
+      input = el("select");
+      if (!required || initial === undefined) input.appendChild(el("option", "", "")).value = "";
+      for (const option of schema.enum) {
+        const o = el("option", "", plain(option));
+        o.value = JSON.stringify(option);
+        input.appendChild(o);
+      }
+      if (initial !== undefined) input.value = JSON.stringify(initial);
+    } else if (type === "boolean") {
+      input = el("input");
+      input.type = "checkbox";
+      input.checked = Boolean(initial);
+      box.classList.add("pf-check");
+    } else {
+      input = el("input");
+      input.type = type === "number" || type === "integer" ? "number" : "text";
+      if (type === "number") input.step = "any";
+      if (initial !== undefined && initial !== null) input.value = String(initial);
+    }
+    input.name = name;
+    box.appendChild(input);
+    const problem = el("span", "pf-problem");
+    problem.setAttribute("role", "alert");
+    box.appendChild(problem);
+    box.read = () => {
+      problem.textContent = "";
+      let value;
+      if (type === "enum") value = input.value === "" ? undefined : JSON.parse(input.value);
+      else if (type === "boolean") value = input.checked;
+      else if (input.validity && input.validity.badInput) return fail(title + " must be a number");
+      else if (input.value.trim() === "") value = undefined;
+      else if (type === "number" || type === "integer") {
+        value = Number(input.value);
+        if (!Number.isFinite(value)) return fail(title + " must be a number");
+        if (type === "integer" && !Number.isInteger(value)) return fail(title + " must be a whole number");
+      } else value = input.value;
+      if (value === undefined && required) return fail(title + " is required");
+      return value;
+    };
+    function fail(text) {
+      problem.textContent = text;
+      throw new Error(text);
+    }
+    input.addEventListener(type === "enum" || type === "boolean" ? "change" : "input", () => { problem.textContent = ""; });
+    box.input = input;
+    return box;
+  }
+
+  /** Fields for a schema: an object's properties, or one field for a plain value. */
+  function schemaForm(schema) {
+    const form = el("div", "pf-form");
+    const fields = [];
+    if (schema && schema.type === "object" && schema.properties) {
+      const required = new Set(schema.required || []);
+      for (const name of Object.keys(schema.properties)) {
+        fields.push(field(name, schema.properties[name], required.has(name)));
+      }
+      form.read = () => {
+        const out = {};
+        let problem = null;
+        for (const f of fields) {
+          try {
+            const v = f.read();
+            if (v !== undefined) out[f.dataset.field] = v;
+          } catch (err) { problem = problem || err; }
+        }
+        if (problem) throw problem;
+        return out;
+      };
+    } else {
+      fields.push(field("answer", schema || { type: "string" }, true));
+      form.read = () => fields[0].read();
+    }
+    fields.forEach((f) => form.appendChild(f));
+    return form;
+  }
+
+  /** The editable arguments of an approval, typed after their current values. */
+  function editForm(item) {
+    const form = el("div", "pf-form");
+    const fields = (item.edit || []).map((name) => {
+      const value = (item.args || {})[name];
+      const type = typeof value === "number" ? "number" : typeof value === "boolean" ? "boolean" : "string";
+      // An edited argument keeps a value; its label says it changes the one listed above.
+      return field(name, { type: type }, true, value, "Change " + humanize(name).toLowerCase());
+    });
+    fields.forEach((f) => form.appendChild(f));
+    form.read = () => {
+      const changed = {};
+      let problem = null;
+      for (const f of fields) {
+        try {
+          const v = f.read();
+          const name = f.dataset.field;
+          if (v !== undefined && v !== (item.args || {})[name]) changed[name] = v;
+        } catch (err) { problem = problem || err; }
+      }
+      if (problem) throw problem;
+      return Object.keys(changed).length ? Object.assign({}, item.args, changed) : null;
+    };
+    return form;
+  }
+
+  // -- the card ----------------------------------------------------------------------------------
+
+  /** A card for a pending item. opts.canDecide: show the controls (opts.reason: a reason field
+   * for approvals); opts.decide(body) sends
+   * `{"decision"...}` or `{"answer"...}` and resolves with the turn (or rejects with the server's
+   * message, shown in the card; the item stays open). */
+  function card(item, opts) {
+    const node = el("div", "pending-card");
+    node.dataset.item = item.id;
+    node.dataset.kind = item.kind;
+    node.dataset.state = "open";
+    node.item = item;
+    node.appendChild(el("div", "tag", KIND_TITLE[item.kind] || humanize(item.kind)));
+    node.appendChild(el("div", "pending-ask", item.ask));
+    if (item.args && Object.keys(item.args).length) {
+      const list = el("dl", "fields pending-args");
+      for (const key of Object.keys(item.args)) {
+        list.appendChild(el("dt", "", humanize(key)));
+        const dd = list.appendChild(el("dd", "", plain(item.args[key])));
+        dd.dataset.arg = key;
+        dd.dataset.was = plain(item.args[key]);
+      }
+      node.appendChild(list);
+    }
+    const status = el("div", "pending-status");
+    status.setAttribute("role", "status");
+    const problem = el("div", "pending-problem");
+    problem.setAttribute("role", "alert");
+    if (opts.canDecide && item.kind !== "takeover") {
+      node.appendChild(controls(item, opts, problem));
+    } else {
+      status.textContent = WAITING[item.kind] || "Waiting…";
+    }
+    node.appendChild(problem);
+    node.appendChild(status);
+    return node;
+  }
+
+  function controls(item, opts, problem) {
+    const box = el("div", "pending-controls");
+    const buttons = el("div", "pending-buttons");
+    const send = async (body, button) => {
+      problem.textContent = "";
+      const all = box.querySelectorAll("button, input, select");
+      all.forEach((b) => { b.disabled = true; });
+      if (button) button.classList.add("picked");
+      try {
+        await opts.decide(body);
+      } catch (err) {
+        problem.textContent = err.message || String(err);
+        all.forEach((b) => { b.disabled = false; });
+        if (button) button.classList.remove("picked");
+      }
+    };
+    const button = (label, cls, onClick) => {
+      const b = el("button", "btn " + cls, label);
+      b.type = "button";
+      b.addEventListener("click", () => onClick(b));
+      buttons.appendChild(b);
+      return b;
+    };
+    if (item.kind === "approval") {
+      const form = (item.edit || []).length ? editForm(item) : null;
+      if (form) box.appendChild(form);
+      const reason = opts.reason ? field("reason", { type: "string" }, false, undefined, "Reason (optional; the bot is told)") : null;
+      if (reason) box.appendChild(reason);
+      const withReason = (body) => {
+        const why = reason ? reason.read() : undefined;
+        return why ? Object.assign(body, { reason: why }) : body;
+      };
+      button("Approve", "primary approve", (b) => {
+        let args = null;
+        try { args = form ? form.read() : null; } catch (err) { return; } // the field says why
+        send(withReason(args ? { decision: "approve", args: args } : { decision: "approve" }), b);
+      });
+      button("Reject", "reject", (b) => send(withReason({ decision: "reject" }), b));
+    } else if (item.choices && item.choices.length) {
+      for (const choice of item.choices) {
+        const b = button(choice.label, "choice", (picked) => send({ answer: choice.value }, picked));
+        b.dataset.value = JSON.stringify(choice.value);
+      }
+    } else {
+      const form = schemaForm(item.schema);
+      box.appendChild(form);
+      button("Send", "primary answer", (b) => {
+        let value;
+        try { value = form.read(); } catch (err) { return; } // each field says why
+        send({ answer: value }, b);
+      });
+    }
+    box.appendChild(buttons);
+    return box;
+  }
+
+  const OUTCOME = {
+    approved: "Approved", edited: "Approved with changes", rejected: "Rejected", timed_out: "Timed out",
+    answered: "Answered", released: "Released", taken: "Taken over",
+  };
+
+  /** The card once its Resolved event came: who decided what; no more controls. */
+  function resolve(node, resolved) {
+    node.dataset.state = "resolved";
+    node.dataset.outcome = resolved.outcome;
+    const controls = node.querySelector(".pending-controls");
+    if (controls) controls.remove();
+    node.querySelector(".pending-problem").textContent = "";
+    let text = (OUTCOME[resolved.outcome] || humanize(resolved.outcome)) + (resolved.by ? " by " + resolved.by : "");
+    if (resolved.outcome === "edited" && resolved.args) {
+      for (const key of Object.keys(resolved.args)) {
+        const dd = node.querySelector('.pending-args dd[data-arg="' + CSS.escape(key) + '"]');
+        if (dd && dd.textContent !== plain(resolved.args[key])) {
+          dd.textContent = "";
+          dd.appendChild(el("s", "", dd.dataset.was || ""));
+          dd.appendChild(el("span", "edited", plain(resolved.args[key])));
+        }
+      }
+    }
+    if (resolved.answer !== undefined) text += ": " + answerText(resolved.answer, node.item || {});
+    if (resolved.reason) text += " (" + resolved.reason + ")";
+    node.querySelector(".pending-status").textContent = text;
+  }
+
+  /** An answer as people read it: a choice's label; an object's fields with the schema's titles. */
+  function answerText(answer, item) {
+    const choice = (item.choices || []).find((c) => JSON.stringify(c.value) === JSON.stringify(answer));
+    if (choice) return choice.label;
+    if (answer && typeof answer === "object" && !Array.isArray(answer)) {
+      const props = (item.schema && item.schema.properties) || {};
+      return Object.keys(answer).map((k) => ((props[k] && props[k].title) || humanize(k)) + " " + plain(answer[k])).join(" · ");
+    }
+    return plain(answer);
+  }
+
+  window.ChatrunPending = { card: card, resolve: resolve, schemaForm: schemaForm, plain: plain };
+})();

@@ -1,0 +1,263 @@
+"""Issue 22 in the browser: the user's chat page and the operator page (/operator), two
+Chromium pages against one real `chatrun serve` process with an --auth file (SQLite store),
+the real openai client inside it talking to the fake OpenAI server.
+
+A refund above the limit waits for a supervisor: the user's page shows a "waiting for approval"
+card; the operator page lists it, edits the amount, approves; the user's page shows the card
+resolved and the bot's reply with the edited amount. A takeover round trip: the user asks for a
+person, the operator takes over (the user's page shows the banner), speaks (marked as the
+operator's), reads the user's answer, releases (the banner goes, the bot answers again). The
+user's own decisions: a question's form (validation in place), its choices as buttons, an approval.
+
+Set CHATRUN_SCREENSHOTS=DIR to keep screenshots (1280 px and 390 px)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from browser_support import BROWSER_MARKS, chromium, shot
+from hitl_support import SHOP, responder
+from server_support import free_port
+
+pytestmark = BROWSER_MARKS
+ANA, SAM = "ana-token-123", "sam-token-123"  # tests/fixtures/hitl_shop/auth.yaml
+
+
+@pytest.fixture
+def server(fake, tmp_path):
+    """`chatrun serve` on a free port, its model the fake; yields the base URL."""
+    fake.responder = responder
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "runner"))
+    proc = subprocess.Popen([sys.executable, "-m", "chatrun", "serve", str(SHOP / "shop.yaml"),
+                             "--auth", str(SHOP / "auth.yaml"), "--port", str(port),
+                             "--store", f"sqlite:///{tmp_path / 's.db'}"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=5)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"chatrun serve did not start: {proc.stderr.read()}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+
+
+class Pages:
+    """One Chromium, a context per party (each its own token and storage)."""
+
+    def __init__(self, browser: Any, url: str):
+        self.browser, self.url, self.errors = browser, url, []
+
+    def open(self, path: str, token: str, width: int = 1280) -> Any:
+        context = self.browser.new_context(viewport={"width": width, "height": 860})
+        page = context.new_page()
+        page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        page.goto(f"{self.url}{path}?token={token}")
+        page.wait_for_selector("body[data-ready=true]", timeout=30_000)
+        return page
+
+
+@pytest.fixture
+def pages(server):
+    with chromium() as browser:
+        p = Pages(browser, server)
+        yield p
+        assert not p.errors, f"JavaScript errors: {p.errors}"
+
+
+def say(page: Any, text: str) -> None:
+    """Type a message on the chat page and wait for its turn to end."""
+    seen = int(page.get_attribute("body", "data-refreshes") or 0)
+    page.fill("#input", text)
+    page.press("#input", "Enter")
+    page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=30_000)
+    page.wait_for_selector("#thinking", state="hidden")
+
+
+def open_waiting(operator: Any, kind: str) -> None:
+    """On the operator page: wait for a session waiting with `kind` and open it."""
+    row = operator.locator(".op-session", has=operator.locator(f".op-kind.{kind}")).first
+    row.wait_for(timeout=30_000)
+    row.click()
+    operator.wait_for_selector("#detail .op-detail-head", timeout=30_000)
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_operator_edits_and_approves_a_refund_the_user_waits_for(pages, width):
+    user = pages.open("/", ANA, width)
+    say(user, "refund A7 80")
+    waiting = user.locator('.pending-card[data-kind="approval"]')
+    assert waiting.locator(".pending-ask").inner_text() == "Refund 80.0 EUR on A7?"
+    assert waiting.locator(".pending-status").inner_text() == "Waiting for approval…"
+    assert waiting.locator("button").count() == 0  # the supervisor decides, not the user
+    assert waiting.locator('dd[data-arg="amount"]').inner_text() == "80"
+    shot(user, f"hitl-user-waiting-{width}")
+
+    operator = pages.open("/operator", SAM, width)
+    operator.select_option("#kind-filter", "approval")
+    operator.locator(".op-session .op-kind.approval").wait_for(timeout=30_000)
+    shot(operator, f"hitl-operator-list-{width}")
+    open_waiting(operator, "approval")
+    card = operator.locator('#detail .pending-card[data-kind="approval"]')
+    assert card.locator(".pending-ask").inner_text() == "Refund 80.0 EUR on A7?"
+    assert "refund A7 80" in operator.locator("#op-history").inner_text()  # the history, for the operator
+    assert "refund" in operator.locator(".op-inspector").inner_text()  # the inspector: the call in memory
+    amount = card.locator('.pf-field[data-field="amount"] input')
+    amount.fill("")
+    card.locator("button.approve").click()
+    assert card.locator('[data-field="amount"] .pf-problem').inner_text() == "Amount is required"  # in place, nothing sent
+    assert user.locator(".pending-card[data-state=resolved]").count() == 0
+    amount.fill("40")
+    card.locator('[data-field="reason"] input').fill("partial refund")
+    shot(operator, f"hitl-operator-edit-{width}")
+    card.locator("button.approve").click()
+
+    resolved = user.locator('.pending-card[data-kind="approval"][data-state="resolved"]')
+    resolved.wait_for(timeout=30_000)
+    assert resolved.locator(".pending-status").inner_text() == "Approved with changes by sam (partial refund)"
+    assert resolved.locator('dd[data-arg="amount"] .edited').inner_text() == "40"
+    reply = user.locator(".msg.bot", has_text="Tool said")
+    reply.wait_for(timeout=30_000)
+    assert '"refunded": 40' in reply.inner_text()
+    shot(user, f"hitl-user-approved-{width}")
+    user.reload()  # the history replays the card, resolved
+    user.wait_for_selector("body[data-ready=true]", timeout=30_000)
+    assert user.locator('.pending-card[data-state="resolved"] .pending-status').inner_text().startswith("Approved with changes by sam")
+    # The operator page shows the decision and drops the item.
+    operator.wait_for_function("!document.querySelector('#detail .pending-card')", timeout=30_000)
+    assert "approved p1" in operator.locator("#op-history").inner_text()
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_a_takeover_round_trip(pages, width):
+    user = pages.open("/", ANA, width)
+    say(user, "human")
+    assert user.locator(".msg.bot").last.inner_text() == "Connecting you with a colleague."
+    assert user.locator("#takeover-banner").is_hidden()
+
+    operator = pages.open("/operator", SAM, width)
+    open_waiting(operator, "takeover")
+    operator.click("#take-over")
+    operator.wait_for_selector("#operator-input", timeout=30_000)
+    banner = user.locator("#takeover-banner")
+    banner.wait_for(state="visible", timeout=30_000)
+    assert banner.inner_text() == "You are talking to sam"
+
+    operator.fill("#operator-input", "Hi, I am Sam. How can I help?")
+    operator.click("#operator-say button[type=submit]")
+    spoken = user.locator(".msg.operator")
+    spoken.wait_for(timeout=30_000)
+    assert spoken.locator(".from").inner_text().lower() == "sam · operator"
+    assert "Hi, I am Sam. How can I help?" in spoken.inner_text()
+
+    operator.fill("#operator-input", "Let me check")  # a draft, while the user writes
+    say(user, "my parcel is late")
+    assert user.locator(".msg.bot:not(.operator)").count() == 1  # the bot stays silent
+    operator.locator("#op-history", has_text="my parcel is late").wait_for(timeout=30_000)
+    assert operator.input_value("#operator-input") == "Let me check"  # the redraw kept it
+    shot(user, f"hitl-user-takeover-{width}")
+    shot(operator, f"hitl-operator-takeover-{width}")
+
+    operator.select_option("#release-route", "main")
+    operator.click("#release")
+    banner.wait_for(state="hidden", timeout=30_000)
+    operator.wait_for_selector("#take-over", timeout=30_000)
+    say(user, "hello again")
+    assert user.locator(".msg.bot").last.inner_text() == "You said hello again."
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_user_answers_a_form_picks_a_choice_and_approves(pages, width):
+    user = pages.open("/", ANA, width)
+    say(user, "delivery")
+    card = user.locator('.pending-card[data-kind="question"]')
+    assert card.locator(".pending-ask").inner_text() == "Where and when should we deliver?"
+    labels = card.locator(".pf-label").all_inner_texts()
+    assert labels == ["Street *", "Floor", "Time slot *", "Ring the bell"]
+    card.locator('[data-field="floor"] input').fill("2.5")
+    card.locator("button.answer").click()
+    problems = card.locator(".pf-problem").all_inner_texts()
+    assert "Street is required" in problems and "Floor must be a whole number" in problems
+    assert "Time slot is required" in problems
+    shot(user, f"hitl-user-form-{width}")
+    card.locator('[data-field="street"] input').fill("Main St 1")
+    card.locator('[data-field="floor"] input').fill("-2")
+    card.locator('[data-field="slot"] select').select_option(label="afternoon")
+    card.locator("button.answer").click()  # the page checks types; the schema's minimum is the server's
+    problem = card.locator(".pending-problem")
+    problem.wait_for(timeout=30_000)
+    assert "floor" in problem.inner_text() and "minimum" in problem.inner_text()
+    card.locator('[data-field="floor"] input').fill("2")
+    card.locator('[data-field="slot"] select').select_option(label="afternoon")
+    card.locator('[data-field="ring"] input').check()
+    card.locator("button.answer").click()
+    answered = user.locator('.pending-card[data-kind="question"][data-outcome="answered"]')
+    answered.wait_for(timeout=30_000)
+    assert answered.locator(".pending-status").inner_text() == (
+        "Answered by ana: Street Main St 1 · Floor 2 · Time slot afternoon · Ring the bell yes")
+    assert answered.locator("input, select, button").count() == 0
+
+    say(user, "size")
+    sizes = user.locator('.pending-card[data-kind="question"]').last
+    assert sizes.locator("button.choice").all_inner_texts() == ["Small", "Large"]
+    sizes.locator("button.choice", has_text="Large").click()
+    sizes.locator(".pending-status", has_text="Answered by ana: Large").wait_for(timeout=30_000)
+    state = user.evaluate(f"fetch('/bots/shop/sessions/' + localStorage.getItem('chatrun:' + location.host + ':shop:chatId'),"
+                          f" {{headers: {{Authorization: 'Bearer {ANA}'}}}}).then(r => r.json())")
+    assert state["state"] == {"delivery": {"street": "Main St 1", "floor": 2, "slot": "afternoon", "ring": True},
+                              "size": "L"}
+    shot(user, f"hitl-user-answered-{width}")
+
+    say(user, "cancel B2")  # an approval the user gives: buttons, no form (nothing is editable)
+    mine = user.locator('.pending-card[data-kind="approval"]')
+    assert mine.locator("button").all_inner_texts() == ["Approve", "Reject"]
+    assert mine.locator(".pf-field").count() == 0
+    shot(user, f"hitl-user-approval-{width}")
+    mine.locator("button.approve").click()
+    mine.locator(".pending-status", has_text="Approved by ana").wait_for(timeout=30_000)
+    assert '"cancelled": "B2"' in user.locator(".msg.bot").last.inner_text()
+
+
+def test_the_operator_answers_a_question_the_user_waits_for(pages):
+    user = pages.open("/", ANA)
+    say(user, "check")
+    waiting = user.locator('.pending-card[data-kind="question"]')
+    assert waiting.locator(".pending-status").inner_text() == "Waiting for an answer…"
+    assert waiting.locator("input, select, button").count() == 0
+
+    operator = pages.open("/operator", SAM)
+    operator.select_option("#kind-filter", "question")
+    open_waiting(operator, "question")
+    card = operator.locator('#detail .pending-card[data-kind="question"]')
+    card.locator("button.answer").click()
+    assert card.locator('[data-field="verdict"] .pf-problem').inner_text() == "Verdict is required"
+    card.locator('[data-field="verdict"] select').select_option(label="ok")
+    card.locator('[data-field="note"] input').fill("checked by phone")
+    card.locator("button.answer").click()
+    status = user.locator('.pending-card[data-kind="question"][data-outcome="answered"] .pending-status')
+    status.wait_for(timeout=30_000)
+    assert status.inner_text() == "Answered by sam: Verdict ok · Note checked by phone"
+    user.locator(".msg.bot", has_text="Tool said").wait_for(timeout=30_000)
+
+
+def test_the_operator_page_refuses_a_token_without_the_role(pages):
+    page = pages.open("/operator", ANA)
+    notice = page.locator("#unauthorized")
+    assert "role operators" in notice.inner_text()
