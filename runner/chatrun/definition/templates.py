@@ -27,7 +27,7 @@ TEMPLATE_VARIABLES: tuple[str, ...] = ("state", "scope", "args", "user_message",
 TEMPLATE_VARIABLES += ("principal", "session_id")
 # A decision on a pending item (humans in the loop): {outcome, by, reason, args}; none elsewhere.
 TEMPLATE_VARIABLES += ("decision",)
-# The session's locale (docs/i18n.md): one of the bot's `locales:`, or None for a bot without them.
+# The session's locale (docs/i18n.md): one of the bot's `locales:` (undefined for a bot without them).
 TEMPLATE_VARIABLES += ("locale",)
 # Where the context keeps the bot's catalogs for `t()` (not a variable a template names).
 CATALOGS_KEY = "_catalogs"

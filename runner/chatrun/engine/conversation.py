@@ -294,11 +294,12 @@ class Conversation:
             "principal": self.principal,  # who is signed in (name, roles, claims), None when no one
             "session_id": self.id,
             "decision": None,  # set while a decision on a pending item applies (engine/pending.py)
-            "locale": self.locale,
-            CATALOGS_KEY: self.config.catalogs,  # what `t()` reads (definition/templates.py)
             "now": now,
             "today": now.date(),
         }
+        if self.config.catalogs is not None:  # only a bot with `locales:`: other contexts stay as small
+            context["locale"] = self.locale
+            context[CATALOGS_KEY] = self.config.catalogs  # what `t()` reads (definition/templates.py)
         context.update(extra)
         return context
 
