@@ -281,7 +281,7 @@ class Conversation:
         """What templates see (README, "State"): a merged, read-only copy of the scope state,
         and the time (`now` in the session's zone, `today` its date)."""
         now = self.now()
-        context = {
+        context: dict[str, Any] = {
             "state": self.state,
             "scope": merged_scope(self.scopes),
             "turn": turn,
