@@ -33,10 +33,12 @@ from chatrun.server.openai_turn import (
     OpenAIError,
     Reply,
     TurnResult,
+    Upload,
     conversation_of,
     from_failure,
     opened,
     run_turn,
+    uploads_of,
 )
 from chatrun.server.plumbing import (
     KEEPALIVE,
@@ -244,6 +246,7 @@ class ChatCompletion(TurnRequest):
     attempt: Attempt
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
+    uploads: tuple[Upload, ...] = ()  # the files of the last user message
 
     @classmethod
     def parse(cls, api: OpenAIState, request: Request, body: dict[str, Any], who: Principal | None) -> ChatCompletion:
@@ -257,6 +260,7 @@ class ChatCompletion(TurnRequest):
             want_events=bool(body["chatrun"].get("events")) if isinstance(body.get("chatrun"), dict) else False,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
             attempt=attempt_of(api.index, request, body, ident, text, who),
+            uploads=uploads_of(body["messages"], "messages"),
         )
 
     def keys_after(self, reply: Reply) -> list[str]:
@@ -266,7 +270,8 @@ class ChatCompletion(TurnRequest):
 
     def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:
         prompts = [t for _, t in self.ident.earlier] + [self.text]
-        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after, self.attempt)
+        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after, self.attempt,
+                        self.uploads)
 
     def info(self, result: TurnResult) -> dict[str, Any]:
         return result.session | _objects_and_events(result.reply, self.want_events)
@@ -373,6 +378,7 @@ class ResponseRequest(TurnRequest):
     id: str = field(default_factory=lambda: "resp_" + secrets.token_hex(16))
     message_id: str = field(default_factory=lambda: "msg_" + secrets.token_hex(16))
     created: float = field(default_factory=time.time)
+    uploads: tuple[Upload, ...] = ()  # the files of the last user message
 
     @classmethod
     async def parse(cls, api: OpenAIState, request: Request, body: dict[str, Any],
@@ -392,7 +398,7 @@ class ResponseRequest(TurnRequest):
         ident = Identity(bot, earlier, explicit, api.namespace(request, body), previous, route)
         want_events = isinstance(body.get("chatrun"), dict) and bool(body["chatrun"].get("events"))
         return cls(api.index, api.options.keepalive, who, body["model"], text, ident, previous_id, conversation,
-                   want_events)
+                   want_events, uploads=uploads_of(items if isinstance(items, list) else [], "input"))
 
     def keys_after(self, reply: Reply) -> list[str]:
         keys = [self.index.response_key(self.id)]
@@ -403,7 +409,8 @@ class ResponseRequest(TurnRequest):
 
     def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:
         prompts = [t for _, t in self.ident.earlier] + [self.text]
-        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after)
+        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after,
+                        uploads=self.uploads)
 
     def response_object(self, status: str, result: TurnResult | None, text_out: str | None) -> dict[str, Any]:
         output = [] if text_out is None else [_output_message(self.message_id, text_out, "completed")]

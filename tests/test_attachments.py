@@ -1,0 +1,159 @@
+"""Attachments: files a user sends are kept by reference in the session's blob area (once),
+reach the model as the content parts its endpoint accepts, and go with the session. Through
+the real `openai` SDK against a real uvicorn server whose model is the fake OpenAI server."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import openai
+import pytest
+
+import chatrun
+from chatrun.messages import Attachment, UserMessage, message_from_dict
+from chatrun.server import create_app
+from chatrun.store.blobs import FolderBlobs, MemoryBlobs, blob_ref
+from server_support import ThreadServer, write_travel
+
+# A 1x1 PNG: real image bytes, small enough to read in a failure message.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+PNG_URL = "data:image/png;base64," + base64.b64encode(PNG).decode()
+PDF = b"%PDF-1.4\n1 0 obj <<>> endobj\ntrailer <<>>\n%%EOF\n"
+
+
+@pytest.fixture
+def travel(tmp_path):
+    return chatrun.load_bot(write_travel(tmp_path / "bots"))
+
+
+@pytest.fixture
+def server(fake, travel, tmp_path):
+    with ThreadServer(create_app([travel], f"sqlite:///{tmp_path / 'chat.db'}")) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def user_parts(request: dict) -> list[dict]:
+    """The content parts of the last user message a model request carried."""
+    last = [m for m in request["messages"] if m["role"] == "user"][-1]
+    assert isinstance(last["content"], list), last
+    return last["content"]
+
+
+def session_of(completion) -> str:
+    return completion.model_extra["chatrun"]["session"]
+
+
+def test_an_image_reaches_the_model_as_a_content_part_is_stored_once_and_goes_with_the_session(
+        client, fake, server, tmp_path):
+    fake.queue({"text": "A small picture."}, {"text": "The same picture."})
+    image = {"type": "image_url", "image_url": {"url": PNG_URL}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]
+    first = client.chat.completions.create(model="travel", messages=messages)
+    assert first.choices[0].message.content == "A small picture."
+    assert user_parts(fake.requests[0]) == [{"type": "text", "text": "What is this?"}, image]
+
+    messages += [{"role": "assistant", "content": "A small picture."},
+                 {"role": "user", "content": [{"type": "text", "text": "And again?"}, image]}]
+    second = client.chat.completions.create(model="travel", messages=messages)
+    session = session_of(second)
+    assert session == session_of(first)
+    # The model is sent both turns' images (the memory keeps references, the bytes come from the area) ...
+    sent = [p for m in fake.requests[1]["messages"] if m["role"] == "user" for p in m["content"]]
+    assert sent.count(image) == 2
+    # ... but the bytes are stored once, and never in the snapshot.
+    area = FolderBlobs(tmp_path / "chat.db.blobs")
+    assert area.refs(session) == [blob_ref(PNG)]
+    assert area.read(session, blob_ref(PNG)) == PNG
+    snapshot = httpx.get(f"{server.url}/bots/travel/sessions/{session}")
+    assert snapshot.status_code == 200 and blob_ref(PNG) in snapshot.text
+    assert base64.b64encode(PNG).decode() not in snapshot.text
+
+    assert httpx.delete(f"{server.url}/bots/travel/sessions/{session}").status_code == 204
+    assert area.refs(session) == []
+    assert not any((tmp_path / "chat.db.blobs").iterdir())
+
+
+def test_an_http_image_is_passed_on_by_its_url_and_a_pdf_as_a_file_part(client, fake, tmp_path):
+    fake.queue({"text": "Seen."})
+    url = {"type": "image_url", "image_url": {"url": "https://example.invalid/parcel.jpg"}}
+    pdf = {"type": "file", "file": {"filename": "invoice.pdf",
+                                    "file_data": "data:application/pdf;base64," + base64.b64encode(PDF).decode()}}
+    reply = client.chat.completions.create(model="travel", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "My parcel and its invoice"}, url, pdf]}])
+    assert user_parts(fake.requests[0]) == [{"type": "text", "text": "My parcel and its invoice"}, url, pdf]
+    assert FolderBlobs(tmp_path / "chat.db.blobs").refs(session_of(reply)) == [blob_ref(PDF)]
+
+
+def test_the_responses_api_takes_input_image_parts(client, fake):
+    fake.queue({"text": "Seen."})
+    client.responses.create(model="travel", input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "Look"}, {"type": "input_image", "image_url": PNG_URL}]}])
+    assert user_parts(fake.requests[0])[1] == {"type": "image_url", "image_url": {"url": PNG_URL}}
+
+
+@pytest.mark.parametrize(("part", "message"), [
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+     "messages[0].content[0]: parts of type 'input_audio' are not supported"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}},
+     "messages[0].content[0]: the data URL's base64 is invalid"),
+    ({"type": "image_url", "image_url": {"url": "ftp://host/x.png"}},
+     "messages[0].content[0]: expected a base64 data URL"),
+    ({"type": "file", "file": {"file_id": "file-123"}},
+     "messages[0].content[0]: a file part needs file_data"),
+])
+def test_a_part_chatrun_cannot_take_is_refused_naming_where_it_is(client, fake, part, message):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="travel", messages=[{"role": "user", "content": [part]}])
+    assert message in caught.value.message
+    assert fake.requests == []
+
+
+# -- the engine and the blob area, without a server ----------------------------------------------
+
+
+def test_a_session_attaches_a_file_and_sends_it_with_a_message(fake, travel):
+    fake.queue({"text": "Got it."})
+    area = MemoryBlobs()
+    session = travel.session(blobs=area)
+    attachment = session.attach(PNG, "image/png", "dot.png")
+    assert attachment == Attachment(blob_ref(PNG), "image/png", "dot.png", len(PNG))
+    session.chat({"userMessage": "Here", "attachments": [attachment.to_dict()]})
+    assert user_parts(fake.requests[0])[1] == {"type": "image_url", "image_url": {"url": PNG_URL}}
+    session.close()
+    assert area.refs(session.id) == []
+
+
+def test_a_reference_the_session_does_not_hold_is_refused(travel):
+    session = travel.session(blobs=MemoryBlobs())
+    with pytest.raises(chatrun.SessionError, match=rf"session {session.id}: attachments\[0\]: no upload 'abc'"):
+        session.chat({"userMessage": "Here", "attachments": [{"ref": "abc", "media_type": "image/png"}]})
+
+
+def test_a_memory_keeps_the_reference_and_describes_what_it_cannot_send():
+    message = UserMessage("see", (Attachment(blob_ref(PNG), "image/png", "dot.png", len(PNG)),
+                                  Attachment("f" * 64, "text/csv", "rows.csv", 12)))
+    assert message_from_dict(message.to_dict()) == message
+    assert message.to_openai()["content"][1:] == [  # no bytes to read: a text description
+        {"type": "text", "text": f"[attached: dot.png (image/png, {len(PNG)} bytes)]"},
+        {"type": "text", "text": "[attached: rows.csv (text/csv, 12 bytes)]"}]
+    assert "rows.csv" in message.text()  # what token budgets count
+
+
+def test_a_folder_keeps_each_blob_once_and_no_reference_leaves_its_session(tmp_path):
+    area = FolderBlobs(tmp_path / "blobs")
+    area.put("s1", PNG, "image/png")
+    area.put("s1", PNG, "image/png")
+    area.put("s2", PDF, "application/pdf")
+    assert area.refs("s1") == [blob_ref(PNG)]
+    assert area.read("s2", blob_ref(PNG)) is None
+    assert area.read("s1", "../s2/" + blob_ref(PDF)) is None
+    area.delete_session("s1")
+    assert area.refs("s1") == [] and area.refs("s2") == [blob_ref(PDF)]
