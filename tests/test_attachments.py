@@ -23,9 +23,17 @@ PNG_URL = "data:image/png;base64," + base64.b64encode(PNG).decode()
 PDF = b"%PDF-1.4\n1 0 obj <<>> endobj\ntrailer <<>>\n%%EOF\n"
 
 
+# The travel bot's menu takes images and PDFs, two per message, up to 1000 bytes each.
+ATTACHMENTS = "    attachments: {kinds: [image/*, application/pdf], max_bytes: 1000, max_count: 3}\n"
+
+
 @pytest.fixture
 def travel(tmp_path):
-    return chatrun.load_bot(write_travel(tmp_path / "bots"))
+    path = write_travel(tmp_path / "bots")
+    text = path.read_text()
+    path.write_text(text.replace("    tools: [book_flight, vip_lounge, remember_name]\n",
+                                 "    tools: [book_flight, vip_lounge, remember_name]\n" + ATTACHMENTS, 1))
+    return chatrun.load_bot(path)
 
 
 @pytest.fixture
@@ -116,6 +124,28 @@ def test_a_part_chatrun_cannot_take_is_refused_naming_where_it_is(client, fake, 
     assert fake.requests == []
 
 
+def data_part(media_type: str, data: bytes) -> dict:
+    return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{base64.b64encode(data).decode()}"}}
+
+
+@pytest.mark.parametrize(("parts", "limit"), [
+    ([data_part("image/png", PNG)] * 4, "route main_menu takes at most 3 attachments per message "
+                                        "(attachments.max_count), not 4"),
+    ([data_part("image/png", PNG), data_part("text/csv", b"a,b")],
+     "attachments[1]: route main_menu takes image/*, application/pdf (attachments.kinds), not text/csv"),
+    ([data_part("image/png", bytes(1001))],
+     "attachments[0]: 1001 bytes is over route main_menu's limit of 1000 (attachments.max_bytes)"),
+])
+def test_what_the_route_does_not_take_is_refused_naming_the_limit_and_nothing_is_stored(
+        client, fake, tmp_path, parts, limit):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="travel", messages=[{"role": "user", "content": parts}])
+    assert limit in caught.value.message
+    assert caught.value.code == "attachment_refused"
+    assert fake.requests == []
+    assert not (tmp_path / "chat.db.blobs").exists() or not any((tmp_path / "chat.db.blobs").iterdir())
+
+
 # -- the engine and the blob area, without a server ----------------------------------------------
 
 
@@ -135,6 +165,13 @@ def test_a_reference_the_session_does_not_hold_is_refused(travel):
     session = travel.session(blobs=MemoryBlobs())
     with pytest.raises(chatrun.SessionError, match=rf"session {session.id}: attachments\[0\]: no upload 'abc'"):
         session.chat({"userMessage": "Here", "attachments": [{"ref": "abc", "media_type": "image/png"}]})
+
+
+def test_a_route_without_attachments_takes_none(fake, tmp_path):
+    session = chatrun.load_bot(write_travel(tmp_path / "plain")).session(blobs=MemoryBlobs())
+    with pytest.raises(chatrun.SessionError, match="route main_menu takes no attachments"):
+        session.attach(PNG, "image/png")
+    assert fake.requests == []
 
 
 def test_a_memory_keeps_the_reference_and_describes_what_it_cannot_send():

@@ -477,13 +477,29 @@ class Session:
             if not attachment.is_url and (self.blobs is None or self.blobs.read(self.id, attachment.ref) is None):
                 raise SessionError(f"session {self.id}: attachments[{i}]: no upload {attachment.ref!r} in this session")
             found.append(attachment)
+        self.check_attachments([(a.media_type, a.size) for a in found])
         return tuple(found)
 
+    def check_attachments(self, files: list[tuple[str, int]]) -> None:
+        """Raise SessionError unless the current route's `attachments:` takes these files
+        (media type, size in bytes) in one message."""
+        if not files:
+            return
+        route = self.route
+        policy = self.bot.config.routes[route].attachments
+        if policy is None:
+            raise SessionError(f"session {self.id}: route {route} takes no attachments (it declares no `attachments:`)")
+        problem = policy.problem(route, files)
+        if problem is not None:
+            raise SessionError(f"session {self.id}: {problem}")
+
     def attach(self, data: bytes, media_type: str, name: str = "") -> Attachment:
-        """Keep a file in the session's blob area; send its `to_dict()` in a message's
-        `attachments` (`{"userMessage": ..., "attachments": [...]}`)."""
+        """Keep a file in the session's blob area (checked against the current route's
+        `attachments:`); send its `to_dict()` in a message's `attachments`
+        (`{"userMessage": ..., "attachments": [...]}`)."""
         if self.blobs is None:
             raise SessionError(f"session {self.id}: its store keeps no attachments (no blob area)")
+        self.check_attachments([(media_type, len(data))])
         return self.blobs.put(self.id, data, media_type, name)
 
     async def _run_turn(self, text: str | None, data: dict[str, Any], decision: Decision | None = None,

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from chatrun import events as ev
+from chatrun.errors import SessionError
 from chatrun.memory.tokens import estimate_tokens
 from chatrun.messages import Attachment
 from chatrun.server import wire
@@ -368,8 +369,12 @@ def turn_input(session: Any, blobs: BlobArea | None, text: str, uploads: tuple[U
     if blobs is None:
         raise OpenAIError(400, "this server's store keeps no attachments (no blob area beside it); "
                           "use a memory:// or sqlite:/// store", code="unsupported_content")
-    refs = [Attachment(u.url, u.media_type, u.name) if u.url is not None
-            else blobs.put(session.id, u.data or b"", u.media_type, u.name) for u in uploads]
+    try:
+        session.check_attachments([(u.media_type, len(u.data or b"")) for u in uploads])
+        refs = [Attachment(u.url, u.media_type, u.name) if u.url is not None
+                else session.attach(u.data or b"", u.media_type, u.name) for u in uploads]
+    except SessionError as exc:
+        raise OpenAIError(400, str(exc), code="attachment_refused") from None
     return {"userMessage": text, "attachments": [a.to_dict() for a in refs]}
 
 
