@@ -194,3 +194,38 @@ def test_a_folder_keeps_each_blob_once_and_no_reference_leaves_its_session(tmp_p
     assert area.read("s1", "../s2/" + blob_ref(PDF)) is None
     area.delete_session("s1")
     assert area.refs("s1") == [] and area.refs("s2") == [blob_ref(PDF)]
+
+
+# -- the HTTP API: an upload endpoint, a reference in a message -------------------------------------
+
+
+def test_a_file_uploaded_over_http_is_sent_by_its_reference(server, fake, tmp_path):
+    fake.queue({"text": "A dot."})
+    base = f"{server.url}/bots/travel/sessions"
+    session = httpx.post(base, json={}).json()["id"]
+    uploaded = httpx.post(f"{base}/{session}/attachments", json={
+        "media_type": "image/png", "name": "dot.png", "data": base64.b64encode(PNG).decode()})
+    assert uploaded.status_code == 201, uploaded.text
+    assert uploaded.json() == {"ref": blob_ref(PNG), "media_type": "image/png", "name": "dot.png", "size": len(PNG)}
+    reply = httpx.post(f"{base}/{session}/messages", json={"userMessage": "What is it?",
+                                                           "attachments": [uploaded.json()]})
+    assert reply.status_code == 200, reply.text
+    assert user_parts(fake.requests[0]) == [{"type": "text", "text": "What is it?"},
+                                            {"type": "image_url", "image_url": {"url": PNG_URL}}]
+    assert FolderBlobs(tmp_path / "chat.db.blobs").refs(session) == [blob_ref(PNG)]
+
+
+def test_an_upload_or_reference_the_route_does_not_take_is_a_bad_request(server, fake):
+    base = f"{server.url}/bots/travel/sessions"
+    session = httpx.post(base, json={}).json()["id"]
+    csv = httpx.post(f"{base}/{session}/attachments", json={"media_type": "text/csv", "data": "YSxi"})
+    assert csv.status_code == 400
+    assert "route main_menu takes image/*, application/pdf (attachments.kinds), not text/csv" in csv.text
+    big = httpx.post(f"{base}/{session}/attachments", json={
+        "media_type": "image/png", "data": base64.b64encode(bytes(1001)).decode()})
+    assert big.status_code == 400 and "(attachments.max_bytes)" in big.text
+    unknown = httpx.post(f"{base}/{session}/messages", json={
+        "userMessage": "Here", "attachments": [{"ref": "0" * 64, "media_type": "image/png"}]})
+    assert unknown.status_code == 400
+    assert f"attachments[0]: no upload '{'0' * 64}' in this session" in unknown.text
+    assert fake.requests == []

@@ -12,7 +12,7 @@ import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 # Reads an attachment's bytes by its reference (None: gone, or the reference is a URL).
 BlobReader = Callable[[str], bytes | None]
@@ -110,11 +110,27 @@ class SystemMessage(Message):
         return self.content
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, eq=False)
 class UserMessage(Message):
+    """The user's text, and the files sent with it (by reference). A message without files
+    stores no `attachments` of its own (the class's empty tuple): an idle session's memory
+    holds many of them (tests/test_idle_session_memory.py)."""
+
     content: str
-    attachments: tuple[Attachment, ...] = ()
     role: str = field(init=False, default="user")
+    attachments: ClassVar[tuple[Attachment, ...]] = ()
+
+    def __init__(self, content: str, attachments: tuple[Attachment, ...] = ()):
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "role", "user")
+        if attachments:
+            object.__setattr__(self, "attachments", tuple(attachments))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, UserMessage) and (self.content, self.attachments) == (other.content, other.attachments))
+
+    def __hash__(self) -> int:
+        return hash((self.content, self.attachments))
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {"role": "user", "content": self.content}

@@ -19,9 +19,9 @@ from chatrun.definition.checks import run_checks
 from chatrun.definition.config import (
     DEFAULT_TOOL_TIMEOUT,
     ActionConfig,
-    AttachmentPolicy,
     ApprovalConfig,
     AskConfig,
+    AttachmentPolicy,
     BotConfig,
     CaseConfig,
     EnvVar,

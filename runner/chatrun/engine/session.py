@@ -43,7 +43,7 @@ from chatrun.engine.turn import Turn
 from chatrun.engine.versions import Moved
 from chatrun.engine.versions import move as move_conversation
 from chatrun.engine.waiting import check_decision
-from chatrun.errors import ChatrunError, ModelError, SessionError
+from chatrun.errors import AttachmentRefused, ChatrunError, ModelError, SessionError
 from chatrun.events import Event
 from chatrun.memory.tokens import (
     ESTIMATE,
@@ -72,6 +72,8 @@ _DONE = object()
 class Session:
     """A conversation: a stack of scopes, conversation state, memories and history."""
 
+    blobs: BlobArea | None = None  # the bytes of attachments (chatrun.store.blobs); None: takes none
+
     def __init__(
         self,
         bot: Bot,
@@ -88,7 +90,8 @@ class Session:
     ):
         self.bot = bot
         self.store = store
-        self.blobs = blobs  # the bytes of attachments (chatrun.store.blobs); None: no attachments
+        if blobs is not None:  # else the class's None: an idle session keeps no more (issue 26)
+            self.blobs = blobs
         self._own_models: ModelPool | None = None
         if model is None:  # the bot's own model, closed with the session
             self._own_models = ModelPool()
@@ -467,15 +470,15 @@ class Session:
         if given is None:
             return ()
         if not isinstance(given, list) or not all(isinstance(a, dict) for a in given):
-            raise SessionError(f"session {self.id}: attachments must be a list of objects")
+            raise AttachmentRefused(f"session {self.id}: attachments must be a list of objects")
         found = []
         for i, item in enumerate(given):
             try:
                 attachment = Attachment.from_dict(item)
             except (KeyError, TypeError, ValueError) as exc:
-                raise SessionError(f"session {self.id}: attachments[{i}] needs ref and media_type ({exc})") from exc
+                raise AttachmentRefused(f"session {self.id}: attachments[{i}] needs ref and media_type ({exc})") from exc
             if not attachment.is_url and (self.blobs is None or self.blobs.read(self.id, attachment.ref) is None):
-                raise SessionError(f"session {self.id}: attachments[{i}]: no upload {attachment.ref!r} in this session")
+                raise AttachmentRefused(f"session {self.id}: attachments[{i}]: no upload {attachment.ref!r} in this session")
             found.append(attachment)
         self.check_attachments([(a.media_type, a.size) for a in found])
         return tuple(found)
@@ -488,17 +491,17 @@ class Session:
         route = self.route
         policy = self.bot.config.routes[route].attachments
         if policy is None:
-            raise SessionError(f"session {self.id}: route {route} takes no attachments (it declares no `attachments:`)")
+            raise AttachmentRefused(f"session {self.id}: route {route} takes no attachments (it declares no `attachments:`)")
         problem = policy.problem(route, files)
         if problem is not None:
-            raise SessionError(f"session {self.id}: {problem}")
+            raise AttachmentRefused(f"session {self.id}: {problem}")
 
     def attach(self, data: bytes, media_type: str, name: str = "") -> Attachment:
         """Keep a file in the session's blob area (checked against the current route's
         `attachments:`); send its `to_dict()` in a message's `attachments`
         (`{"userMessage": ..., "attachments": [...]}`)."""
         if self.blobs is None:
-            raise SessionError(f"session {self.id}: its store keeps no attachments (no blob area)")
+            raise AttachmentRefused(f"session {self.id}: its store keeps no attachments (no blob area)")
         self.check_attachments([(media_type, len(data))])
         return self.blobs.put(self.id, data, media_type, name)
 

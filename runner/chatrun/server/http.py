@@ -8,10 +8,13 @@
     DELETE /bots/{bot}/sessions/{id}
     POST   /bots/{bot}/sessions/{id}/messages         {"userMessage": "...", ...} -> events
            (Accept: text/event-stream or ?stream=true: the events as they happen)
+    POST   /bots/{bot}/sessions/{id}/attachments      {"media_type", "data" (base64), "name"?} -> its reference,
+           sent in a message: {"userMessage": "...", "attachments": [reference]}
     GET    /bots/{bot}/sessions/{id}/inspect          what the page's inspector shows
 """
 
 
+import base64
 import functools
 import json
 import logging
@@ -36,6 +39,7 @@ from chatrun.server.plumbing import (
     DetachedTurn,
     Emit,
     Registry,
+    file_body_limit,
     limits_of,
     read_json_object,
 )
@@ -63,6 +67,8 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
                          tags=["sessions"], name="inspect")
     router.add_api_route("/bots/{bot}/sessions/{session_id}", delete_session, methods=["DELETE"], status_code=204,
                          tags=["sessions"])
+    router.add_api_route("/bots/{bot}/sessions/{session_id}/attachments", upload_attachment, methods=["POST"],
+                         status_code=201, tags=["sessions"])
     router.add_api_route(
         "/bots/{bot}/sessions/{session_id}/messages", send_message, methods=["POST"], tags=["sessions"],
         responses=_turn_response(), openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
@@ -121,6 +127,22 @@ async def read_session(bot: str, session_id: str, who: Caller, registry: Registr
 async def inspect_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
     async with registry.session(bot, session_id, who, EXISTING) as session:
         return inspect_data(session, history_for(await registry.history(session), inspector_audiences(who)))
+
+
+async def upload_attachment(bot: str, session_id: str, request: Request, who: Caller,
+                            registry: Registry) -> dict[str, Any]:
+    # JSON with base64, not a raw body: the edge takes only JSON bodies (a foreign page's form
+    # cannot send one), and its limit for this path comes from the bots' `attachments:`.
+    body = await read_json_object(request, limit=file_body_limit(limits_of(request), registry.bots.values()))
+    media_type, name, data = body.get("media_type"), body.get("name", ""), body.get("data")
+    if not isinstance(media_type, str) or not isinstance(name, str) or not isinstance(data, str):
+        raise wire.RequestFailed(wire.BAD_REQUEST, "an upload is {\"media_type\": string, \"data\": base64, \"name\"?: string}")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError:
+        raise wire.RequestFailed(wire.BAD_REQUEST, "data must be base64") from None
+    async with registry.session(bot, session_id, who, EXISTING) as session:
+        return session.attach(raw, media_type.lower(), name).to_dict()  # AttachmentRefused: 400 (the registry)
 
 
 async def delete_session(bot: str, session_id: str, who: Caller, registry: Registry) -> Response:

@@ -47,6 +47,7 @@ from chatrun.server.plumbing import (
     Emit,
     NotAnObject,
     Registry,
+    file_body_limit,
     read_json_object,
 )
 from chatrun.server.sessions import SessionRegistry
@@ -141,7 +142,7 @@ class OpenAIState:
 
     async def read_body(self, request: Request, schema: dict[str, Any]) -> dict[str, Any]:
         try:
-            body = await read_json_object(request)
+            body = await read_json_object(request, limit=self.body_limit())
         except NotAnObject:
             raise OpenAIError(400, "the body must be a JSON object", code="invalid_json") from None
         except wire.RequestFailed as exc:
@@ -152,6 +153,11 @@ class OpenAIState:
         if wrong is not None:
             raise OpenAIError(400, wrong, code="invalid_request")
         return body
+
+    def body_limit(self) -> int:
+        """A body's limit: a frame's, plus room for the most files (as base64 data URLs) a
+        route of a served bot takes in one message (its `attachments:`)."""
+        return file_body_limit(self.limits, self.registry.bots.values())
 
     def bot_and_route(self, model: Any) -> tuple[str, str | None]:
         if not isinstance(model, str) or not model:

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from chatrun import events as ev
-from chatrun.errors import SessionError
+from chatrun.errors import AttachmentRefused
 from chatrun.memory.tokens import estimate_tokens
 from chatrun.messages import Attachment
 from chatrun.server import wire
@@ -373,7 +373,7 @@ def turn_input(session: Any, blobs: BlobArea | None, text: str, uploads: tuple[U
         session.check_attachments([(u.media_type, len(u.data or b"")) for u in uploads])
         refs = [Attachment(u.url, u.media_type, u.name) if u.url is not None
                 else session.attach(u.data or b"", u.media_type, u.name) for u in uploads]
-    except SessionError as exc:
+    except AttachmentRefused as exc:
         raise OpenAIError(400, str(exc), code="attachment_refused") from None
     return {"userMessage": text, "attachments": [a.to_dict() for a in refs]}
 

@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chatrun.errors import ChatrunError, SessionError
+from chatrun.errors import AttachmentRefused, ChatrunError, SessionError
 from chatrun.models import ModelPool
 from chatrun.server import wire
 from chatrun.server.auth import Principal, template_principal
@@ -218,6 +218,8 @@ class SessionRegistry:
             session.use_bot(bot)
         try:
             yield session
+        except AttachmentRefused as exc:  # a file the route does not take, or no such upload
+            raise wire.RequestFailed(wire.BAD_REQUEST, str(exc)) from None
         except SessionError as exc:  # e.g. a message to a conversation an `end` action ended
             raise wire.RequestFailed(wire.SESSION_NOT_ACTIVE, str(exc)) from None
         finally:
