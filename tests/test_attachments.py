@@ -5,6 +5,7 @@ the real `openai` SDK against a real uvicorn server whose model is the fake Open
 from __future__ import annotations
 
 import base64
+import json
 
 import httpx
 import openai
@@ -229,3 +230,29 @@ def test_an_upload_or_reference_the_route_does_not_take_is_a_bad_request(server,
     assert unknown.status_code == 400
     assert f"attachments[0]: no upload '{'0' * 64}' in this session" in unknown.text
     assert fake.requests == []
+
+
+# -- the WebSocket: a reference in a frame, never the bytes ---------------------------------------
+
+
+def test_a_websocket_message_carries_a_reference_to_an_upload(fake, travel, tmp_path):
+    from starlette.testclient import TestClient
+
+    from server_support import app_for_testclient, until_done
+
+    fake.queue({"text": "A dot."})
+    with TestClient(app_for_testclient([travel], f"sqlite:///{tmp_path / 'chat.db'}")) as client:
+        with client.websocket_connect("/_chat/routes") as ws:
+            ws.send_json({"type": "Connect", "chatId": "c1", "extensions": True})
+            until_done(ws)
+            uploaded = client.post("/bots/travel/sessions/c1/attachments", json={
+                "media_type": "image/png", "data": base64.b64encode(PNG).decode()}).json()
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "c1",
+                          "data": {"userMessage": "Look", "attachments": [uploaded]}})
+            assert [f["type"] for f in until_done(ws)][-1] == "Completed"
+            assert user_parts(fake.requests[0])[1] == {"type": "image_url", "image_url": {"url": PNG_URL}}
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "c1",
+                          "data": {"userMessage": "Look", "attachments": [{"ref": "f" * 64, "media_type": "image/png"}]}})
+            frames = until_done(ws)
+            assert frames[-1] == {"chatId": "c1", "type": "Failed", "data": "BadRequest"}
+            assert "attachments[0]: no upload" in json.dumps(frames), frames
