@@ -68,7 +68,7 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
     router.add_api_route("/bots/{bot}/sessions/{session_id}", delete_session, methods=["DELETE"], status_code=204,
                          tags=["sessions"])
     router.add_api_route("/bots/{bot}/sessions/{session_id}/attachments", upload_attachment, methods=["POST"],
-                         status_code=201, tags=["sessions"])
+                         status_code=201, tags=["sessions"], openapi_extra=UPLOAD_BODY)
     router.add_api_route(
         "/bots/{bot}/sessions/{session_id}/messages", send_message, methods=["POST"], tags=["sessions"],
         responses=_turn_response(), openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
@@ -381,6 +381,15 @@ def failure_response(exc: wire.RequestFailed) -> JSONResponse:
     if status == 503:  # draining, or a bot version this replica lacks: another try is served
         headers = {"Retry-After": str(RETRY_AFTER_S)}
     return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=status, headers=headers)
+
+
+# An upload (docs/protocol.md, "Attachments"): the file as base64 in JSON, like every body.
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"type": "object", "required": ["media_type", "data"], "additionalProperties": False, "properties": {
+        "media_type": {"type": "string", "pattern": "^[a-z0-9.+-]+/[a-z0-9.+-]+$"},
+        "name": {"type": "string"},
+        "data": {"type": "string", "pattern": "^([A-Za-z0-9+/]{4})*$", "description": "the file, base64"}}},
+    "example": {"media_type": "image/png", "name": "parcel.png", "data": "iVBORw0K"}}}}}
 
 
 def _body(properties: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
