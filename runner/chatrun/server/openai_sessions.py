@@ -185,6 +185,26 @@ class TurnIndex:
         """Mark a request as running, so that its retries (on any replica) wait for its outcome."""
         await self.records.put_record(key, {"running": True, "at": time.time()})
 
+    async def claim_or_outcome(self, key: str) -> dict[str, Any] | None:
+        """For a request that may have run already (an Idempotency-Key, a retry): its committed
+        outcome to replay, or None when this attempt holds the claim and runs the turn. The claim
+        is one atomic put-if-absent, so of two first attempts at the same instant (on any
+        replicas) one runs and the other waits for its outcome."""
+        while True:
+            recorded = await self.outcome(key)
+            if recorded is not None:
+                return recorded
+            if await self.records.claim_record(key, {"running": True, "at": time.time()}):
+                return None
+            await self._drop_abandoned(key)
+
+    async def _drop_abandoned(self, key: str) -> None:
+        # A claim older than REPLAY_WAIT was left by a replica that died: the next attempt takes
+        # it over. (Two retries taking over the same abandoned claim at once may both run.)
+        record = await self.records.get_record(key)
+        if record is not None and record.get("running") and time.time() - float(record.get("at", 0)) > REPLAY_WAIT:
+            await self.records.delete_record(key)
+
     async def release(self, key: str) -> None:
         """The attempt committed nothing (it failed, or was refused): a retry runs afresh."""
         record = await self.records.get_record(key)
