@@ -471,6 +471,20 @@ def test_the_calls_after_a_waiting_call_do_not_run(desk):
         "Not run: an earlier tool call waits for a person; call this again after it is resolved."]
 
 
+def test_an_operator_action_without_a_role_waits_for_the_servers_role_operators(desk):
+    # One name for one role: server/audience.py's OPERATOR_ROLE, not "operator".
+    from chatrun.server.audience import OPERATOR_ROLE
+
+    assert desk.config.tools["human"].action.operator.role == OPERATOR_ROLE == "operators"
+    session = start(desk, ScriptedModel([call("human")]))
+    session.chat("I want a human")
+    assert session.pending[0].by == ["operators"]
+    with pytest.raises(DecisionRefused):  # the old default's name is just another role now
+        as_(session, {"name": "oscar", "roles": ["operator"]}).chat(TakeOver())
+    as_(session, OPERATOR).chat(TakeOver())
+    assert session.taken_over["by"]["name"] == "olga"
+
+
 def test_an_operator_answers_a_question_and_others_may_not(desk):
     model = ScriptedModel([call("ask_desk")])
     session = start(desk, model)
