@@ -275,7 +275,7 @@ def new_item(turn: Turn, kind: str, timeout: str | None, **fields: Any) -> Pendi
     item = PendingItem(id=f"p{c.next_pending}", kind=kind, created=format_time(now), due=due_after(now, timeout),
                        route=c.scope.route, scope_id=c.scope.id, requested_by=copy.deepcopy(c.principal), **fields)
     c.next_pending += 1
-    c.pending.append(item)
+    c.pending = (*c.pending, item)  # replaced, never changed in place (see Conversation)
     return item
 
 
@@ -528,10 +528,11 @@ def replace_result(memory: ChatMemory, call_id: str | None, reply: str, *, drop:
 def resolve(turn: Turn, item: PendingItem, outcome: str, **extra: Any) -> None:
     """The item is done: gone from the open list, its outcome kept, a Resolved event sent."""
     c = turn.c
-    c.pending = [i for i in c.pending if i.id != item.id]
-    c.resolved[item.id] = outcome
-    while len(c.resolved) > RESOLVED_KEPT:
-        del c.resolved[next(iter(c.resolved))]
+    c.pending = tuple(i for i in c.pending if i.id != item.id)
+    resolved = {**c.resolved, item.id: outcome}
+    while len(resolved) > RESOLVED_KEPT:
+        del resolved[next(iter(resolved))]
+    c.resolved = resolved
     by = None if outcome == TIMED_OUT else (c.principal or {}).get("name")
     data = {"id": item.id, "kind": item.kind, "outcome": outcome, "by": by,
             **{k: v for k, v in extra.items() if v is not None or k == "answer"}}
