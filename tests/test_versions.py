@@ -247,6 +247,23 @@ def test_canary_weights_split_new_sessions_and_the_header_picks_one(fake, tmp_pa
         assert shown["version"] == "2"  # the primary: ties go to the newest
 
 
+def test_the_v1_api_reads_the_version_header_for_new_sessions(fake, tmp_path):
+    fake.responder = shop_responder
+    root = shop_copy(tmp_path, on_change="pin")  # version 2 is the primary; a session stays on its version
+    v1_hash = chatrun.load_bot(root / "versions" / "1").config.content_version
+    with TestClient(create_app(str(root), f"sqlite:///{tmp_path / 'sessions.db'}")) as server:
+        body = {"model": "shop", "messages": [{"role": "user", "content": "hello"}]}
+        chat = messages(server.post("/v1/chat/completions", json=body, headers={"Chatrun-Bot-Version": "1"}))
+        assert resource(server, chat["chatrun"]["session"])["botVersion"] == v1_hash
+        plain = messages(server.post("/v1/chat/completions", json=body | {"user": "another"}))
+        assert resource(server, plain["chatrun"]["session"])["botVersion"] != v1_hash
+        answer = messages(server.post("/v1/responses", json={"model": "shop", "input": "hello"},
+                                      headers={"Chatrun-Bot-Version": "1"}))
+        assert resource(server, answer["chatrun"]["session"])["botVersion"] == v1_hash
+        unknown = server.post("/v1/chat/completions", json=body | {"user": "third"}, headers={"Chatrun-Bot-Version": "9"})
+        assert unknown.status_code == 400 and "no version '9'" in unknown.text
+
+
 # -- serve --reload: each valid edit is a new version, under the same policies ------------------
 
 

@@ -75,6 +75,7 @@ class Identity:
     namespace: str = ""  # the `user` field or a trusted front-end chat id
     previous: dict[str, Any] | None = None  # the record of previous_response_id
     route: str | None = None  # entry route for a new session (model "bot/route")
+    version: str | None = None  # the Chatrun-Bot-Version a new session starts on (docs/versions.md)
     # The running hash of `earlier` (per owner): hashed once, then only extended by the turn.
     _hashes: dict[str | None, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -160,7 +161,8 @@ class TurnIndex:
                 async with registry.session(ident.bot, ident.explicit_id, who, EXISTING) as session:
                     yield Opened(session, CONTINUED)
                 return
-            async with registry.session(ident.bot, ident.explicit_id, who, NEW, route=ident.route) as session:
+            async with registry.session(ident.bot, ident.explicit_id, who, NEW, route=ident.route,
+                                        version=ident.version) as session:
                 yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
             return
         record = ident.previous
@@ -176,7 +178,8 @@ class TurnIndex:
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
                     yield Opened(session, FORKED, forked_from=record["session"])
                 return
-        async with registry.session(ident.bot, secrets.token_hex(8), who, NEW, route=ident.route) as session:
+        async with registry.session(ident.bot, secrets.token_hex(8), who, NEW, route=ident.route,
+                                    version=ident.version) as session:
             yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
 
     # -- exactly once: a retried request replays the turn its first attempt committed ---------
