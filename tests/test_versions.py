@@ -264,6 +264,40 @@ def test_the_v1_api_reads_the_version_header_for_new_sessions(fake, tmp_path):
         assert unknown.status_code == 400 and "no version '9'" in unknown.text
 
 
+def test_repl_talks_to_the_primary_version_or_the_one_named(tmp_path):
+    from click.testing import CliRunner
+
+    from chatrun.cli.repl import repl
+
+    root = shop_copy(tmp_path)
+    primary = CliRunner().invoke(repl, [str(root), "--play-model"], input="hello\n")
+    assert "tools: add_to_basket, save_email, checkout" in primary.output, primary.output  # version 2
+    named = CliRunner().invoke(repl, [str(root), "--play-model", "--version", "1"], input="hello\n")
+    assert "tools: add_item, save_email, wrap_gift, checkout" in named.output, named.output
+    (root / "versions.yaml").write_text('weights: {"1": 90, "2": 10}\n')  # the weights make 1 the primary
+    weighted = CliRunner().invoke(repl, [str(root), "--play-model"], input="hello\n")
+    assert "tools: add_item," in weighted.output, weighted.output
+    unknown = CliRunner().invoke(repl, [str(root), "--version", "3"], input="")
+    assert unknown.exit_code != 0 and "no version '3' in versions/ (there are: 1, 2)" in unknown.output
+    flat = CliRunner().invoke(repl, [str(root / "versions" / "1"), "--version", "1"], input="")
+    assert flat.exit_code != 0 and "this bot has no versions/ folder" in flat.output
+
+
+def test_chatrun_test_runs_each_versions_transcripts(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from chatrun.cli.test import test as chatrun_test
+
+    shop_copy(tmp_path / "bots")
+    for args in ([str(tmp_path / "bots" / "shop"), "-v"], ["-v"]):  # the folder, or found from the root
+        monkeypatch.chdir(tmp_path)
+        ran = CliRunner().invoke(chatrun_test, args)
+        assert ran.exit_code == 0, ran.output
+        assert "versions/1/transcripts/add.yaml PASSED" in ran.output
+        assert "versions/2/transcripts/add.yaml PASSED" in ran.output
+        assert ran.output.splitlines()[-1] == "2 passed, 0 failed"
+
+
 # -- serve --reload: each valid edit is a new version, under the same policies ------------------
 
 
