@@ -76,7 +76,7 @@ from chatrun.errors import (
     UnknownRouteError,
 )
 from chatrun.memory import ChatMemory
-from chatrun.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+from chatrun.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
 
 if TYPE_CHECKING:
     from chatrun.engine.tools import Toolbox
@@ -505,23 +505,31 @@ def _memory_of(turn: Turn, item: PendingItem) -> ChatMemory:
 def _continue(turn: Turn, item: PendingItem, memory: ChatMemory, outcome: ToolOutcome) -> NextStep:
     """The placeholder result becomes the real one; the model loop goes on on the current route
     without a user message (the memory ends with the call, its result and any queued messages)."""
-    replace_result(memory, item.call_id, outcome.reply, drop=outcome.deferred)
+    replace_result(memory, item.call_id, outcome.reply, drop=outcome.deferred,
+                   call=ToolCall(item.call_id or "", item.tool or "", json.dumps(item.args or {})))
     c = turn.c
     turn.user_given.add(c.scope.memory_id(c.scope.route))
     return outcome.next
 
 
-def replace_result(memory: ChatMemory, call_id: str | None, reply: str, *, drop: bool = False) -> None:
+def replace_result(memory: ChatMemory, call_id: str | None, reply: str, *, drop: bool = False,
+                   call: ToolCall | None = None) -> None:
     """The call's result message (the placeholder) replaced by `reply`, in place (dropped when a
-    `call` action's called route will give the result)."""
+    `call` action's called route will give the result). When the memory no longer holds the
+    placeholder (a message window dropped it, with its call, while the item waited), `call` and
+    its result are added at the end, so the model reads what was decided as a whole pair."""
     messages = memory.messages()
     out: list[Message] = []
+    found = False
     for message in messages:
         if isinstance(message, ToolResultMessage) and message.tool_call_id == call_id:
+            found = True
             if not drop:
                 out.append(ToolResultMessage(message.tool_call_id, message.name, reply))
         else:
             out.append(message)
+    if not found and not drop and call is not None:
+        out += [AssistantMessage(None, (call,)), ToolResultMessage(call.id, call.name, reply)]
     memory.set(out)
 
 
