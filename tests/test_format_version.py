@@ -217,7 +217,39 @@ def test_diff_counts_the_stored_sessions_each_change_touches(tmp_path):
     assert counts[("parameter", "add_to_basket.sku")] == 1
     assert counts[("route", "payment")] == 0 if ("route", "payment") in counts else True
     text = cli("diff", V1, V2, "--store", f"sqlite:///{db}").output
-    assert "[1 session]" in text and text.splitlines()[-1].endswith("; 3 stored sessions of the bot")
+    v1 = chatrun.load_bot(V1).config.content_version
+    assert "[1 session]" in text and text.splitlines()[-1].endswith(f"; 3 sessions stored on version 1 ({v1})")
+
+
+def test_diff_counts_only_the_sessions_on_the_old_version_and_the_unversioned_apart(tmp_path):
+    """Beside the three sessions of version 1: two of version 2 (not counted: a change from 1
+    to 2 does not touch them) and one stored before versions were recorded (no bot_version:
+    counted apart, and the summary says so)."""
+    db = tmp_path / "sessions.db"
+    ids = v1_sessions(db)
+    store = chatrun.SQLiteStore(str(db))
+    v2 = chatrun.load_bot(V2, store=store)
+    for _ in range(2):
+        v2.session(model=chatrun.ScriptedModel(["Hello."])).chat("hi")
+    old = store.load_session(ids["paying"])
+    assert old is not None and old.pop("bot_version") == chatrun.load_bot(V1).config.content_version
+    store.commit_turn("from-before-versions", old, {}, [])
+    store.close()
+
+    result = cli("diff", V1, V2, "--store", f"sqlite:///{db}", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["sessions"] == 3
+    assert report["stored"] == {"old_version": 3, "unversioned": 1, "other_versions": 2}
+    counts = {(c["kind"], c["name"]): (c["sessions"], c["unversioned"]) for c in report["changes"]}
+    assert counts[("state", "state.email")] == (3, 1)  # version 2's sessions hold no `email`, and are not counted
+    assert counts[("route", "checkout")] == (1, 1)  # the unversioned copy of the session at the checkout
+    assert counts[("route", "gift_wrap")] == (1, 0)
+    text = cli("diff", V1, V2, "--store", f"sqlite:///{db}").output
+    assert "route checkout: renamed to payment" in text and "[1 session, 1 unversioned]" in text
+    assert text.splitlines()[-1].endswith(
+        "; 3 sessions stored on version 1 (" + report["old_version"] + "); 1 session with no version recorded "
+        "(stored before versions), counted apart as `unversioned`; 2 sessions on other versions, not counted")
 
 
 def test_diff_errors_exit_2_naming_the_place(tmp_path):

@@ -77,8 +77,8 @@ def test_schema_write_refreshes_a_bots_copies(tmp_path):
     (copies / "bot.schema.json").write_text("{}")  # as an older chatrun wrote it
     written = runner.invoke(main, ["schema", "--write", str(copies)])
     assert written.exit_code == 0, written.output
-    assert written.output.count("wrote ") == 3
-    for which in ("bot", "transcript", "wire"):
+    assert written.output.count("wrote ") == 4
+    for which in ("bot", "transcript", "scenario", "wire"):
         installed = Path(runner.invoke(main, ["schema", which]).output.strip())
         assert (copies / f"{which}.schema.json").read_bytes() == installed.read_bytes()
     assert "differ" not in runner.invoke(main, ["validate", str(tmp_path / "b")]).output
@@ -115,7 +115,7 @@ def test_the_bot_is_named_after_its_directory(tmp_path):
 
 def test_schema_prints_each_schema_path():
     runner = CliRunner()
-    for which in ("bot", "transcript", "wire"):
+    for which in ("bot", "transcript", "scenario", "wire"):
         out = runner.invoke(main, ["schema", which])
         assert out.exit_code == 0
         assert Path(out.output.strip()).name == f"{which}.schema.json" and Path(out.output.strip()).is_file()

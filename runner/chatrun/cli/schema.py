@@ -1,4 +1,4 @@
-"""`chatrun schema [bot|transcript|wire]`: the path of a JSON Schema, for editors that need a
+"""`chatrun schema [bot|transcript|scenario|wire]`: the path of a JSON Schema, for editors that need a
 file; `chatrun schema --write DIR` copies all of them into DIR (what `chatrun init` does for a
 new bot's `.chatrun/schemas/`, so its modelines point at files committed with it)."""
 
@@ -11,7 +11,8 @@ import click
 
 from chatrun.definition.schemas import schema_path
 
-SCHEMAS = {"bot": "bot.schema.json", "transcript": "transcript.schema.json", "wire": "wire.schema.json"}
+SCHEMAS = {"bot": "bot.schema.json", "transcript": "transcript.schema.json", "scenario": "scenario.schema.json",
+           "wire": "wire.schema.json"}
 # Where `chatrun init` puts a bot's own copies, relative to the bot's directory.
 BOT_SCHEMA_DIR = Path(".chatrun") / "schemas"
 
@@ -32,9 +33,9 @@ def write_schemas(directory: Path) -> list[Path]:
 @click.command()
 @click.argument("which", type=click.Choice(list(SCHEMAS)), default="bot")
 @click.option("--write", "write_dir", metavar="DIR", type=click.Path(path_type=Path),
-              help="Copy all the schemas (bot, transcript, wire) into DIR, replacing older copies.")
+              help="Copy all the schemas (bot, transcript, scenario, wire) into DIR, replacing older copies.")
 def schema(which: str, write_dir: Path | None) -> None:
-    """Print the path of chatrun's JSON Schema for bots (default), transcripts or wire frames.
+    """Print the path of chatrun's JSON Schema for bots (default), transcripts, scenarios or wire frames.
 
     With --write DIR, copy them all into DIR instead (`chatrun init` puts them in the bot's
     .chatrun/schemas/; refresh those copies after upgrading chatrun).

@@ -42,7 +42,8 @@ class Change:
     why: str = ""  # for a breaking change: what a live session meets
     migrated: str | None = None  # the migration that handles it ("migration 1 (file:line)")
     touch: Touch = field(default_factory=Touch)
-    sessions: int | None = None  # with --store: stored sessions it touches
+    sessions: int | None = None  # with --store: stored sessions on the OLD version it touches
+    unversioned: int | None = None  # with --store: stored sessions with no version recorded it touches
 
     @property
     def label(self) -> str:

@@ -41,6 +41,7 @@ class TurnSpec:
     judged: list[dict[str, Any]] = field(default_factory=list)  # recorded verdicts (chatrun.transcripts.judge)
     clock: str | dict[str, Any] | None = None  # the turn's `clock:`: an instant, or {at?, advance?}
     mock_lines: list[int] = field(default_factory=list)  # the line of each of `mocks` (their messages name it)
+    upgrade: str | None = None  # `upgrade:`: the bot version the session moves to before this turn
 
     @property
     def input(self) -> str | dict[str, Any]:
@@ -65,6 +66,7 @@ class Transcript:
     mock_lines: list[int] = field(default_factory=list)  # the line of each of `mocks`
     tokenizer: str | None = None  # `tokenizer:`: the pinned token counter (estimate or an encoding)
     state_lines: dict[str, int] = field(default_factory=dict)  # the line of each key of `state:`
+    version: str | None = None  # `version:`: the bot version the conversation starts on
 
     @property
     def name(self) -> str:
@@ -108,7 +110,8 @@ def load_transcript(path: str | Path) -> Transcript:
     if doc.data is not None and not diagnostics:
         diagnostics += schema_diagnostics(doc)
     if doc.data is not None and not diagnostics:
-        diagnostics += regex_diagnostics(doc) + clock_diagnostics(doc) + tokenizer_diagnostics(doc)
+        diagnostics += (regex_diagnostics(doc) + clock_diagnostics(doc) + tokenizer_diagnostics(doc)
+                        + upgrade_diagnostics(doc))
     elif doc.data is None and not diagnostics:
         diagnostics.append(Diagnostic(file, 1, 1, "error", "the transcript is empty; it needs `bot:` and `turns:`"))
     if diagnostics:
@@ -178,6 +181,21 @@ def tokenizer_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
                        f"machine; tiktoken's encodings: {', '.join(known[1:])})", "tokenizer")]
 
 
+def upgrade_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
+    """A turn's `upgrade:` moves the conversation from the version it started on, which the
+    transcript must then name (`version:`): the start is what the upgrade is tested against."""
+    if "version" in doc.data:
+        return []
+    out = []
+    for i, turn in enumerate(doc.data.get("turns") or []):
+        if isinstance(turn, dict) and "upgrade" in turn:
+            pos = doc.pos(("turns", i, "upgrade"))
+            out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
+                                  "`upgrade:` needs the transcript's top-level `version:` (the version the "
+                                  "conversation starts on)", dotted(("turns", i, "upgrade"))))
+    return out
+
+
 def _regexes(node: Any, at: tuple) -> list[tuple[tuple, str]]:
     # The same test as expect.is_matcher: a one-key mapping {regex: ..} anywhere is a matcher.
     if isinstance(node, dict):
@@ -206,12 +224,19 @@ def _build(doc: YamlDoc) -> Transcript:
             judged=list(raw.get("judged") or []),
             clock=raw.get("clock"),
             mock_lines=_lines(doc, ("turns", i, "mocks"), raw.get("mocks")),
+            upgrade=_label(raw.get("upgrade")),
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
                       data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),
                       {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"),
                       data.get("principal"), data.get("clock"), _lines(doc, ("mocks",), data.get("mocks")),
-                      data.get("tokenizer"), _key_lines(doc, ("state",), data.get("state")))
+                      data.get("tokenizer"), _key_lines(doc, ("state",), data.get("state")),
+                      _label(data.get("version")))
+
+
+def _label(value: Any) -> str | None:
+    """A version as written (`version: 1` reads as an int; folder labels are text)."""
+    return None if value is None else str(value)
 
 
 def _key_lines(doc: YamlDoc, at: tuple[Any, ...], mapping: Any) -> dict[str, int]:

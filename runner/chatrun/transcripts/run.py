@@ -150,7 +150,10 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
     t = transcript
     result = Result(t.name, transcript=t)
     try:
-        bot = load_bot_cached(str(t.bot_path), bots)
+        bot, upgrades = pick_versions(t, bots)
+    except VersionProblem as exc:
+        result.error = str(exc)
+        return result
     except BotError as exc:
         result.error = f"{t.name}:{t.lines.get('bot', 1)}: bot {t.bot} is invalid:\n" + "\n".join(d.format() for d in exc.diagnostics)
         return result
@@ -176,6 +179,7 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
     judge = Judge(t.judge, bot.config.model, mode)
     try:
         for turn in t.turns:
+            upgrade(session, upgrades.get(turn.index))
             played = play_turn(session, script, turn, judge, live)
             if turn.expect is None:
                 played.warnings = unoffered_calls(t, turn, script.current.requests)
@@ -188,6 +192,64 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
         judge.close()
     result.verdicts = judge.recorded
     return result
+
+
+class VersionProblem(ChatrunError):
+    """A transcript's `version:` or `upgrade:` the bot does not have, or a downgrade."""
+
+
+def bot_versions(t: Transcript, bots: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """The versions of the transcript's bot, oldest first, as (label, Bot): one per folder of
+    a `versions/` layout (docs/versions.md), else the one bot (labelled by its `version:`)."""
+    from chatrun.definition.versions import version_layout
+
+    layout = version_layout(t.bot_path)
+    if layout is None:
+        bot = load_bot_cached(str(t.bot_path), bots)
+        return [(bot.config.version or bot.config.content_version, bot)]
+    return [(label, load_bot_cached(str(folder), bots)) for label, folder in layout.versions]
+
+
+def pick_versions(t: Transcript, bots: dict[str, Any] | None) -> tuple[Any, dict[int, Any]]:
+    """The bot the conversation starts on (`version:`), and the bot each `upgrade:` turn moves
+    to, by turn index. A version the bot lacks, or an upgrade that is not to a newer version
+    (a session never moves to an older one, as on the server), is refused at its line."""
+    if t.version is None:
+        return load_bot_cached(str(t.bot_path), bots), {}
+    versions = bot_versions(t, bots)
+    at = version_index(versions, t.version, f"{t.name}:{t.lines.get('version', 1)}: `version:`", t.bot)
+    start, upgrades = versions[at][1], {}
+    for turn in t.turns:
+        if turn.upgrade is None:
+            continue
+        to = version_index(versions, turn.upgrade, f"{t.where(turn)}: `upgrade:`", t.bot)
+        if to <= at:
+            raise VersionProblem(f"{t.where(turn)}: `upgrade: {turn.upgrade}` is not newer than version "
+                                 f"{versions[at][0]}, which the conversation runs by then; a session never "
+                                 "moves to an older version")
+        at, upgrades[turn.index] = to, versions[to][1]
+    return start, upgrades
+
+
+def version_index(versions: list[tuple[str, Any]], wanted: str, where: str, bot: str) -> int:
+    """Where `wanted` (a label, a content hash or a human `version:`) is among `versions`."""
+    for i, (label, found) in enumerate(versions):
+        if wanted in (label, found.config.content_version, found.config.version):
+            return i
+    have = ", ".join(f"{label} ({found.config.content_version})" for label, found in versions)
+    raise VersionProblem(f"{where} bot {bot} has no version {wanted!r}; it has: {have}")
+
+
+def upgrade(session: Any, bot: Any) -> None:
+    """An `upgrade:` turn: the bot's new version is deployed and the session meets it at this
+    turn, as on the server (server/versions.py, `BotVersions.target`, with the new version
+    the primary): it stays on its version when the new one pins sessions, else it moves by the
+    new version's `on_change:` (Session.use_bot), committed with the turn."""
+    from chatrun.definition.versions import PIN
+
+    if bot is None or bot.config.on_change == PIN:
+        return
+    session.use_bot(bot)
 
 
 def judge_conversation(result: Result, judge: Judge) -> None:
