@@ -75,7 +75,7 @@ def test_a_content_version_is_a_stable_hash_of_the_files(tmp_path):
     root = shop_copy(tmp_path) / "versions" / "1"
     first = chatrun.load_bot(root).config.content_version
     assert first == chatrun.load_bot(root).config.content_version == content_version(bot_files(root))
-    (root / "transcripts").mkdir()
+    (root / "transcripts").mkdir(exist_ok=True)  # versions/1 has transcripts of its own
     (root / "transcripts" / "t.yaml").write_text("turns: []\n")  # not part of the bot
     assert chatrun.load_bot(root).config.content_version == first
     (root / "bot.yaml").write_text((root / "bot.yaml").read_text().replace("You sell tea.", "You sell coffee."))
@@ -295,7 +295,8 @@ def test_chatrun_test_runs_each_versions_transcripts(tmp_path, monkeypatch):
         assert ran.exit_code == 0, ran.output
         assert "versions/1/transcripts/add.yaml PASSED" in ran.output
         assert "versions/2/transcripts/add.yaml PASSED" in ran.output
-        assert ran.output.splitlines()[-1] == "2 passed, 0 failed"
+        assert "shop/transcripts/migrated_basket.yaml PASSED" in ran.output  # across versions
+        assert ran.output.splitlines()[-1] == "4 passed, 0 failed"
 
 
 # -- serve --reload: each valid edit is a new version, under the same policies ------------------
