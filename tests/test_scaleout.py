@@ -46,8 +46,9 @@ DELAY = 0.15  # the fake model's answer time
 
 # Leases are renewed every TTL/3 while held. The shared replicas keep the default TTL (10 s): a
 # replica starved of CPU for seconds on a busy machine must not lose a lease mid-turn, which would
-# fail the turn with a 409 the test did not cause. Only the test of a lost lease shortens it, on
-# replicas of its own, and loses the lease by freezing the holder (SIGSTOP), not by timing.
+# fail the turn with a 409 the test did not cause. Only the test of a lost lease shortens it, on a
+# replica of its own (the other replica of that test keeps the default), and loses the lease by
+# freezing the holder (SIGSTOP), not by timing.
 SHORT_LEASE_TTL = 3.0
 SLACK = 10.0  # seconds a loaded 2-core machine may add to a bound (the bound is what is tested)
 
@@ -214,8 +215,12 @@ def test_kill_9_mid_turn_loses_nothing_acknowledged_and_retries_never_run_twice(
 
 @pytest.fixture
 def short_lease_pair(redis_server, counter_bot, shared_fake):
-    """Two replicas of their own with a short lease, for the test that loses one."""
-    pair = replicas(2, counter_bot, redis_server.url(), shared_fake, "--lease-ttl", str(SHORT_LEASE_TTL))
+    """Two replicas of their own, for the test that loses a lease: A, the one frozen, holds its
+    leases for a short TTL; B keeps the default, so that B's own turn never depends on renewing
+    a short lease on time while the machine is loaded (only A's lease is meant to be lost)."""
+    store = redis_server.url()  # one URL: each url() is a key prefix of its own
+    pair = [*replicas(1, counter_bot, store, shared_fake, "--lease-ttl", str(SHORT_LEASE_TTL)),
+            *replicas(1, counter_bot, store, shared_fake)]
     yield pair
     for r in pair:
         r.signal(signal.SIGCONT)
@@ -225,7 +230,8 @@ def short_lease_pair(redis_server, counter_bot, shared_fake):
 def test_a_lease_lost_during_a_long_model_call_cannot_commit(short_lease_pair, fake):
     a, b = short_lease_pair
     try:
-        httpx.post(f"{a.url}/bots/counter/sessions", json={"id": "l"}, timeout=30)
+        created = httpx.post(f"{a.url}/bots/counter/sessions", json={"id": "l"}, timeout=30)
+        assert created.status_code == 201, created.text
         fake.queue({"tool_calls": [{"name": "inc", "arguments": {}}], "delay": 3 * SHORT_LEASE_TTL})
 
         async def drive() -> tuple[list[dict], httpx.Response]:
@@ -243,7 +249,7 @@ def test_a_lease_lost_during_a_long_model_call_cannot_commit(short_lease_pair, f
                 return await async_until_done(ws, 30), other
 
         frames, other = asyncio.run(drive())
-        assert other.status_code == 200 and other.json()["turn"] == 1
+        assert other.status_code == 200 and other.json()["turn"] == 1, other.text
         assert [f["type"] for f in frames][-2:] == ["Error", "Failed"] and frames[-1]["data"] == "Conflict"
         assert "not committed" in frames[-2]["data"] and "lease" in frames[-2]["data"]
         session = stored(a, "l")  # A reloaded: it serves the stored session, B's turn and not its own

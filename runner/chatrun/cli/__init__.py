@@ -46,7 +46,7 @@ SUMMARIES = {
     "test": "Replay golden transcripts offline and check what each turn did.",
     "serve": "Serve bots over WebSocket and HTTP, with a web chat page and inspector.",
     "init": "Create a bot directory NAME: bot.yaml, a golden transcript and a README.",
-    "schema": "Print the path of chatrun's JSON Schema for bots (default), transcripts or wire frames.",
+    "schema": "Print the path of chatrun's JSON Schema for bots (default), transcripts, scenarios or wire frames.",
     "record": "Turn a stored session into a golden transcript whose tool results are mocks.",
     "simulate": "Play scenarios with a simulated user and report each one's pass rate.",
     "mcp": "Serve chatrun's authoring tools to coding assistants over MCP (stdio).",
