@@ -52,6 +52,7 @@ from chatrun.server.plumbing import (
 )
 from chatrun.server.sessions import SessionRegistry
 from chatrun.server.turn_run import check_request_id
+from chatrun.server.versions import VERSION_HEADER
 
 log = logging.getLogger("chatrun.server.openai")
 
@@ -259,7 +260,8 @@ class ChatCompletion(TurnRequest):
         bot, route = api.bot_and_route(body.get("model"))
         earlier, text = conversation_of(body.get("messages"), "messages")
         api.check_length(text)
-        ident = Identity(bot, earlier, request.headers.get(SESSION_HEADER), api.namespace(request, body), route=route)
+        ident = Identity(bot, earlier, request.headers.get(SESSION_HEADER), api.namespace(request, body), route=route,
+                         version=request.headers.get(VERSION_HEADER))
         return cls(
             api.index, api.options.keepalive, who, body["model"], text, ident,
             as_json=(body.get("response_format") or {}).get("type") in ("json_object", "json_schema"),
@@ -401,7 +403,8 @@ class ResponseRequest(TurnRequest):
             earlier = []  # the response's session already holds what came before
         conversation = _conversation_id(body.get("conversation"))
         explicit = conversation or request.headers.get(SESSION_HEADER)
-        ident = Identity(bot, earlier, explicit, api.namespace(request, body), previous, route)
+        ident = Identity(bot, earlier, explicit, api.namespace(request, body), previous, route,
+                         request.headers.get(VERSION_HEADER))
         want_events = isinstance(body.get("chatrun"), dict) and bool(body["chatrun"].get("events"))
         return cls(api.index, api.options.keepalive, who, body["model"], text, ident, previous_id, conversation,
                    want_events, uploads=uploads_of(items if isinstance(items, list) else [], "input"))

@@ -176,10 +176,11 @@ async def run_turn(
     if attempt is None:
         return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads)
     if attempt.retry:
-        recorded = await index.outcome(attempt.key)
+        recorded = await index.claim_or_outcome(attempt.key)
         if recorded is not None:
             return _replay(recorded, emit)
-    await index.claim(attempt.key)
+    else:  # the user's own request, not a retry: it runs, whatever an earlier one answered
+        await index.claim(attempt.key)
     try:
         result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads)
     except BaseException:
