@@ -10,7 +10,7 @@ import pytest
 from chatrun.transcripts import run_transcript
 
 REPO = Path(__file__).resolve().parents[1]
-TRANSCRIPTS = sorted([*REPO.glob("bots/*/transcripts/*.yaml"),
+TRANSCRIPTS = sorted([*REPO.glob("bots/*/transcripts/*.yaml"), *REPO.glob("bots/*/versions/*/transcripts/*.yaml"),
                       *REPO.glob("tests/fixtures/transcripts/*/transcripts/*.yaml")])
 
 

@@ -4,9 +4,13 @@ and a side-effecting `http:` tool whose calls a local receiver counts."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import openai
 import pytest
+import redis
 
 import chatrun
 from chat_support import call
@@ -115,3 +119,31 @@ def test_a_failed_attempt_is_run_again_by_its_retry(fake, shop, redis_server):
             reply = client.chat.completions.create(model="shop", messages=[{"role": "user", "content": "hi"}])
     assert reply.choices[0].message.content == "Hello."
     assert reply.model_extra["chatrun"]["how"] == "new" and transport.sent == 2
+
+
+def test_two_first_attempts_with_one_key_at_two_replicas_run_one_turn(fake, shop, redis_server):
+    bot, receiver = shop
+    # Enough answers for two turns: were both attempts to run, the tool would be called twice.
+    fake.queue(call("place_order", item="tea"), {"text": "Ordered: tea.", "delay": 1.0},
+               call("place_order", item="tea"), {"text": "Ordered: tea.", "delay": 1.0})
+    one, two = replicas(bot, redis_server.url())
+    body = {"model": "shop", "messages": [{"role": "user", "content": "tea please"}]}
+    start = threading.Barrier(2)
+
+    def post(url: str) -> dict:
+        with httpx.Client(timeout=60) as client:
+            start.wait(30)  # both requests leave at the same instant
+            response = client.post(url + "/v1/chat/completions", json=body, headers={"Idempotency-Key": "order-7"})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    with one, two, ThreadPoolExecutor(2) as pool:
+        # Redis holds every write (reads go on) while both attempts look for an outcome and
+        # claim the key: the claims meet, however fast the machine is.
+        with redis.Redis(port=redis_server.port) as admin:
+            admin.client_pause(3000, all=False)
+        replies = list(pool.map(post, [one.url, two.url]))
+    assert len(receiver.seen()) == 1  # one turn ran: the order was placed once
+    assert sorted(r["chatrun"]["how"] for r in replies) == ["new", "replayed"]
+    assert {r["choices"][0]["message"]["content"] for r in replies} == {"Ordered: tea."}
+    assert replies[0]["chatrun"]["session"] == replies[1]["chatrun"]["session"]

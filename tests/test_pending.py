@@ -471,6 +471,20 @@ def test_the_calls_after_a_waiting_call_do_not_run(desk):
         "Not run: an earlier tool call waits for a person; call this again after it is resolved."]
 
 
+def test_an_operator_action_without_a_role_waits_for_the_servers_role_operators(desk):
+    # One name for one role: server/audience.py's OPERATOR_ROLE, not "operator".
+    from chatrun.server.audience import OPERATOR_ROLE
+
+    assert desk.config.tools["human"].action.operator.role == OPERATOR_ROLE == "operators"
+    session = start(desk, ScriptedModel([call("human")]))
+    session.chat("I want a human")
+    assert session.pending[0].by == ["operators"]
+    with pytest.raises(DecisionRefused):  # the old default's name is just another role now
+        as_(session, {"name": "oscar", "roles": ["operator"]}).chat(TakeOver())
+    as_(session, OPERATOR).chat(TakeOver())
+    assert session.taken_over["by"]["name"] == "olga"
+
+
 def test_an_operator_answers_a_question_and_others_may_not(desk):
     model = ScriptedModel([call("ask_desk")])
     session = start(desk, model)
@@ -561,3 +575,72 @@ def test_a_request_in_one_process_is_approved_in_another(desk, tmp_path):
     finally:
         store.close()
     assert [entry["input"] for entry in history] == ["Refund A1", {"decision": {"kind": "approve", "item": "p1"}}]
+
+
+# -- a pause inside a called route; a placeholder the window dropped ------------------------------
+
+CALLED = """
+name: called
+model: {provider: scripted, name: gpt-4o-mini}
+memory: {type: message_window, max_messages: WINDOW}
+state: {refunds: 0}
+routes:
+  main:
+    default: true
+    system: You are the front desk.
+    tools: [refunds_desk]
+  refunds:
+    system: You handle refunds.
+    tools: [refund, done]
+tools:
+  refunds_desk:
+    description: Go to the refunds desk
+    action: {call: refunds}
+  refund:
+    description: Refund an order
+    parameters: {type: object, properties: {order: {type: string}}, required: [order]}
+    approval: {by: [supervisor]}
+    action:
+      set: {state.refunds: "{{ state.refunds + 1 }}"}
+      reply: "Refunded {{ args.order }}."
+  done:
+    description: Back to the front desk
+    action: {pop: true, result: "refund handled"}
+"""
+
+
+def test_a_pause_inside_a_called_route_resumes_in_the_called_scope(write_bot):
+    bot = chatrun.load_bot(write_bot(CALLED.replace("WINDOW", "50")))
+    model = ScriptedModel([call("refunds_desk"), call("refund", order="A1")])
+    session = start(bot, model)
+    session.chat("Refund A1 please")
+    assert session.route == "refunds" and [i.route for i in session.pending] == ["refunds"]
+    model.add(call("done"), "The refund of A1 is done.")
+    as_(session, BOB).chat(Approve("p1"))
+    assert session.state["refunds"] == 1 and session.route == "main" and session.pending == []
+    called = model.requests[2]  # the called route's model, right after the decision
+    assert called.messages[0].content == "You handle refunds."
+    assert called.messages[-1] == ToolResultMessage(called.messages[-2].tool_calls[0].id, "refund", "Refunded A1.")
+    front = model.requests[-1].messages  # the caller's model: its call's result is the pop's
+    assert front[0].content == "You are the front desk."
+    assert front[-1].name == "refunds_desk" and front[-1].content == "refund handled"
+
+
+def test_a_decision_puts_back_a_call_the_window_dropped_while_it_waited(write_bot):
+    bot = chatrun.load_bot(write_bot(CALLED.replace("WINDOW", "3").replace("tools: [refunds_desk]",
+                                                                           "tools: [refund]")))
+    model = ScriptedModel([call("refund", order="A1")])
+    session = start(bot, model)
+    session.chat("Refund A1 please")
+    for text in ("Any news?", "Hello?", "Still there?"):  # queued: the window drops the call and its placeholder
+        session.chat(text)
+    assert not [m for m in session.memory(route="main") if isinstance(m, ToolResultMessage)]
+    model.add("Refunded, thanks for waiting.")
+    as_(session, BOB).chat(Approve("p1"))
+    assert session.state["refunds"] == 1
+    sent = model.requests[-1].messages[1:]  # after the system prompt
+    calls = [m for m in sent if isinstance(m, AssistantMessage) and m.tool_calls]
+    results = [m for m in sent if isinstance(m, ToolResultMessage)]
+    assert [c.tool_calls[0].name for c in calls] == ["refund"] and [r.content for r in results] == ["Refunded A1."]
+    assert results[0].tool_call_id == calls[0].tool_calls[0].id and sent.index(results[0]) == sent.index(calls[0]) + 1
+    assert session.memory(route="main")[-1] == AssistantMessage("Refunded, thanks for waiting.")

@@ -19,7 +19,7 @@ from chatrun.messages import (
     messages_from_json,
     messages_to_json,
 )
-from chatrun.store import ChatMemoryStore, RecordStore, SessionStore, open_store
+from chatrun.store import ChatMemoryStore, RecordClaims, RecordStore, SessionStore, open_store
 from chatrun.store.memory import InMemoryStore
 from chatrun.store.sqlite import SCHEMA_VERSION, SQLiteStore
 
@@ -61,6 +61,18 @@ def test_records_are_saved_replaced_and_refused_when_not_json(store):
     with pytest.raises(ChatrunError, match="record bad"):
         store.put_record("bad", {"x": {1, 2}})
     assert store.get_record("bad") is None
+
+
+def test_a_claim_saves_a_record_only_where_there_is_none(store):
+    assert isinstance(store, RecordClaims)
+    assert store.claim_record("openai:request:k", {"running": True}) is True
+    assert store.claim_record("openai:request:k", {"running": "again"}) is False
+    assert store.get_record("openai:request:k") == {"running": True}
+    store.put_record("openai:request:k", {"answer": 1})  # settled: still no claim
+    assert store.claim_record("openai:request:k", {"running": True}) is False
+    store.delete_record("openai:request:k")  # released: the next attempt claims it
+    assert store.claim_record("openai:request:k", {"running": 2}) is True
+    assert store.get_record("openai:request:k") == {"running": 2}
 
 
 def test_a_sessions_records_go_with_it_unless_since_saved_for_another(store):

@@ -240,6 +240,22 @@ def test_records_are_kept_in_redis_for_every_replica(url):
     run(scenario())
 
 
+def test_of_two_replicas_claiming_one_key_at_once_one_gets_it(url):
+    async def scenario():
+        one, two = RedisStore(url), RedisStore(url)
+        try:
+            won = await asyncio.gather(one.claim_record("openai:k", {"by": 1}), two.claim_record("openai:k", {"by": 2}))
+            assert sorted(won) == [False, True]
+            assert await one.get_record("openai:k") == {"by": 1 if won[0] else 2}
+            await two.delete_record("openai:k")
+            assert await two.claim_record("openai:k", {"by": 2}) is True
+        finally:
+            await one.close()
+            await two.close()
+
+    run(scenario())
+
+
 def test_a_sessions_records_go_with_it_unless_since_saved_for_another(url):
     async def scenario():
         store = RedisStore(url)

@@ -121,7 +121,7 @@ def test_a_single_folder_bot_is_its_own_version(tmp_path):
     bot = tmp_path / "shop1"
     shutil.copytree(SHOP / "versions" / "1", bot)
     content = chatrun.load_bot(bot).config.content_version
-    (bot / "transcripts").mkdir()
+    (bot / "transcripts").mkdir(exist_ok=True)  # versions/1 has transcripts of its own
     for wanted in (content, '"1"'):
         path = transcript(bot, f"""
             version: {wanted}

@@ -844,7 +844,7 @@ def test_an_event_type_the_bot_never_sends_warns(tmp_path):
 
 
 def test_the_example_transcripts_have_no_warnings():
-    for path in sorted(REPO.glob("bots/*/transcripts/*.yaml")):
+    for path in sorted([*REPO.glob("bots/*/transcripts/*.yaml"), *REPO.glob("bots/*/versions/*/transcripts/*.yaml")]):
         assert run_transcript(str(path)).warnings == [], path
 
 

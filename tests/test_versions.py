@@ -75,7 +75,7 @@ def test_a_content_version_is_a_stable_hash_of_the_files(tmp_path):
     root = shop_copy(tmp_path) / "versions" / "1"
     first = chatrun.load_bot(root).config.content_version
     assert first == chatrun.load_bot(root).config.content_version == content_version(bot_files(root))
-    (root / "transcripts").mkdir()
+    (root / "transcripts").mkdir(exist_ok=True)  # versions/1 has transcripts of its own
     (root / "transcripts" / "t.yaml").write_text("turns: []\n")  # not part of the bot
     assert chatrun.load_bot(root).config.content_version == first
     (root / "bot.yaml").write_text((root / "bot.yaml").read_text().replace("You sell tea.", "You sell coffee."))
@@ -245,6 +245,58 @@ def test_canary_weights_split_new_sessions_and_the_header_picks_one(fake, tmp_pa
         shown = messages(both.get("/bots/shop"))
         assert [(v["label"], v["weight"]) for v in shown["versions"]] == [("1", 50), ("2", 50)]
         assert shown["version"] == "2"  # the primary: ties go to the newest
+
+
+def test_the_v1_api_reads_the_version_header_for_new_sessions(fake, tmp_path):
+    fake.responder = shop_responder
+    root = shop_copy(tmp_path, on_change="pin")  # version 2 is the primary; a session stays on its version
+    v1_hash = chatrun.load_bot(root / "versions" / "1").config.content_version
+    with TestClient(create_app(str(root), f"sqlite:///{tmp_path / 'sessions.db'}")) as server:
+        body = {"model": "shop", "messages": [{"role": "user", "content": "hello"}]}
+        chat = messages(server.post("/v1/chat/completions", json=body, headers={"Chatrun-Bot-Version": "1"}))
+        assert resource(server, chat["chatrun"]["session"])["botVersion"] == v1_hash
+        plain = messages(server.post("/v1/chat/completions", json=body | {"user": "another"}))
+        assert resource(server, plain["chatrun"]["session"])["botVersion"] != v1_hash
+        answer = messages(server.post("/v1/responses", json={"model": "shop", "input": "hello"},
+                                      headers={"Chatrun-Bot-Version": "1"}))
+        assert resource(server, answer["chatrun"]["session"])["botVersion"] == v1_hash
+        unknown = server.post("/v1/chat/completions", json=body | {"user": "third"}, headers={"Chatrun-Bot-Version": "9"})
+        assert unknown.status_code == 400 and "no version '9'" in unknown.text
+
+
+def test_repl_talks_to_the_primary_version_or_the_one_named(tmp_path):
+    from click.testing import CliRunner
+
+    from chatrun.cli.repl import repl
+
+    root = shop_copy(tmp_path)
+    primary = CliRunner().invoke(repl, [str(root), "--play-model"], input="hello\n")
+    assert "tools: add_to_basket, save_email, checkout" in primary.output, primary.output  # version 2
+    named = CliRunner().invoke(repl, [str(root), "--play-model", "--version", "1"], input="hello\n")
+    assert "tools: add_item, save_email, wrap_gift, checkout" in named.output, named.output
+    (root / "versions.yaml").write_text('weights: {"1": 90, "2": 10}\n')  # the weights make 1 the primary
+    weighted = CliRunner().invoke(repl, [str(root), "--play-model"], input="hello\n")
+    assert "tools: add_item," in weighted.output, weighted.output
+    unknown = CliRunner().invoke(repl, [str(root), "--version", "3"], input="")
+    assert unknown.exit_code != 0 and "no version '3' in versions/ (there are: 1, 2)" in unknown.output
+    flat = CliRunner().invoke(repl, [str(root / "versions" / "1"), "--version", "1"], input="")
+    assert flat.exit_code != 0 and "this bot has no versions/ folder" in flat.output
+
+
+def test_chatrun_test_runs_each_versions_transcripts(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from chatrun.cli.test import test as chatrun_test
+
+    shop_copy(tmp_path / "bots")
+    for args in ([str(tmp_path / "bots" / "shop"), "-v"], ["-v"]):  # the folder, or found from the root
+        monkeypatch.chdir(tmp_path)
+        ran = CliRunner().invoke(chatrun_test, args)
+        assert ran.exit_code == 0, ran.output
+        assert "versions/1/transcripts/add.yaml PASSED" in ran.output
+        assert "versions/2/transcripts/add.yaml PASSED" in ran.output
+        assert "shop/transcripts/migrated_basket.yaml PASSED" in ran.output  # across versions
+        assert ran.output.splitlines()[-1] == "4 passed, 0 failed"
 
 
 # -- serve --reload: each valid edit is a new version, under the same policies ------------------

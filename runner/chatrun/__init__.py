@@ -26,7 +26,7 @@ _LAZY: dict[str, str] = {
     "Session": "chatrun.engine.session",
     **dict.fromkeys(("Clock", "FixedClock", "SystemClock"), "chatrun.engine.clock"),
     **dict.fromkeys(
-        ("BotError", "ChatrunError", "DecisionRefused", "Diagnostic", "ForbiddenRouteError", "FrameError",
+        ("AttachmentRefused", "BotError", "ChatrunError", "DecisionRefused", "Diagnostic", "ForbiddenRouteError", "FrameError",
          "InvalidDecision", "LeaseLost", "ModelError", "NotPending", "RequestFailed", "SessionBusy", "SessionError", "StaleVersion", "ToolRefusal",
          "TurnFailed", "UnknownRouteError"),
         "chatrun.errors"),
@@ -62,6 +62,7 @@ if _typing.TYPE_CHECKING:  # type checkers see every name; at run time __getattr
     )
     from chatrun.engine.session import Session
     from chatrun.errors import (
+        AttachmentRefused,
         BotError,
         ChatrunError,
         DecisionRefused,
@@ -131,6 +132,7 @@ __all__ = [
     "Answer",
     "Approve",
     "AssistantMessage",
+    "AttachmentRefused",
     "Bot",
     "BotError",
     "ChatMemory",

@@ -5,7 +5,8 @@
     ├── ModelError               the model could not be reached, or answered something unusable
     ├── SessionError             a session API call was misused
     │   ├── UnknownRouteError    a route name the bot does not define
-    │   └── ForbiddenRouteError  the principal may not enter a route with `roles:`
+    │   ├── ForbiddenRouteError  the principal may not enter a route with `roles:`
+    │   └── AttachmentRefused    a file the current route does not take (its `attachments:` limits), or no such upload
     ├── TurnFailed               a turn cannot complete: it is rolled back, its message becomes an Error event
     ├── ToolRefusal              a tool call that cannot run: its message is the tool result the model reads
     ├── StaleVersion             a store refused a commit: the session is not at the version the turn started from
@@ -80,7 +81,12 @@ class ModelError(ChatrunError):
 
 
 class SessionError(ChatrunError):
-    """A session API call was misused: unknown route, unknown or closed session."""
+    """A session API call was misused: unknown route, unknown or closed session, a refused attachment."""
+
+
+class AttachmentRefused(SessionError):
+    """A file the current route does not take (kind, size, count: its `attachments:`), a
+    reference to no upload of the session, or a store without a blob area. Nothing is kept."""
 
 
 class UnknownRouteError(SessionError):

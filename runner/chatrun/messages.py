@@ -8,9 +8,60 @@ through JSON; `to_openai` gives the Chat Completions wire form.
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+# Reads an attachment's bytes by its reference (None: gone, or the reference is a URL).
+BlobReader = Callable[[str], bytes | None]
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A file the user sent, kept by reference: `ref` names it in the session's blob area
+    (chatrun.store.blobs: the SHA-256 of its bytes) or is the http(s) URL it was sent as.
+    Memories and snapshots hold this, never the bytes."""
+
+    ref: str
+    media_type: str
+    name: str = ""
+    size: int = 0
+
+    def to_dict(self) -> dict:
+        return {"ref": self.ref, "media_type": self.media_type, "name": self.name, "size": self.size}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Attachment:
+        return cls(str(d["ref"]), str(d["media_type"]), str(d.get("name", "")), int(d.get("size", 0)))
+
+    @property
+    def is_url(self) -> bool:
+        return self.ref.startswith(("http://", "https://"))
+
+    def description(self) -> str:
+        """What a model that cannot be sent this file reads instead."""
+        size = f", {self.size} bytes" if self.size else ""
+        return f"[attached: {self.name or 'a file'} ({self.media_type}{size})]"
+
+    def content_part(self, read: BlobReader | None) -> dict:
+        """The Chat Completions content part for this file: an image as `image_url` (a data URL,
+        or the URL it came as), a PDF as `file`, anything else (or a file whose bytes are gone)
+        as a text description."""
+        if self.is_url:
+            if self.media_type.startswith("image/"):
+                return {"type": "image_url", "image_url": {"url": self.ref}}
+            return {"type": "text", "text": self.description()}
+        data = read(self.ref) if read is not None else None
+        if data is None:
+            return {"type": "text", "text": self.description()}
+        url = f"data:{self.media_type};base64,{base64.b64encode(data).decode()}"
+        if self.media_type.startswith("image/"):
+            return {"type": "image_url", "image_url": {"url": url}}
+        if self.media_type == "application/pdf":
+            return {"type": "file", "file": {"filename": self.name or "file.pdf", "file_data": url}}
+        return {"type": "text", "text": self.description()}
 
 
 @dataclass(frozen=True)
@@ -35,6 +86,10 @@ class Message:
     def to_openai(self) -> dict:
         raise NotImplementedError
 
+    def to_openai_with(self, read: BlobReader | None) -> dict:
+        """The wire form, with the bytes of attachments read through `read`."""
+        return self.to_openai()
+
     def text(self) -> str:
         """The text a token counter measures."""
         raise NotImplementedError
@@ -55,19 +110,45 @@ class SystemMessage(Message):
         return self.content
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, eq=False)
 class UserMessage(Message):
+    """The user's text, and the files sent with it (by reference). A message without files
+    stores no `attachments` of its own (the class's empty tuple): an idle session's memory
+    holds many of them (tests/test_idle_session_memory.py)."""
+
     content: str
     role: str = field(init=False, default="user")
+    attachments: ClassVar[tuple[Attachment, ...]] = ()
+
+    def __init__(self, content: str, attachments: tuple[Attachment, ...] = ()):
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "role", "user")
+        if attachments:
+            object.__setattr__(self, "attachments", tuple(attachments))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, UserMessage) and (self.content, self.attachments) == (other.content, other.attachments))
+
+    def __hash__(self) -> int:
+        return hash((self.content, self.attachments))
 
     def to_dict(self) -> dict:
-        return {"role": "user", "content": self.content}
+        out: dict[str, Any] = {"role": "user", "content": self.content}
+        if self.attachments:
+            out["attachments"] = [a.to_dict() for a in self.attachments]
+        return out
 
     def to_openai(self) -> dict:
-        return {"role": "user", "content": self.content}
+        return self.to_openai_with(None)
+
+    def to_openai_with(self, read: BlobReader | None) -> dict:
+        if not self.attachments:
+            return {"role": "user", "content": self.content}
+        parts = [{"type": "text", "text": self.content}] if self.content else []
+        return {"role": "user", "content": parts + [a.content_part(read) for a in self.attachments]}
 
     def text(self) -> str:
-        return self.content
+        return "\n".join([self.content, *(a.description() for a in self.attachments)])
 
 
 @dataclass(frozen=True)
@@ -142,7 +223,7 @@ def message_from_dict(d: dict) -> Message:
     if role == "system":
         return SystemMessage(d["content"])
     if role == "user":
-        return UserMessage(d["content"])
+        return UserMessage(d["content"], tuple(Attachment.from_dict(a) for a in d.get("attachments") or ()))
     if role == "assistant":
         calls = tuple(ToolCall(c["id"], c["name"], c.get("arguments", "{}")) for c in d.get("tool_calls") or ())
         return AssistantMessage(d.get("content"), calls)

@@ -685,8 +685,10 @@ class Repl:
 @click.option("--roles", default=None, metavar="A,B", help="The principal's roles, so routes with `roles:` can be walked "
               "(default: role checks off).")
 @click.option("--reload", "reload", is_flag=True, help="Watch the bot's files; the next turn uses the edited bot.")
+@click.option("--version", "version", default=None, metavar="V", help="For a bot with versions/ folders: the "
+              "version to talk to (default: the primary, as `chatrun serve` would start new sessions on).")
 def repl(bot_path: str, route: str | None, session_id: str | None, store: str | None, play_model: bool,
-         roles: str | None, reload: bool) -> None:
+         roles: str | None, reload: bool, version: str | None) -> None:
     """Talk to a bot. Type messages; /help lists the slash commands.
 
     Reads one user message per line from a pipe too, printing events to stdout.
@@ -697,13 +699,15 @@ def repl(bot_path: str, route: str | None, session_id: str | None, store: str | 
       chatrun repl bots/travel --store sqlite:///chat.db --session 1f2e3d
       printf 'hello\\n/say Hi there!\\n' | chatrun repl bots/hello --play-model
       chatrun repl bots/travel --roles staff --reload
+      chatrun repl bots/shop --version 1
     """
     from chatrun.cli._output import describe_store, fail
+    from chatrun.definition.versions import bot_folder
     from chatrun.engine.bot import load_bot
     from chatrun.store import open_store
 
     try:
-        bot = load_bot(bot_path)
+        bot = load_bot(bot_folder(bot_path, version))
         play = play_model or not model_is_configured(bot.config.model)
         opened = open_store(store)
         if store:

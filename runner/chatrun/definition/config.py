@@ -291,7 +291,36 @@ class RouteConfig:
     # Quarkus-dialect WebSocket chats get this route's streamed reply as Stream chunks (a Quarkus
     # route returning Multi<String>); else as one Message (a route returning String).
     stream_to_quarkus: bool | None = None  # None: not said (false)
+    attachments: AttachmentPolicy | None = None  # None: the route takes no files
     where: Location = field(default_factory=Location)
+
+
+@dataclass(frozen=True)
+class AttachmentPolicy:
+    """A route's `attachments:`: the media types it takes (`image/*` matches every image), the
+    largest file and how many files one message may carry. A route without one takes none."""
+
+    kinds: tuple[str, ...]
+    max_bytes: int = 10 * 1024 * 1024
+    max_count: int = 4
+
+    def accepts(self, media_type: str) -> bool:
+        major = media_type.split("/", 1)[0]
+        return any(kind in (media_type, f"{major}/*", "*/*") for kind in self.kinds)
+
+    def problem(self, route: str, files: list[tuple[str, int]]) -> str | None:
+        """Why a message with these files (media type, size; 0: unknown, a URL) is refused, naming
+        the limit, or None. The one place the limits are applied."""
+        if len(files) > self.max_count:
+            return f"route {route} takes at most {self.max_count} attachments per message (attachments.max_count), not {len(files)}"
+        for i, (media_type, size) in enumerate(files):
+            if not self.accepts(media_type):
+                return (f"attachments[{i}]: route {route} takes {', '.join(self.kinds)} (attachments.kinds), "
+                        f"not {media_type}")
+            if size > self.max_bytes:
+                return (f"attachments[{i}]: {size} bytes is over route {route}'s limit of {self.max_bytes} "
+                        "(attachments.max_bytes)")
+        return None
 
 
 @dataclass

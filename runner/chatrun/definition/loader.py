@@ -22,6 +22,7 @@ from chatrun.definition.config import (
     ActionConfig,
     ApprovalConfig,
     AskConfig,
+    AttachmentPolicy,
     BotConfig,
     CaseConfig,
     EnvVar,
@@ -596,8 +597,18 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         output=_output(raw.get("output"), doc, (*base, "output")),
         choices=_choices(raw.get("choices")),
         stream_to_quarkus=None if raw.get("stream_to_quarkus") is None else _bool(raw.get("stream_to_quarkus")),
+        attachments=_attachments(raw.get("attachments")),
         where=_loc(doc, base),
     )
+
+
+def _attachments(raw: Any) -> AttachmentPolicy | None:
+    """A route's `attachments:` (the schema checked its shape)."""
+    if not isinstance(raw, dict):
+        return None
+    defaults = AttachmentPolicy(())
+    return AttachmentPolicy(tuple(_str_list(raw.get("kinds"))), int(raw.get("max_bytes", defaults.max_bytes)),
+                            int(raw.get("max_count", defaults.max_count)))
 
 
 def _env(raw: Any) -> dict[str, EnvVar]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from chatrun.errors import BotError, Diagnostic
+from chatrun.errors import BotError, ChatrunError, Diagnostic
 
 # What a bot's content version covers: the files an edit of which can change the bot
 # (the same suffixes `--reload` watches), outside transcripts, caches and hidden folders.
@@ -87,6 +87,34 @@ class VersionLayout:
     root: Path
     versions: list[tuple[str, Path]]
     weights: dict[str, int] = field(default_factory=dict)
+
+
+    @property
+    def primary(self) -> str:
+        """The label of the version new sessions go to as the files say: the largest weight,
+        a tie to the newest (no weights: the newest). The server's rule (server/versions.py)."""
+        weights = self.weights or {self.versions[-1][0]: 100}
+        return max(reversed([label for label, _ in self.versions]), key=lambda label: weights.get(label, 0))
+
+    def folder(self, label: str | None) -> Path:
+        """The folder of version `label` (None: the primary); a ChatrunError names the others."""
+        wanted = self.primary if label is None else label
+        for name, path in self.versions:
+            if name == wanted:
+                return path
+        raise ChatrunError(f"{self.root}: no version {wanted!r} in {VERSIONS_DIR}/ "
+                           f"(there are: {', '.join(name for name, _ in self.versions)})")
+
+
+def bot_folder(path: str | Path, version: str | None = None) -> Path:
+    """Where the bot at `path` is: `path` itself, or for a folder with `versions/<v>/bot.yaml`
+    (docs/versions.md) the primary version's folder, or version `version`'s."""
+    layout = version_layout(path)
+    if layout is not None:
+        return layout.folder(version)
+    if version is not None:
+        raise ChatrunError(f"{path}: --version {version}: this bot has no {VERSIONS_DIR}/ folder")
+    return Path(path)
 
 
 def _order(label: str) -> tuple[int, int, str]:

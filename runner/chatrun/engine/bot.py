@@ -13,6 +13,7 @@ from chatrun.engine.tools import Toolbox
 from chatrun.errors import Diagnostic
 from chatrun.models.base import ChatModel
 from chatrun.store import SessionStore
+from chatrun.store.blobs import BlobArea
 
 
 class Bot:
@@ -43,6 +44,7 @@ class Bot:
         roles: set[str] | None = None,
         meta: dict[str, Any] | None = None,
         principal: Mapping[str, Any] | None = None,
+        blobs: BlobArea | None = None,
     ) -> Session:
         """A new conversation (on `route`, else the default route), or, when `session_id` is in
         the store, that conversation resumed.
@@ -55,7 +57,7 @@ class Bot:
             claims such as `principal.email`); its `roles` are the roles when `roles` is not given.
         """
         return Session(self, store if store is not None else self.store, model=model, session_id=session_id,
-                       route=route, state=state, roles=roles, meta=meta, principal=principal)
+                       route=route, state=state, roles=roles, meta=meta, principal=principal, blobs=blobs)
 
     def __repr__(self) -> str:
         return f"<Bot {self.name!r} routes={list(self.config.routes)}>"

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from chatrun.definition.config import BotConfig, RouteConfig
@@ -37,6 +39,7 @@ from chatrun.store import SessionStore
 from chatrun.store.record import route_of_memory, scope_id
 
 SNAPSHOT_VERSION = 1
+NOTHING_RESOLVED: Mapping[str, str] = MappingProxyType({})  # shared by every session with none
 
 
 @dataclass
@@ -77,10 +80,14 @@ class Conversation:
         self.clock: Clock = SYSTEM_CLOCK  # what `now` reads (transcripts and the REPL pin it)
         self.turn_instant: datetime | None = None  # the clock read once when a turn starts
         self.tokenizer: str | None = None  # the pinned token counter (a transcript's `tokenizer:`)
-        self.pending: list[PendingItem] = []  # open items, oldest first (engine/pending.py)
+        # Open items, oldest first (engine/pending.py), and the last resolved items' outcomes by
+        # id (NotPending says it). Most sessions never have any: both start as shared empties (an
+        # empty tuple, a read-only empty mapping) and are replaced, never changed in place, so an
+        # idle session keeps no list or dict for them (tests/test_idle_session_memory.py).
+        self.pending: tuple[PendingItem, ...] = ()
         self.next_pending = 1  # the number of the next item ("p1", "p2", ...)
         self.taken_over: dict[str, Any] | None = None  # {"by", "since"} while an operator has it
-        self.resolved: dict[str, str] = {}  # the last resolved items' outcomes, by id (NotPending says it)
+        self.resolved: Mapping[str, str] = NOTHING_RESOLVED
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -108,10 +115,10 @@ class Conversation:
         self.scopes = [Scope.from_dict(d) for d in snapshot["scopes"]]
         self.usage = Usage.from_dict(snapshot.get("usage"))
         self.ended = snapshot.get("ended")
-        self.pending = [PendingItem.from_dict(d) for d in snapshot.get(PENDING_KEY) or ()]
+        self.pending = tuple(PendingItem.from_dict(d) for d in snapshot.get(PENDING_KEY) or ())
         self.next_pending = snapshot.get(PENDING_COUNTER_KEY, 1)
         self.taken_over = snapshot.get(TAKEOVER_KEY)
-        self.resolved = snapshot.get(RESOLVED_KEY) or {}
+        self.resolved = snapshot.get(RESOLVED_KEY) or NOTHING_RESOLVED
         # A scope on a route this bot lacks is moved by the session (engine/versions.py) before it runs.
 
     def snapshot(self) -> dict[str, Any]:
@@ -333,7 +340,7 @@ class Conversation:
         return Checkpoint(self.turn_count, copy.deepcopy(self.state), copy.deepcopy(self.scopes), self._next_scope,
                           {mid: m.messages() for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended,
                           [item.to_dict() for item in self.pending], self.next_pending, copy.deepcopy(self.taken_over),
-                          dict(self.resolved))
+                          dict(self.resolved) if self.resolved else None)
 
     def rollback(self, before: Checkpoint) -> None:
         self.turn_count = before.turn_count
@@ -342,10 +349,10 @@ class Conversation:
         self._next_scope = before.next_scope
         self.usage = copy.copy(before.usage)
         self.ended = before.ended
-        self.pending = [PendingItem.from_dict(d) for d in before.pending or ()]
+        self.pending = tuple(PendingItem.from_dict(d) for d in before.pending or ())
         self.next_pending = before.next_pending
         self.taken_over = before.taken_over
-        self.resolved = dict(before.resolved or {})
+        self.resolved = dict(before.resolved) if before.resolved else NOTHING_RESOLVED
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
         self._memories.clear()

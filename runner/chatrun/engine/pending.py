@@ -12,6 +12,7 @@ atomic, rolled back and recorded as a user's message (docs/format.md, "Humans in
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
@@ -168,7 +169,7 @@ def parse_time(text: str) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def earliest_due(items: list[PendingItem]) -> str | None:
+def earliest_due(items: Iterable[PendingItem]) -> str | None:
     dues = [item for item in items if item.due is not None]
     if not dues:
         return None

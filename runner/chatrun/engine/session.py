@@ -43,7 +43,7 @@ from chatrun.engine.turn import Turn
 from chatrun.engine.versions import Moved
 from chatrun.engine.versions import move as move_conversation
 from chatrun.engine.waiting import check_decision
-from chatrun.errors import ChatrunError, ModelError, SessionError
+from chatrun.errors import AttachmentRefused, ChatrunError, ModelError, SessionError
 from chatrun.events import Event
 from chatrun.memory.tokens import (
     ESTIMATE,
@@ -54,9 +54,10 @@ from chatrun.memory.tokens import (
     tiktoken_counter,
 )
 from chatrun.memory.window import TokenWindowMemory
-from chatrun.messages import Message, SystemMessage
+from chatrun.messages import Attachment, Message, SystemMessage
 from chatrun.models import ChatModel, ModelPool
 from chatrun.store import HistoryStore, SessionStore
+from chatrun.store.blobs import BlobArea
 from chatrun.store.record import OUTBOX_KEY
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ _DONE = object()
 class Session:
     """A conversation: a stack of scopes, conversation state, memories and history."""
 
+    blobs: BlobArea | None = None  # the bytes of attachments (chatrun.store.blobs); None: takes none
+
     def __init__(
         self,
         bot: Bot,
@@ -83,9 +86,12 @@ class Session:
         roles: set[str] | None = None,
         meta: dict[str, Any] | None = None,
         principal: Mapping[str, Any] | None = None,
+        blobs: BlobArea | None = None,
     ):
         self.bot = bot
         self.store = store
+        if blobs is not None:  # else the class's None: an idle session keeps no more (issue 26)
+            self.blobs = blobs
         self._own_models: ModelPool | None = None
         if model is None:  # the bot's own model, closed with the session
             self._own_models = ModelPool()
@@ -434,6 +440,7 @@ class Session:
         decision: Decision | None = None
         text: str | None = None
         data: dict[str, Any] = {}
+        attachments: tuple[Attachment, ...] = ()
         if isinstance(message, DECISION_TYPES):
             decision = message
             check_decision(self._c, self.bot.tools, decision)
@@ -441,10 +448,11 @@ class Session:
                 return
         else:
             text, data = _split_input(message)
+            attachments = self._attachments_of(data)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._running = True
         self._sink = queue.put_nowait
-        task = asyncio.ensure_future(self._run_turn(text, data, decision))
+        task = asyncio.ensure_future(self._run_turn(text, data, decision, attachments))
         task.add_done_callback(lambda _t: queue.put_nowait(_DONE))
         try:
             while (item := await queue.get()) is not _DONE:
@@ -466,14 +474,61 @@ class Session:
         now = parse_time(expire.now) if expire.now else self.now()
         return any(item.is_due(now) for item in self._c.pending)
 
-    async def _run_turn(self, text: str | None, data: dict[str, Any], decision: Decision | None = None) -> None:
+    def _attachments_of(self, data: dict[str, Any]) -> tuple[Attachment, ...]:
+        """The `attachments` of a mapping input (taken out of its data): references the
+        session's blob area holds (`Session.attach` made them), or http(s) URLs."""
+        given = data.pop("attachments", None)
+        if given is None:
+            return ()
+        if not isinstance(given, list) or not all(isinstance(a, dict) for a in given):
+            raise AttachmentRefused(f"session {self.id}: attachments must be a list of objects")
+        found = []
+        for i, item in enumerate(given):
+            try:
+                attachment = Attachment.from_dict(item)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise AttachmentRefused(f"session {self.id}: attachments[{i}] needs ref and media_type ({exc})") from exc
+            if not attachment.is_url and (self.blobs is None or self.blobs.read(self.id, attachment.ref) is None):
+                raise AttachmentRefused(f"session {self.id}: attachments[{i}]: no upload {attachment.ref!r} in this session")
+            found.append(attachment)
+        self.check_attachments([(a.media_type, a.size) for a in found])
+        return tuple(found)
+
+    def check_attachments(self, files: list[tuple[str, int]]) -> None:
+        """Raise SessionError unless the current route's `attachments:` takes these files
+        (media type, size in bytes) in one message."""
+        if not files:
+            return
+        route = self.route
+        policy = self.bot.config.routes[route].attachments
+        if policy is None:
+            raise AttachmentRefused(f"session {self.id}: route {route} takes no attachments (it declares no `attachments:`)")
+        problem = policy.problem(route, files)
+        if problem is not None:
+            raise AttachmentRefused(f"session {self.id}: {problem}")
+
+    def attach(self, data: bytes, media_type: str, name: str = "") -> Attachment:
+        """Keep a file in the session's blob area (checked against the current route's
+        `attachments:`); send its `to_dict()` in a message's `attachments`
+        (`{"userMessage": ..., "attachments": [...]}`)."""
+        if self.blobs is None:
+            raise AttachmentRefused(f"session {self.id}: its store keeps no attachments (no blob area)")
+        self.check_attachments([(media_type, len(data))])
+        return self.blobs.put(self.id, data, media_type, name)
+
+    async def _run_turn(self, text: str | None, data: dict[str, Any], decision: Decision | None = None,
+                        attachments: tuple[Attachment, ...] = ()) -> None:
         if self._moved is None and self._c.gone_routes():  # e.g. restored by a bot that lost its route
             self._begin_move(self.bot, None)
         # After a move, the turn starts from before it: it commits the move, or rolls it back.
         before = self._moved[0] if self._moved is not None else self._c.capture()
         self._c.turn_instant = self._c.clock.now()  # one turn, one `now`: its decisions agree on the day
-        turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks, decision)
+        turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks, decision,
+                    attachments, self.blobs)
         given = decision_entry(decision) if decision is not None else text if not data else ev.plain(data)
+        if attachments:  # the history keeps what was sent: the references too
+            given = {**(given if isinstance(given, dict) else {"userMessage": text}),
+                     "attachments": [a.to_dict() for a in attachments]}
         entry = {"turn": turn.number, "input": given, "at": time.time()}
         if turn.number == 1:  # how the conversation started: `chatrun record --from-session` starts there
             entry["start"] = {"route": self.route, "state": ev.plain(before.state)}
@@ -586,6 +641,8 @@ class Session:
         if self._closed:
             return
         self.store.delete_session(self.id, self._c.live_memory_ids())
+        if self.blobs is not None:  # the files go with the session
+            self.blobs.delete_session(self.id)
         self._c.forget_cached_memories()
         self._closed = True
         if self._loop is not None and not self._loop.is_running() and not self._loop.is_closed():

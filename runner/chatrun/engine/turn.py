@@ -69,6 +69,7 @@ from chatrun.memory import ChatMemory, SummaryMemory
 from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
 from chatrun.messages import (
     AssistantMessage,
+    Attachment,
     Message,
     SystemMessage,
     ToolCall,
@@ -76,6 +77,7 @@ from chatrun.messages import (
     UserMessage,
 )
 from chatrun.models.base import ChatModel, ModelRequest, ModelResponse
+from chatrun.store.blobs import BlobArea
 from chatrun.toolkinds.base import ToolFailed, Writable
 
 Emit = Callable[..., None]  # (type, data, runtime=False, audience=None, multi=False)
@@ -111,7 +113,8 @@ class Turn:
 
     def __init__(self, conversation: Conversation, tools: Toolbox, model: ChatModel, emit: Emit,
                  text: str | None, data: dict[str, Any], mocks: ToolMocks | None = None,
-                 decision: Decision | None = None):
+                 decision: Decision | None = None, attachments: tuple[Attachment, ...] = (),
+                 blobs: BlobArea | None = None):
         self.c = conversation
         self.config = conversation.config
         self.tools = tools
@@ -121,6 +124,8 @@ class Turn:
         self.number = conversation.turn_count + 1
         self.user_message = text
         self.data = data
+        self.attachments = attachments  # the files sent with the message: in its UserMessage
+        self.blobs = blobs
         self.turn_state: dict[str, Any] = {}
         self.model_calls = 0
         self.usage = Usage()  # the turn's model calls, summed
@@ -182,7 +187,7 @@ class Turn:
             self.user_given.add(memory_id)
             user_text = self.render_user(route)  # the system prompt goes first anyway: memories keep it first
             if user_text:
-                memory.add(UserMessage(user_text))
+                memory.add(UserMessage(user_text, self.attachments))
         offered = await self.tools.offered(route, self.mocks)
         return RouteRun(route, memory, offered, [tool_spec(t) for t in offered.values()],
                         self.config.route_model(route.name), route.returns == "answer" and scope.caller is not None)
@@ -220,7 +225,7 @@ class Turn:
             )
         self.add_system(run.memory, route)
         request = ModelRequest(run.memory.messages() + run.correction, run.specs, model_config, route.name,
-                               response_format(route))
+                               response_format(route), self.read_blob if self.blobs is not None else None)
         price = self.config.prices.get(model_config.name)
         if self.config.limits.has_budgets:
             sent = sum(map(self.counter(model_config.name), request.messages))
@@ -394,6 +399,9 @@ class Turn:
                 raise TurnFailed(f"{route.where}: route {route.name} system template rendered empty text; "
                                  "the model would lose its instructions (make the template always say something)")
             memory.add(SystemMessage(text))
+
+    def read_blob(self, ref: str) -> bytes | None:
+        return self.blobs.read(self.c.id, ref) if self.blobs is not None else None
 
     def render_user(self, route: RouteConfig) -> str | None:
         if route.user:

@@ -76,7 +76,7 @@ from chatrun.errors import (
     UnknownRouteError,
 )
 from chatrun.memory import ChatMemory
-from chatrun.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+from chatrun.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
 
 if TYPE_CHECKING:
     from chatrun.engine.tools import Toolbox
@@ -275,7 +275,7 @@ def new_item(turn: Turn, kind: str, timeout: str | None, **fields: Any) -> Pendi
     item = PendingItem(id=f"p{c.next_pending}", kind=kind, created=format_time(now), due=due_after(now, timeout),
                        route=c.scope.route, scope_id=c.scope.id, requested_by=copy.deepcopy(c.principal), **fields)
     c.next_pending += 1
-    c.pending.append(item)
+    c.pending = (*c.pending, item)  # replaced, never changed in place (see Conversation)
     return item
 
 
@@ -505,33 +505,42 @@ def _memory_of(turn: Turn, item: PendingItem) -> ChatMemory:
 def _continue(turn: Turn, item: PendingItem, memory: ChatMemory, outcome: ToolOutcome) -> NextStep:
     """The placeholder result becomes the real one; the model loop goes on on the current route
     without a user message (the memory ends with the call, its result and any queued messages)."""
-    replace_result(memory, item.call_id, outcome.reply, drop=outcome.deferred)
+    replace_result(memory, item.call_id, outcome.reply, drop=outcome.deferred,
+                   call=ToolCall(item.call_id or "", item.tool or "", json.dumps(item.args or {})))
     c = turn.c
     turn.user_given.add(c.scope.memory_id(c.scope.route))
     return outcome.next
 
 
-def replace_result(memory: ChatMemory, call_id: str | None, reply: str, *, drop: bool = False) -> None:
+def replace_result(memory: ChatMemory, call_id: str | None, reply: str, *, drop: bool = False,
+                   call: ToolCall | None = None) -> None:
     """The call's result message (the placeholder) replaced by `reply`, in place (dropped when a
-    `call` action's called route will give the result)."""
+    `call` action's called route will give the result). When the memory no longer holds the
+    placeholder (a message window dropped it, with its call, while the item waited), `call` and
+    its result are added at the end, so the model reads what was decided as a whole pair."""
     messages = memory.messages()
     out: list[Message] = []
+    found = False
     for message in messages:
         if isinstance(message, ToolResultMessage) and message.tool_call_id == call_id:
+            found = True
             if not drop:
                 out.append(ToolResultMessage(message.tool_call_id, message.name, reply))
         else:
             out.append(message)
+    if not found and not drop and call is not None:
+        out += [AssistantMessage(None, (call,)), ToolResultMessage(call.id, call.name, reply)]
     memory.set(out)
 
 
 def resolve(turn: Turn, item: PendingItem, outcome: str, **extra: Any) -> None:
     """The item is done: gone from the open list, its outcome kept, a Resolved event sent."""
     c = turn.c
-    c.pending = [i for i in c.pending if i.id != item.id]
-    c.resolved[item.id] = outcome
-    while len(c.resolved) > RESOLVED_KEPT:
-        del c.resolved[next(iter(c.resolved))]
+    c.pending = tuple(i for i in c.pending if i.id != item.id)
+    resolved = {**c.resolved, item.id: outcome}
+    while len(resolved) > RESOLVED_KEPT:
+        del resolved[next(iter(resolved))]
+    c.resolved = resolved
     by = None if outcome == TIMED_OUT else (c.principal or {}).get("name")
     data = {"id": item.id, "kind": item.kind, "outcome": outcome, "by": by,
             **{k: v for k, v in extra.items() if v is not None or k == "answer"}}

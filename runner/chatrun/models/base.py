@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from chatrun.definition.config import ModelConfig
-from chatrun.messages import Message, ToolCall
+from chatrun.messages import BlobReader, Message, ToolCall
 
 ChunkCallback = Callable[[str], Awaitable[None]]
 
@@ -26,6 +26,7 @@ class ModelRequest:
     config: ModelConfig
     route: str = ""
     response_format: dict[str, Any] | None = None  # a route's `output:`: JSON asked for (OpenAI's field)
+    blobs: BlobReader | None = None  # the bytes of the messages' attachments, by reference
 
 
 @dataclass

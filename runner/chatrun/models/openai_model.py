@@ -195,7 +195,7 @@ class OpenAIModel:
         # (measured: ~6 ms of CPU for 20 messages and 7 tools, more than the rest of a turn).
         # Ours are plain JSON already, so they travel in `extra_body`, which the client merges
         # into the request body as it is; `messages` itself only satisfies the signature.
-        body: dict[str, Any] = {"messages": [m.to_openai() for m in request.messages]}
+        body: dict[str, Any] = {"messages": [m.to_openai_with(request.blobs) for m in request.messages]}
         if request.tools:
             body["tools"] = request.tools
         args: dict[str, Any] = {"model": config.name, "messages": [], "extra_body": body}

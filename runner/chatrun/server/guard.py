@@ -6,7 +6,8 @@
   refused unless its origin is allowed (same-origin by default). 403 Forbidden / 403.
 - Content-Type: a POST with a body must be JSON (a form or text/plain POST is what a foreign
   page can send without asking). 415 UnsupportedMediaType.
-- Body: at most `max_body_bytes`, checked from Content-Length first and then while reading,
+- Body: at most `max_body_bytes` (`max_file_body_bytes` where files come: uploads and `/v1`
+  turns, whose routes' `attachments:` say how large), checked from Content-Length first and then while reading,
   never read whole first (413 TooLarge); all of it within `body_timeout` seconds (408).
 
 Every refusal is the JSON the API documents: {"error": REASON, "message": TEXT}.
@@ -41,6 +42,15 @@ class EdgePolicy:
     allowed_origins: tuple[str, ...] = ()
     max_body_bytes: int = 64 * 1024
     body_timeout: float = 30.0
+    max_file_body_bytes: int = 0  # a body that may carry files (FILE_PATHS); 0: max_body_bytes
+
+
+# The bodies that may carry files (base64 in JSON): an upload, and an OpenAI turn's content parts.
+FILE_PATHS = ("/v1/chat/completions", "/v1/responses")
+
+
+def carries_files(path: str) -> bool:
+    return path in FILE_PATHS or path.endswith("/attachments")
 
 
 class Refused(Exception):
@@ -106,6 +116,8 @@ class EdgeGuard:
     async def read_body(self, scope: Scope, headers: dict[str, str], receive: Receive) -> Receive:
         """Read the body under the size and time limits; hand the app a receive replaying it."""
         limit = self.policy.max_body_bytes
+        if carries_files(scope["path"]):
+            limit = max(limit, self.policy.max_file_body_bytes)
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             raise Refused(413, "TooLarge", f"body of {length} bytes is over the limit of {limit} bytes")

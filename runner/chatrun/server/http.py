@@ -8,10 +8,13 @@
     DELETE /bots/{bot}/sessions/{id}
     POST   /bots/{bot}/sessions/{id}/messages         {"userMessage": "...", ...} -> events
            (Accept: text/event-stream or ?stream=true: the events as they happen)
+    POST   /bots/{bot}/sessions/{id}/attachments      {"media_type", "data" (base64), "name"?} -> its reference,
+           sent in a message: {"userMessage": "...", "attachments": [reference]}
     GET    /bots/{bot}/sessions/{id}/inspect          what the page's inspector shows
 """
 
 
+import base64
 import functools
 import json
 import logging
@@ -41,6 +44,7 @@ from chatrun.server.plumbing import (
     DetachedTurn,
     Emit,
     Registry,
+    file_body_limit,
     limits_of,
     read_json_object,
 )
@@ -68,6 +72,8 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
                          tags=["sessions"], name="inspect")
     router.add_api_route("/bots/{bot}/sessions/{session_id}", delete_session, methods=["DELETE"], status_code=204,
                          tags=["sessions"])
+    router.add_api_route("/bots/{bot}/sessions/{session_id}/attachments", upload_attachment, methods=["POST"],
+                         status_code=201, tags=["sessions"], openapi_extra=UPLOAD_BODY)
     router.add_api_route(
         "/bots/{bot}/sessions/{session_id}/messages", send_message, methods=["POST"], tags=["sessions"],
         responses=_turn_response(), openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
@@ -134,6 +140,22 @@ def _operators_read(who: Principal | None) -> Reach:
     """An operator reads a session that waits for someone (the operator page opens it with its
     history and inspector); everyone else reads only their own."""
     return Reach(pending=True) if who is not None and OPERATOR_ROLE in who.roles else OWNER_ONLY
+
+
+async def upload_attachment(bot: str, session_id: str, request: Request, who: Caller,
+                            registry: Registry) -> dict[str, Any]:
+    # JSON with base64, not a raw body: the edge takes only JSON bodies (a foreign page's form
+    # cannot send one), and its limit for this path comes from the bots' `attachments:`.
+    body = await read_json_object(request, limit=file_body_limit(limits_of(request), registry.bots.values()))
+    media_type, name, data = body.get("media_type"), body.get("name", ""), body.get("data")
+    if not isinstance(media_type, str) or not isinstance(name, str) or not isinstance(data, str):
+        raise wire.RequestFailed(wire.BAD_REQUEST, "an upload is {\"media_type\": string, \"data\": base64, \"name\"?: string}")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError:
+        raise wire.RequestFailed(wire.BAD_REQUEST, "data must be base64") from None
+    async with registry.session(bot, session_id, who, EXISTING) as session:
+        return session.attach(raw, media_type.lower(), name).to_dict()  # AttachmentRefused: 400 (the registry)
 
 
 async def delete_session(bot: str, session_id: str, who: Caller, registry: Registry) -> Response:
@@ -372,6 +394,15 @@ def failure_response(exc: wire.RequestFailed) -> JSONResponse:
     if status == 503:  # draining, or a bot version this replica lacks: another try is served
         headers = {"Retry-After": str(RETRY_AFTER_S)}
     return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=status, headers=headers)
+
+
+# An upload (docs/protocol.md, "Attachments"): the file as base64 in JSON, like every body.
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"type": "object", "required": ["media_type", "data"], "additionalProperties": False, "properties": {
+        "media_type": {"type": "string", "pattern": "^[a-z0-9.+-]+/[a-z0-9.+-]+$"},
+        "name": {"type": "string"},
+        "data": {"type": "string", "pattern": "^([A-Za-z0-9+/]{4})*$", "description": "the file, base64"}}},
+    "example": {"media_type": "image/png", "name": "parcel.png", "data": "iVBORw0K"}}}}}
 
 
 def _body(properties: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from chatrun.engine.scopes import merged_scope
 from chatrun.engine.tools import route_tool_specs
 from chatrun.memory.tokens import counter_label
-from chatrun.messages import Message, SummaryMessage
+from chatrun.messages import Message, SummaryMessage, UserMessage
 
 if TYPE_CHECKING:
     from chatrun.definition.config import RouteConfig
@@ -135,6 +135,8 @@ def memory_message(message: Message) -> dict[str, Any]:
     """A message as the model is sent it; the running summary of a `summary` memory is sent as
     a user message under a heading, so it says what it is (`summary`: its text alone)."""
     sent = message.to_openai()
+    if isinstance(message, UserMessage) and message.attachments:  # references, never the bytes
+        sent["attachments"] = [a.to_dict() for a in message.attachments]
     if isinstance(message, SummaryMessage):
         sent["summary"] = message.content
     return sent

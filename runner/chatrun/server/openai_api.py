@@ -33,10 +33,12 @@ from chatrun.server.openai_turn import (
     OpenAIError,
     Reply,
     TurnResult,
+    Upload,
     conversation_of,
     from_failure,
     opened,
     run_turn,
+    uploads_of,
 )
 from chatrun.server.plumbing import (
     KEEPALIVE,
@@ -45,10 +47,12 @@ from chatrun.server.plumbing import (
     Emit,
     NotAnObject,
     Registry,
+    file_body_limit,
     read_json_object,
 )
 from chatrun.server.sessions import SessionRegistry
 from chatrun.server.turn_run import check_request_id
+from chatrun.server.versions import VERSION_HEADER
 
 log = logging.getLogger("chatrun.server.openai")
 
@@ -147,7 +151,7 @@ class OpenAIState:
 
     async def read_body(self, request: Request, schema: dict[str, Any]) -> dict[str, Any]:
         try:
-            body = await read_json_object(request)
+            body = await read_json_object(request, limit=self.body_limit())
         except NotAnObject:
             raise OpenAIError(400, "the body must be a JSON object", code="invalid_json") from None
         except wire.RequestFailed as exc:
@@ -158,6 +162,11 @@ class OpenAIState:
         if wrong is not None:
             raise OpenAIError(400, wrong, code="invalid_request")
         return body
+
+    def body_limit(self) -> int:
+        """A body's limit: a frame's, plus room for the most files (as base64 data URLs) a
+        route of a served bot takes in one message (its `attachments:`)."""
+        return file_body_limit(self.limits, self.registry.bots.values())
 
     def bot_and_route(self, model: Any) -> tuple[str, str | None]:
         if not isinstance(model, str) or not model:
@@ -252,6 +261,7 @@ class ChatCompletion(TurnRequest):
     attempt: Attempt
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
+    uploads: tuple[Upload, ...] = ()  # the files of the last user message
 
     @classmethod
     def parse(cls, api: OpenAIState, request: Request, body: dict[str, Any], who: Principal | None) -> ChatCompletion:
@@ -259,13 +269,14 @@ class ChatCompletion(TurnRequest):
         earlier, text = conversation_of(body.get("messages"), "messages")
         api.check_length(text)
         ident = Identity(bot, earlier, request.headers.get(SESSION_HEADER), api.namespace(request, body), route=route,
-                         locale=locale_of(request, body))
+                         version=request.headers.get(VERSION_HEADER), locale=locale_of(request, body))
         return cls(
             api.index, api.options.keepalive, who, body["model"], text, ident,
             as_json=(body.get("response_format") or {}).get("type") in ("json_object", "json_schema"),
             want_events=bool(body["chatrun"].get("events")) if isinstance(body.get("chatrun"), dict) else False,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
             attempt=attempt_of(api.index, request, body, ident, text, who),
+            uploads=uploads_of(body["messages"], "messages"),
         )
 
     def keys_after(self, reply: Reply) -> list[str]:
@@ -275,7 +286,8 @@ class ChatCompletion(TurnRequest):
 
     def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:
         prompts = [t for _, t in self.ident.earlier] + [self.text]
-        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after, self.attempt)
+        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after, self.attempt,
+                        self.uploads)
 
     def info(self, result: TurnResult) -> dict[str, Any]:
         return result.session | _objects_and_events(result.reply, self.want_events)
@@ -382,6 +394,7 @@ class ResponseRequest(TurnRequest):
     id: str = field(default_factory=lambda: "resp_" + secrets.token_hex(16))
     message_id: str = field(default_factory=lambda: "msg_" + secrets.token_hex(16))
     created: float = field(default_factory=time.time)
+    uploads: tuple[Upload, ...] = ()  # the files of the last user message
 
     @classmethod
     async def parse(cls, api: OpenAIState, request: Request, body: dict[str, Any],
@@ -398,10 +411,11 @@ class ResponseRequest(TurnRequest):
             earlier = []  # the response's session already holds what came before
         conversation = _conversation_id(body.get("conversation"))
         explicit = conversation or request.headers.get(SESSION_HEADER)
-        ident = Identity(bot, earlier, explicit, api.namespace(request, body), previous, route, locale_of(request, body))
+        ident = Identity(bot, earlier, explicit, api.namespace(request, body), previous, route,
+                         request.headers.get(VERSION_HEADER), locale_of(request, body))
         want_events = isinstance(body.get("chatrun"), dict) and bool(body["chatrun"].get("events"))
         return cls(api.index, api.options.keepalive, who, body["model"], text, ident, previous_id, conversation,
-                   want_events)
+                   want_events, uploads=uploads_of(items if isinstance(items, list) else [], "input"))
 
     def keys_after(self, reply: Reply) -> list[str]:
         keys = [self.index.response_key(self.id)]
@@ -412,7 +426,8 @@ class ResponseRequest(TurnRequest):
 
     def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:
         prompts = [t for _, t in self.ident.earlier] + [self.text]
-        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after)
+        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after,
+                        uploads=self.uploads)
 
     def response_object(self, status: str, result: TurnResult | None, text_out: str | None) -> dict[str, Any]:
         output = [] if text_out is None else [_output_message(self.message_id, text_out, "completed")]

@@ -75,6 +75,7 @@ class Identity:
     namespace: str = ""  # the `user` field or a trusted front-end chat id
     previous: dict[str, Any] | None = None  # the record of previous_response_id
     route: str | None = None  # entry route for a new session (model "bot/route")
+    version: str | None = None  # the Chatrun-Bot-Version a new session starts on (docs/versions.md)
     locale: str | None = None  # a new session's locale: `metadata.locale`, else Accept-Language (docs/i18n.md)
     # The running hash of `earlier` (per owner): hashed once, then only extended by the turn.
     _hashes: dict[str | None, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -162,7 +163,7 @@ class TurnIndex:
                     yield Opened(session, CONTINUED)
                 return
             async with registry.session(ident.bot, ident.explicit_id, who, NEW, route=ident.route,
-                                        locale=ident.locale) as session:
+                                        version=ident.version, locale=ident.locale) as session:
                 yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
             return
         record = ident.previous
@@ -179,7 +180,7 @@ class TurnIndex:
                     yield Opened(session, FORKED, forked_from=record["session"])
                 return
         async with registry.session(ident.bot, secrets.token_hex(8), who, NEW, route=ident.route,
-                                    locale=ident.locale) as session:
+                                    version=ident.version, locale=ident.locale) as session:
             yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
 
     # -- exactly once: a retried request replays the turn its first attempt committed ---------
@@ -187,6 +188,26 @@ class TurnIndex:
     async def claim(self, key: str) -> None:
         """Mark a request as running, so that its retries (on any replica) wait for its outcome."""
         await self.records.put_record(key, {"running": True, "at": time.time()})
+
+    async def claim_or_outcome(self, key: str) -> dict[str, Any] | None:
+        """For a request that may have run already (an Idempotency-Key, a retry): its committed
+        outcome to replay, or None when this attempt holds the claim and runs the turn. The claim
+        is one atomic put-if-absent, so of two first attempts at the same instant (on any
+        replicas) one runs and the other waits for its outcome."""
+        while True:
+            recorded = await self.outcome(key)
+            if recorded is not None:
+                return recorded
+            if await self.records.claim_record(key, {"running": True, "at": time.time()}):
+                return None
+            await self._drop_abandoned(key)
+
+    async def _drop_abandoned(self, key: str) -> None:
+        # A claim older than REPLAY_WAIT was left by a replica that died: the next attempt takes
+        # it over. (Two retries taking over the same abandoned claim at once may both run.)
+        record = await self.records.get_record(key)
+        if record is not None and record.get("running") and time.time() - float(record.get("at", 0)) > REPLAY_WAIT:
+            await self.records.delete_record(key)
 
     async def release(self, key: str) -> None:
         """The attempt committed nothing (it failed, or was refused): a retry runs afresh."""

@@ -6,6 +6,7 @@ error objects.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,11 +15,14 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from chatrun import events as ev
+from chatrun.errors import AttachmentRefused
 from chatrun.memory.tokens import estimate_tokens
+from chatrun.messages import Attachment
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Opened, TurnIndex
 from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
+from chatrun.store.blobs import BlobArea
 
 SEPARATOR = "\n\n"  # between the texts of a turn's several Message/Object events
 # The HTTP API's wording names its three ways to send a token; an OpenAI client has one.
@@ -165,18 +169,20 @@ class TurnResult:
 async def run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
     emit: Emit, keys_after: Callable[[Reply], list[str]], attempt: Attempt | None = None,
+    uploads: tuple[Upload, ...] = (),
 ) -> TurnResult:
     """One turn in the request's session; the index records it when it commits. With an
     `attempt`, a retry of a committed request replays that turn's answer instead."""
     if attempt is None:
-        return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after)
+        return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads)
     if attempt.retry:
-        recorded = await index.outcome(attempt.key)
+        recorded = await index.claim_or_outcome(attempt.key)
         if recorded is not None:
             return _replay(recorded, emit)
-    await index.claim(attempt.key)
+    else:  # the user's own request, not a retry: it runs, whatever an earlier one answered
+        await index.claim(attempt.key)
     try:
-        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after)
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads)
     except BaseException:
         await asyncio.shield(index.release(attempt.key))
         raise
@@ -204,7 +210,7 @@ def _replay(recorded: dict[str, Any], emit: Emit) -> TurnResult:
 
 async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
-    emit: Emit, keys_after: Callable[[Reply], list[str]],
+    emit: Emit, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
 ) -> TurnResult:
     reply = Reply()
     events: list[dict[str, Any]] = []
@@ -212,11 +218,12 @@ async def _run_turn(
         session = opened.session
         if session.ended:  # before OPENED: a streaming request fails with its status, no stream
             raise conversation_ended(session.id, session.ended)
+        message = turn_input(session, index.registry.blobs, text, uploads)  # refused before a stream starts
         emit(OPENED)  # a streaming response may start: the request found (or made) its session
         error = None
         # Through the registry: the turn is committed (fenced by version and lease) before the
         # answer; a refused commit fails the request (Conflict) instead of answering unsaved.
-        async for event in index.registry.turn(session, text):
+        async for event in index.registry.turn(session, message):
             if event.type == ev.ERROR:
                 error = str(event.data)
             reply.feed(event)
@@ -276,8 +283,23 @@ async def opened(turn: DetachedTurn) -> None:
 # -- requests ----------------------------------------------------------------------------------
 
 
+TEXT_PARTS = ("text", "input_text", "output_text")
+FILE_PARTS = ("image_url", "input_image", "file", "input_file")
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file a request's last user message carries: its bytes (a data URL's) or its http(s) URL."""
+
+    media_type: str
+    data: bytes | None = None
+    url: str | None = None
+    name: str = ""
+
+
 def _text_of(content: Any, where: str) -> str:
-    """The text of a message's content: a string, or a list of text parts."""
+    """The text of a message's content: a string, or a list of parts (files are checked by
+    `uploads_of` and are no text)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -287,14 +309,74 @@ def _text_of(content: Any, where: str) -> str:
         for i, part in enumerate(content):
             if isinstance(part, str):
                 texts.append(part)
-            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
+            elif isinstance(part, dict) and part.get("type") in TEXT_PARTS:
                 texts.append(str(part.get("text", "")))
-            else:
+            elif not (isinstance(part, dict) and part.get("type") in FILE_PARTS):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise OpenAIError(400, f"{where}.content[{i}]: only text parts are supported, not {kind!r}",
-                                  code="unsupported_content")
+                raise OpenAIError(400, f"{where}.content[{i}]: parts of type {kind!r} are not supported; "
+                                  f"send {', '.join(TEXT_PARTS + FILE_PARTS)}", code="unsupported_content")
         return "".join(texts)
     raise OpenAIError(400, f"{where}.content must be a string or a list of parts", code="invalid_content")
+
+
+def uploads_of(messages: list[Any], where: str) -> tuple[Upload, ...]:
+    """The files of the last message (conversation_of checked it is the user's): OpenAI's
+    `image_url`/`input_image` (a data URL or http(s)) and `file`/`input_file` (`file_data`)."""
+    content = messages[-1].get("content") if messages and isinstance(messages[-1], dict) else None
+    if not isinstance(content, list):
+        return ()
+    return tuple(_upload(part, f"{where}[{len(messages) - 1}].content[{i}]") for i, part in enumerate(content)
+                 if isinstance(part, dict) and part.get("type") in FILE_PARTS)
+
+
+def _upload(part: dict[str, Any], where: str) -> Upload:
+    if part["type"] in ("image_url", "input_image"):
+        image = part.get("image_url")
+        url = image.get("url") if isinstance(image, dict) else image
+        name = ""
+    else:
+        file = part.get("file") if part["type"] == "file" else part
+        if not isinstance(file, dict) or not isinstance(file.get("file_data"), str):
+            raise OpenAIError(400, f"{where}: a file part needs file_data (a base64 data URL); file ids "
+                              "are not supported (chatrun has no Files API)", code="unsupported_content")
+        url, name = file["file_data"], str(file.get("filename") or "")
+    if not isinstance(url, str):
+        raise OpenAIError(400, f"{where}: the image's url must be a string", code="invalid_content")
+    if url.startswith(("http://", "https://")):
+        return Upload("image/*", url=url)
+    return _decoded(url, name, where)
+
+
+def _decoded(url: str, name: str, where: str) -> Upload:
+    head, comma, payload = url.partition(",")
+    if not (head.startswith("data:") and head.endswith(";base64") and comma):
+        if not url.startswith("data:") and name:  # `file_data` may be bare base64 (with a filename)
+            head, payload = "data:application/octet-stream;base64", url
+        else:
+            raise OpenAIError(400, f"{where}: expected a base64 data URL (data:<type>;base64,...) "
+                              "or an http(s) URL", code="invalid_content")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except ValueError:
+        raise OpenAIError(400, f"{where}: the data URL's base64 is invalid", code="invalid_content") from None
+    return Upload(head[len("data:"):-len(";base64")] or "application/octet-stream", data, name=name)
+
+
+def turn_input(session: Any, blobs: BlobArea | None, text: str, uploads: tuple[Upload, ...]) -> Any:
+    """What the session is sent: the text, or with uploads, the text and their references
+    (the bytes go to the blob area, once)."""
+    if not uploads:
+        return text
+    if blobs is None:
+        raise OpenAIError(400, "this server's store keeps no attachments (no blob area beside it); "
+                          "use a memory:// or sqlite:/// store", code="unsupported_content")
+    try:
+        session.check_attachments([(u.media_type, len(u.data or b"")) for u in uploads])
+        refs = [Attachment(u.url, u.media_type, u.name) if u.url is not None
+                else session.attach(u.data or b"", u.media_type, u.name) for u in uploads]
+    except AttachmentRefused as exc:
+        raise OpenAIError(400, str(exc), code="attachment_refused") from None
+    return {"userMessage": text, "attachments": [a.to_dict() for a in refs]}
 
 
 def conversation_of(messages: Any, where: str) -> tuple[Exchange, str]:

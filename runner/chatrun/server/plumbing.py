@@ -13,12 +13,13 @@ way (the HTTP API's JSON error, OpenAI's error object, a WebSocket close code).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Annotated, Any, ClassVar
 
 from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
 
+from chatrun.engine.bot import Bot
 from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal, token_from
 from chatrun.server.sessions import SessionRegistry
@@ -90,13 +91,15 @@ class NotAnObject(wire.RequestFailed):
         super().__init__(wire.BAD_REQUEST, f"body must be a JSON object, not {type(body).__name__}")
 
 
-async def read_json_object(request: Request, *, blank_is_empty: bool = False) -> dict[str, Any]:
+async def read_json_object(request: Request, *, blank_is_empty: bool = False,
+                           limit: int | None = None) -> dict[str, Any]:
     """The request's body as a JSON object. The handlers read it themselves (rather than
     declaring a pydantic body) to give their own clear errors, in the order the API documents:
     RequestFailed TooLarge over the limit of a frame, BadRequest for what wire.load_json
-    refuses, NotAnObject for JSON of another type. `blank_is_empty`: no body means {}."""
+    refuses, NotAnObject for JSON of another type. `blank_is_empty`: no body means {}; `limit`:
+    another limit than a frame's (a body with files)."""
     raw = await request.body()
-    limit = limits_of(request).max_frame_bytes
+    limit = limit if limit is not None else limits_of(request).max_frame_bytes
     if len(raw) > limit:
         raise wire.RequestFailed(wire.TOO_LARGE, f"body of {len(raw)} bytes is over the limit of {limit} bytes")
     if blank_is_empty and not raw.strip():
@@ -105,6 +108,15 @@ async def read_json_object(request: Request, *, blank_is_empty: bool = False) ->
     if not isinstance(body, dict):
         raise NotAnObject(body)
     return body
+
+
+def file_body_limit(limits: wire.ServerLimits, bots: Iterable[Bot]) -> int:
+    """The limit of a body that may carry files: a frame's, plus room for the most files (as
+    base64) a route of these bots takes in one message (its `attachments:`). The one place
+    the edge (guard.py) and the endpoints that read files get it from."""
+    files = [route.attachments.max_bytes * route.attachments.max_count
+             for bot in bots for route in bot.config.routes.values() if route.attachments is not None]
+    return limits.max_frame_bytes + max(files, default=0) * 4 // 3 + 1024
 
 
 # -- a turn detached from its client --------------------------------------------------------------

@@ -31,6 +31,7 @@ from chatrun.server.session_writes import SessionWrites, exists
 from chatrun.server.versions import VersionShelf
 from chatrun.store import RecordStore
 from chatrun.store.aio import AsyncStore, Lease
+from chatrun.store.blobs import BlobArea
 from chatrun.store.buffer import TurnBuffer
 from chatrun.store.record import SessionRecord, owner_in_meta, owner_meta
 from chatrun.store.versions import CREATE
@@ -118,8 +119,9 @@ class SessionRequest:
 
 class SessionOpener:
     def __init__(self, store: AsyncStore, cache: SessionCache, writes: SessionWrites, models: ModelPool,
-                 shelf: VersionShelf, max_sessions_per_principal: int = 0):
+                 shelf: VersionShelf, max_sessions_per_principal: int = 0, blobs: BlobArea | None = None):
         self.store = store
+        self.blobs = blobs
         self.shelf = shelf
         self.cache = cache
         self.writes = writes
@@ -203,6 +205,7 @@ class SessionOpener:
                 roles=set(principal.roles) if principal is not None else None,
                 principal=template_principal(principal),
                 meta={**owner_meta(request.owner), **({"locale": request.start.locale} if request.start.locale else {})},
+                blobs=self.blobs,
             )
         except UnknownRouteError as exc:
             raise wire.RequestFailed(wire.ROUTE_NOT_FOUND, str(exc)) from None

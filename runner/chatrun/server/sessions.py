@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chatrun.errors import ChatrunError, SessionError
+from chatrun.errors import AttachmentRefused, ChatrunError, SessionError
 from chatrun.models import ModelPool
 from chatrun.server import wire
 from chatrun.server.auth import Principal, template_principal
@@ -48,6 +48,7 @@ from chatrun.server.turnlog import TurnReport
 from chatrun.server.versions import BotVersions, Version, VersionShelf
 from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, LeaseSettings, as_async_store
+from chatrun.store.blobs import BlobArea, blobs_for_url
 from chatrun.store.record import Committed
 
 STORE_PING_TIMEOUT = 2.0  # seconds /health waits for the store's answer before calling it unreachable
@@ -99,8 +100,10 @@ class SessionRegistry:
         self.cache = SessionCache(CacheLimits(settings.cache_size, settings.cache_bytes, settings.cache_idle))
         self.gate = SessionGate(self.store, settings.lease, settings.if_busy)
         self.writes = SessionWrites(self.store, self.cache)
+        # Where attached files live, beside the store (None: this store keeps none, yet).
+        self.blobs: BlobArea | None = blobs_for_url(self.store.url)
         self.opener = SessionOpener(self.store, self.cache, self.writes, self.models, self.shelf,
-                                    settings.max_sessions_per_principal)
+                                    settings.max_sessions_per_principal, self.blobs)
         self._holds: dict[int, Hold] = {}  # id(session) -> the hold of the request using it
 
     # -- what the gate counts (the metrics, /health and the drain read them; drain sets draining)
@@ -216,6 +219,8 @@ class SessionRegistry:
             session.use_bot(bot)
         try:
             yield session
+        except AttachmentRefused as exc:  # a file the route does not take, or no such upload
+            raise wire.RequestFailed(wire.BAD_REQUEST, str(exc)) from None
         except SessionError as exc:  # e.g. a message to a conversation an `end` action ended
             raise wire.RequestFailed(wire.SESSION_NOT_ACTIVE, str(exc)) from None
         finally:

@@ -137,6 +137,18 @@ class RecordStore(Protocol):
 
 
 @runtime_checkable
+class RecordClaims(Protocol):
+    """A RecordStore that saves a record only where there is none, atomically across every
+    process that shares the store: the OpenAI API claims an Idempotency-Key with it, so that
+    two first attempts at the same instant run one turn. The built-in stores are; with any
+    other RecordStore the claim is atomic within one process only."""
+
+    def claim_record(self, key: str, record: JSONObject) -> bool:
+        """Save `record` under `key` if no record is there (True), else change nothing (False)."""
+        ...
+
+
+@runtime_checkable
 class OutboxStore(Protocol):
     """A store that keeps an outbox: the backend events of committed turns, written by
     `commit_turn` with the turn (from its history entry's "outbox"), waiting for delivery.

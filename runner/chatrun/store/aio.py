@@ -69,6 +69,11 @@ class AsyncStore(Protocol):
         `session` is deleted with it."""
         ...
 
+    async def claim_record(self, key: str, record: JSONObject) -> bool:
+        """Save `record` under `key` only if none is there (chatrun.store.RecordClaims): True if
+        saved. Atomic across replicas when the store is shared."""
+        ...
+
     async def delete_record(self, key: str) -> None: ...
 
     # Pending items (chatrun.store.PendingIndex, asynchronously): the sweeper and the operators' list.

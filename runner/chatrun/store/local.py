@@ -24,6 +24,7 @@ from chatrun.store import (
     HistoryStore,
     OutboxStore,
     PendingIndex,
+    RecordClaims,
     RecordStore,
     SessionStore,
 )
@@ -69,6 +70,7 @@ class LocalAsyncStore:
         # A store without records (a user's own SessionStore) gets them in this process only.
         self.records: RecordStore | None = store if isinstance(store, RecordStore) else None
         self._process_records = Records()
+        self._claiming = asyncio.Lock()  # a claim in a RecordStore without claim_record: this process only
 
     async def _call(self, fn: Callable[..., T], *args: object) -> T:
         if self._executor is None:
@@ -147,6 +149,17 @@ class LocalAsyncStore:
             self._process_records.put(key, to_json(f"record {key}", record), session)
             return
         await self._call(self.records.put_record, key, record, session)
+
+    async def claim_record(self, key: str, record: JSONObject) -> bool:
+        if self.records is None:
+            return self._process_records.claim(key, to_json(f"record {key}", record))
+        if isinstance(self.records, RecordClaims):
+            return await self._call(self.records.claim_record, key, record)
+        async with self._claiming:  # a user's RecordStore: get then put, atomic in this process only
+            if await self.get_record(key) is not None:
+                return False
+            await self.put_record(key, record)
+            return True
 
     async def delete_record(self, key: str) -> None:
         if self.records is None:

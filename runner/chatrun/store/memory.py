@@ -50,6 +50,13 @@ class Records:
             self._session_of[key] = session
             self._keys_of.setdefault(session, set()).add(key)
 
+    def claim(self, key: str, text: str) -> bool:
+        """Save `text` under `key` unless a record is there (put-if-absent)."""
+        if key in self._texts:
+            return False
+        self._texts[key] = text
+        return True
+
     def delete(self, key: str) -> None:
         self._texts.pop(key, None)
         session = self._session_of.pop(key, None)
@@ -238,6 +245,11 @@ class InMemoryStore:
         text = to_json(f"record {key}", record)
         with self._lock:
             self._records.put(key, text, session)
+
+    def claim_record(self, key: str, record: JSONObject) -> bool:
+        text = to_json(f"record {key}", record)
+        with self._lock:
+            return self._records.claim(key, text)
 
     def delete_record(self, key: str) -> None:
         with self._lock:

@@ -446,6 +446,11 @@ class RedisStore:
                 pipe.hdel(f"{self.prefix}rs", key)
             await pipe.execute()
 
+    async def claim_record(self, key: str, record: JSONObject) -> bool:
+        """put-if-absent: SET NX, atomic across every replica sharing the Redis."""
+        text = to_json(f"record {key}", record)
+        return bool(await self.client.set(f"{self.prefix}rec:{key}", text, nx=True))
+
     async def delete_record(self, key: str) -> None:
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(f"{self.prefix}rec:{key}")

@@ -430,6 +430,12 @@ class SQLiteStore:
                 (key, text, session),
             )
 
+    def claim_record(self, key: str, record: JSONObject) -> bool:
+        text = to_json(f"record {key}", record)
+        with self._locked(f"claim record {key}") as conn:
+            cursor = conn.execute("INSERT OR IGNORE INTO records (key, record) VALUES (?, ?)", (key, text))
+        return cursor.rowcount == 1
+
     def delete_record(self, key: str) -> None:
         with self._locked(f"delete record {key}") as conn:
             conn.execute("DELETE FROM records WHERE key = ?", (key,))

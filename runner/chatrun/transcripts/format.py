@@ -350,14 +350,16 @@ def _message(error: Violation, path: tuple) -> str:
 # -- discovery -----------------------------------------------------------------------------
 
 DEFAULT_GLOB = "bots/*/transcripts/*.yaml"
+VERSIONS_GLOB = "bots/*/versions/*/transcripts/*.yaml"  # a bot in several versions (docs/versions.md)
 
 
 def discover(paths: list[str] | tuple[str, ...], root: Path | None = None) -> list[str]:
     """Transcript files: the given files, the YAML files with `turns:` under given directories,
-    or (no paths) `bots/*/transcripts/*.yaml` under `root` (the current directory)."""
+    or (no paths) `bots/*/transcripts/*.yaml` and `bots/*/versions/*/transcripts/*.yaml` under
+    `root` (the current directory)."""
     root = root or Path.cwd()
     if not paths:
-        return [_rel(p, root) for p in sorted(root.glob(DEFAULT_GLOB))]
+        return [_rel(p, root) for p in sorted([*root.glob(DEFAULT_GLOB), *root.glob(VERSIONS_GLOB)])]
     found: list[str] = []
     for given in paths:
         p = Path(given)

@@ -1,0 +1,258 @@
+"""Attachments: files a user sends are kept by reference in the session's blob area (once),
+reach the model as the content parts its endpoint accepts, and go with the session. Through
+the real `openai` SDK against a real uvicorn server whose model is the fake OpenAI server."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import httpx
+import openai
+import pytest
+
+import chatrun
+from chatrun.messages import Attachment, UserMessage, message_from_dict
+from chatrun.server import create_app
+from chatrun.store.blobs import FolderBlobs, MemoryBlobs, blob_ref
+from server_support import ThreadServer, write_travel
+
+# A 1x1 PNG: real image bytes, small enough to read in a failure message.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+PNG_URL = "data:image/png;base64," + base64.b64encode(PNG).decode()
+PDF = b"%PDF-1.4\n1 0 obj <<>> endobj\ntrailer <<>>\n%%EOF\n"
+
+
+# The travel bot's menu takes images and PDFs, two per message, up to 1000 bytes each.
+ATTACHMENTS = "    attachments: {kinds: [image/*, application/pdf], max_bytes: 1000, max_count: 3}\n"
+
+
+@pytest.fixture
+def travel(tmp_path):
+    path = write_travel(tmp_path / "bots")
+    text = path.read_text()
+    path.write_text(text.replace("    tools: [book_flight, vip_lounge, remember_name]\n",
+                                 "    tools: [book_flight, vip_lounge, remember_name]\n" + ATTACHMENTS, 1))
+    return chatrun.load_bot(path)
+
+
+@pytest.fixture
+def server(fake, travel, tmp_path):
+    with ThreadServer(create_app([travel], f"sqlite:///{tmp_path / 'chat.db'}")) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def user_parts(request: dict) -> list[dict]:
+    """The content parts of the last user message a model request carried."""
+    last = [m for m in request["messages"] if m["role"] == "user"][-1]
+    assert isinstance(last["content"], list), last
+    return last["content"]
+
+
+def session_of(completion) -> str:
+    return completion.model_extra["chatrun"]["session"]
+
+
+def test_an_image_reaches_the_model_as_a_content_part_is_stored_once_and_goes_with_the_session(
+        client, fake, server, tmp_path):
+    fake.queue({"text": "A small picture."}, {"text": "The same picture."})
+    image = {"type": "image_url", "image_url": {"url": PNG_URL}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]
+    first = client.chat.completions.create(model="travel", messages=messages)
+    assert first.choices[0].message.content == "A small picture."
+    assert user_parts(fake.requests[0]) == [{"type": "text", "text": "What is this?"}, image]
+
+    messages += [{"role": "assistant", "content": "A small picture."},
+                 {"role": "user", "content": [{"type": "text", "text": "And again?"}, image]}]
+    second = client.chat.completions.create(model="travel", messages=messages)
+    session = session_of(second)
+    assert session == session_of(first)
+    # The model is sent both turns' images (the memory keeps references, the bytes come from the area) ...
+    sent = [p for m in fake.requests[1]["messages"] if m["role"] == "user" for p in m["content"]]
+    assert sent.count(image) == 2
+    # ... but the bytes are stored once, and never in the snapshot.
+    area = FolderBlobs(tmp_path / "chat.db.blobs")
+    assert area.refs(session) == [blob_ref(PNG)]
+    assert area.read(session, blob_ref(PNG)) == PNG
+    snapshot = httpx.get(f"{server.url}/bots/travel/sessions/{session}")
+    assert snapshot.status_code == 200 and blob_ref(PNG) in snapshot.text
+    assert base64.b64encode(PNG).decode() not in snapshot.text
+
+    assert httpx.delete(f"{server.url}/bots/travel/sessions/{session}").status_code == 204
+    assert area.refs(session) == []
+    assert not any((tmp_path / "chat.db.blobs").iterdir())
+
+
+def test_an_http_image_is_passed_on_by_its_url_and_a_pdf_as_a_file_part(client, fake, tmp_path):
+    fake.queue({"text": "Seen."})
+    url = {"type": "image_url", "image_url": {"url": "https://example.invalid/parcel.jpg"}}
+    pdf = {"type": "file", "file": {"filename": "invoice.pdf",
+                                    "file_data": "data:application/pdf;base64," + base64.b64encode(PDF).decode()}}
+    reply = client.chat.completions.create(model="travel", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "My parcel and its invoice"}, url, pdf]}])
+    assert user_parts(fake.requests[0]) == [{"type": "text", "text": "My parcel and its invoice"}, url, pdf]
+    assert FolderBlobs(tmp_path / "chat.db.blobs").refs(session_of(reply)) == [blob_ref(PDF)]
+
+
+def test_the_responses_api_takes_input_image_parts(client, fake):
+    fake.queue({"text": "Seen."})
+    client.responses.create(model="travel", input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "Look"}, {"type": "input_image", "image_url": PNG_URL}]}])
+    assert user_parts(fake.requests[0])[1] == {"type": "image_url", "image_url": {"url": PNG_URL}}
+
+
+@pytest.mark.parametrize(("part", "message"), [
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+     "messages[0].content[0]: parts of type 'input_audio' are not supported"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}},
+     "messages[0].content[0]: the data URL's base64 is invalid"),
+    ({"type": "image_url", "image_url": {"url": "ftp://host/x.png"}},
+     "messages[0].content[0]: expected a base64 data URL"),
+    ({"type": "file", "file": {"file_id": "file-123"}},
+     "messages[0].content[0]: a file part needs file_data"),
+])
+def test_a_part_chatrun_cannot_take_is_refused_naming_where_it_is(client, fake, part, message):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="travel", messages=[{"role": "user", "content": [part]}])
+    assert message in caught.value.message
+    assert fake.requests == []
+
+
+def data_part(media_type: str, data: bytes) -> dict:
+    return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{base64.b64encode(data).decode()}"}}
+
+
+@pytest.mark.parametrize(("parts", "limit"), [
+    ([data_part("image/png", PNG)] * 4, "route main_menu takes at most 3 attachments per message "
+                                        "(attachments.max_count), not 4"),
+    ([data_part("image/png", PNG), data_part("text/csv", b"a,b")],
+     "attachments[1]: route main_menu takes image/*, application/pdf (attachments.kinds), not text/csv"),
+    ([data_part("image/png", bytes(1001))],
+     "attachments[0]: 1001 bytes is over route main_menu's limit of 1000 (attachments.max_bytes)"),
+])
+def test_what_the_route_does_not_take_is_refused_naming_the_limit_and_nothing_is_stored(
+        client, fake, tmp_path, parts, limit):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="travel", messages=[{"role": "user", "content": parts}])
+    assert limit in caught.value.message
+    assert caught.value.code == "attachment_refused"
+    assert fake.requests == []
+    assert not (tmp_path / "chat.db.blobs").exists() or not any((tmp_path / "chat.db.blobs").iterdir())
+
+
+# -- the engine and the blob area, without a server ----------------------------------------------
+
+
+def test_a_session_attaches_a_file_and_sends_it_with_a_message(fake, travel):
+    fake.queue({"text": "Got it."})
+    area = MemoryBlobs()
+    session = travel.session(blobs=area)
+    attachment = session.attach(PNG, "image/png", "dot.png")
+    assert attachment == Attachment(blob_ref(PNG), "image/png", "dot.png", len(PNG))
+    session.chat({"userMessage": "Here", "attachments": [attachment.to_dict()]})
+    assert user_parts(fake.requests[0])[1] == {"type": "image_url", "image_url": {"url": PNG_URL}}
+    session.close()
+    assert area.refs(session.id) == []
+
+
+def test_a_reference_the_session_does_not_hold_is_refused(travel):
+    session = travel.session(blobs=MemoryBlobs())
+    with pytest.raises(chatrun.SessionError, match=rf"session {session.id}: attachments\[0\]: no upload 'abc'"):
+        session.chat({"userMessage": "Here", "attachments": [{"ref": "abc", "media_type": "image/png"}]})
+
+
+def test_a_route_without_attachments_takes_none(fake, tmp_path):
+    session = chatrun.load_bot(write_travel(tmp_path / "plain")).session(blobs=MemoryBlobs())
+    with pytest.raises(chatrun.SessionError, match="route main_menu takes no attachments"):
+        session.attach(PNG, "image/png")
+    assert fake.requests == []
+
+
+def test_a_memory_keeps_the_reference_and_describes_what_it_cannot_send():
+    message = UserMessage("see", (Attachment(blob_ref(PNG), "image/png", "dot.png", len(PNG)),
+                                  Attachment("f" * 64, "text/csv", "rows.csv", 12)))
+    assert message_from_dict(message.to_dict()) == message
+    assert message.to_openai()["content"][1:] == [  # no bytes to read: a text description
+        {"type": "text", "text": f"[attached: dot.png (image/png, {len(PNG)} bytes)]"},
+        {"type": "text", "text": "[attached: rows.csv (text/csv, 12 bytes)]"}]
+    assert "rows.csv" in message.text()  # what token budgets count
+
+
+def test_a_folder_keeps_each_blob_once_and_no_reference_leaves_its_session(tmp_path):
+    area = FolderBlobs(tmp_path / "blobs")
+    area.put("s1", PNG, "image/png")
+    area.put("s1", PNG, "image/png")
+    area.put("s2", PDF, "application/pdf")
+    assert area.refs("s1") == [blob_ref(PNG)]
+    assert area.read("s2", blob_ref(PNG)) is None
+    assert area.read("s1", "../s2/" + blob_ref(PDF)) is None
+    area.delete_session("s1")
+    assert area.refs("s1") == [] and area.refs("s2") == [blob_ref(PDF)]
+
+
+# -- the HTTP API: an upload endpoint, a reference in a message -------------------------------------
+
+
+def test_a_file_uploaded_over_http_is_sent_by_its_reference(server, fake, tmp_path):
+    fake.queue({"text": "A dot."})
+    base = f"{server.url}/bots/travel/sessions"
+    session = httpx.post(base, json={}).json()["id"]
+    uploaded = httpx.post(f"{base}/{session}/attachments", json={
+        "media_type": "image/png", "name": "dot.png", "data": base64.b64encode(PNG).decode()})
+    assert uploaded.status_code == 201, uploaded.text
+    assert uploaded.json() == {"ref": blob_ref(PNG), "media_type": "image/png", "name": "dot.png", "size": len(PNG)}
+    reply = httpx.post(f"{base}/{session}/messages", json={"userMessage": "What is it?",
+                                                           "attachments": [uploaded.json()]})
+    assert reply.status_code == 200, reply.text
+    assert user_parts(fake.requests[0]) == [{"type": "text", "text": "What is it?"},
+                                            {"type": "image_url", "image_url": {"url": PNG_URL}}]
+    assert FolderBlobs(tmp_path / "chat.db.blobs").refs(session) == [blob_ref(PNG)]
+
+
+def test_an_upload_or_reference_the_route_does_not_take_is_a_bad_request(server, fake):
+    base = f"{server.url}/bots/travel/sessions"
+    session = httpx.post(base, json={}).json()["id"]
+    csv = httpx.post(f"{base}/{session}/attachments", json={"media_type": "text/csv", "data": "YSxi"})
+    assert csv.status_code == 400
+    assert "route main_menu takes image/*, application/pdf (attachments.kinds), not text/csv" in csv.text
+    big = httpx.post(f"{base}/{session}/attachments", json={
+        "media_type": "image/png", "data": base64.b64encode(bytes(1001)).decode()})
+    assert big.status_code == 400 and "(attachments.max_bytes)" in big.text
+    unknown = httpx.post(f"{base}/{session}/messages", json={
+        "userMessage": "Here", "attachments": [{"ref": "0" * 64, "media_type": "image/png"}]})
+    assert unknown.status_code == 400
+    assert f"attachments[0]: no upload '{'0' * 64}' in this session" in unknown.text
+    assert fake.requests == []
+
+
+# -- the WebSocket: a reference in a frame, never the bytes ---------------------------------------
+
+
+def test_a_websocket_message_carries_a_reference_to_an_upload(fake, travel, tmp_path):
+    from starlette.testclient import TestClient
+
+    from server_support import app_for_testclient, until_done
+
+    fake.queue({"text": "A dot."})
+    with TestClient(app_for_testclient([travel], f"sqlite:///{tmp_path / 'chat.db'}")) as client:
+        with client.websocket_connect("/_chat/routes") as ws:
+            ws.send_json({"type": "Connect", "chatId": "c1", "extensions": True})
+            until_done(ws)
+            uploaded = client.post("/bots/travel/sessions/c1/attachments", json={
+                "media_type": "image/png", "data": base64.b64encode(PNG).decode()}).json()
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "c1",
+                          "data": {"userMessage": "Look", "attachments": [uploaded]}})
+            assert [f["type"] for f in until_done(ws)][-1] == "Completed"
+            assert user_parts(fake.requests[0])[1] == {"type": "image_url", "image_url": {"url": PNG_URL}}
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "c1",
+                          "data": {"userMessage": "Look", "attachments": [{"ref": "f" * 64, "media_type": "image/png"}]}})
+            frames = until_done(ws)
+            assert frames[-1] == {"chatId": "c1", "type": "Failed", "data": "BadRequest"}
+            assert "attachments[0]: no upload" in json.dumps(frames), frames
