@@ -176,3 +176,14 @@ def app_for_testclient(*args: Any, **kwargs: Any) -> Any:
 
     kwargs.setdefault("edge", EdgePolicy(allowed_hosts=(*LOOPBACK_HOSTS, "testserver")))
     return create_app(*args, **kwargs)
+
+
+def wait_until(condition, timeout: float = 120, what: str = "condition"):
+    """The condition's first true value, polled every 0.05 s; an AssertionError naming `what`
+    after `timeout` seconds (a bound for a loaded machine, not a measure of speed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (value := condition()):
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout} s")

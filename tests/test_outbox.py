@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from chatrun.store import open_store
 from chatrun.store.record import DEAD, PENDING, Commit
-from server_support import app_for_testclient
+from server_support import app_for_testclient, wait_until
 from webhook_support import OPENAI_MODEL, RETRY, SECRET, Receiver, survey_bot, survey_responder
 
 
@@ -39,14 +39,6 @@ def served(request, tmp_path, fake, receiver, monkeypatch):
 def turn(client, text, session="s1"):
     return client.post(f"/bots/survey/sessions/{session}/messages", json={"userMessage": text}).json()
 
-
-def wait_until(condition, timeout=60, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (value := condition()):
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def outbox(client, state=None):

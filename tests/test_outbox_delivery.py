@@ -17,6 +17,7 @@ from chatrun.store.record import DEAD, PENDING, Commit
 from chatrun.store.redis import RedisStore
 from chatrun.store.versions import CREATE
 from redis_support import Replica
+from server_support import wait_until
 from webhook_support import OPENAI_MODEL, SECRET, Receiver, survey_bot, survey_responder
 
 LEASE = "2"  # CHATRUN_OUTBOX_LEASE: a claim lasts this + the webhook's timeout (3 s) = 5 s
@@ -39,14 +40,6 @@ def bot(tmp_path, fake, receiver, monkeypatch):
     path.write_text(survey_bot(OPENAI_MODEL, "attempts: 50, backoff: 0.2, max_backoff: 1", timeout=3))
     return str(path)
 
-
-def wait_until(condition, timeout=90, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (value := condition()):
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def run_turn(replica: Replica, session: str, text: str) -> dict:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from redis_support import Replica
+from server_support import wait_until
 from webhook_support import OPENAI_MODEL, Receiver
 
 AUTH = """
@@ -54,14 +55,6 @@ def responder(body: dict[str, Any]) -> dict[str, Any]:
     _, order, amount = user.split()
     return {"tool_calls": [{"name": "refund", "arguments": {"order": order, "amount": float(amount)}}]}
 
-
-def wait_until(condition, timeout=120, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (value := condition()):
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 @pytest.fixture
