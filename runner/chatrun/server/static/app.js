@@ -528,12 +528,16 @@
     clearTimeout(watching);
     waitingOnOthers = false;
     showTakeover(null);
-    takeInputBack();
-    if (session) {
-      try { await session.close(); } catch (err) { /* already gone */ }
+    // No input until the new session is connected: a message typed meanwhile would go to the
+    // old (ended, closing) session, or nowhere.
+    const old = session;
+    session = null;
+    if (old) {
+      try { await old.close(); } catch (err) { /* already gone */ }
     }
     localStorage.removeItem(STORE_KEY);
     await startSession();
+    takeInputBack();
     renderBreadcrumb([graph ? graph.default : ""]);
     refreshInspector();
   }
