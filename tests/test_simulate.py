@@ -135,9 +135,15 @@ def test_a_judged_criterion_fails_a_trial(fake, scenarios):
     fake.queue({"text": "I need a flight to Dublin"}, call("book_flight"),
                call("set_destination", destination="Dublin"), {"text": "When do you want to leave?"},
                {"text": "DONE"}, verdict(0.2), verdict(0.2))  # a low score is asked again once
-    result = CliRunner().invoke(main, ["simulate", str(path), "--trials", "1"])
+    result = CliRunner().invoke(main, ["simulate", str(path), "--trials", "1", "--record", "recorded"])
     assert result.exit_code == 1
     assert "trial 1: judge 'The bot asks when the traveller wants to leave.': scored 0.2" in result.output
+    # The recording keeps the criterion and the verdict the trial got: its replay fails the same way.
+    requests = len(fake.requests)
+    tested = CliRunner().invoke(main, ["test", "recorded"])
+    assert tested.exit_code == 1 and len(fake.requests) == requests  # offline: no judge asked
+    assert ("(the conversation) judge 'The bot asks when the traveller wants to leave.': scored 0.2"
+            in tested.output), tested.output
 
 
 def test_an_invalid_scenario_names_its_line_and_fails(scenarios):
