@@ -124,6 +124,32 @@ def test_the_repl_numbers_choices_and_sends_the_picked_one():
     assert "Done: 20 sent to Joe. Your balance is 980." in out.stdout
 
 
+@pytest.mark.subprocess
+def test_the_repl_sends_a_typed_9_as_9_with_choices_0_to_10(write_bot, tmp_path):
+    """Piped into a real REPL: with a 0-10 rating shown as numbered choices 1) 0 ... 11) 10,
+    typing 9 sends 9 (the saved transcript's turn), not the ninth choice 8."""
+    import yaml
+
+    path = write_bot("""
+        name: rating
+        routes:
+          main:
+            default: true
+            system: Ask how likely the user is to recommend us.
+            choices: %s
+        """ % [str(n) for n in range(11)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["PYTHONPATH"] = str(REPO / "runner")
+    script = "hi\n/say From 0 to 10, how likely are you to recommend us?\n9\n/say Thanks!\n/save saved.yaml\n"
+    out = subprocess.run([sys.executable, "-m", "chatrun", "repl", str(path), "--play-model"], input=script,
+                         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "  1) 0\n" in out.stdout and "  10) 9\n  11) 10" in out.stdout
+    assert "→ 8" not in out.stdout
+    saved = yaml.safe_load((tmp_path / "saved.yaml").read_text())
+    assert [turn["user"] for turn in saved["turns"]] == ["hi", "9"]
+
+
 @pytest.mark.browser  # chromium() skips when Debian's Chromium is missing
 def test_choices_are_buttons_on_the_page(fake, tmp_path):
     from browser_support import chat_page, send

@@ -12,7 +12,11 @@ A `<!-- doc-test: ... -->` comment on the line before a block says more:
 - `skip: REASON` — it cannot run here (it installs packages, or needs a running server);
 - `serve` — an sh block of `chatrun serve` commands, which serve until stopped: each runs with
   `--help` appended, so its bots and options are still checked (other lines are not run);
-- `file NAME` — a yaml block is written to NAME in the folder later blocks of the page run in;
+- `file NAME` — a yaml block is written to NAME (a path: its folders are made) in the folder
+  later blocks of the page run in;
+- `mcp config` — a json block is an MCP client's configuration: each of its `mcpServers` is
+  started as configured, in the page's folder, through the MCP SDK's client, and every tool it
+  lists must be documented on the page (as `NAME(...)`);
 - `bot` — a yaml block is a whole bot: `chatrun validate` must find it valid;
 - `transcript BOT` — a yaml block is a golden transcript of BOT (e.g. bots/travel), written
   into a copy of its transcripts/ folder; `chatrun test` must pass it;
@@ -110,6 +114,7 @@ def check_yaml(block: Block, cwd: Path, env: dict[str, str]) -> None:
     yaml.safe_load(block.text)  # a comment-only block (an editor's schema line) is fine too
     kind, _, arg = block.marker.partition(" ")
     if kind == "file":
+        (cwd / arg).parent.mkdir(parents=True, exist_ok=True)
         (cwd / arg).write_text(block.text)
     elif kind == "bot":
         bot = cwd / "doc_bot" / "bot.yaml"
@@ -141,6 +146,30 @@ def check_html(block: Block, cwd: Path) -> bool:
         path.write_text(code)
         out = subprocess.run([node, "--check", str(path)], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, f"{block.where}: the script does not parse:\n{out.stderr}"
+    return True
+
+
+def check_mcp_config(block: Block, cwd: Path, env: dict[str, str]) -> bool:
+    """False when the MCP SDK is not installed (the caller skips once every other block was checked)."""
+    try:
+        from mcp import Client, StdioServerParameters
+    except ImportError:
+        return False
+    import asyncio
+
+    async def listed(server: dict) -> list[str]:
+        params = StdioServerParameters(command=server["command"], args=server.get("args", []), cwd=str(cwd),
+                                       env={**env, **server.get("env", {})})
+        async with Client(params) as client:
+            tools = await asyncio.wait_for(client.list_tools(), 120)
+        return [tool.name for tool in tools.tools]
+
+    page = block.page.read_text()
+    for name, server in json.loads(block.text)["mcpServers"].items():
+        names = asyncio.run(listed(server))
+        assert names, f"{block.where}: MCP server {name} lists no tools"
+        undocumented = [tool for tool in names if f"`{tool}(" not in page]
+        assert not undocumented, f"{block.where}: MCP server {name}'s tools {undocumented} are not on the page"
     return True
 
 
@@ -176,6 +205,8 @@ def check(block: Block, cwd: Path, env: dict[str, str], fake_url: str) -> bool:
         check_python(block, cwd, env, fake_url)
     elif block.lang == "yaml":
         check_yaml(block, cwd, env)
+    elif block.marker == "mcp config":
+        return check_mcp_config(block, cwd, env)
     elif block.lang == "json":  # one JSON document (a settings file), or one per line (frames)
         try:
             json.loads(block.text)
@@ -203,12 +234,12 @@ def test_every_example_of_the_page_runs_as_printed(page, tmp_path, fake):
             unchecked.append(block.where)
     assert len(skipped) <= 3, f"skip markers are for what truly cannot run here: {skipped}"
     if unchecked:
-        pytest.skip(f"node is not installed: the JavaScript of {', '.join(unchecked)} was not checked")
+        pytest.skip(f"node or the MCP SDK is not installed: {', '.join(unchecked)} was not checked")
 
 
 def test_markers_are_recognised():
     """A misspelt marker would silently run a block the wrong way (or not at all)."""
-    kinds = ("skip", "serve", "file ", "bot", "transcript ", "output of ", "given:")
+    kinds = ("skip", "serve", "file ", "bot", "transcript ", "output of ", "given:", "mcp config")
     for page in PAGES:
         for n, line in enumerate(page.read_text().splitlines(), 1):
             if "doc-test" in line:

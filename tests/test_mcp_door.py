@@ -72,3 +72,40 @@ def test_the_sdk_client_validates_draws_explains_replays_and_talks(tmp_path, fak
     # the same conversation: the second turn's request carries the first exchange
     assert [m["role"] for m in fake.requests[1]["messages"]] == ["system", "user", "assistant", "user"]
     assert json.dumps(second)  # plain JSON all the way
+
+
+async def tool_answers(cwd: Path, env: dict[str, str], calls: list[tuple[str, dict]]) -> list:
+    """(is_error, text) of each call, in one server process; then the process must still answer."""
+    from mcp import Client, StdioServerParameters
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "chatrun", "mcp"], cwd=str(cwd), env=env)
+    async with Client(params) as client:
+        answers = []
+        for name, args in calls:
+            answer = await asyncio.wait_for(client.call_tool(name, args), 120)
+            answers.append((answer.is_error, "\n".join(getattr(part, "text", "") for part in answer.content)))
+    return answers
+
+
+@pytest.mark.slow
+def test_bad_paths_are_tool_errors_that_say_what_is_wrong_and_the_server_goes_on(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "bot.yaml").write_text(BROKEN)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    hello = str(REPO / "bots" / "hello")
+    answers = asyncio.run(tool_answers(tmp_path, env, [
+        ("run_turn", {"bot": "nowhere", "message": "hi"}),
+        ("run_turn", {"bot": "bad", "message": "hi"}),
+        ("graph", {"path": "nowhere"}),
+        ("run_transcripts", {"paths": ["missing.yaml"]}),
+        ("run_transcripts", {"paths": ["bad"]}),
+        ("validate", {"path": hello}),
+    ]))
+    for is_error, text in answers[:5]:
+        assert is_error and "Traceback" not in text, text
+    no_bot, invalid, no_graph, no_transcript, no_transcripts = (text for _, text in answers[:5])
+    assert "nowhere" in no_bot and "nowhere" in no_graph
+    assert "bad/bot.yaml:5" in invalid and "unknown key `prompt`" in invalid
+    assert "missing.yaml" in no_transcript and "no such" in no_transcript
+    assert "bad" in no_transcripts and "no transcripts" in no_transcripts
+    assert answers[5][0] is False and '"valid": true' in answers[5][1]

@@ -194,3 +194,62 @@ def test_a_turns_mock_still_overrides_the_transcripts_for_every_call(tmp_path):
 """)
     result = run_transcript(str(path))
     assert [t.split(".")[0] for t in tool_texts(result)] == ["Order A1001: processing"] * 3
+
+
+FORM_BOT = """\
+name: subscribe
+model: {provider: openai, name: gpt-4o-mini}
+routes:
+  main:
+    default: true
+    system: Subscribe people to the newsletter.
+    tools: [subscribe]
+tools:
+  subscribe:
+    description: Subscribe an email address
+    parameters:
+      type: object
+      properties: {email: {type: string}, weekly: {type: boolean}}
+      required: [email]
+    http:
+      method: POST
+      url: http://news.test/subscribe
+      form: {email: "{{ args.email }}", frequency: "{{ 'weekly' if args.weekly else 'daily' }}", source: chat}
+"""
+
+SUBSCRIBE = """
+turns:
+  - user: Sign up ana@example.com, weekly
+    model:
+      - tool_calls: [{{name: subscribe, arguments: {{email: ana@example.com, weekly: true}}}}]
+      - text: Done.
+    mocks:
+      - tool: subscribe
+        request: {request}
+        result: {{status: 201, ok: true, json: {{subscribed: true}}}}
+"""
+
+
+def form_transcript(tmp_path: Path, request: str) -> Path:
+    (tmp_path / "bot.yaml").write_text(FORM_BOT)
+    path = tmp_path / "t.yaml"
+    path.write_text("bot: bot.yaml\n" + SUBSCRIBE.format(request=request))
+    return path
+
+
+def test_a_form_body_is_matched_as_its_fields_as_text(tmp_path):
+    path = form_transcript(tmp_path, """
+          method: POST
+          form: {email: ana@example.com, frequency: weekly, source: {regex: ^ch}}
+          json: null
+          headers: {content-type: {contains: x-www-form-urlencoded}}""")
+    result = run_transcript(str(path))
+    assert result.passed, result.report()
+
+
+def test_a_form_field_that_differs_fails_the_turn_naming_it(tmp_path):
+    path = form_transcript(tmp_path, "{form: {email: ana@example.com, frequency: daily, source: chat}}")
+    result = run_transcript(str(path))
+    error = result.turns[0].observed.error or ""
+    assert error.startswith(f"{path}:9: the request subscribe would send is not the one this mock expects: "), error
+    assert "form: expected" in error and '"frequency": "daily"' in error and '"frequency": "weekly"' in error

@@ -340,6 +340,31 @@ def test_inspector_shows_graph_scopes_and_the_memory_as_the_model_sees_it(client
     assert [t["function"]["name"] for t in memory["tools"]] == ["set_destination", "set_departure", "book", "cancel"]
 
 
+def test_the_inspect_endpoint_counts_each_messages_tokens(client, fake):
+    """The inspector's data (not the page drawing it): one token count per message, as the
+    session's counter counts it, their total, the window's maximum and the counter's name."""
+    from chatrun.memory.tokens import estimate_counter, tiktoken_counter
+    from chatrun.messages import SystemMessage, UserMessage
+
+    fake.queue({"text": "Hello Ana."}, {"text": "Where to?"})
+    client.post("/bots/travel/sessions", json={"id": "t1"})
+    client.post("/bots/travel/sessions/t1/messages", json={"userMessage": "hi"})
+    client.post("/bots/travel/sessions/t1/messages", json={"userMessage": "I would like to travel somewhere warm " * 8})
+    memory = client.get("/bots/travel/sessions/t1/inspect").json()["memory"]
+    tokens = memory["tokens"]
+    assert [m["role"] for m in memory["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert len(tokens["messages"]) == 5 and tokens["total"] == sum(tokens["messages"])
+    assert tokens["max_tokens"] is None  # main_menu keeps a message window: no token limit
+    label = tokens["counter"]
+    count = estimate_counter if label == "estimate" else tiktoken_counter(label.removesuffix(" (exact)"))
+    kinds = {"system": SystemMessage, "user": UserMessage}
+    for message, counted in zip(memory["messages"], tokens["messages"], strict=True):
+        if message["role"] in kinds:
+            assert counted == count(kinds[message["role"]](message["content"])), message
+    short, long = tokens["messages"][1], tokens["messages"][3]
+    assert long > 8 * short > 0
+
+
 def test_the_page_and_the_javascript_client_are_served(client):
     page = client.get("/")
     assert page.status_code == 200 and 'data-bot="travel"' in page.text

@@ -8,6 +8,8 @@ The tools are the commands a person uses, returning data instead of printing: `v
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,26 @@ def make_server() -> Any:
 
     server = MCPServer("chatrun")
     for tool in (validate, graph, run_turn, run_transcripts, explain):
-        server.tool()(tool)
+        server.tool()(_author_errors(tool))
     return server
+
+
+def _author_errors(tool: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """The tool, its ChatrunErrors (a bot path that is not a bot, an invalid bot: file:line)
+    answered as tool errors carrying their message: the SDK answers any other exception with
+    only "Error executing tool NAME", which tells a coding agent nothing it can act on."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from chatrun.errors import ChatrunError
+
+    @functools.wraps(tool)
+    async def answered(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await tool(*args, **kwargs)
+        except ChatrunError as exc:
+            raise ToolError(str(exc)) from exc
+
+    return answered
 
 
 async def validate(path: str) -> dict[str, Any]:
@@ -98,12 +118,21 @@ async def run_transcripts(paths: list[str]) -> dict[str, Any]:
 
 
 def _run_transcripts(paths: list[str]) -> dict[str, Any]:
+    from chatrun.errors import ChatrunError
+    from chatrun.transcripts.format import is_transcript_text
     from chatrun.transcripts.run import run_transcript
 
     files: list[Path] = []
     for path in map(Path, paths):
+        if not path.exists():
+            raise ChatrunError(f"no such transcript or folder: {path} (paths are relative to {Path.cwd()})")
         folder = path / "transcripts" if (path / "transcripts").is_dir() else path
-        files += sorted(folder.glob("*.yaml")) if folder.is_dir() else [path]
+        found = [f for f in sorted(folder.glob("*.yaml")) if is_transcript_text(f.read_text(encoding="utf-8",
+                                                                                          errors="replace"))] \
+            if folder.is_dir() else [path]
+        if not found:
+            raise ChatrunError(f"no transcripts in {folder} (its *.yaml files, or a bot folder's transcripts/)")
+        files += found
     bots: dict[str, Any] = {}
     results = [run_transcript(str(f), bots) for f in files]
     return {"passed": sum(r.passed for r in results), "failed": sum(not r.passed for r in results),

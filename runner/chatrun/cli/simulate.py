@@ -20,14 +20,16 @@ from chatrun.cli._output import fail
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the verdicts as JSON here (`-` for stdout).")
 @click.option("--record", "record_dir", type=click.Path(file_okay=False), default=None,
-              help="Write each trial as a golden transcript into this folder; `chatrun test` replays it offline.")
+              help="Write each trial as a golden transcript into this folder: it replays the trial offline and keeps "
+                   "the scenario's criteria, so a failed trial's recording fails under `chatrun test`.")
 def simulate(paths: tuple[str, ...], trials: int | None, junit: str | None, json_path: str | None,
              record_dir: str | None) -> None:
     """Play scenarios with a simulated user and report each one's pass rate.
 
     PATH is a scenario file or a folder of them (default: bots/*/scenarios/). Each trial is a
     conversation between the scenario's simulated user (its persona and goal, answered by
-    `user_model`) and the bot (its own model); it passes when the conversation meets the
+    `user_model`) and the bot (its own model); a scenario's `script:` plays either side from a
+    list instead, so it can run with no model. A trial passes when the conversation meets the
     scenario's `success` criteria. A scenario passes when its pass rate reaches its
     `threshold`; the rate is shown with its 95% Wilson interval. Exit status 0 when every
     scenario passes, 1 otherwise.
@@ -91,25 +93,15 @@ def _line(outcome: Any) -> str:
 
 
 def _recorder(folder: Path) -> Any:
-    """Keeps each trial as a transcript: the simulated user's lines as the turns, the bot's
-    model answers and outside tools' results as they came (chatrun record --from-session's way)."""
-    from chatrun.toolkinds import outside
-    from chatrun.transcripts.from_session import (
-        StoredSession,
-        bot_reference,
-        transcript_of,
-        write_transcript,
-    )
+    """Keeps each trial (one that said anything) as a transcript in `folder`."""
+    from chatrun.transcripts.from_session import write_transcript
+    from chatrun.transcripts.scenario import trial_transcript
 
     def keep(scenario: Any, bot: Any, trial: Any) -> None:
-        def is_outside(name: str) -> bool:
-            tool = bot.config.tools.get(name)
-            return tool is None or outside(tool) is not None
-
+        if not trial.history:
+            return
         path = folder / f"{Path(scenario.file).stem}.trial{trial.number}.yaml"
-        stored = StoredSession(trial.session_id, bot.name, trial.history)
-        doc = transcript_of(stored, bot.config, bot_reference(scenario.bot_path, folder), is_outside)
-        doc["description"] = f"Trial {trial.number} of scenario {scenario.file} ({'passed' if trial.passed else 'failed'})."
-        write_transcript(doc, path, trial.session_id, f"scenario {scenario.file}")
+        write_transcript(trial_transcript(scenario, bot, trial, folder), path, trial.session_id,
+                         f"scenario {scenario.file}")
 
     return keep

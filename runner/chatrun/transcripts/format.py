@@ -88,6 +88,8 @@ class Transcript:
     state_lines: dict[str, int] = field(default_factory=dict)  # the line of each key of `state:`
     version: str | None = None  # `version:`: the bot version the conversation starts on
     locale: str | None = None  # `locale:`: what the client asks for (docs/i18n.md); `chatrun test --locale` overrides
+    success: dict[str, Any] | None = None  # `success:`: criteria on the whole conversation (a scenario's)
+    success_lines: dict[str, int] = field(default_factory=dict)  # the line of each key of `success:`
 
     @property
     def name(self) -> str:
@@ -254,7 +256,8 @@ def _build(doc: YamlDoc) -> Transcript:
                       {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"),
                       data.get("principal"), data.get("clock"), _lines(doc, ("mocks",), data.get("mocks")),
                       data.get("tokenizer"), _key_lines(doc, ("state",), data.get("state")),
-                      _label(data.get("version")), data.get("locale"))
+                      _label(data.get("version")), data.get("locale"), data.get("success"),
+                      _key_lines(doc, ("success",), data.get("success")))
 
 
 def _label(value: Any) -> str | None:

@@ -153,7 +153,9 @@ def _shown_url(url: str) -> str:
 
 
 def bot_reference(bot_path: Path, folder: Path) -> str:
-    bot_path = bot_path.resolve()
+    """`bot:` for a transcript in `folder`: the bot's path relative to it, as the paths read
+    (a symlinked folder of bots stays a link, not the place it points at)."""
+    bot_path = Path(os.path.abspath(bot_path))
     if bot_path.is_file() and bot_path.name in ("bot.yaml", "bot.yml"):
         bot_path = bot_path.parent
-    return Path(os.path.relpath(bot_path, folder.resolve())).as_posix()
+    return Path(os.path.relpath(bot_path, os.path.abspath(folder))).as_posix()

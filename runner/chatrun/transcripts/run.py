@@ -194,6 +194,7 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
                 played.warnings = unoffered_calls(t, turn, script.current.requests)
             played.warnings += unpinned_due(session, t, played)
             result.turns.append(played)
+        check_success(result, t)
         judge_conversation(result, judge)
     finally:
         result.usage = session.usage
@@ -272,6 +273,24 @@ def judge_conversation(result: Result, judge: Judge) -> None:
         judged = judge.judge(criterion, text, last.turn.judged, last.turn.index - 1)
         if not judged.passed:
             last.problems.append(Mismatch("judge", f"(the conversation) {judged.problem}"))
+
+
+def check_success(result: Result, t: Transcript) -> None:
+    """`success:`: a scenario's exact criteria on the whole conversation, reported on the last
+    turn, each naming its line."""
+    from chatrun.transcripts.scenario import Trial, exact_problems
+
+    observed = [r.observed for r in result.turns]
+    if not t.success or not observed or None in observed:
+        return
+    turns: list[Observed] = observed  # type: ignore[assignment]
+    last = turns[-1]
+    conversation = Trial(0, route=last.route, stack=list(last.stack), visible=last.visible,
+                         path=turns[0].path[:1] + [route for o in turns for route in o.path[1:]],
+                         calls=[c for o in turns for c in o.calls], events=[e for o in turns for e in o.events])
+    for key, problem in exact_problems(t.success, conversation):
+        result.turns[-1].problems.append(
+            Mismatch("success", f"success ({t.name}:{t.success_lines.get(key, t.lines.get('success', 1))}) {problem}"))
 
 
 SESSION_ID = "transcript"  # the id of every transcript's session

@@ -5,6 +5,9 @@ Exact criteria are checked on what the conversation did: the route and stack it 
 state, and — as subsequences (these items in this order, others may come between) — the
 routes it went through (`path`), its tool calls (`calls`) and the user's events (`events`).
 Judged criteria (`judge`) are scored by the transcripts' judge on the whole conversation.
+Either side can be scripted (`script: {bot, user}`), so a scenario runs with no model at all.
+A trial recorded as a transcript (`trial_transcript`) replays to what happened and keeps the
+criteria (`success:`, `judge: conversation:`), so a failed trial's recording fails too.
 The pass rate of the trials is reported with a Wilson score interval; a scenario passes when
 its rate reaches its `threshold`.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +32,8 @@ from chatrun.errors import BotError, ChatrunError, Diagnostic
 from chatrun.messages import AssistantMessage, Message, SystemMessage, UserMessage
 from chatrun.models.base import ModelRequest
 from chatrun.transcripts.expect import _shaped_call, match, resolve
+from chatrun.transcripts.judge import criteria, reply_text
+from chatrun.transcripts.mocks import TranscriptMocks
 
 SCHEMA = "scenario.schema.json"
 DONE = "DONE"
@@ -57,11 +63,12 @@ class Scenario:
     threshold: float = 1.0
     mocks: list[dict[str, Any]] = field(default_factory=list)
     judge: dict[str, Any] | None = None
+    script: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # scripted sides: bot, user
     lines: dict[str, int] = field(default_factory=dict)
 
     @property
     def bot_path(self) -> Path:
-        return (Path(self.file).parent / self.bot).resolve()
+        return Path(os.path.abspath(Path(self.file).parent / self.bot))
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -89,7 +96,7 @@ def load_scenario(path: str | Path) -> Scenario:
         route=data.get("route"), state=data.get("state"), opening=data.get("opening"),
         user_model=dict(data.get("user_model") or {}), max_turns=int(data.get("max_turns", 8)),
         trials=int(data.get("trials", 5)), threshold=float(data.get("threshold", 1.0)),
-        mocks=list(data.get("mocks") or []), judge=data.get("judge"),
+        mocks=list(data.get("mocks") or []), judge=data.get("judge"), script=dict(data.get("script") or {}),
         lines={key: doc.pos((key,)).line for key in data},
     )
 
@@ -103,6 +110,7 @@ class Trial:
 
     number: int
     said: list[tuple[str, str]] = field(default_factory=list)  # (user, bot's reply) per turn
+    turn_events: list[list[dict[str, Any]]] = field(default_factory=list)  # the user's events, per turn
     path: list[str] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -112,26 +120,32 @@ class Trial:
     history: list[dict[str, Any]] = field(default_factory=list)
     session_id: str = ""
     problems: list[str] = field(default_factory=list)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)  # the judge's, as a transcript's `judged:`
+    mocked: set[str] = field(default_factory=set)  # the tools a scenario mock answered
 
     @property
     def passed(self) -> bool:
         return not self.problems
 
     def text(self) -> str:
-        return "\n".join(f"User: {user}\nAssistant: {reply or '(no message)'}" for user, reply in self.said)
+        """What the judge reads: the same text as a transcript's conversation criteria, so a
+        recorded trial's verdicts replay (their digests match)."""
+        return "\n".join(reply_text(user, events) for (user, _), events in zip(self.said, self.turn_events, strict=True))
 
 
 async def play(scenario: Scenario, bot: Any, number: int) -> Trial:
     """One trial: the simulated user and the bot take turns until the user says DONE, the
     conversation ends, or `max_turns` turns have run."""
     from chatrun.models import ModelPool
+    from chatrun.models.scripted import ScriptedModel
     from chatrun.store.memory import InMemoryStore
-    from chatrun.transcripts.mocks import TranscriptMocks
 
     pool = ModelPool()  # the bot's model and the simulated user's, closed on this loop
-    answers, user = pool.model(), pool.model()
+    scripted = {side: ScriptedModel(scenario.script[side]) for side in ("bot", "user") if side in scenario.script}
+    answers, user = scripted.get("bot") or pool.model(), scripted.get("user") or pool.model()
     session = bot.session(route=scenario.route, store=InMemoryStore(), state=scenario.state, model=answers)
-    session.tool_mocks = TranscriptMocks(scenario.mocks, live=True, file=scenario.file)
+    mocks = ScenarioMocks(scenario.mocks, live=True, file=scenario.file)
+    session.tool_mocks = mocks
     config = bot.config.model.merged({**scenario.user_model, "stream": False})
     trial = Trial(number, session_id=session.id)
     trial.path = [session.route]
@@ -142,25 +156,29 @@ async def play(scenario: Scenario, bot: Any, number: int) -> Trial:
             if said.strip() == DONE:
                 break
             events = await session.achat(said)
-            _take(trial, events)
+            trial.turn_events.append(_take(trial, events))
             trial.said.append((said, _reply(events)))
             if session.ended is not None:
                 break
         trial.route, trial.stack = session.route, list(session.stack)
         trial.visible = json.loads(json.dumps(session.visible_state(), default=str))
         trial.history = list(session.history)
+        trial.mocked = mocks.answered
     finally:
         session.close()
         await bot.tools.aclose()  # this loop's HTTP connections and MCP servers
-        await answers.aclose()
-        await user.aclose()
-        await pool.aclose()
+        for model in (answers, user, pool):
+            if hasattr(model, "aclose"):
+                await model.aclose()
     return trial
 
 
 async def _user_says(user: Any, config: Any, scenario: Scenario, said: list[tuple[str, str]]) -> str:
     """The simulated user's next message: the bot's replies are its `user` messages, its own
-    lines its `assistant` ones (it is the model here)."""
+    lines its `assistant` ones (it is the model here). A scripted user that has said all its
+    lines is done."""
+    if getattr(user, "remaining", None) == 0:
+        return DONE
     messages: list[Message] = [SystemMessage(USER_PROMPT.format(persona=scenario.persona, goal=scenario.goal,
                                                                  done=DONE))]
     if not said:
@@ -171,13 +189,32 @@ async def _user_says(user: Any, config: Any, scenario: Scenario, said: list[tupl
     return (response.text or DONE).strip()
 
 
-def _take(trial: Trial, events: list[Any]) -> None:
+class ScenarioMocks(TranscriptMocks):
+    """A scenario's `mocks:`, noting which tools a mock answered: their calls become mocks
+    of the recorded transcript whatever their kind, so its replay gets what the trial got."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.answered: set[str] = set()
+
+    def lookup(self, tool: Any, args: dict[str, Any]) -> Any:
+        mocked = super().lookup(tool, args)
+        if mocked is not None:
+            self.answered.add(tool.name)
+        return mocked
+
+
+def _take(trial: Trial, events: list[Any]) -> list[dict[str, Any]]:
+    """The turn's events the user receives (kept in `trial.events` too), as transcripts show them."""
+    taken = []
     for e in events:
         if e.type == ev.STREAM or e.audience != ev.USER:
             continue
-        trial.events.append({e.type: e.data})
+        taken.append({e.type: e.data})
         if e.type == ev.ROUTE_CHANGED and isinstance(e.data, dict):
             trial.path.append(e.data["route"])
+    trial.events += taken
+    return taken
 
 
 def _reply(events: list[Any]) -> str:
@@ -190,16 +227,29 @@ def _reply(events: list[Any]) -> str:
 
 
 def check(scenario: Scenario, trial: Trial, judge: Any) -> None:
-    """Fill `trial.problems` with each success criterion the trial does not meet."""
+    """Fill `trial.problems` with each success criterion the trial does not meet (and
+    `trial.verdicts` with the judge's verdicts)."""
     trial.calls = [c for entry in trial.history for c in entry.get("calls") or []]
-    success = scenario.success
+    trial.problems += [problem for _key, problem in exact_problems(scenario.success, trial)]
+    for criterion in criteria(scenario.success.get("judge")):
+        judged = judge.judge(criterion, trial.text(), [], 0)
+        if judged.verdict is not None:
+            trial.verdicts.append(judged.verdict.to_dict())
+        if not judged.passed:
+            trial.problems.append(judged.problem)
+
+
+def exact_problems(success: dict[str, Any], trial: Trial) -> list[tuple[str, str]]:
+    """(criterion, problem) for each exact criterion of `success` the conversation does not
+    meet: the one rule for scenarios and for a transcript's `success:`."""
+    problems: list[tuple[str, str]] = []
     for key in ("route", "stack"):
         if key in success and not match(success[key], getattr(trial, key)):
-            trial.problems.append(f"{key}: expected {_shown(success[key])}, ended with {_shown(getattr(trial, key))}")
+            problems.append((key, f"{key}: expected {_shown(success[key])}, ended with {_shown(getattr(trial, key))}"))
     for path, wanted in (success.get("state") or {}).items():
         actual = resolve(trial.visible, path)
         if not match(wanted, actual):
-            trial.problems.append(f"state {path}: expected {_shown(wanted)}, got {_shown(actual)}")
+            problems.append(("state", f"state {path}: expected {_shown(wanted)}, got {_shown(actual)}"))
     shape: dict[str, Callable[[Any, Any], Any]] = {
         "path": lambda actual, wanted: actual,
         "events": lambda actual, wanted: actual,
@@ -209,12 +259,9 @@ def check(scenario: Scenario, trial: Trial, judge: Any) -> None:
         if key in success:
             missing = first_missing(success[key], getattr(trial, key), shaped)
             if missing is not None:
-                trial.problems.append(f"{key}: no {_shown(missing)} after the ones before it "
-                                      f"(the conversation's {key}: {_shown(_summary(key, getattr(trial, key)))})")
-    for criterion in _criteria(success.get("judge")):
-        judged = judge.judge(criterion, trial.text(), [], 0)
-        if not judged.passed:
-            trial.problems.append(judged.problem)
+                problems.append((key, f"{key}: no {_shown(missing)} after the ones before it "
+                                      f"(the conversation's {key}: {_shown(_summary(key, getattr(trial, key)))})"))
+    return problems
 
 
 def first_missing(wanted: list[Any], actual: list[Any], shaped: Callable[[Any, Any], Any]) -> Any:
@@ -233,14 +280,40 @@ def _summary(key: str, items: list[Any]) -> Any:
     return [c.get("tool") for c in items] if key == "calls" else items
 
 
-def _criteria(value: Any) -> list[str]:
-    if not value:
-        return []
-    return [value] if isinstance(value, str) else [str(v) for v in value]
-
-
 def _shown(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
+
+
+# -- a trial as a transcript ----------------------------------------------------------------------
+
+
+def trial_transcript(scenario: Scenario, bot: Any, trial: Trial, folder: Path) -> dict[str, Any]:
+    """A trial as a golden transcript (plain data) for `folder`: its turns replay to what
+    happened — the simulated user's messages, the bot's model answers, every call an outside
+    tool or a scenario mock answered as a mock, what happened as each turn's expectations — and
+    the scenario's criteria are kept (`success:`, judged ones as `judge: conversation:` with
+    the trial's verdicts), so the recording of a failed trial fails where the trial did."""
+    from chatrun.toolkinds import outside
+    from chatrun.transcripts.from_session import StoredSession, bot_reference, transcript_of
+
+    def replayed_as_mock(name: str) -> bool:
+        tool = bot.config.tools.get(name)
+        return tool is None or outside(tool) is not None or name in trial.mocked
+
+    stored = StoredSession(trial.session_id, bot.name, trial.history)
+    doc = transcript_of(stored, bot.config, bot_reference(scenario.bot_path, folder), replayed_as_mock)
+    outcome = "passed" if trial.passed else "failed: " + "; ".join(trial.problems)
+    doc["description"] = f"Trial {trial.number} of scenario {scenario.file} ({outcome})."
+    turns = doc.pop("turns")
+    exact = {key: value for key, value in scenario.success.items() if key != "judge"}
+    if exact:
+        doc["success"] = exact
+    judged = criteria(scenario.success.get("judge"))
+    if judged:
+        doc["judge"] = {**(scenario.judge or {}), "conversation": judged}
+        turns[-1]["judged"] = trial.verdicts
+    doc["turns"] = turns
+    return doc
 
 
 # -- many trials ---------------------------------------------------------------------------------
