@@ -163,6 +163,14 @@ def test_a_session_attaches_a_file_and_sends_it_with_a_message(fake, travel):
     assert area.refs(session.id) == []
 
 
+def test_files_alone_are_a_message(fake, travel):
+    fake.queue({"text": "A dot."})
+    session = travel.session(blobs=MemoryBlobs())
+    attachment = session.attach(PNG, "image/png", "dot.png")
+    session.chat({"userMessage": "", "attachments": [attachment.to_dict()]})
+    assert user_parts(fake.requests[0]) == [{"type": "image_url", "image_url": {"url": PNG_URL}}]
+
+
 def test_a_reference_the_session_does_not_hold_is_refused(travel):
     session = travel.session(blobs=MemoryBlobs())
     with pytest.raises(chatrun.SessionError, match=rf"session {session.id}: attachments\[0\]: no upload 'abc'"):

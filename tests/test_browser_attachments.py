@@ -95,13 +95,18 @@ def test_an_image_attached_on_the_page_reaches_the_model_once_stored_and_goes_wi
         bubble = page.locator(".msg.user").last
         assert bubble.locator(".attachment.image img").evaluate("img => img.naturalWidth") == 64
         assert "My parcel arrived like this" in bubble.inner_text()
+        # The inspector shows what the memory keeps: the reference, not the bytes.
+        assert f"[attached: dented-box.png (image/png, {len(PNG)} bytes)]" in page.inner_text("#memory")
 
-        # ... and again, pasted: the model is sent it with both messages, the store keeps it once.
+        # ... and again, pasted, with no text: the model is sent it with both messages, the store
+        # keeps it once.
         dispatch(page, "paste", "#input", PNG, "image/png", "pasted.png")
         assert tray(page) == ["attachment image pasted.png"]
-        send(page, "Here it is again")
+        send(page, "")
+        assert user_parts(fake.requests[1]) == [{"type": "image_url", "image_url": {"url": PNG_URL}}]
         sent = [p for m in fake.requests[1]["messages"] if m["role"] == "user" for p in m["content"]]
         assert sent.count({"type": "image_url", "image_url": {"url": PNG_URL}}) == 2
+        assert page.locator(".msg.user").last.inner_text() == ""
         assert len(stored_blobs(tmp_path)) == 1
 
         # A PDF dropped on the chat is a name + size chip, removable with the keyboard.

@@ -193,7 +193,8 @@ def role_list(messages: list[Message], read: BlobReader | None = None) -> list[d
 
 def message_text(message: Message, read: BlobReader | None = None) -> str:
     if isinstance(message, UserMessage) and message.attachments and read is not None:
-        return "\n".join([message.content, *(part_line(a, a.content_part(read)) for a in message.attachments)])
+        lines = [message.content] if message.content else []  # no text: the model got the files alone
+        return "\n".join([*lines, *(part_line(a, a.content_part(read)) for a in message.attachments)])
     if isinstance(message, SummaryMessage):
         return message.content
     if isinstance(message, AssistantMessage):

@@ -674,7 +674,7 @@
       const item = el("div", "mem " + m.role);
       if (counted) item.dataset.tokens = counted;
       item.appendChild(el("div", "role", m.role + (m.name ? " · " + m.name : "") + (m.tool_call_id ? " · " + m.tool_call_id : "")));
-      if (m.content) item.appendChild(el("div", "content", m.content));
+      if (m.content) item.appendChild(el("div", "content", memoryText(m.content)));
       for (const call of m.tool_calls || []) {
         const f = call.function || call;
         item.appendChild(el("div", "call", "→ " + f.name + "(" + f.arguments + ")"));
@@ -1194,6 +1194,13 @@
     } catch (err) {
       img.alt = (a.name || "image") + " (no longer available)";
     }
+  }
+
+  /** A memory message's content: text, or (a message with files) its parts, each file as the
+   * reference line the memory keeps (`[attached: parcel.png (image/png, 312 bytes)]`). */
+  function memoryText(content) {
+    if (!Array.isArray(content)) return content;
+    return content.map((p) => (p.type === "text" ? p.text : "[" + p.type + "]")).join("\n");
   }
 
   function setUpAttachments() {
