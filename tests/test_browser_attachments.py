@@ -77,6 +77,10 @@ def dispatch(page, kind: str, selector: str, data: bytes, media_type: str, name:
 def test_an_image_attached_on_the_page_reaches_the_model_once_stored_and_goes_with_the_session(server, fake, tmp_path):
     fake.queue({"text": "I see a dented box. What is the order number?"}, {"text": "Thanks, the same dent."})
     with chat_page(server.url, width=1280) as page:
+        frames: list[str] = []  # what the page sends on its WebSocket (reopened by the reload)
+        page.on("websocket", lambda ws: ws.on("framesent", lambda payload: frames.append(str(payload))))
+        page.reload()
+        page.wait_for_selector("body[data-ready=true]")
         assert page.is_visible("#attach")
         assert page.get_attribute("#attach", "aria-label") == "Attach files"
         with page.expect_file_chooser() as chooser:
@@ -92,6 +96,9 @@ def test_an_image_attached_on_the_page_reaches_the_model_once_stored_and_goes_wi
                                                 {"type": "image_url", "image_url": {"url": PNG_URL}}]
         assert len(stored_blobs(tmp_path)) == 1
         assert tray(page) == []
+        # The WebSocket carried the reference, never the bytes.
+        assert any(stored_blobs(tmp_path)[0] in f and "dented-box.png" in f for f in frames), frames
+        assert not any(base64.b64encode(PNG).decode()[:40] in f for f in frames)
         bubble = page.locator(".msg.user").last
         assert bubble.locator(".attachment.image img").evaluate("img => img.naturalWidth") == 64
         assert "My parcel arrived like this" in bubble.inner_text()
