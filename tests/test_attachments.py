@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import httpx
 import openai
@@ -162,6 +163,14 @@ def test_a_session_attaches_a_file_and_sends_it_with_a_message(fake, travel):
     assert area.refs(session.id) == []
 
 
+def test_files_alone_are_a_message(fake, travel):
+    fake.queue({"text": "A dot."})
+    session = travel.session(blobs=MemoryBlobs())
+    attachment = session.attach(PNG, "image/png", "dot.png")
+    session.chat({"userMessage": "", "attachments": [attachment.to_dict()]})
+    assert user_parts(fake.requests[0]) == [{"type": "image_url", "image_url": {"url": PNG_URL}}]
+
+
 def test_a_reference_the_session_does_not_hold_is_refused(travel):
     session = travel.session(blobs=MemoryBlobs())
     with pytest.raises(chatrun.SessionError, match=rf"session {session.id}: attachments\[0\]: no upload 'abc'"):
@@ -256,3 +265,79 @@ def test_a_websocket_message_carries_a_reference_to_an_upload(fake, travel, tmp_
             frames = until_done(ws)
             assert frames[-1] == {"chatId": "c1", "type": "Failed", "data": "BadRequest"}
             assert "attachments[0]: no upload" in json.dumps(frames), frames
+
+
+# -- what the web page reads: the routes' limits, an upload read back ------------------------------
+
+
+def test_the_bot_graph_names_each_routes_attachment_limits(server):
+    nodes = {n["name"]: n for n in httpx.get(f"{server.url}/bots/travel").json()["graph"]["nodes"]}
+    assert nodes["main_menu"]["attachments"] == {"kinds": ["image/*", "application/pdf"], "max_bytes": 1000,
+                                                 "max_count": 3}
+    assert nodes["flight"]["attachments"] is None
+
+
+def test_an_upload_is_read_back_by_its_session_as_an_opaque_download(server):
+    base = f"{server.url}/bots/travel/sessions"
+    session, other = (httpx.post(base, json={}).json()["id"] for _ in range(2))
+    ref = httpx.post(f"{base}/{session}/attachments", json={
+        "media_type": "image/png", "data": base64.b64encode(PNG).decode()}).json()["ref"]
+    read = httpx.get(f"{base}/{session}/attachments/{ref}")
+    assert read.status_code == 200 and read.content == PNG
+    # Not rendered by a browser as whatever the uploader said it was: the page types it itself.
+    assert read.headers["content-type"] == "application/octet-stream"
+    assert read.headers["x-content-type-options"] == "nosniff"
+    assert read.headers["content-disposition"] == "attachment"
+    missing = httpx.get(f"{base}/{other}/attachments/{ref}")
+    assert missing.status_code == 404 and f"session {other} has no upload" in missing.json()["message"]
+    assert httpx.get(f"{base}/{session}/attachments/{'0' * 64}").status_code == 404
+
+
+# -- transcripts: `attach:` fixture files ----------------------------------------------------------
+
+CLAIMS = Path(__file__).resolve().parents[1] / "bots" / "claims"
+
+
+def run_claims_transcript(tmp_path, turns: str):
+    from chatrun.transcripts.run import run_transcript
+
+    (tmp_path / "photo.png").write_bytes(PNG)
+    path = tmp_path / "t.yaml"
+    path.write_text(f"bot: {CLAIMS}\nturns:\n{turns}")
+    return run_transcript(str(path))
+
+
+def test_a_transcript_turn_attaches_a_file_and_sent_shows_the_part_the_model_received(tmp_path):
+    result = run_claims_transcript(tmp_path, """\
+  - user: Look
+    attach: [photo.png]
+    model: [{text: A dot.}]
+    expect:
+      sent: [{messages: [{user: "Look\\n[image_url: photo.png (image/png, 1 bytes)]"}]}]
+""")
+    assert not result.passed
+    report = result.report()
+    assert "turn 1 (" in report and "sent differs" in report
+    assert f"+      [image_url: photo.png (image/png, {len(PNG)} bytes)]" in report
+
+
+def test_a_file_the_route_does_not_take_fails_the_turn_naming_the_limit_unless_expected(tmp_path):
+    turn = "  - user: Look\n    attach: [{file: photo.png, media_type: text/csv}]\n"
+    refused = run_claims_transcript(tmp_path, turn)
+    assert "takes image/png, image/jpeg, application/pdf (attachments.kinds), not text/csv" in refused.report()
+    expected = run_claims_transcript(tmp_path, turn + "    expect: {error: {contains: attachments.kinds}}\n")
+    assert expected.passed, expected.report()
+
+
+@pytest.mark.parametrize(("turn", "message"), [
+    ("  - user: Look\n    attach: [nowhere.png]\n", "t.yaml:4:14: error: `turns[0].attach[0]`: no file nowhere.png beside the transcript"),
+    ("  - user: Look\n    attach: [photo.png, {file: photo.png, name: x}]\n    model: [{text: ok}]\n", None),
+    ("  - user: Look\n    attach: [{file: photo.png, name: scan}]\n    model: [{text: ok}]\n", None),
+    ("  - approve: p1\n    attach: [photo.png]\n", "t.yaml:4:5: error: `attach:` goes with a message"),
+])
+def test_attach_files_are_checked_at_their_lines(tmp_path, turn, message):
+    result = run_claims_transcript(tmp_path, turn)
+    if message is None:
+        assert result.passed, result.report()
+    else:
+        assert message in (result.error or ""), result.error

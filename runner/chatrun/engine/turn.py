@@ -186,8 +186,8 @@ class Turn:
         if memory_id not in self.user_given:
             self.user_given.add(memory_id)
             user_text = self.render_user(route)  # the system prompt goes first anyway: memories keep it first
-            if user_text:
-                memory.add(UserMessage(user_text, self.attachments))
+            if user_text or self.attachments:  # files alone are a message too (a photo, no words)
+                memory.add(UserMessage(user_text or "", self.attachments))
         offered = await self.tools.offered(route, self.mocks)
         return RouteRun(route, memory, offered, [tool_spec(t) for t in offered.values()],
                         self.config.route_model(route.name), route.returns == "answer" and scope.caller is not None)

@@ -10,6 +10,7 @@
            (Accept: text/event-stream or ?stream=true: the events as they happen)
     POST   /bots/{bot}/sessions/{id}/attachments      {"media_type", "data" (base64), "name"?} -> its reference,
            sent in a message: {"userMessage": "...", "attachments": [reference]}
+    GET    /bots/{bot}/sessions/{id}/attachments/{ref} the bytes of an upload (the page shows sent images)
     GET    /bots/{bot}/sessions/{id}/inspect          what the page's inspector shows
 """
 
@@ -74,6 +75,8 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
                          tags=["sessions"])
     router.add_api_route("/bots/{bot}/sessions/{session_id}/attachments", upload_attachment, methods=["POST"],
                          status_code=201, tags=["sessions"], openapi_extra=UPLOAD_BODY)
+    router.add_api_route("/bots/{bot}/sessions/{session_id}/attachments/{ref}", read_attachment, methods=["GET"],
+                         tags=["sessions"], response_class=Response)
     router.add_api_route(
         "/bots/{bot}/sessions/{session_id}/messages", send_message, methods=["POST"], tags=["sessions"],
         responses=_turn_response(), openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
@@ -156,6 +159,19 @@ async def upload_attachment(bot: str, session_id: str, request: Request, who: Ca
         raise wire.RequestFailed(wire.BAD_REQUEST, "data must be base64") from None
     async with registry.session(bot, session_id, who, EXISTING) as session:
         return session.attach(raw, media_type.lower(), name).to_dict()  # AttachmentRefused: 400 (the registry)
+
+
+async def read_attachment(bot: str, session_id: str, ref: str, who: Caller, registry: Registry) -> Response:
+    # Only the session's owner reads its files. The media type is the reference's, which the
+    # client holds, not the server: the bytes go as an opaque download (no sniffing, no inline
+    # rendering), and the page gives them their type itself.
+    async with registry.session(bot, session_id, who, EXISTING) as session:
+        data = registry.blobs.read(session.id, ref) if registry.blobs is not None else None
+    if data is None:
+        raise wire.RequestFailed(wire.NOT_FOUND, f"session {session_id} has no upload {ref!r}")
+    return Response(data, media_type="application/octet-stream", headers={
+        "X-Content-Type-Options": "nosniff", "Content-Disposition": "attachment",
+        "Cache-Control": "private, max-age=3600"})
 
 
 async def delete_session(bot: str, session_id: str, who: Caller, registry: Registry) -> Response:

@@ -23,13 +23,23 @@ def graph_data(bot: Bot) -> dict[str, Any]:
     routes = bot.config.routes
     nodes = [
         {"name": n.name, "title": routes[n.name].title or None, "description": n.description, "default": n.default,
-         "roles": list(n.roles), "tools": list(n.tools), "output": output_schema(routes[n.name])}
+         "roles": list(n.roles), "tools": list(n.tools), "output": output_schema(routes[n.name]),
+         "attachments": attachment_limits(routes[n.name])}
         for n in graph.nodes.values()
     ]
     # `end` edges lead out of the graph: the page's drawing has no node for them (the mermaid text does).
     edges = [{"from": e.source, "to": e.target, "kind": e.kind, "tool": e.tool, "condition": e.condition}
              for e in graph.edges if e.kind != "end"]
     return {"bot": bot.name, "default": graph.default, "nodes": nodes, "edges": edges, "mermaid": graph.render("mermaid")}
+
+
+def attachment_limits(route: RouteConfig) -> dict[str, Any] | None:
+    """A route's `attachments:` (None: it takes no files): the page checks a file before it
+    uploads it, and hides its attach button where none is taken."""
+    policy = route.attachments
+    if policy is None:
+        return None
+    return {"kinds": list(policy.kinds), "max_bytes": policy.max_bytes, "max_count": policy.max_count}
 
 
 def output_schema(route: RouteConfig) -> dict[str, Any] | None:

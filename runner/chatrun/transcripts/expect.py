@@ -19,7 +19,15 @@ from typing import Any
 import yaml
 
 from chatrun import events as ev
-from chatrun.messages import AssistantMessage, Message, SummaryMessage, SystemMessage
+from chatrun.messages import (
+    AssistantMessage,
+    Attachment,
+    BlobReader,
+    Message,
+    SummaryMessage,
+    SystemMessage,
+    UserMessage,
+)
 from chatrun.models.base import ModelRequest
 
 MATCHER_KEYS = ("contains", "regex")
@@ -166,7 +174,7 @@ def sent_token_note(counter: Any, requests: list[ModelRequest]) -> str:
 
 def sent_call(request: ModelRequest) -> dict[str, Any]:
     system = next((m.content for m in request.messages if isinstance(m, SystemMessage)), None)
-    messages = role_list(request.messages)
+    messages = role_list(request.messages, request.blobs)
     return {
         "route": request.route,
         "system": system,
@@ -176,18 +184,33 @@ def sent_call(request: ModelRequest) -> dict[str, Any]:
     }
 
 
-def role_list(messages: list[Message]) -> list[dict[str, str]]:
-    """Messages as [{role: text}], system messages left out (`system:` checks those)."""
-    return [{m.role: message_text(m)} for m in messages if not isinstance(m, SystemMessage)]
+def role_list(messages: list[Message], read: BlobReader | None = None) -> list[dict[str, str]]:
+    """Messages as [{role: text}], system messages left out (`system:` checks those). With
+    `read` (what a model call was sent), a user message's attachments read as the content
+    parts the model received; else (a memory) as the references it keeps."""
+    return [{m.role: message_text(m, read)} for m in messages if not isinstance(m, SystemMessage)]
 
 
-def message_text(message: Message) -> str:
+def message_text(message: Message, read: BlobReader | None = None) -> str:
+    if isinstance(message, UserMessage) and message.attachments and read is not None:
+        lines = [message.content] if message.content else []  # no text: the model got the files alone
+        return "\n".join([*lines, *(part_line(a, a.content_part(read)) for a in message.attachments)])
     if isinstance(message, SummaryMessage):
         return message.content
     if isinstance(message, AssistantMessage):
         parts = [message.content or ""] + [f"{c.name}({c.arguments})" for c in message.tool_calls]
         return "\n".join(p for p in parts if p)
     return message.text()
+
+
+def part_line(attachment: Attachment, part: dict[str, Any]) -> str:
+    """One content part the model received for an attachment, as a line: its type, the file's
+    name, media type and size (`[image_url: parcel.png (image/png, 312 bytes)]`); a file sent as
+    a text description reads as that text (`[attached: ...]`)."""
+    if part["type"] == "text":
+        return str(part["text"])
+    size = f", {attachment.size} bytes" if attachment.size else ""
+    return f"[{part['type']}: {attachment.name or attachment.ref} ({attachment.media_type}{size})]"
 
 
 def _plain(value: Any) -> Any:

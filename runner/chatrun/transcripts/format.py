@@ -45,6 +45,7 @@ class TurnSpec:
     decision: dict[str, Any] | None = None
     acting: dict[str, Any] | str | None = None  # `as:`: who sends this turn (a principal, or "backend")
     upgrade: str | None = None  # `upgrade:`: the bot version the session moves to before this turn
+    attach: list[AttachSpec] = field(default_factory=list)  # `attach:`: files sent with the message
 
     @property
     def input(self) -> str | dict[str, Any]:
@@ -54,6 +55,16 @@ class TurnSpec:
     def said(self) -> str | dict[str, Any] | None:
         """What the turn sends in words, for reports: the user's input or the decision step."""
         return self.decision if self.decision is not None else self.input
+
+
+@dataclass(frozen=True)
+class AttachSpec:
+    """A file a turn attaches (`attach:`): its path (resolved beside the transcript), media type
+    and the name the model is told."""
+
+    path: Path
+    media_type: str
+    name: str
 
 
 # The steps a third party takes in a turn (docs/transcripts.md, "Humans in the loop")
@@ -134,7 +145,7 @@ def load_transcript(path: str | Path) -> Transcript:
         diagnostics += schema_diagnostics(doc)
     if doc.data is not None and not diagnostics:
         diagnostics += (regex_diagnostics(doc) + clock_diagnostics(doc) + tokenizer_diagnostics(doc)
-                        + upgrade_diagnostics(doc))
+                        + upgrade_diagnostics(doc) + attach_diagnostics(doc))
     elif doc.data is None and not diagnostics:
         diagnostics.append(Diagnostic(file, 1, 1, "error", "the transcript is empty; it needs `bot:` and `turns:`"))
     if diagnostics:
@@ -219,6 +230,41 @@ def upgrade_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     return out
 
 
+def attach_spec(file: str, item: str | dict[str, Any]) -> AttachSpec:
+    """An `attach:` item: a path relative to the transcript, or {file, media_type?, name?}; the
+    media type defaults to the one the file name's extension says (None: unknown)."""
+    import mimetypes
+
+    given = {"file": item} if isinstance(item, str) else item
+    path = (Path(file).parent / given["file"]).resolve()
+    media_type = given.get("media_type") or mimetypes.guess_type(path.name)[0] or ""
+    return AttachSpec(path, media_type.lower(), given.get("name", Path(given["file"]).name))
+
+
+def attach_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
+    """`attach:` files exist and have a media type, and go with a message (`user:`/`data:`),
+    reported at their lines before anything runs."""
+    out = []
+    for i, turn in enumerate(doc.data.get("turns") or []):
+        if not isinstance(turn, dict) or "attach" not in turn:
+            continue
+        if not ("user" in turn or "data" in turn):
+            pos = doc.pos(("turns", i, "attach"))
+            out.append(Diagnostic(doc.file, pos.line, pos.col, "error", "`attach:` goes with a message "
+                                  "(`user:` or `data:`), not a third party's step", dotted(("turns", i, "attach"))))
+        for j, item in enumerate(turn["attach"]):
+            at = ("turns", i, "attach", j)
+            spec = attach_spec(doc.file, item)
+            written = item if isinstance(item, str) else item["file"]
+            problem = (f"no file {written} beside the transcript ({spec.path})" if not spec.path.is_file()
+                       else f"cannot tell the media type of {spec.path.name} from its extension; "
+                            "give it: {file: ..., media_type: image/png}" if not spec.media_type else None)
+            if problem:
+                pos = doc.pos(at)
+                out.append(Diagnostic(doc.file, pos.line, pos.col, "error", f"`{dotted(at)}`: {problem}", dotted(at)))
+    return out
+
+
 def _regexes(node: Any, at: tuple) -> list[tuple[tuple, str]]:
     # The same test as expect.is_matcher: a one-key mapping {regex: ..} anywhere is a matcher.
     if isinstance(node, dict):
@@ -250,6 +296,7 @@ def _build(doc: YamlDoc) -> Transcript:
             decision=next(({k: raw[k]} for k in DECISION_KEYS if k in raw), None),
             acting=raw.get("as"),
             upgrade=_label(raw.get("upgrade")),
+            attach=[attach_spec(doc.file, item) for item in raw.get("attach") or []],
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
                       data.get("roles"), data.get("description", ""), list(data.get("mocks") or []),

@@ -10,6 +10,7 @@ from typing import Any
 from chatrun.engine.clock import FixedClock, parse_duration, parse_instant
 from chatrun.engine.pending import Answer, Approve, Expire, OperatorSay, Reject, Release, TakeOver
 from chatrun.errors import (
+    AttachmentRefused,
     BotError,
     ChatrunError,
     DecisionRefused,
@@ -301,6 +302,7 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
     transcript says. Its model is the turn script, unless `model` is given (recording passes
     the real model through, and lets HTTP tools run for real; so does a live run's LiveModel,
     which is then the script too)."""
+    from chatrun.store.blobs import MemoryBlobs
     from chatrun.store.memory import InMemoryStore
 
     script = model if isinstance(model, LiveModel) else TurnScript()
@@ -308,7 +310,7 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
     # One session id for every replay: what quotes it (a NotPending refusal) reads the same each run
     session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles,
                           principal=t.principal, session_id=SESSION_ID,
-                          meta={"locale": t.locale} if t.locale else None)
+                          meta={"locale": t.locale} if t.locale else None, blobs=MemoryBlobs())
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None, file=t.file, lines=t.mock_lines)
     if t.tokenizer is not None:
         session.tokenizer = t.tokenizer  # raises when the pinned encoding cannot be loaded here
@@ -359,6 +361,9 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
         events = send(session, turn)
     except REFUSED_DECISIONS as exc:  # refused before its turn: nothing ran, nothing was committed
         return message_after_end(session, turn, str(exc), script.current.requests)
+    except AttachmentRefused as exc:  # `attach:` files the route does not take: refused before the turn
+        return message_after_end(session, turn, str(exc), script.current.requests,
+                                 why="the attachments were refused before the turn")
     except SessionError as exc:
         if session.ended is None:
             raise
@@ -384,7 +389,7 @@ def _play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None, l
     return TurnResult(turn, obs, problems)
 
 
-def message_after_end(session: Any, turn: TurnSpec, refusal: str, requests: Any = ()) -> TurnResult:
+def message_after_end(session: Any, turn: TurnSpec, refusal: str, requests: Any = (), why: str = "") -> TurnResult:
     """A message sent after a tool ended the conversation is refused, as any client is told, and
     so is a decision the engine refuses before its turn (DecisionRefused, NotPending,
     InvalidDecision); the turn expects that like any error (`expect: {error: ...}`), else it
@@ -393,7 +398,8 @@ def message_after_end(session: Any, turn: TurnSpec, refusal: str, requests: Any 
     obs.error = refusal
     problems = compare(turn.expect, obs)
     if turn.model:
-        why = "the decision was refused before its turn" if turn.decision is not None else "the conversation had ended"
+        why = why or ("the decision was refused before its turn" if turn.decision is not None
+                      else "the conversation had ended")
         problems.append(Mismatch("model", f"{why}, so no model was called: the turn's `model:` answers are left unused"))
     return TurnResult(turn, obs, problems)
 
@@ -425,7 +431,7 @@ BACKEND = "backend"  # `as: backend`: no one signed in, answering a backend's qu
 def step_input(session: Any, turn: TurnSpec) -> Any:
     """The turn's input for Session.chat: its message, or the decision its step describes."""
     if turn.decision is None:
-        return turn.input
+        return with_attachments(session, turn) if turn.attach else turn.input
     (kind, value), = turn.decision.items()
     body = value if isinstance(value, dict) else {"item": value}
     if kind == "approve":
@@ -444,6 +450,17 @@ def step_input(session: Any, turn: TurnSpec) -> Any:
         return OperatorSay(body["say"])
     route = body.get("release")
     return Release(route if isinstance(route, str) else None)
+
+
+def with_attachments(session: Any, turn: TurnSpec) -> dict[str, Any]:
+    """The turn's message with its `attach:` files, as a client sends them: each kept in the
+    session's blob area (Session.attach: the current route's `attachments:` limits, else
+    AttachmentRefused) and sent by reference."""
+    files = [(spec.path.read_bytes(), spec.media_type, spec.name) for spec in turn.attach]
+    session.check_attachments([(media_type, len(data)) for data, media_type, _ in files])  # the count too
+    refs = [session.attach(data, media_type, name).to_dict() for data, media_type, name in files]
+    given = turn.input if isinstance(turn.input, dict) else {"userMessage": turn.input}
+    return {**given, "attachments": refs}
 
 
 def state_problem(config: Any, t: Transcript) -> str | None:

@@ -19,7 +19,7 @@ from ruamel.yaml.scalarstring import LiteralScalarString
 
 from chatrun.errors import ChatrunError
 
-TURN_KEY_ORDER = ("clock", "as", "user", "data", "approve", "reject", "answer", "operator", "expire", "model", "mocks", "expect", "judged")
+TURN_KEY_ORDER = ("clock", "as", "user", "data", "attach", "approve", "reject", "answer", "operator", "expire", "model", "mocks", "expect", "judged")
 
 
 def _yaml() -> YAML:

@@ -130,7 +130,11 @@
     return node;
   }
 
-  function showUser(text) { add(chatBubble("msg user", text)); }
+  function showUser(text, attachments) {
+    const bubble = chatBubble("msg user", text);
+    showSentAttachments(bubble, attachments);
+    add(bubble);
+  }
 
   /** A bot reply: Markdown, rendered safely (markdown.js builds nodes, never HTML). */
   function botBubble(text, cls) {
@@ -274,6 +278,7 @@
     if (!data || !data.stack) return;
     renderBreadcrumb(data.stack);
     if (!quiet) add(el("div", "route-change", "now in " + data.stack.map(routeTitle).join(" › ")));
+    attachmentsFollowRoute(data.stack[data.stack.length - 1]);
   }
 
   /** What end users read for a route: its `title:`, else its name. */
@@ -300,6 +305,7 @@
     ui.send.disabled = true;
     ui.input.placeholder = "This conversation has ended";
     ui.messages.querySelectorAll(".choices button").forEach((b) => { b.disabled = true; });
+    attachmentsFollowRoute();
     const notice = el("div", "notice ended");
     notice.id = "ended";
     notice.setAttribute("role", "status");
@@ -317,6 +323,7 @@
     ui.input.disabled = false;
     ui.send.disabled = busy;
     ui.input.placeholder = "Type a message…";
+    attachmentsFollowRoute();
   }
 
   const asText = (data) => (typeof data === "string" ? data : JSON.stringify(data));
@@ -485,7 +492,8 @@
     for (const entry of data.history || []) {
       const input = entry.input;
       const text = typeof input === "string" ? input : input && input.userMessage;
-      if (text) showUser(text);
+      const files = (input && input.attachments) || [];
+      if (text || files.length) showUser(text || "", files);
       // The server lists the user's events only (an operator's token also gets operators events,
       // which are not for this chat either).
       const events = (entry.events || []).filter((e) => !e.audience || e.audience === "user");
@@ -501,12 +509,25 @@
   }
 
   async function send(text) {
-    if (!text.trim() || busy || ended || !session) return;
-    showUser(text);
+    if ((!text.trim() && !tray.length) || busy || ended || !session) return;
     setBusy(true);
     epoch += 1;
+    let files;
     try {
-      await session.chat(text);
+      files = await uploadTray();
+    } catch (err) { // refused (a limit, no blob area): nothing is sent, the message stays to edit
+      // The server names the session first (for logs); the user needs only the reason.
+      showAttachProblem("Not sent: " + String(err.message || err).replace(/^session \S+: /, ""));
+      if (!ui.input.value) ui.input.value = text;
+      epoch += 1;
+      setBusy(false);
+      return;
+    }
+    clearTray(true);
+    showAttachProblem("");
+    showUser(text, files);
+    try {
+      await (files.length ? session.sendData({ userMessage: text, attachments: files }) : session.chat(text));
     } catch (err) {
       // The Error frame before a Failed was shown by the errorHandler; else show the reason.
       if (!err.detail) showError(err.message || String(err));
@@ -523,6 +544,8 @@
   async function reset() {
     if (busy) return;
     ui.messages.textContent = "";
+    clearTray();
+    showAttachProblem("");
     cards.clear();
     seenTurns.clear();
     clearTimeout(watching);
@@ -565,6 +588,7 @@
     renderBreadcrumb(d.stack);
     drawGraph(d.graph, d.stack);
     renderScopes(d.scopes, d.scopeId);
+    attachmentsFollowRoute(d.route);
     $("state").innerHTML = jsonHtml(d.state);
     renderMemory(d.memory);
     renderLastTurn(d.last_turn);
@@ -650,7 +674,7 @@
       const item = el("div", "mem " + m.role);
       if (counted) item.dataset.tokens = counted;
       item.appendChild(el("div", "role", m.role + (m.name ? " · " + m.name : "") + (m.tool_call_id ? " · " + m.tool_call_id : "")));
-      if (m.content) item.appendChild(el("div", "content", m.content));
+      if (m.content) item.appendChild(el("div", "content", memoryText(m.content)));
       for (const call of m.tool_calls || []) {
         const f = call.function || call;
         item.appendChild(el("div", "call", "→ " + f.name + "(" + f.arguments + ")"));
@@ -985,6 +1009,232 @@
     });
   }
 
+  // -- attachments: files a message carries (docs/protocol.md, "Attachments") -----------------
+  // Chosen files wait in the tray (a thumbnail or a name+size chip each, removable) until the
+  // message is sent: then each is uploaded over HTTP and the WebSocket frame carries only the
+  // references. What the current route's `attachments:` refuses is refused here first, naming
+  // the limit; the server checks again and its refusal is shown the same way.
+
+  const tray = []; // {file, preview (object URL of an image) or null}
+  const sentImages = new Map(); // ref -> object URL of an image this page sent or fetched
+  let attachRoute = null; // the route whose limits the tray follows
+
+  function attachLimits() {
+    const node = graph && attachRoute && graph.nodes.find((n) => n.name === attachRoute);
+    return (node && node.attachments) || null;
+  }
+
+  /** Sizes in decimal units, as bot authors write limits (max_bytes: 5000000 is "5 MB"). */
+  function formatSize(bytes) {
+    if (bytes < 1000) return bytes + " bytes";
+    if (bytes < 1000 * 1000) return (bytes / 1000).toFixed(1).replace(/\.0$/, "") + " kB";
+    return (bytes / (1000 * 1000)).toFixed(1).replace(/\.0$/, "") + " MB";
+  }
+
+  function kindTaken(limits, type) {
+    const major = (type || "").split("/")[0];
+    return limits.kinds.some((k) => k === type || k === major + "/*" || k === "*/*");
+  }
+
+  /** Why the current route refuses this file on top of those in the tray, naming the limit, or null. */
+  function attachRefusal(limits, file) {
+    const name = file.name || "the file";
+    if (!limits) return "This part of the conversation (" + routeTitle(attachRoute) + ") takes no files.";
+    if (tray.length >= limits.max_count) {
+      return "A message takes at most " + plural(limits.max_count, "file") + " here (attachments.max_count); "
+        + name + " was not added.";
+    }
+    if (!kindTaken(limits, file.type)) {
+      return name + " is " + (file.type || "of an unknown type") + "; this chat takes " + limits.kinds.join(", ")
+        + " (attachments.kinds).";
+    }
+    if (file.size > limits.max_bytes) {
+      // Rounded sizes that read the same ("5 MB, over the limit of 5 MB") are given in bytes.
+      const exact = formatSize(file.size) === formatSize(limits.max_bytes);
+      const size = (n) => (exact ? n.toLocaleString("en-US") + " bytes" : formatSize(n));
+      return name + " is " + size(file.size) + ", over this chat's limit of " + size(limits.max_bytes)
+        + " per file (attachments.max_bytes).";
+    }
+    return null;
+  }
+
+  function showAttachProblem(text) {
+    const box = $("attach-problem");
+    box.textContent = text || "";
+    box.hidden = !text;
+  }
+
+  /** Files from the button, a paste or a drop: each taken into the tray, or refused saying why. */
+  function addFiles(files) {
+    const refusals = [];
+    for (const file of Array.from(files || [])) {
+      const why = attachRefusal(attachLimits(), file);
+      if (why) refusals.push(why);
+      else tray.push({ file: file, preview: file.type.startsWith("image/") ? URL.createObjectURL(file) : null });
+    }
+    showAttachProblem(refusals.join(" "));
+    renderTray();
+  }
+
+  function removeFromTray(index) {
+    const [gone] = tray.splice(index, 1);
+    if (gone && gone.preview) URL.revokeObjectURL(gone.preview);
+    showAttachProblem("");
+    renderTray();
+    (tray.length ? $("attach-tray").querySelector(".attach-remove") : ui.input).focus();
+  }
+
+  function clearTray(keepPreviews) {
+    for (const item of tray.splice(0)) if (item.preview && !keepPreviews) URL.revokeObjectURL(item.preview);
+    renderTray();
+  }
+
+  /** A preview: an image's thumbnail or a file's name and size; `onRemove` adds a remove button. */
+  function attachmentNode(name, type, size, imageUrl, onRemove) {
+    const isImage = imageUrl !== null && imageUrl !== undefined; // "": an image still loading
+    const item = el(onRemove ? "li" : "div", "attachment" + (isImage ? " image" : " file"));
+    item.dataset.name = name;
+    item.dataset.type = type;
+    if (isImage) {
+      const img = el("img");
+      if (imageUrl) img.src = imageUrl;
+      img.alt = name;
+      item.appendChild(img);
+    } else {
+      item.appendChild(el("span", "attachment-icon", "📄")).setAttribute("aria-hidden", "true");
+      const label = el("span", "attachment-label");
+      label.appendChild(el("span", "attachment-name", name));
+      label.appendChild(el("span", "attachment-size", size ? formatSize(size) : type));
+      item.appendChild(label);
+    }
+    item.title = name + " (" + type + (size ? ", " + formatSize(size) : "") + ")";
+    if (onRemove) {
+      const remove = el("button", "attach-remove", "×");
+      remove.type = "button";
+      remove.setAttribute("aria-label", "Remove " + name);
+      remove.addEventListener("click", onRemove);
+      item.appendChild(remove);
+    }
+    return item;
+  }
+
+  function renderTray() {
+    const box = $("attach-tray");
+    box.textContent = "";
+    tray.forEach((t, i) => box.appendChild(attachmentNode(t.file.name || "file", t.file.type, t.file.size, t.preview,
+      () => removeFromTray(i))));
+    box.hidden = tray.length === 0;
+  }
+
+  /** The attach button follows the current route: hidden where it takes no files, its file
+   * picker offering the kinds it takes; files in the tray that it refuses are dropped, saying why. */
+  function attachmentsFollowRoute(route) {
+    if (route) attachRoute = route;
+    const limits = attachLimits();
+    const button = $("attach");
+    button.hidden = !limits;
+    button.disabled = Boolean(ended);
+    $("attach-input").accept = limits ? limits.kinds.join(",") : "";
+    $("attach-limits").textContent = limits ? "Up to " + plural(limits.max_count, "file") + " per message, "
+      + formatSize(limits.max_bytes) + " each: " + limits.kinds.join(", ") : "";
+    if (tray.length && !limits) {
+      clearTray();
+      showAttachProblem("This part of the conversation (" + routeTitle(attachRoute) + ") takes no files; the files were removed.");
+    }
+  }
+
+  function readBase64(file) {
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(String(reader.result).replace(/^data:[^,]*,/, ""));
+      reader.onerror = () => reject(new Error("cannot read " + file.name));
+      reader.readAsDataURL(file);
+    });
+  }
+
+  /** Upload the tray's files to the session (JSON with base64, as every body) and return
+   * their references; a refusal throws the server's message, which names the limit. */
+  async function uploadTray() {
+    const refs = [];
+    for (const item of tray) {
+      const body = { media_type: item.file.type || "application/octet-stream", name: item.file.name || "", data: await readBase64(item.file) };
+      const ref = await api("/sessions/" + encodeURIComponent(session.chatId) + "/attachments", {
+        method: "POST", body: JSON.stringify(body), headers: { "Content-Type": "application/json" },
+      });
+      if (item.preview) sentImages.set(ref.ref, item.preview);
+      refs.push(ref);
+    }
+    return refs;
+  }
+
+  /** A sent message's files in its bubble: images as thumbnails (this page's copy, else read
+   * from the session's uploads), other files as chips. */
+  function showSentAttachments(bubble, attachments) {
+    if (!attachments || !attachments.length) return;
+    const box = el("div", "msg-attachments");
+    for (const a of attachments) {
+      const isImage = String(a.media_type).startsWith("image/") && !/^https?:/.test(a.ref);
+      const node = attachmentNode(a.name || (isImage ? "image" : "file"), a.media_type, a.size, isImage ? sentImages.get(a.ref) || "" : null);
+      if (isImage && !sentImages.has(a.ref)) loadSentImage(node.querySelector("img"), a);
+      box.appendChild(node);
+    }
+    bubble.insertBefore(box, bubble.firstChild);
+  }
+
+  async function loadSentImage(img, a) {
+    const headers = TOKEN ? { Authorization: "Bearer " + TOKEN } : {};
+    const path = "/bots/" + encodeURIComponent(BOT) + "/sessions/" + encodeURIComponent(session.chatId)
+      + "/attachments/" + encodeURIComponent(a.ref);
+    try {
+      const r = await fetch(path, { headers: headers });
+      if (!r.ok) throw new Error(r.statusText);
+      const url = URL.createObjectURL(new Blob([await r.blob()], { type: a.media_type }));
+      sentImages.set(a.ref, url);
+      img.src = url;
+    } catch (err) {
+      img.alt = (a.name || "image") + " (no longer available)";
+    }
+  }
+
+  /** A memory message's content: text, or (a message with files) its parts, each file as the
+   * reference line the memory keeps (`[attached: parcel.png (image/png, 312 bytes)]`). */
+  function memoryText(content) {
+    if (!Array.isArray(content)) return content;
+    return content.map((p) => (p.type === "text" ? p.text : "[" + p.type + "]")).join("\n");
+  }
+
+  function setUpAttachments() {
+    const input = $("attach-input");
+    $("attach").addEventListener("click", () => input.click());
+    input.addEventListener("change", () => { addFiles(input.files); input.value = ""; });
+    ui.input.addEventListener("paste", (ev) => {
+      const files = Array.from((ev.clipboardData && ev.clipboardData.files) || []);
+      if (!files.length) return; // text: the ordinary paste
+      ev.preventDefault();
+      addFiles(files);
+    });
+    const chat = document.querySelector(".chat");
+    const carriesFiles = (ev) => ev.dataTransfer && Array.from(ev.dataTransfer.types || []).includes("Files");
+    let depth = 0; // dragenter/dragleave fire for every child crossed
+    chat.addEventListener("dragenter", (ev) => {
+      if (!carriesFiles(ev)) return;
+      depth += 1;
+      $("drop-hint").hidden = false;
+    });
+    chat.addEventListener("dragleave", () => {
+      depth = Math.max(0, depth - 1);
+      if (!depth) $("drop-hint").hidden = true;
+    });
+    chat.addEventListener("dragover", (ev) => { if (carriesFiles(ev)) ev.preventDefault(); });
+    chat.addEventListener("drop", (ev) => {
+      depth = 0;
+      $("drop-hint").hidden = true;
+      if (!ev.dataTransfer || !ev.dataTransfer.files.length) return;
+      ev.preventDefault();
+      if (!ended) addFiles(ev.dataTransfer.files);
+    });
+  }
+
   // -- start --------------------------------------------------------------------------------
 
   async function main() {
@@ -996,6 +1246,7 @@
       graph = info.graph;
       renderBreadcrumb([info.default_route]);
       drawGraph(info.graph, [info.default_route]);
+      attachmentsFollowRoute(info.default_route);
     } catch (err) {
       if (err.status === 401) showUnauthorized(err.message);
       else setStatus("offline", "server unreachable");
@@ -1062,6 +1313,7 @@
     }
   });
   $("reset").addEventListener("click", reset);
+  setUpAttachments();
   $("toggle-inspector").addEventListener("click", () => {
     document.body.classList.toggle(window.innerWidth > 900 ? "no-inspector" : "show-inspector");
     if (graph) drawGraph(graph, inspectData ? inspectData.stack : [graph.default]); // measured only when shown
