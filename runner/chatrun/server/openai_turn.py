@@ -368,8 +368,8 @@ def turn_input(session: Any, blobs: BlobArea | None, text: str, uploads: tuple[U
     if not uploads:
         return text
     if blobs is None:
-        raise OpenAIError(400, "this server's store keeps no attachments (no blob area beside it); "
-                          "use a memory:// or sqlite:/// store", code="unsupported_content")
+        raise OpenAIError(400, "this server's store keeps no attachments (no blob area beside it; "
+                          "see docs/deploy.md, Attachments)", code="unsupported_content")
     try:
         session.check_attachments([(u.media_type, len(u.data or b"")) for u in uploads])
         refs = [Attachment(u.url, u.media_type, u.name) if u.url is not None
