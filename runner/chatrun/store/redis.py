@@ -51,7 +51,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from chatrun.errors import ChatrunError
 from chatrun.messages import message_from_dict
 from chatrun.store.lease import Lease, LeaseSettings
-from chatrun.store.redis_blobs import MAX_BLOB_BYTES_PARAMETER, RedisBlobs, max_blob_bytes
 from chatrun.store.record import (
     DEAD,
     PENDING,
@@ -66,6 +65,7 @@ from chatrun.store.record import (
     to_json,
     unclaimed,
 )
+from chatrun.store.redis_blobs import MAX_BLOB_BYTES_PARAMETER, RedisBlobs, max_blob_bytes
 from chatrun.store.versions import CREATE, KEEP_OUTCOMES, LeaseLost, SessionBusy, StaleVersion
 
 log = logging.getLogger("chatrun.store")
