@@ -95,3 +95,29 @@ def test_a_file_over_the_stores_cap_is_refused_naming_the_cap(fake, travel, redi
     client, blobs, _ = blob_keys(url, session)
     with client:
         assert client.hlen(blobs) == 1
+
+
+def test_the_stores_deletion_script_drops_the_sessions_files_with_it(redis_server):
+    """The path every deletion of a Redis session takes (not only a live session's close)."""
+    import asyncio
+
+    from chatrun.store.redis import RedisStore
+
+    url = redis_server.url()
+
+    async def put_then_delete() -> tuple[list[str], list[str], list[str]]:
+        store = RedisStore(url)
+        try:
+            store.blob_area.put("s1", PNG, "image/png")
+            store.blob_area.put("s2", PNG, "image/png")
+            before = store.blob_area.refs("s1")
+            await store.delete_session("s1", [], None)
+            return before, store.blob_area.refs("s1"), store.blob_area.refs("s2")
+        finally:
+            await store.close()
+
+    before, after, other = asyncio.run(put_then_delete())
+    assert before == [blob_ref(PNG)] and after == [] and other == [blob_ref(PNG)]
+    client, blobs, size = blob_keys(url, "s1")
+    with client:
+        assert client.exists(blobs, size) == 0

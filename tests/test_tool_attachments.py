@@ -135,6 +135,15 @@ def test_a_file_the_conversation_does_not_have_is_a_refusal_the_model_reads(api,
         "(its files: parcel.png). Ask the user to attach it, or call it again naming one of them."]
 
 
+def test_the_newest_file_of_a_conversation_without_files_is_a_refusal_too(api, write_bot):
+    session, _ = session_with(write_bot, [call("send_newest", claim="C-3"), {"text": "Sorry."}])
+    session.chat("Send my photo")
+    assert api.requests == [] and session.turn_count == 1
+    assert tool_results(session) == [
+        "Error: send_newest needs a file for `multipart.photo`, and the conversation has no file (its files: none). "
+        "Ask the user to attach it, or call it again naming one of them."]
+
+
 def test_a_handler_reads_the_conversations_files_through_its_context(write_bot):
     session, _ = session_with(write_bot, [{"text": "Photo."}, call("look"), {"text": "Seen."}])
     send(session, "The photo", PNG, "image/png", "parcel.png")

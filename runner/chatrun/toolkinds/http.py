@@ -291,9 +291,9 @@ class HttpCaller(RuntimeDefaults):
 
     def _renderers(self, tool: ToolConfig, spec: HttpConfig, args: dict[str, Any],
                    ctx: CallContext) -> tuple[Render, FileOf]:
-        """How the call's templates are rendered (seeing `args`, `env` and, for a tool that may
-        send files, `attachments`), and how a `file:` field's value finds its file."""
-        attachments = ctx.attachments() if spec.multipart is not None else []
+        """How the call's templates are rendered (seeing `args`, `env` and `attachments`), and
+        how a `file:` field's value finds its file."""
+        attachments = ctx.attachments()
         values = {"args": args, "env": self.env, "attachments": template_values(attachments, ctx.message_attachments)}
 
         def render(source: Any, typed: bool) -> Any:
