@@ -72,12 +72,17 @@ def test_an_image_sent_through_the_openai_sdk_is_kept_in_redis_and_read_by_the_o
         messages += [{"role": "assistant", "content": "A dot."}, {"role": "user", "content": "Again?"}]
         with openai.OpenAI(base_url=two.url + "/v1", api_key="x", max_retries=0) as b:
             second = b.chat.completions.create(model="travel", messages=messages)
-    session = first.model_extra["chatrun"]["session"]
-    assert second.model_extra["chatrun"]["session"] == session
-    # Replica two read the bytes of the first turn's image from Redis for its model call.
-    sent = [p for m in fake.requests[1]["messages"] if m["role"] == "user" and isinstance(m["content"], list)
-            for p in m["content"]]
-    assert image in sent
+        session = first.model_extra["chatrun"]["session"]
+        assert second.model_extra["chatrun"]["session"] == session
+        # Replica two read the bytes of the first turn's image from Redis for its model call.
+        sent = [p for m in fake.requests[1]["messages"] if m["role"] == "user" and isinstance(m["content"], list)
+                for p in m["content"]]
+        assert image in sent
+        client, blobs, size = blob_keys(url, session)
+        with client:
+            assert client.hkeys(blobs) == [blob_ref(PNG).encode()]  # stored once
+            assert httpx.delete(f"{two.url}/bots/travel/sessions/{session}").status_code == 204
+            assert client.exists(blobs, size) == 0
 
 
 def test_a_file_over_the_stores_cap_is_refused_naming_the_cap(fake, travel, redis_server):
