@@ -112,7 +112,7 @@ class ToolContext:
     turn        this turn's state (`turn.X`), writable
     route       the current route's name
     session_id  the session's id
-    attachments the conversation's files the route's memory holds (chatrun.Attachment: ref,
+    attachments the conversation's files the route's memory holds (chatrun.messages.Attachment: ref,
                 media_type, name, size), oldest first; `message_attachments` this turn's message's;
                 `read_attachment(a)` gives one's bytes (a, its ref or its name)
 
