@@ -324,3 +324,13 @@ def test_a_websocket_message_carries_a_reference_to_an_upload(fake, travel, tmp_
             frames = until_done(ws)
             assert frames[-1] == {"chatId": "c1", "type": "Failed", "data": "BadRequest"}
             assert "attachments[0]: no upload" in json.dumps(frames), frames
+
+
+def test_a_redis_stores_blob_cap_is_a_url_parameter_chatrun_keeps_to_itself():
+    from chatrun.store.redis import RedisStore, redis_url_parts
+
+    assert redis_url_parts("redis://h:1/0?prefix=x:&max_blob_bytes=9&ssl_cert_reqs=none") == (
+        "redis://h:1/0?ssl_cert_reqs=none", "x:")
+    assert RedisStore("redis://127.0.0.1:1/0?max_blob_bytes=9").blob_area.max_bytes == 9  # nothing connects yet
+    with pytest.raises(chatrun.ChatrunError, match="max_blob_bytes must be a positive number of bytes, not 'lots'"):
+        RedisStore("redis://127.0.0.1:1/0?max_blob_bytes=lots")
