@@ -110,8 +110,12 @@ def test_the_responses_api_takes_input_image_parts(client, fake):
 
 
 @pytest.mark.parametrize(("part", "message"), [
+    ({"type": "input_video", "input_video": {"data": "AAAA"}},
+     "messages[0].content[0]: parts of type 'input_video' are not supported"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "flac"}},
+     "messages[0].content[0]: input_audio.format must be wav or mp3, not 'flac'"),
     ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
-     "messages[0].content[0]: parts of type 'input_audio' are not supported"),
+     "attachments[0]: route main_menu takes image/*, application/pdf (attachments.kinds), not audio/wav"),
     ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}},
      "messages[0].content[0]: the data URL's base64 is invalid"),
     ({"type": "image_url", "image_url": {"url": "ftp://host/x.png"}},
@@ -146,6 +150,70 @@ def test_what_the_route_does_not_take_is_refused_naming_the_limit_and_nothing_is
     assert caught.value.code == "attachment_refused"
     assert fake.requests == []
     assert not (tmp_path / "chat.db.blobs").exists() or not any((tmp_path / "chat.db.blobs").iterdir())
+
+
+# -- audio, and what a model's endpoint accepts ---------------------------------------------------
+
+# A WAV header and four silent samples: real audio bytes.
+WAV = (b"RIFF" + (36 + 8).to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "little")
+       + bytes.fromhex("01000100401f0000803e000002001000") + b"data" + (8).to_bytes(4, "little") + bytes(8))
+AUDIO_PART = {"type": "input_audio", "input_audio": {"data": base64.b64encode(WAV).decode(), "format": "wav"}}
+
+
+def voice_bot(tmp_path, accepts: str | None):
+    """The travel bot whose menu takes images and audio; its model's `accepts:` as given."""
+    path = write_travel(tmp_path / "voice")
+    tools = "    tools: [book_flight, vip_lounge, remember_name]\n"
+    text = path.read_text().replace(tools, tools + "    attachments: {kinds: [image/*, audio/*], max_bytes: 1000}\n", 1)
+    if accepts is not None:
+        text = text.replace("max_retries: 0}", f"max_retries: 0, accepts: {accepts}}}", 1)
+    path.write_text(text)
+    return chatrun.load_bot(path)
+
+
+def ask_with_audio(bot, tmp_path, fake) -> list[dict]:
+    """One /v1 turn whose message carries an image and a WAV: the parts the model was sent."""
+    fake.queue({"text": "Heard you."})
+    with ThreadServer(create_app([bot], f"sqlite:///{tmp_path / 'voice.db'}")) as server, \
+            openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        client.chat.completions.create(model="travel", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "Listen"}, {"type": "image_url", "image_url": {"url": PNG_URL}}, AUDIO_PART]}])
+    return user_parts(fake.requests[0])
+
+
+def test_audio_reaches_a_model_whose_endpoint_accepts_it_as_an_input_audio_part(fake, tmp_path):
+    parts = ask_with_audio(voice_bot(tmp_path, "[text, image, audio]"), tmp_path, fake)
+    assert parts == [{"type": "text", "text": "Listen"}, {"type": "image_url", "image_url": {"url": PNG_URL}},
+                     AUDIO_PART]
+
+
+def test_a_model_that_accepts_only_text_is_sent_descriptions_of_the_files(fake, tmp_path):
+    parts = ask_with_audio(voice_bot(tmp_path, "[text]"), tmp_path, fake)
+    assert parts == [{"type": "text", "text": "Listen"},
+                     {"type": "text", "text": f"[attached: a file (image/png, {len(PNG)} bytes)]"},
+                     {"type": "text", "text": f"[attached: audio.wav (audio/wav, {len(WAV)} bytes)]"}]
+
+
+def test_a_model_that_declares_nothing_is_sent_images_and_told_of_audio(fake, tmp_path):
+    parts = ask_with_audio(voice_bot(tmp_path, None), tmp_path, fake)
+    assert parts[1] == {"type": "image_url", "image_url": {"url": PNG_URL}}
+    assert parts[2] == {"type": "text", "text": f"[attached: audio.wav (audio/wav, {len(WAV)} bytes)]"}
+
+
+def test_a_route_can_say_what_its_model_accepts(fake, tmp_path):
+    bot = voice_bot(tmp_path, "[text, image, audio]")
+    assert bot.config.model.accepts == ("text", "image", "audio")
+    assert bot.config.model.merged({"accepts": ["text"]}).accepts == ("text",)
+
+
+def test_an_unknown_content_kind_is_refused_at_its_line(tmp_path):
+    bot_file = write_travel(tmp_path / "bad")
+    bot_file.write_text(bot_file.read_text().replace("max_retries: 0}", "max_retries: 0, accepts: [text, video]}", 1))
+    with pytest.raises(chatrun.ChatrunError) as caught:
+        chatrun.load_bot(bot_file)
+    line = next(i for i, text in enumerate(bot_file.read_text().splitlines(), 1) if "accepts:" in text)
+    assert f"{bot_file}:{line}:" in str(caught.value)
+    assert "`model.accepts[1]`: 'video' is not one of ['text', 'image', 'file', 'audio']" in str(caught.value)
 
 
 # -- the engine and the blob area, without a server ----------------------------------------------
@@ -341,3 +409,11 @@ def test_attach_files_are_checked_at_their_lines(tmp_path, turn, message):
         assert result.passed, result.report()
     else:
         assert message in (result.error or ""), result.error
+def test_a_redis_stores_blob_cap_is_a_url_parameter_chatrun_keeps_to_itself():
+    from chatrun.store.redis import RedisStore, redis_url_parts
+
+    assert redis_url_parts("redis://h:1/0?prefix=x:&max_blob_bytes=9&ssl_cert_reqs=none") == (
+        "redis://h:1/0?ssl_cert_reqs=none", "x:")
+    assert RedisStore("redis://127.0.0.1:1/0?max_blob_bytes=9").blob_area.max_bytes == 9  # nothing connects yet
+    with pytest.raises(chatrun.ChatrunError, match="max_blob_bytes must be a positive number of bytes, not 'lots'"):
+        RedisStore("redis://127.0.0.1:1/0?max_blob_bytes=lots")

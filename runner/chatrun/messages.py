@@ -18,6 +18,28 @@ from typing import Any, ClassVar
 BlobReader = Callable[[str], bytes | None]
 
 
+# The kinds of content a model endpoint may accept (a model's `accepts:`); text always goes.
+CONTENT_KINDS = ("text", "image", "file", "audio")
+# What an endpoint that says nothing is sent: images and PDFs (what OpenAI's vision models take).
+DEFAULT_ACCEPTS = frozenset({"text", "image", "file"})
+# The audio Chat Completions' `input_audio` carries, by media type: its `format`.
+AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
+
+
+def content_kind(media_type: str) -> str | None:
+    """image/* is an image, application/pdf a file, WAV and MP3 audio; other types none."""
+    if media_type.startswith("image/"):
+        return "image"
+    if media_type == "application/pdf":
+        return "file"
+    return "audio" if media_type in AUDIO_FORMATS else None
+
+
+def accepted_kinds(accepts: Any) -> frozenset[str]:
+    """A model's `accepts:` (a list of CONTENT_KINDS, or None: the default) as a set."""
+    return DEFAULT_ACCEPTS if accepts is None else frozenset(accepts) | {"text"}
+
+
 @dataclass(frozen=True)
 class Attachment:
     """A file the user sent, kept by reference: `ref` names it in the session's blob area
@@ -45,22 +67,34 @@ class Attachment:
         size = f", {self.size} bytes" if self.size else ""
         return f"[attached: {self.name or 'a file'} ({self.media_type}{size})]"
 
-    def content_part(self, read: BlobReader | None) -> dict:
-        """The Chat Completions content part for this file: an image as `image_url` (a data URL,
-        or the URL it came as), a PDF as `file`, anything else (or a file whose bytes are gone)
-        as a text description."""
+    @property
+    def kind(self) -> str | None:
+        """The content kind a model endpoint may accept this file as (CONTENT_KINDS), or None:
+        a kind no Chat Completions part carries (sent as a description)."""
+        return content_kind(self.media_type)
+
+    def content_part(self, read: BlobReader | None, accepts: frozenset[str] = DEFAULT_ACCEPTS) -> dict:
+        """The Chat Completions content part for this file, if the endpoint `accepts` its kind:
+        an image as `image_url` (a data URL, or the URL it came as), a PDF as `file`, WAV or MP3
+        audio as `input_audio`. Anything else (a kind not accepted, a file whose bytes are gone,
+        a URL that is no image) is a text description."""
+        kind = self.kind
+        if kind is None or kind not in accepts:
+            return self._described()
         if self.is_url:
-            if self.media_type.startswith("image/"):
-                return {"type": "image_url", "image_url": {"url": self.ref}}
-            return {"type": "text", "text": self.description()}
+            return {"type": "image_url", "image_url": {"url": self.ref}} if kind == "image" else self._described()
         data = read(self.ref) if read is not None else None
         if data is None:
-            return {"type": "text", "text": self.description()}
-        url = f"data:{self.media_type};base64,{base64.b64encode(data).decode()}"
-        if self.media_type.startswith("image/"):
+            return self._described()
+        encoded = base64.b64encode(data).decode()
+        if kind == "audio":
+            return {"type": "input_audio", "input_audio": {"data": encoded, "format": AUDIO_FORMATS[self.media_type]}}
+        url = f"data:{self.media_type};base64,{encoded}"
+        if kind == "image":
             return {"type": "image_url", "image_url": {"url": url}}
-        if self.media_type == "application/pdf":
-            return {"type": "file", "file": {"filename": self.name or "file.pdf", "file_data": url}}
+        return {"type": "file", "file": {"filename": self.name or "file.pdf", "file_data": url}}
+
+    def _described(self) -> dict:
         return {"type": "text", "text": self.description()}
 
 
@@ -86,8 +120,9 @@ class Message:
     def to_openai(self) -> dict:
         raise NotImplementedError
 
-    def to_openai_with(self, read: BlobReader | None) -> dict:
-        """The wire form, with the bytes of attachments read through `read`."""
+    def to_openai_with(self, read: BlobReader | None, accepts: frozenset[str] = DEFAULT_ACCEPTS) -> dict:
+        """The wire form, with the bytes of attachments read through `read`, sent as parts
+        where the endpoint `accepts` their kind (Attachment.content_part)."""
         return self.to_openai()
 
     def text(self) -> str:
@@ -141,11 +176,11 @@ class UserMessage(Message):
     def to_openai(self) -> dict:
         return self.to_openai_with(None)
 
-    def to_openai_with(self, read: BlobReader | None) -> dict:
+    def to_openai_with(self, read: BlobReader | None, accepts: frozenset[str] = DEFAULT_ACCEPTS) -> dict:
         if not self.attachments:
             return {"role": "user", "content": self.content}
         parts = [{"type": "text", "text": self.content}] if self.content else []
-        return {"role": "user", "content": parts + [a.content_part(read) for a in self.attachments]}
+        return {"role": "user", "content": parts + [a.content_part(read, accepts) for a in self.attachments]}
 
     def text(self) -> str:
         return "\n".join([self.content, *(a.description() for a in self.attachments)])

@@ -39,6 +39,9 @@ class ModelConfig:
     max_retries: int = 3  # on 429/5xx/timeouts, with backoff honouring Retry-After
     stream: bool = True
     params: dict[str, Any] = field(default_factory=dict)  # extra request fields (top_p, seed, ...)
+    # The content kinds the endpoint takes as parts (chatrun.messages.CONTENT_KINDS); the files of
+    # other kinds are sent as a text description. None: text, image, file (not audio).
+    accepts: tuple[str, ...] | None = None
     where: Location = field(default_factory=Location)
 
     def merged(self, override: dict[str, Any] | None) -> ModelConfig:
@@ -49,6 +52,8 @@ class ModelConfig:
         for key, value in override.items():
             if key == "params":
                 values["params"] = {**self.params, **value}
+            elif key == "accepts":
+                values["accepts"] = tuple(value) if isinstance(value, list) else None
             elif key in values:
                 values[key] = value
         return ModelConfig(**values)

@@ -520,6 +520,8 @@ def _str_list(value: Any) -> list[str]:
 def _model(raw: Any, doc: YamlDoc, path: tuple) -> ModelConfig:
     fields = ModelConfig.__dataclass_fields__
     values = {k: v for k, v in _dict(raw).items() if k in fields and k != "where"}
+    if "accepts" in values:  # a list in YAML, a tuple in the config (frozen, hashable)
+        values["accepts"] = tuple(_str_list(values["accepts"])) if isinstance(values["accepts"], list) else None
     defaults = ModelConfig()
     for key, value in list(values.items()):  # drop values of the wrong type (reported by the schema)
         default = getattr(defaults, key)

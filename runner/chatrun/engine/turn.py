@@ -403,6 +403,18 @@ class Turn:
     def read_blob(self, ref: str) -> bytes | None:
         return self.blobs.read(self.c.id, ref) if self.blobs is not None else None
 
+    def conversation_attachments(self) -> list[Attachment]:
+        """The files the current route's memory holds (what its model has seen), oldest first,
+        each once, then this turn's message's (a route whose memory keeps no user message)."""
+        scope = self.c.scope
+        memory = self.c.memory_for(scope, scope.route, create=False)
+        found: dict[str, Attachment] = {}
+        for message in [*memory.messages(), UserMessage("", self.attachments)]:
+            for attachment in message.attachments if isinstance(message, UserMessage) else ():
+                found.pop(attachment.ref, None)  # seen again: it is as new as its latest sending
+                found[attachment.ref] = attachment
+        return list(found.values())
+
     def render_user(self, route: RouteConfig) -> str | None:
         if route.user:
             return self.render_template(route.user, f"route {route.name} user", route.where)
@@ -790,6 +802,16 @@ class _KindCall:
 
     def trace_headers(self, headers: dict[str, str]) -> None:
         tracing.inject(headers)
+
+    def attachments(self) -> list[Attachment]:
+        return self.turn.conversation_attachments()
+
+    @property
+    def message_attachments(self) -> tuple[Attachment, ...]:
+        return self.turn.attachments
+
+    def read_attachment(self, attachment: Attachment) -> bytes | None:
+        return None if attachment.is_url else self.turn.read_blob(attachment.ref)
 
 
 def _next_step(action: ActionConfig, execute: bool) -> NextStep:

@@ -41,7 +41,7 @@ import openai
 
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ModelError
-from chatrun.messages import SystemMessage, ToolCall
+from chatrun.messages import SystemMessage, ToolCall, accepted_kinds
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -195,7 +195,8 @@ class OpenAIModel:
         # (measured: ~6 ms of CPU for 20 messages and 7 tools, more than the rest of a turn).
         # Ours are plain JSON already, so they travel in `extra_body`, which the client merges
         # into the request body as it is; `messages` itself only satisfies the signature.
-        body: dict[str, Any] = {"messages": [m.to_openai_with(request.blobs) for m in request.messages]}
+        accepts = accepted_kinds(config.accepts)  # what the endpoint takes as parts; the rest is described
+        body: dict[str, Any] = {"messages": [m.to_openai_with(request.blobs, accepts) for m in request.messages]}
         if request.tools:
             body["tools"] = request.tools
         args: dict[str, Any] = {"model": config.name, "messages": [], "extra_body": body}

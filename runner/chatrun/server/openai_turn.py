@@ -284,7 +284,8 @@ async def opened(turn: DetachedTurn) -> None:
 
 
 TEXT_PARTS = ("text", "input_text", "output_text")
-FILE_PARTS = ("image_url", "input_image", "file", "input_file")
+FILE_PARTS = ("image_url", "input_image", "file", "input_file", "input_audio")
+AUDIO_MEDIA_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg"}  # input_audio's `format`s
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,8 @@ def _text_of(content: Any, where: str) -> str:
 
 def uploads_of(messages: list[Any], where: str) -> tuple[Upload, ...]:
     """The files of the last message (conversation_of checked it is the user's): OpenAI's
-    `image_url`/`input_image` (a data URL or http(s)) and `file`/`input_file` (`file_data`)."""
+    `image_url`/`input_image` (a data URL or http(s)), `file`/`input_file` (`file_data`) and
+    `input_audio` (base64 `data`, `format` wav or mp3)."""
     content = messages[-1].get("content") if messages and isinstance(messages[-1], dict) else None
     if not isinstance(content, list):
         return ()
@@ -330,6 +332,8 @@ def uploads_of(messages: list[Any], where: str) -> tuple[Upload, ...]:
 
 
 def _upload(part: dict[str, Any], where: str) -> Upload:
+    if part["type"] == "input_audio":
+        return _audio(part.get("input_audio"), where)
     if part["type"] in ("image_url", "input_image"):
         image = part.get("image_url")
         url = image.get("url") if isinstance(image, dict) else image
@@ -345,6 +349,21 @@ def _upload(part: dict[str, Any], where: str) -> Upload:
     if url.startswith(("http://", "https://")):
         return Upload("image/*", url=url)
     return _decoded(url, name, where)
+
+
+def _audio(audio: Any, where: str) -> Upload:
+    """An `input_audio` part: {"data": base64, "format": "wav" | "mp3"}."""
+    if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
+        raise OpenAIError(400, f"{where}: an input_audio part needs input_audio.data (base64)", code="invalid_content")
+    media_type = AUDIO_MEDIA_TYPES.get(str(audio.get("format", "")).lower())
+    if media_type is None:
+        raise OpenAIError(400, f"{where}: input_audio.format must be {' or '.join(AUDIO_MEDIA_TYPES)}, "
+                          f"not {audio.get('format')!r}", code="invalid_content")
+    try:
+        data = base64.b64decode(audio["data"], validate=True)
+    except ValueError:
+        raise OpenAIError(400, f"{where}: input_audio.data is not valid base64", code="invalid_content") from None
+    return Upload(media_type, data, name=f"audio.{audio['format'].lower()}")
 
 
 def _decoded(url: str, name: str, where: str) -> Upload:
@@ -368,8 +387,8 @@ def turn_input(session: Any, blobs: BlobArea | None, text: str, uploads: tuple[U
     if not uploads:
         return text
     if blobs is None:
-        raise OpenAIError(400, "this server's store keeps no attachments (no blob area beside it); "
-                          "use a memory:// or sqlite:/// store", code="unsupported_content")
+        raise OpenAIError(400, "this server's store keeps no attachments (no blob area beside it; "
+                          "see docs/deploy.md, Attachments)", code="unsupported_content")
     try:
         session.check_attachments([(u.media_type, len(u.data or b"")) for u in uploads])
         refs = [Attachment(u.url, u.media_type, u.name) if u.url is not None

@@ -48,7 +48,7 @@ from chatrun.server.turnlog import TurnReport
 from chatrun.server.versions import BotVersions, Version, VersionShelf
 from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, LeaseSettings, as_async_store
-from chatrun.store.blobs import BlobArea, blobs_for_url
+from chatrun.store.blobs import BlobArea, blobs_of
 from chatrun.store.record import Committed
 
 STORE_PING_TIMEOUT = 2.0  # seconds /health waits for the store's answer before calling it unreachable
@@ -100,8 +100,8 @@ class SessionRegistry:
         self.cache = SessionCache(CacheLimits(settings.cache_size, settings.cache_bytes, settings.cache_idle))
         self.gate = SessionGate(self.store, settings.lease, settings.if_busy)
         self.writes = SessionWrites(self.store, self.cache)
-        # Where attached files live, beside the store (None: this store keeps none, yet).
-        self.blobs: BlobArea | None = blobs_for_url(self.store.url)
+        # Where attached files live, beside the store (None: a store that keeps none).
+        self.blobs: BlobArea | None = blobs_of(self.store)
         self.opener = SessionOpener(self.store, self.cache, self.writes, self.models, self.shelf,
                                     settings.max_sessions_per_principal, self.blobs)
         self._holds: dict[int, Hold] = {}  # id(session) -> the hold of the request using it

@@ -3,7 +3,9 @@
 A memory keeps an `Attachment` (chatrun.messages), whose `ref` is the SHA-256 of the bytes;
 the bytes live here, once per session however often they are sent, and go with the session
 (`delete_session`). `MemoryBlobs` serves `memory://`, `FolderBlobs` a folder beside a SQLite
-file (`<file>.blobs/`). A Redis store has no blob area yet: a server on one refuses attachments.
+file (`<file>.blobs/`), `RedisBlobs` (store/redis_blobs.py) a Redis store. A store object with
+a `blob_area` attribute (any object with BlobArea's methods: an external object store, say)
+brings its own (`blobs_of`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from chatrun.messages import Attachment
 
@@ -100,8 +102,16 @@ class FolderBlobs:
         shutil.rmtree(self._folder(session_id), ignore_errors=True)
 
 
+def blobs_of(store: Any) -> BlobArea | None:
+    """The blob area of a store: its own `blob_area` (Redis's, or one an embedding program
+    gives its store), else the one beside its URL."""
+    own = getattr(store, "blob_area", None)
+    return own if own is not None else blobs_for_url(getattr(store, "url", None))
+
+
 def blobs_for_url(url: str | None) -> BlobArea | None:
-    """The blob area beside the store at `url`: None where there is none (Redis, yet)."""
+    """The blob area beside the store at `url` (memory, a SQLite file's folder): None for
+    another URL (a Redis store brings its own: `blobs_of`)."""
     if url is None or url.startswith("memory:"):
         return MemoryBlobs()
     if url.startswith("sqlite:///"):

@@ -64,6 +64,7 @@ class LocalAsyncStore:
     def __init__(self, store: SessionStore, url: str = "memory://"):
         self.sync = store
         self.url = url
+        self.blob_area = getattr(store, "blob_area", None)  # a store's own blob area (store/blobs.py blobs_of)
         self._encoded: EncodedStore | None = store if isinstance(store, EncodedStore) else None
         threaded = not isinstance(store, InMemoryStore)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="chatrun-store") if threaded else None

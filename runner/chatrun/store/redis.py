@@ -1,6 +1,6 @@
 """`RedisStore`: sessions, memories, history and leases in Redis, shared by every replica.
 
-    --store redis://[:PASSWORD@]HOST:PORT/DB[?prefix=chatrun:]      (rediss:// for TLS)
+    --store redis://[:PASSWORD@]HOST:PORT/DB[?prefix=chatrun:&max_blob_bytes=33554432]  (rediss:// for TLS)
 
 The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for session S
 (prefix "chatrun:"):
@@ -24,6 +24,8 @@ The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for se
     chatrun:obd     zset   dead-letter outbox entry ids by when they died
     chatrun:due     zset   session ids by the due time of their earliest pending item (epoch s)
     chatrun:pending set    the session ids with open pending items (the operators' list)
+    chatrun:b:S     hash   the session's attached files, by reference (store/redis_blobs.py)
+    chatrun:bn:S    string the bytes those files take (the blob area's cap: `max_blob_bytes`)
 
 Every write of a turn is one Lua script (atomic on the server): it checks that the caller
 still holds the lease and that the session is at the version the turn started from, then
@@ -63,6 +65,7 @@ from chatrun.store.record import (
     to_json,
     unclaimed,
 )
+from chatrun.store.redis_blobs import MAX_BLOB_BYTES_PARAMETER, RedisBlobs, max_blob_bytes
 from chatrun.store.versions import CREATE, KEEP_OUTCOMES, LeaseLost, SessionBusy, StaleVersion
 
 log = logging.getLogger("chatrun.store")
@@ -222,7 +225,7 @@ return 1
 """
 
 # KEYS: session hash, history, outcomes, outcome order, lease, sessions index, the session's
-# record keys, due index, pending set; ARGV: token, id, prefix
+# record keys, due index, pending set, blob hash, blob byte count; ARGV: token, id, prefix
 _DELETE = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[1] then return 0 end
 local owner = redis.call('HGET', KEYS[1], 'owner')
@@ -233,7 +236,7 @@ for _, key in ipairs(redis.call('SMEMBERS', KEYS[7])) do
     redis.call('HDEL', ARGV[3] .. 'rs', key)
   end
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[10], KEYS[11])
 redis.call('ZREM', KEYS[6], ARGV[2])
 redis.call('ZREM', KEYS[8], ARGV[2])
 redis.call('SREM', KEYS[9], ARGV[2])
@@ -241,13 +244,20 @@ return 1
 """
 
 
+CHATRUN_PARAMETERS = ("prefix", MAX_BLOB_BYTES_PARAMETER)  # query parameters of the URL that are chatrun's, not redis-py's
+
+
 def redis_url_parts(url: str) -> tuple[str, str]:
     """(the URL for redis-py, the key prefix): `prefix` is chatrun's own query parameter."""
     parts = urlsplit(url)
     query = parse_qsl(parts.query)
     prefix = next((v for k, v in query if k == "prefix"), "chatrun:")
-    rest = urlencode([(k, v) for k, v in query if k != "prefix"])
+    rest = urlencode([(k, v) for k, v in query if k not in CHATRUN_PARAMETERS])
     return urlunsplit(parts._replace(query=rest)), prefix
+
+
+def url_parameter(url: str, name: str) -> str | None:
+    return next((v for k, v in parse_qsl(urlsplit(url).query) if k == name), None)
 
 
 def redacted(url: str) -> str:
@@ -300,6 +310,9 @@ class RedisStore:
         self._settle = self.client.register_script(_SETTLE)
         self._requeue = self.client.register_script(_REQUEUE)
         self._outbox_keys = [f"{self.prefix}{k}" for k in ("ob", "obq", "obc", "obd")]
+        # The attached files, in the same Redis (deleted by _DELETE with their session).
+        self.blob_area = RedisBlobs(client_url, self.prefix,
+                                    max_blob_bytes(url_parameter(url, MAX_BLOB_BYTES_PARAMETER), self.url))
         self._pending_keys = [f"{self.prefix}due", f"{self.prefix}pending"]
 
     def _key(self, kind: str, session_id: str) -> str:
@@ -422,6 +435,7 @@ class RedisStore:
     async def delete_session(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
         keys = [self._key(k, session_id) for k in ("s", "h", "r", "ro", "l")]
         keys += [f"{self.prefix}sessions", self._key("rk", session_id), *self._pending_keys]
+        keys += self.blob_area.keys(session_id)
         token = lease.token if lease is not None and lease.token else ""
         if not await self._delete(keys=keys, args=[token, session_id, self.prefix]):
             raise LeaseLost(session_id)
@@ -521,6 +535,7 @@ class RedisStore:
 
     async def close(self) -> None:
         await self.client.aclose()
+        self.blob_area.close()
 
 
 def check_reachable(url: str) -> None:

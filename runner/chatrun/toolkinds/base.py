@@ -23,6 +23,7 @@ from chatrun.definition.config import BotConfig, Location, RouteConfig, ToolConf
 from chatrun.definition.kinds import Checks, Load
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
+from chatrun.messages import Attachment
 
 Spec = TypeVar("Spec")  # a kind's own config (HttpConfig, McpToolRef, a handler's "module:function")
 SpecIn = TypeVar("SpecIn", contravariant=True)
@@ -59,6 +60,17 @@ class CallContext(Protocol):
 
     def trace_headers(self, headers: dict[str, str]) -> None:
         """Add the turn's trace context to outgoing HTTP headers (W3C traceparent)."""
+
+    def attachments(self) -> list[Attachment]:
+        """The files of the conversation the current route's memory holds, oldest first (this
+        turn's message's last): what a tool may send on (chatrun.toolkinds.attachments)."""
+
+    @property
+    def message_attachments(self) -> tuple[Attachment, ...]:
+        """The files of this turn's message."""
+
+    def read_attachment(self, attachment: Attachment) -> bytes | None:
+        """The bytes of one of `attachments()`, or None: gone, or it came as a URL."""
 
 
 class ToolFailed(Exception):

@@ -27,6 +27,8 @@ from chatrun.definition.sources import suggest
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal
 from chatrun.events import AUDIENCES
+from chatrun.messages import Attachment
+from chatrun.toolkinds.attachments import find_attachment, read_or_refuse
 from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolFailed, ToolKind
 from chatrun.toolkinds.handler_modules import HandlerResolver, import_isolated
 
@@ -84,7 +86,7 @@ class HandlerRuntime(RuntimeDefaults):
         """The handler's return value. Raises ToolRefusal (the handler refused) or ToolFailed."""
         work = ctx.writable()
         context = ToolContext(tool.name, args, work.state, work.scope, work.turn, ctx.route, ctx.session_id,
-                              ctx.emit)
+                              tuple(ctx.attachments()), ctx.message_attachments, ctx.emit, _read=ctx.read_attachment)
         try:
             return await call_handler(self.resolver.resolve(spec), context, tool.timeout)
         except ToolRefusal:
@@ -110,6 +112,9 @@ class ToolContext:
     turn        this turn's state (`turn.X`), writable
     route       the current route's name
     session_id  the session's id
+    attachments the conversation's files the route's memory holds (chatrun.messages.Attachment: ref,
+                media_type, name, size), oldest first; `message_attachments` this turn's message's;
+                `read_attachment(a)` gives one's bytes (a, its ref or its name)
 
     Writes to state, scope and turn persist only if the turn succeeds. `emit()` sends an
     event to the client at once. The return value is `result` in the action's templates and
@@ -126,9 +131,19 @@ class ToolContext:
     turn: dict[str, Any]
     route: str
     session_id: str
+    attachments: tuple[Attachment, ...] = ()
+    message_attachments: tuple[Attachment, ...] = ()
     _emit: Callable[..., None] = field(repr=False, default=lambda t, d, audience=None: None)
     _loop: asyncio.AbstractEventLoop | None = field(repr=False, default=None)
     _open: bool = field(repr=False, default=True)
+    _read: Callable[[Attachment], bytes | None] = field(repr=False, default=lambda attachment: None)
+
+    def read_attachment(self, which: Attachment | str) -> bytes:
+        """The bytes of one of `attachments` (it, its ref or its name). Raises ToolRefusal (the
+        model reads why) when the conversation has no such file or its bytes are not kept."""
+        attachment = find_attachment(which.ref if isinstance(which, Attachment) else which, self.attachments,
+                                     self.tool, "the file it reads")
+        return read_or_refuse(attachment, self._read, self.tool)
 
     def emit(self, event_type: str, data: object, audience: str | None = None) -> None:
         """Send an event now (Thinking, Console, Message, Object or a custom type). `audience`

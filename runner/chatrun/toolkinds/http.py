@@ -14,6 +14,10 @@ A failure — no connection, a timeout, a status that is neither 2xx nor listed 
 tool result and nothing of the action applies. Values of `secret: true` environment
 variables never leave this module: they are replaced by `[redacted]` in the result and
 in every reason. A replay mocks it (an HTTP API); `--record` keeps its real results.
+
+A `multipart:` body (multipart/form-data) sends files of the conversation on: a field
+`{file: TEMPLATE}` names one (chatrun.toolkinds.attachments), the others are text fields.
+Templates see `attachments`, the conversation's files.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from chatrun.definition.kinds import Checks
 from chatrun.definition.templates import TEMPLATE_VARIABLES, is_nothing
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal, TurnFailed
+from chatrun.messages import Attachment
+from chatrun.toolkinds.attachments import find_attachment, read_or_refuse, template_values
 from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolKind
 
 if TYPE_CHECKING:  # asyncio and httpx (with the click, rich and pygments its CLI pulls in) load on the first call
@@ -47,6 +53,10 @@ BACKOFF_S = 0.2
 MAX_TEXT_CHARS = 100_000  # a result the model and templates can use, not a download
 
 Render = Callable[[Any, bool], Any]  # (template or value, typed) -> rendered
+# (the value a `file:` template rendered, the field) -> the file and its bytes
+FileOf = Callable[[Any, str], tuple[Attachment, bytes]]
+BODIES = ("json", "form", "multipart")  # a request has one of these at most
+FILE_KEYS = ("file", "name", "media_type")  # a multipart field that is a file: {file, name?, media_type?}
 _EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
 _ENV_READ = re.compile(r"\benv(?:\.|\[\s*['\"])([A-Za-z_]\w*)")
 
@@ -62,6 +72,8 @@ class HttpConfig:
     headers: dict[str, Any] = field(default_factory=dict)
     json: Any = None  # a JSON body: a template, or data whose strings are templates
     form: dict[str, Any] | None = None  # a form body (application/x-www-form-urlencoded)
+    # a multipart/form-data body: NAME to a text template, or {file, name?, media_type?} (a file)
+    multipart: dict[str, Any] | None = None
     retries: int = 2  # more attempts on 429, 5xx and connection errors, with backoff
     accept: list[int] = field(default_factory=list)  # statuses besides 2xx that are results, not failures
     args_in_query: list[str] = field(default_factory=list)  # arguments sent as query parameters when given
@@ -77,7 +89,7 @@ class HttpKind(ToolKind[HttpConfig]):
         if not isinstance(section, dict) or not isinstance(section.get("url"), str):
             return None  # absent, or the schema reported it
         retries, accept, pos = section.get("retries"), section.get("accept"), doc.pos((*at, "http"))
-        method, form = section.get("method"), section.get("form")
+        method, form, multipart = section.get("method"), section.get("form"), section.get("multipart")
         return HttpConfig(
             url=section["url"],
             method=((method if isinstance(method, str) else None) or "GET").upper(),
@@ -85,6 +97,7 @@ class HttpKind(ToolKind[HttpConfig]):
             headers=_mapping(section.get("headers")),
             json=section.get("json"),
             form=dict(form) if isinstance(form, dict) else None,
+            multipart=dict(multipart) if isinstance(multipart, dict) else None,
             retries=retries if isinstance(retries, int) and not isinstance(retries, bool) else 2,
             accept=[a for a in accept if isinstance(a, int)] if isinstance(accept, list) else [],
             where=Location(doc.file, pos.line, pos.col),
@@ -103,15 +116,17 @@ class HttpKind(ToolKind[HttpConfig]):
 def check_http(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
     """Its templates (which may read `env`), one body at most, path arguments escaped."""
     base = ("tools", tool.name, "http")
-    variables = (*TEMPLATE_VARIABLES, "env")
-    if http.json is not None and http.form is not None:
-        checks.add("error", f"`http` of tool `{tool.name}` has both `json` and `form`; a request has one body",
-                   *base, "form")
+    variables = (*TEMPLATE_VARIABLES, "env", "attachments")
+    bodies = [b for b in BODIES if getattr(http, b) is not None]
+    if len(bodies) > 1:
+        checks.add("error", f"`http` of tool `{tool.name}` has both `{bodies[0]}` and `{bodies[1]}`; a request has "
+                   "one body", *base, bodies[1])
+    _check_multipart(tool, http, checks)
     texts = _texts(http)
     for sub, value in texts:
         if isinstance(value, str):
             # A body path that names nothing sends null (or fails the call) every time: an error.
-            body = sub[0] in ("json", "form")
+            body = sub[0] in BODIES
             checks.template(value, f"`http.{'.'.join(map(str, sub))}` of tool `{tool.name}`", (*base, *sub), tool,
                             variables, undeclared="error" if body else "warning")
     for sub, value in texts:
@@ -125,12 +140,41 @@ def check_http(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
                        *base, "url")
 
 
+def _check_multipart(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
+    """A file field names its file with `file:`; the routes offering a tool that sends files
+    should take files (else the conversation has none to send)."""
+    if http.multipart is None:
+        return
+    at = ("tools", tool.name, "http", "multipart")
+    files = [k for k, v in http.multipart.items() if isinstance(v, dict)]
+    for name in files:
+        if not isinstance(http.multipart[name].get("file"), str):
+            checks.add("error", f"`http.multipart.{name}` of tool `{tool.name}` is a file field without `file:`; "
+                       "write `{file: \"{{ attachments[-1] }}\"}` (the newest file) or name one", *at, name)
+    if http.method == "GET":
+        checks.add("error", f"`http` of tool `{tool.name}` sends a multipart body with GET; use POST, PUT or PATCH",
+                   *at)
+    if not files:
+        return
+    taking = [r for r in checks.config.routes.values() if tool.name in r.tools]
+    if taking and all(r.attachments is None for r in taking):
+        shown = ", ".join(r.name for r in taking)
+        checks.add("warning", f"tool `{tool.name}` sends a file (`http.multipart.{files[0]}`), but no route that "
+                   f"offers it ({shown}) takes attachments (`attachments:`): its conversations have no file to send",
+                   *at, files[0])
+
+
 def _texts(http: HttpConfig) -> list[tuple[tuple[Any, ...], Any]]:
     """Every template of the request, with its path under `http`."""
     texts: list[tuple[tuple[Any, ...], Any]] = [(("url",), http.url)]
     texts += [(("query", k), v) for k, v in http.query.items()]
     texts += [(("headers", k), v) for k, v in http.headers.items()]
     texts += [(("form", k), v) for k, v in (http.form or {}).items()]
+    for name, value in (http.multipart or {}).items():
+        if isinstance(value, dict):
+            texts += [(("multipart", name, k), value[k]) for k in FILE_KEYS if isinstance(value.get(k), str)]
+        else:
+            texts.append((("multipart", name), value))
     texts += _strings_in(http.json, ("json",))
     return texts
 
@@ -240,26 +284,34 @@ class HttpCaller(RuntimeDefaults):
     async def call(self, tool: ToolConfig, spec: HttpConfig, args: dict[str, Any],
                    ctx: CallContext) -> dict[str, Any]:
         """The tool's request, its templates rendered by the turn, sent with retries. Returns the result."""
-        values = {"args": args, "env": self.env}
+        render, file_of = self._renderers(tool, spec, args, ctx)
+        self._refuse_empty_values(tool, spec)
+        request, _ = self._build(spec, args, render, tool.timeout, ctx.trace_headers, file_of)
+        return await self._send(tool, spec, request)
+
+    def _renderers(self, tool: ToolConfig, spec: HttpConfig, args: dict[str, Any],
+                   ctx: CallContext) -> tuple[Render, FileOf]:
+        """How the call's templates are rendered (seeing `args`, `env` and `attachments`), and
+        how a `file:` field's value finds its file."""
+        attachments = ctx.attachments()
+        values = {"args": args, "env": self.env, "attachments": template_values(attachments, ctx.message_attachments)}
 
         def render(source: Any, typed: bool) -> Any:
             return ctx.render(source, "http", tool.where, values, typed=typed)
 
-        self._refuse_empty_values(tool, spec)
-        request = self._build(spec, args, render, tool.timeout, ctx.trace_headers)
-        return await self._send(tool, spec, request)
+        def file_of(value: Any, field: str) -> tuple[Attachment, bytes]:
+            attachment = find_attachment(value, attachments, tool.name, f"`{field}`")
+            return attachment, read_or_refuse(attachment, ctx.read_attachment, tool.name)
+
+        return render, file_of
 
     async def request(self, tool: ToolConfig, spec: HttpConfig, args: dict[str, Any],
                       ctx: CallContext) -> dict[str, Any] | None:
         """The request `call` would send, rendered the same way but not sent, as plain data
         with the values of secret environment variables redacted (what a transcript may hold)."""
-        values = {"args": args, "env": self.env}
-
-        def render(source: Any, typed: bool) -> Any:
-            return ctx.render(source, "http", tool.where, values, typed=typed)
-
-        request = self._build(spec, args, render, tool.timeout, lambda headers: None)
-        plain: dict[str, Any] = _redacted(_plain_request(request, spec), self.env.secrets())
+        render, file_of = self._renderers(tool, spec, args, ctx)
+        request, sent = self._build(spec, args, render, tool.timeout, lambda headers: None, file_of)
+        plain: dict[str, Any] = _redacted(_plain_request(request, spec, sent), self.env.secrets())
         return plain
 
     def _refuse_empty_values(self, tool: ToolConfig, spec: HttpConfig) -> None:
@@ -310,7 +362,9 @@ class HttpCaller(RuntimeDefaults):
                           "Tell the user it did not work this time.")
 
     def _build(self, http: HttpConfig, args: dict[str, Any], render: Render, timeout: float,
-               trace_headers: Callable[[dict[str, str]], None]) -> httpx.Request:
+               trace_headers: Callable[[dict[str, str]], None],
+               file_of: FileOf) -> tuple[httpx.Request, Multipart | None]:
+        """The request, and what its multipart body carries (None: it has none)."""
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
             raise TurnFailed(f"{http.where}: http.url rendered to {url[:80]!r}, not an http(s) URL")
@@ -320,24 +374,59 @@ class HttpCaller(RuntimeDefaults):
         headers = _headers(http, render)
         trace_headers(headers)  # the API's own traces join the turn's (W3C traceparent)
         body: dict[str, Any] = {}
+        sent: Multipart | None = None
         if http.json is not None:
             body["json"] = _render_data(http.json, render)
         elif http.form is not None:
             body["data"] = {k: _text(render(v, False)) for k, v in http.form.items()}
-        return self.client().build_request(http.method, url, params=query, headers=headers, timeout=timeout, **body)
+        elif http.multipart is not None:
+            body["files"], sent = _multipart(http.multipart, render, file_of)
+        request = self.client().build_request(http.method, url, params=query, headers=headers, timeout=timeout, **body)
+        return request, sent
 
 
-def _plain_request(request: httpx.Request, http: HttpConfig) -> dict[str, Any]:
+@dataclass
+class Multipart:
+    """What a multipart body carries, as a transcript mock's `request:` matches it: its text
+    fields (`form`) and its files ({field: {name, media_type, size}})."""
+
+    form: dict[str, str] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _multipart(fields: dict[str, Any], render: Render, file_of: FileOf) -> tuple[list[tuple[str, Any]], Multipart]:
+    """httpx's `files` for a multipart body (a text field is one without a file name, so a body
+    of text fields only is multipart too), and what it carries."""
+    parts: list[tuple[str, Any]] = []
+    sent = Multipart()
+    for name, value in fields.items():
+        if not isinstance(value, dict):
+            text = sent.form[name] = _text(render(value, False))
+            parts.append((name, (None, text)))
+            continue
+        attachment, data = file_of(render(value.get("file"), True), f"multipart.{name}")
+        filename = _text(render(value["name"], False)).strip() if "name" in value else ""
+        media_type = _text(render(value["media_type"], False)).strip() if "media_type" in value else ""
+        filename, media_type = filename or attachment.name or "file", media_type or attachment.media_type
+        parts.append((name, (filename, data, media_type)))
+        sent.files[name] = {"name": filename, "media_type": media_type, "size": len(data)}
+    return parts, sent
+
+
+def _plain_request(request: httpx.Request, http: HttpConfig, sent: Multipart | None) -> dict[str, Any]:
     """A built request as a transcript mock's `request:` matches it: the body parsed as it was
-    written (`json` or `form`, None when the tool sends none)."""
-    body = request.content.decode("utf-8", "replace")
+    written (`json`, `form`, or a multipart body's text fields as `form` and its `files`; None
+    when the tool sends none)."""
+    body = request.content.decode("utf-8", "replace") if sent is None else ""
+    form = dict(parse_qsl(body, keep_blank_values=True)) if http.form is not None else None
     return {
         "method": request.method,
         "url": str(request.url),
         "query": dict(request.url.params),
         "headers": dict(request.headers),
         "json": json.loads(body) if http.json is not None and body else None,
-        "form": dict(parse_qsl(body, keep_blank_values=True)) if http.form is not None else None,
+        "form": sent.form if sent is not None else form,
+        "files": sent.files if sent is not None else None,
     }
 
 

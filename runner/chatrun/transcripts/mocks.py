@@ -16,7 +16,7 @@ from chatrun.errors import TurnFailed
 from chatrun.toolkinds import outside
 from chatrun.transcripts.expect import is_matcher, match
 
-REQUEST_KEYS = ("method", "url", "query", "headers", "json", "form")
+REQUEST_KEYS = ("method", "url", "query", "headers", "json", "form", "files")
 
 
 class TranscriptMocks:
