@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from jsonschema import Draft202012Validator
 
 from chatrun import events as ev
-from chatrun.definition.config import OperatorConfig, ToolConfig
+from chatrun.definition.config import ApprovalCaseConfig, OperatorConfig, ToolConfig
 from chatrun.definition.templates import holds
 from chatrun.engine import tracing
 from chatrun.engine.conversation import Conversation
@@ -188,9 +188,13 @@ def edited_args(c: Conversation, tools: Toolbox, item: PendingItem, changes: dic
     try:
         check_arguments(tool, args, tools.argument_validator(tool))
     except ToolRefusal as refusal:
-        raise InvalidDecision(item.id, str(refusal).removeprefix("Error: ").replace(
-            " Call it again with valid arguments.", "")) from None
+        raise InvalidDecision(item.id, _problem(refusal)) from None
     return args
+
+
+def _problem(refusal: ToolRefusal) -> str:
+    """A refusal of arguments as a person reads it (without what the model is told to do)."""
+    return str(refusal).removeprefix("Error: ").replace(" Call it again with valid arguments.", "")
 
 
 _MISSING = object()
@@ -412,10 +416,7 @@ async def expire(turn: Turn, decision: Expire) -> NextStep:
     steps: list[NextStep] = []
     for item in [i for i in turn.c.pending if i.is_due(now)]:
         if item.kind == APPROVAL:
-            if item.data.get("on_timeout") == "approve":
-                steps.append(await approved(turn, item, item.args or {}, TIMED_OUT, None))
-            else:
-                steps.append(await rejected(turn, item, TIMED_OUT, None))
+            steps.append(await approval_timed_out(turn, item))
         elif item.kind == QUESTION:
             tool = turn.config.tools[item.tool or ""]
             ask = tool.action.ask
@@ -426,19 +427,72 @@ async def expire(turn: Turn, decision: Expire) -> NextStep:
     return combine(steps) if steps else NextStepFinalOutput()
 
 
-def _decision(turn: Turn, outcome: str, reason: str | None, args: dict[str, Any] | None) -> dict[str, Any]:
-    """What `decision` is in templates (a case's condition, `rejected`) while it applies."""
+async def approval_timed_out(turn: Turn, item: PendingItem) -> NextStep:
+    """A timeout decides as `on_timeout` says: reject, approve, or the named case's first entry
+    that holds (none holds, or the bot no longer has the case: reject)."""
+    on_timeout = item.data.get("on_timeout") or "reject"
+    if on_timeout == "approve":
+        return await approved(turn, item, item.args or {}, TIMED_OUT, None)
+    tool = turn.config.tools[item.tool or ""]
+    entries = tool.approval.cases.get(on_timeout, []) if tool.approval is not None else []
+    entry = _holding_entry(turn, tool, item, entries)
+    if entry is None:
+        return await rejected(turn, item, TIMED_OUT, None)
+    turn.decision_info = _decision(turn, TIMED_OUT, None, item.args, on_timeout)
+    if entry.message:
+        turn.emit(ev.MESSAGE, turn.render_template(entry.message, "timeout case message", entry.where,
+                                                   {"args": item.args}))
+    if entry.reject is not None:
+        step = await rejected(turn, item, TIMED_OUT, None, case=on_timeout, text=entry.reject or None)
+        if entry.route and entry.route != turn.c.scope.route:
+            turn.c.change_route(entry.route)
+            turn.emit(ev.ROUTE_CHANGED, {"route": turn.c.scope.route, "stack": turn.c.stack})
+            return NextStepFinalOutput()  # the next message goes to the new route
+        return step
+    changes = {k: turn.render_template(v, f"timeout case approve.{k}", entry.where, {"args": item.args}, typed=True)
+               if isinstance(v, str) else v for k, v in (entry.approve or {}).items()}
+    args = {**(item.args or {}), **changes}
+    try:
+        check_arguments(tool, args, turn.tools.argument_validator(tool))
+    except ToolRefusal as refusal:  # the author's case gave invalid arguments: refuse, never run them
+        turn.emit(ev.CONSOLE, f"timeout case {on_timeout} of {tool.name}: {_problem(refusal)}")
+        return await rejected(turn, item, TIMED_OUT, None, case=on_timeout,
+                              text=f"No one approved this call of {tool.name} in time, and the arguments the "
+                              f"timeout's case `{on_timeout}` gave are invalid; it was not run.")
+    return await approved(turn, item, args, TIMED_OUT, None, case=on_timeout)
+
+
+def _holding_entry(turn: Turn, tool: ToolConfig, item: PendingItem,
+                   entries: list[ApprovalCaseConfig]) -> ApprovalCaseConfig | None:
+    context = turn.context(args=item.args or {})
+    for entry in entries:
+        if entry.condition is None:
+            return entry
+        try:
+            if holds(entry.condition, context):
+                return entry
+        except ChatrunError:
+            raise
+        except Exception as exc:
+            raise TurnFailed(f"tool {tool.name} ({entry.where}): condition `{entry.condition}` failed: {exc}") from exc
+    return None
+
+
+def _decision(turn: Turn, outcome: str, reason: str | None, args: dict[str, Any] | None,
+              case: str | None = None) -> dict[str, Any]:
+    """What `decision` is in templates (a case's condition, `rejected`) while it applies; `case`
+    names the approval's case a timeout decided by."""
     by = None if outcome == TIMED_OUT else (turn.c.principal or {}).get("name")
-    return {"outcome": outcome, "by": by, "reason": reason, "args": args}
+    return {"outcome": outcome, "by": by, "reason": reason, "args": args, "case": case}
 
 
 async def approved(turn: Turn, item: PendingItem, args: dict[str, Any], outcome: str,
-                   reason: str | None) -> NextStep:
+                   reason: str | None, case: str | None = None) -> NextStep:
     """The call runs now with `args` (its action too), its result replaces the placeholder."""
     tool = turn.config.tools[item.tool or ""]
-    turn.decision_info = _decision(turn, outcome, reason, args)
+    turn.decision_info = _decision(turn, outcome, reason, args, case)
     memory = _memory_of(turn, item)
-    resolve(turn, item, outcome, reason=reason, args=args)
+    resolve(turn, item, outcome, reason=reason, args=args, case=case)
     with tracing.tool_span(tool.name, item.call_id or "", f"{outcome} {item.id}") as span:
         try:
             turn.check_action(tool)  # the state may have changed while it waited (a route's roles)
@@ -450,13 +504,18 @@ async def approved(turn: Turn, item: PendingItem, args: dict[str, Any], outcome:
     return _continue(turn, item, memory, tool_outcome)
 
 
-async def rejected(turn: Turn, item: PendingItem, outcome: str, reason: str | None) -> NextStep:
+async def rejected(turn: Turn, item: PendingItem, outcome: str, reason: str | None, *, case: str | None = None,
+                   text: str | None = None) -> NextStep:
+    """The call is refused: the model reads `text` (a timeout case's), else the tool's `rejected`."""
     tool = turn.config.tools[item.tool or ""]
     approval = tool.approval
-    turn.decision_info = _decision(turn, outcome, reason, item.args)
+    turn.decision_info = _decision(turn, outcome, reason, item.args, case)
     memory = _memory_of(turn, item)
-    resolve(turn, item, outcome, reason=reason)
-    if approval is not None and approval.rejected:
+    resolve(turn, item, outcome, reason=reason, case=case)
+    if text:
+        reply = turn.render_template(text, "timeout case reject", approval.where if approval else tool.where,
+                                     {"args": item.args})
+    elif approval is not None and approval.rejected:
         reply = turn.render_template(approval.rejected, "approval rejected", approval.where, {"args": item.args})
     elif outcome == TIMED_OUT:
         reply = f"No one approved this call of {tool.name} in time; it was not run."
