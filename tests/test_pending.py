@@ -625,11 +625,71 @@ def test_an_operator_steps_in_unasked_and_a_summary_is_remembered(desk):
     events = as_(session, OPERATOR).chat(Release())
     assert of(events, "Resolved")[0]["outcome"] == "released" and of(events, "RouteChanged") == []
     assert session.memory()[-1] == AssistantMessage(
-        "(An operator talked with the user meanwhile: 1 message(s) from the user, 1 from the operator. "
-        "The user's last: 'My parcel is late.'. The operator's last: 'Hello, how can I help?'.)")
+        "(An operator talked with the user while I was away: 1 message(s) from the user, 1 from the operator:\n"
+        "operator olga: Hello, how can I help?\nuser: My parcel is late.)")
     model.add("Back with the bot.")
     events = as_(session, ALICE).chat("Thanks")
     assert of(events, "Message") == ["Back with the bot."]
+
+
+def test_a_long_talk_is_summarized_line_by_line_within_a_bound(desk):
+    session = start(desk, ScriptedModel([call("human_brief")]))
+    session.chat("Let me talk to someone")
+    for n in range(13):
+        as_(session, OPERATOR).chat(OperatorSay(f"Operator line {n}."))
+        as_(session, ALICE).chat(f"User line {n}. " + "very long " * 60)
+    as_(session, OPERATOR).chat(Release())
+    summary = session.memory()[-1].content
+    lines = summary.splitlines()
+    assert lines[0] == ("(An operator talked with the user while I was away: 13 message(s) from the user, "
+                        "13 from the operator; the first 6 left out:")
+    assert len(lines) == 21 and lines[1] == "operator olga: Operator line 3."  # the last 20 lines, in order
+    assert lines[2].startswith("user: User line 3. very long") and lines[2].endswith("…")
+    assert len(lines[2]) == len("user: ") + 300 and lines[-1].startswith("user: User line 12.")
+
+
+SUMMARIZED = """
+name: brief
+model: {provider: scripted, name: gpt-4o-mini}
+routes:
+  main:
+    default: true
+    system: Support.
+    memory: {type: summary, max_tokens: 4000, keep_messages: 10, summary_model: {name: gpt-4o-nano}}
+    tools: [human]
+tools:
+  human:
+    description: Hand over
+    action: {operator: {remember: summary}}
+"""
+
+
+def test_a_summary_memory_has_its_summary_model_write_what_was_said(write_bot):
+    bot = chatrun.load_bot(write_bot(SUMMARIZED))
+    model = ScriptedModel([call("human")])
+    session = start(bot, model)
+    session.chat("A person, please")
+    as_(session, OPERATOR).chat(OperatorSay("Your refund of 30 EUR is approved."))
+    as_(session, ALICE).chat("Great, when does it arrive?")
+    model.add("The operator approved a 30 EUR refund; the user asked when it arrives.")
+    events = as_(session, OPERATOR).chat(Release())
+    request = model.requests[-1]
+    assert request.config.name == "gpt-4o-nano" and request.route == "main (summary)"
+    assert "human operator talked with the user" in request.messages[0].content
+    assert request.messages[1].content == ("operator olga: Your refund of 30 EUR is approved.\n"
+                                           "user: Great, when does it arrive?")
+    assert session.memory()[-1] == AssistantMessage(
+        "(Summary of what an operator and the user said while I was away: The operator approved a 30 EUR "
+        "refund; the user asked when it arrives.)")
+    assert session.history[-1]["usage"]["calls"] == 1 and of(events, "Console") == []
+    # The summarizing call fails: the release still happens, with the digest.
+    session = start(bot, ScriptedModel([call("human"), {"error": "the model is down"}]))
+    session.chat("A person, please")
+    as_(session, OPERATOR).chat(OperatorSay("Hello."))
+    events = as_(session, OPERATOR).chat(Release())
+    assert of(events, "Resolved")[-1]["outcome"] == "released"
+    assert of(events, "Console")[0].startswith("the handover summary failed")
+    assert session.memory()[-1].content.startswith("(An operator talked with the user while I was away: 0 message")
 
 
 def test_an_operator_takes_a_conversation_nobody_handed_over(desk):

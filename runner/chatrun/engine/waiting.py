@@ -75,7 +75,7 @@ from chatrun.errors import (
     TurnFailed,
     UnknownRouteError,
 )
-from chatrun.memory import ChatMemory
+from chatrun.memory import ChatMemory, SummaryMemory
 from chatrun.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
 
 if TYPE_CHECKING:
@@ -398,7 +398,7 @@ async def decide(turn: Turn, decision: Decision) -> NextStep:
     if isinstance(decision, Expire):
         return await expire(turn, decision)
     if isinstance(decision, TakeOver | OperatorSay | Release):
-        return operate(turn, decision)
+        return await operate(turn, decision)
     item = find_item(turn.c, decision.item)
     if isinstance(decision, Answer):
         return await answered(turn, item, decision.value, ANSWERED)
@@ -609,7 +609,7 @@ def resolve(turn: Turn, item: PendingItem, outcome: str, **extra: Any) -> None:
 # -- operators ------------------------------------------------------------------------------------
 
 
-def operate(turn: Turn, decision: TakeOver | OperatorSay | Release) -> NextStep:
+async def operate(turn: Turn, decision: TakeOver | OperatorSay | Release) -> NextStep:
     c = turn.c
     item = takeover_item(c)
     name = (c.principal or {}).get("name") or "operator"
@@ -623,11 +623,11 @@ def operate(turn: Turn, decision: TakeOver | OperatorSay | Release) -> NextStep:
         item.data.setdefault("messages", []).append({"from": "operator", "name": name, "text": decision.text})
         turn.emit(ev.MESSAGE, decision.text, meta={"from": "operator", "name": name})
     elif isinstance(decision, Release):
-        release(turn, item, decision.route)
+        await release(turn, item, decision.route)
     return NextStepFinalOutput()
 
 
-def release(turn: Turn, item: PendingItem, route: str | None) -> None:
+async def release(turn: Turn, item: PendingItem, route: str | None) -> None:
     """The bot has the conversation back, with what was said in its memory; maybe on another route."""
     c = turn.c
     said = item.data.get("messages") or []
@@ -646,21 +646,50 @@ def release(turn: Turn, item: PendingItem, route: str | None) -> None:
     memory = c.memory_for(scope, scope.route)
     if item.data.get("remember") == "summary":
         if said:
-            memory.add(AssistantMessage(_summary_line(said)))
+            memory.add(AssistantMessage(await _summary(turn, scope.route, memory, said)))
     else:
         for line in said:
             memory.add(UserMessage(line["text"]) if line["from"] == "user"
                        else AssistantMessage(f"[operator {line.get('name') or ''}] {line['text']}".replace("  ", " ")))
 
 
-def _summary_line(said: list[dict[str, Any]]) -> str:
-    users = [line["text"] for line in said if line["from"] == "user"]
-    operators = [line["text"] for line in said if line["from"] != "user"]
-    text = f"(An operator talked with the user meanwhile: {len(users)} message(s) from the user, " \
-           f"{len(operators)} from the operator."
-    if users:
-        text += f" The user's last: {users[-1]!r}."
-    if operators:
-        text += f" The operator's last: {operators[-1]!r}."
-    return re.sub(r"\s+", " ", text + ")")
+DIGEST_LINES = 20  # a summary digest keeps the last this many lines of the talk...
+DIGEST_CHARS = 300  # ...each cut to this many characters
+SUMMARY_INPUT_LINES = 200  # what a summarizing model reads of the talk (its last lines)
+HANDOVER_PROMPT = (
+    "While the assistant was away, a human operator talked with the user. You are given what they said. "
+    "Write a summary for the assistant, who takes the conversation back now: what the user asked for and "
+    "told, what the operator answered, promised or did, and what is still open — in at most 120 words, in "
+    "the conversation's language. Answer with the summary only."
+)
 
+
+async def _summary(turn: Turn, route: str, memory: ChatMemory, said: list[dict[str, Any]]) -> str:
+    """`remember: summary`: written by the route's summary model when its memory is a `summary`
+    one (docs/memory.md), else — or when that call fails — a bounded digest of every line."""
+    if isinstance(memory, SummaryMemory):
+        talk = "\n".join(_talk_line(line, 4 * DIGEST_CHARS) for line in said[-SUMMARY_INPUT_LINES:])
+        try:
+            text = await turn.summary_call(route, HANDOVER_PROMPT, talk)
+            return f"(Summary of what an operator and the user said while I was away: {text})"
+        except Exception as exc:  # a summary never fails the release: the digest says it instead
+            turn.emit(ev.CONSOLE, f"the handover summary failed ({type(exc).__name__}: {exc}); kept a digest")
+    return _digest(said)
+
+
+def _digest(said: list[dict[str, Any]]) -> str:
+    """What was said while the bot was away, line by line: the last DIGEST_LINES lines, each cut
+    to DIGEST_CHARS, with a count of what was left out."""
+    users = sum(1 for line in said if line["from"] == "user")
+    head = (f"(An operator talked with the user while I was away: {users} message(s) from the user, "
+            f"{len(said) - users} from the operator")
+    left_out = max(0, len(said) - DIGEST_LINES)
+    head += f"; the first {left_out} left out" if left_out else ""
+    lines = [_talk_line(line, DIGEST_CHARS) for line in said[left_out:]]
+    return head + ":\n" + "\n".join(lines) + ")"
+
+
+def _talk_line(line: dict[str, Any], limit: int) -> str:
+    who = "user" if line["from"] == "user" else f"operator {line.get('name') or ''}".strip()
+    text = re.sub(r"\s+", " ", str(line.get("text") or "")).strip()
+    return f"{who}: {text if len(text) <= limit else text[:limit - 1] + '…'}"
