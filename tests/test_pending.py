@@ -341,7 +341,7 @@ def test_a_timeouts_named_case_falls_to_else_and_refuses_invalid_arguments(desk)
 def test_validation_checks_a_timeouts_named_case(write_bot):
     path = write_bot("""
         name: bad
-        routes: {main: {default: true, system: Hi., tools: [pay, send]}}
+        routes: {main: {default: true, system: Hi., tools: [pay, send, both]}}
         tools:
           pay:
             description: Pay
@@ -362,6 +362,16 @@ def test_validation_checks_a_timeouts_named_case(write_bot):
               cases:
                 late:
                   - else: {reject: Too late., route: nowhere}
+          both:
+            description: Both
+            approval:
+              timeout: 1h
+              on_timeout: late
+              cases:
+                late:
+                  - if: "true"
+                    then: {approve: true, route: main}
+                  - else: {approve: true, reject: true}
         """)
     _, diagnostics = chatrun_check(path)
     errors = [(d.line, d.message) for d in diagnostics if d.severity == "error"]
@@ -373,7 +383,11 @@ def test_validation_checks_a_timeouts_named_case(write_bot):
     assert (15, "`approve` of case `unanswered` (if args.amount < 10) of tool `pay`'s approval changes `amont`, "
                 "which is not one of the tool's parameters; did you mean `amount`?") in errors
     assert (23, "`route` of case `late` (else) of tool `send`'s approval names unknown route `nowhere`") in errors
-    assert len(errors) == 4, errors
+    assert (32, "case `late` (if true) of tool `both`'s approval has `route` with `approve`: a call that runs "
+                "moves by its own action (cases on `decision.case`); `route` goes with `reject`") in errors
+    assert (33, "case `late` (else) of tool `both`'s approval must say `approve` or `reject` (exactly one): "
+                "what the decision is") in errors
+    assert len(errors) == 6, errors
 
 
 def test_the_user_decides_their_own_approval_by_message(desk):
