@@ -146,6 +146,42 @@ def test_the_operator_edits_and_approves_a_refund_the_user_waits_for(pages, widt
 
 
 @pytest.mark.parametrize("width", [1280, 390])
+def test_the_operator_rejects_a_refund_and_the_user_rejects_their_own_call(pages, width):
+    user = pages.open("/", ANA, width)
+    say(user, "refund A8 90")
+    operator = pages.open("/operator", SAM, width)
+    operator.select_option("#kind-filter", "approval")
+    open_waiting(operator, "approval")
+    card = operator.locator('#detail .pending-card[data-kind="approval"]')
+    assert card.locator(".pending-ask").inner_text() == "Refund 90.0 EUR on A8?"
+    card.locator('[data-field="reason"] input').fill("no receipt")
+    card.locator('.pf-field[data-field="amount"] input').fill("")  # a reject sends no arguments: no check
+    shot(operator, f"hitl-operator-reject-{width}")
+    card.locator("button.reject").click()
+
+    rejected = user.locator('.pending-card[data-kind="approval"][data-outcome="rejected"]')
+    rejected.wait_for(timeout=30_000)
+    assert rejected.locator(".pending-status").inner_text() == "Rejected by sam (no receipt)"
+    assert rejected.locator("button, input").count() == 0
+    assert rejected.locator('dd[data-arg="amount"]').inner_text() == "90"  # nothing edited
+    reply = user.locator(".msg.bot", has_text="Tool said")
+    reply.wait_for(timeout=30_000)
+    assert reply.inner_text().endswith("This call of refund was rejected: no receipt; it was not run.")
+    operator.wait_for_function("!document.querySelector('#detail .pending-card')", timeout=30_000)
+    assert "rejected p1" in operator.locator("#op-history").inner_text()
+    shot(user, f"hitl-user-rejected-by-operator-{width}")
+
+    say(user, "cancel B3")  # the user's own approval: the card's Reject button
+    mine = user.locator('.pending-card[data-kind="approval"]').last
+    mine.locator("button.reject").click()
+    mine.locator(".pending-status", has_text="Rejected by ana").wait_for(timeout=30_000)
+    assert mine.get_attribute("data-outcome") == "rejected" and mine.locator("button").count() == 0
+    user.locator(".msg.bot", has_text="This call of cancel was rejected; it was not run.").wait_for(timeout=30_000)
+    assert '"cancelled"' not in user.locator(".msg-list, body").first.inner_text()  # the tool never ran
+    shot(user, f"hitl-user-rejected-own-{width}")
+
+
+@pytest.mark.parametrize("width", [1280, 390])
 def test_a_takeover_round_trip(pages, width):
     user = pages.open("/", ANA, width)
     say(user, "human")

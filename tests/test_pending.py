@@ -35,7 +35,7 @@ routes:
   main:
     default: true
     system: You are a refund desk.
-    tools: [refund, small_refund, submit_documents, pick_colour, ask_age, human, human_brief, ask_desk, note]
+    tools: [refund, small_refund, transfer, submit_documents, pick_colour, ask_age, human, human_brief, ask_desk, note]
   menu:
     system: The menu.
 tools:
@@ -63,6 +63,34 @@ tools:
     parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
     handler: desk_tools:small
     approval: {timeout: 1h, on_timeout: approve}
+  transfer:
+    description: Transfer money; a timeout's named case decides
+    parameters:
+      type: object
+      properties: {order: {type: string}, amount: {type: number, maximum: 500}}
+      required: [order, amount]
+    handler: desk_tools:refund
+    approval:
+      by: [supervisor]
+      timeout: 1h
+      on_timeout: unanswered
+      rejected: "Declined."
+      cases:
+        unanswered:
+          - if: args.order == 'BAD'
+            then: {approve: {amount: 900}}
+          - if: args.amount <= 200
+            then:
+              approve: {amount: "{{ [args.amount, 50] | min }}"}
+              message: "No one answered in time: {{ [args.amount, 50] | min }} EUR go out now."
+          - if: args.amount <= 400
+            then:
+              reject: "Nobody approved {{ args.amount }} EUR in time ({{ decision.case }})."
+              message: Nobody approved it in time; the menu is next.
+              route: menu
+          - else: {reject: true}
+    action:
+      set: {state.last: "{{ decision.outcome ~ ' by ' ~ decision.case if decision else 'direct' }}"}
   submit_documents:
     description: Submit the KYC documents
     action:
@@ -262,6 +290,104 @@ def test_a_timeout_can_approve(desk):
     events = session.chat(Expire(now=(START + timedelta(hours=2)).isoformat()))
     assert of(events, "Resolved")[0]["outcome"] == "timed_out"
     assert model.requests[-1].messages[-1].content == "Refunded 5 EUR."
+
+
+def expire_transfer(desk, amount, order="A1"):
+    """A transfer nobody decides: its `on_timeout: unanswered` case decides an hour later."""
+    model = ScriptedModel([call("transfer", order=order, amount=amount)])
+    session = start(desk, model)
+    session.chat("Transfer it")
+    asked = len(model.requests)
+    model.add("Told the user.")
+    events = session.chat(Expire(now=(START + timedelta(hours=2)).isoformat()))
+    return session, model, events, asked
+
+
+def test_a_timeouts_named_case_approves_with_capped_arguments(desk):
+    session, model, events, _ = expire_transfer(desk, 120)
+    assert [e.type for e in events if e.audience == "user"][:3] == ["Message", "Resolved", "Console"]
+    assert of(events, "Message") == ["No one answered in time: 50 EUR go out now.", "Told the user."]
+    assert of(events, "Resolved") == [{"id": "p1", "kind": "approval", "outcome": "timed_out", "by": None,
+                                       "case": "unanswered", "args": {"order": "A1", "amount": 50}}]
+    assert of(events, "Console") == ["refunding 50"]  # the handler ran once, with the capped amount
+    assert session.state["last"] == "timed_out by unanswered"  # `decision.case` in the action's templates
+    assert model.requests[-1].messages[-1].content == "Refunded 50 EUR on A1."
+
+
+def test_a_timeouts_named_case_rejects_with_its_own_text_and_moves(desk):
+    session, model, events, asked = expire_transfer(desk, 300)
+    assert of(events, "Message") == ["Nobody approved it in time; the menu is next."]
+    assert of(events, "Resolved")[0] == {"id": "p1", "kind": "approval", "outcome": "timed_out", "by": None,
+                                         "case": "unanswered"}
+    assert of(events, "Console") == [] and session.state["last"] is None  # nothing of the tool ran
+    assert of(events, "RouteChanged") == [{"route": "menu", "stack": ["menu"]}]
+    assert len(model.requests) == asked  # the model is not asked: the next message goes to the menu
+    main = session.memory(route="main")
+    assert main[-1].content == "Nobody approved 300 EUR in time (unanswered)."
+    assert "transfer  route → menu  [timeout unanswered if args.amount <= 400]" in desk.graph.render()
+
+
+def test_a_timeouts_named_case_falls_to_else_and_refuses_invalid_arguments(desk):
+    session, model, events, _ = expire_transfer(desk, 450)  # the else entry: `reject: true`
+    assert of(events, "Console") == [] and model.requests[-1].messages[-1].content == "Declined."
+    session, model, events, _ = expire_transfer(desk, 80, order="BAD")  # the case gives amount 900 > 500
+    (console,) = of(events, "Console")  # the handler did not run; the author learns why
+    assert console == ("timeout case unanswered of transfer: invalid arguments for transfer: amount: 900 is "
+                       "greater than the maximum of 500.")
+    assert of(events, "Resolved")[0]["outcome"] == "timed_out" and session.state["last"] is None
+    assert "the arguments the timeout's case `unanswered` gave are invalid" in model.requests[-1].messages[-1].content
+
+
+def test_validation_checks_a_timeouts_named_case(write_bot):
+    path = write_bot("""
+        name: bad
+        routes: {main: {default: true, system: Hi., tools: [pay, send, both]}}
+        tools:
+          pay:
+            description: Pay
+            parameters: {type: object, properties: {amount: {type: number}}}
+            approval:
+              timeout: 1h
+              on_timeout: unanswerd
+              cases:
+                unanswered:
+                  - else: {reject: true}
+                  - if: args.amount < 10
+                    then: {approve: {amont: 5}}
+          send:
+            description: Send
+            approval:
+              timeout: 1h
+              on_timeout: late
+              cases:
+                late:
+                  - else: {reject: Too late., route: nowhere}
+          both:
+            description: Both
+            approval:
+              timeout: 1h
+              on_timeout: late
+              cases:
+                late:
+                  - if: "true"
+                    then: {approve: true, route: main}
+                  - else: {approve: true, reject: true}
+        """)
+    _, diagnostics = chatrun_check(path)
+    errors = [(d.line, d.message) for d in diagnostics if d.severity == "error"]
+    assert (10, "`approval.on_timeout` of tool `pay` names `unanswerd`, which is neither `reject`, `approve` nor "
+                "one of the approval's `cases`; did you mean `unanswered`? (it may be: `reject`, `approve`, "
+                "`unanswered`)") in errors
+    assert (13, "the `else` entry of case `unanswered` of tool `pay`'s approval must be the last: the entries "
+                "after it could never decide") in errors
+    assert (15, "`approve` of case `unanswered` (if args.amount < 10) of tool `pay`'s approval changes `amont`, "
+                "which is not one of the tool's parameters; did you mean `amount`?") in errors
+    assert (23, "`route` of case `late` (else) of tool `send`'s approval names unknown route `nowhere`") in errors
+    assert (32, "case `late` (if true) of tool `both`'s approval has `route` with `approve`: a call that runs "
+                "moves by its own action (cases on `decision.case`); `route` goes with `reject`") in errors
+    assert (33, "case `late` (else) of tool `both`'s approval must say `approve` or `reject` (exactly one): "
+                "what the decision is") in errors
+    assert len(errors) == 6, errors
 
 
 def test_the_user_decides_their_own_approval_by_message(desk):
@@ -513,11 +639,71 @@ def test_an_operator_steps_in_unasked_and_a_summary_is_remembered(desk):
     events = as_(session, OPERATOR).chat(Release())
     assert of(events, "Resolved")[0]["outcome"] == "released" and of(events, "RouteChanged") == []
     assert session.memory()[-1] == AssistantMessage(
-        "(An operator talked with the user meanwhile: 1 message(s) from the user, 1 from the operator. "
-        "The user's last: 'My parcel is late.'. The operator's last: 'Hello, how can I help?'.)")
+        "(An operator talked with the user while I was away: 1 message(s) from the user, 1 from the operator:\n"
+        "operator olga: Hello, how can I help?\nuser: My parcel is late.)")
     model.add("Back with the bot.")
     events = as_(session, ALICE).chat("Thanks")
     assert of(events, "Message") == ["Back with the bot."]
+
+
+def test_a_long_talk_is_summarized_line_by_line_within_a_bound(desk):
+    session = start(desk, ScriptedModel([call("human_brief")]))
+    session.chat("Let me talk to someone")
+    for n in range(13):
+        as_(session, OPERATOR).chat(OperatorSay(f"Operator line {n}."))
+        as_(session, ALICE).chat(f"User line {n}. " + "very long " * 60)
+    as_(session, OPERATOR).chat(Release())
+    summary = session.memory()[-1].content
+    lines = summary.splitlines()
+    assert lines[0] == ("(An operator talked with the user while I was away: 13 message(s) from the user, "
+                        "13 from the operator; the first 6 left out:")
+    assert len(lines) == 21 and lines[1] == "operator olga: Operator line 3."  # the last 20 lines, in order
+    assert lines[2].startswith("user: User line 3. very long") and lines[2].endswith("…")
+    assert len(lines[2]) == len("user: ") + 300 and lines[-1].startswith("user: User line 12.")
+
+
+SUMMARIZED = """
+name: brief
+model: {provider: scripted, name: gpt-4o-mini}
+routes:
+  main:
+    default: true
+    system: Support.
+    memory: {type: summary, max_tokens: 4000, keep_messages: 10, summary_model: {name: gpt-4o-nano}}
+    tools: [human]
+tools:
+  human:
+    description: Hand over
+    action: {operator: {remember: summary}}
+"""
+
+
+def test_a_summary_memory_has_its_summary_model_write_what_was_said(write_bot):
+    bot = chatrun.load_bot(write_bot(SUMMARIZED))
+    model = ScriptedModel([call("human")])
+    session = start(bot, model)
+    session.chat("A person, please")
+    as_(session, OPERATOR).chat(OperatorSay("Your refund of 30 EUR is approved."))
+    as_(session, ALICE).chat("Great, when does it arrive?")
+    model.add("The operator approved a 30 EUR refund; the user asked when it arrives.")
+    events = as_(session, OPERATOR).chat(Release())
+    request = model.requests[-1]
+    assert request.config.name == "gpt-4o-nano" and request.route == "main (summary)"
+    assert "human operator talked with the user" in request.messages[0].content
+    assert request.messages[1].content == ("operator olga: Your refund of 30 EUR is approved.\n"
+                                           "user: Great, when does it arrive?")
+    assert session.memory()[-1] == AssistantMessage(
+        "(Summary of what an operator and the user said while I was away: The operator approved a 30 EUR "
+        "refund; the user asked when it arrives.)")
+    assert session.history[-1]["usage"]["calls"] == 1 and of(events, "Console") == []
+    # The summarizing call fails: the release still happens, with the digest.
+    session = start(bot, ScriptedModel([call("human"), {"error": "the model is down"}]))
+    session.chat("A person, please")
+    as_(session, OPERATOR).chat(OperatorSay("Hello."))
+    events = as_(session, OPERATOR).chat(Release())
+    assert of(events, "Resolved")[-1]["outcome"] == "released"
+    assert of(events, "Console")[0].startswith("the handover summary failed")
+    assert session.memory()[-1].content.startswith("(An operator talked with the user while I was away: 0 message")
 
 
 def test_an_operator_takes_a_conversation_nobody_handed_over(desk):

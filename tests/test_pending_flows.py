@@ -3,7 +3,8 @@ OpenAI server, a real local HTTP receiver the refund tool calls, a real SQLite s
 approves their own refund over the extended WebSocket (Decide) and over the Quarkus dialect
 (the next message answers); /v1 shows the approval as text and takes "approve"; a backend
 answers a question with its item token; an operator takes over, speaks and releases; the
-metrics count the decisions."""
+metrics count the decisions by outcome and the oldest item's age; the real openai SDK on the
+Responses API reads an approval as the reply's text and answers it with the next input."""
 
 from __future__ import annotations
 
@@ -206,3 +207,74 @@ def test_a_pause_and_its_decision_are_span_events(served, spans):
     assert [(n, a["chatrun.pending.id"], a["chatrun.pending.kind"]) for n, a in noted] == [
         ("chatrun.pending", "p1", "approval"), ("chatrun.resolved", "p1", "approval")]
     assert noted[0][1]["chatrun.pending.tool"] == "refund" and noted[1][1]["chatrun.pending.outcome"] == "rejected"
+
+
+def test_a_responses_client_reads_the_approval_as_text_and_its_next_input_answers(served, receiver):
+    """The real openai SDK on the Responses API (over the app's test transport): the reply's text
+    asks, the next input (chained by previous_response_id) answers."""
+    import openai
+
+    client, _ = served
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="ana-token-123", http_client=client,
+                        default_headers={"X-Chatrun-Session": "r1"}, max_retries=0)
+    first = sdk.responses.create(model="desk", input="refund E5 12")
+    assert first.output_text.endswith("Refund 12.0 EUR on E5?\n\nReply approve or reject.")
+    assert [p["id"] for p in first.to_dict()["chatrun"]["pending"]] == ["p1"] and receiver.seen() == []
+    second = sdk.responses.create(model="desk", input="approve", previous_response_id=first.id)
+    assert second.output_text.endswith("Done.") and "pending" not in second.to_dict()["chatrun"]
+    assert len(receiver.seen()) == 1
+    # Another approval, answered with a list of input items, refused: the tool never runs.
+    # Streamed: the deltas and the completed response both carry the question.
+    events = list(sdk.responses.create(model="desk", input="refund E6 30", previous_response_id=second.id,
+                                       stream=True))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    third = next(e.response for e in events if e.type == "response.completed")
+    assert third.output_text.endswith("Refund 30.0 EUR on E6?\n\nReply approve or reject.") and deltas == third.output_text
+    fourth = sdk.responses.create(model="desk", previous_response_id=third.id, input=[
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "reject"}]}])
+    assert fourth.output_text.endswith("Done.") and len(receiver.seen()) == 1
+    history = client.get("/bots/desk/sessions/r1", headers=ANA).json()["history"]
+    outcomes = [e["data"]["outcome"] for h in history for e in h.get("events", []) if e["type"] == "Resolved"]
+    assert outcomes == ["approved", "rejected"]
+
+
+def _sample(metrics: str, name: str, labels: str) -> float:
+    """One sample of the /metrics text (0.0 when the series is absent)."""
+    prefix = f"{name}{{{labels}}} "
+    lines = [line for line in metrics.splitlines() if line.startswith(prefix)]
+    return float(lines[0][len(prefix):]) if lines else 0.0
+
+
+def test_the_oldest_pending_age_and_decisions_by_each_outcome_are_measured(served, receiver):
+    from chatrun.engine.pending import parse_time
+
+    client, _ = served
+    created = {}
+    for session, text in (("m1", "refund F1 5"), ("m2", "refund F2 6")):
+        assert client.post("/bots/desk/sessions", json={"id": session}, headers=ANA).status_code == 201
+        client.post(f"/bots/desk/sessions/{session}/messages", json={"userMessage": text}, headers=ANA)
+        (item,) = client.get(f"/bots/desk/sessions/{session}/pending", headers=ANA).json()["pending"]
+        created[session] = parse_time(item["created"]).timestamp()
+    sweeper = client.app.state.registry.sweeper
+    sweeper.clock = lambda: created["m1"] + 90.0  # the sweeper's clock: 90 s after the older item
+    sweeper._measured = 0.0
+    client.portal.call(sweeper.measure)
+    metrics = client.get("/metrics", headers=OLGA).text
+    labels = 'bot="desk",kind="approval"'
+    assert _sample(metrics, "chatrun_pending_items", labels) == 2.0
+    assert _sample(metrics, "chatrun_pending_oldest_age_seconds", labels) == pytest.approx(90.0, abs=0.01)
+
+    approved = client.post("/bots/desk/sessions/m1/pending/p1", json={"decision": "approve"}, headers=ANA)
+    rejected = client.post("/bots/desk/sessions/m2/pending/p1", json={"decision": "reject", "reason": "no"},
+                           headers=ANA)
+    assert approved.status_code == rejected.status_code == 200 and len(receiver.seen()) == 1
+    sweeper.clock = lambda: created["m1"] + 200.0
+    sweeper._measured = 0.0
+    client.portal.call(sweeper.measure)
+    metrics = client.get("/metrics", headers=OLGA).text
+    assert _sample(metrics, "chatrun_pending_items", labels) == 0.0
+    assert _sample(metrics, "chatrun_pending_oldest_age_seconds", labels) == 0.0  # nothing waits: no age
+    for outcome in ("approved", "rejected"):
+        assert _sample(metrics, "chatrun_pending_decisions_total", f'{labels},outcome="{outcome}"') == 1.0
+    assert _sample(metrics, "chatrun_pending_decisions_total", f'{labels},outcome="edited"') == 0.0
+    assert _sample(metrics, "chatrun_pending_decision_seconds_count", labels) == 2.0

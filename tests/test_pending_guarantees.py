@@ -3,7 +3,10 @@ a real Redis, the fake OpenAI server and a real local HTTP receiver that counts 
 tool's calls: a pending approval survives `kill -9` of the replica that asked and is decided
 through another one; the tool runs exactly once however often (and wherever) the decision is
 POSTed; a timeout fires with no client present, after a restart too, exactly once; a decision
-by a principal without the role is refused."""
+by a principal without the role is refused, and one by the principal who caused the call when the
+approval says `self: false`, on every replica; a message sent while the approval waits is queued
+through another replica and read after the decision; a timeout that approves runs the tool once.
+"""
 
 from __future__ import annotations
 
@@ -23,11 +26,14 @@ tokens:
   ana-token-123: {principal: ana}
   sam-token-123: {principal: sam, roles: [supervisor]}
   eve-token-123: {principal: eve, roles: [staff]}
+  sue-token-123: {principal: sue, roles: [supervisor]}
 """
-ANA, SAM, EVE = ({"Authorization": f"Bearer {t}"} for t in ("ana-token-123", "sam-token-123", "eve-token-123"))
+ANA, SAM, EVE, SUE = ({"Authorization": f"Bearer {t}"}
+                      for t in ("ana-token-123", "sam-token-123", "eve-token-123", "sue-token-123"))
 
 
-def refund_bot(timeout: str = "1d") -> str:
+def refund_bot(timeout: str = "1d", more: str = "") -> str:
+    """The refund bot; `more` adds lines to its `approval:` (e.g. `self: false`, `on_timeout: approve`)."""
     return f"""\
 name: refunds
 model: {{{OPENAI_MODEL}}}
@@ -44,14 +50,17 @@ tools:
       by: [supervisor]
       edit: [amount]
       timeout: {timeout}
-"""
+{more}"""
 
 
 def responder(body: dict[str, Any]) -> dict[str, Any]:
-    """The fake model: "refund A7 80" calls refund(order=A7, amount=80); after its result: "Done."."""
+    """The fake model: "refund A7 80" calls refund(order=A7, amount=80); after its result: "Done.";
+    any other last message: "Noted: TEXT"."""
     if body["messages"][-1]["role"] == "tool":
         return {"text": "Done."}
     user = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+    if not user.startswith("refund "):
+        return {"text": f"Noted: {user}"}
     _, order, amount = user.split()
     return {"tool_calls": [{"name": "refund", "arguments": {"order": order, "amount": float(amount)}}]}
 
@@ -70,9 +79,9 @@ def setup(tmp_path, fake, receiver, monkeypatch, redis_server):
     fake.responder = responder
     (tmp_path / "auth.yaml").write_text(AUTH)
 
-    def make(timeout: str = "1d") -> tuple[str, str, str]:
+    def make(timeout: str = "1d", more: str = "") -> tuple[str, str, str]:
         bot = tmp_path / "bot.yaml"
-        bot.write_text(refund_bot(timeout))
+        bot.write_text(refund_bot(timeout, more))
         return str(bot), str(tmp_path / "auth.yaml"), redis_server.url()
 
     return make
@@ -82,11 +91,15 @@ def replica(bot: str, auth: str, store: str, fake_url: str, sweep: str = "1") ->
     return Replica(bot, store, fake_url, "--auth", auth, "--sweep-interval", sweep)
 
 
-def ask(server: Replica, session: str, text: str = "refund A7 80") -> dict:
-    created = httpx.post(f"{server.url}/bots/refunds/sessions", json={"id": session}, headers=ANA, timeout=60)
+def ask(server: Replica, session: str, text: str = "refund A7 80", who: dict = ANA) -> dict:
+    created = httpx.post(f"{server.url}/bots/refunds/sessions", json={"id": session}, headers=who, timeout=60)
     assert created.status_code == 201, created.text
+    return say(server, session, text, who)
+
+
+def say(server: Replica, session: str, text: str, who: dict = ANA) -> dict:
     reply = httpx.post(f"{server.url}/bots/refunds/sessions/{session}/messages", json={"userMessage": text},
-                       headers=ANA, timeout=60).json()
+                       headers=who, timeout=60).json()
     assert reply["ok"] is True, reply
     return reply
 
@@ -97,12 +110,12 @@ def decide(server: Replica, session: str, body: dict, key: str | None = None, wh
                       timeout=60)
 
 
-def pending_of(server: Replica, session: str) -> list[dict]:
-    return httpx.get(f"{server.url}/bots/refunds/sessions/{session}/pending", headers=ANA, timeout=60).json()["pending"]
+def pending_of(server: Replica, session: str, who: dict = ANA) -> list[dict]:
+    return httpx.get(f"{server.url}/bots/refunds/sessions/{session}/pending", headers=who, timeout=60).json()["pending"]
 
 
-def history_of(server: Replica, session: str) -> list[dict]:
-    return httpx.get(f"{server.url}/bots/refunds/sessions/{session}", headers=ANA, timeout=60).json()["history"]
+def history_of(server: Replica, session: str, who: dict = ANA) -> list[dict]:
+    return httpx.get(f"{server.url}/bots/refunds/sessions/{session}", headers=who, timeout=60).json()["history"]
 
 
 def resolved(history: list[dict]) -> list[dict]:
@@ -204,6 +217,74 @@ def test_a_timeout_fires_with_no_client_after_a_restart_exactly_once(setup, fake
         assert receiver.seen() == []  # on_timeout: reject (the default): the tool never ran
         time.sleep(2)  # further sweeps of both replicas find nothing due
         assert [r["outcome"] for r in resolved(history_of(replicas[0], "t1"))] == ["timed_out"]
+    finally:
+        for r in (first, *replicas):
+            r.kill()
+
+
+@pytest.mark.subprocess
+def test_a_supervisor_may_not_approve_their_own_call_on_any_replica(setup, fake, receiver):
+    bot, auth, store = setup(more="      self: false\n")
+    a = replica(bot, auth, store, fake.base_url).start()
+    b = replica(bot, auth, store, fake.base_url).start()
+    try:
+        ask(a, "own", who=SAM)  # a supervisor asks for a refund of their own
+        for server in (a, b):
+            own = decide(server, "own", {"decision": "approve"}, key=f"sam-{server.port}", who=SAM)
+            assert own.status_code == 403 and own.json()["error"] == "DecisionRefused", own.text
+            assert "may not decide it" in own.json()["message"]
+        assert receiver.seen() == [] and [p["id"] for p in pending_of(b, "own", who=SAM)] == ["p1"]
+        other = decide(b, "own", {"decision": "approve"}, key="sue-1", who=SUE)  # another supervisor may
+        assert other.status_code == 200, other.text
+        assert [r["outcome"] for r in resolved(history_of(a, "own", who=SAM))] == ["approved"]
+        assert [d.body for d in receiver.seen()] == [{"order": "A7", "amount": 80}]
+    finally:
+        a.kill()
+        b.kill()
+
+
+@pytest.mark.subprocess
+def test_a_message_while_the_approval_waits_is_queued_on_another_replica_and_read_after(setup, fake, receiver):
+    bot, auth, store = setup()
+    a = replica(bot, auth, store, fake.base_url).start()
+    b = replica(bot, auth, store, fake.base_url).start()
+    try:
+        ask(a, "q1")
+        asked = len(fake.requests)
+        waiting = say(b, "q1", "is it done yet?")  # through the other replica, while p1 waits
+        assert [e["data"] for e in waiting["events"] if e["type"] == "Message"] == ["Still waiting: Approve refund "
+                                                                                   'with {"amount": 80.0, "order": "A7"}?']
+        assert len(fake.requests) == asked and receiver.seen() == []  # no model call, nothing ran
+        a.kill()  # the replica that asked is gone; the decision comes through the other one
+        approved = decide(b, "q1", {"decision": "approve"}, key="sam-q1")
+        assert approved.status_code == 200, approved.text
+        assert len(receiver.seen()) == 1
+        # The decision's model call reads the real result, then the queued message: never lost.
+        sent = fake.requests[-1]["messages"]
+        assert [m["role"] for m in sent[-2:]] == ["tool", "user"] and sent[-1]["content"] == "is it done yet?"
+        assert [e["data"] for e in approved.json()["events"] if e["type"] == "Message"] == ["Noted: is it done yet?"]
+        inputs = [e["input"] for e in history_of(b, "q1")]
+        assert [i if isinstance(i, str) else i.get("userMessage") or i["decision"]["kind"] for i in inputs] == [
+            "refund A7 80", "is it done yet?", "approve"]
+    finally:
+        a.kill()
+        b.kill()
+
+
+@pytest.mark.subprocess
+def test_a_timeout_that_approves_fires_once_across_replicas_and_the_tool_runs_once(setup, fake, receiver):
+    bot, auth, store = setup(timeout="4s", more="      on_timeout: approve\n")
+    first = replica(bot, auth, store, fake.base_url, sweep="0").start()  # this one never sweeps
+    replicas = []
+    try:
+        ask(first, "ta")
+        assert receiver.seen() == []
+        replicas = [replica(bot, auth, store, fake.base_url, sweep="0.5").start() for _ in range(2)]
+        wait_until(lambda: pending_of(replicas[0], "ta") == [], what="the timeout resolved by a sweeper")
+        assert [r["outcome"] for r in resolved(history_of(replicas[1], "ta"))] == ["timed_out"]
+        time.sleep(2)  # further sweeps of both replicas find nothing due
+        assert [d.body for d in receiver.seen()] == [{"order": "A7", "amount": 80}]  # exactly once
+        assert [r["outcome"] for r in resolved(history_of(replicas[0], "ta"))] == ["timed_out"]
     finally:
         for r in (first, *replicas):
             r.kill()

@@ -56,6 +56,36 @@ def test_a_supervisor_edits_an_approval_and_save_writes_the_steps(tmp_path):
     assert result.passed, result.report()
 
 
+def test_a_supervisor_rejects_with_a_reason_and_save_writes_the_step(tmp_path):
+    saved = tmp_path / "reject.yaml"
+    script = "\n".join([
+        "/clock 2026-11-25T09:00",
+        *REFUND,
+        "/reject p1",                                       # the customer may not reject either
+        "/principal bob roles=supervisor",
+        "/reject p9 no such item",
+        "/reject p1 no receipt on file",
+        "/say Sorry, the refund was declined: there is no receipt on file.",
+        "/reject p1 again",                                 # decided already: nothing happens twice
+        "/state",
+        f"/save {saved}",
+    ]) + "\n"
+    out = run_repl(["bots/refunds", "--play-model", "--roles", "customer"], script)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "error: pending item p1 may be decided only by one of the roles supervisor; the caller has customer" in text
+    assert "p9" in text and "no open item has that id" in text
+    assert '✓ p1 approval rejected by bob; reason "no receipt on file"' in text
+    assert text.count("✓ p1 approval") == 1 and "resolved already (rejected)" in text
+    assert "Sorry, the refund was declined: there is no receipt on file." in text
+    assert '"refunded": 0' in text and "Traceback" not in text + out.stderr
+    written = saved.read_text()
+    assert ("    as: {name: bob, roles: [supervisor]}\n"
+            "    reject: {item: p1, reason: no receipt on file}\n") in written
+    result = run_transcript(str(saved))
+    assert result.passed, result.report()
+
+
 def test_the_backend_answers_with_its_token_and_the_user_picks_a_plan(tmp_path):
     saved = tmp_path / "kyc.yaml"
     script = "\n".join([
@@ -114,7 +144,9 @@ def test_an_operator_takes_over_speaks_and_releases_and_time_passes_to_a_timeout
         "/clock 2026-11-25T09:00", *REFUND, "/expire", "/clock +31m", "/expire", "/say Nobody decided in time.",
         "/state"]) + "\n")
     assert timeout.returncode == 0, timeout.stderr
-    assert timeout.stdout.count("✓ p1 approval timed_out by nobody") == 1  # the first /expire: nothing due
+    # the first /expire: nothing due; the second: the approval's case `unanswered` refunds 50 EUR
+    assert timeout.stdout.count('✓ p1 approval timed_out by nobody; case "unanswered"; args {"order": "A1001", '
+                                '"amount": 50}') == 1
     assert "Nobody decided in time." in timeout.stdout
 
 

@@ -114,14 +114,14 @@ def test_time_passes_to_a_timeout_and_expire_before_it_is_due_runs_no_turn(tmp_p
     expect: {events: [], pending: [{id: p1}]}
   - clock: {advance: 1m}
     expire: true
-    model: [{text: Nobody decided in time.}]
+    model: [{text: Nobody decided in time; 50 EUR are refunded now.}]
     expect:
       resolved: {p1: timed_out}
       memory:
         - user: Please refund 120 EUR on A1001.
         - assistant: 'refund({"order": "A1001", "amount": 120})'
-        - tool: The refund of 120 EUR on A1001 was not decided in time. Nothing was refunded.
-        - assistant: Nobody decided in time.
+        - tool: Refunded 50 EUR on order A1001.          # the approval's case `unanswered` decided
+        - assistant: Nobody decided in time; 50 EUR are refunded now.
 """)
     result = chatrun.run_transcript(str(path))
     assert result.passed, result.report()

@@ -297,7 +297,7 @@ class Repl:
         if event.type == ev.USER_MESSAGE:
             click.secho(f"[to operators] user: {data.get('text') or json.dumps(data.get('data'))}", dim=True)
         elif event.type == ev.RESOLVED:
-            extra = "".join(f"; {k} {json.dumps(data[k], ensure_ascii=False)}" for k in ("args", "answer", "reason")
+            extra = "".join(f"; {k} {json.dumps(data[k], ensure_ascii=False)}" for k in ("case", "args", "answer", "reason")
                             if data.get(k) is not None)
             click.secho(f"✓ {data['id']} {data['kind']} {data['outcome']} by {data.get('by') or 'nobody'}{extra}",
                         dim=True)

@@ -18,7 +18,14 @@ from jinja2 import TemplateSyntaxError, nodes
 
 from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, catalog_checks
-from chatrun.definition.config import ActionConfig, BotConfig, Location, RouteConfig, ToolConfig
+from chatrun.definition.config import (
+    ActionConfig,
+    ApprovalCaseConfig,
+    BotConfig,
+    Location,
+    RouteConfig,
+    ToolConfig,
+)
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
@@ -318,6 +325,65 @@ class _Checker:
             source = getattr(approval, key)
             if source:
                 self.template(source, f"`approval.{key}` of tool `{tool.name}`", (*at, key), tool, routes=routes)
+        self.approval_cases(tool)
+
+    def approval_cases(self, tool: ToolConfig) -> None:
+        """`approval.on_timeout` names `reject`, `approve` or one of the approval's named cases;
+        each case's entries are checked like an action's cases (conditions, `else` last), their
+        changed arguments are parameters the bot does not bind, their routes exist."""
+        approval = tool.approval
+        assert approval is not None
+        at = ("tools", tool.name, "approval")
+        routes = self.routes_of.get(tool.name, [])
+        names = list(approval.cases)
+        if approval.on_timeout not in ("reject", "approve", *names):
+            known = ", ".join(f"`{n}`" for n in ["reject", "approve", *names])
+            self.add("error", f"`approval.on_timeout` of tool `{tool.name}` names `{approval.on_timeout}`, which is "
+                     f"neither `reject`, `approve` nor one of the approval's `cases`"
+                     f"{suggest(approval.on_timeout, ['reject', 'approve', *names])} (it may be: {known})",
+                     *at, "on_timeout")
+        for name, entries in approval.cases.items():
+            if name in ("reject", "approve"):
+                self.add("error", f"tool `{tool.name}`'s approval names a case `{name}`: `on_timeout: {name}` means "
+                         "the built-in decision; give the case another name", *at, "cases", name)
+            elif name != approval.on_timeout:
+                self.add("warning", f"case `{name}` of tool `{tool.name}`'s approval is never used: "
+                         "`on_timeout` names another", *at, "cases", name)
+            for n, entry in enumerate(entries):
+                self.approval_case(tool, name, entry, n == len(entries) - 1, (*at, "cases", name, entry.index),
+                                   routes)
+
+    def approval_case(self, tool: ToolConfig, name: str, entry: ApprovalCaseConfig, last: bool, at: tuple,
+                      routes: list[str]) -> None:
+        of = f"case `{name}` ({entry.label}) of tool `{tool.name}`'s approval"
+        body = (*at, "then" if entry.condition is not None else "else")
+        if (entry.approve is None) == (entry.reject is None):
+            self.add("error", f"{of} must say `approve` or `reject` (exactly one): what the decision is", *body)
+        elif entry.route and entry.approve is not None:
+            self.add("error", f"{of} has `route` with `approve`: a call that runs moves by its own action "
+                     "(cases on `decision.case`); `route` goes with `reject`", *body, "route")
+        if entry.condition is None and not last:
+            self.add("error", f"the `else` entry of case `{name}` of tool `{tool.name}`'s approval must be the last: "
+                     "the entries after it could never decide", *at, "else")
+        if entry.condition is not None:
+            self.condition(entry.condition, f"condition `{entry.condition}` of {of}", (*at, "if"), tool, routes)
+        declared = _declared_args(tool.parameters) or []
+        for arg, value in (entry.approve or {}).items():
+            if arg not in declared:
+                self.add("error", f"`approve` of {of} changes `{arg}`, which is not one of the tool's parameters"
+                         f"{suggest(arg, declared)}", *body, "approve", arg)
+            elif arg in tool.bind:
+                self.add("error", f"`approve` of {of} changes `{arg}`, which the bot binds (`bind:`)",
+                         *body, "approve", arg)
+            elif isinstance(value, str):
+                self.template(value, f"`approve.{arg}` of {of}", (*body, "approve", arg), tool, routes=routes)
+        if entry.route and entry.route not in self.config.routes:
+            self.add("error", f"`route` of {of} names unknown route `{entry.route}`"
+                     f"{suggest(entry.route, self.config.routes)}", *body, "route")
+        for key in ("message", "reject"):
+            source = getattr(entry, key)
+            if source:
+                self.template(source, f"`{key}` of {of}", (*body, key), tool, routes=routes)
 
     def ask_and_operator(self, tool: ToolConfig) -> None:
         """An action's `ask:` (its schema, `into` path, texts, `on_timeout` answer) and `operator:`

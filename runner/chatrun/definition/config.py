@@ -110,6 +110,26 @@ class OperatorConfig:
 
 
 @dataclass
+class ApprovalCaseConfig:
+    """One entry of a named case of an approval (`approval.cases.NAME`): `if:` with the decision
+    it makes (`then:`), or the `else:` decision (condition None). A decision approves (with
+    `approve` the argument changes, templates typed like `set`; empty: as asked) or rejects
+    (`reject` the text the model reads; "" the approval's `rejected`)."""
+
+    condition: str | None
+    approve: dict[str, Any] | None = None
+    reject: str | None = None
+    message: str | None = None  # template: a Message event to the user
+    route: str | None = None  # a rejection moves the conversation here
+    where: Location = field(default_factory=Location)
+    index: int = 0  # its place in the case's YAML list
+
+    @property
+    def label(self) -> str:
+        return f"if {self.condition}" if self.condition is not None else "else"
+
+
+@dataclass
 class ApprovalConfig:
     """A tool's `approval:`: the call waits for a decision by one of `by` before it runs."""
 
@@ -119,8 +139,9 @@ class ApprovalConfig:
     edit: list[str] | bool = field(default_factory=list)
     ask: str | None = None
     timeout: str | None = None
-    on_timeout: str = "reject"  # "reject" | "approve"
+    on_timeout: str = "reject"  # "reject" | "approve" | the name of one of `cases`
     rejected: str | None = None
+    cases: dict[str, list[ApprovalCaseConfig]] = field(default_factory=dict)  # named decisions
     where: Location = field(default_factory=Location)
 
     @property

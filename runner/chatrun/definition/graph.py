@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from chatrun.definition.config import ActionConfig, BotConfig
+from chatrun.definition.config import ActionConfig, ApprovalConfig, BotConfig
 
 EdgeKind = Literal["push", "route", "pop", "call", "end"]
 FORMATS = ("text", "mermaid", "dot")
@@ -185,8 +185,17 @@ def _config_edges(config: BotConfig) -> Iterator[Edge]:
             tool = config.tools.get(tool_name)
             if tool is not None:
                 yield from _tool_edges(config, name, tool_name, tool.action)
+            if tool is not None and tool.approval is not None:
+                yield from _timeout_edges(name, tool_name, tool.approval, config)
         if route.returns == "answer":  # a called route that returns with its answer pops by itself
             yield Edge(name, None, "pop", ANSWER)
+
+
+def _timeout_edges(source: str, tool: str, approval: ApprovalConfig, config: BotConfig) -> Iterator[Edge]:
+    """A route a timeout's named case rejects to (labelled with the case and its condition)."""
+    for entry in approval.cases.get(approval.on_timeout, ()):
+        if entry.route and entry.route in config.routes and entry.reject is not None:
+            yield Edge(source, entry.route, "route", tool, condition=f"timeout {approval.on_timeout} {entry.label}")
 
 
 def _tool_edges(config: BotConfig, source: str, tool: str, action: ActionConfig) -> Iterator[Edge]:

@@ -20,6 +20,7 @@ from chatrun.definition.checks import run_checks
 from chatrun.definition.config import (
     DEFAULT_TOOL_TIMEOUT,
     ActionConfig,
+    ApprovalCaseConfig,
     ApprovalConfig,
     AskConfig,
     AttachmentPolicy,
@@ -743,10 +744,38 @@ def _approval(raw: Any, doc: YamlDoc, path: tuple) -> ApprovalConfig | None:
         edit=edit if isinstance(edit, bool) else _str_list(edit),
         ask=_str(raw.get("ask")),
         timeout=_str(raw.get("timeout")),
-        on_timeout="approve" if raw.get("on_timeout") == "approve" else "reject",
+        on_timeout=_str(raw.get("on_timeout")) or "reject",
         rejected=_str(raw.get("rejected")),
+        cases={str(name): _approval_cases(entries, doc, (*path, "cases", name))
+               for name, entries in _dict(raw.get("cases")).items()},
         where=_loc(doc, path),
     )
+
+
+def _approval_cases(raw: Any, doc: YamlDoc, path: tuple) -> list[ApprovalCaseConfig]:
+    """A named case of an approval: `{if, then}` / `{else}` entries like an action's `cases`,
+    each a decision (those the schema rejected are left out; it reported them)."""
+    out: list[ApprovalCaseConfig] = []
+    for i, entry in enumerate(raw if isinstance(raw, list) else []):
+        if not isinstance(entry, dict):
+            continue
+        if isinstance(entry.get("if"), str) and isinstance(entry.get("then"), dict):
+            condition, body, key = entry["if"], entry["then"], "if"
+        elif "if" not in entry and isinstance(entry.get("else"), dict):
+            condition, body, key = None, entry["else"], "else"
+        else:
+            continue
+        approve, reject = body.get("approve"), body.get("reject")
+        out.append(ApprovalCaseConfig(
+            condition=condition,
+            approve=dict(approve) if isinstance(approve, dict) else {} if approve is True else None,
+            reject=reject if isinstance(reject, str) else "" if reject is True else None,
+            message=_str(body.get("message")),
+            route=_str(body.get("route")),
+            where=_loc(doc, (*path, i, key)),
+            index=i,
+        ))
+    return out
 
 
 def _ask(raw: Any, doc: YamlDoc, path: tuple) -> AskConfig | None:

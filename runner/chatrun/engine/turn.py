@@ -437,25 +437,31 @@ class Turn:
             if not folded:
                 continue
             policy = self.config.route_memory(route)
-            config = self.config.route_model(route).merged(policy.summary_model)
-            request = ModelRequest(
-                [SystemMessage(policy.summary_prompt or SUMMARY_PROMPT), UserMessage(_fold_text(memory, folded))],
-                [], config, f"{route} (summary)")
             try:
-                with tracing.chat_span(config.provider, config.name, request.route, config.temperature):
-                    response = await observe.timed_call(self.model, request, None)
-                answer = AssistantMessage(response.text)
-                self.account(request.route, config.name, response.usage, self.config.prices.get(config.name),
-                             request.messages, answer, config.provider)
-                if not (response.text or "").strip():
-                    raise ModelError("the summarizing call answered no text")
-                memory.apply_summary((response.text or "").strip(), folded)
+                text = await self.summary_call(route, policy.summary_prompt or SUMMARY_PROMPT,
+                                               _fold_text(memory, folded))
+                memory.apply_summary(text, folded)
                 self.summaries.append({"memory": memory_id, "folded": len(folded)})
             except Exception as exc:  # a summary never fails the turn
                 reason = f"{type(exc).__name__}: {exc}"
                 log.warning("session %s: summarizing memory %s failed (the turn goes on, the next one "
                             "retries): %s", self.c.id, memory_id, reason)
                 self.summaries.append({"memory": memory_id, "failed": reason})
+
+    async def summary_call(self, route: str, instructions: str, text: str) -> str:
+        """One summarizing call on `route`'s summary model (its model with the memory's
+        `summary_model:` over it), accounted like any call; raises when it answers no text."""
+        policy = self.config.route_memory(route)
+        config = self.config.route_model(route).merged(policy.summary_model)
+        request = ModelRequest([SystemMessage(instructions), UserMessage(text)], [], config, f"{route} (summary)")
+        with tracing.chat_span(config.provider, config.name, request.route, config.temperature):
+            response = await observe.timed_call(self.model, request, None)
+        answer = AssistantMessage(response.text)
+        self.account(request.route, config.name, response.usage, self.config.prices.get(config.name),
+                     request.messages, answer, config.provider)
+        if not (response.text or "").strip():
+            raise ModelError("the summarizing call answered no text")
+        return (response.text or "").strip()
 
     def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
                 sent: list[Message], answer: AssistantMessage, provider: str) -> dict[str, Any]:

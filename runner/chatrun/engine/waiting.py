@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from jsonschema import Draft202012Validator
 
 from chatrun import events as ev
-from chatrun.definition.config import OperatorConfig, ToolConfig
+from chatrun.definition.config import ApprovalCaseConfig, OperatorConfig, ToolConfig
 from chatrun.definition.templates import holds
 from chatrun.engine import tracing
 from chatrun.engine.conversation import Conversation
@@ -75,7 +75,7 @@ from chatrun.errors import (
     TurnFailed,
     UnknownRouteError,
 )
-from chatrun.memory import ChatMemory
+from chatrun.memory import ChatMemory, SummaryMemory
 from chatrun.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
 
 if TYPE_CHECKING:
@@ -188,9 +188,13 @@ def edited_args(c: Conversation, tools: Toolbox, item: PendingItem, changes: dic
     try:
         check_arguments(tool, args, tools.argument_validator(tool))
     except ToolRefusal as refusal:
-        raise InvalidDecision(item.id, str(refusal).removeprefix("Error: ").replace(
-            " Call it again with valid arguments.", "")) from None
+        raise InvalidDecision(item.id, _problem(refusal)) from None
     return args
+
+
+def _problem(refusal: ToolRefusal) -> str:
+    """A refusal of arguments as a person reads it (without what the model is told to do)."""
+    return str(refusal).removeprefix("Error: ").replace(" Call it again with valid arguments.", "")
 
 
 _MISSING = object()
@@ -394,7 +398,7 @@ async def decide(turn: Turn, decision: Decision) -> NextStep:
     if isinstance(decision, Expire):
         return await expire(turn, decision)
     if isinstance(decision, TakeOver | OperatorSay | Release):
-        return operate(turn, decision)
+        return await operate(turn, decision)
     item = find_item(turn.c, decision.item)
     if isinstance(decision, Answer):
         return await answered(turn, item, decision.value, ANSWERED)
@@ -412,10 +416,7 @@ async def expire(turn: Turn, decision: Expire) -> NextStep:
     steps: list[NextStep] = []
     for item in [i for i in turn.c.pending if i.is_due(now)]:
         if item.kind == APPROVAL:
-            if item.data.get("on_timeout") == "approve":
-                steps.append(await approved(turn, item, item.args or {}, TIMED_OUT, None))
-            else:
-                steps.append(await rejected(turn, item, TIMED_OUT, None))
+            steps.append(await approval_timed_out(turn, item))
         elif item.kind == QUESTION:
             tool = turn.config.tools[item.tool or ""]
             ask = tool.action.ask
@@ -426,19 +427,72 @@ async def expire(turn: Turn, decision: Expire) -> NextStep:
     return combine(steps) if steps else NextStepFinalOutput()
 
 
-def _decision(turn: Turn, outcome: str, reason: str | None, args: dict[str, Any] | None) -> dict[str, Any]:
-    """What `decision` is in templates (a case's condition, `rejected`) while it applies."""
+async def approval_timed_out(turn: Turn, item: PendingItem) -> NextStep:
+    """A timeout decides as `on_timeout` says: reject, approve, or the named case's first entry
+    that holds (none holds, or the bot no longer has the case: reject)."""
+    on_timeout = item.data.get("on_timeout") or "reject"
+    if on_timeout == "approve":
+        return await approved(turn, item, item.args or {}, TIMED_OUT, None)
+    tool = turn.config.tools[item.tool or ""]
+    entries = tool.approval.cases.get(on_timeout, []) if tool.approval is not None else []
+    entry = _holding_entry(turn, tool, item, entries)
+    if entry is None:
+        return await rejected(turn, item, TIMED_OUT, None)
+    turn.decision_info = _decision(turn, TIMED_OUT, None, item.args, on_timeout)
+    if entry.message:
+        turn.emit(ev.MESSAGE, turn.render_template(entry.message, "timeout case message", entry.where,
+                                                   {"args": item.args}))
+    if entry.reject is not None:
+        step = await rejected(turn, item, TIMED_OUT, None, case=on_timeout, text=entry.reject or None)
+        if entry.route and entry.route != turn.c.scope.route:
+            turn.c.change_route(entry.route)
+            turn.emit(ev.ROUTE_CHANGED, {"route": turn.c.scope.route, "stack": turn.c.stack})
+            return NextStepFinalOutput()  # the next message goes to the new route
+        return step
+    changes = {k: turn.render_template(v, f"timeout case approve.{k}", entry.where, {"args": item.args}, typed=True)
+               if isinstance(v, str) else v for k, v in (entry.approve or {}).items()}
+    args = {**(item.args or {}), **changes}
+    try:
+        check_arguments(tool, args, turn.tools.argument_validator(tool))
+    except ToolRefusal as refusal:  # the author's case gave invalid arguments: refuse, never run them
+        turn.emit(ev.CONSOLE, f"timeout case {on_timeout} of {tool.name}: {_problem(refusal)}")
+        return await rejected(turn, item, TIMED_OUT, None, case=on_timeout,
+                              text=f"No one approved this call of {tool.name} in time, and the arguments the "
+                              f"timeout's case `{on_timeout}` gave are invalid; it was not run.")
+    return await approved(turn, item, args, TIMED_OUT, None, case=on_timeout)
+
+
+def _holding_entry(turn: Turn, tool: ToolConfig, item: PendingItem,
+                   entries: list[ApprovalCaseConfig]) -> ApprovalCaseConfig | None:
+    context = turn.context(args=item.args or {})
+    for entry in entries:
+        if entry.condition is None:
+            return entry
+        try:
+            if holds(entry.condition, context):
+                return entry
+        except ChatrunError:
+            raise
+        except Exception as exc:
+            raise TurnFailed(f"tool {tool.name} ({entry.where}): condition `{entry.condition}` failed: {exc}") from exc
+    return None
+
+
+def _decision(turn: Turn, outcome: str, reason: str | None, args: dict[str, Any] | None,
+              case: str | None = None) -> dict[str, Any]:
+    """What `decision` is in templates (a case's condition, `rejected`) while it applies; `case`
+    names the approval's case a timeout decided by."""
     by = None if outcome == TIMED_OUT else (turn.c.principal or {}).get("name")
-    return {"outcome": outcome, "by": by, "reason": reason, "args": args}
+    return {"outcome": outcome, "by": by, "reason": reason, "args": args, "case": case}
 
 
 async def approved(turn: Turn, item: PendingItem, args: dict[str, Any], outcome: str,
-                   reason: str | None) -> NextStep:
+                   reason: str | None, case: str | None = None) -> NextStep:
     """The call runs now with `args` (its action too), its result replaces the placeholder."""
     tool = turn.config.tools[item.tool or ""]
-    turn.decision_info = _decision(turn, outcome, reason, args)
+    turn.decision_info = _decision(turn, outcome, reason, args, case)
     memory = _memory_of(turn, item)
-    resolve(turn, item, outcome, reason=reason, args=args)
+    resolve(turn, item, outcome, reason=reason, args=args, case=case)
     with tracing.tool_span(tool.name, item.call_id or "", f"{outcome} {item.id}") as span:
         try:
             turn.check_action(tool)  # the state may have changed while it waited (a route's roles)
@@ -450,13 +504,18 @@ async def approved(turn: Turn, item: PendingItem, args: dict[str, Any], outcome:
     return _continue(turn, item, memory, tool_outcome)
 
 
-async def rejected(turn: Turn, item: PendingItem, outcome: str, reason: str | None) -> NextStep:
+async def rejected(turn: Turn, item: PendingItem, outcome: str, reason: str | None, *, case: str | None = None,
+                   text: str | None = None) -> NextStep:
+    """The call is refused: the model reads `text` (a timeout case's), else the tool's `rejected`."""
     tool = turn.config.tools[item.tool or ""]
     approval = tool.approval
-    turn.decision_info = _decision(turn, outcome, reason, item.args)
+    turn.decision_info = _decision(turn, outcome, reason, item.args, case)
     memory = _memory_of(turn, item)
-    resolve(turn, item, outcome, reason=reason)
-    if approval is not None and approval.rejected:
+    resolve(turn, item, outcome, reason=reason, case=case)
+    if text:
+        reply = turn.render_template(text, "timeout case reject", approval.where if approval else tool.where,
+                                     {"args": item.args})
+    elif approval is not None and approval.rejected:
         reply = turn.render_template(approval.rejected, "approval rejected", approval.where, {"args": item.args})
     elif outcome == TIMED_OUT:
         reply = f"No one approved this call of {tool.name} in time; it was not run."
@@ -550,7 +609,7 @@ def resolve(turn: Turn, item: PendingItem, outcome: str, **extra: Any) -> None:
 # -- operators ------------------------------------------------------------------------------------
 
 
-def operate(turn: Turn, decision: TakeOver | OperatorSay | Release) -> NextStep:
+async def operate(turn: Turn, decision: TakeOver | OperatorSay | Release) -> NextStep:
     c = turn.c
     item = takeover_item(c)
     name = (c.principal or {}).get("name") or "operator"
@@ -564,11 +623,11 @@ def operate(turn: Turn, decision: TakeOver | OperatorSay | Release) -> NextStep:
         item.data.setdefault("messages", []).append({"from": "operator", "name": name, "text": decision.text})
         turn.emit(ev.MESSAGE, decision.text, meta={"from": "operator", "name": name})
     elif isinstance(decision, Release):
-        release(turn, item, decision.route)
+        await release(turn, item, decision.route)
     return NextStepFinalOutput()
 
 
-def release(turn: Turn, item: PendingItem, route: str | None) -> None:
+async def release(turn: Turn, item: PendingItem, route: str | None) -> None:
     """The bot has the conversation back, with what was said in its memory; maybe on another route."""
     c = turn.c
     said = item.data.get("messages") or []
@@ -587,21 +646,50 @@ def release(turn: Turn, item: PendingItem, route: str | None) -> None:
     memory = c.memory_for(scope, scope.route)
     if item.data.get("remember") == "summary":
         if said:
-            memory.add(AssistantMessage(_summary_line(said)))
+            memory.add(AssistantMessage(await _summary(turn, scope.route, memory, said)))
     else:
         for line in said:
             memory.add(UserMessage(line["text"]) if line["from"] == "user"
                        else AssistantMessage(f"[operator {line.get('name') or ''}] {line['text']}".replace("  ", " ")))
 
 
-def _summary_line(said: list[dict[str, Any]]) -> str:
-    users = [line["text"] for line in said if line["from"] == "user"]
-    operators = [line["text"] for line in said if line["from"] != "user"]
-    text = f"(An operator talked with the user meanwhile: {len(users)} message(s) from the user, " \
-           f"{len(operators)} from the operator."
-    if users:
-        text += f" The user's last: {users[-1]!r}."
-    if operators:
-        text += f" The operator's last: {operators[-1]!r}."
-    return re.sub(r"\s+", " ", text + ")")
+DIGEST_LINES = 20  # a summary digest keeps the last this many lines of the talk...
+DIGEST_CHARS = 300  # ...each cut to this many characters
+SUMMARY_INPUT_LINES = 200  # what a summarizing model reads of the talk (its last lines)
+HANDOVER_PROMPT = (
+    "While the assistant was away, a human operator talked with the user. You are given what they said. "
+    "Write a summary for the assistant, who takes the conversation back now: what the user asked for and "
+    "told, what the operator answered, promised or did, and what is still open — in at most 120 words, in "
+    "the conversation's language. Answer with the summary only."
+)
 
+
+async def _summary(turn: Turn, route: str, memory: ChatMemory, said: list[dict[str, Any]]) -> str:
+    """`remember: summary`: written by the route's summary model when its memory is a `summary`
+    one (docs/memory.md), else — or when that call fails — a bounded digest of every line."""
+    if isinstance(memory, SummaryMemory):
+        talk = "\n".join(_talk_line(line, 4 * DIGEST_CHARS) for line in said[-SUMMARY_INPUT_LINES:])
+        try:
+            text = await turn.summary_call(route, HANDOVER_PROMPT, talk)
+            return f"(Summary of what an operator and the user said while I was away: {text})"
+        except Exception as exc:  # a summary never fails the release: the digest says it instead
+            turn.emit(ev.CONSOLE, f"the handover summary failed ({type(exc).__name__}: {exc}); kept a digest")
+    return _digest(said)
+
+
+def _digest(said: list[dict[str, Any]]) -> str:
+    """What was said while the bot was away, line by line: the last DIGEST_LINES lines, each cut
+    to DIGEST_CHARS, with a count of what was left out."""
+    users = sum(1 for line in said if line["from"] == "user")
+    head = (f"(An operator talked with the user while I was away: {users} message(s) from the user, "
+            f"{len(said) - users} from the operator")
+    left_out = max(0, len(said) - DIGEST_LINES)
+    head += f"; the first {left_out} left out" if left_out else ""
+    lines = [_talk_line(line, DIGEST_CHARS) for line in said[left_out:]]
+    return head + ":\n" + "\n".join(lines) + ")"
+
+
+def _talk_line(line: dict[str, Any], limit: int) -> str:
+    who = "user" if line["from"] == "user" else f"operator {line.get('name') or ''}".strip()
+    text = re.sub(r"\s+", " ", str(line.get("text") or "")).strip()
+    return f"{who}: {text if len(text) <= limit else text[:limit - 1] + '…'}"
