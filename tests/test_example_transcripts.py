@@ -18,7 +18,7 @@ def test_every_example_bot_has_transcripts():
     bots = {p.parent.name for p in REPO.glob("bots/*/bot.yaml")}
     covered = {p.parents[1].name for p in REPO.glob("bots/*/transcripts/*.yaml")}
     assert bots - covered == set()  # a new example bot comes with its transcripts
-    assert covered >= {"airline", "bakery", "bank", "handover", "hello", "helpdesk", "notes", "onboarding",
+    assert covered >= {"airline", "bakery", "bank", "claims", "handover", "hello", "helpdesk", "notes", "onboarding",
                        "orders", "refunds", "shop", "support", "travel"}
 
 
