@@ -63,20 +63,30 @@ def test_after_a_redis_restart_the_first_requests_succeed(fake, tmp_path, redis)
 def test_while_redis_is_down_health_says_so_and_v1_answers_503(fake, tmp_path, redis):
     travel = chatrun.load_bot(write_travel(tmp_path / "bots"))
     fake.responder = lambda body: {"text": "hello"}
-    with ThreadServer(create_app([travel], redis.url())) as replica, httpx.Client(timeout=60) as http:
+    ports: list[int] = []  # the client-side port of each response's connection
+
+    def record(response: httpx.Response) -> None:
+        ports.append(response.extensions["network_stream"].get_extra_info("client_addr")[1])
+
+    # One pooled connection for every request, the SDK's included: a request on a new
+    # connection would show as a new port.
+    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    with ThreadServer(create_app([travel], redis.url())) as replica, \
+            httpx.Client(timeout=60, limits=one, event_hooks={"response": [record]}) as http:
+        client = openai.OpenAI(base_url=replica.url + "/v1", api_key="x", max_retries=0, http_client=http)
+        assert http.get(f"{replica.url}/health").json()["store"] == "ok"
         kill(redis)
         health = http.get(f"{replica.url}/health")
         assert health.status_code == 200  # liveness: the process serves
         assert health.json()["store"] == "unreachable"  # readiness: it cannot serve turns
-        with openai.OpenAI(base_url=replica.url + "/v1", api_key="x", max_retries=0) as client:
-            with pytest.raises(openai.InternalServerError) as down:
-                client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.InternalServerError) as down:
+            client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}])
         assert down.value.status_code == 503
         assert down.value.body["code"] == "store_unavailable" and down.value.body["type"] == "server_error"
-        # The keep-alive connection survived the error: the next request on it is answered.
+        # The keep-alive connection survived the error: the next request goes out on it.
         assert http.get(f"{replica.url}/health").status_code == 200
         restart(redis)
-        with openai.OpenAI(base_url=replica.url + "/v1", api_key="x", max_retries=0) as client:
-            reply = client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}])
+        reply = client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}])
         assert reply.choices[0].message.content == "hello"
         assert http.get(f"{replica.url}/health").json()["store"] == "ok"
+        assert len(ports) == 6 and len(set(ports)) == 1, ports
