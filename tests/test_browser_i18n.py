@@ -10,6 +10,7 @@ import pytest
 import chatrun
 from browser_support import BROWSER_MARKS, chat_page, send, shot
 from chat_support import call
+from chatrun.definition.loader import check_bot
 from chatrun.server import create_app
 from server_support import ThreadServer
 from test_i18n_serve import BAKERY
@@ -37,3 +38,122 @@ def test_a_german_browser_gets_the_german_bakery_and_rtl_text_renders_right_to_l
         assert "ltr" in directions  # the German message between them
         assert page.get_attribute("#input", "dir") == "auto"
         shot(page, f"i18n-{width}")
+
+
+def _fits(page) -> bool:
+    return page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+
+
+def _texts(page) -> dict:
+    return page.evaluate("""() => ({
+        lang: document.documentElement.lang, dir: document.documentElement.dir,
+        send: document.getElementById('send').textContent, status: document.getElementById('status').textContent, reset: document.getElementById('reset').textContent,
+        placeholder: document.getElementById('input').placeholder,
+        crumb: document.querySelector('#breadcrumb .crumb.current').textContent,
+        description: document.getElementById('bot-description').textContent,
+        empty: (document.querySelector('.messages .empty') || {}).textContent || ''})""")
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_a_german_browser_sees_the_pages_controls_in_german_until_the_bot_speaks_english(fake, tmp_path, width):
+    app = create_app([chatrun.load_bot(BAKERY)], f"sqlite:///{tmp_path / 'chat.db'}")
+    with ThreadServer(app) as server, chat_page(server.url, width=width, locale="de-DE") as page:
+        page.wait_for_function("document.body.dataset.refreshes > 0", timeout=30_000)
+        assert _texts(page) == {
+            "lang": "de", "dir": "ltr", "send": "Senden", "reset": "Neu starten", "status": "verbunden",
+            "placeholder": "Nachricht eingeben…", "crumb": "Theke",  # built in; the route's title: from de.yaml
+            "description": "Nimmt Brotbestellungen auf Deutsch oder Englisch an.",
+            "empty": "Willkommen in der Bäckerei! Was dürfen wir für Sie backen?"}  # the bakery's page.hello
+        assert page.get_attribute("#reset", "title") == "Dieses Gespräch beenden und ein neues beginnen"
+        fake.queue(call("goodbye"))
+        send(page, "Das ist alles")
+        page.wait_for_selector("#ended", timeout=30_000)
+        assert page.inner_text("#ended").startswith("Dieses Gespräch ist beendet.")
+        assert page.inner_text("#start-new") == "Neues Gespräch beginnen"
+        assert page.get_attribute("#input", "placeholder") == "Dieses Gespräch ist beendet"
+        assert _fits(page)
+        shot(page, f"i18n-de-ended-{width}")
+        page.click("#start-new")
+        page.wait_for_selector("#ended", state="detached", timeout=30_000)
+        page.wait_for_function("!document.getElementById('input').disabled", timeout=30_000)
+        # The bot switches to English (its `speak` tool sets state.locale): the page follows.
+        fake.queue(call("speak", language="en"), {"text": "**Sure.**"})
+        send(page, "English please")
+        page.wait_for_function("document.documentElement.lang === 'en'", timeout=30_000)
+        assert page.locator(".msg.bot strong").last.inner_text() == "Sure."  # replies keep their Markdown
+        texts = _texts(page)
+        assert (texts["send"], texts["reset"], texts["placeholder"], texts["crumb"], texts["status"]) == (
+            "Send", "Reset", "Type a message…", "Counter", "connected")
+        assert texts["description"] == "Takes bread orders in English or German."
+
+
+RTL_BOT = """\
+name: maktab
+description: "{{ t('about') }}"
+locales: [ar, en]
+routes:
+  desk:
+    default: true
+    title: "{{ t('desk') }}"
+    system: "{{ t('prompt') }}"
+    tools: [cancel, bye]
+tools:
+  cancel:
+    description: Cancel an order
+    parameters: {type: object, properties: {order: {type: string}}, required: [order]}
+    approval: {ask: "{{ t('cancel.ask', order=args.order) }}", rejected: "{{ t('cancel.kept') }}"}
+    action: {message: "{{ t('cancel.done') }}"}
+  bye:
+    description: End the conversation
+    action: {message: "{{ t('bye') }}", end: true}
+"""
+RTL_CATALOGS = {
+    "ar": "about: مكتب خدمة العملاء\ndesk: الاستقبال\nprompt: أجب باختصار.\nbye: شكرًا لك، إلى اللقاء!\n"
+          "cancel:\n  ask: هل تريد إلغاء الطلب {order}؟\n  kept: لم يُلغَ الطلب.\n  done: أُلغي الطلب.\n",
+    "en": "about: Customer service\ndesk: Front desk\nprompt: Answer briefly.\nbye: Thank you, goodbye!\n"
+          "cancel:\n  ask: Cancel order {order}?\n  kept: The order stays.\n  done: The order is cancelled.\n",
+}
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_an_arabic_session_lays_the_page_out_right_to_left_and_fits(fake, tmp_path, width):
+    bot_dir = tmp_path / "maktab"
+    (bot_dir / "locales").mkdir(parents=True)
+    (bot_dir / "bot.yaml").write_text(RTL_BOT)
+    for locale, text in RTL_CATALOGS.items():
+        (bot_dir / "locales" / f"{locale}.yaml").write_text(text, encoding="utf-8")
+    assert check_bot(bot_dir)[1] == []  # no untranslated literal: titles and descriptions included
+    app = create_app([chatrun.load_bot(bot_dir)], f"sqlite:///{tmp_path / 'chat.db'}")
+    with ThreadServer(app) as server, chat_page(server.url, width=width, locale="ar-EG") as page:
+        page.wait_for_function("document.body.dataset.refreshes > 0", timeout=30_000)
+        texts = _texts(page)
+        assert texts == {"lang": "ar", "dir": "rtl", "send": "إرسال", "reset": "بدء من جديد", "status": "متصل",
+                         "placeholder": "اكتب رسالة…", "crumb": "الاستقبال", "description": "مكتب خدمة العملاء",
+                         "empty": "ابدأ المحادثة مع maktab."}
+        assert page.evaluate("getComputedStyle(document.getElementById('inspector')).direction") == "ltr"
+        # Right to left: the Send button sits left of the input, the user's bubble on the left.
+        send_box, input_box = page.locator("#send").bounding_box(), page.locator("#input").bounding_box()
+        assert send_box["x"] + send_box["width"] <= input_box["x"] + 1
+        fake.queue(call("cancel", order="A7"))
+        send(page, "ألغِ الطلب A7")
+        card = page.locator(".pending-card")
+        card.wait_for(timeout=30_000)
+        assert card.locator("button.approve").inner_text() == "موافقة"
+        assert card.locator("button.reject").inner_text() == "رفض"
+        assert "هل تريد إلغاء الطلب A7؟" in card.inner_text()
+        user, chat = page.locator(".msg.user").last.bounding_box(), page.locator("#messages").bounding_box()
+        assert user["x"] - chat["x"] < (chat["x"] + chat["width"]) - (user["x"] + user["width"])  # nearer the left
+        assert _fits(page)
+        shot(page, f"i18n-ar-{width}")
+        seen = int(page.get_attribute("body", "data-refreshes"))
+        fake.queue({"text": "حسنًا."})
+        card.locator("button.reject").click()
+        page.wait_for_function(f"Number(document.body.dataset.refreshes) > {seen}", timeout=30_000)
+        assert card.locator(".pending-status").inner_text().startswith("تم الرفض")
+        fake.queue(call("bye"))
+        send(page, "شكرًا")
+        page.wait_for_selector("#ended", timeout=30_000)
+        assert page.inner_text("#ended").startswith("انتهت هذه المحادثة.")
+        assert page.inner_text("#start-new") == "بدء محادثة جديدة"
+        assert _fits(page)
+        shot(page, f"i18n-ar-ended-{width}")

@@ -165,3 +165,51 @@ def test_the_repl_shows_and_changes_the_locale():
     assert out.stdout.count("locale: de (the bot's locales: en, de; default en)") == 2  # asked, and kept by /reset
     assert "Ihre Bestellung hat jetzt 2 Brote." in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_a_plain_route_title_and_bot_description_are_untranslated_and_t_calls_count(tmp_path):
+    bot = BOT.replace("name: desk\n", "name: desk\ndescription: A help desk.\n").replace(
+        "    default: true\n", "    default: true\n    title: Front desk\n")
+    path = _bot(tmp_path, "prompt: Be brief.\nhello: Hi {name}\n", "prompt: Kurz.\nhello: Hallo {name}\n", bot)
+    untranslated = [(f[1], f[3].split(" is sent")[0]) for f in _found(path) if "untranslated" in f[3]]
+    assert untranslated == [(2, "the bot's `description`"), (7, "`title` of route `main`"),
+                            (14, "`message` of tool `bye`")]
+    bot = bot.replace("description: A help desk.", "description: \"{{ t('about') }}\"").replace(
+        "title: Front desk", "title: \"{{ t('desk') }}\"")
+    path.joinpath("bot.yaml").write_text(bot)
+    found = _found(path)
+    assert ("bot.yaml", 2, "error", "t('about'): locale `en` has no text with this key (add it to locales/en.yaml)") in found
+    assert ("bot.yaml", 7, "error", "t('desk'): locale `de` has no text with this key (add it to locales/de.yaml)") in found
+    # A title sees `t()` and `locale` only: there is no conversation (and no state) outside it.
+    path.joinpath("bot.yaml").write_text(bot.replace("t('desk')", "state.name"))
+    assert any(f[1] == 7 and "unknown template variable `state`" in f[3] for f in _found(path))
+
+
+def test_a_bot_serves_its_titles_description_and_page_texts_in_each_locale():
+    from chatrun.definition.page_texts import page_data
+    from chatrun.definition.templates import display_text
+
+    bakery = chatrun.load_bot(BAKERY)
+    config = bakery.config
+    assert display_text(config.description, config.catalogs, "de") == "Nimmt Brotbestellungen auf Deutsch oder Englisch an."
+    assert display_text(config.routes["counter"].title, config.catalogs, "en") == "Counter"
+    german = page_data(config.catalogs, "de")
+    assert german["dir"] == "ltr" and german["texts"]["send"] == "Senden"  # built in
+    assert german["texts"]["hello"].startswith("Willkommen in der Bäckerei")  # the bakery's page.hello
+    assert page_data(None, None)["texts"]["send"] == "Send"  # a bot without locales: English
+    arabic = page_data(None, "ar-EG")
+    assert arabic["dir"] == "rtl" and arabic["texts"]["send"] == "إرسال"
+    assert page_data(None, "he")["dir"] == "rtl" and page_data(None, "he")["texts"]["send"] == "Send"
+
+
+def test_page_keys_in_a_catalog_override_the_page_and_are_checked(tmp_path):
+    path = _bot(tmp_path, "prompt: Be brief.\nhello: Hi {name}\npage:\n  send: Go\n  sendd: Go\n"
+                "  talking_to: '{name} and {who}'\n",
+                "prompt: Kurz.\nhello: Hallo {name}\npage:\n  send: Los\n  sendd: Los\n  talking_to: '{name}'\n",
+                BOT.replace("message: Goodbye!", "message: \"{{ t('hello', name='x') }}\""))
+    found = [f for f in _found(path) if f[0] == "en.yaml"]
+    assert found == [
+        ("en.yaml", 5, "warning", "`page.sendd` is not a text of the page; did you mean `send`? "
+         "(the page's texts: docs/i18n.md, \"The page\")"),
+        ("en.yaml", 6, "error", "`page.talking_to` has the placeholders {who}, but the page fills only {name}"),
+    ]  # `page.send` is no unused key: the page uses it

@@ -69,7 +69,12 @@ def test_v1_metadata_locale_and_accept_language_through_the_openai_sdk(fake, bak
         reply = sdk.chat.completions.create(model="bakery", messages=[{"role": "user", "content": "Ein Brot"}],
                                             metadata={"locale": "de"})
         assert "Ihre Bestellung hat jetzt 1 Brot." in reply.choices[0].message.content
-        fake.queue(call("add_loaves", count=3), {"text": "Fine."})
-        reply = sdk.chat.completions.create(model="bakery", messages=[{"role": "user", "content": "Three"}],
-                                            extra_headers={"Accept-Language": "en-US"})
-        assert "Your order now has 3 loaves." in reply.choices[0].message.content
+        # Accept-Language alone (no metadata) asks for the non-default locale: without it the
+        # session would speak English, the default.
+        fake.queue(call("add_loaves", count=3), {"text": "Gut."})
+        reply = sdk.chat.completions.create(model="bakery", messages=[{"role": "user", "content": "Drei"}],
+                                            extra_headers={"Accept-Language": "fr-FR, de-AT;q=0.8, en;q=0.5"})
+        assert "Ihre Bestellung hat jetzt 3 Brote." in reply.choices[0].message.content
+        fake.queue(call("add_loaves", count=2), {"text": "Fine."})
+        reply = sdk.chat.completions.create(model="bakery", messages=[{"role": "user", "content": "Two"}])
+        assert "Your order now has 2 loaves." in reply.choices[0].message.content  # no locale asked: the default

@@ -570,3 +570,51 @@ def test_open_webui_tasks_can_be_run_as_turns_or_refused(fake, travel, tmp_path)
             openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0) as c:
         ran = say(c, [{"role": "user", "content": TITLE_TASK}])
     assert ran.choices[0].message.content == '{"title": "Flight to Dublin"}' and info(ran)["how"] == "new"
+
+
+QUOTE_THEN_TEXT = """
+    name: quote
+    model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+    routes:
+      main:
+        default: true
+        system: Quote prices.
+        tools: [quote]
+    tools:
+      quote:
+        description: Quote a price
+        parameters: {type: object, properties: {price: {type: number}}, required: [price]}
+        action: {emit: {Object: "{{ {'price': args.price, 'currency': 'EUR', 'refundable': false} }}"}}
+"""
+QUOTED = "- **Price:** 120\n- **Currency:** EUR\n- **Refundable:** no"
+
+
+@pytest.mark.slow
+def test_an_object_then_reply_text_keeps_the_text_the_reply_and_the_data_in_chatrun(fake, tmp_path, write_bot):
+    bot = chatrun.load_bot(write_bot(QUOTE_THEN_TEXT))
+    question = [{"role": "user", "content": "price?"}]
+    with ThreadServer(create_app([bot], "memory://")) as server, \
+            openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+        fake.queue(call("quote", price=120), {"text": "That is our best price."})
+        reply = client.chat.completions.create(model="quote", messages=question)
+        content = reply.choices[0].message.content
+        # The object as a person reads it, then the model's reply, whole and last; no JSON.
+        assert content == QUOTED + "\n\n" + "That is our best price."
+        assert "{" not in content
+        assert reply.model_extra["chatrun"]["objects"] == [{"price": 120, "currency": "EUR", "refundable": False}]
+
+        # Streamed: the same text in the deltas, the objects in the last chunk (finish_reason stop).
+        fake.queue(call("quote", price=95), {"chunks": ["Best ", "price."]})
+        chunks = list(client.chat.completions.create(model="quote", messages=question, stream=True))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == QUOTED.replace("120", "95") + "\n\nBest price."
+        last = [c for c in chunks if c.choices][-1]
+        assert last.choices[0].finish_reason == "stop"
+        assert last.model_extra["chatrun"]["objects"] == [{"price": 95, "currency": "EUR", "refundable": False}]
+        assert all("chatrun" not in (c.model_extra or {}) for c in chunks if c.choices and c is not last)
+
+        # A program that asks for JSON gets the object as the reply, not the text.
+        fake.queue(call("quote", price=80), {"text": "Cheap."})
+        as_json = client.chat.completions.create(model="quote", messages=question,
+                                                 response_format={"type": "json_object"})
+        assert json.loads(as_json.choices[0].message.content) == {"price": 80, "currency": "EUR", "refundable": False}

@@ -16,6 +16,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from chatrun.definition.page_texts import BUILTIN as PAGE_BUILTIN
+from chatrun.definition.page_texts import KEYS as PAGE_KEYS
+from chatrun.definition.page_texts import PREFIX as PAGE_PREFIX
 from chatrun.errors import Diagnostic
 
 PLURAL_CATEGORIES = frozenset({"zero", "one", "two", "few", "many", "other"})
@@ -182,14 +185,40 @@ def catalog_checks(catalogs: Catalogs, used: dict[str, tuple[str, int, int]]) ->
                                       f"`{key}` has no text in locale `{locale}` (add it to {CATALOG_DIR}/{locale}.yaml)"))
     for locale in catalogs.locales:
         for key, entry in catalogs.entries.get(locale, {}).items():
-            if key not in used:
+            if key.startswith(PAGE_PREFIX):
+                out.extend(_page_text_check(key, entry))
+            elif key not in used:
                 out.append(Diagnostic(entry.file, entry.line, entry.col, "warning",
                                       f"`{key}` is not used by any template of the bot (t('{key}'))"))
             reference = default.get(key)
-            if locale != catalogs.default and reference is not None and entry.placeholders() != reference.placeholders():
+            if (locale != catalogs.default and reference is not None and not key.startswith(PAGE_PREFIX)
+                    and entry.placeholders() != reference.placeholders()):
                 theirs = ", ".join(sorted(reference.placeholders())) or "none"
                 ours = ", ".join(sorted(entry.placeholders())) or "none"
                 out.append(Diagnostic(entry.file, entry.line, entry.col, "error",
                                       f"`{key}` in {locale} has the placeholders {{{ours}}}, but in {catalogs.default} "
                                       f"{{{theirs}}} ({reference.file}:{reference.line})"))
     return out
+
+
+def _page_text_check(key: str, entry: Entry) -> list[Diagnostic]:
+    """A `page.<key>` text overrides one of the page's own texts (definition/page_texts.py):
+    it names one, and uses no placeholder the page does not fill."""
+    from chatrun.definition.sources import suggest
+
+    name = key[len(PAGE_PREFIX):]
+    if name not in PAGE_KEYS:
+        return [Diagnostic(entry.file, entry.line, entry.col, "warning",
+                           f"`{key}` is not a text of the page{suggest(name, PAGE_KEYS)} "
+                           f"(the page's texts: docs/i18n.md, \"The page\")")]
+    if isinstance(entry.text, dict):
+        return [Diagnostic(entry.file, entry.line, entry.col, "error",
+                           f"`{key}` has plural forms, but the page's texts are single texts")]
+    theirs = set(PLACEHOLDER.findall(PAGE_BUILTIN["en"][name]))
+    unknown = entry.placeholders() - theirs  # a text may leave out what the page fills, not add to it
+    if unknown:
+        wanted = ", ".join(sorted(theirs)) or "none"
+        return [Diagnostic(entry.file, entry.line, entry.col, "error",
+                           f"`{key}` has the placeholders {{{', '.join(sorted(unknown))}}}, but the page fills "
+                           f"only {{{wanted}}}")]
+    return []

@@ -29,7 +29,7 @@ from chatrun.definition.config import (
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
-from chatrun.definition.templates import ENV, TEMPLATE_VARIABLES, zone_named
+from chatrun.definition.templates import DISPLAY_VARIABLES, ENV, TEMPLATE_VARIABLES, zone_named
 from chatrun.definition.versions import policy_problem
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
@@ -96,6 +96,7 @@ class _Checker:
                 self.template(route.choices, f"`choices` of route `{route.name}`", ("routes", route.name, "choices"),
                               None, routes=[route.name])
             self.quarkus_stream(route)
+        self.display_texts()
         for tool in self.config.tools.values():
             self.tool(tool)
         self.env()
@@ -548,8 +549,7 @@ class _Checker:
             if said and self.config.catalogs is not None and source.strip():
                 self.untranslated(what, path)
             return  # plain text: nothing to compile or resolve
-        kind, name, *sub = path
-        doc = self.src.doc_of(kind, name)
+        doc = self.src.doc_of(path[0], path[1]) if len(path) > 1 else self.src.main
 
         def line_of(lineno: int) -> tuple[int, int]:
             pos = doc.pos(path)  # only when there is something to report: most templates are fine
@@ -615,12 +615,30 @@ class _Checker:
                  "it as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)", 1)
 
     def untranslated(self, what: str, path: tuple) -> None:
-        self.add("warning", f"{what} is sent to the user untranslated: the bot declares `locales:`, so write it "
-                 "as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)", *path)
+        message = (f"{what} is sent to the user untranslated: the bot declares `locales:`, so write it "
+                   "as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)")
+        if len(path) > 1:
+            self.add("warning", message, *path)
+        else:  # a top-level field (the bot's `description:`)
+            pos = self.src.main.pos(path)
+            self.out.append(Diagnostic(self.src.main.file, pos.line, pos.col, "warning", message, path[0]))
+
+    def display_texts(self) -> None:
+        """The texts the page shows end users outside the conversation: the bot's `description:`
+        and each route's `title:`; in a bot with `locales:`, templates that see `t()` and `locale` only."""
+        if self.config.catalogs is None:
+            return
+        if self.config.description:
+            self.template(self.config.description, "the bot's `description`", ("description",), None,
+                          variables=DISPLAY_VARIABLES)
+        for route in self.config.routes.values():
+            if route.title:
+                self.template(route.title, f"`title` of route `{route.name}`", ("routes", route.name, "title"), None,
+                              variables=DISPLAY_VARIABLES, routes=[route.name])
 
 
 # The fields whose text a bot sends without a model: in a bot with `locales:` they must use `t()`.
-USER_FACING = frozenset({"message", "reply", "text", "ask", "rejected", "choices"})
+USER_FACING = frozenset({"message", "reply", "text", "ask", "rejected", "choices", "title", "description"})
 
 _Analysis = tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]
 

@@ -176,6 +176,17 @@ ENV.globals["days_between"] = _days_between
 ENV.globals["t"] = _t
 
 
+def display_text(source: str, catalogs: Any, locale: str | None) -> str:
+    """A text the page shows apart from any conversation (a route's `title:`, the bot's
+    `description:`) in `locale`: its template sees `t()` and `locale` only (docs/i18n.md)."""
+    if catalogs is None or "{" not in source:
+        return source
+    return render(source, {"locale": locale or catalogs.default, CATALOGS_KEY: catalogs})
+
+
+DISPLAY_VARIABLES: tuple[str, ...] = ("locale",)
+
+
 @lru_cache(maxsize=4096)
 def compile_template(source: str) -> Template:
     """Compile (cached). Raises jinja2.TemplateSyntaxError with `.lineno` within the template."""

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from chatrun import events as ev
 from chatrun.definition.config import JSON_TYPES, initial_state_problem
+from chatrun.definition.templates import display_text
 from chatrun.engine.session import Session
 from chatrun.server import wire
 from chatrun.server.audience import (
@@ -98,14 +99,29 @@ async def health(registry: Registry) -> Any:
     return JSONResponse(body, status_code=503) if registry.draining else body
 
 
-async def list_bots(who: Caller, registry: Registry) -> list[dict[str, Any]]:
-    return [_bot_summary(b) for b in registry.bots.values()]
+async def list_bots(request: Request, who: Caller, registry: Registry) -> list[dict[str, Any]]:
+    wanted = _wanted_locale(request)
+    return [_bot_summary(b, _negotiated(b, wanted)) for b in registry.bots.values()]
 
 
-async def read_bot(bot: str, who: Caller, registry: Registry) -> dict[str, Any]:
+async def read_bot(bot: str, request: Request, who: Caller, registry: Registry) -> dict[str, Any]:
+    """The bot, its route graph and versions; its description and route titles in the locale
+    asked for (`?locale=`, else Accept-Language; docs/i18n.md), as the page shows them before
+    its session exists."""
     found = registry.bot(bot)
+    locale = _negotiated(found, _wanted_locale(request))
     versions = [v.to_dict() for v in registry.shelf.bots[found.name].versions]
-    return _bot_summary(found) | {"graph": graph_data(found), "versions": versions}
+    return _bot_summary(found, locale) | {"graph": graph_data(found, locale), "versions": versions, "locale": locale}
+
+
+def _wanted_locale(request: Request) -> str | None:
+    return request.query_params.get("locale") or request.headers.get("accept-language")
+
+
+def _negotiated(bot: Any, wanted: str | None) -> str | None:
+    """The bot's locale that best matches `wanted`; None for a bot without `locales:`."""
+    catalogs = bot.config.catalogs
+    return catalogs.negotiate(wanted) if catalogs is not None else None
 
 
 async def create_session(bot: str, request: Request, who: Caller, registry: Registry) -> dict[str, Any]:
@@ -288,11 +304,11 @@ def _sse_frame(kind: str, payload: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps(payload, default=str, ensure_ascii=False)}\n\n"
 
 
-def _bot_summary(bot: Any) -> dict[str, Any]:
+def _bot_summary(bot: Any, locale: str | None = None) -> dict[str, Any]:
     config = bot.config
     return {
         "name": bot.name,
-        "description": config.description,
+        "description": display_text(config.description, config.catalogs, locale),
         "default_route": config.default_route,
         "routes": list(config.routes),
         "version": config.version,  # the human `version:`, when the bot has one

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from chatrun.definition.page_texts import page_data
+from chatrun.definition.templates import display_text
 from chatrun.engine.scopes import merged_scope
 from chatrun.engine.tools import route_tool_specs
 from chatrun.memory.tokens import counter_label
@@ -17,12 +19,15 @@ if TYPE_CHECKING:
     from chatrun.engine.session import Session
 
 
-def graph_data(bot: Bot) -> dict[str, Any]:
-    """Routes and the tool actions that move between them (from the bot's route graph), plus its mermaid text."""
+def graph_data(bot: Bot, locale: str | None = None) -> dict[str, Any]:
+    """Routes and the tool actions that move between them (from the bot's route graph), plus its
+    mermaid text; each route's `title:` in `locale` (docs/i18n.md)."""
     graph = bot.graph
     routes = bot.config.routes
+    catalogs = bot.config.catalogs
     nodes = [
-        {"name": n.name, "title": routes[n.name].title or None, "description": n.description, "default": n.default,
+        {"name": n.name, "title": display_text(routes[n.name].title, catalogs, locale) or None,
+         "description": n.description, "default": n.default,
          "roles": list(n.roles), "tools": list(n.tools), "output": output_schema(routes[n.name]),
          "attachments": attachment_limits(routes[n.name])}
         for n in graph.nodes.values()
@@ -116,7 +121,10 @@ def inspect_data(session: Session, history: list[dict[str, Any]]) -> dict[str, A
         # The bot's files were edited into an invalid bot (serve --reload): the page shows a banner.
         "reload_problems": [d.to_dict() for d in session.bot.reload_problems],
         "model_problem": model_problem(session),
-        "graph": graph_data(session.bot),
+        "graph": graph_data(session.bot, session.locale),
+        # The page's own texts (Send, the notices) in the session's locale, its `lang` and `dir`.
+        "page": page_data(config.catalogs, session.locale),
+        "description": display_text(config.description, config.catalogs, session.locale),
         "memory": {
             "id": session.scopes[-1].memory_id(route),
             "policy": {"type": policy.type, "max_messages": policy.max_messages, "max_tokens": policy.max_tokens,

@@ -16,6 +16,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from chatrun.definition.page_texts import page_data
 from chatrun.server.metrics import CONTENT_TYPE, MISSING
 from chatrun.server.plumbing import Caller, Registry
 
@@ -59,13 +60,14 @@ async def favicon() -> FileResponse:
     return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
 
 
-async def index(request: Request) -> HTMLResponse:
-    return _page(request.app.state.default_bot)
+async def index(request: Request, registry: Registry) -> HTMLResponse:
+    bot = request.app.state.default_bot
+    return _page(bot, registry.bots.get(bot), request)
 
 
-async def bot_page(bot: str, registry: Registry) -> HTMLResponse:
-    registry.bot(bot)  # 404 for an unknown bot
-    return _page(bot)
+async def bot_page(bot: str, request: Request, registry: Registry) -> HTMLResponse:
+    found = registry.bot(bot)  # 404 for an unknown bot
+    return _page(bot, found, request)
 
 
 async def bot_page_redirect(bot: str) -> RedirectResponse:
@@ -83,10 +85,19 @@ async def operator_page() -> FileResponse:
     return FileResponse(STATIC / "operator.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
 
 
-def _page(bot: str) -> HTMLResponse:
+def _page(name: str, bot: Any, request: Request) -> HTMLResponse:
     text = _index_html()
     # The page learns its bot from a data attribute; no templating engine needed for one value.
-    text = text.replace("__CHATRUN_BOT__", html.escape(json.dumps(bot)[1:-1], quote=True))
+    text = text.replace("__CHATRUN_BOT__", html.escape(json.dumps(name)[1:-1], quote=True))
+    # Its own texts (Send, the notices), `lang` and `dir` come with it in the locale the browser
+    # asks for (docs/i18n.md, "The page"): no flash of English, no extra request. Later the
+    # session's own locale (which the bot may change) replaces them.
+    catalogs = bot.config.catalogs if bot is not None else None
+    wanted = request.query_params.get("locale") or request.headers.get("accept-language")
+    page = page_data(catalogs, catalogs.negotiate(wanted) if catalogs is not None else None)
+    text = text.replace("__CHATRUN_LANG__", html.escape(str(page["lang"]), quote=True))
+    text = text.replace("__CHATRUN_DIR__", str(page["dir"]))
+    text = text.replace("__CHATRUN_PAGE__", json.dumps(page, ensure_ascii=False).replace("</", "<\\/"))
     return HTMLResponse(text, headers={"Cache-Control": "no-cache"})
 
 

@@ -123,12 +123,18 @@ return 0
 
 # KEYS: session hash, history, lease, outcomes, outcome order, sessions index, owner set,
 #       outbox entries, outbox queue, due index, pending set
+# A resend of the same commit (redis-py sends a command again when its reply did not come: a
+# read timeout, a connection dropped after Redis ran it) finds the version it wrote itself,
+# `<expected + 1>.<random>`, and answers ok again: without this it would meet the version
+# check and report a committed turn as stale (a user told to send again runs the turn twice).
 # ARGV: token, expected, random, snapshot, session id, request id, outcome, keep, now, owner,
 #       memory count, (memory id, messages or '' to delete)..., entry count, entries...,
 #       outbox count, (id, due, entry)..., due ('' none), pending count
 _COMMIT = """
-if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then return {'lease', ''} end
 local cur = redis.call('HGET', KEYS[1], 'v')
+local mine = ((tonumber(string.match(ARGV[2], '^(%d+)')) or 0) + 1) .. '.' .. ARGV[3]
+if cur == mine then return {'ok', cur} end
+if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then return {'lease', ''} end
 if ARGV[2] == '' then
   if cur then return {'stale', cur} end
 elseif cur ~= ARGV[2] then
@@ -292,8 +298,13 @@ class RedisStore:
         password = None if urlsplit(client_url).password else os.environ.get("CHATRUN_REDIS_PASSWORD")
         # Any: the stubs type replies as bytes | str; decode_responses=True makes them str.
         # A command that meets a dead connection (Redis restarted: every pooled connection is
-        # stale) reconnects and is sent once more; the commit that could run twice that way is
-        # fenced by its expected version. Without `retry`, a pool's connections never retry.
+        # stale) or a timeout reconnects and is sent once more. Redis may have run it already,
+        # so every script is safe to resend: the commit recognises its own version (_COMMIT),
+        # a lease's scripts check its token, a delete keeps the lease and deletes nothing more;
+        # a resent outbox claim leaves its entries claimed until the claim's lease ends (they
+        # are delivered late, not twice); a resent settle or requeue finds nothing left to do
+        # and says so (False), its first send having done it.
+        # Without `retry`, a pool's connections never retry.
         self.client: Any = aioredis.from_url(
             client_url, decode_responses=True, password=password,
             socket_connect_timeout=5, socket_keepalive=True, health_check_interval=30,
@@ -402,7 +413,8 @@ class RedisStore:
         owner = commit.owner if expected == CREATE else None
         args: list[str | int | float] = [
             lease.token if lease is not None and lease.token else "",
-            expected, secrets.token_hex(4), commit.snapshot_json, session_id,
+            # The random part also tells this commit's own resend apart (_COMMIT): 64 bits.
+            expected, secrets.token_hex(8), commit.snapshot_json, session_id,
             commit.outcome[0] if commit.outcome else "", commit.outcome[1] if commit.outcome else "",
             KEEP_OUTCOMES, time.time(), owner or "",
             len(commit.memories_json),

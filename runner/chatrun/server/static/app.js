@@ -41,6 +41,45 @@
   let epoch = 0; // bumped by every turn of this page: a poll that overlapped one is dropped
   let sessionLocale = ""; // the locale the session speaks (the inspector reads it; docs/i18n.md)
 
+  // -- the page's own texts, in the session's locale (docs/i18n.md, "The page") ----------------
+
+  // Sent with the page (site.py) in the browser's locale; the session's locale replaces them.
+  let pageData = JSON.parse($("page-data").textContent);
+
+  /** The page's text `key` (definition/page_texts.py, or the bot's `page.<key>`), `{name}`s filled. */
+  function tx(key, args) {
+    let text = pageData.texts[key] !== undefined ? pageData.texts[key] : key;
+    for (const name in args || {}) text = text.split("{" + name + "}").join(String(args[name]));
+    return text;
+  }
+
+  /** Show the page in `data`'s locale (the session's, from the inspector's data): `lang` and
+   * `dir` on the document, every control marked `data-page-text`, the cards of pending items. */
+  function applyPageTexts(data) {
+    if (data) pageData = data;
+    const root = document.documentElement;
+    root.lang = pageData.lang;
+    root.dir = pageData.dir;
+    document.querySelectorAll("[data-page-text]").forEach((node) => { node.textContent = tx(node.dataset.pageText); });
+    document.querySelectorAll("[data-page-title]").forEach((node) => { node.title = tx(node.dataset.pageTitle); });
+    if (ui.status.dataset.key) ui.status.textContent = tx(ui.status.dataset.key);
+    if (!ui.input.disabled) ui.input.placeholder = tx("placeholder");
+    else if (ended) ui.input.placeholder = tx("ended_placeholder");
+    ChatrunPending.setTexts(pageData.texts);
+  }
+
+  /** The status beside the buttons as the page text `key` (kept in its locale by applyPageTexts). */
+  function setStatusText(state, key) {
+    setStatus(state, tx(key));
+    ui.status.dataset.key = key;
+  }
+
+  /** The session's inspector data in its locale: the page's texts and the bot's description. */
+  function showInLocale(d) {
+    applyPageTexts(d.page);
+    if (typeof d.description === "string") $("bot-description").textContent = d.description;
+  }
+
   // -- small helpers ------------------------------------------------------------------
 
   function el(tag, cls, text) {
@@ -117,6 +156,7 @@
   function setStatus(state, text) {
     ui.status.dataset.state = state;
     ui.status.textContent = text;
+    delete ui.status.dataset.key; // a text of its own (an error's): no page text to translate
   }
 
   // -- chat rendering ---------------------------------------------------------------------
@@ -277,7 +317,7 @@
   function showRouteChange(data, quiet) {
     if (!data || !data.stack) return;
     renderBreadcrumb(data.stack);
-    if (!quiet) add(el("div", "route-change", "now in " + data.stack.map(routeTitle).join(" › ")));
+    if (!quiet) add(el("div", "route-change", tx("now_in", { route: data.stack.map(routeTitle).join(" › ") })));
     attachmentsFollowRoute(data.stack[data.stack.length - 1]);
   }
 
@@ -303,14 +343,14 @@
     ended = true;
     ui.input.disabled = true;
     ui.send.disabled = true;
-    ui.input.placeholder = "This conversation has ended";
+    ui.input.placeholder = tx("ended_placeholder");
     ui.messages.querySelectorAll(".choices button").forEach((b) => { b.disabled = true; });
     attachmentsFollowRoute();
     const notice = el("div", "notice ended");
     notice.id = "ended";
     notice.setAttribute("role", "status");
-    notice.appendChild(el("span", "", "This conversation has ended. "));
-    const again = el("button", "btn primary", "Start a new conversation");
+    notice.appendChild(el("span", "", tx("ended") + " "));
+    const again = el("button", "btn primary", tx("start_new"));
     again.type = "button";
     again.id = "start-new";
     again.addEventListener("click", () => reset());
@@ -322,7 +362,7 @@
     ended = null;
     ui.input.disabled = false;
     ui.send.disabled = busy;
-    ui.input.placeholder = "Type a message…";
+    ui.input.placeholder = tx("placeholder");
     attachmentsFollowRoute();
   }
 
@@ -371,7 +411,7 @@
   function showTakeover(name) {
     const banner = $("takeover-banner");
     banner.hidden = !name;
-    banner.textContent = name ? "You are talking to " + name : "";
+    banner.textContent = name ? tx("talking_to", { name: name }) : "";
     banner.dataset.name = name || "";
   }
 
@@ -442,7 +482,7 @@
     busy = on;
     ui.send.disabled = on || Boolean(ended);
     ui.thinking.hidden = !on;
-    if (on) ui.thinkingText.textContent = "Thinking…";
+    if (on) ui.thinkingText.textContent = tx("thinking");
   }
 
   // -- session --------------------------------------------------------------------------------
@@ -483,7 +523,7 @@
     session = await builder().connect();
     localStorage.setItem(STORE_KEY, session.chatId);
     ui.messages.textContent = "";
-    ui.messages.appendChild(el("div", "empty", "Say hello to " + BOT + "."));
+    ui.messages.appendChild(el("div", "empty", tx("hello", { bot: BOT })));
   }
 
   async function replayHistory() {
@@ -505,7 +545,7 @@
     renderBreadcrumb(data.stack);
     showTakeover(data.taken_over ? data.taken_over.by.name : null);
     watch();
-    if (!(data.history || []).length) ui.messages.appendChild(el("div", "empty", "Say hello to " + BOT + "."));
+    if (!(data.history || []).length) ui.messages.appendChild(el("div", "empty", tx("hello", { bot: BOT })));
   }
 
   async function send(text) {
@@ -584,6 +624,7 @@
     document.body.dataset.botVersion = d.botVersion || "";
     // The locale the session speaks (docs/i18n.md), for a bot with `locales:`.
     sessionLocale = d.locale || "";
+    showInLocale(d);
     $("session-locale").textContent = d.locale ? "· locale " + d.locale : "";
     renderBreadcrumb(d.stack);
     drawGraph(d.graph, d.stack);
@@ -620,7 +661,7 @@
     banner.hidden = !problem;
     banner.textContent = "";
     if (!problem) return;
-    banner.appendChild(el("strong", "", "No model is configured, so the bot cannot answer. "));
+    banner.appendChild(el("strong", "", tx("no_model") + " "));
     banner.appendChild(el("span", "", problem));
   }
 
@@ -1238,10 +1279,11 @@
   // -- start --------------------------------------------------------------------------------
 
   async function main() {
+    applyPageTexts();
     $("bot-name").textContent = BOT;
     document.title = BOT + " · chatrun";
     try {
-      const info = await api("");
+      const info = await api("?locale=" + encodeURIComponent(LOCALE));
       $("bot-description").textContent = info.description || "";
       graph = info.graph;
       renderBreadcrumb([info.default_route]);
@@ -1249,7 +1291,7 @@
       attachmentsFollowRoute(info.default_route);
     } catch (err) {
       if (err.status === 401) showUnauthorized(err.message);
-      else setStatus("offline", "server unreachable");
+      else setStatusText("offline", "unreachable");
       return;
     }
     showBotSwitch();
@@ -1260,7 +1302,7 @@
       return;
     }
     await startSession();
-    setStatus("online", "connected");
+    setStatusText("online", "connected");
     document.body.dataset.ready = "true";
     refreshInspector();
   }
@@ -1273,7 +1315,7 @@
         showUnauthorized(ev.reason);
         return;
       }
-      setStatus("offline", "reconnecting…");
+      setStatusText("offline", "reconnecting");
       reconnect(1);
     });
   }
@@ -1285,14 +1327,14 @@
     try {
       await openClient();
       session = await builder().resume(session.chatId).connect();
-      setStatus("online", "connected");
+      setStatusText("online", "connected");
       refreshInspector();
     } catch (err) {
       if (client && client.websocket && client.websocket.readyState === WebSocket.OPEN) {
         // Connected but the session is gone (deleted meanwhile): start a new one.
         localStorage.removeItem(STORE_KEY);
         await startSession();
-        setStatus("online", "connected");
+        setStatusText("online", "connected");
         refreshInspector();
         return;
       }

@@ -24,8 +24,23 @@
     return typeof value === "object" ? JSON.stringify(value) : String(value);
   }
 
-  const KIND_TITLE = { approval: "Approval", question: "Question", takeover: "Operator" };
-  const WAITING = { approval: "Waiting for approval…", question: "Waiting for an answer…", takeover: "Waiting for an operator…" };
+  const KIND_TITLE = { approval: "kind_approval", question: "kind_question", takeover: "kind_takeover" };
+
+  // The texts end users read on a card; the chat page sets them in the session's locale
+  // (setTexts, with the keys of definition/page_texts.py), the operator page keeps English.
+  const TEXTS = {
+    kind_approval: "Approval", kind_question: "Question", kind_takeover: "Operator",
+    approve: "Approve", reject: "Reject", answer: "Send",
+    waiting_approval: "Waiting for approval…", waiting_answer: "Waiting for an answer…",
+    waiting_operator: "Waiting for an operator…",
+    approved: "Approved", edited: "Approved with changes", rejected: "Rejected", timed_out: "Timed out",
+    answered: "Answered", released: "Released", taken: "Taken over", by: "by {name}",
+  };
+  const WAITING = { approval: "waiting_approval", question: "waiting_answer", takeover: "waiting_operator" };
+
+  function setTexts(texts) {
+    for (const key of Object.keys(TEXTS)) if (typeof texts[key] === "string") TEXTS[key] = texts[key];
+  }
 
   // -- one form field per JSON Schema property (string, number, integer, boolean, enum) -------
 
@@ -153,7 +168,7 @@
     node.dataset.kind = item.kind;
     node.dataset.state = "open";
     node.item = item;
-    node.appendChild(el("div", "tag", KIND_TITLE[item.kind] || humanize(item.kind)));
+    node.appendChild(el("div", "tag", KIND_TITLE[item.kind] ? TEXTS[KIND_TITLE[item.kind]] : humanize(item.kind)));
     node.appendChild(el("div", "pending-ask", item.ask));
     if (item.args && Object.keys(item.args).length) {
       const list = el("dl", "fields pending-args");
@@ -172,7 +187,7 @@
     if (opts.canDecide && item.kind !== "takeover") {
       node.appendChild(controls(item, opts, problem));
     } else {
-      status.textContent = WAITING[item.kind] || "Waiting…";
+      status.textContent = TEXTS[WAITING[item.kind] || "waiting_answer"];
     }
     node.appendChild(problem);
     node.appendChild(status);
@@ -211,12 +226,12 @@
         const why = reason ? reason.read() : undefined;
         return why ? Object.assign(body, { reason: why }) : body;
       };
-      button("Approve", "primary approve", (b) => {
+      button(TEXTS.approve, "primary approve", (b) => {
         let args = null;
         try { args = form ? form.read() : null; } catch (err) { return; } // the field says why
         send(withReason(args ? { decision: "approve", args: args } : { decision: "approve" }), b);
       });
-      button("Reject", "reject", (b) => send(withReason({ decision: "reject" }), b));
+      button(TEXTS.reject, "reject", (b) => send(withReason({ decision: "reject" }), b));
     } else if (item.choices && item.choices.length) {
       for (const choice of item.choices) {
         const b = button(choice.label, "choice", (picked) => send({ answer: choice.value }, picked));
@@ -225,7 +240,7 @@
     } else {
       const form = schemaForm(item.schema);
       box.appendChild(form);
-      button("Send", "primary answer", (b) => {
+      button(TEXTS.answer, "primary answer", (b) => {
         let value;
         try { value = form.read(); } catch (err) { return; } // each field says why
         send({ answer: value }, b);
@@ -235,10 +250,6 @@
     return box;
   }
 
-  const OUTCOME = {
-    approved: "Approved", edited: "Approved with changes", rejected: "Rejected", timed_out: "Timed out",
-    answered: "Answered", released: "Released", taken: "Taken over",
-  };
 
   /** The card once its Resolved event came: who decided what; no more controls. */
   function resolve(node, resolved) {
@@ -247,7 +258,8 @@
     const controls = node.querySelector(".pending-controls");
     if (controls) controls.remove();
     node.querySelector(".pending-problem").textContent = "";
-    let text = (OUTCOME[resolved.outcome] || humanize(resolved.outcome)) + (resolved.by ? " by " + resolved.by : "");
+    let text = (TEXTS[resolved.outcome] || humanize(resolved.outcome))
+      + (resolved.by ? " " + TEXTS.by.split("{name}").join(resolved.by) : "");
     if (resolved.outcome === "edited" && resolved.args) {
       for (const key of Object.keys(resolved.args)) {
         const dd = node.querySelector('.pending-args dd[data-arg="' + CSS.escape(key) + '"]');
@@ -274,5 +286,5 @@
     return plain(answer);
   }
 
-  window.ChatrunPending = { card: card, resolve: resolve, schemaForm: schemaForm, plain: plain };
+  window.ChatrunPending = { card: card, resolve: resolve, schemaForm: schemaForm, plain: plain, setTexts: setTexts };
 })();

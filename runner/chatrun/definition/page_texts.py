@@ -1,0 +1,171 @@
+"""The texts of chatrun's own web page (its Send button, its notices, the cards of pending
+items) in a few locales, and how a bot's catalog overrides them (docs/i18n.md, "The page").
+
+The page shows its controls in the session's locale: chatrun's built-in text of each key
+below, replaced by the bot's own `page.<key>` text where its catalog has one (a bot can
+say "Order" instead of "Send", or give a locale chatrun has no texts for). `{name}` is filled
+by the page. A bot without `locales:` gets the English texts.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from chatrun.definition.catalogs import Catalogs
+
+PREFIX = "page."  # a bot's catalog key `page.send` overrides the page's `send`
+
+BUILTIN: dict[str, dict[str, str]] = {
+    "en": {
+        "send": "Send",
+        "placeholder": "Type a message…",
+        "reset": "Reset",
+        "reset_hint": "End this conversation and start a new one",
+        "inspector": "Inspector",
+        "hello": "Say hello to {bot}.",
+        "thinking": "Thinking…",
+        "now_in": "now in {route}",
+        "ended": "This conversation has ended.",
+        "ended_placeholder": "This conversation has ended",
+        "start_new": "Start a new conversation",
+        "talking_to": "You are talking to {name}",
+        "no_model": "No model is configured, so the bot cannot answer.",
+        "connecting": "connecting…",
+        "connected": "connected",
+        "reconnecting": "reconnecting…",
+        "unreachable": "server unreachable",
+        "kind_approval": "Approval",
+        "kind_question": "Question",
+        "kind_takeover": "Operator",
+        "approve": "Approve",
+        "reject": "Reject",
+        "answer": "Send",
+        "waiting_approval": "Waiting for approval…",
+        "waiting_answer": "Waiting for an answer…",
+        "waiting_operator": "Waiting for an operator…",
+        "approved": "Approved",
+        "edited": "Approved with changes",
+        "rejected": "Rejected",
+        "timed_out": "Timed out",
+        "answered": "Answered",
+        "released": "Released",
+        "taken": "Taken over",
+        "by": "by {name}",
+    },
+    "de": {
+        "send": "Senden",
+        "placeholder": "Nachricht eingeben…",
+        "reset": "Neu starten",
+        "reset_hint": "Dieses Gespräch beenden und ein neues beginnen",
+        "inspector": "Inspektor",
+        "hello": "Schreiben Sie {bot} eine Nachricht.",
+        "thinking": "Einen Moment…",
+        "now_in": "jetzt bei {route}",
+        "ended": "Dieses Gespräch ist beendet.",
+        "ended_placeholder": "Dieses Gespräch ist beendet",
+        "start_new": "Neues Gespräch beginnen",
+        "talking_to": "Sie sprechen mit {name}",
+        "no_model": "Es ist kein Modell eingerichtet, daher kann der Bot nicht antworten.",
+        "connecting": "Verbindung wird hergestellt…",
+        "connected": "verbunden",
+        "reconnecting": "Verbindung wird wiederhergestellt…",
+        "unreachable": "Server nicht erreichbar",
+        "kind_approval": "Genehmigung",
+        "kind_question": "Frage",
+        "kind_takeover": "Mitarbeiter",
+        "approve": "Genehmigen",
+        "reject": "Ablehnen",
+        "answer": "Senden",
+        "waiting_approval": "Warten auf Genehmigung…",
+        "waiting_answer": "Warten auf eine Antwort…",
+        "waiting_operator": "Warten auf einen Mitarbeiter…",
+        "approved": "Genehmigt",
+        "edited": "Mit Änderungen genehmigt",
+        "rejected": "Abgelehnt",
+        "timed_out": "Zeit abgelaufen",
+        "answered": "Beantwortet",
+        "released": "Zurückgegeben",
+        "taken": "Übernommen",
+        "by": "von {name}",
+    },
+    "ar": {
+        "send": "إرسال",
+        "placeholder": "اكتب رسالة…",
+        "reset": "بدء من جديد",
+        "reset_hint": "إنهاء هذه المحادثة وبدء محادثة جديدة",
+        "inspector": "أداة الفحص",
+        "hello": "ابدأ المحادثة مع {bot}.",
+        "thinking": "لحظة من فضلك…",
+        "now_in": "الآن في: {route}",
+        "ended": "انتهت هذه المحادثة.",
+        "ended_placeholder": "انتهت هذه المحادثة",
+        "start_new": "بدء محادثة جديدة",
+        "talking_to": "أنت تتحدث الآن مع {name}",
+        "no_model": "لم يتم إعداد أي نموذج، لذلك لا يستطيع البوت الرد.",
+        "connecting": "جارٍ الاتصال…",
+        "connected": "متصل",
+        "reconnecting": "جارٍ إعادة الاتصال…",
+        "unreachable": "تعذّر الوصول إلى الخادم",
+        "kind_approval": "طلب موافقة",
+        "kind_question": "سؤال",
+        "kind_takeover": "موظف",
+        "approve": "موافقة",
+        "reject": "رفض",
+        "answer": "إرسال",
+        "waiting_approval": "في انتظار الموافقة…",
+        "waiting_answer": "في انتظار الإجابة…",
+        "waiting_operator": "في انتظار أحد الموظفين…",
+        "approved": "تمت الموافقة",
+        "edited": "تمت الموافقة مع تعديلات",
+        "rejected": "تم الرفض",
+        "timed_out": "انتهت المهلة",
+        "answered": "تمت الإجابة",
+        "released": "أُعيدت المحادثة إلى البوت",
+        "taken": "تولّى أحد الموظفين المحادثة",
+        "by": "بواسطة {name}",
+    },
+}
+KEYS: frozenset[str] = frozenset(BUILTIN["en"])
+
+
+def builtin_locale(locale: str | None) -> str:
+    """The built-in locale whose texts the page shows for `locale` (exact, else by language; else en)."""
+    if not locale:
+        return "en"
+    if locale in BUILTIN:
+        return locale
+    language = locale.split("-")[0].lower()
+    return language if language in BUILTIN else "en"
+
+
+@lru_cache(maxsize=64)
+def direction(locale: str | None) -> str:
+    """`rtl` for a locale written right to left (Arabic, Hebrew, Persian, Urdu...; CLDR's
+    data, from Babel), else `ltr`."""
+    if not locale:
+        return "ltr"
+    from babel import Locale  # only a bot with locales: asks
+
+    try:
+        return "rtl" if Locale.parse(locale.replace("-", "_")).text_direction == "rtl" else "ltr"
+    except (ValueError, LookupError):
+        return "ltr"
+
+
+def page_texts(catalogs: Catalogs | None, locale: str | None) -> dict[str, str]:
+    """Every text of the page in `locale`: the built-in English, then the built-in texts of
+    the locale, then the bot's `page.*` texts in that locale."""
+    texts = dict(BUILTIN["en"])
+    texts.update(BUILTIN[builtin_locale(locale)])
+    if catalogs is not None and locale is not None:
+        for key, entry in catalogs.entries.get(locale, {}).items():
+            if key.startswith(PREFIX) and key[len(PREFIX):] in KEYS and isinstance(entry.text, str):
+                texts[key[len(PREFIX):]] = entry.text
+    return texts
+
+
+def page_data(catalogs: Catalogs | None, locale: str | None) -> dict[str, object]:
+    """What the page needs to show itself in `locale`: its `lang`, `dir` and texts."""
+    return {"lang": locale or "en", "dir": direction(locale), "texts": page_texts(catalogs, locale)}
