@@ -48,7 +48,7 @@ def test_a_session_wrapping_a_gift_moves_to_version_2_and_goes_on(tmp_path):
     result = migrate_snapshot(snapshot, v1.config, v2.config, memories)
 
     assert snapshot == before  # pure: the input is untouched
-    assert result.snapshot["state"] == {"cart": ["T1"], "contact": {"email": "a@b.c"}, "currency": "EUR"}
+    assert result.snapshot["state"] == {"cart": ["T1"], "contact": {"email": "a@b.c"}, "currency": "GBP"}
     assert [s["route"] for s in result.snapshot["scopes"]] == ["browse"]  # gift_wrap: drop
     assert result.unmapped_routes == [] and result.applied == [0]
     (root_memory,) = result.memories

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,12 +35,14 @@ from chatrun.definition.versions import (
     version_layout,
     write_bundle,
 )
+from chatrun.engine.versions import produced_by
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
 
 if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
     from chatrun.store.aio import AsyncStore
+    from chatrun.store.record import SessionRecord
 
 log = logging.getLogger("chatrun.versions")
 
@@ -84,6 +87,10 @@ class BotVersions:
     def find(self, wanted: str | None) -> Version | None:
         """The version with this content hash or label (None: none such)."""
         return next((v for v in self.versions if wanted in (v.content_version, v.label)), None)
+
+    def origin(self, snapshot: dict[str, Any]) -> Version | None:
+        """The oldest version that could have produced a session stored without a version."""
+        return next((v for v in self.versions if produced_by(v.bot.config, snapshot)), None)
 
     def of(self, bot: Bot) -> Version | None:
         return next((v for v in self.versions if v.bot is bot), None)
@@ -139,7 +146,22 @@ class VersionShelf:
     def __init__(self, versions: dict[str, BotVersions], store: AsyncStore):
         self.bots = versions
         self.store = store
-        self.cache = Path(tempfile.gettempdir()) / "chatrun-versions"
+        self._cache: Path | None = None
+
+    def cache(self) -> Path:
+        """Where stored versions are written to be loaded: a directory of this process's own,
+        made on first use, that only its user may enter (mode 0700, tempfile.mkdtemp). A
+        shared, predictable folder would let another user of the machine put handlers (.py
+        files) there for this server to run. Removed by `close()`."""
+        if self._cache is None:
+            self._cache = Path(tempfile.mkdtemp(prefix="chatrun-versions-"))
+        return self._cache
+
+    def close(self) -> None:
+        """Remove the stored versions' files (the loaded bots keep running: handlers are imported)."""
+        if self._cache is not None:
+            shutil.rmtree(self._cache, ignore_errors=True)
+            self._cache = None
 
     def primaries(self) -> dict[str, Bot]:
         return {name: versions.primary.bot for name, versions in self.bots.items()}
@@ -164,31 +186,44 @@ class VersionShelf:
             await self.store.put_record(key, stored)
         version.published = float(stored.get("published") or 0.0)
 
-    async def bot_for(self, name: str, recorded: str | None) -> Bot | None:
-        """The bot of a stored session's recorded version: held here, else loaded from the
-        store; None for a session from before versions (it runs the primary). Raises
-        RequestFailed(Unavailable) when no one has it."""
+    async def bot_for(self, name: str, record: SessionRecord) -> Bot | None:
+        """The bot a stored session is opened with: its recorded version, held here, else loaded
+        from the store; for a session from before versions, the oldest held version that could
+        have produced it. None: the primary (a version no one has, or a session no held version
+        produced: the engine moves it by the primary's `on_change`, engine/versions.py). Raises
+        RequestFailed(Unavailable) while the store holds a copy this replica cannot load (a
+        replica that can answers)."""
         versions = self.bots[name]
+        recorded = record.bot_version
         if recorded is None:
-            return None
+            origin = versions.origin(record.snapshot)
+            return origin.bot if origin is not None else None
         held = versions.find(recorded)
         if held is not None:
             return held.bot
         loaded = await self._load(name, recorded)
+        if loaded is None:
+            return None
         held = versions.find(recorded)  # another request may have loaded it meanwhile
         if held is not None:
             return held.bot
         versions.add(loaded)
         return loaded.bot
 
-    async def _load(self, name: str, recorded: str) -> Version:
+    async def _load(self, name: str, recorded: str) -> Version | None:
+        """Version `recorded` from the store's copy; None when there is no (sound) copy, so no
+        replica ever will have it (every replica publishes what it serves when it starts)."""
         from chatrun.engine.bot import load_bot
 
         stored = await self.store.get_record(record_key(name, recorded))
         files = stored.get("files") if isinstance(stored, dict) else None
         if not isinstance(files, dict) or content_version(files) != recorded:
-            raise unavailable(name, recorded, "this replica does not have it and the store holds no copy")
-        folder = write_bundle(files, self.cache / name / recorded)
+            if stored is not None:
+                log.warning("chatrun: the stored copy of version %s of bot %s does not match its hash", recorded,
+                            name)
+            log.info("chatrun: version %s of bot %s is nowhere: its sessions move by on_change", recorded, name)
+            return None
+        folder = write_bundle(files, self.cache() / name / recorded)
         try:
             bot = load_bot(folder)
         except ChatrunError as exc:
