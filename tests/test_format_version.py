@@ -158,6 +158,41 @@ def test_a_migration_naming_what_the_new_version_lacks_is_an_error_alone(tmp_pat
         "migration maps route `checkout` to `paymnt`, which this version does not define; did you mean `payment`?"]
 
 
+def test_a_migration_writing_state_this_version_does_not_declare_is_an_error_at_its_line(tmp_path):
+    """The new side of a migration's state paths: a rename's target and a `default:` must be
+    declared (by `state:` or a route's `scope:`, as deep as the declaration goes); a drop of a
+    key this version still declares is a warning (the key comes back with its default)."""
+    text = (V2 / "bot.yaml").read_text()
+    text = (text.replace("rename: {email: contact.email}", "rename: {email: contcat.emial, scope.ribbon: scope.colour}")
+            .replace("default: {currency: GBP}", "default: {contact.emial: x, currency: GBP}\n      drop: [cart]"))
+    (tmp_path / "bot.yaml").write_text(text)
+    line = {needle: text[:text.index(needle)].count("\n") + 1 for needle in ("contcat", "contact.emial", "drop:")}
+    _, found = check_bot(tmp_path)
+    shown = sorted((d.line, d.severity, d.message) for d in found if "migration" in d.message)
+    assert shown == sorted([
+        (line["contcat"], "error", "migration moves a value to `state.contcat.emial`, which this version does not "
+                                   "declare; did you mean `contact`?"),
+        (line["contcat"], "error", "migration moves a value to `scope.colour`, which this version does not declare"),
+        (line["contact.emial"], "error", "migration gives a default to `state.contact.emial`, which this version does "
+                                         "not declare (`state.contact` has no `emial`; did you mean `email`?)"),
+        (line["drop:"], "warning", "migration drops `state.cart`, which this version still declares: a migrated "
+                                   "session gets it back with its default; to keep it, remove the drop"),
+    ])
+    result = cli("validate", tmp_path, "--against", V1)  # the CLI says where, as file:line
+    assert result.exit_code == 1 and f"{tmp_path / 'bot.yaml'}:{line['contcat']}:" in result.output
+
+
+def test_a_chain_may_write_an_intermediate_versions_key_that_a_later_link_renames(tmp_path):
+    text = (V2 / "bot.yaml").read_text().replace(
+        "      add_to_basket: {rename: {sku: product}, default: {quantity: 1}}\n",
+        "      add_to_basket: {rename: {sku: product}, default: {quantity: 1}}\n"
+        "  - from: \"1.5\"\n    state: {rename: {mail: contact.email}}\n").replace(
+        "rename: {email: contact.email}", "rename: {email: mail}")
+    (tmp_path / "bot.yaml").write_text(text)
+    _, found = check_bot(tmp_path)
+    assert [d.message for d in found if "migration" in d.message] == []
+
+
 # -- chatrun diff ---------------------------------------------------------------------------------
 
 
