@@ -287,6 +287,51 @@ def test_diff_counts_only_the_sessions_on_the_old_version_and_the_unversioned_ap
         "(stored before versions), counted apart as `unversioned`; 2 sessions on other versions, not counted")
 
 
+def changes_of(result) -> list[tuple]:
+    assert result.exit_code == 0, result.output
+    return [(c["kind"], c["name"], c["what"], c["breaking"], c["migrated"] is not None)
+            for c in json.loads(result.output)["changes"]]
+
+
+def test_diff_takes_two_versions_of_a_bot_folder_by_label_or_hash():
+    by_path = changes_of(cli("diff", V1, V2, "--json"))
+    assert by_path and by_path == changes_of(cli("diff", "1", "2", "--bot", REPO / "bots" / "shop", "--json"))
+    v1 = chatrun.load_bot(V1).config.content_version
+    assert changes_of(cli("diff", v1[:8], "2", "--bot", REPO / "bots" / "shop", "--json")) == by_path
+    missing = cli("diff", "1", "3", "--bot", REPO / "bots" / "shop")
+    assert missing.exit_code == 2 and "no version '3' in versions/ (there are: 1, 2)" in missing.output
+    alone = cli("diff", "1", "2")
+    assert alone.exit_code == 2 and "1: error: no such bot folder or file; to name a version, give --bot" in alone.output
+
+
+def test_diff_takes_two_versions_kept_in_a_store(tmp_path):
+    """The versions a server put in the store when it started (content-addressed records), by
+    label or content hash, fetched as a replica fetches them; counted against the sessions."""
+    from fastapi.testclient import TestClient
+
+    from server_support import app_for_testclient
+
+    shop = tmp_path / "shop"
+    shutil.copytree(REPO / "bots" / "shop", shop)
+    db = tmp_path / "sessions.db"
+    with TestClient(app_for_testclient(str(shop), f"sqlite:///{db}")):
+        pass  # serving publishes both versions' files
+    v1_sessions(db)
+    shutil.rmtree(shop)  # the folders are gone: only the store has the versions
+    url = f"sqlite:///{db}"
+    by_path = changes_of(cli("diff", V1, V2, "--json"))
+    by_label = cli("diff", "1", "2", "--store", url, "--bot", "shop", "--json")
+    assert changes_of(by_label) == by_path and json.loads(by_label.output)["sessions"] == 3
+    v1, v2 = (chatrun.load_bot(v).config.content_version for v in (V1, V2))
+    assert json.loads(by_label.output)["old_version"] == v1
+    assert changes_of(cli("diff", v1, v2[:6], "--store", url, "--json")) == by_path  # one bot kept: no --bot needed
+    text = cli("diff", v1, V2, "--store", url).output  # a kept version against a folder
+    assert text.splitlines()[-1].endswith(f"; 3 sessions stored on version 1 ({v1})")
+    missing = cli("diff", "9", "2", "--store", url, "--bot", "shop")
+    assert missing.exit_code == 2
+    assert f"bot shop has no version '9' kept in the store (it keeps: 1 ({v1}), 2 ({v2}))" in missing.output
+
+
 def test_diff_errors_exit_2_naming_the_place(tmp_path):
     (tmp_path / "bot.yaml").write_text("name: broken\nroutes: {main: {default: true, tools: [nope]}}\n")
     result = cli("diff", V1, tmp_path)
@@ -319,6 +364,8 @@ def test_diff_counts_sessions_kept_in_redis(tmp_path, redis_server):
     through the store's own commit: the counts are the same."""
     import asyncio
 
+    from chatrun.definition.versions import bot_files, content_version
+    from chatrun.server.versions import record_key
     from chatrun.store.aio import open_async_store
     from chatrun.store.record import Commit, memory_ids_of
     from chatrun.store.versions import CREATE
@@ -334,6 +381,12 @@ def test_diff_counts_sessions_kept_in_redis(tmp_path, redis_server):
             snapshot = sqlite.load_session(sid)
             memories = {mid: sqlite.get_messages(mid) for mid in memory_ids_of(snapshot)}
             await redis.commit_turn(Commit.encode(sid, snapshot, memories, [], expected=CREATE), None)
+        for label, folder in (("1", V1), ("2", V2)):  # the versions, as a replica publishes them
+            files = bot_files(folder)
+            await redis.put_record(record_key("shop", content_version(files)),
+                                   {"bot": "shop", "label": label, "files": files, "published": float(label)})
+        await redis.put_record(record_key("sh*p", "0123456789ab"), {"bot": "sh*p", "label": "x", "files": {}})
+        assert await redis.record_keys("bot-version:sh*p:") == ["bot-version:sh*p:0123456789ab"]  # `*` is no glob
         await redis.close()
 
     asyncio.run(copy())
@@ -343,3 +396,5 @@ def test_diff_counts_sessions_kept_in_redis(tmp_path, redis_server):
     from_redis = json.loads(result.output)
     assert from_redis["sessions"] == 3
     assert [c["sessions"] for c in from_redis["changes"]] == [c["sessions"] for c in from_sqlite["changes"]]
+    kept = cli("diff", "1", "2", "--store", url, "--bot", "shop", "--json")  # listed by SCAN, glob-safe
+    assert changes_of(kept) == changes_of(cli("diff", V1, V2, "--json"))

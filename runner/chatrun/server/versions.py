@@ -215,22 +215,65 @@ class VersionShelf:
         replica ever will have it (every replica publishes what it serves when it starts)."""
         from chatrun.engine.bot import load_bot
 
-        stored = await self.store.get_record(record_key(name, recorded))
-        files = stored.get("files") if isinstance(stored, dict) else None
-        if not isinstance(files, dict) or content_version(files) != recorded:
-            if stored is not None:
-                log.warning("chatrun: the stored copy of version %s of bot %s does not match its hash", recorded,
-                            name)
+        stored = await stored_version(self.store, name, recorded)
+        if stored is None:
             log.info("chatrun: version %s of bot %s is nowhere: its sessions move by on_change", recorded, name)
             return None
-        folder = write_bundle(files, self.cache() / name / recorded)
         try:
-            bot = load_bot(folder)
+            bot = load_bot(stored.write(self.cache() / name))
         except ChatrunError as exc:
             raise unavailable(name, recorded, f"its stored copy does not load here: {exc}") from None
         log.info("chatrun: loaded version %s of bot %s from the store", recorded, name)
-        assert isinstance(stored, dict)
-        return Version(bot, str(stored.get("label") or recorded), 0, float(stored.get("published") or 0.0), True)
+        return Version(bot, stored.label, 0, stored.published, True)
+
+
+@dataclass
+class StoredVersion:
+    """A version of a bot kept in the store (`bot-version:<bot>:<content version>`), its files
+    checked against its content version."""
+
+    bot: str
+    content_version: str
+    label: str
+    published: float
+    files: dict[str, str]
+
+    def write(self, into: Path) -> Path:
+        """Its files under `into`/<content version> (a folder the caller owns); the folder."""
+        return write_bundle(self.files, into / self.content_version)
+
+
+async def stored_version(store: AsyncStore, bot: str, wanted: str) -> StoredVersion | None:
+    """The stored copy of version `wanted` of `bot`: its content version, or a label when the
+    store can list its records (the newest published of that label); None when there is no
+    sound copy (none, or files that do not hash to their version: logged)."""
+    record = await store.get_record(record_key(bot, wanted))
+    content = wanted
+    if record is None:
+        named = [v for v in await stored_versions(store, bot) if v[1] == wanted]
+        if not named:
+            return None
+        content = max(named, key=lambda v: v[2])[0]
+        record = await store.get_record(record_key(bot, content))
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not isinstance(files, dict) or content_version(files) != content:
+        if record is not None:
+            log.warning("chatrun: the stored copy of version %s of bot %s does not match its hash", content, bot)
+        return None
+    return StoredVersion(bot, content, str(record.get("label") or content), float(record.get("published") or 0.0),
+                         {str(k): str(v) for k, v in files.items()})
+
+
+async def stored_versions(store: AsyncStore, bot: str | None = None) -> list[tuple[str, str, float, str]]:
+    """The versions kept in the store, oldest published first: (content version, label,
+    published, bot), of `bot` or of every bot. [] from a store that cannot list its records."""
+    out = []
+    for key in await store.record_keys(RECORD_PREFIX + (f"{bot}:" if bot is not None else "")):
+        name, _, content = key[len(RECORD_PREFIX):].rpartition(":")
+        record = await store.get_record(key)
+        if isinstance(record, dict):
+            out.append((content, str(record.get("label") or content), float(record.get("published") or 0.0), name))
+    return sorted(out, key=lambda v: v[2])
 
 
 def record_key(name: str, content: str) -> str:
