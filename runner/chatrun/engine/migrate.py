@@ -243,6 +243,8 @@ class _Migration:
         snapshot = self.result.snapshot
         if snapshot.get("bot") not in (None, self.new.name):
             snapshot["bot"] = self.new.name
+        if "bot_version" in snapshot:  # a session of the new version now (kept absent: as it was stored)
+            snapshot["bot_version"] = self.new.content_version
         for key, value in self.new.state.items():
             if key not in self.state:
                 self.state[key] = copy.deepcopy(value)
