@@ -122,6 +122,31 @@ def test_upgrade_of_something_that_is_not_a_bot_exits_2_without_a_traceback(tmp_
     assert "Traceback" not in result.output
 
 
+def test_upgrade_of_a_bot_in_versions_upgrades_each_version_and_goes_on_after_an_error(tmp_path):
+    """bots/shop's layout: versions/1 of format 1, versions/2 unreadable, versions/10 without
+    `format:` — 1 and 10 are upgraded (in order: 10 after 2), the error is printed, exit 2."""
+    shop = tmp_path / "shop"
+    shutil.copytree(REPO / "bots" / "shop", shop)
+    shutil.copy(UPGRADE / "format1.yaml", shop / "versions" / "1" / "bot.yaml")
+    (shop / "versions" / "2" / "bot.yaml").write_text("- a list\n")
+    (shop / "versions" / "10").mkdir()
+    shutil.copy(UPGRADE / "unversioned.yaml", shop / "versions" / "10" / "bot.yaml")
+    result = cli("upgrade", shop)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    out = result.output.splitlines()
+    touched = [line.split(":")[0] for line in out if "format: 2" in line]
+    assert touched == [str(shop / "versions" / v / "bot.yaml") for v in ("1", "10")]
+    assert any(line.startswith(str(shop / "versions" / "2" / "bot.yaml")) and "not a YAML mapping" in line
+               for line in out)
+    assert out[-1] == "1 bot(s) could not be upgraded (above)"
+    assert (shop / "versions" / "1" / "bot.yaml").read_bytes() == (UPGRADE / "format1.upgraded.yaml").read_bytes()
+    assert (shop / "versions" / "10" / "bot.yaml").read_bytes() == (UPGRADE / "unversioned.upgraded.yaml").read_bytes()
+    shutil.copy(V2 / "bot.yaml", shop / "versions" / "2" / "bot.yaml")
+    again = cli("upgrade", "--check", shop)
+    assert again.exit_code == 0, again.output
+    assert again.output.count("already on the current format") == 3
+
+
 # -- validate --against ---------------------------------------------------------------------------
 
 
