@@ -179,3 +179,48 @@ def test_stored_versions_are_written_to_a_private_folder_of_the_process(tmp_path
         second.close()
         db.close()
     assert not folder.exists()  # removed when the server stops
+
+
+# -- retiring versions: chatrun versions list / prune ---------------------------------------------
+
+
+def test_prune_removes_the_versions_no_session_runs_and_refuses_the_others(fake, tmp_path):
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+
+    def cli(*args):
+        return CliRunner().invoke(main, ["versions", *args, "--store", store])
+
+    fake.responder = shop_responder
+    root = shop_copy(tmp_path, on_change="pin")
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    start_v1_sessions(store, root, 2)  # two sessions on version 1
+    with TestClient(create_app(str(root), store)):
+        pass  # version 2 is published too
+    v1_hash, v2_hash = hashes(root)
+    listed = cli("list")
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.splitlines() == [f"shop 1 ({v1_hash}): 2 sessions", f"shop 2 ({v2_hash}): 0 sessions"]
+
+    refused = cli("prune", "--bot", "shop", "--keep", "2")
+    assert refused.exit_code == 1
+    assert refused.output.splitlines() == [f"refused  shop 1 ({v1_hash}): 2 sessions still run it",
+                                           f"kept     shop 2 ({v2_hash})"]
+    on_v2 = root / "versions" / "2" / "bot.yaml"  # promote with `migrate`: the sessions move to 2
+    on_v2.write_text(on_v2.read_text().replace("on_change: pin", "on_change: migrate"))
+    with TestClient(create_app(str(root), store)) as server:
+        for sid in ("s0", "s1"):
+            say(server, sid, "hello again")
+    v2_hash = chatrun.load_bot(root / "versions" / "2").config.content_version  # the edit made a new version
+    dry = cli("prune", "--bot", "shop", "--keep", v2_hash, "--dry-run")
+    assert dry.exit_code == 0 and f"would remove shop 1 ({v1_hash})" in dry.output
+    assert f"shop 1 ({v1_hash}): 0 sessions" in cli("list").output  # still there
+    pruned = cli("prune", "--bot", "shop", "--keep", v2_hash)
+    assert pruned.exit_code == 0, pruned.output
+    assert f"removed  shop 1 ({v1_hash})" in pruned.output and f"kept     shop 2 ({v2_hash})" in pruned.output
+    assert [line.split(" (")[0] for line in cli("list").output.splitlines()] == ["shop 2"]
+    listed = json.loads(cli("list", "--json").output)["versions"]
+    assert [(v["label"], v["content_version"], v["sessions"]) for v in listed] == [("2", v2_hash, 2)]
+    unknown = cli("prune", "--bot", "shop", "--keep", "9")
+    assert unknown.exit_code == 2 and f"bot shop keeps no such version (it keeps: 2 ({v2_hash}))" in unknown.output

@@ -276,6 +276,11 @@ async def stored_versions(store: AsyncStore, bot: str | None = None) -> list[tup
     return sorted(out, key=lambda v: v[2])
 
 
+def own_label(bot: Bot) -> str:
+    """The label of a bot served from its own folder: its `version:`, else its content version."""
+    return bot.config.version or bot.config.content_version
+
+
 def record_key(name: str, content: str) -> str:
     return f"{RECORD_PREFIX}{name}:{content}"
 
@@ -292,7 +297,7 @@ def versions_of(path_or_bot: Any) -> list[Version]:
     layout = version_layout(path_or_bot) if isinstance(path_or_bot, str | Path) else None
     if layout is None:
         bot = load_bot(path_or_bot) if isinstance(path_or_bot, str | Path) else path_or_bot
-        return [Version(bot, bot.config.content_version, 100)]
+        return [Version(bot, own_label(bot), 100)]
     found = [Version(load_bot(folder), label) for label, folder in layout.versions]
     weights = layout.weights or {layout.versions[-1][0]: 100}
     for index, version in enumerate(found):
