@@ -224,3 +224,18 @@ def test_prune_removes_the_versions_no_session_runs_and_refuses_the_others(fake,
     assert [(v["label"], v["content_version"], v["sessions"]) for v in listed] == [("2", v2_hash, 2)]
     unknown = cli("prune", "--bot", "shop", "--keep", "9")
     assert unknown.exit_code == 2 and f"bot shop keeps no such version (it keeps: 2 ({v2_hash}))" in unknown.output
+
+
+def test_a_store_that_keeps_no_records_answers_503_as_a_copy_may_be_in_another_replica():
+    """A user's own SessionStore without records keeps the published copies in each process:
+    a version missing here may be served by another replica, so it is not taken as lost."""
+    from chatrun.server import wire
+
+    class SessionsOnly:  # a SessionStore and nothing more (no RecordStore methods)
+        def load_session(self, session_id):
+            return None
+
+    shelf = VersionShelf({}, LocalAsyncStore(SessionsOnly()))  # type: ignore[arg-type]
+    with pytest.raises(wire.RequestFailed) as refused:
+        asyncio.run(shelf._load("shop", "0123456789ab"))
+    assert refused.value.reason == wire.UNAVAILABLE and "keeps no copies" in str(refused.value)

@@ -216,6 +216,10 @@ class VersionShelf:
         from chatrun.engine.bot import load_bot
 
         stored = await stored_version(self.store, name, recorded)
+        if stored is None and getattr(self.store, "records", True) is None:
+            # A user's store that keeps no records: the copies other replicas published are in
+            # their processes only, so one may still serve it.
+            raise unavailable(name, recorded, "this replica does not have it, and the store keeps no copies")
         if stored is None:
             log.info("chatrun: version %s of bot %s is nowhere: its sessions move by on_change", recorded, name)
             return None
