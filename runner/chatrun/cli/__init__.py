@@ -32,6 +32,7 @@ COMMANDS = {
     "mcp": "chatrun.cli.mcp_door:mcp",
     "upgrade": "chatrun.cli.upgrade:upgrade",
     "diff": "chatrun.cli.diff:diff",
+    "versions": "chatrun.cli.versions:versions",
 }
 
 # Each command's one-line summary for `chatrun --help`, so listing the commands imports none of
@@ -52,6 +53,7 @@ SUMMARIES = {
     "mcp": "Serve chatrun's authoring tools to coding assistants over MCP (stdio).",
     "upgrade": "Rewrite bots to the current format version, keeping comments and order, and print what changed.",
     "diff": "Compare two versions of a bot: what changed, and which changes break live sessions.",
+    "versions": "List or retire the bot versions kept in a store.",
 }
 
 

@@ -4,7 +4,9 @@ sessions, and (with --store) how many stored sessions each one touches."""
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -16,13 +18,21 @@ if TYPE_CHECKING:
 
 
 @click.command("diff")
-@click.argument("old", type=click.Path(exists=True))
-@click.argument("new", type=click.Path(exists=True))
+@click.argument("old")
+@click.argument("new")
 @click.option("--store", "store_url", metavar="URL",
-              help="Count the stored sessions of the bot each change touches (sqlite:///path/to.db, redis://host:port/db).")
+              help="Count the stored sessions of the bot each change touches (sqlite:///path/to.db, redis://host:port/db); "
+                   "OLD and NEW may then name versions kept in it.")
+@click.option("--bot", "bot", metavar="FOLDER|NAME",
+              help="Where OLD and NEW that are not paths are versions of: a bot folder with versions/<label>/, or "
+                   "the bot's name in --store.")
 @click.option("--json", "as_json", is_flag=True, help="Print the changes as one JSON object.")
-def diff(old: str, new: str, store_url: str | None, as_json: bool) -> None:
+def diff(old: str, new: str, store_url: str | None, bot: str | None, as_json: bool) -> None:
     """Compare two versions of a bot: what changed, and which changes break live sessions.
+
+    OLD and NEW are bot folders (or files), or versions named by a label or a content
+    hash: of the bot folder --bot names (its versions/<label>/), else kept in --store
+    (every `chatrun serve` puts the versions it serves there).
 
     A breaking change is one a session started on OLD meets on NEW: a removed or renamed
     route, state key or scope field, a removed or renamed tool, a tool parameter removed,
@@ -30,22 +40,27 @@ def diff(old: str, new: str, store_url: str | None, as_json: bool) -> None:
     says which.
 
     Exit status: 0 when no breaking change is left unhandled, 1 when one is, 2 on errors
-    (a bot that does not load, a store that does not open).
+    (a bot that does not load, a version not found, a store that does not open).
 
     \b
     Examples:
       chatrun diff bots/shop/versions/1 bots/shop/versions/2
+      chatrun diff 1 2 --bot bots/shop
+      chatrun diff 1 2 --store sqlite:///sessions.db --bot shop
       chatrun diff OLD NEW --store sqlite:///sessions.db --json
     """
     from chatrun.definition.diff import diff_bots
 
-    old_config, new_config = _load(old), _load(new)
+    with tempfile.TemporaryDirectory(prefix="chatrun-diff-") as scratch:
+        found = Versions(store_url, bot, Path(scratch))
+        old_config, new_config = found.config(old), found.config(new)
     changes = diff_bots(old_config, new_config)
     stored = None
     if store_url:
         stored = _count(changes, store_url, old_config.name, old_config.content_version)
     if as_json:
         click.echo(json.dumps({"old": old, "new": new, "old_version": old_config.content_version,
+                               "new_version": new_config.content_version,
                                "sessions": len(stored.old) if stored else None,
                                "stored": stored.to_json() if stored else None,
                                "changes": [c.to_json() for c in changes],
@@ -55,6 +70,102 @@ def diff(old: str, new: str, store_url: str | None, as_json: bool) -> None:
         _print(changes, stored, old_config)
     if any(c.unhandled for c in changes):
         raise click.exceptions.Exit(1)
+
+
+@dataclass
+class Versions:
+    """Where OLD and NEW are found: a path, else a version of the `--bot` folder's versions/,
+    else one kept in the store (fetched as the server fetches it, chatrun.server.versions,
+    into `scratch`)."""
+
+    store_url: str | None
+    bot: str | None
+    scratch: Path
+
+    def config(self, spec: str) -> Any:
+        if Path(spec).exists():
+            return _load(spec)
+        folder = self._in_folder(spec)
+        if folder is not None:
+            return _load(str(folder))
+        if self.store_url:
+            return _load(str(self._from_store(spec)))
+        raise _fail(spec, "no such bot folder or file; to name a version, give --bot FOLDER (a bot with "
+                    "versions/<label>/) or --store URL (the versions `chatrun serve` kept there)")
+
+    def _in_folder(self, spec: str) -> Path | None:
+        from chatrun.definition.loader import load_config
+        from chatrun.definition.versions import version_layout
+        from chatrun.errors import ChatrunError
+
+        if self.bot is None or not Path(self.bot).exists():
+            return None
+        try:
+            layout = version_layout(self.bot)
+        except ChatrunError as exc:
+            raise _fail(self.bot, str(exc)) from None
+        if layout is None:
+            raise _fail(self.bot, "--bot names a folder without versions/<label>/bot.yaml")
+        for label, folder in layout.versions:
+            if spec == label or (len(spec) >= 4 and load_config(folder)[0].content_version.startswith(spec)):
+                return folder
+        if self.store_url:
+            return None  # perhaps a version the folder no longer has, kept in the store
+        raise _fail(self.bot, f"no version {spec!r} in versions/ (there are: "
+                    f"{', '.join(label for label, _ in layout.versions)})")
+
+    def _from_store(self, spec: str) -> Path:
+        import asyncio
+
+        try:
+            return asyncio.run(self._fetch(spec))
+        except (OSError, ValueError) as exc:
+            raise _fail(str(self.store_url), str(exc)) from None
+
+    async def _fetch(self, spec: str) -> Path:
+        from chatrun.errors import ChatrunError
+        from chatrun.server.versions import stored_version, stored_versions
+        from chatrun.store.aio import open_async_store
+
+        assert self.store_url is not None
+        try:
+            store = open_async_store(self.store_url)
+        except ChatrunError as exc:
+            raise _fail(str(self.store_url), str(exc)) from None
+        try:
+            name = await self._bot_name(store)
+            kept = await stored_versions(store, name)
+            wanted = next((v[0] for v in kept if len(spec) >= 4 and v[0].startswith(spec)), spec)
+            found = await stored_version(store, name, wanted)
+            if found is None:
+                listed = ", ".join(f"{label} ({content})" for content, label, _, _ in kept) or "none"
+                raise _fail(self.store_url, f"bot {name} has no version {spec!r} kept in the store "
+                            f"(it keeps: {listed})")
+            return found.write(self.scratch / name)
+        finally:
+            await store.close()
+
+    async def _bot_name(self, store: Any) -> str:
+        """The bot whose versions are wanted: --bot's (a name, or the folder's bot), else the
+        one bot the store keeps versions of."""
+        from chatrun.server.versions import stored_versions
+
+        if self.bot is not None and not Path(self.bot).exists():
+            return self.bot
+        if self.bot is not None:
+            from chatrun.definition.versions import bot_folder
+
+            return str(_load(str(bot_folder(self.bot))).name)
+        names = sorted({v[3] for v in await stored_versions(store)})
+        if len(names) != 1:
+            raise _fail(str(self.store_url), f"keeps versions of {', '.join(names) or 'no bot'}; name one with --bot NAME")
+        return names[0]
+
+
+def _fail(where: str, message: str) -> click.exceptions.Exit:
+    """`where: error: message` on stderr; the exit (status 2) to raise."""
+    click.echo(f"{where}: error: {message}", err=True)
+    return click.exceptions.Exit(2)
 
 
 def _load(path: str) -> Any:

@@ -32,23 +32,27 @@ class Upgrade:
               help="Write nothing; exit 1 when a bot is not on the current format (for CI).")
 def upgrade(paths: tuple[str, ...], check: bool) -> None:
     """Rewrite bots to the current format version, keeping comments and order, and print
-    what changed.
+    what changed. A bot served in several versions (`versions/<v>/bot.yaml`) has each
+    version upgraded.
 
     Exit status: 0 when done (or, with --check, when every bot is current), 1 when --check
-    finds a bot to upgrade, 2 on errors (a bot that cannot be read).
+    finds a bot to upgrade, 2 on errors (a bot that cannot be read: the others are still
+    upgraded, and every error is printed).
 
     \b
     Examples:
       chatrun upgrade bots/travel
+      chatrun upgrade bots/shop        (versions/1/bot.yaml, versions/2/bot.yaml, ...)
       chatrun upgrade --check bots/*/
     """
-    outdated = 0
-    for path in paths:
+    outdated, failed = 0, 0
+    for path in [bot for given in paths for bot in each_bot(given)]:
         try:
             result = upgraded(path)
         except Exception as exc:  # never a traceback from the CLI: `file:line: message`, exit 2
             click.echo(f"{exc}" if str(exc).startswith(path) else f"{path}: error: {exc}", err=True)
-            raise click.exceptions.Exit(2) from None
+            failed += 1
+            continue
         for line in [*result.changes, *result.review]:
             click.echo(line)
         if not result.changes:
@@ -57,9 +61,20 @@ def upgrade(paths: tuple[str, ...], check: bool) -> None:
         outdated += 1
         if not check:
             result.file.write_text(result.text, encoding="utf-8")
+    if failed:
+        click.echo(f"{failed} bot(s) could not be upgraded (above)", err=True)
+        raise click.exceptions.Exit(2)
     if check and outdated:
         click.echo(f"{outdated} bot(s) to upgrade: run chatrun upgrade {' '.join(paths)}")
         raise click.exceptions.Exit(1)
+
+
+def each_bot(path: str) -> list[str]:
+    """The bots a path names: itself, or each version of a bot in versions/ (docs/versions.md)."""
+    from chatrun.definition.versions import version_folders
+
+    found = version_folders(path)
+    return [str(folder) for _, folder in found] if found is not None else [path]
 
 
 def bot_file(path: str) -> Path:

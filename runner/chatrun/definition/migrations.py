@@ -1,7 +1,8 @@
 """What `chatrun validate` says about a bot's format version and its `migrations:`.
 
 Alone, a bot is checked for its `format:` (missing, or the previous version whose meaning
-differs) and for migrations that name routes or tools this version lacks. Against the old
+differs) and for migrations that name routes, tools or state paths this version lacks (a
+rename's target, a default) or still declares (a drop). Against the old
 version it migrates from (`chatrun validate NEW --against OLD`), every name a migration
 takes from the old side must exist there, and every route the new version removed must be
 mapped, reset or dropped by a migration that applies, else sessions on it depend on the
@@ -9,6 +10,8 @@ runtime's `on_change` policy (docs/versions.md).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from chatrun.definition.config import (
     CURRENT_FORMAT,
@@ -107,7 +110,61 @@ def migration_diagnostics(config: BotConfig) -> list[Diagnostic]:
             if route in config.routes:
                 out.append(_diag(m.place("scopes", route), "error", f"`scopes: {{{route}: ...}}` is for removed routes, "
                                  f"but this version still defines `{route}`", f"{at}.scopes.{route}"))
+        out += _new_side(m, config, config.migrations[i + 1:])
     return out
+
+
+def _new_side(m: MigrationConfig, config: BotConfig, later: list[MigrationConfig]) -> list[Diagnostic]:
+    """The state paths a migration writes (rename targets, `default:`) are declared by this
+    version's `state:` or a route's `scope:`, and the ones it drops are not (they would come
+    back with their defaults). A path a later link of the chain renames or drops is an
+    intermediate version's: not checked."""
+    out: list[Diagnostic] = []
+    at = f"migrations[{m.index}]"
+    declared = {"state": config.state, "scope": declared_scope(config)}
+    passed_on = {_spelled(p) for n in later for p in (*n.state.rename, *n.state.drop)}
+    written = [("rename", key, target, "moves a value to") for key, target in m.state.rename.items()]
+    written += [("default", key, key, "gives a default to") for key in m.state.default]
+    for part, key, path, verb in written:
+        missing = None if _spelled(path) in passed_on else _undeclared_path(declared, path)
+        if missing is not None:
+            out.append(_diag(m.place("state", part, key), "error", f"migration {verb} `{_spelled(path)}`, which "
+                             f"this version does not declare{missing}", f"{at}.state.{part}.{key}"))
+    for i, path in enumerate(m.state.drop):
+        if _spelled(path) not in passed_on and _undeclared_path(declared, path) is None:
+            out.append(_diag(m.place("state", "drop", i), "warning", f"migration drops `{_spelled(path)}`, which this "
+                             "version still declares: a migrated session gets it back with its default; to keep "
+                             "it, remove the drop", f"{at}.state.drop.{i}"))
+    return out
+
+
+def _spelled(path: str) -> str:
+    root, keys = split_state_path(path)
+    return ".".join([root, *keys])
+
+
+def _undeclared_path(declared: dict[str, dict[str, Any]], path: str) -> str | None:
+    """None when `path` is declared (as deep as the declaration goes: below a value that is not
+    a mapping anything may be), else where it stops being declared, with a did-you-mean."""
+    root, keys = split_state_path(path)
+    level: Any = declared[root]
+    for depth, key in enumerate(keys):
+        if not isinstance(level, dict):
+            return None
+        if key not in level:
+            where = ".".join([root, *keys[:depth]])
+            return f" (`{where}` has no `{key}`{suggest(key, level)})" if depth else suggest(key, level)
+        level = level[key]
+    return None
+
+
+def declared_scope(config: BotConfig) -> dict[str, Any]:
+    """Every route's `scope:` fields merged (local and shared), as the checks read them."""
+    merged: dict[str, Any] = {}
+    for route in config.routes.values():
+        merged.update(route.scope.local)
+        merged.update(route.scope.shared)
+    return merged
 
 
 def against_diagnostics(old: BotConfig, new: BotConfig) -> list[Diagnostic]:

@@ -121,16 +121,23 @@ def _order(label: str) -> tuple[int, int, str]:
     return (0, int(label), label) if label.isdigit() else (1, 0, label)
 
 
-def version_layout(path: str | Path) -> VersionLayout | None:
-    """The versions of a bot directory that has `versions/<label>/bot.yaml`, else None."""
+def version_folders(path: str | Path) -> list[tuple[str, Path]] | None:
+    """(label, folder) of each `versions/<label>/bot.yaml` of a bot directory, oldest first;
+    None for a directory that is not a bot in versions (it has a bot.yaml of its own, or none)."""
     root = Path(path)
     folder = root / VERSIONS_DIR
     if not root.is_dir() or not folder.is_dir() or (root / "bot.yaml").exists():
         return None
     found = sorted((d.name for d in folder.iterdir() if (d / "bot.yaml").is_file()), key=_order)
-    if not found:
+    return [(label, folder / label) for label in found] or None
+
+
+def version_layout(path: str | Path) -> VersionLayout | None:
+    """The versions of a bot directory that has `versions/<label>/bot.yaml`, else None."""
+    found = version_folders(path)
+    if found is None:
         return None
-    return VersionLayout(root, [(label, folder / label) for label in found], _weights(root / VERSIONS_FILE, found))
+    return VersionLayout(Path(path), found, _weights(Path(path) / VERSIONS_FILE, [label for label, _ in found]))
 
 
 def _weights(file: Path, labels: list[str]) -> dict[str, int]:

@@ -47,15 +47,41 @@ def shown(path: str) -> str:
     return ".".join([root, *keys])
 
 
-def migrate_snapshot(snapshot: dict[str, Any], old: BotConfig, new: BotConfig,
+def migrate_snapshot(snapshot: dict[str, Any], old: BotConfig | None, new: BotConfig,
                      memories: dict[str, list[Message]]) -> MigrationResult:
-    """The session `snapshot` of bot `old`, with its `memories`, as a session of `new`."""
+    """The session `snapshot` of bot `old`, with its `memories`, as a session of `new`. `old`
+    None: a session whose version is not known (stored before versions were recorded), which
+    goes through the migrations from the first one it shows signs of (`shown_chain`)."""
+    chain = applying(new.migrations, old.version) if old is not None else shown_chain(new.migrations, snapshot,
+                                                                                      memories)
     run = _Migration(copy.deepcopy(snapshot), {mid: list(ms) for mid, ms in memories.items()}, new)
-    for migration in applying(new.migrations, old.version):
+    for migration in chain:
         run.apply(migration)
         run.result.applied.append(migration.index)
-    run.finish(old)
+    run.finish()
     return run.result
+
+
+def shown_chain(migrations: list[MigrationConfig], snapshot: dict[str, Any],
+                memories: dict[str, list[Message]]) -> list[MigrationConfig]:
+    """The migrations a session of an unknown version goes through: from the first one that is
+    `from: "*"` or whose old side the session holds (a state key or scope field it renames or
+    drops, a scope on a route it maps, resets or drops, a call of a tool it maps), on."""
+    held = footprint(snapshot, memories)
+    for i, m in enumerate(migrations):
+        if m.from_version == "*" or _shows(m, held):
+            return migrations[i:]
+    return []
+
+
+def _shows(m: MigrationConfig, held: Footprint) -> bool:
+    if held.routes & {*m.routes, *m.scopes} or held.tools & set(m.tools):
+        return True
+    for path in [*m.state.rename, *m.state.drop]:
+        root, keys = split_state_path(path)
+        if keys[0] in (held.state if root == "state" else held.scope):
+            return True
+    return False
 
 
 class _Migration:
@@ -211,12 +237,14 @@ class _Migration:
 
     # -- the end -----------------------------------------------------------------------------
 
-    def finish(self, old: BotConfig) -> None:
+    def finish(self) -> None:
         """What every migrated session gets: the new bot's name, the state keys and scope fields
         the new version declares (their YAML values, when absent), and the routes left unresolved."""
         snapshot = self.result.snapshot
-        if old.name != self.new.name:
+        if snapshot.get("bot") not in (None, self.new.name):
             snapshot["bot"] = self.new.name
+        if "bot_version" in snapshot:  # a session of the new version now (kept absent: as it was stored)
+            snapshot["bot_version"] = self.new.content_version
         for key, value in self.new.state.items():
             if key not in self.state:
                 self.state[key] = copy.deepcopy(value)

@@ -40,7 +40,7 @@ from chatrun.engine.pending import (
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
 from chatrun.engine.turn import Turn
-from chatrun.engine.versions import Moved
+from chatrun.engine.versions import Moved, produced_by
 from chatrun.engine.versions import move as move_conversation
 from chatrun.engine.waiting import check_decision
 from chatrun.errors import AttachmentRefused, ChatrunError, ModelError, SessionError
@@ -116,8 +116,13 @@ class Session:
         self.principal = principal
         if snapshot is not None:  # resume where it was; `route` and `state` apply to new sessions only
             self._c.restore(snapshot)
-            if self._c.gone_routes() or snapshot.get("bot_version") not in (None, bot.config.content_version):
-                self._begin_move(bot, None)  # stored by a version of the bot no one gave us
+            recorded = snapshot.get("bot_version")
+            if recorded is None and produced_by(bot.config, snapshot):
+                return  # stored before versions were recorded, by this version as far as can be told
+            if self._c.gone_routes() or recorded != bot.config.content_version:
+                # Stored by an unknown version, or by one no one gave us (none has it: a server
+                # loads every version it or the store has first).
+                self._begin_move(bot, None, lost=recorded if recorded != bot.config.content_version else None)
             return
         self._c.start(route or bot.config.default_route, state, meta)
         self.store.commit_turn(self.id, self._c.snapshot(), {}, [])
@@ -606,7 +611,7 @@ class Session:
         self._last_entry = entry
         if moved is not None:  # a failed turn undoes itself, not the bot's change
             target, self.bot = self.bot, moved[1]
-            self._begin_move(target, moved[1] if moved[2].old is not None else None)
+            self._begin_move(target, moved[1] if moved[2].known else None, moved[2].lost)
 
     # -- reloading ---------------------------------------------------------------------------------
 
@@ -621,14 +626,17 @@ class Session:
             return
         self._begin_move(bot, self.bot)
 
-    def _begin_move(self, bot: Bot, old: Bot | None) -> None:
+    def _begin_move(self, bot: Bot, old: Bot | None, lost: str | None = None) -> None:
+        """Move to `bot` from `old` (None: the version the session was stored by is not known;
+        `lost`: the one it recorded, which no one has)."""
         if self._moved is not None:  # moved again before a turn: from where it was stored
             before, left, earlier = self._moved
             self._c.rollback(before)
-            self._c.config, old = left.config, (left if earlier.old is not None else None)
+            self._c.config, old = left.config, (left if earlier.known else None)
+            lost = earlier.lost
         before = self._c.capture()
         self._c.forget_cached_memories()  # rebuilt with the new policies from the store
-        moved = move_conversation(self._c, old.config if old is not None else None, bot.config)
+        moved = move_conversation(self._c, old.config if old is not None else None, bot.config, lost)
         self.bot = bot
         self._moved = (before, old if old is not None else bot, moved)
         if moved.notes:

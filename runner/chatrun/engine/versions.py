@@ -10,7 +10,14 @@ chatrun.server.versions; `--reload`); how it arrives is the new version's `on_ch
                     the conversation goes on in a new scope on the default route
     <route>         the same, on that route
     pin             when a client moves a pinned session all the same (the REPL's --reload,
-                    an old version no replica can load), as restart_scope
+                    an old version no replica and no store has), as restart_scope
+
+A session stored before versions were recorded (no `bot_version` in its snapshot, chatrun
+0.2 and older) is taken to be of the oldest version that could have produced it
+(`produced_by`: the server picks it among the versions it holds). When the bot it is opened
+with could not have, its version is unknown: under `migrate` the migrations apply from the
+first one the session shows signs of (chatrun.engine.migrate.shown_chain), and on every
+move the new version's undeclared state gets its defaults.
 
 Whatever the policy, the conversation can run its next turn afterwards: no turn fails
 because the bot changed. Each move says what it did (`notes`), for the history.
@@ -24,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.versions import MIGRATE, POLICIES
+from chatrun.messages import SummaryMessage
 from chatrun.store.record import MEMORY_SEPARATOR
 
 if TYPE_CHECKING:
@@ -41,17 +49,33 @@ class Moved:
     old: str | None
     new: str
     notes: list[str] = field(default_factory=list)
+    lost: str | None = None  # the recorded version no one had (then `old` is it, and not known)
+
+    @property
+    def known(self) -> bool:
+        """Whether the move started from a bot it was given (else from an unknown or lost version)."""
+        return self.old is not None and self.lost is None
 
     def to_dict(self) -> dict[str, Any]:
         return {"from": self.old, "to": self.new, "notes": self.notes}
 
 
-def move(conversation: Conversation, old: BotConfig | None, new: BotConfig) -> Moved:
-    """Move `conversation` (restored under `old`; None: not known, as for a stored session
-    whose version no one has) onto `new`, by `new.on_change`. Changes the conversation in
-    place; nothing is stored until its next turn commits."""
-    moved = Moved(old.content_version if old is not None else None, new.content_version)
-    if new.on_change == MIGRATE and old is not None:
+def produced_by(config: BotConfig, snapshot: dict[str, Any]) -> bool:
+    """Whether a session stored without a version could be one of `config`'s: its scopes are on
+    routes the bot defines, and its state holds every key the bot's `state:` declares (a session
+    starts with all of them, and nothing removes a key but a migration)."""
+    routes = {scope.get("route") for scope in snapshot.get("scopes") or []}
+    state = snapshot.get("state") or {}
+    return routes <= set(config.routes) and set(config.state) <= set(state)
+
+
+def move(conversation: Conversation, old: BotConfig | None, new: BotConfig, lost: str | None = None) -> Moved:
+    """Move `conversation` (restored under `old`; None: not known, as for a session stored
+    before versions were recorded that `new` did not produce, or `lost`: the recorded version
+    of a session no replica and no store has a copy of) onto `new`, by `new.on_change`.
+    Changes the conversation in place; nothing is stored until its next turn commits."""
+    moved = Moved(old.content_version if old is not None else lost, new.content_version, lost=lost)
+    if new.on_change == MIGRATE:
         _migrate(conversation, old, new, moved)
     conversation.config = new
     for path in _fill_defaults(conversation.state, new.state, "state"):
@@ -63,6 +87,12 @@ def move(conversation: Conversation, old: BotConfig | None, new: BotConfig) -> M
                 f"the conversation continues on {target!r}.")
         conversation.restart_gone(target, note)
         moved.notes.append(f"route {gone[0]!r} is gone: restarted on {target!r}")
+    elif lost is not None:  # the model is told, as for a lost route: the bot it spoke as changed
+        shown = f"{new.version} ({new.content_version})" if new.version else new.content_version
+        conversation.memory_for(conversation.scope, conversation.scope.route).add(SummaryMessage(
+            f"The bot was updated and the version {lost} this conversation ran on is no longer available; "
+            f"the conversation continues on version {shown}."))
+        moved.notes.append(f"version {lost} is no longer available: moved by on_change {new.on_change!r}")
     return moved
 
 
@@ -79,8 +109,9 @@ def _fill_defaults(state: dict[str, Any], declared: dict[str, Any], at: str) -> 
     return added
 
 
-def _migrate(conversation: Conversation, old: BotConfig, new: BotConfig, moved: Moved) -> None:
-    """The new version's migrations applied to the conversation (its config is still `old`)."""
+def _migrate(conversation: Conversation, old: BotConfig | None, new: BotConfig, moved: Moved) -> None:
+    """The new version's migrations applied to the conversation (its config is still `old`'s,
+    or, for an unknown `old`, already `new`'s)."""
     from chatrun.engine.migrate import migrate_snapshot
 
     memories = conversation.live_memories()

@@ -181,6 +181,7 @@ class Lifecycle:
             every = (*self.bots.values(), *registry.bots.values(), *registry.shelf.all_bots())
             for bot in {id(b): b for b in every}.values():
                 await bot.tools.aclose()  # HTTP connections and MCP servers the bots' tools opened
+            registry.shelf.close()
             if self.own_store:
                 with contextlib.suppress(Exception):
                     await registry.store.close()

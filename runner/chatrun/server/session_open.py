@@ -149,7 +149,7 @@ class SessionOpener:
         versions = self.shelf.bots[request.bot.name]
         if record is not None:
             self._check_loaded(record, request)
-            bot = await self.shelf.bot_for(request.bot.name, record.bot_version) or request.bot
+            bot = await self.shelf.bot_for(request.bot.name, record) or request.bot
             buffer = TurnBuffer(request.session_id, record, self.records, track_committed=True)
             version, committed = record.version, record.committed
         elif request.mode == EXISTING:

@@ -45,7 +45,7 @@ from chatrun.server.session_open import (
 from chatrun.server.session_writes import SessionWrites
 from chatrun.server.turn_run import MAX_REQUEST_ID, TurnRun, check_request_id
 from chatrun.server.turnlog import TurnReport
-from chatrun.server.versions import BotVersions, Version, VersionShelf
+from chatrun.server.versions import BotVersions, Version, VersionShelf, own_label
 from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, LeaseSettings, as_async_store
 from chatrun.store.blobs import BlobArea, blobs_of
@@ -88,7 +88,7 @@ class SessionRegistry:
         self.store = as_async_store(store)
         # Every version of each bot (server/versions.py); `bots` are the primaries: what new
         # sessions start on unless a canary's weights or a tester's header say otherwise.
-        self.shelf = VersionShelf(versions or {name: BotVersions(name, [Version(bot, bot.config.content_version, 100)])
+        self.shelf = VersionShelf(versions or {name: BotVersions(name, [Version(bot, own_label(bot), 100)])
                                                for name, bot in bots.items()}, self.store)
         self.bots = self.shelf.primaries()
         self.settings = settings = settings or SessionSettings(cache_size=cache_size)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,12 +35,14 @@ from chatrun.definition.versions import (
     version_layout,
     write_bundle,
 )
+from chatrun.engine.versions import produced_by
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
 
 if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
     from chatrun.store.aio import AsyncStore
+    from chatrun.store.record import SessionRecord
 
 log = logging.getLogger("chatrun.versions")
 
@@ -84,6 +87,10 @@ class BotVersions:
     def find(self, wanted: str | None) -> Version | None:
         """The version with this content hash or label (None: none such)."""
         return next((v for v in self.versions if wanted in (v.content_version, v.label)), None)
+
+    def origin(self, snapshot: dict[str, Any]) -> Version | None:
+        """The oldest version that could have produced a session stored without a version."""
+        return next((v for v in self.versions if produced_by(v.bot.config, snapshot)), None)
 
     def of(self, bot: Bot) -> Version | None:
         return next((v for v in self.versions if v.bot is bot), None)
@@ -139,7 +146,22 @@ class VersionShelf:
     def __init__(self, versions: dict[str, BotVersions], store: AsyncStore):
         self.bots = versions
         self.store = store
-        self.cache = Path(tempfile.gettempdir()) / "chatrun-versions"
+        self._cache: Path | None = None
+
+    def cache(self) -> Path:
+        """Where stored versions are written to be loaded: a directory of this process's own,
+        made on first use, that only its user may enter (mode 0700, tempfile.mkdtemp). A
+        shared, predictable folder would let another user of the machine put handlers (.py
+        files) there for this server to run. Removed by `close()`."""
+        if self._cache is None:
+            self._cache = Path(tempfile.mkdtemp(prefix="chatrun-versions-"))
+        return self._cache
+
+    def close(self) -> None:
+        """Remove the stored versions' files (the loaded bots keep running: handlers are imported)."""
+        if self._cache is not None:
+            shutil.rmtree(self._cache, ignore_errors=True)
+            self._cache = None
 
     def primaries(self) -> dict[str, Bot]:
         return {name: versions.primary.bot for name, versions in self.bots.items()}
@@ -164,38 +186,103 @@ class VersionShelf:
             await self.store.put_record(key, stored)
         version.published = float(stored.get("published") or 0.0)
 
-    async def bot_for(self, name: str, recorded: str | None) -> Bot | None:
-        """The bot of a stored session's recorded version: held here, else loaded from the
-        store; None for a session from before versions (it runs the primary). Raises
-        RequestFailed(Unavailable) when no one has it."""
+    async def bot_for(self, name: str, record: SessionRecord) -> Bot | None:
+        """The bot a stored session is opened with: its recorded version, held here, else loaded
+        from the store; for a session from before versions, the oldest held version that could
+        have produced it. None: the primary (a version no one has, or a session no held version
+        produced: the engine moves it by the primary's `on_change`, engine/versions.py). Raises
+        RequestFailed(Unavailable) while the store holds a copy this replica cannot load (a
+        replica that can answers)."""
         versions = self.bots[name]
+        recorded = record.bot_version
         if recorded is None:
-            return None
+            origin = versions.origin(record.snapshot)
+            return origin.bot if origin is not None else None
         held = versions.find(recorded)
         if held is not None:
             return held.bot
         loaded = await self._load(name, recorded)
+        if loaded is None:
+            return None
         held = versions.find(recorded)  # another request may have loaded it meanwhile
         if held is not None:
             return held.bot
         versions.add(loaded)
         return loaded.bot
 
-    async def _load(self, name: str, recorded: str) -> Version:
+    async def _load(self, name: str, recorded: str) -> Version | None:
+        """Version `recorded` from the store's copy; None when there is no (sound) copy, so no
+        replica ever will have it (every replica publishes what it serves when it starts)."""
         from chatrun.engine.bot import load_bot
 
-        stored = await self.store.get_record(record_key(name, recorded))
-        files = stored.get("files") if isinstance(stored, dict) else None
-        if not isinstance(files, dict) or content_version(files) != recorded:
-            raise unavailable(name, recorded, "this replica does not have it and the store holds no copy")
-        folder = write_bundle(files, self.cache / name / recorded)
+        stored = await stored_version(self.store, name, recorded)
+        if stored is None and getattr(self.store, "records", True) is None:
+            # A user's store that keeps no records: the copies other replicas published are in
+            # their processes only, so one may still serve it.
+            raise unavailable(name, recorded, "this replica does not have it, and the store keeps no copies")
+        if stored is None:
+            log.info("chatrun: version %s of bot %s is nowhere: its sessions move by on_change", recorded, name)
+            return None
         try:
-            bot = load_bot(folder)
+            bot = load_bot(stored.write(self.cache() / name))
         except ChatrunError as exc:
             raise unavailable(name, recorded, f"its stored copy does not load here: {exc}") from None
         log.info("chatrun: loaded version %s of bot %s from the store", recorded, name)
-        assert isinstance(stored, dict)
-        return Version(bot, str(stored.get("label") or recorded), 0, float(stored.get("published") or 0.0), True)
+        return Version(bot, stored.label, 0, stored.published, True)
+
+
+@dataclass
+class StoredVersion:
+    """A version of a bot kept in the store (`bot-version:<bot>:<content version>`), its files
+    checked against its content version."""
+
+    bot: str
+    content_version: str
+    label: str
+    published: float
+    files: dict[str, str]
+
+    def write(self, into: Path) -> Path:
+        """Its files under `into`/<content version> (a folder the caller owns); the folder."""
+        return write_bundle(self.files, into / self.content_version)
+
+
+async def stored_version(store: AsyncStore, bot: str, wanted: str) -> StoredVersion | None:
+    """The stored copy of version `wanted` of `bot`: its content version, or a label when the
+    store can list its records (the newest published of that label); None when there is no
+    sound copy (none, or files that do not hash to their version: logged)."""
+    record = await store.get_record(record_key(bot, wanted))
+    content = wanted
+    if record is None:
+        named = [v for v in await stored_versions(store, bot) if v[1] == wanted]
+        if not named:
+            return None
+        content = max(named, key=lambda v: v[2])[0]
+        record = await store.get_record(record_key(bot, content))
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not isinstance(files, dict) or content_version(files) != content:
+        if record is not None:
+            log.warning("chatrun: the stored copy of version %s of bot %s does not match its hash", content, bot)
+        return None
+    return StoredVersion(bot, content, str(record.get("label") or content), float(record.get("published") or 0.0),
+                         {str(k): str(v) for k, v in files.items()})
+
+
+async def stored_versions(store: AsyncStore, bot: str | None = None) -> list[tuple[str, str, float, str]]:
+    """The versions kept in the store, oldest published first: (content version, label,
+    published, bot), of `bot` or of every bot. [] from a store that cannot list its records."""
+    out = []
+    for key in await store.record_keys(RECORD_PREFIX + (f"{bot}:" if bot is not None else "")):
+        name, _, content = key[len(RECORD_PREFIX):].rpartition(":")
+        record = await store.get_record(key)
+        if isinstance(record, dict):
+            out.append((content, str(record.get("label") or content), float(record.get("published") or 0.0), name))
+    return sorted(out, key=lambda v: v[2])
+
+
+def own_label(bot: Bot) -> str:
+    """The label of a bot served from its own folder: its `version:`, else its content version."""
+    return bot.config.version or bot.config.content_version
 
 
 def record_key(name: str, content: str) -> str:
@@ -214,7 +301,7 @@ def versions_of(path_or_bot: Any) -> list[Version]:
     layout = version_layout(path_or_bot) if isinstance(path_or_bot, str | Path) else None
     if layout is None:
         bot = load_bot(path_or_bot) if isinstance(path_or_bot, str | Path) else path_or_bot
-        return [Version(bot, bot.config.content_version, 100)]
+        return [Version(bot, own_label(bot), 100)]
     found = [Version(load_bot(folder), label) for label, folder in layout.versions]
     weights = layout.weights or {layout.versions[-1][0]: 100}
     for index, version in enumerate(found):

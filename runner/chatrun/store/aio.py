@@ -76,6 +76,11 @@ class AsyncStore(Protocol):
 
     async def delete_record(self, key: str) -> None: ...
 
+    async def record_keys(self, prefix: str) -> list[str]:
+        """The keys of the records whose key starts with `prefix`, sorted (the versions kept in
+        the store: chatrun.server.versions); [] from a user's RecordStore that cannot list."""
+        ...
+
     # Pending items (chatrun.store.PendingIndex, asynchronously): the sweeper and the operators' list.
     async def list_due(self, now: float) -> list[str]: ...
 

@@ -168,6 +168,12 @@ class LocalAsyncStore:
             return
         await self._call(self.records.delete_record, key)
 
+    async def record_keys(self, prefix: str) -> list[str]:
+        if self.records is None:
+            return self._process_records.keys(prefix)
+        listing = getattr(self.records, "record_keys", None)  # a user's RecordStore may not list
+        return await self._call(listing, prefix) if listing is not None else []
+
     # -- pending items: a user's own store is scanned (every session loaded: fine for a few) --------
 
     async def list_due(self, now: float) -> list[str]:

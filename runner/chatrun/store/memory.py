@@ -57,6 +57,9 @@ class Records:
         self._texts[key] = text
         return True
 
+    def keys(self, prefix: str) -> list[str]:
+        return sorted(k for k in self._texts if k.startswith(prefix))
+
     def delete(self, key: str) -> None:
         self._texts.pop(key, None)
         session = self._session_of.pop(key, None)
@@ -254,6 +257,10 @@ class InMemoryStore:
     def delete_record(self, key: str) -> None:
         with self._lock:
             self._records.delete(key)
+
+    def record_keys(self, prefix: str) -> list[str]:
+        with self._lock:
+            return self._records.keys(prefix)
 
     # -- OutboxStore --------------------------------------------------------------------------
 

@@ -486,6 +486,12 @@ class RedisStore:
     async def list_sessions(self) -> list[str]:
         return list(await self.client.zrange(f"{self.prefix}sessions", 0, -1))
 
+    async def record_keys(self, prefix: str) -> list[str]:
+        """The keys of the records whose key starts with `prefix` (SCAN: never blocks Redis)."""
+        start = f"{self.prefix}rec:"
+        pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in start + prefix) + "*"
+        return sorted([str(k)[len(start):] async for k in self.client.scan_iter(match=pattern, count=500)])
+
     # -- sessions waiting for a party (PendingIndex, asynchronously) -----------------------------
 
     async def list_due(self, now: float) -> list[str]:

@@ -440,6 +440,12 @@ class SQLiteStore:
         with self._locked(f"delete record {key}") as conn:
             conn.execute("DELETE FROM records WHERE key = ?", (key,))
 
+    def record_keys(self, prefix: str) -> list[str]:
+        with self._locked(f"list records {prefix}*") as conn:
+            rows = conn.execute("SELECT key FROM records WHERE substr(key, 1, ?) = ? ORDER BY key",
+                                (len(prefix), prefix)).fetchall()
+        return [row[0] for row in rows]
+
 
 def _lock_for_server(db: Path) -> int:
     """Hold "<db>.lock" for this process. A POSIX record lock: it belongs to the process (a
