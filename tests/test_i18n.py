@@ -213,3 +213,15 @@ def test_page_keys_in_a_catalog_override_the_page_and_are_checked(tmp_path):
          "(the page's texts: docs/i18n.md, \"The page\")"),
         ("en.yaml", 6, "error", "`page.talking_to` has the placeholders {who}, but the page fills only {name}"),
     ]  # `page.send` is no unused key: the page uses it
+
+
+def test_every_built_in_page_locale_has_every_text_with_its_placeholders():
+    from chatrun.definition.catalogs import PLACEHOLDER
+    from chatrun.definition.page_texts import BUILTIN, KEYS
+
+    for locale, texts in BUILTIN.items():
+        assert set(texts) == KEYS, locale
+        for key, text in texts.items():
+            assert set(PLACEHOLDER.findall(text)) == set(PLACEHOLDER.findall(BUILTIN["en"][key])), (locale, key)
+            if "attachments." in BUILTIN["en"][key]:  # the bot's setting, named as bot.yaml spells it
+                assert BUILTIN["en"][key].split("(")[-1].split(")")[0] in text, (locale, key)
