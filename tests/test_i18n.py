@@ -136,6 +136,25 @@ def test_chatrun_test_runs_a_transcript_in_another_locale(tmp_path):
     assert "+- Message: Your order now has 1 loaf." in result.output
 
 
+def test_chatrun_test_refuses_a_locale_the_bot_does_not_declare(tmp_path, monkeypatch):
+    monkeypatch.chdir(BAKERY.parents[1])
+    runner = CliRunner()
+    result = runner.invoke(main, ["test", "--locale", "fr", "bots/bakery"])
+    assert (result.exit_code, result.output) == (4, "error: --locale fr: bots/bakery declares en, de\n")
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
+    result = runner.invoke(main, ["test", "--locale", "de", "bots/claims", "bots/bakery/transcripts/en.yaml"])
+    assert (result.exit_code, result.output) == (
+        4, "error: --locale de: bots/claims declares no `locales:` (docs/i18n.md)\n")
+    # By language, as a client's tag is matched: de-AT is the bakery's de.
+    assert runner.invoke(main, ["test", "--locale", "de-AT", "bots/bakery/transcripts/de.yaml"]).exit_code == 0
+    # A transcript's own `locale:` is what a client asks for: one the bot lacks falls back.
+    asks_french = tmp_path / "fr.yaml"
+    text = (BAKERY / "transcripts" / "en.yaml").read_text()
+    asks_french.write_text(text.replace("bot: ..", f"bot: {BAKERY}").replace("locale: en-GB", "locale: fr"))
+    assert "locale: fr\n" in asks_french.read_text() and f"bot: {BAKERY}" in asks_french.read_text()
+    assert runner.invoke(main, ["test", str(asks_french)]).exit_code == 0
+
+
 def test_the_bakery_bot_has_no_untranslated_literal(tmp_path):
     copy = tmp_path / "bakery"
     shutil.copytree(BAKERY, copy)
