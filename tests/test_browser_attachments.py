@@ -166,7 +166,8 @@ def test_what_the_route_does_not_take_is_refused_naming_the_limit(server, fake, 
         for i in range(4):
             dispatch(page, "paste", "#input", PNG[:-i or None] + bytes(i), "image/png", f"photo{i}.png")
         assert len(tray(page)) == 3
-        assert "A message takes at most 3 files here (attachments.max_count); photo3.png was not added" in page.inner_text("#attach-problem")
+        assert page.inner_text("#attach-problem") == (
+            "Files per message: at most 3 (attachments.max_count); photo3.png was not added.")
         shot(page, "attach-refused-390")
         assert page_width(page) == 390
         assert page.evaluate("document.querySelector('.composer').scrollWidth <= document.querySelector('.composer').clientWidth")

@@ -157,3 +157,64 @@ def test_an_arabic_session_lays_the_page_out_right_to_left_and_fits(fake, tmp_pa
         assert page.inner_text("#start-new") == "بدء محادثة جديدة"
         assert _fits(page)
         shot(page, f"i18n-ar-ended-{width}")
+
+
+SCHADEN_BOT = """\
+name: schaden
+description: "{{ t('about') }}"
+locales: [en, de]
+routes:
+  report:
+    default: true
+    title: "{{ t('report') }}"
+    system: "{{ t('prompt') }}"
+    attachments: {kinds: [image/png, application/pdf], max_bytes: 1000000, max_count: 2}
+"""
+SCHADEN_CATALOGS = {
+    "en": "about: Claims for damaged parcels\nreport: Damaged parcel\nprompt: Ask for a photo.\n",
+    "de": "about: Schadensmeldungen für Pakete\nreport: Beschädigtes Paket\nprompt: Bitte um ein Foto.\n",
+}
+
+# A File of `size` bytes made in the page and pasted into the message box, as a browser does.
+PASTE = """([name, type, size]) => {
+  const transfer = new DataTransfer();
+  transfer.items.add(new File([new Uint8Array(size)], name, { type: type }));
+  document.querySelector("#input").dispatchEvent(
+    new ClipboardEvent("paste", { clipboardData: transfer, bubbles: true, cancelable: true }));
+}"""
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_a_german_session_refuses_a_file_in_german_naming_the_setting(fake, tmp_path, width):
+    bot_dir = tmp_path / "schaden"
+    (bot_dir / "locales").mkdir(parents=True)
+    (bot_dir / "bot.yaml").write_text(SCHADEN_BOT)
+    for locale, text in SCHADEN_CATALOGS.items():
+        (bot_dir / "locales" / f"{locale}.yaml").write_text(text, encoding="utf-8")
+    assert check_bot(bot_dir)[1] == []
+    app = create_app([chatrun.load_bot(bot_dir)], f"sqlite:///{tmp_path / 'chat.db'}")
+    with ThreadServer(app) as server, chat_page(server.url, width=width, locale="de-DE") as page:
+        page.wait_for_function("document.body.dataset.refreshes > 0", timeout=30_000)
+        assert page.get_attribute("#attach", "aria-label") == "Dateien anhängen"
+        assert page.get_attribute("#attach", "title") == "Dateien anhängen (oder einfügen oder in den Chat ziehen)"
+        assert page.inner_text("#attach-limits") == (
+            "Dateien pro Nachricht: bis zu 2, je höchstens 1 MB: image/png, application/pdf")
+        page.evaluate(PASTE, ["riss.png", "image/png", 1_500_000])
+        assert page.inner_text("#attach-problem") == (
+            "riss.png ist 1,5 MB groß und überschreitet die Grenze dieses Chats von 1 MB pro Datei "
+            "(attachments.max_bytes).")  # the setting's name stays: it is the bot's field
+        shot(page, f"i18n-de-attach-refused-{width}")
+        page.evaluate(PASTE, ["zeilen.csv", "text/csv", 10])
+        assert page.inner_text("#attach-problem") == (
+            "zeilen.csv hat den Typ text/csv; dieser Chat nimmt nur image/png, application/pdf an (attachments.kinds).")
+        for name in ("a.pdf", "b.pdf", "c.pdf"):
+            page.evaluate(PASTE, [name, "application/pdf", 1_000_000])  # exactly the limit: taken
+        assert page.inner_text("#attach-problem") == (
+            "Dateien pro Nachricht: höchstens 2 (attachments.max_count); c.pdf wurde nicht hinzugefügt.")
+        labels = page.eval_on_selector_all("#attach-tray .attach-remove", "bs => bs.map(b => b.getAttribute('aria-label'))")
+        assert labels == ["a.pdf entfernen", "b.pdf entfernen"]
+        assert page.get_attribute("#attach-tray", "aria-label") == "Zu sendende Dateien"
+        assert page.locator("#attach-tray .attachment-size").all_inner_texts() == ["1 MB", "1 MB"]
+        assert _fits(page)
+        shot(page, f"i18n-de-attach-tray-{width}")
+        assert page.js_errors == []

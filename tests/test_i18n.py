@@ -136,6 +136,25 @@ def test_chatrun_test_runs_a_transcript_in_another_locale(tmp_path):
     assert "+- Message: Your order now has 1 loaf." in result.output
 
 
+def test_chatrun_test_refuses_a_locale_the_bot_does_not_declare(tmp_path, monkeypatch):
+    monkeypatch.chdir(BAKERY.parents[1])
+    runner = CliRunner()
+    result = runner.invoke(main, ["test", "--locale", "fr", "bots/bakery"])
+    assert (result.exit_code, result.output) == (4, "error: --locale fr: bots/bakery declares en, de\n")
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
+    result = runner.invoke(main, ["test", "--locale", "de", "bots/claims", "bots/bakery/transcripts/en.yaml"])
+    assert (result.exit_code, result.output) == (
+        4, "error: --locale de: bots/claims declares no `locales:` (docs/i18n.md)\n")
+    # By language, as a client's tag is matched: de-AT is the bakery's de.
+    assert runner.invoke(main, ["test", "--locale", "de-AT", "bots/bakery/transcripts/de.yaml"]).exit_code == 0
+    # A transcript's own `locale:` is what a client asks for: one the bot lacks falls back.
+    asks_french = tmp_path / "fr.yaml"
+    text = (BAKERY / "transcripts" / "en.yaml").read_text()
+    asks_french.write_text(text.replace("bot: ..", f"bot: {BAKERY}").replace("locale: en-GB", "locale: fr"))
+    assert "locale: fr\n" in asks_french.read_text() and f"bot: {BAKERY}" in asks_french.read_text()
+    assert runner.invoke(main, ["test", str(asks_french)]).exit_code == 0
+
+
 def test_the_bakery_bot_has_no_untranslated_literal(tmp_path):
     copy = tmp_path / "bakery"
     shutil.copytree(BAKERY, copy)
@@ -213,3 +232,15 @@ def test_page_keys_in_a_catalog_override_the_page_and_are_checked(tmp_path):
          "(the page's texts: docs/i18n.md, \"The page\")"),
         ("en.yaml", 6, "error", "`page.talking_to` has the placeholders {who}, but the page fills only {name}"),
     ]  # `page.send` is no unused key: the page uses it
+
+
+def test_every_built_in_page_locale_has_every_text_with_its_placeholders():
+    from chatrun.definition.catalogs import PLACEHOLDER
+    from chatrun.definition.page_texts import BUILTIN, KEYS
+
+    for locale, texts in BUILTIN.items():
+        assert set(texts) == KEYS, locale
+        for key, text in texts.items():
+            assert set(PLACEHOLDER.findall(text)) == set(PLACEHOLDER.findall(BUILTIN["en"][key])), (locale, key)
+            if "attachments." in BUILTIN["en"][key]:  # the bot's setting, named as bot.yaml spells it
+                assert BUILTIN["en"][key].split("(")[-1].split(")")[0] in text, (locale, key)

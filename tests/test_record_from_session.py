@@ -132,6 +132,31 @@ def test_a_redis_session_records_the_same_way(orders, fake, redis_server):
 
 @pytest.mark.slow
 def test_an_unknown_session_or_bot_is_one_line_and_exit_1(orders, tmp_path):
+    from chatrun.store.sqlite import SQLiteStore
+
+    SQLiteStore(orders / "chat.db").close()  # a store without the session
     made = chatrun(["record", "--from-session", "nope", "--store", "sqlite:///chat.db", "-o", "x.yaml"], orders)
     assert made.returncode == 1 and made.stderr.strip() == "error: sqlite:///chat.db has no session 'nope'"
     assert "Traceback" not in made.stderr and not (orders / "x.yaml").exists()
+
+
+def test_reading_a_sqlite_store_that_is_not_there_says_so_and_creates_nothing(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+    from chatrun.store.sqlite import SQLiteStore
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    missing = tmp_path / "none.db"
+    made = runner.invoke(main, ["record", "--from-session", "s1", "--store", f"sqlite:///{missing}", "-o", "out.yaml"])
+    assert (made.exit_code, made.output) == (1, f"error: no store at {missing}\n")
+    made = runner.invoke(main, ["record", "--from-session", "s1", "--store", "sqlite:///none.db", "-o", "out.yaml"])
+    assert (made.exit_code, made.output) == (1, f"error: no store at none.db ({missing})\n")  # relative: shown resolved
+    bakery = str(REPO / "bots" / "bakery")
+    diffed = runner.invoke(main, ["diff", bakery, bakery, "--store", f"sqlite:///{missing}"])
+    assert diffed.exit_code == 2 and f"error: no store at {missing}\n" in diffed.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no empty store, no -wal, no transcript
+    SQLiteStore(missing).close()  # a store that is there, without the session: the old message
+    made = runner.invoke(main, ["record", "--from-session", "s1", "--store", "sqlite:///none.db", "-o", "out.yaml"])
+    assert (made.exit_code, made.output) == (1, "error: sqlite:///none.db has no session 's1'\n")

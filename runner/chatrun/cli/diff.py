@@ -228,7 +228,7 @@ async def _footprints(url: str, bot: str, version: str) -> Stored:
     from chatrun.engine.migrate import footprint
     from chatrun.store.aio import open_async_store
 
-    store = open_async_store(url)
+    store = open_async_store(url, must_exist=True)
     stored = Stored()
     try:
         for sid in await store.list_sessions():

@@ -185,6 +185,12 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
     if (update or record) and live:
         click.echo("error: --live runs against the real model and writes nothing; drop --update/--record", err=True)
         sys.exit(EXIT_USAGE)
+    if locale is not None:
+        problems = _locale_problems(found, locale)
+        if problems:
+            for problem in problems:
+                click.echo(f"error: {problem}", err=True)
+            sys.exit(EXIT_USAGE)
     if record and workers > 1:
         workers = 1  # recording talks to a real model: one conversation at a time
     found = [path for path in found for _ in range(repeat)]
@@ -207,6 +213,40 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
         click.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(EXIT_OK if all(o.passed for o in outcomes) else EXIT_FAILED)
+
+
+def _locale_problems(found: list[str], locale: str) -> list[str]:
+    """`--locale TAG` must name a locale each transcript's bot declares (exactly or by
+    language): a tag none matches would quietly run in the default locale. A transcript's own
+    `locale:` is what a client asks for, so it may fall back; `--locale` is the author's choice.
+    One problem per bot; an invalid transcript or bot is left to the run, which reports it."""
+    from chatrun.transcripts.format import load_transcript
+    from chatrun.transcripts.run import pick_versions
+
+    problems: dict[str, str] = {}
+    for path in dict.fromkeys(found):
+        try:
+            transcript = load_transcript(path)
+            bot, _ = pick_versions(transcript, _BOTS)
+        except ChatrunError:
+            continue
+        shown = _shown_path(transcript.bot_path)
+        catalogs = bot.config.catalogs
+        if shown in problems or (catalogs is not None and catalogs.matching(locale) is not None):
+            continue
+        problems[shown] = (f"--locale {locale}: {shown} declares "
+                           + (", ".join(catalogs.locales) if catalogs is not None else "no `locales:` (docs/i18n.md)"))
+    return list(problems.values())
+
+
+def _shown_path(path: Any) -> str:
+    """A bot's folder as the author would type it: relative to the current directory when inside it."""
+    from pathlib import Path
+
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _exists(path: str) -> bool:

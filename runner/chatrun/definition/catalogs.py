@@ -57,14 +57,21 @@ class Catalogs:
         """The declared locale that best matches `wanted` (a tag like `de-AT`, or an
         Accept-Language value `fr;q=0.9, de;q=0.8`): exact, then by language; else the default."""
         for tag in preferred_tags(wanted):
-            for locale in self.locales:
-                if locale.lower() == tag.lower():
-                    return locale
-            language = tag.split("-")[0].lower()
-            for locale in self.locales:
-                if locale.split("-")[0].lower() == language:
-                    return locale
+            found = self.matching(tag)
+            if found is not None:
+                return found
         return self.default
+
+    def matching(self, tag: str) -> str | None:
+        """The declared locale that matches one tag (`de-AT`): exact, then by language; else None."""
+        for locale in self.locales:
+            if locale.lower() == tag.lower():
+                return locale
+        language = tag.split("-")[0].lower()
+        for locale in self.locales:
+            if locale.split("-")[0].lower() == language:
+                return locale
+        return None
 
     def translate(self, locale: str, key: str, args: dict[str, Any]) -> str:
         """The text of `key` in `locale` (the default's when that locale lacks it), its plural

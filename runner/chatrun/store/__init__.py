@@ -18,6 +18,7 @@ natively.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from chatrun.messages import Message
@@ -191,9 +192,11 @@ class PendingIndex(Protocol):
         ...
 
 
-def open_store(url: str | None, exclusive: bool = False) -> EncodedStore:
+def open_store(url: str | None, exclusive: bool = False, must_exist: bool = False) -> EncodedStore:
     """A store from a URL: None or "memory://" (in process), "sqlite:///path/to.db".
-    exclusive: this process is the file's only server (see SQLiteStore)."""
+    exclusive: this process is the file's only server (see SQLiteStore). must_exist: a
+    command that only reads (`chatrun record`, `chatrun diff --store`) refuses a SQLite file
+    that is not there, instead of creating an empty store and finding nothing in it."""
     from chatrun.errors import ChatrunError
 
     if not url or url == "memory://":
@@ -203,7 +206,10 @@ def open_store(url: str | None, exclusive: bool = False) -> EncodedStore:
     if url.startswith("sqlite:///"):
         from chatrun.store.sqlite import SQLiteStore
 
-        return SQLiteStore(url[len("sqlite:///"):], exclusive=exclusive)
+        path = url[len("sqlite:///"):]
+        if must_exist and path != ":memory:":
+            _sqlite_file_exists(path)
+        return SQLiteStore(path, exclusive=exclusive)
     if url.startswith(("redis://", "rediss://")):
         raise ChatrunError(
             f"store {url}: a Redis store is asynchronous; open it with chatrun.store.aio.open_async_store"
@@ -211,3 +217,14 @@ def open_store(url: str | None, exclusive: bool = False) -> EncodedStore:
     raise ChatrunError(
         f"unknown store URL {url!r}; use memory://, sqlite:///path/to.db or redis://host:port/db"
     )
+
+
+def _sqlite_file_exists(path: str) -> None:
+    """ChatrunError unless the SQLite store's file is there (a relative path is also shown
+    resolved: `sqlite:///tmp/x.db` is ./tmp/x.db)."""
+    from chatrun.errors import ChatrunError
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        resolved = "" if file.is_absolute() else f" ({file.absolute()})"
+        raise ChatrunError(f"no store at {path}{resolved}")

@@ -104,14 +104,15 @@ class AsyncStore(Protocol):
 
 
 def open_async_store(url: str | None, lease: LeaseSettings = LeaseSettings(),  # noqa: B008 - frozen
-                     exclusive: bool = False) -> AsyncStore:
+                     exclusive: bool = False, must_exist: bool = False) -> AsyncStore:
     """The server's store for a URL: memory://, sqlite:///path.db, redis://host:port/db, rediss://.
-    exclusive: this process is the only server of a SQLite file (refuse a second one)."""
+    exclusive: this process is the only server of a SQLite file (refuse a second one).
+    must_exist: refuse a SQLite file that is not there (a read-only command; see open_store)."""
     if url and url.startswith(("redis://", "rediss://")):
         from chatrun.store.redis import RedisStore
 
         return RedisStore(url, lease)
-    return LocalAsyncStore(open_store(url, exclusive=exclusive), url or "memory://")
+    return LocalAsyncStore(open_store(url, exclusive=exclusive, must_exist=must_exist), url or "memory://")
 
 
 def as_async_store(store: SessionStore | AsyncStore) -> AsyncStore:

@@ -39,7 +39,7 @@ async def load_stored_session(url: str, session_id: str) -> StoredSession:
     when there is no such session."""
     from chatrun.store.aio import open_async_store
 
-    store = open_async_store(url)
+    store = open_async_store(url, must_exist=True)  # reading: never create an empty store
     try:
         record = await store.load_session(session_id)
         if record is None:

@@ -62,10 +62,15 @@
     root.dir = pageData.dir;
     document.querySelectorAll("[data-page-text]").forEach((node) => { node.textContent = tx(node.dataset.pageText); });
     document.querySelectorAll("[data-page-title]").forEach((node) => { node.title = tx(node.dataset.pageTitle); });
+    document.querySelectorAll("[data-page-label]").forEach((node) => { node.setAttribute("aria-label", tx(node.dataset.pageLabel)); });
     if (ui.status.dataset.key) ui.status.textContent = tx(ui.status.dataset.key);
     if (!ui.input.disabled) ui.input.placeholder = tx("placeholder");
     else if (ended) ui.input.placeholder = tx("ended_placeholder");
     ChatrunPending.setTexts(pageData.texts);
+    showAttachLimits();
+    document.querySelectorAll("#attach-tray .attachment").forEach((item) => {
+      item.querySelector(".attach-remove").setAttribute("aria-label", tx("remove_file", { name: item.dataset.name }));
+    });
   }
 
   /** The status beside the buttons as the page text `key` (kept in its locale by applyPageTexts). */
@@ -557,7 +562,7 @@
       files = await uploadTray();
     } catch (err) { // refused (a limit, no blob area): nothing is sent, the message stays to edit
       // The server names the session first (for logs); the user needs only the reason.
-      showAttachProblem("Not sent: " + String(err.message || err).replace(/^session \S+: /, ""));
+      showAttachProblem(tx("not_sent", { reason: String(err.message || err).replace(/^session \S+: /, "") }));
       if (!ui.input.value) ui.input.value = text;
       epoch += 1;
       setBusy(false);
@@ -1065,11 +1070,21 @@
     return (node && node.attachments) || null;
   }
 
+  /** A number in the page's locale (its separators; always Latin digits, as the bot's limits are written). */
+  function formatNumber(n, fractionDigits) {
+    const options = { maximumFractionDigits: fractionDigits || 0, numberingSystem: "latn" };
+    try {
+      return new Intl.NumberFormat(pageData.lang, options).format(n);
+    } catch (err) { // a tag the browser does not know
+      return new Intl.NumberFormat("en", options).format(n);
+    }
+  }
+
   /** Sizes in decimal units, as bot authors write limits (max_bytes: 5000000 is "5 MB"). */
   function formatSize(bytes) {
-    if (bytes < 1000) return bytes + " bytes";
-    if (bytes < 1000 * 1000) return (bytes / 1000).toFixed(1).replace(/\.0$/, "") + " kB";
-    return (bytes / (1000 * 1000)).toFixed(1).replace(/\.0$/, "") + " MB";
+    if (bytes < 1000) return tx("size_bytes", { n: formatNumber(bytes) });
+    if (bytes < 1000 * 1000) return tx("size_kb", { n: formatNumber(bytes / 1000, 1) });
+    return tx("size_mb", { n: formatNumber(bytes / (1000 * 1000), 1) });
   }
 
   function kindTaken(limits, type) {
@@ -1079,22 +1094,19 @@
 
   /** Why the current route refuses this file on top of those in the tray, naming the limit, or null. */
   function attachRefusal(limits, file) {
-    const name = file.name || "the file";
-    if (!limits) return "This part of the conversation (" + routeTitle(attachRoute) + ") takes no files.";
-    if (tray.length >= limits.max_count) {
-      return "A message takes at most " + plural(limits.max_count, "file") + " here (attachments.max_count); "
-        + name + " was not added.";
-    }
+    const name = file.name || tx("file");
+    if (!limits) return tx("attach_none", { route: routeTitle(attachRoute) });
+    if (tray.length >= limits.max_count) return tx("attach_count", { count: limits.max_count, name: name });
     if (!kindTaken(limits, file.type)) {
-      return name + " is " + (file.type || "of an unknown type") + "; this chat takes " + limits.kinds.join(", ")
-        + " (attachments.kinds).";
+      const kinds = limits.kinds.join(", ");
+      return file.type ? tx("attach_kind", { name: name, type: file.type, kinds: kinds })
+        : tx("attach_kind_unknown", { name: name, kinds: kinds });
     }
     if (file.size > limits.max_bytes) {
       // Rounded sizes that read the same ("5 MB, over the limit of 5 MB") are given in bytes.
       const exact = formatSize(file.size) === formatSize(limits.max_bytes);
-      const size = (n) => (exact ? n.toLocaleString("en-US") + " bytes" : formatSize(n));
-      return name + " is " + size(file.size) + ", over this chat's limit of " + size(limits.max_bytes)
-        + " per file (attachments.max_bytes).";
+      const size = (n) => (exact ? tx("size_bytes", { n: formatNumber(n) }) : formatSize(n));
+      return tx("attach_size", { name: name, size: size(file.size), limit: size(limits.max_bytes) });
     }
     return null;
   }
@@ -1152,7 +1164,7 @@
     if (onRemove) {
       const remove = el("button", "attach-remove", "×");
       remove.type = "button";
-      remove.setAttribute("aria-label", "Remove " + name);
+      remove.setAttribute("aria-label", tx("remove_file", { name: name }));
       remove.addEventListener("click", onRemove);
       item.appendChild(remove);
     }
@@ -1162,7 +1174,7 @@
   function renderTray() {
     const box = $("attach-tray");
     box.textContent = "";
-    tray.forEach((t, i) => box.appendChild(attachmentNode(t.file.name || "file", t.file.type, t.file.size, t.preview,
+    tray.forEach((t, i) => box.appendChild(attachmentNode(t.file.name || tx("file"), t.file.type, t.file.size, t.preview,
       () => removeFromTray(i))));
     box.hidden = tray.length === 0;
   }
@@ -1176,19 +1188,25 @@
     button.hidden = !limits;
     button.disabled = Boolean(ended);
     $("attach-input").accept = limits ? limits.kinds.join(",") : "";
-    $("attach-limits").textContent = limits ? "Up to " + plural(limits.max_count, "file") + " per message, "
-      + formatSize(limits.max_bytes) + " each: " + limits.kinds.join(", ") : "";
+    showAttachLimits();
     if (tray.length && !limits) {
       clearTray();
-      showAttachProblem("This part of the conversation (" + routeTitle(attachRoute) + ") takes no files; the files were removed.");
+      showAttachProblem(tx("attach_removed", { route: routeTitle(attachRoute) }));
     }
+  }
+
+  /** The attach button's description (for a screen reader): what the current route takes. */
+  function showAttachLimits() {
+    const limits = attachLimits();
+    $("attach-limits").textContent = limits
+      ? tx("attach_limits", { count: limits.max_count, size: formatSize(limits.max_bytes), kinds: limits.kinds.join(", ") }) : "";
   }
 
   function readBase64(file) {
     return new Promise((resolve, reject) => {
       const reader = new FileReader();
       reader.onload = () => resolve(String(reader.result).replace(/^data:[^,]*,/, ""));
-      reader.onerror = () => reject(new Error("cannot read " + file.name));
+      reader.onerror = () => reject(new Error(tx("unreadable", { name: file.name })));
       reader.readAsDataURL(file);
     });
   }
@@ -1215,7 +1233,7 @@
     const box = el("div", "msg-attachments");
     for (const a of attachments) {
       const isImage = String(a.media_type).startsWith("image/") && !/^https?:/.test(a.ref);
-      const node = attachmentNode(a.name || (isImage ? "image" : "file"), a.media_type, a.size, isImage ? sentImages.get(a.ref) || "" : null);
+      const node = attachmentNode(a.name || tx(isImage ? "image" : "file"), a.media_type, a.size, isImage ? sentImages.get(a.ref) || "" : null);
       if (isImage && !sentImages.has(a.ref)) loadSentImage(node.querySelector("img"), a);
       box.appendChild(node);
     }
@@ -1233,7 +1251,7 @@
       sentImages.set(a.ref, url);
       img.src = url;
     } catch (err) {
-      img.alt = (a.name || "image") + " (no longer available)";
+      img.alt = tx("image_gone", { name: a.name || tx("image") });
     }
   }
 
