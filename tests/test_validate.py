@@ -339,6 +339,36 @@ def test_schema_messages_name_the_alternatives_and_the_repeated_item(write_bot):
     ]
 
 
+@pytest.mark.parametrize("value, what", [('"5MB"', "a string"), ("[1]", "a list"), ("{a: 1}", "a mapping")])
+def test_an_attachment_limit_of_the_wrong_type_is_reported_not_a_crash(write_bot, value, what):
+    path = write_bot(f"""\
+        name: files
+        routes:
+          main: {{default: true, attachments: {{kinds: [image/png], max_bytes: {value}, max_count: {value}}}}}
+        """)
+    _config, found = check_bot(path)
+    assert [(d.line, d.message) for d in found] == [
+        (3, f"`attachments.max_bytes` of route `main` must be an integer, not {what}"),
+        (3, f"`attachments.max_count` of route `main` must be an integer, not {what}")]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("locales: [e1]", "`locales[0]`: `e1` is not valid; write a language tag: `en`, `de`, `pt-BR`"),
+    ("routes: {main: {default: true, attachments: {kinds: [video]}}}",
+     "`attachments.kinds[0]` of route `main`: `video` is not valid; write a media type in lower case: "
+     "`image/png`, or `image/*` for every image"),
+    ("routes: {main: {default: true, mcp: [a b]}}",
+     "`mcp[0]` of route `main`: `a b` is not valid; write `SERVER` (all its tools) or `SERVER/TOOL`"),
+    ("env: {API-KEY: null}", "invalid key `API-KEY` in `env`: use letters, digits "
+     "and `_`, starting with a letter or `_` (e.g. `API_KEY`)"),
+])
+def test_a_value_that_misses_its_pattern_is_told_how_that_kind_of_value_is_written(write_bot, line, message):
+    path = write_bot(f"name: hints\nroutes: {{main: {{default: true}}}}\n{line}\n".replace(
+        "routes: {main: {default: true}}\nroutes", "routes"))
+    _config, found = check_bot(path)
+    assert message in [d.message for d in found]
+
+
 def test_fast_schema_path_agrees_with_jsonschema():
     """The compiled yes/no check must never call a document valid that jsonschema rejects."""
     docs = []

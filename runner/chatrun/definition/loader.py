@@ -310,10 +310,19 @@ _MEMORY_KEYS = {"message_window": {"max_messages"}, "token_window": {"max_tokens
 _MEMORY_OPTIONS = set().union(*_MEMORY_KEYS.values())
 
 
-_HINTS = {
-    "identifier": "use letters, digits, `_` and `-`, starting with a letter or `_`",
-    "statePath": "a state path starts with `state.`, `scope.` or `turn.` (e.g. `scope.reservation.destination`)",
+# How to write a value that missed a schema `pattern`, by the pattern (one per kind of value:
+# naming a name's rule for a duration or a media type would send the author the wrong way).
+_IDENTIFIER_HINT = "use letters, digits, `_` and `-`, starting with a letter or `_`"
+_PATTERN_HINTS = {
+    "^[A-Za-z_][A-Za-z0-9_-]*$": _IDENTIFIER_HINT,
+    "^[A-Za-z_][A-Za-z0-9_]*$": "use letters, digits and `_`, starting with a letter or `_` (e.g. `API_KEY`)",
+    "^[A-Za-z_][A-Za-z0-9_-]*(/[A-Za-z0-9_.-]+)?$": "write `SERVER` (all its tools) or `SERVER/TOOL`",
+    "^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$": "write a language tag: `en`, `de`, `pt-BR`",
+    "^[1-9][0-9]*[smhd]$": "write a duration: a whole number and `s`, `m`, `h` or `d` (e.g. `30m`)",
+    "^([a-z0-9.+-]+|\\*)/([a-z0-9.+-]+|\\*)$":
+        "write a media type in lower case: `image/png`, or `image/*` for every image",
 }
+_STATE_PATH_HINT = "a state path starts with `state.`, `scope.` or `turn.` (e.g. `scope.reservation.destination`)"
 
 
 def _hint(error: Violation) -> str:
@@ -321,12 +330,14 @@ def _hint(error: Violation) -> str:
     if isinstance(error.schema, dict) and "pattern" in error.schema:
         pattern = error.schema["pattern"]
     if pattern.startswith("^(state|scope|turn)"):
-        return _HINTS["statePath"]
+        return _STATE_PATH_HINT
+    if pattern in _PATTERN_HINTS:
+        return _PATTERN_HINTS[pattern]
     for kind in kinds():  # a pattern of a tool kind's section (`handler: module:function`)
         hint = kind.pattern_hint(pattern)
         if hint is not None:
             return hint
-    return _HINTS["identifier"]
+    return f"it must match `{pattern}`" if pattern else _IDENTIFIER_HINT
 
 
 def _translate(error: Violation, doc: YamlDoc, definition: str | None = None,
@@ -510,6 +521,11 @@ def _bool(value: Any) -> bool:
     return value is True
 
 
+def _positive_int(value: Any, default: int) -> int:
+    """An integer of at least 1, else `default`: a wrong value is the schema's to report, never a crash here."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
 def _dict(value: Any) -> dict:
     return dict(value) if isinstance(value, dict) else {}
 
@@ -610,8 +626,9 @@ def _attachments(raw: Any) -> AttachmentPolicy | None:
     if not isinstance(raw, dict):
         return None
     defaults = AttachmentPolicy(())
-    return AttachmentPolicy(tuple(_str_list(raw.get("kinds"))), int(raw.get("max_bytes", defaults.max_bytes)),
-                            int(raw.get("max_count", defaults.max_count)))
+    return AttachmentPolicy(tuple(_str_list(raw.get("kinds"))),
+                            _positive_int(raw.get("max_bytes"), defaults.max_bytes),
+                            _positive_int(raw.get("max_count"), defaults.max_count))
 
 
 def _env(raw: Any) -> dict[str, EnvVar]:
