@@ -96,6 +96,30 @@ def test_the_cli_prints_file_line_and_exits_non_zero(tmp_path):
     assert f"{path / 'bot.yaml'}:6:" in result.output and "locale `de` has no text" in result.output
 
 
+@pytest.mark.parametrize("de, line, message", [
+    (b"prompt: [Kurz\nhello: Hallo {name}!\n", 2, "YAML syntax error"),
+    (b"- prompt\n- hello\n", 1, "a catalog is a mapping of keys to texts, not a list"),
+    (b"prompt: Kurz.\nhello: Gr\xfc\xdf {name}!\n", 2,
+     "the file is not UTF-8 text: byte 0xfc on line 2 cannot be decoded; save the file as UTF-8"),
+])
+def test_a_catalog_that_cannot_be_read_is_one_error_at_its_line_not_every_key_it_lacks(tmp_path, de, line, message):
+    path = _bot(tmp_path, "prompt: Be brief.\nhello: Hello {name}!\n", "",
+                BOT.replace("message: Goodbye!", "message: \"{{ t('hello', name='x') }}\""))
+    (path / "locales" / "de.yaml").write_bytes(de)
+    errors = [f for f in _found(path) if f[2] == "error"]
+    assert [(f[0], f[1]) for f in errors] == [("de.yaml", line)]
+    assert message in errors[0][3]
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 1 and "unexpected" not in result.output
+
+
+def test_a_catalog_value_that_is_no_text_says_what_it_is(tmp_path):
+    path = _bot(tmp_path, "prompt: Be brief.\nhello: Hello {name}!\n", "prompt: 12\nhello:\n")
+    assert [f[1:] for f in _found(path) if f[0] == "de.yaml"] == [
+        (1, "error", "`prompt` is a number: a catalog's values are texts (quote a number, write empty text as `''`)"),
+        (2, "error", "`hello` is empty: a catalog's values are texts (quote a number, write empty text as `''`)")]
+
+
 def test_plural_rules_are_cldr_ones():
     assert [plural_category("en", n) for n in (0, 1, 2)] == ["other", "one", "other"]
     assert [plural_category("pl", n) for n in (1, 3, 5, 22)] == ["one", "few", "many", "few"]

@@ -134,7 +134,7 @@ def plural_category(locale: str, count: Any) -> str:
 
 def load_catalogs(root: str, locales: list[str], declared_at: tuple[str, int, int]) -> tuple[Catalogs, list[Diagnostic]]:
     """Read `locales/<locale>.yaml` beside the bot for every declared locale."""
-    from chatrun.definition.yamlpos import load_yaml
+    from chatrun.definition.yamlpos import read_yaml_file
 
     catalogs, problems = Catalogs(tuple(locales)), []
     for locale in locales:
@@ -143,12 +143,15 @@ def load_catalogs(root: str, locales: list[str], declared_at: tuple[str, int, in
             problems.append(Diagnostic(declared_at[0], declared_at[1], declared_at[2], "error",
                                        f"locale `{locale}` is declared, but its catalog {path} does not exist", "locales"))
             continue
-        doc = load_yaml(path.read_text(encoding="utf-8"), str(path))
+        doc = read_yaml_file(path)
         problems.extend(doc.diagnostics)
-        entries: dict[str, Entry] = {}
         if doc.data is not None and not isinstance(doc.data, dict):
-            problems.append(Diagnostic(str(path), 1, 1, "error", "a catalog is a mapping of keys to texts"))
-        _collect(doc, doc.data if isinstance(doc.data, dict) else {}, (), entries, problems)
+            problems.append(Diagnostic(str(path), 1, 1, "error", "a catalog is a mapping of keys to texts, "
+                                       f"not {_value_words(doc.data)}"))
+        if any(d.severity == "error" for d in doc.diagnostics) or not isinstance(doc.data, (dict, type(None))):
+            continue  # a catalog not read is reported once, not again as every key it lacks
+        entries: dict[str, Entry] = {}
+        _collect(doc, doc.data or {}, (), entries, problems)
         catalogs.entries[locale] = entries
     return catalogs, problems
 
@@ -170,7 +173,14 @@ def _collect(doc: Any, data: dict[str, Any], at: tuple[str, ...], entries: dict[
             entries[".".join(path)] = Entry(value, doc.file, pos.line, pos.col)
         else:
             problems.append(Diagnostic(doc.file, pos.line, pos.col, "error",
-                                       f"`{'.'.join(path)}` is {type(value).__name__}: a catalog's values are texts"))
+                                       f"`{'.'.join(path)}` is {_value_words(value)}: a catalog's values are texts "
+                                       "(quote a number, write empty text as `''`)"))
+
+
+def _value_words(value: Any) -> str:
+    if value is None:
+        return "empty"
+    return {list: "a list", bool: "true or false", int: "a number", float: "a number"}.get(type(value), "not a text")
 
 
 def catalog_checks(catalogs: Catalogs, used: dict[str, tuple[str, int, int]]) -> list[Diagnostic]:

@@ -56,7 +56,7 @@ from chatrun.definition.schemas import (
 )
 from chatrun.definition.sources import Sources, inside, subject, suggest
 from chatrun.definition.versions import DEFAULT_POLICY, bot_files, content_version
-from chatrun.definition.yamlpos import YamlDoc, load_yaml
+from chatrun.definition.yamlpos import YamlDoc, load_yaml, read_yaml_file
 from chatrun.errors import BotError, Diagnostic
 
 if TYPE_CHECKING:  # jsonschema loads only for a file the fast check finds fault with
@@ -153,21 +153,10 @@ def _find_main(path: Path) -> tuple[Path, Diagnostic | None]:
 
 
 def _read(file: Path, diagnostics: list[Diagnostic], included: bool = False) -> YamlDoc | None:
-    try:
-        raw = file.read_bytes()
-    except OSError as exc:
-        diagnostics.append(Diagnostic(str(file), 0, 0, "error", f"cannot read {file}: {exc}"))
+    doc = read_yaml_file(file)
+    if doc.data is None and doc.diagnostics and not doc.text:  # unreadable, or not UTF-8
+        diagnostics.extend(doc.diagnostics)
         return None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:  # name the line, not the byte offset
-        line = raw.count(b"\n", 0, exc.start) + 1
-        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        diagnostics.append(Diagnostic(str(file), line, col, "error",
-                                      f"the file is not UTF-8 text: byte {raw[exc.start]:#04x} on line {line} "
-                                      "cannot be decoded; save the file as UTF-8"))
-        return None
-    doc = load_yaml(text, str(file))
     diagnostics.extend(doc.diagnostics)
     if doc.data is None and not doc.diagnostics:
         what = ("the included file is empty: an included file holds `routes:` and/or `tools:`" if included

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import yaml
@@ -292,6 +293,25 @@ def _in(path: Path) -> str:
 
 def _dotted(path: Path) -> str:
     return ".".join(str(p) for p in path)
+
+
+def read_yaml_file(path: Path) -> YamlDoc:
+    """Read and parse one YAML file of a bot. A file that cannot be read, or is not UTF-8
+    (named by its line, not the byte offset), is a diagnostic of a document without data."""
+    file = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return YamlDoc(file, diagnostics=[Diagnostic(file, 0, 0, "error", f"cannot read {file}: {exc}")])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        return YamlDoc(file, diagnostics=[Diagnostic(
+            file, line, col, "error", f"the file is not UTF-8 text: byte {raw[exc.start]:#04x} on line {line} "
+            "cannot be decoded; save the file as UTF-8")])
+    return load_yaml(text, file)
 
 
 def load_yaml(text: str, file: str) -> YamlDoc:
