@@ -213,7 +213,7 @@ def test_an_unknown_content_kind_is_refused_at_its_line(tmp_path):
         chatrun.load_bot(bot_file)
     line = next(i for i, text in enumerate(bot_file.read_text().splitlines(), 1) if "accepts:" in text)
     assert f"{bot_file}:{line}:" in str(caught.value)
-    assert "`model.accepts[1]`: 'video' is not one of ['text', 'image', 'file', 'audio']" in str(caught.value)
+    assert "`model.accepts[1]` must be one of text, image, file, audio (got `video`)" in str(caught.value)
 
 
 # -- the engine and the blob area, without a server ----------------------------------------------

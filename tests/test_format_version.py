@@ -82,6 +82,18 @@ def test_an_unknown_format_is_an_error_at_its_line(write_bot):
     assert [(d.line, d.severity) for d in found] == [(2, "error")]
 
 
+@pytest.mark.parametrize("value, message", [
+    ("3", "`format` must be one of 1, 2 (got `3`)"),
+    ('"two"', "`format` must be an integer, not a string"),
+    ("2.5", "`format` must be an integer, not a number"),
+    ("true", "`format` must be an integer, not a boolean"),
+])
+def test_a_format_that_is_none_of_the_versions_is_one_error_naming_them(write_bot, value, message):
+    path = write_bot(NICKNAME_BOT.format(format=f"format: {value}\n"))
+    _, found = check_bot(path)
+    assert [(d.line, d.severity, d.message) for d in found] == [(2, "error", message)]
+
+
 # -- chatrun upgrade ------------------------------------------------------------------------------
 
 

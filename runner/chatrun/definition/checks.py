@@ -118,7 +118,9 @@ class _Checker:
         if isinstance(main.data, dict) and "format" in main.data:
             pos = main.pos(("format",))
             at = Location(main.file, pos.line, pos.col)
-        self.out += format_diagnostics(self.config, at) + migration_diagnostics(self.config)
+        if at is None or self.config.format is not None:  # a `format:` the schema refused says nothing more
+            self.out += format_diagnostics(self.config, at)
+        self.out += migration_diagnostics(self.config)
 
     # -- routes ------------------------------------------------------------------
 

@@ -362,6 +362,8 @@ def _translate(error: Violation, doc: YamlDoc, definition: str | None = None,
         choices = [str(c) for c in _const_choices(error.validator_value)]
         return [diag(f"{subject(path)} must be one of {', '.join(choices)} (got `{error.instance}`)"
                      f"{suggest(str(error.instance), choices)}")]
+    if kind == "enum":
+        return _enum_error(error, path, diag)
     if kind == "pattern":
         return [diag(f"{subject(path)}: `{error.instance}` is not valid; {_hint(error)}")]
     if kind == "dependentRequired":
@@ -388,6 +390,17 @@ def _translate(error: Violation, doc: YamlDoc, definition: str | None = None,
     return [diag(f"{subject(path)}: {error.message}")]
 
 
+def _enum_error(error: Violation, path: tuple, diag: Callable[[str], Diagnostic]) -> list[Diagnostic]:
+    """A value that is none of the choices: named with them. One of the wrong type is already
+    reported by its `type` (`must be an integer, not a string`), not twice."""
+    declared = error.schema.get("type") if isinstance(error.schema, dict) else None
+    if isinstance(declared, str) and _type_name(error.instance) not in _WORDS_OF_TYPE.get(declared, ()):
+        return []
+    choices = [str(c) for c in error.validator_value]
+    return [diag(f"{subject(path)} must be one of {', '.join(choices)} (got `{error.instance}`)"
+                 f"{suggest(str(error.instance), choices)}")]
+
+
 def _is_memory(data: Any, path: tuple) -> bool:
     node = _get(data, path)
     return isinstance(node, dict) and "type" in node
@@ -404,6 +417,11 @@ def _get(data: Any, path: tuple) -> Any:
 
 _TYPE_WORDS = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
                "number": "a number", "boolean": "true or false", "null": "null"}
+
+
+# The words of `_type_name` each JSON Schema type takes (an integer is a number).
+_WORDS_OF_TYPE = {"integer": ("an integer",), "number": ("an integer", "a number"), "string": ("a string",),
+                  "boolean": ("a boolean",), "object": ("a mapping",), "array": ("a list",), "null": ("null",)}
 
 
 def _type_name(value: Any) -> str:
