@@ -160,3 +160,37 @@ def test_reading_a_sqlite_store_that_is_not_there_says_so_and_creates_nothing(tm
     SQLiteStore(missing).close()  # a store that is there, without the session: the old message
     made = runner.invoke(main, ["record", "--from-session", "s1", "--store", "sqlite:///none.db", "-o", "out.yaml"])
     assert (made.exit_code, made.output) == (1, "error: sqlite:///none.db has no session 's1'\n")
+
+
+def test_every_command_that_reads_a_store_refuses_one_that_is_not_there_and_creates_nothing(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "none.db"
+    url = f"sqlite:///{missing}"
+    shop = str(REPO / "bots" / "shop")
+    for args in (["versions", "list", "--store", url], ["versions", "prune", "--store", url, "--bot", "shop", "--keep", "1"],
+                 ["diff", "1", "2", "--store", url, "--bot", "shop"]):
+        result = CliRunner().invoke(main, args)
+        assert (result.exit_code, result.output) == (2, f"{url}: error: no store at {missing}\n"), args
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_redis_nobody_answers_at_or_a_url_parameter_redis_does_not_take_is_one_line_naming_the_url(tmp_path):
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+    from redis_support import free_port
+
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    misspelt = down + "?connect_timeout=1"
+    for url, message in ((down, f"store {down}: cannot reach Redis: "),
+                         (misspelt, f"store {misspelt}: unknown URL parameter `connect_timeout`; did you mean "
+                                    "`socket_connect_timeout`?")):
+        for args in (["record", "--from-session", "s1", "--store", url, "-o", str(tmp_path / "out.yaml")],
+                     ["versions", "list", "--store", url], ["diff", "1", "2", "--store", url, "--bot", "shop"]):
+            result = CliRunner().invoke(main, args)
+            assert result.exit_code in (1, 2) and message in result.output, (args, result.output)
+            assert "unexpected" not in result.output and result.output.count("\n") == 1, result.output

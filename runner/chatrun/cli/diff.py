@@ -125,11 +125,11 @@ class Versions:
     async def _fetch(self, spec: str) -> Path:
         from chatrun.errors import ChatrunError
         from chatrun.server.versions import stored_version, stored_versions
-        from chatrun.store.aio import open_async_store
+        from chatrun.store.aio import open_existing_store
 
         assert self.store_url is not None
         try:
-            store = open_async_store(self.store_url)
+            store = await open_existing_store(self.store_url)
         except ChatrunError as exc:
             raise _fail(str(self.store_url), str(exc)) from None
         try:
@@ -226,9 +226,9 @@ async def _footprints(url: str, bot: str, version: str) -> Stored:
     """What each stored session of `bot` holds, by its version, read through the server's store
     (any URL it takes: sqlite:///, redis://)."""
     from chatrun.engine.migrate import footprint
-    from chatrun.store.aio import open_async_store
+    from chatrun.store.aio import open_existing_store
 
-    store = open_async_store(url, must_exist=True)
+    store = await open_existing_store(url)
     stored = Stored()
     try:
         for sid in await store.list_sessions():

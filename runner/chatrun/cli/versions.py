@@ -112,9 +112,9 @@ def _run(url: str, work: Any) -> Any:
 async def _kept(url: str, bot: str | None) -> list[Kept]:
     """The versions kept in the store, each with the number of stored sessions recording it."""
     from chatrun.server.versions import stored_versions
-    from chatrun.store.aio import open_async_store
+    from chatrun.store.aio import open_existing_store
 
-    store = open_async_store(url)
+    store = await open_existing_store(url)
     try:
         found = await stored_versions(store, bot)
         runs: dict[tuple[str | None, str], int] = {}
@@ -131,9 +131,9 @@ async def _kept(url: str, bot: str | None) -> list[Kept]:
 
 async def _remove(url: str, bot: str, content: str) -> None:
     from chatrun.server.versions import record_key
-    from chatrun.store.aio import open_async_store
+    from chatrun.store.aio import open_existing_store
 
-    store = open_async_store(url)
+    store = await open_existing_store(url)
     try:
         await store.delete_record(record_key(bot, content))
     finally:

@@ -115,6 +115,22 @@ def open_async_store(url: str | None, lease: LeaseSettings = LeaseSettings(),  #
     return LocalAsyncStore(open_store(url, exclusive=exclusive, must_exist=must_exist), url or "memory://")
 
 
+async def open_existing_store(url: str) -> AsyncStore:
+    """The store of a command that reads what a server stored (`chatrun record`, `diff
+    --store`, `versions`): a SQLite file that is not there, or a Redis nobody answers at, is a
+    ChatrunError naming the URL before any command is sent, never an empty store created nor
+    a client library's traceback."""
+    store = open_async_store(url, must_exist=True)
+    ping = getattr(store, "ping", None)
+    if ping is not None:
+        try:
+            await ping()
+        except BaseException:
+            await store.close()
+            raise
+    return store
+
+
 def as_async_store(store: SessionStore | AsyncStore) -> AsyncStore:
     """An AsyncStore for either kind of store object (a SessionStore gets wrapped)."""
     if isinstance(store, SessionStore):

@@ -274,6 +274,27 @@ def redacted(url: str) -> str:
     return url
 
 
+def _check_parameters(client_url: str, shown: str) -> None:
+    """ChatrunError for a query parameter of the URL that neither chatrun nor redis-py's
+    connections take: redis-py hands it to each connection, which fails only at the first
+    command, with a TypeError that reads like Redis being down."""
+    import difflib
+    import inspect
+
+    import redis.asyncio.connection as connection
+
+    known = set(CHATRUN_PARAMETERS) | set(connection.URL_QUERY_ARGUMENT_PARSERS)
+    for kind in (connection.AbstractConnection, connection.Connection, connection.SSLConnection,
+                 connection.UnixDomainSocketConnection):
+        known |= {name for name in inspect.signature(kind.__init__).parameters if name not in ("self", "kwargs")}
+    for name, _ in parse_qsl(urlsplit(client_url).query, keep_blank_values=True):
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else ""
+            raise ChatrunError(f"store {shown}: unknown URL parameter `{name}`{hint} (chatrun's: "
+                               f"{', '.join(CHATRUN_PARAMETERS)}; the others are redis-py's, e.g. socket_timeout)")
+
+
 class RedisStore:
     """See the module's text. One asyncio connection pool; every method is a coroutine."""
 
@@ -294,6 +315,7 @@ class RedisStore:
             ) from None
         client_url, self.prefix = redis_url_parts(url)
         self.url = redacted(url)
+        _check_parameters(client_url, self.url)
         self.settings = settings
         password = None if urlsplit(client_url).password else os.environ.get("CHATRUN_REDIS_PASSWORD")
         # Any: the stubs type replies as bytes | str; decode_responses=True makes them str.
@@ -305,12 +327,15 @@ class RedisStore:
         # are delivered late, not twice); a resent settle or requeue finds nothing left to do
         # and says so (False), its first send having done it.
         # Without `retry`, a pool's connections never retry.
-        self.client: Any = aioredis.from_url(
-            client_url, decode_responses=True, password=password,
-            socket_connect_timeout=5, socket_keepalive=True, health_check_interval=30,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        )
+        try:
+            self.client: Any = aioredis.from_url(
+                client_url, decode_responses=True, password=password,
+                socket_connect_timeout=5, socket_keepalive=True, health_check_interval=30,
+                retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES),
+                retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            )
+        except ValueError as exc:  # `socket_timeout=abc`: redis-py's "Invalid value for ..."
+            raise ChatrunError(f"store {self.url}: {exc}") from None
         self._acquire = self.client.register_script(_ACQUIRE)
         self._leave = self.client.register_script(_LEAVE)
         self._renew = self.client.register_script(_RENEW)

@@ -37,9 +37,9 @@ class StoredSession:
 async def load_stored_session(url: str, session_id: str) -> StoredSession:
     """The session `session_id` of the store at `url` (sqlite:///…, redis://…). ChatrunError
     when there is no such session."""
-    from chatrun.store.aio import open_async_store
+    from chatrun.store.aio import open_existing_store
 
-    store = open_async_store(url, must_exist=True)  # reading: never create an empty store
+    store = await open_existing_store(url)  # reading: never create an empty store
     try:
         record = await store.load_session(session_id)
         if record is None:
