@@ -370,6 +370,7 @@ def run_claims_transcript(tmp_path, turns: str):
     from chatrun.transcripts.run import run_transcript
 
     (tmp_path / "photo.png").write_bytes(PNG)
+    (tmp_path / "files").mkdir(exist_ok=True)
     path = tmp_path / "t.yaml"
     path.write_text(f"bot: {CLAIMS}\nturns:\n{turns}")
     return run_transcript(str(path))
@@ -402,6 +403,12 @@ def test_a_file_the_route_does_not_take_fails_the_turn_naming_the_limit_unless_e
     ("  - user: Look\n    attach: [photo.png, {file: photo.png, name: x}]\n    model: [{text: ok}]\n", None),
     ("  - user: Look\n    attach: [{file: photo.png, name: scan}]\n    model: [{text: ok}]\n", None),
     ("  - approve: p1\n    attach: [photo.png]\n", "t.yaml:4:5: error: `attach:` goes with a message"),
+    ("  - user: Look\n    attach: [files]\n", "t.yaml:4:14: error: `turns[0].attach[0]`: files is a folder"),
+    ("  - user: Look\n    attach: [{file: photo.png, media_type: 5}]\n",
+     "t.yaml:4:32: error: `turns[0].attach[0].media_type` must be text, but YAML read 5"),
+    ("  - user: Look\n    attach: [{fil: photo.png}]\n",
+     "t.yaml:4:15: error: unknown key `fil` in `turns[0].attach[0]`; allowed: file, media_type, name"),
+    ("  - user: Look\n    attach: photo.png\n", "t.yaml:4:5: error: `turns[0].attach` must be a list, not a string"),
 ])
 def test_attach_files_are_checked_at_their_lines(tmp_path, turn, message):
     result = run_claims_transcript(tmp_path, turn)

@@ -256,7 +256,8 @@ def attach_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
             at = ("turns", i, "attach", j)
             spec = attach_spec(doc.file, item)
             written = item if isinstance(item, str) else item["file"]
-            problem = (f"no file {written} beside the transcript ({spec.path})" if not spec.path.is_file()
+            problem = (f"{written} is a folder ({spec.path}); attach a file" if spec.path.is_dir()
+                       else f"no file {written} beside the transcript ({spec.path})" if not spec.path.is_file()
                        else f"cannot tell the media type of {spec.path.name} from its extension; "
                             "give it: {file: ..., media_type: image/png}" if not spec.media_type else None)
             if problem:
@@ -351,8 +352,15 @@ def _specific(error: Violation) -> Violation:
             break
         if error.path and error.path[-1] == "error" or _turn_input(error) or _response(error):
             break
-        error = violation(best_match(error.context))
+        error = violation(best_match(_of_the_instances_type(error.context)))
     return error
+
+
+def _of_the_instances_type(context: list) -> list:
+    """The errors of the alternatives a value's type fits (`{file: x, media_type: 5}` is told
+    about `media_type`, not that it is not a string); all of them when it fits none."""
+    fitting = [e for e in context if not (e.validator == "type" and not e.relative_path)]
+    return fitting or context
 
 
 def _response(error: Violation) -> bool:
@@ -361,6 +369,19 @@ def _response(error: Violation) -> bool:
 
 def _turn_input(error: Violation) -> bool:
     return error.validator == "oneOf" and isinstance(error.instance, dict) and "expect" in properties(error.schema)
+
+
+_TYPE_WORDS = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
+               "number": "a number", "boolean": "true or false", "null": "empty"}
+
+
+def _type_words(types: Any) -> str:
+    return " or ".join(_TYPE_WORDS.get(t, str(t)) for t in (types if isinstance(types, list) else [types]))
+
+
+def _json_type(value: Any) -> str:
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
 def _message(error: Violation, path: tuple) -> str:
@@ -392,7 +413,8 @@ def _message(error: Violation, path: tuple) -> str:
         return (f"`{dotted(path)}` must be text, but YAML read {error.instance!r}; quote it "
                 f"(e.g. \"yes\", \"no\", \"1.0\")")
     if kind == "type":
-        return f"`{dotted(path) or 'the transcript'}` must be of type {error.validator_value}, not {type(error.instance).__name__}"
+        return (f"`{dotted(path) or 'the transcript'}` must be {_type_words(error.validator_value)}, "
+                f"not {_type_words(_json_type(error.instance))}")
     return f"`{dotted(path) or 'the transcript'}`: {error.message}"
 
 
