@@ -151,8 +151,8 @@ def test_an_invalid_scenario_names_its_line_and_fails(scenarios):
     path.write_text("bot: ../travel\npersona: P\ngoal: G\nsuccess:\n  calls: [{args: {}}]\n  rout: x\n")
     result = CliRunner().invoke(main, ["simulate", str(path)])
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert f"{path}:5:" in result.output and "'tool' is a required property" in result.output
-    assert f"{path}:4:" in result.output and "'rout' was unexpected" in result.output
+    assert f"{path}:5:11: error: missing required key `tool` in `success.calls[0]`" in result.output
+    assert f"{path}:6:3: error: unknown key `rout` in `success`; allowed:" in result.output
 
 
 def test_an_undeclared_initial_state_is_refused_at_its_line(scenarios):
@@ -331,3 +331,31 @@ def test_the_simulated_user_can_talk_to_another_endpoint(fake, scenarios):
         assert len(users.requests) == 2 and len(fake.requests) == 3
         assert all("role-playing a user" in r["messages"][0]["content"] for r in users.requests)
         assert all(r["model"] == "gpt-4o-mini" for r in fake.requests + users.requests)  # the bot's name
+
+
+def test_a_malformed_scenario_is_told_each_problem_in_words_at_its_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        bot: {Path(__file__).resolve().parents[1] / 'bots' / 'refunds'}
+        persona: Ana
+        goal: A refund
+        max_turns: three
+        script:
+          user:
+            - txt: Refund A1001
+          bot:
+            - tool_calls: [{{nam: refund}}]
+        success: {{calls: [{{tool: refund}}], bogus: 1}}
+        """))
+    result = CliRunner().invoke(main, ["simulate", str(path)])
+    assert result.exit_code == 1
+    errors = [line.split(": error: ")[1] for line in result.output.splitlines() if ": error: " in line]
+    assert errors == [
+        "`max_turns` must be an integer, not a string",
+        "unknown key `txt` in `script.user[0]`; allowed: error, text",
+        "missing required key `text` in `script.user[0]`",
+        "missing required key `name` in `script.bot[0].tool_calls[0]`",
+        "unknown key `nam` in `script.bot[0].tool_calls[0]`; allowed: arguments, id, name",
+        "unknown key `bogus` in `success`; allowed: calls, events, judge, path, route, stack, state",
+    ]
+    assert [int(line.split(":")[1]) for line in result.output.splitlines() if ": error: " in line] == [4, 7, 7, 9, 9, 10]

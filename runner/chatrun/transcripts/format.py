@@ -323,9 +323,11 @@ def _lines(doc: YamlDoc, at: tuple[Any, ...], items: Any) -> list[int]:
     return [doc.pos((*at, i)).line for i in range(len(items))] if isinstance(items, list) else []
 
 
-def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
+def schema_diagnostics(doc: YamlDoc, check: Draft202012Validator | None = None) -> list[Diagnostic]:
+    """What the schema (the transcript's, else `check`: a scenario's) says of `doc`, in the
+    words of a bot author, each at its line, in the order of the file."""
     out = []
-    for raw_error in validator().iter_errors(doc.data):
+    for raw_error in (check or validator()).iter_errors(doc.data):
         error = _specific(violation(raw_error))
         path = tuple(error.absolute_path)
         at = path
@@ -338,7 +340,7 @@ def schema_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
                 at = (*path, extras[0])
         pos = doc.pos(at)
         out.append(Diagnostic(doc.file, pos.line, pos.col, "error", message, dotted(at)))
-    return out
+    return sorted(out, key=lambda d: (d.line, d.col))
 
 
 def _step(path: tuple) -> str | None:

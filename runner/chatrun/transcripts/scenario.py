@@ -81,13 +81,9 @@ def load_scenario(path: str | Path) -> Scenario:
     doc = load_yaml(text, str(path))
     if doc.diagnostics:
         raise BotError(doc.diagnostics)
-    validator = Draft202012Validator(load_schema(SCHEMA))
-    problems = []
-    for error in sorted(validator.iter_errors(doc.data), key=lambda e: list(e.absolute_path)):
-        at = tuple(error.absolute_path)
-        pos = doc.pos(at)
-        where = ".".join(map(str, at)) or "the file"
-        problems.append(Diagnostic(str(path), pos.line, pos.col, "error", f"{where}: {error.message}"))
+    from chatrun.transcripts.format import schema_diagnostics
+
+    problems = schema_diagnostics(doc, Draft202012Validator(load_schema(SCHEMA)))
     if problems:
         raise BotError(problems)
     data = doc.data
