@@ -136,7 +136,9 @@ def test_decision_bodies_are_checked_before_anything_runs(waiting):
                           ({"decision": "reject", "args": {"amount": 1}}, "a rejection takes no args"),
                           ({"decision": "approve", "args": [1]}, "args must be a JSON object"),
                           ({"decision": "approve", "answer": 1}, "either decision or answer"),
-                          ({"decision": "approve", "reason": 7}, "reason must be a string")):
+                          ({"decision": "approve", "reason": 7}, "reason must be a string"),
+                          ({"decision": "approve", "reasn": "x"}, "unknown field 'reasn'; did you mean 'reason'?"),
+                          ({"answer": "yes", "reason": "x"}, 'an answer is {"answer": VALUE} alone: reason go')):
         r = client.post("/bots/travel/sessions/s1/pending/p1", json=body, headers=SAM)
         assert r.status_code == 400 and problem in r.json()["message"], (body, r.json())
     r = client.post("/bots/travel/sessions/s1/pending/p1", json={"decision": "approve"}, headers=EVE)
@@ -178,6 +180,10 @@ def test_the_websocket_reads_decide_and_answer_frames():
     assert (frame.item, frame.data) == ("p2", {"answer": {"verdict": "ok"}})
     with pytest.raises(wire.FrameError, match="Answer needs an answer"):
         wire.parse_frame('{"type": "Answer", "chatId": "c", "item": "p2"}', limits)
+    with pytest.raises(wire.FrameError, match="Decide has no field 'reasn'; it takes item, decision, args, reason"):
+        wire.parse_frame('{"type": "Decide", "chatId": "c", "item": "p1", "decision": "reject", "reasn": "x"}', limits)
+    with pytest.raises(wire.FrameError, match="Answer has no field 'decision'"):
+        wire.parse_frame('{"type": "Answer", "chatId": "c", "item": "p1", "answer": 1, "decision": "reject"}', limits)
     with pytest.raises(wire.FrameError, match="Decide needs an item"):
         wire.parse_frame('{"type": "Decide", "chatId": "c", "decision": "approve"}', limits)
     validator = jsonschema.Draft202012Validator(WIRE_SCHEMA)

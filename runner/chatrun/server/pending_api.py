@@ -64,12 +64,12 @@ _TEXT = {"type": "string", "minLength": 1}  # _text_field
 _REASON = {"type": "string", "description": "why: the history and the model's conditions see it"}
 _DECISION_BODY = {"requestBody": {"required": True, "content": {"application/json": {
     "schema": {"oneOf": [
-        {"type": "object", "required": ["decision"], "not": {"required": ["answer"]},
+        {"type": "object", "required": ["decision"], "additionalProperties": False,
          "properties": {"decision": {"const": "approve"}, "reason": _REASON,
                         "args": {"type": "object", "description": "edited arguments (the approval's `edit:`)"}}},
-        {"type": "object", "required": ["decision"], "not": {"anyOf": [{"required": ["answer"]}, {"required": ["args"]}]},
+        {"type": "object", "required": ["decision"], "additionalProperties": False,
          "properties": {"decision": {"const": "reject"}, "reason": _REASON}},
-        {"type": "object", "required": ["answer"], "not": {"required": ["decision"]},
+        {"type": "object", "required": ["answer"], "additionalProperties": False,
          "properties": {"answer": {"description": "the answer to a question (validated against its schema)"}}}]},
     "example": {"decision": "approve", "args": {"amount": 40}, "reason": "checked the order"}}}}}
 
@@ -152,11 +152,25 @@ async def list_all_pending(
 # -- the parts ---------------------------------------------------------------------------------------
 
 
+DECISION_FIELDS = frozenset({"decision", "args", "reason", "answer"})
+
+
 def decision_of(item: str, body: dict[str, Any], token: str | None) -> Approve | Reject | Answer:
     """The engine input a decision body asks for; RequestFailed(BadRequest) naming the field."""
+    unknown = sorted(set(body) - DECISION_FIELDS)
+    if unknown:  # a misspelt `reason` or `args` would be dropped and the item decided without it
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], sorted(DECISION_FIELDS), n=1)
+        raise wire.RequestFailed(wire.BAD_REQUEST, f"unknown field {unknown[0]!r}"
+                                 + (f"; did you mean {close[0]!r}?" if close else "")
+                                 + ' (a decision is {"decision", "args"?, "reason"?}, an answer {"answer"})')
     if "answer" in body:
         if "decision" in body:
             raise wire.RequestFailed(wire.BAD_REQUEST, "send either decision or answer, not both")
+        if set(body) != {"answer"}:
+            raise wire.RequestFailed(wire.BAD_REQUEST, "an answer is {\"answer\": VALUE} alone: "
+                                     f"{', '.join(sorted(set(body) - {'answer'}))} go with a decision")
         return Answer(item, body["answer"], token)
     decision, args, reason = body.get("decision"), body.get("args"), body.get("reason")
     if decision not in ("approve", "reject"):

@@ -247,6 +247,9 @@ def _read_decision(frame: ClientFrame, fields: _FrameFields) -> None:
     if frame.type == ANSWER and "answer" not in fields.raw:
         raise fields.fail("Answer needs an answer (any JSON value the item's schema accepts)")
     names = ("answer",) if frame.type == ANSWER else ("decision", "args", "reason")
+    unknown = sorted(set(fields.raw) - {"type", "chatId", "requestId", "item", *names})
+    if unknown:  # a misspelt `reason` would be dropped and the item decided without it
+        raise fields.fail(f"{frame.type} has no field {unknown[0]!r}; it takes item, {', '.join(names)}")
     frame.data = {name: fields.raw[name] for name in names if name in fields.raw}
     frame.item = item
 
