@@ -309,6 +309,27 @@ def test_an_upload_or_reference_the_route_does_not_take_is_a_bad_request(server,
     assert fake.requests == []
 
 
+def test_a_malformed_upload_or_reference_is_a_bad_request_naming_what_is_wrong(server, fake):
+    base = f"{server.url}/bots/travel/sessions"
+    session = httpx.post(base, json={}).json()["id"]
+    for media_type in ("", "not a type"):
+        r = httpx.post(f"{base}/{session}/attachments", json={"media_type": media_type, "data": "YQ=="})
+        assert r.status_code == 400 and f"attachments[0]: {media_type!r} is not a media type (type/subtype" in r.text
+    upload = httpx.post(f"{base}/{session}/attachments", json={
+        "media_type": "image/png", "data": base64.b64encode(PNG).decode()}).json()
+    for reference, problem in (({"media_type": "image/png"}, "a reference needs ref"),
+                               ({"ref": 5, "media_type": "image/png"}, "ref must be a string, not int"),
+                               ({**upload, "size": "big"}, "size must be an integer, not str"),
+                               ({**upload, "sha": "x"}, "a reference has no field 'sha'")):
+        r = httpx.post(f"{base}/{session}/messages", json={"userMessage": "Here", "attachments": [reference]})
+        assert r.status_code == 400 and f"attachments[0]: {problem}" in r.text, (reference, r.text)
+    assert fake.requests == []
+    # The limits (1000 bytes here) apply to the upload's own size, whatever the client says it is.
+    fake.queue({"text": "A dot."})
+    r = httpx.post(f"{base}/{session}/messages", json={"userMessage": "Here", "attachments": [{**upload, "size": 10**9}]})
+    assert r.status_code == 200 and len(fake.requests) == 1, r.text
+
+
 # -- the WebSocket: a reference in a frame, never the bytes ---------------------------------------
 
 

@@ -8,6 +8,7 @@ file and line of the YAML that caused them.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,6 +322,11 @@ class RouteConfig:
     where: Location = field(default_factory=Location)
 
 
+# A file's media type as a client names it (`image/png`, `application/vnd.ms-excel`; `image/*`:
+# an image behind an http(s) URL, its type unknown): what `attachments.kinds` can match at all.
+MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9.+-]*/([a-z0-9][a-z0-9.+-]*|\*)")
+
+
 @dataclass(frozen=True)
 class AttachmentPolicy:
     """A route's `attachments:`: the media types it takes (`image/*` matches every image), the
@@ -340,6 +346,8 @@ class AttachmentPolicy:
         if len(files) > self.max_count:
             return f"route {route} takes at most {self.max_count} attachments per message (attachments.max_count), not {len(files)}"
         for i, (media_type, size) in enumerate(files):
+            if not MEDIA_TYPE.fullmatch(media_type):
+                return f"attachments[{i}]: {media_type!r} is not a media type (type/subtype, e.g. image/png)"
             if not self.accepts(media_type):
                 return (f"attachments[{i}]: route {route} takes {', '.join(self.kinds)} (attachments.kinds), "
                         f"not {media_type}")

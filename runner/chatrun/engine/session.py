@@ -489,12 +489,16 @@ class Session:
             raise AttachmentRefused(f"session {self.id}: attachments must be a list of objects")
         found = []
         for i, item in enumerate(given):
-            try:
-                attachment = Attachment.from_dict(item)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise AttachmentRefused(f"session {self.id}: attachments[{i}] needs ref and media_type ({exc})") from exc
-            if not attachment.is_url and (self.blobs is None or self.blobs.read(self.id, attachment.ref) is None):
-                raise AttachmentRefused(f"session {self.id}: attachments[{i}]: no upload {attachment.ref!r} in this session")
+            problem = _reference_problem(item)
+            if problem:
+                raise AttachmentRefused(f"session {self.id}: attachments[{i}]: {problem}")
+            attachment = Attachment.from_dict(item)
+            if not attachment.is_url:
+                data = self.blobs.read(self.id, attachment.ref) if self.blobs is not None else None
+                if data is None:
+                    raise AttachmentRefused(f"session {self.id}: attachments[{i}]: no upload {attachment.ref!r} in this session")
+                # The upload's own size, not the one the client says: the limits apply to the bytes.
+                attachment = Attachment(attachment.ref, attachment.media_type, attachment.name, len(data))
             found.append(attachment)
         self.check_attachments([(a.media_type, a.size) for a in found])
         return tuple(found)
@@ -753,3 +757,17 @@ def _outbox(config: BotConfig, session_id: str, events: list[Event]) -> list[dic
                     "turn": event.turn, "session": session_id, "bot": config.name, "created": now}
             out.append({"sink": sink.name, "body": body})
     return out
+
+
+def _reference_problem(item: dict[str, Any]) -> str | None:
+    """What is wrong with a client's reference to a file (`{ref, media_type, name?, size?}`), or None."""
+    for key, kind, required in (("ref", str, True), ("media_type", str, True), ("name", str, False),
+                                ("size", int, False)):
+        if key not in item:
+            if required:
+                return f"a reference needs {key} (an upload's reference is {{ref, media_type, name?, size?}})"
+            continue
+        if not isinstance(item[key], kind) or isinstance(item[key], bool):
+            return f"{key} must be {'a string' if kind is str else 'an integer'}, not {type(item[key]).__name__}"
+    unknown = sorted(set(item) - {"ref", "media_type", "name", "size"})
+    return f"a reference has no field {unknown[0]!r} (it is {{ref, media_type, name?, size?}})" if unknown else None
