@@ -170,7 +170,6 @@ def test_every_command_that_reads_a_store_refuses_one_that_is_not_there_and_crea
     monkeypatch.chdir(tmp_path)
     missing = tmp_path / "none.db"
     url = f"sqlite:///{missing}"
-    shop = str(REPO / "bots" / "shop")
     for args in (["versions", "list", "--store", url], ["versions", "prune", "--store", url, "--bot", "shop", "--keep", "1"],
                  ["diff", "1", "2", "--store", url, "--bot", "shop"]):
         result = CliRunner().invoke(main, args)

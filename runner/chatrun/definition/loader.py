@@ -56,7 +56,7 @@ from chatrun.definition.schemas import (
 )
 from chatrun.definition.sources import Sources, inside, subject, suggest
 from chatrun.definition.versions import DEFAULT_POLICY, bot_files, content_version
-from chatrun.definition.yamlpos import YamlDoc, load_yaml, read_yaml_file
+from chatrun.definition.yamlpos import YamlDoc, read_yaml_file
 from chatrun.errors import BotError, Diagnostic
 
 if TYPE_CHECKING:  # jsonschema loads only for a file the fast check finds fault with

@@ -9,10 +9,10 @@ recording a position per JSON path.
 
 from __future__ import annotations
 
+import pathlib
 import re
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import yaml
@@ -295,7 +295,7 @@ def _dotted(path: Path) -> str:
     return ".".join(str(p) for p in path)
 
 
-def read_yaml_file(path: Path) -> YamlDoc:
+def read_yaml_file(path: pathlib.Path) -> YamlDoc:
     """Read and parse one YAML file of a bot. A file that cannot be read, or is not UTF-8
     (named by its line, not the byte offset), is a diagnostic of a document without data."""
     file = str(path)

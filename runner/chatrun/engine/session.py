@@ -494,11 +494,11 @@ class Session:
                 raise AttachmentRefused(f"session {self.id}: attachments[{i}]: {problem}")
             attachment = Attachment.from_dict(item)
             if not attachment.is_url:
-                data = self.blobs.read(self.id, attachment.ref) if self.blobs is not None else None
-                if data is None:
+                held = self.blobs.read(self.id, attachment.ref) if self.blobs is not None else None
+                if held is None:
                     raise AttachmentRefused(f"session {self.id}: attachments[{i}]: no upload {attachment.ref!r} in this session")
                 # The upload's own size, not the one the client says: the limits apply to the bytes.
-                attachment = Attachment(attachment.ref, attachment.media_type, attachment.name, len(data))
+                attachment = Attachment(attachment.ref, attachment.media_type, attachment.name, len(held))
             found.append(attachment)
         self.check_attachments([(a.media_type, a.size) for a in found])
         return tuple(found)

@@ -28,7 +28,7 @@ from jsonschema import Draft202012Validator
 from chatrun import events as ev
 from chatrun.definition.schemas import load_schema
 from chatrun.definition.yamlpos import load_yaml
-from chatrun.errors import BotError, ChatrunError, Diagnostic
+from chatrun.errors import BotError, ChatrunError
 from chatrun.messages import AssistantMessage, Message, SystemMessage, UserMessage
 from chatrun.models.base import ModelRequest
 from chatrun.transcripts.expect import _shaped_call, match, resolve
