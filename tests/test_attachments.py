@@ -206,14 +206,18 @@ def test_a_route_can_say_what_its_model_accepts(fake, tmp_path):
     assert bot.config.model.merged({"accepts": ["text"]}).accepts == ("text",)
 
 
-def test_an_unknown_content_kind_is_refused_at_its_line(tmp_path):
+@pytest.mark.parametrize(("accepts", "message"), [
+    ("[text, video]", "`model.accepts[1]` must be one of text, image, file, audio (got `video`)"),
+    ("[]", "`model.accepts`: [] should be non-empty"),  # an endpoint takes at least text
+])
+def test_an_unknown_content_kind_is_refused_at_its_line(tmp_path, accepts, message):
     bot_file = write_travel(tmp_path / "bad")
-    bot_file.write_text(bot_file.read_text().replace("max_retries: 0}", "max_retries: 0, accepts: [text, video]}", 1))
+    bot_file.write_text(bot_file.read_text().replace("max_retries: 0}", f"max_retries: 0, accepts: {accepts}}}", 1))
     with pytest.raises(chatrun.ChatrunError) as caught:
         chatrun.load_bot(bot_file)
     line = next(i for i, text in enumerate(bot_file.read_text().splitlines(), 1) if "accepts:" in text)
     assert f"{bot_file}:{line}:" in str(caught.value)
-    assert "`model.accepts[1]` must be one of text, image, file, audio (got `video`)" in str(caught.value)
+    assert message in str(caught.value)
 
 
 # -- the engine and the blob area, without a server ----------------------------------------------

@@ -218,4 +218,5 @@ class SessionOpener:
 
 
 def not_found(session_id: str) -> wire.RequestFailed:
-    return wire.RequestFailed(wire.SESSION_NOT_ACTIVE, f"no session {session_id!r}; create it (Connect) first")
+    return wire.RequestFailed(wire.SESSION_NOT_ACTIVE, f"no session {session_id!r}; start it first "
+                             "(a WebSocket Connect, or POST /bots/BOT/sessions)")
