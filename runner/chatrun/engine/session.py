@@ -22,6 +22,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
@@ -67,12 +68,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("chatrun")
 Input = str | dict[str, Any] | Decision | None
 _DONE = object()
+_NO_HANDLERS: Mapping[str, list[Callable[[Any], object]]] = MappingProxyType({})
 
 
 class Session:
     """A conversation: a stack of scopes, conversation state, memories and history."""
 
-    blobs: BlobArea | None = None  # the bytes of attachments (chatrun.store.blobs); None: takes none
+    # No __dict__: a server keeps one per cached session (issue 26).
+    __slots__ = ("bot", "store", "blobs", "_own_models", "_model", "_handlers", "_default_handlers", "_sink",
+                 "_running", "_closed", "_loop", "_last_entry", "tool_mocks", "_moved", "_c", "__weakref__")
 
     def __init__(
         self,
@@ -90,15 +94,15 @@ class Session:
     ):
         self.bot = bot
         self.store = store
-        if blobs is not None:  # else the class's None: an idle session keeps no more (issue 26)
-            self.blobs = blobs
+        self.blobs = blobs  # the bytes of attachments (chatrun.store.blobs); None: takes none
         self._own_models: ModelPool | None = None
         if model is None:  # the bot's own model, closed with the session
             self._own_models = ModelPool()
             model = self._own_models.model()
         self._model: ChatModel = model
-        self._handlers: dict[str, list[Callable[[Any], object]]] = {}
-        self._default_handlers: list[Callable[[str, Any], object]] = []
+        # Shared empties until a handler comes (most sessions never get one): replaced, not changed.
+        self._handlers: Mapping[str, list[Callable[[Any], object]]] = _NO_HANDLERS
+        self._default_handlers: tuple[Callable[[str, Any], object], ...] = ()
         self._sink: Callable[[Event], None] | None = None
         self._running = False
         self._closed = False
@@ -381,12 +385,12 @@ class Session:
 
     def on(self, event_type: str, handler: Callable[[Any], object]) -> Session:
         """Call `handler(data)` for every event of this type, as it happens."""
-        self._handlers.setdefault(event_type, []).append(handler)
+        self._handlers = {**self._handlers, event_type: [*self._handlers.get(event_type, ()), handler]}
         return self
 
     def on_default(self, handler: Callable[[str, Any], object]) -> Session:
         """Call `handler(type, data)` for events no `on()` handler takes."""
-        self._default_handlers.append(handler)
+        self._default_handlers = (*self._default_handlers, handler)
         return self
 
     def _emit(self, event_type: str, data: object, runtime: bool = False, meta: dict[str, Any] | None = None,
@@ -418,12 +422,7 @@ class Session:
             pass
         else:
             raise SessionError("Session.chat() is synchronous; inside async code use `await session.achat(...)`")
-        if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
-            # A session never closed (a script that just ends) still shuts its loop down cleanly,
-            # when collected or at exit: else its HTTP clients' async generators are finalized on a
-            # loop that never runs again, and Python prints "Task was destroyed but it is pending".
-            weakref.finalize(self, _shut_down, self._loop)
+        self._loop = _thread_loop()
         return self._loop.run_until_complete(self.achat(message))
 
     async def achat(self, message: Input = None) -> list[Event]:
@@ -646,9 +645,9 @@ class Session:
         self._c.forget_cached_memories()
         self._closed = True
         if self._loop is not None and not self._loop.is_running() and not self._loop.is_closed():
-            # Models opened on the private loop of chat() hold connections bound to it.
+            # Models opened on the loop of chat() hold connections bound to it. The loop itself
+            # stays: it is the thread's, for its next session (_thread_loop).
             self._loop.run_until_complete(self._close_models())
-            _shut_down(self._loop)
 
     async def _close_models(self) -> None:
         await self.bot.tools.aclose()  # this private loop's HTTP connections and MCP servers
@@ -666,6 +665,32 @@ class Session:
                                f"on route {self._c.ended['route']}); start a new session")
         if self._running:
             raise SessionError(f"session {self.id} is already running a turn; send one message at a time")
+
+
+class _LoopOwner:
+    """Owns a thread's loop for the synchronous `chat()`: when it goes (its thread ended, or
+    the interpreter exits) the loop is shut down."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        # Shut down cleanly when the thread ends or at exit: else the HTTP clients' async
+        # generators of sessions never closed are finalized on a loop that never runs again, and
+        # Python prints "Task was destroyed but it is pending".
+        weakref.finalize(self, _shut_down, self.loop)
+
+
+_sync_loops = threading.local()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    """The event loop the synchronous `Session.chat()` runs turns on: one per thread, kept
+    across sessions. A new loop per session cost as much as a tenth of a first turn: the
+    loop, the thread of its default executor (the SDK asks it the platform once per client)
+    and their shutdown (issue 26)."""
+    owner: _LoopOwner | None = getattr(_sync_loops, "owner", None)
+    if owner is None or owner.loop.is_closed():
+        owner = _sync_loops.owner = _LoopOwner()
+    return owner.loop
 
 
 def _shut_down(loop: asyncio.AbstractEventLoop) -> None:
