@@ -250,21 +250,6 @@ def test_an_alias_bomb_is_refused_however_its_anchors_are_written(text):
         "YAML aliases expand to too many values")
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "bots").glob("*/bot.yaml")) + sorted((REPO / "bots").glob("*/routes/*.yaml")),
-                         ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_positions_found_when_asked_are_the_ones_the_full_build_records(path):
-    """A plain file is built without positions and finds each one when asked (issue 26); a
-    file that may hold an anchor (here: a comment with `&x`) records them all as it builds."""
-    text = path.read_text()
-    quick, full = load_yaml(text, "bot.yaml"), load_yaml(text + "# &x\n", "bot.yaml")
-    assert quick.data == full.data and quick.diagnostics == full.diagnostics
-    assert type(quick.positions) is not dict and type(full.positions) is dict  # each took its way
-    for at, pos in full.positions.items():
-        assert quick.pos(at) == pos, at
-    assert quick.pos(("routes", "no such route", "system")) == full.pos(("routes", "no such route", "system"))
-    assert quick.pos(("no", 3)) == full.pos(("no", 3)) == full.pos(())
-
-
 def test_a_file_without_anchors_loads_whole_with_its_positions():
     text = "name: Q&A bot\nroutes:\n  chat: {default: true, system: 'salt & pepper'}\n"
     doc = load_yaml(text, "bot.yaml")

@@ -77,10 +77,6 @@ def _may_hold_an_anchor(text: str) -> bool:
     return False
 
 
-class _Unusual(Exception):
-    """The quick build met something only the full build reports (_Builder.plain)."""
-
-
 class _TooBig(Exception):
     def __init__(self, node: yaml.Node, message: str):
         self.node, self.message = node, message
@@ -139,69 +135,9 @@ class YamlDoc:
     def pos(self, path: Path) -> Pos:
         """The position of `path`, or of its nearest ancestor that has one."""
         path = tuple(path)
-        positions = self.positions
-        while True:
-            try:
-                return positions[path]  # found lazily (_LazyPositions) in a file loaded the quick way
-            except KeyError:
-                if not path:
-                    return Pos(1, 1, 1, 1)
-                path = path[:-1]
-
-
-class _LazyPositions(dict):
-    """The positions of a file loaded the quick way (_Builder.plain): each found in the node
-    tree when first asked for, then kept. A diagnostic or a config line asks for a few
-    thousand of a big bot's hundreds of thousands of nodes; recording them all as the values
-    were built was a fifth of loading it (issue 26)."""
-
-    def __init__(self, root: yaml.Node, builder: _Builder):
-        super().__init__()
-        self.builder = builder
-        # path -> (key node or None, node): the nodes found so far, so a path's walk starts
-        # from its parent's (the loader asks for a tool, then its action, then its cases...).
-        self.nodes: dict[Path, tuple[yaml.Node | None, yaml.Node] | None] = {(): (None, root)}
-        self.indexes: dict[int, dict[Any, tuple[yaml.Node, yaml.Node]]] = {}  # id(big mapping) -> its entries
-
-    def __missing__(self, path: Path) -> Pos:
-        found = self._node(path)
-        if found is None:
-            raise KeyError(path)
-        key_node, node = found
-        km, mark = (key_node or node).start_mark, node.start_mark
-        style = node.style if isinstance(node, yaml.ScalarNode) else None
-        pos = self[path] = _new_pos(Pos, (km.line + 1, km.column + 1, mark.line + 1, mark.column + 1, style))
-        return pos
-
-    def _node(self, path: Path) -> tuple[yaml.Node | None, yaml.Node] | None:
-        try:
-            return self.nodes[path]
-        except KeyError:
-            pass
-        parent = self._node(path[:-1])
-        found = None if parent is None else self._child(parent[1], path[-1])
-        self.nodes[path] = found
-        return found
-
-    def _child(self, node: yaml.Node, part: Any) -> tuple[yaml.Node | None, yaml.Node] | None:
-        if isinstance(node, yaml.MappingNode):
-            entries = node.value
-            if len(entries) > 8:
-                return self._entries(node).get(part)
-            for key_node, value_node in entries:  # a few keys: a scan is cheaper than an index
-                if (key_node.value if key_node.tag == _STR else self.builder.scalar(key_node)) == part:
-                    return key_node, value_node
-            return None
-        if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
-            return None, node.value[part]
-        return None
-
-    def _entries(self, node: yaml.MappingNode) -> dict[Any, tuple[yaml.Node, yaml.Node]]:
-        entries = self.indexes.get(id(node))
-        if entries is None:  # keys as plain() built them (it took only plain, distinct scalar keys)
-            entries = self.indexes[id(node)] = {
-                (k.value if k.tag == _STR else self.builder.scalar(k)): (k, v) for k, v in node.value}
-        return entries
+        while path not in self.positions and path:
+            path = path[:-1]
+        return self.positions.get(path, Pos(1, 1, 1, 1))
 
 
 # Pos(...) runs the NamedTuple's __new__, a Python function: building the tuple directly is a
@@ -220,58 +156,8 @@ class _Builder:
 
     def start(self, root: yaml.Node, text: str) -> Any:
         may_alias = _may_hold_an_anchor(text)
-        if not may_alias:  # no aliases: nothing is built twice, so no guard is needed either
-            try:
-                data = self.plain(root, 0)
-            except _Unusual:
-                pass  # the full build reports it
-            else:
-                self.doc.positions = _LazyPositions(root, self)
-                return data
         self.budget = _count_nodes(root) * ALIAS_GROWTH + ALIAS_SLACK if may_alias else sys.maxsize
         return self.build(root, (), None)
-
-    def plain(self, node: yaml.Node, depth: int) -> Any:
-        """The quick way: the values only (positions are found when asked for, _LazyPositions),
-        for a file of plain mappings, lists and scalars. Anything the full build would report
-        (a duplicate key, a merge key, a tag, a value JSON cannot hold, a file nested too deep)
-        raises _Unusual, and the full build runs instead."""
-        if isinstance(node, yaml.ScalarNode):
-            return node.value if node.tag == _STR else self.plain_scalar(node)
-        if depth > MAX_DEPTH:
-            raise _Unusual
-        if isinstance(node, yaml.MappingNode):
-            if node.tag != _MAP:
-                raise _Unusual
-            result: dict = {}
-            for key_node, value_node in node.value:
-                if key_node.tag == _STR and isinstance(key_node, yaml.ScalarNode):
-                    key = key_node.value
-                elif isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE:
-                    key = self.plain_scalar(key_node)
-                else:
-                    raise _Unusual
-                if key in result:
-                    raise _Unusual
-                result[key] = self.plain(value_node, depth + 1)
-            return result
-        if node.tag != _SEQ:
-            raise _Unusual
-        return [self.plain(item, depth + 1) for item in node.value]
-
-    def plain_scalar(self, node: yaml.ScalarNode) -> Any:
-        tag = node.tag
-        if tag == _TIMESTAMP:
-            return node.value
-        if tag not in _JSON_SCALARS:
-            raise _Unusual
-        try:
-            value = self.scalar_ctors[tag](self.constructor, node)
-        except (ValueError, yaml.YAMLError):
-            raise _Unusual from None
-        if tag == _FLOAT and (value != value or value in (float("inf"), float("-inf"))):
-            raise _Unusual
-        return value
 
     def build(self, node: yaml.Node, path: Path, key_mark: yaml.Mark | None) -> Any:
         # The hot loop of loading a big bot: kept free of extra calls on purpose (isinstance
