@@ -422,7 +422,12 @@ class Session:
             pass
         else:
             raise SessionError("Session.chat() is synchronous; inside async code use `await session.achat(...)`")
-        self._loop = _thread_loop()
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+            # A session never closed (a script that just ends) still shuts its loop down cleanly,
+            # when collected or at exit: else its HTTP clients' async generators are finalized on a
+            # loop that never runs again, and Python prints "Task was destroyed but it is pending".
+            weakref.finalize(self, _shut_down, self._loop)
         return self._loop.run_until_complete(self.achat(message))
 
     async def achat(self, message: Input = None) -> list[Event]:
@@ -645,9 +650,9 @@ class Session:
         self._c.forget_cached_memories()
         self._closed = True
         if self._loop is not None and not self._loop.is_running() and not self._loop.is_closed():
-            # Models opened on the loop of chat() hold connections bound to it. The loop itself
-            # stays: it is the thread's, for its next session (_thread_loop).
+            # Models opened on the private loop of chat() hold connections bound to it.
             self._loop.run_until_complete(self._close_models())
+            _shut_down(self._loop)
 
     async def _close_models(self) -> None:
         await self.bot.tools.aclose()  # this private loop's HTTP connections and MCP servers
@@ -665,32 +670,6 @@ class Session:
                                f"on route {self._c.ended['route']}); start a new session")
         if self._running:
             raise SessionError(f"session {self.id} is already running a turn; send one message at a time")
-
-
-class _LoopOwner:
-    """Owns a thread's loop for the synchronous `chat()`: when it goes (its thread ended, or
-    the interpreter exits) the loop is shut down."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        # Shut down cleanly when the thread ends or at exit: else the HTTP clients' async
-        # generators of sessions never closed are finalized on a loop that never runs again, and
-        # Python prints "Task was destroyed but it is pending".
-        weakref.finalize(self, _shut_down, self.loop)
-
-
-_sync_loops = threading.local()
-
-
-def _thread_loop() -> asyncio.AbstractEventLoop:
-    """The event loop the synchronous `Session.chat()` runs turns on: one per thread, kept
-    across sessions. A new loop per session cost as much as a tenth of a first turn: the
-    loop, the thread of its default executor (the SDK asks it the platform once per client)
-    and their shutdown (issue 26)."""
-    owner: _LoopOwner | None = getattr(_sync_loops, "owner", None)
-    if owner is None or owner.loop.is_closed():
-        owner = _sync_loops.owner = _LoopOwner()
-    return owner.loop
 
 
 def _shut_down(loop: asyncio.AbstractEventLoop) -> None:
