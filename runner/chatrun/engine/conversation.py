@@ -60,6 +60,11 @@ class Checkpoint:
 
 
 class Conversation:
+    # No __dict__: one per cached session (issue 26).
+    __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "state", "meta", "scopes", "_next_scope",
+                 "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
+                 "taken_over", "resolved")
+
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
         self.config = config

@@ -22,6 +22,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
@@ -67,12 +68,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("chatrun")
 Input = str | dict[str, Any] | Decision | None
 _DONE = object()
+_NO_HANDLERS: Mapping[str, list[Callable[[Any], object]]] = MappingProxyType({})
 
 
 class Session:
     """A conversation: a stack of scopes, conversation state, memories and history."""
 
-    blobs: BlobArea | None = None  # the bytes of attachments (chatrun.store.blobs); None: takes none
+    # No __dict__: a server keeps one per cached session (issue 26).
+    __slots__ = ("bot", "store", "blobs", "_own_models", "_model", "_handlers", "_default_handlers", "_sink",
+                 "_running", "_closed", "_loop", "_last_entry", "tool_mocks", "_moved", "_c", "__weakref__")
 
     def __init__(
         self,
@@ -90,15 +94,15 @@ class Session:
     ):
         self.bot = bot
         self.store = store
-        if blobs is not None:  # else the class's None: an idle session keeps no more (issue 26)
-            self.blobs = blobs
+        self.blobs = blobs  # the bytes of attachments (chatrun.store.blobs); None: takes none
         self._own_models: ModelPool | None = None
         if model is None:  # the bot's own model, closed with the session
             self._own_models = ModelPool()
             model = self._own_models.model()
         self._model: ChatModel = model
-        self._handlers: dict[str, list[Callable[[Any], object]]] = {}
-        self._default_handlers: list[Callable[[str, Any], object]] = []
+        # Shared empties until a handler comes (most sessions never get one): replaced, not changed.
+        self._handlers: Mapping[str, list[Callable[[Any], object]]] = _NO_HANDLERS
+        self._default_handlers: tuple[Callable[[str, Any], object], ...] = ()
         self._sink: Callable[[Event], None] | None = None
         self._running = False
         self._closed = False
@@ -386,12 +390,12 @@ class Session:
 
     def on(self, event_type: str, handler: Callable[[Any], object]) -> Session:
         """Call `handler(data)` for every event of this type, as it happens."""
-        self._handlers.setdefault(event_type, []).append(handler)
+        self._handlers = {**self._handlers, event_type: [*self._handlers.get(event_type, ()), handler]}
         return self
 
     def on_default(self, handler: Callable[[str, Any], object]) -> Session:
         """Call `handler(type, data)` for events no `on()` handler takes."""
-        self._default_handlers.append(handler)
+        self._default_handlers = (*self._default_handlers, handler)
         return self
 
     def _emit(self, event_type: str, data: object, runtime: bool = False, meta: dict[str, Any] | None = None,

@@ -72,13 +72,17 @@ class ChatMemory(Protocol):
 class _Window:
     """The shared machinery: a system slot plus a sequence of (message, count) pairs."""
 
-    ephemeral = False
+    # No __dict__: a window is kept per memory of every cached session (issue 26). A subclass
+    # of one's own without __slots__ gets a __dict__ as usual.
+    __slots__ = ("id", "_store", "_system", "_items", "_total", "_first", "_open", "_open_seq", "_limit",
+                 "clear_tool_results")
 
-    clear_tool_results: int | None = None  # keep only the newest N tool results' content
+    ephemeral = False
 
     def __init__(self, id: str = DEFAULT_ID, store: ChatMemoryStore | None = None):
         self.id = id
         self._store = store
+        self.clear_tool_results: int | None = None  # keep only the newest N tool results' content
         self._reset()
         if store is not None:
             loaded = store.get_messages(id)
@@ -135,7 +139,7 @@ class _Window:
     # -- to override ------------------------------------------------------------------------
 
     _dynamic = False  # True when the maximum may change between adds
-    _limit = 0  # the maximum in force, read by _read_limit()
+    # _limit: the maximum in force (a slot each subclass with a maximum sets before _Window.__init__)
 
     def _count(self, message: Message) -> int:
         return 1
@@ -261,6 +265,7 @@ class MessageWindowMemory(_Window):
     (LangChain4j's `dynamicMaxMessages`). `id` defaults to LangChain4j's "default".
     """
 
+    __slots__ = ("_max", "_dynamic")
     _limit_name = "max_messages"
 
     def __init__(
@@ -298,6 +303,7 @@ class TokenWindowMemory(_Window):
     tiktoken with `encoding`, else the model's encoding, else o200k_base (see tokens.py).
     """
 
+    __slots__ = ("_max", "_dynamic", "counter", "fullest")
     _limit_name = "max_tokens"
 
     def __init__(
@@ -354,6 +360,8 @@ class SummaryMemory(TokenWindowMemory):
     from its results. The summary is extended, never rewritten from scratch: the next fold
     hands the model the summary so far and only the newly folded messages."""
 
+    __slots__ = ("keep_messages",)
+
     def __init__(self, id: str = DEFAULT_ID, max_tokens: int = 3000, keep_messages: int = 10,
                  counter: TokenCounter | None = None, encoding: str | None = None, model_name: str | None = None,
                  store: ChatMemoryStore | None = None):
@@ -396,9 +404,11 @@ class TurnOnlyMemory(_Window):
     """Policy `none`: holds the messages of the current turn only. The engine clears it at the
     end of each turn and never persists it (`ephemeral`). The add rules still apply."""
 
+    __slots__ = ()
     ephemeral = True
 
     def __init__(self, id: str = DEFAULT_ID):
+        self._limit = 0
         super().__init__(id, None)
 
 

@@ -30,7 +30,9 @@ SlotKey = tuple[str, str]  # (bot name, session id)
 
 @dataclass(slots=True)  # one per cached session: no __dict__
 class Slot:
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Made when a request uses the slot, dropped when none does (SessionCache.use): an idle
+    # slot keeps no lock (about 100 B; issue 26).
+    _lock: asyncio.Lock | None = None
     session: Session | None = None
     buffer: TurnBuffer | None = None
     version: str | None = None  # the stored version the live session matches
@@ -38,6 +40,16 @@ class Slot:
     users: int = 0
     size: int = 0  # bytes counted for this slot in the cache's total
     used: float = field(default_factory=time.monotonic)
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """The lock a request runs the session's turns under."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    def locked(self) -> bool:
+        return self._lock is not None and self._lock.locked()
 
 
 @dataclass
@@ -88,6 +100,8 @@ class SessionCache:
         finally:
             slot.users -= 1
             slot.used = time.monotonic()
+            if slot.users == 0 and not slot.locked():  # no one holds it or waits for it
+                slot._lock = None
             self.account(slot)
             if slot.session is None and slot.users == 0 and self._slots.get(key) is slot:
                 del self._slots[key]
@@ -122,7 +136,7 @@ class SessionCache:
             )
             if not over:
                 break
-            if slot.users == 0 and not slot.lock.locked():
+            if slot.users == 0 and not slot.locked():
                 self.drop(slot)
                 del self._slots[key]
 

@@ -34,6 +34,10 @@ from chatrun.store.record import (
 class TurnBuffer:
     """A SessionStore over one session's loaded record; commits wait in `pending`."""
 
+    # No __dict__: one per cached session (issue 26).
+    __slots__ = ("session_id", "records", "track_committed", "_snapshot_json", "_unclaimed", "_memories", "_sizes",
+                 "committed", "pending", "request_id")
+
     def __init__(self, session_id: str, record: SessionRecord | None = None, records: RecordStore | None = None,
                  track_committed: bool = False):
         self.session_id = session_id
