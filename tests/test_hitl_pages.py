@@ -94,9 +94,13 @@ def say(page: Any, text: str) -> None:
 def open_waiting(operator: Any, kind: str) -> None:
     """On the operator page: wait for a session waiting with `kind` and open it."""
     row = operator.locator(".op-session", has=operator.locator(f".op-kind.{kind}")).first
-    row.wait_for(timeout=30_000)
+    row.wait_for(timeout=60_000)
     row.click()
-    operator.wait_for_selector("#detail .op-detail-head", timeout=30_000)
+    try:  # a busy machine (two suites at once) can take long; say what the page showed instead
+        operator.wait_for_selector("#detail .op-detail-head", timeout=60_000)
+    except Exception as exc:
+        shown = operator.locator("#detail").inner_text(timeout=5_000)
+        raise AssertionError(f"the session did not open; #detail shows {shown!r}") from exc
 
 
 @pytest.mark.parametrize("width", [1280, 390])
