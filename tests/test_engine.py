@@ -456,6 +456,42 @@ def test_a_handler_calling_sys_exit_fails_the_turn_not_the_process(travel):
     assert s.stack == ["main_menu"]
 
 
+def _sync_handler_turn(travel) -> str:
+    """A turn whose sync handler runs in a worker thread of the loop's executor."""
+    events = travel.session(model=ScriptedModel([call("book_flight"), call("quit")])).chat("go")
+    return events[-1].meta["detail"]
+
+
+@pytest.mark.slow
+def test_a_forked_child_runs_sync_handlers_and_leaves_the_parents_loop_alone(travel):
+    """`chatrun test -n N` forks workers from a process whose thread already ran sync turns: a
+    child that used the parent's loop would queue its handler on an executor that counts an idle
+    thread the child does not have, and wait forever (issue 26's shared loop)."""
+    import os
+    import select
+    import signal
+
+    assert "SystemExit" in _sync_handler_turn(travel)  # the parent's thread loop and its executor thread
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running the parent's exit handlers
+        try:
+            os.write(write_end, _sync_handler_turn(travel).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], 60)
+        reported = os.read(read_end, 4096).decode() if ready else "the child's handler never ran"
+    finally:
+        os.close(read_end)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert "SystemExit" in reported, reported
+    assert "SystemExit" in _sync_handler_turn(travel)  # the child's exit left the parent's loop working
+
+
 def test_a_base_exception_passes_through_but_the_session_is_rolled_back(travel):
     s = travel.session(model=ScriptedModel([call("book_flight"), call("abort")]))
     with pytest.raises(BaseException, match="operator abort"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import os
 import secrets
 import threading
 import time
@@ -427,12 +428,7 @@ class Session:
             pass
         else:
             raise SessionError("Session.chat() is synchronous; inside async code use `await session.achat(...)`")
-        if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
-            # A session never closed (a script that just ends) still shuts its loop down cleanly,
-            # when collected or at exit: else its HTTP clients' async generators are finalized on a
-            # loop that never runs again, and Python prints "Task was destroyed but it is pending".
-            weakref.finalize(self, _shut_down, self._loop)
+        self._loop = _thread_loop()
         return self._loop.run_until_complete(self.achat(message))
 
     async def achat(self, message: Input = None) -> list[Event]:
@@ -661,10 +657,12 @@ class Session:
             self.blobs.delete_session(self.id)
         self._c.forget_cached_memories()
         self._closed = True
-        if self._loop is not None and not self._loop.is_running() and not self._loop.is_closed():
-            # Models opened on the private loop of chat() hold connections bound to it.
-            self._loop.run_until_complete(self._close_models())
-            _shut_down(self._loop)
+        loop = self._loop
+        if loop is not None and loop is _own_thread_loop() and not loop.is_running():
+            # Models opened on the loop of chat() hold connections bound to it. The loop itself
+            # stays: it is the thread's, for its next session (_thread_loop). A loop of another
+            # thread, or inherited across fork, is never run from here.
+            loop.run_until_complete(self._close_models())
 
     async def _close_models(self) -> None:
         await self.bot.tools.aclose()  # this private loop's HTTP connections and MCP servers
@@ -682,6 +680,56 @@ class Session:
                                f"on route {self._c.ended['route']}); start a new session")
         if self._running:
             raise SessionError(f"session {self.id} is already running a turn; send one message at a time")
+
+
+class _LoopOwner:
+    """Owns a thread's loop for the synchronous `chat()`: when it goes (its thread ended, or
+    the interpreter exits) the loop is shut down, but only in the process that made it."""
+
+    __slots__ = ("loop", "pid", "__weakref__")
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.pid = os.getpid()
+        # Shut down cleanly when the thread ends or at exit: else the HTTP clients' async
+        # generators of sessions never closed are finalized on a loop that never runs again, and
+        # Python prints "Task was destroyed but it is pending".
+        weakref.finalize(self, _shut_down_in, self.pid, self.loop)
+
+
+_sync_loops = threading.local()
+
+
+def _own_thread_loop() -> asyncio.AbstractEventLoop | None:
+    """This thread's loop for `chat()`, if it has one made in this process."""
+    owner: _LoopOwner | None = getattr(_sync_loops, "owner", None)
+    if owner is None or owner.pid != os.getpid() or owner.loop.is_closed():
+        return None
+    return owner.loop
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    """The event loop the synchronous `Session.chat()` runs turns on: one per thread, kept
+    across sessions. A new loop per session cost as much as a tenth of a first turn: the
+    loop, the thread of its default executor (the SDK asks it the platform once per client)
+    and their shutdown (issue 26).
+
+    A forked child (`chatrun test -n N` runs transcripts in worker processes) makes its own:
+    the parent's loop shares its epoll instance and self-pipe with the parent, and its default
+    executor still counts an idle worker thread that the child does not have, so a sync
+    handler sent there would wait forever (`asyncio.to_thread` queues it and starts no thread)."""
+    loop = _own_thread_loop()
+    if loop is None:
+        owner = _sync_loops.owner = _LoopOwner()
+        loop = owner.loop
+    return loop
+
+
+def _shut_down_in(pid: int, loop: asyncio.AbstractEventLoop) -> None:
+    """Shut a thread's loop down, if this is the process that made it: a forked child leaves
+    the parent's alone (running or closing it there would touch the parent's epoll set)."""
+    if os.getpid() == pid:
+        _shut_down(loop)
 
 
 def _shut_down(loop: asyncio.AbstractEventLoop) -> None:
