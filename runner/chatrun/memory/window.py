@@ -75,7 +75,7 @@ class _Window:
     # No __dict__: a window is kept per memory of every cached session (issue 26). A subclass
     # of one's own without __slots__ gets a __dict__ as usual.
     __slots__ = ("id", "_store", "_system", "_items", "_total", "_first", "_open", "_open_seq", "_limit",
-                 "clear_tool_results")
+                 "clear_tool_results", "version")
 
     ephemeral = False
 
@@ -83,6 +83,9 @@ class _Window:
         self.id = id
         self._store = store
         self.clear_tool_results: int | None = None  # keep only the newest N tool results' content
+        # Bumped by every change of the messages: a turn's checkpoint keeps it instead of a copy of
+        # the list, and the commit writes the memories whose version moved (issue 26).
+        self.version = 0
         self._reset()
         if store is not None:
             loaded = store.get_messages(id)
@@ -123,9 +126,12 @@ class _Window:
             self.clear()
             return
         self._refresh_limit()
+        version, old = self.version, self._list()
         self._reset()
         self._fill(messages)
         self._evict()
+        if self._list() == old:  # the same messages again (e.g. recounted with another counter)
+            self.version = version
         self._persist()
 
     # -- introspection ----------------------------------------------------------------------
@@ -168,6 +174,8 @@ class _Window:
     # -- internals --------------------------------------------------------------------------
 
     def _reset(self) -> None:
+        if getattr(self, "_system", None) is not None or getattr(self, "_items", None):
+            self.version += 1
         self._system: tuple[SystemMessage, int] | None = None
         # A list until the window first evicts, then a deque (_pop_front): a deque's first block
         # alone is ~760 B per memory of every idle session, but evicting from a list's front
@@ -202,6 +210,7 @@ class _Window:
             count = self._count(message)
             self._system = (message, count)
             self._total += count
+            self.version += 1
             return True
         if isinstance(message, ToolResultMessage):
             if self._open_seq < self._first or message.tool_call_id not in self._open:
@@ -218,6 +227,7 @@ class _Window:
         count = self._count(message)
         self._items.append((message, count))
         self._total += count
+        self.version += 1
         return True
 
     def _clear_old_tool_results(self, keep: int) -> None:
@@ -232,6 +242,7 @@ class _Window:
             new_count = self._count(new)
             self._items[i] = (new, new_count)
             self._total += new_count - count
+            self.version += 1
 
     def _evict(self) -> bool:
         """Evict from the front until the window fits. Returns whether anything was evicted."""
@@ -251,6 +262,7 @@ class _Window:
         _, count = items.popleft()
         self._total -= count
         self._first += 1
+        self.version += 1
 
     def _persist(self) -> None:
         if self._store is not None:
