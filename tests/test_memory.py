@@ -17,6 +17,7 @@ from chatrun.memory import (
     TurnOnlyMemory,
     make_memory,
 )
+from chatrun.memory.tokens import tiktoken_counter
 from chatrun.messages import (
     AssistantMessage,
     Message,
@@ -508,3 +509,30 @@ def test_adding_something_that_is_not_a_message_is_a_clear_error():
     memory = MessageWindowMemory("s#r", max_messages=5)
     with pytest.raises(ChatrunError, match="s#r"):
         memory.add({"role": "user", "content": "hi"})  # type: ignore[arg-type]  # the wrong type on purpose
+
+
+def test_the_running_token_sum_and_version_follow_every_change():
+    """token_sum (the usage estimate's count of what a call sends) is kept as messages come and go;
+    it must equal counting the messages one by one, and `version` must move with every change."""
+    memory = MessageWindowMemory("m", max_messages=5)
+    memory.clear_tool_results = 1
+    count = tiktoken_counter("cl100k_base")
+    assert memory.token_sum(count) == 0  # starts the tally
+    steps: list[Message] = [SystemMessage("be brief"), UserMessage("hello there"),
+                            AssistantMessage(None, (ToolCall("c1", "look", "{}"),)),
+                            ToolResultMessage("c1", "look", "a long result of the lookup"),
+                            AssistantMessage(None, (ToolCall("c2", "look", "{}"),)),
+                            ToolResultMessage("c2", "look", "another result"), SystemMessage("be very brief"),
+                            UserMessage("and now?"), AssistantMessage("done"), UserMessage("thanks")]
+    for message in steps:
+        version = memory.version
+        before = memory.messages()
+        memory.add(message)
+        assert memory.token_sum(count) == sum(map(count, memory.messages()))
+        assert (memory.version != version) == (memory.messages() != before)
+    version = memory.version
+    memory.set(memory.messages())  # the same messages: no change
+    assert memory.version == version
+    memory.set([UserMessage("fresh")])
+    assert memory.version != version
+    assert memory.token_sum(count) == count(UserMessage("fresh"))

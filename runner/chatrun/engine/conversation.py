@@ -50,7 +50,9 @@ class Checkpoint:
     state: dict[str, Any]
     scopes: list[Scope]
     next_scope: int
-    memories: dict[str, list[Message]]
+    # Each loaded memory and its version then (the windows count their changes, so no copy of the
+    # messages is needed: a rollback reloads them from the store); a memory without a version: its messages.
+    memories: dict[str, tuple[ChatMemory, int] | list[Message]]
     usage: Usage
     ended: dict[str, str] | None = None
     pending: list[dict[str, Any]] | None = None  # the open items (their snapshot form)
@@ -343,7 +345,7 @@ class Conversation:
 
     def capture(self) -> Checkpoint:
         return Checkpoint(self.turn_count, copy.deepcopy(self.state), copy.deepcopy(self.scopes), self._next_scope,
-                          {mid: m.messages() for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended,
+                          {mid: _mark(m) for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended,
                           [item.to_dict() for item in self.pending], self.next_pending, copy.deepcopy(self.taken_over),
                           dict(self.resolved) if self.resolved else None)
 
@@ -374,11 +376,22 @@ class Conversation:
             memory = self._memories[mid]
             if memory.ephemeral:
                 continue
-            messages = memory.messages()
-            if before.memories.get(mid) != messages:
-                dirty[mid] = messages
+            if _changed(memory, before.memories.get(mid)):
+                dirty[mid] = memory.messages()
         for scope in before.scopes:
             for mid in scope.memory_ids():
                 if mid not in live:
                     dirty[mid] = None
         return dirty
+
+
+def _mark(memory: ChatMemory) -> tuple[ChatMemory, int] | list[Message]:
+    """What a checkpoint keeps of a memory to tell later whether it changed."""
+    version = getattr(memory, "version", None)
+    return (memory, version) if isinstance(version, int) else memory.messages()
+
+
+def _changed(memory: ChatMemory, mark: tuple[ChatMemory, int] | list[Message] | None) -> bool:
+    if isinstance(mark, tuple):
+        return mark[0] is not memory or mark[1] != getattr(memory, "version", None)
+    return mark != memory.messages()

@@ -226,9 +226,11 @@ class Turn:
         self.add_system(run.memory, route)
         request = ModelRequest(run.memory.messages() + run.correction, run.specs, model_config, route.name,
                                response_format(route), self.read_blob if self.blobs is not None else None)
+        sent_tokens = self.sent_tokens(run.memory, request.messages, len(run.correction),
+                                       self.counter(model_config.name))
         price = self.config.prices.get(model_config.name)
         if self.config.limits.has_budgets:
-            sent = sum(map(self.counter(model_config.name), request.messages))
+            sent = sent_tokens()
             check_budgets(self.config.limits, self.usage, self.c.usage, sent, price, route.name)
         # A returning route's answer is its result, and JSON is no text for the user: never streamed.
         streamed = model_config.stream and not run.returning and not route.output
@@ -242,7 +244,7 @@ class Turn:
             answer = AssistantMessage(response.text, calls)
             self.answers.append(_answer_record(answer))
             usage = self.account(route.name, model_config.name, response.usage, price, request.messages, answer,
-                                 model_config.provider)
+                                 model_config.provider, sent_tokens)
             if span is not None:
                 content = tracing.capture_content()
                 tracing.record_answer(span, usage, response.finish_reason,
@@ -464,15 +466,29 @@ class Turn:
         return (response.text or "").strip()
 
     def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
-                sent: list[Message], answer: AssistantMessage, provider: str) -> dict[str, Any]:
+                sent: list[Message], answer: AssistantMessage, provider: str,
+                sent_tokens: Callable[[], int] | None = None) -> dict[str, Any]:
         """Add one call's usage to the turn's; returns the call's entry for the history."""
-        usage = call_usage(raw, price, sent, answer, self.counter(model))
+        usage = call_usage(raw, price, sent, answer, self.counter(model), sent_tokens)
         self.usage.add(usage)
         entry = {"route": route, "model": model, **usage.to_dict()}
         del entry["calls"]
         self.calls_usage.append(entry)
         observe.model_usage(provider, model, entry)
         return entry
+
+    @staticmethod
+    def sent_tokens(memory: ChatMemory, sent: list[Message], extra: int, count: TokenCounter) -> Callable[[], int]:
+        """What counts the tokens of a call's messages `sent` (the memory's, then `extra` more): the
+        window's running total while the memory is as it was sent, else one by one (issue 26)."""
+        version = getattr(memory, "version", None)
+        total = getattr(memory, "token_sum", None)
+
+        def tokens() -> int:
+            if total is not None and version is not None and getattr(memory, "version", None) == version:
+                return int(total(count)) + sum(map(count, sent[len(sent) - extra:]))
+            return sum(map(count, sent))
+        return tokens
 
     def counter(self, model: str) -> TokenCounter:
         """The token counter of a model's encoding (it keeps each message's count with the message),

@@ -13,7 +13,7 @@ price), `calls`, and `estimated` (true when any call was counted rather than rep
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -72,15 +72,16 @@ def reported(raw: dict[str, Any]) -> dict[str, int]:
 
 
 def call_usage(raw: dict[str, Any], price: Price | None, sent: Iterable[Message], answer: Message,
-               count: TokenCounter) -> Usage:
-    """One model call's usage: what the endpoint reported, else counted and marked estimated."""
+               count: TokenCounter, sent_tokens: Callable[[], int] | None = None) -> Usage:
+    """One model call's usage: what the endpoint reported, else counted and marked estimated.
+    `sent_tokens`: the count of `sent` when the caller has it cheaper than a walk of every message."""
     tokens = reported(raw)
     usage = Usage(calls=1)
     if "input_tokens" in tokens and "output_tokens" in tokens:
         for key, value in tokens.items():
             setattr(usage, key, value)
     else:  # some servers report nothing (or only when streaming is asked to): count it ourselves
-        usage.input_tokens = sum(map(count, sent))  # each message's count is kept with it: no re-tokenizing
+        usage.input_tokens = sent_tokens() if sent_tokens is not None else sum(map(count, sent))  # each message's count is kept with it: no re-tokenizing
         usage.output_tokens = count(answer)
         usage.estimated = True
     usage.cost = cost_of(usage, price)
