@@ -35,6 +35,7 @@ ANSWERED, RELEASED, TAKEN = "answered", "released", "taken"
 
 USER_ROLE = "user"  # in `by:`: the session's own user
 BACKEND_ROLE = "backend"  # a question `from: backend` is answered with its token
+OPERATOR_ROLE = "operators"  # the server's operator role (server/audience.py): may act on any takeover
 
 APPROVAL_CHOICES = [{"label": "Approve", "value": "approve"}, {"label": "Reject", "value": "reject"}]
 

@@ -1,18 +1,17 @@
-"""Humans in the loop at work in a turn: pausing a call, and the turns that resolve what waits.
+"""Humans in the loop at work in a turn: who may decide, and the turns that resolve what waits.
 
 The data (PendingItem, the inputs Approve/Reject/Answer/TakeOver/OperatorSay/Release/Expire) is
-engine/pending.py's; this module is what a `Turn` does with it:
+engine/pending.py's; the items are made inside a tool call by engine/pausing.py. This module:
 
-- `request_approval`, `ask_question`, `hand_over` make an item while a tool call runs; the
-  call's outcome asks the loop for `NextStepPause` (engine/steps.py) and the turn ends committed.
 - `check_decision` runs before a decision turn starts (roles, the self rule, a pending item,
   valid edited arguments or answer) and raises: nothing is committed when it refuses.
 - `first_step` is where every turn begins: a decision resolves its item and says how the model
   loop continues; a message while something waits follows the rules of docs/format.md
   ("Messages while something is pending"); otherwise the current route runs as always.
 
-It imports the turn only for type checking: the turn calls in, never the other way round at
-import time (no cycle).
+A resolution resumes the call that waited through the call path (engine/call.py's `ToolCalls`:
+`run_checked_tool` for an approved call, `apply` for an answered question) and sees the rest of
+its turn only through the call path's `TurnContext`; it never imports the turn.
 """
 
 from __future__ import annotations
@@ -26,16 +25,19 @@ from typing import TYPE_CHECKING, Any
 from jsonschema import Draft202012Validator
 
 from chatrun import events as ev
-from chatrun.definition.config import ApprovalCaseConfig, OperatorConfig, ToolConfig
+from chatrun.definition.config import ApprovalCaseConfig, ToolConfig
 from chatrun.definition.templates import holds
 from chatrun.engine import tracing
+from chatrun.engine.call import ToolCalls
 from chatrun.engine.conversation import Conversation
+from chatrun.engine.pausing import new_item, takeover_data
 from chatrun.engine.pending import (
     ANSWERED,
     APPROVAL,
     APPROVED,
     BACKEND_ROLE,
     EDITED,
+    OPERATOR_ROLE,
     QUESTION,
     REJECTED,
     RELEASED,
@@ -52,7 +54,6 @@ from chatrun.engine.pending import (
     Reject,
     Release,
     TakeOver,
-    due_after,
     format_time,
     parse_time,
 )
@@ -61,7 +62,6 @@ from chatrun.engine.steps import (
     NextStep,
     NextStepFinalOutput,
     NextStepHandoff,
-    NextStepPause,
     ToolOutcome,
     combine,
 )
@@ -80,9 +80,7 @@ from chatrun.messages import AssistantMessage, Message, ToolCall, ToolResultMess
 
 if TYPE_CHECKING:
     from chatrun.engine.tools import Toolbox
-    from chatrun.engine.turn import Turn
 
-OPERATOR_ROLE = "operators"  # the server's operator role (server/audience.py): may act on any takeover
 RESOLVED_KEPT = 50  # how many resolved items' outcomes a session remembers (for NotPending)
 _YES = {"approve", "approved", "yes", "y", "ok", "okay", "sure", "confirm", "go ahead"}
 _NO = {"reject", "rejected", "no", "n", "deny", "cancel", "decline"}
@@ -208,158 +206,71 @@ def answer_problem(item: PendingItem, value: Any) -> str | None:
     return "; ".join(problems) or None
 
 
-# -- making items (inside a tool call) ----------------------------------------------------------
-
-
-def needs_approval(turn: Turn, tool: ToolConfig, args: dict[str, Any]) -> bool:
-    approval = tool.approval
-    if approval is None:
-        return False
-    if approval.condition is None:
-        return True
-    context = turn.context(args=args)
-    try:
-        return holds(approval.condition, context)
-    except ChatrunError:
-        raise
-    except Exception as exc:
-        raise TurnFailed(f"tool {tool.name} ({approval.where}): condition `{approval.condition}` failed: {exc}") from exc
-
-
-def request_approval(turn: Turn, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
-    """The call waits: an approval item, a Pending event, a placeholder result for the model."""
-    approval = tool.approval
-    assert approval is not None
-    if approval.ask:
-        ask = turn.render_template(approval.ask, "approval ask", approval.where, {"args": args})
-    else:
-        ask = f"Approve {tool.name} with {json.dumps(args, ensure_ascii=False, sort_keys=True)}?"
-    editable = [k for k in (tool.parameters.get("properties") or {}) if k not in tool.bind] \
-        if approval.edit is True else list(approval.edit or [])
-    item = new_item(turn, APPROVAL, approval.timeout, tool=tool.name, call_id=call_id, args=args, ask=ask,
-                    by=list(approval.by), edit=editable,
-                    data={"self": approval.may_self_decide, "on_timeout": approval.on_timeout})
-    announce(turn, item)
-    return ToolOutcome(f"Waiting for approval: {ask}", NextStepPause(), moved=True)
-
-
-def ask_question(turn: Turn, tool: ToolConfig, args: dict[str, Any], result: Any, call_id: str) -> ToolOutcome:
-    """After the tool's own result: the question waits for its answer (the call's real result)."""
-    ask = tool.action.ask
-    assert ask is not None
-    extra = {"args": args, "result": result}
-    text = turn.render_template(ask.text, "ask text", ask.where, extra) if ask.text else "Waiting for an answer."
-    choices = turn.choice_list(ask.choices, f"tool {tool.name} ask choices", ask.where, extra)
-    by = {"user": [USER_ROLE], "operator": [OPERATOR_ROLE], "backend": [BACKEND_ROLE]}[ask.source]
-    item = new_item(turn, QUESTION, ask.timeout, tool=tool.name, call_id=call_id, args=args, ask=text, by=by,
-                    schema=copy.deepcopy(ask.schema), choices=choices or None,
-                    token=secrets.token_urlsafe(24) if ask.source == "backend" else None,
-                    data={"result": result})
-    announce(turn, item)
-    return ToolOutcome(f"Waiting for an answer: {text}", NextStepPause(), moved=True)
-
-
-def hand_over(turn: Turn, tool: ToolConfig, operator: OperatorConfig, extra: dict[str, Any]) -> None:
-    """An `operator:` action: the conversation waits for an operator to take it."""
-    text = turn.render_template(operator.text, "operator text", operator.where, extra) if operator.text else \
-        "Connecting you with a person."
-    item = new_item(turn, TAKEOVER, None, tool=tool.name, ask=text, by=[operator.role],
-                    data=_takeover_data(operator.release_to, operator.remember))
-    turn.emit(ev.MESSAGE, text)
-    announce(turn, item)
-
-
-def _takeover_data(release_to: str | None, remember: str) -> dict[str, Any]:
-    return {"messages": [], "release_to": release_to, "remember": remember}
-
-
-def new_item(turn: Turn, kind: str, timeout: str | None, **fields: Any) -> PendingItem:
-    c = turn.c
-    now = c.now()
-    item = PendingItem(id=f"p{c.next_pending}", kind=kind, created=format_time(now), due=due_after(now, timeout),
-                       route=c.scope.route, scope_id=c.scope.id, requested_by=copy.deepcopy(c.principal), **fields)
-    c.next_pending += 1
-    c.pending = (*c.pending, item)  # replaced, never changed in place (see Conversation)
-    return item
-
-
-def announce(turn: Turn, item: PendingItem) -> None:
-    """The Pending events: the user's (and the operators' for items others decide), a backend's
-    copy with the token for a question it answers."""
-    public = item.public()
-    if item.kind != TAKEOVER:
-        turn.emit(ev.PENDING, public, audience=ev.USER)
-    if item.kind == TAKEOVER or any(role != USER_ROLE for role in item.by):
-        turn.emit(ev.PENDING, public, audience=ev.OPERATORS)
-    if item.token:
-        turn.emit(ev.PENDING, {**public, "token": item.token}, audience=ev.BACKEND)
-
-
 # -- where a turn begins ------------------------------------------------------------------------
 
 
-async def first_step(turn: Turn) -> NextStep:
+async def first_step(calls: ToolCalls) -> NextStep:
     """A decision's continuation, a message's handling while something waits, or (nothing
     waits) the current route runs."""
-    decision = turn.decision
+    decision = calls.t.decision
     if decision is not None:
-        return await decide(turn, decision)
-    c = turn.c
+        return await decide(calls, decision)
+    c = calls.t.c
     if takeover_item(c) is not None:
-        return to_operators(turn)
+        return to_operators(calls)
     blocking = [item for item in c.pending if item.scope_id == c.scope.id]
     if not blocking:
         return NextStepHandoff()
     item = blocking[0]
-    if item.kind == APPROVAL and user_decides(turn, item):
-        return await approval_by_message(turn, item)
+    if item.kind == APPROVAL and user_decides(calls, item):
+        return await approval_by_message(calls, item)
     if item.kind == QUESTION and item.by == [USER_ROLE]:
-        return await answer_by_message(turn, item)
-    return queue(turn, item)
+        return await answer_by_message(calls, item)
+    return queue(calls, item)
 
 
-def user_decides(turn: Turn, item: PendingItem) -> bool:
+def user_decides(calls: ToolCalls, item: PendingItem) -> bool:
     return USER_ROLE in item.by and (item.data.get("self", True)
-                                     or not _same_principal(turn.c.principal, item.requested_by))
+                                     or not _same_principal(calls.t.c.principal, item.requested_by))
 
 
-async def approval_by_message(turn: Turn, item: PendingItem) -> NextStep:
-    said = _said(turn).strip().strip(".!").casefold()
+async def approval_by_message(calls: ToolCalls, item: PendingItem) -> NextStep:
+    said = _said(calls).strip().strip(".!").casefold()
     if said in _YES:
-        return await decide(turn, Approve(item.id))
+        return await decide(calls, Approve(item.id))
     if said in _NO:
-        return await decide(turn, Reject(item.id))
-    turn.emit(ev.MESSAGE, item.ask)
-    turn.emit(ev.CHOICES, {"choices": item.public()["choices"]})
+        return await decide(calls, Reject(item.id))
+    calls.t.emit(ev.MESSAGE, item.ask)
+    calls.t.emit(ev.CHOICES, {"choices": item.public()["choices"]})
     return NextStepFinalOutput()
 
 
-async def answer_by_message(turn: Turn, item: PendingItem) -> NextStep:
-    value = _answer_of(turn, item)
+async def answer_by_message(calls: ToolCalls, item: PendingItem) -> NextStep:
+    value = _answer_of(calls, item)
     problem = answer_problem(item, value)
     if problem:
-        turn.emit(ev.MESSAGE, f"That answer does not fit: {problem}. {item.ask}")
+        calls.t.emit(ev.MESSAGE, f"That answer does not fit: {problem}. {item.ask}")
         if item.choices:
-            turn.emit(ev.CHOICES, {"choices": item.choices})
+            calls.t.emit(ev.CHOICES, {"choices": item.choices})
         return NextStepFinalOutput()
-    return await decide(turn, Answer(item.id, value))
+    return await decide(calls, Answer(item.id, value))
 
 
-def _said(turn: Turn) -> str:
-    value = turn.data.get("value") if turn.data else None
-    return str(value) if value is not None else turn.user_message or ""
+def _said(calls: ToolCalls) -> str:
+    value = calls.t.data.get("value") if calls.t.data else None
+    return str(value) if value is not None else calls.t.user_message or ""
 
 
-def _answer_of(turn: Turn, item: PendingItem) -> Any:
+def _answer_of(calls: ToolCalls, item: PendingItem) -> Any:
     """A user's message as an answer: a choice's value (by label or value), the text for a string
     schema, else the data sent (without userMessage) or the text read as JSON."""
-    text = _said(turn).strip()
+    text = _said(calls).strip()
     for choice in item.choices or ():
         if text.casefold() in (str(choice.get("label", "")).casefold(), str(choice.get("value", "")).casefold()):
             return choice.get("value")
     if (item.schema or {}).get("type") == "string":
         return text
-    data = {k: v for k, v in (turn.data or {}).items() if k != "userMessage"}
+    data = {k: v for k, v in (calls.t.data or {}).items() if k != "userMessage"}
     if data:
         return data
     try:
@@ -368,103 +279,103 @@ def _answer_of(turn: Turn, item: PendingItem) -> Any:
         return text
 
 
-def queue(turn: Turn, item: PendingItem) -> NextStep:
+def queue(calls: ToolCalls, item: PendingItem) -> NextStep:
     """Waiting on someone else: the message joins the scope's memory (the model reads it when the
     loop resumes) and the user hears what is awaited. No model call."""
-    c = turn.c
+    c = calls.t.c
     scope = c.scope
     memory = c.memory_for(scope, scope.route)
-    text = turn.render_user(c.route)
+    text = calls.t.render_user(c.route)
     if text:
         memory.add(UserMessage(text))
-    turn.emit(ev.MESSAGE, f"Still waiting: {item.ask}")
+    calls.t.emit(ev.MESSAGE, f"Still waiting: {item.ask}")
     return NextStepFinalOutput()
 
 
-def to_operators(turn: Turn) -> NextStep:
+def to_operators(calls: ToolCalls) -> NextStep:
     """During a takeover the bot is silent: the message goes to the operators and is kept."""
-    item = takeover_item(turn.c)
+    item = takeover_item(calls.t.c)
     assert item is not None
-    data = {"text": turn.user_message, "data": {k: v for k, v in turn.data.items() if k != "userMessage"}}
-    item.data.setdefault("messages", []).append({"from": "user", "text": _said(turn)})
-    turn.emit(ev.USER_MESSAGE, data, audience=ev.OPERATORS)
+    data = {"text": calls.t.user_message, "data": {k: v for k, v in calls.t.data.items() if k != "userMessage"}}
+    item.data.setdefault("messages", []).append({"from": "user", "text": _said(calls)})
+    calls.t.emit(ev.USER_MESSAGE, data, audience=ev.OPERATORS)
     return NextStepFinalOutput()
 
 
 # -- decisions ----------------------------------------------------------------------------------
 
 
-async def decide(turn: Turn, decision: Decision) -> NextStep:
+async def decide(calls: ToolCalls, decision: Decision) -> NextStep:
     if isinstance(decision, Expire):
-        return await expire(turn, decision)
+        return await expire(calls, decision)
     if isinstance(decision, TakeOver | OperatorSay | Release):
-        return await operate(turn, decision)
-    item = find_item(turn.c, decision.item)
+        return await operate(calls, decision)
+    item = find_item(calls.t.c, decision.item)
     if isinstance(decision, Answer):
-        return await answered(turn, item, decision.value, ANSWERED)
+        return await answered(calls, item, decision.value, ANSWERED)
     if isinstance(decision, Reject):
-        return await rejected(turn, item, REJECTED, decision.reason)
+        return await rejected(calls, item, REJECTED, decision.reason)
     args = item.args or {}
     if decision.args is not None:
-        args = edited_args(turn.c, turn.tools, item, decision.args)
-    return await approved(turn, item, args, EDITED if args != (item.args or {}) else APPROVED, decision.reason)
+        args = edited_args(calls.t.c, calls.t.tools, item, decision.args)
+    return await approved(calls, item, args, EDITED if args != (item.args or {}) else APPROVED, decision.reason)
 
 
-async def expire(turn: Turn, decision: Expire) -> NextStep:
+async def expire(calls: ToolCalls, decision: Expire) -> NextStep:
     """Every item due by `now` (the session clock's, unless given) is resolved as its timeout says."""
-    now = parse_time(decision.now) if decision.now else turn.c.now()
+    now = parse_time(decision.now) if decision.now else calls.t.c.now()
     steps: list[NextStep] = []
-    for item in [i for i in turn.c.pending if i.is_due(now)]:
+    for item in [i for i in calls.t.c.pending if i.is_due(now)]:
         if item.kind == APPROVAL:
-            steps.append(await approval_timed_out(turn, item))
+            steps.append(await approval_timed_out(calls, item))
         elif item.kind == QUESTION:
-            tool = turn.config.tools[item.tool or ""]
+            tool = calls.t.config.tools[item.tool or ""]
             ask = tool.action.ask
             if ask is not None and ask.has_on_timeout:
-                steps.append(await answered(turn, item, ask.on_timeout, TIMED_OUT))
+                steps.append(await answered(calls, item, ask.on_timeout, TIMED_OUT))
             else:
-                steps.append(dropped(turn, item))
+                steps.append(dropped(calls, item))
     return combine(steps) if steps else NextStepFinalOutput()
 
 
-async def approval_timed_out(turn: Turn, item: PendingItem) -> NextStep:
+async def approval_timed_out(calls: ToolCalls, item: PendingItem) -> NextStep:
     """A timeout decides as `on_timeout` says: reject, approve, or the named case's first entry
     that holds (none holds, or the bot no longer has the case: reject)."""
     on_timeout = item.data.get("on_timeout") or "reject"
     if on_timeout == "approve":
-        return await approved(turn, item, item.args or {}, TIMED_OUT, None)
-    tool = turn.config.tools[item.tool or ""]
+        return await approved(calls, item, item.args or {}, TIMED_OUT, None)
+    tool = calls.t.config.tools[item.tool or ""]
     entries = tool.approval.cases.get(on_timeout, []) if tool.approval is not None else []
-    entry = _holding_entry(turn, tool, item, entries)
+    entry = _holding_entry(calls, tool, item, entries)
     if entry is None:
-        return await rejected(turn, item, TIMED_OUT, None)
-    turn.decision_info = _decision(turn, TIMED_OUT, None, item.args, on_timeout)
+        return await rejected(calls, item, TIMED_OUT, None)
+    calls.t.decision_info = _decision(calls, TIMED_OUT, None, item.args, on_timeout)
     if entry.message:
-        turn.emit(ev.MESSAGE, turn.render_template(entry.message, "timeout case message", entry.where,
+        calls.t.emit(ev.MESSAGE, calls.t.render_template(entry.message, "timeout case message", entry.where,
                                                    {"args": item.args}))
     if entry.reject is not None:
-        step = await rejected(turn, item, TIMED_OUT, None, case=on_timeout, text=entry.reject or None)
-        if entry.route and entry.route != turn.c.scope.route:
-            turn.c.change_route(entry.route)
-            turn.emit(ev.ROUTE_CHANGED, {"route": turn.c.scope.route, "stack": turn.c.stack})
+        step = await rejected(calls, item, TIMED_OUT, None, case=on_timeout, text=entry.reject or None)
+        if entry.route and entry.route != calls.t.c.scope.route:
+            calls.t.c.change_route(entry.route)
+            calls.t.emit(ev.ROUTE_CHANGED, {"route": calls.t.c.scope.route, "stack": calls.t.c.stack})
             return NextStepFinalOutput()  # the next message goes to the new route
         return step
-    changes = {k: turn.render_template(v, f"timeout case approve.{k}", entry.where, {"args": item.args}, typed=True)
+    changes = {k: calls.t.render_template(v, f"timeout case approve.{k}", entry.where, {"args": item.args}, typed=True)
                if isinstance(v, str) else v for k, v in (entry.approve or {}).items()}
     args = {**(item.args or {}), **changes}
     try:
-        check_arguments(tool, args, turn.tools.argument_validator(tool))
+        check_arguments(tool, args, calls.t.tools.argument_validator(tool))
     except ToolRefusal as refusal:  # the author's case gave invalid arguments: refuse, never run them
-        turn.emit(ev.CONSOLE, f"timeout case {on_timeout} of {tool.name}: {_problem(refusal)}")
-        return await rejected(turn, item, TIMED_OUT, None, case=on_timeout,
+        calls.t.emit(ev.CONSOLE, f"timeout case {on_timeout} of {tool.name}: {_problem(refusal)}")
+        return await rejected(calls, item, TIMED_OUT, None, case=on_timeout,
                               text=f"No one approved this call of {tool.name} in time, and the arguments the "
                               f"timeout's case `{on_timeout}` gave are invalid; it was not run.")
-    return await approved(turn, item, args, TIMED_OUT, None, case=on_timeout)
+    return await approved(calls, item, args, TIMED_OUT, None, case=on_timeout)
 
 
-def _holding_entry(turn: Turn, tool: ToolConfig, item: PendingItem,
+def _holding_entry(calls: ToolCalls, tool: ToolConfig, item: PendingItem,
                    entries: list[ApprovalCaseConfig]) -> ApprovalCaseConfig | None:
-    context = turn.context(args=item.args or {})
+    context = calls.t.context(args=item.args or {})
     for entry in entries:
         if entry.condition is None:
             return entry
@@ -478,96 +389,96 @@ def _holding_entry(turn: Turn, tool: ToolConfig, item: PendingItem,
     return None
 
 
-def _decision(turn: Turn, outcome: str, reason: str | None, args: dict[str, Any] | None,
+def _decision(calls: ToolCalls, outcome: str, reason: str | None, args: dict[str, Any] | None,
               case: str | None = None) -> dict[str, Any]:
     """What `decision` is in templates (a case's condition, `rejected`) while it applies; `case`
     names the approval's case a timeout decided by."""
-    by = None if outcome == TIMED_OUT else (turn.c.principal or {}).get("name")
+    by = None if outcome == TIMED_OUT else (calls.t.c.principal or {}).get("name")
     return {"outcome": outcome, "by": by, "reason": reason, "args": args, "case": case}
 
 
-async def approved(turn: Turn, item: PendingItem, args: dict[str, Any], outcome: str,
+async def approved(calls: ToolCalls, item: PendingItem, args: dict[str, Any], outcome: str,
                    reason: str | None, case: str | None = None) -> NextStep:
     """The call runs now with `args` (its action too), its result replaces the placeholder."""
-    tool = turn.config.tools[item.tool or ""]
-    turn.decision_info = _decision(turn, outcome, reason, args, case)
-    memory = _memory_of(turn, item)
-    resolve(turn, item, outcome, reason=reason, args=args, case=case)
+    tool = calls.t.config.tools[item.tool or ""]
+    calls.t.decision_info = _decision(calls, outcome, reason, args, case)
+    memory = _memory_of(calls, item)
+    resolve(calls, item, outcome, reason=reason, args=args, case=case)
     with tracing.tool_span(tool.name, item.call_id or "", f"{outcome} {item.id}") as span:
         try:
-            turn.check_action(tool)  # the state may have changed while it waited (a route's roles)
-            tool_outcome = await turn.run_checked_tool(tool, args, item.call_id or "")
+            calls.check_action(tool)  # the state may have changed while it waited (a route's roles)
+            tool_outcome = await calls.run_checked_tool(tool, args, item.call_id or "")
         except ToolRefusal as refusal:
             tool_outcome = ToolOutcome(str(refusal), failed=True)
         if tool_outcome.failed:
             tracing.tool_failed(span)
-    return _continue(turn, item, memory, tool_outcome)
+    return _continue(calls, item, memory, tool_outcome)
 
 
-async def rejected(turn: Turn, item: PendingItem, outcome: str, reason: str | None, *, case: str | None = None,
+async def rejected(calls: ToolCalls, item: PendingItem, outcome: str, reason: str | None, *, case: str | None = None,
                    text: str | None = None) -> NextStep:
     """The call is refused: the model reads `text` (a timeout case's), else the tool's `rejected`."""
-    tool = turn.config.tools[item.tool or ""]
+    tool = calls.t.config.tools[item.tool or ""]
     approval = tool.approval
-    turn.decision_info = _decision(turn, outcome, reason, item.args, case)
-    memory = _memory_of(turn, item)
-    resolve(turn, item, outcome, reason=reason, case=case)
+    calls.t.decision_info = _decision(calls, outcome, reason, item.args, case)
+    memory = _memory_of(calls, item)
+    resolve(calls, item, outcome, reason=reason, case=case)
     if text:
-        reply = turn.render_template(text, "timeout case reject", approval.where if approval else tool.where,
+        reply = calls.t.render_template(text, "timeout case reject", approval.where if approval else tool.where,
                                      {"args": item.args})
     elif approval is not None and approval.rejected:
-        reply = turn.render_template(approval.rejected, "approval rejected", approval.where, {"args": item.args})
+        reply = calls.t.render_template(approval.rejected, "approval rejected", approval.where, {"args": item.args})
     elif outcome == TIMED_OUT:
         reply = f"No one approved this call of {tool.name} in time; it was not run."
     else:
         reply = f"This call of {tool.name} was rejected{': ' + reason if reason else ''}; it was not run."
-    return _continue(turn, item, memory, ToolOutcome(reply))
+    return _continue(calls, item, memory, ToolOutcome(reply))
 
 
-async def answered(turn: Turn, item: PendingItem, value: Any, outcome: str) -> NextStep:
+async def answered(calls: ToolCalls, item: PendingItem, value: Any, outcome: str) -> NextStep:
     """The answer lands at `into`, then the rest of the tool's action applies with result = it."""
-    tool = turn.config.tools[item.tool or ""]
+    tool = calls.t.config.tools[item.tool or ""]
     ask = tool.action.ask
     assert ask is not None
-    turn.decision_info = _decision(turn, outcome, None, item.args)
-    memory = _memory_of(turn, item)
-    resolve(turn, item, outcome, answer=value)
+    calls.t.decision_info = _decision(calls, outcome, None, item.args)
+    memory = _memory_of(calls, item)
+    resolve(calls, item, outcome, answer=value)
     args = item.args or {}
     if ask.into:
         try:
-            set_path(turn.roots(), ask.into, copy.deepcopy(value))
+            set_path(calls.t.roots(), ask.into, copy.deepcopy(value))
         except ChatrunError as exc:
             raise TurnFailed(f"tool {tool.name} ({ask.where}): {exc}") from exc
     try:
-        action = turn.choose(tool, args, value)
-        turn.check_action(tool, action)
+        action = calls.choose(tool, args, value)
+        calls.check_action(tool, action)
         # `apply` never reads `ask` (it was this pause): the rest of the action applies now.
-        tool_outcome = await turn.apply(tool, args, value, action, item.call_id or "")
+        tool_outcome = await calls.apply(tool, args, value, action, item.call_id or "")
     except ToolRefusal as refusal:
         tool_outcome = ToolOutcome(str(refusal), failed=True)
-    return _continue(turn, item, memory, tool_outcome)
+    return _continue(calls, item, memory, tool_outcome)
 
 
-def dropped(turn: Turn, item: PendingItem) -> NextStep:
-    memory = _memory_of(turn, item)
-    turn.decision_info = _decision(turn, TIMED_OUT, None, item.args)
-    resolve(turn, item, TIMED_OUT, answer=None)
-    return _continue(turn, item, memory, ToolOutcome("No answer came in time; the question was dropped."))
+def dropped(calls: ToolCalls, item: PendingItem) -> NextStep:
+    memory = _memory_of(calls, item)
+    calls.t.decision_info = _decision(calls, TIMED_OUT, None, item.args)
+    resolve(calls, item, TIMED_OUT, answer=None)
+    return _continue(calls, item, memory, ToolOutcome("No answer came in time; the question was dropped."))
 
 
-def _memory_of(turn: Turn, item: PendingItem) -> ChatMemory:
-    c = turn.c
+def _memory_of(calls: ToolCalls, item: PendingItem) -> ChatMemory:
+    c = calls.t.c
     scope = c.find_scope(item.scope_id)
     return c.memory_for(scope, item.route)
 
 
-def _continue(turn: Turn, item: PendingItem, memory: ChatMemory, outcome: ToolOutcome) -> NextStep:
+def _continue(calls: ToolCalls, item: PendingItem, memory: ChatMemory, outcome: ToolOutcome) -> NextStep:
     """The placeholder result becomes the real one; the model loop goes on on the current route
     without a user message (the memory ends with the call, its result and any queued messages)."""
     replace_result(memory, item.call_id, outcome.reply, drop=outcome.deferred,
                    call=ToolCall(item.call_id or "", item.tool or "", json.dumps(item.args or {})))
-    c = turn.c
-    turn.user_given.add(c.scope.memory_id(c.scope.route))
+    c = calls.t.c
+    calls.t.user_given.add(c.scope.memory_id(c.scope.route))
     return outcome.next
 
 
@@ -592,9 +503,9 @@ def replace_result(memory: ChatMemory, call_id: str | None, reply: str, *, drop:
     memory.set(out)
 
 
-def resolve(turn: Turn, item: PendingItem, outcome: str, **extra: Any) -> None:
+def resolve(calls: ToolCalls, item: PendingItem, outcome: str, **extra: Any) -> None:
     """The item is done: gone from the open list, its outcome kept, a Resolved event sent."""
-    c = turn.c
+    c = calls.t.c
     c.pending = tuple(i for i in c.pending if i.id != item.id)
     resolved = {**c.resolved, item.id: outcome}
     while len(resolved) > RESOLVED_KEPT:
@@ -603,42 +514,42 @@ def resolve(turn: Turn, item: PendingItem, outcome: str, **extra: Any) -> None:
     by = None if outcome == TIMED_OUT else (c.principal or {}).get("name")
     data = {"id": item.id, "kind": item.kind, "outcome": outcome, "by": by,
             **{k: v for k, v in extra.items() if v is not None or k == "answer"}}
-    turn.emit(ev.RESOLVED, data, audience=ev.USER)  # the user learns every outcome (the operators see all)
+    calls.t.emit(ev.RESOLVED, data, audience=ev.USER)  # the user learns every outcome (the operators see all)
 
 
 # -- operators ------------------------------------------------------------------------------------
 
 
-async def operate(turn: Turn, decision: TakeOver | OperatorSay | Release) -> NextStep:
-    c = turn.c
+async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) -> NextStep:
+    c = calls.t.c
     item = takeover_item(c)
     name = (c.principal or {}).get("name") or "operator"
     if item is None:  # an operator takes a conversation nobody handed over
-        item = new_item(turn, TAKEOVER, None, ask=decision.note if isinstance(decision, TakeOver) and decision.note
-                        else "An operator took over.", by=[OPERATOR_ROLE], data=_takeover_data(None, "messages"))
+        item = new_item(calls.t, TAKEOVER, None, ask=decision.note if isinstance(decision, TakeOver) and decision.note
+                        else "An operator took over.", by=[OPERATOR_ROLE], data=takeover_data(None, "messages"))
     if c.taken_over is None:  # taken: the item stays open (the takeover) until the release
         c.taken_over = {"by": copy.deepcopy(c.principal), "since": format_time(c.now()), "item": item.id}
-        turn.emit(ev.RESOLVED, {"id": item.id, "kind": TAKEOVER, "outcome": TAKEN, "by": name})
+        calls.t.emit(ev.RESOLVED, {"id": item.id, "kind": TAKEOVER, "outcome": TAKEN, "by": name})
     if isinstance(decision, OperatorSay):
         item.data.setdefault("messages", []).append({"from": "operator", "name": name, "text": decision.text})
-        turn.emit(ev.MESSAGE, decision.text, meta={"from": "operator", "name": name})
+        calls.t.emit(ev.MESSAGE, decision.text, meta={"from": "operator", "name": name})
     elif isinstance(decision, Release):
-        await release(turn, item, decision.route)
+        await release(calls, item, decision.route)
     return NextStepFinalOutput()
 
 
-async def release(turn: Turn, item: PendingItem, route: str | None) -> None:
+async def release(calls: ToolCalls, item: PendingItem, route: str | None) -> None:
     """The bot has the conversation back, with what was said in its memory; maybe on another route."""
-    c = turn.c
+    c = calls.t.c
     said = item.data.get("messages") or []
     c.taken_over = None
-    resolve(turn, item, RELEASED)
+    resolve(calls, item, RELEASED)
     target = route or item.data.get("release_to")
     if target and target != c.scope.route:
         if target not in c.config.routes:
             raise TurnFailed(f"release to unknown route {target!r}; the bot defines: {', '.join(c.config.routes)}")
         c.change_route(target)
-        turn.emit(ev.ROUTE_CHANGED, {"route": c.scope.route, "stack": c.stack})
+        calls.t.emit(ev.ROUTE_CHANGED, {"route": c.scope.route, "stack": c.stack})
     # What was said goes into the memory of the route the bot goes on with (after a release to
     # another route, that route's: the one whose model answers next must read it).
     scope = c.scope if target else c.find_scope(item.scope_id) if any(s.id == item.scope_id for s in c.scopes) \
@@ -646,7 +557,7 @@ async def release(turn: Turn, item: PendingItem, route: str | None) -> None:
     memory = c.memory_for(scope, scope.route)
     if item.data.get("remember") == "summary":
         if said:
-            memory.add(AssistantMessage(await _summary(turn, scope.route, memory, said)))
+            memory.add(AssistantMessage(await _summary(calls, scope.route, memory, said)))
     else:
         for line in said:
             memory.add(UserMessage(line["text"]) if line["from"] == "user"
@@ -664,16 +575,16 @@ HANDOVER_PROMPT = (
 )
 
 
-async def _summary(turn: Turn, route: str, memory: ChatMemory, said: list[dict[str, Any]]) -> str:
+async def _summary(calls: ToolCalls, route: str, memory: ChatMemory, said: list[dict[str, Any]]) -> str:
     """`remember: summary`: written by the route's summary model when its memory is a `summary`
     one (docs/memory.md), else — or when that call fails — a bounded digest of every line."""
     if isinstance(memory, SummaryMemory):
         talk = "\n".join(_talk_line(line, 4 * DIGEST_CHARS) for line in said[-SUMMARY_INPUT_LINES:])
         try:
-            text = await turn.summary_call(route, HANDOVER_PROMPT, talk)
+            text = await calls.t.summarize(route, HANDOVER_PROMPT, talk)
             return f"(Summary of what an operator and the user said while I was away: {text})"
         except Exception as exc:  # a summary never fails the release: the digest says it instead
-            turn.emit(ev.CONSOLE, f"the handover summary failed ({type(exc).__name__}: {exc}); kept a digest")
+            calls.t.emit(ev.CONSOLE, f"the handover summary failed ({type(exc).__name__}: {exc}); kept a digest")
     return _digest(said)
 
 

@@ -5,7 +5,7 @@ A kind answers three readers, each through the table of `chatrun.toolkinds`:
 
 - the definition stage (through `chatrun.definition.kinds`, the table it owns, which this
   package fills): `parse` its YAML section, `resolve` it at load time, `check` it;
-- the engine (`engine/tools.py`'s Toolbox, `engine/turn.py`): `runtime(config)` gives what
+- the engine (`engine/tools.py`'s Toolbox, `engine/call.py`): `runtime(config)` gives what
   a bot keeps for the kind (connections, imported handlers) — its `call`, the tools it
   adds to a route (`offer`), `aclose`;
 - golden transcripts (`transcripts/`): `outside(spec)` says, as plain data, whether the
@@ -40,7 +40,7 @@ class Writable:
 
 
 class CallContext(Protocol):
-    """What the engine gives a kind's call (the turn implements it)."""
+    """What the engine gives a kind's call (engine/call.py implements it)."""
 
     @property
     def route(self) -> str:

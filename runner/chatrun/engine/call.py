@@ -1,0 +1,421 @@
+"""The tool call: one call of a model's answer, from its check to its action.
+
+A model answer's calls run here in order (`ToolCalls.run_calls`), each through the one call path:
+
+    unknown tool?  ->  arguments (decoded, bound, checked)  ->  `requires`  ->  the action can
+    complete?  ->  approval gate (engine/pausing.py)  ->  the kind's result (or its mock)  ->
+    the case that applies  ->  a question (engine/pausing.py), or the action: state, events,
+    memory, message, choices, the move (push, pop, route, call), `end`, an operator
+
+Every refusal on the way is a `ToolOutcome` the model reads (`failed`), never an exception
+that fails the turn; a handler's own writes go to copies (`WorkingState`) adopted only when it
+succeeds. A decision turn (engine/waiting.py) resumes a call that waited through
+`run_checked_tool` (approved) or `apply` (answered). A new rule for calls goes here, in the
+step of the path where it applies (docs/architecture.md).
+
+The call path sees its turn only through `TurnContext` (engine/context.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from chatrun import events as ev
+from chatrun.definition.config import ActionConfig, Location, RouteConfig, ToolConfig
+from chatrun.definition.templates import holds, is_nothing
+from chatrun.engine import observe, pausing, tracing
+from chatrun.engine.binding import Unbound, bind_arguments, ignored_note
+from chatrun.engine.context import TurnContext, storable
+from chatrun.engine.scopes import Scope, ScopeView, get_path, set_path
+from chatrun.engine.steps import (
+    NextStep,
+    NextStepFinalOutput,
+    NextStepHandoff,
+    NextStepPause,
+    NextStepRunAgain,
+    ToolOutcome,
+)
+from chatrun.engine.tools import BoundInvalid, check_arguments, decode_arguments, result_text
+from chatrun.errors import ChatrunError, ToolRefusal, TurnFailed
+from chatrun.messages import Attachment, ToolCall
+from chatrun.toolkinds.base import ToolFailed, Writable
+
+
+@dataclass
+class WorkingState:
+    """The copies of the state a tool's own code writes to (ToolCalls.working_copy)."""
+
+    state: dict[str, Any]
+    scopes: list[Scope]
+    turn: dict[str, Any]
+
+
+class ToolCalls:
+    """The tool calls of one turn, on the turn's context `t`."""
+
+    def __init__(self, t: TurnContext):
+        self.t = t
+        self.work: WorkingState | None = None  # the copies the current tool's own code writes to
+
+    async def run_calls(self, route: RouteConfig, offered: dict[str, ToolConfig],
+                        calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
+        outcomes: list[ToolOutcome] = []
+        left = False
+        for call in calls:
+            if left:
+                where = ("an earlier tool call ended the conversation" if self.t.ended else
+                         "an earlier tool call waits for a person; call this again after it is resolved"
+                         if self.t.paused else
+                         f"an earlier tool call moved the conversation to route {self.t.c.scope.route}")
+                outcomes.append(ToolOutcome(f"Not run: {where}."))
+                continue
+            with tracing.tool_span(call.name, call.id, _action_words(offered.get(call.name))) as span:
+                outcome = await self.timed_tool(offered, call)
+                if outcome.failed:
+                    tracing.tool_failed(span)
+            left = outcome.moved
+            self.t.paused = self.t.paused or isinstance(outcome.next, NextStepPause)
+            outcomes.append(outcome)
+        return outcomes
+
+    async def timed_tool(self, offered: dict[str, ToolConfig], call: ToolCall) -> ToolOutcome:
+        """run_tool, reporting its duration and whether it failed to whoever observes the turn."""
+        if not observe.active():
+            return await self.run_tool(offered, call)
+        started, failed = time.perf_counter(), True
+        try:
+            outcome = await self.run_tool(offered, call)
+            failed = outcome.failed
+            return outcome
+        finally:  # a failure that fails the turn counts too
+            # A name the model made up is not a label: one series per invented name would never end.
+            observe.tool_call(call.name if call.name in offered else "(unknown)", time.perf_counter() - started,
+                              failed)
+
+    async def run_tool(self, offered: dict[str, ToolConfig], call: ToolCall) -> ToolOutcome:
+        record: dict[str, Any] = {"tool": call.name, "route": self.t.c.scope.route}
+        self.t.tool_calls.append(record)
+        outcome = await self.run_offered_tool(offered, call, record)
+        record["error" if outcome.failed else "reply"] = storable(outcome.reply)  # what the model reads
+        return outcome
+
+    async def run_offered_tool(self, offered: dict[str, ToolConfig], call: ToolCall,
+                               record: dict[str, Any]) -> ToolOutcome:
+        tool = offered.get(call.name)
+        if tool is None:
+            names = ", ".join(offered) or "none"
+            return ToolOutcome(f"Error: there is no tool {call.name!r} here. Tools you can call: {names}.",
+                               failed=True)
+        try:
+            args, ignored = self.arguments(tool, call.arguments)
+            record["args"] = storable(args)
+            self.check_requires(tool)
+            self.check_action(tool)
+            if pausing.needs_approval(self.t, tool, args):  # nothing of the tool runs before the decision
+                return pausing.request_approval(self.t, tool, args, call.id)
+        except ToolRefusal as refusal:
+            return ToolOutcome(str(refusal), failed=True)
+        outcome = await self.run_checked_tool(tool, args, call.id)
+        if ignored:  # the model sent arguments the bot sets: it reads that they were not its to give
+            outcome.reply += ignored_note(ignored)
+        return outcome
+
+    def arguments(self, tool: ToolConfig, raw: str) -> tuple[dict[str, Any], list[str]]:
+        """The call's arguments: the model's, with the tool's bound arguments (`bind:`) put in
+        over whatever it sent for them, checked against the tool's `parameters`. Returns them
+        and the bound names the model sent (ignored)."""
+        sent = decode_arguments(tool, raw)
+        model_args = {k: v for k, v in sent.items() if k not in tool.bind}
+
+        def render(source: Any, what: str) -> Any:
+            return self.t.render_template(source, f"{what} of tool {tool.name}", tool.where, {"args": model_args},
+                                        typed=True)
+
+        try:
+            args, ignored = bind_arguments(tool, sent, render)
+            check_arguments(tool, args, self.t.tools.argument_validator(tool))
+        except Unbound as unbound:
+            why = "" if self.t.c.principal is not None else " (no one is signed in)"
+            self.t.emit(ev.ERROR, f"{tool.name} could not run: the bot has no value for its argument `{unbound.name}`"
+                      f"{why}", runtime=True, meta={"detail": f"{tool.where}: {unbound}{why}"})
+            raise ToolRefusal(f"Error: {tool.name} cannot run: its argument `{unbound.name}` is set by the bot "
+                              "and has no value here. Nothing was sent.") from None
+        except BoundInvalid as invalid:
+            self.t.emit(ev.ERROR, f"{tool.name} could not run: a value the bot gives its arguments is invalid",
+                      runtime=True, meta={"detail": f"{tool.where}: {invalid.detail}"})
+            raise
+        if ignored:
+            self.t.emit(ev.CONSOLE, f"tool {tool.name}: the model sent {', '.join(ignored)}, which the bot binds; "
+                      "ignored, the bound value was used")
+        return args, ignored
+
+    async def run_checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
+        """A call whose arguments, requirements and action were checked: its result, then its action."""
+        self.work = None
+        asks = tool.action.ask is not None  # the action applies once the answer is in (engine/pausing.py)
+        try:
+            result = await self.tool_result(tool, args)
+            action = tool.action if asks else self.choose(tool, args, result)
+            if action is not tool.action:
+                self.check_action(tool, action)  # a case's move, now that the case is known
+        except ToolRefusal as refusal:  # the handler refused, the API call failed, the case cannot complete
+            return ToolOutcome(str(refusal), failed=True)  # nothing applies: the handler's writes were to copies
+        except ToolFailed as failure:
+            if tool.on_error is None:
+                raise TurnFailed(str(failure)) from failure.__cause__
+            return self.handler_error(tool, args, failure)
+        if self.work is not None:
+            self.adopt(self.work)
+        if asks:
+            return pausing.ask_question(self.t, tool, args, result, call_id)
+        return await self.apply(tool, args, result, action, call_id)
+
+    async def tool_result(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
+        """What the tool's mock, handler or HTTP call gives as `result` (None: an action-only
+        tool), kept in the call's history record."""
+        result = await self.tool_result_of(tool, args)
+        if result is not None and self.t.tool_calls:
+            self.t.tool_calls[-1]["result"] = storable(result)
+        return result
+
+    async def tool_result_of(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
+        if self.t.mocks is None:
+            return await self.run_tool_for_real(tool, args)
+        mocked = self.t.mocks.lookup(tool, args)
+        if mocked is not None:
+            if mocked.check_request is not None:
+                mocked.check_request(await self.request_of(tool, args))
+            return mocked.value(tool)
+        try:
+            result = await self.run_tool_for_real(tool, args)
+        except ToolRefusal as refusal:
+            self.t.mocks.observe(tool, args, None, str(refusal))
+            raise
+        self.t.mocks.observe(tool, args, result, None)
+        return result
+
+    async def request_of(self, tool: ToolConfig, args: dict[str, Any]) -> dict[str, Any] | None:
+        """The HTTP request the tool's kind would send for this call, built but not sent (None:
+        the kind sends none, or an action-only tool)."""
+        key = tool.kind
+        if key is None:
+            return None
+        return await self.t.tools.runtime(key).request(tool, tool.kinds[key], args, _KindCall(self))
+
+    async def run_tool_for_real(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
+        """What the tool's kind gives (None: an action-only tool)."""
+        key = tool.kind
+        if key is None:
+            return None
+        return await self.t.tools.runtime(key).call(tool, tool.kinds[key], args, _KindCall(self))
+
+    def check_requires(self, tool: ToolConfig) -> None:
+        roots = self.t.roots()
+        missing = [p for p in tool.requires if get_path(roots, p) in (None, "")]
+        if missing:
+            raise ToolRefusal(
+                f"Error: {tool.name} cannot run yet; these are not set: {', '.join(missing)}. "
+                "Ask the user for them (and set them) first."
+            )
+
+    def check_action(self, tool: ToolConfig, action: ActionConfig | None = None) -> None:
+        """Refuse, before anything applies, an action that cannot complete."""
+        action = action or tool.action
+        if action.pop and len(self.t.c.scopes) == 1:
+            msg = (f"{tool.name} tried to pop the root scope (route {self.t.c.scopes[0].route}); "
+                   "there is no parent route to return to, so nothing changed")
+            self.t.emit(ev.ERROR, msg, runtime=True)
+            raise ToolRefusal(f"Error: {msg}.")
+        for target in (action.push, action.route, action.call):
+            if target and not self.t.c.may_enter(target):
+                roles = ", ".join(self.t.config.routes[target].roles)
+                msg = f"you are not allowed to enter route {target} (it needs one of the roles: {roles})"
+                self.t.emit(ev.ERROR, msg[0].upper() + msg[1:], runtime=True)
+                raise ToolRefusal(f"Error: {tool.name} failed: the user is not allowed to enter route {target}.")
+    async def apply(self, tool: ToolConfig, args: dict[str, Any], result: Any, action: ActionConfig,
+                    call_id: str = "") -> ToolOutcome:
+        """The action's effects, in order: state and events, the scope's memory, the user's
+        message and choices, then the move; returns what the model reads and the next step."""
+        where = tool.where
+        extra = {"args": args, "result": result}
+        self.assign_and_emit(tool, action, extra)
+        scope = self.t.c.scope
+        if action.clear_memory:
+            self.t.c.clear_scope_memories(scope)
+        if action.wipe == "schedule":
+            self.t.wipe_scheduled.add(scope.id)
+        elif action.wipe == "abort":
+            self.t.wipe_aborted.add(scope.id)
+        if action.message:
+            self.t.emit(ev.MESSAGE, self.t.render_template(action.message, "message", where, extra))
+        self.t.offer(action.choices, f"tool {tool.name} choices", where, extra)
+        handed_back = self.t.render_template(action.result, "result", where, extra) if action.result else None
+        reply = self.t.render_template(action.reply, "reply", where, extra) if action.reply else None
+        resumes = self.move(tool, action, handed_back, call_id)
+        if action.end:
+            self.t.ended = tool.name
+        if action.operator is not None:
+            pausing.hand_over(self.t, tool, action.operator, extra)
+            if reply is None:
+                reply = "An operator takes the conversation over now; the conversation continues with them."
+            return ToolOutcome(reply, NextStepPause(), moved=True)
+        if reply is None:
+            reply = self.default_reply(tool, result, action)
+        # A call runs the called route now; a returning call resumes the caller now.
+        execute = action.execute or bool(action.call) or resumes
+        return ToolOutcome(reply, _next_step(action, execute), moved=action.leaves_route or action.end,
+                           deferred=bool(action.call))
+
+    def assign_and_emit(self, tool: ToolConfig, action: ActionConfig, extra: dict[str, Any]) -> None:
+        """The action's `set` assignments, then its `emit` events."""
+        where = tool.where
+        roots = self.t.roots()
+        for path, template in action.set.items():
+            value = self.t.render_template(template, f"set {path}", where, extra, typed=True)
+            if self.t.assigns_nothing(template, value):
+                continue
+            try:
+                set_path(roots, path, copy.deepcopy(None if is_nothing(value) else value))
+            except ChatrunError as exc:
+                raise TurnFailed(f"tool {tool.name} ({where}): {exc}") from exc
+        for event_type, template in action.emit.items():
+            value = self.t.render_template(template, f"emit {event_type}", where, extra, typed=True)
+            if isinstance(template, str) and is_nothing(value):
+                continue  # ... and sends no event
+            self.t.emit(event_type, value)
+
+    def move(self, tool: ToolConfig, action: ActionConfig, handed_back: str | None, call_id: str) -> bool:
+        """The action's pop, push, route change or call. Returns True when a pop resumed a caller."""
+        resumes = False
+        if action.pop:
+            caller = self.t.c.pop_scope(handed_back)
+            self.t.resume(caller)
+            resumes = caller is not None
+        if action.push:
+            self.t.c.push_scope(action.push)
+        if action.route:
+            self.t.c.change_route(action.route)
+        if action.call:
+            self.t.c.push_scope(action.call, {"call_id": call_id, "tool": tool.name})
+        if action.leaves_route:
+            self.t.emit(ev.ROUTE_CHANGED, {"route": self.t.c.scope.route, "stack": self.t.c.stack})
+        return resumes
+
+    def choose(self, tool: ToolConfig, args: dict[str, Any], result: Any) -> ActionConfig:
+        """The action calling the tool applies: its own, with the first case whose condition holds
+        (else the `else:` case) over it. Conditions see the state as it is before the action."""
+        action = tool.action
+        if not action.cases:
+            return action
+        context = self.t.context(args=args, result=result)
+        for case in action.cases:
+            if case.condition is None:
+                return action.with_case(case)
+            try:
+                if holds(case.condition, context):
+                    return action.with_case(case)
+            except ChatrunError:
+                raise
+            except Exception as exc:  # jinja2 UndefinedError, TypeError comparing None, ...
+                raise TurnFailed(f"tool {tool.name} ({case.where}): condition `{case.condition}` failed: {exc}") from exc
+        return action
+
+    # -- handlers -------------------------------------------------------------------
+
+    def working_copy(self) -> WorkingState:
+        """What a handler may write: copies of the state, adopted only when the handler succeeds,
+        so a refusal, a failure or a timeout leaves nothing behind."""
+        return WorkingState(copy.deepcopy(self.t.c.state), copy.deepcopy(self.t.c.scopes), copy.deepcopy(self.t.turn_state))
+
+    def adopt(self, work: WorkingState) -> None:
+        self.t.c.state = work.state
+        for live, written in zip(self.t.c.scopes, work.scopes, strict=True):
+            live.local, live.shared = written.local, written.shared
+        self.t.turn_state.clear()
+        self.t.turn_state.update(work.turn)
+
+    def handler_error(self, tool: ToolConfig, args: dict[str, Any], failure: ToolFailed) -> ToolOutcome:
+        """A declared failure (`on_error:`): the user gets its message, the model its reply."""
+        on_error = tool.on_error
+        assert on_error is not None
+        self.t.emit(ev.CONSOLE, f"handled failure: {failure}")
+        extra = {"args": args, "error": failure.reason}
+        if on_error.message:
+            self.t.emit(ev.MESSAGE, self.t.render_template(on_error.message, "on_error message", on_error.where, extra))
+        if on_error.reply:
+            return ToolOutcome(self.t.render_template(on_error.reply, "on_error reply", on_error.where, extra),
+                               failed=True)
+        return ToolOutcome(f"Error: {tool.name} failed: {failure.reason}. Nothing was done.", failed=True)
+
+    def default_reply(self, tool: ToolConfig, result: Any, action: ActionConfig) -> str:
+        if result is not None:
+            return result_text(result)
+        if action.leaves_route:
+            return f"Done. The conversation is now on route {self.t.c.scope.route}."
+        return "Done."
+
+
+
+
+class _KindCall:
+    """What a tool kind's call gets from the turn (chatrun.toolkinds.base.CallContext)."""
+
+    def __init__(self, calls: ToolCalls):
+        self.calls = calls
+
+    @property
+    def route(self) -> str:
+        return self.calls.t.c.scope.route
+
+    @property
+    def session_id(self) -> str:
+        return self.calls.t.c.id
+
+    def render(self, source: Any, what: str, where: Location, values: dict[str, Any], *, typed: bool) -> Any:
+        return self.calls.t.render_template(source, what, where, values, typed=typed)
+
+    def writable(self) -> Writable:
+        """Copies of the state, kept as `turn.work` and adopted only if the tool goes on."""
+        work = self.calls.work = self.calls.working_copy()
+        return Writable(work.state, ScopeView(work.scopes), work.turn)
+
+    def emit(self, event_type: str, data: object, audience: str | None = None) -> None:
+        self.calls.t.emit(event_type, data, audience=audience)
+
+    def trace_headers(self, headers: dict[str, str]) -> None:
+        tracing.inject(headers)
+
+    def attachments(self) -> list[Attachment]:
+        return self.calls.t.conversation_attachments()
+
+    @property
+    def message_attachments(self) -> tuple[Attachment, ...]:
+        return self.calls.t.attachments
+
+    def read_attachment(self, attachment: Attachment) -> bytes | None:
+        return None if attachment.is_url else self.calls.t.read_blob(attachment.ref)
+
+
+def _next_step(action: ActionConfig, execute: bool) -> NextStep:
+    """The step a tool call's action asks for: the conversation ends, or the loop stops (a move,
+    `immediate`) and the route it is on runs next only with `execute`, or the model reads the result."""
+    if action.end:
+        return NextStepFinalOutput()
+    if action.leaves_route or action.immediate:
+        return NextStepHandoff() if execute else NextStepFinalOutput()
+    return NextStepRunAgain()
+
+
+def _action_words(tool: ToolConfig | None) -> str:
+    """What a tool's action does, for traces: "push flight", "pop", "set", ..."""
+    if tool is None:
+        return "unknown tool"
+    action = tool.action
+    words = [f"push {action.push}" if action.push else "", "pop" if action.pop else "",
+             f"route {action.route}" if action.route else "", "set" if action.set else "",
+             "emit" if action.emit else "", "execute" if action.execute else "",
+             "immediate" if action.immediate else ""]
+    return " ".join(w for w in words if w) or "none"
