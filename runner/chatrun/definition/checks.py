@@ -25,6 +25,7 @@ from chatrun.definition.config import (
     Location,
     RouteConfig,
     ToolConfig,
+    declared_arguments,
 )
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
@@ -312,7 +313,7 @@ class _Checker:
         routes = self.routes_of.get(tool.name, [])
         if approval.condition is not None:
             self.condition(approval.condition, f"`approval.if` of tool `{tool.name}`", (*at, "if"), tool, routes)
-        declared = _declared_args(tool.parameters) or []
+        declared = _listed_args(tool.parameters)
         for i, name in enumerate(approval.edit if isinstance(approval.edit, list) else []):
             if name not in declared:
                 self.add("error", f"`approval.edit` of tool `{tool.name}` names `{name}`, which is not one of its "
@@ -370,7 +371,7 @@ class _Checker:
                      "the entries after it could never decide", *at, "else")
         if entry.condition is not None:
             self.condition(entry.condition, f"condition `{entry.condition}` of {of}", (*at, "if"), tool, routes)
-        declared = _declared_args(tool.parameters) or []
+        declared = _listed_args(tool.parameters)
         for arg, value in (entry.approve or {}).items():
             if arg not in declared:
                 self.add("error", f"`approve` of {of} changes `{arg}`, which is not one of the tool's parameters"
@@ -889,13 +890,15 @@ def _plainly_valid(schema: Any) -> bool:
 
 
 def _declared_args(parameters: dict[str, Any]) -> list[str] | None:
-    """The argument names a parameters schema declares; None when it declares none and
-    leaves the arguments open (then any `args.X` may come)."""
+    """The argument names a parameters schema takes (config.declared_arguments); None when it
+    leaves the names open (then any `args.X` may come)."""
+    return declared_arguments(parameters)
+
+
+def _listed_args(parameters: dict[str, Any]) -> list[str]:
+    """The names of a parameters schema's `properties` (what an approver may edit)."""
     props = parameters.get("properties")
-    props = props if isinstance(props, dict) else {}
-    if props or parameters.get("additionalProperties") is False:
-        return list(props)
-    return None
+    return list(props) if isinstance(props, dict) else []
 
 
 def _merge_decl(into: dict[str, Any], decl: dict[str, Any]) -> None:
