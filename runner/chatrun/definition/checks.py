@@ -97,6 +97,7 @@ class _Checker:
                 self.template(route.choices, f"`choices` of route `{route.name}`", ("routes", route.name, "choices"),
                               None, routes=[route.name])
             self.quarkus_stream(route)
+        self.fallbacks()
         self.display_texts()
         for tool in self.config.tools.values():
             self.tool(tool)
@@ -626,6 +627,17 @@ class _Checker:
             pos = self.src.main.pos(path)
             self.out.append(Diagnostic(self.src.main.file, pos.line, pos.col, "warning", message, path[0]))
 
+    def fallbacks(self) -> None:
+        """`fallback:` of the bot and of routes (what the user gets when the model has nothing to
+        say): templates on the routes they serve; in a bot with `locales:`, translated."""
+        for route in self.config.routes.values():
+            if route.fallback:
+                self.template(route.fallback, f"`fallback` of route `{route.name}`", ("routes", route.name, "fallback"),
+                              None, routes=[route.name])
+        if self.config.fallback:
+            served = [name for name, route in self.config.routes.items() if not route.fallback]
+            self.template(self.config.fallback, "the bot's `fallback`", ("fallback",), None, routes=served)
+
     def display_texts(self) -> None:
         """The texts the page shows end users outside the conversation: the bot's `description:`
         and each route's `title:`; in a bot with `locales:`, templates that see `t()` and `locale` only."""
@@ -641,7 +653,7 @@ class _Checker:
 
 
 # The fields whose text a bot sends without a model: in a bot with `locales:` they must use `t()`.
-USER_FACING = frozenset({"message", "reply", "text", "ask", "rejected", "choices", "title", "description"})
+USER_FACING = frozenset({"message", "reply", "text", "ask", "rejected", "choices", "title", "description", "fallback"})
 
 _Analysis = tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]
 

@@ -494,6 +494,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         content_version=content_version(_version_files(main_file)),
         on_change=_str(top.get("on_change")) or DEFAULT_POLICY,
         catalogs=_catalogs(top.get("locales"), main, main_file, diagnostics),
+        fallback=_str(top.get("fallback")),
     )
 
 
@@ -624,6 +625,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         choices=_choices(raw.get("choices")),
         stream_to_quarkus=None if raw.get("stream_to_quarkus") is None else _bool(raw.get("stream_to_quarkus")),
         attachments=_attachments(raw.get("attachments")),
+        fallback=_str(raw.get("fallback")),
         where=_loc(doc, base),
     )
 
