@@ -274,8 +274,9 @@ class Turn:
         return page_texts(self.t.config.catalogs, self.t.c.locale)["fallback"]
 
     def repeats(self) -> str:
-        """", the last N answers all called TOOL with the same arguments" when the model went round
-        in circles at the end of the turn (for the detail of a turn that reached its limit), else ""."""
+        """For the detail of a turn that reached its limit: when the model went round in circles at
+        the end of the turn, the words "; its last N answers all called TOOL with the same
+        arguments", else nothing."""
         calls = [answer.get("tool_calls") for answer in self.answers]
         last = calls[-1] if calls else None
         if not last:
