@@ -13,8 +13,8 @@ Misbehaviours apply in the order named, each to the answer the one before made:
 
     repeat_call    the calls `times` times (default 2) in one answer; without a call, the
                    calls of the model's previous answer (again after each result)
-    invent_tool    adds a call to a tool the request does not offer (`tool`, else a
-                   plausible name), with `args` (default none)
+    invent_tool    adds a call to a plausible tool the request does not offer (get_weather,
+                   send_email, ...), with `args` (default none)
     extra_args     adds arguments the tool does not take (`args`, else note/priority)
     missing_args   drops arguments: `drop`, else the tool's required ones
     wrong_types    every argument a type its schema does not allow ("30" for 30, "yes" for true)
@@ -158,12 +158,8 @@ def repeat_call(answer: Answer, offered: Offered, options: dict[str, Any], rng: 
 
 
 def invent_tool(answer: Answer, offered: Offered, options: dict[str, Any], rng: random.Random) -> Answer:
-    name = options.get("tool")
-    if name is None:
-        candidates = [n for n in INVENTED_TOOLS if n not in offered.tools]
-        name = rng.choice(candidates) if candidates else "tool_" + "_".join(sorted(offered.tools))
-    elif name in offered.tools:
-        raise ModelError(f"unruly invent_tool: `{name}` is offered on this request; name a tool it does not offer")
+    candidates = [n for n in INVENTED_TOOLS if n not in offered.tools]
+    name = rng.choice(candidates) if candidates else "tool_" + "_".join(sorted(offered.tools))
     return {**answer, "tool_calls": [*_calls(answer), {"name": name, "arguments": dict(options.get("args") or {})}]}
 
 
@@ -307,7 +303,7 @@ def placeholder(answer: Answer, offered: Offered, options: dict[str, Any], rng: 
 MISBEHAVIOURS: dict[str, Misbehaviour] = {m.name: m for m in (
     Misbehaviour("repeat_call", "the same call `times` times in one answer (default 2); without a call, "
                  "the calls of the model's previous answer", ("times",), repeat_call),
-    Misbehaviour("invent_tool", "a call to a tool the request does not offer", ("tool", "args"), invent_tool),
+    Misbehaviour("invent_tool", "a call to a tool the request does not offer", ("args",), invent_tool),
     Misbehaviour("extra_args", "arguments the tool does not take", ("args",), extra_args),
     Misbehaviour("missing_args", "the call without `drop` (default: the tool's required arguments)",
                  ("drop",), missing_args),

@@ -372,7 +372,7 @@ def _specific(error: Violation) -> Violation:
     while error.validator in ("oneOf", "anyOf") and error.context:
         if _step(tuple(error.path)) and len(error.path) == 3:
             break
-        if error.path and error.path[-1] == "error" or _turn_input(error) or _response(error):
+        if error.path and error.path[-1] == "error" or _turn_input(error) or _response(error) or _unruly(error):
             break
         error = violation(best_match(_of_the_instances_type(error.context)))
     return error
@@ -387,6 +387,24 @@ def _of_the_instances_type(context: list) -> list:
 
 def _response(error: Violation) -> bool:
     return error.validator == "anyOf" and "model" in error.path and isinstance(error.instance, dict)
+
+
+def _unruly(error: Violation) -> bool:
+    """An error in a response's `unruly:` value (turns[i].model[j].unruly[k])."""
+    path = tuple(error.path)
+    return len(path) >= 5 and path[2] == "model" and path[4] == "unruly"
+
+
+def _unruly_message(error: Violation, path: tuple) -> str:
+    from chatrun.testing.unruly import MISBEHAVIOURS, problems
+
+    value = error.instance
+    given = value if isinstance(value, list) else [value]
+    wrong = [v for v in given if not isinstance(v, str) or v not in MISBEHAVIOURS]
+    if len(path) == 5 and wrong and all(isinstance(v, str) for v in wrong):
+        return f"`{dotted(path)}`: {problems({'unruly': given})[0][1]}"
+    return (f"`{dotted(path)}` must name a misbehaviour or a list of them ({', '.join(MISBEHAVIOURS)}), "
+            f"not {value!r}")
 
 
 def _turn_input(error: Violation) -> bool:
@@ -427,6 +445,8 @@ def _message(error: Violation, path: tuple) -> str:
                 f"({', '.join(f'`{k}:`' for k in DECISION_KEYS)})")
     if kind == "anyOf" and path and path[-1] == "error":
         return f"`{dotted(path)}` must be true or a matcher on the Error text (a string, {{contains: ..}}, {{regex: ..}})"
+    if _unruly(error):
+        return _unruly_message(error, path)
     if _response(error):
         return f"a model response {where} needs `text`, `tool_calls`, `chunks`, `error` or `unruly`"
     if kind == "dependentRequired":
