@@ -14,7 +14,13 @@ import pytest
 import chatrun
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import BotError, ChatrunError, ModelError
-from chatrun.messages import AssistantMessage, SystemMessage, ToolCall, ToolResultMessage, UserMessage
+from chatrun.messages import (
+    AssistantMessage,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 from chatrun.models.base import ModelRequest
 from chatrun.models.scripted import ScriptedModel
 from chatrun.testing import unruly
@@ -242,9 +248,9 @@ def test_unruly_items_are_checked_at_their_lines(tmp_path):
         load_transcript(path)
     lines = [d.format() for d in info.value.diagnostics]
     assert lines == [
-        f"{path}:7:17: error: `turns[0].model[0]`: `format` is an option of as_text, which this answer does not name "
+        f"{path}:7:9: error: `turns[0].model[0]`: `format` is an option of as_text, which this answer does not name "
         "(it names empty)",
-        f"{path}:8:17: error: `turns[0].model[1]`: contradict needs `undo:`, the call that takes the first one back"]
+        f"{path}:8:10: error: `turns[0].model[1]`: contradict needs `undo:`, the call that takes the first one back"]
 
 
 # -- through the fake server, with the real openai client ------------------------------------------
