@@ -182,7 +182,7 @@ def missing_args(answer: Answer, offered: Offered, options: dict[str, Any], rng:
 
 def wrong_type(value: Any, schema: dict[str, Any]) -> Any:
     """A value of a type `schema` does not allow, as models send them."""
-    kind = schema.get("type")
+    kind = schema.get("type") or _json_type(value)  # no schema (e.g. an MCP tool offline): the value's own type
     kind = kind[0] if isinstance(kind, list) and kind else kind
     if kind in ("integer", "number"):
         return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "a lot"
@@ -193,6 +193,11 @@ def wrong_type(value: Any, schema: dict[str, Any]) -> Any:
     if kind in ("array", "object"):
         return json.dumps(value) if value is not None else "none"
     return value
+
+
+def _json_type(value: Any) -> str | None:
+    kinds = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"), (dict, "object"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), None)
 
 
 def wrong_types(answer: Answer, offered: Offered, options: dict[str, Any], rng: random.Random) -> Answer:
@@ -247,7 +252,8 @@ INVENTED_BY_WORD: tuple[tuple[frozenset[str], tuple[Any, ...]], ...] = (
     (frozenset({"name", "recipient", "to", "person", "passenger", "customer", "payee", "who", "user"}),
      ("John Doe", "Jane Smith", "Maria")),
     (frozenset({"phone", "mobile"}), ("+1 555 0100",)),
-    (frozenset({"order", "id", "reference", "code", "number", "account", "iban"}), ("A0000", "12345")),
+    (frozenset({"order", "id", "reference", "code", "number", "account", "iban", "document", "passport"}),
+     ("A0000", "12345")),
 )
 
 
