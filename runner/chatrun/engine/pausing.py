@@ -67,7 +67,7 @@ def request_approval(t: TurnContext, tool: ToolConfig, args: dict[str, Any], cal
                     data={"self": approval.may_self_decide, "on_timeout": approval.on_timeout})
     announce(t, item)
     if choices:
-        t.emit(ev.CHOICES, {"choices": choices})
+        t.emit(ev.CHOICES, {"choices": choices}, runtime=True)  # runtime: a Quarkus chat reads them in the Message
         return ToolOutcome(f"Waiting for the user's confirmation: {ask}", NextStepPause(), moved=True)
     return ToolOutcome(f"Waiting for approval: {ask}", NextStepPause(), moved=True)
 
