@@ -353,7 +353,7 @@ class _Checker:
                      "asked)", "tools", tool.name, "confirm")
         if tool.approval is not None and tool.approval.confirms:
             return
-        consent = [n for n in _declared_args(tool.parameters) or [] if _CONSENT.match(n) and n not in tool.bind]
+        consent = [n for n in _declared_args(tool.parameters) or [] if isinstance(n, str) and _CONSENT.match(n) and n not in tool.bind]
         if not consent or not any(v.set or v.emit for _, v in tool.action.variants()):
             return
         for case in tool.action.cases:
