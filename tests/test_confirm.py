@@ -7,8 +7,6 @@ a case decides a side effect on."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from fastapi.testclient import TestClient
 
