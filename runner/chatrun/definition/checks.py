@@ -34,6 +34,15 @@ from chatrun.definition.versions import policy_problem
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
 
+# A parameter named like the user's consent (`confirmed`, `user_approved`, `consent`, `yes`): the model fills it.
+_CONSENT = re.compile(r"^(\w+_)?(confirm\w*|approved|consent\w*|yes)$", re.IGNORECASE)
+
+
+def _reads_arg(condition: str, name: str) -> bool:
+    """Whether a condition reads the argument `name` (`args.name`, `args['name']`)."""
+    return re.search(rf"\bargs\s*(\.\s*{re.escape(name)}\b|\[\s*['\"]{re.escape(name)}['\"]\s*\])", condition) is not None
+
+
 # Dict methods a template may call on state (`state.prefs.get('x')`): not state keys.
 _DICT_METHODS = frozenset({"get", "items", "keys", "values"})
 
@@ -256,6 +265,7 @@ class _Checker:
         if isinstance(raw, dict) and "parameters" in raw:  # the default needs no check
             self.parameters(tool)
         check_binding(self, tool, raw if isinstance(raw, dict) else None, routes)
+        self.confirm(tool, raw if isinstance(raw, dict) else {})
 
     def env(self) -> None:
         for name, var in self.config.env.items():
@@ -326,9 +336,34 @@ class _Checker:
                      *at, "self")
         for key in ("ask", "rejected"):
             source = getattr(approval, key)
-            if source:
+            if source and approval.key == "confirm":  # `confirm: TEXT` is the ask
+                self.template(source, f"`confirm` of tool `{tool.name}`", ("tools", tool.name, "confirm"), tool,
+                              routes=routes)
+            elif source:
                 self.template(source, f"`approval.{key}` of tool `{tool.name}`", (*at, key), tool, routes=routes)
         self.approval_cases(tool)
+
+    def confirm(self, tool: ToolConfig, raw: dict[str, Any]) -> None:
+        """`confirm:` is the short form of an approval by the user: not both. A parameter named like
+        consent (`confirmed`, `approved`, `consent`, `yes`) that a case decides a side effect on
+        lets the model say yes for the user: a warning pointing at `confirm:`."""
+        if "confirm" in raw and "approval" in raw:
+            self.add("error", f"tool `{tool.name}` has both `confirm` and `approval`: `confirm: TEXT` is "
+                     "`approval: {by: [user], ask: TEXT}`; give one (the approval's `ask` says what the user is "
+                     "asked)", "tools", tool.name, "confirm")
+        if tool.approval is not None and tool.approval.confirms:
+            return
+        consent = [n for n in _declared_args(tool.parameters) or [] if isinstance(n, str) and _CONSENT.match(n) and n not in tool.bind]
+        if not consent or not any(v.set or v.emit for _, v in tool.action.variants()):
+            return
+        for case in tool.action.cases:
+            used = [n for n in consent if case.condition and _reads_arg(case.condition, n)]
+            if used:
+                self.add("warning", f"tool `{tool.name}` decides what it does on `args.{used[0]}`, an argument the "
+                         "model fills: the model can consent for the user. Ask the user with `confirm:` on the tool "
+                         "that acts, and drop the argument (docs/tools.md, \"Consent from the user\")",
+                         "tools", tool.name, "action", "cases", case.index, "if")
+                return
 
     def approval_cases(self, tool: ToolConfig) -> None:
         """`approval.on_timeout` names `reject`, `approve` or one of the approval's named cases;

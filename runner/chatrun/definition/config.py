@@ -144,10 +144,18 @@ class ApprovalConfig:
     rejected: str | None = None
     cases: dict[str, list[ApprovalCaseConfig]] = field(default_factory=dict)  # named decisions
     where: Location = field(default_factory=Location)
+    key: str = "approval"  # the tool's YAML key it was written as: `approval`, or `confirm` (its short form)
 
     @property
     def may_self_decide(self) -> bool:
         return self.self_decide if self.self_decide is not None else "user" in self.by
+
+    @property
+    def confirms(self) -> bool:
+        """Whether this is the user's own confirmation: the user alone decides (`by: [user]`,
+        which `confirm:` is). The runtime asks them yes or no (engine/pausing.py) and only their
+        yes runs the call (engine/waiting.py)."""
+        return self.by == ["user"] and self.may_self_decide
 
 
 @dataclass

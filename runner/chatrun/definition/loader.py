@@ -751,8 +751,17 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
                                _loc(doc, (*base, "on_error"))) if isinstance(on_error, dict) else None,
         where=_loc(doc, base),
         bind={k: v for k, v in _dict(raw.get("bind")).items() if isinstance(k, str)},
-        approval=_approval(raw.get("approval"), doc, (*base, "approval")),
+        approval=_approval(raw.get("approval"), doc, (*base, "approval")) or _confirm(raw.get("confirm"), doc, base),
     )
+
+
+def _confirm(raw: Any, doc: YamlDoc, base: tuple) -> ApprovalConfig | None:
+    """`confirm: TEXT`, the short form of `approval: {by: [user], ask: TEXT}`: the user's own
+    yes runs the call (with `approval:` too, `approval:` is used and the checks report both)."""
+    text = _str(raw)
+    if text is None:
+        return None
+    return ApprovalConfig(by=["user"], ask=text, where=_loc(doc, (*base, "confirm")), key="confirm")
 
 
 def _approval(raw: Any, doc: YamlDoc, path: tuple) -> ApprovalConfig | None:
