@@ -44,11 +44,12 @@ def cli(args: list[str]) -> tuple[int, str]:
 
 
 def _classic_travel(directory: str, names: list[str]) -> list[str]:
-    """What the copy leaves out: caches, and the tours and car transcripts, so that the counts
-    below are those of the three flight and hotel transcripts (the bot itself is copied whole)."""
+    """What the copy leaves out: caches, and the tours, car and invented-destination transcripts,
+    so that the counts below are those of the three flight and hotel transcripts (the bot itself
+    is copied whole)."""
     left_out = [n for n in names if n == "__pycache__"]
     if Path(directory).name == "transcripts":
-        left_out += [n for n in names if n in ("tours.yaml", "car.yaml")]
+        left_out += [n for n in names if n in ("tours.yaml", "car.yaml", "invented_destination.yaml")]
     return left_out
 
 

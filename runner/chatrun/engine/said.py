@@ -14,9 +14,11 @@ punctuation: text is compared as its sequence of words):
   with `k` ("2k"), or in English words ("one thousand", "twenty-five", "a hundred");
 - a date (text starting YYYY-MM-DD): a date the user wrote as ISO ("2026-03-05"), with slashes or
   dots ("05/03", "5.3.2026": day/month or month/day, both count), with a month name in English or
-  the session's locale ("5 March", "March 5th", "the 5th of March", "5 Mar 2026"; without a year,
-  any year counts), or "today", "tomorrow", "the day after tomorrow", or a weekday name (any of
-  the next 14 days that falls on it);
+  the session's locale ("5 March", "March 5th", "the 5th of March", "5 Mar 2026", both ends of
+  "3 to 17 July" or "3-17 July"; without a year, any year counts), a day alone ("the 28th": that day of this month or the next, or of a month
+  the same text names: "July 1st to the 15th"), "yesterday",
+  "today", "tomorrow", "the day after tomorrow", or an English weekday name (any of the next 14
+  days that falls on it); relative dates count from the session's today (`today` in templates);
 - a list: each item is said; a mapping: each value is said; true, false and null are not checked.
 """
 
@@ -45,7 +47,8 @@ _UNITS = {w: i for i, w in enumerate(
 _TENS = {w: 10 * i for i, w in enumerate("_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if i >= 2}
 _SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000}
 _WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
-_RELATIVE_DAYS = {"today": 0, "tonight": 0, "tomorrow": 1}
+_RELATIVE_DAYS = {"yesterday": -1, "today": 0, "tonight": 0, "tomorrow": 1}
+_ORDINAL_DAY = re.compile(r"^(\d{1,2})(?:st|nd|rd|th)$")
 
 Day = tuple[int | None, int, int]  # (year, or None when the user gave none; month; day)
 
@@ -194,26 +197,52 @@ def dates_in(text: str, today: date, locale: str | None = None) -> set[Day]:
         year = None if not y else int(y) + (2000 if len(y) == 2 else 0)
         found |= {(year, int(m), int(d)) for d, m in ((a, b), (b, a)) if 1 <= int(m) <= 12 and 1 <= int(d) <= 31}
     tokens = words(text)
-    found |= _named_month_dates(tokens, locale)
-    found |= _relative_dates(tokens, today)
+    named = _named_month_dates(tokens, locale)
+    found |= named | _relative_dates(tokens, today)
+    months = {month for _, month, _ in named}
+    for token in tokens:  # "July 1st to the 15th": a day alone, in a month the text names
+        match = _ORDINAL_DAY.match(token)
+        if match and 1 <= int(match.group(1)) <= 31:
+            found |= {(None, month, int(match.group(1))) for month in months}
     return found
 
 
 def _named_month_dates(tokens: list[str], locale: str | None) -> set[Day]:
+    """Days next to a month name ("5 March", "March 5th", "5th of March 2027"), and the other end
+    of a range around one ("3 to 17 July", "3-17 July", "March 1 until the 8th")."""
     months = _month_names(locale)
     found: set[Day] = set()
     for i, token in enumerate(tokens):
         month = months.get(token)
         if month is None:
             continue
-        before = tokens[i - 2] if i >= 2 and tokens[i - 1] in ("of", "de", "di") else tokens[i - 1] if i else ""
-        after = tokens[i + 1] if i + 1 < len(tokens) else ""
-        for candidate, year_at in ((before, i + 1), (after, i + 2)):
-            day = _day_number(candidate)
-            if day is not None:
-                year = tokens[year_at] if year_at < len(tokens) else ""
-                found.add((int(year) if re.fullmatch(r"\d{4}", year) else None, month, day))
+        before_at = i - 2 if i >= 2 and tokens[i - 1] in ("of", "de", "di") else i - 1
+        for at, year_at, step in ((before_at, i + 1, -1), (i + 1, i + 2, 1)):
+            day = _day_number(tokens[at]) if 0 <= at < len(tokens) else None
+            if day is None:
+                continue
+            year_text = tokens[year_at] if year_at < len(tokens) else ""
+            year = int(year_text) if re.fullmatch(r"\d{4}", year_text) else None
+            found.add((year, month, day))
+            partner = _range_partner(tokens, at + step if step < 0 or year is None else year_at + 1, step)
+            if partner is not None:
+                found.add((year, month, partner))
     return found
+
+
+_RANGE_WORDS = ("to", "until", "till", "through", "and", "bis", "au", "al")
+
+
+def _range_partner(tokens: list[str], at: int, step: int) -> int | None:
+    """The day at the other end of a range that starts at `at` going `step` ("3 to" before
+    "17 July"; "to the 8th" after "March 1"), else None."""
+    if not 0 <= at < len(tokens):
+        return None
+    if tokens[at] in _RANGE_WORDS:
+        at += step
+        if 0 <= at < len(tokens) and tokens[at] == "the" and step > 0:
+            at += step
+    return _day_number(tokens[at]) if 0 <= at < len(tokens) else None
 
 
 def _day_number(token: str) -> int | None:
@@ -249,10 +278,25 @@ def _relative_dates(tokens: list[str], today: date) -> set[Day]:
             found.add(_day(today + timedelta(days=offset)))
     if "day after tomorrow" in joined:
         found.add(_day(today + timedelta(days=2)))
+    for token in tokens:  # "the 28th": that day of this month or the next
+        match = _ORDINAL_DAY.match(token)
+        if match:
+            found |= _days_numbered(int(match.group(1)), today)
     for number, name in enumerate(_WEEKDAYS):
         if name in tokens:
             found |= {_day(today + timedelta(days=k)) for k in range(1, 15)
                       if (today + timedelta(days=k)).weekday() == number}
+    return found
+
+
+def _days_numbered(number: int, today: date) -> set[Day]:
+    found: set[Day] = set()
+    for ahead in (0, 1):
+        year, month = today.year + (today.month + ahead - 1) // 12, (today.month + ahead - 1) % 12 + 1
+        try:
+            found.add(_day(date(year, month, number)))
+        except ValueError:  # the 31st of a month of 30 days
+            continue
     return found
 
 
