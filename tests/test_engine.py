@@ -10,7 +10,13 @@ import pytest
 import chatrun
 from chat_support import call, kinds
 from chatrun.errors import SessionError, UnknownRouteError
-from chatrun.messages import AssistantMessage, SystemMessage, ToolCall, ToolResultMessage, UserMessage
+from chatrun.messages import (
+    AssistantMessage,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 from chatrun.models.scripted import ScriptedModel
 from chatrun.store.sqlite import SQLiteStore
 
