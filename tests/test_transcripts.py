@@ -44,12 +44,12 @@ def cli(args: list[str]) -> tuple[int, str]:
 
 
 def _classic_travel(directory: str, names: list[str]) -> list[str]:
-    """What the copy leaves out: caches, and the tours, car and unruly-model transcripts, so that
+    """What the copy leaves out: caches, and the tours, car, unruly-model and invented-destination transcripts, so that
     the counts below are those of the three flight and hotel transcripts (the bot itself is
     copied whole)."""
     left_out = [n for n in names if n == "__pycache__"]
     if Path(directory).name == "transcripts":
-        left_out += [n for n in names if n in ("tours.yaml", "car.yaml") or n.startswith("unruly_")]
+        left_out += [n for n in names if n in ("tours.yaml", "car.yaml", "invented_destination.yaml") or n.startswith("unruly_")]
     return left_out
 
 

@@ -266,6 +266,22 @@ class _Checker:
             self.parameters(tool)
         check_binding(self, tool, raw if isinstance(raw, dict) else None, routes)
         self.confirm(tool, raw if isinstance(raw, dict) else {})
+        self.from_user(tool, raw if isinstance(raw, dict) else {})
+
+    def from_user(self, tool: ToolConfig, raw: dict[str, Any]) -> None:
+        """`from_user:` names parameters of the tool the bot does not bind (a bound value is the bot's,
+        not the user's). An `mcp:` tool that takes the server's schema is not known until it connects."""
+        at = ("tools", tool.name, "from_user")
+        properties = tool.parameters.get("properties")
+        declared = list(properties) if isinstance(properties, dict) else []
+        for i, name in enumerate(tool.from_user):
+            if name in tool.bind:
+                self.add("error", f"`from_user` of tool `{tool.name}` names `{name}`, which the bot binds (`bind:`): "
+                         "its value is the bot's, never the user's; drop one of the two", *at, i)
+            elif name not in declared and not ("mcp" in raw and "parameters" not in raw):
+                self.add("warning", f"`from_user` of tool `{tool.name}` names `{name}`, which is not one of its "
+                         f"parameters{suggest(name, declared)} (it takes: {', '.join(declared) or 'none'}); "
+                         "nothing is checked for it", *at, i)
 
     def env(self) -> None:
         for name, var in self.config.env.items():

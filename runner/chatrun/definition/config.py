@@ -279,6 +279,9 @@ class ToolConfig:
     # Bound arguments (`bind:`): argument NAME -> template. Not offered to the model, never taken
     # from it: the engine renders them into the call's arguments (engine/binding.py).
     bind: dict[str, Any] = field(default_factory=dict)
+    # Parameters whose value must be one the user said (`from_user:`): the call path refuses a
+    # value the user's messages in the scope do not hold (engine/said.py). Not in the model's spec.
+    from_user: list[str] = field(default_factory=list)
     approval: ApprovalConfig | None = None  # the call waits for a person's decision (`approval:`)
 
     @property

@@ -751,6 +751,7 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
                                _loc(doc, (*base, "on_error"))) if isinstance(on_error, dict) else None,
         where=_loc(doc, base),
         bind={k: v for k, v in _dict(raw.get("bind")).items() if isinstance(k, str)},
+        from_user=_str_list(raw.get("from_user")),
         approval=_approval(raw.get("approval"), doc, (*base, "approval")) or _confirm(raw.get("confirm"), doc, base),
     )
 

@@ -2,7 +2,7 @@
 
 A model answer's calls run here in order (`ToolCalls.run_calls`), each through the one call path:
 
-    unknown tool?  ->  arguments (decoded, bound, checked)  ->  `requires`  ->  the action can
+    unknown tool?  ->  arguments (decoded, bound, checked, `from_user` said by the user)  ->  `requires`  ->  the action can
     complete?  ->  approval gate (engine/pausing.py)  ->  the kind's result (or its mock)  ->
     the case that applies  ->  a question (engine/pausing.py), or the action: state, events,
     memory, message, choices, the move (push, pop, route, call), `end`, an operator
@@ -31,6 +31,7 @@ from chatrun.definition.templates import holds, is_nothing
 from chatrun.engine import observe, pausing, tracing
 from chatrun.engine.binding import Unbound, bind_arguments, ignored_note
 from chatrun.engine.context import TurnContext, storable
+from chatrun.engine.said import said
 from chatrun.engine.scopes import Scope, ScopeView, get_path, set_path
 from chatrun.engine.steps import (
     NextStep,
@@ -154,7 +155,24 @@ class ToolCalls:
         if ignored:
             self.t.emit(ev.CONSOLE, f"tool {tool.name}: the model sent {', '.join(ignored)}, which the bot binds; "
                       "ignored, the bound value was used")
+        self.check_from_user(tool, args)
         return args, ignored
+
+    def check_from_user(self, tool: ToolConfig, args: dict[str, Any]) -> None:
+        """`from_user:`: refuse values of these parameters the user has not said in this scope
+        (engine/said.py); the model is told to ask the user for them."""
+        checked = [name for name in tool.from_user if name in args and name not in tool.bind]
+        if not checked:
+            return
+        texts, today, locale = self.t.user_texts(), self.t.c.now().date(), self.t.c.locale
+        unsaid = [name for name in checked if not said(args[name], texts, today, locale)]
+        if not unsaid:
+            return
+        values = ", ".join(f"{name} = {json.dumps(args[name], ensure_ascii=False)}" for name in unsaid)
+        them = "it" if len(unsaid) == 1 else "them"
+        asked = " and ".join(f"the {name.replace('_', ' ')}" for name in unsaid)
+        raise ToolRefusal(f"Error: {tool.name} cannot take {values}: the user has not said {them}. "
+                          f"Ask the user for {asked}, then call {tool.name} with their words. Do not guess.")
 
     async def run_checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
         """A call whose arguments, requirements and action were checked: its result, then its action."""

@@ -34,9 +34,9 @@ from chatrun.engine.scopes import Scope, ScopeView, init_declared, merged_scope
 from chatrun.engine.usage import Usage
 from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.memory import ChatMemory, make_memory
-from chatrun.messages import AssistantMessage, Message, SummaryMessage, ToolResultMessage
+from chatrun.messages import AssistantMessage, Message, SummaryMessage, ToolCall, ToolResultMessage
 from chatrun.store import SessionStore
-from chatrun.store.record import route_of_memory, scope_id
+from chatrun.store.record import SCOPE_SEPARATOR, route_of_memory, scope_id
 
 SNAPSHOT_VERSION = 1
 NOTHING_RESOLVED: Mapping[str, str] = MappingProxyType({})  # shared by every session with none
@@ -182,10 +182,12 @@ class Conversation:
         self.scopes.append(scope)
 
     def pop_scope(self, handed_back: str | None) -> dict[str, str] | None:
-        """End the current scope. A called scope's result answers the call waiting in the parent's
-        memory (a tool result: the parent's model sees a call and its result); otherwise
-        `handed_back` goes to the parent's memory as an assistant message. Returns the caller
-        of a called scope (the parent resumes), else None."""
+        """End the current scope. Its result reaches the parent's memory as a tool result, never
+        in the assistant's voice (a model imitates its own words: "Sent 1000 to Maria." as an
+        assistant message taught one to claim transfers in plain text). A called scope's result
+        answers the call waiting in the parent's memory; a pushed scope's `handed_back` answers a
+        call the runtime writes for it, `returned_from_<route>` (returned_call). Returns the
+        caller of a called scope (the parent resumes), else None."""
         popped = self.scopes.pop()
         for route in popped.memory_routes:
             self._memories.pop(popped.memory_id(route), None)
@@ -196,7 +198,10 @@ class Conversation:
                 ToolResultMessage(popped.caller["call_id"], popped.caller["tool"], text))
             return popped.caller
         if handed_back:
-            self.memory_for(parent, parent.route).add(AssistantMessage(handed_back))
+            memory = self.memory_for(parent, parent.route)
+            call = returned_call(popped)
+            memory.add(AssistantMessage(None, (call,)))
+            memory.add(ToolResultMessage(call.id, call.name, handed_back))
         return None
 
     def end(self, tool: str) -> None:
@@ -383,6 +388,16 @@ class Conversation:
                 if mid not in live:
                     dirty[mid] = None
         return dirty
+
+
+RETURNED_PREFIX = "returned_from_"  # the name of the call a pushed scope's result answers
+
+
+def returned_call(popped: Scope) -> ToolCall:
+    """The call a pushed scope's `result:` answers in its parent's memory: `returned_from_<route>`
+    (at most 64 characters, as function names go), its id unique in the session (the scope's)."""
+    number = popped.id.rsplit(SCOPE_SEPARATOR, 1)[-1]
+    return ToolCall(f"call_returned_{number}", (RETURNED_PREFIX + popped.route)[:64], "{}")
 
 
 def _mark(memory: ChatMemory) -> tuple[ChatMemory, int] | list[Message]:
