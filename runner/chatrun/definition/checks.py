@@ -701,6 +701,13 @@ def _analyse(source: str) -> _Analysis:
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
 
 
+def paths_read(source: str) -> list[tuple[str, ...]]:
+    """The variable paths a template reads (`("state", "total")`), each root alone only when
+    nothing below it is read. Raises TemplateSyntaxError."""
+    refs = [path for path, _ in _analyse(source)[0]]
+    return [p for p in refs if len(p) > 1 or not any(len(q) > 1 and q[0] == p[0] for q in refs)]
+
+
 def _analyse_simple(source: str) -> _Analysis | None:
     """The same answer as Jinja's parser for templates made only of text and simple
     expressions; None for anything else."""

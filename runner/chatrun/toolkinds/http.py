@@ -61,6 +61,9 @@ _EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
 _ENV_READ = re.compile(r"\benv(?:\.|\[\s*['\"])([A-Za-z_]\w*)")
 
 
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # RFC 9110's safe methods: they change nothing
+
+
 @dataclass
 class HttpConfig:
     """A declarative HTTP call (`http:` of a tool). Every text is a template over `args`,
@@ -108,6 +111,10 @@ class HttpKind(ToolKind[HttpConfig]):
 
     def runtime(self, config: BotConfig) -> HttpCaller:
         return HttpCaller(config.env)
+
+    def effect(self, spec: HttpConfig) -> str:
+        """HTTP's safe methods read; any other (POST, PUT, PATCH, DELETE) is done once."""
+        return "read" if spec.method in SAFE_METHODS else "once"
 
     def outside(self, spec: HttpConfig) -> str | None:
         return "an HTTP API"
