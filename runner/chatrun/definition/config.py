@@ -251,6 +251,11 @@ class EnvVar:
     description: str = ""
 
 
+# What a tool's call does besides answering (`effect:`; definition/effects.py gives the defaults).
+READ, IDEMPOTENT, ONCE = "read", "idempotent", "once"
+EFFECTS = (READ, IDEMPOTENT, ONCE)  # weakest first
+
+
 @dataclass
 class ToolConfig:
     name: str
@@ -274,7 +279,7 @@ class ToolConfig:
     approval: ApprovalConfig | None = None  # the call waits for a person's decision (`approval:`)
     # What a call does besides answering (`effect:`): READ, IDEMPOTENT or ONCE. The loader puts the
     # default in when the YAML says none (definition/effects.py); `effect_declared` says whether it did.
-    effect: str = "read"
+    effect: str = READ
     effect_declared: bool = False
     max_calls_per_turn: int | None = None  # calls of this tool per turn (None: limits.max_calls_per_tool)
     one_change_per_answer: bool = False  # after a call of it that changes something, the answer's other calls wait

@@ -6,7 +6,7 @@
                 already ran in the conversation is answered with the earlier result, not run
 
 A tool that declares none gets the strongest of what its kind does (an `http:` call with a
-method other than GET, HEAD or OPTIONS is `once`; a handler or MCP tool is `read`: chatrun cannot
+method other than GET is `once`; a handler or MCP tool is `read`: chatrun cannot
 see what their code does, so one with side effects says `effect: once`) and what its action does
 (`action_effect`). The engine's rules for `once` are in engine/call.py.
 """

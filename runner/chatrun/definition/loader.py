@@ -19,6 +19,8 @@ from chatrun.definition.catalogs import Catalogs, load_catalogs
 from chatrun.definition.checks import run_checks
 from chatrun.definition.config import (
     DEFAULT_TOOL_TIMEOUT,
+    EFFECTS,
+    READ,
     ActionConfig,
     ApprovalCaseConfig,
     ApprovalConfig,
@@ -45,7 +47,7 @@ from chatrun.definition.config import (
     ToolConfig,
     WebhookConfig,
 )
-from chatrun.definition.effects import EFFECTS, READ, default_effect
+from chatrun.definition.effects import default_effect
 from chatrun.definition.kinds import Load, bot_kinds, kinds, parse_kinds, route_kinds
 from chatrun.definition.schemas import (
     Violation,

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatrun import events as ev
-from chatrun.definition.config import ActionConfig, Location, RouteConfig, ToolConfig
-from chatrun.definition.effects import ONCE
+from chatrun.definition.config import ONCE, ActionConfig, Location, RouteConfig, ToolConfig
 from chatrun.definition.templates import holds, is_nothing
 from chatrun.engine import observe, once, pausing, tracing
 from chatrun.engine.binding import Unbound, bind_arguments, ignored_note

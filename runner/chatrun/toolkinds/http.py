@@ -61,9 +61,6 @@ _EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
 _ENV_READ = re.compile(r"\benv(?:\.|\[\s*['\"])([A-Za-z_]\w*)")
 
 
-SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # RFC 9110's safe methods: they change nothing
-
-
 @dataclass
 class HttpConfig:
     """A declarative HTTP call (`http:` of a tool). Every text is a template over `args`,
@@ -113,8 +110,8 @@ class HttpKind(ToolKind[HttpConfig]):
         return HttpCaller(config.env)
 
     def effect(self, spec: HttpConfig) -> str:
-        """HTTP's safe methods read; any other (POST, PUT, PATCH, DELETE) is done once."""
-        return "read" if spec.method in SAFE_METHODS else "once"
+        """A GET reads (HTTP's safe method); a POST, PUT, PATCH or DELETE is done once."""
+        return "read" if spec.method == "GET" else "once"
 
     def outside(self, spec: HttpConfig) -> str | None:
         return "an HTTP API"
