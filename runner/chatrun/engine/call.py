@@ -176,6 +176,8 @@ class ToolCalls:
         """The answer to a call identical to one that waits for a person (whatever the tool's
         effect: never a second item for the same call) or, for a `once` tool, to one already done
         in this conversation; None: the call is new."""
+        if tool.effect != ONCE and not self.t.c.pending:
+            return None  # most calls: nothing to compare with
         key = self.key_of(tool, args)
         item = once.waiting_with(self.t.c, key, self.acted_on(tool))
         if item is not None:
