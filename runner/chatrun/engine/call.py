@@ -19,6 +19,8 @@ The call path sees its turn only through `TurnContext` (engine/context.py).
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +62,8 @@ class ToolCalls:
         self.t = t
         self.work: WorkingState | None = None  # the copies the current tool's own code writes to
         self.took_effect = False  # the current call did something that is done once (engine/once.py)
+        self.key = ""  # the idempotency key of the call running now (`call_key`)
+        self.made: dict[str, int] = {}  # how often each call (tool and arguments) ran in this turn
 
     async def run_calls(self, route: RouteConfig, offered: dict[str, ToolConfig],
                         calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
@@ -178,18 +182,18 @@ class ToolCalls:
         in this conversation; None: the call is new."""
         if tool.effect != ONCE and not self.t.c.pending:
             return None  # most calls: nothing to compare with
-        key = self.key_of(tool, args)
-        item = once.waiting_with(self.t.c, key, self.acted_on(tool))
+        same = self.identity_of(tool, args)
+        item = once.waiting_with(self.t.c, same, self.acted_on(tool))
         if item is not None:
             return ToolOutcome(once.still_waiting(item))
         if tool.effect != ONCE:
             return None
-        done = once.done_before(self.t.c, key)
+        done = once.done_before(self.t.c, same)
         return ToolOutcome(once.already_done(done)) if done is not None else None
 
-    def key_of(self, tool: ToolConfig, args: dict[str, Any]) -> str:
+    def identity_of(self, tool: ToolConfig, args: dict[str, Any]) -> str:
         """What makes two calls the same call (engine/once.py), as the state is now."""
-        return once.call_key(tool.name, args, self.acted_on(tool))
+        return once.identity(tool.name, args, self.acted_on(tool))
 
     def acted_on(self, tool: ToolConfig) -> dict[str, Any]:
         """What a call acts on besides its arguments: the values of the paths its tool `requires`
@@ -199,9 +203,9 @@ class ToolCalls:
         roots = self.t.roots()
         return {path: get_path(roots, path) for path in tool.requires}
 
-    def remember_done(self, tool: ToolConfig, key: str, reply: str) -> None:
+    def remember_done(self, tool: ToolConfig, identity: str, reply: str) -> None:
         """A `once` call that did something: an identical one later is answered with `reply`."""
-        once.remember(self.t.c, tool.name, key, self.t.number, reply)
+        once.remember(self.t.c, tool.name, identity, self.t.number, reply)
         self.took_effect = True
 
     def arguments(self, tool: ToolConfig, raw: str) -> tuple[dict[str, Any], list[str]]:
@@ -236,6 +240,7 @@ class ToolCalls:
     async def run_checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
         """A call whose arguments, requirements and action were checked: its result, then its action."""
         self.work = None
+        self.key = self.call_key(tool, args)
         asks = tool.action.ask is not None  # the action applies once the answer is in (engine/pausing.py)
         try:
             result = await self.tool_result(tool, args)
@@ -253,6 +258,18 @@ class ToolCalls:
         if asks:
             return pausing.ask_question(self.t, tool, args, result, call_id)
         return await self.apply(tool, args, result, action, call_id)
+
+    def call_key(self, tool: ToolConfig, args: dict[str, Any]) -> str:
+        """The call's idempotency key (`ctx.idempotency_key`, an `http:` tool's `Idempotency-Key`):
+        the session, the turn's number, the tool, its arguments and how many times this same call
+        ran before in this turn. A turn run again — retried after a failure, or a decision retried
+        on another replica after the first died — has the same number and makes the same calls,
+        so each gets its key again; any other call gets another. The model's call id is left out:
+        most servers make a new random one for each answer, even the same answer again."""
+        call = json.dumps([tool.name, args], sort_keys=True, default=str, separators=(",", ":"))
+        occurrence = self.made[call] = self.made.get(call, 0) + 1
+        identity = f"{self.t.c.id}\n{self.t.number}\n{occurrence}\n{call}"
+        return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
     async def tool_result(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
         """What the tool's mock, handler or HTTP call gives as `result` (None: an action-only
@@ -319,10 +336,10 @@ class ToolCalls:
     async def apply(self, tool: ToolConfig, args: dict[str, Any], result: Any, action: ActionConfig,
                     call_id: str = "") -> ToolOutcome:
         """The action (`apply_action`); a `once` call that did something is remembered as done."""
-        key = self.key_of(tool, args) if tool.effect == ONCE else ""  # before the action changes the state
+        same = self.identity_of(tool, args) if tool.effect == ONCE else ""  # before the action changes the state
         outcome = await self.apply_action(tool, args, result, action, call_id)
-        if key and _did_something(tool, action):
-            self.remember_done(tool, key, outcome.reply)
+        if same and _did_something(tool, action):
+            self.remember_done(tool, same, outcome.reply)
         return outcome
 
     async def apply_action(self, tool: ToolConfig, args: dict[str, Any], result: Any, action: ActionConfig,
@@ -463,6 +480,10 @@ class _KindCall:
     @property
     def session_id(self) -> str:
         return self.calls.t.c.id
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.calls.key
 
     def render(self, source: Any, what: str, where: Location, values: dict[str, Any], *, typed: bool) -> Any:
         return self.calls.t.render_template(source, what, where, values, typed=typed)

@@ -2,7 +2,8 @@
 
 A call of a tool whose effect is `once` (definition/effects.py) that did something is
 remembered in the conversation (`Conversation.done_calls`, the snapshot's `calls_done`): its
-key (the tool and the canonical JSON of its arguments, bound ones included), the turn and what
+identity (the tool, the canonical JSON of its arguments, bound ones included, and the values at
+its `requires` paths), the turn and what
 the model read of it. An identical call later in the conversation — in the same answer, a later
 model call, a later turn — is answered from this record and not run (docs/tools.md, "Side
 effects"). The record keeps the last DONE_KEPT calls; it is part of the snapshot, so it is
@@ -22,7 +23,7 @@ DONE_KEPT = 50  # the calls done once a conversation remembers, newest last
 REPLY_KEPT = 2000  # characters of what the model read of a done call, kept to read it again
 
 
-def call_key(tool: str, args: dict[str, Any], acted_on: dict[str, Any] | None = None) -> str:
+def identity(tool: str, args: dict[str, Any], acted_on: dict[str, Any] | None = None) -> str:
     """The identity of a call: the tool, its arguments (bound ones included) and what else it
     acts on (the values of the paths it `requires`), as canonical JSON (keys sorted, 30.0 the
     same as 30), hashed so the record stays small whatever they hold."""
@@ -41,22 +42,22 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-def done_before(c: Conversation, key: str) -> dict[str, Any] | None:
-    """The newest record of a call with this key, or None."""
-    return next((entry for entry in reversed(c.done_calls) if entry.get("key") == key), None)
+def done_before(c: Conversation, same: str) -> dict[str, Any] | None:
+    """The newest record of a call with this identity, or None."""
+    return next((entry for entry in reversed(c.done_calls) if entry.get("key") == same), None)
 
 
-def remember(c: Conversation, tool: str, key: str, turn: int, reply: str) -> None:
+def remember(c: Conversation, tool: str, same: str, turn: int, reply: str) -> None:
     """A call done once joins the record (replaced, never changed in place: a checkpoint holds the old one)."""
     kept = reply if len(reply) <= REPLY_KEPT else reply[:REPLY_KEPT - 1] + "…"
-    entry = {"tool": tool, "key": key, "turn": turn, "reply": kept}
-    c.done_calls = (*[e for e in c.done_calls if e.get("key") != key], entry)[-DONE_KEPT:]
+    entry = {"tool": tool, "key": same, "turn": turn, "reply": kept}
+    c.done_calls = (*[e for e in c.done_calls if e.get("key") != same], entry)[-DONE_KEPT:]
 
 
-def waiting_with(c: Conversation, key: str, acted_on: dict[str, Any]) -> PendingItem | None:
-    """An open approval or question of a call with this key (what it acts on as it is now)."""
+def waiting_with(c: Conversation, same: str, acted_on: dict[str, Any]) -> PendingItem | None:
+    """An open approval or question of a call with this identity (what it acts on as it is now)."""
     for item in c.pending:
-        if item.tool and item.args is not None and call_key(item.tool, item.args, acted_on) == key:
+        if item.tool and item.args is not None and identity(item.tool, item.args, acted_on) == same:
             return item
     return None
 

@@ -406,7 +406,7 @@ async def approved(calls: ToolCalls, item: PendingItem, args: dict[str, Any], ou
     resolve(calls, item, outcome, reason=reason, args=args, case=case)
     with tracing.tool_span(tool.name, item.call_id or "", f"{outcome} {item.id}") as span:
         calls.took_effect = False
-        asked = calls.key_of(tool, item.args or {})  # before the call changes what it acts on
+        asked = calls.identity_of(tool, item.args or {})  # before the call changes what it acts on
         try:
             calls.check_action(tool)  # the state may have changed while it waited (a route's roles)
             tool_outcome = await calls.run_checked_tool(tool, args, item.call_id or "")
