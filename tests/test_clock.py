@@ -34,6 +34,7 @@ routes:
 tools:
   stamp:
     description: Stamp the time
+    effect: idempotent                      # each call stamps: none is answered as already done
     action:
       set: {state.stamped: "{{ now }}", state.due: "{{ state.due | add_days(1) }}"}
       reply: "{{ now.isoformat() }} / {{ now | add_hours(3) }} / {{ '2026-11-25T10:00' | datetime }}"

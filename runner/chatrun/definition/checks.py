@@ -19,6 +19,7 @@ from jinja2 import TemplateSyntaxError, nodes
 from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, catalog_checks
 from chatrun.definition.config import (
+    ONCE,
     ActionConfig,
     ApprovalCaseConfig,
     BotConfig,
@@ -247,6 +248,7 @@ class _Checker:
         self.ask_and_operator(tool)
         self.cases(tool)
         self.loops(tool)
+        self.effect(tool)
         if tool.on_error is not None:
             for key in ("message", "reply"):
                 source = getattr(tool.on_error, key)
@@ -282,6 +284,19 @@ class _Checker:
                 self.add("warning", f"`from_user` of tool `{tool.name}` names `{name}`, which is not one of its "
                          f"parameters{suggest(name, declared)} (it takes: {', '.join(declared) or 'none'}); "
                          "nothing is checked for it", *at, i)
+
+    def effect(self, tool: ToolConfig) -> None:
+        """An action-only tool that is done once by default (its action writes a value from
+        itself) yet takes no arguments and `requires` nothing: every call is the same call, so
+        only the first of a conversation runs. Worth saying to the author of a bot written before
+        `effect:` (a kind's tool may get its parameters from its server: not judged here)."""
+        takes = tool.parameters.get("properties") or {}
+        if tool.effect != ONCE or tool.effect_declared or tool.kind or takes or tool.bind or tool.requires:
+            return
+        self.add("warning", f"tool `{tool.name}` is done once (its action writes a value computed from the one it "
+                 "replaces) and takes no arguments: only its first call in a conversation runs, every later one is "
+                 "answered 'Already done'; say `effect: idempotent` if each call should run (or `effect: once` to "
+                 "keep it)", "tools", tool.name)
 
     def env(self) -> None:
         for name, var in self.config.env.items():
@@ -750,6 +765,13 @@ def _analyse(source: str) -> _Analysis:
         if call.name not in known:
             unknown.append((kind, call.name, call.lineno))
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
+
+
+def paths_read(source: str) -> list[tuple[str, ...]]:
+    """The variable paths a template reads (`("state", "total")`), each root alone only when
+    nothing below it is read. Raises TemplateSyntaxError."""
+    refs = [path for path, _ in _analyse(source)[0]]
+    return [p for p in refs if len(p) > 1 or not any(len(q) > 1 and q[0] == p[0] for q in refs)]
 
 
 def _analyse_simple(source: str) -> _Analysis | None:

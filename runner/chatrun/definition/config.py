@@ -259,6 +259,11 @@ class EnvVar:
     description: str = ""
 
 
+# What a tool's call does besides answering (`effect:`; definition/effects.py gives the defaults).
+READ, IDEMPOTENT, ONCE = "read", "idempotent", "once"
+EFFECTS = (READ, IDEMPOTENT, ONCE)  # weakest first
+
+
 @dataclass
 class ToolConfig:
     name: str
@@ -283,6 +288,12 @@ class ToolConfig:
     # value the user's messages in the scope do not hold (engine/said.py). Not in the model's spec.
     from_user: list[str] = field(default_factory=list)
     approval: ApprovalConfig | None = None  # the call waits for a person's decision (`approval:`)
+    # What a call does besides answering (`effect:`): READ, IDEMPOTENT or ONCE. The loader puts the
+    # default in when the YAML says none (definition/effects.py); `effect_declared` says whether it did.
+    effect: str = READ
+    effect_declared: bool = False
+    max_calls_per_turn: int | None = None  # calls of this tool per turn (None: limits.max_calls_per_tool)
+    one_change_per_answer: bool = False  # after a call of it that changes something, the answer's other calls wait
 
     @property
     def kind(self) -> str | None:
@@ -330,6 +341,7 @@ class RouteConfig:
     # route returning Multi<String>); else as one Message (a route returning String).
     stream_to_quarkus: bool | None = None  # None: not said (false)
     attachments: AttachmentPolicy | None = None  # None: the route takes no files
+    one_change_per_answer: bool = False  # after a call that changes something, the answer's other calls wait
     where: Location = field(default_factory=Location)
 
 
@@ -473,6 +485,7 @@ class Limits:
     max_session_tokens: int | None = None  # the same over the whole session, failed turns included
     max_turn_cost: float | None = None  # money (in `prices:` units) of one turn
     max_session_cost: float | None = None
+    max_calls_per_tool: int | None = None  # calls of one tool per turn (None: no bound but max_model_calls)
 
     @property
     def has_budgets(self) -> bool:

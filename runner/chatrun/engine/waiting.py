@@ -430,11 +430,16 @@ async def approved(calls: ToolCalls, item: PendingItem, args: dict[str, Any], ou
     memory = _memory_of(calls, item)
     resolve(calls, item, outcome, reason=reason, args=args, case=case)
     with tracing.tool_span(tool.name, item.call_id or "", f"{outcome} {item.id}") as span:
+        calls.took_effect = False
+        asked = calls.identity_of(tool, item.args or {})  # before the call changes what it acts on
         try:
             calls.check_action(tool)  # the state may have changed while it waited (a route's roles)
             tool_outcome = await calls.run_checked_tool(tool, args, item.call_id or "")
         except ToolRefusal as refusal:
             tool_outcome = ToolOutcome(str(refusal), failed=True)
+        if calls.took_effect and args != (item.args or {}):
+            # The call asked for is done too (with the approver's changes): asked again, it gets this result.
+            calls.remember_done(tool, asked, tool_outcome.reply)
         if tool_outcome.failed:
             tracing.tool_failed(span)
     return _continue(calls, item, memory, tool_outcome)

@@ -153,6 +153,11 @@ class ToolKind(Generic[Spec]):
     def check_bot(self, config: BotConfig, checks: Checks) -> None:
         return None
 
+    def effect(self, spec: Spec) -> str:
+        """A handler's or a server's code may do anything, and chatrun cannot see what: such a
+        tool is `read` unless it says otherwise (docs/tools.md, "Side effects")."""
+        return "read"
+
     # -- the engine ------------------------------------------------------------------------
 
     def runtime(self, config: BotConfig) -> KindRuntime[Spec] | None:

@@ -117,6 +117,10 @@ class HttpKind(ToolKind[HttpConfig]):
     def runtime(self, config: BotConfig) -> HttpCaller:
         return HttpCaller(config.env)
 
+    def effect(self, spec: HttpConfig) -> str:
+        """A GET reads (HTTP's safe method); a POST, PUT, PATCH or DELETE is done once."""
+        return "read" if spec.method == "GET" else "once"
+
     def outside(self, spec: HttpConfig) -> str | None:
         return "an HTTP API"
 
