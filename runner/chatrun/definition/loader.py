@@ -624,6 +624,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         choices=_choices(raw.get("choices")),
         stream_to_quarkus=None if raw.get("stream_to_quarkus") is None else _bool(raw.get("stream_to_quarkus")),
         attachments=_attachments(raw.get("attachments")),
+        tool_choice=_str(raw.get("tool_choice")),
         where=_loc(doc, base),
     )
 
