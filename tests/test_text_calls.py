@@ -105,7 +105,7 @@ def test_broken_json_in_a_block_is_a_call_the_call_path_refuses():
     assert read_calls(text, "auto", OFFERED) == ([ToolCall("", "book", '{"name": "book", "arguments": {"seat": "12A"')],
                                                  None)
     nameless = "Sure <tool_call>not json at all</tool_call>"
-    assert read_calls(nameless, "auto", OFFERED) == ([ToolCall("", "", "not json at all")], "Sure")
+    assert read_calls(nameless, "auto", OFFERED) == ([ToolCall("", "", "not json at all")], "Sure ")  # as a stream may have shown it
 
 
 def test_json_that_is_not_a_call_stays_text():
@@ -144,6 +144,9 @@ REPLIES = [
     '{"name": "fly", "arguments": {}}',  # not offered under auto: text, shown at the end
     "Plain text with {braces}, `ticks`, <b>tags</b> and a ```python\nprint(1)\n``` block.",
     "Ends with a half tag <tool_",
+    f"On it. \n\n{HERMES}\n\nDone. ",
+    f"Inline {HERMES} then more",
+    " \n Paragraphs.\n\nNo call here.\n",
     'Two: <tool_call>{"name": "note", "arguments": {}}</tool_call> and {"name": "book", "arguments": {"seat": "1"}}',
 ]
 
@@ -180,7 +183,7 @@ def test_a_streamed_reply_shows_its_final_text_and_never_a_call(reply):
 
 def test_text_before_a_call_is_streamed_as_it_comes():
     shown, _ = stream(["Let me ", "book that.", "\n<tool_", 'call>{"name": "book", ', '"arguments": {}}</tool_call>'])
-    assert shown[:2] == ["Let me", " book that."]  # the space waited for what follows it, nothing more
+    assert shown[:2] == ["Let me ", "book that."]  # as they came: only the line break before the call waits
 
 
 # -- in a turn --------------------------------------------------------------------------------------

@@ -230,16 +230,27 @@ def _call_of(obj: dict[str, Any]) -> ToolCall | None:
 
 
 def _rest(text: str, found: list[Found]) -> str | None:
-    """The text around the calls: each piece trimmed where a call was, pieces on their own lines.
-    The first piece keeps its leading whitespace, as the stream released it."""
-    pieces, at = [], 0
-    for index, part in enumerate(found):
-        piece = text[at:part.start].rstrip()
-        pieces.append(piece if index == 0 else piece.lstrip())
-        at = part.end
-    pieces.append(text[at:].lstrip())
-    kept = [piece for piece in pieces if piece.strip()]
-    return "\n".join(kept) or None
+    """The text around the calls. Before the first call it is the text as the stream shows it
+    (`trim_end`); after it (held back in a stream, so free to tidy) each piece is trimmed and on
+    its own line."""
+    first = trim_end(text[:found[0].start])
+    if not first.strip():
+        first = ""
+    ends = [part.end for part in found]
+    starts = [part.start for part in found[1:]] + [len(text)]
+    later = "\n".join(piece for end, start in zip(ends, starts, strict=True) if (piece := text[end:start].strip()))
+    joint = "\n" if first and later and not first[-1].isspace() else ""
+    return first + joint + later or None
+
+
+def trim_end(text: str) -> str:
+    """`text` without its trailing whitespace from the first line break in it: a call on its own
+    line leaves no empty line behind, and a stream holds only what this cuts, so it never shows
+    what the final text lacks."""
+    body = text.rstrip()
+    tail = text[len(body):]
+    line_break = tail.find("\n")
+    return text if line_break < 0 else body + tail[:line_break]
 
 
 def read_response(response: ModelResponse, mode: str, offered: frozenset[str]) -> ModelResponse:
@@ -254,17 +265,19 @@ def read_response(response: ModelResponse, mode: str, offered: frozenset[str]) -
 
 # -- streaming --------------------------------------------------------------------------------------
 
-def releasable(pending: str) -> tuple[int, bool]:
+def releasable(pending: str, started: bool) -> tuple[int, bool]:
     """How much of `pending` (text not yet shown) can be shown now: up to the first place a call
-    may start, without the whitespace before it; and whether a call starts there (then the rest
-    is held to the end)."""
+    may start, less the whitespace `trim_end` cuts (and whitespace alone before anything was
+    shown: a reply may open with a call); and whether a call starts there (then the rest is held
+    to the end)."""
     stop, is_call = len(pending), False
     for match in CANDIDATE.finditer(pending):
         start = call_start(pending, match.start())
         if start != "no":
             stop, is_call = match.start(), start == "call"
             break
-    return len(pending[:stop].rstrip()), is_call
+    shown = trim_end(pending[:stop])
+    return (len(shown) if started or shown.strip() else 0), is_call
 
 
 class HeldBack:
@@ -280,7 +293,7 @@ class HeldBack:
         self.pending += chunk
         if self.holding or not chunk:
             return
-        cut, self.holding = releasable(self.pending)
+        cut, self.holding = releasable(self.pending, bool(self.shown))
         if cut:
             await self.show(self.pending[:cut])
             self.pending = self.pending[cut:]
