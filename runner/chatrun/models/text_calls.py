@@ -51,6 +51,7 @@ FENCE = "```"
 FENCE_LANGUAGES = ("", "json")  # ```json or a bare ``` (any case)
 CALL_KEYS = frozenset({"name", "arguments", "parameters", "id", "type"})  # what a call object may hold
 CANDIDATE = re.compile(r"[<`{]")
+QUICK = re.compile(r"[<`{]|\n\s*$|^$")  # a chunk HeldBack must look at closely (else: shown at once)
 NAME_IN_BROKEN_JSON = re.compile(r'"name"\s*:\s*"([^"\\]+)"')
 
 Start = Literal["no", "maybe", "call"]
@@ -290,6 +291,9 @@ class HeldBack:
         self.holding = False  # a call started: everything else waits for the end
 
     async def send(self, chunk: str) -> None:
+        if not self.pending and not self.holding and self.shown and QUICK.search(chunk) is None:
+            await self.show(chunk)  # most chunks: nothing that may start a call, no line break held
+            return
         self.pending += chunk
         if self.holding or not chunk:
             return
