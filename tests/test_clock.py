@@ -186,8 +186,8 @@ def transcript(tmp_path: Path, body: str) -> Path:
 def test_the_airline_transcripts_pin_the_clock_and_cover_both_branches():
     code, out = cli([str(AIRLINE / "transcripts")])
     assert code == 0, out
-    assert "2 passed" in out
     texts = [p.read_text() for p in (AIRLINE / "transcripts").glob("*.yaml")]
+    assert f"{len(texts)} passed" in out
     assert all("\nclock:" in t for t in texts)
     assert any("same-day changes cannot be made" in t for t in texts)
     assert any("Done: K7QX2D now flies on" in t for t in texts)

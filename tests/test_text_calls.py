@@ -17,6 +17,7 @@ from chatrun.messages import ToolCall
 from chatrun.models.base import ModelResponse
 from chatrun.models.scripted import ScriptedModel
 from chatrun.models.text_calls import HeldBack, read_calls, read_response
+from chatrun.testing.unruly import Unruly
 
 BOT = """
 name: desk
@@ -211,6 +212,16 @@ def test_a_broken_block_is_refused_to_the_model_never_shown(bot):
     assert refusals[0].startswith("Error: the arguments of book are not valid JSON")
     assert refusals[1].startswith("Error: this tool call names no tool") and "Tools you can call: book, note" in \
         refusals[1]
+
+
+@pytest.mark.parametrize("form", ["tag", "fenced", "bare"])
+def test_the_unruly_models_calls_written_as_text_run(bot, form):
+    book = {"name": "book", "arguments": {"seat": "9C"}}
+    model = ScriptedModel([Unruly("as_text", tool_calls=[book, {"name": "note"}], text="On it.", format=form),
+                           {"text": "Done."}])
+    s = bot.session(model=model)
+    assert kinds(s.chat("9C please")) == [("Message", "On it."), ("Message", "Done.")]
+    assert (s.state["booked"], s.state["notes"]) == (["9C"], 1)
 
 
 def test_native_mode_shows_the_text_as_it_is(bot):

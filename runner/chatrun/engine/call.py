@@ -19,6 +19,8 @@ The call path sees its turn only through `TurnContext` (engine/context.py).
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +61,8 @@ class ToolCalls:
     def __init__(self, t: TurnContext):
         self.t = t
         self.work: WorkingState | None = None  # the copies the current tool's own code writes to
+        self.key = ""  # the idempotency key of the call running now (`call_key`)
+        self.made: dict[str, int] = {}  # how often each call (tool and arguments) ran in this turn
 
     async def run_calls(self, route: RouteConfig, offered: dict[str, ToolConfig],
                         calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
@@ -160,6 +164,7 @@ class ToolCalls:
     async def run_checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
         """A call whose arguments, requirements and action were checked: its result, then its action."""
         self.work = None
+        self.key = self.call_key(tool, args)
         asks = tool.action.ask is not None  # the action applies once the answer is in (engine/pausing.py)
         try:
             result = await self.tool_result(tool, args)
@@ -177,6 +182,18 @@ class ToolCalls:
         if asks:
             return pausing.ask_question(self.t, tool, args, result, call_id)
         return await self.apply(tool, args, result, action, call_id)
+
+    def call_key(self, tool: ToolConfig, args: dict[str, Any]) -> str:
+        """The call's idempotency key (`ctx.idempotency_key`, an `http:` tool's `Idempotency-Key`):
+        the session, the turn's number, the tool, its arguments and how many times this same call
+        ran before in this turn. A turn run again — retried after a failure, or a decision retried
+        on another replica after the first died — has the same number and makes the same calls,
+        so each gets its key again; any other call gets another. The model's call id is left out:
+        most servers make a new random one for each answer, even the same answer again."""
+        call = json.dumps([tool.name, args], sort_keys=True, default=str, separators=(",", ":"))
+        occurrence = self.made[call] = self.made.get(call, 0) + 1
+        identity = f"{self.t.c.id}\n{self.t.number}\n{occurrence}\n{call}"
+        return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
     async def tool_result(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
         """What the tool's mock, handler or HTTP call gives as `result` (None: an action-only
@@ -378,6 +395,10 @@ class _KindCall:
     @property
     def session_id(self) -> str:
         return self.calls.t.c.id
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.calls.key
 
     def render(self, source: Any, what: str, where: Location, values: dict[str, Any], *, typed: bool) -> Any:
         return self.calls.t.render_template(source, what, where, values, typed=typed)
