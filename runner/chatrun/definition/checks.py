@@ -35,6 +35,8 @@ from chatrun.definition.versions import policy_problem
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
 
+TOOL_CHOICES = ("auto", "required", "none")  # a route's `tool_choice` besides a tool's name
+
 # A parameter named like the user's consent (`confirmed`, `user_approved`, `consent`, `yes`): the model fills it.
 _CONSENT = re.compile(r"^(\w+_)?(confirm\w*|approved|consent\w*|yes)$", re.IGNORECASE)
 
@@ -86,6 +88,31 @@ class _Checker:
                      "Stream chunks (a Quarkus Multi<String> route), or `false` to keep the Message",
                      "routes", route.name, "model", "stream")
 
+    def tool_choice(self, route: RouteConfig) -> None:
+        """A route's `tool_choice`: auto, required, none, or one of its tools (a server's tools,
+        `mcp:`, are known only when it runs)."""
+        choice = route.tool_choice
+        if choice is None or choice in TOOL_CHOICES or choice in route.tools or route.kind_config:
+            return
+        known = [*TOOL_CHOICES, *route.tools]
+        self.add("error", f"`tool_choice` of route `{route.name}` is `{choice}`, which is neither auto, required, "
+                 f"none nor one of the route's tools{suggest(choice, known)}; the route's tools: "
+                 f"{', '.join(route.tools) or 'none'}", "routes", route.name, "tool_choice")
+
+    def output_read_as_call(self, route: RouteConfig) -> None:
+        """A route whose JSON answers look like a tool call (`name` and `arguments` or `parameters`):
+        under `model.tool_calls: auto` (the default since issue 32) an answer naming one of its
+        tools is run as that call instead of being its answer."""
+        if route.output is None or not route.tools:
+            return
+        keys = set((route.output.schema.get("properties") or {}) if isinstance(route.output.schema, dict) else ())
+        if "name" in keys and keys & {"arguments", "parameters"} and \
+                self.config.route_model(route.name).tool_calls != "native":
+            self.add("warning", f"the `output` of route `{route.name}` has `name` and `arguments` (or `parameters`): "
+                     f"with `model.tool_calls: {self.config.route_model(route.name).tool_calls}` an answer naming "
+                     "one of the route's tools is run as that tool call; set `model: {tool_calls: native}` on the "
+                     "route if such answers are answers", "routes", route.name, "output")
+
     def run(self) -> None:
         self.default_route()
         self.on_change()
@@ -106,6 +133,8 @@ class _Checker:
                 self.template(route.choices, f"`choices` of route `{route.name}`", ("routes", route.name, "choices"),
                               None, routes=[route.name])
             self.quarkus_stream(route)
+            self.tool_choice(route)
+            self.output_read_as_call(route)
         self.display_texts()
         for tool in self.config.tools.values():
             self.tool(tool)

@@ -43,6 +43,9 @@ class ModelConfig:
     # The content kinds the endpoint takes as parts (chatrun.messages.CONTENT_KINDS); the files of
     # other kinds are sent as a text description. None: text, image, file (not audio).
     accepts: tuple[str, ...] | None = None
+    # Calls the model writes as text (`<tool_call>` blocks, JSON): "native" (left as text), "text"
+    # (always read), "auto" (read when the answer has no native call); chatrun.models.text_calls.
+    tool_calls: str = "auto"
     where: Location = field(default_factory=Location)
 
     def merged(self, override: dict[str, Any] | None) -> ModelConfig:
@@ -342,6 +345,9 @@ class RouteConfig:
     stream_to_quarkus: bool | None = None  # None: not said (false)
     attachments: AttachmentPolicy | None = None  # None: the route takes no files
     one_change_per_answer: bool = False  # after a call that changes something, the answer's other calls wait
+    # What the model must do on its first call of the route's loop: "auto", "required", "none" or
+    # a tool's name (OpenAI's `tool_choice`); None: not sent (the endpoint's default, auto).
+    tool_choice: str | None = None
     where: Location = field(default_factory=Location)
 
 

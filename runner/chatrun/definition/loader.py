@@ -631,6 +631,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         stream_to_quarkus=None if raw.get("stream_to_quarkus") is None else _bool(raw.get("stream_to_quarkus")),
         attachments=_attachments(raw.get("attachments")),
         one_change_per_answer=_bool(raw.get("one_change_per_answer")),
+        tool_choice=_str(raw.get("tool_choice")),
         where=_loc(doc, base),
     )
 

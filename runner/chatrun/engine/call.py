@@ -144,6 +144,11 @@ class ToolCalls:
         tool = offered.get(call.name)
         if tool is None:
             names = ", ".join(offered) or "none"
+            if not call.name.strip():  # e.g. a call written as text whose JSON could not be read
+                return ToolOutcome("Error: this tool call names no tool (or its JSON could not be read), so "
+                                   'nothing ran. Call a tool with its name and a JSON object of arguments, as '
+                                   f'{{"name": "...", "arguments": {{...}}}}. Tools you can call: {names}.',
+                                   failed=True)
             return ToolOutcome(f"Error: there is no tool {call.name!r} here. Tools you can call: {names}.",
                                failed=True)
         try:
