@@ -55,6 +55,7 @@ tools:
       reply: "Booked seat {{ args.seat }}."
   note:
     description: Take a note
+    effect: idempotent     # each call counts one more note
     action:
       set: {state.notes: "{{ state.notes + 1 }}"}
       reply: Noted.
