@@ -34,6 +34,7 @@ routes:
 tools:
   stamp:
     description: Stamp the time
+    effect: idempotent                      # each call stamps: none is answered as already done
     action:
       set: {state.stamped: "{{ now }}", state.due: "{{ state.due | add_days(1) }}"}
       reply: "{{ now.isoformat() }} / {{ now | add_hours(3) }} / {{ '2026-11-25T10:00' | datetime }}"
@@ -186,8 +187,8 @@ def transcript(tmp_path: Path, body: str) -> Path:
 def test_the_airline_transcripts_pin_the_clock_and_cover_both_branches():
     code, out = cli([str(AIRLINE / "transcripts")])
     assert code == 0, out
-    assert "2 passed" in out
     texts = [p.read_text() for p in (AIRLINE / "transcripts").glob("*.yaml")]
+    assert f"{len(texts)} passed" in out
     assert all("\nclock:" in t for t in texts)
     assert any("same-day changes cannot be made" in t for t in texts)
     assert any("Done: K7QX2D now flies on" in t for t in texts)

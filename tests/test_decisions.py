@@ -159,27 +159,31 @@ def test_bank_insufficient_funds_through_the_openai_client(fake):
     assert s.memory()[-1].content == "The transfer was cancelled for insufficient funds."
 
 
-def test_bank_confirmed_and_declined_through_the_openai_client(fake):
+def test_bank_sends_only_on_the_users_own_yes_through_the_openai_client(fake):
     bot = chatrun.load_bot(BANK)
     s = bot.session()
+    # The model consents for the user (a flag of its own): the runtime asks the user instead.
     fake.queue(call("transfer_money"),
                {"tool_calls": [{"name": "set_recipient", "arguments": {"recipient": "Joe"}},
                                {"name": "set_amount", "arguments": {"amount": 300}}]},
-               {"text": "Send 300 to Joe?"})
-    s.chat("Send 300 to Joe")
-    assert "Ask the user to confirm sending 300 to Joe" in fake.requests[-1]["messages"][0]["content"]
-    fake.queue(call("confirm_transfer", confirmed=True))
-    events = s.chat("yes")
+               call("send_transfer", confirmed=True))
+    events = s.chat("Send 300 to Joe")
+    assert "Call send_transfer to send 300 to Joe" in fake.requests[-1]["messages"][0]["content"]
+    assert ("Choices", {"choices": [{"label": "Yes", "value": "yes"}, {"label": "No", "value": "no"}]}) in kinds(events)
+    assert s.state["balance"] == 1000 and [p.ask for p in s.pending] == ["Send 300 to Joe?"]
+    calls = len(fake.requests)
+    events = s.chat("yes")  # the user's yes runs it, without asking the model
     assert ("Object", {"transfer": {"to": "Joe", "amount": 300}, "balance": 700}) in kinds(events)
-    assert s.state["balance"] == 700 and s.stack == ["main"]
+    assert s.state["balance"] == 700 and s.stack == ["main"] and len(fake.requests) == calls
 
     fake.queue(call("transfer_money"),
                {"tool_calls": [{"name": "set_recipient", "arguments": {"recipient": "Joe"}},
                                {"name": "set_amount", "arguments": {"amount": 50}}]},
-               {"text": "Send 50 to Joe?"})
+               call("send_transfer"))
     s.chat("and 50 more")
-    fake.queue(call("confirm_transfer", confirmed=False))
+    fake.queue(call("cancel_transfer"))
     events = s.chat("no")
+    assert fake.requests[-1]["messages"][-1]["content"].startswith('The user declined "Send 50 to Joe?"')
     assert ("Message", "The transfer was cancelled; no money was sent.") in kinds(events)
     assert s.state["balance"] == 700 and s.state["transfers"] == [{"to": "Joe", "amount": 300}]
 
@@ -195,14 +199,14 @@ def test_conditional_edges_carry_their_conditions(shop):
     pops = [e for e in bank.edges if e.kind == "pop"]
     assert pops == [
         Edge("transfer", None, "pop", "set_amount", condition="if args.amount > state.balance"),
-        Edge("transfer", None, "pop", "confirm_transfer"),  # both cases pop: unconditional
+        Edge("transfer", None, "pop", "send_transfer"),
         Edge("transfer", None, "pop", "cancel_transfer"),
         Edge("balance", None, "pop", "(answer)"),  # the called balance route returns with its answer
     ]
     text = bank.render("text")
-    assert "set_amount        pop → back to main  [if args.amount > state.balance]" in text
-    assert '"pop: set_amount [if args.amount #gt; state.balance], confirm_transfer, cancel_transfer"' in bank.render("mermaid")
-    assert 'label="pop: set_amount [if args.amount > state.balance], confirm_transfer, cancel_transfer"' in bank.render("dot")
+    assert "set_amount       pop → back to main  [if args.amount > state.balance]" in text
+    assert '"pop: set_amount [if args.amount #gt; state.balance], send_transfer, cancel_transfer"' in bank.render("mermaid")
+    assert 'label="pop: set_amount [if args.amount > state.balance], send_transfer, cancel_transfer"' in bank.render("dot")
 
 
 def test_a_case_moving_where_the_tool_does_not_is_otherwise_labelled(write_bot):

@@ -10,7 +10,13 @@ import pytest
 import chatrun
 from chat_support import call, kinds
 from chatrun.errors import SessionError, UnknownRouteError
-from chatrun.messages import AssistantMessage, SystemMessage, ToolResultMessage, UserMessage
+from chatrun.messages import (
+    AssistantMessage,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 from chatrun.models.scripted import ScriptedModel
 from chatrun.store.sqlite import SQLiteStore
 
@@ -198,8 +204,11 @@ def test_requires_refuses_incomplete_booking_then_books_and_pops(travel, tmp_pat
     assert "reservation" not in s.visible_state()["scope"]
     assert flight_scope.memory_id("flight") not in s.memories()
     assert s.store.get_messages(flight_scope.memory_id("flight")) == []
-    # pop's result was handed to main_menu's memory; without execute the turn ends with the pop
-    assert s.memory()[-1] == AssistantMessage("Booked flight XY123 to Ireland")
+    # pop's result was handed to main_menu's memory as the result of a call the runtime wrote, never
+    # in the assistant's own voice; without execute the turn ends with the pop
+    returned = ToolCall("call_returned_2", "returned_from_flight", "{}")
+    assert s.memory()[-2:] == [AssistantMessage(None, (returned,)),
+                               ToolResultMessage("call_returned_2", "returned_from_flight", "Booked flight XY123 to Ireland")]
     assert model.remaining == 0
 
 

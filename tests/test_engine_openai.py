@@ -73,7 +73,14 @@ def test_travel_booking_end_to_end(fake):
     last = fake.requests[-1]
     assert offered(last) == routes["main_menu"].tools
     assert last["messages"][0]["role"] == "system"
-    assert any(m["role"] == "assistant" and (m["content"] or "").startswith("Booked flight") for m in last["messages"])
+    # ... as a tool result (the answer to a call `returned_from_flight` the runtime wrote), never as
+    # words of the assistant's own that the model could imitate
+    assert not any(m["role"] == "assistant" and "Booked flight" in (m["content"] or "") for m in last["messages"])
+    at = next(i for i, m in enumerate(last["messages"]) if m["role"] == "tool" and m["content"].startswith("Booked flight"))
+    call = last["messages"][at - 1]
+    assert call["role"] == "assistant" and call["content"] is None
+    assert [(c["id"], c["function"]["name"]) for c in call["tool_calls"]] == [(last["messages"][at]["tool_call_id"],
+                                                                             "returned_from_flight")]
     session.close()
 
 

@@ -180,7 +180,9 @@ def test_the_operator_rejects_a_refund_and_the_user_rejects_their_own_call(pages
     mine.locator("button.reject").click()
     mine.locator(".pending-status", has_text="Rejected by ana").wait_for(timeout=30_000)
     assert mine.get_attribute("data-outcome") == "rejected" and mine.locator("button").count() == 0
-    user.locator(".msg.bot", has_text="This call of cancel was rejected; it was not run.").wait_for(timeout=30_000)
+    # a user's own approval is their confirmation: the model reads that they declined
+    user.locator(".msg.bot", has_text='The user declined "Cancel order B3?": cancel was not run.').wait_for(
+        timeout=30_000)
     assert '"cancelled"' not in user.locator(".msg-list, body").first.inner_text()  # the tool never ran
     shot(user, f"hitl-user-rejected-own-{width}")
 

@@ -394,15 +394,28 @@ def test_the_user_decides_their_own_approval_by_message(desk):
     model = ScriptedModel([call("small_refund", amount=5)])
     session = start(desk, model)
     events = session.chat("Refund 5")
-    assert of(events, "Pending")[0]["by"] == ["user"]
-    events = session.chat("what?")  # neither yes nor no: asked again, no model call
-    assert of(events, "Message") == ["Approve small_refund with {\"amount\": 5}?"]
-    assert of(events, "Choices")[0]["choices"][0]["value"] == "approve"
-    assert len(model.requests) == 1 and len(session.pending) == 1
+    (pending,) = of(events, "Pending")
+    assert pending["by"] == ["user"] and pending["choices"] == [{"label": "Yes", "value": "yes"},
+                                                                {"label": "No", "value": "no"}]
+    assert of(events, "Choices") == [{"choices": pending["choices"]}]
     model.add("Refunded.")
-    events = session.chat("Yes")
+    events = session.chat("Yes, please!")
     assert of(events, "Resolved")[0]["outcome"] == "approved"
     assert of(events, "Message") == ["Refunded."]
+
+
+def test_another_message_declines_the_users_own_approval_and_reaches_the_model(desk):
+    model = ScriptedModel([call("small_refund", amount=5)])
+    session = start(desk, model)
+    session.chat("Refund 5")
+    model.add("How much should I refund instead?")
+    events = session.chat("make it 4")  # neither yes nor no: not run; the model reads the message
+    assert of(events, "Resolved")[0]["outcome"] == "rejected" and session.pending == []
+    assert of(events, "Message") == ["How much should I refund instead?"]
+    sent = model.requests[-1].messages
+    assert [type(m).__name__ for m in sent[-2:]] == ["ToolResultMessage", "UserMessage"]
+    assert sent[-2].content.startswith('The user did not confirm "Approve small_refund with {\\"amount\\": 5}?"')
+    assert sent[-1] == UserMessage("make it 4")
 
 
 def test_messages_while_a_supervisor_decides_are_queued_for_the_model(desk):

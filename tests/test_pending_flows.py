@@ -130,7 +130,7 @@ def test_a_quarkus_chat_is_asked_in_a_message_and_its_next_message_answers(serve
         ws.send_json({"type": "ChatRouteMessage", "chatId": "q1", "data": {"userMessage": "refund B2 15"}})
         asked = frames_until_done(ws)
         assert {f["type"] for f in asked} <= {"Message", "Completed"}, asked  # no chatrun-only frames
-        assert "Refund 15.0 EUR on B2?\n\nReply approve or reject." in [f["data"] for f in asked]
+        assert "Refund 15.0 EUR on B2?\n\nReply with one of: Yes, No." in [f["data"] for f in asked]
         ws.send_json({"type": "ChatRouteMessage", "chatId": "q1", "data": {"userMessage": "approve"}})
         answered = frames_until_done(ws)
         assert {f["type"] for f in answered} <= {"Message", "Completed"}, answered
@@ -142,7 +142,7 @@ def test_an_openai_client_reads_the_approval_as_text_and_answers_with_its_next_m
     first = client.post("/v1/chat/completions", headers=dict(ANA, **{"X-Chatrun-Session": "o1"}),
                         json={"model": "desk", "messages": [{"role": "user", "content": "refund C3 9"}]}).json()
     text = first["choices"][0]["message"]["content"]
-    assert text.endswith("Refund 9.0 EUR on C3?\n\nReply approve or reject.")
+    assert text.endswith("Refund 9.0 EUR on C3?\n\nReply with one of: Yes, No.")
     assert [p["id"] for p in first["chatrun"]["pending"]] == ["p1"]
     second = client.post("/v1/chat/completions", headers=dict(ANA, **{"X-Chatrun-Session": "o1"}),
                          json={"model": "desk", "messages": [{"role": "user", "content": "refund C3 9"},
@@ -218,7 +218,7 @@ def test_a_responses_client_reads_the_approval_as_text_and_its_next_input_answer
     sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="ana-token-123", http_client=client,
                         default_headers={"X-Chatrun-Session": "r1"}, max_retries=0)
     first = sdk.responses.create(model="desk", input="refund E5 12")
-    assert first.output_text.endswith("Refund 12.0 EUR on E5?\n\nReply approve or reject.")
+    assert first.output_text.endswith("Refund 12.0 EUR on E5?\n\nReply with one of: Yes, No.")
     assert [p["id"] for p in first.to_dict()["chatrun"]["pending"]] == ["p1"] and receiver.seen() == []
     second = sdk.responses.create(model="desk", input="approve", previous_response_id=first.id)
     assert second.output_text.endswith("Done.") and "pending" not in second.to_dict()["chatrun"]
@@ -229,7 +229,7 @@ def test_a_responses_client_reads_the_approval_as_text_and_its_next_input_answer
                                        stream=True))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     third = next(e.response for e in events if e.type == "response.completed")
-    assert third.output_text.endswith("Refund 30.0 EUR on E6?\n\nReply approve or reject.") and deltas == third.output_text
+    assert third.output_text.endswith("Refund 30.0 EUR on E6?\n\nReply with one of: Yes, No.") and deltas == third.output_text
     fourth = sdk.responses.create(model="desk", previous_response_id=third.id, input=[
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "reject"}]}])
     assert fourth.output_text.endswith("Done.") and len(receiver.seen()) == 1

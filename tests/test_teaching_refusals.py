@@ -137,13 +137,13 @@ def test_the_validator_warns_about_args_of_a_tool_that_takes_none(tmp_path):
 # -- the texts of refusals are documented ---------------------------------------------------------
 
 # The modules whose texts the model reads when a call is refused or noted (docs/tools.md).
-REFUSING = ["call.py", "tools.py", "binding.py", "pausing.py", "waiting.py"]
+REFUSING = ["call.py", "tools.py", "binding.py", "pausing.py", "waiting.py", "once.py"]
 PREFIXES = ("Error:", "Not run:", "Note:", "\n\nNote:", "Waiting for", "This call of", "No one approved",
-            "No answer came")
+            "No answer came", "Already done", "Still waiting for")
 
 
 # Functions whose every text is (part of) one the model reads, whatever it starts with.
-COMPOSING = {"_missing_part", "check_action", "run_calls", "check_arguments"}
+COMPOSING = {"_missing_part", "check_action", "run_calls", "check_arguments", "change_of", "check_from_user"}
 
 
 def refusal_fragments(source: str) -> list[str]:

@@ -43,12 +43,15 @@ def cli(args: list[str]) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+CLASSIC_TRAVEL = ("flight_booking.yaml", "model_error.yaml", "route_change.yaml")
+
+
 def _classic_travel(directory: str, names: list[str]) -> list[str]:
-    """What the copy leaves out: caches, and the tours and car transcripts, so that the counts
-    below are those of the three flight and hotel transcripts (the bot itself is copied whole)."""
+    """What the copy leaves out: caches, and every transcript but the three flight and hotel ones,
+    so that the counts below are theirs however many the bot gains (the bot is copied whole)."""
     left_out = [n for n in names if n == "__pycache__"]
     if Path(directory).name == "transcripts":
-        left_out += [n for n in names if n in ("tours.yaml", "car.yaml")]
+        left_out += [n for n in names if n.endswith(".yaml") and n not in CLASSIC_TRAVEL]
     return left_out
 
 

@@ -19,6 +19,7 @@ from jinja2 import TemplateSyntaxError, nodes
 from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, catalog_checks
 from chatrun.definition.config import (
+    ONCE,
     ActionConfig,
     ApprovalCaseConfig,
     BotConfig,
@@ -34,6 +35,17 @@ from chatrun.definition.templates import DISPLAY_VARIABLES, ENV, TEMPLATE_VARIAB
 from chatrun.definition.versions import policy_problem
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
+
+TOOL_CHOICES = ("auto", "required", "none")  # a route's `tool_choice` besides a tool's name
+
+# A parameter named like the user's consent (`confirmed`, `user_approved`, `consent`, `yes`): the model fills it.
+_CONSENT = re.compile(r"^(\w+_)?(confirm\w*|approved|consent\w*|yes)$", re.IGNORECASE)
+
+
+def _reads_arg(condition: str, name: str) -> bool:
+    """Whether a condition reads the argument `name` (`args.name`, `args['name']`)."""
+    return re.search(rf"\bargs\s*(\.\s*{re.escape(name)}\b|\[\s*['\"]{re.escape(name)}['\"]\s*\])", condition) is not None
+
 
 # Dict methods a template may call on state (`state.prefs.get('x')`): not state keys.
 _DICT_METHODS = frozenset({"get", "items", "keys", "values"})
@@ -77,6 +89,31 @@ class _Checker:
                      "Stream chunks (a Quarkus Multi<String> route), or `false` to keep the Message",
                      "routes", route.name, "model", "stream")
 
+    def tool_choice(self, route: RouteConfig) -> None:
+        """A route's `tool_choice`: auto, required, none, or one of its tools (a server's tools,
+        `mcp:`, are known only when it runs)."""
+        choice = route.tool_choice
+        if choice is None or choice in TOOL_CHOICES or choice in route.tools or route.kind_config:
+            return
+        known = [*TOOL_CHOICES, *route.tools]
+        self.add("error", f"`tool_choice` of route `{route.name}` is `{choice}`, which is neither auto, required, "
+                 f"none nor one of the route's tools{suggest(choice, known)}; the route's tools: "
+                 f"{', '.join(route.tools) or 'none'}", "routes", route.name, "tool_choice")
+
+    def output_read_as_call(self, route: RouteConfig) -> None:
+        """A route whose JSON answers look like a tool call (`name` and `arguments` or `parameters`):
+        under `model.tool_calls: auto` (the default since issue 32) an answer naming one of its
+        tools is run as that call instead of being its answer."""
+        if route.output is None or not route.tools:
+            return
+        keys = set((route.output.schema.get("properties") or {}) if isinstance(route.output.schema, dict) else ())
+        if "name" in keys and keys & {"arguments", "parameters"} and \
+                self.config.route_model(route.name).tool_calls != "native":
+            self.add("warning", f"the `output` of route `{route.name}` has `name` and `arguments` (or `parameters`): "
+                     f"with `model.tool_calls: {self.config.route_model(route.name).tool_calls}` an answer naming "
+                     "one of the route's tools is run as that tool call; set `model: {tool_calls: native}` on the "
+                     "route if such answers are answers", "routes", route.name, "output")
+
     def run(self) -> None:
         self.default_route()
         self.on_change()
@@ -97,6 +134,8 @@ class _Checker:
                 self.template(route.choices, f"`choices` of route `{route.name}`", ("routes", route.name, "choices"),
                               None, routes=[route.name])
             self.quarkus_stream(route)
+            self.tool_choice(route)
+            self.output_read_as_call(route)
         self.fallbacks()
         self.display_texts()
         for tool in self.config.tools.values():
@@ -240,6 +279,7 @@ class _Checker:
         self.ask_and_operator(tool)
         self.cases(tool)
         self.loops(tool)
+        self.effect(tool)
         if tool.on_error is not None:
             for key in ("message", "reply"):
                 source = getattr(tool.on_error, key)
@@ -258,6 +298,36 @@ class _Checker:
         if isinstance(raw, dict) and "parameters" in raw:  # the default needs no check
             self.parameters(tool)
         check_binding(self, tool, raw if isinstance(raw, dict) else None, routes)
+        self.confirm(tool, raw if isinstance(raw, dict) else {})
+        self.from_user(tool, raw if isinstance(raw, dict) else {})
+
+    def from_user(self, tool: ToolConfig, raw: dict[str, Any]) -> None:
+        """`from_user:` names parameters of the tool the bot does not bind (a bound value is the bot's,
+        not the user's). An `mcp:` tool that takes the server's schema is not known until it connects."""
+        at = ("tools", tool.name, "from_user")
+        properties = tool.parameters.get("properties")
+        declared = list(properties) if isinstance(properties, dict) else []
+        for i, name in enumerate(tool.from_user):
+            if name in tool.bind:
+                self.add("error", f"`from_user` of tool `{tool.name}` names `{name}`, which the bot binds (`bind:`): "
+                         "its value is the bot's, never the user's; drop one of the two", *at, i)
+            elif name not in declared and not ("mcp" in raw and "parameters" not in raw):
+                self.add("warning", f"`from_user` of tool `{tool.name}` names `{name}`, which is not one of its "
+                         f"parameters{suggest(name, declared)} (it takes: {', '.join(declared) or 'none'}); "
+                         "nothing is checked for it", *at, i)
+
+    def effect(self, tool: ToolConfig) -> None:
+        """An action-only tool that is done once by default (its action writes a value from
+        itself) yet takes no arguments and `requires` nothing: every call is the same call, so
+        only the first of a conversation runs. Worth saying to the author of a bot written before
+        `effect:` (a kind's tool may get its parameters from its server: not judged here)."""
+        takes = tool.parameters.get("properties") or {}
+        if tool.effect != ONCE or tool.effect_declared or tool.kind or takes or tool.bind or tool.requires:
+            return
+        self.add("warning", f"tool `{tool.name}` is done once (its action writes a value computed from the one it "
+                 "replaces) and takes no arguments: only its first call in a conversation runs, every later one is "
+                 "answered 'Already done'; say `effect: idempotent` if each call should run (or `effect: once` to "
+                 "keep it)", "tools", tool.name)
 
     def env(self) -> None:
         for name, var in self.config.env.items():
@@ -328,9 +398,34 @@ class _Checker:
                      *at, "self")
         for key in ("ask", "rejected"):
             source = getattr(approval, key)
-            if source:
+            if source and approval.key == "confirm":  # `confirm: TEXT` is the ask
+                self.template(source, f"`confirm` of tool `{tool.name}`", ("tools", tool.name, "confirm"), tool,
+                              routes=routes)
+            elif source:
                 self.template(source, f"`approval.{key}` of tool `{tool.name}`", (*at, key), tool, routes=routes)
         self.approval_cases(tool)
+
+    def confirm(self, tool: ToolConfig, raw: dict[str, Any]) -> None:
+        """`confirm:` is the short form of an approval by the user: not both. A parameter named like
+        consent (`confirmed`, `approved`, `consent`, `yes`) that a case decides a side effect on
+        lets the model say yes for the user: a warning pointing at `confirm:`."""
+        if "confirm" in raw and "approval" in raw:
+            self.add("error", f"tool `{tool.name}` has both `confirm` and `approval`: `confirm: TEXT` is "
+                     "`approval: {by: [user], ask: TEXT}`; give one (the approval's `ask` says what the user is "
+                     "asked)", "tools", tool.name, "confirm")
+        if tool.approval is not None and tool.approval.confirms:
+            return
+        consent = [n for n in _declared_args(tool.parameters) or [] if isinstance(n, str) and _CONSENT.match(n) and n not in tool.bind]
+        if not consent or not any(v.set or v.emit for _, v in tool.action.variants()):
+            return
+        for case in tool.action.cases:
+            used = [n for n in consent if case.condition and _reads_arg(case.condition, n)]
+            if used:
+                self.add("warning", f"tool `{tool.name}` decides what it does on `args.{used[0]}`, an argument the "
+                         "model fills: the model can consent for the user. Ask the user with `confirm:` on the tool "
+                         "that acts, and drop the argument (docs/tools.md, \"Consent from the user\")",
+                         "tools", tool.name, "action", "cases", case.index, "if")
+                return
 
     def approval_cases(self, tool: ToolConfig) -> None:
         """`approval.on_timeout` names `reject`, `approve` or one of the approval's named cases;
@@ -712,6 +807,13 @@ def _analyse(source: str) -> _Analysis:
         if call.name not in known:
             unknown.append((kind, call.name, call.lineno))
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
+
+
+def paths_read(source: str) -> list[tuple[str, ...]]:
+    """The variable paths a template reads (`("state", "total")`), each root alone only when
+    nothing below it is read. Raises TemplateSyntaxError."""
+    refs = [path for path, _ in _analyse(source)[0]]
+    return [p for p in refs if len(p) > 1 or not any(len(q) > 1 and q[0] == p[0] for q in refs)]
 
 
 def _analyse_simple(source: str) -> _Analysis | None:

@@ -43,6 +43,9 @@ class ModelConfig:
     # The content kinds the endpoint takes as parts (chatrun.messages.CONTENT_KINDS); the files of
     # other kinds are sent as a text description. None: text, image, file (not audio).
     accepts: tuple[str, ...] | None = None
+    # Calls the model writes as text (`<tool_call>` blocks, JSON): "native" (left as text), "text"
+    # (always read), "auto" (read when the answer has no native call); chatrun.models.text_calls.
+    tool_calls: str = "auto"
     where: Location = field(default_factory=Location)
 
     def merged(self, override: dict[str, Any] | None) -> ModelConfig:
@@ -144,10 +147,18 @@ class ApprovalConfig:
     rejected: str | None = None
     cases: dict[str, list[ApprovalCaseConfig]] = field(default_factory=dict)  # named decisions
     where: Location = field(default_factory=Location)
+    key: str = "approval"  # the tool's YAML key it was written as: `approval`, or `confirm` (its short form)
 
     @property
     def may_self_decide(self) -> bool:
         return self.self_decide if self.self_decide is not None else "user" in self.by
+
+    @property
+    def confirms(self) -> bool:
+        """Whether this is the user's own confirmation: the user alone decides (`by: [user]`,
+        which `confirm:` is). The runtime asks them yes or no (engine/pausing.py) and only their
+        yes runs the call (engine/waiting.py)."""
+        return self.by == ["user"] and self.may_self_decide
 
 
 @dataclass
@@ -251,6 +262,11 @@ class EnvVar:
     description: str = ""
 
 
+# What a tool's call does besides answering (`effect:`; definition/effects.py gives the defaults).
+READ, IDEMPOTENT, ONCE = "read", "idempotent", "once"
+EFFECTS = (READ, IDEMPOTENT, ONCE)  # weakest first
+
+
 @dataclass
 class ToolConfig:
     name: str
@@ -271,7 +287,16 @@ class ToolConfig:
     # Bound arguments (`bind:`): argument NAME -> template. Not offered to the model, never taken
     # from it: the engine renders them into the call's arguments (engine/binding.py).
     bind: dict[str, Any] = field(default_factory=dict)
+    # Parameters whose value must be one the user said (`from_user:`): the call path refuses a
+    # value the user's messages in the scope do not hold (engine/said.py). Not in the model's spec.
+    from_user: list[str] = field(default_factory=list)
     approval: ApprovalConfig | None = None  # the call waits for a person's decision (`approval:`)
+    # What a call does besides answering (`effect:`): READ, IDEMPOTENT or ONCE. The loader puts the
+    # default in when the YAML says none (definition/effects.py); `effect_declared` says whether it did.
+    effect: str = READ
+    effect_declared: bool = False
+    max_calls_per_turn: int | None = None  # calls of this tool per turn (None: limits.max_calls_per_tool)
+    one_change_per_answer: bool = False  # after a call of it that changes something, the answer's other calls wait
 
     @property
     def kind(self) -> str | None:
@@ -319,6 +344,10 @@ class RouteConfig:
     # route returning Multi<String>); else as one Message (a route returning String).
     stream_to_quarkus: bool | None = None  # None: not said (false)
     attachments: AttachmentPolicy | None = None  # None: the route takes no files
+    one_change_per_answer: bool = False  # after a call that changes something, the answer's other calls wait
+    # What the model must do on its first call of the route's loop: "auto", "required", "none" or
+    # a tool's name (OpenAI's `tool_choice`); None: not sent (the endpoint's default, auto).
+    tool_choice: str | None = None
     # What the user gets when the model has nothing to say (an empty answer, even after a nudge;
     # a turn that reached `limits.max_model_calls`): a template, over the bot's `fallback:`.
     fallback: str | None = None
@@ -466,6 +495,7 @@ class Limits:
     max_session_tokens: int | None = None  # the same over the whole session, failed turns included
     max_turn_cost: float | None = None  # money (in `prices:` units) of one turn
     max_session_cost: float | None = None
+    max_calls_per_tool: int | None = None  # calls of one tool per turn (None: no bound but max_model_calls)
 
     @property
     def has_budgets(self) -> bool:

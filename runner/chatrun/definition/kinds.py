@@ -88,6 +88,10 @@ class KindDefinition(Protocol):
     def check_bot(self, config: BotConfig, checks: Checks) -> None:
         """What the schema cannot say about the bot-level declarations the kind uses."""
 
+    def effect(self, spec: Any) -> str:
+        """What a call of this kind does when the tool declares no `effect:` ("read",
+        "idempotent", "once": definition/effects.py)."""
+
 
 _TABLE: dict[str, KindDefinition] = {}
 _FILL: list[Callable[[], None]] = []  # what fills the table on first use (set by chatrun/__init__.py)

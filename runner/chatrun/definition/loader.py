@@ -19,6 +19,8 @@ from chatrun.definition.catalogs import Catalogs, load_catalogs
 from chatrun.definition.checks import run_checks
 from chatrun.definition.config import (
     DEFAULT_TOOL_TIMEOUT,
+    EFFECTS,
+    READ,
     ActionConfig,
     ApprovalCaseConfig,
     ApprovalConfig,
@@ -45,6 +47,7 @@ from chatrun.definition.config import (
     ToolConfig,
     WebhookConfig,
 )
+from chatrun.definition.effects import default_effect
 from chatrun.definition.kinds import Load, bot_kinds, kinds, parse_kinds, route_kinds
 from chatrun.definition.schemas import (
     Violation,
@@ -469,6 +472,9 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
     load = Load(main_file.parent, sources, diagnostics)
     for tool_kind in kinds():  # a kind's load-time step: an `openapi:` operation becomes an `http:` call
         tool_kind.resolve(list(tools.values()), load)
+    for tool in tools.values():  # once the kinds are final (an `openapi:` operation's method is known)
+        if not tool.effect_declared:
+            tool.effect = default_effect(tool)
     bot_name = top.get("name")
     return BotConfig(
         name=bot_name if isinstance(bot_name, str) else main_file.stem,
@@ -582,7 +588,7 @@ def _memory(raw: Any, doc: YamlDoc, path: tuple) -> MemoryPolicy | None:
 
 def _limits(raw: Any) -> Limits:
     limits = Limits()
-    for key in ("max_hops", "max_model_calls", "max_turn_tokens", "max_session_tokens"):
+    for key in ("max_hops", "max_model_calls", "max_turn_tokens", "max_session_tokens", "max_calls_per_tool"):
         value = _dict(raw).get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             setattr(limits, key, value)
@@ -625,6 +631,8 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         choices=_choices(raw.get("choices")),
         stream_to_quarkus=None if raw.get("stream_to_quarkus") is None else _bool(raw.get("stream_to_quarkus")),
         attachments=_attachments(raw.get("attachments")),
+        one_change_per_answer=_bool(raw.get("one_change_per_answer")),
+        tool_choice=_str(raw.get("tool_choice")),
         fallback=_str(raw.get("fallback")),
         where=_loc(doc, base),
     )
@@ -753,8 +761,22 @@ def _tool(name: str, raw: dict, doc: YamlDoc) -> ToolConfig:
                                _loc(doc, (*base, "on_error"))) if isinstance(on_error, dict) else None,
         where=_loc(doc, base),
         bind={k: v for k, v in _dict(raw.get("bind")).items() if isinstance(k, str)},
-        approval=_approval(raw.get("approval"), doc, (*base, "approval")),
+        from_user=_str_list(raw.get("from_user")),
+        approval=_approval(raw.get("approval"), doc, (*base, "approval")) or _confirm(raw.get("confirm"), doc, base),
+        effect=raw["effect"] if raw.get("effect") in EFFECTS else READ,  # else its default (_build)
+        effect_declared=raw.get("effect") in EFFECTS,
+        max_calls_per_turn=_positive_int(raw.get("max_calls_per_turn"), 0) or None,
+        one_change_per_answer=_bool(raw.get("one_change_per_answer")),
     )
+
+
+def _confirm(raw: Any, doc: YamlDoc, base: tuple) -> ApprovalConfig | None:
+    """`confirm: TEXT`, the short form of `approval: {by: [user], ask: TEXT}`: the user's own
+    yes runs the call (with `approval:` too, `approval:` is used and the checks report both)."""
+    text = _str(raw)
+    if text is None:
+        return None
+    return ApprovalConfig(by=["user"], ask=text, where=_loc(doc, (*base, "confirm")), key="confirm")
 
 
 def _approval(raw: Any, doc: YamlDoc, path: tuple) -> ApprovalConfig | None:

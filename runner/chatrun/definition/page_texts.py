@@ -45,6 +45,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "approve": "Approve",
         "reject": "Reject",
         "answer": "Send",
+        "yes": "Yes",
+        "no": "No",
         "waiting_approval": "Waiting for approval…",
         "waiting_answer": "Waiting for an answer…",
         "waiting_operator": "Waiting for an operator…",
@@ -102,6 +104,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "approve": "Genehmigen",
         "reject": "Ablehnen",
         "answer": "Senden",
+        "yes": "Ja",
+        "no": "Nein",
         "waiting_approval": "Warten auf Genehmigung…",
         "waiting_answer": "Warten auf eine Antwort…",
         "waiting_operator": "Warten auf einen Mitarbeiter…",
@@ -163,6 +167,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "approve": "موافقة",
         "reject": "رفض",
         "answer": "إرسال",
+        "yes": "نعم",
+        "no": "لا",
         "waiting_approval": "في انتظار الموافقة…",
         "waiting_answer": "في انتظار الإجابة…",
         "waiting_operator": "في انتظار أحد الموظفين…",
@@ -235,6 +241,13 @@ def page_texts(catalogs: Catalogs | None, locale: str | None) -> dict[str, str]:
             if key.startswith(PREFIX) and key[len(PREFIX):] in KEYS and isinstance(entry.text, str):
                 texts[key[len(PREFIX):]] = entry.text
     return texts
+
+
+def confirm_choices(catalogs: Catalogs | None, locale: str | None) -> list[dict[str, str]]:
+    """The buttons of a user's confirmation (`confirm:`), Yes and No in `locale`: the texts
+    `yes` and `no` (a bot's `page.yes` and `page.no` replace them), with the values yes/no."""
+    texts = page_texts(catalogs, locale)
+    return [{"label": texts["yes"], "value": "yes"}, {"label": texts["no"], "value": "no"}]
 
 
 def page_data(catalogs: Catalogs | None, locale: str | None) -> dict[str, object]:

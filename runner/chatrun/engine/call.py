@@ -2,7 +2,7 @@
 
 A model answer's calls run here in order (`ToolCalls.run_calls`), each through the one call path:
 
-    unknown tool?  ->  arguments (decoded, bound, checked)  ->  `requires`  ->  the action can
+    unknown tool?  ->  arguments (decoded, bound, checked, `from_user` said by the user)  ->  `requires`  ->  the action can
     complete?  ->  approval gate (engine/pausing.py)  ->  the kind's result (or its mock)  ->
     the case that applies  ->  a question (engine/pausing.py), or the action: state, events,
     memory, message, choices, the move (push, pop, route, call), `end`, an operator
@@ -19,12 +19,15 @@ The call path sees its turn only through `TurnContext` (engine/context.py).
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from chatrun import events as ev
 from chatrun.definition.config import (
+    ONCE,
     ActionConfig,
     Location,
     RouteConfig,
@@ -32,9 +35,10 @@ from chatrun.definition.config import (
     declared_arguments,
 )
 from chatrun.definition.templates import holds, is_nothing
-from chatrun.engine import observe, pausing, tracing
+from chatrun.engine import observe, once, pausing, tracing
 from chatrun.engine.binding import Unbound, bind_arguments, ignored_note, undeclared_note
 from chatrun.engine.context import TurnContext, storable
+from chatrun.engine.said import said
 from chatrun.engine.scopes import Scope, ScopeView, get_path, set_path
 from chatrun.engine.steps import (
     NextStep,
@@ -71,12 +75,19 @@ class ToolCalls:
     def __init__(self, t: TurnContext):
         self.t = t
         self.work: WorkingState | None = None  # the copies the current tool's own code writes to
+        self.took_effect = False  # the current call did something that is done once (engine/once.py)
+        self.key = ""  # the idempotency key of the call running now (`call_key`)
+        self.made: dict[str, int] = {}  # how often each call (tool and arguments) ran in this turn
 
     async def run_calls(self, route: RouteConfig, offered: dict[str, ToolConfig],
                         calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
+        """A model answer's calls, in order, each seeing the state the calls before it left. After
+        a call that moved the conversation (or, with `one_change_per_answer`, changed something
+        a later call depends on) the rest are not run: the model reads why."""
         outcomes: list[ToolOutcome] = []
         left = False
-        for call in calls:
+        changed: str | None = None  # what an earlier call changed, when the rest must wait for the model
+        for index, call in enumerate(calls):
             if left:
                 where = ("an earlier tool call ended the conversation" if self.t.ended else
                          "an earlier tool call waits for a person; call this again after it is resolved"
@@ -84,6 +95,12 @@ class ToolCalls:
                          f"an earlier tool call moved the conversation to route {self.t.c.scope.route}")
                 outcomes.append(ToolOutcome(f"Not run: {where}."))
                 continue
+            if changed is not None:
+                outcomes.append(ToolOutcome(f"Not run: an earlier call in this answer {changed}; read its result "
+                                            "first, then call this again if it is still needed."))
+                continue
+            watched = self.watched(route, offered.get(call.name), offered, calls[index + 1:])
+            self.took_effect = False
             with tracing.tool_span(call.name, call.id, _action_words(offered.get(call.name))) as span:
                 outcome = await self.timed_tool(offered, call)
                 if outcome.failed:
@@ -91,7 +108,28 @@ class ToolCalls:
             left = outcome.moved
             self.t.paused = self.t.paused or isinstance(outcome.next, NextStepPause)
             outcomes.append(outcome)
+            if watched is not None and not left and not outcome.failed:
+                changed = self.change_of(call.name, watched)
         return outcomes
+
+    def watched(self, route: RouteConfig, tool: ToolConfig | None, offered: dict[str, ToolConfig],
+                later: tuple[ToolCall, ...]) -> dict[str, Any] | None:
+        """With `one_change_per_answer` (the route's or the tool's) and calls after this one: the
+        values the later calls `require`, as they are before this call (None: the rule is off)."""
+        if not later or tool is None or not (route.one_change_per_answer or tool.one_change_per_answer):
+            return None
+        roots = self.t.roots()
+        paths = dict.fromkeys(p for call in later if call.name in offered for p in offered[call.name].requires)
+        return {path: copy.deepcopy(get_path(roots, path)) for path in paths}
+
+    def change_of(self, tool: str, watched: dict[str, Any]) -> str | None:
+        """What the call that just ran changed that the answer's later calls must not run past:
+        a `once` effect, or a value they require (None: nothing)."""
+        if self.took_effect:
+            return f"({tool}) did something that is done once"
+        roots = self.t.roots()
+        moved = [path for path, before in watched.items() if get_path(roots, path) != before]
+        return f"({tool}) changed {', '.join(moved)}, which a later call requires" if moved else None
 
     async def timed_tool(self, offered: dict[str, ToolConfig], call: ToolCall) -> ToolOutcome:
         """run_tool, reporting its duration and whether it failed to whoever observes the turn."""
@@ -119,20 +157,75 @@ class ToolCalls:
         tool = offered.get(call.name)
         if tool is None:
             names = ", ".join(offered) or "none"
+            if not call.name.strip():  # e.g. a call written as text whose JSON could not be read
+                return ToolOutcome("Error: this tool call names no tool (or its JSON could not be read), so "
+                                   'nothing ran. Call a tool with its name and a JSON object of arguments, as '
+                                   f'{{"name": "...", "arguments": {{...}}}}. Tools you can call: {names}.',
+                                   failed=True)
             return ToolOutcome(f"Error: there is no tool {call.name!r} here. Tools you can call: {names}.",
                                failed=True)
+        notes = ""  # what the model sent that was not its to give, or that the tool does not take
         try:
+            self.check_call_limit(tool)
             args, notes = self.arguments(tool, call.arguments)
             record["args"] = storable(args)
-            self.check_requires(tool)
-            self.check_action(tool)
-            if pausing.needs_approval(self.t, tool, args):  # nothing of the tool runs before the decision
-                return pausing.request_approval(self.t, tool, args, call.id)
+            outcome = self.repeated(tool, args)  # not None: not run, the model reads what became of it before
+            if outcome is None:
+                self.check_requires(tool)
+                self.check_action(tool)
+                if pausing.needs_approval(self.t, tool, args):  # nothing of the tool runs before the decision
+                    outcome = pausing.request_approval(self.t, tool, args, call.id)
         except ToolRefusal as refusal:
-            return ToolOutcome(str(refusal), failed=True)
-        outcome = await self.run_checked_tool(tool, args, call.id)
-        outcome.reply += notes  # arguments the model sent that were not its to give, or that the tool does not take
+            return ToolOutcome(str(refusal) + notes, failed=True)
+        if outcome is None:
+            outcome = await self.run_checked_tool(tool, args, call.id)
+        outcome.reply += notes
         return outcome
+
+    def check_call_limit(self, tool: ToolConfig) -> None:
+        """Refuse a call past the tool's bound of calls per turn (the call's record counts itself)."""
+        limit = tool.max_calls_per_turn or self.t.config.limits.max_calls_per_tool
+        if limit is None:
+            return
+        made = sum(1 for record in self.t.tool_calls if record.get("tool") == tool.name)
+        if made > limit:
+            setting = (f"tools.{tool.name}.max_calls_per_turn" if tool.max_calls_per_turn
+                       else "limits.max_calls_per_tool")
+            raise ToolRefusal(f"Error: {tool.name} was not run: it was called {limit} times in this turn already, "
+                              f"the most this bot allows ({setting}: {limit}). Do not call it again in this turn; "
+                              "answer the user with what you have.")
+
+    def repeated(self, tool: ToolConfig, args: dict[str, Any]) -> ToolOutcome | None:
+        """The answer to a call identical to one that waits for a person (whatever the tool's
+        effect: never a second item for the same call) or, for a `once` tool, to one already done
+        in this conversation; None: the call is new."""
+        if tool.effect != ONCE and not self.t.c.pending:
+            return None  # most calls: nothing to compare with
+        same = self.identity_of(tool, args)
+        item = once.waiting_with(self.t.c, same, self.acted_on(tool))
+        if item is not None:
+            return ToolOutcome(once.still_waiting(item))
+        if tool.effect != ONCE:
+            return None
+        done = once.done_before(self.t.c, same)
+        return ToolOutcome(once.already_done(done)) if done is not None else None
+
+    def identity_of(self, tool: ToolConfig, args: dict[str, Any]) -> str:
+        """What makes two calls the same call (engine/once.py), as the state is now."""
+        return once.identity(tool.name, args, self.acted_on(tool))
+
+    def acted_on(self, tool: ToolConfig) -> dict[str, Any]:
+        """What a call acts on besides its arguments: the values of the paths its tool `requires`
+        (a booking tool without parameters books what the wizard collected)."""
+        if not tool.requires:
+            return {}
+        roots = self.t.roots()
+        return {path: get_path(roots, path) for path in tool.requires}
+
+    def remember_done(self, tool: ToolConfig, identity: str, reply: str) -> None:
+        """A `once` call that did something: an identical one later is answered with `reply`."""
+        once.remember(self.t.c, tool.name, identity, self.t.number, reply)
+        self.took_effect = True
 
     def arguments(self, tool: ToolConfig, raw: str) -> tuple[dict[str, Any], str]:
         """The call's arguments: the model's, without the names the tool does not take, with the
@@ -163,6 +256,7 @@ class ToolCalls:
             self.t.emit(ev.CONSOLE, f"tool {tool.name}: the model sent {', '.join(ignored)}, which the bot binds; "
                       "ignored, the bound value was used")
             notes = ignored_note(ignored) + notes
+        self.check_from_user(tool, args)
         return args, notes
 
     def drop_undeclared(self, tool: ToolConfig, sent: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -181,9 +275,26 @@ class ToolCalls:
         offered = [name for name in takes if name not in tool.bind]
         return {k: v for k, v in sent.items() if k not in undeclared}, undeclared_note(tool.name, undeclared, offered)
 
+    def check_from_user(self, tool: ToolConfig, args: dict[str, Any]) -> None:
+        """`from_user:`: refuse values of these parameters the user has not said in this scope
+        (engine/said.py); the model is told to ask the user for them."""
+        checked = [name for name in tool.from_user if name in args and name not in tool.bind]
+        if not checked:
+            return
+        texts, today, locale = self.t.user_texts(), self.t.c.now().date(), self.t.c.locale
+        unsaid = [name for name in checked if not said(args[name], texts, today, locale)]
+        if not unsaid:
+            return
+        values = ", ".join(f"{name} = {json.dumps(args[name], ensure_ascii=False)}" for name in unsaid)
+        them = "it" if len(unsaid) == 1 else "them"
+        asked = " and ".join(f"the {name.replace('_', ' ')}" for name in unsaid)
+        raise ToolRefusal(f"Error: {tool.name} cannot take {values}: the user has not said {them}. "
+                          f"Ask the user for {asked}, then call {tool.name} with their words. Do not guess.")
+
     async def run_checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
         """A call whose arguments, requirements and action were checked: its result, then its action."""
         self.work = None
+        self.key = self.call_key(tool, args)
         asks = tool.action.ask is not None  # the action applies once the answer is in (engine/pausing.py)
         try:
             result = await self.tool_result(tool, args)
@@ -201,6 +312,18 @@ class ToolCalls:
         if asks:
             return pausing.ask_question(self.t, tool, args, result, call_id)
         return await self.apply(tool, args, result, action, call_id)
+
+    def call_key(self, tool: ToolConfig, args: dict[str, Any]) -> str:
+        """The call's idempotency key (`ctx.idempotency_key`, an `http:` tool's `Idempotency-Key`):
+        the session, the turn's number, the tool, its arguments and how many times this same call
+        ran before in this turn. A turn run again — retried after a failure, or a decision retried
+        on another replica after the first died — has the same number and makes the same calls,
+        so each gets its key again; any other call gets another. The model's call id is left out:
+        most servers make a new random one for each answer, even the same answer again."""
+        call = json.dumps([tool.name, args], sort_keys=True, default=str, separators=(",", ":"))
+        occurrence = self.made[call] = self.made.get(call, 0) + 1
+        identity = f"{self.t.c.id}\n{self.t.number}\n{occurrence}\n{call}"
+        return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
     async def tool_result(self, tool: ToolConfig, args: dict[str, Any]) -> Any:
         """What the tool's mock, handler or HTTP call gives as `result` (None: an action-only
@@ -274,6 +397,15 @@ class ToolCalls:
                 raise ToolRefusal(f"Error: {tool.name} failed: the user is not allowed to enter route {target}.")
     async def apply(self, tool: ToolConfig, args: dict[str, Any], result: Any, action: ActionConfig,
                     call_id: str = "") -> ToolOutcome:
+        """The action (`apply_action`); a `once` call that did something is remembered as done."""
+        same = self.identity_of(tool, args) if tool.effect == ONCE else ""  # before the action changes the state
+        outcome = await self.apply_action(tool, args, result, action, call_id)
+        if same and _did_something(tool, action):
+            self.remember_done(tool, same, outcome.reply)
+        return outcome
+
+    async def apply_action(self, tool: ToolConfig, args: dict[str, Any], result: Any, action: ActionConfig,
+                           call_id: str = "") -> ToolOutcome:
         """The action's effects, in order: state and events, the scope's memory, the user's
         message and choices, then the move; returns what the model reads and the next step."""
         where = tool.where
@@ -411,6 +543,10 @@ class _KindCall:
     def session_id(self) -> str:
         return self.calls.t.c.id
 
+    @property
+    def idempotency_key(self) -> str:
+        return self.calls.key
+
     def render(self, source: Any, what: str, where: Location, values: dict[str, Any], *, typed: bool) -> Any:
         return self.calls.t.render_template(source, what, where, values, typed=typed)
 
@@ -466,6 +602,13 @@ def _next_step(action: ActionConfig, execute: bool) -> NextStep:
     if action.leaves_route or action.immediate:
         return NextStepHandoff() if execute else NextStepFinalOutput()
     return NextStepRunAgain()
+
+
+def _did_something(tool: ToolConfig, action: ActionConfig) -> bool:
+    """Whether a call did anything to remember: its kind ran (a handler, an API, a server), or
+    the action that applied writes state or sends events. A case that only answered (a refusal
+    written as a case) did nothing: the same call may run when it would do something."""
+    return tool.kind is not None or bool(action.set or action.emit) or bool(action.ask and action.ask.into)
 
 
 def _action_words(tool: ToolConfig | None) -> str:

@@ -117,6 +117,20 @@ class TurnContext:
             return json.dumps(self.data, ensure_ascii=False)
         return None
 
+    def user_texts(self) -> list[str]:
+        """What the user said, for `from_user:` (engine/said.py): this turn's message (its text and
+        data) and the user messages the memories of the current scope and the scopes it is nested
+        in hold (a wizard's value may have been said to the route that pushed it). Never the
+        assistant's or a tool's words: a value the model wrote itself does not become the user's."""
+        texts = [self.user_message] if self.user_message else []
+        if self.data:
+            texts.append(json.dumps(self.data, ensure_ascii=False))
+        for scope in reversed(self.c.scopes):
+            for route in scope.memory_routes:
+                texts += [m.content for m in self.c.memory_for(scope, route).messages()
+                          if isinstance(m, UserMessage) and m.content]
+        return texts
+
     # -- choices ------------------------------------------------------------------
 
     def offer(self, choices: list[Any] | str | None, what: str, where: Any,

@@ -34,11 +34,12 @@ from chatrun.engine.scopes import Scope, ScopeView, init_declared, merged_scope
 from chatrun.engine.usage import Usage
 from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.memory import ChatMemory, make_memory
-from chatrun.messages import AssistantMessage, Message, SummaryMessage, ToolResultMessage
+from chatrun.messages import AssistantMessage, Message, SummaryMessage, ToolCall, ToolResultMessage
 from chatrun.store import SessionStore
-from chatrun.store.record import route_of_memory, scope_id
+from chatrun.store.record import SCOPE_SEPARATOR, route_of_memory, scope_id
 
 SNAPSHOT_VERSION = 1
+DONE_CALLS_KEY = "calls_done"  # the snapshot's record of calls done once (engine/once.py)
 NOTHING_RESOLVED: Mapping[str, str] = MappingProxyType({})  # shared by every session with none
 
 
@@ -59,13 +60,14 @@ class Checkpoint:
     next_pending: int = 1
     taken_over: dict[str, Any] | None = None
     resolved: dict[str, str] | None = None
+    done_calls: tuple[dict[str, Any], ...] = ()  # never changed in place: the turn's start, kept as is
 
 
 class Conversation:
     # No __dict__: one per cached session (issue 26).
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "state", "meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
-                 "taken_over", "resolved")
+                 "taken_over", "resolved", "done_calls")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -95,6 +97,9 @@ class Conversation:
         self.next_pending = 1  # the number of the next item ("p1", "p2", ...)
         self.taken_over: dict[str, Any] | None = None  # {"by", "since"} while an operator has it
         self.resolved: Mapping[str, str] = NOTHING_RESOLVED
+        # The calls of `once` tools done so far, oldest first (engine/once.py): replaced, never
+        # changed in place, like `pending`.
+        self.done_calls: tuple[dict[str, Any], ...] = ()
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -126,6 +131,7 @@ class Conversation:
         self.next_pending = snapshot.get(PENDING_COUNTER_KEY, 1)
         self.taken_over = snapshot.get(TAKEOVER_KEY)
         self.resolved = snapshot.get(RESOLVED_KEY) or NOTHING_RESOLVED
+        self.done_calls = tuple(snapshot.get(DONE_CALLS_KEY) or ())  # absent in older snapshots
         # A scope on a route this bot lacks is moved by the session (engine/versions.py) before it runs.
 
     def snapshot(self) -> dict[str, Any]:
@@ -148,6 +154,7 @@ class Conversation:
                if self.next_pending > 1 else {}),
             **({TAKEOVER_KEY: self.taken_over} if self.taken_over else {}),
             **({RESOLVED_KEY: self.resolved} if self.resolved else {}),
+            **({DONE_CALLS_KEY: list(self.done_calls)} if self.done_calls else {}),
         }
 
     # -- where it is -----------------------------------------------------------------------
@@ -182,10 +189,12 @@ class Conversation:
         self.scopes.append(scope)
 
     def pop_scope(self, handed_back: str | None) -> dict[str, str] | None:
-        """End the current scope. A called scope's result answers the call waiting in the parent's
-        memory (a tool result: the parent's model sees a call and its result); otherwise
-        `handed_back` goes to the parent's memory as an assistant message. Returns the caller
-        of a called scope (the parent resumes), else None."""
+        """End the current scope. Its result reaches the parent's memory as a tool result, never
+        in the assistant's voice (a model imitates its own words: "Sent 1000 to Maria." as an
+        assistant message taught one to claim transfers in plain text). A called scope's result
+        answers the call waiting in the parent's memory; a pushed scope's `handed_back` answers a
+        call the runtime writes for it, `returned_from_<route>` (returned_call). Returns the
+        caller of a called scope (the parent resumes), else None."""
         popped = self.scopes.pop()
         for route in popped.memory_routes:
             self._memories.pop(popped.memory_id(route), None)
@@ -196,7 +205,10 @@ class Conversation:
                 ToolResultMessage(popped.caller["call_id"], popped.caller["tool"], text))
             return popped.caller
         if handed_back:
-            self.memory_for(parent, parent.route).add(AssistantMessage(handed_back))
+            memory = self.memory_for(parent, parent.route)
+            call = returned_call(popped)
+            memory.add(AssistantMessage(None, (call,)))
+            memory.add(ToolResultMessage(call.id, call.name, handed_back))
         return None
 
     def end(self, tool: str) -> None:
@@ -347,7 +359,7 @@ class Conversation:
         return Checkpoint(self.turn_count, copy.deepcopy(self.state), copy.deepcopy(self.scopes), self._next_scope,
                           {mid: _mark(m) for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended,
                           [item.to_dict() for item in self.pending], self.next_pending, copy.deepcopy(self.taken_over),
-                          dict(self.resolved) if self.resolved else None)
+                          dict(self.resolved) if self.resolved else None, self.done_calls)
 
     def rollback(self, before: Checkpoint) -> None:
         self.turn_count = before.turn_count
@@ -360,6 +372,7 @@ class Conversation:
         self.next_pending = before.next_pending
         self.taken_over = before.taken_over
         self.resolved = dict(before.resolved) if before.resolved else NOTHING_RESOLVED
+        self.done_calls = before.done_calls
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
         self._memories.clear()
@@ -383,6 +396,16 @@ class Conversation:
                 if mid not in live:
                     dirty[mid] = None
         return dirty
+
+
+RETURNED_PREFIX = "returned_from_"  # the name of the call a pushed scope's result answers
+
+
+def returned_call(popped: Scope) -> ToolCall:
+    """The call a pushed scope's `result:` answers in its parent's memory: `returned_from_<route>`
+    (at most 64 characters, as function names go), its id unique in the session (the scope's)."""
+    number = popped.id.rsplit(SCOPE_SEPARATOR, 1)[-1]
+    return ToolCall(f"call_returned_{number}", (RETURNED_PREFIX + popped.route)[:64], "{}")
 
 
 def _mark(memory: ChatMemory) -> tuple[ChatMemory, int] | list[Message]:

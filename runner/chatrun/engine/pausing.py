@@ -16,6 +16,7 @@ from typing import Any
 
 from chatrun import events as ev
 from chatrun.definition.config import OperatorConfig, ToolConfig
+from chatrun.definition.page_texts import confirm_choices
 from chatrun.definition.templates import holds
 from chatrun.engine.context import TurnContext
 from chatrun.engine.pending import (
@@ -49,7 +50,8 @@ def needs_approval(t: TurnContext, tool: ToolConfig, args: dict[str, Any]) -> bo
 
 
 def request_approval(t: TurnContext, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
-    """The call waits: an approval item, a Pending event, a placeholder result for the model."""
+    """The call waits: an approval item, a Pending event, a placeholder result for the model.
+    A user's confirmation (`confirm:`, or `by: [user]`) also gets Yes/No choices."""
     approval = tool.approval
     assert approval is not None
     if approval.ask:
@@ -58,10 +60,15 @@ def request_approval(t: TurnContext, tool: ToolConfig, args: dict[str, Any], cal
         ask = f"Approve {tool.name} with {json.dumps(args, ensure_ascii=False, sort_keys=True)}?"
     editable = [k for k in (tool.parameters.get("properties") or {}) if k not in tool.bind] \
         if approval.edit is True else list(approval.edit or [])
+    # The user's own confirmation: they are asked yes or no, in their locale, with buttons.
+    choices = confirm_choices(t.config.catalogs, t.c.locale) if approval.confirms else None
     item = new_item(t, APPROVAL, approval.timeout, tool=tool.name, call_id=call_id, args=args, ask=ask,
-                    by=list(approval.by), edit=editable,
+                    by=list(approval.by), edit=editable, choices=choices,
                     data={"self": approval.may_self_decide, "on_timeout": approval.on_timeout})
     announce(t, item)
+    if choices:
+        t.emit(ev.CHOICES, {"choices": choices}, runtime=True)  # runtime: a Quarkus chat reads them in the Message
+        return ToolOutcome(f"Waiting for the user's confirmation: {ask}", NextStepPause(), moved=True)
     return ToolOutcome(f"Waiting for approval: {ask}", NextStepPause(), moved=True)
 
 

@@ -57,7 +57,7 @@ class PendingItem:
     by: list[str] = field(default_factory=list)  # roles that may decide / answer / take
     edit: list[str] = field(default_factory=list)  # editable parameters (approvals)
     schema: dict[str, Any] | None = None  # questions: the answer's JSON Schema
-    choices: list[Any] | None = None  # questions from the user: offered choices
+    choices: list[Any] | None = None  # questions from the user: offered choices; a confirmation's Yes/No
     requested_by: dict[str, Any] | None = None  # the principal whose message created it
     token: str | None = None  # questions from backend: the secret it answers with
     data: dict[str, Any] = field(default_factory=dict)  # kind-specific extras
@@ -74,7 +74,7 @@ class PendingItem:
         """What a `Pending` event carries: everything but the token and the kind's extras."""
         out = self.to_dict()
         del out["token"], out["data"]
-        if self.kind == APPROVAL:
+        if self.kind == APPROVAL and not self.choices:  # a user's confirmation has its own: Yes/No
             out["choices"] = copy.deepcopy(APPROVAL_CHOICES)
         return out
 

@@ -70,6 +70,7 @@ from chatrun.messages import (
     UserMessage,
 )
 from chatrun.models.base import ChatModel, ModelRequest, ModelResponse
+from chatrun.models.text_calls import TextCalls
 from chatrun.store.blobs import BlobArea
 
 log = logging.getLogger("chatrun.engine")
@@ -87,6 +88,9 @@ class RouteRun:
     # A rejected JSON answer and what was wrong with it, sent after the memory's messages (never
     # kept in the memory); once set it stays for the rest of this route's loop, as it always has.
     correction: list[Message] = field(default_factory=list)
+    # The route's `tool_choice` for the next model call; `required` or a tool's name lasts until the
+    # model calls a tool (then the loop goes on as `auto`, else the model could never answer).
+    tool_choice: str | None = None
     # The nudge after an empty answer (engine/turn.py `empty_answer`): sent once, after the
     # memory's messages, with the next call only; never kept in the memory.
     nudge: list[Message] = field(default_factory=list)
@@ -103,7 +107,7 @@ class Turn:
         self.t = TurnContext(conversation, tools, emit, text, data, mocks, decision, attachments, blobs,
                              self.summary_call)
         self.calls = ToolCalls(self.t)
-        self.model = model
+        self.model = TextCalls(model)  # calls the model writes as text become calls (models/text_calls.py)
         self.number = self.t.number
         self.tool_calls = self.t.tool_calls  # the history's `calls` (the call path appends to it)
         self.model_calls = 0
@@ -155,8 +159,10 @@ class Turn:
             if user_text or self.t.attachments:  # files alone are a message too (a photo, no words)
                 memory.add(UserMessage(user_text or "", self.t.attachments))
         offered = await self.t.tools.offered(route, self.t.mocks)
-        return RouteRun(route, memory, offered, [tool_spec(t) for t in offered.values()],
-                        self.t.config.route_model(route.name), route.returns == "answer" and scope.caller is not None)
+        specs = [tool_spec(t) for t in offered.values()]
+        return RouteRun(route, memory, offered, specs, self.t.config.route_model(route.name),
+                        route.returns == "answer" and scope.caller is not None,
+                        tool_choice=sendable_tool_choice(route.tool_choice, offered))
 
     async def model_step(self, run: RouteRun) -> NextStep:
         """One model call on the route and what follows from its answer."""
@@ -178,6 +184,8 @@ class Turn:
         run.memory.add(answer)
         if not calls:
             return self.answered(run, response.text, value)
+        if run.tool_choice != "none":
+            run.tool_choice = None  # a call was made: the model may answer now
         if response.text:
             self.t.emit(ev.MESSAGE, response.text)
         outcomes = await self.calls.run_calls(route, run.offered, calls)
@@ -195,7 +203,8 @@ class Turn:
         self.add_system(run.memory, route)
         extra, run.nudge = run.correction + run.nudge, []
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
-                               response_format(route), self.t.read_blob if self.t.blobs is not None else None)
+                               response_format(route), self.t.read_blob if self.t.blobs is not None else None,
+                               run.tool_choice)
         sent_tokens = self.sent_tokens(run.memory, request.messages, len(extra), self.counter(model_config.name))
         price = self.t.config.prices.get(model_config.name)
         if self.t.config.limits.has_budgets:
@@ -456,6 +465,17 @@ def _fold_text(memory: SummaryMemory, folded: list[Message]) -> str:
             lines.append(f"{message.role}: {text}")
     return "\n".join(lines)
 
+
+
+def sendable_tool_choice(choice: str | None, offered: dict[str, ToolConfig]) -> str | None:
+    """A route's `tool_choice` as it can be sent: a tool's name only when that tool is offered
+    now (a condition may hide it; naming a tool the request lacks is refused by endpoints)."""
+    if choice is None or not offered:
+        return None
+    if choice in ("auto", "required", "none") or choice in offered:
+        return choice
+    log.info("tool_choice %s is not sent: that tool is not offered on this call", choice)
+    return None
 
 
 def _answer_record(answer: AssistantMessage) -> dict[str, Any]:

@@ -84,6 +84,7 @@ if TYPE_CHECKING:
 RESOLVED_KEPT = 50  # how many resolved items' outcomes a session remembers (for NotPending)
 _YES = {"approve", "approved", "yes", "y", "ok", "okay", "sure", "confirm", "go ahead"}
 _NO = {"reject", "rejected", "no", "n", "deny", "cancel", "decline"}
+OTHER_ANSWER = "the user answered with another message"  # the reason of a decline by any other message
 
 
 # -- who may decide (before the turn) -------------------------------------------------------------
@@ -235,14 +236,38 @@ def user_decides(calls: ToolCalls, item: PendingItem) -> bool:
 
 
 async def approval_by_message(calls: ToolCalls, item: PendingItem) -> NextStep:
-    said = _said(calls).strip().strip(".!").casefold()
-    if said in _YES:
+    """The user's message decides an approval they may decide: yes runs the call; no, or
+    anything else, does not. Anything else is no answer to the question but a new request
+    ("make it 50", "to Ana, not Maria"): the call is declined and the model reads the
+    message after it, to call again (the user is asked again) or answer it (docs/tools.md,
+    "Consent from the user"). Asking the same question again instead would keep a user who
+    changed their mind stuck until they typed no."""
+    consent = _consent(_said(calls), item)
+    if consent is True:
         return await decide(calls, Approve(item.id))
-    if said in _NO:
+    if consent is False:
         return await decide(calls, Reject(item.id))
-    calls.t.emit(ev.MESSAGE, item.ask)
-    calls.t.emit(ev.CHOICES, {"choices": item.public()["choices"]})
-    return NextStepFinalOutput()
+    step = await rejected(calls, item, REJECTED, OTHER_ANSWER)
+    c = calls.t.c
+    text = calls.t.render_user(c.route)
+    if text or calls.t.attachments:  # after the call's result: the model reads it as the user's answer
+        _memory_of(calls, item).add(UserMessage(text or "", calls.t.attachments))
+    return step
+
+
+def _consent(said: str, item: PendingItem) -> bool | None:
+    """True for a yes, False for a no (a choice's label or value, or a word of _YES/_NO, with
+    a polite "please" or "thanks"), None for anything else."""
+    text = re.sub(r"[\s,.!]+", " ", said).strip().casefold()
+    text = re.sub(r"^please |( please| thanks| thank you)$", "", text).strip()
+    for choice in item.public().get("choices") or ():
+        if text in (str(choice.get("label", "")).casefold(), str(choice.get("value", "")).casefold()):
+            text = str(choice.get("value", "")).casefold()
+    if text in _YES:
+        return True
+    if text in _NO:
+        return False
+    return None
 
 
 async def answer_by_message(calls: ToolCalls, item: PendingItem) -> NextStep:
@@ -405,11 +430,16 @@ async def approved(calls: ToolCalls, item: PendingItem, args: dict[str, Any], ou
     memory = _memory_of(calls, item)
     resolve(calls, item, outcome, reason=reason, args=args, case=case)
     with tracing.tool_span(tool.name, item.call_id or "", f"{outcome} {item.id}") as span:
+        calls.took_effect = False
+        asked = calls.identity_of(tool, item.args or {})  # before the call changes what it acts on
         try:
             calls.check_action(tool)  # the state may have changed while it waited (a route's roles)
             tool_outcome = await calls.run_checked_tool(tool, args, item.call_id or "")
         except ToolRefusal as refusal:
             tool_outcome = ToolOutcome(str(refusal), failed=True)
+        if calls.took_effect and args != (item.args or {}):
+            # The call asked for is done too (with the approver's changes): asked again, it gets this result.
+            calls.remember_done(tool, asked, tool_outcome.reply)
         if tool_outcome.failed:
             tracing.tool_failed(span)
     return _continue(calls, item, memory, tool_outcome)
@@ -428,11 +458,26 @@ async def rejected(calls: ToolCalls, item: PendingItem, outcome: str, reason: st
                                      {"args": item.args})
     elif approval is not None and approval.rejected:
         reply = calls.t.render_template(approval.rejected, "approval rejected", approval.where, {"args": item.args})
+    elif approval is not None and approval.confirms:
+        reply = _declined(tool, item, outcome, reason)
     elif outcome == TIMED_OUT:
         reply = f"No one approved this call of {tool.name} in time; it was not run."
     else:
         reply = f"This call of {tool.name} was rejected{': ' + reason if reason else ''}; it was not run."
     return _continue(calls, item, memory, ToolOutcome(reply))
+
+
+def _declined(tool: ToolConfig, item: PendingItem, outcome: str, reason: str | None) -> str:
+    """What the model reads when the user did not confirm a call: it was not run, and what to do."""
+    asked = json.dumps(item.ask, ensure_ascii=False)
+    if outcome == TIMED_OUT:
+        return f"The user did not answer {asked} in time: {tool.name} was not run."
+    if reason == OTHER_ANSWER:
+        return (f"The user did not confirm {asked}: they answered with the message that follows instead of yes or "
+                f"no, so {tool.name} was not run. If they still want it, call it again (with what they said now); "
+                "they will be asked again.")
+    return (f"The user declined {asked}{': ' + reason if reason else ''}: {tool.name} was not run. "
+            "Do not call it again unless the user asks for it again.")
 
 
 async def answered(calls: ToolCalls, item: PendingItem, value: Any, outcome: str) -> NextStep:

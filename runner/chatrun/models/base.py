@@ -27,6 +27,8 @@ class ModelRequest:
     route: str = ""
     response_format: dict[str, Any] | None = None  # a route's `output:`: JSON asked for (OpenAI's field)
     blobs: BlobReader | None = None  # the bytes of the messages' attachments, by reference
+    # A route's `tool_choice:` for this call: "auto" | "required" | "none" | a tool's name; None: not sent.
+    tool_choice: str | None = None
 
 
 @dataclass

@@ -200,6 +200,8 @@ class OpenAIModel:
         if request.tools:
             body["tools"] = request.tools
         args: dict[str, Any] = {"model": config.name, "messages": [], "extra_body": body}
+        if request.tools and request.tool_choice is not None:  # endpoints refuse a tool_choice without tools
+            args["tool_choice"] = openai_tool_choice(request.tool_choice)
         if config.temperature is not None:
             args["temperature"] = config.temperature
         if config.max_tokens is not None:
@@ -376,6 +378,13 @@ def add_delta(calls: dict[int, ToolCallParts], part: Any) -> None:
             parts.name = function.name if not parts.name else parts.name + function.name
         if function.arguments:
             parts.arguments.append(function.arguments)
+
+
+def openai_tool_choice(choice: str) -> str | dict[str, Any]:
+    """A route's `tool_choice` as OpenAI's field: the word, or a function to call by name."""
+    if choice in ("auto", "required", "none"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
 
 
 def format_kind(response_format: dict[str, Any] | None) -> str | None:

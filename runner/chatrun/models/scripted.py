@@ -10,7 +10,8 @@
 Response forms (one per model call, in order): {"text"}, {"tool_calls": [{"name",
 "arguments": dict | str, "id"?}]}, both, {"chunks": [...]} (the text streamed in these
 pieces), {"error": "message"} (the call raises ModelError), {"delay": seconds} with any
-of them, a plain string (text), or a ModelResponse. Tool call ids the script leaves out
+of them, a plain string (text), a ModelResponse, or a callable that makes one of these from
+the request (chatrun.testing.unruly.Unruly: an answer made from what the model was offered). Tool call ids the script leaves out
 are "call_1", "call_2", ... counted per model, so transcripts are stable.
 Every request is kept in `.requests`.
 """
@@ -20,14 +21,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from chatrun.errors import ChatrunError, ModelError
 from chatrun.messages import ToolCall
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 
-Scripted = dict[str, Any] | ModelResponse | str
+Answer = dict[str, Any] | ModelResponse | str
+Scripted = Answer | Callable[[ModelRequest], Answer]
 KEYS = {"text", "tool_calls", "chunks", "error", "delay", "usage"}
 
 
@@ -55,6 +57,9 @@ class ScriptedModel:
                 f"scripted model has no response left for call {len(self.requests)} (route {request.route})"
             )
         response = self._responses.popleft()
+        if callable(response):  # made from the request: checked as any entry
+            response = response(request)
+            check(response)
         if isinstance(response, ModelResponse):
             result = ModelResponse(response.text, list(response.tool_calls), dict(response.usage))
             chunks = [result.text] if result.text else []
@@ -88,7 +93,7 @@ class ScriptedModel:
 
 def check(response: Scripted) -> None:
     """Reject a malformed script entry when it is added, not when the model is called."""
-    if isinstance(response, (ModelResponse, str)):
+    if isinstance(response, (ModelResponse, str)) or callable(response):
         return
     if not isinstance(response, dict):
         raise ChatrunError(f"a scripted response must be a mapping, a string or a ModelResponse, not {response!r}")

@@ -347,6 +347,7 @@ MESSAGE = "Message"
 ROUTE_CHANGED = "RouteChanged"
 PENDING = "Pending"  # events.PENDING
 RESOLVED = "Resolved"  # events.RESOLVED
+CHOICES = "Choices"  # events.CHOICES
 
 
 def written_out(item: Any) -> str:
@@ -359,8 +360,9 @@ def written_out(item: Any) -> str:
     text = str(item.get("ask") or "")
     if "user" not in (item.get("by") or ()):
         return text
-    if item.get("kind") == "approval":
-        return f"{text}\n\nReply approve or reject."
+    choices = item.get("choices") or ()
+    if item.get("kind") == "approval" and [c.get("value") for c in choices if isinstance(c, dict)] in ([], ["approve", "reject"]):
+        return f"{text}\n\nReply approve or reject."  # a user's confirmation has its own: Yes/No
     values = [str(c.get("label", c.get("value"))) if isinstance(c, dict) else str(c) for c in item.get("choices") or ()]
     return f"{text}\n\nReply with one of: {', '.join(values)}." if values else text
 
@@ -426,7 +428,8 @@ class TurnFrames:
             return True
         if event.type in (ROUTE_CHANGED, RESOLVED):
             return False
-        if event.type == ERROR and getattr(event, "runtime", False):
+        # chatrun's own Error, and the Yes/No of a confirmation, which its Pending's Message writes out
+        if event.type in (ERROR, CHOICES) and getattr(event, "runtime", False):
             return False
         if event.type == STREAM:
             return bool(getattr(event, "multi", False))

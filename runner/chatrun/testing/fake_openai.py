@@ -21,6 +21,9 @@ Response forms (dicts), consumed one per chat completion request:
     {"finish_reason": "length", "usage": {...}}      override those fields ("usage": None: report none)
     {"disconnect": True, ...}                        drop the connection: before any answer, or
                                                      for a stream after its chunks, before the end
+    {"unruly": "repeat_call", "call": {...}, "times": 6, ...}
+                                                     an answer that misbehaves, made from the request's
+                                                     tools and messages (chatrun.testing.unruly)
 
 When the queue is empty, `responder(body)` (if set) makes the answer, e.g. `echo`;
 with neither, the fake answers HTTP 500 saying it has no response queued.
@@ -49,6 +52,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
+
+from chatrun.testing import unruly
 
 Response = dict[str, Any]
 Responder = Callable[[dict[str, Any]], Any]
@@ -89,12 +94,30 @@ def check_response(response: Response) -> None:
     """Raise ValueError for a response form the fake does not know (typos fail early)."""
     if not isinstance(response, dict):
         raise ValueError(f"fake response must be a dict, got {type(response).__name__}")
-    unknown = set(response) - RESPONSE_KEYS
+    if "unruly" in response:
+        found = unruly.problems(unruly_part(response))
+        if found:
+            raise ValueError(f"unruly fake response {response!r}: {found[0][1]}")
+    unknown = set(response) - RESPONSE_KEYS - (set(unruly.KEYS) if "unruly" in response else set())
     if unknown:
         raise ValueError(f"unknown fake response keys {sorted(unknown)}; known: {sorted(RESPONSE_KEYS)}")
     for call in response.get("tool_calls") or []:
         if not isinstance(call, dict) or "name" not in call:
             raise ValueError(f"a fake tool call needs at least a name: {call!r}")
+
+
+def unruly_part(response: Response) -> Response:
+    """The keys of an unruly answer (the rest are the fake's own: delay, status, ...)."""
+    return {k: v for k, v in response.items() if k in unruly.KEYS}
+
+
+def made_unruly(response: Response, body: dict[str, Any]) -> Response:
+    """An unruly response made into a plain one, from the request's tools and messages."""
+    if "unruly" not in response:
+        return response
+    answer = unruly.Unruly.from_item(unruly_part(response)).answer(unruly.Offered.from_body(body))
+    rest = {k: v for k, v in response.items() if k not in unruly.KEYS}
+    return {**rest, "text": answer.get("text"), "tool_calls": answer.get("tool_calls") or []}
 
 
 class Disconnect(Exception):
@@ -272,8 +295,12 @@ class FakeOpenAI:
 
     async def _next_response(self, body: dict[str, Any]) -> Response:
         with self._lock:
-            if self._queue:
-                return self._queue.popleft()
+            queued = self._queue.popleft() if self._queue else None
+        if queued is not None:
+            try:
+                return made_unruly(queued, body)
+            except Exception as exc:  # e.g. repeat_call with nothing to repeat: an answer, not a crash
+                return {"status": 500, "body": error_body(f"fake unruly answer failed: {exc}", "fake_error")}
         if self.responder is None:
             return {"status": 500, "body": error_body(
                 "the fake OpenAI server has no response queued for this request "
@@ -283,6 +310,7 @@ class FakeOpenAI:
             if inspect.isawaitable(response):
                 response = await response
             check_response(response)
+            response = made_unruly(response, body)
         except Exception as exc:  # a broken responder is an answer, not a crash
             return {"status": 500, "body": error_body(f"fake responder failed: {exc!r}", "fake_error")}
         return response

@@ -49,6 +49,11 @@ class CallContext(Protocol):
     @property
     def session_id(self) -> str: ...
 
+    @property
+    def idempotency_key(self) -> str:
+        """The call's idempotency key: the same when this call runs again after a crash or a
+        retried turn, another for every other call (engine/call.py's `call_key`)."""
+
     def render(self, source: Any, what: str, where: Location, values: dict[str, Any], *, typed: bool) -> Any:
         """A template of the tool's config, seeing the turn's variables and `values`."""
 
@@ -147,6 +152,11 @@ class ToolKind(Generic[Spec]):
 
     def check_bot(self, config: BotConfig, checks: Checks) -> None:
         return None
+
+    def effect(self, spec: Spec) -> str:
+        """A handler's or a server's code may do anything, and chatrun cannot see what: such a
+        tool is `read` unless it says otherwise (docs/tools.md, "Side effects")."""
+        return "read"
 
     # -- the engine ------------------------------------------------------------------------
 

@@ -86,7 +86,8 @@ class HandlerRuntime(RuntimeDefaults):
         """The handler's return value. Raises ToolRefusal (the handler refused) or ToolFailed."""
         work = ctx.writable()
         context = ToolContext(tool.name, args, work.state, work.scope, work.turn, ctx.route, ctx.session_id,
-                              tuple(ctx.attachments()), ctx.message_attachments, ctx.emit, _read=ctx.read_attachment)
+                              tuple(ctx.attachments()), ctx.message_attachments, ctx.idempotency_key, ctx.emit,
+                              _read=ctx.read_attachment)
         try:
             return await call_handler(self.resolver.resolve(spec), context, tool.timeout)
         except ToolRefusal:
@@ -115,6 +116,11 @@ class ToolContext:
     attachments the conversation's files the route's memory holds (chatrun.messages.Attachment: ref,
                 media_type, name, size), oldest first; `message_attachments` this turn's message's;
                 `read_attachment(a)` gives one's bytes (a, its ref or its name)
+    idempotency_key  this call's key (32 hex characters): the same when this very call runs again
+                (its turn retried after a failure, a decision retried on another replica after
+                the first died before its commit), another for every other call. Send it with
+                an effect outside the bot (a payment's idempotency key) so that a call run twice
+                takes effect once (docs/tools.md, "Idempotency keys").
 
     Writes to state, scope and turn persist only if the turn succeeds. `emit()` sends an
     event to the client at once. The return value is `result` in the action's templates and
@@ -133,6 +139,7 @@ class ToolContext:
     session_id: str
     attachments: tuple[Attachment, ...] = ()
     message_attachments: tuple[Attachment, ...] = ()
+    idempotency_key: str = ""
     _emit: Callable[..., None] = field(repr=False, default=lambda t, d, audience=None: None)
     _loop: asyncio.AbstractEventLoop | None = field(repr=False, default=None)
     _open: bool = field(repr=False, default=True)

@@ -18,6 +18,10 @@ in every reason. A replay mocks it (an HTTP API); `--record` keeps its real resu
 A `multipart:` body (multipart/form-data) sends files of the conversation on: a field
 `{file: TEMPLATE}` names one (chatrun.toolkinds.attachments), the others are text fields.
 Templates see `attachments`, the conversation's files.
+
+Each request carries the call's idempotency key (`ctx.idempotency_key`, the same when this very
+call runs again after a crash or a retried turn) in an `Idempotency-Key` header, by default on
+every method but GET; `idempotency_key:` renames the header or turns it off.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ FileOf = Callable[[Any, str], tuple[Attachment, bytes]]
 BODIES = ("json", "form", "multipart")  # a request has one of these at most
 FILE_KEYS = ("file", "name", "media_type")  # a multipart field that is a file: {file, name?, media_type?}
 _EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
+IDEMPOTENCY_HEADER = "Idempotency-Key"  # the IETF draft's name (draft-ietf-httpapi-idempotency-key-header)
 _ENV_READ = re.compile(r"\benv(?:\.|\[\s*['\"])([A-Za-z_]\w*)")
 
 
@@ -77,6 +82,7 @@ class HttpConfig:
     retries: int = 2  # more attempts on 429, 5xx and connection errors, with backoff
     accept: list[int] = field(default_factory=list)  # statuses besides 2xx that are results, not failures
     args_in_query: list[str] = field(default_factory=list)  # arguments sent as query parameters when given
+    idempotency_header: str | None = None  # the header the call's idempotency key goes in (None: none)
     where: Location = field(default_factory=Location)
     section: str = "http"  # the YAML key it was written under (`openapi` for an operation's call)
 
@@ -100,6 +106,8 @@ class HttpKind(ToolKind[HttpConfig]):
             multipart=dict(multipart) if isinstance(multipart, dict) else None,
             retries=retries if isinstance(retries, int) and not isinstance(retries, bool) else 2,
             accept=[a for a in accept if isinstance(a, int)] if isinstance(accept, list) else [],
+            idempotency_header=idempotency_header(section.get("idempotency_key"), method if isinstance(method, str)
+                                                  else "GET"),
             where=Location(doc.file, pos.line, pos.col),
         )
 
@@ -109,8 +117,24 @@ class HttpKind(ToolKind[HttpConfig]):
     def runtime(self, config: BotConfig) -> HttpCaller:
         return HttpCaller(config.env)
 
+    def effect(self, spec: HttpConfig) -> str:
+        """A GET reads (HTTP's safe method); a POST, PUT, PATCH or DELETE is done once."""
+        return "read" if spec.method == "GET" else "once"
+
     def outside(self, spec: HttpConfig) -> str | None:
         return "an HTTP API"
+
+
+def idempotency_header(setting: Any, method: str) -> str | None:
+    """The header a tool's `idempotency_key:` setting sends the key in (None: none). By default on
+    every method but GET (a read needs none: the draft standard's header is for the methods that
+    change something); `true` or `{header: NAME}` on every method; `false` never."""
+    header = setting.get("header") if isinstance(setting, dict) else None
+    if isinstance(header, str):
+        return header
+    if isinstance(setting, bool):
+        return IDEMPOTENCY_HEADER if setting else None
+    return None if method.upper() == "GET" else IDEMPOTENCY_HEADER
 
 
 def check_http(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
@@ -122,6 +146,7 @@ def check_http(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
         checks.add("error", f"`http` of tool `{tool.name}` has both `{bodies[0]}` and `{bodies[1]}`; a request has "
                    "one body", *base, bodies[1])
     _check_multipart(tool, http, checks)
+    _check_own_key(tool, http, checks)
     texts = _texts(http)
     for sub, value in texts:
         if isinstance(value, str):
@@ -138,6 +163,17 @@ def check_http(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
             checks.add("warning", f"`http.url` of tool `{tool.name}` puts `{{{{{expr}}}}}` into the URL path "
                        "unescaped; use `| urlsegment` so a value like `../admin` stays one path segment",
                        *base, "url")
+
+
+def _check_own_key(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
+    """A header of `headers:` in the key's place is sent instead of the call's key: say so."""
+    name = http.idempotency_header
+    own = next((n for n in http.headers if name and n.lower() == name.lower()), None)
+    if own is not None:
+        checks.add("warning", f"`{http.section}.headers.{own}` of tool `{tool.name}` is sent instead of the call's "
+                   f"own idempotency key, which chatrun sends in that header (the same when this very call runs "
+                   f"again, another for every other call); remove the header to send the call's key, or write "
+                   f"`idempotency_key: false` to keep yours", "tools", tool.name, http.section, "headers", own)
 
 
 def _check_multipart(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
@@ -286,7 +322,7 @@ class HttpCaller(RuntimeDefaults):
         """The tool's request, its templates rendered by the turn, sent with retries. Returns the result."""
         render, file_of = self._renderers(tool, spec, args, ctx)
         self._refuse_empty_values(tool, spec)
-        request, _ = self._build(spec, args, render, tool.timeout, ctx.trace_headers, file_of)
+        request, _ = self._build(spec, args, render, tool.timeout, ctx.trace_headers, file_of, ctx.idempotency_key)
         return await self._send(tool, spec, request)
 
     def _renderers(self, tool: ToolConfig, spec: HttpConfig, args: dict[str, Any],
@@ -310,7 +346,8 @@ class HttpCaller(RuntimeDefaults):
         """The request `call` would send, rendered the same way but not sent, as plain data
         with the values of secret environment variables redacted (what a transcript may hold)."""
         render, file_of = self._renderers(tool, spec, args, ctx)
-        request, sent = self._build(spec, args, render, tool.timeout, lambda headers: None, file_of)
+        request, sent = self._build(spec, args, render, tool.timeout, lambda headers: None, file_of,
+                                    ctx.idempotency_key)
         plain: dict[str, Any] = _redacted(_plain_request(request, spec, sent), self.env.secrets())
         return plain
 
@@ -362,8 +399,8 @@ class HttpCaller(RuntimeDefaults):
                           "Tell the user it did not work this time.")
 
     def _build(self, http: HttpConfig, args: dict[str, Any], render: Render, timeout: float,
-               trace_headers: Callable[[dict[str, str]], None],
-               file_of: FileOf) -> tuple[httpx.Request, Multipart | None]:
+               trace_headers: Callable[[dict[str, str]], None], file_of: FileOf,
+               key: str) -> tuple[httpx.Request, Multipart | None]:
         """The request, and what its multipart body carries (None: it has none)."""
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
@@ -372,6 +409,9 @@ class HttpCaller(RuntimeDefaults):
         # an OpenAPI operation's query parameters, as the model gave them
         query.update({k: _text(args[k]) for k in http.args_in_query if args.get(k) is not None})
         headers = _headers(http, render)
+        name = http.idempotency_header
+        if name and key and name.lower() not in {n.lower() for n in headers}:  # the author's own header wins
+            headers[name] = key  # the same in each attempt of `_send`: a retry is the same call
         trace_headers(headers)  # the API's own traces join the turn's (W3C traceparent)
         body: dict[str, Any] = {}
         sent: Multipart | None = None

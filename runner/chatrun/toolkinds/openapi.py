@@ -26,7 +26,7 @@ from chatrun.definition.sources import suggest
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ChatrunError
 from chatrun.toolkinds.base import ToolKind
-from chatrun.toolkinds.http import HttpConfig
+from chatrun.toolkinds.http import HttpConfig, idempotency_header
 
 METHODS = ("get", "post", "put", "patch", "delete")
 
@@ -39,6 +39,7 @@ class OpenApiRef:
     operation: str  # its operationId
     base_url: str | None = None  # template; default: the document's first server
     headers: dict[str, Any] = field(default_factory=dict)  # templates, e.g. Authorization
+    idempotency_key: Any = None  # as `http.idempotency_key` (None: the default for the method)
 
 
 class OpenApiKind(ToolKind[OpenApiRef]):
@@ -51,7 +52,7 @@ class OpenApiKind(ToolKind[OpenApiRef]):
             return None
         base_url, headers = section.get("base_url"), section.get("headers")
         return OpenApiRef(section["spec"], section["operation"], base_url if isinstance(base_url, str) else None,
-                          dict(headers) if isinstance(headers, dict) else {})
+                          dict(headers) if isinstance(headers, dict) else {}, section.get("idempotency_key"))
 
     def resolve(self, tools: list[ToolConfig], load: Load) -> None:
         """Give each `openapi:` tool the HTTP call, description and parameters its operation
@@ -146,7 +147,8 @@ def operation_tool(ref: OpenApiRef, spec: dict[str, Any], where: Location) -> tu
     documented = [int(code) for code in (op.get("responses") or {}) if str(code).isdigit() and int(code) >= 300]
     http = HttpConfig(url=url, method=method.upper(), headers=dict(ref.headers),
                       json="{{ args.body }}" if body is not None else None,
-                      accept=documented, args_in_query=query, where=where, section="openapi")
+                      accept=documented, args_in_query=query, where=where, section="openapi",
+                      idempotency_header=idempotency_header(ref.idempotency_key, method))
     description = op.get("summary") or op.get("description") or ""
     parameters = {"type": "object", "properties": properties, "required": sorted(set(required))}
     return http, description, parameters

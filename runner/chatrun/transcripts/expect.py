@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from chatrun import events as ev
+from chatrun.engine.pending import APPROVAL_CHOICES
 from chatrun.messages import (
     AssistantMessage,
     Attachment,
@@ -114,9 +115,9 @@ def observe(session: Any, events: list[Any], requests: list[ModelRequest], start
 
 def item_view(item: dict[str, Any]) -> dict[str, Any]:
     """A pending item (its dict or a Pending event's data) with the ITEM_FIELDS that are set;
-    an approval's choices (always Approve and Reject) are left out."""
+    an approval's Approve and Reject choices are left out (a user's confirmation keeps its Yes/No)."""
     out = {k: _plain(item[k]) for k in ITEM_FIELDS if item.get(k) not in (None, [], {})}
-    if item.get("kind") == "approval":
+    if item.get("kind") == "approval" and out.get("choices") == APPROVAL_CHOICES:
         out.pop("choices", None)
     return out
 

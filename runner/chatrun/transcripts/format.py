@@ -145,7 +145,7 @@ def load_transcript(path: str | Path) -> Transcript:
         diagnostics += schema_diagnostics(doc)
     if doc.data is not None and not diagnostics:
         diagnostics += (regex_diagnostics(doc) + clock_diagnostics(doc) + tokenizer_diagnostics(doc)
-                        + upgrade_diagnostics(doc) + attach_diagnostics(doc))
+                        + upgrade_diagnostics(doc) + attach_diagnostics(doc) + unruly_diagnostics(doc))
     elif doc.data is None and not diagnostics:
         diagnostics.append(Diagnostic(file, 1, 1, "error", "the transcript is empty; it needs `bot:` and `turns:`"))
     if diagnostics:
@@ -266,6 +266,24 @@ def attach_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     return out
 
 
+def unruly_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
+    """The rules of an `unruly:` answer the schema cannot say (an option of a misbehaviour the
+    answer does not name, contradict without `undo`), each at its key's line."""
+    from chatrun.testing.unruly import problems
+
+    out = []
+    for i, turn in enumerate(doc.data.get("turns") or []):
+        for j, item in enumerate(turn.get("model") or [] if isinstance(turn, dict) else []):
+            if not (isinstance(item, dict) and "unruly" in item):
+                continue
+            for key, message in problems(item):
+                at = ("turns", i, "model", j, key)
+                pos = doc.pos(at)
+                out.append(Diagnostic(doc.file, pos.line, pos.col, "error", f"`{dotted(at[:-1])}`: {message}",
+                                      dotted(at)))
+    return out
+
+
 def _regexes(node: Any, at: tuple) -> list[tuple[tuple, str]]:
     # The same test as expect.is_matcher: a one-key mapping {regex: ..} anywhere is a matcher.
     if isinstance(node, dict):
@@ -338,6 +356,8 @@ def schema_diagnostics(doc: YamlDoc, check: Draft202012Validator | None = None) 
             extras = [k for k in error.instance if k not in properties(error.schema)]
             if extras:
                 at = (*path, extras[0])
+        if error.validator == "dependentRequired":
+            at = (*path, next(k for k in error.validator_value if k in error.instance))
         pos = doc.pos(at)
         out.append(Diagnostic(doc.file, pos.line, pos.col, "error", message, dotted(at)))
     return sorted(out, key=lambda d: (d.line, d.col))
@@ -352,7 +372,7 @@ def _specific(error: Violation) -> Violation:
     while error.validator in ("oneOf", "anyOf") and error.context:
         if _step(tuple(error.path)) and len(error.path) == 3:
             break
-        if error.path and error.path[-1] == "error" or _turn_input(error) or _response(error):
+        if error.path and error.path[-1] == "error" or _turn_input(error) or _response(error) or _unruly(error):
             break
         error = violation(best_match(_of_the_instances_type(error.context)))
     return error
@@ -367,6 +387,24 @@ def _of_the_instances_type(context: list) -> list:
 
 def _response(error: Violation) -> bool:
     return error.validator == "anyOf" and "model" in error.path and isinstance(error.instance, dict)
+
+
+def _unruly(error: Violation) -> bool:
+    """An error in a response's `unruly:` value (turns[i].model[j].unruly[k])."""
+    path = tuple(error.path)
+    return len(path) >= 5 and path[2] == "model" and path[4] == "unruly"
+
+
+def _unruly_message(error: Violation, path: tuple) -> str:
+    from chatrun.testing.unruly import MISBEHAVIOURS, problems
+
+    value = error.instance
+    given = value if isinstance(value, list) else [value]
+    wrong = [v for v in given if not isinstance(v, str) or v not in MISBEHAVIOURS]
+    if len(path) == 5 and wrong and all(isinstance(v, str) for v in wrong):
+        return f"`{dotted(path)}`: {problems({'unruly': given})[0][1]}"
+    return (f"`{dotted(path)}` must name a misbehaviour or a list of them ({', '.join(MISBEHAVIOURS)}), "
+            f"not {value!r}")
 
 
 def _turn_input(error: Violation) -> bool:
@@ -407,8 +445,14 @@ def _message(error: Violation, path: tuple) -> str:
                 f"({', '.join(f'`{k}:`' for k in DECISION_KEYS)})")
     if kind == "anyOf" and path and path[-1] == "error":
         return f"`{dotted(path)}` must be true or a matcher on the Error text (a string, {{contains: ..}}, {{regex: ..}})"
+    if _unruly(error):
+        return _unruly_message(error, path)
     if _response(error):
-        return f"a model response {where} needs `text`, `tool_calls`, `chunks` or `error`"
+        return f"a model response {where} needs `text`, `tool_calls`, `chunks`, `error` or `unruly`"
+    if kind == "dependentRequired":
+        key = next(k for k in error.validator_value if k in error.instance)
+        return (f"`{key}` {where} goes with `unruly:` (it says how the model misbehaves; "
+                "docs/transcripts.md, \"A model that misbehaves\")")
     if "propertyNames" in error.schema_path:
         return f"`{error.instance}` {where} is not a state path: start it with `state.` or `scope.`"
     if kind == "type" and error.validator_value == "string" and isinstance(error.instance, (bool, int, float)):

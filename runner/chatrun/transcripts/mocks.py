@@ -111,7 +111,7 @@ def request_check(wanted: dict[str, Any], where: str, tool: str) -> Callable[[di
 def request_differences(wanted: dict[str, Any], sent: dict[str, Any]) -> list[str]:
     """Each part of `wanted` (a mock's `request:`) that `sent` does not match, in words.
     `method` ignores case; `headers` checks the headers named (names ignore case: the client
-    adds its own); `query` and `form` values are text, so `page: 2` matches "2"."""
+    adds its own; `null`: not sent); `query` and `form` values are text, so `page: 2` matches "2"."""
     found = []
     for key in REQUEST_KEYS:
         if key not in wanted:
@@ -133,7 +133,10 @@ def _header_differences(expected: dict[str, Any], sent: dict[str, str]) -> list[
     found = []
     for name, value in expected.items():
         actual = by_name.get(name.lower())
-        if actual is None:
+        if value is None:  # `null`: the request must not carry it
+            if actual is not None:
+                found.append(f"header {name}: expected none, it would send {_shown(actual)}")
+        elif actual is None:
             found.append(f"header {name}: expected {_shown(value)}, it would not send it")
         elif not match(_as_sent_text(value), actual):
             found.append(f"header {name}: expected {_shown(value)}, it would send {_shown(actual)}")

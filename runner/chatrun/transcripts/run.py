@@ -22,6 +22,7 @@ from chatrun.errors import (
 from chatrun.models import ModelPool
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 from chatrun.models.scripted import ScriptedModel
+from chatrun.testing.unruly import Unruly
 from chatrun.transcripts.expect import Mismatch, Observed, compare, compare_live, observe
 from chatrun.transcripts.format import Transcript, TurnSpec, load_transcript
 from chatrun.transcripts.judge import LIVE, REPLAY, Judge, criteria, reply_text
@@ -67,12 +68,17 @@ class LiveModel:
         await self._pool.aclose()
 
 
-def scripted_responses(turn: TurnSpec) -> list[dict[str, Any]]:
+def scripted_responses(turn: TurnSpec) -> list[dict[str, Any] | Unruly]:
     """The turn's `model:` list, with tool call ids the transcript leaves out made unique
-    across the whole conversation (call_<turn>_<n>), as a real model's are."""
-    out = []
+    across the whole conversation (call_<turn>_<n>), as a real model's are. An `unruly:`
+    answer is made when the model is called, from its request; its calls are
+    call_<turn>_u<item>_<n>."""
+    out: list[dict[str, Any] | Unruly] = []
     n = 0
-    for response in turn.model:
+    for item, response in enumerate(turn.model, start=1):
+        if "unruly" in response:
+            out.append(Unruly.from_item(response, id_prefix=f"call_{turn.index}_u{item}_"))
+            continue
         response = dict(response)
         if response.get("tool_calls"):
             calls = []

@@ -1,0 +1,58 @@
+"""What a tool's call does besides answering: its `effect:` (docs/tools.md, "Side effects").
+
+    read        it changes nothing: every call runs
+    idempotent  it changes something, but doing it again changes nothing more: every call runs
+    once        doing it again would do it twice (pay, send, count): an identical call that
+                already ran in the conversation is answered with the earlier result, not run
+
+A tool that declares none gets the strongest of what its kind does (an `http:` call with a
+method other than GET is `once`; a handler or MCP tool is `read`: chatrun cannot
+see what their code does, so one with side effects says `effect: once`) and what its action does
+(`action_effect`). The engine's rules for `once` are in engine/call.py.
+"""
+
+from __future__ import annotations
+
+from jinja2 import TemplateSyntaxError
+
+from chatrun.definition.checks import paths_read
+from chatrun.definition.config import ActionConfig, ToolConfig
+from chatrun.definition.kinds import kinds
+
+READ, IDEMPOTENT, ONCE = "read", "idempotent", "once"
+EFFECTS = (READ, IDEMPOTENT, ONCE)  # weakest first
+
+
+def default_effect(tool: ToolConfig) -> str:
+    """The effect of a tool that declares none: its kind's, or its action's if stronger."""
+    found = [action_effect(tool.action)]
+    by_key = {kind.key: kind for kind in kinds()}
+    for key, spec in tool.kinds.items():
+        kind = by_key.get(key)
+        if kind is not None:
+            found.append(kind.effect(spec))
+    return max(found, key=EFFECTS.index)
+
+
+def action_effect(action: ActionConfig) -> str:
+    """`once` for an action that writes a value computed from the value it replaces (a running
+    total, a list appended to; in any of its cases): doing it again would add again;
+    `idempotent` for one that writes only other values (the call's arguments, its result, a
+    question's answer at `ask.into`, other state, fixed values): doing it again writes the same;
+    `read` for one that writes nothing."""
+    writes = [(path, template) for _, variant in action.variants() for path, template in variant.set.items()]
+    if any(_reads_itself(path, template) for path, template in writes):
+        return ONCE
+    return IDEMPOTENT if writes or (action.ask is not None and action.ask.into) else READ
+
+
+def _reads_itself(path: str, template: object) -> bool:
+    """Whether a `set` template reads the path it writes (or a part of it, or what holds it)."""
+    if not isinstance(template, str) or "{" not in template:
+        return False  # a fixed value
+    try:
+        read = paths_read(template)
+    except TemplateSyntaxError:
+        return True  # the checks report it; until then, the careful reading
+    written = tuple(path.split("."))
+    return any(r[:len(written)] == written or written[:len(r)] == r for r in read)

@@ -1,0 +1,76 @@
+"""The record of calls done once: what engine/call.py reads to answer a repeated call.
+
+A call of a tool whose effect is `once` (definition/effects.py) that did something is
+remembered in the conversation (`Conversation.done_calls`, the snapshot's `calls_done`): its
+identity (the tool, the canonical JSON of its arguments, bound ones included, and the values at
+its `requires` paths), the turn and what
+the model read of it. An identical call later in the conversation — in the same answer, a later
+model call, a later turn — is answered from this record and not run (docs/tools.md, "Side
+effects"). The record keeps the last DONE_KEPT calls; it is part of the snapshot, so it is
+committed and rolled back with the turn like the state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from chatrun.engine.conversation import Conversation
+from chatrun.engine.pending import APPROVAL, PendingItem
+
+DONE_KEPT = 50  # the calls done once a conversation remembers, newest last
+REPLY_KEPT = 2000  # characters of what the model read of a done call, kept to read it again
+
+
+def identity(tool: str, args: dict[str, Any], acted_on: dict[str, Any] | None = None) -> str:
+    """The identity of a call: the tool, its arguments (bound ones included) and what else it
+    acts on (the values of the paths it `requires`), as canonical JSON (keys sorted, 30.0 the
+    same as 30), hashed so the record stays small whatever they hold."""
+    text = json.dumps([tool, _canonical(args), _canonical(acted_on or {})], sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                      default=str)
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:32]
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def done_before(c: Conversation, same: str) -> dict[str, Any] | None:
+    """The newest record of a call with this identity, or None."""
+    return next((entry for entry in reversed(c.done_calls) if entry.get("key") == same), None)
+
+
+def remember(c: Conversation, tool: str, same: str, turn: int, reply: str) -> None:
+    """A call done once joins the record (replaced, never changed in place: a checkpoint holds the old one)."""
+    kept = reply if len(reply) <= REPLY_KEPT else reply[:REPLY_KEPT - 1] + "…"
+    entry = {"tool": tool, "key": same, "turn": turn, "reply": kept}
+    c.done_calls = (*[e for e in c.done_calls if e.get("key") != same], entry)[-DONE_KEPT:]
+
+
+def waiting_with(c: Conversation, same: str, acted_on: dict[str, Any]) -> PendingItem | None:
+    """An open approval or question of a call with this identity (what it acts on as it is now)."""
+    for item in c.pending:
+        if item.tool and item.args is not None and identity(item.tool, item.args, acted_on) == same:
+            return item
+    return None
+
+
+# -- what the model reads ------------------------------------------------------------------------
+
+
+def already_done(entry: dict[str, Any]) -> str:
+    return (f"Already done earlier in this conversation (turn {entry.get('turn')}): {entry.get('reply')} "
+            "It was not run again; do not call it again for the same thing.")
+
+
+def still_waiting(item: PendingItem) -> str:
+    what = "the approval" if item.kind == APPROVAL else "the answer"
+    return (f"Still waiting for {what} of this same call ({item.id}): {item.ask} It was not asked again; "
+            "tell the user it is waiting, and do not call it again for the same thing.")

@@ -1,0 +1,148 @@
+"""Issue 32's done-when for a key for every call, with real processes: two `chatrun serve`
+replicas of bots/helpdesk on a real Redis, the fake OpenAI server, and the device-orders API
+on loopback recording each request's headers. An IT lead approves Ana's order on the first
+replica; the API holds that request until the test has killed the replica (-9) — after the
+tool ran, before the turn's commit. The lead's client retries the decision on the second
+replica: the order goes out again, with the same `Idempotency-Key`, and an API that honours
+the key places it once. What the state, the outbox and the history keep is exactly once (the
+killed turn never committed); what reaches the API is at least once, with a key to dedupe by."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+
+from orders_api import LoopbackApi
+from redis_support import Replica
+
+REPO = Path(__file__).resolve().parents[1]
+HELPDESK = str(REPO / "bots" / "helpdesk")
+AUTH = """
+tokens:
+  tok-ana-0123456: {principal: ana, claims: {email: ana@example.com}}
+  tok-lee-0123456: {principal: lee, roles: [it_lead], claims: {email: lee@example.com}}
+"""
+ANA = {"Authorization": "Bearer tok-ana-0123456"}
+LEE = {"Authorization": "Bearer tok-lee-0123456"}
+
+
+class DeviceOrders(LoopbackApi):
+    """POST /device-orders: records each request; holds the first one until `release` is set;
+    places one order per `Idempotency-Key` (a key seen again answers the order it placed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.arrived = threading.Event()
+        self.orders: dict[str, dict[str, Any]] = {}  # key -> the order placed under it
+        self._lock = threading.Lock()
+
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
+        body = json.loads(h.rfile.read(int(h.headers.get("content-length") or 0)) or b"null")
+        parts = urlsplit(h.path)
+        key = h.headers.get("idempotency-key")
+        with self._lock:
+            self.requests.append({"path": parts.path, "key": key, "body": body})
+            first = len(self.requests) == 1
+        if first:
+            self.arrived.set()
+            self.release.wait(120)  # until the replica that sent it is dead
+        with self._lock:
+            order = self.orders.get(key or "")
+            if order is None:
+                order = {"id": f"D-{len(self.orders) + 1}", "reporter": parse_qs(parts.query)["reporter"][0],
+                         "device": body["device"]}
+                self.orders[key or f"unkeyed-{len(self.orders)}"] = order
+        self.reply(h, 201, order)
+
+
+def responder(body: dict[str, Any]) -> dict[str, Any]:
+    """The fake model: asked for a laptop, it orders one; after the order's result, it says so."""
+    last = body["messages"][-1]
+    if last["role"] == "tool":
+        return {"text": f"Done: {last['content']}"}
+    return {"tool_calls": [{"name": "order_device",
+                            "arguments": {"body": {"device": "laptop", "reason": "cracked screen"}}}]}
+
+
+@pytest.fixture
+def api(monkeypatch):
+    with DeviceOrders() as server:
+        monkeypatch.setenv("HELPDESK_API_URL", server.url)
+        yield server
+
+
+def decide(server: Replica, session: str, key: str) -> httpx.Response:
+    return httpx.post(f"{server.url}/bots/helpdesk/sessions/{session}/pending/p1", json={"decision": "approve"},
+                      headers=dict(LEE, **{"Idempotency-Key": key}), timeout=120)
+
+
+@pytest.mark.subprocess
+def test_a_decision_retried_on_another_replica_after_kill_9_sends_the_same_idempotency_key(
+        fake, api, redis_server, tmp_path):
+    fake.responder = responder
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(AUTH)
+    store = redis_server.url()
+    first = Replica(HELPDESK, store, fake.base_url, "--auth", str(auth)).start()
+    second = None
+    try:
+        created = httpx.post(f"{first.url}/bots/helpdesk/sessions", json={"id": "o1"}, headers=ANA, timeout=60)
+        assert created.status_code == 201, created.text
+        asked = httpx.post(f"{first.url}/bots/helpdesk/sessions/o1/messages",
+                           json={"userMessage": "My laptop's screen is cracked."}, headers=ANA, timeout=60).json()
+        assert [e["data"]["id"] for e in asked["events"] if e["type"] == "Pending"] == ["p1"], asked
+        second = Replica(HELPDESK, store, fake.base_url, "--auth", str(auth)).start()
+
+        # The lead approves on the first replica; its order reaches the API, which holds it ...
+        lost: list[BaseException] = []
+        thread = threading.Thread(target=lambda: _expect_lost(lambda: decide(first, "o1", "lee-1"), lost))
+        thread.start()
+        assert api.arrived.wait(60), "the approved order never reached the API"
+        first.kill()  # ... while the replica dies: the tool ran, the turn is not committed
+        api.release.set()
+        thread.join(60)
+        assert lost, "the first replica answered the decision before it was killed"
+
+        # The lead's client retries on the other replica (once the dead one's lease ran out).
+        retried = decide(second, "o1", "lee-1")
+        assert retried.status_code == 200, retried.text
+        body = retried.json()
+        assert body["ok"] is True and body["replayed"] is False
+        assert [e["data"]["outcome"] for e in body["events"] if e["type"] == "Resolved"] == ["approved"]
+
+        sent = [r for r in api.requests if r["path"] == "/device-orders"]
+        assert len(sent) == 2  # at least once: the order went out twice ...
+        assert sent[0]["key"] == sent[1]["key"] and re.fullmatch(r"[0-9a-f]{32}", sent[0]["key"] or "")
+        assert sent[0]["body"] == sent[1]["body"] == {"device": "laptop", "reason": "cracked screen"}
+        assert len(api.orders) == 1  # ... and with the same key, the API placed it once
+        assert [e["data"] for e in body["events"] if e["type"] == "Message"][-1] == "Done: Ordered: laptop, order D-1."
+
+        # Exactly once in the conversation: one resolution, nothing pending.
+        history = httpx.get(f"{second.url}/bots/helpdesk/sessions/o1", headers=ANA, timeout=60).json()["history"]
+        resolved = [e["data"]["outcome"] for entry in history for e in entry.get("events", [])
+                    if e["type"] == "Resolved"]
+        assert resolved == ["approved"]
+        pending = httpx.get(f"{second.url}/bots/helpdesk/sessions/o1/pending", headers=ANA, timeout=60).json()
+        assert pending["pending"] == []
+    finally:
+        api.release.set()
+        for replica in (first, second):
+            if replica is not None:
+                replica.kill()
+
+
+def _expect_lost(request: Any, lost: list[BaseException]) -> None:
+    """Send `request`; the connection is expected to break (its replica is killed meanwhile)."""
+    try:
+        request()
+    except httpx.HTTPError as exc:
+        lost.append(exc)
