@@ -71,7 +71,9 @@ def test_the_model_cannot_consent_send_cancel_send_runs_only_the_first_and_a_yes
     (pending,) = [e.data for e in events if e.type == "Pending"]
     assert pending["by"] == ["user"] and pending["choices"] == YES_NO
     assert ("Choices", {"choices": YES_NO}) in kinds(events)
-    assert [m.content for m in s.memory()[-3:]] == [WAITING, NOT_RUN, NOT_RUN]
+    # ... and the model reads that its consent flag is no argument of pay (issue 32, item 6).
+    note = "\n\nNote: `confirmed` is not an argument of pay (it takes `to`, `amount`); the value you sent was ignored."
+    assert [m.content for m in s.memory()[-3:]] == [WAITING + note, NOT_RUN, NOT_RUN]
     asked = len(fake.requests)
     fake.queue({"text": "Sent."})
     events = s.chat("Yes")

@@ -24,7 +24,9 @@ def test_playing_the_model_shows_tool_results_refusals_route_changes_and_prompts
     assert "[system prompt: You are a travel agent." in text
     assert "[route: main_menu → flight]" in text
     assert "[system prompt now: You are an airline reservation system." in text
-    assert "[tool book → Error: book cannot run yet; these are not set: scope.reservation.departure" in text
+    # The refusal names the tool that sets each missing value (docs/tools.md).
+    assert ("[tool book → Error: book cannot run yet: scope.reservation.departure is not set — call set_departure "
+            "first (ask the user for it);") in text
     assert "[tool set_destination → " in text
     # The prompt changed with the destination set: shown again before the next call.
     after = text.split("[tool set_destination → ")[1]

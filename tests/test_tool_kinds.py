@@ -73,7 +73,10 @@ ECHO_BOT = """
     routes:
       main: {default: true, system: Echo., tools: [say, quiet]}
     tools:
-      say: {description: Say it, echo: {prefix: "heard: "}}
+      say:
+        description: Say it
+        parameters: {type: object, properties: {text: {type: string}}}
+        echo: {prefix: "heard: "}
       quiet: {description: Say nothing, echo: {}}
     """
 

@@ -207,7 +207,12 @@ def test_a_transcript_scripts_unruly_answers_made_from_the_route(tmp_path):
               - {unruly: [wrong_types, invent_tool], call: {name: refund, arguments: {order: G7007, amount: 30}}}
               - {unruly: invent_values, tool: refund}
               - {unruly: empty}
+              - {unruly: empty}      # an empty answer is asked again once, then the fallback is sent
             expect:
+              events:
+                - Console: {contains: "the model answered nothing (no text, no tool call); asked again once"}
+                - Console: {contains: "again after a nudge; the fallback reply was sent"}
+                - Message: Sorry, I have no answer to that. Could you say it another way?
               calls:
                 - {tool: refund, error: {contains: "amount: '30' is not of type 'number'"}}
                 - {tool: transfer_to_human, error: "Error: there is no tool 'transfer_to_human' here. Tools you can call: refund."}

@@ -26,6 +26,7 @@ from chatrun.definition.config import (
     Location,
     RouteConfig,
     ToolConfig,
+    declared_arguments,
 )
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
@@ -135,6 +136,7 @@ class _Checker:
             self.quarkus_stream(route)
             self.tool_choice(route)
             self.output_read_as_call(route)
+        self.fallbacks()
         self.display_texts()
         for tool in self.config.tools.values():
             self.tool(tool)
@@ -382,7 +384,7 @@ class _Checker:
         routes = self.routes_of.get(tool.name, [])
         if approval.condition is not None:
             self.condition(approval.condition, f"`approval.if` of tool `{tool.name}`", (*at, "if"), tool, routes)
-        declared = _declared_args(tool.parameters) or []
+        declared = _listed_args(tool.parameters)
         for i, name in enumerate(approval.edit if isinstance(approval.edit, list) else []):
             if name not in declared:
                 self.add("error", f"`approval.edit` of tool `{tool.name}` names `{name}`, which is not one of its "
@@ -465,7 +467,7 @@ class _Checker:
                      "the entries after it could never decide", *at, "else")
         if entry.condition is not None:
             self.condition(entry.condition, f"condition `{entry.condition}` of {of}", (*at, "if"), tool, routes)
-        declared = _declared_args(tool.parameters) or []
+        declared = _listed_args(tool.parameters)
         for arg, value in (entry.approve or {}).items():
             if arg not in declared:
                 self.add("error", f"`approve` of {of} changes `{arg}`, which is not one of the tool's parameters"
@@ -720,6 +722,17 @@ class _Checker:
             pos = self.src.main.pos(path)
             self.out.append(Diagnostic(self.src.main.file, pos.line, pos.col, "warning", message, path[0]))
 
+    def fallbacks(self) -> None:
+        """`fallback:` of the bot and of routes (what the user gets when the model has nothing to
+        say): templates on the routes they serve; in a bot with `locales:`, translated."""
+        for route in self.config.routes.values():
+            if route.fallback:
+                self.template(route.fallback, f"`fallback` of route `{route.name}`", ("routes", route.name, "fallback"),
+                              None, routes=[route.name])
+        if self.config.fallback:
+            served = [name for name, route in self.config.routes.items() if not route.fallback]
+            self.template(self.config.fallback, "the bot's `fallback`", ("fallback",), None, routes=served)
+
     def display_texts(self) -> None:
         """The texts the page shows end users outside the conversation: the bot's `description:`
         and each route's `title:`; in a bot with `locales:`, templates that see `t()` and `locale` only."""
@@ -735,7 +748,7 @@ class _Checker:
 
 
 # The fields whose text a bot sends without a model: in a bot with `locales:` they must use `t()`.
-USER_FACING = frozenset({"message", "reply", "text", "ask", "rejected", "choices", "title", "description"})
+USER_FACING = frozenset({"message", "reply", "text", "ask", "rejected", "choices", "title", "description", "fallback"})
 
 _Analysis = tuple[tuple[tuple[tuple[str, ...], int], ...], tuple[tuple[str, str, int], ...]]
 
@@ -991,13 +1004,15 @@ def _plainly_valid(schema: Any) -> bool:
 
 
 def _declared_args(parameters: dict[str, Any]) -> list[str] | None:
-    """The argument names a parameters schema declares; None when it declares none and
-    leaves the arguments open (then any `args.X` may come)."""
+    """The argument names a parameters schema takes (config.declared_arguments); None when it
+    leaves the names open (then any `args.X` may come)."""
+    return declared_arguments(parameters)
+
+
+def _listed_args(parameters: dict[str, Any]) -> list[str]:
+    """The names of a parameters schema's `properties` (what an approver may edit)."""
     props = parameters.get("properties")
-    props = props if isinstance(props, dict) else {}
-    if props or parameters.get("additionalProperties") is False:
-        return list(props)
-    return None
+    return list(props) if isinstance(props, dict) else []
 
 
 def _merge_decl(into: dict[str, Any], decl: dict[str, Any]) -> None:

@@ -348,6 +348,9 @@ class RouteConfig:
     # What the model must do on its first call of the route's loop: "auto", "required", "none" or
     # a tool's name (OpenAI's `tool_choice`); None: not sent (the endpoint's default, auto).
     tool_choice: str | None = None
+    # What the user gets when the model has nothing to say (an empty answer, even after a nudge;
+    # a turn that reached `limits.max_model_calls`): a template, over the bot's `fallback:`.
+    fallback: str | None = None
     where: Location = field(default_factory=Location)
 
 
@@ -412,6 +415,7 @@ class BotConfig:
     content_version: str = ""  # the hash of the bot's files (chatrun.definition.versions)
     on_change: str = "restart_scope"  # what older sessions do when this version serves them
     catalogs: Catalogs | None = None  # `locales:` and their texts (definition/catalogs.py); None: one language
+    fallback: str | None = None  # `fallback:` (a route's own wins); None: the built-in text in the session's locale
 
     @property
     def version_label(self) -> str:
@@ -575,3 +579,24 @@ def initial_state_problem(state: dict[str, Any], declared: dict[str, Any]) -> tu
             return key, f"state.{key} must be a {want} like its declared default {json.dumps(default)}, not a {got}"
     return None
 
+
+
+# Keywords of a `parameters` schema that let it take names `properties` does not list, or whose
+# meaning depends on the values (then only the validator can say what the tool takes).
+_OPEN_KEYWORDS = ("patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "not", "$ref",
+                  "$dynamicRef", "if", "dependentSchemas", "propertyNames")
+
+
+def declared_arguments(parameters: dict[str, Any]) -> list[str] | None:
+    """The argument names a tool's `parameters` take: its `properties` (none: a tool declared
+    without `parameters` takes no arguments), or None when the schema leaves the names open (no
+    `properties` at all, `additionalProperties` other than false, or a keyword that takes names
+    `properties` does not list). The one rule for which arguments a tool takes: the validator's
+    checks of `args.X` and the engine's dropping of undeclared arguments (engine/call.py) use it."""
+    props = parameters.get("properties")
+    if not isinstance(props, dict) or any(key in parameters for key in _OPEN_KEYWORDS):
+        return None
+    extra = parameters.get("additionalProperties")
+    if extra is not None and extra is not False:
+        return None
+    return list(props)

@@ -500,6 +500,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         content_version=content_version(_version_files(main_file)),
         on_change=_str(top.get("on_change")) or DEFAULT_POLICY,
         catalogs=_catalogs(top.get("locales"), main, main_file, diagnostics),
+        fallback=_str(top.get("fallback")),
     )
 
 
@@ -632,6 +633,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         attachments=_attachments(raw.get("attachments")),
         one_change_per_answer=_bool(raw.get("one_change_per_answer")),
         tool_choice=_str(raw.get("tool_choice")),
+        fallback=_str(raw.get("fallback")),
         where=_loc(doc, base),
     )
 

@@ -1,5 +1,7 @@
 """The texts of chatrun's own web page (its Send button, its notices, the cards of pending
 items) in a few locales, and how a bot's catalog overrides them (docs/i18n.md, "The page").
+The conversation's one built-in reply, `fallback` (what the user gets when the model has
+nothing to say and the bot declares no `fallback:`; engine/turn.py), is kept here with them.
 
 The page shows its controls in the session's locale: chatrun's built-in text of each key
 below, replaced by the bot's own `page.<key>` text where its catalog has one (a bot can
@@ -32,6 +34,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "start_new": "Start a new conversation",
         "talking_to": "You are talking to {name}",
         "no_model": "No model is configured, so the bot cannot answer.",
+        "fallback": "Sorry, I have no answer to that. Could you say it another way?",
         "connecting": "connecting…",
         "connected": "connected",
         "reconnecting": "reconnecting…",
@@ -90,6 +93,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "start_new": "Neues Gespräch beginnen",
         "talking_to": "Sie sprechen mit {name}",
         "no_model": "Es ist kein Modell eingerichtet, daher kann der Bot nicht antworten.",
+        "fallback": "Entschuldigung, darauf habe ich keine Antwort. Können Sie es anders formulieren?",
         "connecting": "Verbindung wird hergestellt…",
         "connected": "verbunden",
         "reconnecting": "Verbindung wird wiederhergestellt…",
@@ -152,6 +156,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "start_new": "بدء محادثة جديدة",
         "talking_to": "أنت تتحدث الآن مع {name}",
         "no_model": "لم يتم إعداد أي نموذج، لذلك لا يستطيع البوت الرد.",
+        "fallback": "عذرًا، ليس لدي إجابة على ذلك. هل يمكنك قولها بطريقة أخرى؟",
         "connecting": "جارٍ الاتصال…",
         "connected": "متصل",
         "reconnecting": "جارٍ إعادة الاتصال…",

@@ -4,7 +4,8 @@ A tool's `bind:` maps argument names to templates over the state, the principal,
 id and the clock. Whatever the tool's kind (handler, http, openapi, mcp), one path applies:
 
 - the model is offered the tool's parameters without the bound ones (`offered_parameters`);
-- a bound name the model sends anyway is dropped (the tool result says so: `ignored_note`);
+- a bound name the model sends anyway is dropped (the tool result says so: `ignored_note`), and
+  so is a name the tool does not take at all (`undeclared_note`; docs/tools.md);
 - the bound values are rendered and put into the arguments before they are validated against
   the tool's whole schema, so the kind's call, a transcript's mocks and `--record` all see
   exactly what is sent (`bind_arguments`);
@@ -82,6 +83,18 @@ def ignored_note(names: list[str]) -> str:
     which = "is" if len(names) == 1 else "are"
     return (f"\n\nNote: {listed} {which} set by the bot, not by you; the value you sent was ignored. "
             "Do not send it.")
+
+
+def undeclared_note(tool: str, names: list[str], takes: list[str]) -> str:
+    """What the model reads after the result when it sent arguments the tool does not take
+    (dropped before the call ran: engine/call.py)."""
+    listed = ", ".join(f"`{name}`" for name in names)
+    if not takes:
+        return f"\n\nNote: {tool} takes no arguments; what you sent ({listed}) was ignored. Do not send it."
+    which, values = ("is not an argument", "value you sent was") if len(names) == 1 else \
+        ("are not arguments", "values you sent were")
+    return (f"\n\nNote: {listed} {which} of {tool} (it takes {', '.join(f'`{n}`' for n in takes)}); "
+            f"the {values} ignored.")
 
 
 def bound_problem(tool: ToolConfig, path: list[Any]) -> str | None:

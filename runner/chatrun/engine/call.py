@@ -26,10 +26,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatrun import events as ev
-from chatrun.definition.config import ONCE, ActionConfig, Location, RouteConfig, ToolConfig
+from chatrun.definition.config import (
+    ONCE,
+    ActionConfig,
+    Location,
+    RouteConfig,
+    ToolConfig,
+    declared_arguments,
+)
 from chatrun.definition.templates import holds, is_nothing
 from chatrun.engine import observe, once, pausing, tracing
-from chatrun.engine.binding import Unbound, bind_arguments, ignored_note
+from chatrun.engine.binding import Unbound, bind_arguments, ignored_note, undeclared_note
 from chatrun.engine.context import TurnContext, storable
 from chatrun.engine.said import said
 from chatrun.engine.scopes import Scope, ScopeView, get_path, set_path
@@ -41,7 +48,13 @@ from chatrun.engine.steps import (
     NextStepRunAgain,
     ToolOutcome,
 )
-from chatrun.engine.tools import BoundInvalid, check_arguments, decode_arguments, result_text
+from chatrun.engine.tools import (
+    BoundInvalid,
+    Setter,
+    check_arguments,
+    decode_arguments,
+    result_text,
+)
 from chatrun.errors import ChatrunError, ToolRefusal, TurnFailed
 from chatrun.messages import Attachment, ToolCall
 from chatrun.toolkinds.base import ToolFailed, Writable
@@ -151,22 +164,22 @@ class ToolCalls:
                                    failed=True)
             return ToolOutcome(f"Error: there is no tool {call.name!r} here. Tools you can call: {names}.",
                                failed=True)
+        notes = ""  # what the model sent that was not its to give, or that the tool does not take
         try:
             self.check_call_limit(tool)
-            args, ignored = self.arguments(tool, call.arguments)
+            args, notes = self.arguments(tool, call.arguments)
             record["args"] = storable(args)
-            repeated = self.repeated(tool, args)
-            if repeated is not None:  # not run: the model reads what became of the same call before
-                return repeated
-            self.check_requires(tool)
-            self.check_action(tool)
-            if pausing.needs_approval(self.t, tool, args):  # nothing of the tool runs before the decision
-                return pausing.request_approval(self.t, tool, args, call.id)
+            outcome = self.repeated(tool, args)  # not None: not run, the model reads what became of it before
+            if outcome is None:
+                self.check_requires(tool)
+                self.check_action(tool)
+                if pausing.needs_approval(self.t, tool, args):  # nothing of the tool runs before the decision
+                    outcome = pausing.request_approval(self.t, tool, args, call.id)
         except ToolRefusal as refusal:
-            return ToolOutcome(str(refusal), failed=True)
-        outcome = await self.run_checked_tool(tool, args, call.id)
-        if ignored:  # the model sent arguments the bot sets: it reads that they were not its to give
-            outcome.reply += ignored_note(ignored)
+            return ToolOutcome(str(refusal) + notes, failed=True)
+        if outcome is None:
+            outcome = await self.run_checked_tool(tool, args, call.id)
+        outcome.reply += notes
         return outcome
 
     def check_call_limit(self, tool: ToolConfig) -> None:
@@ -214,11 +227,12 @@ class ToolCalls:
         once.remember(self.t.c, tool.name, identity, self.t.number, reply)
         self.took_effect = True
 
-    def arguments(self, tool: ToolConfig, raw: str) -> tuple[dict[str, Any], list[str]]:
-        """The call's arguments: the model's, with the tool's bound arguments (`bind:`) put in
-        over whatever it sent for them, checked against the tool's `parameters`. Returns them
-        and the bound names the model sent (ignored)."""
-        sent = decode_arguments(tool, raw)
+    def arguments(self, tool: ToolConfig, raw: str) -> tuple[dict[str, Any], str]:
+        """The call's arguments: the model's, without the names the tool does not take, with the
+        tool's bound arguments (`bind:`) put in over whatever it sent for them, checked against
+        the tool's `parameters`. Returns them and the notes the model reads about what it sent
+        that was ignored (binding.ignored_note, binding.undeclared_note)."""
+        sent, notes = self.drop_undeclared(tool, decode_arguments(tool, raw))
         model_args = {k: v for k, v in sent.items() if k not in tool.bind}
 
         def render(source: Any, what: str) -> Any:
@@ -241,8 +255,25 @@ class ToolCalls:
         if ignored:
             self.t.emit(ev.CONSOLE, f"tool {tool.name}: the model sent {', '.join(ignored)}, which the bot binds; "
                       "ignored, the bound value was used")
+            notes = ignored_note(ignored) + notes
         self.check_from_user(tool, args)
-        return args, ignored
+        return args, notes
+
+    def drop_undeclared(self, tool: ToolConfig, sent: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """The model's arguments without the names the tool's `parameters` do not take (a tool
+        without parameters takes none), and the note that names them back to the model. A schema
+        with `additionalProperties: false` keeps them: its validator refuses the call instead
+        (the model must call again), and an open schema takes any name (config.declared_arguments)."""
+        takes = declared_arguments(tool.parameters)
+        if takes is None or tool.parameters.get("additionalProperties") is False:
+            return sent, ""
+        undeclared = [name for name in sent if name not in takes and name not in tool.bind]
+        if not undeclared:
+            return sent, ""
+        self.t.emit(ev.CONSOLE, f"tool {tool.name}: the model sent {', '.join(undeclared)}, which the tool does not "
+                    "take (not in its `parameters`); ignored")
+        offered = [name for name in takes if name not in tool.bind]
+        return {k: v for k, v in sent.items() if k not in undeclared}, undeclared_note(tool.name, undeclared, offered)
 
     def check_from_user(self, tool: ToolConfig, args: dict[str, Any]) -> None:
         """`from_user:`: refuse values of these parameters the user has not said in this scope
@@ -334,13 +365,21 @@ class ToolCalls:
         return await self.t.tools.runtime(key).call(tool, tool.kinds[key], args, _KindCall(self))
 
     def check_requires(self, tool: ToolConfig) -> None:
+        """Refuse a call whose `requires` paths are not set, naming for each the tools that set it."""
         roots = self.t.roots()
         missing = [p for p in tool.requires if get_path(roots, p) in (None, "")]
-        if missing:
-            raise ToolRefusal(
-                f"Error: {tool.name} cannot run yet; these are not set: {', '.join(missing)}. "
-                "Ask the user for them (and set them) first."
-            )
+        if not missing:
+            return
+        groups: dict[tuple[str, ...], list[str]] = {}  # the paths with the same setters, in order
+        here = self.t.config.routes[self.t.c.scope.route].tools
+        for path in missing:
+            setters = [s for s in self.t.tools.setters(path) if s.tool != tool.name]
+            offered = [s for s in setters if s.tool in here]
+            key = ("here", *dict.fromkeys(s.tool for s in offered)) if offered else \
+                  ("elsewhere", *dict.fromkeys(s.tool for s in setters))
+            groups.setdefault(key + (_hint(offered),), []).append(path)
+        parts = [_missing_part(paths, key) for key, paths in groups.items()]
+        raise ToolRefusal(f"Error: {tool.name} cannot run yet: {'; '.join(parts)}.")
 
     def check_action(self, tool: ToolConfig, action: ActionConfig | None = None) -> None:
         """Refuse, before anything applies, an action that cannot complete."""
@@ -531,6 +570,28 @@ class _KindCall:
 
     def read_attachment(self, attachment: Attachment) -> bytes | None:
         return None if attachment.is_url else self.calls.t.read_blob(attachment.ref)
+
+
+def _hint(setters: list[Setter]) -> str:
+    """How the value reaches a setter the model can call: the runtime asks the user (`ask.into`),
+    or the model gives it from what the user says (a `set:` of its arguments); "" else."""
+    if any(s.asks for s in setters):
+        return "asks"
+    return "from_args" if any(s.from_args for s in setters) else ""
+
+
+def _missing_part(paths: list[str], key: tuple[str, ...]) -> str:
+    """One part of a `requires` refusal: the paths not set, and what the model should do about them."""
+    where, *tools, hint = key
+    it = "it" if len(paths) == 1 else "them"
+    listed = f"{', '.join(paths)} {'is' if len(paths) == 1 else 'are'} not set"
+    if where == "here" and tools:
+        extra = " (it asks the user)" if hint == "asks" else f" (ask the user for {it})" if hint == "from_args" else ""
+        return f"{listed} — call {' or '.join(tools)} first{extra}"
+    if tools:
+        return f"{listed} — {' or '.join(tools)} {'sets' if len(tools) == 1 else 'set'} {it}, not offered here; " \
+               f"ask the user for {it}"
+    return f"{listed} — ask the user for {it}"
 
 
 def _next_step(action: ActionConfig, execute: bool) -> NextStep:

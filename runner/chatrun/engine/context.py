@@ -23,6 +23,8 @@ from chatrun.messages import Attachment, UserMessage
 from chatrun.store.blobs import BlobArea
 
 Emit = Callable[..., None]  # (type, data, runtime=False, audience=None, multi=False)
+# The events that give the user something: a reply, something to choose or answer, or the end.
+_SAYS = frozenset({ev.MESSAGE, ev.OBJECT, ev.CHOICES, ev.PENDING, ev.ERROR, ev.ENDED})
 # (route, instructions, text) -> the route's summary model's answer (engine/turn.py's summary_call)
 Summarize = Callable[[str, str, str], Awaitable[str]]
 
@@ -36,7 +38,10 @@ class TurnContext:
         self.c = conversation
         self.config: BotConfig = conversation.config
         self.tools = tools
-        self.emit = emit
+        self._emit = emit
+        # The turn sent the user something to read or act on (a message, an object, choices, a
+        # pending item, an error, the end): an empty model answer then leaves no one without a reply.
+        self.said = False
         self.mocks = mocks
         self.number = conversation.turn_count + 1
         self.user_message = text
@@ -58,6 +63,12 @@ class TurnContext:
         self.decision = decision  # the input of a decision turn (Approve, Answer, Expire, ...), else None
         self.decision_info: dict[str, Any] | None = None  # `decision` in templates while one applies
         self.paused = False  # a call of this turn waits (approval, question, operator)
+
+    def emit(self, event_type: str, data: Any, *args: Any, **kwargs: Any) -> None:
+        """Send one of the turn's events (as `Emit`), noting whether the user got something."""
+        if event_type in _SAYS and kwargs.get("audience") in (None, ev.USER):
+            self.said = True
+        self._emit(event_type, data, *args, **kwargs)
 
     # -- templates ----------------------------------------------------------------
 

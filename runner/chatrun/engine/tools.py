@@ -32,6 +32,15 @@ class Toolbox:
         self.config = config
         self._validators: dict[str, Draft202012Validator] = {}
         self._runtimes: dict[str, KindRuntime[Any] | None] | None = None  # by kind key, made on first use
+        self._setters: dict[str, list[Setter]] | None = None  # by state path, made on first use
+
+    def setters(self, path: str) -> list[Setter]:
+        """The tools whose action writes `path` (`set:`, a case's `set:`, `ask.into`), in the
+        order the bot declares them: what a `requires` refusal tells the model to call. A tool
+        that writes a path above or below it counts too (it may set the whole object, or make it)."""
+        if self._setters is None:
+            self._setters = setter_map(self.config)
+        return [s for written, setters in self._setters.items() if _related(written, path) for s in setters]
 
     def argument_validator(self, tool: ToolConfig) -> Draft202012Validator:
         """The validator of a tool's `parameters` (built once per bot tool; an MCP server's
@@ -85,6 +94,39 @@ class Toolbox:
         for runtime in (self._runtimes or {}).values():
             if runtime is not None:
                 await runtime.aclose()
+
+
+@dataclass(frozen=True)
+class Setter:
+    """A tool whose action writes a state path, and how: `asks` (its `ask.into`: the runtime asks
+    the user), `from_args` (a `set:` of the model's arguments: the user should give the value)."""
+
+    tool: str
+    asks: bool = False
+    from_args: bool = False
+
+
+def setter_map(config: BotConfig) -> dict[str, list[Setter]]:
+    """Each state path a tool's action writes, with the tools that write it."""
+    out: dict[str, list[Setter]] = {}
+    for tool in config.tools.values():
+        action = tool.action
+        written: dict[str, Setter] = {}
+        for assignments in [action.set, *(case.action.set for case in action.cases)]:
+            for path, template in assignments.items():
+                from_args = isinstance(template, str) and "args" in template
+                if path not in written or from_args:
+                    written[path] = Setter(tool.name, from_args=from_args)
+        if action.ask is not None and action.ask.into:
+            written[action.ask.into] = Setter(tool.name, asks=True)
+        for path, setter in written.items():
+            out.setdefault(path, []).append(setter)
+    return out
+
+
+def _related(written: str, path: str) -> bool:
+    """Whether writing `written` may set `path`: the same path, one above it, or one below it."""
+    return written == path or path.startswith(written + ".") or written.startswith(path + ".")
 
 
 def tool_spec(tool: ToolConfig) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from chatrun.definition.config import (
     RouteConfig,
     ToolConfig,
 )
+from chatrun.definition.page_texts import page_texts
 from chatrun.definition.templates import is_nothing
 from chatrun.engine import observe, tracing, waiting
 from chatrun.engine.call import ToolCalls
@@ -90,6 +91,9 @@ class RouteRun:
     # The route's `tool_choice` for the next model call; `required` or a tool's name lasts until the
     # model calls a tool (then the loop goes on as `auto`, else the model could never answer).
     tool_choice: str | None = None
+    # The nudge after an empty answer (engine/turn.py `empty_answer`): sent once, after the
+    # memory's messages, with the next call only; never kept in the memory.
+    nudge: list[Message] = field(default_factory=list)
 
 
 class Turn:
@@ -115,6 +119,7 @@ class Turn:
         # Each model answer of the turn ({text?, tool_calls?}), for the history (its `model`): with
         # `calls`, what `chatrun record --from-session` replays the turn from.
         self.answers: list[dict[str, Any]] = []
+        self.nudged = False  # an empty answer was asked again (once per turn)
 
     # -- the loop ---------------------------------------------------------------
 
@@ -161,6 +166,10 @@ class Turn:
 
     async def model_step(self, run: RouteRun) -> NextStep:
         """One model call on the route and what follows from its answer."""
+        limit = self.t.config.limits.max_model_calls
+        if self.model_calls >= limit:
+            return self.fall_back(run, f"this turn called the model {self.model_calls} times, as many as "
+                                       f"limits.max_model_calls = {limit} allows (route {run.route.name}){self.repeats()}")
         response, answer = await self.ask_model(run)
         route, calls = run.route, answer.tool_calls
         value = None
@@ -168,6 +177,10 @@ class Turn:
             value, problem = parse_output(response.text, self.t.tools.output_validator(route.name))
             if problem is not None:
                 return self.correct(run, response.text, problem)
+        elif not calls and not (response.text or "").strip():
+            step = self.empty_answer(run)
+            if step is not None:
+                return step  # the empty answer is not kept: the memory gets what the user gets
         run.memory.add(answer)
         if not calls:
             return self.answered(run, response.text, value)
@@ -186,18 +199,13 @@ class Turn:
     async def ask_model(self, run: RouteRun) -> tuple[ModelResponse, AssistantMessage]:
         """Call the model (within the turn's limits and budgets, traced, its usage counted)."""
         route, model_config = run.route, run.model
-        self.model_calls += 1
-        if self.model_calls > self.t.config.limits.max_model_calls:
-            raise TurnFailed(
-                f"this turn called the model {self.model_calls - 1} times, more than "
-                f"limits.max_model_calls = {self.t.config.limits.max_model_calls} (route {route.name})"
-            )
+        self.model_calls += 1  # bounded by model_step (limits.max_model_calls)
         self.add_system(run.memory, route)
-        request = ModelRequest(run.memory.messages() + run.correction, run.specs, model_config, route.name,
+        extra, run.nudge = run.correction + run.nudge, []
+        request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
                                response_format(route), self.t.read_blob if self.t.blobs is not None else None,
                                run.tool_choice)
-        sent_tokens = self.sent_tokens(run.memory, request.messages, len(run.correction),
-                                       self.counter(model_config.name))
+        sent_tokens = self.sent_tokens(run.memory, request.messages, len(extra), self.counter(model_config.name))
         price = self.t.config.prices.get(model_config.name)
         if self.t.config.limits.has_budgets:
             sent = sent_tokens()
@@ -233,6 +241,62 @@ class Turn:
             f"Your answer is not valid: {problem}. Answer again with only a JSON value that "
             "matches the required schema, and nothing else.")]
         return NextStepRunAgain()
+
+    def empty_answer(self, run: RouteRun) -> NextStep | None:
+        """An answer with no text and no tool call. If the user has had nothing yet this turn
+        (or a called route owes its caller a result), the model is asked again once, with a nudge
+        sent in that request only; a second empty answer gets the fallback reply. None: the
+        answer stands as it is (the user has had a reply, or a called route returns it empty)."""
+        if self.t.said and not run.returning:
+            return None  # a tool's message, an earlier text, a question...: the user is not left without a reply
+        if not self.nudged:
+            self.nudged = True
+            run.nudge = [UserMessage(NUDGE)]
+            self.t.emit(ev.CONSOLE, f"route {run.route.name}: the model answered nothing (no text, no tool call); "
+                        "asked again once")
+            return NextStepRunAgain()
+        if run.returning:
+            return None  # its caller's model reads the empty result and answers the user
+        return self.fall_back(run, f"the model answered nothing on route {run.route.name}, again after a nudge")
+
+    def fall_back(self, run: RouteRun, why: str) -> NextStep:
+        """The model has nothing (more) to say: the user gets the route's or the bot's `fallback:`
+        (else the built-in text in the session's locale), the route's memory keeps it as the
+        answer, and the turn ends normally, keeping what its tool calls did (CHANGELOG, issue 32)."""
+        route = run.route
+        log.info("session %s, turn %s: %s; the fallback reply was sent", self.t.c.id, self.number, why)
+        self.t.emit(ev.CONSOLE, f"{why}; the fallback reply was sent")
+        text = self.fallback_text(route)
+        run.memory.add(AssistantMessage(text))
+        self.t.emit(ev.MESSAGE, text)
+        self.t.offer(route.choices, f"route {route.name} choices", route.where)
+        return NextStepFinalOutput()
+
+    def fallback_text(self, route: RouteConfig) -> str:
+        """The route's `fallback:`, else the bot's, rendered; else (or when it renders blank) the
+        built-in text in the session's locale (definition/page_texts.py, `page.fallback`)."""
+        source, where = (route.fallback, route.where) if route.fallback else (self.t.config.fallback, self.t.config.where)
+        if source:
+            text = self.t.render_template(source, "fallback", where)
+            if text.strip():
+                return text
+        return page_texts(self.t.config.catalogs, self.t.c.locale)["fallback"]
+
+    def repeats(self) -> str:
+        """For the detail of a turn that reached its limit: when the model went round in circles at
+        the end of the turn, the words "; its last N answers all called TOOL with the same
+        arguments", else nothing."""
+        calls = [answer.get("tool_calls") for answer in self.answers]
+        last = calls[-1] if calls else None
+        if not last:
+            return ""
+        n = 0
+        for answer_calls in reversed(calls):
+            if answer_calls != last:
+                break
+            n += 1
+        names = ", ".join(sorted({c["name"] for c in last}))
+        return f"; its last {n} answers all called {names} with the same arguments" if n > 1 else ""
 
     def answered(self, run: RouteRun, text: str | None, value: Any) -> NextStep:
         """The model answered without tool calls: a returning route's result, a structured
@@ -375,6 +439,10 @@ class Turn:
 
     # -- tools ----------------------------------------------------------------------
 
+
+# What the model reads, in the next request only, after an answer with no text and no tool call.
+NUDGE = ("(Your last answer was empty. Answer the user's last message now: reply with text, or call one of "
+         "your tools.)")
 
 SUMMARY_PROMPT = (
     "You keep the running summary of a conversation between a user and an assistant. You are "

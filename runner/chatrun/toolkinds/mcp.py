@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from chatrun.definition.config import BotConfig, Location, RouteConfig, ToolConfig
-from chatrun.definition.kinds import Checks
+from chatrun.definition.kinds import Checks, Load
 from chatrun.definition.sources import suggest
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic, ToolRefusal
@@ -46,6 +46,15 @@ class McpKind(ToolKind[McpToolRef]):
             return None
         tool = section.get("tool")
         return McpToolRef(section["server"], tool if isinstance(tool, str) else None, "parameters" not in raw)
+
+    def resolve(self, tools: list[ToolConfig], load: Load) -> None:
+        """A tool declared without `parameters` takes the server's, listed only when the server
+        runs: until then its arguments are open (`{type: object}`), never "takes none", so that
+        neither the engine drops what the model sends (engine/call.py) nor the checks flag `args.X`."""
+        for tool in tools:
+            spec = tool.kinds.get(self.key)
+            if isinstance(spec, McpToolRef) and spec.server_schema:
+                tool.parameters = {"type": "object"}
 
     def parse_bot(self, top: dict[str, Any], doc: YamlDoc) -> dict[str, McpServerConfig] | None:
         """The bot's `mcp_servers:`."""
