@@ -287,7 +287,7 @@ def test_effect_defaults_come_from_the_kind_and_the_action(write_bot):
       post: {http: {url: "https://api.example.com/x", method: POST}}
       get: {http: {url: "https://api.example.com/x"}}
       count: {action: {cases: [{if: "true", then: {set: {state.n: "{{ state.n + 1 }}"}}}]}}
-      cart: {action: {set: {state.cart: "{{ state['cart'] + [args.item] }}"}}}
+      cart: {parameters: {type: object, properties: {item: {type: string}}}, action: {set: {state.cart: "{{ state['cart'] + [args.item] }}"}}}
       setter: {action: {set: {state.who: "{{ args.name | title }}", state.n: 3}}}
       from_other: {action: {set: {state.who: "{{ state.answer }}"}}}
       asked: {action: {ask: {from: user, text: Which?, into: state.answer}}}
@@ -296,7 +296,7 @@ def test_effect_defaults_come_from_the_kind_and_the_action(write_bot):
     """, extra={"tools.py": "def f(ctx):\n    return 1\n"}))
     effects = {name: (tool.effect, tool.effect_declared) for name, tool in config.tools.items()}
     assert effects == {"post": ("once", False), "get": ("read", False),
-                       "count": ("once", False), "cart": ("once", False), "setter": ("idempotent", False),
+                       "count": ("idempotent", False), "cart": ("once", False), "setter": ("idempotent", False),
                        "from_other": ("idempotent", False), "asked": ("idempotent", False),
                        "declared": ("read", True), "code": ("read", False)}
 
@@ -332,7 +332,10 @@ def test_a_declared_effect_wins(write_bot, raw):
     assert config.tools["t"].effect == raw and config.tools["t"].effect_declared
 
 
-def test_validate_warns_about_a_tool_only_its_first_call_would_run(write_bot):
+def test_a_tool_without_arguments_runs_each_time_unless_it_says_once(write_bot):
+    """A counter's "one more" is a new request each time: with no arguments and no `requires`, an
+    accumulating action is not `once` by default (the identical-call rule could not tell a repeat
+    from a new request); `effect: once` keeps it once, and no warning is needed either way."""
     text = """
     name: fx
     format: 2
@@ -343,9 +346,7 @@ def test_validate_warns_about_a_tool_only_its_first_call_would_run(write_bot):
       bump_by: {parameters: {type: object, properties: {by: {type: integer}}}, action: {set: {state.n: "{{ state.n + args.by }}"}}}
       counted: {effect: once, action: {set: {state.n: "{{ state.n + 1 }}"}}}
     """
-    _, diagnostics = check_bot(write_bot(text))
-    warnings = [(d.line, d.message) for d in diagnostics if d.severity == "warning"]
-    assert warnings == [(7, "tool `bump` is done once (its action writes a value computed from the one it replaces) "
-                            "and takes no arguments: only its first call in a conversation runs, every later one is "
-                            "answered 'Already done'; say `effect: idempotent` if each call should run (or "
-                            "`effect: once` to keep it)")]
+    config, diagnostics = check_bot(write_bot(text))
+    assert [d for d in diagnostics if d.severity == "warning"] == []
+    tools = config.tools
+    assert (tools["bump"].effect, tools["bump_by"].effect, tools["counted"].effect) == ("idempotent", "once", "once")

@@ -70,6 +70,9 @@ routes:
     tools: [schedule_wipe, schedule_wipe_only, abort_wipe, parent_schedule_wipe_and_push]
   child-chat-once:
     description: WipeTest's child route
+  quiet:
+    description: RouteTest's null result (a route with nothing to say ends its loop quietly)
+    tools: [say_nothing]
   inherited:
     description: ChatScopeTest (a @ChatScoped counter is shared with nested scopes)
     scope: {shared: {counter: 0}}
@@ -124,6 +127,7 @@ tools:
   push_nested_child: {description: push, action: {push: nested-child, immediate: true}}
   push_per_chat_child: {description: push, action: {push: per-chat-child, immediate: true}}
   pop_child: {description: pop, action: {pop: true, message: popped, immediate: true}}
+  say_nothing: {description: end quietly, action: {immediate: true}}
 """
 
 # The page a Quarkus app would serve: the client script, and nothing of chatrun's.
@@ -343,10 +347,12 @@ def test_route_test_exception_rejects_the_promise_and_changes_nothing(quarkus, f
 
 
 def test_route_test_null_result_sends_nothing(quarkus, fake):
-    """RouteTest.testNullResult: a route with nothing to say sends no event, and completes."""
-    fake.queue({"text": ""})
+    """RouteTest.testNullResult: a route with nothing to say sends no event, and completes. (A
+    model's empty answer is no longer that: it is asked again, then the fallback is said; a route
+    that means to say nothing ends its loop with a quiet `immediate` action.)"""
+    fake.queue(call("say_nothing"))
     result = quarkus.evaluate("""async () => {
-        const s = await quarkusSession("test");
+        const s = await quarkusSession("quiet");
         return await turn(s, "Hello, world!");
     }""")
     assert result == {"ok": True, "value": None, "seen": []}

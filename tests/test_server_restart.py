@@ -127,5 +127,8 @@ def test_a_conversation_survives_a_killed_server(tmp_path, fake):
     # holds the name exchange, the flight's hand-back result, then the new message.
     last = fake.requests[-1]["messages"]
     assert "Help Ana" in last[0]["content"]
-    assert last[-2] == {"role": "assistant", "content": "Flight booked"}
+    # The flight's hand-back is a tool result (of a call the runtime writes), never words the model
+    # could take for its own (issue 32).
+    assert last[-3]["tool_calls"][0]["function"]["name"].startswith("returned_from_")
+    assert last[-2] == {"role": "tool", "tool_call_id": last[-3]["tool_calls"][0]["id"], "content": "Flight booked"}
     assert last[-1] == {"role": "user", "content": "thanks"}

@@ -279,7 +279,6 @@ class _Checker:
         self.ask_and_operator(tool)
         self.cases(tool)
         self.loops(tool)
-        self.effect(tool)
         if tool.on_error is not None:
             for key in ("message", "reply"):
                 source = getattr(tool.on_error, key)
@@ -315,19 +314,6 @@ class _Checker:
                 self.add("warning", f"`from_user` of tool `{tool.name}` names `{name}`, which is not one of its "
                          f"parameters{suggest(name, declared)} (it takes: {', '.join(declared) or 'none'}); "
                          "nothing is checked for it", *at, i)
-
-    def effect(self, tool: ToolConfig) -> None:
-        """An action-only tool that is done once by default (its action writes a value from
-        itself) yet takes no arguments and `requires` nothing: every call is the same call, so
-        only the first of a conversation runs. Worth saying to the author of a bot written before
-        `effect:` (a kind's tool may get its parameters from its server: not judged here)."""
-        takes = tool.parameters.get("properties") or {}
-        if tool.effect != ONCE or tool.effect_declared or tool.kind or takes or tool.bind or tool.requires:
-            return
-        self.add("warning", f"tool `{tool.name}` is done once (its action writes a value computed from the one it "
-                 "replaces) and takes no arguments: only its first call in a conversation runs, every later one is "
-                 "answered 'Already done'; say `effect: idempotent` if each call should run (or `effect: once` to "
-                 "keep it)", "tools", tool.name)
 
     def env(self) -> None:
         for name, var in self.config.env.items():

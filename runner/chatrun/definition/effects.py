@@ -24,14 +24,25 @@ EFFECTS = (READ, IDEMPOTENT, ONCE)  # weakest first
 
 
 def default_effect(tool: ToolConfig) -> str:
-    """The effect of a tool that declares none: its kind's, or its action's if stronger."""
+    """The effect of a tool that declares none: its kind's, or its action's if stronger. An
+    action-only tool that takes no arguments and `requires` nothing is never `once` by default:
+    every call of it is the same call, so the identical-call rule could not tell a second request
+    (a counter's "one more") from a repeat; it runs each time (`effect: once` says otherwise)."""
     found = [action_effect(tool.action)]
+    if found[0] == ONCE and not _distinguishable(tool):
+        found = [IDEMPOTENT]
     by_key = {kind.key: kind for kind in kinds()}
     for key, spec in tool.kinds.items():
         kind = by_key.get(key)
         if kind is not None:
             found.append(kind.effect(spec))
     return max(found, key=EFFECTS.index)
+
+
+def _distinguishable(tool: ToolConfig) -> bool:
+    """Whether two calls of the tool can differ: it takes arguments, has bound ones, a kind (whose
+    parameters may come from its server) or `requires` (whose values are part of a call's identity)."""
+    return bool((tool.parameters.get("properties") or {}) or tool.bind or tool.kind or tool.requires)
 
 
 def action_effect(action: ActionConfig) -> str:
