@@ -34,6 +34,7 @@ routes:
 tools:
   bump:
     description: Count one more
+    effect: once           # a repeat is answered with the first call's result, not counted again
     action: {set: {state.count: "{{ state.count + 1 }}"}, reply: "Counted {{ state.count }}."}
   note:
     description: Tell the user something

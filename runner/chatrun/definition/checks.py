@@ -19,7 +19,6 @@ from jinja2 import TemplateSyntaxError, nodes
 from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, catalog_checks
 from chatrun.definition.config import (
-    ONCE,
     ActionConfig,
     ApprovalCaseConfig,
     BotConfig,
