@@ -9,7 +9,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
@@ -146,6 +146,81 @@ def test_arguments_are_escaped_in_the_path_and_an_accepted_404_is_a_result(api, 
     assert session.state["last_status"] is None
 
 
+SEGMENT_BOT = """
+name: segments
+model: {provider: scripted, name: gpt-4o-mini}
+env:
+  ORDERS_API_URL: {description: Where the orders API lives}
+routes:
+  main: {default: true, system: You track orders., tools: [order_items]}
+tools:
+  order_items:
+    description: The items of an order
+    parameters: {type: object, properties: {order_id: {type: string}}, required: [order_id]}
+    http:
+      url: "{{ env.ORDERS_API_URL }}/orders/{{ args.order_id | urlsegment }}/items"
+      accept: [404]
+      retries: 0
+"""
+
+
+def run_segment_bot(write_bot, order_id: str) -> chatrun.Session:
+    model = chatrun.ScriptedModel([call("order_items", order_id=order_id), {"text": "ok"}])
+    session = chatrun.load_bot(write_bot(SEGMENT_BOT)).session(model=model)
+    list(session.chat("go"))
+    return session
+
+
+# `..` and `.` alone are dot segments: httpx (and servers) remove them with the segment before,
+# so `/orders/../items` was sent as `/items` (issue 33, finding 5).
+@pytest.mark.parametrize("value", ["..", ".", "...", "../admin", "..%2F", "%2E%2E", "a/../b", "..\\admin", "?x#y",
+                                   " .. ", "é/.."])
+def test_a_urlsegment_value_is_exactly_one_segment_of_the_path_the_api_receives(api, write_bot, value):
+    run_segment_bot(write_bot, value)
+    [sent] = api.requests
+    parts = sent["path"].split("/")
+    assert parts[:2] == ["", "orders"] and parts[3:] == ["items"], sent["path"]
+    assert unquote(parts[2]) == value  # the API decodes the one segment back to the value
+
+
+def test_an_empty_urlsegment_value_is_refused_to_the_model_and_nothing_is_sent(api, write_bot):
+    session = run_segment_bot(write_bot, "")
+    assert api.requests == []  # not `/orders//items`, which is another address
+    [reply] = tool_results(session)
+    assert reply == ("Error: order_items was not sent: `order_id` went into its URL path empty (an empty path "
+                     "segment would send the request to another address). Call order_items again with a value "
+                     "for `order_id`, or ask the user for it.")
+    assert session.history[-1]["ok"]  # a refusal the model reads, not a failed turn
+
+
+def test_urlsegment_outside_a_tool_fails_the_template_on_an_empty_value_and_encodes_dot_segments():
+    from chatrun.definition.templates import EmptySegment, render
+
+    assert render("{{ a | urlsegment }}/{{ b | urlsegment }}/{{ c | urlsegment }}",
+                  {"a": "..", "b": ".", "c": "a b/.."}) == "%2E%2E/%2E/a%20b%2F.."
+    with pytest.raises(EmptySegment):
+        render("/orders/{{ a | urlsegment }}", {"a": ""})
+
+
+def test_the_validator_warns_of_any_argument_reaching_the_path_unescaped(write_bot):
+    from chatrun.definition.loader import check_bot
+
+    path = write_bot("""
+        name: w
+        routes:
+          main: {default: true, system: Hi., tools: [t]}
+        tools:
+          t:
+            description: t
+            parameters: {type: object, properties: {p: {type: string}}}
+            http: {url: "http://127.0.0.1/{{ args['p'] }}/{{ state.args }}"}
+    """)
+    _config, diagnostics = check_bot(path)
+    warned = [d.message for d in diagnostics if "into the URL path unescaped" in d.message]
+    assert warned == ["`http.url` of tool `t` puts `{{ args['p'] }}` into the URL path unescaped; use "
+                      "`| urlsegment` so a value like `..` or `../admin` stays one path segment"]
+
+
 def test_a_json_body_keeps_its_types(api, write_bot):
     session, _, _ = run(write_bot, [call("create_order", item="tea", qty=3)])
     assert json.loads(api.requests[0]["body"]) == {"item": "tea", "qty": 3, "note": "from main"}
@@ -217,7 +292,7 @@ def test_validation_of_env(write_bot, monkeypatch):
     assert any(s == "error" and "tool `u` has `handler` and `http`; give one" in m for s, m in messages)
     assert any(s == "error" and "has both `json` and `form`" in m for s, m in messages)
     assert ("warning", "`http.url` of tool `t` puts `{{ args.p }}` into the URL path unescaped; use "
-            "`| urlsegment` so a value like `../admin` stays one path segment") in messages
+            "`| urlsegment` so a value like `..` or `../admin` stays one path segment") in messages
 
 
 # -- handlers ------------------------------------------------------------------------

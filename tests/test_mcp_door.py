@@ -18,10 +18,18 @@ REPO = Path(__file__).resolve().parents[1]
 BROKEN = "name: b\nroutes:\n  main:\n    default: true\n    prompt: hi\n"
 
 
-async def session_calls(cwd: Path, env: dict[str, str], calls: list[tuple[str, dict]]) -> tuple[list[str], list]:
-    from mcp import Client, StdioServerParameters
+def server_params(cwd: Path, env: dict[str, str], folders: list[Path]):
+    """`chatrun mcp FOLDER...` run in `cwd` (no folders: it reads only inside `cwd`)."""
+    from mcp import StdioServerParameters
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "chatrun", "mcp"], cwd=str(cwd), env=env)
+    return StdioServerParameters(command=sys.executable, args=["-m", "chatrun", "mcp", *map(str, folders)],
+                                 cwd=str(cwd), env=env)
+
+
+async def session_calls(cwd: Path, env: dict[str, str], calls: list[tuple[str, dict]]) -> tuple[list[str], list]:
+    from mcp import Client
+
+    params = server_params(cwd, env, [cwd, REPO / "bots"])
     async with Client(params) as client:
         listed = await client.list_tools()
         answers = []
@@ -74,11 +82,12 @@ def test_the_sdk_client_validates_draws_explains_replays_and_talks(tmp_path, fak
     assert json.dumps(second)  # plain JSON all the way
 
 
-async def tool_answers(cwd: Path, env: dict[str, str], calls: list[tuple[str, dict]]) -> list:
+async def tool_answers(cwd: Path, env: dict[str, str], calls: list[tuple[str, dict]],
+                       folders: list[Path] | None = None) -> list:
     """(is_error, text) of each call, in one server process; then the process must still answer."""
-    from mcp import Client, StdioServerParameters
+    from mcp import Client
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "chatrun", "mcp"], cwd=str(cwd), env=env)
+    params = server_params(cwd, env, [cwd, REPO / "bots"] if folders is None else folders)
     async with Client(params) as client:
         answers = []
         for name, args in calls:
@@ -109,3 +118,65 @@ def test_bad_paths_are_tool_errors_that_say_what_is_wrong_and_the_server_goes_on
     assert "missing.yaml" in no_transcript and "no such" in no_transcript
     assert "bad" in no_transcripts and "no transcripts" in no_transcripts
     assert answers[5][0] is False and '"valid": true' in answers[5][1]
+
+
+SECRET = "root:x:0:0:SECRET-MARKER-7f3a:/root:/bin/bash\n"
+
+
+@pytest.mark.slow
+def test_paths_outside_the_folders_it_was_started_on_are_refused_and_nothing_of_them_is_quoted(tmp_path):
+    """Issue 33, finding 7: `validate`/`explain` read any path and quoted its lines."""
+    project, outside_bot = tmp_path / "project", tmp_path / "outside_bot"
+    (project / "bad").mkdir(parents=True)
+    (project / "bad" / "bot.yaml").write_text(BROKEN)
+    (tmp_path / "secret.yaml").write_text(SECRET * 3)  # beside the project, YAML a validator would quote
+    (tmp_path / "secret.txt").write_text(SECRET)
+    outside_bot.mkdir()
+    (outside_bot / "bot.yaml").write_text(f"name: o\nroutes:\n  main: {{default: true, system: '{SECRET.strip()}'}}\n")
+    (project / "linked").mkdir()
+    (project / "linked" / "bot.yaml").symlink_to(tmp_path / "secret.yaml")  # inside by name, outside by target
+    (project / "escape").symlink_to(tmp_path)  # a folder link out of the project
+    (project / "transcripts").mkdir()
+    (project / "transcripts" / "elsewhere.yaml").write_text("bot: ../../outside_bot\nturns:\n  - user: hi\n")
+    (project / "transcripts" / "attaching.yaml").write_text(
+        "bot: ../bad\nturns:\n  - user: hi\n    attach: [../../secret.txt]\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    refused_calls = [
+        ("validate", {"path": "/etc/passwd"}),
+        ("validate", {"path": "../secret.yaml"}),
+        ("explain", {"path": str(tmp_path / "secret.yaml"), "line": 1}),
+        ("explain", {"path": "bad/../../secret.yaml", "line": 1}),
+        ("validate", {"path": "linked"}),
+        ("validate", {"path": "escape/outside_bot"}),
+        ("graph", {"path": "../outside_bot"}),
+        ("run_turn", {"bot": "escape/outside_bot", "message": "hi"}),
+        ("run_transcripts", {"paths": [str(outside_bot)]}),
+        ("run_transcripts", {"paths": ["transcripts/elsewhere.yaml"]}),
+        ("run_transcripts", {"paths": ["transcripts/attaching.yaml"]}),
+    ]
+    answers = asyncio.run(tool_answers(project, env, [*refused_calls, ("validate", {"path": "bad"})], folders=[]))
+    allowed = f"is outside the folders this `chatrun mcp` may read ({project.resolve()})"
+    for (name, args), (is_error, text) in zip(refused_calls, answers, strict=False):
+        assert is_error, (name, args, text)
+        assert allowed in text and "chatrun mcp FOLDER" in text, (name, args, text)
+        assert "SECRET-MARKER" not in text and "root:x" not in text, (name, args, text)
+    assert "secret.yaml (a bot)" in answers[1][1]
+    assert "outside_bot (the bot of transcripts/elsewhere.yaml)" in answers[9][1]
+    assert "secret.txt (a file transcripts/attaching.yaml attaches)" in answers[10][1]
+    # inside, it goes on working
+    is_error, text = answers[-1]
+    assert not is_error and '"valid": false' in text and "unknown key `prompt`" in text
+
+
+@pytest.mark.slow
+def test_folders_given_on_the_command_line_are_the_ones_it_reads(tmp_path):
+    (tmp_path / "a" / "bad").mkdir(parents=True)
+    (tmp_path / "a" / "bad" / "bot.yaml").write_text(BROKEN)
+    (tmp_path / "b").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    answers = asyncio.run(tool_answers(tmp_path / "b", env, [
+        ("validate", {"path": "../a/bad"}),
+        ("validate", {"path": str(REPO / "bots" / "hello")}),
+    ], folders=[tmp_path / "a"]))
+    assert answers[0][0] is False and "unknown key `prompt`" in answers[0][1]  # outside its cwd, inside FOLDER
+    assert answers[1][0] is True and f"({(tmp_path / 'a').resolve()})" in answers[1][1]

@@ -51,10 +51,25 @@ def _json_default(value: Any) -> str:
     return value.isoformat() if isinstance(value, (date, datetime)) else str(value)
 
 
+class EmptySegment(ValueError):
+    """`urlsegment` of an empty value: no text is one path segment that is empty (`/orders/`
+    or `/orders//items` is another address), so the request is refused instead of sent."""
+
+
+# The dot segments (RFC 3986, 5.2.4): a client (httpx) or server removes them, walking the path.
+_DOT_SEGMENTS = {".": "%2E", "..": "%2E%2E"}
+
+
 def _urlsegment(value: Any) -> str:
     """Escape a value for one segment of a URL path: `/`, `?`, `#` and the rest included
-    (Jinja's `urlencode` keeps `/`, which would let `../` walk the API's paths)."""
-    return quote(str(value), safe="")
+    (Jinja's `urlencode` keeps `/`, which would let `../` walk the API's paths), and `.` and
+    `..` percent-encoded (alone they are dot segments, removed with the segment before them).
+    An empty value raises EmptySegment: it cannot be one segment."""
+    text = str(value)
+    if not text:
+        raise EmptySegment("`urlsegment` got an empty value: an empty path segment would send the "
+                           "request to another path")
+    return _DOT_SEGMENTS.get(text) or quote(text, safe="")
 
 
 # -- dates (docs/format.md, "The clock") ------------------------------------------------------

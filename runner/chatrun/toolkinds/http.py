@@ -39,7 +39,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from chatrun.definition.config import BotConfig, EnvVar, Location, ToolConfig
 from chatrun.definition.kinds import Checks
-from chatrun.definition.templates import TEMPLATE_VARIABLES, is_nothing
+from chatrun.definition.templates import TEMPLATE_VARIABLES, EmptySegment, is_nothing
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal, TurnFailed
 from chatrun.messages import Attachment
@@ -64,6 +64,7 @@ FILE_KEYS = ("file", "name", "media_type")  # a multipart field that is a file: 
 _EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
 IDEMPOTENCY_HEADER = "Idempotency-Key"  # the IETF draft's name (draft-ietf-httpapi-idempotency-key-header)
 _ENV_READ = re.compile(r"\benv(?:\.|\[\s*['\"])([A-Za-z_]\w*)")
+_ARGS_READ = re.compile(r"(?<![\w.])args\b")  # `args.id`, `args['id']`, `args | tojson`: an argument in the path
 
 
 @dataclass
@@ -159,9 +160,9 @@ def check_http(tool: ToolConfig, http: HttpConfig, checks: Checks) -> None:
             _check_empty_env(tool, http.section, value, sub, checks)
     path_part = http.url.split("?", 1)[0]
     for expr in _EXPRESSION.findall(path_part):
-        if "args." in expr and "urlsegment" not in expr:
+        if _ARGS_READ.search(expr) and "urlsegment" not in expr:
             checks.add("warning", f"`http.url` of tool `{tool.name}` puts `{{{{{expr}}}}}` into the URL path "
-                       "unescaped; use `| urlsegment` so a value like `../admin` stays one path segment",
+                       "unescaped; use `| urlsegment` so a value like `..` or `../admin` stays one path segment",
                        *base, "url")
 
 
@@ -235,6 +236,19 @@ def _needs_value(var: EnvVar, sub: tuple[Any, ...]) -> bool:
 def _empty_why(var: EnvVar) -> str:
     what = "a secret" if var.secret else "a header's value"
     return f"{what} cannot be empty (the request would go out without it); set it to its value"
+
+
+def _empty_segment_refusal(tool: ToolConfig, args: dict[str, Any]) -> str:
+    """What the model reads when a `urlsegment` value is empty: nothing was sent, and which
+    argument to give (when an empty argument is the cause) or to tell the user."""
+    empty = [name for name, value in args.items() if value == ""]
+    if not empty:
+        return (f"Error: {tool.name} was not sent: a value of its URL path is empty (an empty path segment "
+                "would send the request to another address). Tell the user it did not work this time.")
+    shown = ", ".join(f"`{name}`" for name in empty)
+    return (f"Error: {tool.name} was not sent: {shown} went into its URL path empty (an empty path segment "
+            f"would send the request to another address). Call {tool.name} again with a value for {shown}, "
+            "or ask the user for it.")
 
 
 def env_reads(template: str) -> list[str]:
@@ -333,7 +347,12 @@ class HttpCaller(RuntimeDefaults):
         values = {"args": args, "env": self.env, "attachments": template_values(attachments, ctx.message_attachments)}
 
         def render(source: Any, typed: bool) -> Any:
-            return ctx.render(source, "http", tool.where, values, typed=typed)
+            try:
+                return ctx.render(source, "http", tool.where, values, typed=typed)
+            except TurnFailed as failed:
+                if isinstance(failed.__cause__, EmptySegment):
+                    raise ToolRefusal(_empty_segment_refusal(tool, args)) from failed
+                raise
 
         def file_of(value: Any, field: str) -> tuple[Attachment, bytes]:
             attachment = find_attachment(value, attachments, tool.name, f"`{field}`")
