@@ -97,6 +97,9 @@ def test_a_failing_receiver_makes_a_dead_letter_that_can_be_retried(served, rece
     assert 'chatrun_outbox_deliveries_total{bot="survey",outcome="retry",sink="crm"} 2.0' in metrics
 
 
+B_CRM = ["b/crm"]  # the route (bot b, sink crm) of the entries below
+
+
 @pytest.mark.parametrize("url", ["memory://", "sqlite"])
 def test_every_store_keeps_the_outbox_of_committed_turns_only_and_hands_each_entry_to_one_claim(url, tmp_path):
     store = open_store(f"sqlite:///{tmp_path / 'o.db'}" if url == "sqlite" else url)
@@ -105,17 +108,17 @@ def test_every_store_keeps_the_outbox_of_committed_turns_only_and_hands_each_ent
     failed = {"turn": 2, "ok": False, "outbox": [{"sink": "crm", "body": body | {"id": "evt_2"}}]}
     store.commit_turn("s", {"id": "s"}, {}, [ok, failed])
     assert [e.id for e in store.list_outbox()] == ["evt_1"]
-    first = store.claim_outbox(now=200.0, lease=30, limit=10)
-    assert [e.id for e in first] == ["evt_1"] and store.claim_outbox(now=210.0, lease=30, limit=10) == []
-    second = store.claim_outbox(now=231.0, lease=30, limit=10)  # the first claim ran out: taken over
+    first = store.claim_outbox(now=200.0, lease=30, limit=10, routes=B_CRM)
+    assert [e.id for e in first] == ["evt_1"] and store.claim_outbox(now=210.0, lease=30, limit=10, routes=B_CRM) == []
+    second = store.claim_outbox(now=231.0, lease=30, limit=10, routes=B_CRM)  # the first claim ran out: taken over
     assert [e.id for e in second] == ["evt_1"] and second[0].claim != first[0].claim
     assert store.settle_outbox(first[0], delivered=True) is False  # the old claim settles nothing
     second[0].attempts, second[0].state, second[0].error = 1, DEAD, "answered 500"
     assert store.settle_outbox(second[0], delivered=False) is True
-    assert store.claim_outbox(now=1e12, lease=30, limit=10) == []  # a dead letter is never claimed
+    assert store.claim_outbox(now=1e12, lease=30, limit=10, routes=B_CRM) == []  # a dead letter is never claimed
     assert [e.error for e in store.list_outbox(DEAD)] == ["answered 500"]
     assert store.requeue_outbox("evt_1", now=300.0) and not store.requeue_outbox("evt_1", now=300.0)
-    third = store.claim_outbox(now=300.0, lease=30, limit=10)
+    third = store.claim_outbox(now=300.0, lease=30, limit=10, routes=B_CRM)
     assert third[0].attempts == 0 and store.settle_outbox(third[0], delivered=True)
     assert store.list_outbox() == []
     store.close()

@@ -128,18 +128,18 @@ def test_the_redis_store_keeps_the_outbox_with_the_commit_and_one_claim_at_a_tim
         commit = Commit.encode("s", {"id": "s"}, {}, history, expected=CREATE)
         await store.commit_turn(commit, None)
         assert [e.id for e in await store.list_outbox()] == ["evt_1"]
-        first = await store.claim_outbox(200.0, 30, 10)
-        assert [e.body for e in first] == [body] and await store.claim_outbox(210.0, 30, 10) == []
-        second = await store.claim_outbox(231.0, 30, 10)
+        first = await store.claim_outbox(200.0, 30, 10, ["b/crm"])
+        assert [e.body for e in first] == [body] and await store.claim_outbox(210.0, 30, 10, ["b/crm"]) == []
+        second = await store.claim_outbox(231.0, 30, 10, ["b/crm"])
         assert [e.id for e in second] == ["evt_1"] and second[0].claim != first[0].claim
         assert await store.settle_outbox(first[0], True) is False
         second[0].attempts, second[0].state, second[0].error = 1, DEAD, "answered 500"
         assert await store.settle_outbox(second[0], False) is True
-        assert await store.claim_outbox(1e12, 30, 10) == []
+        assert await store.claim_outbox(1e12, 30, 10, ["b/crm"]) == []
         assert [e.error for e in await store.list_outbox(DEAD)] == ["answered 500"]
         assert await store.list_outbox(PENDING) == []
         assert await store.requeue_outbox("evt_1", 300.0) and not await store.requeue_outbox("evt_1", 300.0)
-        third = await store.claim_outbox(300.0, 30, 10)
+        third = await store.claim_outbox(300.0, 30, 10, ["b/crm"])
         assert third[0].attempts == 0 and await store.settle_outbox(third[0], True)
         assert await store.list_outbox() == []
         stale = Commit.encode("s", {"id": "s"}, {}, history[:1], expected="0.stale")

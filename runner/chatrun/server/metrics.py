@@ -113,6 +113,11 @@ class ServerMetrics:
                                        ["state"], registry=reg)
         self.outbox_age = prom.Gauge("chatrun_outbox_oldest_pending_age_seconds",
                                      "Age of the oldest pending outbox entry (0: none)", registry=reg)
+        self.unserved_entries = prom.Gauge("chatrun_outbox_unserved_entries",
+                                           "Pending outbox entries long overdue whose bot or sink this replica "
+                                           "does not serve (no replica seems to), by bot and sink", sink,
+                                           registry=reg)
+        self._unserved_seen: set[tuple[str, str]] = set()
 
     def _pending_metrics(self, prom: Any, reg: Any) -> None:
         self.pending_items = prom.Gauge("chatrun_pending_items",
@@ -155,6 +160,14 @@ class ServerMetrics:
         self.outbox_depth.labels("pending").set(pending)
         self.outbox_depth.labels("dead").set(dead)
         self.outbox_age.set(oldest_age)
+
+    def outbox_unserved(self, counts: dict[tuple[str, str], int]) -> None:
+        """(bot, sink) -> long-overdue entries no replica claims: the whole picture (others drop to 0)."""
+        for labels in self._unserved_seen - set(counts):
+            self.unserved_entries.labels(*labels).set(0)
+        for labels, count in counts.items():
+            self.unserved_entries.labels(*labels).set(count)
+        self._unserved_seen |= set(counts)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """metric.labels(*labels), remembered: a turn reports a dozen measurements, and

@@ -3,12 +3,16 @@
 A turn's backend events are written into the store's outbox by the turn's own commit
 (chatrun.store.record.outbox_of), so a rolled-back turn queues nothing and a committed one
 is never lost. This task, started and stopped with the app (server/app.py's Lifecycle),
-claims due entries for `lease` seconds (on Redis one replica at a time: a claim is a token,
+claims due entries of the routes it serves (a route: a bot's name and a sink's name; it
+serves the sinks with a webhook of every version of every bot it holds) for `lease` seconds (on Redis one replica at a time: a claim is a token,
 and a replica that dies holding claims lets them come due again for the others), tries each
 (chatrun.server.webhook), and settles it under its claim: a delivered entry is deleted; a
 failed one gets its next attempt time (exponential backoff with jitter, the sink's `retry:`)
 or, out of attempts or too old, becomes a dead letter, listed by `GET /outbox?state=dead`
-and retried by `POST /outbox/{id}/retry`.
+and retried by `POST /outbox/{id}/retry`. An entry of a route this replica does not serve (another
+bot on the same store, a sink only a newer version has) is never claimed here: it waits for a
+replica that serves it, and once it is overdue by `unserved_after` seconds the gauge
+chatrun_outbox_unserved_entries counts it and a warning names it (no replica serves it).
 
 Delivery is at least once: an entry delivered whose settle never landed (the process was
 killed between the receiver's 2xx and the store's delete) is delivered again, with the same
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
-from chatrun.definition.config import RetryPolicy, SinkConfig
+from chatrun.definition.config import BotConfig, RetryPolicy, SinkConfig
 from chatrun.engine import tracing
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
@@ -36,7 +40,7 @@ from chatrun.server.auth import Principal
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Caller, Registry
 from chatrun.server.webhook import Attempt, WebhookSender
-from chatrun.store.record import DEAD, PENDING, OutboxEntry
+from chatrun.store.record import DEAD, PENDING, OutboxEntry, route_of
 
 if TYPE_CHECKING:
     from chatrun.server.sessions import SessionRegistry
@@ -44,6 +48,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("chatrun.outbox")
 GAUGE_LIMIT = 10_000  # the outbox gauges count this many entries at most
 MEASURE_EVERY = 10.0  # seconds between two updates of the outbox gauges
+WARN_EVERY = 300.0  # seconds between two warnings about the same unserved route
+
+
+@dataclass(frozen=True)
+class Served:
+    """A route this replica delivers: the bot's config (its env and secrets) and the sink's."""
+
+    bot: BotConfig
+    sink: SinkConfig
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,7 @@ class OutboxSettings:
     poll: float = 1.0  # seconds between looks at the outbox when nothing was due
     lease: float = 60.0  # seconds a claim lasts (another replica takes the entry over after)
     batch: int = 32  # entries claimed at once
+    unserved_after: float = 300.0  # seconds overdue after which an entry no replica claims is reported
 
     @classmethod
     def from_env(cls) -> OutboxSettings:
@@ -95,6 +109,8 @@ class OutboxWorker:
         self.settings = settings
         self.sender = WebhookSender()
         self._wake = asyncio.Event()
+        self._turn = 0  # where the routes' round starts (run_once)
+        self._warned: dict[str, float] = {}  # route -> when its entries were last reported unserved
 
     def nudge(self) -> None:
         """Look at the outbox now (a turn committed backend events in this process)."""
@@ -119,34 +135,52 @@ class OutboxWorker:
                 self._wake.clear()
 
     async def run_once(self) -> int:
-        """Claim the due entries and try them all; how many were claimed."""
-        store = self.registry.store
-        lease = self.settings.lease + max((s.webhook.timeout for s in self._sinks() if s.webhook), default=0)
-        entries = await store.claim_outbox(time.time(), lease, self.settings.batch)
+        """Claim the due entries of the routes this replica serves and try them all; how many
+        were claimed."""
+        served = self.served()
+        if not served:
+            return 0
+        lease = self.settings.lease + max((s.sink.webhook.timeout for s in served.values() if s.sink.webhook),
+                                          default=0)
+        routes = list(served)
+        self._turn = (self._turn + 1) % len(routes)  # a busy route cannot starve the others of the batch
+        routes = routes[self._turn:] + routes[:self._turn]
+        entries = await self.registry.store.claim_outbox(time.time(), lease, self.settings.batch, routes)
         if entries:
-            await asyncio.gather(*(self.deliver(entry) for entry in entries))
+            await asyncio.gather(*(self.deliver(entry, served.get(entry.route)) for entry in entries))
         return len(entries)
 
-    def _sinks(self) -> list[SinkConfig]:
-        return [sink for bot in self.registry.bots.values() for sink in bot.config.sinks.values()]
+    def served(self) -> dict[str, Served]:
+        """The routes this replica delivers: every sink with a webhook of every version of every
+        bot it holds (a version loaded from the store for one of its sessions too), with the
+        primary version's definition of a sink before an older or newer one's."""
+        out: dict[str, Served] = {}
+        for name, versions in self.registry.shelf.bots.items():
+            primary = versions.primary
+            for version in [primary, *reversed(versions.versions)]:
+                for sink in version.bot.config.sinks.values():
+                    if sink.webhook is not None:
+                        out.setdefault(route_of(name, sink.name), Served(version.bot.config, sink))
+        return out
 
-    async def deliver(self, entry: OutboxEntry) -> None:
+    async def deliver(self, entry: OutboxEntry, served: Served | None) -> None:
+        if served is None or served.sink.webhook is None:
+            # Claimed just before a reload took its sink away: not an attempt, so no dead
+            # letter either; it is due again at once, for a replica that serves it.
+            entry.next_at = time.time()
+            await self.registry.store.settle_outbox(entry, delivered=False)
+            log.info("outbox: %s: this replica no longer serves sink %s of bot %s; left for one that does",
+                     entry.id, entry.sink, entry.body.get("bot"))
+            return
         entry.attempts += 1
-        bot = self.registry.bots.get(str(entry.body.get("bot")))
-        sink = None if bot is None else bot.config.sinks.get(entry.sink)
         started = time.monotonic()
         attributes = {"chatrun.sink": entry.sink, "chatrun.event.id": entry.id,
                       "chatrun.event.type": entry.body.get("type"), "chatrun.attempt": entry.attempts}
         with tracing.span(f"deliver {entry.sink}", attributes) as current:
-            if bot is None or sink is None or sink.webhook is None:
-                attempt = Attempt(False, f"bot {entry.body.get('bot')!r} serves no sink {entry.sink!r} any more")
-                policy = RetryPolicy(attempts=1)  # nothing to retry against: a dead letter at once
-            else:
-                attempt = await self.sender.send(bot.config, sink.webhook, entry.body, entry.attempts)
-                policy = sink.retry
+            attempt = await self.sender.send(served.bot, served.sink.webhook, entry.body, entry.attempts)
             if not attempt.delivered:
                 tracing.delivery_failed(current, attempt.error or "failed")
-        await self._settle(entry, attempt, policy, time.monotonic() - started)
+        await self._settle(entry, attempt, served.sink.retry, time.monotonic() - started)
 
     async def _settle(self, entry: OutboxEntry, attempt: Attempt, policy: RetryPolicy, seconds: float) -> None:
         if not attempt.delivered:
@@ -161,14 +195,38 @@ class OutboxWorker:
             metrics.delivered(str(entry.body.get("bot")), entry.sink, outcome, seconds)
 
     async def measure(self) -> None:
-        """The outbox gauges: entries by state (counted up to GAUGE_LIMIT) and the oldest's age."""
+        """The outbox gauges: entries by state (counted up to GAUGE_LIMIT) and the oldest's age;
+        and the entries no replica serves (report_unserved)."""
+        pending = await self.registry.store.list_outbox(PENDING, GAUGE_LIMIT)
+        self.report_unserved(pending, time.time())
         metrics = self.registry.metrics
         if metrics is None:
             return
-        pending = await self.registry.store.list_outbox(PENDING, GAUGE_LIMIT)
         dead = await self.registry.store.list_outbox(DEAD, GAUGE_LIMIT)
         oldest = min((e.created for e in pending), default=None)
         metrics.outbox_state(len(pending), len(dead), 0.0 if oldest is None else max(0.0, time.time() - oldest))
+
+    def report_unserved(self, pending: list[OutboxEntry], now: float) -> dict[str, list[OutboxEntry]]:
+        """Entries of routes this replica does not serve, overdue by `unserved_after` (a replica
+        serving them would have claimed them long ago): the gauge chatrun_outbox_unserved_entries
+        by bot and sink, and a warning per route at most every WARN_EVERY seconds. They are kept:
+        a replica that serves them delivers them when it comes; `GET /outbox` lists them."""
+        served = self.served()
+        unserved: dict[str, list[OutboxEntry]] = {}
+        for entry in pending:
+            if entry.route not in served and now - entry.due >= self.settings.unserved_after:
+                unserved.setdefault(entry.route, []).append(entry)
+        for route, entries in unserved.items():
+            if now - self._warned.get(route, -WARN_EVERY) >= WARN_EVERY:
+                self._warned[route] = now
+                log.warning("outbox: %d entries for sink %s of bot %s have waited up to %.0f s: no replica "
+                            "serves them (this one serves %s); start one that does, or they stay pending",
+                            len(entries), entries[0].sink, entries[0].body.get("bot"),
+                            max(now - e.created for e in entries), ", ".join(sorted(served)) or "no sink")
+        if self.registry.metrics is not None:
+            self.registry.metrics.outbox_unserved({(str(e[0].body.get("bot")), e[0].sink): len(e)
+                                                   for e in unserved.values()})
+        return unserved
 
     async def aclose(self) -> None:
         await self.sender.aclose()

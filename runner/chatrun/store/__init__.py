@@ -18,6 +18,7 @@ natively.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -156,9 +157,10 @@ class OutboxStore(Protocol):
     Workers claim due entries for `lease` seconds (a claim not settled in time comes due
     again: another worker takes over), try them, and settle them under their claim."""
 
-    def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]:
-        """Up to `limit` pending entries due by `now`, oldest first, each claimed (a fresh
-        `claim` token) until now + lease."""
+    def claim_outbox(self, now: float, lease: float, limit: int, routes: Collection[str]) -> list[OutboxEntry]:
+        """Up to `limit` pending entries due by `now` whose route (OutboxEntry.route: bot and
+        sink) is one of `routes`, oldest first, each claimed (a fresh `claim` token) until
+        now + lease. Entries of other routes are left for a worker that serves them."""
         ...
 
     def settle_outbox(self, entry: OutboxEntry, delivered: bool) -> bool:

@@ -15,7 +15,7 @@ every replica.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 from chatrun.store import SessionStore, open_store
@@ -92,7 +92,8 @@ class AsyncStore(Protocol):
         """False: a user's own store keeps none (a bot with sinks cannot be served on it)."""
         ...
 
-    async def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]: ...
+    async def claim_outbox(self, now: float, lease: float, limit: int,
+                           routes: Collection[str]) -> list[OutboxEntry]: ...
 
     async def settle_outbox(self, entry: OutboxEntry, delivered: bool) -> bool: ...
 

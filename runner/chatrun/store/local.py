@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar, runtime_checkable
 
@@ -198,10 +198,10 @@ class LocalAsyncStore:
     def has_outbox(self) -> bool:
         return isinstance(self.sync, OutboxStore)
 
-    async def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]:
+    async def claim_outbox(self, now: float, lease: float, limit: int, routes: Collection[str]) -> list[OutboxEntry]:
         if not isinstance(self.sync, OutboxStore):
             return []
-        return await self._call(self.sync.claim_outbox, now, lease, limit)
+        return await self._call(self.sync.claim_outbox, now, lease, limit, routes)
 
     async def settle_outbox(self, entry: OutboxEntry, delivered: bool) -> bool:
         if not isinstance(self.sync, OutboxStore):

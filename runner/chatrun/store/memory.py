@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Collection
 
 from chatrun.messages import Message
 from chatrun.store.record import (
@@ -264,13 +265,13 @@ class InMemoryStore:
 
     # -- OutboxStore --------------------------------------------------------------------------
 
-    def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]:
-        """Up to `limit` pending entries due by `now`, oldest first, claimed until now + lease."""
+    def claim_outbox(self, now: float, lease: float, limit: int, routes: Collection[str]) -> list[OutboxEntry]:
+        """Up to `limit` pending entries of `routes` due by `now`, oldest first, claimed until now + lease."""
         claimed: list[OutboxEntry] = []
         with self._lock:
             for text in list(self._outbox.values()):
                 entry = OutboxEntry.from_json(text)
-                if entry.state != PENDING or entry.due > now:
+                if entry.state != PENDING or entry.due > now or entry.route not in routes:
                     continue
                 entry.claim, entry.claimed_until = secrets.token_hex(8), now + lease
                 self._outbox[entry.id] = entry.to_json()

@@ -422,9 +422,21 @@ class OutboxEntry:
         """When a worker may claim it next (a claim held by a dead worker ends too)."""
         return max(self.next_at, self.claimed_until)
 
+    @property
+    def route(self) -> str:
+        """Which replicas may claim it: those serving its bot's sink (route_of)."""
+        return route_of(str(self.body.get("bot")), self.sink)
+
     def shown(self) -> JSONObject:
         """What `GET /outbox` lists of it (no claim token)."""
         return {k: v for k, v in self.__dict__.items() if k not in ("claim",)}
+
+
+def route_of(bot: str, sink: str) -> str:
+    """An outbox route: "<bot>/<sink>" (a bot's name has no "/"). A worker claims only the
+    entries of the routes it serves, so a replica that does not know a bot or a sink (another
+    bot's replica, an older version during a rolling deploy) leaves them to one that does."""
+    return f"{bot}/{sink}"
 
 
 def _without_outbox(entry: JSONObject) -> JSONObject:

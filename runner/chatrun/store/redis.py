@@ -19,7 +19,9 @@ The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for se
     chatrun:rk:S    set    the keys of the records saved for session S (deleted with it)
     chatrun:rs      hash   record key -> the session it was last saved for
     chatrun:ob      hash   outbox entry id -> the entry (JSON; its claim is kept apart)
-    chatrun:obq     zset   pending outbox entry ids by when a worker may claim them
+    chatrun:obq:R   zset   pending outbox entry ids of route R ("<bot>/<sink>") by when a worker may claim them
+    chatrun:obr     set    the routes R that have a queue (`GET /outbox` lists them all)
+    chatrun:obq     zset   (written by chatrun before issue 33: every route's ids; the next claim moves them)
     chatrun:obc     hash   outbox entry id -> the token of the worker that claimed it last
     chatrun:obd     zset   dead-letter outbox entry ids by when they died
     chatrun:due     zset   session ids by the due time of their earliest pending item (epoch s)
@@ -44,7 +46,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -129,7 +131,8 @@ return 0
 # check and report a committed turn as stale (a user told to send again runs the turn twice).
 # ARGV: token, expected, random, snapshot, session id, request id, outcome, keep, now, owner,
 #       memory count, (memory id, messages or '' to delete)..., entry count, entries...,
-#       outbox count, (id, due, entry)..., due ('' none), pending count
+#       outbox count, (id, due, entry, route queue, route)..., due ('' none), pending count
+# (KEYS[9] is the outbox's set of routes: each entry goes to its route's queue, see _CLAIM)
 _COMMIT = """
 local cur = redis.call('HGET', KEYS[1], 'v')
 local mine = ((tonumber(string.match(ARGV[2], '^(%d+)')) or 0) + 1) .. '.' .. ARGV[3]
@@ -169,8 +172,9 @@ end
 count = tonumber(ARGV[i]); i = i + 1
 for _ = 1, count do
   redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 2])
-  redis.call('ZADD', KEYS[9], ARGV[i + 1], ARGV[i])
-  i = i + 3
+  redis.call('ZADD', ARGV[i + 3], ARGV[i + 1], ARGV[i])
+  redis.call('SADD', KEYS[9], ARGV[i + 4])
+  i = i + 5
 end
 if ARGV[i] == '' then redis.call('ZREM', KEYS[10], ARGV[5]) else redis.call('ZADD', KEYS[10], ARGV[i], ARGV[5]) end
 if ARGV[i + 1] == '0' then redis.call('SREM', KEYS[11], ARGV[5]) else redis.call('SADD', KEYS[11], ARGV[5]) end
@@ -184,25 +188,45 @@ end
 return {'ok', v}
 """
 
-# KEYS: outbox entries, outbox queue, claims; ARGV: now, lease, limit, token prefix
+# KEYS: outbox entries, claims, the old one queue, routes; ARGV: now, lease, limit, token
+# prefix, key prefix, the routes this worker serves... Every route ("<bot>/<sink>") has its own
+# queue, so a worker claims only what it can deliver and never scans the others' entries. The
+# entries an older chatrun queued in its one queue are moved to their routes' queues first
+# (their scores kept: a claim on them still holds).
 _CLAIM = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
-local out = {}
-for i, id in ipairs(ids) do
-  local text = redis.call('HGET', KEYS[1], id)
+local old = redis.call('ZRANGE', KEYS[3], 0, 99, 'WITHSCORES')
+for i = 1, #old, 2 do
+  local text = redis.call('HGET', KEYS[1], old[i])
   if text then
-    local token = ARGV[4] .. i
-    redis.call('HSET', KEYS[3], id, token)
-    redis.call('ZADD', KEYS[2], tonumber(ARGV[1]) + tonumber(ARGV[2]), id)
-    table.insert(out, id); table.insert(out, text); table.insert(out, token)
-  else
-    redis.call('ZREM', KEYS[2], id)
+    local entry = cjson.decode(text)
+    local route = tostring(entry.body.bot) .. '/' .. tostring(entry.sink)
+    redis.call('ZADD', ARGV[5] .. 'obq:' .. route, old[i + 1], old[i])
+    redis.call('SADD', KEYS[4], route)
+  end
+  redis.call('ZREM', KEYS[3], old[i])
+end
+local out = {}
+local left = tonumber(ARGV[3])
+for r = 6, #ARGV do
+  if left <= 0 then break end
+  local queue = ARGV[5] .. 'obq:' .. ARGV[r]
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', queue, '-inf', ARGV[1], 'LIMIT', 0, left)) do
+    local text = redis.call('HGET', KEYS[1], id)
+    if text then
+      local token = ARGV[4] .. (#out / 3 + 1)
+      redis.call('HSET', KEYS[2], id, token)
+      redis.call('ZADD', queue, tonumber(ARGV[1]) + tonumber(ARGV[2]), id)
+      table.insert(out, id); table.insert(out, text); table.insert(out, token)
+      left = left - 1
+    else
+      redis.call('ZREM', queue, id)
+    end
   end
 end
 return out
 """
 
-# KEYS: outbox entries, outbox queue, claims, dead letters; ARGV: id, token, delivered, entry, state, due
+# KEYS: outbox entries, the entry's route queue, claims, dead letters; ARGV: id, token, delivered, entry, state, due
 _SETTLE = """
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('HDEL', KEYS[3], ARGV[1])
@@ -221,12 +245,13 @@ end
 return 1
 """
 
-# KEYS: outbox entries, outbox queue, dead letters; ARGV: id, entry, due
+# KEYS: outbox entries, the entry's route queue, dead letters, routes; ARGV: id, entry, due, route
 _REQUEUE = """
 if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then return 0 end
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('SADD', KEYS[4], ARGV[4])
 return 1
 """
 
@@ -345,7 +370,7 @@ class RedisStore:
         self._claim = self.client.register_script(_CLAIM)
         self._settle = self.client.register_script(_SETTLE)
         self._requeue = self.client.register_script(_REQUEUE)
-        self._outbox_keys = [f"{self.prefix}{k}" for k in ("ob", "obq", "obc", "obd")]
+        self._outbox_keys = [f"{self.prefix}{k}" for k in ("ob", "obc", "obq", "obr", "obd")]
         # The attached files, in the same Redis (deleted by _DELETE with their session).
         self.blob_area = RedisBlobs(client_url, self.prefix,
                                     max_blob_bytes(url_parameter(url, MAX_BLOB_BYTES_PARAMETER), self.url))
@@ -450,10 +475,10 @@ class RedisStore:
         args += commit.history_json
         args.append(len(commit.outbox))
         for entry in commit.outbox:
-            args += [entry.id, entry.due, entry.to_json()]
+            args += [entry.id, entry.due, entry.to_json(), self._queue(entry.route), entry.route]
         args += ["" if commit.due is None else commit.due, commit.pending_count]
         keys = [self._key(k, session_id) for k in ("s", "h", "l", "r", "ro")]
-        keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}", *self._outbox_keys[:2],
+        keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}", self._outbox_keys[0], self._outbox_keys[3],
                  *self._pending_keys]
         status, detail = await self._commit(keys=keys, args=args)
         if status == "lease":
@@ -539,8 +564,14 @@ class RedisStore:
 
     # -- the outbox (OutboxStore, asynchronously) ---------------------------------------------
 
-    async def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]:
-        found = await self._claim(keys=self._outbox_keys[:3], args=[now, lease, limit, secrets.token_hex(6) + "-"])
+    def _queue(self, route: str) -> str:
+        """The key of one route's queue of pending outbox entries."""
+        return f"{self.prefix}obq:{route}"
+
+    async def claim_outbox(self, now: float, lease: float, limit: int, routes: Collection[str]) -> list[OutboxEntry]:
+        entries, claims, old, known, _ = self._outbox_keys
+        found = await self._claim(keys=[entries, claims, old, known],
+                                  args=[now, lease, limit, secrets.token_hex(6) + "-", self.prefix, *routes])
         claimed = []
         for i in range(0, len(found), 3):
             entry = OutboxEntry.from_json(found[i + 1])
@@ -552,23 +583,30 @@ class RedisStore:
         saved = unclaimed(entry)
         args = [entry.id, entry.claim or "", "1" if delivered else "0", saved.to_json(), saved.state,
                 saved.due if saved.state != DEAD else time.time()]
-        return bool(await self._settle(keys=self._outbox_keys, args=args))
+        entries, claims, _, _, dead = self._outbox_keys
+        return bool(await self._settle(keys=[entries, self._queue(entry.route), claims, dead], args=args))
 
     async def list_outbox(self, state: str | None = None, limit: int = 100) -> list[OutboxEntry]:
+        entries, _, old, known, dead = self._outbox_keys
         ids: list[str] = []
-        for kind, key in ((PENDING, self._outbox_keys[1]), (DEAD, self._outbox_keys[3])):
-            if state in (None, kind):
-                ids += await self.client.zrange(key, 0, limit - 1)
-        texts = await self.client.hmget(self._outbox_keys[0], ids[:limit]) if ids else []
+        if state in (None, PENDING):  # every route's queue, merged by due time
+            queues = [old, *(self._queue(route) for route in sorted(await self.client.smembers(known)))]
+            scored = [pair for queue in queues for pair in await self.client.zrange(queue, 0, limit - 1,
+                                                                                    withscores=True)]
+            ids += [entry_id for entry_id, _ in sorted(scored, key=lambda pair: pair[1])]
+        if state in (None, DEAD):
+            ids += await self.client.zrange(dead, 0, limit - 1)
+        texts = await self.client.hmget(entries, ids[:limit]) if ids else []
         return [OutboxEntry.from_json(t) for t in texts if t is not None]
 
     async def requeue_outbox(self, entry_id: str, now: float) -> bool:
-        text = await self.client.hget(self._outbox_keys[0], entry_id)
+        entries, _, _, known, dead = self._outbox_keys
+        text = await self.client.hget(entries, entry_id)
         if text is None:
             return False
         entry = requeued(OutboxEntry.from_json(text), now)
-        keys = [self._outbox_keys[0], self._outbox_keys[1], self._outbox_keys[3]]
-        return bool(await self._requeue(keys=keys, args=[entry_id, entry.to_json(), entry.due]))
+        keys = [entries, self._queue(entry.route), dead, known]
+        return bool(await self._requeue(keys=keys, args=[entry_id, entry.to_json(), entry.due, entry.route]))
 
     async def ping(self) -> None:
         try:

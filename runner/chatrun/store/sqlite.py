@@ -23,7 +23,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -50,6 +50,11 @@ from chatrun.store.versions import KEEP_OUTCOMES, check_version, next_version
 
 SCHEMA_VERSION = 4
 LEGACY_VERSION = "0.schema1"  # the version of a session saved before sessions had versions
+
+# An outbox entry's route ("<bot>/<sink>", chatrun.store.record.route_of), computed from its JSON
+# and indexed: a worker claims only the routes it serves; files written before need no migration.
+_ROUTE = "(json_extract(entry, '$.body.bot') || '/' || json_extract(entry, '$.sink'))"
+_DUE_ON_ROUTES = f"{_ROUTE} IN (SELECT value FROM json_each(?)) AND state = ? AND due <= ?"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS memories (
@@ -144,6 +149,7 @@ class SQLiteStore:
             self._conn.execute("CREATE INDEX IF NOT EXISTS records_by_session ON records (session)")
             self._conn.execute("CREATE INDEX IF NOT EXISTS sessions_due ON sessions (due) WHERE due IS NOT NULL")
             self._conn.execute("CREATE INDEX IF NOT EXISTS sessions_pending ON sessions (pending) WHERE pending > 0")
+            self._conn.execute(f"CREATE INDEX IF NOT EXISTS outbox_route ON outbox ({_ROUTE}, state, due)")
         except ChatrunError:
             self._release_owner_lock()
             raise
@@ -369,13 +375,15 @@ class SQLiteStore:
 
     # -- OutboxStore (see InMemoryStore for what each does) ---------------------------------------
 
-    def claim_outbox(self, now: float, lease: float, limit: int) -> list[OutboxEntry]:
+    def claim_outbox(self, now: float, lease: float, limit: int, routes: Collection[str]) -> list[OutboxEntry]:
+        served = json.dumps(sorted(routes))
         with self._locked("look at the outbox") as conn:  # most looks find nothing: no write lock for them
-            if conn.execute("SELECT 1 FROM outbox WHERE state = ? AND due <= ? LIMIT 1", (PENDING, now)).fetchone() is None:
+            if conn.execute(f"SELECT 1 FROM outbox WHERE {_DUE_ON_ROUTES} LIMIT 1",
+                            (served, PENDING, now)).fetchone() is None:
                 return []
         with self._transaction("claim outbox entries") as conn:
-            rows = conn.execute("SELECT entry FROM outbox WHERE state = ? AND due <= ? ORDER BY rowid LIMIT ?",
-                                (PENDING, now, limit)).fetchall()
+            rows = conn.execute(f"SELECT entry FROM outbox WHERE {_DUE_ON_ROUTES} ORDER BY rowid LIMIT ?",
+                                (served, PENDING, now, limit)).fetchall()
             claimed = []
             for (text,) in rows:
                 entry = OutboxEntry.from_json(text)
