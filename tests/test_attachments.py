@@ -305,7 +305,7 @@ def test_an_upload_or_reference_the_route_does_not_take_is_a_bad_request(server,
     assert "route main_menu takes image/*, application/pdf (attachments.kinds), not text/csv" in csv.text
     big = httpx.post(f"{base}/{session}/attachments", json={
         "media_type": "image/png", "data": base64.b64encode(bytes(1001)).decode()})
-    assert big.status_code == 400 and "(attachments.max_bytes)" in big.text
+    assert big.status_code == 413 and "route main_menu takes files of at most 1000 bytes (attachments.max_bytes)" in big.text
     unknown = httpx.post(f"{base}/{session}/messages", json={
         "userMessage": "Here", "attachments": [{"ref": "0" * 64, "media_type": "image/png"}]})
     assert unknown.status_code == 400
