@@ -46,6 +46,7 @@ from chatrun.server.plumbing import (
     Caller,
     DetachedTurn,
     Emit,
+    NotAnObject,
     Registry,
     base64_size,
     limits_of,
@@ -191,7 +192,11 @@ async def upload_attachment(bot: str, session_id: str, request: Request, who: Ca
 async def _json_upload(request: Request, max_base64: int, too_large: str) -> tuple[str, str, bytes]:
     """(media type, name, bytes) of an upload sent as JSON with base64: its body may be the
     route's largest file as base64, with a frame's room for the rest of the object."""
-    body = await read_json_object(request, limit=limits_of(request).max_frame_bytes + max_base64)
+    raw = await read_limited(request, limits_of(request).max_frame_bytes + max_base64, lambda: too_large)
+    body = wire.load_json(raw, "body")
+    del raw  # one copy of a large file's text at a time
+    if not isinstance(body, dict):
+        raise NotAnObject(body)
     media_type, name, data = body.get("media_type"), body.get("name", ""), body.pop("data", None)
     if not isinstance(media_type, str) or not isinstance(name, str) or not isinstance(data, str):
         raise wire.RequestFailed(wire.BAD_REQUEST, "an upload is {\"media_type\": string, \"data\": base64, \"name\"?: string}")
