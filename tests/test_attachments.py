@@ -588,5 +588,6 @@ def test_a_redis_stores_blob_cap_is_a_url_parameter_chatrun_keeps_to_itself():
     assert redis_url_parts("redis://h:1/0?prefix=x:&max_blob_bytes=9&ssl_cert_reqs=none") == (
         "redis://h:1/0?ssl_cert_reqs=none", "x:")
     assert RedisStore("redis://127.0.0.1:1/0?max_blob_bytes=9").blob_area.max_bytes == 9  # nothing connects yet
+    assert RedisStore("redis://127.0.0.1:1/0?max_blob_files=3").blob_area.quota.max_files == 3
     with pytest.raises(chatrun.ChatrunError, match="max_blob_bytes must be a positive number of bytes, not 'lots'"):
         RedisStore("redis://127.0.0.1:1/0?max_blob_bytes=lots")
