@@ -461,8 +461,11 @@ def failure_response(exc: wire.RequestFailed) -> JSONResponse:
     return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=status, headers=headers)
 
 
-# An upload (docs/protocol.md, "Attachments"): the file as base64 in JSON, like every body.
-UPLOAD_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+# An upload (docs/protocol.md, "Attachments"): the file as base64 in JSON, like every body, or
+# the file itself in its own Content-Type (not listed: any media type the route takes).
+UPLOAD_BODY = {"requestBody": {"required": True, "description": (
+    "The file as base64 in JSON, or the file itself with its media type as Content-Type and ?name= its name; "
+    "checked against the session's route (attachments:) before the body is read"), "content": {"application/json": {
     "schema": {"type": "object", "required": ["media_type", "data"], "additionalProperties": False, "properties": {
         "media_type": {"type": "string", "pattern": "^[a-z0-9.+-]+/[a-z0-9.+-]+$"},
         "name": {"type": "string"},
