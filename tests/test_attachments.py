@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 from pathlib import Path
 
 import httpx
@@ -305,7 +306,7 @@ def test_an_upload_or_reference_the_route_does_not_take_is_a_bad_request(server,
     assert "route main_menu takes image/*, application/pdf (attachments.kinds), not text/csv" in csv.text
     big = httpx.post(f"{base}/{session}/attachments", json={
         "media_type": "image/png", "data": base64.b64encode(bytes(1001)).decode()})
-    assert big.status_code == 400 and "(attachments.max_bytes)" in big.text
+    assert big.status_code == 413 and "route main_menu takes files of at most 1000 bytes (attachments.max_bytes)" in big.text
     unknown = httpx.post(f"{base}/{session}/messages", json={
         "userMessage": "Here", "attachments": [{"ref": "0" * 64, "media_type": "image/png"}]})
     assert unknown.status_code == 400
@@ -332,6 +333,146 @@ def test_a_malformed_upload_or_reference_is_a_bad_request_naming_what_is_wrong(s
     fake.queue({"text": "A dot."})
     r = httpx.post(f"{base}/{session}/messages", json={"userMessage": "Here", "attachments": [{**upload, "size": 10**9}]})
     assert r.status_code == 200 and len(fake.requests) == 1, r.text
+
+
+# -- issue 33: an upload is checked against its route before its body is read -------------------
+
+# A second bot whose route takes far larger files: the travel bot's uploads keep their own limit.
+ARCHIVE = """\
+name: archive
+format: 2
+routes:
+  chat:
+    default: true
+    description: Files
+    system: Keep the files.
+    attachments: {kinds: ["*/*"], max_bytes: 50000000, max_count: 1}
+"""
+
+
+@pytest.fixture
+def two_bots(fake, travel, tmp_path):
+    archive = tmp_path / "archive.yaml"
+    archive.write_text(ARCHIVE)
+    with ThreadServer(create_app([travel, chatrun.load_bot(archive)], "memory://")) as s:
+        yield s
+
+
+def announced(server, path: str, content_type: str, length: int) -> bytes:
+    """The answer to a POST whose headers announce `length` bytes, none of which is sent:
+    what the server says before it reads a body (a server that waits for it times out here)."""
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
+                     f"Content-Length: {length}\r\n\r\n".encode())
+        sock.settimeout(10)
+        return sock.recv(65536)
+
+
+def test_an_upload_is_refused_from_its_headers_by_its_own_route_before_its_body_is_read(two_bots):
+    base = f"{two_bots.url}/bots/travel/sessions"
+    session = httpx.post(base, json={}).json()["id"]
+    lounge = httpx.post(base, json={"route": "lounge"}).json()["id"]
+    # The lounge takes no files: refused at once, whatever the body would have been.
+    answer = announced(two_bots, f"/bots/travel/sessions/{lounge}/attachments", "application/json", 2000)
+    assert answer.startswith(b"HTTP/1.1 400") and b"route lounge takes no attachments" in answer, answer
+    # Over the menu's 1000 bytes by its Content-Length (the archive bot takes 50 MB: not this route's limit).
+    answer = announced(two_bots, f"/bots/travel/sessions/{session}/attachments", "application/json", 5_000_000)
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+    assert b"route main_menu takes files of at most 1000 bytes (attachments.max_bytes)" in answer
+    # The file itself as the body: its kind is its Content-Type, refused before it is read.
+    answer = announced(two_bots, f"/bots/travel/sessions/{session}/attachments", "text/csv", 10)
+    assert answer.startswith(b"HTTP/1.1 415"), answer
+    assert b"route main_menu takes image/*, application/pdf (attachments.kinds), not text/csv" in answer
+
+
+def test_an_upload_without_a_length_is_refused_as_soon_as_it_passes_its_routes_limit(two_bots):
+    base = f"{two_bots.url}/bots/travel/sessions"
+    session = httpx.post(base, json={}).json()["id"]
+
+    def chunks():
+        for _ in range(200):  # 3.2 MB, no Content-Length; the route takes 1000 bytes
+            yield b"A" * 16384
+
+    for content_type in ("application/json", "image/png"):
+        r = httpx.post(f"{base}/{session}/attachments", content=chunks(), headers={"content-type": content_type})
+        assert r.status_code == 413, r.text
+        assert "route main_menu takes files of at most 1000 bytes (attachments.max_bytes)" in r.json()["message"]
+    assert httpx.get(f"{two_bots.url}/bots/travel/sessions/{session}").status_code == 200  # the session is served on
+
+
+def test_a_file_can_be_uploaded_as_the_body_itself_in_its_own_type(server, fake, tmp_path):
+    base = f"{server.url}/bots/travel/sessions"
+    session = httpx.post(base, json={}).json()["id"]
+    r = httpx.post(f"{base}/{session}/attachments", params={"name": "dot.png"}, content=PNG,
+                   headers={"content-type": "image/png"})
+    assert r.status_code == 201, r.text
+    assert r.json() == {"ref": blob_ref(PNG), "media_type": "image/png", "name": "dot.png", "size": len(PNG)}
+    assert FolderBlobs(tmp_path / "chat.db.blobs").read(session, blob_ref(PNG)) == PNG
+    # Never a type a page of another site can POST without asking (a form, text/plain).
+    for simple in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        r = httpx.post(f"{base}/{session}/attachments", content=b"a,b", headers={"content-type": simple})
+        assert r.status_code == 415 and r.json()["error"] == "UnsupportedMediaType", (simple, r.text)
+
+
+# -- issue 33: what one session's files may take, on every store ----------------------------------
+
+
+@pytest.mark.parametrize("store", ["memory://?max_blob_files=2&max_blob_bytes=500",
+                                   "sqlite:///{tmp}/chat.db?max_blob_files=2&max_blob_bytes=500"])
+def test_a_sessions_files_are_capped_on_every_store_naming_the_cap(fake, travel, tmp_path, store):
+    with ThreadServer(create_app([travel], store.format(tmp=tmp_path))) as srv:
+        base = f"{srv.url}/bots/travel/sessions"
+        session = httpx.post(base, json={}).json()["id"]
+
+        def upload(data: bytes) -> httpx.Response:
+            return httpx.post(f"{base}/{session}/attachments", content=data, headers={"content-type": "image/png"})
+
+        assert upload(bytes(100)).status_code == 201 and upload(bytes(101)).status_code == 201
+        assert upload(bytes(100)).status_code == 201  # the same bytes again take nothing
+        third = upload(bytes(102))
+        assert third.status_code == 400
+        assert (f"session {session}: it holds 2 files, the store's limit per session "
+                "(max_blob_files=2 in the store URL)") in third.json()["message"]
+        other = httpx.post(base, json={}).json()["id"]
+        r = httpx.post(f"{base}/{other}/attachments", content=bytes(400), headers={"content-type": "image/png"})
+        assert r.status_code == 201
+        r = httpx.post(f"{base}/{other}/attachments", content=bytes(101), headers={"content-type": "image/png"})
+        assert r.status_code == 400 and ("its files would take 501 bytes, over the store's limit of 500 bytes "
+                                         "per session (max_blob_bytes in the store URL)") in r.json()["message"]
+    if store.startswith("sqlite"):
+        assert len(FolderBlobs(tmp_path / "chat.db.blobs").refs(session)) == 2
+        assert not [p for p in tmp_path.iterdir() if "?" in p.name], "the URL's query is no part of a file's name"
+
+
+def test_the_openai_api_keeps_files_within_the_stores_cap(fake, travel, tmp_path):
+    with ThreadServer(create_app([travel], f"sqlite:///{tmp_path / 'chat.db'}?max_blob_files=1")) as srv, \
+            openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0) as client:
+        fake.queue({"text": "A dot."})
+        parts = [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": PNG_URL}}]
+        first = client.chat.completions.create(model="travel", messages=[{"role": "user", "content": parts}])
+        other = "data:application/pdf;base64," + base64.b64encode(PDF).decode()
+        parts = [{"type": "text", "text": "And this?"}, {"type": "file", "file": {"file_data": other, "filename": "a.pdf"}}]
+        with pytest.raises(openai.BadRequestError, match=r"it holds 1 files, the store's limit per session "
+                                                         r"\(max_blob_files=1 in the store URL\)"):
+            client.chat.completions.create(model="travel", messages=[{"role": "user", "content": parts}],
+                                           extra_headers={"x-chatrun-session": session_of(first)})
+
+
+def test_the_default_caps_and_a_bad_parameter_are_said(tmp_path):
+    from chatrun.store import open_store
+    from chatrun.store.blobs import DEFAULT_MAX_BLOB_FILES, blobs_for_url
+
+    blobs = blobs_for_url(f"sqlite:///{tmp_path / 'chat.db'}")
+    assert isinstance(blobs, FolderBlobs) and blobs.quota.max_bytes == 256 * 2**20
+    for i in range(DEFAULT_MAX_BLOB_FILES):
+        blobs.put("s", i.to_bytes(2, "big"), "image/png")
+    with pytest.raises(chatrun.AttachmentRefused, match="it holds 100 files, the store's limit per session"):
+        blobs.put("s", b"one more", "image/png")
+    assert MemoryBlobs().quota.max_bytes == 32 * 2**20
+    with pytest.raises(chatrun.ChatrunError, match="max_blob_files must be a positive number, not 'many'"):
+        open_store(f"sqlite:///{tmp_path / 'x.db'}?max_blob_files=many")
+    with pytest.raises(chatrun.ChatrunError, match="unknown URL parameter `max_files`"):
+        open_store("memory://?max_files=3")
 
 
 # -- the WebSocket: a reference in a frame, never the bytes ---------------------------------------
@@ -447,5 +588,6 @@ def test_a_redis_stores_blob_cap_is_a_url_parameter_chatrun_keeps_to_itself():
     assert redis_url_parts("redis://h:1/0?prefix=x:&max_blob_bytes=9&ssl_cert_reqs=none") == (
         "redis://h:1/0?ssl_cert_reqs=none", "x:")
     assert RedisStore("redis://127.0.0.1:1/0?max_blob_bytes=9").blob_area.max_bytes == 9  # nothing connects yet
+    assert RedisStore("redis://127.0.0.1:1/0?max_blob_files=3").blob_area.quota.max_files == 3
     with pytest.raises(chatrun.ChatrunError, match="max_blob_bytes must be a positive number of bytes, not 'lots'"):
         RedisStore("redis://127.0.0.1:1/0?max_blob_bytes=lots")

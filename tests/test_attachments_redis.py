@@ -95,11 +95,28 @@ def test_a_file_over_the_stores_cap_is_refused_naming_the_cap(fake, travel, redi
         other = {"media_type": "image/png", "data": base64.b64encode(PNG + b"!!!!!!!!!!!").decode()}
         refused = httpx.post(f"{base}/{session}/attachments", json=other)
     assert refused.status_code == 400
-    assert (f"its files would take {2 * len(PNG) + 11} bytes, over the Redis store's limit of {len(PNG) + 10} "
+    assert (f"its files would take {2 * len(PNG) + 11} bytes, over the store's limit of {len(PNG) + 10} "
             "bytes per session (max_blob_bytes in the store URL)") in refused.text
     client, blobs, _ = blob_keys(url, session)
     with client:
         assert client.hlen(blobs) == 1
+
+
+def test_a_sessions_file_count_is_capped_on_redis_too(fake, travel, redis_server):
+    url = redis_server.url() + "&max_blob_files=2"
+    with ThreadServer(create_app([travel], url)) as server:
+        base = f"{server.url}/bots/travel/sessions"
+        session = httpx.post(base, json={}).json()["id"]
+        for data in (PNG, PNG + b"1", PNG):  # the same bytes again take nothing
+            r = httpx.post(f"{base}/{session}/attachments", content=data, headers={"content-type": "image/png"})
+            assert r.status_code == 201, r.text
+        refused = httpx.post(f"{base}/{session}/attachments", content=PNG + b"2", headers={"content-type": "image/png"})
+    assert refused.status_code == 400
+    assert (f"session {session}: it holds 2 files, the store's limit per session (max_blob_files=2 in the "
+            "store URL)") in refused.json()["message"]
+    client, blobs, size = blob_keys(url, session)
+    with client:
+        assert client.hlen(blobs) == 2 and int(client.get(size)) == 2 * len(PNG) + 1
 
 
 def test_the_stores_deletion_script_drops_the_sessions_files_with_it(redis_server):

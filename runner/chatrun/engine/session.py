@@ -63,7 +63,7 @@ from chatrun.store.blobs import BlobArea
 from chatrun.store.record import OUTBOX_KEY
 
 if TYPE_CHECKING:
-    from chatrun.definition.config import BotConfig
+    from chatrun.definition.config import AttachmentPolicy, BotConfig
     from chatrun.engine.bot import Bot
 
 log = logging.getLogger("chatrun")
@@ -509,12 +509,18 @@ class Session:
         if not files:
             return
         route = self.route
-        policy = self.bot.config.routes[route].attachments
-        if policy is None:
-            raise AttachmentRefused(f"session {self.id}: route {route} takes no attachments (it declares no `attachments:`)")
-        problem = policy.problem(route, files)
+        problem = self.attachment_policy().problem(route, files)
         if problem is not None:
             raise AttachmentRefused(f"session {self.id}: {problem}")
+
+    def attachment_policy(self) -> AttachmentPolicy:
+        """The current route's `attachments:` (what an upload is checked against before its
+        bytes are read); AttachmentRefused when the route takes no files."""
+        policy = self.bot.config.routes[self.route].attachments
+        if policy is None:
+            raise AttachmentRefused(f"session {self.id}: route {self.route} takes no attachments "
+                                    "(it declares no `attachments:`)")
+        return policy
 
     def attach(self, data: bytes, media_type: str, name: str = "") -> Attachment:
         """Keep a file in the session's blob area (checked against the current route's

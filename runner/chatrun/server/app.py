@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -34,7 +33,6 @@ from chatrun.server.metrics import ServerMetrics
 from chatrun.server.openai_api import OpenAIOptions, OpenAIState, make_openai_router
 from chatrun.server.outbox import OutboxSettings, OutboxWorker, make_outbox_router
 from chatrun.server.pending_api import make_pending_router
-from chatrun.server.plumbing import file_body_limit
 from chatrun.server.reload import Watchers
 from chatrun.server.sessions import SessionRegistry, SessionSettings
 from chatrun.server.site import add_site_routes
@@ -100,18 +98,12 @@ def create_app(
     app.state.registry, app.state.auth, app.state.limits = registry, auth_config, limits
     app.state.metrics, app.state.default_bot = registry.metrics, next(iter(loaded))
     _add_routes(app, registry, limits, openai)
-    policy = _edge_policy(edge, limits, registry)
+    policy = edge or EdgePolicy(max_body_bytes=limits.max_frame_bytes)
     app.add_middleware(EdgeGuard, policy=policy)
     app.add_middleware(TraceContext)  # outermost: the edge's refusals are part of the caller's trace too
     app.state.edge = policy
     redact_tokens_in_logs()
     return app
-
-
-def _edge_policy(edge: EdgePolicy | None, limits: wire.ServerLimits, registry: SessionRegistry) -> EdgePolicy:
-    """The edge's policy, with room in the bodies that carry files for the bots' `attachments:`."""
-    return dataclasses.replace(edge or EdgePolicy(max_body_bytes=limits.max_frame_bytes),
-                               max_file_body_bytes=file_body_limit(limits, registry.bots.values()))
 
 
 def _registry(versions: dict[str, BotVersions], store: SessionStore | AsyncStore, settings: SessionSettings,

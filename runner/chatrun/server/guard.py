@@ -5,10 +5,13 @@
 - Origin: a browser's WebSocket or write request (POST, DELETE...) from another site is
   refused unless its origin is allowed (same-origin by default). 403 Forbidden / 403.
 - Content-Type: a POST with a body must be JSON (a form or text/plain POST is what a foreign
-  page can send without asking). 415 UnsupportedMediaType.
-- Body: at most `max_body_bytes` (`max_file_body_bytes` where files come: uploads and `/v1`
-  turns, whose routes' `attachments:` say how large), checked from Content-Length first and then while reading,
-  never read whole first (413 TooLarge); all of it within `body_timeout` seconds (408).
+  page can send without asking); an upload may also be the file itself, in its own type, but
+  never one of the types a foreign page can send (SIMPLE_TYPES). 415 UnsupportedMediaType.
+- Body: at most `max_body_bytes`, checked from Content-Length first and then while reading,
+  never read whole first (413 TooLarge); all of it within `body_timeout` seconds (408). The
+  bodies that carry files (uploads and `/v1` turns) are not read here: their limits are their
+  route's `attachments:`, which only the endpoint knows (the session's current route, the bot
+  a `/v1` body names), so the endpoint reads them itself with `read_body`, under the same rules.
 
 Every refusal is the JSON the API documents: {"error": REASON, "message": TEXT}.
 """
@@ -42,15 +45,22 @@ class EdgePolicy:
     allowed_origins: tuple[str, ...] = ()
     max_body_bytes: int = 64 * 1024
     body_timeout: float = 30.0
-    max_file_body_bytes: int = 0  # a body that may carry files (FILE_PATHS); 0: max_body_bytes
 
 
 # The bodies that may carry files (base64 in JSON): an upload, and an OpenAI turn's content parts.
 FILE_PATHS = ("/v1/chat/completions", "/v1/responses")
 
 
+# What a page of another site can POST without asking first (no CORS preflight): never a body type.
+SIMPLE_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data", "text/plain")
+
+
 def carries_files(path: str) -> bool:
-    return path in FILE_PATHS or path.endswith("/attachments")
+    return path in FILE_PATHS or is_upload(path)
+
+
+def is_upload(path: str) -> bool:
+    return path.endswith("/attachments")
 
 
 class Refused(Exception):
@@ -114,39 +124,60 @@ class EdgeGuard:
         )
 
     async def read_body(self, scope: Scope, headers: dict[str, str], receive: Receive) -> Receive:
-        """Read the body under the size and time limits; hand the app a receive replaying it."""
+        """Read the body under the size and time limits; hand the app a receive replaying it.
+        A body that carries files goes to its endpoint unread (its limits are its route's)."""
         limit = self.policy.max_body_bytes
-        if carries_files(scope["path"]):
-            limit = max(limit, self.policy.max_file_body_bytes)
         length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
+        files = carries_files(scope["path"])
+        if not files and length is not None and length.isdigit() and int(length) > limit:
             raise Refused(413, "TooLarge", f"body of {length} bytes is over the limit of {limit} bytes")
         has_body = (length not in (None, "0")) or "transfer-encoding" in headers
         if has_body and scope["method"] not in SAFE_METHODS:
-            kind = headers.get("content-type", "").split(";")[0].strip().lower()
-            if kind != "application/json" and not kind.endswith("+json"):
-                raise Refused(
-                    415, "UnsupportedMediaType", f"the body must be JSON (Content-Type: application/json), not {kind or 'untyped'}"
-                )
-        chunks: list[bytes] = []
-        size = 0
-        deadline = time.monotonic() + self.policy.body_timeout
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                raise Refused(
-                    408, "RequestTimeout", f"the body did not arrive within {self.policy.body_timeout:g} s"
-                ) from None
-            if message["type"] != "http.request":  # the client left
-                return _replay(b"", receive, message)
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise Refused(413, "TooLarge", f"body over the limit of {limit} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return _replay(b"".join(chunks), receive)
+            self.check_body_type(scope["path"], headers)
+        if files:
+            return receive
+        body, left = await read_body(receive, limit, self.policy.body_timeout,
+                                     lambda: f"body over the limit of {limit} bytes")
+        return _replay(b"" if left else bytes(body), receive, left)
+
+    @staticmethod
+    def check_body_type(path: str, headers: dict[str, str]) -> None:
+        kind = body_type(headers)
+        if kind == "application/json" or kind.endswith("+json"):
+            return
+        if is_upload(path) and kind and kind not in SIMPLE_TYPES:
+            return  # the file itself (docs/protocol.md, "Attachments")
+        raise Refused(
+            415, "UnsupportedMediaType", f"the body must be JSON (Content-Type: application/json), not {kind or 'untyped'}"
+        )
+
+
+def body_type(headers: Any) -> str:
+    """The media type of a request's body (lower case, no parameters; "" when untyped)."""
+    return str(headers.get("content-type", "")).split(";")[0].strip().lower()
+
+
+async def read_body(receive: Receive, limit: int, timeout: float,
+                    over: Callable[[], str]) -> tuple[bytearray, Message | None]:
+    """A request's body, read chunk by chunk and refused as soon as it passes `limit` bytes
+    (Refused 413 with the message `over()` gives: nothing past the limit is kept) or takes
+    longer than `timeout` seconds (408); and the message that ended it early when the client
+    left (None when it came whole). The one place a body is read under limits."""
+    body = bytearray()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise Refused(408, "RequestTimeout", f"the body did not arrive within {timeout:g} s") from None
+        if message["type"] != "http.request":  # the client left
+            return body, message
+        chunk = message.get("body", b"")
+        if len(body) + len(chunk) > limit:
+            raise Refused(413, "TooLarge", over())
+        body += chunk
+        if not message.get("more_body", False):
+            return body, None
 
 
 def _replay(body: bytes, receive: Receive, first: Message | None = None) -> Receive:

@@ -40,15 +40,18 @@ from chatrun.server.audience import (
     resource_audiences,
 )
 from chatrun.server.auth import Principal
+from chatrun.server.guard import body_type
 from chatrun.server.inspect import graph_data, inspect_data, session_data
 from chatrun.server.plumbing import (
     Caller,
     DetachedTurn,
     Emit,
+    NotAnObject,
     Registry,
-    file_body_limit,
+    base64_size,
     limits_of,
     read_json_object,
+    read_limited,
 )
 from chatrun.server.sessions import EXISTING, NEW, OWNER_ONLY, Reach, SessionRegistry
 from chatrun.server.versions import RETRY_AFTER_S, VERSION_HEADER
@@ -163,18 +166,48 @@ def _operators_read(who: Principal | None) -> Reach:
 
 async def upload_attachment(bot: str, session_id: str, request: Request, who: Caller,
                             registry: Registry) -> dict[str, Any]:
-    # JSON with base64, not a raw body: the edge takes only JSON bodies (a foreign page's form
-    # cannot send one), and its limit for this path comes from the bots' `attachments:`.
-    body = await read_json_object(request, limit=file_body_limit(limits_of(request), registry.bots.values()))
-    media_type, name, data = body.get("media_type"), body.get("name", ""), body.get("data")
+    # The session's current route decides before a byte of the body is read: no `attachments:`
+    # (400), a kind it does not take when the body is the file itself (415), a Content-Length over
+    # its max_bytes (413); then the body is read under that limit, never whole first (plumbing).
+    # The route is read again when the file is kept: it may have changed meanwhile.
+    file_type = body_type(request.headers)
+    as_file = file_type != "application/json" and not file_type.endswith("+json")
+    async with registry.session(bot, session_id, who, EXISTING) as session:
+        policy, route = session.attachment_policy(), session.route  # AttachmentRefused: 400 (the registry)
+    if as_file and not policy.accepts(file_type):
+        raise wire.RequestFailed(wire.UNSUPPORTED_MEDIA_TYPE, f"session {session_id}: route {route} takes "
+                                 f"{', '.join(policy.kinds)} (attachments.kinds), not {file_type}")
+    too_large = f"route {route} takes files of at most {policy.max_bytes} bytes (attachments.max_bytes)"
+    if as_file:
+        data = bytes(await read_limited(request, policy.max_bytes, lambda: too_large))
+        media_type, name = file_type, request.query_params.get("name", "")
+    else:
+        media_type, name, data = await _json_upload(request, base64_size(policy.max_bytes), too_large)
+    if len(data) > policy.max_bytes:
+        raise wire.RequestFailed(wire.TOO_LARGE, f"a file of {len(data)} bytes: {too_large}")
+    async with registry.session(bot, session_id, who, EXISTING) as session:
+        return session.attach(data, media_type, name).to_dict()  # AttachmentRefused: 400 (the registry)
+
+
+async def _json_upload(request: Request, max_base64: int, too_large: str) -> tuple[str, str, bytes]:
+    """(media type, name, bytes) of an upload sent as JSON with base64: its body may be the
+    route's largest file as base64, with a frame's room for the rest of the object."""
+    raw = await read_limited(request, limits_of(request).max_frame_bytes + max_base64, lambda: too_large)
+    body = wire.load_json(raw, "body")
+    del raw  # one copy of a large file's text at a time
+    if not isinstance(body, dict):
+        raise NotAnObject(body)
+    media_type, name, data = body.get("media_type"), body.get("name", ""), body.pop("data", None)
     if not isinstance(media_type, str) or not isinstance(name, str) or not isinstance(data, str):
         raise wire.RequestFailed(wire.BAD_REQUEST, "an upload is {\"media_type\": string, \"data\": base64, \"name\"?: string}")
+    if len(data) > max_base64:  # the limit is the file's, not the name's
+        raise wire.RequestFailed(wire.TOO_LARGE, too_large)
     try:
-        raw = base64.b64decode(data, validate=True)
+        encoded = data.encode("ascii")
+        del data  # one copy of a large file's text at a time
+        return media_type.lower(), name, base64.b64decode(encoded, validate=True)
     except ValueError:
         raise wire.RequestFailed(wire.BAD_REQUEST, "data must be base64") from None
-    async with registry.session(bot, session_id, who, EXISTING) as session:
-        return session.attach(raw, media_type.lower(), name).to_dict()  # AttachmentRefused: 400 (the registry)
 
 
 async def read_attachment(bot: str, session_id: str, ref: str, who: Caller, registry: Registry) -> Response:
@@ -428,8 +461,11 @@ def failure_response(exc: wire.RequestFailed) -> JSONResponse:
     return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=status, headers=headers)
 
 
-# An upload (docs/protocol.md, "Attachments"): the file as base64 in JSON, like every body.
-UPLOAD_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+# An upload (docs/protocol.md, "Attachments"): the file as base64 in JSON, like every body, or
+# the file itself in its own Content-Type (not listed: any media type the route takes).
+UPLOAD_BODY = {"requestBody": {"required": True, "description": (
+    "The file as base64 in JSON, or the file itself with its media type as Content-Type and ?name= its name; "
+    "checked against the session's route (attachments:) before the body is read"), "content": {"application/json": {
     "schema": {"type": "object", "required": ["media_type", "data"], "additionalProperties": False, "properties": {
         "media_type": {"type": "string", "pattern": "^[a-z0-9.+-]+/[a-z0-9.+-]+$"},
         "name": {"type": "string"},

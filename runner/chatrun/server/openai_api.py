@@ -157,6 +157,8 @@ class OpenAIState:
         except wire.RequestFailed as exc:
             if exc.reason == wire.TOO_LARGE:
                 raise OpenAIError(413, exc.message, code="too_large") from None
+            if exc.reason == wire.REQUEST_TIMEOUT:
+                raise OpenAIError(408, exc.message, code="timeout") from None
             raise OpenAIError(400, exc.message, code="invalid_json") from None
         wrong = openai_schema.problem(schema, body)
         if wrong is not None:

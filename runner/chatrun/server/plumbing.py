@@ -22,6 +22,7 @@ from starlette.requests import HTTPConnection
 from chatrun.engine.bot import Bot
 from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal, token_from
+from chatrun.server.guard import EdgePolicy, Refused, read_body
 from chatrun.server.sessions import SessionRegistry
 
 # -- who is calling --------------------------------------------------------------------------
@@ -97,26 +98,49 @@ async def read_json_object(request: Request, *, blank_is_empty: bool = False,
     declaring a pydantic body) to give their own clear errors, in the order the API documents:
     RequestFailed TooLarge over the limit of a frame, BadRequest for what wire.load_json
     refuses, NotAnObject for JSON of another type. `blank_is_empty`: no body means {}; `limit`:
-    another limit than a frame's (a body with files)."""
-    raw = await request.body()
+    another limit than a frame's (a body with files, which the edge left unread)."""
     limit = limit if limit is not None else limits_of(request).max_frame_bytes
-    if len(raw) > limit:
-        raise wire.RequestFailed(wire.TOO_LARGE, f"body of {len(raw)} bytes is over the limit of {limit} bytes")
+    raw = await read_limited(request, limit, lambda: f"body over the limit of {limit} bytes")
     if blank_is_empty and not raw.strip():
         return {}
     body = wire.load_json(raw, "body")
+    del raw  # a body with files: its text goes before its values are decoded
     if not isinstance(body, dict):
         raise NotAnObject(body)
     return body
 
 
+async def read_limited(request: Request, limit: int, over: Callable[[], str]) -> bytearray:
+    """The request's body, read as it arrives and refused as soon as it passes `limit` bytes
+    (TooLarge, with the message `over()` gives) or the edge's body timeout (RequestTimeout):
+    never more than the limit is held. Checked from Content-Length first."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise wire.RequestFailed(wire.TOO_LARGE, f"body of {length} bytes: {over()}")
+    edge = getattr(request.app.state, "edge", None)
+    timeout = edge.body_timeout if edge is not None else EdgePolicy.body_timeout
+    try:
+        body, left = await read_body(request.receive, limit, timeout, over)
+    except Refused as exc:
+        raise wire.RequestFailed(exc.reason, exc.message) from None
+    if left is not None:
+        raise wire.RequestFailed(wire.BAD_REQUEST, "the client left before its body arrived")
+    return body
+
+
 def file_body_limit(limits: wire.ServerLimits, bots: Iterable[Bot]) -> int:
-    """The limit of a body that may carry files: a frame's, plus room for the most files (as
-    base64) a route of these bots takes in one message (its `attachments:`). The one place
-    the edge (guard.py) and the endpoints that read files get it from."""
+    """The limit of a `/v1` body, which may carry files: a frame's, plus room for the most
+    files (as base64) a route of these bots takes in one message (its `attachments:`). The
+    bot is named inside the body, so before it is read only the largest of them is known; an
+    upload's limit is its own route's (http.py `upload_attachment`)."""
     files = [route.attachments.max_bytes * route.attachments.max_count
              for bot in bots for route in bot.config.routes.values() if route.attachments is not None]
-    return limits.max_frame_bytes + max(files, default=0) * 4 // 3 + 1024
+    return limits.max_frame_bytes + base64_size(max(files, default=0))
+
+
+def base64_size(size: int) -> int:
+    """The length of `size` bytes as base64."""
+    return (size + 2) // 3 * 4
 
 
 # -- a turn detached from its client --------------------------------------------------------------

@@ -59,6 +59,8 @@ SERVER_ERROR = "ServerError"
 BAD_REQUEST = "BadRequest"
 FORBIDDEN = "Forbidden"
 TOO_LARGE = "TooLarge"
+UNSUPPORTED_MEDIA_TYPE = "UnsupportedMediaType"  # an upload of a kind its route does not take
+REQUEST_TIMEOUT = "RequestTimeout"  # a body that did not arrive in time
 TOO_MANY_REQUESTS = "TooManyRequests"
 SESSION_EXISTS = "SessionExists"
 SCOPE_NOT_ACTIVE = "ScopeNotActive"
@@ -81,6 +83,8 @@ HTTP_STATUS = {
     BAD_REQUEST: 400,
     FORBIDDEN: 403,
     TOO_LARGE: 413,
+    UNSUPPORTED_MEDIA_TYPE: 415,
+    REQUEST_TIMEOUT: 408,
     TOO_MANY_REQUESTS: 429,
     SESSION_EXISTS: 409,
     SCOPE_NOT_ACTIVE: 409,
@@ -272,7 +276,7 @@ def chat_id_problem(value: Any) -> str | None:
 MAX_JSON_DEPTH = 64
 
 
-def load_json(text: str | bytes, what: str) -> Any:
+def load_json(text: str | bytes | bytearray, what: str) -> Any:
     """Client JSON, or RequestFailed(BadRequest) saying what is wrong: not JSON, NaN or
     Infinity (which no store can keep), or nested deeper than MAX_JSON_DEPTH."""
 
@@ -288,8 +292,7 @@ def load_json(text: str | bytes, what: str) -> Any:
         raise RequestFailed(BAD_REQUEST, f"{what} is not valid JSON: {reason}") from None
     if _deeper_than(value, MAX_JSON_DEPTH):
         raise RequestFailed(BAD_REQUEST, f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
-    decoded = _as_text(text)
-    where = lone_surrogate_at(value) if decoded is None or _may_hold_surrogate(decoded) else None
+    where = lone_surrogate_at(value) if _may_hold_surrogate(text) else None
     if where is not None:
         raise RequestFailed(
             BAD_REQUEST, f"{what} is not valid text: {where or 'it'} holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
@@ -303,27 +306,25 @@ def load_json(text: str | bytes, what: str) -> Any:
 # only, level by level: walking every value of a 40-turn /v1 request twice in Python cost
 # 0.13 ms, growing with the conversation.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # maybe \uD800-\uDFFF (or an escaped backslash)
+_SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
+_UTF8_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")  # a surrogate's own bytes (json.loads decodes them with surrogatepass)
 
 
-def _as_text(text: str | bytes) -> str | None:
-    """The JSON text as str, or None for bytes in an encoding other than UTF-8 (walked instead)."""
-    if isinstance(text, str):
-        return text
-    if json.detect_encoding(text) != "utf-8":
-        return None
-    return text.decode("utf-8", "surrogatepass")  # as json.loads decodes it
-
-
-def _may_hold_surrogate(text: str) -> bool:
+def _may_hold_surrogate(text: str | bytes | bytearray) -> bool:
     """False when no string json.loads makes of `text` can hold a lone surrogate: the text has
-    none itself and no escape of one (True only means: walk the values to find out)."""
-    if _SURROGATE_ESCAPE.search(text) is not None:
-        return True
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return True
-    return False
+    none itself and no escape of one (True only means: walk the values to find out). Bytes are
+    screened as they are, not decoded first: a body with files is large."""
+    if isinstance(text, str):
+        if _SURROGATE_ESCAPE.search(text) is not None:
+            return True
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+    if json.detect_encoding(text) != "utf-8":
+        return True  # UTF-16 or UTF-32: walked
+    return _SURROGATE_ESCAPE_BYTES.search(text) is not None or _UTF8_SURROGATE.search(text) is not None
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

@@ -200,15 +200,16 @@ def open_store(url: str | None, exclusive: bool = False, must_exist: bool = Fals
     command that only reads (`chatrun record`, `chatrun diff --store`) refuses a SQLite file
     that is not there, instead of creating an empty store and finding nothing in it."""
     from chatrun.errors import ChatrunError
+    from chatrun.store.blobs import local_store_url
 
-    if not url or url == "memory://":
+    if not url or (url.startswith("memory://") and local_store_url(url) == "memory://"):  # a query: the blob area's
         from chatrun.store.memory import InMemoryStore
 
         return InMemoryStore()
     if url.startswith("sqlite:///"):
         from chatrun.store.sqlite import SQLiteStore
 
-        path = url[len("sqlite:///"):]
+        path = local_store_url(url)[len("sqlite:///"):]
         if must_exist and path != ":memory:":
             _sqlite_file_exists(path)
         return SQLiteStore(path, exclusive=exclusive)

@@ -52,6 +52,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import message_from_dict
+from chatrun.store.blobs import BLOB_PARAMETERS
 from chatrun.store.lease import Lease, LeaseSettings
 from chatrun.store.record import (
     DEAD,
@@ -67,7 +68,7 @@ from chatrun.store.record import (
     to_json,
     unclaimed,
 )
-from chatrun.store.redis_blobs import MAX_BLOB_BYTES_PARAMETER, RedisBlobs, max_blob_bytes
+from chatrun.store.redis_blobs import RedisBlobs, redis_blob_quota
 from chatrun.store.versions import CREATE, KEEP_OUTCOMES, LeaseLost, SessionBusy, StaleVersion
 
 log = logging.getLogger("chatrun.store")
@@ -275,7 +276,7 @@ return 1
 """
 
 
-CHATRUN_PARAMETERS = ("prefix", MAX_BLOB_BYTES_PARAMETER)  # query parameters of the URL that are chatrun's, not redis-py's
+CHATRUN_PARAMETERS = ("prefix", *BLOB_PARAMETERS)  # query parameters of the URL that are chatrun's, not redis-py's
 
 
 def redis_url_parts(url: str) -> tuple[str, str]:
@@ -372,8 +373,7 @@ class RedisStore:
         self._requeue = self.client.register_script(_REQUEUE)
         self._outbox_keys = [f"{self.prefix}{k}" for k in ("ob", "obc", "obq", "obr", "obd")]
         # The attached files, in the same Redis (deleted by _DELETE with their session).
-        self.blob_area = RedisBlobs(client_url, self.prefix,
-                                    max_blob_bytes(url_parameter(url, MAX_BLOB_BYTES_PARAMETER), self.url))
+        self.blob_area = RedisBlobs(client_url, self.prefix, redis_blob_quota(url, self.url))
         self._pending_keys = [f"{self.prefix}due", f"{self.prefix}pending"]
 
     def _key(self, kind: str, session_id: str) -> str:

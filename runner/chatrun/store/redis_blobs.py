@@ -11,10 +11,11 @@ drops both keys), no count can leak or be decremented twice by a retried deletio
 session can learn whether another holds a file (a shared area would answer "already
 there"). The same photo sent to two sessions is kept twice; the cap bounds each.
 
-The cap (`max_blob_bytes` in the store URL, default 32 MiB) is the most one session's files
-may take in Redis: Redis keeps everything in memory, so a client must not fill it. A put
-over the cap is refused (AttachmentRefused: a 400 naming the cap), atomically on the
-server, so two replicas adding files at once cannot pass it together.
+The caps (`max_blob_bytes` in the store URL, default 32 MiB, and `max_blob_files`, default
+100: store/blobs.py `BlobQuota`) are the most one session's files may take in Redis: Redis
+keeps everything in memory, so a client must not fill it. A put over either is refused
+(AttachmentRefused: a 400 naming the cap), atomically on the server, so two replicas adding
+files at once cannot pass it together.
 
 The area talks to Redis with a synchronous client (the engine reads blobs while it builds
 a model request, a synchronous step): a read of a file blocks its replica's event loop for
@@ -27,22 +28,28 @@ import os
 from typing import Any
 from urllib.parse import urlsplit
 
-from chatrun.errors import AttachmentRefused
 from chatrun.messages import Attachment
-from chatrun.store.blobs import blob_ref
+from chatrun.store.blobs import (
+    DEFAULT_MAX_MEMORY_BLOB_BYTES,
+    MAX_BLOB_BYTES_PARAMETER,
+    BlobQuota,
+    blob_quota,
+    blob_ref,
+)
 
-DEFAULT_MAX_BLOB_BYTES = 32 * 2**20
-MAX_BLOB_BYTES_PARAMETER = "max_blob_bytes"
+DEFAULT_MAX_BLOB_BYTES = DEFAULT_MAX_MEMORY_BLOB_BYTES
 
-# KEYS: the session's blob hash, its byte count. ARGV: reference, bytes, cap.
-# Returns the session's byte count after the put, or -(the count it would have been) when over the cap.
+# KEYS: the session's blob hash, its byte count. ARGV: reference, bytes, byte cap, file cap.
+# Returns {1, total} after a put (or for bytes already there), else {0, files, total}: what the
+# session would have held, over a cap (BlobQuota.check words it).
 _PUT = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return tonumber(redis.call('GET', KEYS[2]) or '0') end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return {1, tonumber(redis.call('GET', KEYS[2]) or '0')} end
+local files = redis.call('HLEN', KEYS[1]) + 1
 local total = tonumber(redis.call('GET', KEYS[2]) or '0') + string.len(ARGV[2])
-if total > tonumber(ARGV[3]) then return -total end
+if total > tonumber(ARGV[3]) or files > tonumber(ARGV[4]) then return {0, files, total} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('SET', KEYS[2], total)
-return total
+return {1, total}
 """
 
 
@@ -50,14 +57,14 @@ class RedisBlobs:
     """See the module's text. `client_url` is the URL redis-py takes (without chatrun's own
     parameters), `prefix` the store's key prefix."""
 
-    def __init__(self, client_url: str, prefix: str, max_bytes: int = DEFAULT_MAX_BLOB_BYTES):
+    def __init__(self, client_url: str, prefix: str, quota: BlobQuota = BlobQuota(DEFAULT_MAX_BLOB_BYTES)):  # noqa: B008
         import redis
 
         password = None if urlsplit(client_url).password else os.environ.get("CHATRUN_REDIS_PASSWORD")
         self.client: Any = redis.Redis.from_url(client_url, password=password, socket_connect_timeout=5,
                                                 socket_keepalive=True, health_check_interval=30)
         self.prefix = prefix
-        self.max_bytes = max_bytes
+        self.quota = quota
         self._put = self.client.register_script(_PUT)
 
     def keys(self, session_id: str) -> list[str]:
@@ -66,12 +73,14 @@ class RedisBlobs:
 
     def put(self, session_id: str, data: bytes, media_type: str, name: str = "") -> Attachment:
         ref = blob_ref(data)
-        total = int(self._put(keys=self.keys(session_id), args=[ref, data, self.max_bytes]))
-        if total < 0:
-            raise AttachmentRefused(
-                f"session {session_id}: its files would take {-total} bytes, over the Redis store's limit of "
-                f"{self.max_bytes} bytes per session ({MAX_BLOB_BYTES_PARAMETER} in the store URL)")
+        done, *held = self._put(keys=self.keys(session_id), args=[ref, data, self.quota.max_bytes, self.quota.max_files])
+        if not int(done):
+            self.quota.check(session_id, int(held[0]), int(held[1]))
         return Attachment(ref, media_type, name, len(data))
+
+    @property
+    def max_bytes(self) -> int:
+        return self.quota.max_bytes
 
     def read(self, session_id: str, ref: str) -> bytes | None:
         data = self.client.hget(self.keys(session_id)[0], ref)
@@ -87,12 +96,10 @@ class RedisBlobs:
         self.client.close()
 
 
-def max_blob_bytes(value: str | None, url: str) -> int:
-    """The `max_blob_bytes` parameter of a store URL (bytes; absent: the default)."""
-    from chatrun.errors import ChatrunError
+def redis_blob_quota(url: str, shown: str) -> BlobQuota:
+    """The blob quota of a Redis store URL (`max_blob_bytes`, `max_blob_files`); `shown`: the
+    URL as errors name it (without its password)."""
+    return blob_quota(url, DEFAULT_MAX_BLOB_BYTES, shown)
 
-    if value is None:
-        return DEFAULT_MAX_BLOB_BYTES
-    if not value.isdigit() or int(value) <= 0:
-        raise ChatrunError(f"store {url}: {MAX_BLOB_BYTES_PARAMETER} must be a positive number of bytes, not {value!r}")
-    return int(value)
+
+__all__ = ["MAX_BLOB_BYTES_PARAMETER", "RedisBlobs", "redis_blob_quota"]
