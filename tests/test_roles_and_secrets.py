@@ -24,6 +24,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import chatrun
+from chatrun.definition.loader import check_bot
 from chatrun.engine.pending import PendingItem
 from chatrun.errors import ChatrunError
 from chatrun.server.auth import Auth, Principal
@@ -157,6 +158,29 @@ def test_a_principal_with_the_role_backend_answers_no_backend_question_without_i
     token = backend_token(receiver)
     ok = client.post("/bots/desk/sessions/k1/pending/p1", json=answer, headers={"Authorization": f"Bearer {token}"})
     assert ok.status_code == 200 and ok.json()["ok"] is True, ok.text
+
+
+def test_a_bot_that_waits_for_user_or_backend_as_a_role_is_warned_where(write_bot):
+    path = write_bot("""\
+        name: r
+        routes:
+          main: {default: true, system: Hi., tools: [pay, human], roles: [staff, user]}
+        tools:
+          pay:
+            parameters: {type: object, properties: {}}
+            approval: {by: [supervisor, backend]}
+            action: {reply: paid}
+          human:
+            parameters: {type: object, properties: {}}
+            action: {operator: {role: backend}}
+        """)
+    _config, found = check_bot(path)
+    warned = {(d.line, d.message.split(":")[0]) for d in found if "no principal holds the role" in d.message}
+    assert warned == {(3, "route `main` needs the role `user`"),
+                      (7, "`approval.by` of tool `pay` names `backend`, but an approval has no item token a backend "
+                          "could answer with"),
+                      (11, "the `operator` action of tool `human` waits for the role `backend`")}
+    assert all(d.severity == "warning" for d in found if "no principal holds the role" in d.message)
 
 
 # -- finding 3: the backend's token reaches its sink only -------------------------------------------------

@@ -37,9 +37,7 @@ ANSWERED, RELEASED, TAKEN = "answered", "released", "taken"
 USER_ROLE = "user"  # in `by:`: the session's own user
 BACKEND_ROLE = "backend"  # a question `from: backend` is answered with its token
 OPERATOR_ROLE = "operators"  # the server's operator role (server/audience.py): may act on any takeover
-# The engine's own parties: who they are is the engine's to say (the session's user; whoever holds
-# a backend item's token), never a role a token grants (the --auth file refuses them).
-ENGINE_AUDIENCES = (USER_ROLE, BACKEND_ROLE)
+ENGINE_AUDIENCES = ev.ENGINE_AUDIENCES  # user and backend: the engine's to say, never a granted role
 TOKEN_KEY = "token"  # a backend item's secret: in its snapshot and its sinks' deliveries only
 
 APPROVAL_CHOICES = [{"label": "Approve", "value": "approve"}, {"label": "Reject", "value": "reject"}]
