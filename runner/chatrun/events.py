@@ -36,6 +36,10 @@ USER = "user"
 OPERATORS = "operators"
 BACKEND = "backend"
 AUDIENCES = (USER, OPERATORS, BACKEND)
+# The engine's own parties, by the same names in an item's `by:`: the session's user, and whoever
+# holds a backend item's token. The engine says who they are; no principal is given them as a
+# role (the --auth file refuses them; engine/pending.py granted_roles ignores them).
+ENGINE_AUDIENCES = (USER, BACKEND)
 
 
 @dataclass

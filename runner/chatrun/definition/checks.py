@@ -146,6 +146,7 @@ class _Checker:
         _graph_checks(self)
         _user_template_checks(self)
         _audience_checks(self)
+        self.engine_audience_roles()
         self.format_and_migrations()
         if self.config.catalogs is not None:
             self.out.extend(catalog_checks(self.config.catalogs, self.used_keys))
@@ -161,6 +162,31 @@ class _Checker:
         if at is None or self.config.format is not None:  # a `format:` the schema refused says nothing more
             self.out += format_diagnostics(self.config, at)
         self.out += migration_diagnostics(self.config)
+
+    def engine_audience_roles(self) -> None:
+        """`user` and `backend` are the engine's own parties, never a principal's role (the --auth
+        file refuses them, issue 33): a route or an operator action that needs one of them as a
+        role, or an approval by `backend` (an approval has no item token), waits for no one."""
+        from chatrun import events as ev
+
+        why = ("no principal holds the role `{role}` (the --auth file refuses it: `user` is the session's own "
+               "user, `backend` whoever holds a backend question's item token); name a role of your own")
+        for route in self.config.routes.values():
+            for i, role in enumerate(route.roles or []):
+                if role in ev.ENGINE_AUDIENCES:
+                    self.add("warning", f"route `{route.name}` needs the role `{role}`: {why.format(role=role)}, or "
+                             "drop `roles:` for a route anyone signed in may use", "routes", route.name, "roles", i)
+        for tool in self.config.tools.values():
+            if tool.approval is not None and ev.BACKEND in tool.approval.by:
+                at = ("tools", tool.name, tool.approval.key, "by", tool.approval.by.index(ev.BACKEND))
+                self.add("warning", f"`approval.by` of tool `{tool.name}` names `backend`, but an approval has no item "
+                         f"token a backend could answer with: {why.format(role=ev.BACKEND)} (e.g. `kyc_service`), or "
+                         "ask the backend with `action: {ask: {from: backend}}`", *at)
+            operator = tool.action.operator
+            if operator is not None and operator.role in ev.ENGINE_AUDIENCES:
+                self.add("warning", f"the `operator` action of tool `{tool.name}` waits for the role "
+                         f"`{operator.role}`: {why.format(role=operator.role)} (e.g. `operators`)",
+                         "tools", tool.name, "action", "operator", "role")
 
     # -- routes ------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from chatrun import events as ev
 from chatrun.engine.clock import parse_duration
 
 PENDING_KEY = "pending"  # the snapshot's list of open items (plain dicts)
@@ -36,6 +37,8 @@ ANSWERED, RELEASED, TAKEN = "answered", "released", "taken"
 USER_ROLE = "user"  # in `by:`: the session's own user
 BACKEND_ROLE = "backend"  # a question `from: backend` is answered with its token
 OPERATOR_ROLE = "operators"  # the server's operator role (server/audience.py): may act on any takeover
+ENGINE_AUDIENCES = ev.ENGINE_AUDIENCES  # user and backend: the engine's to say, never a granted role
+TOKEN_KEY = "token"  # a backend item's secret: in its snapshot and its sinks' deliveries only
 
 APPROVAL_CHOICES = [{"label": "Approve", "value": "approve"}, {"label": "Reject", "value": "reject"}]
 
@@ -73,13 +76,31 @@ class PendingItem:
     def public(self) -> dict[str, Any]:
         """What a `Pending` event carries: everything but the token and the kind's extras."""
         out = self.to_dict()
-        del out["token"], out["data"]
+        del out[TOKEN_KEY], out["data"]
         if self.kind == APPROVAL and not self.choices:  # a user's confirmation has its own: Yes/No
             out["choices"] = copy.deepcopy(APPROVAL_CHOICES)
         return out
 
     def is_due(self, now: datetime) -> bool:
         return self.due is not None and parse_time(self.due) <= now
+
+
+def granted_roles(roles: Iterable[str]) -> set[str]:
+    """The roles a principal holds that may match an item's `by`: never the engine's own
+    audiences (ENGINE_AUDIENCES), whatever a token's roles say. `user` is given by the engine
+    to the session's own user, `backend` is proven with the item's token."""
+    return {role for role in roles if role not in ENGINE_AUDIENCES}
+
+
+def without_secret(event: dict[str, Any]) -> dict[str, Any]:
+    """An event (its dict) as stored in the history or shown to anyone: a backend's Pending
+    without the item's token. The token leaves the server only in the deliveries to the item's
+    sinks (engine/session.py `_outbox`, from the live event); every history, replay, inspector
+    and transcript reads events through here (engine/session.py `_plain`, server/audience.py)."""
+    data = event.get("data")
+    if event.get("type") == ev.PENDING and isinstance(data, dict) and TOKEN_KEY in data:
+        return event | {"data": {k: v for k, v in data.items() if k != TOKEN_KEY}}
+    return event
 
 
 # -- the inputs that resolve items (accepted by Session.stream / chat / achat) ---------------
@@ -148,7 +169,7 @@ _DECISION_NAMES = {Approve: "approve", Reject: "reject", Answer: "answer", TakeO
 def decision_entry(decision: Decision) -> dict[str, Any]:
     """A decision as a history entry's input: {"decision": {"kind": "approve", "item": "p1", ...}}.
     A backend's token is never recorded."""
-    body = {k: v for k, v in asdict(decision).items() if v is not None and k != "token"}
+    body = {k: v for k, v in asdict(decision).items() if v is not None and k != TOKEN_KEY}
     return {"decision": {"kind": _DECISION_NAMES[type(decision)], **body}}
 
 

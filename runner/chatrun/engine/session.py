@@ -38,6 +38,7 @@ from chatrun.engine.pending import (
     decision_entry,
     earliest_due,
     parse_time,
+    without_secret,
 )
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
@@ -789,8 +790,9 @@ def _usage_entry(turn: Turn) -> dict[str, Any]:
 
 
 def _plain(events: list[Event]) -> list[dict[str, Any]]:
-    """The turn's events for the history (their data is plain JSON already), no Stream chunks."""
-    return [e.to_dict() for e in events if e.type != ev.STREAM]
+    """The turn's events for the history (their data is plain JSON already), no Stream chunks,
+    no backend item's token (only its sinks get that: `_outbox`)."""
+    return [without_secret(e.to_dict()) for e in events if e.type != ev.STREAM]
 
 
 def plain_principal(principal: Mapping[str, Any] | None) -> dict[str, Any] | None:

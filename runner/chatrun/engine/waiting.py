@@ -55,6 +55,7 @@ from chatrun.engine.pending import (
     Release,
     TakeOver,
     format_time,
+    granted_roles,
     parse_time,
 )
 from chatrun.engine.scopes import set_path
@@ -110,13 +111,14 @@ def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
             what = "an approval, not a question: approve or reject it" if item.kind == APPROVAL else \
                 "a takeover, not a question: release it"
             raise InvalidDecision(item.id, f"it is {what}")
-        if not (item.token and decision.token and secrets.compare_digest(item.token, decision.token)):
-            if item.by == [BACKEND_ROLE] and BACKEND_ROLE not in (c.roles or ()):
-                # A backend proves itself with the item's token (or a principal with the role
-                # `backend`), also where roles are not checked: the token is the only key it has.
+        if BACKEND_ROLE in item.by or item.token is not None:
+            # A backend proves itself with the item's token, always: also where roles are not
+            # checked, and whatever roles the caller holds (no role is `backend`: granted_roles).
+            if not _token_matches(item.token, decision.token):
                 why = "the token does not match this question's" if decision.token else \
-                    "a question for a backend is answered with its token"
+                    "a question for a backend is answered with its token (the one its sinks received)"
                 raise DecisionRefused(item.id, item.by, _caller_roles(c, item) or [], f"item {item.id}: {why}")
+        else:
             _check_roles(c, item.id, item.by, item)
         problem = answer_problem(item, decision.value)
         if problem:
@@ -134,6 +136,12 @@ def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
         edited_args(c, tools, item, decision.args)
 
 
+def _token_matches(expected: str | None, sent: str | None) -> bool:
+    """Whether a backend sent its item's token (compared in constant time, as bytes: a token
+    is any text a request carries)."""
+    return bool(expected and sent) and secrets.compare_digest(str(expected).encode(), str(sent).encode())
+
+
 def find_item(c: Conversation, item_id: str) -> PendingItem:
     for item in c.pending:
         if item.id == item_id:
@@ -148,10 +156,11 @@ def takeover_item(c: Conversation) -> PendingItem | None:
 def _caller_roles(c: Conversation, item: PendingItem | None = None) -> list[str] | None:
     """The caller's roles, with `user` when it is the session's user: no one signed in, the
     session's owner, or the principal whose message made the item. None: roles are not checked
-    (a program or a server without --auth)."""
+    (a program or a server without --auth). `user` and `backend` among the caller's own roles
+    count for nothing (granted_roles): the engine alone says who the user is."""
     if c.roles is None:
         return None
-    roles = set(c.roles)
+    roles = granted_roles(c.roles)
     name = (c.principal or {}).get("name")
     owner = c.meta.get("owner")
     if c.principal is None or (owner and name == owner) or (item and _same_principal(c.principal, item.requested_by)):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from chatrun.engine.pending import without_secret
 from chatrun.events import AUDIENCES, OPERATORS, USER, Event
 from chatrun.server.auth import Principal
 
@@ -50,15 +51,16 @@ def inspector_audiences(who: Principal | None) -> frozenset[str]:
 def history_for(history: list[dict[str, Any]], audiences: frozenset[str]) -> list[dict[str, Any]]:
     """The history entries with only the events of `audiences` (an event without `audience` is
     the user's), and the turn's tool calls (`calls`: arguments and results the bot's tools saw)
-    only for operators. Entries are copied when something is left out; the stored history is
-    untouched."""
-    if audiences == EVERY_AUDIENCE:
-        return history
+    only for operators. A backend item's token is never shown, whoever asks (a history stored
+    before chatrun kept it out of the history still has it: it is taken out here).
+    Entries are copied when something is left out; the stored history is untouched."""
     out = []
     for entry in history:
         events = entry.get("events")
-        if isinstance(events, list) and any(_audience(e) not in audiences for e in events):
-            entry = entry | {"events": [e for e in events if _audience(e) in audiences]}
+        if isinstance(events, list):
+            shown = [without_secret(e) if isinstance(e, dict) else e for e in events if _audience(e) in audiences]
+            if len(shown) != len(events) or any(a is not b for a, b in zip(shown, events, strict=True)):
+                entry = entry | {"events": shown}
         if "calls" in entry and OPERATORS not in audiences:
             entry = {k: v for k, v in entry.items() if k != "calls"}
         out.append(entry)

@@ -9,6 +9,9 @@ The auth file (YAML), given with `--auth FILE` or the CHATRUN_AUTH_FILE environm
 `claims:` are what templates read besides the name and roles (`principal.email`), e.g. for
 bound arguments (`bind:`): text, numbers or booleans, by name.
 
+`user` and `backend` are refused as roles: they are the engine's own audiences (the session's
+user; whoever holds a backend item's token), never granted by a token (docs/security.md).
+
 A client sends its token as `Authorization: Bearer <token>`, as `X-API-Key: <token>`, or
 (for browsers' WebSockets, which cannot set headers) as `?token=<token>`.
 """
@@ -24,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from chatrun.engine.pending import BACKEND_ROLE, ENGINE_AUDIENCES, USER_ROLE
 from chatrun.errors import ChatrunError
 
 AUTH_ENV = "CHATRUN_AUTH_FILE"
@@ -93,11 +97,32 @@ class Auth:
             roles = entry.get("roles") or []
             if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
                 raise ChatrunError(f"{where}: roles is a list of role names")
+            _refuse_engine_audiences(where, entry["principal"], roles)
             tokens[token] = Principal(entry["principal"], frozenset(roles), _claims(entry.get("claims"), where))
         return cls(tokens, source)
 
 
 _RESERVED_CLAIMS = ("name", "roles")
+
+# Why a token may not grant the engine's own audiences (engine/pending.py ENGINE_AUDIENCES), and
+# what to give instead: a role named `user` would let its holder decide every user's approvals,
+# one named `backend` would answer backend questions without their item's token.
+_ENGINE_AUDIENCE_USE = {
+    USER_ROLE: ("`user` in a `by:` is the session's own user (its owner, or whoever caused the call), "
+                "which chatrun works out for each item; a principal who should decide other people's "
+                "approvals needs a role of your own (e.g. `approvers`) named in the tool's `approval: by:`, "
+                "and a principal who only chats needs no role at all"),
+    BACKEND_ROLE: ("`backend` is whoever holds a backend question's item token (the one the bot's sinks "
+                   "receive); a backend answers with `Authorization: Bearer <the item token>` and needs no "
+                   "entry here; a person who answers questions needs `operators` (questions `from: operator`)"),
+}
+
+
+def _refuse_engine_audiences(where: str, principal: str, roles: list[str]) -> None:
+    for role in roles:
+        if role in ENGINE_AUDIENCES:
+            raise ChatrunError(f"{where}: principal {principal!r} has the role `{role}`, which no token may "
+                               f"grant: {_ENGINE_AUDIENCE_USE[role]}. Remove `{role}` from its roles.")
 
 
 def _claims(raw: object, where: str) -> tuple[tuple[str, Any], ...]:

@@ -34,6 +34,7 @@ from fastapi import APIRouter, Query
 
 from chatrun.definition.config import BotConfig, RetryPolicy, SinkConfig
 from chatrun.engine import tracing
+from chatrun.engine.pending import without_secret
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
 from chatrun.server.auth import Principal
@@ -250,7 +251,8 @@ async def list_entries(who: Caller, registry: Registry, state: Literal["pending"
     """The outbox's entries, oldest first (`state`: only pending ones, or only dead letters)."""
     _allowed(who)
     entries = await registry.store.list_outbox(state, limit)
-    return {"entries": [entry.shown() for entry in entries]}
+    # The body as the sink gets it, but for a backend item's token: that goes to the sink only.
+    return {"entries": [shown | {"body": without_secret(shown["body"])} for shown in (e.shown() for e in entries)]}
 
 
 async def retry_entry(entry_id: str, who: Caller, registry: Registry) -> Any:

@@ -109,7 +109,9 @@ async def list_session_pending(bot: str, session_id: str, caller: CallerOrToken,
 async def decide(bot: str, session_id: str, item: str, request: Request, caller: CallerOrToken, registry: Registry,
                  idempotency_key: IdempotencyKey = None) -> JSONResponse:
     who, token = caller
-    decision = decision_of(item, await read_json_object(request), token)
+    # The bearer token is an item's only when it names no principal: a principal's own token
+    # proves who they are, never that they are the backend (engine/waiting.py check_decision).
+    decision = decision_of(item, await read_json_object(request), token if who is None else None)
     async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, token=token)) as session:
         return await turn_reply(registry, session, decision, idempotency_key)
 

@@ -18,9 +18,11 @@ are not reachable with auth off either. See docs/security.md.
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from chatrun.engine.pending import TOKEN_KEY, granted_roles
 from chatrun.errors import ChatrunError, ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.models import ModelPool
 from chatrun.server import wire
@@ -79,14 +81,18 @@ def reaches(reach: Reach, principal: Principal | None, record: SessionRecord, bo
         return True
     if not reach.pending or not (record.pending or record.taken_over or record.resolved):
         return False
-    roles = set(principal.roles) if principal is not None else set()
+    roles = granted_roles(principal.roles) if principal is not None else set()
     if OPERATOR_ROLE in roles:
         return True
     if any(roles & set(item.get("by") or ()) for item in record.pending):
         return True
     if record.resolved and roles & decider_roles(bot):
         return True
-    return reach.token is not None and any(item.get("token") == reach.token for item in record.pending)
+    return reach.token is not None and any(_same_token(item.get(TOKEN_KEY), reach.token) for item in record.pending)
+
+
+def _same_token(expected: object, sent: str) -> bool:
+    return isinstance(expected, str) and hmac.compare_digest(expected.encode(), sent.encode())
 
 
 def decider_roles(bot: Bot) -> frozenset[str]:
@@ -97,7 +103,7 @@ def decider_roles(bot: Bot) -> frozenset[str]:
             roles.update(tool.approval.by)
         if tool.action.operator is not None:
             roles.add(tool.action.operator.role)
-    return frozenset(roles - {"user", "backend"})
+    return frozenset(granted_roles(roles))
 
 
 @dataclass(frozen=True)
