@@ -19,14 +19,16 @@ the client sends again and another replica serves it.
 A stored version is loaded only when this replica may trust it (server/bundles.py: signed
 with the bundle key every replica shares, or data-only and allowed unsigned); one it may not
 is never written out nor imported: its session moves to the primary by the primary's
-`on_change` as a session of a lost version, or, under `pin` (nothing to move to), the turn
-is refused naming the session and why.
+`on_change` as a session of a lost version, or, when the primary or the refused version says
+`pin` (the session must finish on its version), the turn is refused naming the session and
+why (503: a replica with the bundle key serves it).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import shutil
 import tempfile
 import time
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.versions import (
+    DEFAULT_POLICY,
     PIN,
     bot_files,
     content_version,
@@ -56,6 +59,7 @@ log = logging.getLogger("chatrun.versions")
 VERSION_HEADER = "Chatrun-Bot-Version"  # a tester's pick of the version a new session starts on
 RECORD_PREFIX = "bot-version:"
 RETRY_AFTER_S = 1
+PIN_LINE = re.compile(r"^on_change:[ \t]*[\"']?pin[\"']?[ \t]*(#.*)?$", re.MULTILINE)
 
 
 @dataclass
@@ -273,7 +277,7 @@ class VersionShelf:
             return None
         refused = self.bundles.refusal(stored.signed_part())
         if refused is not None:  # checked before a file is written: nothing of it is ever imported
-            self._refuse(name, recorded, session_id, *refused)
+            self._refuse(stored, session_id, *refused)
             return None
         try:
             bot = load_bot(stored.write(self.cache() / name))
@@ -281,28 +285,33 @@ class VersionShelf:
             raise unavailable(name, recorded, f"its stored copy does not load here: {exc}") from None
         program = None if self.bundles.signed(stored.signed_part()) else starts_program(bot.config)
         if program is not None:  # an unsigned data-only bundle that would start a program of its choosing
-            self._refuse(name, recorded, session_id, STARTS_PROGRAM,
+            self._refuse(stored, session_id, STARTS_PROGRAM,
                          f"it is not signed and its mcp_servers.{program} runs a command")
             return None
         log.info("chatrun: loaded version %s of bot %s from the store", recorded, name)
         return Version(bot, stored.label, 0, stored.published, True)
 
-    def _refuse(self, name: str, recorded: str, session_id: str, reason: str, why: str) -> None:
-        """A stored version this replica may not load: logged and counted; its session then moves
-        to the primary by the primary's `on_change` (None), or under `pin`, where it has nowhere
-        to go, its turn is refused (RequestFailed naming the session and why)."""
+    def _refuse(self, stored: StoredVersion, session_id: str, reason: str, why: str) -> None:
+        """A stored version this replica may not load: logged and counted. Its session then moves
+        to the primary by the primary's `on_change` as from a lost version (None), unless the
+        primary or the refused version itself says `pin` (a session that must finish on its
+        version, which a replica with the key can serve): then its turn is refused
+        (RequestFailed naming the session and why)."""
+        name, recorded = stored.bot, stored.content_version
         if self.metrics is not None:
             self.metrics.bundle_refused(name, reason)
-        policy = self.bots[name].primary.bot.config.on_change
-        then = ("under on_change: pin it cannot move, so its turn is refused" if policy == PIN
+        served = self.bots.get(name)
+        policy = served.primary.bot.config.on_change if served is not None else DEFAULT_POLICY
+        pinned = policy == PIN or stored.declares_pin()
+        then = ("its on_change is pin, so the session cannot move and its turn is refused" if pinned
                 else f"the session moves to the primary version by on_change: {policy}")
         log.warning("chatrun: refused to load version %s of bot %s from the store (session %s): %s; %s; %s",
                     recorded, name, session_id or "-", why, then, HOW_TO_CONFIGURE)
-        if policy == PIN:
+        if pinned:
             raise wire.RequestFailed(wire.UNAVAILABLE, f"session {session_id}: bot {name} version {recorded} is not "
-                                     f"loaded on this replica: {why}; the bot's on_change is pin, so the session "
-                                     "cannot move to another version. Send the request again (a replica with the "
-                                     "bundle key answers); the operator should " + HOW_TO_CONFIGURE)
+                                     f"loaded on this replica: {why}; on_change is pin, so the session cannot move "
+                                     "to another version. Send the request again (a replica with the bundle key "
+                                     "answers); the operator should " + HOW_TO_CONFIGURE)
 
 
 @dataclass
@@ -321,6 +330,10 @@ class StoredVersion:
         """What its signature covers, as this replica sees it (bot and version from the key asked for)."""
         return {"bot": self.bot, "content_version": self.content_version, "label": self.label,
                 "published": self.published, "files": self.files, "signature": self.signature}
+
+    def declares_pin(self) -> bool:
+        """Whether its bot.yaml says `on_change: pin` (read as text: a bundle not trusted is never loaded)."""
+        return bool(PIN_LINE.search(self.files.get("bot.yaml", "")))
 
     def write(self, into: Path) -> Path:
         """Its files under `into`/<content version> (a folder the caller owns); the folder."""
