@@ -21,7 +21,15 @@ from chatrun.server.versions import VersionShelf, record_key, signed_part
 from chatrun.store.aio import LocalAsyncStore
 from server_support import app_for_testclient as create_app
 from server_support import until_done
-from test_versions import BUNDLE_KEY, messages, resource, say, shop_copy, shop_responder, start_v1_sessions
+from test_versions import (
+    BUNDLE_KEY,
+    messages,
+    resource,
+    say,
+    shop_copy,
+    shop_responder,
+    start_v1_sessions,
+)
 
 SIGNING = BundlePolicy(BUNDLE_KEY.encode())
 
