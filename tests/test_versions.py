@@ -41,6 +41,9 @@ def sent_calls(fake) -> list[tuple[str, dict]]:
             for m in fake.requests[-1]["messages"] for c in m.get("tool_calls") or []]
 
 
+BUNDLE_KEY = "a-bundle-key-the-replicas-share-0123"  # docs/security.md, "The store"
+
+
 def shop_copy(tmp_path: Path, on_change: str | None = None, weights: str | None = None) -> Path:
     """bots/shop in tmp_path, version 2 with `on_change:` (None: as shipped, migrate), versions.yaml with weights."""
     root = tmp_path / "shop"
@@ -185,8 +188,10 @@ def test_restart_scope_continues_a_session_whose_route_is_gone_at_the_default_ro
             assert [h for h in session["history"] if h.get("moved")][0]["ok"]
 
 
-def test_a_replica_without_a_sessions_version_loads_it_from_the_store_and_never_downgrades(fake, tmp_path):
+def test_a_replica_without_a_sessions_version_loads_it_from_the_store_and_never_downgrades(fake, tmp_path,
+                                                                                         monkeypatch):
     fake.responder = shop_responder
+    monkeypatch.setenv("CHATRUN_BUNDLE_KEY", BUNDLE_KEY)  # both servers: what one publishes, the other loads
     root = shop_copy(tmp_path, on_change="migrate")
     store = f"sqlite:///{tmp_path / 'sessions.db'}"
     start_v1_sessions(store, root, 3)

@@ -16,11 +16,27 @@ from fastapi.testclient import TestClient
 
 import chatrun
 from chatrun.definition.versions import bot_files, content_version
-from chatrun.server.versions import VersionShelf, record_key
+from chatrun.server.bundles import BundlePolicy
+from chatrun.server.versions import VersionShelf, record_key, signed_part
 from chatrun.store.aio import LocalAsyncStore
 from server_support import app_for_testclient as create_app
 from server_support import until_done
-from test_versions import messages, resource, say, shop_copy, shop_responder, start_v1_sessions
+from test_versions import (
+    BUNDLE_KEY,
+    messages,
+    resource,
+    say,
+    shop_copy,
+    shop_responder,
+    start_v1_sessions,
+)
+
+SIGNING = BundlePolicy(BUNDLE_KEY.encode())
+
+
+def signed(bot: str, version: str, record: dict) -> dict:
+    """A bundle record as a replica with the shared key publishes it."""
+    return {**record, "signature": SIGNING.sign(signed_part(record, bot, version))}
 
 
 def rewrite_versions(db_path: Path, bot_version: str | None) -> None:
@@ -130,13 +146,15 @@ def publish_unloadable(db_path: Path, root: Path) -> str:
     files["bot.yaml"] = files["bot.yaml"].replace("format: 2", "format: 99")
     version = content_version(files)
     db = chatrun.SQLiteStore(str(db_path))
-    db.put_record(record_key("shop", version), {"bot": "shop", "label": "3", "files": files, "published": 1.0})
+    db.put_record(record_key("shop", version), signed("shop", version, {"bot": "shop", "label": "3", "files": files,
+                                                                        "published": 1.0}))
     db.close()
     return version
 
 
-def test_a_version_in_the_store_that_does_not_load_here_is_a_retryable_503(fake, tmp_path):
+def test_a_version_in_the_store_that_does_not_load_here_is_a_retryable_503(fake, tmp_path, monkeypatch):
     fake.responder = shop_responder
+    monkeypatch.setenv("CHATRUN_BUNDLE_KEY", BUNDLE_KEY)
     root = shop_copy(tmp_path, on_change="migrate")
     store = f"sqlite:///{tmp_path / 'sessions.db'}"
     start_v1_sessions(store, root, 1)
@@ -165,8 +183,9 @@ def test_stored_versions_are_written_to_a_private_folder_of_the_process(tmp_path
     db = chatrun.SQLiteStore(str(tmp_path / "s.db"))
     files = bot_files(root / "versions" / "2")
     version = content_version(files)
-    db.put_record(record_key("shop", version), {"bot": "shop", "label": "2", "files": files, "published": 1.0})
-    first, second = VersionShelf({}, LocalAsyncStore(db)), VersionShelf({}, LocalAsyncStore(db))
+    db.put_record(record_key("shop", version), signed("shop", version, {"bot": "shop", "label": "2", "files": files,
+                                                                        "published": 1.0}))
+    first, second = VersionShelf({}, LocalAsyncStore(db), SIGNING), VersionShelf({}, LocalAsyncStore(db), SIGNING)
     try:
         folder = first.cache()
         assert folder != second.cache()  # one per process (and per server): not a shared, guessable path

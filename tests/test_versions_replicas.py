@@ -13,7 +13,7 @@ import pytest
 import chatrun
 from chatrun.testing.fake_openai import FakeOpenAI
 from redis_support import Replica
-from test_versions import sent_calls, shop_copy, shop_responder
+from test_versions import BUNDLE_KEY, sent_calls, shop_copy, shop_responder
 
 pytestmark = pytest.mark.subprocess
 
@@ -57,8 +57,10 @@ def test_two_replicas_on_different_versions_fail_no_turn(policy, redis_server, s
     v2_hash = chatrun.load_bot(root / "versions" / "2").config.content_version
     store = redis_server.url()
     RETRIED.clear()
-    old = Replica(str(root / "versions" / "1"), store, shared_fake.base_url).start(wait=False)
-    new = Replica(str(root), store, shared_fake.base_url).start(wait=False)
+    key = tmp_path / "bundle.key"  # the same on every replica: what one publishes, the others load
+    key.write_text(BUNDLE_KEY)
+    old = Replica(str(root / "versions" / "1"), store, shared_fake.base_url, "--bundle-key", str(key)).start(wait=False)
+    new = Replica(str(root), store, shared_fake.base_url, "--bundle-key", str(key)).start(wait=False)
     try:
         old.wait_ready()
         new.wait_ready()

@@ -26,8 +26,12 @@ if TYPE_CHECKING:
 @click.option("--bot", "bot", metavar="FOLDER|NAME",
               help="Where OLD and NEW that are not paths are versions of: a bot folder with versions/<label>/, or "
                    "the bot's name in --store.")
+@click.option("--bundle-key", "bundle_key", metavar="FILE", type=click.Path(dir_okay=False),
+              help="With --store: the servers' bundle key (else $CHATRUN_BUNDLE_KEY); a stored version with code "
+                   "(.py files) is read only when signed with it (docs/security.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the changes as one JSON object.")
-def diff(old: str, new: str, store_url: str | None, bot: str | None, as_json: bool) -> None:
+def diff(old: str, new: str, store_url: str | None, bot: str | None, as_json: bool,
+         bundle_key: str | None = None) -> None:
     """Compare two versions of a bot: what changed, and which changes break live sessions.
 
     OLD and NEW are bot folders (or files), or versions named by a label or a content
@@ -52,7 +56,7 @@ def diff(old: str, new: str, store_url: str | None, bot: str | None, as_json: bo
     from chatrun.definition.diff import diff_bots
 
     with tempfile.TemporaryDirectory(prefix="chatrun-diff-") as scratch:
-        found = Versions(store_url, bot, Path(scratch))
+        found = Versions(store_url, bot, Path(scratch), bundle_key)
         old_config, new_config = found.config(old), found.config(new)
     changes = diff_bots(old_config, new_config)
     stored = None
@@ -81,6 +85,7 @@ class Versions:
     store_url: str | None
     bot: str | None
     scratch: Path
+    bundle_key: str | None = None  # --bundle-key: a stored version with code is read only when signed with it
 
     def config(self, spec: str) -> Any:
         if Path(spec).exists():
@@ -141,9 +146,27 @@ class Versions:
                 listed = ", ".join(f"{label} ({content})" for content, label, _, _ in kept) or "none"
                 raise _fail(self.store_url, f"bot {name} has no version {spec!r} kept in the store "
                             f"(it keeps: {listed})")
+            self._check_trusted(found)
             return found.write(self.scratch / name)
         finally:
             await store.close()
+
+    def _check_trusted(self, found: Any) -> None:
+        """Loading a version runs its handler modules' imports (the checks import them): a stored
+        version with code is read only when signed with the servers' bundle key (a data-only one
+        is only parsed). Exit 2 naming the version and why otherwise."""
+        from chatrun.errors import ChatrunError
+        from chatrun.server.bundles import HOW_TO_CONFIGURE, BundlePolicy
+
+        try:
+            policy = BundlePolicy.from_env(self.bundle_key, allow_unsigned_data=True)
+        except ChatrunError as exc:
+            raise _fail("--bundle-key", str(exc)) from None
+        refused = policy.refusal(found.signed_part())
+        if refused is not None:
+            raise _fail(str(self.store_url), f"version {found.content_version} of bot {found.bot} is not read: "
+                        f"{refused[1]}; its code is never imported unless signed. For versions your servers "
+                        f"published, {HOW_TO_CONFIGURE.replace('chatrun serve', 'chatrun diff')}")
 
     async def _bot_name(self, store: Any) -> str:
         """The bot whose versions are wanted: --bot's (a name, or the folder's bot), else the

@@ -54,6 +54,9 @@ class ServeOptions:
     cache_idle: float
     max_sessions_per_principal: int
     sweep_interval: float
+    bundle_key: str | None
+    allow_unsigned_data_bundles: bool
+    max_bundle_mb: float
 
     @property
     def wildcard(self) -> bool:
@@ -74,6 +77,7 @@ class ServeOptions:
                           max_body_bytes=max_body_bytes, body_timeout=self.body_timeout)
 
     def sessions(self) -> SessionSettings:
+        from chatrun.server.bundles import BundlePolicy
         from chatrun.server.sessions import SessionSettings
         from chatrun.store.aio import LeaseSettings
 
@@ -84,6 +88,8 @@ class ServeOptions:
             cache_bytes=self.cache_mb * 2**20,
             cache_idle=self.cache_idle,
             max_sessions_per_principal=self.max_sessions_per_principal,
+            bundles=BundlePolicy.from_env(self.bundle_key, self.allow_unsigned_data_bundles,
+                                          int(self.max_bundle_mb * 2**20)),
         )
 
     def listen_options(self) -> ListenOptions:
@@ -134,6 +140,16 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
 @click.option("--sweep-interval", default=5.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds between two looks for pending items (approvals, questions) whose timeout has come; "
               "each replica looks, exactly one resolves each (0: this replica never looks).")
+@click.option("--bundle-key", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="File holding the bundle key (at least 16 bytes; else $CHATRUN_BUNDLE_KEY): the bot versions this "
+              "replica publishes to the store are signed with it, and only versions signed with it are loaded from "
+              "the store. Give every replica the same key; keep it out of the store. Without one, no version is "
+              "loaded from the store (docs/security.md).")
+@click.option("--allow-unsigned-data-bundles", is_flag=True,
+              help="Also load unsigned bot versions from the store that hold no code (no .py file, no MCP "
+              "server command).")
+@click.option("--max-bundle-mb", default=5.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Largest bot version (its files) published to the store or loaded from it, in MiB.")
 @click.option("--max-sessions-per-principal", default=0, show_default=True, type=click.IntRange(min=0),
               help="With --auth: sessions one principal may own (0: no limit).")
 @click.option(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -110,7 +111,8 @@ def _registry(versions: dict[str, BotVersions], store: SessionStore | AsyncStore
               log_content: bool) -> SessionRegistry:
     loaded = {name: found.primary.bot for name, found in versions.items()}
     registry = SessionRegistry(loaded, store, settings=settings, versions=versions)
-    registry.metrics = ServerMetrics.create(registry)
+    registry.shelf.check_bundles()  # a bot too large to publish is the command's error, before anything starts
+    registry.metrics = registry.shelf.metrics = ServerMetrics.create(registry)
     registry.log_content = log_content
     registry.models.warm({bot.config.route_model(r).provider for bot in registry.shelf.all_bots()
                           for r in bot.config.routes})
@@ -149,6 +151,10 @@ class Lifecycle:
         if ping is not None:  # a shared store that cannot be reached: fail at startup, not per request
             await ping()
         await registry.shelf.publish()  # the bots' files, for replicas that lack a session's version
+        note = registry.shelf.start_note()
+        if note is not None:  # loud where replicas share the store by design, a note elsewhere
+            shared = registry.store.url.startswith(("redis://", "rediss://"))
+            logging.getLogger("chatrun.versions").log(logging.WARNING if shared else logging.INFO, note)
         sweeper = asyncio.ensure_future(registry.sweep_forever())
         if not registry.store.has_outbox and any(bot.config.sinks for bot in registry.bots.values()):
             raise ChatrunError(f"store {registry.store.url} keeps no outbox, so the backend events of bots with "

@@ -81,6 +81,11 @@ class ServerMetrics:
                                           "and how they ended", ["bot", "bot_version", "outcome"], registry=reg)
         self.version_cost = prom.Counter("chatrun_version_cost", "Cost of the turns of each bot version, in the "
                                          "units of the bot's `prices:`", ["bot", "bot_version"], registry=reg)
+        # Stored bot versions this replica would not load (server/bundles.py): a forged or unsigned
+        # bundle, or a fleet whose replicas do not share the bundle key.
+        self.bundles_refused = prom.Counter("chatrun_bundles_refused", "Bot versions in the store this replica "
+                                            "refused to load, by reason (no_key, unsigned, bad_signature, "
+                                            "too_large, starts_program)", ["bot", "reason"], registry=reg)
         self.tool_calls = prom.Counter("chatrun_tool_calls", "Tool calls run", ["bot", "tool"], registry=reg)
         self.tool_failures = prom.Counter("chatrun_tool_failures",
                                           "Tool calls that did not do their work (refused, failed, unknown tool)",
@@ -192,6 +197,9 @@ class ServerMetrics:
         self.child(self.version_turns, bot, version, outcome).inc()
         if cost:
             self.child(self.version_cost, bot, version).inc(cost)
+
+    def bundle_refused(self, bot: str, reason: str) -> None:
+        self.child(self.bundles_refused, bot, reason).inc()
 
     def waited(self, bot: str, seconds: float) -> None:
         self.child(self.wait_seconds, bot).observe(seconds)

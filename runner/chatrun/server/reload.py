@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from chatrun.engine.reload import BotReloader, Reload
+from chatrun.errors import ChatrunError
 
 if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
@@ -77,7 +78,11 @@ class Watchers:
                 self._retired_more.set()
                 version = self.registry.shelf.bots[name].of(self.registry.bots[name])
                 if version is not None:  # other replicas may need it for the sessions it runs
-                    await self.registry.shelf.publish_one(name, version)
+                    try:
+                        await self.registry.shelf.publish_one(name, version)
+                    except ChatrunError as exc:  # over the bundle size limit: served here, not published
+                        log.warning("chatrun: the new version of bot %s is served but not published to the "
+                                    "store: %s", name, exc)
 
 
 def apply(registry: SessionRegistry, name: str, outcome: Reload) -> bool:

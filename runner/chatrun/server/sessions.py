@@ -30,6 +30,7 @@ from chatrun.errors import AttachmentRefused, ChatrunError, SessionError
 from chatrun.models import ModelPool
 from chatrun.server import wire
 from chatrun.server.auth import Principal, template_principal
+from chatrun.server.bundles import BundlePolicy
 from chatrun.server.session_cache import CacheLimits, Hold, SessionCache, Slot
 from chatrun.server.session_gate import IF_BUSY, QUEUE, REJECT, SessionGate
 from chatrun.server.session_open import (
@@ -73,6 +74,9 @@ class SessionSettings:
     cache_bytes: int = 256 * 2**20  # their estimated memory (session_cache.live_size) at most
     cache_idle: float = 900.0  # seconds a live session stays cached unused
     max_sessions_per_principal: int = 0  # sessions one principal may own (0: no limit; auth only)
+    # Which bot versions in the store this replica loads, what it signs its own with, their size
+    # limit (server/bundles.py). None: from the environment ($CHATRUN_BUNDLE_KEY), else no key.
+    bundles: BundlePolicy | None = None
 
 
 class SessionRegistry:
@@ -88,10 +92,11 @@ class SessionRegistry:
         self.store = as_async_store(store)
         # Every version of each bot (server/versions.py); `bots` are the primaries: what new
         # sessions start on unless a canary's weights or a tester's header say otherwise.
-        self.shelf = VersionShelf(versions or {name: BotVersions(name, [Version(bot, own_label(bot), 100)])
-                                               for name, bot in bots.items()}, self.store)
-        self.bots = self.shelf.primaries()
         self.settings = settings = settings or SessionSettings(cache_size=cache_size)
+        self.shelf = VersionShelf(versions or {name: BotVersions(name, [Version(bot, own_label(bot), 100)])
+                                               for name, bot in bots.items()}, self.store,
+                                  settings.bundles or BundlePolicy.from_env())
+        self.bots = self.shelf.primaries()
         self.models = models or ModelPool()
         self.metrics: ServerMetrics | None = None  # set by create_app when prometheus-client is installed
         self.outbox: Any = None  # the app's OutboxWorker (chatrun.server.outbox), while the app runs

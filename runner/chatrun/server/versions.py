@@ -15,12 +15,20 @@ version. A replica that lacks a session's version loads it from the store, where
 puts the files of the versions it serves (content-addressed: `bot-version:<bot>:<hash>`), or,
 when the store does not have it either, refuses with `Unavailable` (HTTP 503 + Retry-After):
 the client sends again and another replica serves it.
+
+A stored version is loaded only when this replica may trust it (server/bundles.py: signed
+with the bundle key every replica shares, or data-only and allowed unsigned); one it may not
+is never written out nor imported: its session moves to the primary by the primary's
+`on_change` as a session of a lost version, or, when the primary or the refused version says
+`pin` (the session must finish on its version), the turn is refused naming the session and
+why (503: a replica with the bundle key serves it).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import shutil
 import tempfile
 import time
@@ -29,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.versions import (
+    DEFAULT_POLICY,
     PIN,
     bot_files,
     content_version,
@@ -38,6 +47,7 @@ from chatrun.definition.versions import (
 from chatrun.engine.versions import produced_by
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
+from chatrun.server.bundles import HOW_TO_CONFIGURE, STARTS_PROGRAM, BundlePolicy, starts_program
 
 if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
@@ -49,6 +59,7 @@ log = logging.getLogger("chatrun.versions")
 VERSION_HEADER = "Chatrun-Bot-Version"  # a tester's pick of the version a new session starts on
 RECORD_PREFIX = "bot-version:"
 RETRY_AFTER_S = 1
+PIN_LINE = re.compile(r"^on_change:[ \t]*[\"']?pin[\"']?[ \t]*(#.*)?$", re.MULTILINE)
 
 
 @dataclass
@@ -143,10 +154,13 @@ class BotVersions:
 class VersionShelf:
     """Every served bot's versions, and their copies in the store."""
 
-    def __init__(self, versions: dict[str, BotVersions], store: AsyncStore):
+    def __init__(self, versions: dict[str, BotVersions], store: AsyncStore, bundles: BundlePolicy | None = None):
         self.bots = versions
         self.store = store
+        self.bundles = bundles or BundlePolicy()  # what this replica signs with and loads (server/bundles.py)
+        self.metrics: Any = None  # the app's ServerMetrics (counts refused bundles), set by create_app
         self._cache: Path | None = None
+        self._files: dict[int, dict[str, str]] = {}  # id(version) -> its files, read once to publish
 
     def cache(self) -> Path:
         """Where stored versions are written to be loaded: a directory of this process's own,
@@ -169,21 +183,58 @@ class VersionShelf:
     def all_bots(self) -> list[Bot]:
         return [v.bot for versions in self.bots.values() for v in versions.versions]
 
+    def check_bundles(self) -> None:
+        """Read every local version's files and refuse (ChatrunError) a bundle over the size
+        limit: before the server starts, so the error is the command's, not a failed startup."""
+        for name, versions in self.bots.items():
+            for version in versions.versions:
+                self.bundles.check_size(name, version.label, self._files_of(version))
+
+    def _files_of(self, version: Version) -> dict[str, str]:
+        files = self._files.get(id(version))
+        if files is None:
+            files = self._files[id(version)] = bot_files(version.bot.config.root)
+        return files
+
+    def start_note(self) -> str | None:
+        """What the server log says at start about loading versions from the store, if anything."""
+        if self.bundles.key is not None:
+            return None
+        data = (" (data-only bundles, with no .py file, are loaded unsigned: --allow-unsigned-data-bundles)"
+                if self.bundles.allow_unsigned_data else "")
+        return ("chatrun: no bundle key: this replica loads no bot version from the store" + data + ", only "
+                "the versions in its own bot folders; sessions of other versions move by their on_change. To share "
+                "versions between replicas, " + HOW_TO_CONFIGURE)
+
     async def publish(self) -> None:
         """Put every local version's files in the store (once: the first publication's time
-        orders versions across replicas) and learn when each was first published."""
+        orders versions across replicas), signed with the bundle key, and learn when each was
+        first published."""
         for name, versions in self.bots.items():
             for version in versions.versions:
                 await self.publish_one(name, version)
             versions.versions.sort(key=lambda v: v.published)
 
     async def publish_one(self, name: str, version: Version) -> None:
-        key = record_key(name, version.content_version)
+        content = version.content_version
+        key = record_key(name, content)
         stored = await self.store.get_record(key)
-        if stored is None:
-            files = bot_files(version.bot.config.root)
-            stored = {"bot": name, "label": version.label, "files": files, "published": time.time()}
-            await self.store.put_record(key, stored)
+        if stored is None or (self.bundles.key is not None and not self.bundles.signed(signed_part(stored, name, content))):
+            files = self._files_of(version)
+            self.bundles.check_size(name, version.label, files)
+            # A copy of the same files (published before bundles were signed, or by a replica
+            # with another key) keeps its first publication time: it orders versions.
+            published = first_published(stored, content) or time.time()
+            record: dict[str, Any] = {"bot": name, "label": version.label, "files": files, "published": published}
+            signature = self.bundles.sign(signed_part(record, name, content))
+            if signature is not None:
+                record["signature"] = signature
+            if stored is not None:
+                log.warning("chatrun: the stored copy of version %s of bot %s was not signed with this replica's "
+                            "bundle key (signed with another key, or by an older chatrun, or written by someone "
+                            "else); published it again, signed", content, name)
+            await self.store.put_record(key, record)
+            stored = record
         version.published = float(stored.get("published") or 0.0)
 
     async def bot_for(self, name: str, record: SessionRecord) -> Bot | None:
@@ -201,7 +252,7 @@ class VersionShelf:
         held = versions.find(recorded)
         if held is not None:
             return held.bot
-        loaded = await self._load(name, recorded)
+        loaded = await self._load(name, recorded, record.session_id)
         if loaded is None:
             return None
         held = versions.find(recorded)  # another request may have loaded it meanwhile
@@ -210,9 +261,10 @@ class VersionShelf:
         versions.add(loaded)
         return loaded.bot
 
-    async def _load(self, name: str, recorded: str) -> Version | None:
+    async def _load(self, name: str, recorded: str, session_id: str = "") -> Version | None:
         """Version `recorded` from the store's copy; None when there is no (sound) copy, so no
-        replica ever will have it (every replica publishes what it serves when it starts)."""
+        replica ever will have it (every replica publishes what it serves when it starts), or
+        when this replica may not trust the copy (`_refuse`)."""
         from chatrun.engine.bot import load_bot
 
         stored = await stored_version(self.store, name, recorded)
@@ -223,12 +275,43 @@ class VersionShelf:
         if stored is None:
             log.info("chatrun: version %s of bot %s is nowhere: its sessions move by on_change", recorded, name)
             return None
+        refused = self.bundles.refusal(stored.signed_part())
+        if refused is not None:  # checked before a file is written: nothing of it is ever imported
+            self._refuse(stored, session_id, *refused)
+            return None
         try:
             bot = load_bot(stored.write(self.cache() / name))
         except ChatrunError as exc:
             raise unavailable(name, recorded, f"its stored copy does not load here: {exc}") from None
+        program = None if self.bundles.signed(stored.signed_part()) else starts_program(bot.config)
+        if program is not None:  # an unsigned data-only bundle that would start a program of its choosing
+            self._refuse(stored, session_id, STARTS_PROGRAM,
+                         f"it is not signed and its mcp_servers.{program} runs a command")
+            return None
         log.info("chatrun: loaded version %s of bot %s from the store", recorded, name)
         return Version(bot, stored.label, 0, stored.published, True)
+
+    def _refuse(self, stored: StoredVersion, session_id: str, reason: str, why: str) -> None:
+        """A stored version this replica may not load: logged and counted. Its session then moves
+        to the primary by the primary's `on_change` as from a lost version (None), unless the
+        primary or the refused version itself says `pin` (a session that must finish on its
+        version, which a replica with the key can serve): then its turn is refused
+        (RequestFailed naming the session and why)."""
+        name, recorded = stored.bot, stored.content_version
+        if self.metrics is not None:
+            self.metrics.bundle_refused(name, reason)
+        served = self.bots.get(name)
+        policy = served.primary.bot.config.on_change if served is not None else DEFAULT_POLICY
+        pinned = policy == PIN or stored.declares_pin()
+        then = ("its on_change is pin, so the session cannot move and its turn is refused" if pinned
+                else f"the session moves to the primary version by on_change: {policy}")
+        log.warning("chatrun: refused to load version %s of bot %s from the store (session %s): %s; %s; %s",
+                    recorded, name, session_id or "-", why, then, HOW_TO_CONFIGURE)
+        if pinned:
+            raise wire.RequestFailed(wire.UNAVAILABLE, f"session {session_id}: bot {name} version {recorded} is not "
+                                     f"loaded on this replica: {why}; on_change is pin, so the session cannot move "
+                                     "to another version. Send the request again (a replica with the bundle key "
+                                     "answers); the operator should " + HOW_TO_CONFIGURE)
 
 
 @dataclass
@@ -241,6 +324,16 @@ class StoredVersion:
     label: str
     published: float
     files: dict[str, str]
+    signature: str | None = None  # the publisher's (server/bundles.py)
+
+    def signed_part(self) -> dict[str, Any]:
+        """What its signature covers, as this replica sees it (bot and version from the key asked for)."""
+        return {"bot": self.bot, "content_version": self.content_version, "label": self.label,
+                "published": self.published, "files": self.files, "signature": self.signature}
+
+    def declares_pin(self) -> bool:
+        """Whether its bot.yaml says `on_change: pin` (read as text: a bundle not trusted is never loaded)."""
+        return bool(PIN_LINE.search(self.files.get("bot.yaml", "")))
 
     def write(self, into: Path) -> Path:
         """Its files under `into`/<content version> (a folder the caller owns); the folder."""
@@ -264,8 +357,9 @@ async def stored_version(store: AsyncStore, bot: str, wanted: str) -> StoredVers
         if record is not None:
             log.warning("chatrun: the stored copy of version %s of bot %s does not match its hash", content, bot)
         return None
+    signature = record.get("signature")
     return StoredVersion(bot, content, str(record.get("label") or content), float(record.get("published") or 0.0),
-                         {str(k): str(v) for k, v in files.items()})
+                         {str(k): str(v) for k, v in files.items()}, signature if isinstance(signature, str) else None)
 
 
 async def stored_versions(store: AsyncStore, bot: str | None = None) -> list[tuple[str, str, float, str]]:
@@ -283,6 +377,20 @@ async def stored_versions(store: AsyncStore, bot: str | None = None) -> list[tup
 def own_label(bot: Bot) -> str:
     """The label of a bot served from its own folder: its `version:`, else its content version."""
     return bot.config.version or bot.config.content_version
+
+
+def signed_part(record: dict[str, Any], name: str, content: str) -> dict[str, Any]:
+    """A stored record as its signature covers it: of bot `name`, version `content` (the key's)."""
+    return {**record, "bot": name, "content_version": content}
+
+
+def first_published(stored: dict[str, Any] | None, content: str) -> float | None:
+    """When a stored copy of the same files was first published (None: no such copy)."""
+    files = stored.get("files") if isinstance(stored, dict) else None
+    published = stored.get("published") if isinstance(stored, dict) else None
+    if not isinstance(files, dict) or content_version(files) != content or not isinstance(published, int | float):
+        return None
+    return float(published)
 
 
 def record_key(name: str, content: str) -> str:
