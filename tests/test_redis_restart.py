@@ -1,7 +1,8 @@
 """A replica on Redis heals when Redis restarts (issue 27, "Faults that heal"): a real
 redis-server killed (SIGKILL) and started again on the same port under a running replica.
 The replica's first requests after the restart succeed (no stale pooled connection fails them),
-`/health` says when the store is unreachable (readiness) while answering 200 (liveness), and
+`/health` says when the store is unreachable or paused while answering 200 (liveness), `/ready`
+answers 503 then (readiness), both at once whatever Redis does, and
 `/v1` answers store errors as OpenAI-shaped 503s."""
 
 from __future__ import annotations
