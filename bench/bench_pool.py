@@ -14,6 +14,20 @@ calling the same fake model) measured in the same run.
 Target (issue 33): 0 errors, and 2 replicas >= 0.9x one SQLite process. Read the throughput with
 care on a small machine: the replicas, Redis, the fake model and this load generator share its
 cores, so 2 replicas cannot beat one process there by much; errors and the pool's effect carry over.
+On a CPU-starved machine (load far above its cores) a replica's event loop may stall for more
+than 2/3 of its lease TTL: it loses leases mid-turn (`Failed(Conflict)`) whatever its pool size;
+`--lease-ttl 60` shows what the pool does apart from that.
+
+Figures (2 CPUs shared with other work, load average 10; 1,000 conversations x 2 turns, 200 ms):
+
+    --lease-ttl 60        errors   turns/s  x sqlite
+    floor_eb (1 process)   0 / 0     61.2      1.32
+    sqlite (1 process)     0 / 0     46.4      1.00
+    redis x2, default pool 0 / 0     86.9      1.87
+    redis x2, pool 5       0 / 0    119.6      2.58
+    default --lease-ttl (10 s), same load: redis x2 0 / 649 Failed(Conflict) (leases lost, CPU-starved);
+    with ?max_connections=2000: 0 / 1835 Conflict. Before issue 33, the default pool also refused
+    Connects and turns with "Too many connections" (the issue: 800 of 1,000 Connects).
 """
 
 from __future__ import annotations
@@ -130,12 +144,16 @@ def measure(kind: str, replicas: int, pool: int | None, args: argparse.Namespace
         procs = [spawn([str(REPO / "bench" / "bench_server.py"), "--serve-floor-eb", str(p)], env) for p in ports]
     else:
         cap = str(args.conversations + 100)  # the server's connection cap is not what is measured
-        procs = [spawn(["-m", "chatrun", "serve", str(workdir / "bench.yaml"), "--port", str(p), "--store", store,
-                        "--log-level", "warning", "--max-connections", cap], env) for p in ports]
+        lease = ["--lease-ttl", str(args.lease_ttl)] if args.lease_ttl and kind == "redis" else []
+        procs = [logged(["-m", "chatrun", "serve", str(workdir / "bench.yaml"), "--port", str(p), "--store", store,
+                         "--log-level", "warning", "--max-connections", cap, *lease], env, workdir / f"replica-{p}.log")
+                 for p in ports]
     try:
         for port, proc in zip(ports, procs, strict=True):
             wait_port(port, proc, 90)
-        return asyncio.run(run_load(ports, args.conversations, args.turns))
+        result = asyncio.run(run_load(ports, args.conversations, args.turns))
+        result["log"] = Counter(_log_lines(workdir / f"replica-{p}.log") for p in ports if kind != "floor_eb")
+        return result
     finally:
         for proc in procs:
             proc.terminate()
@@ -144,6 +162,20 @@ def measure(kind: str, replicas: int, pool: int | None, args: argparse.Namespace
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def logged(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen([sys.executable, *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _log_lines(log: Path) -> str:
+    """The replica's warnings and errors, the first of each kind (for the report)."""
+    seen: dict[str, str] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if "ERROR" in line or "WARNING" in line or "Error" in line:
+            seen.setdefault(line[:60], line[:300])
+    return "\n".join(list(seen.values())[:5])
 
 
 def configs(pools: list[int | None]) -> list[tuple[str, int, int | None]]:
@@ -167,6 +199,11 @@ def report(results: dict[tuple[str, int, int | None], list[dict]], args: argpars
               f"{p50 * 1000:>10.1f}{p99 * 1000:>10.1f}", flush=True)
         for what, count in errors.most_common(3):
             print(f"{'':<17}{count} x {what}")
+        if args.show_logs:
+            for run in runs:
+                for text in run.get("log", {}):
+                    if text:
+                        print(textwrap.indent(text, " " * 17))
 
 
 def main() -> None:
@@ -177,6 +214,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="rounds; configurations interleaved in each")
     parser.add_argument("--pools", nargs="*", type=int, default=None,
                         help="Redis pool sizes (max_connections) to run besides the default")
+    parser.add_argument("--lease-ttl", type=float, default=None,
+                        help="the replicas' --lease-ttl (default: the server's); a replica whose event loop lags "
+                             "over 2/3 of it (a CPU-starved machine) loses leases: Failed(Conflict)")
+    parser.add_argument("--show-logs", action="store_true", help="print the replicas' first warnings and errors")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process holds every client socket
