@@ -67,7 +67,7 @@ from chatrun.store.record import (
     unclaimed,
 )
 from chatrun.store.redis_blobs import MAX_BLOB_BYTES_PARAMETER, RedisBlobs, max_blob_bytes
-from chatrun.store.redis_pool import blocking_pool, without_pool_parameters
+from chatrun.store.redis_pool import blocking_pool, check_pool_parameters, without_pool_parameters
 from chatrun.store.versions import CREATE, KEEP_OUTCOMES, LeaseLost, SessionBusy, StaleVersion
 
 log = logging.getLogger("chatrun.store")
@@ -318,6 +318,7 @@ class RedisStore:
         client_url, self.prefix = redis_url_parts(url)
         self.url = redacted(url)
         _check_parameters(client_url, self.url)
+        check_pool_parameters(client_url, self.url)
         self.settings = settings
         password = None if urlsplit(client_url).password else os.environ.get("CHATRUN_REDIS_PASSWORD")
         # Any: the stubs type replies as bytes | str; decode_responses=True makes them str.

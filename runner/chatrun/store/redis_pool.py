@@ -25,6 +25,16 @@ def blocking_pool(pool_class: Any, client_url: str, **connection: Any) -> Any:
     return pool_class.from_url(client_url, max_connections=POOL_MAX_CONNECTIONS, timeout=POOL_TIMEOUT, **connection)
 
 
+def check_pool_parameters(client_url: str, shown: str) -> None:
+    """ChatrunError for `max_connections=0`, which redis-py would take as "no limit"."""
+    from chatrun.errors import ChatrunError
+
+    for name, value in parse_qsl(urlsplit(client_url).query):
+        if name == "max_connections" and value.strip() == "0":
+            raise ChatrunError(f"store {shown}: max_connections=0: the pool needs at least 1 connection "
+                               f"(default {POOL_MAX_CONNECTIONS}; docs/deploy.md, \"Sizing the Redis pool\")")
+
+
 def without_pool_parameters(client_url: str) -> str:
     """The URL without the pool's parameters, for a client whose pool is sized apart."""
     parts = urlsplit(client_url)
