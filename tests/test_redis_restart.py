@@ -1,7 +1,8 @@
 """A replica on Redis heals when Redis restarts (issue 27, "Faults that heal"): a real
 redis-server killed (SIGKILL) and started again on the same port under a running replica.
 The replica's first requests after the restart succeed (no stale pooled connection fails them),
-`/health` says when the store is unreachable (readiness) while answering 200 (liveness), and
+`/health` says when the store is unreachable or paused while answering 200 (liveness), `/ready`
+answers 503 then (readiness), both at once whatever Redis does, and
 `/v1` answers store errors as OpenAI-shaped 503s."""
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def test_while_redis_is_down_health_says_so_and_v1_answers_503(fake, tmp_path, r
         kill(redis)
         health = http.get(f"{replica.url}/health")
         assert health.status_code == 200  # liveness: the process serves
-        assert health.json()["store"] == "unreachable"  # readiness: it cannot serve turns
+        assert health.json()["store"] == "unreachable" and health.json()["status"] == "degraded"
+        assert http.get(f"{replica.url}/ready").status_code == 503  # readiness: it cannot serve turns
         with pytest.raises(openai.InternalServerError) as down:
             client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}])
         assert down.value.status_code == 503
@@ -92,7 +94,33 @@ def test_while_redis_is_down_health_says_so_and_v1_answers_503(fake, tmp_path, r
         reply = client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}])
         assert reply.choices[0].message.content == "hello"
         assert http.get(f"{replica.url}/health").json()["store"] == "ok"
-        assert len(ports) == 6 and len(set(ports)) == 1, ports
+        assert len(ports) == 7 and len(set(ports)) == 1, ports
+
+
+def test_while_redis_is_paused_health_answers_at_once_and_says_degraded(fake, tmp_path, redis):
+    """A Redis that accepts connections but answers nothing (SIGSTOP: a stalled server, a
+    partition): /health and /ready answer within their probe's timeout (0.3 s; 1.5 s allowed
+    here for a loaded machine, where the old probe took its 2 s), saying what is degraded."""
+    travel = chatrun.load_bot(write_travel(tmp_path / "bots"))
+    with ThreadServer(create_app([travel], redis.url())) as replica, httpx.Client(timeout=60) as http:
+        assert http.get(f"{replica.url}/ready").status_code == 200
+        assert redis.proc is not None
+        os.kill(redis.proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(3):  # each asks again: each probe times out on its own
+                started = time.monotonic()
+                health = http.get(f"{replica.url}/health")
+                ready = http.get(f"{replica.url}/ready")
+                assert time.monotonic() - started < 1.5
+                assert health.status_code == 200  # liveness: restarting would not help
+                assert health.json()["status"] == "degraded" and health.json()["store"] == "timeout"
+                assert ready.status_code == 503 and ready.json()["store"] == "timeout"
+        finally:
+            os.kill(redis.proc.pid, signal.SIGCONT)
+        _wait(lambda: http.get(f"{replica.url}/ready").status_code == 200, 30, "/ready did not recover")
+        health = http.get(f"{replica.url}/health").json()
+        assert health["status"] == "ok" and health["store"] == "ok"
+        assert health["store_pool"]["max_connections"] == 100
 
 
 def _connections_to(port: int) -> set[int]:

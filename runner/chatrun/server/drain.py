@@ -1,7 +1,7 @@
 """Graceful shutdown for `chatrun serve`: one SIGTERM drains, then exits within a bound.
 
 On the first SIGTERM (or SIGINT) the server
-  1. stops accepting connections (its listening sockets close; /health answers 503 to
+  1. stops accepting connections (its listening sockets close; /health and /ready answer 503 to
      requests on open keep-alive connections, so a load balancer takes it out),
   2. refuses new requests on open connections with Failed(Unavailable) / HTTP 503,
   3. lets the turns in flight finish: they commit and their clients get `Completed`,

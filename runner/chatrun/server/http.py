@@ -1,6 +1,7 @@
 """The HTTP API: sessions as resources, a turn as a POST (JSON or Server-Sent Events).
 
-    GET    /health
+    GET    /health                                    liveness (200 unless draining), with the store's state
+    GET    /ready                                     readiness (503 while the store does not answer or draining)
     GET    /bots                                      the bots served
     GET    /bots/{bot}                                one bot, with its route graph
     POST   /bots/{bot}/sessions                       {"id"?, "route"?, "state"?} -> the new session
@@ -53,7 +54,7 @@ from chatrun.server.plumbing import (
     read_json_object,
     read_limited,
 )
-from chatrun.server.sessions import EXISTING, NEW, OWNER_ONLY, Reach, SessionRegistry
+from chatrun.server.sessions import EXISTING, NEW, OWNER_ONLY, STORE_OK, Reach, SessionRegistry
 from chatrun.server.versions import RETRY_AFTER_S, VERSION_HEADER
 
 log = logging.getLogger("chatrun.server")
@@ -64,6 +65,7 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
     state keys of the bots it serves, its userMessage limit)."""
     router = APIRouter(responses=ERROR_RESPONSES)
     router.add_api_route("/health", health, methods=["GET"], tags=["server"])
+    router.add_api_route("/ready", ready, methods=["GET"], tags=["server"])
     router.add_api_route("/bots", list_bots, methods=["GET"], tags=["bots"], name="bots")
     router.add_api_route("/bots/{bot}", read_bot, methods=["GET"], tags=["bots"], name="bot")
     router.add_api_route(
@@ -92,14 +94,30 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
 
 
 async def health(registry: Registry) -> Any:
-    # 503 while draining (SIGTERM): a load balancer stops sending this replica new requests.
-    # `store` is readiness: "unreachable" while the store does not answer. The status stays
-    # 200 then (liveness): restarting the replica would not bring the store back.
-    body = {"status": "draining" if registry.draining else "ok", "bots": list(registry.bots),
-            "live_sessions": registry.live_count(), "cache_bytes": registry.cache_bytes(),
-            "in_progress": registry.in_progress,
-            "store": "ok" if await registry.store_ready() else "unreachable"}
+    # Liveness: 200 while the process serves, also while the store does not answer (restarting
+    # the replica would not bring the store back): then `status` is "degraded" and `store`
+    # says why. 503 while draining (SIGTERM): a load balancer stops sending it new requests.
+    body = await _health_body(registry)
     return JSONResponse(body, status_code=503) if registry.draining else body
+
+
+async def ready(registry: Registry) -> Any:
+    # Readiness: 503 unless this replica can serve turns now (store answering, not draining).
+    body = await _health_body(registry)
+    return body if body["status"] == "ok" else JSONResponse(body, status_code=503)
+
+
+async def _health_body(registry: Registry) -> dict[str, Any]:
+    """/health's and /ready's answer, within STORE_PROBE_TIMEOUT whatever the store does."""
+    store = await registry.store_state()
+    status = "draining" if registry.draining else "ok" if store == STORE_OK else "degraded"
+    body = {"status": status, "bots": list(registry.bots), "live_sessions": registry.live_count(),
+            "cache_bytes": registry.cache_bytes(), "in_progress": registry.in_progress, "store": store}
+    pool_use = getattr(registry.store, "pool_use", None)
+    if pool_use is not None:  # Redis: how full its connection pool is (docs/deploy.md, sizing)
+        in_use, size = pool_use()
+        body["store_pool"] = {"in_use": in_use, "max_connections": size}
+    return body
 
 
 async def list_bots(request: Request, who: Caller, registry: Registry) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -52,7 +52,10 @@ from chatrun.store.aio import AsyncStore, LeaseSettings, as_async_store
 from chatrun.store.blobs import BlobArea, blobs_of
 from chatrun.store.record import Committed
 
-STORE_PING_TIMEOUT = 2.0  # seconds /health waits for the store's answer before calling it unreachable
+# Seconds /health waits for the store's answer before calling it "timeout": short enough that
+# /health answers well within a readiness probe's usual 1 s, whatever the store is doing.
+STORE_PROBE_TIMEOUT = 0.3
+STORE_OK, STORE_TIMEOUT, STORE_UNREACHABLE = "ok", "timeout", "unreachable"  # /health's `store`
 
 if TYPE_CHECKING:
     from chatrun.engine.bot import Bot
@@ -110,6 +113,7 @@ class SessionRegistry:
         self.opener = SessionOpener(self.store, self.cache, self.writes, self.models, self.shelf,
                                     settings.max_sessions_per_principal, self.blobs)
         self._holds: dict[int, Hold] = {}  # id(session) -> the hold of the request using it
+        self._probe: asyncio.Future[str] | None = None  # the store probe running (store_state)
 
     # -- what the gate counts (the metrics, /health and the drain read them; drain sets draining)
 
@@ -138,16 +142,19 @@ class SessionRegistry:
         return self.gate.active + self.gate.waiting
 
     async def store_ready(self) -> bool:
-        """Whether the store answers now (readiness: /health, and whether a failure was the
-        store's). A store that cannot be asked (a file, memory) is taken as ready."""
+        """Whether the store answers now (readiness, and whether a failure was the store's)."""
+        return await self.store_state() == STORE_OK
+
+    async def store_state(self) -> str:
+        """STORE_OK, STORE_TIMEOUT (no answer within STORE_PROBE_TIMEOUT) or STORE_UNREACHABLE
+        (refused, an error). Callers that ask while a probe runs share its answer, so a burst of
+        probes sends one ping. A store that cannot be asked (a file, memory) is taken as ok."""
         ping = getattr(self.store, "ping", None)
         if ping is None:
-            return True
-        try:
-            await asyncio.wait_for(ping(), STORE_PING_TIMEOUT)
-        except Exception:  # unreachable, refused, timed out: not ready, whatever the cause
-            return False
-        return True
+            return STORE_OK
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(_probe_store(ping))
+        return await asyncio.shield(self._probe)
 
     # -- bots -------------------------------------------------------------------------------
 
@@ -275,3 +282,13 @@ class SessionRegistry:
     async def sweep_forever(self) -> None:
         """Evict idle sessions even when no request comes (started with the app)."""
         await self.cache.sweep_forever()
+
+
+async def _probe_store(ping: Callable[[], Awaitable[None]]) -> str:
+    try:
+        await asyncio.wait_for(ping(), STORE_PROBE_TIMEOUT)
+    except TimeoutError:
+        return STORE_TIMEOUT
+    except Exception:  # refused, an error: whatever the cause, it does not answer
+        return STORE_UNREACHABLE
+    return STORE_OK

@@ -1,6 +1,7 @@
 """`RedisStore`: sessions, memories, history and leases in Redis, shared by every replica.
 
-    --store redis://[:PASSWORD@]HOST:PORT/DB[?prefix=chatrun:&max_blob_bytes=33554432]  (rediss:// for TLS)
+    --store redis://[:PASSWORD@]HOST:PORT/DB[?prefix=chatrun:&max_blob_bytes=33554432&max_connections=100&timeout=20]
+            (rediss:// for TLS; the pool: store/redis_pool.py)
 
 The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for session S
 (prefix "chatrun:"):
@@ -69,6 +70,7 @@ from chatrun.store.record import (
     unclaimed,
 )
 from chatrun.store.redis_blobs import RedisBlobs, redis_blob_quota
+from chatrun.store.redis_pool import blocking_pool, check_pool_parameters, without_pool_parameters
 from chatrun.store.versions import CREATE, KEEP_OUTCOMES, LeaseLost, SessionBusy, StaleVersion
 
 log = logging.getLogger("chatrun.store")
@@ -342,6 +344,7 @@ class RedisStore:
         client_url, self.prefix = redis_url_parts(url)
         self.url = redacted(url)
         _check_parameters(client_url, self.url)
+        check_pool_parameters(client_url, self.url)
         self.settings = settings
         password = None if urlsplit(client_url).password else os.environ.get("CHATRUN_REDIS_PASSWORD")
         # Any: the stubs type replies as bytes | str; decode_responses=True makes them str.
@@ -353,13 +356,19 @@ class RedisStore:
         # are delivered late, not twice); a resent settle or requeue finds nothing left to do
         # and says so (False), its first send having done it.
         # Without `retry`, a pool's connections never retry.
+        # A blocking pool: a command waits for a free connection instead of failing (redis_pool.py).
+        connection = dict(decode_responses=True, password=password, socket_connect_timeout=5,
+                          socket_keepalive=True)
         try:
-            self.client: Any = aioredis.from_url(
-                client_url, decode_responses=True, password=password,
-                socket_connect_timeout=5, socket_keepalive=True, health_check_interval=30,
+            self.client: Any = aioredis.Redis.from_pool(blocking_pool(
+                aioredis.BlockingConnectionPool, client_url, health_check_interval=30,
                 retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES),
-                retry_on_error=[RedisConnectionError, RedisTimeoutError],
-            )
+                retry_on_error=[RedisConnectionError, RedisTimeoutError], **connection,
+            ))
+            # /health's probe: a connection of its own, so a busy pool never reads as a stalled
+            # Redis, and no retry, so a refused connection answers at once (ping()).
+            self.probe: Any = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(
+                without_pool_parameters(client_url), max_connections=1, timeout=None, **connection))
         except ValueError as exc:  # `socket_timeout=abc`: redis-py's "Invalid value for ..."
             raise ChatrunError(f"store {self.url}: {exc}") from None
         self._acquire = self.client.register_script(_ACQUIRE)
@@ -609,13 +618,21 @@ class RedisStore:
         return bool(await self._requeue(keys=keys, args=[entry_id, entry.to_json(), entry.due, entry.route]))
 
     async def ping(self) -> None:
+        """Raises ChatrunError unless Redis answers, on the probe's own connection (the caller
+        bounds the wait: SessionRegistry.store_state)."""
         try:
-            await self.client.ping()
+            await self.probe.ping()
         except Exception as exc:
             raise ChatrunError(f"store {self.url}: cannot reach Redis: {exc}") from None
 
+    def pool_use(self) -> tuple[int, int]:
+        """(connections in use, the pool's max_connections): /health shows them, for sizing."""
+        pool = self.client.connection_pool
+        return len(pool._in_use_connections), pool.max_connections
+
     async def close(self) -> None:
         await self.client.aclose()
+        await self.probe.aclose()
         self.blob_area.close()
 
 

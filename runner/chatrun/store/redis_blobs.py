@@ -36,6 +36,7 @@ from chatrun.store.blobs import (
     blob_quota,
     blob_ref,
 )
+from chatrun.store.redis_pool import blocking_pool
 
 DEFAULT_MAX_BLOB_BYTES = DEFAULT_MAX_MEMORY_BLOB_BYTES
 
@@ -61,8 +62,11 @@ class RedisBlobs:
         import redis
 
         password = None if urlsplit(client_url).password else os.environ.get("CHATRUN_REDIS_PASSWORD")
-        self.client: Any = redis.Redis.from_url(client_url, password=password, socket_connect_timeout=5,
-                                                socket_keepalive=True, health_check_interval=30)
+        # A blocking pool, as the store's (redis_pool.py): more uploads at once than it has
+        # connections wait for one.
+        self.client: Any = redis.Redis.from_pool(blocking_pool(
+            redis.BlockingConnectionPool, client_url, password=password, socket_connect_timeout=5,
+            socket_keepalive=True, health_check_interval=30))
         self.prefix = prefix
         self.quota = quota
         self._put = self.client.register_script(_PUT)
