@@ -77,6 +77,7 @@ class ToolCalls:
         self.work: WorkingState | None = None  # the copies the current tool's own code writes to
         self.took_effect = False  # the current call did something that is done once (engine/once.py)
         self.key = ""  # the idempotency key of the call running now (`call_key`)
+        self.checked: tuple[dict[str, Any], str] | None = None  # (args, identity) `repeated` computed last
         self.made: dict[str, int] = {}  # how often each call (tool and arguments) ran in this turn
 
     async def run_calls(self, route: RouteConfig, offered: dict[str, ToolConfig],
@@ -202,6 +203,7 @@ class ToolCalls:
         if tool.effect != ONCE and not self.t.c.pending:
             return None  # most calls: nothing to compare with
         same = self.identity_of(tool, args)
+        self.checked = (args, same)
         item = once.waiting_with(self.t.c, same, self.acted_on(tool))
         if item is not None:
             return ToolOutcome(once.still_waiting(item))
@@ -224,7 +226,7 @@ class ToolCalls:
 
     def remember_done(self, tool: ToolConfig, identity: str, reply: str) -> None:
         """A `once` call that did something: an identical one later is answered with `reply`."""
-        once.remember(self.t.c, tool.name, identity, self.t.number, reply)
+        once.remember(self.t.c, identity, self.t.number, reply)
         self.took_effect = True
 
     def arguments(self, tool: ToolConfig, raw: str) -> tuple[dict[str, Any], str]:
@@ -294,7 +296,8 @@ class ToolCalls:
     async def run_checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
         """A call whose arguments, requirements and action were checked: its result, then its action."""
         self.work = None
-        self.key = self.call_key(tool, args)
+        # Only a kind's call reaches the world (a handler's `ctx.idempotency_key`, an `http:` header).
+        self.key = self.call_key(tool, args) if tool.kind is not None else ""
         asks = tool.action.ask is not None  # the action applies once the answer is in (engine/pausing.py)
         try:
             result = await self.tool_result(tool, args)
@@ -398,7 +401,12 @@ class ToolCalls:
     async def apply(self, tool: ToolConfig, args: dict[str, Any], result: Any, action: ActionConfig,
                     call_id: str = "") -> ToolOutcome:
         """The action (`apply_action`); a `once` call that did something is remembered as done."""
-        same = self.identity_of(tool, args) if tool.effect == ONCE else ""  # before the action changes the state
+        same = ""
+        if tool.effect == ONCE:  # its identity before the action changes the state (the one `repeated` made, if
+            # this call's and nothing a handler wrote can have changed it: the tool `requires` nothing)
+            checked = self.checked
+            same = checked[1] if checked is not None and checked[0] is args and not tool.requires \
+                else self.identity_of(tool, args)
         outcome = await self.apply_action(tool, args, result, action, call_id)
         if same and _did_something(tool, action):
             self.remember_done(tool, same, outcome.reply)

@@ -60,7 +60,7 @@ class Checkpoint:
     next_pending: int = 1
     taken_over: dict[str, Any] | None = None
     resolved: dict[str, str] | None = None
-    done_calls: tuple[dict[str, Any], ...] = ()  # never changed in place: the turn's start, kept as is
+    done_calls: tuple[str, ...] = ()  # never changed in place: the turn's start, kept as is
 
 
 class Conversation:
@@ -99,7 +99,7 @@ class Conversation:
         self.resolved: Mapping[str, str] = NOTHING_RESOLVED
         # The calls of `once` tools done so far, oldest first (engine/once.py): replaced, never
         # changed in place, like `pending`.
-        self.done_calls: tuple[dict[str, Any], ...] = ()
+        self.done_calls: tuple[str, ...] = ()
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -131,7 +131,8 @@ class Conversation:
         self.next_pending = snapshot.get(PENDING_COUNTER_KEY, 1)
         self.taken_over = snapshot.get(TAKEOVER_KEY)
         self.resolved = snapshot.get(RESOLVED_KEY) or NOTHING_RESOLVED
-        self.done_calls = tuple(snapshot.get(DONE_CALLS_KEY) or ())  # absent in older snapshots
+        # Absent in older snapshots; a record entry is a string (engine/once.py), anything else is dropped.
+        self.done_calls = tuple(e for e in snapshot.get(DONE_CALLS_KEY) or () if isinstance(e, str))
         # A scope on a route this bot lacks is moved by the session (engine/versions.py) before it runs.
 
     def snapshot(self) -> dict[str, Any]:

@@ -8,6 +8,11 @@ the model read of it. An identical call later in the conversation — in the sam
 model call, a later turn — is answered from this record and not run (docs/tools.md, "Side
 effects"). The record keeps the last DONE_KEPT calls; it is part of the snapshot, so it is
 committed and rolled back with the turn like the state.
+
+Every commit encodes the snapshot, so the record is kept small and cheap to encode: one string
+per call, `"<identity> <turn> <reply>"` (the identity is 32 hex digits, the reply what the model
+read, cut to REPLY_KEPT characters). A record of dicts cost a steady turn about a fifth of its
+CPU (bench/bench_guards.py); strings cost it about 1%.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from typing import Any
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.pending import APPROVAL, PendingItem
 
-DONE_KEPT = 50  # the calls done once a conversation remembers, newest last
-REPLY_KEPT = 2000  # characters of what the model read of a done call, kept to read it again
+DONE_KEPT = 30  # the calls done once a conversation remembers, newest last
+REPLY_KEPT = 300  # characters of what the model read of a done call, kept to read it again
 
 
 def identity(tool: str, args: dict[str, Any], acted_on: dict[str, Any] | None = None) -> str:
@@ -43,15 +48,18 @@ def _canonical(value: Any) -> Any:
 
 
 def done_before(c: Conversation, same: str) -> dict[str, Any] | None:
-    """The newest record of a call with this identity, or None."""
-    return next((entry for entry in reversed(c.done_calls) if entry.get("key") == same), None)
+    """The newest record of a call with this identity ({turn, reply}), or None."""
+    for entry in reversed(c.done_calls):
+        if entry.startswith(same):
+            _, turn, reply = entry.split(" ", 2)
+            return {"turn": int(turn), "reply": reply}
+    return None
 
 
-def remember(c: Conversation, tool: str, same: str, turn: int, reply: str) -> None:
+def remember(c: Conversation, same: str, turn: int, reply: str) -> None:
     """A call done once joins the record (replaced, never changed in place: a checkpoint holds the old one)."""
     kept = reply if len(reply) <= REPLY_KEPT else reply[:REPLY_KEPT - 1] + "…"
-    entry = {"tool": tool, "key": same, "turn": turn, "reply": kept}
-    c.done_calls = (*[e for e in c.done_calls if e.get("key") != same], entry)[-DONE_KEPT:]
+    c.done_calls = (*[e for e in c.done_calls if not e.startswith(same)], f"{same} {turn} {kept}")[-DONE_KEPT:]
 
 
 def waiting_with(c: Conversation, same: str, acted_on: dict[str, Any]) -> PendingItem | None:

@@ -792,7 +792,7 @@ def _usage_entry(turn: Turn) -> dict[str, Any]:
 def _plain(events: list[Event]) -> list[dict[str, Any]]:
     """The turn's events for the history (their data is plain JSON already), no Stream chunks,
     no backend item's token (only its sinks get that: `_outbox`)."""
-    return [without_secret(e.to_dict()) for e in events if e.type != ev.STREAM]
+    return [without_secret(e.to_dict()) if e.type == ev.PENDING else e.to_dict() for e in events if e.type != ev.STREAM]
 
 
 def plain_principal(principal: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -291,8 +291,10 @@ class HeldBack:
         self.holding = False  # a call started: everything else waits for the end
 
     async def send(self, chunk: str) -> None:
-        if not self.pending and not self.holding and self.shown and QUICK.search(chunk) is None:
-            await self.show(chunk)  # most chunks: nothing that may start a call, no line break held
+        if not self.pending and not self.holding and QUICK.search(chunk) is None and (self.shown or not chunk.isspace()):
+            # Most chunks: nothing that may start a call, no line break held, and (the first) not
+            # whitespace alone, which may open a call: shown at once, as `releasable` would.
+            await self.show(chunk)
             return
         self.pending += chunk
         if self.holding or not chunk:
@@ -333,12 +335,12 @@ class TextCalls:
 
     async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
         mode = request.config.tool_calls
-        offered = offered_names(request)
-        if mode == "native" or not offered:
+        if mode == "native" or not request.tools:
             return await self.model.complete(request, on_chunk)
         held = HeldBack(on_chunk) if on_chunk is not None else None
         response = await self.model.complete(request, held.send if held is not None else None)
-        response = read_response(response, mode, offered)
+        if response.text and CANDIDATE.search(response.text) is not None:  # else nothing in it may be a call
+            response = read_response(response, mode, offered_names(request))
         if held is not None:
             await held.finish(response.text)
         return response
