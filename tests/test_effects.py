@@ -351,3 +351,17 @@ def test_a_tool_without_arguments_runs_each_time_unless_it_says_once(write_bot):
     assert [d for d in diagnostics if d.severity == "warning"] == []
     tools = config.tools
     assert (tools["bump"].effect, tools["bump_by"].effect, tools["counted"].effect) == ("idempotent", "once", "once")
+
+
+def test_the_record_finds_a_reply_of_several_lines_whole_and_the_newest_of_a_call_done_again():
+    from types import SimpleNamespace
+
+    from chatrun.engine import once
+
+    c = SimpleNamespace(done_calls=())
+    once.remember(c, "a" * 32, 3, "line one\nline two")
+    once.remember(c, "b" * 32, 4, "other")
+    assert once.done_before(c, "a" * 32) == {"turn": 3, "reply": "line one\nline two"}
+    once.remember(c, "a" * 32, 5, "again")
+    assert once.done_before(c, "a" * 32) == {"turn": 5, "reply": "again"} and len(c.done_calls) == 2
+    assert once.done_before(c, "c" * 32) is None

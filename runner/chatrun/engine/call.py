@@ -266,6 +266,9 @@ class ToolCalls:
         without parameters takes none), and the note that names them back to the model. A schema
         with `additionalProperties: false` keeps them: its validator refuses the call instead
         (the model must call again), and an open schema takes any name (config.declared_arguments)."""
+        props = tool.parameters.get("properties")
+        if isinstance(props, dict) and props.keys() >= sent.keys():
+            return sent, ""  # most calls: every name sent is a property (declared_arguments' list, or an open schema)
         takes = declared_arguments(tool.parameters)
         if takes is None or tool.parameters.get("additionalProperties") is False:
             return sent, ""

@@ -32,9 +32,14 @@ def identity(tool: str, args: dict[str, Any], acted_on: dict[str, Any] | None = 
     """The identity of a call: the tool, its arguments (bound ones included) and what else it
     acts on (the values of the paths it `requires`), as canonical JSON (keys sorted, 30.0 the
     same as 30), hashed so the record stays small whatever they hold."""
-    text = json.dumps([tool, _canonical(args), _canonical(acted_on or {})], sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-                      default=str)
+    text = _CANONICAL_JSON.encode([tool, _canonical(args), _canonical(acted_on) if acted_on else {}])
     return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:32]
+
+
+_SEP = "\x1e"  # joins the record's entries for one search (ASCII's record separator: never kept in a reply)
+
+# One encoder for every identity (json.dumps with options makes a new one per call).
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 def _canonical(value: Any) -> Any:
@@ -49,17 +54,22 @@ def _canonical(value: Any) -> Any:
 
 def done_before(c: Conversation, same: str) -> dict[str, Any] | None:
     """The newest record of a call with this identity ({turn, reply}), or None."""
-    for entry in reversed(c.done_calls):
-        if entry.startswith(same):
-            _, turn, reply = entry.split(" ", 2)
-            return {"turn": int(turn), "reply": reply}
-    return None
+    record = _SEP.join(c.done_calls)  # one search, not one per entry: this runs on every `once` call
+    at = record.rfind(same)
+    if at < 0:
+        return None
+    end = record.find(_SEP, at)
+    _, turn, reply = record[at:end if end >= 0 else len(record)].split(" ", 2)
+    return {"turn": int(turn), "reply": reply}
 
 
 def remember(c: Conversation, same: str, turn: int, reply: str) -> None:
     """A call done once joins the record (replaced, never changed in place: a checkpoint holds the old one)."""
-    kept = reply if len(reply) <= REPLY_KEPT else reply[:REPLY_KEPT - 1] + "…"
-    c.done_calls = (*[e for e in c.done_calls if not e.startswith(same)], f"{same} {turn} {kept}")[-DONE_KEPT:]
+    kept = (reply if len(reply) <= REPLY_KEPT else reply[:REPLY_KEPT - 1] + "…").replace(_SEP, " ")
+    kept_calls = c.done_calls
+    if same in _SEP.join(kept_calls):  # a call done again (a decision's, after its placeholder): replaced
+        kept_calls = tuple(e for e in kept_calls if not e.startswith(same))
+    c.done_calls = (*kept_calls, f"{same} {turn} {kept}")[-DONE_KEPT:]
 
 
 def waiting_with(c: Conversation, same: str, acted_on: dict[str, Any]) -> PendingItem | None:
