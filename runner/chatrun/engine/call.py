@@ -39,7 +39,7 @@ from chatrun.engine import observe, once, pausing, tracing
 from chatrun.engine.binding import Unbound, bind_arguments, ignored_note, undeclared_note
 from chatrun.engine.context import TurnContext, storable
 from chatrun.engine.said import said
-from chatrun.engine.scopes import Scope, ScopeView, get_path, set_path
+from chatrun.engine.scopes import Scope, ScopeView, get_path
 from chatrun.engine.steps import (
     NextStep,
     NextStepFinalOutput,
@@ -452,15 +452,7 @@ class ToolCalls:
     def assign_and_emit(self, tool: ToolConfig, action: ActionConfig, extra: dict[str, Any]) -> None:
         """The action's `set` assignments, then its `emit` events."""
         where = tool.where
-        roots = self.t.roots()
-        for path, template in action.set.items():
-            value = self.t.render_template(template, f"set {path}", where, extra, typed=True)
-            if self.t.assigns_nothing(template, value):
-                continue
-            try:
-                set_path(roots, path, copy.deepcopy(None if is_nothing(value) else value))
-            except ChatrunError as exc:
-                raise TurnFailed(f"tool {tool.name} ({where}): {exc}") from exc
+        self.t.assign(action.set, "set", where, extra, f"tool {tool.name}")
         for event_type, template in action.emit.items():
             value = self.t.render_template(template, f"emit {event_type}", where, extra, typed=True)
             if isinstance(template, str) and is_nothing(value):

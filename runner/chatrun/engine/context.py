@@ -8,6 +8,7 @@ nothing else of the turn is within its reach.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, overload
@@ -17,6 +18,7 @@ from chatrun.definition.config import BotConfig, RouteConfig
 from chatrun.definition.templates import is_nothing
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.pending import Decision
+from chatrun.engine.scopes import set_path
 from chatrun.engine.tools import Toolbox, ToolMocks
 from chatrun.errors import ChatrunError, TurnFailed
 from chatrun.messages import Attachment, UserMessage
@@ -106,6 +108,20 @@ class TurnContext:
         """Whether a `set` template's value assigns nothing: in format 2 a template that renders to
         none/undefined does; in format 1 it assigned None (docs/format.md, "Format version")."""
         return isinstance(template, str) and is_nothing(value) and self.config.format_version >= 2
+
+    def assign(self, sets: dict[str, Any], what: str, where: Any, values: dict[str, Any], owner: str) -> None:
+        """`set` assignments (an action's, a structured answer's): each template rendered for a
+        typed value and written at its path; a value that assigns nothing (`assigns_nothing`) is
+        skipped. The one place state is written from templates."""
+        roots = self.roots()
+        for path, template in sets.items():
+            value = self.render_template(template, f"{what} {path}", where, values, typed=True)
+            if self.assigns_nothing(template, value):
+                continue
+            try:
+                set_path(roots, path, copy.deepcopy(None if is_nothing(value) else value))
+            except ChatrunError as exc:
+                raise TurnFailed(f"{owner} ({where}): {exc}") from exc
 
     def render_user(self, route: RouteConfig) -> str | None:
         """The user's message as the route's memory gets it (its `user:` template, the text, or the data)."""

@@ -20,7 +20,6 @@ does to get its result is its kind's (chatrun.toolkinds), reached through the To
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -35,13 +34,11 @@ from chatrun.definition.config import (
     ToolConfig,
 )
 from chatrun.definition.page_texts import page_texts
-from chatrun.definition.templates import is_nothing
 from chatrun.engine import observe, tracing, waiting
 from chatrun.engine.call import ToolCalls
 from chatrun.engine.context import Emit, TurnContext, storable
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.pending import Decision
-from chatrun.engine.scopes import set_path
 from chatrun.engine.steps import (
     NextStep,
     NextStepFinalOutput,
@@ -57,7 +54,7 @@ from chatrun.engine.tools import (
     tool_spec,
 )
 from chatrun.engine.usage import Usage, call_usage, check_budgets
-from chatrun.errors import ChatrunError, ModelError, TurnFailed
+from chatrun.errors import ModelError, TurnFailed
 from chatrun.memory import ChatMemory, SummaryMemory
 from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
 from chatrun.messages import (
@@ -316,15 +313,7 @@ class Turn:
         output = route.output
         assert output is not None
         self.t.emit(ev.OBJECT, value)
-        roots = self.t.roots()
-        for path, template in output.set.items():
-            assigned = self.t.render_template(template, f"output set {path}", output.where, {"output": value}, typed=True)
-            if self.t.assigns_nothing(template, assigned):
-                continue
-            try:
-                set_path(roots, path, copy.deepcopy(None if is_nothing(assigned) else assigned))
-            except ChatrunError as exc:
-                raise TurnFailed(f"route {route.name} ({output.where}): {exc}") from exc
+        self.t.assign(output.set, "output set", output.where, {"output": value}, f"route {route.name}")
 
     def return_answer(self, text: str) -> NextStep:
         """A called route with `returns: answer` answered: that answer is its result. Its scope
