@@ -256,6 +256,9 @@ def test_the_page_reconnects_after_a_server_restart_and_continues(fake, tmp_path
             send(tab, "Dublin")
             assert tab.locator(".msg.bot").last.inner_text() == "Dublin, noted."
             assert crumbs(tab) == ["main_menu", "flight"]
+            # The turn's number lands with its end (Completed), which may come after the reply's
+            # text on a busy machine: wait for it, then check it.
+            tab.wait_for_function("document.body.dataset.turn === '2'", timeout=15_000)
             assert tab.get_attribute("body", "data-turn") == "2"
 
 
