@@ -89,6 +89,7 @@ def test_a_sqlite_file_written_by_0_1_loads(travel, tmp_path):
     conn = sqlite3.connect(path)
     conn.execute("INSERT INTO sessions (session_id, snapshot, updated_at, version) VALUES (?, ?, ?, ?)", ("old", json.dumps(snapshot, ensure_ascii=False), 1.0, ""))
     conn.executemany("INSERT INTO memories VALUES (?, ?)", list(texts.items()))
+    conn.execute("PRAGMA user_version=1")  # as 0.1 left it: the upgrade fills the newer indexes
     conn.commit()
     conn.close()
     store = SQLiteStore(path)

@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from chatrun.messages import Message
-from chatrun.store.record import Commit, JSONObject, OutboxEntry, PendingSession, SessionRecord
+from chatrun.store.record import (
+    Commit,
+    JSONObject,
+    OutboxEntry,
+    PendingSession,
+    SessionRecord,
+    WaitingEntry,
+)
 
 
 @runtime_checkable
@@ -191,6 +198,27 @@ class PendingIndex(Protocol):
     def list_pending(self, bot: str | None = None, kind: str | None = None) -> list[PendingSession]:
         """The sessions with open pending items (only the items of `kind`; only sessions of
         `bot`). Reads the snapshots of the sessions that wait, never all sessions."""
+        ...
+
+
+@runtime_checkable
+class FlatIndex(Protocol):
+    """A store whose reads for operators cost the same however many sessions it keeps (issue 33):
+    an index of its waiting sessions (`chatrun.store.record.WaitingEntry`, one per session with
+    pending items or a takeover, placed in each index `waiting_key(bot, kind, role)` and
+    `age_key(bot, kind)` it belongs to) and tallies (sessions per owner and per bot version,
+    open items per bot and kind), both kept by the commit that changes them and dropped with the
+    session. The built-in stores are; for any other store the server scans."""
+
+    def waiting_page(self, key: str, after: tuple[float, str] | None, until: float | None,
+                     limit: int) -> list[WaitingEntry]:
+        """Up to `limit` entries of index `key` in order (position, then session id): after
+        the (position, session) `after`, at positions up to `until` (None: any)."""
+        ...
+
+    def read_tallies(self, family: str, names: list[str] | None = None) -> dict[str, int]:
+        """The counts of one family (record.TALLY_*) by name: of `names`, or every name (for the
+        small families: versions, pending kinds)."""
         ...
 
 

@@ -21,7 +21,14 @@ from typing import Protocol
 from chatrun.store import SessionStore, open_store
 from chatrun.store.lease import Lease, LeaseSettings
 from chatrun.store.local import LocalAsyncStore
-from chatrun.store.record import Commit, JSONObject, OutboxEntry, PendingSession, SessionRecord
+from chatrun.store.record import (
+    Commit,
+    JSONObject,
+    OutboxEntry,
+    PendingSession,
+    SessionRecord,
+    WaitingEntry,
+)
 
 __all__ = ["AsyncStore", "Lease", "LeaseSettings", "LocalAsyncStore", "as_async_store", "open_async_store"]
 
@@ -85,6 +92,12 @@ class AsyncStore(Protocol):
     async def list_due(self, now: float) -> list[str]: ...
 
     async def list_pending(self, bot: str | None = None, kind: str | None = None) -> list[PendingSession]: ...
+
+    # Flat reads (chatrun.store.FlatIndex, asynchronously): GET /pending's pages, the tallies.
+    async def waiting_page(self, key: str, after: tuple[float, str] | None, until: float | None,
+                           limit: int) -> list[WaitingEntry]: ...
+
+    async def read_tallies(self, family: str, names: list[str] | None = None) -> dict[str, int]: ...
 
     # The outbox (chatrun.store.OutboxStore, asynchronously): backend events of committed turns.
     @property

@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 from chatrun.store import (
     DurableStore,
     EncodedStore,
+    FlatIndex,
     HistoryStore,
     OutboxStore,
     PendingIndex,
@@ -36,11 +37,14 @@ from chatrun.store.record import (
     OutboxEntry,
     PendingSession,
     SessionRecord,
+    WaitingEntry,
     due_epoch,
     from_json,
     messages_json,
     pending_session,
+    tallies_of,
     to_json,
+    waiting_entry,
 )
 
 T = TypeVar("T")
@@ -187,6 +191,25 @@ class LocalAsyncStore:
             return await self._call(self.sync.list_pending, bot, kind)
         found = (pending_session(r, bot, kind) for r in await self._scan())
         return [entry for entry in found if entry is not None]
+
+    async def waiting_page(self, key: str, after: tuple[float, str] | None, until: float | None,
+                           limit: int) -> list[WaitingEntry]:
+        if isinstance(self.sync, FlatIndex):
+            return await self._call(self.sync.waiting_page, key, after, until, limit)
+        entries = [e for r in await self._scan() if (e := waiting_entry(r.session_id, r.snapshot)) is not None]
+        placed = sorted(((e.positions[key], e.session_id), e) for e in entries if key in e.positions)
+        return [e for place, e in placed if (after is None or place > after) and (until is None or place[0] <= until)][
+            :limit]
+
+    async def read_tallies(self, family: str, names: list[str] | None = None) -> dict[str, int]:
+        if isinstance(self.sync, FlatIndex):
+            return await self._call(self.sync.read_tallies, family, names)
+        counts: dict[str, int] = {}
+        for record in await self._scan():
+            for f, name, n in tallies_of(record.snapshot):
+                if f == family and (names is None or name in names):
+                    counts[name] = counts.get(name, 0) + n
+        return counts
 
     async def _scan(self) -> list[SessionRecord]:
         records = [await self.load_session(sid) for sid in await self.list_sessions()]

@@ -7,6 +7,7 @@ JSON cannot hold) is refused here too. Messages are immutable and kept as they a
 
 from __future__ import annotations
 
+import bisect
 import secrets
 import threading
 from collections.abc import Collection
@@ -15,11 +16,13 @@ from chatrun.messages import Message
 from chatrun.store.record import (
     DEAD,
     PENDING,
+    TALLY_OWNER,
     Commit,
     JSONObject,
     OutboxEntry,
     PendingSession,
     SessionRecord,
+    WaitingEntry,
     check_messages,
     from_json,
     messages_json,
@@ -73,6 +76,67 @@ class Records:
             self._session_of.pop(key, None)
 
 
+class FlatIndexes:
+    """The operators' index of waiting sessions and the tallies (chatrun.store.record), in
+    dicts: a page or a count costs the same however many sessions are stored. Not locked: its
+    owner locks."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, WaitingEntry] = {}
+        self._index: dict[str, list[tuple[float, str]]] = {}  # key -> (position, session), sorted
+        self._tallies: dict[str, dict[str, int]] = {}  # family -> name -> count
+        self._counted: dict[str, list[tuple[str, str, int]]] = {}  # session -> what it counts for
+
+    def commit(self, commit: Commit) -> None:
+        session_id = commit.session_id
+        if commit.waiting is not None or session_id in self._waiting:
+            self._replace_waiting(session_id, commit.waiting)
+        if self._counted.get(session_id, []) != commit.tallies:
+            self._move_tallies(session_id, commit.tallies)
+
+    def drop(self, session_id: str) -> None:
+        self._replace_waiting(session_id, None)
+        self._move_tallies(session_id, [])
+
+    def _replace_waiting(self, session_id: str, waiting: WaitingEntry | None) -> None:
+        old = self._waiting.pop(session_id, None)
+        for key, at in (old.positions.items() if old is not None else ()):
+            entries = self._index[key]
+            del entries[bisect.bisect_left(entries, (at, session_id))]
+            if not entries:
+                del self._index[key]
+        if waiting is not None:
+            self._waiting[session_id] = waiting
+            for key, at in waiting.positions.items():
+                bisect.insort(self._index.setdefault(key, []), (at, session_id))
+
+    def _move_tallies(self, session_id: str, new: list[tuple[str, str, int]]) -> None:
+        old = self._counted.pop(session_id, [])
+        for family, name, n in [(f, m, -c) for f, m, c in old] + new:
+            counts = self._tallies.setdefault(family, {})
+            counts[name] = counts.get(name, 0) + n
+            if counts[name] <= 0:
+                del counts[name]
+        if new:
+            self._counted[session_id] = list(new)
+
+    def page(self, key: str, after: tuple[float, str] | None, until: float | None, limit: int) -> list[WaitingEntry]:
+        entries = self._index.get(key, [])
+        start = 0 if after is None else bisect.bisect_right(entries, after)
+        out = []
+        for at, session_id in entries[start:start + limit]:
+            if until is not None and at > until:
+                break
+            out.append(self._waiting[session_id])
+        return out
+
+    def tallies(self, family: str, names: list[str] | None) -> dict[str, int]:
+        counts = self._tallies.get(family, {})
+        if names is None:
+            return dict(counts)
+        return {name: counts[name] for name in names if name in counts}
+
+
 class InMemoryStore:
     """Memories, session snapshots and history in dicts, behind a lock (the server uses threads)."""
 
@@ -82,13 +146,13 @@ class InMemoryStore:
         self._memory_sizes: dict[str, int] = {}  # JSON size of the memories a commit wrote
         self._sessions: dict[str, str] = {}
         self._versions: dict[str, str] = {}
-        self._owners: dict[str, str | None] = {}  # read from each snapshot when it is committed
         self._history: dict[str, list[str]] = {}
         self._records = Records()
         self._outcomes: dict[str, dict[str, str]] = {}  # session -> request id -> entry JSON
         self._outbox: dict[str, str] = {}  # entry id -> OutboxEntry JSON, oldest first
         self._due: dict[str, float] = {}  # session -> its earliest pending item's due time (epoch seconds)
         self._with_pending: set[str] = set()  # sessions with open pending items
+        self._flat = FlatIndexes()  # GET /pending's index, the tallies (quota, versions, gauges)
 
     # -- ChatMemoryStore ----------------------------------------------------------------------
 
@@ -138,9 +202,8 @@ class InMemoryStore:
             return self._versions.get(session_id)
 
     def count_owned(self, owner: str) -> int:
-        """How many sessions `owner` (the snapshot's owner, chatrun.store.record) has."""
-        with self._lock:
-            return sum(1 for o in self._owners.values() if o == owner)
+        """How many sessions `owner` (the snapshot's owner, chatrun.store.record) has: its tally."""
+        return self.read_tallies(TALLY_OWNER, [owner]).get(owner, 0)
 
     def get_outcome(self, session_id: str, request_id: str) -> JSONObject | None:
         with self._lock:
@@ -169,8 +232,8 @@ class InMemoryStore:
             check_version(session_id, commit.expected, current)
             version = self._versions[session_id] = next_version(current)
             self._sessions[session_id] = commit.snapshot_json
-            self._owners[session_id] = commit.owner
             self._index_pending(session_id, commit)
+            self._flat.commit(commit)
             for mid, msgs in mems.items():
                 text = commit.memories_json.get(mid)
                 if msgs is None:
@@ -198,11 +261,11 @@ class InMemoryStore:
         with self._lock:
             self._sessions.pop(session_id, None)
             self._versions.pop(session_id, None)
-            self._owners.pop(session_id, None)
             self._history.pop(session_id, None)
             self._outcomes.pop(session_id, None)
             self._due.pop(session_id, None)
             self._with_pending.discard(session_id)
+            self._flat.drop(session_id)
             self._records.delete_session(session_id)
             for mid in memory_ids:
                 self._memories.pop(mid, None)
@@ -238,6 +301,18 @@ class InMemoryStore:
                       if sid in self._with_pending]
         found = (pending_session(SessionRecord.decode(*s), bot, kind) for s in stored)
         return [entry for entry in found if entry is not None]
+
+    def waiting_page(self, key: str, after: tuple[float, str] | None, until: float | None,
+                     limit: int) -> list[WaitingEntry]:
+        """Up to `limit` waiting sessions of the index `key` (record.waiting_key), in its order
+        (position, then session id): those after `after`, at positions up to `until`."""
+        with self._lock:
+            return self._flat.page(key, after, until, limit)
+
+    def read_tallies(self, family: str, names: list[str] | None = None) -> dict[str, int]:
+        """The counts of a tally family (record.TALLY_*): of `names`, or all (small families only)."""
+        with self._lock:
+            return self._flat.tallies(family, names)
 
     # -- RecordStore ---------------------------------------------------------------------------
 

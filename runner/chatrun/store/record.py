@@ -312,6 +312,142 @@ def pending_session(record: SessionRecord, bot: str | None = None, kind: str | N
     return PendingSession(record.session_id, record.bot, record.owner, items, record.taken_over) if listed else None
 
 
+# -- the operators' index and the tallies (flat costs, issue 33) -------------------------------
+#
+# GET /pending, the pending gauges, the per-principal quota and `chatrun versions list` read
+# these, never every session: each store keeps them beside the sessions, updated by the commit
+# that changes them and dropped with the session. The keys are made here, once for every store.
+
+TALLY_OWNER = "owner"  # sessions per owner (--max-sessions-per-principal)
+TALLY_VERSION = "version"  # sessions per bot version: name json [bot, content version]
+TALLY_PENDING = "pending"  # open pending items per bot and kind: name json [bot, kind] (the gauges)
+Tally = tuple[str, str]  # (family, name)
+
+
+def waiting_key(bot: str | None = None, kind: str | None = None, role: str | None = None) -> str:
+    """The index of the waiting sessions GET /pending?bot=&kind=&role= lists (None: any)."""
+    return json.dumps([bot, kind, role], ensure_ascii=False)
+
+
+def age_key(bot: str, kind: str) -> str:
+    """The index of the open items of one bot and kind, by age (the oldest-item gauge)."""
+    return "age " + json.dumps([bot, kind], ensure_ascii=False)
+
+
+def tally_name(*parts: str | None) -> str:
+    return json.dumps(list(parts), ensure_ascii=False)
+
+
+@dataclass
+class WaitingEntry:
+    """What a store keeps of one waiting session for the operators' list: enough to show it
+    (no snapshot read), and its position in each index it is in (`positions`: index key ->
+    epoch seconds, the creation of its oldest item that the index selects; a takeover with no
+    item counts from its start)."""
+
+    session_id: str
+    bot: str | None
+    owner: str | None
+    items: list[JSONObject]
+    taken_over: JSONObject | None
+    positions: dict[str, float]
+
+    def to_json(self) -> str:
+        return to_json(f"session {self.session_id}: its waiting entry", self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> WaitingEntry:
+        return cls(**from_json(text))
+
+    def shown(self, kind: str | None = None) -> PendingSession:
+        """As list_pending shows it: its items of `kind` (all when None)."""
+        items = [i for i in self.items if kind is None or i.get("kind") == kind]
+        return PendingSession(self.session_id, self.bot, self.owner, items, self.taken_over)
+
+
+def waiting_entry(session_id: str, snapshot: JSONObject) -> WaitingEntry | None:
+    """The session's entry in the operators' index, or None when nothing of it waits."""
+    items, taken = pending_items_of(snapshot), taken_over_of(snapshot)
+    if not items and taken is None:
+        return None
+    bot = snapshot.get("bot") if isinstance(snapshot.get("bot"), str) else None
+    positions: dict[str, float] = {}
+
+    def place(key: str, at: float) -> None:
+        positions[key] = min(at, positions.get(key, at))
+
+    for item in items:
+        kind, at = str(item.get("kind")), _created_epoch(item)
+        for b in (None, bot):
+            for k in (None, kind):
+                for role in (None, *[str(r) for r in item.get("by") or ()]):
+                    place(waiting_key(b, k, role), at)
+        if bot is not None:
+            place(age_key(bot, kind), at)
+    if taken is not None:  # listed without a role or age filter, at the takeover's start
+        since = _epoch_or_zero(taken.get("since"))
+        for b in (None, bot):
+            for k in (None, "takeover"):
+                positions.setdefault(waiting_key(b, k), since)
+    return WaitingEntry(session_id, bot, owner_of(snapshot), items, taken, positions)
+
+
+def tallies_of(snapshot: JSONObject) -> list[tuple[str, str, int]]:
+    """What the session counts for in the stores' tallies: (family, name, how many)."""
+    out: list[tuple[str, str, int]] = []
+    owner, bot, version = owner_of(snapshot), snapshot.get("bot"), snapshot.get("bot_version")
+    if owner is not None:
+        out.append((TALLY_OWNER, owner, 1))
+    if isinstance(bot, str) and isinstance(version, str):
+        out.append((TALLY_VERSION, tally_name(bot, version), 1))
+    kinds: dict[str, int] = {}
+    for item in pending_items_of(snapshot):
+        kinds[str(item.get("kind"))] = kinds.get(str(item.get("kind")), 0) + 1
+    out += [(TALLY_PENDING, tally_name(bot if isinstance(bot, str) else None, k), n) for k, n in sorted(kinds.items())]
+    return out
+
+
+def tallies_json(tallies: list[tuple[str, str, int]]) -> str:
+    """A session's tallies as the stores keep them beside it (compared as text: most commits
+    change none, and then the tallies are not touched)."""
+    return json.dumps([list(t) for t in tallies], ensure_ascii=False)
+
+
+def tallies_from_json(text: str | None) -> list[tuple[str, str, int]]:
+    return [(str(f), str(n), int(c)) for f, n, c in json.loads(text or "[]")]
+
+
+def _created_epoch(item: JSONObject) -> float:
+    return _epoch_or_zero(item.get("created"))
+
+
+def _epoch_or_zero(iso: Any) -> float:
+    try:
+        return epoch_of(iso) if isinstance(iso, str) else 0.0
+    except ValueError:
+        return 0.0
+
+
+def encode_cursor(position: float, session_id: str) -> str:
+    """An opaque paging cursor: after this (position, session) in an index."""
+    import base64
+
+    return base64.urlsafe_b64encode(json.dumps([position, session_id]).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """The (position, session) of a cursor; ValueError when it is not one encode_cursor made."""
+    import base64
+
+    try:
+        position, session_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not a cursor this server gave out ({exc})") from None
+    if not isinstance(position, int | float) or not isinstance(session_id, str):
+        raise ValueError("not a cursor this server gave out")
+    return float(position), session_id
+
+
 # -- the commit ------------------------------------------------------------------------------
 
 
@@ -339,6 +475,8 @@ class Commit:
     outbox: list[OutboxEntry] = field(default_factory=list)  # backend events to deliver, from the history
     due: float | None = None  # the earliest due time of its pending items, epoch seconds (the due index)
     pending_count: int = 0  # pending items the snapshot holds, + 1 for a takeover (the operators' index)
+    waiting: WaitingEntry | None = None  # its entry in the operators' index (None: nothing waits)
+    tallies: list[tuple[str, str, int]] = field(default_factory=list)  # what it counts for (tallies_of)
 
     @classmethod
     def encode(
@@ -368,6 +506,8 @@ class Commit:
             outbox=outbox_of(session_id, history),
             due=due_epoch(items),
             pending_count=waiting,
+            waiting=waiting_entry(session_id, snapshot) if waiting else None,
+            tallies=tallies_of(snapshot),
         )
 
     def merge(self, later: Commit) -> None:
@@ -375,6 +515,7 @@ class Commit:
         are replaced, history entries append, and a later turn's outcome replaces an earlier one."""
         self.snapshot_json, self.owner, self.committed = later.snapshot_json, later.owner, later.committed
         self.due, self.pending_count = later.due, later.pending_count
+        self.waiting, self.tallies = later.waiting, later.tallies
         self.memories.update(later.memories)
         self.memories_json.update(later.memories_json)
         self.history_json.extend(later.history_json)

@@ -6,7 +6,8 @@
 The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for session S
 (prefix "chatrun:"):
 
-    chatrun:s:S     hash   v (version), snap (snapshot JSON), owner, m:<memory id> (messages JSON)
+    chatrun:s:S     hash   v (version), snap (snapshot JSON), owner, m:<memory id> (messages JSON),
+                           tl (what S counts for in the tallies, JSON)
     chatrun:h:S     list   history entries (JSON), oldest first
     chatrun:r:S     hash   request id -> the history entry of the committed request
     chatrun:ro:S    list   request ids, oldest first (the last KEEP_OUTCOMES are kept)
@@ -27,6 +28,10 @@ The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for se
     chatrun:obd     zset   dead-letter outbox entry ids by when they died
     chatrun:due     zset   session ids by the due time of their earliest pending item (epoch s)
     chatrun:pending set    the session ids with open pending items (the operators' list)
+    chatrun:w:S     string S's entry in the operators' index (record.WaitingEntry JSON), while it waits
+    chatrun:wi:K    zset   the waiting sessions of index K (record.waiting_key/age_key) by position
+    chatrun:t:F     hash   tally family F (owner, version, pending) -> name -> count (record.tallies_of)
+    chatrun:flat    string "1" once the index and tallies hold every session (filled at first read)
     chatrun:b:S     hash   the session's attached files, by reference (store/redis_blobs.py)
     chatrun:bn:S    string the bytes those files take (the blob area's cap: `max_blob_bytes`)
 
@@ -63,11 +68,15 @@ from chatrun.store.record import (
     OutboxEntry,
     PendingSession,
     SessionRecord,
+    WaitingEntry,
     from_json,
     pending_session,
     requeued,
+    tallies_json,
+    tallies_of,
     to_json,
     unclaimed,
+    waiting_entry,
 )
 from chatrun.store.redis_blobs import RedisBlobs, redis_blob_quota
 from chatrun.store.redis_pool import blocking_pool, check_pool_parameters, without_pool_parameters
@@ -126,6 +135,43 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# Lua kept by the commit, the delete and the first read (_REINDEX): the operators' index and
+# the tallies of one session (chatrun.store.record: WaitingEntry, tallies_of). `prefix`, the
+# session id, its hash key; a new entry ('' none) with its positions (key, position)...
+_FLAT_LUA = """
+local function unwait(prefix, sid)
+  local old = redis.call('GET', prefix .. 'w:' .. sid)
+  if not old then return end
+  for key, _ in pairs(cjson.decode(old).positions) do redis.call('ZREM', prefix .. 'wi:' .. key, sid) end
+  redis.call('DEL', prefix .. 'w:' .. sid)
+end
+local function wait(prefix, sid, entry, args, first)
+  unwait(prefix, sid)
+  if entry == '' then return end
+  redis.call('SET', prefix .. 'w:' .. sid, entry)
+  local count = tonumber(args[first])
+  for j = first + 1, first + 2 * count, 2 do redis.call('ZADD', prefix .. 'wi:' .. args[j], args[j + 1], sid) end
+end
+local function retally(prefix, hash, new)
+  local old = redis.call('HGET', hash, 'tl') or '[]'
+  if old == new then return end
+  for _, t in ipairs(cjson.decode(old)) do
+    if redis.call('HINCRBY', prefix .. 't:' .. t[1], t[2], -t[3]) <= 0 then redis.call('HDEL', prefix .. 't:' .. t[1], t[2]) end
+  end
+  for _, t in ipairs(cjson.decode(new)) do redis.call('HINCRBY', prefix .. 't:' .. t[1], t[2], t[3]) end
+  if new == '[]' then redis.call('HDEL', hash, 'tl') else redis.call('HSET', hash, 'tl', new) end
+end
+"""
+
+# KEYS: session hash; ARGV: prefix, session id, version, tallies, entry ('' none), position
+# count, (key, position)...: index one stored session (unless a commit changed it meanwhile).
+_REINDEX = _FLAT_LUA + """
+if redis.call('HGET', KEYS[1], 'v') ~= ARGV[3] then return 0 end
+retally(ARGV[1], KEYS[1], ARGV[4])
+wait(ARGV[1], ARGV[2], ARGV[5], ARGV, 6)
+return 1
+"""
+
 # KEYS: session hash, history, lease, outcomes, outcome order, sessions index, owner set,
 #       outbox entries, outbox queue, due index, pending set
 # A resend of the same commit (redis-py sends a command again when its reply did not come: a
@@ -134,9 +180,10 @@ return 0
 # check and report a committed turn as stale (a user told to send again runs the turn twice).
 # ARGV: token, expected, random, snapshot, session id, request id, outcome, keep, now, owner,
 #       memory count, (memory id, messages or '' to delete)..., entry count, entries...,
-#       outbox count, (id, due, entry, route queue, route)..., due ('' none), pending count
+#       outbox count, (id, due, entry, route queue, route)..., due ('' none), pending count,
+#       prefix, tallies, waiting entry ('' none), position count, (index key, position)... (_FLAT_LUA)
 # (KEYS[9] is the outbox's set of routes: each entry goes to its route's queue, see _CLAIM)
-_COMMIT = """
+_COMMIT = _FLAT_LUA + """
 local cur = redis.call('HGET', KEYS[1], 'v')
 local mine = ((tonumber(string.match(ARGV[2], '^(%d+)')) or 0) + 1) .. '.' .. ARGV[3]
 if cur == mine then return {'ok', cur} end
@@ -181,6 +228,8 @@ for _ = 1, count do
 end
 if ARGV[i] == '' then redis.call('ZREM', KEYS[10], ARGV[5]) else redis.call('ZADD', KEYS[10], ARGV[i], ARGV[5]) end
 if ARGV[i + 1] == '0' then redis.call('SREM', KEYS[11], ARGV[5]) else redis.call('SADD', KEYS[11], ARGV[5]) end
+retally(ARGV[i + 2], KEYS[1], ARGV[i + 3])
+if cur or ARGV[i + 4] ~= '' then wait(ARGV[i + 2], ARGV[5], ARGV[i + 4], ARGV, i + 5) end
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[4], ARGV[6], ARGV[7])
   redis.call('RPUSH', KEYS[5], ARGV[6])
@@ -260,8 +309,10 @@ return 1
 
 # KEYS: session hash, history, outcomes, outcome order, lease, sessions index, the session's
 # record keys, due index, pending set, blob hash, blob byte count; ARGV: token, id, prefix
-_DELETE = """
+_DELETE = _FLAT_LUA + """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[1] then return 0 end
+retally(ARGV[3], KEYS[1], '[]')
+unwait(ARGV[3], ARGV[2])
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner then redis.call('SREM', ARGV[3] .. 'o:' .. owner, ARGV[2]) end
 for _, key in ipairs(redis.call('SMEMBERS', KEYS[7])) do
@@ -380,6 +431,8 @@ class RedisStore:
         self._claim = self.client.register_script(_CLAIM)
         self._settle = self.client.register_script(_SETTLE)
         self._requeue = self.client.register_script(_REQUEUE)
+        self._reindex = self.client.register_script(_REINDEX)
+        self._indexed = False  # the index and tallies hold every session (checked once: _ensure_indexed)
         self._outbox_keys = [f"{self.prefix}{k}" for k in ("ob", "obc", "obq", "obr", "obd")]
         # The attached files, in the same Redis (deleted by _DELETE with their session).
         self.blob_area = RedisBlobs(client_url, self.prefix, redis_blob_quota(url, self.url))
@@ -486,6 +539,7 @@ class RedisStore:
         for entry in commit.outbox:
             args += [entry.id, entry.due, entry.to_json(), self._queue(entry.route), entry.route]
         args += ["" if commit.due is None else commit.due, commit.pending_count]
+        args += [self.prefix, tallies_json(commit.tallies), *_waiting_args(commit.waiting)]
         keys = [self._key(k, session_id) for k in ("s", "h", "l", "r", "ro")]
         keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}", self._outbox_keys[0], self._outbox_keys[3],
                  *self._pending_keys]
@@ -571,6 +625,55 @@ class RedisStore:
                  for sid, (snap, version) in zip(ids, rows, strict=True) if snap is not None)
         return [entry for entry in found if entry is not None]
 
+    # -- flat reads (chatrun.store.FlatIndex, asynchronously) ------------------------------------
+
+    async def waiting_page(self, key: str, after: tuple[float, str] | None, until: float | None,
+                           limit: int) -> list[WaitingEntry]:
+        """One ZRANGEBYSCORE from `after` (sessions at the same position: skipped by id) and one
+        MGET of their entries."""
+        await self._ensure_indexed()
+        index, top = f"{self.prefix}wi:{key}", "+inf" if until is None else repr(until)
+        low, skip, ids = "-inf" if after is None else repr(after[0]), 0, list[str]()
+        while len(ids) < limit:
+            found = await self.client.zrangebyscore(index, low, top, start=skip, num=limit + 50, withscores=True)
+            ids += [sid for sid, at in found if after is None or (at, sid) > after][: limit - len(ids)]
+            if len(found) < limit + 50:
+                break
+            skip += len(found)
+        texts = await self.client.mget([f"{self.prefix}w:{sid}" for sid in ids]) if ids else []
+        return [WaitingEntry.from_json(t) for t in texts if t is not None]
+
+    async def read_tallies(self, family: str, names: list[str] | None = None) -> dict[str, int]:
+        await self._ensure_indexed()
+        hash_key = f"{self.prefix}t:{family}"
+        if names is None:
+            return {k: int(v) for k, v in (await self.client.hgetall(hash_key)).items()}
+        values = await self.client.hmget(hash_key, names) if names else []
+        return {name: int(v) for name, v in zip(names, values, strict=True) if v is not None}
+
+    async def _ensure_indexed(self) -> None:
+        """Sessions an older chatrun stored are indexed once, by the first replica that reads
+        the index (each by a script that checks its version: replicas doing it at once, or a
+        commit meanwhile, leave it true), then the store is marked."""
+        if self._indexed:
+            return
+        marker = f"{self.prefix}flat"
+        if not await self.client.get(marker):
+            for start in range(0, await self.client.zcard(f"{self.prefix}sessions"), 500):
+                await self._reindex_sessions(await self.client.zrange(f"{self.prefix}sessions", start, start + 499))
+            await self.client.set(marker, "1")
+        self._indexed = True
+
+    async def _reindex_sessions(self, ids: list[str]) -> None:
+        for sid in ids:
+            snap, version = await self.client.hmget(self._key("s", sid), "snap", "v")
+            if snap is None:
+                continue
+            snapshot = from_json(snap)
+            await self._reindex(keys=[self._key("s", sid)], args=[
+                self.prefix, sid, version, tallies_json(tallies_of(snapshot)),
+                *_waiting_args(waiting_entry(sid, snapshot))])
+
     # -- the outbox (OutboxStore, asynchronously) ---------------------------------------------
 
     def _queue(self, route: str) -> str:
@@ -634,6 +737,16 @@ class RedisStore:
         await self.client.aclose()
         await self.probe.aclose()
         self.blob_area.close()
+
+
+def _waiting_args(waiting: WaitingEntry | None) -> list[str | int | float]:
+    """A waiting entry as _FLAT_LUA's `wait` takes it: its JSON, then its positions."""
+    if waiting is None:
+        return ["", 0]
+    args: list[str | int | float] = [waiting.to_json(), len(waiting.positions)]
+    for key, at in waiting.positions.items():
+        args += [key, at]
+    return args
 
 
 def check_reachable(url: str) -> None:

@@ -32,23 +32,28 @@ from chatrun.messages import Message, message_from_dict
 from chatrun.store.record import (
     DEAD,
     EMPTY_MEMORY_SIZE,
-    OWNER_JSON_PATH,
     PENDING,
+    TALLY_OWNER,
     Commit,
     JSONObject,
     OutboxEntry,
     PendingSession,
     SessionRecord,
+    WaitingEntry,
     from_json,
     messages_json,
     pending_session,
     requeued,
+    tallies_from_json,
+    tallies_json,
+    tallies_of,
     to_json,
     unclaimed,
+    waiting_entry,
 )
 from chatrun.store.versions import KEEP_OUTCOMES, check_version, next_version
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 LEGACY_VERSION = "0.schema1"  # the version of a session saved before sessions had versions
 
 # An outbox entry's route ("<bot>/<sink>", chatrun.store.record.route_of), computed from its JSON
@@ -94,6 +99,28 @@ CREATE TABLE IF NOT EXISTS outbox (
     entry TEXT NOT NULL      -- OutboxEntry JSON
 );
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (state, due);
+"""
+
+# Schema 5 (issue 33, flat costs): the operators' index and the tallies (chatrun.store.record),
+# so that GET /pending, the gauges, the quota and `versions list` never read every session.
+_FLAT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS waiting (
+    session_id TEXT PRIMARY KEY,
+    entry      TEXT NOT NULL      -- WaitingEntry JSON
+);
+CREATE TABLE IF NOT EXISTS waiting_index (
+    key        TEXT NOT NULL,     -- record.waiting_key / age_key
+    position   REAL NOT NULL,     -- the session's place in it (epoch seconds)
+    session_id TEXT NOT NULL,
+    PRIMARY KEY (key, position, session_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS waiting_index_session ON waiting_index (session_id);
+CREATE TABLE IF NOT EXISTS tallies (
+    family TEXT NOT NULL,         -- owner | version | pending
+    name   TEXT NOT NULL,
+    n      INTEGER NOT NULL,
+    PRIMARY KEY (family, name)
+) WITHOUT ROWID;
 """
 
 
@@ -145,6 +172,7 @@ class SQLiteStore:
                 if "due" not in columns:  # a schema-3 file: no session of it can have pending items
                     self._conn.execute("ALTER TABLE sessions ADD COLUMN due REAL")
                     self._conn.execute("ALTER TABLE sessions ADD COLUMN pending INTEGER NOT NULL DEFAULT 0")
+                self._migrate_to_flat(self._conn)
                 self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._conn.execute("CREATE INDEX IF NOT EXISTS records_by_session ON records (session)")
             self._conn.execute("CREATE INDEX IF NOT EXISTS sessions_due ON sessions (due) WHERE due IS NOT NULL")
@@ -159,6 +187,25 @@ class SQLiteStore:
                 f"cannot open the SQLite store {self.path}: {exc}. Check that the path is a file "
                 "(not a folder), that its folder is writable, and that it is a SQLite database."
             ) from None
+
+    def _migrate_to_flat(self, conn: sqlite3.Connection) -> None:
+        """Schema 4 -> 5: the operators' index and the tallies, filled from the stored sessions
+        (the one time every session is read for them)."""
+        conn.executescript(_FLAT_SCHEMA)
+        if "tallies" not in {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}:
+            conn.execute("ALTER TABLE sessions ADD COLUMN tallies TEXT NOT NULL DEFAULT '[]'")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for session_id, text in conn.execute("SELECT session_id, snapshot FROM sessions").fetchall():
+                snapshot = from_json(text)
+                _replace_waiting(conn, session_id, waiting_entry(session_id, snapshot))
+                tallies = tallies_of(snapshot)
+                _move_tallies(conn, [], tallies)
+                conn.execute("UPDATE sessions SET tallies = ? WHERE session_id = ?", (tallies_json(tallies), session_id))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -260,13 +307,8 @@ class SQLiteStore:
         return None if row is None else row[0] or LEGACY_VERSION
 
     def count_owned(self, owner: str) -> int:
-        """How many sessions `owner` (the snapshot's owner, chatrun.store.record) has (a scan:
-        checked on create only)."""
-        with self._locked(f"count the sessions of {owner}") as conn:
-            row = conn.execute(
-                "SELECT COUNT(*) FROM sessions WHERE json_extract(snapshot, ?) = ?", (OWNER_JSON_PATH, owner)
-            ).fetchone()
-        return int(row[0])
+        """How many sessions `owner` (the snapshot's owner, chatrun.store.record) has: its tally."""
+        return self.read_tallies(TALLY_OWNER, [owner]).get(owner, 0)
 
     def get_outcome(self, session_id: str, request_id: str) -> JSONObject | None:
         with self._locked(f"read request {request_id} of session {session_id}") as conn:
@@ -292,9 +334,11 @@ class SQLiteStore:
         """An encoded commit (EncodedStore), in one transaction fenced by the session's version."""
         session_id = commit.session_id
         with self._transaction(f"save a turn of session {session_id}") as conn:
-            row = conn.execute("SELECT version FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+            row = conn.execute("SELECT version, tallies, pending FROM sessions WHERE session_id = ?",
+                               (session_id,)).fetchone()
             current = None if row is None else row[0] or LEGACY_VERSION
             check_version(session_id, commit.expected, current)
+            old_tallies, old_pending = (None, 0) if row is None else (row[1], row[2])
             version = next_version(current)
             conn.execute(
                 "INSERT INTO sessions (session_id, snapshot, updated_at, version, due, pending) "
@@ -303,6 +347,7 @@ class SQLiteStore:
                 "pending = excluded.pending",
                 (session_id, commit.snapshot_json, time.time(), version, commit.due, commit.pending_count),
             )
+            self._index_commit(conn, commit, old_tallies, old_pending)
             for mid, text in commit.memories_json.items():
                 if text is None:
                     conn.execute("DELETE FROM memories WHERE memory_id = ?", (mid,))
@@ -346,6 +391,7 @@ class SQLiteStore:
 
     def delete_session(self, session_id: str, memory_ids: list[str]) -> None:
         with self._transaction(f"delete session {session_id}") as conn:
+            self._unindex_session(conn, session_id)
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM history WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM requests WHERE session_id = ?", (session_id,))
@@ -372,6 +418,47 @@ class SQLiteStore:
         found = (pending_session(SessionRecord.decode(sid, text, version or LEGACY_VERSION), bot, kind)
                  for sid, text, version in rows)
         return [entry for entry in found if entry is not None]
+
+    # -- the operators' index and the tallies (flat costs: see InMemoryStore) ---------------------
+
+    def _index_commit(self, conn: sqlite3.Connection, commit: Commit, old_tallies: str | None,
+                      old_pending: int) -> None:
+        """Keep the index and the tallies true after a commit; a commit that changes neither
+        (most: nothing waits before or after, same owner and version) touches neither."""
+        if old_pending or commit.waiting is not None:
+            _replace_waiting(conn, commit.session_id, commit.waiting)
+        new_tallies = tallies_json(commit.tallies)
+        if new_tallies != old_tallies:
+            _move_tallies(conn, tallies_from_json(old_tallies), commit.tallies)
+            conn.execute("UPDATE sessions SET tallies = ? WHERE session_id = ?", (new_tallies, commit.session_id))
+
+    @staticmethod
+    def _unindex_session(conn: sqlite3.Connection, session_id: str) -> None:
+        """A deleted session leaves the index and its tallies."""
+        row = conn.execute("SELECT tallies FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        _replace_waiting(conn, session_id, None)
+        if row is not None:
+            _move_tallies(conn, tallies_from_json(row[0]), [])
+
+    def waiting_page(self, key: str, after: tuple[float, str] | None, until: float | None,
+                     limit: int) -> list[WaitingEntry]:
+        start = after or (float("-inf"), "")
+        with self._locked("list the waiting sessions") as conn:
+            rows = conn.execute(
+                "SELECT w.entry FROM waiting_index i JOIN waiting w ON w.session_id = i.session_id "
+                "WHERE i.key = ? AND (i.position, i.session_id) > (?, ?) AND i.position <= ? "
+                "ORDER BY i.position, i.session_id LIMIT ?",
+                (key, start[0], start[1], float("inf") if until is None else until, limit)).fetchall()
+        return [WaitingEntry.from_json(r[0]) for r in rows]
+
+    def read_tallies(self, family: str, names: list[str] | None = None) -> dict[str, int]:
+        with self._locked(f"read the {family} tallies") as conn:
+            if names is None:
+                rows = conn.execute("SELECT name, n FROM tallies WHERE family = ?", (family,)).fetchall()
+            else:
+                rows = [r for name in names for r in conn.execute(
+                    "SELECT name, n FROM tallies WHERE family = ? AND name = ?", (family, name))]
+        return {name: int(n) for name, n in rows}
 
     # -- OutboxStore (see InMemoryStore for what each does) ---------------------------------------
 
@@ -453,6 +540,25 @@ class SQLiteStore:
             rows = conn.execute("SELECT key FROM records WHERE substr(key, 1, ?) = ? ORDER BY key",
                                 (len(prefix), prefix)).fetchall()
         return [row[0] for row in rows]
+
+
+def _replace_waiting(conn: sqlite3.Connection, session_id: str, waiting: WaitingEntry | None) -> None:
+    """The session's entry in the operators' index is `waiting` (None: it waits for nothing)."""
+    conn.execute("DELETE FROM waiting WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM waiting_index WHERE session_id = ?", (session_id,))
+    if waiting is not None:
+        conn.execute("INSERT INTO waiting (session_id, entry) VALUES (?, ?)", (session_id, waiting.to_json()))
+        conn.executemany("INSERT INTO waiting_index (key, position, session_id) VALUES (?, ?, ?)",
+                         [(key, at, session_id) for key, at in waiting.positions.items()])
+
+
+def _move_tallies(conn: sqlite3.Connection, old: list[tuple[str, str, int]], new: list[tuple[str, str, int]]) -> None:
+    """A session no longer counts for `old` but for `new` (chatrun.store.record.tallies_of)."""
+    for family, name, n in [(f, m, -c) for f, m, c in old] + list(new):
+        conn.execute("INSERT INTO tallies (family, name, n) VALUES (?, ?, ?) ON CONFLICT(family, name) "
+                     "DO UPDATE SET n = n + excluded.n", (family, name, n))
+        if n < 0:
+            conn.execute("DELETE FROM tallies WHERE family = ? AND name = ? AND n <= 0", (family, name))
 
 
 def _lock_for_server(db: Path) -> int:
