@@ -1,6 +1,7 @@
 """`chatrun versions list|prune --store URL`: the bot versions kept in a store (every `chatrun
 serve` puts the files of the versions it serves there, chatrun.server.versions), how many stored
-sessions run each, and retiring the ones no session runs any more (docs/versions.md,
+sessions run each (the store's tally, kept by every commit: the cost does not grow with the
+sessions), and retiring the ones no session runs any more (docs/versions.md,
 "Retiring a version")."""
 
 from __future__ import annotations
@@ -113,17 +114,14 @@ async def _kept(url: str, bot: str | None) -> list[Kept]:
     """The versions kept in the store, each with the number of stored sessions recording it."""
     from chatrun.server.versions import stored_versions
     from chatrun.store.aio import open_existing_store
+    from chatrun.store.record import TALLY_VERSION, tally_name
 
     store = await open_existing_store(url)
     try:
         found = await stored_versions(store, bot)
-        runs: dict[tuple[str | None, str], int] = {}
-        for sid in await store.list_sessions():
-            record = await store.load_session(sid)
-            if record is not None and record.bot_version is not None:
-                key = (record.bot, record.bot_version)
-                runs[key] = runs.get(key, 0) + 1
-        return [Kept(name, label, content, published, runs.get((name, content), 0))
+        # The store's tally of sessions per version, kept by each commit: never a read of every session.
+        runs = await store.read_tallies(TALLY_VERSION, [tally_name(name, content) for content, _, _, name in found])
+        return [Kept(name, label, content, published, runs.get(tally_name(name, content), 0))
                 for content, label, published, name in found]
     finally:
         await store.close()

@@ -8,7 +8,10 @@ items"; docs/operators.md).
     POST /bots/{bot}/sessions/{id}/takeover            {"note"?}                  -> the turn
     POST /bots/{bot}/sessions/{id}/operator/messages   {"text"}                   -> the turn
     POST /bots/{bot}/sessions/{id}/release             {"route"?}                 -> the turn
-    GET  /pending?bot=&kind=&role=&older_than=         every waiting session (role `operators`)
+    GET  /pending?bot=&kind=&role=&older_than=&limit=&cursor=
+                                                       the waiting sessions, longest waiting first, a
+                                                       page at a time (role `operators`): {"sessions",
+                                                       "next": the cursor of the next page, or null}
 
 A decision is a turn (`session.stream(Approve(...))`), so it is fenced, committed and replayed
 by `Idempotency-Key` exactly like a user's message. Who may reach a session that is not theirs
@@ -44,7 +47,10 @@ from chatrun.server.http import ERROR_RESPONSES, _body, turn_reply
 from chatrun.server.inspect import pending_data
 from chatrun.server.plumbing import Caller, CallerOrToken, Registry, read_json_object
 from chatrun.server.sessions import EXISTING, Reach
-from chatrun.store.record import PendingSession
+from chatrun.store.record import PendingSession, decode_cursor, encode_cursor, waiting_key
+
+PAGE_SIZE = 100  # GET /pending's sessions per page unless `limit` says
+MAX_PAGE = 1000
 
 IdempotencyKey = Annotated[str | None, Header(
     alias="Idempotency-Key", description="a retry with the same key replays the committed decision")]
@@ -89,11 +95,13 @@ def make_pending_router() -> APIRouter:
     router.add_api_route(f"{session}/release", release, methods=["POST"],
                          openapi_extra=_body({"route": _TEXT}, {"route": "menu"}))
     router.add_api_route("/pending", list_all_pending, methods=["GET"],
-                         responses=_json(200, "the waiting sessions, longest waiting first", {
+                         responses=_json(200, "the waiting sessions, longest waiting first, one page", {
                              "sessions": {"type": "array", "items": {"type": "object", "properties": {
                                  "session": {"type": "string"}, "bot": {"type": "string"},
                                  "owner": {"type": ["string", "null"]}, "items": {"type": "array", "items": _ITEM},
-                                 "taken_over": _TAKEN_OVER}}}}))
+                                 "taken_over": _TAKEN_OVER}}},
+                             "next": {"type": ["string", "null"],
+                                      "description": "pass as `cursor` for the next page (null: the last page)"}}))
     return router
 
 
@@ -141,14 +149,25 @@ async def list_all_pending(
     kind: Annotated[Literal["approval", "question", "takeover"] | None, Query(description="only items of this kind")] = None,
     role: Annotated[str | None, Query(description="only items this role may decide (named in their `by`)")] = None,
     older_than: Annotated[float | None, Query(ge=0, description="only items waiting longer than this (seconds)")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="sessions per page at most")] = PAGE_SIZE,
+    cursor: Annotated[str | None, Query(description="the `next` of the page before")] = None,
 ) -> Any:
     require_operator(who, "GET /pending")
     if bot is not None:
         registry.bot(bot)  # an unknown bot is a 404 naming the served ones, not an empty list
-    found = await registry.store.list_pending(bot, kind)
-    shown = [s for s in (_filtered(p, role, older_than, time.time()) for p in found) if s is not None]
-    shown.sort(key=lambda s: min((i["created"] for i in s["items"]), default=(s["taken_over"] or {}).get("since", "")))
-    return {"sessions": shown}
+    try:
+        after = None if cursor is None else decode_cursor(cursor)
+    except ValueError as exc:
+        raise wire.RequestFailed(wire.BAD_REQUEST, f"cursor: {exc}; start again without it") from None
+    now = time.time()
+    key = waiting_key(bot, kind, role)
+    until = None if older_than is None else now - older_than
+    page = await registry.store.waiting_page(key, after, until, limit + 1)
+    more = len(page) > limit
+    page = page[:limit]
+    shown = [s for s in (_filtered(e.shown(kind), role, older_than, now) for e in page) if s is not None]
+    last = page[-1] if more else None
+    return {"sessions": shown, "next": None if last is None else encode_cursor(last.positions[key], last.session_id)}
 
 
 # -- the parts ---------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ The same loop refreshes the `chatrun_pending_*` gauges every MEASURE_EVERY secon
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -28,12 +29,14 @@ from chatrun.errors import ChatrunError
 from chatrun.server import wire
 from chatrun.server.session_gate import REJECT
 from chatrun.server.sessions import EXISTING, SYSTEM
+from chatrun.store.record import TALLY_PENDING, age_key
 
 if TYPE_CHECKING:
     from chatrun.server.sessions import SessionRegistry
+    from chatrun.store.aio import AsyncStore
 
 log = logging.getLogger("chatrun.pending")
-MEASURE_EVERY = 30.0  # seconds between two reads of every waiting session for the gauges
+MEASURE_EVERY = 30.0  # seconds between two reads of the pending tallies for the gauges
 
 
 @dataclass(frozen=True)
@@ -105,19 +108,22 @@ class PendingSweeper:
         return 1
 
     async def measure(self) -> None:
-        """The pending gauges: open items by bot and kind, and the oldest's age."""
+        """The pending gauges: open items by bot and kind (the store's tally), and the oldest's
+        age (the first of the store's age index): a read per bot and kind, never a read of every
+        waiting session."""
         metrics = self.registry.metrics
         if metrics is None or self.clock() - self._measured < MEASURE_EVERY:
             return
         self._measured = now = self.clock()
-        counts: dict[tuple[str, str], tuple[int, float]] = {}
-        for waiting in await self.registry.store.list_pending():
-            for item in waiting.items:
-                key = (str(waiting.bot), str(item.get("kind")))
-                count, oldest = counts.get(key, (0, 0.0))
-                try:
-                    age = now - parse_time(str(item.get("created"))).timestamp()
-                except ValueError:
-                    age = 0.0
-                counts[key] = (count + 1, max(oldest, age))
-        metrics.pending_state(counts)
+        metrics.pending_state(await pending_counts(self.registry.store, now))
+
+
+async def pending_counts(store: AsyncStore, now: float) -> dict[tuple[str, str], tuple[int, float]]:
+    """(bot, kind) -> (open items, the oldest's age in seconds), from the store's flat indexes."""
+    counts: dict[tuple[str, str], tuple[int, float]] = {}
+    for name, count in (await store.read_tallies(TALLY_PENDING)).items():
+        bot, kind = json.loads(name)
+        oldest = await store.waiting_page(age_key(str(bot), str(kind)), None, None, 1)
+        since = oldest[0].positions.get(age_key(str(bot), str(kind))) if oldest else None
+        counts[(str(bot), str(kind))] = (count, max(0.0, now - since) if since is not None else 0.0)
+    return counts

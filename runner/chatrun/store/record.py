@@ -318,6 +318,7 @@ def pending_session(record: SessionRecord, bot: str | None = None, kind: str | N
 # these, never every session: each store keeps them beside the sessions, updated by the commit
 # that changes them and dropped with the session. The keys are made here, once for every store.
 
+ITEM_TOKEN_KEY = "token"  # a pending item's secret (engine/pending.py TOKEN_KEY): never copied into the index
 TALLY_OWNER = "owner"  # sessions per owner (--max-sessions-per-principal)
 TALLY_VERSION = "version"  # sessions per bot version: name json [bot, content version]
 TALLY_PENDING = "pending"  # open pending items per bot and kind: name json [bot, kind] (the gauges)
@@ -389,7 +390,8 @@ def waiting_entry(session_id: str, snapshot: JSONObject) -> WaitingEntry | None:
         for b in (None, bot):
             for k in (None, "takeover"):
                 positions.setdefault(waiting_key(b, k), since)
-    return WaitingEntry(session_id, bot, owner_of(snapshot), items, taken, positions)
+    shown = [{k: v for k, v in i.items() if k != ITEM_TOKEN_KEY} for i in items]  # a backend's secret stays in the snapshot
+    return WaitingEntry(session_id, bot, owner_of(snapshot), shown, taken, positions)
 
 
 def tallies_of(snapshot: JSONObject) -> list[tuple[str, str, int]]:

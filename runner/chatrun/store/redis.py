@@ -18,6 +18,7 @@ The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for se
     chatrun:sessions zset  session ids by creation time
     chatrun:o:OWNER set    the session ids a principal owns
     chatrun:rec:KEY string a record (RecordStore: JSON), e.g. the OpenAI API's index of turns
+    chatrun:recs    zset   every record's KEY (score 0): record_keys(prefix) is a range of it, not a SCAN
     chatrun:rk:S    set    the keys of the records saved for session S (deleted with it)
     chatrun:rs      hash   record key -> the session it was last saved for
     chatrun:ob      hash   outbox entry id -> the entry (JSON; its claim is kept apart)
@@ -318,6 +319,7 @@ if owner then redis.call('SREM', ARGV[3] .. 'o:' .. owner, ARGV[2]) end
 for _, key in ipairs(redis.call('SMEMBERS', KEYS[7])) do
   if redis.call('HGET', ARGV[3] .. 'rs', key) == ARGV[2] then
     redis.call('DEL', ARGV[3] .. 'rec:' .. key)
+    redis.call('ZREM', ARGV[3] .. 'recs', key)
     redis.call('HDEL', ARGV[3] .. 'rs', key)
   end
 end
@@ -578,6 +580,7 @@ class RedisStore:
         text = to_json(f"record {key}", record)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(f"{self.prefix}rec:{key}", text)
+            pipe.zadd(f"{self.prefix}recs", {key: 0})
             if session is not None:
                 pipe.sadd(self._key("rk", session), key)
                 pipe.hset(f"{self.prefix}rs", key, session)
@@ -588,11 +591,15 @@ class RedisStore:
     async def claim_record(self, key: str, record: JSONObject) -> bool:
         """put-if-absent: SET NX, atomic across every replica sharing the Redis."""
         text = to_json(f"record {key}", record)
-        return bool(await self.client.set(f"{self.prefix}rec:{key}", text, nx=True))
+        if not await self.client.set(f"{self.prefix}rec:{key}", text, nx=True):
+            return False
+        await self.client.zadd(f"{self.prefix}recs", {key: 0})  # listed (the claim itself is the SET)
+        return True
 
     async def delete_record(self, key: str) -> None:
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(f"{self.prefix}rec:{key}")
+            pipe.zrem(f"{self.prefix}recs", key)
             pipe.hdel(f"{self.prefix}rs", key)
             await pipe.execute()
 
@@ -600,10 +607,19 @@ class RedisStore:
         return list(await self.client.zrange(f"{self.prefix}sessions", 0, -1))
 
     async def record_keys(self, prefix: str) -> list[str]:
-        """The keys of the records whose key starts with `prefix` (SCAN: never blocks Redis)."""
+        """The keys of the records whose key starts with `prefix`: a range of the records' index
+        (its cost grows with the keys listed, not with the sessions)."""
+        await self._ensure_indexed()
+        top = prefix + "\U0010ffff"
+        return list(await self.client.zrangebylex(f"{self.prefix}recs", f"[{prefix}", f"({top}"))
+
+    async def _index_records(self) -> None:
+        """The records an older chatrun saved, into the records' index (one SCAN, once)."""
         start = f"{self.prefix}rec:"
-        pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in start + prefix) + "*"
-        return sorted([str(k)[len(start):] async for k in self.client.scan_iter(match=pattern, count=500)])
+        pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in start) + "*"
+        keys = [str(k)[len(start):] async for k in self.client.scan_iter(match=pattern, count=1000)]
+        for first in range(0, len(keys), 1000):
+            await self.client.zadd(f"{self.prefix}recs", dict.fromkeys(keys[first:first + 1000], 0))
 
     # -- sessions waiting for a party (PendingIndex, asynchronously) -----------------------------
 
@@ -659,6 +675,7 @@ class RedisStore:
             return
         marker = f"{self.prefix}flat"
         if not await self.client.get(marker):
+            await self._index_records()
             for start in range(0, await self.client.zcard(f"{self.prefix}sessions"), 500):
                 await self._reindex_sessions(await self.client.zrange(f"{self.prefix}sessions", start, start + 499))
             await self.client.set(marker, "1")

@@ -196,6 +196,8 @@ class SQLiteStore:
             conn.execute("ALTER TABLE sessions ADD COLUMN tallies TEXT NOT NULL DEFAULT '[]'")
         conn.execute("BEGIN IMMEDIATE")
         try:
+            for table in ("waiting", "waiting_index", "tallies"):  # counted afresh, whatever a file holds
+                conn.execute(f"DELETE FROM {table}")  # noqa: S608 - the table names above
             for session_id, text in conn.execute("SELECT session_id, snapshot FROM sessions").fetchall():
                 snapshot = from_json(text)
                 _replace_waiting(conn, session_id, waiting_entry(session_id, snapshot))
@@ -537,8 +539,9 @@ class SQLiteStore:
 
     def record_keys(self, prefix: str) -> list[str]:
         with self._locked(f"list records {prefix}*") as conn:
-            rows = conn.execute("SELECT key FROM records WHERE substr(key, 1, ?) = ? ORDER BY key",
-                                (len(prefix), prefix)).fetchall()
+            # A range of the primary key (not a scan of every record: the OpenAI API keeps one per turn).
+            rows = conn.execute("SELECT key FROM records WHERE key >= ? AND key < ? ORDER BY key",
+                                (prefix, prefix + "\U0010ffff")).fetchall()
         return [row[0] for row in rows]
 
 

@@ -1,7 +1,7 @@
 /* The operator page (/operator): the sessions waiting for a person (GET /pending), one opened
  * with its history and inspector, its items decided or answered, the conversation taken over,
- * spoken in and released (docs/operators.md). Polls: a list every 3 s, the open session every
- * 1.5 s. Needs a token with the role `operators` (?token=… once, kept for the tab). */
+ * spoken in and released (docs/operators.md). Polls: the list's pages every 3 s (50 sessions a
+ * page, "More" shows one more page), the open session every 1.5 s. Needs a token with the role `operators` (?token=… once, kept for the tab). */
 (function () {
   "use strict";
 
@@ -59,12 +59,27 @@
 
   // -- the list of waiting sessions -------------------------------------------------------------
 
+  // GET /pending is paged: the list shows `pages` pages of PAGE sessions (the first when it
+  // opens; "More" adds one), each poll reading those pages only, never every waiting session.
+  const PAGE = 50;
+  let pages = 1;
+
   async function refreshList() {
     clearTimeout(listTimer);
     const kind = $("kind-filter").value;
     try {
-      const data = await call("/pending" + (kind ? "?kind=" + kind : ""));
-      renderList(data.sessions || []);
+      let sessions = [];
+      let cursor = null;
+      for (let page = 0; page < pages; page++) {
+        const query = new URLSearchParams({ limit: String(PAGE) });
+        if (kind) query.set("kind", kind);
+        if (cursor) query.set("cursor", cursor);
+        const data = await call("/pending?" + query.toString());
+        sessions = sessions.concat(data.sessions || []);
+        cursor = data.next || null;
+        if (!cursor) break;
+      }
+      renderList(sessions, Boolean(cursor));
       setStatus("online", "live");
       document.body.dataset.ready = "true";
     } catch (err) {
@@ -85,7 +100,7 @@
     document.body.dataset.ready = "true";
   }
 
-  function renderList(sessions) {
+  function renderList(sessions, more) {
     const box = $("sessions");
     box.textContent = "";
     if (!sessions.length) box.appendChild(el("div", "muted op-none", "Nobody is waiting."));
@@ -110,6 +125,13 @@
       if (ask) row.appendChild(el("div", "op-ask", ask));
       row.addEventListener("click", () => openSession(s.bot, s.session));
       box.appendChild(row);
+    }
+    if (more) {
+      const next = el("button", "op-more", "More waiting sessions");
+      next.type = "button";
+      next.id = "more-sessions";
+      next.addEventListener("click", () => { pages += 1; refreshList(); });
+      box.appendChild(next);
     }
   }
 
@@ -322,7 +344,7 @@
     return box;
   }
 
-  $("kind-filter").addEventListener("change", refreshList);
+  $("kind-filter").addEventListener("change", () => { pages = 1; refreshList(); });
   $("who").textContent = "sessions waiting for a person";
   refreshList();
 })();
