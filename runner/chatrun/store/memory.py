@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
 
 from chatrun.messages import Message
 from chatrun.store.record import (
@@ -89,6 +90,8 @@ class InMemoryStore:
         self._outbox: dict[str, str] = {}  # entry id -> OutboxEntry JSON, oldest first
         self._due: dict[str, float] = {}  # session -> its earliest pending item's due time (epoch seconds)
         self._with_pending: set[str] = set()  # sessions with open pending items
+        self._written: dict[str, tuple[str | None, float]] = {}  # session -> (its bot, its last commit): retention
+        self.clock: Callable[[], float] = time.time  # what a commit's time is (tests pin it)
 
     # -- ChatMemoryStore ----------------------------------------------------------------------
 
@@ -170,6 +173,7 @@ class InMemoryStore:
             version = self._versions[session_id] = next_version(current)
             self._sessions[session_id] = commit.snapshot_json
             self._owners[session_id] = commit.owner
+            self._written[session_id] = (commit.bot, self.clock())
             self._index_pending(session_id, commit)
             for mid, msgs in mems.items():
                 text = commit.memories_json.get(mid)
@@ -203,6 +207,7 @@ class InMemoryStore:
             self._outcomes.pop(session_id, None)
             self._due.pop(session_id, None)
             self._with_pending.discard(session_id)
+            self._written.pop(session_id, None)
             self._records.delete_session(session_id)
             for mid in memory_ids:
                 self._memories.pop(mid, None)
@@ -211,6 +216,19 @@ class InMemoryStore:
     def list_sessions(self) -> list[str]:
         with self._lock:
             return list(self._sessions)
+
+    # -- retention (chatrun.store.RetentionIndex) -------------------------------------------------
+
+    def list_idle(self, bot: str, before: float, limit: int) -> list[str]:
+        """The sessions of `bot` last committed before `before` (epoch seconds), longest idle first."""
+        with self._lock:
+            idle = sorted((at, sid) for sid, (of, at) in self._written.items() if of == bot and at < before)
+        return [sid for _, sid in idle[:limit]]
+
+    def sessions_of(self, owner: str) -> list[str]:
+        """The sessions `owner` owns (the snapshot's owner)."""
+        with self._lock:
+            return [sid for sid, o in self._owners.items() if o == owner]
 
     # -- PendingIndex: sessions waiting for a party ----------------------------------------------
 
@@ -297,6 +315,11 @@ class InMemoryStore:
         with self._lock:
             entries = [OutboxEntry.from_json(t) for t in self._outbox.values()]
         return [e for e in entries if state is None or e.state == state][:limit]
+
+    def delete_outbox(self, entry_ids: Collection[str]) -> int:
+        """Delete these entries (pending or dead); how many there were."""
+        with self._lock:
+            return sum(self._outbox.pop(i, None) is not None for i in entry_ids)
 
     def requeue_outbox(self, entry_id: str, now: float) -> bool:
         """A dead letter back in the queue, due now, with its tries counted afresh."""
