@@ -269,7 +269,8 @@ return 1
 """
 
 # KEYS: session hash, history, outcomes, outcome order, lease, sessions index, the session's
-# record keys, due index, pending set, blob hash, blob byte count; ARGV: token, id, prefix
+# record keys, due index, pending set, blob hash, blob byte count, the lease's queue, its
+# counter, its waiters (no key named after a deleted session stays); ARGV: token, id, prefix
 _DELETE = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[1] then return 0 end
 local owner = redis.call('HGET', KEYS[1], 'owner')
@@ -282,7 +283,7 @@ for _, key in ipairs(redis.call('SMEMBERS', KEYS[7])) do
     redis.call('HDEL', ARGV[3] .. 'rs', key)
   end
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[10], KEYS[11])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14])
 redis.call('ZREM', KEYS[6], ARGV[2])
 redis.call('ZREM', KEYS[8], ARGV[2])
 redis.call('SREM', KEYS[9], ARGV[2])
@@ -542,6 +543,7 @@ class RedisStore:
         keys = [self._key(k, session_id) for k in ("s", "h", "r", "ro", "l")]
         keys += [f"{self.prefix}sessions", self._key("rk", session_id), *self._pending_keys]
         keys += self.blob_area.keys(session_id)
+        keys += [self._key(k, session_id) for k in ("q", "qn", "qa")]
         token = lease.token if lease is not None and lease.token else ""
         if not await self._delete(keys=keys, args=[token, session_id, self.prefix]):
             raise LeaseLost(session_id)
