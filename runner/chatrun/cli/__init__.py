@@ -33,6 +33,7 @@ COMMANDS = {
     "upgrade": "chatrun.cli.upgrade:upgrade",
     "diff": "chatrun.cli.diff:diff",
     "versions": "chatrun.cli.versions:versions",
+    "purge": "chatrun.cli.purge:purge",
 }
 
 # Each command's one-line summary for `chatrun --help`, so listing the commands imports none of
@@ -54,6 +55,7 @@ SUMMARIES = {
     "upgrade": "Rewrite bots to the current format version, keeping comments and order, and print what changed.",
     "diff": "Compare two versions of a bot: what changed, and which changes break live sessions.",
     "versions": "List or retire the bot versions kept in a store.",
+    "purge": "Delete what is past the bots' retention now, or everything stored of one principal.",
 }
 
 

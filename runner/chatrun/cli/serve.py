@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from chatrun.cli.purge import DURATION, RETAIN_DEAD_HELP, RETAIN_IDLE_HELP, server_retention
 from chatrun.errors import ChatrunError
 
 if TYPE_CHECKING:  # the server's modules need the `serve` extra: imported when the command runs
@@ -54,6 +55,8 @@ class ServeOptions:
     cache_idle: float
     max_sessions_per_principal: int
     sweep_interval: float
+    retain_idle: float | None
+    retain_dead_letters: float | None
     bundle_key: str | None
     allow_unsigned_data_bundles: bool
     max_bundle_mb: float
@@ -140,6 +143,8 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
 @click.option("--sweep-interval", default=5.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds between two looks for pending items (approvals, questions) whose timeout has come; "
               "each replica looks, exactly one resolves each (0: this replica never looks).")
+@click.option("--retain-idle", type=DURATION, default=None, metavar="DURATION", help=RETAIN_IDLE_HELP)
+@click.option("--retain-dead-letters", type=DURATION, default=None, metavar="DURATION", help=RETAIN_DEAD_HELP)
 @click.option("--bundle-key", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="File holding the bundle key (at least 16 bytes; else $CHATRUN_BUNDLE_KEY): the bot versions this "
               "replica publishes to the store are signed with it, and only versions signed with it are loaded from "
@@ -262,7 +267,9 @@ def _create_app(options: ServeOptions) -> Any:
                          sessions=options.sessions(), edge=edge,
                          openai=OpenAIOptions(session_headers=options.session_headers,
                                               front_end_tasks=options.front_end_tasks), reload=options.reload,
-                         log_content=options.log_content, sweep=SweepSettings(interval=options.sweep_interval))
+                         log_content=options.log_content, sweep=SweepSettings(
+                             interval=options.sweep_interval,
+                             retention=server_retention(options.retain_idle, options.retain_dead_letters)))
         if options.store.startswith(("redis://", "rediss://")):
             from chatrun.store.redis import check_reachable
 

@@ -21,11 +21,14 @@ from chatrun.definition.catalogs import T_CALL, catalog_checks
 from chatrun.definition.config import (
     ActionConfig,
     ApprovalCaseConfig,
+    ApprovalConfig,
+    AskConfig,
     BotConfig,
     Location,
     RouteConfig,
     ToolConfig,
     declared_arguments,
+    duration_seconds,
 )
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
@@ -141,6 +144,7 @@ class _Checker:
             self.tool(tool)
         self.env()
         self.timezones()
+        self.retention()
         for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
             kind.check_bot(self.config, self)
         _graph_checks(self)
@@ -345,6 +349,30 @@ class _Checker:
             if var.default is None and name not in os.environ:
                 self.add("warning", f"environment variable `{name}` is declared under `env:` but not set "
                              "(and has no `default`); a tool that reads it will fail its turn", "env", name)
+    def retention(self) -> None:
+        """A wait longer than `retention.idle_sessions` never ends as declared: the session is
+        deleted, waiting item and all, once it has been idle that long (docs/deploy.md)."""
+        idle = self.config.retention.idle_sessions
+        if idle is None:
+            return
+        for tool in self.config.tools.values():
+            waits: list[tuple[str, ApprovalConfig | AskConfig | None]] = [
+                ("approval", tool.approval), ("question", tool.action.ask)]
+            for what, wait in waits:
+                timeout = wait.timeout if wait is not None else None
+                try:
+                    seconds = duration_seconds(timeout) if timeout else None
+                except ValueError:
+                    continue  # the schema reports it
+                if wait is not None and seconds is not None and seconds > idle:
+                    at = wait.where
+                    self.out.append(Diagnostic(
+                        at.file, at.line, at.col, "warning",
+                        f"tool `{tool.name}`: its {what} waits up to {timeout}, longer than "
+                        f"`retention.idle_sessions` keeps an idle session; the session would be deleted before "
+                        "the timeout's `on_timeout` runs: shorten the timeout or lengthen the retention",
+                        f"tools.{tool.name}"))
+
     def timezones(self) -> None:
         """`timezone:` and a declared `state.timezone` default name IANA zones (docs/format.md, "The clock")."""
         doc = self.src.main

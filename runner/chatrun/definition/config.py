@@ -389,6 +389,41 @@ class AttachmentPolicy:
         return None
 
 
+# -- retention (issue 33): how long a bot's stored data is kept -----------------------------------
+
+DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+DELIVER, DROP = "deliver", "drop"  # `retention.erased_outbox`: an erased principal's undelivered events
+ERASED_OUTBOX = (DELIVER, DROP)
+
+
+def duration_seconds(text: str) -> float:
+    """`90s`, `30m`, `2h`, `30d` (the schema's `duration`) in seconds; ValueError otherwise."""
+    text = str(text).strip()
+    unit = DURATION_SECONDS.get(text[-1:])
+    if unit is None or not text[:-1].isdigit() or int(text[:-1]) <= 0:
+        raise ValueError(f"not a duration: {text!r} (write a whole number and s, m, h or d, e.g. 30d)")
+    return float(int(text[:-1]) * unit)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """`retention:`: how long what a bot stores is kept (docs/deploy.md, "What is kept, and for
+    how long"). None: for ever (what every bot did before issue 33). The server's own options
+    (`chatrun serve --retain-idle`, `--retain-dead-letters`) cap these: the shorter wins."""
+
+    idle_sessions: float | None = None  # seconds unwritten before a session goes, with its history, files, records
+    dead_letters: float | None = None  # seconds a dead letter is kept after it died
+    erased_outbox: str = DELIVER  # an erased principal's pending backend events: delivered, or dropped
+
+    def capped(self, cap: Retention) -> Retention:
+        """This retention within a server's `cap` (each duration: the shorter of the two)."""
+        def shorter(a: float | None, b: float | None) -> float | None:
+            return b if a is None else a if b is None else min(a, b)
+
+        return Retention(shorter(self.idle_sessions, cap.idle_sessions), shorter(self.dead_letters, cap.dead_letters),
+                         self.erased_outbox)
+
+
 @dataclass
 class BotConfig:
     name: str
@@ -416,6 +451,7 @@ class BotConfig:
     on_change: str = "restart_scope"  # what older sessions do when this version serves them
     catalogs: Catalogs | None = None  # `locales:` and their texts (definition/catalogs.py); None: one language
     fallback: str | None = None  # `fallback:` (a route's own wins); None: the built-in text in the session's locale
+    retention: Retention = field(default_factory=Retention)  # `retention:`: how long its stored data is kept
 
     @property
     def version_label(self) -> str:

@@ -19,7 +19,9 @@ from chatrun.definition.catalogs import Catalogs, load_catalogs
 from chatrun.definition.checks import run_checks
 from chatrun.definition.config import (
     DEFAULT_TOOL_TIMEOUT,
+    DELIVER,
     EFFECTS,
+    ERASED_OUTBOX,
     READ,
     ActionConfig,
     ApprovalCaseConfig,
@@ -40,12 +42,14 @@ from chatrun.definition.config import (
     OperatorConfig,
     OutputConfig,
     Price,
+    Retention,
     RetryPolicy,
     RouteConfig,
     ScopeConfig,
     SinkConfig,
     ToolConfig,
     WebhookConfig,
+    duration_seconds,
 )
 from chatrun.definition.effects import default_effect
 from chatrun.definition.kinds import Load, bot_kinds, kinds, parse_kinds, route_kinds
@@ -501,6 +505,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         on_change=_str(top.get("on_change")) or DEFAULT_POLICY,
         catalogs=_catalogs(top.get("locales"), main, main_file, diagnostics),
         fallback=_str(top.get("fallback")),
+        retention=_retention(top.get("retention")),
     )
 
 
@@ -584,6 +589,20 @@ def _memory(raw: Any, doc: YamlDoc, path: tuple) -> MemoryPolicy | None:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 setattr(policy, key, value)
     return policy
+
+
+def _retention(raw: Any) -> Retention:
+    """`retention:` (the schema has checked its durations; a bad one is left out: for ever)."""
+    seconds: dict[str, float] = {}
+    for key in ("idle_sessions", "dead_letters"):
+        value = _dict(raw).get(key)
+        try:
+            if isinstance(value, str):
+                seconds[key] = duration_seconds(value)
+        except ValueError:
+            pass
+    erased = _dict(raw).get("erased_outbox")
+    return Retention(**seconds, erased_outbox=erased if erased in ERASED_OUTBOX else DELIVER)
 
 
 def _limits(raw: Any) -> Limits:

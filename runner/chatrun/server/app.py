@@ -27,6 +27,7 @@ from chatrun import __version__
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
 from chatrun.server.auth import Auth, resolve_auth
+from chatrun.server.erasure import make_erasure_router
 from chatrun.server.guard import EdgeGuard, EdgePolicy
 from chatrun.server.http import failure_response, make_router
 from chatrun.server.listen import redact_tokens_in_logs
@@ -126,6 +127,7 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     app.include_router(make_openai_router())
     app.include_router(make_websocket_router())
     app.include_router(make_outbox_router())
+    app.include_router(make_erasure_router())
     app.include_router(make_pending_router())
     add_site_routes(app)
 

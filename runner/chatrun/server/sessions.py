@@ -51,6 +51,7 @@ from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, LeaseSettings, as_async_store
 from chatrun.store.blobs import BlobArea, blobs_of
 from chatrun.store.record import Committed
+from chatrun.store.retention import SessionBusyNow, delete_stored
 
 # Seconds /health waits for the store's answer before calling it "timeout": short enough that
 # /health answers well within a readiness probe's usual 1 s, whatever the store is doing.
@@ -264,6 +265,24 @@ class SessionRegistry:
         async with self.session(bot.name, session_id, principal, EXISTING) as session:
             memory_ids = [mid for s in session.scopes for mid in s.memory_ids()]
             await self.writes.delete(self._hold_of(session), session_id, memory_ids)
+
+    async def erase(self, session_id: str, bot_name: str | None) -> int:
+        """Delete a stored session for retention or erasure (store/retention.py), whatever its
+        bot (this replica may serve another): held as a request holds it (lock and lease), never
+        opened; its live copy, if this replica has one, is dropped. How many files went with it.
+        A session running a turn is left (SessionBusyNow), for the next pass."""
+        async with self.cache.use((bot_name or "", session_id)) as slot:
+            try:
+                async with self.gate.through(slot.lock, session_id, REJECT) as lease:
+                    files = await delete_stored(self.store, self.blobs, session_id, lease)
+                    if slot.session is not None:
+                        slot.session.close()
+                    self.cache.drop(slot)
+                    return files
+            except wire.RequestFailed as exc:
+                if exc.reason != wire.TOO_MANY_REQUESTS:
+                    raise
+                raise SessionBusyNow(exc.message) from None
 
     def _hold_of(self, session: Session) -> Hold:
         hold = self._holds.get(id(session))

@@ -10,7 +10,10 @@ commits; the others find the session busy (they skip it: `ifBusy: reject`) or, o
 committed, nothing due any more. A replica killed mid-sweep leaves the item due, and the
 next sweep (of any replica, or of the restarted one) resolves it.
 
-The same loop refreshes the `chatrun_pending_*` gauges every MEASURE_EVERY seconds.
+The same loop refreshes the `chatrun_pending_*` gauges every MEASURE_EVERY seconds, and every
+RETAIN_EVERY seconds deletes what is past the served bots' `retention:` (capped by the server's
+`--retain-idle` / `--retain-dead-letters`): idle sessions, with their files, and old dead
+letters (store/retention.py). A session running a turn is left for the next pass.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from chatrun.definition.config import Retention
 from chatrun.engine.pending import Expire, parse_time
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
 from chatrun.server.session_gate import REJECT
 from chatrun.server.sessions import EXISTING, SYSTEM
 from chatrun.store.record import TALLY_PENDING, age_key
+from chatrun.store.retention import Counts, purge
 
 if TYPE_CHECKING:
     from chatrun.server.sessions import SessionRegistry
@@ -37,12 +42,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chatrun.pending")
 MEASURE_EVERY = 30.0  # seconds between two reads of the pending tallies for the gauges
+RETAIN_EVERY = 60.0  # seconds between two retention passes (retention is counted in hours and days)
 
 
 @dataclass(frozen=True)
 class SweepSettings:
     interval: float = 5.0  # seconds between two looks at the due index (0: no sweeper on this replica)
     batch: int = 100  # sessions expired per look at most (the rest: on the next look)
+    # The server's cap on every bot's `retention:` (`chatrun serve --retain-idle`, `--retain-dead-letters`).
+    retention: Retention = Retention()  # noqa: RUF009 - frozen
 
     @classmethod
     def from_env(cls) -> SweepSettings:
@@ -65,6 +73,8 @@ class PendingSweeper:
         self.registry, self.settings, self.clock = registry, settings, clock
         self.expired = 0  # sessions this sweeper committed an Expire on (tests and /health read it)
         self._measured = 0.0
+        self._retained = 0.0
+        self.retained = Counts()  # what retention deleted since the start (tests and logs read it)
 
     async def run_forever(self) -> None:
         if self.settings.interval <= 0:
@@ -73,6 +83,9 @@ class PendingSweeper:
             try:
                 await self.sweep()
                 await self.measure()
+                if self.clock() - self._retained >= RETAIN_EVERY:
+                    self._retained = self.clock()
+                    await self.retain()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the store is unreachable: look again next time
@@ -106,6 +119,23 @@ class PendingSweeper:
             return 0
         self.expired += 1
         return 1
+
+    def retention_of(self, bot: str | None) -> Retention:
+        """A served bot's retention within the server's cap (a bot served elsewhere: the cap's)."""
+        served = self.registry.bots.get(bot) if bot is not None else None
+        own = served.config.retention if served is not None else Retention()
+        return own.capped(self.settings.retention)
+
+    async def retain(self) -> Counts:
+        """Delete what is past the served bots' retention now (up to `batch` idle sessions a bot)."""
+        registry = self.registry
+        counts = await purge(registry.store, {name: self.retention_of(name) for name in registry.bots}, self.clock(),
+                             registry.erase, registry.blobs, limit=self.settings.batch)
+        if counts.sessions or counts.dead_letters:
+            log.info("retention: deleted %s", counts.shown())
+        for name in ("sessions", "files", "dead_letters"):
+            setattr(self.retained, name, getattr(self.retained, name) + getattr(counts, name))
+        return counts
 
     async def measure(self) -> None:
         """The pending gauges: open items by bot and kind (the store's tally), and the oldest's

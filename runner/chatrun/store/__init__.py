@@ -222,6 +222,24 @@ class FlatIndex(Protocol):
         ...
 
 
+@runtime_checkable
+class RetentionIndex(Protocol):
+    """A store that knows when each session was last written and who owns it: retention and
+    erasure (chatrun.store.retention) find what to delete with it. The built-in stores are; a
+    user's own store is kept as it is (nothing idle is found; a principal's sessions are scanned)."""
+
+    def list_idle(self, bot: str, before: float, limit: int) -> list[str]:
+        """Up to `limit` sessions of `bot` last committed before `before` (epoch seconds), longest idle first."""
+        ...
+
+    def sessions_of(self, owner: str) -> list[str]:
+        """The ids of the sessions `owner` owns."""
+        ...
+
+    # An OutboxStore that is one also deletes outbox entries (dead letters past retention, an
+    # erased principal's): `delete_outbox(entry_ids) -> int`, how many there were.
+
+
 def open_store(url: str | None, exclusive: bool = False, must_exist: bool = False) -> EncodedStore:
     """A store from a URL: None or "memory://" (in process), "sqlite:///path/to.db".
     exclusive: this process is the file's only server (see SQLiteStore). must_exist: a

@@ -27,6 +27,7 @@ from chatrun.store import (
     PendingIndex,
     RecordClaims,
     RecordStore,
+    RetentionIndex,
     SessionStore,
 )
 from chatrun.store.lease import Lease
@@ -210,6 +211,17 @@ class LocalAsyncStore:
                 if f == family and (names is None or name in names):
                     counts[name] = counts.get(name, 0) + n
         return counts
+    # -- retention: a user's own store finds nothing idle (it keeps no write times) -------------
+
+    async def list_idle(self, bot: str, before: float, limit: int) -> list[str]:
+        if isinstance(self.sync, RetentionIndex):
+            return await self._call(self.sync.list_idle, bot, before, limit)
+        return []
+
+    async def sessions_of(self, owner: str) -> list[str]:
+        if isinstance(self.sync, RetentionIndex):
+            return await self._call(self.sync.sessions_of, owner)
+        return [r.session_id for r in await self._scan() if r.owner == owner]
 
     async def _scan(self) -> list[SessionRecord]:
         records = [await self.load_session(sid) for sid in await self.list_sessions()]
@@ -235,6 +247,10 @@ class LocalAsyncStore:
         if not isinstance(self.sync, OutboxStore):
             return []
         return await self._call(self.sync.list_outbox, state, limit)
+
+    async def delete_outbox(self, entry_ids: Collection[str]) -> int:
+        delete = getattr(self.sync, "delete_outbox", None)  # the built-in stores' (RetentionIndex)
+        return 0 if delete is None else await self._call(delete, entry_ids)
 
     async def requeue_outbox(self, entry_id: str, now: float) -> bool:
         if not isinstance(self.sync, OutboxStore):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import bisect
 import secrets
 import threading
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
 
 from chatrun.messages import Message
 from chatrun.store.record import (
@@ -152,7 +153,10 @@ class InMemoryStore:
         self._outbox: dict[str, str] = {}  # entry id -> OutboxEntry JSON, oldest first
         self._due: dict[str, float] = {}  # session -> its earliest pending item's due time (epoch seconds)
         self._with_pending: set[str] = set()  # sessions with open pending items
+        self._owners: dict[str, str | None] = {}  # session -> its owner (erasure: sessions_of)
         self._flat = FlatIndexes()  # GET /pending's index, the tallies (quota, versions, gauges)
+        self._written: dict[str, tuple[str | None, float]] = {}  # session -> (its bot, its last commit): retention
+        self.clock: Callable[[], float] = time.time  # what a commit's time is (tests pin it)
 
     # -- ChatMemoryStore ----------------------------------------------------------------------
 
@@ -232,6 +236,8 @@ class InMemoryStore:
             check_version(session_id, commit.expected, current)
             version = self._versions[session_id] = next_version(current)
             self._sessions[session_id] = commit.snapshot_json
+            self._owners[session_id] = commit.owner
+            self._written[session_id] = (commit.bot, self.clock())
             self._index_pending(session_id, commit)
             self._flat.commit(commit)
             for mid, msgs in mems.items():
@@ -266,6 +272,8 @@ class InMemoryStore:
             self._due.pop(session_id, None)
             self._with_pending.discard(session_id)
             self._flat.drop(session_id)
+            self._written.pop(session_id, None)
+            self._owners.pop(session_id, None)
             self._records.delete_session(session_id)
             for mid in memory_ids:
                 self._memories.pop(mid, None)
@@ -274,6 +282,19 @@ class InMemoryStore:
     def list_sessions(self) -> list[str]:
         with self._lock:
             return list(self._sessions)
+
+    # -- retention (chatrun.store.RetentionIndex) -------------------------------------------------
+
+    def list_idle(self, bot: str, before: float, limit: int) -> list[str]:
+        """The sessions of `bot` last committed before `before` (epoch seconds), longest idle first."""
+        with self._lock:
+            idle = sorted((at, sid) for sid, (of, at) in self._written.items() if of == bot and at < before)
+        return [sid for _, sid in idle[:limit]]
+
+    def sessions_of(self, owner: str) -> list[str]:
+        """The sessions `owner` owns (the snapshot's owner)."""
+        with self._lock:
+            return [sid for sid, o in self._owners.items() if o == owner]
 
     # -- PendingIndex: sessions waiting for a party ----------------------------------------------
 
@@ -372,6 +393,11 @@ class InMemoryStore:
         with self._lock:
             entries = [OutboxEntry.from_json(t) for t in self._outbox.values()]
         return [e for e in entries if state is None or e.state == state][:limit]
+
+    def delete_outbox(self, entry_ids: Collection[str]) -> int:
+        """Delete these entries (pending or dead); how many there were."""
+        with self._lock:
+            return sum(self._outbox.pop(i, None) is not None for i in entry_ids)
 
     def requeue_outbox(self, entry_id: str, now: float) -> bool:
         """A dead letter back in the queue, due now, with its tries counted afresh."""

@@ -479,6 +479,7 @@ class Commit:
     pending_count: int = 0  # pending items the snapshot holds, + 1 for a takeover (the operators' index)
     waiting: WaitingEntry | None = None  # its entry in the operators' index (None: nothing waits)
     tallies: list[tuple[str, str, int]] = field(default_factory=list)  # what it counts for (tallies_of)
+    bot: str | None = None  # the snapshot's bot (stores index idle sessions by bot: retention)
 
     @classmethod
     def encode(
@@ -495,6 +496,7 @@ class Commit:
         mems = {mid: None if m is None else check_messages(mid, m) for mid, m in memories.items()}
         items = pending_items_of(snapshot)
         waiting = len(items) + (taken_over_of(snapshot) is not None)  # a takeover waits for its release
+        bot = snapshot.get("bot")
         return cls(
             session_id=session_id,
             snapshot_json=to_json(f"session {session_id}: its snapshot", snapshot),
@@ -510,13 +512,14 @@ class Commit:
             pending_count=waiting,
             waiting=waiting_entry(session_id, snapshot) if waiting else None,
             tallies=tallies_of(snapshot),
+            bot=bot if isinstance(bot, str) else None,
         )
 
     def merge(self, later: Commit) -> None:
         """Fold a later commit of the same request into this one: its snapshot wins, memories
         are replaced, history entries append, and a later turn's outcome replaces an earlier one."""
         self.snapshot_json, self.owner, self.committed = later.snapshot_json, later.owner, later.committed
-        self.due, self.pending_count = later.due, later.pending_count
+        self.due, self.pending_count, self.bot = later.due, later.pending_count, later.bot
         self.waiting, self.tallies = later.waiting, later.tallies
         self.memories.update(later.memories)
         self.memories_json.update(later.memories_json)

@@ -7,7 +7,8 @@ The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for se
 (prefix "chatrun:"):
 
     chatrun:s:S     hash   v (version), snap (snapshot JSON), owner, m:<memory id> (messages JSON),
-                           tl (what S counts for in the tallies, JSON)
+                           tl (what S counts for in the tallies, JSON),
+                           ik (the key of the idle index it is in)
     chatrun:h:S     list   history entries (JSON), oldest first
     chatrun:r:S     hash   request id -> the history entry of the committed request
     chatrun:ro:S    list   request ids, oldest first (the last KEEP_OUTCOMES are kept)
@@ -33,6 +34,8 @@ The password comes from the URL, else from $CHATRUN_REDIS_PASSWORD. Keys, for se
     chatrun:wi:K    zset   the waiting sessions of index K (record.waiting_key/age_key) by position
     chatrun:t:F     hash   tally family F (owner, version, pending) -> name -> count (record.tallies_of)
     chatrun:flat    string "1" once the index and tallies hold every session (filled at first read)
+    chatrun:idle:B  zset   session ids of bot B by their last commit (epoch s): retention's index
+    chatrun:idle-indexed   string set once every session written before the idle index is in it
     chatrun:b:S     hash   the session's attached files, by reference (store/redis_blobs.py)
     chatrun:bn:S    string the bytes those files take (the blob area's cap: `max_blob_bytes`)
 
@@ -42,6 +45,11 @@ writes snapshot, memories, history and the request's outcome, or nothing. The le
 token with a TTL, renewed every ttl/3 by a task while the request runs; a replica that dies
 stops renewing and its lease expires. Waiters queue in FIFO order and poll (every 2..20 ms);
 a waiter that stops polling (its replica died) is dropped from the head of the queue.
+
+Retention (docs/deploy.md, "What is kept, and for how long") deletes idle sessions through
+the same `_DELETE` as any deletion, found by the idle index, not by key TTLs: a session's
+keys expiring on their own would leave the indexes (owner sets, sessions, due, pending) naming
+sessions that are gone, and a session's data is spread over keys with no common TTL.
 """
 
 from __future__ import annotations
@@ -174,7 +182,7 @@ return 1
 """
 
 # KEYS: session hash, history, lease, outcomes, outcome order, sessions index, owner set,
-#       outbox entries, outbox queue, due index, pending set
+#       outbox entries, outbox queue, due index, pending set, the bot's idle index
 # A resend of the same commit (redis-py sends a command again when its reply did not come: a
 # read timeout, a connection dropped after Redis ran it) finds the version it wrote itself,
 # `<expected + 1>.<random>`, and answers ok again: without this it would meet the version
@@ -231,6 +239,8 @@ if ARGV[i] == '' then redis.call('ZREM', KEYS[10], ARGV[5]) else redis.call('ZAD
 if ARGV[i + 1] == '0' then redis.call('SREM', KEYS[11], ARGV[5]) else redis.call('SADD', KEYS[11], ARGV[5]) end
 retally(ARGV[i + 2], KEYS[1], ARGV[i + 3])
 if cur or ARGV[i + 4] ~= '' then wait(ARGV[i + 2], ARGV[5], ARGV[i + 4], ARGV, i + 5) end
+redis.call('ZADD', KEYS[12], ARGV[9], ARGV[5])
+redis.call('HSET', KEYS[1], 'ik', KEYS[12])
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[4], ARGV[6], ARGV[7])
   redis.call('RPUSH', KEYS[5], ARGV[6])
@@ -309,13 +319,16 @@ return 1
 """
 
 # KEYS: session hash, history, outcomes, outcome order, lease, sessions index, the session's
-# record keys, due index, pending set, blob hash, blob byte count; ARGV: token, id, prefix
+# record keys, due index, pending set, blob hash, blob byte count, the lease's queue, its
+# counter, its waiters (no key named after a deleted session stays); ARGV: token, id, prefix
 _DELETE = _FLAT_LUA + """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[1] then return 0 end
 retally(ARGV[3], KEYS[1], '[]')
 unwait(ARGV[3], ARGV[2])
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner then redis.call('SREM', ARGV[3] .. 'o:' .. owner, ARGV[2]) end
+local idle = redis.call('HGET', KEYS[1], 'ik')
+if idle then redis.call('ZREM', idle, ARGV[2]) end
 for _, key in ipairs(redis.call('SMEMBERS', KEYS[7])) do
   if redis.call('HGET', ARGV[3] .. 'rs', key) == ARGV[2] then
     redis.call('DEL', ARGV[3] .. 'rec:' .. key)
@@ -323,10 +336,30 @@ for _, key in ipairs(redis.call('SMEMBERS', KEYS[7])) do
     redis.call('HDEL', ARGV[3] .. 'rs', key)
   end
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[10], KEYS[11])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14])
 redis.call('ZREM', KEYS[6], ARGV[2])
 redis.call('ZREM', KEYS[8], ARGV[2])
 redis.call('SREM', KEYS[9], ARGV[2])
+return 1
+"""
+
+# Sessions a chatrun before the idle index wrote enter it once, as written now. KEYS: session
+# hash, the bot's idle index; ARGV: now, id. Only a session still there and not yet indexed.
+_INDEX_IDLE = """
+if redis.call('HEXISTS', KEYS[1], 'snap') == 0 or redis.call('HEXISTS', KEYS[1], 'ik') == 1 then return 0 end
+redis.call('ZADD', KEYS[2], 'NX', ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[1], 'ik', KEYS[2])
+return 1
+"""
+
+# KEYS: outbox entries, claims, dead letters, the old one queue; ARGV: id, the entry's route
+# queue. Deletes one entry, pending or dead, from everywhere it is listed.
+_DROP_ENTRY = """
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('ZREM', ARGV[2], ARGV[1])
 return 1
 """
 
@@ -435,6 +468,9 @@ class RedisStore:
         self._requeue = self.client.register_script(_REQUEUE)
         self._reindex = self.client.register_script(_REINDEX)
         self._indexed = False  # the index and tallies hold every session (checked once: _ensure_indexed)
+        self._index_idle = self.client.register_script(_INDEX_IDLE)
+        self._drop_entry = self.client.register_script(_DROP_ENTRY)
+        self.clock: Callable[[], float] = time.time  # what a commit's time is (tests pin it)
         self._outbox_keys = [f"{self.prefix}{k}" for k in ("ob", "obc", "obq", "obr", "obd")]
         # The attached files, in the same Redis (deleted by _DELETE with their session).
         self.blob_area = RedisBlobs(client_url, self.prefix, redis_blob_quota(url, self.url))
@@ -530,7 +566,7 @@ class RedisStore:
             # The random part also tells this commit's own resend apart (_COMMIT): 64 bits.
             expected, secrets.token_hex(8), commit.snapshot_json, session_id,
             commit.outcome[0] if commit.outcome else "", commit.outcome[1] if commit.outcome else "",
-            KEEP_OUTCOMES, time.time(), owner or "",
+            KEEP_OUTCOMES, self.clock(), owner or "",
             len(commit.memories_json),
         ]
         for mid, text in commit.memories_json.items():
@@ -544,7 +580,7 @@ class RedisStore:
         args += [self.prefix, tallies_json(commit.tallies), *_waiting_args(commit.waiting)]
         keys = [self._key(k, session_id) for k in ("s", "h", "l", "r", "ro")]
         keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}", self._outbox_keys[0], self._outbox_keys[3],
-                 *self._pending_keys]
+                 *self._pending_keys, self._idle_key(commit.bot or "")]
         status, detail = await self._commit(keys=keys, args=args)
         if status == "lease":
             raise LeaseLost(session_id)
@@ -563,12 +599,42 @@ class RedisStore:
         keys = [self._key(k, session_id) for k in ("s", "h", "r", "ro", "l")]
         keys += [f"{self.prefix}sessions", self._key("rk", session_id), *self._pending_keys]
         keys += self.blob_area.keys(session_id)
+        keys += [self._key(k, session_id) for k in ("q", "qn", "qa")]
         token = lease.token if lease is not None and lease.token else ""
         if not await self._delete(keys=keys, args=[token, session_id, self.prefix]):
             raise LeaseLost(session_id)
 
     async def count_owned(self, owner: str) -> int:
         return int(await self.client.scard(f"{self.prefix}o:{owner}"))
+
+    # -- retention -------------------------------------------------------------------------
+
+    def _idle_key(self, bot: str) -> str:
+        return f"{self.prefix}idle:{bot}"
+
+    async def list_idle(self, bot: str, before: float, limit: int) -> list[str]:
+        """The sessions of `bot` last committed before `before`, longest idle first (one ZRANGEBYSCORE)."""
+        await self._index_old_sessions()
+        return list(await self.client.zrangebyscore(self._idle_key(bot), "-inf", f"({before}", start=0, num=limit))
+
+    async def _index_old_sessions(self) -> None:
+        """Once per store: the sessions an older chatrun wrote enter the idle index as written
+        now (their last write is unknown: retention counts from the upgrade, never earlier)."""
+        marker = f"{self.prefix}idle-indexed"
+        if await self.client.exists(marker):
+            return
+        now = self.clock()
+        async for sid in self.client.zscan_iter(f"{self.prefix}sessions", count=500):
+            session_id = sid[0] if isinstance(sid, tuple | list) else sid
+            snap = await self.client.hget(self._key("s", session_id), "snap")
+            if snap is None:
+                continue
+            bot = SessionRecord.decode(session_id, snap, "").bot or ""
+            await self._index_idle(keys=[self._key("s", session_id), self._idle_key(bot)], args=[now, session_id])
+        await self.client.set(marker, str(now))
+
+    async def sessions_of(self, owner: str) -> list[str]:
+        return sorted(await self.client.smembers(f"{self.prefix}o:{owner}"))
 
     # -- RecordStore (asynchronously) ------------------------------------------------------
 
@@ -727,6 +793,17 @@ class RedisStore:
             ids += await self.client.zrange(dead, 0, limit - 1)
         texts = await self.client.hmget(entries, ids[:limit]) if ids else []
         return [OutboxEntry.from_json(t) for t in texts if t is not None]
+
+    async def delete_outbox(self, entry_ids: Collection[str]) -> int:
+        entries, claims, old, _, dead = self._outbox_keys
+        deleted = 0
+        for entry_id in entry_ids:
+            text = await self.client.hget(entries, entry_id)
+            if text is None:
+                continue
+            queue = self._queue(OutboxEntry.from_json(text).route)
+            deleted += int(await self._drop_entry(keys=[entries, claims, dead, old], args=[entry_id, queue]))
+        return deleted
 
     async def requeue_outbox(self, entry_id: str, now: float) -> bool:
         entries, _, _, known, dead = self._outbox_keys

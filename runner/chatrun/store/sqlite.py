@@ -23,7 +23,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from chatrun.messages import Message, message_from_dict
 from chatrun.store.record import (
     DEAD,
     EMPTY_MEMORY_SIZE,
+    OWNER_JSON_PATH,
     PENDING,
     TALLY_OWNER,
     Commit,
@@ -132,6 +133,7 @@ class SQLiteStore:
         self.path = str(path)
         self._lock = threading.RLock()
         self._owner_lock: int | None = None
+        self.clock: Callable[[], float] = time.time  # what a commit's `updated_at` is (tests pin it)
         memory_db = self.path == ":memory:"
         try:
             folder = Path(self.path).expanduser().absolute().parent
@@ -175,6 +177,8 @@ class SQLiteStore:
                 self._migrate_to_flat(self._conn)
                 self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._conn.execute("CREATE INDEX IF NOT EXISTS records_by_session ON records (session)")
+            # Retention: the sessions idle longest first (updated_at: every file has it since schema 1).
+            self._conn.execute("CREATE INDEX IF NOT EXISTS sessions_updated ON sessions (updated_at)")
             self._conn.execute("CREATE INDEX IF NOT EXISTS sessions_due ON sessions (due) WHERE due IS NOT NULL")
             self._conn.execute("CREATE INDEX IF NOT EXISTS sessions_pending ON sessions (pending) WHERE pending > 0")
             self._conn.execute(f"CREATE INDEX IF NOT EXISTS outbox_route ON outbox ({_ROUTE}, state, due)")
@@ -347,7 +351,7 @@ class SQLiteStore:
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO UPDATE SET snapshot = excluded.snapshot, "
                 "updated_at = excluded.updated_at, version = excluded.version, due = excluded.due, "
                 "pending = excluded.pending",
-                (session_id, commit.snapshot_json, time.time(), version, commit.due, commit.pending_count),
+                (session_id, commit.snapshot_json, self.clock(), version, commit.due, commit.pending_count),
             )
             self._index_commit(conn, commit, old_tallies, old_pending)
             for mid, text in commit.memories_json.items():
@@ -404,6 +408,20 @@ class SQLiteStore:
         """Session ids, oldest session first."""
         with self._locked("list sessions") as conn:
             return [r[0] for r in conn.execute("SELECT session_id FROM sessions ORDER BY rowid")]
+
+    # -- retention (see InMemoryStore) ------------------------------------------------------------
+
+    def list_idle(self, bot: str, before: float, limit: int) -> list[str]:
+        with self._locked("list idle sessions") as conn:
+            rows = conn.execute("SELECT session_id FROM sessions WHERE updated_at < ? AND json_extract(snapshot, '$.bot') = ? "
+                                "ORDER BY updated_at LIMIT ?", (before, bot, limit)).fetchall()
+        return [r[0] for r in rows]
+
+    def sessions_of(self, owner: str) -> list[str]:
+        with self._locked(f"list the sessions of {owner}") as conn:
+            rows = conn.execute("SELECT session_id FROM sessions WHERE json_extract(snapshot, ?) = ? ORDER BY rowid",
+                                (OWNER_JSON_PATH, owner)).fetchall()
+        return [r[0] for r in rows]
 
     # -- PendingIndex: sessions waiting for a party (see InMemoryStore) ---------------------------
 
@@ -497,6 +515,10 @@ class SQLiteStore:
             rows = conn.execute("SELECT entry FROM outbox WHERE ? IS NULL OR state = ? ORDER BY rowid LIMIT ?",
                                 (state, state, limit)).fetchall()
         return [OutboxEntry.from_json(r[0]) for r in rows]
+
+    def delete_outbox(self, entry_ids: Collection[str]) -> int:
+        with self._transaction("delete outbox entries") as conn:
+            return sum(conn.execute("DELETE FROM outbox WHERE id = ?", (i,)).rowcount for i in entry_ids)
 
     def requeue_outbox(self, entry_id: str, now: float) -> bool:
         with self._transaction(f"retry outbox entry {entry_id}") as conn:

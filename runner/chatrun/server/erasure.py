@@ -1,0 +1,54 @@
+"""Erasure of one principal over HTTP: `DELETE /principals/{principal}` (docs/deploy.md, "Erasing
+a person's data"; docs/security.md).
+
+Deletes everything stored of the principal (store/retention.py `erase_principal`): every
+session it owns, with its history, files, records and open pending items; its dead letters;
+and its backend events not yet delivered where its bot says `retention: {erased_outbox: drop}`
+(else they are delivered, then deleted as every delivered entry is). Answers what it deleted:
+
+    {"principal": "ana", "dry_run": false,
+     "erased": {"sessions": 2, "files": 1, "dead_letters": 0, "outbox": 0, "busy": []}}
+
+With auth on, only principals with the role `privacy` may erase (a person asks the operator,
+who erases for them: a user's own token cannot, so a stolen one cannot wipe its traces). A
+session running a turn right now is left and named in `busy`: send the request again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from chatrun.definition.config import Retention
+from chatrun.server import wire
+from chatrun.server.auth import Principal
+from chatrun.server.http import ERROR_RESPONSES
+from chatrun.server.plumbing import Caller, Registry
+from chatrun.store.retention import erase_principal
+
+PRIVACY_ROLE = "privacy"  # with auth on, only principals with this role erase others' data
+
+
+def make_erasure_router() -> APIRouter:
+    router = APIRouter(responses=ERROR_RESPONSES, tags=["privacy"])
+    router.add_api_route("/principals/{principal}", erase, methods=["DELETE"])
+    return router
+
+
+async def erase(principal: str, who: Caller, registry: Registry, dry_run: bool = False) -> Any:
+    """Delete everything stored of `principal`; `dry_run`: only count it."""
+    _allowed(who)
+
+    def retention_of(bot: str | None) -> Retention:
+        served = registry.bots.get(bot) if bot is not None else None
+        return served.config.retention if served is not None else Retention()
+
+    counts = await erase_principal(registry.store, principal, retention_of, registry.erase, registry.blobs, dry_run)
+    return {"principal": principal, "dry_run": dry_run, "erased": counts.to_json()}
+
+
+def _allowed(who: Principal | None) -> None:
+    if who is not None and PRIVACY_ROLE not in who.roles:
+        raise wire.RequestFailed(wire.FORBIDDEN, f"erasing a principal's data is for principals with the role "
+                                                 f"`{PRIVACY_ROLE}`")
