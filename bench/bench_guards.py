@@ -11,7 +11,8 @@ steady turn's CPU.
 
 On a shared machine CPU time is noisy (other work evicts caches); `--instructions` also counts
 the instructions of one turn under valgrind's callgrind (PYTHONHASHSEED=0: the same count on
-every run, whatever else the machine does): the count of 60 turns less that of 10, over 50.
+every run, whatever else the machine does; the cyclic GC frozen and off during the counted
+turns, address randomization off): the count of 60 turns less that of 10, over 50.
 
     python bench/bench_guards.py --before /tmp/before/runner [--rounds 7] [--turns 400] [--instructions]
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,6 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "runner"
+# Without address randomization the same run counts the same instructions (within ~0.5%).
+SETARCH = ["setarch", "-R"] if shutil.which("setarch") else []
 
 CHILD = r"""
 import json, os, statistics, sys, tempfile, time
@@ -68,6 +72,11 @@ with tempfile.TemporaryDirectory() as tmp:
         session.chat("a question of a few words")
         model.add({"tool_calls": [{"name": "add", "arguments": {"n": i}}]}, {"text": "added"})
         session.chat("please add")
+    if only:  # counting instructions: a collection's cost depends on where it falls, so none in the count
+        import gc
+        gc.collect()
+        gc.freeze()
+        gc.disable()
     for i in range(turns):
         if only != "tool":
             model.add({"text": "an answer of a few words"})
@@ -101,7 +110,7 @@ def instructions(runner: Path, kind: str) -> int:
     env.pop("PYTHONPATH", None)
     counts = []
     for turns in (10, 60):
-        out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+        out = subprocess.run([*SETARCH, "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
                               "-c", CHILD, str(runner), str(turns), kind], capture_output=True, text=True, env=env,
                              check=True)
         line = next(x for x in out.stderr.splitlines() if "Collected" in x)

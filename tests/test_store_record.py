@@ -122,21 +122,22 @@ def test_a_redis_session_written_by_0_1_loads(travel, redis_server):
 
 
 def count_json(monkeypatch) -> dict[str, int]:
-    """Count json.dumps/json.loads calls on a session's snapshot (a dict or text with "scopes")."""
+    """Count the JSON encodes (json.dumps or an encoder's own) and json.loads calls of a
+    session's snapshot (a dict or text with "scopes")."""
     counts = {"dumps": 0, "loads": 0}
-    dumps, loads = json.dumps, json.loads
+    encode, loads = json.JSONEncoder.encode, json.loads
 
-    def counting_dumps(value, *args, **kwargs):
+    def counting_encode(self, value):
         if isinstance(value, dict) and "scopes" in value:
             counts["dumps"] += 1
-        return dumps(value, *args, **kwargs)
+        return encode(self, value)
 
     def counting_loads(text, *args, **kwargs):
         if isinstance(text, str) and '"scopes"' in text:
             counts["loads"] += 1
         return loads(text, *args, **kwargs)
 
-    monkeypatch.setattr(json, "dumps", counting_dumps)
+    monkeypatch.setattr(json.JSONEncoder, "encode", counting_encode)
     monkeypatch.setattr(json, "loads", counting_loads)
     return counts
 

@@ -500,7 +500,8 @@ class ToolCalls:
     def working_copy(self) -> WorkingState:
         """What a handler may write: copies of the state, adopted only when the handler succeeds,
         so a refusal, a failure or a timeout leaves nothing behind."""
-        return WorkingState(copy.deepcopy(self.t.c.state), copy.deepcopy(self.t.c.scopes), copy.deepcopy(self.t.turn_state))
+        return WorkingState(ev.copy_plain(self.t.c.state), [s.copy() for s in self.t.c.scopes],
+                            ev.copy_plain(self.t.turn_state))
 
     def adopt(self, work: WorkingState) -> None:
         self.t.c.state = work.state

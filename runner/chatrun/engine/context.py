@@ -204,5 +204,10 @@ def storable(value: Any) -> Any:
     """A call's arguments or result as the history keeps them: plain JSON, a lone UTF-16
     surrogate (the model's arguments may hold one; no store can) replaced, so that the record of
     a failed turn stays readable."""
-    text = json.dumps(ev.plain(value), ensure_ascii=False)
+    plain = ev.plain(value)
+    if isinstance(plain, str):  # most results: text, kept as it is unless it holds a lone surrogate
+        return plain.encode("utf-8", "replace").decode("utf-8") if not plain.isascii() else plain
+    if plain is None or isinstance(plain, bool | int | float):
+        return plain
+    text = json.dumps(plain, ensure_ascii=False)
     return json.loads(text.encode("utf-8", "replace").decode("utf-8"))

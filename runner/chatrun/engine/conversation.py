@@ -20,6 +20,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
+from chatrun import events as ev
 from chatrun.definition.config import BotConfig, RouteConfig
 from chatrun.definition.templates import CATALOGS_KEY, render, render_value
 from chatrun.engine.clock import SYSTEM_CLOCK, Clock, session_zone
@@ -357,7 +358,7 @@ class Conversation:
     # -- atomic turns -------------------------------------------------------------------------
 
     def capture(self) -> Checkpoint:
-        return Checkpoint(self.turn_count, copy.deepcopy(self.state), copy.deepcopy(self.scopes), self._next_scope,
+        return Checkpoint(self.turn_count, ev.copy_plain(self.state), [s.copy() for s in self.scopes], self._next_scope,
                           {mid: _mark(m) for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended,
                           [item.to_dict() for item in self.pending], self.next_pending, copy.deepcopy(self.taken_over),
                           dict(self.resolved) if self.resolved else None, self.done_calls)

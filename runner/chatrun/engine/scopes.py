@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun.errors import ChatrunError
+from chatrun.events import copy_plain
 from chatrun.store.record import memory_id
 
 ROOTS = ("state", "scope", "turn")
@@ -34,6 +35,11 @@ class Scope:
 
     def memory_ids(self) -> list[str]:
         return [self.memory_id(r) for r in self.memory_routes]
+
+    def copy(self) -> Scope:
+        """A deep copy (copy.deepcopy's result, cheaper: a turn's checkpoint copies every scope)."""
+        return Scope(self.id, self.route, copy_plain(self.local), copy_plain(self.shared), list(self.memory_routes),
+                     dict(self.caller) if self.caller is not None else None)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -189,10 +189,15 @@ def forked_snapshot(snapshot: JSONObject, old: str, new: str, turn: int) -> JSON
 _KINDS = (SystemMessage, UserMessage, AssistantMessage, ToolResultMessage, SummaryMessage)
 
 
+# One encoder each (json.dumps with options makes a new one per call; a turn saves several values).
+_STORED_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+_MESSAGES_JSON = json.JSONEncoder(ensure_ascii=False)
+
+
 def to_json(what: str, value: Any) -> str:
     """`value` as JSON text, or ChatrunError saying what could not be saved and why."""
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        return _STORED_JSON.encode(value)
     except (TypeError, ValueError) as exc:
         raise ChatrunError(f"cannot save {what}: it holds a value JSON cannot represent ({exc})") from None
 
@@ -217,7 +222,7 @@ def check_messages(memory: str, messages: Any) -> list[Message]:
 
 def messages_json(memory: str, messages: Any) -> str:
     items = check_messages(memory, messages)
-    return json.dumps([m.to_dict() for m in items], ensure_ascii=False)
+    return _MESSAGES_JSON.encode([m.to_dict() for m in items])
 
 
 EMPTY_MEMORY_SIZE = len("[]")  # what an absent memory counts in a cache's byte bound
