@@ -79,6 +79,7 @@ def _bench():
     spec = importlib.util.spec_from_file_location("bench_memory_bound", REPO / "bench" / "bench_memory_bound.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -86,11 +87,12 @@ def _bench():
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_server_full_of_full_memory_sessions_evicts_and_stays_bounded():
-    """A real `chatrun serve --cache-mb 8` driven over WebSocket with enough 40 x 8 KB-window
-    sessions to fill its cache three times: it evicts, and its RSS grows by about the bound
-    (before issue 33 the cache counted such a session 2-3x under in a server, so RSS grew past
-    3x the bound). The margin is wide on purpose: allocator noise must never fail it."""
-    result = _bench().measure("full memory", cache_mb=8, fill=3.0, concurrency=4)
+    """A real `chatrun serve --cache-mb 16` driven over WebSocket with enough 40 x 8 KB-window
+    sessions to fill its cache three times: it evicts, and its RSS grows by about the bound plus
+    the server's own warm-up growth (about 15 MiB here, not sessions). Before issue 33 the cache
+    counted such a session 2-3x under and RSS grew by about 70 MiB. The margin is wide on purpose:
+    allocator noise must never fail it."""
+    result = _bench().measure("full memory", cache_mb=16, fill=3.0, concurrency=4)
     assert result["live"] < result["sessions"]  # sessions were evicted
-    assert result["counted"] <= 8 * 2**20
-    assert result["growth"] <= 2.25 * 8 * 2**20, result
+    assert result["counted"] <= 16 * 2**20
+    assert result["growth"] <= (2 * 16 + 16) * 2**20, result
