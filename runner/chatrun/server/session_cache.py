@@ -60,18 +60,25 @@ class Hold:
     lease: Lease
 
 
-# What a live session adds to the process's RSS, fitted to measurements (bench/bench_cache.py:
-# sessions of 1 to 20 messages, short and long ones, within 20%): the session, its scopes,
-# memories, buffer and slot; each message object; and its text, which its JSON size tracks.
-# Counting the JSON size alone undercounted a short conversation's RSS about 3 to 8 times.
-LIVE_SESSION_BYTES = 1536  # 3584 until an idle session stopped keeping its last entry (issue 26)
-MESSAGE_BYTES = 200
-JSON_BYTE_FACTOR = 0.7
+# What a live session adds to the server's RSS, measured (bench/bench_memory_bound.py: a real
+# `chatrun serve` driven with small, big-state and full-memory sessions; issue 33). A live
+# session holds each message's text once (its Message object, the window's entry) and its
+# snapshot decoded (state, scopes: the lean TurnBuffer keeps no second copy as text): about
+# their JSON size, plus a Python object or dict slot for every JSON value, plus what the
+# allocator cannot give back between them (HEAP_FACTOR), plus the session's fixed parts.
+# Counting 0.7 x the JSON size (fitted in-process to short messages, issue 26) counted a
+# 40-message window of 8 KB messages 2.3x under, and kept its state twice uncounted.
+LIVE_SESSION_BYTES = 4096  # the Session, its scopes, memories, buffer and slot
+MESSAGE_BYTES = 200  # a message object and its window entry, whatever its text
+VALUE_BYTES = 100  # a decoded JSON value of the snapshot, whatever its text
+HEAP_FACTOR = 2.4  # RSS per byte of text held, at the high water a full cache settles at
 
 
-def live_size(json_bytes: int, messages: int) -> int:
-    """The estimated RSS of a live session whose snapshot and memories are `json_bytes` of JSON."""
-    return int(LIVE_SESSION_BYTES + MESSAGE_BYTES * messages + JSON_BYTE_FACTOR * json_bytes)
+def live_size(buffer: TurnBuffer) -> int:
+    """The estimated RSS of the live session `buffer` serves (its memories and snapshot)."""
+    text = buffer.snapshot_size + buffer.memory_size
+    return int(LIVE_SESSION_BYTES + MESSAGE_BYTES * buffer.message_count + VALUE_BYTES * buffer.snapshot_values
+               + HEAP_FACTOR * text)
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ class SessionCache:
     def account(self, slot: Slot) -> None:
         """Count the slot's current size in the cache's total."""
         buffer = slot.buffer
-        size = live_size(buffer.size, buffer.message_count) if slot.session is not None and buffer is not None else 0
+        size = live_size(buffer) if slot.session is not None and buffer is not None else 0
         self._bytes += size - slot.size
         slot.size = size
 

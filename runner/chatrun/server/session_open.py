@@ -156,14 +156,14 @@ class SessionOpener:
         if record is not None:
             self._check_loaded(record, request)
             bot = await self.shelf.bot_for(request.bot.name, record) or request.bot
-            buffer = TurnBuffer(request.session_id, record, self.records, track_committed=True)
+            buffer = TurnBuffer(request.session_id, record, self.records, track_committed=True, lean=True)
             version, committed = record.version, record.committed
         elif request.mode == EXISTING:
             raise not_found(request.session_id)
         else:
             await self._check_quota(request.principal)
             bot = versions.for_new(request.session_id, request.version)
-            buffer = TurnBuffer(request.session_id, records=self.records, track_committed=True)
+            buffer = TurnBuffer(request.session_id, records=self.records, track_committed=True, lean=True)
             version, committed = CREATE, None
         slot.session = self._build(replace(request, bot=bot), buffer)
         slot.buffer, slot.version, slot.committed = buffer, version, committed

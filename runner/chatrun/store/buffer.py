@@ -35,16 +35,24 @@ class TurnBuffer:
     """A SessionStore over one session's loaded record; commits wait in `pending`."""
 
     # No __dict__: one per cached session (issue 26).
-    __slots__ = ("session_id", "records", "track_committed", "_snapshot_json", "_unclaimed", "_memories", "_sizes",
-                 "committed", "pending", "request_id")
+    __slots__ = ("session_id", "records", "track_committed", "lean", "_snapshot_json", "_snapshot_size",
+                 "_snapshot_values", "_unclaimed",
+                 "_memories", "_sizes", "committed", "pending", "request_id")
 
     def __init__(self, session_id: str, record: SessionRecord | None = None, records: RecordStore | None = None,
-                 track_committed: bool = False):
+                 track_committed: bool = False, lean: bool = False):
         self.session_id = session_id
         self.records = records  # the real store's records, when it keeps them in this process
         # The server's buffers write the last committed turn into the snapshot (record.with_committed).
         self.track_committed = track_committed
+        # A lean buffer serves one live Session, which holds the decoded state: once that Session
+        # has its snapshot the buffer keeps only its size, not a second copy as JSON text (a
+        # big-state session kept its state twice; issue 33). It is not read back again.
+        self.lean = lean
         self._snapshot_json = None if record is None else record.snapshot_json
+        self._snapshot_size = self._snapshot_values = 0
+        if record is not None:
+            self._measure(record.snapshot_json)
         # The record's decoded snapshot, handed to the first load_session (the Session restored
         # from it) instead of decoding the text a second time.
         self._unclaimed: JSONObject | None = None if record is None else record.snapshot
@@ -58,7 +66,28 @@ class TurnBuffer:
     @property
     def size(self) -> int:
         """Roughly what the session costs in memory, in bytes (its JSON size)."""
-        return len(self._snapshot_json or "") + sum(self._sizes.values())
+        return self._snapshot_size + sum(self._sizes.values())
+
+    @property
+    def snapshot_size(self) -> int:
+        """The JSON size of the session's snapshot (its state, scopes, routes), in bytes."""
+        return self._snapshot_size
+
+    @property
+    def snapshot_values(self) -> int:
+        """About how many JSON values (objects, arrays, members, items) the snapshot holds: each
+        is a Python object or a dict slot when decoded, whatever its JSON size."""
+        return self._snapshot_values
+
+    def _measure(self, snapshot_json: str) -> None:
+        self._snapshot_size = len(snapshot_json)
+        # Commas inside strings count too: an overcount, never an undercount.
+        self._snapshot_values = snapshot_json.count(",") + snapshot_json.count("{") + snapshot_json.count("[")
+
+    @property
+    def memory_size(self) -> int:
+        """The JSON size of the messages of its memories, in bytes."""
+        return sum(self._sizes.values())
 
     @property
     def message_count(self) -> int:
@@ -86,7 +115,12 @@ class TurnBuffer:
         self._check(session_id)
         if self._unclaimed is not None:
             snapshot, self._unclaimed = self._unclaimed, None
+            if self.lean:
+                self._snapshot_json = None
             return snapshot
+        if self._snapshot_json is None and self._snapshot_size and self.lean:
+            raise ChatrunError(f"session {session_id}: its live session holds its snapshot; a lean TurnBuffer "
+                               "keeps none to load it again (open the session from the store)")
         return None if self._snapshot_json is None else from_json(self._snapshot_json)
 
     def commit_turn(
@@ -123,6 +157,9 @@ class TurnBuffer:
         else:
             self.pending.merge(commit)
         self._snapshot_json, self._unclaimed, self.committed = commit.snapshot_json, None, commit.committed
+        self._measure(commit.snapshot_json)
+        if self.lean:  # the session committing it holds it; the pending commit keeps the text until written
+            self._snapshot_json = None
         for mid, msgs in commit.memories.items():
             if msgs is None:
                 self._memories.pop(mid, None)
@@ -138,18 +175,19 @@ class TurnBuffer:
     def version(self, session_id: str) -> str | None:
         """Not a store version: the registry keeps the real one (its slot) and checks it."""
         self._check(session_id)
-        return None if self._snapshot_json is None else "live"
+        return None if not self._snapshot_size else "live"
 
     def delete_session(self, session_id: str, memory_ids: list[str]) -> None:
         """The server deletes the stored session itself; here only the loaded copy goes."""
         self._check(session_id)
         self._snapshot_json = self._unclaimed = None
+        self._snapshot_size = self._snapshot_values = 0
         self._memories.clear()
         self._sizes.clear()
         self.pending = None
 
     def list_sessions(self) -> list[str]:
-        return [self.session_id] if self._snapshot_json is not None else []
+        return [self.session_id] if self._snapshot_size else []
 
     # -- RecordStore: records are not the session's, so they go straight to the real store ------
 
