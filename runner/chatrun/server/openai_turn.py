@@ -15,10 +15,12 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from chatrun import events as ev
+from chatrun.engine.pending import TAKEOVER
 from chatrun.errors import AttachmentRefused
 from chatrun.memory.tokens import estimate_tokens
 from chatrun.messages import Attachment
 from chatrun.server import wire
+from chatrun.server.audience import for_clients
 from chatrun.server.auth import Principal
 from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Opened, TurnIndex
 from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
@@ -220,7 +222,12 @@ async def _run_turn(
             raise conversation_ended(session.id, session.ended)
         message = turn_input(session, index.registry.blobs, text, uploads)  # refused before a stream starts
         emit(OPENED)  # a streaming response may start: the request found (or made) its session
+        for event in caught_up_events(opened.caught_up):  # what others said since: first
+            reply.feed(event)
+            events.append(event.to_dict())
+            emit(event)
         error = None
+        caught_up = reply.text
         # Through the registry: the turn is committed (fenced by version and lease) before the
         # answer; a refused commit fails the request (Conflict) instead of answering unsaved.
         async for event in index.registry.turn(session, message):
@@ -232,6 +239,12 @@ async def _run_turn(
             emit(event)
         entry = session.last_turn or {}
         ok = bool(entry.get("ok")) and error is None
+        passed_on = ok and reply.text.strip() == caught_up.strip() and operator_text(session)
+        if passed_on:  # the bot is silent during a takeover: the user learns where the message went
+            event = ev.Event(ev.MESSAGE, passed_on, session.turn_count, {"from": "chatrun"})
+            reply.feed(event)
+            events.append(event.to_dict())
+            emit(event)
         if ok:
             await index.remember(session, who, keys_after(reply))
         usage, estimated, cost = openai_usage(entry.get("usage"), prompt_texts, reply.text)
@@ -248,6 +261,35 @@ async def _run_turn(
         if cost is not None:
             info["cost"] = cost
         return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
+
+
+# What a /v1 user reads when their message went to the operators and nobody said anything yet
+# (an OpenAI client shows an empty reply as nothing at all, as if the message were lost).
+PASSED_ON = "Your message was passed on to {name}; their answer will appear here."
+WAITING_FOR_OPERATOR = "Your message was passed on; a colleague will answer here shortly."
+
+
+def operator_text(session: Any) -> str:
+    """The text for a silent turn while an operator holds the conversation or is awaited ('' otherwise)."""
+    taken = session.taken_over
+    if taken is not None:
+        name = ((taken.get("by") or {}).get("name") if isinstance(taken.get("by"), dict) else None) or "the operator"
+        return PASSED_ON.format(name=name)
+    if any(item.kind == TAKEOVER for item in session.pending):
+        return WAITING_FOR_OPERATOR
+    return ""
+
+
+def caught_up_events(entries: list[dict[str, Any]]) -> list[ev.Event]:
+    """The user's events of others' turns (a decision's reply, an operator's words), as the
+    user's clients would have received them live; errors of those turns were their caller's."""
+    out = []
+    for entry in entries:
+        for item in entry.get("events") or ():
+            event = ev.Event.from_dict(item)
+            if for_clients(event) and event.type != ev.ERROR:
+                out.append(event)
+    return out
 
 
 def openai_usage(turn_usage: dict[str, Any] | None, prompt_texts: list[str],
