@@ -191,3 +191,22 @@ def test_a_takeover_over_v1_the_operator_reads_the_user_and_the_user_reads_the_o
     assert back.startswith("Fixed: 10 EUR credited.\n\n")
     assert back.endswith("You said great, thanks; refunded so far: - EUR.")  # the bot again, on billing
     assert [e["data"]["outcome"] for e in info["events"] if e["type"] == "Resolved"] == ["released"]
+
+
+def test_what_the_user_has_not_seen_is_the_others_turns_after_their_last_turn():
+    """The rule behind `X-Chatrun-Session`: others' turns after the last /v1 turn and after any
+    user turn since (a message on the WebSocket showed the user what came before it); a failed
+    attempt changed nothing. With the history, a user's turn since means a fork (None)."""
+    from chatrun.server.openai_sessions import others_turns_since, trailing_others_turns
+
+    def entry(turn: int, given: Any, ok: bool = True) -> dict:
+        return {"turn": turn, "input": given, "ok": ok}
+
+    decision = {"decision": {"kind": "approve", "item": "p1"}}
+    history = [entry(1, "hi"), entry(2, decision), entry(3, "on the websocket"), entry(4, decision),
+               entry(5, {"userMessage": "failed"}, ok=False), entry(5, {"decision": {"kind": "release"}})]
+    assert [e["turn"] for e in trailing_others_turns(history, 1)] == [4, 5]
+    assert [e["turn"] for e in trailing_others_turns(history, 3)] == [4, 5]
+    assert trailing_others_turns(history, 5) == []
+    assert others_turns_since(history, 1) is None  # turn 3 was a user's
+    assert [e["turn"] for e in others_turns_since(history, 3) or []] == [4, 5]
