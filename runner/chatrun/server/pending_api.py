@@ -64,7 +64,9 @@ _ITEM = {"type": "object", "description": "a pending item (docs/protocol.md, \"P
                         "ask": {"type": "string"}, "by": {"type": "array", "items": {"type": "string"}},
                         "edit": {"type": "array", "items": {"type": "string"}},
                         "schema": {"type": ["object", "null"]}, "choices": {"type": ["array", "null"]},
-                        "requested_by": {"type": ["object", "null"]}}}
+                        "requested_by": {"type": ["object", "null"]},
+                        "held": {"type": "object", "description": "decided during a takeover, applied on release: "
+                                 "{kind, by, at}"}}}
 _TAKEN_OVER = {"type": ["object", "null"], "properties": {"by": {}, "since": {"type": "string"}}}
 _TEXT = {"type": "string", "minLength": 1}  # _text_field
 _REASON = {"type": "string", "description": "why: the history and the model's conditions see it"}
