@@ -148,3 +148,130 @@ def test_a_supervisors_decision_during_a_takeover_waits_for_the_release(refunds)
     assert messages(released)[-1] == "Bot: Refunded 70 EUR on order A1002."
     state = history(client, "refunds", "r2")["state"]
     assert state["refunded"] == 70 and state["last_refund"]["outcome"] == "edited"
+
+
+HANDOVER = f"""\
+name: desk
+model: {{{OPENAI_MODEL}}}
+env:
+  TICKETS_URL: {{}}
+routes:
+  main: {{default: true, system: Help., tools: [human]}}
+  billing: {{system: Billing questions.}}
+tools:
+  human:
+    description: Hand over to a person
+    parameters: {{type: object, properties: {{topic: {{type: string}}}}, required: [topic]}}
+    action:
+      operator:
+        role: billing
+        text: Connecting you with a colleague.
+        timeout: 10m
+        on_timeout:
+          tool: open_ticket
+          args: {{topic: "{{{{ args.topic }}}}", session: "{{{{ session_id }}}}"}}
+          message: "Nobody is free right now: we opened a ticket about {{{{ args.topic }}}} and will write to you."
+          route: billing
+  open_ticket:
+    description: Open a support ticket
+    parameters: {{type: object, properties: {{topic: {{type: string}}, session: {{type: string}}}}, required: [topic]}}
+    http: {{method: POST, url: "{{{{ env.TICKETS_URL }}}}/tickets", json: {{topic: "{{{{ args.topic }}}}", session: "{{{{ args.session }}}}"}}}}
+"""
+
+
+@pytest.fixture
+def desk(fake, tmp_path, monkeypatch):
+    """(serve(): the handover bot on one SQLite file, the ticket receiver)."""
+    fake.responder = responder
+    (tmp_path / "auth.yaml").write_text(AUTH)
+    (tmp_path / "bot.yaml").write_text(HANDOVER)
+    with Receiver() as tickets:
+        monkeypatch.setenv("TICKETS_URL", tickets.url)
+        yield (lambda: serve(tmp_path / "bot.yaml", tmp_path / "s.db", tmp_path / "auth.yaml")), tickets
+
+
+def hand_over(client: TestClient, session: str) -> None:
+    assert client.post("/bots/desk/sessions", json={"id": session}, headers=ANA).status_code == 201
+    reply = client.post(f"/bots/desk/sessions/{session}/messages", json={"userMessage": "human"}, headers=ANA).json()
+    assert "Connecting you with a colleague." in messages(reply)
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same-server", "after-a-restart"])
+def test_a_handover_nobody_takes_in_10_minutes_opens_a_ticket_and_tells_the_user(desk, restart):
+    serve_desk, tickets = desk
+    client = serve_desk().__enter__()
+    try:
+        hand_over(client, "h1")
+        assert sweep_at(client, datetime.now(UTC) + timedelta(minutes=9)) == 0  # not due yet
+        assert tickets.seen() == []
+        if restart:  # the due time is the store's: a new server (another replica) sweeps it
+            client.__exit__(None, None, None)
+            client = serve_desk().__enter__()
+        assert sweep_at(client, datetime.now(UTC) + timedelta(minutes=11)) == 1
+        assert [d.body for d in tickets.seen()] == [{"topic": "billing", "session": "h1"}]
+        assert sweep_at(client, datetime.now(UTC) + timedelta(minutes=30)) == 0  # once: nothing due any more
+        session = history(client, "desk", "h1")
+        last = session["history"][-1]["events"]
+        assert [(e["data"]["kind"], e["data"]["outcome"]) for e in last if e["type"] == "Resolved"] == [
+            ("takeover", "timed_out")]
+        assert [e["data"] for e in last if e["type"] == "Message"] == [
+            "Nobody is free right now: we opened a ticket about billing and will write to you."]
+        assert session["route"] == "billing"
+        assert client.get("/bots/desk/sessions/h1/pending", headers=ANA).json() == {"pending": [], "taken_over": None}
+        # The bot has the conversation back: the next message is the model's to answer.
+        back = client.post("/bots/desk/sessions/h1/messages", json={"userMessage": "ok"}, headers=ANA).json()
+        assert messages(back) == ["Bot heard: ok"]
+    finally:
+        client.__exit__(None, None, None)
+
+
+def test_a_handover_taken_in_time_opens_no_ticket(desk):
+    serve_desk, tickets = desk
+    with serve_desk() as client:
+        hand_over(client, "h2")
+        assert client.post("/bots/desk/sessions/h2/takeover", json={}, headers=BEA).status_code == 200
+        assert sweep_at(client, datetime.now(UTC) + timedelta(minutes=11)) == 0  # taken: the SLA was met
+        assert tickets.seen() == []
+        assert history(client, "desk", "h2")["route"] == "main"
+
+
+def test_an_operator_takes_over_a_session_that_never_waited(desk):
+    serve_desk, _ = desk
+    with serve_desk() as client:
+        assert client.post("/bots/desk/sessions", json={"id": "n1"}, headers=ANA).status_code == 201
+        first = client.post("/bots/desk/sessions/n1/messages", json={"userMessage": "hi"}, headers=ANA).json()
+        assert messages(first) == ["Bot heard: hi"]
+        # Neither an operator's role nor one the bot's `operator:` names: not found, as before.
+        assert client.post("/bots/desk/sessions/n1/takeover", json={}, headers=EVE).status_code == 404
+        for who in (BEA, OLGA):  # `billing` (the bot's operator role), `operators` (the second finds it taken)
+            taken = client.post("/bots/desk/sessions/n1/takeover", json={"note": "checking"}, headers=who)
+            assert taken.status_code == 200, taken.text
+            assert client.get("/bots/desk/sessions/n1/pending", headers=who).json()["taken_over"]["by"]["name"] == "bea"
+        quiet = client.post("/bots/desk/sessions/n1/messages", json={"userMessage": "hello?"}, headers=ANA).json()
+        assert messages(quiet) == []  # the bot is silent: the message went to the operators
+        said = client.post("/bots/desk/sessions/n1/operator/messages", json={"text": "Bea here."}, headers=BEA)
+        assert said.status_code == 200, said.text
+        assert client.post("/bots/desk/sessions/n1/release", json={}, headers=BEA).status_code == 200
+        back = client.post("/bots/desk/sessions/n1/messages", json={"userMessage": "thanks"}, headers=ANA).json()
+        assert messages(back) == ["Bot heard: thanks"]
+
+
+def test_the_validator_checks_an_operator_timeout_where_it_is_written(tmp_path):
+    from chatrun.definition.loader import check_bot
+
+    bad = HANDOVER.replace("        timeout: 10m\n", "").replace("tool: open_ticket", "tool: open_tickt").replace(
+        "route: billing\n  open_ticket", "route: bilings\n  open_ticket")
+    (tmp_path / "bot.yaml").write_text(bad)
+    _config, found = check_bot(tmp_path / "bot.yaml")
+    errors = [(d.line, d.message) for d in found if d.severity == "error"]
+    assert errors == [
+        (16, "`operator.on_timeout` of tool `human` never applies: the handover has no `timeout` (e.g. `timeout: 10m`)"),
+        (17, "`operator.on_timeout` of tool `human` calls unknown tool `open_tickt`; did you mean `open_ticket`?"),
+        (20, "`route` of `operator.on_timeout` of tool `human` names unknown route `bilings`; did you mean `billing`?"),
+    ], found
+    (tmp_path / "bot.yaml").write_text(HANDOVER.replace('topic: "{{ args.topic }}", session', "session"))
+    _config, found = check_bot(tmp_path / "bot.yaml")
+    assert [d.message for d in found if d.severity == "warning" and "open_ticket" in d.message] == []  # it is used
+    assert [(d.line, d.message) for d in found if d.severity == "error"] == [
+        (19, "`operator.on_timeout` of tool `human` calls `open_ticket` without its required argument(s) topic "
+             "(give them in `args:`)")]

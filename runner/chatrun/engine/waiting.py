@@ -26,7 +26,12 @@ from typing import TYPE_CHECKING, Any
 from jsonschema import Draft202012Validator
 
 from chatrun import events as ev
-from chatrun.definition.config import ApprovalCaseConfig, BotConfig, OperatorTimeoutConfig, ToolConfig
+from chatrun.definition.config import (
+    ApprovalCaseConfig,
+    BotConfig,
+    OperatorTimeoutConfig,
+    ToolConfig,
+)
 from chatrun.definition.templates import holds
 from chatrun.engine import tracing
 from chatrun.engine.call import ToolCalls
@@ -656,7 +661,8 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
     name = (c.principal or {}).get("name") or "operator"
     if item is None:  # an operator takes a conversation nobody handed over
         item = new_item(calls.t, TAKEOVER, None, ask=decision.note if isinstance(decision, TakeOver) and decision.note
-                        else "An operator took over.", by=[OPERATOR_ROLE], data=takeover_data(None, "messages"))
+                        else "An operator took over.", by=_stepping_in_roles(c),
+                        data=takeover_data(None, "messages"))
     if c.taken_over is None:  # taken: the item stays open (the takeover) until the release
         item = taken(c, item)
         calls.t.emit(ev.RESOLVED, {"id": item.id, "kind": TAKEOVER, "outcome": TAKEN, "by": name})
@@ -667,6 +673,13 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
         await release(calls, item, decision.route)
         return await apply_all_held(calls)
     return NextStepFinalOutput()
+
+
+def _stepping_in_roles(c: Conversation) -> list[str]:
+    """Who acts on a takeover nobody handed over: operators, and the role of the bot's
+    `operator:` actions the one who stepped in holds (so they may speak and release it)."""
+    own = granted_roles(c.roles or ()) & set(handover_roles(c.config))
+    return [OPERATOR_ROLE, *sorted(own - {OPERATOR_ROLE})]
 
 
 def taken(c: Conversation, item: PendingItem) -> PendingItem:
