@@ -703,7 +703,7 @@ async def handover_timed_out(calls: ToolCalls, item: PendingItem) -> NextStep:
         result = await _timeout_call(calls, item, plan) if plan.tool else None
         if plan.message:
             text = calls.t.render_template(plan.message, "operator on_timeout message", plan.where,
-                                           {"args": item.args or {}, "result": result})
+                                           {"args": item.data.get("args") or {}, "result": result})
             calls.t.emit(ev.MESSAGE, text)
             c.memory_for(c.scope, c.scope.route).add(AssistantMessage(text))  # the model knows what the user read
         if plan.route and plan.route != c.scope.route and plan.route in c.config.routes:
@@ -728,7 +728,7 @@ async def _timeout_call(calls: ToolCalls, item: PendingItem, plan: OperatorTimeo
     if tool is None:
         calls.t.emit(ev.CONSOLE, f"operator on_timeout ({plan.where}): the bot has no tool {plan.tool!r}")
         return None
-    args = {k: calls.t.render_template(v, f"operator on_timeout args.{k}", plan.where, {"args": item.args or {}},
+    args = {k: calls.t.render_template(v, f"operator on_timeout args.{k}", plan.where, {"args": item.data.get("args") or {}},
                                        typed=True) if isinstance(v, str) else v for k, v in plan.args.items()}
     try:
         check_arguments(tool, args, calls.t.tools.argument_validator(tool))
