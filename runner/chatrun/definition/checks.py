@@ -25,6 +25,7 @@ from chatrun.definition.config import (
     AskConfig,
     BotConfig,
     Location,
+    OperatorConfig,
     RouteConfig,
     ToolConfig,
     declared_arguments,
@@ -557,6 +558,38 @@ class _Checker:
             if operator.text:
                 self.template(operator.text, f"`operator.text` of tool `{tool.name}`", (*at, "operator", "text"),
                               tool, routes=routes)
+            self.operator_timeout(tool, operator, (*at, "operator"), routes)
+
+    def operator_timeout(self, tool: ToolConfig, operator: OperatorConfig, at: tuple, routes: list[str]) -> None:
+        """`operator.timeout` and `on_timeout`: one needs the other; the tool, its arguments (a
+        template for each parameter it requires) and the route exist; the texts compile."""
+        plan, of = operator.on_timeout, f"`operator.on_timeout` of tool `{tool.name}`"
+        if plan is None:
+            return
+        if not operator.timeout:
+            self.add("error", f"{of} never applies: the handover has no `timeout` (e.g. `timeout: 10m`)",
+                     *at, "on_timeout")
+        if plan.tool is not None:
+            called = self.config.tools.get(plan.tool)
+            if called is None:
+                self.add("error", f"{of} calls unknown tool `{plan.tool}`{suggest(plan.tool, self.config.tools)}",
+                         *at, "on_timeout", "tool")
+            else:
+                missing = [p for p in called.parameters.get("required") or () if p not in plan.args]
+                if missing:
+                    self.add("error", f"{of} calls `{plan.tool}` without its required argument(s) "
+                             f"{', '.join(missing)} (give them in `args:`)", *at, "on_timeout", "args")
+            for key, value in plan.args.items():
+                if isinstance(value, str):
+                    self.template(value, f"`args.{key}` of {of}", (*at, "on_timeout", "args", key), tool,
+                                  routes=routes)
+        elif plan.args:
+            self.add("error", f"{of} has `args` but no `tool` to call with them", *at, "on_timeout", "args")
+        if plan.route and plan.route not in self.config.routes:
+            self.add("error", f"`route` of {of} names unknown route `{plan.route}`"
+                     f"{suggest(plan.route, self.config.routes)}", *at, "on_timeout", "route")
+        if plan.message:
+            self.template(plan.message, f"`message` of {of}", (*at, "on_timeout", "message"), tool, routes=routes)
 
     def condition(self, condition: str, what: str, path: tuple, tool: ToolConfig, routes: list[str]) -> bool:
         """A condition (a Jinja expression without braces) compiles and reads what is declared;
@@ -1262,6 +1295,8 @@ def _graph_checks(checker: _Checker) -> None:
                 checker.add("warning", f"tool `{name}` pops, but route `{route.name}` is only ever the root scope "
                             "(nothing pushes it): calling it there fails at run time", "routes", route.name, "tools", i)
     used = {name for route in config.routes.values() for name in route.tools}
+    used |= {tool.action.operator.on_timeout.tool or "" for tool in config.tools.values()  # a handover's timeout
+             if tool.action.operator is not None and tool.action.operator.on_timeout is not None}  # calls it
     for name in config.tools:
         if name not in used:
             checker.add("warning", f"tool `{name}` is not listed by any route, so the model can never call it",
