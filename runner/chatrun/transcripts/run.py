@@ -219,11 +219,17 @@ class VersionProblem(ChatrunError):
 def bot_versions(t: Transcript, bots: dict[str, Any] | None) -> list[tuple[str, Any]]:
     """The versions of the transcript's bot, oldest first, as (label, Bot): one per folder of
     a `versions/` layout (docs/versions.md), else the one bot (labelled by its `version:`)."""
+    return versions_at(t.bot_path, bots)
+
+
+def versions_at(path: Any, bots: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
+    """The versions of the bot at `path`, oldest first, as (label, Bot) (see `bot_versions`):
+    the one rule for transcripts and scenarios."""
     from chatrun.definition.versions import version_layout
 
-    layout = version_layout(t.bot_path)
+    layout = version_layout(path)
     if layout is None:
-        bot = load_bot_cached(str(t.bot_path), bots)
+        bot = load_bot_cached(str(path), bots)
         return [(bot.config.version or bot.config.content_version, bot)]
     return [(label, load_bot_cached(str(folder), bots)) for label, folder in layout.versions]
 
@@ -321,10 +327,16 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
     if t.tokenizer is not None:
         session.tokenizer = t.tokenizer  # raises when the pinned encoding cannot be loaded here
     if t.clock is not None:
-        setting = t.clock if isinstance(t.clock, dict) else {"at": t.clock}
-        step = parse_duration(setting.get("advance", 0))
-        session.clock = FixedClock(parse_instant(setting["at"], session.now().tzinfo), step)
+        pin_clock(session, t.clock)
     return session, script
+
+
+def pin_clock(session: Any, clock: str | dict[str, Any]) -> None:
+    """A top-level `clock:` (a transcript's, a scenario's): the session runs at that instant,
+    moved on by its `advance` after every turn (`advance_clock`)."""
+    setting = clock if isinstance(clock, dict) else {"at": clock}
+    step = parse_duration(setting.get("advance", 0))
+    session.clock = FixedClock(parse_instant(setting["at"], session.now().tzinfo), step)
 
 
 def set_turn_clock(session: Any, turn: TurnSpec) -> None:
