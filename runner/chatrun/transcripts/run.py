@@ -478,7 +478,7 @@ def with_attachments(session: Any, turn: TurnSpec) -> dict[str, Any]:
     session.check_attachments([(media_type, len(data)) for data, media_type, _ in files])  # the count too
     refs = [session.attach(data, media_type, name).to_dict() for data, media_type, name in files]
     given = turn.input if isinstance(turn.input, dict) else {"userMessage": turn.input}
-    return {**given, "attachments": refs}
+    return {**given, "attachments": [*(given.get("attachments") or []), *refs]}  # after any sent by URL
 
 
 def state_problem(config: Any, t: Transcript) -> str | None:
