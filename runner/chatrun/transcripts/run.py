@@ -27,6 +27,14 @@ from chatrun.transcripts.expect import Mismatch, Observed, compare, compare_live
 from chatrun.transcripts.format import Transcript, TurnSpec, load_transcript
 from chatrun.transcripts.judge import LIVE, REPLAY, Judge, criteria, reply_text
 from chatrun.transcripts.mocks import TranscriptMocks
+from chatrun.transcripts.setting import (
+    VersionProblem,
+    advance_clock,
+    load_bot_cached,
+    pin_clock,
+    version_index,
+    versions_at,
+)
 
 
 class TurnScript:
@@ -141,16 +149,6 @@ class Result:
         return "\n".join(lines)
 
 
-def load_bot_cached(path: str, bots: dict[str, Any] | None) -> Any:
-    from chatrun.engine.bot import load_bot
-
-    if bots is None:
-        return load_bot(path)
-    if path not in bots:
-        bots[path] = load_bot(path)
-    return bots[path]
-
-
 def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = None, mode: str = REPLAY) -> Result:
     """Run one transcript (a loaded Transcript or a path). Never raises for a failing or
     invalid transcript: the Result says what went wrong. `bots` caches loaded bots by path.
@@ -212,26 +210,10 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
     return result
 
 
-class VersionProblem(ChatrunError):
-    """A transcript's `version:` or `upgrade:` the bot does not have, or a downgrade."""
-
-
 def bot_versions(t: Transcript, bots: dict[str, Any] | None) -> list[tuple[str, Any]]:
     """The versions of the transcript's bot, oldest first, as (label, Bot): one per folder of
     a `versions/` layout (docs/versions.md), else the one bot (labelled by its `version:`)."""
     return versions_at(t.bot_path, bots)
-
-
-def versions_at(path: Any, bots: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
-    """The versions of the bot at `path`, oldest first, as (label, Bot) (see `bot_versions`):
-    the one rule for transcripts and scenarios."""
-    from chatrun.definition.versions import version_layout
-
-    layout = version_layout(path)
-    if layout is None:
-        bot = load_bot_cached(str(path), bots)
-        return [(bot.config.version or bot.config.content_version, bot)]
-    return [(label, load_bot_cached(str(folder), bots)) for label, folder in layout.versions]
 
 
 def pick_versions(t: Transcript, bots: dict[str, Any] | None) -> tuple[Any, dict[int, Any]]:
@@ -253,15 +235,6 @@ def pick_versions(t: Transcript, bots: dict[str, Any] | None) -> tuple[Any, dict
                                  "moves to an older version")
         at, upgrades[turn.index] = to, versions[to][1]
     return start, upgrades
-
-
-def version_index(versions: list[tuple[str, Any]], wanted: str, where: str, bot: str) -> int:
-    """Where `wanted` (a label, a content hash or a human `version:`) is among `versions`."""
-    for i, (label, found) in enumerate(versions):
-        if wanted in (label, found.config.content_version, found.config.version):
-            return i
-    have = ", ".join(f"{label} ({found.config.content_version})" for label, found in versions)
-    raise VersionProblem(f"{where} bot {bot} has no version {wanted!r}; it has: {have}")
 
 
 def upgrade(session: Any, bot: Any) -> None:
@@ -331,14 +304,6 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
     return session, script
 
 
-def pin_clock(session: Any, clock: str | dict[str, Any]) -> None:
-    """A top-level `clock:` (a transcript's, a scenario's): the session runs at that instant,
-    moved on by its `advance` after every turn (`advance_clock`)."""
-    setting = clock if isinstance(clock, dict) else {"at": clock}
-    step = parse_duration(setting.get("advance", 0))
-    session.clock = FixedClock(parse_instant(setting["at"], session.now().tzinfo), step)
-
-
 def set_turn_clock(session: Any, turn: TurnSpec) -> None:
     """A turn's `clock:`: the instant it runs at, or how far to move the pinned clock first
     (a transcript without a top-level `clock:` is pinned from here on)."""
@@ -352,12 +317,6 @@ def set_turn_clock(session: Any, turn: TurnSpec) -> None:
         clock.set(parse_instant(setting["at"], session.now().tzinfo))
     if "advance" in setting:
         clock.advance(parse_duration(setting["advance"]))
-
-
-def advance_clock(session: Any) -> None:
-    """After a turn, a pinned clock moves on by the transcript's `clock: {advance: ..}`."""
-    if isinstance(session.clock, FixedClock):
-        session.clock.advance()
 
 
 def play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None = None, live: bool = False) -> TurnResult:

@@ -141,7 +141,7 @@ async def play(scenario: Scenario, bot: Any, number: int) -> Trial:
     from chatrun.models import ModelPool
     from chatrun.models.scripted import ScriptedModel
     from chatrun.store.memory import InMemoryStore
-    from chatrun.transcripts.run import advance_clock, pin_clock
+    from chatrun.transcripts.setting import advance_clock, pin_clock
 
     pool = ModelPool()  # the bot's model and the simulated user's, closed on this loop
     scripted = {side: ScriptedModel(scenario.script[side]) for side in ("bot", "user") if side in scenario.script}
@@ -393,7 +393,7 @@ def simulate(path: str, trials: int | None = None, on_trial: Callable[[Trial], N
     """Run a scenario file's trials (`trials` overrides its own count). Never raises for a bad
     scenario or bot: the Outcome's `error` says what is wrong, naming file:line."""
     from chatrun.transcripts.judge import LIVE, Judge
-    from chatrun.transcripts.run import VersionProblem
+    from chatrun.transcripts.setting import VersionProblem
 
     try:
         scenario = load_scenario(path)
@@ -435,7 +435,7 @@ def scenario_bot(scenario: Scenario) -> Any:
     becomes its label, which a recorded trial names so its replay runs on the same version."""
     from chatrun.definition.versions import version_layout
     from chatrun.engine.bot import load_bot
-    from chatrun.transcripts.run import version_index, versions_at
+    from chatrun.transcripts.setting import version_index, versions_at
 
     layout = version_layout(scenario.bot_path)
     if scenario.version is None and layout is None:
