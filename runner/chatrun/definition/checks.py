@@ -17,7 +17,7 @@ from typing import Any
 from jinja2 import TemplateSyntaxError, nodes
 
 from chatrun.definition.binding import check_binding
-from chatrun.definition.catalogs import T_CALL, catalog_checks
+from chatrun.definition.catalogs import T_CALL, T_COMPUTED, catalog_checks
 from chatrun.definition.config import (
     ActionConfig,
     ApprovalCaseConfig,
@@ -34,7 +34,13 @@ from chatrun.definition.config import (
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
-from chatrun.definition.templates import DISPLAY_VARIABLES, ENV, TEMPLATE_VARIABLES, zone_named
+from chatrun.definition.templates import (
+    DISPLAY_VARIABLES,
+    ENV,
+    TEMPLATE_VARIABLES,
+    nested_templates,
+    zone_named,
+)
 from chatrun.definition.versions import policy_problem
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
@@ -75,6 +81,7 @@ class _Checker:
         self.visibility = ScopeVisibility(config, self.graph)
         self.routes_of: dict[str, list[str]] = {}  # tool -> the routes that list it
         self.used_keys: dict[str, tuple[str, int, int]] = {}  # t('key') -> where it is first used
+        self.computed_keys: dict[str, tuple[str, int, int]] = {}  # t('day.' ~ n): prefix -> where first used
         for route in config.routes.values():
             for name in route.tools:
                 self.routes_of.setdefault(name, []).append(route.name)
@@ -154,7 +161,7 @@ class _Checker:
         self.engine_audience_roles()
         self.format_and_migrations()
         if self.config.catalogs is not None:
-            self.out.extend(catalog_checks(self.config.catalogs, self.used_keys))
+            self.out.extend(catalog_checks(self.config.catalogs, self.used_keys, self.computed_keys))
 
     def format_and_migrations(self) -> None:
         from chatrun.definition.migrations import format_diagnostics, migration_diagnostics
@@ -405,8 +412,9 @@ class _Checker:
             if isinstance(template, str):
                 self.template(template, f"`set {path}` of {of}", (*at, "set", path), tool, routes=routes)
         for event, template in action.emit.items():
-            if isinstance(template, str):
-                self.template(template, f"`emit {event}` of {of}", (*at, "emit", event), tool, routes=routes)
+            for below, text in nested_templates(template):  # data: each text in it is a template
+                self.template(text, f"`emit {event}` of {of}", (*at, "emit", event, *below), tool, routes=routes,
+                              said=False)  # event data, as the event type is (not a text the bot says)
         for key in ("message", "reply", "result", "choices"):
             source = getattr(action, key)
             if source and isinstance(source, str):
@@ -714,8 +722,8 @@ class _Checker:
 
     def template(self, source: str, what: str, path: tuple, tool: ToolConfig | None,
                  variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None,
-                 undeclared: str = "warning") -> None:
-        said = path[-1] in USER_FACING
+                 undeclared: str = "warning", said: bool | None = None) -> None:
+        said = path[-1] in USER_FACING if said is None else said
         if "{" not in source:
             if said and self.config.catalogs is not None and source.strip():
                 self.untranslated(what, path)
@@ -773,14 +781,16 @@ class _Checker:
         """The `t('key')` calls of a template (docs/i18n.md): kept for the catalog checks; an
         error without `locales:`; a text the user gets that uses no `t()` is untranslated."""
         calls = list(T_CALL.finditer(source))
-        if calls and self.config.catalogs is None:
+        computed = list(T_COMPUTED.finditer(source))
+        if (calls or computed) and self.config.catalogs is None:
             emit("error", f"{what} calls `t()`, but the bot declares no `locales:` (docs/i18n.md)",
-                 source.count("\n", 0, calls[0].start()) + 1)
+                 source.count("\n", 0, min(c.start() for c in calls + computed)) + 1)
             return
-        for call in calls:
-            lineno = source.count("\n", 0, call.start()) + 1
-            line, col = line_of(lineno)
-            self.used_keys.setdefault(call.group(2), (file, line, col))
+        for found, keys in ((calls, self.used_keys), (computed, self.computed_keys)):
+            for call in found:
+                lineno = source.count("\n", 0, call.start()) + 1
+                line, col = line_of(lineno)
+                keys.setdefault(call.group(2) or "", (file, line, col))
         if said and not calls and self.config.catalogs is not None and "t(" not in source:
             emit("warning", f"{what} is sent to the user untranslated: the bot declares `locales:`, so write "
                  "it as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)", 1)
@@ -1244,26 +1254,75 @@ def _user_template_checks(checker: _Checker) -> None:
 @lru_cache(maxsize=1024)
 def _unguarded_data_reads(source: str) -> list[str]:
     """The `data.KEY` paths a template reads outside a `default` filter, unless the template
-    tests a path with `is defined`/`undefined` or `in` (an author guarding by hand)."""
+    tests a path with `is defined`/`undefined` or `in` (an author guarding by hand). A field
+    only tested for truth (`{% if data.game %}`, `data.game or 'chess'`, `not data.game`) is
+    safe, since an undefined field is false there; so is reading it where such a test holds
+    (the `if` body, `and`'s right side)."""
     tree = ENV.parse(source)
     if any(t.name in ("defined", "undefined") for t in tree.find_all(nodes.Test)) \
             or any(op.op in ("in", "notin") for op in tree.find_all(nodes.Operand)):
         return []
     found: list[str] = []
 
-    def visit(node: nodes.Node, guarded: bool) -> None:
+    def visit(node: nodes.Node, guarded: bool, true: frozenset[str]) -> None:
         if isinstance(node, nodes.Filter) and node.name in ("default", "d"):
             guarded = True  # what it filters may be undefined; its arguments are visited too
+        if isinstance(node, (nodes.If, nodes.CondExpr, nodes.And, nodes.Or, nodes.Not)):
+            visit_truth(node, guarded, true)
+            return
         if isinstance(node, (nodes.Getattr, nodes.Getitem)) and not guarded:
             path = _attr_path(node)
             if path and path[0] == "data" and len(path) > 1:
-                found.append(".".join(path[:2]))
+                if ".".join(path[:2]) not in true:
+                    found.append(".".join(path[:2]))
                 return
         for child in node.iter_child_nodes():
-            visit(child, guarded)
+            visit(child, guarded, true)
 
-    visit(tree, False)
+    def test(node: nodes.Node, guarded: bool, true: frozenset[str]) -> frozenset[str]:
+        """Visit an expression read for its truth; the fields that hold when it is true."""
+        if isinstance(node, nodes.Not):
+            test(node.node, guarded, true)
+            return frozenset()
+        if isinstance(node, nodes.And):
+            left = test(node.left, guarded, true)
+            return left | test(node.right, guarded, true | left)
+        if isinstance(node, nodes.Or):
+            test(node.left, guarded, true)
+            test(node.right, guarded, true)
+            return frozenset()
+        field = _data_field(node)
+        if field is not None:
+            return frozenset({field})  # false when undefined: no read fails
+        visit(node, guarded, true)
+        return frozenset()
+
+    def visit_truth(node: nodes.Node, guarded: bool, true: frozenset[str]) -> None:
+        if isinstance(node, nodes.If):
+            holds = test(node.test, guarded, true)
+            for child in node.body:
+                visit(child, guarded, true | holds)
+            for child in [*node.elif_, *node.else_]:
+                visit(child, guarded, true)
+        elif isinstance(node, nodes.CondExpr):
+            holds = test(node.test, guarded, true)
+            visit(node.expr1, guarded, true | holds)
+            if node.expr2 is not None:
+                visit(node.expr2, guarded, true)
+        else:  # and, or, not: each side read for its truth (`data.game or 'chess'` is the field or the text)
+            test(node, guarded, true)
+
+    visit(tree, False, frozenset())
     return found
+
+
+def _data_field(node: nodes.Node) -> str | None:
+    """`data.KEY` when `node` is exactly that field (not a path below it: `data.game.id` fails
+    when `game` is missing, whatever reads it)."""
+    if not isinstance(node, (nodes.Getattr, nodes.Getitem)):
+        return None
+    path = _attr_path(node)
+    return ".".join(path) if path and path[0] == "data" and len(path) == 2 else None
 
 
 def _graph_checks(checker: _Checker) -> None:
