@@ -20,6 +20,7 @@ from typing import Any
 
 from chatrun import events as ev
 from chatrun.errors import ChatrunError
+from chatrun.transcripts.expect import item_view
 
 HEADER = ("# yaml-language-server: $schema={schema}\n"
           "# Recorded from session {session} of {store}; run it with: chatrun test {file}\n")
@@ -178,10 +179,19 @@ def _mock(call: dict[str, Any]) -> dict[str, Any]:
     return mock
 
 
+def _event_data(event: dict[str, Any]) -> Any:
+    """A stored event's data as expectations read it: a Pending event as its item, without
+    the runtime's own fields (when it was made, its call id), which differ on a replay."""
+    data = event.get("data")
+    if event.get("type") == ev.PENDING and isinstance(data, dict):
+        return item_view(data)
+    return data
+
+
 def _what_happened(entry: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:
     """The turn's expectations, from the history: the user's events, the route and stack it
     ended on (a failed turn: that it failed), and its tool calls with their arguments."""
-    events = [{e["type"]: e.get("data")} for e in entry.get("events") or []
+    events = [{e["type"]: _event_data(e)} for e in entry.get("events") or []
               if isinstance(e, dict) and e.get("type") != ev.STREAM and not e.get("audience")]
     expect: dict[str, Any] = {}
     if entry.get("ok"):
