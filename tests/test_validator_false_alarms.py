@@ -16,6 +16,10 @@ def found(path: Path) -> list[tuple[str, int, str, str]]:
     return [(Path(d.file).name, d.line, d.severity, d.message) for d in diagnostics]
 
 
+RENDERED_NOW = ("`emit Handoff` of tool `score`: the texts inside its data are rendered as templates now (before "
+                "this release `{{ }}` in them was sent as written); write {{ '{{' }} for braces meant literally")
+
+
 def bot(tmp_path: Path, text: str, catalogs: dict[str, str] | None = None) -> Path:
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "bot.yaml").write_text(textwrap.dedent(text))
@@ -134,7 +138,7 @@ def test_an_emit_mapping_renders_each_of_its_templates_keeping_types(tmp_path):
     from chatrun.models.scripted import ScriptedModel
 
     path = bot(tmp_path, HANDOFF.replace('      missing: "{{ args.comment }}"\n', ""))
-    assert found(path) == []
+    assert [p[2:] for p in found(path)] == [("warning", RENDERED_NOW)]  # the change of meaning, for older bots
     model = ScriptedModel([{"tool_calls": [{"id": "c1", "name": "score", "arguments": {"score": 4}}]}, {"text": "Bye."}])
     events = chatrun.load_bot(path).session(model=model).chat("4")
     assert [e.data for e in events if e.type == "Handoff"] == [
@@ -146,7 +150,7 @@ def test_each_template_in_emit_data_is_checked_at_its_line_and_one_that_renders_
     from chatrun.models.scripted import ScriptedModel
 
     problems = found(bot(tmp_path / "typo", HANDOFF.replace("args.comment", "args.coment")))
-    assert problems == [("bot.yaml", 18, "warning", "`emit Handoff` of tool `score` reads `args.coment`, but the "
+    assert problems[1:] == [("bot.yaml", 18, "warning", "`emit Handoff` of tool `score` reads `args.coment`, but the "
                          "tool's `parameters` declare no property `coment`")]
     model = ScriptedModel([{"tool_calls": [{"id": "c1", "name": "score", "arguments": {"score": 8}}]}, {"text": "Bye."}])
     events = chatrun.load_bot(bot(tmp_path / "plain", HANDOFF)).session(model=model).chat("8")

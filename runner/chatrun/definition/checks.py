@@ -412,9 +412,14 @@ class _Checker:
             if isinstance(template, str):
                 self.template(template, f"`set {path}` of {of}", (*at, "set", path), tool, routes=routes)
         for event, template in action.emit.items():
-            for below, text in nested_templates(template):  # data: each text in it is a template
+            nested = list(nested_templates(template))
+            for below, text in nested:  # data: each text in it is a template
                 self.template(text, f"`emit {event}` of {of}", (*at, "emit", event, *below), tool, routes=routes,
                               said=False)  # event data, as the event type is (not a text the bot says)
+            if any(below and "{{" in text for below, text in nested):  # a change of meaning (CHANGELOG)
+                self.add("warning", f"`emit {event}` of {of}: the texts inside its data are rendered as templates now "
+                         "(before this release `{{ }}` in them was sent as written); write {{ '{{' }} for braces "
+                         "meant literally", *at, "emit", event)
         for key in ("message", "reply", "result", "choices"):
             source = getattr(action, key)
             if source and isinstance(source, str):
