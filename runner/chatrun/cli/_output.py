@@ -3,9 +3,10 @@ message` lines (or JSON), a summary, and exit codes instead of tracebacks."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterable
-from typing import NoReturn
+from collections.abc import Coroutine, Iterable
+from typing import Any, NoReturn
 
 import click
 
@@ -72,3 +73,13 @@ def describe_store(store: object) -> str:
     if type(store).__name__ == "InMemoryStore":
         return "in memory (sessions end with the process)"
     return getattr(store, "url", None) or type(store).__name__
+
+
+def run_on_store(url: str, work: Coroutine[Any, Any, Any]) -> Any:
+    """Run a command's work on the store at `url`; a store error is one line naming the store
+    and exit status 2, never a traceback."""
+    try:
+        return asyncio.run(work)
+    except (ChatrunError, OSError, ValueError) as exc:
+        click.echo(f"{url}: error: {exc}", err=True)
+        raise click.exceptions.Exit(2) from None

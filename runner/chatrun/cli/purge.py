@@ -4,13 +4,13 @@ principal (docs/deploy.md, "What is kept, and for how long"; store/retention.py)
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any
 
 import click
 
+from chatrun.cli._output import run_on_store
 from chatrun.definition.config import Retention, duration_seconds
 
 STORE_HELP = "The store the servers share (sqlite:///path/to.db, redis://host:port/db)."
@@ -74,7 +74,7 @@ def purge(bots: tuple[str, ...], store_url: str, retain_idle: float | None, reta
         raise click.UsageError("name the bots whose retention applies (BOT...), or erase one --principal")
     cap = server_retention(retain_idle, retain_dead_letters)
     retention = {c.name: c.retention.capped(cap) for c in configs}
-    counts = _run(store_url, _purge(store_url, retention, principal, dry_run))
+    counts = run_on_store(store_url, _purge(store_url, retention, principal, dry_run))
     if as_json:
         click.echo(json.dumps({"dry_run": dry_run, "principal": principal, **counts.to_json()}, indent=2))
     else:
@@ -129,13 +129,3 @@ def _load(path: str) -> Any:
     except ChatrunError as exc:
         click.echo(f"{path}: error: {exc}", err=True)
     raise click.exceptions.Exit(2)
-
-
-def _run(url: str, work: Any) -> Any:
-    from chatrun.errors import ChatrunError
-
-    try:
-        return asyncio.run(work)
-    except (ChatrunError, OSError, ValueError) as exc:
-        click.echo(f"{url}: error: {exc}", err=True)
-        raise click.exceptions.Exit(2) from None

@@ -6,12 +6,13 @@ sessions), and retiring the ones no session runs any more (docs/versions.md,
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import click
+
+from chatrun.cli._output import run_on_store
 
 STORE_HELP = "The store the servers share (sqlite:///path/to.db, redis://host:port/db)."
 
@@ -33,7 +34,7 @@ def list_versions(store_url: str, bot: str | None, as_json: bool) -> None:
     Example:
       chatrun versions list --store sqlite:///sessions.db
     """
-    kept = _run(store_url, _kept(store_url, bot))
+    kept = run_on_store(store_url, _kept(store_url, bot))
     if as_json:
         click.echo(json.dumps({"versions": [k.to_json() for k in kept]}, indent=2))
         return
@@ -64,7 +65,7 @@ def prune(store_url: str, bot: str, keep: tuple[str, ...], dry_run: bool) -> Non
     Example:
       chatrun versions prune --store sqlite:///sessions.db --bot shop --keep 2
     """
-    kept = _run(store_url, _kept(store_url, bot))
+    kept = run_on_store(store_url, _kept(store_url, bot))
     unknown = [k for k in keep if not any(k in (v.label, v.content_version) for v in kept)]
     if unknown:
         listed = ", ".join(f"{v.label} ({v.content_version})" for v in kept) or "none"
@@ -81,7 +82,7 @@ def prune(store_url: str, bot: str, keep: tuple[str, ...], dry_run: bool) -> Non
             click.echo(f"refused  {shown}: {_sessions(version.sessions)} still run it")
         else:
             if not dry_run:
-                _run(store_url, _remove(store_url, bot, version.content_version))
+                run_on_store(store_url, _remove(store_url, bot, version.content_version))
             click.echo(f"{'would remove' if dry_run else 'removed '} {shown}")
     if refused:
         raise click.exceptions.Exit(1)
@@ -99,15 +100,6 @@ class Kept:
         return {"bot": self.bot, "label": self.label, "content_version": self.content_version,
                 "published": self.published, "sessions": self.sessions}
 
-
-def _run(url: str, work: Any) -> Any:
-    from chatrun.errors import ChatrunError
-
-    try:
-        return asyncio.run(work)
-    except (ChatrunError, OSError, ValueError) as exc:
-        click.echo(f"{url}: error: {exc}", err=True)
-        raise click.exceptions.Exit(2) from None
 
 
 async def _kept(url: str, bot: str | None) -> list[Kept]:
