@@ -20,6 +20,7 @@ from chatrun.memory.tokens import estimate_tokens
 from chatrun.messages import Attachment
 from chatrun.server import wire
 from chatrun.server.auth import Principal
+from chatrun.server.inspect import pending_data
 from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Opened, TurnIndex
 from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
 from chatrun.store.blobs import BlobArea
@@ -242,7 +243,7 @@ async def _run_turn(
         if session.ended:  # this turn's `end` action ended the conversation: later messages are refused
             info["ended"] = session.ended
         if session.pending:  # what the reply's text asks, as data (a front end with buttons may use it)
-            info["pending"] = [item.public() for item in session.pending]
+            info["pending"] = pending_data(session, ())["pending"]  # as its user reads them (`for_user`)
         if estimated:
             info["usage_estimated"] = True
         if cost is not None:
