@@ -106,7 +106,8 @@ def test_the_backend_answers_with_its_token_and_the_user_picks_a_plan(tmp_path):
     out = run_repl(["bots/onboarding", "--play-model"], script)
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert "⏸ p1 question: We are checking your documents; this can take up to two days." in text
+    assert "⏸ p1 question: Check the documents of Lea Martin (document X1234567)." in text  # the backend's
+    assert "  the user is told: We are checking your documents; this can take up to two days." in text
     assert "— /answer p1 VALUE" in text
     assert '✓ p1 question answered by nobody; answer {"verdict": "approved"}' in text
     assert "Welcome, Lea Martin! Your account is open." in text
