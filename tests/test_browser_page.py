@@ -1,6 +1,7 @@
 """The web page as end users meet it (issue 27): Markdown replies rendered safely, long words
 that never widen the page, Object events as readable cards, the cause when no model is
-configured, a phone's header and input, routes' display names, and a route graph whose
+configured, a phone's header and input, routes' display names, a user's confirmation as one
+card with Yes and No, and a route graph whose
 labels stay apart. Real Chromium against the real server, the model played by the fake OpenAI
 server; each check at a phone's width (390 px) and a desktop's (1280 px).
 
@@ -28,7 +29,7 @@ routes:
     default: true
     title: Front desk
     system: You book hotel rooms.
-    tools: [book_room, quote]
+    tools: [book_room, quote, pay_deposit]
   booking:
     title: Your booking
     system: Book the room.
@@ -49,6 +50,11 @@ tools:
   book_room:
     description: Start booking a room
     action: {push: booking, execute: true}
+  pay_deposit:
+    description: Pay the room's deposit (the user is asked to confirm)
+    parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    confirm: "Pay a deposit of {{ args.amount }} EUR?"
+    action: {reply: "Paid {{ args.amount }} EUR."}
   quote:
     description: Quote a price
     action: {route: quoting, execute: true}
@@ -189,6 +195,34 @@ def test_objects_are_readable_cards_with_json_on_demand(server, fake, width):
         assert booking.locator(".fields .fields dd").inner_text() == "Ada"
         shot(page, f"objects-{width}")
         assert page_width(page) == width
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_confirmation_is_one_card_with_yes_and_no_also_after_a_reload(server, fake, width):
+    """A `confirm:` item comes as a Pending event and a Choices event (quick replies, for clients
+    without cards) with the same Yes and No: the page shows the card alone, its buttons Yes/No."""
+    with chat_page(server.url, width=width) as page:
+        fake.queue(call("pay_deposit", amount=50))
+        send(page, "pay the deposit")
+        card = page.locator('.pending-card[data-confirm="true"]')
+        assert card.locator(".tag").inner_text().lower() == "question"  # the runtime asks; no one else approves
+        assert card.locator(".pending-ask").inner_text() == "Pay a deposit of 50 EUR?"
+        assert card.locator("button").all_inner_texts() == ["Yes", "No"]
+        assert page.locator("#messages .choices").count() == 0  # not a second Yes/No below it
+        assert inside_viewport(page, ".pending-card button.reject") and page_width(page) <= width
+        shot(page, f"confirm-asked-{width}")
+        fake.queue({"text": "Your deposit is paid."})
+        card.locator("button.approve").click()
+        card.locator('.pending-status').filter(has_text="Yes").wait_for(timeout=10_000)
+        page.locator(".msg.bot", has_text="Your deposit is paid.").wait_for(timeout=10_000)
+        assert card.locator(".pending-status").inner_text() == "Yes"  # what the user answered
+        assert card.locator("button").count() == 0
+        shot(page, f"confirm-answered-{width}")
+        page.reload()  # the history replays Pending, Choices, Resolved: still one control
+        page.wait_for_selector("body[data-ready=true]")
+        page.locator(".msg.bot", has_text="Your deposit is paid.").wait_for(timeout=10_000)
+        assert page.locator(".pending-card").count() == 1 and page.locator("#messages .choices").count() == 0
+        assert page.locator(".pending-card .pending-status").inner_text() == "Yes"
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -21,7 +21,8 @@ A `<!-- doc-test: ... -->` comment on the line before a block says more:
 - `transcript BOT` — a yaml block is a golden transcript of BOT (e.g. bots/travel), written
   into a copy of its transcripts/ folder; `chatrun test` must pass it;
 - `output of COMMAND` — the block is exactly what COMMAND prints;
-- `given: PYTHON` — a python block is a fragment; this code runs before it.
+- `given: PYTHON` — a python block is a fragment; this code runs before it;
+- `prints` — the block is exactly what the page's python block before it printed.
 
 Every page runs in a fresh folder holding a link to the repository's bots/.
 """
@@ -173,18 +174,25 @@ def check_mcp_config(block: Block, cwd: Path, env: dict[str, str]) -> bool:
     return True
 
 
-def check_python(block: Block, cwd: Path, env: dict[str, str], fake_url: str) -> None:
+def check_python(block: Block, cwd: Path, env: dict[str, str], fake_url: str) -> str:
     given = block.marker.removeprefix("given:").strip() if block.marker.startswith("given:") else ""
     code = f"{given}\n{block.text}" if given else block.text
-    env = {**env, "OPENAI_BASE_URL": fake_url, "OPENAI_API_KEY": "doc-test"}
+    # tests/ too: a `given:` line may start a server the example talks to (tests/doc_servers.py).
+    env = {**env, "OPENAI_BASE_URL": fake_url, "OPENAI_API_KEY": "doc-test",
+           "PYTHONPATH": f"{env['PYTHONPATH']}{os.pathsep}{REPO / 'tests'}"}
     out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
                          text=True, timeout=180)
     assert out.returncode == 0, f"{block.where}:\n{out.stdout}{out.stderr}"
+    return out.stdout
 
 
-def check(block: Block, cwd: Path, env: dict[str, str], fake_url: str) -> bool:
-    """Run the block; False when it could not be checked on this machine (no node)."""
-    if block.marker.startswith("output of "):
+def check(block: Block, cwd: Path, env: dict[str, str], fake_url: str, printed: list[str]) -> bool:
+    """Run the block; False when it could not be checked on this machine (no node). `printed`
+    holds what the page's last python block printed (for a `prints` block)."""
+    if block.marker == "prints":
+        assert printed, f"{block.where}: a `prints` block needs a python block before it"
+        assert printed[-1].strip() == block.text.strip(), f"{block.where}: the python block prints:\n{printed[-1]}"
+    elif block.marker.startswith("output of "):
         command = block.marker.removeprefix("output of ").strip("` ")
         out = run(command, cwd, env)
         assert out.returncode == 0, out.stderr
@@ -202,7 +210,7 @@ def check(block: Block, cwd: Path, env: dict[str, str], fake_url: str) -> bool:
     elif block.lang == "console":
         check_console(block, cwd, env)
     elif block.lang == "python":
-        check_python(block, cwd, env, fake_url)
+        printed.append(check_python(block, cwd, env, fake_url))
     elif block.lang == "yaml":
         check_yaml(block, cwd, env)
     elif block.marker == "mcp config":
@@ -226,11 +234,11 @@ def test_every_example_of_the_page_runs_as_printed(page, tmp_path, fake):
     fake.responder = echo
     (tmp_path / "bots").symlink_to(REPO / "bots")
     env = shell_env()
-    skipped, unchecked = [], []
+    skipped, unchecked, printed = [], [], []
     for block in blocks(page):
         if block.marker.startswith("skip"):
             skipped.append(block.where)
-        elif not check(block, tmp_path, env, fake.base_url):
+        elif not check(block, tmp_path, env, fake.base_url, printed):
             unchecked.append(block.where)
     assert len(skipped) <= 3, f"skip markers are for what truly cannot run here: {skipped}"
     if unchecked:
@@ -239,7 +247,7 @@ def test_every_example_of_the_page_runs_as_printed(page, tmp_path, fake):
 
 def test_markers_are_recognised():
     """A misspelt marker would silently run a block the wrong way (or not at all)."""
-    kinds = ("skip", "serve", "file ", "bot", "transcript ", "output of ", "given:", "mcp config")
+    kinds = ("skip", "serve", "file ", "bot", "transcript ", "output of ", "given:", "mcp config", "prints")
     for page in PAGES:
         for n, line in enumerate(page.read_text().splitlines(), 1):
             if "doc-test" in line:

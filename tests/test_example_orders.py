@@ -38,7 +38,12 @@ def test_status_then_cancel_through_the_real_client_and_a_real_api(fake, api):
     assert [(e.type, e.data) for e in first] == [("Thinking", "Looked up order C3003"),
                                                  ("Message", "C3003 is being prepared.")]
     assert session.state["last_order"]["status"] == "processing"
-    session.chat("Cancel it please")
+    asked = [e for e in session.chat("Cancel it please") if e.type != "Stream"]
+    # a cancellation waits for the customer's own yes (`confirm:`): nothing is sent before it
+    assert [(e.type, e.data.get("ask") if e.type == "Pending" else None) for e in asked] == [
+        ("Pending", "Cancel order C3003?"), ("Choices", None)]
+    assert [r["method"] for r in api.requests] == ["GET"]
+    session.chat("yes")
     assert [(r["method"], r["path"], r["body"]) for r in api.requests] == [
         ("GET", "/v1/orders/C3003", None),
         ("POST", "/v1/orders/C3003/cancel?notify=true", {"reason": "too slow"}),

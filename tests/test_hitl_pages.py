@@ -176,10 +176,11 @@ def test_the_operator_rejects_a_refund_and_the_user_rejects_their_own_call(pages
     assert "rejected p1" in operator.locator("#op-history").inner_text()
     shot(user, f"hitl-user-rejected-by-operator-{width}")
 
-    say(user, "cancel B3")  # the user's own approval: the card's Reject button
+    say(user, "cancel B3")  # the user's own approval: the card's No button
     mine = user.locator('.pending-card[data-kind="approval"]').last
     mine.locator("button.reject").click()
-    mine.locator(".pending-status", has_text="Rejected by ana").wait_for(timeout=30_000)
+    mine.locator(".pending-status", has_text="No").wait_for(timeout=30_000)
+    assert mine.locator(".pending-status").inner_text() == "No"  # what they answered; only they decide it
     assert mine.get_attribute("data-outcome") == "rejected" and mine.locator("button").count() == 0
     # a user's own approval is their confirmation: the model reads that they declined
     user.locator(".msg.bot", has_text='The user declined "Cancel order B3?": cancel was not run.').wait_for(
@@ -268,13 +269,14 @@ def test_the_user_answers_a_form_picks_a_choice_and_approves(pages, width):
                               "size": "L"}
     shot(user, f"hitl-user-answered-{width}")
 
-    say(user, "cancel B2")  # an approval the user gives: buttons, no form (nothing is editable)
+    say(user, "cancel B2")  # the user's own approval is their confirmation: Yes/No, no form (nothing is editable)
     mine = user.locator('.pending-card[data-kind="approval"]')
-    assert mine.locator("button").all_inner_texts() == ["Approve", "Reject"]
+    assert mine.locator("button").all_inner_texts() == ["Yes", "No"]
     assert mine.locator(".pf-field").count() == 0
+    assert user.locator("#messages .choices").count() == 0  # the card's Yes/No, not quick replies as well
     shot(user, f"hitl-user-approval-{width}")
     mine.locator("button.approve").click()
-    mine.locator(".pending-status", has_text="Approved by ana").wait_for(timeout=30_000)
+    mine.locator(".pending-status", has_text="Yes").wait_for(timeout=30_000)
     assert '"cancelled": "B2"' in user.locator(".msg.bot").last.inner_text()
 
 

@@ -223,13 +223,15 @@ turns:
   - user: Cancel C3003, it is too slow.
     model:
       - tool_calls: [{{name: cancel_order, arguments: {{orderId: C3003, notify: true, body: {{reason: too slow}}}}}}]
+  - user: "yes"   # cancel_order's `confirm:`: the request goes out on the customer's own yes
+    model:
       - text: Cancelled.
     mocks:
       - tool: cancel_order
         request: {{headers: {{Idempotency-Key: {key}}}}}
         result: {{status: 200, ok: true, json: {{id: C3003, status: cancelled}}}}
     expect:
-      events: [{{Message: Cancelled.}}]
+      events: [{{Resolved: {{id: p1, kind: approval, outcome: approved, by: null, args: {{orderId: C3003, notify: true, body: {{reason: too slow}}}}}}}}, {{Message: Cancelled.}}]
 """
 
 

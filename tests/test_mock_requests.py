@@ -40,13 +40,15 @@ turns:
   - user: Cancel C3003, it is too slow.
     model:
       - tool_calls: [{{name: cancel_order, arguments: {{orderId: C3003, notify: true, body: {{reason: too slow}}}}}}]
+  - user: "yes"   # cancel_order's `confirm:`: the request goes out on the customer's own yes
+    model:
       - text: Cancelled.
     mocks:
       - tool: cancel_order
         request: {request}
         result: {{status: 200, ok: true, json: {{id: C3003, status: cancelled}}}}
     expect:
-      events: [{{Message: Cancelled.}}]
+      events: [{{Resolved: {{id: p1, kind: approval, outcome: approved, by: null, args: {{orderId: C3003, notify: true, body: {{reason: too slow}}}}}}}}, {{Message: Cancelled.}}]
 """
 
 
@@ -80,14 +82,14 @@ def test_a_request_that_differs_fails_the_turn_naming_the_mocks_line_and_each_di
           headers: {X-Tenant: acme}"""))
     result = run_transcript(str(path))
     assert not result.passed
-    error = result.turns[0].observed.error
-    assert error is not None and error.startswith(f"{path}:9: the request cancel_order would send is not the "
+    error = result.turns[1].observed.error
+    assert error is not None and error.startswith(f"{path}:11: the request cancel_order would send is not the "
                                                   "one this mock expects: ")
     assert 'method: expected "PUT", it would send "POST"' in error
     assert 'query: expected {"notify": "false"}, it would send {"notify": "true"}' in error
     assert 'json: expected {"reason": "changed my mind"}, it would send {"reason": "too slow"}' in error
     assert 'header X-Tenant: expected "acme", it would not send it' in error
-    assert "Cancelled." not in str(result.turns[0].observed.events)  # the mock's result was not used
+    assert "Cancelled." not in str(result.turns[1].observed.events)  # the mock's result was not used
 
 
 def test_a_transcript_level_mock_is_named_by_its_own_line(tmp_path):

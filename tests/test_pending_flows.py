@@ -279,3 +279,24 @@ def test_the_oldest_pending_age_and_decisions_by_each_outcome_are_measured(serve
         assert _sample(metrics, "chatrun_pending_decisions_total", f'{labels},outcome="{outcome}"') == 1.0
     assert _sample(metrics, "chatrun_pending_decisions_total", f'{labels},outcome="edited"') == 0.0
     assert _sample(metrics, "chatrun_pending_decision_seconds_count", labels) == 2.0
+
+
+def test_a_backends_answer_reaches_the_openai_users_next_response_in_the_same_session(served):
+    """Issue 34: a question a backend answers over HTTP is a turn of its own; the /v1 user's next
+    request (history resent) continues the session, and the answer's events come first."""
+    client, db = served
+    ask = {"model": "desk", "messages": [{"role": "user", "content": "documents"}], "chatrun": {"events": True}}
+    first = client.post("/v1/chat/completions", headers=ANA, json=ask).json()
+    session, text = first["chatrun"]["session"], first["choices"][0]["message"]["content"]
+    with SQLiteStore(db) as store:
+        token = store.read_session(session).pending[0]["token"]
+    answered = client.post(f"/bots/desk/sessions/{session}/pending/p1", json={"answer": {"verdict": "approved"}},
+                           headers={"Authorization": f"Bearer {token}"})
+    assert answered.status_code == 200, answered.text
+    ask["messages"] += [{"role": "assistant", "content": text}, {"role": "user", "content": "and now?"}]
+    news = client.post("/v1/chat/completions", headers=ANA, json=ask).json()
+    assert (news["chatrun"]["session"], news["chatrun"]["how"]) == (session, "continued")
+    assert [(e["type"], e["data"]["outcome"]) for e in news["chatrun"]["events"] if e["type"] == "Resolved"] == [
+        ("Resolved", "answered")]
+    assert news["choices"][0]["message"]["content"].endswith("You said and now?.")
+    assert client.get(f"/bots/desk/sessions/{session}", headers=ANA).json()["state"]["kyc"] == {"verdict": "approved"}

@@ -44,7 +44,8 @@ def chatrun(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProce
 
 
 def served_session(tmp_path: Path, fake, store: str) -> list[dict]:
-    """Three turns of bots/orders through `chatrun serve --store STORE`; the replies."""
+    """Four turns of bots/orders through `chatrun serve --store STORE` (the third, "yes", answers
+    cancel_order's `confirm:`); the replies."""
     fake.queue(
         {"tool_calls": [{"name": "get_order", "arguments": {"order_id": "C3003"}}]},
         {"text": "C3003 is being prepared."},
@@ -66,7 +67,7 @@ def served_session(tmp_path: Path, fake, store: str) -> list[dict]:
             base = f"http://127.0.0.1:{port}/bots/orders/sessions"
             post(base, {"id": "s1"})
             replies = [post(f"{base}/s1/messages", {"userMessage": text})
-                       for text in ("Where is C3003?", "Cancel it please, it takes too long", "And Z999?")]
+                       for text in ("Where is C3003?", "Cancel it please, it takes too long", "yes", "And Z999?")]
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=60)
@@ -86,7 +87,7 @@ def record_and_replay(tmp_path: Path, store: str) -> tuple[Path, str]:
     made = chatrun(["record", "--from-session", "s1", "--store", store, "-o", str(out.relative_to(tmp_path))],
                    tmp_path)
     assert made.returncode == 0, made.stdout + made.stderr
-    assert "3 turns recorded; the replay does what the session did" in made.stdout
+    assert "4 turns recorded; the replay does what the session did" in made.stdout
     # Offline: no API, no model. The transcript alone replays the session.
     tested = chatrun(["test", str(out.relative_to(tmp_path))], tmp_path)
     assert tested.returncode == 0, tested.stdout + tested.stderr
@@ -102,14 +103,20 @@ def test_a_sqlite_session_served_for_real_becomes_a_transcript_that_replays_it(o
     assert TOKEN not in text
     doc = yaml.safe_load(text)
     assert doc["bot"] == ".."
-    first, second, third = doc["turns"]
+    first, second, confirmed, third = doc["turns"]
     assert first["user"] == "Where is C3003?"
     assert first["model"][0] == {"tool_calls": [{"name": "get_order", "arguments": {"order_id": "C3003"}}]}
     [mock] = first["mocks"]  # the API's real answer
     assert mock["tool"] == "get_order" and mock["args"] == {"order_id": "C3003"}
     assert mock["result"]["json"]["status"] == "processing"
     assert third["mocks"][0]["result"]["status"] == 404
-    assert second["expect"]["calls"] == [{"tool": "cancel_order", "args": {
+    # cancel_order's `confirm:` asks first; the call runs (and is mocked) on the user's "yes",
+    # written so that it reads back as text, not as YAML 1.1's boolean
+    assert second["expect"]["events"][0]["Pending"]["ask"] == "Cancel order C3003?"
+    assert "created" not in second["expect"]["events"][0]["Pending"]  # the runtime's own fields differ on a replay
+    assert confirmed["user"] == "yes" and "user: 'yes'" in text
+    assert confirmed["mocks"][0]["tool"] == "cancel_order"
+    assert confirmed["expect"]["calls"] == [{"tool": "cancel_order", "args": {
         "orderId": "C3003", "notify": True, "body": {"reason": "too slow"}},
         "reply": "Order C3003 is cancelled; the refund takes 3-5 days."}]
     assert first["expect"]["events"] == [{e["type"]: e["data"]} for e in replies[0]["events"]]
@@ -127,7 +134,7 @@ def test_a_redis_session_records_the_same_way(orders, fake, redis_server):
     served_session(orders, fake, store)
     out, _ = record_and_replay(orders, store)
     assert [t["user"] for t in yaml.safe_load(out.read_text())["turns"]] == [
-        "Where is C3003?", "Cancel it please, it takes too long", "And Z999?"]
+        "Where is C3003?", "Cancel it please, it takes too long", "yes", "And Z999?"]
 
 
 @pytest.mark.slow

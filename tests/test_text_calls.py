@@ -294,3 +294,26 @@ def test_an_output_shaped_like_a_call_is_warned_about(write_bot):
     native = text.replace("    tools: [note]\n    output:", "    tools: [note]\n    model: {tool_calls: native}\n"
                           "    output:")
     assert not any("`pick`" in d.message for d in check_bot(write_bot(native))[1])
+
+
+@pytest.mark.parametrize("chunks, shown", [
+    (["Sure, ", "booking.\n<tool", '_call>\n{"name": "book", '], "Sure, booking."),  # text, then a call cut off
+    (['<tool_call>\n{"name": "book", '], ""),                                        # only a call, cut off
+])
+def test_a_stream_cut_off_while_a_call_is_held_back_shows_nothing_of_it_and_leaves_nothing_behind(
+        bot, fake, chunks, shown):
+    """The connection drops while HeldBack holds what may be a call: the user has seen only the
+    text before it; the call is neither run nor shown; the failed answer is not retried once a
+    chunk reached the streaming path (a retry could repeat shown text); and the held text does not
+    leak into the next answer's stream."""
+    s = bot.session()
+    s.bot.config.model.stream = True
+    fake.queue({"chunks": chunks, "disconnect": True}, {"chunks": ["Hello ", "again."]})
+    events = s.chat("Book me 12A")
+    streamed = "".join(e.data for e in events if e.type == "Stream")
+    assert streamed == shown and "{" not in streamed and "tool_call" not in streamed
+    assert [e.type for e in events if e.type != "Stream"] == ["Error"]
+    assert s.state["booked"] == [] and len(fake.requests) == 1
+    events = s.chat("hi")
+    assert "".join(e.data for e in events if e.type == "Stream") == "Hello again."
+    assert kinds(events) == [("Message", "Hello again.")]

@@ -23,8 +23,10 @@ def record(session_id: str, store_url: str, bot_path: str | None, output: str) -
 
     Each turn's input, the model's answers and what the HTTP and MCP tools returned come from
     the session's history; its expectations are what happened (route, stack, the user's events,
-    the tool calls and their arguments). The transcript is then replayed once: exit status 0
-    when the replay does exactly what the session did, 1 (and the differences) when not.
+    the tool calls and their arguments). Files the session's messages attached are written
+    beside the transcript (in `<name>.files/`) and attached again (`attach:`). The transcript
+    is then replayed once: exit status 0 when the replay does exactly what the session did, 1
+    (and the differences) when not.
 
     \b
     Example:
@@ -35,8 +37,10 @@ def record(session_id: str, store_url: str, bot_path: str | None, output: str) -
     from chatrun.toolkinds import outside
     from chatrun.transcripts.from_session import (
         bot_reference,
+        fixture_paths,
         load_stored_session,
         transcript_of,
+        write_fixtures,
         write_transcript,
     )
     from chatrun.transcripts.run import run_transcript
@@ -53,7 +57,9 @@ def record(session_id: str, store_url: str, bot_path: str | None, output: str) -
             return tool is None or outside(tool) is not None  # not declared: a route's MCP tool
 
         path = Path(output)
-        doc = transcript_of(stored, bot.config, bot_reference(where, path.parent), is_outside)
+        fixtures = fixture_paths(stored, f"{path.stem}.files")  # the attached files, beside the transcript
+        doc = transcript_of(stored, bot.config, bot_reference(where, path.parent), is_outside, fixtures)
+        write_fixtures(stored, fixtures, path.parent)
         write_transcript(doc, path, session_id, store_url)
         result = run_transcript(str(path))
     except Exception as exc:  # never a traceback from the CLI

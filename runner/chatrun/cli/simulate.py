@@ -26,9 +26,10 @@ def simulate(paths: tuple[str, ...], trials: int | None, junit: str | None, json
              record_dir: str | None) -> None:
     """Play scenarios with a simulated user and report each one's pass rate.
 
-    PATH is a scenario file or a folder of them (default: bots/*/scenarios/). Each trial is a
-    conversation between the scenario's simulated user (its persona and goal, answered by
-    `user_model`) and the bot (its own model); a scenario's `script:` plays either side from a
+    PATH is a scenario file, a folder of them, or a bot's folder holding scenarios/ (default:
+    bots/*/scenarios/). Each trial is a conversation between the scenario's simulated user (its
+    persona and goal, answered by `user_model`) and the bot (its own model; for a bot in
+    versions, the scenario's `version:` or the primary); a scenario's `script:` plays either side from a
     list instead, so it can run with no model. A trial passes when the conversation meets the
     scenario's `success` criteria. A scenario passes when its pass rate reaches its
     `threshold`; the rate is shown with its 95% Wilson interval. Exit status 0 when every
@@ -71,6 +72,8 @@ def _scenario_files(paths: tuple[str, ...]) -> list[str]:
     roots = [Path(p) for p in paths] or sorted(Path("bots").glob("*/scenarios"))
     files = []
     for root in roots:
+        if root.is_dir() and not any(root.glob("*.yaml")) and (root / "scenarios").is_dir():
+            root = root / "scenarios"  # a bot's folder (one in versions too): its scenarios
         files += sorted(str(f) for f in root.glob("*.yaml")) if root.is_dir() else [str(root)]
     if not files:
         raise ChatrunError("no scenarios found (give files or folders, or put them in bots/*/scenarios/)")

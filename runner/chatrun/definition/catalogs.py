@@ -24,7 +24,10 @@ from chatrun.errors import Diagnostic
 PLURAL_CATEGORIES = frozenset({"zero", "one", "two", "few", "many", "other"})
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
 # A `t('key')` call with a literal key: what the checks count as a use of the key.
-T_CALL = re.compile(r"""\bt\(\s*(['"])([^'"]+)\1""")
+T_CALL = re.compile(r"""\bt\(\s*(['"])([^'"]+)\1(?!\s*[~+])""")
+# A `t()` call whose key is computed: `t('day.' ~ n)` (group 2: the literal prefix) or `t(key)`
+# (no prefix). Every key starting with the prefix may be the one it reads.
+T_COMPUTED = re.compile(r"""\bt\(\s*(?:(['"])([^'"]*)\1\s*[~+]|(?=[^\s'")]))""")
 CATALOG_DIR = "locales"
 
 
@@ -183,11 +186,16 @@ def _value_words(value: Any) -> str:
     return {list: "a list", bool: "true or false", int: "a number", float: "a number"}.get(type(value), "not a text")
 
 
-def catalog_checks(catalogs: Catalogs, used: dict[str, tuple[str, int, int]]) -> list[Diagnostic]:
+def catalog_checks(catalogs: Catalogs, used: dict[str, tuple[str, int, int]],
+                   computed: dict[str, tuple[str, int, int]] | None = None) -> list[Diagnostic]:
     """A key used but missing in a declared locale, a key no template uses, and placeholders
-    that differ between locales (each at the catalog line at fault)."""
+    that differ between locales (each at the catalog line at fault). `computed`: the literal
+    prefixes of keys templates compute (`t('day.' ~ n)`), where first used: each key with
+    such a prefix may be used (it is checked in every locale like the others)."""
     out: list[Diagnostic] = []
     default = catalogs.entries.get(catalogs.default, {})
+    prefixes = tuple(computed or {})
+    out += _computed_key_checks(catalogs, computed or {})
     for key, (file, line, col) in sorted(used.items()):
         for locale in catalogs.locales:
             if locale in catalogs.entries and key not in catalogs.entries[locale]:
@@ -204,7 +212,7 @@ def catalog_checks(catalogs: Catalogs, used: dict[str, tuple[str, int, int]]) ->
         for key, entry in catalogs.entries.get(locale, {}).items():
             if key.startswith(PAGE_PREFIX):
                 out.extend(_page_text_check(key, entry))
-            elif key not in used:
+            elif key not in used and not key.startswith(prefixes):
                 out.append(Diagnostic(entry.file, entry.line, entry.col, "warning",
                                       f"`{key}` is not used by any template of the bot (t('{key}'))"))
             reference = default.get(key)
@@ -215,6 +223,30 @@ def catalog_checks(catalogs: Catalogs, used: dict[str, tuple[str, int, int]]) ->
                 out.append(Diagnostic(entry.file, entry.line, entry.col, "error",
                                       f"`{key}` in {locale} has the placeholders {{{ours}}}, but in {catalogs.default} "
                                       f"{{{theirs}}} ({reference.file}:{reference.line})"))
+    return out
+
+
+def _computed_key_checks(catalogs: Catalogs, computed: dict[str, tuple[str, int, int]]) -> list[Diagnostic]:
+    """A computed key whose prefix no key of the default locale has is an error at its call
+    (no value of the expression can name a text); otherwise one note for the whole bot that
+    these keys are taken as used, since which one a call reads is known only when it runs."""
+    out: list[Diagnostic] = []
+    default = catalogs.entries.get(catalogs.default, {})
+    counted = []
+    for prefix, (file, line, col) in sorted(computed.items(), key=lambda item: item[1]):
+        keys = [key for key in default if key.startswith(prefix)]
+        shown = f"t('{prefix}' ~ …)" if prefix else "t(…)"
+        if not keys:
+            out.append(Diagnostic(file, line, col, "error", f"{shown} computes its key, but no key of locale "
+                                  f"`{catalogs.default}` starts with `{prefix}` (add them to {CATALOG_DIR}/"
+                                  f"{catalogs.default}.yaml)"))
+        else:
+            counted.append(f"the {len(keys)} keys starting with `{prefix}`" if prefix else "all the keys")
+    if counted:
+        file, line, col = min(computed.values())
+        out.append(Diagnostic(file, line, col, "warning",
+                              f"note: a `t()` call computes its key, so {' and '.join(counted)} count as used "
+                              "(each is still checked in every locale); which one it reads is known only when it runs"))
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from jinja2 import TemplateSyntaxError, nodes
 
 from chatrun.definition.binding import check_binding
-from chatrun.definition.catalogs import T_CALL, catalog_checks
+from chatrun.definition.catalogs import T_CALL, T_COMPUTED, catalog_checks
 from chatrun.definition.config import (
     ActionConfig,
     ApprovalCaseConfig,
@@ -25,6 +25,7 @@ from chatrun.definition.config import (
     AskConfig,
     BotConfig,
     Location,
+    OperatorConfig,
     RouteConfig,
     ToolConfig,
     declared_arguments,
@@ -33,7 +34,13 @@ from chatrun.definition.config import (
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.sources import Sources, suggest
-from chatrun.definition.templates import DISPLAY_VARIABLES, ENV, TEMPLATE_VARIABLES, zone_named
+from chatrun.definition.templates import (
+    DISPLAY_VARIABLES,
+    ENV,
+    TEMPLATE_VARIABLES,
+    nested_templates,
+    zone_named,
+)
 from chatrun.definition.versions import policy_problem
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic
@@ -74,6 +81,7 @@ class _Checker:
         self.visibility = ScopeVisibility(config, self.graph)
         self.routes_of: dict[str, list[str]] = {}  # tool -> the routes that list it
         self.used_keys: dict[str, tuple[str, int, int]] = {}  # t('key') -> where it is first used
+        self.computed_keys: dict[str, tuple[str, int, int]] = {}  # t('day.' ~ n): prefix -> where first used
         for route in config.routes.values():
             for name in route.tools:
                 self.routes_of.setdefault(name, []).append(route.name)
@@ -153,7 +161,7 @@ class _Checker:
         self.engine_audience_roles()
         self.format_and_migrations()
         if self.config.catalogs is not None:
-            self.out.extend(catalog_checks(self.config.catalogs, self.used_keys))
+            self.out.extend(catalog_checks(self.config.catalogs, self.used_keys, self.computed_keys))
 
     def format_and_migrations(self) -> None:
         from chatrun.definition.migrations import format_diagnostics, migration_diagnostics
@@ -404,8 +412,14 @@ class _Checker:
             if isinstance(template, str):
                 self.template(template, f"`set {path}` of {of}", (*at, "set", path), tool, routes=routes)
         for event, template in action.emit.items():
-            if isinstance(template, str):
-                self.template(template, f"`emit {event}` of {of}", (*at, "emit", event), tool, routes=routes)
+            nested = list(nested_templates(template))
+            for below, text in nested:  # data: each text in it is a template
+                self.template(text, f"`emit {event}` of {of}", (*at, "emit", event, *below), tool, routes=routes,
+                              said=False)  # event data, as the event type is (not a text the bot says)
+            if any(below and "{{" in text for below, text in nested):  # a change of meaning (CHANGELOG)
+                self.add("warning", f"`emit {event}` of {of}: the texts inside its data are rendered as templates now "
+                         "(before this release `{{ }}` in them was sent as written); write {{ '{{' }} for braces "
+                         "meant literally", *at, "emit", event)
         for key in ("message", "reply", "result", "choices"):
             source = getattr(action, key)
             if source and isinstance(source, str):
@@ -563,6 +577,38 @@ class _Checker:
             if operator.text:
                 self.template(operator.text, f"`operator.text` of tool `{tool.name}`", (*at, "operator", "text"),
                               tool, routes=routes)
+            self.operator_timeout(tool, operator, (*at, "operator"), routes)
+
+    def operator_timeout(self, tool: ToolConfig, operator: OperatorConfig, at: tuple, routes: list[str]) -> None:
+        """`operator.timeout` and `on_timeout`: one needs the other; the tool, its arguments (a
+        template for each parameter it requires) and the route exist; the texts compile."""
+        plan, of = operator.on_timeout, f"`operator.on_timeout` of tool `{tool.name}`"
+        if plan is None:
+            return
+        if not operator.timeout:
+            self.add("error", f"{of} never applies: the handover has no `timeout` (e.g. `timeout: 10m`)",
+                     *at, "on_timeout")
+        if plan.tool is not None:
+            called = self.config.tools.get(plan.tool)
+            if called is None:
+                self.add("error", f"{of} calls unknown tool `{plan.tool}`{suggest(plan.tool, self.config.tools)}",
+                         *at, "on_timeout", "tool")
+            else:
+                missing = [p for p in called.parameters.get("required") or () if p not in plan.args]
+                if missing:
+                    self.add("error", f"{of} calls `{plan.tool}` without its required argument(s) "
+                             f"{', '.join(missing)} (give them in `args:`)", *at, "on_timeout", "args")
+            for key, value in plan.args.items():
+                if isinstance(value, str):
+                    self.template(value, f"`args.{key}` of {of}", (*at, "on_timeout", "args", key), tool,
+                                  routes=routes)
+        elif plan.args:
+            self.add("error", f"{of} has `args` but no `tool` to call with them", *at, "on_timeout", "args")
+        if plan.route and plan.route not in self.config.routes:
+            self.add("error", f"`route` of {of} names unknown route `{plan.route}`"
+                     f"{suggest(plan.route, self.config.routes)}", *at, "on_timeout", "route")
+        if plan.message:
+            self.template(plan.message, f"`message` of {of}", (*at, "on_timeout", "message"), tool, routes=routes)
 
     def question_texts(self, tool: ToolConfig, ask: AskConfig) -> None:
         """Who reads which text of a question: `text` those who answer, `tell` the user while
@@ -702,8 +748,8 @@ class _Checker:
 
     def template(self, source: str, what: str, path: tuple, tool: ToolConfig | None,
                  variables: tuple[str, ...] = TEMPLATE_VARIABLES, routes: list[str] | None = None,
-                 undeclared: str = "warning") -> None:
-        said = path[-1] in USER_FACING
+                 undeclared: str = "warning", said: bool | None = None) -> None:
+        said = path[-1] in USER_FACING if said is None else said
         if "{" not in source:
             if said and self.config.catalogs is not None and source.strip():
                 self.untranslated(what, path)
@@ -761,14 +807,16 @@ class _Checker:
         """The `t('key')` calls of a template (docs/i18n.md): kept for the catalog checks; an
         error without `locales:`; a text the user gets that uses no `t()` is untranslated."""
         calls = list(T_CALL.finditer(source))
-        if calls and self.config.catalogs is None:
+        computed = list(T_COMPUTED.finditer(source))
+        if (calls or computed) and self.config.catalogs is None:
             emit("error", f"{what} calls `t()`, but the bot declares no `locales:` (docs/i18n.md)",
-                 source.count("\n", 0, calls[0].start()) + 1)
+                 source.count("\n", 0, min(c.start() for c in calls + computed)) + 1)
             return
-        for call in calls:
-            lineno = source.count("\n", 0, call.start()) + 1
-            line, col = line_of(lineno)
-            self.used_keys.setdefault(call.group(2), (file, line, col))
+        for found, keys in ((calls, self.used_keys), (computed, self.computed_keys)):
+            for call in found:
+                lineno = source.count("\n", 0, call.start()) + 1
+                line, col = line_of(lineno)
+                keys.setdefault(call.group(2) or "", (file, line, col))
         if said and not calls and self.config.catalogs is not None and "t(" not in source:
             emit("warning", f"{what} is sent to the user untranslated: the bot declares `locales:`, so write "
                  "it as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)", 1)
@@ -1232,26 +1280,75 @@ def _user_template_checks(checker: _Checker) -> None:
 @lru_cache(maxsize=1024)
 def _unguarded_data_reads(source: str) -> list[str]:
     """The `data.KEY` paths a template reads outside a `default` filter, unless the template
-    tests a path with `is defined`/`undefined` or `in` (an author guarding by hand)."""
+    tests a path with `is defined`/`undefined` or `in` (an author guarding by hand). A field
+    only tested for truth (`{% if data.game %}`, `data.game or 'chess'`, `not data.game`) is
+    safe, since an undefined field is false there; so is reading it where such a test holds
+    (the `if` body, `and`'s right side)."""
     tree = ENV.parse(source)
     if any(t.name in ("defined", "undefined") for t in tree.find_all(nodes.Test)) \
             or any(op.op in ("in", "notin") for op in tree.find_all(nodes.Operand)):
         return []
     found: list[str] = []
 
-    def visit(node: nodes.Node, guarded: bool) -> None:
+    def visit(node: nodes.Node, guarded: bool, true: frozenset[str]) -> None:
         if isinstance(node, nodes.Filter) and node.name in ("default", "d"):
             guarded = True  # what it filters may be undefined; its arguments are visited too
+        if isinstance(node, (nodes.If, nodes.CondExpr, nodes.And, nodes.Or, nodes.Not)):
+            visit_truth(node, guarded, true)
+            return
         if isinstance(node, (nodes.Getattr, nodes.Getitem)) and not guarded:
             path = _attr_path(node)
             if path and path[0] == "data" and len(path) > 1:
-                found.append(".".join(path[:2]))
+                if ".".join(path[:2]) not in true:
+                    found.append(".".join(path[:2]))
                 return
         for child in node.iter_child_nodes():
-            visit(child, guarded)
+            visit(child, guarded, true)
 
-    visit(tree, False)
+    def test(node: nodes.Node, guarded: bool, true: frozenset[str]) -> frozenset[str]:
+        """Visit an expression read for its truth; the fields that hold when it is true."""
+        if isinstance(node, nodes.Not):
+            test(node.node, guarded, true)
+            return frozenset()
+        if isinstance(node, nodes.And):
+            left = test(node.left, guarded, true)
+            return left | test(node.right, guarded, true | left)
+        if isinstance(node, nodes.Or):
+            test(node.left, guarded, true)
+            test(node.right, guarded, true)
+            return frozenset()
+        field = _data_field(node)
+        if field is not None:
+            return frozenset({field})  # false when undefined: no read fails
+        visit(node, guarded, true)
+        return frozenset()
+
+    def visit_truth(node: nodes.Node, guarded: bool, true: frozenset[str]) -> None:
+        if isinstance(node, nodes.If):
+            holds = test(node.test, guarded, true)
+            for child in node.body:
+                visit(child, guarded, true | holds)
+            for child in [*node.elif_, *node.else_]:
+                visit(child, guarded, true)
+        elif isinstance(node, nodes.CondExpr):
+            holds = test(node.test, guarded, true)
+            visit(node.expr1, guarded, true | holds)
+            if node.expr2 is not None:
+                visit(node.expr2, guarded, true)
+        else:  # and, or, not: each side read for its truth (`data.game or 'chess'` is the field or the text)
+            test(node, guarded, true)
+
+    visit(tree, False, frozenset())
     return found
+
+
+def _data_field(node: nodes.Node) -> str | None:
+    """`data.KEY` when `node` is exactly that field (not a path below it: `data.game.id` fails
+    when `game` is missing, whatever reads it)."""
+    if not isinstance(node, (nodes.Getattr, nodes.Getitem)):
+        return None
+    path = _attr_path(node)
+    return ".".join(path) if path and path[0] == "data" and len(path) == 2 else None
 
 
 def _graph_checks(checker: _Checker) -> None:
@@ -1283,6 +1380,8 @@ def _graph_checks(checker: _Checker) -> None:
                 checker.add("warning", f"tool `{name}` pops, but route `{route.name}` is only ever the root scope "
                             "(nothing pushes it): calling it there fails at run time", "routes", route.name, "tools", i)
     used = {name for route in config.routes.values() for name in route.tools}
+    used |= {tool.action.operator.on_timeout.tool or "" for tool in config.tools.values()  # a handover's timeout
+             if tool.action.operator is not None and tool.action.operator.on_timeout is not None}  # calls it
     for name in config.tools:
         if name not in used:
             checker.add("warning", f"tool `{name}` is not listed by any route, so the model can never call it",

@@ -104,6 +104,19 @@ class AskConfig:
 
 
 @dataclass
+class OperatorTimeoutConfig:
+    """`operator.on_timeout`: what happens when nobody takes the conversation within `timeout`,
+    in order: a call of `tool` with `args` (templates typed like `set`, over `args`), the
+    `message` to the user (over `args` and the call's `result`), then the move to `route`."""
+
+    tool: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    message: str | None = None
+    route: str | None = None
+    where: Location = field(default_factory=Location)
+
+
+@dataclass
 class OperatorConfig:
     """An action's `operator:`: a handover to a live operator."""
 
@@ -111,6 +124,8 @@ class OperatorConfig:
     text: str | None = None
     release_to: str | None = None
     remember: str = "messages"  # "messages" | "summary"
+    timeout: str | None = None  # how long the handover waits for an operator to take it (None: forever)
+    on_timeout: OperatorTimeoutConfig | None = None
     where: Location = field(default_factory=Location)
 
 

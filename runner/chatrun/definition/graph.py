@@ -207,8 +207,10 @@ def _tool_edges(config: BotConfig, source: str, tool: str, action: ActionConfig)
         label = case.label if case is not None else "otherwise"
         # A handover's `release_to` is where the conversation goes on when the operator releases it
         released = merged.operator.release_to if merged.operator is not None else None
+        # ...and its `on_timeout.route` where it goes on when nobody took it in time.
+        unanswered = merged.operator.on_timeout.route if merged.operator and merged.operator.on_timeout else None
         for kind, target in (("push", merged.push), ("route", merged.route), ("route", released),
-                             ("call", merged.call), ("pop", None), ("end", None)):
+                             ("route", unanswered), ("call", merged.call), ("pop", None), ("end", None)):
             if (kind == "pop" and merged.pop) or (kind == "end" and merged.end) or (target and target in config.routes):
                 moves.setdefault((kind, target), []).append((label, merged))
     for (kind, target), uses in moves.items():

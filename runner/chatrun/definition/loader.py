@@ -40,6 +40,7 @@ from chatrun.definition.config import (
     ModelConfig,
     OnErrorConfig,
     OperatorConfig,
+    OperatorTimeoutConfig,
     OutputConfig,
     Price,
     Retention,
@@ -872,6 +873,20 @@ def _operator(raw: Any, doc: YamlDoc, path: tuple) -> OperatorConfig | None:
         text=_str(raw.get("text")),
         release_to=_str(raw.get("release_to")),
         remember="summary" if raw.get("remember") == "summary" else "messages",
+        timeout=_str(raw.get("timeout")),
+        on_timeout=_operator_timeout(raw.get("on_timeout"), doc, (*path, "on_timeout")),
+        where=_loc(doc, path),
+    )
+
+
+def _operator_timeout(raw: Any, doc: YamlDoc, path: tuple) -> OperatorTimeoutConfig | None:
+    if not isinstance(raw, dict):
+        return None
+    return OperatorTimeoutConfig(
+        tool=_str(raw.get("tool")),
+        args={k: v for k, v in _dict(raw.get("args")).items() if isinstance(k, str)},
+        message=_str(raw.get("message")),
+        route=_str(raw.get("route")),
         where=_loc(doc, path),
     )
 

@@ -8,6 +8,7 @@ a bot file must not be able to reach Python internals through a template.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from typing import Any
@@ -225,6 +226,35 @@ def render_value(source: Any, context: dict[str, Any]) -> Any:
     if expr is not None:
         return plain(_compile_expression(expr)(**context))
     return render(source, context)
+
+
+def render_nested(source: Any, render_one: Callable[[str], Any]) -> Any:
+    """An `emit:` value that is data: each text in it (at any depth of mappings and lists)
+    rendered by `render_one`, the rest kept as it is. `{Handoff: {score: "{{ args.score }}"}}`
+    sends the score, not the template's text. A text inside that renders to nothing is None
+    (the data keeps its key)."""
+    if isinstance(source, str):
+        return render_one(source)
+    if isinstance(source, dict):
+        return {key: _none_for_nothing(render_nested(value, render_one)) for key, value in source.items()}
+    if isinstance(source, list):
+        return [_none_for_nothing(render_nested(value, render_one)) for value in source]
+    return source
+
+
+def _none_for_nothing(value: Any) -> Any:
+    return None if is_nothing(value) else value
+
+
+def nested_templates(source: Any, at: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], str]]:
+    """(path below `source`, text) of each text inside data that `render_nested` renders."""
+    if isinstance(source, str):
+        return [(at, source)]
+    if isinstance(source, dict):
+        return [found for key, value in source.items() for found in nested_templates(value, (*at, key))]
+    if isinstance(source, list):
+        return [found for i, value in enumerate(source) for found in nested_templates(value, (*at, i))]
+    return []
 
 
 @lru_cache(maxsize=4096)

@@ -34,7 +34,7 @@ from chatrun.definition.config import (
     ToolConfig,
     declared_arguments,
 )
-from chatrun.definition.templates import holds, is_nothing
+from chatrun.definition.templates import holds, is_nothing, render_nested
 from chatrun.engine import observe, once, pausing, tracing
 from chatrun.engine.binding import Unbound, bind_arguments, ignored_note, undeclared_note
 from chatrun.engine.context import TurnContext, storable
@@ -454,7 +454,10 @@ class ToolCalls:
         where = tool.where
         self.t.assign(action.set, "set", where, extra, f"tool {tool.name}")
         for event_type, template in action.emit.items():
-            value = self.t.render_template(template, f"emit {event_type}", where, extra, typed=True)
+            def render(text: str, of: str = f"emit {event_type}") -> Any:
+                return self.t.render_template(text, of, where, extra, typed=True)
+
+            value = render_nested(template, render)  # data: each text in it is a template
             if isinstance(template, str) and is_nothing(value):
                 continue  # ... and sends no event
             self.t.emit(event_type, value)

@@ -94,8 +94,10 @@ def hand_over(t: TurnContext, tool: ToolConfig, operator: OperatorConfig, extra:
     """An `operator:` action: the conversation waits for an operator to take it."""
     text = t.render_template(operator.text, "operator text", operator.where, extra) if operator.text else \
         t.own_text("handover")
-    item = new_item(t, TAKEOVER, None, tool=tool.name, ask=text, tell=text, by=[operator.role],
-                    data=takeover_data(operator.release_to, operator.remember))
+    data = takeover_data(operator.release_to, operator.remember)
+    if operator.on_timeout is not None:  # what its templates read when nobody takes it (engine/waiting.py)
+        data["args"] = copy.deepcopy(extra.get("args"))
+    item = new_item(t, TAKEOVER, operator.timeout, tool=tool.name, ask=text, tell=text, by=[operator.role], data=data)
     t.emit(ev.MESSAGE, text)
     announce(t, item)
 

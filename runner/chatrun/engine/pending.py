@@ -24,6 +24,7 @@ PENDING_KEY = "pending"  # the snapshot's list of open items (plain dicts)
 PENDING_COUNTER_KEY = "pending_next"  # the snapshot's next item number
 TAKEOVER_KEY = "taken_over"  # the snapshot's takeover: {"by", "since"} or absent
 RESOLVED_KEY = "pending_resolved"  # the snapshot's last resolved items: {id: outcome}
+HELD_KEY = "held"  # an item's data: a decision made during a takeover, applied on release (engine/waiting.py)
 
 APPROVAL = "approval"
 QUESTION = "question"
@@ -80,6 +81,10 @@ class PendingItem:
         del out[TOKEN_KEY], out["data"]
         if self.kind == APPROVAL and not self.choices:  # a user's confirmation has its own: Yes/No
             out["choices"] = copy.deepcopy(APPROVAL_CHOICES)
+        held = self.data.get(HELD_KEY)
+        if held:  # decided during a takeover: what was decided, applied on release
+            out[HELD_KEY] = {"kind": held["decision"]["kind"], "by": (held.get("by") or {}).get("name"),
+                             "at": held.get("at")}
         return out
 
     def for_user(self, texts: dict[str, str]) -> dict[str, Any]:

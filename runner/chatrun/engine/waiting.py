@@ -20,16 +20,23 @@ import copy
 import json
 import re
 import secrets
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
 
 from chatrun import events as ev
-from chatrun.definition.config import ApprovalCaseConfig, ToolConfig
+from chatrun.definition.config import (
+    ApprovalCaseConfig,
+    BotConfig,
+    OperatorTimeoutConfig,
+    ToolConfig,
+)
 from chatrun.definition.page_texts import said
 from chatrun.definition.templates import holds
 from chatrun.engine import tracing
 from chatrun.engine.call import ToolCalls
+from chatrun.engine.context import storable
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.pausing import new_item, takeover_data
 from chatrun.engine.pending import (
@@ -38,6 +45,7 @@ from chatrun.engine.pending import (
     APPROVED,
     BACKEND_ROLE,
     EDITED,
+    HELD_KEY,
     OPERATOR_ROLE,
     QUESTION,
     REJECTED,
@@ -55,6 +63,7 @@ from chatrun.engine.pending import (
     Reject,
     Release,
     TakeOver,
+    decision_entry,
     format_time,
     granted_roles,
     parse_time,
@@ -101,12 +110,15 @@ def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
         item = takeover_item(c)
         if item is None and not isinstance(decision, TakeOver):
             raise NotPending(c.id, "takeover", None)
-        needed = list(dict.fromkeys([*(item.by if item else []), OPERATOR_ROLE]))
+        needed = list(dict.fromkeys([*(item.by if item else handover_roles(c.config)), OPERATOR_ROLE]))
         _check_roles(c, item.id if item else "takeover", needed)
         if isinstance(decision, Release) and decision.route and decision.route not in c.config.routes:
             raise UnknownRouteError(decision.route, list(c.config.routes))
         return
     item = find_item(c, decision.item)
+    if HELD_KEY in item.data:
+        raise InvalidDecision(item.id, "it is decided already: what was decided is held until the operator "
+                              "releases the conversation, and applies then")
     if isinstance(decision, Answer):
         if item.kind != QUESTION:
             what = "an approval, not a question: approve or reject it" if item.kind == APPROVAL else \
@@ -152,6 +164,13 @@ def find_item(c: Conversation, item_id: str) -> PendingItem:
 
 def takeover_item(c: Conversation) -> PendingItem | None:
     return next((item for item in c.pending if item.kind == TAKEOVER), None)
+
+
+def handover_roles(config: BotConfig) -> list[str]:
+    """The roles a bot's `operator:` actions name: besides `operators`, who may take over any of
+    its sessions (one nobody handed over too)."""
+    roles = (tool.action.operator.role for tool in config.tools.values() if tool.action.operator is not None)
+    return sorted(set(roles))
 
 
 def _caller_roles(c: Conversation, item: PendingItem | None = None) -> list[str] | None:
@@ -352,6 +371,8 @@ async def decide(calls: ToolCalls, decision: Decision) -> NextStep:
     if isinstance(decision, TakeOver | OperatorSay | Release):
         return await operate(calls, decision)
     item = find_item(calls.t.c, decision.item)
+    if takeover_item(calls.t.c) is not None:
+        return hold(calls, item, decision)
     if isinstance(decision, Answer):
         return await answered(calls, item, decision.value, ANSWERED)
     if isinstance(decision, Reject):
@@ -367,16 +388,76 @@ async def expire(calls: ToolCalls, decision: Expire) -> NextStep:
     now = parse_time(decision.now) if decision.now else calls.t.c.now()
     steps: list[NextStep] = []
     for item in [i for i in calls.t.c.pending if i.is_due(now)]:
-        if item.kind == APPROVAL:
-            steps.append(await approval_timed_out(calls, item))
-        elif item.kind == QUESTION:
-            tool = calls.t.config.tools[item.tool or ""]
-            ask = tool.action.ask
-            if ask is not None and ask.has_on_timeout:
-                steps.append(await answered(calls, item, ask.on_timeout, TIMED_OUT))
-            else:
-                steps.append(dropped(calls, item))
+        if item.kind == TAKEOVER:
+            steps.append(await handover_timed_out(calls, item))
+        elif takeover_item(calls.t.c) is not None:
+            steps.append(hold(calls, item, None))
+        else:
+            steps.append(await timed_out(calls, item))
     return combine(steps) if steps else NextStepFinalOutput()
+
+
+async def timed_out(calls: ToolCalls, item: PendingItem) -> NextStep:
+    """An approval or a question whose time is up is resolved as its `on_timeout` says."""
+    if item.kind == APPROVAL:
+        return await approval_timed_out(calls, item)
+    tool = calls.t.config.tools[item.tool or ""]
+    ask = tool.action.ask
+    if ask is not None and ask.has_on_timeout:
+        return await answered(calls, item, ask.on_timeout, TIMED_OUT)
+    return dropped(calls, item)
+
+
+# -- while an operator has the conversation -------------------------------------------------------
+
+
+def hold(calls: ToolCalls, item: PendingItem, decision: Decision | None) -> NextStep:
+    """While the conversation is with the operators the bot is silent: a decision on another item
+    (a supervisor's, a backend's answer) or its timeout (`decision` None) is recorded on the item
+    (`held`: not due any more, no second decision) and applied on release (`apply_held`). Nothing
+    of it runs now and the model does not run; the operators see the item as held."""
+    c = calls.t.c
+    entry = decision_entry(decision)["decision"] if decision is not None else {"kind": "timeout", "item": item.id}
+    record = {"decision": entry, "by": copy.deepcopy(c.principal) if decision is not None else None,
+              "at": format_time(c.now())}
+    held = replace(item, due=None, data={**item.data, HELD_KEY: record})
+    c.pending = tuple(held if i.id == item.id else i for i in c.pending)
+    calls.t.emit(ev.PENDING, held.public(), audience=ev.OPERATORS)
+    return NextStepFinalOutput()
+
+
+async def apply_all_held(calls: ToolCalls) -> NextStep:
+    """The bot has the conversation back: what was decided meanwhile applies now, in the order it
+    was decided; the model goes on after it as after any decision (nothing held: it waits for the
+    user's next message)."""
+    held = sorted((i for i in calls.t.c.pending if HELD_KEY in i.data), key=lambda i: str(i.data[HELD_KEY]["at"]))
+    steps = [await apply_held(calls, item) for item in held]
+    return combine(steps) if steps else NextStepFinalOutput()
+
+
+async def apply_held(calls: ToolCalls, item: PendingItem) -> NextStep:
+    """One held decision, applied as if made now by whoever made it (`decision.by`, the Resolved
+    event's `by`), not by the operator who released."""
+    record = item.data[HELD_KEY]
+    entry = record["decision"]
+    c = calls.t.c
+    principal = c.principal
+    c.principal = record.get("by")
+    try:
+        if entry["kind"] == "timeout":
+            return await timed_out(calls, item)
+        return await decide(calls, _held_decision(entry))
+    finally:
+        c.principal = principal
+
+
+def _held_decision(entry: dict[str, Any]) -> Decision:
+    """A held decision (its history form, engine/pending.py `decision_entry`) as the input it was."""
+    if entry["kind"] == "answer":
+        return Answer(entry["item"], entry.get("value"))
+    if entry["kind"] == "reject":
+        return Reject(entry["item"], entry.get("reason"))
+    return Approve(entry["item"], entry.get("args"), entry.get("reason"))
 
 
 async def approval_timed_out(calls: ToolCalls, item: PendingItem) -> NextStep:
@@ -448,11 +529,16 @@ async def approved(calls: ToolCalls, item: PendingItem, args: dict[str, Any], ou
     with tracing.tool_span(tool.name, item.call_id or "", f"{outcome} {item.id}") as span:
         calls.took_effect = False
         asked = calls.identity_of(tool, item.args or {})  # before the call changes what it acts on
+        # The call runs in this turn: its history record (args, result) is this turn's, so a
+        # transcript's `calls:` and `chatrun record --from-session`'s mocks see it here.
+        record: dict[str, Any] = {"tool": tool.name, "route": calls.t.c.scope.route, "args": storable(args)}
+        calls.t.tool_calls.append(record)
         try:
             calls.check_action(tool)  # the state may have changed while it waited (a route's roles)
             tool_outcome = await calls.run_checked_tool(tool, args, item.call_id or "")
         except ToolRefusal as refusal:
             tool_outcome = ToolOutcome(str(refusal), failed=True)
+        record["error" if tool_outcome.failed else "reply"] = storable(tool_outcome.reply)
         if calls.took_effect and args != (item.args or {}):
             # The call asked for is done too (with the approver's changes): asked again, it gets this result.
             calls.remember_done(tool, asked, tool_outcome.reply)
@@ -587,17 +673,89 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
     name = (c.principal or {}).get("name") or "operator"
     if item is None:  # an operator takes a conversation nobody handed over
         item = new_item(calls.t, TAKEOVER, None, ask=decision.note if isinstance(decision, TakeOver) and decision.note
-                        else "An operator took over.", tell=calls.t.own_text("tell_takeover"), by=[OPERATOR_ROLE],
+                        else "An operator took over.", tell=calls.t.own_text("tell_takeover"), by=_stepping_in_roles(c),
                         data=takeover_data(None, "messages"))
     if c.taken_over is None:  # taken: the item stays open (the takeover) until the release
-        c.taken_over = {"by": copy.deepcopy(c.principal), "since": format_time(c.now()), "item": item.id}
+        item = taken(c, item)
         calls.t.emit(ev.RESOLVED, {"id": item.id, "kind": TAKEOVER, "outcome": TAKEN, "by": name})
     if isinstance(decision, OperatorSay):
         item.data.setdefault("messages", []).append({"from": "operator", "name": name, "text": decision.text})
         calls.t.emit(ev.MESSAGE, decision.text, meta={"from": "operator", "name": name})
     elif isinstance(decision, Release):
         await release(calls, item, decision.route)
+        return await apply_all_held(calls)
     return NextStepFinalOutput()
+
+
+def _stepping_in_roles(c: Conversation) -> list[str]:
+    """Who acts on a takeover nobody handed over: operators, and the role of the bot's
+    `operator:` actions the one who stepped in holds (so they may speak and release it)."""
+    own = granted_roles(c.roles or ()) & set(handover_roles(c.config))
+    return [OPERATOR_ROLE, *sorted(own - {OPERATOR_ROLE})]
+
+
+def taken(c: Conversation, item: PendingItem) -> PendingItem:
+    """An operator has the conversation: the handover's `timeout` no longer applies (it is not due)."""
+    c.taken_over = {"by": copy.deepcopy(c.principal), "since": format_time(c.now()), "item": item.id}
+    if item.due is None:
+        return item
+    item = replace(item, due=None)
+    c.pending = tuple(item if i.id == item.id else i for i in c.pending)
+    return item
+
+
+async def handover_timed_out(calls: ToolCalls, item: PendingItem) -> NextStep:
+    """Nobody took the conversation within the `operator:`'s `timeout`: the handover ends
+    (outcome timed_out) and its `on_timeout` applies in order — the tool call (a ticket), the
+    message, the route; the bot has the conversation back, and what was held meanwhile applies."""
+    c = calls.t.c
+    resolve(calls, item, TIMED_OUT)
+    plan = _on_timeout_of(calls, item)
+    if plan is not None:
+        result = await _timeout_call(calls, item, plan) if plan.tool else None
+        if plan.message:
+            text = calls.t.render_template(plan.message, "operator on_timeout message", plan.where,
+                                           {"args": item.data.get("args") or {}, "result": result})
+            calls.t.emit(ev.MESSAGE, text)
+            c.memory_for(c.scope, c.scope.route).add(AssistantMessage(text))  # the model knows what the user read
+        if plan.route and plan.route != c.scope.route and plan.route in c.config.routes:
+            c.change_route(plan.route)
+            calls.t.emit(ev.ROUTE_CHANGED, {"route": c.scope.route, "stack": c.stack})
+    return await apply_all_held(calls)
+
+
+def _on_timeout_of(calls: ToolCalls, item: PendingItem) -> OperatorTimeoutConfig | None:
+    """The handover's `on_timeout` as the bot says now (None: it has none, or no longer the tool)."""
+    tool = calls.t.config.tools.get(item.tool or "")
+    operator = tool.action.operator if tool is not None else None
+    return operator.on_timeout if operator is not None else None
+
+
+async def _timeout_call(calls: ToolCalls, item: PendingItem, plan: OperatorTimeoutConfig) -> Any:
+    """`on_timeout.tool` called with its `args` through the call path (its result, then its
+    action); the call and what it gave join the memory as a pair the model reads. Its result
+    (None when the arguments are invalid: the author is told on the console, nothing runs)."""
+    c = calls.t.c
+    tool = c.config.tools.get(plan.tool or "")
+    if tool is None:
+        calls.t.emit(ev.CONSOLE, f"operator on_timeout ({plan.where}): the bot has no tool {plan.tool!r}")
+        return None
+    args = {k: calls.t.render_template(v, f"operator on_timeout args.{k}", plan.where, {"args": item.data.get("args") or {}},
+                                       typed=True) if isinstance(v, str) else v for k, v in plan.args.items()}
+    try:
+        check_arguments(tool, args, calls.t.tools.argument_validator(tool))
+    except ToolRefusal as refusal:
+        calls.t.emit(ev.CONSOLE, f"operator on_timeout ({plan.where}): {tool.name}: {_problem(refusal)}")
+        return None
+    call_id = f"timeout-{item.id}"
+    record: dict[str, Any] = {"tool": tool.name, "route": c.scope.route}
+    calls.t.tool_calls.append(record)  # the turn's history shows the call, as a model's call
+    with tracing.tool_span(tool.name, call_id, f"{TIMED_OUT} {item.id}"):
+        outcome = await calls.run_checked_tool(tool, args, call_id)
+    record["error" if outcome.failed else "reply"] = storable(outcome.reply)
+    replace_result(c.memory_for(c.scope, c.scope.route), call_id, outcome.reply,
+                   call=ToolCall(call_id, tool.name, json.dumps(args)))
+    return record.get("result")
 
 
 async def release(calls: ToolCalls, item: PendingItem, route: str | None) -> None:

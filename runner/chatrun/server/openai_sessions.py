@@ -9,11 +9,18 @@ first match wins:
    Chat Completions the conversation before the last user message, looked up in the index
    of committed turns within the request's namespace (bot, principal, and the `user` field
    or a trusted front-end chat-id header). When that session is still at that turn, the
-   request is its next turn; when it has moved on since (the client regenerated an answer,
-   edited an earlier message, or a second client shares the history), a new session forks
-   from the state right after that turn, so no conversation ever overwrites another.
-   Turns of a deleted session match nothing.
+   request is its next turn. So it is when every turn since was someone else's part of the
+   same conversation, never the user's: a decision or an answer sent over HTTP or the
+   WebSocket, an operator taking over, speaking, releasing, an item timing out (each a turn
+   whose history input is a `decision`). When the session has moved on by a user's turn
+   instead (the client regenerated an answer, edited an earlier message, or a second client
+   shares the history), a new session forks from the state right after that turn, so no
+   conversation ever overwrites another. Turns of a deleted session match nothing.
 3. Nothing matches: a new session, whose earlier messages become its memory.
+
+What those other parties' turns said to the user since the user's last exchange over /v1
+(`Opened.caught_up`: the turns after the session's last /v1 turn and its last user turn,
+with any of the four ways of naming the session) comes first in the next response.
 
 Every committed turn is recorded in the store (`RecordStore`: durable with SQLite), so the
 rules hold across restarts; a store without records keeps the index in the process. A turn's
@@ -95,6 +102,35 @@ class Opened:
     forked_from: str | None = None
     seeded: int = 0  # earlier messages put into a new session's memory
     notes: list[str] = field(default_factory=list)
+    # The history entries of the turns others took since the user's last exchange (decisions,
+    # an operator's): what they said to the user comes first in this request's response.
+    caught_up: list[dict[str, Any]] = field(default_factory=list)
+
+
+def is_users_turn(entry: dict[str, Any]) -> bool:
+    """Whether a history entry is a turn the user took (a message), not one another party took
+    for the conversation (a decision, an answer, an operator's takeover, words or release, a
+    timeout: their input is a `decision`)."""
+    given = entry.get("input")
+    return not (isinstance(given, dict) and "decision" in given)
+
+
+def others_turns_since(history: list[dict[str, Any]], turn: int) -> list[dict[str, Any]] | None:
+    """The committed turns after `turn` when all of them were others' (None when the user took
+    one since: the conversation moved on without this client). Failed attempts changed nothing."""
+    later = [entry for entry in history if entry.get("ok") and int(entry.get("turn") or 0) > turn]
+    return None if any(is_users_turn(entry) for entry in later) else later
+
+
+def trailing_others_turns(history: list[dict[str, Any]], turn: int) -> list[dict[str, Any]]:
+    """The committed turns after `turn` and after the user's last turn: what the user has not
+    seen over /v1 (a user's turn on another channel showed them what came before it)."""
+    caught_up: list[dict[str, Any]] = []
+    for entry in history:
+        if not entry.get("ok") or int(entry.get("turn") or 0) <= turn:
+            continue
+        caught_up = [] if is_users_turn(entry) else [*caught_up, entry]
+    return caught_up
 
 
 class TurnIndex:
@@ -160,7 +196,7 @@ class TurnIndex:
                 raise wire.RequestFailed(wire.BAD_REQUEST, f"the session id must be {problem}")
             if await registry.store.version(ident.explicit_id) is not None:
                 async with registry.session(ident.bot, ident.explicit_id, who, EXISTING) as session:
-                    yield Opened(session, CONTINUED)
+                    yield Opened(session, CONTINUED, caught_up=await self._unseen(session))
                 return
             async with registry.session(ident.bot, ident.explicit_id, who, NEW, route=ident.route,
                                         version=ident.version, locale=ident.locale) as session:
@@ -174,6 +210,11 @@ class TurnIndex:
                 if session.turn_count == record["turn"]:
                     yield Opened(session, CONTINUED)
                     return
+                # Moved on: by others' turns only (a decision, an operator), still this conversation.
+                since = others_turns_since(await registry.history(session), record["turn"])
+                if since is not None:
+                    yield Opened(session, CONTINUED, caught_up=since)
+                    return
             fork_id = await self._fork(record)
             if fork_id is not None:
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
@@ -182,6 +223,15 @@ class TurnIndex:
         async with registry.session(ident.bot, secrets.token_hex(8), who, NEW, route=ident.route,
                                     version=ident.version, locale=ident.locale) as session:
             yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
+
+    async def _unseen(self, session: Session) -> list[dict[str, Any]]:
+        """Others' turns since the session's last /v1 turn (all since the user's last turn when
+        /v1 never took one), for a request naming the session by its id."""
+        listed = await self.records.get_record(self.turns_key(session.id))
+        last = max((entry[0] for entry in (listed or {}).get("turns", [])), default=0)
+        if session.turn_count <= last:
+            return []  # nothing since: no history to read
+        return trailing_others_turns(await self.registry.history(session), last)
 
     # -- exactly once: a retried request replays the turn its first attempt committed ---------
 

@@ -15,10 +15,14 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from chatrun import events as ev
+from chatrun.definition.page_texts import BUILTIN as PAGE_TEXTS
+from chatrun.definition.page_texts import page_texts, said
+from chatrun.engine.pending import TAKEOVER
 from chatrun.errors import AttachmentRefused
 from chatrun.memory.tokens import estimate_tokens
 from chatrun.messages import Attachment
 from chatrun.server import wire
+from chatrun.server.audience import for_clients
 from chatrun.server.auth import Principal
 from chatrun.server.inspect import pending_data
 from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Opened, TurnIndex
@@ -221,7 +225,12 @@ async def _run_turn(
             raise conversation_ended(session.id, session.ended)
         message = turn_input(session, index.registry.blobs, text, uploads)  # refused before a stream starts
         emit(OPENED)  # a streaming response may start: the request found (or made) its session
+        for event in caught_up_events(opened.caught_up):  # what others said since: first
+            reply.feed(event)
+            events.append(event.to_dict())
+            emit(event)
         error = None
+        caught_up = reply.text
         # Through the registry: the turn is committed (fenced by version and lease) before the
         # answer; a refused commit fails the request (Conflict) instead of answering unsaved.
         async for event in index.registry.turn(session, message):
@@ -233,6 +242,12 @@ async def _run_turn(
             emit(event)
         entry = session.last_turn or {}
         ok = bool(entry.get("ok")) and error is None
+        passed_on = ok and reply.text.strip() == caught_up.strip() and operator_text(session)
+        if passed_on:  # the bot is silent during a takeover: the user learns where the message went
+            event = ev.Event(ev.MESSAGE, passed_on, session.turn_count, {"from": "chatrun"})
+            reply.feed(event)
+            events.append(event.to_dict())
+            emit(event)
         if ok:
             await index.remember(session, who, keys_after(reply))
         usage, estimated, cost = openai_usage(entry.get("usage"), prompt_texts, reply.text)
@@ -249,6 +264,38 @@ async def _run_turn(
         if cost is not None:
             info["cost"] = cost
         return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
+
+
+# What a /v1 user reads when their message went to the operators and nobody said anything yet
+# (an OpenAI client shows an empty reply as nothing at all, as if the message were lost): chatrun's
+# texts `passed_on` / `passed_on_waiting` in the session's locale (definition/page_texts.py).
+PASSED_ON = PAGE_TEXTS["en"]["passed_on"]
+WAITING_FOR_OPERATOR = PAGE_TEXTS["en"]["passed_on_waiting"]
+
+
+def operator_text(session: Any) -> str:
+    """The text for a silent turn while an operator holds the conversation or is awaited ('' otherwise)."""
+    texts = page_texts(session.bot.config.catalogs, session.locale)
+    taken = session.taken_over
+    if taken is not None:
+        name = ((taken.get("by") or {}).get("name") if isinstance(taken.get("by"), dict) else None) \
+            or texts["the_operator"]
+        return said(texts, "passed_on", name=name)
+    if any(item.kind == TAKEOVER for item in session.pending):
+        return texts["passed_on_waiting"]
+    return ""
+
+
+def caught_up_events(entries: list[dict[str, Any]]) -> list[ev.Event]:
+    """The user's events of others' turns (a decision's reply, an operator's words), as the
+    user's clients would have received them live; errors of those turns were their caller's."""
+    out = []
+    for entry in entries:
+        for item in entry.get("events") or ():
+            event = ev.Event.from_dict(item)
+            if for_clients(event) and event.type != ev.ERROR:
+                out.append(event)
+    return out
 
 
 def openai_usage(turn_usage: dict[str, Any] | None, prompt_texts: list[str],

@@ -40,6 +40,7 @@ from chatrun.engine.pending import (
     TakeOver,
     parse_time,
 )
+from chatrun.engine.waiting import handover_roles
 from chatrun.server import wire
 from chatrun.server.audience import OPERATOR_ROLE
 from chatrun.server.auth import Principal
@@ -65,7 +66,9 @@ _ITEM = {"type": "object", "description": "a pending item (docs/protocol.md, \"P
                         "tell": {"type": "string", "description": "what the user reads while others decide"},
                         "edit": {"type": "array", "items": {"type": "string"}},
                         "schema": {"type": ["object", "null"]}, "choices": {"type": ["array", "null"]},
-                        "requested_by": {"type": ["object", "null"]}}}
+                        "requested_by": {"type": ["object", "null"]},
+                        "held": {"type": "object", "description": "decided during a takeover, applied on release: "
+                                 "{kind, by, at}"}}}
 _TAKEN_OVER = {"type": ["object", "null"], "properties": {"by": {}, "since": {"type": "string"}}}
 _TEXT = {"type": "string", "minLength": 1}  # _text_field
 _REASON = {"type": "string", "description": "why: the history and the model's conditions see it"}
@@ -222,8 +225,11 @@ async def _operator_turn(registry: Any, bot: str, session_id: str, who: Principa
                          key: str | None) -> JSONResponse:
     """A takeover, an operator's message or a release: the caller must be an operator, or hold
     the role a takeover item of the session names (an `operator: role:` action)."""
-    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True)) as session:
+    reach = Reach(pending=True, takeover=isinstance(message, TakeOver))
+    async with registry.session(bot, session_id, who, EXISTING, reach=reach) as session:
         roles = {r for item in session.pending if item.kind == TAKEOVER for r in item.by}
+        if isinstance(message, TakeOver) and not roles:  # nobody handed it over: the bot's operator roles
+            roles = set(handover_roles(session.bot.config))
         require_operator(who, f"{type(message).__name__} on session {session_id}", roles)
         return await turn_reply(registry, session, message, key)
 

@@ -11,9 +11,11 @@ the next request loads the session from the store again.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -71,7 +73,7 @@ class Hold:
 LIVE_SESSION_BYTES = 4096  # the Session, its scopes, memories, buffer and slot
 MESSAGE_BYTES = 200  # a message object and its window entry, whatever its text
 VALUE_BYTES = 100  # a decoded JSON value of the snapshot, whatever its text
-HEAP_FACTOR = 2.4  # RSS per byte of text held, at the high water a full cache settles at
+HEAP_FACTOR = 1.9  # RSS per byte of text held, at the level a full cache settles at (evictions trimmed)
 
 
 def live_size(buffer: TurnBuffer) -> int:
@@ -134,6 +136,7 @@ class SessionCache:
         """Drop least recently used idle sessions while over the count or byte bound, and every
         session unused for longer than the idle bound (they stay in the store)."""
         limits, now = self.limits, time.monotonic()
+        dropped = False
         for key in list(self._slots):
             slot = self._slots[key]
             over = (
@@ -146,6 +149,9 @@ class SessionCache:
             if slot.users == 0 and not slot.locked():
                 self.drop(slot)
                 del self._slots[key]
+                dropped = True
+        if dropped:
+            release_freed_memory()
 
     async def sweep_forever(self) -> None:
         """Evict idle sessions even when no request comes."""
@@ -161,3 +167,36 @@ class SessionCache:
 
     def bots_in_use(self) -> set[int]:
         return {id(slot.session.bot) for slot in self._slots.values() if slot.session is not None}
+
+
+# -- giving freed memory back ------------------------------------------------------------------
+# A session's messages are larger than Python's small-object arenas, so they live in the C
+# allocator's heap; what an evicted session frees there stays in the process (glibc gives back
+# only the heap's top), and a full cache's RSS settled at about 1.4x --cache-mb (bench/
+# bench_memory_bound.py). malloc_trim returns the free pages within the heap too: at most once
+# in TRIM_EVERY seconds, after an eviction.
+TRIM_EVERY = 2.0
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+        return trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): the allocator keeps what it keeps
+        return None
+
+
+_MALLOC_TRIM = _find_malloc_trim()
+_last_trim = 0.0
+
+
+def release_freed_memory() -> None:
+    """Give the memory evicted sessions freed back to the system (glibc's malloc_trim), at most
+    once in TRIM_EVERY seconds."""
+    global _last_trim
+    now = time.monotonic()
+    if _MALLOC_TRIM is None or now - _last_trim < TRIM_EVERY:
+        return
+    _last_trim = now
+    _MALLOC_TRIM(0)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from chatrun.engine.pending import TOKEN_KEY, granted_roles
+from chatrun.engine.waiting import handover_roles
 from chatrun.errors import ChatrunError, ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.models import ModelPool
 from chatrun.server import wire
@@ -60,11 +61,13 @@ class SessionStart:
 class Reach:
     """Who besides its owner a request may use a session as: `pending`, a party one of its
     pending items waits for (see the module's text), `token` the bearer token a backend sent;
-    `system`, the server itself (the sweeper's Expire)."""
+    `system`, the server itself (the sweeper's Expire); `takeover`, an operator stepping in
+    (any session of the bot, waiting or not: `takes_over`)."""
 
     pending: bool = False
     token: str | None = None
     system: bool = False
+    takeover: bool = False
 
 
 OWNER_ONLY = Reach()
@@ -79,6 +82,8 @@ def reaches(reach: Reach, principal: Principal | None, record: SessionRecord, bo
     late one told NotPending, rather than not found)."""
     if reach.system:
         return True
+    if reach.takeover and takes_over(principal, bot):
+        return True
     if not reach.pending or not (record.pending or record.taken_over or record.resolved):
         return False
     roles = granted_roles(principal.roles) if principal is not None else set()
@@ -89,6 +94,13 @@ def reaches(reach: Reach, principal: Principal | None, record: SessionRecord, bo
     if record.resolved and roles & decider_roles(bot):
         return True
     return reach.token is not None and any(_same_token(item.get(TOKEN_KEY), reach.token) for item in record.pending)
+
+
+def takes_over(principal: Principal | None, bot: Bot) -> bool:
+    """Whether a principal may step in on any session of the bot (docs/format.md, "Operators"):
+    an operator, or one with a role the bot's `operator:` actions name."""
+    roles = granted_roles(principal.roles) if principal is not None else set()
+    return bool(roles & {OPERATOR_ROLE, *handover_roles(bot.config)})
 
 
 def _same_token(expected: object, sent: str) -> bool:

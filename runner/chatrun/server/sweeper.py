@@ -25,10 +25,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from chatrun.definition.config import Retention
-from chatrun.engine.pending import Expire, parse_time
+from chatrun.engine.pending import Expire, format_time, parse_time
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
 from chatrun.server.session_gate import REJECT
@@ -112,7 +113,7 @@ class PendingSweeper:
                 if due is None or parse_time(due).timestamp() > now:
                     return 0  # another replica (or a decision) resolved it first
                 # A request id per due time: a retried sweep replays instead of expiring twice.
-                async for _ in self.registry.turn(session, Expire(), f"expire:{due}"):
+                async for _ in self.registry.turn(session, sweep_input(now), f"expire:{due}"):
                     pass
         except wire.RequestFailed as exc:  # busy (a turn runs: next look), a conflict, draining
             log.info("pending sweeper: session %s not expired now: %s", session_id, exc.message)
@@ -146,6 +147,12 @@ class PendingSweeper:
             return
         self._measured = now = self.clock()
         metrics.pending_state(await pending_counts(self.registry.store, now))
+
+
+def sweep_input(now: float) -> Expire:
+    """The Expire a sweep runs: what is due by the sweeper's own clock (the instant it found the
+    session due at), so the engine resolves exactly what the sweeper saw due."""
+    return Expire(format_time(datetime.fromtimestamp(now, UTC)))
 
 
 async def pending_counts(store: AsyncStore, now: float) -> dict[tuple[str, str], tuple[int, float]]:

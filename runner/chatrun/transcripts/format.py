@@ -314,7 +314,7 @@ def _build(doc: YamlDoc) -> Transcript:
             mock_lines=_lines(doc, ("turns", i, "mocks"), raw.get("mocks")),
             decision=next(({k: raw[k]} for k in DECISION_KEYS if k in raw), None),
             acting=raw.get("as"),
-            upgrade=_label(raw.get("upgrade")),
+            upgrade=version_label(raw.get("upgrade")),
             attach=[attach_spec(doc.file, item) for item in raw.get("attach") or []],
         ))
     return Transcript(doc.file, data["bot"], turns, data.get("route"), data.get("state"),
@@ -322,11 +322,11 @@ def _build(doc: YamlDoc) -> Transcript:
                       {key: doc.pos((key,)).line for key in data}, data.get("judge"), data.get("refused"),
                       data.get("principal"), data.get("clock"), _lines(doc, ("mocks",), data.get("mocks")),
                       data.get("tokenizer"), _key_lines(doc, ("state",), data.get("state")),
-                      _label(data.get("version")), data.get("locale"), data.get("success"),
+                      version_label(data.get("version")), data.get("locale"), data.get("success"),
                       _key_lines(doc, ("success",), data.get("success")))
 
 
-def _label(value: Any) -> str | None:
+def version_label(value: Any) -> str | None:
     """A version as written (`version: 1` reads as an int; folder labels are text)."""
     return None if value is None else str(value)
 

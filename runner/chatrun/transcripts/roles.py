@@ -7,7 +7,7 @@ from typing import Any
 
 from chatrun.errors import ChatrunError
 from chatrun.transcripts.format import Transcript
-from chatrun.transcripts.run import load_bot_cached
+from chatrun.transcripts.setting import load_bot_cached
 
 
 def roles_off(transcript: Transcript, bots: dict[str, Any] | None = None) -> bool:

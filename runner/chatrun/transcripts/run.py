@@ -27,6 +27,14 @@ from chatrun.transcripts.expect import Mismatch, Observed, compare, compare_live
 from chatrun.transcripts.format import Transcript, TurnSpec, load_transcript
 from chatrun.transcripts.judge import LIVE, REPLAY, Judge, criteria, reply_text
 from chatrun.transcripts.mocks import TranscriptMocks
+from chatrun.transcripts.setting import (
+    VersionProblem,
+    advance_clock,
+    load_bot_cached,
+    pin_clock,
+    version_index,
+    versions_at,
+)
 
 
 class TurnScript:
@@ -141,16 +149,6 @@ class Result:
         return "\n".join(lines)
 
 
-def load_bot_cached(path: str, bots: dict[str, Any] | None) -> Any:
-    from chatrun.engine.bot import load_bot
-
-    if bots is None:
-        return load_bot(path)
-    if path not in bots:
-        bots[path] = load_bot(path)
-    return bots[path]
-
-
 def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = None, mode: str = REPLAY) -> Result:
     """Run one transcript (a loaded Transcript or a path). Never raises for a failing or
     invalid transcript: the Result says what went wrong. `bots` caches loaded bots by path.
@@ -212,20 +210,10 @@ def run_transcript(transcript: Transcript | str, bots: dict[str, Any] | None = N
     return result
 
 
-class VersionProblem(ChatrunError):
-    """A transcript's `version:` or `upgrade:` the bot does not have, or a downgrade."""
-
-
 def bot_versions(t: Transcript, bots: dict[str, Any] | None) -> list[tuple[str, Any]]:
     """The versions of the transcript's bot, oldest first, as (label, Bot): one per folder of
     a `versions/` layout (docs/versions.md), else the one bot (labelled by its `version:`)."""
-    from chatrun.definition.versions import version_layout
-
-    layout = version_layout(t.bot_path)
-    if layout is None:
-        bot = load_bot_cached(str(t.bot_path), bots)
-        return [(bot.config.version or bot.config.content_version, bot)]
-    return [(label, load_bot_cached(str(folder), bots)) for label, folder in layout.versions]
+    return versions_at(t.bot_path, bots)
 
 
 def pick_versions(t: Transcript, bots: dict[str, Any] | None) -> tuple[Any, dict[int, Any]]:
@@ -247,15 +235,6 @@ def pick_versions(t: Transcript, bots: dict[str, Any] | None) -> tuple[Any, dict
                                  "moves to an older version")
         at, upgrades[turn.index] = to, versions[to][1]
     return start, upgrades
-
-
-def version_index(versions: list[tuple[str, Any]], wanted: str, where: str, bot: str) -> int:
-    """Where `wanted` (a label, a content hash or a human `version:`) is among `versions`."""
-    for i, (label, found) in enumerate(versions):
-        if wanted in (label, found.config.content_version, found.config.version):
-            return i
-    have = ", ".join(f"{label} ({found.config.content_version})" for label, found in versions)
-    raise VersionProblem(f"{where} bot {bot} has no version {wanted!r}; it has: {have}")
 
 
 def upgrade(session: Any, bot: Any) -> None:
@@ -321,9 +300,7 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
     if t.tokenizer is not None:
         session.tokenizer = t.tokenizer  # raises when the pinned encoding cannot be loaded here
     if t.clock is not None:
-        setting = t.clock if isinstance(t.clock, dict) else {"at": t.clock}
-        step = parse_duration(setting.get("advance", 0))
-        session.clock = FixedClock(parse_instant(setting["at"], session.now().tzinfo), step)
+        pin_clock(session, t.clock)
     return session, script
 
 
@@ -340,12 +317,6 @@ def set_turn_clock(session: Any, turn: TurnSpec) -> None:
         clock.set(parse_instant(setting["at"], session.now().tzinfo))
     if "advance" in setting:
         clock.advance(parse_duration(setting["advance"]))
-
-
-def advance_clock(session: Any) -> None:
-    """After a turn, a pinned clock moves on by the transcript's `clock: {advance: ..}`."""
-    if isinstance(session.clock, FixedClock):
-        session.clock.advance()
 
 
 def play_turn(session: Any, script: Any, turn: TurnSpec, judge: Judge | None = None, live: bool = False) -> TurnResult:
@@ -466,7 +437,7 @@ def with_attachments(session: Any, turn: TurnSpec) -> dict[str, Any]:
     session.check_attachments([(media_type, len(data)) for data, media_type, _ in files])  # the count too
     refs = [session.attach(data, media_type, name).to_dict() for data, media_type, name in files]
     given = turn.input if isinstance(turn.input, dict) else {"userMessage": turn.input}
-    return {**given, "attachments": refs}
+    return {**given, "attachments": [*(given.get("attachments") or []), *refs]}  # after any sent by URL
 
 
 def state_problem(config: Any, t: Transcript) -> str | None:

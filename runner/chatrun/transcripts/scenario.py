@@ -64,6 +64,10 @@ class Scenario:
     mocks: list[dict[str, Any]] = field(default_factory=list)
     judge: dict[str, Any] | None = None
     script: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # scripted sides: bot, user
+    principal: dict[str, Any] | None = None  # who is signed in, as a transcript's `principal:`
+    clock: str | dict[str, Any] | None = None  # `clock:`: the pinned instant, or {at, advance}
+    locale: str | None = None  # `locale:`: what the simulated user's client asks for
+    version: str | None = None  # `version:`: the bot version the trials talk to (None: the primary)
     lines: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -81,9 +85,10 @@ def load_scenario(path: str | Path) -> Scenario:
     doc = load_yaml(text, str(path))
     if doc.diagnostics:
         raise BotError(doc.diagnostics)
-    from chatrun.transcripts.format import schema_diagnostics
+    from chatrun.transcripts.format import clock_diagnostics, schema_diagnostics, version_label
 
     problems = schema_diagnostics(doc, Draft202012Validator(load_schema(SCHEMA)))
+    problems = problems or clock_diagnostics(doc)  # its instants and durations, read as transcripts read them
     if problems:
         raise BotError(problems)
     data = doc.data
@@ -93,7 +98,8 @@ def load_scenario(path: str | Path) -> Scenario:
         user_model=dict(data.get("user_model") or {}), max_turns=int(data.get("max_turns", 8)),
         trials=int(data.get("trials", 5)), threshold=float(data.get("threshold", 1.0)),
         mocks=list(data.get("mocks") or []), judge=data.get("judge"), script=dict(data.get("script") or {}),
-        lines={key: doc.pos((key,)).line for key in data},
+        principal=data.get("principal"), clock=data.get("clock"), locale=data.get("locale"),
+        version=version_label(data.get("version")), lines={key: doc.pos((key,)).line for key in data},
     )
 
 
@@ -135,11 +141,16 @@ async def play(scenario: Scenario, bot: Any, number: int) -> Trial:
     from chatrun.models import ModelPool
     from chatrun.models.scripted import ScriptedModel
     from chatrun.store.memory import InMemoryStore
+    from chatrun.transcripts.setting import advance_clock, pin_clock
 
     pool = ModelPool()  # the bot's model and the simulated user's, closed on this loop
     scripted = {side: ScriptedModel(scenario.script[side]) for side in ("bot", "user") if side in scenario.script}
     answers, user = scripted.get("bot") or pool.model(), scripted.get("user") or pool.model()
-    session = bot.session(route=scenario.route, store=InMemoryStore(), state=scenario.state, model=answers)
+    session = bot.session(route=scenario.route, store=InMemoryStore(), state=scenario.state, model=answers,
+                          principal=scenario.principal,
+                          meta={"locale": scenario.locale} if scenario.locale else None)
+    if scenario.clock is not None:
+        pin_clock(session, scenario.clock)  # from `at` again in every trial
     mocks = ScenarioMocks(scenario.mocks, live=True, file=scenario.file)
     session.tool_mocks = mocks
     config = bot.config.model.merged({**scenario.user_model, "stream": False})
@@ -151,7 +162,10 @@ async def play(scenario: Scenario, bot: Any, number: int) -> Trial:
                 await _user_says(user, config, scenario, trial.said)
             if said.strip() == DONE:
                 break
-            events = await session.achat(said)
+            try:
+                events = await session.achat(said)
+            finally:
+                advance_clock(session)  # a pinned clock's `advance`, as between a transcript's turns
             trial.turn_events.append(_take(trial, events))
             trial.said.append((said, _reply(events)))
             if session.ended is not None:
@@ -301,6 +315,7 @@ def trial_transcript(scenario: Scenario, bot: Any, trial: Trial, folder: Path) -
     outcome = "passed" if trial.passed else "failed: " + "; ".join(trial.problems)
     doc["description"] = f"Trial {trial.number} of scenario {scenario.file} ({outcome})."
     turns = doc.pop("turns")
+    doc.update(_session_settings(scenario, turns))
     exact = {key: value for key, value in scenario.success.items() if key != "judge"}
     if exact:
         doc["success"] = exact
@@ -310,6 +325,18 @@ def trial_transcript(scenario: Scenario, bot: Any, trial: Trial, folder: Path) -
         turns[-1]["judged"] = trial.verdicts
     doc["turns"] = turns
     return doc
+
+
+def _session_settings(scenario: Scenario, turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the trial's session started with, as the transcript's keys: who is signed in, the
+    locale, the version, and the pinned clock (then the turns' own wall-clock instants go: the
+    replay runs on the scenario's clock, moved on after every turn as the trial's was)."""
+    settings = {key: getattr(scenario, key) for key in ("principal", "locale", "version", "clock")
+                if getattr(scenario, key) is not None}
+    if scenario.clock is not None:
+        for turn in turns:
+            turn.pop("clock", None)
+    return settings
 
 
 # -- many trials ---------------------------------------------------------------------------------
@@ -365,12 +392,14 @@ def simulate(path: str, trials: int | None = None, on_trial: Callable[[Trial], N
              keep: Callable[[Scenario, Any, Trial], None] | None = None) -> Outcome:
     """Run a scenario file's trials (`trials` overrides its own count). Never raises for a bad
     scenario or bot: the Outcome's `error` says what is wrong, naming file:line."""
-    from chatrun.engine.bot import load_bot
     from chatrun.transcripts.judge import LIVE, Judge
+    from chatrun.transcripts.setting import VersionProblem
 
     try:
         scenario = load_scenario(path)
-        bot = load_bot(str(scenario.bot_path))
+        bot = scenario_bot(scenario)
+    except VersionProblem as exc:  # it names the scenario's line
+        return Outcome(path, error=str(exc))
     except BotError as exc:
         return Outcome(path, error="\n".join(d.format() for d in exc.diagnostics))
     except ChatrunError as exc:
@@ -398,6 +427,28 @@ def simulate(path: str, trials: int | None = None, on_trial: Callable[[Trial], N
     finally:
         judge.close()
     return outcome
+
+
+def scenario_bot(scenario: Scenario) -> Any:
+    """The bot the trials talk to: for a bot in several versions (docs/versions.md) the one
+    `version:` names, else the primary (the version new sessions start on); `scenario.version`
+    becomes its label, which a recorded trial names so its replay runs on the same version."""
+    from chatrun.definition.versions import version_layout
+    from chatrun.engine.bot import load_bot
+    from chatrun.transcripts.setting import version_index, versions_at
+
+    layout = version_layout(scenario.bot_path)
+    if scenario.version is None and layout is None:
+        return load_bot(str(scenario.bot_path))
+    versions = versions_at(scenario.bot_path)
+    if scenario.version is None:
+        assert layout is not None
+        scenario.version = layout.primary
+        return dict(versions)[scenario.version]
+    at = version_index(versions, scenario.version, f"{scenario.file}:{scenario.lines.get('version', 1)}: `version:`",
+                       scenario.bot)
+    scenario.version = versions[at][0]
+    return versions[at][1]
 
 
 def junit_xml(outcomes: list[Outcome]) -> str:

@@ -15,10 +15,13 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.scalarstring import LiteralScalarString
+from ruamel.yaml.scalarstring import LiteralScalarString, SingleQuotedScalarString
+from yaml.nodes import ScalarNode
+from yaml.resolver import Resolver
 
 from chatrun.errors import ChatrunError
 
+_RESOLVER = Resolver()  # PyYAML's: how the transcript loader reads a plain scalar
 TURN_KEY_ORDER = ("clock", "as", "user", "data", "attach", "approve", "reject", "answer", "operator", "expire", "model", "mocks", "expect", "judged")
 
 
@@ -35,7 +38,9 @@ def to_node(value: Any, top: bool = True) -> Any:
     in flow style ([main_menu, flight]), one-key items ({Message: ..}) and the rest in
     block style, multi-line text as literal blocks."""
     if isinstance(value, str):
-        return LiteralScalarString(value) if "\n" in value.strip("\n") else value
+        if "\n" in value.strip("\n"):
+            return LiteralScalarString(value)
+        return SingleQuotedScalarString(value) if _not_text_to_the_reader(value) else value
     if isinstance(value, dict):
         node = CommentedMap()
         for k, v in value.items():
@@ -51,6 +56,13 @@ def to_node(value: Any, top: bool = True) -> Any:
             seq.fa.set_flow_style()
         return seq
     return value
+
+
+def _not_text_to_the_reader(text: str) -> bool:
+    """Text that a plain scalar would not give back: ruamel writes YAML 1.2, where `yes`,
+    `no`, `on` and `off` are text, but transcripts are read as YAML 1.1, where they are
+    booleans (a user's "yes" to a confirmation would come back as `true`)."""
+    return _RESOLVER.resolve(ScalarNode, text, (True, False)) != "tag:yaml.org,2002:str"
 
 
 def _flat(values: Any, keys: Any = ()) -> bool:

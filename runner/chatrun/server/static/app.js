@@ -302,6 +302,7 @@
 
   /** Choices (quick replies) as buttons: a click sends the choice's value; used or replayed ones are disabled. */
   function showChoices(data, replayed) {
+    if (choicesOfTheCardAbove(data)) return;
     const box = el("div", "choices");
     for (const choice of (data && data.choices) || []) {
       const button = el("button", "choice", choice.label);
@@ -317,6 +318,15 @@
       box.appendChild(button);
     }
     add(box);
+  }
+
+  /** The Choices a confirmation comes with (for clients without cards) are its card's own Yes
+   * and No: the card just above has those buttons, so the user sees one control, not two. */
+  function choicesOfTheCardAbove(data) {
+    const card = ui.messages.lastElementChild;
+    if (!card || !card.classList.contains("pending-card") || card.dataset.confirm !== "true") return false;
+    const values = (choices) => JSON.stringify((choices || []).map((c) => [c.label, c.value]));
+    return values(card.item.choices) === values(data && data.choices);
   }
 
   function showRouteChange(data, quiet) {

@@ -39,6 +39,14 @@
   };
   const WAITING = { approval: "waiting_approval", question: "waiting_answer", takeover: "waiting_operator" };
 
+  /** The user's own confirmation (`confirm:`): an approval that carries its own choices (Yes
+   * and No, in the session's locale) instead of Approve and Reject; null for any other item. */
+  function confirmation(item) {
+    const choices = item.kind === "approval" ? item.choices || [] : [];
+    if (choices.length !== 2 || choices.some((c) => c.value === "approve" || c.value === "reject")) return null;
+    return { yes: choices[0].label, no: choices[1].label };
+  }
+
   function setTexts(texts) {
     for (const key of Object.keys(TEXTS)) if (typeof texts[key] === "string") TEXTS[key] = texts[key];
   }
@@ -168,8 +176,11 @@
     node.dataset.item = item.id;
     node.dataset.kind = item.kind;
     node.dataset.state = "open";
+    if (confirmation(item)) node.dataset.confirm = "true";
     node.item = item;
-    node.appendChild(el("div", "tag", KIND_TITLE[item.kind] ? TEXTS[KIND_TITLE[item.kind]] : humanize(item.kind)));
+    // A confirmation is the runtime's question to the user (yes or no), not someone's approval.
+    const kind = confirmation(item) ? "question" : item.kind;
+    node.appendChild(el("div", "tag", KIND_TITLE[kind] ? TEXTS[KIND_TITLE[kind]] : humanize(kind)));
     node.appendChild(el("div", "pending-ask", item.ask));
     if (item.args && Object.keys(item.args).length) {
       const list = el("dl", "fields pending-args");
@@ -227,12 +238,13 @@
         const why = reason ? reason.read() : undefined;
         return why ? Object.assign(body, { reason: why }) : body;
       };
-      button(TEXTS.approve, "primary approve", (b) => {
+      const asked = confirmation(item); // the user's own yes or no: the buttons say Yes and No
+      button(asked ? asked.yes : TEXTS.approve, "primary approve", (b) => {
         let args = null;
         try { args = form ? form.read() : null; } catch (err) { return; } // the field says why
         send(withReason(args ? { decision: "approve", args: args } : { decision: "approve" }), b);
       });
-      button(TEXTS.reject, "reject", (b) => send(withReason({ decision: "reject" }), b));
+      button(asked ? asked.no : TEXTS.reject, "reject", (b) => send(withReason({ decision: "reject" }), b));
     } else if (item.choices && item.choices.length) {
       for (const choice of item.choices) {
         const b = button(choice.label, "choice", (picked) => send({ answer: choice.value }, picked));
@@ -259,8 +271,11 @@
     const controls = node.querySelector(".pending-controls");
     if (controls) controls.remove();
     node.querySelector(".pending-problem").textContent = "";
-    let text = (TEXTS[resolved.outcome] || humanize(resolved.outcome))
-      + (resolved.by ? " " + TEXTS.by.split("{name}").join(resolved.by) : "");
+    // A confirmation says what the user answered, Yes or No (only they decide it: no "by").
+    const asked = confirmation(node.item || {});
+    const said = asked && { approved: asked.yes, rejected: asked.no }[resolved.outcome];
+    let text = said || ((TEXTS[resolved.outcome] || humanize(resolved.outcome))
+      + (resolved.by ? " " + TEXTS.by.split("{name}").join(resolved.by) : ""));
     if (resolved.outcome === "edited" && resolved.args) {
       for (const key of Object.keys(resolved.args)) {
         const dd = node.querySelector('.pending-args dd[data-arg="' + CSS.escape(key) + '"]');
@@ -287,5 +302,6 @@
     return plain(answer);
   }
 
-  window.ChatrunPending = { card: card, resolve: resolve, schemaForm: schemaForm, plain: plain, setTexts: setTexts };
+  window.ChatrunPending = { card: card, resolve: resolve, schemaForm: schemaForm, plain: plain, setTexts: setTexts,
+    confirmation: confirmation };
 })();
