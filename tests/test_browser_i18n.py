@@ -220,3 +220,30 @@ def test_a_german_session_refuses_a_file_in_german_naming_the_setting(fake, tmp_
         assert _fits(page)
         shot(page, f"i18n-de-attach-tray-{width}")
         assert page.js_errors == []
+
+
+@pytest.mark.parametrize("width", [390])
+def test_a_german_user_waiting_for_the_baker_reads_only_german_from_chatrun(fake, tmp_path, width):
+    """Issue 34: a big order waits for the baker; the German user's card and the reply to their
+    next message are German (what they are told, never the baker's question), at a phone's width."""
+    told = "Ihre Anfrage wartet auf eine Genehmigung."
+    app = create_app([chatrun.load_bot(BAKERY)], f"sqlite:///{tmp_path / 'chat.db'}")
+    with ThreadServer(app) as server, chat_page(server.url, width=width, locale="de-DE") as page:
+        fake.queue(call("add_loaves", count=30))
+        send(page, "Dreißig Brote bitte")
+        card = page.locator(".pending-card").first
+        card.wait_for(timeout=30_000)
+        assert card.locator(".pending-ask").inner_text() == told
+        assert card.locator(".tag").text_content() == "Genehmigung"  # shown in capitals (CSS)
+        assert card.locator(".pending-status").inner_text() == "Warten auf Genehmigung…"
+        assert card.locator("button").count() == 0  # the baker decides, not the customer
+        send(page, "Und?")
+        page.wait_for_function("[...document.querySelectorAll('.msg.bot')].some(e => e.innerText.includes("
+                               "'Es wird noch gewartet'))", timeout=30_000)
+        shown = page.inner_text(".messages")
+        assert f"Es wird noch gewartet: {told}" in shown
+        english = ["Still waiting", "Your request", "Approval", "Approve", "Reject", "Waiting for",
+                   "Bake 30", "30 Brote für eine Bestellung backen"]  # the last: the baker's question
+        assert [text for text in english if text in shown] == []
+        assert _fits(page)
+        shot(page, f"i18n-de-approval-{width}")

@@ -108,7 +108,8 @@ def test_the_operator_edits_and_approves_a_refund_the_user_waits_for(pages, widt
     user = pages.open("/", ANA, width)
     say(user, "refund A7 80")
     waiting = user.locator('.pending-card[data-kind="approval"]')
-    assert waiting.locator(".pending-ask").inner_text() == "Refund 80.0 EUR on A7?"
+    # the user is told (the default `tell`), never the supervisor's question
+    assert waiting.locator(".pending-ask").inner_text() == "Your request is waiting for approval."
     assert waiting.locator(".pending-status").inner_text() == "Waiting for approval…"
     assert waiting.locator("button").count() == 0  # the supervisor decides, not the user
     assert waiting.locator('dd[data-arg="amount"]').inner_text() == "80"

@@ -96,7 +96,8 @@ tools:
     action:
       ask:
         from: backend
-        text: We are checking your documents.
+        text: Check the customer's documents.
+        tell: We are checking your documents.
         schema: {type: object, properties: {verdict: {enum: [approved, rejected]}}, required: [verdict]}
         into: state.kyc
         timeout: 2d
@@ -182,10 +183,14 @@ def test_a_call_that_needs_approval_ends_the_turn_with_nothing_run(desk):
     (pending,) = of(events, "Pending")
     assert pending["kind"] == "approval" and pending["tool"] == "refund"
     assert pending["args"] == {"order": "A1", "amount": 120}
-    assert pending["ask"] == "Refund 120 EUR on A1?"
+    # the user reads what they are told (no `tell:`: the default), never the supervisor's question
+    assert pending["ask"] == pending["tell"] == "Your request is waiting for approval."
     assert pending["by"] == ["supervisor"] and pending["edit"] == ["amount"]
-    assert pending["choices"] == [{"label": "Approve", "value": "approve"}, {"label": "Reject", "value": "reject"}]
+    assert pending["choices"] is None  # the user has no decision to make
     assert "token" not in pending and "data" not in pending
+    (for_operators,) = of(events, "Pending", audience="operators")
+    assert for_operators["ask"] == "Refund 120 EUR on A1?"
+    assert for_operators["choices"] == [{"label": "Approve", "value": "approve"}, {"label": "Reject", "value": "reject"}]
     assert pending["due"] == (START + timedelta(minutes=30)).isoformat()
     assert of(events, "Console") == []  # the handler did not run
     assert session.state["refunds"] == 0
@@ -421,7 +426,7 @@ def test_another_message_declines_the_users_own_approval_and_reaches_the_model(d
 def test_messages_while_a_supervisor_decides_are_queued_for_the_model(desk):
     session, model, _ = request_refund(desk)
     events = session.chat("Any news? Order A1 is urgent.")
-    assert of(events, "Message") == ["Still waiting: Refund 120 EUR on A1?"]
+    assert of(events, "Message") == ["Still waiting: Your request is waiting for approval."]
     assert len(model.requests) == 1  # no model call
     model.add("Done, and noted it is urgent.")
     as_(session, BOB).chat(Approve("p1"))

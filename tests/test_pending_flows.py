@@ -45,7 +45,8 @@ tools:
     action:
       ask:
         from: backend
-        text: We are checking your documents.
+        text: Check the customer's documents.
+        tell: We are checking your documents.
         schema: {{type: object, properties: {{verdict: {{enum: [approved, rejected]}}}}, required: [verdict]}}
         into: state.kyc
   human:

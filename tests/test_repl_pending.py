@@ -37,7 +37,10 @@ def test_a_supervisor_edits_an_approval_and_save_writes_the_steps(tmp_path):
     item = ('⏸ p1 approval: Refund 120 EUR on order A1001? (refund {"order": "A1001", "amount": 120}; by supervisor; '
             "may edit amount; due 2026-11-25T09:30:00+00:00) — /approve p1 or /reject p1")
     assert text.count(item) == 2  # once when it appeared (not again for the operators' copy), once for /pending
-    assert "Still waiting: Refund 120 EUR on order A1001?" in text
+    # the customer is told their own text (`tell:`), never the supervisor's question
+    assert "  the user is told: Your refund of 120 EUR is waiting for a supervisor's approval." in text
+    assert "Still waiting: Your refund of 120 EUR is waiting for a supervisor's approval." in text
+    assert "Still waiting: Refund" not in text
     assert "error: pending item p1 may be decided only by one of the roles supervisor; the caller has customer" in text
     assert "error: pending item p1: the edited arguments" in text or "'lots' is not of type 'number'" in text
     assert ('✓ p1 approval edited by bob; args {"order": "A1001", "amount": 80}; reason "only the broken part"'
@@ -103,7 +106,8 @@ def test_the_backend_answers_with_its_token_and_the_user_picks_a_plan(tmp_path):
     out = run_repl(["bots/onboarding", "--play-model"], script)
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert "⏸ p1 question: We are checking your documents; this can take up to two days." in text
+    assert "⏸ p1 question: Check the documents of Lea Martin (document X1234567)." in text  # the backend's
+    assert "  the user is told: We are checking your documents; this can take up to two days." in text
     assert "— /answer p1 VALUE" in text
     assert '✓ p1 question answered by nobody; answer {"verdict": "approved"}' in text
     assert "Welcome, Lea Martin! Your account is open." in text

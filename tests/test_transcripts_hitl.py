@@ -95,7 +95,7 @@ def test_the_backend_answers_with_the_items_token_and_without_it_is_refused(tmp_
     model:
       - tool_calls: [{name: submit_documents, arguments: {name: Lea Martin, document: X1234567}}]
     expect:
-      backend_events: [{Pending: {id: p1, kind: question, tool: submit_documents, args: {name: Lea Martin, document: X1234567}, ask: {contains: checking}, by: [backend], due: "2026-11-27T08:00:00+00:00", schema: {contains: verdict}}}]
+      backend_events: [{Pending: {id: p1, kind: question, tool: submit_documents, args: {name: Lea Martin, document: X1234567}, ask: {contains: Check the documents}, by: [backend], due: "2026-11-27T08:00:00+00:00", schema: {contains: verdict}}}]
   - answer: {item: p1, value: {verdict: approved}}
     expect: {error: {contains: answered with its token}}
   - as: backend

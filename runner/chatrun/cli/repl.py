@@ -303,7 +303,13 @@ class Repl:
                         dim=True)
         elif data.get("id") not in self.shown_items:
             self.shown_items.add(data.get("id"))
-            click.secho(pending_line(data), dim=True)
+            # The deciders' view (its question); the user's copy says what the user is told instead.
+            item = next((i for i in self.session.pending if i.id == data.get("id")), None)
+            shown = item.public() if item is not None else data
+            click.secho(pending_line(shown), dim=True)
+            told = data.get("tell")
+            if event.audience == ev.USER and told and told != shown.get("ask"):
+                click.secho(f"  the user is told: {told}", dim=True)
 
     def show_backend(self, event: Event) -> None:
         text = event.data if isinstance(event.data, str) else json.dumps(event.data, ensure_ascii=False)

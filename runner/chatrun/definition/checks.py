@@ -449,7 +449,11 @@ class _Checker:
             self.add("error", f"`approval` of tool `{tool.name}` has `by: [user]` and `self: false`: the user who "
                      "caused the call is the only one who may decide it, so no one could; add a role to `by`",
                      *at, "self")
-        for key in ("ask", "rejected"):
+        if approval.tell and "user" in approval.by:
+            self.add("warning", f"`approval.tell` of tool `{tool.name}` is never shown: `by` has `user`, so the user "
+                     "decides the call and reads its `ask` (with the buttons to decide); `tell` is what the user "
+                     "reads while others decide", *at, "tell")
+        for key in ("ask", "tell", "rejected"):
             source = getattr(approval, key)
             if source and approval.key == "confirm":  # `confirm: TEXT` is the ask
                 self.template(source, f"`confirm` of tool `{tool.name}`", ("tools", tool.name, "confirm"), tool,
@@ -557,9 +561,11 @@ class _Checker:
                 if problem:
                     self.add("warning", f"`ask.into` of tool `{tool.name}` is `{ask.into}`, but {problem}",
                              *at, "ask", "into")
-            if ask.text:
-                self.template(ask.text, f"`ask.text` of tool `{tool.name}`", (*at, "ask", "text"), tool,
-                              routes=routes)
+            for key in ("text", "tell"):
+                source = getattr(ask, key)
+                if source:
+                    self.template(source, f"`ask.{key}` of tool `{tool.name}`", (*at, "ask", key), tool, routes=routes)
+            self.question_texts(tool, ask)
             if ask.choices is not None and ask.source != "user":
                 self.add("error", f"`ask.choices` of tool `{tool.name}`: choices are for `from: user`",
                          *at, "ask", "choices")
@@ -603,6 +609,21 @@ class _Checker:
                      f"{suggest(plan.route, self.config.routes)}", *at, "on_timeout", "route")
         if plan.message:
             self.template(plan.message, f"`message` of {of}", (*at, "on_timeout", "message"), tool, routes=routes)
+
+    def question_texts(self, tool: ToolConfig, ask: AskConfig) -> None:
+        """Who reads which text of a question: `text` those who answer, `tell` the user while
+        others answer. A question `from: operator`/`backend` with a `text:` and no `tell:` was
+        shown to the user before chatrun had `tell:`; now the user reads the default."""
+        at = ("tools", tool.name, "action", "ask")
+        if ask.tell and ask.source == "user":
+            self.add("warning", f"`ask.tell` of tool `{tool.name}` is never shown: with `from: user` the user answers "
+                     "and reads `text`; `tell` is what the user reads while an operator or a backend answers",
+                     *at, "tell")
+        elif ask.text and not ask.tell and ask.source != "user":
+            self.add("warning", f"`ask.text` of tool `{tool.name}` is the question the {ask.source} reads; the user "
+                     "no longer sees it (chatrun tells them \"Your request is waiting for an answer.\" in their "
+                     "locale): write what the user should read as `tell:` (docs/format.md, \"Humans in the loop\")",
+                     *at, "text")
 
     def condition(self, condition: str, what: str, path: tuple, tool: ToolConfig, routes: list[str]) -> bool:
         """A condition (a Jinja expression without braces) compiles and reads what is declared;

@@ -92,7 +92,8 @@ class AskConfig:
     """An action's `ask:`: a question that waits for an answer of `schema` from `source`."""
 
     source: str  # "user" | "operator" | "backend" (YAML `from:`)
-    text: str | None = None  # template shown while it waits
+    text: str | None = None  # template: the question those who answer read (the user too, `from: user`)
+    tell: str | None = None  # template: what the user reads while others answer (None: the locale's default)
     schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
     choices: list[Any] | str | None = None
     into: str | None = None  # state path the answer lands at
@@ -156,7 +157,8 @@ class ApprovalConfig:
     by: list[str] = field(default_factory=lambda: ["user"])
     self_decide: bool | None = None  # YAML `self:`; None: true only when `by` has `user`
     edit: list[str] | bool = field(default_factory=list)
-    ask: str | None = None
+    ask: str | None = None  # template: the question the deciders read
+    tell: str | None = None  # template: what the user reads while others decide (None: the locale's default)
     timeout: str | None = None
     on_timeout: str = "reject"  # "reject" | "approve" | the name of one of `cases`
     rejected: str | None = None

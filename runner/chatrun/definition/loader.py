@@ -811,6 +811,7 @@ def _approval(raw: Any, doc: YamlDoc, path: tuple) -> ApprovalConfig | None:
         self_decide=self_decide if isinstance(self_decide, bool) else None,
         edit=edit if isinstance(edit, bool) else _str_list(edit),
         ask=_str(raw.get("ask")),
+        tell=_str(raw.get("tell")),
         timeout=_str(raw.get("timeout")),
         on_timeout=_str(raw.get("on_timeout")) or "reject",
         rejected=_str(raw.get("rejected")),
@@ -853,6 +854,7 @@ def _ask(raw: Any, doc: YamlDoc, path: tuple) -> AskConfig | None:
     return AskConfig(
         source=raw["from"],
         text=_str(raw.get("text")),
+        tell=_str(raw.get("tell")),
         schema=dict(schema) if isinstance(schema, dict) else {"type": "string"},
         choices=_choices(raw.get("choices")),
         into=_str(raw.get("into")),

@@ -1,7 +1,9 @@
 """The texts of chatrun's own web page (its Send button, its notices, the cards of pending
 items) in a few locales, and how a bot's catalog overrides them (docs/i18n.md, "The page").
-The conversation's one built-in reply, `fallback` (what the user gets when the model has
-nothing to say and the bot declares no `fallback:`; engine/turn.py), is kept here with them.
+The conversation's own texts are kept here with them: `fallback` (what the user gets when the
+model has nothing to say and the bot declares no `fallback:`; engine/turn.py), and what the user
+is told while a person decides (`tell_*`, `still_waiting`, ...; engine/pausing.py, engine/waiting.py).
+Every text chatrun itself shows a user has a key here, in every built-in locale.
 
 The page shows its controls in the session's locale: chatrun's built-in text of each key
 below, replaced by the bot's own `page.<key>` text where its catalog has one (a bot can
@@ -34,6 +36,17 @@ BUILTIN: dict[str, dict[str, str]] = {
         "start_new": "Start a new conversation",
         "talking_to": "You are talking to {name}",
         "no_model": "No model is configured, so the bot cannot answer.",
+        "tell_approval": "Your request is waiting for approval.",
+        "tell_question": "Your request is waiting for an answer.",
+        "tell_takeover": "A person is looking after your conversation.",
+        "still_waiting": "Still waiting: {text}",
+        "answer_unfit": "That answer does not fit: {problem}. {text}",
+        "handover": "Connecting you with a person.",
+        "reply_approve_reject": "Reply {approve} or {reject}.",
+        "reply_choices": "Reply with one of: {choices}.",
+        "passed_on": "Your message was passed on to {name}; their answer will appear here.",
+        "passed_on_waiting": "Your message was passed on; a colleague will answer here shortly.",
+        "the_operator": "the operator",
         "fallback": "Sorry, I have no answer to that. Could you say it another way?",
         "connecting": "connecting…",
         "connected": "connected",
@@ -93,6 +106,17 @@ BUILTIN: dict[str, dict[str, str]] = {
         "start_new": "Neues Gespräch beginnen",
         "talking_to": "Sie sprechen mit {name}",
         "no_model": "Es ist kein Modell eingerichtet, daher kann der Bot nicht antworten.",
+        "tell_approval": "Ihre Anfrage wartet auf eine Genehmigung.",
+        "tell_question": "Ihre Anfrage wartet auf eine Antwort.",
+        "tell_takeover": "Ein Mitarbeiter kümmert sich um Ihr Gespräch.",
+        "still_waiting": "Es wird noch gewartet: {text}",
+        "answer_unfit": "Diese Antwort passt nicht: {problem}. {text}",
+        "handover": "Sie werden mit einem Mitarbeiter verbunden.",
+        "reply_approve_reject": "Antworten Sie mit {approve} oder {reject}.",
+        "reply_choices": "Antworten Sie mit einer dieser Möglichkeiten: {choices}.",
+        "passed_on": "Ihre Nachricht wurde an {name} weitergeleitet; die Antwort erscheint hier.",
+        "passed_on_waiting": "Ihre Nachricht wurde weitergeleitet; ein Mitarbeiter antwortet Ihnen gleich hier.",
+        "the_operator": "den Mitarbeiter",
         "fallback": "Entschuldigung, darauf habe ich keine Antwort. Können Sie es anders formulieren?",
         "connecting": "Verbindung wird hergestellt…",
         "connected": "verbunden",
@@ -156,6 +180,17 @@ BUILTIN: dict[str, dict[str, str]] = {
         "start_new": "بدء محادثة جديدة",
         "talking_to": "أنت تتحدث الآن مع {name}",
         "no_model": "لم يتم إعداد أي نموذج، لذلك لا يستطيع البوت الرد.",
+        "tell_approval": "طلبك في انتظار الموافقة.",
+        "tell_question": "طلبك في انتظار الإجابة.",
+        "tell_takeover": "أحد الموظفين يتولى محادثتك الآن.",
+        "still_waiting": "ما زلنا في الانتظار: {text}",
+        "answer_unfit": "هذه الإجابة غير مناسبة: {problem}. {text}",
+        "handover": "جارٍ توصيلك بأحد الموظفين.",
+        "reply_approve_reject": "أجب بـ {approve} أو {reject}.",
+        "reply_choices": "أجب بأحد الخيارات التالية: {choices}.",
+        "passed_on": "تم تحويل رسالتك إلى {name}؛ سيظهر الرد هنا.",
+        "passed_on_waiting": "تم تحويل رسالتك؛ سيرد عليك أحد الموظفين هنا قريبًا.",
+        "the_operator": "الموظف",
         "fallback": "عذرًا، ليس لدي إجابة على ذلك. هل يمكنك قولها بطريقة أخرى؟",
         "connecting": "جارٍ الاتصال…",
         "connected": "متصل",
@@ -253,3 +288,12 @@ def confirm_choices(catalogs: Catalogs | None, locale: str | None) -> list[dict[
 def page_data(catalogs: Catalogs | None, locale: str | None) -> dict[str, object]:
     """What the page needs to show itself in `locale`: its `lang`, `dir` and texts."""
     return {"lang": locale or "en", "dir": direction(locale), "texts": page_texts(catalogs, locale)}
+
+
+def said(texts: dict[str, str], key: str, **args: object) -> str:
+    """The text of `key` with its `{name}` placeholders filled (as the page fills them: a bot's
+    own text may hold other braces, which stay as written)."""
+    text = texts[key]
+    for name, value in args.items():
+        text = text.replace("{" + name + "}", str(value))
+    return text

@@ -15,6 +15,7 @@ from typing import Any, Literal, overload
 
 from chatrun import events as ev
 from chatrun.definition.config import BotConfig, RouteConfig
+from chatrun.definition.page_texts import page_texts, said
 from chatrun.definition.templates import is_nothing
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.pending import Decision
@@ -146,6 +147,17 @@ class TurnContext:
                 texts += [m.content for m in self.c.memory_for(scope, route).messages()
                           if isinstance(m, UserMessage) and m.content]
         return texts
+
+    # -- chatrun's own texts --------------------------------------------------------
+
+    def texts(self) -> dict[str, str]:
+        """chatrun's own texts in the session's locale (definition/page_texts.py; a bot's
+        catalog `page.<key>` replaces one)."""
+        return page_texts(self.config.catalogs, self.c.locale)
+
+    def own_text(self, key: str, **args: Any) -> str:
+        """One of chatrun's own texts for the user, in the session's locale, filled with `args`."""
+        return said(self.texts(), key, **args)
 
     # -- choices ------------------------------------------------------------------
 

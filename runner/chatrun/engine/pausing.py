@@ -62,7 +62,8 @@ def request_approval(t: TurnContext, tool: ToolConfig, args: dict[str, Any], cal
         if approval.edit is True else list(approval.edit or [])
     # The user's own confirmation: they are asked yes or no, in their locale, with buttons.
     choices = confirm_choices(t.config.catalogs, t.c.locale) if approval.confirms else None
-    item = new_item(t, APPROVAL, approval.timeout, tool=tool.name, call_id=call_id, args=args, ask=ask,
+    tell = t.render_template(approval.tell, "approval tell", approval.where, {"args": args}) if approval.tell else ""
+    item = new_item(t, APPROVAL, approval.timeout, tool=tool.name, call_id=call_id, args=args, ask=ask, tell=tell,
                     by=list(approval.by), edit=editable, choices=choices,
                     data={"self": approval.may_self_decide, "on_timeout": approval.on_timeout})
     announce(t, item)
@@ -77,10 +78,11 @@ def ask_question(t: TurnContext, tool: ToolConfig, args: dict[str, Any], result:
     ask = tool.action.ask
     assert ask is not None
     extra = {"args": args, "result": result}
-    text = t.render_template(ask.text, "ask text", ask.where, extra) if ask.text else "Waiting for an answer."
+    text = t.render_template(ask.text, "ask text", ask.where, extra) if ask.text else t.own_text("waiting_answer")
+    tell = t.render_template(ask.tell, "ask tell", ask.where, extra) if ask.tell else ""
     choices = t.choice_list(ask.choices, f"tool {tool.name} ask choices", ask.where, extra)
     by = {"user": [USER_ROLE], "operator": [OPERATOR_ROLE], "backend": [BACKEND_ROLE]}[ask.source]
-    item = new_item(t, QUESTION, ask.timeout, tool=tool.name, call_id=call_id, args=args, ask=text, by=by,
+    item = new_item(t, QUESTION, ask.timeout, tool=tool.name, call_id=call_id, args=args, ask=text, tell=tell, by=by,
                     schema=copy.deepcopy(ask.schema), choices=choices or None,
                     token=secrets.token_urlsafe(24) if ask.source == "backend" else None,
                     data={"result": result})
@@ -91,11 +93,11 @@ def ask_question(t: TurnContext, tool: ToolConfig, args: dict[str, Any], result:
 def hand_over(t: TurnContext, tool: ToolConfig, operator: OperatorConfig, extra: dict[str, Any]) -> None:
     """An `operator:` action: the conversation waits for an operator to take it."""
     text = t.render_template(operator.text, "operator text", operator.where, extra) if operator.text else \
-        "Connecting you with a person."
+        t.own_text("handover")
     data = takeover_data(operator.release_to, operator.remember)
     if operator.on_timeout is not None:  # what its templates read when nobody takes it (engine/waiting.py)
         data["args"] = copy.deepcopy(extra.get("args"))
-    item = new_item(t, TAKEOVER, operator.timeout, tool=tool.name, ask=text, by=[operator.role], data=data)
+    item = new_item(t, TAKEOVER, operator.timeout, tool=tool.name, ask=text, tell=text, by=[operator.role], data=data)
     t.emit(ev.MESSAGE, text)
     announce(t, item)
 
@@ -115,11 +117,12 @@ def new_item(t: TurnContext, kind: str, timeout: str | None, **fields: Any) -> P
 
 
 def announce(t: TurnContext, item: PendingItem) -> None:
-    """The Pending events: the user's (and the operators' for items others decide), a backend's
-    copy with the token for a question it answers."""
+    """The Pending events: the user's (`for_user`: what they are told, in their locale), the
+    operators' for items others decide (the `ask`), a backend's copy with the token for a question
+    it answers."""
     public = item.public()
-    if item.kind != TAKEOVER:
-        t.emit(ev.PENDING, public, audience=ev.USER)
+    if item.kind != TAKEOVER:  # the user reads what they are told, not the deciders' question
+        t.emit(ev.PENDING, item.for_user(t.texts()), audience=ev.USER)
     if item.kind == TAKEOVER or any(role != USER_ROLE for role in item.by):
         t.emit(ev.PENDING, public, audience=ev.OPERATORS)
     if item.token:

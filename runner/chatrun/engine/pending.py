@@ -57,7 +57,7 @@ class PendingItem:
     tool: str | None = None
     call_id: str | None = None
     args: dict[str, Any] | None = None
-    ask: str = ""  # the rendered text users and approvers see
+    ask: str = ""  # the rendered text the deciders see (and the user, when they decide it)
     by: list[str] = field(default_factory=list)  # roles that may decide / answer / take
     edit: list[str] = field(default_factory=list)  # editable parameters (approvals)
     schema: dict[str, Any] | None = None  # questions: the answer's JSON Schema
@@ -65,6 +65,7 @@ class PendingItem:
     requested_by: dict[str, Any] | None = None  # the principal whose message created it
     token: str | None = None  # questions from backend: the secret it answers with
     data: dict[str, Any] = field(default_factory=dict)  # kind-specific extras
+    tell: str = ""  # the rendered text the user reads while others decide ("": the locale's default)
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(asdict(self))
@@ -86,8 +87,45 @@ class PendingItem:
                              "at": held.get("at")}
         return out
 
+    def for_user(self, texts: dict[str, str]) -> dict[str, Any]:
+        """What the session's user is shown of the item (their Pending event, their `/v1` text,
+        their session resource), with chatrun's `texts` in their locale (definition/page_texts.py).
+        An item the user decides: as it is, with Approve/Reject in their locale. One others
+        decide: `ask` is what the user is told (`tell`, else the locale's default), never the
+        deciders' question, and no choices (the user has none to make)."""
+        out = self.public()
+        if USER_ROLE in self.by:
+            if self.kind == APPROVAL and not self.choices:
+                out["choices"] = [{"label": texts["approve"], "value": "approve"},
+                                  {"label": texts["reject"], "value": "reject"}]
+            out["reply"] = reply_hint(out, texts)
+            return out
+        out["ask"] = out["tell"] = self.tell or texts.get(f"tell_{self.kind}", "")
+        out["choices"] = None
+        return out
+
     def is_due(self, now: datetime) -> bool:
         return self.due is not None and parse_time(self.due) <= now
+
+
+def reply_hint(item: dict[str, Any], texts: dict[str, str]) -> str:
+    """How a user without buttons (the Quarkus dialect, /v1) answers an item they decide, in
+    their locale: "Reply approve or reject." for an approval, the choices' labels for a
+    question with choices; "" when anything they type is the answer."""
+    choices = [c for c in item.get("choices") or () if isinstance(c, dict)]
+    if item.get("kind") == APPROVAL and [c.get("value") for c in choices] in ([], ["approve", "reject"]):
+        by_value = {c.get("value"): c.get("label") for c in choices}
+        # the words as typed in a reply ("Reply approve or reject."); any case is understood
+        return _filled(texts["reply_approve_reject"], approve=str(by_value.get("approve") or "approve").lower(),
+                       reject=str(by_value.get("reject") or "reject").lower())
+    labels = [str(c.get("label", c.get("value"))) if isinstance(c, dict) else str(c) for c in item.get("choices") or ()]
+    return _filled(texts["reply_choices"], choices=", ".join(labels)) if labels else ""
+
+
+def _filled(text: str, **args: str) -> str:
+    for name, value in args.items():
+        text = text.replace("{" + name + "}", value)
+    return text
 
 
 def granted_roles(roles: Iterable[str]) -> set[str]:

@@ -32,6 +32,7 @@ from chatrun.definition.config import (
     OperatorTimeoutConfig,
     ToolConfig,
 )
+from chatrun.definition.page_texts import said
 from chatrun.definition.templates import holds
 from chatrun.engine import tracing
 from chatrun.engine.call import ToolCalls
@@ -270,7 +271,7 @@ async def approval_by_message(calls: ToolCalls, item: PendingItem) -> NextStep:
     message after it, to call again (the user is asked again) or answer it (docs/tools.md,
     "Consent from the user"). Asking the same question again instead would keep a user who
     changed their mind stuck until they typed no."""
-    consent = _consent(_said(calls), item)
+    consent = _consent(_said(calls), item, calls.t.texts())
     if consent is True:
         return await decide(calls, Approve(item.id))
     if consent is False:
@@ -283,12 +284,17 @@ async def approval_by_message(calls: ToolCalls, item: PendingItem) -> NextStep:
     return step
 
 
-def _consent(said: str, item: PendingItem) -> bool | None:
+def _consent_choices(item: PendingItem, texts: dict[str, str]) -> list[dict[str, Any]]:
+    """The labels a yes or no may be given as: the user's (in their locale) and chatrun's English."""
+    return [*(item.for_user(texts).get("choices") or ()), *(item.public().get("choices") or ())]
+
+
+def _consent(said: str, item: PendingItem, texts: dict[str, str]) -> bool | None:
     """True for a yes, False for a no (a choice's label or value, or a word of _YES/_NO, with
     a polite "please" or "thanks"), None for anything else."""
     text = re.sub(r"[\s,.!]+", " ", said).strip().casefold()
     text = re.sub(r"^please |( please| thanks| thank you)$", "", text).strip()
-    for choice in item.public().get("choices") or ():
+    for choice in _consent_choices(item, texts):
         if text in (str(choice.get("label", "")).casefold(), str(choice.get("value", "")).casefold()):
             text = str(choice.get("value", "")).casefold()
     if text in _YES:
@@ -302,7 +308,7 @@ async def answer_by_message(calls: ToolCalls, item: PendingItem) -> NextStep:
     value = _answer_of(calls, item)
     problem = answer_problem(item, value)
     if problem:
-        calls.t.emit(ev.MESSAGE, f"That answer does not fit: {problem}. {item.ask}")
+        calls.t.emit(ev.MESSAGE, calls.t.own_text("answer_unfit", problem=problem, text=item.ask))
         if item.choices:
             calls.t.emit(ev.CHOICES, {"choices": item.choices})
         return NextStepFinalOutput()
@@ -341,7 +347,8 @@ def queue(calls: ToolCalls, item: PendingItem) -> NextStep:
     text = calls.t.render_user(c.route)
     if text:
         memory.add(UserMessage(text))
-    calls.t.emit(ev.MESSAGE, f"Still waiting: {item.ask}")
+    texts = calls.t.texts()  # what the user was told (`tell`), never the deciders' `ask`
+    calls.t.emit(ev.MESSAGE, said(texts, "still_waiting", text=item.for_user(texts)["ask"]))
     return NextStepFinalOutput()
 
 
@@ -666,7 +673,7 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
     name = (c.principal or {}).get("name") or "operator"
     if item is None:  # an operator takes a conversation nobody handed over
         item = new_item(calls.t, TAKEOVER, None, ask=decision.note if isinstance(decision, TakeOver) and decision.note
-                        else "An operator took over.", by=_stepping_in_roles(c),
+                        else "An operator took over.", tell=calls.t.own_text("tell_takeover"), by=_stepping_in_roles(c),
                         data=takeover_data(None, "messages"))
     if c.taken_over is None:  # taken: the item stays open (the takeover) until the release
         item = taken(c, item)

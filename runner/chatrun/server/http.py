@@ -162,13 +162,15 @@ async def create_session(bot: str, request: Request, who: Caller, registry: Regi
     locale = request.headers.get("accept-language")  # the session's locale (docs/i18n.md)
     async with registry.session(bot, session_id, who, NEW, route=route, state=state, version=version,
                                 locale=locale) as session:
-        return session_data(session)
+        return session_data(session, who.roles if who is not None else ())
 
 
 async def read_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
     async with registry.session(bot, session_id, who, EXISTING, reach=_operators_read(who)) as session:
         history = history_for(await registry.history(session), resource_audiences(who))
-        return session_data(session) | {"history": history, "lastTurn": registry.last_committed(session)}
+        # the user reads what they are told of an item others decide; its deciders read its question
+        roles = who.roles if who is not None else ()
+        return session_data(session, roles) | {"history": history, "lastTurn": registry.last_committed(session)}
 
 
 async def inspect_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:

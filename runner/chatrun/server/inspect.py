@@ -4,9 +4,10 @@ memory's running summary marked as such), and what the model calls cost, per tur
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from chatrun.definition.page_texts import page_data
+from chatrun.definition.page_texts import page_data, page_texts
 from chatrun.definition.templates import display_text
 from chatrun.engine.scopes import merged_scope
 from chatrun.engine.tools import route_tool_specs
@@ -16,6 +17,7 @@ from chatrun.messages import Message, SummaryMessage, UserMessage
 if TYPE_CHECKING:
     from chatrun.definition.config import RouteConfig
     from chatrun.engine.bot import Bot
+    from chatrun.engine.pending import PendingItem
     from chatrun.engine.session import Session
 
 
@@ -64,7 +66,7 @@ def model_problem(session: Session) -> str | None:
     return credentials_problem(config)
 
 
-def session_data(session: Session) -> dict[str, Any]:
+def session_data(session: Session, roles: Iterable[str] | None = None) -> dict[str, Any]:
     """A session as the HTTP API reads it (no memories)."""
     return {
         "id": session.id,
@@ -82,12 +84,23 @@ def session_data(session: Session) -> dict[str, Any]:
         "botVersion": session.bot_version,
         "botVersionLabel": session.bot.config.version_label,
         "locale": session.locale,  # the locale it speaks (docs/i18n.md); null for a bot without `locales:`
-    } | pending_data(session)
+    } | pending_data(session, roles)
 
 
-def pending_data(session: Session) -> dict[str, Any]:
-    """The session's open items as a Pending event shows them (no backend token), and its takeover."""
-    return {"pending": [item.public() for item in session.pending], "taken_over": session.taken_over}
+def pending_data(session: Session, roles: Iterable[str] | None = None) -> dict[str, Any]:
+    """The session's open items as a Pending event shows them (no backend token), and its takeover.
+    `roles`: the viewer's; an item none of them decides (nor `operators`) is shown as its user
+    reads it (`for_user`: what they are told, never the deciders' question). None: as the
+    deciders see them (the inspector, a pending list)."""
+    texts = page_texts(session.bot.config.catalogs, session.locale)
+    deciders = None if roles is None else set(roles)
+
+    def shown(item: PendingItem) -> dict[str, Any]:
+        if deciders is None or deciders & ({*item.by, "operators"} - {"user"}):
+            return item.public()
+        return item.for_user(texts)
+
+    return {"pending": [shown(item) for item in session.pending], "taken_over": session.taken_over}
 
 
 def scopes_data(session: Session) -> list[dict[str, Any]]:

@@ -15,6 +15,8 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from chatrun import events as ev
+from chatrun.definition.page_texts import BUILTIN as PAGE_TEXTS
+from chatrun.definition.page_texts import page_texts, said
 from chatrun.engine.pending import TAKEOVER
 from chatrun.errors import AttachmentRefused
 from chatrun.memory.tokens import estimate_tokens
@@ -22,6 +24,7 @@ from chatrun.messages import Attachment
 from chatrun.server import wire
 from chatrun.server.audience import for_clients
 from chatrun.server.auth import Principal
+from chatrun.server.inspect import pending_data
 from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Opened, TurnIndex
 from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
 from chatrun.store.blobs import BlobArea
@@ -255,7 +258,7 @@ async def _run_turn(
         if session.ended:  # this turn's `end` action ended the conversation: later messages are refused
             info["ended"] = session.ended
         if session.pending:  # what the reply's text asks, as data (a front end with buttons may use it)
-            info["pending"] = [item.public() for item in session.pending]
+            info["pending"] = pending_data(session, ())["pending"]  # as its user reads them (`for_user`)
         if estimated:
             info["usage_estimated"] = True
         if cost is not None:
@@ -264,19 +267,22 @@ async def _run_turn(
 
 
 # What a /v1 user reads when their message went to the operators and nobody said anything yet
-# (an OpenAI client shows an empty reply as nothing at all, as if the message were lost).
-PASSED_ON = "Your message was passed on to {name}; their answer will appear here."
-WAITING_FOR_OPERATOR = "Your message was passed on; a colleague will answer here shortly."
+# (an OpenAI client shows an empty reply as nothing at all, as if the message were lost): chatrun's
+# texts `passed_on` / `passed_on_waiting` in the session's locale (definition/page_texts.py).
+PASSED_ON = PAGE_TEXTS["en"]["passed_on"]
+WAITING_FOR_OPERATOR = PAGE_TEXTS["en"]["passed_on_waiting"]
 
 
 def operator_text(session: Any) -> str:
     """The text for a silent turn while an operator holds the conversation or is awaited ('' otherwise)."""
+    texts = page_texts(session.bot.config.catalogs, session.locale)
     taken = session.taken_over
     if taken is not None:
-        name = ((taken.get("by") or {}).get("name") if isinstance(taken.get("by"), dict) else None) or "the operator"
-        return PASSED_ON.format(name=name)
+        name = ((taken.get("by") or {}).get("name") if isinstance(taken.get("by"), dict) else None) \
+            or texts["the_operator"]
+        return said(texts, "passed_on", name=name)
     if any(item.kind == TAKEOVER for item in session.pending):
-        return WAITING_FOR_OPERATOR
+        return texts["passed_on_waiting"]
     return ""
 
 

@@ -63,6 +63,7 @@ _ITEM = {"type": "object", "description": "a pending item (docs/protocol.md, \"P
                         "scope_id": {"type": "string"}, "tool": {"type": ["string", "null"]},
                         "call_id": {"type": ["string", "null"]}, "args": {"type": ["object", "null"]},
                         "ask": {"type": "string"}, "by": {"type": "array", "items": {"type": "string"}},
+                        "tell": {"type": "string", "description": "what the user reads while others decide"},
                         "edit": {"type": "array", "items": {"type": "string"}},
                         "schema": {"type": ["object", "null"]}, "choices": {"type": ["array", "null"]},
                         "requested_by": {"type": ["object", "null"]},

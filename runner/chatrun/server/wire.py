@@ -31,6 +31,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatrun.definition.page_texts import BUILTIN as PAGE_TEXTS
+from chatrun.engine.pending import reply_hint
 from chatrun.errors import (  # the server's request errors, used as wire.RequestFailed
     DecisionRefused,
     FrameError,
@@ -353,19 +355,18 @@ CHOICES = "Choices"  # events.CHOICES
 
 def written_out(item: Any) -> str:
     """A pending item as text, for a client without buttons (the Quarkus dialect, /v1): what
-    it asks, and when the user may answer it, how ("Reply approve or reject.", or the choices'
-    values). The user's next message is the answer (docs/format.md, "Messages while something
-    is pending")."""
+    the user is told (the user's Pending carries their text in `ask`, engine/pending.py
+    `for_user`), and when they answer it, how (its `reply`: "Reply approve or reject.", or the
+    choices' labels, in their locale). The user's next message is the answer (docs/format.md,
+    "Messages while something is pending")."""
     if not isinstance(item, dict):
         return str(item)
     text = str(item.get("ask") or "")
     if "user" not in (item.get("by") or ()):
         return text
-    choices = item.get("choices") or ()
-    if item.get("kind") == "approval" and [c.get("value") for c in choices if isinstance(c, dict)] in ([], ["approve", "reject"]):
-        return f"{text}\n\nReply approve or reject."  # a user's confirmation has its own: Yes/No
-    values = [str(c.get("label", c.get("value"))) if isinstance(c, dict) else str(c) for c in item.get("choices") or ()]
-    return f"{text}\n\nReply with one of: {', '.join(values)}." if values else text
+    # A Pending stored before chatrun wrote `reply` into the user's copy gets the English hint.
+    hint = item["reply"] if "reply" in item else reply_hint(item, PAGE_TEXTS["en"])
+    return f"{text}\n\n{hint}" if hint else text
 
 
 @dataclass(frozen=True)

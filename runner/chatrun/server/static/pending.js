@@ -19,8 +19,8 @@
 
   function plain(value) {
     if (value === null || value === undefined) return "—";
-    if (value === true) return "yes";
-    if (value === false) return "no";
+    if (value === true) return TEXTS.yes.toLowerCase();
+    if (value === false) return TEXTS.no.toLowerCase();
     return typeof value === "object" ? JSON.stringify(value) : String(value);
   }
 
@@ -35,6 +35,7 @@
     waiting_operator: "Waiting for an operator…",
     approved: "Approved", edited: "Approved with changes", rejected: "Rejected", timed_out: "Timed out",
     answered: "Answered", released: "Released", taken: "Taken over", by: "by {name}",
+    yes: "Yes", no: "No",
   };
   const WAITING = { approval: "waiting_approval", question: "waiting_answer", takeover: "waiting_operator" };
 
