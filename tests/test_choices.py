@@ -150,25 +150,27 @@ def test_the_repl_sends_a_typed_9_as_9_with_choices_0_to_10(write_bot, tmp_path)
 
 
 @pytest.mark.browser  # chromium() skips when Debian's Chromium is missing
-def test_choices_are_buttons_on_the_page(fake, tmp_path):
+def test_choices_are_buttons_on_the_page(fake, write_bot, tmp_path):
     from browser_support import chat_page, send
     from chatrun.server import create_app
     from server_support import ThreadServer
 
-    app = create_app([chatrun.load_bot(BANK)], f"sqlite:///{tmp_path / 'chat.db'}")
+    # (A user's confirmation, e.g. bots/bank's send_transfer, is one Yes/No card instead:
+    # tests/test_browser_page.py::test_a_confirmation_is_one_card_with_yes_and_no_also_after_a_reload.)
+    menu = chatrun.load_bot(write_bot("model: {provider: openai, name: gpt-4o-mini}\n" + BOT))
+    app = create_app([menu], f"sqlite:///{tmp_path / 'chat.db'}")
     with ThreadServer(app) as server, chat_page(server.url) as page:
-        fake.queue(call("transfer_money"),
-                   {"tool_calls": [{"name": "set_recipient", "arguments": {"recipient": "Joe"}},
-                                   {"name": "set_amount", "arguments": {"amount": 20}}]},
-                   call("send_transfer"))
-        send(page, "Send 20 to Joe")
-        buttons = page.locator("#messages .choices .choice")
-        assert buttons.all_inner_texts() == ["Yes", "No"]  # the runtime's question: send_transfer's `confirm:`
-        calls = len(fake.requests)
+        fake.queue(call("pick_size"), {"text": "Pick one."})
+        send(page, "A pizza, please")
+        buttons = page.locator("#messages .choices .choice").filter(has_text="M")
+        page.locator("#messages .choices").first.wait_for(timeout=10_000)
+        sizes = page.locator("#messages .choices").first.locator(".choice")
+        assert sizes.all_inner_texts() == ["S", "M", "L"]  # pick_size's choices, after its message
         seen = int(page.get_attribute("body", "data-refreshes") or 0)
+        fake.queue({"text": "M it is."})
         buttons.first.click()
         page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=10_000)
-        assert page.locator(".msg.user").last.inner_text() in ("Yes", "yes")  # the click sent the choice
-        assert page.locator(".msg.bot").last.inner_text() == "Done: 20 sent to Joe. Your balance is 980."
-        assert all(b.is_disabled() for b in buttons.all())  # a used set of choices is spent
-        assert len(fake.requests) == calls  # the user's yes decided: the model was not asked
+        page.locator(".msg.bot", has_text="M it is.").wait_for(timeout=10_000)
+        assert page.locator(".msg.user").last.inner_text() == "M"  # the click sent the choice
+        assert fake.requests[-1]["messages"][-1]["content"] == "M"  # as the user's message to the model
+        assert all(b.is_disabled() for b in sizes.all())  # a used set of choices is spent

@@ -3,7 +3,6 @@ message` lines (or JSON), a summary, and exit codes instead of tracebacks."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Coroutine, Iterable
 from typing import Any, NoReturn
@@ -78,6 +77,8 @@ def describe_store(store: object) -> str:
 def run_on_store(url: str, work: Coroutine[Any, Any, Any]) -> Any:
     """Run a command's work on the store at `url`; a store error is one line naming the store
     and exit status 2, never a traceback."""
+    import asyncio  # here: `chatrun validate` imports this module and must start without an event loop's modules
+
     try:
         return asyncio.run(work)
     except (ChatrunError, OSError, ValueError) as exc:
