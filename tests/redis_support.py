@@ -60,6 +60,10 @@ class RedisServer:
             self.proc = None
 
 
+class PortTaken(AssertionError):
+    """`chatrun serve` could not listen: another process took the free port first."""
+
+
 class Replica:
     """`chatrun serve BOT --store STORE` in a subprocess on a free port."""
 
@@ -89,17 +93,30 @@ class Replica:
         return env
 
     def start(self, wait: bool = True) -> Replica:
-        self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        if wait:
-            self.wait_ready()
-        return self
+        first = self.proc is None  # no one has its URL yet: a port taken meanwhile may be swapped for another
+        for _attempt in range(5):
+            self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT)
+            if not wait:
+                return self
+            try:
+                self.wait_ready()
+                return self
+            except PortTaken:
+                if not first:
+                    raise
+                self.port = free_port()  # another process (a second suite) took it between free_port and listen
+        raise AssertionError("chatrun serve found no free port in 5 tries")
 
     def wait_ready(self, timeout: float = 90) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"chatrun serve exited: {self.proc.stdout.read().decode()}")
+                output = self.proc.stdout.read().decode()
+                if "Address already in use" in output:
+                    raise PortTaken(output)
+                raise AssertionError(f"chatrun serve exited: {output}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=0.5).status_code == 200:
                     return
