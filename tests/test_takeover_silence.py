@@ -292,22 +292,29 @@ class ServedProcess:
 
         from server_support import free_port
 
-        self.port = free_port()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "chatrun", "serve", str(bot), "--store", f"sqlite:///{db}", "--auth", str(auth),
-             "--port", str(self.port), "--clock-file", str(clock), "--sweep-interval", "0.2"],
-            env={**os.environ, "PYTHONPATH": str(ROOT / "runner")}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True)
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)
+        for _attempt in range(5):  # another process (a second suite) may take the free port before it listens
+            self.port = free_port()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "chatrun", "serve", str(bot), "--store", f"sqlite:///{db}", "--auth", str(auth),
+                 "--port", str(self.port), "--clock-file", str(clock), "--sweep-interval", "0.2"],
+                env={**os.environ, "PYTHONPATH": str(ROOT / "runner")}, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True)
+            self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)
+            if wait_until(self.ready, what="chatrun serve is ready") == "ready":
+                return
+            self.client.close()
+        raise AssertionError("chatrun serve found no free port in 5 tries")
 
-        def ready() -> bool:
-            assert self.process.poll() is None, self.process.communicate()[0]
-            try:
-                return self.client.get("/ready").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(ready, what="chatrun serve is ready")
+    def ready(self) -> str | None:
+        """"ready", "port taken" (it exited: another process listens there), or None (not yet)."""
+        if self.process.poll() is not None:
+            output = self.process.communicate()[0]
+            assert "Address already in use" in output, output
+            return "port taken"
+        try:
+            return "ready" if self.client.get("/ready").status_code == 200 else None
+        except httpx.TransportError:
+            return None
 
     def stop(self) -> None:
         self.client.close()
