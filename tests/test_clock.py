@@ -348,3 +348,18 @@ def test_a_machine_without_a_time_zone_database_is_told_what_to_install(write_bo
     assert [d.message for d in found] == [
         "`timezone` is 'Europe/Paris', which is not an IANA time zone name (this machine has no time zone database: "
         "install the system's tzdata, or `pip install tzdata`)"]
+
+
+def test_a_file_clock_reads_its_file_at_every_look(tmp_path):
+    from chatrun.engine.clock import FileClock
+    from chatrun.errors import TurnFailed
+
+    clock = FileClock(str(tmp_path / "clock"))
+    before = datetime.now(UTC)
+    assert before <= clock.now() <= datetime.now(UTC)  # no file yet: the system clock
+    (tmp_path / "clock").write_text("2030-01-02T03:04:05+01:00\n")
+    assert clock.now() == datetime(2030, 1, 2, 2, 4, 5, tzinfo=UTC)
+    assert clock.timestamp() == datetime(2030, 1, 2, 2, 4, 5, tzinfo=UTC).timestamp()
+    (tmp_path / "clock").write_text("tomorrow")
+    with pytest.raises(TurnFailed, match=r"clock: the clock file holds 'tomorrow', not an instant"):
+        clock.now()

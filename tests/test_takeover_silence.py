@@ -16,12 +16,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 import chatrun
 from chatrun.server.sweeper import SweepSettings
-from server_support import app_for_testclient
+from server_support import app_for_testclient, wait_until
 from webhook_support import OPENAI_MODEL, Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -275,3 +276,120 @@ def test_the_validator_checks_an_operator_timeout_where_it_is_written(tmp_path):
     assert [(d.line, d.message) for d in found if d.severity == "error"] == [
         (19, "`operator.on_timeout` of tool `human` calls `open_ticket` without its required argument(s) topic "
              "(give them in `args:`)")]
+
+
+# -- the same through a real `chatrun serve` process, its time moved by --clock-file -------------
+
+
+class ServedProcess:
+    """`chatrun serve BOT` on a SQLite file, its clock the instant in `clock` (a file the test
+    writes: the sessions' `now` and timeouts and the sweeper's all read it), sweeping every 0.2 s."""
+
+    def __init__(self, bot: Path, db: Path, auth: Path, clock: Path):
+        import os
+        import subprocess
+        import sys
+
+        from server_support import free_port
+
+        for _attempt in range(5):  # another process (a second suite) may take the free port before it listens
+            self.port = free_port()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "chatrun", "serve", str(bot), "--store", f"sqlite:///{db}", "--auth", str(auth),
+                 "--port", str(self.port), "--clock-file", str(clock), "--sweep-interval", "0.2"],
+                env={**os.environ, "PYTHONPATH": str(ROOT / "runner")}, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True)
+            self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)
+            if wait_until(self.ready, what="chatrun serve is ready") == "ready":
+                return
+            self.client.close()
+        raise AssertionError("chatrun serve found no free port in 5 tries")
+
+    def ready(self) -> str | None:
+        """"ready", "port taken" (it exited: another process listens there), or None (not yet)."""
+        if self.process.poll() is not None:
+            output = self.process.communicate()[0]
+            assert "Address already in use" in output, output
+            return "port taken"
+        try:
+            return "ready" if self.client.get("/ready").status_code == 200 else None
+        except httpx.TransportError:
+            return None
+
+    def stop(self) -> None:
+        self.client.close()
+        self.process.terminate()
+        self.process.communicate(timeout=60)
+
+
+def move_clock(clock: Path, by: timedelta) -> None:
+    clock.write_text((datetime.now(UTC) + by).isoformat())
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_real_server_holds_an_approval_that_times_out_during_a_takeover_until_the_release(fake, tmp_path):
+    fake.responder = responder
+    (tmp_path / "auth.yaml").write_text(AUTH)
+    clock = tmp_path / "clock"
+    served = ServedProcess(ROOT / "bots" / "refunds", tmp_path / "s.db", tmp_path / "auth.yaml", clock)
+    try:
+        client = served.client
+        assert client.post("/bots/refunds/sessions", json={"id": "r1"}, headers=ANA).status_code == 201
+        asked = client.post("/bots/refunds/sessions/r1/messages", json={"userMessage": "refund A1001 80"},
+                            headers=ANA).json()
+        assert [e["data"]["id"] for e in asked["events"] if e["type"] == "Pending"] == ["p1"]
+        assert client.post("/bots/refunds/sessions/r1/takeover", json={}, headers=OLGA).status_code == 200
+        turns = len(client.get("/bots/refunds/sessions/r1", headers=ANA).json()["history"])
+        model_calls = len(fake.requests)
+
+        move_clock(clock, timedelta(minutes=31))  # the approval's 30 minutes are over: the server's sweeper decides
+
+        def held() -> bool:
+            items = client.get("/bots/refunds/sessions/r1/pending", headers=OLGA).json()["pending"]
+            return any(i["kind"] == "approval" and i.get("held") for i in items)
+
+        wait_until(held, what="the timed-out approval is held for the release")
+        session = client.get("/bots/refunds/sessions/r1", headers=ANA).json()
+        said = [e["data"] for entry in session["history"][turns:] for e in entry.get("events", [])
+                if e["type"] == "Message" and (e.get("meta") or {}).get("from") != "operator"]
+        assert said == [] and len(fake.requests) == model_calls  # the bot said nothing, its model did not run
+        assert session["state"]["refunded"] == 0
+
+        released = client.post("/bots/refunds/sessions/r1/release", json={}, headers=OLGA)
+        assert released.status_code == 200, released.text
+        assert messages(released.json())[0].startswith("No supervisor answered in time, so we refunded 50 EUR")
+        assert client.get("/bots/refunds/sessions/r1", headers=ANA).json()["state"]["refunded"] == 50
+    finally:
+        served.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_real_server_restarted_during_a_handover_opens_the_ticket_when_nobody_picked_up(fake, tmp_path, monkeypatch):
+    fake.responder = responder
+    (tmp_path / "auth.yaml").write_text(AUTH)
+    (tmp_path / "bot.yaml").write_text(HANDOVER)
+    clock = tmp_path / "clock"
+    with Receiver() as tickets:
+        monkeypatch.setenv("TICKETS_URL", tickets.url)
+        first = ServedProcess(tmp_path / "bot.yaml", tmp_path / "s.db", tmp_path / "auth.yaml", clock)
+        try:
+            assert first.client.post("/bots/desk/sessions", json={"id": "h1"}, headers=ANA).status_code == 201
+            reply = first.client.post("/bots/desk/sessions/h1/messages", json={"userMessage": "human"},
+                                      headers=ANA).json()
+            assert "Connecting you with a colleague." in messages(reply)
+        finally:
+            first.stop()  # the server goes away while the handover waits
+        move_clock(clock, timedelta(minutes=11))
+        second = ServedProcess(tmp_path / "bot.yaml", tmp_path / "s.db", tmp_path / "auth.yaml", clock)
+        try:
+            seen = wait_until(tickets.seen, what="the ticket is opened")
+            assert [d.body for d in seen] == [{"topic": "billing", "session": "h1"}]
+            session = second.client.get("/bots/desk/sessions/h1", headers=ANA).json()
+            assert session["route"] == "billing"
+            assert [e["data"] for e in session["history"][-1]["events"] if e["type"] == "Message"] == [
+                "Nobody is free right now: we opened a ticket about billing and will write to you."]
+        finally:
+            second.stop()
+        assert len(tickets.seen()) == 1  # once

@@ -60,6 +60,7 @@ class ServeOptions:
     bundle_key: str | None
     allow_unsigned_data_bundles: bool
     max_bundle_mb: float
+    clock_file: str | None
 
     @property
     def wildcard(self) -> bool:
@@ -80,6 +81,7 @@ class ServeOptions:
                           max_body_bytes=max_body_bytes, body_timeout=self.body_timeout)
 
     def sessions(self) -> SessionSettings:
+        from chatrun.engine.clock import FileClock
         from chatrun.server.bundles import BundlePolicy
         from chatrun.server.sessions import SessionSettings
         from chatrun.store.aio import LeaseSettings
@@ -93,6 +95,7 @@ class ServeOptions:
             max_sessions_per_principal=self.max_sessions_per_principal,
             bundles=BundlePolicy.from_env(self.bundle_key, self.allow_unsigned_data_bundles,
                                           int(self.max_bundle_mb * 2**20)),
+            clock=FileClock(self.clock_file) if self.clock_file else None,
         )
 
     def listen_options(self) -> ListenOptions:
@@ -140,6 +143,10 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
               help="Memory the live sessions may take, in MiB (their estimated share of the RSS).")
 @click.option("--cache-idle", default=900.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds an unused live session stays in memory.")
+@click.option("--clock-file", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+              help="For tests and demos: the server's time is the instant written in PATH (ISO 8601 with an offset; "
+              "the system clock while PATH is missing or empty), for every session's `now` and timeouts and for the "
+              "sweeper. Write the file to move time.")
 @click.option("--sweep-interval", default=5.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds between two looks for pending items (approvals, questions) whose timeout has come; "
               "each replica looks, exactly one resolves each (0: this replica never looks).")

@@ -64,6 +64,33 @@ class FixedClock:
         self.at = self.at + (self.step if by is None else by)
 
 
+@dataclass(frozen=True)
+class FileClock:
+    """The instant written in a file (ISO 8601 with an offset), read at every look; the system
+    clock while the file is missing or empty. `chatrun serve --clock-file` gives it to every
+    session and to the sweeper, so a test of a running server (or a demo) moves time by
+    writing the file: timeouts, retention and `now` all see the same instant."""
+
+    path: str
+
+    def now(self) -> datetime:
+        try:
+            text = open(self.path, encoding="utf-8").read().strip()  # noqa: SIM115 - read whole at once
+        except FileNotFoundError:
+            text = ""
+        if not text:
+            return datetime.now(UTC)
+        try:
+            return parse_instant(text)
+        except ValueError as exc:
+            raise TurnFailed(f"{self.path}: the clock file holds {text[:60]!r}, not an instant "
+                             f"(write e.g. 2026-12-05T10:00:00+00:00): {exc}") from None
+
+    def timestamp(self) -> float:
+        """The instant as epoch seconds (the sweeper's clock)."""
+        return self.now().timestamp()
+
+
 def parse_instant(text: str, zone: tzinfo | None = None) -> datetime:
     """An ISO 8601 date-time (`2026-11-25T09:00:00+01:00`; a date alone is its midnight).
     Without an offset it is read in `zone`; with neither it is an error (ValueError)."""

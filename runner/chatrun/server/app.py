@@ -164,7 +164,9 @@ class Lifecycle:
         worker = registry.outbox = OutboxWorker(registry, self.outbox)
         registry.writes.on_outbox = worker.nudge
         delivering = asyncio.ensure_future(worker.run_forever())
-        pending = registry.sweeper = PendingSweeper(registry, self.sweep)
+        clock = registry.settings.clock
+        pending = registry.sweeper = PendingSweeper(registry, self.sweep,
+                                                    **({"clock": clock.timestamp} if clock is not None else {}))
         expiring = asyncio.ensure_future(pending.run_forever())
         watchers = Watchers(registry) if self.reload else None
         try:

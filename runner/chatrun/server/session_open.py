@@ -22,6 +22,7 @@ import hmac
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from chatrun.engine.clock import Clock
 from chatrun.engine.pending import TOKEN_KEY, granted_roles
 from chatrun.engine.waiting import handover_roles
 from chatrun.errors import ChatrunError, ForbiddenRouteError, SessionError, UnknownRouteError
@@ -137,8 +138,10 @@ class SessionRequest:
 
 class SessionOpener:
     def __init__(self, store: AsyncStore, cache: SessionCache, writes: SessionWrites, models: ModelPool,
-                 shelf: VersionShelf, max_sessions_per_principal: int = 0, blobs: BlobArea | None = None):
+                 shelf: VersionShelf, max_sessions_per_principal: int = 0, blobs: BlobArea | None = None,
+                 clock: Clock | None = None):
         self.store = store
+        self.clock = clock  # every session's (None: the system clock)
         self.blobs = blobs
         self.shelf = shelf
         self.cache = cache
@@ -214,7 +217,7 @@ class SessionOpener:
     def _build(self, request: SessionRequest, buffer: TurnBuffer) -> Session:
         principal = request.principal
         try:
-            return request.bot.session(
+            session = request.bot.session(
                 route=request.start.route,
                 store=buffer,
                 model=self.models.model(),
@@ -233,6 +236,9 @@ class SessionOpener:
             raise wire.RequestFailed(wire.SESSION_NOT_ACTIVE, str(exc)) from None
         except ChatrunError as exc:
             raise wire.RequestFailed(wire.SERVER_ERROR, str(exc)) from None
+        if self.clock is not None:
+            session.clock = self.clock
+        return session
 
 
 def not_found(session_id: str) -> wire.RequestFailed:

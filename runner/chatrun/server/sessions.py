@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from chatrun.engine.clock import FileClock
 from chatrun.errors import AttachmentRefused, ChatrunError, SessionError
 from chatrun.models import ModelPool
 from chatrun.server import wire
@@ -81,6 +82,9 @@ class SessionSettings:
     # Which bot versions in the store this replica loads, what it signs its own with, their size
     # limit (server/bundles.py). None: from the environment ($CHATRUN_BUNDLE_KEY), else no key.
     bundles: BundlePolicy | None = None
+    # The clock sessions' templates and timeouts read and the sweeper sweeps by (None: the
+    # system's; `chatrun serve --clock-file`: engine/clock.FileClock).
+    clock: FileClock | None = None
 
 
 class SessionRegistry:
@@ -112,7 +116,7 @@ class SessionRegistry:
         # Where attached files live, beside the store (None: a store that keeps none).
         self.blobs: BlobArea | None = blobs_of(self.store)
         self.opener = SessionOpener(self.store, self.cache, self.writes, self.models, self.shelf,
-                                    settings.max_sessions_per_principal, self.blobs)
+                                    settings.max_sessions_per_principal, self.blobs, settings.clock)
         self._holds: dict[int, Hold] = {}  # id(session) -> the hold of the request using it
         self._probe: asyncio.Future[str] | None = None  # the store probe running (store_state)
 

@@ -36,6 +36,7 @@
     approved: "Approved", edited: "Approved with changes", rejected: "Rejected", timed_out: "Timed out",
     answered: "Answered", released: "Released", taken: "Taken over", by: "by {name}",
     yes: "Yes", no: "No",
+    change_arg: "Change {name}", reason_optional: "Reason (optional; the bot is told)",
   };
   const WAITING = { approval: "waiting_approval", question: "waiting_answer", takeover: "waiting_operator" };
 
@@ -146,7 +147,7 @@
       const value = (item.args || {})[name];
       const type = typeof value === "number" ? "number" : typeof value === "boolean" ? "boolean" : "string";
       // An edited argument keeps a value; its label says it changes the one listed above.
-      return field(name, { type: type }, true, value, "Change " + humanize(name).toLowerCase());
+      return field(name, { type: type }, true, value, TEXTS.change_arg.replace("{name}", humanize(name).toLowerCase()));
     });
     fields.forEach((f) => form.appendChild(f));
     form.read = () => {
@@ -232,7 +233,7 @@
     if (item.kind === "approval") {
       const form = (item.edit || []).length ? editForm(item) : null;
       if (form) box.appendChild(form);
-      const reason = opts.reason ? field("reason", { type: "string" }, false, undefined, "Reason (optional; the bot is told)") : null;
+      const reason = opts.reason ? field("reason", { type: "string" }, false, undefined, TEXTS.reason_optional) : null;
       if (reason) box.appendChild(reason);
       const withReason = (body) => {
         const why = reason ? reason.read() : undefined;
