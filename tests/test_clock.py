@@ -363,3 +363,14 @@ def test_a_file_clock_reads_its_file_at_every_look(tmp_path):
     (tmp_path / "clock").write_text("tomorrow")
     with pytest.raises(TurnFailed, match=r"clock: the clock file holds 'tomorrow', not an instant"):
         clock.now()
+
+
+def test_serve_refuses_a_clock_file_that_holds_no_instant_before_it_starts(tmp_path):
+    from chatrun.cli import main
+
+    (tmp_path / "clock").write_text("tomorrow")
+    bot = Path(__file__).resolve().parents[1] / "bots" / "hello"
+    result = CliRunner().invoke(main, ["serve", str(bot), "--port", "0", "--clock-file", str(tmp_path / "clock")])
+    assert result.exit_code == 1, result.output
+    assert f"{tmp_path / 'clock'}: the clock file holds 'tomorrow', not an instant" in result.output
+    assert "Traceback" not in result.output

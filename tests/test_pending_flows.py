@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 import chatrun
 from chatrun.store.sqlite import SQLiteStore
-from server_support import app_for_testclient, check_frame
+from server_support import app_for_testclient, until_done
 from webhook_support import OPENAI_MODEL, Receiver
 
 AUTH = """
@@ -90,35 +90,26 @@ def served(fake, tmp_path, receiver, monkeypatch):
         yield client, db
 
 
-def frames_until_done(ws) -> list[dict]:
-    out = []
-    while True:
-        frame = check_frame(ws.receive_json())
-        out.append(frame)
-        if frame["type"] in ("Completed", "Failed"):
-            return out
-
-
 def test_an_extended_chat_decides_with_a_decide_frame_and_a_retry_is_replayed(served, receiver):
     client, _ = served
     with client.websocket_connect("/_chat/routes", headers=ANA) as ws:
         ws.send_json({"type": "Connect", "chatId": "w1", "extensions": True})
-        frames_until_done(ws)
+        until_done(ws)
         ws.send_json({"type": "ChatRouteMessage", "chatId": "w1", "data": {"userMessage": "refund A7 20"}})
-        asked = frames_until_done(ws)
+        asked = until_done(ws)
         pending = [f["data"] for f in asked if f["type"] == "Pending"]
         assert [(p["id"], p["ask"], p["by"]) for p in pending] == [("p1", "Refund 20.0 EUR on A7?", ["user"])]
         assert receiver.seen() == []
         decide = {"type": "Decide", "chatId": "w1", "item": "p1", "decision": "approve", "requestId": "d-1"}
         ws.send_json(decide)
-        decided = frames_until_done(ws)
+        decided = until_done(ws)
         assert [f["data"]["outcome"] for f in decided if f["type"] == "Resolved"] == ["approved"]
         assert decided[-1]["type"] == "Completed" and len(receiver.seen()) == 1
         ws.send_json(decide)  # the same requestId: the recorded turn again, the tool not again
-        again = frames_until_done(ws)
+        again = until_done(ws)
         assert [f["type"] for f in again] == [f["type"] for f in decided] and len(receiver.seen()) == 1
         ws.send_json(dict(decide, requestId="d-2"))
-        late = frames_until_done(ws)
+        late = until_done(ws)
         assert [f["data"] for f in late if f["type"] == "Failed"] == ["NotPending"]
         assert "not pending" in [f["data"] for f in late if f["type"] == "Error"][0]
 
@@ -127,13 +118,13 @@ def test_a_quarkus_chat_is_asked_in_a_message_and_its_next_message_answers(serve
     client, _ = served
     with client.websocket_connect("/_chat/routes", headers=ANA) as ws:
         ws.send_json({"type": "Connect", "chatId": "q1"})
-        frames_until_done(ws)
+        until_done(ws)
         ws.send_json({"type": "ChatRouteMessage", "chatId": "q1", "data": {"userMessage": "refund B2 15"}})
-        asked = frames_until_done(ws)
+        asked = until_done(ws)
         assert {f["type"] for f in asked} <= {"Message", "Completed"}, asked  # no chatrun-only frames
         assert "Refund 15.0 EUR on B2?\n\nReply with one of: Yes, No." in [f["data"] for f in asked]
         ws.send_json({"type": "ChatRouteMessage", "chatId": "q1", "data": {"userMessage": "approve"}})
-        answered = frames_until_done(ws)
+        answered = until_done(ws)
         assert {f["type"] for f in answered} <= {"Message", "Completed"}, answered
         assert answered[-2]["data"] == "Done." and len(receiver.seen()) == 1
 

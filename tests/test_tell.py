@@ -20,7 +20,7 @@ from chatrun.definition.page_texts import BUILTIN
 from chatrun.engine.pending import Approve
 from chatrun.models.scripted import ScriptedModel
 from chatrun.server.wire import written_out
-from server_support import app_for_testclient, check_frame
+from server_support import app_for_testclient, until_done
 from webhook_support import OPENAI_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,15 +90,6 @@ def test_a_bots_tell_and_its_catalog_replace_the_default(fake, bakery, tmp_path)
     assert [e.data for e in events if e.type == "Message"] == ["Es wird noch gewartet: Ihre 30 Brote warten auf den Bäcker."]
 
 
-def frames_until_done(ws) -> list[dict]:
-    out = []
-    while True:
-        frame = check_frame(ws.receive_json())
-        out.append(frame)
-        if frame["type"] in ("Completed", "Failed"):
-            return out
-
-
 def test_on_every_protocol_the_user_is_told_and_the_baker_is_asked(fake, bakery, tmp_path):
     (tmp_path / "auth.yaml").write_text(AUTH)
     app = app_for_testclient([bakery], f"sqlite:///{tmp_path / 's.db'}", auth=str(tmp_path / "auth.yaml"))
@@ -107,21 +98,21 @@ def test_on_every_protocol_the_user_is_told_and_the_baker_is_asked(fake, bakery,
         # The WebSocket, extended dialect: the user's Pending says what they are told.
         with client.websocket_connect("/_chat/routes", headers=ANA) as ws:
             ws.send_json({"type": "Connect", "chatId": "w1", "extensions": True, "locale": "de"})
-            frames_until_done(ws)
+            until_done(ws)
             fake.queue(BIG_ORDER)
             ws.send_json({"type": "ChatRouteMessage", "chatId": "w1", "data": {"userMessage": "30 Brote"}})
-            frames = frames_until_done(ws)
+            frames = until_done(ws)
             assert [f["data"]["ask"] for f in frames if f["type"] == "Pending"] == [TOLD]
             assert ASKED not in str(frames)
         # The Quarkus dialect: the Pending is a Message, and the "Still waiting" reply is German too.
         with client.websocket_connect("/_chat/routes", headers=ANA) as ws:
             ws.send_json({"type": "Connect", "chatId": "q1", "locale": "de"})
-            frames_until_done(ws)
+            until_done(ws)
             fake.queue(BIG_ORDER)
             ws.send_json({"type": "ChatRouteMessage", "chatId": "q1", "data": {"userMessage": "30 Brote"}})
-            assert TOLD in [f["data"] for f in frames_until_done(ws)]
+            assert TOLD in [f["data"] for f in until_done(ws)]
             ws.send_json({"type": "ChatRouteMessage", "chatId": "q1", "data": {"userMessage": "Und?"}})
-            assert f"Es wird noch gewartet: {TOLD}" in [f["data"] for f in frames_until_done(ws)]
+            assert f"Es wird noch gewartet: {TOLD}" in [f["data"] for f in until_done(ws)]
         # The HTTP API: the turn's events and the session resource; the baker reads the question.
         assert client.post("/bots/bakery/sessions", json={"id": "h1"}, headers=ANA | de).status_code == 201
         fake.queue(BIG_ORDER)

@@ -86,6 +86,9 @@ class ServeOptions:
         from chatrun.server.sessions import SessionSettings
         from chatrun.store.aio import LeaseSettings
 
+        clock = FileClock(self.clock_file) if self.clock_file else None
+        if clock is not None:
+            clock.now()  # a file that holds no instant stops the start, not every turn later (TurnFailed)
         return SessionSettings(
             if_busy=self.if_busy,
             lease=LeaseSettings(ttl=self.lease_ttl, wait=self.queue_timeout),
@@ -95,7 +98,7 @@ class ServeOptions:
             max_sessions_per_principal=self.max_sessions_per_principal,
             bundles=BundlePolicy.from_env(self.bundle_key, self.allow_unsigned_data_bundles,
                                           int(self.max_bundle_mb * 2**20)),
-            clock=FileClock(self.clock_file) if self.clock_file else None,
+            clock=clock,
         )
 
     def listen_options(self) -> ListenOptions:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -180,8 +179,9 @@ TRIM_EVERY = 2.0
 
 def _find_malloc_trim() -> Callable[[int], int] | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim
+        # The process's own symbols (libc among them): no ctypes.util.find_library, which runs
+        # `ldconfig -p` in a subprocess at every start.
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
         return trim
     except (OSError, AttributeError):  # not glibc (musl, macOS): the allocator keeps what it keeps
         return None
