@@ -87,7 +87,7 @@ class OutboxSettings:
 def next_attempt(policy: RetryPolicy, attempts: int, now: float) -> float:
     """When the try after `attempts` failed ones is due: backoff * 2**(attempts-1), at most
     max_backoff, times a jitter in [0.5, 1] (so receivers are not hit by every replica at once)."""
-    delay = min(policy.max_backoff, policy.backoff * 2 ** max(0, attempts - 1))
+    delay = min(policy.max_backoff, policy.backoff * 2.0 ** max(0, attempts - 1))
     return now + delay * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not a secret
 
 

@@ -55,7 +55,7 @@ class Connection:
         self.dialect = wire.QUARKUS_DIALECT
         self.pending: set[str] = set()  # chats whose Connect is not served yet
         self.in_flight = 0
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
         self.out = Outbound(websocket, limits.max_outbound_bytes, limits.send_timeout)
 
     @property
