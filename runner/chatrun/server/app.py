@@ -27,6 +27,7 @@ from chatrun import __version__
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
 from chatrun.server.auth import Auth, resolve_auth
+from chatrun.server.channels.door import Channels, make_channel_router
 from chatrun.server.erasure import make_erasure_router
 from chatrun.server.guard import EdgeGuard, EdgePolicy
 from chatrun.server.http import failure_response, make_router
@@ -86,6 +87,7 @@ def create_app(
     if store is None:
         store = open_async_store(store_url, settings.lease, exclusive=True)
     registry = _registry(_load_bots(bots), store, settings, log_content)
+    registry.channels = Channels(auth_config)
     loaded = registry.bots
     app = FastAPI(
         lifespan=Lifecycle(registry, loaded, gc_tuning, reload, own_store, outbox or OutboxSettings.from_env(),
@@ -129,6 +131,7 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     app.include_router(make_outbox_router())
     app.include_router(make_erasure_router())
     app.include_router(make_pending_router())
+    app.include_router(make_channel_router(registry.channels))
     add_site_routes(app)
 
 
@@ -158,9 +161,11 @@ class Lifecycle:
             shared = registry.store.url.startswith(("redis://", "rediss://"))
             logging.getLogger("chatrun.versions").log(logging.WARNING if shared else logging.INFO, note)
         sweeper = asyncio.ensure_future(registry.sweep_forever())
-        if not registry.store.has_outbox and any(bot.config.sinks for bot in registry.bots.values()):
+        if not registry.store.has_outbox and any(bot.config.sinks or bot.config.channels
+                                                 for bot in registry.bots.values()):
             raise ChatrunError(f"store {registry.store.url} keeps no outbox, so the backend events of bots with "
-                               "`sinks:` could not be delivered; serve them on memory://, sqlite:// or redis://")
+                               "`sinks:` and the replies of `channels:` could not be delivered; serve them on "
+                               "memory://, sqlite:// or redis://")
         worker = registry.outbox = OutboxWorker(registry, self.outbox)
         registry.writes.on_outbox = worker.nudge
         delivering = asyncio.ensure_future(worker.run_forever())
@@ -178,6 +183,7 @@ class Lifecycle:
             with contextlib.suppress(asyncio.CancelledError):
                 await delivering
             await worker.aclose()
+            await registry.channels.aclose()
             if watchers is not None:
                 await watchers.stop()
             every = (*self.bots.values(), *registry.bots.values(), *registry.shelf.all_bots())

@@ -1,0 +1,144 @@
+"""The one flow every channel shares (docs/channels.md):
+
+1. `POST /channels/{bot}/{kind}`: the delivery's signature is checked first (a forged one
+   gets 401 and runs nothing), then its body is read as the platform's JSON.
+2. Each user message in it runs one turn of the conversation's session (opened, or started:
+   its id is a digest of the bot, the kind and the conversation, so every replica and every
+   retry finds the same one), as the principal `<kind>:<user id>` with the roles the auth
+   file's `principals:` gives it. The turn's request id is the platform's delivery id: a
+   delivery the platform sends again (it timed out waiting, or another replica took the
+   first) is answered from the committed turn and never runs again (server/turn_run.py).
+3. The reply is not sent from here: the session's `reply_to` makes each committed turn queue
+   its user's events in the store's outbox with the commit (engine/session.py's _replies),
+   and the outbox worker sends them through the channel (`deliver`), at least once, after the
+   commit, across a crash. So a turn the platform retried three times answers once, and an
+   operator's words or a supervisor's decision reach the user on their platform too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from chatrun.definition.config import BotConfig
+from chatrun.engine.session import REPLY_TO
+from chatrun.errors import ChatrunError
+from chatrun.server import wire
+from chatrun.server.auth import Auth, Principal
+from chatrun.server.channels.base import ChannelKind, Inbound, SendFailed, Unauthorized, outgoing
+from chatrun.server.channels.telegram import Telegram
+from chatrun.server.plumbing import Registry
+from chatrun.server.sessions import OPEN
+from chatrun.server.webhook import Attempt
+
+if TYPE_CHECKING:
+    from chatrun.server.sessions import SessionRegistry
+
+log = logging.getLogger("chatrun.channels")
+
+# The channel kinds, by their key under `channels:` (definition/config.py's CHANNEL_SECRETS
+# lists their credentials for the validator).
+CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Telegram,)}
+
+
+def session_id_for(bot: str, kind: str, conversation: str) -> str:
+    """The session of a platform conversation: the same on every replica, for every retry."""
+    return "ch-" + hashlib.sha256(f"{bot}\0{kind}\0{conversation}".encode()).hexdigest()[:32]
+
+
+class Channels:
+    """The app's channels: each bot's declared ones, built from the bot's config as served now,
+    and the one HTTP client that calls the platforms."""
+
+    def __init__(self, auth: Auth | None):
+        self.auth = auth
+        self._built: dict[tuple[int, str], ChannelKind] = {}
+        self._client: httpx.AsyncClient | None = None
+
+    def of(self, bot: BotConfig, kind: str) -> ChannelKind | None:
+        """The channel `kind` of this version of a bot, or None when it declares none."""
+        config = bot.channels.get(kind)
+        if config is None or kind not in CHANNELS:
+            return None
+        key = (id(bot), kind)
+        if key not in self._built:
+            self._built[key] = CHANNELS[kind](bot, config)
+        return self._built[key]
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(follow_redirects=False)
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def principal(self, kind: str, inbound: Inbound) -> Principal:
+        name, claims = f"{kind}:{inbound.user}", (("display_name", inbound.name),) if inbound.name else ()
+        return self.auth.principal(name, claims) if self.auth is not None else Principal(name, claims=claims)
+
+    async def deliver(self, bot: BotConfig, kind: str, body: dict[str, Any]) -> Attempt:
+        """Send one queued reply (an outbox entry's body) through the bot's channel."""
+        channel = self.of(bot, kind)
+        if channel is None:
+            return Attempt(False, f"bot {bot.name} declares no channel {kind}")
+        data = body.get("data") or {}
+        try:
+            for message in outgoing(data.get("events") or []):
+                await channel.send(self.client(), data.get("to") or {}, message)
+        except SendFailed as exc:
+            return Attempt(False, str(exc), exc.status)
+        except ChatrunError as exc:  # an unset credential: named, never shown
+            return Attempt(False, str(exc))
+        return Attempt(True, status=200)
+
+
+def make_channel_router(channels: Channels) -> APIRouter:
+    router = APIRouter(tags=["channels"])
+
+    @router.post("/channels/{bot}/{kind}", summary="A messaging platform's webhook (docs/channels.md)")
+    async def receive(bot: str, kind: str, request: Request, registry: Registry) -> JSONResponse:
+        config = registry.bot(bot).config
+        channel = channels.of(config, kind)
+        if channel is None:
+            raise wire.RequestFailed(wire.NOT_FOUND, f"bot {bot} has no channel {kind!r} "
+                                     f"(its channels: {', '.join(config.channels) or 'none'})")
+        body = await request.body()
+        try:
+            channel.verify(request.headers, body)
+        except Unauthorized as exc:
+            log.warning("channel %s of bot %s: refused a delivery: %s", kind, bot, exc)
+            return JSONResponse({"ok": False, "error": "unauthorized"}, status_code=401)
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            raise wire.RequestFailed(wire.BAD_REQUEST, f"a {kind} delivery is JSON") from None
+        for inbound in channel.inbound(payload):
+            await _handle(registry, channels, channel, bot, inbound)
+        return JSONResponse({"ok": True})
+
+    return router
+
+
+async def _handle(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str,
+                  inbound: Inbound) -> None:
+    """One user message: its turn, run once (a retried delivery replays the committed one)."""
+    kind = channel.kind
+    meta = {REPLY_TO: {"sink": channel.config.sink, "address": inbound.address}}
+    session_id = session_id_for(bot, kind, inbound.conversation)
+    async with registry.session(bot, session_id, channels.principal(kind, inbound), OPEN,
+                                locale=inbound.locale, meta=meta) as session:
+        async for _ in registry.turn(session, inbound.text, f"{kind}:{inbound.delivery}"):
+            pass  # the events reach the user through the outbox, after the commit
+    try:
+        await channel.after(channels.client(), inbound)
+    except ChatrunError as exc:  # a button's spinner left turning: nothing lost
+        log.info("channel %s of bot %s: %s", kind, bot, exc)
