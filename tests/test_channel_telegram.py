@@ -36,8 +36,11 @@ routes:
     default: true
     system: "You sell tickets to {{{{ principal.display_name }}}} ({{{{ principal.name }}}}, roles: {{{{ principal.roles | join(',') }}}})."
     choices: [Concert, {{label: Theatre tonight, value: theatre}}]
-    tools: [book]
+    tools: [book, bye]
 tools:
+  bye:
+    description: End the conversation.
+    action: {{message: Goodbye., end: true}}
   book:
     description: Book a ticket.
     parameters: {{type: object, properties: {{show: {{type: string}}}}, required: [show]}}
@@ -54,6 +57,8 @@ def responder(body):
         return {"text": "Done: " + str(messages[-1]["content"])}
     if user.startswith("book "):
         return {"tool_calls": [{"name": "book", "arguments": {"show": user[5:]}}]}
+    if user == "bye":
+        return {"tool_calls": [{"name": "bye", "arguments": {}}]}
     if user == "who":
         return {"text": messages[0]["content"]}
     if user == "fail":
@@ -173,3 +178,15 @@ def test_each_sender_in_a_group_has_their_own_conversation(client, telegram):
     wait_until(lambda: len(texts(telegram)) == 2, what="two replies")
     assert sorted(texts(telegram)) == ["You said one.", "You said two."]
     assert {c["chat_id"] for c in telegram.calls("sendMessage")} == {-100}
+
+
+def test_after_the_bot_ends_a_conversation_the_next_message_starts_a_new_one(client, telegram, fake):
+    deliver(client, telegram_message(1, "bye"))
+    wait_until(lambda: texts(telegram), what="the goodbye")
+    deliver(client, telegram_message(1, "bye"))  # Telegram retries the ending delivery: replayed, not run
+    deliver(client, telegram_message(2, "hello again"))
+    deliver(client, telegram_message(2, "hello again"))  # and the first message of the new one: once
+    wait_until(lambda: len(texts(telegram)) >= 2, what="the new conversation's reply")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert texts(telegram) == ["Goodbye.", "You said hello again."]
+    assert len(fake.requests) == 2

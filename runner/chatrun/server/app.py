@@ -87,7 +87,6 @@ def create_app(
     if store is None:
         store = open_async_store(store_url, settings.lease, exclusive=True)
     registry = _registry(_load_bots(bots), store, settings, log_content)
-    registry.channels = Channels(auth_config)
     loaded = registry.bots
     app = FastAPI(
         lifespan=Lifecycle(registry, loaded, gc_tuning, reload, own_store, outbox or OutboxSettings.from_env(),
@@ -131,7 +130,8 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     app.include_router(make_outbox_router())
     app.include_router(make_erasure_router())
     app.include_router(make_pending_router())
-    app.include_router(make_channel_router(registry.channels))
+    registry.channels = Channels(app.state.auth)
+    app.include_router(make_channel_router())
     add_site_routes(app)
 
 

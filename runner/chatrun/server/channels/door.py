@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 
 from chatrun.definition.config import BotConfig
 from chatrun.engine.session import REPLY_TO
-from chatrun.errors import ChatrunError
+from chatrun.errors import ChatrunError, SessionError
 from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal
 from chatrun.server.channels.base import ChannelKind, Inbound, SendFailed, Unauthorized, outgoing
@@ -101,44 +101,75 @@ class Channels:
         return Attempt(True, status=200)
 
 
-def make_channel_router(channels: Channels) -> APIRouter:
+def make_channel_router() -> APIRouter:
     router = APIRouter(tags=["channels"])
-
-    @router.post("/channels/{bot}/{kind}", summary="A messaging platform's webhook (docs/channels.md)")
-    async def receive(bot: str, kind: str, request: Request, registry: Registry) -> JSONResponse:
-        config = registry.bot(bot).config
-        channel = channels.of(config, kind)
-        if channel is None:
-            raise wire.RequestFailed(wire.NOT_FOUND, f"bot {bot} has no channel {kind!r} "
-                                     f"(its channels: {', '.join(config.channels) or 'none'})")
-        body = await request.body()
-        try:
-            channel.verify(request.headers, body)
-        except Unauthorized as exc:
-            log.warning("channel %s of bot %s: refused a delivery: %s", kind, bot, exc)
-            return JSONResponse({"ok": False, "error": "unauthorized"}, status_code=401)
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            raise wire.RequestFailed(wire.BAD_REQUEST, f"a {kind} delivery is JSON") from None
-        for inbound in channel.inbound(payload):
-            await _handle(registry, channels, channel, bot, inbound)
-        return JSONResponse({"ok": True})
-
+    router.add_api_route("/channels/{bot}/{kind}", receive, methods=["POST"],
+                         summary="A messaging platform's webhook (docs/channels.md)")
     return router
+
+
+async def receive(bot: str, kind: str, request: Request, registry: Registry) -> JSONResponse:
+    """A platform's delivery: checked, then each user message in it handled (see the module)."""
+    channels: Channels = registry.channels
+    config = registry.bot(bot).config
+    channel = channels.of(config, kind)
+    if channel is None:
+        raise wire.RequestFailed(wire.NOT_FOUND, f"bot {bot} has no channel {kind!r} "
+                                 f"(its channels: {', '.join(config.channels) or 'none'})")
+    body = await request.body()
+    try:
+        channel.verify(request.headers, body)
+    except Unauthorized as exc:
+        log.warning("channel %s of bot %s: refused a delivery: %s", kind, bot, exc)
+        return JSONResponse({"ok": False, "error": "unauthorized"}, status_code=401)
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        raise wire.RequestFailed(wire.BAD_REQUEST, f"a {kind} delivery is JSON") from None
+    for inbound in channel.inbound(payload):
+        await _handle(registry, channels, channel, bot, inbound)
+    return JSONResponse({"ok": True})
 
 
 async def _handle(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str,
                   inbound: Inbound) -> None:
-    """One user message: its turn, run once (a retried delivery replays the committed one)."""
-    kind = channel.kind
-    meta = {REPLY_TO: {"sink": channel.config.sink, "address": inbound.address}}
-    session_id = session_id_for(bot, kind, inbound.conversation)
-    async with registry.session(bot, session_id, channels.principal(kind, inbound), OPEN,
-                                locale=inbound.locale, meta=meta) as session:
-        async for _ in registry.turn(session, inbound.text, f"{kind}:{inbound.delivery}"):
-            pass  # the events reach the user through the outbox, after the commit
+    """One user message: its turn, run once (a retried delivery replays the committed one). A
+    conversation an `end` action ended goes on in a new session, which the store remembers for
+    the platform's conversation (its id derives from the delivery, so a retry finds it too)."""
+    kind, store = channel.kind, registry.store
+    key = f"channel:{bot}:{kind}:{inbound.conversation}"
+    found = await store.get_record(key)
+    session_id = str(found["session"]) if found else session_id_for(bot, kind, inbound.conversation)
+    if not await _run(registry, channels, channel, bot, session_id, inbound):
+        session_id = session_id_for(bot, kind, f"{inbound.conversation}#{inbound.delivery}")
+        await store.put_record(key, {"session": session_id})
+        await _run(registry, channels, channel, bot, session_id, inbound)
     try:
         await channel.after(channels.client(), inbound)
     except ChatrunError as exc:  # a button's spinner left turning: nothing lost
         log.info("channel %s of bot %s: %s", kind, bot, exc)
+
+
+async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str, session_id: str,
+               inbound: Inbound) -> bool:
+    """The message's turn in the session; False when that conversation has ended (nothing ran).
+    A refusal that another try cannot change (a message too long, say) is logged and dropped, so
+    the platform does not deliver it again forever; a failure another try may heal (the store is
+    down, a version this replica lacks) is the platform's to retry: 5xx."""
+    kind = channel.kind
+    meta = {REPLY_TO: {"sink": channel.config.sink, "address": inbound.address}}
+    try:
+        async with registry.session(bot, session_id, channels.principal(kind, inbound), OPEN,
+                                    locale=inbound.locale, meta=meta) as session:
+            run = registry.turn(session, inbound.text, f"{kind}:{inbound.delivery}")
+            if session.ended is not None and not await run.is_replay():  # (the ending turn's retry replays)
+                return False
+            async for _ in run:
+                pass  # the events reach the user through the outbox, after the commit
+    except wire.RequestFailed as exc:
+        if wire.HTTP_STATUS.get(exc.reason, 400) >= 500:
+            raise
+        log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc.message)
+    except SessionError as exc:
+        log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc)
+    return True
