@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -16,6 +16,112 @@ class ApiCall:
     path: str
     body: dict[str, Any]
     status: int
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class _FakeApi:
+    """A platform's Web API on 127.0.0.1: records every POST (JSON or form body) as an ApiCall
+    and answers `answer(call)`'s (status, JSON) pair."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.seen: list[ApiCall] = []
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                call = ApiCall(self.path, json.loads(raw or b"{}"), 0)
+                call.headers = {k.lower(): v for k, v in self.headers.items()}
+                status, body = fake.answer(call)
+                call.status = status
+                with fake._lock:
+                    fake.seen.append(call)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def answer(self, call: ApiCall) -> tuple[int, dict[str, Any]]:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):  # noqa: ANN204
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def calls(self, method: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [c.body for c in self.seen if c.status == 200 and c.path.endswith(f"/{method}")]
+
+
+class FakeSlack(_FakeApi):
+    """Slack's Web API under /api: chat.postMessage with `Authorization: Bearer <bot token>`,
+    answered as Slack does: HTTP 200 with {"ok": true, "ts": ...}, or {"ok": false, "error"}
+    (invalid_auth for another token); `status` other than 200 answers that status."""
+
+    def __init__(self, token: str):
+        super().__init__()
+        self.token = token
+
+    def answer(self, call: ApiCall) -> tuple[int, dict[str, Any]]:
+        if self.status != 200:
+            return self.status, {"ok": False, "error": "service_unavailable"}
+        if call.headers.get("authorization") != f"Bearer {self.token}":
+            call.status = 401  # recorded as refused
+            return 200, {"ok": False, "error": "invalid_auth"}
+        return 200, {"ok": True, "channel": call.body.get("channel"), "ts": f"{1764950400 + len(self.seen)}.000100"}
+
+    def calls(self, method: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [c.body for c in self.seen if c.path.endswith(f"/{method}")
+                    and c.headers.get("authorization") == f"Bearer {self.token}" and self.status == 200]
+
+
+def slack_signed(secret: str, body: bytes, timestamp: int) -> dict[str, str]:
+    """The headers Slack signs a request with, computed by slack_sdk's own SignatureVerifier."""
+    from slack_sdk.signature import SignatureVerifier
+
+    signature = SignatureVerifier(secret).generate_signature(timestamp=str(timestamp), body=body)
+    return {"X-Slack-Request-Timestamp": str(timestamp), "X-Slack-Signature": signature}
+
+
+def slack_message(event_id: str, text: str, user: str = "U42", channel: str = "D42", ts: str = "1764950400.000100",
+                  thread_ts: str | None = None, kind: str = "message") -> dict[str, Any]:
+    """An Events API event_callback with a message (a direct message by default), as Slack documents it."""
+    event = {"type": kind, "user": user, "text": text, "ts": ts, "channel": channel,
+             "channel_type": "im" if channel.startswith("D") else "channel", "event_ts": ts}
+    if thread_ts:
+        event["thread_ts"] = thread_ts
+    return {"token": "verification-token-unused", "team_id": "T1", "api_app_id": "A1", "event": event,
+            "type": "event_callback", "event_id": event_id, "event_time": 1764950400}
+
+
+def slack_press(trigger: str, value: str, user: str = "U42", channel: str = "D42",
+                message_ts: str = "1764950401.000200") -> dict[str, Any]:
+    """An interactivity payload: a Block Kit button pressed (type block_actions)."""
+    return {"type": "block_actions", "trigger_id": trigger, "user": {"id": user, "name": "ana"},
+            "team": {"id": "T1"}, "channel": {"id": channel, "name": "directmessage"},
+            "container": {"type": "message", "message_ts": message_ts, "channel_id": channel},
+            "message": {"ts": message_ts, "text": "Book it?"},
+            "actions": [{"type": "button", "action_id": "choice_0", "value": value, "action_ts": "1764950402.1"}]}
 
 
 class FakeTelegram:

@@ -617,9 +617,11 @@ class SinkConfig:
 # are templates over `env` (docs/channels.md). The server's channel modules read the values.
 CHANNEL_SECRETS: dict[str, tuple[str, ...]] = {
     "telegram": ("token", "secret"),
+    "slack": ("token", "signing_secret"),
 }
 CHANNEL_TEMPLATES: dict[str, tuple[str, ...]] = {
     "telegram": ("api",),
+    "slack": ("api",),
 }
 
 

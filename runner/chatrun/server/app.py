@@ -166,6 +166,7 @@ class Lifecycle:
             raise ChatrunError(f"store {registry.store.url} keeps no outbox, so the backend events of bots with "
                                "`sinks:` and the replies of `channels:` could not be delivered; serve them on "
                                "memory://, sqlite:// or redis://")
+        Channels.check_installed([bot.config for bot in registry.bots.values()])
         worker = registry.outbox = OutboxWorker(registry, self.outbox)
         registry.writes.on_outbox = worker.nudge
         delivering = asyncio.ensure_future(worker.run_forever())

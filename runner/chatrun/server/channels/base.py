@@ -5,6 +5,7 @@ platform's API calls. The flow around them, the same for every platform, is door
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -59,9 +60,18 @@ class ChannelKind:
 
     kind: ClassVar[str]
     timeout: ClassVar[float] = 10.0  # seconds one platform API call may take
+    # Seconds the platform waits for the webhook's answer before it counts the delivery failed
+    # (Slack: 3): the turn goes on after the answer. None: the answer waits for the turn, and a
+    # delivery the platform gives up on is sent again and replayed.
+    ack_within: ClassVar[float | None] = None
 
     def __init__(self, bot: BotConfig, config: ChannelConfig):
         self.bot, self.config = bot, config
+
+    @classmethod
+    def missing(cls) -> str | None:
+        """What the kind needs that is not installed (checked when the server starts), or None."""
+        return None
 
     def secret(self, key: str) -> str:
         """The value of the env variable the channel's `key` names; ChatrunError when unset."""
@@ -82,6 +92,15 @@ class ChannelKind:
     def verify(self, headers: Mapping[str, str], body: bytes) -> None:
         """Raise Unauthorized unless the delivery is the platform's own."""
         raise NotImplementedError
+
+    def read(self, body: bytes, headers: Mapping[str, str]) -> Any:
+        """A verified delivery's payload (JSON unless the kind says otherwise); ValueError if unreadable."""
+        return json.loads(body)
+
+    def handshake(self, payload: Any) -> dict[str, Any] | None:
+        """The answer to a delivery that is the platform checking the URL (Slack's
+        url_verification), not a user's message; None for every other delivery."""
+        return None
 
     def inbound(self, payload: Any) -> list[Inbound]:
         """The user messages in a verified delivery (none for what is not one: an edit, a join)."""
@@ -127,6 +146,4 @@ def _with_buttons(out: list[Outgoing], text: str, choices: Any) -> None:
 
 
 def _object_text(data: Any) -> str:
-    import json
-
     return json.dumps(data, ensure_ascii=False, indent=1)

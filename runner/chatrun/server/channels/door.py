@@ -17,8 +17,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from chatrun.errors import ChatrunError, SessionError
 from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal
 from chatrun.server.channels.base import ChannelKind, Inbound, SendFailed, Unauthorized, outgoing
+from chatrun.server.channels.slack import Slack
 from chatrun.server.channels.telegram import Telegram
 from chatrun.server.plumbing import Registry
 from chatrun.server.sessions import OPEN
@@ -44,7 +46,7 @@ log = logging.getLogger("chatrun.channels")
 
 # The channel kinds, by their key under `channels:` (definition/config.py's CHANNEL_SECRETS
 # lists their credentials for the validator).
-CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Telegram,)}
+CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Telegram)}
 
 
 def session_id_for(bot: str, kind: str, conversation: str) -> str:
@@ -60,6 +62,12 @@ class Channels:
         self.auth = auth
         self._built: dict[tuple[int, str], ChannelKind] = {}
         self._client: httpx.AsyncClient | None = None
+        self.running: set[asyncio.Future[None]] = set()  # turns going on after their delivery was answered
+
+    def finished(self, task: asyncio.Future[None]) -> None:
+        self.running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("channel delivery failed after it was acknowledged: %s", task.exception())
 
     def of(self, bot: BotConfig, kind: str) -> ChannelKind | None:
         """The channel `kind` of this version of a bot, or None when it declares none."""
@@ -71,12 +79,23 @@ class Channels:
             self._built[key] = CHANNELS[kind](bot, config)
         return self._built[key]
 
+    @staticmethod
+    def check_installed(bots: list[BotConfig]) -> None:
+        """Refuse to start when a served bot declares a channel whose library is not installed."""
+        for bot in bots:
+            for kind in bot.channels:
+                problem = CHANNELS[kind].missing() if kind in CHANNELS else f"no channel kind {kind!r}"
+                if problem:
+                    raise ChatrunError(f"bot {bot.name}, channel {kind}: {problem}")
+
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(follow_redirects=False)
         return self._client
 
     async def aclose(self) -> None:
+        for task in list(self.running):  # the app stops: turns still running roll back
+            task.cancel()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -123,12 +142,27 @@ async def receive(bot: str, kind: str, request: Request, registry: Registry) -> 
         log.warning("channel %s of bot %s: refused a delivery: %s", kind, bot, exc)
         return JSONResponse({"ok": False, "error": "unauthorized"}, status_code=401)
     try:
-        payload = json.loads(body)
-    except ValueError:
-        raise wire.RequestFailed(wire.BAD_REQUEST, f"a {kind} delivery is JSON") from None
-    for inbound in channel.inbound(payload):
-        await _handle(registry, channels, channel, bot, inbound)
+        payload = channel.read(body, request.headers)
+    except ValueError as exc:
+        raise wire.RequestFailed(wire.BAD_REQUEST, f"a {kind} delivery that cannot be read: {exc}") from None
+    answer = channel.handshake(payload)
+    if answer is not None:
+        return JSONResponse(answer)
+    handling = asyncio.ensure_future(_handle_all(registry, channels, channel, bot, channel.inbound(payload)))
+    if channel.ack_within is None:
+        await handling
+    else:  # answer in the platform's time; the turn goes on (its reply leaves through the outbox)
+        channels.running.add(handling)
+        handling.add_done_callback(channels.finished)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(handling), channel.ack_within)
     return JSONResponse({"ok": True})
+
+
+async def _handle_all(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str,
+                      inbound: list[Inbound]) -> None:
+    for message in inbound:
+        await _handle(registry, channels, channel, bot, message)
 
 
 async def _handle(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str,
