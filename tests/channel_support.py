@@ -124,6 +124,49 @@ def slack_press(trigger: str, value: str, user: str = "U42", channel: str = "D42
             "actions": [{"type": "button", "action_id": "choice_0", "value": value, "action_ts": "1764950402.1"}]}
 
 
+class FakeWhatsApp(_FakeApi):
+    """The Cloud API: POST /v21.0/PHONE_NUMBER_ID/messages with `Authorization: Bearer <token>`,
+    answered {"messaging_product": "whatsapp", "contacts": [...], "messages": [{"id": "wamid..."}]},
+    or Meta's error shape with `status`."""
+
+    def __init__(self, token: str):
+        super().__init__()
+        self.token = token
+
+    def answer(self, call: ApiCall) -> tuple[int, dict[str, Any]]:
+        if call.headers.get("authorization") != f"Bearer {self.token}":
+            return 401, {"error": {"message": "Invalid OAuth access token.", "type": "OAuthException", "code": 190}}
+        if self.status != 200:
+            return self.status, {"error": {"message": "Service temporarily unavailable", "code": 2}}
+        return 200, {"messaging_product": "whatsapp", "contacts": [{"input": call.body.get("to"), "wa_id": call.body.get("to")}],
+                     "messages": [{"id": f"wamid.out{len(self.seen)}"}]}
+
+
+def whatsapp_signed(app_secret: str, body: bytes) -> dict[str, str]:
+    """X-Hub-Signature-256 as Meta computes it: HMAC-SHA256 of the raw body with the app secret."""
+    import hashlib
+    import hmac
+
+    return {"X-Hub-Signature-256": "sha256=" + hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()}
+
+
+def whatsapp_message(wamid: str, text: str | None = None, user: str = "4915112345678", number: str = "1065550001",
+                     button: str | None = None) -> dict[str, Any]:
+    """A Cloud API webhook with one text message (or, with `button`, an interactive reply
+    button's press), as Meta's documentation shows it."""
+    message: dict[str, Any] = {"from": user, "id": wamid, "timestamp": "1764950400"}
+    if button is None:
+        message |= {"type": "text", "text": {"body": text}}
+    else:
+        message |= {"type": "interactive", "interactive": {"type": "button_reply",
+                                                              "button_reply": {"id": button, "title": button.title()}}}
+    value = {"messaging_product": "whatsapp",
+             "metadata": {"display_phone_number": "15550001", "phone_number_id": number},
+             "contacts": [{"profile": {"name": "Ana"}, "wa_id": user}], "messages": [message]}
+    return {"object": "whatsapp_business_account",
+            "entry": [{"id": "WABA1", "changes": [{"value": value, "field": "messages"}]}]}
+
+
 class FakeTelegram:
     """The Bot API: POST /bot<token>/<method> with JSON; answers {"ok": true, "result": ...}
     (or `status` with Telegram's error shape). `calls` are the ones answered 200."""

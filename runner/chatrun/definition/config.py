@@ -618,10 +618,12 @@ class SinkConfig:
 CHANNEL_SECRETS: dict[str, tuple[str, ...]] = {
     "telegram": ("token", "secret"),
     "slack": ("token", "signing_secret"),
+    "whatsapp": ("token", "app_secret", "verify_token"),
 }
 CHANNEL_TEMPLATES: dict[str, tuple[str, ...]] = {
     "telegram": ("api",),
     "slack": ("api",),
+    "whatsapp": ("api",),
 }
 
 

@@ -102,6 +102,11 @@ class ChannelKind:
         url_verification), not a user's message; None for every other delivery."""
         return None
 
+    def subscribe(self, query: Mapping[str, str]) -> str | None:
+        """The answer to the platform's GET checking the webhook URL (WhatsApp's hub.challenge),
+        or None when the query is not the platform's (then 403)."""
+        return None
+
     def inbound(self, payload: Any) -> list[Inbound]:
         """The user messages in a verified delivery (none for what is not one: an edit, a join)."""
         raise NotImplementedError

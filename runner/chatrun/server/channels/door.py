@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from chatrun.definition.config import BotConfig
 from chatrun.engine.session import REPLY_TO
@@ -35,6 +35,7 @@ from chatrun.server.auth import Auth, Principal
 from chatrun.server.channels.base import ChannelKind, Inbound, SendFailed, Unauthorized, outgoing
 from chatrun.server.channels.slack import Slack
 from chatrun.server.channels.telegram import Telegram
+from chatrun.server.channels.whatsapp import WhatsApp
 from chatrun.server.plumbing import Registry
 from chatrun.server.sessions import OPEN
 from chatrun.server.webhook import Attempt
@@ -46,7 +47,7 @@ log = logging.getLogger("chatrun.channels")
 
 # The channel kinds, by their key under `channels:` (definition/config.py's CHANNEL_SECRETS
 # lists their credentials for the validator).
-CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Telegram)}
+CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Telegram, WhatsApp)}
 
 
 def session_id_for(bot: str, kind: str, conversation: str) -> str:
@@ -124,17 +125,32 @@ def make_channel_router() -> APIRouter:
     router = APIRouter(tags=["channels"])
     router.add_api_route("/channels/{bot}/{kind}", receive, methods=["POST"],
                          summary="A messaging platform's webhook (docs/channels.md)")
+    router.add_api_route("/channels/{bot}/{kind}", check_url, methods=["GET"],
+                         summary="A platform checking the webhook's URL (WhatsApp's hub.challenge)")
     return router
+
+
+def _channel(registry: SessionRegistry, bot: str, kind: str) -> ChannelKind:
+    config = registry.bot(bot).config
+    channel = registry.channels.of(config, kind)
+    if channel is None:
+        raise wire.RequestFailed(wire.NOT_FOUND, f"bot {bot} has no channel {kind!r} "
+                                 f"(its channels: {', '.join(config.channels) or 'none'})")
+    return channel  # type: ignore[no-any-return]
+
+
+async def check_url(bot: str, kind: str, request: Request, registry: Registry) -> Response:
+    answer = _channel(registry, bot, kind).subscribe(request.query_params)
+    if answer is None:
+        log.warning("channel %s of bot %s: refused a URL check (wrong verify token)", kind, bot)
+        return PlainTextResponse("forbidden", status_code=403)
+    return PlainTextResponse(answer)
 
 
 async def receive(bot: str, kind: str, request: Request, registry: Registry) -> JSONResponse:
     """A platform's delivery: checked, then each user message in it handled (see the module)."""
     channels: Channels = registry.channels
-    config = registry.bot(bot).config
-    channel = channels.of(config, kind)
-    if channel is None:
-        raise wire.RequestFailed(wire.NOT_FOUND, f"bot {bot} has no channel {kind!r} "
-                                 f"(its channels: {', '.join(config.channels) or 'none'})")
+    channel = _channel(registry, bot, kind)
     body = await request.body()
     try:
         channel.verify(request.headers, body)
