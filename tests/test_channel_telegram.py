@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from channel_support import FakeTelegram, telegram_message, telegram_press
+from chatrun.server.channels.door import session_id_for
 from server_support import app_for_testclient, wait_until
 from webhook_support import OPENAI_MODEL
 
@@ -190,3 +191,32 @@ def test_after_the_bot_ends_a_conversation_the_next_message_starts_a_new_one(cli
     wait_until(lambda: outbox_empty(client), what="the outbox emptied")
     assert texts(telegram) == ["Goodbye.", "You said hello again."]
     assert len(fake.requests) == 2
+
+
+def test_an_operator_takes_over_a_telegram_user_and_the_user_reads_the_operator(tmp_path, fake, telegram, monkeypatch):
+    for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT)
+    (tmp_path / "auth.yaml").write_text("tokens: {op-token-123: {principal: olga, roles: [operators, outbox]}}\n")
+    olga = {"Authorization": "Bearer op-token-123"}
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             auth=str(tmp_path / "auth.yaml"))
+    with TestClient(app) as client:
+        deliver(client, telegram_message(1, "hello"))
+        wait_until(lambda: texts(telegram), what="the bot's reply")
+        session = f"/bots/shop/sessions/{session_id_for('shop', 'telegram', '42:42')}"
+        assert client.post(f"{session}/takeover", json={"note": "vip"}, headers=olga).status_code == 200
+        said = client.post(f"{session}/operator/messages", json={"text": "Hi, I am Olga."}, headers=olga)
+        assert said.status_code == 200, said.text
+        wait_until(lambda: "Hi, I am Olga." in texts(telegram), what="the operator's words on Telegram")
+        deliver(client, telegram_message(2, "thanks Olga"))  # to the operator, not the bot: no bot reply
+        history = client.get(session, headers=olga).json()["history"]
+        assert any(e["type"] == "UserMessage" and e["data"]["text"] == "thanks Olga"
+                   for entry in history for e in entry.get("events", []))
+        assert client.post(f"{session}/release", json={}, headers=olga).status_code == 200
+        deliver(client, telegram_message(3, "and now?"))
+        wait_until(lambda: "You said and now?." in texts(telegram), what="the bot again after the release")
+        wait_until(lambda: client.get("/outbox", headers=olga).json()["entries"] == [], what="the outbox emptied")
+    assert len(fake.requests) == 2 and texts(telegram)[:2] == ["You said hello.", "Hi, I am Olga."]
