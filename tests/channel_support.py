@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 
 @dataclass
@@ -165,6 +167,104 @@ def whatsapp_message(wamid: str, text: str | None = None, user: str = "491511234
              "contacts": [{"profile": {"name": "Ana"}, "wa_id": user}], "messages": [message]}
     return {"object": "whatsapp_business_account",
             "entry": [{"id": "WABA1", "changes": [{"value": value, "field": "messages"}]}]}
+
+
+class FakeBotFramework:
+    """The Bot Framework for a Teams bot, on 127.0.0.1: the OpenID metadata (GET /openid) and
+    its signing keys (GET /keys, an RSA key made here), the Entra ID token endpoint (POST /token,
+    client credentials) and the Bot Connector (POST /v3/conversations/ID/activities, which
+    requires the token it issued). `activity_token(...)` signs what the Bot Connector sends a
+    bot with the same algorithm and claims (PyJWT, RS256)."""
+
+    ISSUER = "https://api.botframework.com"
+
+    def __init__(self, app_id: str, app_password: str):
+        import jwt
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        self.app_id, self.app_password = app_id, app_password
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))
+        self.jwks = {"keys": [jwk | {"kid": "test-key-1", "use": "sig", "alg": "RS256"}]}
+        self.status = 200
+        self.activities: list[dict[str, Any]] = []
+        self.tokens_issued = 0
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path == "/openid":
+                    self._json(200, {"issuer": fake.ISSUER, "jwks_uri": f"{fake.url}/keys",
+                                     "id_token_signing_alg_values_supported": ["RS256"]})
+                elif self.path == "/keys":
+                    self._json(200, fake.jwks)
+                else:
+                    self._json(404, {})
+
+            def do_POST(self) -> None:  # noqa: N802
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == "/token":
+                    form = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+                    if (form.get("client_id"), form.get("client_secret")) != (fake.app_id, fake.app_password):
+                        return self._json(401, {"error": "invalid_client"})
+                    fake.tokens_issued += 1
+                    return self._json(200, {"token_type": "Bearer", "expires_in": 3600, "access_token": "bf-access-1"})
+                if self.headers.get("Authorization") != "Bearer bf-access-1":
+                    return self._json(401, {"message": "Authorization has been denied for this request."})
+                if fake.status != 200:
+                    return self._json(fake.status, {"error": {"code": "ServiceError"}})
+                fake.activities.append({"path": self.path, **json.loads(raw)})
+                return self._json(201, {"id": f"reply-{len(fake.activities)}"})
+
+            def _json(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> FakeBotFramework:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def activity_token(self, service_url: str, audience: str | None = None, key: Any = None) -> str:
+        import jwt
+
+        now = int(time.time())
+        claims = {"iss": self.ISSUER, "aud": audience or self.app_id, "serviceurl": service_url,
+                  "nbf": now - 10, "iat": now - 10, "exp": now + 3600}
+        return jwt.encode(claims, key or self.key, algorithm="RS256", headers={"kid": "test-key-1"})
+
+    def activity(self, activity_id: str, text: str | None = None, value: dict[str, Any] | None = None,
+                 user: str = "29:1abc", aad: str = "aad-42", conversation: str = "a:1personal") -> dict[str, Any]:
+        """A message activity as the Bot Connector sends it for a personal chat in Teams."""
+        body: dict[str, Any] = {
+            "type": "message", "id": activity_id, "timestamp": "2026-12-05T10:00:00.000Z", "channelId": "msteams",
+            "serviceUrl": f"{self.url}/teams-service/", "locale": "en-US",
+            "from": {"id": user, "name": "Ana Lima", "aadObjectId": aad},
+            "conversation": {"conversationType": "personal", "tenantId": "t1", "id": conversation},
+            "recipient": {"id": f"28:{self.app_id}", "name": "shop"}}
+        if text is not None:
+            body["text"] = text
+        if value is not None:
+            body["value"] = value
+        return body
 
 
 class FakeTelegram:

@@ -619,11 +619,13 @@ CHANNEL_SECRETS: dict[str, tuple[str, ...]] = {
     "telegram": ("token", "secret"),
     "slack": ("token", "signing_secret"),
     "whatsapp": ("token", "app_secret", "verify_token"),
+    "teams": ("app_id", "app_password"),
 }
 CHANNEL_TEMPLATES: dict[str, tuple[str, ...]] = {
     "telegram": ("api",),
     "slack": ("api",),
     "whatsapp": ("api",),
+    "teams": ("openid", "token_url"),
 }
 
 

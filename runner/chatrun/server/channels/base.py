@@ -93,6 +93,10 @@ class ChannelKind:
         """Raise Unauthorized unless the delivery is the platform's own."""
         raise NotImplementedError
 
+    async def averify(self, headers: Mapping[str, str], body: bytes) -> None:
+        """`verify`, for a kind whose check may wait on the network (Teams' signing keys)."""
+        self.verify(headers, body)
+
     def read(self, body: bytes, headers: Mapping[str, str]) -> Any:
         """A verified delivery's payload (JSON unless the kind says otherwise); ValueError if unreadable."""
         return json.loads(body)

@@ -34,6 +34,7 @@ from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal
 from chatrun.server.channels.base import ChannelKind, Inbound, SendFailed, Unauthorized, outgoing
 from chatrun.server.channels.slack import Slack
+from chatrun.server.channels.teams import Teams
 from chatrun.server.channels.telegram import Telegram
 from chatrun.server.channels.whatsapp import WhatsApp
 from chatrun.server.plumbing import Registry
@@ -47,7 +48,7 @@ log = logging.getLogger("chatrun.channels")
 
 # The channel kinds, by their key under `channels:` (definition/config.py's CHANNEL_SECRETS
 # lists their credentials for the validator).
-CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Telegram, WhatsApp)}
+CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Teams, Telegram, WhatsApp)}
 
 
 def session_id_for(bot: str, kind: str, conversation: str) -> str:
@@ -153,7 +154,7 @@ async def receive(bot: str, kind: str, request: Request, registry: Registry) -> 
     channel = _channel(registry, bot, kind)
     body = await request.body()
     try:
-        channel.verify(request.headers, body)
+        await channel.averify(request.headers, body)
     except Unauthorized as exc:
         log.warning("channel %s of bot %s: refused a delivery: %s", kind, bot, exc)
         return JSONResponse({"ok": False, "error": "unauthorized"}, status_code=401)
