@@ -1388,6 +1388,25 @@ def _graph_checks(checker: _Checker) -> None:
                         "tools", name)
 
 
+def _channel_checks(checker: _Checker) -> None:
+    """`channels:`: a credential names a declared `env:` variable, a template reads declared
+    `env` only (the schema has checked each kind's keys)."""
+    from chatrun.definition.config import CHANNEL_SECRETS, CHANNEL_TEMPLATES
+
+    config = checker.config
+    for kind, channel in config.channels.items():
+        at = ("channels", kind)
+        for key in CHANNEL_SECRETS.get(kind, ()):
+            name = channel.options.get(key)
+            if isinstance(name, str) and name not in config.env:
+                checker.add("error", f"channel `{kind}` reads its {key} from `env.{name}`, but the bot does not "
+                            f"declare it under `env:`{suggest(name, config.env)}", *at, key)
+        for key in CHANNEL_TEMPLATES.get(kind, ()):
+            text = channel.options.get(key)
+            if isinstance(text, str):
+                checker.template(text, f"`channels.{kind}.{key}`", (*at, key), None, ("env",))
+
+
 def _audience_checks(checker: _Checker) -> None:
     """`events:` and `sinks:`: built-in types stay the user's, a sink takes declared backend types
     only, its templates read declared `env` only, its secret is a declared variable; a backend
@@ -1414,6 +1433,7 @@ def _audience_checks(checker: _Checker) -> None:
         if hook.secret is not None and hook.secret not in config.env:
             checker.add("error", f"sink `{sink.name}` signs with `env.{hook.secret}`, but the bot does not declare it "
                         f"under `env:`{suggest(hook.secret, config.env)}", *at, "secret")
+    _channel_checks(checker)
     for name in backend:
         if not config.sinks_for(name):
             checker.add("warning", f"event type `{name}` is for the backend, but no sink takes it: its events "

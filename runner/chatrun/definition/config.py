@@ -458,6 +458,7 @@ class BotConfig:
     kind_config: dict[str, Any] = field(default_factory=dict)
     events: dict[str, EventTypeConfig] = field(default_factory=dict)  # `events:`: declared types, their audience
     sinks: dict[str, SinkConfig] = field(default_factory=dict)  # `sinks:`: where backend events go
+    channels: dict[str, ChannelConfig] = field(default_factory=dict)  # `channels:`: platforms the bot answers on
     format: int | None = None  # `format:`: the format version declared (None: not declared; read as current)
     version: str | None = None  # `version:`: the bot's own version, for people and migrations' `from:`
     migrations: list[MigrationConfig] = field(default_factory=list)  # `migrations:`, in order
@@ -610,6 +611,39 @@ class SinkConfig:
 
     def takes(self, event_type: str) -> bool:
         return self.events is None or event_type in self.events
+
+
+# Each channel kind's keys that name a declared `env:` variable (a credential), and those that
+# are templates over `env` (docs/channels.md). The server's channel modules read the values.
+CHANNEL_SECRETS: dict[str, tuple[str, ...]] = {
+    "telegram": ("token", "secret"),
+    "slack": ("token", "signing_secret"),
+    "whatsapp": ("token", "app_secret", "verify_token"),
+    "teams": ("app_id", "app_password"),
+}
+CHANNEL_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "telegram": ("api",),
+    "slack": ("api",),
+    "whatsapp": ("api",),
+    "teams": ("openid", "token_url"),
+}
+
+
+@dataclass
+class ChannelConfig:
+    """One entry of the bot's `channels:`: a platform the bot answers on (its kind is its key),
+    its options as written (credentials as env names, templates over `env`), and how its
+    replies are retried (they go through the outbox, as a sink's events do)."""
+
+    kind: str
+    options: dict[str, Any] = field(default_factory=dict)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    where: Location = field(default_factory=Location)
+
+    @property
+    def sink(self) -> str:
+        """The outbox's sink name of this channel's replies (no `sinks:` name has a colon)."""
+        return f"channel:{self.kind}"
 
 
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}

@@ -30,6 +30,7 @@ from chatrun.definition.config import (
     AttachmentPolicy,
     BotConfig,
     CaseConfig,
+    ChannelConfig,
     EnvVar,
     EventTypeConfig,
     KeyChanges,
@@ -496,6 +497,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         kind_config=bot_kinds(top, main),
         events=_event_types(top.get("events"), main),
         sinks=_sinks(top.get("sinks"), main),
+        channels=_channels(top.get("channels"), main),
         format=top["format"] if isinstance(top.get("format"), int) and not isinstance(top["format"], bool) else None,
         version=_version(top.get("version")),
         migrations=_migrations(top.get("migrations"), main),
@@ -701,6 +703,15 @@ def _sinks(raw: Any, doc: YamlDoc) -> dict[str, SinkConfig]:
         events = spec.get("events")
         out[str(name)] = SinkConfig(str(name), webhook, _str_list(events) if events is not None else None,
                                     RetryPolicy(**retry), _loc(doc, ("sinks", name)))
+    return out
+
+
+def _channels(raw: Any, doc: YamlDoc) -> dict[str, ChannelConfig]:
+    out: dict[str, ChannelConfig] = {}
+    for kind, spec in _dict(raw).items():
+        spec = dict(_dict(spec))
+        retry = {k: v for k, v in _dict(spec.pop("retry", None)).items() if k in RetryPolicy.__dataclass_fields__}
+        out[str(kind)] = ChannelConfig(str(kind), spec, RetryPolicy(**retry), _loc(doc, ("channels", kind)))
     return out
 
 
