@@ -67,7 +67,7 @@
     if (event.key === "Escape") { event.preventDefault(); tell("chatrun:close"); return; }
     if (event.key !== "Tab") return;
     const items = Array.from(document.querySelectorAll(FOCUSABLE))
-      .filter((el) => !el.disabled && !el.hidden && el.offsetParent !== null);
+      .filter((el) => !el.disabled && !el.hidden && el.getClientRects().length > 0);  // shown (SVG too)
     if (!items.length) return;
     const first = items[0], last = items[items.length - 1];
     if (event.shiftKey && document.activeElement === first) { event.preventDefault(); last.focus(); }

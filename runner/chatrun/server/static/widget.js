@@ -57,7 +57,7 @@
     }
     .panel {
       position: fixed; bottom: 92px; z-index: 2147483001; width: 380px; height: min(640px, calc(100vh - 112px));
-      border-radius: 16px; overflow: hidden; background: #fff;
+      border-radius: 16px; overflow: hidden; background: #fff; box-sizing: border-box;
       box-shadow: 0 12px 48px rgba(15, 23, 42, .32); border: 1px solid rgba(15, 23, 42, .12);
     }
     .panel iframe { width: 100%; height: 100%; border: 0; display: block; }
