@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 import chatrun
+from chatrun.definition.config import WidgetConfig
 from chatrun.definition.loader import check_bot
 from chatrun.server import create_app
-from chatrun.server.widget_identity import sign_identity
+from chatrun.server.widget_identity import IdentityRefused, sign_identity, widget_principal
 
 KEY = "k" * 32
 SITE = "https://shop.example"
@@ -136,3 +138,24 @@ def test_a_widget_token_is_good_only_on_its_bots_paths(client):
     answer = client.get("/bots", headers={"Authorization": "Bearer cwv." + "v" * 30})
     assert answer.status_code == 401
     assert "only on its bot's own paths" in answer.json()["message"]
+
+
+def test_the_backend_snippet_in_the_docs_signs_what_the_server_accepts(monkeypatch):
+    page = (Path(__file__).resolve().parents[1] / "docs" / "widget.md").read_text()
+    snippet = page.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("CHATRUN_WIDGET_SECRET", KEY)
+    scope: dict[str, object] = {}
+    exec(snippet, scope)  # noqa: S102 - the docs' own example, run as printed
+    principal = widget_principal("travel", WidgetConfig(origins=(SITE,)), str(scope["token"]))
+    assert (principal.name, dict(principal.claims)) == ("cust-42", {"display_name": "Ana Lima"})
+    with pytest.raises(IdentityRefused, match="signature does not match"):
+        monkeypatch.setenv("CHATRUN_WIDGET_SECRET", "another-key-0123456789")
+        widget_principal("travel", WidgetConfig(origins=(SITE,)), str(scope["token"]))
+
+
+def test_an_auth_file_token_shaped_like_a_widget_token_is_refused_at_start():
+    from chatrun.errors import ChatrunError
+    from chatrun.server.auth import Auth
+
+    with pytest.raises(ChatrunError, match="may not start with cw1. or cwv.: those are the widget's tokens"):
+        Auth.from_mapping({"tokens": {"cwv.0123456789abcdef": {"principal": "ana"}}})

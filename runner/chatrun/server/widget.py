@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
 from chatrun.definition.config import WIDGET_LOGO_TYPES, WidgetConfig
+from chatrun.definition.page_texts import page_texts
 from chatrun.server.plumbing import Registry
 from chatrun.server.site import STATIC, page_html
 
@@ -85,8 +86,17 @@ async def widget_config(bot: str, request: Request, registry: Registry) -> JSONR
         "identity": widget.identity,
         "logo": _logo_url(base, bot, widget),
         "frame": f"{base}/widget/{bot}/frame",
+        "texts": _launcher_texts(found, request),
     }
     return JSONResponse(body, headers={**cors, "Cache-Control": "no-cache"})
+
+
+def _launcher_texts(bot: Any, request: Request) -> dict[str, str]:
+    """The launcher's words in the visitor's language (the page's texts; a bot's `page.widget_*` replace them)."""
+    catalogs = bot.config.catalogs
+    wanted = request.query_params.get("locale") or request.headers.get("accept-language")
+    texts = page_texts(catalogs, catalogs.negotiate(wanted) if catalogs is not None else None)
+    return {key: texts[f"widget_{key}"] for key in ("open", "close", "unread")}
 
 
 def _logo_url(base: str, bot: str, widget: WidgetConfig) -> str:

@@ -28,10 +28,9 @@ import time
 from typing import Any
 
 from chatrun.definition.config import WidgetConfig
-from chatrun.server.auth import Principal
+from chatrun.server.auth import WIDGET_TOKEN_PREFIXES, Principal
 
-SIGNED_PREFIX = "cw1."
-VISITOR_PREFIX = "cwv."
+SIGNED_PREFIX, VISITOR_PREFIX = WIDGET_TOKEN_PREFIXES
 MIN_KEY_BYTES = 16
 MIN_VISITOR_CHARS = 22  # 128 bits of base64url: not guessable
 log = logging.getLogger("chatrun.widget")
@@ -42,7 +41,7 @@ class IdentityRefused(Exception):
 
 
 def is_widget_token(token: str | None) -> bool:
-    return token is not None and token.startswith((SIGNED_PREFIX, VISITOR_PREFIX))
+    return token is not None and token.startswith(WIDGET_TOKEN_PREFIXES)
 
 
 def widget_principal(bot: str, widget: WidgetConfig | None, token: str, now: float | None = None) -> Principal:

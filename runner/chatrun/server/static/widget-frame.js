@@ -28,7 +28,8 @@
   const close = document.createElement("button");
   close.type = "button";
   close.className = "widget-close";
-  close.setAttribute("aria-label", "Close chat");
+  const pageTexts = JSON.parse(document.getElementById("page-data").textContent).texts || {};
+  close.setAttribute("aria-label", pageTexts.widget_close || "Close chat");
   close.textContent = "×";
   close.addEventListener("click", () => tell("chatrun:close"));
   head.appendChild(close);
@@ -37,6 +38,7 @@
   chat.setAttribute("aria-labelledby", "widget-title");
 
   if (data.greeting) {  // shown until the conversation has a message; never stored in it
+    document.body.classList.add("widget-greets");  // instead of the page's own empty-chat line
     const hello = document.createElement("div");
     hello.className = "msg bot widget-greeting";
     hello.textContent = data.greeting;

@@ -72,7 +72,8 @@
   async function start() {
     let config;
     try {
-      const answer = await fetch(SERVER + "/widget/" + encodeURIComponent(BOT) + "/config", { credentials: "omit" });
+      const locale = script.dataset.locale ? "?locale=" + encodeURIComponent(script.dataset.locale) : "";
+      const answer = await fetch(SERVER + "/widget/" + encodeURIComponent(BOT) + "/config" + locale, { credentials: "omit" });
       config = await answer.json();
       if (!answer.ok) { console.error("chatrun widget refused: " + config.message); return; }
     } catch (err) {
@@ -116,8 +117,9 @@
 
     let frame = null;
     let unread = Number(session.get("unread") || 0);
-    const label = () => launcher.setAttribute("aria-label", (panel.hidden ? "Open chat: " : "Close chat: ") + config.title
-      + (unread ? " (" + unread + " unread)" : ""));
+    const texts = config.texts;  // in the visitor's language (the bot's `page.widget_*` texts)
+    const label = () => launcher.setAttribute("aria-label", (panel.hidden ? texts.open.replace("{title}", config.title) : texts.close)
+      + (unread ? " (" + texts.unread.replace("{count}", unread) + ")" : ""));
     const showBadge = () => { badge.hidden = !unread; badge.textContent = unread > 9 ? "9+" : String(unread); label(); };
 
     function load() {
