@@ -159,3 +159,18 @@ def test_an_auth_file_token_shaped_like_a_widget_token_is_refused_at_start():
 
     with pytest.raises(ChatrunError, match="may not start with cw1. or cwv.: those are the widget's tokens"):
         Auth.from_mapping({"tokens": {"cwv.0123456789abcdef": {"principal": "ana"}}})
+
+
+def test_a_signed_only_widget_shows_its_panel_to_signed_identities_only(bot_path, monkeypatch):
+    monkeypatch.setenv("CHATRUN_WIDGET_SECRET", KEY)
+    bot_path.write_text(BOT.replace("position: left", "identity: signed"))
+    with TestClient(create_app([chatrun.load_bot(bot_path)]), base_url="http://127.0.0.1:8000") as client:
+        frame = "/widget/travel/frame"
+        anonymous = client.get(frame, params={"origin": SITE, "token": "cwv." + "v" * 30})
+        assert anonymous.status_code == 403 and "for signed-in users: sign in on this site" in anonymous.text
+        expired = sign_identity(KEY.encode(), "cust-42", "Ana", int(time.time()) - 5)
+        assert "expired" in client.get(frame, params={"origin": SITE, "token": expired}).text
+        signed = sign_identity(KEY.encode(), "cust-42", "Ana", int(time.time()) + 60)
+        assert client.get(frame, params={"origin": SITE, "token": signed}).status_code == 200
+        visitor = client.post("/bots/travel/sessions", headers={"Authorization": "Bearer cwv." + "v" * 30}, json={})
+        assert visitor.status_code == 401 and "takes signed identities only" in visitor.json()["message"]

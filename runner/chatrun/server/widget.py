@@ -32,6 +32,7 @@ from chatrun.definition.config import WIDGET_LOGO_TYPES, WidgetConfig
 from chatrun.definition.page_texts import page_texts
 from chatrun.server.plumbing import Registry
 from chatrun.server.site import STATIC, page_html
+from chatrun.server.widget_identity import SIGNED_PREFIX, IdentityRefused, widget_principal
 
 log = logging.getLogger("chatrun.widget")
 
@@ -45,7 +46,7 @@ def add_widget_routes(app: FastAPI) -> None:
 async def widget_js() -> FileResponse:
     # Cached for a while by browsers and proxies: it is the same for every site and bot.
     return FileResponse(STATIC / "widget.js", media_type="text/javascript",
-                        headers={"Cache-Control": "public, max-age=300"})
+                        headers={"Cache-Control": "public, max-age=300", "Access-Control-Allow-Origin": "*"})
 
 
 def _widget_of(registry: Any, bot: str) -> tuple[Any, WidgetConfig | None]:
@@ -109,9 +110,11 @@ async def widget_frame(bot: str, request: Request, registry: Registry) -> HTMLRe
     found, widget = _widget_of(registry, bot)
     origin = request.query_params.get("origin")
     referrer = request.headers.get("referer")
-    if origin and referrer and _origin_of(referrer) not in (origin.lower().rstrip("/"), _own_origin(request)):
+    if referrer and _origin_of(referrer) not in ((origin or "").lower().rstrip("/"), _own_origin(request)):
         origin = _origin_of(referrer)  # the page that asked for it, not the one it claims to be
     refused = _refusal(bot, widget, origin, "frame")
+    if refused is None and widget is not None and widget.identity == "signed":
+        refused = _unsigned(bot, widget, request.query_params.get("token"))
     if refused is not None or widget is None:
         text = f"<!doctype html><meta charset=utf-8><title>Refused</title><p role=alert>{html.escape(refused or '')}</p>"
         return HTMLResponse(text, status_code=403, headers={"Cache-Control": "no-cache"})
@@ -124,6 +127,18 @@ async def widget_frame(bot: str, request: Request, registry: Registry) -> HTMLRe
     page = page.replace("</body>", '<script src="/_chat/static/widget-frame.js"></script>\n</body>', 1)
     csp = "frame-ancestors " + " ".join(widget.origins)
     return HTMLResponse(page, headers={"Cache-Control": "no-cache", "Content-Security-Policy": csp})
+
+
+def _unsigned(bot: str, widget: WidgetConfig, token: str | None) -> str | None:
+    """Why a frame of a `identity: signed` widget is not shown (None: its token is a good signed identity)."""
+    if not token or not token.startswith(SIGNED_PREFIX):
+        return "This chat is for signed-in users: sign in on this site to chat with us."
+    try:
+        widget_principal(bot, widget, token)
+    except IdentityRefused as exc:
+        log.info("chatrun: widget frame of bot %s refused a signed identity: %s", bot, exc)
+        return f"This chat is for signed-in users: {exc}."
+    return None
 
 
 @functools.cache
