@@ -38,11 +38,16 @@ widget:
   title: Travel help
   greeting: Where would you like to go?
   color: "#0b7a5f"
+  logo: logo.svg
 routes:
   main:
     default: true
     system: "You plan trips for {{{{ principal.display_name if principal and principal.display_name else 'a visitor' }}}}."
 """
+
+
+LOGO = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><circle cx="16" cy="16" r="15" fill="#ffd43b"/>'
+        '<path d="M6 20h20l-4-8-5 5-3-3z" fill="#0b7a5f"/></svg>')
 
 
 class ShopPages(BaseHTTPRequestHandler):
@@ -86,6 +91,7 @@ def sites(fake, tmp_path, monkeypatch):
     shop_port = free_port()
     site = f"http://127.0.0.1:{shop_port}"
     (tmp_path / "bot.yaml").write_text(BOT.format(site=site))
+    (tmp_path / "logo.svg").write_text(LOGO)
     app = create_app([chatrun.load_bot(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 'chat.db'}")
     identity = sign_identity(KEY.encode(), "cust-42", "Ana Lima", int(time.time()) + 3600)
     with ThreadServer(app) as chat, shop_site(shop_port, chat.url, identity) as shop:
@@ -128,11 +134,15 @@ def test_the_widget_chats_on_another_origin_and_keeps_the_conversation(sites, fa
         assert launcher.get_attribute("aria-label") == "Open chat: Travel help"
         # The host page's `button { background: red !important }` does not reach into the shadow root.
         assert launcher.evaluate("b => getComputedStyle(b).backgroundColor") == "rgb(11, 122, 95)"
+        # The bot's logo, from the chat server, in the launcher (and the panel's header below).
+        assert launcher.locator("img").evaluate("i => i.complete && i.naturalWidth > 0")
         shot(page, f"widget-closed-{width}")
         launcher.click()
         frame = panel_frame(page)
         assert frame.locator(".widget-greeting").inner_text() == "Where would you like to go?"
         assert frame.locator("#input").evaluate("e => e === document.activeElement")
+        frame.locator(".widget-head img").wait_for()
+        assert frame.locator(".widget-head img").evaluate("i => i.complete && i.naturalWidth > 0")
         shot(page, f"widget-greeting-{width}")
         # The keyboard stays in the panel while it is open (a dialog's focus trap).
         frame.locator(".widget-close").focus()
