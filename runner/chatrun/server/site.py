@@ -86,11 +86,6 @@ async def operator_page() -> FileResponse:
 
 
 def _page(name: str, bot: Any, request: Request) -> HTMLResponse:
-    return HTMLResponse(page_html(name, bot, request), headers={"Cache-Control": "no-cache"})
-
-
-def page_html(name: str, bot: Any, request: Request) -> str:
-    """The chat page of bot `name` (its Bot, or None) as HTML, in the locale the request asks for."""
     text = _index_html()
     # The page learns its bot from a data attribute; no templating engine needed for one value.
     text = text.replace("__CHATRUN_BOT__", html.escape(json.dumps(name)[1:-1], quote=True))
@@ -102,7 +97,8 @@ def page_html(name: str, bot: Any, request: Request) -> str:
     page = page_data(catalogs, catalogs.negotiate(wanted) if catalogs is not None else None)
     text = text.replace("__CHATRUN_LANG__", html.escape(str(page["lang"]), quote=True))
     text = text.replace("__CHATRUN_DIR__", str(page["dir"]))
-    return text.replace("__CHATRUN_PAGE__", json.dumps(page, ensure_ascii=False).replace("</", "<\\/"))
+    text = text.replace("__CHATRUN_PAGE__", json.dumps(page, ensure_ascii=False).replace("</", "<\\/"))
+    return HTMLResponse(text, headers={"Cache-Control": "no-cache"})
 
 
 # -- the API docs: /docs (Swagger UI) and /redoc over /openapi.json ---------------------------------

@@ -31,7 +31,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from chatrun.definition.config import WIDGET_LOGO_TYPES, WidgetConfig
 from chatrun.definition.page_texts import page_texts
 from chatrun.server.plumbing import Registry
-from chatrun.server.site import STATIC, page_html
+from chatrun.server.site import STATIC, _page
 from chatrun.server.widget_identity import SIGNED_PREFIX, IdentityRefused, widget_principal
 
 log = logging.getLogger("chatrun.widget")
@@ -118,7 +118,8 @@ async def widget_frame(bot: str, request: Request, registry: Registry) -> HTMLRe
     if refused is not None or widget is None:
         text = f"<!doctype html><meta charset=utf-8><title>Refused</title><p role=alert>{html.escape(refused or '')}</p>"
         return HTMLResponse(text, status_code=403, headers={"Cache-Control": "no-cache"})
-    page = page_html(bot, found, request)
+    # The chat page as site.py makes it (its texts in the visitor's locale), with the widget's parts added.
+    page = bytes(_page(bot, found, request).body).decode()
     data = {"title": widget.title or found.config.description or bot, "greeting": widget.greeting,
             "color": widget.color, "logo": _logo_url(str(request.base_url).rstrip("/"), bot, widget),
             "origin": origin}
