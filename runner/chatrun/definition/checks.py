@@ -13,12 +13,14 @@ import re
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit
 
 from jinja2 import TemplateSyntaxError, nodes
 
 from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, T_COMPUTED, catalog_checks
 from chatrun.definition.config import (
+    WIDGET_LOGO_TYPES,
     ActionConfig,
     ApprovalCaseConfig,
     ApprovalConfig,
@@ -153,6 +155,7 @@ class _Checker:
         self.env()
         self.timezones()
         self.retention()
+        self.widget()
         for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
             kind.check_bot(self.config, self)
         _graph_checks(self)
@@ -380,6 +383,32 @@ class _Checker:
                         f"`retention.idle_sessions` keeps an idle session; the session would be deleted before "
                         "the timeout's `on_timeout` runs: shorten the timeout or lengthen the retention",
                         f"tools.{tool.name}"))
+
+    def widget(self) -> None:
+        """`widget:`: origins a browser can send, a logo that exists, a key for signed identities."""
+        widget = self.config.widget
+        raw = self.src.main.data.get("widget") if isinstance(self.src.main.data, dict) else None
+        if widget is None or not isinstance(raw, dict):
+            return
+        for i, origin in enumerate(raw.get("origins") or []):
+            if not isinstance(origin, str):
+                continue
+            parts = urlsplit(origin)
+            if parts.scheme in ("http", "https") and parts.netloc and (parts.path not in ("", "/") or parts.query):
+                self.add("error", f"`widget.origins`: {origin!r} has a path; an origin is scheme://host[:port] "
+                         f"only, as browsers send it: write {parts.scheme}://{parts.netloc}", "widget", "origins", i)
+        if widget.logo_is_file:
+            logo = os.path.join(self.config.root, widget.logo)
+            if not os.path.isfile(logo):
+                self.add("error", f"`widget.logo`: no file {widget.logo!r} in the bot's folder ({self.config.root}); "
+                         "give a file beside bot.yaml (.svg, .png, .jpg, .webp) or an https:// URL", "widget", "logo")
+            elif os.path.splitext(logo)[1].lower() not in WIDGET_LOGO_TYPES:
+                self.add("error", f"`widget.logo`: {widget.logo!r} is not an image the widget shows; use "
+                         f"{', '.join(WIDGET_LOGO_TYPES)}", "widget", "logo")
+        if widget.identity == "signed" and widget.secret_env not in os.environ:
+            self.add("warning", f"`widget.identity` is `signed`, but the environment variable `{widget.secret_env}` "
+                     "(the key signed identities are checked with) is not set, so every visitor is refused; set it "
+                     "where the server runs (docs/widget.md)", "widget", "identity")
 
     def timezones(self) -> None:
         """`timezone:` and a declared `state.timezone` default name IANA zones (docs/format.md, "The clock")."""

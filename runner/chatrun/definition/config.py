@@ -441,6 +441,36 @@ class Retention:
                          self.erased_outbox)
 
 
+# -- the widget (issue 35): the chat other sites embed with one <script> tag ---------------------
+
+WIDGET_IDENTITIES = ("either", "signed", "anonymous")
+WIDGET_SECRET_ENV = "CHATRUN_WIDGET_SECRET"
+WIDGET_LOGO_TYPES = {".svg": "image/svg+xml", ".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
+                     ".webp": "image/webp"}
+
+
+@dataclass(frozen=True)
+class WidgetConfig:
+    """`widget:`: the sites that may embed the bot's chat and how it looks there (docs/widget.md)."""
+
+    origins: tuple[str, ...] = ()  # scheme://host[:port], lower case, no trailing slash
+    title: str = ""  # "": the bot's description, else its name
+    greeting: str = ""
+    color: str = "#2563eb"
+    logo: str = ""  # a file of the bot (relative to its folder) or an https:// URL; "": none
+    position: str = "right"
+    identity: str = "either"  # signed identities, anonymous visitors, or either
+    secret_env: str = WIDGET_SECRET_ENV
+    where: Location = field(default_factory=Location)
+
+    def allows(self, origin: str | None) -> bool:
+        return origin is not None and origin.lower().rstrip("/") in self.origins
+
+    @property
+    def logo_is_file(self) -> bool:
+        return bool(self.logo) and not self.logo.startswith(("https://", "http://", "data:"))
+
+
 @dataclass
 class BotConfig:
     name: str
@@ -470,6 +500,7 @@ class BotConfig:
     catalogs: Catalogs | None = None  # `locales:` and their texts (definition/catalogs.py); None: one language
     fallback: str | None = None  # `fallback:` (a route's own wins); None: the built-in text in the session's locale
     retention: Retention = field(default_factory=Retention)  # `retention:`: how long its stored data is kept
+    widget: WidgetConfig | None = None  # `widget:`: the chat other sites embed (None: no widget)
 
     @property
     def version_label(self) -> str:

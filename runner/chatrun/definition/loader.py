@@ -51,6 +51,7 @@ from chatrun.definition.config import (
     SinkConfig,
     ToolConfig,
     WebhookConfig,
+    WidgetConfig,
     duration_seconds,
 )
 from chatrun.definition.effects import default_effect
@@ -509,6 +510,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         catalogs=_catalogs(top.get("locales"), main, main_file, diagnostics),
         fallback=_str(top.get("fallback")),
         retention=_retention(top.get("retention")),
+        widget=_widget(top.get("widget"), main),
     )
 
 
@@ -606,6 +608,18 @@ def _retention(raw: Any) -> Retention:
             pass
     erased = _dict(raw).get("erased_outbox")
     return Retention(**seconds, erased_outbox=erased if erased in ERASED_OUTBOX else DELIVER)
+
+
+def _widget(raw: Any, main: YamlDoc) -> WidgetConfig | None:
+    """`widget:` (the schema has checked its shape; checks.py its origins and logo)."""
+    if not isinstance(raw, dict):
+        return None
+    origins = raw.get("origins")
+    given = {key: raw[key] for key in ("title", "greeting", "color", "logo", "position", "identity", "secret_env")
+             if isinstance(raw.get(key), str)}
+    return WidgetConfig(
+        origins=tuple(o.lower().rstrip("/") for o in origins if isinstance(o, str)) if isinstance(origins, list) else (),
+        where=_loc(main, ("widget",)), **given)
 
 
 def _limits(raw: Any) -> Limits:

@@ -42,6 +42,7 @@ from chatrun.server.site import add_site_routes
 from chatrun.server.sweeper import PendingSweeper, SweepSettings
 from chatrun.server.tracecontext import TraceContext
 from chatrun.server.versions import BotVersions, versions_of
+from chatrun.server.widget import add_widget_routes
 from chatrun.server.ws import make_websocket_router
 from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, open_async_store
@@ -132,6 +133,7 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     app.include_router(make_pending_router())
     registry.channels = Channels(app.state.auth)
     app.include_router(make_channel_router())
+    add_widget_routes(app)
     add_site_routes(app)
 
 

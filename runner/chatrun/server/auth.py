@@ -37,6 +37,7 @@ from chatrun.engine.pending import BACKEND_ROLE, ENGINE_AUDIENCES, USER_ROLE
 from chatrun.errors import ChatrunError
 
 AUTH_ENV = "CHATRUN_AUTH_FILE"
+WIDGET_TOKEN_PREFIXES = ("cw1.", "cwv.")  # signed identities and anonymous visitors (server/widget_identity.py)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,9 @@ class Auth:
             where = f"{source}: tokens.{str(token)[:4]}…"
             if not isinstance(token, str) or len(token) < 8:
                 raise ChatrunError(f"{where}: a token is a string of at least 8 characters")
+            if token.startswith(WIDGET_TOKEN_PREFIXES):
+                raise ChatrunError(f"{where}: a token may not start with {' or '.join(WIDGET_TOKEN_PREFIXES)}: those are "
+                                   "the widget's tokens (docs/widget.md); choose another token")
             if isinstance(entry, str):
                 entry = {"principal": entry}
             if not isinstance(entry, dict) or not isinstance(entry.get("principal"), str):

@@ -26,7 +26,13 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.outbound import Outbound
 from chatrun.server.pending_api import decision_of
-from chatrun.server.plumbing import Unauthorized, authenticate, limits_of, registry_of
+from chatrun.server.plumbing import (
+    Unauthorized,
+    WidgetRefused,
+    authenticate,
+    limits_of,
+    registry_of,
+)
 from chatrun.server.sessions import EXISTING, NEW, Reach, SessionRegistry
 from chatrun.server.versions import VERSION_HEADER
 
@@ -306,6 +312,9 @@ async def serve_websocket(websocket: WebSocket, bot_name: str | None) -> None:
         await websocket.accept()
         try:
             principal = authenticate(websocket)
+        except WidgetRefused as exc:  # a widget's token: say why (a close reason holds 123 bytes)
+            await websocket.close(CLOSE_UNAUTHORIZED, exc.message.encode()[:120].decode(errors="ignore"))
+            return
         except Unauthorized:
             await websocket.close(CLOSE_UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer or ?token=)")
             return
