@@ -67,6 +67,7 @@ class ChannelKind:
 
     def __init__(self, bot: BotConfig, config: ChannelConfig):
         self.bot, self.config = bot, config
+        self._options: dict[str, str] = {}  # rendered once: the process's environment is read at start
 
     @classmethod
     def missing(cls) -> str | None:
@@ -84,10 +85,11 @@ class ChannelKind:
 
     def option(self, key: str, default: str) -> str:
         """A template option rendered over `env` (`default` when absent)."""
-        text = self.config.options.get(key)
-        if not isinstance(text, str):
-            return default
-        return ENV.from_string(text).render({"env": Environment(self.bot.env)})
+        if key not in self._options:
+            text = self.config.options.get(key)
+            self._options[key] = ENV.from_string(text).render({"env": Environment(self.bot.env)}) \
+                if isinstance(text, str) else default
+        return self._options[key]
 
     def verify(self, headers: Mapping[str, str], body: bytes) -> None:
         """Raise Unauthorized unless the delivery is the platform's own."""
