@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from chatrun import __version__
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
+from chatrun.server.agui import make_agui_router
 from chatrun.server.auth import Auth, resolve_auth
 from chatrun.server.channels.door import Channels, make_channel_router
 from chatrun.server.erasure import make_erasure_router
@@ -133,6 +134,7 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     app.include_router(make_pending_router())
     registry.channels = Channels(app.state.auth)
     app.include_router(make_channel_router())
+    app.include_router(make_agui_router())
     add_widget_routes(app)
     add_site_routes(app)
 

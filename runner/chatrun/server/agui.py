@@ -1,0 +1,217 @@
+"""AG-UI, the open Agent–User Interaction protocol (ag-ui-protocol), so CopilotKit-style front
+ends talk to a bot: `POST /agui/{bot}` takes a RunAgentInput and answers with its events as
+Server-Sent Events (docs/agui.md).
+
+- The thread is the session (`threadId`, started at its first run, the caller's own as on
+  the HTTP API); the run's input is the last user message of `messages` (the server keeps the
+  history: earlier messages are not read again), or the `resume` entry that answers an
+  interrupt. `runId` is the turn's request id: a run sent again is replayed from the committed
+  turn, never run twice.
+- The bot's words stream as TEXT_MESSAGE_START/CONTENT/END; an item the user decides (an
+  approval, `confirm:`, a question) ends the run with RUN_FINISHED's `interrupt` outcome
+  (the item's id, kind, question, choices and the shape of the answer), and the next run's
+  `resume` decides it; what has no AG-UI event of its own (choices, a route change, a
+  structured object) is a CUSTOM event named `chatrun.<EventType>`. A turn that failed (and
+  was rolled back) ends with RUN_ERROR.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from chatrun import events as ev
+from chatrun.engine.pending import Answer, Reject
+from chatrun.server import wire
+from chatrun.server.auth import Principal
+from chatrun.server.pending_api import decision_of
+from chatrun.server.plumbing import (
+    KEEPALIVE,
+    Caller,
+    DetachedTurn,
+    Emit,
+    Registry,
+    read_json_object,
+)
+from chatrun.server.sessions import OPEN
+
+if TYPE_CHECKING:
+    from chatrun.events import Event
+    from chatrun.server.sessions import SessionRegistry
+
+log = logging.getLogger("chatrun.agui")
+KEEPALIVE_S = 15.0  # seconds of silence after which an SSE comment keeps proxies from closing the stream
+APPROVAL_SCHEMA = {"type": "object", "required": ["decision"], "properties": {
+    "decision": {"enum": ["approve", "reject"]}, "reason": {"type": "string"}, "args": {"type": "object"}}}
+
+
+def make_agui_router() -> APIRouter:
+    router = APIRouter(tags=["ag-ui"])
+    router.add_api_route("/agui/{bot}", run_agent, methods=["POST"],
+                         summary="Run the bot on an AG-UI thread; its events as Server-Sent Events (docs/agui.md)")
+    return router
+
+
+async def run_agent(bot: str, request: Request, who: Caller, registry: Registry) -> StreamingResponse:
+    try:
+        from ag_ui.core import RunAgentInput
+        from ag_ui.encoder import EventEncoder
+    except ImportError:
+        raise wire.RequestFailed(wire.SERVER_ERROR, "AG-UI needs ag-ui-protocol: pip install 'chatrun[channels]'") from None
+    from pydantic import ValidationError
+
+    try:
+        run = RunAgentInput.model_validate(await read_json_object(request))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise wire.RequestFailed(wire.BAD_REQUEST, f"not an AG-UI RunAgentInput: {'.'.join(map(str, first['loc']))}: "
+                                 f"{first['msg']}") from None
+    problem = wire.chat_id_problem(run.thread_id)
+    if problem:
+        raise wire.RequestFailed(wire.BAD_REQUEST, f"threadId must be {problem}")
+    message = _input_of(run)
+    registry.bot(bot)  # an unknown bot is a 404 before the stream starts
+    encoder = EventEncoder(accept=request.headers.get("accept") or "text/event-stream")
+    turn = DetachedTurn(functools.partial(_run, registry, bot, who, run, message, encoder.encode))
+    return StreamingResponse(_frames(turn), media_type=encoder.get_content_type(),
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _frames(turn: DetachedTurn) -> AsyncIterator[str]:
+    async for item in turn.items(KEEPALIVE_S):
+        yield ": keepalive\n\n" if item is KEEPALIVE else item
+
+
+def _input_of(run: Any) -> Any:
+    """The turn's input: the decision a `resume` entry makes, else the last user message's text."""
+    if run.resume:
+        if len(run.resume) > 1:
+            raise wire.RequestFailed(wire.BAD_REQUEST, "resume one interrupt per run (chatrun decides one item a turn)")
+        entry = run.resume[0]
+        if entry.status == "cancelled":
+            return Reject(entry.interrupt_id)
+        payload = entry.payload
+        if isinstance(payload, dict) and ({"decision", "answer"} & set(payload)):
+            return decision_of(entry.interrupt_id, payload, None)
+        return Answer(entry.interrupt_id, payload)
+    for message in reversed(run.messages):
+        if message.role == "user":
+            text = _text(message.content)
+            if text:
+                return text
+    raise wire.RequestFailed(wire.BAD_REQUEST, "an AG-UI run needs a user message with text, or `resume`")
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(getattr(part, "text", "") or "" for part in content or ())
+
+
+async def _run(registry: SessionRegistry, bot: str, who: Principal | None, run: Any, message: Any,
+               encode: Any, emit: Emit) -> None:
+    from ag_ui.core import RunErrorEvent, RunFinishedEvent, RunStartedEvent
+
+    emit(encode(RunStartedEvent(thread_id=run.thread_id, run_id=run.run_id)))
+    try:
+        async with registry.session(bot, run.thread_id, who, OPEN) as session:
+            turn = registry.turn(session, message, f"agui:{run.run_id}")
+            events = _Translator(encode, emit)
+            async for event in turn:
+                events.add(event)
+            events.close()
+            if not turn.entry.get("ok"):
+                emit(encode(RunErrorEvent(message=events.failure or ev.TURN_FAILED_TEXT, code="TurnFailed")))
+                return
+            emit(encode(RunFinishedEvent(thread_id=run.thread_id, run_id=run.run_id, outcome=events.outcome())))
+    except wire.RequestFailed as exc:
+        emit(encode(RunErrorEvent(message=exc.message, code=exc.reason)))
+    except Exception as exc:  # a bug: the client still learns the run ended
+        log.exception("AG-UI run %s of thread %s failed", run.run_id, run.thread_id)
+        emit(encode(RunErrorEvent(message=f"internal server error: {type(exc).__name__}", code=wire.SERVER_ERROR)))
+
+
+class _Translator:
+    """chatrun's events of one turn as AG-UI events."""
+
+    def __init__(self, encode: Any, emit: Emit):
+        self.encode, self.emit = encode, emit
+        self.open: str | None = None  # the id of the text message being streamed
+        self.interrupts: list[Any] = []
+        self.failure: str | None = None
+
+    def add(self, event: Event) -> None:
+        from ag_ui.core import CustomEvent
+
+        kind, data = event.type, event.data
+        if kind == ev.STREAM:
+            self._delta(str(data))
+        elif kind == ev.MESSAGE:
+            self._message(str(data), (event.meta or {}).get("name"))
+        elif kind == ev.ERROR:
+            self.close()
+            self.failure = str(data)
+            self.emit(self.encode(CustomEvent(name="chatrun.Error", value=data)))
+        elif kind == ev.PENDING and isinstance(data, dict):
+            self._pending(data)
+        else:
+            self.close()
+            self.emit(self.encode(CustomEvent(name=f"chatrun.{kind}", value=data)))
+
+    def _delta(self, text: str) -> None:
+        from ag_ui.core import TextMessageContentEvent, TextMessageStartEvent
+
+        if self.open is None:
+            self.open = "msg_" + secrets.token_hex(8)
+            self.emit(self.encode(TextMessageStartEvent(message_id=self.open, role="assistant")))
+        if text:
+            self.emit(self.encode(TextMessageContentEvent(message_id=self.open, delta=text)))
+
+    def _message(self, text: str, name: Any) -> None:
+        from ag_ui.core import TextMessageContentEvent, TextMessageEndEvent, TextMessageStartEvent
+
+        if self.open is not None:  # the message its chunks streamed
+            self.close()
+            return
+        message_id = "msg_" + secrets.token_hex(8)
+        self.emit(self.encode(TextMessageStartEvent(message_id=message_id, role="assistant",
+                                                    name=name if isinstance(name, str) else None)))
+        if text:
+            self.emit(self.encode(TextMessageContentEvent(message_id=message_id, delta=text)))
+        self.emit(self.encode(TextMessageEndEvent(message_id=message_id)))
+
+    def _pending(self, item: dict[str, Any]) -> None:
+        from ag_ui._generated.models import Interrupt
+
+        self.close()
+        if "user" not in (item.get("by") or ()):  # others decide it: the user is told
+            self._message(str(item.get("tell") or item.get("ask") or ""), None)
+            return
+        schema = APPROVAL_SCHEMA if item.get("kind") == "approval" else {
+            "type": "object", "required": ["answer"], "properties": {"answer": item.get("schema") or {}}}
+        self.interrupts.append(Interrupt(id=str(item["id"]), reason=str(item.get("kind")),
+                                         message=item.get("ask"), response_schema=schema,
+                                         expires_at=item.get("due"), metadata={"choices": item.get("choices")}))
+
+    def close(self) -> None:
+        from ag_ui.core import TextMessageEndEvent
+
+        if self.open is not None:
+            self.emit(self.encode(TextMessageEndEvent(message_id=self.open)))
+            self.open = None
+
+    def outcome(self) -> Any:
+        from ag_ui._generated.models import RunFinishedInterruptOutcome, RunFinishedSuccessOutcome
+
+        if self.interrupts:
+            return RunFinishedInterruptOutcome(type="interrupt", interrupts=self.interrupts)
+        return RunFinishedSuccessOutcome(type="success")
+
+
+

@@ -1,0 +1,112 @@
+"""Issue 36: AG-UI (ag-ui-protocol 1.x). Real parts: the app (TestClient), the real `openai`
+client against the fake OpenAI server (streaming), and the protocol's own pydantic types
+reading every event of the stream. Tried here: a run streams the reply as text message
+events between RUN_STARTED and RUN_FINISHED; the thread keeps the conversation; a run sent
+again (same runId) is replayed, not run; the user's confirmation ends the run with an
+interrupt and the next run's `resume` decides it; a bad input is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server_support import app_for_testclient
+
+core = pytest.importorskip("ag_ui.core", reason="ag-ui-protocol is not installed (pip install -e '.[test]')")
+
+BOT = """\
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: true}
+state: {booked: 0}
+routes:
+  main:
+    default: true
+    system: You sell tickets.
+    tools: [book]
+tools:
+  book:
+    description: Book a ticket.
+    parameters: {type: object, properties: {show: {type: string}}, required: [show]}
+    confirm: "Book {{ args.show }}?"
+    action: {set: {state.booked: "{{ state.booked + 1 }}"}, reply: "Booked {{ args.show }}."}
+"""
+
+
+def responder(body):
+    messages = body["messages"]
+    user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    if messages[-1]["role"] == "tool":
+        return {"text": "Done: " + str(messages[-1]["content"])}
+    if user.startswith("book "):
+        return {"tool_calls": [{"name": "book", "arguments": {"show": user[5:]}}]}
+    turns = sum(1 for m in messages if m["role"] == "user")
+    return {"chunks": ["You ", "said ", f"{user} ", f"(turn {turns})."]}
+
+
+@pytest.fixture
+def client(tmp_path, fake):
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT)
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as c:
+        yield c
+
+
+def run(client, run_id, text=None, resume=None, thread="thread-1"):
+    body = {"threadId": thread, "runId": run_id, "state": {}, "tools": [], "context": [], "forwardedProps": {},
+            "messages": [{"id": f"u-{run_id}", "role": "user", "content": text}] if text else []}
+    if resume is not None:
+        body["resume"] = resume
+    response = client.post("/agui/shop", json=body, headers={"Accept": "text/event-stream"})
+    assert response.status_code == 200, response.text
+    events = []
+    for block in response.text.split("\n\n"):
+        data = [line[6:] for line in block.splitlines() if line.startswith("data: ")]
+        if data:  # each event read with the protocol's own types
+            raw = json.loads("".join(data))
+            events.append(getattr(core, _class(raw["type"])).model_validate(raw))
+    return events
+
+
+def _class(kind: str) -> str:
+    return "".join(part.title() for part in kind.split("_")) + "Event"
+
+
+def text_of(events) -> str:
+    return "".join(e.delta for e in events if e.type == core.EventType.TEXT_MESSAGE_CONTENT)
+
+
+def test_a_run_streams_the_reply_between_run_started_and_run_finished(client, fake):
+    events = run(client, "r1", "hello")
+    kinds = [e.type.value for e in events]
+    assert kinds[0] == "RUN_STARTED" and kinds[-1] == "RUN_FINISHED"
+    assert kinds[1] == "TEXT_MESSAGE_START" and kinds[-2] == "TEXT_MESSAGE_END"
+    assert text_of(events) == "You said hello (turn 1)."
+    assert events[-1].outcome.type == "success"
+    assert text_of(run(client, "r2", "again")) == "You said again (turn 2)."  # the thread remembers
+    replayed = run(client, "r2", "again")  # the same run sent again: replayed, the model not asked
+    assert text_of(replayed) == "You said again (turn 2)." and len(fake.requests) == 2
+
+
+def test_the_users_confirmation_is_an_interrupt_and_resume_decides_it(client):
+    events = run(client, "r1", "book Hamlet")
+    outcome = events[-1].outcome
+    assert outcome.type == "interrupt"
+    [interrupt] = outcome.interrupts
+    assert (interrupt.reason, interrupt.message) == ("approval", "Book Hamlet?")
+    assert interrupt.response_schema["properties"]["decision"] == {"enum": ["approve", "reject"]}
+    decided = run(client, "r2", resume=[{"interruptId": interrupt.id, "status": "resolved",
+                                         "payload": {"decision": "approve"}}])
+    assert "Booked Hamlet" in text_of(decided) and decided[-1].outcome.type == "success"
+
+
+def test_a_cancelled_interrupt_rejects_and_bad_input_is_a_400_naming_the_field(client):
+    interrupt = run(client, "r1", "book Hamlet")[-1].outcome.interrupts[0]
+    rejected = run(client, "r2", resume=[{"interruptId": interrupt.id, "status": "cancelled"}])
+    assert rejected[-1].type == core.EventType.RUN_FINISHED and "Booked" not in text_of(rejected)
+    bad = client.post("/agui/shop", json={"threadId": "t", "messages": []})
+    assert bad.status_code == 400 and "runId" in bad.json()["message"]
+    empty = client.post("/agui/shop", json={"threadId": "t", "runId": "r", "messages": [], "state": {},
+                                             "tools": [], "context": [], "forwardedProps": {}})
+    assert empty.status_code == 400 and "user message" in empty.json()["message"]
