@@ -51,7 +51,6 @@ from chatrun.engine.tools import (
     ToolMocks,
     parse_output,
     response_format,
-    tool_spec,
 )
 from chatrun.engine.usage import Usage, call_usage, check_budgets
 from chatrun.errors import ModelError, TurnFailed
@@ -123,7 +122,9 @@ class Turn:
     async def run(self) -> None:
         # The current route runs first, unless something waits (engine/waiting.py): then a decision
         # resolves it and the loop goes on (run again or hand off), or a message is handled without it.
-        step: NextStep = await waiting.first_step(self.calls)
+        c = self.t.c
+        nothing_waits = self.t.decision is None and not c.pending  # engine/waiting.py only when something does
+        step: NextStep = NextStepHandoff() if nothing_waits else await waiting.first_step(self.calls)
         while isinstance(step, NextStepHandoff | NextStepRunAgain):
             route = self.t.c.scope.route
             self.hops.append(route)
@@ -155,8 +156,7 @@ class Turn:
             user_text = self.t.render_user(route)  # the system prompt goes first anyway: memories keep it first
             if user_text or self.t.attachments:  # files alone are a message too (a photo, no words)
                 memory.add(UserMessage(user_text or "", self.t.attachments))
-        offered = await self.t.tools.offered(route, self.t.mocks)
-        specs = [tool_spec(t) for t in offered.values()]
+        offered, specs = await self.t.tools.route_tools(route, self.t.mocks)
         return RouteRun(route, memory, offered, specs, self.t.config.route_model(route.name),
                         route.returns == "answer" and scope.caller is not None,
                         tool_choice=sendable_tool_choice(route.tool_choice, offered))
