@@ -18,6 +18,7 @@ from jsonschema import Draft202012Validator
 from chatrun.definition.config import BotConfig, RouteConfig, ToolConfig
 from chatrun.engine.binding import bound_problem, offered_parameters
 from chatrun.errors import ModelError, ToolRefusal
+from chatrun.memory.tokens import TokenCounter
 from chatrun.messages import lone_surrogate_at
 from chatrun.toolkinds import KINDS
 from chatrun.toolkinds.base import KindRuntime
@@ -33,6 +34,9 @@ class Toolbox:
         self._validators: dict[str, Draft202012Validator] = {}
         self._runtimes: dict[str, KindRuntime[Any] | None] | None = None  # by kind key, made on first use
         self._setters: dict[str, list[Setter]] | None = None  # by state path, made on first use
+        # The token counters the bot's turns use, by (pinned tokenizer, model): made on first use
+        # (engine/turn.py), not once per turn.
+        self.counters: dict[tuple[str | None, str], TokenCounter] = {}
         # Each route's tools and their specs, assembled once here when no tool kind adds to them
         # at run time (an MCP route's are listed by its servers): such a route's messages reuse them.
         self._assembled = {name: assembled for name, route in config.routes.items()

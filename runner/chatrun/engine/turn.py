@@ -109,7 +109,6 @@ class Turn:
         self.model_calls = 0
         self.usage = Usage()  # the turn's model calls, summed
         self.calls_usage: list[dict[str, Any]] = []  # each call's, for the history
-        self._counters: dict[str, TokenCounter] = {}
         self.summaries: list[dict[str, Any]] = []  # what summarize() did, for the history
         self.hops: list[str] = []
         # Each model answer of the turn ({text?, tool_calls?}), for the history (its `model`): with
@@ -411,11 +410,12 @@ class Turn:
     def counter(self, model: str) -> TokenCounter:
         """The token counter of a model's encoding (it keeps each message's count with the message),
         or the pinned one (a transcript's `tokenizer:`): usage estimates then agree on every machine."""
-        counter = self._counters.get(model)
+        key = (self.t.c.tokenizer, model)
+        counters = self.t.tools.counters  # made once per bot, shared by its turns
+        counter = counters.get(key)
         if counter is None:
             pinned = self.t.c.tokenizer
-            counter = pinned_counter(pinned) if pinned else tiktoken_counter(model_name=model)
-            self._counters[model] = counter
+            counter = counters[key] = pinned_counter(pinned) if pinned else tiktoken_counter(model_name=model)
         return counter
 
     def chunk_sender(self, multi: bool) -> Callable[[str], Awaitable[None]]:
