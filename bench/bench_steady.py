@@ -15,6 +15,10 @@ The table shows the min and the median over rounds of the per-round mean CPU per
 median's ratio to floor_eb's from the same run. Goal (issue 39): chatrun <= 1.3x floor_eb.
 `--runner DIR` measures another checkout's code (e.g. `git archive <commit> runner | tar -x -C DIR/..`).
 
+Figures (issue 39; 2-core machine shared with other agents, load average 4-5; 5 rounds x 150
+turns, two runs each, median x floor_eb): before (main at 7aabd1b) 1.48 and 1.57; after 1.36 and
+1.42 (floor_eb 1.4-1.7 ms, chatrun 2.0-2.3 ms median; goal <= 1.3x not met).
+
     python bench/bench_steady.py                  # 7 rounds of 200 turns
     python bench/bench_steady.py --rounds 9 --turns 300 --runner /tmp/before/runner
 """
