@@ -210,6 +210,8 @@ def compile_template(source: str) -> Template:
 
 
 def render(source: str, context: dict[str, Any]) -> str:
+    if "{" not in source and "\r" not in source:  # plain text (most system prompts): what Jinja would give
+        return source[:-1] if source.endswith("\n") else source  # (keep_trailing_newline=False drops one)
     return compile_template(source).render(context)
 
 

@@ -23,16 +23,13 @@ class Bot:
         from chatrun.store.memory import InMemoryStore
 
         self.config = config
+        self.name = config.name  # an attribute, not a property: read on every request a server serves
         self.graph = RouteGraph.from_config(config)
         self.store: SessionStore = store if store is not None else InMemoryStore()
         self.tools = Toolbox(config)
         # Set by `--reload` when the bot's files were edited into an invalid bot: this bot
         # keeps running, and clients (the inspector) show these diagnostics.
         self.reload_problems: list[Diagnostic] = []
-
-    @property
-    def name(self) -> str:
-        return self.config.name
 
     def session(
         self,

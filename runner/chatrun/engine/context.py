@@ -113,16 +113,21 @@ class TurnContext:
     def assign(self, sets: dict[str, Any], what: str, where: Any, values: dict[str, Any], owner: str) -> None:
         """`set` assignments (an action's, a structured answer's): each template rendered for a
         typed value and written at its path; a value that assigns nothing (`assigns_nothing`) is
-        skipped. The one place state is written from templates."""
+        skipped."""
         roots = self.roots()
         for path, template in sets.items():
             value = self.render_template(template, f"{what} {path}", where, values, typed=True)
-            if self.assigns_nothing(template, value):
-                continue
-            try:
-                set_path(roots, path, copy.deepcopy(None if is_nothing(value) else value))
-            except ChatrunError as exc:
-                raise TurnFailed(f"{owner} ({where}): {exc}") from exc
+            if not self.assigns_nothing(template, value):
+                self.write_state(path, None if is_nothing(value) else value, owner, where, roots)
+
+    def write_state(self, path: str, value: Any, owner: str, where: Any, roots: dict[str, Any] | None = None) -> None:
+        """The one place a turn writes state (`set`, `output.set`, `ask.into`): a copy of `value` at
+        `path` (`state.x`, `scope.y`, `turn.z`); a path that cannot be written fails the turn, naming
+        its owner (e.g. "tool book") and where it is declared."""
+        try:
+            set_path(roots if roots is not None else self.roots(), path, copy.deepcopy(value))
+        except ChatrunError as exc:
+            raise TurnFailed(f"{owner} ({where}): {exc}") from exc
 
     def render_user(self, route: RouteConfig) -> str | None:
         """The user's message as the route's memory gets it (its `user:` template, the text, or the data)."""

@@ -16,7 +16,7 @@ import copy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -345,7 +345,10 @@ class Conversation:
         """The clock's instant (as the running turn read it) in the session's zone (`state.timezone`,
         else the bot's `timezone:`)."""
         instant = self.turn_instant or self.clock.now()
-        return instant.astimezone(session_zone(self.config.timezone, self.state.get("timezone")))
+        state_zone = self.state.get("timezone")
+        if not state_zone and not self.config.timezone:  # no zone anywhere: UTC, as session_zone says
+            return instant.astimezone(UTC)
+        return instant.astimezone(session_zone(self.config.timezone, state_zone))
 
     def render(self, source: Any, context: dict[str, Any], *, typed: bool = False) -> Any:
         """A template rendered as text, or (typed) as a value that keeps its type."""

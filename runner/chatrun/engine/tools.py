@@ -18,6 +18,7 @@ from jsonschema import Draft202012Validator
 from chatrun.definition.config import BotConfig, RouteConfig, ToolConfig
 from chatrun.engine.binding import bound_problem, offered_parameters
 from chatrun.errors import ModelError, ToolRefusal
+from chatrun.memory.tokens import TokenCounter
 from chatrun.messages import lone_surrogate_at
 from chatrun.toolkinds import KINDS
 from chatrun.toolkinds.base import KindRuntime
@@ -33,6 +34,13 @@ class Toolbox:
         self._validators: dict[str, Draft202012Validator] = {}
         self._runtimes: dict[str, KindRuntime[Any] | None] | None = None  # by kind key, made on first use
         self._setters: dict[str, list[Setter]] | None = None  # by state path, made on first use
+        # The token counters the bot's turns use, by (pinned tokenizer, model): made on first use
+        # (engine/turn.py), not once per turn.
+        self.counters: dict[tuple[str | None, str], TokenCounter] = {}
+        # Each route's tools and their specs, assembled once here when no tool kind adds to them
+        # at run time (an MCP route's are listed by its servers): such a route's messages reuse them.
+        self._assembled = {name: assembled for name, route in config.routes.items()
+                           if (assembled := assemble_route_tools(config, route)) is not None}
 
     def setters(self, path: str) -> list[Setter]:
         """The tools whose action writes `path` (`set:`, a case's `set:`, `ask.into`), in the
@@ -64,6 +72,16 @@ class Toolbox:
             validator = self._validators[key] = Draft202012Validator(
                 output.schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
         return validator
+
+    async def route_tools(self, route: RouteConfig,
+                          mocks: ToolMocks | None = None) -> tuple[dict[str, ToolConfig], list[dict[str, Any]]]:
+        """The tools the model may call on a route, by name, and their specs as the model sees them:
+        assembled when the bot loaded, or (a kind adds to them: MCP) asked of the kinds now."""
+        assembled = self._assembled.get(route.name)
+        if assembled is not None and assembled[0] is route:
+            return dict(assembled[1]), assembled[2]
+        offered = await self.offered(route, mocks)
+        return offered, [tool_spec(t) for t in offered.values()]
 
     async def offered(self, route: RouteConfig, mocks: ToolMocks | None = None) -> dict[str, ToolConfig]:
         """The tools the model may call on a route, by name: its `tools:`, as each kind completes
@@ -135,6 +153,15 @@ def tool_spec(tool: ToolConfig) -> dict[str, Any]:
         "type": "function",
         "function": {"name": tool.name, "description": tool.description, "parameters": offered_parameters(tool)},
     }
+
+
+def assemble_route_tools(
+        config: BotConfig, route: RouteConfig) -> tuple[RouteConfig, dict[str, ToolConfig], list[dict[str, Any]]] | None:
+    """A route's offered tools and specs, when no tool kind adds to them at run time (else None)."""
+    offered = {name: config.tools[name] for name in route.tools if name in config.tools}
+    if any(kind.adds_tools(route, offered) for kind in KINDS.values()):
+        return None
+    return route, offered, [tool_spec(tool) for tool in offered.values()]
 
 
 def route_tool_specs(config: BotConfig, route: str) -> list[dict[str, Any]]:

@@ -66,13 +66,24 @@ def own_trace() -> Iterator[None]:
         context.detach(token)
 
 
-@contextlib.contextmanager
-def span(name: str, attributes: dict[str, Any], client: bool = True) -> Iterator[Any]:
+OFF = contextlib.nullcontext(None)  # the "span" of a block while nothing records spans (reusable)
+
+
+def recording() -> bool:
+    """Whether spans would be recorded: OpenTelemetry is installed and a tracer provider is set.
+    Until one is, the API's proxy provider makes spans that record nothing and keep the current
+    span's context as it is: skipping them changes nothing but the cost of every turn."""
+    return _trace is not None and not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
+
+
+def span(name: str, attributes: dict[str, Any], client: bool = True) -> contextlib.AbstractContextManager[Any]:
     """A span around a block (None inside when tracing is off): CLIENT (a call out) or INTERNAL.
     An exception ends it with status ERROR and `error.type`, then goes on."""
-    if _trace is None:
-        yield None
-        return
+    return _span(name, attributes, client) if recording() else OFF
+
+
+@contextlib.contextmanager
+def _span(name: str, attributes: dict[str, Any], client: bool) -> Iterator[Any]:
     from opentelemetry import context
 
     linked = context.get_value(_LINK_KEY)

@@ -51,7 +51,6 @@ from chatrun.engine.tools import (
     ToolMocks,
     parse_output,
     response_format,
-    tool_spec,
 )
 from chatrun.engine.usage import Usage, call_usage, check_budgets
 from chatrun.errors import ModelError, TurnFailed
@@ -110,7 +109,6 @@ class Turn:
         self.model_calls = 0
         self.usage = Usage()  # the turn's model calls, summed
         self.calls_usage: list[dict[str, Any]] = []  # each call's, for the history
-        self._counters: dict[str, TokenCounter] = {}
         self.summaries: list[dict[str, Any]] = []  # what summarize() did, for the history
         self.hops: list[str] = []
         # Each model answer of the turn ({text?, tool_calls?}), for the history (its `model`): with
@@ -123,7 +121,9 @@ class Turn:
     async def run(self) -> None:
         # The current route runs first, unless something waits (engine/waiting.py): then a decision
         # resolves it and the loop goes on (run again or hand off), or a message is handled without it.
-        step: NextStep = await waiting.first_step(self.calls)
+        c = self.t.c
+        nothing_waits = self.t.decision is None and not c.pending  # engine/waiting.py only when something does
+        step: NextStep = NextStepHandoff() if nothing_waits else await waiting.first_step(self.calls)
         while isinstance(step, NextStepHandoff | NextStepRunAgain):
             route = self.t.c.scope.route
             self.hops.append(route)
@@ -155,8 +155,7 @@ class Turn:
             user_text = self.t.render_user(route)  # the system prompt goes first anyway: memories keep it first
             if user_text or self.t.attachments:  # files alone are a message too (a photo, no words)
                 memory.add(UserMessage(user_text or "", self.t.attachments))
-        offered = await self.t.tools.offered(route, self.t.mocks)
-        specs = [tool_spec(t) for t in offered.values()]
+        offered, specs = await self.t.tools.route_tools(route, self.t.mocks)
         return RouteRun(route, memory, offered, specs, self.t.config.route_model(route.name),
                         route.returns == "answer" and scope.caller is not None,
                         tool_choice=sendable_tool_choice(route.tool_choice, offered))
@@ -411,11 +410,12 @@ class Turn:
     def counter(self, model: str) -> TokenCounter:
         """The token counter of a model's encoding (it keeps each message's count with the message),
         or the pinned one (a transcript's `tokenizer:`): usage estimates then agree on every machine."""
-        counter = self._counters.get(model)
+        key = (self.t.c.tokenizer, model)
+        counters = self.t.tools.counters  # made once per bot, shared by its turns
+        counter = counters.get(key)
         if counter is None:
             pinned = self.t.c.tokenizer
-            counter = pinned_counter(pinned) if pinned else tiktoken_counter(model_name=model)
-            self._counters[model] = counter
+            counter = counters[key] = pinned_counter(pinned) if pinned else tiktoken_counter(model_name=model)
         return counter
 
     def chunk_sender(self, multi: bool) -> Callable[[str], Awaitable[None]]:

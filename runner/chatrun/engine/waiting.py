@@ -68,7 +68,6 @@ from chatrun.engine.pending import (
     granted_roles,
     parse_time,
 )
-from chatrun.engine.scopes import set_path
 from chatrun.engine.steps import (
     NextStep,
     NextStepFinalOutput,
@@ -592,10 +591,7 @@ async def answered(calls: ToolCalls, item: PendingItem, value: Any, outcome: str
     resolve(calls, item, outcome, answer=value)
     args = item.args or {}
     if ask.into:
-        try:
-            set_path(calls.t.roots(), ask.into, copy.deepcopy(value))
-        except ChatrunError as exc:
-            raise TurnFailed(f"tool {tool.name} ({ask.where}): {exc}") from exc
+        calls.t.write_state(ask.into, value, f"tool {tool.name}", ask.where)
     try:
         action = calls.choose(tool, args, value)
         calls.check_action(tool, action)

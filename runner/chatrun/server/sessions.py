@@ -232,9 +232,12 @@ class SessionRegistry:
         # Roles are the requester's, not those of the token that opened the session.
         principal = request.principal
         session.roles = set(principal.roles) if principal is not None else None
-        session.principal = template_principal(principal)
+        session.principal = template_principal(principal) if principal is not None else None
         # The version policy, now: a reload or a promotion may have come while this request waited.
-        bot = self.shelf.bots[request.bot.name].target(session.bot)
+        # A bot served in one version the session already runs needs no policy (server/versions.py).
+        held = self.shelf.bots[request.bot.name]
+        only = held.versions[0].bot if len(held.versions) == 1 else None
+        bot = session.bot if only is session.bot else held.target(session.bot)
         if session.bot is not bot:
             session.use_bot(bot)
         try:

@@ -164,6 +164,12 @@ class ToolKind(Generic[Spec]):
         """What a bot keeps for this kind (None: the kind becomes another one when the bot loads)."""
         return None
 
+    def adds_tools(self, route: RouteConfig, offered: dict[str, ToolConfig]) -> bool:
+        """Whether this kind's runtime `offer` may add to or change what `route` offers (its
+        `offered` tools, by name): a route no kind changes gets its tools assembled once, when
+        the bot loads (engine/tools.py), and its messages never call `offer`."""
+        return False
+
     def unconnected(self, config: BotConfig) -> str | None:
         """What `connect_check` would check for this bot, said when `--connect` is not given
         (None: nothing; then it is not run either)."""

@@ -56,6 +56,11 @@ class McpKind(ToolKind[McpToolRef]):
             if isinstance(spec, McpToolRef) and spec.server_schema:
                 tool.parameters = {"type": "object"}
 
+    def adds_tools(self, route: RouteConfig, offered: dict[str, ToolConfig]) -> bool:
+        """A route's `mcp:` servers add their tools; a tool without `parameters` takes its server's."""
+        return bool(route_entries(route)) or any(
+            isinstance(spec := tool.kinds.get(self.key), McpToolRef) and spec.server_schema for tool in offered.values())
+
     def parse_bot(self, top: dict[str, Any], doc: YamlDoc) -> dict[str, McpServerConfig] | None:
         """The bot's `mcp_servers:`."""
         raw = top.get("mcp_servers")
