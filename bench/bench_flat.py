@@ -6,6 +6,7 @@ stored sessions (one in ten waiting for an approval, owners spread over 1,000 pr
 sessions on two bot versions), written straight through the store API:
 
     GET /pending        the first page (the endpoint's function: index page, filters, cursor)
+    inbox (recent)      the operator inbox's first page: GET /pending?order=recent&limit=50 (issue 35)
     gauge               the pending gauges' read (server/sweeper.py pending_counts)
     quota               --max-sessions-per-principal's count of one principal's sessions
     versions list       `chatrun versions list`'s read (cli/versions.py _kept: opens the store)
@@ -62,7 +63,8 @@ def snapshot(n: int) -> dict[str, Any]:
                 "scope_id": f"s{n}.1", "tool": "refund", "call_id": "c1", "args": {"amount": n},
                 "ask": "Refund?", "by": ["supervisor"]}] if waiting else []
     return {"id": f"s{n}", "bot": BOT, "bot_version": VERSIONS[n % 2], "turn": 3, "scopes": [],
-            "state": {"note": "x" * 200}, "meta": {"owner": f"u{n % 1000}"}, "pending": pending}
+            "state": {"note": "x" * 200}, "meta": {"owner": f"u{n % 1000}"}, "pending": pending,
+            "committed": {"turn": 3, "input": f"message {n}", "requestId": None, "at": 1_700_000_000.0 + n}}
 
 
 async def fill(store: Any, start: int, stop: int) -> None:
@@ -105,6 +107,7 @@ def operations(store: Any, url: str) -> dict[str, Callable[[], Awaitable[Any]]]:
     registry = Registry(store)
     return {
         "GET /pending": lambda: list_all_pending(None, registry),  # type: ignore[arg-type]
+        "inbox (recent)": lambda: list_all_pending(None, registry, limit=50, order="recent"),  # type: ignore[arg-type]
         "gauge": lambda: pending_counts(store, time.time()),
         "quota": lambda: store.count_owned("u1"),
         "versions list": lambda: _kept(url, None),
@@ -183,7 +186,7 @@ def print_table(table: dict[str, dict[tuple[str, int], tuple[float, float]]], si
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     for store, results in table.items():
-        for name in ("GET /pending", "gauge", "quota", "versions list"):
+        for name in ("GET /pending", "inbox (recent)", "gauge", "quota", "versions list"):
             cells = " | ".join(f"{results[(name, n)][0]:6.2f} / {results[(name, n)][1]:6.2f}" for n in sizes)
             print(f"| {store:<6} | {name:<13} | {cells} |")
 

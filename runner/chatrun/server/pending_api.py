@@ -8,10 +8,11 @@ items"; docs/operators.md).
     POST /bots/{bot}/sessions/{id}/takeover            {"note"?}                  -> the turn
     POST /bots/{bot}/sessions/{id}/operator/messages   {"text"}                   -> the turn
     POST /bots/{bot}/sessions/{id}/release             {"route"?}                 -> the turn
-    GET  /pending?bot=&kind=&role=&older_than=&limit=&cursor=
-                                                       the waiting sessions, longest waiting first, a
-                                                       page at a time (role `operators`): {"sessions",
-                                                       "next": the cursor of the next page, or null}
+    GET  /pending?bot=&kind=&role=&older_than=&limit=&cursor=&order=
+                                                       the waiting sessions, longest waiting first (or
+                                                       order=recent: newest activity first), a page at a
+                                                       time (role `operators`): {"sessions", "next": the
+                                                       cursor of the next page, or null}
 
 A decision is a turn (`session.stream(Approve(...))`), so it is fenced, committed and replayed
 by `Idempotency-Key` exactly like a user's message. Who may reach a session that is not theirs
@@ -48,7 +49,7 @@ from chatrun.server.http import ERROR_RESPONSES, _body, turn_reply
 from chatrun.server.inspect import pending_data
 from chatrun.server.plumbing import Caller, CallerOrToken, Registry, read_json_object
 from chatrun.server.sessions import EXISTING, Reach
-from chatrun.store.record import PendingSession, decode_cursor, encode_cursor, waiting_key
+from chatrun.store.record import PendingSession, decode_cursor, encode_cursor, recent_key, waiting_key
 
 PAGE_SIZE = 100  # GET /pending's sessions per page unless `limit` says
 MAX_PAGE = 1000
@@ -70,6 +71,8 @@ _ITEM = {"type": "object", "description": "a pending item (docs/protocol.md, \"P
                         "held": {"type": "object", "description": "decided during a takeover, applied on release: "
                                  "{kind, by, at}"}}}
 _TAKEN_OVER = {"type": ["object", "null"], "properties": {"by": {}, "since": {"type": "string"}}}
+_LAST = {"type": ["object", "null"], "description": "the session's last turn: {at (epoch seconds), from "
+         "(user, operator or decision), text (the message, or the decision's kind)}"}
 _TEXT = {"type": "string", "minLength": 1}  # _text_field
 _REASON = {"type": "string", "description": "why: the history and the model's conditions see it"}
 _DECISION_BODY = {"requestBody": {"required": True, "content": {"application/json": {
@@ -103,7 +106,7 @@ def make_pending_router() -> APIRouter:
                              "sessions": {"type": "array", "items": {"type": "object", "properties": {
                                  "session": {"type": "string"}, "bot": {"type": "string"},
                                  "owner": {"type": ["string", "null"]}, "items": {"type": "array", "items": _ITEM},
-                                 "taken_over": _TAKEN_OVER}}},
+                                 "taken_over": _TAKEN_OVER, "last": _LAST}}},
                              "next": {"type": ["string", "null"],
                                       "description": "pass as `cursor` for the next page (null: the last page)"}}))
     return router
@@ -155,8 +158,13 @@ async def list_all_pending(
     older_than: Annotated[float | None, Query(ge=0, description="only items waiting longer than this (seconds)")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="sessions per page at most")] = PAGE_SIZE,
     cursor: Annotated[str | None, Query(description="the `next` of the page before")] = None,
+    order: Annotated[Literal["waiting", "recent"], Query(
+        description="`waiting`: longest waiting first; `recent`: newest activity first (the inbox)")] = "waiting",
 ) -> Any:
     require_operator(who, "GET /pending")
+    if order == "recent" and (role is not None or older_than is not None):
+        raise wire.RequestFailed(wire.BAD_REQUEST, "order=recent lists by bot and kind only: leave out role and "
+                                 "older_than, or use order=waiting (longest waiting first)")
     if bot is not None:
         registry.bot(bot)  # an unknown bot is a 404 naming the served ones, not an empty list
     try:
@@ -164,7 +172,7 @@ async def list_all_pending(
     except ValueError as exc:
         raise wire.RequestFailed(wire.BAD_REQUEST, f"cursor: {exc}; start again without it") from None
     now = time.time()
-    key = waiting_key(bot, kind, role)
+    key = recent_key(bot, kind) if order == "recent" else waiting_key(bot, kind, role)
     until = None if older_than is None else now - older_than
     page = await registry.store.waiting_page(key, after, until, limit + 1)
     more = len(page) > limit
