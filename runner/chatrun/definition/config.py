@@ -469,6 +469,7 @@ class BotConfig:
     catalogs: Catalogs | None = None  # `locales:` and their texts (definition/catalogs.py); None: one language
     fallback: str | None = None  # `fallback:` (a route's own wins); None: the built-in text in the session's locale
     retention: Retention = field(default_factory=Retention)  # `retention:`: how long its stored data is kept
+    canned: dict[str, str] = field(default_factory=dict)  # `canned:`: an operator's ready replies, name -> template
 
     @property
     def version_label(self) -> str:

@@ -8,6 +8,9 @@ items"; docs/operators.md).
     POST /bots/{bot}/sessions/{id}/takeover            {"note"?}                  -> the turn
     POST /bots/{bot}/sessions/{id}/operator/messages   {"text"}                   -> the turn
     POST /bots/{bot}/sessions/{id}/release             {"route"?}                 -> the turn
+    GET  /bots/{bot}/sessions/{id}/canned              the bot's `canned:` replies in the session's locale
+    POST /bots/{bot}/sessions/{id}/typing              {"typing": bool, "as"?: "operator"} (kept 6 s)
+    GET  /bots/{bot}/sessions/{id}/typing              {"operator": name or null, "user": bool}
     GET  /pending?bot=&kind=&role=&older_than=&limit=&cursor=&order=
                                                        the waiting sessions, longest waiting first (or
                                                        order=recent: newest activity first), a page at a
@@ -41,6 +44,7 @@ from chatrun.engine.pending import (
     TakeOver,
     parse_time,
 )
+from chatrun.definition.templates import CATALOGS_KEY, render
 from chatrun.engine.waiting import handover_roles
 from chatrun.server import wire
 from chatrun.server.audience import OPERATOR_ROLE
@@ -48,6 +52,7 @@ from chatrun.server.auth import Principal
 from chatrun.server.http import ERROR_RESPONSES, _body, turn_reply
 from chatrun.server.inspect import pending_data
 from chatrun.server.plumbing import Caller, CallerOrToken, Registry, read_json_object
+from chatrun.server.session_gate import REJECT
 from chatrun.server.sessions import EXISTING, Reach
 from chatrun.store.record import PendingSession, decode_cursor, encode_cursor, recent_key, waiting_key
 
@@ -101,6 +106,15 @@ def make_pending_router() -> APIRouter:
                          openapi_extra=_required_body({"text": _TEXT}, {"text": "Hello, this is Olga from support."}))
     router.add_api_route(f"{session}/release", release, methods=["POST"],
                          openapi_extra=_body({"route": _TEXT}, {"route": "menu"}))
+    router.add_api_route(f"{session}/canned", canned_replies, methods=["GET"],
+                         responses=_json(200, "the bot's canned replies in the session's locale", {
+                             "canned": {"type": "array", "items": {"type": "object", "properties": {
+                                 "name": {"type": "string"}, "text": {"type": "string"}}}}}))
+    router.add_api_route(f"{session}/typing", set_typing, methods=["POST"],
+                         openapi_extra=_required_body({"typing": {"type": "boolean"}}, {"typing": True}))
+    router.add_api_route(f"{session}/typing", read_typing, methods=["GET"],
+                         responses=_json(200, "who is typing: the operator (their name) and the user", {
+                             "operator": {"type": ["string", "null"]}, "user": {"type": "boolean"}}))
     router.add_api_route("/pending", list_all_pending, methods=["GET"],
                          responses=_json(200, "the waiting sessions, longest waiting first, one page", {
                              "sessions": {"type": "array", "items": {"type": "object", "properties": {
@@ -180,6 +194,68 @@ async def list_all_pending(
     shown = [s for s in (_filtered(e.shown(kind), role, older_than, now) for e in page) if s is not None]
     last = page[-1] if more else None
     return {"sessions": shown, "next": None if last is None else encode_cursor(last.positions[key], last.session_id)}
+
+
+async def canned_replies(bot: str, session_id: str, who: Caller, registry: Registry) -> Any:
+    require_operator(who, "the canned replies")
+    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, takeover=True),
+                                if_busy=REJECT) as session:
+        config = session.bot.config
+        return {"canned": [{"name": name, "text": canned_text(text, config.catalogs, session.locale)}
+                           for name, text in config.canned.items()]}
+
+
+async def set_typing(bot: str, session_id: str, request: Request, who: Caller, registry: Registry) -> Any:
+    body = await read_json_object(request)
+    on = body.get("typing")
+    if not isinstance(on, bool) or set(body) - {"typing", "as"}:
+        raise wire.RequestFailed(wire.BAD_REQUEST, 'send {"typing": true} while typing (again every few seconds), '
+                                 '{"typing": false} when done; an operator adds "as": "operator"')
+    party = body.get("as", "user")
+    if party not in ("user", "operator"):
+        raise wire.RequestFailed(wire.BAD_REQUEST, 'as must be "user" or "operator"')
+    if party == "operator":
+        require_operator(who, "typing as the operator")
+    reach = Reach(pending=True, takeover=True) if party == "operator" else Reach()
+    # A typing ping never waits behind a turn: a busy session answers 409 and the next ping tells.
+    async with registry.session(bot, session_id, who, EXISTING, reach=reach, if_busy=REJECT) as session:
+        key = typing_key(session.bot.name, session_id, party)
+        if on:
+            name = who.name if who is not None else None
+            await registry.store.put_record(key, {"name": name, "at": time.time()}, session=session_id)
+        else:
+            await registry.store.delete_record(key)
+    return {"typing": on}
+
+
+async def read_typing(bot: str, session_id: str, who: Caller, registry: Registry) -> Any:
+    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, takeover=True),
+                                if_busy=REJECT) as session:
+        name = session.bot.name
+        now = time.time()
+        operator = await registry.store.get_record(typing_key(name, session_id, "operator"))
+        user = await registry.store.get_record(typing_key(name, session_id, "user"))
+
+    def fresh(found: dict[str, Any] | None) -> bool:
+        return found is not None and now - float(found.get("at", 0)) < TYPING_LASTS
+
+    return {"operator": (operator or {}).get("name") or "operator" if fresh(operator) else None, "user": fresh(user)}
+
+
+TYPING_LASTS = 6.0  # seconds a typing ping counts (the pages send one every 3 s while someone types)
+
+
+def typing_key(bot: str, session_id: str, party: str) -> str:
+    return f"typing {party} {bot}/{session_id}"
+
+
+def canned_text(source: str, catalogs: Any, locale: str | None) -> str:
+    """A canned reply as the operator sends it: its template rendered in the session's locale
+    (it sees `t()` and `locale`; definition/checks.py checked it at load)."""
+    if "{" not in source:
+        return source
+    return render(source, {"locale": locale or (catalogs.default if catalogs is not None else "en"),
+                           CATALOGS_KEY: catalogs})
 
 
 # -- the parts ---------------------------------------------------------------------------------------
