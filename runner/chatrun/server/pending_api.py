@@ -8,6 +8,7 @@ items"; docs/operators.md).
     POST /bots/{bot}/sessions/{id}/takeover            {"note"?}                  -> the turn
     POST /bots/{bot}/sessions/{id}/operator/messages   {"text"}                   -> the turn
     POST /bots/{bot}/sessions/{id}/release             {"route"?}                 -> the turn
+    GET  /pending/stream?bot=&kind=&limit=&order=      server-sent events: `inbox`, the first page, when it changes
     GET  /bots/{bot}/sessions/{id}/canned              the bot's `canned:` replies in the session's locale
     POST /bots/{bot}/sessions/{id}/typing              {"typing": bool, "as"?: "operator"} (kept 6 s)
     GET  /bots/{bot}/sessions/{id}/typing              {"operator": name or null, "user": bool}
@@ -26,12 +27,16 @@ principal answers a question with `Authorization: Bearer <the item's token>`.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
+from chatrun.definition.templates import CATALOGS_KEY, render
 from chatrun.engine.pending import (
     KINDS,
     TAKEOVER,
@@ -44,7 +49,6 @@ from chatrun.engine.pending import (
     TakeOver,
     parse_time,
 )
-from chatrun.definition.templates import CATALOGS_KEY, render
 from chatrun.engine.waiting import handover_roles
 from chatrun.server import wire
 from chatrun.server.audience import OPERATOR_ROLE
@@ -54,7 +58,13 @@ from chatrun.server.inspect import pending_data
 from chatrun.server.plumbing import Caller, CallerOrToken, Registry, read_json_object
 from chatrun.server.session_gate import REJECT
 from chatrun.server.sessions import EXISTING, Reach
-from chatrun.store.record import PendingSession, decode_cursor, encode_cursor, recent_key, waiting_key
+from chatrun.store.record import (
+    PendingSession,
+    decode_cursor,
+    encode_cursor,
+    recent_key,
+    waiting_key,
+)
 
 PAGE_SIZE = 100  # GET /pending's sessions per page unless `limit` says
 MAX_PAGE = 1000
@@ -115,6 +125,11 @@ def make_pending_router() -> APIRouter:
     router.add_api_route(f"{session}/typing", read_typing, methods=["GET"],
                          responses=_json(200, "who is typing: the operator (their name) and the user", {
                              "operator": {"type": ["string", "null"]}, "user": {"type": "boolean"}}))
+    router.add_api_route("/pending/stream", pending_stream, methods=["GET"],
+                         response_class=StreamingResponse, responses={200: {
+                             "description": "Server-sent events: `inbox` with the first page (as GET /pending "
+                                            "with the same query) whenever it changes",
+                             "content": {"text/event-stream": {}}}})
     router.add_api_route("/pending", list_all_pending, methods=["GET"],
                          responses=_json(200, "the waiting sessions, longest waiting first, one page", {
                              "sessions": {"type": "array", "items": {"type": "object", "properties": {
@@ -194,6 +209,48 @@ async def list_all_pending(
     shown = [s for s in (_filtered(e.shown(kind), role, older_than, now) for e in page) if s is not None]
     last = page[-1] if more else None
     return {"sessions": shown, "next": None if last is None else encode_cursor(last.positions[key], last.session_id)}
+
+
+STREAM_TICK = 2.0  # seconds: how often the stream looks at the store with no commit here (other replicas')
+STREAM_GAP = 0.5  # seconds at least between two pages sent (a burst of commits sends one)
+STREAM_PING = 15.0  # seconds: a comment line keeps proxies from closing a quiet stream
+
+
+async def pending_stream(
+    request: Request, who: Caller, registry: Registry,
+    bot: Annotated[str | None, Query(description="only this bot's sessions")] = None,
+    kind: Annotated[Literal["approval", "question", "takeover"] | None, Query(description="only items of this kind")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="sessions in the page sent")] = 50,
+    order: Annotated[Literal["waiting", "recent"], Query(description="as GET /pending's")] = "recent",
+) -> StreamingResponse:
+    require_operator(who, "GET /pending/stream")
+    if bot is not None:
+        registry.bot(bot)
+
+    async def first_page() -> str:
+        page = await list_all_pending(who, registry, bot=bot, kind=kind, limit=limit, order=order)
+        return json.dumps(page, ensure_ascii=False, separators=(",", ":"))
+
+    async def events() -> AsyncIterator[str]:
+        sent, quiet = None, 0.0
+        while not registry.gate.draining and not await request.is_disconnected():  # a drain ends it: the page reconnects
+            page = await first_page()
+            if page != sent:  # an unchanged page is not sent again: the operator's screen stays still
+                sent, quiet = page, 0.0
+                yield f"event: inbox\ndata: {page}\n\n"
+            elif quiet >= STREAM_PING:
+                quiet = 0.0
+                yield ": ping\n\n"
+            await asyncio.sleep(STREAM_GAP)
+            waited = time.monotonic()
+            try:  # a commit on this replica wakes the stream at once; other replicas' within a tick
+                await asyncio.wait_for(registry.writes.committed.wait(), STREAM_TICK - STREAM_GAP)
+            except TimeoutError:
+                pass
+            quiet += STREAM_GAP + time.monotonic() - waited
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def canned_replies(bot: str, session_id: str, who: Caller, registry: Registry) -> Any:
