@@ -206,7 +206,6 @@
     }
     if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", "with " + (s.taken_over.by.name || s.taken_over.by)));
     row.appendChild(kinds);
-    row.setAttribute("aria-label", name + ", " + s.bot + ": " + lastLine(s) + (unread ? " (new)" : ""));
     row.addEventListener("click", () => openSession(s.bot, s.session, s.owner));
     item.appendChild(row);
     return item;
