@@ -371,7 +371,7 @@
     back.type = "button";
     back.addEventListener("click", () => { stopTyping(); open = null; document.body.classList.remove("op-open"); refreshList(); });
     head.appendChild(back);
-    const title = el("div");
+    const title = el("div", "op-head-title");
     title.appendChild(el("h2", "", open.owner || "Visitor " + data.id.slice(0, 6)));
     const turns = new Intl.NumberFormat(data.locale || undefined).format(data.turn);
     title.appendChild(el("div", "op-sub", data.bot + " · " + data.id + " · on " + data.route + " · " + turns
