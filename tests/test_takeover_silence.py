@@ -359,7 +359,9 @@ def test_a_real_server_holds_an_approval_that_times_out_during_a_takeover_until_
 
         released = client.post("/bots/refunds/sessions/r1/release", json={}, headers=OLGA)
         assert released.status_code == 200, released.text
-        assert messages(released.json())[0].startswith("No supervisor answered in time, so we refunded 50 EUR")
+        said = messages(released.json())
+        assert said[0] == "olga left the conversation"
+        assert said[1].startswith("No supervisor answered in time, so we refunded 50 EUR")
         assert client.get("/bots/refunds/sessions/r1", headers=ANA).json()["state"]["refunded"] == 50
     finally:
         served.stop()
