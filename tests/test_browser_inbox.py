@@ -85,6 +85,14 @@ def get(url: str, path: str, who: str) -> dict[str, Any]:
         return json.loads(reply.read())
 
 
+def until(condition: Any, seconds: float = 30.0) -> None:
+    """Wait for what another process does (the page's typing ping reaches the server)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not within 30 s"
+        time.sleep(0.2)
+
+
 def waiting_customer(url: str, who: str, text: str) -> str:
     """`who` opens a conversation and asks for a person (the shop's `human` tool hands over)."""
     session = f"{who}-1"
@@ -136,14 +144,12 @@ def test_the_inbox_lists_pushes_notifies_and_the_operator_answers_at_the_bottom(
 
         lists = []  # the page's own GET /pending: none while the stream pushes
         inbox.on("request", lambda r: lists.append(r.url) if "/pending?" in r.url else None)
-        session = user.evaluate("() => sessionStorage.getItem(Object.keys(sessionStorage).find(k => k.endsWith(':session')) || '')")
         ana = [r.get_attribute("data-session") for r in rows.all()][2]
         post(server, f"/bots/shop/sessions/{ana}/messages", "ana", {"userMessage": "Hello? Anyone there?"})
         inbox.locator(".op-session").first.locator(".op-who", has_text="ana").wait_for(timeout=30_000)
         assert not lists, f"the page polled GET /pending while the stream was open: {lists}"
         notes = inbox.evaluate("() => window.__notes")
         assert notes and notes[-1]["title"].startswith("ana") and notes[-1]["body"] == "Hello? Anyone there?"
-        del session
 
         inbox.locator(".op-session").first.click()
         inbox.wait_for_selector("#detail .op-detail-head", timeout=30_000)
@@ -154,9 +160,8 @@ def test_the_inbox_lists_pushes_notifies_and_the_operator_answers_at_the_bottom(
         inbox.click("#take-over")
         inbox.wait_for_selector("#operator-input", timeout=30_000)
         user.locator(".msg", has_text="sam joined the conversation").wait_for(timeout=30_000)
-        inbox.fill("#operator-input", "One moment")
-        inbox.wait_for_function("() => true")
-        assert get(server, f"/bots/shop/sessions/{ana}/typing", "ana")["operator"] == "sam"
+        inbox.fill("#operator-input", "One moment")  # the page pings "typing" as it fills
+        until(lambda: get(server, f"/bots/shop/sessions/{ana}/typing", "ana")["operator"] == "sam")
         inbox.click("[data-canned='late parcel']")
         assert inbox.input_value("#operator-input") == "Parcels late by more than a week are refunded in full."
         inbox.click("#operator-say button[type=submit]")

@@ -56,7 +56,6 @@ from chatrun.server.auth import Principal
 from chatrun.server.http import ERROR_RESPONSES, _body, turn_reply
 from chatrun.server.inspect import pending_data
 from chatrun.server.plumbing import Caller, CallerOrToken, Registry, read_json_object
-from chatrun.server.session_gate import REJECT
 from chatrun.server.sessions import EXISTING, Reach
 from chatrun.store.record import (
     PendingSession,
@@ -255,8 +254,7 @@ async def pending_stream(
 
 async def canned_replies(bot: str, session_id: str, who: Caller, registry: Registry) -> Any:
     require_operator(who, "the canned replies")
-    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, takeover=True),
-                                if_busy=REJECT) as session:
+    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, takeover=True)) as session:
         config = session.bot.config
         return {"canned": [{"name": name, "text": canned_text(text, config.catalogs, session.locale)}
                            for name, text in config.canned.items()]}
@@ -274,8 +272,8 @@ async def set_typing(bot: str, session_id: str, request: Request, who: Caller, r
     if party == "operator":
         require_operator(who, "typing as the operator")
     reach = Reach(pending=True, takeover=True) if party == "operator" else Reach()
-    # A typing ping never waits behind a turn: a busy session answers 409 and the next ping tells.
-    async with registry.session(bot, session_id, who, EXISTING, reach=reach, if_busy=REJECT) as session:
+    # Queued like any request to the session: a read by the other party holds it only briefly.
+    async with registry.session(bot, session_id, who, EXISTING, reach=reach) as session:
         key = typing_key(session.bot.name, session_id, party)
         if on:
             name = who.name if who is not None else None
@@ -286,8 +284,7 @@ async def set_typing(bot: str, session_id: str, request: Request, who: Caller, r
 
 
 async def read_typing(bot: str, session_id: str, who: Caller, registry: Registry) -> Any:
-    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, takeover=True),
-                                if_busy=REJECT) as session:
+    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, takeover=True)) as session:
         name = session.bot.name
         now = time.time()
         operator = await registry.store.get_record(typing_key(name, session_id, "operator"))

@@ -485,7 +485,7 @@
     if (!on && !lastPing) return;
     lastPing = on ? now : 0;
     call(sessionPath(open.bot, open.id) + "/typing", { method: "POST", body: JSON.stringify({ typing: on, as: "operator" }) })
-      .catch(() => {}); // a busy session refuses a ping: the next one tells
+      .catch(() => {}); // a lost ping is harmless: the next one tells
   }
 
   function stopTyping() {
