@@ -6,6 +6,7 @@ stored sessions (one in ten waiting for an approval, owners spread over 1,000 pr
 sessions on two bot versions), written straight through the store API:
 
     GET /pending        the first page (the endpoint's function: index page, filters, cursor)
+    inbox recent        the operator inbox's first page: GET /pending?order=recent&limit=50 (issue 35)
     gauge               the pending gauges' read (server/sweeper.py pending_counts)
     quota               --max-sessions-per-principal's count of one principal's sessions
     versions list       `chatrun versions list`'s read (cli/versions.py _kept: opens the store)
@@ -19,12 +20,14 @@ SQLite, versions list 11 s (SQLite) and 20 s (Redis) at 100,000.
     python bench/bench_flat.py --sizes 0 1000  # quick look
 
 Figures (2 shared cores; at 0 sessions nothing waits, so the page and the gauge have nothing
-to show; from 10,000 on, a page holds its 100 sessions):
+to show; from 10,000 on, a page holds its 100 sessions, the inbox's 50; at 100,000 stored,
+10,000 wait; the inbox row was measured with issue 35, SQLite only):
 
     CPU ms per call, min / median (python 3.11.7, 2 cores)
     | store  | read          |       0 sessions |  10,000 sessions | 100,000 sessions |
     |--------|---------------|------------------|------------------|------------------|
     | SQLite | GET /pending  |   0.06 /   0.07 |   6.64 /   6.85 |   6.18 /   6.36 |
+    | SQLite | inbox recent  |   0.07 /   0.07 |   3.06 /   3.09 |   3.42 /   3.43 |
     | SQLite | gauge         |   0.06 /   0.06 |   0.18 /   0.19 |   0.16 /   0.17 |
     | SQLite | quota         |   0.06 /   0.06 |   0.06 /   0.07 |   0.06 /   0.07 |
     | SQLite | versions list |   0.91 /   1.26 |   0.95 /   1.20 |   1.14 /   1.17 |
@@ -62,7 +65,8 @@ def snapshot(n: int) -> dict[str, Any]:
                 "scope_id": f"s{n}.1", "tool": "refund", "call_id": "c1", "args": {"amount": n},
                 "ask": "Refund?", "by": ["supervisor"]}] if waiting else []
     return {"id": f"s{n}", "bot": BOT, "bot_version": VERSIONS[n % 2], "turn": 3, "scopes": [],
-            "state": {"note": "x" * 200}, "meta": {"owner": f"u{n % 1000}"}, "pending": pending}
+            "state": {"note": "x" * 200}, "meta": {"owner": f"u{n % 1000}"}, "pending": pending,
+            "committed": {"turn": 3, "input": f"message {n}", "requestId": None, "at": 1_700_000_000.0 + n}}
 
 
 async def fill(store: Any, start: int, stop: int) -> None:
@@ -105,6 +109,7 @@ def operations(store: Any, url: str) -> dict[str, Callable[[], Awaitable[Any]]]:
     registry = Registry(store)
     return {
         "GET /pending": lambda: list_all_pending(None, registry),  # type: ignore[arg-type]
+        "inbox recent": lambda: list_all_pending(None, registry, limit=50, order="recent"),  # type: ignore[arg-type]
         "gauge": lambda: pending_counts(store, time.time()),
         "quota": lambda: store.count_owned("u1"),
         "versions list": lambda: _kept(url, None),
@@ -183,7 +188,7 @@ def print_table(table: dict[str, dict[tuple[str, int], tuple[float, float]]], si
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     for store, results in table.items():
-        for name in ("GET /pending", "gauge", "quota", "versions list"):
+        for name in ("GET /pending", "inbox recent", "gauge", "quota", "versions list"):
             cells = " | ".join(f"{results[(name, n)][0]:6.2f} / {results[(name, n)][1]:6.2f}" for n in sizes)
             print(f"| {store:<6} | {name:<13} | {cells} |")
 

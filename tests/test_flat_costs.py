@@ -26,6 +26,7 @@ from chatrun.store.record import (
     decode_cursor,
     encode_cursor,
     epoch_of,
+    recent_key,
     tally_name,
     waiting_key,
 )
@@ -119,6 +120,31 @@ def test_every_store_pages_and_filters_its_waiting_sessions_in_waiting_order(sto
     entry = write.run(store.waiting_page(waiting_key(), None, None, 1))[0]
     assert entry.shown().to_dict()["items"][0]["id"] == "p1" and "token" not in entry.items[0]  # no secret copied
     assert [i["id"] for i in entry.shown("approval").items] == ["p2"]
+
+
+def said(snapshot, at, given):
+    """A snapshot whose last committed turn was `given` at epoch `at` (as the server stores it)."""
+    return snapshot | {"committed": {"turn": 1, "input": given, "requestId": None, "at": at}}
+
+
+def test_every_store_pages_its_waiting_sessions_newest_activity_first_with_the_last_message(store):
+    write = Writer(store)
+    write("a", said(snap("refunds", item("p1", created=T[1])), 30.0, "Where is my refund?"))
+    write("b", said(snap("refunds", item("p1", "question", created=T[2], by=("backend",))), 50.0,
+                    {"userMessage": "hello", "attachments": []}))
+    write("c", said(snap("kyc", taken_over={"by": {"name": "olga"}, "since": T[4]}), 40.0,
+                    {"decision": {"kind": "operator_say", "text": "Olga here"}}))
+    write("d", snap("refunds", item("p1", created=T[0])))  # no committed turn yet: not in the inbox's order
+    assert pages(store, recent_key(), 2) == [["b", "c"], ["a"]]
+    assert pages(store, recent_key("refunds"), 10) == [["b", "a"]]
+    assert pages(store, recent_key(kind="takeover"), 10) == [["c"]]
+    assert pages(store, recent_key("refunds", "approval"), 10) == [["a"]]
+    write("a", said(snap("refunds", item("p1", created=T[1])), 60.0, "Hello??"))  # a new message: on top
+    assert pages(store, recent_key(), 10) == [["a", "b", "c"]]
+    shown = {e.session_id: e.shown().to_dict()["last"] for e in write.run(store.waiting_page(recent_key(), None, None, 9))}
+    assert shown == {"a": {"at": 60.0, "from": "user", "text": "Hello??"},
+                     "b": {"at": 50.0, "from": "user", "text": "hello"},
+                     "c": {"at": 40.0, "from": "operator", "text": "Olga here"}}
 
 
 def test_the_index_and_the_tallies_stay_true_when_items_are_resolved_and_sessions_deleted(store):

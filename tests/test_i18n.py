@@ -183,8 +183,9 @@ def test_the_bakery_bot_has_no_untranslated_literal(tmp_path):
     copy = tmp_path / "bakery"
     shutil.copytree(BAKERY, copy)
     bot = copy / "bot.yaml"
-    bot.write_text(bot.read_text().replace("message: \"{{ t('goodbye', count=state.loaves) }}\"",
-                                           "message: Thank you!"))
+    bot.write_text(bot.read_text().replace(
+        "message: \"{{ t('goodbye', count=state.loaves, total=(state.loaves * 3.2) | format_currency('EUR')) }}\"",
+        "message: Thank you!"))
     found = _found(copy)
     assert [f[2] for f in found] == ["warning", "warning", "warning"]
     assert "`message` of tool `goodbye` is sent to the user untranslated" in found[0][3]

@@ -172,8 +172,9 @@ def test_a_takeover_over_v1_the_operator_reads_the_user_and_the_user_reads_the_o
     messages += [{"role": "assistant", "content": waiting}, {"role": "user", "content": "my bill is wrong"}]
     text, info = chat(ai, "handover", messages, stream)
     assert (info["session"], info["how"]) == (session, "continued")
-    # The operator's words first; the bot said nothing, so the user is told where the message went.
-    assert text == "Hi, Olga here. How can I help?\n\nYour message was passed on to olga; their answer will appear here."
+    # Who joined and the operator's words first; the bot said nothing, so the user is told where the message went.
+    assert text == ("olga joined the conversation\n\nHi, Olga here. How can I help?\n\n"
+                    "Your message was passed on to olga; their answer will appear here.")
     operator_said = [e for e in info["events"] if e["type"] == "Resolved"]
     assert [e["data"]["outcome"] for e in operator_said] == ["taken"]
 

@@ -123,7 +123,8 @@ def test_an_approval_timing_out_during_a_takeover_is_applied_on_release_and_the_
     assert [(e["data"]["id"], e["data"]["outcome"]) for e in events if e["type"] == "Resolved"] == [
         ("p2", "released"), ("p1", "timed_out")]
     said = [e["data"] for e in events if e["type"] == "Message"]
-    assert said[0].startswith("No supervisor answered in time, so we refunded 50 EUR on A1001")
+    assert said[0] == "olga left the conversation"  # the user reads who left, then what was held
+    assert said[1].startswith("No supervisor answered in time, so we refunded 50 EUR on A1001")
     # The model runs now, after the release: it reads the refund's result and what the user said meanwhile.
     assert said[-1] == "Bot heard: hello?" and len(fake.requests) == model_calls + 1
     read = [(m["role"], m.get("content")) for m in fake.requests[-1]["messages"]]
@@ -358,7 +359,9 @@ def test_a_real_server_holds_an_approval_that_times_out_during_a_takeover_until_
 
         released = client.post("/bots/refunds/sessions/r1/release", json={}, headers=OLGA)
         assert released.status_code == 200, released.text
-        assert messages(released.json())[0].startswith("No supervisor answered in time, so we refunded 50 EUR")
+        said = messages(released.json())
+        assert said[0] == "olga left the conversation"
+        assert said[1].startswith("No supervisor answered in time, so we refunded 50 EUR")
         assert client.get("/bots/refunds/sessions/r1", headers=ANA).json()["state"]["refunded"] == 50
     finally:
         served.stop()

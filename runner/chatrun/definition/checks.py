@@ -872,7 +872,10 @@ class _Checker:
 
     def display_texts(self) -> None:
         """The texts the page shows end users outside the conversation: the bot's `description:`
-        and each route's `title:`; in a bot with `locales:`, templates that see `t()` and `locale` only."""
+        and each route's `title:`; in a bot with `locales:`, templates that see `t()` and `locale` only.
+        An operator's `canned:` replies see the same (the operator page renders them apart from a turn)."""
+        for name, text in self.config.canned.items():
+            self.template(text, f"canned reply `{name}`", ("canned", name), None, variables=DISPLAY_VARIABLES)
         if self.config.catalogs is None:
             return
         if self.config.description:

@@ -501,6 +501,7 @@ class BotConfig:
     fallback: str | None = None  # `fallback:` (a route's own wins); None: the built-in text in the session's locale
     retention: Retention = field(default_factory=Retention)  # `retention:`: how long its stored data is kept
     widget: WidgetConfig | None = None  # `widget:`: the chat other sites embed (None: no widget)
+    canned: dict[str, str] = field(default_factory=dict)  # `canned:`: an operator's ready replies, name -> template
 
     @property
     def version_label(self) -> str:

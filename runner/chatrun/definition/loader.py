@@ -511,7 +511,13 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         fallback=_str(top.get("fallback")),
         retention=_retention(top.get("retention")),
         widget=_widget(top.get("widget"), main),
+        canned=_canned(top.get("canned")),
     )
+
+
+def _canned(raw: Any) -> dict[str, str]:
+    """`canned:` name -> text (the schema has checked the names and texts)."""
+    return {str(k): v for k, v in raw.items() if isinstance(v, str)} if isinstance(raw, dict) else {}
 
 
 def _catalogs(locales: Any, main: YamlDoc, main_file: Path, diagnostics: list[Diagnostic]) -> Catalogs | None:

@@ -180,6 +180,73 @@ def _t(context: Context, key: str, **args: Any) -> str:
     return str(catalogs.translate(context.get("locale") or catalogs.default, key, args))
 
 
+# -- locale-aware formatting (Babel, CLDR data): numbers, money and dates as the session's locale writes them --
+
+
+def _babel_locale(context: Context, wanted: str | None) -> Any:
+    """The Babel locale of `wanted`, else the session's (`locale`), else English."""
+    from babel import Locale, UnknownLocaleError
+
+    tag = wanted or context.get("locale")
+    tag = tag if isinstance(tag, str) and tag else "en"
+    try:
+        return Locale.parse(tag.replace("-", "_"))
+    except (ValueError, UnknownLocaleError):
+        raise ValueError(f"no locale data for {tag!r}: write a locale tag such as de, de-AT or ar") from None
+
+
+def _number(value: Any, name: str) -> Any:
+    from decimal import Decimal, InvalidOperation
+
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal | str):
+        raise ValueError(f"`{name}` formats a number, not {value!r}")
+    try:
+        return Decimal(value.strip()) if isinstance(value, str) else value
+    except InvalidOperation:
+        raise ValueError(f"`{name}` formats a number, not {value!r}") from None
+
+
+@pass_context
+def _format_number(context: Context, value: Any, decimals: int | None = None, locale: str | None = None) -> str:
+    """`1234.5 | format_number` -> 1,234.5 (en), 1.234,5 (de); `decimals=2` fixes the digits."""
+    from babel.numbers import format_decimal
+
+    pattern = None if decimals is None else "#,##0" + ("." + "0" * decimals if decimals > 0 else "")
+    return str(format_decimal(_number(value, "format_number"), format=pattern, locale=_babel_locale(context, locale)))
+
+
+@pass_context
+def _format_currency(context: Context, value: Any, currency: str, locale: str | None = None) -> str:
+    """`80 | format_currency('EUR')` -> €80.00 (en), 80,00 € (de): the currency's digits and sign."""
+    from babel.numbers import format_currency, is_currency
+
+    if not isinstance(currency, str) or len(currency) != 3:
+        raise ValueError(f"`format_currency` needs an ISO 4217 code such as 'EUR', not {currency!r}")
+    if not is_currency(currency.upper()):  # Babel would print an unknown code as a sign
+        raise ValueError(f"`format_currency`: {currency!r} is not an ISO 4217 currency code")
+    return str(format_currency(_number(value, "format_currency"), currency.upper(), locale=_babel_locale(context, locale)))
+
+
+@pass_context
+def _format_date(context: Context, value: Any, format: str = "medium", locale: str | None = None) -> str:
+    """`'2026-11-25' | format_date` -> Nov 25, 2026 (en), 25.11.2026 (de); format: short, medium,
+    long, full or a CLDR pattern."""
+    from babel.dates import format_date
+
+    day = _moment(context, value)
+    return str(format_date(day.date() if isinstance(day, datetime) else day, format=format,
+                           locale=_babel_locale(context, locale)))
+
+
+@pass_context
+def _format_datetime(context: Context, value: Any, format: str = "medium", locale: str | None = None) -> str:
+    """A date-time in its own zone (that of `now` when it has none), written as the locale writes it."""
+    from babel.dates import format_datetime
+
+    moment = _as_datetime(context, value)
+    return str(format_datetime(moment, format=format, tzinfo=moment.tzinfo, locale=_babel_locale(context, locale)))
+
+
 ENV = ImmutableSandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=False,
                                     finalize=_finalize)
 ENV.filters["tojson"] = _tojson
@@ -188,6 +255,10 @@ ENV.filters["date"] = _as_date
 ENV.filters["datetime"] = _as_datetime
 ENV.filters["add_days"] = _add_days
 ENV.filters["add_hours"] = _add_hours
+ENV.filters["format_number"] = _format_number
+ENV.filters["format_currency"] = _format_currency
+ENV.filters["format_date"] = _format_date
+ENV.filters["format_datetime"] = _format_datetime
 ENV.globals["days_between"] = _days_between
 ENV.globals["t"] = _t
 

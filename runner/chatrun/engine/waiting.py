@@ -674,6 +674,9 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
     if c.taken_over is None:  # taken: the item stays open (the takeover) until the release
         item = taken(c, item)
         calls.t.emit(ev.RESOLVED, {"id": item.id, "kind": TAKEOVER, "outcome": TAKEN, "by": name})
+        # The user reads who joined, in their language, on every channel (the page shows it as a line).
+        calls.t.emit(ev.MESSAGE, calls.t.own_text("operator_joined", name=name),
+                     meta={"from": "notice", "notice": "operator_joined", "name": name}, audience=ev.USER)
     if isinstance(decision, OperatorSay):
         item.data.setdefault("messages", []).append({"from": "operator", "name": name, "text": decision.text})
         calls.t.emit(ev.MESSAGE, decision.text, meta={"from": "operator", "name": name})
@@ -758,8 +761,13 @@ async def release(calls: ToolCalls, item: PendingItem, route: str | None) -> Non
     """The bot has the conversation back, with what was said in its memory; maybe on another route."""
     c = calls.t.c
     said = item.data.get("messages") or []
+    joined = (c.taken_over or {}).get("by") or {}
     c.taken_over = None
     resolve(calls, item, RELEASED)
+    if joined:  # the user read who joined: they read who left, in their language
+        name = joined.get("name") or calls.t.own_text("the_operator")
+        calls.t.emit(ev.MESSAGE, calls.t.own_text("operator_left", name=name),
+                     meta={"from": "notice", "notice": "operator_left", "name": name}, audience=ev.USER)
     target = route or item.data.get("release_to")
     if target and target != c.scope.route:
         if target not in c.config.routes:

@@ -8,10 +8,15 @@ items"; docs/operators.md).
     POST /bots/{bot}/sessions/{id}/takeover            {"note"?}                  -> the turn
     POST /bots/{bot}/sessions/{id}/operator/messages   {"text"}                   -> the turn
     POST /bots/{bot}/sessions/{id}/release             {"route"?}                 -> the turn
-    GET  /pending?bot=&kind=&role=&older_than=&limit=&cursor=
-                                                       the waiting sessions, longest waiting first, a
-                                                       page at a time (role `operators`): {"sessions",
-                                                       "next": the cursor of the next page, or null}
+    GET  /pending/stream?bot=&kind=&limit=&order=      server-sent events: `inbox`, the first page, when it changes
+    GET  /bots/{bot}/sessions/{id}/canned              the bot's `canned:` replies in the session's locale
+    POST /bots/{bot}/sessions/{id}/typing              {"typing": bool, "as"?: "operator"} (kept 6 s)
+    GET  /bots/{bot}/sessions/{id}/typing              {"operator": name or null, "user": bool}
+    GET  /pending?bot=&kind=&role=&older_than=&limit=&cursor=&order=
+                                                       the waiting sessions, longest waiting first (or
+                                                       order=recent: newest activity first), a page at a
+                                                       time (role `operators`): {"sessions", "next": the
+                                                       cursor of the next page, or null}
 
 A decision is a turn (`session.stream(Approve(...))`), so it is fenced, committed and replayed
 by `Idempotency-Key` exactly like a user's message. Who may reach a session that is not theirs
@@ -22,12 +27,16 @@ principal answers a question with `Authorization: Bearer <the item's token>`.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
+from chatrun.definition.templates import CATALOGS_KEY, render
 from chatrun.engine.pending import (
     KINDS,
     TAKEOVER,
@@ -48,7 +57,13 @@ from chatrun.server.http import ERROR_RESPONSES, _body, turn_reply
 from chatrun.server.inspect import pending_data
 from chatrun.server.plumbing import Caller, CallerOrToken, Registry, read_json_object
 from chatrun.server.sessions import EXISTING, Reach
-from chatrun.store.record import PendingSession, decode_cursor, encode_cursor, waiting_key
+from chatrun.store.record import (
+    PendingSession,
+    decode_cursor,
+    encode_cursor,
+    recent_key,
+    waiting_key,
+)
 
 PAGE_SIZE = 100  # GET /pending's sessions per page unless `limit` says
 MAX_PAGE = 1000
@@ -70,6 +85,8 @@ _ITEM = {"type": "object", "description": "a pending item (docs/protocol.md, \"P
                         "held": {"type": "object", "description": "decided during a takeover, applied on release: "
                                  "{kind, by, at}"}}}
 _TAKEN_OVER = {"type": ["object", "null"], "properties": {"by": {}, "since": {"type": "string"}}}
+_LAST = {"type": ["object", "null"], "description": "the session's last turn: {at (epoch seconds), from "
+         "(user, operator or decision), text (the message, or the decision's kind)}"}
 _TEXT = {"type": "string", "minLength": 1}  # _text_field
 _REASON = {"type": "string", "description": "why: the history and the model's conditions see it"}
 _DECISION_BODY = {"requestBody": {"required": True, "content": {"application/json": {
@@ -98,12 +115,26 @@ def make_pending_router() -> APIRouter:
                          openapi_extra=_required_body({"text": _TEXT}, {"text": "Hello, this is Olga from support."}))
     router.add_api_route(f"{session}/release", release, methods=["POST"],
                          openapi_extra=_body({"route": _TEXT}, {"route": "menu"}))
+    router.add_api_route(f"{session}/canned", canned_replies, methods=["GET"],
+                         responses=_json(200, "the bot's canned replies in the session's locale", {
+                             "canned": {"type": "array", "items": {"type": "object", "properties": {
+                                 "name": {"type": "string"}, "text": {"type": "string"}}}}}))
+    router.add_api_route(f"{session}/typing", set_typing, methods=["POST"],
+                         openapi_extra=_required_body({"typing": {"type": "boolean"}}, {"typing": True}))
+    router.add_api_route(f"{session}/typing", read_typing, methods=["GET"],
+                         responses=_json(200, "who is typing: the operator (their name) and the user", {
+                             "operator": {"type": ["string", "null"]}, "user": {"type": "boolean"}}))
+    router.add_api_route("/pending/stream", pending_stream, methods=["GET"],
+                         response_class=StreamingResponse, responses={200: {
+                             "description": "Server-sent events: `inbox` with the first page (as GET /pending "
+                                            "with the same query) whenever it changes",
+                             "content": {"text/event-stream": {}}}})
     router.add_api_route("/pending", list_all_pending, methods=["GET"],
                          responses=_json(200, "the waiting sessions, longest waiting first, one page", {
                              "sessions": {"type": "array", "items": {"type": "object", "properties": {
                                  "session": {"type": "string"}, "bot": {"type": "string"},
                                  "owner": {"type": ["string", "null"]}, "items": {"type": "array", "items": _ITEM},
-                                 "taken_over": _TAKEN_OVER}}},
+                                 "taken_over": _TAKEN_OVER, "last": _LAST}}},
                              "next": {"type": ["string", "null"],
                                       "description": "pass as `cursor` for the next page (null: the last page)"}}))
     return router
@@ -155,8 +186,13 @@ async def list_all_pending(
     older_than: Annotated[float | None, Query(ge=0, description="only items waiting longer than this (seconds)")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="sessions per page at most")] = PAGE_SIZE,
     cursor: Annotated[str | None, Query(description="the `next` of the page before")] = None,
+    order: Annotated[Literal["waiting", "recent"], Query(
+        description="`waiting`: longest waiting first; `recent`: newest activity first (the inbox)")] = "waiting",
 ) -> Any:
     require_operator(who, "GET /pending")
+    if order == "recent" and (role is not None or older_than is not None):
+        raise wire.RequestFailed(wire.BAD_REQUEST, "order=recent lists by bot and kind only: leave out role and "
+                                 "older_than, or use order=waiting (longest waiting first)")
     if bot is not None:
         registry.bot(bot)  # an unknown bot is a 404 naming the served ones, not an empty list
     try:
@@ -164,7 +200,7 @@ async def list_all_pending(
     except ValueError as exc:
         raise wire.RequestFailed(wire.BAD_REQUEST, f"cursor: {exc}; start again without it") from None
     now = time.time()
-    key = waiting_key(bot, kind, role)
+    key = recent_key(bot, kind) if order == "recent" else waiting_key(bot, kind, role)
     until = None if older_than is None else now - older_than
     page = await registry.store.waiting_page(key, after, until, limit + 1)
     more = len(page) > limit
@@ -172,6 +208,108 @@ async def list_all_pending(
     shown = [s for s in (_filtered(e.shown(kind), role, older_than, now) for e in page) if s is not None]
     last = page[-1] if more else None
     return {"sessions": shown, "next": None if last is None else encode_cursor(last.positions[key], last.session_id)}
+
+
+STREAM_TICK = 2.0  # seconds: how often the stream looks at the store with no commit here (other replicas')
+STREAM_GAP = 0.5  # seconds at least between two pages sent (a burst of commits sends one)
+STREAM_PING = 15.0  # seconds: a comment line keeps proxies from closing a quiet stream
+
+
+async def pending_stream(
+    request: Request, who: Caller, registry: Registry,
+    bot: Annotated[str | None, Query(description="only this bot's sessions")] = None,
+    kind: Annotated[Literal["approval", "question", "takeover"] | None, Query(description="only items of this kind")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="sessions in the page sent")] = 50,
+    order: Annotated[Literal["waiting", "recent"], Query(description="as GET /pending's")] = "recent",
+) -> StreamingResponse:
+    require_operator(who, "GET /pending/stream")
+    if bot is not None:
+        registry.bot(bot)
+
+    async def first_page() -> str:
+        page = await list_all_pending(who, registry, bot=bot, kind=kind, limit=limit, order=order)
+        return json.dumps(page, ensure_ascii=False, separators=(",", ":"))
+
+    async def events() -> AsyncIterator[str]:
+        sent, quiet = None, 0.0
+        while not registry.gate.draining and not await request.is_disconnected():  # a drain ends it: the page reconnects
+            page = await first_page()
+            if page != sent:  # an unchanged page is not sent again: the operator's screen stays still
+                sent, quiet = page, 0.0
+                yield f"event: inbox\ndata: {page}\n\n"
+            elif quiet >= STREAM_PING:
+                quiet = 0.0
+                yield ": ping\n\n"
+            await asyncio.sleep(STREAM_GAP)
+            waited = time.monotonic()
+            try:  # a commit on this replica wakes the stream at once; other replicas' within a tick
+                await asyncio.wait_for(registry.writes.committed.wait(), STREAM_TICK - STREAM_GAP)
+            except TimeoutError:
+                pass
+            quiet += STREAM_GAP + time.monotonic() - waited
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def canned_replies(bot: str, session_id: str, who: Caller, registry: Registry) -> Any:
+    require_operator(who, "the canned replies")
+    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, takeover=True)) as session:
+        config = session.bot.config
+        return {"canned": [{"name": name, "text": canned_text(text, config.catalogs, session.locale)}
+                           for name, text in config.canned.items()]}
+
+
+async def set_typing(bot: str, session_id: str, request: Request, who: Caller, registry: Registry) -> Any:
+    body = await read_json_object(request)
+    on = body.get("typing")
+    if not isinstance(on, bool) or set(body) - {"typing", "as"}:
+        raise wire.RequestFailed(wire.BAD_REQUEST, 'send {"typing": true} while typing (again every few seconds), '
+                                 '{"typing": false} when done; an operator adds "as": "operator"')
+    party = body.get("as", "user")
+    if party not in ("user", "operator"):
+        raise wire.RequestFailed(wire.BAD_REQUEST, 'as must be "user" or "operator"')
+    if party == "operator":
+        require_operator(who, "typing as the operator")
+    reach = Reach(pending=True, takeover=True) if party == "operator" else Reach()
+    # Queued like any request to the session: a read by the other party holds it only briefly.
+    async with registry.session(bot, session_id, who, EXISTING, reach=reach) as session:
+        key = typing_key(session.bot.name, session_id, party)
+        if on:
+            name = who.name if who is not None else None
+            await registry.store.put_record(key, {"name": name, "at": time.time()}, session=session_id)
+        else:
+            await registry.store.delete_record(key)
+    return {"typing": on}
+
+
+async def read_typing(bot: str, session_id: str, who: Caller, registry: Registry) -> Any:
+    async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, takeover=True)) as session:
+        name = session.bot.name
+        now = time.time()
+        operator = await registry.store.get_record(typing_key(name, session_id, "operator"))
+        user = await registry.store.get_record(typing_key(name, session_id, "user"))
+
+    def fresh(found: dict[str, Any] | None) -> bool:
+        return found is not None and now - float(found.get("at", 0)) < TYPING_LASTS
+
+    return {"operator": (operator or {}).get("name") or "operator" if fresh(operator) else None, "user": fresh(user)}
+
+
+TYPING_LASTS = 6.0  # seconds a typing ping counts (the pages send one every 3 s while someone types)
+
+
+def typing_key(bot: str, session_id: str, party: str) -> str:
+    return f"typing {party} {bot}/{session_id}"
+
+
+def canned_text(source: str, catalogs: Any, locale: str | None) -> str:
+    """A canned reply as the operator sends it: its template rendered in the session's locale
+    (it sees `t()` and `locale`; definition/checks.py checked it at load)."""
+    if "{" not in source:
+        return source
+    return render(source, {"locale": locale or (catalogs.default if catalogs is not None else "en"),
+                           CATALOGS_KEY: catalogs})
 
 
 # -- the parts ---------------------------------------------------------------------------------------

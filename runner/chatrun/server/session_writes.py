@@ -9,6 +9,7 @@ whose fate is unknown (the store failed) drops the live copy too.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -25,6 +26,9 @@ class SessionWrites:
         self.store = store
         self.cache = cache
         self.on_outbox: Callable[[], None] = lambda: None  # a commit queued backend events (the worker's nudge)
+        # Set (and replaced) at every commit of this replica: the operators' inbox stream
+        # (pending_api.pending_stream) looks again at once instead of at its next tick.
+        self.committed = asyncio.Event()
 
     async def commit(self, slot: Slot, session_id: str, lease: Lease) -> None:
         """Write what the request's turns committed to the slot's buffer, if anything."""
@@ -54,6 +58,8 @@ class SessionWrites:
                 "retry with the same request id: a turn that was saved is not run again",
             ) from None
         slot.version, slot.committed = version, commit.committed
+        done, self.committed = self.committed, asyncio.Event()
+        done.set()
         if commit.outbox:
             self.on_outbox()
 

@@ -300,10 +300,11 @@ class PendingSession:
     owner: str | None
     items: list[JSONObject]
     taken_over: JSONObject | None = None
+    last: JSONObject | None = None  # the last turn (WaitingEntry.last), when the store keeps it
 
     def to_dict(self) -> JSONObject:
         return {"session": self.session_id, "bot": self.bot, "owner": self.owner, "items": self.items,
-                "taken_over": self.taken_over}
+                "taken_over": self.taken_over, "last": self.last}
 
 
 def pending_session(record: SessionRecord, bot: str | None = None, kind: str | None = None) -> PendingSession | None:
@@ -335,6 +336,12 @@ def waiting_key(bot: str | None = None, kind: str | None = None, role: str | Non
     return json.dumps([bot, kind, role], ensure_ascii=False)
 
 
+def recent_key(bot: str | None = None, kind: str | None = None) -> str:
+    """The index of the waiting sessions GET /pending?order=recent lists: newest activity first
+    (the position is minus the time of the session's last turn)."""
+    return "recent " + json.dumps([bot, kind], ensure_ascii=False)
+
+
 def age_key(bot: str, kind: str) -> str:
     """The index of the open items of one bot and kind, by age (the oldest-item gauge)."""
     return "age " + json.dumps([bot, kind], ensure_ascii=False)
@@ -357,6 +364,7 @@ class WaitingEntry:
     items: list[JSONObject]
     taken_over: JSONObject | None
     positions: dict[str, float]
+    last: JSONObject | None = None  # the last turn: {"at": epoch, "from": "user"|"operator"|"decision", "text"}
 
     def to_json(self) -> str:
         return to_json(f"session {self.session_id}: its waiting entry", self.__dict__)
@@ -368,7 +376,7 @@ class WaitingEntry:
     def shown(self, kind: str | None = None) -> PendingSession:
         """As list_pending shows it: its items of `kind` (all when None)."""
         items = [i for i in self.items if kind is None or i.get("kind") == kind]
-        return PendingSession(self.session_id, self.bot, self.owner, items, self.taken_over)
+        return PendingSession(self.session_id, self.bot, self.owner, items, self.taken_over, self.last)
 
 
 def waiting_entry(session_id: str, snapshot: JSONObject) -> WaitingEntry | None:
@@ -395,8 +403,34 @@ def waiting_entry(session_id: str, snapshot: JSONObject) -> WaitingEntry | None:
         for b in (None, bot):
             for k in (None, "takeover"):
                 positions.setdefault(waiting_key(b, k), since)
+    last = last_turn_of(snapshot)
+    if last is not None:  # the inbox's order: newest activity first, by bot and kind
+        kinds = {str(i.get("kind")) for i in items} | ({"takeover"} if taken is not None else set())
+        for b in (None, bot):
+            for k in (None, *sorted(kinds)):
+                positions[recent_key(b, k)] = -float(last["at"])
     shown = [{k: v for k, v in i.items() if k != ITEM_TOKEN_KEY} for i in items]  # a backend's secret stays in the snapshot
-    return WaitingEntry(session_id, bot, owner_of(snapshot), shown, taken, positions)
+    return WaitingEntry(session_id, bot, owner_of(snapshot), shown, taken, positions, last)
+
+
+LAST_TEXT = 200  # characters of the last message the inbox shows
+
+
+def last_turn_of(snapshot: JSONObject) -> JSONObject | None:
+    """The session's last committed turn as the operators' inbox shows it: when, from whom, what
+    (a user's message, an operator's, or the kind of a decision); None before the first."""
+    committed = snapshot.get("committed")
+    if not isinstance(committed, dict) or not isinstance(committed.get("at"), int | float):
+        return None
+    given = committed.get("input")
+    decision = given.get("decision") if isinstance(given, dict) else None
+    if isinstance(decision, dict):
+        spoken = decision.get("kind") == "operator_say"
+        sender, text = ("operator", decision.get("text")) if spoken else ("decision", decision.get("kind"))
+    else:
+        sender, text = "user", given.get("userMessage") if isinstance(given, dict) else given
+    text = text if isinstance(text, str) else ""
+    return {"at": float(committed["at"]), "from": sender, "text": text[:LAST_TEXT]}
 
 
 def tallies_of(snapshot: JSONObject) -> list[tuple[str, str, int]]:

@@ -1,7 +1,12 @@
-/* The operator page (/operator): the sessions waiting for a person (GET /pending), one opened
- * with its history and inspector, its items decided or answered, the conversation taken over,
- * spoken in and released (docs/operators.md). Polls: the list's pages every 3 s (50 sessions a
- * page, "More" shows one more page), the open session every 1.5 s. Needs a token with the role `operators` (?token=… once, kept for the tab). */
+/* The operator inbox (/operator; docs/operators.md). The list: every conversation waiting for a
+ * person, newest activity first (GET /pending?order=recent, 50 a page, "More" adds one), with
+ * the customer, their last message, the wait and the kind; pushed by the server
+ * (GET /pending/stream, server-sent events) with a 3 s poll as the fallback. A title badge
+ * "(3) Inbox" counts the conversations nobody has taken; browser notifications (asked on a
+ * click) and a sound (opt-in) tell of new activity. One conversation: its history, its open
+ * items as cards, typing both ways, and the composer at the bottom with the bot's canned
+ * replies (`canned:`). Dates and numbers use Intl in the session's locale. Needs a token with
+ * the role `operators` (?token=… once, kept for the tab). */
 (function () {
   "use strict";
 
@@ -14,10 +19,18 @@
     const rest = params.toString();
     history.replaceState(null, "", location.pathname + (rest ? "?" + rest : ""));
   }
+  const PREFS_KEY = "chatrun:" + location.host + ":inbox";
+  const prefs = JSON.parse(localStorage.getItem(PREFS_KEY) || "{}"); // {notify, sound}
   const $ = (id) => document.getElementById(id);
-  let open = null; // {bot, id, turn, route}
+  const PAGE = 50;
+  const TYPING_PING = 3000; // ms between two "I am typing" pings (the server keeps one 6 s)
+  let open = null; // {bot, id, owner, mark, routes, canned, locale}
+  let pages = 1;
   let listTimer = null;
   let sessionTimer = null;
+  let stream = null;
+  let known = null; // session -> the time of its last activity, as last seen (null: the first load)
+  let lastPing = 0;
 
   function el(tag, cls, text) {
     const node = document.createElement(tag);
@@ -45,105 +58,248 @@
     $("status").textContent = text;
   }
 
-  function age(iso) {
-    const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
-    if (s < 60) return Math.round(s) + " s";
-    if (s < 3600) return Math.round(s / 60) + " min";
-    if (s < 86400) return Math.round(s / 3600) + " h";
-    return Math.round(s / 86400) + " d";
-  }
-
   function sessionPath(bot, id) {
     return "/bots/" + encodeURIComponent(bot) + "/sessions/" + encodeURIComponent(id);
   }
 
-  // -- the list of waiting sessions -------------------------------------------------------------
+  // -- Intl: times and counts as a locale writes them -------------------------------------------
 
-  // GET /pending is paged: the list shows `pages` pages of PAGE sessions (the first when it
-  // opens; "More" adds one), each poll reading those pages only, never every waiting session.
-  const PAGE = 50;
-  let pages = 1;
+  function ago(ms, locale) {
+    const s = Math.round((ms - Date.now()) / 1000); // negative: in the past
+    const rtf = new Intl.RelativeTimeFormat(locale || undefined, { numeric: "auto", style: "short" });
+    if (Math.abs(s) < 60) return rtf.format(s, "second");
+    if (Math.abs(s) < 3600) return rtf.format(Math.round(s / 60), "minute");
+    if (Math.abs(s) < 86400) return rtf.format(Math.round(s / 3600), "hour");
+    return rtf.format(Math.round(s / 86400), "day");
+  }
 
+  function waited(iso, locale) {
+    const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+    const [n, unit] = s < 60 ? [s, "second"] : s < 3600 ? [s / 60, "minute"] : s < 86400 ? [s / 3600, "hour"] : [s / 86400, "day"];
+    return new Intl.NumberFormat(locale || undefined, { style: "unit", unit: unit, unitDisplay: "short", maximumFractionDigits: 0 }).format(n);
+  }
+
+  function clock(ms, locale) {
+    return new Intl.DateTimeFormat(locale || undefined, { dateStyle: "medium", timeStyle: "short" }).format(new Date(ms));
+  }
+
+  // -- the list ---------------------------------------------------------------------------------
+
+  function listQuery(extra) {
+    const query = new URLSearchParams(Object.assign({ limit: String(PAGE), order: "recent" }, extra || {}));
+    const kind = $("kind-filter").value;
+    if (kind) query.set("kind", kind);
+    return query;
+  }
+
+  /** The pages shown, read with GET /pending (the poll, "More", and after an action). */
   async function refreshList() {
     clearTimeout(listTimer);
-    const kind = $("kind-filter").value;
     try {
       let sessions = [];
       let cursor = null;
       for (let page = 0; page < pages; page++) {
-        const query = new URLSearchParams({ limit: String(PAGE) });
-        if (kind) query.set("kind", kind);
-        if (cursor) query.set("cursor", cursor);
-        const data = await call("/pending?" + query.toString());
+        const data = await call("/pending?" + listQuery(cursor ? { cursor: cursor } : null).toString());
         sessions = sessions.concat(data.sessions || []);
         cursor = data.next || null;
         if (!cursor) break;
       }
-      renderList(sessions, Boolean(cursor));
-      setStatus("online", "live");
-      document.body.dataset.ready = "true";
+      shown(sessions, Boolean(cursor));
     } catch (err) {
       if (err.status === 401 || err.status === 403) return refused(err);
       setStatus("offline", "server unreachable");
     }
-    listTimer = setTimeout(refreshList, 3000);
+    if (!stream) listTimer = setTimeout(refreshList, 3000); // the fallback while no stream is open
+  }
+
+  /** The server pushes the first page whenever it changes (GET /pending/stream). */
+  function openStream() {
+    if (stream) stream.close();
+    stream = null;
+    if (!window.EventSource) return refreshList();
+    const query = listQuery();
+    if (TOKEN) query.set("token", TOKEN); // an EventSource sends no Authorization header
+    const source = new EventSource("/pending/stream?" + query.toString());
+    source.addEventListener("inbox", (ev) => {
+      stream = source;
+      clearTimeout(listTimer);
+      document.body.dataset.channel = "push";
+      if (pages > 1) return refreshList(); // the later pages are read as before
+      const data = JSON.parse(ev.data);
+      shown(data.sessions || [], Boolean(data.next));
+    });
+    source.onerror = () => { // refused, or the server went away: poll, and try the stream again later
+      source.close();
+      stream = null;
+      document.body.dataset.channel = "poll";
+      refreshList();
+      setTimeout(() => { if (!stream && !$("unauthorized")) openStream(); }, 15000);
+    };
+  }
+
+  function shown(sessions, more) {
+    renderList(sessions, more);
+    announce(sessions);
+    setStatus("online", "live");
+    document.body.dataset.ready = "true";
   }
 
   function refused(err) {
+    if (stream) stream.close();
+    stream = null;
     setStatus("offline", "unauthorized");
     const box = $("sessions");
     box.textContent = "";
-    const notice = el("div", "notice error", "This page is for operators: open it with ?token=YOUR_TOKEN at the end of "
+    const notice = el("li", "notice error", "This page is for operators: open it with ?token=YOUR_TOKEN at the end of "
       + "its address, a token of the server's --auth file with the role operators. The server said: " + err.message);
     notice.id = "unauthorized";
     box.appendChild(notice);
     document.body.dataset.ready = "true";
   }
 
+  function customer(s) {
+    return s.owner || "Visitor " + String(s.session).slice(0, 6);
+  }
+
   function renderList(sessions, more) {
     const box = $("sessions");
     box.textContent = "";
-    if (!sessions.length) box.appendChild(el("div", "muted op-none", "Nobody is waiting."));
-    for (const s of sessions) {
-      const row = el("button", "op-session" + (open && open.id === s.session && open.bot === s.bot ? " current" : ""));
-      row.type = "button";
-      row.dataset.session = s.session;
-      row.dataset.bot = s.bot;
-      const head = el("div", "op-session-head");
-      head.appendChild(el("strong", "", s.bot));
-      head.appendChild(el("span", "muted", " · " + s.session + (s.owner ? " · " + s.owner : "")));
-      row.appendChild(head);
-      const kinds = el("div", "op-kinds");
-      for (const item of s.items) {
-        const chip = el("span", "op-kind " + item.kind, item.kind + " · " + age(item.created));
-        chip.title = item.ask;
-        kinds.appendChild(chip);
-      }
-      if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", "with " + (s.taken_over.by.name || s.taken_over.by)));
-      row.appendChild(kinds);
-      const ask = s.items.length ? s.items[0].ask : "";
-      if (ask) row.appendChild(el("div", "op-ask", ask));
-      row.addEventListener("click", () => openSession(s.bot, s.session));
-      box.appendChild(row);
-    }
+    if (!sessions.length) box.appendChild(el("li", "op-none", "Nobody is waiting."));
+    for (const s of sessions) box.appendChild(renderRow(s));
     if (more) {
-      const next = el("button", "op-more", "More waiting sessions");
+      const item = el("li");
+      const next = el("button", "op-more", "More waiting conversations");
       next.type = "button";
       next.id = "more-sessions";
       next.addEventListener("click", () => { pages += 1; refreshList(); });
-      box.appendChild(next);
+      item.appendChild(next);
+      box.appendChild(item);
     }
+    const open_ = sessions.filter((s) => !s.taken_over).length;
+    $("count").textContent = open_ ? String(open_) : "";
+    document.title = (open_ ? "(" + open_ + ") " : "") + "Inbox · chatrun";
   }
 
-  // -- one session ------------------------------------------------------------------------------
+  function renderRow(s) {
+    const item = el("li");
+    const current = open && open.id === s.session && open.bot === s.bot;
+    const last = s.last || null;
+    const unread = last && last.from === "user" && !current && seenAt(s) < last.at;
+    const row = el("button", "op-session" + (current ? " current" : "") + (unread ? " unread" : ""));
+    row.type = "button";
+    row.dataset.session = s.session;
+    row.dataset.bot = s.bot;
+    const name = customer(s);
+    const avatar = el("span", "op-avatar", name.slice(0, 1).toUpperCase());
+    avatar.setAttribute("aria-hidden", "true");
+    row.appendChild(avatar);
+    row.appendChild(el("span", "op-who", name));
+    const when = el("span", "op-when", last ? ago(last.at * 1000) : "");
+    if (last) when.title = clock(last.at * 1000);
+    row.appendChild(when);
+    row.appendChild(el("span", "op-last", lastLine(s)));
+    const kinds = el("span", "op-kinds");
+    for (const it of s.items) {
+      const chip = el("span", "op-kind " + it.kind, it.kind + " · " + waited(it.created));
+      chip.title = it.ask;
+      kinds.appendChild(chip);
+    }
+    if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", "with " + (s.taken_over.by.name || s.taken_over.by)));
+    row.appendChild(kinds);
+    row.addEventListener("click", () => openSession(s.bot, s.session, s.owner));
+    item.appendChild(row);
+    return item;
+  }
 
-  async function openSession(bot, id) {
-    open = { bot: bot, id: id, turn: -1, routes: null };
-    document.body.classList.add("op-open");
+  function lastLine(s) {
+    const last = s.last;
+    if (last && last.from === "user" && last.text) return last.text;
+    if (last && last.from === "operator") return "You: " + last.text;
+    return s.items.length ? s.items[0].ask : last ? last.text : "";
+  }
+
+  function seenAt(s) {
+    const seen = JSON.parse(sessionStorage.getItem(PREFS_KEY + ":seen") || "{}");
+    return seen[s.bot + "/" + s.session] || 0;
+  }
+
+  function markSeen(bot, id, at) {
+    const seen = JSON.parse(sessionStorage.getItem(PREFS_KEY + ":seen") || "{}");
+    seen[bot + "/" + id] = at;
+    sessionStorage.setItem(PREFS_KEY + ":seen", JSON.stringify(seen));
+  }
+
+  // -- notifications, badge sound ---------------------------------------------------------------
+
+  /** Tell of activity that is new since the last page: a notification and a sound, if asked. */
+  function announce(sessions) {
+    const news = [];
+    const now = {};
+    for (const s of sessions) {
+      const key = s.bot + "/" + s.session;
+      const at = s.last ? s.last.at : 0;
+      now[key] = at;
+      const fresh = known !== null && (!(key in known) || at > known[key]);
+      const theirs = !s.last || s.last.from !== "operator";
+      if (fresh && theirs && !(open && open.bot === s.bot && open.id === s.session && !document.hidden)) news.push(s);
+    }
+    known = Object.assign(known || {}, now);
+    if (!news.length) return;
+    document.body.dataset.news = String(Number(document.body.dataset.news || 0) + news.length);
+    if (prefs.notify && window.Notification && Notification.permission === "granted") {
+      const s = news[0];
+      const note = new Notification(customer(s) + (news.length > 1 ? " and " + (news.length - 1) + " more" : "") + " · waiting",
+        { body: lastLine(s), tag: "chatrun-inbox" });
+      note.onclick = () => { window.focus(); openSession(s.bot, s.session, s.owner); note.close(); };
+    }
+    if (prefs.sound) chime();
+  }
+
+  function chime() {
     try {
-      const info = await call("/bots/" + encodeURIComponent(bot));
-      open.routes = info.graph.nodes.map((n) => n.name);
-    } catch (err) { open.routes = []; }
+      const Ctx = window.AudioContext || window.webkitAudioContext;
+      const ctx = chime.ctx || (chime.ctx = new Ctx());
+      const tone = ctx.createOscillator();
+      const gain = ctx.createGain();
+      tone.frequency.value = 880;
+      gain.gain.setValueAtTime(0.12, ctx.currentTime);
+      gain.gain.exponentialRampToValueAtTime(0.001, ctx.currentTime + 0.35);
+      tone.connect(gain).connect(ctx.destination);
+      tone.start();
+      tone.stop(ctx.currentTime + 0.35);
+    } catch (err) { /* no audio: the badge and the notification still tell */ }
+  }
+
+  function savePrefs() {
+    localStorage.setItem(PREFS_KEY, JSON.stringify(prefs));
+    $("notify").setAttribute("aria-pressed", String(Boolean(prefs.notify)));
+    $("notify").textContent = prefs.notify ? "Notifying" : "Notify me";
+    $("sound").checked = Boolean(prefs.sound);
+  }
+
+  $("notify").addEventListener("click", async () => {
+    if (prefs.notify) { prefs.notify = false; return savePrefs(); }
+    if (!window.Notification) { $("notify").textContent = "No notifications here"; return; }
+    const answer = Notification.permission === "granted" ? "granted" : await Notification.requestPermission();
+    prefs.notify = answer === "granted";
+    savePrefs();
+    if (answer === "denied") $("notify").textContent = "Notifications blocked";
+  });
+  $("sound").addEventListener("change", () => { prefs.sound = $("sound").checked; savePrefs(); if (prefs.sound) chime(); });
+
+  // -- one conversation -------------------------------------------------------------------------
+
+  async function openSession(bot, id, owner) {
+    stopTyping();
+    open = { bot: bot, id: id, owner: owner || null, mark: null, routes: [], canned: [], locale: null };
+    const current = open;
+    document.body.classList.add("op-open");
+    const [info, canned] = await Promise.all([
+      call("/bots/" + encodeURIComponent(bot)).catch(() => null),
+      call(sessionPath(bot, id) + "/canned").catch(() => ({ canned: [] })),
+    ]);
+    current.routes = info ? info.graph.nodes.map((n) => n.name) : [];
+    current.canned = canned.canned || [];
     await refreshSession();
     refreshList();
   }
@@ -154,13 +310,17 @@
     const current = open;
     try {
       const data = await call(sessionPath(current.bot, current.id));
-      // Redrawn only when a turn was made: an operator editing a form keeps what they typed.
-      const mark = JSON.stringify([data.turn, data.lastTurn, data.taken_over, (data.pending || []).map((i) => i.id)]);
-      if (current === open && mark !== current.turn) {
+      // Redrawn only when a turn was made: an operator typing keeps what they typed.
+      const mark = JSON.stringify([data.turn, data.taken_over, (data.pending || []).map((i) => i.id)]);
+      if (current === open && mark !== current.mark) {
         const inspect = await call(sessionPath(current.bot, current.id) + "/inspect").catch(() => null);
-        current.turn = mark;
+        current.mark = mark;
+        current.locale = data.locale || null;
         renderSession(data, inspect);
+        const history = data.history || [];
+        if (history.length) markSeen(current.bot, current.id, history[history.length - 1].at || Date.now() / 1000);
       }
+      if (current === open) showTyping(await call(sessionPath(current.bot, current.id) + "/typing").catch(() => null));
     } catch (err) {
       renderProblem(err.message);
     }
@@ -175,23 +335,29 @@
 
   function renderSession(data, inspect) {
     const box = $("detail");
-    // A redraw (the user wrote meanwhile) keeps a half-typed operator message.
     const typing = $("operator-input");
     const draft = typing && box.dataset.session === data.id ? { text: typing.value, focused: document.activeElement === typing } : null;
+    const scroller = box.querySelector(".op-scroll");
+    const atBottom = !scroller || scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 40;
+    const asideOpen = box.classList.contains("aside-open");
     box.textContent = "";
+    box.className = "op-detail has-aside" + (asideOpen ? " aside-open" : "");
     box.dataset.session = data.id;
     box.dataset.turn = String(data.turn);
-    const head = el("div", "op-detail-head");
-    const back = el("button", "btn ghost op-back", "‹ List");
-    back.type = "button";
-    back.addEventListener("click", () => { open = null; document.body.classList.remove("op-open"); refreshList(); });
-    head.appendChild(back);
-    head.appendChild(el("h2", "", data.bot + " · " + data.id));
-    head.appendChild(el("span", "muted small", "on " + data.route + " · " + data.turn + (data.turn === 1 ? " turn" : " turns")));
-    box.appendChild(head);
-    box.appendChild(renderActions(data));
-    box.appendChild(renderHistory(data.history || []));
+    const conv = el("div", "op-conv");
+    conv.appendChild(renderHead(data));
+    const scroll = el("div", "op-scroll");
+    scroll.appendChild(renderHistory(data.history || [], data.locale));
+    scroll.appendChild(renderCards(data));
+    conv.appendChild(scroll);
+    const typingLine = el("div", "op-typing");
+    typingLine.id = "user-typing";
+    typingLine.setAttribute("aria-live", "polite");
+    conv.appendChild(typingLine);
+    conv.appendChild(renderComposer(data));
+    box.appendChild(conv);
     box.appendChild(renderInspector(data, inspect));
+    if (atBottom) scroll.scrollTop = scroll.scrollHeight;
     const input = $("operator-input");
     if (input && draft) {
       input.value = draft.text;
@@ -199,47 +365,20 @@
     }
   }
 
-  /** The open items with their controls, and the takeover's: take, speak, release. */
-  function renderActions(data) {
-    const box = el("div", "op-actions");
-    for (const item of data.pending || []) {
-      if (item.kind === "takeover") continue;
-      // An item only its user (or a backend) decides is shown, without controls.
-      const ours = (item.by || []).some((role) => role !== "user" && role !== "backend");
-      box.appendChild(ChatrunPending.card(item, { canDecide: ours, reason: true, decide: (body) => decide(item.id, body) }));
-    }
-    const taken = data.taken_over;
-    const bar = el("div", "op-takeover");
-    if (!taken) {
-      const take = el("button", "btn primary", "Take over");
-      take.id = "take-over";
-      take.type = "button";
-      take.addEventListener("click", () => act("/takeover", {}));
-      bar.appendChild(take);
-      const waits = (data.pending || []).find((i) => i.kind === "takeover");
-      bar.appendChild(el("span", "muted small", waits ? "The user asked for a person: " + waits.ask : "The bot answers until you take over."));
-    } else {
-      bar.appendChild(el("div", "op-with", "You have this conversation (since " + age(taken.since) + "): the bot is silent."));
-      const say = el("form", "op-say");
-      say.id = "operator-say";
-      const input = el("textarea");
-      input.rows = 2;
-      input.placeholder = "Type as the operator…";
-      input.setAttribute("aria-label", "Operator message");
-      input.id = "operator-input";
-      const send = el("button", "btn primary", "Send");
-      send.type = "submit";
-      say.appendChild(input);
-      say.appendChild(send);
-      say.addEventListener("submit", (ev) => {
-        ev.preventDefault();
-        const text = input.value;
-        if (!text.trim()) return;
-        input.value = "";
-        act("/operator/messages", { text: text }).then((ok) => { if (!ok && !$("operator-input").value) $("operator-input").value = text; });
-      });
-      bar.appendChild(say);
-      const release = el("div", "op-release");
+  function renderHead(data) {
+    const head = el("div", "op-detail-head");
+    const back = el("button", "btn op-back", "‹ List");
+    back.type = "button";
+    back.addEventListener("click", () => { stopTyping(); open = null; document.body.classList.remove("op-open"); refreshList(); });
+    head.appendChild(back);
+    const title = el("div", "op-head-title");
+    title.appendChild(el("h2", "", open.owner || "Visitor " + data.id.slice(0, 6)));
+    const turns = new Intl.NumberFormat(data.locale || undefined).format(data.turn);
+    title.appendChild(el("div", "op-sub", data.bot + " · " + data.id + " · on " + data.route + " · " + turns
+      + (data.turn === 1 ? " turn" : " turns") + (data.locale ? " · " + data.locale : "")));
+    head.appendChild(title);
+    const actions = el("div", "op-head-actions");
+    if (data.taken_over) {
       const to = el("select");
       to.id = "release-route";
       to.setAttribute("aria-label", "Release to route");
@@ -248,17 +387,119 @@
       const button = el("button", "btn", "Release");
       button.id = "release";
       button.type = "button";
-      button.addEventListener("click", () => act("/release", to.value ? { route: to.value } : {}));
-      release.appendChild(button);
-      release.appendChild(to);
-      bar.appendChild(release);
+      button.addEventListener("click", () => { stopTyping(); act("/release", to.value ? { route: to.value } : {}); });
+      actions.appendChild(to);
+      actions.appendChild(button);
     }
-    const problem = el("div", "pending-problem");
-    problem.id = "action-problem";
-    bar.appendChild(problem);
-    box.appendChild(bar);
+    const details = el("button", "btn op-aside-toggle", "Details");
+    details.type = "button";
+    details.setAttribute("aria-controls", "op-inspector");
+    details.addEventListener("click", () => $("detail").classList.toggle("aside-open"));
+    actions.appendChild(details);
+    head.appendChild(actions);
+    return head;
+  }
+
+  /** The open items with their controls (an item only its user or a backend decides: shown, without). */
+  function renderCards(data) {
+    const box = el("div", "op-actions");
+    for (const item of data.pending || []) {
+      if (item.kind === "takeover") continue;
+      const ours = (item.by || []).some((role) => role !== "user" && role !== "backend");
+      box.appendChild(ChatrunPending.card(item, { canDecide: ours, reason: true, decide: (body) => decide(item.id, body) }));
+    }
     return box;
   }
+
+  /** At the bottom: Take over, or (once taken) the canned replies and the operator's message. */
+  function renderComposer(data) {
+    const box = el("div", "op-composer");
+    const problem = el("div", "pending-problem");
+    problem.id = "action-problem";
+    problem.setAttribute("role", "alert");
+    if (!data.taken_over) {
+      const bar = el("div", "op-takebar");
+      const take = el("button", "btn primary", "Take over");
+      take.id = "take-over";
+      take.type = "button";
+      take.addEventListener("click", () => act("/takeover", {}));
+      bar.appendChild(take);
+      const waits = (data.pending || []).find((i) => i.kind === "takeover");
+      bar.appendChild(el("span", "op-sub", waits ? "The user asked for a person: " + waits.ask : "The bot answers until you take over."));
+      box.appendChild(bar);
+      box.appendChild(problem);
+      return box;
+    }
+    const since = Date.parse(data.taken_over.since);
+    box.appendChild(el("div", "op-with", "You have this conversation (since " + ago(since, data.locale) + "): the bot is silent."));
+    const say = el("form", "op-say");
+    say.id = "operator-say";
+    const input = el("textarea");
+    input.rows = 2;
+    input.placeholder = "Type as the operator…";
+    input.setAttribute("aria-label", "Operator message");
+    input.id = "operator-input";
+    input.addEventListener("input", () => pingTyping(input.value.trim() !== ""));
+    input.addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); say.requestSubmit(); }
+    });
+    const send = el("button", "btn primary", "Send");
+    send.type = "submit";
+    say.appendChild(input);
+    say.appendChild(send);
+    say.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const text = input.value;
+      if (!text.trim()) return;
+      input.value = "";
+      stopTyping();
+      act("/operator/messages", { text: text }).then((ok) => { if (!ok && !$("operator-input").value) $("operator-input").value = text; });
+    });
+    if (open.canned.length) box.appendChild(renderCanned(input));
+    box.appendChild(say);
+    box.appendChild(problem);
+    return box;
+  }
+
+  function renderCanned(input) {
+    const row = el("div", "op-canned");
+    row.setAttribute("role", "group");
+    row.setAttribute("aria-label", "Canned replies");
+    for (const reply of open.canned) {
+      const pick = el("button", "", reply.name);
+      pick.type = "button";
+      pick.title = reply.text;
+      pick.dataset.canned = reply.name;
+      pick.addEventListener("click", () => { input.value = reply.text; input.focus(); pingTyping(true); });
+      row.appendChild(pick);
+    }
+    return row;
+  }
+
+  // -- typing, both ways ------------------------------------------------------------------------
+
+  function pingTyping(on) {
+    if (!open) return;
+    const now = Date.now();
+    if (on && now - lastPing < TYPING_PING) return;
+    if (!on && !lastPing) return;
+    lastPing = on ? now : 0;
+    call(sessionPath(open.bot, open.id) + "/typing", { method: "POST", body: JSON.stringify({ typing: on, as: "operator" }) })
+      .catch(() => {}); // a lost ping is harmless: the next one tells
+  }
+
+  function stopTyping() {
+    pingTyping(false);
+  }
+
+  function showTyping(typing) {
+    const line = $("user-typing");
+    if (!line) return;
+    const text = typing && typing.user ? (open.owner || "The user") + " is typing…" : "";
+    if (line.textContent !== text) line.textContent = text;
+  }
+
+  // -- acting -----------------------------------------------------------------------------------
 
   async function decide(item, body) {
     await call(sessionPath(open.bot, open.id) + "/pending/" + encodeURIComponent(item), {
@@ -283,33 +524,40 @@
     return true;
   }
 
-  /** The conversation as the user saw it (the user's messages during a takeover are its
-   * inputs too; their UserMessage events say the same), and what waited for whom. */
-  function renderHistory(history) {
+  /** The conversation as the user saw it, a time stamp where it paused, and what waited for whom. */
+  function renderHistory(history, locale) {
     const box = el("div", "op-history messages");
     box.id = "op-history";
     const asked = new Set(); // a Pending goes to the user and to operators: one line each
+    let before = 0;
     for (const entry of history) {
+      if (entry.at && entry.at - before > 300) box.appendChild(el("div", "stamp", clock(entry.at * 1000, locale)));
+      before = entry.at || before;
       const input = entry.input;
       const text = typeof input === "string" ? input : input && input.userMessage;
       if (text) box.appendChild(el("div", "msg user", text));
       const decision = input && input.decision;
       if (decision) box.appendChild(el("div", "route-change", describe(decision)));
-      for (const event of entry.events || []) {
-        if (event.type === "Message") {
-          const operator = event.meta && event.meta.from === "operator";
-          const bubble = el("div", "msg bot md" + (operator ? " operator" : ""));
-          if (operator) bubble.appendChild(el("div", "from", (event.meta.name || "operator") + " · operator"));
-          bubble.appendChild(ChatrunMarkdown.render(String(event.data)));
-          box.appendChild(bubble);
-        } else if (event.type === "Pending" && !asked.has(event.data.id)) {
-          asked.add(event.data.id);
-          box.appendChild(el("div", "note", "waiting (" + event.data.kind + " " + event.data.id + "): " + event.data.ask));
-        }
-      }
+      for (const event of entry.events || []) renderEvent(box, event, asked);
     }
     if (!history.length) box.appendChild(el("div", "muted", "No turns yet."));
     return box;
+  }
+
+  function renderEvent(box, event, asked) {
+    const meta = event.meta || {};
+    if (event.type === "Message" && meta.from === "notice") {
+      box.appendChild(el("div", "notice-line", String(event.data)));
+    } else if (event.type === "Message") {
+      const operator = meta.from === "operator";
+      const bubble = el("div", "msg bot md" + (operator ? " operator" : ""));
+      if (operator) bubble.appendChild(el("div", "from", (meta.name || "operator") + " · operator"));
+      bubble.appendChild(ChatrunMarkdown.render(String(event.data)));
+      box.appendChild(bubble);
+    } else if (event.type === "Pending" && !asked.has(event.data.id)) {
+      asked.add(event.data.id);
+      box.appendChild(el("div", "note", "waiting (" + event.data.kind + " " + event.data.id + "): " + event.data.ask));
+    }
   }
 
   function describe(decision) {
@@ -319,13 +567,14 @@
   }
 
   function renderInspector(data, inspect) {
-    const box = el("details", "panel op-inspector");
-    box.open = true;
-    box.appendChild(el("summary", "", "Inspector"));
-    const stack = el("div", "small", "route stack: " + (data.stack || []).join(" › "));
-    box.appendChild(stack);
+    const box = el("aside", "op-inspector");
+    box.id = "op-inspector";
+    box.setAttribute("aria-label", "Inspector");
+    box.appendChild(el("h3", "", "Inspector"));
+    box.appendChild(el("div", "small", "route stack: " + (data.stack || []).join(" › ")));
     const state = el("pre", "json");
     state.textContent = JSON.stringify(data.state, null, 2);
+    state.tabIndex = 0;
     box.appendChild(el("div", "small muted", "conversation state"));
     box.appendChild(state);
     if (inspect && inspect.memory) {
@@ -344,7 +593,8 @@
     return box;
   }
 
-  $("kind-filter").addEventListener("change", () => { pages = 1; refreshList(); });
-  $("who").textContent = "sessions waiting for a person";
-  refreshList();
+  window.addEventListener("pagehide", stopTyping);
+  $("kind-filter").addEventListener("change", () => { pages = 1; openStream(); });
+  savePrefs();
+  openStream();
 })();

@@ -1,0 +1,182 @@
+"""Issue 35, the operator inbox in Chromium: three customers wait; the inbox lists them newest
+activity first with the customer, their last message, the wait and the kind, a title badge
+"(3) Inbox", pushed by the server (GET /pending/stream: a new message reorders the list with no
+GET /pending from the page); a notification (asked on a click) tells of it. The operator opens a
+conversation (composer at the bottom), sees the user typing, takes over with a canned reply; the
+user's page shows "sam joined / left the conversation". Screenshots at 390 and 1280 px, light
+and dark (CHATRUN_SCREENSHOTS=DIR keeps them); axe-core reports no serious or critical violation.
+A real `chatrun serve` (SQLite, an --auth file), the fake OpenAI server as its model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from browser_support import BROWSER_MARKS, chromium, shot
+from hitl_support import SHOP, responder
+from server_support import free_port
+
+pytestmark = BROWSER_MARKS
+AXE = Path(__file__).resolve().parent / "vendor" / "axe.min.js"
+AUTH = """
+tokens:
+  ana-token-123: {principal: ana}
+  ben-token-123: {principal: ben}
+  chloe-token-12: {principal: chloe}
+  sam-token-123: {principal: sam, roles: [supervisor, operators]}
+"""
+TOKENS = {"ana": "ana-token-123", "ben": "ben-token-123", "chloe": "chloe-token-12", "sam": "sam-token-123"}
+# Counts what the page shows as notifications (headless Chromium shows none).
+NOTIFICATIONS = """
+window.__notes = [];
+class Recorded { constructor(title, options) { window.__notes.push({title, body: (options || {}).body}); }
+  close() {} static requestPermission() { return Promise.resolve("granted"); } }
+Recorded.permission = "granted";
+window.Notification = Recorded;
+"""
+
+
+@pytest.fixture
+def server(fake, tmp_path):
+    fake.responder = responder
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(AUTH)
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "runner"))
+    proc = subprocess.Popen([sys.executable, "-m", "chatrun", "serve", str(SHOP / "shop.yaml"), "--auth", str(auth),
+                             "--port", str(port), "--store", f"sqlite:///{tmp_path / 's.db'}"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=5)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"chatrun serve did not start: {proc.stderr.read()}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+
+
+def post(url: str, path: str, who: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST", headers={
+        "Authorization": f"Bearer {TOKENS[who]}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.loads(reply.read() or b"{}")
+
+
+def get(url: str, path: str, who: str) -> dict[str, Any]:
+    request = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {TOKENS[who]}"})
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.loads(reply.read())
+
+
+def until(condition: Any, seconds: float = 30.0) -> None:
+    """Wait for what another process does (the page's typing ping reaches the server)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not within 30 s"
+        time.sleep(0.2)
+
+
+def waiting_customer(url: str, who: str, text: str) -> str:
+    """`who` opens a conversation and asks for a person (the shop's `human` tool hands over)."""
+    session = f"{who}-1"
+    post(url, "/bots/shop/sessions", who, {"id": session})
+    post(url, f"/bots/shop/sessions/{session}/messages", who, {"userMessage": text})
+    return session
+
+
+def no_serious_violations(page: Any, what: str) -> None:
+    page.add_script_tag(path=str(AXE))
+    found = page.evaluate("async () => (await axe.run(document)).violations.map(v => "
+                          "({id: v.id, impact: v.impact, nodes: v.nodes.map(n => n.target.join(' ')).slice(0, 3)}))")
+    bad = [v for v in found if v["impact"] in ("serious", "critical")]
+    assert not bad, f"{what}: axe-core found {bad}"
+
+
+def open_page(browser: Any, url: str, path: str, who: str, width: int, errors: list[str], dark: bool = False) -> Any:
+    context = browser.new_context(viewport={"width": width, "height": 860}, color_scheme="dark" if dark else "light")
+    context.add_init_script(NOTIFICATIONS)
+    page = context.new_page()
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{url}{path}?token={TOKENS[who]}")
+    page.wait_for_selector("body[data-ready=true]", timeout=30_000)
+    return page
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_inbox_lists_pushes_notifies_and_the_operator_answers_at_the_bottom(server, width):
+    errors: list[str] = []
+    with chromium() as browser:
+        user = open_page(browser, server, "/", "ana", width, errors)
+        user.fill("#input", "human please, my parcel is two weeks late")
+        user.press("#input", "Enter")
+        user.locator(".msg.bot", has_text="Connecting you with a colleague.").wait_for(timeout=30_000)
+        waiting_customer(server, "ben", "human please, the size is wrong")
+        waiting_customer(server, "chloe", "human - I was charged twice")
+
+        inbox = open_page(browser, server, "/operator", "sam", width, errors)
+        inbox.wait_for_selector("body[data-channel=push]", timeout=30_000)
+        rows = inbox.locator(".op-session")
+        assert [rows.nth(i).locator(".op-who").inner_text() for i in range(3)] == ["chloe", "ben", "ana"]
+        assert "I was charged twice" in rows.first.locator(".op-last").inner_text()
+        assert rows.first.locator(".op-kind.takeover").count() == 1
+        assert inbox.title() == "(3) Inbox · chatrun"
+        inbox.click("#notify")
+        assert inbox.get_attribute("#notify", "aria-pressed") == "true"
+        shot(inbox, f"inbox-list-{width}")
+        no_serious_violations(inbox, f"the inbox at {width} px")
+
+        lists = []  # the page's own GET /pending: none while the stream pushes
+        inbox.on("request", lambda r: lists.append(r.url) if "/pending?" in r.url else None)
+        ana = [r.get_attribute("data-session") for r in rows.all()][2]
+        post(server, f"/bots/shop/sessions/{ana}/messages", "ana", {"userMessage": "Hello? Anyone there?"})
+        inbox.locator(".op-session").first.locator(".op-who", has_text="ana").wait_for(timeout=30_000)
+        assert not lists, f"the page polled GET /pending while the stream was open: {lists}"
+        notes = inbox.evaluate("() => window.__notes")
+        assert notes and notes[-1]["title"].startswith("ana") and notes[-1]["body"] == "Hello? Anyone there?"
+
+        inbox.locator(".op-session").first.click()
+        inbox.wait_for_selector("#detail .op-detail-head", timeout=30_000)
+        composer = inbox.locator(".op-composer").bounding_box()
+        assert composer["y"] + composer["height"] >= inbox.viewport_size["height"] - 2  # at the bottom
+        post(server, f"/bots/shop/sessions/{ana}/typing", "ana", {"typing": True})
+        inbox.locator("#user-typing", has_text="ana is typing…").wait_for(timeout=30_000)
+        inbox.click("#take-over")
+        inbox.wait_for_selector("#operator-input", timeout=30_000)
+        user.locator(".msg", has_text="sam joined the conversation").wait_for(timeout=30_000)
+        inbox.fill("#operator-input", "One moment")  # the page pings "typing" as it fills
+        until(lambda: get(server, f"/bots/shop/sessions/{ana}/typing", "ana")["operator"] == "sam")
+        inbox.click("[data-canned='late parcel']")
+        assert inbox.input_value("#operator-input") == "Parcels late by more than a week are refunded in full."
+        inbox.click("#operator-say button[type=submit]")
+        user.locator(".msg.operator", has_text="refunded in full").wait_for(timeout=30_000)
+        inbox.locator("#op-history", has_text="refunded in full").wait_for(timeout=30_000)
+        assert inbox.locator("#op-history .notice-line", has_text="sam joined the conversation").count() == 1
+        shot(inbox, f"inbox-conversation-{width}")
+        no_serious_violations(inbox, f"the conversation at {width} px")
+
+        inbox.click("#release")
+        user.locator(".msg", has_text="sam left the conversation").wait_for(timeout=30_000)
+        shot(user, f"inbox-user-{width}")
+
+        dark = open_page(browser, server, "/operator", "sam", width, errors, dark=True)
+        dark.wait_for_selector(".op-session", timeout=30_000)
+        shot(dark, f"inbox-list-dark-{width}")
+        no_serious_violations(dark, f"the inbox in dark mode at {width} px")
+    assert not errors, f"JavaScript errors: {errors}"
