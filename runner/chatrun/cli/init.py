@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from chatrun.cli.schema import BOT_SCHEMA_DIR, write_schemas
+from chatrun.version import DOCS_URL
 
 STARTERS = Path(__file__).parent / "starters"
 TEMPLATES = ("hello", "wizard", "support")
@@ -51,6 +52,7 @@ def render_starter(template: str, directory: Path) -> dict[Path, str]:
         replacements = {
             "__NAME__": bot_name(directory),
             "__DIR__": directory.as_posix(),
+            "__DOCS__": DOCS_URL,
             "__SCHEMA__": schema_ref(directory / BOT_SCHEMA_DIR / "bot.schema.json", target.parent),
             "__TRANSCRIPT_SCHEMA__": schema_ref(directory / BOT_SCHEMA_DIR / "transcript.schema.json", target.parent),
         }
@@ -73,11 +75,25 @@ def create_bot(directory: Path, template: str = "hello") -> list[Path]:
     return [*files, *write_schemas(directory / BOT_SCHEMA_DIR)]
 
 
+def copy_example_bot(directory: Path, example: str) -> list[Path]:
+    """Copy an example bot (`chatrun examples`) into `directory`, which must not hold files yet."""
+    from chatrun.cli.examples import copy_example, example_path
+
+    example_path(example)  # an unknown name fails before anything is written
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise click.ClickException(f"refusing to overwrite: {directory} is not empty; choose a new directory")
+    schemas = directory / BOT_SCHEMA_DIR
+    write_schemas(schemas)  # first: the copy's modelines are pointed at these
+    return [*copy_example(example, directory, schemas), *sorted(schemas.iterdir())]
+
+
 @click.command()
-@click.argument("name", metavar="NAME", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("name", metavar="[NAME]", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--template", "-t", type=click.Choice(TEMPLATES), default="hello", show_default=True,
               help="hello: one route; wizard: a nested scope collecting answers; support: state, events and roles.")
-def init(name: Path, template: str) -> None:
+@click.option("--example", "-e", metavar="BOT", help="Copy this example bot with its transcripts instead "
+              "(`chatrun examples` lists them); NAME defaults to BOT.")
+def init(name: Path | None, template: str, example: str | None) -> None:
     """Create a bot directory NAME: bot.yaml, a golden transcript and a README.
 
     \b
@@ -85,8 +101,17 @@ def init(name: Path, template: str) -> None:
       chatrun init mybot
       chatrun init bots/pizza --template wizard
       chatrun init desk -t support && chatrun test desk
+      chatrun init --example travel
     """
-    written = create_bot(name, template)
-    for path in written:
-        click.echo(f"created {path}")
-    click.echo(f"\nnext: chatrun validate {name} && chatrun test {name} && chatrun repl {name}")
+    if name is None and example is None:
+        raise click.UsageError("say which directory to create: chatrun init NAME (or copy an example bot: "
+                               "chatrun init --example BOT; `chatrun examples` lists them)")
+    directory = name if name is not None else Path(str(example))
+    if example:
+        written = copy_example_bot(directory, example)
+        click.echo(f"copied the example bot {example} into {directory} ({len(written)} files, its transcripts "
+                   "and the schemas its files name included)")
+    else:
+        for path in create_bot(directory, template):
+            click.echo(f"created {path}")
+    click.echo(f"\nnext: chatrun validate {directory} && chatrun test {directory} && chatrun repl {directory}")

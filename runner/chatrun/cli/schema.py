@@ -9,12 +9,11 @@ from pathlib import Path
 
 import click
 
-from chatrun.definition.schemas import schema_path
+from chatrun.definition.schemas import BOT_SCHEMA_DIR, schema_path
 
 SCHEMAS = {"bot": "bot.schema.json", "transcript": "transcript.schema.json", "scenario": "scenario.schema.json",
            "wire": "wire.schema.json"}
-# Where `chatrun init` puts a bot's own copies, relative to the bot's directory.
-BOT_SCHEMA_DIR = Path(".chatrun") / "schemas"
+__all__ = ["BOT_SCHEMA_DIR", "SCHEMAS", "schema", "write_schemas"]
 
 
 def write_schemas(directory: Path) -> list[Path]:
