@@ -18,6 +18,8 @@ from pathlib import Path
 import click
 import yaml
 
+from chatrun.cli.schema import schema_ref
+
 _REPO_BOTS = Path(__file__).resolve().parents[3] / "bots"
 # `# yaml-language-server: $schema=../../schemas/bot.schema.json#/$defs/fragment`: the path is rewritten,
 # the schema's file name and any fragment kept.
@@ -90,8 +92,6 @@ def copy_example(name: str, directory: Path, schema_dir: Path) -> list[Path]:
 
 
 def modeline(match: re.Match[str], schema_dir: Path, from_dir: Path) -> str:
-    from chatrun.cli.init import schema_ref
-
     return f"{match.group(1)}{schema_ref(schema_dir / match.group(3), from_dir)}{match.group(4) or ''}"
 
 

@@ -8,13 +8,12 @@ bot is committed, cloned elsewhere or chatrun is installed again."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import click
 
-from chatrun.cli.schema import BOT_SCHEMA_DIR, write_schemas
+from chatrun.cli.schema import BOT_SCHEMA_DIR, schema_ref, write_schemas
 from chatrun.version import DOCS_URL
 
 STARTERS = Path(__file__).parent / "starters"
@@ -25,18 +24,6 @@ def bot_name(directory: Path) -> str:
     """A valid bot name from the directory's name: `My Bot!` -> `My_Bot`."""
     name = re.sub(r"[^A-Za-z0-9_-]+", "_", directory.resolve().name).strip("_-") or "bot"
     return name if re.match(r"[A-Za-z_]", name) else f"_{name}"
-
-
-def schema_ref(schema: Path, from_dir: Path) -> str:
-    """How a file in `from_dir` names a schema: relative when it can be, else absolute."""
-    schema, from_dir = schema.resolve(), from_dir.resolve()
-    try:
-        shared = Path(os.path.commonpath([schema, from_dir]))
-    except ValueError:  # another drive (Windows)
-        return schema.as_posix()
-    if shared == Path(shared.anchor):  # nothing in common but the root: the absolute path reads better
-        return schema.as_posix()
-    return Path(os.path.relpath(schema, from_dir)).as_posix()
 
 
 def render_starter(template: str, directory: Path) -> dict[Path, str]:
