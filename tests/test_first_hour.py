@@ -94,6 +94,17 @@ def test_a_missing_bot_path_says_how_to_get_a_bot(tmp_path, monkeypatch, command
     assert "Traceback" not in example.output + other.output
 
 
+def test_chatrun_test_of_a_missing_bot_or_of_nothing_says_how_to_get_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    missing = invoke(["test", "bots/hello"])
+    assert missing.exit_code == 4
+    assert "no such transcript: bots/hello. It is an example bot: `chatrun init --example hello bots/hello`" \
+        in missing.output, missing.output
+    nothing = invoke(["test"])
+    assert nothing.exit_code == 5 and "`chatrun examples` lists the example bots" in nothing.output
+    assert nothing.output.splitlines()[-1] == "0 passed, 0 failed"
+
+
 def test_the_files_init_writes_name_what_the_user_has(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for template in ("hello", "wizard", "support"):
