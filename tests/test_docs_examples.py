@@ -1,4 +1,4 @@
-"""Every example in README.md and docs/*.md runs as printed.
+"""Every example in README.md, CONTRIBUTING.md, bench/README.md and docs/*.md runs as printed.
 
 Each fenced block is run by its language:
 - `sh`: every command runs (bash, `chatrun` on PATH) and must exit 0;
@@ -42,7 +42,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bots" / "README.md"]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bots" / "README.md",
+         REPO / "CONTRIBUTING.md", REPO / "bench" / "README.md"]
 FENCE = re.compile(r"^```(\S*)\s*$")
 MARKER = re.compile(r"^<!--\s*doc-test:\s*(.*?)\s*-->\s*$")
 

@@ -125,7 +125,7 @@ def test_a_long_paste_arrives_whole_and_save_expands_the_home_folder(term, tmp_p
     t.expect("Got it")
     t.expect("chat> ")
     t.send("/save ~/t.yaml\r")
-    t.expect("saved 1 turns to")
+    t.expect("saved 1 turn to")
     t.expect("chat> ")
     t.send("/quit\r")
     assert t.wait() == 0

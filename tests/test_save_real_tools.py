@@ -87,7 +87,7 @@ def save_session(tmp_path: Path, api_url: str, lines: list[str]) -> tuple[subpro
                    env_extra={"ORDERS_API_URL": api_url})
     assert out.returncode == 0, out.stderr
     turns = sum(1 for line in lines if not line.startswith("/"))
-    assert f"saved {turns} turns" in out.stdout, out.stdout
+    assert f"saved {turns} turn{'' if turns == 1 else 's'} to" in out.stdout, out.stdout
     return out, saved
 
 

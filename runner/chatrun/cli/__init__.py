@@ -6,6 +6,7 @@ import warnings
 
 import click
 
+from chatrun.version import DOCS_URL
 from chatrun.version import VERSION as __version__
 
 
@@ -26,6 +27,7 @@ COMMANDS = {
     "test": "chatrun.cli.test:test",
     "serve": "chatrun.cli.serve:serve",
     "init": "chatrun.cli.init:init",
+    "examples": "chatrun.cli.examples:examples",
     "schema": "chatrun.cli.schema:schema",
     "record": "chatrun.cli.record:record",
     "simulate": "chatrun.cli.simulate:simulate",
@@ -48,6 +50,7 @@ SUMMARIES = {
     "test": "Replay golden transcripts offline and check what each turn did.",
     "serve": "Serve bots over WebSocket and HTTP, with a web chat page and inspector.",
     "init": "Create a bot directory NAME: bot.yaml, a golden transcript and a README.",
+    "examples": "List the example bots this install carries; `chatrun init --example NAME` copies one.",
     "schema": "Print the path of chatrun's JSON Schema for bots (default), transcripts, scenarios or wire frames.",
     "record": "Turn a stored session into a golden transcript whose tool results are mocks.",
     "simulate": "Play scenarios with a simulated user and report each one's pass rate.",
@@ -92,17 +95,18 @@ class LazyGroup(click.Group):
         return getattr(module, attr)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=f"Documentation: {DOCS_URL} (a page a message names, docs/format.md, is {DOCS_URL}format.md).")
 @click.version_option(__version__, prog_name="chatrun")
 def main() -> None:
     """chatrun: run declarative LLM chatbots described in YAML.
 
     \b
     Examples:
+      chatrun examples
+      chatrun init --example travel
+      chatrun test travel
+      chatrun repl travel
       chatrun init mybot --template wizard
-      chatrun validate bots/travel
-      chatrun graph bots/travel --format mermaid
-      chatrun repl bots/hello
-      chatrun test
     """
     warnings.showwarning = _show_warning

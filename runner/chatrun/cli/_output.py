@@ -4,6 +4,7 @@ message` lines (or JSON), a summary, and exit codes instead of tracebacks."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Coroutine, Iterable
 from typing import Any, NoReturn
 
@@ -84,3 +85,30 @@ def run_on_store(url: str, work: Coroutine[Any, Any, Any]) -> Any:
     except (ChatrunError, OSError, ValueError) as exc:
         click.echo(f"{url}: error: {exc}", err=True)
         raise click.exceptions.Exit(2) from None
+
+
+class BotPath(click.Path):
+    """A bot's path argument (click.Path(exists=True)): a path that is not there says how to get a
+    bot, since a first-time user typing the README's `chatrun repl bots/hello` has no bots/ yet."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(exists=True, **kwargs)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as exc:
+            if os.path.exists(value):
+                raise
+            self.fail(f"{exc.message.rstrip('.')}. {how_to_get_a_bot(str(value))}", param, ctx)
+
+
+def how_to_get_a_bot(missing: str) -> str:
+    """The hint for a bot path that does not exist: the example of that name if there is one."""
+    from chatrun.cli.examples import example_names
+
+    name = os.path.basename(os.path.normpath(missing))
+    if name in example_names():
+        return f"It is an example bot: `chatrun init --example {name} {missing}` copies it there."
+    return ("`chatrun examples` lists the example bots (`chatrun init --example NAME` copies one); "
+            "`chatrun init mybot` writes a new bot.")

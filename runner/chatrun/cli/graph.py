@@ -7,13 +7,13 @@ import sys
 
 import click
 
-from chatrun.cli._output import fail, print_diagnostics, summary
+from chatrun.cli._output import BotPath, fail, print_diagnostics, summary
 from chatrun.definition.graph import FORMATS
 from chatrun.errors import BotError, Diagnostic
 
 
 @click.command("graph")
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=BotPath())
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
               help="text: a list for the terminal; mermaid: a flowchart for Markdown (GitHub renders it "
                    "in a ```mermaid block); dot: Graphviz input (pipe it to `dot -Tsvg`).")

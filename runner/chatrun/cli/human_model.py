@@ -1,8 +1,9 @@
 """A model played by a person: the REPL asks the author what the model answers.
 
 With no credentials configured, `chatrun repl` uses this so every flow of a bot can
-be walked on a fresh machine: answer each model call with `/say TEXT` or
-`/call TOOL {"arg": ...}`.
+be walked on a fresh machine: answer each model call with plain text (or `/say TEXT`) or
+`/call TOOL {"arg": ...}`. Other slash commands at the `model>` prompt go to the REPL
+(`command`: the read-only ones run, /quit leaves, the rest wait for the turn's end).
 """
 
 from __future__ import annotations
@@ -17,14 +18,24 @@ from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 
 ReadLine = Callable[[str], Awaitable[str | None]]
 Write = Callable[[str], None]
+# A slash command other than /say and /call, typed at the `model>` prompt: the REPL runs it,
+# and says "quit" when the author asked to leave.
+Command = Callable[[str], str | None]
 
-HELP = "answer as the model: /say TEXT  or  /call TOOL {json arguments}"
+HELP = ("answer as the model: type its text (or /say TEXT), or /call TOOL {json arguments}; /help; "
+        "Ctrl-C cancels the turn")
+
+
+class QuitWhileAnswering(ModelError):
+    """/quit at the `model>` prompt: the turn ends unanswered (rolled back, as any failed turn)
+    and the REPL leaves."""
 
 
 class HumanModel:
-    def __init__(self, read_line: ReadLine, write: Write):
+    def __init__(self, read_line: ReadLine, write: Write, command: Command | None = None):
         self.read_line = read_line
         self.write = write
+        self.command = command
         self.calls = 0
         self.responses: list[ModelResponse] = []  # what was answered, for /save
         self.last_route: str | None = None
@@ -68,6 +79,11 @@ class HumanModel:
 
     def parse(self, line: str, tools: list[str]) -> ModelResponse | None:
         command, _, rest = line.partition(" ")
+        if not line:
+            self.write(f"[{HELP}]")
+            return None
+        if not line.startswith("/"):  # plain text is the model's answer, as /say would give it
+            return ModelResponse(text=line)
         if command == "/say" and rest.strip():
             return ModelResponse(text=rest.strip())
         if command == "/call" and rest.strip():
@@ -82,6 +98,10 @@ class HumanModel:
                 self.write(f"[note: {name} is not offered on this route; the engine will tell the model so]")
             self.calls += 1
             return ModelResponse(tool_calls=[ToolCall(f"human_{self.calls}", name, raw)])
+        if command not in ("/say", "/call") and self.command is not None:
+            if self.command(line) == "quit":
+                raise QuitWhileAnswering("you left while the model's answer was awaited; the turn was not kept")
+            return None
         self.write(f"[{HELP}]")
         return None
 

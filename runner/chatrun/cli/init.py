@@ -8,13 +8,13 @@ bot is committed, cloned elsewhere or chatrun is installed again."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import click
 
-from chatrun.cli.schema import BOT_SCHEMA_DIR, write_schemas
+from chatrun.cli.schema import BOT_SCHEMA_DIR, schema_ref, write_schemas
+from chatrun.version import DOCS_URL
 
 STARTERS = Path(__file__).parent / "starters"
 TEMPLATES = ("hello", "wizard", "support")
@@ -24,18 +24,6 @@ def bot_name(directory: Path) -> str:
     """A valid bot name from the directory's name: `My Bot!` -> `My_Bot`."""
     name = re.sub(r"[^A-Za-z0-9_-]+", "_", directory.resolve().name).strip("_-") or "bot"
     return name if re.match(r"[A-Za-z_]", name) else f"_{name}"
-
-
-def schema_ref(schema: Path, from_dir: Path) -> str:
-    """How a file in `from_dir` names a schema: relative when it can be, else absolute."""
-    schema, from_dir = schema.resolve(), from_dir.resolve()
-    try:
-        shared = Path(os.path.commonpath([schema, from_dir]))
-    except ValueError:  # another drive (Windows)
-        return schema.as_posix()
-    if shared == Path(shared.anchor):  # nothing in common but the root: the absolute path reads better
-        return schema.as_posix()
-    return Path(os.path.relpath(schema, from_dir)).as_posix()
 
 
 def render_starter(template: str, directory: Path) -> dict[Path, str]:
@@ -51,6 +39,7 @@ def render_starter(template: str, directory: Path) -> dict[Path, str]:
         replacements = {
             "__NAME__": bot_name(directory),
             "__DIR__": directory.as_posix(),
+            "__DOCS__": DOCS_URL,
             "__SCHEMA__": schema_ref(directory / BOT_SCHEMA_DIR / "bot.schema.json", target.parent),
             "__TRANSCRIPT_SCHEMA__": schema_ref(directory / BOT_SCHEMA_DIR / "transcript.schema.json", target.parent),
         }
@@ -73,11 +62,25 @@ def create_bot(directory: Path, template: str = "hello") -> list[Path]:
     return [*files, *write_schemas(directory / BOT_SCHEMA_DIR)]
 
 
+def copy_example_bot(directory: Path, example: str) -> list[Path]:
+    """Copy an example bot (`chatrun examples`) into `directory`, which must not hold files yet."""
+    from chatrun.cli.examples import copy_example, example_path
+
+    example_path(example)  # an unknown name fails before anything is written
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise click.ClickException(f"refusing to overwrite: {directory} is not empty; choose a new directory")
+    schemas = directory / BOT_SCHEMA_DIR
+    write_schemas(schemas)  # first: the copy's modelines are pointed at these
+    return [*copy_example(example, directory, schemas), *sorted(schemas.iterdir())]
+
+
 @click.command()
-@click.argument("name", metavar="NAME", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("name", metavar="[NAME]", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--template", "-t", type=click.Choice(TEMPLATES), default="hello", show_default=True,
               help="hello: one route; wizard: a nested scope collecting answers; support: state, events and roles.")
-def init(name: Path, template: str) -> None:
+@click.option("--example", "-e", metavar="BOT", help="Copy this example bot with its transcripts instead "
+              "(`chatrun examples` lists them); NAME defaults to BOT.")
+def init(name: Path | None, template: str, example: str | None) -> None:
     """Create a bot directory NAME: bot.yaml, a golden transcript and a README.
 
     \b
@@ -85,8 +88,17 @@ def init(name: Path, template: str) -> None:
       chatrun init mybot
       chatrun init bots/pizza --template wizard
       chatrun init desk -t support && chatrun test desk
+      chatrun init --example travel
     """
-    written = create_bot(name, template)
-    for path in written:
-        click.echo(f"created {path}")
-    click.echo(f"\nnext: chatrun validate {name} && chatrun test {name} && chatrun repl {name}")
+    if name is None and example is None:
+        raise click.UsageError("say which directory to create: chatrun init NAME (or copy an example bot: "
+                               "chatrun init --example BOT; `chatrun examples` lists them)")
+    directory = name if name is not None else Path(str(example))
+    if example:
+        written = copy_example_bot(directory, example)
+        click.echo(f"copied the example bot {example} into {directory} ({len(written)} files, its transcripts "
+                   "and the schemas its files name included)")
+    else:
+        for path in create_bot(directory, template):
+            click.echo(f"created {path}")
+    click.echo(f"\nnext: chatrun validate {directory} && chatrun test {directory} && chatrun repl {directory}")

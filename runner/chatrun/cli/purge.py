@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from chatrun.cli._output import run_on_store
+from chatrun.cli._output import BotPath, run_on_store
 from chatrun.definition.config import Retention, duration_seconds
 
 STORE_HELP = "The store the servers share (sqlite:///path/to.db, redis://host:port/db)."
@@ -42,7 +42,7 @@ def server_retention(idle: float | None, dead_letters: float | None) -> Retentio
 
 
 @click.command("purge")
-@click.argument("bots", nargs=-1, type=click.Path(exists=True))
+@click.argument("bots", nargs=-1, type=BotPath())
 @click.option("--store", "store_url", required=True, metavar="URL", help=STORE_HELP)
 @click.option("--retain-idle", type=DURATION, default=None, metavar="DURATION", help=RETAIN_IDLE_HELP)
 @click.option("--retain-dead-letters", type=DURATION, default=None, metavar="DURATION", help=RETAIN_DEAD_HELP)

@@ -15,6 +15,7 @@ import click
 
 from chatrun import events as ev
 from chatrun.cli._complete import DELIMITERS, Names, command_names, completions
+from chatrun.cli._output import BotPath, plural
 from chatrun.cli._reload import ReplReloader
 from chatrun.cli.human_model import HumanModel
 from chatrun.definition.config import ModelConfig
@@ -61,6 +62,17 @@ Ctrl-C cancels a running turn, or clears the line; twice on an empty line quits.
 Up/Down recall earlier lines (kept in {history}); Tab completes commands, and the names of
 tools (/call), routes (/reset) and roles (/roles) of the bot as it is now (after a reload too),
 the words of /clock (real, +1h, +1d, the time now) and /operator, and the ids of pending items."""
+
+# At the `model>` prompt (playing the model, in the middle of a turn): what may run there.
+READ_ONLY = ("/route", "/stack", "/state", "/memory", "/history", "/usage", "/pending")
+MODEL_PROMPT_HELP = """\
+At the model> prompt you answer for the model, in the middle of the user's turn:
+TEXT or /say TEXT  answer with this text
+/call TOOL {JSON}  call a tool with these arguments (the tools offered are listed above the prompt)
+/route /stack /state /memory /history /usage /pending
+                   look around, as at the user's prompt
+/quit              leave (the turn is not kept; Ctrl-D too)
+Ctrl-C cancels the turn: the session is as it was before it. Other commands wait for the turn's end."""
 
 REFUSED = (DecisionRefused, NotPending, InvalidDecision, UnknownRouteError)  # a decision refused before its turn
 ROLES_OFF = ("(no --roles given: role checks are off, every route is open; "
@@ -188,7 +200,8 @@ class Repl:
         self.principal: dict[str, Any] | None = None  # who is signed in (/principal): what `bind:` reads
         self.wanted_locale: str | None = None  # the locale /locale asked for (docs/i18n.md)
         self.interactive = sys.stdin.isatty()
-        self.human = HumanModel(self.read_line, self.note) if play_model else None
+        self.human = HumanModel(self.read_line, self.note, self.command_while_answering) if play_model else None
+        self.leaving = False  # /quit at the `model>` prompt: leave once its turn has ended
         self.waiting_at: str | None = None  # the prompt input() shows now, if it is waiting
         self.reloader = ReplReloader(bot, echo=self.notice_while_reading)
         # One loop for the REPL's life: the bot's MCP servers and HTTP connections belong to the
@@ -398,7 +411,7 @@ class Repl:
             if not line:
                 continue
             if line.startswith("/"):
-                if self.command(line) == "quit":
+                if self.command(line) == "quit" or self.leaving:
                     return 0
                 continue
             picked = picked_choice(line, self.choices)
@@ -407,6 +420,8 @@ class Repl:
                 click.secho(f"→ {line}", dim=True)
             self.choices = []
             self.turn(line)
+            if self.leaving:
+                return 0
 
     def turn(self, text: Any, step: dict[str, Any] | None = None, backend: bool = False) -> None:
         """Run one turn: the user's `text`, or a decision (`step` is how /save writes it,
@@ -469,8 +484,27 @@ class Repl:
         self.session.tool_mocks = recorder
         return recorder
 
+    def command_while_answering(self, line: str) -> str | None:
+        """A slash command at the `model>` prompt, mid-turn: the read-only ones run (on the bot and
+        session of the running turn: no reload is taken here), /quit leaves once the turn is undone."""
+        name = line.partition(" ")[0]
+        if name in ("/quit", "/exit"):
+            self.leaving = True
+            return "quit"
+        if name == "/help":
+            click.echo(MODEL_PROMPT_HELP)
+        elif name in READ_ONLY:
+            self.run_command(line)
+        else:
+            click.secho(f"({name} waits for the end of the turn: answer for the model first, or Ctrl-C cancels "
+                        "the turn; /help lists what works here)", dim=True)
+        return None
+
     def command(self, line: str) -> str | None:
         self.take_reloaded_bot()
+        return self.run_command(line)
+
+    def run_command(self, line: str) -> str | None:
         name, _, arg = line.partition(" ")
         s = self.session
         if name in ("/quit", "/exit"):
@@ -678,11 +712,11 @@ class Repl:
         except (ChatrunError, OSError) as exc:
             click.secho(f"could not save: {exc}", fg="red")
             return
-        click.secho(f"saved {len(self.records)} turns to {path}; run it with: chatrun test {path}", dim=True)
+        click.secho(f"saved {plural(len(self.records), 'turn')} to {path}; run it with: chatrun test {path}", dim=True)
 
 
 @click.command()
-@click.argument("bot_path", metavar="BOT", type=click.Path(exists=True))
+@click.argument("bot_path", metavar="BOT", type=BotPath())
 @click.option("--route", help="Start route (default: the bot's default route).")
 @click.option("--session", "session_id", help="Resume this session from the store (or start it with this id).")
 @click.option("--store", default=None, help="Where sessions live: memory:// (default) or sqlite:///path/to.db "

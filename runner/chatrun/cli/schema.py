@@ -4,17 +4,29 @@ new bot's `.chatrun/schemas/`, so its modelines point at files committed with it
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import click
 
-from chatrun.definition.schemas import schema_path
+from chatrun.definition.schemas import BOT_SCHEMA_DIR, schema_path
 
 SCHEMAS = {"bot": "bot.schema.json", "transcript": "transcript.schema.json", "scenario": "scenario.schema.json",
            "wire": "wire.schema.json"}
-# Where `chatrun init` puts a bot's own copies, relative to the bot's directory.
-BOT_SCHEMA_DIR = Path(".chatrun") / "schemas"
+__all__ = ["BOT_SCHEMA_DIR", "SCHEMAS", "schema", "schema_ref", "write_schemas"]
+
+
+def schema_ref(schema: Path, from_dir: Path) -> str:
+    """How a file in `from_dir` names a schema: relative when it can be, else absolute."""
+    schema, from_dir = schema.resolve(), from_dir.resolve()
+    try:
+        shared = Path(os.path.commonpath([schema, from_dir]))
+    except ValueError:  # another drive (Windows)
+        return schema.as_posix()
+    if shared == Path(shared.anchor):  # nothing in common but the root: the absolute path reads better
+        return schema.as_posix()
+    return Path(os.path.relpath(schema, from_dir)).as_posix()
 
 
 def write_schemas(directory: Path) -> list[Path]:

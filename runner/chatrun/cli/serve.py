@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from chatrun.cli._output import BotPath
 from chatrun.cli.purge import DURATION, RETAIN_DEAD_HELP, RETAIN_IDLE_HELP, server_retention
 from chatrun.errors import ChatrunError
 
@@ -119,7 +120,7 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
 
 
 @click.command()
-@click.argument("bots", nargs=-1, required=True, metavar="BOT [BOT...]", type=click.Path(exists=True))
+@click.argument("bots", nargs=-1, required=True, metavar="BOT [BOT...]", type=BotPath())
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
 @click.option(

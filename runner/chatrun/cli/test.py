@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from chatrun.cli._output import how_to_get_a_bot
 from chatrun.errors import BotError, ChatrunError
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, EXIT_NONE = 0, 1, 2, 4, 5
@@ -169,7 +170,7 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
         found = discover(list(paths))
         missing = [p for p in found if not _exists(p)]
         if missing:
-            click.echo(f"error: no such transcript: {', '.join(missing)}", err=True)
+            click.echo(f"error: no such transcript: {', '.join(missing)}. {how_to_get_a_bot(missing[0])}", err=True)
             sys.exit(EXIT_USAGE)
         if keyword:
             keep = keyword_filter(keyword)
@@ -180,6 +181,9 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
     if not found:
         where = " ".join(paths) or "bots/*/transcripts/*.yaml"
         click.echo(f"no transcripts found ({where}{', -k ' + keyword if keyword else ''})")
+        if not paths:
+            click.echo("(`chatrun examples` lists the example bots, each with its transcripts: "
+                       "`chatrun init --example NAME` copies one here)")
         click.echo("0 passed, 0 failed")
         sys.exit(EXIT_NONE)
     if (update or record) and live:

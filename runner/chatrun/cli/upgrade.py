@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from chatrun.cli._output import BotPath
+
 
 @dataclass
 class Upgrade:
@@ -27,7 +29,7 @@ class Upgrade:
 
 
 @click.command("upgrade")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("paths", nargs=-1, required=True, type=BotPath())
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 when a bot is not on the current format (for CI).")
 def upgrade(paths: tuple[str, ...], check: bool) -> None:

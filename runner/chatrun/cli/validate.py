@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from chatrun.cli._output import counts, fail, plural, print_diagnostics, summary
+from chatrun.cli._output import BotPath, counts, fail, plural, print_diagnostics, summary
 from chatrun.errors import BotError, ChatrunError, Diagnostic
 
 if TYPE_CHECKING:
@@ -14,12 +14,12 @@ if TYPE_CHECKING:
 
 
 @click.command("validate")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("paths", nargs=-1, required=True, type=BotPath())
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text: `file:line:col: error|warning: message` lines and a summary; json: a list of diagnostics.")
 @click.option("--connect", is_flag=True,
               help="Start the bots' MCP servers and check the MCP tool names they use against what the servers list.")
-@click.option("--against", "against", type=click.Path(exists=True), metavar="OLD",
+@click.option("--against", "against", type=BotPath(), metavar="OLD",
               help="Check the bots' `migrations:` against OLD, the version they migrate from: every route, tool and "
                    "state key a migration names exists there, every route removed since is mapped.")
 def validate(paths: tuple[str, ...], fmt: str, connect: bool, against: str | None) -> None:

@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # jsonschema loads only when a document fails compile_check's
     from jsonschema.exceptions import ValidationError
 
 _REPO_SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
+# Where `chatrun init` puts a bot's own copies of the schemas, relative to the bot's directory (its
+# modelines, and those of transcripts /save writes, point at them).
+BOT_SCHEMA_DIR = Path(".chatrun") / "schemas"
 
 def schema_path(name: str) -> Path:
     """The path of a schema file (e.g. "bot.schema.json").

@@ -80,8 +80,9 @@ def save_transcript(
     for turn in node["turns"]:
         turn.fa.set_block_style()  # --update splices block mappings
     y.dump(node, buf)
-    schema = os.path.relpath(_schema_file(), path.parent.resolve())
-    path.write_text(HEADER.format(schema=schema, file=path) + buf.getvalue(), encoding="utf-8")
+    bot_dir = _bot_dir(Path(bot_path))
+    header = HEADER.format(schema=schema_reference(path, bot_dir), file=_run_path(path, bot_dir))
+    path.write_text(header + buf.getvalue(), encoding="utf-8")
     result = run_transcript(str(path))
     if result.error is None and update_from_result(result):
         result = run_transcript(str(path))
@@ -132,14 +133,45 @@ def _acting(record: dict[str, Any], principal: Any, roles: Any) -> Any:
     return {**dict(who), "roles": sorted(their_roles or ())}
 
 
-def _relative_bot(bot_path: Path, folder: Path) -> str:
+def _bot_dir(bot_path: Path) -> Path:
     bot_path = bot_path.resolve()
     if bot_path.is_file() and bot_path.name in ("bot.yaml", "bot.yml"):
-        bot_path = bot_path.parent
-    return Path(os.path.relpath(bot_path, folder.resolve())).as_posix()
+        return bot_path.parent
+    return bot_path
 
 
-def _schema_file() -> Path:
-    from chatrun.definition.schemas import schema_path
+def _relative_bot(bot_path: Path, folder: Path) -> str:
+    return Path(os.path.relpath(_bot_dir(bot_path), folder.resolve())).as_posix()
 
-    return schema_path("transcript.schema.json")
+
+def _inside(path: Path, folder: Path) -> bool:
+    return folder == path or folder in path.parents
+
+
+def schema_reference(path: Path, bot_dir: Path) -> str:
+    """How the saved file's modeline names the transcript schema, so it still works when the bot is
+    committed, cloned or chatrun reinstalled: the bot's own copy (`chatrun init` writes one into
+    .chatrun/schemas/), relatively; else, in a checkout of chatrun, its schemas/ relatively; else
+    the schema's `$id` (never a file inside the virtualenv)."""
+    from chatrun.definition.schemas import BOT_SCHEMA_DIR, load_schema, schema_path
+
+    folder = path.parent.resolve()
+    homes = (bot_dir, *list(bot_dir.parents)[:2])  # a version's folder (versions/N) or the bot's
+    own = next((d / BOT_SCHEMA_DIR / "transcript.schema.json" for d in homes
+                if (d / BOT_SCHEMA_DIR / "transcript.schema.json").is_file()), None)
+    if own is not None:
+        return Path(os.path.relpath(own, folder)).as_posix()
+    shipped = schema_path("transcript.schema.json").resolve()
+    checkout = shipped.parent.parent  # the repository holding schemas/ (a wheel's is chatrun/ itself)
+    if shipped.parent.name == "schemas" and (checkout / "runner").is_dir() and _inside(folder, checkout):
+        return Path(os.path.relpath(shipped, folder)).as_posix()
+    return str(load_schema("transcript.schema.json")["$id"])
+
+
+def _run_path(path: Path, bot_dir: Path) -> str:
+    """The saved file as `chatrun test` is told to run it: from the folder holding the bot
+    (`mybot/transcripts/x.yaml`), never an absolute path of this machine."""
+    resolved = path.resolve()
+    if _inside(resolved, bot_dir.parent):
+        return Path(os.path.relpath(resolved, bot_dir.parent)).as_posix()
+    return Path(os.path.relpath(resolved, Path.cwd())).as_posix() if _inside(resolved, Path.cwd()) else path.name
