@@ -13,6 +13,7 @@ import pathlib
 import re
 import sys
 from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import yaml
@@ -116,7 +117,8 @@ class YamlDoc:
 
     file: str
     data: Any = None
-    positions: dict[Path, Pos] = field(default_factory=dict)
+    # A dict from the full builder; NodePositions (read from the node tree on demand) after the fast build.
+    positions: Mapping[Path, Pos] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
     text: str = ""
     # Dotted paths of values JSON cannot hold (`.nan`, `!!binary`): reported here, their text
@@ -136,6 +138,8 @@ class YamlDoc:
     def pos(self, path: Path) -> Pos:
         """The position of `path`, or of its nearest ancestor that has one."""
         path = tuple(path)
+        if isinstance(self.positions, NodePositions):
+            return self.positions.nearest(path)
         while path not in self.positions and path:
             path = path[:-1]
         return self.positions.get(path, Pos(1, 1, 1, 1))
@@ -149,6 +153,8 @@ _new_pos = tuple.__new__
 class _Builder:
     def __init__(self, doc: YamlDoc):
         self.doc = doc
+        self.positions: dict[Path, Pos] = {}
+        doc.positions = self.positions
         # A constructor instance only to turn non-string scalars (ints, bools, dates) into values.
         self.constructor = yaml.SafeLoader("")
         self.scalar_ctors = yaml.SafeLoader.yaml_constructors
@@ -170,10 +176,10 @@ class _Builder:
         mark = node.start_mark
         km = key_mark or mark
         if isinstance(node, yaml.ScalarNode):
-            self.doc.positions[path] = _new_pos(Pos, (km.line + 1, km.column + 1, mark.line + 1, mark.column + 1,
+            self.positions[path] = _new_pos(Pos, (km.line + 1, km.column + 1, mark.line + 1, mark.column + 1,
                                                       node.style))
             return node.value if node.tag == _STR else self.scalar(node, path)
-        self.doc.positions[path] = _new_pos(Pos, (km.line + 1, km.column + 1, mark.line + 1, mark.column + 1, None))
+        self.positions[path] = _new_pos(Pos, (km.line + 1, km.column + 1, mark.line + 1, mark.column + 1, None))
         if len(path) > MAX_DEPTH:
             self.error(node, f"YAML nested more than {MAX_DEPTH} levels deep; no bot needs that", path)
             return None
@@ -273,6 +279,113 @@ def _count_nodes(root: yaml.Node) -> int:
     return len(seen)
 
 
+class _Irregular(Exception):
+    """The fast build met something only the full builder handles (and reports)."""
+
+
+def _plain_values(root: yaml.Node) -> Any:
+    """The values of a document without anchors, built without positions: plain mappings
+    with text keys, lists, and scalars JSON can hold. Anything else (a duplicate or
+    non-text key, a merge, a tag, a bad or non-JSON scalar, deep nesting) raises
+    _Irregular, and the full builder builds the document again and says what is wrong.
+
+    Positions are read from the node tree only when a diagnostic asks (NodePositions):
+    a valid bot needs a handful, and recording one per node was half the load."""
+    scalar_node, mapping_node = yaml.ScalarNode, yaml.MappingNode
+    constructor = yaml.SafeLoader("")
+    ctors = yaml.SafeLoader.yaml_constructors
+    infinities = (float("inf"), float("-inf"))
+
+    def scalar(node: yaml.ScalarNode) -> Any:
+        tag = node.tag
+        if tag == _TIMESTAMP:
+            return node.value
+        if tag not in _JSON_SCALARS:
+            raise _Irregular
+        try:
+            value = ctors[tag](constructor, node)
+        except (ValueError, yaml.YAMLError):
+            raise _Irregular from None
+        if tag == _FLOAT and (value != value or value in infinities):
+            raise _Irregular
+        return value
+
+    def build(node: yaml.Node, depth: int) -> Any:
+        if node.__class__ is scalar_node:
+            return node.value if node.tag == _STR else scalar(node)
+        if depth > MAX_DEPTH:
+            raise _Irregular
+        depth += 1
+        if node.__class__ is mapping_node:
+            if node.tag != _MAP:
+                raise _Irregular
+            result: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = key_node.value
+                if key_node.tag != _STR or key_node.__class__ is not scalar_node or key in result:
+                    raise _Irregular
+                result[key] = build(value_node, depth)
+            return result
+        if node.tag != _SEQ:
+            raise _Irregular
+        return [build(item, depth) for item in node.value]
+
+    return build(root, 0)
+
+
+class NodePositions(Mapping[Path, Pos]):
+    """The positions of a fast-built document, read from its node tree when asked: each
+    mapping's keys are indexed the first time a path goes through it."""
+
+    def __init__(self, root: yaml.Node):
+        self.root = root
+        self._keys: dict[int, dict[Any, tuple[yaml.Node, yaml.Node]]] = {}
+
+    def _walk(self, path: Path) -> tuple[Pos, int]:
+        """The position of the longest prefix of `path` in the document, and its length."""
+        node, key_mark, depth = self.root, self.root.start_mark, 0
+        for step in path:
+            if isinstance(node, yaml.MappingNode):
+                entries = self._keys.get(id(node))
+                if entries is None:
+                    entries = self._keys[id(node)] = {k.value: (k, v) for k, v in node.value}
+                entry = entries.get(step) if isinstance(step, str) else None
+                if entry is None:
+                    break
+                key_mark, node = entry[0].start_mark, entry[1]
+            elif isinstance(node, yaml.SequenceNode) and type(step) is int and 0 <= step < len(node.value):
+                node = node.value[step]
+                key_mark = node.start_mark
+            else:
+                break
+            depth += 1
+        mark = node.start_mark
+        style = node.style if isinstance(node, yaml.ScalarNode) else None
+        return Pos(key_mark.line + 1, key_mark.column + 1, mark.line + 1, mark.column + 1, style), depth
+
+    def nearest(self, path: Path) -> Pos:
+        return self._walk(path)[0]
+
+    def __getitem__(self, path: Path) -> Pos:
+        pos, depth = self._walk(tuple(path))
+        if depth != len(path):
+            raise KeyError(path)
+        return pos
+
+    def __iter__(self) -> Iterator[Path]:
+        todo: list[tuple[Path, yaml.Node]] = [((), self.root)]
+        while todo:
+            path, node = todo.pop()
+            yield path
+            if isinstance(node, yaml.MappingNode):
+                todo.extend(((*path, k.value), v) for k, v in node.value)
+            elif isinstance(node, yaml.SequenceNode):
+                todo.extend(((*path, i), v) for i, v in enumerate(node.value))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def _syntax_problem(text: str, mark: yaml.Mark | None, problem: str) -> str:
     """libyaml's message, naming a tab as a tab (it says only "found character that cannot
     start any token")."""
@@ -340,6 +453,13 @@ def load_yaml(text: str, file: str) -> YamlDoc:
     if node is None:
         doc.data = None
         return doc
+    if not _may_hold_an_anchor(text):  # no aliases: each node is one value
+        try:
+            doc.data = _plain_values(node)
+            doc.positions = NodePositions(node)
+            return doc
+        except _Irregular:
+            pass
     try:
         doc.data = _Builder(doc).start(node, text)
     except _TooBig as exc:
