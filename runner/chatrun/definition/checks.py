@@ -806,8 +806,9 @@ class _Checker:
     def translations(self, source: str, what: str, emit: Any, line_of: Any, file: str, said: bool) -> None:
         """The `t('key')` calls of a template (docs/i18n.md): kept for the catalog checks; an
         error without `locales:`; a text the user gets that uses no `t()` is untranslated."""
-        calls = list(T_CALL.finditer(source))
-        computed = list(T_COMPUTED.finditer(source))
+        calling = "t(" in source  # both patterns need `t(`: most templates skip them
+        calls = list(T_CALL.finditer(source)) if calling else []
+        computed = list(T_COMPUTED.finditer(source)) if calling else []
         if (calls or computed) and self.config.catalogs is None:
             emit("error", f"{what} calls `t()`, but the bot declares no `locales:` (docs/i18n.md)",
                  source.count("\n", 0, min(c.start() for c in calls + computed)) + 1)
@@ -817,7 +818,7 @@ class _Checker:
                 lineno = source.count("\n", 0, call.start()) + 1
                 line, col = line_of(lineno)
                 keys.setdefault(call.group(2) or "", (file, line, col))
-        if said and not calls and self.config.catalogs is not None and "t(" not in source:
+        if said and not calling and self.config.catalogs is not None:
             emit("warning", f"{what} is sent to the user untranslated: the bot declares `locales:`, so write "
                  "it as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)", 1)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pathlib
 import re
 import sys
-from dataclasses import dataclass, field
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import yaml
@@ -346,10 +346,7 @@ class NodePositions(Mapping[Path, Pos]):
         node, key_mark, depth = self.root, self.root.start_mark, 0
         for step in path:
             if isinstance(node, yaml.MappingNode):
-                entries = self._keys.get(id(node))
-                if entries is None:
-                    entries = self._keys[id(node)] = {k.value: (k, v) for k, v in node.value}
-                entry = entries.get(step) if isinstance(step, str) else None
+                entry = self._entry(node, step)
                 if entry is None:
                     break
                 key_mark, node = entry[0].start_mark, entry[1]
@@ -360,8 +357,22 @@ class NodePositions(Mapping[Path, Pos]):
                 break
             depth += 1
         mark = node.start_mark
-        style = node.style if isinstance(node, yaml.ScalarNode) else None
-        return Pos(key_mark.line + 1, key_mark.column + 1, mark.line + 1, mark.column + 1, style), depth
+        style = node.style if node.__class__ is yaml.ScalarNode else None
+        return _new_pos(Pos, (key_mark.line + 1, key_mark.column + 1, mark.line + 1, mark.column + 1, style)), depth
+
+    def _entry(self, node: yaml.MappingNode, key: Any) -> tuple[yaml.Node, yaml.Node] | None:
+        """The key and value nodes of `key` in a mapping: a scan of a small mapping (most are),
+        an index of a big one (`routes:`, `tools:`), built on its first use."""
+        entries = node.value
+        if len(entries) <= 16:
+            for entry in entries:
+                if entry[0].value == key:
+                    return entry  # type: ignore[no-any-return]
+            return None
+        index = self._keys.get(id(node))
+        if index is None:
+            index = self._keys[id(node)] = {k.value: (k, v) for k, v in entries}
+        return index.get(key) if isinstance(key, str) else None
 
     def nearest(self, path: Path) -> Pos:
         return self._walk(path)[0]
