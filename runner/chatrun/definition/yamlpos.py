@@ -41,6 +41,13 @@ class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
     def __init__(self, stream: str):
         super().__init__(stream)
         self._resolved: dict[str, str] = {}
+        if not self.yaml_path_resolvers:
+            # libyaml also calls descend_resolver(parent, index) and ascend_resolver() around
+            # every node; without path resolvers (the safe loader has none) both do nothing.
+            # C callables that do nothing cost a fraction of PyYAML's Python methods.
+            nothing: dict[Any, Any] = {}
+            self.descend_resolver = nothing.get  # (parent, index) -> index, unused
+            self.ascend_resolver = ().__len__
 
     def resolve(self, kind: type, value: Any, implicit: tuple[bool, bool]) -> str:
         if kind is yaml.ScalarNode:
@@ -334,35 +341,39 @@ def _plain_values(root: yaml.Node) -> Any:
 
 
 class NodePositions(Mapping[Path, Pos]):
-    """The positions of a fast-built document, read from its node tree when asked: each
-    mapping's keys are indexed the first time a path goes through it."""
+    """The positions of a fast-built document, read from its node tree when asked. Each path
+    found is remembered (the loader asks for a tool, then its action, then its cases), and
+    big mappings (`routes:`, `tools:`) are indexed on their first use."""
 
     def __init__(self, root: yaml.Node):
         self.root = root
+        self._found: dict[Path, tuple[yaml.Mark, yaml.Node]] = {(): (root.start_mark, root)}
         self._keys: dict[int, dict[Any, tuple[yaml.Node, yaml.Node]]] = {}
 
-    def _walk(self, path: Path) -> tuple[Pos, int]:
-        """The position of the longest prefix of `path` in the document, and its length."""
-        node, key_mark, depth = self.root, self.root.start_mark, 0
-        for step in path:
-            if isinstance(node, yaml.MappingNode):
-                entry = self._entry(node, step)
-                if entry is None:
-                    break
-                key_mark, node = entry[0].start_mark, entry[1]
-            elif isinstance(node, yaml.SequenceNode) and type(step) is int and 0 <= step < len(node.value):
-                node = node.value[step]
-                key_mark = node.start_mark
-            else:
-                break
-            depth += 1
-        mark = node.start_mark
-        style = node.style if node.__class__ is yaml.ScalarNode else None
-        return _new_pos(Pos, (key_mark.line + 1, key_mark.column + 1, mark.line + 1, mark.column + 1, style)), depth
+    def _node(self, path: Path) -> tuple[yaml.Mark, yaml.Node] | None:
+        """The mark of `path`'s key (of the item itself in a list) and its node, or None."""
+        found = self._found.get(path)
+        if found is None and path:
+            parent = self._node(path[:-1])
+            if parent is None:
+                return None
+            found = self._step(parent[1], path[-1])
+            if found is not None:
+                self._found[path] = found
+        return found
+
+    def _step(self, node: yaml.Node, step: Any) -> tuple[yaml.Mark, yaml.Node] | None:
+        if isinstance(node, yaml.MappingNode):
+            entry = self._entry(node, step)
+            return None if entry is None else (entry[0].start_mark, entry[1])
+        if isinstance(node, yaml.SequenceNode) and type(step) is int and 0 <= step < len(node.value):
+            item = node.value[step]
+            return item.start_mark, item
+        return None
 
     def _entry(self, node: yaml.MappingNode, key: Any) -> tuple[yaml.Node, yaml.Node] | None:
         """The key and value nodes of `key` in a mapping: a scan of a small mapping (most are),
-        an index of a big one (`routes:`, `tools:`), built on its first use."""
+        an index of a big one, built on its first use."""
         entries = node.value
         if len(entries) <= 16:
             for entry in entries:
@@ -374,14 +385,26 @@ class NodePositions(Mapping[Path, Pos]):
             index = self._keys[id(node)] = {k.value: (k, v) for k, v in entries}
         return index.get(key) if isinstance(key, str) else None
 
+    @staticmethod
+    def _pos(found: tuple[yaml.Mark, yaml.Node]) -> Pos:
+        key_mark, node = found
+        mark = node.start_mark
+        style = node.style if node.__class__ is yaml.ScalarNode else None
+        return _new_pos(Pos, (key_mark.line + 1, key_mark.column + 1, mark.line + 1, mark.column + 1, style))
+
     def nearest(self, path: Path) -> Pos:
-        return self._walk(path)[0]
+        """The position of `path`, or of its nearest ancestor in the document."""
+        found = self._node(path)
+        while found is None:
+            path = path[:-1]
+            found = self._node(path)
+        return self._pos(found)
 
     def __getitem__(self, path: Path) -> Pos:
-        pos, depth = self._walk(tuple(path))
-        if depth != len(path):
+        found = self._node(tuple(path))
+        if found is None:
             raise KeyError(path)
-        return pos
+        return self._pos(found)
 
     def __iter__(self) -> Iterator[Path]:
         todo: list[tuple[Path, yaml.Node]] = [((), self.root)]
