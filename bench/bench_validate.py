@@ -110,6 +110,7 @@ def main() -> None:
         # An invalid bot: one typo in every route, each reported at its line.
         path.write_text(generate(args.routes).replace("    description: Route number", "    descripton: Route number"))
         checks._analyse.cache_clear()
+        checks._simple_expression.cache_clear()
         start = time.process_time()
         try:
             with collector_paused():
@@ -144,6 +145,7 @@ def _rounds(path: Path, rounds: int, command: bool) -> dict[str, list[float]]:
     for _ in range(rounds):
         # Fresh caches each round: the first validation of a bot is what counts.
         checks._analyse.cache_clear()
+        checks._simple_expression.cache_clear()
         checks._check_schema.cache_clear()
         compile_condition.cache_clear()
         start = time.process_time()
@@ -186,6 +188,7 @@ def _phases(path: Path) -> None:
         config = loader._build(sources, [], path)
         t3 = time.process_time()
         checks._analyse.cache_clear()
+        checks._simple_expression.cache_clear()
         checks._check_schema.cache_clear()
         checks.run_checks(config, sources)
         t4 = time.process_time()
