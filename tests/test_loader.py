@@ -256,3 +256,35 @@ def test_a_file_without_anchors_loads_whole_with_its_positions():
     assert doc.diagnostics == []
     assert doc.data == {"name": "Q&A bot", "routes": {"chat": {"default": True, "system": "salt & pepper"}}}
     assert doc.positions[("routes", "chat", "system")] == (3, 25, 3, 33, "'")
+
+
+def _full_build_positions(text: str) -> dict:
+    """The positions the full builder records for every node (what a file with an anchor gets)."""
+    import yaml
+
+    from chatrun.definition import yamlpos
+
+    doc = yamlpos.YamlDoc("bot.yaml", text=text)
+    yamlpos._Builder(doc).start(yaml.compose(text, Loader=yamlpos._Loader), text)
+    return dict(doc.positions)
+
+
+@pytest.mark.parametrize("file", sorted(Path(__file__).resolve().parents[1].glob("bots/*/**/*.yaml")),
+                         ids=lambda p: str(p.relative_to(p.parents[2])))
+def test_a_valid_file_read_without_positions_finds_every_position_in_its_node_tree(file):
+    text = file.read_text()
+    doc = load_yaml(text, str(file))
+    full = _full_build_positions(text)
+    if "&" not in text:  # an anchor-free file takes the fast build: positions come from the node tree
+        assert type(doc.positions).__name__ == "NodePositions"
+    assert {path: doc.positions[path] for path in full} == full
+    assert set(doc.positions) == set(full)
+    assert doc.pos(("routes", "no_such_route", "system")) == full.get(("routes",), full[()])
+
+
+def test_a_file_the_fast_build_cannot_take_is_built_whole_and_its_problems_reported():
+    text = "name: a\nroutes:\n  chat: {system: hi}\n  chat: {system: again}\nvisits: .nan\n"
+    doc = load_yaml(text, "bot.yaml")
+    assert [(d.line, d.message.split(":")[0]) for d in doc.diagnostics] == [
+        (4, "duplicate key `chat` in `routes`"), (5, "`.nan` is not a number JSON can hold (NaN and infinity are not allowed)")]
+    assert doc.positions[("routes", "chat", "system")] == (3, 10, 3, 18, "")

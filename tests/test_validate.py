@@ -389,6 +389,11 @@ def test_fast_schema_path_agrees_with_jsonschema():
         {"name": "x", "tools": {"t": {"action": {"cases": [{"if": "a", "then": {}, "else": {}}]}}}},
         {"name": "x", "tools": {"t": {"action": {"cases": [{"else": {"cases": []}}]}}}},
         {"name": "x", "tools": {"t": {"action": {"cases": [{"if": "a", "then": {"pop": True}}, {"else": {}}]}}}},
+        # The fused one-pass object check: an unknown key, a missing required key, not a mapping.
+        {"name": "x", "routes": {"a": {"descripton": "typo"}}},
+        {"routes": {"a": {"default": True}}},
+        {"name": "x", "routes": ["a"]},
+        {"name": "x", "tools": {"t": {"parameters": {"type": "object"}, "action": "pop"}}},
     ]
     for data in docs:
         for definition in (None, "fragment"):

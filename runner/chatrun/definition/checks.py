@@ -835,8 +835,9 @@ class _Checker:
     def translations(self, source: str, what: str, emit: Any, line_of: Any, file: str, said: bool) -> None:
         """The `t('key')` calls of a template (docs/i18n.md): kept for the catalog checks; an
         error without `locales:`; a text the user gets that uses no `t()` is untranslated."""
-        calls = list(T_CALL.finditer(source))
-        computed = list(T_COMPUTED.finditer(source))
+        calling = "t(" in source  # both patterns need `t(`: most templates skip them
+        calls = list(T_CALL.finditer(source)) if calling else []
+        computed = list(T_COMPUTED.finditer(source)) if calling else []
         if (calls or computed) and self.config.catalogs is None:
             emit("error", f"{what} calls `t()`, but the bot declares no `locales:` (docs/i18n.md)",
                  source.count("\n", 0, min(c.start() for c in calls + computed)) + 1)
@@ -846,7 +847,7 @@ class _Checker:
                 lineno = source.count("\n", 0, call.start()) + 1
                 line, col = line_of(lineno)
                 keys.setdefault(call.group(2) or "", (file, line, col))
-        if said and not calls and self.config.catalogs is not None and "t(" not in source:
+        if said and not calling and self.config.catalogs is not None:
             emit("warning", f"{what} is sent to the user untranslated: the bot declares `locales:`, so write "
                  "it as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)", 1)
 
@@ -966,29 +967,50 @@ def _analyse_simple(source: str) -> _Analysis | None:
     matches = 0
     for match in _SIMPLE.finditer(source):
         matches += 1
-        start = match.start(1)
-        previous = ""
-        for token in _TOKEN.finditer(match.group(1)):
-            text = token.group()
-            after_is = previous == "is" or previous == "is not"
-            previous = ("is not" if previous == "is" and text == "not" else text)
-            if text[0] in "'\"" or text in _OPERATOR_WORDS or text in _CONSTANTS \
-                    or (after_is and text in _TESTS_AFTER_IS):
-                continue
-            parts = tuple(text.split("."))
-            if any(p in _KEYWORDS for p in parts):
-                return None
-            lineno = source.count("\n", 0, start + token.start()) + 1
-            refs.setdefault(parts[:1], lineno)
-            path = _cut_dict_methods(parts)
-            if path and len(path) > 1:
-                refs.setdefault(path, lineno)
-        for name in _FILTER_NAME.finditer(match.group(2)):  # at the name's own line, as Jinja reports it
-            if name.group() not in ENV.filters:
-                unknown.append(("filter", name.group(), source.count("\n", 0, match.start(2) + name.start()) + 1))
+        found = _simple_expression(match.group(1), match.group(2))
+        if found is None:
+            return None
+        paths, filters = found
+        if paths:
+            first = source.count("\n", 0, match.start(1)) + 1
+            for path, breaks in paths:
+                refs.setdefault(path, first + breaks)
+        if filters:  # at the name's own line, as Jinja reports it
+            first = source.count("\n", 0, match.start(2)) + 1
+            unknown += [("filter", name, first + breaks) for name, breaks in filters]
     if source.count("{{") != matches:  # a match holds no `{{` (quoted text excludes braces)
         return None  # some expression is not simple: let Jinja parse (and judge) it
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
+
+
+_Reads = tuple[tuple[tuple[str, ...], int], ...]
+
+
+@lru_cache(maxsize=16384)
+def _simple_expression(expression: str, filters: str) -> tuple[_Reads, tuple[tuple[str, int], ...]] | None:
+    """What one simple `{{ }}` read: its variable paths, and the filters it names that do not
+    exist, each with the line breaks before it in its part (the same expressions recur across
+    a bot's templates: read once). None when a keyword makes it not simple after all."""
+    paths: list[tuple[tuple[str, ...], int]] = []
+    previous = ""
+    for token in _TOKEN.finditer(expression):
+        text = token.group()
+        after_is = previous == "is" or previous == "is not"
+        previous = ("is not" if previous == "is" and text == "not" else text)
+        if text[0] in "'\"" or text in _OPERATOR_WORDS or text in _CONSTANTS \
+                or (after_is and text in _TESTS_AFTER_IS):
+            continue
+        parts = tuple(text.split("."))
+        if any(p in _KEYWORDS for p in parts):
+            return None
+        breaks = expression.count("\n", 0, token.start())
+        paths.append((parts[:1], breaks))
+        path = _cut_dict_methods(parts)
+        if path and len(path) > 1:
+            paths.append((path, breaks))
+    unknown = tuple((name.group(), filters.count("\n", 0, name.start()))
+                    for name in _FILTER_NAME.finditer(filters) if name.group() not in ENV.filters)
+    return tuple(paths), unknown
 
 
 _FILTER_NAME = re.compile(r"[A-Za-z_]\w*")

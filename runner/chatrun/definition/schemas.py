@@ -135,7 +135,13 @@ def compile_check(schema: Any) -> Callable[[Any], bool]:
     if schema is False or not isinstance(schema, dict):
         return _never
     checks: list[Callable[[Any], bool]] = []
+    fused = _object_check(schema)
+    done = _FUSED if fused is not None else frozenset()
+    if fused is not None:
+        checks.append(fused)
     for key, value in schema.items():
+        if key in done:
+            continue
         check = _keyword(key, value, schema)
         if check is None:
             continue
@@ -153,6 +159,39 @@ def compile_check(schema: Any) -> Callable[[Any], bool]:
         return True
 
     return every
+
+
+_FUSED = frozenset({"type", "properties", "additionalProperties", "required"})
+
+
+def _object_check(schema: dict) -> Callable[[Any], bool] | None:
+    """`type: object` with `properties`, `additionalProperties` (true or false) and `required` as
+    one pass over the mapping (the shape of every route, tool and action: most of a bot's nodes),
+    instead of four checks each walking it; None for other schemas."""
+    extra = schema.get("additionalProperties", True)
+    if schema.get("type") != "object" or extra not in (True, False) \
+            or not isinstance(schema.get("properties"), dict) or "patternProperties" in schema:
+        return None
+    props = {k: compile_check(s) for k, s in schema["properties"].items()}
+    needed = tuple(schema.get("required", ()))
+    closed = extra is False
+
+    def object_check(v: Any) -> bool:
+        if not isinstance(v, dict):
+            return False
+        for k, item in v.items():
+            check = props.get(k)
+            if check is None:
+                if closed:
+                    return False
+            elif not check(item):
+                return False
+        for k in needed:
+            if k not in v:
+                return False
+        return True
+
+    return object_check
 
 
 def _keyword(key: str, value: Any, schema: dict) -> Callable[[Any], bool] | None:  # a dispatch table: long, not complex

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pathlib
 import re
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -40,6 +41,13 @@ class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
     def __init__(self, stream: str):
         super().__init__(stream)
         self._resolved: dict[str, str] = {}
+        if not self.yaml_path_resolvers:
+            # libyaml also calls descend_resolver(parent, index) and ascend_resolver() around
+            # every node; without path resolvers (the safe loader has none) both do nothing.
+            # C callables that do nothing cost a fraction of PyYAML's Python methods.
+            nothing: dict[Any, Any] = {}
+            self.descend_resolver = nothing.get  # (parent, index) -> index, unused
+            self.ascend_resolver = ().__len__
 
     def resolve(self, kind: type, value: Any, implicit: tuple[bool, bool]) -> str:
         if kind is yaml.ScalarNode:
@@ -116,7 +124,8 @@ class YamlDoc:
 
     file: str
     data: Any = None
-    positions: dict[Path, Pos] = field(default_factory=dict)
+    # A dict from the full builder; NodePositions (read from the node tree on demand) after the fast build.
+    positions: Mapping[Path, Pos] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
     text: str = ""
     # Dotted paths of values JSON cannot hold (`.nan`, `!!binary`): reported here, their text
@@ -136,6 +145,8 @@ class YamlDoc:
     def pos(self, path: Path) -> Pos:
         """The position of `path`, or of its nearest ancestor that has one."""
         path = tuple(path)
+        if isinstance(self.positions, NodePositions):
+            return self.positions.nearest(path)
         while path not in self.positions and path:
             path = path[:-1]
         return self.positions.get(path, Pos(1, 1, 1, 1))
@@ -149,6 +160,8 @@ _new_pos = tuple.__new__
 class _Builder:
     def __init__(self, doc: YamlDoc):
         self.doc = doc
+        self.positions: dict[Path, Pos] = {}
+        doc.positions = self.positions
         # A constructor instance only to turn non-string scalars (ints, bools, dates) into values.
         self.constructor = yaml.SafeLoader("")
         self.scalar_ctors = yaml.SafeLoader.yaml_constructors
@@ -170,10 +183,10 @@ class _Builder:
         mark = node.start_mark
         km = key_mark or mark
         if isinstance(node, yaml.ScalarNode):
-            self.doc.positions[path] = _new_pos(Pos, (km.line + 1, km.column + 1, mark.line + 1, mark.column + 1,
+            self.positions[path] = _new_pos(Pos, (km.line + 1, km.column + 1, mark.line + 1, mark.column + 1,
                                                       node.style))
             return node.value if node.tag == _STR else self.scalar(node, path)
-        self.doc.positions[path] = _new_pos(Pos, (km.line + 1, km.column + 1, mark.line + 1, mark.column + 1, None))
+        self.positions[path] = _new_pos(Pos, (km.line + 1, km.column + 1, mark.line + 1, mark.column + 1, None))
         if len(path) > MAX_DEPTH:
             self.error(node, f"YAML nested more than {MAX_DEPTH} levels deep; no bot needs that", path)
             return None
@@ -273,6 +286,140 @@ def _count_nodes(root: yaml.Node) -> int:
     return len(seen)
 
 
+class _Irregular(Exception):
+    """The fast build met something only the full builder handles (and reports)."""
+
+
+def _plain_values(root: yaml.Node) -> Any:
+    """The values of a document without anchors, built without positions: plain mappings
+    with text keys, lists, and scalars JSON can hold. Anything else (a duplicate or
+    non-text key, a merge, a tag, a bad or non-JSON scalar, deep nesting) raises
+    _Irregular, and the full builder builds the document again and says what is wrong.
+
+    Positions are read from the node tree only when a diagnostic asks (NodePositions):
+    a valid bot needs a handful, and recording one per node was half the load."""
+    scalar_node, mapping_node = yaml.ScalarNode, yaml.MappingNode
+    constructor = yaml.SafeLoader("")
+    ctors = yaml.SafeLoader.yaml_constructors
+    infinities = (float("inf"), float("-inf"))
+
+    def scalar(node: yaml.ScalarNode) -> Any:
+        tag = node.tag
+        if tag == _TIMESTAMP:
+            return node.value
+        if tag not in _JSON_SCALARS:
+            raise _Irregular
+        try:
+            value = ctors[tag](constructor, node)
+        except (ValueError, yaml.YAMLError):
+            raise _Irregular from None
+        if tag == _FLOAT and (value != value or value in infinities):
+            raise _Irregular
+        return value
+
+    def build(node: yaml.Node, depth: int) -> Any:
+        if node.__class__ is scalar_node:
+            return node.value if node.tag == _STR else scalar(node)
+        if depth > MAX_DEPTH:
+            raise _Irregular
+        depth += 1
+        if node.__class__ is mapping_node:
+            if node.tag != _MAP:
+                raise _Irregular
+            result: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = key_node.value
+                if key_node.tag != _STR or key_node.__class__ is not scalar_node or key in result:
+                    raise _Irregular
+                result[key] = build(value_node, depth)
+            return result
+        if node.tag != _SEQ:
+            raise _Irregular
+        return [build(item, depth) for item in node.value]
+
+    return build(root, 0)
+
+
+class NodePositions(Mapping[Path, Pos]):
+    """The positions of a fast-built document, read from its node tree when asked. Each path
+    found is remembered (the loader asks for a tool, then its action, then its cases), and
+    big mappings (`routes:`, `tools:`) are indexed on their first use."""
+
+    def __init__(self, root: yaml.Node):
+        self.root = root
+        self._found: dict[Path, tuple[yaml.Mark, yaml.Node]] = {(): (root.start_mark, root)}
+        self._keys: dict[int, dict[Any, tuple[yaml.Node, yaml.Node]]] = {}
+
+    def _node(self, path: Path) -> tuple[yaml.Mark, yaml.Node] | None:
+        """The mark of `path`'s key (of the item itself in a list) and its node, or None."""
+        found = self._found.get(path)
+        if found is None and path:
+            parent = self._node(path[:-1])
+            if parent is None:
+                return None
+            found = self._step(parent[1], path[-1])
+            if found is not None:
+                self._found[path] = found
+        return found
+
+    def _step(self, node: yaml.Node, step: Any) -> tuple[yaml.Mark, yaml.Node] | None:
+        if isinstance(node, yaml.MappingNode):
+            entry = self._entry(node, step)
+            return None if entry is None else (entry[0].start_mark, entry[1])
+        if isinstance(node, yaml.SequenceNode) and type(step) is int and 0 <= step < len(node.value):
+            item = node.value[step]
+            return item.start_mark, item
+        return None
+
+    def _entry(self, node: yaml.MappingNode, key: Any) -> tuple[yaml.Node, yaml.Node] | None:
+        """The key and value nodes of `key` in a mapping: a scan of a small mapping (most are),
+        an index of a big one, built on its first use."""
+        entries = node.value
+        if len(entries) <= 16:
+            for entry in entries:
+                if entry[0].value == key:
+                    return entry  # type: ignore[no-any-return]
+            return None
+        index = self._keys.get(id(node))
+        if index is None:
+            index = self._keys[id(node)] = {k.value: (k, v) for k, v in entries}
+        return index.get(key) if isinstance(key, str) else None
+
+    @staticmethod
+    def _pos(found: tuple[yaml.Mark, yaml.Node]) -> Pos:
+        key_mark, node = found
+        mark = node.start_mark
+        style = node.style if node.__class__ is yaml.ScalarNode else None
+        return _new_pos(Pos, (key_mark.line + 1, key_mark.column + 1, mark.line + 1, mark.column + 1, style))
+
+    def nearest(self, path: Path) -> Pos:
+        """The position of `path`, or of its nearest ancestor in the document."""
+        found = self._node(path)
+        while found is None:
+            path = path[:-1]
+            found = self._node(path)
+        return self._pos(found)
+
+    def __getitem__(self, path: Path) -> Pos:
+        found = self._node(tuple(path))
+        if found is None:
+            raise KeyError(path)
+        return self._pos(found)
+
+    def __iter__(self) -> Iterator[Path]:
+        todo: list[tuple[Path, yaml.Node]] = [((), self.root)]
+        while todo:
+            path, node = todo.pop()
+            yield path
+            if isinstance(node, yaml.MappingNode):
+                todo.extend(((*path, k.value), v) for k, v in node.value)
+            elif isinstance(node, yaml.SequenceNode):
+                todo.extend(((*path, i), v) for i, v in enumerate(node.value))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def _syntax_problem(text: str, mark: yaml.Mark | None, problem: str) -> str:
     """libyaml's message, naming a tab as a tab (it says only "found character that cannot
     start any token")."""
@@ -340,6 +487,13 @@ def load_yaml(text: str, file: str) -> YamlDoc:
     if node is None:
         doc.data = None
         return doc
+    if not _may_hold_an_anchor(text):  # no aliases: each node is one value
+        try:
+            doc.data = _plain_values(node)
+            doc.positions = NodePositions(node)
+            return doc
+        except _Irregular:
+            pass
     try:
         doc.data = _Builder(doc).start(node, text)
     except _TooBig as exc:
