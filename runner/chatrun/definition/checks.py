@@ -19,6 +19,7 @@ from jinja2 import TemplateSyntaxError, nodes
 from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, T_COMPUTED, catalog_checks
 from chatrun.definition.config import (
+    ACTION_ORDER,
     ActionConfig,
     ApprovalCaseConfig,
     ApprovalConfig,
@@ -336,6 +337,26 @@ class _Checker:
         check_binding(self, tool, raw if isinstance(raw, dict) else None, routes)
         self.confirm(tool, raw if isinstance(raw, dict) else {})
         self.from_user(tool, raw if isinstance(raw, dict) else {})
+        if self.config.format_version >= 3 and isinstance(raw, dict):
+            self.action_order(tool.name, raw.get("action"), ("tools", name, "action"))
+
+    def action_order(self, name: str, action: Any, at: tuple) -> None:
+        """Format 3 writes an action's keys in the order they apply (ACTION_ORDER), so it reads
+        top to bottom as it happens; its cases' actions too."""
+        if not isinstance(action, dict):
+            return
+        steps = [key for key in action if key in ACTION_ORDER]
+        for before, key in zip(steps, steps[1:], strict=False):
+            if ACTION_ORDER.index(key) < ACTION_ORDER.index(before):
+                self.add("warning", f"`{key}` of tool `{name}` is written after `{before}` but applies before it: "
+                         f"write an action's keys in the order they apply ({', '.join(k for k in ACTION_ORDER if k in steps)}; "
+                         "docs/format.md, \"The order actions apply\"); `chatrun upgrade` reorders them", *at, key)
+                break
+        cases = action.get("cases")
+        for i, case in enumerate(cases if isinstance(cases, list) else []):
+            for branch in ("then", "else"):
+                if isinstance(case, dict) and branch in case:
+                    self.action_order(name, case[branch], (*at, "cases", i, branch))
 
     def from_user(self, tool: ToolConfig, raw: dict[str, Any]) -> None:
         """`from_user:` names parameters of the tool the bot does not bind (a bound value is the bot's,
