@@ -60,7 +60,7 @@ tools:
   cancel:
     description: Abandon the booking
     action: {pop: true, wipe: schedule}
-format: 2
+format: 3
 """
 
 HANDLER = "def make_booking(ctx):\n    return 'XY123'\n"

@@ -33,7 +33,7 @@ def bot(tmp_path: Path, text: str, catalogs: dict[str, str] | None = None) -> Pa
 
 DAYS = """\
     name: week
-    format: 2
+    format: 3
     locales: [en, de]
     state: {n: 1}
     routes:
@@ -75,7 +75,7 @@ def test_a_key_computed_from_nothing_literal_counts_every_key_as_used(tmp_path):
 
 GAME = """\
     name: arcade
-    format: 2
+    format: 3
     routes:
       main:
         default: true
@@ -113,7 +113,7 @@ def test_the_safe_template_really_runs_for_a_text_only_message_and_with_the_fiel
 
 HANDOFF = """\
     name: survey
-    format: 2
+    format: 3
     events: {Handoff: {audience: user}}
     routes:
       main: {default: true, system: Ask for a score., tools: [score]}

@@ -292,11 +292,13 @@ def _emit_message(edits: Edits, action: MappingNode) -> None:
     if get(action, "message") is not None:
         edits.review.append((line, "`emit: {Message: ...}` beside `message:`: keep one `message:`"))
         return
-    if len(emit[1].value) == 1:
-        remove_pair(edits, action, *emit)
+    if len(emit[1].value) == 1:  # `emit: {Message: X}` becomes `message: X` in its place
+        end = emit[1].end_mark.index if emit[1].flow_style else message[1].end_mark.index
+        edits.replace(emit[0].start_mark.index, end,
+                      "message: " + nested(edits, message[1], emit[0].start_mark.column - message[0].start_mark.column))
     else:
         remove_pair(edits, emit[1], *message)
-    add_pair(edits, action, "message", source(edits, message[1]).replace("\n", "\n  "))
+        add_pair(edits, action, "message", nested(edits, message[1], emit[0].start_mark.column - message[0].start_mark.column))
     edits.said.append((line, "`emit: {Message: ...}` is now `message:`"))
 
 

@@ -113,8 +113,11 @@ def flow_safe(edits: Edits, node: Node) -> str:
 
 
 def nested(edits: Edits, node: Node, indent: int) -> str:
-    """A value's source moved `indent` columns deeper (the lines after its first)."""
-    return source(edits, node).replace("\n", "\n" + " " * indent)
+    """A value's source moved `indent` columns deeper, or shallower when negative (the lines after its first)."""
+    text = source(edits, node)
+    if indent >= 0:
+        return text.replace("\n", "\n" + " " * indent)
+    return text.replace("\n" + " " * -indent, "\n")
 
 
 def reorder(edits: Edits, mapping: MappingNode, rank: dict[str, int]) -> bool:

@@ -470,17 +470,21 @@ class _Checker:
             self.add("error", f"`approval` of tool `{tool.name}` has `by: [user]` and `self: false`: the user who "
                      "caused the call is the only one who may decide it, so no one could; add a role to `by`",
                      *at, "self")
+        # Where each text is written: format 3 asks `ask: {text, tell}`, format 2 `ask:` and `tell:`.
+        place = {"ask": ("ask", "text"), "tell": ("ask", "tell"), "rejected": ("rejected",)} \
+            if self.config.format_version >= 3 else {"ask": ("ask",), "tell": ("tell",), "rejected": ("rejected",)}
         if approval.tell and "user" in approval.by:
-            self.add("warning", f"`approval.tell` of tool `{tool.name}` is never shown: `by` has `user`, so the user "
-                     "decides the call and reads its `ask` (with the buttons to decide); `tell` is what the user "
-                     "reads while others decide", *at, "tell")
+            self.add("warning", f"`approval.{'.'.join(place['tell'])}` of tool `{tool.name}` is never shown: `by` has "
+                     f"`user`, so the user decides the call and reads its `{'.'.join(place['ask'])}` (with the buttons "
+                     "to decide); `tell` is what the user reads while others decide", *at, *place["tell"])
         for key in ("ask", "tell", "rejected"):
             source = getattr(approval, key)
             if source and approval.key == "confirm":  # `confirm: TEXT` is the ask
                 self.template(source, f"`confirm` of tool `{tool.name}`", ("tools", tool.name, "confirm"), tool,
                               routes=routes)
             elif source:
-                self.template(source, f"`approval.{key}` of tool `{tool.name}`", (*at, key), tool, routes=routes)
+                self.template(source, f"`approval.{'.'.join(place[key])}` of tool `{tool.name}`", (*at, *place[key]),
+                              tool, routes=routes)
         self.approval_cases(tool)
 
     def confirm(self, tool: ToolConfig, raw: dict[str, Any]) -> None:
@@ -579,7 +583,10 @@ class _Checker:
                          f"{getattr(exc, 'message', exc)}", *at, "ask", "schema")
             if ask.into:
                 problem = self.undeclared(ask.into)
-                if problem:
+                if problem and self.config.format_version >= 3:  # written `set: {PATH: '{{ result }}'}`
+                    self.add("warning", f"tool `{tool.name}` sets `{ask.into}` (its question's answer), but {problem}",
+                             *at, "set", ask.into)
+                elif problem:
                     self.add("warning", f"`ask.into` of tool `{tool.name}` is `{ask.into}`, but {problem}",
                              *at, "ask", "into")
             for key in ("text", "tell"):
