@@ -56,10 +56,10 @@ tools:
     description: Book the reservation
     requires: [scope.reservation.departure, scope.reservation.destination]
     handler: travel_tools:make_booking
-    action: {pop: true, message: "Your flight to {{ scope.reservation.destination }} is booked.", result: "Flight booked"}
+    action: {message: "Your flight to {{ scope.reservation.destination }} is booked.", result: "Flight booked", pop: true}
   cancel:
     description: Abandon the booking
-    action: {pop: true, wipe: schedule}
+    action: {wipe: schedule, pop: true}
 format: 3
 """
 

@@ -138,7 +138,7 @@ routes:
 tools:
   refund:
     description: Refund
-    approval: {by: [user], ask: Refund?, tell: Your refund waits.}
+    approval: {by: [user], ask: {text: Refund?, tell: Your refund waits.}}
   check:
     description: Check documents
     action:
@@ -149,7 +149,7 @@ tools:
       ask: {from: user, text: How old are you?, tell: Please wait.}
 """)
     diagnostics = [(d.severity, d.message) for d in check_bot(path)[1]]
-    assert any(s == "warning" and "`approval.tell` of tool `refund` is never shown" in m for s, m in diagnostics)
+    assert any(s == "warning" and "`approval.ask.tell` of tool `refund` is never shown" in m for s, m in diagnostics)
     assert any(s == "warning" and "`ask.tell` of tool `age` is never shown" in m for s, m in diagnostics)
     assert any(s == "warning" and "`ask.text` of tool `check` is the question the backend reads" in m
                for s, m in diagnostics)
@@ -173,12 +173,13 @@ tools:
   refund:
     description: Refund
     parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
-    approval: {by: [user, supervisor], ask: "{{ t('refund', amount=args.amount) }}"}
+    approval: {by: [user, supervisor], ask: {text: "{{ t('refund', amount=args.amount) }}"}}
     action: {reply: Refunded.}
   age:
     description: Ask the age
     action:
-      ask: {from: user, text: "{{ t('age') }}", schema: {type: integer, minimum: 18}, into: state.age}
+      ask: {from: user, text: "{{ t('age') }}", schema: {type: integer, minimum: 18}}
+      set: {state.age: "{{ result }}"}
 """
 
 

@@ -46,7 +46,7 @@ class Upgrade:
               help="Write nothing; exit 1 when a bot is not on the current format (for CI).")
 @click.option("--diff", "show_diff", is_flag=True, help="Write nothing; print the changes as a unified diff.")
 def upgrade(paths: tuple[str, ...], check: bool, show_diff: bool) -> None:
-    """Rewrite bots to the current format version (3), keeping comments, order and every
+    """Rewrite bots to the current format (3), keeping comments, order and every
     untouched line byte for byte, and print what changed. A bot served in several versions
     (`versions/<v>/bot.yaml`) has each version upgraded; files it includes are rewritten too.
 

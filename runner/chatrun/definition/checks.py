@@ -337,7 +337,7 @@ class _Checker:
         check_binding(self, tool, raw if isinstance(raw, dict) else None, routes)
         self.confirm(tool, raw if isinstance(raw, dict) else {})
         self.from_user(tool, raw if isinstance(raw, dict) else {})
-        if self.config.format_version >= 3 and isinstance(raw, dict):
+        if (self.config.format or 0) >= 3 and isinstance(raw, dict):  # a bot that says it is written for 3
             self.action_order(tool.name, raw.get("action"), ("tools", name, "action"))
 
     def action_order(self, name: str, action: Any, at: tuple) -> None:
