@@ -340,7 +340,7 @@ def test_a_malformed_upload_or_reference_is_a_bad_request_naming_what_is_wrong(s
 # A second bot whose route takes far larger files: the travel bot's uploads keep their own limit.
 ARCHIVE = """\
 name: archive
-format: 2
+format: 3
 routes:
   chat:
     default: true

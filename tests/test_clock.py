@@ -48,7 +48,7 @@ tools:
         - if: (args.day or state.due) | date < today
           then: {reply: overdue}
         - else: {reply: "not yet, {{ (state.due | datetime) - now }} to go"}
-format: 2
+format: 3
 """
 
 

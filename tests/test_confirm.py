@@ -18,7 +18,7 @@ from webhook_support import OPENAI_MODEL, Receiver
 
 BOT = f"""\
 name: pay
-format: 2
+format: 3
 model: {{{OPENAI_MODEL}}}
 env:
   PAY_URL: {{}}
@@ -115,7 +115,7 @@ def test_another_message_declines_and_the_model_reads_it_after_the_call(fake, bo
 
 
 def test_the_question_and_its_buttons_speak_the_sessions_locale(fake, write_bot, receiver):
-    path = write_bot(BOT.replace("format: 2\n", "format: 2\nlocales: [en, de]\n")
+    path = write_bot(BOT.replace("format: 3\n", "format: 3\nlocales: [en, de]\n")
                      .replace('"Send {{ args.amount }} EUR to {{ args.to }}?"', "\"{{ t('ask', n=args.amount) }}\""))
     (path.parent / "locales").mkdir()
     (path.parent / "locales" / "en.yaml").write_text("ask: Send {n} EUR?\n")
@@ -168,7 +168,7 @@ def test_over_the_http_api_only_the_sessions_user_confirms(fake, bot, receiver, 
 
 CONSENT_ARG = """\
 name: bank
-format: 2
+format: 3
 state: {balance: 100}
 routes:
   main: {default: true, system: Bank., tools: [confirm_transfer, lookup]}
@@ -213,7 +213,7 @@ def test_validate_warns_about_a_consent_argument_a_case_decides_a_side_effect_on
 def test_validate_refuses_confirm_with_approval_and_checks_its_template_at_its_line(write_bot):
     found = _diagnostics(write_bot, """\
         name: v
-        format: 2
+        format: 3
         routes:
           main: {default: true, system: Hi., tools: [pay, send]}
         tools:

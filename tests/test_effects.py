@@ -339,7 +339,7 @@ def test_a_tool_without_arguments_runs_each_time_unless_it_says_once(write_bot):
     from a new request); `effect: once` keeps it once, and no warning is needed either way."""
     text = """
     name: fx
-    format: 2
+    format: 3
     state: {n: 0}
     routes: {main: {default: true, tools: [bump, bump_by, counted]}}
     tools:

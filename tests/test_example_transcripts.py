@@ -57,7 +57,7 @@ def test_a_turn_that_ends_silently_is_found(monkeypatch, tmp_path):
     """The check above can fail: a tool that moves the conversation without a message, called
     by a model that says nothing, leaves the user without a reply."""
     (tmp_path / "bot.yaml").write_text(
-        "name: quiet\nformat: 2\nroutes:\n  a: {default: true, system: Hi., tools: [go]}\n  b: {system: B.}\n"
+        "name: quiet\nformat: 3\nroutes:\n  a: {default: true, system: Hi., tools: [go]}\n  b: {system: B.}\n"
         "tools:\n  go: {description: Go to b, action: {route: b}}\n")
     (tmp_path / "t.yaml").write_text(
         "bot: .\nturns:\n  - user: go\n    model: [{tool_calls: [{name: go}]}]\n    expect: {route: b}\n")

@@ -53,17 +53,20 @@ def nickname_after_a_call_without_one(path: Path) -> object:
 
 def test_format_1_keeps_its_meaning_none_assigns_none_and_format_2_assigns_nothing(write_bot):
     old = write_bot(NICKNAME_BOT.format(format="format: 1\n"), name="old.yaml")
-    new = write_bot(NICKNAME_BOT.format(format="format: 2\n"), name="new.yaml")
+    new = write_bot(NICKNAME_BOT.format(format="format: 3\n"), name="new.yaml")
     assert nickname_after_a_call_without_one(old) is None
     assert nickname_after_a_call_without_one(new) == "anon"
 
 
-def test_format_1_is_warned_about_at_its_line_and_format_2_is_clean(write_bot):
+def test_formats_1_and_2_are_warned_about_at_their_line_and_format_3_is_clean(write_bot):
     _, found = check_bot(write_bot(NICKNAME_BOT.format(format="format: 1\n"), name="old.yaml"))
     assert [(d.line, d.severity) for d in found] == [(2, "warning")]
-    assert "format 1 is the previous version and keeps its meaning" in found[0].message
+    assert "format 1 is an earlier version and keeps its meaning" in found[0].message
     assert "assigns nothing (format 1: it assigns None)" in found[0].message
-    _, found = check_bot(write_bot(NICKNAME_BOT.format(format="format: 2\n"), name="new.yaml"))
+    _, found = check_bot(write_bot(NICKNAME_BOT.format(format="format: 2\n"), name="two.yaml"))
+    assert [(d.line, d.severity) for d in found] == [(2, "warning")]  # one warning for the file
+    assert "format 2 is an earlier version" in found[0].message and "chatrun upgrade" in found[0].message
+    _, found = check_bot(write_bot(NICKNAME_BOT.format(format="format: 3\n"), name="new.yaml"))
     assert found == []
 
 
@@ -78,12 +81,12 @@ def test_a_bot_without_format_is_warned_at_its_first_set_template(write_bot):
 
 
 def test_an_unknown_format_is_an_error_at_its_line(write_bot):
-    _, found = check_bot(write_bot("name: x\nformat: 3\nroutes: {main: {default: true, system: Hi.}}\n"))
+    _, found = check_bot(write_bot("name: x\nformat: 4\nroutes: {main: {default: true, system: Hi.}}\n"))
     assert [(d.line, d.severity) for d in found] == [(2, "error")]
 
 
 @pytest.mark.parametrize("value, message", [
-    ("3", "`format` must be one of 1, 2 (got `3`)"),
+    ("4", "`format` must be one of 1, 2, 3 (got `4`)"),
     ('"two"', "`format` must be an integer, not a string"),
     ("2.5", "`format` must be an integer, not a number"),
     ("true", "`format` must be an integer, not a boolean"),
@@ -114,7 +117,7 @@ def test_upgrade_says_what_it_changed_and_which_set_to_review(tmp_path):
     shutil.copy(UPGRADE / "format1.yaml", bot)
     result = cli("upgrade", tmp_path)
     lines = result.output.splitlines()
-    assert lines[0] == f"{bot}:4: `format: 1` is now `format: 2`"
+    assert lines[0] == f"{bot}:4: `format: 1` is now `format: 3`"
     assert lines[1].startswith(f"{bot}:21:")  # the action holding the set and "review `set state.nickname` of tool `rename`" in lines[1]
 
 
@@ -123,7 +126,7 @@ def test_upgrade_check_writes_nothing_and_fails_for_ci(tmp_path):
     shutil.copy(UPGRADE / "unversioned.yaml", bot)
     result = cli("upgrade", "--check", tmp_path)
     assert result.exit_code == 1
-    assert result.output.splitlines()[0] == f"{bot}:5: added `format: 2`"  # under `name:`
+    assert result.output.splitlines()[0] == f"{bot}:5: added `format: 3`"  # under `name:`
     assert bot.read_bytes() == (UPGRADE / "unversioned.yaml").read_bytes()
 
 
@@ -146,7 +149,7 @@ def test_upgrade_of_a_bot_in_versions_upgrades_each_version_and_goes_on_after_an
     result = cli("upgrade", shop)
     assert result.exit_code == 2 and "Traceback" not in result.output
     out = result.output.splitlines()
-    touched = [line.split(":")[0] for line in out if "format: 2" in line]
+    touched = [line.split(":")[0] for line in out if "format: 3" in line]
     assert touched == [str(shop / "versions" / v / "bot.yaml") for v in ("1", "10")]
     assert any(line.startswith(str(shop / "versions" / "2" / "bot.yaml")) and "not a YAML mapping" in line
                for line in out)

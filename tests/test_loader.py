@@ -56,11 +56,11 @@ tools:
     description: Book the reservation
     requires: [scope.reservation.departure, scope.reservation.destination]
     handler: travel_tools:make_booking
-    action: {pop: true, message: "Your flight to {{ scope.reservation.destination }} is booked.", result: "Flight booked"}
+    action: {message: "Your flight to {{ scope.reservation.destination }} is booked.", result: "Flight booked", pop: true}
   cancel:
     description: Abandon the booking
-    action: {pop: true, wipe: schedule}
-format: 2
+    action: {wipe: schedule, pop: true}
+format: 3
 """
 
 HANDLER = "def make_booking(ctx):\n    return 'XY123'\n"

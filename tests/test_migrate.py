@@ -114,7 +114,7 @@ def copy_of(value):
 
 OLD_DESK = """\
 name: desk
-format: 2
+format: 3
 version: "1"
 state: {topic: null}
 routes:
@@ -132,7 +132,7 @@ tools:
 
 NEW_DESK = """\
 name: desk
-format: 2
+format: 3
 version: "2"
 state: {subject: null}
 migrations:

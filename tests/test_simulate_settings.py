@@ -25,7 +25,7 @@ def desk(root: Path) -> Path:
         (folder / "locales").mkdir(parents=True)
         (folder / "bot.yaml").write_text(textwrap.dedent(f"""\
             name: desk
-            format: 2
+            format: 3
             version: "{version}"
             locales: [en, de]
             state: {{seen: null}}

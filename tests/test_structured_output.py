@@ -186,7 +186,7 @@ def test_validation_of_output(write_bot):
             output:
               schema: {type: objekt}
               set: {state.y: "{{ output.z }}"}
-        format: 2
+        format: 3
         """)
     _, diagnostics = check_bot(path)
     messages = [(d.severity, d.line, d.message) for d in diagnostics]

@@ -126,7 +126,7 @@ def test_the_setters_are_found_once_per_bot(bot, monkeypatch):
 
 def test_the_validator_warns_about_args_of_a_tool_that_takes_none(tmp_path):
     (tmp_path / "bot.yaml").write_text(
-        "name: t\nformat: 2\nstate: {x: null}\nroutes:\n  main: {default: true, tools: [keep]}\n"
+        "name: t\nformat: 3\nstate: {x: null}\nroutes:\n  main: {default: true, tools: [keep]}\n"
         "tools:\n  keep:\n    action: {set: {state.x: \"{{ args.text }}\"}}\n")
     _, found = check_bot(tmp_path / "bot.yaml")
     assert [(d.line, d.severity, d.message) for d in found] == [

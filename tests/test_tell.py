@@ -40,7 +40,7 @@ def bakery(tmp_path):
     """bots/bakery as it is, with the test's model (the fake OpenAI server)."""
     shutil.copytree(ROOT / "bots" / "bakery", tmp_path / "bakery")
     path = tmp_path / "bakery" / "bot.yaml"
-    path.write_text(path.read_text().replace("format: 2\n", f"format: 2\nmodel: {{{OPENAI_MODEL}}}\n"))
+    path.write_text(path.read_text().replace("format: 3\n", f"format: 3\nmodel: {{{OPENAI_MODEL}}}\n"))
     return chatrun.load_bot(path)
 
 
@@ -76,9 +76,9 @@ def test_a_german_user_reads_german_while_the_baker_decides_and_never_the_bakers
 
 def test_a_bots_tell_and_its_catalog_replace_the_default(fake, bakery, tmp_path):
     path = tmp_path / "bakery" / "bot.yaml"
-    path.write_text(path.read_text().replace("      ask: \"{{ t('order.big', count=args.count) }}\"\n",
-                                             "      ask: \"{{ t('order.big', count=args.count) }}\"\n"
-                                             "      tell: \"{{ t('order.waits', count=args.count) }}\"\n"))
+    asked = "        text: \"{{ t('order.big', count=args.count) }}\"\n"
+    assert asked in path.read_text()
+    path.write_text(path.read_text().replace(asked, asked + "        tell: \"{{ t('order.waits', count=args.count) }}\"\n"))
     for locale, text in (("en", "Your {count} loaves wait for the baker."), ("de", "Ihre {count} Brote warten auf den Bäcker.")):
         catalog = tmp_path / "bakery" / "locales" / f"{locale}.yaml"
         catalog.write_text(catalog.read_text().replace("  failed:", f"  waits: {text}\n  failed:", 1))
@@ -132,13 +132,13 @@ def test_on_every_protocol_the_user_is_told_and_the_baker_is_asked(fake, bakery,
 def test_validate_warns_about_a_tell_no_one_reads_and_a_question_text_users_no_longer_see(write_bot):
     path = write_bot("""\
 name: desk
-format: 2
+format: 3
 routes:
   main: {default: true, system: Desk., tools: [refund, check, age]}
 tools:
   refund:
     description: Refund
-    approval: {by: [user], ask: Refund?, tell: Your refund waits.}
+    approval: {by: [user], ask: {text: Refund?, tell: Your refund waits.}}
   check:
     description: Check documents
     action:
@@ -149,7 +149,7 @@ tools:
       ask: {from: user, text: How old are you?, tell: Please wait.}
 """)
     diagnostics = [(d.severity, d.message) for d in check_bot(path)[1]]
-    assert any(s == "warning" and "`approval.tell` of tool `refund` is never shown" in m for s, m in diagnostics)
+    assert any(s == "warning" and "`approval.ask.tell` of tool `refund` is never shown" in m for s, m in diagnostics)
     assert any(s == "warning" and "`ask.tell` of tool `age` is never shown" in m for s, m in diagnostics)
     assert any(s == "warning" and "`ask.text` of tool `check` is the question the backend reads" in m
                for s, m in diagnostics)
@@ -165,7 +165,7 @@ def test_every_builtin_locale_has_every_text(locale):
 
 DESK = """\
 name: desk
-format: 2
+format: 3
 locales: [en, de]
 routes:
   main: {default: true, system: Desk., tools: [refund, age]}
@@ -173,12 +173,13 @@ tools:
   refund:
     description: Refund
     parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
-    approval: {by: [user, supervisor], ask: "{{ t('refund', amount=args.amount) }}"}
+    approval: {by: [user, supervisor], ask: {text: "{{ t('refund', amount=args.amount) }}"}}
     action: {reply: Refunded.}
   age:
     description: Ask the age
     action:
-      ask: {from: user, text: "{{ t('age') }}", schema: {type: integer, minimum: 18}, into: state.age}
+      ask: {from: user, text: "{{ t('age') }}", schema: {type: integer, minimum: 18}}
+      set: {state.age: "{{ result }}"}
 """
 
 

@@ -21,7 +21,7 @@ from chatrun.testing.unruly import Unruly
 
 BOT = """
 name: desk
-format: 2
+format: 3
 state: {booked: [], notes: 0}
 routes:
   main:

@@ -26,7 +26,7 @@ UPLOAD_CHUNKS = 1024  # of 64 KiB: 64 MiB
 
 
 def bot(name: str, attachments: str = "") -> str:
-    return (f"name: {name}\nformat: 2\nroutes:\n  chat:\n    default: true\n    description: Chat\n"
+    return (f"name: {name}\nformat: 3\nroutes:\n  chat:\n    default: true\n    description: Chat\n"
             f"    system: Answer briefly.\n{attachments}")
 
 

@@ -33,7 +33,7 @@ def bot(tmp_path: Path, text: str, catalogs: dict[str, str] | None = None) -> Pa
 
 DAYS = """\
     name: week
-    format: 2
+    format: 3
     locales: [en, de]
     state: {n: 1}
     routes:
@@ -75,7 +75,7 @@ def test_a_key_computed_from_nothing_literal_counts_every_key_as_used(tmp_path):
 
 GAME = """\
     name: arcade
-    format: 2
+    format: 3
     routes:
       main:
         default: true
@@ -113,7 +113,7 @@ def test_the_safe_template_really_runs_for_a_text_only_message_and_with_the_fiel
 
 HANDOFF = """\
     name: survey
-    format: 2
+    format: 3
     events: {Handoff: {audience: user}}
     routes:
       main: {default: true, system: Ask for a score., tools: [score]}
@@ -122,7 +122,6 @@ HANDOFF = """\
         description: Record the customer's score
         parameters: {type: object, properties: {score: {type: integer}}, required: [score]}
         action:
-          reply: Thanks.
           emit:
             Handoff:
               channel: chat
@@ -130,6 +129,7 @@ HANDOFF = """\
               note: "Scored {{ args.score }} on {{ route }}"
               tags: ["{{ 'low' if args.score < 7 else 'high' }}", fixed]
               missing: "{{ args.comment }}"
+          reply: Thanks.
     """
 
 
@@ -137,7 +137,7 @@ def test_an_emit_mapping_renders_each_of_its_templates_keeping_types(tmp_path):
     import chatrun
     from chatrun.models.scripted import ScriptedModel
 
-    path = bot(tmp_path, HANDOFF.replace('      missing: "{{ args.comment }}"\n', ""))
+    path = bot(tmp_path, HANDOFF.replace('              missing: "{{ args.comment }}"\n', ""))
     assert [p[2:] for p in found(path)] == [("warning", RENDERED_NOW)]  # the change of meaning, for older bots
     model = ScriptedModel([{"tool_calls": [{"id": "c1", "name": "score", "arguments": {"score": 4}}]}, {"text": "Bye."}])
     events = chatrun.load_bot(path).session(model=model).chat("4")
@@ -150,7 +150,7 @@ def test_each_template_in_emit_data_is_checked_at_its_line_and_one_that_renders_
     from chatrun.models.scripted import ScriptedModel
 
     problems = found(bot(tmp_path / "typo", HANDOFF.replace("args.comment", "args.coment")))
-    assert problems[1:] == [("bot.yaml", 18, "warning", "`emit Handoff` of tool `score` reads `args.coment`, but the "
+    assert problems[1:] == [("bot.yaml", 17, "warning", "`emit Handoff` of tool `score` reads `args.coment`, but the "
                          "tool's `parameters` declare no property `coment`")]
     model = ScriptedModel([{"tool_calls": [{"id": "c1", "name": "score", "arguments": {"score": 8}}]}, {"text": "Bye."}])
     events = chatrun.load_bot(bot(tmp_path / "plain", HANDOFF)).session(model=model).chat("8")

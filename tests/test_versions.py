@@ -313,8 +313,8 @@ def test_a_reload_keeps_pinned_sessions_on_their_version_and_moves_the_others(fa
         cut = text[text.index("  gift_wrap:"):text.index("  checkout:\n    description: Paying")]
         bot_yaml.write_text(text.replace(cut, "").replace(", wrap_gift", "")
                             .replace("  wrap_gift:\n    description: Wrap the order as a gift\n"
-                                     "    action: {push: gift_wrap, reply: Let us choose a ribbon., message: \"Which ribbon "
-                                     "colour would you like? (red so far)\"}\n", ""))
+                                     "    action: {message: \"Which ribbon colour would you like? (red so far)\", "
+                                     "reply: Let us choose a ribbon., push: gift_wrap}\n", ""))
         outcome = BotReloader(folder, first).reload()
         assert outcome.ok, [d.format() for d in outcome.diagnostics]
         assert apply(registry, "shop", outcome)

@@ -143,7 +143,7 @@ def publish_unloadable(db_path: Path, root: Path) -> str:
     """A copy of a version in the store that does not load on this replica (a later format):
     what a newer replica publishes during a rolling deploy. Returns its content version."""
     files = bot_files(root / "versions" / "2")
-    files["bot.yaml"] = files["bot.yaml"].replace("format: 2", "format: 99")
+    files["bot.yaml"] = files["bot.yaml"].replace("format: 3", "format: 99")
     version = content_version(files)
     db = chatrun.SQLiteStore(str(db_path))
     db.put_record(record_key("shop", version), signed("shop", version, {"bot": "shop", "label": "3", "files": files,

@@ -55,7 +55,7 @@ SUMMARIES = {
     "record": "Turn a stored session into a golden transcript whose tool results are mocks.",
     "simulate": "Play scenarios with a simulated user and report each one's pass rate.",
     "mcp": "Serve chatrun's authoring tools to coding assistants over MCP (stdio).",
-    "upgrade": "Rewrite bots to the current format version, keeping comments and order, and print what changed.",
+    "upgrade": "Rewrite bots to the current format (3), keeping comments, order and every untouched line byte for byte, and print what changed.",
     "diff": "Compare two versions of a bot: what changed, and which changes break live sessions.",
     "versions": "List or retire the bot versions kept in a store.",
     "purge": "Delete what is past the bots' retention now, or everything stored of one principal.",

@@ -1,8 +1,9 @@
 """`chatrun upgrade BOT...`: rewrite bots to the current format version, keeping every other byte.
 
-ruamel.yaml reads the bot (round trip, so comments and key positions are known); the edit
-itself is made on the text, one line, so comments, order, quoting and blank lines stay
-exactly as they were: `format: N` is set to the current version, or added after `name:`.
+yaml.compose reads the bot (its nodes know where they start and end in the text); each edit
+replaces one node's span of the text (cli/upgrade_edits.py), so comments, order, quoting and
+blank lines stay exactly as they were: `format: N` is set to the current version, or added
+after `name:`, and format 2's second spellings become format 3's one way.
 What changed in meaning between the versions (definition/migrations.py, FORMAT_CHANGES) is
 printed with the lines to review.
 """
@@ -11,11 +12,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import click
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from chatrun.cli._output import BotPath
+from chatrun.cli.upgrade_edits import (
+    Edits,
+    add_pair,
+    compose,
+    flow_safe,
+    get,
+    nested,
+    remove_pair,
+    reorder,
+    source,
+)
 
 
 @dataclass
@@ -26,16 +38,18 @@ class Upgrade:
     text: str
     changes: list[str] = field(default_factory=list)
     review: list[str] = field(default_factory=list)
+    others: dict[Path, str] = field(default_factory=dict)  # included files rewritten, by path
 
 
 @click.command("upgrade")
 @click.argument("paths", nargs=-1, required=True, type=BotPath())
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 when a bot is not on the current format (for CI).")
-def upgrade(paths: tuple[str, ...], check: bool) -> None:
-    """Rewrite bots to the current format version, keeping comments and order, and print
-    what changed. A bot served in several versions (`versions/<v>/bot.yaml`) has each
-    version upgraded.
+@click.option("--diff", "show_diff", is_flag=True, help="Write nothing; print the changes as a unified diff.")
+def upgrade(paths: tuple[str, ...], check: bool, show_diff: bool) -> None:
+    """Rewrite bots to the current format (3), keeping comments, order and every
+    untouched line byte for byte, and print what changed. A bot served in several versions
+    (`versions/<v>/bot.yaml`) has each version upgraded; files it includes are rewritten too.
 
     Exit status: 0 when done (or, with --check, when every bot is current), 1 when --check
     finds a bot to upgrade, 2 on errors (a bot that cannot be read: the others are still
@@ -44,6 +58,7 @@ def upgrade(paths: tuple[str, ...], check: bool) -> None:
     \b
     Examples:
       chatrun upgrade bots/travel
+      chatrun upgrade --diff bots/travel
       chatrun upgrade bots/shop        (versions/1/bot.yaml, versions/2/bot.yaml, ...)
       chatrun upgrade --check bots/*/
     """
@@ -61,14 +76,27 @@ def upgrade(paths: tuple[str, ...], check: bool) -> None:
             click.echo(f"{result.file}: already on the current format")
             continue
         outdated += 1
-        if not check:
-            result.file.write_text(result.text, encoding="utf-8")
+        written = {result.file: result.text, **result.others}
+        if show_diff:
+            click.echo(_diff(written), nl=False)
+        elif not check:
+            for file, text in written.items():
+                file.write_text(text, encoding="utf-8")
     if failed:
         click.echo(f"{failed} bot(s) could not be upgraded (above)", err=True)
         raise click.exceptions.Exit(2)
     if check and outdated:
         click.echo(f"{outdated} bot(s) to upgrade: run chatrun upgrade {' '.join(paths)}")
         raise click.exceptions.Exit(1)
+
+
+def _diff(written: dict[Path, str]) -> str:
+    import difflib
+
+    return "".join(
+        line for file, text in written.items()
+        for line in difflib.unified_diff(file.read_text(encoding="utf-8").splitlines(keepends=True),
+                                         text.splitlines(keepends=True), f"{file}", f"{file} (format 3)"))
 
 
 def each_bot(path: str) -> list[str]:
@@ -89,42 +117,204 @@ def bot_file(path: str) -> Path:
 
 
 def upgraded(path: str) -> Upgrade:
-    """The bot's main file as the current format would have it."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.comments import CommentedMap
-
+    """The bot's main file (and its included files) as the current format would have them:
+    the main file's text, with the files it includes rewritten in `result.others`."""
     from chatrun.definition.config import CURRENT_FORMAT, SUPPORTED_FORMATS
 
     file = bot_file(path)
     text = file.read_text(encoding="utf-8")
-    data = YAML().load(text)
-    if not isinstance(data, CommentedMap):
+    root = compose(text)
+    if not isinstance(root, MappingNode):
         raise ValueError(f"{file}: not a YAML mapping")
-    lines = text.splitlines(keepends=True)
     result = Upgrade(file, text)
-    declared = data.get("format")
+    found = get(root, "format")
+    declared = _int(found[1]) if found else None
     if declared == CURRENT_FORMAT:
         return result
     if declared is not None and declared not in SUPPORTED_FORMATS:
-        raise ValueError(f"{file}:{data.lc.key('format')[0] + 1}: format {declared!r} is not one this chatrun "
+        raise ValueError(f"{file}:{found[0].start_mark.line + 1}: format {declared!r} is not one this chatrun "  # type: ignore[index]
                          f"reads ({', '.join(map(str, SUPPORTED_FORMATS))})")
-    if declared is None:
-        at = data.lc.key("name")[0] + 1 if "name" in data else _first_key_line(data)
-        lines.insert(at, f"format: {CURRENT_FORMAT}\n")
-        result.changes.append(f"{file}:{at + 1}: added `format: {CURRENT_FORMAT}`")
-    else:
-        row, col = data.lc.value("format")
-        line = lines[row]
-        lines[row] = line[:col] + str(CURRENT_FORMAT) + line[col + len(str(declared)):]
-        result.changes.append(f"{file}:{row + 1}: `format: {declared}` is now `format: {CURRENT_FORMAT}`")
+    edits = Edits(text)
+    _set_format(edits, root, declared, CURRENT_FORMAT)
+    result.text, said, review = format3(edits, root)
+    result.changes += [f"{file}:{line}: {what}" for line, what in said]
+    result.review += [f"{file}:{line}: {what}" for line, what in review]
+    if declared is not None:
         result.review += _review(path, declared)
-    result.text = "".join(lines)
+    for other in _included_files(file, root):
+        more = Edits(other.read_text(encoding="utf-8"))
+        new_text, said, _ = format3(more, compose(more.text))
+        if said:
+            result.others[other] = new_text
+            result.changes += [f"{other}:{line}: {what}" for line, what in said]
     return result
 
 
-def _first_key_line(data: Any) -> int:
-    keys = list(data)
-    return int(data.lc.key(keys[0])[0]) if keys else 0
+def format3(edits: Edits, root: Node | None) -> tuple[str, list[tuple[int, str]], list[tuple[int, str]]]:
+    """A file's text in format 3: the second spellings rewritten, then (on the text that gives)
+    each action's keys put in the order they apply. Returns (text, what changed, what to review)."""
+    spelling_edits(edits, root)
+    said, review = sorted(edits.said), sorted(edits.review)
+    ordered = Edits(edits.applied())
+    for line in _order_actions(ordered, compose(ordered.text)):
+        said.append((line, "the action's keys are now in the order they apply (docs/format.md, \"The order actions apply\")"))
+    return ordered.applied(), said, review
+
+
+def _order_actions(edits: Edits, root: Node | None) -> list[int]:
+    """Reorder every action's keys (`ACTION_ORDER`); the lines of those moved (of the new text's
+    first pass: the spelling edits may have shifted lines, so these are approximate only for them)."""
+    from chatrun.definition.config import ACTION_ORDER
+
+    rank = {key: i for i, key in enumerate(ACTION_ORDER)}
+    tools = get(root, "tools")
+    moved: list[int] = []
+    for _, tool in tools[1].value if tools is not None and isinstance(tools[1], MappingNode) else []:
+        action = get(tool, "action")
+        if action is None or not isinstance(action[1], MappingNode):
+            continue
+        moved += [each.start_mark.line + 1 for each in _actions(action[1]) if reorder(edits, each, rank)]
+    return moved
+
+
+def _int(node: Node) -> int | str | None:
+    value = node.value if isinstance(node, ScalarNode) else None
+    return int(value) if isinstance(value, str) and value.isdigit() else value
+
+
+def _set_format(edits: Edits, root: MappingNode, declared: int | str | None, current: int) -> None:
+    found = get(root, "format")
+    if found is None:
+        name = get(root, "name")
+        after = name[1] if name else root.value[0][1]
+        at = after.end_mark.index
+        at = edits.text.find("\n", at) + 1 or len(edits.text)
+        edits.replace(at, at, f"format: {current}\n")
+        edits.said.append((after.end_mark.line + 2, f"added `format: {current}`"))
+        return
+    node = found[1]
+    edits.replace(node.start_mark.index, node.end_mark.index, str(current))
+    edits.said.append((node.start_mark.line + 1, f"`format: {declared}` is now `format: {current}`"))
+
+
+def spelling_edits(edits: Edits, root: Node | None) -> None:
+    """Format 2's second spellings rewritten in format 3's one way (chatrun.cli.upgrade_edits)."""
+
+    tools = get(root, "tools")
+    if tools is None or not isinstance(tools[1], MappingNode):
+        return
+    for _, tool in tools[1].value:
+        approval = get(tool, "approval")
+        if approval is not None and isinstance(approval[1], MappingNode):
+            _approval_question(edits, approval[1])
+        action = get(tool, "action")
+        if action is None or not isinstance(action[1], MappingNode):
+            continue
+        _ask_into(edits, action[1])
+        for each in _actions(action[1]):
+            _emit_message(edits, each)
+
+
+def _actions(action: MappingNode) -> list[MappingNode]:
+    """An action and the actions of its cases."""
+
+    out = [action]
+    cases = get(action, "cases")
+    for case in cases[1].value if cases is not None and isinstance(cases[1], SequenceNode) else []:
+        for key in ("then", "else"):
+            found = get(case, key)
+            if found is not None and isinstance(found[1], MappingNode):
+                out.append(found[1])
+    return out
+
+
+def _ask_into(edits: Edits, action: MappingNode) -> None:
+
+    ask = get(action, "ask")
+    into = get(ask[1], "into") if ask is not None else None
+    if ask is None or into is None or not isinstance(ask[1], MappingNode):
+        return
+    path = source(edits, into[1])
+    remove_pair(edits, ask[1], *into)
+    assignments = get(action, "set")
+    if assignments is not None and isinstance(assignments[1], MappingNode) and assignments[1].value:
+        add_pair(edits, assignments[1], path, "'{{ result }}'")
+    else:
+        add_pair(edits, action, "set", f"{{{path}: '{{{{ result }}}}'}}")
+    edits.said.append((into[0].start_mark.line + 1, f"`ask.into: {path}` is now `set: {{{path}: '{{{{ result }}}}'}}`"))
+
+
+def _approval_question(edits: Edits, approval: MappingNode) -> None:
+    """`ask: TEXT` (+ `tell: TEXT`) -> `ask: {text: TEXT, tell: TEXT}`, in the approval's style."""
+    ask, tell = get(approval, "ask"), get(approval, "tell")
+    if (ask is None and tell is None) or (ask is not None and not isinstance(ask[1], ScalarNode)):
+        return
+    parts = [(name, found) for name, found in (("text", ask), ("tell", tell)) if found is not None]
+    first_key = parts[0][1][0]
+    edits.said.append((first_key.start_mark.line + 1, "approval `ask:`/`tell:` are now `ask: {text, tell}`"))
+    if approval.flow_style:
+        body = ", ".join(f"{name}: {flow_safe(edits, found[1])}" for name, found in parts)
+        edits.replace(first_key.start_mark.index, parts[0][1][1].end_mark.index, f"ask: {{{body}}}")
+        if len(parts) == 2:
+            remove_pair(edits, approval, *parts[1][1])
+        return
+    indent = " " * (first_key.start_mark.column + 2)
+    keys = [k.value for k, _ in approval.value]
+    if ask is not None and tell is not None and keys.index("tell") == keys.index("ask") + 1:
+        _nest(edits, ask, f"ask:\n{indent}text")
+        _nest(edits, tell, "  tell")  # the next lines: each moves in under `ask:`, its comments with it
+        return
+    if ask is not None:
+        _nest(edits, ask, f"ask:\n{indent}text")
+    if tell is not None:  # elsewhere in the approval: it moves to the end of `ask:`
+        remove_pair(edits, approval, *tell)
+        at = ask[1].end_mark.index if ask is not None else tell[0].start_mark.index
+        edits.replace(at, at, f"\n{indent}tell: {nested(edits, tell[1], 2)}" if ask is not None else
+                      f"ask:\n{indent}tell: {nested(edits, tell[1], 2)}\n{' ' * first_key.start_mark.column}")
+
+
+def _nest(edits: Edits, pair: tuple[ScalarNode, Node], new_key: str) -> None:
+    """Replace a block pair's key with `new_key` (the `: value` and its comment stay) and indent
+    the value's further lines two columns deeper."""
+    key, value = pair
+    edits.replace(key.start_mark.index, key.end_mark.index, new_key)
+    if "\n" in source(edits, value).rstrip("\n"):
+        edits.replace(value.start_mark.index, value.end_mark.index, nested(edits, value, 2))
+
+
+def _emit_message(edits: Edits, action: MappingNode) -> None:
+    """`emit: {Message: TEXT}` -> `message: TEXT` (an action that also has `message:`: to review)."""
+
+    emit = get(action, "emit")
+    message = get(emit[1], "Message") if emit is not None else None
+    if emit is None or message is None or not isinstance(emit[1], MappingNode):
+        return
+    line = message[0].start_mark.line + 1
+    if get(action, "message") is not None:
+        edits.review.append((line, "`emit: {Message: ...}` beside `message:`: keep one `message:`"))
+        return
+    if len(emit[1].value) == 1:  # `emit: {Message: X}` becomes `message: X` in its place
+        end = emit[1].end_mark.index if emit[1].flow_style else message[1].end_mark.index
+        edits.replace(emit[0].start_mark.index, end,
+                      "message: " + nested(edits, message[1], emit[0].start_mark.column - message[0].start_mark.column))
+    else:
+        remove_pair(edits, emit[1], *message)
+        add_pair(edits, action, "message", nested(edits, message[1], emit[0].start_mark.column - message[0].start_mark.column))
+    edits.said.append((line, "`emit: {Message: ...}` is now `message:`"))
+
+
+def _included_files(file: Path, root: MappingNode) -> list[Path]:
+
+    found = get(root, "include")
+    if found is None:
+        return []
+    node = found[1]
+    names = [node.value] if isinstance(node, ScalarNode) else [
+        n.value for n in node.value if isinstance(n, ScalarNode)] if isinstance(node, SequenceNode) else []
+    out: list[Path] = []
+    for name in names:
+        out += sorted(p for p in file.parent.glob(name) if p.is_file())
+    return out
 
 
 def _review(path: str, old_format: int) -> list[str]:

@@ -20,6 +20,7 @@ from jinja2 import TemplateSyntaxError, nodes
 from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, T_COMPUTED, catalog_checks
 from chatrun.definition.config import (
+    ACTION_ORDER,
     WIDGET_LOGO_TYPES,
     ActionConfig,
     ApprovalCaseConfig,
@@ -339,6 +340,26 @@ class _Checker:
         check_binding(self, tool, raw if isinstance(raw, dict) else None, routes)
         self.confirm(tool, raw if isinstance(raw, dict) else {})
         self.from_user(tool, raw if isinstance(raw, dict) else {})
+        if (self.config.format or 0) >= 3 and isinstance(raw, dict):  # a bot that says it is written for 3
+            self.action_order(tool.name, raw.get("action"), ("tools", name, "action"))
+
+    def action_order(self, name: str, action: Any, at: tuple) -> None:
+        """Format 3 writes an action's keys in the order they apply (ACTION_ORDER), so it reads
+        top to bottom as it happens; its cases' actions too."""
+        if not isinstance(action, dict):
+            return
+        steps = [key for key in action if key in ACTION_ORDER]
+        for before, key in zip(steps, steps[1:], strict=False):
+            if ACTION_ORDER.index(key) < ACTION_ORDER.index(before):
+                self.add("warning", f"`{key}` of tool `{name}` is written after `{before}` but applies before it: "
+                         f"write an action's keys in the order they apply ({', '.join(k for k in ACTION_ORDER if k in steps)}; "
+                         "docs/format.md, \"The order actions apply\"); `chatrun upgrade` reorders them", *at, key)
+                break
+        cases = action.get("cases")
+        for i, case in enumerate(cases if isinstance(cases, list) else []):
+            for branch in ("then", "else"):
+                if isinstance(case, dict) and branch in case:
+                    self.action_order(name, case[branch], (*at, "cases", i, branch))
 
     def from_user(self, tool: ToolConfig, raw: dict[str, Any]) -> None:
         """`from_user:` names parameters of the tool the bot does not bind (a bound value is the bot's,
@@ -478,17 +499,21 @@ class _Checker:
             self.add("error", f"`approval` of tool `{tool.name}` has `by: [user]` and `self: false`: the user who "
                      "caused the call is the only one who may decide it, so no one could; add a role to `by`",
                      *at, "self")
+        # Where each text is written: format 3 asks `ask: {text, tell}`, format 2 `ask:` and `tell:`.
+        place = {"ask": ("ask", "text"), "tell": ("ask", "tell"), "rejected": ("rejected",)} \
+            if self.config.format_version >= 3 else {"ask": ("ask",), "tell": ("tell",), "rejected": ("rejected",)}
         if approval.tell and "user" in approval.by:
-            self.add("warning", f"`approval.tell` of tool `{tool.name}` is never shown: `by` has `user`, so the user "
-                     "decides the call and reads its `ask` (with the buttons to decide); `tell` is what the user "
-                     "reads while others decide", *at, "tell")
+            self.add("warning", f"`approval.{'.'.join(place['tell'])}` of tool `{tool.name}` is never shown: `by` has "
+                     f"`user`, so the user decides the call and reads its `{'.'.join(place['ask'])}` (with the buttons "
+                     "to decide); `tell` is what the user reads while others decide", *at, *place["tell"])
         for key in ("ask", "tell", "rejected"):
             source = getattr(approval, key)
             if source and approval.key == "confirm":  # `confirm: TEXT` is the ask
                 self.template(source, f"`confirm` of tool `{tool.name}`", ("tools", tool.name, "confirm"), tool,
                               routes=routes)
             elif source:
-                self.template(source, f"`approval.{key}` of tool `{tool.name}`", (*at, key), tool, routes=routes)
+                self.template(source, f"`approval.{'.'.join(place[key])}` of tool `{tool.name}`", (*at, *place[key]),
+                              tool, routes=routes)
         self.approval_cases(tool)
 
     def confirm(self, tool: ToolConfig, raw: dict[str, Any]) -> None:
@@ -587,7 +612,10 @@ class _Checker:
                          f"{getattr(exc, 'message', exc)}", *at, "ask", "schema")
             if ask.into:
                 problem = self.undeclared(ask.into)
-                if problem:
+                if problem and self.config.format_version >= 3:  # written `set: {PATH: '{{ result }}'}`
+                    self.add("warning", f"tool `{tool.name}` sets `{ask.into}` (its question's answer), but {problem}",
+                             *at, "set", ask.into)
+                elif problem:
                     self.add("warning", f"`ask.into` of tool `{tool.name}` is `{ask.into}`, but {problem}",
                              *at, "ask", "into")
             for key in ("text", "tell"):

@@ -533,8 +533,15 @@ class BotConfig:
         return [sink for sink in self.sinks.values() if sink.takes(event_type)]
 
 
-CURRENT_FORMAT = 2  # the bot format this runner writes; it also reads the one before
-SUPPORTED_FORMATS = (1, 2)
+# The keys of an action that do something, in the order they apply (docs/format.md, "The order
+# actions apply"): format 3 writes them in this order (`validate` warns otherwise; `chatrun
+# upgrade` reorders), so an action reads top to bottom as it happens. `ask` (a pause before all
+# of them) and `cases` (which add to them) are not steps.
+ACTION_ORDER = ("set", "emit", "clear_memory", "wipe", "message", "choices", "result", "reply",
+                "pop", "push", "route", "call", "end", "operator", "execute", "immediate")
+
+CURRENT_FORMAT = 3  # the bot format this runner writes; it also reads the ones before
+SUPPORTED_FORMATS = (1, 2, 3)
 
 
 @dataclass

@@ -10,6 +10,7 @@ Every problem is a Diagnostic at the line of the YAML node at fault.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -76,28 +77,52 @@ if TYPE_CHECKING:  # jsonschema loads only for a file the fast check finds fault
 BOT_FILES = ("bot.yaml", "bot.yml")
 
 
-@lru_cache(maxsize=8)
-def _fast_check(definition: str | None) -> Callable[[Any], bool]:
-    return compile_check(_inlined(definition))
+BOT_SCHEMA = "bot.schema.json"  # format 3, the current one
+FORMAT2_SCHEMA = "bot.format2.schema.json"  # formats 1 and 2, frozen as they were (docs/format.md, "Format version")
+
+
+def schema_for(data: Any) -> str:
+    """The schema a bot's files are checked against: its declared `format:` picks it. Without
+    `format:`, the current one, unless only format 2's fits (formats 2 and 3 mean the same,
+    they differ in spelling): then format 2's, and a warning says so (`_undeclared_format2`)."""
+    declared = data.get("format") if isinstance(data, dict) else None
+    if declared is None and isinstance(data, dict) and not _fits(data, BOT_SCHEMA):
+        return FORMAT2_SCHEMA if _fits(data, FORMAT2_SCHEMA) else BOT_SCHEMA
+    return FORMAT2_SCHEMA if declared in (1, 2) and not isinstance(declared, bool) else BOT_SCHEMA
+
+
+def _fits(data: Any, schema_file: str) -> bool:
+    """Whether a whole bot file is valid (the fast check may say no to a valid one: jsonschema decides)."""
+    return _fast_check(None, schema_file)(data) or next(_validator(None, schema_file).iter_errors(data), None) is None
+
+
+def _undeclared_format2(main: YamlDoc) -> Diagnostic:
+    return Diagnostic(main.file, 1, 1, "warning", "the bot declares no `format:` and is written in format 2; "
+                      "`chatrun upgrade` rewrites it to format 3 (docs/format.md, \"From format 2\")", "format")
 
 
 @lru_cache(maxsize=8)
-def _inlined(definition: str | None) -> Any:
+def _fast_check(definition: str | None, schema_file: str = BOT_SCHEMA) -> Callable[[Any], bool]:
+    return compile_check(_inlined(definition, schema_file))
+
+
+@lru_cache(maxsize=8)
+def _inlined(definition: str | None, schema_file: str = BOT_SCHEMA) -> Any:
     """The whole bot schema, or one of its $defs (e.g. "fragment"), its local `$ref`s inlined:
     resolving references is most of jsonschema's time on a big bot, and ours only point into
     `$defs` (no recursion)."""
-    schema = load_schema("bot.schema.json")
+    schema = load_schema(schema_file)
     defs = schema["$defs"]
     root = defs[definition] if definition else {k: v for k, v in schema.items() if k != "$defs"}
     return inline_refs(root, defs)
 
 
 @lru_cache(maxsize=8)
-def _validator(definition: str | None) -> Draft202012Validator:
+def _validator(definition: str | None, schema_file: str = BOT_SCHEMA) -> Draft202012Validator:
     """A jsonschema validator of `_inlined(definition)`, for the files the fast check fails."""
     from jsonschema import Draft202012Validator
 
-    return Draft202012Validator(_inlined(definition))
+    return Draft202012Validator(_inlined(definition, schema_file))
 
 
 # -- loading ------------------------------------------------------------------------
@@ -127,13 +152,16 @@ def check_bot(path: str | Path) -> tuple[BotConfig | None, list[Diagnostic]]:
         return None, _sorted(diagnostics)
     sources = Sources(main, [main])
     if main.data is not None:
-        diagnostics.extend(schema_diagnostics(main, None))
+        schema_file = schema_for(main.data)
+        diagnostics.extend(schema_diagnostics(main, None, schema_file))
+        if schema_file == FORMAT2_SCHEMA and "format" not in main.data:
+            diagnostics.append(_undeclared_format2(main))
         for file in _included(main, diagnostics):
             doc = _read(file, diagnostics, included=True)
             if doc is None or doc.data is None:
                 continue
             sources.docs.append(doc)
-            diagnostics.extend(schema_diagnostics(doc, "fragment"))
+            diagnostics.extend(schema_diagnostics(doc, "fragment", schema_file))
     config = _build(sources, diagnostics, main_file)
     if config is not None:
         diagnostics.extend(run_checks(config, sources))
@@ -221,7 +249,7 @@ def _sorted(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
 # -- schema validation ----------------------------------------------------------------
 
 
-def schema_diagnostics(doc: YamlDoc, definition: str | None) -> list[Diagnostic]:
+def schema_diagnostics(doc: YamlDoc, definition: str | None, schema_file: str = BOT_SCHEMA) -> list[Diagnostic]:
     """Every schema violation of one file, each at the line of the node at fault.
 
     jsonschema runs only where the fast check says no: on the file with its routes and
@@ -229,11 +257,11 @@ def schema_diagnostics(doc: YamlDoc, definition: str | None) -> list[Diagnostic]
     costs one small validation, not a whole-file one.
     """
     data = doc.data
-    if _fast_check(definition)(data):
+    if _fast_check(definition, schema_file)(data):
         return []
     out: list[Diagnostic] = []
     if not isinstance(data, dict):
-        return _validate(doc, data, definition, (), definition)
+        return _validate(doc, data, definition, (), definition, schema_file)
     shell = dict(data)
     parts: list[tuple[str, Any, Any]] = []
     for kind, item in (("routes", "route"), ("tools", "tool")):
@@ -241,16 +269,17 @@ def schema_diagnostics(doc: YamlDoc, definition: str | None) -> list[Diagnostic]
         if isinstance(section, dict):
             shell[kind] = dict.fromkeys(section, {})  # names still checked; {} is a valid route and tool
             parts += [(item, (kind, name), value) for name, value in section.items()]
-    out.extend(_validate(doc, shell, definition, (), definition))
+    out.extend(_validate(doc, shell, definition, (), definition, schema_file))
     for item, prefix, value in parts:
-        if not _fast_check(item)(value):
-            out.extend(_validate(doc, value, item, prefix, definition))
+        if not _fast_check(item, schema_file)(value):
+            out.extend(_validate(doc, value, item, prefix, definition, schema_file))
     return out
 
 
-def _validate(doc: YamlDoc, data: Any, schema: str | None, prefix: tuple, definition: str | None) -> list[Diagnostic]:
+def _validate(doc: YamlDoc, data: Any, schema: str | None, prefix: tuple, definition: str | None,
+              schema_file: str = BOT_SCHEMA) -> list[Diagnostic]:
     out: list[Diagnostic] = []
-    for error in _validator(schema).iter_errors(data):
+    for error in _validator(schema, schema_file).iter_errors(data):
         out.extend(_translate(_specific(violation(error)), doc, definition, prefix))
     return out
 
@@ -317,6 +346,8 @@ _PATTERN_HINTS = {
     "^[A-Za-z_][A-Za-z0-9_]*$": "use letters, digits and `_`, starting with a letter or `_` (e.g. `API_KEY`)",
     "^[A-Za-z_][A-Za-z0-9_-]*(/[A-Za-z0-9_.-]+)?$": "write `SERVER` (all its tools) or `SERVER/TOOL`",
     "^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$": "write a language tag: `en`, `de`, `pt-BR`",
+    "^(?!(Message|Choices)$)[A-Za-z_][A-Za-z0-9_-]*$": "a message is said with `message:` and choices with "
+    "`choices:` (format 3); other event types use letters, digits, `_` and `-`, starting with a letter or `_`",
     "^[1-9][0-9]*[smhd]$": "write a duration: a whole number and `s`, `m`, `h` or `d` (e.g. `30m`)",
     "^([a-z0-9.+-]+|\\*)/([a-z0-9.+-]+|\\*)$":
         "write a media type in lower case: `image/png`, or `image/*` for every image",
@@ -836,13 +867,15 @@ def _approval(raw: Any, doc: YamlDoc, path: tuple) -> ApprovalConfig | None:
     edit = raw.get("edit")
     by = _str_list(raw.get("by"))
     self_decide = raw.get("self")
+    question = raw.get("ask")
     return ApprovalConfig(
         condition=_str(raw.get("if")),
         by=by or ["user"],
         self_decide=self_decide if isinstance(self_decide, bool) else None,
         edit=edit if isinstance(edit, bool) else _str_list(edit),
-        ask=_str(raw.get("ask")),
-        tell=_str(raw.get("tell")),
+        # Format 3 asks in a question's shape, `ask: {text, tell}`; format 2 wrote `ask: TEXT` and `tell: TEXT`.
+        ask=_str(question.get("text")) if isinstance(question, dict) else _str(question),
+        tell=_str(question.get("tell")) if isinstance(question, dict) else _str(raw.get("tell")),
         timeout=_str(raw.get("timeout")),
         on_timeout=_str(raw.get("on_timeout")) or "reject",
         rejected=_str(raw.get("rejected")),
@@ -924,6 +957,10 @@ def _operator_timeout(raw: Any, doc: YamlDoc, path: tuple) -> OperatorTimeoutCon
 
 def _action(action: dict, doc: YamlDoc, path: tuple, where: Location | None = None) -> ActionConfig:
     wipe = action.get("wipe")
+    assignments = {k: v for k, v in _dict(action.get("set")).items() if isinstance(k, str)}
+    ask = _ask(action.get("ask"), doc, (*path, "ask"))
+    if ask is not None and ask.into is None:
+        ask.into = _answer_target(assignments)
     return ActionConfig(
         push=_str(action.get("push")),
         pop=_bool(action.get("pop")),
@@ -934,17 +971,32 @@ def _action(action: dict, doc: YamlDoc, path: tuple, where: Location | None = No
         immediate=_bool(action.get("immediate")),
         clear_memory=_bool(action.get("clear_memory")),
         wipe=wipe if wipe in ("schedule", "abort") else None,
-        set={k: v for k, v in _dict(action.get("set")).items() if isinstance(k, str)},
+        set=assignments,
         emit={k: v for k, v in _dict(action.get("emit")).items() if isinstance(k, str)},
         message=_str(action.get("message")),
         reply=_str(action.get("reply")),
         result=_str(action.get("result")),
         choices=_choices(action.get("choices")),
         cases=_cases(action["cases"], doc, path) if "cases" in action else [],
-        ask=_ask(action.get("ask"), doc, (*path, "ask")),
+        ask=ask,
         operator=_operator(action.get("operator"), doc, (*path, "operator")),
         where=where or _loc(doc, path),
     )
+
+
+_WHOLE_RESULT = re.compile(r"\{\{-?\s*result\s*-?\}\}")
+
+
+def _answer_target(assignments: dict[str, Any]) -> str | None:
+    """Format 3 keeps a question's answer with the one vocabulary for writing state,
+    `set: {state.X: '{{ result }}'}` (the answer is the action's `result`); format 2 wrote
+    `ask: {into: state.X}`. The first such entry becomes the question's `into` (taken out of
+    `set`), so the answer lands before the cases are chosen, as `into` always did."""
+    for target, value in assignments.items():
+        if isinstance(value, str) and _WHOLE_RESULT.fullmatch(value.strip()):
+            del assignments[target]
+            return target
+    return None
 
 
 def _cases(raw: Any, doc: YamlDoc, path: tuple) -> list[CaseConfig]:

@@ -28,6 +28,9 @@ STATE_ROOTS = ("state", "scope")  # where a migration's state path may point
 # What each format version changed, for the warning a bot of the version before gets.
 FORMAT_CHANGES = {
     2: "a `set` (or `output.set`) template that renders to none assigns nothing (format 1: it assigns None)",
+    3: "one way to say each thing: a question's answer is kept with `set: {state.X: '{{ result }}'}` (not "
+       "`ask.into`), an approval asks `ask: {text, tell}` (not `ask: TEXT` and `tell: TEXT`), a message is "
+       "`message:` (not `emit: {Message: ...}`), and an action's keys are written in the order they apply",
 }
 
 
@@ -50,7 +53,7 @@ def format_diagnostics(config: BotConfig, format_at: Location | None) -> list[Di
                       "format")]
     if config.format < CURRENT_FORMAT and config.format in SUPPORTED_FORMATS:
         return [_diag(format_at or config.where, "warning",
-                      f"format {config.format} is the previous version and keeps its meaning: {changes}. "
+                      f"format {config.format} is an earlier version and keeps its meaning: {changes}. "
                       f"`chatrun upgrade` rewrites the bot to format {CURRENT_FORMAT}", "format")]
     return []
 

@@ -1,0 +1,194 @@
+"""Format 3: one way to say each thing (issue 39), `chatrun upgrade` from format 2 by node
+positions, and format 2 still read (its frozen schema) with one warning."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from chatrun.cli import main
+from chatrun.definition.loader import check_bot
+from test_schema_keys_read import normal
+
+FORMAT2 = """\
+# A format-2 bot: every second spelling, with comments that must survive.
+name: desk
+format: 2   # written for format 2
+state: {size: null, plan: null}
+routes:
+  main: {default: true, system: Hi., tools: [refund, pick, bye, size]}
+  other: {system: Other.}
+tools:
+  refund:
+    parameters: {type: object, properties: {amount: {type: number}}}
+    approval:
+      by: [supervisor]
+      ask: "Refund {{ args.amount }} EUR?"   # the supervisor reads this
+      tell: Your refund waits.               # the customer reads this
+      timeout: 1h
+  pick:
+    approval: {by: [lead], ask: "Pick {{ args }}?", tell: Wait.}
+    action: {route: other, message: "Off we go"}
+  bye:
+    action:
+      cases:
+        - if: state.plan
+          then: {emit: {Message: "Bye, {{ state.plan }}"}}
+        - else:
+            pop: true   # back
+            result: Done.
+  size:
+    action:
+      ask:
+        from: user
+        text: Which size?
+        into: state.size   # where the answer lands
+      message: "Size {{ result }}."
+"""
+
+FORMAT3 = """\
+# A format-2 bot: every second spelling, with comments that must survive.
+name: desk
+format: 3   # written for format 2
+state: {size: null, plan: null}
+routes:
+  main: {default: true, system: Hi., tools: [refund, pick, bye, size]}
+  other: {system: Other.}
+tools:
+  refund:
+    parameters: {type: object, properties: {amount: {type: number}}}
+    approval:
+      by: [supervisor]
+      ask:
+        text: "Refund {{ args.amount }} EUR?"   # the supervisor reads this
+        tell: Your refund waits.               # the customer reads this
+      timeout: 1h
+  pick:
+    approval: {by: [lead], ask: {text: "Pick {{ args }}?", tell: Wait.}}
+    action: {message: "Off we go", route: other}
+  bye:
+    action:
+      cases:
+        - if: state.plan
+          then: {message: "Bye, {{ state.plan }}"}
+        - else:
+            result: Done.
+            pop: true   # back
+  size:
+    action:
+      ask:
+        from: user
+        text: Which size?
+      set: {state.size: '{{ result }}'}
+      message: "Size {{ result }}."
+"""
+
+
+def test_upgrade_writes_each_second_spelling_the_one_way_and_keeps_every_comment(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(FORMAT2)
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert bot.read_text() == FORMAT3
+    said = result.output
+    for what in ("`format: 2` is now `format: 3`", "approval `ask:`/`tell:` are now `ask: {text, tell}`",
+                 "`ask.into: state.size` is now `set: {state.size: '{{ result }}'}`",
+                 "`emit: {Message: ...}` is now `message:`", "the action's keys are now in the order they apply"):
+        assert what in said, said
+    assert f"{bot}:13: approval" in said  # at the line of the `ask:` it rewrote
+
+
+def test_both_formats_of_the_same_bot_load_into_the_same_config(tmp_path):
+    (tmp_path / "two").mkdir()
+    (tmp_path / "three").mkdir()
+    (tmp_path / "two" / "bot.yaml").write_text(FORMAT2)
+    (tmp_path / "three" / "bot.yaml").write_text(FORMAT3)
+    two, found_two = check_bot(tmp_path / "two")
+    three, found_three = check_bot(tmp_path / "three")
+    assert [d.severity for d in found_three if d.path == "format" or d.severity == "error"] == []
+    assert [(d.line, d.severity) for d in found_two if d.path == "format"] == [(3, "warning")]
+    assert "chatrun upgrade" in next(d.message for d in found_two if d.path == "format")
+    assert three.tools["size"].action.ask.into == "state.size" and three.tools["size"].action.set == {}
+    assert three.tools["refund"].approval.tell == "Your refund waits."
+    differs = {"format", "content_version"}
+    assert {k: v for k, v in _as_message(normal(two)).items() if k not in differs} == \
+           {k: v for k, v in normal(three).items() if k not in differs}
+
+
+def _as_message(config):
+    """Format 2's `emit: {Message: X}` as format 3 says it, `message: X` (the one difference in meaning:
+    an emitted Message went out with the other events, a `message:` after them)."""
+    if isinstance(config, dict):
+        if "Message" in (config.get("emit") or {}):
+            config["message"] = config["emit"].pop("Message")
+        for value in config.values():
+            _as_message(value)
+    elif isinstance(config, list):
+        for value in config:
+            _as_message(value)
+    return config
+
+
+def test_upgrade_diff_prints_the_change_and_writes_nothing(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(FORMAT2)
+    result = CliRunner().invoke(main, ["upgrade", "--diff", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert bot.read_text() == FORMAT2
+    assert "-format: 2   # written for format 2\n+format: 3   # written for format 2\n" in result.output
+    assert "+      set: {state.size: '{{ result }}'}\n" in result.output
+
+
+def test_format_3_refuses_the_second_spellings_each_at_its_line(write_bot):
+    path = write_bot("""\
+        name: x
+        format: 3
+        routes: {main: {default: true, system: Hi., tools: [a, b, c]}}
+        tools:
+          a:
+            approval: {ask: Sure?}
+          b:
+            action: {ask: {from: user, into: state.x}}
+          c:
+            action: {emit: {Message: Hi}}
+        """)
+    _, found = check_bot(path)
+    errors = [(d.line, d.message) for d in found if d.severity == "error"]
+    assert errors == [
+        (6, "`approval.ask` of tool `a` must be a mapping, not a string"),
+        (8, "unknown key `into` in `action.ask` of tool `b`"),
+        (10, "invalid event type `Message` in `action.emit` of tool `c`: a message is said with `message:` and "
+             "choices with `choices:` (format 3); other event types use letters, digits, `_` and `-`, starting "
+             "with a letter or `_`"),
+    ]
+
+
+def test_format_3_warns_about_an_action_written_out_of_the_order_it_applies(write_bot):
+    bot = """\
+        name: x
+        format: {fmt}
+        routes: {{main: {{default: true, system: Hi., tools: [a]}}, b: {{system: B.}}}}
+        tools:
+          a:
+            action: {{route: b, message: Bye}}
+        """
+    _, found = check_bot(write_bot(bot.format(fmt=3), name="three.yaml"))
+    assert [(d.line, d.severity, d.message) for d in found] == [(6, "warning", (
+        "`message` of tool `a` is written after `route` but applies before it: write an action's keys in the "
+        "order they apply (message, route; docs/format.md, \"The order actions apply\"); `chatrun upgrade` "
+        "reorders them"))]
+    _, found = check_bot(write_bot(bot.format(fmt=2), name="two.yaml"))
+    assert [d.path for d in found] == ["format"]  # format 2: only the upgrade warning
+
+
+def test_a_bot_without_format_written_in_format_2_is_read_as_it_with_one_warning(write_bot):
+    path = write_bot("""\
+        name: x
+        routes: {main: {default: true, system: Hi., tools: [a]}}
+        tools:
+          a:
+            approval: {by: [lead], ask: Sure?, tell: Wait.}
+        """)
+    config, found = check_bot(path)
+    assert [(d.line, d.severity) for d in found] == [(1, "warning")]
+    assert "declares no `format:` and is written in format 2" in found[0].message
+    assert config.tools["a"].approval.ask == "Sure?" and config.tools["a"].approval.tell == "Wait."
