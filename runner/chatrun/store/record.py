@@ -602,7 +602,7 @@ def outbox_of(session_id: str, history: list[JSONObject]) -> list[OutboxEntry]:
     entry leaves them out (_without_outbox)."""
     out: list[OutboxEntry] = []
     for entry in history:
-        if not entry.get("ok"):
+        if not entry.get("ok") and "feedback" not in entry:  # a rating is committed as it is written
             continue
         for item in entry.get(OUTBOX_KEY) or ():
             body = item["body"]
