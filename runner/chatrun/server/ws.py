@@ -172,7 +172,7 @@ class Connection:
         """Cancel (extended dialect): stop every turn request of the chat sent on this connection
         and not ended yet. The running turn is rolled back and recorded as stopped (the engine:
         Session._run_turn), a queued one never runs; each ends with Failed("Cancelled"). The
-        Cancel itself is answered at once: Completed({"stopped": how many}). Synchronous, in the
+        Cancel itself is answered at once: Completed(null). Synchronous, in the
         receive loop: the stop takes effect before the next frame is read."""
         if not self.dialect_of(frame.chat_id).extensions:  # Quarkus has no such frame
             self.reject(frame.chat_id, wire.BAD_REQUEST, "Cancel is a chatrun extension: Connect with "
@@ -182,7 +182,7 @@ class Connection:
         for task in running:
             self.stopped.add(task)
             task.cancel()
-        self.out.put(wire.server_frame(frame.chat_id, wire.COMPLETED, {"stopped": len(running)}, frame.request_id))
+        self.out.put(wire.server_frame(frame.chat_id, wire.COMPLETED, None, frame.request_id))
 
     async def _serve(self, frame: wire.ClientFrame, coro: Any) -> None:
         # A Quarkus-dialect Disconnect gets no frame, not even a Failed (Quarkus sends none).
@@ -297,9 +297,9 @@ class Connection:
 
     async def feedback(self, frame: wire.ClientFrame, bot: str) -> None:
         """Feedback (chatrun extension): a rating of one of the chat's turns, answered with
-        Completed(<the rating as kept>) once it is committed (Session.rate)."""
-        kept = await self.registry.rate(bot, frame.chat_id, self.principal, frame.data)
-        await self.send(frame.chat_id, wire.COMPLETED, kept, frame.request_id)
+        Completed(null) once it is committed (Session.rate)."""
+        await self.registry.rate(bot, frame.chat_id, self.principal, frame.data)
+        await self.send(frame.chat_id, wire.COMPLETED, None, frame.request_id)
 
     async def disconnect(self, frame: wire.ClientFrame, bot: str) -> None:
         if not frame.keep:
