@@ -1,5 +1,16 @@
 /* The chatrun web page: a chat on the left, an inspector for bot authors on the right.
- * Plain JavaScript over chatscopes.js; no build step, no network beyond this server. */
+ * Plain JavaScript over chatscopes.js; no build step, no network beyond this server.
+ *
+ * Hooks for other scripts (turn_controls.js: Stop, thumbs up/down), as DOM events (docs/protocol.md,
+ * "The page's hooks"):
+ *   chatrun:message    on each message element as it is rendered (bubbles up to document);
+ *                      detail {role: "bot"|"user"|"operator", text, replayed, turn (a number, or
+ *                      null while the turn runs), actions (the message's action bar: append buttons)}.
+ *                      A streamed bot reply fires once, when it is complete.
+ *   chatrun:turn-start on document when this page starts a turn; detail {chatId}.
+ *   chatrun:turn-end   on document when it ends; detail {chatId, ok}.
+ * window.ChatrunPage: {bot, mode ("user"|"author"), session() (the chatscopes.js session),
+ *   client() (its ChatScopesClient), api(path, options) (fetch under /bots/{bot}, with the token)}. */
 (function () {
   "use strict";
 
@@ -130,8 +141,19 @@
     );
   }
 
-  function scrollDown() {
-    ui.messages.scrollTop = ui.messages.scrollHeight;
+  // Scroll follows the conversation only while the reader is at its bottom; a reader who
+  // scrolled up stays where they are and gets a "↓" button instead.
+  let following = true;
+
+  function atBottom() {
+    const box = ui.messages;
+    return box.scrollHeight - box.scrollTop - box.clientHeight < 48;
+  }
+
+  function scrollDown(force) {
+    if (force) following = true;
+    if (following) ui.messages.scrollTop = ui.messages.scrollHeight;
+    $("to-bottom").hidden = following;
   }
 
   function add(node) {
@@ -175,45 +197,101 @@
     return node;
   }
 
-  function showUser(text, attachments) {
-    const bubble = chatBubble("msg user", text);
+  function showUser(text, attachments, replayed) {
+    const bubble = chatBubble("msg user");
+    bubble.appendChild(el("div", "msg-body", text));
+    bubble.dataset.text = text;
     showSentAttachments(bubble, attachments);
     add(bubble);
+    announceMessage(bubble, "user", replayed);
   }
 
-  /** A bot reply: Markdown, rendered safely (markdown.js builds nodes, never HTML). */
+  /** Every rendered message gets an action bar (Copy first) and a `chatrun:message` event (the
+   * hook at the top: other scripts add their buttons to the bar). */
+  function announceMessage(bubble, role, replayed, turn) {
+    let actions = bubble.querySelector(":scope > .msg-actions");
+    if (!actions) {
+      actions = bubble.appendChild(el("div", "msg-actions"));
+      actions.appendChild(copyButton(bubble));
+    }
+    bubble.dispatchEvent(new CustomEvent("chatrun:message", {
+      bubbles: true,
+      detail: { role: role, text: bubble.dataset.text || "", replayed: Boolean(replayed),
+        turn: typeof turn === "number" ? turn : null, actions: actions },
+    }));
+  }
+
+  const COPY_ICON = '<svg viewBox="0 0 24 24" aria-hidden="true" focusable="false"><rect x="8" y="8" width="12" height="12" rx="2" fill="none" stroke="currentColor" stroke-width="2"/><path d="M16 8V6a2 2 0 0 0-2-2H6a2 2 0 0 0-2 2v8a2 2 0 0 0 2 2h2" fill="none" stroke="currentColor" stroke-width="2"/></svg>';
+
+  /** Copy a message's text (its Markdown source for a reply), saying so for a moment. */
+  function copyButton(bubble) {
+    const button = el("button", "msg-action copy");
+    button.type = "button";
+    button.innerHTML = COPY_ICON; // a constant: no text of the message goes through innerHTML
+    button.dataset.pageLabel = "copy_message";
+    button.setAttribute("aria-label", tx("copy_message"));
+    button.title = tx("copy_message");
+    button.addEventListener("click", () => {
+      const done = () => {
+        button.classList.add("done");
+        button.setAttribute("aria-label", tx("copied"));
+        setTimeout(() => { button.classList.remove("done"); button.setAttribute("aria-label", tx("copy_message")); }, 1500);
+      };
+      if (navigator.clipboard) navigator.clipboard.writeText(bubble.dataset.text || "").then(done, () => undefined);
+    });
+    return button;
+  }
+
+  function turnEvent(name, detail) {
+    document.dispatchEvent(new CustomEvent(name, { detail: Object.assign({ chatId: session && session.chatId }, detail) }));
+  }
+
+  /** A bot reply: Markdown by markdown.js (marked, then DOMPurify), in the bubble's body. */
   function botBubble(text, cls) {
     const node = chatBubble("msg bot md" + (cls ? " " + cls : ""));
+    node.appendChild(el("div", "msg-body"));
     setReply(node, text);
     return node;
   }
 
   function setReply(bubble, text) {
     bubble.dataset.text = text;
-    bubble.textContent = "";
-    bubble.appendChild(ChatrunMarkdown.render(text));
+    bubble.querySelector(".msg-body").replaceChildren(ChatrunMarkdown.render(text));
   }
 
-  function showMessage(text) {
+  function showMessage(text, replayed) {
     if (streaming) {
-      setReply(streaming, text);
-      streaming.classList.remove("streaming");
+      const bubble = streaming;
       streaming = null;
+      bubble.markdown.finish(text);
+      bubble.dataset.text = text;
+      bubble.classList.remove("streaming");
       scrollDown();
+      announceMessage(bubble, "bot", false);
     } else {
-      add(botBubble(text));
+      announceMessage(add(botBubble(text)), "bot", replayed);
     }
   }
 
+  /** A streamed chunk: only the reply's last block is rendered again (markdown.js, stream). */
   function showChunk(chunk) {
-    if (!streaming) streaming = add(botBubble("", "streaming"));
-    setReply(streaming, streaming.dataset.text + chunk);
+    if (!streaming) {
+      streaming = add(botBubble("", "streaming"));
+      streaming.markdown = ChatrunMarkdown.stream(streaming.querySelector(".msg-body"));
+    }
+    streaming.markdown.append(chunk);
+    streaming.dataset.text = streaming.markdown.text();
     scrollDown();
   }
 
+  /** A stream that ended without its Message (an error, a stop): what was shown stays. */
   function endStreaming() {
-    if (streaming) streaming.classList.remove("streaming");
+    if (!streaming) return;
+    const bubble = streaming;
     streaming = null;
+    bubble.classList.remove("streaming");
+    bubble.markdown.finish();
+    announceMessage(bubble, "bot", false);
   }
 
   function showThinking(text) {
@@ -389,7 +467,7 @@
     ConversationEnded: () => showEnded(),
     Choices: (data, replayed) => showChoices(data, replayed),
     Message: (data, replayed, type, meta) => (meta && meta.from === "operator"
-      ? showOperatorMessage(asText(data), meta.name) : showMessage(asText(data))),
+      ? showOperatorMessage(asText(data), meta.name, replayed) : showMessage(asText(data), replayed)),
     Pending: (data) => showPending(data),
     Resolved: (data) => showResolved(data),
     Thinking: (data) => showThinking(data),
@@ -430,11 +508,12 @@
     banner.dataset.name = name || "";
   }
 
-  function showOperatorMessage(text, name) {
+  function showOperatorMessage(text, name, replayed) {
     endStreaming();
     const bubble = botBubble(text, "operator");
     bubble.insertBefore(el("div", "from", (name || "operator") + " · operator"), bubble.firstChild);
     add(bubble);
+    announceMessage(bubble, "operator", replayed);
   }
 
   /** The user's own decision or answer: a turn over HTTP, its events shown as they come back. */
@@ -442,6 +521,8 @@
     if (busy) throw new Error("Wait for the current reply first.");
     setBusy(true);
     epoch += 1;
+    let ok = false;
+    turnEvent("chatrun:turn-start", {});
     try {
       const reply = await api("/sessions/" + encodeURIComponent(session.chatId) + "/pending/" + encodeURIComponent(item), {
         method: "POST", body: JSON.stringify(body),
@@ -451,7 +532,9 @@
       for (const event of reply.events || []) {
         if (!event.audience || event.audience === "user") showEvent(event.type, event.data, false, event.meta);
       }
+      ok = true;
     } finally {
+      turnEvent("chatrun:turn-end", { ok: ok });
       epoch += 1;
       setBusy(false);
       refreshInspector();
@@ -515,7 +598,7 @@
   function builder() {
     return client.builder()
       .locale(LOCALE)
-      .messageHandler(showMessage)
+      .messageHandler((data) => showMessage(asText(data)))
       .streamHandler(showChunk)
       .thinkingHandler(showThinking)
       .errorHandler(showError)
@@ -548,7 +631,7 @@
       const input = entry.input;
       const text = typeof input === "string" ? input : input && input.userMessage;
       const files = (input && input.attachments) || [];
-      if (text || files.length) showUser(text || "", files);
+      if (text || files.length) showUser(text || "", files, true);
       // The server lists the user's events only (an operator's token also gets operators events,
       // which are not for this chat either).
       const events = (entry.events || []).filter((e) => !e.audience || e.audience === "user");
@@ -581,13 +664,18 @@
     clearTray(true);
     showAttachProblem("");
     showUser(text, files);
+    scrollDown(true); // the reader's own message: back to the bottom
+    let ok = false;
+    turnEvent("chatrun:turn-start", {});
     try {
       await (files.length ? session.sendData({ userMessage: text, attachments: files }) : session.chat(text));
+      ok = true;
     } catch (err) {
       // The Error frame before a Failed was shown by the errorHandler; else show the reason.
       if (!err.detail) showError(err.message || String(err));
     } finally {
       endStreaming();
+      turnEvent("chatrun:turn-end", { ok: ok });
       epoch += 1;
       setBusy(false);
       refreshInspector();
