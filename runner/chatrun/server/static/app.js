@@ -15,6 +15,9 @@
   "use strict";
 
   const BOT = document.body.dataset.bot;
+  // "user": the page the bot's users get (/chat/{bot}): the chat alone, no inspector, switcher,
+  // route names or brand. "author": the bot author's page with the inspector (/, /bots/{bot}/).
+  const MODE = document.body.dataset.mode === "user" ? "user" : "author";
   const params = new URLSearchParams(location.search);
   // The token comes once in the URL (?token=…); it is kept for this tab in sessionStorage and
   // taken out of the address bar, so it does not linger in history, bookmarks or screenshots.
@@ -78,6 +81,10 @@
     if (!ui.input.disabled) ui.input.placeholder = tx("placeholder");
     else if (ended) ui.input.placeholder = tx("ended_placeholder");
     ChatrunPending.setTexts(pageData.texts);
+    ChatrunMarkdown.texts.copy = tx("copy");
+    ChatrunMarkdown.texts.copied = tx("copied");
+    ChatrunMarkdown.texts.code = tx("code");
+    if (MODE === "user") document.title = tx("chat_title");
     showAttachLimits();
     document.querySelectorAll("#attach-tray .attachment").forEach((item) => {
       item.querySelector(".attach-remove").setAttribute("aria-label", tx("remove_file", { name: item.dataset.name }));
@@ -410,18 +417,32 @@
   function showRouteChange(data, quiet) {
     if (!data || !data.stack) return;
     renderBreadcrumb(data.stack);
-    if (!quiet) add(el("div", "route-change", tx("now_in", { route: data.stack.map(routeTitle).join(" › ") })));
+    if (!quiet) showRouteDivider(data.stack);
     attachmentsFollowRoute(data.stack[data.stack.length - 1]);
   }
 
-  /** What end users read for a route: its `title:`, else its name. */
+  /** What end users read for a route: its `title:`, else (the author's page only) its name. */
   function routeTitle(name) {
     const node = graph && graph.nodes.find((n) => n.name === name);
-    return (node && node.title) || name;
+    return (node && node.title) || (MODE === "user" ? "" : name);
+  }
+
+  /** A divider where the conversation moved: the author reads the whole stack ("now in desk ›
+   * booking"); a user reads the title of the part they are now in, and nothing for an untitled one. */
+  function showRouteDivider(stack) {
+    if (MODE === "author") {
+      add(el("div", "route-change", tx("now_in", { route: stack.map(routeTitle).join(" › ") })));
+      return;
+    }
+    const title = routeTitle(stack[stack.length - 1]);
+    if (title) add(el("div", "route-change", title)).setAttribute("role", "separator");
   }
 
   function renderBreadcrumb(stack) {
     ui.breadcrumb.textContent = "";
+    // The end-user page lists the titled routes only, and no breadcrumb when none has a title.
+    if (MODE === "user") stack = stack.filter((route) => routeTitle(route));
+    ui.breadcrumb.hidden = stack.length === 0;
     stack.forEach((route, i) => {
       if (i) ui.breadcrumb.appendChild(el("span", "sep", "›"));
       const crumb = el("span", "crumb" + (i === stack.length - 1 ? " current" : ""), routeTitle(route));
@@ -621,7 +642,14 @@
     session = await builder().connect();
     localStorage.setItem(STORE_KEY, session.chatId);
     ui.messages.textContent = "";
-    ui.messages.appendChild(el("div", "empty", tx("hello", { bot: BOT })));
+    showEmpty();
+  }
+
+  /** The empty chat's greeting: the bot's name for its author, a plain invitation for its users. */
+  function showEmpty() {
+    const empty = el("div", "empty", MODE === "user" ? tx("hello_user") : tx("hello", { bot: BOT }));
+    if (MODE === "user") empty.dataset.pageText = "hello_user"; // follows the session's locale
+    ui.messages.appendChild(empty);
   }
 
   async function replayHistory() {
@@ -643,7 +671,7 @@
     renderBreadcrumb(data.stack);
     showTakeover(data.taken_over ? data.taken_over.by.name : null);
     watch();
-    if (!(data.history || []).length) ui.messages.appendChild(el("div", "empty", tx("hello", { bot: BOT })));
+    if (!(data.history || []).length) showEmpty();
   }
 
   async function send(text) {
@@ -758,14 +786,22 @@
   }
 
   /** No model can be reached (no credentials, no endpoint): say why above the chat, not only
-   * "Sorry…" after each message. */
+   * "Sorry…" after each message. Its users read that the chat cannot answer yet and what to do;
+   * its author reads the cause and how to walk the bot without a model. */
   function renderModelProblem(problem) {
     const banner = $("model-banner");
     banner.hidden = !problem;
     banner.textContent = "";
+    document.body.classList.toggle("no-model", Boolean(problem));
     if (!problem) return;
+    if (MODE === "user") {
+      banner.appendChild(el("span", "", tx("no_model_user")));
+      return;
+    }
     banner.appendChild(el("strong", "", tx("no_model") + " "));
-    banner.appendChild(el("span", "", problem));
+    banner.appendChild(el("span", "", problem + " "));
+    banner.appendChild(el("span", "", "To walk the bot without a model, answer in its place: chatrun repl "
+      + BOT + " (it asks \u201cmodel>\u201d at each model call: /say TEXT or /call TOOL {json})."));
   }
 
   function renderScopes(scopes, current) {
@@ -1392,12 +1428,41 @@
     });
   }
 
+  // -- scrolling, theme ----------------------------------------------------------------------
+
+  function setUpScrolling() {
+    ui.messages.addEventListener("scroll", () => {
+      following = atBottom();
+      $("to-bottom").hidden = following;
+    }, { passive: true });
+    $("to-bottom").addEventListener("click", () => {
+      scrollDown(true);
+      ui.input.focus({ preventScroll: true });
+    });
+  }
+
+  /** Dark or light: the reader's choice (kept in localStorage), else the system's. */
+  function setUpTheme() {
+    const button = $("theme");
+    const root = document.documentElement;
+    const systemDark = window.matchMedia("(prefers-color-scheme: dark)");
+    const isDark = () => (root.dataset.theme ? root.dataset.theme === "dark" : systemDark.matches);
+    const show = () => button.setAttribute("aria-pressed", String(isDark()));
+    button.addEventListener("click", () => {
+      root.dataset.theme = isDark() ? "light" : "dark";
+      try { localStorage.setItem("chatrun:theme", root.dataset.theme); } catch (err) { /* private mode */ }
+      show();
+    });
+    systemDark.addEventListener("change", show);
+    show();
+  }
+
   // -- start --------------------------------------------------------------------------------
 
   async function main() {
     applyPageTexts();
     $("bot-name").textContent = BOT;
-    document.title = BOT + " · chatrun";
+    document.title = MODE === "user" ? tx("chat_title") : BOT + " · chatrun";
     try {
       const info = await api("?locale=" + encodeURIComponent(LOCALE));
       $("bot-description").textContent = info.description || "";
@@ -1410,7 +1475,7 @@
       else setStatusText("offline", "unreachable");
       return;
     }
-    showBotSwitch();
+    if (MODE === "author") showBotSwitch();
     try {
       await openClient();
     } catch (err) {
@@ -1472,6 +1537,11 @@
   });
   $("reset").addEventListener("click", reset);
   setUpAttachments();
+  setUpScrolling();
+  setUpTheme();
+  window.ChatrunPage = {
+    bot: BOT, mode: MODE, session: () => session, client: () => client, api: api,
+  };
   $("toggle-inspector").addEventListener("click", () => {
     document.body.classList.toggle(window.innerWidth > 900 ? "no-inspector" : "show-inspector");
     if (graph) drawGraph(graph, inspectData ? inspectData.stack : [graph.default]); // measured only when shown
