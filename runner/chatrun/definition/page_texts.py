@@ -93,6 +93,17 @@ BUILTIN: dict[str, dict[str, str]] = {
         "attach_size": "{name} is {size}, over this chat's limit of {limit} per file (attachments.max_bytes).",
         "not_sent": "Not sent: {reason}",
         "unreadable": "cannot read {name}",
+        # The end-user page (/chat/{bot}): its title, greeting and controls.
+        "chat_title": "Chat",
+        "hello_user": "How can I help you?",
+        "no_model_user": "This chat cannot answer yet: it has not been connected to its assistant. "
+                         "Please try again later or contact the site's owner.",
+        "copy": "Copy",
+        "copied": "Copied",
+        "copy_message": "Copy message",
+        "code": "code",
+        "to_bottom": "Scroll to the latest message",
+        "dark_mode": "Dark mode",
     },
     "de": {
         "send": "Senden",
@@ -169,6 +180,16 @@ BUILTIN: dict[str, dict[str, str]] = {
                        "(attachments.max_bytes).",
         "not_sent": "Nicht gesendet: {reason}",
         "unreadable": "{name} kann nicht gelesen werden",
+        "chat_title": "Chat",
+        "hello_user": "Wie kann ich Ihnen helfen?",
+        "no_model_user": "Dieser Chat kann noch nicht antworten: Er ist noch nicht mit seinem Assistenten verbunden. "
+                         "Bitte versuchen Sie es später noch einmal oder wenden Sie sich an den Betreiber der Website.",
+        "copy": "Kopieren",
+        "copied": "Kopiert",
+        "copy_message": "Nachricht kopieren",
+        "code": "Code",
+        "to_bottom": "Zur neuesten Nachricht",
+        "dark_mode": "Dunkler Modus",
     },
     "ar": {
         "send": "إرسال",
@@ -243,6 +264,16 @@ BUILTIN: dict[str, dict[str, str]] = {
                        "(attachments.max_bytes).",
         "not_sent": "لم يتم الإرسال: {reason}",
         "unreadable": "تعذّرت قراءة {name}",
+        "chat_title": "محادثة",
+        "hello_user": "كيف يمكنني مساعدتك؟",
+        "no_model_user": "لا تستطيع هذه المحادثة الرد بعد: لم يتم ربطها بمساعدها. "
+                         "يُرجى المحاولة لاحقًا أو التواصل مع مالك الموقع.",
+        "copy": "نسخ",
+        "copied": "تم النسخ",
+        "copy_message": "نسخ الرسالة",
+        "code": "شيفرة",
+        "to_bottom": "الانتقال إلى أحدث رسالة",
+        "dark_mode": "الوضع الداكن",
     },
 }
 KEYS: frozenset[str] = frozenset(BUILTIN["en"])
