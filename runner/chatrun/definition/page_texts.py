@@ -104,6 +104,13 @@ BUILTIN: dict[str, dict[str, str]] = {
         "code": "code",
         "to_bottom": "Scroll to the latest message",
         "dark_mode": "Dark mode",
+        # turn_controls.js: Stop, and thumbs up/down with an optional comment
+        "stop": "Stop",
+        "rate_up": "Good reply",
+        "rate_down": "Bad reply",
+        "feedback_placeholder": "What was wrong? (optional)",
+        "feedback_send": "Send feedback",
+        "feedback_thanks": "Thanks for your feedback",
     },
     "de": {
         "send": "Senden",
@@ -190,6 +197,12 @@ BUILTIN: dict[str, dict[str, str]] = {
         "code": "Code",
         "to_bottom": "Zur neuesten Nachricht",
         "dark_mode": "Dunkler Modus",
+        "stop": "Stoppen",
+        "rate_up": "Gute Antwort",
+        "rate_down": "Schlechte Antwort",
+        "feedback_placeholder": "Was war falsch? (optional)",
+        "feedback_send": "Feedback senden",
+        "feedback_thanks": "Danke für Ihr Feedback",
     },
     "ar": {
         "send": "إرسال",
@@ -274,6 +287,12 @@ BUILTIN: dict[str, dict[str, str]] = {
         "code": "شيفرة",
         "to_bottom": "الانتقال إلى أحدث رسالة",
         "dark_mode": "الوضع الداكن",
+        "stop": "إيقاف",
+        "rate_up": "رد جيد",
+        "rate_down": "رد سيئ",
+        "feedback_placeholder": "ما الخطأ؟ (اختياري)",
+        "feedback_send": "إرسال الملاحظات",
+        "feedback_thanks": "شكرًا على ملاحظاتك",
     },
 }
 KEYS: frozenset[str] = frozenset(BUILTIN["en"])

@@ -87,7 +87,7 @@ class ServerMetrics:
                                             "refused to load, by reason (no_key, unsigned, bad_signature, "
                                             "too_large, starts_program)", ["bot", "reason"], registry=reg)
         self.feedback = prom.Counter("chatrun_feedback", "Ratings of bot replies by their users (thumbs up/down), "
-                                     "by the route of the rated turn", ["bot", "route", "rating"], registry=reg)
+                                     "by the route the conversation was on when rated", ["bot", "route", "rating"], registry=reg)
         self.tool_calls = prom.Counter("chatrun_tool_calls", "Tool calls run", ["bot", "tool"], registry=reg)
         self.tool_failures = prom.Counter("chatrun_tool_failures",
                                           "Tool calls that did not do their work (refused, failed, unknown tool)",

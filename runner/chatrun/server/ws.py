@@ -194,8 +194,8 @@ class Connection:
             if task not in self.stopped:  # the server is stopping: not ours to answer
                 raise
             self.stopped.discard(task)
-            self.reject(frame.chat_id, wire.CANCELLED, "the turn was stopped (Cancel): it was rolled back, "
-                        "the conversation is as before it; send a message to go on", frame.request_id)
+            self.reject(frame.chat_id, wire.CANCELLED, "Stopped: this reply is not part of the conversation "
+                        "(what its tools already did is not undone); send a message to go on", frame.request_id)
         except wire.RequestFailed as exc:
             if silent:
                 log.info("Disconnect of chat %s failed (%s: %s); no frame sent", frame.chat_id, exc.reason, exc.message)
