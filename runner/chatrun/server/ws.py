@@ -155,6 +155,10 @@ class Connection:
             coro = self.feedback(frame, self.chats[frame.chat_id])
         else:
             coro = self.disconnect(frame, self.chats[frame.chat_id])
+        self._start(frame, coro)
+
+    def _start(self, frame: wire.ClientFrame, coro: Any) -> None:
+        """Serve a request in its own task; a turn's task is the chat's until it ends (Cancel stops it)."""
         self.in_flight += 1
         task = self._spawn(self._serve(frame, coro))
         if frame.type in wire.TURN_TYPES:
