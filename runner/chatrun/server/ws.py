@@ -182,7 +182,8 @@ class Connection:
             self.reject(frame.chat_id, wire.BAD_REQUEST, "Cancel is a chatrun extension: Connect with "
                         '"extensions": true to stop turns', frame.request_id)
             return
-        running = [task for task in self.turns.get(frame.chat_id, ()) if not task.done()]
+        # Not again a task stopped already: it may be writing its stopped turn's record.
+        running = [task for task in self.turns.get(frame.chat_id, ()) if not task.done() and task not in self.stopped]
         for task in running:
             self.stopped.add(task)
             task.cancel()
