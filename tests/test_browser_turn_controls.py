@@ -70,6 +70,8 @@ def test_thumbs_up_and_down_with_a_comment_are_kept_with_their_turns(server, fak
         replies.nth(1).locator(".rate-down").click()
         page.fill(".feedback-form textarea", "It did not ask for the date")
         shot(page, "feedback-comment-1280")
+        page.emulate_media(color_scheme="dark")
+        shot(page, "feedback-comment-1280-dark")
         page.press(".feedback-form textarea", "Enter")
         replies.nth(1).locator(".feedback-thanks").wait_for()
         rated = [e["feedback"] for e in history(server, page) if "feedback" in e]

@@ -118,3 +118,26 @@ def test_closing_a_v1_stream_stops_the_turn(server):
                 break
         stream.close()
     stopped_then_answered(server, "v1stop")
+
+
+def test_a_cancel_also_stops_the_chats_queued_message_before_it_runs(server):
+    server.fake.queue(STALLING)
+
+    async def run() -> list[dict]:
+        async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
+            await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "ws2"}))
+            await async_until_done(ws)
+            for key in ("m1", "m2"):  # m2 waits in the session's queue behind m1
+                await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "ws2", "requestId": key,
+                                          "data": {"userMessage": key}}))
+            frames = [check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30)))]
+            assert (frames[0]["type"], frames[0]["requestId"]) == ("Stream", "m1")
+            await ws.send(json.dumps({"type": "Cancel", "chatId": "ws2", "requestId": "c1"}))
+            while sum(f["type"] in ("Completed", "Failed") for f in frames) < 3:
+                frames.append(check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30))))
+            return frames
+
+    ends = {f["requestId"]: (f["type"], f["data"]) for f in asyncio.run(run()) if f["type"] in ("Completed", "Failed")}
+    assert ends == {"c1": ("Completed", None), "m1": ("Failed", "Cancelled"), "m2": ("Failed", "Cancelled")}
+    assert len(server.fake.requests) == 1  # m2 never ran
+    assert [(e["input"], e["error"]) for e in history(server, "ws2")] == [("m1", "cancelled")]
