@@ -13,12 +13,14 @@ import re
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit
 
 from jinja2 import TemplateSyntaxError, nodes
 
 from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, T_COMPUTED, catalog_checks
 from chatrun.definition.config import (
+    WIDGET_LOGO_TYPES,
     ActionConfig,
     ApprovalCaseConfig,
     ApprovalConfig,
@@ -153,6 +155,7 @@ class _Checker:
         self.env()
         self.timezones()
         self.retention()
+        self.widget()
         for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
             kind.check_bot(self.config, self)
         _graph_checks(self)
@@ -380,6 +383,32 @@ class _Checker:
                         f"`retention.idle_sessions` keeps an idle session; the session would be deleted before "
                         "the timeout's `on_timeout` runs: shorten the timeout or lengthen the retention",
                         f"tools.{tool.name}"))
+
+    def widget(self) -> None:
+        """`widget:`: origins a browser can send, a logo that exists, a key for signed identities."""
+        widget = self.config.widget
+        raw = self.src.main.data.get("widget") if isinstance(self.src.main.data, dict) else None
+        if widget is None or not isinstance(raw, dict):
+            return
+        for i, origin in enumerate(raw.get("origins") or []):
+            if not isinstance(origin, str):
+                continue
+            parts = urlsplit(origin)
+            if parts.scheme in ("http", "https") and parts.netloc and (parts.path not in ("", "/") or parts.query):
+                self.add("error", f"`widget.origins`: {origin!r} has a path; an origin is scheme://host[:port] "
+                         f"only, as browsers send it: write {parts.scheme}://{parts.netloc}", "widget", "origins", i)
+        if widget.logo_is_file:
+            logo = os.path.join(self.config.root, widget.logo)
+            if not os.path.isfile(logo):
+                self.add("error", f"`widget.logo`: no file {widget.logo!r} in the bot's folder ({self.config.root}); "
+                         "give a file beside bot.yaml (.svg, .png, .jpg, .webp) or an https:// URL", "widget", "logo")
+            elif os.path.splitext(logo)[1].lower() not in WIDGET_LOGO_TYPES:
+                self.add("error", f"`widget.logo`: {widget.logo!r} is not an image the widget shows; use "
+                         f"{', '.join(WIDGET_LOGO_TYPES)}", "widget", "logo")
+        if widget.identity == "signed" and widget.secret_env not in os.environ:
+            self.add("warning", f"`widget.identity` is `signed`, but the environment variable `{widget.secret_env}` "
+                     "(the key signed identities are checked with) is not set, so every visitor is refused; set it "
+                     "where the server runs (docs/widget.md)", "widget", "identity")
 
     def timezones(self) -> None:
         """`timezone:` and a declared `state.timezone` default name IANA zones (docs/format.md, "The clock")."""
@@ -1388,6 +1417,25 @@ def _graph_checks(checker: _Checker) -> None:
                         "tools", name)
 
 
+def _channel_checks(checker: _Checker) -> None:
+    """`channels:`: a credential names a declared `env:` variable, a template reads declared
+    `env` only (the schema has checked each kind's keys)."""
+    from chatrun.definition.config import CHANNEL_SECRETS, CHANNEL_TEMPLATES
+
+    config = checker.config
+    for kind, channel in config.channels.items():
+        at = ("channels", kind)
+        for key in CHANNEL_SECRETS.get(kind, ()):
+            name = channel.options.get(key)
+            if isinstance(name, str) and name not in config.env:
+                checker.add("error", f"channel `{kind}` reads its {key} from `env.{name}`, but the bot does not "
+                            f"declare it under `env:`{suggest(name, config.env)}", *at, key)
+        for key in CHANNEL_TEMPLATES.get(kind, ()):
+            text = channel.options.get(key)
+            if isinstance(text, str):
+                checker.template(text, f"`channels.{kind}.{key}`", (*at, key), None, ("env",))
+
+
 def _audience_checks(checker: _Checker) -> None:
     """`events:` and `sinks:`: built-in types stay the user's, a sink takes declared backend types
     only, its templates read declared `env` only, its secret is a declared variable; a backend
@@ -1415,6 +1463,7 @@ def _audience_checks(checker: _Checker) -> None:
         if hook.secret is not None and hook.secret not in config.env:
             checker.add("error", f"sink `{sink.name}` signs with `env.{hook.secret}`, but the bot does not declare it "
                         f"under `env:`{suggest(hook.secret, config.env)}", *at, "secret")
+    _channel_checks(checker)
     for name in backend:
         if not config.sinks_for(name):
             checker.add("warning", f"event type `{name}` is for the backend, but no sink takes it: its events "

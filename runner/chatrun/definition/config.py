@@ -441,6 +441,36 @@ class Retention:
                          self.erased_outbox)
 
 
+# -- the widget (issue 35): the chat other sites embed with one <script> tag ---------------------
+
+WIDGET_IDENTITIES = ("either", "signed", "anonymous")
+WIDGET_SECRET_ENV = "CHATRUN_WIDGET_SECRET"
+WIDGET_LOGO_TYPES = {".svg": "image/svg+xml", ".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
+                     ".webp": "image/webp"}
+
+
+@dataclass(frozen=True)
+class WidgetConfig:
+    """`widget:`: the sites that may embed the bot's chat and how it looks there (docs/widget.md)."""
+
+    origins: tuple[str, ...] = ()  # scheme://host[:port], lower case, no trailing slash
+    title: str = ""  # "": the bot's description, else its name
+    greeting: str = ""
+    color: str = "#2563eb"
+    logo: str = ""  # a file of the bot (relative to its folder) or an https:// URL; "": none
+    position: str = "right"
+    identity: str = "either"  # signed identities, anonymous visitors, or either
+    secret_env: str = WIDGET_SECRET_ENV
+    where: Location = field(default_factory=Location)
+
+    def allows(self, origin: str | None) -> bool:
+        return origin is not None and origin.lower().rstrip("/") in self.origins
+
+    @property
+    def logo_is_file(self) -> bool:
+        return bool(self.logo) and not self.logo.startswith(("https://", "http://", "data:"))
+
+
 @dataclass
 class BotConfig:
     name: str
@@ -458,6 +488,7 @@ class BotConfig:
     kind_config: dict[str, Any] = field(default_factory=dict)
     events: dict[str, EventTypeConfig] = field(default_factory=dict)  # `events:`: declared types, their audience
     sinks: dict[str, SinkConfig] = field(default_factory=dict)  # `sinks:`: where backend events go
+    channels: dict[str, ChannelConfig] = field(default_factory=dict)  # `channels:`: platforms the bot answers on
     format: int | None = None  # `format:`: the format version declared (None: not declared; read as current)
     version: str | None = None  # `version:`: the bot's own version, for people and migrations' `from:`
     migrations: list[MigrationConfig] = field(default_factory=list)  # `migrations:`, in order
@@ -469,6 +500,7 @@ class BotConfig:
     catalogs: Catalogs | None = None  # `locales:` and their texts (definition/catalogs.py); None: one language
     fallback: str | None = None  # `fallback:` (a route's own wins); None: the built-in text in the session's locale
     retention: Retention = field(default_factory=Retention)  # `retention:`: how long its stored data is kept
+    widget: WidgetConfig | None = None  # `widget:`: the chat other sites embed (None: no widget)
 
     @property
     def version_label(self) -> str:
@@ -610,6 +642,39 @@ class SinkConfig:
 
     def takes(self, event_type: str) -> bool:
         return self.events is None or event_type in self.events
+
+
+# Each channel kind's keys that name a declared `env:` variable (a credential), and those that
+# are templates over `env` (docs/channels.md). The server's channel modules read the values.
+CHANNEL_SECRETS: dict[str, tuple[str, ...]] = {
+    "telegram": ("token", "secret"),
+    "slack": ("token", "signing_secret"),
+    "whatsapp": ("token", "app_secret", "verify_token"),
+    "teams": ("app_id", "app_password"),
+}
+CHANNEL_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "telegram": ("api",),
+    "slack": ("api",),
+    "whatsapp": ("api",),
+    "teams": ("openid", "token_url"),
+}
+
+
+@dataclass
+class ChannelConfig:
+    """One entry of the bot's `channels:`: a platform the bot answers on (its kind is its key),
+    its options as written (credentials as env names, templates over `env`), and how its
+    replies are retried (they go through the outbox, as a sink's events do)."""
+
+    kind: str
+    options: dict[str, Any] = field(default_factory=dict)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    where: Location = field(default_factory=Location)
+
+    @property
+    def sink(self) -> str:
+        """The outbox's sink name of this channel's replies (no `sinks:` name has a colon)."""
+        return f"channel:{self.kind}"
 
 
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}

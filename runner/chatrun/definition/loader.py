@@ -30,6 +30,7 @@ from chatrun.definition.config import (
     AttachmentPolicy,
     BotConfig,
     CaseConfig,
+    ChannelConfig,
     EnvVar,
     EventTypeConfig,
     KeyChanges,
@@ -50,6 +51,7 @@ from chatrun.definition.config import (
     SinkConfig,
     ToolConfig,
     WebhookConfig,
+    WidgetConfig,
     duration_seconds,
 )
 from chatrun.definition.effects import default_effect
@@ -496,6 +498,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         kind_config=bot_kinds(top, main),
         events=_event_types(top.get("events"), main),
         sinks=_sinks(top.get("sinks"), main),
+        channels=_channels(top.get("channels"), main),
         format=top["format"] if isinstance(top.get("format"), int) and not isinstance(top["format"], bool) else None,
         version=_version(top.get("version")),
         migrations=_migrations(top.get("migrations"), main),
@@ -507,6 +510,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         catalogs=_catalogs(top.get("locales"), main, main_file, diagnostics),
         fallback=_str(top.get("fallback")),
         retention=_retention(top.get("retention")),
+        widget=_widget(top.get("widget"), main),
     )
 
 
@@ -606,6 +610,18 @@ def _retention(raw: Any) -> Retention:
     return Retention(**seconds, erased_outbox=erased if erased in ERASED_OUTBOX else DELIVER)
 
 
+def _widget(raw: Any, main: YamlDoc) -> WidgetConfig | None:
+    """`widget:` (the schema has checked its shape; checks.py its origins and logo)."""
+    if not isinstance(raw, dict):
+        return None
+    origins = raw.get("origins")
+    given = {key: raw[key] for key in ("title", "greeting", "color", "logo", "position", "identity", "secret_env")
+             if isinstance(raw.get(key), str)}
+    return WidgetConfig(
+        origins=tuple(o.lower().rstrip("/") for o in origins if isinstance(o, str)) if isinstance(origins, list) else (),
+        where=_loc(main, ("widget",)), **given)
+
+
 def _limits(raw: Any) -> Limits:
     limits = Limits()
     for key in ("max_hops", "max_model_calls", "max_turn_tokens", "max_session_tokens", "max_calls_per_tool"):
@@ -701,6 +717,15 @@ def _sinks(raw: Any, doc: YamlDoc) -> dict[str, SinkConfig]:
         events = spec.get("events")
         out[str(name)] = SinkConfig(str(name), webhook, _str_list(events) if events is not None else None,
                                     RetryPolicy(**retry), _loc(doc, ("sinks", name)))
+    return out
+
+
+def _channels(raw: Any, doc: YamlDoc) -> dict[str, ChannelConfig]:
+    out: dict[str, ChannelConfig] = {}
+    for kind, spec in _dict(raw).items():
+        spec = dict(_dict(spec))
+        retry = {k: v for k, v in _dict(spec.pop("retry", None)).items() if k in RetryPolicy.__dataclass_fields__}
+        out[str(kind)] = ChannelConfig(str(kind), spec, RetryPolicy(**retry), _loc(doc, ("channels", kind)))
     return out
 
 

@@ -592,7 +592,8 @@ class Session:
             self._c.turn_count = turn.number
             self._c.usage.add(turn.usage)
             entry.update(ok=True, route=self.route, stack=self.stack, events=_plain(collected))
-            outbox = _outbox(self.bot.config, self.id, collected)
+            outbox = _outbox(self.bot.config, self.id, collected) + _replies(self.meta, self.bot.config, self.id,
+                                                                             collected)
             if outbox:  # the store queues these with the commit (chatrun.store.record.outbox_of)
                 entry[OUTBOX_KEY] = outbox
             entry.update(_usage_entry(turn))
@@ -633,7 +634,11 @@ class Session:
         log.info("session %s, turn %s failed: %s", self.id, self.turn_count + 1, detail)
         # First, so the history's record of the attempt holds it too.
         self._emit(ev.ERROR, text, runtime=True, meta={"detail": detail})
-        self._rollback(before, entry | {"ok": False, "error": detail, "events": _plain(collected)}, turn)
+        failed = entry | {"ok": False, "error": detail, "events": _plain(collected)}
+        replies = _replies(self.meta, self.bot.config, self.id, collected)
+        if replies:  # a channel's user still learns the turn failed (outbox_of keeps replies only)
+            failed[OUTBOX_KEY] = replies
+        self._rollback(before, failed, turn)
 
     def _rollback(self, before: Checkpoint, entry: dict[str, Any], turn: Turn,
                   keep_done: tuple[str, ...] | None = None) -> None:
@@ -867,6 +872,26 @@ def _outbox(config: BotConfig, session_id: str, events: list[Event]) -> list[dic
                     "turn": event.turn, "session": session_id, "bot": config.name, "created": now}
             out.append({"sink": sink.name, "body": body})
     return out
+
+
+REPLY_TO = "reply_to"  # a session's meta key: where its user's events go besides the requests' answers
+REPLY = "Reply"  # the type of a reply's outbox entry
+
+
+def _replies(meta: Mapping[str, Any], config: BotConfig, session_id: str, events: list[Event]) -> list[dict[str, Any]]:
+    """The delivery of a turn's events for the user to where the session's user is (a
+    channel's chat: `meta.reply_to` = {sink, address}), queued with the turn's commit like a
+    sink's events, so the reply leaves after the commit and survives a crash. Every turn of
+    the session queues one (a decision, an operator's words), none when it has nothing for the user."""
+    reply_to = meta.get(REPLY_TO)
+    if not isinstance(reply_to, Mapping):
+        return []
+    shown = [e.to_dict() for e in events if e.for_user and e.type != ev.STREAM]
+    if not shown:
+        return []
+    body = {"id": "rep_" + secrets.token_hex(12), "type": REPLY, "data": {"to": reply_to.get("address"), "events": shown},
+            "turn": events[0].turn, "session": session_id, "bot": config.name, "created": time.time()}
+    return [{"sink": reply_to["sink"], "body": body, "reply": True}]
 
 
 def _reference_problem(item: dict[str, Any]) -> str | None:

@@ -27,6 +27,7 @@ from chatrun import __version__
 from chatrun.errors import ChatrunError
 from chatrun.server import wire
 from chatrun.server.auth import Auth, resolve_auth
+from chatrun.server.channels.door import Channels, make_channel_router
 from chatrun.server.erasure import make_erasure_router
 from chatrun.server.guard import EdgeGuard, EdgePolicy
 from chatrun.server.http import failure_response, make_router
@@ -41,6 +42,7 @@ from chatrun.server.site import add_site_routes
 from chatrun.server.sweeper import PendingSweeper, SweepSettings
 from chatrun.server.tracecontext import TraceContext
 from chatrun.server.versions import BotVersions, versions_of
+from chatrun.server.widget import add_widget_routes
 from chatrun.server.ws import make_websocket_router
 from chatrun.store import SessionStore
 from chatrun.store.aio import AsyncStore, open_async_store
@@ -129,6 +131,9 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     app.include_router(make_outbox_router())
     app.include_router(make_erasure_router())
     app.include_router(make_pending_router())
+    registry.channels = Channels(app.state.auth)
+    app.include_router(make_channel_router())
+    add_widget_routes(app)
     add_site_routes(app)
 
 
@@ -158,9 +163,12 @@ class Lifecycle:
             shared = registry.store.url.startswith(("redis://", "rediss://"))
             logging.getLogger("chatrun.versions").log(logging.WARNING if shared else logging.INFO, note)
         sweeper = asyncio.ensure_future(registry.sweep_forever())
-        if not registry.store.has_outbox and any(bot.config.sinks for bot in registry.bots.values()):
+        if not registry.store.has_outbox and any(bot.config.sinks or bot.config.channels
+                                                 for bot in registry.bots.values()):
             raise ChatrunError(f"store {registry.store.url} keeps no outbox, so the backend events of bots with "
-                               "`sinks:` could not be delivered; serve them on memory://, sqlite:// or redis://")
+                               "`sinks:` and the replies of `channels:` could not be delivered; serve them on "
+                               "memory://, sqlite:// or redis://")
+        Channels.check_installed([bot.config for bot in registry.bots.values()])
         worker = registry.outbox = OutboxWorker(registry, self.outbox)
         registry.writes.on_outbox = worker.nudge
         delivering = asyncio.ensure_future(worker.run_forever())
@@ -178,6 +186,7 @@ class Lifecycle:
             with contextlib.suppress(asyncio.CancelledError):
                 await delivering
             await worker.aclose()
+            await registry.channels.aclose()
             if watchers is not None:
                 await watchers.stop()
             every = (*self.bots.values(), *registry.bots.values(), *registry.shelf.all_bots())

@@ -6,6 +6,12 @@ The auth file (YAML), given with `--auth FILE` or the CHATRUN_AUTH_FILE environm
       s3cret-ana: {principal: ana, roles: [staff], claims: {email: ana@example.com}}
       s3cret-bob: {principal: bob}
 
+`principals:` gives roles and claims to principals no token names: the users of a channel
+(docs/channels.md), whose names are `<channel>:<platform user id>`:
+
+    principals:
+      telegram:4242: {roles: [approvers]}
+
 `claims:` are what templates read besides the name and roles (`principal.email`), e.g. for
 bound arguments (`bind:`): text, numbers or booleans, by name.
 
@@ -31,6 +37,7 @@ from chatrun.engine.pending import BACKEND_ROLE, ENGINE_AUDIENCES, USER_ROLE
 from chatrun.errors import ChatrunError
 
 AUTH_ENV = "CHATRUN_AUTH_FILE"
+WIDGET_TOKEN_PREFIXES = ("cw1.", "cwv.")  # signed identities and anonymous visitors (server/widget_identity.py)
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,15 @@ ANONYMOUS = None  # with auth off every request is anonymous: no owner, no role 
 class Auth:
     tokens: dict[str, Principal]
     source: str = ""
+    principals: dict[str, Principal] = field(default_factory=dict)  # `principals:`: by name
+
+    def principal(self, name: str, claims: tuple[tuple[str, Any], ...] = ()) -> Principal:
+        """A principal the server names itself (a channel's user): the roles and claims the
+        auth file's `principals:` gives that name, over `claims`."""
+        known = self.principals.get(name)
+        if known is None:
+            return Principal(name, claims=claims)
+        return Principal(name, known.roles, tuple({**dict(claims), **dict(known.claims)}.items()))
 
     def authenticate(self, token: str | None) -> Principal | None:
         """The principal of a token, or None. Compares in constant time."""
@@ -80,7 +96,9 @@ class Auth:
 
     @classmethod
     def from_mapping(cls, raw: object, source: str = "<auth>") -> Auth:
-        if not isinstance(raw, dict) or not isinstance(raw.get("tokens"), dict) or not raw["tokens"]:
+        if isinstance(raw, dict) and raw.get("principals") is not None and not raw.get("tokens"):
+            raw = {**raw, "tokens": {}}  # channels' users only: no token opens the HTTP API
+        elif not isinstance(raw, dict) or not isinstance(raw.get("tokens"), dict) or not raw["tokens"]:
             raise ChatrunError(
                 f"{source}: the auth file needs a `tokens:` mapping, e.g. "
                 "tokens: {my-secret: {principal: ana, roles: [staff]}}"
@@ -90,6 +108,9 @@ class Auth:
             where = f"{source}: tokens.{str(token)[:4]}…"
             if not isinstance(token, str) or len(token) < 8:
                 raise ChatrunError(f"{where}: a token is a string of at least 8 characters")
+            if token.startswith(WIDGET_TOKEN_PREFIXES):
+                raise ChatrunError(f"{where}: a token may not start with {' or '.join(WIDGET_TOKEN_PREFIXES)}: those are "
+                                   "the widget's tokens (docs/widget.md); choose another token")
             if isinstance(entry, str):
                 entry = {"principal": entry}
             if not isinstance(entry, dict) or not isinstance(entry.get("principal"), str):
@@ -99,7 +120,25 @@ class Auth:
                 raise ChatrunError(f"{where}: roles is a list of role names")
             _refuse_engine_audiences(where, entry["principal"], roles)
             tokens[token] = Principal(entry["principal"], frozenset(roles), _claims(entry.get("claims"), where))
-        return cls(tokens, source)
+        return cls(tokens, source, _principals(raw.get("principals"), source))
+
+
+def _principals(raw: object, source: str) -> dict[str, Principal]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ChatrunError(f"{source}: `principals:` maps a principal's name to {{roles: [ROLE, ...], claims: {{...}}}}")
+    out: dict[str, Principal] = {}
+    for name, entry in raw.items():
+        where = f"{source}: principals.{name}"
+        entry = entry if entry is not None else {}
+        roles = entry.get("roles") or [] if isinstance(entry, dict) else None
+        if not isinstance(name, str) or roles is None or not isinstance(roles, list) \
+                or not all(isinstance(r, str) for r in roles):
+            raise ChatrunError(f"{where}: each principal maps to {{roles: [ROLE, ...], claims: {{...}}}}")
+        _refuse_engine_audiences(where, name, roles)
+        out[name] = Principal(name, frozenset(roles), _claims(entry.get("claims"), where))
+    return out
 
 
 _RESERVED_CLAIMS = ("name", "roles")

@@ -6,7 +6,8 @@
   refused unless its origin is allowed (same-origin by default). 403 Forbidden / 403.
 - Content-Type: a POST with a body must be JSON (a form or text/plain POST is what a foreign
   page can send without asking); an upload may also be the file itself, in its own type, but
-  never one of the types a foreign page can send (SIMPLE_TYPES). 415 UnsupportedMediaType.
+  never one of the types a foreign page can send (SIMPLE_TYPES); a channel's webhook
+  (/channels/...) may be a form, which its platform signs. 415 UnsupportedMediaType.
 - Body: at most `max_body_bytes`, checked from Content-Length first and then while reading,
   never read whole first (413 TooLarge); all of it within `body_timeout` seconds (408). The
   bodies that carry files (uploads and `/v1` turns) are not read here: their limits are their
@@ -147,6 +148,9 @@ class EdgeGuard:
             return
         if is_upload(path) and kind and kind not in SIMPLE_TYPES:
             return  # the file itself (docs/protocol.md, "Attachments")
+        if path.startswith("/channels/") and kind == "application/x-www-form-urlencoded":
+            return  # a platform's delivery (Slack's interactivity), trusted by its signature alone
+
         raise Refused(
             415, "UnsupportedMediaType", f"the body must be JSON (Content-Type: application/json), not {kind or 'untyped'}"
         )

@@ -53,7 +53,7 @@ class ServerMetrics:
 
     def __init__(self, sessions: SessionRegistry):
         prom = _prom
-        prom.disable_created_metrics()  # process-wide, as prometheus-client has it
+        prom.disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus-client; process-wide
         self.registry = reg = prom.CollectorRegistry()
         prom.ProcessCollector(registry=reg)
         prom.PlatformCollector(registry=reg)

@@ -340,7 +340,8 @@ def _key_after(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) ->
     if more:
         hashed.update(("," if nonempty else "").encode() + _JSON(list(more))[1:-1].encode())
     hashed.update(b"]]")
-    return "openai:prefix:" + hashed.hexdigest()
+    digest: str = hashed.hexdigest()
+    return "openai:prefix:" + digest
 
 
 def _JSON(value: Any) -> str:  # noqa: N802 - the one spelling of the key's JSON text

@@ -78,7 +78,7 @@ class Reply:
 
     parts: list[str] = field(default_factory=list)
     objects: list[Any] = field(default_factory=list)
-    other: list[dict] = field(default_factory=list)  # Thinking, Console, RouteChanged, ...
+    other: list[dict[str, Any]] = field(default_factory=list)  # Thinking, Console, RouteChanged, ...
     streaming: str = ""
 
     def feed(self, event: ev.Event) -> str:

@@ -50,14 +50,17 @@ log = logging.getLogger("chatrun.outbox")
 GAUGE_LIMIT = 10_000  # the outbox gauges count this many entries at most
 MEASURE_EVERY = 10.0  # seconds between two updates of the outbox gauges
 WARN_EVERY = 300.0  # seconds between two warnings about the same unserved route
+CHANNEL_SEND_TIME = 30.0  # seconds a channel reply (a few platform calls) may take, for the claim
 
 
 @dataclass(frozen=True)
 class Served:
-    """A route this replica delivers: the bot's config (its env and secrets) and the sink's."""
+    """A route this replica delivers: the bot's config (its env and secrets) and the sink's (a
+    channel's replies: a sink without a webhook, named `channel:<kind>`, and the channel's kind)."""
 
     bot: BotConfig
     sink: SinkConfig
+    channel: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ class OutboxSettings:
 def next_attempt(policy: RetryPolicy, attempts: int, now: float) -> float:
     """When the try after `attempts` failed ones is due: backoff * 2**(attempts-1), at most
     max_backoff, times a jitter in [0.5, 1] (so receivers are not hit by every replica at once)."""
-    delay = min(policy.max_backoff, policy.backoff * 2 ** max(0, attempts - 1))
+    delay = min(policy.max_backoff, policy.backoff * 2.0 ** max(0, attempts - 1))
     return now + delay * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not a secret
 
 
@@ -141,8 +144,8 @@ class OutboxWorker:
         served = self.served()
         if not served:
             return 0
-        lease = self.settings.lease + max((s.sink.webhook.timeout for s in served.values() if s.sink.webhook),
-                                          default=0)
+        lease = self.settings.lease + max((s.sink.webhook.timeout if s.sink.webhook else CHANNEL_SEND_TIME
+                                           for s in served.values()), default=0)
         routes = list(served)
         self._turn = (self._turn + 1) % len(routes)  # a busy route cannot starve the others of the batch
         routes = routes[self._turn:] + routes[:self._turn]
@@ -159,13 +162,17 @@ class OutboxWorker:
         for name, versions in self.registry.shelf.bots.items():
             primary = versions.primary
             for version in [primary, *reversed(versions.versions)]:
-                for sink in version.bot.config.sinks.values():
+                config = version.bot.config
+                for sink in config.sinks.values():
                     if sink.webhook is not None:
-                        out.setdefault(route_of(name, sink.name), Served(version.bot.config, sink))
+                        out.setdefault(route_of(name, sink.name), Served(config, sink))
+                for kind, channel in config.channels.items():
+                    out.setdefault(route_of(name, channel.sink),
+                                   Served(config, SinkConfig(channel.sink, retry=channel.retry), kind))
         return out
 
     async def deliver(self, entry: OutboxEntry, served: Served | None) -> None:
-        if served is None or served.sink.webhook is None:
+        if served is None or (served.sink.webhook is None and served.channel is None):
             # Claimed just before a reload took its sink away: not an attempt, so no dead
             # letter either; it is due again at once, for a replica that serves it.
             entry.next_at = time.time()
@@ -178,10 +185,16 @@ class OutboxWorker:
         attributes = {"chatrun.sink": entry.sink, "chatrun.event.id": entry.id,
                       "chatrun.event.type": entry.body.get("type"), "chatrun.attempt": entry.attempts}
         with tracing.span(f"deliver {entry.sink}", attributes) as current:
-            attempt = await self.sender.send(served.bot, served.sink.webhook, entry.body, entry.attempts)
+            attempt = await self._attempt(served, entry)
             if not attempt.delivered:
                 tracing.delivery_failed(current, attempt.error or "failed")
         await self._settle(entry, attempt, served.sink.retry, time.monotonic() - started)
+
+    async def _attempt(self, served: Served, entry: OutboxEntry) -> Attempt:
+        if served.channel is not None:  # a reply to a channel's user (server/channels/door.py)
+            return await self.registry.channels.deliver(served.bot, served.channel, entry.body)  # type: ignore[no-any-return]
+        assert served.sink.webhook is not None
+        return await self.sender.send(served.bot, served.sink.webhook, entry.body, entry.attempts)
 
     async def _settle(self, entry: OutboxEntry, attempt: Attempt, policy: RetryPolicy, seconds: float) -> None:
         if not attempt.delivered:

@@ -13,6 +13,7 @@ way (the HTTP API's JSON error, OpenAI's error object, a WebSocket close code).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Annotated, Any, ClassVar
 
@@ -24,6 +25,7 @@ from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal, token_from
 from chatrun.server.guard import EdgePolicy, Refused, read_body
 from chatrun.server.sessions import SessionRegistry
+from chatrun.server.widget_identity import IdentityRefused, is_widget_token, widget_principal
 
 # -- who is calling --------------------------------------------------------------------------
 
@@ -37,16 +39,40 @@ class Unauthorized(wire.RequestFailed):
         )
 
 
+class WidgetRefused(Unauthorized):
+    """A widget token the bot does not accept (server/widget_identity.py): the message says why."""
+
+    def __init__(self, message: str) -> None:
+        wire.RequestFailed.__init__(self, wire.UNAUTHORIZED, f"unauthorized: {message}")
+
+
 def authenticate(connection: HTTPConnection) -> Principal | None:
     """The principal of a request or WebSocket; None when auth is off (every caller is anonymous).
-    Raises Unauthorized when auth is on and the token is missing or unknown."""
+    A widget's token (a signed identity or an anonymous visitor) is checked first, against the
+    `widget:` of the bot the path names, auth on or off. Raises Unauthorized when auth is on
+    and the token is missing or unknown, WidgetRefused for a widget token the bot refuses."""
+    token = token_from(connection.headers, connection.query_params)
+    if is_widget_token(token):
+        return _widget_caller(connection, str(token))
     auth: Auth | None = connection.app.state.auth
     if auth is None:
         return None
-    found = auth.authenticate(token_from(connection.headers, connection.query_params))
+    found = auth.authenticate(token)
     if found is None:
         raise Unauthorized()
     return found
+
+
+def _widget_caller(connection: HTTPConnection, token: str) -> Principal:
+    bot_name = str(connection.path_params.get("bot") or "")
+    bot = connection.app.state.registry.bots.get(bot_name) if bot_name else None
+    try:
+        if bot is None:
+            raise IdentityRefused("a widget token is good only on its bot's own paths (/bots/BOT/...)")
+        return widget_principal(bot_name, bot.config.widget, token)
+    except IdentityRefused as exc:
+        logging.getLogger("chatrun.widget").info("chatrun: widget token refused on %s: %s", connection.url.path, exc)
+        raise WidgetRefused(str(exc)) from None
 
 
 Caller = Annotated[Principal | None, Depends(authenticate)]

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 NEW = "new"  # the session must not exist yet
 EXISTING = "existing"  # the session must exist
+OPEN = "open"  # the session is used if it exists, else started (a channel's conversation: server/channels)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class SessionStart:
     route: str | None = None
     state: dict[str, Any] | None = None
     locale: str | None = None  # what the client asked for (a tag or Accept-Language; docs/i18n.md)
+    meta: dict[str, Any] | None = None  # more of the session's meta (a channel's `reply_to`)
 
 
 @dataclass(frozen=True)
@@ -225,7 +227,8 @@ class SessionOpener:
                 state=request.start.state,
                 roles=set(principal.roles) if principal is not None else None,
                 principal=template_principal(principal),
-                meta={**owner_meta(request.owner), **({"locale": request.start.locale} if request.start.locale else {})},
+                meta={**owner_meta(request.owner), **({"locale": request.start.locale} if request.start.locale else {}),
+                      **(request.start.meta or {})},
                 blobs=self.blobs,
             )
         except UnknownRouteError as exc:

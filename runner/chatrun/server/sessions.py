@@ -37,6 +37,7 @@ from chatrun.server.session_gate import IF_BUSY, QUEUE, REJECT, SessionGate
 from chatrun.server.session_open import (
     EXISTING,
     NEW,
+    OPEN,
     OWNER_ONLY,
     SYSTEM,
     Reach,
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
     from chatrun.engine.session import Session
     from chatrun.server.metrics import ServerMetrics
 
-__all__ = ["EXISTING", "IF_BUSY", "MAX_REQUEST_ID", "NEW", "OWNER_ONLY", "QUEUE", "REJECT", "SYSTEM", "Reach",
+__all__ = ["EXISTING", "IF_BUSY", "MAX_REQUEST_ID", "NEW", "OPEN", "OWNER_ONLY", "QUEUE", "REJECT", "SYSTEM", "Reach",
            "SessionRegistry",
            "SessionRequest", "SessionSettings", "SessionStart", "TurnRun"]
 
@@ -109,6 +110,7 @@ class SessionRegistry:
         self.metrics: ServerMetrics | None = None  # set by create_app when prometheus-client is installed
         self.outbox: Any = None  # the app's OutboxWorker (chatrun.server.outbox), while the app runs
         self.sweeper: Any = None  # the app's PendingSweeper (chatrun.server.sweeper), while the app runs
+        self.channels: Any = None  # the app's Channels (chatrun.server.channels.door): platforms' webhooks
         self.log_content = False  # the turn log line carries the user's message and the replies
         self.cache = SessionCache(CacheLimits(settings.cache_size, settings.cache_bytes, settings.cache_idle))
         self.gate = SessionGate(self.store, settings.lease, settings.if_busy)
@@ -199,6 +201,7 @@ class SessionRegistry:
         reach: Reach = OWNER_ONLY,
         version: str | None = None,
         locale: str | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> AsyncIterator[Session]:
         """The session, held for the caller until the block ends (its turn, see `turn`); its
         stored history is `history(session)`. `reach`: who besides its owner may use it
@@ -206,7 +209,7 @@ class SessionRegistry:
         bot = self.bot(bot_name)
         self.gate.refuse_if_draining()
         policy = self.gate.policy(if_busy)
-        request = SessionRequest(bot, session_id, principal, mode, SessionStart(route, state, locale), reach, version)
+        request = SessionRequest(bot, session_id, principal, mode, SessionStart(route, state, locale, meta), reach, version)
         waited = functools.partial(self.metrics.waited, bot.name) if self.metrics is not None else None
         async with self.cache.use((bot.name, session_id)) as slot, \
                 self.gate.through(slot.lock, session_id, policy, waited) as lease:

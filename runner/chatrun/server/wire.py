@@ -33,13 +33,11 @@ from typing import Any
 
 from chatrun.definition.page_texts import BUILTIN as PAGE_TEXTS
 from chatrun.engine.pending import reply_hint
-from chatrun.errors import (  # the server's request errors, used as wire.RequestFailed
-    DecisionRefused,
-    FrameError,
-    InvalidDecision,
-    NotPending,
-    RequestFailed,
-)
+from chatrun.errors import DecisionRefused, InvalidDecision, NotPending
+
+# The server's request errors, used as wire.RequestFailed and wire.FrameError (re-exported).
+from chatrun.errors import FrameError as FrameError
+from chatrun.errors import RequestFailed as RequestFailed
 from chatrun.messages import lone_surrogate_at
 
 CONNECT = "Connect"
@@ -493,5 +491,6 @@ def turn_input(data: dict[str, Any]) -> str | dict[str, Any] | None:
     if not data:
         return None
     if set(data) == {"userMessage"}:
-        return data["userMessage"]
+        text: str = data["userMessage"]
+        return text
     return data

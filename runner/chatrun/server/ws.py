@@ -26,7 +26,13 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.outbound import Outbound
 from chatrun.server.pending_api import decision_of
-from chatrun.server.plumbing import Unauthorized, authenticate, limits_of, registry_of
+from chatrun.server.plumbing import (
+    Unauthorized,
+    WidgetRefused,
+    authenticate,
+    limits_of,
+    registry_of,
+)
 from chatrun.server.sessions import EXISTING, NEW, Reach, SessionRegistry
 from chatrun.server.versions import VERSION_HEADER
 
@@ -55,9 +61,9 @@ class Connection:
         self.dialect = wire.QUARKUS_DIALECT
         self.pending: set[str] = set()  # chats whose Connect is not served yet
         self.in_flight = 0
-        self.tasks: set[asyncio.Task] = set()
-        self.turns: dict[str, set[asyncio.Task]] = {}  # chatId -> its turn requests in flight (what Cancel stops)
-        self.stopped: set[asyncio.Task] = set()  # turn requests a Cancel frame cancelled
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.turns: dict[str, set[asyncio.Task[None]]] = {}  # chatId -> its turn requests in flight (what Cancel stops)
+        self.stopped: set[asyncio.Task[None]] = set()  # turn requests a Cancel frame cancelled
         self.out = Outbound(websocket, limits.max_outbound_bytes, limits.send_timeout)
 
     @property
@@ -166,8 +172,8 @@ class Connection:
             running.add(task)
             task.add_done_callback(running.discard)
 
-    def _spawn(self, coro: Any) -> asyncio.Task:
-        task = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
@@ -352,6 +358,9 @@ async def serve_websocket(websocket: WebSocket, bot_name: str | None) -> None:
         await websocket.accept()
         try:
             principal = authenticate(websocket)
+        except WidgetRefused as exc:  # a widget's token: say why (a close reason holds 123 bytes)
+            await websocket.close(CLOSE_UNAUTHORIZED, exc.message.encode()[:120].decode(errors="ignore"))
+            return
         except Unauthorized:
             await websocket.close(CLOSE_UNAUTHORIZED, "unauthorized: send a valid token (Authorization: Bearer or ?token=)")
             return

@@ -598,13 +598,15 @@ def _without_outbox(entry: JSONObject) -> JSONObject:
 
 def outbox_of(session_id: str, history: list[JSONObject]) -> list[OutboxEntry]:
     """The deliveries the committed turns among `history` queued (Session puts them under
-    "outbox" in a successful turn's entry: a failed turn's entry has none). The stored history
+    "outbox" in a successful turn's entry; a failed turn's entry has at most its channel reply,
+    telling the user it failed: engine/session.py's _replies). The stored history
     entry leaves them out (_without_outbox)."""
     out: list[OutboxEntry] = []
     for entry in history:
-        if not entry.get("ok") and "feedback" not in entry:  # a rating is committed as it is written
-            continue
         for item in entry.get(OUTBOX_KEY) or ():
+            # A failed turn queues its user's reply only; a rating is committed as it is written.
+            if not entry.get("ok") and not item.get("reply") and "feedback" not in entry:
+                continue
             body = item["body"]
             out.append(OutboxEntry(body["id"], session_id, item["sink"], body, body["created"],
                                    next_at=body["created"]))

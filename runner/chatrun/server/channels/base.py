@@ -1,0 +1,158 @@
+"""What every channel is: a `ChannelKind` turns a platform's webhook delivery into `Inbound`
+user messages (after checking its signature) and a committed turn's reply into the
+platform's API calls. The flow around them, the same for every platform, is door.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import httpx
+
+from chatrun import events as ev
+from chatrun.definition.config import BotConfig, ChannelConfig
+from chatrun.definition.templates import ENV
+from chatrun.errors import ChatrunError
+from chatrun.toolkinds.http import Environment
+
+
+class Unauthorized(ChatrunError):
+    """A delivery whose signature (or secret header) is missing or wrong: 401, nothing runs."""
+
+
+class SendFailed(ChatrunError):
+    """The platform refused a reply or did not answer: the outbox retries it (backoff, then a
+    dead letter); `status` is the platform's HTTP status when it answered."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One user message a delivery carries (a text, or a button press as the value pressed)."""
+
+    delivery: str  # the platform's id of the delivery: a retry carries the same, so it runs once
+    conversation: str  # the chat (thread, call) and sender: one session each
+    user: str  # the sender's platform id; the principal is "<kind>:<user>"
+    text: str
+    address: dict[str, Any]  # where this conversation's replies go (the chat's id, a thread's)
+    name: str = ""  # the sender's display name (the principal's claim `display_name`)
+    locale: str | None = None  # the sender's language, when the platform says it
+    extra: dict[str, Any] = field(default_factory=dict)  # what the kind needs after the turn (a callback's id)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One message of a reply, as every platform has it: text, and buttons (label, value)."""
+
+    text: str
+    buttons: list[tuple[str, str]] = field(default_factory=list)
+
+
+class ChannelKind:
+    """A platform. Subclasses set `kind` and implement verify, inbound and send."""
+
+    kind: ClassVar[str]
+    timeout: ClassVar[float] = 10.0  # seconds one platform API call may take
+    # Seconds the platform waits for the webhook's answer before it counts the delivery failed
+    # (Slack: 3): the turn goes on after the answer. None: the answer waits for the turn, and a
+    # delivery the platform gives up on is sent again and replayed.
+    ack_within: ClassVar[float | None] = None
+
+    def __init__(self, bot: BotConfig, config: ChannelConfig):
+        self.bot, self.config = bot, config
+
+    @classmethod
+    def missing(cls) -> str | None:
+        """What the kind needs that is not installed (checked when the server starts), or None."""
+        return None
+
+    def secret(self, key: str) -> str:
+        """The value of the env variable the channel's `key` names; ChatrunError when unset."""
+        name = str(self.config.options.get(key) or "")
+        var = self.bot.env.get(name)
+        value = os.environ.get(name, var.default if var is not None else None)
+        if not value:
+            raise ChatrunError(f"channel {self.kind} of bot {self.bot.name}: `env.{name}` (its {key}) is not set")
+        return str(value)
+
+    def option(self, key: str, default: str) -> str:
+        """A template option rendered over `env` (`default` when absent)."""
+        text = self.config.options.get(key)
+        if not isinstance(text, str):
+            return default
+        return ENV.from_string(text).render({"env": Environment(self.bot.env)})
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> None:
+        """Raise Unauthorized unless the delivery is the platform's own."""
+        raise NotImplementedError
+
+    async def averify(self, headers: Mapping[str, str], body: bytes) -> None:
+        """`verify`, for a kind whose check may wait on the network (Teams' signing keys)."""
+        self.verify(headers, body)
+
+    def read(self, body: bytes, headers: Mapping[str, str]) -> Any:
+        """A verified delivery's payload (JSON unless the kind says otherwise); ValueError if unreadable."""
+        return json.loads(body)
+
+    def handshake(self, payload: Any) -> dict[str, Any] | None:
+        """The answer to a delivery that is the platform checking the URL (Slack's
+        url_verification), not a user's message; None for every other delivery."""
+        return None
+
+    def subscribe(self, query: Mapping[str, str]) -> str | None:
+        """The answer to the platform's GET checking the webhook URL (WhatsApp's hub.challenge),
+        or None when the query is not the platform's (then 403)."""
+        return None
+
+    def inbound(self, payload: Any) -> list[Inbound]:
+        """The user messages in a verified delivery (none for what is not one: an edit, a join)."""
+        raise NotImplementedError
+
+    async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
+        """Post one message to the conversation at `address`; SendFailed when the platform refuses."""
+        raise NotImplementedError
+
+    async def after(self, client: httpx.AsyncClient, inbound: Inbound) -> None:
+        """What the platform wants once a message is handled (Telegram: answer a button's callback)."""
+
+
+def outgoing(events: list[dict[str, Any]]) -> list[Outgoing]:
+    """A reply's events for the user as plain messages: texts, and the buttons of choices and of
+    the items the user decides (an approval's Yes/No) on the message before them."""
+    out: list[Outgoing] = []
+    for event in events:
+        kind, data = event.get("type"), event.get("data")
+        if kind in (ev.MESSAGE, ev.ERROR) and isinstance(data, str) and data:
+            out.append(Outgoing(data))
+        elif kind == ev.OBJECT:
+            out.append(Outgoing(_object_text(data)))
+        elif kind == ev.CHOICES and isinstance(data, dict):
+            _with_buttons(out, "", data.get("choices"))
+        elif kind == ev.PENDING and isinstance(data, dict):
+            text = str(data.get("ask") or "")
+            if not data.get("choices") and data.get("reply"):
+                text = f"{text}\n{data['reply']}".strip()
+            _with_buttons(out, text, data.get("choices"))
+    return out
+
+
+def _with_buttons(out: list[Outgoing], text: str, choices: Any) -> None:
+    buttons = [(str(c.get("label", c.get("value"))), str(c.get("value", c.get("label"))))
+               for c in choices or () if isinstance(c, dict)]
+    if not text and out and out[-1].buttons == buttons:
+        return  # the same buttons again (a confirmation's Yes/No follow its question): shown once
+    if not text and out and not out[-1].buttons:
+        out[-1] = Outgoing(out[-1].text, buttons)  # the buttons go under the question just asked
+    else:
+        out.append(Outgoing(text or "…", buttons))
+
+
+def _object_text(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, indent=1)

@@ -1,0 +1,118 @@
+"""Slack (the Events API and interactivity, one Slack app): every request is signed with the
+app's signing secret (X-Slack-Signature over "v0:<timestamp>:<body>", checked with slack_sdk's
+SignatureVerifier, which also refuses a timestamp over five minutes old); `url_verification`
+is answered with its challenge; `message` events (direct messages, and messages in a thread
+the bot is in) and `app_mention`s are user messages; a Block Kit button press arrives on the
+interactivity URL as a form field `payload` holding `block_actions`. Replies are
+chat.postMessage, with Block Kit buttons for choices and approvals.
+
+A direct message channel is one conversation; in a channel, a thread is (the top message's
+`ts`), and the bot answers in the thread. The principal is `slack:<user id>`. The delivery is
+the event's `event_id` (Slack sends a retry with the same id and X-Slack-Retry-Num); a press's
+is its `trigger_id`. Slack waits 3 seconds for the answer: the webhook answers within
+`ack_within` and the turn goes on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+
+from chatrun.server.channels.base import ChannelKind, Inbound, Outgoing, SendFailed, Unauthorized
+
+DEFAULT_API = "https://slack.com/api"
+MAX_VALUE = 2000  # Slack's limit on a button's value
+MAX_TEXT = 3000  # Slack's limit on a section block's text
+
+
+class Slack(ChannelKind):
+    kind = "slack"
+    ack_within = 2.0
+
+    @classmethod
+    def missing(cls) -> str | None:
+        try:
+            import slack_sdk.signature  # noqa: F401
+        except ImportError:
+            return "the Slack channel needs slack_sdk: pip install 'chatrun[channels]'"
+        return None
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> None:
+        from slack_sdk.signature import SignatureVerifier
+
+        verifier = SignatureVerifier(self.secret("signing_secret"))
+        if not verifier.is_valid(body, headers.get("x-slack-request-timestamp"), headers.get("x-slack-signature")):
+            raise Unauthorized("slack: the X-Slack-Signature is missing, wrong or over five minutes old")
+
+    def read(self, body: bytes, headers: Mapping[str, str]) -> Any:
+        if headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            form = parse_qs(body.decode())
+            return json.loads(form.get("payload", ["{}"])[0])  # an interaction
+        return json.loads(body)
+
+    def handshake(self, payload: Any) -> dict[str, Any] | None:
+        if isinstance(payload, dict) and payload.get("type") == "url_verification":
+            return {"challenge": payload.get("challenge")}
+        return None
+
+    def inbound(self, payload: Any) -> list[Inbound]:
+        if not isinstance(payload, dict):
+            return []
+        if payload.get("type") == "event_callback" and isinstance(payload.get("event"), dict):
+            return _event(str(payload.get("event_id")), payload["event"])
+        if payload.get("type") == "block_actions" and payload.get("actions"):
+            return _press(payload)
+        return []
+
+    async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
+        body: dict[str, Any] = {"channel": address["channel"], "text": message.text[:MAX_TEXT]}
+        if address.get("thread_ts"):
+            body["thread_ts"] = address["thread_ts"]
+        if message.buttons:
+            body["blocks"] = [
+                {"type": "section", "text": {"type": "mrkdwn", "text": message.text[:MAX_TEXT]}},
+                {"type": "actions", "elements": [
+                    {"type": "button", "action_id": f"choice_{i}", "text": {"type": "plain_text", "text": label[:75]},
+                     "value": value[:MAX_VALUE]} for i, (label, value) in enumerate(message.buttons)]},
+            ]
+        url = f"{self.option('api', DEFAULT_API).rstrip('/')}/chat.postMessage"
+        try:
+            response = await client.post(url, json=body, timeout=self.timeout,
+                                         headers={"Authorization": f"Bearer {self.secret('token')}"})
+        except httpx.HTTPError as exc:
+            raise SendFailed(f"slack chat.postMessage: cannot reach the Web API ({type(exc).__name__})") from None
+        answer = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+        if response.status_code != 200 or not answer.get("ok"):
+            raise SendFailed(f"slack chat.postMessage: {response.status_code} {answer.get('error') or response.text[:200]}",
+                             response.status_code)
+
+
+def _event(delivery: str, event: dict[str, Any]) -> list[Inbound]:
+    """A message or a mention from a person (not a bot, not an edit); in a channel only the
+    bot's mentions and messages in threads start or go on with a conversation."""
+    kind, user, text = event.get("type"), event.get("user"), event.get("text")
+    if kind not in ("message", "app_mention") or event.get("subtype") or event.get("bot_id") \
+            or not isinstance(user, str) or not isinstance(text, str):
+        return []
+    channel = str(event.get("channel"))
+    direct = event.get("channel_type") == "im"
+    if kind == "message" and not direct and not event.get("thread_ts"):
+        return []  # a channel's chatter: the bot answers mentions (app_mention) and its threads
+    thread = None if direct else str(event.get("thread_ts") or event.get("ts"))
+    return [Inbound(delivery, f"{channel}:{thread or user}", user, text,
+                    {"channel": channel, "thread_ts": thread})]
+
+
+def _press(payload: dict[str, Any]) -> list[Inbound]:
+    action, user = payload["actions"][0], payload.get("user") or {}
+    channel = str((payload.get("channel") or {}).get("id") or (payload.get("container") or {}).get("channel_id"))
+    message = payload.get("message") or {}
+    direct = channel.startswith("D")
+    thread = None if direct else str(message.get("thread_ts") or message.get("ts"))
+    user_id = str(user.get("id"))
+    return [Inbound(str(payload.get("trigger_id") or action.get("action_ts")), f"{channel}:{thread or user_id}",
+                    user_id, str(action.get("value") or ""), {"channel": channel, "thread_ts": thread},
+                    str(user.get("name") or ""))]

@@ -1,0 +1,144 @@
+"""Microsoft Teams (the Bot Framework's Bot Connector): each activity comes with a JWT in the
+Authorization header, signed by the Bot Framework, whose keys are listed by its OpenID
+metadata; the token must be for this bot (`aud` = the app id), from the Bot Framework
+(`iss` https://api.botframework.com) and name the activity's `serviceUrl` (a forged activity
+cannot send replies elsewhere). `message` activities are the user's texts, or the `value` of an
+Adaptive Card's Action.Submit (a button press). Replies are POSTed to the activity's
+serviceUrl with a token the bot gets from Microsoft Entra ID (client credentials), as Adaptive
+Cards when they carry buttons.
+
+The checks are the ones botbuilder's JwtTokenValidation makes, done with PyJWT (its own
+dependency) instead of the botbuilder packages, which would bring aiohttp and msal to every
+server. A conversation is Teams' conversation id (a personal chat, or a channel's thread); the
+principal is `teams:<aadObjectId>` (the user's Entra ID object id, else their channel id);
+the delivery is the activity's `id`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from chatrun.server.channels.base import ChannelKind, Inbound, Outgoing, SendFailed, Unauthorized
+
+OPENID = "https://login.botframework.com/v1/.well-known/openidconfiguration"
+TOKEN_URL = "https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token"
+ISSUER = "https://api.botframework.com"
+SCOPE = "https://api.botframework.com/.default"
+LEEWAY = 300  # seconds of clock skew the Bot Framework allows
+
+
+class Teams(ChannelKind):
+    kind = "teams"
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._keys: Any = None  # jwt.PyJWKClient over the OpenID metadata's jwks_uri (it caches the keys)
+        self._token: tuple[str, float] = ("", 0.0)  # the bot's access token and when it expires
+
+    @classmethod
+    def missing(cls) -> str | None:
+        try:
+            import jwt  # noqa: F401
+            from cryptography.hazmat.primitives.asymmetric import rsa  # noqa: F401
+        except ImportError:
+            return "the Teams channel needs PyJWT with cryptography: pip install 'chatrun[channels]'"
+        return None
+
+    async def averify(self, headers: Mapping[str, str], body: bytes) -> None:
+        await asyncio.to_thread(self.verify, headers, body)  # the first check fetches the signing keys
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> None:
+        import jwt
+
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("teams: no Bot Framework token (Authorization: Bearer)")
+        try:
+            key = self._signing_keys().get_signing_key_from_jwt(token)
+            claims = jwt.decode(token, key.key, algorithms=["RS256"], audience=self.secret("app_id"),
+                                issuer=ISSUER, leeway=LEEWAY, options={"require": ["exp", "iss", "aud"]})
+        except (jwt.PyJWTError, OSError) as exc:
+            raise Unauthorized(f"teams: the Bot Framework token is not valid ({type(exc).__name__}: {exc})") from None
+        try:
+            service_url = json.loads(body).get("serviceUrl")
+        except (ValueError, AttributeError):
+            service_url = None
+        if claims.get("serviceurl") not in (None, service_url):
+            raise Unauthorized("teams: the token's serviceurl is not the activity's serviceUrl")
+
+    def _signing_keys(self) -> Any:
+        import jwt
+
+        if self._keys is None:
+            url = self.option("openid", OPENID)
+            with urllib.request.urlopen(url, timeout=self.timeout) as answer:  # noqa: S310 - the bot's own setting
+                metadata = json.load(answer)
+            self._keys = jwt.PyJWKClient(metadata["jwks_uri"], cache_keys=True, lifespan=86400)
+        return self._keys
+
+    def inbound(self, payload: Any) -> list[Inbound]:
+        if not isinstance(payload, dict) or payload.get("type") != "message":
+            return []
+        value, text = payload.get("value"), payload.get("text")
+        if isinstance(value, dict) and isinstance(value.get("choice"), str):
+            text = value["choice"]  # an Adaptive Card's button
+        if not isinstance(text, str) or not text.strip():
+            return []
+        sender, conversation = payload.get("from") or {}, payload.get("conversation") or {}
+        user = str(sender.get("aadObjectId") or sender.get("id"))
+        address = {"service_url": payload.get("serviceUrl"), "conversation": conversation.get("id"),
+                   "reply_to": payload.get("id"), "bot": payload.get("recipient")}
+        return [Inbound(str(payload.get("id")), str(conversation.get("id")), user, text.strip(), address,
+                        str(sender.get("name") or ""), payload.get("locale"))]
+
+    async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
+        activity: dict[str, Any] = {"type": "message", "text": message.text, "replyToId": address.get("reply_to")}
+        if address.get("bot"):
+            activity["from"] = address["bot"]
+        if message.buttons:
+            activity["attachments"] = [_card(message)]
+            activity.pop("text")
+        url = f"{str(address['service_url']).rstrip('/')}/v3/conversations/{address['conversation']}/activities"
+        token = await self._access_token(client)
+        try:
+            response = await client.post(url, json=activity, timeout=self.timeout,
+                                         headers={"Authorization": f"Bearer {token}"})
+        except httpx.HTTPError as exc:
+            raise SendFailed(f"teams: cannot reach the Bot Connector ({type(exc).__name__})") from None
+        if response.status_code not in (200, 201, 202):
+            if response.status_code == 401:
+                self._token = ("", 0.0)
+            raise SendFailed(f"teams: the Bot Connector answered {response.status_code}: {response.text[:200]}",
+                             response.status_code)
+
+    async def _access_token(self, client: httpx.AsyncClient) -> str:
+        token, expires = self._token
+        if token and time.time() < expires - 60:
+            return token
+        form = {"grant_type": "client_credentials", "client_id": self.secret("app_id"),
+                "client_secret": self.secret("app_password"), "scope": SCOPE}
+        try:
+            response = await client.post(self.option("token_url", TOKEN_URL), data=form, timeout=self.timeout)
+            answer = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise SendFailed(f"teams: cannot get the bot's token from Entra ID ({type(exc).__name__})") from None
+        if response.status_code != 200 or "access_token" not in answer:
+            raise SendFailed(f"teams: Entra ID refused the bot's credentials ({response.status_code}: "
+                             f"{answer.get('error', '')})", response.status_code)
+        self._token = (str(answer["access_token"]), time.time() + float(answer.get("expires_in", 3600)))
+        return self._token[0]
+
+
+def _card(message: Outgoing) -> dict[str, Any]:
+    """An Adaptive Card: the text, and an Action.Submit per button (its data: the value)."""
+    return {"contentType": "application/vnd.microsoft.card.adaptive", "content": {
+        "type": "AdaptiveCard", "$schema": "http://adaptivecards.io/schemas/adaptive-card.json", "version": "1.4",
+        "body": [{"type": "TextBlock", "text": message.text, "wrap": True}],
+        "actions": [{"type": "Action.Submit", "title": label, "data": {"choice": value}}
+                    for label, value in message.buttons]}}

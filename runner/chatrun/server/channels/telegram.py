@@ -1,0 +1,84 @@
+"""Telegram (the Bot API): a webhook set with a `secret_token`, which Telegram sends back in
+the X-Telegram-Bot-Api-Secret-Token header; `message` updates with text, `callback_query`
+updates for inline-keyboard presses; replies by sendMessage with an inline keyboard.
+
+A private chat or a group: the conversation is the chat and the sender (each member of a
+group has their own); the principal is `telegram:<user id>`; an update's `update_id` is the
+delivery (Telegram sends an unacknowledged update again with the same id)."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from chatrun.server.channels.base import ChannelKind, Inbound, Outgoing, SendFailed, Unauthorized
+
+DEFAULT_API = "https://api.telegram.org"
+SECRET_HEADER = "x-telegram-bot-api-secret-token"
+MAX_CALLBACK_BYTES = 64  # Telegram's limit on a button's callback_data
+MAX_TEXT = 4096  # Telegram's limit on a message's text
+
+
+class Telegram(ChannelKind):
+    kind = "telegram"
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> None:
+        sent = headers.get(SECRET_HEADER, "")
+        if not sent or not hmac.compare_digest(sent.encode(), self.secret("secret").encode()):
+            raise Unauthorized(f"telegram: the {SECRET_HEADER} header is missing or wrong")
+
+    def inbound(self, payload: Any) -> list[Inbound]:
+        if not isinstance(payload, dict) or not isinstance(payload.get("update_id"), int):
+            return []
+        delivery = str(payload["update_id"])
+        message, query = payload.get("message"), payload.get("callback_query")
+        if isinstance(message, dict) and isinstance(message.get("text"), str):
+            return [_inbound(delivery, message, message.get("from"), message["text"])]
+        if isinstance(query, dict) and isinstance(query.get("message"), dict) and isinstance(query.get("data"), str):
+            return [_inbound(delivery, query["message"], query.get("from"), query["data"],
+                             {"callback_query_id": query.get("id")})]
+        return []  # an edit, a join, a photo without text...: nothing for the bot to answer
+
+    async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
+        body: dict[str, Any] = {"chat_id": address["chat_id"], "text": message.text[:MAX_TEXT]}
+        if message.buttons:
+            body["reply_markup"] = {"inline_keyboard": [[{"text": label, "callback_data": _callback(label, value)}]
+                                                        for label, value in message.buttons]}
+        await self._call(client, "sendMessage", body)
+
+    async def after(self, client: httpx.AsyncClient, inbound: Inbound) -> None:
+        query = inbound.extra.get("callback_query_id")
+        if query:  # stops the button's spinner
+            await self._call(client, "answerCallbackQuery", {"callback_query_id": query})
+
+    async def _call(self, client: httpx.AsyncClient, method: str, body: dict[str, Any]) -> None:
+        url = f"{self.option('api', DEFAULT_API).rstrip('/')}/bot{self.secret('token')}/{method}"
+        try:
+            response = await client.post(url, json=body, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise SendFailed(f"telegram {method}: cannot reach the Bot API ({type(exc).__name__})") from None
+        if response.status_code != 200:
+            raise SendFailed(f"telegram {method}: the Bot API answered {response.status_code}: "
+                             f"{response.text[:200]}", response.status_code)
+
+
+def _inbound(delivery: str, message: dict[str, Any], sender: Any, text: str,
+             extra: dict[str, Any] | None = None) -> Inbound:
+    chat = message.get("chat") or {}
+    sender = sender if isinstance(sender, dict) else {}
+    user = str(sender.get("id", chat.get("id")))
+    name = " ".join(str(sender[k]) for k in ("first_name", "last_name") if sender.get(k))
+    return Inbound(delivery, f"{chat.get('id')}:{user}", user, text, {"chat_id": chat.get("id")}, name,
+                   sender.get("language_code"), extra or {})
+
+
+def _callback(label: str, value: str) -> str:
+    """A button's callback_data: what a press sends as the user's message. The value, or its
+    label when the value is over Telegram's 64 bytes (a question's labels are answers too)."""
+    for text in (value, label):
+        if len(text.encode()) <= MAX_CALLBACK_BYTES:
+            return text
+    return value.encode()[:MAX_CALLBACK_BYTES].decode(errors="ignore")

@@ -1,0 +1,102 @@
+"""WhatsApp (the Cloud API's webhooks): Meta checks the URL once with a GET carrying
+hub.mode=subscribe, hub.verify_token (the channel's `verify_token`) and hub.challenge, which
+is answered; every POST is signed with the app secret (X-Hub-Signature-256: "sha256=" and the
+HMAC-SHA256 of the raw body). `messages` changes carry the user's texts and their presses of
+interactive reply buttons and list rows; `statuses` changes (sent, delivered, read) are not
+messages. Replies are POST /PHONE_NUMBER_ID/messages: text, or an interactive message with up
+to 3 reply buttons (a list of up to 10 rows beyond that).
+
+A conversation is the user's phone number on the business number; the principal is
+`whatsapp:<wa_id>`; the delivery is the message's `wamid` (Meta sends a webhook again with the
+same one when it was not answered with 200). WhatsApp lets a business write first, or more
+than 24 hours after the user's last message, only with a pre-approved template: chatrun only
+answers users (docs/channels.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from chatrun.server.channels.base import ChannelKind, Inbound, Outgoing, SendFailed, Unauthorized
+
+DEFAULT_API = "https://graph.facebook.com/v21.0"
+MAX_BUTTONS = 3  # reply buttons of one interactive message
+MAX_ROWS = 10  # rows of one interactive list
+MAX_TITLE = 20  # characters of a button's title
+MAX_ROW_TITLE = 24  # characters of a list row's title
+MAX_TEXT = 4096
+
+
+class WhatsApp(ChannelKind):
+    kind = "whatsapp"
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> None:
+        sent = headers.get("x-hub-signature-256", "")
+        expected = "sha256=" + hmac.new(self.secret("app_secret").encode(), body, hashlib.sha256).hexdigest()
+        if not sent or not hmac.compare_digest(sent.encode(), expected.encode()):
+            raise Unauthorized("whatsapp: the X-Hub-Signature-256 header is missing or wrong")
+
+    def subscribe(self, query: Mapping[str, str]) -> str | None:
+        token = query.get("hub.verify_token", "")
+        if query.get("hub.mode") == "subscribe" and token and \
+                hmac.compare_digest(token.encode(), self.secret("verify_token").encode()):
+            return query.get("hub.challenge", "")
+        return None
+
+    def inbound(self, payload: Any) -> list[Inbound]:
+        out: list[Inbound] = []
+        if not isinstance(payload, dict) or payload.get("object") != "whatsapp_business_account":
+            return out
+        for entry in payload.get("entry") or ():
+            for change in (entry or {}).get("changes") or ():
+                value = (change or {}).get("value") or {}
+                names = {c.get("wa_id"): (c.get("profile") or {}).get("name", "") for c in value.get("contacts") or ()}
+                number = (value.get("metadata") or {}).get("phone_number_id")
+                for message in value.get("messages") or ():
+                    text = _text(message)
+                    if text is not None and number:
+                        user = str(message.get("from"))
+                        out.append(Inbound(str(message.get("id")), f"{number}:{user}", user, text,
+                                           {"phone_number_id": number, "to": user}, names.get(user, "")))
+        return out
+
+    async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
+        body: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": address["to"]}
+        text = message.text[:MAX_TEXT]
+        if not message.buttons:
+            body |= {"type": "text", "text": {"body": text}}
+        elif len(message.buttons) <= MAX_BUTTONS:
+            body |= {"type": "interactive", "interactive": {"type": "button", "body": {"text": text}, "action": {
+                "buttons": [{"type": "reply", "reply": {"id": value[:256], "title": label[:MAX_TITLE]}}
+                            for label, value in message.buttons]}}}
+        else:
+            rows = [{"id": value[:200], "title": label[:MAX_ROW_TITLE]} for label, value in message.buttons[:MAX_ROWS]]
+            body |= {"type": "interactive", "interactive": {"type": "list", "body": {"text": text}, "action": {
+                "button": "Choose", "sections": [{"title": "Choose one", "rows": rows}]}}}
+        url = f"{self.option('api', DEFAULT_API).rstrip('/')}/{address['phone_number_id']}/messages"
+        try:
+            response = await client.post(url, json=body, timeout=self.timeout,
+                                         headers={"Authorization": f"Bearer {self.secret('token')}"})
+        except httpx.HTTPError as exc:
+            raise SendFailed(f"whatsapp messages: cannot reach the Cloud API ({type(exc).__name__})") from None
+        if response.status_code != 200:
+            raise SendFailed(f"whatsapp messages: the Cloud API answered {response.status_code}: {response.text[:200]}",
+                             response.status_code)
+
+
+def _text(message: dict[str, Any]) -> str | None:
+    """What the user said: a text's body, or the id of the reply button or list row pressed."""
+    kind = message.get("type")
+    if kind == "text":
+        return str((message.get("text") or {}).get("body") or "")
+    if kind == "interactive":
+        interactive = message.get("interactive") or {}
+        chosen = interactive.get("button_reply") or interactive.get("list_reply") or {}
+        return str(chosen.get("id") or "") or None
+    if kind == "button":  # a template's quick reply
+        return str((message.get("button") or {}).get("payload") or "") or None
+    return None  # media, a location, a reaction: not answered yet (docs/channels.md)

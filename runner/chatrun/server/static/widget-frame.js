@@ -1,0 +1,79 @@
+/* The widget's panel (server/widget.py): the chat page (app.js) in an iframe on a host site.
+   Adds the widget's header (logo, title, a close button) and greeting, and talks to the host
+   page's widget.js by postMessage, to that origin only: "chatrun:close" (the close button,
+   Esc), "chatrun:message" (a reply arrived: the launcher counts it while closed),
+   "chatrun:started" (a conversation exists: load the panel at once on the next page). Keeps
+   the keyboard inside the panel while it is open (a dialog's focus trap). */
+(function () {
+  "use strict";
+  const data = JSON.parse(document.body.dataset.widget || "{}");
+  const parentOrigin = data.origin;
+  const tell = (type, extra) => { if (window.parent !== window) window.parent.postMessage(Object.assign({ type: type }, extra || {}), parentOrigin); };
+  document.body.classList.add("widget", "no-inspector");
+  document.documentElement.style.setProperty("--accent", data.color);
+  document.documentElement.style.setProperty("--user", data.color);
+  document.title = data.title;
+
+  const head = document.createElement("header");
+  head.className = "widget-head";
+  if (data.logo) {
+    const img = document.createElement("img");
+    img.src = data.logo; img.alt = "";
+    head.appendChild(img);
+  }
+  const title = document.createElement("h1");
+  title.id = "widget-title";
+  title.textContent = data.title;
+  head.appendChild(title);
+  const close = document.createElement("button");
+  close.type = "button";
+  close.className = "widget-close";
+  const pageTexts = JSON.parse(document.getElementById("page-data").textContent).texts || {};
+  close.setAttribute("aria-label", pageTexts.widget_close || "Close chat");
+  close.textContent = "×";
+  close.addEventListener("click", () => tell("chatrun:close"));
+  head.appendChild(close);
+  document.body.insertBefore(head, document.body.firstChild);
+  const chat = document.querySelector(".chat");
+  chat.setAttribute("aria-labelledby", "widget-title");
+
+  if (data.greeting) {  // shown until the conversation has a message; never stored in it
+    document.body.classList.add("widget-greets");  // instead of the page's own empty-chat line
+    const hello = document.createElement("div");
+    hello.className = "msg bot widget-greeting";
+    hello.textContent = data.greeting;
+    chat.insertBefore(hello, document.getElementById("messages"));
+  }
+
+  // Replies that arrive after the page is ready (not the replayed history) count as unread.
+  new MutationObserver((changes) => {
+    if (document.body.dataset.ready !== "true") return;
+    for (const change of changes) {
+      for (const node of change.addedNodes) {
+        if (node.nodeType !== 1 || !node.classList.contains("msg")) continue;
+        if (node.classList.contains("user")) tell("chatrun:started");
+        else if (node.classList.contains("bot")) tell("chatrun:message", { text: (node.textContent || "").slice(0, 140) });
+      }
+    }
+  }).observe(document.getElementById("messages"), { childList: true });
+  new MutationObserver(() => { if (document.querySelector("#messages .msg")) tell("chatrun:started"); })
+    .observe(document.body, { attributes: true, attributeFilter: ["data-ready"] });
+
+  window.addEventListener("message", (event) => {
+    if (event.origin !== parentOrigin || !event.data) return;
+    if (event.data.type === "chatrun:focus") document.getElementById("input").focus();
+  });
+
+  const FOCUSABLE = "button, [href], input, select, textarea, [tabindex]:not([tabindex='-1'])";
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") { event.preventDefault(); tell("chatrun:close"); return; }
+    if (event.key !== "Tab") return;
+    const items = Array.from(document.querySelectorAll(FOCUSABLE))
+      .filter((el) => !el.disabled && !el.hidden && el.getClientRects().length > 0);  // shown (SVG too)
+    if (!items.length) return;
+    const first = items[0], last = items[items.length - 1];
+    if (event.shiftKey && document.activeElement === first) { event.preventDefault(); last.focus(); }
+    else if (!event.shiftKey && document.activeElement === last) { event.preventDefault(); first.focus(); }
+  });
+  tell("chatrun:ready");
+})();

@@ -1,0 +1,336 @@
+"""Local fakes of the messaging platforms' APIs for the channel tests (no tests here): real
+HTTP servers on 127.0.0.1 in a thread, built from the payloads of each platform's public
+documentation, recording every call and answering with the status a test sets."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs
+
+
+@dataclass
+class ApiCall:
+    path: str
+    body: dict[str, Any]
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class _FakeApi:
+    """A platform's Web API on 127.0.0.1: records every POST (JSON or form body) as an ApiCall
+    and answers `answer(call)`'s (status, JSON) pair."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.seen: list[ApiCall] = []
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                call = ApiCall(self.path, json.loads(raw or b"{}"), 0)
+                call.headers = {k.lower(): v for k, v in self.headers.items()}
+                status, body = fake.answer(call)
+                call.status = status
+                with fake._lock:
+                    fake.seen.append(call)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def answer(self, call: ApiCall) -> tuple[int, dict[str, Any]]:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):  # noqa: ANN204
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def calls(self, method: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [c.body for c in self.seen if c.status == 200 and c.path.endswith(f"/{method}")]
+
+
+class FakeSlack(_FakeApi):
+    """Slack's Web API under /api: chat.postMessage with `Authorization: Bearer <bot token>`,
+    answered as Slack does: HTTP 200 with {"ok": true, "ts": ...}, or {"ok": false, "error"}
+    (invalid_auth for another token); `status` other than 200 answers that status."""
+
+    def __init__(self, token: str):
+        super().__init__()
+        self.token = token
+
+    def answer(self, call: ApiCall) -> tuple[int, dict[str, Any]]:
+        if self.status != 200:
+            return self.status, {"ok": False, "error": "service_unavailable"}
+        if call.headers.get("authorization") != f"Bearer {self.token}":
+            call.status = 401  # recorded as refused
+            return 200, {"ok": False, "error": "invalid_auth"}
+        return 200, {"ok": True, "channel": call.body.get("channel"), "ts": f"{1764950400 + len(self.seen)}.000100"}
+
+    def calls(self, method: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [c.body for c in self.seen if c.path.endswith(f"/{method}")
+                    and c.headers.get("authorization") == f"Bearer {self.token}" and self.status == 200]
+
+
+def slack_signed(secret: str, body: bytes, timestamp: int) -> dict[str, str]:
+    """The headers Slack signs a request with, computed by slack_sdk's own SignatureVerifier."""
+    from slack_sdk.signature import SignatureVerifier
+
+    signature = SignatureVerifier(secret).generate_signature(timestamp=str(timestamp), body=body)
+    return {"X-Slack-Request-Timestamp": str(timestamp), "X-Slack-Signature": signature}
+
+
+def slack_message(event_id: str, text: str, user: str = "U42", channel: str = "D42", ts: str = "1764950400.000100",
+                  thread_ts: str | None = None, kind: str = "message") -> dict[str, Any]:
+    """An Events API event_callback with a message (a direct message by default), as Slack documents it."""
+    event = {"type": kind, "user": user, "text": text, "ts": ts, "channel": channel,
+             "channel_type": "im" if channel.startswith("D") else "channel", "event_ts": ts}
+    if thread_ts:
+        event["thread_ts"] = thread_ts
+    return {"token": "verification-token-unused", "team_id": "T1", "api_app_id": "A1", "event": event,
+            "type": "event_callback", "event_id": event_id, "event_time": 1764950400}
+
+
+def slack_press(trigger: str, value: str, user: str = "U42", channel: str = "D42",
+                message_ts: str = "1764950401.000200") -> dict[str, Any]:
+    """An interactivity payload: a Block Kit button pressed (type block_actions)."""
+    return {"type": "block_actions", "trigger_id": trigger, "user": {"id": user, "name": "ana"},
+            "team": {"id": "T1"}, "channel": {"id": channel, "name": "directmessage"},
+            "container": {"type": "message", "message_ts": message_ts, "channel_id": channel},
+            "message": {"ts": message_ts, "text": "Book it?"},
+            "actions": [{"type": "button", "action_id": "choice_0", "value": value, "action_ts": "1764950402.1"}]}
+
+
+class FakeWhatsApp(_FakeApi):
+    """The Cloud API: POST /v21.0/PHONE_NUMBER_ID/messages with `Authorization: Bearer <token>`,
+    answered {"messaging_product": "whatsapp", "contacts": [...], "messages": [{"id": "wamid..."}]},
+    or Meta's error shape with `status`."""
+
+    def __init__(self, token: str):
+        super().__init__()
+        self.token = token
+
+    def answer(self, call: ApiCall) -> tuple[int, dict[str, Any]]:
+        if call.headers.get("authorization") != f"Bearer {self.token}":
+            return 401, {"error": {"message": "Invalid OAuth access token.", "type": "OAuthException", "code": 190}}
+        if self.status != 200:
+            return self.status, {"error": {"message": "Service temporarily unavailable", "code": 2}}
+        return 200, {"messaging_product": "whatsapp", "contacts": [{"input": call.body.get("to"), "wa_id": call.body.get("to")}],
+                     "messages": [{"id": f"wamid.out{len(self.seen)}"}]}
+
+
+def whatsapp_signed(app_secret: str, body: bytes) -> dict[str, str]:
+    """X-Hub-Signature-256 as Meta computes it: HMAC-SHA256 of the raw body with the app secret."""
+    import hashlib
+    import hmac
+
+    return {"X-Hub-Signature-256": "sha256=" + hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()}
+
+
+def whatsapp_message(wamid: str, text: str | None = None, user: str = "4915112345678", number: str = "1065550001",
+                     button: str | None = None) -> dict[str, Any]:
+    """A Cloud API webhook with one text message (or, with `button`, an interactive reply
+    button's press), as Meta's documentation shows it."""
+    message: dict[str, Any] = {"from": user, "id": wamid, "timestamp": "1764950400"}
+    if button is None:
+        message |= {"type": "text", "text": {"body": text}}
+    else:
+        message |= {"type": "interactive", "interactive": {"type": "button_reply",
+                                                              "button_reply": {"id": button, "title": button.title()}}}
+    value = {"messaging_product": "whatsapp",
+             "metadata": {"display_phone_number": "15550001", "phone_number_id": number},
+             "contacts": [{"profile": {"name": "Ana"}, "wa_id": user}], "messages": [message]}
+    return {"object": "whatsapp_business_account",
+            "entry": [{"id": "WABA1", "changes": [{"value": value, "field": "messages"}]}]}
+
+
+class FakeBotFramework:
+    """The Bot Framework for a Teams bot, on 127.0.0.1: the OpenID metadata (GET /openid) and
+    its signing keys (GET /keys, an RSA key made here), the Entra ID token endpoint (POST /token,
+    client credentials) and the Bot Connector (POST /v3/conversations/ID/activities, which
+    requires the token it issued). `activity_token(...)` signs what the Bot Connector sends a
+    bot with the same algorithm and claims (PyJWT, RS256)."""
+
+    ISSUER = "https://api.botframework.com"
+
+    def __init__(self, app_id: str, app_password: str):
+        import jwt
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        self.app_id, self.app_password = app_id, app_password
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))
+        self.jwks = {"keys": [jwk | {"kid": "test-key-1", "use": "sig", "alg": "RS256"}]}
+        self.status = 200
+        self.activities: list[dict[str, Any]] = []
+        self.tokens_issued = 0
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path == "/openid":
+                    self._json(200, {"issuer": fake.ISSUER, "jwks_uri": f"{fake.url}/keys",
+                                     "id_token_signing_alg_values_supported": ["RS256"]})
+                elif self.path == "/keys":
+                    self._json(200, fake.jwks)
+                else:
+                    self._json(404, {})
+
+            def do_POST(self) -> None:  # noqa: N802
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == "/token":
+                    form = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+                    if (form.get("client_id"), form.get("client_secret")) != (fake.app_id, fake.app_password):
+                        return self._json(401, {"error": "invalid_client"})
+                    fake.tokens_issued += 1
+                    return self._json(200, {"token_type": "Bearer", "expires_in": 3600, "access_token": "bf-access-1"})
+                if self.headers.get("Authorization") != "Bearer bf-access-1":
+                    return self._json(401, {"message": "Authorization has been denied for this request."})
+                if fake.status != 200:
+                    return self._json(fake.status, {"error": {"code": "ServiceError"}})
+                fake.activities.append({"path": self.path, **json.loads(raw)})
+                return self._json(201, {"id": f"reply-{len(fake.activities)}"})
+
+            def _json(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> FakeBotFramework:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def activity_token(self, service_url: str, audience: str | None = None, key: Any = None) -> str:
+        import jwt
+
+        now = int(time.time())
+        claims = {"iss": self.ISSUER, "aud": audience or self.app_id, "serviceurl": service_url,
+                  "nbf": now - 10, "iat": now - 10, "exp": now + 3600}
+        return jwt.encode(claims, key or self.key, algorithm="RS256", headers={"kid": "test-key-1"})
+
+    def activity(self, activity_id: str, text: str | None = None, value: dict[str, Any] | None = None,
+                 user: str = "29:1abc", aad: str = "aad-42", conversation: str = "a:1personal") -> dict[str, Any]:
+        """A message activity as the Bot Connector sends it for a personal chat in Teams."""
+        body: dict[str, Any] = {
+            "type": "message", "id": activity_id, "timestamp": "2026-12-05T10:00:00.000Z", "channelId": "msteams",
+            "serviceUrl": f"{self.url}/teams-service/", "locale": "en-US",
+            "from": {"id": user, "name": "Ana Lima", "aadObjectId": aad},
+            "conversation": {"conversationType": "personal", "tenantId": "t1", "id": conversation},
+            "recipient": {"id": f"28:{self.app_id}", "name": "shop"}}
+        if text is not None:
+            body["text"] = text
+        if value is not None:
+            body["value"] = value
+        return body
+
+
+class FakeTelegram:
+    """The Bot API: POST /bot<token>/<method> with JSON; answers {"ok": true, "result": ...}
+    (or `status` with Telegram's error shape). `calls` are the ones answered 200."""
+
+    def __init__(self, token: str):
+        self.token = token
+        self.status = 200
+        self.seen: list[ApiCall] = []
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                status = fake.status if self.path.startswith(f"/bot{fake.token}/") else 401
+                with fake._lock:
+                    fake.seen.append(ApiCall(self.path, json.loads(raw or b"{}"), status))
+                body = {"ok": True, "result": {"message_id": len(fake.seen)}} if status == 200 else \
+                    {"ok": False, "error_code": status, "description": "Bad Gateway" if status >= 500 else "Unauthorized"}
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> FakeTelegram:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def calls(self, method: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [c.body for c in self.seen if c.status == 200 and c.path.endswith(f"/{method}")]
+
+
+def telegram_message(update_id: int, text: str, user: int = 42, chat: int | None = None,
+                     first_name: str = "Ana", language: str = "en") -> dict[str, Any]:
+    """An Update with a text message, as the Bot API documents it."""
+    sender = {"id": user, "is_bot": False, "first_name": first_name, "language_code": language}
+    return {"update_id": update_id, "message": {
+        "message_id": update_id * 10, "date": 1764950400, "text": text, "from": sender,
+        "chat": {"id": chat if chat is not None else user, "type": "private", "first_name": first_name}}}
+
+
+def telegram_press(update_id: int, data: str, user: int = 42, chat: int | None = None) -> dict[str, Any]:
+    """An Update with a callback_query: an inline keyboard button pressed."""
+    sender = {"id": user, "is_bot": False, "first_name": "Ana"}
+    chat_id = chat if chat is not None else user
+    return {"update_id": update_id, "callback_query": {
+        "id": f"cbq-{update_id}", "from": sender, "chat_instance": "ci-1", "data": data,
+        "message": {"message_id": 7, "date": 1764950400, "chat": {"id": chat_id, "type": "private"},
+                    "text": "Book it?"}}}

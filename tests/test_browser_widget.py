@@ -1,0 +1,228 @@
+"""The embeddable widget in Chromium (issue 35; docs/widget.md): a shop's page on another origin
+(its own HTTP server, on another port) with one <script> tag gets a launcher; opening it shows
+the chat panel (the chat server's page in an iframe), a message gets the fake model's reply, a
+reload brings the conversation back, a reply while closed is counted on the launcher, Esc
+closes it and gives the launcher the focus; a page on an undeclared origin gets no widget and
+the reason in its console; a signed identity the shop hands over is the session's principal.
+Screenshots at 390 and 1280 px (CHATRUN_SCREENSHOTS=DIR keeps them)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+import chatrun
+from browser_support import BROWSER_MARKS, chromium, shot
+from chatrun.server import create_app
+from chatrun.server.widget_identity import sign_identity
+from server_support import ThreadServer, free_port
+
+pytestmark = [*BROWSER_MARKS, pytest.mark.slow]
+
+KEY = "widget-test-key-0123456789abcdef"
+
+BOT = """\
+name: travel
+description: Plans trips.
+model: {{name: gpt-4o-mini}}
+widget:
+  origins: ["{site}"]
+  title: Travel help
+  greeting: Where would you like to go?
+  color: "#0b7a5f"
+  logo: logo.svg
+routes:
+  main:
+    default: true
+    system: "You plan trips for {{{{ principal.display_name if principal and principal.display_name else 'a visitor' }}}}."
+"""
+
+
+LOGO = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><circle cx="16" cy="16" r="15" fill="#ffd43b"/>'
+        '<path d="M6 20h20l-4-8-5 5-3-3z" fill="#0b7a5f"/></svg>')
+
+
+class ShopPages(BaseHTTPRequestHandler):
+    """The host site: a page with the widget's tag (and the signed identity, on /signed)."""
+
+    chat = ""  # the chat server's URL
+    identity = ""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        extra = f' data-identity="{self.identity}"' if self.path.startswith("/signed") else ""
+        body = (f"<!doctype html><html><head><meta name=viewport content='width=device-width'><title>Shop</title>"
+                "<style>button { background: red !important; } * { font-family: serif !important; }</style></head>"
+                "<body><h1>Our shop</h1><p>Sunglasses, hats and sun cream.</p>"
+                f'<script src="{self.chat}/widget.js" data-bot="travel"{extra}></script></body></html>').encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def shop_site(port: int, chat: str, identity: str) -> Iterator[str]:
+    handler = type("Shop", (ShopPages,), {"chat": chat, "identity": identity})
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def sites(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("CHATRUN_WIDGET_SECRET", KEY)
+    shop_port = free_port()
+    site = f"http://127.0.0.1:{shop_port}"
+    (tmp_path / "bot.yaml").write_text(BOT.format(site=site))
+    (tmp_path / "logo.svg").write_text(LOGO)
+    app = create_app([chatrun.load_bot(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 'chat.db'}")
+    identity = sign_identity(KEY.encode(), "cust-42", "Ana Lima", int(time.time()) + 3600)
+    with ThreadServer(app) as chat, shop_site(shop_port, chat.url, identity) as shop:
+        yield chat, shop, shop_port
+
+
+@contextmanager
+def shop_page(url: str | None, width: int) -> Iterator[Any]:
+    """A tab on the shop's page (`url`; None: the test goes there itself)."""
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": width, "height": 800}).new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        if url is not None:
+            page.goto(url)
+        yield page
+        assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def panel_frame(page: Any) -> Any:
+    page.wait_for_selector("[data-chatrun-widget] >> .panel iframe", state="attached")
+    frame = page.frame_locator("[data-chatrun-widget] >> .panel iframe")
+    frame.locator("body[data-ready=true]").wait_for(timeout=10_000)
+    return frame
+
+
+def send(frame: Any, text: str, replies_before: int) -> None:
+    frame.locator("#input").fill(text)
+    frame.locator("#input").press("Enter")
+    frame.locator(".msg.bot:not(.widget-greeting)").nth(replies_before).wait_for(timeout=10_000)
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_widget_chats_on_another_origin_and_keeps_the_conversation(sites, fake, width):
+    chat, shop, _port = sites
+    with shop_page(shop + "/", width) as page:
+        launcher = page.locator("[data-chatrun-widget] >> .launcher")
+        launcher.wait_for()
+        assert launcher.get_attribute("aria-expanded") == "false"
+        assert launcher.get_attribute("aria-label") == "Open chat: Travel help"
+        # The host page's `button { background: red !important }` does not reach into the shadow root.
+        assert launcher.evaluate("b => getComputedStyle(b).backgroundColor") == "rgb(11, 122, 95)"
+        # The bot's logo, from the chat server, in the launcher (and the panel's header below).
+        assert launcher.locator("img").evaluate("i => i.complete && i.naturalWidth > 0")
+        shot(page, f"widget-closed-{width}")
+        launcher.click()
+        frame = panel_frame(page)
+        assert frame.locator(".widget-greeting").inner_text() == "Where would you like to go?"
+        assert frame.locator("#input").evaluate("e => e === document.activeElement")
+        frame.locator(".widget-head img").wait_for()
+        assert frame.locator(".widget-head img").evaluate("i => i.complete && i.naturalWidth > 0")
+        shot(page, f"widget-greeting-{width}")
+        # The keyboard stays in the panel while it is open (a dialog's focus trap).
+        frame.locator(".widget-close").focus()
+        frame.locator(".widget-close").press("Shift+Tab")
+        assert frame.locator("#send").evaluate("e => e === document.activeElement")
+        frame.locator("#send").press("Tab")
+        assert frame.locator(".widget-close").evaluate("e => e === document.activeElement")
+        fake.queue({"text": "Lisbon is lovely in **May**."})
+        send(frame, "Where should I go?", 0)
+        assert frame.locator(".msg.bot:not(.widget-greeting)").first.locator("strong").inner_text() == "May"
+        assert frame.locator(".widget-greeting").is_hidden()
+        assert "a visitor" in str(fake.requests[-1]["messages"][0])
+        panel = page.locator("[data-chatrun-widget] >> .panel")
+        box = panel.bounding_box()
+        if width == 390:  # a phone: the panel is the whole screen
+            assert (box["x"], box["y"], box["width"], box["height"]) == (0, 0, 390, 800)
+        else:
+            assert box["width"] == 380 and box["x"] + box["width"] == 1280 - 20
+        shot(page, f"widget-open-{width}")
+
+        # Esc closes the panel and gives the launcher the focus.
+        frame.locator("#input").press("Escape")
+        panel.wait_for(state="hidden")
+        assert launcher.evaluate("b => b.getRootNode().activeElement === b")
+        assert launcher.get_attribute("aria-expanded") == "false"
+
+        # A reload brings the conversation back (the visitor's id and the session are kept).
+        page.reload()
+        launcher.wait_for()
+        launcher.click()
+        frame = panel_frame(page)
+        frame.locator(".msg.user").first.wait_for()
+        assert frame.locator(".msg.user").all_inner_texts() == ["Where should I go?"]
+
+        # A reply that arrives while the panel is closed is counted on the launcher: the model
+        # answers only once the panel is closed.
+        closed = threading.Event()
+
+        async def held_reply(_body: Any) -> dict[str, Any]:
+            await asyncio.get_running_loop().run_in_executor(None, closed.wait, 10)
+            return {"text": "Also Porto."}
+
+        fake.responder = held_reply
+        frame.locator("#input").fill("And?")
+        frame.locator("#input").press("Enter")
+        frame.locator(".widget-close").click()
+        panel.wait_for(state="hidden")
+        closed.set()
+        page.locator("[data-chatrun-widget] >> .badge").wait_for(timeout=10_000)
+        assert page.locator("[data-chatrun-widget] >> .badge").inner_text() == "1"
+        assert launcher.get_attribute("aria-label") == "Open chat: Travel help (1 unread)"
+        shot(page, f"widget-unread-{width}")
+        launcher.click()
+        assert page.locator("[data-chatrun-widget] >> .badge").is_hidden()
+
+
+def test_a_page_on_an_undeclared_origin_gets_no_widget_and_the_reason(sites):
+    _chat, _shop, port = sites
+    with shop_page(None, 1280) as page:
+        with page.expect_console_message(lambda m: "chatrun widget refused" in m.text, timeout=10_000) as refusal:
+            page.goto(f"http://localhost:{port}/")  # the same shop, by another name: another origin
+        assert f"may not be embedded on http://localhost:{port}: add it to `widget.origins`" in refusal.value.text
+        assert page.locator("[data-chatrun-widget]").count() == 0
+
+
+def test_a_signed_identity_is_the_sessions_principal(sites, fake):
+    chat, shop, _port = sites
+    with shop_page(shop + "/signed", 1280) as page:
+        page.locator("[data-chatrun-widget] >> .launcher").click()
+        frame = panel_frame(page)
+        fake.queue({"text": "Hello Ana."})
+        send(frame, "Hi", 0)
+        assert "You plan trips for Ana Lima." in str(fake.requests[-1]["messages"][0])
+        session = page.evaluate("() => Object.keys(localStorage)")  # the host's storage holds no chat id
+        assert not any("chatId" in key for key in session)
+        chat_id = frame.locator("body").evaluate(
+            "() => localStorage.getItem(Object.keys(localStorage).find((k) => k.endsWith(':chatId')))")
+    identity = sign_identity(KEY.encode(), "cust-42", "Ana Lima", int(time.time()) + 600)
+    mine = httpx.get(f"{chat.url}/bots/travel/sessions/{chat_id}", headers={"Authorization": f"Bearer {identity}"})
+    assert mine.status_code == 200  # the session is cust-42's ...
+    visitor = httpx.get(f"{chat.url}/bots/travel/sessions/{chat_id}",
+                        headers={"Authorization": "Bearer cwv." + "x" * 30})
+    assert visitor.status_code == 404  # ... and nobody else's

@@ -1,0 +1,156 @@
+"""Issue 36: a bot on Slack. Real parts: the app (TestClient, its outbox worker running), the
+real `openai` client against the fake OpenAI server, Slack's own SDK computing and checking the
+request signatures (slack_sdk's SignatureVerifier), and a local fake of Slack's Web API
+(tests/channel_support.py) receiving chat.postMessage. Tried here: the signature (forged,
+missing and replayed-after-five-minutes requests get 401 and run nothing), the URL check, one
+reply per event however often Slack retries it, the 3-second answer while the model is slow,
+threads as conversations, Block Kit buttons and a press deciding the user's confirmation."""
+
+from __future__ import annotations
+
+import json
+import time
+from urllib.parse import urlencode
+
+import pytest
+from fastapi.testclient import TestClient
+
+from channel_support import FakeSlack, slack_message, slack_press, slack_signed
+from server_support import app_for_testclient, wait_until
+from webhook_support import OPENAI_MODEL
+
+pytest.importorskip("slack_sdk", reason="slack_sdk is not installed (pip install -e '.[test]' brings it)")
+
+TOKEN, SIGNING = "xoxb-test-token", "slack-signing-secret-0123"
+
+BOT = f"""\
+name: shop
+model: {{{OPENAI_MODEL}}}
+env:
+  SLACK_TOKEN: {{secret: true}}
+  SLACK_SIGNING: {{secret: true}}
+  SLACK_API: {{}}
+channels:
+  slack:
+    token: SLACK_TOKEN
+    signing_secret: SLACK_SIGNING
+    api: "{{{{ env.SLACK_API }}}}"
+    retry: {{attempts: 50, backoff: 0.2, max_backoff: 0.5}}
+state: {{booked: 0}}
+routes:
+  main:
+    default: true
+    system: You sell tickets.
+    tools: [book]
+tools:
+  book:
+    description: Book a ticket.
+    parameters: {{type: object, properties: {{show: {{type: string}}}}, required: [show]}}
+    confirm: "Book {{{{ args.show }}}}?"
+    action: {{set: {{state.booked: "{{{{ state.booked + 1 }}}}"}}, reply: "Booked {{{{ args.show }}}}."}}
+"""
+
+
+def responder(body):
+    messages = body["messages"]
+    user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    if messages[-1]["role"] == "tool":
+        return {"text": "Done: " + str(messages[-1]["content"])}
+    if user.startswith("book "):
+        return {"tool_calls": [{"name": "book", "arguments": {"show": user[5:]}}]}
+    if user == "slow":
+        return {"text": "Slow answer.", "delay": 6}
+    return {"text": f"You said {user}."}
+
+
+@pytest.fixture
+def slack():
+    with FakeSlack(TOKEN) as api:
+        yield api
+
+
+@pytest.fixture
+def client(tmp_path, fake, slack, monkeypatch):
+    for name, value in (("SLACK_TOKEN", TOKEN), ("SLACK_SIGNING", SIGNING), ("SLACK_API", slack.url + "/api"),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT)
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as c:
+        yield c
+
+
+def post_event(client, payload, secret=SIGNING, timestamp=None, retry=None):
+    body = json.dumps(payload).encode()
+    headers = {"Content-Type": "application/json", **slack_signed(secret, body, timestamp or int(time.time()))}
+    if retry:
+        headers |= {"X-Slack-Retry-Num": str(retry), "X-Slack-Retry-Reason": "http_timeout"}
+    return client.post("/channels/shop/slack", content=body, headers=headers)
+
+
+def post_press(client, payload):
+    body = urlencode({"payload": json.dumps(payload)}).encode()
+    headers = {"Content-Type": "application/x-www-form-urlencoded", **slack_signed(SIGNING, body, int(time.time()))}
+    return client.post("/channels/shop/slack", content=body, headers=headers)
+
+
+def texts(slack):
+    return [c["text"] for c in slack.calls("chat.postMessage")]
+
+
+def outbox_empty(client) -> bool:
+    return client.get("/outbox").json()["entries"] == []
+
+
+def test_slack_checks_the_url_and_a_direct_message_gets_one_reply(client, slack):
+    answer = post_event(client, {"type": "url_verification", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", "token": "x"})
+    assert answer.json() == {"challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"}
+    assert post_event(client, slack_message("Ev1", "hello")).status_code == 200
+    wait_until(lambda: texts(slack), what="the reply")
+    assert [(c["channel"], c.get("thread_ts"), c["text"]) for c in slack.calls("chat.postMessage")] == \
+        [("D42", None, "You said hello.")]
+
+
+def test_an_event_slack_retries_three_times_runs_once(client, slack, fake):
+    for retry in (None, 1, 2, 3):
+        assert post_event(client, slack_message("Ev7", "hello"), retry=retry).status_code == 200
+    wait_until(lambda: texts(slack), what="the reply")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert texts(slack) == ["You said hello."] and len(fake.requests) == 1
+
+
+def test_forged_missing_or_stale_signatures_get_401_and_run_nothing(client, slack, fake):
+    assert post_event(client, slack_message("Ev1", "hi"), secret="not-the-secret").status_code == 401
+    assert post_event(client, slack_message("Ev2", "hi"), timestamp=int(time.time()) - 600).status_code == 401
+    assert client.post("/channels/shop/slack", json=slack_message("Ev3", "hi")).status_code == 401
+    assert fake.requests == [] and slack.seen == [] and outbox_empty(client)
+
+
+def test_slack_gets_its_answer_within_3_seconds_while_the_model_is_slow(client, slack):
+    started = time.monotonic()
+    assert post_event(client, slack_message("Ev9", "slow")).status_code == 200
+    assert time.monotonic() - started < 3.5  # Slack's limit, with the test client's own overhead
+    wait_until(lambda: texts(slack), what="the slow reply, posted after")
+    assert texts(slack) == ["Slow answer."]
+
+
+def test_in_a_channel_a_thread_is_the_conversation_and_the_bot_answers_in_it(client, slack):
+    post_event(client, slack_message("Ev1", "<@B1> hello", channel="C7", ts="100.1", kind="app_mention"))
+    post_event(client, slack_message("Ev2", "more", channel="C7", ts="100.5", thread_ts="100.1"))
+    post_event(client, slack_message("Ev3", "chatter", channel="C7", ts="101.0"))  # not to the bot
+    wait_until(lambda: len(texts(slack)) >= 2, what="two replies in the thread")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    sent = slack.calls("chat.postMessage")
+    assert [(c["channel"], c["thread_ts"]) for c in sent] == [("C7", "100.1"), ("C7", "100.1")]
+    assert sorted(texts(slack)) == ["You said <@B1> hello.", "You said more."]
+
+
+def test_the_users_confirmation_is_block_kit_buttons_and_a_press_decides_it(client, slack):
+    post_event(client, slack_message("Ev1", "book Hamlet"))
+    wait_until(lambda: texts(slack), what="the question")
+    question = slack.calls("chat.postMessage")[-1]
+    assert question["text"] == "Book Hamlet?"
+    buttons = question["blocks"][1]["elements"]
+    assert [(b["text"]["text"], b["value"]) for b in buttons] == [("Yes", "yes"), ("No", "no")]
+    assert post_press(client, slack_press("trig-1", "yes")).status_code == 200
+    wait_until(lambda: any("Booked Hamlet" in t for t in texts(slack)), what="the booking's reply")

@@ -1,0 +1,122 @@
+"""Issue 36: a bot on Microsoft Teams. Real parts: the app (TestClient, its outbox worker
+running), the real `openai` client against the fake OpenAI server, and a local fake of the Bot
+Framework (tests/channel_support.py: OpenID metadata and keys, the Entra ID token endpoint, the
+Bot Connector) whose tokens are signed with a real RSA key (PyJWT, RS256). Tried here: a token
+signed with another key, for another app, or naming another serviceUrl gets 401 and runs
+nothing; an activity delivered again runs once; the reply goes to the activity's serviceUrl
+with the bot's own token; the user's confirmation is an Adaptive Card and a press decides it."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server_support import app_for_testclient, wait_until
+from webhook_support import OPENAI_MODEL
+
+pytest.importorskip("jwt", reason="PyJWT is not installed (pip install -e '.[test]' brings it)")
+
+from channel_support import FakeBotFramework  # noqa: E402
+
+APP_ID, APP_PASSWORD = "0d8c2f4e-app-id", "teams-client-secret-0123"
+
+BOT = f"""\
+name: shop
+model: {{{OPENAI_MODEL}}}
+env:
+  TEAMS_APP_ID: {{secret: true}}
+  TEAMS_APP_PASSWORD: {{secret: true}}
+  BF: {{}}
+channels:
+  teams:
+    app_id: TEAMS_APP_ID
+    app_password: TEAMS_APP_PASSWORD
+    openid: "{{{{ env.BF }}}}/openid"
+    token_url: "{{{{ env.BF }}}}/token"
+    retry: {{attempts: 50, backoff: 0.2, max_backoff: 0.5}}
+state: {{booked: 0}}
+routes:
+  main:
+    default: true
+    system: You sell tickets.
+    tools: [book]
+tools:
+  book:
+    description: Book a ticket.
+    parameters: {{type: object, properties: {{show: {{type: string}}}}, required: [show]}}
+    confirm: "Book {{{{ args.show }}}}?"
+    action: {{set: {{state.booked: "{{{{ state.booked + 1 }}}}"}}, reply: "Booked {{{{ args.show }}}}."}}
+"""
+
+
+def responder(body):
+    messages = body["messages"]
+    user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    if messages[-1]["role"] == "tool":
+        return {"text": "Done: " + str(messages[-1]["content"])}
+    if user.startswith("book "):
+        return {"tool_calls": [{"name": "book", "arguments": {"show": user[5:]}}]}
+    return {"text": f"You said {user}."}
+
+
+@pytest.fixture
+def bf():
+    with FakeBotFramework(APP_ID, APP_PASSWORD) as fake_bf:
+        yield fake_bf
+
+
+@pytest.fixture
+def client(tmp_path, fake, bf, monkeypatch):
+    for name, value in (("TEAMS_APP_ID", APP_ID), ("TEAMS_APP_PASSWORD", APP_PASSWORD), ("BF", bf.url),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT)
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as c:
+        yield c
+
+
+def post(client, bf, activity, token=None):
+    token = token or bf.activity_token(activity["serviceUrl"])
+    return client.post("/channels/shop/teams", json=activity, headers={"Authorization": f"Bearer {token}"})
+
+
+def outbox_empty(client) -> bool:
+    return client.get("/outbox").json()["entries"] == []
+
+
+def test_an_activity_delivered_twice_gets_one_reply_at_its_service_url(client, bf, fake):
+    for _ in range(2):
+        assert post(client, bf, bf.activity("act-1", "hello")).status_code == 200
+    wait_until(lambda: bf.activities, what="the reply")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    [reply] = bf.activities
+    assert reply["path"] == "/teams-service/v3/conversations/a:1personal/activities"
+    assert (reply["type"], reply["text"], reply["replyToId"]) == ("message", "You said hello.", "act-1")
+    assert len(fake.requests) == 1 and bf.tokens_issued == 1
+
+
+def test_tokens_signed_elsewhere_for_another_app_or_another_service_url_get_401(client, bf, fake):
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    activity = bf.activity("act-1", "hello")
+    other_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    forged = [bf.activity_token(activity["serviceUrl"], key=other_key),
+              bf.activity_token(activity["serviceUrl"], audience="another-app"),
+              bf.activity_token("https://evil.example/")]
+    for token in forged:
+        assert post(client, bf, activity, token).status_code == 401
+    assert client.post("/channels/shop/teams", json=activity).status_code == 401
+    assert fake.requests == [] and bf.activities == [] and outbox_empty(client)
+
+
+def test_the_users_confirmation_is_an_adaptive_card_and_a_press_decides_it(client, bf):
+    post(client, bf, bf.activity("act-1", "book Hamlet"))
+    wait_until(lambda: bf.activities, what="the question")
+    card = bf.activities[-1]["attachments"][0]
+    assert card["contentType"] == "application/vnd.microsoft.card.adaptive"
+    assert card["content"]["body"][0]["text"] == "Book Hamlet?"
+    assert [(a["title"], a["data"]) for a in card["content"]["actions"]] == [("Yes", {"choice": "yes"}),
+                                                                           ("No", {"choice": "no"})]
+    post(client, bf, bf.activity("act-2", value={"choice": "yes"}))
+    wait_until(lambda: any("Booked Hamlet" in a.get("text", "") for a in bf.activities), what="the booking's reply")

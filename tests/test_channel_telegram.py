@@ -1,0 +1,222 @@
+"""Issue 36: a bot on Telegram. Real parts: the app (TestClient, its outbox worker running),
+the real `openai` client against the fake OpenAI server, and a local fake of the Bot API
+(tests/channel_support.py) receiving the replies. Each guarantee is tried here: the secret
+header (a forged one gets 401 and runs nothing), one reply per user message however often
+Telegram delivers it, replies only after the commit and retried while the Bot API is down,
+buttons for choices and for the user's own confirmation, a failed turn still answered."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from channel_support import FakeTelegram, telegram_message, telegram_press
+from chatrun.server.channels.door import session_id_for
+from server_support import app_for_testclient, wait_until
+from webhook_support import OPENAI_MODEL
+
+TOKEN, SECRET = "123456:test-token", "tg-secret-0123456789"
+HEADERS = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
+
+BOT = f"""\
+name: shop
+model: {{{OPENAI_MODEL}}}
+env:
+  TG_TOKEN: {{secret: true}}
+  TG_SECRET: {{secret: true}}
+  TG_API: {{}}
+channels:
+  telegram:
+    token: TG_TOKEN
+    secret: TG_SECRET
+    api: "{{{{ env.TG_API }}}}"
+    retry: {{attempts: 50, backoff: 0.2, max_backoff: 0.5}}
+state: {{booked: 0}}
+routes:
+  main:
+    default: true
+    system: "You sell tickets to {{{{ principal.display_name }}}} ({{{{ principal.name }}}}, roles: {{{{ principal.roles | join(',') }}}})."
+    choices: [Concert, {{label: Theatre tonight, value: theatre}}]
+    tools: [book, bye]
+tools:
+  bye:
+    description: End the conversation.
+    action: {{message: Goodbye., end: true}}
+  book:
+    description: Book a ticket.
+    parameters: {{type: object, properties: {{show: {{type: string}}}}, required: [show]}}
+    confirm: "Book {{{{ args.show }}}}?"
+    action: {{set: {{state.booked: "{{{{ state.booked + 1 }}}}"}}, reply: "Booked {{{{ args.show }}}}."}}
+"""
+
+
+def responder(body):
+    """The fake model: "book X" calls book(show=X); "fail" answers 500; else it echoes."""
+    messages = body["messages"]
+    user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    if messages[-1]["role"] == "tool":
+        return {"text": "Done: " + str(messages[-1]["content"])}
+    if user.startswith("book "):
+        return {"tool_calls": [{"name": "book", "arguments": {"show": user[5:]}}]}
+    if user == "bye":
+        return {"tool_calls": [{"name": "bye", "arguments": {}}]}
+    if user == "who":
+        return {"text": messages[0]["content"]}
+    if user == "fail":
+        return {"status": 500, "body": "down"}
+    return {"text": f"You said {user}."}
+
+
+@pytest.fixture
+def telegram():
+    with FakeTelegram(TOKEN) as api:
+        yield api
+
+
+@pytest.fixture
+def client(tmp_path, fake, telegram, monkeypatch):
+    monkeypatch.setenv("TG_TOKEN", TOKEN)
+    monkeypatch.setenv("TG_SECRET", SECRET)
+    monkeypatch.setenv("TG_API", telegram.url)
+    monkeypatch.setenv("CHATRUN_OUTBOX_POLL", "0.2")
+    fake.responder = responder
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(BOT)
+    with TestClient(app_for_testclient([str(bot)], f"sqlite:///{tmp_path / 's.db'}")) as c:
+        yield c
+
+
+def deliver(client, update, headers=HEADERS):
+    return client.post("/channels/shop/telegram", json=update, headers=headers)
+
+
+def outbox_empty(client) -> bool:
+    return client.get("/outbox").json()["entries"] == []
+
+
+def texts(telegram):
+    return [c["text"] for c in telegram.calls("sendMessage")]
+
+
+def test_a_message_gets_one_reply_in_its_chat_as_its_sender(client, telegram):
+    assert deliver(client, telegram_message(1, "hello")).status_code == 200
+    wait_until(lambda: texts(telegram), what="the reply")
+    sent = telegram.calls("sendMessage")
+    assert [(s["chat_id"], s["text"]) for s in sent] == [(42, "You said hello.")]
+    # The route's choices ride on the reply as an inline keyboard.
+    keyboard = sent[0]["reply_markup"]["inline_keyboard"]
+    assert keyboard == [[{"text": "Concert", "callback_data": "Concert"}],
+                        [{"text": "Theatre tonight", "callback_data": "theatre"}]]
+
+
+def test_the_sender_is_the_principal_with_the_roles_the_auth_file_gives_it(tmp_path, fake, telegram, monkeypatch):
+    for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT)
+    auth = tmp_path / "auth.yaml"
+    auth.write_text("tokens: {op-token-123: {principal: olga, roles: [operators]}}\n"
+                    "principals: {'telegram:42': {roles: [vip]}}\n")
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}", auth=str(auth))
+    with TestClient(app) as client:
+        deliver(client, telegram_message(1, "who"))
+        deliver(client, telegram_message(2, "who", user=7, first_name="Bo"))
+        wait_until(lambda: len(texts(telegram)) == 2, what="two replies")
+        assert sorted(texts(telegram)) == ["You sell tickets to Ana (telegram:42, roles: vip).",
+                                           "You sell tickets to Bo (telegram:7, roles: )."]
+
+
+def test_a_delivery_telegram_retries_three_times_runs_once_and_replies_once(client, telegram, fake):
+    for _ in range(4):  # the first and three retries of update 7
+        assert deliver(client, telegram_message(7, "hello")).status_code == 200
+    wait_until(lambda: texts(telegram), what="the reply")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert texts(telegram) == ["You said hello."]
+    assert len(fake.requests) == 1  # the model was asked once: the retries replayed the committed turn
+
+
+def test_a_forged_or_missing_secret_gets_401_and_runs_nothing(client, telegram, fake):
+    assert deliver(client, telegram_message(1, "hello"), {"X-Telegram-Bot-Api-Secret-Token": "guess"}).status_code == 401
+    assert deliver(client, telegram_message(2, "hello"), {}).status_code == 401
+    assert client.post("/channels/shop/slack", json={}, headers=HEADERS).status_code == 404
+    assert fake.requests == [] and outbox_empty(client) and telegram.seen == []
+
+
+def test_the_users_confirmation_comes_as_buttons_and_a_press_decides_it(client, telegram):
+    deliver(client, telegram_message(1, "book Hamlet"))
+    wait_until(lambda: texts(telegram), what="the question")
+    question = telegram.calls("sendMessage")[-1]
+    assert len(telegram.calls("sendMessage")) == 1 and question["text"] == "Book Hamlet?"
+    buttons = [b[0] for b in question["reply_markup"]["inline_keyboard"]]
+    assert buttons == [{"text": "Yes", "callback_data": "yes"}, {"text": "No", "callback_data": "no"}]
+    deliver(client, telegram_press(2, "yes"))
+    wait_until(lambda: any("Booked Hamlet" in t for t in texts(telegram)), what="the booking's reply")
+    assert telegram.calls("answerCallbackQuery") == [{"callback_query_id": "cbq-2"}]
+
+
+def test_replies_wait_for_the_bot_api_and_arrive_once_it_is_back(client, telegram):
+    telegram.status = 502
+    deliver(client, telegram_message(1, "hello"))
+    wait_until(lambda: len(telegram.seen) >= 2, what="two refused attempts")
+    assert texts(telegram) == []
+    telegram.status = 200
+    wait_until(lambda: texts(telegram), what="the reply after the Bot API came back")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert texts(telegram) == ["You said hello."]
+
+
+def test_a_failed_turn_still_tells_the_user(client, telegram):
+    deliver(client, telegram_message(1, "fail"))
+    wait_until(lambda: texts(telegram), what="the failure's text")
+    assert texts(telegram) == ["Sorry, the assistant cannot answer right now. Nothing of your last message was kept; "
+                               "please try again."]
+
+
+def test_each_sender_in_a_group_has_their_own_conversation(client, telegram):
+    deliver(client, telegram_message(1, "one", user=1, chat=-100))
+    deliver(client, telegram_message(2, "two", user=2, chat=-100))
+    wait_until(lambda: len(texts(telegram)) == 2, what="two replies")
+    assert sorted(texts(telegram)) == ["You said one.", "You said two."]
+    assert {c["chat_id"] for c in telegram.calls("sendMessage")} == {-100}
+
+
+def test_after_the_bot_ends_a_conversation_the_next_message_starts_a_new_one(client, telegram, fake):
+    deliver(client, telegram_message(1, "bye"))
+    wait_until(lambda: texts(telegram), what="the goodbye")
+    deliver(client, telegram_message(1, "bye"))  # Telegram retries the ending delivery: replayed, not run
+    deliver(client, telegram_message(2, "hello again"))
+    deliver(client, telegram_message(2, "hello again"))  # and the first message of the new one: once
+    wait_until(lambda: len(texts(telegram)) >= 2, what="the new conversation's reply")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert texts(telegram) == ["Goodbye.", "You said hello again."]
+    assert len(fake.requests) == 2
+
+
+def test_an_operator_takes_over_a_telegram_user_and_the_user_reads_the_operator(tmp_path, fake, telegram, monkeypatch):
+    for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT)
+    (tmp_path / "auth.yaml").write_text("tokens: {op-token-123: {principal: olga, roles: [operators, outbox]}}\n")
+    olga = {"Authorization": "Bearer op-token-123"}
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             auth=str(tmp_path / "auth.yaml"))
+    with TestClient(app) as client:
+        deliver(client, telegram_message(1, "hello"))
+        wait_until(lambda: texts(telegram), what="the bot's reply")
+        session = f"/bots/shop/sessions/{session_id_for('shop', 'telegram', '42:42')}"
+        assert client.post(f"{session}/takeover", json={"note": "vip"}, headers=olga).status_code == 200
+        said = client.post(f"{session}/operator/messages", json={"text": "Hi, I am Olga."}, headers=olga)
+        assert said.status_code == 200, said.text
+        wait_until(lambda: "Hi, I am Olga." in texts(telegram), what="the operator's words on Telegram")
+        deliver(client, telegram_message(2, "thanks Olga"))  # to the operator, not the bot: no bot reply
+        history = client.get(session, headers=olga).json()["history"]
+        assert any(e["type"] == "UserMessage" and e["data"]["text"] == "thanks Olga"
+                   for entry in history for e in entry.get("events", []))
+        assert client.post(f"{session}/release", json={}, headers=olga).status_code == 200
+        deliver(client, telegram_message(3, "and now?"))
+        wait_until(lambda: "You said and now?." in texts(telegram), what="the bot again after the release")
+        wait_until(lambda: client.get("/outbox", headers=olga).json()["entries"] == [], what="the outbox emptied")
+    assert len(fake.requests) == 2 and texts(telegram)[:2] == ["You said hello.", "Hi, I am Olga."]

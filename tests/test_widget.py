@@ -1,0 +1,176 @@
+"""The embeddable widget's server side (issue 35; docs/widget.md): `widget:` read and checked,
+the config and frame refused to pages of undeclared origins (with the reason, logged), the frame
+framable only by the declared origins, and the visitor's identity: a signed one (HMAC-SHA256)
+becomes the principal, an anonymous visitor's token a principal of its own; bad, expired or
+foreign tokens refused with the reason. The browser's side: tests/test_browser_widget.py."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+import chatrun
+from chatrun.definition.config import WidgetConfig
+from chatrun.definition.loader import check_bot
+from chatrun.server import create_app
+from chatrun.server.widget_identity import IdentityRefused, sign_identity, widget_principal
+
+KEY = "k" * 32
+SITE = "https://shop.example"
+
+BOT = """\
+name: travel
+description: Plans trips.
+model: {name: gpt-4o-mini}
+widget:
+  origins: [https://shop.example, "http://127.0.0.1:9999"]
+  title: Travel help
+  greeting: Where to?
+  color: "#0b5fff"
+  position: left
+  logo: logo.svg
+routes:
+  main:
+    default: true
+    system: "You plan trips for {{ principal.name if principal else 'someone' }}."
+"""
+
+
+@pytest.fixture
+def bot_path(tmp_path):
+    (tmp_path / "bot.yaml").write_text(BOT)
+    (tmp_path / "logo.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg"/>')
+    return tmp_path / "bot.yaml"
+
+
+@pytest.fixture
+def client(bot_path, monkeypatch):
+    monkeypatch.setenv("CHATRUN_WIDGET_SECRET", KEY)
+    with TestClient(create_app([chatrun.load_bot(bot_path)]), base_url="http://127.0.0.1:8000") as c:
+        yield c
+
+
+def test_the_widget_block_is_read(bot_path):
+    widget = chatrun.load_bot(bot_path).config.widget
+    assert widget is not None
+    assert widget.origins == ("https://shop.example", "http://127.0.0.1:9999")
+    assert (widget.title, widget.greeting, widget.color, widget.position, widget.logo) == (
+        "Travel help", "Where to?", "#0b5fff", "left", "logo.svg")
+    assert (widget.identity, widget.secret_env) == ("either", "CHATRUN_WIDGET_SECRET")
+    assert widget.allows("https://shop.example/") and not widget.allows("https://evil.example")
+
+
+def test_origins_with_a_path_a_missing_logo_and_no_key_are_reported_at_their_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("CHATRUN_WIDGET_SECRET", raising=False)
+    (tmp_path / "bot.yaml").write_text(BOT.replace("https://shop.example,", "https://shop.example/shop,")
+                                       .replace("position: left", "identity: signed"))
+    found = {d.message.split(":")[0]: d for d in check_bot(tmp_path / "bot.yaml")[1]}
+    origin = found["`widget.origins`"]
+    assert (origin.severity, origin.line) == ("error", 5)
+    assert "write https://shop.example" in origin.message
+    logo = found["`widget.logo`"]
+    assert (logo.severity, logo.line) == ("error", 10) and "no file 'logo.svg'" in logo.message
+    key = next(d for d in found.values() if "CHATRUN_WIDGET_SECRET" in d.message)
+    assert (key.severity, key.line) == ("warning", 9) and "every visitor is refused" in key.message
+
+
+def test_the_config_is_given_to_a_declared_origin_only(client, caplog):
+    answer = client.get("/widget/travel/config", headers={"Origin": SITE})
+    assert answer.status_code == 200
+    assert answer.headers["access-control-allow-origin"] == SITE
+    config = answer.json()
+    assert (config["title"], config["color"], config["position"]) == ("Travel help", "#0b5fff", "left")
+    assert config["frame"] == "http://127.0.0.1:8000/widget/travel/frame"
+    assert client.get(config["logo"]).headers["content-type"] == "image/svg+xml"
+    with caplog.at_level(logging.WARNING, logger="chatrun.widget"):
+        refused = client.get("/widget/travel/config", headers={"Origin": "https://evil.example"})
+    assert refused.status_code == 403
+    assert "may not be embedded on https://evil.example: add it to `widget.origins`" in refused.json()["message"]
+    assert "bot.yaml:4" in refused.json()["message"]
+    assert "https://evil.example" in caplog.text
+
+
+def test_the_frame_is_framable_only_by_the_declared_origins(client, caplog):
+    frame = client.get("/widget/travel/frame", params={"origin": SITE}, headers={"Referer": SITE + "/cart"})
+    assert frame.status_code == 200
+    assert frame.headers["content-security-policy"] == "frame-ancestors https://shop.example http://127.0.0.1:9999"
+    assert "widget-frame.js" in frame.text and "data-widget=" in frame.text
+    # A page that claims a declared origin is judged by where it is (its Referer).
+    with caplog.at_level(logging.WARNING, logger="chatrun.widget"):
+        lying = client.get("/widget/travel/frame", params={"origin": SITE}, headers={"Referer": "https://evil.example/"})
+    assert lying.status_code == 403 and "https://evil.example" in lying.text
+    assert "widget frame refused" in caplog.text
+    assert client.get("/widget/nobot/config").status_code == 404
+
+
+def test_a_signed_identity_is_the_principal_and_owns_its_sessions(client, fake):
+    token = sign_identity(KEY.encode(), "cust-42", "Ana Lima", int(time.time()) + 600)
+    bearer = {"Authorization": f"Bearer {token}"}
+    created = client.post("/bots/travel/sessions", headers=bearer, json={})
+    assert created.status_code in (200, 201), created.text
+    session = created.json()["id"]
+    fake.queue({"text": "Hello Ana."})
+    turn = client.post(f"/bots/travel/sessions/{session}/messages", headers=bearer, json={"message": "hi"})
+    assert turn.status_code == 200, turn.text
+    assert "You plan trips for cust-42." in str(fake.requests[-1]["messages"][0])
+    assert client.get(f"/bots/travel/sessions/{session}", headers=bearer).status_code == 200
+    visitor = {"Authorization": "Bearer cwv." + "v" * 30}
+    assert client.get(f"/bots/travel/sessions/{session}", headers=visitor).status_code == 404
+
+
+@pytest.mark.parametrize(("token", "reason"), [
+    (lambda: sign_identity(b"another-key-of-32-bytes-xxxxxxxxx", "cust-42", "Ana", int(time.time()) + 60),
+     "signature does not match"),
+    (lambda: sign_identity(KEY.encode(), "cust-42", "Ana", int(time.time()) - 60), "expired"),
+    (lambda: "cwv.short", "at least 22 random characters"),
+])
+def test_bad_widget_tokens_are_refused_with_the_reason(client, token, reason):
+    answer = client.post("/bots/travel/sessions", headers={"Authorization": f"Bearer {token()}"}, json={})
+    assert answer.status_code == 401
+    assert reason in answer.json()["message"]
+
+
+def test_a_widget_token_is_good_only_on_its_bots_paths(client):
+    answer = client.get("/bots", headers={"Authorization": "Bearer cwv." + "v" * 30})
+    assert answer.status_code == 401
+    assert "only on its bot's own paths" in answer.json()["message"]
+
+
+def test_the_backend_snippet_in_the_docs_signs_what_the_server_accepts(monkeypatch):
+    page = (Path(__file__).resolve().parents[1] / "docs" / "widget.md").read_text()
+    snippet = page.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("CHATRUN_WIDGET_SECRET", KEY)
+    scope: dict[str, object] = {}
+    exec(snippet, scope)  # noqa: S102 - the docs' own example, run as printed
+    principal = widget_principal("travel", WidgetConfig(origins=(SITE,)), str(scope["token"]))
+    assert (principal.name, dict(principal.claims)) == ("cust-42", {"display_name": "Ana Lima"})
+    with pytest.raises(IdentityRefused, match="signature does not match"):
+        monkeypatch.setenv("CHATRUN_WIDGET_SECRET", "another-key-0123456789")
+        widget_principal("travel", WidgetConfig(origins=(SITE,)), str(scope["token"]))
+
+
+def test_an_auth_file_token_shaped_like_a_widget_token_is_refused_at_start():
+    from chatrun.errors import ChatrunError
+    from chatrun.server.auth import Auth
+
+    with pytest.raises(ChatrunError, match="may not start with cw1. or cwv.: those are the widget's tokens"):
+        Auth.from_mapping({"tokens": {"cwv.0123456789abcdef": {"principal": "ana"}}})
+
+
+def test_a_signed_only_widget_shows_its_panel_to_signed_identities_only(bot_path, monkeypatch):
+    monkeypatch.setenv("CHATRUN_WIDGET_SECRET", KEY)
+    bot_path.write_text(BOT.replace("position: left", "identity: signed"))
+    with TestClient(create_app([chatrun.load_bot(bot_path)]), base_url="http://127.0.0.1:8000") as client:
+        frame = "/widget/travel/frame"
+        anonymous = client.get(frame, params={"origin": SITE, "token": "cwv." + "v" * 30})
+        assert anonymous.status_code == 403 and "for signed-in users: sign in on this site" in anonymous.text
+        expired = sign_identity(KEY.encode(), "cust-42", "Ana", int(time.time()) - 5)
+        assert "expired" in client.get(frame, params={"origin": SITE, "token": expired}).text
+        signed = sign_identity(KEY.encode(), "cust-42", "Ana", int(time.time()) + 60)
+        assert client.get(frame, params={"origin": SITE, "token": signed}).status_code == 200
+        visitor = client.post("/bots/travel/sessions", headers={"Authorization": "Bearer cwv." + "v" * 30}, json={})
+        assert visitor.status_code == 401 and "takes signed identities only" in visitor.json()["message"]
