@@ -97,19 +97,21 @@ def test_different_sessions_run_concurrently(server):
     assert calls[-1] - calls[0] < DELAY * 0.9
 
 
-def test_a_turn_whose_sse_client_leaves_still_completes_and_is_stored(server):
-    server.fake.queue({"chunks": ["one ", "two ", "three"], "chunk_delay": 0.3})
+def test_a_turn_whose_sse_client_leaves_is_stopped_and_rolled_back(server):
+    """Closing an event stream is Stop (issue 35; it used to let the turn complete): the turn is
+    rolled back and recorded as stopped. tests/test_stop_server.py covers every door."""
+    server.fake.queue({"chunks": ["one ", "two ", "three"], "stall": True})  # it ends only if stopped
     with httpx.Client(base_url=server.url, timeout=10) as http:
         http.post("/bots/travel/sessions", json={"id": "gone"})
         with http.stream("POST", "/bots/travel/sessions/gone/messages?stream=true", json={"userMessage": "hi"}) as r:
             first = next(r.iter_lines())
         assert first == "event: Stream"  # the client leaves after the first chunk
         deadline = time.monotonic() + 10
-        while (session := http.get("/bots/travel/sessions/gone").json())["turn"] == 0:
-            assert time.monotonic() < deadline, "the abandoned turn never completed"
+        while not (session := http.get("/bots/travel/sessions/gone").json())["history"]:
+            assert time.monotonic() < deadline, "the abandoned turn was never recorded"
             time.sleep(0.05)
-    assert session["history"][-1]["ok"] is True
-    assert [e["data"] for e in session["history"][-1]["events"]] == ["one two three"]
+    assert session["turn"] == 0
+    assert (session["history"][-1]["ok"], session["history"][-1]["error"]) == (False, "cancelled")
 
 
 def test_a_turn_whose_websocket_client_leaves_still_completes_and_is_stored(server):

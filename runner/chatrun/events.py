@@ -13,6 +13,7 @@ OBJECT = "Object"  # structured data for the user
 THINKING = "Thinking"  # progress note while the turn runs
 CONSOLE = "Console"  # developer-facing output (a browser console, the REPL's dim lines)
 ERROR = "Error"  # the turn (or part of it) failed; data is a message for the user
+FEEDBACK = "Feedback"  # a user's rating of a reply: a backend event for the bot's sinks (Session.rate)
 STREAM = "Stream"  # a chunk of the model's reply while it streams
 ROUTE_CHANGED = "RouteChanged"  # chatrun extension: data = {"route": str, "stack": [str, ...]}
 CHOICES = "Choices"  # chatrun extension: choices offered to the user; data = {"choices": [{"label", "value"}]}

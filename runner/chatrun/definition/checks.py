@@ -1501,11 +1501,12 @@ def _audience_checks(checker: _Checker) -> None:
             checker.add("error", f"`events.{name}`: {name} is a built-in event type, always for the user; "
                         "declare only the bot's own types", "events", name)
     backend = [name for name, decl in config.events.items() if decl.audience == ev.BACKEND and name not in ev.BUILTIN_TYPES]
+    takeable = [*backend, ev.FEEDBACK]  # chatrun's own backend event: a user's rating (Session.rate)
     for sink in config.sinks.values():
         for i, name in enumerate(sink.events or []):
-            if name not in backend:
+            if name not in takeable:
                 checker.add("error", f"sink `{sink.name}` takes event type `{name}`, but `events:` does not declare "
-                            f"it with `audience: backend`{suggest(name, backend)}", "sinks", sink.name, "events", i)
+                            f"it with `audience: backend`{suggest(name, takeable)}", "sinks", sink.name, "events", i)
         if sink.webhook is None:
             continue
         hook, at = sink.webhook, ("sinks", sink.name, "webhook")

@@ -379,6 +379,30 @@ class Session:
             self._last_entry = history[-1] if history else None
         return self._last_entry
 
+    def rate(self, turn: int, rating: str, comment: str | None = None,
+             by: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Keep a user's rating of a turn's reply ("up" or "down", an optional comment) in the
+        history, as an entry of its own beside the turn's (`{"feedback": {...}, "at"}`: no
+        `turn`, so no reader takes it for a turn); the bot's sinks that take `Feedback` events get
+        it once it is committed, as a backend event. A later rating of the same turn supersedes
+        the earlier one (the newest entry counts). Between turns only. SessionError for a turn
+        that did not run."""
+        if self._running:
+            raise SessionError(f"session {self.id} is running a turn; rate a turn between turns")
+        if not 1 <= turn <= self.turn_count:
+            raise SessionError(f"session {self.id} has no turn {turn} to rate (its turns are 1 to {self.turn_count})")
+        data: dict[str, Any] = {"turn": turn, "rating": rating, "route": self.route}
+        if comment:
+            data["comment"] = comment
+        if by is not None:
+            data["by"] = by.get("name")
+        event = Event(ev.FEEDBACK, data, turn, audience=ev.BACKEND)
+        entry: dict[str, Any] = {"feedback": data, "at": time.time(), OUTBOX_KEY: _outbox(self.bot.config, self.id, [event])}
+        if not entry[OUTBOX_KEY]:
+            del entry[OUTBOX_KEY]
+        self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
+        return data
+
     def forget_last_turn(self) -> None:
         """Drop the kept copy of the last history entry (an idle session need not hold it; about
         1.3 KB): `last_turn` reads it back from the store's history when asked again."""
@@ -579,8 +603,10 @@ class Session:
             self.store.commit_turn(self.id, self._c.snapshot(), self._c.dirty_memories(before), [entry])
             self._last_entry = entry
             self._moved = None
-        except asyncio.CancelledError:
-            self._rollback(before, entry | {"ok": False, "error": "cancelled", "events": _plain(collected)}, turn)
+        except asyncio.CancelledError:  # stopped (Stop on the page, a Cancel frame, a closed stream)
+            stopped = _stopped(self.bot.config, collected, turn.tool_calls)
+            self._rollback(before, entry | {"ok": False, "error": "cancelled", "events": _plain(collected),
+                                            "stopped": stopped}, turn, keep_done=self._c.done_calls)
             raise
         except ModelError as exc:
             self._fail(before, entry, collected, f"the model failed on route {self.route}: {exc}", turn,
@@ -614,11 +640,16 @@ class Session:
             failed[OUTBOX_KEY] = replies
         self._rollback(before, failed, turn)
 
-    def _rollback(self, before: Checkpoint, entry: dict[str, Any], turn: Turn) -> None:
+    def _rollback(self, before: Checkpoint, entry: dict[str, Any], turn: Turn,
+                  keep_done: tuple[str, ...] | None = None) -> None:
+        """Undo the turn and record its attempt. `keep_done`: the record of calls done once as the
+        turn left it, kept (a stopped turn's `once` calls did happen: resending must not repeat them)."""
         moved, self._moved = self._moved, None
         if moved is not None:  # as stored: on the bot it left (the move is made again below)
             self._c.config = moved[1].config
         self._c.rollback(before)
+        if keep_done is not None:
+            self._c.done_calls = keep_done
         # The conversation is as before, but the calls were made (and paid for): they count.
         self._c.usage.add(turn.usage)
         entry.update(_usage_entry(turn))
@@ -792,6 +823,25 @@ def _usage_entry(turn: Turn) -> dict[str, Any]:
     if turn.answers:
         out["model"] = turn.answers
     return out
+
+
+def _stopped(config: BotConfig, events: list[Event], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a stopped turn leaves behind, for its history entry: `shown`, the reply the user saw
+    streaming when it stopped (Stream chunks after the last Message), and `effects`, its tool
+    calls that ran and may have changed something outside (effect `idempotent` or `once`): the
+    rollback undoes the conversation, never what a tool did."""
+    shown: list[str] = []
+    for event in events:
+        if event.type == ev.MESSAGE:
+            shown = []
+        elif event.type == ev.STREAM and isinstance(event.data, str):
+            shown.append(event.data)
+    effects = []
+    for call in calls:
+        tool = config.tools.get(str(call.get("tool")))
+        if tool is not None and "error" not in call and tool.effect != "read":
+            effects.append({"tool": tool.name, "effect": tool.effect})
+    return {"shown": "".join(shown), "effects": effects}
 
 
 def _plain(events: list[Event]) -> list[dict[str, Any]]:

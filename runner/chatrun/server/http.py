@@ -87,6 +87,12 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
         "/bots/{bot}/sessions/{session_id}/messages", send_message, methods=["POST"], tags=["sessions"],
         responses=_turn_response(), openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
                             {"userMessage": "I want to fly to Dublin"}))
+    router.add_api_route(
+        "/bots/{bot}/sessions/{session_id}/feedback", give_feedback, methods=["POST"], status_code=201,
+        tags=["sessions"], openapi_extra=_body(
+            {"turn": {"type": "integer", "minimum": 1}, "rating": {"enum": list(wire.RATINGS)},
+             "comment": {"type": "string", "maxLength": wire.MAX_COMMENT}},
+            {"turn": 2, "rating": "down", "comment": "It booked the wrong day"}))
     return router
 
 
@@ -241,6 +247,11 @@ async def read_attachment(bot: str, session_id: str, ref: str, who: Caller, regi
     return Response(data, media_type="application/octet-stream", headers={
         "X-Content-Type-Options": "nosniff", "Content-Disposition": "attachment",
         "Cache-Control": "private, max-age=3600"})
+
+
+async def give_feedback(bot: str, session_id: str, request: Request, who: Caller, registry: Registry) -> Any:
+    feedback = wire.feedback_of(await read_json_object(request), "the feedback body")
+    return await registry.rate(bot, session_id, who, feedback)
 
 
 async def delete_session(bot: str, session_id: str, who: Caller, registry: Registry) -> Response:

@@ -86,6 +86,8 @@ class ServerMetrics:
         self.bundles_refused = prom.Counter("chatrun_bundles_refused", "Bot versions in the store this replica "
                                             "refused to load, by reason (no_key, unsigned, bad_signature, "
                                             "too_large, starts_program)", ["bot", "reason"], registry=reg)
+        self.feedback = prom.Counter("chatrun_feedback", "Ratings of bot replies by their users (thumbs up/down), "
+                                     "by the route the conversation was on when rated", ["bot", "route", "rating"], registry=reg)
         self.tool_calls = prom.Counter("chatrun_tool_calls", "Tool calls run", ["bot", "tool"], registry=reg)
         self.tool_failures = prom.Counter("chatrun_tool_failures",
                                           "Tool calls that did not do their work (refused, failed, unknown tool)",
@@ -197,6 +199,9 @@ class ServerMetrics:
         self.child(self.version_turns, bot, version, outcome).inc()
         if cost:
             self.child(self.version_cost, bot, version).inc(cost)
+
+    def feedback_given(self, bot: str, route: str, rating: str) -> None:
+        self.child(self.feedback, bot, route, rating).inc()
 
     def bundle_refused(self, bot: str, reason: str) -> None:
         self.child(self.bundles_refused, bot, reason).inc()

@@ -177,9 +177,10 @@ KEEPALIVE = object()  # `keepalive` seconds passed with nothing to send
 
 
 class DetachedTurn:
-    """A turn run in its own task, so that a client who disconnects does not cancel it: it
-    completes and is committed, as on the WebSocket. What it emits is queued for the request
-    that started it, which reads it for as long as its client listens."""
+    """A turn run in its own task, so that it ends as the engine ends it (rolled back, its
+    record written) whatever happens to the request. What it emits is queued for the request
+    that started it. A streaming reader that stops before the end (its client closed the
+    stream: Stop) cancels the turn (`items`); a reader of the whole reply at once never does."""
 
     # asyncio keeps only weak references to tasks: these keep running turns alive until they end.
     _running: ClassVar[set[asyncio.Task[Any]]] = set()
@@ -196,13 +197,21 @@ class DetachedTurn:
         return await self._queue.get()
 
     async def items(self, keepalive: float | None = None) -> AsyncIterator[Any]:
-        """What the turn emits until it ends, with KEEPALIVE after every `keepalive` seconds of silence."""
-        while True:
-            try:
-                item = await asyncio.wait_for(self._queue.get(), keepalive)
-            except TimeoutError:
-                yield KEEPALIVE
-                continue
-            if item is END:
-                return
-            yield item
+        """What the turn emits until it ends, with KEEPALIVE after every `keepalive` seconds of
+        silence. Left before the end (the client closed the stream), the turn is cancelled: the
+        engine rolls it back and records it as stopped (docs/protocol.md, "Stop")."""
+        ended = False
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), keepalive)
+                except TimeoutError:
+                    yield KEEPALIVE
+                    continue
+                if item is END:
+                    ended = True
+                    return
+                yield item
+        finally:
+            if not ended and not self.task.done():
+                self.task.cancel()

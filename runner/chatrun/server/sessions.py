@@ -266,6 +266,23 @@ class SessionRegistry:
         return TurnRun(session, message, request_id, functools.partial(self._hold_of, session),
                        self.store, self.writes, report)
 
+    async def rate(self, bot_name: str | None, session_id: str, principal: Principal | None,
+                   feedback: dict[str, Any]) -> dict[str, Any]:
+        """A user's rating of a turn (wire.feedback_of's fields): kept in the session's history
+        (Session.rate) and committed like a turn, with its backend event for the bot's sinks;
+        counted in chatrun_feedback. Waits its turn behind a running one. RequestFailed."""
+        async with self.session(bot_name, session_id, principal, EXISTING) as session:
+            try:
+                data = session.rate(feedback["turn"], feedback["rating"], feedback.get("comment"),
+                                    template_principal(principal))
+            except SessionError as exc:
+                raise wire.RequestFailed(wire.BAD_REQUEST, str(exc)) from None
+            hold = self._hold_of(session)
+            await self.writes.commit(hold.slot, session.id, hold.lease)
+            if self.metrics is not None:
+                self.metrics.feedback_given(session.bot.name, str(data["route"]), str(data["rating"]))
+            return data
+
     def last_committed(self, session: Session) -> Committed | None:
         """The session's last committed turn: {"turn", "input", "requestId", "at"}, or None."""
         return self._hold_of(session).slot.committed

@@ -1,4 +1,5 @@
-"""What the app serves besides its wire protocols: the web chat page, the operator page (/operator) and their assets, the
+"""What the app serves besides its wire protocols: the web chat page (for end users at /chat/{bot}; for the bot's
+author, with the inspector, at / and /bots/{bot}/), the operator page (/operator) and their assets, the
 JavaScript client, the API docs (/docs, /redoc) and /metrics. None of it is in /openapi.json.
 """
 
@@ -38,6 +39,8 @@ def add_site_routes(app: FastAPI) -> None:
     _get(app, "/operator", operator_page)
     _get(app, "/bots/{bot}/", bot_page)
     _get(app, "/bots/{bot}/chat", bot_page_redirect)
+    _get(app, "/chat/{bot}", end_user_page)
+    _get(app, "/chat/{bot}/", end_user_page_redirect)
 
 
 def _get(app: FastAPI, path: str, endpoint: Callable[..., Any]) -> None:
@@ -62,16 +65,31 @@ async def favicon() -> FileResponse:
 
 async def index(request: Request, registry: Registry) -> HTMLResponse:
     bot = request.app.state.default_bot
-    return _page(bot, registry.bots.get(bot), request)
+    return _page(bot, registry.bots.get(bot), request, _author_mode(request))
 
 
 async def bot_page(bot: str, request: Request, registry: Registry) -> HTMLResponse:
     found = registry.bot(bot)  # 404 for an unknown bot
-    return _page(bot, found, request)
+    return _page(bot, found, request, _author_mode(request))
 
 
 async def bot_page_redirect(bot: str) -> RedirectResponse:
     return RedirectResponse(f"/bots/{bot}/")
+
+
+async def end_user_page(bot: str, request: Request, registry: Registry) -> HTMLResponse:
+    """The page the bot's users get: the chat alone, in the bot's words (docs/protocol.md, "The end-user page")."""
+    found = registry.bot(bot)  # 404 for an unknown bot
+    return _page(bot, found, request, "user")
+
+
+async def end_user_page_redirect(bot: str) -> RedirectResponse:
+    return RedirectResponse(f"/chat/{bot}")
+
+
+def _author_mode(request: Request) -> str:
+    # The author's page previews the end-user page with ?view=user.
+    return "user" if request.query_params.get("view") == "user" else "author"
 
 
 @functools.cache
@@ -85,8 +103,8 @@ async def operator_page() -> FileResponse:
     return FileResponse(STATIC / "operator.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
 
 
-def _page(name: str, bot: Any, request: Request) -> HTMLResponse:
-    text = _index_html()
+def _page(name: str, bot: Any, request: Request, mode: str) -> HTMLResponse:
+    text = _index_html().replace("__CHATRUN_MODE__", mode)
     # The page learns its bot from a data attribute; no templating engine needed for one value.
     text = text.replace("__CHATRUN_BOT__", html.escape(json.dumps(name)[1:-1], quote=True))
     # Its own texts (Send, the notices), `lang` and `dir` come with it in the locale the browser

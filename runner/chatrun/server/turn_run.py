@@ -12,6 +12,7 @@ user's events go on (audience.for_clients); the others are in the history, with 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ from chatrun.store.aio import AsyncStore
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
+
+log = logging.getLogger("chatrun.server")
 
 MAX_REQUEST_ID = 200  # characters of an idempotency key (each session keeps its last 1,000)
 
@@ -105,13 +108,33 @@ class TurnRun:
         assert slot.buffer is not None
         buffer = slot.buffer
         buffer.request_id = self.request_id
+        number = session.turn_count + 1
         try:
             with report.observing():
                 async for event in session.stream(self._message):
                     report.saw(event)
                     yield event
+        except asyncio.CancelledError:  # stopped: the engine rolled the turn back; its record is kept
+            await self._keep_stopped(session, hold, number)
+            raise
         finally:
             buffer.request_id = None
         report.ran()
         self.turn, self.entry = session.turn_count, session.last_turn or {}
         await self._writes.commit(slot, session.id, hold.lease)
+
+    async def _keep_stopped(self, session: Session, hold: Hold, number: int) -> None:
+        """Write a stopped turn's record (ok false, error "cancelled", what it showed and what its
+        tools did) so the history says what happened; the session is as before the turn. A turn
+        stopped before it started has no record. A failure here is logged: the stop stands."""
+        try:
+            entry = session.last_turn or {}
+        except SessionError:  # stopped before it started: no record, and none to read back
+            return
+        if entry.get("turn") != number or entry.get("ok") is not False:
+            return
+        self.turn, self.entry = number, entry
+        try:
+            await self._writes.commit(hold.slot, session.id, hold.lease)
+        except Exception as exc:  # a conflict, a store down: the live copy was dropped, the store is the truth
+            log.warning("the record of stopped turn %s of session %s was not saved: %s", number, session.id, exc)

@@ -119,7 +119,7 @@ async def widget_frame(bot: str, request: Request, registry: Registry) -> HTMLRe
         text = f"<!doctype html><meta charset=utf-8><title>Refused</title><p role=alert>{html.escape(refused or '')}</p>"
         return HTMLResponse(text, status_code=403, headers={"Cache-Control": "no-cache"})
     # The chat page as site.py makes it (its texts in the visitor's locale), with the widget's parts added.
-    page = bytes(_page(bot, found, request).body).decode()
+    page = bytes(_page(bot, found, request, "user").body).decode()  # an end user's page (h-page's modes)
     data = {"title": widget.title or found.config.description or bot, "greeting": widget.greeting,
             "color": widget.color, "logo": _logo_url(str(request.base_url).rstrip("/"), bot, widget),
             "origin": origin}

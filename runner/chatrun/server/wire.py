@@ -45,7 +45,10 @@ CHAT_ROUTE_MESSAGE = "ChatRouteMessage"
 DISCONNECT = "Disconnect"
 DECIDE = "Decide"  # chatrun extension: {"item", "decision": "approve"|"reject", "args"?, "reason"?}
 ANSWER = "Answer"  # chatrun extension: {"item", "answer"}
-CLIENT_TYPES = (CONNECT, CHAT_ROUTE_MESSAGE, DISCONNECT, DECIDE, ANSWER)
+CANCEL = "Cancel"  # chatrun extension (extended dialect): stop the chat's running turn
+FEEDBACK = "Feedback"  # chatrun extension: {"turn", "rating": "up"|"down", "comment"?}
+CLIENT_TYPES = (CONNECT, CHAT_ROUTE_MESSAGE, DISCONNECT, DECIDE, ANSWER, CANCEL, FEEDBACK)
+TURN_TYPES = (CHAT_ROUTE_MESSAGE, DECIDE, ANSWER)  # the requests that run a turn (what Cancel stops)
 
 COMPLETED = "Completed"
 FAILED = "Failed"
@@ -66,6 +69,7 @@ SESSION_EXISTS = "SessionExists"
 SCOPE_NOT_ACTIVE = "ScopeNotActive"
 BOT_NOT_FOUND = "BotNotFound"
 UNAUTHORIZED = "Unauthorized"
+CANCELLED = "Cancelled"  # the turn was stopped by a Cancel frame: rolled back (docs/protocol.md, "Stop")
 CONFLICT = "Conflict"  # the turn was not committed: the session changed meanwhile (fencing)
 UNAVAILABLE = "Unavailable"  # the server is shutting down: send again (another replica serves it)
 NOT_FOUND = "NotFound"  # no such thing (an outbox entry)
@@ -151,6 +155,13 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
         _read_chat_route_message(frame, fields, limits)
     elif kind in (DECIDE, ANSWER):
         _read_decision(frame, fields)
+    elif kind == FEEDBACK:
+        try:
+            frame.data = feedback_of(fields.raw, "Feedback")
+        except RequestFailed as exc:
+            raise fields.fail(exc.message, exc.reason) from None
+    elif kind == CANCEL:
+        pass
     else:
         frame.keep = fields.flag(kind, "keep")
     return frame
@@ -256,6 +267,29 @@ def _read_decision(frame: ClientFrame, fields: _FrameFields) -> None:
         raise fields.fail(f"{frame.type} has no field {unknown[0]!r}; it takes item, {', '.join(names)}")
     frame.data = {name: fields.raw[name] for name in names if name in fields.raw}
     frame.item = item
+
+
+MAX_COMMENT = 2000  # characters of a feedback comment
+RATINGS = ("up", "down")
+
+
+def feedback_of(raw: dict[str, Any], what: str) -> dict[str, Any]:
+    """A Feedback frame's or POST .../feedback body's fields, checked: `turn` (the rated bot
+    turn's number), `rating` ("up" or "down"), optional `comment` (text). RequestFailed(BadRequest)."""
+    unknown = sorted(set(raw) - {"type", "chatId", "requestId", "turn", "rating", "comment"})
+    if unknown:
+        raise RequestFailed(BAD_REQUEST, f"{what} has no field {unknown[0]!r}; it takes turn, rating, comment")
+    turn, rating, comment = raw.get("turn"), raw.get("rating"), raw.get("comment")
+    if not isinstance(turn, int) or isinstance(turn, bool) or turn < 1:
+        raise RequestFailed(BAD_REQUEST, f"{what}.turn must be the number of the rated turn (1 or more), "
+                                         f"not {json.dumps(turn)}")
+    if rating not in RATINGS:
+        raise RequestFailed(BAD_REQUEST, f"{what}.rating must be \"up\" or \"down\", not {json.dumps(rating)}")
+    if comment is not None and not isinstance(comment, str):
+        raise RequestFailed(BAD_REQUEST, f"{what}.comment must be text or absent")
+    if comment is not None and len(comment) > MAX_COMMENT:
+        raise RequestFailed(TOO_LARGE, f"{what}.comment has {len(comment)} characters; at most {MAX_COMMENT}")
+    return {"turn": turn, "rating": rating, **({"comment": comment} if comment else {})}
 
 
 MAX_CHAT_ID = 128

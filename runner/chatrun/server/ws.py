@@ -62,6 +62,8 @@ class Connection:
         self.pending: set[str] = set()  # chats whose Connect is not served yet
         self.in_flight = 0
         self.tasks: set[asyncio.Task[None]] = set()
+        self.turns: dict[str, set[asyncio.Task[None]]] = {}  # chatId -> its turn requests in flight (what Cancel stops)
+        self.stopped: set[asyncio.Task[None]] = set()  # turn requests a Cancel frame cancelled
         self.out = Outbound(websocket, limits.max_outbound_bytes, limits.send_timeout)
 
     @property
@@ -152,21 +154,59 @@ class Connection:
             coro = self.chat(frame, self.chats[frame.chat_id])
         elif frame.type in (wire.DECIDE, wire.ANSWER):
             coro = self.decide(frame, self.chats[frame.chat_id])
+        elif frame.type == wire.CANCEL:
+            self.cancel(frame)
+            return
+        elif frame.type == wire.FEEDBACK:
+            coro = self.feedback(frame, self.chats[frame.chat_id])
         else:
             coro = self.disconnect(frame, self.chats[frame.chat_id])
-        self.in_flight += 1
-        self._spawn(self._serve(frame, coro))
+        self._start(frame, coro)
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
+    def _start(self, frame: wire.ClientFrame, coro: Any) -> None:
+        """Serve a request in its own task; a turn's task is the chat's until it ends (Cancel stops it)."""
+        self.in_flight += 1
+        task = self._spawn(self._serve(frame, coro))
+        if frame.type in wire.TURN_TYPES:
+            running = self.turns.setdefault(frame.chat_id, set())
+            running.add(task)
+            task.add_done_callback(running.discard)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
+
+    def cancel(self, frame: wire.ClientFrame) -> None:
+        """Cancel (extended dialect): stop every turn request of the chat sent on this connection
+        and not ended yet. The running turn is rolled back and recorded as stopped (the engine:
+        Session._run_turn), a queued one never runs; each ends with Failed("Cancelled"). The
+        Cancel itself is answered at once: Completed(null). Synchronous, in the
+        receive loop: the stop takes effect before the next frame is read."""
+        if not self.dialect_of(frame.chat_id).extensions:  # Quarkus has no such frame
+            self.reject(frame.chat_id, wire.BAD_REQUEST, "Cancel is a chatrun extension: Connect with "
+                        '"extensions": true to stop turns', frame.request_id)
+            return
+        # Not again a task stopped already: it may be writing its stopped turn's record.
+        running = [task for task in self.turns.get(frame.chat_id, ()) if not task.done() and task not in self.stopped]
+        for task in running:
+            self.stopped.add(task)
+            task.cancel()
+        self.out.put(wire.server_frame(frame.chat_id, wire.COMPLETED, None, frame.request_id))
 
     async def _serve(self, frame: wire.ClientFrame, coro: Any) -> None:
         # A Quarkus-dialect Disconnect gets no frame, not even a Failed (Quarkus sends none).
         silent = frame.type == wire.DISCONNECT and not self.dialect_of(frame.chat_id).answers_disconnect
         try:
             await coro
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task not in self.stopped:  # the server is stopping: not ours to answer
+                raise
+            self.stopped.discard(task)
+            self.reject(frame.chat_id, wire.CANCELLED, "Stopped: this reply is not part of the conversation "
+                        "(what its tools already did is not undone); send a message to go on", frame.request_id)
         except wire.RequestFailed as exc:
             if silent:
                 log.info("Disconnect of chat %s failed (%s: %s); no frame sent", frame.chat_id, exc.reason, exc.message)
@@ -265,6 +305,12 @@ class Connection:
             await self.send(frame.chat_id, wire.FAILED, dialect.reason(wire.SERVER_ERROR), frame.request_id)
         else:
             await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
+
+    async def feedback(self, frame: wire.ClientFrame, bot: str) -> None:
+        """Feedback (chatrun extension): a rating of one of the chat's turns, answered with
+        Completed(null) once it is committed (Session.rate)."""
+        await self.registry.rate(bot, frame.chat_id, self.principal, frame.data)
+        await self.send(frame.chat_id, wire.COMPLETED, None, frame.request_id)
 
     async def disconnect(self, frame: wire.ClientFrame, bot: str) -> None:
         if not frame.keep:

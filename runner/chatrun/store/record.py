@@ -638,7 +638,8 @@ def outbox_of(session_id: str, history: list[JSONObject]) -> list[OutboxEntry]:
     out: list[OutboxEntry] = []
     for entry in history:
         for item in entry.get(OUTBOX_KEY) or ():
-            if not entry.get("ok") and not item.get("reply"):  # a failed turn queues its user's reply only
+            # A failed turn queues its user's reply only; a rating is committed as it is written.
+            if not entry.get("ok") and not item.get("reply") and "feedback" not in entry:
                 continue
             body = item["body"]
             out.append(OutboxEntry(body["id"], session_id, item["sink"], body, body["created"],

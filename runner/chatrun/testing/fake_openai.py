@@ -21,6 +21,8 @@ Response forms (dicts), consumed one per chat completion request:
     {"finish_reason": "length", "usage": {...}}      override those fields ("usage": None: report none)
     {"disconnect": True, ...}                        drop the connection: before any answer, or
                                                      for a stream after its chunks, before the end
+    {"stall": True, ...}                             a stream that sends its chunks, then nothing more
+                                                     until the client goes (a model a user stops)
     {"unruly": "repeat_call", "call": {...}, "times": 6, ...}
                                                      an answer that misbehaves, made from the request's
                                                      tools and messages (chatrun.testing.unruly)
@@ -60,7 +62,7 @@ Responder = Callable[[dict[str, Any]], Any]
 
 RESPONSE_KEYS = {
     "text", "tool_calls", "chunks", "status", "retry_after", "body", "raw",
-    "delay", "chunk_delay", "finish_reason", "usage", "disconnect",
+    "delay", "chunk_delay", "finish_reason", "usage", "disconnect", "stall",
 }
 MODELS = ["gpt-4o-mini", "gpt-4o", "fake-model"]
 MAX_HEADER_LINES = 200
@@ -355,7 +357,8 @@ class FakeOpenAI:
                 chunks = split_text(text) if text else []
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             await self._stream(writer, meta, chunks, calls, finish, usage if include_usage else None,
-                               float(response.get("chunk_delay") or 0), bool(response.get("disconnect")))
+                               float(response.get("chunk_delay") or 0), bool(response.get("disconnect")),
+                               bool(response.get("stall")), reader)
             return
         if response.get("disconnect"):
             raise Disconnect()
@@ -373,7 +376,8 @@ class FakeOpenAI:
 
     async def _stream(self, writer: asyncio.StreamWriter, meta: dict[str, Any], chunks: list[str],
                       calls: list[dict[str, str]], finish: str, usage: dict[str, int] | None,
-                      pause: float, disconnect: bool = False) -> None:
+                      pause: float, disconnect: bool = False, stall: bool = False,
+                      reader: asyncio.StreamReader | None = None) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n")
 
@@ -399,6 +403,9 @@ class FakeOpenAI:
             for piece in split_arguments(call["arguments"]):
                 await event(delta({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
         if disconnect:
+            raise Disconnect()
+        if stall and reader is not None:  # until the client closes the connection (or the fake stops)
+            await reader.read()
             raise Disconnect()
         await event(delta({}, finish))
         if usage is not None:

@@ -54,7 +54,8 @@ async def load_stored_session(url: str, session_id: str) -> StoredSession:
         record = await store.load_session(session_id)
         if record is None:
             raise ChatrunError(f"{url} has no session {session_id!r}")
-        history = await store.load_history(session_id)
+        # The turns: a user's rating (Session.rate) is an entry of its own, not a turn to replay.
+        history = [e for e in await store.load_history(session_id) if "feedback" not in e]
         files = _attached_files(store, session_id, list(history))
     finally:
         await store.close()

@@ -1,9 +1,23 @@
 /* The chatrun web page: a chat on the left, an inspector for bot authors on the right.
- * Plain JavaScript over chatscopes.js; no build step, no network beyond this server. */
+ * Plain JavaScript over chatscopes.js; no build step, no network beyond this server.
+ *
+ * Hooks for other scripts (turn_controls.js: Stop, thumbs up/down), as DOM events (docs/protocol.md,
+ * "The page's hooks"):
+ *   chatrun:message    on each message element as it is rendered (bubbles up to document);
+ *                      detail {role: "bot"|"user"|"operator", text, replayed, turn (a number, or
+ *                      null while the turn runs), actions (the message's action bar: append buttons)}.
+ *                      A streamed bot reply fires once, when it is complete.
+ *   chatrun:turn-start on document when this page starts a turn; detail {chatId}.
+ *   chatrun:turn-end   on document when it ends; detail {chatId, ok}.
+ * window.ChatrunPage: {bot, mode ("user"|"author"), session() (the chatscopes.js session),
+ *   client() (its ChatScopesClient), api(path, options) (fetch under /bots/{bot}, with the token)}. */
 (function () {
   "use strict";
 
   const BOT = document.body.dataset.bot;
+  // "user": the page the bot's users get (/chat/{bot}): the chat alone, no inspector, switcher,
+  // route names or brand. "author": the bot author's page with the inspector (/, /bots/{bot}/).
+  const MODE = document.body.dataset.mode === "user" ? "user" : "author";
   const params = new URLSearchParams(location.search);
   // The token comes once in the URL (?token=…); it is kept for this tab in sessionStorage and
   // taken out of the address bar, so it does not linger in history, bookmarks or screenshots.
@@ -67,6 +81,10 @@
     if (!ui.input.disabled) ui.input.placeholder = tx("placeholder");
     else if (ended) ui.input.placeholder = tx("ended_placeholder");
     ChatrunPending.setTexts(pageData.texts);
+    ChatrunMarkdown.texts.copy = tx("copy");
+    ChatrunMarkdown.texts.copied = tx("copied");
+    ChatrunMarkdown.texts.code = tx("code");
+    if (MODE === "user") document.title = tx("chat_title");
     showAttachLimits();
     document.querySelectorAll("#attach-tray .attachment").forEach((item) => {
       item.querySelector(".attach-remove").setAttribute("aria-label", tx("remove_file", { name: item.dataset.name }));
@@ -130,8 +148,19 @@
     );
   }
 
-  function scrollDown() {
-    ui.messages.scrollTop = ui.messages.scrollHeight;
+  // Scroll follows the conversation only while the reader is at its bottom; a reader who
+  // scrolled up stays where they are and gets a "↓" button instead.
+  let following = true;
+
+  function atBottom() {
+    const box = ui.messages;
+    return box.scrollHeight - box.scrollTop - box.clientHeight < 48;
+  }
+
+  function scrollDown(force) {
+    if (force) following = true;
+    if (following) ui.messages.scrollTop = ui.messages.scrollHeight;
+    $("to-bottom").hidden = following;
   }
 
   function add(node) {
@@ -175,45 +204,101 @@
     return node;
   }
 
-  function showUser(text, attachments) {
-    const bubble = chatBubble("msg user", text);
+  function showUser(text, attachments, replayed) {
+    const bubble = chatBubble("msg user");
+    bubble.appendChild(el("div", "msg-body", text));
+    bubble.dataset.text = text;
     showSentAttachments(bubble, attachments);
     add(bubble);
+    announceMessage(bubble, "user", replayed);
   }
 
-  /** A bot reply: Markdown, rendered safely (markdown.js builds nodes, never HTML). */
+  /** Every rendered message gets an action bar (Copy first) and a `chatrun:message` event (the
+   * hook at the top: other scripts add their buttons to the bar). */
+  function announceMessage(bubble, role, replayed, turn) {
+    let actions = bubble.querySelector(":scope > .msg-actions");
+    if (!actions) {
+      actions = bubble.appendChild(el("div", "msg-actions"));
+      actions.appendChild(copyButton(bubble));
+    }
+    bubble.dispatchEvent(new CustomEvent("chatrun:message", {
+      bubbles: true,
+      detail: { role: role, text: bubble.dataset.text || "", replayed: Boolean(replayed),
+        turn: typeof turn === "number" ? turn : null, actions: actions },
+    }));
+  }
+
+  const COPY_ICON = '<svg viewBox="0 0 24 24" aria-hidden="true" focusable="false"><rect x="8" y="8" width="12" height="12" rx="2" fill="none" stroke="currentColor" stroke-width="2"/><path d="M16 8V6a2 2 0 0 0-2-2H6a2 2 0 0 0-2 2v8a2 2 0 0 0 2 2h2" fill="none" stroke="currentColor" stroke-width="2"/></svg>';
+
+  /** Copy a message's text (its Markdown source for a reply), saying so for a moment. */
+  function copyButton(bubble) {
+    const button = el("button", "msg-action copy");
+    button.type = "button";
+    button.innerHTML = COPY_ICON; // a constant: no text of the message goes through innerHTML
+    button.dataset.pageLabel = "copy_message";
+    button.setAttribute("aria-label", tx("copy_message"));
+    button.title = tx("copy_message");
+    button.addEventListener("click", () => {
+      const done = () => {
+        button.classList.add("done");
+        button.setAttribute("aria-label", tx("copied"));
+        setTimeout(() => { button.classList.remove("done"); button.setAttribute("aria-label", tx("copy_message")); }, 1500);
+      };
+      if (navigator.clipboard) navigator.clipboard.writeText(bubble.dataset.text || "").then(done, () => undefined);
+    });
+    return button;
+  }
+
+  function turnEvent(name, detail) {
+    document.dispatchEvent(new CustomEvent(name, { detail: Object.assign({ chatId: session && session.chatId }, detail) }));
+  }
+
+  /** A bot reply: Markdown by markdown.js (marked, then DOMPurify), in the bubble's body. */
   function botBubble(text, cls) {
     const node = chatBubble("msg bot md" + (cls ? " " + cls : ""));
+    node.appendChild(el("div", "msg-body"));
     setReply(node, text);
     return node;
   }
 
   function setReply(bubble, text) {
     bubble.dataset.text = text;
-    bubble.textContent = "";
-    bubble.appendChild(ChatrunMarkdown.render(text));
+    bubble.querySelector(".msg-body").replaceChildren(ChatrunMarkdown.render(text));
   }
 
-  function showMessage(text) {
+  function showMessage(text, replayed) {
     if (streaming) {
-      setReply(streaming, text);
-      streaming.classList.remove("streaming");
+      const bubble = streaming;
       streaming = null;
+      bubble.markdown.finish(text);
+      bubble.dataset.text = text;
+      bubble.classList.remove("streaming");
       scrollDown();
+      announceMessage(bubble, "bot", false);
     } else {
-      add(botBubble(text));
+      announceMessage(add(botBubble(text)), "bot", replayed);
     }
   }
 
+  /** A streamed chunk: only the reply's last block is rendered again (markdown.js, stream). */
   function showChunk(chunk) {
-    if (!streaming) streaming = add(botBubble("", "streaming"));
-    setReply(streaming, streaming.dataset.text + chunk);
+    if (!streaming) {
+      streaming = add(botBubble("", "streaming"));
+      streaming.markdown = ChatrunMarkdown.stream(streaming.querySelector(".msg-body"));
+    }
+    streaming.markdown.append(chunk);
+    streaming.dataset.text = streaming.markdown.text();
     scrollDown();
   }
 
+  /** A stream that ended without its Message (an error, a stop): what was shown stays. */
   function endStreaming() {
-    if (streaming) streaming.classList.remove("streaming");
+    if (!streaming) return;
+    const bubble = streaming;
     streaming = null;
+    bubble.classList.remove("streaming");
+    bubble.markdown.finish();
+    announceMessage(bubble, "bot", false);
   }
 
   function showThinking(text) {
@@ -332,18 +417,32 @@
   function showRouteChange(data, quiet) {
     if (!data || !data.stack) return;
     renderBreadcrumb(data.stack);
-    if (!quiet) add(el("div", "route-change", tx("now_in", { route: data.stack.map(routeTitle).join(" › ") })));
+    if (!quiet) showRouteDivider(data.stack);
     attachmentsFollowRoute(data.stack[data.stack.length - 1]);
   }
 
-  /** What end users read for a route: its `title:`, else its name. */
+  /** What end users read for a route: its `title:`, else (the author's page only) its name. */
   function routeTitle(name) {
     const node = graph && graph.nodes.find((n) => n.name === name);
-    return (node && node.title) || name;
+    return (node && node.title) || (MODE === "user" ? "" : name);
+  }
+
+  /** A divider where the conversation moved: the author reads the whole stack ("now in desk ›
+   * booking"); a user reads the title of the part they are now in, and nothing for an untitled one. */
+  function showRouteDivider(stack) {
+    if (MODE === "author") {
+      add(el("div", "route-change", tx("now_in", { route: stack.map(routeTitle).join(" › ") })));
+      return;
+    }
+    const title = routeTitle(stack[stack.length - 1]);
+    if (title) add(el("div", "route-change", title)).setAttribute("role", "separator");
   }
 
   function renderBreadcrumb(stack) {
     ui.breadcrumb.textContent = "";
+    // The end-user page lists the titled routes only, and no breadcrumb when none has a title.
+    if (MODE === "user") stack = stack.filter((route) => routeTitle(route));
+    ui.breadcrumb.hidden = stack.length === 0;
     stack.forEach((route, i) => {
       if (i) ui.breadcrumb.appendChild(el("span", "sep", "›"));
       const crumb = el("span", "crumb" + (i === stack.length - 1 ? " current" : ""), routeTitle(route));
@@ -389,7 +488,7 @@
     ConversationEnded: () => showEnded(),
     Choices: (data, replayed) => showChoices(data, replayed),
     Message: (data, replayed, type, meta) => (meta && meta.from === "operator"
-      ? showOperatorMessage(asText(data), meta.name) : showMessage(asText(data))),
+      ? showOperatorMessage(asText(data), meta.name, replayed) : showMessage(asText(data), replayed)),
     Pending: (data) => showPending(data),
     Resolved: (data) => showResolved(data),
     Thinking: (data) => showThinking(data),
@@ -430,11 +529,12 @@
     banner.dataset.name = name || "";
   }
 
-  function showOperatorMessage(text, name) {
+  function showOperatorMessage(text, name, replayed) {
     endStreaming();
     const bubble = botBubble(text, "operator");
     bubble.insertBefore(el("div", "from", (name || "operator") + " · operator"), bubble.firstChild);
     add(bubble);
+    announceMessage(bubble, "operator", replayed);
   }
 
   /** The user's own decision or answer: a turn over HTTP, its events shown as they come back. */
@@ -442,6 +542,8 @@
     if (busy) throw new Error("Wait for the current reply first.");
     setBusy(true);
     epoch += 1;
+    let ok = false;
+    turnEvent("chatrun:turn-start", {});
     try {
       const reply = await api("/sessions/" + encodeURIComponent(session.chatId) + "/pending/" + encodeURIComponent(item), {
         method: "POST", body: JSON.stringify(body),
@@ -451,7 +553,9 @@
       for (const event of reply.events || []) {
         if (!event.audience || event.audience === "user") showEvent(event.type, event.data, false, event.meta);
       }
+      ok = true;
     } finally {
+      turnEvent("chatrun:turn-end", { ok: ok });
       epoch += 1;
       setBusy(false);
       refreshInspector();
@@ -515,7 +619,7 @@
   function builder() {
     return client.builder()
       .locale(LOCALE)
-      .messageHandler(showMessage)
+      .messageHandler((data) => showMessage(asText(data)))
       .streamHandler(showChunk)
       .thinkingHandler(showThinking)
       .errorHandler(showError)
@@ -538,7 +642,14 @@
     session = await builder().connect();
     localStorage.setItem(STORE_KEY, session.chatId);
     ui.messages.textContent = "";
-    ui.messages.appendChild(el("div", "empty", tx("hello", { bot: BOT })));
+    showEmpty();
+  }
+
+  /** The empty chat's greeting: the bot's name for its author, a plain invitation for its users. */
+  function showEmpty() {
+    const empty = el("div", "empty", MODE === "user" ? tx("hello_user") : tx("hello", { bot: BOT }));
+    if (MODE === "user") empty.dataset.pageText = "hello_user"; // follows the session's locale
+    ui.messages.appendChild(empty);
   }
 
   async function replayHistory() {
@@ -548,7 +659,7 @@
       const input = entry.input;
       const text = typeof input === "string" ? input : input && input.userMessage;
       const files = (input && input.attachments) || [];
-      if (text || files.length) showUser(text || "", files);
+      if (text || files.length) showUser(text || "", files, true);
       // The server lists the user's events only (an operator's token also gets operators events,
       // which are not for this chat either).
       const events = (entry.events || []).filter((e) => !e.audience || e.audience === "user");
@@ -560,7 +671,7 @@
     renderBreadcrumb(data.stack);
     showTakeover(data.taken_over ? data.taken_over.by.name : null);
     watch();
-    if (!(data.history || []).length) ui.messages.appendChild(el("div", "empty", tx("hello", { bot: BOT })));
+    if (!(data.history || []).length) showEmpty();
   }
 
   async function send(text) {
@@ -581,13 +692,18 @@
     clearTray(true);
     showAttachProblem("");
     showUser(text, files);
+    scrollDown(true); // the reader's own message: back to the bottom
+    let ok = false;
+    turnEvent("chatrun:turn-start", {});
     try {
       await (files.length ? session.sendData({ userMessage: text, attachments: files }) : session.chat(text));
+      ok = true;
     } catch (err) {
       // The Error frame before a Failed was shown by the errorHandler; else show the reason.
       if (!err.detail) showError(err.message || String(err));
     } finally {
       endStreaming();
+      turnEvent("chatrun:turn-end", { ok: ok });
       epoch += 1;
       setBusy(false);
       refreshInspector();
@@ -670,14 +786,22 @@
   }
 
   /** No model can be reached (no credentials, no endpoint): say why above the chat, not only
-   * "Sorry…" after each message. */
+   * "Sorry…" after each message. Its users read that the chat cannot answer yet and what to do;
+   * its author reads the cause and how to walk the bot without a model. */
   function renderModelProblem(problem) {
     const banner = $("model-banner");
     banner.hidden = !problem;
     banner.textContent = "";
+    document.body.classList.toggle("no-model", Boolean(problem));
     if (!problem) return;
+    if (MODE === "user") {
+      banner.appendChild(el("span", "", tx("no_model_user")));
+      return;
+    }
     banner.appendChild(el("strong", "", tx("no_model") + " "));
-    banner.appendChild(el("span", "", problem));
+    banner.appendChild(el("span", "", problem + " "));
+    banner.appendChild(el("span", "", "To walk the bot without a model, answer in its place: chatrun repl "
+      + BOT + " (it asks \u201cmodel>\u201d at each model call: /say TEXT or /call TOOL {json})."));
   }
 
   function renderScopes(scopes, current) {
@@ -1304,12 +1428,41 @@
     });
   }
 
+  // -- scrolling, theme ----------------------------------------------------------------------
+
+  function setUpScrolling() {
+    ui.messages.addEventListener("scroll", () => {
+      following = atBottom();
+      $("to-bottom").hidden = following;
+    }, { passive: true });
+    $("to-bottom").addEventListener("click", () => {
+      scrollDown(true);
+      ui.input.focus({ preventScroll: true });
+    });
+  }
+
+  /** Dark or light: the reader's choice (kept in localStorage), else the system's. */
+  function setUpTheme() {
+    const button = $("theme");
+    const root = document.documentElement;
+    const systemDark = window.matchMedia("(prefers-color-scheme: dark)");
+    const isDark = () => (root.dataset.theme ? root.dataset.theme === "dark" : systemDark.matches);
+    const show = () => button.setAttribute("aria-pressed", String(isDark()));
+    button.addEventListener("click", () => {
+      root.dataset.theme = isDark() ? "light" : "dark";
+      try { localStorage.setItem("chatrun:theme", root.dataset.theme); } catch (err) { /* private mode */ }
+      show();
+    });
+    systemDark.addEventListener("change", show);
+    show();
+  }
+
   // -- start --------------------------------------------------------------------------------
 
   async function main() {
     applyPageTexts();
     $("bot-name").textContent = BOT;
-    document.title = BOT + " · chatrun";
+    document.title = MODE === "user" ? tx("chat_title") : BOT + " · chatrun";
     try {
       const info = await api("?locale=" + encodeURIComponent(LOCALE));
       $("bot-description").textContent = info.description || "";
@@ -1322,7 +1475,7 @@
       else setStatusText("offline", "unreachable");
       return;
     }
-    showBotSwitch();
+    if (MODE === "author") showBotSwitch();
     try {
       await openClient();
     } catch (err) {
@@ -1384,6 +1537,11 @@
   });
   $("reset").addEventListener("click", reset);
   setUpAttachments();
+  setUpScrolling();
+  setUpTheme();
+  window.ChatrunPage = {
+    bot: BOT, mode: MODE, session: () => session, client: () => client, api: api,
+  };
   $("toggle-inspector").addEventListener("click", () => {
     document.body.classList.toggle(window.innerWidth > 900 ? "no-inspector" : "show-inspector");
     if (graph) drawGraph(graph, inspectData ? inspectData.stack : [graph.default]); // measured only when shown

@@ -80,6 +80,21 @@
       return this.client._request(this, { type: type, chatId: this.id, scopeId: this.currentScope, data: data });
     }
 
+    /** chatrun extra (a chat with extensions): stop this chat's running turn. The turn is
+     * rolled back (docs/protocol.md, "Stop") and its request rejects with Failed("Cancelled").
+     * Promise of the Cancel's own Completed. */
+    cancel() {
+      return this.client._request(this, { type: "Cancel", chatId: this.id });
+    }
+
+    /** chatrun extra: rate the reply of turn `turn`: "up" or "down", with an optional comment.
+     * Promise of its Completed (the rating is kept in the session's history). */
+    feedback(turn, rating, comment) {
+      const frame = { type: "Feedback", chatId: this.id, turn: turn, rating: rating };
+      if (comment) frame.comment = comment;
+      return this.client._request(this, frame);
+    }
+
     /** chatrun extra: end the chat on the server (its session is deleted), or with {keep: true}
      * only detach it from this connection. */
     close(options) {

@@ -1,148 +1,178 @@
-/* A small Markdown renderer for the bot's replies, safe by construction: it builds DOM nodes
- * and sets only textContent and a checked href, never innerHTML, so a reply's HTML shows as
- * text and cannot run. Written here rather than vendored: a well-known library would need a
- * sanitizer beside it (marked + DOMPurify, ~70 KB) for the few constructs models write:
- * paragraphs, line breaks, headings, lists, quotes, rules, fenced and inline code, bold,
- * italics, strikethrough, links and bare URLs. Links open in a new tab without an opener.
+/* The bot's replies as Markdown: GitHub Flavored Markdown by marked (vendor/marked.min.js), the
+ * HTML it makes cleaned by DOMPurify (vendor/purify.min.js) before it reaches the page, so a
+ * reply cannot run script, load a frame or style the page. Links open in a new tab without an
+ * opener; only http:, https: and mailto: links stay links; images become links to them (a reply
+ * does not make the reader's browser fetch anything); HTML in a reply shows as text; headings start
+ * at <h3>. Code blocks get a language label, a Copy
+ * button and keyboard focus (they scroll sideways); tables scroll inside a focusable box.
  *
- * ChatrunMarkdown.render(text) -> DocumentFragment */
+ * ChatrunMarkdown.render(text)      -> DocumentFragment (decorated)
+ * ChatrunMarkdown.html(text)        -> the cleaned HTML, undecorated (what a GFM renderer makes)
+ * ChatrunMarkdown.stream(container) -> {append(chunk), finish(text), text()}: a reply as it streams.
+ *   Only the last block is rendered again as chunks come; every block before it is rendered once
+ *   and never touched again (so the cost is linear in the reply, and a selection or a hovered
+ *   link in it survives later chunks).
+ * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them). */
 (function (global) {
   "use strict";
 
-  const SAFE_URL = /^(https?:|mailto:)/i;
+  // DOMPurify's own rule for attribute values, with http:, https: and mailto: the only schemes (it
+  // checks every attribute with it: a value without a scheme, "3" or "checkbox", must pass).
+  const SAFE_URL = /^(?:(?:https?|mailto):|[^a-z]|[a-z+.\-]+(?:[^a-z+.\-:]|$))/i;
+  const escapeHtml = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+  const md = new global.marked.Marked({
+    gfm: true,
+    breaks: true, // models mean a single newline as a line break
+    renderer: {
+      // HTML in a reply shows as the text it is (as in ChatGPT): models quote HTML far more often than
+      // they mean to lay out with it. (DOMPurify would clean it; this keeps what was written readable.)
+      html(token) {
+        return escapeHtml(token.text);
+      },
+      // A reply's headings sit under the page's own: # is <h3>, ## <h4>, and so on.
+      heading(token) {
+        const level = Math.min(6, token.depth + 2);
+        return "<h" + level + ">" + this.parser.parseInline(token.tokens) + "</h" + level + ">\n";
+      },
+      image(token) { // a link to the image, not the image: no request to a third party while reading
+        return '<a href="' + escapeHtml(token.href) + '">' + escapeHtml(token.text || token.href) + "</a>";
+      },
+    },
+  });
+  const PURIFY = {
+    ALLOWED_URI_REGEXP: SAFE_URL,
+    FORBID_TAGS: ["style", "img", "form", "button", "textarea", "select", "iframe", "svg", "math"],
+    FORBID_ATTR: ["style", "id", "class"], // `class` comes back for code blocks' language below
+    ADD_ATTR: ["target"],
+    RETURN_DOM_FRAGMENT: true,
+  };
+  const texts = { copy: "Copy", copied: "Copied", code: "code" };
 
-  function el(tag, text) {
-    const node = document.createElement(tag);
-    if (text !== undefined) node.textContent = text;
-    return node;
+  function clean(html) {
+    // The language of a fenced block is its only class worth keeping: carried past the sanitizer.
+    html = html.replace(/<code class="language-([\w+#.-]{1,40})">/g, '<code data-lang="$1">');
+    return global.DOMPurify.sanitize(html, PURIFY);
   }
 
-  function link(href, text) {
-    if (!SAFE_URL.test(href)) return document.createTextNode(text);
-    const a = el("a", text);
-    a.href = href;
-    a.target = "_blank";
-    a.rel = "noopener noreferrer";
-    return a;
+  function cleanHtml(html) {
+    const box = document.createElement("div");
+    box.appendChild(clean(html));
+    return box.innerHTML;
   }
 
-  // Inline syntax, first match wins: code spans, links, bare URLs, bold, italics, strikethrough.
-  const INLINE = [
-    [/`([^`\n]+)`/, (m) => el("code", m[1])],
-    [/\[([^\]\n]+)\]\(([^)\s]+)\)/, (m) => link(m[2], m[1])],
-    [/\bhttps?:\/\/[^\s<>()]*[^\s<>().,;:!?'"]/, (m) => link(m[0], m[0])],
-    [/\*\*(?=\S)([^\n]*?\S)\*\*|__(?=\S)([^\n]*?\S)__/, (m) => wrap("strong", m[1] || m[2])],
-    [/\*(?=\S)([^*\n]*?\S)\*|(?:^|(?<=\W))_(?=\S)([^_\n]*?\S)_(?!\w)/, (m) => wrap("em", m[1] || m[2])],
-    [/~~(?=\S)([^\n]*?\S)~~/, (m) => wrap("del", m[1])],
-  ];
-
-  function wrap(tag, text) {
-    const node = el(tag);
-    node.appendChild(inline(text));
-    return node;
+  /** A code block's header: its language and a Copy button. */
+  function codeHead(pre, code) {
+    const head = document.createElement("div");
+    head.className = "code-head";
+    const lang = document.createElement("span");
+    lang.className = "code-lang";
+    lang.textContent = code.dataset.lang || texts.code;
+    const copy = document.createElement("button");
+    copy.type = "button";
+    copy.className = "code-copy";
+    copy.textContent = texts.copy;
+    copy.addEventListener("click", () => copyText(code.textContent, copy));
+    head.append(lang, copy);
+    return head;
   }
 
-  /** Inline Markdown of one block's text; single newlines are line breaks. */
-  function inline(text) {
-    const out = document.createDocumentFragment();
-    while (text) {
-      let best = null;
-      for (const [pattern, make] of INLINE) {
-        const m = pattern.exec(text);
-        if (m && (!best || m.index < best.m.index)) best = { m: m, make: make };
-      }
-      if (!best) { addText(out, text); break; }
-      addText(out, text.slice(0, best.m.index));
-      out.appendChild(best.make(best.m));
-      text = text.slice(best.m.index + best.m[0].length);
-    }
-    return out;
+  function copyText(text, button) {
+    const done = () => {
+      button.textContent = texts.copied;
+      setTimeout(() => { button.textContent = texts.copy; }, 1500);
+    };
+    if (navigator.clipboard && navigator.clipboard.writeText) navigator.clipboard.writeText(text).then(done, () => undefined);
   }
 
-  function addText(out, text) {
-    text.split("\n").forEach((line, i) => {
-      if (i) out.appendChild(el("br"));
-      if (line) out.appendChild(document.createTextNode(line));
+  /** What the page adds to the cleaned HTML: link targets, code block headers, scroll boxes. */
+  function decorate(root) {
+    // A link whose address the sanitizer refused (javascript:, data:) is its text alone.
+    root.querySelectorAll("a:not([href])").forEach((a) => a.replaceWith(...a.childNodes));
+    root.querySelectorAll("a[href]").forEach((a) => {
+      a.target = "_blank";
+      a.rel = "noopener noreferrer";
     });
+    root.querySelectorAll("pre > code").forEach((code) => {
+      const pre = code.parentNode;
+      const block = document.createElement("div");
+      block.className = "code-block";
+      pre.tabIndex = 0; // it scrolls sideways: the keyboard must reach it
+      pre.parentNode.insertBefore(block, pre);
+      block.append(codeHead(pre, code), pre);
+    });
+    root.querySelectorAll("table").forEach((table) => {
+      const box = document.createElement("div");
+      box.className = "table-wrap";
+      box.tabIndex = 0;
+      table.parentNode.insertBefore(box, table);
+      box.appendChild(table);
+    });
+    root.querySelectorAll("input[type=checkbox]").forEach((box) => {
+      box.disabled = true;
+      const item = box.closest("li");
+      box.setAttribute("aria-label", item ? item.textContent.trim().slice(0, 80) : "task");
+    });
+    return root;
   }
 
-  const FENCE = /^\s*(```|~~~)\s*([\w+-]*)\s*$/;
-  const HEADING = /^(#{1,6})\s+(.*?)\s*#*\s*$/;
-  const BULLET = /^\s*[-*+]\s+(.*)$/;
-  const NUMBERED = /^\s*(\d{1,9})[.)]\s+(.*)$/;
-  const QUOTE = /^\s*>\s?(.*)$/;
-  const RULE = /^\s*([-*_])(\s*\1){2,}\s*$/;
+  function render(text) {
+    return decorate(clean(md.parse(String(text || ""))));
+  }
 
-  /** Block structure: code fences first (their insides are text), then one block per kind. */
-  function render(source) {
-    const out = document.createDocumentFragment();
-    const lines = String(source).replace(/\r\n?/g, "\n").split("\n");
-    let i = 0;
-    while (i < lines.length) {
-      const line = lines[i];
-      let m;
-      if ((m = FENCE.exec(line))) {
-        const body = [];
-        for (i += 1; i < lines.length && !new RegExp("^\\s*" + m[1] + "\\s*$").test(lines[i]); i += 1) body.push(lines[i]);
-        i += 1; // the closing fence (a reply still streaming may not have it yet)
-        const pre = el("pre");
-        const code = el("code", body.join("\n"));
-        if (m[2]) code.dataset.lang = m[2];
-        pre.appendChild(code);
-        out.appendChild(pre);
-      } else if (!line.trim()) {
-        i += 1;
-      } else if ((m = HEADING.exec(line))) {
-        out.appendChild(wrap("h" + Math.min(6, m[1].length + 2), m[2]));
-        i += 1;
-      } else if (RULE.test(line)) {
-        out.appendChild(el("hr"));
-        i += 1;
-      } else if (QUOTE.test(line)) {
-        const body = [];
-        for (; i < lines.length && (m = QUOTE.exec(lines[i])); i += 1) body.push(m[1]);
-        const quote = el("blockquote");
-        quote.appendChild(render(body.join("\n")));
-        out.appendChild(quote);
-      } else if (BULLET.test(line) || NUMBERED.test(line)) {
-        i = list(lines, i, out);
-      } else {
-        const body = [];
-        for (; i < lines.length && lines[i].trim() && !startsBlock(lines[i]); i += 1) body.push(lines[i]);
-        out.appendChild(wrap("p", body.join("\n")));
+  function html(text) {
+    return cleanHtml(md.parse(String(text || "")));
+  }
+
+  function blocksHtml(tokens, links) {
+    tokens.links = links;
+    return md.parser(tokens);
+  }
+
+  /** A streaming reply in `container`: settled blocks, then the growing last one. */
+  function stream(container) {
+    const settled = document.createElement("div");
+    const tail = document.createElement("div");
+    settled.className = "md-settled";
+    tail.className = "md-tail";
+    container.append(settled, tail);
+    let text = "";
+    let offset = 0; // text[0:offset] is rendered in `settled`, for good
+
+    function renderTail() {
+      const tokens = md.lexer(text.slice(offset));
+      let last = tokens.length - 1;
+      while (last > 0 && tokens[last].type === "space") last -= 1;
+      // Every block before the last is complete: a later chunk can only grow the last one.
+      if (last > 0) {
+        const done = tokens.slice(0, last);
+        settled.appendChild(decorate(clean(blocksHtml(done, tokens.links))));
+        for (const token of done) offset += token.raw.length;
       }
+      tail.replaceChildren(decorate(clean(blocksHtml(tokens.slice(Math.max(last, 0)), tokens.links))));
     }
-    return out;
+
+    return {
+      append(chunk) {
+        text += String(chunk).replace(/\r\n?/g, "\n");
+        renderTail();
+      },
+      /** The whole reply: when it is what was streamed only the tail is rendered again. */
+      finish(full) {
+        if (typeof full === "string" && full.replace(/\r\n?/g, "\n") !== text) {
+          text = full;
+          offset = 0;
+          settled.textContent = "";
+          container.replaceChildren(settled, tail);
+          // One full render: reference links and the like see the whole reply.
+          settled.appendChild(render(full));
+          tail.textContent = "";
+          return;
+        }
+        renderTail();
+      },
+      text() { return text; },
+    };
   }
 
-  function startsBlock(line) {
-    return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line)
-      || BULLET.test(line) || NUMBERED.test(line);
-  }
-
-  /** A list: consecutive items of one kind; an indented line continues the item before it. */
-  function list(lines, i, out) {
-    const numbered = !BULLET.test(lines[i]);
-    const pattern = numbered ? NUMBERED : BULLET;
-    const node = el(numbered ? "ol" : "ul");
-    const first = numbered ? Number(NUMBERED.exec(lines[i])[1]) : 1;
-    if (numbered && first !== 1) node.start = first;
-    let item = null;
-    for (; i < lines.length; i += 1) {
-      const m = pattern.exec(lines[i]);
-      if (m) {
-        item = [numbered ? m[2] : m[1]];
-        node.appendChild(el("li"))._lines = item;
-      } else if (item && /^\s{2,}\S/.test(lines[i])) {
-        item.push(lines[i].trim());
-      } else {
-        break;
-      }
-    }
-    node.querySelectorAll("li").forEach((li) => li.appendChild(inline(li._lines.join("\n"))));
-    out.appendChild(node);
-    return i;
-  }
-
-  global.ChatrunMarkdown = { render: render };
+  global.ChatrunMarkdown = { render: render, html: html, stream: stream, texts: texts };
 })(window);

@@ -1,0 +1,80 @@
+"""Feedback on a bot's reply (issue 35): thumbs up/down with an optional comment, over HTTP
+(POST .../feedback) and the WebSocket (a Feedback frame); kept in the session's history beside
+the turn, counted in /metrics, delivered to the bot's sink as a backend `Feedback` event. A real
+app (its lifespan runs the delivery worker), the real openai client against the fake server, a
+real local webhook receiver, on SQLite and on a real Redis."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server_support import app_for_testclient, until_done, wait_until
+from webhook_support import OPENAI_MODEL, SECRET, Receiver, survey_bot, survey_responder
+
+
+@pytest.fixture
+def receiver():
+    with Receiver() as r:
+        yield r
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=[pytest.mark.slow, pytest.mark.subprocess])])
+def served(request, tmp_path, fake, receiver, monkeypatch):
+    monkeypatch.setenv("HOOK_URL", receiver.url)
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    monkeypatch.setenv("CHATRUN_OUTBOX_POLL", "0.2")
+    fake.responder = survey_responder
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(survey_bot(OPENAI_MODEL))
+    store = f"sqlite:///{tmp_path / 's.db'}" if request.param == "sqlite" else \
+        request.getfixturevalue("redis_server").url()
+    with TestClient(app_for_testclient([str(bot)], store)) as client:
+        yield client
+
+
+def test_a_rating_is_kept_with_its_turn_counted_and_sent_to_the_sink(served, receiver):
+    client = served
+    client.post("/bots/survey/sessions", json={"id": "s1"})
+    assert client.post("/bots/survey/sessions/s1/messages", json={"userMessage": "3"}).json()["ok"] is True
+
+    reply = client.post("/bots/survey/sessions/s1/feedback", json={"turn": 1, "rating": "down", "comment": "Too slow"})
+    assert reply.status_code == 201, reply.text
+    assert reply.json() == {"turn": 1, "rating": "down", "route": "main", "comment": "Too slow"}
+    with client.websocket_connect("/_chat/routes") as ws:
+        ws.send_json({"type": "Connect", "chatId": "s1", "resume": True, "extensions": True})
+        until_done(ws)
+        ws.send_json({"type": "Feedback", "chatId": "s1", "turn": 1, "rating": "up", "requestId": "f1"})
+        assert [(f["type"], f["data"]) for f in until_done(ws)] == [("Completed", None)]
+
+    # Kept in the history beside the turn (a rating is no turn: the session is still at turn 1).
+    session = client.get("/bots/survey/sessions/s1").json()
+    assert session["turn"] == 1
+    assert [e.get("feedback", {}).get("rating") for e in session["history"]] == [None, "down", "up"]
+    # Counted, by bot, route and rating.
+    metrics = client.get("/metrics").text
+    assert 'chatrun_feedback_total{bot="survey",rating="down",route="main"} 1.0' in metrics
+    assert 'chatrun_feedback_total{bot="survey",rating="up",route="main"} 1.0' in metrics
+    # Sent to the sink, signed, as the turn's own backend events are.
+    got = receiver.wait_for(lambda seen: len([d for d in seen if d.body["type"] == "Feedback"]) >= 2,
+                            what="two Feedback deliveries")
+    ratings = sorted((d.body["data"]["rating"], d.body["turn"]) for d in got if d.body["type"] == "Feedback")
+    assert ratings == [("down", 1), ("up", 1)]
+    assert all(d.signed_with(SECRET) and d.body["session"] == "s1" for d in got)
+    wait_until(lambda: client.get("/outbox").json()["entries"] == [], what="the outbox emptied")
+
+
+def test_a_rating_of_a_turn_that_did_not_run_or_without_a_rating_is_refused(served):
+    client = served
+    client.post("/bots/survey/sessions", json={"id": "s2"})
+    refused = client.post("/bots/survey/sessions/s2/feedback", json={"turn": 1, "rating": "up"})
+    assert refused.status_code == 400 and "has no turn 1 to rate" in refused.json()["message"]
+    bad = client.post("/bots/survey/sessions/s2/feedback", json={"turn": 1, "rating": "meh"})
+    assert bad.status_code == 400 and 'rating must be "up" or "down"' in bad.json()["message"]
+    with client.websocket_connect("/_chat/routes") as ws:
+        ws.send_json({"type": "Connect", "chatId": "s2", "resume": True, "extensions": True})
+        until_done(ws)
+        ws.send_json({"type": "Feedback", "chatId": "s2", "turn": 0, "rating": "up"})
+        frames = until_done(ws)
+        assert frames[-1]["data"] == "BadRequest" and "Feedback.turn must be" in frames[0]["data"]
+    assert client.get("/bots/survey/sessions/s2").json()["history"] == []

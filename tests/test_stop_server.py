@@ -1,0 +1,143 @@
+"""Stop at each door of `chatrun serve` (issue 35): a Cancel frame on the WebSocket (extended
+dialect), a closed Server-Sent Events stream, a closed `/v1` stream (the real `openai` client).
+Each stopped turn is rolled back and recorded as stopped; the session is free at once and the
+next message is answered. Real uvicorn, the fake OpenAI server as a model that streams a first
+chunk and then stalls until the turn is stopped (no timing assumptions: each test acts on what
+it has received)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+import websockets
+
+import chatrun
+from chatrun.server import create_app
+from chatrun.testing.fake_openai import FakeOpenAI
+from server_support import ThreadServer, async_until_done, check_frame, wait_until, write_travel
+
+pytestmark = [pytest.mark.slow]
+
+STALLING = {"chunks": ["Let me ", "think"], "stall": True}
+
+
+@pytest.fixture
+def server(monkeypatch, tmp_path):
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        app = create_app([chatrun.load_bot(write_travel(tmp_path))], f"sqlite:///{tmp_path / 'c.db'}")
+        with ThreadServer(app) as srv:
+            srv.fake = fake
+            yield srv
+
+
+def history(server, session_id: str) -> list[dict]:
+    return httpx.get(f"{server.url}/bots/travel/sessions/{session_id}").json()["history"]
+
+
+def stopped_then_answered(server, session_id: str) -> None:
+    """The stopped turn is in the history, rolled back; the session takes the next message."""
+    entries = wait_until(lambda: history(server, session_id) or None, 30, "the stopped turn's record")
+    [entry] = entries
+    assert entry["ok"] is False and entry["error"] == "cancelled"
+    assert entry["stopped"]["shown"].startswith("Let me")
+    server.fake.queue({"text": "Here again."})
+    reply = httpx.post(f"{server.url}/bots/travel/sessions/{session_id}/messages", json={"userMessage": "again"},
+                       timeout=30).json()
+    assert reply["ok"] is True and reply["turn"] == 1  # the stopped turn was rolled back: this is turn 1
+    assert [e["data"] for e in reply["events"] if e["type"] == "Message"] == ["Here again."]
+    # The model saw no trace of the stopped turn in the conversation's memory.
+    assert [m["content"] for m in server.fake.requests[-1]["messages"][1:]] == ["again"]
+
+
+def test_a_cancel_frame_stops_the_streaming_turn_and_the_chat_goes_on(server):
+    server.fake.queue(STALLING)
+
+    async def run() -> tuple[list[dict], list[dict]]:
+        async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
+            await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "ws1"}))
+            await async_until_done(ws)
+            await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "ws1", "requestId": "m1",
+                                      "data": {"userMessage": "hello"}}))
+            frames = [check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30)))]
+            assert frames[0]["type"] == "Stream"
+            await ws.send(json.dumps({"type": "Cancel", "chatId": "ws1", "requestId": "c1"}))
+            while sum(f["type"] in ("Completed", "Failed") for f in frames) < 2:
+                frames.append(check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30))))
+            server.fake.queue({"text": "Hi again."})
+            await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "ws1", "requestId": "m2",
+                                      "data": {"userMessage": "hello?"}}))
+            return frames, await async_until_done(ws, 30)
+
+    frames, after = asyncio.run(run())
+    ends = {f["requestId"]: (f["type"], f["data"]) for f in frames if f["type"] in ("Completed", "Failed")}
+    assert ends == {"c1": ("Completed", None), "m1": ("Failed", "Cancelled")}
+    assert any(f["type"] == "Error" and f["data"].startswith("Stopped") for f in frames if f.get("requestId") == "m1")
+    assert after[-1]["type"] == "Completed" and "Hi again." in [f["data"] for f in after if f["type"] == "Message"]
+    entries = history(server, "ws1")
+    assert [(e["ok"], e.get("error")) for e in entries] == [(False, "cancelled"), (True, None)]
+    assert entries[0]["stopped"]["shown"] in ("Let me ", "Let me think")  # as streamed when it stopped
+
+
+def test_a_cancel_frame_is_an_extension_a_quarkus_chat_gets_bad_request(server):
+    async def run() -> list[dict]:
+        async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
+            await ws.send(json.dumps({"type": "Connect", "chatId": "q1"}))
+            await async_until_done(ws)
+            await ws.send(json.dumps({"type": "Cancel", "chatId": "q1", "requestId": 1}))
+            return await async_until_done(ws)
+
+    assert [(f["type"], f["data"]) for f in asyncio.run(run())] == [("Failed", "BadRequest")]
+
+
+def test_closing_the_event_stream_stops_the_turn(server):
+    httpx.post(f"{server.url}/bots/travel/sessions", json={"id": "sse1"}).raise_for_status()
+    server.fake.queue(STALLING)
+    with httpx.Client(timeout=30) as http, http.stream(
+            "POST", f"{server.url}/bots/travel/sessions/sse1/messages?stream=true",
+            json={"userMessage": "hello"}) as response:
+        for line in response.iter_lines():
+            if line == "event: Stream":
+                break  # the reader saw the reply start: Stop
+    stopped_then_answered(server, "sse1")
+
+
+def test_closing_a_v1_stream_stops_the_turn(server):
+    server.fake.queue(STALLING)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=30) as client:
+        stream = client.chat.completions.create(
+            model="travel", messages=[{"role": "user", "content": "hello"}], stream=True,
+            extra_headers={"X-Chatrun-Session": "v1stop"})
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                break
+        stream.close()
+    stopped_then_answered(server, "v1stop")
+
+
+def test_a_cancel_also_stops_the_chats_queued_message_before_it_runs(server):
+    server.fake.queue(STALLING)
+
+    async def run() -> list[dict]:
+        async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
+            await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "ws2"}))
+            await async_until_done(ws)
+            for key in ("m1", "m2"):  # m2 waits in the session's queue behind m1
+                await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "ws2", "requestId": key,
+                                          "data": {"userMessage": key}}))
+            frames = [check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30)))]
+            assert (frames[0]["type"], frames[0]["requestId"]) == ("Stream", "m1")
+            await ws.send(json.dumps({"type": "Cancel", "chatId": "ws2", "requestId": "c1"}))
+            while sum(f["type"] in ("Completed", "Failed") for f in frames) < 3:
+                frames.append(check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30))))
+            return frames
+
+    ends = {f["requestId"]: (f["type"], f["data"]) for f in asyncio.run(run()) if f["type"] in ("Completed", "Failed")}
+    assert ends == {"c1": ("Completed", None), "m1": ("Failed", "Cancelled"), "m2": ("Failed", "Cancelled")}
+    assert len(server.fake.requests) == 1  # m2 never ran
+    assert [(e["input"], e["error"]) for e in history(server, "ws2")] == [("m1", "cancelled")]
