@@ -249,3 +249,21 @@ def relay_path_at(http, base) -> str:
     assert answer.status_code == 200, answer.text
     parts = urlsplit(unescape(re.search(r'<ConversationRelay url="([^"]+)"', answer.text).group(1)))
     return f"{parts.path}?{parts.query}"
+
+
+def test_the_validator_names_an_undeclared_token_and_a_hand_over_without_a_number(tmp_path):
+    from chatrun.definition.loader import check_bot
+
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(BOT.replace("auth_token: TWILIO_AUTH_TOKEN", "auth_token: TWILIO_AUTH_TOKN")
+                   .replace('    handoff_to: "+14155550199"\n', ""))
+    _config, found = check_bot(bot)
+    messages = {(d.severity, d.message) for d in found}
+    assert any(severity == "error" and "`env.TWILIO_AUTH_TOKN`" in text and "TWILIO_AUTH_TOKEN" in text
+               for severity, text in messages), messages
+    assert any(severity == "warning" and "tool `human`" in text and "`handoff_to:`" in text
+               for severity, text in messages), messages
+    lines = {d.message: d.line for d in found}
+    assert all(line and line > 1 for line in lines.values()), lines  # each at its place in the file
+    bot.write_text(BOT)
+    assert [d for d in check_bot(bot)[1] if d.path.startswith("channels")] == []

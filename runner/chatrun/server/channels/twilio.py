@@ -236,8 +236,12 @@ class Call:
         except Exception as exc:  # noqa: BLE001 - the socket closed (Twilio hung up, or dropped it)
             log.info("channel twilio of bot %s: call %s socket closed: %s", self.bot, self.call_sid,
                      type(exc).__name__)
-        # A turn still running goes on to its commit: a prompt Twilio sends again on a new socket
-        # is then answered from it (Call.request_id).
+        # A turn still running goes on to its commit (held by the app's channels, which cancel it
+        # when the app stops): a prompt Twilio sends again on a new socket replays it (request_id).
+        if self.running is not None and not self.running.done():
+            channels = self.registry.channels
+            channels.running.add(self.running)
+            self.running.add_done_callback(channels.finished)
 
     async def on(self, message: dict[str, Any]) -> bool:
         """Handle one of Twilio's messages; False when the socket is the wrong call's."""
