@@ -221,6 +221,22 @@ def test_a_prompt_twilio_sends_again_after_a_dropped_socket_runs_once(client, fa
     assert [m["content"] for m in fake.requests[-1]["messages"][1:]] == ["Any tickets?", "Two left.", "Any tickets?"]
 
 
+def test_a_socket_dropped_mid_turn_lets_the_turn_commit_and_the_prompt_sent_again_replays_it(client, fake):
+    chunks = [f"w{i} " for i in range(10)]
+    fake.queue({"chunks": chunks, "chunk_delay": 0.1})
+    path = relay_path(client)
+    with client.websocket_connect(path) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Read me the list."))
+        assert ws.receive_json()["token"] == "w0 "
+    # Twilio lost the socket after the first token and opens another one for the same call.
+    with client.websocket_connect(path) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Read me the list."))
+        assert "".join(reply(ws)[0]).strip() == "".join(chunks).strip()  # the whole answer, replayed
+    assert len(fake.requests) == 1
+
+
 @pytest.mark.slow
 def test_a_real_server_and_a_websockets_client_playing_twilio(tmp_path, fake, monkeypatch):
     from websockets.sync.client import connect
