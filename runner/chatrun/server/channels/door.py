@@ -44,6 +44,7 @@ from chatrun.server.channels.teams import Teams
 from chatrun.server.channels.telegram import Telegram
 from chatrun.server.channels.twilio import Twilio
 from chatrun.server.channels.whatsapp import WhatsApp
+from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
 from chatrun.server.sessions import OPEN
 from chatrun.server.webhook import Attempt
@@ -125,7 +126,7 @@ class Channels:
 
 
 def make_channel_router() -> APIRouter:
-    router = APIRouter(tags=["channels"])
+    router = APIRouter(tags=["channels"], responses=ERROR_RESPONSES)
     router.add_api_route("/channels/{bot}/{kind}", receive, methods=["POST"],
                          summary="A messaging platform's webhook (docs/channels.md)")
     router.add_api_route("/channels/{bot}/{kind}", check_url, methods=["GET"],

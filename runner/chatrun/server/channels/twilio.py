@@ -47,6 +47,7 @@ from chatrun.server.channels.base import (
     Unauthorized,
     session_id_for,
 )
+from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
 from chatrun.server.sessions import OPEN
 
@@ -115,10 +116,13 @@ class Twilio(ChannelKind):
 
 def make_twilio_router() -> APIRouter:
     """The phone's routes; included before the shared webhook, whose path the first one shares."""
-    router = APIRouter(tags=["channels"])
-    router.add_api_route(f"/channels/{{bot}}/{KIND}", answer_call, methods=["POST"],
+    twiml: dict[int | str, dict[str, Any]] = {200: {"description": "TwiML", "content": {"application/xml": {"schema": {"type": "string"}}}}}
+    router = APIRouter(tags=["channels"], responses=ERROR_RESPONSES)
+    router.add_api_route(f"/channels/{{bot}}/{KIND}", answer_call, methods=["POST"], response_class=Response,
+                         responses=twiml,
                          summary="Twilio's voice webhook: TwiML connecting the call to its relay socket")
-    router.add_api_route(f"/channels/{{bot}}/{KIND}/ended", relay_ended, methods=["POST"],
+    router.add_api_route(f"/channels/{{bot}}/{KIND}/ended", relay_ended, methods=["POST"], response_class=Response,
+                         responses=twiml,
                          summary="Twilio's <Connect action>: the call after its relay ended (hand-off or hang-up)")
     router.add_api_websocket_route(f"/channels/{{bot}}/{KIND}/relay", relay)
     return router
