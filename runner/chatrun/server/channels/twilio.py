@@ -291,9 +291,9 @@ class Call:
     async def start(self, text: str) -> None:
         if self.running is not None and not self.running.done():
             await asyncio.gather(self.running, return_exceptions=True)  # one turn at a time, in order
+        self.prompt = text  # the caller's own words (an interrupt's note names them, not an earlier note)
         if self.heard is not None:
             text, self.heard = f"{self.heard}\n{text}", None
-        self.prompt = text
         self.running = asyncio.ensure_future(self.turn(text))
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -320,7 +320,7 @@ class Call:
                         await self.speak(event, spoken)
                     self.digits = spoken.digits
                     handoff = self.handoff(session)
-        except (wire.RequestFailed, SessionError) as exc:
+        except (wire.RequestFailed, SessionError, ChatrunError) as exc:  # the caller hears silence, then may ask again
             log.warning("channel twilio of bot %s: call %s: a prompt refused: %s", self.bot, self.call_sid, exc)
         await self.say("", last=True)
         if handoff is not None:
