@@ -1487,6 +1487,22 @@ def _channel_checks(checker: _Checker) -> None:
             text = channel.options.get(key)
             if isinstance(text, str):
                 checker.template(text, f"`channels.{kind}.{key}`", (*at, key), None, ("env",))
+    _phone_handoff_check(checker)
+
+
+def _phone_handoff_check(checker: _Checker) -> None:
+    """On the phone an operator's takeover is a hand-off to a human number (docs/channels.md,
+    "The phone"): without `handoff_to` it ends the call, which an author may not expect."""
+    phone = checker.config.channels.get("twilio")
+    if phone is None or phone.options.get("handoff_to"):
+        return
+    for tool in checker.config.tools.values():
+        if tool.action.operator is not None:
+            checker.add("warning", f"tool `{tool.name}` hands the conversation to an operator, but the "
+                        f"`twilio` channel has no `handoff_to:` number: on the phone the hand-over ends the "
+                        f"call (set `handoff_to:` to a number the call is then dialled to)",
+                        "channels", "twilio")
+            return
 
 
 def _audience_checks(checker: _Checker) -> None:

@@ -659,12 +659,14 @@ CHANNEL_SECRETS: dict[str, tuple[str, ...]] = {
     "slack": ("token", "signing_secret"),
     "whatsapp": ("token", "app_secret", "verify_token"),
     "teams": ("app_id", "app_password"),
+    "twilio": ("auth_token",),
 }
 CHANNEL_TEMPLATES: dict[str, tuple[str, ...]] = {
     "telegram": ("api",),
     "slack": ("api",),
     "whatsapp": ("api",),
     "teams": ("openid", "token_url"),
+    "twilio": ("public_url", "greeting", "handoff_to"),
 }
 
 

@@ -29,6 +29,7 @@ from chatrun.server import wire
 from chatrun.server.agui import make_agui_router
 from chatrun.server.auth import Auth, resolve_auth
 from chatrun.server.channels.door import Channels, make_channel_router
+from chatrun.server.channels.twilio import make_twilio_router
 from chatrun.server.erasure import make_erasure_router
 from chatrun.server.guard import EdgeGuard, EdgePolicy
 from chatrun.server.http import failure_response, make_router
@@ -133,6 +134,7 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     app.include_router(make_erasure_router())
     app.include_router(make_pending_router())
     registry.channels = Channels(app.state.auth)
+    app.include_router(make_twilio_router())  # before the shared webhook, whose path it shares
     app.include_router(make_channel_router())
     app.include_router(make_agui_router())
     add_widget_routes(app)

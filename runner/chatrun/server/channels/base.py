@@ -5,6 +5,7 @@ platform's API calls. The flow around them, the same for every platform, is door
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -18,6 +19,11 @@ from chatrun.definition.config import BotConfig, ChannelConfig
 from chatrun.definition.templates import ENV
 from chatrun.errors import ChatrunError
 from chatrun.toolkinds.http import Environment
+
+
+def session_id_for(bot: str, kind: str, conversation: str) -> str:
+    """The session of a platform conversation: the same on every replica, for every retry."""
+    return "ch-" + hashlib.sha256(f"{bot}\0{kind}\0{conversation}".encode()).hexdigest()[:32]
 
 
 class Unauthorized(ChatrunError):

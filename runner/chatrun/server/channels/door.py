@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -32,11 +31,20 @@ from chatrun.engine.session import REPLY_TO
 from chatrun.errors import ChatrunError, SessionError
 from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal
-from chatrun.server.channels.base import ChannelKind, Inbound, SendFailed, Unauthorized, outgoing
+from chatrun.server.channels.base import (
+    ChannelKind,
+    Inbound,
+    SendFailed,
+    Unauthorized,
+    outgoing,
+    session_id_for,
+)
 from chatrun.server.channels.slack import Slack
 from chatrun.server.channels.teams import Teams
 from chatrun.server.channels.telegram import Telegram
+from chatrun.server.channels.twilio import Twilio
 from chatrun.server.channels.whatsapp import WhatsApp
+from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
 from chatrun.server.sessions import OPEN
 from chatrun.server.webhook import Attempt
@@ -48,12 +56,7 @@ log = logging.getLogger("chatrun.channels")
 
 # The channel kinds, by their key under `channels:` (definition/config.py's CHANNEL_SECRETS
 # lists their credentials for the validator).
-CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Teams, Telegram, WhatsApp)}
-
-
-def session_id_for(bot: str, kind: str, conversation: str) -> str:
-    """The session of a platform conversation: the same on every replica, for every retry."""
-    return "ch-" + hashlib.sha256(f"{bot}\0{kind}\0{conversation}".encode()).hexdigest()[:32]
+CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Teams, Telegram, Twilio, WhatsApp)}
 
 
 class Channels:
@@ -123,7 +126,7 @@ class Channels:
 
 
 def make_channel_router() -> APIRouter:
-    router = APIRouter(tags=["channels"])
+    router = APIRouter(tags=["channels"], responses=ERROR_RESPONSES)
     router.add_api_route("/channels/{bot}/{kind}", receive, methods=["POST"],
                          summary="A messaging platform's webhook (docs/channels.md)")
     router.add_api_route("/channels/{bot}/{kind}", check_url, methods=["GET"],

@@ -1,0 +1,376 @@
+"""The phone, through Twilio ConversationRelay (docs/channels.md, "The phone"): Twilio does the
+speech both ways; chatrun reads and writes text over a WebSocket.
+
+1. `POST /channels/{bot}/twilio`: the number's voice webhook (a form signed with
+   X-Twilio-Signature: base64 HMAC-SHA1 of the URL and the sorted POST parameters, keyed with
+   the account's auth token). A wrong signature gets 401 and no call. The answer is TwiML that
+   connects the call to the relay socket, whose URL carries a token chatrun signed for this
+   call (`relay_token`): only the call Twilio announced may open a socket.
+2. `/channels/{bot}/twilio/relay`: Twilio's messages (setup, prompt, interrupt, dtmf, error).
+   Each complete prompt (or DTMF digit) runs one turn of the call's session (one per CallSid,
+   as the principal `twilio:<caller's number>`); its reply is streamed down the socket as
+   `text` tokens, not through the outbox (a live call has no later). An `interrupt` cancels
+   the running turn (it rolls back) and the next prompt tells the model what the caller heard.
+3. An operator's takeover (`operator:`) or an ended conversation sends `end`: Twilio then asks
+   `POST /channels/{bot}/twilio/ended` (signed too), which dials `handoff_to` or hangs up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode
+from xml.sax.saxutils import escape, quoteattr
+
+import httpx
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import JSONResponse, Response
+
+from chatrun import events as ev
+from chatrun.engine.pending import TAKEOVER
+from chatrun.errors import ChatrunError, SessionError
+from chatrun.server import wire
+from chatrun.server.auth import Principal
+from chatrun.server.channels.base import (
+    ChannelKind,
+    Inbound,
+    Outgoing,
+    SendFailed,
+    Unauthorized,
+    session_id_for,
+)
+from chatrun.server.http import ERROR_RESPONSES
+from chatrun.server.plumbing import Registry
+from chatrun.server.sessions import OPEN
+
+if TYPE_CHECKING:
+    from chatrun.server.sessions import SessionRegistry
+
+log = logging.getLogger("chatrun.channels")
+
+KIND = "twilio"
+SIGNATURE_HEADER = "x-twilio-signature"
+RELAY_TTL = 4 * 3600  # seconds a relay URL may open a socket: Twilio's longest call
+POLICY_VIOLATION = 1008  # the WebSocket close code of a socket that is not the call's
+
+
+class Twilio(ChannelKind):
+    """A Twilio number. Its webhook and socket are routes of their own (make_twilio_router), not
+    the shared webhook: the reply streams down the live call instead of through the outbox."""
+
+    kind = KIND
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> None:
+        raise Unauthorized("twilio: a call is checked by its URL (check_signature), not by the shared webhook")
+
+    def check_signature(self, url: str, params: list[tuple[str, str]], signature: str) -> None:
+        """Twilio's request signature: base64(HMAC-SHA1(auth token, URL + each POST parameter's
+        name and value, sorted by name)). Unauthorized unless it matches."""
+        data = url + "".join(f"{name}{value}" for name, value in sorted(params, key=lambda p: p[0]))
+        expected = base64.b64encode(hmac.new(self.secret("auth_token").encode(), data.encode(),
+                                             hashlib.sha1).digest()).decode()
+        if not signature or not hmac.compare_digest(expected, signature):
+            raise Unauthorized(f"twilio: the {SIGNATURE_HEADER} header is missing or wrong")
+
+    def relay_token(self, call_sid: str, now: float | None = None) -> str:
+        """The token in a call's relay URL: the CallSid, an expiry, and their HMAC-SHA256 keyed
+        with a key derived from the auth token (so a token never reveals it)."""
+        expires = int((now if now is not None else time.time()) + RELAY_TTL)
+        return f"{call_sid}.{expires}.{self._relay_mac(call_sid, expires)}"
+
+    def check_relay_token(self, token: str, now: float | None = None) -> str:
+        """The CallSid a relay token was signed for; Unauthorized when forged or expired."""
+        call_sid, _, rest = token.partition(".")
+        expires, _, mac = rest.partition(".")
+        if not (call_sid and expires.isdigit() and mac):
+            raise Unauthorized("twilio: the relay URL has no token")
+        if not hmac.compare_digest(mac, self._relay_mac(call_sid, int(expires))):
+            raise Unauthorized("twilio: the relay token is forged")
+        if int(expires) < (now if now is not None else time.time()):
+            raise Unauthorized("twilio: the relay token expired")
+        return call_sid
+
+    def _relay_mac(self, call_sid: str, expires: int) -> str:
+        key = hmac.new(self.secret("auth_token").encode(), b"chatrun relay", hashlib.sha256).digest()
+        message = f"{self.bot.name}\0{call_sid}\0{expires}".encode()
+        return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+    def public_base(self, request_base: str) -> str:
+        """The server's public URL (the `public_url` option, else the request's own)."""
+        return self.option("public_url", request_base).rstrip("/")
+
+    def inbound(self, payload: Any) -> list[Inbound]:
+        return []  # a call's messages arrive on its socket (Call), never on the shared webhook
+
+    async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
+        raise SendFailed("twilio: a call's replies go down its socket; a call that is over cannot be written to")
+
+
+def make_twilio_router() -> APIRouter:
+    """The phone's routes; included before the shared webhook, whose path the first one shares."""
+    twiml: dict[int | str, dict[str, Any]] = {200: {"description": "TwiML", "content": {"application/xml": {"schema": {"type": "string"}}}}}
+    router = APIRouter(tags=["channels"], responses=ERROR_RESPONSES)
+    router.add_api_route(f"/channels/{{bot}}/{KIND}", answer_call, methods=["POST"], response_class=Response,
+                         responses=twiml,
+                         summary="Twilio's voice webhook: TwiML connecting the call to its relay socket")
+    router.add_api_route(f"/channels/{{bot}}/{KIND}/ended", relay_ended, methods=["POST"], response_class=Response,
+                         responses=twiml,
+                         summary="Twilio's <Connect action>: the call after its relay ended (hand-off or hang-up)")
+    router.add_api_websocket_route(f"/channels/{{bot}}/{KIND}/relay", relay)
+    return router
+
+
+def _twilio(registry: SessionRegistry, bot: str) -> Twilio:
+    config = registry.bot(bot).config
+    channel = registry.channels.of(config, KIND)
+    if not isinstance(channel, Twilio):
+        raise wire.RequestFailed(wire.NOT_FOUND, f"bot {bot} has no channel {KIND!r} "
+                                 f"(its channels: {', '.join(config.channels) or 'none'})")
+    return channel
+
+
+async def _signed_form(channel: Twilio, request: Request) -> list[tuple[str, str]] | None:
+    """The POST's parameters when Twilio signed them for this URL, else None (logged)."""
+    params = parse_qsl((await request.body()).decode(errors="replace"), keep_blank_values=True)
+    url = channel.public_base(str(request.base_url)) + request.url.path
+    if request.url.query:
+        url += "?" + request.url.query
+    try:
+        channel.check_signature(url, params, request.headers.get(SIGNATURE_HEADER, ""))
+    except Unauthorized as exc:
+        log.warning("channel twilio of bot %s: refused a request: %s", channel.bot.name, exc)
+        return None
+    return params
+
+
+def _twiml(inner: str) -> Response:
+    return Response(f'<?xml version="1.0" encoding="UTF-8"?><Response>{inner}</Response>',
+                    media_type="application/xml")
+
+
+async def answer_call(bot: str, request: Request, registry: Registry) -> Response:
+    channel = _twilio(registry, bot)
+    params = await _signed_form(channel, request)
+    if params is None:
+        return JSONResponse({"ok": False, "error": "unauthorized"}, status_code=401)
+    call_sid = dict(params).get("CallSid", "")
+    if not call_sid:
+        raise wire.RequestFailed(wire.BAD_REQUEST, "a Twilio voice webhook without a CallSid")
+    base = channel.public_base(str(request.base_url))
+    socket = base.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+    relay_url = f"{socket}/channels/{bot}/{KIND}/relay?" + urlencode({"token": channel.relay_token(call_sid)})
+    greeting = channel.option("greeting", "")
+    attributes = f"url={quoteattr(relay_url)} dtmfDetection=\"true\""
+    if greeting:
+        attributes += f" welcomeGreeting={quoteattr(greeting)}"
+    action = quoteattr(f"{base}/channels/{bot}/{KIND}/ended")
+    return _twiml(f"<Connect action={action}><ConversationRelay {attributes}/></Connect>")
+
+
+async def relay_ended(bot: str, request: Request, registry: Registry) -> Response:
+    """The relay is over: a hand-off names a number to dial (from `end`'s handoffData)."""
+    channel = _twilio(registry, bot)
+    params = await _signed_form(channel, request)
+    if params is None:
+        return JSONResponse({"ok": False, "error": "unauthorized"}, status_code=401)
+    try:
+        handoff = json.loads(dict(params).get("HandoffData") or "{}")
+    except ValueError:
+        handoff = {}
+    number = handoff.get("to") if isinstance(handoff, dict) else None
+    if isinstance(number, str) and number:
+        return _twiml(f"<Dial>{escape(number)}</Dial>")
+    return _twiml("<Hangup/>")
+
+
+async def relay(websocket: WebSocket, bot: str) -> None:
+    registry: SessionRegistry = websocket.app.state.registry
+    try:
+        channel = _twilio(registry, bot)
+        call_sid = channel.check_relay_token(websocket.query_params.get("token", ""))
+    except (Unauthorized, wire.RequestFailed, ChatrunError) as exc:
+        log.warning("channel twilio of bot %s: refused a relay socket: %s", bot, exc)
+        await websocket.close(code=POLICY_VIOLATION)
+        return
+    await websocket.accept()
+    await Call(registry, channel, websocket, call_sid).run()
+
+
+@dataclass
+class Spoken:
+    """What a turn said on the call: its text, and the digits its choices were offered under."""
+
+    text: str = ""
+    digits: dict[str, str] = field(default_factory=dict)
+
+
+class Call:
+    """One relay socket of a call: Twilio's messages in, the turns' tokens out (module doc)."""
+
+    def __init__(self, registry: SessionRegistry, channel: Twilio, websocket: WebSocket, call_sid: str):
+        self.registry, self.channel, self.ws, self.call_sid = registry, channel, websocket, call_sid
+        self.bot = channel.bot.name
+        self.principal: Principal | None = None
+        self.running: asyncio.Task[None] | None = None
+        self.prompt = ""  # the prompt being answered (for an interrupt's note)
+        self.partial = ""  # a prompt's parts until its `last`
+        self.heard: str | None = None  # a note for the next prompt: what the interrupted caller heard
+        self.digits: dict[str, str] = {}  # the choices just offered, by digit
+        self.first = True  # the socket's first prompt may be Twilio re-sending a committed one
+        self.locale: str | None = None
+
+    async def run(self) -> None:
+        try:
+            while True:
+                raw = await self.ws.receive_text()
+                try:
+                    message = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(message, dict) and not await self.on(message):
+                    return
+        except Exception as exc:  # noqa: BLE001 - the socket closed (Twilio hung up, or dropped it)
+            log.info("channel twilio of bot %s: call %s socket closed: %s", self.bot, self.call_sid,
+                     type(exc).__name__)
+        # A turn still running goes on to its commit (held by the app's channels, which cancel it
+        # when the app stops): a prompt Twilio sends again on a new socket replays it (request_id).
+        if self.running is not None and not self.running.done():
+            channels = self.registry.channels
+            channels.running.add(self.running)
+            self.running.add_done_callback(channels.finished)
+
+    async def on(self, message: dict[str, Any]) -> bool:
+        """Handle one of Twilio's messages; False when the socket is the wrong call's."""
+        kind = message.get("type")
+        if kind == "setup":
+            if message.get("callSid") != self.call_sid:
+                log.warning("channel twilio of bot %s: a relay token for another call", self.bot)
+                await self.ws.close(code=POLICY_VIOLATION)
+                return False
+            caller = str(message.get("from") or "anonymous")
+            self.principal = self.registry.channels.principal(KIND, Inbound("", self.call_sid, caller, "", {}))
+        elif self.principal is None:
+            return True  # nothing before the setup
+        elif kind == "prompt":
+            self.partial += str(message.get("voicePrompt") or "")
+            self.locale = message.get("lang") or self.locale
+            if message.get("last", True):
+                text, self.partial = self.partial.strip(), ""
+                if text:
+                    await self.start(text)
+        elif kind == "dtmf":
+            digit = str(message.get("digit") or "")
+            if digit:
+                await self.start(self.digits.get(digit, digit))
+        elif kind == "interrupt":
+            await self.interrupt(str(message.get("utteranceUntilInterrupt") or ""))
+        elif kind == "error":
+            log.warning("channel twilio of bot %s: call %s: Twilio reports %s", self.bot, self.call_sid,
+                        message.get("description"))
+        return True
+
+    async def interrupt(self, heard: str) -> None:
+        """The caller spoke over the reply: the running turn is cancelled (it rolls back, the
+        prompt with it) and the next prompt carries what was asked and what the caller heard."""
+        if self.running is not None and not self.running.done():
+            self.running.cancel()
+            await asyncio.gather(self.running, return_exceptions=True)
+            self.heard = f'(The caller asked "{self.prompt}"; you began to answer and they interrupted you ' \
+                         f'after hearing: "{heard}".)'
+        elif heard:
+            self.heard = f'(The caller interrupted your last answer after hearing: "{heard}".)'
+
+    async def start(self, text: str) -> None:
+        if self.running is not None and not self.running.done():
+            await asyncio.gather(self.running, return_exceptions=True)  # one turn at a time, in order
+        self.prompt = text  # the caller's own words (an interrupt's note names them, not an earlier note)
+        if self.heard is not None:
+            text, self.heard = f"{self.heard}\n{text}", None
+        self.running = asyncio.ensure_future(self.turn(text))
+
+    async def send(self, message: dict[str, Any]) -> None:
+        try:
+            await self.ws.send_text(json.dumps(message, ensure_ascii=False))
+        except Exception:  # noqa: BLE001 - the socket is gone: the turn still commits
+            pass
+
+    async def say(self, token: str, last: bool = False) -> None:
+        await self.send({"type": "text", "token": token, "last": last})
+
+    async def turn(self, text: str) -> None:
+        session_id = session_id_for(self.bot, KIND, self.call_sid)
+        handoff: dict[str, Any] | None = None
+        try:
+            async with self.registry.session(self.bot, session_id, self.principal, OPEN,
+                                             locale=self.locale) as session:
+                run = self.registry.turn(session, text, self.request_id(session, text))
+                if session.ended is not None and not await run.is_replay():
+                    handoff = {"reason": "ended"}
+                else:
+                    spoken = Spoken()
+                    async for event in run:
+                        await self.speak(event, spoken)
+                    self.digits = spoken.digits
+                    handoff = self.handoff(session)
+        except (wire.RequestFailed, SessionError, ChatrunError) as exc:  # the caller hears silence, then may ask again
+            log.warning("channel twilio of bot %s: call %s: a prompt refused: %s", self.bot, self.call_sid, exc)
+        await self.say("", last=True)
+        if handoff is not None:
+            await self.send({"type": "end", "handoffData": json.dumps(handoff)})
+
+    def request_id(self, session: Any, text: str) -> str:
+        """The prompt's request id. The socket's first prompt, when it is the call's last committed
+        one, is Twilio sending it again after a dropped socket: its id, so it replays."""
+        committed = self.registry.last_committed(session)
+        first, self.first = self.first, False
+        if first and committed and committed.get("input") == text and committed.get("requestId"):
+            return str(committed["requestId"])
+        return f"{KIND}:{self.call_sid}:{session.turn_count + 1}"
+
+    def handoff(self, session: Any) -> dict[str, Any] | None:
+        """The call's `end` after a turn: a takeover hands the caller to a human (`handoff_to`),
+        an ended conversation hangs up; None while the conversation goes on."""
+        if session.taken_over is not None or any(item.kind == TAKEOVER for item in session.pending):
+            to = self.channel.option("handoff_to", "")
+            return {"reason": "operator", "to": to} if to else {"reason": "operator"}
+        if session.ended is not None:
+            return {"reason": "ended"}
+        return None
+
+    async def speak(self, event: ev.Event, spoken: Spoken) -> None:
+        """One of the turn's events, as tokens: streamed chunks as they come, a message not
+        streamed whole, choices read aloud with their digits."""
+        kind, data = event.type, event.data
+        if kind == ev.STREAM and isinstance(data, str):
+            spoken.text += data
+            await self.say(data)
+        elif kind in (ev.MESSAGE, ev.ERROR) and isinstance(data, str):
+            if data != spoken.text:  # (a streamed reply's message repeats its chunks)
+                await self.say(data + " ")
+            spoken.text = ""
+        elif kind == ev.CHOICES and isinstance(data, dict):
+            await self.offer(data.get("choices"), spoken)
+        elif kind == ev.PENDING and isinstance(data, dict):
+            if data.get("ask"):
+                await self.say(str(data["ask"]) + " ")
+            await self.offer(data.get("choices"), spoken)
+
+    async def offer(self, choices: Any, spoken: Spoken) -> None:
+        options = [c for c in choices or () if isinstance(c, dict)][:9]
+        if not options or spoken.digits:
+            return  # (a confirmation's Yes/No follow its question: read once)
+        parts = []
+        for number, choice in enumerate(options, 1):
+            label = str(choice.get("label", choice.get("value")))
+            spoken.digits[str(number)] = str(choice.get("value", label))
+            parts.append(f"{number} for {label}")
+        await self.say("Say or press " + ", ".join(parts) + ". ")
+

@@ -1,0 +1,285 @@
+"""Issue 36: the phone through Twilio ConversationRelay. Real parts: the app (TestClient's
+WebSocket, and a real uvicorn server with the `websockets` client playing Twilio's side), the
+real `openai` client against the fake OpenAI (streaming), and signatures computed by twilio's
+own RequestValidator. The messages are the shapes of Twilio's ConversationRelay documentation
+(setup, prompt, interrupt, dtmf; text and end back)."""
+
+from __future__ import annotations
+
+import json
+import re
+from html import unescape
+from urllib.parse import urlencode, urlsplit
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from twilio.request_validator import RequestValidator
+
+from server_support import app_for_testclient
+
+OPENAI_MODEL = "provider: openai, name: gpt-4o-mini, max_retries: 0"  # streamed (the default)
+
+AUTH_TOKEN = "twilio-auth-token-0123456789abcdef"
+CALLER, NUMBER = "+14155550123", "+18005550100"
+
+BOT = f"""\
+name: phone
+model: {{{OPENAI_MODEL}}}
+env:
+  TWILIO_AUTH_TOKEN: {{secret: true}}
+channels:
+  twilio:
+    auth_token: TWILIO_AUTH_TOKEN
+    greeting: Hello, this is the ticket line.
+    handoff_to: "+14155550199"
+state: {{booked: 0}}
+routes:
+  main:
+    default: true
+    system: "You sell tickets to {{{{ principal.name }}}}."
+    tools: [book, human]
+tools:
+  book:
+    description: Book a ticket.
+    parameters: {{type: object, properties: {{show: {{type: string}}}}, required: [show]}}
+    confirm: "Book {{{{ args.show }}}}?"
+    action: {{set: {{state.booked: "{{{{ state.booked + 1 }}}}"}}, reply: "Booked {{{{ args.show }}}}."}}
+  human:
+    description: Hand the caller to a person.
+    action: {{operator: {{text: Putting you through to a person.}}}}
+"""
+
+
+@pytest.fixture
+def client(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(BOT)
+    with TestClient(app_for_testclient([str(bot)], f"sqlite:///{tmp_path / 's.db'}")) as c:
+        yield c
+
+
+def signed_post(client, path, params, token=AUTH_TOKEN, base="http://testserver"):
+    signature = RequestValidator(token).compute_signature(base + path, params)
+    return client.post(path, content=urlencode(params), headers={
+        "Content-Type": "application/x-www-form-urlencoded", "X-Twilio-Signature": signature})
+
+
+def call_params(call_sid="CA0001"):
+    return {"CallSid": call_sid, "AccountSid": "AC0001", "From": CALLER, "To": NUMBER, "CallStatus": "ringing",
+            "Direction": "inbound"}
+
+
+def relay_path(client, call_sid="CA0001") -> str:
+    answer = signed_post(client, "/channels/phone/twilio", call_params(call_sid))
+    assert answer.status_code == 200, answer.text
+    url = unescape(re.search(r'<ConversationRelay url="([^"]+)"', answer.text).group(1))
+    parts = urlsplit(url)
+    return f"{parts.path}?{parts.query}"
+
+
+def setup(call_sid="CA0001"):
+    return {"type": "setup", "sessionId": "VX0001", "callSid": call_sid, "from": CALLER, "to": NUMBER,
+            "direction": "inbound", "customParameters": {}}
+
+
+def prompt(text, last=True):
+    return {"type": "prompt", "voicePrompt": text, "lang": "en-US", "last": last}
+
+
+def reply(ws) -> tuple[list[str], dict]:
+    """The tokens of one answer, and its closing `last` message (an `end` may follow it)."""
+    tokens = []
+    while True:
+        message = ws.receive_json()
+        assert message["type"] == "text", message
+        if message["last"]:
+            return tokens, message
+        tokens.append(message["token"])
+
+
+def test_a_forged_or_missing_signature_gets_401_and_no_call(client, fake):
+    path = "/channels/phone/twilio"
+    assert signed_post(client, path, call_params(), token="not-the-token").status_code == 401
+    unsigned = client.post(path, content=urlencode(call_params()),
+                           headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert unsigned.status_code == 401
+    tampered = call_params()
+    signature = RequestValidator(AUTH_TOKEN).compute_signature("http://testserver" + path, tampered)
+    tampered["From"] = "+19995550000"  # a parameter changed after signing
+    forged = client.post(path, content=urlencode(tampered), headers={
+        "Content-Type": "application/x-www-form-urlencoded", "X-Twilio-Signature": signature})
+    assert forged.status_code == 401
+    assert fake.requests == []
+
+
+def test_the_twiml_connects_the_call_to_a_signed_relay_and_only_that_call_may_open_it(client, fake):
+    answer = signed_post(client, "/channels/phone/twilio", call_params())
+    assert answer.headers["content-type"].startswith("application/xml")
+    assert '<Connect action="http://testserver/channels/phone/twilio/ended">' in answer.text
+    assert 'welcomeGreeting="Hello, this is the ticket line."' in answer.text
+    assert 'url="ws://testserver/channels/phone/twilio/relay?token=CA0001.' in answer.text
+    good = relay_path(client)
+    forged = re.sub(r"\.([0-9a-f]{6})", ".000000", good, count=1)
+    from starlette.websockets import WebSocketDisconnect
+    for path in ("/channels/phone/twilio/relay", "/channels/phone/twilio/relay?token=CA0001.99999999999.abc", forged):
+        with pytest.raises(WebSocketDisconnect), client.websocket_connect(path) as ws:
+            ws.receive_json()
+    with client.websocket_connect(good) as ws:  # a token for CA0001 does not open another call
+        ws.send_json(setup("CA9999"))
+        with pytest.raises(WebSocketDisconnect):
+            ws.receive_json()
+    assert fake.requests == []
+
+
+def test_a_call_with_two_prompts_gets_streamed_tokens_as_its_caller(client, fake):
+    fake.queue({"chunks": ["Two ", "tickets ", "left."]}, {"chunks": ["Yes, ", "tonight."]})
+    with client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Any tickets", last=False))
+        ws.send_json(prompt(" for the concert?"))
+        assert reply(ws)[0] == ["Two ", "tickets ", "left."]
+        ws.send_json(prompt("Is it tonight?"))
+        assert reply(ws)[0] == ["Yes, ", "tonight."]
+    first, second = fake.requests
+    assert first["messages"][0]["content"] == f"You sell tickets to twilio:{CALLER}."
+    assert first["messages"][-1] == {"role": "user", "content": "Any tickets for the concert?"}
+    assert [m["content"] for m in second["messages"][1:]] == [
+        "Any tickets for the concert?", "Two tickets left.", "Is it tonight?"]  # one session per call
+
+
+def test_an_interrupt_cancels_the_turn_and_the_next_prompt_says_what_was_heard(client, fake):
+    long = [f"word{i} " for i in range(200)]
+    fake.queue({"chunks": long, "chunk_delay": 0.2}, {"text": "Sure, the theatre."})
+    with client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Tell me everything."))
+        assert ws.receive_json() == {"type": "text", "token": "word0 ", "last": False}
+        ws.send_json({"type": "interrupt", "utteranceUntilInterrupt": "word0",
+                      "durationUntilInterruptMs": 400})
+        ws.send_json(prompt("Actually, the theatre."))
+        tokens = []
+        while not (message := ws.receive_json())["last"]:
+            tokens.append(message["token"])
+        assert "".join(tokens).endswith("Sure, the theatre.")  # (chunks already on the socket may come first)
+    messages = fake.requests[-1]["messages"]
+    # The interrupted turn rolled back: the history has no turn of it, only the note in the next prompt.
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert messages[-1]["content"] == ('(The caller asked "Tell me everything."; you began to answer and they '
+                                       'interrupted you after hearing: "word0".)\nActually, the theatre.')
+
+
+def test_dtmf_digits_answer_a_confirmation_read_aloud(client, fake):
+    fake.queue({"tool_calls": [{"name": "book", "arguments": {"show": "Hamlet"}}]}, {"text": "All set."})
+    with client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Book Hamlet"))
+        spoken = "".join(reply(ws)[0])
+        assert "Book Hamlet?" in spoken
+        assert re.search(r"Say or press 1 for \w+, 2 for \w+\.", spoken), spoken
+        yes = re.search(r"(\d) for Yes", spoken).group(1)
+        ws.send_json({"type": "dtmf", "digit": yes})
+        assert "".join(reply(ws)[0]).strip() == "All set."
+    assert fake.requests[-1]["messages"][-1]["content"] == "Booked Hamlet."  # the tool ran: the digit said yes
+
+
+def test_an_operator_hand_over_ends_the_relay_with_handoff_data_and_dials_the_number(client, fake):
+    fake.queue({"tool_calls": [{"name": "human", "arguments": {}}]})
+    with client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("A person, please"))
+        assert "".join(reply(ws)[0]).strip() == "Putting you through to a person."
+        end = ws.receive_json()
+    assert end["type"] == "end"
+    handoff = json.loads(end["handoffData"])
+    assert handoff == {"reason": "operator", "to": "+14155550199"}
+    ended = signed_post(client, "/channels/phone/twilio/ended", {
+        **call_params(), "HandoffData": end["handoffData"], "SessionStatus": "ended"})
+    assert ended.status_code == 200
+    assert "<Dial>+14155550199</Dial>" in ended.text
+    forged = signed_post(client, "/channels/phone/twilio/ended", {**call_params(), "HandoffData": "{}"},
+                         token="wrong")
+    assert forged.status_code == 401
+
+
+def test_a_prompt_twilio_sends_again_after_a_dropped_socket_runs_once(client, fake):
+    fake.queue({"chunks": ["Two ", "left."]}, {"text": "Done."})
+    path = relay_path(client)
+    with client.websocket_connect(path) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Any tickets?"))
+        assert reply(ws)[0] == ["Two ", "left."]
+    with client.websocket_connect(path) as ws:  # Twilio reconnects the same call
+        ws.send_json(setup())
+        ws.send_json(prompt("Any tickets?"))
+        assert "".join(reply(ws)[0]).strip() == "Two left."  # answered from the committed turn
+        assert len(fake.requests) == 1
+        ws.send_json(prompt("Any tickets?"))  # said again on the new socket: a new prompt, run
+        assert "".join(reply(ws)[0]).strip() == "Done."
+    # The history holds the first prompt's turn once, then the new one.
+    assert [m["content"] for m in fake.requests[-1]["messages"][1:]] == ["Any tickets?", "Two left.", "Any tickets?"]
+
+
+def test_a_socket_dropped_mid_turn_lets_the_turn_commit_and_the_prompt_sent_again_replays_it(client, fake):
+    chunks = [f"w{i} " for i in range(10)]
+    fake.queue({"chunks": chunks, "chunk_delay": 0.1})
+    path = relay_path(client)
+    with client.websocket_connect(path) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Read me the list."))
+        assert ws.receive_json()["token"] == "w0 "
+    # Twilio lost the socket after the first token and opens another one for the same call.
+    with client.websocket_connect(path) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Read me the list."))
+        assert "".join(reply(ws)[0]).strip() == "".join(chunks).strip()  # the whole answer, replayed
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.slow
+def test_a_real_server_and_a_websockets_client_playing_twilio(tmp_path, fake, monkeypatch):
+    from websockets.sync.client import connect
+
+    from chatrun.server import create_app
+    from server_support import ThreadServer
+
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(BOT)
+    fake.queue({"chunks": ["Hello ", "there."]})
+    app = create_app([str(bot)], f"sqlite:///{tmp_path / 's.db'}")
+    with ThreadServer(app) as server, httpx.Client(base_url=server.url) as http:
+        path = relay_path_at(http, server.url)
+        with connect(server.ws_url + path) as ws:
+            ws.send(json.dumps(setup()))
+            ws.send(json.dumps(prompt("Hi")))
+            tokens = []
+            while not (message := json.loads(ws.recv(timeout=60)))["last"]:
+                tokens.append(message["token"])
+    assert tokens == ["Hello ", "there."]
+
+
+def relay_path_at(http, base) -> str:
+    answer = signed_post(http, "/channels/phone/twilio", call_params(), base=base)
+    assert answer.status_code == 200, answer.text
+    parts = urlsplit(unescape(re.search(r'<ConversationRelay url="([^"]+)"', answer.text).group(1)))
+    return f"{parts.path}?{parts.query}"
+
+
+def test_the_validator_names_an_undeclared_token_and_a_hand_over_without_a_number(tmp_path):
+    from chatrun.definition.loader import check_bot
+
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(BOT.replace("auth_token: TWILIO_AUTH_TOKEN", "auth_token: TWILIO_AUTH_TOKN")
+                   .replace('    handoff_to: "+14155550199"\n', ""))
+    _config, found = check_bot(bot)
+    messages = {(d.severity, d.message) for d in found}
+    assert any(severity == "error" and "`env.TWILIO_AUTH_TOKN`" in text and "TWILIO_AUTH_TOKEN" in text
+               for severity, text in messages), messages
+    assert any(severity == "warning" and "tool `human`" in text and "`handoff_to:`" in text
+               for severity, text in messages), messages
+    lines = {d.message: d.line for d in found}
+    assert all(line and line > 1 for line in lines.values()), lines  # each at its place in the file
+    bot.write_text(BOT)
+    assert [d for d in check_bot(bot)[1] if d.path.startswith("channels")] == []
