@@ -158,17 +158,19 @@
       let last = tokens.length - 1;
       while (last > 0 && tokens[last].type === "space") last -= 1;
       // Every block before the last is complete: a later chunk can only grow the last one.
-      if (last > 0) {
-        const done = tokens.slice(0, last);
+      const done = last > 0 ? tokens.slice(0, last) : [];
+      const growing = tokens.slice(Math.max(last, 0));
+      // The finished blocks and the growing one, cleaned in one pass (one parse, one sanitize).
+      const both = clean("<div>" + blocksHtml(done, tokens.links) + "</div><div>" + blocksHtml(growing, tokens.links) + "</div>");
+      const [finished, grown] = Array.from(both.children);
+      if (done.length) {
         // Each redraw's finished blocks in a part of their own, which the browser skips laying out
         // and painting while it is scrolled out of view (app.css, .md-part: content-visibility).
-        const part = document.createElement("div");
-        part.className = "md-part";
-        part.appendChild(decorate(clean(blocksHtml(done, tokens.links))));
-        settled.appendChild(part);
+        finished.className = "md-part";
+        settled.appendChild(decorate(finished));
         for (const token of done) offset += token.raw.length;
       }
-      tail.replaceChildren(decorate(clean(blocksHtml(tokens.slice(Math.max(last, 0)), tokens.links))));
+      tail.replaceChildren(...decorate(grown).childNodes);
     }
 
     // The tail is drawn at most every RENDER_MS, however fast chunks come: a fast model sends
