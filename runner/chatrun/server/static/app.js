@@ -285,7 +285,6 @@
     if (!streaming) {
       streaming = add(botBubble("", "streaming"));
       streaming.markdown = ChatrunMarkdown.stream(streaming.querySelector(".msg-body"), () => scrollDown());
-      ui.thinking.hidden = true; // the reply is arriving (and its dots would animate all along)
     }
     streaming.markdown.append(chunk);
     streaming.dataset.text = streaming.markdown.text();
