@@ -284,11 +284,10 @@
   function showChunk(chunk) {
     if (!streaming) {
       streaming = add(botBubble("", "streaming"));
-      streaming.markdown = ChatrunMarkdown.stream(streaming.querySelector(".msg-body"));
+      streaming.markdown = ChatrunMarkdown.stream(streaming.querySelector(".msg-body"), () => scrollDown());
     }
     streaming.markdown.append(chunk);
     streaming.dataset.text = streaming.markdown.text();
-    scrollDown();
   }
 
   /** A stream that ended without its Message (an error, a stop): what was shown stays. */

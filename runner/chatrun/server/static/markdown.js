@@ -8,10 +8,11 @@
  *
  * ChatrunMarkdown.render(text)      -> DocumentFragment (decorated)
  * ChatrunMarkdown.html(text)        -> the cleaned HTML, undecorated (what a GFM renderer makes)
- * ChatrunMarkdown.stream(container) -> {append(chunk), finish(text), text()}: a reply as it streams.
- *   Only the last block is rendered again as chunks come; every block before it is rendered once
- *   and never touched again (so the cost is linear in the reply, and a selection or a hovered
- *   link in it survives later chunks).
+ * ChatrunMarkdown.stream(container, onDraw) -> {append(chunk), finish(text), text()}: a reply as it
+ *   streams; onDraw() after each redraw (the page scrolls then).
+ *   Only the last block is rendered again as chunks come, at most every 100 ms; every block before
+ *   it is rendered once and never touched again (so the cost is linear in the reply, and a
+ *   selection or a hovered link in it survives later chunks).
  * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them). */
 (function (global) {
   "use strict";
@@ -39,19 +40,31 @@
       },
     },
   });
-  const PURIFY = {
+  // Set once: a config passed to every sanitize() call would be parsed again each time.
+  global.DOMPurify.setConfig({
     ALLOWED_URI_REGEXP: SAFE_URL,
     FORBID_TAGS: ["style", "img", "form", "button", "textarea", "select", "iframe", "svg", "math"],
     FORBID_ATTR: ["style", "id", "class"], // `class` comes back for code blocks' language below
     ADD_ATTR: ["target"],
-    RETURN_DOM_FRAGMENT: true,
-  };
+    IN_PLACE: true, // cleans the nodes given (parsed in INERT, below): no new document per call
+  });
   const texts = { copy: "Copy", copied: "Copied", code: "code" };
+  const RENDER_MS = 100;
+  const stats = { parsed: 0 }; // characters streamed replies had parsed again, in all (a test reads it)
 
+  // marked's HTML is parsed in a document of its own, with no window: nothing in it loads or runs.
+  const INERT = document.implementation.createHTMLDocument("");
+
+  /** marked's HTML as a fragment of this page, cleaned by DOMPurify (in place, in INERT) first. */
   function clean(html) {
     // The language of a fenced block is its only class worth keeping: carried past the sanitizer.
     html = html.replace(/<code class="language-([\w+#.-]{1,40})">/g, '<code data-lang="$1">');
-    return global.DOMPurify.sanitize(html, PURIFY);
+    const box = INERT.createElement("div");
+    box.innerHTML = html;
+    global.DOMPurify.sanitize(box);
+    const fragment = document.createDocumentFragment();
+    fragment.append(...document.adoptNode(box).childNodes);
+    return fragment;
   }
 
   function cleanHtml(html) {
@@ -110,6 +123,7 @@
     root.querySelectorAll("input[type=checkbox]").forEach((box) => {
       box.disabled = true;
       const item = box.closest("li");
+      if (item) item.classList.add("task");
       box.setAttribute("aria-label", item ? item.textContent.trim().slice(0, 80) : "task");
     });
     return root;
@@ -129,7 +143,7 @@
   }
 
   /** A streaming reply in `container`: settled blocks, then the growing last one. */
-  function stream(container) {
+  function stream(container, onDraw) {
     const settled = document.createElement("div");
     const tail = document.createElement("div");
     settled.className = "md-settled";
@@ -139,25 +153,46 @@
     let offset = 0; // text[0:offset] is rendered in `settled`, for good
 
     function renderTail() {
+      stats.parsed += text.length - offset;
       const tokens = md.lexer(text.slice(offset));
       let last = tokens.length - 1;
       while (last > 0 && tokens[last].type === "space") last -= 1;
       // Every block before the last is complete: a later chunk can only grow the last one.
-      if (last > 0) {
-        const done = tokens.slice(0, last);
-        settled.appendChild(decorate(clean(blocksHtml(done, tokens.links))));
+      const done = last > 0 ? tokens.slice(0, last) : [];
+      const growing = tokens.slice(Math.max(last, 0));
+      // The finished blocks and the growing one, cleaned in one pass (one parse, one sanitize).
+      const both = clean("<div>" + blocksHtml(done, tokens.links) + "</div><div>" + blocksHtml(growing, tokens.links) + "</div>");
+      const [finished, grown] = Array.from(both.children);
+      if (done.length) {
+        // Each redraw's finished blocks in a part of their own, which the browser skips laying out
+        // and painting while it is scrolled out of view (app.css, .md-part: content-visibility).
+        finished.className = "md-part";
+        settled.appendChild(decorate(finished));
         for (const token of done) offset += token.raw.length;
       }
-      tail.replaceChildren(decorate(clean(blocksHtml(tokens.slice(Math.max(last, 0)), tokens.links))));
+      tail.replaceChildren(...decorate(grown).childNodes);
+    }
+
+    // The tail is drawn at most every RENDER_MS, however fast chunks come: a fast model sends
+    // hundreds a second, and a reader sees no difference beyond ~10 redraws a second.
+    let timer = null;
+    let drawn = -Infinity;
+    function draw() {
+      timer = null;
+      drawn = performance.now();
+      renderTail();
+      if (onDraw) onDraw();
     }
 
     return {
       append(chunk) {
         text += String(chunk).replace(/\r\n?/g, "\n");
-        renderTail();
+        if (timer === null) timer = setTimeout(draw, Math.max(0, RENDER_MS - (performance.now() - drawn)));
       },
       /** The whole reply: when it is what was streamed only the tail is rendered again. */
       finish(full) {
+        clearTimeout(timer);
+        timer = null;
         if (typeof full === "string" && full.replace(/\r\n?/g, "\n") !== text) {
           text = full;
           offset = 0;
@@ -174,5 +209,5 @@
     };
   }
 
-  global.ChatrunMarkdown = { render: render, html: html, stream: stream, texts: texts };
+  global.ChatrunMarkdown = { render: render, html: html, stream: stream, texts: texts, stats: stats };
 })(window);

@@ -1,0 +1,329 @@
+"""The end-user page (issue 35): /chat/{bot} shows the chat alone, in the bot's words (no inspector,
+switcher, route names, machine name or brand), light and dark, at a phone's width and a desktop's;
+replies are GitHub Flavored Markdown (marked + DOMPurify) as a GFM renderer makes it; a streamed
+reply costs time linear in its length and leaves the blocks already shown alone; scroll follows
+only a reader at the bottom; axe-core finds nothing serious or critical. Real Chromium against the
+real server, the model played by the fake OpenAI server.
+
+Set CHATRUN_SCREENSHOTS=DIR to keep screenshots."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import chatrun
+from browser_support import BROWSER_MARKS, chat_page, send, shot
+from chatrun.server import create_app
+from server_support import ThreadServer, call
+
+pytestmark = [*BROWSER_MARKS, pytest.mark.slow]
+
+AXE = Path(__file__).parent / "vendor" / "axe.min.js"
+
+HOTELS = """\
+name: hotels
+description: Books hotel rooms.
+model: {name: gpt-4o-mini}
+routes:
+  desk:
+    default: true
+    title: Front desk
+    system: You book hotel rooms.
+    tools: [book_room, quote]
+  booking:
+    title: Your booking
+    system: Book the room.
+  quoting:
+    system: Quote a price.
+tools:
+  book_room:
+    description: Start booking a room
+    action: {push: booking, execute: true}
+  quote:
+    description: Quote a price
+    action: {route: quoting, execute: true}
+"""
+
+REPLY = """\
+Here are **three rooms** for your dates:
+
+| Room | Price | Breakfast |
+|---|--:|:-:|
+| Single | 80 EUR | no |
+| Double | 120 EUR | yes |
+
+1. Pick a room
+   - the Double has a view
+2. Pay the deposit:
+
+   ```bash
+   curl -X POST https://example.org/pay
+   ```
+
+See [Hotel (Berlin)](https://en.wikipedia.org/wiki/Hotel_(Berlin)) for the area."""
+
+
+def serve(tmp_path):
+    (tmp_path / "hotels.yaml").write_text(HOTELS)
+    return ThreadServer(create_app([chatrun.load_bot(tmp_path / "hotels.yaml")], "memory://"))
+
+
+@pytest.fixture
+def server(fake, tmp_path):
+    with serve(tmp_path) as running:
+        yield running
+
+
+def axe_problems(page) -> list[str]:
+    """axe-core's serious and critical violations on the page, one line each."""
+    page.add_script_tag(path=str(AXE))
+    found = page.evaluate("axe.run(document).then((r) => r.violations.map((v) => "
+                          "({id: v.id, impact: v.impact, nodes: v.nodes.map((n) => n.target.join(' ') + ': ' + n.failureSummary)})))")
+    return [f"{v['id']} ({v['impact']}): {v['nodes'][:3]}" for v in found if v["impact"] in ("serious", "critical")]
+
+
+def header_height(page) -> float:
+    return page.locator(".topbar").bounding_box()["height"]
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_end_user_page_is_the_chat_alone_in_the_bots_words(server, fake, width, scheme):
+    with chat_page(server.url, width=width, path="/chat/hotels", color_scheme=scheme) as page:
+        # Nothing of the author's: no inspector, switcher, brand, machine name.
+        for selector in ("#inspector", "#toggle-inspector", "#bot-switch", ".brand"):
+            assert not page.locator(selector).is_visible(), selector
+        assert page.locator(".empty").inner_text() == "How can I help you?"
+        assert page.title() == "Chat"
+        fake.queue(call("book_room"), {"text": REPLY})
+        send(page, "a room for two nights")
+        # The route's title, read as the part of the conversation the user is in; never a route id.
+        assert page.locator(".route-change").all_inner_texts() == ["Your booking"]
+        fake.queue(call("quote"), {"text": "About 120 EUR a night."})
+        send(page, "how much?")  # to `quoting`, which has no title: no divider, no crumb
+        assert page.locator(".route-change").all_inner_texts() == ["Your booking"]
+        text = page.locator("body").inner_text()
+        for internal in ("hotels", "chatrun", "quoting", "Inspector"):
+            assert internal not in text, internal
+        # The routes `desk` and `booking` appear by their titles only.
+        assert not re.search(r"(?<!Your )booking|(?<!Front )desk", text)
+        if width == 1280:
+            crumbs = page.locator(".breadcrumb .crumb").all_inner_texts()
+            assert crumbs and set(crumbs) <= {"Front desk", "Your booking"}
+        assert header_height(page) <= 64
+
+        # Dark follows the system; the toggle overrides it and is remembered.
+        dark = page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(18, 21, 28)"
+        assert dark == (scheme == "dark")
+        assert page.get_attribute("#theme", "aria-pressed") == str(dark).lower()
+        shot(page, f"enduser-{width}-{scheme}")
+        assert axe_problems(page) == []
+
+        # A reply is as wide as the reading column allows (not 78%); the user's own stays narrow.
+        column = page.evaluate("(() => { const m = document.getElementById('messages'); const s = getComputedStyle(m);"
+                               " return m.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight); })()")
+        reply = page.locator(".msg.bot", has_text="three rooms").bounding_box()
+        assert reply["width"] > 0.9 * column
+        if width == 1280:
+            assert column <= 780  # a centred reading width, not the whole screen
+        # Every message has a Copy action (turn_controls.js adds its buttons beside it).
+        assert page.locator(".msg .msg-actions .msg-action.copy").count() == page.locator(".msg").count() == 4
+
+        page.click("#theme")
+        flipped = page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(18, 21, 28)"
+        assert flipped != dark
+        page.reload()
+        page.wait_for_selector("body[data-ready=true]")
+        assert (page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(18, 21, 28)") == flipped
+        shot(page, f"enduser-{width}-{scheme}-toggled")
+        assert axe_problems(page) == []
+
+
+def test_code_blocks_have_a_language_copy_and_keyboard_focus(server, fake):
+    with chat_page(server.url, width=390, path="/chat/hotels") as page:
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        fake.queue({"text": REPLY})
+        send(page, "rooms?")
+        block = page.locator(".code-block")
+        assert block.locator(".code-lang").inner_text() == "bash"
+        assert block.locator("pre").get_attribute("tabindex") == "0"  # it scrolls sideways
+        assert page.locator(".table-wrap").get_attribute("tabindex") == "0"
+        block.locator(".code-copy").click()
+        assert page.evaluate("navigator.clipboard.readText()") == "curl -X POST https://example.org/pay\n"
+        assert block.locator(".code-copy").inner_text() == "Copied"
+        page.locator(".msg.bot .msg-action.copy").click()
+        assert page.evaluate("navigator.clipboard.readText()") == REPLY  # the reply's Markdown
+
+
+# What a GFM renderer (cmark-gfm, the GitHub spec's reference) makes of each; compared as DOM trees
+# (attribute order and whitespace between blocks do not count).
+GFM_CASES = {
+    "table": ("| a | b |\n|---|:-:|\n| 1 | 2 |",
+              '<table><thead><tr><th>a</th><th align="center">b</th></tr></thead>'
+              '<tbody><tr><td>1</td><td align="center">2</td></tr></tbody></table>'),
+    "bullet under a numbered item": ("1. First\n   - sub a\n   - sub b\n2. Second",
+                                     "<ol><li>First<ul><li>sub a</li><li>sub b</li></ul></li><li>Second</li></ol>"),
+    "code fence in a list item": ("1. Run:\n\n   ```sh\n   make all\n   ```\n\n2. Done",
+                                  '<ol><li><p>Run:</p><pre><code class="language-sh">make all\n</code></pre></li>'
+                                  "<li><p>Done</p></li></ol>"),
+    "links with parentheses": ("See [Foo](https://en.wikipedia.org/wiki/Foo_(bar)) or https://en.wikipedia.org/wiki/Foo_(bar)",
+                               '<p>See <a href="https://en.wikipedia.org/wiki/Foo_(bar)">Foo</a> or '
+                               '<a href="https://en.wikipedia.org/wiki/Foo_(bar)">https://en.wikipedia.org/wiki/Foo_(bar)</a></p>'),
+    "escapes": ("\\*not emphasis\\* and 2 \\< 3 and a\\_b and \\# no heading",
+                "<p>*not emphasis* and 2 &lt; 3 and a_b and # no heading</p>"),
+    "task list": ("- [x] done\n- [ ] open",
+                  '<ul><li><input type="checkbox" checked="" disabled=""> done</li>'
+                  '<li><input type="checkbox" disabled=""> open</li></ul>'),
+    "entities": ("Tom &amp; Jerry & AT&T &copy; ~~old~~",
+                 "<p>Tom &amp; Jerry &amp; AT&amp;T © <del>old</del></p>"),
+}
+
+CANON = """(html) => {
+  const t = document.createElement("template");
+  t.innerHTML = html;
+  const walk = (n) => {
+    if (n.nodeType === 3) return n.data.trim() === "" && n.data.includes("\\n") ? "" : n.data;
+    if (n.nodeType !== 1) return "";
+    const attrs = [...n.attributes].map((a) => a.name === "data-lang" ? ["class", "language-" + a.value] : [a.name, a.value])
+      .sort().map(([k, v]) => " " + k + '="' + v + '"').join("");
+    return "<" + n.localName + attrs + ">" + [...n.childNodes].map(walk).join("") + "</" + n.localName + ">";
+  };
+  return [...t.content.childNodes].map(walk).join("");
+}"""
+
+
+def test_markdown_renders_as_the_gfm_reference(server):
+    with chat_page(server.url, width=1280, path="/chat/hotels") as page:
+        for name, (source, expected) in GFM_CASES.items():
+            ours = page.evaluate(f"(s) => ({CANON})(ChatrunMarkdown.html(s))", source)
+            reference = page.evaluate(f"(s) => ({CANON})(s)", expected)
+            assert ours == reference, name
+
+
+def long_reply() -> str:
+    """About 17 KB of what models write: headings, paragraphs, lists, code, tables."""
+    parts = []
+    for i in range(54):
+        parts.append(f"## Part {i}\n\nThis is paragraph {i} with **bold**, *italics*, `code` and a "
+                     f"[link](https://example.org/{i}). It goes on for a while to be a real paragraph of text.\n\n"
+                     f"- item one of {i}\n- item two, with a sub-list\n  - nested {i}\n\n"
+                     f"```python\ndef part_{i}():\n    return {i} * 2\n```\n\n"
+                     f"| key | value |\n|---|---|\n| a{i} | {i} |\n| b{i} | {i * 2} |\n")
+    return "\n".join(parts)
+
+
+STREAM = """(chunks) => new Promise((done) => {
+  // As the page streams a reply (app.js showChunk): a bubble in the chat, a chunk every 5 ms (a fast
+  // model: ~2,400 characters a second), the chat scrolled to the bottom after each redraw.
+  const box = document.createElement("div");
+  box.className = "msg bot md streaming";
+  box.appendChild(document.createElement("div")).className = "msg-body";
+  const messages = document.getElementById("messages");
+  messages.appendChild(box);
+  const stream = ChatrunMarkdown.stream(box.firstChild, () => { messages.scrollTop = messages.scrollHeight; });
+  let i = 0;
+  const next = () => {
+    if (i === chunks.length) {
+      stream.finish(chunks.join(""));
+      box.classList.remove("streaming");
+      requestAnimationFrame(() => done());
+      return;
+    }
+    stream.append(chunks[i++]);
+    setTimeout(next, 5);
+  };
+  next();
+})"""
+
+
+def main_thread_cpu_ms(trace: bytes) -> float:
+    """The CPU time of the page's main thread's tasks in a Chromium trace (`tdur`: thread time,
+    so a busy machine's waits do not count)."""
+    events = json.loads(trace)["traceEvents"]
+    main = {(e["pid"], e["tid"]) for e in events
+            if e.get("name") == "thread_name" and e["args"].get("name") == "CrRendererMain"}
+    tasks = ("ThreadControllerImpl::RunTask", "RunTask")
+    return sum(e.get("tdur", 0) for e in events
+               if (e["pid"], e["tid"]) in main and e.get("name") in tasks and e.get("ph") == "X") / 1000
+
+
+def test_a_streamed_17kb_reply_costs_time_linear_in_its_length(server):
+    text = long_reply()
+    assert 16_000 <= len(text.encode()) <= 18_000
+    chunks = [text[i:i + 12] for i in range(0, len(text), 12)]  # word-sized, as providers stream
+    with chat_page(server.url, width=1280, path="/chat/hotels") as page:
+        browser = page.context.browser
+        browser.start_tracing(page=page, categories=["toplevel"])
+        page.evaluate(STREAM, chunks)
+        cpu = main_thread_cpu_ms(browser.stop_tracing())
+        parsed = page.evaluate("ChatrunMarkdown.stats.parsed")
+        print(f"{len(chunks)} chunks, {len(text)} characters: {cpu:.1f} ms of main-thread CPU in all, "
+              f"{parsed} characters parsed")
+        # Each block is parsed while it grows and once when done: a few times the reply, not (as when
+        # every chunk re-rendered the whole reply) once per chunk: 1,436 x 8.6 KB on average.
+        assert parsed <= 4 * len(text)
+        same = page.evaluate("""(text) => {
+          const whole = document.createElement("div");
+          whole.appendChild(ChatrunMarkdown.render(text));
+          const streamed = document.querySelector("#messages .msg.bot .msg-body");
+          return [streamed.textContent === whole.textContent, streamed.querySelectorAll("h4").length];
+        }""", text)
+        assert same == [True, 54]  # what one render of the whole reply makes
+
+
+def test_streaming_leaves_shown_blocks_alone_and_scroll_follows_only_at_the_bottom(server, fake):
+    first = "The first paragraph, with [a link](https://example.org/a).\n\n"
+    rest = [f"Paragraph {i} of the rest, long enough to fill the screen.\n\n" for i in range(120)]
+    with chat_page(server.url, width=390, height=700, path="/chat/hotels") as page:
+        fake.queue({"chunks": [first, *rest], "chunk_delay": 0.03})
+        page.fill("#input", "tell me")
+        page.press("#input", "Enter")
+        # Once the reply is longer than the screen (before that, the reader is at its bottom):
+        page.wait_for_function("(() => { const m = document.getElementById('messages');"
+                               " return document.querySelector('.msg.bot.streaming .md-settled a')"
+                               " && m.scrollHeight > 2 * m.clientHeight; })()", timeout=20_000)
+        # The reader selects the first paragraph and scrolls up, while the reply still streams.
+        still_streaming = page.evaluate("""() => {
+          const link = document.querySelector(".msg.bot.streaming .md-settled a");
+          window.heldLink = link;
+          const range = document.createRange();
+          range.selectNodeContents(link.parentNode);
+          getSelection().removeAllRanges();
+          getSelection().addRange(range);
+          const box = document.getElementById("messages");
+          box.scrollTop = 0;
+          box.dispatchEvent(new Event("scroll"));
+          return Boolean(document.querySelector(".msg.bot.streaming"));
+        }""")
+        page.wait_for_selector(".msg.bot:not(.streaming)", timeout=20_000)
+        page.wait_for_selector("#thinking", state="hidden")
+        assert still_streaming  # ~90 more chunks 30 ms apart were still to come
+        assert page.evaluate("heldLink.isConnected")
+        assert page.evaluate("getSelection().toString()").startswith("The first paragraph")
+        assert page.evaluate("document.getElementById('messages').scrollTop") == 0
+        assert page.locator("#to-bottom").is_visible()
+        page.click("#to-bottom")
+        assert page.evaluate("(() => { const b = document.getElementById('messages');"
+                             " return b.scrollHeight - b.scrollTop - b.clientHeight; })()") < 2
+        assert not page.locator("#to-bottom").is_visible()
+
+
+@pytest.mark.parametrize("mode", ["user", "author"])
+def test_without_a_model_users_read_a_plain_explanation(tmp_path, monkeypatch, mode):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    path = "/chat/hotels" if mode == "user" else "/bots/hotels/"
+    with serve(tmp_path) as server, chat_page(server.url, width=390, path=path) as page:
+        banner = page.locator("#model-banner")
+        banner.wait_for(state="visible")
+        if mode == "user":
+            assert banner.inner_text().startswith("This chat cannot answer yet")
+            assert "OPENAI" not in banner.inner_text()  # no configuration talk for the public
+            shot(page, "enduser-no-model")
+            assert axe_problems(page) == []
+        else:
+            assert "OPENAI_API_KEY" in banner.inner_text() and "chatrun repl hotels" in banner.inner_text()

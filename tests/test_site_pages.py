@@ -1,0 +1,44 @@
+"""The page's two modes (issue 35): /chat/{bot} for end users, / and /bots/{bot}/ for the bot's author
+(?view=user previews the end-user page), and the vendored Markdown libraries served with their licences."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+import chatrun
+from server_support import app_for_testclient
+
+BOT = "name: shop\ndescription: Sells things.\nmodel: {name: gpt-4o-mini}\nroutes:\n  main: {default: true, system: Sell.}\n"
+
+
+@pytest.fixture
+def client(tmp_path):
+    (tmp_path / "shop.yaml").write_text(BOT)
+    with TestClient(app_for_testclient([chatrun.load_bot(tmp_path / "shop.yaml")], "memory://")) as c:
+        yield c
+
+
+def mode(page) -> str:
+    assert page.status_code == 200, page.text
+    return page.text.split('data-mode="', 1)[1].split('"', 1)[0]
+
+
+def test_end_users_get_the_chat_page_and_authors_the_inspector(client):
+    assert mode(client.get("/chat/shop")) == "user"
+    assert mode(client.get("/")) == "author"
+    assert mode(client.get("/bots/shop/")) == "author"
+    assert mode(client.get("/bots/shop/?view=user")) == "user"
+    assert client.get("/chat/nope").status_code == 404
+    moved = client.get("/chat/shop/", follow_redirects=False)
+    assert moved.status_code == 307 and moved.headers["location"] == "/chat/shop"
+
+
+def test_the_markdown_libraries_are_served_with_their_licences(client):
+    page = client.get("/chat/shop").text
+    for name, marker in (("marked.min.js", "marked v18.3.0"), ("purify.min.js", "DOMPurify 3.5.0")):
+        assert f"/_chat/static/vendor/{name}" in page
+        script = client.get(f"/_chat/static/vendor/{name}")
+        assert script.status_code == 200 and marker in script.text and "sourceMappingURL" not in script.text
+    for licence in ("marked.LICENSE", "purify.LICENSE"):
+        assert client.get(f"/_chat/static/vendor/{licence}").status_code == 200
