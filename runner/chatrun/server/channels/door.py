@@ -28,12 +28,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from chatrun.definition.config import BotConfig
 from chatrun.engine.session import REPLY_TO
-from chatrun.errors import ChatrunError, SessionError
+from chatrun.errors import AttachmentRefused, ChatrunError, SessionError
 from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal
 from chatrun.server.channels.base import (
     ChannelKind,
+    FetchFailed,
     Inbound,
+    Outgoing,
     SendFailed,
     Unauthorized,
     outgoing,
@@ -50,12 +52,19 @@ from chatrun.server.sessions import OPEN
 from chatrun.server.webhook import Attempt
 
 if TYPE_CHECKING:
+    from chatrun.engine.session import Session
     from chatrun.server.sessions import SessionRegistry
 
 log = logging.getLogger("chatrun.channels")
 
 # The channel kinds, by their key under `channels:` (definition/config.py's CHANNEL_SECRETS
 # lists their credentials for the validator).
+# What a user reads when the files they sent are not taken (the turn does not run; the log says why).
+FILES_NOT_TAKEN = "Sorry, I cannot take files here. Please send your message as text."
+FILES_REFUSED = ("Sorry, I cannot take that file. I take {kinds} files of up to {size}, "
+                 "at most {count} per message.")
+FILE_UNREADABLE = "Sorry, I could not read your file. Please send it again."
+
 CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Teams, Telegram, Twilio, WhatsApp)}
 
 
@@ -209,21 +218,76 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
     """The message's turn in the session; False when that conversation has ended (nothing ran).
     A refusal that another try cannot change (a message too long, say) is logged and dropped, so
     the platform does not deliver it again forever; a failure another try may heal (the store is
-    down, a version this replica lacks) is the platform's to retry: 5xx."""
+    down, a version this replica lacks) is the platform's to retry: 5xx. A file the route does
+    not take, or one that cannot be fetched, is told to the user instead of running the turn."""
     kind = channel.kind
     meta = {REPLY_TO: {"sink": channel.config.sink, "address": inbound.address}}
+    notice: str | None = None
     try:
         async with registry.session(bot, session_id, channels.principal(kind, inbound), OPEN,
                                     locale=inbound.locale, meta=meta) as session:
-            run = registry.turn(session, inbound.text, f"{kind}:{inbound.delivery}")
+            request_id = f"{kind}:{inbound.delivery}"
+            run = registry.turn(session, inbound.text, request_id)
             if session.ended is not None and not await run.is_replay():  # (the ending turn's retry replays)
                 return False
-            async for _ in run:
-                pass  # the events reach the user through the outbox, after the commit
+            if inbound.files and not await run.is_replay():  # a retry replays: nothing fetched again
+                try:
+                    run = registry.turn(session, await _attached(channels, channel, session, inbound), request_id)
+                except (AttachmentRefused, FetchFailed) as exc:
+                    log.warning("channel %s of bot %s: delivery %s: its files are refused: %s",
+                                kind, bot, inbound.delivery, exc)
+                    notice = _file_notice(session, exc)
+            if notice is None:
+                async for _ in run:
+                    pass  # the events reach the user through the outbox, after the commit
     except wire.RequestFailed as exc:
         if wire.HTTP_STATUS.get(exc.reason, 400) >= 500:
             raise
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc.message)
     except SessionError as exc:
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc)
+    if notice is not None:
+        await _tell(registry, channels, channel, bot, session_id, inbound, notice)
     return True
+
+
+async def _attached(channels: Channels, channel: ChannelKind, session: Session, inbound: Inbound) -> dict[str, Any]:
+    """The message with its files fetched and kept in the session's blob area, checked against
+    the current route's `attachments:` first from what the platform announces (kinds, count,
+    sizes), then while each is read (never past `max_bytes`)."""
+    policy = session.attachment_policy()  # AttachmentRefused: the route takes no files
+    session.check_attachments([(file.media_type, file.size or 0) for file in inbound.files])
+    kept = []
+    for file in inbound.files:
+        data = await channel.fetch(channels.client(), file, policy.max_bytes)
+        kept.append(session.attach(data, file.media_type, file.name).to_dict())
+    return {"userMessage": inbound.text, "attachments": kept}
+
+
+def _file_notice(session: Session, exc: ChatrunError) -> str:
+    """What the user reads when their files are not taken: what the route takes, in their terms."""
+    if isinstance(exc, FetchFailed) and not exc.too_large:
+        return FILE_UNREADABLE
+    policy = session.bot.config.routes[session.route].attachments
+    if policy is None:
+        return FILES_NOT_TAKEN
+    return FILES_REFUSED.format(kinds=", ".join(policy.kinds), size=_size(policy.max_bytes), count=policy.max_count)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1048576:.3g} MB" if n >= 1048576 else f"{n / 1024:.3g} KB" if n >= 1024 else f"{n} bytes"
+
+
+async def _tell(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str, session_id: str,
+                inbound: Inbound, text: str) -> None:
+    """Send a notice that no turn made (its files refused) straight to the user, once per
+    delivery: a retried delivery finds the record and sends nothing again."""
+    key = f"channel-notice:{bot}:{channel.kind}:{inbound.delivery}"
+    if await registry.store.get_record(key) is not None:
+        return
+    try:
+        await channel.send(channels.client(), inbound.address, Outgoing(text))
+    except ChatrunError as exc:
+        log.warning("channel %s of bot %s: could not tell the user their files were refused: %s", channel.kind, bot, exc)
+        return
+    await registry.store.put_record(key, {"sent": text}, session_id)
