@@ -91,6 +91,9 @@ class ChannelKind:
     # (Slack: 3): the turn goes on after the answer. None: the answer waits for the turn, and a
     # delivery the platform gives up on is sent again and replayed.
     ack_within: ClassVar[float | None] = None
+    # Seconds between the updates of a reply shown while the model streams it (Slack: post the
+    # first chunk, update that message); None: the kind shows only the committed reply.
+    stream_every: ClassVar[float | None] = None
 
     def __init__(self, bot: BotConfig, config: ChannelConfig):
         self.bot, self.config = bot, config
@@ -150,6 +153,19 @@ class ChannelKind:
 
     async def after(self, client: httpx.AsyncClient, inbound: Inbound) -> None:
         """What the platform wants once a message is handled (Telegram: answer a button's callback)."""
+
+    async def stream_start(self, client: httpx.AsyncClient, address: dict[str, Any], text: str) -> dict[str, Any]:
+        """Post the first chunks of a streamed reply; the handle `stream_update` and `replace` use."""
+        raise NotImplementedError
+
+    async def stream_update(self, client: httpx.AsyncClient, handle: dict[str, Any], message: Outgoing) -> None:
+        """Show more of a streamed reply in the message `stream_start` posted."""
+        raise NotImplementedError
+
+    async def replace(self, client: httpx.AsyncClient, handle: dict[str, Any], message: Outgoing) -> None:
+        """Make the streamed message the reply's first message: the committed text, or the
+        failure's when the turn rolled back (`stream_update`, unless the kind needs more)."""
+        await self.stream_update(client, handle, message)
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
         """The bytes of a user's file (at most `limit`); FetchFailed when they cannot be had."""

@@ -20,15 +20,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from chatrun import events as ev
 from chatrun.definition.config import BotConfig
 from chatrun.engine.session import REPLY_TO
 from chatrun.errors import AttachmentRefused, ChatrunError, SessionError
+from chatrun.events import Event
 from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal
 from chatrun.server.channels.base import (
@@ -54,6 +57,8 @@ from chatrun.server.webhook import Attempt
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
     from chatrun.server.sessions import SessionRegistry
+    from chatrun.server.turn_run import TurnRun
+    from chatrun.store.aio import AsyncStore
 
 log = logging.getLogger("chatrun.channels")
 
@@ -72,8 +77,8 @@ class Channels:
     """The app's channels: each bot's declared ones, built from the bot's config as served now,
     and the one HTTP client that calls the platforms."""
 
-    def __init__(self, auth: Auth | None):
-        self.auth = auth
+    def __init__(self, auth: Auth | None, store: AsyncStore | None = None):
+        self.auth, self.store = auth, store  # the store: where a streamed reply's message is noted
         self._built: dict[tuple[int, str], ChannelKind] = {}
         self._client: httpx.AsyncClient | None = None
         self.running: set[asyncio.Future[None]] = set()  # turns going on after their delivery was answered
@@ -125,13 +130,71 @@ class Channels:
             return Attempt(False, f"bot {bot.name} declares no channel {kind}")
         data = body.get("data") or {}
         try:
-            for message in outgoing(data.get("events") or []):
-                await channel.send(self.client(), data.get("to") or {}, message)
+            streamed = await self._streamed(channel, body)
+            for i, message in enumerate(outgoing(data.get("events") or [])):
+                if i == 0 and streamed is not None:  # the message the model's stream was shown in
+                    await channel.replace(self.client(), streamed, message)
+                else:
+                    await channel.send(self.client(), data.get("to") or {}, message)
         except SendFailed as exc:
             return Attempt(False, str(exc), exc.status)
         except ChatrunError as exc:  # an unset credential: named, never shown
             return Attempt(False, str(exc))
         return Attempt(True, status=200)
+
+
+    async def _streamed(self, channel: ChannelKind, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The message a reply's turn was streamed in, if it was and before this reply was made
+        (a rolled-back attempt's partial message is its apology's; a later attempt of the same
+        turn number streams in a message of its own, which an earlier apology leaves alone)."""
+        if channel.stream_every is None or self.store is None or not body.get("session"):
+            return None
+        found = await self.store.get_record(stream_key(str(body["session"]), int(body.get("turn") or 0)))
+        if found is None or float(found.get("at") or 0) > float(body.get("created") or 0):
+            return None
+        return found
+
+
+def stream_key(session_id: str, turn: int) -> str:
+    """The store's record of the message a turn's reply was streamed in (Slack's channel and ts)."""
+    return f"channel-stream:{session_id}:{turn}"
+
+
+class Streamer:
+    """A reply shown while the model streams it: its first chunks posted as one message, that
+    message updated at most every `stream_every` seconds. The message is noted in the store
+    before the turn commits (the updates are awaited between the turn's events, so every one is
+    done before the commit); the committed reply, or the apology of a rolled-back turn, then
+    replaces it from the outbox (`Channels.deliver`): shown once, never posted twice. (The
+    turn's events are made ahead of this reading: the reply's `created` may be before the first
+    post; the commit that makes it deliverable is after the last event is read.)"""
+
+    def __init__(self, channels: Channels, channel: ChannelKind, session_id: str, address: dict[str, Any]):
+        self.channels, self.channel, self.session_id, self.address = channels, channel, session_id, address
+        self.text, self.shown_at, self.broken = "", 0.0, False
+        # Before the turn starts: the turn's reply is made after it (its `created`), the reply of
+        # an earlier attempt that rolled back before it (`Channels._streamed` tells them apart).
+        self.started = time.time()
+        self.handle: dict[str, Any] | None = None
+
+    async def chunk(self, event: Event) -> None:
+        if self.broken or event.type != ev.STREAM or not isinstance(event.data, str):
+            return
+        self.text += event.data
+        now, every = time.monotonic(), self.channel.stream_every or 0.0
+        try:
+            if self.handle is None:
+                self.handle = await self.channel.stream_start(self.channels.client(), self.address, self.text)
+                assert self.channels.store is not None
+                await self.channels.store.put_record(stream_key(self.session_id, event.turn),
+                                                     {**self.handle, "at": self.started}, self.session_id)
+                self.shown_at = now
+            elif now - self.shown_at >= every:
+                await self.channel.stream_update(self.channels.client(), self.handle, Outgoing(self.text))
+                self.shown_at = now
+        except SendFailed as exc:  # shown at the end, from the outbox, as without streaming
+            log.info("channel %s: a streamed reply is not shown while it streams: %s", self.channel.kind, exc)
+            self.broken = True
 
 
 def make_channel_router() -> APIRouter:
@@ -238,8 +301,10 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
                                 kind, bot, inbound.delivery, exc)
                     notice = _file_notice(session, exc)
             if notice is None:
-                async for _ in run:
-                    pass  # the events reach the user through the outbox, after the commit
+                streamer = await _streamer(channels, channel, session, inbound, run)
+                async for event in run:  # the events reach the user through the outbox, after the commit
+                    if streamer is not None:
+                        await streamer.chunk(event)
     except wire.RequestFailed as exc:
         if wire.HTTP_STATUS.get(exc.reason, 400) >= 500:
             raise
@@ -249,6 +314,16 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
     if notice is not None:
         await _tell(registry, channels, channel, bot, session_id, inbound, notice)
     return True
+
+
+async def _streamer(channels: Channels, channel: ChannelKind, session: Session, inbound: Inbound,
+                    run: TurnRun) -> Streamer | None:
+    """The streamer of a new turn on a kind that shows streamed replies. A note of a streamed
+    message left by an attempt of the same turn number that rolled back is dropped first."""
+    if channel.stream_every is None or channels.store is None or await run.is_replay():
+        return None
+    await channels.store.delete_record(stream_key(session.id, session.turn_count + 1))
+    return Streamer(channels, channel, session.id, inbound.address)
 
 
 async def _attached(channels: Channels, channel: ChannelKind, session: Session, inbound: Inbound) -> dict[str, Any]:

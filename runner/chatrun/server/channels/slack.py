@@ -41,6 +41,7 @@ MAX_TEXT = 3000  # Slack's limit on a section block's text
 class Slack(ChannelKind):
     kind = "slack"
     ack_within = 2.0
+    stream_every = 1.0  # Slack's chat.update is rate-limited (Tier 3, about 50 a minute)
 
     @classmethod
     def missing(cls) -> str | None:
@@ -87,26 +88,47 @@ class Slack(ChannelKind):
                                    {"Authorization": f"Bearer {self.secret('token')}"})
 
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
-        body: dict[str, Any] = {"channel": address["channel"], "text": message.text[:MAX_TEXT]}
+        body: dict[str, Any] = {"channel": address["channel"], **_content(message)}
         if address.get("thread_ts"):
             body["thread_ts"] = address["thread_ts"]
-        if message.buttons:
-            body["blocks"] = [
-                {"type": "section", "text": {"type": "mrkdwn", "text": message.text[:MAX_TEXT]}},
-                {"type": "actions", "elements": [
-                    {"type": "button", "action_id": f"choice_{i}", "text": {"type": "plain_text", "text": label[:75]},
-                     "value": value[:MAX_VALUE]} for i, (label, value) in enumerate(message.buttons)]},
-            ]
-        url = f"{self.option('api', DEFAULT_API).rstrip('/')}/chat.postMessage"
+        await self._call(client, "chat.postMessage", body)
+
+    async def stream_start(self, client: httpx.AsyncClient, address: dict[str, Any], text: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"channel": address["channel"], "text": text[:MAX_TEXT]}
+        if address.get("thread_ts"):
+            body["thread_ts"] = address["thread_ts"]
+        answer = await self._call(client, "chat.postMessage", body)
+        return {"channel": str(answer.get("channel") or address["channel"]), "ts": str(answer.get("ts"))}
+
+    async def stream_update(self, client: httpx.AsyncClient, handle: dict[str, Any], message: Outgoing) -> None:
+        # chat.update names the message by its channel and ts; done twice, it shows the same.
+        await self._call(client, "chat.update", {"channel": handle["channel"], "ts": handle["ts"], **_content(message)})
+
+    async def _call(self, client: httpx.AsyncClient, method: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = f"{self.option('api', DEFAULT_API).rstrip('/')}/{method}"
         try:
             response = await client.post(url, json=body, timeout=self.timeout,
                                          headers={"Authorization": f"Bearer {self.secret('token')}"})
         except httpx.HTTPError as exc:
-            raise SendFailed(f"slack chat.postMessage: cannot reach the Web API ({type(exc).__name__})") from None
+            raise SendFailed(f"slack {method}: cannot reach the Web API ({type(exc).__name__})") from None
         answer = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
         if response.status_code != 200 or not answer.get("ok"):
-            raise SendFailed(f"slack chat.postMessage: {response.status_code} {answer.get('error') or response.text[:200]}",
+            raise SendFailed(f"slack {method}: {response.status_code} {answer.get('error') or response.text[:200]}",
                              response.status_code)
+        return answer
+
+
+def _content(message: Outgoing) -> dict[str, Any]:
+    """A message's text, and its buttons as Block Kit (chat.postMessage and chat.update alike)."""
+    body: dict[str, Any] = {"text": message.text[:MAX_TEXT]}
+    if message.buttons:
+        body["blocks"] = [
+            {"type": "section", "text": {"type": "mrkdwn", "text": message.text[:MAX_TEXT]}},
+            {"type": "actions", "elements": [
+                {"type": "button", "action_id": f"choice_{i}", "text": {"type": "plain_text", "text": label[:75]},
+                 "value": value[:MAX_VALUE]} for i, (label, value) in enumerate(message.buttons)]},
+        ]
+    return body
 
 
 def _event(delivery: str, event: dict[str, Any]) -> list[Inbound]:
