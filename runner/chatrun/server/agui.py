@@ -53,8 +53,9 @@ APPROVAL_SCHEMA = {"type": "object", "required": ["decision"], "properties": {
 
 def make_agui_router() -> APIRouter:
     router = APIRouter(tags=["ag-ui"])
-    router.add_api_route("/agui/{bot}", run_agent, methods=["POST"],
-                         summary="Run the bot on an AG-UI thread; its events as Server-Sent Events (docs/agui.md)")
+    # Not in chatrun's OpenAPI document: the body and the stream are AG-UI's own (its
+    # RunAgentInput and events, ag-ui-protocol), documented by the protocol and docs/agui.md.
+    router.add_api_route("/agui/{bot}", run_agent, methods=["POST"], include_in_schema=False)
     return router
 
 

@@ -92,7 +92,8 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
         tags=["sessions"], openapi_extra=_body(
             {"turn": {"type": "integer", "minimum": 1}, "rating": {"enum": list(wire.RATINGS)},
              "comment": {"type": "string", "maxLength": wire.MAX_COMMENT}},
-            {"turn": 2, "rating": "down", "comment": "It booked the wrong day"}))
+            {"turn": 2, "rating": "down", "comment": "It booked the wrong day"}, required=("turn", "rating"),
+            closed=True))
     return router
 
 
@@ -504,7 +505,11 @@ UPLOAD_BODY = {"requestBody": {"required": True, "description": (
     "example": {"media_type": "image/png", "name": "parcel.png", "data": "iVBORw0K"}}}}}
 
 
-def _body(properties: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
-    """OpenAPI text for a JSON body the handler parses itself (to give its own clear errors)."""
-    schema = {"type": "object", "properties": properties, "additionalProperties": True}
+def _body(properties: dict[str, Any], example: dict[str, Any], required: tuple[str, ...] = (),
+          closed: bool = False) -> dict[str, Any]:
+    """OpenAPI text for a JSON body the handler parses itself (to give its own clear errors);
+    `closed`: the handler refuses fields it does not name."""
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": not closed}
+    if required:
+        schema["required"] = list(required)
     return {"requestBody": {"content": {"application/json": {"schema": schema, "example": example}}}}

@@ -58,6 +58,7 @@ from chatrun.server.inspect import pending_data
 from chatrun.server.plumbing import Caller, CallerOrToken, Registry, read_json_object
 from chatrun.server.sessions import EXISTING, Reach
 from chatrun.store.record import (
+    CURSOR_PATTERN,
     PendingSession,
     decode_cursor,
     encode_cursor,
@@ -185,7 +186,7 @@ async def list_all_pending(
     role: Annotated[str | None, Query(description="only items this role may decide (named in their `by`)")] = None,
     older_than: Annotated[float | None, Query(ge=0, description="only items waiting longer than this (seconds)")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="sessions per page at most")] = PAGE_SIZE,
-    cursor: Annotated[str | None, Query(description="the `next` of the page before")] = None,
+    cursor: Annotated[str | None, Query(description="the `next` of the page before", pattern=CURSOR_PATTERN)] = None,
     order: Annotated[Literal["waiting", "recent"], Query(
         description="`waiting`: longest waiting first; `recent`: newest activity first (the inbox)")] = "waiting",
 ) -> Any:

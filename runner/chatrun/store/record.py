@@ -469,24 +469,26 @@ def _epoch_or_zero(iso: Any) -> float:
         return 0.0
 
 
-def encode_cursor(position: float, session_id: str) -> str:
-    """An opaque paging cursor: after this (position, session) in an index."""
-    import base64
+CURSOR_PATTERN = r"^-?[0-9]+(\.[0-9]+)?(e[-+]?[0-9]+)?:.+$"  # what the HTTP API documents a cursor as
 
-    return base64.urlsafe_b64encode(json.dumps([position, session_id]).encode()).decode().rstrip("=")
+
+def encode_cursor(position: float, session_id: str) -> str:
+    """A paging cursor: after this (position, session) in an index, as "POSITION:SESSION". Every
+    text of CURSOR_PATTERN's shape is a place in the index (an invented one pages from there), so a
+    well-formed cursor is never refused."""
+    return f"{float(position)!r}:{session_id}"
 
 
 def decode_cursor(cursor: str) -> tuple[float, str]:
-    """The (position, session) of a cursor; ValueError when it is not one encode_cursor made."""
-    import base64
-
+    """The (position, session) of a cursor; ValueError when it is not of encode_cursor's shape."""
+    position, colon, session_id = cursor.partition(":")
     try:
-        position, session_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"not a cursor this server gave out ({exc})") from None
-    if not isinstance(position, int | float) or not isinstance(session_id, str):
-        raise ValueError("not a cursor this server gave out")
-    return float(position), session_id
+        value = float(position)
+    except ValueError:
+        raise ValueError("not a cursor this server gave out (POSITION:SESSION)") from None
+    if not colon or not session_id or value != value or value in (float("inf"), float("-inf")):
+        raise ValueError("not a cursor this server gave out (POSITION:SESSION)")
+    return value, session_id
 
 
 # -- the commit ------------------------------------------------------------------------------
