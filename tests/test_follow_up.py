@@ -156,3 +156,30 @@ def test_other_channels_get_the_follow_up_through_the_outbox(bot):
     [reply] = session.last_turn[OUTBOX_KEY]
     assert reply["sink"] == "channel:telegram" and reply["body"]["data"]["to"] == {"chat_id": 7}
     assert reply["body"]["data"]["events"][0]["data"].startswith("Still there")
+
+
+WHATSAPP = """
+env: {T: {secret: true}, S: {secret: true}, V: {secret: true}}
+channels: {whatsapp: {token: T, app_secret: S, verify_token: V}}
+"""
+
+
+def diagnostics(write_bot, text):
+    from chatrun.definition.loader import check_bot
+
+    return [(d.line, d.severity, d.message) for d in check_bot(write_bot(text))[1]]
+
+
+def test_the_validator_checks_follow_ups_at_their_line(write_bot):
+    plain = BOOKING.replace("locales: [en]\n", "").replace("{{ t('nudge', name='Ann') }}", "Still there?")
+    bad = diagnostics(write_bot, plain.replace("after: 2h", "after: 2 hours"))
+    assert any(sev == "error" and line == 14 and "duration" in msg for line, sev, msg in bad), bad
+    late = diagnostics(write_bot, plain.replace("after: 2h", "after: 2d") + WHATSAPP)
+    assert [(line, msg[:60]) for line, sev, msg in late if "follow-up" in msg] == [
+        (14, "route `wizard`'s follow-up comes more than 24 hours after th")]
+    unused = diagnostics(write_bot, plain.replace("after: 2h", "after: 2h\n      whatsapp_template: {name: x}"))
+    assert any("no `whatsapp` channel" in msg and line == 15 for line, sev, msg in unused), unused
+    typo = diagnostics(write_bot, plain.replace("state.city or", "state.cty or"))
+    assert any(line == 15 and "cty" in msg for line, sev, msg in typo), typo
+    untranslated = diagnostics(write_bot, BOOKING.replace("\"{{ t('nudge', name='Ann') }}", "\"Hello"))
+    assert any(line == 16 and "untranslated" in msg for line, sev, msg in untranslated), untranslated
