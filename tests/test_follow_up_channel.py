@@ -12,7 +12,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fastapi.testclient import TestClient
 
-from channel_support import FakeTelegram, FakeWhatsApp, telegram_message, whatsapp_message, whatsapp_signed
+from channel_support import (
+    FakeTelegram,
+    FakeWhatsApp,
+    telegram_message,
+    whatsapp_message,
+    whatsapp_signed,
+)
 from chatrun.engine.clock import FileClock
 from chatrun.server.sessions import SessionSettings
 from chatrun.server.sweeper import SweepSettings

@@ -597,7 +597,8 @@ class Session:
                 await turn.summarize()  # after the reply: it never delays the user's answer
             self._c.turn_count = turn.number
             self._c.usage.add(turn.usage)
-            self._c.follow_up = follow_up.armed(self._c, isinstance(decision, Expire))
+            if self._c.follow_up is not None or self._c.route.follow_up is not None:  # most turns: neither
+                self._c.follow_up = follow_up.armed(self._c, isinstance(decision, Expire))
             entry.update(ok=True, route=self.route, stack=self.stack, events=_plain(collected))
             outbox = _outbox(self.bot.config, self.id, collected) + _replies(self.meta, self.bot.config, self.id,
                                                                              collected)
