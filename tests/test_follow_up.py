@@ -183,3 +183,15 @@ def test_the_validator_checks_follow_ups_at_their_line(write_bot):
     assert any(line == 15 and "cty" in msg for line, sev, msg in typo), typo
     untranslated = diagnostics(write_bot, BOOKING.replace("\"{{ t('nudge', name='Ann') }}", "\"Hello"))
     assert any(line == 16 and "untranslated" in msg for line, sev, msg in untranslated), untranslated
+
+
+def test_an_operator_in_the_conversation_disarms_it_and_the_release_arms_it(bot):
+    from chatrun import Release, TakeOver
+
+    session, _ = in_wizard(bot)
+    session.principal = {"name": "olga", "roles": ["operators"]}
+    session.roles = {"operators"}
+    at(session, minutes=5).chat(TakeOver())
+    assert session.next_due is None and at(session, hours=5).chat(Expire()) == []
+    at(session, hours=6).chat(Release())
+    assert session.route == "wizard" and session.next_due == (START + timedelta(hours=8)).isoformat()

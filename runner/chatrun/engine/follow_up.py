@@ -61,13 +61,16 @@ def is_due(c: Conversation, now: datetime) -> bool:
 
 
 def fire(t: TurnContext, now: datetime) -> None:
-    """Send the armed follow-up if it is due by `now` (and the conversation is not with an
-    operator: the bot is silent then; it stays armed for after the release's next turn)."""
+    """Send the armed follow-up if it is due by `now`; either way a due one is gone after this
+    turn (never due again: the sweeper does not come back for it). With an operator in the
+    conversation nothing is sent: the bot is silent then."""
     c = t.c
     armed_now = c.follow_up
-    if armed_now is None or not is_due(c, now) or c.taken_over:
+    if armed_now is None or not is_due(c, now):
         return
     c.follow_up = None  # once: whatever happens below, this silence has had its follow-up
+    if c.taken_over:
+        return  # the operators have the conversation: the bot says nothing (the release arms it again)
     route = str(armed_now.get("route"))
     config = _config(c, route)
     if config is None or route != c.scope.route:
