@@ -150,6 +150,7 @@ class _Checker:
             self.tool_choice(route)
             self.output_read_as_call(route)
         self.fallbacks()
+        self.follow_ups()
         self.display_texts()
         for tool in self.config.tools.values():
             self.tool(tool)
@@ -898,6 +899,27 @@ class _Checker:
         if self.config.fallback:
             served = [name for name, route in self.config.routes.items() if not route.fallback]
             self.template(self.config.fallback, "the bot's `fallback`", ("fallback",), None, routes=served)
+
+    def follow_ups(self) -> None:
+        """Routes' `follow_up:` (engine/follow_up.py): the message is a template the user reads
+        (translated in a bot with `locales:`); WhatsApp refuses free text more than 24 hours after
+        the user's last message, so a longer `after` there needs a `whatsapp_template`."""
+        whatsapp = "whatsapp" in self.config.channels
+        for route in self.config.routes.values():
+            follow_up = route.follow_up
+            if follow_up is None:
+                continue
+            at = ("routes", route.name, "follow_up")
+            self.template(follow_up.message, f"`follow_up.message` of route `{route.name}`", (*at, "message"), None,
+                          routes=[route.name], said=True)
+            if whatsapp and follow_up.after > 24 * 3600 and follow_up.whatsapp_template is None:
+                self.add("warning", f"route `{route.name}`'s follow-up comes more than 24 hours after the user's "
+                         "last message: WhatsApp refuses free text then, so on WhatsApp it is never sent (give it a "
+                         "`whatsapp_template:` approved in WhatsApp Manager, or an `after` of 24h or less)",
+                         *at, "after")
+            if follow_up.whatsapp_template is not None and not whatsapp:
+                self.add("warning", f"route `{route.name}`'s follow-up names a `whatsapp_template`, but the bot has "
+                         "no `whatsapp` channel: it is never used", *at, "whatsapp_template")
 
     def display_texts(self) -> None:
         """The texts the page shows end users outside the conversation: the bot's `description:`

@@ -368,6 +368,19 @@ class RouteConfig:
     # What the user gets when the model has nothing to say (an empty answer, even after a nudge;
     # a turn that reached `limits.max_model_calls`): a template, over the bot's `fallback:`.
     fallback: str | None = None
+    follow_up: FollowUpConfig | None = None  # a message written later, unasked, when the user goes quiet here
+    where: Location = field(default_factory=Location)
+
+
+@dataclass(frozen=True)
+class FollowUpConfig:
+    """A route's `follow_up:` (docs/format.md, "Follow-ups"): `message` (a template) goes to the
+    user once, `after` seconds of their silence on the route; `whatsapp_template` (name,
+    language) replaces it on WhatsApp past the platform's 24-hour window."""
+
+    after: float
+    message: str
+    whatsapp_template: tuple[str, str] | None = None
     where: Location = field(default_factory=Location)
 
 

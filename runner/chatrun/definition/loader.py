@@ -34,6 +34,7 @@ from chatrun.definition.config import (
     ChannelConfig,
     EnvVar,
     EventTypeConfig,
+    FollowUpConfig,
     KeyChanges,
     Limits,
     Location,
@@ -707,8 +708,23 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         one_change_per_answer=_bool(raw.get("one_change_per_answer")),
         tool_choice=_str(raw.get("tool_choice")),
         fallback=_str(raw.get("fallback")),
+        follow_up=_follow_up(raw.get("follow_up"), doc, (*base, "follow_up")),
         where=_loc(doc, base),
     )
+
+
+def _follow_up(raw: Any, doc: YamlDoc, path: tuple) -> FollowUpConfig | None:
+    """A route's `follow_up:` (the schema checked its shape; a bad duration is left out)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("message"), str):
+        return None
+    try:
+        after = duration_seconds(str(raw.get("after")))
+    except ValueError:
+        return None
+    template = _dict(raw.get("whatsapp_template"))
+    name = _str(template.get("name"))
+    return FollowUpConfig(after, raw["message"], (name, _str(template.get("language")) or "en") if name else None,
+                          _loc(doc, path))
 
 
 def _attachments(raw: Any) -> AttachmentPolicy | None:

@@ -37,7 +37,13 @@ from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.memory import ChatMemory, make_memory
 from chatrun.messages import AssistantMessage, Message, SummaryMessage, ToolCall, ToolResultMessage
 from chatrun.store import SessionStore
-from chatrun.store.record import SCOPE_SEPARATOR, route_of_memory, scope_id
+from chatrun.store.record import (
+    FOLLOW_UP_KEY,
+    SCOPE_SEPARATOR,
+    follow_up_of,
+    route_of_memory,
+    scope_id,
+)
 
 SNAPSHOT_VERSION = 1
 DONE_CALLS_KEY = "calls_done"  # the snapshot's record of calls done once (engine/once.py)
@@ -62,13 +68,14 @@ class Checkpoint:
     taken_over: dict[str, Any] | None = None
     resolved: dict[str, str] | None = None
     done_calls: tuple[str, ...] = ()  # never changed in place: the turn's start, kept as is
+    follow_up: dict[str, Any] | None = None  # the armed follow-up (never changed in place)
 
 
 class Conversation:
     # No __dict__: one per cached session (issue 26).
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "state", "meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
-                 "taken_over", "resolved", "done_calls")
+                 "taken_over", "resolved", "done_calls", "follow_up")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -101,6 +108,8 @@ class Conversation:
         # The calls of `once` tools done so far, oldest first (engine/once.py): replaced, never
         # changed in place, like `pending`.
         self.done_calls: tuple[str, ...] = ()
+        # The armed follow-up (engine/follow_up.py): {"due", "route", "since"}; replaced, never changed in place.
+        self.follow_up: dict[str, Any] | None = None
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -134,6 +143,7 @@ class Conversation:
         self.resolved = snapshot.get(RESOLVED_KEY) or NOTHING_RESOLVED
         # Absent in older snapshots; a record entry is a string (engine/once.py), anything else is dropped.
         self.done_calls = tuple(e for e in snapshot.get(DONE_CALLS_KEY) or () if isinstance(e, str))
+        self.follow_up = follow_up_of(snapshot)
         # A scope on a route this bot lacks is moved by the session (engine/versions.py) before it runs.
 
     def snapshot(self) -> dict[str, Any]:
@@ -157,6 +167,7 @@ class Conversation:
             **({TAKEOVER_KEY: self.taken_over} if self.taken_over else {}),
             **({RESOLVED_KEY: self.resolved} if self.resolved else {}),
             **({DONE_CALLS_KEY: list(self.done_calls)} if self.done_calls else {}),
+            **({FOLLOW_UP_KEY: self.follow_up} if self.follow_up else {}),
         }
 
     # -- where it is -----------------------------------------------------------------------
@@ -364,7 +375,7 @@ class Conversation:
         return Checkpoint(self.turn_count, ev.copy_plain(self.state), [s.copy() for s in self.scopes], self._next_scope,
                           {mid: _mark(m) for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended,
                           [item.to_dict() for item in self.pending], self.next_pending, copy.deepcopy(self.taken_over),
-                          dict(self.resolved) if self.resolved else None, self.done_calls)
+                          dict(self.resolved) if self.resolved else None, self.done_calls, self.follow_up)
 
     def rollback(self, before: Checkpoint) -> None:
         self.turn_count = before.turn_count
@@ -378,6 +389,7 @@ class Conversation:
         self.taken_over = before.taken_over
         self.resolved = dict(before.resolved) if before.resolved else NOTHING_RESOLVED
         self.done_calls = before.done_calls
+        self.follow_up = before.follow_up
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
         self._memories.clear()

@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
-from chatrun.engine import tracing
+from chatrun.engine import follow_up, tracing
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import Checkpoint, Conversation
 from chatrun.engine.pending import (
@@ -298,8 +298,13 @@ class Session:
 
     @property
     def next_due(self) -> str | None:
-        """The earliest due time of the open items (ISO), or None: when `Expire()` has work."""
-        return earliest_due(self._c.pending)
+        """The earliest due time of the open items and of the armed follow-up (ISO), or None:
+        when `Expire()` has work."""
+        due = earliest_due(self._c.pending)
+        follow = (self._c.follow_up or {}).get("due")
+        if isinstance(follow, str) and (due is None or parse_time(follow) < parse_time(due)):
+            return follow
+        return due
 
     @property
     def stale(self) -> str | None:
@@ -500,9 +505,10 @@ class Session:
             self._running = False
 
     def _due(self, expire: Expire) -> bool:
-        """Whether `Expire` has an item to resolve (by its `now`, else the session clock's)."""
+        """Whether `Expire` has an item to resolve or a follow-up to send (by its `now`, else the
+        session clock's)."""
         now = parse_time(expire.now) if expire.now else self.now()
-        return any(item.is_due(now) for item in self._c.pending)
+        return any(item.is_due(now) for item in self._c.pending) or follow_up.is_due(self._c, now)
 
     def _attachments_of(self, data: dict[str, Any]) -> tuple[Attachment, ...]:
         """The `attachments` of a mapping input (taken out of its data): references the
@@ -591,6 +597,8 @@ class Session:
                 await turn.summarize()  # after the reply: it never delays the user's answer
             self._c.turn_count = turn.number
             self._c.usage.add(turn.usage)
+            if self._c.follow_up is not None or self._c.route.follow_up is not None:  # most turns: neither
+                self._c.follow_up = follow_up.armed(self._c, isinstance(decision, Expire))
             entry.update(ok=True, route=self.route, stack=self.stack, events=_plain(collected))
             outbox = _outbox(self.bot.config, self.id, collected) + _replies(self.meta, self.bot.config, self.id,
                                                                              collected)

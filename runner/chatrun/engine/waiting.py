@@ -34,7 +34,7 @@ from chatrun.definition.config import (
 )
 from chatrun.definition.page_texts import said
 from chatrun.definition.templates import holds
-from chatrun.engine import tracing
+from chatrun.engine import follow_up, tracing
 from chatrun.engine.call import ToolCalls
 from chatrun.engine.context import storable
 from chatrun.engine.conversation import Conversation
@@ -383,8 +383,10 @@ async def decide(calls: ToolCalls, decision: Decision) -> NextStep:
 
 
 async def expire(calls: ToolCalls, decision: Expire) -> NextStep:
-    """Every item due by `now` (the session clock's, unless given) is resolved as its timeout says."""
+    """Every item due by `now` (the session clock's, unless given) is resolved as its timeout
+    says, and a follow-up due by then is sent (engine/follow_up.py)."""
     now = parse_time(decision.now) if decision.now else calls.t.c.now()
+    follow_up.fire(calls.t, now)
     steps: list[NextStep] = []
     for item in [i for i in calls.t.c.pending if i.is_due(now)]:
         if item.kind == TAKEOVER:

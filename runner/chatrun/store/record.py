@@ -160,6 +160,23 @@ def due_of(items: list[JSONObject]) -> str | None:
     return None if best is None else best[1]
 
 
+FOLLOW_UP_KEY = "follow_up"  # the snapshot's armed follow-up: {"due", "route", "since"} (engine/follow_up.py)
+
+
+def follow_up_of(snapshot: JSONObject) -> JSONObject | None:
+    """The snapshot's armed follow-up (a route's `follow_up:` waiting for its time), or None."""
+    found = snapshot.get(FOLLOW_UP_KEY)
+    return found if isinstance(found, dict) else None
+
+
+def due_items(snapshot: JSONObject) -> list[JSONObject]:
+    """What of a session has a due time the sweeper acts on: its pending items and its armed
+    follow-up (both `{"due": ISO, ...}`), so one index says when a session next has work."""
+    items = pending_items_of(snapshot)
+    follow_up = follow_up_of(snapshot)
+    return [*items, follow_up] if follow_up is not None else items
+
+
 def due_epoch(items: list[JSONObject]) -> float | None:
     """due_of as epoch seconds (what the stores' due indexes are ordered by)."""
     due = due_of(items)
@@ -277,8 +294,8 @@ class SessionRecord:
 
     @property
     def due(self) -> str | None:
-        """The earliest due time of its pending items (ISO), or None."""
-        return due_of(self.pending)
+        """The earliest due time of its pending items and its follow-up (ISO), or None."""
+        return due_of(due_items(self.snapshot))
 
     @property
     def pending_kinds(self) -> list[str]:
@@ -516,7 +533,7 @@ class Commit:
     turn: int | None = None
     committed: Committed | None = None
     outbox: list[OutboxEntry] = field(default_factory=list)  # backend events to deliver, from the history
-    due: float | None = None  # the earliest due time of its pending items, epoch seconds (the due index)
+    due: float | None = None  # the earliest due time of its pending items and follow-up, epoch s (the due index)
     pending_count: int = 0  # pending items the snapshot holds, + 1 for a takeover (the operators' index)
     waiting: WaitingEntry | None = None  # its entry in the operators' index (None: nothing waits)
     tallies: list[tuple[str, str, int]] = field(default_factory=list)  # what it counts for (tallies_of)
@@ -549,7 +566,7 @@ class Commit:
             expected=expected,
             outcome=None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1])),
             outbox=outbox_of(session_id, history),
-            due=due_epoch(items),
+            due=due_epoch(due_items(snapshot)),
             pending_count=waiting,
             waiting=waiting_entry(session_id, snapshot) if waiting else None,
             tallies=tallies_of(snapshot),

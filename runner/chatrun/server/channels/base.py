@@ -80,6 +80,8 @@ class Outgoing:
 
     text: str
     buttons: list[tuple[str, str]] = field(default_factory=list)
+    # A follow-up past WhatsApp's 24-hour window: the approved template sent instead (name, language).
+    whatsapp_template: tuple[str, str] | None = None
 
 
 class ChannelKind:
@@ -201,7 +203,9 @@ def outgoing(events: list[dict[str, Any]]) -> list[Outgoing]:
     for event in events:
         kind, data = event.get("type"), event.get("data")
         if kind in (ev.MESSAGE, ev.ERROR) and isinstance(data, str) and data:
-            out.append(Outgoing(data))
+            template = (event.get("meta") or {}).get("whatsapp_template")
+            out.append(Outgoing(data, whatsapp_template=(str(template["name"]), str(template["language"]))
+                                if isinstance(template, dict) else None))
         elif kind == ev.OBJECT:
             out.append(Outgoing(_object_text(data)))
         elif kind == ev.CHOICES and isinstance(data, dict):

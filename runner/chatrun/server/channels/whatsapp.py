@@ -9,8 +9,9 @@ to 3 reply buttons (a list of up to 10 rows beyond that).
 A conversation is the user's phone number on the business number; the principal is
 `whatsapp:<wa_id>`; the delivery is the message's `wamid` (Meta sends a webhook again with the
 same one when it was not answered with 200). WhatsApp lets a business write first, or more
-than 24 hours after the user's last message, only with a pre-approved template: chatrun only
-answers users (docs/channels.md)."""
+than 24 hours after the user's last message, only with a pre-approved template: a route's
+`follow_up:` past that window is sent as its `whatsapp_template` (a template message) or refused
+(engine/follow_up.py; docs/channels.md)."""
 
 from __future__ import annotations
 
@@ -95,7 +96,10 @@ class WhatsApp(ChannelKind):
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
         body: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": address["to"]}
         text = message.text[:MAX_TEXT]
-        if not message.buttons:
+        if message.whatsapp_template is not None:
+            name, language = message.whatsapp_template
+            body |= {"type": "template", "template": {"name": name, "language": {"code": language}}}
+        elif not message.buttons:
             body |= {"type": "text", "text": {"body": text}}
         elif len(message.buttons) <= MAX_BUTTONS:
             body |= {"type": "interactive", "interactive": {"type": "button", "body": {"text": text}, "action": {
