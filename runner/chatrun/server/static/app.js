@@ -486,8 +486,7 @@
   const RENDERERS = {
     ConversationEnded: () => showEnded(),
     Choices: (data, replayed) => showChoices(data, replayed),
-    Message: (data, replayed, type, meta) => (meta && meta.from === "operator"
-      ? showOperatorMessage(asText(data), meta.name, replayed) : showMessage(asText(data), replayed)),
+    Message: (data, replayed, type, meta) => showMessageFrom(asText(data), meta || {}, replayed),
     Pending: (data) => showPending(data),
     Resolved: (data) => showResolved(data),
     Thinking: (data) => showThinking(data),
@@ -526,6 +525,24 @@
     banner.hidden = !name;
     banner.textContent = name ? tx("talking_to", { name: name }) : "";
     banner.dataset.name = name || "";
+    if (!name) showOperatorTyping(null);
+  }
+
+  /** A Message by whom its `meta.from` says: the bot, an operator, or chatrun itself (a notice). */
+  function showMessageFrom(text, meta, replayed) {
+    if (meta.from === "operator") return showOperatorMessage(text, meta.name, replayed);
+    if (meta.from === "notice") return showNoticeLine(text, meta);
+    return showMessage(text, replayed);
+  }
+
+  /** "olga joined / left the conversation": a divider line in the session's language (the
+   * engine's text, or the bot's `page.operator_joined`), not a reply of the bot. */
+  function showNoticeLine(text, meta) {
+    endStreaming();
+    const line = chatBubble("notice-line", text);
+    line.dataset.notice = meta.notice || "";
+    add(line);
+    if (meta.notice === "operator_left") showOperatorTyping(null);
   }
 
   function showOperatorMessage(text, name, replayed) {
@@ -574,6 +591,9 @@
       data = null;
     }
     if (data && started === epoch && !busy) showOthersTurns(data);
+    // The operator's typing rides on the same poll, only while they hold the conversation.
+    const typing = data && data.taken_over ? await api("/sessions/" + encodeURIComponent(session.chatId) + "/typing").catch(() => null) : null;
+    showOperatorTyping(typing && typing.operator);
     // A failed read (the server restarting) is tried again, more slowly, only while waiting.
     if (data) waitingOnOthers = Boolean((data.pending || []).some((i) => !(i.by || []).includes("user")) || data.taken_over);
     clearTimeout(watching);
@@ -594,6 +614,30 @@
     }
     showTakeover(data.taken_over ? data.taken_over.by.name || data.taken_over.by : null);
     if (shown) refreshInspector();
+  }
+
+  // -- typing, both ways, while an operator holds the conversation (docs/operators.md) -------------
+
+  /** "olga is typing…" where "Thinking…" shows, while the operator types (null: nobody). */
+  function showOperatorTyping(name) {
+    const line = $("operator-typing");
+    const text = name ? tx("operator_typing", { name: name }) : "";
+    if (line.textContent !== text) line.textContent = text;
+    line.hidden = !name;
+  }
+
+  const TYPING_PING = 3000; // ms between two "typing" pings (the server counts one for 6 s)
+  let lastTypingPing = 0;
+
+  /** The user's own typing, told to the operator who holds the conversation (nobody else reads it). */
+  function pingTyping(on) {
+    if (!session || !$("takeover-banner").dataset.name) return;
+    const now = Date.now();
+    if (on ? now - lastTypingPing < TYPING_PING : !lastTypingPing) return;
+    lastTypingPing = on ? now : 0;
+    api("/sessions/" + encodeURIComponent(session.chatId) + "/typing", {
+      method: "POST", body: JSON.stringify({ typing: on }), headers: { "Content-Type": "application/json" },
+    }).catch(() => undefined); // a lost ping is harmless: the next one tells
   }
 
   function setBusy(on) {
@@ -1526,8 +1570,11 @@
     ev.preventDefault();
     const text = ui.input.value;
     ui.input.value = "";
+    pingTyping(false);
     send(text);
   });
+  ui.input.addEventListener("input", () => pingTyping(Boolean(ui.input.value.trim())));
+  ui.input.addEventListener("blur", () => pingTyping(false));
   ui.input.addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && !ev.shiftKey) {
       ev.preventDefault();
