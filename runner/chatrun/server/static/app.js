@@ -160,7 +160,25 @@
   function scrollDown(force) {
     if (force) following = true;
     if (following) ui.messages.scrollTop = ui.messages.scrollHeight;
-    $("to-bottom").hidden = following;
+    showToBottom(!following);
+    if (force) stayAtBottom(3);
+  }
+
+  /** A jump to the bottom lays out parts of replies that were skipped while out of view (app.css,
+   * .md-part: content-visibility), which changes the height: follow it for a few frames. */
+  function stayAtBottom(frames) {
+    requestAnimationFrame(() => {
+      if (!following) return;
+      const height = ui.messages.scrollHeight;
+      ui.messages.scrollTop = height;
+      if (frames > 1) stayAtBottom(frames - 1);
+    });
+  }
+
+  /** The "↓" button, touched only when it changes: a streaming reply scrolls several times a second. */
+  function showToBottom(on) {
+    const button = $("to-bottom");
+    if (button.hidden === on) button.hidden = !on;
   }
 
   function add(node) {
@@ -286,8 +304,9 @@
       streaming = add(botBubble("", "streaming"));
       streaming.markdown = ChatrunMarkdown.stream(streaming.querySelector(".msg-body"), () => scrollDown());
     }
+    // The text is kept by the stream and copied to the bubble when it ends (not on each chunk: an
+    // attribute as long as the reply written hundreds of times a second costs its square).
     streaming.markdown.append(chunk);
-    streaming.dataset.text = streaming.markdown.text();
   }
 
   /** A stream that ended without its Message (an error, a stop): what was shown stays. */
@@ -297,6 +316,7 @@
     streaming = null;
     bubble.classList.remove("streaming");
     bubble.markdown.finish();
+    bubble.dataset.text = bubble.markdown.text();
     announceMessage(bubble, "bot", false);
   }
 
@@ -751,7 +771,9 @@
       setBusy(false);
       refreshInspector();
       watch();
-      ui.input.focus();
+      // Back to the box for the next message, unless the reader selected text in the chat
+      // (focusing the box would take their selection away).
+      if (getSelection().isCollapsed) ui.input.focus();
     }
   }
 
@@ -1476,7 +1498,7 @@
   function setUpScrolling() {
     ui.messages.addEventListener("scroll", () => {
       following = atBottom();
-      $("to-bottom").hidden = following;
+      showToBottom(!following);
     }, { passive: true });
     $("to-bottom").addEventListener("click", () => {
       scrollDown(true);
