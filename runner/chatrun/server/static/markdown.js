@@ -157,10 +157,10 @@
    *
    * The cost of a redraw is the browser's (style, layout, paint) far more than marked's, so a
    * redraw does little: at most one per animation frame and one per DRAW_MS; a block is rendered
-   * once when it is complete (the next one has begun) and never touched again; the growing block is
-   * rendered as Markdown when it begins and then at most every RENDER_MS, and between two renders
-   * the text that came is appended to it as a plain text node. Nothing reads the layout here (the
-   * page's onDraw scrolls, once per redraw). */
+   * once when it is complete (the next one has begun) and never touched again; the growing block
+   * shows its text as a plain text node as it comes (appended to, not replaced) and is rendered as
+   * Markdown at most every RENDER_MS, and when the reply finishes. Nothing reads the layout here
+   * (the page's onDraw scrolls, once per redraw). */
   function stream(container, onDraw) {
     const settled = document.createElement("div");
     const tail = document.createElement("div");
