@@ -251,21 +251,57 @@ def main_thread_cpu_ms(trace: bytes) -> float:
                if (e["pid"], e["tid"]) in main and e.get("name") in tasks and e.get("ph") == "X") / 1000
 
 
+# The same feed with a renderer that only keeps the text: what the test's own timers cost.
+FEED_ONLY = STREAM.replace(
+    "const stream = ChatrunMarkdown.stream(box.firstChild, () => { messages.scrollTop = messages.scrollHeight; });",
+    "let kept = ''; const stream = { append(chunk) { kept += chunk; }, finish() {} };")
+
+# The finished reply rendered at once into a bubble, laid out and painted: the least any renderer of
+# it costs on this machine.
+ONCE = """(text) => new Promise((done) => {
+  const box = document.createElement("div");
+  box.className = "msg bot md";
+  box.appendChild(document.createElement("div")).className = "msg-body";
+  const messages = document.getElementById("messages");
+  messages.appendChild(box);
+  box.firstChild.appendChild(ChatrunMarkdown.render(text));
+  messages.scrollTop = messages.scrollHeight;
+  requestAnimationFrame(() => done());
+})"""
+
+
+def traced_cpu_ms(page, script: str, argument) -> float:
+    browser = page.context.browser
+    browser.start_tracing(page=page, categories=["toplevel"])
+    page.evaluate(script, argument)
+    return main_thread_cpu_ms(browser.stop_tracing())
+
+
 def test_a_streamed_17kb_reply_costs_time_linear_in_its_length(server):
+    """What is measured: the CPU time of the page's main thread (Chromium trace, thread time) while
+    1,436 word-sized chunks of a 17 KB reply stream in, 5 ms apart, as the page streams them
+    (ChatrunMarkdown.stream, scrolled to the bottom at each redraw): the Markdown, the sanitizer, DOM
+    insertion, style, layout and paint. The test's own feeding (1,436 timers) is measured apart,
+    with a renderer that only keeps the text, and taken off. That cost is compared with rendering
+    the finished reply once (the least any renderer costs, on the same machine, warm): the budget
+    is a few such renders, whatever the machine's speed. The issue's absolute budget (100 ms) is
+    printed, not asserted: on a loaded 2-core CI box one render of this reply alone takes 70-100 ms."""
     text = long_reply()
     assert 16_000 <= len(text.encode()) <= 18_000
     chunks = [text[i:i + 12] for i in range(0, len(text), 12)]  # word-sized, as providers stream
     with chat_page(server.url, width=1280, path="/chat/hotels") as page:
-        browser = page.context.browser
-        browser.start_tracing(page=page, categories=["toplevel"])
-        page.evaluate(STREAM, chunks)
-        cpu = main_thread_cpu_ms(browser.stop_tracing())
+        streamed = traced_cpu_ms(page, STREAM, chunks)
+        feeding = traced_cpu_ms(page, FEED_ONLY, chunks)
+        once = min(traced_cpu_ms(page, ONCE, text) for _ in range(2))
         parsed = page.evaluate("ChatrunMarkdown.stats.parsed")
-        print(f"{len(chunks)} chunks, {len(text)} characters: {cpu:.1f} ms of main-thread CPU in all, "
+        cost = streamed - feeding
+        print(f"{len(chunks)} chunks, {len(text)} characters: {cost:.1f} ms of main-thread CPU for the page "
+              f"({streamed:.1f} in all, {feeding:.1f} the test's feeding); one render of the reply: {once:.1f} ms; "
               f"{parsed} characters parsed")
         # Each block is parsed while it grows and once when done: a few times the reply, not (as when
         # every chunk re-rendered the whole reply) once per chunk: 1,436 x 8.6 KB on average.
         assert parsed <= 4 * len(text)
+        assert cost <= 6 * once, f"streaming cost {cost:.0f} ms, {cost / once:.1f} renders of the whole reply"
         same = page.evaluate("""(text) => {
           const whole = document.createElement("div");
           whole.appendChild(ChatrunMarkdown.render(text));
@@ -307,8 +343,9 @@ def test_streaming_leaves_shown_blocks_alone_and_scroll_follows_only_at_the_bott
         assert page.evaluate("document.getElementById('messages').scrollTop") == 0
         assert page.locator("#to-bottom").is_visible()
         page.click("#to-bottom")
-        assert page.evaluate("(() => { const b = document.getElementById('messages');"
-                             " return b.scrollHeight - b.scrollTop - b.clientHeight; })()") < 2
+        # Parts skipped while out of view are laid out as the chat jumps: it follows them to the end.
+        page.wait_for_function("(() => { const b = document.getElementById('messages');"
+                               " return b.scrollHeight - b.scrollTop - b.clientHeight < 2; })()", timeout=10_000)
         assert not page.locator("#to-bottom").is_visible()
 
 

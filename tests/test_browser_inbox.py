@@ -159,7 +159,7 @@ def test_the_inbox_lists_pushes_notifies_and_the_operator_answers_at_the_bottom(
         inbox.locator("#user-typing", has_text="ana is typing…").wait_for(timeout=30_000)
         inbox.click("#take-over")
         inbox.wait_for_selector("#operator-input", timeout=30_000)
-        user.locator(".msg", has_text="sam joined the conversation").wait_for(timeout=30_000)
+        user.locator(".notice-line", has_text="sam joined the conversation").wait_for(timeout=30_000)
         inbox.fill("#operator-input", "One moment")  # the page pings "typing" as it fills
         until(lambda: get(server, f"/bots/shop/sessions/{ana}/typing", "ana")["operator"] == "sam")
         inbox.click("[data-canned='late parcel']")
@@ -172,11 +172,61 @@ def test_the_inbox_lists_pushes_notifies_and_the_operator_answers_at_the_bottom(
         no_serious_violations(inbox, f"the conversation at {width} px")
 
         inbox.click("#release")
-        user.locator(".msg", has_text="sam left the conversation").wait_for(timeout=30_000)
+        user.locator(".notice-line", has_text="sam left the conversation").wait_for(timeout=30_000)
         shot(user, f"inbox-user-{width}")
 
         dark = open_page(browser, server, "/operator", "sam", width, errors, dark=True)
         dark.wait_for_selector(".op-session", timeout=30_000)
         shot(dark, f"inbox-list-dark-{width}")
         no_serious_violations(dark, f"the inbox in dark mode at {width} px")
+    assert not errors, f"JavaScript errors: {errors}"
+
+
+def session_of(page: Any) -> str:
+    return page.evaluate("ChatrunPage.session().chatId")
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_users_page_shows_the_operator_typing_and_joined_left_as_lines(server, width, scheme):
+    """The end user's page while sam holds the conversation: "sam joined the conversation" as a
+    divider line (not a reply of the bot), "sam is typing…" while sam types (read on the poll the
+    page makes anyway while an operator holds the conversation), the user's own typing told to
+    sam, and "sam left the conversation" on release, the typing line gone."""
+    errors: list[str] = []
+    with chromium() as browser:
+        user = open_page(browser, server, "/chat/shop", "ana", width, errors, dark=scheme == "dark")
+        user.fill("#input", "human please, my parcel is two weeks late")
+        user.press("#input", "Enter")
+        user.locator(".msg.bot", has_text="Connecting you with a colleague.").wait_for(timeout=30_000)
+        ana = session_of(user)
+        post(server, f"/bots/shop/sessions/{ana}/takeover", "sam", {})
+        joined = user.locator(".notice-line", has_text="sam joined the conversation")
+        joined.wait_for(timeout=30_000)
+        assert user.locator(".msg", has_text="joined the conversation").count() == 0  # not a bubble
+        assert user.locator("#takeover-banner").inner_text() == "You are talking to sam"
+
+        post(server, f"/bots/shop/sessions/{ana}/typing", "sam", {"typing": True, "as": "operator"})
+        user.locator("#operator-typing", has_text="sam is typing…").wait_for(timeout=30_000)
+        user.fill("#input", "It was ordered on the 3rd")  # the page pings "typing" as it fills
+        until(lambda: get(server, f"/bots/shop/sessions/{ana}/typing", "sam")["user"] is True)
+        shot(user, f"presence-typing-{width}-{scheme}")
+        no_serious_violations(user, f"the user's page with an operator typing at {width} px, {scheme}")
+        user.press("#input", "Enter")  # sent: no longer typing
+        until(lambda: get(server, f"/bots/shop/sessions/{ana}/typing", "sam")["user"] is False)
+
+        post(server, f"/bots/shop/sessions/{ana}/typing", "sam", {"typing": False, "as": "operator"})
+        post(server, f"/bots/shop/sessions/{ana}/operator/messages", "sam", {"text": "Refunded in full."})
+        user.locator(".msg.operator", has_text="Refunded in full.").wait_for(timeout=30_000)
+        user.locator("#operator-typing").wait_for(state="hidden", timeout=30_000)
+        post(server, f"/bots/shop/sessions/{ana}/release", "sam", {})
+        user.locator(".notice-line", has_text="sam left the conversation").wait_for(timeout=30_000)
+        assert user.locator("#takeover-banner").is_hidden()
+        assert user.locator(".notice-line").all_inner_texts() == ["sam joined the conversation", "sam left the conversation"]
+        shot(user, f"presence-left-{width}-{scheme}")
+        # Read again (a reload replays the history): the same two lines, no bubbles.
+        user.reload()
+        user.wait_for_selector("body[data-ready=true]", timeout=30_000)
+        user.locator(".notice-line").nth(1).wait_for(timeout=30_000)
+        assert user.locator(".notice-line").all_inner_texts() == ["sam joined the conversation", "sam left the conversation"]
     assert not errors, f"JavaScript errors: {errors}"

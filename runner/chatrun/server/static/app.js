@@ -160,7 +160,25 @@
   function scrollDown(force) {
     if (force) following = true;
     if (following) ui.messages.scrollTop = ui.messages.scrollHeight;
-    $("to-bottom").hidden = following;
+    showToBottom(!following);
+    if (force) stayAtBottom(3);
+  }
+
+  /** A jump to the bottom lays out parts of replies that were skipped while out of view (app.css,
+   * .md-part: content-visibility), which changes the height: follow it for a few frames. */
+  function stayAtBottom(frames) {
+    requestAnimationFrame(() => {
+      if (!following) return;
+      const height = ui.messages.scrollHeight;
+      ui.messages.scrollTop = height;
+      if (frames > 1) stayAtBottom(frames - 1);
+    });
+  }
+
+  /** The "↓" button, touched only when it changes: a streaming reply scrolls several times a second. */
+  function showToBottom(on) {
+    const button = $("to-bottom");
+    if (button.hidden === on) button.hidden = !on;
   }
 
   function add(node) {
@@ -286,8 +304,9 @@
       streaming = add(botBubble("", "streaming"));
       streaming.markdown = ChatrunMarkdown.stream(streaming.querySelector(".msg-body"), () => scrollDown());
     }
+    // The text is kept by the stream and copied to the bubble when it ends (not on each chunk: an
+    // attribute as long as the reply written hundreds of times a second costs its square).
     streaming.markdown.append(chunk);
-    streaming.dataset.text = streaming.markdown.text();
   }
 
   /** A stream that ended without its Message (an error, a stop): what was shown stays. */
@@ -297,6 +316,7 @@
     streaming = null;
     bubble.classList.remove("streaming");
     bubble.markdown.finish();
+    bubble.dataset.text = bubble.markdown.text();
     announceMessage(bubble, "bot", false);
   }
 
@@ -486,8 +506,7 @@
   const RENDERERS = {
     ConversationEnded: () => showEnded(),
     Choices: (data, replayed) => showChoices(data, replayed),
-    Message: (data, replayed, type, meta) => (meta && meta.from === "operator"
-      ? showOperatorMessage(asText(data), meta.name, replayed) : showMessage(asText(data), replayed)),
+    Message: (data, replayed, type, meta) => showMessageFrom(asText(data), meta || {}, replayed),
     Pending: (data) => showPending(data),
     Resolved: (data) => showResolved(data),
     Thinking: (data) => showThinking(data),
@@ -526,6 +545,24 @@
     banner.hidden = !name;
     banner.textContent = name ? tx("talking_to", { name: name }) : "";
     banner.dataset.name = name || "";
+    if (!name) showOperatorTyping(null);
+  }
+
+  /** A Message by whom its `meta.from` says: the bot, an operator, or chatrun itself (a notice). */
+  function showMessageFrom(text, meta, replayed) {
+    if (meta.from === "operator") return showOperatorMessage(text, meta.name, replayed);
+    if (meta.from === "notice") return showNoticeLine(text, meta);
+    return showMessage(text, replayed);
+  }
+
+  /** "olga joined / left the conversation": a divider line in the session's language (the
+   * engine's text, or the bot's `page.operator_joined`), not a reply of the bot. */
+  function showNoticeLine(text, meta) {
+    endStreaming();
+    const line = chatBubble("notice-line", text);
+    line.dataset.notice = meta.notice || "";
+    add(line);
+    if (meta.notice === "operator_left") showOperatorTyping(null);
   }
 
   function showOperatorMessage(text, name, replayed) {
@@ -574,6 +611,9 @@
       data = null;
     }
     if (data && started === epoch && !busy) showOthersTurns(data);
+    // The operator's typing rides on the same poll, only while they hold the conversation.
+    const typing = data && data.taken_over ? await api("/sessions/" + encodeURIComponent(session.chatId) + "/typing").catch(() => null) : null;
+    showOperatorTyping(typing && typing.operator);
     // A failed read (the server restarting) is tried again, more slowly, only while waiting.
     if (data) waitingOnOthers = Boolean((data.pending || []).some((i) => !(i.by || []).includes("user")) || data.taken_over);
     clearTimeout(watching);
@@ -594,6 +634,30 @@
     }
     showTakeover(data.taken_over ? data.taken_over.by.name || data.taken_over.by : null);
     if (shown) refreshInspector();
+  }
+
+  // -- typing, both ways, while an operator holds the conversation (docs/operators.md) -------------
+
+  /** "olga is typing…" where "Thinking…" shows, while the operator types (null: nobody). */
+  function showOperatorTyping(name) {
+    const line = $("operator-typing");
+    const text = name ? tx("operator_typing", { name: name }) : "";
+    if (line.textContent !== text) line.textContent = text;
+    line.hidden = !name;
+  }
+
+  const TYPING_PING = 3000; // ms between two "typing" pings (the server counts one for 6 s)
+  let lastTypingPing = 0;
+
+  /** The user's own typing, told to the operator who holds the conversation (nobody else reads it). */
+  function pingTyping(on) {
+    if (!session || !$("takeover-banner").dataset.name) return;
+    const now = Date.now();
+    if (on ? now - lastTypingPing < TYPING_PING : !lastTypingPing) return;
+    lastTypingPing = on ? now : 0;
+    api("/sessions/" + encodeURIComponent(session.chatId) + "/typing", {
+      method: "POST", body: JSON.stringify({ typing: on }), headers: { "Content-Type": "application/json" },
+    }).catch(() => undefined); // a lost ping is harmless: the next one tells
   }
 
   function setBusy(on) {
@@ -707,7 +771,9 @@
       setBusy(false);
       refreshInspector();
       watch();
-      ui.input.focus();
+      // Back to the box for the next message, unless the reader selected text in the chat
+      // (focusing the box would take their selection away).
+      if (getSelection().isCollapsed) ui.input.focus();
     }
   }
 
@@ -1432,7 +1498,7 @@
   function setUpScrolling() {
     ui.messages.addEventListener("scroll", () => {
       following = atBottom();
-      $("to-bottom").hidden = following;
+      showToBottom(!following);
     }, { passive: true });
     $("to-bottom").addEventListener("click", () => {
       scrollDown(true);
@@ -1526,8 +1592,11 @@
     ev.preventDefault();
     const text = ui.input.value;
     ui.input.value = "";
+    pingTyping(false);
     send(text);
   });
+  ui.input.addEventListener("input", () => pingTyping(Boolean(ui.input.value.trim())));
+  ui.input.addEventListener("blur", () => pingTyping(false));
   ui.input.addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && !ev.shiftKey) {
       ev.preventDefault();

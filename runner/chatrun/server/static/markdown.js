@@ -10,9 +10,9 @@
  * ChatrunMarkdown.html(text)        -> the cleaned HTML, undecorated (what a GFM renderer makes)
  * ChatrunMarkdown.stream(container, onDraw) -> {append(chunk), finish(text), text()}: a reply as it
  *   streams; onDraw() after each redraw (the page scrolls then).
- *   Only the last block is rendered again as chunks come, at most every 100 ms; every block before
- *   it is rendered once and never touched again (so the cost is linear in the reply, and a
- *   selection or a hovered link in it survives later chunks).
+ *   Redrawn at most every 250 ms, in an animation frame: every block but the last is rendered once
+ *   and never touched again (so a selection or a hovered link in it survives later chunks); the
+ *   growing last one shows its text as it comes, rendered as Markdown at most every 500 ms.
  * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them). */
 (function (global) {
   "use strict";
@@ -49,7 +49,8 @@
     IN_PLACE: true, // cleans the nodes given (parsed in INERT, below): no new document per call
   });
   const texts = { copy: "Copy", copied: "Copied", code: "code" };
-  const RENDER_MS = 100;
+  const DRAW_MS = 250; // a streaming reply is redrawn at most this often
+  const RENDER_MS = 500; // and its growing block rendered as Markdown at most this often
   const stats = { parsed: 0 }; // characters streamed replies had parsed again, in all (a test reads it)
 
   // marked's HTML is parsed in a document of its own, with no window: nothing in it loads or runs.
@@ -142,7 +143,24 @@
     return md.parser(tokens);
   }
 
-  /** A streaming reply in `container`: settled blocks, then the growing last one. */
+  // The deepest last block of a rendered tail, where the text that came since its last render is
+  // shown as it is (a paragraph's, a list item's, a cell's, a code block's last line).
+  const INTO = new Set(["DIV", "P", "UL", "OL", "LI", "PRE", "CODE", "BLOCKQUOTE", "TABLE", "THEAD", "TBODY",
+    "TR", "TD", "TH", "H3", "H4", "H5", "H6"]);
+  function lastBlock(root) {
+    let node = root;
+    while (node.lastElementChild && INTO.has(node.lastElementChild.tagName)) node = node.lastElementChild;
+    return node;
+  }
+
+  /** A streaming reply in `container`: settled blocks, then the growing last one.
+   *
+   * The cost of a redraw is the browser's (style, layout, paint) far more than marked's, so a
+   * redraw does little: at most one per animation frame and one per DRAW_MS; a block is rendered
+   * once when it is complete (the next one has begun) and never touched again; the growing block
+   * shows its text as a plain text node as it comes (appended to, not replaced) and is rendered as
+   * Markdown at most every RENDER_MS, and when the reply finishes. Nothing reads the layout here
+   * (the page's onDraw scrolls, once per redraw). */
   function stream(container, onDraw) {
     const settled = document.createElement("div");
     const tail = document.createElement("div");
@@ -151,48 +169,90 @@
     container.append(settled, tail);
     let text = "";
     let offset = 0; // text[0:offset] is rendered in `settled`, for good
+    let shown = 0; // text[0:shown] is on the page (rendered, or as plain text at the tail's end)
+    let rendered = -Infinity; // when the growing block was last rendered as Markdown
+    let raw = null; // the text node the plain text goes to, until the tail is rendered again
 
-    function renderTail() {
+    /** Lex what is not settled; render the complete blocks once; the growing block's tokens. */
+    function settle() {
       stats.parsed += text.length - offset;
       const tokens = md.lexer(text.slice(offset));
       let last = tokens.length - 1;
       while (last > 0 && tokens[last].type === "space") last -= 1;
       // Every block before the last is complete: a later chunk can only grow the last one.
       const done = last > 0 ? tokens.slice(0, last) : [];
-      const growing = tokens.slice(Math.max(last, 0));
-      // The finished blocks and the growing one, cleaned in one pass (one parse, one sanitize).
-      const both = clean("<div>" + blocksHtml(done, tokens.links) + "</div><div>" + blocksHtml(growing, tokens.links) + "</div>");
-      const [finished, grown] = Array.from(both.children);
       if (done.length) {
         // Each redraw's finished blocks in a part of their own, which the browser skips laying out
         // and painting while it is scrolled out of view (app.css, .md-part: content-visibility).
-        finished.className = "md-part";
-        settled.appendChild(decorate(finished));
+        const part = document.createElement("div");
+        part.className = "md-part";
+        part.appendChild(decorate(clean(blocksHtml(done, tokens.links))));
+        settled.appendChild(part);
         for (const token of done) offset += token.raw.length;
       }
-      tail.replaceChildren(...decorate(grown).childNodes);
+      return { growing: tokens.slice(Math.max(last, 0)), links: tokens.links, fresh: done.length > 0 };
     }
 
-    // The tail is drawn at most every RENDER_MS, however fast chunks come: a fast model sends
-    // hundreds a second, and a reader sees no difference beyond ~10 redraws a second.
+    function renderTail(growing, links) {
+      tail.replaceChildren(decorate(clean(blocksHtml(growing, links))));
+      raw = null;
+      shown = text.length;
+      rendered = performance.now();
+    }
+
+    function appendRaw() {
+      if (shown === text.length) return;
+      if (!raw) {
+        const span = document.createElement("span");
+        span.className = "md-raw";
+        raw = span.appendChild(document.createTextNode(""));
+        lastBlock(tail).appendChild(span);
+      }
+      raw.appendData(text.slice(shown));
+      shown = text.length;
+    }
+
+    function redraw(full) {
+      const { growing, links, fresh } = settle();
+      if (fresh) { // a new growing block: its text as it is, until RENDER_MS from now
+        tail.textContent = "";
+        raw = null;
+        shown = offset;
+        rendered = performance.now();
+      }
+      if (full || performance.now() - rendered >= RENDER_MS) renderTail(growing, links);
+      else appendRaw();
+    }
+
+    // However fast chunks come (a fast model sends hundreds a second), at most one redraw per
+    // DRAW_MS, in an animation frame (where the browser lays out and paints anyway).
     let timer = null;
+    let frame = null;
     let drawn = -Infinity;
     function draw() {
-      timer = null;
+      frame = null;
       drawn = performance.now();
-      renderTail();
+      redraw(false);
       if (onDraw) onDraw();
+    }
+    function schedule() {
+      timer = null;
+      frame = requestAnimationFrame(draw);
+    }
+    function cancel() {
+      clearTimeout(timer);
+      cancelAnimationFrame(frame);
+      timer = frame = null;
     }
 
     return {
       append(chunk) {
         text += String(chunk).replace(/\r\n?/g, "\n");
-        if (timer === null) timer = setTimeout(draw, Math.max(0, RENDER_MS - (performance.now() - drawn)));
+        if (timer === null && frame === null) timer = setTimeout(schedule, Math.max(0, DRAW_MS - (performance.now() - drawn)));
       },
       /** The whole reply: when it is what was streamed only the tail is rendered again. */
       finish(full) {
-        clearTimeout(timer);
-        timer = null;
+        cancel();
         if (typeof full === "string" && full.replace(/\r\n?/g, "\n") !== text) {
           text = full;
           offset = 0;
@@ -203,7 +263,7 @@
           tail.textContent = "";
           return;
         }
-        renderTail();
+        redraw(true);
       },
       text() { return text; },
     };

@@ -74,7 +74,8 @@
     running = false;
     stop.hidden = true;
     send.hidden = false;
-    if (hadFocus) document.getElementById("input").focus({ preventScroll: true });
+    // Focus goes back to the box (a selection the reader made in the chat stays theirs).
+    if (hadFocus && getSelection().isCollapsed) document.getElementById("input").focus({ preventScroll: true });
     // A stopped or failed turn was rolled back: its replies have no turn to rate.
     if (event.detail && event.detail.ok) unnumbered = unnumbered.concat(live);
     live = [];
