@@ -93,24 +93,24 @@ class AckedDeliveries:
         try:
             await handler(bot, kind, inbound)
         except Exception as exc:
+            if attempts + 1 < self.settings.attempts:
+                raise  # the record stays: tried again once its hold runs out
+            log.error("channel %s of bot %s: delivery %s given up after %d tries: %s", kind, bot,
+                      inbound.delivery, attempts + 1, exc)
+        finally:  # (cancelled too: the app stops, the turn rolls back, another replica takes it over)
             holding.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await holding
-            if attempts + 1 >= self.settings.attempts:
-                log.error("channel %s of bot %s: delivery %s given up after %d tries: %s", kind, bot,
-                          inbound.delivery, attempts + 1, exc)
-                await store.delete_record(key)
-            raise
-        holding.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await holding  # no renewal may land after the deletion
+                await holding  # no renewal may land after the deletion
         await store.delete_record(key)
 
     async def _hold(self, registry: SessionRegistry, key: str, inbound: Inbound, attempts: int) -> None:
         ttl = self.settings.ttl
         while True:
-            await registry.store.put_record(key, {"inbound": dataclasses.asdict(inbound),
-                                                  "until": time.time() + ttl, "attempts": attempts})
+            try:
+                await registry.store.put_record(key, {"inbound": dataclasses.asdict(inbound),
+                                                      "until": time.time() + ttl, "attempts": attempts})
+            except Exception as exc:  # the store is down for a moment: the turn goes on (it needs the store too)
+                log.warning("channels: could not renew the hold on %s: %s", key, exc)
             await asyncio.sleep(ttl / 3)
 
     async def recover_forever(self, registry: SessionRegistry, handler: Handler) -> None:

@@ -114,7 +114,7 @@ class Channels:
         await self.acked.recover_forever(registry, handle)
 
     async def aclose(self) -> None:
-        for task in list(self.running):  # the app stops: turns still running roll back
+        for task in [*self.running, *self.acked.running.values()]:  # the app stops: turns still running roll back
             task.cancel()
         if self._client is not None:
             await self._client.aclose()
