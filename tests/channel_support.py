@@ -47,15 +47,37 @@ class _FakeApi:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def do_GET(self) -> None:  # noqa: N802 - a GET: a file's bytes, or what `got` answers
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                with fake._lock:
+                    fake.downloads.append((self.path, headers.get("authorization", "")))
+                status, body, content_type = fake.got(self.path, headers)
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def log_message(self, *args: Any) -> None:
                 pass
 
+        self.files: dict[str, bytes] = {}  # GET path -> bytes, served with the platform's token only
+        self.downloads: list[tuple[str, str]] = []  # (path, Authorization) of every GET
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def answer(self, call: ApiCall) -> tuple[int, dict[str, Any]]:
         raise NotImplementedError
+
+    def got(self, path: str, headers: dict[str, str]) -> tuple[int, bytes, str]:
+        """A GET's answer: a file of `files` to the bearer of the platform's token, else 404/401."""
+        if headers.get("authorization") != f"Bearer {getattr(self, 'token', '')}":
+            return 401, b'{"error": "not_authed"}', "application/json"
+        path = path.split("?", 1)[0]
+        if path not in self.files:
+            return 404, b"Not Found", "text/plain"
+        return 200, self.files[path], "application/octet-stream"
 
     @property
     def url(self) -> str:
@@ -116,6 +138,16 @@ def slack_message(event_id: str, text: str, user: str = "U42", channel: str = "D
             "type": "event_callback", "event_id": event_id, "event_time": 1764950400}
 
 
+def slack_file_share(event_id: str, text: str, url: str, mimetype: str = "image/png", size: int = 100,
+                     user: str = "U42", channel: str = "D42") -> dict[str, Any]:
+    """A message event with a file shared (subtype file_share), its file read from url_private."""
+    delivery = slack_message(event_id, text, user=user, channel=channel)
+    delivery["event"] |= {"subtype": "file_share", "files": [{
+        "id": "F1", "name": "photo.png", "mimetype": mimetype, "filetype": "png", "size": size,
+        "url_private": url, "url_private_download": url + "?download=1"}]}
+    return delivery
+
+
 def slack_press(trigger: str, value: str, user: str = "U42", channel: str = "D42",
                 message_ts: str = "1764950401.000200") -> dict[str, Any]:
     """An interactivity payload: a Block Kit button pressed (type block_actions)."""
@@ -144,6 +176,15 @@ class FakeWhatsApp(_FakeApi):
                      "messages": [{"id": f"wamid.out{len(self.seen)}"}]}
 
 
+def whatsapp_media(api: FakeWhatsApp, media_id: str, data: bytes, mime_type: str = "image/jpeg") -> None:
+    """Media the Cloud API holds: GET /v21.0/MEDIA_ID answers its URL (on the fake) and size, as
+    Meta documents it; GET of that URL with the token answers the bytes."""
+    api.files[f"/media/{media_id}"] = data
+    api.files[f"/v21.0/{media_id}"] = json.dumps({
+        "messaging_product": "whatsapp", "url": f"{api.url}/media/{media_id}", "mime_type": mime_type,
+        "sha256": "unused", "file_size": len(data), "id": media_id}).encode()
+
+
 def whatsapp_signed(app_secret: str, body: bytes) -> dict[str, str]:
     """X-Hub-Signature-256 as Meta computes it: HMAC-SHA256 of the raw body with the app secret."""
     import hashlib
@@ -153,11 +194,15 @@ def whatsapp_signed(app_secret: str, body: bytes) -> dict[str, str]:
 
 
 def whatsapp_message(wamid: str, text: str | None = None, user: str = "4915112345678", number: str = "1065550001",
-                     button: str | None = None) -> dict[str, Any]:
+                     button: str | None = None, media: tuple[str, str, str, str | None] | None = None) -> dict[str, Any]:
     """A Cloud API webhook with one text message (or, with `button`, an interactive reply
-    button's press), as Meta's documentation shows it."""
+    button's press; with `media`, an image or document), as Meta's documentation shows it."""
     message: dict[str, Any] = {"from": user, "id": wamid, "timestamp": "1764950400"}
-    if button is None:
+    if media is not None:  # (kind, media id, mime type, caption)
+        kind, media_id, mime_type, caption = media
+        message |= {"type": kind, kind: {"id": media_id, "mime_type": mime_type, "sha256": "unused",
+                                         **({"caption": caption} if caption is not None else {})}}
+    elif button is None:
         message |= {"type": "text", "text": {"body": text}}
     else:
         message |= {"type": "interactive", "interactive": {"type": "button_reply",
@@ -269,11 +314,14 @@ class FakeBotFramework:
 
 class FakeTelegram:
     """The Bot API: POST /bot<token>/<method> with JSON; answers {"ok": true, "result": ...}
-    (or `status` with Telegram's error shape). `calls` are the ones answered 200."""
+    (or `status` with Telegram's error shape). `calls` are the ones answered 200. `files` (by
+    file_id) are what getFile finds and GET /file/bot<token>/<file_path> serves (`downloads`)."""
 
     def __init__(self, token: str):
         self.token = token
         self.status = 200
+        self.files: dict[str, bytes] = {}
+        self.downloads: list[str] = []
         self.seen: list[ApiCall] = []
         self._lock = threading.Lock()
         fake = self
@@ -282,13 +330,34 @@ class FakeTelegram:
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 status = fake.status if self.path.startswith(f"/bot{fake.token}/") else 401
+                call = ApiCall(self.path, json.loads(raw or b"{}"), status)
                 with fake._lock:
-                    fake.seen.append(ApiCall(self.path, json.loads(raw or b"{}"), status))
-                body = {"ok": True, "result": {"message_id": len(fake.seen)}} if status == 200 else \
-                    {"ok": False, "error_code": status, "description": "Bad Gateway" if status >= 500 else "Unauthorized"}
-                data = json.dumps(body).encode()
+                    fake.seen.append(call)
+                result: dict[str, Any] = {"message_id": len(fake.seen)}
+                if self.path.endswith("/getFile"):  # a File object: its path under /file/bot<token>/
+                    file_id = call.body.get("file_id")
+                    if file_id not in fake.files:
+                        status, call.status = 400, 400
+                    else:
+                        result = {"file_id": file_id, "file_unique_id": f"u-{file_id}",
+                                  "file_size": len(fake.files[file_id]), "file_path": f"documents/{file_id}.bin"}
+                body = {"ok": True, "result": result} if status == 200 else \
+                    {"ok": False, "error_code": status, "description": "Bad Gateway" if status >= 500 else
+                     "Bad Request: invalid file_id" if status == 400 else "Unauthorized"}
+                self._send(status, json.dumps(body).encode(), "application/json")
+
+            def do_GET(self) -> None:  # noqa: N802 - a file's download, as getFile named it
+                prefix = f"/file/bot{fake.token}/documents/"
+                file_id = self.path[len(prefix):].removesuffix(".bin") if self.path.startswith(prefix) else None
+                with fake._lock:
+                    fake.downloads.append(self.path)
+                if file_id not in fake.files:
+                    return self._send(404, b"Not Found", "text/plain")
+                self._send(200, fake.files[file_id], "application/octet-stream")
+
+            def _send(self, status: int, data: bytes, content_type: str) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -334,3 +403,21 @@ def telegram_press(update_id: int, data: str, user: int = 42, chat: int | None =
         "id": f"cbq-{update_id}", "from": sender, "chat_instance": "ci-1", "data": data,
         "message": {"message_id": 7, "date": 1764950400, "chat": {"id": chat_id, "type": "private"},
                     "text": "Book it?"}}}
+
+
+def telegram_file(update_id: int, file_id: str, kind: str = "photo", caption: str | None = None, user: int = 42,
+                  mime_type: str = "application/pdf", size: int = 1000) -> dict[str, Any]:
+    """An Update with a photo (its sizes, smallest first) or a document, as the Bot API documents it."""
+    update = telegram_message(update_id, "", user=user)
+    message = update["message"]
+    del message["text"]
+    if kind == "photo":
+        message["photo"] = [{"file_id": f"{file_id}-small", "file_unique_id": "s", "width": 90, "height": 90,
+                             "file_size": 100},
+                            {"file_id": file_id, "file_unique_id": "l", "width": 800, "height": 600, "file_size": size}]
+    else:
+        message["document"] = {"file_id": file_id, "file_unique_id": "d", "file_name": "invoice.pdf",
+                               "mime_type": mime_type, "file_size": size}
+    if caption is not None:
+        message["caption"] = caption
+    return update

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -58,7 +59,7 @@ class ShopPages(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         extra = f' data-identity="{self.identity}"' if self.path.startswith("/signed") else ""
-        body = (f"<!doctype html><html><head><meta name=viewport content='width=device-width'><title>Shop</title>"
+        body = (f"<!doctype html><html lang=en><head><meta name=viewport content='width=device-width'><title>Shop</title>"
                 "<style>button { background: red !important; } * { font-family: serif !important; }</style></head>"
                 "<body><h1>Our shop</h1><p>Sunglasses, hats and sun cream.</p>"
                 f'<script src="{self.chat}/widget.js" data-bot="travel"{extra}></script></body></html>').encode()
@@ -99,10 +100,10 @@ def sites(fake, tmp_path, monkeypatch):
 
 
 @contextmanager
-def shop_page(url: str | None, width: int) -> Iterator[Any]:
+def shop_page(url: str | None, width: int, color_scheme: str = "light") -> Iterator[Any]:
     """A tab on the shop's page (`url`; None: the test goes there itself)."""
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": width, "height": 800}).new_page()
+        page = browser.new_context(viewport={"width": width, "height": 800}, color_scheme=color_scheme).new_page()
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         if url is not None:
@@ -226,3 +227,33 @@ def test_a_signed_identity_is_the_sessions_principal(sites, fake):
     visitor = httpx.get(f"{chat.url}/bots/travel/sessions/{chat_id}",
                         headers={"Authorization": "Bearer cwv." + "x" * 30})
     assert visitor.status_code == 404  # ... and nobody else's
+
+
+AXE = Path(__file__).parent / "vendor" / "axe.min.js"
+
+
+def axe_problems(target: Any) -> list[str]:
+    """axe-core's serious and critical violations in a page or a frame (open shadow roots included)."""
+    target.add_script_tag(path=str(AXE))
+    found = target.evaluate("axe.run(document).then((r) => r.violations.map((v) => "
+                            "({id: v.id, impact: v.impact, nodes: v.nodes.map((n) => n.target.join(' '))})))")
+    return [f"{v['id']} ({v['impact']}): {v['nodes'][:3]}" for v in found if v["impact"] in ("serious", "critical")]
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_widget_in_dark_mode_has_no_serious_accessibility_problem(sites, fake, width):
+    _chat, shop, _port = sites
+    with shop_page(shop + "/", width, color_scheme="dark") as page:
+        launcher = page.locator("[data-chatrun-widget] >> .launcher")
+        launcher.wait_for()
+        assert axe_problems(page) == []  # the host page with the launcher
+        launcher.click()
+        frame = panel_frame(page)
+        fake.queue({"text": "Lisbon is lovely in **May**:\n\n| month | sun |\n|---|---|\n| May | 9 h |"})
+        send(frame, "Where should I go?", 0)
+        inner = next(f for f in page.frames if "/widget/" in f.url)
+        assert inner.evaluate("matchMedia('(prefers-color-scheme: dark)').matches")
+        background = inner.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert background != "rgb(255, 255, 255)", "the panel follows the system's dark mode"
+        assert axe_problems(inner) == []  # the chat in the panel, with a reply holding a table
+        shot(page, f"widget-dark-{width}")

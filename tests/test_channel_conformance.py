@@ -7,8 +7,8 @@ algorithms. One bot declares all the channels at once; each test runs its script
 channel: choices offered as buttons and a press choosing; a `confirm:` approval decided by a
 button; an operator's takeover from the operators' API while the user is on the channel; a
 delivery sent again three times answered once by one model call; a forged signature refused
-with 401 and no turn; an attachment (no channel takes files yet: xfail, strict, so the day one
-does the suite says so). The killed replica is tests/test_channel_replicas.py (real processes).
+with 401 and no turn; an image the user sends reaching the model (Teams takes no files yet:
+xfail, strict, so the day it does the suite says so). The killed replica is tests/test_channel_replicas.py (real processes).
 
 Twilio ConversationRelay is not driven here: a call is a WebSocket of speech already turned
 into text, with no buttons to press, no signed delivery a platform retries (the call's
@@ -32,11 +32,14 @@ from channel_support import (
     FakeSlack,
     FakeTelegram,
     FakeWhatsApp,
+    slack_file_share,
     slack_message,
     slack_press,
     slack_signed,
+    telegram_file,
     telegram_message,
     telegram_press,
+    whatsapp_media,
     whatsapp_message,
     whatsapp_signed,
 )
@@ -54,6 +57,7 @@ OPERATOR = {"Authorization": "Bearer op-token-123"}
 SECRETS = {"TG_TOKEN": "123456:conform", "TG_SECRET": "tg-secret-conform-01", "SLACK_TOKEN": "xoxb-conform",
            "SLACK_SIGNING": "slack-signing-conform", "WA_TOKEN": "EAAG-conform", "WA_SECRET": "meta-secret-conform",
            "WA_VERIFY": "verify-conform", "TEAMS_APP_ID": "app-conform", "TEAMS_APP_PASSWORD": "teams-secret-conform"}
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 200  # the bytes of a small image
 RETRY = "retry: {attempts: 50, backoff: 0.2, max_backoff: 0.5}"
 
 BOT = f"""\
@@ -78,6 +82,7 @@ routes:
     system: You sell tickets.
     choices: [Concert, {{label: Theatre tonight, value: theatre}}]
     tools: [book]
+    attachments: {{kinds: [image/*], max_bytes: 5000, max_count: 2}}
 tools:
   book:
     description: Book a ticket.
@@ -88,13 +93,17 @@ tools:
 
 
 def responder(body: dict[str, Any]) -> dict[str, Any]:
-    """The fake model: "book X" calls book(show=X); a file's name in the message is named back;
+    """The fake model: "book X" calls book(show=X); a message with files says what it carried;
     anything else is echoed."""
     messages = body["messages"]
     if messages[-1]["role"] == "tool":
         return {"text": "Done: " + str(messages[-1]["content"])}
     user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-    text = user if isinstance(user, str) else json.dumps(user)
+    if not isinstance(user, str):  # content parts: the text and the files' parts
+        kinds = [p["type"] for p in user if p["type"] != "text"]
+        said = " ".join(p["text"] for p in user if p["type"] == "text")
+        return {"text": f"Got {', '.join(kinds)} with '{said}'."}
+    text = user
     if text.startswith("book "):
         return {"tool_calls": [{"name": "book", "arguments": {"show": text[5:]}}]}
     return {"text": f"You said {text}."}
@@ -124,7 +133,8 @@ class Driver:
     def press(self, value: str) -> int:
         raise NotImplementedError
 
-    def send_file(self, name: str) -> int:
+    def send_file(self, data: bytes, caption: str) -> int:
+        """Send an image with a caption, as the platform's file message."""
         raise NotImplementedError
 
     def replies(self) -> list[Reply]:
@@ -152,13 +162,9 @@ class TelegramDriver(Driver):
     def press(self, value: str) -> int:
         return self._send(telegram_press(self.next_id(), value))
 
-    def send_file(self, name: str) -> int:
-        update = telegram_message(self.next_id(), "")
-        message = update["message"]
-        del message["text"]
-        message["document"] = {"file_name": name, "mime_type": "application/pdf", "file_id": "BQAC-1",
-                               "file_unique_id": "AgAD-1", "file_size": 1024}
-        return self._send(update)
+    def send_file(self, data: bytes, caption: str) -> int:
+        self.api.files["ph-1"] = data
+        return self._send(telegram_file(self.next_id(), "ph-1", caption=caption))
 
     def replies(self) -> list[Reply]:
         return [(c["text"], [b["callback_data"] for row in (c.get("reply_markup") or {}).get("inline_keyboard", [])
@@ -187,11 +193,10 @@ class SlackDriver(Driver):
         body = urlencode({"payload": json.dumps(slack_press(f"trig-{self.next_id()}", value))}).encode()
         return self._signed(body, form=True)
 
-    def send_file(self, name: str) -> int:
-        payload = slack_message(f"Ev{self.next_id()}", "")
-        payload["event"] |= {"subtype": "file_share", "files": [
-            {"id": "F1", "name": name, "mimetype": "application/pdf", "url_private": "https://files.slack.com/F1"}]}
-        return self._signed(json.dumps(payload).encode())
+    def send_file(self, data: bytes, caption: str) -> int:
+        self.api.files["/files-pri/T1-F1/photo.png"] = data
+        delivery = slack_file_share(f"Ev{self.next_id()}", caption, f"{self.api.url}/files-pri/T1-F1/photo.png")
+        return self._signed(json.dumps(delivery).encode())
 
     def replies(self) -> list[Reply]:
         out = []
@@ -219,13 +224,9 @@ class WhatsAppDriver(Driver):
     def press(self, value: str) -> int:
         return self._send(whatsapp_message(f"wamid.{self.next_id()}", button=value))
 
-    def send_file(self, name: str) -> int:
-        payload = whatsapp_message(f"wamid.{self.next_id()}", "")
-        message = payload["entry"][0]["changes"][0]["value"]["messages"][0]
-        del message["text"]
-        message |= {"type": "document", "document": {"filename": name, "mime_type": "application/pdf",
-                                                    "sha256": "0" * 64, "id": "media-1"}}
-        return self._send(payload)
+    def send_file(self, data: bytes, caption: str) -> int:
+        whatsapp_media(self.api, "media-1", data)
+        return self._send(whatsapp_message(f"wamid.{self.next_id()}", media=("image", "media-1", "image/jpeg", caption)))
 
     def replies(self) -> list[Reply]:
         out: list[Reply] = []
@@ -258,11 +259,11 @@ class TeamsDriver(Driver):
     def press(self, value: str) -> int:
         return self._send(self.api.activity(f"act-{self.next_id()}", value={"choice": value}))
 
-    def send_file(self, name: str) -> int:
-        activity = self.api.activity(f"act-{self.next_id()}", "")
-        activity["attachments"] = [{"contentType": "application/vnd.microsoft.teams.file.download.info",
-                                    "name": name, "content": {"downloadUrl": "https://files.example/1",
-                                                              "fileType": "pdf", "uniqueId": "u1"}}]
+    def send_file(self, data: bytes, caption: str) -> int:
+        """A file in a personal chat, as Teams sends it (the bot can download it from its URL)."""
+        activity = self.api.activity(f"act-{self.next_id()}", caption)
+        activity["attachments"] = [{"contentType": "image/png", "contentUrl": f"{self.api.url}/files/photo.png",
+                                    "name": "photo.png"}]
         return self._send(activity)
 
     def replies(self) -> list[Reply]:
@@ -377,10 +378,10 @@ def test_a_forged_signature_gets_401_and_no_turn(chat):
     assert chat.fake.requests == [] and chat.user.replies() == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 36: no channel takes a user's files yet (docs/channels.md): a "
-                                       "document message is not a user message on any of them")
-def test_a_file_the_user_sends_reaches_the_bot(chat):
-    assert chat.user.send_file("ticket.pdf") == 200
-    chat.user.say("done")
-    wait_until(lambda: "You said done." in chat.texts(), what="the reply to the text after the file")
-    assert any("ticket.pdf" in json.dumps(r["messages"]) for r in chat.fake.requests)
+def test_an_image_the_user_sends_reaches_the_model(chat, request):
+    if chat.user.kind == "teams":  # run all the same: the day Teams takes files, strict says so
+        request.applymarker(pytest.mark.xfail(strict=True, reason="issue 36: the Teams channel does not take "
+                                                                  "files yet (docs/channels.md, Files users send)"))
+    assert chat.user.send_file(PNG, "my ticket") == 200
+    wait_until(chat.user.replies, what="the reply to the image")
+    assert chat.texts() == ["Got image_url with 'my ticket'."]

@@ -170,3 +170,68 @@ def test_a_message_acknowledged_by_a_replica_that_died_is_answered_from_the_stor
     wait_until(lambda: texts(slack), what="the reply")
     wait_until(lambda: client.portal.call(registry.store.record_keys, "channel-in:") == [], what="the record deleted")
     assert texts(slack) == ["You said hello from the dead."] and len(fake.requests) == 1
+
+
+def streaming(body):
+    """The fake model streams its answer in chunks; "fail" streams, then drops the connection."""
+    user = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+    if user == "fail":
+        return {"chunks": ["Half ", "an ", "answer"], "disconnect": True}
+    return {"chunks": ["The ", "show ", "starts ", "at ", "eight."]}
+
+
+@pytest.fixture
+def streamed(tmp_path, fake, slack, monkeypatch):
+    """The app, its bot's model streaming (`stream: true`)."""
+    for name, value in (("SLACK_TOKEN", TOKEN), ("SLACK_SIGNING", SIGNING), ("SLACK_API", slack.url + "/api"),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = streaming
+    (tmp_path / "bot.yaml").write_text(BOT.replace("stream: false", "stream: true"))
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as c:
+        yield c
+
+
+def test_a_streamed_reply_is_one_message_updated_then_replaced_by_the_committed_text(streamed, slack, monkeypatch):
+    from chatrun.server.channels.slack import Slack
+
+    monkeypatch.setattr(Slack, "stream_every", 0.0)  # every chunk shows: the updates are seen
+    post_event(streamed, slack_message("Ev1", "when?"))
+    wait_until(lambda: any(c["text"] == "The show starts at eight." for c in slack.calls("chat.update")),
+               what="the committed text in the streamed message")
+    wait_until(lambda: outbox_empty(streamed), what="the outbox emptied")
+    posted, updates = slack.calls("chat.postMessage"), slack.calls("chat.update")
+    assert [p["text"] for p in posted] == ["The "]  # the first chunk, posted once; never the reply again
+    assert [u["text"] for u in updates] == ["The show ", "The show starts ", "The show starts at ",
+                                            "The show starts at eight.", "The show starts at eight."]
+    assert {(u["channel"], u["ts"]) for u in updates} == {("D42", "1764950400.000100")}  # the posted one's ts
+
+
+def test_a_streamed_reply_is_updated_at_most_every_stream_every_seconds(streamed, slack, monkeypatch):
+    from chatrun.server.channels.slack import Slack
+
+    monkeypatch.setattr(Slack, "stream_every", 3600.0)  # no update while it streams: the outbox's only
+    post_event(streamed, slack_message("Ev1", "when?"))
+    wait_until(lambda: slack.calls("chat.update"), what="the committed text")
+    wait_until(lambda: outbox_empty(streamed), what="the outbox emptied")
+    assert [p["text"] for p in slack.calls("chat.postMessage")] == ["The "]
+    assert [u["text"] for u in slack.calls("chat.update")] == ["The show starts at eight."]
+
+
+def test_a_rolled_back_streamed_reply_is_replaced_by_the_failure_text(streamed, slack, monkeypatch):
+    from chatrun.server.channels.slack import Slack
+
+    monkeypatch.setattr(Slack, "stream_every", 3600.0)
+    post_event(streamed, slack_message("Ev1", "fail"))
+    wait_until(lambda: slack.calls("chat.update"), what="the failure's text")
+    wait_until(lambda: outbox_empty(streamed), what="the outbox emptied")
+    assert [p["text"] for p in slack.calls("chat.postMessage")] == ["Half "]
+    assert [u["text"] for u in slack.calls("chat.update")] == [
+        "Sorry, the assistant cannot answer right now. Nothing of your last message was kept; please try again."]
+    # The next turn (the same turn number: the failed one rolled back) streams in a message of its own.
+    post_event(streamed, slack_message("Ev2", "when?"))
+    wait_until(lambda: len(slack.calls("chat.update")) == 2, what="the next reply")
+    wait_until(lambda: outbox_empty(streamed), what="the outbox emptied")
+    assert [p["text"] for p in slack.calls("chat.postMessage")] == ["Half ", "The "]
+    first, second = slack.calls("chat.update")
+    assert second["text"] == "The show starts at eight." and second["ts"] != first["ts"]

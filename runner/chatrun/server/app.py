@@ -133,7 +133,7 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     app.include_router(make_outbox_router())
     app.include_router(make_erasure_router())
     app.include_router(make_pending_router())
-    registry.channels = Channels(app.state.auth)
+    registry.channels = Channels(app.state.auth, registry.store)
     app.include_router(make_twilio_router())  # before the shared webhook, whose path it shares
     app.include_router(make_channel_router())
     app.include_router(make_agui_router())

@@ -75,6 +75,17 @@ class LocalAsyncStore:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="chatrun-store") if threaded else None
         # A store without records (a user's own SessionStore) gets them in this process only.
         self.records: RecordStore | None = store if isinstance(store, RecordStore) else None
+        # What the wrapped store can do, found once: a runtime Protocol's isinstance walks its
+        # members (about 0.1 ms), and these are asked on every turn.
+        self._history = store if isinstance(store, HistoryStore) else None
+        self._durable = store if isinstance(store, DurableStore) else None
+        self._owners = store if isinstance(store, _CountsOwners) else None
+        self._claims = self.records if isinstance(self.records, RecordClaims) else None
+        self._pending = store if isinstance(store, PendingIndex) else None
+        self._flat = store if isinstance(store, FlatIndex) else None
+        self._retention = store if isinstance(store, RetentionIndex) else None
+        self._outbox = store if isinstance(store, OutboxStore) else None
+        self._closes = store if isinstance(store, _Closes) else None
         self._process_records = Records()
         self._claiming = asyncio.Lock()  # a claim in a RecordStore without claim_record: this process only
 
@@ -123,24 +134,24 @@ class LocalAsyncStore:
 
     async def load_history(self, session_id: str) -> list[JSONObject]:
         """The stored history; [] from a store that keeps none (not a HistoryStore)."""
-        if not isinstance(self.sync, HistoryStore):
+        if self._history is None:
             return []
-        return await self._call(self.sync.load_history, session_id)
+        return await self._call(self._history.load_history, session_id)
 
     async def get_outcome(self, session_id: str, request_id: str) -> JSONObject | None:
         """The recorded outcome; None from a store that records none (not a DurableStore)."""
-        if not isinstance(self.sync, DurableStore):
+        if self._durable is None:
             return None
-        return await self._call(self.sync.get_outcome, session_id, request_id)
+        return await self._call(self._durable.get_outcome, session_id, request_id)
 
     async def delete_session(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
         await self._call(self.sync.delete_session, session_id, memory_ids)
         self._process_records.delete_session(session_id)
 
     async def count_owned(self, owner: str) -> int:
-        if not isinstance(self.sync, _CountsOwners):
+        if self._owners is None:
             return 0
-        return await self._call(self.sync.count_owned, owner)
+        return await self._call(self._owners.count_owned, owner)
 
     async def list_sessions(self) -> list[str]:
         return await self._call(self.sync.list_sessions)
@@ -159,8 +170,8 @@ class LocalAsyncStore:
     async def claim_record(self, key: str, record: JSONObject) -> bool:
         if self.records is None:
             return self._process_records.claim(key, to_json(f"record {key}", record))
-        if isinstance(self.records, RecordClaims):
-            return await self._call(self.records.claim_record, key, record)
+        if self._claims is not None:
+            return await self._call(self._claims.claim_record, key, record)
         async with self._claiming:  # a user's RecordStore: get then put, atomic in this process only
             if await self.get_record(key) is not None:
                 return False
@@ -182,29 +193,29 @@ class LocalAsyncStore:
     # -- pending items: a user's own store is scanned (every session loaded: fine for a few) --------
 
     async def list_due(self, now: float) -> list[str]:
-        if isinstance(self.sync, PendingIndex):
-            return await self._call(self.sync.list_due, now)
+        if self._pending is not None:
+            return await self._call(self._pending.list_due, now)
         due = [(at, r.session_id) for r in await self._scan() if (at := due_epoch(r.pending)) is not None and at <= now]
         return [sid for _, sid in sorted(due)]
 
     async def list_pending(self, bot: str | None = None, kind: str | None = None) -> list[PendingSession]:
-        if isinstance(self.sync, PendingIndex):
-            return await self._call(self.sync.list_pending, bot, kind)
+        if self._pending is not None:
+            return await self._call(self._pending.list_pending, bot, kind)
         found = (pending_session(r, bot, kind) for r in await self._scan())
         return [entry for entry in found if entry is not None]
 
     async def waiting_page(self, key: str, after: tuple[float, str] | None, until: float | None,
                            limit: int) -> list[WaitingEntry]:
-        if isinstance(self.sync, FlatIndex):
-            return await self._call(self.sync.waiting_page, key, after, until, limit)
+        if self._flat is not None:
+            return await self._call(self._flat.waiting_page, key, after, until, limit)
         entries = [e for r in await self._scan() if (e := waiting_entry(r.session_id, r.snapshot)) is not None]
         placed = sorted(((e.positions[key], e.session_id), e) for e in entries if key in e.positions)
         return [e for place, e in placed if (after is None or place > after) and (until is None or place[0] <= until)][
             :limit]
 
     async def read_tallies(self, family: str, names: list[str] | None = None) -> dict[str, int]:
-        if isinstance(self.sync, FlatIndex):
-            return await self._call(self.sync.read_tallies, family, names)
+        if self._flat is not None:
+            return await self._call(self._flat.read_tallies, family, names)
         counts: dict[str, int] = {}
         for record in await self._scan():
             for f, name, n in tallies_of(record.snapshot):
@@ -214,13 +225,13 @@ class LocalAsyncStore:
     # -- retention: a user's own store finds nothing idle (it keeps no write times) -------------
 
     async def list_idle(self, bot: str, before: float, limit: int) -> list[str]:
-        if isinstance(self.sync, RetentionIndex):
-            return await self._call(self.sync.list_idle, bot, before, limit)
+        if self._retention is not None:
+            return await self._call(self._retention.list_idle, bot, before, limit)
         return []
 
     async def sessions_of(self, owner: str) -> list[str]:
-        if isinstance(self.sync, RetentionIndex):
-            return await self._call(self.sync.sessions_of, owner)
+        if self._retention is not None:
+            return await self._call(self._retention.sessions_of, owner)
         return [r.session_id for r in await self._scan() if r.owner == owner]
 
     async def _scan(self) -> list[SessionRecord]:
@@ -231,34 +242,34 @@ class LocalAsyncStore:
 
     @property
     def has_outbox(self) -> bool:
-        return isinstance(self.sync, OutboxStore)
+        return self._outbox is not None
 
     async def claim_outbox(self, now: float, lease: float, limit: int, routes: Collection[str]) -> list[OutboxEntry]:
-        if not isinstance(self.sync, OutboxStore):
+        if self._outbox is None:
             return []
-        return await self._call(self.sync.claim_outbox, now, lease, limit, routes)
+        return await self._call(self._outbox.claim_outbox, now, lease, limit, routes)
 
     async def settle_outbox(self, entry: OutboxEntry, delivered: bool) -> bool:
-        if not isinstance(self.sync, OutboxStore):
+        if self._outbox is None:
             return False
-        return await self._call(self.sync.settle_outbox, entry, delivered)
+        return await self._call(self._outbox.settle_outbox, entry, delivered)
 
     async def list_outbox(self, state: str | None = None, limit: int = 100) -> list[OutboxEntry]:
-        if not isinstance(self.sync, OutboxStore):
+        if self._outbox is None:
             return []
-        return await self._call(self.sync.list_outbox, state, limit)
+        return await self._call(self._outbox.list_outbox, state, limit)
 
     async def delete_outbox(self, entry_ids: Collection[str]) -> int:
         delete = getattr(self.sync, "delete_outbox", None)  # the built-in stores' (RetentionIndex)
         return 0 if delete is None else await self._call(delete, entry_ids)
 
     async def requeue_outbox(self, entry_id: str, now: float) -> bool:
-        if not isinstance(self.sync, OutboxStore):
+        if self._outbox is None:
             return False
-        return await self._call(self.sync.requeue_outbox, entry_id, now)
+        return await self._call(self._outbox.requeue_outbox, entry_id, now)
 
     async def close(self) -> None:
-        if isinstance(self.sync, _Closes):  # SessionStore does not require close()
-            await self._call(self.sync.close)
+        if self._closes is not None:  # SessionStore does not require close()
+            await self._call(self._closes.close)
         if self._executor is not None:
             self._executor.shutdown(wait=False)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from chatrun.errors import ChatrunError
-from chatrun.server.channels.base import Inbound
+from chatrun.server.channels.base import Inbound, InboundFile
 
 if TYPE_CHECKING:
     from chatrun.server.sessions import SessionRegistry
@@ -65,6 +65,16 @@ def key_of(bot: str, kind: str, inbound: Inbound) -> str:
     return f"{PREFIX}{bot}:{kind}:{inbound.delivery}"
 
 
+def saved(inbound: Inbound) -> dict[str, Any]:
+    """The message as JSON (its files as their handles: fetched by whoever runs the turn)."""
+    return dataclasses.asdict(inbound)
+
+
+def restored(data: dict[str, Any]) -> Inbound:
+    files = tuple(InboundFile(**f) for f in data.get("files") or ())
+    return Inbound(**{**data, "files": files})
+
+
 # Runs one user message's turn: (bot, kind, inbound) -> None; raises when another try may heal it.
 Handler = Callable[[str, str, Inbound], Awaitable[None]]
 
@@ -81,7 +91,7 @@ class AckedDeliveries:
         """Write the message's record before the platform gets its answer; False when it is
         there already (the platform sent the delivery again: its runner, or a replica taking
         over from a dead one, answers it)."""
-        record = {"inbound": dataclasses.asdict(inbound), "until": time.time() + self.settings.ttl, "attempts": 0}
+        record = {"inbound": saved(inbound), "until": time.time() + self.settings.ttl, "attempts": 0}
         return bool(await registry.store.claim_record(key_of(bot, kind, inbound), record))
 
     async def run(self, registry: SessionRegistry, handler: Handler, bot: str, kind: str, inbound: Inbound,
@@ -107,7 +117,7 @@ class AckedDeliveries:
         ttl = self.settings.ttl
         while True:
             try:
-                await registry.store.put_record(key, {"inbound": dataclasses.asdict(inbound),
+                await registry.store.put_record(key, {"inbound": saved(inbound),
                                                       "until": time.time() + ttl, "attempts": attempts})
             except Exception as exc:  # the store is down for a moment: the turn goes on (it needs the store too)
                 log.warning("channels: could not renew the hold on %s: %s", key, exc)
@@ -134,7 +144,7 @@ class AckedDeliveries:
             if found is None or float(found.get("until") or 0) > now or len(parts) != 3 \
                     or parts[0] not in registry.bots:
                 continue  # held by its runner, or a bot this replica does not serve
-            inbound = Inbound(**found["inbound"])
+            inbound = restored(found["inbound"])
             log.warning("channel %s of bot %s: delivery %s was acknowledged by a replica that stopped before "
                         "its turn was done; running it here", parts[1], parts[0], inbound.delivery)
             task = asyncio.ensure_future(self.run(registry, handler, parts[0], parts[1], inbound,

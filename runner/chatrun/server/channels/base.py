@@ -39,6 +39,26 @@ class SendFailed(ChatrunError):
         self.status = status
 
 
+class FetchFailed(ChatrunError):
+    """A user's file could not be fetched from the platform (it refused, did not answer, or the
+    file is over the route's `max_bytes`): the user is told, the turn does not run."""
+
+    def __init__(self, message: str, too_large: bool = False):
+        super().__init__(message)
+        self.too_large = too_large
+
+
+@dataclass(frozen=True)
+class InboundFile:
+    """A file a user sent, as the platform names it: fetched by the kind (`fetch`) only when
+    the route takes its media type, before the turn."""
+
+    ref: str  # the platform's handle: Telegram's file_id, Slack's url_private, WhatsApp's media id
+    media_type: str
+    name: str = ""
+    size: int | None = None  # the size the platform announces, when it does (checked before fetching)
+
+
 @dataclass(frozen=True)
 class Inbound:
     """One user message a delivery carries (a text, or a button press as the value pressed)."""
@@ -51,6 +71,7 @@ class Inbound:
     name: str = ""  # the sender's display name (the principal's claim `display_name`)
     locale: str | None = None  # the sender's language, when the platform says it
     extra: dict[str, Any] = field(default_factory=dict)  # what the kind needs after the turn (a callback's id)
+    files: tuple[InboundFile, ...] = ()  # photos, documents: the turn's attachments once fetched
 
 
 @dataclass(frozen=True)
@@ -70,6 +91,9 @@ class ChannelKind:
     # (Slack: 3): the turn goes on after the answer. None: the answer waits for the turn, and a
     # delivery the platform gives up on is sent again and replayed.
     ack_within: ClassVar[float | None] = None
+    # Seconds between the updates of a reply shown while the model streams it (Slack: post the
+    # first chunk, update that message); None: the kind shows only the committed reply.
+    stream_every: ClassVar[float | None] = None
 
     def __init__(self, bot: BotConfig, config: ChannelConfig):
         self.bot, self.config = bot, config
@@ -129,6 +153,45 @@ class ChannelKind:
 
     async def after(self, client: httpx.AsyncClient, inbound: Inbound) -> None:
         """What the platform wants once a message is handled (Telegram: answer a button's callback)."""
+
+    async def stream_start(self, client: httpx.AsyncClient, address: dict[str, Any], text: str) -> dict[str, Any]:
+        """Post the first chunks of a streamed reply; the handle `stream_update` and `replace` use."""
+        raise NotImplementedError
+
+    async def stream_update(self, client: httpx.AsyncClient, handle: dict[str, Any], message: Outgoing) -> None:
+        """Show more of a streamed reply in the message `stream_start` posted."""
+        raise NotImplementedError
+
+    async def replace(self, client: httpx.AsyncClient, handle: dict[str, Any], message: Outgoing) -> None:
+        """Make the streamed message the reply's first message: the committed text, or the
+        failure's when the turn rolled back (`stream_update`, unless the kind needs more)."""
+        await self.stream_update(client, handle, message)
+
+    async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
+        """The bytes of a user's file (at most `limit`); FetchFailed when they cannot be had."""
+        raise FetchFailed(f"{self.kind}: files are not read on this channel")
+
+    async def download(self, client: httpx.AsyncClient, url: str, limit: int, what: str,
+                       headers: Mapping[str, str] | None = None) -> bytes:
+        """GET a file's bytes, read as they come and given up past `limit` (never whole first)."""
+        data = bytearray()
+        try:
+            async with client.stream("GET", url, headers=headers, timeout=self.timeout) as response:
+                if response.status_code != 200:
+                    raise FetchFailed(f"{self.kind} {what}: the platform answered {response.status_code}")
+                async for chunk in response.aiter_bytes():
+                    data += chunk
+                    if len(data) > limit:
+                        raise FetchFailed(f"{self.kind} {what}: the file is over {limit} bytes", too_large=True)
+        except httpx.HTTPError as exc:
+            raise FetchFailed(f"{self.kind} {what}: cannot reach the platform ({type(exc).__name__})") from None
+        return bytes(data)
+
+
+def media_type_of(value: Any, default: str = "application/octet-stream") -> str:
+    """A platform's MIME type as a media type: lower case, without parameters (`; codecs=opus`)."""
+    text = str(value or "").split(";", 1)[0].strip().lower()
+    return text or default
 
 
 def outgoing(events: list[dict[str, Any]]) -> list[Outgoing]:

@@ -23,21 +23,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from chatrun import events as ev
 from chatrun.definition.config import BotConfig
 from chatrun.engine.session import REPLY_TO
-from chatrun.errors import ChatrunError, SessionError
+from chatrun.errors import AttachmentRefused, ChatrunError, SessionError
+from chatrun.events import Event
 from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal
 from chatrun.server.channels.acked import AckedDeliveries, AckedSettings
 from chatrun.server.channels.base import (
     ChannelKind,
+    FetchFailed,
     Inbound,
+    Outgoing,
     SendFailed,
     Unauthorized,
     outgoing,
@@ -54,12 +59,21 @@ from chatrun.server.sessions import OPEN
 from chatrun.server.webhook import Attempt
 
 if TYPE_CHECKING:
+    from chatrun.engine.session import Session
     from chatrun.server.sessions import SessionRegistry
+    from chatrun.server.turn_run import TurnRun
+    from chatrun.store.aio import AsyncStore
 
 log = logging.getLogger("chatrun.channels")
 
 # The channel kinds, by their key under `channels:` (definition/config.py's CHANNEL_SECRETS
 # lists their credentials for the validator).
+# What a user reads when the files they sent are not taken (the turn does not run; the log says why).
+FILES_NOT_TAKEN = "Sorry, I cannot take files here. Please send your message as text."
+FILES_REFUSED = ("Sorry, I cannot take that file. I take {kinds} files of up to {size}, "
+                 "at most {count} per message.")
+FILE_UNREADABLE = "Sorry, I could not read your file. Please send it again."
+
 CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Teams, Telegram, Twilio, WhatsApp)}
 
 
@@ -67,8 +81,8 @@ class Channels:
     """The app's channels: each bot's declared ones, built from the bot's config as served now,
     and the one HTTP client that calls the platforms."""
 
-    def __init__(self, auth: Auth | None, acked: AckedSettings | None = None):
-        self.auth = auth
+    def __init__(self, auth: Auth | None, store: AsyncStore | None = None, acked: AckedSettings | None = None):
+        self.auth, self.store = auth, store  # the store: where a streamed reply's message is noted
         self.acked = AckedDeliveries(acked)  # deliveries answered before their turn ran (Slack's)
         self._built: dict[tuple[int, str], ChannelKind] = {}
         self._client: httpx.AsyncClient | None = None
@@ -131,13 +145,71 @@ class Channels:
             return Attempt(False, f"bot {bot.name} declares no channel {kind}")
         data = body.get("data") or {}
         try:
-            for message in outgoing(data.get("events") or []):
-                await channel.send(self.client(), data.get("to") or {}, message)
+            streamed = await self._streamed(channel, body)
+            for i, message in enumerate(outgoing(data.get("events") or [])):
+                if i == 0 and streamed is not None:  # the message the model's stream was shown in
+                    await channel.replace(self.client(), streamed, message)
+                else:
+                    await channel.send(self.client(), data.get("to") or {}, message)
         except SendFailed as exc:
             return Attempt(False, str(exc), exc.status)
         except ChatrunError as exc:  # an unset credential: named, never shown
             return Attempt(False, str(exc))
         return Attempt(True, status=200)
+
+
+    async def _streamed(self, channel: ChannelKind, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The message a reply's turn was streamed in, if it was and before this reply was made
+        (a rolled-back attempt's partial message is its apology's; a later attempt of the same
+        turn number streams in a message of its own, which an earlier apology leaves alone)."""
+        if channel.stream_every is None or self.store is None or not body.get("session"):
+            return None
+        found = await self.store.get_record(stream_key(str(body["session"]), int(body.get("turn") or 0)))
+        if found is None or float(found.get("at") or 0) > float(body.get("created") or 0):
+            return None
+        return found
+
+
+def stream_key(session_id: str, turn: int) -> str:
+    """The store's record of the message a turn's reply was streamed in (Slack's channel and ts)."""
+    return f"channel-stream:{session_id}:{turn}"
+
+
+class Streamer:
+    """A reply shown while the model streams it: its first chunks posted as one message, that
+    message updated at most every `stream_every` seconds. The message is noted in the store
+    before the turn commits (the updates are awaited between the turn's events, so every one is
+    done before the commit); the committed reply, or the apology of a rolled-back turn, then
+    replaces it from the outbox (`Channels.deliver`): shown once, never posted twice. (The
+    turn's events are made ahead of this reading: the reply's `created` may be before the first
+    post; the commit that makes it deliverable is after the last event is read.)"""
+
+    def __init__(self, channels: Channels, channel: ChannelKind, session_id: str, address: dict[str, Any]):
+        self.channels, self.channel, self.session_id, self.address = channels, channel, session_id, address
+        self.text, self.shown_at, self.broken = "", 0.0, False
+        # Before the turn starts: the turn's reply is made after it (its `created`), the reply of
+        # an earlier attempt that rolled back before it (`Channels._streamed` tells them apart).
+        self.started = time.time()
+        self.handle: dict[str, Any] | None = None
+
+    async def chunk(self, event: Event) -> None:
+        if self.broken or event.type != ev.STREAM or not isinstance(event.data, str):
+            return
+        self.text += event.data
+        now, every = time.monotonic(), self.channel.stream_every or 0.0
+        try:
+            if self.handle is None:
+                self.handle = await self.channel.stream_start(self.channels.client(), self.address, self.text)
+                assert self.channels.store is not None
+                await self.channels.store.put_record(stream_key(self.session_id, event.turn),
+                                                     {**self.handle, "at": self.started}, self.session_id)
+                self.shown_at = now
+            elif now - self.shown_at >= every:
+                await self.channel.stream_update(self.channels.client(), self.handle, Outgoing(self.text))
+                self.shown_at = now
+        except SendFailed as exc:  # shown at the end, from the outbox, as without streaming
+            log.info("channel %s: a streamed reply is not shown while it streams: %s", self.channel.kind, exc)
+            self.broken = True
 
 
 def make_channel_router() -> APIRouter:
@@ -239,21 +311,88 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
     """The message's turn in the session; False when that conversation has ended (nothing ran).
     A refusal that another try cannot change (a message too long, say) is logged and dropped, so
     the platform does not deliver it again forever; a failure another try may heal (the store is
-    down, a version this replica lacks) is the platform's to retry: 5xx."""
+    down, a version this replica lacks) is the platform's to retry: 5xx. A file the route does
+    not take, or one that cannot be fetched, is told to the user instead of running the turn."""
     kind = channel.kind
     meta = {REPLY_TO: {"sink": channel.config.sink, "address": inbound.address}}
+    notice: str | None = None
     try:
         async with registry.session(bot, session_id, channels.principal(kind, inbound), OPEN,
                                     locale=inbound.locale, meta=meta) as session:
-            run = registry.turn(session, inbound.text, f"{kind}:{inbound.delivery}")
+            request_id = f"{kind}:{inbound.delivery}"
+            run = registry.turn(session, inbound.text, request_id)
             if session.ended is not None and not await run.is_replay():  # (the ending turn's retry replays)
                 return False
-            async for _ in run:
-                pass  # the events reach the user through the outbox, after the commit
+            if inbound.files and not await run.is_replay():  # a retry replays: nothing fetched again
+                try:
+                    run = registry.turn(session, await _attached(channels, channel, session, inbound), request_id)
+                except (AttachmentRefused, FetchFailed) as exc:
+                    log.warning("channel %s of bot %s: delivery %s: its files are refused: %s",
+                                kind, bot, inbound.delivery, exc)
+                    notice = _file_notice(session, exc)
+            if notice is None:
+                streamer = await _streamer(channels, channel, session, inbound, run)
+                async for event in run:  # the events reach the user through the outbox, after the commit
+                    if streamer is not None:
+                        await streamer.chunk(event)
     except wire.RequestFailed as exc:
         if wire.HTTP_STATUS.get(exc.reason, 400) >= 500:
             raise
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc.message)
     except SessionError as exc:
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc)
+    if notice is not None:
+        await _tell(registry, channels, channel, bot, session_id, inbound, notice)
     return True
+
+
+async def _streamer(channels: Channels, channel: ChannelKind, session: Session, inbound: Inbound,
+                    run: TurnRun) -> Streamer | None:
+    """The streamer of a new turn on a kind that shows streamed replies. A note of a streamed
+    message left by an attempt of the same turn number that rolled back is dropped first."""
+    if channel.stream_every is None or channels.store is None or await run.is_replay():
+        return None
+    await channels.store.delete_record(stream_key(session.id, session.turn_count + 1))
+    return Streamer(channels, channel, session.id, inbound.address)
+
+
+async def _attached(channels: Channels, channel: ChannelKind, session: Session, inbound: Inbound) -> dict[str, Any]:
+    """The message with its files fetched and kept in the session's blob area, checked against
+    the current route's `attachments:` first from what the platform announces (kinds, count,
+    sizes), then while each is read (never past `max_bytes`)."""
+    policy = session.attachment_policy()  # AttachmentRefused: the route takes no files
+    session.check_attachments([(file.media_type, file.size or 0) for file in inbound.files])
+    kept = []
+    for file in inbound.files:
+        data = await channel.fetch(channels.client(), file, policy.max_bytes)
+        kept.append(session.attach(data, file.media_type, file.name).to_dict())
+    return {"userMessage": inbound.text, "attachments": kept}
+
+
+def _file_notice(session: Session, exc: ChatrunError) -> str:
+    """What the user reads when their files are not taken: what the route takes, in their terms."""
+    if isinstance(exc, FetchFailed) and not exc.too_large:
+        return FILE_UNREADABLE
+    policy = session.bot.config.routes[session.route].attachments
+    if policy is None:
+        return FILES_NOT_TAKEN
+    return FILES_REFUSED.format(kinds=", ".join(policy.kinds), size=_size(policy.max_bytes), count=policy.max_count)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1048576:.3g} MB" if n >= 1048576 else f"{n / 1024:.3g} KB" if n >= 1024 else f"{n} bytes"
+
+
+async def _tell(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str, session_id: str,
+                inbound: Inbound, text: str) -> None:
+    """Send a notice that no turn made (its files refused) straight to the user, once per
+    delivery: a retried delivery finds the record and sends nothing again."""
+    key = f"channel-notice:{bot}:{channel.kind}:{inbound.delivery}"
+    if await registry.store.get_record(key) is not None:
+        return
+    try:
+        await channel.send(channels.client(), inbound.address, Outgoing(text))
+    except ChatrunError as exc:
+        log.warning("channel %s of bot %s: could not tell the user their files were refused: %s", channel.kind, bot, exc)
+        return
+    await registry.store.put_record(key, {"sent": text}, session_id)

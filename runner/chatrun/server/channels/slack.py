@@ -17,13 +17,23 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
-from chatrun.server.channels.base import ChannelKind, Inbound, Outgoing, SendFailed, Unauthorized
+from chatrun.server.channels.base import (
+    ChannelKind,
+    FetchFailed,
+    Inbound,
+    InboundFile,
+    Outgoing,
+    SendFailed,
+    Unauthorized,
+    media_type_of,
+)
 
 DEFAULT_API = "https://slack.com/api"
+FILES_HOST = "https://files.slack.com/"  # where a file's url_private is: the only host the token goes to
 MAX_VALUE = 2000  # Slack's limit on a button's value
 MAX_TEXT = 3000  # Slack's limit on a section block's text
 
@@ -31,6 +41,7 @@ MAX_TEXT = 3000  # Slack's limit on a section block's text
 class Slack(ChannelKind):
     kind = "slack"
     ack_within = 2.0
+    stream_every = 1.0  # Slack's chat.update is rate-limited (Tier 3, about 50 a minute)
 
     @classmethod
     def missing(cls) -> str | None:
@@ -67,35 +78,68 @@ class Slack(ChannelKind):
             return _press(payload)
         return []
 
+    async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
+        """A file's url_private, read with the bot token (scope `files:read`). The token goes only
+        to Slack's file host (or the origin of the channel's `api`, a local Slack)."""
+        api = urlsplit(self.option("api", DEFAULT_API))
+        if not (file.ref.startswith(FILES_HOST) or file.ref.startswith(f"{api.scheme}://{api.netloc}/")):
+            raise FetchFailed(f"slack: a file URL not on {FILES_HOST}: {file.ref[:80]}")
+        return await self.download(client, file.ref, limit, "url_private",
+                                   {"Authorization": f"Bearer {self.secret('token')}"})
+
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
-        body: dict[str, Any] = {"channel": address["channel"], "text": message.text[:MAX_TEXT]}
+        body: dict[str, Any] = {"channel": address["channel"], **_content(message)}
         if address.get("thread_ts"):
             body["thread_ts"] = address["thread_ts"]
-        if message.buttons:
-            body["blocks"] = [
-                {"type": "section", "text": {"type": "mrkdwn", "text": message.text[:MAX_TEXT]}},
-                {"type": "actions", "elements": [
-                    {"type": "button", "action_id": f"choice_{i}", "text": {"type": "plain_text", "text": label[:75]},
-                     "value": value[:MAX_VALUE]} for i, (label, value) in enumerate(message.buttons)]},
-            ]
-        url = f"{self.option('api', DEFAULT_API).rstrip('/')}/chat.postMessage"
+        await self._call(client, "chat.postMessage", body)
+
+    async def stream_start(self, client: httpx.AsyncClient, address: dict[str, Any], text: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"channel": address["channel"], "text": text[:MAX_TEXT]}
+        if address.get("thread_ts"):
+            body["thread_ts"] = address["thread_ts"]
+        answer = await self._call(client, "chat.postMessage", body)
+        return {"channel": str(answer.get("channel") or address["channel"]), "ts": str(answer.get("ts"))}
+
+    async def stream_update(self, client: httpx.AsyncClient, handle: dict[str, Any], message: Outgoing) -> None:
+        # chat.update names the message by its channel and ts; done twice, it shows the same.
+        await self._call(client, "chat.update", {"channel": handle["channel"], "ts": handle["ts"], **_content(message)})
+
+    async def _call(self, client: httpx.AsyncClient, method: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = f"{self.option('api', DEFAULT_API).rstrip('/')}/{method}"
         try:
             response = await client.post(url, json=body, timeout=self.timeout,
                                          headers={"Authorization": f"Bearer {self.secret('token')}"})
         except httpx.HTTPError as exc:
-            raise SendFailed(f"slack chat.postMessage: cannot reach the Web API ({type(exc).__name__})") from None
+            raise SendFailed(f"slack {method}: cannot reach the Web API ({type(exc).__name__})") from None
         answer = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
         if response.status_code != 200 or not answer.get("ok"):
-            raise SendFailed(f"slack chat.postMessage: {response.status_code} {answer.get('error') or response.text[:200]}",
+            raise SendFailed(f"slack {method}: {response.status_code} {answer.get('error') or response.text[:200]}",
                              response.status_code)
+        return answer
+
+
+def _content(message: Outgoing) -> dict[str, Any]:
+    """A message's text, and its buttons as Block Kit (chat.postMessage and chat.update alike)."""
+    body: dict[str, Any] = {"text": message.text[:MAX_TEXT]}
+    if message.buttons:
+        body["blocks"] = [
+            {"type": "section", "text": {"type": "mrkdwn", "text": message.text[:MAX_TEXT]}},
+            {"type": "actions", "elements": [
+                {"type": "button", "action_id": f"choice_{i}", "text": {"type": "plain_text", "text": label[:75]},
+                 "value": value[:MAX_VALUE]} for i, (label, value) in enumerate(message.buttons)]},
+        ]
+    return body
 
 
 def _event(delivery: str, event: dict[str, Any]) -> list[Inbound]:
     """A message or a mention from a person (not a bot, not an edit); in a channel only the
     bot's mentions and messages in threads start or go on with a conversation."""
-    kind, user, text = event.get("type"), event.get("user"), event.get("text")
-    if kind not in ("message", "app_mention") or event.get("subtype") or event.get("bot_id") \
-            or not isinstance(user, str) or not isinstance(text, str):
+    kind, user, text = event.get("type"), event.get("user"), event.get("text", "")
+    if kind not in ("message", "app_mention") or event.get("subtype") not in (None, "file_share") \
+            or event.get("bot_id") or not isinstance(user, str) or not isinstance(text, str):
+        return []
+    files = _files(event.get("files"))
+    if not text and not files:
         return []
     channel = str(event.get("channel"))
     direct = event.get("channel_type") == "im"
@@ -103,7 +147,19 @@ def _event(delivery: str, event: dict[str, Any]) -> list[Inbound]:
         return []  # a channel's chatter: the bot answers mentions (app_mention) and its threads
     thread = None if direct else str(event.get("thread_ts") or event.get("ts"))
     return [Inbound(delivery, f"{channel}:{thread or user}", user, text,
-                    {"channel": channel, "thread_ts": thread})]
+                    {"channel": channel, "thread_ts": thread}, files=files)]
+
+
+def _files(files: Any) -> tuple[InboundFile, ...]:
+    """A file share's files (the message event's `files`), each read from its url_private."""
+    out = []
+    for file in files if isinstance(files, list) else ():
+        url = isinstance(file, dict) and (file.get("url_private_download") or file.get("url_private"))
+        if isinstance(url, str):
+            size = file.get("size")
+            out.append(InboundFile(url, media_type_of(file.get("mimetype")), str(file.get("name") or ""),
+                                   size if isinstance(size, int) else None))
+    return tuple(out)
 
 
 def _press(payload: dict[str, Any]) -> list[Inbound]:

@@ -14,7 +14,16 @@ from typing import Any
 
 import httpx
 
-from chatrun.server.channels.base import ChannelKind, Inbound, Outgoing, SendFailed, Unauthorized
+from chatrun.server.channels.base import (
+    ChannelKind,
+    FetchFailed,
+    Inbound,
+    InboundFile,
+    Outgoing,
+    SendFailed,
+    Unauthorized,
+    media_type_of,
+)
 
 DEFAULT_API = "https://api.telegram.org"
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
@@ -37,10 +46,12 @@ class Telegram(ChannelKind):
         message, query = payload.get("message"), payload.get("callback_query")
         if isinstance(message, dict) and isinstance(message.get("text"), str):
             return [_inbound(delivery, message, message.get("from"), message["text"])]
+        if isinstance(message, dict) and (files := _files(message)):  # a photo or a document, its caption the text
+            return [_inbound(delivery, message, message.get("from"), str(message.get("caption") or ""), files=files)]
         if isinstance(query, dict) and isinstance(query.get("message"), dict) and isinstance(query.get("data"), str):
             return [_inbound(delivery, query["message"], query.get("from"), query["data"],
                              {"callback_query_id": query.get("id")})]
-        return []  # an edit, a join, a photo without text...: nothing for the bot to answer
+        return []  # an edit, a join, a sticker...: nothing for the bot to answer
 
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
         body: dict[str, Any] = {"chat_id": address["chat_id"], "text": message.text[:MAX_TEXT]}
@@ -54,7 +65,20 @@ class Telegram(ChannelKind):
         if query:  # stops the button's spinner
             await self._call(client, "answerCallbackQuery", {"callback_query_id": query})
 
-    async def _call(self, client: httpx.AsyncClient, method: str, body: dict[str, Any]) -> None:
+    async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
+        """getFile names the file's path; its bytes are at /file/bot<token>/<path>."""
+        try:
+            found = (await self._call(client, "getFile", {"file_id": file.ref})).get("result") or {}
+        except SendFailed as exc:
+            raise FetchFailed(str(exc)) from None
+        if isinstance(found.get("file_size"), int) and found["file_size"] > limit:
+            raise FetchFailed(f"telegram getFile: the file is {found['file_size']} bytes, over {limit}", too_large=True)
+        if not isinstance(found.get("file_path"), str):
+            raise FetchFailed("telegram getFile: no file_path (a file over the Bot API's 20 MB is not downloadable)")
+        url = f"{self.option('api', DEFAULT_API).rstrip('/')}/file/bot{self.secret('token')}/{found['file_path']}"
+        return await self.download(client, url, limit, "file download")
+
+    async def _call(self, client: httpx.AsyncClient, method: str, body: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.option('api', DEFAULT_API).rstrip('/')}/bot{self.secret('token')}/{method}"
         try:
             response = await client.post(url, json=body, timeout=self.timeout)
@@ -63,16 +87,41 @@ class Telegram(ChannelKind):
         if response.status_code != 200:
             raise SendFailed(f"telegram {method}: the Bot API answered {response.status_code}: "
                              f"{response.text[:200]}", response.status_code)
+        try:
+            answer = response.json()
+        except ValueError:
+            return {}
+        return answer if isinstance(answer, dict) else {}
 
 
 def _inbound(delivery: str, message: dict[str, Any], sender: Any, text: str,
-             extra: dict[str, Any] | None = None) -> Inbound:
+             extra: dict[str, Any] | None = None, files: tuple[InboundFile, ...] = ()) -> Inbound:
     chat = message.get("chat") or {}
     sender = sender if isinstance(sender, dict) else {}
     user = str(sender.get("id", chat.get("id")))
     name = " ".join(str(sender[k]) for k in ("first_name", "last_name") if sender.get(k))
     return Inbound(delivery, f"{chat.get('id')}:{user}", user, text, {"chat_id": chat.get("id")}, name,
-                   sender.get("language_code"), extra or {})
+                   sender.get("language_code"), extra or {}, files)
+
+
+# The media a message may carry, and the media type of each when Telegram names none.
+MEDIA = {"document": "application/octet-stream", "audio": "audio/mpeg", "voice": "audio/ogg", "video": "video/mp4"}
+
+
+def _files(message: dict[str, Any]) -> tuple[InboundFile, ...]:
+    """A message's photo (its largest size: Telegram sends photos as JPEG) or document, audio, voice, video."""
+    photo = message.get("photo")
+    if isinstance(photo, list) and photo and isinstance(photo[-1], dict):
+        size = photo[-1].get("file_size")
+        return (InboundFile(str(photo[-1].get("file_id")), "image/jpeg", "photo.jpg",
+                            size if isinstance(size, int) else None),)
+    for key, default in MEDIA.items():
+        media = message.get(key)
+        if isinstance(media, dict) and media.get("file_id"):
+            size = media.get("file_size")
+            return (InboundFile(str(media["file_id"]), media_type_of(media.get("mime_type"), default),
+                                str(media.get("file_name") or ""), size if isinstance(size, int) else None),)
+    return ()
 
 
 def _callback(label: str, value: str) -> str:

@@ -21,7 +21,16 @@ from typing import Any
 
 import httpx
 
-from chatrun.server.channels.base import ChannelKind, Inbound, Outgoing, SendFailed, Unauthorized
+from chatrun.server.channels.base import (
+    ChannelKind,
+    FetchFailed,
+    Inbound,
+    InboundFile,
+    Outgoing,
+    SendFailed,
+    Unauthorized,
+    media_type_of,
+)
 
 DEFAULT_API = "https://graph.facebook.com/v21.0"
 MAX_BUTTONS = 3  # reply buttons of one interactive message
@@ -57,12 +66,31 @@ class WhatsApp(ChannelKind):
                 names = {c.get("wa_id"): (c.get("profile") or {}).get("name", "") for c in value.get("contacts") or ()}
                 number = (value.get("metadata") or {}).get("phone_number_id")
                 for message in value.get("messages") or ():
-                    text = _text(message)
+                    text, files = _text(message), _files(message)
+                    if files:
+                        text = str(message[message["type"]].get("caption") or "")
                     if text is not None and number:
                         user = str(message.get("from"))
                         out.append(Inbound(str(message.get("id")), f"{number}:{user}", user, text,
-                                           {"phone_number_id": number, "to": user}, names.get(user, "")))
+                                           {"phone_number_id": number, "to": user}, names.get(user, ""),
+                                           files=files))
         return out
+
+    async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
+        """GET /MEDIA_ID names the media's URL (and size); the URL is read with the same token."""
+        auth = {"Authorization": f"Bearer {self.secret('token')}"}
+        try:
+            response = await client.get(f"{self.option('api', DEFAULT_API).rstrip('/')}/{file.ref}",
+                                        headers=auth, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise FetchFailed(f"whatsapp media: cannot reach the Cloud API ({type(exc).__name__})") from None
+        found = response.json() if response.status_code == 200 else {}
+        if not isinstance(found, dict) or not isinstance(found.get("url"), str):
+            raise FetchFailed(f"whatsapp media {file.ref}: the Cloud API answered {response.status_code}: "
+                              f"{response.text[:200]}")
+        if isinstance(found.get("file_size"), int) and found["file_size"] > limit:
+            raise FetchFailed(f"whatsapp media: the file is {found['file_size']} bytes, over {limit}", too_large=True)
+        return await self.download(client, found["url"], limit, "media download", auth)
 
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
         body: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": address["to"]}
@@ -88,6 +116,17 @@ class WhatsApp(ChannelKind):
                              response.status_code)
 
 
+MEDIA = ("image", "document", "audio", "video")  # media a message may carry (a sticker is not a file to read)
+
+
+def _files(message: dict[str, Any]) -> tuple[InboundFile, ...]:
+    kind = message.get("type")
+    media = message.get(kind) if kind in MEDIA else None
+    if not isinstance(media, dict) or not media.get("id"):
+        return ()
+    return (InboundFile(str(media["id"]), media_type_of(media.get("mime_type")), str(media.get("filename") or "")),)
+
+
 def _text(message: dict[str, Any]) -> str | None:
     """What the user said: a text's body, or the id of the reply button or list row pressed."""
     kind = message.get("type")
@@ -99,4 +138,4 @@ def _text(message: dict[str, Any]) -> str | None:
         return str(chosen.get("id") or "") or None
     if kind == "button":  # a template's quick reply
         return str((message.get("button") or {}).get("payload") or "") or None
-    return None  # media, a location, a reaction: not answered yet (docs/channels.md)
+    return None  # a location, a reaction, a sticker: not answered (docs/channels.md)
