@@ -172,6 +172,15 @@ def test_a_message_acknowledged_by_a_replica_that_died_is_answered_from_the_stor
     assert texts(slack) == ["You said hello from the dead."] and len(fake.requests) == 1
 
 
+def test_a_recorded_message_keeps_its_files_handles():
+    from chatrun.server.channels.acked import restored, saved
+    from chatrun.server.channels.base import Inbound, InboundFile
+
+    inbound = Inbound("Ev1", "D42:U42", "U42", "look", {"channel": "D42"}, files=(
+        InboundFile("https://files.slack.com/F1", "image/png", "photo.png", 100),))
+    assert restored(json.loads(json.dumps(saved(inbound)))) == inbound
+
+
 def streaming(body):
     """The fake model streams its answer in chunks; "fail" streams, then drops the connection."""
     user = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
