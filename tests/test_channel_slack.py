@@ -156,6 +156,31 @@ def test_the_users_confirmation_is_block_kit_buttons_and_a_press_decides_it(clie
     wait_until(lambda: any("Booked Hamlet" in t for t in texts(slack)), what="the booking's reply")
 
 
+def test_a_message_acknowledged_by_a_replica_that_died_is_answered_from_the_store(client, slack, fake):
+    """What a replica killed after Slack's 200 leaves: the message's record, its hold run out.
+    The app's look at the records (every few seconds) runs its turn, once (tests/test_channel_replicas.py
+    kills a real replica)."""
+    from chatrun.server.channels.acked import key_of
+    from chatrun.server.channels.base import Inbound
+
+    registry = client.app.state.registry
+    inbound = Inbound("Ev-dead", "D42:U42", "U42", "hello from the dead", {"channel": "D42", "thread_ts": None})
+    record = {"inbound": inbound.__dict__, "until": time.time() - 1, "attempts": 0}
+    client.portal.call(registry.store.put_record, key_of("shop", "slack", inbound), record)
+    wait_until(lambda: texts(slack), what="the reply")
+    wait_until(lambda: client.portal.call(registry.store.record_keys, "channel-in:") == [], what="the record deleted")
+    assert texts(slack) == ["You said hello from the dead."] and len(fake.requests) == 1
+
+
+def test_a_recorded_message_keeps_its_files_handles():
+    from chatrun.server.channels.acked import restored, saved
+    from chatrun.server.channels.base import Inbound, InboundFile
+
+    inbound = Inbound("Ev1", "D42:U42", "U42", "look", {"channel": "D42"}, files=(
+        InboundFile("https://files.slack.com/F1", "image/png", "photo.png", 100),))
+    assert restored(json.loads(json.dumps(saved(inbound)))) == inbound
+
+
 def streaming(body):
     """The fake model streams its answer in chunks; "fail" streams, then drops the connection."""
     user = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")

@@ -180,12 +180,14 @@ class Lifecycle:
         pending = registry.sweeper = PendingSweeper(registry, self.sweep,
                                                     **({"clock": clock.timestamp} if clock is not None else {}))
         expiring = asyncio.ensure_future(pending.run_forever())
+        recovering = asyncio.ensure_future(registry.channels.recover_forever(registry))
         watchers = Watchers(registry) if self.reload else None
         try:
             yield
         finally:
             sweeper.cancel()
             expiring.cancel()
+            recovering.cancel()
             delivering.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await delivering

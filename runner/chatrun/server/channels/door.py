@@ -13,6 +13,9 @@
    and the outbox worker sends them through the channel (`deliver`), at least once, after the
    commit, across a crash. So a turn the platform retried three times answers once, and an
    operator's words or a supervisor's decision reach the user on their platform too.
+4. A platform that wants its answer before the turn is done (Slack: `ack_within`) gets it
+   only once the message is written to the store (acked.py): a replica killed after the
+   answer and before the commit leaves the message to another one, which runs its turn.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from chatrun.errors import AttachmentRefused, ChatrunError, SessionError
 from chatrun.events import Event
 from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal
+from chatrun.server.channels.acked import AckedDeliveries, AckedSettings
 from chatrun.server.channels.base import (
     ChannelKind,
     FetchFailed,
@@ -77,8 +81,9 @@ class Channels:
     """The app's channels: each bot's declared ones, built from the bot's config as served now,
     and the one HTTP client that calls the platforms."""
 
-    def __init__(self, auth: Auth | None, store: AsyncStore | None = None):
+    def __init__(self, auth: Auth | None, store: AsyncStore | None = None, acked: AckedSettings | None = None):
         self.auth, self.store = auth, store  # the store: where a streamed reply's message is noted
+        self.acked = AckedDeliveries(acked)  # deliveries answered before their turn ran (Slack's)
         self._built: dict[tuple[int, str], ChannelKind] = {}
         self._client: httpx.AsyncClient | None = None
         self.running: set[asyncio.Future[None]] = set()  # turns going on after their delivery was answered
@@ -112,8 +117,18 @@ class Channels:
             self._client = httpx.AsyncClient(follow_redirects=False)
         return self._client
 
+    async def recover_forever(self, registry: SessionRegistry) -> None:
+        """Run the turns of deliveries answered by a replica that died before they were done."""
+
+        async def handle(bot: str, kind: str, inbound: Inbound) -> None:
+            channel = self.of(registry.bot(bot).config, kind)
+            if channel is not None:
+                await _handle(registry, self, channel, bot, inbound)
+
+        await self.acked.recover_forever(registry, handle)
+
     async def aclose(self) -> None:
-        for task in list(self.running):  # the app stops: turns still running roll back
+        for task in [*self.running, *self.acked.running.values()]:  # the app stops: turns still running roll back
             task.cancel()
         if self._client is not None:
             await self._client.aclose()
@@ -240,15 +255,30 @@ async def receive(bot: str, kind: str, request: Request, registry: Registry) -> 
     answer = channel.handshake(payload)
     if answer is not None:
         return JSONResponse(answer)
-    handling = asyncio.ensure_future(_handle_all(registry, channels, channel, bot, channel.inbound(payload)))
+    messages = channel.inbound(payload)
     if channel.ack_within is None:
-        await handling
-    else:  # answer in the platform's time; the turn goes on (its reply leaves through the outbox)
-        channels.running.add(handling)
-        handling.add_done_callback(channels.finished)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(handling), channel.ack_within)
+        await _handle_all(registry, channels, channel, bot, messages)
+        return JSONResponse({"ok": True})
+    # Answer in the platform's time, the turn going on after (its reply leaves through the
+    # outbox); the messages are in the store first, so a replica dying meanwhile loses none.
+    recorded = [m for m in messages if await channels.acked.record(registry, bot, channel.kind, m)]
+    handling = asyncio.ensure_future(_handle_recorded(registry, channels, channel, bot, recorded))
+    channels.running.add(handling)
+    handling.add_done_callback(channels.finished)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(handling), channel.ack_within)
     return JSONResponse({"ok": True})
+
+
+async def _handle_recorded(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str,
+                           recorded: list[Inbound]) -> None:
+    """The turns of the recorded messages (a message already recorded is its runner's)."""
+
+    async def handle(bot: str, kind: str, message: Inbound) -> None:
+        await _handle(registry, channels, channel, bot, message)
+
+    for message in recorded:
+        await channels.acked.run(registry, handle, bot, channel.kind, message)
 
 
 async def _handle_all(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str,
