@@ -101,7 +101,7 @@ tools:
   cancel:
     description: Cancel an order
     parameters: {type: object, properties: {order: {type: string}}, required: [order]}
-    approval: {ask: "{{ t('cancel.ask', order=args.order) }}", rejected: "{{ t('cancel.kept') }}"}
+    approval: {ask: {text: "{{ t('cancel.ask', order=args.order) }}"}, rejected: "{{ t('cancel.kept') }}"}
     action: {message: "{{ t('cancel.done') }}"}
   bye:
     description: End the conversation
