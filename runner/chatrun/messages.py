@@ -12,7 +12,7 @@ import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 # Reads an attachment's bytes by its reference (None: gone, or the reference is a URL).
 BlobReader = Callable[[str], bytes | None]
@@ -98,7 +98,7 @@ class Attachment:
         return {"type": "text", "text": self.description()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ToolCall:
     """A tool the model asked to run. `arguments` is the raw JSON text the model sent."""
 
@@ -110,9 +110,12 @@ class ToolCall:
         return {"id": self.id, "name": self.name, "arguments": self.arguments}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # an idle session's memory holds many: no __dict__ (issue 39)
 class Message:
     role: str = field(init=False, default="")
+    # The message's token count, once counted: (encoding name, tokens); memory/tokens.py
+    # remember_count. Not compared, not shown: a cache, not part of the message.
+    _token_count: tuple[str, int] | None = field(init=False, default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         raise NotImplementedError
@@ -130,7 +133,7 @@ class Message:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SystemMessage(Message):
     content: str
     role: str = field(init=False, default="system")
@@ -145,21 +148,20 @@ class SystemMessage(Message):
         return self.content
 
 
-@dataclass(frozen=True, init=False, eq=False)
+@dataclass(frozen=True, init=False, eq=False, slots=True)
 class UserMessage(Message):
-    """The user's text, and the files sent with it (by reference). A message without files
-    stores no `attachments` of its own (the class's empty tuple): an idle session's memory
-    holds many of them (tests/test_idle_session_memory.py)."""
+    """The user's text, and the files sent with it (by reference). Slots, no __dict__, and a
+    message without files points at the one shared empty tuple: an idle session's memory holds
+    many of them (tests/test_idle_session_memory.py, bench/bench_idle.py)."""
 
     content: str
     role: str = field(init=False, default="user")
-    attachments: ClassVar[tuple[Attachment, ...]] = ()
+    attachments: tuple[Attachment, ...] = field(default=(), repr=False)
 
     def __init__(self, content: str, attachments: tuple[Attachment, ...] = ()):
         object.__setattr__(self, "content", content)
         object.__setattr__(self, "role", "user")
-        if attachments:
-            object.__setattr__(self, "attachments", tuple(attachments))
+        object.__setattr__(self, "attachments", tuple(attachments) if attachments else ())
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, UserMessage) and (self.content, self.attachments) == (other.content, other.attachments))
@@ -186,7 +188,7 @@ class UserMessage(Message):
         return "\n".join([self.content, *(a.description() for a in self.attachments)])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AssistantMessage(Message):
     content: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
@@ -213,7 +215,7 @@ class AssistantMessage(Message):
         return "\n".join(parts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ToolResultMessage(Message):
     tool_call_id: str
     name: str
@@ -233,7 +235,7 @@ class ToolResultMessage(Message):
 SUMMARY_HEADING = "Summary of the earlier conversation:"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SummaryMessage(Message):
     """What a `summary` memory keeps of the messages it folded: a running summary, right after
     the system message. The model is sent it as a user message under a heading (every

@@ -178,7 +178,7 @@ def tiktoken_counter(encoding: str | None = None, model_name: str | None = None)
     name = enc.name
 
     def count(message: Message) -> int:
-        known = message.__dict__.get(COUNT_ATTRIBUTE)
+        known = getattr(message, COUNT_ATTRIBUTE, None)  # a message with slots: the field (messages.py)
         if known is not None and known[0] == name:
             return known[1]
         text = message.text()
