@@ -152,19 +152,12 @@ class Connection:
             problem = _not_connected(frame.chat_id)
             self.reject(frame.chat_id, problem.reason, problem.message, frame.request_id)
             return
-        elif frame.play_model is not None and (refused := self.play_refused(frame)):
-            self.reject(frame.chat_id, *refused, frame.request_id)
+        elif self._answered_at_once(frame):
             return
         elif frame.type == wire.CHAT_ROUTE_MESSAGE:
             coro = self.chat(frame, self.chats[frame.chat_id])
         elif frame.type in (wire.DECIDE, wire.ANSWER):
             coro = self.decide(frame, self.chats[frame.chat_id])
-        elif frame.type == wire.CANCEL:
-            self.cancel(frame)
-            return
-        elif frame.type == wire.MODEL_ANSWER:
-            self.answer_model(frame)
-            return
         elif frame.type == wire.FEEDBACK:
             coro = self.feedback(frame, self.chats[frame.chat_id])
         else:
@@ -202,6 +195,20 @@ class Connection:
             self.stopped.add(task)
             task.cancel()
         self.out.put(wire.server_frame(frame.chat_id, wire.COMPLETED, None, frame.request_id))
+
+    def _answered_at_once(self, frame: wire.ClientFrame) -> bool:
+        """A frame of a connected chat served in the receive loop, not in a task of its own:
+        Cancel, ModelAnswer (neither may wait behind the turn they act on), and a turn frame
+        asking to play the model when it may not."""
+        if frame.type == wire.CANCEL:
+            self.cancel(frame)
+        elif frame.type == wire.MODEL_ANSWER:
+            self.answer_model(frame)
+        elif frame.play_model is not None and (refused := self.play_refused(frame)):
+            self.reject(frame.chat_id, *refused, frame.request_id)
+        else:
+            return False
+        return True
 
     def play_refused(self, frame: wire.ClientFrame) -> tuple[str, str] | None:
         """Why this turn frame may not ask to play the model (reason, message), or None
