@@ -207,3 +207,20 @@ def test_a_quarkus_dialect_chat_cannot_ask_to_play(client):
         until_done(ws)
         ws.send_json({"type": "ChatRouteMessage", "chatId": "q1", "playModel": "auto", "data": {"userMessage": "x"}})
         assert until_done(ws)[-1]["data"] == "BadRequest"
+
+
+def test_always_asks_the_author_even_with_a_model_configured(monkeypatch, tmp_path):
+    # A configured model that is never called: an endpoint nobody listens on.
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    app = app_for_testclient([chatrun.load_bot(write_travel(tmp_path))], "memory://")
+    with TestClient(app) as client, client.websocket_connect("/_chat/routes") as ws:
+        connect(ws)
+        ws.send_json({"type": "ChatRouteMessage", "chatId": "c1", "requestId": "m1", "playModel": "always",
+                      "data": {"userMessage": "hello"}})
+        data = model_request(ws)["data"]
+        assert "why" not in data  # a model could answer: the author chose to
+        answer(ws, data["ask"], text="I am the model today.")
+        frames = finish(ws, "m1")
+        assert frames[-1]["type"] == "Completed"
+        assert [f["data"] for f in frames if f["type"] == "Message"] == ["I am the model today."]
