@@ -114,3 +114,16 @@ def test_the_end_user_page_keeps_its_plain_explanation_and_never_plays(server):
         assert not page.locator("#play-model").is_visible()
         assert not page.locator("#play-always").is_visible()
         assert page.evaluate("window.ChatrunPage.session().playModel") is None
+
+
+def test_stop_abandons_a_turn_waiting_for_the_author(server):
+    with chat_page(server.url, width=1280, path="/bots/hotels/") as page:
+        ask(page, "Hello")
+        page.click("#stop")
+        page.wait_for_selector("#play-model", state="hidden")
+        page.wait_for_selector("#stop", state="hidden")
+        # The session is free at once: the next message asks the author again.
+        ask(page, "Hello again")
+        page.fill("#play-text", "Here I am.")
+        page.press("#play-text", "Enter")
+        page.wait_for_function("[...document.querySelectorAll('#messages .msg.bot')].some(b => b.innerText.includes('Here I am.'))")
