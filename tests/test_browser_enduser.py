@@ -363,4 +363,4 @@ def test_without_a_model_users_read_a_plain_explanation(tmp_path, monkeypatch, m
             shot(page, "enduser-no-model")
             assert axe_problems(page) == []
         else:
-            assert "OPENAI_API_KEY" in banner.inner_text() and "chatrun repl hotels" in banner.inner_text()
+            assert "OPENAI_API_KEY" in banner.inner_text() and "Answer in its place" in banner.inner_text()

@@ -7,6 +7,8 @@ Client -> server:
     {"type": "Disconnect", "chatId": C}                       chatrun extension: "keep"
     {"type": "Decide", "chatId": C, "item": P, "decision": "approve"|"reject", "args"?, "reason"?}
     {"type": "Answer", "chatId": C, "item": P, "answer": V}   chatrun extensions: humans in the loop
+    {"type": "ModelAnswer", "chatId": C, "ask": A, "text"|"tool"+"arguments"}   chatrun extension:
+                                                              the author plays the model (play_model.py)
 Any client frame may carry "requestId" (extension); the server echoes it on every frame
 it sends for that request.
 
@@ -47,7 +49,8 @@ DECIDE = "Decide"  # chatrun extension: {"item", "decision": "approve"|"reject",
 ANSWER = "Answer"  # chatrun extension: {"item", "answer"}
 CANCEL = "Cancel"  # chatrun extension (extended dialect): stop the chat's running turn
 FEEDBACK = "Feedback"  # chatrun extension: {"turn", "rating": "up"|"down", "comment"?}
-CLIENT_TYPES = (CONNECT, CHAT_ROUTE_MESSAGE, DISCONNECT, DECIDE, ANSWER, CANCEL, FEEDBACK)
+MODEL_ANSWER = "ModelAnswer"  # chatrun extension: {"ask", "text"} or {"ask", "tool", "arguments"}
+CLIENT_TYPES = (CONNECT, CHAT_ROUTE_MESSAGE, DISCONNECT, DECIDE, ANSWER, CANCEL, FEEDBACK, MODEL_ANSWER)
 TURN_TYPES = (CHAT_ROUTE_MESSAGE, DECIDE, ANSWER)  # the requests that run a turn (what Cancel stops)
 
 COMPLETED = "Completed"
@@ -111,6 +114,7 @@ class ServerLimits:
     max_chats_per_connection: int = 64  # chatIds attached to one WebSocket connection
     send_timeout: float = 20.0  # seconds a client may take to read a frame (see outbound.py)
     max_outbound_bytes: int = 1024 * 1024  # replies waiting to be sent on one connection
+    model_answer_timeout: float = 900.0  # seconds the author playing the model may take (play_model.py)
 
     def message_too_long(self, text: str) -> str | None:
         """Why a user message is refused for its length, or None (one rule for every transport)."""
@@ -134,6 +138,7 @@ class ClientFrame:
     locale: str | None = None  # Connect's `locale` (docs/i18n.md)
     if_busy: str | None = None  # chatrun extension "ifBusy": "queue" | "reject"
     item: str | None = None  # Decide / Answer: the pending item's id
+    play_model: str | None = None  # a turn frame's "playModel": "auto" | "always" (server/play_model.py)
 
 
 def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
@@ -149,6 +154,11 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
         raise fields.fail(f"{kind} needs a chatId: {problem}")
     assert isinstance(chat_id, str)  # chat_id_problem checked it; this tells the type checker
     frame = ClientFrame(kind, chat_id, request_id=fields.request_id)
+    if kind in TURN_TYPES:
+        try:
+            frame.play_model = _play_mode_of(fields.raw, kind)
+        except RequestFailed as exc:
+            raise fields.fail(exc.message, exc.reason) from None
     if kind == CONNECT:
         _read_connect(frame, fields)
     elif kind == CHAT_ROUTE_MESSAGE:
@@ -158,6 +168,11 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
     elif kind == FEEDBACK:
         try:
             frame.data = feedback_of(fields.raw, "Feedback")
+        except RequestFailed as exc:
+            raise fields.fail(exc.message, exc.reason) from None
+    elif kind == MODEL_ANSWER:
+        try:
+            frame.data = _model_answer_of(fields.raw)
         except RequestFailed as exc:
             raise fields.fail(exc.message, exc.reason) from None
     elif kind == CANCEL:
@@ -262,11 +277,49 @@ def _read_decision(frame: ClientFrame, fields: _FrameFields) -> None:
     if frame.type == ANSWER and "answer" not in fields.raw:
         raise fields.fail("Answer needs an answer (any JSON value the item's schema accepts)")
     names = ("answer",) if frame.type == ANSWER else ("decision", "args", "reason")
-    unknown = sorted(set(fields.raw) - {"type", "chatId", "requestId", "item", *names})
+    unknown = sorted(set(fields.raw) - {"type", "chatId", "requestId", "playModel", "item", *names})
     if unknown:  # a misspelt `reason` would be dropped and the item decided without it
         raise fields.fail(f"{frame.type} has no field {unknown[0]!r}; it takes item, {', '.join(names)}")
     frame.data = {name: fields.raw[name] for name in names if name in fields.raw}
     frame.item = item
+
+
+PLAY_MODES = ("auto", "always")  # a turn frame's playModel (server/play_model.py)
+
+
+def _model_answer_of(raw: dict[str, Any]) -> dict[str, Any]:
+    """A ModelAnswer frame's fields, checked: `ask` (the ModelRequest's), and `text` or `tool`
+    with `arguments` (a JSON object). RequestFailed(BadRequest) saying what is wrong."""
+    unknown = sorted(set(raw) - {"type", "chatId", "requestId", "ask", "text", "tool", "arguments"})
+    if unknown:
+        raise RequestFailed(BAD_REQUEST, f"ModelAnswer has no field {unknown[0]!r}; it takes ask, "
+                                                   "text, or tool and arguments")
+    ask, text, tool, arguments = raw.get("ask"), raw.get("text"), raw.get("tool"), raw.get("arguments", {})
+    if not isinstance(ask, str) or not ask:
+        raise RequestFailed(BAD_REQUEST, "ModelAnswer needs ask: the id of the ModelRequest it answers")
+    if (text is None) == (tool is None):
+        raise RequestFailed(BAD_REQUEST, 'ModelAnswer takes either text (the model\'s reply) or tool '
+                                                   '(a tool\'s name, with arguments: {"key": "value"})')
+    if text is not None and (not isinstance(text, str) or not text.strip()):
+        raise RequestFailed(BAD_REQUEST, "ModelAnswer.text must be the model's reply: non-empty text")
+    if tool is not None and (not isinstance(tool, str) or not tool):
+        raise RequestFailed(BAD_REQUEST, "ModelAnswer.tool must be the name of a tool the request offered")
+    if not isinstance(arguments, dict):
+        raise RequestFailed(BAD_REQUEST, 'ModelAnswer.arguments must be a JSON object, e.g. {"seat": "12A"}')
+    out: dict[str, Any] = {"ask": ask}
+    if tool is not None:
+        out.update(tool=tool, arguments=arguments)
+    else:
+        out["text"] = text
+    return out
+
+
+def _play_mode_of(raw: dict[str, Any], kind: str) -> str | None:
+    """A turn frame's `playModel`: "auto", "always" or absent."""
+    mode = raw.get("playModel")
+    if mode is not None and mode not in PLAY_MODES:
+        raise RequestFailed(BAD_REQUEST, f'{kind}.playModel must be "auto" or "always", not {json.dumps(mode)}')
+    return mode
 
 
 MAX_COMMENT = 2000  # characters of a feedback comment

@@ -26,6 +26,7 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.outbound import Outbound
 from chatrun.server.pending_api import decision_of
+from chatrun.server.play_model import PLAYING, Asks, ModelPlayer, may_play
 from chatrun.server.plumbing import (
     Unauthorized,
     WidgetRefused,
@@ -65,6 +66,7 @@ class Connection:
         self.turns: dict[str, set[asyncio.Task[None]]] = {}  # chatId -> its turn requests in flight (what Cancel stops)
         self.stopped: set[asyncio.Task[None]] = set()  # turn requests a Cancel frame cancelled
         self.out = Outbound(websocket, limits.max_outbound_bytes, limits.send_timeout)
+        self.asks = Asks()  # model calls the page plays, waiting for its ModelAnswer (play_model.py)
 
     @property
     def open(self) -> bool:
@@ -150,13 +152,12 @@ class Connection:
             problem = _not_connected(frame.chat_id)
             self.reject(frame.chat_id, problem.reason, problem.message, frame.request_id)
             return
+        elif self._answered_at_once(frame):
+            return
         elif frame.type == wire.CHAT_ROUTE_MESSAGE:
             coro = self.chat(frame, self.chats[frame.chat_id])
         elif frame.type in (wire.DECIDE, wire.ANSWER):
             coro = self.decide(frame, self.chats[frame.chat_id])
-        elif frame.type == wire.CANCEL:
-            self.cancel(frame)
-            return
         elif frame.type == wire.FEEDBACK:
             coro = self.feedback(frame, self.chats[frame.chat_id])
         else:
@@ -194,6 +195,50 @@ class Connection:
             self.stopped.add(task)
             task.cancel()
         self.out.put(wire.server_frame(frame.chat_id, wire.COMPLETED, None, frame.request_id))
+
+    def _answered_at_once(self, frame: wire.ClientFrame) -> bool:
+        """A frame of a connected chat served in the receive loop, not in a task of its own:
+        Cancel, ModelAnswer (neither may wait behind the turn they act on), and a turn frame
+        asking to play the model when it may not."""
+        if frame.type == wire.CANCEL:
+            self.cancel(frame)
+        elif frame.type == wire.MODEL_ANSWER:
+            self.answer_model(frame)
+        elif frame.play_model is not None and (refused := self.play_refused(frame)):
+            self.reject(frame.chat_id, *refused, frame.request_id)
+        else:
+            return False
+        return True
+
+    def play_refused(self, frame: wire.ClientFrame) -> tuple[str, str] | None:
+        """Why this turn frame may not ask to play the model (reason, message), or None
+        (docs/protocol.md, "Playing the model")."""
+        if not self.dialect_of(frame.chat_id).extensions:
+            return wire.BAD_REQUEST, 'playModel is a chatrun extension: Connect with "extensions": true to play the model'
+        if self.principal is not None and not may_play(self.principal):
+            return wire.FORBIDDEN, (f"only the bot's author plays the model: principal {self.principal.name} needs "
+                                    "the role `authors` in the auth file")
+        return None
+
+    def answer_model(self, frame: wire.ClientFrame) -> None:
+        """ModelAnswer (extended dialect): the page's answer to a ModelRequest of this chat; the
+        waiting turn goes on. Answered at once: Completed(null), or Failed(NotPending)."""
+        try:
+            self.asks.answer(frame.chat_id, frame.data)
+        except wire.RequestFailed as exc:
+            self.reject(frame.chat_id, exc.reason, exc.message, frame.request_id)
+            return
+        self.out.put(wire.server_frame(frame.chat_id, wire.COMPLETED, None, frame.request_id))
+
+    def player(self, frame: wire.ClientFrame) -> ModelPlayer | None:
+        """Who answers as the model in this turn request: the page, when the frame asks to play."""
+        if frame.play_model is None:
+            return None
+
+        def send(kind: str, data: Any) -> None:
+            self.out.put(wire.server_frame(frame.chat_id, kind, data, frame.request_id))
+
+        return ModelPlayer(frame.play_model, frame.chat_id, self.asks, send, self.limits.model_answer_timeout)
 
     async def _serve(self, frame: wire.ClientFrame, coro: Any) -> None:
         # A Quarkus-dialect Disconnect gets no frame, not even a Failed (Quarkus sends none).
@@ -292,11 +337,15 @@ class Connection:
         """A turn's frames in the chat's dialect, then its Completed (or Failed when rolled back)."""
         dialect = self.dialect_of(frame.chat_id)
         frames = dialect.turn()
-        with tracing.own_trace():  # one trace per turn, linked to the connection's
-            async for event in run:
-                sent = frames.out(event)
-                if sent is not None:
-                    await self.send(frame.chat_id, *sent, frame.request_id)
+        playing = PLAYING.set(self.player(frame))  # the engine's turn task inherits it
+        try:
+            with tracing.own_trace():  # one trace per turn, linked to the connection's
+                async for event in run:
+                    sent = frames.out(event)
+                    if sent is not None:
+                        await self.send(frame.chat_id, *sent, frame.request_id)
+        finally:
+            PLAYING.reset(playing)
         # A replay sends a committed turn again: it succeeded (only successes are recorded).
         last = None if run.replayed else session.last_turn
         if last is not None and last.get("ok") is False:
@@ -374,6 +423,7 @@ async def serve_websocket(websocket: WebSocket, bot_name: str | None) -> None:
 async def _serve(connection: Connection) -> None:
     websocket = connection.ws
     await connection.run()
+    connection.asks.abandon("the page answering as the model closed its connection; this message was not kept")
     if connection.tasks:  # let running turns finish (and be stored) before the handler returns
         await asyncio.gather(*connection.tasks, return_exceptions=True)
     await connection.out.close()

@@ -688,6 +688,7 @@
       .errorHandler(showError)
       .consoleHandler(showConsole)
       .routeChangedHandler((d) => showRouteChange(d))
+      .eventHandler("ModelRequest", askTheAuthor)  // the author plays the model (sent to the author's page only)
       .defaultHandler((type, data) => showEvent(type, data));  // Choices, Object and custom types
   }
 
@@ -758,6 +759,7 @@
     scrollDown(true); // the reader's own message: back to the bottom
     let ok = false;
     turnEvent("chatrun:turn-start", {});
+    session.playModel = playMode();
     try {
       await (files.length ? session.sendData({ userMessage: text, attachments: files }) : session.chat(text));
       ok = true;
@@ -766,6 +768,7 @@
       if (!err.detail) showError(err.message || String(err));
     } finally {
       endStreaming();
+      closePlay();
       turnEvent("chatrun:turn-end", { ok: ok });
       epoch += 1;
       setBusy(false);
@@ -799,6 +802,134 @@
     takeInputBack();
     renderBreadcrumb([graph ? graph.default : ""]);
     refreshInspector();
+  }
+
+  // -- playing the model (author's page; docs/authoring.md, "Playing the model") ----------------
+
+  let playing = null; // the ModelRequest waiting for the author's answer
+
+  /** What this page asks of each turn: the author plays the model when none can answer ("auto"),
+   * or on every call when "Play model" is ticked; the end-user page never plays. */
+  function playMode() {
+    if (MODE !== "author") return null;
+    return $("play-always").checked ? "always" : "auto";
+  }
+
+  function askTheAuthor(data) {
+    endStreaming();
+    playing = data;
+    const form = $("play-model");
+    const where = $("play-where");
+    where.textContent = "route " + data.route + (data.why ? " \u00b7 no model can be reached" : " \u00b7 you play it");
+    where.title = data.why || "";
+    renderSees(data);
+    const select = $("play-tool");
+    select.textContent = "";
+    (data.tools || []).forEach((t) => {
+      const option = el("option", "", t.name);
+      option.value = t.name;
+      option.title = t.description || "";
+      select.appendChild(option);
+    });
+    $("play-kind-tool").disabled = !(data.tools || []).length;
+    $("play-text").value = "";
+    $("play-args").value = argumentsSkeleton(data.tools && data.tools[0]);
+    setPlayKind("text");
+    showPlayProblem("");
+    ui.thinking.hidden = true;
+    form.hidden = false;
+    $("play-text").focus();
+    scrollDown(true);
+  }
+
+  function renderSees(data) {
+    const box = $("play-sees");
+    box.textContent = "";
+    const line = (who, text) => {
+      const row = el("div", "seen");
+      row.appendChild(el("b", "", who + ": "));
+      row.appendChild(document.createTextNode(text));
+      box.appendChild(row);
+    };
+    if (data.system) line("system", data.system);
+    if (data.omitted) line("…", data.omitted + " earlier messages");
+    (data.messages || []).forEach((m) => {
+      const calls = (m.tool_calls || []).map((c) => c.name + " " + c.arguments).join("; ");
+      const who = m.role === "tool" ? "tool " + (m.name || "") : m.role;
+      line(who, [m.content || "", calls ? "calls " + calls : ""].filter(Boolean).join(" "));
+    });
+    if ((data.tools || []).length) line("tools", data.tools.map((t) => t.name).join(", "));
+  }
+
+  /** {"param": ""} for each required parameter of a tool: a start for its JSON arguments. */
+  function argumentsSkeleton(tool) {
+    const params = (tool && tool.parameters) || {};
+    const out = {};
+    (params.required || []).forEach((name) => { out[name] = ""; });
+    return JSON.stringify(out);
+  }
+
+  function setPlayKind(kind) {
+    document.querySelectorAll('input[name="play-kind"]').forEach((r) => { r.checked = r.value === kind; });
+    $("play-call").hidden = kind !== "tool";
+    $("play-text").hidden = kind !== "text";
+  }
+
+  function showPlayProblem(text) {
+    $("play-problem").hidden = !text;
+    $("play-problem").textContent = text;
+  }
+
+  function closePlay() {
+    playing = null;
+    $("play-model").hidden = true;
+  }
+
+  async function answerAsModel() {
+    if (!playing || !session) return;
+    const kind = document.querySelector('input[name="play-kind"]:checked').value;
+    let answer;
+    if (kind === "tool") {
+      try {
+        answer = { tool: $("play-tool").value, arguments: JSON.parse($("play-args").value || "{}") };
+      } catch (err) {
+        showPlayProblem("The arguments are not JSON: " + err.message);
+        return;
+      }
+    } else {
+      const text = $("play-text").value.trim();
+      if (!text) { showPlayProblem("Type the model's reply (or call a tool)."); return; }
+      answer = { text: text };
+    }
+    const ask = playing.ask;
+    try {
+      await session.answerModel(ask, answer);
+    } catch (err) {
+      showPlayProblem(err.detail || err.message || String(err));
+      return;
+    }
+    if (playing && playing.ask === ask) closePlay();
+    ui.thinking.hidden = !busy;
+  }
+
+  function setUpPlay() {
+    if (MODE !== "author") return;
+    $("play-model").addEventListener("submit", (ev) => { ev.preventDefault(); answerAsModel(); });
+    document.querySelectorAll('input[name="play-kind"]').forEach((r) => {
+      r.addEventListener("change", () => setPlayKind(r.value));
+    });
+    $("play-tool").addEventListener("change", () => {
+      const tool = (playing && playing.tools || []).find((t) => t.name === $("play-tool").value);
+      $("play-args").value = argumentsSkeleton(tool);
+    });
+    $("play-text").addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("play-model").requestSubmit(); }
+    });
+    const KEY = "chatrun:play-model";
+    $("play-always").checked = localStorage.getItem(KEY) === "always";
+    $("play-always").addEventListener("change", () => {
+      localStorage.setItem(KEY, $("play-always").checked ? "always" : "auto");
+    });
   }
 
   // -- inspector ----------------------------------------------------------------------------
@@ -865,8 +996,9 @@
     }
     banner.appendChild(el("strong", "", tx("no_model") + " "));
     banner.appendChild(el("span", "", problem + " "));
-    banner.appendChild(el("span", "", "To walk the bot without a model, answer in its place: chatrun repl "
-      + BOT + " (it asks \u201cmodel>\u201d at each model call: /say TEXT or /call TOOL {json})."));
+    banner.appendChild(el("div", "", "Answer in its place: send a message, and each time the bot calls the model "
+      + "this page asks you for the model\u2019s answer (a reply, or a tool call). Your users see a plain "
+      + "\u201ccannot answer yet\u201d instead (/chat/" + BOT + ")."));
   }
 
   function renderScopes(scopes, current) {
@@ -1607,6 +1739,7 @@
   setUpAttachments();
   setUpScrolling();
   setUpTheme();
+  setUpPlay();
   window.ChatrunPage = {
     bot: BOT, mode: MODE, session: () => session, client: () => client, api: api,
   };

@@ -31,6 +31,7 @@
  */
 (function (root) {
   "use strict";
+  const TURN_TYPES = ["ChatRouteMessage", "Decide", "Answer"]; // the requests that run a turn
 
   function newId() {
     if (root.crypto && typeof root.crypto.randomUUID === "function") {
@@ -59,6 +60,10 @@
       this.defaultHandler = builder._defaultHandler || null;
       this.extensions = builder._extensions;
       this.closed = false;
+      // chatrun extra: "auto" | "always" | null. Set, each turn this session sends plays the model
+      // (docs/protocol.md, "Playing the model"): its model calls come as ModelRequest events
+      // (register an eventHandler("ModelRequest", …)) and answerModel() answers them.
+      this.playModel = null;
     }
 
     /** chatrun names of id and currentScope. */
@@ -85,6 +90,19 @@
      * Promise of the Cancel's own Completed. */
     cancel() {
       return this.client._request(this, { type: "Cancel", chatId: this.id });
+    }
+
+    /** chatrun extra: answer a ModelRequest (its data.ask) as the model: {text} or {tool, arguments}.
+     * The waiting turn goes on. Promise of the ModelAnswer's own Completed. */
+    answerModel(ask, answer) {
+      const frame = { type: "ModelAnswer", chatId: this.id, ask: ask };
+      if (answer.tool) {
+        frame.tool = answer.tool;
+        frame.arguments = answer.arguments || {};
+      } else {
+        frame.text = answer.text;
+      }
+      return this.client._request(this, frame);
     }
 
     /** chatrun extra: rate the reply of turn `turn`: "up" or "down", with an optional comment.
@@ -261,6 +279,7 @@
         return Promise.reject(new ChatRouteError("Closed", "the connection is not open; call open(url) first"));
       }
       frame.requestId = this._nextRequest++;
+      if (session.playModel && TURN_TYPES.includes(frame.type)) frame.playModel = session.playModel;
       return new Promise((resolve, reject) => {
         this._pending.set(frame.requestId, { session: session, resolve: resolve, reject: reject, error: null });
         this.send(frame);
