@@ -421,3 +421,20 @@ def telegram_file(update_id: int, file_id: str, kind: str = "photo", caption: st
     if caption is not None:
         message["caption"] = caption
     return update
+
+
+def shop_responder(body: dict[str, Any]) -> dict[str, Any]:
+    """The fake model of the channel tests' ticket shop: "book X" calls book(show=X), "bye"
+    calls bye(), "who" repeats the system prompt, "fail" answers 500, "slow" answers after 6 s;
+    after a tool it says "Done: RESULT"; anything else it echoes as "You said X."."""
+    messages = body["messages"]
+    user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    if messages[-1]["role"] == "tool":
+        return {"text": "Done: " + str(messages[-1]["content"])}
+    if user.startswith("book "):
+        return {"tool_calls": [{"name": "book", "arguments": {"show": user[5:]}}]}
+    special = {"bye": {"tool_calls": [{"name": "bye", "arguments": {}}]},
+               "who": {"text": messages[0]["content"]},
+               "fail": {"status": 500, "body": "down"},
+               "slow": {"text": "Slow answer.", "delay": 6}}
+    return special.get(user, {"text": f"You said {user}."})

@@ -16,7 +16,8 @@ from webhook_support import OPENAI_MODEL
 
 pytest.importorskip("jwt", reason="PyJWT is not installed (pip install -e '.[test]' brings it)")
 
-from channel_support import FakeBotFramework  # noqa: E402
+from channel_support import FakeBotFramework
+from channel_support import shop_responder as responder  # noqa: E402
 
 APP_ID, APP_PASSWORD = "0d8c2f4e-app-id", "teams-client-secret-0123"
 
@@ -49,14 +50,6 @@ tools:
 """
 
 
-def responder(body):
-    messages = body["messages"]
-    user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-    if messages[-1]["role"] == "tool":
-        return {"text": "Done: " + str(messages[-1]["content"])}
-    if user.startswith("book "):
-        return {"tool_calls": [{"name": "book", "arguments": {"show": user[5:]}}]}
-    return {"text": f"You said {user}."}
 
 
 @pytest.fixture

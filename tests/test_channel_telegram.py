@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from channel_support import FakeTelegram, telegram_message, telegram_press
+from channel_support import shop_responder as responder
 from chatrun.server.channels.door import session_id_for
 from server_support import app_for_testclient, wait_until
 from webhook_support import OPENAI_MODEL
@@ -50,21 +51,6 @@ tools:
 """
 
 
-def responder(body):
-    """The fake model: "book X" calls book(show=X); "fail" answers 500; else it echoes."""
-    messages = body["messages"]
-    user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-    if messages[-1]["role"] == "tool":
-        return {"text": "Done: " + str(messages[-1]["content"])}
-    if user.startswith("book "):
-        return {"tool_calls": [{"name": "book", "arguments": {"show": user[5:]}}]}
-    if user == "bye":
-        return {"tool_calls": [{"name": "bye", "arguments": {}}]}
-    if user == "who":
-        return {"text": messages[0]["content"]}
-    if user == "fail":
-        return {"status": 500, "body": "down"}
-    return {"text": f"You said {user}."}
 
 
 @pytest.fixture

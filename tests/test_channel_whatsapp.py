@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from channel_support import FakeWhatsApp, whatsapp_message, whatsapp_signed
+from channel_support import shop_responder as responder
 from server_support import app_for_testclient, wait_until
 from webhook_support import OPENAI_MODEL
 
@@ -50,14 +51,6 @@ tools:
 """
 
 
-def responder(body):
-    messages = body["messages"]
-    user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-    if messages[-1]["role"] == "tool":
-        return {"text": "Done: " + str(messages[-1]["content"])}
-    if user.startswith("book "):
-        return {"tool_calls": [{"name": "book", "arguments": {"show": user[5:]}}]}
-    return {"text": f"You said {user}."}
 
 
 @pytest.fixture
