@@ -99,9 +99,10 @@ class Channels:
         if config is None or kind not in CHANNELS:
             return None
         key = (id(bot), kind)
-        if key not in self._built:
-            self._built[key] = CHANNELS[kind](bot, config)
-        return self._built[key]
+        built = self._built.get(key)
+        if built is None or built.bot is not bot:  # (an id is reused once its bot is gone)
+            built = self._built[key] = CHANNELS[kind](bot, config)
+        return built
 
     @staticmethod
     def check_installed(bots: list[BotConfig]) -> None:
