@@ -186,11 +186,18 @@ def test_only_an_author_plays_the_model_when_auth_is_on(no_model, tmp_path):
     with TestClient(app) as client:
         with client.websocket_connect("/_chat/routes?token=bob-token") as ws:
             connect(ws)
-            ws.send_json({"type": "ChatRouteMessage", "chatId": "c1", "requestId": "m1", "playModel": "auto",
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "c1", "requestId": "m1", "playModel": "always",
                           "data": {"userMessage": "hello"}})
             refused = until_done(ws)
             assert refused[-1]["data"] == "Forbidden"
             assert "principal bob needs the role `authors`" in refused[0]["data"]
+            # "auto" is what every author page sends: from bob it is ignored, his turn runs as anyone's
+            # (here no model can be reached, so it fails as it would without playModel), nobody is asked.
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "c1", "requestId": "m2", "playModel": "auto",
+                          "data": {"userMessage": "hello"}})
+            plain = until_done(ws)
+            assert not [f for f in plain if f["type"] == "ModelRequest"]
+            assert any(f["type"] == "Error" and "cannot answer right now" in str(f["data"]) for f in plain)
         with client.websocket_connect("/_chat/routes?token=ana-token") as ws:
             connect(ws, "c2")
             ws.send_json({"type": "ChatRouteMessage", "chatId": "c2", "requestId": "m1", "playModel": "auto",

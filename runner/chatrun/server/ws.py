@@ -215,10 +215,10 @@ class Connection:
         (docs/protocol.md, "Playing the model")."""
         if not self.dialect_of(frame.chat_id).extensions:
             return wire.BAD_REQUEST, 'playModel is a chatrun extension: Connect with "extensions": true to play the model'
-        if self.principal is not None and not may_play(self.principal):
+        if frame.play_model != "auto" and self.principal is not None and not may_play(self.principal):
             return wire.FORBIDDEN, (f"only the bot's author plays the model: principal {self.principal.name} needs "
                                     "the role `authors` in the auth file")
-        return None
+        return None  # "auto" from someone who may not play: the turn runs with the model, as for anyone
 
     def answer_model(self, frame: wire.ClientFrame) -> None:
         """ModelAnswer (extended dialect): the page's answer to a ModelRequest of this chat; the
@@ -232,7 +232,7 @@ class Connection:
 
     def player(self, frame: wire.ClientFrame) -> ModelPlayer | None:
         """Who answers as the model in this turn request: the page, when the frame asks to play."""
-        if frame.play_model is None:
+        if frame.play_model is None or not may_play(self.principal):
             return None
 
         def send(kind: str, data: Any) -> None:
