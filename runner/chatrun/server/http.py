@@ -510,6 +510,8 @@ def _body(properties: dict[str, Any], example: dict[str, Any], required: tuple[s
     """OpenAPI text for a JSON body the handler parses itself (to give its own clear errors);
     `closed`: the handler refuses fields it does not name."""
     schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": not closed}
-    if required:
+    body: dict[str, Any] = {"content": {"application/json": {"schema": schema, "example": example}}}
+    if required:  # fields it must have: then the body itself is required too
         schema["required"] = list(required)
-    return {"requestBody": {"content": {"application/json": {"schema": schema, "example": example}}}}
+        body["required"] = True
+    return {"requestBody": body}
