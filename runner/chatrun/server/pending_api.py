@@ -121,7 +121,8 @@ def make_pending_router() -> APIRouter:
                              "canned": {"type": "array", "items": {"type": "object", "properties": {
                                  "name": {"type": "string"}, "text": {"type": "string"}}}}}))
     router.add_api_route(f"{session}/typing", set_typing, methods=["POST"],
-                         openapi_extra=_required_body({"typing": {"type": "boolean"}}, {"typing": True}))
+                         openapi_extra=_body({"typing": {"type": "boolean"}, "as": {"enum": ["user", "operator"]}},
+                                             {"typing": True}, required=("typing",), closed=True))
     router.add_api_route(f"{session}/typing", read_typing, methods=["GET"],
                          responses=_json(200, "who is typing: the operator (their name) and the user", {
                              "operator": {"type": ["string", "null"]}, "user": {"type": "boolean"}}))

@@ -333,6 +333,8 @@ def feedback_of(raw: dict[str, Any], what: str) -> dict[str, Any]:
     if unknown:
         raise RequestFailed(BAD_REQUEST, f"{what} has no field {unknown[0]!r}; it takes turn, rating, comment")
     turn, rating, comment = raw.get("turn"), raw.get("rating"), raw.get("comment")
+    if isinstance(turn, float) and turn.is_integer():  # JSON's 3.0 is the integer 3 (as JSON Schema reads it)
+        turn = int(turn)
     if not isinstance(turn, int) or isinstance(turn, bool) or turn < 1:
         raise RequestFailed(BAD_REQUEST, f"{what}.turn must be the number of the rated turn (1 or more), "
                                          f"not {json.dumps(turn)}")
