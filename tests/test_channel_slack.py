@@ -13,6 +13,8 @@ import time
 from urllib.parse import urlencode
 
 import pytest
+
+from chatrun.engine import stream_chunks
 from fastapi.testclient import TestClient
 
 from channel_support import FakeSlack, slack_message, slack_press, slack_signed
@@ -196,6 +198,7 @@ def test_a_streamed_reply_is_one_message_updated_then_replaced_by_the_committed_
     from chatrun.server.channels.slack import Slack
 
     monkeypatch.setattr(Slack, "stream_every", 0.0)  # every chunk shows: the updates are seen
+    monkeypatch.setattr(stream_chunks, "STREAM_EVERY", 0.0)  # and the engine sends each chunk on
     post_event(streamed, slack_message("Ev1", "when?"))
     wait_until(lambda: any(c["text"] == "The show starts at eight." for c in slack.calls("chat.update")),
                what="the committed text in the streamed message")

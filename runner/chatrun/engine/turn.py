@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ from chatrun.engine.steps import (
     NextStepRunAgain,
     combine,
 )
+from chatrun.engine.stream_chunks import StreamBatcher
 from chatrun.engine.tools import (
     Toolbox,
     ToolMocks,
@@ -210,7 +211,12 @@ class Turn:
         streamed = model_config.stream and not run.returning and not route.output
         with tracing.chat_span(model_config.provider, model_config.name, route.name,
                                model_config.temperature) as span:
-            response = await observe.timed_call(self.model, request, self.chunk_sender(bool(route.stream_to_quarkus)) if streamed else None)
+            batcher = StreamBatcher(self.t.emit, bool(route.stream_to_quarkus)) if streamed else None
+            try:
+                response = await observe.timed_call(self.model, request, batcher.send if batcher else None)
+            finally:
+                if batcher is not None:
+                    batcher.close()  # what the model sent last goes before anything else of the turn
             calls = tuple(
                 ToolCall(c.id or f"call_{self.t.number}_{self.model_calls}_{i}", c.name, c.arguments)
                 for i, c in enumerate(response.tool_calls)
@@ -417,14 +423,6 @@ class Turn:
             pinned = self.t.c.tokenizer
             counter = counters[key] = pinned_counter(pinned) if pinned else tiktoken_counter(model_name=model)
         return counter
-
-    def chunk_sender(self, multi: bool) -> Callable[[str], Awaitable[None]]:
-        """What the model calls with each chunk of a streamed reply: a Stream event. `multi`: the
-        route streams to Quarkus-dialect clients too (`stream_to_quarkus`, Quarkus' Multi<String>)."""
-        async def send(chunk: str) -> None:
-            if chunk:
-                self.t.emit(ev.STREAM, chunk, multi=multi)
-        return send
 
     # -- tools ----------------------------------------------------------------------
 

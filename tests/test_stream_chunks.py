@@ -1,0 +1,70 @@
+"""A streamed reply's chunks reach clients as Stream events at most every STREAM_EVERY seconds
+(engine/stream_chunks.py): the first at once, those that follow within the interval joined, none
+lost or reordered, and what is held sent when the time is up or the model's answer ends."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+
+import chatrun
+from chatrun.engine.stream_chunks import StreamBatcher
+
+
+def batcher():
+    sent: list[str] = []
+    arrived = asyncio.Event()
+
+    def emit(kind, text, multi):
+        assert kind == "Stream" and multi is False
+        sent.append(text)
+        arrived.set()
+    return StreamBatcher(emit, False), sent, arrived
+
+
+def test_the_first_chunk_goes_at_once_and_the_next_ones_together_at_the_end():
+    async def run():
+        b, sent, _ = batcher()
+        await b.send("Two ")
+        await b.send("")  # nothing to send: no event
+        await b.send("tickets ")
+        await b.send("left.")
+        held = list(sent)
+        b.close()
+        return held, sent
+    held, sent = asyncio.run(run())
+    assert held == ["Two "]
+    assert sent == ["Two ", "tickets left."]
+
+
+def test_what_is_held_goes_when_the_time_is_up_without_another_chunk():
+    async def run():
+        b, sent, arrived = batcher()
+        await b.send("a")
+        arrived.clear()
+        await b.send("b")  # within the interval: held, a timer sends it
+        await asyncio.wait_for(arrived.wait(), timeout=30)
+        b.close()  # nothing more held: no empty event
+        return sent
+    assert asyncio.run(run()) == ["a", "b"]
+
+
+def test_a_fast_stream_through_the_openai_client_is_a_few_events_with_the_whole_text(fake, tmp_path):
+    chunks = [f"word{i} " for i in range(300)]  # all at once: far faster than 20 a second
+    fake.queue({"chunks": chunks})
+    (tmp_path / "bot.yaml").write_text(textwrap.dedent("""\
+        format: 3
+        name: fast
+        model: {provider: openai, name: gpt-4o-mini, stream: true}
+        routes:
+          main:
+            default: true
+            system: You answer.
+        """))
+    session = chatrun.load_bot(tmp_path / "bot.yaml").session()
+    events = session.chat("Talk")
+    streamed = [e.data for e in events if e.type == "Stream"]
+    assert streamed[0] == "word0 "  # the first word is not held back
+    assert "".join(streamed) == "".join(chunks)
+    assert len(streamed) < 10, len(streamed)  # not 300 frames on every door
+    assert [e.data for e in events if e.type == "Message"] == ["".join(chunks)]
