@@ -133,7 +133,9 @@ class OutboxWorker:
             except Exception:  # the store is down for a moment: try again later, never die
                 log.exception("outbox: could not claim entries")
                 claimed = 0
-            if not claimed:
+            # Fewer than a batch: nothing else was due when it was claimed, so wait (a turn
+            # committed meanwhile has nudged already) instead of claiming again to find none.
+            if claimed < self.settings.batch:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.poll)
                 self._wake.clear()
