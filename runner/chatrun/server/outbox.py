@@ -135,6 +135,8 @@ class OutboxWorker:
                 claimed = 0
             # Fewer than a batch: nothing else was due when it was claimed, so wait (a turn
             # committed meanwhile has nudged already) instead of claiming again to find none.
+            # (Redis drops a queue's ids whose entry is gone as it claims; those count against
+            # the batch, so what they hid waits for the next look, at most `poll` later.)
             if claimed < self.settings.batch:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.poll)
