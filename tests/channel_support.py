@@ -217,8 +217,8 @@ def whatsapp_message(wamid: str, text: str | None = None, user: str = "491511234
 class FakeBotFramework:
     """The Bot Framework for a Teams bot, on 127.0.0.1: the OpenID metadata (GET /openid) and
     its signing keys (GET /keys, an RSA key made here), the Entra ID token endpoint (POST /token,
-    client credentials) and the Bot Connector (POST /v3/conversations/ID/activities, which
-    requires the token it issued). `activity_token(...)` signs what the Bot Connector sends a
+    client credentials) and the Bot Connector (POST /v3/conversations/ID/activities, and GET of
+    a user's file at its contentUrl (`files`), both requiring the token it issued). `activity_token(...)` signs what the Bot Connector sends a
     bot with the same algorithm and claims (PyJWT, RS256)."""
 
     ISSUER = "https://api.botframework.com"
@@ -234,6 +234,8 @@ class FakeBotFramework:
         self.status = 200
         self.activities: list[dict[str, Any]] = []
         self.tokens_issued = 0
+        self.files: dict[str, bytes] = {}  # GET path -> bytes (an attachment's contentUrl), with the token only
+        self.downloads: list[tuple[str, str]] = []  # (path, Authorization) of every file GET
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -243,6 +245,16 @@ class FakeBotFramework:
                                      "id_token_signing_alg_values_supported": ["RS256"]})
                 elif self.path == "/keys":
                     self._json(200, fake.jwks)
+                elif self.path in fake.files:  # a file on the Bot Connector: only with the token it issued
+                    fake.downloads.append((self.path, self.headers.get("Authorization") or ""))
+                    if self.headers.get("Authorization") != "Bearer bf-access-1":
+                        return self._json(401, {"message": "Authorization has been denied for this request."})
+                    data = fake.files[self.path]
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
                 else:
                     self._json(404, {})
 

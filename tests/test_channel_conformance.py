@@ -7,8 +7,7 @@ algorithms. One bot declares all the channels at once; each test runs its script
 channel: choices offered as buttons and a press choosing; a `confirm:` approval decided by a
 button; an operator's takeover from the operators' API while the user is on the channel; a
 delivery sent again three times answered once by one model call; a forged signature refused
-with 401 and no turn; an image the user sends reaching the model (Teams takes no files yet:
-xfail, strict, so the day it does the suite says so). The killed replica is tests/test_channel_replicas.py (real processes).
+with 401 and no turn; an image the user sends reaching the model. The killed replica is tests/test_channel_replicas.py (real processes).
 
 Twilio ConversationRelay is not driven here: a call is a WebSocket of speech already turned
 into text, with no buttons to press, no signed delivery a platform retries (the call's
@@ -260,10 +259,13 @@ class TeamsDriver(Driver):
         return self._send(self.api.activity(f"act-{self.next_id()}", value={"choice": value}))
 
     def send_file(self, data: bytes, caption: str) -> int:
-        """A file in a personal chat, as Teams sends it (the bot can download it from its URL)."""
+        """An image in a personal chat, as Teams sends it: its contentUrl on the Bot Connector,
+        read with the bot's token."""
+        self.api.files["/v3/attachments/att-1/views/original"] = data
         activity = self.api.activity(f"act-{self.next_id()}", caption)
-        activity["attachments"] = [{"contentType": "image/png", "contentUrl": f"{self.api.url}/files/photo.png",
-                                    "name": "photo.png"}]
+        activity["attachments"] = [{"contentType": "image/*", "name": "photo.png",
+                                    "contentUrl": f"{self.api.url}/v3/attachments/att-1/views/original"},
+                                   {"contentType": "text/html", "content": f"<p>{caption}</p>"}]
         return self._send(activity)
 
     def replies(self) -> list[Reply]:
@@ -378,10 +380,7 @@ def test_a_forged_signature_gets_401_and_no_turn(chat):
     assert chat.fake.requests == [] and chat.user.replies() == []
 
 
-def test_an_image_the_user_sends_reaches_the_model(chat, request):
-    if chat.user.kind == "teams":  # run all the same: the day Teams takes files, strict says so
-        request.applymarker(pytest.mark.xfail(strict=True, reason="issue 36: the Teams channel does not take "
-                                                                  "files yet (docs/channels.md, Files users send)"))
+def test_an_image_the_user_sends_reaches_the_model(chat):
     assert chat.user.send_file(PNG, "my ticket") == 200
     wait_until(chat.user.replies, what="the reply to the image")
     assert chat.texts() == ["Got image_url with 'my ticket'."]

@@ -27,7 +27,7 @@ from channel_support import (
     whatsapp_message,
     whatsapp_signed,
 )
-from chatrun.server.channels.door import FILE_UNREADABLE, FILES_NOT_TAKEN
+from chatrun.definition.page_texts import BUILTIN
 from server_support import app_for_testclient, wait_until
 from webhook_support import OPENAI_MODEL
 
@@ -35,6 +35,7 @@ TG_TOKEN, TG_SECRET = "123456:test-token", "tg-secret-0123456789"
 SLACK_TOKEN, SLACK_SIGNING = "xoxb-test-token", "slack-signing-secret-0123"
 WA_TOKEN, WA_SECRET = "EAAG-test-token", "meta-app-secret-0123"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 200  # the bytes of a small "image"
+FILE_UNREADABLE, FILES_NOT_TAKEN = BUILTIN["en"]["channel_file_unreadable"], BUILTIN["en"]["channel_no_files"]
 
 BOT = f"""\
 name: shop
@@ -126,7 +127,7 @@ def test_a_telegram_document_of_a_kind_the_route_does_not_take_is_told_and_runs_
     to_telegram(client, telegram_file(1, "doc-1", kind="document", mime_type="text/csv"))  # retried
     wait_until(lambda: telegram_texts(telegram), what="the refusal")
     assert telegram_texts(telegram) == ["Sorry, I cannot take that file. I take image/*, application/pdf files "
-                                        "of up to 4.88 KB, at most 2 per message."]
+                                        "of up to 4.88 kB, at most 2 per message."]
     assert fake.requests == [] and telegram.downloads == []  # refused from its announced type: nothing fetched
     # The conversation goes on: the next message is a turn.
     to_telegram(client, telegram_message(2, "hello"))
@@ -219,3 +220,23 @@ def test_a_whatsapp_document_over_the_size_is_refused_from_the_size_meta_names(c
     wait_until(lambda: meta.calls("1065550001/messages"), what="the refusal")
     assert meta.calls("1065550001/messages")[0]["text"]["body"].startswith("Sorry, I cannot take that file.")
     assert [path for path, _ in meta.downloads] == ["/v21.0/media-2"] and fake.requests == []
+
+
+def test_the_notices_speak_the_users_locale_and_the_bots_catalog_replaces_them(tmp_path, fake, apis, monkeypatch):
+    telegram = apis[0]
+    telegram.files["doc-1"] = b"a,b\n1,2\n"
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "en.yaml").write_text("page: {channel_file_unreadable: Your file got lost. Again?}\n")
+    (tmp_path / "locales" / "de.yaml").write_text("page: {channel_file_unreadable: Die Datei ging verloren.}\n")
+    with serve(tmp_path, fake, apis, monkeypatch, BOT.replace("routes:", "locales: [en, de]\nroutes:")) as client:
+        for update in (telegram_file(1, "doc-1", kind="document", mime_type="text/csv", user=7),
+                       telegram_file(2, "gone", user=8)):
+            update["message"]["from"]["language_code"] = "de"  # the Telegram user's language
+            to_telegram(client, update)
+        to_telegram(client, telegram_file(3, "gone", user=9))  # an English user
+        wait_until(lambda: len(telegram_texts(telegram)) == 3, what="the three notices")
+    by_chat = {c["chat_id"]: c["text"] for c in telegram.calls("sendMessage")}
+    assert by_chat == {7: "Leider kann ich diese Datei nicht annehmen. Ich nehme image/*, application/pdf-Dateien "
+                          "bis 4,88 kB an, höchstens 2 pro Nachricht.",
+                       8: "Die Datei ging verloren.", 9: "Your file got lost. Again?"}
+    assert fake.requests == []

@@ -113,3 +113,24 @@ def test_the_users_confirmation_is_an_adaptive_card_and_a_press_decides_it(clien
                                                                            ("No", {"choice": "no"})]
     post(client, bf, bf.activity("act-2", value={"choice": "yes"}))
     wait_until(lambda: any("Booked Hamlet" in a.get("text", "") for a in bf.activities), what="the booking's reply")
+
+
+def test_a_users_files_are_read_from_the_activity_and_the_token_goes_only_to_the_service_urls_host(bf):
+    from chatrun.definition.config import BotConfig, ChannelConfig
+    from chatrun.server.channels.teams import FILE_INFO, Teams
+
+    activity = bf.activity("act-1", "")
+    connector = f"{bf.url}/v3/attachments/att-1/views/original"
+    activity["attachments"] = [
+        {"contentType": "image/*", "contentUrl": connector},  # pasted: on the Bot Connector, with the token
+        {"contentType": FILE_INFO, "name": "invoice.pdf", "contentUrl": "https://contoso.sharepoint.com/x.pdf",
+         "content": {"downloadUrl": "https://contoso.sharepoint.com/dl?tempauth=abc", "fileType": "pdf"}},
+        {"contentType": "image/jpeg", "contentUrl": "https://elsewhere.example/a.jpg"},  # never the token
+        {"contentType": "text/html", "content": "<p><img src='...'></p>"},  # the message itself: not a file
+        {"contentType": "application/vnd.microsoft.card.adaptive", "content": {}}]
+    [message] = Teams(BotConfig(name="shop", routes={}, tools={}), ChannelConfig("teams")).inbound(activity)
+    assert message.text == ""
+    assert [(f.ref, f.media_type, f.bearer) for f in message.files] == [
+        (connector, "image/png", True),
+        ("https://contoso.sharepoint.com/dl?tempauth=abc", "application/pdf", False),
+        ("https://elsewhere.example/a.jpg", "image/jpeg", False)]

@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from twilio.request_validator import RequestValidator
 
+from chatrun.server.channels.base import session_id_for
 from server_support import app_for_testclient
 
 OPENAI_MODEL = "provider: openai, name: gpt-4o-mini, max_retries: 0"  # streamed (the default)
@@ -150,6 +151,9 @@ def test_a_call_with_two_prompts_gets_streamed_tokens_as_its_caller(client, fake
     assert first["messages"][-1] == {"role": "user", "content": "Any tickets for the concert?"}
     assert [m["content"] for m in second["messages"][1:]] == [
         "Any tickets for the concert?", "Two tickets left.", "Is it tonight?"]  # one session per call
+    store = client.app.state.registry.store  # a call's session says so: its follow-ups are refused (engine/follow_up.py)
+    record = client.portal.call(store.load_session, session_id_for("phone", "twilio", "CA0001"))
+    assert record.snapshot["meta"]["call"] == "CA0001", record.snapshot.get("meta")
 
 
 def test_an_interrupt_cancels_the_turn_and_the_next_prompt_says_what_was_heard(client, fake):

@@ -158,6 +158,15 @@ def test_other_channels_get_the_follow_up_through_the_outbox(bot):
     assert reply["body"]["data"]["events"][0]["data"].startswith("Still there")
 
 
+def test_on_the_phone_it_is_refused_with_a_reason_not_kept_silently(bot, caplog):
+    session, _ = in_wizard(bot, meta={"call": "CA0123"})  # a Twilio call's session (channels/twilio.py)
+    events = at(session, hours=3).chat(Expire())
+    assert messages(events) == []
+    [refused] = [e for e in events if e.type == "FollowUpRefused"]
+    assert "phone call cannot be written to" in refused.data["reason"] and refused.audience == "backend"
+    assert "not sent on the phone" in caplog.text and session.next_due is None
+
+
 WHATSAPP = """
 env: {T: {secret: true}, S: {secret: true}, V: {secret: true}}
 channels: {whatsapp: {token: T, app_secret: S, verify_token: V}}
@@ -181,6 +190,9 @@ def test_the_validator_checks_follow_ups_at_their_line(write_bot):
     assert any("no `whatsapp` channel" in msg and line == 15 for line, sev, msg in unused), unused
     typo = diagnostics(write_bot, plain.replace("state.city or", "state.cty or"))
     assert any(line == 15 and "cty" in msg for line, sev, msg in typo), typo
+    phone = diagnostics(write_bot, plain + "env: {TW: {secret: true}}\nchannels: {twilio: {auth_token: TW}}\n")
+    assert [(line, msg[:62]) for line, sev, msg in phone if "follow-up" in msg] == [
+        (13, "route `wizard` has a follow-up, but the bot's only channel is ")]
     untranslated = diagnostics(write_bot, BOOKING.replace("\"{{ t('nudge', name='Ann') }}", "\"Hello"))
     assert any(line == 16 and "untranslated" in msg for line, sev, msg in untranslated), untranslated
 

@@ -903,7 +903,8 @@ class _Checker:
     def follow_ups(self) -> None:
         """Routes' `follow_up:` (engine/follow_up.py): the message is a template the user reads
         (translated in a bot with `locales:`); WhatsApp refuses free text more than 24 hours after
-        the user's last message, so a longer `after` there needs a `whatsapp_template`."""
+        the user's last message, so a longer `after` there needs a `whatsapp_template`; a phone
+        call cannot be written to at all."""
         whatsapp = "whatsapp" in self.config.channels
         for route in self.config.routes.values():
             follow_up = route.follow_up
@@ -917,6 +918,11 @@ class _Checker:
                          "last message: WhatsApp refuses free text then, so on WhatsApp it is never sent (give it a "
                          "`whatsapp_template:` approved in WhatsApp Manager, or an `after` of 24h or less)",
                          *at, "after")
+            if set(self.config.channels) == {"twilio"}:
+                self.add("warning", f"route `{route.name}` has a follow-up, but the bot's only channel is the phone "
+                         "(twilio): a call cannot be written to once it is over, so callers never get it (it is "
+                         "refused with a `FollowUpRefused` event); only users of the web page and the HTTP API do",
+                         *at)
             if follow_up.whatsapp_template is not None and not whatsapp:
                 self.add("warning", f"route `{route.name}`'s follow-up names a `whatsapp_template`, but the bot has "
                          "no `whatsapp` channel: it is never used", *at, "whatsapp_template")

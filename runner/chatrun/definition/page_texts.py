@@ -99,6 +99,11 @@ BUILTIN: dict[str, dict[str, str]] = {
         "attach_size": "{name} is {size}, over this chat's limit of {limit} per file (attachments.max_bytes).",
         "not_sent": "Not sent: {reason}",
         "unreadable": "cannot read {name}",
+        # A messaging platform's user whose files are not taken (server/channels/door.py): no turn runs.
+        "channel_no_files": "Sorry, I cannot take files here. Please send your message as text.",
+        "channel_file_refused": "Sorry, I cannot take that file. I take {kinds} files of up to {size}, "
+                                "at most {count} per message.",
+        "channel_file_unreadable": "Sorry, I could not read your file. Please send it again.",
         # The end-user page (/chat/{bot}): its title, greeting and controls.
         "chat_title": "Chat",
         "hello_user": "How can I help you?",
@@ -199,6 +204,10 @@ BUILTIN: dict[str, dict[str, str]] = {
                        "(attachments.max_bytes).",
         "not_sent": "Nicht gesendet: {reason}",
         "unreadable": "{name} kann nicht gelesen werden",
+        "channel_no_files": "Leider kann ich hier keine Dateien annehmen. Bitte schreiben Sie Ihre Nachricht als Text.",
+        "channel_file_refused": "Leider kann ich diese Datei nicht annehmen. Ich nehme {kinds}-Dateien bis {size} an, "
+                                "höchstens {count} pro Nachricht.",
+        "channel_file_unreadable": "Leider konnte ich Ihre Datei nicht lesen. Bitte senden Sie sie noch einmal.",
         "chat_title": "Chat",
         "hello_user": "Wie kann ich Ihnen helfen?",
         "no_model_user": "Dieser Chat kann noch nicht antworten: Er ist noch nicht mit seinem Assistenten verbunden. "
@@ -295,6 +304,10 @@ BUILTIN: dict[str, dict[str, str]] = {
                        "(attachments.max_bytes).",
         "not_sent": "لم يتم الإرسال: {reason}",
         "unreadable": "تعذّرت قراءة {name}",
+        "channel_no_files": "عذرًا، لا يمكنني استلام الملفات هنا. يُرجى إرسال رسالتك نصًا.",
+        "channel_file_refused": "عذرًا، لا يمكنني استلام هذا الملف. أستلم ملفات {kinds} بحجم أقصاه {size}، "
+                                "وبحد أقصى {count} في الرسالة الواحدة.",
+        "channel_file_unreadable": "عذرًا، تعذّرت قراءة ملفك. يُرجى إرساله مرة أخرى.",
         "chat_title": "محادثة",
         "hello_user": "كيف يمكنني مساعدتك؟",
         "no_model_user": "لا تستطيع هذه المحادثة الرد بعد: لم يتم ربطها بمساعدها. "

@@ -15,6 +15,8 @@ The life of one, all in the session's snapshot (`follow_up`: {"due", "route", "s
   write then only with a pre-approved template): unless the follow-up names a
   `whatsapp_template`, nothing is sent, a warning is logged and a `FollowUpRefused` backend
   event is recorded (sinks that take it get it).
+- **refused** on the phone (a Twilio call's session, meta `call`): a call that is over cannot be
+  written to, and a live call hears only its own turns; the same warning and `FollowUpRefused`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ log = logging.getLogger("chatrun.follow_up")
 WHATSAPP_SINK = "channel:whatsapp"  # the outbox sink of a WhatsApp conversation's replies (ChannelConfig.sink)
 WHATSAPP_WINDOW = timedelta(hours=24)  # WhatsApp's customer-service window after the user's last message
 REFUSED = "FollowUpRefused"  # the backend event of a follow-up the platform's rules do not allow
+CALL = "call"  # a session's meta key: the phone call (Twilio's CallSid) the session is (server/channels/twilio.py)
 
 
 def armed(c: Conversation, expired: bool) -> dict[str, Any] | None:
@@ -75,10 +78,17 @@ def fire(t: TurnContext, now: datetime) -> None:
     config = _config(c, route)
     if config is None or route != c.scope.route:
         return  # the bot changed under it: nothing to say any more
+    if c.meta.get(CALL):
+        _refuse(t, config, route, "a phone call cannot be written to once it is over (and a live call hears only "
+                "the answers to what the caller says), so follow-ups are not sent on the phone; the message is "
+                "not sent (to remind a caller, use another channel, or say it before the call ends)")
+        return
     hours = _past_whatsapp_window(c, armed_now, now)
     template = config.whatsapp_template if hours is not None else None
     if hours is not None and template is None:
-        _refuse(t, config, route, hours)
+        _refuse(t, config, route, f"WhatsApp allows free text only within 24 hours of the user's last message "
+                f"({hours:.0f} hours ago); give route {route}'s follow_up a whatsapp_template (a template approved "
+                "in WhatsApp Manager) or a shorter `after`")
         return
     text = t.render_template(config.message, "follow_up message", config.where)
     meta: dict[str, Any] = {"from": "follow_up", "route": route}
@@ -98,11 +108,8 @@ def _past_whatsapp_window(c: Conversation, armed_now: Mapping[str, Any], now: da
     return silence.total_seconds() / 3600 if silence > WHATSAPP_WINDOW else None
 
 
-def _refuse(t: TurnContext, config: FollowUpConfig, route: str, hours: float) -> None:
-    """WhatsApp would refuse free text now: nothing is sent; a log line and a backend event say why."""
-    reason = (f"WhatsApp allows free text only within 24 hours of the user's last message ({hours:.0f} hours ago); "
-              f"give route {route}'s follow_up a whatsapp_template (a template approved in WhatsApp Manager) "
-              "or a shorter `after`")
+def _refuse(t: TurnContext, config: FollowUpConfig, route: str, reason: str) -> None:
+    """The platform would refuse the message now: nothing is sent; a log line and a backend event say why."""
     log.warning("session %s: follow-up of route %s (%s:%s) not sent: %s", t.c.id, route, config.where.file,
                 config.where.line, reason)
     t.emit(REFUSED, {"route": route, "reason": reason}, audience=ev.BACKEND)

@@ -125,7 +125,13 @@ def _registry(versions: dict[str, BotVersions], store: SessionStore | AsyncStore
 
 
 def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimits, openai: OpenAIOptions) -> None:
-    """The wire protocols' routes, then the site's; the order decides which route a path matches."""
+    """The wire protocols' routes, then the site's; the order decides which route a path matches.
+    The platforms' webhooks come first: a path is matched against every route before it in
+    turn, and the HTTP API's many routes cost a channel delivery about 0.1 ms to pass (the
+    channels' few routes cost the HTTP API a few microseconds)."""
+    registry.channels = Channels(app.state.auth, registry.store)
+    app.include_router(make_twilio_router())  # before the shared webhook, whose path it shares
+    app.include_router(make_channel_router())
     app.include_router(make_router(registry, limits))
     app.state.openai = OpenAIState.create(registry, limits, openai)
     app.include_router(make_openai_router())
@@ -133,9 +139,6 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     app.include_router(make_outbox_router())
     app.include_router(make_erasure_router())
     app.include_router(make_pending_router())
-    registry.channels = Channels(app.state.auth, registry.store)
-    app.include_router(make_twilio_router())  # before the shared webhook, whose path it shares
-    app.include_router(make_channel_router())
     app.include_router(make_agui_router())
     add_widget_routes(app)
     add_site_routes(app)

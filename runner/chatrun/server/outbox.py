@@ -133,7 +133,11 @@ class OutboxWorker:
             except Exception:  # the store is down for a moment: try again later, never die
                 log.exception("outbox: could not claim entries")
                 claimed = 0
-            if not claimed:
+            # Fewer than a batch: nothing else was due when it was claimed, so wait (a turn
+            # committed meanwhile has nudged already) instead of claiming again to find none.
+            # (Redis drops a queue's ids whose entry is gone as it claims; those count against
+            # the batch, so what they hid waits for the next look, at most `poll` later.)
+            if claimed < self.settings.batch:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.poll)
                 self._wake.clear()

@@ -57,6 +57,9 @@ class InboundFile:
     media_type: str
     name: str = ""
     size: int | None = None  # the size the platform announces, when it does (checked before fetching)
+    # The download carries the bot's platform token (Teams: a file on the Bot Connector's own
+    # host, which the activity's verified serviceUrl names); otherwise the URL needs none.
+    bearer: bool = False
 
 
 @dataclass(frozen=True)

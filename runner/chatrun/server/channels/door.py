@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from chatrun import events as ev
 from chatrun.definition.config import BotConfig
+from chatrun.definition.page_texts import builtin_locale, page_texts, said
 from chatrun.engine.session import REPLY_TO
 from chatrun.errors import AttachmentRefused, ChatrunError, SessionError
 from chatrun.events import Event
@@ -68,12 +69,6 @@ log = logging.getLogger("chatrun.channels")
 
 # The channel kinds, by their key under `channels:` (definition/config.py's CHANNEL_SECRETS
 # lists their credentials for the validator).
-# What a user reads when the files they sent are not taken (the turn does not run; the log says why).
-FILES_NOT_TAKEN = "Sorry, I cannot take files here. Please send your message as text."
-FILES_REFUSED = ("Sorry, I cannot take that file. I take {kinds} files of up to {size}, "
-                 "at most {count} per message.")
-FILE_UNREADABLE = "Sorry, I could not read your file. Please send it again."
-
 CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Teams, Telegram, Twilio, WhatsApp)}
 
 
@@ -371,17 +366,28 @@ async def _attached(channels: Channels, channel: ChannelKind, session: Session, 
 
 
 def _file_notice(session: Session, exc: ChatrunError) -> str:
-    """What the user reads when their files are not taken: what the route takes, in their terms."""
+    """What the user reads when their files are not taken: what the route takes, in their terms
+    and their locale (chatrun's texts `channel_*`, which a bot's `page.channel_*` replace;
+    definition/page_texts.py)."""
+    texts = page_texts(session.bot.config.catalogs, session.locale)
     if isinstance(exc, FetchFailed) and not exc.too_large:
-        return FILE_UNREADABLE
+        return texts["channel_file_unreadable"]
     policy = session.bot.config.routes[session.route].attachments
     if policy is None:
-        return FILES_NOT_TAKEN
-    return FILES_REFUSED.format(kinds=", ".join(policy.kinds), size=_size(policy.max_bytes), count=policy.max_count)
+        return texts["channel_no_files"]
+    return said(texts, "channel_file_refused", kinds=", ".join(policy.kinds),
+                size=_size(texts, policy.max_bytes, session.locale), count=policy.max_count)
 
 
-def _size(n: int) -> str:
-    return f"{n / 1048576:.3g} MB" if n >= 1048576 else f"{n / 1024:.3g} KB" if n >= 1024 else f"{n} bytes"
+def _size(texts: dict[str, str], n: int, locale: str | None) -> str:
+    """A size as the page writes it: `size_mb`/`size_kb`/`size_bytes`, the number in the locale's digits."""
+    key, value = ("size_mb", n / 1048576) if n >= 1048576 else ("size_kb", n / 1024) if n >= 1024 else ("size_bytes", n)
+    number = f"{value:.3g}"
+    if locale and builtin_locale(locale) != "en":
+        from babel.numbers import format_decimal  # only a bot with locales: has a locale
+
+        number = format_decimal(float(number), locale=locale.replace("-", "_"))
+    return said(texts, key, n=number)
 
 
 async def _tell(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str, session_id: str,

@@ -7,6 +7,13 @@ Adaptive Card's Action.Submit (a button press). Replies are POSTed to the activi
 serviceUrl with a token the bot gets from Microsoft Entra ID (client credentials), as Adaptive
 Cards when they carry buttons.
 
+A user's files come as the activity's `attachments`: a file sent in a personal chat is a
+`application/vnd.microsoft.teams.file.download.info` attachment whose `downloadUrl` is
+pre-authorised (fetched without a token); an image pasted into the message has a
+`contentUrl` on the Bot Connector's host, fetched with the bot's token (the token goes only to
+the origin of the activity's `serviceUrl`, which the verified JWT names). The message's own
+HTML (`text/html`) and cards are not files.
+
 The checks are the ones botbuilder's JwtTokenValidation makes, done with PyJWT (its own
 dependency) instead of the botbuilder packages, which would bring aiohttp and msal to every
 server. A conversation is Teams' conversation id (a personal chat, or a channel's thread); the
@@ -17,19 +24,31 @@ from __future__ import annotations
 
 import asyncio
 import json
+import mimetypes
 import time
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
-from chatrun.server.channels.base import ChannelKind, Inbound, Outgoing, SendFailed, Unauthorized
+from chatrun.server.channels.base import (
+    ChannelKind,
+    FetchFailed,
+    Inbound,
+    InboundFile,
+    Outgoing,
+    SendFailed,
+    Unauthorized,
+    media_type_of,
+)
 
 OPENID = "https://login.botframework.com/v1/.well-known/openidconfiguration"
 TOKEN_URL = "https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token"
 ISSUER = "https://api.botframework.com"
 SCOPE = "https://api.botframework.com/.default"
+FILE_INFO = "application/vnd.microsoft.teams.file.download.info"  # a file sent in a personal chat
 LEEWAY = 300  # seconds of clock skew the Bot Framework allows
 
 
@@ -40,6 +59,7 @@ class Teams(ChannelKind):
         super().__init__(*args)
         self._keys: Any = None  # jwt.PyJWKClient over the OpenID metadata's jwks_uri (it caches the keys)
         self._token: tuple[str, float] = ("", 0.0)  # the bot's access token and when it expires
+        self._read: tuple[bytes, Any] = (b"", None)  # the last verified body and its payload
 
     @classmethod
     def missing(cls) -> str | None:
@@ -66,11 +86,17 @@ class Teams(ChannelKind):
         except (jwt.PyJWTError, OSError) as exc:
             raise Unauthorized(f"teams: the Bot Framework token is not valid ({type(exc).__name__}: {exc})") from None
         try:
-            service_url = json.loads(body).get("serviceUrl")
+            payload = json.loads(body)
+            self._read = (body, payload)  # `read` takes it: the body is parsed once
+            service_url = payload.get("serviceUrl")
         except (ValueError, AttributeError):
             service_url = None
         if claims.get("serviceurl") not in (None, service_url):
             raise Unauthorized("teams: the token's serviceurl is not the activity's serviceUrl")
+
+    def read(self, body: bytes, headers: Mapping[str, str]) -> Any:
+        read = self._read  # (one tuple: a delivery verified meanwhile on another thread replaces it whole)
+        return read[1] if read[0] is body else super().read(body, headers)
 
     def _signing_keys(self) -> Any:
         import jwt
@@ -88,14 +114,28 @@ class Teams(ChannelKind):
         value, text = payload.get("value"), payload.get("text")
         if isinstance(value, dict) and isinstance(value.get("choice"), str):
             text = value["choice"]  # an Adaptive Card's button
-        if not isinstance(text, str) or not text.strip():
+        text = text.strip() if isinstance(text, str) else ""
+        files = _files(payload.get("attachments"), str(payload.get("serviceUrl") or ""))
+        if not text and not files:
             return []
         sender, conversation = payload.get("from") or {}, payload.get("conversation") or {}
         user = str(sender.get("aadObjectId") or sender.get("id"))
         address = {"service_url": payload.get("serviceUrl"), "conversation": conversation.get("id"),
                    "reply_to": payload.get("id"), "bot": payload.get("recipient")}
-        return [Inbound(str(payload.get("id")), str(conversation.get("id")), user, text.strip(), address,
-                        str(sender.get("name") or ""), payload.get("locale"))]
+        return [Inbound(str(payload.get("id")), str(conversation.get("id")), user, text, address,
+                        str(sender.get("name") or ""), payload.get("locale"), files=files)]
+
+    async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
+        """A file's bytes: a Bot Connector URL with the bot's token, a downloadUrl as it is."""
+        if not file.ref.startswith(("https://", "http://")):
+            raise FetchFailed(f"teams: not a file URL: {file.ref[:80]}")
+        headers = None
+        if file.bearer:
+            try:
+                headers = {"Authorization": f"Bearer {await self._access_token(client)}"}
+            except SendFailed as exc:
+                raise FetchFailed(str(exc)) from None
+        return await self.download(client, file.ref, limit, "attachment", headers)
 
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
         activity: dict[str, Any] = {"type": "message", "text": message.text, "replyToId": address.get("reply_to")}
@@ -133,6 +173,31 @@ class Teams(ChannelKind):
                              f"{answer.get('error', '')})", response.status_code)
         self._token = (str(answer["access_token"]), time.time() + float(answer.get("expires_in", 3600)))
         return self._token[0]
+
+
+def _files(attachments: Any, service_url: str) -> tuple[InboundFile, ...]:
+    """The files among an activity's attachments (see the module); the token goes only with a
+    contentUrl on the serviceUrl's origin."""
+    origin = _origin(service_url)
+    files = []
+    for item in attachments if isinstance(attachments, list) else ():
+        if not isinstance(item, dict):
+            continue
+        kind, content, name = str(item.get("contentType") or ""), item.get("content"), str(item.get("name") or "")
+        if kind == FILE_INFO and isinstance(content, dict) and isinstance(content.get("downloadUrl"), str):
+            guessed = mimetypes.guess_type(name or f"file.{content.get('fileType', '')}")[0]
+            files.append(InboundFile(content["downloadUrl"], media_type_of(guessed), name))
+        elif isinstance(item.get("contentUrl"), str) and kind and not kind.startswith(("text/html", "application/vnd.")):
+            url = item["contentUrl"]
+            if kind.endswith("/*"):  # an image pasted into the message is `image/*`: its name says more
+                kind = mimetypes.guess_type(name)[0] or kind.replace("*", "png")
+            files.append(InboundFile(url, media_type_of(kind), name, bearer=bool(origin) and _origin(url) == origin))
+    return tuple(files)
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower() if parts.scheme and parts.netloc else ""
 
 
 def _card(message: Outgoing) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from chatrun import events as ev
+from chatrun.engine.follow_up import CALL
 from chatrun.engine.pending import TAKEOVER
 from chatrun.errors import ChatrunError, SessionError
 from chatrun.server import wire
@@ -309,8 +310,8 @@ class Call:
         session_id = session_id_for(self.bot, KIND, self.call_sid)
         handoff: dict[str, Any] | None = None
         try:
-            async with self.registry.session(self.bot, session_id, self.principal, OPEN,
-                                             locale=self.locale) as session:
+            async with self.registry.session(self.bot, session_id, self.principal, OPEN, locale=self.locale,
+                                             meta={CALL: self.call_sid}) as session:  # (no follow-ups: a call)
                 run = self.registry.turn(session, text, self.request_id(session, text))
                 if session.ended is not None and not await run.is_replay():
                     handoff = {"reason": "ended"}
