@@ -80,6 +80,17 @@ class ModelError(ChatrunError):
     """The model could not be reached or answered something unusable (after retries)."""
 
 
+class ModelUnavailable(ModelError):
+    """The model's endpoint could not answer now, through no fault of the request: `reason` is
+    "quota" (HTTP 429), "overload" (503, 529), "timeout" or "outage" (cannot connect, other 5xx).
+    A route's `model.fallback:` answers instead, while nothing of the answer has been shown
+    (chatrun.models.fallback)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 class SessionError(ChatrunError):
     """A session API call was misused: unknown route, unknown or closed session, a refused attachment."""
 

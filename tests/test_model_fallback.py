@@ -1,0 +1,226 @@
+"""Model fallback (issue 38): `model.fallback:` answers when the route's model cannot — quota
+(429), overload (503/529), timeout, outage — and only before a chunk of the answer was shown;
+never on a refused request (400). A short circuit breaker skips an endpoint that keeps failing
+for its cool-down, on the session's clock (moved by the test, never waited for). Which model
+answered is in the turn's usage, its span and `chatrun_model_fallbacks_total`. Through the real
+`openai` client against the local fake OpenAI server."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+import pytest
+
+import chatrun
+from chatrun.definition.loader import check_bot
+from chatrun.engine import observe
+from chatrun.engine.clock import FixedClock
+
+BOT = """
+name: fb
+model:
+  name: primary-model
+  max_retries: 0
+  fallback:
+    - {name: backup-model}
+  breaker: {failures: 2, cool_down: 30s}
+routes:
+  main:
+    default: true
+    system: You help.
+  strict:
+    system: Be strict.
+    model: {name: strict-model, fallback: [{name: strict-backup, temperature: 0}]}
+  alone:
+    system: On your own.
+    model: {fallback: []}
+"""
+
+
+@pytest.fixture
+def bot(write_bot):
+    return chatrun.load_bot(write_bot(BOT))
+
+
+def models_asked(fake) -> list[str]:
+    return [body["model"] for body in fake.requests]
+
+
+def stream(session, text: str) -> list:
+    async def run():
+        return [event async for event in session.stream(text)]
+    return asyncio.run(run())
+
+
+def test_a_429_from_the_primary_is_answered_by_the_fallback_with_no_error_and_no_duplicate_text(bot, fake):
+    session = bot.session()
+    fake.queue_for("primary-model", {"status": 429, "body": {"error": {"message": "quota exceeded"}}})
+    fake.queue_for("backup-model", {"chunks": ["Hello ", "from ", "backup."]})
+    events = stream(session, "hi")
+    assert models_asked(fake) == ["primary-model", "backup-model"]
+    assert [e.type for e in events] == ["Stream", "Stream", "Stream", "Message"]
+    assert "".join(e.data for e in events if e.type == "Stream") == "Hello from backup."
+    assert events[-1].data == "Hello from backup."
+    usage = session.history[-1]["usage"]["by_call"]
+    assert [(u["model"], u["fallbacks"]) for u in usage] == [
+        ("backup-model", [{"from": "primary-model", "to": "backup-model", "reason": "quota"}])]
+
+
+@pytest.mark.parametrize("failure, reason", [
+    ({"status": 503}, "overload"), ({"status": 529}, "overload"), ({"status": 500}, "outage"),
+    ({"disconnect": True}, "outage"),
+])
+def test_overload_and_outage_fall_back_too(bot, fake, failure, reason):
+    session = bot.session()
+    fake.queue_for("primary-model", failure)
+    fake.queue_for("backup-model", {"text": "Backup here."})
+    events = session.chat("hi")
+    assert events[-1].type == "Message" and events[-1].data == "Backup here."
+    assert session.history[-1]["usage"]["by_call"][0]["fallbacks"][0]["reason"] == reason
+
+
+def test_a_timeout_falls_back(write_bot, fake):
+    bot = chatrun.load_bot(write_bot(BOT.replace("max_retries: 0", "max_retries: 0\n  timeout: 0.5")))
+    session = bot.session()
+    fake.queue_for("primary-model", {"text": "too late", "delay": 5})  # the client gives up first
+    fake.queue_for("backup-model", {"text": "In time."})
+    assert session.chat("hi")[-1].data == "In time."
+    assert session.history[-1]["usage"]["by_call"][0]["fallbacks"][0]["reason"] == "timeout"
+
+
+def test_a_refused_request_is_not_sent_to_the_fallback(bot, fake):
+    session = bot.session()
+    fake.queue_for("primary-model", {"status": 400, "body": {"error": {"message": "bad field"}}})
+    fake.queue_for("backup-model", {"text": "never asked"})
+    events = session.chat("hi")
+    assert models_asked(fake) == ["primary-model"]
+    assert events[-1].type == "Error" and "HTTP 400" in events[-1].meta["detail"]
+
+
+def test_a_failure_after_the_first_chunk_is_not_sent_to_the_fallback(bot, fake):
+    session = bot.session()
+    fake.queue_for("primary-model", {"chunks": ["Half an ", "answer"], "disconnect": True})
+    fake.queue_for("backup-model", {"text": "never asked"})
+    events = stream(session, "hi")
+    assert models_asked(fake) == ["primary-model"]
+    assert [e.data for e in events if e.type == "Stream"] == ["Half an ", "answer"]  # shown once, not restarted
+    assert events[-1].type == "Error" and "already shown" in events[-1].meta["detail"]
+    assert session.history[-1]["ok"] is False
+
+
+def test_when_every_model_fails_the_error_names_each(bot, fake):
+    session = bot.session()
+    fake.queue_for("primary-model", {"status": 429})
+    fake.queue_for("backup-model", {"status": 503})
+    events = session.chat("hi")
+    detail = events[-1].meta["detail"]
+    assert events[-1].type == "Error"
+    assert "primary-model" in detail and "HTTP 429" in detail and "backup-model" in detail and "HTTP 503" in detail
+
+
+def test_a_route_carries_its_own_fallback_and_can_turn_it_off(bot, fake):
+    session = bot.session(route="strict")
+    fake.queue_for("strict-model", {"status": 429})
+    fake.queue_for("strict-backup", {"text": "Strictly."})
+    assert session.chat("hi")[-1].data == "Strictly."
+    assert models_asked(fake) == ["strict-model", "strict-backup"]
+    assert fake.requests[-1]["temperature"] == 0  # the fallback's own field over the route's model
+    alone = bot.session(route="alone")
+    fake.reset()
+    fake.queue_for("primary-model", {"status": 429})
+    assert alone.chat("hi")[-1].type == "Error"
+    assert models_asked(fake) == ["primary-model"]
+
+
+def test_the_breaker_opens_after_failures_in_a_row_and_closes_after_its_cool_down(bot, fake):
+    clock = FixedClock(datetime(2026, 3, 1, 9, 0, tzinfo=UTC))
+    fake.fail_model("primary-model", {"status": 503})
+    fake.queue_for("backup-model", *[{"text": f"Backup {n}."} for n in range(1, 6)])
+    session = bot.session()
+    session.clock = clock
+    session.chat("one")
+    session.chat("two")  # the second failure in a row opens the breaker (failures: 2)
+    assert models_asked(fake) == ["primary-model", "backup-model"] * 2
+    session.chat("three")  # open: the primary is not asked
+    assert models_asked(fake)[4:] == ["backup-model"]
+    assert session.history[-1]["usage"]["by_call"][0]["fallbacks"] == [
+        {"from": "primary-model", "to": "backup-model", "reason": "breaker_open"}]
+    clock.advance(timedelta(seconds=29))
+    session.chat("four")
+    assert models_asked(fake)[5:] == ["backup-model"]  # still open
+    clock.advance(timedelta(seconds=1))
+    fake.fail_model("primary-model", None)
+    fake.queue_for("primary-model", {"text": "Primary again."})
+    assert session.chat("five")[-1].data == "Primary again."  # the cool-down is over: tried, and it answers
+    assert models_asked(fake)[6:] == ["primary-model"]
+    assert "fallbacks" not in session.history[-1]["usage"]["by_call"][0]
+
+
+def test_the_breaker_is_shared_by_the_sessions_of_one_model_pool(bot, fake):
+    from chatrun.models import ModelPool
+
+    pool = ModelPool()
+    fake.fail_model("primary-model", {"status": 429})
+    fake.queue_for("backup-model", *[{"text": "ok"}] * 3)
+    for _ in range(2):
+        bot.session(model=pool.model()).chat("hi")
+    bot.session(model=pool.model()).chat("hi")  # a new session skips the primary too
+    assert models_asked(fake) == ["primary-model", "backup-model"] * 2 + ["backup-model"]
+
+
+def test_the_metric_counts_each_move(bot, fake):
+    pytest.importorskip("prometheus_client")
+    from chatrun.server.metrics import ServerMetrics
+
+    sessions = SimpleNamespace(live_count=lambda: 0, waiting=0, active=0)
+    metrics = ServerMetrics.create(sessions)
+    assert metrics is not None
+    fake.queue_for("primary-model", {"status": 429}, {"status": 503})
+    fake.queue_for("backup-model", {"text": "a"}, {"text": "b"})
+    session = bot.session()
+    with observe.observing(metrics.turn_observer("fb")):
+        session.chat("one")
+        session.chat("two")
+    labels = {"bot": "fb", "from": "primary-model", "to": "backup-model"}
+    quota = metrics.registry.get_sample_value("chatrun_model_fallbacks_total", {**labels, "reason": "quota"})
+    overload = metrics.registry.get_sample_value("chatrun_model_fallbacks_total", {**labels, "reason": "overload"})
+    assert (quota, overload) == (1.0, 1.0)
+
+
+def test_the_model_span_says_who_answered(bot, fake, spans):
+    fake.queue_for("primary-model", {"status": 429})
+    fake.queue_for("backup-model", {"text": "Backup."})
+    bot.session().chat("hi")
+    chat = [s for s in spans.get_finished_spans() if s.name == "chat primary-model"]
+    assert len(chat) == 1
+    assert chat[0].attributes["gen_ai.request.model"] == "backup-model"
+    assert chat[0].attributes["chatrun.model.fallback.from"] == "primary-model"
+    (event,) = [e for e in chat[0].events if e.name == "chatrun.model.fallback"]
+    assert dict(event.attributes) == {"chatrun.model.fallback.from": "primary-model",
+                                      "chatrun.model.fallback.to": "backup-model",
+                                      "chatrun.model.fallback.reason": "quota"}
+
+
+def test_the_validator_names_the_place_of_a_useless_fallback(write_bot):
+    path = write_bot("""
+        name: bad
+        model:
+          name: gpt-4o-mini
+          fallback: []
+        routes:
+          main:
+            default: true
+            system: Hi.
+            model: {name: gpt-4o, fallback: [{name: gpt-4o}, {nmae: x}]}
+          other:
+            system: Hi.
+            model: {fallback: [{name: gpt-4o-mini}]}
+        """)
+    diagnostics = check_bot(str(path))
+    text = "\n".join(str(d) for d in diagnostics)
+    assert "bot.yaml:5" in text and "empty" in text  # the bot's `fallback: []`
+    assert "'nmae'" in text and "did you mean 'name'" in text.lower()
+    assert "bot.yaml:10" in text and "the same model as the one it stands in for" in text
+    assert "bot.yaml:13" in text
