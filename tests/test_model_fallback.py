@@ -138,7 +138,7 @@ def test_a_route_carries_its_own_fallback_and_can_turn_it_off(bot, fake):
 def test_the_breaker_opens_after_failures_in_a_row_and_closes_after_its_cool_down(bot, fake):
     clock = FixedClock(datetime(2026, 3, 1, 9, 0, tzinfo=UTC))
     fake.fail_model("primary-model", {"status": 503})
-    fake.queue_for("backup-model", *[{"text": f"Backup {n}."} for n in range(1, 6)])
+    fake.queue_for("backup-model", *[{"text": f"Backup {n}."} for n in range(1, 8)])
     session = bot.session()
     session.clock = clock
     session.chat("one")
@@ -152,10 +152,15 @@ def test_the_breaker_opens_after_failures_in_a_row_and_closes_after_its_cool_dow
     session.chat("four")
     assert models_asked(fake)[5:] == ["backup-model"]  # still open
     clock.advance(timedelta(seconds=1))
+    session.chat("half open")  # the cool-down is over: tried once, fails, and is open again at once
+    assert models_asked(fake)[6:] == ["primary-model", "backup-model"]
+    session.chat("again open")
+    assert models_asked(fake)[8:] == ["backup-model"]
+    clock.advance(timedelta(seconds=30))
     fake.fail_model("primary-model", None)
     fake.queue_for("primary-model", {"text": "Primary again."})
-    assert session.chat("five")[-1].data == "Primary again."  # the cool-down is over: tried, and it answers
-    assert models_asked(fake)[6:] == ["primary-model"]
+    assert session.chat("five")[-1].data == "Primary again."  # tried after the cool-down, and it answers
+    assert models_asked(fake)[9:] == ["primary-model"]
     assert "fallbacks" not in session.history[-1]["usage"]["by_call"][0]
 
 
@@ -227,3 +232,44 @@ def test_the_validator_names_the_place_of_a_useless_fallback(write_bot):
            "stands in for" in text
     assert "fallback 2 of the model of route `main`" not in text  # only its unknown key is said
     assert "bot.yaml:13: warning: fallback 1 of the model of route `other`" in text
+
+
+def test_a_breaker_without_fallbacks_is_a_warning(write_bot):
+    path = write_bot("""
+        name: lone
+        model:
+          name: gpt-4o-mini
+          breaker: {failures: 2}
+        routes:
+          main: {default: true, system: Hi.}
+        """)
+    _config, diagnostics = check_bot(str(path))
+    assert [(d.line, d.severity) for d in diagnostics if "breaker" in d.message] == [(5, "warning")]
+
+
+def test_a_fallback_entry_takes_the_fields_of_a_model():
+    """The schema spells a fallback entry's fields out again (its reference resolver takes no
+    JSON pointer into another definition): they must stay those of `model`."""
+    import json
+
+    defs = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "bot.schema.json").read_text())["$defs"]
+    model = {k: v for k, v in defs["model"]["properties"].items() if k not in ("fallback", "breaker")}
+    assert defs["fallbackModel"]["properties"] == model
+
+
+def test_scripted_statuses_are_unavailable_or_refused():
+    from chatrun.definition.config import ModelConfig
+    from chatrun.errors import ModelError, ModelUnavailable
+    from chatrun.models.base import ModelRequest
+    from chatrun.models.scripted import ScriptedModel
+
+    model = ScriptedModel([{"error": 429}, {"error": 529}, {"error": 504}, {"error": 404}, {"error": "down"}])
+    request = ModelRequest([], [], ModelConfig(name="m"))
+    raised = []
+    for _ in range(5):
+        with pytest.raises(ModelError) as caught:
+            asyncio.run(model.complete(request))
+        raised.append(getattr(caught.value, "reason", None) if isinstance(caught.value, ModelUnavailable) else None)
+    assert raised == ["quota", "overload", "outage", None, None]
+    with pytest.raises(chatrun.ChatrunError, match="400 to 599"):
+        ScriptedModel([{"error": 200}])

@@ -3,6 +3,7 @@
     ChatrunError                 every error below; the message names the place and says what to do
     ├── BotError                 a bot (or transcript) is invalid; carries every Diagnostic found
     ├── ModelError               the model could not be reached, or answered something unusable
+    │   └── ModelUnavailable     ... its endpoint cannot answer now (quota, overload, timeout, outage): a fallback may
     ├── SessionError             a session API call was misused
     │   ├── UnknownRouteError    a route name the bot does not define
     │   ├── ForbiddenRouteError  the principal may not enter a route with `roles:`

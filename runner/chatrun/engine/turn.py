@@ -67,7 +67,7 @@ from chatrun.messages import (
 )
 from chatrun.models import fallback
 from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
-from chatrun.models.fallback import Answered, Breakers, Switch
+from chatrun.models.fallback import Breakers, Switch
 from chatrun.models.text_calls import TextCalls
 from chatrun.store.blobs import BlobArea
 
@@ -214,10 +214,10 @@ class Turn:
         streamed = model_config.stream and not run.returning and not route.output
         with tracing.chat_span(model_config.provider, model_config.name, route.name,
                                model_config.temperature) as span:
-            answered = await self.call_model(request, self.chunk_sender(bool(route.stream_to_quarkus)) if streamed else None)
-            response, used = answered.response, answered.config
+            response, used, switches = await self.call_model(
+                request, self.chunk_sender(bool(route.stream_to_quarkus)) if streamed else None)
             sent_tokens: Callable[[], int] | None = counted
-            if answered.fell_back:
+            if switches:
                 price, sent_tokens = self.t.config.prices.get(used.name), None  # counted with its own encoding
                 tracing.record_answered_by(span, used.name, model_config.name)
             calls = tuple(
@@ -227,7 +227,7 @@ class Turn:
             answer = AssistantMessage(response.text, calls)
             self.answers.append(_answer_record(answer))
             usage = self.account(route.name, used.name, response.usage, price, request.messages, answer,
-                                 used.provider, sent_tokens, answered.switches)
+                                 used.provider, sent_tokens, switches)
             if span is not None:
                 content = tracing.capture_content()
                 tracing.record_answer(span, usage, response.finish_reason,
@@ -383,27 +383,32 @@ class Turn:
         config = self.t.config.route_model(route).merged(policy.summary_model)
         request = ModelRequest([SystemMessage(instructions), UserMessage(text)], [], config, f"{route} (summary)")
         with tracing.chat_span(config.provider, config.name, request.route, config.temperature) as span:
-            answered = await self.call_model(request, None)
-            response, used = answered.response, answered.config
+            response, used, switches = await self.call_model(request, None)
             tracing.record_answered_by(span, used.name, config.name)
         answer = AssistantMessage(response.text)
         self.account(request.route, used.name, response.usage, self.t.config.prices.get(used.name),
-                     request.messages, answer, used.provider, switches=answered.switches)
+                     request.messages, answer, used.provider, switches=switches)
         if not (response.text or "").strip():
             raise ModelError("the summarizing call answered no text")
         return (response.text or "").strip()
 
-    async def call_model(self, request: ModelRequest, on_chunk: ChunkCallback | None) -> Answered:
+    async def call_model(self, request: ModelRequest, on_chunk: ChunkCallback | None
+                         ) -> tuple[ModelResponse, ModelConfig, list[Switch]]:
         """The request answered by its model, else by the next of its `fallback:` (models/fallback.py):
-        each move counted (metrics), noted on the call's span and logged."""
+        (the answer, the config of the model that gave it, the moves made). Each move is counted
+        (metrics), noted on the call's span and logged."""
+        if not request.config.fallback:  # the one call, as before fallbacks (models/fallback.py is not entered)
+            return await observe.timed_call(self.model, request, on_chunk), request.config, []
+
         def switched(switch: Switch) -> None:
             observe.model_fallback(switch.from_model, switch.to_model, switch.reason)
             tracing.model_fallback(switch.from_model, switch.to_model, switch.reason)
-            log.warning("session %s, turn %s, route %s: model %s could not answer (%s); asking %s",
-                        self.t.c.id, self.number, request.route, switch.from_model, switch.reason, switch.to_model)
+            log.info("session %s, turn %s, route %s: model %s could not answer (%s); asking %s",
+                     self.t.c.id, self.number, request.route, switch.from_model, switch.reason, switch.to_model)
 
-        return await fallback.complete(self.model, request, on_chunk, observe.timed_call, self.breakers,
-                                       self.t.c.clock.now, switched)
+        answered = await fallback.complete(self.model, request, on_chunk, observe.timed_call, self.breakers,
+                                           self.t.c.clock.now, switched)
+        return answered.response, answered.config, answered.switches
 
     def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
                 sent: list[Message], answer: AssistantMessage, provider: str,

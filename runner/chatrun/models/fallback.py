@@ -89,10 +89,6 @@ class Answered:
     config: ModelConfig
     switches: list[Switch] = field(default_factory=list)
 
-    @property
-    def fell_back(self) -> bool:
-        return bool(self.switches)
-
 
 Call = Callable[[ChatModel, ModelRequest, ChunkCallback | None], Awaitable[ModelResponse]]
 
