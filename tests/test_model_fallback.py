@@ -273,3 +273,30 @@ def test_scripted_statuses_are_unavailable_or_refused():
     assert raised == ["quota", "overload", "outage", None, None]
     with pytest.raises(chatrun.ChatrunError, match="400 to 599"):
         ScriptedModel([{"error": 200}])
+
+
+def test_served_a_429_streams_the_fallbacks_answer_once_and_the_metric_counts_it(write_bot, fake, tmp_path):
+    """Through `chatrun serve`'s app: the SSE stream carries the fallback's chunks once and no
+    Error, and /metrics counts the move."""
+    pytest.importorskip("prometheus_client")
+    import json
+
+    from starlette.testclient import TestClient
+
+    from server_support import app_for_testclient
+
+    app = app_for_testclient([write_bot(BOT)], "memory://")
+    with TestClient(app) as client:
+        client.post("/bots/fb/sessions", json={"id": "s1"})
+        fake.queue_for("primary-model", {"status": 429})
+        fake.queue_for("backup-model", {"chunks": ["Bon", "jour"]})
+        with client.stream("POST", "/bots/fb/sessions/s1/messages?stream=true", json={"userMessage": "hi"}) as r:
+            body = r.read().decode()
+        events = [block.split("\n") for block in body.strip().split("\n\n")]
+        names = [lines[0].removeprefix("event: ") for lines in events]
+        assert names == ["Stream", "Stream", "Message", "Completed"]
+        chunks = [json.loads(lines[1].removeprefix("data: "))["data"] for lines in events[:2]]
+        assert chunks == ["Bon", "jour"]
+        metrics = client.get("/metrics").text
+    assert 'chatrun_model_fallbacks_total{bot="fb",from="primary-model",reason="quota",to="backup-model"} 1.0' \
+        in metrics
