@@ -74,7 +74,7 @@ def test_a_failed_turn_ends_its_span_with_an_error(fake, spans):
     session.chat("hi")
     [agent] = [s for s in spans.get_finished_spans() if s.name == "invoke_agent hello"]
     assert agent.status.status_code == trace.StatusCode.ERROR
-    assert agent.attributes["error.type"] == "ModelError"
+    assert agent.attributes["error.type"] == "ModelUnavailable"  # a ModelError: the endpoint could not answer
 
 
 def test_an_http_tool_carries_the_trace_context_to_the_api(spans, write_bot, monkeypatch):

@@ -3,6 +3,7 @@
     ChatrunError                 every error below; the message names the place and says what to do
     ├── BotError                 a bot (or transcript) is invalid; carries every Diagnostic found
     ├── ModelError               the model could not be reached, or answered something unusable
+    │   └── ModelUnavailable     ... its endpoint cannot answer now (quota, overload, timeout, outage): a fallback may
     ├── SessionError             a session API call was misused
     │   ├── UnknownRouteError    a route name the bot does not define
     │   ├── ForbiddenRouteError  the principal may not enter a route with `roles:`
@@ -78,6 +79,17 @@ class BotError(ChatrunError):
 
 class ModelError(ChatrunError):
     """The model could not be reached or answered something unusable (after retries)."""
+
+
+class ModelUnavailable(ModelError):
+    """The model's endpoint could not answer now, through no fault of the request: `reason` is
+    "quota" (HTTP 429), "overload" (503, 529), "timeout" or "outage" (cannot connect, other 5xx).
+    A route's `model.fallback:` answers instead, while nothing of the answer has been shown
+    (chatrun.models.fallback)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 class SessionError(ChatrunError):

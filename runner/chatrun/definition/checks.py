@@ -28,6 +28,7 @@ from chatrun.definition.config import (
     AskConfig,
     BotConfig,
     Location,
+    ModelConfig,
     OperatorConfig,
     RouteConfig,
     ToolConfig,
@@ -150,6 +151,7 @@ class _Checker:
             self.tool_choice(route)
             self.output_read_as_call(route)
         self.fallbacks()
+        self.model_fallbacks()
         self.follow_ups()
         self.display_texts()
         for tool in self.config.tools.values():
@@ -167,6 +169,43 @@ class _Checker:
         self.format_and_migrations()
         if self.config.catalogs is not None:
             self.out.extend(catalog_checks(self.config.catalogs, self.used_keys, self.computed_keys))
+
+    def model_fallbacks(self) -> None:
+        """`model.fallback:` (the bot's and each route's own): an empty list at the top does nothing,
+        and a fallback that is the very model it stands in for fails when that one fails; a
+        `breaker:` without fallbacks never skips anything."""
+        raw = self.config.model
+        top = self.src.main.data.get("model") if isinstance(self.src.main.data, dict) else None
+        if isinstance(top, dict) and top.get("fallback") == []:
+            self.add("warning", f"`model.fallback` is an empty list: no model stands in for `{raw.name}`; remove "
+                     "it, or list the models that answer when it cannot (e.g. `[{name: gpt-4o}]`)", "model", "fallback")
+        if isinstance(top, dict) and "breaker" in top and not raw.fallback and not any(
+                (r.model or {}).get("fallback") for r in self.config.routes.values()):
+            self.add("warning", "`model.breaker` does nothing without a `fallback:`: an endpoint is skipped only "
+                     "when another model can answer; add `fallback:` or remove `breaker:`", "model", "breaker")
+        self.same_fallbacks(raw, "`model`", ("model", "fallback"))
+        for route in self.config.routes.values():
+            own = "fallback" in (route.model or {})
+            if route.model and (own or raw.fallback):
+                where = ("routes", route.name, "model", "fallback") if own else ("routes", route.name, "model")
+                self.same_fallbacks(self.config.route_model(route.name), f"the model of route `{route.name}`",
+                                    where, own)
+
+    def same_fallbacks(self, config: ModelConfig, what: str, where: tuple[Any, ...], own: bool = True) -> None:
+        """A fallback of `config` that is `config`'s own model (or an earlier fallback) at the same endpoint."""
+        seen = {config.endpoint: config.name}
+        for i, (item, fallback) in enumerate(zip(config.fallback, config.fallback_configs(), strict=True)):
+            if not set(item) <= set(ModelConfig.__dataclass_fields__):
+                continue  # an unknown key: the schema's error says it
+            if fallback.endpoint not in seen:
+                seen[fallback.endpoint] = fallback.name
+                continue
+            same = "the same model as the one it stands in for" if fallback.endpoint == config.endpoint \
+                else "the same model as an earlier fallback"
+            at: tuple[Any, ...] = (*where, i) if own else where
+            inherited = "" if own else " (the bot's `model.fallback`, under the route's `model:`)"
+            self.add("warning", f"fallback {i + 1} of {what}{inherited} is {same} (`{fallback.name}` at the same "
+                     "endpoint): it fails when that one does; name another model or `base_url`", at[0], at[1], *at[2:])
 
     def format_and_migrations(self) -> None:
         from chatrun.definition.migrations import format_diagnostics, migration_diagnostics

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatrun import events as ev
@@ -24,6 +24,30 @@ class Location:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}" if self.line else self.file
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    """`model.breaker:`: after `failures` failures of an endpoint in a row (fallback reasons
+    only), its calls are skipped for `cool_down` seconds while a fallback answers."""
+
+    failures: int = 3
+    cool_down: float = 30.0
+
+    @staticmethod
+    def from_raw(raw: Any) -> BreakerConfig:
+        """From the YAML mapping (the schema checked it; a bad value keeps its default)."""
+        if not isinstance(raw, dict):
+            return DEFAULT_BREAKER
+        failures = raw.get("failures")
+        cool_down = raw.get("cool_down")
+        return BreakerConfig(
+            failures if isinstance(failures, int) and not isinstance(failures, bool) and failures > 0
+            else DEFAULT_BREAKER.failures,
+            seconds_or(cool_down, DEFAULT_BREAKER.cool_down))
+
+
+DEFAULT_BREAKER = BreakerConfig()
 
 
 @dataclass
@@ -46,6 +70,10 @@ class ModelConfig:
     # Calls the model writes as text (`<tool_call>` blocks, JSON): "native" (left as text), "text"
     # (always read), "auto" (read when the answer has no native call); chatrun.models.text_calls.
     tool_calls: str = "auto"
+    # `fallback:`: the models that answer when this one cannot (quota, overload, timeout, outage),
+    # in order, each a raw mapping of model fields over this config (chatrun.models.fallback).
+    fallback: tuple[dict[str, Any], ...] = ()
+    breaker: BreakerConfig = DEFAULT_BREAKER  # frozen: shared
     where: Location = field(default_factory=Location)
 
     def merged(self, override: dict[str, Any] | None) -> ModelConfig:
@@ -58,9 +86,33 @@ class ModelConfig:
                 values["params"] = {**self.params, **value}
             elif key == "accepts":
                 values["accepts"] = tuple(value) if isinstance(value, list) else None
+            elif key == "fallback":
+                values["fallback"] = fallback_items(value)
+            elif key == "breaker":
+                values["breaker"] = BreakerConfig.from_raw(value)
             elif key in values:
                 values[key] = value
         return ModelConfig(**values)
+
+    def fallback_configs(self) -> list[ModelConfig]:
+        """The configs of `fallback:`, in order: each entry's fields over this config (so a
+        fallback keeps the temperature, timeout, ... it does not set), with no fallback of its own."""
+        if not self.fallback:
+            return []
+        base = replace(self, fallback=())
+        return [base.merged(item) for item in self.fallback]
+
+    @property
+    def endpoint(self) -> tuple[str, str, str]:
+        """(provider, base URL or "", model name): what a circuit breaker keeps apart."""
+        return self.provider, self.base_url or "", self.name
+
+
+
+
+def fallback_items(raw: Any) -> tuple[dict[str, Any], ...]:
+    """`fallback:` as the config keeps it: its mappings (the schema reports anything else)."""
+    return tuple(dict(item) for item in raw if isinstance(item, dict)) if isinstance(raw, list) else ()
 
 
 @dataclass
@@ -424,6 +476,14 @@ class AttachmentPolicy:
 DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 DELIVER, DROP = "deliver", "drop"  # `retention.erased_outbox`: an erased principal's undelivered events
 ERASED_OUTBOX = (DELIVER, DROP)
+
+
+def seconds_or(value: Any, default: float) -> float:
+    """A duration in seconds, or `default` when it is not one (the schema reports that)."""
+    try:
+        return duration_seconds(value) if isinstance(value, str) else default
+    except ValueError:
+        return default
 
 
 def duration_seconds(text: str) -> float:

@@ -598,7 +598,7 @@ def _str_list(value: Any) -> list[str]:
 
 def _model(raw: Any, doc: YamlDoc, path: tuple) -> ModelConfig:
     fields = ModelConfig.__dataclass_fields__
-    values = {k: v for k, v in _dict(raw).items() if k in fields and k != "where"}
+    values = {k: v for k, v in _dict(raw).items() if k in fields and k not in ("where", "fallback", "breaker")}
     if "accepts" in values:  # a list in YAML, a tuple in the config (frozen, hashable)
         values["accepts"] = tuple(_str_list(values["accepts"])) if isinstance(values["accepts"], list) else None
     defaults = ModelConfig()
@@ -607,7 +607,8 @@ def _model(raw: Any, doc: YamlDoc, path: tuple) -> ModelConfig:
         if default is not None and value is not None and not isinstance(value, type(default)) \
                 and not (isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
             del values[key]
-    return ModelConfig(**values, where=_loc(doc, path))
+    extra = ModelConfig().merged({k: v for k, v in _dict(raw).items() if k in ("fallback", "breaker")})
+    return ModelConfig(**values, fallback=extra.fallback, breaker=extra.breaker, where=_loc(doc, path))
 
 
 def _memory(raw: Any, doc: YamlDoc, path: tuple) -> MemoryPolicy | None:

@@ -40,6 +40,10 @@ class Observer(Protocol):
 
     def tool_call(self, tool: str, seconds: float, failed: bool) -> None: ...
 
+    def model_fallback(self, from_model: str, to_model: str, reason: str) -> None:
+        """A model call moved to the next model of `model.fallback:` (reason: quota, overload,
+        timeout, outage, breaker_open)."""
+
 
 _observer: ContextVar[Observer | None] = ContextVar("chatrun_observer", default=None)
 
@@ -98,3 +102,9 @@ def tool_call(tool: str, seconds: float, failed: bool) -> None:
     observer = _observer.get()
     if observer is not None:
         observer.tool_call(tool, seconds, failed)
+
+
+def model_fallback(from_model: str, to_model: str, reason: str) -> None:
+    observer = _observer.get()
+    if observer is not None:
+        observer.model_fallback(from_model, to_model, reason)

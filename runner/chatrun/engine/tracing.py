@@ -181,6 +181,25 @@ def pending_noted(kind: str, data: dict[str, Any]) -> None:
             "chatrun.pending.due": data.get("due")}))
 
 
+def model_fallback(from_model: str, to_model: str, reason: str) -> None:
+    """A span event on the current span (the model call's) when the call moves to the next model
+    of `model.fallback:` (`chatrun.model.fallback`: from, to, reason)."""
+    if _trace is None:
+        return
+    current = _trace.get_current_span()
+    if current.is_recording():
+        current.add_event("chatrun.model.fallback", {"chatrun.model.fallback.from": from_model,
+                                                     "chatrun.model.fallback.to": to_model,
+                                                     "chatrun.model.fallback.reason": reason})
+
+
+def record_answered_by(current: Any, model: str, primary: str) -> None:
+    """The model call was answered by a fallback: `gen_ai.request.model` says whom the last
+    request went to, `chatrun.model.fallback.from` the route's own model."""
+    if current is not None and model != primary:
+        current.set_attributes({"gen_ai.request.model": model, "chatrun.model.fallback.from": primary})
+
+
 def record_answer(current: Any, usage: dict[str, Any], finish_reason: str | None,
                   sent: list[dict[str, Any]] | None = None, answer: dict[str, Any] | None = None) -> None:
     if current is None:

@@ -66,7 +66,9 @@ from chatrun.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from chatrun.models.base import ChatModel, ModelRequest, ModelResponse
+from chatrun.models import fallback
+from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models.fallback import Breakers, Switch
 from chatrun.models.text_calls import TextCalls
 from chatrun.store.blobs import BlobArea
 
@@ -105,6 +107,8 @@ class Turn:
                              self.summary_call)
         self.calls = ToolCalls(self.t)
         self.model = TextCalls(model)  # calls the model writes as text become calls (models/text_calls.py)
+        # The circuit breakers of the endpoints the model's clients call (`model.breaker:`), if it has any.
+        self.breakers: Breakers | None = getattr(model, "breakers", None)
         self.number = self.t.number
         self.tool_calls = self.t.tool_calls  # the history's `calls` (the call path appends to it)
         self.model_calls = 0
@@ -202,10 +206,10 @@ class Turn:
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
                                response_format(route), self.t.read_blob if self.t.blobs is not None else None,
                                run.tool_choice)
-        sent_tokens = self.sent_tokens(run.memory, request.messages, len(extra), self.counter(model_config.name))
+        counted = self.sent_tokens(run.memory, request.messages, len(extra), self.counter(model_config.name))
         price = self.t.config.prices.get(model_config.name)
         if self.t.config.limits.has_budgets:
-            sent = sent_tokens()
+            sent = counted()
             check_budgets(self.t.config.limits, self.usage, self.t.c.usage, sent, price, route.name)
         # A returning route's answer is its result, and JSON is no text for the user: never streamed.
         streamed = model_config.stream and not run.returning and not route.output
@@ -213,18 +217,22 @@ class Turn:
                                model_config.temperature) as span:
             batcher = StreamBatcher(self.t.emit, bool(route.stream_to_quarkus)) if streamed else None
             try:
-                response = await observe.timed_call(self.model, request, batcher.send if batcher else None)
+                response, used, switches = await self.call_model(request, batcher.send if batcher else None)
             finally:
                 if batcher is not None:
                     batcher.close()  # what the model sent last goes before anything else of the turn
+            sent_tokens: Callable[[], int] | None = counted
+            if switches:
+                price, sent_tokens = self.t.config.prices.get(used.name), None  # counted with its own encoding
+                tracing.record_answered_by(span, used.name, model_config.name)
             calls = tuple(
                 ToolCall(c.id or f"call_{self.t.number}_{self.model_calls}_{i}", c.name, c.arguments)
                 for i, c in enumerate(response.tool_calls)
             )
             answer = AssistantMessage(response.text, calls)
             self.answers.append(_answer_record(answer))
-            usage = self.account(route.name, model_config.name, response.usage, price, request.messages, answer,
-                                 model_config.provider, sent_tokens)
+            usage = self.account(route.name, used.name, response.usage, price, request.messages, answer,
+                                 used.provider, sent_tokens, switches)
             if span is not None:
                 content = tracing.capture_content()
                 tracing.record_answer(span, usage, response.finish_reason,
@@ -379,22 +387,44 @@ class Turn:
         policy = self.t.config.route_memory(route)
         config = self.t.config.route_model(route).merged(policy.summary_model)
         request = ModelRequest([SystemMessage(instructions), UserMessage(text)], [], config, f"{route} (summary)")
-        with tracing.chat_span(config.provider, config.name, request.route, config.temperature):
-            response = await observe.timed_call(self.model, request, None)
+        with tracing.chat_span(config.provider, config.name, request.route, config.temperature) as span:
+            response, used, switches = await self.call_model(request, None)
+            tracing.record_answered_by(span, used.name, config.name)
         answer = AssistantMessage(response.text)
-        self.account(request.route, config.name, response.usage, self.t.config.prices.get(config.name),
-                     request.messages, answer, config.provider)
+        self.account(request.route, used.name, response.usage, self.t.config.prices.get(used.name),
+                     request.messages, answer, used.provider, switches=switches)
         if not (response.text or "").strip():
             raise ModelError("the summarizing call answered no text")
         return (response.text or "").strip()
 
+    async def call_model(self, request: ModelRequest, on_chunk: ChunkCallback | None
+                         ) -> tuple[ModelResponse, ModelConfig, list[Switch]]:
+        """The request answered by its model, else by the next of its `fallback:` (models/fallback.py):
+        (the answer, the config of the model that gave it, the moves made). Each move is counted
+        (metrics), noted on the call's span and logged."""
+        if not request.config.fallback:  # the one call, as before fallbacks (models/fallback.py is not entered)
+            return await observe.timed_call(self.model, request, on_chunk), request.config, []
+
+        def switched(switch: Switch) -> None:
+            observe.model_fallback(switch.from_model, switch.to_model, switch.reason)
+            tracing.model_fallback(switch.from_model, switch.to_model, switch.reason)
+            log.info("session %s, turn %s, route %s: model %s could not answer (%s); asking %s",
+                     self.t.c.id, self.number, request.route, switch.from_model, switch.reason, switch.to_model)
+
+        answered = await fallback.complete(self.model, request, on_chunk, observe.timed_call, self.breakers,
+                                           self.t.c.clock.now, switched)
+        return answered.response, answered.config, answered.switches
+
     def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
                 sent: list[Message], answer: AssistantMessage, provider: str,
-                sent_tokens: Callable[[], int] | None = None) -> dict[str, Any]:
-        """Add one call's usage to the turn's; returns the call's entry for the history."""
+                sent_tokens: Callable[[], int] | None = None, switches: list[Switch] | None = None) -> dict[str, Any]:
+        """Add one call's usage to the turn's; returns the call's entry for the history (`model`:
+        the model that answered; `fallbacks`: the moves from the route's own model to it)."""
         usage = call_usage(raw, price, sent, answer, self.counter(model), sent_tokens)
         self.usage.add(usage)
         entry = {"route": route, "model": model, **usage.to_dict()}
+        if switches:
+            entry["fallbacks"] = [{"from": s.from_model, "to": s.to_model, "reason": s.reason} for s in switches]
         del entry["calls"]
         self.calls_usage.append(entry)
         observe.model_usage(provider, model, entry)

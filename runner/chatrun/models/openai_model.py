@@ -40,13 +40,13 @@ from typing import Any
 import openai
 
 from chatrun.definition.config import ModelConfig
-from chatrun.errors import ModelError
+from chatrun.errors import ModelError, ModelUnavailable
 from chatrun.messages import SystemMessage, ToolCall, accepted_kinds
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models.fallback import RETRY_STATUS, unavailable_reason
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers ignore the key, the client wants one
-RETRY_STATUS = {408, 409, 429}
 OWN_FIELDS = {"messages", "stream"}  # what the engine decides; params cannot change them
 
 CREATE_PARAMS = set(inspect.signature(openai.resources.chat.AsyncCompletions.create).parameters) - {"self"}
@@ -107,11 +107,12 @@ class Refused(ModelError):
 class Retryable(Exception):
     """One failed attempt that may succeed when tried again."""
 
-    def __init__(self, reason: str, detail: str = "", retry_after: float | None = None):
+    def __init__(self, reason: str, detail: str = "", retry_after: float | None = None, kind: str = "outage"):
         super().__init__(reason)
         self.reason = reason  # "HTTP 500", "timed out after 60 s"
         self.detail = detail  # what the server or the network said
         self.retry_after = retry_after
+        self.kind = kind  # ModelUnavailable.reason: quota, overload, timeout, outage
 
 
 @dataclass
@@ -270,7 +271,10 @@ class OpenAIModel:
                     else:
                         done = "(not retried: model.max_retries is 0)"
                     detail = f": {failure.detail}" if failure.detail else ""
-                    raise ModelError(f"{where}: {failure.reason} {done}{detail}") from None
+                    message = f"{where}: {failure.reason} {done}{detail}"
+                    if sent[0]:  # part of the answer was shown: no other model may start it again
+                        raise ModelError(message) from None
+                    raise ModelUnavailable(message, failure.kind) from None
                 await asyncio.sleep(self.wait_before_retry(attempt, failure.retry_after))
             except Refused:
                 raise
@@ -422,7 +426,7 @@ class translate_errors:  # lower case: it reads as a `with` clause
         if exc is None or isinstance(exc, (ModelError, Retryable, asyncio.CancelledError)):
             return  # nothing to translate: the exception (if any) goes on as it is
         if isinstance(exc, openai.APITimeoutError) or (is_transport_error(exc) and "Timeout" in type(exc).__name__):
-            raise Retryable(f"timed out after {self.timeout:g} s (model.timeout)") from None
+            raise Retryable(f"timed out after {self.timeout:g} s (model.timeout)", kind="timeout") from None
         if isinstance(exc, openai.APIConnectionError) or is_transport_error(exc):
             cause = exc.__cause__ or exc if isinstance(exc, openai.APIConnectionError) else exc
             what = "connection lost while streaming" if self.streaming else "cannot connect"
@@ -431,7 +435,8 @@ class translate_errors:  # lower case: it reads as a `with` clause
             status = exc.status_code
             message = server_message(exc)
             if status in RETRY_STATUS or status >= 500:
-                raise Retryable(f"HTTP {status}", message, retry_after(exc.response.headers)) from None
+                raise Retryable(f"HTTP {status}", message, retry_after(exc.response.headers),
+                                unavailable_reason(status)) from None
             reason = f"HTTP {status}: {message}"
             if status in (401, 403):
                 reason += " (check the API key: OPENAI_API_KEY or the variable named by model.api_key_env)"

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models.fallback import Breakers
 
 SHARED_PROVIDERS = ("openai",)  # clients that hold no per-conversation state
 
@@ -36,6 +37,9 @@ def make_model(provider: str, **options: Any) -> ChatModel:
 class ModelPool:
     def __init__(self) -> None:
         self._shared: dict[str, ChatModel] = {}
+        # The circuit breakers of the endpoints these clients call (`model.breaker:`): one set per
+        # pool, so a server's sessions all skip an endpoint that keeps failing (models/fallback.py).
+        self.breakers = Breakers()
 
     def warm(self, providers: Iterable[str]) -> None:
         """Build the shared clients now, not on the first request: importing a provider's
@@ -70,6 +74,10 @@ class PooledModel:
     def __init__(self, pool: ModelPool):
         self._pool = pool
         self._own: dict[str, ChatModel] = _NONE_OWN  # a dict of its own only once it makes a model
+
+    @property
+    def breakers(self) -> Breakers:
+        return self._pool.breakers
 
     def for_provider(self, provider: str) -> ChatModel:
         if provider in SHARED_PROVIDERS:

@@ -88,6 +88,10 @@ class ServerMetrics:
                                             "too_large, starts_program)", ["bot", "reason"], registry=reg)
         self.feedback = prom.Counter("chatrun_feedback", "Ratings of bot replies by their users (thumbs up/down), "
                                      "by the route the conversation was on when rated", ["bot", "route", "rating"], registry=reg)
+        self.fallbacks = prom.Counter("chatrun_model_fallbacks", "Model calls moved to the next model of "
+                                      "`model.fallback:`, by the model that could not answer, the one asked "
+                                      "next and why (quota, overload, timeout, outage, breaker_open)",
+                                      ["bot", "from", "to", "reason"], registry=reg)
         self.tool_calls = prom.Counter("chatrun_tool_calls", "Tool calls run", ["bot", "tool"], registry=reg)
         self.tool_failures = prom.Counter("chatrun_tool_failures",
                                           "Tool calls that did not do their work (refused, failed, unknown tool)",
@@ -237,6 +241,9 @@ class TurnObserver:
             m.child(m.tokens, "chat", self.bot, provider, model, kind).observe(int(usage.get(key) or 0))
         if usage.get("cost") is not None:
             m.child(m.cost, self.bot, model).inc(float(usage["cost"]))
+
+    def model_fallback(self, from_model: str, to_model: str, reason: str) -> None:
+        self.m.child(self.m.fallbacks, self.bot, from_model, to_model, reason).inc()
 
     def tool_call(self, tool: str, seconds: float, failed: bool) -> None:
         m = self.m

@@ -30,6 +30,11 @@ Response forms (dicts), consumed one per chat completion request:
 When the queue is empty, `responder(body)` (if set) makes the answer, e.g. `echo`;
 with neither, the fake answers HTTP 500 saying it has no response queued.
 
+One model name can answer on its own (a primary model failing while its fallback answers):
+
+    fake.queue_for("gpt-4o-mini", {"status": 429})  # the next request for that model, before the queue
+    fake.fail_model("gpt-4o-mini", {"disconnect": True})  # every request for it, until fail_model(name, None)
+
 The server is asyncio with a minimal HTTP/1.1 implementation (keep-alive, chunked
 transfer for streams) running in a background thread, so it starts in milliseconds,
 needs no web framework and holds thousands of concurrent streaming connections.
@@ -135,6 +140,8 @@ class FakeOpenAI:
         self.responder = responder
         self._lock = threading.Lock()
         self._queue: collections.deque[Response] = collections.deque()
+        self._model_queues: dict[str, collections.deque[Response]] = {}
+        self._failing: dict[str, Response] = {}
         self._log: list[Received] = []
         self._requests: list[dict[str, Any]] = []
         self._counter = 0
@@ -151,6 +158,26 @@ class FakeOpenAI:
             check_response(response)
         with self._lock:
             self._queue.extend(responses)
+        return self
+
+    def queue_for(self, model: str, *responses: Response) -> FakeOpenAI:
+        """Responses for the next requests naming `model`, taken before the general queue."""
+        for response in responses:
+            check_response(response)
+        with self._lock:
+            self._model_queues.setdefault(model, collections.deque()).extend(responses)
+        return self
+
+    def fail_model(self, model: str, response: Response | None) -> FakeOpenAI:
+        """Answer every request naming `model` with `response` (an HTTP error, a dropped
+        connection, ...), whatever is queued; None: that model answers as usual again."""
+        if response is not None:
+            check_response(response)
+        with self._lock:
+            if response is None:
+                self._failing.pop(model, None)
+            else:
+                self._failing[model] = response
         return self
 
     @property
@@ -174,6 +201,8 @@ class FakeOpenAI:
     def reset(self) -> None:
         with self._lock:
             self._queue.clear()
+            self._model_queues.clear()
+            self._failing.clear()
             self._log.clear()
             self._requests.clear()
 
@@ -296,8 +325,13 @@ class FakeOpenAI:
     # -- chat completions --------------------------------------------------------------------------
 
     async def _next_response(self, body: dict[str, Any]) -> Response:
+        model = body.get("model")
         with self._lock:
-            queued = self._queue.popleft() if self._queue else None
+            failing = self._failing.get(model) if isinstance(model, str) else None
+            if failing is not None:
+                return dict(failing)
+            own = self._model_queues.get(model) if isinstance(model, str) else None
+            queued = own.popleft() if own else (self._queue.popleft() if self._queue else None)
         if queued is not None:
             try:
                 return made_unruly(queued, body)
@@ -454,7 +488,7 @@ def write_chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
 
 async def send(writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str,
                extra_headers: dict[str, str] | None = None) -> None:
-    head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", f"Content-Type: {content_type}",
+    head = [f"HTTP/1.1 {status} {phrase(status)}", f"Content-Type: {content_type}",
             f"Content-Length: {len(body)}"]
     head += [f"{k}: {v}" for k, v in (extra_headers or {}).items()]
     writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
@@ -474,11 +508,19 @@ async def send_error(writer: asyncio.StreamWriter, status: int, response: Respon
     body = response.get("body")
     if body is None:
         kind = "rate_limit_exceeded" if status == 429 else "server_error"
-        body = error_body(f"fake HTTP {status} ({HTTPStatus(status).phrase})", kind)
+        body = error_body(f"fake HTTP {status} ({phrase(status)})", kind)
     if isinstance(body, str):
         await send(writer, status, body.encode(), "text/plain", headers)
     else:
         await send_json(writer, status, body, headers)
+
+
+def phrase(status: int) -> str:
+    """The status's reason phrase; "Error" for one HTTP does not name (529, "overloaded")."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
 
 
 def error_body(message: str, kind: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from chatrun.errors import (
 )
 from chatrun.models import ModelPool
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models.fallback import Breakers
 from chatrun.models.scripted import ScriptedModel
 from chatrun.testing.unruly import Unruly
 from chatrun.transcripts.expect import Mismatch, Observed, compare, compare_live, observe
@@ -43,6 +44,7 @@ class TurnScript:
 
     def __init__(self) -> None:
         self.current = ScriptedModel()
+        self.breakers = Breakers()  # `model.breaker:` across the transcript's turns (models/fallback.py)
 
     def next_turn(self, turn: TurnSpec) -> None:
         self.current = ScriptedModel(scripted_responses(turn))
@@ -57,6 +59,7 @@ class LiveModel:
     def __init__(self) -> None:
         self._pool = ModelPool()
         self._model = self._pool.model()
+        self.breakers = self._pool.breakers
         self.requests: list[ModelRequest] = []
         self.remaining = 0
 
