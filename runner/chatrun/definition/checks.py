@@ -880,7 +880,7 @@ class _Checker:
         names = _changing_names([ref for ref, _ in changing])
         self.out.append(Diagnostic(doc.file, line, col, "warning", (
             f"`system` of route `{route.name}` reads {', '.join(f'`{n}`' for n in _shortest(names))}, which "
-            "change as the conversation goes: every call is then a new prompt to the provider's prompt cache. "
+            f"{'changes' if len(names) == 1 else 'change'} as the conversation goes: every call is then a new prompt to the provider's prompt cache. "
             "Move them to the route's (or the bot's) `context:`, sent after the memory on every call "
             "(docs/models.md, \"Stable prompts\"), or set `model: {prompt_cache: false}` on the route"),
             ".".join(path)))

@@ -344,8 +344,8 @@ class Session:
                 rest = messages[1:] if messages and isinstance(messages[0], SystemMessage) else messages
                 messages = [SystemMessage(text), *rest]
             if context:  # what follows the memory on each call (docs/models.md, "Stable prompts")
-                text = self._c.render(context, self._c.template_context({}))
-                messages = [*messages, ContextMessage(text)] if text.strip() else messages
+                text = self._c.render(context, self._c.template_context({})).strip()
+                messages = [*messages, ContextMessage(text)] if text else messages
         except Exception:  # the next turn will report the template's error, with its place
             return messages
         return messages

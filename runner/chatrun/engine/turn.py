@@ -354,8 +354,9 @@ class Turn:
         if not source:
             return []
         where = route.where if route.context is not None else self.t.config.where
-        text = self.t.render_template(source, f"route {route.name} context", where)
-        return [ContextMessage(text)] if text.strip() else []
+        # Stripped: a line left empty by an `{% if %}` would make the text differ in nothing but blanks.
+        text = self.t.render_template(source, f"route {route.name} context", where).strip()
+        return [ContextMessage(text)] if text else []
 
     # -- summaries --------------------------------------------------------------
 
