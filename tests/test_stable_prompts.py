@@ -213,3 +213,13 @@ def test_no_warning_with_prompt_cache_false_or_for_what_is_in_the_context(write_
     _config, found = check_bot(write_bot(stable.replace("{{ today }}", "{{ todya }}"), name="typo.yaml"))
     assert [d.message.split(";")[0] for d in found] == ["`context` of route `main` uses unknown template variable "
                                                         "`todya`"]
+
+
+def test_the_inspector_shows_the_context_the_next_call_will_end_with(write_bot):
+    from chatrun.server.inspect import memory_message
+
+    session = desk_session(write_bot)
+    preview = session.preview_messages()
+    assert [m.role for m in preview] == ["system", "context"]
+    assert preview[-1] == ContextMessage("It is Tuesday 24 November 2026, 18:00.\nNotes saved so far: 0.")
+    assert memory_message(preview[-1]) == {"role": "system", "content": preview[-1].content, "context": True}
