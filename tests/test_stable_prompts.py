@@ -223,3 +223,21 @@ def test_the_inspector_shows_the_context_the_next_call_will_end_with(write_bot):
     assert [m.role for m in preview] == ["system", "context"]
     assert preview[-1] == ContextMessage("It is Tuesday 24 November 2026, 18:00.\nNotes saved so far: 0.")
     assert memory_message(preview[-1]) == {"role": "system", "content": preview[-1].content, "context": True}
+
+
+def test_a_transcript_checks_the_context_a_call_was_sent(tmp_path):
+    (tmp_path / "bot.yaml").write_text(DESK.replace("provider: openai", "provider: scripted"))
+    transcript = tmp_path / "t.yaml"
+    transcript.write_text("""\
+bot: bot.yaml
+clock: 2026-11-24T18:00:00+01:00
+turns:
+  - user: hi
+    model: [{text: Hello.}]
+    expect:
+      sent: [{system: "You keep the user's notes. Call note to save one. Be brief.", context: {regex: "18:00"}}]
+""")
+    assert chatrun.run_transcript(str(transcript)).passed
+    transcript.write_text(transcript.read_text().replace('{regex: "18:00"}', "null"))
+    result = chatrun.run_transcript(str(transcript))
+    assert not result.passed and "Notes saved so far: 0." in repr(result.turns[0])
