@@ -22,8 +22,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def desk_model(body: dict[str, Any]) -> dict[str, Any]:
     """A refund or a person when asked (an order number and an amount; "a person"), the tool's
-    result read back, anything else answered briefly."""
-    messages = body["messages"]
+    result read back, anything else answered briefly. A bot's context (the system message after
+    the memory, docs/models.md "Stable prompts") is not what it answers."""
+    messages = [m for m in body["messages"] if m["role"] != "system"]
     if messages[-1]["role"] == "tool":
         result = str(messages[-1]["content"])
         return {"text": result if result.startswith("Refunded") else "A supervisor has to approve this refund; "

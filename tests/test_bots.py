@@ -118,7 +118,7 @@ def test_travel_book_refuses_until_every_field_is_set(travel):
     model = ScriptedModel([call("book_flight"), call("book"), {"text": "I need your dates."}])
     s = travel.session(model=model)
     s.chat("book a flight")
-    refusal = model.requests[2].messages[-1].content
+    refusal = model.requests[2].messages[-2].content  # before the route's context, the last message
     for field in ("departure", "return_date", "destination", "ticket_class"):
         assert f"scope.reservation.{field}" in refusal
     assert s.stack == ["main_menu", "flight"]
@@ -135,8 +135,8 @@ def test_travel_switch_to_hotel_changes_route_in_the_same_scope_and_cancel_pops(
     s = travel.session(model=model)
     s.chat("flight to Lisbon... actually just a hotel")
     assert s.stack == ["main_menu", "hotel"]
-    # the hotel prompt reads the destination the flight wizard put in the menu's shared scope
-    assert "flying to Lisbon" in model.requests[3].messages[0].content
+    # the hotel's context reads the destination the flight wizard put in the menu's shared scope
+    assert "flying to Lisbon" in model.requests[3].messages[-1].content
     events = s.chat("never mind")
     assert kinds(events) == [
         ("Message", "Booking abandoned."),
@@ -168,8 +168,8 @@ def test_support_classifier_files_a_ticket_and_routes_back(support):
     classify_request = model.requests[1]
     assert classify_request.route == "classify"
     assert [m.role for m in classify_request.messages] == ["system", "user"]
-    # back on the helpdesk, the prompt knows the ticket was filed during this turn
-    assert "Ticket #1 was just filed" in model.requests[2].messages[0].content
+    # back on the helpdesk, the context knows the ticket was filed during this turn
+    assert "Ticket #1 was just filed" in model.requests[2].messages[-1].content
 
     model.add({"text": "Anything else?"})
     s.chat("thanks")

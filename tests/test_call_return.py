@@ -150,9 +150,9 @@ def test_bank_call_through_the_openai_client(fake):
     asked, balance, resumed = fake.requests[-3:]
     assert "tools" not in balance or not balance["tools"]
     assert asked.get("stream") is True and "stream" not in balance  # a returning route's answer is never streamed
-    assert "The user's balance is 1000." in balance["messages"][0]["content"]
-    call_id = resumed["messages"][-2]["tool_calls"][0]["id"]
-    assert resumed["messages"][-1] == {"role": "tool", "tool_call_id": call_id, "content": "Your balance is 1000."}
+    assert balance["messages"][-1] == {"role": "system", "content": "The user's balance is 1000."}  # its context
+    call_id = resumed["messages"][-3]["tool_calls"][0]["id"]
+    assert resumed["messages"][-2] == {"role": "tool", "tool_call_id": call_id, "content": "Your balance is 1000."}
     assert [m["content"] for m in resumed["messages"] if m["role"] == "user"] == [
         "I need to send money", "how much do I have?"]
     assert s.stack == ["main", "transfer"]

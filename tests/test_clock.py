@@ -29,7 +29,8 @@ state: {due: "2026-11-27", stamped: null, timezone: null}
 routes:
   main:
     default: true
-    system: "Today is {{ today }}, {{ now.strftime('%H:%M %Z') }}; due in {{ days_between(today, state.due) }} days."
+    system: You keep the desk's diary.   # the clock is in the context: the system prompt stays the same
+    context: "Today is {{ today }}, {{ now.strftime('%H:%M %Z') }}; due in {{ days_between(today, state.due) }} days."
     tools: [stamp, check]
 tools:
   stamp:
@@ -74,19 +75,19 @@ def turn(write_bot, clock: chatrun.Clock, *calls: dict, state: dict | None = Non
 def test_now_and_today_are_in_the_bots_time_zone_in_prompts_setters_and_replies(write_bot):
     # 23:30 UTC on the 24th is already the 25th in Paris: `today` is Paris's date.
     session, results, model = turn(write_bot, at("2026-11-24T23:30:00+00:00"), call("stamp"))
-    assert model.requests[0].messages[0].content == "Today is 2026-11-25, 00:30 CET; due in 2 days."
+    assert model.requests[0].messages[-1].content == "Today is 2026-11-25, 00:30 CET; due in 2 days."
     assert results == ["2026-11-25T00:30:00+01:00 / 2026-11-25T03:30:00+01:00 / 2026-11-25T10:00:00+01:00"]
     # what a setter stores is ISO text (the store keeps JSON), a date stays a date
     assert session.state["stamped"] == "2026-11-25T00:30:00+01:00"
     assert session.state["due"] == "2026-11-28"
     json.dumps(session.state)
     # the next model call of the turn sees the new due date
-    assert model.requests[1].messages[0].content == "Today is 2026-11-25, 00:30 CET; due in 3 days."
+    assert model.requests[1].messages[-1].content == "Today is 2026-11-25, 00:30 CET; due in 3 days."
 
 
 def test_a_session_may_have_its_own_time_zone_in_its_state(write_bot):
     session, _, model = turn(write_bot, at("2026-11-24T23:30:00+00:00"), state={"timezone": "America/New_York"})
-    assert model.requests[0].messages[0].content == "Today is 2026-11-24, 18:30 EST; due in 3 days."
+    assert model.requests[0].messages[-1].content == "Today is 2026-11-24, 18:30 EST; due in 3 days."
     assert session.now().isoformat() == "2026-11-24T18:30:00-05:00"
 
 
@@ -211,21 +212,21 @@ def test_a_transcript_clock_advances_per_turn_and_a_turn_may_set_it(tmp_path):
         turns:
           - user: a
             model: [{text: one}]
-            expect: {sent: [{system: "Today is 2026-11-26, 23:00 CET; due in 1 days."}]}
+            expect: {sent: [{context: "Today is 2026-11-26, 23:00 CET; due in 1 days."}]}
           - user: b
             model: [{text: two}]
-            expect: {sent: [{system: "Today is 2026-11-26, 23:45 CET; due in 1 days."}]}
+            expect: {sent: [{context: "Today is 2026-11-26, 23:45 CET; due in 1 days."}]}
           - user: c
             model: [{text: three}]
-            expect: {sent: [{system: "Today is 2026-11-27, 00:30 CET; due in 0 days."}]}
+            expect: {sent: [{context: "Today is 2026-11-27, 00:30 CET; due in 0 days."}]}
           - clock: 2026-12-01T12:00:00Z
             user: d
             model: [{text: four}]
-            expect: {sent: [{system: "Today is 2026-12-01, 13:00 CET; due in -4 days."}]}
+            expect: {sent: [{context: "Today is 2026-12-01, 13:00 CET; due in -4 days."}]}
           - clock: {advance: 2d}
             user: e
             model: [{text: five}]
-            expect: {sent: [{system: "Today is 2026-12-03, 13:45 CET; due in -6 days."}]}
+            expect: {sent: [{context: "Today is 2026-12-03, 13:45 CET; due in -6 days."}]}
         """)
     code, out = cli([str(path)])
     assert code == 0, out
@@ -301,7 +302,7 @@ def test_a_turn_reads_the_clock_once_so_its_templates_agree(write_bot):
     session = chatrun.load_bot(write_bot(BOT)).session(model=model)
     session.clock = clock
     list(session.chat("go"))
-    systems = [r.messages[0].content for r in model.requests]
+    systems = [r.messages[-1].content for r in model.requests]  # the contexts
     assert clock.reads == 1
     assert systems[0].startswith("Today is 2026-11-26, 23:59 CET") and all(s.startswith("Today is 2026-11-26, 23:59")
                                                                            for s in systems)
@@ -328,7 +329,7 @@ def test_record_plays_each_turn_at_its_clock_and_keeps_the_keys(fake, tmp_path):
     )
     result = CliRunner().invoke(main, ["test", str(path), "--record", "--update"])
     assert result.exit_code == 0, result.output
-    systems = [r["messages"][0]["content"] for r in fake.requests]
+    systems = [r["messages"][-1]["content"] for r in fake.requests]  # the contexts
     assert "Tuesday 24 November 2026; it is 18:00" in systems[0] and "Tuesday 24 November 2026; it is 18:00" in systems[1]
     assert "Saturday 28 November 2026; it is 07:00" in systems[2]
     text = path.read_text()

@@ -154,7 +154,7 @@ def test_bank_insufficient_funds_through_the_openai_client(fake):
     assert s.stack == ["main"] and s.state["balance"] == 100
     last = fake.requests[-1]
     assert [t["function"]["name"] for t in last["tools"]] == bot.config.routes["transfer"].tools
-    assert last["messages"][-1] == {"role": "user", "content": "250"}
+    assert last["messages"][-2] == {"role": "user", "content": "250"}  # then the route's context
     # the parent's memory got the popped scope's result
     assert s.memory()[-1].content == "The transfer was cancelled for insufficient funds."
 
@@ -168,7 +168,7 @@ def test_bank_sends_only_on_the_users_own_yes_through_the_openai_client(fake):
                                {"name": "set_amount", "arguments": {"amount": 300}}]},
                call("send_transfer", confirmed=True))
     events = s.chat("Send 300 to Joe")
-    assert "Call send_transfer to send 300 to Joe" in fake.requests[-1]["messages"][0]["content"]
+    assert "Call send_transfer to send 300 to Joe" in fake.requests[-1]["messages"][-1]["content"]  # the context
     assert ("Choices", {"choices": [{"label": "Yes", "value": "yes"}, {"label": "No", "value": "no"}]}) in kinds(events)
     assert s.state["balance"] == 1000 and [p.ask for p in s.pending] == ["Send 300 to Joe?"]
     calls = len(fake.requests)
@@ -183,7 +183,7 @@ def test_bank_sends_only_on_the_users_own_yes_through_the_openai_client(fake):
     s.chat("and 50 more")
     fake.queue(call("cancel_transfer"))
     events = s.chat("no")
-    assert fake.requests[-1]["messages"][-1]["content"].startswith('The user declined "Send 50 to Joe?"')
+    assert fake.requests[-1]["messages"][-2]["content"].startswith('The user declined "Send 50 to Joe?"')
     assert ("Message", "The transfer was cancelled; no money was sent.") in kinds(events)
     assert s.state["balance"] == 700 and s.state["transfers"] == [{"to": "Joe", "amount": 300}]
 

@@ -76,9 +76,9 @@ def test_an_approved_refund_asked_again_gets_the_approved_result_not_a_second_ap
     as_(session, SUPERVISOR).chat(Approve("p1", args={"amount": 80}))
     done = ("Already done earlier in this conversation (turn 2): Refunded 80 EUR on order B2002. "
             "It was not run again; do not call it again for the same thing.")
-    assert model.requests[2].messages[-1].content == done
+    assert model.requests[2].messages[-2].content == done  # the route's context follows it
     as_(session, CUSTOMER).chat("Did the 200 EUR on B2002 go through?")
-    assert model.requests[4].messages[-1].content == done
+    assert model.requests[4].messages[-2].content == done
     assert session.pending == [] and session.state["refunded"] == 80
 
 

@@ -58,8 +58,9 @@ def test_status_then_cancel_through_the_real_client_and_a_real_api(fake, api):
     assert set(cancel["parameters"]["properties"]) == {"orderId", "notify", "body"}
     # the model saw the tool results, never the token
     assert "tok-123456789" not in str(fake.requests)
-    # the second turn's system prompt carries the state the first set
-    assert "The last order discussed: C3003 (processing)." in fake.requests[2]["messages"][0]["content"]
+    # the second turn's context (the system message after the memory) carries the state the first set
+    assert fake.requests[2]["messages"][-1] == {"role": "system",
+                                                "content": "The last order discussed: C3003 (processing)."}
 
 
 def test_record_keeps_real_api_answers_as_mocks_and_replays_offline(fake, api, tmp_path, monkeypatch):

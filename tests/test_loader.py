@@ -29,12 +29,12 @@ routes:
     default: true
     description: Top-level menu
     system: |
-      You are a travel agent. Help {{ state.traveller_name or "the user" }}.
+      You are a travel agent. Help the traveller.
     memory: {type: message_window, max_messages: 20}
     tools: [book_flight]
   flight:
     description: Flight booking wizard
-    system: "Reservation so far: {{ scope.reservation | tojson }}"
+    context: "Reservation so far: {{ scope.reservation | tojson }}"
     user: "[{{ data.page | default('chat') }}] {{ user_message }}"
     roles: [staff]
     model: {name: gpt-4o, temperature: 0}
@@ -88,7 +88,8 @@ def test_travel_routes(travel):
     config, _ = load_config(travel)
     menu, flight = config.routes["main_menu"], config.routes["flight"]
     assert menu.default and not flight.default
-    assert menu.system == 'You are a travel agent. Help {{ state.traveller_name or "the user" }}.\n'
+    assert menu.system == "You are a travel agent. Help the traveller.\n"
+    assert flight.context == "Reservation so far: {{ scope.reservation | tojson }}" and menu.context is None
     assert menu.memory == MemoryPolicy(type="message_window", max_messages=20, where=Location(str(travel), 15, 5))
     assert menu.where == Location(str(travel), 10, 3) and flight.where == Location(str(travel), 17, 3)
     assert flight.user == "[{{ data.page | default('chat') }}] {{ user_message }}" and flight.roles == ["staff"]

@@ -268,5 +268,5 @@ def test_a_dropped_scope_field_is_gone_from_every_scope_and_the_renamed_one_keep
     events = session.chat("done")
     assert not [e for e in events if e.type == "Error"]
     assert session.stack == ["browse"]
-    # the new version's template read the renamed field
-    assert model.requests[0].messages[0].content == "Ask which ribbon colour they want (blue so far), then call wrapped."
+    # the new version's template (the route's context) read the renamed field
+    assert model.requests[0].messages[-1].content == "The ribbon so far: blue."

@@ -61,8 +61,8 @@ def test_a_429_from_the_primary_is_answered_by_the_fallback_with_no_error_and_no
     fake.queue_for("backup-model", {"chunks": ["Hello ", "from ", "backup."]})
     events = stream(session, "hi")
     assert models_asked(fake) == ["primary-model", "backup-model"]
-    assert [e.type for e in events] == ["Stream", "Stream", "Stream", "Message"]
-    assert "".join(e.data for e in events if e.type == "Stream") == "Hello from backup."
+    assert {e.type for e in events[:-1]} == {"Stream"} and events[-1].type == "Message"  # no Error
+    assert "".join(e.data for e in events if e.type == "Stream") == "Hello from backup."  # once
     assert events[-1].data == "Hello from backup."
     usage = session.history[-1]["usage"]["by_call"]
     assert [(u["model"], u["fallbacks"]) for u in usage] == [

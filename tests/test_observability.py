@@ -75,7 +75,8 @@ def test_metrics_count_what_real_turns_did(travel_server, fake):
     new_session(server, "m1")
     before = metrics(server)
     fake.queue(call("remember_name", name="Ana") | {"usage": USAGE},
-               {"chunks": ["Hello ", "Ana"], "usage": {"prompt_tokens": 120, "completion_tokens": 5}})
+               {"chunks": ["Hello ", "Ana"], "usage": {"prompt_tokens": 120, "completion_tokens": 5,
+                                                       "prompt_tokens_details": {"cached_tokens": 96}}})
     assert say(server, "m1", "I am Ana")["ok"] is True
     fake.queue({"status": 500, "body": "down"})  # the travel bot retries nothing: the turn fails
     assert say(server, "m1", "hello?")["ok"] is False
@@ -101,6 +102,8 @@ def test_metrics_count_what_real_turns_did(travel_server, fake):
     assert delta(before, after, f"{tokens}_sum", **model, gen_ai_token_type="input") == 100 + 120 + 100 + 100
     assert delta(before, after, f"{tokens}_sum", **model, gen_ai_token_type="output") == 10 + 5 + 10 + 10
     assert delta(before, after, f"{tokens}_count", **model, gen_ai_token_type="input") == 4
+    # What the provider's prompt cache served, as it reported it (issue 38)
+    assert delta(before, after, "chatrun_model_cached_input_tokens_total", **model) == 96
     # The spec's bucket boundaries: 120 input tokens fall in le=256, not le=64.
     assert delta(before, after, f"{tokens}_bucket", **model, gen_ai_token_type="input", le="64.0") == 0
     assert delta(before, after, f"{tokens}_bucket", **model, gen_ai_token_type="input", le="256.0") == 4

@@ -32,8 +32,11 @@ CHAT_HEADER = "X-OpenWebUI-Chat-Id"
 
 def responder(body: dict[str, Any]) -> dict[str, Any]:
     """refund ORDER AMOUNT calls `refund`, human calls `human` (topic billing); a tool's result
-    is read back; anything else is answered with what the system prompt says was refunded."""
+    is read back; anything else is answered with what the bot's context (the system message after
+    the memory, docs/models.md "Stable prompts") says was refunded."""
     messages = body["messages"]
+    context = str(messages[-1]["content"]) if messages[-1]["role"] == "system" else ""
+    messages = messages[:-1] if context else messages
     if messages[-1]["role"] == "tool":
         result = str(messages[-1]["content"])
         return {"text": f"Done: {result}" if "Refunded" in result else f"Tool said: {result}"}
@@ -43,9 +46,8 @@ def responder(body: dict[str, Any]) -> dict[str, Any]:
         return {"tool_calls": [{"name": "refund", "arguments": {"order": words[1], "amount": float(words[2])}}]}
     if words and words[0] == "human":
         return {"tool_calls": [{"name": "human", "arguments": {"topic": "billing"}}]}
-    system = str(messages[0]["content"])
-    refunded = system.split("Refunded so far in this conversation: ")[1].split(" EUR")[0] if "Refunded so far" in system \
-        else "-"
+    refunded = context.split("Refunded so far in this conversation: ")[1].split(" EUR")[0] \
+        if "Refunded so far" in context else "-"
     return {"text": f"You said {user}; refunded so far: {refunded} EUR."}
 
 

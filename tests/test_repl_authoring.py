@@ -28,9 +28,11 @@ def test_playing_the_model_shows_tool_results_refusals_route_changes_and_prompts
     assert ("[tool book → Error: book cannot run yet: scope.reservation.departure is not set — call set_departure "
             "first (ask the user for it);") in text
     assert "[tool set_destination → " in text
-    # The prompt changed with the destination set: shown again before the next call.
+    # The context changed with the destination set: shown again before the next call; the
+    # system prompt did not change (docs/models.md, "Stable prompts").
     after = text.split("[tool set_destination → ")[1]
-    assert '[system prompt now: ' in after and '"destination": "Ireland"' in after
+    assert '[context now: Reservation so far: ' in after and '"destination": "Ireland"' in after
+    assert "[system prompt now: " not in after
     assert "Traceback" not in text + out.stderr
 
 

@@ -224,7 +224,9 @@ def test_a_scripted_user_pins_the_user_against_the_bots_model(fake, scenarios):
     assert result.exit_code == 0, result.output
     assert len(fake.requests) == 3  # the bot's three model calls; the user asked no model
     assert not [r for r in fake.requests if "role-playing" in r["messages"][0]["content"]]
-    assert fake.requests[0]["messages"][-1] == {"role": "user", "content": "I need a flight to Dublin"}
+    # the user's message, then the bot's context (docs/models.md, "Stable prompts")
+    assert fake.requests[0]["messages"][-2:] == [{"role": "user", "content": "I need a flight to Dublin"},
+                                                 {"role": "system", "content": "The traveller: Ana."}]
 
 
 def test_a_scripted_bot_that_runs_out_fails_its_turn_not_the_run(scenarios, no_model):

@@ -40,8 +40,9 @@ ANA, SAM, OLGA, BEA, EVE = ({"Authorization": f"Bearer {t}"} for t in
 
 def responder(body: dict[str, Any]) -> dict[str, Any]:
     """The fake model: "refund A1001 80" calls refund; "human" calls human; after a tool's
-    result: "Bot: RESULT"; anything else: "Bot heard: TEXT"."""
-    last = body["messages"][-1]
+    result: "Bot: RESULT"; anything else: "Bot heard: TEXT". The bot's context (a system message
+    after the memory, docs/models.md "Stable prompts") is not what the model answers."""
+    last = [m for m in body["messages"] if m["role"] != "system"][-1]
     if last["role"] == "tool":
         return {"text": f"Bot: {last['content']}"}
     user = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
@@ -128,7 +129,8 @@ def test_an_approval_timing_out_during_a_takeover_is_applied_on_release_and_the_
     # The model runs now, after the release: it reads the refund's result and what the user said meanwhile.
     assert said[-1] == "Bot heard: hello?" and len(fake.requests) == model_calls + 1
     read = [(m["role"], m.get("content")) for m in fake.requests[-1]["messages"]]
-    assert read[-2:] == [("tool", "Refunded 50 EUR on order A1001."), ("user", "hello?")]
+    assert read[-3:] == [("tool", "Refunded 50 EUR on order A1001."), ("user", "hello?"),
+                         ("system", "Refunded so far in this conversation: 50 EUR.")]  # the context, last
     assert history(client, "refunds", "r1")["state"]["refunded"] == 50
 
 

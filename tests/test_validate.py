@@ -23,6 +23,13 @@ from chatrun.definition.yamlpos import load_yaml
 FIXTURES = Path(__file__).parent / "fixtures" / "invalid"
 REPO = Path(__file__).resolve().parents[1]
 
+def changing_system(route: str, reads: str) -> str:
+    """The warning for a `system:` that reads what changes (issue 38, "Stable prompts")."""
+    return (f"`system` of route `{route}` reads {reads} as the conversation goes: every call is then a new prompt "
+            "to the provider's prompt cache. Move them to the route's (or the bot's) `context:`, sent after the "
+            'memory on every call (docs/models.md, "Stable prompts"), or set `model: {prompt_cache: false}` on the route')
+
+
 # fixture -> every diagnostic it must produce, in order: (file, line, severity, message).
 # "{d}" stands for the fixtures directory (messages name files as the user gave them).
 EXPECTED = {
@@ -59,6 +66,7 @@ EXPECTED = {
     "decisions.yaml": [
         ("decisions.yaml", 10, "warning",
          "`system` of route `pay_wizard` reads `scope.reservation`, but `scope.reservation` is declared by `booking` and is not visible on route `pay_wizard` (a route sees its own scope's keys and the `shared` keys of the scopes it is pushed from)"),
+        ("decisions.yaml", 10, "warning", changing_system("pay_wizard", "`scope.reservation`, which changes")),
         ("decisions.yaml", 23, "error",
          'condition `{{ args.amount > 0 }}` of tool `pay`: a condition is a Jinja expression without `{{ }}` (write `args.amount > state.balance`)'),
         ("decisions.yaml", 25, "error",
@@ -166,10 +174,12 @@ EXPECTED = {
          "template error in `reply` of tool `greet`: unexpected '}'"),
     ],
     "undeclared_state.yaml": [
+        ("undeclared_state.yaml", 7, "warning", changing_system("main", "`state.traveler_name`, `state.prefs`, which change")),
         ("undeclared_state.yaml", 7, "warning",
          '`system` of route `main` reads `state.traveler_name`, but `state.traveler_name` is not declared in the top-level `state:`; did you mean `traveller_name`?'),
         ("undeclared_state.yaml", 11, "warning",
          "`system` of route `flight` reads `scope.reservation.destinaton`, but `scope.reservation.destinaton` is not declared in any route's `scope: local:` or `shared:`; did you mean `destination`?"),
+        ("undeclared_state.yaml", 11, "warning", changing_system("flight", "`scope.reservation`, which changes")),
         ("undeclared_state.yaml", 25, "warning",
          "tool `set_destination` sets `scope.reservaton.departure`, but `scope.reservaton` is not declared in any route's `scope: local:` or `shared:`; did you mean `reservation`?"),
         ("undeclared_state.yaml", 27, "warning",
@@ -294,6 +304,7 @@ def test_template_variable_rules(write_bot):
               {% for item in state.name %}{{ item.label }} {{ loop.index }}{% endfor %}
               {{ range(3) | list }} {{ turn.anything }} {{ stack | join(",") }} {{ route }}
               {% set n = namespace(x=1) %}{{ n.x }} {{ nope.field }}
+        model: {prompt_cache: false}   # no warning for a system prompt that reads the state
         """)
     _config, found = check_bot(path)
     assert [(d.line, d.severity, d.message.split(";")[0]) for d in found] == [
@@ -317,6 +328,7 @@ def test_scope_declared_by_any_route_and_free_form_below_null_or_empty(write_bot
         tools:
           go: {description: Go, action: {push: other}}
           back: {description: Back, action: {pop: true, set: {scope.shared_thing: 2}}}
+        model: {prompt_cache: false}   # no warning for a system prompt that reads the state
         """)
     _config, found = check_bot(path)
     assert [(d.line, d.severity) for d in found] == [(10, "warning")]

@@ -151,6 +151,8 @@ def test_templates_read_without_jinja_give_what_jinjas_parser_gives(bot, tmp_pat
     if bot == "multiline":
         # each at its own line of the file: `tojsn` on the line after its `|` (as Jinja says)
         assert [(d.line, d.severity, d.message.split("; ")[0][-22:]) for d in quick] == [
-            (8, "error", "mplate variable `stat`"), (9, "warning", "the top-level `state:`"),
+            (8, "error", "mplate variable `stat`"),
+            (8, "warning", ": false}` on the route"),  # a system prompt reading the state: at its first read
+            (9, "warning", "the top-level `state:`"),
             (10, "error", "o filter named `tojsn`"), (14, "error", "no filter named `lowr`"),
         ]

@@ -39,7 +39,7 @@ DAYS = """\
     routes:
       main:
         default: true
-        system: "{{ t('prompt') }} {{ t('day.' ~ state.n) }}"
+        context: "{{ t('prompt') }} {{ t('day.' ~ state.n) }}"
     """
 EN_DAYS = "prompt: Be brief.\n" + "".join(f"day.{n}: Day {n}\n" for n in range(1, 22))
 DE_DAYS = "prompt: Kurz.\n" + "".join(f"day.{n}: Tag {n}\n" for n in range(1, 22))

@@ -102,7 +102,7 @@ def test_on_change_must_be_a_policy_or_a_route(tmp_path):
     with pytest.raises(BotError) as caught:
         chatrun.load_bot(root)
     found = [d for d in caught.value.diagnostics if d.path == "on_change"]
-    assert found and found[0].line == 67 and "pin, migrate, restart_scope or a route name" in found[0].message
+    assert found and found[0].line == 68 and "pin, migrate, restart_scope or a route name" in found[0].message
 
 
 # -- several versions served; what sessions of version 1 do when version 2 is served ------------

@@ -254,6 +254,26 @@ class SummaryMessage(Message):
         return f"{SUMMARY_HEADING}\n{self.content}"
 
 
+@dataclass(frozen=True, slots=True)
+class ContextMessage(Message):
+    """A route's `context:` as one model call was sent it (docs/models.md, "Stable prompts"): what
+    changes every turn, after the memory, so the system prompt and the memory before it stay a
+    prefix the provider's cache can keep. Rendered for each call; never kept in a memory or the
+    history. Sent as a system message (`role: context` only in chatrun's own records)."""
+
+    content: str
+    role: str = field(init=False, default="context")
+
+    def to_dict(self) -> dict:
+        return {"role": "context", "content": self.content}
+
+    def to_openai(self) -> dict:
+        return {"role": "system", "content": self.content}
+
+    def text(self) -> str:
+        return self.content
+
+
 def message_from_dict(d: dict) -> Message:
     """Inverse of `Message.to_dict`."""
     role = d.get("role")
@@ -268,6 +288,8 @@ def message_from_dict(d: dict) -> Message:
         return ToolResultMessage(d["tool_call_id"], d.get("name", ""), d["content"])
     if role == "summary":
         return SummaryMessage(d["content"])
+    if role == "context":
+        return ContextMessage(d["content"])
     raise ValueError(f"unknown message role {role!r}")
 
 

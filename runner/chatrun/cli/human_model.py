@@ -13,7 +13,14 @@ import json
 from collections.abc import Awaitable, Callable
 
 from chatrun.errors import ModelError
-from chatrun.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResultMessage
+from chatrun.messages import (
+    AssistantMessage,
+    ContextMessage,
+    Message,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+)
 from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
 
 ReadLine = Callable[[str], Awaitable[str | None]]
@@ -40,6 +47,7 @@ class HumanModel:
         self.responses: list[ModelResponse] = []  # what was answered, for /save
         self.last_route: str | None = None
         self.last_system: str | None = None
+        self.last_context: str | None = None
         self.shown: set[str] = set()  # ids of the tool results already shown
         self.offered: list[str] = []  # the tools of the call waiting for an answer (Tab completes them)
 
@@ -64,7 +72,9 @@ class HumanModel:
 
     def show_what_the_model_sees(self, messages: list[Message], route: str) -> None:
         """Before each call (and after a turn): the results of the tools just called (refusals
-        included), the route if it changed, the system prompt if it changed."""
+        included), the route if it changed, the system prompt and the context if they changed."""
+        context = messages[-1].content if messages and isinstance(messages[-1], ContextMessage) else ""
+        messages = messages[:-1] if context else messages  # the context follows the memory's last message
         for result in trailing_tool_results(messages):
             if result.tool_call_id not in self.shown:
                 self.shown.add(result.tool_call_id)
@@ -76,6 +86,9 @@ class HumanModel:
         if system != self.last_system:
             self.write(f"[system prompt{' now' if self.last_system is not None else ''}: {system or '(none)'}]")
             self.last_system = system
+        if context != (self.last_context or ""):
+            self.write(f"[context{' now' if self.last_context is not None else ''}: {context or '(none)'}]")
+            self.last_context = context
 
     def parse(self, line: str, tools: list[str]) -> ModelResponse | None:
         command, _, rest = line.partition(" ")

@@ -135,11 +135,12 @@ class _Checker:
         self.context_windows()
         for route in self.config.routes.values():
             self.route_tools(route.name, route.tools)
-            for field in ("system", "user"):
+            for field in ("system", "context", "user"):
                 source = getattr(route, field)
                 if source:
                     self.template(source, f"`{field}` of route `{route.name}`", ("routes", route.name, field), None,
                                   routes=[route.name])
+            self.stable_system(route)
             if route.output is not None:
                 self.output(route)
             if isinstance(route.choices, list) and route.choices and self.config.catalogs is not None:
@@ -150,6 +151,9 @@ class _Checker:
             self.quarkus_stream(route)
             self.tool_choice(route)
             self.output_read_as_call(route)
+        if self.config.context:
+            self.template(self.config.context, "the bot's `context`", ("context",), None,
+                          routes=[r.name for r in self.config.routes.values() if r.context is None])
         self.fallbacks()
         self.model_fallbacks()
         self.follow_ups()
@@ -854,12 +858,7 @@ class _Checker:
         doc = self.src.doc_of(path[0], path[1]) if len(path) > 1 else self.src.main
 
         def line_of(lineno: int) -> tuple[int, int]:
-            pos = doc.pos(path)  # only when there is something to report: most templates are fine
-            if pos.style in ("|", ">"):  # the text starts on the line after `|` / `>`
-                line = pos.value_line + lineno
-                return line, doc.indent(line)
-            line = pos.value_line + lineno - 1
-            return line, pos.value_col if lineno == 1 else doc.indent(line)
+            return _template_line(doc, path, lineno)
 
         def emit(severity: str, message: str, lineno: int) -> None:
             line, col = line_of(lineno)
@@ -899,6 +898,31 @@ class _Checker:
                     emit(undeclared, f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
                          f"property `{ref[1]}`{suggest(ref[1], declared)}", lineno)
 
+
+    def stable_system(self, route: RouteConfig) -> None:
+        """A `system:` that reads the clock or per-turn state renders a new prompt on (almost) every
+        call, so providers' prompt caches never hit (issue 38): warned at the first such read,
+        unless the route's model says `prompt_cache: false`."""
+        source = route.system
+        if "{" not in source or self.config.route_model(route.name).prompt_cache is False:
+            return
+        try:
+            refs, _ = _analyse(source)
+        except TemplateSyntaxError:
+            return  # reported by the template check
+        changing = [(ref, lineno) for ref, lineno in refs if ref[0] in CHANGING_VARIABLES]
+        if not changing:
+            return
+        path = ("routes", route.name, "system")
+        doc = self.src.doc_of(*path[:2])
+        line, col = _template_line(doc, path, changing[0][1])
+        names = _changing_names([ref for ref, _ in changing])
+        self.out.append(Diagnostic(doc.file, line, col, "warning", (
+            f"`system` of route `{route.name}` reads {', '.join(f'`{n}`' for n in _shortest(names))}, which "
+            f"{'changes' if len(names) == 1 else 'change'} as the conversation goes: every call is then a new prompt to the provider's prompt cache. "
+            "Move them to the route's (or the bot's) `context:`, sent after the memory on every call "
+            "(docs/models.md, \"Stable prompts\"), or set `model: {prompt_cache: false}` on the route"),
+            ".".join(path)))
 
     def translations(self, source: str, what: str, emit: Any, line_of: Any, file: str, said: bool) -> None:
         """The `t('key')` calls of a template (docs/i18n.md): kept for the catalog checks; an
@@ -981,6 +1005,36 @@ class _Checker:
             if route.title:
                 self.template(route.title, f"`title` of route `{route.name}`", ("routes", route.name, "title"), None,
                               variables=DISPLAY_VARIABLES, routes=[route.name])
+
+
+# What a template reads that changes as a conversation goes: the clock, and the per-turn state
+# and input. Read in a `system:` they make every call a new prompt to a provider's cache.
+CLOCK_VARIABLES = frozenset({"now", "today"})
+CHANGING_VARIABLES = CLOCK_VARIABLES | {"state", "scope", "turn", "user_message", "data"}
+
+
+def _template_line(doc: Any, path: tuple, lineno: int) -> tuple[int, int]:
+    """The file line and column of line `lineno` of the template at `path` in `doc`."""
+    pos = doc.pos(path)  # only when there is something to report: most templates are fine
+    if pos.style in ("|", ">"):  # the text starts on the line after `|` / `>`
+        line = pos.value_line + lineno
+        return line, doc.indent(line)
+    line = pos.value_line + lineno - 1
+    return line, pos.value_col if lineno == 1 else doc.indent(line)
+
+
+def _changing_names(refs: list[tuple[str, ...]]) -> list[str]:
+    """`now`, `state.booking`...: each clock variable, and each state key read (a root read alone
+    only when nothing below it is), in the order first read."""
+    names: dict[str, None] = {}
+    for ref in refs:
+        names[ref[0] if ref[0] in CLOCK_VARIABLES else ".".join(ref[:2])] = None
+    return [n for n in names if "." in n or not any(m.startswith(n + ".") for m in names)]
+
+
+def _shortest(names: list[str], most: int = 4) -> list[str]:
+    """At most `most` names, the rest counted: a warning stays one line."""
+    return names if len(names) <= most else [*names[:most], f"and {len(names) - most} more"]
 
 
 # The fields whose text a bot sends without a model: in a bot with `locales:` they must use `t()`.

@@ -74,6 +74,10 @@ class ModelConfig:
     # in order, each a raw mapping of model fields over this config (chatrun.models.fallback).
     fallback: tuple[dict[str, Any], ...] = ()
     breaker: BreakerConfig = DEFAULT_BREAKER  # frozen: shared
+    # A provider prompt-cache key (OpenAI's `prompt_cache_key`, one per bot and route): None sends it
+    # to OpenAI's own API only (other endpoints may refuse a field they do not know), True always,
+    # False never (and `validate` then says nothing of system prompts that change every turn).
+    prompt_cache: bool | None = None
     where: Location = field(default_factory=Location)
 
     def merged(self, override: dict[str, Any] | None) -> ModelConfig:
@@ -394,6 +398,9 @@ class OutputConfig:
 class RouteConfig:
     name: str
     system: str = ""  # Jinja2 template
+    # What changes every turn (clock, state, retrieved text): a template sent after the memory on
+    # every model call, never kept (docs/models.md, "Stable prompts"); None: the bot's `context:`.
+    context: str | None = None
     description: str = ""
     title: str = ""  # what end users read for the route (the web page); "": its name
     default: bool = False
@@ -575,6 +582,12 @@ class BotConfig:
     retention: Retention = field(default_factory=Retention)  # `retention:`: how long its stored data is kept
     widget: WidgetConfig | None = None  # `widget:`: the chat other sites embed (None: no widget)
     canned: dict[str, str] = field(default_factory=dict)  # `canned:`: an operator's ready replies, name -> template
+    context: str | None = None  # `context:`: the per-turn template of every route without its own
+
+    def route_context(self, route: str) -> str | None:
+        """The `context:` template a route's model calls end with: its own, else the bot's."""
+        own = self.routes[route].context
+        return own if own is not None else self.context
 
     @property
     def version_label(self) -> str:

@@ -541,6 +541,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         on_change=_str(top.get("on_change")) or DEFAULT_POLICY,
         catalogs=_catalogs(top.get("locales"), main, main_file, diagnostics),
         fallback=_str(top.get("fallback")),
+        context=_str(top.get("context")),
         retention=_retention(top.get("retention")),
         widget=_widget(top.get("widget"), main),
         canned=_canned(top.get("canned")),
@@ -690,6 +691,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
     return RouteConfig(
         name=name,
         system=_str(raw.get("system")) or "",
+        context=_str(raw.get("context")),
         description=_str(raw.get("description")) or "",
         title=_str(raw.get("title")) or "",
         default=_bool(raw.get("default")),

@@ -57,7 +57,7 @@ from chatrun.memory.tokens import (
     tiktoken_counter,
 )
 from chatrun.memory.window import TokenWindowMemory
-from chatrun.messages import Attachment, Message, SystemMessage
+from chatrun.messages import Attachment, ContextMessage, Message, SystemMessage
 from chatrun.models import ChatModel, ModelPool
 from chatrun.store import HistoryStore, SessionStore
 from chatrun.store.blobs import BlobArea
@@ -337,14 +337,18 @@ class Session:
         its memory, led by the system prompt rendered from the state as it is now."""
         route = self._c.route
         messages = self.memory()
-        if not route.system:
-            return messages
+        context = self._c.config.route_context(route.name)
         try:
-            text = self._c.render(route.system, self._c.template_context({}))
+            if route.system:
+                text = self._c.render(route.system, self._c.template_context({}))
+                rest = messages[1:] if messages and isinstance(messages[0], SystemMessage) else messages
+                messages = [SystemMessage(text), *rest]
+            if context:  # what follows the memory on each call (docs/models.md, "Stable prompts")
+                text = self._c.render(context, self._c.template_context({})).strip()
+                messages = [*messages, ContextMessage(text)] if text else messages
         except Exception:  # the next turn will report the template's error, with its place
             return messages
-        rest = messages[1:] if messages and isinstance(messages[0], SystemMessage) else messages
-        return [SystemMessage(text), *rest]
+        return messages
 
     def memories(self) -> dict[str, list[Message]]:
         return {

@@ -20,6 +20,7 @@ does to get its result is its kind's (chatrun.toolkinds), reached through the To
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -60,6 +61,7 @@ from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
 from chatrun.messages import (
     AssistantMessage,
     Attachment,
+    ContextMessage,
     Message,
     SystemMessage,
     ToolCall,
@@ -202,10 +204,12 @@ class Turn:
         route, model_config = run.route, run.model
         self.model_calls += 1  # bounded by model_step (limits.max_model_calls)
         self.add_system(run.memory, route)
-        extra, run.nudge = run.correction + run.nudge, []
+        # The route's `context:` follows the memory, rendered anew for each call and never kept:
+        # the system prompt and the memory stay the prefix a provider's prompt cache keeps.
+        extra, run.nudge = self.context_message(route) + run.correction + run.nudge, []
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
                                response_format(route), self.t.read_blob if self.t.blobs is not None else None,
-                               run.tool_choice)
+                               run.tool_choice, cache_key=prompt_cache_key(self.t.config.name, route.name))
         counted = self.sent_tokens(run.memory, request.messages, len(extra), self.counter(model_config.name))
         price = self.t.config.prices.get(model_config.name)
         if self.t.config.limits.has_budgets:
@@ -357,6 +361,17 @@ class Turn:
                                  "the model would lose its instructions (make the template always say something)")
             memory.add(SystemMessage(text))
 
+    def context_message(self, route: RouteConfig) -> list[Message]:
+        """The route's (else the bot's) `context:` rendered now, as the message that follows the
+        memory on this call; none when it is not declared or renders blank."""
+        source = self.t.config.route_context(route.name)
+        if not source:
+            return []
+        where = route.where if route.context is not None else self.t.config.where
+        # Stripped: a line left empty by an `{% if %}` would make the text differ in nothing but blanks.
+        text = self.t.render_template(source, f"route {route.name} context", where).strip()
+        return [ContextMessage(text)] if text else []
+
     # -- summaries --------------------------------------------------------------
 
     async def summarize(self) -> None:
@@ -493,6 +508,15 @@ def sendable_tool_choice(choice: str | None, offered: dict[str, ToolConfig]) -> 
         return choice
     log.info("tool_choice %s is not sent: that tool is not offered on this call", choice)
     return None
+
+
+def prompt_cache_key(bot: str, route: str) -> str:
+    """A route's provider prompt-cache key: `bot/route`, the same on every call and replica (OpenAI
+    takes at most 64 characters: a longer one becomes a digest of it)."""
+    key = f"{bot}/{route}"
+    if len(key) <= 64:
+        return key
+    return "chatrun-" + hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
 def _answer_record(answer: AssistantMessage) -> dict[str, Any]:

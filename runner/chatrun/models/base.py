@@ -29,6 +29,9 @@ class ModelRequest:
     blobs: BlobReader | None = None  # the bytes of the messages' attachments, by reference
     # A route's `tool_choice:` for this call: "auto" | "required" | "none" | a tool's name; None: not sent.
     tool_choice: str | None = None
+    # The same for every call of a bot's route (`bot/route`): a provider prompt-cache key, sent as
+    # `model.prompt_cache` says (models/openai_model.py); None: none.
+    cache_key: str | None = None
 
 
 @dataclass

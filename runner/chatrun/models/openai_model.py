@@ -212,6 +212,8 @@ class OpenAIModel:
             args["stream_options"] = {"include_usage": True}
         if request.response_format is not None:
             args["response_format"] = request.response_format
+        if request.cache_key is not None:  # `params: {prompt_cache_key: ...}` below still wins
+            args["prompt_cache_key"] = request.cache_key
         extra: dict[str, Any] = {}
         for key, value in config.params.items():
             if key in OWN_FIELDS:
@@ -233,6 +235,8 @@ class OpenAIModel:
         base_url, api_key = self.endpoint(config)
         where = f"model {config.name} at {base_url}"
         client = self.client_for(base_url, api_key)
+        if request.cache_key is not None and not sends_cache_key(config, base_url):
+            request = replace(request, cache_key=None)
         known = (base_url, config.name)
         asked = format_kind(request.response_format)
         while True:
@@ -393,6 +397,14 @@ def openai_tool_choice(choice: str) -> str | dict[str, Any]:
 
 def format_kind(response_format: dict[str, Any] | None) -> str | None:
     return None if response_format is None else str(response_format.get("type"))
+
+
+def sends_cache_key(config: ModelConfig, base_url: str) -> bool:
+    """Whether a request to `base_url` carries its prompt-cache key (`model.prompt_cache`): as
+    said, else only to OpenAI's own API (other endpoints may refuse a field they do not know)."""
+    if config.prompt_cache is not None:
+        return bool(config.prompt_cache)
+    return base_url.rstrip("/") == DEFAULT_BASE_URL
 
 
 def with_format(request: ModelRequest, kind: str) -> ModelRequest:

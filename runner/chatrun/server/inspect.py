@@ -12,7 +12,7 @@ from chatrun.definition.templates import display_text
 from chatrun.engine.scopes import merged_scope
 from chatrun.engine.tools import route_tool_specs
 from chatrun.memory.tokens import counter_label
-from chatrun.messages import Message, SummaryMessage, UserMessage
+from chatrun.messages import ContextMessage, Message, SummaryMessage, UserMessage
 
 if TYPE_CHECKING:
     from chatrun.definition.config import RouteConfig
@@ -170,6 +170,8 @@ def memory_message(message: Message) -> dict[str, Any]:
         sent["attachments"] = [a.to_dict() for a in message.attachments]
     if isinstance(message, SummaryMessage):
         sent["summary"] = message.content
+    if isinstance(message, ContextMessage):  # the route's `context:`, rendered for each call, never kept
+        sent["context"] = True
     return sent
 
 

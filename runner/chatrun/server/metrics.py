@@ -74,6 +74,10 @@ class ServerMetrics:
         self.tokens = prom.Histogram(
             "gen_ai_client_token_usage", "Tokens used per model call (GenAI semantic conventions)",
             ["gen_ai_operation_name", *model, "gen_ai_token_type"], buckets=TOKEN_BUCKETS, registry=reg)
+        # What providers' prompt caches served (issue 38, docs/models.md "Stable prompts"): compare
+        # with the input tokens of gen_ai_client_token_usage for the share of prompts cached.
+        self.cached_tokens = prom.Counter("chatrun_model_cached_input_tokens", "Input tokens the provider "
+                                          "reported served from its prompt cache", model, registry=reg)
         self.cost = prom.Counter("chatrun_cost", "Cost of the model calls, in the units of the bot's `prices:`",
                                  ["bot", "gen_ai_request_model"], registry=reg)
         # Per bot version (docs/versions.md, "Canaries"): compare a canary with the version it may replace.
@@ -239,6 +243,8 @@ class TurnObserver:
         m = self.m
         for kind, key in (("input", "input_tokens"), ("output", "output_tokens")):
             m.child(m.tokens, "chat", self.bot, provider, model, kind).observe(int(usage.get(key) or 0))
+        if usage.get("cached_input_tokens"):
+            m.child(m.cached_tokens, self.bot, provider, model).inc(int(usage["cached_input_tokens"]))
         if usage.get("cost") is not None:
             m.child(m.cost, self.bot, model).inc(float(usage["cost"]))
 

@@ -27,6 +27,12 @@ Response forms (dicts), consumed one per chat completion request:
                                                      an answer that misbehaves, made from the request's
                                                      tools and messages (chatrun.testing.unruly)
 
+`FakeOpenAI(prompt_cache=True)` plays a provider's prompt cache: each answer's usage reports
+`prompt_tokens_details.cached_tokens`, the (estimated) tokens of the longest run of leading
+messages it had already been sent, whole and byte for byte, under the same model and
+`prompt_cache_key` (OpenAI caches prefixes, in 128-token blocks from 1024 tokens on; the fake
+keeps no minimum, so short test prompts show hits too).
+
 When the queue is empty, `responder(body)` (if set) makes the answer, e.g. `echo`;
 with neither, the fake answers HTTP 500 saying it has no response queued.
 
@@ -134,10 +140,15 @@ class Disconnect(Exception):
 class FakeOpenAI:
     """A scripted OpenAI-compatible server in a background thread. See the module doc."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, responder: Responder | None = None):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, responder: Responder | None = None,
+                 prompt_cache: bool = False):
         self.host = host
         self.port = port
         self.responder = responder
+        self.prompt_cache = prompt_cache
+        # What the prompt cache holds: per (model, prompt_cache_key), the prompts sent, as lists
+        # of each message's canonical JSON (prompt_cache=True only).
+        self._prompts: dict[tuple[str, str], list[list[str]]] = {}
         self._lock = threading.Lock()
         self._queue: collections.deque[Response] = collections.deque()
         self._model_queues: dict[str, collections.deque[Response]] = {}
@@ -205,6 +216,7 @@ class FakeOpenAI:
             self._failing.clear()
             self._log.clear()
             self._requests.clear()
+            self._prompts.clear()
 
     @property
     def base_url(self) -> str:
@@ -384,6 +396,8 @@ class FakeOpenAI:
         # {"usage": None}: a server that reports no usage at all.
         usage = response["usage"] if "usage" in response and response["usage"] is None else (
             response.get("usage") or estimate_usage(body, text, calls))
+        if self.prompt_cache and usage is not None and "usage" not in response:
+            usage = {**usage, "prompt_tokens_details": {"cached_tokens": self._cached_tokens(body)}}
         meta = {"id": f"chatcmpl-fake{number}", "created": int(time.time()),
                 "model": body.get("model", "fake-model")}
         if body.get("stream"):
@@ -407,6 +421,17 @@ class FakeOpenAI:
             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
             "usage": usage,
         })
+
+    def _cached_tokens(self, body: dict[str, Any]) -> int:
+        """The estimated tokens of the longest leading run of messages an earlier request with the
+        same model and `prompt_cache_key` began with (then this prompt is remembered too)."""
+        messages = [json.dumps(m, sort_keys=True) for m in body.get("messages") or []]
+        key = (str(body.get("model")), str(body.get("prompt_cache_key") or ""))
+        with self._lock:
+            earlier = self._prompts.setdefault(key, [])
+            shared = max((_common_prefix(messages, prompt) for prompt in earlier), default=0)
+            earlier.append(messages)
+        return sum(message_tokens(m) for m in (body.get("messages") or [])[:shared])
 
     async def _stream(self, writer: asyncio.StreamWriter, meta: dict[str, Any], chunks: list[str],
                       calls: list[dict[str, str]], finish: str, usage: dict[str, int] | None,
@@ -540,9 +565,23 @@ def split_arguments(arguments: str) -> list[str]:
     return [arguments[:third], arguments[third:2 * third], arguments[2 * third:]]
 
 
+def _common_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def message_tokens(message: dict[str, Any]) -> int:
+    """A message's rough token count (4 characters a token, 4 for its role)."""
+    return 4 + len(json.dumps(message.get("content") or "")) // 4
+
+
 def estimate_usage(body: dict[str, Any], text: str | None, calls: list[dict[str, str]]) -> dict[str, int]:
     """Rough token counts (4 characters a token): enough for code that reads usage."""
-    prompt = sum(4 + len(json.dumps(m.get("content") or "")) // 4 for m in body.get("messages") or [])
+    prompt = sum(message_tokens(m) for m in body.get("messages") or [])
     completion = len(text or "") // 4 + sum(len(c["name"]) + len(c["arguments"]) for c in calls) // 4
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -560,13 +599,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--text", help="answer every request with this text")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to wait before each answer")
     parser.add_argument("--chunk-delay", type=float, default=0.0, help="seconds between streamed chunks")
+    parser.add_argument("--prompt-cache", action="store_true",
+                        help="report cached tokens as a provider's prompt cache would (the prefix seen before)")
     args = parser.parse_args(argv)
 
     def responder(body: dict[str, Any]) -> Response:
         answer = {"text": args.text} if args.text is not None else echo(body)
         return {**answer, "delay": args.delay, "chunk_delay": args.chunk_delay}
 
-    fake = FakeOpenAI(args.host, args.port, responder if (args.echo or args.text is not None) else None)
+    fake = FakeOpenAI(args.host, args.port, responder if (args.echo or args.text is not None) else None,
+                      prompt_cache=args.prompt_cache)
     with fake:
         mode = "echo" if args.echo else ("fixed text" if args.text is not None else "no responder: HTTP 500")
         print(f"fake OpenAI server at {fake.base_url} ({mode}); Ctrl-C stops it", flush=True)

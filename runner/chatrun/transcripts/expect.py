@@ -24,6 +24,7 @@ from chatrun.messages import (
     AssistantMessage,
     Attachment,
     BlobReader,
+    ContextMessage,
     Message,
     SummaryMessage,
     SystemMessage,
@@ -33,7 +34,7 @@ from chatrun.models.base import ModelRequest
 
 MATCHER_KEYS = ("contains", "regex")
 DEFAULT_KEYS = ("route", "stack", "events")  # what --update writes for a turn without `expect:`
-SENT_KEYS = ("route", "system", "tools", "messages", "messages_count")
+SENT_KEYS = ("route", "system", "context", "tools", "messages", "messages_count")
 # `events` is what the user's clients receive; these keys expect the other audiences' events.
 AUDIENCE_KEYS = {"operators_events": ev.OPERATORS, "backend_events": ev.BACKEND}
 EVENT_KEYS = ("events", *AUDIENCE_KEYS)
@@ -175,10 +176,12 @@ def sent_token_note(counter: Any, requests: list[ModelRequest]) -> str:
 
 def sent_call(request: ModelRequest) -> dict[str, Any]:
     system = next((m.content for m in request.messages if isinstance(m, SystemMessage)), None)
+    context = next((m.content for m in request.messages if isinstance(m, ContextMessage)), None)
     messages = role_list(request.messages, request.blobs)
     return {
         "route": request.route,
         "system": system,
+        "context": context,
         "tools": [t["function"]["name"] for t in request.tools],
         "messages": messages,
         "messages_count": len(messages),
@@ -186,10 +189,11 @@ def sent_call(request: ModelRequest) -> dict[str, Any]:
 
 
 def role_list(messages: list[Message], read: BlobReader | None = None) -> list[dict[str, str]]:
-    """Messages as [{role: text}], system messages left out (`system:` checks those). With
+    """Messages as [{role: text}], system and context messages left out (`system:` and `context:`
+    check those). With
     `read` (what a model call was sent), a user message's attachments read as the content
     parts the model received; else (a memory) as the references it keeps."""
-    return [{m.role: message_text(m, read)} for m in messages if not isinstance(m, SystemMessage)]
+    return [{m.role: message_text(m, read)} for m in messages if not isinstance(m, SystemMessage | ContextMessage)]
 
 
 def message_text(message: Message, read: BlobReader | None = None) -> str:

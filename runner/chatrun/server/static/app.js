@@ -1050,7 +1050,8 @@
       }
       const item = el("div", "mem " + m.role);
       if (counted) item.dataset.tokens = counted;
-      item.appendChild(el("div", "role", m.role + (m.name ? " · " + m.name : "") + (m.tool_call_id ? " · " + m.tool_call_id : "")));
+      item.appendChild(el("div", "role", m.role + (m.name ? " · " + m.name : "") + (m.tool_call_id ? " · " + m.tool_call_id : "") +
+        (m.context ? " · context (rendered for each call, never kept)" : "")));
       if (m.content) item.appendChild(el("div", "content", memoryText(m.content)));
       for (const call of m.tool_calls || []) {
         const f = call.function || call;
