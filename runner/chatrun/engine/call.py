@@ -38,6 +38,7 @@ from chatrun.definition.templates import holds, is_nothing, render_nested
 from chatrun.engine import observe, once, pausing, tracing
 from chatrun.engine.binding import Unbound, bind_arguments, ignored_note, undeclared_note
 from chatrun.engine.context import TurnContext, storable
+from chatrun.engine.guardrails import Guardrails
 from chatrun.engine.said import said
 from chatrun.engine.scopes import Scope, ScopeView, get_path
 from chatrun.engine.steps import (
@@ -79,6 +80,7 @@ class ToolCalls:
         self.key = ""  # the idempotency key of the call running now (`call_key`)
         self.checked: tuple[dict[str, Any], str] | None = None  # (args, identity) `repeated` computed last
         self.made: dict[str, int] = {}  # how often each call (tool and arguments) ran in this turn
+        self.guard = Guardrails(t)  # the turn's guardrails (engine/guardrails.py)
 
     async def run_calls(self, route: RouteConfig, offered: dict[str, ToolConfig],
                         calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
@@ -150,6 +152,7 @@ class ToolCalls:
         record: dict[str, Any] = {"tool": call.name, "route": self.t.c.scope.route}
         self.t.tool_calls.append(record)
         outcome = await self.run_offered_tool(offered, call, record)
+        outcome.reply = self.guard.check_tool_result(call.name, outcome.reply)  # `tool_result` guardrails
         record["error" if outcome.failed else "reply"] = storable(outcome.reply)  # what the model reads
         return outcome
 

@@ -98,3 +98,11 @@ def tool_call(tool: str, seconds: float, failed: bool) -> None:
     observer = _observer.get()
     if observer is not None:
         observer.tool_call(tool, seconds, failed)
+
+
+def guardrail(stage: str, kind: str, outcome: str) -> None:
+    """A guardrail matched (engine/guardrails.py): its stage, its kind and what it did."""
+    observer = _observer.get()
+    method = getattr(observer, "guardrail", None)  # observers written before guardrails have none
+    if method is not None:
+        method(stage, kind, outcome)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatrun import events as ev
@@ -38,6 +38,7 @@ from chatrun.engine import observe, tracing, waiting
 from chatrun.engine.call import ToolCalls
 from chatrun.engine.context import Emit, TurnContext, storable
 from chatrun.engine.conversation import Conversation
+from chatrun.engine.guardrails import OutputHold
 from chatrun.engine.pending import Decision
 from chatrun.engine.steps import (
     NextStep,
@@ -122,6 +123,9 @@ class Turn:
         # The current route runs first, unless something waits (engine/waiting.py): then a decision
         # resolves it and the loop goes on (run again or hand off), or a message is handled without it.
         c = self.t.c
+        if self.calls.guard.check_input():  # blocked, or handed to an operator: no model reads it
+            self.finish()
+            return
         nothing_waits = self.t.decision is None and not c.pending  # engine/waiting.py only when something does
         step: NextStep = NextStepHandoff() if nothing_waits else await waiting.first_step(self.calls)
         while isinstance(step, NextStepHandoff | NextStepRunAgain):
@@ -208,9 +212,16 @@ class Turn:
             check_budgets(self.t.config.limits, self.usage, self.t.c.usage, sent, price, route.name)
         # A returning route's answer is its result, and JSON is no text for the user: never streamed.
         streamed = model_config.stream and not run.returning and not route.output
+        guard = self.calls.guard
+        sender = self.chunk_sender(bool(route.stream_to_quarkus)) if streamed else None
+        # Output guards hold the stream until checked: the one place chunks leave the engine.
+        hold = OutputHold(guard, sender) if sender is not None and guard.on("output") else None
         with tracing.chat_span(model_config.provider, model_config.name, route.name,
                                model_config.temperature) as span:
-            response = await observe.timed_call(self.model, request, self.chunk_sender(bool(route.stream_to_quarkus)) if streamed else None)
+            response = await observe.timed_call(self.model, request, hold.chunk if hold is not None else sender)
+            text, handed_over = guard.check_output(response.text, hold)
+            if text != response.text or handed_over:  # what the user reads is what the memory keeps
+                response = replace(response, text=text, tool_calls=[] if handed_over else response.tool_calls)
             calls = tuple(
                 ToolCall(c.id or f"call_{self.t.number}_{self.model_calls}_{i}", c.name, c.arguments)
                 for i, c in enumerate(response.tool_calls)
