@@ -166,3 +166,12 @@ routes:
     assert ":5:" in text and "'bad(' is not a valid regular expression" in text
     assert ":6:" in text and "stage `storage` cannot `block` (it can: redact)" in text
     assert "did you mean `card`?" in text and "did you mean `input`?" in text
+
+
+def test_traces_keep_no_card_number_even_with_message_content_captured(bot, spans, monkeypatch):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    model = ScriptedModel([{"text": f"Card {CARD} noted."}])
+    bot.session(model=model).chat(f"card {CARD}")
+    recorded = json.dumps([dict(span.attributes or {}) for span in spans.get_finished_spans()])
+    assert "gen_ai.input.messages" in recorded and "[card]" in recorded
+    assert "4111" not in recorded

@@ -38,7 +38,7 @@ from chatrun.engine import observe, tracing, waiting
 from chatrun.engine.call import ToolCalls
 from chatrun.engine.context import Emit, TurnContext, storable
 from chatrun.engine.conversation import Conversation
-from chatrun.engine.guardrails import OutputHold
+from chatrun.engine.guardrails import OutputHold, bot_storage_guards, map_strings, storage_redactor
 from chatrun.engine.pending import Decision
 from chatrun.engine.steps import (
     NextStep,
@@ -232,10 +232,17 @@ class Turn:
                                  model_config.provider, sent_tokens)
             if span is not None:
                 content = tracing.capture_content()
+                kept = self.traced(route.name) if content else None  # the `storage` guardrails: traces are kept
                 tracing.record_answer(span, usage, response.finish_reason,
-                                      [m.to_dict() for m in request.messages] if content else None,
-                                      answer.to_dict() if content else None)
+                                      kept([m.to_dict() for m in request.messages]) if kept else None,
+                                      kept(answer.to_dict()) if kept else None)
         return response, answer
+
+    def traced(self, route: str) -> Callable[[Any], Any]:
+        """What a trace keeps of a value: its strings with the `storage` guardrails applied."""
+        guards = bot_storage_guards(self.t.config, [route])
+        redact = storage_redactor(guards)
+        return (lambda value: map_strings(value, redact)) if guards else (lambda value: value)
 
     def correct(self, run: RouteRun, text: str | None, problem: str) -> NextStep:
         """A JSON answer that misses the route's `output` schema: asked again once, with what was wrong."""
