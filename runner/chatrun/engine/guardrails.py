@@ -37,7 +37,8 @@ from chatrun.messages import (
 
 log = logging.getLogger("chatrun.engine")
 
-GUARDRAIL = "Guardrail"  # the event of a guardrail that matched: {name, stage, kind, outcome, route, found}
+# The event of a guardrail that matched: {name, stage, kind, outcome, route, found}
+GUARDRAIL = ev.GUARDRAIL
 
 # -- the detectors --------------------------------------------------------------------------
 
