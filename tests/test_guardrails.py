@@ -175,3 +175,25 @@ def test_traces_keep_no_card_number_even_with_message_content_captured(bot, span
     recorded = json.dumps([dict(span.attributes or {}) for span in spans.get_finished_spans()])
     assert "gen_ai.input.messages" in recorded and "[card]" in recorded
     assert "4111" not in recorded
+
+
+def test_an_approved_calls_result_is_redacted_too(write_bot):
+    bot = chatrun.load_bot(write_bot("""
+name: approved
+model: {provider: scripted}
+guardrails:
+  - {name: cards, pii: [card], stages: [tool_result], outcome: redact}
+routes:
+  main: {default: true, system: hi, tools: [lookup]}
+tools:
+  lookup:
+    description: Look the customer up
+    approval: {by: [user]}
+    action: {reply: "Card 5555 5555 5555 4444"}
+"""))
+    model = ScriptedModel([{"tool_calls": [{"name": "lookup", "arguments": {}}]}, {"text": "Done."}])
+    s = bot.session(model=model)
+    s.chat("look me up")
+    s.chat(chatrun.Approve(s.pending[0].id))
+    read = [m for m in model.requests[1].messages if m.role == "tool"][-1].content
+    assert read == "Card [card]"

@@ -152,7 +152,6 @@ class ToolCalls:
         record: dict[str, Any] = {"tool": call.name, "route": self.t.c.scope.route}
         self.t.tool_calls.append(record)
         outcome = await self.run_offered_tool(offered, call, record)
-        outcome.reply = self.guard.check_tool_result(call.name, outcome.reply)  # `tool_result` guardrails
         record["error" if outcome.failed else "reply"] = storable(outcome.reply)  # what the model reads
         return outcome
 
@@ -300,7 +299,14 @@ class ToolCalls:
                           f"Ask the user for {asked}, then call {tool.name} with their words. Do not guess.")
 
     async def run_checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
-        """A call whose arguments, requirements and action were checked: its result, then its action."""
+        """A call whose arguments, requirements and action were checked: its result, then its
+        action; what the model reads of it passes the `tool_result` guardrails (a call run now,
+        or resumed once approved, or run when an operator's wait timed out: all come here)."""
+        outcome = await self.checked_tool(tool, args, call_id)
+        outcome.reply = self.guard.check_tool_result(tool.name, outcome.reply)
+        return outcome
+
+    async def checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
         self.work = None
         # Only a kind's call reaches the world (a handler's `ctx.idempotency_key`, an `http:` header).
         self.key = self.call_key(tool, args) if tool.kind is not None else ""
