@@ -197,3 +197,32 @@ tools:
     s.chat(chatrun.Approve(s.pending[0].id))
     read = [m for m in model.requests[1].messages if m.role == "tool"][-1].content
     assert read == "Card [card]"
+
+
+def test_a_flag_only_output_guard_lets_the_reply_stream_and_flags_it(write_bot):
+    bot = chatrun.load_bot(write_bot("""
+name: flagged
+model: {provider: scripted, stream: true}
+guardrails:
+  - {name: refunds, patterns: ['(?i)refund'], stages: [output], outcome: flag}
+routes:
+  main: {default: true, system: hi}
+"""))
+    events = bot.session(model=ScriptedModel([{"chunks": ["A refund ", "is on its way."]}])).chat("money?")
+    assert stream_and_messages(events) == [("Stream", "A refund "), ("Stream", "is on its way."),
+                                           ("Message", "A refund is on its way.")]
+    assert [d["outcome"] for t, d in kinds(events, "operators") if t == "Guardrail"] == ["flag"]
+
+
+def test_a_block_after_a_released_line_keeps_the_message_starting_with_what_went_out(write_bot):
+    bot = chatrun.load_bot(write_bot("""
+name: lines
+model: {provider: scripted, stream: true}
+guardrails:
+  - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: block, release: sentence,
+     message: No.}
+routes:
+  main: {default: true, system: hi}
+"""))
+    events = bot.session(model=ScriptedModel([{"chunks": ["Line one\n", "internal only\n"]}])).chat("?")
+    assert stream_and_messages(events) == [("Stream", "Line one\n"), ("Message", "Line one\nNo.")]

@@ -198,12 +198,17 @@ class Guardrails:
         """The guards of `stage` on `route` (default: the current one)."""
         return stage_guards(self.t.config.route_guardrails(route or self.t.c.scope.route), stage)
 
+    def holds_output(self) -> bool:
+        """Whether a streamed reply must be held: an output guard may change it (one that only
+        flags lets it stream, and flags the whole text at the end)."""
+        return any(g.outcome != "flag" for g in self.on("output"))
+
     def report(self, verdict: Verdict, stage: str) -> None:
         """A Guardrail event (for the operators, unless `events:` says otherwise) and the metric,
         for each guard that matched. The event names what was found, never the value."""
         audience = self.t.config.events[GUARDRAIL].audience if GUARDRAIL in self.t.config.events else ev.OPERATORS
         for guard, hits in verdict.matched:
-            outcome = guard.outcome if guard is verdict.stopped_by or guard.outcome in ("redact", "flag") else "flag"
+            outcome = guard.outcome
             self.t.emit(GUARDRAIL, {"name": guard.name, "stage": stage, "kind": guard.kind, "outcome": outcome,
                                     "route": self.t.c.scope.route, "found": sorted({h.label for h in hits})},
                         audience=audience)
@@ -293,8 +298,8 @@ class Guardrails:
         if guard is None:
             return released + verdict.text, False
         text = self.message(guard)
-        if released:
-            text = released.rstrip() + " " + text
+        if released:  # what went out stays the start of the Message: every door relies on it
+            text = released + ("" if released[-1].isspace() else " ") + text
         if guard.outcome == "operator":
             self.hand_over(guard, text)
             return text, True
@@ -318,7 +323,7 @@ class OutputHold:
     def __init__(self, guards: Guardrails, send: Chunk):
         self.guards = guards
         self.send = send
-        self.by_sentence = all(g.release == "sentence" for g in guards.on("output"))
+        self.by_sentence = all(g.release == "sentence" for g in guards.on("output") if g.outcome != "flag")
         self.raw = ""  # what the model has streamed so far
         self.consumed = 0  # how much of `raw` has been judged and released
         self.released = ""  # what went out (redacted)

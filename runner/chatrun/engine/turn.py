@@ -215,7 +215,7 @@ class Turn:
         guard = self.calls.guard
         sender = self.chunk_sender(bool(route.stream_to_quarkus)) if streamed else None
         # Output guards hold the stream until checked: the one place chunks leave the engine.
-        hold = OutputHold(guard, sender) if sender is not None and guard.on("output") else None
+        hold = OutputHold(guard, sender) if sender is not None and guard.holds_output() else None
         with tracing.chat_span(model_config.provider, model_config.name, route.name,
                                model_config.temperature) as span:
             response = await observe.timed_call(self.model, request, hold.chunk if hold is not None else sender)
