@@ -123,7 +123,7 @@ def test_an_input_guard_hands_the_conversation_to_an_operator(bot):
     events = s.chat("I want a lawyer")
     assert not model.requests  # no model read it
     assert ("Message", "Connecting you with a person.") in kinds(events)
-    assert [p.kind for p in s.pending] == ["takeover"]
+    assert [(p.kind, p.by) for p in s.pending] == [("takeover", ["operators"])]  # any operator may take it
 
 
 def test_a_too_long_input_is_blocked_with_its_message(bot):

@@ -25,7 +25,7 @@ from chatrun import events as ev
 from chatrun.definition.config import BotConfig, GuardrailConfig
 from chatrun.engine import observe, pausing
 from chatrun.engine.context import TurnContext
-from chatrun.engine.pending import TAKEOVER
+from chatrun.engine.pending import OPERATOR_ROLE, TAKEOVER
 from chatrun.messages import (
     AssistantMessage,
     Message,
@@ -225,7 +225,7 @@ class Guardrails:
 
     def hand_over(self, guard: GuardrailConfig, text: str) -> None:
         """An `operator` outcome: the conversation waits for an operator, as an `operator:` action's."""
-        item = pausing.new_item(self.t, TAKEOVER, None, tool=None, ask=text, tell=text, by=["operator"],
+        item = pausing.new_item(self.t, TAKEOVER, None, tool=None, ask=text, tell=text, by=[OPERATOR_ROLE],
                                 data={**pausing.takeover_data(None, "all"), "guardrail": guard.name})
         pausing.announce(self.t, item)
         self.t.paused = True
@@ -274,9 +274,8 @@ class Guardrails:
         self.report(verdict, "tool_result")
         if verdict.stopped_by is not None:
             guard = verdict.stopped_by
-            return (f"The result of {tool} was withheld by the guardrail {guard.name}"
-                    f"{': ' + guard.message if guard.message else ''}. Do not repeat the call; tell the user "
-                    "you cannot give them this.")
+            return (f"The result of {tool} was withheld by the guardrail {guard.name}. Do not repeat the call; "
+                    "tell the user you cannot give them this.")
         return verdict.text
 
     def check_output(self, text: str | None, hold: OutputHold | None) -> tuple[str | None, bool]:
