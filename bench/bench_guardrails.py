@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
 
 from chatrun.definition.loader import load_config  # noqa: E402
-from chatrun.engine.guardrails import judge, map_strings, storage_redactor, stage_guards  # noqa: E402
+from chatrun.engine.guardrails import judge, map_strings, stage_guards, storage_redactor  # noqa: E402
 
 BOT = Path(__file__).resolve().parents[1] / "bots" / "cardcare"
 USER = "Hello, I lost my card yesterday in Zurich, can you block it please? It is the blue one."
