@@ -1,12 +1,14 @@
 """Guardrails through the doors (issue 37): the model (the fake OpenAI server) streams a card
-number and a blocked phrase; the WebSocket and `/v1` (the real `openai` client) never see the
-digits or the blocked words, because the engine holds a guarded reply before any door gets a
-chunk. The store and `/metrics` are read too."""
+number and a blocked phrase; the WebSocket, `/v1` (the real `openai` client) and a Slack chat
+(its streamed message posted and updated on a fake of Slack's Web API) never see the digits or
+the blocked words, because the engine holds a guarded reply before any door gets a chunk. The
+store and `/metrics` are read too."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import openai
@@ -91,3 +93,51 @@ def test_v1_streaming_through_the_openai_client_never_sees_the_digits(server):
             if server.fake.queue(CARD_REPLY) else None
     assert seen == ["Thanks. Your card [card] is saved. Bye", "Sure. I cannot share that."]
     assert whole is not None and whole.choices[0].message.content == "Thanks. Your card [card] is saved. Bye"
+
+
+SLACK_BOT = """\
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: true}
+env:
+  SLACK_TOKEN: {secret: true}
+  SLACK_SIGNING: {secret: true}
+  SLACK_API: {}
+channels:
+  slack:
+    token: SLACK_TOKEN
+    signing_secret: SLACK_SIGNING
+    api: "{{ env.SLACK_API }}"
+guardrails:
+  - {name: cards, pii: [card], stages: [output, storage], outcome: redact, release: sentence}
+routes:
+  main: {default: true, system: You sell things.}
+"""
+
+
+def test_a_slack_reply_streamed_into_one_message_never_shows_the_digits(tmp_path, fake, monkeypatch):
+    pytest.importorskip("slack_sdk", reason="slack_sdk is not installed (pip install -e '.[test]' brings it)")
+    from fastapi.testclient import TestClient
+
+    from channel_support import FakeSlack, slack_message, slack_signed
+    from chatrun.server.channels.slack import Slack
+    from server_support import app_for_testclient, wait_until
+
+    token, signing = "xoxb-test-token", "slack-signing-secret-0123"
+    monkeypatch.setattr(Slack, "stream_every", 0.0)  # every released chunk is shown: none may hold the digits
+    with FakeSlack(token) as slack:
+        for name, value in (("SLACK_TOKEN", token), ("SLACK_SIGNING", signing), ("SLACK_API", slack.url + "/api"),
+                            ("CHATRUN_OUTBOX_POLL", "0.2")):
+            monkeypatch.setenv(name, value)
+        fake.queue(CARD_REPLY)
+        (tmp_path / "bot.yaml").write_text(SLACK_BOT)
+        with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+            body = json.dumps(slack_message("Ev1", "save my card")).encode()
+            headers = {"Content-Type": "application/json", **slack_signed(signing, body, int(time.time()))}
+            assert client.post("/channels/shop/slack", content=body, headers=headers).status_code == 200
+            final = "Thanks. Your card [card] is saved. Bye"
+            wait_until(lambda: any(c["text"] == final for c in slack.calls("chat.update")),
+                       what="the committed text in the streamed message")
+            wait_until(lambda: client.get("/outbox").json()["entries"] == [], what="the outbox emptied")
+            shown = [c["text"] for c in slack.calls("chat.postMessage") + slack.calls("chat.update")]
+    assert shown and not any("4111" in text for text in shown)
+    assert shown[0] == "Thanks. "  # the first checked sentence, posted as it was released
