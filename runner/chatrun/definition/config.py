@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from chatrun import events as ev
@@ -570,6 +571,11 @@ class BotConfig:
 
     def route_model(self, route: str) -> ModelConfig:
         return self.model.merged(self.routes[route].model)
+
+    @cached_property  # a config is not changed once loaded; a bot of 5,000 routes asks once
+    def guarded(self) -> bool:
+        """Whether any guardrail is declared (else the engine never enters engine/guardrails.py)."""
+        return bool(self.guardrails) or any(route.guardrails for route in self.routes.values())
 
     def route_guardrails(self, route: str) -> tuple[GuardrailConfig, ...]:
         """The guardrails on a route: the bot's, then the route's own."""

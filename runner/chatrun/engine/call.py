@@ -80,7 +80,8 @@ class ToolCalls:
         self.key = ""  # the idempotency key of the call running now (`call_key`)
         self.checked: tuple[dict[str, Any], str] | None = None  # (args, identity) `repeated` computed last
         self.made: dict[str, int] = {}  # how often each call (tool and arguments) ran in this turn
-        self.guard = Guardrails(t)  # the turn's guardrails (engine/guardrails.py)
+        # The turn's guardrails (engine/guardrails.py); None: the bot declares none.
+        self.guard = Guardrails(t) if t.config.guarded else None
 
     async def run_calls(self, route: RouteConfig, offered: dict[str, ToolConfig],
                         calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
@@ -303,7 +304,8 @@ class ToolCalls:
         action; what the model reads of it passes the `tool_result` guardrails (a call run now,
         or resumed once approved, or run when an operator's wait timed out: all come here)."""
         outcome = await self.checked_tool(tool, args, call_id)
-        outcome.reply = self.guard.check_tool_result(tool.name, outcome.reply)
+        if self.guard is not None:
+            outcome.reply = self.guard.check_tool_result(tool.name, outcome.reply)
         return outcome
 
     async def checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:

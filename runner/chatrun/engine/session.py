@@ -641,6 +641,8 @@ class Session:
         guardrails of the bot and of the routes the turn ran on applied (engine/guardrails.py).
         When that changed a memory, the live one is dropped too, so the next turn reads the
         store's copy: the model sees what any replica would."""
+        if not self.bot.config.guarded:
+            return entry, memories
         guards = guardrails.bot_storage_guards(self.bot.config, [*turn.hops, self.route])
         if not guards:
             return entry, memories
@@ -937,7 +939,7 @@ def _reference_problem(item: dict[str, Any]) -> str | None:
 
 def _storage(config: Any, routes: list[str]) -> Callable[[Any], Any]:
     """What a turn's trace keeps of a value: its strings with the `storage` guardrails applied."""
-    guards = guardrails.bot_storage_guards(config, routes)
+    guards = guardrails.bot_storage_guards(config, routes) if config.guarded else ()
     if not guards:
         return lambda value: value
     redact = guardrails.storage_redactor(guards)

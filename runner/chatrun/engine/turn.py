@@ -123,7 +123,7 @@ class Turn:
         # The current route runs first, unless something waits (engine/waiting.py): then a decision
         # resolves it and the loop goes on (run again or hand off), or a message is handled without it.
         c = self.t.c
-        if self.calls.guard.check_input():  # blocked, or handed to an operator: no model reads it
+        if self.calls.guard is not None and self.calls.guard.check_input():  # blocked, or handed to an operator
             self.finish()
             return
         nothing_waits = self.t.decision is None and not c.pending  # engine/waiting.py only when something does
@@ -215,11 +215,11 @@ class Turn:
         guard = self.calls.guard
         sender = self.chunk_sender(bool(route.stream_to_quarkus)) if streamed else None
         # Output guards hold the stream until checked: the one place chunks leave the engine.
-        hold = OutputHold(guard, sender) if sender is not None and guard.holds_output() else None
+        hold = OutputHold(guard, sender) if sender is not None and guard is not None and guard.holds_output() else None
         with tracing.chat_span(model_config.provider, model_config.name, route.name,
                                model_config.temperature) as span:
             response = await observe.timed_call(self.model, request, hold.chunk if hold is not None else sender)
-            text, handed_over = guard.check_output(response.text, hold)
+            text, handed_over = guard.check_output(response.text, hold) if guard is not None else (response.text, False)
             if text != response.text or handed_over:  # what the user reads is what the memory keeps
                 response = replace(response, text=text, tool_calls=[] if handed_over else response.tool_calls)
             calls = tuple(
@@ -232,7 +232,8 @@ class Turn:
                                  model_config.provider, sent_tokens)
             if span is not None:
                 content = tracing.capture_content()
-                kept = self.traced(route.name) if content else None  # the `storage` guardrails: traces are kept
+                # The `storage` guardrails apply to traces: they are kept too.
+                kept = self.traced(route.name) if content and guard is not None else None
                 tracing.record_answer(span, usage, response.finish_reason,
                                       kept([m.to_dict() for m in request.messages]) if kept else None,
                                       kept(answer.to_dict()) if kept else None)
