@@ -226,3 +226,19 @@ routes:
 """))
     events = bot.session(model=ScriptedModel([{"chunks": ["Line one\n", "internal only\n"]}])).chat("?")
     assert stream_and_messages(events) == [("Stream", "Line one\n"), ("Message", "Line one\nNo.")]
+
+
+def test_a_bot_may_send_its_guardrail_events_to_the_backend(write_bot):
+    bot = chatrun.load_bot(write_bot("""
+name: backend
+model: {provider: scripted}
+events: {Guardrail: {audience: backend}}
+guardrails:
+  - {name: mails, pii: [email], stages: [input], outcome: flag}
+routes:
+  main: {default: true, system: hi}
+"""))
+    model = ScriptedModel([{"text": "ok"}])
+    events = bot.session(model=model).chat("write to ann@example.com")
+    assert [d["found"] for t, d in kinds(events, "backend") if t == "Guardrail"] == [["email"]]
+    assert "ann@example.com" in json.dumps([m.to_dict() for m in model.requests[0].messages])  # flag changes nothing
