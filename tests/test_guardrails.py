@@ -10,8 +10,9 @@ import logging
 import pytest
 
 import chatrun
+from chatrun.definition.config import GuardrailConfig
 from chatrun.definition.loader import check_bot
-from chatrun.engine.guardrails import iban_valid, luhn
+from chatrun.engine.guardrails import find, iban_valid, luhn, redacted
 from chatrun.models.scripted import ScriptedModel
 
 CARD = "4111 1111 1111 1111"  # passes Luhn
@@ -58,6 +59,20 @@ def stream_and_messages(events):
 def test_luhn_and_mod97_tell_real_numbers_from_lookalikes():
     assert luhn(CARD.replace(" ", "")) and not luhn(NOT_A_CARD.replace(" ", ""))
     assert iban_valid(IBAN) and not iban_valid("DE89 3704 0044 0532 0130 01")
+
+
+@pytest.mark.parametrize("text, kept", [
+    ("call +41 44 668 18 00 now", "call [phone] now"),
+    ("card 4111-1111-1111-1111.", "card [card]."),
+    ("card 4111 1111 1111 1111 2024", "card [card] 2024"),
+    ("GB82 WEST 1234 5698 7654 32 ok", "[iban] ok"),
+    ("gb82west12345698765432", "[iban]"),
+    ("mail a.b+c@ex-ample.co.uk!", "mail [email]!"),
+    ("order 1234567890123456 on 2026-12-01 at 10:30", "order 1234567890123456 on 2026-12-01 at 10:30"),
+])
+def test_the_pii_detectors_find_what_they_say_and_leave_lookalikes(text, kept):
+    guard = GuardrailConfig("p", "pii", ("input",), "redact")
+    assert redacted(guard, text, find(guard, text)) == kept
 
 
 def test_a_card_number_in_the_input_never_reaches_the_model_and_a_lookalike_does(bot):

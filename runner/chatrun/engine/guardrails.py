@@ -78,8 +78,15 @@ def _cards(text: str) -> Iterable[tuple[int, int]]:
 
 def _ibans(text: str) -> Iterable[tuple[int, int]]:
     for m in _IBAN.finditer(text):
-        if iban_valid(m.group()):
-            yield m.span()
+        candidate = m.group()
+        while True:  # the pattern may run on into the next words ("... 7654 32 ok"): shorter, by groups
+            if len(candidate.replace(" ", "")) >= 15 and iban_valid(candidate):
+                yield m.start(), m.start() + len(candidate)
+                break
+            cut = candidate.rfind(" ")
+            if cut <= 4:
+                break
+            candidate = candidate[:cut]
 
 
 def _phones(text: str) -> Iterable[tuple[int, int]]:
