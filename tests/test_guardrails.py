@@ -173,6 +173,8 @@ guardrails:
   - {patterns: ['ok', 'bad('], stages: [output], outcome: block}
   - {pii: [card], stages: [storage], outcome: block}
   - {pii: [crad], stages: [inptu], outcome: redact}
+  - {pii: [card], max_chars: 9, stages: [input], outcome: redact}
+  - {pi: [card], stages: [input], outcome: redact}
 routes:
   main: {default: true, system: hi}
 """)
@@ -181,6 +183,9 @@ routes:
     assert ":5:" in text and "'bad(' is not a valid regular expression" in text
     assert ":6:" in text and "stage `storage` cannot `block` (it can: redact)" in text
     assert "did you mean `card`?" in text and "did you mean `input`?" in text
+    assert ":8: guardrail `guardrails[3]` has `pii` and `max_chars`: one detector per guardrail" in text
+    assert "unknown key `pi` in `guardrails[4]`; did you mean `pii`?" in text
+    assert ":9: guardrail `guardrails[4]` detects nothing: give it `patterns`, `pii` or `max_chars`" in text
 
 
 def test_traces_keep_no_card_number_even_with_message_content_captured(bot, spans, monkeypatch):

@@ -418,6 +418,12 @@ class _Checker:
             guards += [(g, ("routes", route.name, "guardrails", i)) for i, g in enumerate(route.guardrails)]
         for guard, path in guards:
             at = guard.where
+            if len(guard.detectors) != 1:
+                problem = (f"has {' and '.join(f'`{d}`' for d in guard.detectors)}: one detector per guardrail; "
+                           "split it in two" if guard.detectors else
+                           "detects nothing: give it `patterns`, `pii` or `max_chars`")
+                self.out.append(Diagnostic(at.file, at.line, at.col, "error", f"guardrail `{guard.name}` {problem}",
+                                           "guardrails"))
             for source, where in zip(guard.patterns, guard.pattern_where, strict=False):
                 try:
                     re.compile(source)

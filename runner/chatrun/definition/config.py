@@ -420,6 +420,7 @@ class GuardrailConfig:
     release: str = "reply"  # an output guard on a streamed reply: "reply" (held whole) or "sentence"
     where: Location = field(default_factory=Location)
     pattern_where: tuple[Location, ...] = ()  # each pattern's place, for the validator
+    detectors: tuple[str, ...] = ()  # the detector keys it has (the validator wants exactly one)
 
 
 # A file's media type as a client names it (`image/png`, `application/vnd.ms-excel`; `image/*`:

@@ -725,7 +725,8 @@ def _guardrails(raw: Any, doc: YamlDoc, path: tuple) -> tuple[GuardrailConfig, .
         if not isinstance(item, dict):
             continue
         # One detector key each (the schema's oneOf); without one it matches nothing (`patterns: []`).
-        kind = next((k for k in ("patterns", "pii", "max_chars") if k in item), "patterns")
+        detectors = tuple(k for k in ("patterns", "pii", "max_chars") if k in item)
+        kind = detectors[0] if detectors else "patterns"
         stages = tuple(_str_list(item.get("stages")))
         at = (*path, i)
         patterns = tuple(_str_list(item.get("patterns")))
@@ -738,7 +739,8 @@ def _guardrails(raw: Any, doc: YamlDoc, path: tuple) -> tuple[GuardrailConfig, .
             max_chars=limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None,
             message=_str(item.get("message")), replacement=_str(item.get("replacement")),
             release=_str(item.get("release")) or "reply", where=_loc(doc, at),
-            pattern_where=tuple(_loc(doc, (*at, "patterns", j)) for j in range(len(patterns)))))
+            pattern_where=tuple(_loc(doc, (*at, "patterns", j)) for j in range(len(patterns))),
+            detectors=detectors))
     return tuple(out)
 
 
