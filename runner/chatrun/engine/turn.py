@@ -233,10 +233,10 @@ class Turn:
             if span is not None:
                 content = tracing.capture_content()
                 # The `storage` guardrails apply to traces: they are kept too.
-                kept = self.traced(route.name) if content and guard is not None else None
+                kept = self.traced(route.name) if content and guard is not None else _as_is
                 tracing.record_answer(span, usage, response.finish_reason,
-                                      kept([m.to_dict() for m in request.messages]) if kept else None,
-                                      kept(answer.to_dict()) if kept else None)
+                                      kept([m.to_dict() for m in request.messages]) if content else None,
+                                      kept(answer.to_dict()) if content else None)
         return response, answer
 
     def traced(self, route: str) -> Callable[[Any], Any]:
@@ -484,6 +484,10 @@ def sendable_tool_choice(choice: str | None, offered: dict[str, ToolConfig]) -> 
         return choice
     log.info("tool_choice %s is not sent: that tool is not offered on this call", choice)
     return None
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 def _answer_record(answer: AssistantMessage) -> dict[str, Any]:
