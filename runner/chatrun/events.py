@@ -14,6 +14,7 @@ THINKING = "Thinking"  # progress note while the turn runs
 CONSOLE = "Console"  # developer-facing output (a browser console, the REPL's dim lines)
 ERROR = "Error"  # the turn (or part of it) failed; data is a message for the user
 FEEDBACK = "Feedback"  # a user's rating of a reply: a backend event for the bot's sinks (Session.rate)
+GUARDRAIL = "Guardrail"  # a guardrail matched (engine/guardrails.py): for the operators unless `events:` says otherwise
 STREAM = "Stream"  # a chunk of the model's reply while it streams
 ROUTE_CHANGED = "RouteChanged"  # chatrun extension: data = {"route": str, "stack": [str, ...]}
 CHOICES = "Choices"  # chatrun extension: choices offered to the user; data = {"choices": [{"label", "value"}]}

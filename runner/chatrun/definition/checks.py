@@ -21,12 +21,15 @@ from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, T_COMPUTED, catalog_checks
 from chatrun.definition.config import (
     ACTION_ORDER,
+    GUARD_OUTCOMES,
+    STAGE_OUTCOMES,
     WIDGET_LOGO_TYPES,
     ActionConfig,
     ApprovalCaseConfig,
     ApprovalConfig,
     AskConfig,
     BotConfig,
+    GuardrailConfig,
     Location,
     ModelConfig,
     OperatorConfig,
@@ -164,6 +167,7 @@ class _Checker:
         self.timezones()
         self.retention()
         self.widget()
+        self.guardrails()
         for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
             kind.check_bot(self.config, self)
         _graph_checks(self)
@@ -448,6 +452,42 @@ class _Checker:
                         f"`retention.idle_sessions` keeps an idle session; the session would be deleted before "
                         "the timeout's `on_timeout` runs: shorten the timeout or lengthen the retention",
                         f"tools.{tool.name}"))
+
+    def guardrails(self) -> None:
+        """`guardrails:` (the bot's and each route's): patterns that compile, and outcomes each
+        stage can have (docs/guardrails.md)."""
+        guards: list[tuple[GuardrailConfig, tuple]] = [(g, ("guardrails", i)) for i, g in enumerate(self.config.guardrails)]
+        for route in self.config.routes.values():
+            guards += [(g, ("routes", route.name, "guardrails", i)) for i, g in enumerate(route.guardrails)]
+        for guard, path in guards:
+            at = guard.where
+            if len(guard.detectors) != 1:
+                problem = (f"has {' and '.join(f'`{d}`' for d in guard.detectors)}: one detector per guardrail; "
+                           "split it in two" if guard.detectors else
+                           "detects nothing: give it `patterns`, `pii` or `max_chars`")
+                self.out.append(Diagnostic(at.file, at.line, at.col, "error", f"guardrail `{guard.name}` {problem}",
+                                           "guardrails"))
+            for source, where in zip(guard.patterns, guard.pattern_where, strict=False):
+                try:
+                    re.compile(source)
+                except re.error as exc:
+                    self.out.append(Diagnostic(where.file, where.line, where.col, "error",
+                                               f"guardrail `{guard.name}`: pattern {source!r} is not a valid regular "
+                                               f"expression: {exc}", "guardrails"))
+            for stage in guard.stages:
+                allowed = STAGE_OUTCOMES.get(stage, GUARD_OUTCOMES)
+                if guard.outcome in GUARD_OUTCOMES and guard.outcome not in allowed:  # else: the schema's
+                    self.out.append(Diagnostic(at.file, at.line, at.col, "error",
+                                               f"guardrail `{guard.name}`: stage `{stage}` cannot `{guard.outcome}` "
+                                               f"(it can: {', '.join(allowed)}); give that stage a guardrail of its own",
+                                               "guardrails"))
+            if guard.message and guard.outcome not in ("block", "operator"):
+                self.out.append(Diagnostic(at.file, at.line, at.col, "warning",
+                                           f"guardrail `{guard.name}`: `message` is read only when it blocks or hands "
+                                           f"over, and its outcome is `{guard.outcome}`", "guardrails"))
+            if guard.message:
+                self.template(guard.message, f"`message` of guardrail `{guard.name}`", (*path, "message"), None,
+                              routes=[path[1]] if path[0] == "routes" else None)
 
     def widget(self) -> None:
         """`widget:`: origins a browser can send, a logo that exists, a key for signed identities."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from chatrun import events as ev
@@ -428,6 +429,7 @@ class RouteConfig:
     # a turn that reached `limits.max_model_calls`): a template, over the bot's `fallback:`.
     fallback: str | None = None
     follow_up: FollowUpConfig | None = None  # a message written later, unasked, when the user goes quiet here
+    guardrails: tuple[GuardrailConfig, ...] = ()  # `guardrails:`: the route's own, after the bot's
     where: Location = field(default_factory=Location)
 
 
@@ -441,6 +443,43 @@ class FollowUpConfig:
     message: str
     whatsapp_template: tuple[str, str] | None = None
     where: Location = field(default_factory=Location)
+
+
+# -- guardrails (issue 37): checks on what goes in, comes back and is kept ----------------------
+
+# The stages a guardrail watches: the user's input (before the model reads it), a tool's result
+# (before the model reads it), the model's output (before a client sees it, streamed or not), and
+# what is stored (the history, the memories, the turn's trace).
+GUARD_STAGES = ("input", "tool_result", "output", "storage")
+GUARD_KINDS = ("pattern", "pii", "length")
+PII_KINDS = ("email", "phone", "iban", "card")
+GUARD_OUTCOMES = ("block", "redact", "flag", "operator")
+# What each stage can do: a stored value can only be redacted (the turn is over); a tool's result
+# cannot wait for an operator (the call would have to pause: an `operator:` action does that).
+STAGE_OUTCOMES = {"input": GUARD_OUTCOMES, "tool_result": ("block", "redact", "flag"),
+                  "output": GUARD_OUTCOMES, "storage": ("redact",)}
+
+
+@dataclass(frozen=True)
+class GuardrailConfig:
+    """One entry of `guardrails:` (the bot's or a route's; docs/guardrails.md): what it detects
+    (`kind`: `patterns`, `pii` or `max_chars`), on which `stages`, and what happens to a match
+    (`outcome`; `message` is what the user reads for block/operator, `replacement` what a
+    redacted match becomes: by default `[card]`, `[email]`, ... or `[redacted]`)."""
+
+    name: str
+    kind: str
+    stages: tuple[str, ...]
+    outcome: str
+    patterns: tuple[str, ...] = ()
+    pii: tuple[str, ...] = PII_KINDS
+    max_chars: int | None = None
+    message: str | None = None
+    replacement: str | None = None
+    release: str = "reply"  # an output guard on a streamed reply: "reply" (held whole) or "sentence"
+    where: Location = field(default_factory=Location)
+    pattern_where: tuple[Location, ...] = ()  # each pattern's place, for the validator
+    detectors: tuple[str, ...] = ()  # the detector keys it has (the validator wants exactly one)
 
 
 # A file's media type as a client names it (`image/png`, `application/vnd.ms-excel`; `image/*`:
@@ -588,6 +627,7 @@ class BotConfig:
         """The `context:` template a route's model calls end with: its own, else the bot's."""
         own = self.routes[route].context
         return own if own is not None else self.context
+    guardrails: tuple[GuardrailConfig, ...] = ()  # `guardrails:`: on every route (a route's own add to them)
 
     @property
     def version_label(self) -> str:
@@ -605,6 +645,16 @@ class BotConfig:
 
     def route_model(self, route: str) -> ModelConfig:
         return self.model.merged(self.routes[route].model)
+
+    @cached_property  # a config is not changed once loaded; a bot of 5,000 routes asks once
+    def guarded(self) -> bool:
+        """Whether any guardrail is declared (else the engine never enters engine/guardrails.py)."""
+        return bool(self.guardrails) or any(route.guardrails for route in self.routes.values())
+
+    def route_guardrails(self, route: str) -> tuple[GuardrailConfig, ...]:
+        """The guardrails on a route: the bot's, then the route's own."""
+        own = self.routes[route].guardrails if route in self.routes else ()
+        return self.guardrails + own if own else self.guardrails
 
     def route_memory(self, route: str) -> MemoryPolicy:
         return self.routes[route].memory or self.memory

@@ -23,6 +23,7 @@ from chatrun.definition.config import (
     DELIVER,
     EFFECTS,
     ERASED_OUTBOX,
+    PII_KINDS,
     READ,
     ActionConfig,
     ApprovalCaseConfig,
@@ -35,6 +36,7 @@ from chatrun.definition.config import (
     EnvVar,
     EventTypeConfig,
     FollowUpConfig,
+    GuardrailConfig,
     KeyChanges,
     Limits,
     Location,
@@ -545,6 +547,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         retention=_retention(top.get("retention")),
         widget=_widget(top.get("widget"), main),
         canned=_canned(top.get("canned")),
+        guardrails=_guardrails(top.get("guardrails"), main, ("guardrails",)),
     )
 
 
@@ -712,8 +715,36 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         tool_choice=_str(raw.get("tool_choice")),
         fallback=_str(raw.get("fallback")),
         follow_up=_follow_up(raw.get("follow_up"), doc, (*base, "follow_up")),
+        guardrails=_guardrails(raw.get("guardrails"), doc, (*base, "guardrails")),
         where=_loc(doc, base),
     )
+
+
+def _guardrails(raw: Any, doc: YamlDoc, path: tuple) -> tuple[GuardrailConfig, ...]:
+    """`guardrails:` (the bot's or a route's; the schema checked the shape: an entry it refused is
+    left out). Each entry's kind is the detector key it has: `patterns`, `pii` or `max_chars`."""
+    out = []
+    for i, item in enumerate(raw if isinstance(raw, list) else []):
+        if not isinstance(item, dict):
+            continue
+        # One detector key each (the schema's oneOf); without one it matches nothing (`patterns: []`).
+        detectors = tuple(k for k in ("patterns", "pii", "max_chars") if k in item)
+        kind = detectors[0] if detectors else "patterns"
+        stages = tuple(_str_list(item.get("stages")))
+        at = (*path, i)
+        patterns = tuple(_str_list(item.get("patterns")))
+        limit = item.get("max_chars")
+        out.append(GuardrailConfig(
+            name=_str(item.get("name")) or f"{'.'.join(map(str, path))}[{i}]",
+            kind={"patterns": "pattern", "max_chars": "length"}.get(kind, kind),
+            stages=stages, outcome=_str(item.get("outcome")) or "flag", patterns=patterns,
+            pii=tuple(_str_list(item["pii"])) or PII_KINDS if "pii" in item else PII_KINDS,
+            max_chars=limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None,
+            message=_str(item.get("message")), replacement=_str(item.get("replacement")),
+            release=_str(item.get("release")) or "reply", where=_loc(doc, at),
+            pattern_where=tuple(_loc(doc, (*at, "patterns", j)) for j in range(len(patterns))),
+            detectors=detectors))
+    return tuple(out)
 
 
 def _follow_up(raw: Any, doc: YamlDoc, path: tuple) -> FollowUpConfig | None:

@@ -38,6 +38,7 @@ from chatrun.definition.templates import holds, is_nothing, render_nested
 from chatrun.engine import observe, once, pausing, tracing
 from chatrun.engine.binding import Unbound, bind_arguments, ignored_note, undeclared_note
 from chatrun.engine.context import TurnContext, storable
+from chatrun.engine.guardrails import Guardrails
 from chatrun.engine.said import said
 from chatrun.engine.scopes import Scope, ScopeView, get_path
 from chatrun.engine.steps import (
@@ -79,6 +80,8 @@ class ToolCalls:
         self.key = ""  # the idempotency key of the call running now (`call_key`)
         self.checked: tuple[dict[str, Any], str] | None = None  # (args, identity) `repeated` computed last
         self.made: dict[str, int] = {}  # how often each call (tool and arguments) ran in this turn
+        # The turn's guardrails (engine/guardrails.py); None: the bot declares none.
+        self.guard = Guardrails(t) if t.config.guarded else None
 
     async def run_calls(self, route: RouteConfig, offered: dict[str, ToolConfig],
                         calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
@@ -297,7 +300,15 @@ class ToolCalls:
                           f"Ask the user for {asked}, then call {tool.name} with their words. Do not guess.")
 
     async def run_checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
-        """A call whose arguments, requirements and action were checked: its result, then its action."""
+        """A call whose arguments, requirements and action were checked: its result, then its
+        action; what the model reads of it passes the `tool_result` guardrails (a call run now,
+        or resumed once approved, or run when an operator's wait timed out: all come here)."""
+        outcome = await self.checked_tool(tool, args, call_id)
+        if self.guard is not None:
+            outcome.reply = self.guard.check_tool_result(tool.name, outcome.reply)
+        return outcome
+
+    async def checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:
         self.work = None
         # Only a kind's call reaches the world (a handler's `ctx.idempotency_key`, an `http:` header).
         self.key = self.call_key(tool, args) if tool.kind is not None else ""

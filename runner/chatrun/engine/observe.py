@@ -108,3 +108,11 @@ def model_fallback(from_model: str, to_model: str, reason: str) -> None:
     observer = _observer.get()
     if observer is not None:
         observer.model_fallback(from_model, to_model, reason)
+
+
+def guardrail(stage: str, kind: str, outcome: str) -> None:
+    """A guardrail matched (engine/guardrails.py): its stage, its kind and what it did."""
+    observer = _observer.get()
+    method = getattr(observer, "guardrail", None)  # observers written before guardrails have none
+    if method is not None:
+        method(stage, kind, outcome)

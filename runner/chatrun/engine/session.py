@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
-from chatrun.engine import follow_up, tracing
+from chatrun.engine import follow_up, guardrails, tracing
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import Checkpoint, Conversation
 from chatrun.engine.pending import (
@@ -596,8 +596,9 @@ class Session:
         try:
             with span as current:
                 await turn.run()
-                tracing.record_turn(current, entry["input"], [e.data for e in collected if e.for_user
-                                                              and e.type in (ev.MESSAGE, ev.OBJECT)])
+                kept = _storage(self.bot.config, [*turn.hops, self.route])
+                tracing.record_turn(current, kept(entry["input"]), kept([e.data for e in collected if e.for_user
+                                                                         and e.type in (ev.MESSAGE, ev.OBJECT)]))
                 await turn.summarize()  # after the reply: it never delays the user's answer
             self._c.turn_count = turn.number
             self._c.usage.add(turn.usage)
@@ -612,7 +613,8 @@ class Session:
             if self._moved is not None:
                 entry["moved"] = self._moved[2].to_dict()
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
-            self.store.commit_turn(self.id, self._c.snapshot(), self._c.dirty_memories(before), [entry])
+            entry, memories = self._stored(entry, self._c.dirty_memories(before), turn)
+            self.store.commit_turn(self.id, self._c.snapshot(), memories, [entry])
             self._last_entry = entry
             self._moved = None
         except asyncio.CancelledError:  # stopped (Stop on the page, a Cancel frame, a closed stream)
@@ -636,6 +638,24 @@ class Session:
         finally:
             self._sink = sink
             self._c.turn_instant = None
+
+    def _stored(self, entry: dict[str, Any], memories: dict[str, list[Message] | None],
+                turn: Turn) -> tuple[dict[str, Any], dict[str, list[Message] | None]]:
+        """A turn's history entry and changed memories as the store keeps them: with the `storage`
+        guardrails of the bot and of the routes the turn ran on applied (engine/guardrails.py).
+        When that changed a memory, the live one is dropped too, so the next turn reads the
+        store's copy: the model sees what any replica would."""
+        if not self.bot.config.guarded:
+            return entry, memories
+        guards = guardrails.bot_storage_guards(self.bot.config, [*turn.hops, self.route])
+        if not guards:
+            return entry, memories
+        redact = guardrails.storage_redactor(guards)
+        stored = {mid: None if messages is None else [guardrails.stored_message(m, redact) for m in messages]
+                  for mid, messages in memories.items()}
+        if stored != memories:
+            self._c.forget_cached_memories()
+        return guardrails.map_strings(entry, redact), stored
 
     def _fail(self, before: Checkpoint, entry: dict[str, Any], collected: list[Event], detail: str, turn: Turn,
               text: str = ev.TURN_FAILED_TEXT) -> None:
@@ -666,6 +686,7 @@ class Session:
         self._c.usage.add(turn.usage)
         entry.update(_usage_entry(turn))
         entry.setdefault("route", self.route)
+        entry, _ = self._stored(entry, {}, turn)
         self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
         self._last_entry = entry
         if moved is not None:  # a failed turn undoes itself, not the bot's change
@@ -918,3 +939,12 @@ def _reference_problem(item: dict[str, Any]) -> str | None:
             return f"{key} must be {'a string' if kind is str else 'an integer'}, not {type(item[key]).__name__}"
     unknown = sorted(set(item) - {"ref", "media_type", "name", "size"})
     return f"a reference has no field {unknown[0]!r} (it is {{ref, media_type, name?, size?}})" if unknown else None
+
+
+def _storage(config: Any, routes: list[str]) -> Callable[[Any], Any]:
+    """What a turn's trace keeps of a value: its strings with the `storage` guardrails applied."""
+    guards = guardrails.bot_storage_guards(config, routes) if config.guarded else ()
+    if not guards:
+        return lambda value: value
+    redact = guardrails.storage_redactor(guards)
+    return lambda value: guardrails.map_strings(value, redact)

@@ -24,7 +24,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatrun import events as ev
@@ -39,6 +39,7 @@ from chatrun.engine import observe, tracing, waiting
 from chatrun.engine.call import ToolCalls
 from chatrun.engine.context import Emit, TurnContext, storable
 from chatrun.engine.conversation import Conversation
+from chatrun.engine.guardrails import OutputHold, bot_storage_guards, map_strings, storage_redactor
 from chatrun.engine.pending import Decision
 from chatrun.engine.steps import (
     NextStep,
@@ -129,6 +130,9 @@ class Turn:
         # The current route runs first, unless something waits (engine/waiting.py): then a decision
         # resolves it and the loop goes on (run again or hand off), or a message is handled without it.
         c = self.t.c
+        if self.calls.guard is not None and self.calls.guard.check_input():  # blocked, or handed to an operator
+            self.finish()
+            return
         nothing_waits = self.t.decision is None and not c.pending  # engine/waiting.py only when something does
         step: NextStep = NextStepHandoff() if nothing_waits else await waiting.first_step(self.calls)
         while isinstance(step, NextStepHandoff | NextStepRunAgain):
@@ -217,11 +221,15 @@ class Turn:
             check_budgets(self.t.config.limits, self.usage, self.t.c.usage, sent, price, route.name)
         # A returning route's answer is its result, and JSON is no text for the user: never streamed.
         streamed = model_config.stream and not run.returning and not route.output
+        guard = self.calls.guard
+        batcher = StreamBatcher(self.t.emit, bool(route.stream_to_quarkus)) if streamed else None
+        sender = batcher.send if batcher is not None else None
+        # Output guards hold the stream until checked: the one place chunks leave the engine.
+        hold = OutputHold(guard, sender) if sender is not None and guard is not None and guard.holds_output() else None
         with tracing.chat_span(model_config.provider, model_config.name, route.name,
                                model_config.temperature) as span:
-            batcher = StreamBatcher(self.t.emit, bool(route.stream_to_quarkus)) if streamed else None
             try:
-                response, used, switches = await self.call_model(request, batcher.send if batcher else None)
+                response, used, switches = await self.call_model(request, hold.chunk if hold is not None else sender)
             finally:
                 if batcher is not None:
                     batcher.close()  # what the model sent last goes before anything else of the turn
@@ -229,6 +237,9 @@ class Turn:
             if switches:
                 price, sent_tokens = self.t.config.prices.get(used.name), None  # counted with its own encoding
                 tracing.record_answered_by(span, used.name, model_config.name)
+            text, handed_over = guard.check_output(response.text, hold) if guard is not None else (response.text, False)
+            if text != response.text or handed_over:  # what the user reads is what the memory keeps
+                response = replace(response, text=text, tool_calls=[] if handed_over else response.tool_calls)
             calls = tuple(
                 ToolCall(c.id or f"call_{self.t.number}_{self.model_calls}_{i}", c.name, c.arguments)
                 for i, c in enumerate(response.tool_calls)
@@ -239,10 +250,18 @@ class Turn:
                                  used.provider, sent_tokens, switches)
             if span is not None:
                 content = tracing.capture_content()
+                # The `storage` guardrails apply to traces: they are kept too.
+                kept = self.traced(route.name) if content and guard is not None else _as_is
                 tracing.record_answer(span, usage, response.finish_reason,
-                                      [m.to_dict() for m in request.messages] if content else None,
-                                      answer.to_dict() if content else None)
+                                      kept([m.to_dict() for m in request.messages]) if content else None,
+                                      kept(answer.to_dict()) if content else None)
         return response, answer
+
+    def traced(self, route: str) -> Callable[[Any], Any]:
+        """What a trace keeps of a value: its strings with the `storage` guardrails applied."""
+        guards = bot_storage_guards(self.t.config, [route])
+        redact = storage_redactor(guards)
+        return (lambda value: map_strings(value, redact)) if guards else (lambda value: value)
 
     def correct(self, run: RouteRun, text: str | None, problem: str) -> NextStep:
         """A JSON answer that misses the route's `output` schema: asked again once, with what was wrong."""
@@ -517,6 +536,10 @@ def prompt_cache_key(bot: str, route: str) -> str:
     if len(key) <= 64:
         return key
     return "chatrun-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 def _answer_record(answer: AssistantMessage) -> dict[str, Any]:

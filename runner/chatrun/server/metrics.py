@@ -97,6 +97,9 @@ class ServerMetrics:
                                       "next and why (quota, overload, timeout, outage, breaker_open)",
                                       ["bot", "from", "to", "reason"], registry=reg)
         self.tool_calls = prom.Counter("chatrun_tool_calls", "Tool calls run", ["bot", "tool"], registry=reg)
+        self.guardrails = prom.Counter("chatrun_guardrail", "Guardrails that matched (docs/guardrails.md), by "
+                                       "stage, kind and what they did", ["bot", "stage", "kind", "outcome"],
+                                       registry=reg)
         self.tool_failures = prom.Counter("chatrun_tool_failures",
                                           "Tool calls that did not do their work (refused, failed, unknown tool)",
                                           ["bot", "tool"], registry=reg)
@@ -257,3 +260,7 @@ class TurnObserver:
         m.child(m.tool_seconds, self.bot, tool).observe(seconds)
         if failed:
             m.child(m.tool_failures, self.bot, tool).inc()
+
+    def guardrail(self, stage: str, kind: str, outcome: str) -> None:
+        m = self.m
+        m.child(m.guardrails, self.bot, stage, kind, outcome).inc()

@@ -1,0 +1,409 @@
+"""Guardrails (issue 37, docs/guardrails.md): the one place the engine checks what goes in,
+what comes back and what is kept, against a bot's and a route's `guardrails:`.
+
+Four stages, each checked at the one spot its text passes through:
+- `input`: the user's message as the turn starts (engine/turn.py `Turn.run`), before a model reads it;
+- `tool_result`: a call's reply, in the call path's `run_tool` (engine/call.py), before the model reads it;
+- `output`: the model's answer as it comes back (engine/turn.py `ask_model`); streamed chunks pass
+  through `OutputHold`, the turn's chunk sender, so no client of any door sees a chunk before it
+  is checked (held whole, or released a checked sentence at a time);
+- `storage`: the turn's history entry and changed memories as they are committed (engine/session.py).
+
+The detectors are hand-written (`find`): regular expressions for patterns and emails, digits with
+the Luhn check for card numbers, the mod-97 check for IBANs; a guard costs microseconds a turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chatrun import events as ev
+from chatrun.definition.config import BotConfig, GuardrailConfig
+from chatrun.engine import observe, pausing
+from chatrun.engine.context import TurnContext
+from chatrun.engine.pending import OPERATOR_ROLE, TAKEOVER
+from chatrun.messages import (
+    AssistantMessage,
+    Message,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+
+log = logging.getLogger("chatrun.engine")
+
+# The event of a guardrail that matched: {name, stage, kind, outcome, route, found}
+GUARDRAIL = ev.GUARDRAIL
+
+# -- the detectors --------------------------------------------------------------------------
+
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+# 13 to 19 digits, maybe grouped by single spaces or dashes (4111 1111 1111 1111, 4111-1111-...).
+_CARD = re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![\w-])")
+# A country, two check digits, then 11 to 30 letters or digits, maybe in groups of four.
+_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{2}\d{2}(?: ?[A-Za-z0-9]){11,30}(?![A-Za-z0-9])")
+# An international number (+41 44 668 18 00) or a grouped national one (044 668 18 00, (555) 123-4567).
+_PHONE = re.compile(r"(?<![\w+])(?:\+\d[\d ().-]{6,18}\d|\(?\d{2,5}\)?[ .-]\d[\d .-]{4,14}\d)(?![\w])")
+
+
+def luhn(digits: str) -> bool:
+    """The Luhn check every card number passes (a mistyped digit fails it)."""
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def iban_valid(text: str) -> bool:
+    """ISO 13616's check: the country and check digits moved to the end, letters as 10..35, mod 97 == 1."""
+    s = text.replace(" ", "").upper()
+    moved = s[4:] + s[:4]
+    return int("".join(str(int(ch, 36)) for ch in moved)) % 97 == 1
+
+
+def _cards(text: str) -> Iterable[tuple[int, int]]:
+    for m in _CARD.finditer(text):
+        digits = re.sub(r"\D", "", m.group())
+        if 13 <= len(digits) <= 19 and luhn(digits):
+            yield m.span()
+
+
+def _ibans(text: str) -> Iterable[tuple[int, int]]:
+    for m in _IBAN.finditer(text):
+        candidate = m.group()
+        while True:  # the pattern may run on into the next words ("... 7654 32 ok"): shorter, by groups
+            if len(candidate.replace(" ", "")) >= 15 and iban_valid(candidate):
+                yield m.start(), m.start() + len(candidate)
+                break
+            cut = candidate.rfind(" ")
+            if cut <= 4:
+                break
+            candidate = candidate[:cut]
+
+
+def _phones(text: str) -> Iterable[tuple[int, int]]:
+    for m in _PHONE.finditer(text):
+        if 8 <= sum(ch.isdigit() for ch in m.group()) <= 15:
+            yield m.span()
+
+
+def _emails(text: str) -> Iterable[tuple[int, int]]:
+    return (m.span() for m in _EMAIL.finditer(text))
+
+
+# In this order: an IBAN's or a card's digits are not also a phone number.
+PII_DETECTORS: dict[str, Callable[[str], Iterable[tuple[int, int]]]] = {
+    "iban": _ibans, "card": _cards, "email": _emails, "phone": _phones}
+
+
+@dataclass(frozen=True)
+class Hit:
+    start: int
+    end: int
+    label: str  # what it is: card, iban, email, phone, pattern, length
+
+
+def find(guard: GuardrailConfig, text: str) -> list[Hit]:
+    """Where `guard` matches `text`, without overlaps, in order."""
+    if guard.kind == "length":
+        limit = guard.max_chars or 0
+        return [Hit(limit, len(text), "length")] if len(text) > limit else []
+    spans: list[Hit] = []
+    if guard.kind == "pii":
+        for label in PII_DETECTORS:
+            if label in guard.pii:
+                spans += [Hit(a, b, label) for a, b in PII_DETECTORS[label](text)
+                          if not any(a < h.end and h.start < b for h in spans)]
+    else:
+        for pattern in compiled(guard):
+            spans += [Hit(*m.span(), "pattern") for m in pattern.finditer(text)
+                      if m.end() > m.start() and not any(m.start() < h.end and h.start < m.end() for h in spans)]
+    return sorted(spans, key=lambda h: h.start)
+
+
+_COMPILED: dict[str, re.Pattern[str]] = {}
+
+
+def compiled(guard: GuardrailConfig) -> list[re.Pattern[str]]:
+    """A guard's patterns, compiled once per process (the validator has refused bad ones)."""
+    out = []
+    for source in guard.patterns:
+        pattern = _COMPILED.get(source)
+        if pattern is None:
+            pattern = _COMPILED[source] = re.compile(source)
+        out.append(pattern)
+    return out
+
+
+def redacted(guard: GuardrailConfig, text: str, hits: list[Hit]) -> str:
+    """`text` with each hit replaced (a length hit: cut to the limit)."""
+    out: list[str] = []
+    last = 0
+    for hit in hits:
+        if hit.label == "length":
+            return "".join(out) + text[last:hit.start]
+        default = "[redacted]" if hit.label == "pattern" else f"[{hit.label}]"
+        out += [text[last:hit.start], guard.replacement if guard.replacement is not None else default]
+        last = hit.end
+    return "".join(out) + text[last:]
+
+
+# -- one stage's verdict -------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    """What the guards of one stage made of a text: the text to go on with (redacted), the guard
+    that blocked it or hands it to an operator (None: it passes), and every guard that matched."""
+
+    text: str
+    stopped_by: GuardrailConfig | None = None
+    matched: list[tuple[GuardrailConfig, list[Hit]]] = field(default_factory=list)
+
+
+def judge(guards: Iterable[GuardrailConfig], stage: str, text: str) -> Verdict:
+    """Apply the guards of `stage` to `text` in order; a block or an operator hand-over stops there."""
+    verdict = Verdict(text)
+    for guard in guards:
+        if stage not in guard.stages:
+            continue
+        hits = find(guard, verdict.text)
+        if not hits:
+            continue
+        verdict.matched.append((guard, hits))
+        if guard.outcome == "redact":
+            verdict.text = redacted(guard, verdict.text, hits)
+        elif guard.outcome in ("block", "operator"):
+            verdict.stopped_by = guard
+            break
+    return verdict
+
+
+def stage_guards(guards: Iterable[GuardrailConfig], stage: str) -> tuple[GuardrailConfig, ...]:
+    return tuple(g for g in guards if stage in g.stages)
+
+
+# -- the turn's guardrails ----------------------------------------------------------------------
+
+
+class Guardrails:
+    """The guardrails of one turn, on its context: each stage's check and what its outcome does
+    (the events, the metric, the user's message, the hand-over)."""
+
+    def __init__(self, t: TurnContext):
+        self.t = t
+
+    def on(self, stage: str, route: str | None = None) -> tuple[GuardrailConfig, ...]:
+        """The guards of `stage` on `route` (default: the current one)."""
+        return stage_guards(self.t.config.route_guardrails(route or self.t.c.scope.route), stage)
+
+    def holds_output(self) -> bool:
+        """Whether a streamed reply must be held: an output guard may change it (one that only
+        flags lets it stream, and flags the whole text at the end)."""
+        return any(g.outcome != "flag" for g in self.on("output"))
+
+    def report(self, verdict: Verdict, stage: str) -> None:
+        """A Guardrail event (for the operators, unless `events:` says otherwise) and the metric,
+        for each guard that matched. The event names what was found, never the value."""
+        audience = self.t.config.events[GUARDRAIL].audience if GUARDRAIL in self.t.config.events else ev.OPERATORS
+        for guard, hits in verdict.matched:
+            outcome = guard.outcome
+            self.t.emit(GUARDRAIL, {"name": guard.name, "stage": stage, "kind": guard.kind, "outcome": outcome,
+                                    "route": self.t.c.scope.route, "found": sorted({h.label for h in hits})},
+                        audience=audience)
+            observe.guardrail(stage, guard.kind, outcome)
+
+    def message(self, guard: GuardrailConfig) -> str:
+        """What the user reads when `guard` blocks or hands over: its `message:`, else chatrun's own
+        text in the session's locale (the fallback's, or the hand-over's)."""
+        if guard.message:
+            text = self.t.render_template(guard.message, f"guardrail {guard.name} message", guard.where)
+            if text.strip():
+                return text
+        return self.t.own_text("handover" if guard.outcome == "operator" else "fallback")
+
+    def hand_over(self, guard: GuardrailConfig, text: str) -> None:
+        """An `operator` outcome: the conversation waits for an operator, as an `operator:` action's."""
+        item = pausing.new_item(self.t, TAKEOVER, None, tool=None, ask=text, tell=text, by=[OPERATOR_ROLE],
+                                data={**pausing.takeover_data(None, "all"), "guardrail": guard.name})
+        pausing.announce(self.t, item)
+        self.t.paused = True
+
+    # -- the stages ------------------------------------------------------------------------
+
+    def check_input(self) -> bool:
+        """The user's message (its text and its data's texts) before any model reads it: redacted
+        in place, or stopped. True: the turn ends here (the user has read the guard's message)."""
+        guards = self.on("input")
+        if not guards or self.t.decision is not None:
+            return False
+        stopped = None
+        if self.t.user_message:
+            verdict = judge(guards, "input", self.t.user_message)
+            self.report(verdict, "input")
+            self.t.user_message, stopped = verdict.text, verdict.stopped_by
+        if stopped is None and self.t.data:
+            self.t.data, stopped = self.data_verdict(guards, self.t.data)
+        if stopped is None:
+            return False
+        text = self.message(stopped)
+        self.t.emit(ev.MESSAGE, text)
+        if stopped.outcome == "operator":
+            self.hand_over(stopped, text)
+        return True
+
+    def data_verdict(self, guards: tuple[GuardrailConfig, ...], data: Any) -> tuple[Any, GuardrailConfig | None]:
+        """The texts in a message's data, each judged as input."""
+        stopped: list[GuardrailConfig] = []
+
+        def visit(text: str) -> str:
+            verdict = judge(guards, "input", text)
+            self.report(verdict, "input")
+            if verdict.stopped_by is not None:
+                stopped.append(verdict.stopped_by)
+            return verdict.text
+        return map_strings(data, visit), (stopped[0] if stopped else None)
+
+    def check_tool_result(self, tool: str, reply: str) -> str:
+        """A call's reply before the model reads it: redacted, or replaced by the guard's message."""
+        guards = self.on("tool_result")
+        if not guards:
+            return reply
+        verdict = judge(guards, "tool_result", reply)
+        self.report(verdict, "tool_result")
+        if verdict.stopped_by is not None:
+            guard = verdict.stopped_by
+            return (f"The result of {tool} was withheld by the guardrail {guard.name}. Do not repeat the call; "
+                    "tell the user you cannot give them this.")
+        return verdict.text
+
+    def check_output(self, text: str | None, hold: OutputHold | None) -> tuple[str | None, bool]:
+        """The model's answer before the user reads it (what a streamed reply's hold released
+        counts as checked): the text to show and keep, and whether the turn was handed to an
+        operator (its calls then do not run)."""
+        guards = self.on("output")
+        if not guards or not text:
+            return text, False
+        if hold is not None:
+            return hold.final(text)
+        verdict = judge(guards, "output", text)
+        return self.apply_output(verdict, "")
+
+    def apply_output(self, verdict: Verdict, released: str) -> tuple[str, bool]:
+        """An output verdict's text: what was released, then the rest as checked or the guard's message."""
+        self.report(verdict, "output")
+        guard = verdict.stopped_by
+        if guard is None:
+            return released + verdict.text, False
+        text = self.message(guard)
+        if released:  # what went out stays the start of the Message: every door relies on it
+            text = released + ("" if released[-1].isspace() else " ") + text
+        if guard.outcome == "operator":
+            self.hand_over(guard, text)
+            return text, True
+        return text, False
+
+
+# -- the stream's hold ----------------------------------------------------------------------
+
+Chunk = Callable[[str], Awaitable[None]]
+_SENTENCE_END = re.compile(r"[.!?…。！？]\s+|\n")
+
+
+class OutputHold:
+    """Between a streaming model and the turn's Stream events, when the route has output guards:
+    chunks are held, and released only once checked — the whole reply at the end (`release:
+    reply`, the default), or sentence by sentence (`release: sentence`, when every output guard
+    says so). A sentence a guard blocks stops the stream: nothing after it is released, and the
+    final Message says what the user gets. What is released is always the start of that Message,
+    so every door (which takes the Message as the rest of the streamed text) agrees."""
+
+    def __init__(self, guards: Guardrails, send: Chunk):
+        self.guards = guards
+        self.send = send
+        self.by_sentence = all(g.release == "sentence" for g in guards.on("output") if g.outcome != "flag")
+        self.raw = ""  # what the model has streamed so far
+        self.consumed = 0  # how much of `raw` has been judged and released
+        self.released = ""  # what went out (redacted)
+        self.stopped: Verdict | None = None  # a sentence that blocked: the stream went quiet
+
+    async def chunk(self, text: str) -> None:
+        self.raw += text
+        if not self.by_sentence or self.stopped is not None:
+            return
+        cut = None
+        for m in _SENTENCE_END.finditer(self.raw, self.consumed):
+            cut = m.end()
+        if cut is None:
+            return
+        verdict = judge(self.guards.on("output"), "output", self.raw[self.consumed:cut])
+        if verdict.stopped_by is not None:
+            self.stopped = verdict
+            return
+        self.guards.report(verdict, "output")
+        self.consumed = cut
+        self.released += verdict.text
+        if verdict.text:
+            await self.send(verdict.text)
+
+    def final(self, text: str) -> tuple[str, bool]:
+        """The reply as the user gets it, from the model's whole text."""
+        if self.stopped is not None:
+            return self.guards.apply_output(self.stopped, self.released)
+        if not text.startswith(self.raw[:self.consumed]):  # the model's text is not what it streamed
+            log.info("session %s: a streamed reply differs from the model's text; checked whole", self.guards.t.c.id)
+            self.consumed, self.released = 0, ""
+        verdict = judge(self.guards.on("output"), "output", text[self.consumed:])
+        return self.guards.apply_output(verdict, self.released)
+
+
+# -- storage --------------------------------------------------------------------------------
+
+
+def map_strings(value: Any, change: Callable[[str], str]) -> Any:
+    """`value` (plain JSON) with every string changed by `change` (keys stay)."""
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, dict):
+        return {k: map_strings(v, change) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [map_strings(v, change) for v in value]
+    return value
+
+
+def storage_redactor(guards: tuple[GuardrailConfig, ...]) -> Callable[[str], str]:
+    def redact(text: str) -> str:
+        return judge(guards, "storage", text).text if text else text
+    return redact
+
+
+def stored_message(message: Message, redact: Callable[[str], str]) -> Message:
+    """A memory's message as the store keeps it: its texts (and its calls' arguments) redacted."""
+    if isinstance(message, UserMessage):
+        return UserMessage(redact(message.content), message.attachments)
+    if isinstance(message, AssistantMessage):
+        calls = tuple(ToolCall(c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
+        return AssistantMessage(redact(message.content) if message.content else message.content, calls)
+    if isinstance(message, ToolResultMessage):
+        return ToolResultMessage(message.tool_call_id, message.name, redact(message.content))
+    if isinstance(message, SystemMessage):
+        return SystemMessage(redact(message.content))
+    return message
+
+
+def bot_storage_guards(config: BotConfig, routes: Iterable[str]) -> tuple[GuardrailConfig, ...]:
+    """The storage guards of the bot and of the routes a turn ran on."""
+    seen: dict[int, GuardrailConfig] = {id(g): g for g in stage_guards(config.guardrails, "storage")}
+    for route in dict.fromkeys(routes):
+        if route in config.routes:
+            for guard in stage_guards(config.routes[route].guardrails, "storage"):
+                seen.setdefault(id(guard), guard)
+    return tuple(seen.values())

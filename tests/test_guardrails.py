@@ -1,0 +1,264 @@
+"""Guardrails (issue 37, docs/guardrails.md): the engine applies a bot's and a route's
+`guardrails:` on the user's input, tools' results, the model's output (streamed chunks held
+until checked) and what is stored; the validator reports bad ones at file:line."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+import chatrun
+from chatrun.definition.config import GuardrailConfig
+from chatrun.definition.loader import check_bot
+from chatrun.engine.guardrails import find, iban_valid, luhn, redacted
+from chatrun.models.scripted import ScriptedModel
+
+CARD = "4111 1111 1111 1111"  # passes Luhn
+NOT_A_CARD = "4111 1111 1111 1112"  # fails it
+IBAN = "DE89 3704 0044 0532 0130 00"  # passes mod 97
+
+BOT = """
+name: guarded
+model: {provider: scripted, stream: true}
+guardrails:
+  - {name: cards, pii: [card, iban], stages: [input, tool_result, storage], outcome: redact}
+  - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: block,
+     message: "I cannot share that."}
+  - {name: long, max_chars: 500, stages: [input], outcome: block, message: "Please write less."}
+routes:
+  main:
+    default: true
+    system: You help.
+    tools: [lookup]
+  careful:
+    system: Careful.
+    guardrails:
+      - {name: human, patterns: ['(?i)lawyer'], stages: [input], outcome: operator}
+tools:
+  lookup:
+    description: Look the customer up
+    action: {reply: "Customer Ann, card 5555 5555 5555 4444, email ann@example.com"}
+"""
+
+
+@pytest.fixture
+def bot(write_bot):
+    return chatrun.load_bot(write_bot(BOT))
+
+
+def kinds(events, audience="user"):
+    return [(e.type, e.data) for e in events if e.audience == audience]
+
+
+def stream_and_messages(events):
+    return [(e.type, e.data) for e in events if e.type in ("Stream", "Message") and e.audience == "user"]
+
+
+def test_luhn_and_mod97_tell_real_numbers_from_lookalikes():
+    assert luhn(CARD.replace(" ", "")) and not luhn(NOT_A_CARD.replace(" ", ""))
+    assert iban_valid(IBAN) and not iban_valid("DE89 3704 0044 0532 0130 01")
+
+
+@pytest.mark.parametrize("text, kept", [
+    ("call +41 44 668 18 00 now", "call [phone] now"),
+    ("card 4111-1111-1111-1111.", "card [card]."),
+    ("card 4111 1111 1111 1111 2024", "card [card] 2024"),
+    ("GB82 WEST 1234 5698 7654 32 ok", "[iban] ok"),
+    ("gb82west12345698765432", "[iban]"),
+    ("mail a.b+c@ex-ample.co.uk!", "mail [email]!"),
+    ("order 1234567890123456 on 2026-12-01 at 10:30", "order 1234567890123456 on 2026-12-01 at 10:30"),
+])
+def test_the_pii_detectors_find_what_they_say_and_leave_lookalikes(text, kept):
+    guard = GuardrailConfig("p", "pii", ("input",), "redact")
+    assert redacted(guard, text, find(guard, text)) == kept
+
+
+def test_a_card_number_in_the_input_never_reaches_the_model_and_a_lookalike_does(bot):
+    model = ScriptedModel([{"text": "Noted."}, {"text": "Noted."}])
+    s = bot.session(model=model)
+    s.chat(f"my card is {CARD} and IBAN {IBAN}")
+    sent = json.dumps([m.to_dict() for m in model.requests[0].messages])
+    assert "4111" not in sent and "3704" not in sent
+    assert "my card is [card] and IBAN [iban]" in sent
+    s.chat(f"order {NOT_A_CARD}")
+    assert NOT_A_CARD in json.dumps([m.to_dict() for m in model.requests[1].messages])
+
+
+def test_a_tool_result_is_redacted_before_the_model_reads_it(bot):
+    model = ScriptedModel([{"tool_calls": [{"name": "lookup", "arguments": {}}]}, {"text": "Found Ann."}])
+    s = bot.session(model=model)
+    s.chat("who am I?")
+    read = [m for m in model.requests[1].messages if m.role == "tool"][0].content
+    assert "5555" not in read and "[card]" in read
+    assert "ann@example.com" in read  # the guard declares card and iban only
+
+
+def test_a_blocked_streamed_reply_sends_no_chunk_and_the_declared_message(bot):
+    model = ScriptedModel([{"chunks": ["Sure. This is ", "for internal ", "only: the plan."]}, {"text": "ok"}])
+    s = bot.session(model=model)
+    events = s.chat("tell me the plan")
+    assert stream_and_messages(events) == [("Message", "I cannot share that.")]
+    assert ("Guardrail", {"name": "secret", "stage": "output", "kind": "pattern", "outcome": "block",
+                          "route": "main", "found": ["pattern"]}) in kinds(events, "operators")
+    s.chat("and now?")  # the memory holds what the user read, not the blocked text
+    assert "internal" not in json.dumps([m.to_dict() for m in model.requests[1].messages])
+
+
+def test_sentence_windows_release_checked_sentences_and_redact_a_card_before_it_streams(write_bot):
+    bot = chatrun.load_bot(write_bot("""
+name: windows
+model: {provider: scripted, stream: true}
+guardrails:
+  - {name: cards_out, pii: [card], stages: [output], outcome: redact, release: sentence}
+  - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: block, release: sentence,
+     message: "I cannot share that."}
+routes:
+  main: {default: true, system: hi}
+"""))
+    model = ScriptedModel([{"chunks": ["Hello there. Your card ", "is 4111 1111 ", "1111 1111. Bye"]},
+                           {"chunks": ["Sure. It is ", "for internal only. ", "More."]}])
+    s = bot.session(model=model)
+    events = s.chat("my card?")
+    streamed = [d for t, d in stream_and_messages(events) if t == "Stream"]
+    final = [d for t, d in stream_and_messages(events) if t == "Message"]
+    assert streamed == ["Hello there. ", "Your card is [card]. "]
+    assert final == ["Hello there. Your card is [card]. Bye"]
+    assert final[0].startswith("".join(streamed))  # what every door relies on
+    assert not any("4111" in str(d) for _, d in kinds(events))
+    # a sentence that blocks stops the stream: the Message is what went out, then the guard's message
+    events = s.chat("the plan?")
+    assert stream_and_messages(events) == [("Stream", "Sure. "), ("Message", "Sure. I cannot share that.")]
+
+
+def test_an_input_guard_hands_the_conversation_to_an_operator(bot):
+    model = ScriptedModel([])
+    s = bot.session(route="careful", model=model)
+    events = s.chat("I want a lawyer")
+    assert not model.requests  # no model read it
+    assert ("Message", "Connecting you with a person.") in kinds(events)
+    assert [(p.kind, p.by) for p in s.pending] == [("takeover", ["operators"])]  # any operator may take it
+
+
+def test_a_too_long_input_is_blocked_with_its_message(bot):
+    model = ScriptedModel([])
+    events = bot.session(model=model).chat("x" * 501)
+    assert kinds(events) == [("Message", "Please write less.")] and not model.requests
+
+
+def test_storage_keeps_no_card_number_in_the_store_or_the_logs(bot, caplog, tmp_path):
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    model = ScriptedModel([{"tool_calls": [{"name": "lookup", "arguments": {"card": CARD}}]},
+                           {"text": f"Your card {CARD} is on file."}, {"text": "Yes."}])
+    s = bot.session(store=store, model=model)
+    caplog.set_level(logging.DEBUG)
+    s.chat(f"card {CARD}")
+    s.chat("again?")
+    store.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*"))
+    assert b"[card]" in stored
+    for digits in (b"4111", b"5555 5555"):
+        assert digits not in stored
+    assert "4111" not in caplog.text
+    # the next turn's model reads the memory as stored
+    assert "4111" not in json.dumps([m.to_dict() for m in model.requests[2].messages])
+
+
+def test_the_validator_names_bad_patterns_and_outcomes_at_their_line(write_bot):
+    path = write_bot("""
+name: bad
+model: {provider: scripted}
+guardrails:
+  - {patterns: ['ok', 'bad('], stages: [output], outcome: block}
+  - {pii: [card], stages: [storage], outcome: block}
+  - {pii: [crad], stages: [inptu], outcome: redact}
+  - {pii: [card], max_chars: 9, stages: [input], outcome: redact}
+  - {pi: [card], stages: [input], outcome: redact}
+routes:
+  main: {default: true, system: hi}
+""")
+    _, diagnostics = check_bot(path)
+    text = "\n".join(f"{d.file}:{d.line}: {d.message}" for d in diagnostics)
+    assert ":5:" in text and "'bad(' is not a valid regular expression" in text
+    assert ":6:" in text and "stage `storage` cannot `block` (it can: redact)" in text
+    assert "did you mean `card`?" in text and "did you mean `input`?" in text
+    assert ":8: guardrail `guardrails[3]` has `pii` and `max_chars`: one detector per guardrail" in text
+    assert "unknown key `pi` in `guardrails[4]`; did you mean `pii`?" in text
+    assert ":9: guardrail `guardrails[4]` detects nothing: give it `patterns`, `pii` or `max_chars`" in text
+
+
+def test_traces_keep_no_card_number_even_with_message_content_captured(bot, spans, monkeypatch):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    model = ScriptedModel([{"text": f"Card {CARD} noted."}])
+    bot.session(model=model).chat(f"card {CARD}")
+    recorded = json.dumps([dict(span.attributes or {}) for span in spans.get_finished_spans()])
+    assert "gen_ai.input.messages" in recorded and "[card]" in recorded
+    assert "4111" not in recorded
+
+
+def test_an_approved_calls_result_is_redacted_too(write_bot):
+    bot = chatrun.load_bot(write_bot("""
+name: approved
+model: {provider: scripted}
+guardrails:
+  - {name: cards, pii: [card], stages: [tool_result], outcome: redact}
+routes:
+  main: {default: true, system: hi, tools: [lookup]}
+tools:
+  lookup:
+    description: Look the customer up
+    approval: {by: [user]}
+    action: {reply: "Card 5555 5555 5555 4444"}
+"""))
+    model = ScriptedModel([{"tool_calls": [{"name": "lookup", "arguments": {}}]}, {"text": "Done."}])
+    s = bot.session(model=model)
+    s.chat("look me up")
+    s.chat(chatrun.Approve(s.pending[0].id))
+    read = [m for m in model.requests[1].messages if m.role == "tool"][-1].content
+    assert read == "Card [card]"
+
+
+def test_a_flag_only_output_guard_lets_the_reply_stream_and_flags_it(write_bot):
+    bot = chatrun.load_bot(write_bot("""
+name: flagged
+model: {provider: scripted, stream: true}
+guardrails:
+  - {name: refunds, patterns: ['(?i)refund'], stages: [output], outcome: flag}
+routes:
+  main: {default: true, system: hi}
+"""))
+    events = bot.session(model=ScriptedModel([{"chunks": ["A refund ", "is on its way."]}])).chat("money?")
+    assert stream_and_messages(events) == [("Stream", "A refund "), ("Stream", "is on its way."),
+                                           ("Message", "A refund is on its way.")]
+    assert [d["outcome"] for t, d in kinds(events, "operators") if t == "Guardrail"] == ["flag"]
+
+
+def test_a_block_after_a_released_line_keeps_the_message_starting_with_what_went_out(write_bot):
+    bot = chatrun.load_bot(write_bot("""
+name: lines
+model: {provider: scripted, stream: true}
+guardrails:
+  - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: block, release: sentence,
+     message: No.}
+routes:
+  main: {default: true, system: hi}
+"""))
+    events = bot.session(model=ScriptedModel([{"chunks": ["Line one\n", "internal only\n"]}])).chat("?")
+    assert stream_and_messages(events) == [("Stream", "Line one\n"), ("Message", "Line one\nNo.")]
+
+
+def test_a_bot_may_send_its_guardrail_events_to_the_backend(write_bot):
+    bot = chatrun.load_bot(write_bot("""
+name: backend
+model: {provider: scripted}
+events: {Guardrail: {audience: backend}}
+guardrails:
+  - {name: mails, pii: [email], stages: [input], outcome: flag}
+routes:
+  main: {default: true, system: hi}
+"""))
+    model = ScriptedModel([{"text": "ok"}])
+    events = bot.session(model=model).chat("write to ann@example.com")
+    assert [d["found"] for t, d in kinds(events, "backend") if t == "Guardrail"] == [["email"]]
+    assert "ann@example.com" in json.dumps([m.to_dict() for m in model.requests[0].messages])  # flag changes nothing

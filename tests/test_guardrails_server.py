@@ -1,0 +1,143 @@
+"""Guardrails through the doors (issue 37): the model (the fake OpenAI server) streams a card
+number and a blocked phrase; the WebSocket, `/v1` (the real `openai` client) and a Slack chat
+(its streamed message posted and updated on a fake of Slack's Web API) never see the digits or
+the blocked words, because the engine holds a guarded reply before any door gets a chunk. The
+store and `/metrics` are read too."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+import websockets
+
+import chatrun
+from chatrun.server import create_app
+from chatrun.testing.fake_openai import FakeOpenAI
+from server_support import ThreadServer, async_until_done, check_frame
+
+pytestmark = [pytest.mark.slow]
+
+BOT = """
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: true}
+guardrails:
+  - {name: cards, pii: [card], stages: [output, storage], outcome: redact, release: sentence}
+  - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: block, release: sentence,
+     message: "I cannot share that."}
+routes:
+  main: {default: true, system: You sell things.}
+"""
+CARD_REPLY = {"chunks": ["Thanks. Your card ", "4111 1111 ", "1111 1111 is ", "saved. Bye"]}
+SECRET_REPLY = {"chunks": ["Sure. The price list ", "is for internal ", "only. Ask me later."]}
+
+
+@pytest.fixture
+def server(monkeypatch, tmp_path):
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        path = tmp_path / "shop.yaml"
+        path.write_text(BOT)
+        app = create_app([chatrun.load_bot(path)], f"sqlite:///{tmp_path / 'c.db'}")
+        with ThreadServer(app) as srv:
+            srv.fake = fake
+            srv.db = tmp_path / "c.db"
+            yield srv
+
+
+def test_the_websocket_never_sees_a_streamed_card_number_or_a_blocked_sentence(server):
+    server.fake.queue(CARD_REPLY, SECRET_REPLY)
+
+    async def run() -> list[list[dict]]:
+        async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
+            await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "g1"}))
+            await async_until_done(ws)
+            turns = []
+            for key, text in (("m1", "save my card"), ("m2", "prices?")):
+                await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "g1", "requestId": key,
+                                          "data": {"userMessage": text}}))
+                turns.append(await async_until_done(ws, 30))
+            return turns
+
+    card, secret = asyncio.run(run())
+    everything = json.dumps(card + secret)
+    assert "4111" not in everything and "internal" not in everything
+    streamed = "".join(f["data"] for f in card if f["type"] == "Stream")
+    assert streamed == "Thanks. Your card [card] is saved. "  # released a checked sentence at a time
+    assert [f["data"] for f in card if f["type"] == "Message"] == ["Thanks. Your card [card] is saved. Bye"]
+    assert [f["data"] for f in secret if f["type"] == "Message"] == ["Sure. I cannot share that."]
+    for frame in card + secret:
+        check_frame(frame)
+    stored = b"".join(p.read_bytes() for p in server.db.parent.glob("c.db*"))
+    assert b"4111" not in stored and b"[card]" in stored
+    metrics = httpx.get(server.url + "/metrics")
+    if metrics.status_code == 200:  # prometheus-client installed (the test extra has it)
+        assert 'chatrun_guardrail_total{bot="shop",kind="pii",outcome="redact",stage="output"}' in metrics.text
+        assert 'chatrun_guardrail_total{bot="shop",kind="pattern",outcome="block",stage="output"}' in metrics.text
+
+
+def test_v1_streaming_through_the_openai_client_never_sees_the_digits(server):
+    server.fake.queue(CARD_REPLY, SECRET_REPLY)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        seen = []
+        for question in ("save my card", "prices?"):
+            stream = client.chat.completions.create(model="shop", stream=True,
+                                                    messages=[{"role": "user", "content": question}])
+            seen.append("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
+        whole = client.chat.completions.create(model="shop", messages=[{"role": "user", "content": "again"}]) \
+            if server.fake.queue(CARD_REPLY) else None
+    assert seen == ["Thanks. Your card [card] is saved. Bye", "Sure. I cannot share that."]
+    assert whole is not None and whole.choices[0].message.content == "Thanks. Your card [card] is saved. Bye"
+
+
+SLACK_BOT = """\
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: true}
+env:
+  SLACK_TOKEN: {secret: true}
+  SLACK_SIGNING: {secret: true}
+  SLACK_API: {}
+channels:
+  slack:
+    token: SLACK_TOKEN
+    signing_secret: SLACK_SIGNING
+    api: "{{ env.SLACK_API }}"
+guardrails:
+  - {name: cards, pii: [card], stages: [output, storage], outcome: redact, release: sentence}
+routes:
+  main: {default: true, system: You sell things.}
+"""
+
+
+def test_a_slack_reply_streamed_into_one_message_never_shows_the_digits(tmp_path, fake, monkeypatch):
+    pytest.importorskip("slack_sdk", reason="slack_sdk is not installed (pip install -e '.[test]' brings it)")
+    from fastapi.testclient import TestClient
+
+    from channel_support import FakeSlack, slack_message, slack_signed
+    from chatrun.server.channels.slack import Slack
+    from server_support import app_for_testclient, wait_until
+
+    token, signing = "xoxb-test-token", "slack-signing-secret-0123"
+    monkeypatch.setattr(Slack, "stream_every", 0.0)  # every released chunk is shown: none may hold the digits
+    with FakeSlack(token) as slack:
+        for name, value in (("SLACK_TOKEN", token), ("SLACK_SIGNING", signing), ("SLACK_API", slack.url + "/api"),
+                            ("CHATRUN_OUTBOX_POLL", "0.2")):
+            monkeypatch.setenv(name, value)
+        fake.queue(CARD_REPLY)
+        (tmp_path / "bot.yaml").write_text(SLACK_BOT)
+        with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+            body = json.dumps(slack_message("Ev1", "save my card")).encode()
+            headers = {"Content-Type": "application/json", **slack_signed(signing, body, int(time.time()))}
+            assert client.post("/channels/shop/slack", content=body, headers=headers).status_code == 200
+            final = "Thanks. Your card [card] is saved. Bye"
+            wait_until(lambda: any(c["text"] == final for c in slack.calls("chat.update")),
+                       what="the committed text in the streamed message")
+            wait_until(lambda: client.get("/outbox").json()["entries"] == [], what="the outbox emptied")
+            shown = [c["text"] for c in slack.calls("chat.postMessage") + slack.calls("chat.update")]
+    assert shown and not any("4111" in text for text in shown)
+    assert shown[0] == "Thanks. "  # the first checked sentence, posted as it was released
