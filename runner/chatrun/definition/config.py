@@ -339,6 +339,33 @@ class OutputConfig:
 
 
 @dataclass
+class KnowledgeSource:
+    """One of the bot's `knowledge:` sources: a folder of files, cut into passages along their
+    headings and indexed for full-text search (chatrun.knowledge)."""
+
+    name: str
+    path: str  # the folder, relative to the bot's directory
+    include: list[str] = field(default_factory=list)  # glob patterns; []: every supported file
+    url: str | None = None  # a passage's link: `{path}` and `{anchor}` filled in; None: no link
+    where: Location = field(default_factory=Location)
+
+
+@dataclass
+class RouteKnowledge:
+    """A route's `knowledge:`: the sources it may read, and how."""
+
+    sources: list[str]
+    retrieve: str = "tool"  # "tool": the model calls search_knowledge; "auto": passages come with each turn
+    cite: str = "optional"  # "required": a reply that cites no passage is refused (asked once, then the fallback)
+    top_k: int = 5  # passages per search
+    where: Location = field(default_factory=Location)
+
+    @property
+    def cite_required(self) -> bool:
+        return self.cite == "required"
+
+
+@dataclass
 class RouteConfig:
     name: str
     system: str = ""  # Jinja2 template
@@ -369,6 +396,7 @@ class RouteConfig:
     # a turn that reached `limits.max_model_calls`): a template, over the bot's `fallback:`.
     fallback: str | None = None
     follow_up: FollowUpConfig | None = None  # a message written later, unasked, when the user goes quiet here
+    knowledge: RouteKnowledge | None = None  # `knowledge:`: the sources the route reads (None: none)
     where: Location = field(default_factory=Location)
 
 
@@ -515,6 +543,7 @@ class BotConfig:
     retention: Retention = field(default_factory=Retention)  # `retention:`: how long its stored data is kept
     widget: WidgetConfig | None = None  # `widget:`: the chat other sites embed (None: no widget)
     canned: dict[str, str] = field(default_factory=dict)  # `canned:`: an operator's ready replies, name -> template
+    knowledge: dict[str, KnowledgeSource] = field(default_factory=dict)  # `knowledge:`: sources, by name
 
     @property
     def version_label(self) -> str:

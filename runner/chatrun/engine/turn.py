@@ -34,7 +34,7 @@ from chatrun.definition.config import (
     ToolConfig,
 )
 from chatrun.definition.page_texts import page_texts
-from chatrun.engine import observe, tracing, waiting
+from chatrun.engine import grounding, observe, tracing, waiting
 from chatrun.engine.call import ToolCalls
 from chatrun.engine.context import Emit, TurnContext, storable
 from chatrun.engine.conversation import Conversation
@@ -54,6 +54,7 @@ from chatrun.engine.tools import (
 )
 from chatrun.engine.usage import Usage, call_usage, check_budgets
 from chatrun.errors import ModelError, TurnFailed
+from chatrun.knowledge import CITE_NUDGE, Hit
 from chatrun.memory import ChatMemory, SummaryMemory
 from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
 from chatrun.messages import (
@@ -90,6 +91,10 @@ class RouteRun:
     # The nudge after an empty answer (engine/turn.py `empty_answer`): sent once, after the
     # memory's messages, with the next call only; never kept in the memory.
     nudge: list[Message] = field(default_factory=list)
+    # The knowledge passages given with each request of this route's loop (`retrieve: auto`,
+    # engine/grounding.py), never kept in the memory; and the passages the last answer cites.
+    knowledge: list[Message] = field(default_factory=list)
+    cited: list[Hit] = field(default_factory=list)
 
 
 class Turn:
@@ -115,6 +120,7 @@ class Turn:
         # `calls`, what `chatrun record --from-session` replays the turn from.
         self.answers: list[dict[str, Any]] = []
         self.nudged = False  # an empty answer was asked again (once per turn)
+        self.asked_to_cite = False  # an answer that cited nothing (`cite: required`) was asked again (once)
 
     # -- the loop ---------------------------------------------------------------
 
@@ -158,7 +164,8 @@ class Turn:
         offered, specs = await self.t.tools.route_tools(route, self.t.mocks)
         return RouteRun(route, memory, offered, specs, self.t.config.route_model(route.name),
                         route.returns == "answer" and scope.caller is not None,
-                        tool_choice=sendable_tool_choice(route.tool_choice, offered))
+                        tool_choice=sendable_tool_choice(route.tool_choice, offered),
+                        knowledge=await grounding.retrieved(self.t, route))
 
     async def model_step(self, run: RouteRun) -> NextStep:
         """One model call on the route and what follows from its answer."""
@@ -177,6 +184,10 @@ class Turn:
             step = self.empty_answer(run)
             if step is not None:
                 return step  # the empty answer is not kept: the memory gets what the user gets
+        elif not calls and route.knowledge is not None and not run.returning:
+            run.cited = grounding.cited(self.t, route, response.text)
+            if not run.cited and route.knowledge.cite_required:
+                return self.uncited(run, response.text)  # not kept either, and never sent (not streamed)
         run.memory.add(answer)
         if not calls:
             return self.answered(run, response.text, value)
@@ -197,7 +208,7 @@ class Turn:
         route, model_config = run.route, run.model
         self.model_calls += 1  # bounded by model_step (limits.max_model_calls)
         self.add_system(run.memory, route)
-        extra, run.nudge = run.correction + run.nudge, []
+        extra, run.nudge = run.knowledge + run.correction + run.nudge, []
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
                                response_format(route), self.t.read_blob if self.t.blobs is not None else None,
                                run.tool_choice)
@@ -207,7 +218,9 @@ class Turn:
             sent = sent_tokens()
             check_budgets(self.t.config.limits, self.usage, self.t.c.usage, sent, price, route.name)
         # A returning route's answer is its result, and JSON is no text for the user: never streamed.
-        streamed = model_config.stream and not run.returning and not route.output
+        # A reply that must cite a source is checked before anyone sees it: not streamed either.
+        must_cite = route.knowledge is not None and route.knowledge.cite_required
+        streamed = model_config.stream and not run.returning and not route.output and not must_cite
         with tracing.chat_span(model_config.provider, model_config.name, route.name,
                                model_config.temperature) as span:
             response = await observe.timed_call(self.model, request, self.chunk_sender(bool(route.stream_to_quarkus)) if streamed else None)
@@ -254,6 +267,18 @@ class Turn:
         if run.returning:
             return None  # its caller's model reads the empty result and answers the user
         return self.fall_back(run, f"the model answered nothing on route {run.route.name}, again after a nudge")
+
+    def uncited(self, run: RouteRun, text: str | None) -> NextStep:
+        """A reply on a route with `cite: required` that cites no passage: the model is asked once
+        to cite (or say it does not know); a second such reply gets the route's fallback."""
+        if not self.asked_to_cite:
+            self.asked_to_cite = True
+            run.nudge = [AssistantMessage(text), UserMessage(CITE_NUDGE)]
+            self.t.emit(ev.CONSOLE, f"route {run.route.name}: the reply cites no knowledge source "
+                        "(`cite: required`); asked again once")
+            return NextStepRunAgain()
+        return self.fall_back(run, f"the reply on route {run.route.name} cites no knowledge source "
+                                   "(`cite: required`), again after being asked to")
 
     def fall_back(self, run: RouteRun, why: str) -> NextStep:
         """The model has nothing (more) to say: the user gets the route's or the bot's `fallback:`
@@ -304,6 +329,7 @@ class Turn:
             self.apply_output(route, value)
         elif text:
             self.t.emit(ev.MESSAGE, text)
+            grounding.send_sources(self.t, run.cited)
         self.t.offer(route.choices, f"route {route.name} choices", route.where)
         return NextStepFinalOutput()
 
