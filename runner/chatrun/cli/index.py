@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import click
 
 from chatrun.cli._output import BotPath, fail, plural, print_diagnostics, summary
@@ -45,7 +47,7 @@ def index(path: str, quiet: bool) -> None:
         library = Library(config.root or ".", config.knowledge)
         files = plan(library.root, config.knowledge.values())
         with click.progressbar(length=len(files), label="Indexing", show_pos=True,
-                               file=None if not quiet else _Null()) as bar:
+                               file=io.StringIO() if quiet else None) as bar:
             done = library.refresh(lambda item: bar.update(1))
     except click.exceptions.Exit:
         raise
@@ -59,12 +61,3 @@ def index(path: str, quiet: bool) -> None:
     if done.problems:
         raise click.exceptions.Exit(1)
 
-
-class _Null:
-    """Where a quiet progress bar writes: nowhere."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        return None

@@ -85,6 +85,10 @@ def check_knowledge(config: BotConfig, checks: Checks) -> None:
 
 def _check_source(root: str, source: KnowledgeSource, checks: Checks) -> None:
     at = ("knowledge", source.name)
+    for field in re.findall(r"\{([^{}]*)\}", source.url or ""):
+        if field not in URL_FIELDS:
+            checks.add("error", f"knowledge source `{source.name}`: `url` fills in `{{{field}}}`, which is not known"
+                       f"{suggest(field, URL_FIELDS)}; it may use {{path}} and {{anchor}}", *at, "url")
     folder = source_folder(root, source)
     if not folder.is_dir():
         what = "is a file, not a folder" if folder.exists() else "does not exist"
@@ -110,7 +114,3 @@ def _check_source(root: str, source: KnowledgeSource, checks: Checks) -> None:
     if with_text == 0 and all(unreadable(p) is None for p in files):
         checks.add("error", f"knowledge source `{source.name}` is empty: every file in `{source.path}` is empty",
                    *at, "path")
-    for field in re.findall(r"\{([^{}]*)\}", source.url or ""):
-        if field not in URL_FIELDS:
-            checks.add("error", f"knowledge source `{source.name}`: `url` fills in `{{{field}}}`, which is not known"
-                       f"{suggest(field, URL_FIELDS)}; it may use {{path}} and {{anchor}}", *at, "url")

@@ -102,7 +102,9 @@ class KnowledgeIndex:
 
     def connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        connection = sqlite3.connect(self.path, timeout=30)
+        # Autocommit: each file's change is one explicit transaction (_replace), taken before its
+        # first read, so two processes refreshing at once never interleave within a file.
+        connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         connection.execute("PRAGMA journal_mode=WAL")
         return connection
 
@@ -198,7 +200,8 @@ def _meta(db: sqlite3.Connection, key: str) -> str | None:
 
 
 def _replace(db: sqlite3.Connection, source: str, path: str, digest: str | None, chunks: list[Chunk]) -> None:
-    """A file's passages replaced (digest None: the file is gone)."""
+    """A file's passages replaced (digest None: the file is gone), in one transaction."""
+    db.execute("BEGIN IMMEDIATE")
     old = db.execute("SELECT id, heading, body FROM passages WHERE source = ? AND path = ?", (source, path)).fetchall()
     db.executemany("INSERT INTO passages_fts(passages_fts, rowid, heading, body) VALUES ('delete', ?, ?, ?)", old)
     db.execute("DELETE FROM passages WHERE source = ? AND path = ?", (source, path))
@@ -211,7 +214,7 @@ def _replace(db: sqlite3.Connection, source: str, path: str, digest: str | None,
         db.execute("DELETE FROM files WHERE source = ? AND path = ?", (source, path))
     else:
         db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?)", (source, path, digest))
-    db.commit()  # one file at a time: an interrupted refresh keeps what it finished
+    db.execute("COMMIT")  # one file at a time: an interrupted refresh keeps what it finished
 
 
 def fts_query(text: str) -> str:
