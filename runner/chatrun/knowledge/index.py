@@ -18,6 +18,7 @@ import hashlib
 import logging
 import re
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,7 @@ class KnowledgeIndex:
 
     def __init__(self, path: Path):
         self.path = path
+        self._readers = threading.local()  # a connection per thread for searches (opening one costs more than a query)
 
     def connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,6 +109,14 @@ class KnowledgeIndex:
         connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         connection.execute("PRAGMA journal_mode=WAL")
         return connection
+
+    def reader(self) -> sqlite3.Connection:
+        """This thread's connection for reading (each query sees what refreshes committed)."""
+        db: sqlite3.Connection | None = getattr(self._readers, "db", None)
+        if db is None:
+            db = self._readers.db = sqlite3.connect(self.path, timeout=30, isolation_level=None,
+                                                    check_same_thread=False)
+        return db
 
     def refresh(self, files: Sequence[SourceFile], sources: Iterable[str],
                 step: Callable[[SourceFile], None] | None = None) -> Refreshed:
@@ -163,9 +173,7 @@ class KnowledgeIndex:
         sql = (f"SELECT p.source, p.path, p.anchor, p.title, p.body, bm25(passages_fts, {TITLE_WEIGHT}, 1.0) AS score "
                "FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid "
                f"WHERE passages_fts MATCH ? AND p.source IN ({marks}) ORDER BY score LIMIT ?")
-        with self.connect() as db:
-            rows = db.execute(sql, (match, *sources, k)).fetchall()
-        db.close()
+        rows = self.reader().execute(sql, (match, *sources, k)).fetchall()
         return [Hit(row[0], row[1], row[2], row[3], row[4], -row[5]) for row in rows]
 
     def find(self, refs: Sequence[tuple[str, str]], sources: Sequence[str]) -> list[Hit]:
@@ -175,13 +183,12 @@ class KnowledgeIndex:
             return []
         out: list[Hit] = []
         marks = ",".join("?" * len(sources))
-        with self.connect() as db:
-            for path, anchor in refs:
-                row = db.execute(f"SELECT source, path, anchor, title, body FROM passages WHERE source IN ({marks}) "
-                                 "AND path = ? AND anchor = ? ORDER BY id LIMIT 1", (*sources, path, anchor)).fetchone()
-                if row is not None:
-                    out.append(Hit(*row))
-        db.close()
+        db = self.reader()
+        for path, anchor in refs:
+            row = db.execute(f"SELECT source, path, anchor, title, body FROM passages WHERE source IN ({marks}) "
+                             "AND path = ? AND anchor = ? ORDER BY id LIMIT 1", (*sources, path, anchor)).fetchone()
+            if row is not None:
+                out.append(Hit(*row))
         return out
 
     def count(self) -> int:
