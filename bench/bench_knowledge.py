@@ -20,6 +20,7 @@ and 95th percentile.
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 import sys
@@ -49,14 +50,14 @@ def make_corpus(folder: Path, passages: int, seed: int) -> list[tuple[str, list[
     """Files of sections; returns each section's (ref, heading words, body words)."""
     rng = random.Random(seed)
     words = vocabulary(rng)
-    weights = [1 / (rank + 1) ** 1.07 for rank in range(VOCABULARY)]
+    cumulative = list(itertools.accumulate(1 / (rank + 1) ** 1.07 for rank in range(VOCABULARY)))
     sections: list[tuple[str, list[str], list[str]]] = []
     for number in range(0, passages, SECTIONS_PER_FILE):
         name = f"article-{number // SECTIONS_PER_FILE:05d}.md"
         lines = [f"# Article {number // SECTIONS_PER_FILE}", ""]
         for _ in range(min(SECTIONS_PER_FILE, passages - number)):
             heading = rng.sample(words[500:], 3)
-            body = rng.choices(words, weights, k=BODY_WORDS)
+            body = rng.choices(words, cum_weights=cumulative, k=BODY_WORDS)
             anchor = "-".join(heading)
             lines += [f"## {' '.join(heading)}", "", " ".join(body) + ".", ""]
             sections.append((f"{name}#{anchor}", heading, body))
@@ -67,9 +68,10 @@ def make_corpus(folder: Path, passages: int, seed: int) -> list[tuple[str, list[
 def make_questions(sections: list[tuple[str, list[str], list[str]]], n: int, seed: int) -> list[tuple[str, str]]:
     rng = random.Random(seed + 1)
     words = vocabulary(random.Random(seed))
+    rank = {word: i for i, word in enumerate(words)}
     questions = []
     for ref, heading, body in rng.sample(sections, min(n, len(sections))):
-        rare = [w for w in dict.fromkeys(body) if words.index(w) > 300] or body
+        rare = [w for w in dict.fromkeys(body) if rank[w] > 300] or body
         named = [rng.choice(heading)] if rng.random() < 0.5 else []  # half the questions name no heading word
         chosen = [*named, *rng.sample(rare, min(3, len(rare))), *rng.sample(words[:100], 2)]
         rng.shuffle(chosen)

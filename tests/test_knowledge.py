@@ -277,3 +277,17 @@ def test_retrieve_auto_sends_the_best_passages_with_each_request_without_keeping
     assert sent[-1].role == "system" and sent[-1].content.startswith("Knowledge passages that may answer")
     assert "[returns.md#refund-window] Returns › Refund window" in sent[-1].content
     assert all("Knowledge passages" not in (m.content or "") for m in s.memory())
+
+
+def test_a_large_index_leaves_out_query_words_most_passages_hold_while_a_rarer_one_is_left(docs_bot, monkeypatch):
+    from chatrun.knowledge import index as knowledge_index
+
+    config, _ = load_config(docs_bot)
+    library = Library(docs_bot, config.knowledge)
+    library.refresh()  # 5 passages: `refund` is in 2 (40%), `password` in 1 (20%)
+    assert library.index.selective(["refund", "password"]) == ["refund", "password"]  # a small index: all kept
+    monkeypatch.setattr(knowledge_index, "SELECTIVE_FROM", 1)
+    monkeypatch.setattr(knowledge_index, "COMMON_SHARE", 0.3)
+    assert library.index.selective(["refund", "password"]) == ["password"]
+    assert library.index.selective(["refund"]) == ["refund"]  # never all of them
+    assert [h.ref for h in library.search("refund password", ["guides"], 5)] == ["account.html#pw"]

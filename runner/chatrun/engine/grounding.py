@@ -9,6 +9,7 @@ its place; moving it means calling this from there.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from chatrun import events as ev
@@ -34,11 +35,12 @@ async def retrieved(t: TurnContext, route: RouteConfig) -> list[Message]:
     return [SystemMessage(f"{RETRIEVED_HEADER}\n\n{passages_text(hits)}")]
 
 
-def cited(t: TurnContext, route: RouteConfig, text: str | None) -> list[Hit]:
-    """The passages of the route's sources that a reply cites (`[ref]`), each once."""
+async def cited(t: TurnContext, route: RouteConfig, text: str | None) -> list[Hit]:
+    """The passages of the route's sources that a reply cites (`[ref]`), each once (off the
+    event loop: the first use of the index refreshes it)."""
     if route.knowledge is None or not text:
         return []
-    return library_of(t.config).cited(text, route.knowledge.sources)
+    return await asyncio.to_thread(library_of(t.config).cited, text, route.knowledge.sources)
 
 
 def send_sources(t: TurnContext, hits: list[Hit]) -> None:

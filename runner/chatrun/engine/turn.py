@@ -185,7 +185,7 @@ class Turn:
             if step is not None:
                 return step  # the empty answer is not kept: the memory gets what the user gets
         elif not calls and route.knowledge is not None and not run.returning:
-            run.cited = grounding.cited(self.t, route, response.text)
+            run.cited = await grounding.cited(self.t, route, response.text)
             if not run.cited and route.knowledge.cite_required:
                 return self.uncited(run, response.text)  # not kept either, and never sent (not streamed)
         run.memory.add(answer)

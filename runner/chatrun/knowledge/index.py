@@ -30,8 +30,10 @@ from chatrun.knowledge.chunks import Chunk, chunk_file
 log = logging.getLogger("chatrun.knowledge")
 
 # Bumped when the way files are cut or stored changes: every file is then read again.
-INDEX_VERSION = "1"
+INDEX_VERSION = "2"
 TITLE_WEIGHT = 4.0
+COMMON_SHARE = 0.1  # a query word in more than this share of the passages is left out (see `selective`)...
+SELECTIVE_FROM = 10_000  # ...in an index of this many passages or more (a smaller one is fast anyway)
 STOP_WORDS = frozenset(
     "a an and are as at be but by can do does for from how i if in into is it its me my no not of on or our so "
     "that the their then there these this to was we what when where which who why will with you your".split())
@@ -41,10 +43,10 @@ CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS files(source TEXT NOT NULL, path TEXT NOT NULL, hash TEXT NOT NULL,
                                  PRIMARY KEY (source, path));
 CREATE TABLE IF NOT EXISTS passages(id INTEGER PRIMARY KEY, source TEXT NOT NULL, path TEXT NOT NULL,
-                                    anchor TEXT NOT NULL, title TEXT NOT NULL, heading TEXT NOT NULL,
+                                    anchor TEXT NOT NULL, title TEXT NOT NULL, tag TEXT NOT NULL, heading TEXT NOT NULL,
                                     body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS passages_at ON passages(source, path, anchor);
-CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(heading, body, content='passages', content_rowid='id',
+CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(tag, heading, body, content='passages', content_rowid='id',
                                                           tokenize='porter unicode61 remove_diacritics 2');
 """
 
@@ -125,8 +127,8 @@ class KnowledgeIndex:
         done = Refreshed(files=len(files))
         with self.connect() as db:
             db.executescript(_SCHEMA)
-            if _meta(db, "version") != INDEX_VERSION:  # cut differently now: read everything again
-                db.execute("DELETE FROM files")
+            if _meta(db, "version") != INDEX_VERSION:  # cut or stored differently now: start again
+                db.executescript("DROP TABLE passages_fts; DROP TABLE passages; DROP TABLE files;" + _SCHEMA)
             known = {(s, p): h for s, p, h in db.execute("SELECT source, path, hash FROM files")}
             for item in files:
                 if self._refresh_file(db, item, known.pop((item.source, item.relative), None), done):
@@ -140,6 +142,7 @@ class KnowledgeIndex:
             db.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", (INDEX_VERSION,))
             db.execute("INSERT OR REPLACE INTO meta VALUES ('sources', ?)", (",".join(sorted(wanted)),))
             done.passages = db.execute("SELECT count(*) FROM passages").fetchone()[0]
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('passages', ?)", (str(done.passages),))
         db.close()
         return done
 
@@ -166,15 +169,38 @@ class KnowledgeIndex:
 
     def search(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
         """The `k` passages of `sources` that best match `query` (BM25), best first."""
-        match = fts_query(query)
-        if not match or not sources or not self.path.exists():
+        words = query_words(query)
+        if not words or not sources or not self.path.exists():
             return []
-        marks = ",".join("?" * len(sources))
-        sql = (f"SELECT p.source, p.path, p.anchor, p.title, p.body, bm25(passages_fts, {TITLE_WEIGHT}, 1.0) AS score "
-               "FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid "
-               f"WHERE passages_fts MATCH ? AND p.source IN ({marks}) ORDER BY score LIMIT ?")
-        rows = self.reader().execute(sql, (match, *sources, k)).fetchall()
+        match = " OR ".join(f'"{w}"' for w in self.selective(words))
+        indexed = (_meta(self.reader(), "sources") or "").split(",")
+        if not set(indexed) <= set(sources):  # only some sources: a column filter, inside the FTS5 query
+            tags = " OR ".join(f'"{source_tag(s)}"' for s in sources)
+            match = f"tag : ({tags}) AND {{heading body}} : ({match})"
+        # The passages' rows are joined to the top k only: joining before ranking makes SQLite
+        # score every match through the join (3x slower at 100,000 passages).
+        sql = ("SELECT p.source, p.path, p.anchor, p.title, p.body, f.score FROM (SELECT rowid, "
+               f"bm25(passages_fts, 0.0, {TITLE_WEIGHT}, 1.0) AS score FROM passages_fts WHERE passages_fts MATCH ? "
+               "ORDER BY score LIMIT ?) f JOIN passages p ON p.id = f.rowid ORDER BY f.score")
+        rows = self.reader().execute(sql, (match, k)).fetchall()
         return [Hit(row[0], row[1], row[2], row[3], row[4], -row[5]) for row in rows]
+
+    def selective(self, words: list[str]) -> list[str]:
+        """`words` less those in more than COMMON_SHARE of all passages, while a rarer one is left:
+        BM25 gives such a word little weight (log 9 against ~log 2000 for a rare one), yet
+        matching it means scoring a large share of the index, which is most of a query's time
+        at 100,000 passages (bench/bench_knowledge.py). Elasticsearch's `cutoff_frequency` did
+        the same. A word whose stem differs from it is not found in the vocabulary, and kept.
+        Only from SELECTIVE_FROM passages: in a small index every word is in a large share."""
+        db = self.reader()
+        total = _meta(db, "passages")
+        if len(words) < 2 or total is None or int(total) < SELECTIVE_FROM:
+            return words
+        db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.passages_terms USING fts5vocab(main, passages_fts, 'row')")
+        marks = ",".join("?" * len(words))
+        counts = dict(db.execute(f"SELECT term, doc FROM temp.passages_terms WHERE term IN ({marks})", words).fetchall())
+        rare = [w for w in words if counts.get(w, 0) <= int(total) * COMMON_SHARE]
+        return rare or words
 
     def find(self, refs: Sequence[tuple[str, str]], sources: Sequence[str]) -> list[Hit]:
         """The passages `refs` ((path, anchor) pairs) name in `sources`, in the order named (one
@@ -209,14 +235,15 @@ def _meta(db: sqlite3.Connection, key: str) -> str | None:
 def _replace(db: sqlite3.Connection, source: str, path: str, digest: str | None, chunks: list[Chunk]) -> None:
     """A file's passages replaced (digest None: the file is gone), in one transaction."""
     db.execute("BEGIN IMMEDIATE")
-    old = db.execute("SELECT id, heading, body FROM passages WHERE source = ? AND path = ?", (source, path)).fetchall()
-    db.executemany("INSERT INTO passages_fts(passages_fts, rowid, heading, body) VALUES ('delete', ?, ?, ?)", old)
+    old = db.execute("SELECT id, tag, heading, body FROM passages WHERE source = ? AND path = ?", (source, path)).fetchall()
+    db.executemany("INSERT INTO passages_fts(passages_fts, rowid, tag, heading, body) VALUES ('delete', ?, ?, ?, ?)", old)
     db.execute("DELETE FROM passages WHERE source = ? AND path = ?", (source, path))
     for chunk in chunks:
-        cursor = db.execute("INSERT INTO passages(source, path, anchor, title, heading, body) VALUES (?, ?, ?, ?, ?, ?)",
-                            (source, path, chunk.anchor, chunk.title, chunk.heading, chunk.text))
-        db.execute("INSERT INTO passages_fts(rowid, heading, body) VALUES (?, ?, ?)",
-                   (cursor.lastrowid, chunk.heading, chunk.text))
+        cursor = db.execute("INSERT INTO passages(source, path, anchor, title, tag, heading, body) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (source, path, chunk.anchor, chunk.title, source_tag(source), chunk.heading, chunk.text))
+        db.execute("INSERT INTO passages_fts(rowid, tag, heading, body) VALUES (?, ?, ?, ?)",
+                   (cursor.lastrowid, source_tag(source), chunk.heading, chunk.text))
     if digest is None:
         db.execute("DELETE FROM files WHERE source = ? AND path = ?", (source, path))
     else:
@@ -224,7 +251,17 @@ def _replace(db: sqlite3.Connection, source: str, path: str, digest: str | None,
     db.execute("COMMIT")  # one file at a time: an interrupted refresh keeps what it finished
 
 
+def source_tag(source: str) -> str:
+    """A source's name as one token of the FTS5 table's `tag` column (a name like `help_centre`
+    would be two words, and `help` one of them): how a search keeps to a route's sources."""
+    return "src" + hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def query_words(text: str) -> list[str]:
+    """The words of free text a search looks for: lower case, once each, stop words left out."""
+    return list(dict.fromkeys(w for w in re.findall(r"\w+", text.lower()) if w not in STOP_WORDS and len(w) > 1))
+
+
 def fts_query(text: str) -> str:
     """An FTS5 query for free text: its words, each quoted (no operator can be injected), OR-ed."""
-    words = dict.fromkeys(w for w in re.findall(r"\w+", text.lower()) if w not in STOP_WORDS and len(w) > 1)
-    return " OR ".join(f'"{w}"' for w in words)
+    return " OR ".join(f'"{w}"' for w in query_words(text))

@@ -502,6 +502,8 @@ def event_type_warnings(config: Any, t: Transcript) -> list[str]:
     if may_emit_any_event(config):
         return []
     known = set(ev.BUILTIN_TYPES) | set(config.events)  # `events:` declares the bot's own types
+    if not any(route.knowledge for route in config.routes.values()):
+        known.discard(ev.SOURCES)  # only a route with `knowledge:` cites sources
     for tool in config.tools.values():
         for _, action in tool.action.variants():
             known.update(action.emit)
