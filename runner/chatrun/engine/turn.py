@@ -165,7 +165,7 @@ class Turn:
         return RouteRun(route, memory, offered, specs, self.t.config.route_model(route.name),
                         route.returns == "answer" and scope.caller is not None,
                         tool_choice=sendable_tool_choice(route.tool_choice, offered),
-                        knowledge=await grounding.retrieved(self.t, route))
+                        knowledge=await grounding.retrieved(self.t, route) if route.knowledge else [])
 
     async def model_step(self, run: RouteRun) -> NextStep:
         """One model call on the route and what follows from its answer."""
@@ -329,7 +329,8 @@ class Turn:
             self.apply_output(route, value)
         elif text:
             self.t.emit(ev.MESSAGE, text)
-            grounding.send_sources(self.t, run.cited)
+            if run.cited:  # a route without knowledge never enters engine/grounding.py
+                grounding.send_sources(self.t, run.cited)
         self.t.offer(route.choices, f"route {route.name} choices", route.where)
         return NextStepFinalOutput()
 
