@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "runner" / "chatrun"
 LAYERS = {
     "errors": 0, "events": 0, "messages": 0, "version": 0,
     "definition": 1,
-    "memory": 2, "store": 2, "models": 2, "toolkinds": 2,
+    "memory": 2, "store": 2, "models": 2, "toolkinds": 2, "knowledge": 2,
     "engine": 3,
     "cli": 5, "server": 5, "transcripts": 5, "pytest_plugin": 5, "testing": 5, "__main__": 5,
 }

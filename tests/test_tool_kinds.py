@@ -21,7 +21,7 @@ from chatrun.transcripts.mocks import TranscriptMocks
 
 
 def test_the_table_lists_the_kinds_in_order_and_the_definition_stage_sees_the_same():
-    assert list(KINDS) == ["handler", "http", "openapi", "mcp"]
+    assert list(KINDS) == ["handler", "http", "openapi", "mcp", "knowledge"]
     assert [kind.key for kind in definition_kinds.kinds()] == list(KINDS)
 
 

@@ -23,6 +23,8 @@ ENDED = "ConversationEnded"  # chatrun extension: an `end` action ended the conv
 PENDING = "Pending"  # an item waits: data = PendingItem.public() (a backend's copy adds "token")
 RESOLVED = "Resolved"  # an item was resolved: data = {"id", "kind", "outcome", "by", "args"?, "answer"?, "reason"?}
 USER_MESSAGE = "UserMessage"  # during a takeover, the user's message for the operators: data = {"text", "data"}
+# The knowledge passages a reply cites (docs/knowledge.md): data = {"sources": [{"title", "ref", "source", "url"?}]}
+SOURCES = "Sources"
 
 # What a failed turn's Error event says to the user. The author's detail (the file and line,
 # the exception) is in the event's meta["detail"], the history, the log: never in the text.
@@ -30,7 +32,7 @@ TURN_FAILED_TEXT = "Sorry, something went wrong and your last message could not 
 MODEL_FAILED_TEXT = "Sorry, the assistant cannot answer right now. Nothing of your last message was kept; please try again."
 
 BUILTIN_TYPES = (MESSAGE, OBJECT, THINKING, CONSOLE, ERROR, STREAM, ROUTE_CHANGED, CHOICES, ENDED, PENDING, RESOLVED,
-                 USER_MESSAGE)
+                 USER_MESSAGE, SOURCES)
 
 # Who an event is for. The user's clients (the WebSocket, HTTP, /v1, the page, the REPL's
 # conversation) get only USER events; OPERATORS events are for the people who watch or take

@@ -36,6 +36,7 @@ COMMANDS = {
     "diff": "chatrun.cli.diff:diff",
     "versions": "chatrun.cli.versions:versions",
     "purge": "chatrun.cli.purge:purge",
+    "index": "chatrun.cli.index:index",
 }
 
 # Each command's one-line summary for `chatrun --help`, so listing the commands imports none of
@@ -59,6 +60,7 @@ SUMMARIES = {
     "diff": "Compare two versions of a bot: what changed, and which changes break live sessions.",
     "versions": "List or retire the bot versions kept in a store.",
     "purge": "Delete what is past the bots' retention now, or everything stored of one principal.",
+    "index": "Build the knowledge index of a bot's `knowledge:` sources, reading only changed files.",
 }
 
 

@@ -40,6 +40,7 @@ from chatrun.definition.config import (
 )
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
+from chatrun.definition.knowledge import check_knowledge
 from chatrun.definition.sources import Sources, suggest
 from chatrun.definition.templates import (
     DISPLAY_VARIABLES,
@@ -170,6 +171,7 @@ class _Checker:
         self.guardrails()
         for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
             kind.check_bot(self.config, self)
+        check_knowledge(self.config, self)
         _graph_checks(self)
         _user_template_checks(self)
         _audience_checks(self)

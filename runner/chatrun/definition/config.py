@@ -396,6 +396,33 @@ class OutputConfig:
 
 
 @dataclass
+class KnowledgeSource:
+    """One of the bot's `knowledge:` sources: a folder of files, cut into passages along their
+    headings and indexed for full-text search (chatrun.knowledge)."""
+
+    name: str
+    path: str  # the folder, relative to the bot's directory
+    include: list[str] = field(default_factory=list)  # glob patterns; []: every supported file
+    url: str | None = None  # a passage's link: `{path}` and `{anchor}` filled in; None: no link
+    where: Location = field(default_factory=Location)
+
+
+@dataclass
+class RouteKnowledge:
+    """A route's `knowledge:`: the sources it may read, and how."""
+
+    sources: list[str]
+    retrieve: str = "tool"  # "tool": the model calls search_knowledge; "auto": passages come with each turn
+    cite: str = "optional"  # "required": a reply that cites no passage is refused (asked once, then the fallback)
+    top_k: int = 5  # passages per search
+    where: Location = field(default_factory=Location)
+
+    @property
+    def cite_required(self) -> bool:
+        return self.cite == "required"
+
+
+@dataclass
 class RouteConfig:
     name: str
     system: str = ""  # Jinja2 template
@@ -430,6 +457,7 @@ class RouteConfig:
     fallback: str | None = None
     follow_up: FollowUpConfig | None = None  # a message written later, unasked, when the user goes quiet here
     guardrails: tuple[GuardrailConfig, ...] = ()  # `guardrails:`: the route's own, after the bot's
+    knowledge: RouteKnowledge | None = None  # `knowledge:`: the sources the route reads (None: none)
     where: Location = field(default_factory=Location)
 
 
@@ -628,6 +656,7 @@ class BotConfig:
         own = self.routes[route].context
         return own if own is not None else self.context
     guardrails: tuple[GuardrailConfig, ...] = ()  # `guardrails:`: on every route (a route's own add to them)
+    knowledge: dict[str, KnowledgeSource] = field(default_factory=dict)  # `knowledge:`: sources, by name
 
     @property
     def version_label(self) -> str:

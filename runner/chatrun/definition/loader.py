@@ -38,6 +38,7 @@ from chatrun.definition.config import (
     FollowUpConfig,
     GuardrailConfig,
     KeyChanges,
+    KnowledgeSource,
     Limits,
     Location,
     MemoryPolicy,
@@ -51,6 +52,7 @@ from chatrun.definition.config import (
     Retention,
     RetryPolicy,
     RouteConfig,
+    RouteKnowledge,
     ScopeConfig,
     SinkConfig,
     ToolConfig,
@@ -548,7 +550,30 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         widget=_widget(top.get("widget"), main),
         canned=_canned(top.get("canned")),
         guardrails=_guardrails(top.get("guardrails"), main, ("guardrails",)),
+        knowledge=_knowledge(top.get("knowledge"), main),
     )
+
+
+def _knowledge(raw: Any, doc: YamlDoc) -> dict[str, KnowledgeSource]:
+    """`knowledge:` name -> source (the schema has checked the shapes)."""
+    out: dict[str, KnowledgeSource] = {}
+    for name, spec in (raw.items() if isinstance(raw, dict) else ()):
+        if isinstance(spec, dict) and isinstance(spec.get("path"), str):
+            out[str(name)] = KnowledgeSource(str(name), spec["path"], _str_list(spec.get("include")),
+                                             _str(spec.get("url")), _loc(doc, ("knowledge", name)))
+    return out
+
+
+def _route_knowledge(raw: Any, doc: YamlDoc, path: tuple) -> RouteKnowledge | None:
+    """A route's `knowledge:`: a list of source names, or a mapping with `sources`."""
+    if isinstance(raw, list):
+        raw = {"sources": raw}
+    if not isinstance(raw, dict) or not _str_list(raw.get("sources")):
+        return None
+    top_k = raw.get("top_k")
+    return RouteKnowledge(_str_list(raw.get("sources")), _str(raw.get("retrieve")) or "tool",
+                          _str(raw.get("cite")) or "optional",
+                          top_k if isinstance(top_k, int) and not isinstance(top_k, bool) else 5, _loc(doc, path))
 
 
 def _canned(raw: Any) -> dict[str, str]:
@@ -716,6 +741,7 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
         fallback=_str(raw.get("fallback")),
         follow_up=_follow_up(raw.get("follow_up"), doc, (*base, "follow_up")),
         guardrails=_guardrails(raw.get("guardrails"), doc, (*base, "guardrails")),
+        knowledge=_route_knowledge(raw.get("knowledge"), doc, (*base, "knowledge")),
         where=_loc(doc, base),
     )
 

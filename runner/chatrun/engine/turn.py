@@ -35,7 +35,7 @@ from chatrun.definition.config import (
     ToolConfig,
 )
 from chatrun.definition.page_texts import page_texts
-from chatrun.engine import observe, tracing, waiting
+from chatrun.engine import grounding, observe, tracing, waiting
 from chatrun.engine.call import ToolCalls
 from chatrun.engine.context import Emit, TurnContext, storable
 from chatrun.engine.conversation import Conversation
@@ -57,6 +57,7 @@ from chatrun.engine.tools import (
 )
 from chatrun.engine.usage import Usage, call_usage, check_budgets
 from chatrun.errors import ModelError, TurnFailed
+from chatrun.knowledge import CITE_NUDGE, Hit
 from chatrun.memory import ChatMemory, SummaryMemory
 from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
 from chatrun.messages import (
@@ -96,6 +97,10 @@ class RouteRun:
     # The nudge after an empty answer (engine/turn.py `empty_answer`): sent once, after the
     # memory's messages, with the next call only; never kept in the memory.
     nudge: list[Message] = field(default_factory=list)
+    # The knowledge passages given with each request of this route's loop (`retrieve: auto`,
+    # engine/grounding.py), never kept in the memory; and the passages the last answer cites.
+    knowledge: list[Message] = field(default_factory=list)
+    cited: list[Hit] = field(default_factory=list)
 
 
 class Turn:
@@ -123,6 +128,7 @@ class Turn:
         # `calls`, what `chatrun record --from-session` replays the turn from.
         self.answers: list[dict[str, Any]] = []
         self.nudged = False  # an empty answer was asked again (once per turn)
+        self.asked_to_cite = False  # an answer that cited nothing (`cite: required`) was asked again (once)
 
     # -- the loop ---------------------------------------------------------------
 
@@ -169,7 +175,8 @@ class Turn:
         offered, specs = await self.t.tools.route_tools(route, self.t.mocks)
         return RouteRun(route, memory, offered, specs, self.t.config.route_model(route.name),
                         route.returns == "answer" and scope.caller is not None,
-                        tool_choice=sendable_tool_choice(route.tool_choice, offered))
+                        tool_choice=sendable_tool_choice(route.tool_choice, offered),
+                        knowledge=await grounding.retrieved(self.t, route) if route.knowledge else [])
 
     async def model_step(self, run: RouteRun) -> NextStep:
         """One model call on the route and what follows from its answer."""
@@ -188,6 +195,10 @@ class Turn:
             step = self.empty_answer(run)
             if step is not None:
                 return step  # the empty answer is not kept: the memory gets what the user gets
+        elif not calls and route.knowledge is not None and not run.returning:
+            run.cited = await grounding.cited(self.t, route, response.text)
+            if not run.cited and route.knowledge.cite_required:
+                return self.uncited(run, response.text)  # not kept either, and never sent (not streamed)
         run.memory.add(answer)
         if not calls:
             return self.answered(run, response.text, value)
@@ -210,7 +221,7 @@ class Turn:
         self.add_system(run.memory, route)
         # The route's `context:` follows the memory, rendered anew for each call and never kept:
         # the system prompt and the memory stay the prefix a provider's prompt cache keeps.
-        extra, run.nudge = self.context_message(route) + run.correction + run.nudge, []
+        extra, run.nudge = self.context_message(route) + run.knowledge + run.correction + run.nudge, []
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
                                response_format(route), self.t.read_blob if self.t.blobs is not None else None,
                                run.tool_choice, cache_key=prompt_cache_key(self.t.config.name, route.name))
@@ -220,7 +231,9 @@ class Turn:
             sent = counted()
             check_budgets(self.t.config.limits, self.usage, self.t.c.usage, sent, price, route.name)
         # A returning route's answer is its result, and JSON is no text for the user: never streamed.
-        streamed = model_config.stream and not run.returning and not route.output
+        # A reply that must cite a source is checked before anyone sees it: not streamed either.
+        must_cite = route.knowledge is not None and route.knowledge.cite_required
+        streamed = model_config.stream and not run.returning and not route.output and not must_cite
         guard = self.calls.guard
         batcher = StreamBatcher(self.t.emit, bool(route.stream_to_quarkus)) if streamed else None
         sender = batcher.send if batcher is not None else None
@@ -292,6 +305,18 @@ class Turn:
             return None  # its caller's model reads the empty result and answers the user
         return self.fall_back(run, f"the model answered nothing on route {run.route.name}, again after a nudge")
 
+    def uncited(self, run: RouteRun, text: str | None) -> NextStep:
+        """A reply on a route with `cite: required` that cites no passage: the model is asked once
+        to cite (or say it does not know); a second such reply gets the route's fallback."""
+        if not self.asked_to_cite:
+            self.asked_to_cite = True
+            run.nudge = [AssistantMessage(text), UserMessage(CITE_NUDGE)]
+            self.t.emit(ev.CONSOLE, f"route {run.route.name}: the reply cites no knowledge source "
+                        "(`cite: required`); asked again once")
+            return NextStepRunAgain()
+        return self.fall_back(run, f"the reply on route {run.route.name} cites no knowledge source "
+                                   "(`cite: required`), again after being asked to")
+
     def fall_back(self, run: RouteRun, why: str) -> NextStep:
         """The model has nothing (more) to say: the user gets the route's or the bot's `fallback:`
         (else the built-in text in the session's locale), the route's memory keeps it as the
@@ -341,6 +366,8 @@ class Turn:
             self.apply_output(route, value)
         elif text:
             self.t.emit(ev.MESSAGE, text)
+            if run.cited:  # a route without knowledge never enters engine/grounding.py
+                grounding.send_sources(self.t, run.cited)
         self.t.offer(route.choices, f"route {route.name} choices", route.where)
         return NextStepFinalOutput()
 

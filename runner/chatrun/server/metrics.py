@@ -60,26 +60,11 @@ class ServerMetrics:
         prom.GCCollector(registry=reg)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._pending_seen: set[tuple[str, str]] = set()
-        model = ["bot", "gen_ai_provider_name", "gen_ai_request_model"]
         self.turns = prom.Counter("chatrun_turns", "Turns served, by the route they started on and how they ended",
                                   ["bot", "route", "outcome"], registry=reg)
         self.turn_seconds = prom.Histogram("chatrun_turn_duration_seconds", "Time a turn took, commit included",
                                            ["bot", "outcome"], buckets=TURN_BUCKETS, registry=reg)
-        self.call_seconds = prom.Histogram(
-            "gen_ai_client_operation_duration_seconds", "Duration of a model call (GenAI semantic conventions)",
-            ["gen_ai_operation_name", *model, "error_type"], buckets=DURATION_BUCKETS, registry=reg)
-        self.first_chunk = prom.Histogram(
-            "chatrun_model_time_to_first_chunk_seconds", "Time from a streamed model call to its first chunk",
-            model, buckets=DURATION_BUCKETS, registry=reg)
-        self.tokens = prom.Histogram(
-            "gen_ai_client_token_usage", "Tokens used per model call (GenAI semantic conventions)",
-            ["gen_ai_operation_name", *model, "gen_ai_token_type"], buckets=TOKEN_BUCKETS, registry=reg)
-        # What providers' prompt caches served (issue 38, docs/models.md "Stable prompts"): compare
-        # with the input tokens of gen_ai_client_token_usage for the share of prompts cached.
-        self.cached_tokens = prom.Counter("chatrun_model_cached_input_tokens", "Input tokens the provider "
-                                          "reported served from its prompt cache", model, registry=reg)
-        self.cost = prom.Counter("chatrun_cost", "Cost of the model calls, in the units of the bot's `prices:`",
-                                 ["bot", "gen_ai_request_model"], registry=reg)
+        self._model_metrics(prom, reg)
         # Per bot version (docs/versions.md, "Canaries"): compare a canary with the version it may replace.
         self.version_turns = prom.Counter("chatrun_version_turns", "Turns served, by the bot version that ran them "
                                           "and how they ended", ["bot", "bot_version", "outcome"], registry=reg)
@@ -92,10 +77,6 @@ class ServerMetrics:
                                             "too_large, starts_program)", ["bot", "reason"], registry=reg)
         self.feedback = prom.Counter("chatrun_feedback", "Ratings of bot replies by their users (thumbs up/down), "
                                      "by the route the conversation was on when rated", ["bot", "route", "rating"], registry=reg)
-        self.fallbacks = prom.Counter("chatrun_model_fallbacks", "Model calls moved to the next model of "
-                                      "`model.fallback:`, by the model that could not answer, the one asked "
-                                      "next and why (quota, overload, timeout, outage, breaker_open)",
-                                      ["bot", "from", "to", "reason"], registry=reg)
         self.tool_calls = prom.Counter("chatrun_tool_calls", "Tool calls run", ["bot", "tool"], registry=reg)
         self.guardrails = prom.Counter("chatrun_guardrail", "Guardrails that matched (docs/guardrails.md), by "
                                        "stage, kind and what they did", ["bot", "stage", "kind", "outcome"],
@@ -117,6 +98,28 @@ class ServerMetrics:
                    registry=reg).set_function(lambda: sessions.waiting)
         prom.Gauge("chatrun_session_requests_active", "Requests holding a session",
                    registry=reg).set_function(lambda: sessions.active)
+
+    def _model_metrics(self, prom: Any, reg: Any) -> None:
+        model = ["bot", "gen_ai_provider_name", "gen_ai_request_model"]
+        self.call_seconds = prom.Histogram(
+            "gen_ai_client_operation_duration_seconds", "Duration of a model call (GenAI semantic conventions)",
+            ["gen_ai_operation_name", *model, "error_type"], buckets=DURATION_BUCKETS, registry=reg)
+        self.first_chunk = prom.Histogram(
+            "chatrun_model_time_to_first_chunk_seconds", "Time from a streamed model call to its first chunk",
+            model, buckets=DURATION_BUCKETS, registry=reg)
+        self.tokens = prom.Histogram(
+            "gen_ai_client_token_usage", "Tokens used per model call (GenAI semantic conventions)",
+            ["gen_ai_operation_name", *model, "gen_ai_token_type"], buckets=TOKEN_BUCKETS, registry=reg)
+        # What providers' prompt caches served (issue 38, docs/models.md "Stable prompts"): compare
+        # with the input tokens of gen_ai_client_token_usage for the share of prompts cached.
+        self.cached_tokens = prom.Counter("chatrun_model_cached_input_tokens", "Input tokens the provider "
+                                          "reported served from its prompt cache", model, registry=reg)
+        self.cost = prom.Counter("chatrun_cost", "Cost of the model calls, in the units of the bot's `prices:`",
+                                 ["bot", "gen_ai_request_model"], registry=reg)
+        self.fallbacks = prom.Counter("chatrun_model_fallbacks", "Model calls moved to the next model of "
+                                      "`model.fallback:`, by the model that could not answer, the one asked "
+                                      "next and why (quota, overload, timeout, outage, breaker_open)",
+                                      ["bot", "from", "to", "reason"], registry=reg)
 
     def _outbox_metrics(self, prom: Any, reg: Any) -> None:
         sink = ["bot", "sink"]

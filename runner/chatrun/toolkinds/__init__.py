@@ -4,6 +4,7 @@
     http      http.py      a declarative HTTP call
     openapi   openapi.py   an OpenAPI operation; becomes an `http` tool when the bot loads
     mcp       mcp.py       a tool of an MCP server (the servers: mcp_servers.py)
+    knowledge knowledge.py `search_knowledge`, which a route's `knowledge:` offers (chatrun.knowledge)
 
 Each module holds its whole kind (base.py says what a kind provides): the config and how
 it is parsed, its checks, its call, and how replays treat it — as jsonschema keeps one
@@ -30,10 +31,12 @@ from chatrun.errors import Diagnostic
 from chatrun.toolkinds.base import ToolKind
 from chatrun.toolkinds.handler import HandlerKind
 from chatrun.toolkinds.http import HttpKind
+from chatrun.toolkinds.knowledge import KnowledgeKind
 from chatrun.toolkinds.mcp import McpKind
 from chatrun.toolkinds.openapi import OpenApiKind
 
-KINDS: dict[str, ToolKind[Any]] = {kind.key: kind for kind in (HandlerKind(), HttpKind(), OpenApiKind(), McpKind())}
+KINDS: dict[str, ToolKind[Any]] = {kind.key: kind for kind in (HandlerKind(), HttpKind(), OpenApiKind(), McpKind(),
+                                                                  KnowledgeKind())}
 
 for _kind in KINDS.values():
     register(_kind)

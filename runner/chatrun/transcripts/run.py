@@ -507,6 +507,8 @@ def event_type_warnings(config: Any, t: Transcript) -> list[str]:
     known = set(ev.BUILTIN_TYPES) | set(config.events)  # `events:` declares the bot's own types
     if config.guardrails or any(route.guardrails for route in config.routes.values()):
         known.add(ev.GUARDRAIL)
+    if not any(route.knowledge for route in config.routes.values()):
+        known.discard(ev.SOURCES)  # only a route with `knowledge:` cites sources
     for tool in config.tools.values():
         for _, action in tool.action.variants():
             known.update(action.emit)

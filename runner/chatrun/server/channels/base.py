@@ -213,12 +213,21 @@ def outgoing(events: list[dict[str, Any]]) -> list[Outgoing]:
             out.append(Outgoing(_object_text(data)))
         elif kind == ev.CHOICES and isinstance(data, dict):
             _with_buttons(out, "", data.get("choices"))
+        elif kind == ev.SOURCES and isinstance(data, dict) and (text := sources_text(data)):
+            out.append(Outgoing(text))
         elif kind == ev.PENDING and isinstance(data, dict):
             text = str(data.get("ask") or "")
             if not data.get("choices") and data.get("reply"):
                 text = f"{text}\n{data['reply']}".strip()
             _with_buttons(out, text, data.get("choices"))
     return out
+
+
+def sources_text(data: dict[str, Any]) -> str:
+    """A reply's Sources event as a message: each cited passage's title and link, numbered."""
+    lines = [f"{i}. {s.get('title') or s.get('ref')}" + (f" — {s['url']}" if isinstance(s.get("url"), str) else "")
+             for i, s in enumerate((s for s in data.get("sources") or () if isinstance(s, dict)), 1)]
+    return "Sources:\n" + "\n".join(lines) if lines else ""
 
 
 def _with_buttons(out: list[Outgoing], text: str, choices: Any) -> None:

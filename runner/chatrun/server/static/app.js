@@ -514,7 +514,34 @@
     Console: (data) => showConsole(data),
     RouteChanged: (data) => showRouteChange(data),
     Stream: () => undefined, // the history has the whole Message too
+    Sources: (data) => showSources(data),
   };
+
+  /** The knowledge passages a reply cites (docs/knowledge.md): a list of links under it. Only
+   * http(s) links are followed; a source without a link shows its title. */
+  function showSources(data) {
+    const list = el("div", "sources");
+    list.appendChild(el("span", "tag", tx("sources")));
+    const items = el("ol", "");
+    for (const source of (data && data.sources) || []) {
+      const item = el("li", "");
+      const url = typeof source.url === "string" && /^https?:\/\//i.test(source.url) ? source.url : null;
+      const label = source.title || source.ref || "";
+      if (url) {
+        const link = el("a", "", label);
+        link.href = url;
+        link.target = "_blank";
+        link.rel = "noopener noreferrer";
+        item.appendChild(link);
+      } else {
+        item.appendChild(el("span", "", label));
+      }
+      item.title = source.ref || "";
+      items.appendChild(item);
+    }
+    list.appendChild(items);
+    add(list);
+  }
 
   function showEvent(type, data, replayed, meta) {
     return (RENDERERS[type] || showObject)(data, replayed, type, meta);

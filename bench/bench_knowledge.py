@@ -1,0 +1,133 @@
+"""Knowledge retrieval (issue 37): BM25 over SQLite FTS5, as a bot's index does it.
+
+No public question-answer set ships inside a package that installs here (those of ir_datasets
+and BEIR are downloaded at run time, which this workplace does not allow), so the set is
+synthetic and made the same on every run (seeded): Markdown files of sections (a heading of
+three topic words, a body of 60 words drawn from a Zipf vocabulary of 30,000 made-up words),
+and questions that each target one section: one heading word, three of its body's rarer words,
+and two common words as noise, shuffled. Recall@5 and MRR measure how often and how high BM25
+ranks the target; with made-up words there are no synonyms or paraphrases, so they are an
+upper bound for lexical search, not a figure for real questions — the timings are the point.
+
+Per size (passages): the time to index from the files (`chatrun index`'s path: read, cut at
+headings, insert), the time of a refresh with nothing changed (hashing every file), and the
+time per query through `Library.search` (a connection, the FTS5 MATCH, BM25, top 5), median
+and 95th percentile.
+
+    python bench/bench_knowledge.py [--sizes 1000 100000] [--queries 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
+
+from chatrun.definition.config import KnowledgeSource  # noqa: E402
+from chatrun.knowledge import Library  # noqa: E402
+
+SECTIONS_PER_FILE = 20
+BODY_WORDS = 60
+VOCABULARY = 30_000
+
+
+def vocabulary(rng: random.Random) -> list[str]:
+    syllables = [c + v for c in "bcdfghjklmnprstvz" for v in "aeiou"]
+    words: set[str] = set()
+    while len(words) < VOCABULARY:
+        words.add("".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) + rng.choice("xqw"))
+    return sorted(words)  # the x/q/w ending keeps Porter's stemmer from folding two words into one
+
+
+def make_corpus(folder: Path, passages: int, seed: int) -> list[tuple[str, list[str], list[str]]]:
+    """Files of sections; returns each section's (ref, heading words, body words)."""
+    rng = random.Random(seed)
+    words = vocabulary(rng)
+    cumulative = list(itertools.accumulate(1 / (rank + 1) ** 1.07 for rank in range(VOCABULARY)))
+    sections: list[tuple[str, list[str], list[str]]] = []
+    for number in range(0, passages, SECTIONS_PER_FILE):
+        name = f"article-{number // SECTIONS_PER_FILE:05d}.md"
+        lines = [f"# Article {number // SECTIONS_PER_FILE}", ""]
+        for _ in range(min(SECTIONS_PER_FILE, passages - number)):
+            heading = rng.sample(words[500:], 3)
+            body = rng.choices(words, cum_weights=cumulative, k=BODY_WORDS)
+            anchor = "-".join(heading)
+            lines += [f"## {' '.join(heading)}", "", " ".join(body) + ".", ""]
+            sections.append((f"{name}#{anchor}", heading, body))
+        (folder / name).write_text("\n".join(lines), encoding="utf-8")
+    return sections
+
+
+def make_questions(sections: list[tuple[str, list[str], list[str]]], n: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed + 1)
+    words = vocabulary(random.Random(seed))
+    rank = {word: i for i, word in enumerate(words)}
+    questions = []
+    for ref, heading, body in rng.sample(sections, min(n, len(sections))):
+        rare = [w for w in dict.fromkeys(body) if rank[w] > 300] or body
+        named = [rng.choice(heading)] if rng.random() < 0.5 else []  # half the questions name no heading word
+        chosen = [*named, *rng.sample(rare, min(3, len(rare))), *rng.sample(words[:100], 2)]
+        rng.shuffle(chosen)
+        questions.append((" ".join(chosen), ref))
+    return questions
+
+
+def run(size: int, queries: int, seed: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "docs").mkdir()
+        sections = make_corpus(root / "docs", size, seed)
+        questions = make_questions(sections, queries, seed)
+        sources = {"docs": KnowledgeSource("docs", "docs")}
+        library = Library(root, sources)
+        start = time.perf_counter()
+        done = library.refresh()
+        indexed = time.perf_counter() - start
+        assert done.passages == size, (done.passages, size)
+        start = time.perf_counter()
+        assert Library(root, sources).refresh().changed == 0
+        unchanged = time.perf_counter() - start
+        times, ranks = [], []
+        for question, target in questions:
+            start = time.perf_counter()
+            hits = library.search(question, ["docs"], 5)
+            times.append(time.perf_counter() - start)
+            refs = [hit.ref for hit in hits]
+            ranks.append(refs.index(target) + 1 if target in refs else 0)
+    times.sort()
+    return {
+        "passages": size,
+        "index_s": indexed,
+        "passages_per_s": size / indexed,
+        "unchanged_refresh_s": unchanged,
+        "recall_at_5": sum(1 for r in ranks if r) / len(ranks),
+        "mrr": sum(1 / r for r in ranks if r) / len(ranks),
+        "query_median_ms": statistics.median(times) * 1000,
+        "query_p95_ms": times[int(len(times) * 0.95) - 1] * 1000,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 100_000])
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=37)
+    args = parser.parse_args()
+    print(f"{'passages':>9} {'index s':>8} {'pass/s':>8} {'no-op s':>8} {'R@5':>6} {'MRR':>6} "
+          f"{'q med ms':>9} {'q p95 ms':>9}")
+    for size in args.sizes:
+        r = run(size, args.queries, args.seed)
+        print(f"{r['passages']:>9,} {r['index_s']:>8.2f} {r['passages_per_s']:>8,.0f} {r['unchanged_refresh_s']:>8.2f} "
+              f"{r['recall_at_5']:>6.3f} {r['mrr']:>6.3f} {r['query_median_ms']:>9.2f} {r['query_p95_ms']:>9.2f}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

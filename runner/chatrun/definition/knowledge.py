@@ -1,0 +1,116 @@
+"""The bot's `knowledge:` sources as the definition stage sees them: which files a source reads,
+and what `chatrun validate` says about them — a folder that is missing, holds nothing to read,
+or a file that cannot be read — so that no source fails silently at run time.
+
+The files are read, cut into passages and indexed by chatrun.knowledge (a layer above); the
+one rule of which files a source holds is here, so validate and the index agree.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from chatrun.definition.config import BotConfig, KnowledgeSource
+from chatrun.definition.sources import suggest
+
+if TYPE_CHECKING:
+    from chatrun.definition.kinds import Checks
+
+# The files a source reads when it declares no `include:`, by suffix.
+SUPPORTED = (".md", ".markdown", ".html", ".htm", ".txt", ".pdf")
+URL_FIELDS = ("path", "anchor")  # what a source's `url:` may fill in
+
+
+def source_folder(root: str | Path, source: KnowledgeSource) -> Path:
+    """The source's folder (relative to the bot's directory)."""
+    return (Path(root) / source.path).resolve()
+
+
+def source_files(root: str | Path, source: KnowledgeSource) -> list[Path]:
+    """The files the source reads, sorted: those its `include:` globs match, else every file of
+    a supported kind, subfolders included (hidden files and folders left out)."""
+    folder = source_folder(root, source)
+    if not folder.is_dir():
+        return []
+    if source.include:
+        found = {p for pattern in source.include for p in folder.glob(pattern)}
+    else:
+        found = {p for p in folder.rglob("*") if p.suffix.lower() in SUPPORTED}
+    return sorted(p for p in found if p.is_file() and not _hidden(p.relative_to(folder)))
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
+def unreadable(path: Path) -> str | None:
+    """Why the file cannot be read as text (None: it can): bad UTF-8, a PDF that is not one,
+    or PDF support not installed."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if path.suffix.lower() == ".pdf":
+        if not data.startswith(b"%PDF-"):
+            return "is not a PDF file (it does not start with %PDF-)"
+        try:
+            import pypdf  # noqa: F401  (only whether it is installed)
+        except ImportError:
+            return "is a PDF, and reading PDFs needs the `pdf` extra: pip install 'chatrun[pdf]'"
+        return None
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"is not UTF-8 text (byte {e.start}); save it as UTF-8"
+    return None
+
+
+def check_knowledge(config: BotConfig, checks: Checks) -> None:
+    """Each source's folder exists and holds readable files with text in them; each route reads
+    declared sources; a `url:` fills in only `{path}` and `{anchor}`."""
+    root = config.root or "."
+    for source in config.knowledge.values():
+        _check_source(root, source, checks)
+    for route in config.routes.values():
+        if route.knowledge is None:
+            continue
+        for name in route.knowledge.sources:
+            if name not in config.knowledge:
+                checks.add("error", f"route `{route.name}` reads knowledge source `{name}`, which the bot does not "
+                           f"declare{suggest(name, config.knowledge)}; declare it under the top-level `knowledge:`",
+                           "routes", route.name, "knowledge")
+
+
+def _check_source(root: str, source: KnowledgeSource, checks: Checks) -> None:
+    at = ("knowledge", source.name)
+    for field in re.findall(r"\{([^{}]*)\}", source.url or ""):
+        if field not in URL_FIELDS:
+            checks.add("error", f"knowledge source `{source.name}`: `url` fills in `{{{field}}}`, which is not known"
+                       f"{suggest(field, URL_FIELDS)}; it may use {{path}} and {{anchor}}", *at, "url")
+    folder = source_folder(root, source)
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        checks.add("error", f"knowledge source `{source.name}`: its folder `{source.path}` ({folder}) {what}",
+                   *at, "path")
+        return
+    files = source_files(root, source)
+    if not files:
+        kinds = ", ".join(source.include) if source.include else ", ".join(SUPPORTED)
+        checks.add("error", f"knowledge source `{source.name}` is empty: its folder `{source.path}` holds no file "
+                   f"matching {kinds}", *at, "path")
+        return
+    with_text = 0
+    for path in files:
+        problem = unreadable(path)
+        name = path.relative_to(folder).as_posix()
+        if problem is not None:
+            checks.add("error", f"knowledge source `{source.name}`: file `{name}` {problem}", *at, "path")
+        elif path.stat().st_size == 0:
+            checks.add("warning", f"knowledge source `{source.name}`: file `{name}` is empty", *at, "path")
+        else:
+            with_text += 1
+    if with_text == 0 and all(unreadable(p) is None for p in files):
+        checks.add("error", f"knowledge source `{source.name}` is empty: every file in `{source.path}` is empty",
+                   *at, "path")

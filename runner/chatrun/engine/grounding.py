@@ -1,0 +1,50 @@
+"""A turn's knowledge: the passages given to the model (`retrieve: auto`) and the sources its
+reply cites (the Sources event; `cite: required` is enforced by engine/turn.py with these).
+
+`retrieved` is the one place the per-turn passages are made into what the model is sent: a
+system message after the route's memory, with each request of the route's loop, never kept
+in the memory (like a correction or a nudge). A route's `context:` template may later take
+its place; moving it means calling this from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from chatrun import events as ev
+from chatrun.definition.config import RouteConfig
+from chatrun.knowledge import Hit, library_of, passages_text
+from chatrun.messages import Message, SystemMessage
+
+if TYPE_CHECKING:
+    from chatrun.engine.context import TurnContext
+
+RETRIEVED_HEADER = "Knowledge passages that may answer the user's last message:"
+
+
+async def retrieved(t: TurnContext, route: RouteConfig) -> list[Message]:
+    """With `retrieve: auto`: the passages that best match the user's message, as a system
+    message for the model (and a Console note naming them, which transcripts can expect)."""
+    knowledge = route.knowledge
+    if knowledge is None or knowledge.retrieve != "auto" or not (t.user_message or "").strip():
+        return []
+    hits = await library_of(t.config).asearch(t.user_message or "", knowledge.sources, knowledge.top_k)
+    refs = ", ".join(hit.ref for hit in hits) or "nothing"
+    t.emit(ev.CONSOLE, f"route {route.name}: retrieved {refs}")
+    return [SystemMessage(f"{RETRIEVED_HEADER}\n\n{passages_text(hits)}")]
+
+
+async def cited(t: TurnContext, route: RouteConfig, text: str | None) -> list[Hit]:
+    """The passages of the route's sources that a reply cites (`[ref]`), each once (off the
+    event loop: the first use of the index refreshes it)."""
+    if route.knowledge is None or not text:
+        return []
+    return await asyncio.to_thread(library_of(t.config).cited, text, route.knowledge.sources)
+
+
+def send_sources(t: TurnContext, hits: list[Hit]) -> None:
+    """The Sources event of a reply: each cited passage's title, ref, source and link."""
+    if hits:
+        library = library_of(t.config)
+        t.emit(ev.SOURCES, {"sources": [library.source_entry(hit) for hit in hits]})

@@ -1,0 +1,120 @@
+"""What a bot knows: its `knowledge:` sources, indexed and searched, and the citations of a reply.
+
+    chunks.py   files cut into passages along their headings (titles and anchors kept)
+    index.py    the passages in SQLite, searched with FTS5's BM25, refreshed incrementally
+
+A `Library` is a bot's sources and its index file (`.chatrun/knowledge.db` in the bot's
+directory; `chatrun index BOT` builds it ahead). The first search of a running bot refreshes
+the index once (only changed files are read), so a bot never answers from a stale or missing
+index. The model sees passages as `[ref] title` blocks and cites one by writing its `[ref]`;
+`cited` finds the passages a reply cites, which become its Sources event (engine/turn.py).
+
+Layer 2 (tests/test_architecture.py): it reads the definition stage's config; the engine
+(auto retrieval, citations) and the `search_knowledge` tool kind (toolkinds/knowledge.py) use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from chatrun.definition.config import BotConfig, KnowledgeSource
+from chatrun.knowledge.index import Hit, KnowledgeIndex, Refreshed, plan
+
+__all__ = ["Hit", "KnowledgeIndex", "Library", "Refreshed", "index_path", "library_of", "passages_text"]
+
+INDEX_FILE = Path(".chatrun") / "knowledge.db"
+
+# What the model reads with passages: how to cite them (the one place this is said).
+CITE_HOW = ("Cite each passage you use by writing its ref in square brackets, e.g. [{example}]. "
+            "If the passages do not answer the question, say you do not know.")
+# What the model reads when a route with `cite: required` got a reply that cites nothing.
+CITE_NUDGE = ("(Your last answer cites no source. Answer again from the knowledge passages, citing each passage "
+              "you use by writing its ref in square brackets, e.g. [returns.md#refund-window]; call "
+              "search_knowledge first if you have no passage that answers. If none answers, say you do not know "
+              "and cite nothing.)")
+_CITATION = re.compile(r"\[([^\[\]\s]+)\]")
+
+
+def index_path(root: str | Path) -> Path:
+    """The bot's knowledge index: `.chatrun/knowledge.db` in its directory."""
+    return Path(root) / INDEX_FILE
+
+
+class Library:
+    """A bot's knowledge sources and their index."""
+
+    def __init__(self, root: str | Path, sources: dict[str, KnowledgeSource]):
+        self.root = Path(root)
+        self.sources = sources
+        self.index = KnowledgeIndex(index_path(self.root))
+        self._fresh = False
+        self._lock = threading.Lock()
+
+    def refresh(self, step: Any = None) -> Refreshed:
+        """Bring the index up to date with the folders (only changed files are read)."""
+        with self._lock:
+            done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step)
+            self._fresh = True
+            return done
+
+    def ready(self) -> KnowledgeIndex:
+        """The index, refreshed once in this process's life of the bot."""
+        if not self._fresh:
+            self.refresh()
+        return self.index
+
+    def search(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
+        return self.ready().search(query, sources, k)
+
+    async def asearch(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
+        """`search` off the event loop (SQLite and the first refresh block)."""
+        return await asyncio.to_thread(self.search, query, sources, k)
+
+    def cited(self, text: str, sources: Sequence[str]) -> list[Hit]:
+        """The passages of `sources` that `text` cites (`[path#anchor]`), each once, in order."""
+        refs = list(dict.fromkeys(m.group(1) for m in _CITATION.finditer(text or "")))
+        pairs = [(ref.partition("#")[0], ref.partition("#")[2]) for ref in refs]
+        return self.ready().find(pairs, sources) if pairs else []
+
+    def link(self, hit: Hit) -> str | None:
+        """A passage's link, from its source's `url:` (None: the source declares none)."""
+        pattern = self.sources[hit.source].url if hit.source in self.sources else None
+        if not pattern:
+            return None
+        stem = hit.path.rsplit(".", 1)[0] if "." in hit.path.rsplit("/", 1)[-1] else hit.path
+        return pattern.replace("{path}", stem).replace("{anchor}", hit.anchor)
+
+    def source_entry(self, hit: Hit) -> dict[str, Any]:
+        """A cited passage as the Sources event carries it."""
+        entry: dict[str, Any] = {"title": hit.title, "ref": hit.ref, "source": hit.source}
+        url = self.link(hit)
+        if url:
+            entry["url"] = url
+        return entry
+
+
+def passages_text(hits: Sequence[Hit]) -> str:
+    """Passages as the model reads them: each `[ref] title`, then its text; then how to cite."""
+    if not hits:
+        return "No passage of the knowledge sources matches. Say you do not know; do not make an answer up."
+    blocks = [f"[{hit.ref}] {hit.title}\n{hit.text}" for hit in hits]
+    return "\n\n".join(blocks) + "\n\n" + CITE_HOW.format(example=hits[0].ref)
+
+
+# A bot's Library, shared by its search tool and its turns, without keeping the bot alive.
+_LIBRARIES: dict[int, Library] = {}
+
+
+def library_of(config: BotConfig) -> Library:
+    """The Library of a loaded bot (made on first use, dropped with the config)."""
+    library = _LIBRARIES.get(id(config))
+    if library is None:
+        library = _LIBRARIES[id(config)] = Library(config.root or ".", config.knowledge)
+        weakref.finalize(config, _LIBRARIES.pop, id(config), None)
+    return library

@@ -1,0 +1,267 @@
+"""The knowledge index: passages in SQLite, searched with FTS5's BM25. No model needed.
+
+One file per bot (`.chatrun/knowledge.db` in its directory). `refresh` brings it up to date
+with the sources' folders, incrementally: a file whose bytes (SHA-256) are unchanged is not
+read again; a changed file's passages are replaced; a file or source gone is removed. The
+passages live in a plain table (indexed by source, path and anchor, for citations) that an
+FTS5 table indexes as external content; both change in one transaction per file, so a
+search never sees half a file and a crash leaves the index consistent.
+
+Search: the query's words (lower case, a short stop list left out) OR-ed together, ranked by
+BM25 with a passage's own heading weighing more than its text (TITLE_WEIGHT); Porter stemming, so
+"refunds" finds "refund".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chatrun.definition.config import KnowledgeSource
+from chatrun.definition.knowledge import source_files, source_folder, unreadable
+from chatrun.knowledge.chunks import Chunk, chunk_file
+
+log = logging.getLogger("chatrun.knowledge")
+
+# Bumped when the way files are cut or stored changes: every file is then read again.
+INDEX_VERSION = "2"
+TITLE_WEIGHT = 4.0
+COMMON_SHARE = 0.1  # a query word in more than this share of the passages is left out (see `selective`)...
+SELECTIVE_FROM = 10_000  # ...in an index of this many passages or more (a smaller one is fast anyway)
+STOP_WORDS = frozenset(
+    "a an and are as at be but by can do does for from how i if in into is it its me my no not of on or our so "
+    "that the their then there these this to was we what when where which who why will with you your".split())
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS files(source TEXT NOT NULL, path TEXT NOT NULL, hash TEXT NOT NULL,
+                                 PRIMARY KEY (source, path));
+CREATE TABLE IF NOT EXISTS passages(id INTEGER PRIMARY KEY, source TEXT NOT NULL, path TEXT NOT NULL,
+                                    anchor TEXT NOT NULL, title TEXT NOT NULL, tag TEXT NOT NULL, heading TEXT NOT NULL,
+                                    body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS passages_at ON passages(source, path, anchor);
+CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(tag, heading, body, content='passages', content_rowid='id',
+                                                          tokenize='porter unicode61 remove_diacritics 2');
+"""
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A passage found: its source, file (relative to the source's folder), anchor, title, text."""
+
+    source: str
+    path: str
+    anchor: str
+    title: str
+    text: str
+    score: float = 0.0
+
+    @property
+    def ref(self) -> str:
+        """How a reply cites it: `path#anchor` (`path` for a file's top)."""
+        return f"{self.path}#{self.anchor}" if self.anchor else self.path
+
+
+@dataclass
+class Refreshed:
+    """What a refresh did."""
+
+    files: int = 0  # files the sources hold
+    changed: int = 0  # files (re)read
+    removed: int = 0  # files (or whole sources) gone from the index
+    passages: int = 0  # passages in the index afterwards
+    problems: list[str] = field(default_factory=list)  # files that could not be read (left out)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file of a source, to index."""
+
+    source: str
+    path: Path
+    relative: str
+
+
+def plan(root: str | Path, sources: Iterable[KnowledgeSource]) -> list[SourceFile]:
+    """Every file the sources hold, in order."""
+    out: list[SourceFile] = []
+    for source in sources:
+        folder = source_folder(root, source)
+        out += [SourceFile(source.name, p, p.relative_to(folder).as_posix()) for p in source_files(root, source)]
+    return out
+
+
+class KnowledgeIndex:
+    """A bot's passages in one SQLite file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._readers = threading.local()  # a connection per thread for searches (opening one costs more than a query)
+
+    def connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit: each file's change is one explicit transaction (_replace), taken before its
+        # first read, so two processes refreshing at once never interleave within a file.
+        connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        connection.execute("PRAGMA journal_mode=WAL")
+        return connection
+
+    def reader(self) -> sqlite3.Connection:
+        """This thread's connection for reading (each query sees what refreshes committed)."""
+        db: sqlite3.Connection | None = getattr(self._readers, "db", None)
+        if db is None:
+            db = self._readers.db = sqlite3.connect(self.path, timeout=30, isolation_level=None,
+                                                    check_same_thread=False)
+        return db
+
+    def refresh(self, files: Sequence[SourceFile], sources: Iterable[str],
+                step: Callable[[SourceFile], None] | None = None) -> Refreshed:
+        """Bring the index up to date with `files` (of the sources named `sources`): read only
+        the files whose bytes changed; `step` is called after each file (a progress bar)."""
+        done = Refreshed(files=len(files))
+        with self.connect() as db:
+            db.executescript(_SCHEMA)
+            if _meta(db, "version") != INDEX_VERSION:  # cut or stored differently now: start again
+                db.executescript("DROP TABLE passages_fts; DROP TABLE passages; DROP TABLE files;" + _SCHEMA)
+            known = {(s, p): h for s, p, h in db.execute("SELECT source, path, hash FROM files")}
+            for item in files:
+                if self._refresh_file(db, item, known.pop((item.source, item.relative), None), done):
+                    done.changed += 1
+                if step is not None:
+                    step(item)
+            wanted = set(sources)
+            for source, path in known:  # files deleted, and sources the bot no longer declares
+                _replace(db, source, path, None, [])
+                done.removed += 1
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", (INDEX_VERSION,))
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('sources', ?)", (",".join(sorted(wanted)),))
+            done.passages = db.execute("SELECT count(*) FROM passages").fetchone()[0]
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('passages', ?)", (str(done.passages),))
+        db.close()
+        return done
+
+    def _refresh_file(self, db: sqlite3.Connection, item: SourceFile, old_hash: str | None, done: Refreshed) -> bool:
+        try:
+            data = item.path.read_bytes()
+        except OSError as e:
+            done.problems.append(f"{item.source}/{item.relative}: {e}")
+            return False
+        digest = hashlib.sha256(data).hexdigest()
+        if digest == old_hash:
+            return False
+        problem = unreadable(item.path)
+        try:
+            chunks = [] if problem else chunk_file(item.path, data)
+        except Exception as e:  # a PDF pypdf cannot parse, ...: left out, and said
+            problem = f"could not be read: {e}"
+            chunks = []
+        if problem:
+            done.problems.append(f"{item.source}/{item.relative} {problem}")
+            log.warning("knowledge source %s: file %s %s; left out of the index", item.source, item.relative, problem)
+        _replace(db, item.source, item.relative, digest, chunks)
+        return True
+
+    def search(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
+        """The `k` passages of `sources` that best match `query` (BM25), best first."""
+        words = query_words(query)
+        if not words or not sources or not self.path.exists():
+            return []
+        match = " OR ".join(f'"{w}"' for w in self.selective(words))
+        indexed = (_meta(self.reader(), "sources") or "").split(",")
+        if not set(indexed) <= set(sources):  # only some sources: a column filter, inside the FTS5 query
+            tags = " OR ".join(f'"{source_tag(s)}"' for s in sources)
+            match = f"tag : ({tags}) AND {{heading body}} : ({match})"
+        # The passages' rows are joined to the top k only: joining before ranking makes SQLite
+        # score every match through the join (3x slower at 100,000 passages).
+        sql = ("SELECT p.source, p.path, p.anchor, p.title, p.body, f.score FROM (SELECT rowid, "
+               f"bm25(passages_fts, 0.0, {TITLE_WEIGHT}, 1.0) AS score FROM passages_fts WHERE passages_fts MATCH ? "
+               "ORDER BY score LIMIT ?) f JOIN passages p ON p.id = f.rowid ORDER BY f.score")
+        rows = self.reader().execute(sql, (match, k)).fetchall()
+        return [Hit(row[0], row[1], row[2], row[3], row[4], -row[5]) for row in rows]
+
+    def selective(self, words: list[str]) -> list[str]:
+        """`words` less those in more than COMMON_SHARE of all passages, while a rarer one is left:
+        BM25 gives such a word little weight (log 9 against ~log 2000 for a rare one), yet
+        matching it means scoring a large share of the index, which is most of a query's time
+        at 100,000 passages (bench/bench_knowledge.py). Elasticsearch's `cutoff_frequency` did
+        the same. A word whose stem differs from it is not found in the vocabulary, and kept.
+        Only from SELECTIVE_FROM passages: in a small index every word is in a large share."""
+        db = self.reader()
+        total = _meta(db, "passages")
+        if len(words) < 2 or total is None or int(total) < SELECTIVE_FROM:
+            return words
+        db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.passages_terms USING fts5vocab(main, passages_fts, 'row')")
+        marks = ",".join("?" * len(words))
+        counts = dict(db.execute(f"SELECT term, doc FROM temp.passages_terms WHERE term IN ({marks})", words).fetchall())
+        rare = [w for w in words if counts.get(w, 0) <= int(total) * COMMON_SHARE]
+        return rare or words
+
+    def find(self, refs: Sequence[tuple[str, str]], sources: Sequence[str]) -> list[Hit]:
+        """The passages `refs` ((path, anchor) pairs) name in `sources`, in the order named (one
+        per ref: a section cut into pieces is cited once)."""
+        if not refs or not sources or not self.path.exists():
+            return []
+        out: list[Hit] = []
+        marks = ",".join("?" * len(sources))
+        db = self.reader()
+        for path, anchor in refs:
+            row = db.execute(f"SELECT source, path, anchor, title, body FROM passages WHERE source IN ({marks}) "
+                             "AND path = ? AND anchor = ? ORDER BY id LIMIT 1", (*sources, path, anchor)).fetchone()
+            if row is not None:
+                out.append(Hit(*row))
+        return out
+
+    def count(self) -> int:
+        if not self.path.exists():
+            return 0
+        with self.connect() as db:
+            db.executescript(_SCHEMA)
+            n = int(db.execute("SELECT count(*) FROM passages").fetchone()[0])
+        db.close()
+        return n
+
+
+def _meta(db: sqlite3.Connection, key: str) -> str | None:
+    row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else None
+
+
+def _replace(db: sqlite3.Connection, source: str, path: str, digest: str | None, chunks: list[Chunk]) -> None:
+    """A file's passages replaced (digest None: the file is gone), in one transaction."""
+    db.execute("BEGIN IMMEDIATE")
+    old = db.execute("SELECT id, tag, heading, body FROM passages WHERE source = ? AND path = ?", (source, path)).fetchall()
+    db.executemany("INSERT INTO passages_fts(passages_fts, rowid, tag, heading, body) VALUES ('delete', ?, ?, ?, ?)", old)
+    db.execute("DELETE FROM passages WHERE source = ? AND path = ?", (source, path))
+    for chunk in chunks:
+        cursor = db.execute("INSERT INTO passages(source, path, anchor, title, tag, heading, body) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (source, path, chunk.anchor, chunk.title, source_tag(source), chunk.heading, chunk.text))
+        db.execute("INSERT INTO passages_fts(rowid, tag, heading, body) VALUES (?, ?, ?, ?)",
+                   (cursor.lastrowid, source_tag(source), chunk.heading, chunk.text))
+    if digest is None:
+        db.execute("DELETE FROM files WHERE source = ? AND path = ?", (source, path))
+    else:
+        db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?)", (source, path, digest))
+    db.execute("COMMIT")  # one file at a time: an interrupted refresh keeps what it finished
+
+
+def source_tag(source: str) -> str:
+    """A source's name as one token of the FTS5 table's `tag` column (a name like `help_centre`
+    would be two words, and `help` one of them): how a search keeps to a route's sources."""
+    return "src" + hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def query_words(text: str) -> list[str]:
+    """The words of free text a search looks for: lower case, once each, stop words left out."""
+    return list(dict.fromkeys(w for w in re.findall(r"\w+", text.lower()) if w not in STOP_WORDS and len(w) > 1))
+
+
+def fts_query(text: str) -> str:
+    """An FTS5 query for free text: its words, each quoted (no operator can be injected), OR-ed."""
+    return " OR ".join(f'"{w}"' for w in query_words(text))
