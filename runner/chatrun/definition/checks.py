@@ -151,6 +151,7 @@ class _Checker:
             self.output_read_as_call(route)
         self.fallbacks()
         self.follow_ups()
+        self.outcomes()
         self.display_texts()
         for tool in self.config.tools.values():
             self.tool(tool)
@@ -683,7 +684,7 @@ class _Checker:
                      "locale): write what the user should read as `tell:` (docs/format.md, \"Humans in the loop\")",
                      *at, "text")
 
-    def condition(self, condition: str, what: str, path: tuple, tool: ToolConfig, routes: list[str]) -> bool:
+    def condition(self, condition: str, what: str, path: tuple, tool: ToolConfig | None, routes: list[str]) -> bool:
         """A condition (a Jinja expression without braces) compiles and reads what is declared;
         False when it does not compile."""
         if any(mark in condition for mark in ("{{", "}}", "{%", "%}", "{#")):
@@ -920,6 +921,39 @@ class _Checker:
             if follow_up.whatsapp_template is not None and not whatsapp:
                 self.add("warning", f"route `{route.name}`'s follow-up names a `whatsapp_template`, but the bot has "
                          "no `whatsapp` channel: it is never used", *at, "whatsapp_template")
+
+    def outcomes(self) -> None:
+        """`outcomes:` (engine/outcomes.py): the routes they name exist (an error: the outcome
+        could never be recorded), the events they name are ones the bot can emit (a warning: a
+        Python handler may emit a type no YAML names), the `if:` compiles."""
+        emitted = self.emitted_types()
+        for outcome in self.config.outcomes:
+            at = ("outcomes", outcome.name)
+            for route in outcome.routes:
+                if route not in self.config.routes:
+                    self.add("error", f"outcome `{outcome.name}` names route `{route}`, which the bot does not have"
+                             f"{suggest(route, self.config.routes)}", *at, "route")
+            for event in outcome.events:
+                if event not in emitted:
+                    self.add("warning", f"outcome `{outcome.name}` waits for event `{event}`, which no `events:` "
+                             f"declares and no tool emits, so it is recorded only if a handler emits it"
+                             f"{suggest(event, emitted)}", *at, "event")
+            if outcome.condition is not None:
+                self.condition(outcome.condition, f"the `if` of outcome `{outcome.name}`", (*at, "if"), None,
+                               list(self.config.routes))
+
+    def emitted_types(self) -> set[str]:
+        """The event types the bot can emit as far as its YAML says: declared, sent by a tool's
+        `emit`, or chatrun's own."""
+        from chatrun import events as ev
+        from chatrun.engine.follow_up import REFUSED
+        from chatrun.engine.outcomes import OUTCOME
+
+        found = {*ev.BUILTIN_TYPES, ev.FEEDBACK, REFUSED, OUTCOME, *self.config.events}
+        for tool in self.config.tools.values():
+            for _, action in tool.action.variants():
+                found.update(action.emit)
+        return found
 
     def display_texts(self) -> None:
         """The texts the page shows end users outside the conversation: the bot's `description:`

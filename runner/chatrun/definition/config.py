@@ -384,6 +384,22 @@ class FollowUpConfig:
     where: Location = field(default_factory=Location)
 
 
+@dataclass(frozen=True)
+class OutcomeConfig:
+    """One entry of the bot's `outcomes:` (engine/outcomes.py; docs/report.md): its name and
+    its condition, every part given must hold. `events`/`routes`: any of them; `condition`: a
+    Jinja expression over the state; `ended`: whether the conversation has ended; `silent_for`:
+    seconds without a user message."""
+
+    name: str
+    events: tuple[str, ...] = ()
+    routes: tuple[str, ...] = ()
+    condition: str | None = None
+    ended: bool | None = None
+    silent_for: float | None = None
+    where: Location = field(default_factory=Location)
+
+
 # A file's media type as a client names it (`image/png`, `application/vnd.ms-excel`; `image/*`:
 # an image behind an http(s) URL, its type unknown): what `attachments.kinds` can match at all.
 MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9.+-]*/([a-z0-9][a-z0-9.+-]*|\*)")
@@ -515,6 +531,7 @@ class BotConfig:
     retention: Retention = field(default_factory=Retention)  # `retention:`: how long its stored data is kept
     widget: WidgetConfig | None = None  # `widget:`: the chat other sites embed (None: no widget)
     canned: dict[str, str] = field(default_factory=dict)  # `canned:`: an operator's ready replies, name -> template
+    outcomes: list[OutcomeConfig] = field(default_factory=list)  # `outcomes:`, in the order written (first match wins)
 
     @property
     def version_label(self) -> str:

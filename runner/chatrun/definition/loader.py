@@ -44,6 +44,7 @@ from chatrun.definition.config import (
     OnErrorConfig,
     OperatorConfig,
     OperatorTimeoutConfig,
+    OutcomeConfig,
     OutputConfig,
     Price,
     Retention,
@@ -544,7 +545,29 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         retention=_retention(top.get("retention")),
         widget=_widget(top.get("widget"), main),
         canned=_canned(top.get("canned")),
+        outcomes=_outcomes(top.get("outcomes"), main),
     )
+
+
+def _outcomes(raw: Any, doc: YamlDoc) -> list[OutcomeConfig]:
+    """`outcomes:` in the order written (the schema checked the shape; a bad duration is left out)."""
+    out: list[OutcomeConfig] = []
+    for name, spec in _dict(raw).items():
+        spec = _dict(spec)
+        try:
+            silent = duration_seconds(str(spec["silent_for"])) if "silent_for" in spec else None
+        except ValueError:
+            silent = None
+        ended = spec.get("ended")
+        out.append(OutcomeConfig(str(name), _one_or_many(spec.get("event")), _one_or_many(spec.get("route")),
+                                 _str(spec.get("if")), ended if isinstance(ended, bool) else None, silent,
+                                 _loc(doc, ("outcomes", name))))
+    return out
+
+
+def _one_or_many(raw: Any) -> tuple[str, ...]:
+    """A name or a list of names (`event:`, `route:` of an outcome)."""
+    return (raw,) if isinstance(raw, str) else tuple(str(x) for x in raw) if isinstance(raw, list) else ()
 
 
 def _canned(raw: Any) -> dict[str, str]:

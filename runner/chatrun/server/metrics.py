@@ -88,6 +88,8 @@ class ServerMetrics:
                                             "too_large, starts_program)", ["bot", "reason"], registry=reg)
         self.feedback = prom.Counter("chatrun_feedback", "Ratings of bot replies by their users (thumbs up/down), "
                                      "by the route the conversation was on when rated", ["bot", "route", "rating"], registry=reg)
+        self.outcomes = prom.Counter("chatrun_outcomes", "Conversations' outcomes as the bot's `outcomes:` name them, "
+                                     "each counted once, when recorded", ["bot", "outcome", "version"], registry=reg)
         self.tool_calls = prom.Counter("chatrun_tool_calls", "Tool calls run", ["bot", "tool"], registry=reg)
         self.tool_failures = prom.Counter("chatrun_tool_failures",
                                           "Tool calls that did not do their work (refused, failed, unknown tool)",
@@ -202,6 +204,9 @@ class ServerMetrics:
 
     def feedback_given(self, bot: str, route: str, rating: str) -> None:
         self.child(self.feedback, bot, route, rating).inc()
+
+    def outcome_recorded(self, bot: str, outcome: str, version: str) -> None:
+        self.child(self.outcomes, bot, outcome, version).inc()
 
     def bundle_refused(self, bot: str, reason: str) -> None:
         self.child(self.bundles_refused, bot, reason).inc()

@@ -169,12 +169,24 @@ def follow_up_of(snapshot: JSONObject) -> JSONObject | None:
     return found if isinstance(found, dict) else None
 
 
+OUTCOME_KEY = "outcome"  # the snapshot's outcome: {"name", "turn", "route", "at"} once recorded, {"due", "since"} while armed
+
+
+def outcome_of(snapshot: JSONObject) -> JSONObject | None:
+    """The snapshot's outcome (engine/outcomes.py): recorded (has "name") or armed (has "due"), or None."""
+    found = snapshot.get(OUTCOME_KEY)
+    return found if isinstance(found, dict) else None
+
+
 def due_items(snapshot: JSONObject) -> list[JSONObject]:
-    """What of a session has a due time the sweeper acts on: its pending items and its armed
-    follow-up (both `{"due": ISO, ...}`), so one index says when a session next has work."""
+    """What of a session has a due time the sweeper acts on: its pending items, its armed
+    follow-up and its armed outcome silence (all `{"due": ISO, ...}`), so one index says when a
+    session next has work."""
     items = pending_items_of(snapshot)
     follow_up = follow_up_of(snapshot)
-    return [*items, follow_up] if follow_up is not None else items
+    outcome = outcome_of(snapshot)
+    extra = [x for x in (follow_up, outcome) if x is not None and "due" in x]
+    return [*items, *extra] if extra else items
 
 
 def due_epoch(items: list[JSONObject]) -> float | None:
