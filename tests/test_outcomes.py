@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from html.parser import HTMLParser
 
 import pytest
+from click.testing import CliRunner
 
 import chatrun
 from chat_support import call
 from chatrun import Expire, FixedClock
+from chatrun.cli.report import report
 from chatrun.definition.loader import check_bot
 from chatrun.errors import BotError
 from chatrun.models.scripted import ScriptedModel
@@ -136,3 +139,117 @@ def test_validate_names_unknown_routes_and_events_with_did_you_mean(write_bot):
     found = [d for d in diagnostics if "TicketClose`" in d.message]
     assert found and found[0].severity == "warning" and "did you mean `TicketClosed`?" in found[0].message
     assert found[0].line == 10
+
+
+# -- chatrun report ----------------------------------------------------------------------------
+
+
+class Cells(HTMLParser):
+    """The report's figures (`<td data-group data-figure data-value>`) and its bars' titles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[tuple[str, str], float | None] = {}
+        self.titles: list[str] = []
+        self._in_title = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "td" and "data-figure" in a:
+            self.values[(a["data-group"], a["data-figure"])] = float(a["data-value"]) if a["data-value"] else None
+        self._in_title = tag == "title"
+
+    def handle_data(self, data):
+        if self._in_title:
+            self.titles.append(data)
+
+    def handle_endtag(self, tag):
+        self._in_title = False
+
+
+def run_desk(bot, store, answers, said, locale, *, rate=(), expire_after=None):
+    session = session_with(bot, answers, store=store, meta={"locale": locale})
+    for text in said:
+        session.chat(text)
+    for turn, rating in rate:
+        session.rate(turn, rating)
+    if expire_after is not None:
+        at(session, **expire_after).chat(Expire())
+    return session
+
+
+def test_report_counts_outcomes_feedback_cost_and_latency_by_version_and_locale(desk, tmp_path):
+    path = tmp_path / "report.db"
+    store = SQLiteStore(str(path))
+    runs = [
+        run_desk(desk, store, [call("close_ticket"), "Closed."], ["close it"], "en", rate=[(1, "up")]),
+        run_desk(desk, store, [call("close_ticket"), "Closed."], ["close it"], "de",
+                 rate=[(1, "down"), (1, "up")]),  # the later rating of the turn counts
+        run_desk(desk, store, [call("escalate")], ["a person please"], "en", rate=[(1, "down")]),
+        run_desk(desk, store, ["Hi."], ["hi"], "en", expire_after={"minutes": 31}),  # abandoned
+        run_desk(desk, store, [call("order"), "Ordered."], ["buy"], "de"),  # converted
+        run_desk(desk, store, ["Hi.", "Yes?"], ["hi", "hello"], "en"),  # no outcome yet
+    ]
+    # Expired again later: the abandoned conversation stays abandoned, recorded once.
+    assert at(runs[3], hours=3).chat(Expire()) == []
+    assert [r.snapshot().get("outcome", {}).get("name") for r in runs] == \
+        ["resolved", "resolved", "escalated", "abandoned", "converted", None]
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(report, ["--store", f"sqlite:///{path}", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.output and "6 conversations" in result.output
+    page = out.read_text()
+    assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    cells = Cells()
+    cells.feed(page)
+    v = cells.values
+    assert v[("all", "conversations")] == 6
+    assert v[("all", "escalation")] == pytest.approx(1 / 6)
+    assert v[("all", "containment")] == pytest.approx(5 / 6)
+    assert v[("all", "abandonment")] == pytest.approx(1 / 6)
+    assert v[("all", "resolution")] == pytest.approx(2 / 6)
+    assert v[("all", "csat")] == pytest.approx(2 / 3) and v[("all", "ratings")] == 3
+    costs = [store.load_session(r.id)["usage"]["cost"] for r in runs]
+    assert all(c > 0 for c in costs)
+    assert v[("all", "cost_per_resolved")] == pytest.approx(sum(costs) / 2)
+    assert v[("locale en", "conversations")] == 4 and v[("locale de", "conversations")] == 2
+    assert v[("locale en", "escalation")] == pytest.approx(1 / 4)
+    assert v[("locale de", "containment")] == 1.0 and v[("locale de", "csat")] == 1.0
+    version = f"desk@{desk.config.content_version[:8]}"
+    assert v[(version, "conversations")] == 6
+    turns = [e["seconds"] for r in runs for e in store.load_history(r.id)
+             if "turn" in e and e.get("ok") and "decision" not in str(e.get("input"))]
+    assert len(turns) == v[("all", "turns")] == 7 and v[("all", "p99")] == pytest.approx(max(turns))
+    # The funnel: where conversations end.
+    assert "main conversations: 5" in cells.titles and "human conversations: 1" in cells.titles
+    # --since: conversations that started later only.
+    later = CliRunner().invoke(report, ["--store", f"sqlite:///{path}", "--out", str(out), "--since", "2999-01-01"])
+    assert later.exit_code == 0 and "0 conversations" in later.output
+
+
+def test_report_reads_other_stores_through_the_protocol(desk, tmp_path):
+    """The generic path (Redis's) gives the same rows as SQLite's two scans."""
+    import asyncio
+
+    from chatrun.report.read import _protocol_rows, read_conversations
+    from chatrun.store.local import LocalAsyncStore
+
+    store = SQLiteStore(str(tmp_path / "p.db"))
+    run_desk(desk, store, [call("close_ticket"), "Closed."], ["close it"], "en", rate=[(1, "up")])
+    run_desk(desk, store, ["Hi."], ["hi"], "de", expire_after={"minutes": 40})
+
+    async def both():
+        fast = await read_conversations(LocalAsyncStore(store, "sqlite"))
+        generic = [row async for row in _protocol_rows(LocalAsyncStore(store, "sqlite"))]
+        return fast, generic
+
+    fast, generic = asyncio.run(both())
+    from chatrun.report.read import _conversation
+
+    assert sorted((c.outcome, c.locale, c.ratings) for c in fast) == [("abandoned", "de", []), ("resolved", "en", ["up"])]
+    assert sorted(map(repr, fast)) == sorted(repr(_conversation(*row)) for row in generic)
+
+
+def test_report_refuses_a_store_that_is_not_there(tmp_path):
+    result = CliRunner().invoke(report, ["--store", f"sqlite:///{tmp_path}/none.db", "--out", str(tmp_path / "x.html")])
+    assert result.exit_code == 2 and "none.db" in result.output

@@ -36,6 +36,7 @@ COMMANDS = {
     "diff": "chatrun.cli.diff:diff",
     "versions": "chatrun.cli.versions:versions",
     "purge": "chatrun.cli.purge:purge",
+    "report": "chatrun.cli.report:report",
 }
 
 # Each command's one-line summary for `chatrun --help`, so listing the commands imports none of
@@ -58,6 +59,7 @@ SUMMARIES = {
     "upgrade": "Rewrite bots to the current format (3), keeping comments, order and every untouched line byte for byte, and print what changed.",
     "diff": "Compare two versions of a bot: what changed, and which changes break live sessions.",
     "versions": "List or retire the bot versions kept in a store.",
+    "report": "Write a report of the stored conversations (outcomes, cost, feedback, latency) as one HTML file.",
     "purge": "Delete what is past the bots' retention now, or everything stored of one principal.",
 }
 
