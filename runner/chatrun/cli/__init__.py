@@ -59,7 +59,7 @@ SUMMARIES = {
     "upgrade": "Rewrite bots to the current format (3), keeping comments, order and every untouched line byte for byte, and print what changed.",
     "diff": "Compare two versions of a bot: what changed, and which changes break live sessions.",
     "versions": "List or retire the bot versions kept in a store.",
-    "report": "Write a report of the stored conversations (outcomes, cost, feedback, latency) as one HTML file.",
+    "report": "Write a report of the stored conversations as one self-contained HTML file.",
     "purge": "Delete what is past the bots' retention now, or everything stored of one principal.",
 }
 

@@ -946,10 +946,8 @@ class _Checker:
         """The event types the bot can emit as far as its YAML says: declared, sent by a tool's
         `emit`, or chatrun's own."""
         from chatrun import events as ev
-        from chatrun.engine.follow_up import REFUSED
-        from chatrun.engine.outcomes import OUTCOME
 
-        found = {*ev.BUILTIN_TYPES, ev.FEEDBACK, REFUSED, OUTCOME, *self.config.events}
+        found = {*ev.BUILTIN_TYPES, ev.FEEDBACK, ev.OUTCOME, *self.config.events}
         for tool in self.config.tools.values():
             for _, action in tool.action.variants():
                 found.update(action.emit)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from chatrun.definition.config import OutcomeConfig
     from chatrun.engine.conversation import Conversation
 
-OUTCOME = "Outcome"  # the backend event of a recorded outcome: data {"name", "turn", "route", "at"}
+OUTCOME = ev.OUTCOME  # the backend event of a recorded outcome: data {"name", "turn", "route", "at"}
 
 Emit = Callable[..., None]
 

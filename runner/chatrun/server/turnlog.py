@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
 from chatrun.engine import observe, tracing
-from chatrun.engine.outcomes import OUTCOME
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -65,7 +64,7 @@ class TurnReport:
         elif event.type == ev.RESOLVED and isinstance(event.data, dict):
             self.resolved.append(event.data)
             tracing.pending_noted("resolved", event.data)
-        elif event.type == OUTCOME and isinstance(event.data, dict):
+        elif event.type == ev.OUTCOME and isinstance(event.data, dict):
             self.outcomes.append(str(event.data.get("name")))
 
     def ran(self) -> None:
