@@ -69,6 +69,7 @@ def fill(path: Path, n: int, snapshot: dict, history: list[dict], seed: int = 38
         outcome = rng.choice(OUTCOMES)
         snap = dict(snapshot, id=sid, bot_version=rng.choice(versions), meta={"locale": rng.choice(LOCALES)},
                     scopes=[dict(snapshot["scopes"][0], route=ROUTES[outcome])])
+        snap.pop("outcome", None)  # the template's own (it closed a ticket)
         if outcome is not None:
             snap["outcome"] = {"name": outcome, "turn": 1, "route": ROUTES[outcome], "at": "2026-11-25T09:00:00+00:00"}
         turns = rng.randint(1, 6)

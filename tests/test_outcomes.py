@@ -253,3 +253,40 @@ def test_report_reads_other_stores_through_the_protocol(desk, tmp_path):
 def test_report_refuses_a_store_that_is_not_there(tmp_path):
     result = CliRunner().invoke(report, ["--store", f"sqlite:///{tmp_path}/none.db", "--out", str(tmp_path / "x.html")])
     assert result.exit_code == 2 and "none.db" in result.output
+
+
+def test_report_reads_a_redis_store_through_the_protocol(desk, tmp_path, redis_server):
+    """The same conversations, copied commit by commit into a real Redis, give the same figures."""
+    import asyncio
+
+    from chatrun.store.record import Commit
+    from chatrun.store.redis import RedisStore
+    from chatrun.store.versions import CREATE
+
+    store = SQLiteStore(str(tmp_path / "r.db"))
+    runs = [run_desk(desk, store, [call("close_ticket"), "Closed."], ["close it"], "en", rate=[(1, "up")]),
+            run_desk(desk, store, [call("escalate")], ["a person please"], "de", rate=[(1, "down")]),
+            run_desk(desk, store, ["Hi."], ["hi"], "en", expire_after={"minutes": 31})]
+    url = redis_server.url()
+
+    async def copy():
+        redis = RedisStore(url)
+        try:
+            for r in runs:
+                commit = Commit.encode(r.id, store.load_session(r.id), {}, store.load_history(r.id), CREATE)
+                await redis.commit_turn(commit, None)
+        finally:
+            await redis.close()
+
+    asyncio.run(copy())
+    pages = {}
+    for name, where in (("sqlite", f"sqlite:///{tmp_path / 'r.db'}"), ("redis", url)):
+        out = tmp_path / f"{name}.html"
+        result = CliRunner().invoke(report, ["--store", where, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        cells = Cells()
+        cells.feed(out.read_text())
+        pages[name] = cells.values
+    assert pages["redis"][("all", "escalation")] == pytest.approx(1 / 3)
+    assert pages["redis"][("all", "csat")] == 0.5 and pages["redis"][("locale de", "containment")] == 0.0
+    assert pages["redis"] == pages["sqlite"]

@@ -145,7 +145,7 @@ def _section(title: str, body: str) -> str:
 
 
 def _names(names: frozenset[str]) -> str:
-    return " or ".join(f"`{n}`" for n in sorted(names))
+    return " or ".join(f"<code>{_e(n)}</code>" for n in sorted(names))
 
 
 def _short(label: str) -> str:
