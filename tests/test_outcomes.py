@@ -86,6 +86,20 @@ def test_the_first_matching_outcome_is_recorded_once_even_when_it_matches_again(
     assert session.next_due is None  # recorded: no silence to wait for
 
 
+def test_a_sink_that_takes_outcome_gets_it_once_through_the_outbox(write_bot):
+    bot = chatrun.load_bot(write_bot(DESK.replace("outcomes:", """sinks:
+  crm:
+    webhook: {url: "http://127.0.0.1:9/hook"}
+    events: [Outcome]
+outcomes:""")))
+    store = SQLiteStore(":memory:")
+    session = session_with(bot, [call("close_ticket"), "Closed.", call("close_ticket"), "Again."], store=store)
+    session.chat("close it")
+    session.chat("close it again")
+    sent = [e.body for e in store.list_outbox()]
+    assert [(b["type"], b["data"]["name"]) for b in sent] == [("Outcome", "resolved")]
+
+
 def test_order_written_decides_when_two_hold(desk):
     # The order tool sets state.order_id; the ticket closes in the same turn: `converted` is written first.
     session = session_with(desk, [{"tool_calls": [{"name": "order", "arguments": {}},

@@ -21,6 +21,7 @@ from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, T_COMPUTED, catalog_checks
 from chatrun.definition.config import (
     ACTION_ORDER,
+    CHATRUN_BACKEND_TYPES,
     WIDGET_LOGO_TYPES,
     ActionConfig,
     ApprovalCaseConfig,
@@ -926,7 +927,7 @@ class _Checker:
         """`outcomes:` (engine/outcomes.py): the routes they name exist (an error: the outcome
         could never be recorded), the events they name are ones the bot can emit (a warning: a
         Python handler may emit a type no YAML names), the `if:` compiles."""
-        emitted = self.emitted_types()
+        emitted = self.config.event_types()
         for outcome in self.config.outcomes:
             at = ("outcomes", outcome.name)
             for route in outcome.routes:
@@ -941,17 +942,6 @@ class _Checker:
             if outcome.condition is not None:
                 self.condition(outcome.condition, f"the `if` of outcome `{outcome.name}`", (*at, "if"), None,
                                list(self.config.routes))
-
-    def emitted_types(self) -> set[str]:
-        """The event types the bot can emit as far as its YAML says: declared, sent by a tool's
-        `emit`, or chatrun's own."""
-        from chatrun import events as ev
-
-        found = {*ev.BUILTIN_TYPES, ev.FEEDBACK, ev.OUTCOME, *self.config.events}
-        for tool in self.config.tools.values():
-            for _, action in tool.action.variants():
-                found.update(action.emit)
-        return found
 
     def display_texts(self) -> None:
         """The texts the page shows end users outside the conversation: the bot's `description:`
@@ -1571,7 +1561,7 @@ def _audience_checks(checker: _Checker) -> None:
             checker.add("error", f"`events.{name}`: {name} is a built-in event type, always for the user; "
                         "declare only the bot's own types", "events", name)
     backend = [name for name, decl in config.events.items() if decl.audience == ev.BACKEND and name not in ev.BUILTIN_TYPES]
-    takeable = [*backend, ev.FEEDBACK]  # chatrun's own backend event: a user's rating (Session.rate)
+    takeable = [*backend, *CHATRUN_BACKEND_TYPES]  # chatrun's own: a user's rating (Session.rate), an outcome
     for sink in config.sinks.values():
         for i, name in enumerate(sink.events or []):
             if name not in takeable:

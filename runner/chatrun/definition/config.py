@@ -500,6 +500,9 @@ class WidgetConfig:
         return bool(self.logo) and not self.logo.startswith(("https://", "http://", "data:"))
 
 
+CHATRUN_BACKEND_TYPES = (ev.FEEDBACK, ev.OUTCOME)  # chatrun's own backend events: a user's rating, an outcome
+
+
 @dataclass
 class BotConfig:
     name: str
@@ -557,6 +560,15 @@ class BotConfig:
         """Who events of this type are for: as `events:` declares it, else the user."""
         declared = self.events.get(event_type)
         return declared.audience if declared is not None else ev.USER
+
+    def event_types(self) -> set[str]:
+        """The event types the bot can send as far as its YAML says: chatrun's own, declared in
+        `events:`, or sent by a tool's `emit` (a Python handler may send others)."""
+        known = {*ev.BUILTIN_TYPES, *self.events, *CHATRUN_BACKEND_TYPES}
+        for tool in self.tools.values():
+            for _, action in tool.action.variants():
+                known.update(action.emit)
+        return known
 
     def sinks_for(self, event_type: str) -> list[SinkConfig]:
         """The sinks that take backend events of this type, in the order `sinks:` lists them."""
