@@ -1,7 +1,7 @@
 """Outcomes: what became of a conversation, recorded once (the bot's `outcomes:`; docs/report.md).
 
 The bot names its outcomes (resolved, escalated, abandoned, ...) each with a condition: an event
-type the turn emitted, the route the conversation is on, a Jinja expression over the state,
+type the turn emitted, a route the turn reached (entered, or ended on), a Jinja expression over the state,
 whether it has ended, and `silent_for` (no user message for that long). After every committed
 turn the outcomes are tried in the order written; the first whose condition holds is recorded
 and never changes again (the rule: **first match, once**), so a condition that holds again later
@@ -59,9 +59,13 @@ def decide(c: Conversation, turn: int, events: Iterable[ev.Event], expired: bool
     armed = c.outcome or {}
     since = parse_time(str(armed["since"])) if expired and isinstance(armed.get("since"), str) else now
     silence = (now - since).total_seconds()
-    emitted = {e.type for e in events}
+    seen = list(events)
+    emitted = {e.type for e in seen}
+    # The routes the turn reached: where it ends, and each it entered on the way (a chain, a pop).
+    reached = {c.scope.route, *(e.data.get("route") for e in seen if e.type == ev.ROUTE_CHANGED
+                                and isinstance(e.data, dict))}
     for outcome in outcomes:
-        if _holds(c, outcome, emitted, silence):
+        if _holds(c, outcome, emitted, reached, silence):
             data = {"name": outcome.name, "turn": turn, "route": c.scope.route, "at": format_time(now)}
             c.outcome = data
             emit(OUTCOME, dict(data), audience=ev.BACKEND)
@@ -69,12 +73,12 @@ def decide(c: Conversation, turn: int, events: Iterable[ev.Event], expired: bool
     c.outcome = _armed(outcomes, since, silence)
 
 
-def _holds(c: Conversation, outcome: OutcomeConfig, emitted: set[str], silence: float) -> bool:
+def _holds(c: Conversation, outcome: OutcomeConfig, emitted: set[str], reached: set[Any], silence: float) -> bool:
     if outcome.silent_for is not None and silence < outcome.silent_for:
         return False
     if outcome.events and emitted.isdisjoint(outcome.events):
         return False
-    if outcome.routes and c.scope.route not in outcome.routes:
+    if outcome.routes and reached.isdisjoint(outcome.routes):
         return False
     if outcome.ended is not None and bool(c.ended) != outcome.ended:
         return False
