@@ -304,3 +304,29 @@ def test_report_reads_a_redis_store_through_the_protocol(desk, tmp_path, redis_s
     assert pages["redis"][("all", "escalation")] == pytest.approx(1 / 3)
     assert pages["redis"][("all", "csat")] == 0.5 and pages["redis"][("locale de", "containment")] == 0.0
     assert pages["redis"] == pages["sqlite"]
+
+
+def test_a_golden_transcript_expects_the_outcome_after_a_silence(desk, tmp_path):
+    from chatrun.transcripts import run_transcript
+
+    (tmp_path / "bot").mkdir()
+    (tmp_path / "bot" / "bot.yaml").write_text(DESK)
+    path = tmp_path / "abandoned.yaml"
+    path.write_text("""\
+bot: bot
+clock: {at: "2026-11-25T09:00:00Z"}
+turns:
+  - user: hi
+    model: [{text: Hello.}]
+    expect: {events: [{Message: Hello.}], backend_events: []}
+  - clock: {advance: 31m}
+    expire: true
+    expect:
+      events: []
+      backend_events: [{Outcome: {name: abandoned, turn: 2, route: main, at: "2026-11-25T09:31:00+00:00"}}]
+  - clock: {advance: 3h}
+    expire: true
+    expect: {backend_events: []}
+""")
+    result = run_transcript(str(path))
+    assert result.passed and result.warnings == [], (result.error, result.turns, result.warnings)

@@ -562,9 +562,10 @@ class BotConfig:
         return declared.audience if declared is not None else ev.USER
 
     def event_types(self) -> set[str]:
-        """The event types the bot can send as far as its YAML says: chatrun's own, declared in
-        `events:`, or sent by a tool's `emit` (a Python handler may send others)."""
-        known = {*ev.BUILTIN_TYPES, *self.events, *CHATRUN_BACKEND_TYPES}
+        """The event types a turn of the bot can send as far as its YAML says: chatrun's own
+        (`Outcome` when it declares `outcomes:`), declared in `events:`, or sent by a tool's
+        `emit` (a Python handler may send others). A rating's `Feedback` is no turn's."""
+        known = {*ev.BUILTIN_TYPES, *self.events, *((ev.OUTCOME,) if self.outcomes else ())}
         for tool in self.tools.values():
             for _, action in tool.action.variants():
                 known.update(action.emit)
