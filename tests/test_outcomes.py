@@ -330,3 +330,12 @@ turns:
 """)
     result = run_transcript(str(path))
     assert result.passed and result.warnings == [], (result.error, result.turns, result.warnings)
+
+
+def test_an_operator_taking_over_is_an_outcome_when_the_bot_says_so(write_bot):
+    from chatrun import TakeOver
+
+    bot = chatrun.load_bot(write_bot(DESK.replace("escalated: {route: human}", "escalated: {taken_over: true}")))
+    session = session_with(bot, ["Hi."])
+    session.chat("hi")
+    assert [o["name"] for o in outcome_events(session.chat(TakeOver()))] == ["escalated"]

@@ -389,7 +389,7 @@ class OutcomeConfig:
     """One entry of the bot's `outcomes:` (engine/outcomes.py; docs/report.md): its name and
     its condition, every part given must hold. `events`/`routes`: any of them; `condition`: a
     Jinja expression over the state; `ended`: whether the conversation has ended; `silent_for`:
-    seconds without a user message."""
+    seconds without a user message; `taken_over`: whether an operator holds it."""
 
     name: str
     events: tuple[str, ...] = ()
@@ -397,6 +397,7 @@ class OutcomeConfig:
     condition: str | None = None
     ended: bool | None = None
     silent_for: float | None = None
+    taken_over: bool | None = None
     where: Location = field(default_factory=Location)
 
 

@@ -558,10 +558,10 @@ def _outcomes(raw: Any, doc: YamlDoc) -> list[OutcomeConfig]:
             silent = duration_seconds(str(spec["silent_for"])) if "silent_for" in spec else None
         except ValueError:
             silent = None
-        ended = spec.get("ended")
+        ended, taken = spec.get("ended"), spec.get("taken_over")
         out.append(OutcomeConfig(str(name), _one_or_many(spec.get("event")), _one_or_many(spec.get("route")),
                                  _str(spec.get("if")), ended if isinstance(ended, bool) else None, silent,
-                                 _loc(doc, ("outcomes", name))))
+                                 taken if isinstance(taken, bool) else None, _loc(doc, ("outcomes", name))))
     return out
 
 

@@ -2,7 +2,7 @@
 
 The bot names its outcomes (resolved, escalated, abandoned, ...) each with a condition: an event
 type the turn emitted, a route the turn reached (entered, or ended on), a Jinja expression over the state,
-whether it has ended, and `silent_for` (no user message for that long). After every committed
+whether it has ended, whether an operator holds it, and `silent_for` (no user message for that long). After every committed
 turn the outcomes are tried in the order written; the first whose condition holds is recorded
 and never changes again (the rule: **first match, once**), so a condition that holds again later
 records nothing.
@@ -81,6 +81,8 @@ def _holds(c: Conversation, outcome: OutcomeConfig, emitted: set[str], reached: 
     if outcome.routes and reached.isdisjoint(outcome.routes):
         return False
     if outcome.ended is not None and bool(c.ended) != outcome.ended:
+        return False
+    if outcome.taken_over is not None and bool(c.taken_over) != outcome.taken_over:
         return False
     return outcome.condition is None or holds(outcome.condition, c.template_context({}))
 
