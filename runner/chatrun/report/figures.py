@@ -40,6 +40,7 @@ class Group:
     conversations: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)  # outcome name -> conversations ("" : none yet)
     ends: Counter[str] = field(default_factory=Counter)  # route -> conversations on it
+    ends_by_outcome: Counter[tuple[str, str]] = field(default_factory=Counter)  # (route, outcome or "") -> conversations
     cost: float = 0.0
     priced: int = 0  # conversations with a cost (their bot declares prices)
     tokens: int = 0
@@ -51,6 +52,7 @@ class Group:
         self.conversations += 1
         self.outcomes[c.outcome or ""] += 1
         self.ends[c.route] += 1
+        self.ends_by_outcome[(c.route, c.outcome or "")] += 1
         if c.cost is not None:
             self.cost += c.cost
             self.priced += 1

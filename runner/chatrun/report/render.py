@@ -69,6 +69,37 @@ def bars(title: str, rows: Sequence[tuple[str, Sequence[float | None]]], series:
     return "".join(out)
 
 
+def stacked(title: str, rows: Sequence[tuple[str, Sequence[float]]], series: Sequence[str], fmt: Format) -> str:
+    """A horizontal stacked bar chart: one bar per row, one segment per series, the total after it."""
+    scale = max((sum(vs) for _, vs in rows), default=0.0) or 1.0
+    per_row = BAR + GAP
+    legend = 22
+    height = legend * (1 + (len(series) - 1) // 4) + len(rows) * per_row + 10
+    width = LABEL_WIDTH + PLOT_WIDTH + 90
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" viewBox="0 0 {width} {height}" '
+           f'width="{width}" height="{height}"><title>{_e(title)}</title>']
+    for i, name in enumerate(series):
+        lx, ly = LABEL_WIDTH + (i % 4) * 130, 4 + (i // 4) * legend
+        out.append(f'<rect x="{lx}" y="{ly}" width="12" height="12" fill="{COLOURS[i % len(COLOURS)]}"/>'
+                   f'<text x="{lx + 16}" y="{ly + 10}">{_e(name)}</text>')
+    top = legend * (1 + (len(series) - 1) // 4)
+    for r, (label, values) in enumerate(rows):
+        y = top + r * per_row
+        out.append(f'<text x="{LABEL_WIDTH - 8}" y="{y + BAR - 3}" text-anchor="end">{_e(_short(label))}</text>')
+        x = float(LABEL_WIDTH)
+        for i, value in enumerate(values):
+            if not value:
+                continue
+            w = PLOT_WIDTH * value / scale
+            out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{BAR - 2}" '
+                       f'fill="{COLOURS[i % len(COLOURS)]}"><title>{_e(label)} {_e(series[i])}: '
+                       f'{_e(fmt(value))}</title></rect>')
+            x += w
+        out.append(f'<text x="{x + 4:.1f}" y="{y + BAR - 3}">{_e(fmt(sum(values)))}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
 def report_html(figures: Figures, meanings: Meanings, store: str, since: str | None) -> str:
     groups = figures.groups
     rates = {g.name: g.rates(meanings) for g in groups}
@@ -81,8 +112,7 @@ def report_html(figures: Figures, meanings: Meanings, store: str, since: str | N
                       percent, top=1.0)),
         _section("Outcomes", bars("Outcomes of all conversations", _outcome_rows(figures.total), ["conversations"],
                                   number)),
-        _section("Where conversations end", bars("The route each conversation is on", _funnel(figures.total),
-                                                 ["conversations"], number)),
+        _section("Where conversations end, and how", _funnel(figures.total)),
         _section(f"{'Cost' if unit == 'cost' else 'Tokens'} per resolved conversation",
                  bars(f"{unit} per resolved conversation", [(g.name, [cost[g.name][0]]) for g in groups], [unit],
                       number)),
@@ -108,11 +138,17 @@ def _outcome_rows(total: Group) -> list[tuple[str, Sequence[float | None]]]:
     return [(name or "(none yet)", [float(n)]) for name, n in total.outcomes.most_common()]
 
 
-def _funnel(total: Group) -> list[tuple[str, Sequence[float | None]]]:
-    ranked = total.ends.most_common()
-    rows: list[tuple[str, Sequence[float | None]]] = [(route, [float(n)]) for route, n in ranked[:MAX_ROUTES]]
-    rest = sum(n for _, n in ranked[MAX_ROUTES:])
-    return [*rows, ("other routes", [float(rest)])] if rest else rows
+def _funnel(total: Group) -> str:
+    """The route each conversation is on (the commonest MAX_ROUTES, the rest summed), split by outcome."""
+    names = [name for name, _ in total.outcomes.most_common()]
+    ranked = [route for route, _ in total.ends.most_common()]
+    shown, rest = ranked[:MAX_ROUTES], ranked[MAX_ROUTES:]
+    rows: list[tuple[str, Sequence[float]]] = [
+        (route, [float(total.ends_by_outcome[(route, name)]) for name in names]) for route in shown]
+    if rest:
+        rows.append(("other routes", [float(sum(total.ends_by_outcome[(r, n)] for r in rest)) for n in names]))
+    return stacked("Conversations by the route they are on, split by outcome", rows,
+                   [name or "(none yet)" for name in names], number)
 
 
 def _table(groups: list[Group], meanings: Meanings, unit: str) -> str:
