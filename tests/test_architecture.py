@@ -17,7 +17,7 @@ LAYERS = {
     "definition": 1,
     "memory": 2, "store": 2, "models": 2, "toolkinds": 2, "knowledge": 2,
     "engine": 3,
-    "cli": 5, "server": 5, "transcripts": 5, "pytest_plugin": 5, "testing": 5, "__main__": 5,
+    "cli": 5, "server": 5, "transcripts": 5, "report": 5, "pytest_plugin": 5, "testing": 5, "__main__": 5,
 }
 PUBLIC_API = 4
 

@@ -13,12 +13,11 @@ import time
 from urllib.parse import urlencode
 
 import pytest
-
-from chatrun.engine import stream_chunks
 from fastapi.testclient import TestClient
 
 from channel_support import FakeSlack, slack_message, slack_press, slack_signed
 from channel_support import shop_responder as responder
+from chatrun.engine import stream_chunks
 from server_support import app_for_testclient, wait_until
 from webhook_support import OPENAI_MODEL
 

@@ -37,6 +37,7 @@ COMMANDS = {
     "versions": "chatrun.cli.versions:versions",
     "purge": "chatrun.cli.purge:purge",
     "index": "chatrun.cli.index:index",
+    "report": "chatrun.cli.report:report",
 }
 
 # Each command's one-line summary for `chatrun --help`, so listing the commands imports none of
@@ -59,6 +60,7 @@ SUMMARIES = {
     "upgrade": "Rewrite bots to the current format (3), keeping comments, order and every untouched line byte for byte, and print what changed.",
     "diff": "Compare two versions of a bot: what changed, and which changes break live sessions.",
     "versions": "List or retire the bot versions kept in a store.",
+    "report": "Write a report of the stored conversations as one self-contained HTML file.",
     "purge": "Delete what is past the bots' retention now, or everything stored of one principal.",
     "index": "Build the knowledge index of a bot's `knowledge:` sources, reading only changed files.",
 }

@@ -21,6 +21,7 @@ from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, T_COMPUTED, catalog_checks
 from chatrun.definition.config import (
     ACTION_ORDER,
+    CHATRUN_BACKEND_TYPES,
     GUARD_OUTCOMES,
     STAGE_OUTCOMES,
     WIDGET_LOGO_TYPES,
@@ -161,6 +162,7 @@ class _Checker:
         self.fallbacks()
         self.model_fallbacks()
         self.follow_ups()
+        self.outcomes()
         self.display_texts()
         for tool in self.config.tools.values():
             self.tool(tool)
@@ -768,7 +770,7 @@ class _Checker:
                      "locale): write what the user should read as `tell:` (docs/format.md, \"Humans in the loop\")",
                      *at, "text")
 
-    def condition(self, condition: str, what: str, path: tuple, tool: ToolConfig, routes: list[str]) -> bool:
+    def condition(self, condition: str, what: str, path: tuple, tool: ToolConfig | None, routes: list[str]) -> bool:
         """A condition (a Jinja expression without braces) compiles and reads what is declared;
         False when it does not compile."""
         if any(mark in condition for mark in ("{{", "}}", "{%", "%}", "{#")):
@@ -1031,6 +1033,26 @@ class _Checker:
             if follow_up.whatsapp_template is not None and not whatsapp:
                 self.add("warning", f"route `{route.name}`'s follow-up names a `whatsapp_template`, but the bot has "
                          "no `whatsapp` channel: it is never used", *at, "whatsapp_template")
+
+    def outcomes(self) -> None:
+        """`outcomes:` (engine/outcomes.py): the routes they name exist (an error: the outcome
+        could never be recorded), the events they name are ones the bot can emit (a warning: a
+        Python handler may emit a type no YAML names), the `if:` compiles."""
+        emitted = self.config.event_types()
+        for outcome in self.config.outcomes:
+            at = ("outcomes", outcome.name)
+            for route in outcome.routes:
+                if route not in self.config.routes:
+                    self.add("error", f"outcome `{outcome.name}` names route `{route}`, which the bot does not have"
+                             f"{suggest(route, self.config.routes)}", *at, "route")
+            for event in outcome.events:
+                if event not in emitted:
+                    self.add("warning", f"outcome `{outcome.name}` waits for event `{event}`, which no `events:` "
+                             f"declares and no tool emits, so it is recorded only if a handler emits it"
+                             f"{suggest(event, emitted)}", *at, "event")
+            if outcome.condition is not None:
+                self.condition(outcome.condition, f"the `if` of outcome `{outcome.name}`", (*at, "if"), None,
+                               list(self.config.routes))
 
     def display_texts(self) -> None:
         """The texts the page shows end users outside the conversation: the bot's `description:`
@@ -1680,7 +1702,7 @@ def _audience_checks(checker: _Checker) -> None:
             checker.add("error", f"`events.{name}`: {name} is a built-in event type, always for the user; "
                         "declare only the bot's own types", "events", name)
     backend = [name for name, decl in config.events.items() if decl.audience == ev.BACKEND and name not in ev.BUILTIN_TYPES]
-    takeable = [*backend, ev.FEEDBACK]  # chatrun's own backend event: a user's rating (Session.rate)
+    takeable = [*backend, *CHATRUN_BACKEND_TYPES]  # chatrun's own: a user's rating (Session.rate), an outcome
     for sink in config.sinks.values():
         for i, name in enumerate(sink.events or []):
             if name not in takeable:

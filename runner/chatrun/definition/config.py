@@ -508,6 +508,21 @@ class GuardrailConfig:
     where: Location = field(default_factory=Location)
     pattern_where: tuple[Location, ...] = ()  # each pattern's place, for the validator
     detectors: tuple[str, ...] = ()  # the detector keys it has (the validator wants exactly one)
+@dataclass(frozen=True)
+class OutcomeConfig:
+    """One entry of the bot's `outcomes:` (engine/outcomes.py; docs/report.md): its name and
+    its condition, every part given must hold. `events`/`routes`: any of them; `condition`: a
+    Jinja expression over the state; `ended`: whether the conversation has ended; `silent_for`:
+    seconds without a user message; `taken_over`: whether an operator holds it."""
+
+    name: str
+    events: tuple[str, ...] = ()
+    routes: tuple[str, ...] = ()
+    condition: str | None = None
+    ended: bool | None = None
+    silent_for: float | None = None
+    taken_over: bool | None = None
+    where: Location = field(default_factory=Location)
 
 
 # A file's media type as a client names it (`image/png`, `application/vnd.ms-excel`; `image/*`:
@@ -618,6 +633,9 @@ class WidgetConfig:
         return bool(self.logo) and not self.logo.startswith(("https://", "http://", "data:"))
 
 
+CHATRUN_BACKEND_TYPES = (ev.FEEDBACK, ev.OUTCOME)  # chatrun's own backend events: a user's rating, an outcome
+
+
 @dataclass
 class BotConfig:
     name: str
@@ -657,6 +675,7 @@ class BotConfig:
         return own if own is not None else self.context
     guardrails: tuple[GuardrailConfig, ...] = ()  # `guardrails:`: on every route (a route's own add to them)
     knowledge: dict[str, KnowledgeSource] = field(default_factory=dict)  # `knowledge:`: sources, by name
+    outcomes: list[OutcomeConfig] = field(default_factory=list)  # `outcomes:`, in the order written (first match wins)
 
     @property
     def version_label(self) -> str:
@@ -692,6 +711,21 @@ class BotConfig:
         """Who events of this type are for: as `events:` declares it, else the user."""
         declared = self.events.get(event_type)
         return declared.audience if declared is not None else ev.USER
+
+    def event_types(self) -> set[str]:
+        """The event types a turn of the bot can send as far as its YAML says: chatrun's own
+        (`Outcome` when it declares `outcomes:`, `Guardrail` when it has guardrails, `Sources` when
+        a route reads `knowledge:`), declared in `events:`, or sent by a tool's `emit` (a Python
+        handler may send others). A rating's `Feedback` is no turn's."""
+        known = {*ev.BUILTIN_TYPES, *self.events, *((ev.OUTCOME,) if self.outcomes else ())}
+        if self.guardrails or any(route.guardrails for route in self.routes.values()):
+            known.add(ev.GUARDRAIL)
+        if not any(route.knowledge for route in self.routes.values()):
+            known.discard(ev.SOURCES)  # only a route with `knowledge:` cites sources
+        for tool in self.tools.values():
+            for _, action in tool.action.variants():
+                known.update(action.emit)
+        return known
 
     def sinks_for(self, event_type: str) -> list[SinkConfig]:
         """The sinks that take backend events of this type, in the order `sinks:` lists them."""

@@ -47,6 +47,7 @@ from chatrun.definition.config import (
     OnErrorConfig,
     OperatorConfig,
     OperatorTimeoutConfig,
+    OutcomeConfig,
     OutputConfig,
     Price,
     Retention,
@@ -551,6 +552,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         canned=_canned(top.get("canned")),
         guardrails=_guardrails(top.get("guardrails"), main, ("guardrails",)),
         knowledge=_knowledge(top.get("knowledge"), main),
+        outcomes=_outcomes(top.get("outcomes"), main),
     )
 
 
@@ -574,6 +576,27 @@ def _route_knowledge(raw: Any, doc: YamlDoc, path: tuple) -> RouteKnowledge | No
     return RouteKnowledge(_str_list(raw.get("sources")), _str(raw.get("retrieve")) or "tool",
                           _str(raw.get("cite")) or "optional",
                           top_k if isinstance(top_k, int) and not isinstance(top_k, bool) else 5, _loc(doc, path))
+
+
+def _outcomes(raw: Any, doc: YamlDoc) -> list[OutcomeConfig]:
+    """`outcomes:` in the order written (the schema checked the shape; a bad duration is left out)."""
+    out: list[OutcomeConfig] = []
+    for name, spec in _dict(raw).items():
+        spec = _dict(spec)
+        try:
+            silent = duration_seconds(str(spec["silent_for"])) if "silent_for" in spec else None
+        except ValueError:
+            silent = None
+        ended, taken = spec.get("ended"), spec.get("taken_over")
+        out.append(OutcomeConfig(str(name), _one_or_many(spec.get("event")), _one_or_many(spec.get("route")),
+                                 _str(spec.get("if")), ended if isinstance(ended, bool) else None, silent,
+                                 taken if isinstance(taken, bool) else None, _loc(doc, ("outcomes", name))))
+    return out
+
+
+def _one_or_many(raw: Any) -> tuple[str, ...]:
+    """A name or a list of names (`event:`, `route:` of an outcome)."""
+    return (raw,) if isinstance(raw, str) else tuple(str(x) for x in raw) if isinstance(raw, list) else ()
 
 
 def _canned(raw: Any) -> dict[str, str]:

@@ -39,8 +39,10 @@ from chatrun.messages import AssistantMessage, Message, SummaryMessage, ToolCall
 from chatrun.store import SessionStore
 from chatrun.store.record import (
     FOLLOW_UP_KEY,
+    OUTCOME_KEY,
     SCOPE_SEPARATOR,
     follow_up_of,
+    outcome_of,
     route_of_memory,
     scope_id,
 )
@@ -69,13 +71,14 @@ class Checkpoint:
     resolved: dict[str, str] | None = None
     done_calls: tuple[str, ...] = ()  # never changed in place: the turn's start, kept as is
     follow_up: dict[str, Any] | None = None  # the armed follow-up (never changed in place)
+    outcome: dict[str, Any] | None = None  # the recorded outcome or the armed silence (never changed in place)
 
 
 class Conversation:
     # No __dict__: one per cached session (issue 26).
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "state", "meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
-                 "taken_over", "resolved", "done_calls", "follow_up")
+                 "taken_over", "resolved", "done_calls", "follow_up", "outcome")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -110,6 +113,8 @@ class Conversation:
         self.done_calls: tuple[str, ...] = ()
         # The armed follow-up (engine/follow_up.py): {"due", "route", "since"}; replaced, never changed in place.
         self.follow_up: dict[str, Any] | None = None
+        # The outcome (engine/outcomes.py): recorded {"name", ...} or armed {"due", "since"}; replaced, never changed in place.
+        self.outcome: dict[str, Any] | None = None
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -144,6 +149,7 @@ class Conversation:
         # Absent in older snapshots; a record entry is a string (engine/once.py), anything else is dropped.
         self.done_calls = tuple(e for e in snapshot.get(DONE_CALLS_KEY) or () if isinstance(e, str))
         self.follow_up = follow_up_of(snapshot)
+        self.outcome = outcome_of(snapshot)
         # A scope on a route this bot lacks is moved by the session (engine/versions.py) before it runs.
 
     def snapshot(self) -> dict[str, Any]:
@@ -168,6 +174,7 @@ class Conversation:
             **({RESOLVED_KEY: self.resolved} if self.resolved else {}),
             **({DONE_CALLS_KEY: list(self.done_calls)} if self.done_calls else {}),
             **({FOLLOW_UP_KEY: self.follow_up} if self.follow_up else {}),
+            **({OUTCOME_KEY: self.outcome} if self.outcome else {}),
         }
 
     # -- where it is -----------------------------------------------------------------------
@@ -375,7 +382,8 @@ class Conversation:
         return Checkpoint(self.turn_count, ev.copy_plain(self.state), [s.copy() for s in self.scopes], self._next_scope,
                           {mid: _mark(m) for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended,
                           [item.to_dict() for item in self.pending], self.next_pending, copy.deepcopy(self.taken_over),
-                          dict(self.resolved) if self.resolved else None, self.done_calls, self.follow_up)
+                          dict(self.resolved) if self.resolved else None, self.done_calls, self.follow_up,
+                          self.outcome)
 
     def rollback(self, before: Checkpoint) -> None:
         self.turn_count = before.turn_count
@@ -390,6 +398,7 @@ class Conversation:
         self.resolved = dict(before.resolved) if before.resolved else NOTHING_RESOLVED
         self.done_calls = before.done_calls
         self.follow_up = before.follow_up
+        self.outcome = before.outcome
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
         self._memories.clear()

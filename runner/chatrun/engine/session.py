@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
-from chatrun.engine import follow_up, guardrails, tracing
+from chatrun.engine import follow_up, guardrails, outcomes, tracing
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import Checkpoint, Conversation
 from chatrun.engine.pending import (
@@ -301,9 +301,10 @@ class Session:
         """The earliest due time of the open items and of the armed follow-up (ISO), or None:
         when `Expire()` has work."""
         due = earliest_due(self._c.pending)
-        follow = (self._c.follow_up or {}).get("due")
-        if isinstance(follow, str) and (due is None or parse_time(follow) < parse_time(due)):
-            return follow
+        for other in (self._c.follow_up, self._c.outcome):
+            later = (other or {}).get("due")
+            if isinstance(later, str) and (due is None or parse_time(later) < parse_time(due)):
+                due = later
         return due
 
     @property
@@ -512,7 +513,8 @@ class Session:
         """Whether `Expire` has an item to resolve or a follow-up to send (by its `now`, else the
         session clock's)."""
         now = parse_time(expire.now) if expire.now else self.now()
-        return any(item.is_due(now) for item in self._c.pending) or follow_up.is_due(self._c, now)
+        return (any(item.is_due(now) for item in self._c.pending) or follow_up.is_due(self._c, now)
+                or outcomes.is_due(self._c, now))
 
     def _attachments_of(self, data: dict[str, Any]) -> tuple[Attachment, ...]:
         """The `attachments` of a mapping input (taken out of its data): references the
@@ -580,6 +582,7 @@ class Session:
             given = {**(given if isinstance(given, dict) else {"userMessage": text}),
                      "attachments": [a.to_dict() for a in attachments]}
         entry = {"turn": turn.number, "input": given, "at": time.time()}
+        started = time.perf_counter()
         if turn.number == 1:  # how the conversation started: `chatrun record --from-session` starts there
             entry["start"] = {"route": self.route, "state": ev.plain(before.state)}
         collected: list[Event] = []
@@ -600,6 +603,9 @@ class Session:
                 tracing.record_turn(current, kept(entry["input"]), kept([e.data for e in collected if e.for_user
                                                                          and e.type in (ev.MESSAGE, ev.OBJECT)]))
                 await turn.summarize()  # after the reply: it never delays the user's answer
+            if self._c.config.outcomes:  # before the turn is counted: its Outcome event belongs to it
+                outcomes.decide(self._c, turn.number, collected, isinstance(decision, Expire),
+                                _expire_now(decision) or self._c.now(), self._emit)
             self._c.turn_count = turn.number
             self._c.usage.add(turn.usage)
             if self._c.follow_up is not None or self._c.route.follow_up is not None:  # most turns: neither
@@ -612,6 +618,7 @@ class Session:
             entry.update(_usage_entry(turn))
             if self._moved is not None:
                 entry["moved"] = self._moved[2].to_dict()
+            entry["seconds"] = round(time.perf_counter() - started, 4)  # what the user waited (`chatrun report`)
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
             entry, memories = self._stored(entry, self._c.dirty_memories(before), turn)
             self.store.commit_turn(self.id, self._c.snapshot(), memories, [entry])
@@ -840,6 +847,11 @@ def _split_input(message: Input) -> tuple[str | None, dict[str, Any]]:
             raise SessionError("the userMessage field must be a string")
         return text, dict(message)
     raise SessionError(f"a message is a string or a mapping, not {type(message).__name__}")
+
+
+def _expire_now(decision: Decision | None) -> datetime | None:
+    """The instant an Expire says it runs at (the sweeper's), or None."""
+    return parse_time(decision.now) if isinstance(decision, Expire) and decision.now else None
 
 
 def _usage_entry(turn: Turn) -> dict[str, Any]:

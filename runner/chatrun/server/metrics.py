@@ -77,6 +77,8 @@ class ServerMetrics:
                                             "too_large, starts_program)", ["bot", "reason"], registry=reg)
         self.feedback = prom.Counter("chatrun_feedback", "Ratings of bot replies by their users (thumbs up/down), "
                                      "by the route the conversation was on when rated", ["bot", "route", "rating"], registry=reg)
+        self.outcomes = prom.Counter("chatrun_outcomes", "Conversations' outcomes as the bot's `outcomes:` name them, "
+                                     "each counted once, when recorded", ["bot", "outcome", "version"], registry=reg)
         self.tool_calls = prom.Counter("chatrun_tool_calls", "Tool calls run", ["bot", "tool"], registry=reg)
         self.guardrails = prom.Counter("chatrun_guardrail", "Guardrails that matched (docs/guardrails.md), by "
                                        "stage, kind and what they did", ["bot", "stage", "kind", "outcome"],
@@ -216,6 +218,9 @@ class ServerMetrics:
 
     def feedback_given(self, bot: str, route: str, rating: str) -> None:
         self.child(self.feedback, bot, route, rating).inc()
+
+    def outcome_recorded(self, bot: str, outcome: str, version: str) -> None:
+        self.child(self.outcomes, bot, outcome, version).inc()
 
     def bundle_refused(self, bot: str, reason: str) -> None:
         self.child(self.bundles_refused, bot, reason).inc()

@@ -49,6 +49,7 @@ class TurnReport:
         self.waiting = {item.id: item.created for item in session.pending}  # what a Resolved may resolve
         self.opened: list[str] = []  # the items this turn opened ("p1:approval")
         self.resolved: list[dict[str, Any]] = []  # the Resolved events' data
+        self.outcomes: list[str] = []  # the outcome this turn recorded (engine/outcomes.py), if any
 
     def observing(self) -> Any:
         """The block the turn runs in: the engine reports its model and tool calls to the metrics."""
@@ -63,6 +64,8 @@ class TurnReport:
         elif event.type == ev.RESOLVED and isinstance(event.data, dict):
             self.resolved.append(event.data)
             tracing.pending_noted("resolved", event.data)
+        elif event.type == ev.OUTCOME and isinstance(event.data, dict):
+            self.outcomes.append(str(event.data.get("name")))
 
     def ran(self) -> None:
         """The engine finished the turn: ok, failed or cancelled, as its history entry says."""
@@ -82,6 +85,8 @@ class TurnReport:
                 for done in self.resolved:
                     self.metrics.decided(self.bot, str(done.get("kind")), str(done.get("outcome")),
                                          self._waited(done.get("id")))
+                for name in self.outcomes:  # committed with the turn: counted once, by the replica that ran it
+                    self.metrics.outcome_recorded(self.bot, name, self.session.bot_version)
             cost = (self.entry.get("usage") or {}).get("cost")
             self.metrics.version_turn_done(self.bot, self.session.bot_version, self.outcome, cost)
         if log.isEnabledFor(logging.INFO):

@@ -169,12 +169,43 @@ def follow_up_of(snapshot: JSONObject) -> JSONObject | None:
     return found if isinstance(found, dict) else None
 
 
+OUTCOME_KEY = "outcome"  # the snapshot's outcome: {"name", "turn", "route", "at"} once recorded, {"due", "since"} while armed
+
+
+def outcome_of(snapshot: JSONObject) -> JSONObject | None:
+    """The snapshot's outcome (engine/outcomes.py): recorded (has "name") or armed (has "due"), or None."""
+    found = snapshot.get(OUTCOME_KEY)
+    return found if isinstance(found, dict) else None
+
+
+# What `chatrun report` reads of each stored session and history entry (chatrun/report/read.py),
+# as JSON paths: SQLite reads them in SQL (json_extract), other stores' values in Python (json_path).
+REPORT_SESSION_PATHS = ("$.bot", "$.bot_version", "$.state.locale", "$.meta.locale", "$.outcome.name",
+                        "$.scopes[#-1].route", "$.usage.cost", "$.usage.input_tokens", "$.usage.output_tokens")
+REPORT_HISTORY_PATHS = ("$.turn", "$.at", "$.ok", "$.seconds", "$.input.decision.kind", "$.feedback.turn",
+                        "$.feedback.rating")
+
+
+def json_path(value: Any, path: str) -> Any:
+    """The value at a simple JSON path (`$.a.b`, `$.list[#-1].c`: keys, and the last item of a
+    list) as SQLite's json_extract reads it; None where there is nothing."""
+    for part in path[2:].split("."):
+        key, _, index = part.partition("[")
+        value = value.get(key) if isinstance(value, dict) else None
+        if index:
+            value = value[-1] if isinstance(value, list) and value and index == "#-1]" else None
+    return value
+
+
 def due_items(snapshot: JSONObject) -> list[JSONObject]:
-    """What of a session has a due time the sweeper acts on: its pending items and its armed
-    follow-up (both `{"due": ISO, ...}`), so one index says when a session next has work."""
+    """What of a session has a due time the sweeper acts on: its pending items, its armed
+    follow-up and its armed outcome silence (all `{"due": ISO, ...}`), so one index says when a
+    session next has work."""
     items = pending_items_of(snapshot)
     follow_up = follow_up_of(snapshot)
-    return [*items, follow_up] if follow_up is not None else items
+    outcome = outcome_of(snapshot)
+    extra = [x for x in (follow_up, outcome) if x is not None and "due" in x]
+    return [*items, *extra] if extra else items
 
 
 def due_epoch(items: list[JSONObject]) -> float | None:

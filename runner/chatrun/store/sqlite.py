@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import Message, message_from_dict
@@ -403,6 +404,22 @@ class SQLiteStore:
             conn.execute("DELETE FROM requests WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM records WHERE session = ?", (session_id,))
             conn.executemany("DELETE FROM memories WHERE memory_id = ?", [(m,) for m in memory_ids])
+
+    def report_rows(self, session_paths: tuple[str, ...], history_paths: tuple[str, ...]
+                    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """What `chatrun report` reads (store/record.py REPORT_*_PATHS): each session's id and
+        values at `session_paths`, and each history entry's session id and values at
+        `history_paths`, both in session order (entries in turn order): two scans, JSON read in
+        SQLite, not one query per session."""
+        def picks(column: str, paths: tuple[str, ...]) -> str:
+            return ", ".join(f"json_extract({column}, ?)" for _ in paths)
+
+        with self._locked("read sessions for a report") as conn:
+            sessions = conn.execute(f"SELECT session_id, {picks('snapshot', session_paths)} FROM sessions "
+                                    "ORDER BY session_id", session_paths).fetchall()
+            history = conn.execute(f"SELECT session_id, {picks('entry', history_paths)} FROM history "
+                                   "ORDER BY session_id, seq", history_paths).fetchall()
+        return sessions, history
 
     def list_sessions(self) -> list[str]:
         """Session ids, oldest session first."""

@@ -499,19 +499,11 @@ def unpinned_due(session: Any, t: Transcript, played: TurnResult) -> list[str]:
 def event_type_warnings(config: Any, t: Transcript) -> list[str]:
     """Expected event types the bot can never send (a typo such as `Mesage`). A bot with
     handlers may send any type (`ctx.emit`), so it is not judged."""
-    from chatrun import events as ev
     from chatrun.toolkinds import may_emit_any_event
 
     if may_emit_any_event(config):
         return []
-    known = set(ev.BUILTIN_TYPES) | set(config.events)  # `events:` declares the bot's own types
-    if config.guardrails or any(route.guardrails for route in config.routes.values()):
-        known.add(ev.GUARDRAIL)
-    if not any(route.knowledge for route in config.routes.values()):
-        known.discard(ev.SOURCES)  # only a route with `knowledge:` cites sources
-    for tool in config.tools.values():
-        for _, action in tool.action.variants():
-            known.update(action.emit)
+    known = config.event_types()
     out = []
     for turn in t.turns:
         expect = turn.expect or {}
