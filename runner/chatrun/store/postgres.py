@@ -37,9 +37,20 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import Attachment, message_from_dict
-from chatrun.store.blobs import BLOB_PARAMETERS, DEFAULT_MAX_FOLDER_BLOB_BYTES, BlobQuota, blob_quota, blob_ref
+from chatrun.store.blobs import (
+    BLOB_PARAMETERS,
+    DEFAULT_MAX_FOLDER_BLOB_BYTES,
+    BlobQuota,
+    blob_quota,
+    blob_ref,
+)
 from chatrun.store.lease import Lease, LeaseSettings
-from chatrun.store.postgres_schema import MIGRATION_LOCK, MIGRATIONS, MIGRATIONS_TABLE, SCHEMA_VERSION
+from chatrun.store.postgres_schema import (
+    MIGRATION_LOCK,
+    MIGRATIONS,
+    MIGRATIONS_TABLE,
+    SCHEMA_VERSION,
+)
 from chatrun.store.record import (
     DEAD,
     EMPTY_MEMORY_SIZE,
@@ -59,7 +70,14 @@ from chatrun.store.record import (
     to_json,
     unclaimed,
 )
-from chatrun.store.versions import CREATE, KEEP_OUTCOMES, LeaseLost, SessionBusy, StaleVersion, next_version
+from chatrun.store.versions import (
+    CREATE,
+    KEEP_OUTCOMES,
+    LeaseLost,
+    SessionBusy,
+    StaleVersion,
+    next_version,
+)
 
 log = logging.getLogger("chatrun.store")
 
