@@ -85,6 +85,8 @@ WAITER_TTL_MS = 3000  # a waiter that has not polled for this long is dropped fr
 POOL_PARAMETERS = ("max_connections",)
 CHATRUN_PARAMETERS = (*POOL_PARAMETERS, *BLOB_PARAMETERS)  # a URL's parameters that are chatrun's, not libpq's
 DEFAULT_MAX_CONNECTIONS = 20
+LEASE_CHANNEL = "chatrun_lease"  # NOTIFY channel: a session's lease was released (payload: the session id)
+LISTENING_POLL = 0.25  # longest pause between two looks at the queue while NOTIFY wakes the waiters
 _NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::float8"
 
 
@@ -134,6 +136,9 @@ class PostgresStore:
                                        self.url)
         self._pool: Any = None
         self._opening: asyncio.Lock | None = None
+        self._wakers: dict[str, _Waker] = {}  # session -> what wakes its waiters here when it is released
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = False  # the LISTEN connection is up: waiters may poll less often
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -144,20 +149,18 @@ class PostgresStore:
             self._opening = asyncio.Lock()
         async with self._opening:
             if self._pool is None:
+                import psycopg
                 from psycopg_pool import AsyncConnectionPool
 
+                try:  # one connection first: an unreachable server fails at once, not after the pool's wait
+                    async with await psycopg.AsyncConnection.connect(self.conninfo, connect_timeout=5) as conn:
+                        await migrate(conn, self.url)
+                except psycopg.Error as exc:
+                    raise ChatrunError(f"store {self.url}: cannot reach PostgreSQL: {str(exc).strip()}") from None
                 pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.max_connections, open=False,
                                            check=AsyncConnectionPool.check_connection, timeout=30,
                                            kwargs={"connect_timeout": 5})
-                try:
-                    await pool.open(wait=True, timeout=10)
-                    async with pool.connection() as conn:
-                        await migrate(conn, self.url)
-                except Exception as exc:
-                    await pool.close()
-                    if isinstance(exc, ChatrunError):
-                        raise
-                    raise ChatrunError(f"store {self.url}: cannot reach PostgreSQL: {exc}") from None
+                await pool.open(wait=False)
                 self._pool = pool
         return self._pool
 
@@ -173,17 +176,28 @@ class PostgresStore:
         except psycopg.Error as exc:
             raise ChatrunError(f"store {self.url}: could not {what}: {exc}") from None
 
-    async def _one(self, what: str, sql: str, params: tuple | list = ()) -> Any:
+    async def _one(self, what: str, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
         async with self._tx(what) as conn:
             return await (await conn.execute(sql, params)).fetchone()
 
-    async def _all(self, what: str, sql: str, params: tuple | list = ()) -> list[Any]:
+    async def _all(self, what: str, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
         async with self._tx(what) as conn:
             return list(await (await conn.execute(sql, params)).fetchall())
 
     async def ping(self) -> None:
-        """Raises ChatrunError unless PostgreSQL answers (and the schema is there)."""
-        await self._one("reach PostgreSQL", "SELECT 1")
+        """Raises ChatrunError unless PostgreSQL answers: the first time, by connecting and
+        migrating; then on a connection of its own, outside the pool, so a busy pool never reads
+        as a stalled server and a refused connection answers at once (the caller bounds the wait)."""
+        import psycopg
+
+        if self._pool is None:
+            await self._ready_pool()
+            return
+        try:
+            async with await psycopg.AsyncConnection.connect(self.conninfo, connect_timeout=5) as conn:
+                await conn.execute("SELECT 1")
+        except psycopg.Error as exc:
+            raise ChatrunError(f"store {self.url}: cannot reach PostgreSQL: {str(exc).strip()}") from None
 
     def pool_use(self) -> tuple[int, int]:
         """(connections in use, the pool's size): /health shows them, for sizing."""
@@ -193,6 +207,11 @@ class PostgresStore:
         return stats.get("pool_size", 0) - stats.get("pool_available", 0), self.max_connections
 
     async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(BaseException):
+                await self._listener
+            self._listener = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -219,8 +238,8 @@ class PostgresStore:
                 if time.monotonic() >= deadline:
                     raise SessionBusy(f"session {session_id} stayed busy for {wait:g} s (queue position "
                                       f"{int(detail) + 1}); try again later")
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, self.settings.poll)
+                await self._wait_for_release(session_id, min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, LISTENING_POLL if self._listening else self.settings.poll)
         except BaseException:
             with contextlib.suppress(Exception):  # stop waiting: leave the queue at once
                 await asyncio.shield(self._leave(session_id, token))
@@ -267,6 +286,47 @@ class PostgresStore:
         row = await (await conn.execute("SELECT version FROM sessions WHERE session_id = %s", (session_id,))).fetchone()
         return "" if row is None else str(row[0])
 
+    async def _wait_for_release(self, session_id: str, pause: float) -> None:
+        """Sleep `pause` seconds, or less: until a release of the session's lease is announced
+        (NOTIFY chatrun_lease, by any replica). Without the LISTEN connection, a plain sleep."""
+        self._start_listening()
+        waker = self._wakers.get(session_id)  # shared by this process's waiters on the session
+        if waker is None:
+            waker = self._wakers[session_id] = _Waker()
+        waker.waiting += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waker.released.wait(), pause)
+        finally:
+            waker.waiting -= 1
+            if not waker.waiting and self._wakers.get(session_id) is waker:
+                del self._wakers[session_id]
+
+    def _start_listening(self) -> None:
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.ensure_future(self._listen())
+
+    async def _listen(self) -> None:
+        """LISTEN on a connection of its own; each notification wakes the session's waiters at
+        once. A lost connection is reopened (waiters poll meanwhile: nothing waits for it)."""
+        import psycopg
+
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
+                                                                 connect_timeout=5) as conn:
+                    await conn.execute(f"LISTEN {LEASE_CHANNEL}")
+                    self._listening = True
+                    async for note in conn.notifies():
+                        waker = self._wakers.pop(note.payload, None)  # the next wait makes a new one
+                        if waker is not None:
+                            waker.released.set()
+            except psycopg.Error as exc:
+                log.info("store %s: listening for lease releases stopped (%s); polling meanwhile", self.url, exc)
+            finally:
+                self._listening = False
+            await asyncio.sleep(1.0)
+
     async def _leave(self, session_id: str, token: str) -> None:
         await self._one(f"leave the queue of session {session_id}",
                         "DELETE FROM lease_queue WHERE session_id = %s AND token = %s RETURNING 1", (session_id, token))
@@ -292,9 +352,11 @@ class PostgresStore:
         if lease.renewer is not None:
             lease.renewer.cancel()
         if lease.token is not None:
-            await self._one(f"release the lease on session {lease.session_id}",
-                            "DELETE FROM leases WHERE session_id = %s AND token = %s RETURNING 1",
-                            (lease.session_id, lease.token))
+            async with self._tx(f"release the lease on session {lease.session_id}") as conn:
+                await conn.execute("DELETE FROM leases WHERE session_id = %s AND token = %s",
+                                   (lease.session_id, lease.token))
+                # Wake the session's waiters on every replica (delivered when this transaction commits).
+                await conn.execute("SELECT pg_notify(%s, %s)", (LEASE_CHANNEL, lease.session_id))
 
     @staticmethod
     async def _holds(conn: Any, lease: Lease | None) -> bool:
@@ -507,6 +569,14 @@ class PostgresStore:
         rows = await self._all("delete outbox entries", "DELETE FROM outbox WHERE id = ANY(%s) RETURNING 1",
                                (list(entry_ids),))
         return len(rows)
+
+
+class _Waker:
+    """The waiters of one session in this process, and the event a release sets."""
+
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+        self.waiting = 0
 
 
 # -- a commit's writes (inside its transaction) -------------------------------------------------
