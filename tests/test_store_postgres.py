@@ -121,3 +121,18 @@ def test_a_release_on_one_replica_wakes_the_waiters_of_another_at_once_by_notify
         await two.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.slow  # builds the whole app before it connects (about 3 s)
+def test_serve_says_when_postgres_cannot_be_reached_and_commands_that_read_a_store_too(tmp_path):
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+
+    bot = str(write_travel(tmp_path))
+    url = f"postgresql://chatrun:pw@127.0.0.1:{free_port()}/chatrun"
+    result = CliRunner().invoke(main, ["serve", bot, "--store", url])
+    assert result.exit_code != 0 and "cannot reach PostgreSQL" in result.output and "Traceback" not in result.output
+    assert "pw@" not in result.output
+    result = CliRunner().invoke(main, ["record", "--store", url, "--from-session", "s1", "-o", str(tmp_path / "t.yaml")])
+    assert result.exit_code != 0 and "cannot reach PostgreSQL" in result.output and "Traceback" not in result.output
