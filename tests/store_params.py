@@ -18,9 +18,9 @@ STORES = ["sqlite", REDIS, POSTGRES]  # the durable stores: one contract
 DISTRIBUTED = [REDIS, POSTGRES]  # the stores replicas share (real leases)
 
 
-def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
-    """The URL of an empty store of the kind `request.param` names."""
-    kind = request.param
+def store_url(request: pytest.FixtureRequest, tmp_path, kind: str | None = None) -> str:
+    """The URL of an empty store of the kind `kind` names (default: `request.param`)."""
+    kind = kind or request.param
     if kind == "memory":
         return "memory://"
     if kind == "sqlite":
