@@ -300,13 +300,13 @@ def test_a_timeout_that_approves_fires_once_across_replicas_and_the_tool_runs_on
 def _due_passed(store: str, session: str) -> bool:
     import asyncio
 
-    from chatrun.store.redis import RedisStore
+    from chatrun.store.aio import open_async_store
 
     async def due() -> list[str]:
-        redis = RedisStore(store)
+        shared = open_async_store(store)
         try:
-            return await redis.list_due(time.time())
+            return await shared.list_due(time.time())
         finally:
-            await redis.close()
+            await shared.close()
 
     return session in asyncio.run(due())
