@@ -246,45 +246,12 @@ class PostgresStore:
             raise
 
     async def _try_acquire(self, session_id: str, token: str, reject: bool) -> tuple[bool, str]:
-        """One look at the session's lease and queue (the steps of Redis's _ACQUIRE, in one
-        transaction under the session's lease lock): (granted, version) or (False, queue rank),
-        (False, "-1") for busy with `reject`."""
-        async with self._tx(f"take the lease on session {session_id}") as conn:
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('lease:' || %s, 0))", (session_id,))
-            now = (await (await conn.execute(f"SELECT {_NOW_MS}")).fetchone())[0]
-            row = await (await conn.execute("SELECT token FROM leases WHERE session_id = %s AND expires > %s",
-                                            (session_id, now))).fetchone()
-            holder = None if row is None else row[0]
-            if holder == token:
-                return True, await self._version(conn, session_id)
-            await conn.execute("DELETE FROM lease_queue WHERE session_id = %s AND alive < %s AND token <> %s",
-                               (session_id, now, token))
-            queued = await (await conn.execute("SELECT 1 FROM lease_queue WHERE session_id = %s AND token = %s",
-                                               (session_id, token))).fetchone()
-            if reject and queued is None:
-                waiting = await (await conn.execute("SELECT 1 FROM lease_queue WHERE session_id = %s LIMIT 1",
-                                                    (session_id,))).fetchone()
-                if holder is not None or waiting is not None:
-                    return False, "-1"
-            await conn.execute("INSERT INTO lease_queue (session_id, token, alive) VALUES (%s, %s, %s) "
-                               "ON CONFLICT (session_id, token) DO UPDATE SET alive = excluded.alive",
-                               (session_id, token, now + WAITER_TTL_MS))
-            ahead = (await (await conn.execute(
-                "SELECT count(*) FROM lease_queue WHERE session_id = %s AND arrival < "
-                "(SELECT arrival FROM lease_queue WHERE session_id = %s AND token = %s)",
-                (session_id, session_id, token))).fetchone())[0]
-            if holder is None and ahead == 0:
-                await conn.execute("INSERT INTO leases (session_id, token, expires) VALUES (%s, %s, %s) "
-                                   "ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, "
-                                   "expires = excluded.expires", (session_id, token, now + self.settings.ttl * 1000))
-                await conn.execute("DELETE FROM lease_queue WHERE session_id = %s AND token = %s", (session_id, token))
-                return True, await self._version(conn, session_id)
-            return False, str(ahead)
-
-    @staticmethod
-    async def _version(conn: Any, session_id: str) -> str:
-        row = await (await conn.execute("SELECT version FROM sessions WHERE session_id = %s", (session_id,))).fetchone()
-        return "" if row is None else str(row[0])
+        """One look at the session's lease and queue (postgres_schema's chatrun_acquire, in one
+        round trip): (granted, version) or (False, queue rank), (False, "-1") busy with `reject`."""
+        row = await self._one(f"take the lease on session {session_id}", "SELECT chatrun_acquire(%s, %s, %s, %s, %s)",
+                              (session_id, token, self.settings.ttl * 1000, WAITER_TTL_MS, reject))
+        granted, detail = row[0]
+        return granted == "1", str(detail)
 
     async def _wait_for_release(self, session_id: str, pause: float) -> None:
         """Sleep `pause` seconds, or less: until a release of the session's lease is announced
@@ -352,11 +319,10 @@ class PostgresStore:
         if lease.renewer is not None:
             lease.renewer.cancel()
         if lease.token is not None:
-            async with self._tx(f"release the lease on session {lease.session_id}") as conn:
-                await conn.execute("DELETE FROM leases WHERE session_id = %s AND token = %s",
-                                   (lease.session_id, lease.token))
-                # Wake the session's waiters on every replica (delivered when this transaction commits).
-                await conn.execute("SELECT pg_notify(%s, %s)", (LEASE_CHANNEL, lease.session_id))
+            # Wake the session's waiters on every replica (NOTIFY: delivered when the deletion commits).
+            await self._one(f"release the lease on session {lease.session_id}",
+                            "WITH gone AS (DELETE FROM leases WHERE session_id = %s AND token = %s RETURNING 1) "
+                            "SELECT pg_notify(%s, %s)", (lease.session_id, lease.token, LEASE_CHANNEL, lease.session_id))
 
     @staticmethod
     async def _holds(conn: Any, lease: Lease | None) -> bool:

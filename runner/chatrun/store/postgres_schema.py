@@ -101,6 +101,39 @@ CREATE TABLE blobs (
     data       BYTEA NOT NULL,
     PRIMARY KEY (session_id, ref)
 );
+-- One look at a session's lease and queue, in one round trip (the steps of Redis's _ACQUIRE):
+-- {'1', version} granted; {'0', n} n waiters ahead; {'0', '-1'} busy and `reject`.
+CREATE FUNCTION chatrun_acquire(sid TEXT, tok TEXT, ttl_ms DOUBLE PRECISION, waiter_ms DOUBLE PRECISION,
+                                reject BOOLEAN) RETURNS TEXT[] LANGUAGE plpgsql AS $$
+DECLARE
+    now_ms DOUBLE PRECISION := extract(epoch FROM clock_timestamp()) * 1000;
+    holder TEXT;
+    queued BOOLEAN;
+    ahead BIGINT;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('lease:' || sid, 0));
+    SELECT l.token INTO holder FROM leases l WHERE l.session_id = sid AND l.expires > now_ms;
+    IF holder = tok THEN
+        RETURN ARRAY['1', COALESCE((SELECT s.version FROM sessions s WHERE s.session_id = sid), '')];
+    END IF;
+    DELETE FROM lease_queue q WHERE q.session_id = sid AND q.alive < now_ms AND q.token <> tok;
+    queued := EXISTS (SELECT 1 FROM lease_queue q WHERE q.session_id = sid AND q.token = tok);
+    IF reject AND NOT queued AND (holder IS NOT NULL OR EXISTS (SELECT 1 FROM lease_queue q WHERE q.session_id = sid)) THEN
+        RETURN ARRAY['0', '-1'];
+    END IF;
+    INSERT INTO lease_queue (session_id, token, alive) VALUES (sid, tok, now_ms + waiter_ms)
+        ON CONFLICT (session_id, token) DO UPDATE SET alive = excluded.alive;
+    SELECT count(*) INTO ahead FROM lease_queue q WHERE q.session_id = sid AND q.arrival <
+        (SELECT m.arrival FROM lease_queue m WHERE m.session_id = sid AND m.token = tok);
+    IF holder IS NULL AND ahead = 0 THEN
+        INSERT INTO leases (session_id, token, expires) VALUES (sid, tok, now_ms + ttl_ms)
+            ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, expires = excluded.expires;
+        DELETE FROM lease_queue q WHERE q.session_id = sid AND q.token = tok;
+        RETURN ARRAY['1', COALESCE((SELECT s.version FROM sessions s WHERE s.session_id = sid), '')];
+    END IF;
+    RETURN ARRAY['0', ahead::TEXT];
+END
+$$;
 """),
 ]
 
