@@ -374,15 +374,16 @@ class PostgresStore:
             if (expected == CREATE and current is not None) or (expected != CREATE and current != expected):
                 raise StaleVersion(session_id, expected, current)
             version = next_version(current)
-            await conn.execute(
-                "INSERT INTO sessions (session_id, snapshot, version, updated_at, bot, owner, due, pending) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE SET "
-                "snapshot = excluded.snapshot, version = excluded.version, updated_at = excluded.updated_at, "
-                "bot = excluded.bot, owner = excluded.owner, due = excluded.due, pending = excluded.pending",
-                (session_id, commit.snapshot_json, version, self.clock(), commit.bot or "", commit.owner,
-                 commit.due, commit.pending_count))
-            await _index_commit(conn, commit, None if row is None else row[1], 0 if row is None else row[2])
-            await _write_turn(conn, commit)
+            async with conn.pipeline():  # the writes, sent together: one round trip, not one per statement
+                await conn.execute(
+                    "INSERT INTO sessions (session_id, snapshot, version, updated_at, bot, owner, due, pending) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE SET "
+                    "snapshot = excluded.snapshot, version = excluded.version, updated_at = excluded.updated_at, "
+                    "bot = excluded.bot, owner = excluded.owner, due = excluded.due, pending = excluded.pending",
+                    (session_id, commit.snapshot_json, version, self.clock(), commit.bot or "", commit.owner,
+                     commit.due, commit.pending_count))
+                await _index_commit(conn, commit, None if row is None else row[1], 0 if row is None else row[2])
+                await _write_turn(conn, commit)
         return version
 
     async def load_history(self, session_id: str) -> list[JSONObject]:
@@ -561,21 +562,20 @@ async def _write_turn(conn: Any, commit: Commit) -> None:
         else:
             await conn.execute("INSERT INTO memories (memory_id, messages) VALUES (%s, %s) ON CONFLICT (memory_id) "
                                "DO UPDATE SET messages = excluded.messages", (mid, text))
-    if commit.history_json:
-        last = (await (await conn.execute("SELECT COALESCE(MAX(seq), 0) FROM history WHERE session_id = %s",
-                                          (session_id,))).fetchone())[0]
-        async with conn.cursor() as cur:
-            await cur.executemany("INSERT INTO history (session_id, seq, entry) VALUES (%s, %s, %s)",
-                                  [(session_id, last + 1 + i, e) for i, e in enumerate(commit.history_json)])
+    if commit.history_json:  # numbered after the last entry, in the statement (no round trip to read it)
+        await conn.execute(
+            "INSERT INTO history (session_id, seq, entry) SELECT %s, COALESCE((SELECT MAX(seq) FROM history "
+            "WHERE session_id = %s), 0) + t.i, t.entry FROM unnest(%s::int[], %s::text[]) AS t(i, entry)",
+            (session_id, session_id, list(range(1, len(commit.history_json) + 1)), commit.history_json))
     if commit.outcome is not None:
         request_id, text = commit.outcome
-        seq = (await (await conn.execute("SELECT COALESCE(MAX(seq), 0) FROM requests WHERE session_id = %s",
-                                         (session_id,))).fetchone())[0] + 1
-        await conn.execute("INSERT INTO requests (session_id, request_id, outcome, seq) VALUES (%s, %s, %s, %s) "
+        await conn.execute("INSERT INTO requests (session_id, request_id, outcome, seq) VALUES (%s, %s, %s, "
+                           "COALESCE((SELECT MAX(seq) FROM requests WHERE session_id = %s), 0) + 1) "
                            "ON CONFLICT (session_id, request_id) DO UPDATE SET outcome = excluded.outcome, "
-                           "seq = excluded.seq", (session_id, request_id, text, seq))
-        await conn.execute("DELETE FROM requests WHERE session_id = %s AND seq <= %s",
-                           (session_id, seq - KEEP_OUTCOMES))
+                           "seq = excluded.seq", (session_id, request_id, text, session_id))
+        await conn.execute("DELETE FROM requests WHERE session_id = %s AND seq <= "
+                           "(SELECT MAX(seq) FROM requests WHERE session_id = %s) - %s",
+                           (session_id, session_id, KEEP_OUTCOMES))
     if commit.outbox:
         async with conn.cursor() as cur:
             await cur.executemany("INSERT INTO outbox (id, route, state, due, entry) VALUES (%s, %s, %s, %s, %s)",
