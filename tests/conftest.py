@@ -85,7 +85,7 @@ def write_bot(tmp_path):
 
 
 # Fixtures that start a process (a server or a terminal): a test using one is a subprocess test.
-PROCESS_FIXTURES = {"redis_server", "term"}
+PROCESS_FIXTURES = {"redis_server", "postgres_server", "term"}
 
 
 def pytest_collection_modifyitems(items):
@@ -129,6 +129,21 @@ def redis_server():
     server = RedisServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL on a free loopback port, for the whole test session (each xdist worker
+    starts its own: tests/postgres_support.py). Tests take `postgres_server.url()`: a URL of a
+    fresh database of their own."""
+    from postgres_support import PostgresServer, postgres_binaries
+
+    if postgres_binaries() is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql): Postgres tests skipped")
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'chatrun[postgres]')")
+    server = PostgresServer().start()
+    yield server
+    server.remove()
 
 
 _span_exporter: list = []  # the in-memory exporter, added once per process to the SDK's tracer provider

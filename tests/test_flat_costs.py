@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 import chatrun
 from chatrun.server.sweeper import pending_counts
 from chatrun.store import open_store
-from chatrun.store.aio import LocalAsyncStore
+from chatrun.store.aio import LocalAsyncStore, open_async_store
 from chatrun.store.record import (
     TALLY_OWNER,
     TALLY_PENDING,
@@ -56,10 +56,13 @@ def loop():
     made.close()
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.subprocess)])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.subprocess),
+                        pytest.param("postgres", marks=pytest.mark.subprocess)])
 def store(request, tmp_path, loop):
     if request.param == "redis":
         made = RedisStore(request.getfixturevalue("redis_server").url())
+    elif request.param == "postgres":
+        made = open_async_store(request.getfixturevalue("postgres_server").url())
     else:
         made = LocalAsyncStore(open_store(None if request.param == "memory" else f"sqlite:///{tmp_path}/s.db"))
     made.loop = loop  # every call of the test runs on this loop (a Redis client keeps to one)

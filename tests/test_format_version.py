@@ -377,7 +377,7 @@ def test_diff_errors_exit_2_naming_the_place(tmp_path):
     result = cli("diff", V1, tmp_path)
     assert result.exit_code == 2
     assert f"{tmp_path / 'bot.yaml'}:2:" in result.output
-    result = cli("diff", V1, V2, "--store", "postgres://nowhere")
+    result = cli("diff", V1, V2, "--store", "mongodb://nowhere")  # postgres:// is a store since issue 38
     assert result.exit_code == 2 and "unknown store URL" in result.output
 
 

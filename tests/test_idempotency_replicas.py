@@ -1,5 +1,5 @@
 """Issue 32's done-when for a key for every call, with real processes: two `chatrun serve`
-replicas of bots/helpdesk on a real Redis, the fake OpenAI server, and the device-orders API
+replicas of bots/helpdesk on a real Redis (and again on a real PostgreSQL), the fake OpenAI server, and the device-orders API
 on loopback recording each request's headers. An IT lead approves Ana's order on the first
 replica; the API holds that request until the test has killed the replica (-9) — after the
 tool ran, before the turn's commit. The lead's client retries the decision on the second
@@ -22,6 +22,7 @@ import pytest
 
 from orders_api import LoopbackApi
 from redis_support import Replica
+from store_params import store_url
 
 REPO = Path(__file__).resolve().parents[1]
 HELPDESK = str(REPO / "bots" / "helpdesk")
@@ -85,13 +86,19 @@ def decide(server: Replica, session: str, key: str) -> httpx.Response:
                       headers=dict(LEE, **{"Idempotency-Key": key}), timeout=120)
 
 
+@pytest.fixture(params=["redis", "postgres"])
+def shared_store(request, tmp_path):
+    """An empty store the replicas share: a real Redis, a real PostgreSQL (issue 38)."""
+    return store_url(request, tmp_path)
+
+
 @pytest.mark.subprocess
 def test_a_decision_retried_on_another_replica_after_kill_9_sends_the_same_idempotency_key(
-        fake, api, redis_server, tmp_path):
+        fake, api, shared_store, tmp_path):
     fake.responder = responder
     auth = tmp_path / "auth.yaml"
     auth.write_text(AUTH)
-    store = redis_server.url()
+    store = shared_store
     first = Replica(HELPDESK, store, fake.base_url, "--auth", str(auth)).start()
     second = None
     try:

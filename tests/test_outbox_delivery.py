@@ -18,6 +18,7 @@ from chatrun.store.redis import RedisStore
 from chatrun.store.versions import CREATE
 from redis_support import Replica
 from server_support import wait_until
+from store_params import store_url
 from webhook_support import OPENAI_MODEL, SECRET, Receiver, survey_bot, survey_responder
 
 LEASE = "2"  # CHATRUN_OUTBOX_LEASE: a claim lasts this + the webhook's timeout (3 s) = 5 s
@@ -53,9 +54,9 @@ def outbox_empty(replica: Replica) -> bool:
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+@pytest.mark.parametrize("kind", ["sqlite", "redis", "postgres"])
 def test_kill_9_after_the_commit_and_the_event_still_arrives_once(kind, bot, fake, receiver, tmp_path, request):
-    store = f"sqlite:///{tmp_path / 'k.db'}" if kind == "sqlite" else request.getfixturevalue("redis_server").url()
+    store = store_url(request, tmp_path, kind)
     receiver.status, receiver.hold = 503, 30  # the first delivery hangs: its replica dies holding the claim
     first = Replica(bot, store, fake.base_url).start()
     second = None

@@ -1,5 +1,5 @@
 """Issue 22's guarantees, with real `chatrun serve` processes (tests/redis_support.py `Replica`),
-a real Redis, the fake OpenAI server and a real local HTTP receiver that counts the refund
+a real Redis or a real PostgreSQL (every test runs on both), the fake OpenAI server and a real local HTTP receiver that counts the refund
 tool's calls: a pending approval survives `kill -9` of the replica that asked and is decided
 through another one; the tool runs exactly once however often (and wherever) the decision is
 POSTed; a timeout fires with no client present, after a restart too, exactly once; a decision
@@ -19,6 +19,7 @@ import pytest
 
 from redis_support import Replica
 from server_support import wait_until
+from store_params import store_url
 from webhook_support import OPENAI_MODEL, Receiver
 
 AUTH = """
@@ -72,9 +73,15 @@ def receiver():
         yield r
 
 
+@pytest.fixture(params=["redis", "postgres"])
+def shared_store(request, tmp_path):
+    """The URL of an empty store the replicas share: a real Redis, a real PostgreSQL (issue 38)."""
+    return store_url(request, tmp_path)
+
+
 @pytest.fixture
-def setup(tmp_path, fake, receiver, monkeypatch, redis_server):
-    """(bot path, auth path, store URL): the refund bot pointed at the receiver, on Redis."""
+def setup(tmp_path, fake, receiver, monkeypatch, shared_store):
+    """(bot path, auth path, store URL): the refund bot pointed at the receiver, on Redis or Postgres."""
     monkeypatch.setenv("REFUND_URL", receiver.url)
     fake.responder = responder
     (tmp_path / "auth.yaml").write_text(AUTH)
@@ -82,7 +89,7 @@ def setup(tmp_path, fake, receiver, monkeypatch, redis_server):
     def make(timeout: str = "1d", more: str = "") -> tuple[str, str, str]:
         bot = tmp_path / "bot.yaml"
         bot.write_text(refund_bot(timeout, more))
-        return str(bot), str(tmp_path / "auth.yaml"), redis_server.url()
+        return str(bot), str(tmp_path / "auth.yaml"), shared_store
 
     return make
 
@@ -293,13 +300,13 @@ def test_a_timeout_that_approves_fires_once_across_replicas_and_the_tool_runs_on
 def _due_passed(store: str, session: str) -> bool:
     import asyncio
 
-    from chatrun.store.redis import RedisStore
+    from chatrun.store.aio import open_async_store
 
     async def due() -> list[str]:
-        redis = RedisStore(store)
+        shared = open_async_store(store)
         try:
-            return await redis.list_due(time.time())
+            return await shared.list_due(time.time())
         finally:
-            await redis.close()
+            await shared.close()
 
     return session in asyncio.run(due())

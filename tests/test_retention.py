@@ -1,5 +1,5 @@
 """Issue 33, finding 11 ("Nothing ever expires"): a bot's `retention:` is enforced by the
-server's sweeper on every store (memory, SQLite, a real redis-server), `chatrun purge` deletes
+server's sweeper on every store (memory, SQLite, a real redis-server, a real PostgreSQL), `chatrun purge` deletes
 by it now (or counts, with --dry-run), and everything of one principal is erased through the
 API (role `privacy` only) and the CLI. Time is the stores' and the sweeper's injected clocks,
 never a sleep."""
@@ -24,11 +24,14 @@ from chatrun.server.auth import Auth
 from chatrun.server.sessions import SessionRegistry
 from chatrun.server.sweeper import PendingSweeper, SweepSettings
 from chatrun.store.aio import open_async_store
+from chatrun.store.postgres import PostgresStore
 from chatrun.store.record import DEAD, Commit, memory_id, scope_id
 from chatrun.store.redis import RedisStore
 from chatrun.store.retention import delete_stored, erase_principal
 from chatrun.store.versions import CREATE
 from server_support import app_for_testclient
+from store_params import STORES
+from store_params import store_url as store_url_of
 
 DAY = 86400.0
 NOW = 2_000_000_000.0  # the sweeper's "now"; sessions are written at NOW minus some days
@@ -91,16 +94,9 @@ async def kill(store, entry_id, died_at):
             await store.settle_outbox(entry, False)  # back to pending, unclaimed
 
 
-REDIS = pytest.param("redis", marks=[pytest.mark.slow, pytest.mark.subprocess])  # a real redis-server
-
-
-@pytest.fixture(params=["memory", "sqlite", REDIS])
+@pytest.fixture(params=["memory", *STORES])
 def store_url(request, tmp_path):
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 's.db'}"
-    return request.getfixturevalue("redis_server").url()
+    return store_url_of(request, tmp_path)
 
 
 def registry_on(tmp_path, url, retention="retention: {idle_sessions: 30d, dead_letters: 7d}"):
@@ -204,7 +200,7 @@ def test_erasing_a_principal_removes_all_of_it_and_nothing_of_another(tmp_path, 
 
 
 async def everything(store):
-    """All a store holds: every Redis key with its value, every SQLite row, the memory store's dicts."""
+    """All a store holds: every Redis key with its value, every SQLite or Postgres row, the memory store's dicts."""
     if isinstance(store, RedisStore):
         dump = {}
         async for key in store.client.scan_iter(match=f"{store.prefix}*"):
@@ -214,6 +210,9 @@ async def everything(store):
             dump[key] = await read(key)
         dump |= {f"blob {k}": v for k, v in store.blob_area.client.hgetall(f"{store.prefix}b:bob-1").items()}
         return dump
+    if isinstance(store, PostgresStore):
+        tables = [r[0] for r in await store._all("list", "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+        return {t: sorted(map(repr, await store._all("dump", f"SELECT * FROM {t}"))) for t in tables}  # noqa: S608
     sync = store.sync
     if hasattr(sync, "_conn"):
         tables = [r[0] for r in sync._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
@@ -273,9 +272,13 @@ def seed(url, tmp_path):
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("kind", ["sqlite", REDIS])
-def test_purge_prints_counts_and_a_dry_run_deletes_nothing(tmp_path, kind, request):
-    url = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else request.getfixturevalue("redis_server").url()
+@pytest.fixture(params=STORES)
+def durable_url(request, tmp_path):
+    return store_url_of(request, tmp_path)
+
+
+def test_purge_prints_counts_and_a_dry_run_deletes_nothing(tmp_path, durable_url):
+    url = durable_url
     seed(url, tmp_path)
     bot = str(bot_file(tmp_path))
     code, out = cli("purge", bot, "--store", url, "--dry-run")

@@ -24,6 +24,7 @@ from chatrun.server.drain import CLOSE_TIMEOUT
 from chatrun.testing.fake_openai import FakeOpenAI
 from redis_support import Replica
 from server_support import async_until_done
+from store_params import store_url
 
 COUNTER = """
 name: counter
@@ -75,11 +76,12 @@ def fake(shared_fake):
     return shared_fake
 
 
-@pytest.fixture(scope="module")
-def started_trio(redis_server, counter_bot, shared_fake):
-    """Three replicas on one Redis, shared by the tests of this module (each test uses its own
-    session ids), with the default lease TTL: a killed replica's sessions free up within it."""
-    group = replicas(3, counter_bot, redis_server.url(), shared_fake)
+@pytest.fixture(scope="module", params=["redis", "postgres"])
+def started_trio(request, counter_bot, shared_fake):
+    """Three replicas on one Redis or one PostgreSQL (issue 38: the same chaos on both), shared
+    by the tests of this module (each test uses its own session ids), with the default lease
+    TTL: a killed replica's sessions free up within it."""
+    group = replicas(3, counter_bot, store_url(request, None), shared_fake)
     yield group
     for r in group:
         r.signal(signal.SIGCONT)

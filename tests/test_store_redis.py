@@ -1,5 +1,7 @@
-"""The Redis store against a real redis-server: atomic fenced commits, leases (FIFO queue,
-reject, expiry, renewal), recorded outcomes, deletes. In-process, asyncio."""
+"""What is the Redis store's own, against a real redis-server: its URLs and password, a turn
+when Redis goes away, a session's records tracked in Redis's own keys. The contract it shares
+with SQLite and PostgreSQL (fenced commits, leases: FIFO queue, reject, expiry, renewal; outcomes,
+records, claims, deletes): tests/test_store_conformance.py. In-process, asyncio."""
 
 from __future__ import annotations
 
@@ -8,11 +10,9 @@ import json
 
 import pytest
 
-from chatrun.messages import AssistantMessage, UserMessage
-from chatrun.store.aio import LeaseSettings
 from chatrun.store.buffer import TurnBuffer
 from chatrun.store.redis import RedisStore, redis_url_parts
-from chatrun.store.versions import CREATE, LeaseLost, SessionBusy, StaleVersion
+from chatrun.store.versions import CREATE
 
 
 def run(coro):
@@ -38,129 +38,6 @@ async def commit(store, session_id, pending_commit, expected, lease, outcome=Non
 @pytest.fixture
 def url(redis_server):
     return redis_server.url()
-
-
-def test_a_commit_lands_whole_and_only_from_the_version_it_started_from(url):
-    async def go():
-        store = RedisStore(url)
-        lease = await store.acquire("s", wait=5)
-        v1 = await commit(store, "s", pending("s", {"turn": 0}), CREATE, lease)
-        with pytest.raises(StaleVersion, match="already exists"):
-            await commit(store, "s", pending("s", {"turn": 0}), CREATE, lease)
-        v2 = await commit(store, "s", pending("s", {"turn": 1}, {"s.1#main": [UserMessage("hi"), AssistantMessage("yo")]},
-                                            [{"turn": 1, "ok": True}]), v1, lease)
-        assert v1.startswith("1.") and v2.startswith("2.")
-        # A turn that started from v1 (another replica's stale copy) is refused, and nothing of it lands.
-        with pytest.raises(StaleVersion, match=f"at version {v2}, not {v1}"):
-            await commit(store, "s", pending("s", {"turn": 9}, {"s.1#main": None}, [{"turn": 9}]), v1, lease)
-        loaded = await store.load_session("s")
-        assert loaded.version == v2 and loaded.snapshot == {"turn": 1}
-        assert loaded.memories == {"s.1#main": [UserMessage("hi"), AssistantMessage("yo")]}
-        assert await store.load_history("s") == [{"turn": 1, "ok": True}]
-        await store.release(lease)
-        await store.close()
-
-    run(go())
-
-
-def test_a_commit_without_the_lease_is_refused(url):
-    async def go():
-        # TTLs of seconds, not fractions: the first commit must land within the TTL even when a
-        # busy machine delays this process.
-        store = RedisStore(url, LeaseSettings(ttl=2.0))
-        first = await store.acquire("s", wait=5)
-        first.renewer.cancel()  # a replica that stopped renewing (paused, partitioned)
-        version = await commit(store, "s", pending("s", {"turn": 0}), CREATE, first)
-        await asyncio.sleep(3.0)  # the lease expired...
-        second = await store.acquire("s", wait=5)  # ...and another request took it
-        with pytest.raises(LeaseLost, match="expired"):
-            await commit(store, "s", pending("s", {"turn": 1}), version, first)
-        assert (await store.load_session("s")).snapshot == {"turn": 0}
-        await commit(store, "s", pending("s", {"turn": 1}), version, second)
-        await store.release(second)
-        await store.close()
-
-    run(go())
-
-
-def test_a_held_lease_is_renewed_past_its_ttl(url):
-    async def go():
-        store = RedisStore(url, LeaseSettings(ttl=2.0))  # renewed every 2/3 s: a stall under 1.3 s is harmless
-        lease = await store.acquire("s", wait=5)
-        await asyncio.sleep(6.5)  # over three TTLs: kept alive by renewal
-        assert not lease.lost
-        with pytest.raises(SessionBusy):
-            await store.acquire("s", wait=0.1)
-        await commit(store, "s", pending("s", {"turn": 0}), CREATE, lease)
-        await store.release(lease)
-        await store.close()
-
-    run(go())
-
-
-def test_waiters_get_the_lease_in_arrival_order_and_reject_fails_at_once(url):
-    async def go():
-        stores = [RedisStore(url) for _ in range(3)]  # three replicas
-        order: list[int] = []
-        holder = await stores[0].acquire("s", wait=5)
-
-        async def wait_turn(i: int) -> None:
-            lease = await stores[i % 3].acquire("s", wait=10)
-            order.append(i)
-            await asyncio.sleep(0.02)
-            await stores[i % 3].release(lease)
-
-        tasks = []
-        queue = stores[0]._key("q", "s")
-        for i in range(6):
-            tasks.append(asyncio.ensure_future(wait_turn(i)))
-            while await stores[0].client.zcard(queue) < i + 1:  # arrived: it is in the queue
-                await asyncio.sleep(0.005)
-        with pytest.raises(SessionBusy, match="reject"):
-            await stores[1].acquire("s", wait=10, reject=True)
-        await stores[0].release(holder)
-        await asyncio.gather(*tasks)
-        assert order == list(range(6))
-        lease = await stores[2].acquire("s", wait=1, reject=True)  # free now: reject does not fail
-        await stores[2].release(lease)
-        for s in stores:
-            await s.close()
-
-    run(go())
-
-
-def test_a_waiter_that_gives_up_leaves_the_queue(url):
-    async def go():
-        store = RedisStore(url)
-        holder = await store.acquire("s", wait=5)
-        with pytest.raises(SessionBusy, match="stayed busy"):
-            await store.acquire("s", wait=0.2)
-        await store.release(holder)
-        lease = await store.acquire("s", wait=0.5)  # not stuck behind the one that left
-        await store.release(lease)
-        await store.close()
-
-    run(go())
-
-
-def test_outcomes_are_recorded_with_the_commit_and_delete_forgets_everything(url):
-    async def go():
-        store = RedisStore(url)
-        lease = await store.acquire("s", wait=5)
-        v = await commit(store, "s", pending("s", {"turn": 0, "meta": {"owner": "ana"}}), CREATE, lease)
-        entry = {"turn": 1, "ok": True, "events": [{"type": "Message", "data": "hi", "turn": 1}]}
-        await commit(store, "s", pending("s", {"turn": 1}, history=[entry], request_id="r-1"), v, lease,
-                           ("r-1", entry | {"requestId": "r-1"}))
-        assert (await store.get_outcome("s", "r-1"))["events"][0]["data"] == "hi"
-        assert await store.get_outcome("s", "r-2") is None
-        assert await store.count_owned("ana") == 1 and await store.list_sessions() == ["s"]
-        await store.delete_session("s", [], lease)
-        assert await store.load_session("s") is None and await store.load_history("s") == []
-        assert await store.get_outcome("s", "r-1") is None and await store.count_owned("ana") == 0
-        await store.release(lease)
-        await store.close()
-
-    run(go())
 
 
 def test_redis_urls_keep_their_password_out_of_messages():
@@ -220,40 +97,6 @@ def test_the_password_comes_from_the_url_or_the_environment(monkeypatch):
         assert "bad-pass" not in str(caught.value) and "***" in str(caught.value)
     finally:
         locked.stop()
-
-
-def test_records_are_kept_in_redis_for_every_replica(url):
-    async def scenario():
-        one, two = RedisStore(url), RedisStore(url)
-        try:
-            assert await one.get_record("openai:x") is None
-            await one.put_record("openai:x", {"session": "s1", "turn": 1})
-            await two.put_record("openai:y", {"v": "é"})
-            assert await two.get_record("openai:x") == {"session": "s1", "turn": 1}
-            assert await one.get_record("openai:y") == {"v": "é"}
-            await one.put_record("openai:x", {"turn": 2})
-            assert await two.get_record("openai:x") == {"turn": 2}
-        finally:
-            await one.close()
-            await two.close()
-
-    run(scenario())
-
-
-def test_of_two_replicas_claiming_one_key_at_once_one_gets_it(url):
-    async def scenario():
-        one, two = RedisStore(url), RedisStore(url)
-        try:
-            won = await asyncio.gather(one.claim_record("openai:k", {"by": 1}), two.claim_record("openai:k", {"by": 2}))
-            assert sorted(won) == [False, True]
-            assert await one.get_record("openai:k") == {"by": 1 if won[0] else 2}
-            await two.delete_record("openai:k")
-            assert await two.claim_record("openai:k", {"by": 2}) is True
-        finally:
-            await one.close()
-            await two.close()
-
-    run(scenario())
 
 
 def test_a_sessions_records_go_with_it_unless_since_saved_for_another(url):

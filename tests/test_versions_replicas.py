@@ -13,6 +13,7 @@ import pytest
 import chatrun
 from chatrun.testing.fake_openai import FakeOpenAI
 from redis_support import Replica
+from store_params import store_url
 from test_versions import BUNDLE_KEY, sent_calls, shop_copy, shop_responder
 
 pytestmark = pytest.mark.subprocess
@@ -50,12 +51,18 @@ def resource(replica: Replica, sid: str) -> dict:
     return r.json()
 
 
+@pytest.fixture(params=["redis", "postgres"])
+def shared_store(request, tmp_path):
+    """An empty store both replicas share: a real Redis, a real PostgreSQL (issue 38)."""
+    return store_url(request, tmp_path)
+
+
 @pytest.mark.parametrize("policy", ["migrate", "pin"])
-def test_two_replicas_on_different_versions_fail_no_turn(policy, redis_server, shared_fake, tmp_path):
+def test_two_replicas_on_different_versions_fail_no_turn(policy, shared_store, shared_fake, tmp_path):
     root = shop_copy(tmp_path, on_change=policy)
     v1_hash = chatrun.load_bot(root / "versions" / "1").config.content_version
     v2_hash = chatrun.load_bot(root / "versions" / "2").config.content_version
-    store = redis_server.url()
+    store = shared_store
     RETRIED.clear()
     key = tmp_path / "bundle.key"  # the same on every replica: what one publishes, the others load
     key.write_text(BUNDLE_KEY)

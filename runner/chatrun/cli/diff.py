@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 @click.argument("old")
 @click.argument("new")
 @click.option("--store", "store_url", metavar="URL",
-              help="Count the stored sessions of the bot each change touches (sqlite:///path/to.db, redis://host:port/db); "
+              help="Count the stored sessions of the bot each change touches (sqlite:///path/to.db, redis://host:port/db, postgresql://user@host/db); "
                    "OLD and NEW may then name versions kept in it.")
 @click.option("--bot", "bot", metavar="FOLDER|NAME",
               help="Where OLD and NEW that are not paths are versions of: a bot folder with versions/<label>/, or "

@@ -13,7 +13,7 @@ import click
 from chatrun.cli._output import BotPath, run_on_store
 from chatrun.definition.config import Retention, duration_seconds
 
-STORE_HELP = "The store the servers share (sqlite:///path/to.db, redis://host:port/db)."
+STORE_HELP = "The store the servers share (sqlite:///path/to.db, redis://host:port/db, postgresql://user@host/db)."
 
 
 class Duration(click.ParamType):

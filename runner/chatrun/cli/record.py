@@ -13,7 +13,7 @@ from chatrun.cli._output import BotPath, fail
 @click.command("record")
 @click.option("--from-session", "session_id", required=True, metavar="ID", help="The session to record.")
 @click.option("--store", "store_url", required=True, metavar="URL",
-              help="Where it is stored, as `chatrun serve --store` says: sqlite:///sessions.db, redis://host:6379/0.")
+              help="Where it is stored, as `chatrun serve --store` says: sqlite:///sessions.db, redis://host:6379/0, postgresql://user@host/db.")
 @click.option("--bot", "bot_path", type=BotPath(), default=None,
               help="The bot (its directory or YAML file); default: bots/NAME or ./NAME for the session's bot NAME.")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), required=True,

@@ -129,7 +129,7 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
     show_default=True,
     help="Where sessions live: sqlite:///path.db (one process, survives restarts; relative to the current "
     "folder, sqlite:////abs/path.db absolute), redis://[:PASSWORD@]HOST:PORT/DB or rediss:// (N replicas "
-    "share it; see docs/deploy.md) or memory://.",
+    "share it; see docs/deploy.md), postgresql://USER@HOST:PORT/DB (N replicas share it) or memory://.",
 )
 @click.option("--if-busy", type=click.Choice(["queue", "reject"]), default="queue", show_default=True,
               help="A message for a session already running a turn: wait in its FIFO queue, or fail "
@@ -137,7 +137,7 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
 @click.option("--queue-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds a request waits for a busy session before TooManyRequests.")
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0.2),
-              help="Redis store: seconds a session's lease outlives a dead replica (renewed every ttl/3 while a turn runs).")
+              help="Redis and Postgres stores: seconds a session's lease outlives a dead replica (renewed every ttl/3 while a turn runs).")
 @click.option("--drain-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="On SIGTERM: seconds to let running turns finish before closing connections "
               "(the process exits within this plus 5 s; a second SIGTERM exits at once).")
@@ -285,6 +285,12 @@ def _create_app(options: ServeOptions) -> Any:
             from chatrun.store.redis import check_reachable
 
             check_reachable(options.store)
+        from chatrun.store import POSTGRES_SCHEMES
+
+        if options.store.startswith(POSTGRES_SCHEMES):
+            from chatrun.store.postgres import check_reachable as check_postgres
+
+            check_postgres(options.store)
     except ChatrunError as exc:
         fail(exc)
     return app

@@ -14,7 +14,7 @@ import click
 
 from chatrun.cli._output import run_on_store
 
-STORE_HELP = "The store the servers share (sqlite:///path/to.db, redis://host:port/db)."
+STORE_HELP = "The store the servers share (sqlite:///path/to.db, redis://host:port/db, postgresql://user@host/db)."
 
 
 @click.group("versions")

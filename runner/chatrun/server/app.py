@@ -46,7 +46,7 @@ from chatrun.server.tracecontext import TraceContext
 from chatrun.server.versions import BotVersions, versions_of
 from chatrun.server.widget import add_widget_routes
 from chatrun.server.ws import make_websocket_router
-from chatrun.store import SessionStore
+from chatrun.store import SHARED_SCHEMES, SessionStore
 from chatrun.store.aio import AsyncStore, open_async_store
 
 
@@ -167,14 +167,14 @@ class Lifecycle:
         await registry.shelf.publish()  # the bots' files, for replicas that lack a session's version
         note = registry.shelf.start_note()
         if note is not None:  # loud where replicas share the store by design, a note elsewhere
-            shared = registry.store.url.startswith(("redis://", "rediss://"))
+            shared = registry.store.url.startswith(SHARED_SCHEMES)
             logging.getLogger("chatrun.versions").log(logging.WARNING if shared else logging.INFO, note)
         sweeper = asyncio.ensure_future(registry.sweep_forever())
         if not registry.store.has_outbox and any(bot.config.sinks or bot.config.channels
                                                  for bot in registry.bots.values()):
             raise ChatrunError(f"store {registry.store.url} keeps no outbox, so the backend events of bots with "
                                "`sinks:` and the replies of `channels:` could not be delivered; serve them on "
-                               "memory://, sqlite:// or redis://")
+                               "memory://, sqlite://, redis:// or postgresql://")
         Channels.check_installed([bot.config for bot in registry.bots.values()])
         worker = registry.outbox = OutboxWorker(registry, self.outbox)
         registry.writes.on_outbox = worker.nudge

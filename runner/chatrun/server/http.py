@@ -121,7 +121,7 @@ async def _health_body(registry: Registry) -> dict[str, Any]:
     body = {"status": status, "bots": list(registry.bots), "live_sessions": registry.live_count(),
             "cache_bytes": registry.cache_bytes(), "in_progress": registry.in_progress, "store": store}
     pool_use = getattr(registry.store, "pool_use", None)
-    if pool_use is not None:  # Redis: how full its connection pool is (docs/deploy.md, sizing)
+    if pool_use is not None:  # Redis, Postgres: how full its connection pool is (docs/deploy.md, sizing)
         in_use, size = pool_use()
         body["store_pool"] = {"in_use": in_use, "max_connections": size}
     return body

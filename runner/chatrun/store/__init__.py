@@ -12,8 +12,8 @@ built-in stores also read and write the typed record of a session (`chatrun.stor
 
 `open_store(url)`: "memory://" (the default: in process), "sqlite:///path/to.db".
 The server talks to stores through `chatrun.store.aio` (async, versioned, leased): the
-SQLite store from a worker thread, Redis ("redis://host:port/db", `chatrun.store.redis`)
-natively.
+SQLite store from a worker thread, Redis ("redis://host:port/db", `chatrun.store.redis`) and
+PostgreSQL ("postgresql://user@host:port/db", `chatrun.store.postgres`) natively.
 """
 
 from __future__ import annotations
@@ -240,6 +240,10 @@ class RetentionIndex(Protocol):
     # erased principal's): `delete_outbox(entry_ids) -> int`, how many there were.
 
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")  # the Postgres store's URLs (chatrun.store.postgres)
+SHARED_SCHEMES = ("redis://", "rediss://", *POSTGRES_SCHEMES)  # stores several replicas share
+
+
 def open_store(url: str | None, exclusive: bool = False, must_exist: bool = False) -> EncodedStore:
     """A store from a URL: None or "memory://" (in process), "sqlite:///path/to.db".
     exclusive: this process is the file's only server (see SQLiteStore). must_exist: a
@@ -259,12 +263,14 @@ def open_store(url: str | None, exclusive: bool = False, must_exist: bool = Fals
         if must_exist and path != ":memory:":
             _sqlite_file_exists(path)
         return SQLiteStore(path, exclusive=exclusive)
-    if url.startswith(("redis://", "rediss://")):
+    if url.startswith(("redis://", "rediss://", *POSTGRES_SCHEMES)):
+        kind = "Redis" if url.startswith("redis") else "Postgres"
         raise ChatrunError(
-            f"store {url}: a Redis store is asynchronous; open it with chatrun.store.aio.open_async_store"
+            f"store {url}: a {kind} store is asynchronous; open it with chatrun.store.aio.open_async_store"
         )
     raise ChatrunError(
-        f"unknown store URL {url!r}; use memory://, sqlite:///path/to.db or redis://host:port/db"
+        f"unknown store URL {url!r}; use memory://, sqlite:///path/to.db, redis://host:port/db or "
+        "postgresql://user@host:port/db"
     )
 
 

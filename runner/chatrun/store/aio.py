@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Protocol
 
-from chatrun.store import SessionStore, open_store
+from chatrun.store import POSTGRES_SCHEMES, SessionStore, open_store
 from chatrun.store.lease import Lease, LeaseSettings
 from chatrun.store.local import LocalAsyncStore
 from chatrun.store.record import (
@@ -126,19 +126,24 @@ class AsyncStore(Protocol):
 
 def open_async_store(url: str | None, lease: LeaseSettings = LeaseSettings(),  # noqa: B008 - frozen
                      exclusive: bool = False, must_exist: bool = False) -> AsyncStore:
-    """The server's store for a URL: memory://, sqlite:///path.db, redis://host:port/db, rediss://.
+    """The server's store for a URL: memory://, sqlite:///path.db, redis://host:port/db, rediss://,
+    postgresql://user@host:port/db.
     exclusive: this process is the only server of a SQLite file (refuse a second one).
     must_exist: refuse a SQLite file that is not there (a read-only command; see open_store)."""
     if url and url.startswith(("redis://", "rediss://")):
         from chatrun.store.redis import RedisStore
 
         return RedisStore(url, lease)
+    if url and url.startswith(POSTGRES_SCHEMES):
+        from chatrun.store.postgres import PostgresStore
+
+        return PostgresStore(url, lease)
     return LocalAsyncStore(open_store(url, exclusive=exclusive, must_exist=must_exist), url or "memory://")
 
 
 async def open_existing_store(url: str) -> AsyncStore:
     """The store of a command that reads what a server stored (`chatrun record`, `diff
-    --store`, `versions`): a SQLite file that is not there, or a Redis nobody answers at, is a
+    --store`, `versions`): a SQLite file that is not there, or a Redis or PostgreSQL nobody answers at, is a
     ChatrunError naming the URL before any command is sent, never an empty store created nor
     a client library's traceback."""
     store = open_async_store(url, must_exist=True)

@@ -621,8 +621,8 @@ def _lock_for_server(db: Path) -> int:
         os.close(fd)
         raise ChatrunError(
             f"store {db}: already served by {holder}. A SQLite store serves one `chatrun serve` "
-            "process; stop the other one, use another file, or run several replicas on a Redis "
-            "store (--store redis://HOST:PORT/0, see docs/deploy.md)"
+            "process; stop the other one, use another file, or run several replicas on a Redis or "
+            "PostgreSQL store (--store redis://HOST:PORT/0 or postgresql://USER@HOST/DB, see docs/deploy.md)"
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"chatrun serve (pid {os.getpid()})".encode(), 0)  # named in the other's error
