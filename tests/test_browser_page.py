@@ -164,7 +164,7 @@ def test_long_words_and_urls_never_widen_the_page(server, fake, width):
         shot(page, f"long-words-{width}")
         assert page_width(page) == width
         assert inside_viewport(page, "#send") and inside_viewport(page, "#input")
-        rights = page.evaluate("[...document.querySelectorAll('#messages > *')].map((n) => n.getBoundingClientRect().right)")
+        rights = page.evaluate("[...document.querySelectorAll('#messages > :not(.end)')].map((n) => n.getBoundingClientRect().right)")
         assert len(rights) == 4 and max(rights) <= width
 
 

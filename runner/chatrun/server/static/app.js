@@ -37,6 +37,12 @@
     messages: $("messages"), breadcrumb: $("breadcrumb"), thinking: $("thinking"),
     thinkingText: $("thinking-text"), input: $("input"), send: $("send"), status: $("status"),
   };
+  // The chat's end: every message goes in before it. While the reader is at the bottom it is the
+  // browser's scroll anchor (app.css, .messages > .end), so a growing reply keeps the chat scrolled
+  // to the bottom in the browser's own layout, with no script reading the layout on every redraw.
+  ui.end = el("div", "end");
+  ui.end.setAttribute("aria-hidden", "true");
+  ui.messages.appendChild(ui.end);
   let client = null;
   let session = null;
   let busy = false;
@@ -157,11 +163,25 @@
     return box.scrollHeight - box.scrollTop - box.clientHeight < 48;
   }
 
+  let grewAt = -Infinity; // when the chat last grew (performance.now())
+
+  /** After the chat grew (`force`: and the reader asked to go to the bottom). Growth is followed
+   * by the browser's scroll anchoring; where that cannot hold (the chat's first overflow, when
+   * the scroll offset is 0, or a browser without anchoring) the end leaving the view while the
+   * reader was at the bottom scrolls down (setUpScrolling). */
   function scrollDown(force) {
-    if (force) following = true;
-    if (following) ui.messages.scrollTop = ui.messages.scrollHeight;
+    grewAt = performance.now();
+    if (force) {
+      following = true;
+      ui.messages.scrollTop = ui.messages.scrollHeight;
+      stayAtBottom(3);
+    }
     showToBottom(!following);
-    if (force) stayAtBottom(3);
+  }
+
+  /** The chat emptied, but for its end. */
+  function clearMessages() {
+    ui.messages.replaceChildren(ui.end);
   }
 
   /** A jump to the bottom lays out parts of replies that were skipped while out of view (app.css,
@@ -184,7 +204,7 @@
   function add(node) {
     const empty = ui.messages.querySelector(":scope > .empty");
     if (empty) empty.remove();
-    ui.messages.appendChild(node);
+    ui.messages.insertBefore(node, ui.end);
     scrollDown();
     return node;
   }
@@ -427,7 +447,7 @@
   /** The Choices a confirmation comes with (for clients without cards) are its card's own Yes
    * and No: the card just above has those buttons, so the user sees one control, not two. */
   function choicesOfTheCardAbove(data) {
-    const card = ui.messages.lastElementChild;
+    const card = ui.end.previousElementSibling;
     if (!card || !card.classList.contains("pending-card") || card.dataset.confirm !== "true") return false;
     const values = (choices) => JSON.stringify((choices || []).map((c) => [c.label, c.value]));
     return values(card.item.choices) === values(data && data.choices);
@@ -732,7 +752,7 @@
     }
     session = await builder().connect();
     localStorage.setItem(STORE_KEY, session.chatId);
-    ui.messages.textContent = "";
+    clearMessages();
     showEmpty();
   }
 
@@ -740,11 +760,11 @@
   function showEmpty() {
     const empty = el("div", "empty", MODE === "user" ? tx("hello_user") : tx("hello", { bot: BOT }));
     if (MODE === "user") empty.dataset.pageText = "hello_user"; // follows the session's locale
-    ui.messages.appendChild(empty);
+    ui.messages.insertBefore(empty, ui.end);
   }
 
   async function replayHistory() {
-    ui.messages.textContent = "";
+    clearMessages();
     const data = await api("/sessions/" + encodeURIComponent(session.chatId));
     for (const entry of data.history || []) {
       const input = entry.input;
@@ -809,7 +829,7 @@
 
   async function reset() {
     if (busy) return;
-    ui.messages.textContent = "";
+    clearMessages();
     clearTray();
     showAttachProblem("");
     cards.clear();
@@ -1660,6 +1680,14 @@
       following = atBottom();
       showToBottom(!following);
     }, { passive: true });
+    // The end left the view just after the chat grew (not because the reader scrolled a while
+    // later), while the reader was at the bottom: growth anchoring could not follow.
+    new IntersectionObserver((entries) => {
+      const entry = entries[entries.length - 1];
+      if (!entry.isIntersecting && following && entry.time - grewAt < 1000) {
+        ui.messages.scrollTop = ui.messages.scrollHeight;
+      }
+    }, { root: ui.messages }).observe(ui.end);
     $("to-bottom").addEventListener("click", () => {
       scrollDown(true);
       ui.input.focus({ preventScroll: true });
