@@ -282,3 +282,38 @@ def test_compose_chatrun_commands_serve_on_their_store_and_their_health_checks_p
     err = serve_until_healthy(on_this_machine(command, root, port),
                               [on_this_machine(service["healthcheck"]["test"][1:], root, port)], env, root / "data")
     assert f"store: {url.split('://')[0]}" in err, err
+
+
+# -- where a Docker engine runs: the image itself ---------------------------------------------------
+
+
+def docker(*args: str, timeout: float = 120) -> str:
+    out = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"docker {' '.join(args)}:\n{out.stdout[-4000:]}{out.stderr[-4000:]}"
+    return out.stdout.strip()
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_image_builds_runs_as_uid_10001_and_becomes_healthy_where_a_docker_engine_runs():
+    engine = shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True, timeout=60)
+    if not engine or engine.returncode != 0:
+        pytest.skip("no Docker engine runs here: the image is not built (docs/deploy.md, What is verified here)")
+    tag = f"chatrun-test:{os.getpid()}"
+    docker("build", "--tag", tag, str(REPO), timeout=1800)
+    container = docker("run", "--detach", "--publish", f"127.0.0.1::{PORT}", tag)
+    try:
+        deadline, health = time.monotonic() + 180, ""
+        while time.monotonic() < deadline and health != "healthy":
+            health = docker("inspect", "--format", "{{.State.Health.Status}}", container)
+            assert health in ("starting", "healthy"), docker("logs", container)
+            time.sleep(1)
+        assert health == "healthy", docker("logs", container)
+        assert docker("exec", container, "id", "-u") == "10001"
+        import httpx
+
+        answer = httpx.get(f"http://{docker('port', container, PORT).splitlines()[0]}/health", timeout=10)
+        assert answer.status_code == 200 and answer.json()["bots"] == ["hello"], answer.text
+    finally:
+        subprocess.run(["docker", "rm", "--force", container], capture_output=True, timeout=60)
+        subprocess.run(["docker", "rmi", "--force", tag], capture_output=True, timeout=60)
