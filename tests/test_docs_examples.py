@@ -12,6 +12,10 @@ A `<!-- doc-test: ... -->` comment on the line before a block says more:
 - `skip: REASON` — it cannot run here (it installs packages, or needs a running server);
 - `serve` — an sh block of `chatrun serve` commands, which serve until stopped: each runs with
   `--help` appended, so its bots and options are still checked (other lines are not run);
+- `docker` — an sh block of docker commands (no Docker engine runs here: docs/deploy.md): `docker
+  build` needs the Dockerfile; `docker run ... IMAGE ARGS` runs as the Dockerfile's ENTRYPOINT
+  with ARGS and `--help` (its /bots/ are the page folder's bots/); `docker compose` may name only
+  compose.yaml's services and profiles;
 - `file NAME` — a yaml block is written to NAME (a path: its folders are made) in the folder
   later blocks of the page run in;
 - `mcp config` — a json block is an MCP client's configuration: each of its `mcpServers` is
@@ -97,6 +101,41 @@ def commands(text: str) -> list[str]:
     """Shell lines, with `\\` continuations joined and comments dropped."""
     joined = text.replace("\\\n", " ")
     return [line for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+# `docker run`'s options that take a value (the others, e.g. --rm, -d, take none).
+DOCKER_RUN_VALUES = {"-p", "--publish", "-e", "--env", "-v", "--volume", "--name", "--network", "--env-file", "-u"}
+
+
+def check_docker(block: Block, cwd: Path, env: dict[str, str]) -> None:
+    import shlex
+
+    import yaml
+
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())
+    profiles = {p for service in compose["services"].values() for p in service.get("profiles", [])}
+    entry = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", (REPO / "Dockerfile").read_text(), re.M).group(1))
+    for command in commands(block.text):
+        words = shlex.split(command, comments=True)
+        assert words[0] == "docker", f"{block.where}: `{command}` is not a docker command"
+        if words[1] == "run":
+            rest = words[2:]
+            while rest[0].startswith("-"):
+                rest = rest[2:] if rest[0] in DOCKER_RUN_VALUES else rest[1:]
+            args = [re.sub(r"^/bots/", "bots/", arg) for arg in rest[1:]]
+            missing = [arg for arg in args if arg.startswith("bots/") and not (cwd / arg / "bot.yaml").exists()]
+            assert not missing, f"{block.where}: no bot at {missing}"  # --help alone would not look
+            out = subprocess.run([*entry, *args, "--help"], cwd=cwd, env=env, capture_output=True, text=True,
+                                 timeout=120)
+            assert out.returncode == 0, f"{block.where}: `{command}` is refused:\n{out.stdout}{out.stderr}"
+        elif words[1] == "compose":
+            used = {words[i + 1] for i, w in enumerate(words) if w == "--profile"}
+            assert used <= profiles, f"{block.where}: compose.yaml has no profile {used - profiles}"
+            named = [w for i, w in enumerate(words[2:], 2) if not w.startswith("-") and words[i - 1] != "--profile"]
+            unknown = [w for w in named[1:] if w not in compose["services"]]  # named[0]: up, ps, ...
+            assert not unknown, f"{block.where}: compose.yaml has no service {unknown}"
+        else:
+            assert words[1] == "build" and (REPO / "Dockerfile").exists(), f"{block.where}: `{command}`"
 
 
 def check_console(block: Block, cwd: Path, env: dict[str, str]) -> None:
@@ -198,6 +237,8 @@ def check(block: Block, cwd: Path, env: dict[str, str], fake_url: str, printed: 
         out = run(command, cwd, env)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == block.text.strip(), f"{block.where}: `{command}` prints:\n{out.stdout}"
+    elif block.marker == "docker":
+        check_docker(block, cwd, env)
     elif block.marker == "serve":
         for command in commands(block.text):
             if command.startswith("chatrun serve"):
@@ -248,7 +289,7 @@ def test_every_example_of_the_page_runs_as_printed(page, tmp_path, fake):
 
 def test_markers_are_recognised():
     """A misspelt marker would silently run a block the wrong way (or not at all)."""
-    kinds = ("skip", "serve", "file ", "bot", "transcript ", "output of ", "given:", "mcp config", "prints")
+    kinds = ("skip", "serve", "docker", "file ", "bot", "transcript ", "output of ", "given:", "mcp config", "prints")
     for page in PAGES:
         for n, line in enumerate(page.read_text().splitlines(), 1):
             if "doc-test" in line:

@@ -127,6 +127,8 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
     "--store",
     default="sqlite:///chatrun.db",
     show_default=True,
+    envvar="CHATRUN_STORE",  # the container's way (Dockerfile, compose.yaml): an environment, no command line
+    show_envvar=True,
     help="Where sessions live: sqlite:///path.db (one process, survives restarts; relative to the current "
     "folder, sqlite:////abs/path.db absolute), redis://[:PASSWORD@]HOST:PORT/DB or rediss:// (N replicas "
     "share it; see docs/deploy.md), postgresql://USER@HOST:PORT/DB (N replicas share it) or memory://.",
