@@ -242,6 +242,10 @@ def test_no_model_configured_shows_the_cause(tmp_path, monkeypatch, width):
 
 def test_a_phone_gets_titles_big_targets_and_no_zoom(server, fake):
     with chat_page(server.url, width=390) as page:
+        # The header is one row of at most 64 px, every control on screen.
+        assert page.locator(".topbar").bounding_box()["height"] <= 64
+        for control in ("#bot-name", "#status", "#theme", "#reset", "#play-always", "#toggle-inspector"):
+            assert inside_viewport(page, control), control
         # Routes' display names for end users, not their internal names.
         assert page.locator("#breadcrumb .crumb").all_inner_texts() == ["Front desk"]
         fake.queue(call("book_room"), {"text": "Which hotel?"})

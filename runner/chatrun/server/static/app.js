@@ -1095,7 +1095,7 @@
         box.appendChild(renderSummary(m, counted));
         return;
       }
-      const item = el("div", "mem " + m.role);
+      const item = el("div", "mem " + m.role + (m.context ? " context" : ""));
       if (counted) item.dataset.tokens = counted;
       item.appendChild(el("div", "role", m.role + (m.name ? " · " + m.name : "") + (m.tool_call_id ? " · " + m.tool_call_id : "") +
         (m.context ? " · context (rendered for each call, never kept)" : "")));
