@@ -16,13 +16,15 @@ was retrieved.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from chatrun.definition.config import BotConfig, RouteConfig, ToolConfig
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal
-from chatrun.knowledge import Library, library_of, passages_text
 from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolKind
+
+if TYPE_CHECKING:  # the index (SQLite, threads) loads when a bot runs, not when `validate` reads the kinds
+    from chatrun.knowledge import Library
 
 TOOL_NAME = "search_knowledge"
 DESCRIPTION = ("Search the knowledge base (help articles, documentation) for passages that answer a question. "
@@ -54,6 +56,8 @@ class KnowledgeKind(ToolKind[KnowledgeSearch]):
         return route.knowledge is not None
 
     def runtime(self, config: BotConfig) -> KnowledgeRuntime:
+        from chatrun.knowledge import library_of
+
         return KnowledgeRuntime(library_of(config))
 
 
@@ -75,6 +79,8 @@ class KnowledgeRuntime(RuntimeDefaults):
         query = args.get("query")
         if not isinstance(query, str) or not query.strip():
             raise ToolRefusal(f"Error: {TOOL_NAME} needs a `query`: the question or its key words. Call it again.")
+        from chatrun.knowledge import passages_text
+
         hits = await self.library.asearch(query, spec.sources, spec.top_k)
         return passages_text(hits)
 
