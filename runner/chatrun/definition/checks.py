@@ -533,6 +533,19 @@ class _Checker:
                                        f"`{'.'.join(path)}` is {value!r}, which is not an IANA time zone name{hint}",
                                        ".".join(path)))
 
+    def remembered(self, of: str, action: ActionConfig, at: tuple, tool: ToolConfig, routes: list[str]) -> None:
+        """An action's `remember:` facts: declared in `user_memory.facts`, with templates that compile."""
+        declared = self.config.user_memory
+        for fact, template in action.remember.items():
+            if declared is None:
+                self.add("error", f"{of} remembers `{fact}`, but the bot declares no `user_memory:` "
+                         f"(add `user_memory: {{facts: [{fact}]}}` at the top level)", *at, "remember", fact)
+            elif fact not in declared.facts:
+                self.add("error", f"{of} remembers `{fact}`, which is not one of `user_memory.facts` "
+                         f"({', '.join(declared.facts)}){suggest(fact, declared.facts)}", *at, "remember", fact)
+            if isinstance(template, str):
+                self.template(template, f"`remember {fact}` of {of}", (*at, "remember", fact), tool, routes=routes)
+
     def action(self, tool: ToolConfig, action: ActionConfig, at: tuple, case: str) -> None:
         """The targets and templates of an action (`case`: "" for the tool's own, else which case)."""
         name = tool.name
@@ -549,6 +562,7 @@ class _Checker:
                 self.add("warning", f"{of} sets `{path}`, but {problem}", *at, "set", path)
             if isinstance(template, str):
                 self.template(template, f"`set {path}` of {of}", (*at, "set", path), tool, routes=routes)
+        self.remembered(of, action, at, tool, routes)
         for event, template in action.emit.items():
             nested = list(nested_templates(template))
             for below, text in nested:  # data: each text in it is a template

@@ -257,6 +257,7 @@ class ActionConfig:
     wipe: str | None = None  # "schedule" | "abort"
     set: dict[str, str] = field(default_factory=dict)  # PATH -> template
     emit: dict[str, Any] = field(default_factory=dict)  # EVENT_TYPE -> template (str) or data
+    remember: dict[str, str] = field(default_factory=dict)  # user memory FACT -> template (`user_memory:`)
     message: str | None = None  # template: a Message event to the user
     reply: str | None = None  # template: the tool result the model sees
     result: str | None = None  # template: with pop, handed to the parent route's memory
@@ -281,6 +282,7 @@ class ActionConfig:
             values = {key: getattr(extra, key) or getattr(self, key) for key in _SCALAR_KEYS}
             values["set"] = {**{k: v for k, v in self.set.items() if k not in extra.set}, **extra.set}
             values["emit"] = {**{k: v for k, v in self.emit.items() if k not in extra.emit}, **extra.emit}
+            values["remember"] = {**self.remember, **extra.remember}
             merged = self._merged[id(case)] = ActionConfig(**values, ask=self.ask, operator=self.operator,
                                                            where=extra.where)
         return merged
@@ -560,6 +562,19 @@ class AttachmentPolicy:
         return None
 
 
+# -- user memory (issue 37): facts kept of a user across conversations ------------------------------
+
+
+@dataclass
+class UserMemoryConfig:
+    """`user_memory:`: the facts a bot keeps of each user (principal) across conversations,
+    written by a tool action's `remember:`, read by templates as `user_memory.FACT`."""
+
+    facts: list[str] = field(default_factory=list)
+    keep: float | None = None  # seconds a fact not written again is kept (None: until erased)
+    where: Location = field(default_factory=Location)
+
+
 # -- retention (issue 33): how long a bot's stored data is kept -----------------------------------
 
 DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -665,6 +680,7 @@ class BotConfig:
     catalogs: Catalogs | None = None  # `locales:` and their texts (definition/catalogs.py); None: one language
     fallback: str | None = None  # `fallback:` (a route's own wins); None: the built-in text in the session's locale
     retention: Retention = field(default_factory=Retention)  # `retention:`: how long its stored data is kept
+    user_memory: UserMemoryConfig | None = None  # `user_memory:`: facts kept of each user across conversations
     widget: WidgetConfig | None = None  # `widget:`: the chat other sites embed (None: no widget)
     canned: dict[str, str] = field(default_factory=dict)  # `canned:`: an operator's ready replies, name -> template
     context: str | None = None  # `context:`: the per-turn template of every route without its own

@@ -1,5 +1,6 @@
 """Erasure of one principal over HTTP: `DELETE /principals/{principal}` (docs/deploy.md, "Erasing
-a person's data"; docs/security.md).
+a person's data"; docs/security.md); and a user's own view of what a bot remembers of them:
+`GET`/`DELETE /bots/{bot}/user-memory` (docs/memory.md, "User memory").
 
 Deletes everything stored of the principal (store/retention.py `erase_principal`): every
 session it owns, with its history, files, records and open pending items; its dead letters;
@@ -16,6 +17,7 @@ session running a turn right now is left and named in `busy`: send the request a
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter
@@ -25,6 +27,7 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Caller, Registry
+from chatrun.store import user_memory
 from chatrun.store.retention import erase_principal
 
 PRIVACY_ROLE = "privacy"  # with auth on, only principals with this role erase others' data
@@ -33,6 +36,8 @@ PRIVACY_ROLE = "privacy"  # with auth on, only principals with this role erase o
 def make_erasure_router() -> APIRouter:
     router = APIRouter(responses=ERROR_RESPONSES, tags=["privacy"])
     router.add_api_route("/principals/{principal}", erase, methods=["DELETE"])
+    router.add_api_route("/bots/{bot}/user-memory", list_user_memory, methods=["GET"])
+    router.add_api_route("/bots/{bot}/user-memory", erase_user_memory, methods=["DELETE"])
     return router
 
 
@@ -44,8 +49,34 @@ async def erase(principal: str, who: Caller, registry: Registry, dry_run: bool =
         served = registry.bots.get(bot) if bot is not None else None
         return served.config.retention if served is not None else Retention()
 
-    counts = await erase_principal(registry.store, principal, retention_of, registry.erase, registry.blobs, dry_run)
+    counts = await erase_principal(registry.store, principal, retention_of, registry.erase, registry.blobs, dry_run,
+                                    known_bots=registry.bots.keys())
     return {"principal": principal, "dry_run": dry_run, "erased": counts.to_json()}
+
+
+async def list_user_memory(bot: str, who: Caller, registry: Registry) -> Any:
+    """What `bot` keeps of the caller across conversations (`user_memory:`): each fact, its
+    value and when it was written (epoch seconds)."""
+    name, keep = _own_memory(bot, who, registry)
+    facts = await user_memory.alist(registry.store, bot, name, keep, time.time())
+    return {"bot": bot, "principal": name, "facts": facts}
+
+
+async def erase_user_memory(bot: str, who: Caller, registry: Registry) -> Any:
+    """Delete everything `bot` keeps of the caller; answers how many facts went."""
+    name, _ = _own_memory(bot, who, registry)
+    erased = await user_memory.aerase(registry.store, bot, name)
+    return {"bot": bot, "principal": name, "erased": erased}
+
+
+def _own_memory(bot: str, who: Principal | None, registry: Registry) -> tuple[str, float | None]:
+    """The caller's own name and the bot's `user_memory.keep`: a user reads and erases only
+    what is kept of themselves, so there must be someone signed in."""
+    config = registry.bot(bot).config.user_memory  # 404 for an unknown bot
+    if who is None:
+        raise wire.RequestFailed(wire.FORBIDDEN, "user memory is kept per signed-in principal: this server runs "
+                                                 "without --auth, so there is no one to list or erase it for")
+    return who.name, config.keep if config is not None else None
 
 
 def _allowed(who: Principal | None) -> None:

@@ -1,0 +1,141 @@
+"""User memory (issue 37): facts a bot keeps of a principal across conversations.
+
+Through real parts: the real `openai` client against the fake OpenAI server, a SQLite store
+(and Redis), the real loader and validator. A conversation of ana remembers her seat; a NEW
+conversation of ana reads it in the prompt the model receives; bob's does not; erasing ana
+(her own DELETE, or the operator's erasure of the principal) leaves nothing of it in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+import chatrun
+from chatrun.store import open_store
+from chatrun.store.retention import Counts, delete_stored, erase_principal
+from chatrun.store.user_memory import facts_of, updated, user_memory_key
+
+BOT = """
+name: concierge
+format: 3
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+user_memory: {facts: [seat], keep: 365d}
+routes:
+  desk:
+    default: true
+    system: You are a concierge.
+    context: "{% if user_memory.seat %}The user prefers a {{ user_memory.seat }} seat.{% else %}Nothing is known of the user.{% endif %}"
+    tools: [note_seat]
+tools:
+  note_seat:
+    description: Remember the seat the user prefers
+    parameters: {type: object, properties: {seat: {type: string}}, required: [seat]}
+    action:
+      remember: {seat: "{{ args.seat }}"}
+      reply: Noted for next time.
+"""
+ANA = {"name": "ana", "roles": []}
+BOB = {"name": "bob", "roles": []}
+
+
+def contexts(request: dict) -> list[str]:
+    """The system messages the model received after the first (the route's `context:`)."""
+    systems = [m["content"] for m in request["messages"] if m["role"] == "system"]
+    return systems[1:]
+
+
+def remember_window(fake, bot, store) -> None:
+    fake.queue({"tool_calls": [{"name": "note_seat", "arguments": {"seat": "window"}}]}, {"text": "Noted."})
+    session = bot.session(store=store, principal=ANA, meta={"owner": "ana"})  # owned, as the server opens it
+    session.chat("I like window seats")
+    assert contexts(fake.requests[-1]) == ["The user prefers a window seat."]  # at once, in the same conversation
+
+
+def test_a_new_conversation_of_the_same_principal_reads_what_was_remembered(fake, write_bot, tmp_path):
+    bot = chatrun.load_bot(write_bot(BOT))
+    store = open_store(f"sqlite:///{tmp_path / 'c.db'}")
+    remember_window(fake, bot, store)
+    fake.queue({"text": "Welcome back."}, {"text": "Hello."})
+    bot.session(store=store, principal=ANA).chat("Hi again")
+    assert contexts(fake.requests[-1]) == ["The user prefers a window seat."]
+    bot.session(store=store, principal=BOB).chat("Hi")
+    assert contexts(fake.requests[-1]) == ["Nothing is known of the user."]
+    assert store.get_record(user_memory_key("concierge", "bob")) is None
+
+
+def test_erasing_the_principal_removes_the_memory_from_the_sqlite_file(fake, write_bot, tmp_path):
+    bot = chatrun.load_bot(write_bot(BOT))
+    db = tmp_path / "c.db"
+    store = open_store(f"sqlite:///{db}")
+    remember_window(fake, bot, store)
+    store.close()
+    counts = asyncio.run(_erase(f"sqlite:///{db}", "ana"))
+    assert counts.user_memory == 1 and counts.sessions == 1
+    with sqlite3.connect(db) as raw:  # nothing of it anywhere in the file's tables
+        dump = "\n".join(raw.iterdump())
+    assert "window" not in dump, [line for line in dump.splitlines() if "window" in line]
+    fake.queue({"text": "Hello."})
+    store = open_store(f"sqlite:///{db}")
+    bot.session(store=store, principal=ANA).chat("Hi")
+    assert contexts(fake.requests[-1]) == ["Nothing is known of the user."]
+
+
+async def _erase(url: str, principal: str) -> Counts:
+    from chatrun.store.aio import open_existing_store
+
+    store = await open_existing_store(url)
+
+    async def delete(session_id: str, bot: str | None) -> int:
+        return await delete_stored(store, None, session_id)
+
+    try:
+        return await erase_principal(store, principal, lambda bot: chatrun.definition.config.Retention(), delete,
+                                     None, known_bots=["concierge"])
+    finally:
+        await store.close()
+
+
+def test_a_failed_turn_remembers_nothing(fake, write_bot, tmp_path):
+    bot = chatrun.load_bot(write_bot(BOT))
+    store = open_store(f"sqlite:///{tmp_path / 'c.db'}")
+    fake.queue({"tool_calls": [{"name": "note_seat", "arguments": {"seat": "aisle"}}]}, {"status": 400})
+    session = bot.session(store=store, principal=ANA)
+    session.chat("Aisle, please")
+    assert session.user_memory == {}
+    assert store.get_record(user_memory_key("concierge", "ana")) is None
+
+
+def test_without_a_principal_nothing_is_kept(fake, write_bot, tmp_path):
+    bot = chatrun.load_bot(write_bot(BOT))
+    store = open_store(f"sqlite:///{tmp_path / 'c.db'}")
+    fake.queue({"tool_calls": [{"name": "note_seat", "arguments": {"seat": "aisle"}}]}, {"text": "Noted."})
+    bot.session(store=store).chat("Aisle, please")
+    assert contexts(fake.requests[-1]) == ["Nothing is known of the user."]
+
+
+def test_a_fact_older_than_keep_is_forgotten_and_an_empty_value_forgets():
+    record = updated(None, "b", "ana", {"seat": "window", "name": "Ana"}, None, now=1000.0)
+    assert facts_of(record, keep=100.0, now=1050.0) == {"seat": "window", "name": "Ana"}
+    assert facts_of(record, keep=100.0, now=1101.0) == {}
+    assert facts_of(updated(record, "b", "ana", {"seat": None}, None, 1001.0), None, 1002.0) == {"name": "Ana"}
+    assert updated(record, "b", "ana", {"seat": None, "name": None}, None, 1001.0) is None
+
+
+@pytest.mark.parametrize(("remember", "message"), [
+    ("{seats: x}", "remembers `seats`, which is not one of `user_memory.facts` (seat); did you mean `seat`?"),
+])
+def test_the_validator_names_an_undeclared_fact_at_its_line(write_bot, remember, message):
+    path = write_bot(BOT.replace('remember: {seat: "{{ args.seat }}"}', f"remember: {remember}"))
+    with pytest.raises(chatrun.errors.BotError) as caught:
+        chatrun.load_bot(path)
+    assert "bot.yaml:17:" in str(caught.value) and message in str(caught.value)
+
+
+def test_the_validator_asks_for_user_memory_when_a_tool_remembers(write_bot):
+    path = write_bot(BOT.replace("user_memory: {facts: [seat], keep: 365d}\n", ""))
+    with pytest.raises(chatrun.errors.BotError) as caught:
+        chatrun.load_bot(path)
+    assert "remembers `seat`, but the bot declares no `user_memory:`" in str(caught.value)
