@@ -12,11 +12,17 @@ import asyncio
 import sqlite3
 
 import pytest
+from starlette.testclient import TestClient
 
 import chatrun
+from chatrun.server.auth import Auth
 from chatrun.store import open_store
+from chatrun.store.aio import open_async_store
 from chatrun.store.retention import Counts, delete_stored, erase_principal
 from chatrun.store.user_memory import facts_of, updated, user_memory_key
+from server_support import app_for_testclient
+from store_params import STORES
+from store_params import store_url as store_url_of
 
 BOT = """
 name: concierge
@@ -139,3 +145,57 @@ def test_the_validator_asks_for_user_memory_when_a_tool_remembers(write_bot):
     with pytest.raises(chatrun.errors.BotError) as caught:
         chatrun.load_bot(path)
     assert "remembers `seat`, but the bot declares no `user_memory:`" in str(caught.value)
+
+
+@pytest.fixture(params=STORES)
+def url(request, tmp_path):
+    return store_url_of(request, tmp_path)
+
+
+def test_over_http_a_returning_user_is_greeted_and_can_list_and_erase_it(fake, write_bot, tmp_path, url):
+    auth = Auth.from_mapping({"tokens": {"token-ana-123": {"principal": "ana"}, "token-bob-123": {"principal": "bob"},
+                                         "token-dpo-123": {"principal": "dpo", "roles": ["privacy"]}}})
+    app = app_for_testclient([str(write_bot(BOT))], url, auth=auth)
+    ana, bob, dpo = ({"Authorization": f"Bearer token-{who}-123"} for who in ("ana", "bob", "dpo"))
+
+    def chat(sid: str, who: dict, text: str) -> list[str]:
+        assert client.post("/bots/concierge/sessions", json={"id": sid}, headers=who).status_code == 201
+        answer = client.post(f"/bots/concierge/sessions/{sid}/messages", json={"userMessage": text}, headers=who)
+        assert answer.status_code == 200, answer.text
+        return contexts(fake.requests[-1])
+
+    with TestClient(app) as client:
+        fake.queue({"tool_calls": [{"name": "note_seat", "arguments": {"seat": "window"}}]}, {"text": "Noted."})
+        assert chat("a1", ana, "Window seats, always") == ["The user prefers a window seat."]
+        fake.queue({"text": "Welcome back."}, {"text": "Hello."})
+        assert chat("a2", ana, "Hi again") == ["The user prefers a window seat."]  # a new conversation
+        assert chat("b1", bob, "Hi") == ["Nothing is known of the user."]
+        listed = client.get("/bots/concierge/user-memory", headers=ana).json()
+        assert [(f["fact"], f["value"]) for f in listed["facts"]] == [("seat", "window")] and listed["principal"] == "ana"
+        assert client.get("/bots/concierge/user-memory", headers=bob).json()["facts"] == []
+        assert client.delete("/bots/concierge/user-memory", headers=ana).json()["erased"] == 1
+        assert client.get("/bots/concierge/user-memory", headers=ana).json()["facts"] == []
+        fake.queue({"text": "Hello."})
+        assert chat("a3", ana, "Hi") == ["Nothing is known of the user."]
+        # Remembered again, then erased with everything else of ana by the privacy officer.
+        fake.queue({"tool_calls": [{"name": "note_seat", "arguments": {"seat": "aisle"}}]}, {"text": "Noted."})
+        chat("a4", ana, "Aisle now")
+        erased = client.delete("/principals/ana", headers=dpo).json()["erased"]
+        assert erased["user_memory"] == 1 and erased["sessions"] == 4
+        assert client.get("/bots/nobody/user-memory", headers=ana).status_code == 404
+    assert asyncio.run(_record(url, user_memory_key("concierge", "ana"))) is None
+
+
+def test_without_sign_in_the_endpoints_say_there_is_no_one(write_bot, tmp_path):
+    app = app_for_testclient([str(write_bot(BOT))], f"sqlite:///{tmp_path / 's.db'}")
+    with TestClient(app) as client:
+        refused = client.get("/bots/concierge/user-memory")
+        assert refused.status_code == 403 and "signed-in principal" in refused.text
+
+
+async def _record(url: str, key: str) -> dict | None:
+    store = open_async_store(url)
+    try:
+        return await store.get_record(key)
+    finally:
+        await store.close()
