@@ -481,16 +481,18 @@ class ToolCalls:
     def remember(self, tool: ToolConfig, action: ActionConfig, extra: dict[str, Any]) -> None:
         """The action's `remember:` facts, kept of the signed-in user (`user_memory:`): this
         conversation reads them at once, later ones once the turn commits (the server saves
-        `remembered`). An empty value forgets the fact. No principal: nothing to keep them under."""
+        `remembered`). A template that renders nothing (None, undefined: docs/format.md, "Nothing")
+        writes nothing: that fact stays as it was. No principal: nothing to keep them under."""
         c = self.t.c
         if c.principal is None:
             log.info("session %s: tool %s remembers nothing: no one is signed in", c.id, tool.name)
             return
         written = {fact: self.t.render_template(template, f"remember {fact}", tool.where, extra, typed=True)
                    for fact, template in action.remember.items()}
-        changes = {fact: None if is_nothing(value) else value for fact, value in written.items()}
-        c.remembered = {**c.remembered, **changes}
-        c.user_memory = {k: v for k, v in {**c.user_memory, **changes}.items() if v is not None}
+        changes = {fact: value for fact, value in written.items() if not is_nothing(value)}
+        if changes:
+            c.remembered = {**c.remembered, **changes}
+            c.user_memory = {**c.user_memory, **changes}
 
     def move(self, tool: ToolConfig, action: ActionConfig, handed_back: str | None, call_id: str) -> bool:
         """The action's pop, push, route change or call. Returns True when a pop resumed a caller."""

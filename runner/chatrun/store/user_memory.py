@@ -16,6 +16,7 @@ itself on a store it calls directly, the server (server/session_writes.py) after
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +79,12 @@ def save(records: RecordStore, bot: str, principal: str, changes: Mapping[str, A
         records.delete_record(key)
     else:
         records.put_record(key, record)
+
+
+def seed(records: RecordStore, bot: str, principal: str, facts: Mapping[str, Any]) -> None:
+    """Facts kept of `principal` as if an earlier conversation had remembered them now (a
+    transcript's `user_memory:`)."""
+    save(records, bot, principal, facts, None, time.time())
 
 
 # -- the server's store (AsyncStore) ---------------------------------------------------------------
