@@ -190,7 +190,7 @@ def test_erasing_a_principal_removes_all_of_it_and_nothing_of_another(tmp_path, 
         counts = await erase_principal(store, "ana", lambda bot: Retention(erased_outbox="drop"), registry.erase,
                                        registry.blobs)
         assert counts.to_json() == dry.to_json() == {"sessions": 2, "files": 3, "dead_letters": 1, "outbox": 2,
-                                                     "busy": []}
+                                                     "user_memory": 0, "busy": []}
         assert await gone(registry, "ana-1") and await gone(registry, "ana-2")
         assert await everything(store) == before  # every key / row of ana gone, bob's untouched
         assert registry.blobs.refs("bob-1") and await store.sessions_of("ana") == []

@@ -28,7 +28,8 @@ BOT = """
 name: concierge
 format: 3
 model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
-user_memory: {facts: [seat], keep: 365d}
+user_memory: {facts: [seat]}
+retention: {user_memory: 365d}
 routes:
   desk:
     default: true
@@ -99,7 +100,7 @@ async def _erase(url: str, principal: str) -> Counts:
 
     try:
         return await erase_principal(store, principal, lambda bot: chatrun.definition.config.Retention(), delete,
-                                     None, known_bots=["concierge"])
+                                     None)
     finally:
         await store.close()
 
@@ -137,11 +138,11 @@ def test_the_validator_names_an_undeclared_fact_at_its_line(write_bot, remember,
     path = write_bot(BOT.replace('remember: {seat: "{{ args.seat }}"}', f"remember: {remember}"))
     with pytest.raises(chatrun.errors.BotError) as caught:
         chatrun.load_bot(path)
-    assert "bot.yaml:17:" in str(caught.value) and message in str(caught.value)
+    assert "bot.yaml:18:" in str(caught.value) and message in str(caught.value)
 
 
 def test_the_validator_asks_for_user_memory_when_a_tool_remembers(write_bot):
-    path = write_bot(BOT.replace("user_memory: {facts: [seat], keep: 365d}\n", ""))
+    path = write_bot(BOT.replace("user_memory: {facts: [seat]}\n", ""))
     with pytest.raises(chatrun.errors.BotError) as caught:
         chatrun.load_bot(path)
     assert "remembers `seat`, but the bot declares no `user_memory:`" in str(caught.value)
@@ -199,3 +200,33 @@ async def _record(url: str, key: str) -> dict | None:
         return await store.get_record(key)
     finally:
         await store.close()
+
+
+def test_retention_forgets_old_facts_in_the_store_and_keeps_fresh_ones(tmp_path):
+    from chatrun.definition.config import Retention
+    from chatrun.store.retention import purge
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = open_store(url)
+    store.put_record(user_memory_key("concierge", "ana"), updated(None, "concierge", "ana", {"seat": "window"}, None, 1000.0))
+    old_and_new = updated(None, "concierge", "bob", {"seat": "aisle"}, None, 1000.0)
+    store.put_record(user_memory_key("concierge", "bob"), updated(old_and_new, "concierge", "bob", {"name": "Bob"}, None,
+                                                                 5000.0))
+    store.close()
+
+    async def run(dry_run: bool) -> Counts:
+        aio = open_async_store(url)
+        try:
+            return await purge(aio, {"concierge": Retention(user_memory=3600.0)}, 5000.0 + 60, _no_delete, None, dry_run)
+        finally:
+            await aio.close()
+
+    assert asyncio.run(run(True)).user_memory == 2
+    assert asyncio.run(_record(url, user_memory_key("concierge", "ana"))) is not None  # a dry run deletes nothing
+    assert asyncio.run(run(False)).user_memory == 2
+    assert asyncio.run(_record(url, user_memory_key("concierge", "ana"))) is None
+    assert facts_of(asyncio.run(_record(url, user_memory_key("concierge", "bob"))), None, 0) == {"name": "Bob"}
+
+
+async def _no_delete(session_id: str, bot: str | None) -> int:
+    raise AssertionError("no session is idle here")

@@ -108,7 +108,7 @@ async def _purge(url: str, retention: dict[str, Retention], principal: str | Non
     try:
         if principal is not None:
             return await erase_principal(store, principal, lambda bot: retention.get(bot or "", Retention()), delete,
-                                         blobs, dry_run, known_bots=retention.keys())
+                                         blobs, dry_run)
         return await purge(store, retention, time.time(), delete, blobs, dry_run)
     finally:
         await store.close()

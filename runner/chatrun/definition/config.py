@@ -568,10 +568,10 @@ class AttachmentPolicy:
 @dataclass
 class UserMemoryConfig:
     """`user_memory:`: the facts a bot keeps of each user (principal) across conversations,
-    written by a tool action's `remember:`, read by templates as `user_memory.FACT`."""
+    written by a tool action's `remember:`, read by templates as `user_memory.FACT`. How long
+    they are kept is the bot's `retention.user_memory`."""
 
     facts: list[str] = field(default_factory=list)
-    keep: float | None = None  # seconds a fact not written again is kept (None: until erased)
     where: Location = field(default_factory=Location)
 
 
@@ -608,6 +608,7 @@ class Retention:
     idle_sessions: float | None = None  # seconds unwritten before a session goes, with its history, files, records
     dead_letters: float | None = None  # seconds a dead letter is kept after it died
     erased_outbox: str = DELIVER  # an erased principal's pending backend events: delivered, or dropped
+    user_memory: float | None = None  # seconds a remembered fact not written again is kept (`user_memory:`)
 
     def capped(self, cap: Retention) -> Retention:
         """This retention within a server's `cap` (each duration: the shorter of the two)."""
@@ -615,7 +616,7 @@ class Retention:
             return b if a is None else a if b is None else min(a, b)
 
         return Retention(shorter(self.idle_sessions, cap.idle_sessions), shorter(self.dead_letters, cap.dead_letters),
-                         self.erased_outbox)
+                         self.erased_outbox, shorter(self.user_memory, cap.user_memory))
 
 
 # -- the widget (issue 35): the chat other sites embed with one <script> tag ---------------------

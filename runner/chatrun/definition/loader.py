@@ -692,7 +692,7 @@ def _memory(raw: Any, doc: YamlDoc, path: tuple) -> MemoryPolicy | None:
 def _retention(raw: Any) -> Retention:
     """`retention:` (the schema has checked its durations; a bad one is left out: for ever)."""
     seconds: dict[str, float] = {}
-    for key in ("idle_sessions", "dead_letters"):
+    for key in ("idle_sessions", "dead_letters", "user_memory"):
         value = _dict(raw).get(key)
         try:
             if isinstance(value, str):
@@ -704,15 +704,10 @@ def _retention(raw: Any) -> Retention:
 
 
 def _user_memory(raw: Any, main: YamlDoc) -> UserMemoryConfig | None:
-    """`user_memory:` (the schema has checked its shape; a bad `keep` is left out: until erased)."""
+    """`user_memory:` (the schema has checked its shape)."""
     if not isinstance(raw, dict):
         return None
-    keep = raw.get("keep")
-    try:
-        seconds = duration_seconds(keep) if isinstance(keep, str) else None
-    except ValueError:
-        seconds = None
-    return UserMemoryConfig(facts=_str_list(raw.get("facts")), keep=seconds, where=_loc(main, ("user_memory",)))
+    return UserMemoryConfig(facts=_str_list(raw.get("facts")), where=_loc(main, ("user_memory",)))
 
 
 def _widget(raw: Any, main: YamlDoc) -> WidgetConfig | None:

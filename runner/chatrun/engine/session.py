@@ -224,7 +224,8 @@ class Session:
         config, principal, records = self.bot.config.user_memory, self._c.principal, self._user_memory_store()
         if config is None or principal is None or records is None:
             return NO_FACTS
-        return user_memory.load(records, self.bot.name, principal["name"], config.keep, time.time()) or NO_FACTS
+        return user_memory.load(records, self.bot.name, principal["name"], self.bot.config.retention.user_memory,
+                                time.time()) or NO_FACTS
 
     def _save_remembered(self) -> None:
         """After a commit: what the turn remembered goes to the store (when the Session keeps it)."""
@@ -232,7 +233,8 @@ class Session:
         if config is None or principal is None or records is None or not self._c.remembered:
             return
         remembered = self.take_remembered()
-        user_memory.save(records, self.bot.name, principal["name"], remembered, config.keep, time.time())
+        user_memory.save(records, self.bot.name, principal["name"], remembered, self.bot.config.retention.user_memory,
+                         time.time())
 
     @property
     def clock(self) -> Clock:

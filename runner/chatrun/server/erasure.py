@@ -49,8 +49,7 @@ async def erase(principal: str, who: Caller, registry: Registry, dry_run: bool =
         served = registry.bots.get(bot) if bot is not None else None
         return served.config.retention if served is not None else Retention()
 
-    counts = await erase_principal(registry.store, principal, retention_of, registry.erase, registry.blobs, dry_run,
-                                    known_bots=registry.bots.keys())
+    counts = await erase_principal(registry.store, principal, retention_of, registry.erase, registry.blobs, dry_run)
     return {"principal": principal, "dry_run": dry_run, "erased": counts.to_json()}
 
 
@@ -70,13 +69,13 @@ async def erase_user_memory(bot: str, who: Caller, registry: Registry) -> Any:
 
 
 def _own_memory(bot: str, who: Principal | None, registry: Registry) -> tuple[str, float | None]:
-    """The caller's own name and the bot's `user_memory.keep`: a user reads and erases only
+    """The caller's own name and the bot's `retention.user_memory`: a user reads and erases only
     what is kept of themselves, so there must be someone signed in."""
-    config = registry.bot(bot).config.user_memory  # 404 for an unknown bot
+    retention = registry.bot(bot).config.retention  # 404 for an unknown bot
     if who is None:
         raise wire.RequestFailed(wire.FORBIDDEN, "user memory is kept per signed-in principal: this server runs "
                                                  "without --auth, so there is no one to list or erase it for")
-    return who.name, config.keep if config is not None else None
+    return who.name, retention.user_memory
 
 
 def _allowed(who: Principal | None) -> None:

@@ -87,7 +87,8 @@ async def save_remembered(store: AsyncStore, session: Session, remembered: Mappi
     a turn that was not saved remembers nothing)."""
     config, principal = session.bot.config.user_memory, session.principal
     if config is not None and principal is not None:
-        await user_memory.asave(store, session.bot.name, principal["name"], remembered, config.keep, time.time())
+        await user_memory.asave(store, session.bot.name, principal["name"], remembered,
+                                session.bot.config.retention.user_memory, time.time())
 
 
 def exists(session_id: str) -> wire.RequestFailed:

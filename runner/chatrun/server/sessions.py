@@ -227,7 +227,8 @@ class SessionRegistry:
         another conversation of theirs may have remembered something since."""
         config = session.bot.config.user_memory
         if config is not None and principal is not None:
-            session.user_memory = await user_memory.aload(self.store, session.bot.name, principal.name, config.keep,
+            session.user_memory = await user_memory.aload(self.store, session.bot.name, principal.name,
+                                                          session.bot.config.retention.user_memory,
                                                           time.time())
 
     @asynccontextmanager

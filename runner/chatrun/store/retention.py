@@ -12,13 +12,13 @@ go with it) and its files with the blob area's `delete_session`.
                     backend events when its bot says `erased_outbox: drop` (else they go out,
                     and are deleted when delivered, as every delivered entry is); the facts its
                     bots kept of it (`user_memory:`)
-    user memory     `user_memory.keep`: a fact not written that long is dropped when its record
-                    is next read or written (store/user_memory.py), so none reaches a template
+    user memory     `retention.user_memory`: a remembered fact not written again that long
+                    (store/user_memory.py; reading leaves it out already)
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +52,9 @@ class Counts:
 
     def shown(self) -> str:
         parts = [_plural(self.sessions, "session"), _plural(self.files, "file"),
-                 _plural(self.dead_letters, "dead letter"), _plural(self.outbox, "undelivered event"),
-                 _plural(self.user_memory, "remembered fact")]
+                 _plural(self.dead_letters, "dead letter"), _plural(self.outbox, "undelivered event")]
+        if self.user_memory:  # most bots keep no user memory: their lines stay as they were
+            parts.append(_plural(self.user_memory, "remembered fact"))
         return ", ".join(parts) + (f" ({len(self.busy)} busy, left for later)" if self.busy else "")
 
 
@@ -101,20 +102,19 @@ async def purge(store: AsyncStore, bots: dict[str, Retention], now: float, delet
         await _delete_sessions(idle, bot, delete, blobs, dry_run, counts)
         dead = await old_dead_letters(store, bot, retention, now)
         counts.dead_letters += len(dead) if dry_run else await store.delete_outbox(dead)
+        counts.user_memory += await user_memory.aexpire(store, bot, retention.user_memory, now, dry_run)
     return counts
 
 
 async def erase_principal(store: AsyncStore, principal: str, retention_of: RetentionOf, delete: DeleteSession,
-                          blobs: BlobArea | None, dry_run: bool = False, known_bots: Collection[str] = ()) -> Counts:
+                          blobs: BlobArea | None, dry_run: bool = False) -> Counts:
     """Delete everything of `principal`: its sessions (history, files, records, pending items),
     its dead letters, its undelivered events where its bot drops them (`erased_outbox`), and
-    what each bot kept of it (`user_memory:`): the bots of its sessions and `known_bots` (a
-    user memory outlives the sessions that wrote it, so the caller names the bots it serves)."""
+    what every bot kept of it (`user_memory:`, which outlives the sessions that wrote it)."""
     counts = Counts()
     sessions = await store.sessions_of(principal)
     bots = {sid: record.bot if (record := await store.load_session(sid)) is not None else None for sid in sessions}
-    for bot in sorted({*known_bots, *(b for b in bots.values() if b is not None)}):
-        counts.user_memory += await user_memory.aerase(store, bot, principal, dry_run)
+    counts.user_memory = await user_memory.aerase_everywhere(store, principal, dry_run)
     # The outbox first: an event whose session is gone can no longer be told apart by its owner.
     owned = set(sessions)
     erased = [e for e in await store.list_outbox(None, EVERY) if e.session_id in owned and _erased(e, retention_of)]

@@ -7,8 +7,9 @@ PostgreSQL alike), under `user-memory/<bot>/<principal>`:
 
 It belongs to no session (deleting a session leaves it): it goes when the principal erases it
 (`DELETE /bots/{bot}/user-memory`), when the principal's data is erased (store/retention.py
-`erase_principal`), and fact by fact when a fact is older than the bot's `user_memory.keep`
-(dropped when the record is next read or written: an expired fact never reaches a template).
+`erase_principal`), and fact by fact when a fact is older than the bot's `retention.user_memory`
+(the sweeper and `chatrun purge` delete it; until then reading leaves it out, so an expired fact
+never reaches a template).
 This module is the one place that spells the key and the record; the engine keeps what a
 turn remembered (`Conversation.remembered`) and whoever owns the store saves it: the Session
 itself on a store it calls directly, the server (server/session_writes.py) after the commit.
@@ -105,6 +106,35 @@ async def asave(store: AsyncStore, bot: str, principal: str, changes: Mapping[st
         await store.delete_record(key)
     else:
         await store.put_record(key, record)
+
+
+async def aexpire(store: AsyncStore, bot: str, keep: float | None, now: float, dry_run: bool = False) -> int:
+    """Forget the facts `bot` keeps that are older than `keep` (retention); how many went."""
+    if keep is None:
+        return 0
+    dropped = 0
+    for key in await store.record_keys(f"{PREFIX}{bot}/"):
+        record = await store.get_record(key)
+        facts = (record or {}).get("facts")
+        fresh = _fresh(record, keep, now)
+        gone = len(facts) - len(fresh) if isinstance(facts, dict) else 0
+        if gone and not dry_run:
+            if fresh:
+                await store.put_record(key, {**(record or {}), "facts": fresh})
+            else:
+                await store.delete_record(key)
+        dropped += gone
+    return dropped
+
+
+async def aerase_everywhere(store: AsyncStore, principal: str, dry_run: bool = False) -> int:
+    """Delete what every bot keeps of `principal`, served here or not (erasure); how many facts."""
+    erased = 0
+    for key in await store.record_keys(PREFIX):
+        bot, _, whose = key[len(PREFIX):].partition("/")  # a bot's name has no "/"
+        if whose == principal:
+            erased += await aerase(store, bot, principal, dry_run)
+    return erased
 
 
 async def aerase(store: AsyncStore, bot: str, principal: str, dry_run: bool = False) -> int:
