@@ -8,7 +8,7 @@ and its backend events not yet delivered where its bot says `retention: {erased_
 (else they are delivered, then deleted as every delivered entry is). Answers what it deleted:
 
     {"principal": "ana", "dry_run": false,
-     "erased": {"sessions": 2, "files": 1, "dead_letters": 0, "outbox": 0, "busy": []}}
+     "erased": {"sessions": 2, "files": 1, "dead_letters": 0, "outbox": 0, "user_memory": 1, "busy": []}}
 
 With auth on, only principals with the role `privacy` may erase (a person asks the operator,
 who erases for them: a user's own token cannot, so a stolen one cannot wipe its traces). A
