@@ -241,7 +241,7 @@ class ActionConfig:
 
     Applied in this order (README, "Scopes and routes"; docs/format.md):
     arguments validated -> requires checked -> the action's feasibility checked (pop at
-    the root, roles of a push/route target) -> handler -> set -> emit -> clear_memory /
+    the root, roles of a push/route target) -> handler -> set -> emit -> remember -> clear_memory /
     wipe -> message, result, reply rendered (the current scope still exists) -> pop ->
     push -> route -> loop control (execute, immediate).
     """
@@ -753,7 +753,7 @@ class BotConfig:
 # actions apply"): format 3 writes them in this order (`validate` warns otherwise; `chatrun
 # upgrade` reorders), so an action reads top to bottom as it happens. `ask` (a pause before all
 # of them) and `cases` (which add to them) are not steps.
-ACTION_ORDER = ("set", "emit", "clear_memory", "wipe", "message", "choices", "result", "reply",
+ACTION_ORDER = ("set", "emit", "remember", "clear_memory", "wipe", "message", "choices", "result", "reply",
                 "pop", "push", "route", "call", "end", "operator", "execute", "immediate")
 
 CURRENT_FORMAT = 3  # the bot format this runner writes; it also reads the ones before
