@@ -230,3 +230,17 @@ def test_retention_forgets_old_facts_in_the_store_and_keeps_fresh_ones(tmp_path)
 
 async def _no_delete(session_id: str, bot: str | None) -> int:
     raise AssertionError("no session is idle here")
+
+
+def test_the_validator_warns_about_a_fact_nothing_writes_and_a_retention_with_nothing_to_forget(write_bot):
+    from chatrun.definition.loader import check_bot
+
+    _, unwritten = check_bot(write_bot(BOT.replace("facts: [seat]", "facts: [seat, name]")))
+    assert [(d.line, d.message) for d in unwritten if d.severity == "warning"] == [
+        (5, "`user_memory` declares `name`, which no tool's action remembers: add `remember: {FACT: TEMPLATE}` to an "
+            "action, or leave the fact out")]
+    bare = BOT.replace("user_memory: {facts: [seat]}\n", "").replace('      remember: {seat: "{{ args.seat }}"}\n', "")
+    _, nothing = check_bot(write_bot(bare, "bare.yaml"))
+    assert [(d.line, d.message) for d in nothing if d.severity == "warning"] == [
+        (5, "`retention.user_memory` forgets remembered facts, but the bot declares no `user_memory:`: declare one, "
+            "or leave the retention out")]

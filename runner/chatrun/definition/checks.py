@@ -169,6 +169,7 @@ class _Checker:
         self.env()
         self.timezones()
         self.retention()
+        self.user_memory()
         self.widget()
         self.guardrails()
         for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
@@ -456,6 +457,25 @@ class _Checker:
                         f"`retention.idle_sessions` keeps an idle session; the session would be deleted before "
                         "the timeout's `on_timeout` runs: shorten the timeout or lengthen the retention",
                         f"tools.{tool.name}"))
+
+    def user_memory(self) -> None:
+        """`user_memory:` facts that some action writes, and a `retention.user_memory` with
+        something to forget (docs/memory.md, "User memory")."""
+        declared = self.config.user_memory
+        actions = [a for tool in self.config.tools.values()
+                   for a in (tool.action, *(case.action for case in tool.action.cases))]
+        written = {fact for action in actions for fact in action.remember}
+        if declared is not None:
+            unwritten = [fact for fact in declared.facts if fact not in written]
+            if unwritten:
+                at = declared.where
+                self.out.append(Diagnostic(at.file, at.line, at.col, "warning",
+                                           f"`user_memory` declares {', '.join(f'`{f}`' for f in unwritten)}, which no "
+                                           "tool's action remembers: add `remember: {FACT: TEMPLATE}` to an action, "
+                                           "or leave the fact out", "user_memory"))
+        elif self.config.retention.user_memory is not None:
+            self.add("warning", "`retention.user_memory` forgets remembered facts, but the bot declares no "
+                     "`user_memory:`: declare one, or leave the retention out", "retention", "user_memory")
 
     def guardrails(self) -> None:
         """`guardrails:` (the bot's and each route's): patterns that compile, and outcomes each
