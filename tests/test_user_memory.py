@@ -244,3 +244,14 @@ def test_the_validator_warns_about_a_fact_nothing_writes_and_a_retention_with_no
     assert [(d.line, d.message) for d in nothing if d.severity == "warning"] == [
         (5, "`retention.user_memory` forgets remembered facts, but the bot declares no `user_memory:`: declare one, "
             "or leave the retention out")]
+
+
+def test_the_memory_is_the_conversation_owners_whoever_sends_the_request(fake, write_bot, tmp_path):
+    bot = chatrun.load_bot(write_bot(BOT))
+    store = open_store(f"sqlite:///{tmp_path / 'c.db'}")
+    session = bot.session(store=store, principal=ANA, meta={"owner": "ana"})
+    session.principal = {"name": "olga", "roles": ["operators"]}  # e.g. an operator's decision runs this turn
+    fake.queue({"tool_calls": [{"name": "note_seat", "arguments": {"seat": "aisle"}}]}, {"text": "Noted."})
+    session.chat("Aisle")
+    assert facts_of(store.get_record(user_memory_key("concierge", "ana")), None, 0) == {"seat": "aisle"}
+    assert store.get_record(user_memory_key("concierge", "olga")) is None

@@ -484,7 +484,7 @@ class ToolCalls:
         `remembered`). A template that renders nothing (None, undefined: docs/format.md, "Nothing")
         writes nothing: that fact stays as it was. No principal: nothing to keep them under."""
         c = self.t.c
-        if c.principal is None:
+        if c.user_memory_owner() is None:
             log.info("session %s: tool %s remembers nothing: no one is signed in", c.id, tool.name)
             return
         written = {fact: self.t.render_template(template, f"remember {fact}", tool.where, extra, typed=True)

@@ -43,6 +43,7 @@ from chatrun.store.record import (
     SCOPE_SEPARATOR,
     follow_up_of,
     outcome_of,
+    owner_in_meta,
     route_of_memory,
     scope_id,
 )
@@ -205,6 +206,16 @@ class Conversation:
             if s.id == scope_id:
                 return s
         raise SessionError(f"session {self.id} has no scope {scope_id!r}; scopes: {[s.id for s in self.scopes]}")
+
+    def user_memory_owner(self) -> str | None:
+        """Whose user memory this conversation reads and writes: the person it is with — the
+        session's owner (who opened it: the signed-in user, a channel's user), not whoever sends
+        this request (an operator deciding, the sweeper's timeout); a session with no owner (a
+        library session) is the signed-in principal's. None: no one to remember anything of."""
+        owner = owner_in_meta(self.meta)
+        if owner is not None:
+            return owner
+        return str(self.principal["name"]) if self.principal is not None and self.principal.get("name") else None
 
     def may_enter(self, route: str) -> bool:
         needed = self.config.routes[route].roles

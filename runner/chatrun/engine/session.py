@@ -122,6 +122,7 @@ class Session:
         self.principal = principal
         if snapshot is not None:  # resume where it was; `route` and `state` apply to new sessions only
             self._c.restore(snapshot)
+            self._c.user_memory = self._load_user_memory()  # its owner's, now that its meta is known
             recorded = snapshot.get("bot_version")
             if recorded is None and produced_by(bot.config, snapshot):
                 return  # stored before versions were recorded, by this version as far as can be told
@@ -131,6 +132,7 @@ class Session:
                 self._begin_move(bot, None, lost=recorded if recorded != bot.config.content_version else None)
             return
         self._c.start(route or bot.config.default_route, state, meta)
+        self._c.user_memory = self._load_user_memory()  # its owner's, now that its meta is known
         self.store.commit_turn(self.id, self._c.snapshot(), {}, [])
 
     # -- introspection -------------------------------------------------------------
@@ -197,6 +199,11 @@ class Session:
         self._c.user_memory = self._load_user_memory()
 
     @property
+    def user_memory_owner(self) -> str | None:
+        """Whose user memory the conversation reads and writes (Conversation.user_memory_owner)."""
+        return self._c.user_memory_owner()
+
+    @property
     def user_memory(self) -> Mapping[str, Any]:
         """What the bot keeps of the signed-in user across conversations (`user_memory:`), as
         templates read it (`user_memory.FACT`)."""
@@ -221,20 +228,19 @@ class Session:
         return self.store if isinstance(self.store, RecordStore) else None
 
     def _load_user_memory(self) -> Mapping[str, Any]:
-        config, principal, records = self.bot.config.user_memory, self._c.principal, self._user_memory_store()
-        if config is None or principal is None or records is None:
+        config, whose, records = self.bot.config.user_memory, self._c.user_memory_owner(), self._user_memory_store()
+        if config is None or whose is None or records is None:
             return NO_FACTS
-        return user_memory.load(records, self.bot.name, principal["name"], self.bot.config.retention.user_memory,
+        return user_memory.load(records, self.bot.name, whose, self.bot.config.retention.user_memory,
                                 time.time()) or NO_FACTS
 
     def _save_remembered(self) -> None:
         """After a commit: what the turn remembered goes to the store (when the Session keeps it)."""
-        config, principal, records = self.bot.config.user_memory, self._c.principal, self._user_memory_store()
-        if config is None or principal is None or records is None or not self._c.remembered:
+        config, whose, records = self.bot.config.user_memory, self._c.user_memory_owner(), self._user_memory_store()
+        if config is None or whose is None or records is None or not self._c.remembered:
             return
         remembered = self.take_remembered()
-        user_memory.save(records, self.bot.name, principal["name"], remembered, self.bot.config.retention.user_memory,
-                         time.time())
+        user_memory.save(records, self.bot.name, whose, remembered, self.bot.config.retention.user_memory, time.time())
 
     @property
     def clock(self) -> Clock:

@@ -85,9 +85,9 @@ class SessionWrites:
 async def save_remembered(store: AsyncStore, session: Session, remembered: Mapping[str, Any]) -> None:
     """What the committed turns remembered of the signed-in user, into the store (after the commit:
     a turn that was not saved remembers nothing)."""
-    config, principal = session.bot.config.user_memory, session.principal
-    if config is not None and principal is not None:
-        await user_memory.asave(store, session.bot.name, principal["name"], remembered,
+    whose = session.user_memory_owner
+    if session.bot.config.user_memory is not None and whose is not None:
+        await user_memory.asave(store, session.bot.name, whose, remembered,
                                 session.bot.config.retention.user_memory, time.time())
 
 

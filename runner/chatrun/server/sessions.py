@@ -222,12 +222,13 @@ class SessionRegistry:
         from the store, which keeps it (the live session's buffer does not)."""
         return await self.store.load_history(session.id)
 
-    async def _load_user_memory(self, session: Session, principal: Principal | None) -> None:
-        """What the session's bot keeps of the requester (`user_memory:`), read fresh per request:
-        another conversation of theirs may have remembered something since."""
-        config = session.bot.config.user_memory
-        if config is not None and principal is not None:
-            session.user_memory = await user_memory.aload(self.store, session.bot.name, principal.name,
+    async def _load_user_memory(self, session: Session) -> None:
+        """What the session's bot keeps of the person the conversation is with (`user_memory:`;
+        its owner, whoever sends this request), read fresh per request: another conversation of
+        theirs may have remembered something since."""
+        whose = session.user_memory_owner
+        if session.bot.config.user_memory is not None and whose is not None:
+            session.user_memory = await user_memory.aload(self.store, session.bot.name, whose,
                                                           session.bot.config.retention.user_memory,
                                                           time.time())
 
@@ -249,7 +250,7 @@ class SessionRegistry:
         bot = session.bot if only is session.bot else held.target(session.bot)
         if session.bot is not bot:
             session.use_bot(bot)
-        await self._load_user_memory(session, principal)
+        await self._load_user_memory(session)
         try:
             yield session
         except AttachmentRefused as exc:  # a file the route does not take, or no such upload
