@@ -179,6 +179,7 @@ def test_erasing_a_principal_removes_all_of_it_and_nothing_of_another(tmp_path, 
     async def go():
         store = registry.store
         await write(store, registry.blobs, "bob-1", "bob", NOW - DAY, events=1)
+        await store.record_keys("")  # erasure lists records (user memory): the store's one-time index marker, first
         before = await everything(store)
         await write(store, registry.blobs, "ana-1", "ana", NOW - DAY, events=2, files=2)
         await write(store, registry.blobs, "ana-2", "ana", NOW - 2 * DAY, events=1)
@@ -190,7 +191,7 @@ def test_erasing_a_principal_removes_all_of_it_and_nothing_of_another(tmp_path, 
         counts = await erase_principal(store, "ana", lambda bot: Retention(erased_outbox="drop"), registry.erase,
                                        registry.blobs)
         assert counts.to_json() == dry.to_json() == {"sessions": 2, "files": 3, "dead_letters": 1, "outbox": 2,
-                                                     "busy": []}
+                                                     "user_memory": 0, "busy": []}
         assert await gone(registry, "ana-1") and await gone(registry, "ana-2")
         assert await everything(store) == before  # every key / row of ana gone, bob's untouched
         assert registry.blobs.refs("bob-1") and await store.sessions_of("ana") == []

@@ -169,7 +169,7 @@ EXPECTED = {
         ("templates.yaml", 10, "error",
          'template error in `user` of route `main`: no filter named `upper_case`; did you mean `upper`?'),
         ("templates.yaml", 16, "error",
-         '`message` of tool `greet` uses unknown template variable `usr_message`; did you mean `user_message`? (templates can use: state, scope, args, user_message, data, route, stack, turn, result, error, output, now, today, principal, session_id, decision, locale)'),
+         '`message` of tool `greet` uses unknown template variable `usr_message`; did you mean `user_message`? (templates can use: state, scope, args, user_message, data, route, stack, turn, result, error, output, now, today, principal, session_id, decision, locale, user_memory)'),
         ("templates.yaml", 17, "error",
          "template error in `reply` of tool `greet`: unexpected '}'"),
     ],
@@ -468,7 +468,7 @@ def test_brief_format_keys_are_all_in_the_schema():
                                                 "tools", "scope", "roles"}
     assert set(defs["action"]["properties"]) == {"push", "pop", "route", "execute", "immediate", "clear_memory",
                                                  "wipe", "set", "emit", "message", "reply", "result", "cases",
-                                                 "call", "end", "choices", "ask", "operator"}
+                                                 "call", "end", "choices", "ask", "operator", "remember"}
     # A case adds an action with the same keys, but no nested cases and no pause (the tool's own action pauses).
     assert set(defs["caseAction"]["properties"]) == set(defs["action"]["properties"]) - {"cases", "ask", "operator"}
     assert set(defs["tool"]["properties"]) >= {"description", "parameters", "requires", "handler", "action",

@@ -169,6 +169,7 @@ class _Checker:
         self.env()
         self.timezones()
         self.retention()
+        self.user_memory()
         self.widget()
         self.guardrails()
         for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
@@ -457,6 +458,25 @@ class _Checker:
                         "the timeout's `on_timeout` runs: shorten the timeout or lengthen the retention",
                         f"tools.{tool.name}"))
 
+    def user_memory(self) -> None:
+        """`user_memory:` facts that some action writes, and a `retention.user_memory` with
+        something to forget (docs/memory.md, "User memory")."""
+        declared = self.config.user_memory
+        actions = [a for tool in self.config.tools.values()
+                   for a in (tool.action, *(case.action for case in tool.action.cases))]
+        written = {fact for action in actions for fact in action.remember}
+        if declared is not None:
+            unwritten = [fact for fact in declared.facts if fact not in written]
+            if unwritten:
+                at = declared.where
+                self.out.append(Diagnostic(at.file, at.line, at.col, "warning",
+                                           f"`user_memory` declares {', '.join(f'`{f}`' for f in unwritten)}, which no "
+                                           "tool's action remembers: add `remember: {FACT: TEMPLATE}` to an action, "
+                                           "or leave the fact out", "user_memory"))
+        elif self.config.retention.user_memory is not None:
+            self.add("warning", "`retention.user_memory` forgets remembered facts, but the bot declares no "
+                     "`user_memory:`: declare one, or leave the retention out", "retention", "user_memory")
+
     def guardrails(self) -> None:
         """`guardrails:` (the bot's and each route's): patterns that compile, and outcomes each
         stage can have (docs/guardrails.md)."""
@@ -533,6 +553,19 @@ class _Checker:
                                        f"`{'.'.join(path)}` is {value!r}, which is not an IANA time zone name{hint}",
                                        ".".join(path)))
 
+    def remembered(self, of: str, action: ActionConfig, at: tuple, tool: ToolConfig, routes: list[str]) -> None:
+        """An action's `remember:` facts: declared in `user_memory.facts`, with templates that compile."""
+        declared = self.config.user_memory
+        for fact, template in action.remember.items():
+            if declared is None:
+                self.add("error", f"{of} remembers `{fact}`, but the bot declares no `user_memory:` "
+                         f"(add `user_memory: {{facts: [{fact}]}}` at the top level)", *at, "remember", fact)
+            elif fact not in declared.facts:
+                self.add("error", f"{of} remembers `{fact}`, which is not one of `user_memory.facts` "
+                         f"({', '.join(declared.facts)}){suggest(fact, declared.facts)}", *at, "remember", fact)
+            if isinstance(template, str):
+                self.template(template, f"`remember {fact}` of {of}", (*at, "remember", fact), tool, routes=routes)
+
     def action(self, tool: ToolConfig, action: ActionConfig, at: tuple, case: str) -> None:
         """The targets and templates of an action (`case`: "" for the tool's own, else which case)."""
         name = tool.name
@@ -549,6 +582,7 @@ class _Checker:
                 self.add("warning", f"{of} sets `{path}`, but {problem}", *at, "set", path)
             if isinstance(template, str):
                 self.template(template, f"`set {path}` of {of}", (*at, "set", path), tool, routes=routes)
+        self.remembered(of, action, at, tool, routes)
         for event, template in action.emit.items():
             nested = list(nested_templates(template))
             for below, text in nested:  # data: each text in it is a template

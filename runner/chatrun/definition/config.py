@@ -241,7 +241,7 @@ class ActionConfig:
 
     Applied in this order (README, "Scopes and routes"; docs/format.md):
     arguments validated -> requires checked -> the action's feasibility checked (pop at
-    the root, roles of a push/route target) -> handler -> set -> emit -> clear_memory /
+    the root, roles of a push/route target) -> handler -> set -> emit -> remember -> clear_memory /
     wipe -> message, result, reply rendered (the current scope still exists) -> pop ->
     push -> route -> loop control (execute, immediate).
     """
@@ -257,6 +257,7 @@ class ActionConfig:
     wipe: str | None = None  # "schedule" | "abort"
     set: dict[str, str] = field(default_factory=dict)  # PATH -> template
     emit: dict[str, Any] = field(default_factory=dict)  # EVENT_TYPE -> template (str) or data
+    remember: dict[str, str] = field(default_factory=dict)  # user memory FACT -> template (`user_memory:`)
     message: str | None = None  # template: a Message event to the user
     reply: str | None = None  # template: the tool result the model sees
     result: str | None = None  # template: with pop, handed to the parent route's memory
@@ -281,6 +282,7 @@ class ActionConfig:
             values = {key: getattr(extra, key) or getattr(self, key) for key in _SCALAR_KEYS}
             values["set"] = {**{k: v for k, v in self.set.items() if k not in extra.set}, **extra.set}
             values["emit"] = {**{k: v for k, v in self.emit.items() if k not in extra.emit}, **extra.emit}
+            values["remember"] = {**self.remember, **extra.remember}
             merged = self._merged[id(case)] = ActionConfig(**values, ask=self.ask, operator=self.operator,
                                                            where=extra.where)
         return merged
@@ -560,6 +562,19 @@ class AttachmentPolicy:
         return None
 
 
+# -- user memory (issue 37): facts kept of a user across conversations ------------------------------
+
+
+@dataclass
+class UserMemoryConfig:
+    """`user_memory:`: the facts a bot keeps of each user (principal) across conversations,
+    written by a tool action's `remember:`, read by templates as `user_memory.FACT`. How long
+    they are kept is the bot's `retention.user_memory`."""
+
+    facts: list[str] = field(default_factory=list)
+    where: Location = field(default_factory=Location)
+
+
 # -- retention (issue 33): how long a bot's stored data is kept -----------------------------------
 
 DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -593,6 +608,7 @@ class Retention:
     idle_sessions: float | None = None  # seconds unwritten before a session goes, with its history, files, records
     dead_letters: float | None = None  # seconds a dead letter is kept after it died
     erased_outbox: str = DELIVER  # an erased principal's pending backend events: delivered, or dropped
+    user_memory: float | None = None  # seconds a remembered fact not written again is kept (`user_memory:`)
 
     def capped(self, cap: Retention) -> Retention:
         """This retention within a server's `cap` (each duration: the shorter of the two)."""
@@ -600,7 +616,7 @@ class Retention:
             return b if a is None else a if b is None else min(a, b)
 
         return Retention(shorter(self.idle_sessions, cap.idle_sessions), shorter(self.dead_letters, cap.dead_letters),
-                         self.erased_outbox)
+                         self.erased_outbox, shorter(self.user_memory, cap.user_memory))
 
 
 # -- the widget (issue 35): the chat other sites embed with one <script> tag ---------------------
@@ -665,6 +681,7 @@ class BotConfig:
     catalogs: Catalogs | None = None  # `locales:` and their texts (definition/catalogs.py); None: one language
     fallback: str | None = None  # `fallback:` (a route's own wins); None: the built-in text in the session's locale
     retention: Retention = field(default_factory=Retention)  # `retention:`: how long its stored data is kept
+    user_memory: UserMemoryConfig | None = None  # `user_memory:`: facts kept of each user across conversations
     widget: WidgetConfig | None = None  # `widget:`: the chat other sites embed (None: no widget)
     canned: dict[str, str] = field(default_factory=dict)  # `canned:`: an operator's ready replies, name -> template
     context: str | None = None  # `context:`: the per-turn template of every route without its own
@@ -736,7 +753,7 @@ class BotConfig:
 # actions apply"): format 3 writes them in this order (`validate` warns otherwise; `chatrun
 # upgrade` reorders), so an action reads top to bottom as it happens. `ask` (a pause before all
 # of them) and `cases` (which add to them) are not steps.
-ACTION_ORDER = ("set", "emit", "clear_memory", "wipe", "message", "choices", "result", "reply",
+ACTION_ORDER = ("set", "emit", "remember", "clear_memory", "wipe", "message", "choices", "result", "reply",
                 "pop", "push", "route", "call", "end", "operator", "execute", "immediate")
 
 CURRENT_FORMAT = 3  # the bot format this runner writes; it also reads the ones before

@@ -57,6 +57,7 @@ from chatrun.definition.config import (
     ScopeConfig,
     SinkConfig,
     ToolConfig,
+    UserMemoryConfig,
     WebhookConfig,
     WidgetConfig,
     duration_seconds,
@@ -548,6 +549,7 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
         fallback=_str(top.get("fallback")),
         context=_str(top.get("context")),
         retention=_retention(top.get("retention")),
+        user_memory=_user_memory(top.get("user_memory"), main),
         widget=_widget(top.get("widget"), main),
         canned=_canned(top.get("canned")),
         guardrails=_guardrails(top.get("guardrails"), main, ("guardrails",)),
@@ -690,7 +692,7 @@ def _memory(raw: Any, doc: YamlDoc, path: tuple) -> MemoryPolicy | None:
 def _retention(raw: Any) -> Retention:
     """`retention:` (the schema has checked its durations; a bad one is left out: for ever)."""
     seconds: dict[str, float] = {}
-    for key in ("idle_sessions", "dead_letters"):
+    for key in ("idle_sessions", "dead_letters", "user_memory"):
         value = _dict(raw).get(key)
         try:
             if isinstance(value, str):
@@ -699,6 +701,13 @@ def _retention(raw: Any) -> Retention:
             pass
     erased = _dict(raw).get("erased_outbox")
     return Retention(**seconds, erased_outbox=erased if erased in ERASED_OUTBOX else DELIVER)
+
+
+def _user_memory(raw: Any, main: YamlDoc) -> UserMemoryConfig | None:
+    """`user_memory:` (the schema has checked its shape)."""
+    if not isinstance(raw, dict):
+        return None
+    return UserMemoryConfig(facts=_str_list(raw.get("facts")), where=_loc(main, ("user_memory",)))
 
 
 def _widget(raw: Any, main: YamlDoc) -> WidgetConfig | None:
@@ -1072,6 +1081,7 @@ def _action(action: dict, doc: YamlDoc, path: tuple, where: Location | None = No
         wipe=wipe if wipe in ("schedule", "abort") else None,
         set=assignments,
         emit={k: v for k, v in _dict(action.get("emit")).items() if isinstance(k, str)},
+        remember={k: v for k, v in _dict(action.get("remember")).items() if isinstance(k, str)},
         message=_str(action.get("message")),
         reply=_str(action.get("reply")),
         result=_str(action.get("result")),

@@ -30,6 +30,8 @@ TEMPLATE_VARIABLES += ("principal", "session_id")
 TEMPLATE_VARIABLES += ("decision",)
 # The session's locale (docs/i18n.md): one of the bot's `locales:` (undefined for a bot without them).
 TEMPLATE_VARIABLES += ("locale",)
+# What the bot keeps of the user across conversations (`user_memory:`): FACT -> value; {} when nothing.
+TEMPLATE_VARIABLES += ("user_memory",)
 # Where the context keeps the bot's catalogs for `t()` (not a variable a template names).
 CATALOGS_KEY = "_catalogs"
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,8 @@ from chatrun.engine.tools import (
 from chatrun.errors import ChatrunError, ToolRefusal, TurnFailed
 from chatrun.messages import Attachment, ToolCall
 from chatrun.toolkinds.base import ToolFailed, Writable
+
+log = logging.getLogger("chatrun.engine")
 
 
 @dataclass
@@ -433,6 +436,8 @@ class ToolCalls:
         where = tool.where
         extra = {"args": args, "result": result}
         self.assign_and_emit(tool, action, extra)
+        if action.remember:
+            self.remember(tool, action, extra)
         scope = self.t.c.scope
         if action.clear_memory:
             self.t.c.clear_scope_memories(scope)
@@ -472,6 +477,22 @@ class ToolCalls:
             if isinstance(template, str) and is_nothing(value):
                 continue  # ... and sends no event
             self.t.emit(event_type, value)
+
+    def remember(self, tool: ToolConfig, action: ActionConfig, extra: dict[str, Any]) -> None:
+        """The action's `remember:` facts, kept of the signed-in user (`user_memory:`): this
+        conversation reads them at once, later ones once the turn commits (the server saves
+        `remembered`). A template that renders nothing (None, undefined: docs/format.md, "Nothing")
+        writes nothing: that fact stays as it was. No principal: nothing to keep them under."""
+        c = self.t.c
+        if c.user_memory_owner() is None:
+            log.info("session %s: tool %s remembers nothing: no one is signed in", c.id, tool.name)
+            return
+        written = {fact: self.t.render_template(template, f"remember {fact}", tool.where, extra, typed=True)
+                   for fact, template in action.remember.items()}
+        changes = {fact: value for fact, value in written.items() if not is_nothing(value)}
+        if changes:
+            c.remembered = {**c.remembered, **changes}
+            c.user_memory = {**c.user_memory, **changes}
 
     def move(self, tool: ToolConfig, action: ActionConfig, handed_back: str | None, call_id: str) -> bool:
         """The action's pop, push, route change or call. Returns True when a pop resumed a caller."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
@@ -43,6 +43,7 @@ from chatrun.store.record import (
     SCOPE_SEPARATOR,
     follow_up_of,
     outcome_of,
+    owner_in_meta,
     route_of_memory,
     scope_id,
 )
@@ -50,6 +51,7 @@ from chatrun.store.record import (
 SNAPSHOT_VERSION = 1
 DONE_CALLS_KEY = "calls_done"  # the snapshot's record of calls done once (engine/once.py)
 NOTHING_RESOLVED: Mapping[str, str] = MappingProxyType({})  # shared by every session with none
+NO_FACTS: Mapping[str, Any] = MappingProxyType({})  # user memory: shared by every session with none (replaced, not changed)
 
 
 @dataclass
@@ -72,13 +74,16 @@ class Checkpoint:
     done_calls: tuple[str, ...] = ()  # never changed in place: the turn's start, kept as is
     follow_up: dict[str, Any] | None = None  # the armed follow-up (never changed in place)
     outcome: dict[str, Any] | None = None  # the recorded outcome or the armed silence (never changed in place)
+    user_memory: Mapping[str, Any] = field(default_factory=lambda: NO_FACTS)  # (never changed in place)
+    remembered: Mapping[str, Any] = field(default_factory=lambda: NO_FACTS)  # (never changed in place)
 
 
 class Conversation:
     # No __dict__: one per cached session (issue 26).
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "state", "meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
-                 "taken_over", "resolved", "done_calls", "follow_up", "outcome")
+                 "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
+                 "remembered")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -89,6 +94,11 @@ class Conversation:
         # Who is signed in, as templates see it (`principal.name`, `.roles`, claims such as `.email`);
         # None: no one (the REPL, a server without --auth). Set per request, never stored.
         self.principal: dict[str, Any] | None = None
+        # What the bot keeps of that principal across conversations (`user_memory:`; FACT -> value),
+        # loaded per request like the principal and never stored in the session; `remembered`:
+        # what this request's turns wrote to it (None: a fact forgotten), for whoever saves it.
+        self.user_memory: Mapping[str, Any] = NO_FACTS
+        self.remembered: Mapping[str, Any] = NO_FACTS
         self.turn_count = 0  # turns committed so far
         self.state: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
@@ -196,6 +206,16 @@ class Conversation:
             if s.id == scope_id:
                 return s
         raise SessionError(f"session {self.id} has no scope {scope_id!r}; scopes: {[s.id for s in self.scopes]}")
+
+    def user_memory_owner(self) -> str | None:
+        """Whose user memory this conversation reads and writes: the person it is with — the
+        session's owner (who opened it: the signed-in user, a channel's user), not whoever sends
+        this request (an operator deciding, the sweeper's timeout); a session with no owner (a
+        library session) is the signed-in principal's. None: no one to remember anything of."""
+        owner = owner_in_meta(self.meta)
+        if owner is not None:
+            return owner
+        return str(self.principal["name"]) if self.principal is not None and self.principal.get("name") else None
 
     def may_enter(self, route: str) -> bool:
         needed = self.config.routes[route].roles
@@ -338,6 +358,7 @@ class Conversation:
             "args": {},
             "result": None,
             "principal": self.principal,  # who is signed in (name, roles, claims), None when no one
+            "user_memory": self.user_memory,  # what the bot keeps of them (`user_memory:`)
             "session_id": self.id,
             "decision": None,  # set while a decision on a pending item applies (engine/pending.py)
             "now": now,
@@ -383,7 +404,7 @@ class Conversation:
                           {mid: _mark(m) for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended,
                           [item.to_dict() for item in self.pending], self.next_pending, copy.deepcopy(self.taken_over),
                           dict(self.resolved) if self.resolved else None, self.done_calls, self.follow_up,
-                          self.outcome)
+                          self.outcome, self.user_memory, self.remembered)
 
     def rollback(self, before: Checkpoint) -> None:
         self.turn_count = before.turn_count
@@ -399,6 +420,7 @@ class Conversation:
         self.done_calls = before.done_calls
         self.follow_up = before.follow_up
         self.outcome = before.outcome
+        self.user_memory, self.remembered = before.user_memory, before.remembered
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
         self._memories.clear()

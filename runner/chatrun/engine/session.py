@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from chatrun import events as ev
 from chatrun.engine import follow_up, guardrails, outcomes, tracing
 from chatrun.engine.clock import Clock
-from chatrun.engine.conversation import Checkpoint, Conversation
+from chatrun.engine.conversation import NO_FACTS, Checkpoint, Conversation
 from chatrun.engine.pending import (
     DECISION_TYPES,
     Decision,
@@ -59,7 +59,7 @@ from chatrun.memory.tokens import (
 from chatrun.memory.window import TokenWindowMemory
 from chatrun.messages import Attachment, ContextMessage, Message, SystemMessage
 from chatrun.models import ChatModel, ModelPool
-from chatrun.store import HistoryStore, SessionStore
+from chatrun.store import HistoryStore, RecordStore, SessionStore, user_memory
 from chatrun.store.blobs import BlobArea
 from chatrun.store.record import OUTBOX_KEY
 
@@ -122,6 +122,7 @@ class Session:
         self.principal = principal
         if snapshot is not None:  # resume where it was; `route` and `state` apply to new sessions only
             self._c.restore(snapshot)
+            self._c.user_memory = self._load_user_memory()  # its owner's, now that its meta is known
             recorded = snapshot.get("bot_version")
             if recorded is None and produced_by(bot.config, snapshot):
                 return  # stored before versions were recorded, by this version as far as can be told
@@ -131,6 +132,7 @@ class Session:
                 self._begin_move(bot, None, lost=recorded if recorded != bot.config.content_version else None)
             return
         self._c.start(route or bot.config.default_route, state, meta)
+        self._c.user_memory = self._load_user_memory()  # its owner's, now that its meta is known
         self.store.commit_turn(self.id, self._c.snapshot(), {}, [])
 
     # -- introspection -------------------------------------------------------------
@@ -194,6 +196,51 @@ class Session:
     def principal(self, principal: Mapping[str, Any] | None) -> None:
         # A server sets the principal of each request (like the roles): it is never stored.
         self._c.principal = plain_principal(principal)
+        self._c.user_memory = self._load_user_memory()
+
+    @property
+    def user_memory_owner(self) -> str | None:
+        """Whose user memory the conversation reads and writes (Conversation.user_memory_owner)."""
+        return self._c.user_memory_owner()
+
+    @property
+    def user_memory(self) -> Mapping[str, Any]:
+        """What the bot keeps of the signed-in user across conversations (`user_memory:`), as
+        templates read it (`user_memory.FACT`)."""
+        return self._c.user_memory
+
+    @user_memory.setter
+    def user_memory(self, facts: Mapping[str, Any]) -> None:
+        # The server loads it per request from its store (server/sessions.py), as it sets the principal.
+        self._c.user_memory = dict(facts) if facts else NO_FACTS
+
+    def take_remembered(self) -> Mapping[str, Any]:
+        """What the committed turns remembered since the last call (FACT -> value, None: forgotten),
+        for a server that saves it to its store itself (its store defers user memory)."""
+        remembered, self._c.remembered = self._c.remembered, NO_FACTS
+        return remembered
+
+    def _user_memory_store(self) -> RecordStore | None:
+        """The store the Session reads and writes user memory in itself: its own, when it keeps
+        records and does not leave user memory to a server (a TurnBuffer: `defers_user_memory`)."""
+        if self.bot.config.user_memory is None or getattr(self.store, "defers_user_memory", False):
+            return None
+        return self.store if isinstance(self.store, RecordStore) else None
+
+    def _load_user_memory(self) -> Mapping[str, Any]:
+        config, whose, records = self.bot.config.user_memory, self._c.user_memory_owner(), self._user_memory_store()
+        if config is None or whose is None or records is None:
+            return NO_FACTS
+        return user_memory.load(records, self.bot.name, whose, self.bot.config.retention.user_memory,
+                                time.time()) or NO_FACTS
+
+    def _save_remembered(self) -> None:
+        """After a commit: what the turn remembered goes to the store (when the Session keeps it)."""
+        config, whose, records = self.bot.config.user_memory, self._c.user_memory_owner(), self._user_memory_store()
+        if config is None or whose is None or records is None or not self._c.remembered:
+            return
+        remembered = self.take_remembered()
+        user_memory.save(records, self.bot.name, whose, remembered, self.bot.config.retention.user_memory, time.time())
 
     @property
     def clock(self) -> Clock:
@@ -624,6 +671,7 @@ class Session:
             self.store.commit_turn(self.id, self._c.snapshot(), memories, [entry])
             self._last_entry = entry
             self._moved = None
+            self._save_remembered()
         except asyncio.CancelledError:  # stopped (Stop on the page, a Cancel frame, a closed stream)
             stopped = _stopped(self.bot.config, collected, turn.tool_calls)
             self._rollback(before, entry | {"ok": False, "error": "cancelled", "events": _plain(collected),

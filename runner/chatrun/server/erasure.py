@@ -1,5 +1,6 @@
 """Erasure of one principal over HTTP: `DELETE /principals/{principal}` (docs/deploy.md, "Erasing
-a person's data"; docs/security.md).
+a person's data"; docs/security.md); and a user's own view of what a bot remembers of them:
+`GET`/`DELETE /bots/{bot}/user-memory` (docs/memory.md, "User memory").
 
 Deletes everything stored of the principal (store/retention.py `erase_principal`): every
 session it owns, with its history, files, records and open pending items; its dead letters;
@@ -7,7 +8,7 @@ and its backend events not yet delivered where its bot says `retention: {erased_
 (else they are delivered, then deleted as every delivered entry is). Answers what it deleted:
 
     {"principal": "ana", "dry_run": false,
-     "erased": {"sessions": 2, "files": 1, "dead_letters": 0, "outbox": 0, "busy": []}}
+     "erased": {"sessions": 2, "files": 1, "dead_letters": 0, "outbox": 0, "user_memory": 1, "busy": []}}
 
 With auth on, only principals with the role `privacy` may erase (a person asks the operator,
 who erases for them: a user's own token cannot, so a stolen one cannot wipe its traces). A
@@ -16,6 +17,7 @@ session running a turn right now is left and named in `busy`: send the request a
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter
@@ -25,6 +27,7 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Caller, Registry
+from chatrun.store import user_memory
 from chatrun.store.retention import erase_principal
 
 PRIVACY_ROLE = "privacy"  # with auth on, only principals with this role erase others' data
@@ -33,6 +36,8 @@ PRIVACY_ROLE = "privacy"  # with auth on, only principals with this role erase o
 def make_erasure_router() -> APIRouter:
     router = APIRouter(responses=ERROR_RESPONSES, tags=["privacy"])
     router.add_api_route("/principals/{principal}", erase, methods=["DELETE"])
+    router.add_api_route("/bots/{bot}/user-memory", list_user_memory, methods=["GET"])
+    router.add_api_route("/bots/{bot}/user-memory", erase_user_memory, methods=["DELETE"])
     return router
 
 
@@ -46,6 +51,31 @@ async def erase(principal: str, who: Caller, registry: Registry, dry_run: bool =
 
     counts = await erase_principal(registry.store, principal, retention_of, registry.erase, registry.blobs, dry_run)
     return {"principal": principal, "dry_run": dry_run, "erased": counts.to_json()}
+
+
+async def list_user_memory(bot: str, who: Caller, registry: Registry) -> Any:
+    """What `bot` keeps of the caller across conversations (`user_memory:`): each fact, its
+    value and when it was written (epoch seconds)."""
+    name, keep = _own_memory(bot, who, registry)
+    facts = await user_memory.alist(registry.store, bot, name, keep, time.time())
+    return {"bot": bot, "principal": name, "facts": facts}
+
+
+async def erase_user_memory(bot: str, who: Caller, registry: Registry) -> Any:
+    """Delete everything `bot` keeps of the caller; answers how many facts went."""
+    name, _ = _own_memory(bot, who, registry)
+    erased = await user_memory.aerase(registry.store, bot, name)
+    return {"bot": bot, "principal": name, "erased": erased}
+
+
+def _own_memory(bot: str, who: Principal | None, registry: Registry) -> tuple[str, float | None]:
+    """The caller's own name and the bot's `retention.user_memory`: a user reads and erases only
+    what is kept of themselves, so there must be someone signed in."""
+    retention = registry.bot(bot).config.retention  # 404 for an unknown bot
+    if who is None:
+        raise wire.RequestFailed(wire.FORBIDDEN, "user memory is kept per signed-in principal: this server runs "
+                                                 "without --auth, so there is no one to list or erase it for")
+    return who.name, retention.user_memory
 
 
 def _allowed(who: Principal | None) -> None:

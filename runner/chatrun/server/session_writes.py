@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from chatrun.engine.session import Session
 from chatrun.server import wire
 from chatrun.server.session_cache import Hold, SessionCache, Slot
+from chatrun.store import user_memory
 from chatrun.store.aio import AsyncStore, Lease
 from chatrun.store.versions import CREATE, StaleVersion
 
@@ -36,6 +40,7 @@ class SessionWrites:
         commit = slot.buffer.take()
         if commit is None:
             return
+        remembered = slot.session.take_remembered() if slot.session is not None else {}
         expected = commit.expected = slot.version if slot.version is not None else CREATE
         try:
             version = await self.store.commit_turn(commit, lease)
@@ -58,6 +63,8 @@ class SessionWrites:
                 "retry with the same request id: a turn that was saved is not run again",
             ) from None
         slot.version, slot.committed = version, commit.committed
+        if remembered and slot.session is not None:
+            await save_remembered(self.store, slot.session, remembered)
         done, self.committed = self.committed, asyncio.Event()
         done.set()
         if commit.outbox:
@@ -73,6 +80,15 @@ class SessionWrites:
         if hold.slot.session is not None:
             hold.slot.session.close()
         self.cache.drop(hold.slot)
+
+
+async def save_remembered(store: AsyncStore, session: Session, remembered: Mapping[str, Any]) -> None:
+    """What the committed turns remembered of the signed-in user, into the store (after the commit:
+    a turn that was not saved remembers nothing)."""
+    whose = session.user_memory_owner
+    if session.bot.config.user_memory is not None and whose is not None:
+        await user_memory.asave(store, session.bot.name, whose, remembered,
+                                session.bot.config.retention.user_memory, time.time())
 
 
 def exists(session_id: str) -> wire.RequestFailed:

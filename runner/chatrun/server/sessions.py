@@ -49,7 +49,7 @@ from chatrun.server.session_writes import SessionWrites
 from chatrun.server.turn_run import MAX_REQUEST_ID, TurnRun, check_request_id
 from chatrun.server.turnlog import TurnReport
 from chatrun.server.versions import BotVersions, Version, VersionShelf, own_label
-from chatrun.store import SessionStore
+from chatrun.store import SessionStore, user_memory
 from chatrun.store.aio import AsyncStore, LeaseSettings, as_async_store
 from chatrun.store.blobs import BlobArea, blobs_of
 from chatrun.store.record import Committed
@@ -222,6 +222,16 @@ class SessionRegistry:
         from the store, which keeps it (the live session's buffer does not)."""
         return await self.store.load_history(session.id)
 
+    async def _load_user_memory(self, session: Session) -> None:
+        """What the session's bot keeps of the person the conversation is with (`user_memory:`;
+        its owner, whoever sends this request), read fresh per request: another conversation of
+        theirs may have remembered something since."""
+        whose = session.user_memory_owner
+        if session.bot.config.user_memory is not None and whose is not None:
+            session.user_memory = await user_memory.aload(self.store, session.bot.name, whose,
+                                                          session.bot.config.retention.user_memory,
+                                                          time.time())
+
     @asynccontextmanager
     async def _held(self, slot: Slot, hold: Hold, request: SessionRequest) -> AsyncIterator[Session]:
         """The ready session, handed to the request on the newest bot with the requester's roles."""
@@ -240,6 +250,7 @@ class SessionRegistry:
         bot = session.bot if only is session.bot else held.target(session.bot)
         if session.bot is not bot:
             session.use_bot(bot)
+        await self._load_user_memory(session)
         try:
             yield session
         except AttachmentRefused as exc:  # a file the route does not take, or no such upload

@@ -132,9 +132,9 @@ class PendingSweeper:
         registry = self.registry
         counts = await purge(registry.store, {name: self.retention_of(name) for name in registry.bots}, self.clock(),
                              registry.erase, registry.blobs, limit=self.settings.batch)
-        if counts.sessions or counts.dead_letters:
+        if counts.sessions or counts.dead_letters or counts.user_memory:
             log.info("retention: deleted %s", counts.shown())
-        for name in ("sessions", "files", "dead_letters"):
+        for name in ("sessions", "files", "dead_letters", "user_memory"):
             setattr(self.retained, name, getattr(self.retained, name) + getattr(counts, name))
         return counts
 

@@ -10,7 +10,10 @@ go with it) and its files with the blob area's `delete_session`.
     dead letters    `retention.dead_letters`: that long after they died
     a principal     every session it owns, with the above; its dead letters; its pending
                     backend events when its bot says `erased_outbox: drop` (else they go out,
-                    and are deleted when delivered, as every delivered entry is)
+                    and are deleted when delivered, as every delivered entry is); the facts its
+                    bots kept of it (`user_memory:`)
+    user memory     `retention.user_memory`: a remembered fact not written again that long
+                    (store/user_memory.py; reading leaves it out already)
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import DROP, Retention
+from chatrun.store import user_memory
 from chatrun.store.record import DEAD, OutboxEntry
 
 if TYPE_CHECKING:
@@ -40,6 +44,7 @@ class Counts:
     files: int = 0
     dead_letters: int = 0
     outbox: int = 0  # pending backend events dropped undelivered (erasure with `erased_outbox: drop`)
+    user_memory: int = 0  # facts bots kept of the principal (`user_memory:`; store/user_memory.py)
     busy: list[str] = field(default_factory=list)  # sessions running a turn now: left for the next pass
 
     def to_json(self) -> dict[str, Any]:
@@ -48,6 +53,8 @@ class Counts:
     def shown(self) -> str:
         parts = [_plural(self.sessions, "session"), _plural(self.files, "file"),
                  _plural(self.dead_letters, "dead letter"), _plural(self.outbox, "undelivered event")]
+        if self.user_memory:  # most bots keep no user memory: their lines stay as they were
+            parts.append(_plural(self.user_memory, "remembered fact"))
         return ", ".join(parts) + (f" ({len(self.busy)} busy, left for later)" if self.busy else "")
 
 
@@ -95,16 +102,19 @@ async def purge(store: AsyncStore, bots: dict[str, Retention], now: float, delet
         await _delete_sessions(idle, bot, delete, blobs, dry_run, counts)
         dead = await old_dead_letters(store, bot, retention, now)
         counts.dead_letters += len(dead) if dry_run else await store.delete_outbox(dead)
+        counts.user_memory += await user_memory.aexpire(store, bot, retention.user_memory, now, dry_run)
     return counts
 
 
 async def erase_principal(store: AsyncStore, principal: str, retention_of: RetentionOf, delete: DeleteSession,
                           blobs: BlobArea | None, dry_run: bool = False) -> Counts:
     """Delete everything of `principal`: its sessions (history, files, records, pending items),
-    its dead letters, and its undelivered events where its bot drops them (`erased_outbox`)."""
+    its dead letters, its undelivered events where its bot drops them (`erased_outbox`), and
+    what every bot kept of it (`user_memory:`, which outlives the sessions that wrote it)."""
     counts = Counts()
     sessions = await store.sessions_of(principal)
     bots = {sid: record.bot if (record := await store.load_session(sid)) is not None else None for sid in sessions}
+    counts.user_memory = await user_memory.aerase_everywhere(store, principal, dry_run)
     # The outbox first: an event whose session is gone can no longer be told apart by its owner.
     owned = set(sessions)
     erased = [e for e in await store.list_outbox(None, EVERY) if e.session_id in owned and _erased(e, retention_of)]

@@ -101,6 +101,7 @@ class Transcript:
     locale: str | None = None  # `locale:`: what the client asks for (docs/i18n.md); `chatrun test --locale` overrides
     success: dict[str, Any] | None = None  # `success:`: criteria on the whole conversation (a scenario's)
     success_lines: dict[str, int] = field(default_factory=dict)  # the line of each key of `success:`
+    user_memory: dict[str, Any] | None = None  # `user_memory:`: what the bot remembered of the principal before
 
     @property
     def name(self) -> str:
@@ -323,7 +324,7 @@ def _build(doc: YamlDoc) -> Transcript:
                       data.get("principal"), data.get("clock"), _lines(doc, ("mocks",), data.get("mocks")),
                       data.get("tokenizer"), _key_lines(doc, ("state",), data.get("state")),
                       version_label(data.get("version")), data.get("locale"), data.get("success"),
-                      _key_lines(doc, ("success",), data.get("success")))
+                      _key_lines(doc, ("success",), data.get("success")), data.get("user_memory"))
 
 
 def version_label(value: Any) -> str | None:

@@ -292,11 +292,15 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
     which is then the script too)."""
     from chatrun.store.blobs import MemoryBlobs
     from chatrun.store.memory import InMemoryStore
+    from chatrun.store.user_memory import seed as seed_user_memory
 
     script = model if isinstance(model, LiveModel) else TurnScript()
     roles = set(t.roles) if t.roles is not None else None
     # One session id for every replay: what quotes it (a NotPending refusal) reads the same each run
-    session = bot.session(route=t.route, store=InMemoryStore(), model=model or script, state=t.state, roles=roles,
+    store = InMemoryStore()
+    if t.user_memory and t.principal:  # a returning user: what an earlier conversation remembered
+        seed_user_memory(store, bot.name, str(t.principal.get("name")), t.user_memory)
+    session = bot.session(route=t.route, store=store, model=model or script, state=t.state, roles=roles,
                           principal=t.principal, session_id=SESSION_ID,
                           meta={"locale": t.locale} if t.locale else None, blobs=MemoryBlobs())
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None, file=t.file, lines=t.mock_lines)
