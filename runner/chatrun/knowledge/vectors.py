@@ -8,9 +8,10 @@ passage whose text did not change is never embedded again, even when its file ch
 
 A search embeds the query and ranks the passages by cosine (a dot product of unit vectors),
 in pure Python over the vectors held in memory (no sqlite-vec: this Python's sqlite3 cannot
-load extensions; no numpy): ~15 ms per query at 1,000 passages of 256 dimensions
-(bench/bench_knowledge.py), linear in passages x dimensions. `fuse` merges that ranking with
-BM25's by reciprocal rank fusion.
+load extensions; no numpy): ~57 ms per query at 1,000 passages of 1,536 dimensions
+(text-embedding-3-small; bench/bench_knowledge.py --hybrid), linear in passages x dimensions;
+numpy (one matrix product) would make it ~1 ms and is the next step past a few thousand
+passages. `fuse` merges that ranking with BM25's by reciprocal rank fusion.
 
 An endpoint without embeddings (404, 400, no connection, no key) is never a failed turn: the
 search uses BM25 alone, one warning is logged, and embeddings are tried again RETRY_AFTER later.

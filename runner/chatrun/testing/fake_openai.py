@@ -43,10 +43,11 @@ One model name can answer on its own (a primary model failing while its fallback
 
 `POST /v1/embeddings` answers too (unless `FakeOpenAI(embeddings=False)`: then 404, as an
 endpoint without embeddings), with deterministic unit vectors: a hashed bag of the text's
-words (EMBEDDING_DIMENSIONS buckets), so texts sharing words are near. A test makes meaning
+words (`embedding_dimensions` buckets, 64 unless set), so texts sharing words are near. A test makes meaning
 that words do not show:
 
     fake.synonym("reimbursement", "refund")          # the word embeds as the other one
+    fake.synonym("the", "")                          # ... or as nothing (a word without meaning)
     fake.embedding_for("exact text", [0.1, ...])     # this input gets this vector
     fake.embedding_requests                          # the /embeddings bodies received
 
@@ -155,6 +156,7 @@ class FakeOpenAI:
                  prompt_cache: bool = False, embeddings: bool = True):
         self.host = host
         self.embeddings = embeddings
+        self.embedding_dimensions = EMBEDDING_DIMENSIONS  # the vectors' length (a bench may set 1536)
         self._synonyms: dict[str, str] = {}
         self._vectors: dict[str, list[float]] = {}
         self._embedding_requests: list[dict[str, Any]] = []
@@ -229,12 +231,15 @@ class FakeOpenAI:
         with self._lock:
             if text in self._vectors:
                 return list(self._vectors[text])
-            synonyms = dict(self._synonyms)
-        vector = [0.0] * EMBEDDING_DIMENSIONS
+            synonyms = self._synonyms  # read only here (dict reads are atomic)
+        size = self.embedding_dimensions
+        vector = [0.0] * size
         for word in re.findall(r"\w+", text.lower()):
             word = synonyms.get(word, word)
+            if not word:  # a synonym of "": a word the fake model gives no meaning
+                continue
             digest = int.from_bytes(hashlib.sha256(word.encode()).digest()[:4], "big")
-            vector[digest % EMBEDDING_DIMENSIONS] += 1.0
+            vector[digest % size] += 1.0
         norm = sum(x * x for x in vector) ** 0.5 or 1.0
         return [x / norm for x in vector]
 
