@@ -135,3 +135,23 @@ def test_the_fake_answers_embeddings_as_unit_vectors(fake, text):
         return
     vector = client.embeddings.create(model="m", input=[text]).data[0].embedding
     assert abs(sum(x * x for x in vector) - 1.0) < 1e-9
+
+
+def test_a_replayed_transcript_ranks_with_bm25_and_reaches_no_endpoint(fake, tmp_path):
+    root = write_bot(tmp_path)
+    (root / "transcripts").mkdir()
+    (root / "transcripts" / "refund.yaml").write_text(textwrap.dedent("""\
+        bot: ..
+        turns:
+          - user: How long is the refund window?
+            model:
+              - text: "30 days [returns.md#refund-window]."
+            expect:
+              events:
+                - Console: "route main: retrieved returns.md#refund-window"
+                - Message: "30 days [returns.md#refund-window]."
+                - Sources: {sources: [{title: Returns › Refund window, ref: returns.md#refund-window, source: guides}]}
+        """))
+    result = CliRunner().invoke(main, ["test", str(root)])
+    assert result.exit_code == 0, result.output
+    assert fake.log == []  # neither the model nor /embeddings: a replay reaches nothing outside the bot

@@ -15,6 +15,8 @@ passages. `fuse` merges that ranking with BM25's by reciprocal rank fusion.
 
 An endpoint without embeddings (404, 400, no connection, no key) is never a failed turn: the
 search uses BM25 alone, one warning is logged, and embeddings are tried again RETRY_AFTER later.
+A replayed golden transcript turns them off (`enabled`): it reaches nothing outside the bot, so
+its searches rank with BM25 alone, as with a `scripted` model.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class Embedder:
     def __init__(self, model: ModelConfig | None):
         self.model = model
         self.requests = 0  # /embeddings requests sent (tests and the bench count them)
+        self.enabled = True  # False: no request (a replayed transcript reaches nothing outside the bot)
         self._client: Any = None
         self._down_until = 0.0
         self._lock = threading.Lock()
@@ -108,6 +111,8 @@ class Embedder:
 
     def embed(self, name: str, texts: Sequence[str]) -> list[array]:
         """Unit vectors of `texts` from model `name`, in order (EmbeddingsUnavailable: none)."""
+        if not self.enabled:
+            raise EmbeddingsUnavailable("embeddings are off in a replayed transcript")
         if time.monotonic() < self._down_until:
             raise EmbeddingsUnavailable("the endpoint failed lately")
         out: list[array] = []
