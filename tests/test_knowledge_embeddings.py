@@ -155,3 +155,15 @@ def test_a_replayed_transcript_ranks_with_bm25_and_reaches_no_endpoint(fake, tmp
     result = CliRunner().invoke(main, ["test", str(root)])
     assert result.exit_code == 0, result.output
     assert fake.log == []  # neither the model nor /embeddings: a replay reaches nothing outside the bot
+
+
+def test_a_file_changed_around_unchanged_passages_keeps_them_found_by_meaning(fake, tmp_path):
+    fake.synonym("reimbursement", "refund")
+    root = write_bot(tmp_path)
+    config, _ = load_config(root)
+    library = Library(root, config.knowledge, config.model)
+    assert [h.ref for h in library.search(QUESTION, ["guides"], 1)] == ["returns.md#refund-window"]
+    (root / "guides" / "returns.md").write_text(GUIDES["returns.md"] + "\n")  # new bytes, the same passage
+    library.refresh()
+    assert [h.ref for h in library.search(QUESTION, ["guides"], 1)] == ["returns.md#refund-window"]
+    assert len(embedded_inputs(fake)) == 4 + 2  # the passages once, and the query twice: nothing embedded again

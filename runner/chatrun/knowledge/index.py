@@ -255,7 +255,7 @@ class KnowledgeIndex:
             db.execute("BEGIN IMMEDIATE")
             gone = db.execute(f"DELETE FROM vectors WHERE model NOT IN ({','.join('?' * len(wanted))}) OR NOT EXISTS "
                               "(SELECT 1 FROM passages p WHERE p.digest = vectors.digest)", wanted)
-            if gone.rowcount:
+            if gone.rowcount or done.changed or done.removed:  # passages got new ids: searches read them again
                 _bump_vectors(db)
             db.execute("COMMIT")
         db.close()
