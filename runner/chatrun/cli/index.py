@@ -44,7 +44,7 @@ def index(path: str, quiet: bool) -> None:
         if not config.knowledge:
             click.echo(f"{path}: the bot declares no `knowledge:` sources; nothing to index")
             return
-        library = Library(config.root or ".", config.knowledge)
+        library = Library(config.root or ".", config.knowledge, config.model)
         files = plan(library.root, config.knowledge.values())
         with click.progressbar(length=len(files), label="Indexing", show_pos=True,
                                file=io.StringIO() if quiet else None) as bar:
@@ -55,8 +55,11 @@ def index(path: str, quiet: bool) -> None:
         fail(exc)
     for problem in done.problems:
         click.echo(f"{path}: left out: {problem}", err=True)
+    if done.embeddings_problem:  # not a failure: searches use BM25 alone until the endpoint answers
+        click.echo(f"{path}: no embeddings ({done.embeddings_problem}); searches use BM25 alone", err=True)
+    embedded = f", {done.embedded} embedded" if library.embedding_models(list(config.knowledge)) else ""
     click.echo(f"{path}: {plural(done.files, 'file')} in {plural(len(config.knowledge), 'source')}, "
-               f"{done.changed} read, {done.removed} removed; {plural(done.passages, 'passage')} in "
+               f"{done.changed} read, {done.removed} removed{embedded}; {plural(done.passages, 'passage')} in "
                f"{library.index.path}")
     if done.problems:
         raise click.exceptions.Exit(1)

@@ -407,6 +407,7 @@ class KnowledgeSource:
     include: list[str] = field(default_factory=list)  # glob patterns; []: every supported file
     url: str | None = None  # a passage's link: `{path}` and `{anchor}` filled in; None: no link
     where: Location = field(default_factory=Location)
+    embeddings: str | None = None  # a model for embeddings (hybrid search, chatrun.knowledge.vectors); None: BM25
 
 
 @dataclass

@@ -73,6 +73,11 @@ def check_knowledge(config: BotConfig, checks: Checks) -> None:
     root = config.root or "."
     for source in config.knowledge.values():
         _check_source(root, source, checks)
+        if source.embeddings and config.model.provider != "openai":
+            checks.add("warning", f"knowledge source `{source.name}`: `embeddings: {source.embeddings}` needs an "
+                       f"OpenAI-compatible endpoint, and the bot's model is `{config.model.provider}`; its searches "
+                       "use BM25 alone (set the bot's `model:` to an openai provider, or remove `embeddings:`)",
+                       "knowledge", source.name, "embeddings")
     for route in config.routes.values():
         if route.knowledge is None:
             continue

@@ -564,7 +564,8 @@ def _knowledge(raw: Any, doc: YamlDoc) -> dict[str, KnowledgeSource]:
     for name, spec in (raw.items() if isinstance(raw, dict) else ()):
         if isinstance(spec, dict) and isinstance(spec.get("path"), str):
             out[str(name)] = KnowledgeSource(str(name), spec["path"], _str_list(spec.get("include")),
-                                             _str(spec.get("url")), _loc(doc, ("knowledge", name)))
+                                             _str(spec.get("url")), _loc(doc, ("knowledge", name)),
+                                             _str(spec.get("embeddings")))
     return out
 
 

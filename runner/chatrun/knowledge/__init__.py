@@ -2,6 +2,7 @@
 
     chunks.py   files cut into passages along their headings (titles and anchors kept)
     index.py    the passages in SQLite, searched with FTS5's BM25, refreshed incrementally
+    vectors.py  embeddings (a source's `embeddings:`) through the bot's endpoint, and rank fusion
 
 A `Library` is a bot's sources and its index file (`.chatrun/knowledge.db` in the bot's
 directory; `chatrun index BOT` builds it ahead). The first search of a running bot refreshes
@@ -20,11 +21,13 @@ import re
 import threading
 import weakref
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from chatrun.definition.config import BotConfig, KnowledgeSource
+from chatrun.definition.config import BotConfig, KnowledgeSource, ModelConfig
 from chatrun.knowledge.index import Hit, KnowledgeIndex, Refreshed, plan
+from chatrun.knowledge.vectors import Embedder, EmbeddingsUnavailable, fuse
 
 __all__ = ["Hit", "KnowledgeIndex", "Library", "Refreshed", "index_path", "library_of", "passages_text"]
 
@@ -38,6 +41,7 @@ CITE_NUDGE = ("(Your last answer cites no source. Answer again from the knowledg
               "you use by writing its ref in square brackets, e.g. [returns.md#refund-window]; call "
               "search_knowledge first if you have no passage that answers. If none answers, say you do not know "
               "and cite nothing.)")
+CANDIDATES = 50  # passages each ranking (BM25, cosine) offers the fusion: a passage far down both can still win
 _CITATION = re.compile(r"\[([^\[\]\s]+)\]")
 
 
@@ -49,10 +53,11 @@ def index_path(root: str | Path) -> Path:
 class Library:
     """A bot's knowledge sources and their index."""
 
-    def __init__(self, root: str | Path, sources: dict[str, KnowledgeSource]):
+    def __init__(self, root: str | Path, sources: dict[str, KnowledgeSource], model: ModelConfig | None = None):
         self.root = Path(root)
         self.sources = sources
         self.index = KnowledgeIndex(index_path(self.root))
+        self.embedder = Embedder(model)  # the bot's endpoint, for sources with `embeddings:`
         self._fresh = False
         self._lock = threading.Lock()
 
@@ -60,6 +65,7 @@ class Library:
         """Bring the index up to date with the folders (only changed files are read)."""
         with self._lock:
             done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step)
+            self.index.embed_missing(self.embedder, self.embedding_models(list(self.sources)), done)
             self._fresh = True
             return done
 
@@ -69,8 +75,31 @@ class Library:
             self.refresh()
         return self.index
 
+    def embedding_models(self, sources: Sequence[str]) -> dict[str, str]:
+        """Source -> its `embeddings:` model, for those of `sources` that declare one."""
+        known = (self.sources.get(name) for name in sources)
+        return {s.name: s.embeddings for s in known if s is not None and s.embeddings}
+
     def search(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
-        return self.ready().search(query, sources, k)
+        """The `k` passages of `sources` that best match `query`: BM25, fused (reciprocal rank)
+        with the cosine ranking of each embedding model the sources declare; BM25 alone when
+        they declare none or the endpoint gives no embeddings."""
+        index = self.ready()
+        models = self.embedding_models(sources)
+        if not models:
+            return index.search(query, sources, k)
+        rankings = [index.search(query, sources, max(k, CANDIDATES))]
+        for model in sorted(set(models.values())):
+            try:
+                vector = self.embedder.embed(model, [query])[0]
+            except EmbeddingsUnavailable:  # said once in the log (vectors.Embedder); BM25 answers
+                continue
+            names = [source for source, wanted in models.items() if wanted == model]
+            rankings.append(index.nearest(model, vector, names, max(k, CANDIDATES)))
+        if len(rankings) == 1:
+            return rankings[0][:k]
+        fused = fuse(rankings, k, key=lambda hit: (hit.source, hit.path, hit.anchor, hit.text))
+        return [replace(hit, score=score) for hit, score in fused]
 
     async def asearch(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
         """`search` off the event loop (SQLite and the first refresh block)."""
@@ -115,6 +144,6 @@ def library_of(config: BotConfig) -> Library:
     """The Library of a loaded bot (made on first use, dropped with the config)."""
     library = _LIBRARIES.get(id(config))
     if library is None:
-        library = _LIBRARIES[id(config)] = Library(config.root or ".", config.knowledge)
+        library = _LIBRARIES[id(config)] = Library(config.root or ".", config.knowledge, config.model)
         weakref.finalize(config, _LIBRARIES.pop, id(config), None)
     return library

@@ -10,6 +10,11 @@ search never sees half a file and a crash leaves the index consistent.
 Search: the query's words (lower case, a short stop list left out) OR-ed together, ranked by
 BM25 with a passage's own heading weighing more than its text (TITLE_WEIGHT); Porter stemming, so
 "refunds" finds "refund".
+
+Embeddings (a source's `embeddings:`, chatrun.knowledge.vectors): a `vectors` table holds each
+passage's vector per model, keyed by the digest of its title and text, so a refresh embeds only
+passages whose text is new (`embed_missing`) and a version bump that re-reads every file keeps
+them; `nearest` ranks a source's passages by cosine.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import logging
 import re
 import sqlite3
 import threading
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +32,20 @@ from pathlib import Path
 from chatrun.definition.config import KnowledgeSource
 from chatrun.definition.knowledge import source_files, source_folder, unreadable
 from chatrun.knowledge.chunks import Chunk, chunk_file
+from chatrun.knowledge.vectors import (
+    Embedder,
+    EmbeddingsUnavailable,
+    dot,
+    embedded_text,
+    from_blob,
+    passage_digest,
+    to_blob,
+)
 
 log = logging.getLogger("chatrun.knowledge")
 
 # Bumped when the way files are cut or stored changes: every file is then read again.
-INDEX_VERSION = "2"
+INDEX_VERSION = "3"
 TITLE_WEIGHT = 4.0
 COMMON_SHARE = 0.1  # a query word in more than this share of the passages is left out (see `selective`)...
 SELECTIVE_FROM = 10_000  # ...in an index of this many passages or more (a smaller one is fast anyway)
@@ -44,8 +59,11 @@ CREATE TABLE IF NOT EXISTS files(source TEXT NOT NULL, path TEXT NOT NULL, hash 
                                  PRIMARY KEY (source, path));
 CREATE TABLE IF NOT EXISTS passages(id INTEGER PRIMARY KEY, source TEXT NOT NULL, path TEXT NOT NULL,
                                     anchor TEXT NOT NULL, title TEXT NOT NULL, tag TEXT NOT NULL, heading TEXT NOT NULL,
-                                    body TEXT NOT NULL);
+                                    body TEXT NOT NULL, digest TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS passages_at ON passages(source, path, anchor);
+CREATE INDEX IF NOT EXISTS passages_digest ON passages(digest);
+CREATE TABLE IF NOT EXISTS vectors(model TEXT NOT NULL, digest TEXT NOT NULL, vector BLOB NOT NULL,
+                                   PRIMARY KEY (model, digest));
 CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(tag, heading, body, content='passages', content_rowid='id',
                                                           tokenize='porter unicode61 remove_diacritics 2');
 """
@@ -76,6 +94,8 @@ class Refreshed:
     changed: int = 0  # files (re)read
     removed: int = 0  # files (or whole sources) gone from the index
     passages: int = 0  # passages in the index afterwards
+    embedded: int = 0  # passages embedded (sources with `embeddings:`; unchanged passages are not)
+    embeddings_problem: str | None = None  # why none could be (the searches then use BM25 alone)
     problems: list[str] = field(default_factory=list)  # files that could not be read (left out)
 
 
@@ -103,6 +123,9 @@ class KnowledgeIndex:
     def __init__(self, path: Path):
         self.path = path
         self._readers = threading.local()  # a connection per thread for searches (opening one costs more than a query)
+        # The vectors of (model, sources), read once and kept while meta `vectors` (bumped by
+        # each change of the vectors table) is the same: reading 1,000 blobs costs more than a query.
+        self._vectors: dict[tuple[str, tuple[str, ...]], tuple[str | None, list[tuple[int, array]]]] = {}
 
     def connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,9 +149,12 @@ class KnowledgeIndex:
         the files whose bytes changed; `step` is called after each file (a progress bar)."""
         done = Refreshed(files=len(files))
         with self.connect() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            if _meta(db, "version") != INDEX_VERSION:  # cut or stored differently now: start again (the
+                # vectors stay: they are keyed by the passages' text, which did not change for most)
+                db.executescript("DROP TABLE IF EXISTS passages_fts; DROP TABLE IF EXISTS passages; "
+                                 "DROP TABLE IF EXISTS files;")
             db.executescript(_SCHEMA)
-            if _meta(db, "version") != INDEX_VERSION:  # cut or stored differently now: start again
-                db.executescript("DROP TABLE passages_fts; DROP TABLE passages; DROP TABLE files;" + _SCHEMA)
             known = {(s, p): h for s, p, h in db.execute("SELECT source, path, hash FROM files")}
             for item in files:
                 if self._refresh_file(db, item, known.pop((item.source, item.relative), None), done):
@@ -202,6 +228,65 @@ class KnowledgeIndex:
         rare = [w for w in words if counts.get(w, 0) <= int(total) * COMMON_SHARE]
         return rare or words
 
+    def embed_missing(self, embedder: Embedder, models: dict[str, str], done: Refreshed) -> None:
+        """Embed the passages of the sources in `models` (source -> model) that have no vector for
+        their model yet, a batch at a time (each committed: an interrupted run keeps what it did);
+        then drop the vectors no passage has any more."""
+        with self.connect() as db:
+            for model in sorted(set(models.values())):
+                names = [source for source, wanted in models.items() if wanted == model]
+                marks = ",".join("?" * len(names))
+                missing = db.execute(f"SELECT DISTINCT p.digest, p.title, p.body FROM passages p WHERE p.source IN "
+                                     f"({marks}) AND NOT EXISTS (SELECT 1 FROM vectors v WHERE v.model = ? AND "
+                                     "v.digest = p.digest)", (*names, model)).fetchall()
+                try:
+                    for start in range(0, len(missing), 256):
+                        batch = missing[start:start + 256]
+                        vectors = embedder.embed(model, [embedded_text(title, body) for _, title, body in batch])
+                        db.execute("BEGIN IMMEDIATE")
+                        db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)",
+                                       [(model, row[0], to_blob(v)) for row, v in zip(batch, vectors, strict=True)])
+                        _bump_vectors(db)
+                        db.execute("COMMIT")
+                        done.embedded += len(batch)
+                except EmbeddingsUnavailable as exc:
+                    done.embeddings_problem = f"model {model}: {exc}"
+            wanted = sorted(set(models.values()))
+            db.execute("BEGIN IMMEDIATE")
+            gone = db.execute(f"DELETE FROM vectors WHERE model NOT IN ({','.join('?' * len(wanted))}) OR NOT EXISTS "
+                              "(SELECT 1 FROM passages p WHERE p.digest = vectors.digest)", wanted)
+            if gone.rowcount or done.changed or done.removed:  # passages got new ids: searches read them again
+                _bump_vectors(db)
+            db.execute("COMMIT")
+        db.close()
+
+    def nearest(self, model: str, query: array, sources: Sequence[str], n: int) -> list[Hit]:
+        """The `n` passages of `sources` whose `model` vectors are nearest `query` (a unit
+        vector), by cosine, best first."""
+        scored = sorted(((dot(query, vector), pid) for pid, vector in self._stored(model, sources)), reverse=True)[:n]
+        if not scored:
+            return []
+        db = self.reader()
+        rows: dict[int, tuple[str, str, str, str, str]] = {row[0]: tuple(row[1:]) for row in db.execute(
+            f"SELECT id, source, path, anchor, title, body FROM passages WHERE id IN ({','.join('?' * len(scored))})",
+            [pid for _, pid in scored])}
+        return [Hit(*rows[pid], score=score) for score, pid in scored if pid in rows]
+
+    def _stored(self, model: str, sources: Sequence[str]) -> list[tuple[int, array]]:
+        """(passage id, vector) of `sources` for `model`, from memory while unchanged."""
+        db = self.reader()
+        generation = _meta(db, "vectors")
+        key = (model, tuple(sorted(sources)))
+        kept = self._vectors.get(key)
+        if kept is not None and kept[0] == generation:
+            return kept[1]
+        marks = ",".join("?" * len(sources))
+        rows = db.execute(f"SELECT p.id, v.vector FROM passages p JOIN vectors v ON v.model = ? AND v.digest = p.digest "
+                          f"WHERE p.source IN ({marks})", (model, *sources)).fetchall()
+        stored = [(pid, from_blob(blob)) for pid, blob in rows]
+        self._vectors[key] = (generation, stored)
+        return stored
+
     def find(self, refs: Sequence[tuple[str, str]], sources: Sequence[str]) -> list[Hit]:
         """The passages `refs` ((path, anchor) pairs) name in `sources`, in the order named (one
         per ref: a section cut into pieces is cited once)."""
@@ -221,8 +306,10 @@ class KnowledgeIndex:
         if not self.path.exists():
             return 0
         with self.connect() as db:
-            db.executescript(_SCHEMA)
-            n = int(db.execute("SELECT count(*) FROM passages").fetchone()[0])
+            try:
+                n = int(db.execute("SELECT count(*) FROM passages").fetchone()[0])
+            except sqlite3.OperationalError:  # no table yet
+                n = 0
         db.close()
         return n
 
@@ -232,6 +319,11 @@ def _meta(db: sqlite3.Connection, key: str) -> str | None:
     return row[0] if row else None
 
 
+def _bump_vectors(db: sqlite3.Connection) -> None:
+    """The vectors changed: searches read them again (KnowledgeIndex._stored)."""
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('vectors', ?)", (str(int(_meta(db, "vectors") or 0) + 1),))
+
+
 def _replace(db: sqlite3.Connection, source: str, path: str, digest: str | None, chunks: list[Chunk]) -> None:
     """A file's passages replaced (digest None: the file is gone), in one transaction."""
     db.execute("BEGIN IMMEDIATE")
@@ -239,9 +331,10 @@ def _replace(db: sqlite3.Connection, source: str, path: str, digest: str | None,
     db.executemany("INSERT INTO passages_fts(passages_fts, rowid, tag, heading, body) VALUES ('delete', ?, ?, ?, ?)", old)
     db.execute("DELETE FROM passages WHERE source = ? AND path = ?", (source, path))
     for chunk in chunks:
-        cursor = db.execute("INSERT INTO passages(source, path, anchor, title, tag, heading, body) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                            (source, path, chunk.anchor, chunk.title, source_tag(source), chunk.heading, chunk.text))
+        cursor = db.execute("INSERT INTO passages(source, path, anchor, title, tag, heading, body, digest) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                            (source, path, chunk.anchor, chunk.title, source_tag(source), chunk.heading, chunk.text,
+                             passage_digest(chunk.title, chunk.text)))
         db.execute("INSERT INTO passages_fts(rowid, tag, heading, body) VALUES (?, ?, ?, ?)",
                    (cursor.lastrowid, source_tag(source), chunk.heading, chunk.text))
     if digest is None:

@@ -41,6 +41,16 @@ One model name can answer on its own (a primary model failing while its fallback
     fake.queue_for("gpt-4o-mini", {"status": 429})  # the next request for that model, before the queue
     fake.fail_model("gpt-4o-mini", {"disconnect": True})  # every request for it, until fail_model(name, None)
 
+`POST /v1/embeddings` answers too (unless `FakeOpenAI(embeddings=False)`: then 404, as an
+endpoint without embeddings), with deterministic unit vectors: a hashed bag of the text's
+words (`embedding_dimensions` buckets, 64 unless set), so texts sharing words are near. A test makes meaning
+that words do not show:
+
+    fake.synonym("reimbursement", "refund")          # the word embeds as the other one
+    fake.synonym("the", "")                          # ... or as nothing (a word without meaning)
+    fake.embedding_for("exact text", [0.1, ...])     # this input gets this vector
+    fake.embedding_requests                          # the /embeddings bodies received
+
 The server is asyncio with a minimal HTTP/1.1 implementation (keep-alive, chunked
 transfer for streams) running in a background thread, so it starts in milliseconds,
 needs no web framework and holds thousands of concurrent streaming connections.
@@ -56,6 +66,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import hashlib
 import inspect
 import json
 import re
@@ -75,7 +86,8 @@ RESPONSE_KEYS = {
     "text", "tool_calls", "chunks", "status", "retry_after", "body", "raw",
     "delay", "chunk_delay", "finish_reason", "usage", "disconnect", "stall",
 }
-MODELS = ["gpt-4o-mini", "gpt-4o", "fake-model"]
+MODELS = ["gpt-4o-mini", "gpt-4o", "fake-model", "text-embedding-3-small"]
+EMBEDDING_DIMENSIONS = 64
 MAX_HEADER_LINES = 200
 
 
@@ -141,8 +153,13 @@ class FakeOpenAI:
     """A scripted OpenAI-compatible server in a background thread. See the module doc."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, responder: Responder | None = None,
-                 prompt_cache: bool = False):
+                 prompt_cache: bool = False, embeddings: bool = True):
         self.host = host
+        self.embeddings = embeddings
+        self.embedding_dimensions = EMBEDDING_DIMENSIONS  # the vectors' length (a bench may set 1536)
+        self._synonyms: dict[str, str] = {}
+        self._vectors: dict[str, list[float]] = {}
+        self._embedding_requests: list[dict[str, Any]] = []
         self.port = port
         self.responder = responder
         self.prompt_cache = prompt_cache
@@ -191,6 +208,41 @@ class FakeOpenAI:
                 self._failing[model] = response
         return self
 
+    def synonym(self, word: str, as_word: str) -> FakeOpenAI:
+        """`word` embeds as `as_word` does (a meaning the words of a text do not share)."""
+        with self._lock:
+            self._synonyms[word.lower()] = as_word.lower()
+        return self
+
+    def embedding_for(self, text: str, vector: list[float]) -> FakeOpenAI:
+        """The input `text`, exactly, embeds as `vector`."""
+        with self._lock:
+            self._vectors[text] = list(vector)
+        return self
+
+    @property
+    def embedding_requests(self) -> list[dict[str, Any]]:
+        """The JSON bodies of the /embeddings requests received, in order (a copy)."""
+        with self._lock:
+            return list(self._embedding_requests)
+
+    def embed(self, text: str) -> list[float]:
+        """The fake's vector of `text`: scripted, else its words (synonyms mapped) hashed into buckets."""
+        with self._lock:
+            if text in self._vectors:
+                return list(self._vectors[text])
+            synonyms = self._synonyms  # read only here (dict reads are atomic)
+        size = self.embedding_dimensions
+        vector = [0.0] * size
+        for word in re.findall(r"\w+", text.lower()):
+            word = synonyms.get(word, word)
+            if not word:  # a synonym of "": a word the fake model gives no meaning
+                continue
+            digest = int.from_bytes(hashlib.sha256(word.encode()).digest()[:4], "big")
+            vector[digest % size] += 1.0
+        norm = sum(x * x for x in vector) ** 0.5 or 1.0
+        return [x / norm for x in vector]
+
     @property
     def pending(self) -> int:
         """Queued responses not yet consumed."""
@@ -217,6 +269,7 @@ class FakeOpenAI:
             self._log.clear()
             self._requests.clear()
             self._prompts.clear()
+            self._embedding_requests.clear()
 
     @property
     def base_url(self) -> str:
@@ -331,8 +384,24 @@ class FakeOpenAI:
             except Exception as exc:  # a fake bug answers 500 instead of hanging the client
                 await send_json(writer, 500, error_body(f"the fake failed: {exc!r}", "fake_error"))
                 raise Disconnect() from exc  # the answer may have been half sent: end the connection
+        elif method == "POST" and path == "/embeddings" and self.embeddings:
+            await self._embeddings(body, writer)
         else:
             await send_json(writer, 404, error_body(f"the fake serves no {method} {path}", "not_found"))
+
+    async def _embeddings(self, body: Any, writer: asyncio.StreamWriter) -> None:
+        """`/embeddings`: one vector per input (a string or a list of strings)."""
+        texts = body.get("input") if isinstance(body, dict) else None
+        texts = [texts] if isinstance(texts, str) else texts
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            await send_json(writer, 400, error_body("`input` must be a string or a list of strings", "invalid_request_error"))
+            return
+        with self._lock:
+            self._embedding_requests.append(body)
+        data = [{"object": "embedding", "index": i, "embedding": self.embed(t)} for i, t in enumerate(texts)]
+        tokens = sum(len(t.split()) for t in texts)
+        await send_json(writer, 200, {"object": "list", "data": data, "model": body.get("model", ""),
+                                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     # -- chat completions --------------------------------------------------------------------------
 

@@ -304,6 +304,10 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
                           principal=t.principal, session_id=SESSION_ID,
                           meta={"locale": t.locale} if t.locale else None, blobs=MemoryBlobs())
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None, file=t.file, lines=t.mock_lines)
+    if bot.config.knowledge:  # a replay reaches nothing outside the bot: its searches rank with BM25 alone
+        from chatrun.knowledge import library_of
+
+        library_of(bot.config).embedder.enabled = model is not None
     if t.tokenizer is not None:
         session.tokenizer = t.tokenizer  # raises when the pinned encoding cannot be loaded here
     if t.clock is not None:

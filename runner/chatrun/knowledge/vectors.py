@@ -1,0 +1,163 @@
+"""Embeddings for hybrid search: passages and queries embedded through the bot's endpoint.
+
+A source with `embeddings: MODEL` has each passage (its title and text) embedded through the
+OpenAI-compatible `/embeddings` of the bot's endpoint (the bot's `model:` base URL and key),
+in batches, when the index is refreshed. Vectors are stored, normalised, as float32 blobs in
+the index file, keyed by the model and the passage's digest (a hash of its title and text): a
+passage whose text did not change is never embedded again, even when its file changed.
+
+A search embeds the query and ranks the passages by cosine (a dot product of unit vectors),
+in pure Python over the vectors held in memory (no sqlite-vec: this Python's sqlite3 cannot
+load extensions; no numpy): ~57 ms per query at 1,000 passages of 1,536 dimensions
+(text-embedding-3-small; bench/bench_knowledge.py --hybrid), linear in passages x dimensions;
+numpy (one matrix product) would make it ~1 ms and is the next step past a few thousand
+passages. `fuse` merges that ranking with BM25's by reciprocal rank fusion.
+
+An endpoint without embeddings (404, 400, no connection, no key) is never a failed turn: the
+search uses BM25 alone, one warning is logged, and embeddings are tried again RETRY_AFTER later.
+A replayed golden transcript turns them off (`enabled`): it reaches nothing outside the bot, so
+its searches rank with BM25 alone, as with a `scripted` model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import operator
+import os
+import threading
+import time
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+from chatrun.definition.config import ModelConfig
+
+log = logging.getLogger("chatrun.knowledge")
+
+BATCH = 64  # texts per /embeddings request
+RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009)
+RETRY_AFTER = 300.0  # seconds an endpoint that failed is left alone
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+class EmbeddingsUnavailable(Exception):
+    """The endpoint gave no embeddings (the reason is the message)."""
+
+
+def passage_digest(title: str, text: str) -> str:
+    """What a stored vector is keyed by: the embedded text's hash."""
+    return hashlib.sha256(f"{title}\n{text}".encode()).hexdigest()[:32]
+
+
+def embedded_text(title: str, text: str) -> str:
+    """What is embedded of a passage: its title (its headings give context) and its text."""
+    return f"{title}\n{text}" if title else text
+
+
+def unit(vector: Sequence[float]) -> array:
+    """`vector` scaled to length 1, as float32 (so a dot product is the cosine)."""
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return array("f", (x / norm for x in vector))
+
+
+def to_blob(vector: array) -> bytes:
+    return vector.tobytes()
+
+
+def from_blob(blob: bytes) -> array:
+    out = array("f")
+    out.frombytes(blob)
+    return out
+
+
+def dot(a: array, b: array) -> float:
+    return sum(map(operator.mul, a, b))
+
+
+class Embedder:
+    """The bot's endpoint, asked for embeddings (the real `openai` client, synchronous: the
+    index is refreshed and searched off the event loop)."""
+
+    def __init__(self, model: ModelConfig | None):
+        self.model = model
+        self.requests = 0  # /embeddings requests sent (tests and the bench count them)
+        self.enabled = True  # False: no request (a replayed transcript reaches nothing outside the bot)
+        self._client: Any = None
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+
+    def endpoint(self) -> tuple[str, str]:
+        """(base URL, API key), or EmbeddingsUnavailable saying what is missing."""
+        model = self.model
+        if model is None or model.provider != "openai":
+            raise EmbeddingsUnavailable(f"the bot's model provider is `{model.provider if model else 'none'}`, "
+                                        "not an OpenAI-compatible endpoint")
+        base_url = model.base_url or os.environ.get("OPENAI_BASE_URL") or None
+        api_key = os.environ.get(model.api_key_env or "OPENAI_API_KEY") or None
+        if api_key is None and base_url is None:
+            raise EmbeddingsUnavailable(f"no credentials: {model.api_key_env or 'OPENAI_API_KEY'} is not set")
+        return (base_url or DEFAULT_BASE_URL).rstrip("/"), api_key or "chatrun-no-key"
+
+    def client(self) -> Any:
+        if self._client is None:
+            import openai
+
+            base_url, api_key = self.endpoint()
+            timeout = self.model.timeout if self.model else 60.0
+            self._client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=1, timeout=timeout)
+        return self._client
+
+    def embed(self, name: str, texts: Sequence[str]) -> list[array]:
+        """Unit vectors of `texts` from model `name`, in order (EmbeddingsUnavailable: none)."""
+        if not self.enabled:
+            raise EmbeddingsUnavailable("embeddings are off in a replayed transcript")
+        if time.monotonic() < self._down_until:
+            raise EmbeddingsUnavailable("the endpoint failed lately")
+        out: list[array] = []
+        try:
+            for start in range(0, len(texts), BATCH):
+                out += self._batch(name, list(texts[start:start + BATCH]))
+        except EmbeddingsUnavailable as exc:
+            self._went_down(name, str(exc))
+            raise
+        return out
+
+    def _batch(self, name: str, texts: list[str]) -> list[array]:
+        import openai
+
+        with self._lock:
+            self.requests += 1
+        try:
+            answer = self.client().embeddings.create(model=name, input=texts)
+        except openai.APIStatusError as exc:
+            raise EmbeddingsUnavailable(f"HTTP {exc.status_code}: {exc.message}") from None
+        except openai.APIError as exc:  # no connection, a timeout, a body that is not JSON
+            raise EmbeddingsUnavailable(f"{type(exc).__name__}: {exc}") from None
+        data = sorted(answer.data, key=lambda item: item.index)
+        if len(data) != len(texts):
+            raise EmbeddingsUnavailable(f"{len(data)} embeddings for {len(texts)} texts")
+        return [unit(item.embedding) for item in data]
+
+    def _went_down(self, name: str, reason: str) -> None:
+        """One warning per outage; no request for RETRY_AFTER seconds."""
+        with self._lock:
+            self._down_until = time.monotonic() + RETRY_AFTER
+        where = self.model.base_url if self.model and self.model.base_url else "the bot's endpoint"
+        log.warning("knowledge: no embeddings from %s for model %s (%s); searching with BM25 alone, trying again "
+                    "in %d s", where, name, reason, RETRY_AFTER)
+
+
+def fuse(rankings: Sequence[Sequence[Any]], k: int, key: Any) -> list[tuple[Any, float]]:
+    """Reciprocal rank fusion: each item scores the sum of 1 / (RRF_K + rank) over the rankings
+    it is in (rank from 1); the `k` best, with their scores. `key(item)` says which are the same."""
+    scores: dict[Any, float] = {}
+    items: dict[Any, Any] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            ident = key(item)
+            items.setdefault(ident, item)
+            scores[ident] = scores.get(ident, 0.0) + 1.0 / (RRF_K + rank)
+    best = sorted(scores, key=lambda ident: -scores[ident])[:k]
+    return [(items[ident], scores[ident]) for ident in best]
