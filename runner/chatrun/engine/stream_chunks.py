@@ -6,6 +6,9 @@ client: a 17 KB reply was 1,436 frames, and the page spent more on receiving the
 showing the reply. Chunks that come within STREAM_EVERY of the last event are joined and sent
 together, when that time is up (or when the model's answer ends): the first chunk goes at once,
 so the time to the first word is unchanged; a reader sees at most STREAM_EVERY of delay.
+
+A route that streams to Quarkus-dialect clients (`stream_to_quarkus`: Quarkus' Multi<String>) sends
+each chunk as it comes: a Multi's items are values of their own on that wire, one frame each.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class StreamBatcher:
             return
         self._held.append(chunk)
         wait = STREAM_EVERY - (time.monotonic() - self._last)
-        if wait <= 0:
+        if wait <= 0 or self._multi:
             self._flush()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(wait, self._flush)
