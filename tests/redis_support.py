@@ -60,6 +60,16 @@ class RedisServer:
             self.proc = None
 
 
+def answers_health(url: str, pid: int) -> bool:
+    """Whether the `chatrun serve` of process `pid` answers /health at `url`. Another process
+    (a second suite on this machine) may hold the port: its answer names another replica."""
+    try:
+        answer = httpx.get(f"{url}/health", timeout=0.5)
+    except httpx.HTTPError:
+        return False
+    return answer.status_code == 200 and answer.json().get("replica", "").endswith(f":{pid}")
+
+
 class PortTaken(AssertionError):
     """`chatrun serve` could not listen: another process took the free port first."""
 
@@ -117,11 +127,9 @@ class Replica:
                 if "Address already in use" in output:
                     raise PortTaken(output)
                 raise AssertionError(f"chatrun serve exited: {output}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=0.5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
+            if answers_health(self.url, self.proc.pid):
+                return
+            time.sleep(0.05)
         self.kill()
         raise AssertionError(f"chatrun serve did not start in {timeout} s (a loaded machine?): {self.output()}")
 

@@ -10,10 +10,7 @@ A real `chatrun serve` (SQLite, an --auth file), the fake OpenAI server as its m
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -23,7 +20,7 @@ import pytest
 
 from browser_support import BROWSER_MARKS, chromium, shot
 from hitl_support import SHOP, responder
-from server_support import free_port
+from redis_support import Replica
 
 pytestmark = BROWSER_MARKS
 AXE = Path(__file__).resolve().parent / "vendor" / "axe.min.js"
@@ -50,26 +47,13 @@ def server(fake, tmp_path):
     fake.responder = responder
     auth = tmp_path / "auth.yaml"
     auth.write_text(AUTH)
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "runner"))
-    proc = subprocess.Popen([sys.executable, "-m", "chatrun", "serve", str(SHOP / "shop.yaml"), "--auth", str(auth),
-                             "--port", str(port), "--store", f"sqlite:///{tmp_path / 's.db'}"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
+    replica = Replica(str(SHOP / "shop.yaml"), f"sqlite:///{tmp_path / 's.db'}", fake.base_url, "--auth", str(auth))
+    replica.start()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=5)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"chatrun serve did not start: {proc.stderr.read()}") from None
-                time.sleep(0.2)
-        yield url
+        yield replica.url
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        replica.signal(signal.SIGINT)
+        replica.proc.wait(timeout=60)
 
 
 def post(url: str, path: str, who: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,8 @@ SIGKILL) are in test_redis_restart.py."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 
 import httpx
@@ -49,6 +51,7 @@ def test_a_store_that_cannot_be_pinged_is_ready(tmp_path):
     assert health.status_code == ready.status_code == 200
     assert health.json()["status"] == "ok" and health.json()["store"] == "ok"
     assert "store_pool" not in health.json()  # Redis only
+    assert health.json()["replica"] == f"{socket.gethostname()}:{os.getpid()}"  # which process answered
 
 
 def test_a_stalled_store_is_degraded_within_the_probe_timeout(tmp_path):

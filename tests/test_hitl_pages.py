@@ -13,20 +13,14 @@ Set CHATRUN_SCREENSHOTS=DIR to keep screenshots (1280 px and 390 px)."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from browser_support import BROWSER_MARKS, chromium, shot
 from hitl_support import SHOP, responder
-from server_support import free_port
+from redis_support import Replica
 
 pytestmark = BROWSER_MARKS
 ANA, SAM = "ana-token-123", "sam-token-123"  # tests/fixtures/hitl_shop/auth.yaml
@@ -36,27 +30,13 @@ ANA, SAM = "ana-token-123", "sam-token-123"  # tests/fixtures/hitl_shop/auth.yam
 def server(fake, tmp_path):
     """`chatrun serve` on a free port, its model the fake; yields the base URL."""
     fake.responder = responder
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "runner"))
-    proc = subprocess.Popen([sys.executable, "-m", "chatrun", "serve", str(SHOP / "shop.yaml"),
-                             "--auth", str(SHOP / "auth.yaml"), "--port", str(port),
-                             "--store", f"sqlite:///{tmp_path / 's.db'}"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
+    replica = Replica(str(SHOP / "shop.yaml"), f"sqlite:///{tmp_path / 's.db'}", fake.base_url, "--auth", str(SHOP / "auth.yaml"))
+    replica.start()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=5)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"chatrun serve did not start: {proc.stderr.read()}") from None
-                time.sleep(0.2)
-        yield url
+        yield replica.url
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        replica.signal(signal.SIGINT)
+        replica.proc.wait(timeout=60)
 
 
 class Pages:

@@ -23,6 +23,7 @@ import pytest
 import chatrun
 from chatrun.messages import ToolResultMessage
 from chatrun.server import create_app
+from redis_support import answers_health
 from server_support import ThreadServer, call, free_port, write_travel
 
 prom_parser = pytest.importorskip("prometheus_client.parser", reason="prometheus-client is not installed "
@@ -267,7 +268,7 @@ def test_serve_writes_json_turn_lines(fake, tmp_path):
     threading.Thread(target=lambda: access.extend(proc.stdout), daemon=True).start()
     try:
         base = f"http://127.0.0.1:{port}"
-        _until(lambda: _reachable(base) or proc.poll() is not None, timeout=60)
+        _until(lambda: answers_health(base, proc.pid) or proc.poll() is not None, timeout=60)
         httpx.post(f"{base}/bots/travel/sessions", json={"id": "j1"}, timeout=30)
         fake.queue({"text": "Hi"})
         httpx.post(f"{base}/bots/travel/sessions/j1/messages", json={"userMessage": "hello"}, timeout=60)
@@ -282,13 +283,6 @@ def test_serve_writes_json_turn_lines(fake, tmp_path):
     requests = [json.loads(line) for line in access]
     [message] = [r for r in requests if r["path"] == "/bots/travel/sessions/j1/messages"]
     assert message["event"] == "request" and message["method"] == "POST" and message["status"] == 200
-
-
-def _reachable(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/health", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 # -- trace context -----------------------------------------------------------------------------

@@ -20,7 +20,9 @@ import base64
 import functools
 import json
 import logging
+import os
 import secrets
+import socket
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -114,11 +116,15 @@ async def ready(registry: Registry) -> Any:
     return body if body["status"] == "ok" else JSONResponse(body, status_code=503)
 
 
+# Which process answered (host:pid): behind a load balancer, the replica a probe or a person reached.
+REPLICA = f"{socket.gethostname()}:{os.getpid()}"
+
+
 async def _health_body(registry: Registry) -> dict[str, Any]:
     """/health's and /ready's answer, within STORE_PROBE_TIMEOUT whatever the store does."""
     store = await registry.store_state()
     status = "draining" if registry.draining else "ok" if store == STORE_OK else "degraded"
-    body = {"status": status, "bots": list(registry.bots), "live_sessions": registry.live_count(),
+    body = {"status": status, "replica": REPLICA, "bots": list(registry.bots), "live_sessions": registry.live_count(),
             "cache_bytes": registry.cache_bytes(), "in_progress": registry.in_progress, "store": store}
     pool_use = getattr(registry.store, "pool_use", None)
     if pool_use is not None:  # Redis, Postgres: how full its connection pool is (docs/deploy.md, sizing)
