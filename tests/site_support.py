@@ -9,6 +9,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import threading
+from email.utils import formatdate
+from typing import Any
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -33,6 +35,8 @@ PAGES = {
 <h2 id="password">Password</h2>
 <p>Reset your password from the sign-in page with the link "Forgot password".</p>
 </body></html>""",
+    "/help/contact": """<html><head><title>Contact</title></head><body>
+<h2>Opening hours</h2><p>Our support answers from 9 to 17 on working days.</p></body></html>""",
     "/blog/news": "<html><head><title>News</title></head><body><h1>News</h1><p>Our refund party.</p></body></html>",
     "/private/salaries": "<html><body><h1>Salaries</h1><p>The refund budget is secret.</p></body></html>",
 }
@@ -56,6 +60,9 @@ class Site:
 
     pages: dict[str, str] = field(default_factory=lambda: dict(PAGES))
     failing: dict[str, int] = field(default_factory=dict)  # path -> status (0: never answers)
+    # How a page says it is unchanged: an ETag (the default), a Last-Modified date, or nothing.
+    validators: dict[str, str] = field(default_factory=lambda: {"/help/account": "last-modified",
+                                                                "/help/contact": "none"})
     log: list[tuple[str, int]] = field(default_factory=list)  # (path, status) of every request
     robots: str | None = ROBOTS
     url: str = ""
@@ -65,7 +72,8 @@ class Site:
     def files(self) -> dict[str, tuple[str, bytes]]:
         """path -> (content type, body) of everything served besides the pages."""
         base = self.url
-        help_pages = [f"{base}/help/returns", f"{base}/help/shipping#abroad", f"{base}/help/account"]
+        help_pages = [f"{base}/help/returns", f"{base}/help/shipping#abroad", f"{base}/help/account",
+                      f"{base}/help/contact"]
         out = {"/sitemap.xml": ("application/xml", sitemap_index([f"{base}/sitemaps/help.xml.gz",
                                                                   f"{base}/sitemaps/more.xml"]).encode()),
                "/sitemaps/help.xml.gz": ("application/gzip", gzip.compress(sitemap(help_pages).encode())),
@@ -74,6 +82,18 @@ class Site:
         if self.robots is not None:
             out["/robots.txt"] = ("text/plain", self.robots.encode())
         return out
+
+    def validator(self, path: str, body: bytes, asked: Any) -> tuple[tuple[str, str], int]:
+        """The page's validator header, and 304 when the request's conditional header matches it."""
+        digest = hashlib.sha256(body).hexdigest()
+        kind = self.validators.get(path, "etag")
+        if kind == "etag":
+            etag = f'"{digest[:16]}"'
+            return ("ETag", etag), 304 if asked.get("If-None-Match") == etag else 200
+        if kind == "last-modified":  # a date per version of the page
+            date = formatdate(1_700_000_000 + int(digest[:6], 16), usegmt=True)
+            return ("Last-Modified", date), 304 if asked.get("If-Modified-Since") == date else 200
+        return ("", ""), 200
 
     def served(self, path: str) -> list[int]:
         """The statuses the requests of `path` got, in order."""
@@ -89,20 +109,19 @@ class Site:
                 if status == 0:
                     site._stop.wait(60)  # never answers while the site runs
                     return
-                body, kind = b"", "text/html; charset=utf-8"
+                body, kind, validator = b"", "text/html; charset=utf-8", ("", "")
                 if status is None and path in site.pages:
                     body = site.pages[path].encode()
-                    etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
-                    status = 304 if self.headers.get("If-None-Match") == etag else 200
+                    validator, status = site.validator(path, body, self.headers)
                 elif status is None and path in site.files():
                     kind, body = site.files()[path]
-                    status, etag = 200, ""
+                    status = 200
                 else:
-                    status, etag, body = status or 404, "", b"<h1>Not here</h1>"
+                    status, body = status or 404, b"<h1>Not here</h1>"
                 site.log.append((path, status))
                 self.send_response(status)
-                if etag:
-                    self.send_header("ETag", etag)
+                if validator[0]:
+                    self.send_header(*validator)
                 if status != 304:
                     self.send_header("Content-Type", kind)
                     self.send_header("Content-Length", str(len(body)))

@@ -124,7 +124,7 @@ def test_index_fetches_the_sitemap_pages_cuts_them_along_headings_and_cites_thei
         assert f"{base}/private/salaries is disallowed by its host's robots.txt" in err
         assert f"bot.yaml:{line_of(root, '/help/gone')}: knowledge source `extra`: {base}/help/gone answered 404 " \
                "Not Found; it has no passages yet" in err
-        assert "6 pages in 2 sources, 4 read, 0 removed" in out
+        assert "7 pages in 2 sources, 5 read, 0 removed" in out
         held = passages(root)
         assert f"{base}/help/returns#refund-window" in held and f"{base}/help/shipping#abroad" in held
         assert f"{base}/help/returns#sale-items" in held  # no id: the heading's slug, as for local HTML
@@ -155,6 +155,8 @@ def test_reindexing_cuts_again_only_the_page_that_changed(tmp_path):
         assert code == 0, err
         assert "4 read" not in out and ", 1 read, 0 removed" in out
         assert site.served("/help/returns") == [200, 304] and site.served("/help/shipping") == [200, 200]
+        assert site.served("/help/account") == [200, 200, 304, 304]  # Last-Modified (two sources list it)
+        assert site.served("/help/contact") == [200, 200]  # no validator: fetched, and its bytes compared
         after = passages(root)
         base = site.url
         assert "12 euros" in after[f"{base}/help/shipping#costs"][1]
@@ -164,7 +166,7 @@ def test_reindexing_cuts_again_only_the_page_that_changed(tmp_path):
         (root / "bot.yaml").write_text(BOT.format(base=base).replace("    exclude", "    include: [/help/returns]\n"
                                                                       "    exclude"))
         code, out, err = index(root)
-        assert ", 2 removed" in out  # help_site's shipping and account, no longer listed, leave the index
+        assert ", 3 removed" in out  # help_site's shipping, account and contact, no longer listed, leave
         assert f"{base}/help/account answered 404 Not Found; its passages from the last run are kept" in err
         assert code == 1 and "knowledge source `extra`: no page could be fetched" in err  # it yielded nothing...
         db = Library(root, load_config(root)[0].knowledge).index.reader()
