@@ -9,10 +9,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import threading
-from email.utils import formatdate
-from typing import Any
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 PAGES = {
     "/help/returns": """<html><head><title>Returns and refunds</title></head><body>

@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -72,8 +73,27 @@ def test_include_and_exclude_are_globs_of_the_url_path():
     assert not wanted("https://x.example/help/old/a", [], ["/help/old/**"])
 
 
-def test_validate_checks_the_shape_of_web_sources_at_their_lines_and_never_fetches(tmp_path):
-    # Port 9 on loopback: nothing listens there; a valid web source validates all the same.
+def no_fetching(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("nothing may be fetched here")
+    monkeypatch.setattr(httpx.Client, "send", refuse)
+    monkeypatch.setattr(httpx.AsyncClient, "send", refuse)
+
+
+def test_a_running_bot_never_fetches_and_logs_a_web_source_the_index_holds_no_page_of(tmp_path, monkeypatch,
+                                                                                     caplog):
+    no_fetching(monkeypatch)
+    root = write_bot(tmp_path, "http://127.0.0.1:9")
+    library = Library(root, load_config(root)[0].knowledge)
+    with caplog.at_level("WARNING", "chatrun.knowledge"):
+        assert library.search("refund", ["help_site", "extra"], 3) == []
+    said = [r.getMessage() for r in caplog.records]
+    assert any("knowledge source help_site: no page of it is in the index" in m and "run `chatrun index" in m
+               for m in said), said
+
+
+def test_validate_checks_the_shape_of_web_sources_at_their_lines_and_never_fetches(tmp_path, monkeypatch):
+    no_fetching(monkeypatch)
     write_bot(tmp_path, "http://127.0.0.1:9")
     config, warnings = load_config(tmp_path)
     assert config.knowledge["help_site"].web and config.knowledge["extra"].urls[1] == "http://127.0.0.1:9/help/gone"
@@ -199,3 +219,15 @@ def test_failures_are_named_at_the_line_and_a_down_site_keeps_every_passage(tmp_
         assert passages(root) == before  # nothing lost
         library = Library(root, load_config(root)[0].knowledge)
         assert library.search("refund window", ["help_site"], 1)[0].ref == f"{base}/help/returns#refund-window"
+
+
+@pytest.mark.slow
+def test_max_pages_and_include_choose_the_sitemap_pages_and_say_what_was_left_out(tmp_path):
+    with Site() as site:
+        root = write_bot(tmp_path / "bot", site.url, BOT.replace('exclude: ["/blog/**"]',
+                                                                 'include: ["/help/**"]\n    max_pages: 2'))
+        code, out, err = index(root)
+        assert code == 0, err
+        assert "the sitemap lists 4 pages; the first 2 are fetched (`max_pages: 2`), the others left out" in err
+        assert site.served("/help/returns") == [200] and site.served("/help/shipping") == [200]
+        assert site.served("/help/contact") == [] and site.served("/blog/news") == []
