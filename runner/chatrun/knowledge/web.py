@@ -35,7 +35,7 @@ from urllib.robotparser import RobotFileParser
 import httpx
 
 from chatrun.definition.config import KnowledgeSource, Location
-from chatrun.knowledge.chunks import Chunk, chunk_html, chunk_markdown, chunk_pdf
+from chatrun.knowledge.chunks import Chunk, chunk_file, chunk_html, chunk_markdown, chunk_pdf
 from chatrun.knowledge.index import KnowledgeIndex, Refreshed, _replace
 
 log = logging.getLogger("chatrun.knowledge")
@@ -224,8 +224,6 @@ def cut_page(url: str, answer: Answer) -> list[Chunk]:
 
 
 def _plain(text: str, stem: str) -> list[Chunk]:
-    from chatrun.knowledge.chunks import chunk_file
-
     return chunk_file(Path(f"{stem}.txt"), text.encode())
 
 
