@@ -210,6 +210,12 @@ def test_failures_are_named_at_the_line_and_a_down_site_keeps_every_passage(tmp_
                "Server Error; its passages from the last run are kept" in err
         assert f"{base}/help/shipping did not answer within 1 s; its passages from the last run are kept" in err
         assert passages(root) == before
+        site.failing = {"/robots.txt": 503}  # robots.txt unreadable: its host's pages are failures (RFC 9309)
+        code, out, err = index(root)
+        assert code == 1 and f"{base}/help/account cannot be fetched: its host's robots.txt answered 503; its " \
+            "passages from the last run are kept" in err
+        assert site.served("/help/account").count(200) == 2  # the first run's two sources; none since
+        assert passages(root) == before
         site.stop()
         code, out, err = index(root)
         assert code == 1
@@ -231,3 +237,18 @@ def test_max_pages_and_include_choose_the_sitemap_pages_and_say_what_was_left_ou
         assert "the sitemap lists 4 pages; the first 2 are fetched (`max_pages: 2`), the others left out" in err
         assert site.served("/help/returns") == [200] and site.served("/help/shipping") == [200]
         assert site.served("/help/contact") == [] and site.served("/blog/news") == []
+
+
+@pytest.mark.slow
+def test_a_changed_page_alone_is_embedded_again(fake, tmp_path):
+    with Site() as site:
+        root = write_bot(tmp_path / "bot", site.url, BOT.replace('exclude: ["/blog/**"]', 'exclude: ["/blog/**"]\n'
+                                                                 "    embeddings: text-embedding-3-small"))
+        code, out, err = index(root)
+        first = sum(len(body["input"]) for body in fake.embedding_requests)
+        assert code == 0 and f", {first} embedded;" in out and first > 0
+        site.pages["/help/shipping"] = site.pages["/help/shipping"].replace("9.90 euros", "12 euros")
+        code, out, err = index(root)
+        assert ", 1 read, 0 removed, 1 embedded;" in out
+        assert [text for body in fake.embedding_requests for text in body["input"]][first:] == [
+            "Shipping › Shipping costs\nStandard delivery is free; express delivery costs 12 euros."]
