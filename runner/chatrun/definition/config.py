@@ -399,15 +399,26 @@ class OutputConfig:
 
 @dataclass
 class KnowledgeSource:
-    """One of the bot's `knowledge:` sources: a folder of files, cut into passages along their
-    headings and indexed for full-text search (chatrun.knowledge)."""
+    """One of the bot's `knowledge:` sources: a folder of files, or web pages (`urls:`, or a
+    `sitemap:`'s) fetched at `chatrun index` time only, cut into passages along their headings
+    and indexed for full-text search (chatrun.knowledge)."""
 
     name: str
-    path: str  # the folder, relative to the bot's directory
+    path: str  # the folder, relative to the bot's directory ("" for web pages: see `web`)
     include: list[str] = field(default_factory=list)  # glob patterns; []: every supported file
     url: str | None = None  # a passage's link: `{path}` and `{anchor}` filled in; None: no link
     where: Location = field(default_factory=Location)
     embeddings: str | None = None  # a model for embeddings (hybrid search, chatrun.knowledge.vectors); None: BM25
+    urls: list[str] = field(default_factory=list)  # web pages, fetched by `chatrun index` (chatrun.knowledge.web)
+    urls_where: list[Location] = field(default_factory=list)  # each of `urls:`'s line, for its errors
+    sitemap: str | None = None  # a sitemap (or sitemap index) listing the web pages to fetch
+    exclude: list[str] = field(default_factory=list)  # a sitemap's URL paths left out (glob patterns)
+    max_pages: int | None = None  # a sitemap's pages fetched at most (None: chatrun.knowledge.web.MAX_PAGES)
+
+    @property
+    def web(self) -> bool:
+        """Web pages (fetched at index time only), not a folder."""
+        return bool(self.urls or self.sitemap)
 
 
 @dataclass

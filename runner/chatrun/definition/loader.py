@@ -355,6 +355,7 @@ _PATTERN_HINTS = {
     "^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$": "write a language tag: `en`, `de`, `pt-BR`",
     "^(?!(Message|Choices)$)[A-Za-z_][A-Za-z0-9_-]*$": "a message is said with `message:` and choices with "
     "`choices:` (format 3); other event types use letters, digits, `_` and `-`, starting with a letter or `_`",
+    "^https?://\\S+$": "write an absolute `http` or `https` URL, e.g. `https://help.example.com/returns`",
     "^[1-9][0-9]*[smhd]$": "write a duration: a whole number and `s`, `m`, `h` or `d` (e.g. `30m`)",
     "^([a-z0-9.+-]+|\\*)/([a-z0-9.+-]+|\\*)$":
         "write a media type in lower case: `image/png`, or `image/*` for every image",
@@ -562,10 +563,14 @@ def _knowledge(raw: Any, doc: YamlDoc) -> dict[str, KnowledgeSource]:
     """`knowledge:` name -> source (the schema has checked the shapes)."""
     out: dict[str, KnowledgeSource] = {}
     for name, spec in (raw.items() if isinstance(raw, dict) else ()):
-        if isinstance(spec, dict) and isinstance(spec.get("path"), str):
-            out[str(name)] = KnowledgeSource(str(name), spec["path"], _str_list(spec.get("include")),
-                                             _str(spec.get("url")), _loc(doc, ("knowledge", name)),
-                                             _str(spec.get("embeddings")))
+        if not isinstance(spec, dict) or not spec:  # (the schema wants `path`, `urls` or `sitemap`)
+            continue
+        urls, max_pages = _str_list(spec.get("urls")), spec.get("max_pages")
+        out[str(name)] = KnowledgeSource(
+            str(name), _str(spec.get("path")) or "", _str_list(spec.get("include")), _str(spec.get("url")),
+            _loc(doc, ("knowledge", name)), _str(spec.get("embeddings")), urls,
+            [_loc(doc, ("knowledge", name, "urls", i)) for i in range(len(urls))], _str(spec.get("sitemap")),
+            _str_list(spec.get("exclude")), max_pages if isinstance(max_pages, int) else None)
     return out
 
 
