@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
 
-from chatrun.definition.loader import load_config  # noqa: E402
 from chatrun.definition.config import GuardrailConfig, ModelConfig  # noqa: E402
+from chatrun.definition.loader import load_config  # noqa: E402
 from chatrun.engine import language_id  # noqa: E402
 from chatrun.engine.guardrails import judge, map_strings, stage_guards, storage_redactor  # noqa: E402
 

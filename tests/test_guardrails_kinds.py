@@ -10,6 +10,7 @@ import logging
 import pytest
 
 import chatrun
+from chatrun.definition import languages
 from chatrun.definition.loader import check_bot
 from chatrun.engine import language_id
 
@@ -170,7 +171,7 @@ def test_the_validators_language_list_is_the_detectors():
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
     labels = set(LanguageIdentifier.from_model_file(MODEL_FILE).labels) - {"zxx"}
-    assert labels == language_id.KNOWN
+    assert labels == languages.KNOWN
 
 
 @pytest.mark.parametrize("text, allowed, refused", [

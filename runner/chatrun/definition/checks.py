@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from jinja2 import TemplateSyntaxError, nodes
 
+from chatrun.definition import languages
 from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, T_COMPUTED, catalog_checks
 from chatrun.definition.config import (
@@ -539,13 +540,11 @@ class _Checker:
                                    f"endpoint's{suggest(category, MODERATION_CATEGORIES)} (another endpoint may "
                                    "name it; it counts only if the endpoint reports it)", where)
         if guard.kind == "language":
-            from chatrun.engine import language_id
-
             for code in guard.languages:
-                if code not in language_id.KNOWN:
+                if code not in languages.KNOWN:
                     add("error", f"unknown language `{code}` (give ISO 639-1 codes such as `en`, `de`, `fr`)"
-                                 f"{suggest(code, sorted(language_id.KNOWN))}")
-            if not language_id.available():
+                                 f"{suggest(code, sorted(languages.KNOWN))}")
+            if not languages.available():
                 add("error", "`languages` needs the language detector: `pip install chatrun[language]` (py3langid)")
 
     def widget(self) -> None:

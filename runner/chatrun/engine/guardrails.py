@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun import events as ev
+from chatrun.definition import languages
 from chatrun.definition.config import BotConfig, GuardrailConfig
 from chatrun.engine import language_id, observe, pausing
 from chatrun.engine.context import TurnContext
@@ -249,7 +250,7 @@ class Guardrails:
         if guard.outcome == "operator":
             return self.t.own_text("handover")
         if guard.kind == "language":
-            return self.t.own_text("language_refused", languages=language_id.names(guard.languages))
+            return self.t.own_text("language_refused", languages=languages.names(guard.languages))
         return self.t.own_text("fallback")
 
     def hand_over(self, guard: GuardrailConfig, text: str) -> None:
