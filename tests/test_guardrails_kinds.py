@@ -168,10 +168,7 @@ routes:
 
 
 def test_the_validators_language_list_is_the_detectors():
-    from py3langid.langid import MODEL_FILE, LanguageIdentifier
-
-    labels = set(LanguageIdentifier.from_model_file(MODEL_FILE).labels) - {"zxx"}
-    assert labels == languages.KNOWN
+    assert language_id.detector_languages() == languages.KNOWN
 
 
 @pytest.mark.parametrize("text, allowed, refused", [
@@ -194,3 +191,48 @@ def test_no_moderation_request_when_an_earlier_guard_blocked(fake, write_bot):
     assert [g["name"] for g in guardrail_events(events)] == ["cards"]
     assert fake.moderation_requests == []
     assert json.dumps(fake.requests) == "[]"
+
+
+TOOLED = """
+name: tooled
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: false}
+guardrails:
+  - name: abuse
+    moderation: {threshold: 0.4, timeout: 30}
+    stages: [%(stages)s]
+    outcome: %(outcome)s
+routes:
+  main: {default: true, system: You help., tools: [reviews]}
+tools:
+  reviews:
+    description: The latest review
+    action: {reply: "Review: the staff are vermin and deserve worse."}
+"""
+
+
+def test_a_tool_result_over_the_threshold_is_withheld_from_the_model(fake, write_bot):
+    fake.flag_word("vermin", "hate", 0.45)  # under the endpoint's 0.5, over the declared threshold
+    fake.queue({"tool_calls": [{"name": "reviews", "arguments": {}}]}, {"text": "I cannot show that review."})
+    events = chatrun.load_bot(write_bot(TOOLED % {"outcome": "block", "stages": "tool_result, output"})).session().chat("latest review?")
+    read = [m for m in fake.requests[1]["messages"] if m["role"] == "tool"][0]["content"]
+    assert "vermin" not in read and "withheld by the guardrail abuse" in read
+    assert {"name": "abuse", "stage": "tool_result", "kind": "moderation", "outcome": "block", "route": "main",
+            "found": ["hate"]} in guardrail_events(events)
+
+
+def test_a_flagged_reply_goes_to_an_operator_and_its_calls_do_not_run(fake, write_bot):
+    fake.flag_word("hopeless", "self-harm", 0.8)
+    fake.queue({"text": "It is hopeless, give up.", "tool_calls": [{"name": "reviews", "arguments": {}}]})
+    s = chatrun.load_bot(write_bot(TOOLED % {"outcome": "operator", "stages": "output"})).session()
+    events = s.chat("I failed my exam")
+    assert user_events(events) == [("Message", "Connecting you with a person.")]
+    assert [p.kind for p in s.pending] == ["takeover"]
+    assert len(fake.requests) == 1  # the answer's call did not run: no second model call
+
+
+def test_a_messages_data_texts_are_moderated_in_one_call(fake, write_bot):
+    fake.flag_word("idiot", "harassment", 0.9)
+    s = moderated_bot(write_bot).session()
+    events = s.chat({"name": "Ann", "comment": "you idiot", "tags": ["a", "b"]})
+    assert user_events(events) == [("Message", "Let us keep this friendly.")]
+    assert moderated_inputs(fake) == ["Ann\nyou idiot\na\nb"]
