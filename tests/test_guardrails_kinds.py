@@ -236,3 +236,23 @@ def test_a_messages_data_texts_are_moderated_in_one_call(fake, write_bot):
     events = s.chat({"name": "Ann", "comment": "you idiot", "tags": ["a", "b"]})
     assert user_events(events) == [("Message", "Let us keep this friendly.")]
     assert moderated_inputs(fake) == ["Ann\nyou idiot\na\nb"]
+
+
+def test_a_reply_in_another_language_is_held_and_refused(write_bot):
+    from chatrun.models.scripted import ScriptedModel
+
+    bot = chatrun.load_bot(write_bot("""
+name: replies
+model: {provider: scripted, stream: true}
+guardrails:
+  - {name: english_replies, languages: [en], stages: [output], outcome: block, message: Let me answer in English.}
+routes:
+  main: {default: true, system: You help.}
+"""))
+    model = ScriptedModel([{"chunks": ["Gerne, ich helfe ", "Ihnen mit Ihrer Karte."]},
+                           {"chunks": ["Sure, I can help ", "you with your card."]}])
+    s = bot.session(model=model)
+    events = s.chat("help with my card")
+    assert user_events(events) == [("Message", "Let me answer in English.")]  # not one German chunk went out
+    assert guardrail_events(events)[0]["found"] == ["de"]
+    assert user_events(s.chat("again"))[-1] == ("Message", "Sure, I can help you with your card.")
