@@ -157,7 +157,7 @@ routes:
   main: {default: true, system: hi}
 """)
     _, diagnostics = check_bot(path)
-    text = "\n".join(f"{d.file}:{d.line}: {d.message}" for d in diagnostics)
+    text = "\n".join(f"{d.file}:{d.line}: {d.message}" for d in diagnostics), [(d.line, d.message) for d in diagnostics]
     assert ":5: guardrail `guardrails[0]`: `moderation` judges the whole text: it cannot `redact`" in text
     assert ":6: guardrail `guardrails[1]`: `moderation` does not watch stage `storage`" in text
     assert ("guardrail `guardrails[1]`: moderation category `harasment` is not one of the OpenAI-compatible "
@@ -256,3 +256,11 @@ routes:
     assert user_events(events) == [("Message", "Let me answer in English.")]  # not one German chunk went out
     assert guardrail_events(events)[0]["found"] == ["de"]
     assert user_events(s.chat("again"))[-1] == ("Message", "Sure, I can help you with your card.")
+
+
+def test_validate_says_how_to_install_the_detector_when_it_is_missing(write_bot, monkeypatch):
+    monkeypatch.setattr(languages, "available", lambda: False)
+    _, diagnostics = check_bot(write_bot(LANGUAGES.replace("locales: [en, de]\n", "")))
+    assert [(d.line, d.message) for d in diagnostics] == [
+        (5, "guardrail `english_only`: `languages` needs the language detector: `pip install chatrun[language]` "
+            "(py3langid)")]
