@@ -157,7 +157,7 @@ routes:
   main: {default: true, system: hi}
 """)
     _, diagnostics = check_bot(path)
-    text = "\n".join(f"{d.file}:{d.line}: {d.message}" for d in diagnostics), [(d.line, d.message) for d in diagnostics]
+    text = "\n".join(f"{d.file}:{d.line}: {d.message}" for d in diagnostics)
     assert ":5: guardrail `guardrails[0]`: `moderation` judges the whole text: it cannot `redact`" in text
     assert ":6: guardrail `guardrails[1]`: `moderation` does not watch stage `storage`" in text
     assert ("guardrail `guardrails[1]`: moderation category `harasment` is not one of the OpenAI-compatible "
