@@ -198,3 +198,29 @@ def test_the_validator_refuses_a_fact_named_summary_and_warns_about_when_outcome
     _, found = check_bot(write_bot(bot_text("outcome"), "outcome.yaml"))
     assert [(d.line, d.message[:60]) for d in found if d.severity == "warning"] == [
         (7, "`user_memory.summary` is written `when: outcome`, but the bo")]
+
+
+def test_the_summary_goes_with_retention_and_with_the_principals_erasure(tmp_path):
+    import asyncio
+
+    from chatrun.definition.config import Retention
+    from chatrun.store.aio import open_async_store
+    from chatrun.store.retention import erase_principal
+    from chatrun.store.user_memory import aexpire, aload, asave
+
+    async def run() -> None:
+        store = open_async_store(f"sqlite:///{tmp_path / 'c.db'}")
+        try:
+            await asave(store, "concierge", "ana", {"summary": "Ana was here."}, None, now=1000.0)
+            await asave(store, "concierge", "bob", {"summary": "Bob was here.", "seat": "aisle"}, None, now=1000.0)
+            assert await aexpire(store, "concierge", keep=100.0, now=1050.0) == 0
+            await asave(store, "concierge", "bob", {"seat": "window"}, None, now=1900.0)  # bob's seat is written again
+            assert await aexpire(store, "concierge", keep=100.0, now=2000.0) == 2  # both summaries are too old
+            assert await aload(store, "concierge", "bob", None, 2000.0) == {"seat": "window"}
+            await asave(store, "concierge", "ana", {"summary": "Ana came back."}, None, now=2000.0)
+            counts = await erase_principal(store, "ana", lambda bot: Retention(), None, None)  # type: ignore[arg-type]
+            assert counts.user_memory == 1 and await store.get_record(user_memory_key("concierge", "ana")) is None
+        finally:
+            await store.close()
+
+    asyncio.run(run())
