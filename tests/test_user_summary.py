@@ -224,3 +224,28 @@ def test_the_summary_goes_with_retention_and_with_the_principals_erasure(tmp_pat
             await store.close()
 
     asyncio.run(run())
+
+
+def test_a_conversation_the_user_left_is_summarized_when_its_silence_is_recorded(fake, write_bot, tmp_path):
+    from datetime import UTC, datetime, timedelta
+
+    from chatrun import Expire, FixedClock
+
+    outcomes = "outcomes:\n  abandoned: {silent_for: 30m}\n"
+    bot = chatrun.load_bot(write_bot(bot_text("outcome", outcomes)))
+    start = datetime(2026, 11, 25, 9, 0, tzinfo=UTC)
+    session = bot.session(store=open_store(f"sqlite:///{tmp_path / 'c.db'}"), principal=ANA, meta={"owner": "ana"})
+    session.clock = FixedClock(start)
+    fake.queue({"text": "Which day would you like?"})
+    session.chat("I'd like a spa appointment")
+    assert summary_requests(fake) == []
+    # The sweeper's Expire, in another process, once the silence is due: the outcome and the summary.
+    later = bot.session(session_id=session.id, store=open_store(f"sqlite:///{tmp_path / 'c.db'}"), principal=ANA)
+    later.clock = FixedClock(start + timedelta(minutes=31))
+    fake.queue({"text": "Ana asked for a spa appointment; the day is still open."})
+    assert [e.data["name"] for e in later.chat(Expire()) if e.type == "Outcome"] == ["abandoned"]
+    [call] = summary_requests(fake)
+    assert "user: I'd like a spa appointment\nassistant: Which day would you like?" in call["messages"][1]["content"]
+    fake.queue({"text": "Hello again."})
+    bot.session(store=open_store(f"sqlite:///{tmp_path / 'c.db'}"), principal=ANA).chat("Hi")
+    assert contexts(fake.requests[-1]) == ["Earlier: Ana asked for a spa appointment; the day is still open."]
