@@ -11,9 +11,9 @@
  * ChatrunMarkdown.stream(container, onDraw) -> {append(chunk), finish(text), text()}: a reply as it
  *   streams; onDraw() after each redraw (the page scrolls then).
  *   Redrawn at most every 250 ms (500 ms while it comes faster than anyone reads), in an animation
- *   frame: every block but the last is rendered once
- *   and never touched again (so a selection or a hovered link in it survives later chunks); the
- *   growing last one shows its text as it comes, rendered as Markdown at most every 500 ms.
+ *   frame: every block but the last is rendered once and never touched again (so a selection or a
+ *   hovered link in it survives later chunks); the growing last one shows its text as it comes,
+ *   rendered as Markdown at most every 500 ms.
  * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them). */
 (function (global) {
   "use strict";
@@ -163,11 +163,11 @@
   /** A streaming reply in `container`: settled blocks, then the growing last one.
    *
    * The cost of a redraw is the browser's (style, layout, paint) far more than marked's, so a
-   * redraw does little: at most one per animation frame and one per DRAW_MS; a block is rendered
-   * once when it is complete (the next one has begun) and never touched again; the growing block
-   * shows its text as a plain text node as it comes (appended to, not replaced) and is rendered as
-   * Markdown at most every RENDER_MS, and when the reply finishes. Nothing reads the layout here
-   * (the page's onDraw scrolls, once per redraw). */
+   * redraw does little: at most one per animation frame and one per DRAW_MS (FAST_DRAW_MS for a fast
+   * reply); a block is rendered once when it is complete (the next one has begun) and never touched
+   * again; the growing block shows its text as a plain text node as it comes (appended to, not
+   * replaced) and is rendered as Markdown at most every RENDER_MS, and when the reply finishes.
+   * Nothing reads the layout here (the page's onDraw scrolls, once per redraw). */
   function stream(container, onDraw) {
     const settled = document.createElement("div");
     const tail = document.createElement("div");
