@@ -305,7 +305,8 @@ def test_a_streamed_17kb_reply_costs_the_page_time_linear_in_its_length(server, 
         # Each block is parsed while it grows and once when done: a few times the reply, not (as when
         # every chunk re-rendered the whole reply) once per chunk: 1,436 x 8.6 KB on average.
         assert parsed <= 4 * len(text)
-        assert cost <= 6 * once, f"the streamed turn cost {cost:.0f} ms, {cost / once:.1f} renders of the whole reply"
+        # 7, not the 4.7 seen: one render is itself measured on a machine that may be busy meanwhile.
+        assert cost <= 7 * once, f"the streamed turn cost {cost:.0f} ms, {cost / once:.1f} renders of the whole reply"
 
 
 # A reply appended to a stream of its own (markdown.js) at a steady pace: when each redraw came.
