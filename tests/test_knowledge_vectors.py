@@ -52,7 +52,7 @@ def test_the_fast_ranking_is_the_pure_python_ranking_on_a_seeded_set(fake, tmp_p
     assert fast.refresh().embedded == 88
     pure.refresh()
     rng = random.Random(7)
-    for _ in range(20):
+    for _ in range(8):
         query = vectors.unit([rng.gauss(0, 1) for _ in range(256)])
         for reading in (["docs", "notes"], ["notes"]):  # every source of the model, and a route reading one
             nearest = fast.index.nearest(MODEL, query, reading, 10)

@@ -177,7 +177,9 @@ class VectorTable:
         codes = [code for code, name in enumerate(self._names) if name in set(sources)]
         if not codes or n <= 0:
             return []
-        scores = self._matrix @ np.frombuffer(query, dtype=np.float32)
+        # einsum's own loop, not BLAS (`@`): BLAS's threads spin for a matrix-vector product, 50x the
+        # CPU at 1,000 passages on a busy machine, and einsum is as fast on one core at 100,000.
+        scores = np.einsum("ij,j->i", self._matrix, np.frombuffer(query, dtype=np.float32))
         if len(codes) < len(self._names):  # a route reading some of the model's sources only
             scores[~np.isin(self._sources, codes)] = -np.inf
         n = min(n, int(np.count_nonzero(scores > -np.inf)))
