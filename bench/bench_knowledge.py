@@ -21,7 +21,7 @@ above, and the same questions *paraphrased* — each rare body word replaced by 
 the corpus never holds (the fake embeds it as the word it stands for), with no heading word —
 which BM25 can only find through the two common noise words. The fake gives the 100 most common
 words no meaning (a bag of words without that ranks by them; real models discount such words). Time per query includes the query's
-own /embeddings round trip to the local fake and the cosine in pure Python over every vector.
+own /embeddings round trip to the local fake and the cosine ranking over every vector (numpy when installed).
 
 Vectors (`--vectors`): the cosine ranking alone (`KnowledgeIndex.nearest`: the 50 nearest
 passages, and their rows), fast (numpy, one float32 matrix) against pure Python, at each size.
