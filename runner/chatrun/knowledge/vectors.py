@@ -9,10 +9,10 @@ passage whose text did not change is never embedded again, even when its file ch
 A search embeds the query and ranks the passages by cosine (a dot product of unit vectors)
 over one model's vectors held in memory (`VectorTable`, read once from the index file and read
 again only when its vectors changed). With numpy installed (the `knowledge` extra) they are one
-float32 matrix and a query is one matrix-vector product: ~0.1 ms at 1,000 passages of 1,536
-dimensions, ~40 ms at 100,000 (bench/bench_knowledge.py --vectors). Without it, the cosine runs
-in pure Python (~57 ms at 1,000, seconds at 100,000), and the log says once how to get the fast
-one. Both give the same ranking, the nearest first, ties to the later passage. sqlite-vec is
+float32 matrix and a query is one matrix-vector product: the ranking costs ~0.6 ms at 1,000
+passages of 1,536 dimensions, ~32 ms at 100,000 (CPU; bench/bench_knowledge.py --vectors).
+Without it, the cosine runs in pure Python (~50 ms at 1,000, 5 s at 100,000), and the log says
+once how to get the fast one. Both give the same ranking, the nearest first, ties to the later passage. sqlite-vec is
 not used: this Python's sqlite3 is built without `enable_load_extension`, so it cannot load it.
 An ANN index (hnswlib, usearch) would make a query ~1 ms, but building one for 100,000 vectors of
 1,536 dimensions took more than 9 minutes on 2 busy cores, and its results are approximate.
@@ -128,7 +128,7 @@ class VectorTable:
             self._load_arrays(rows)
             if fast:  # wanted fast, and numpy is missing
                 _say_once("pure", "knowledge: ranking the vectors of embeddings (model %s, %d passages) in pure "
-                          "Python, ~57 ms a query per 1,000 passages; for the fast ranking (numpy, ~40 ms at 100,000) "
+                          "Python, ~50 ms a query per 1,000 passages; for the fast ranking (numpy: 100x faster) "
                           "install it: %s", model, self.size, FAST_HOW)
 
     def _load_matrix(self, np: Any, rows: Iterable[tuple[int, str, bytes]], count: int) -> None:
