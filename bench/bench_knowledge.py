@@ -21,9 +21,19 @@ above, and the same questions *paraphrased* — each rare body word replaced by 
 the corpus never holds (the fake embeds it as the word it stands for), with no heading word —
 which BM25 can only find through the two common noise words. The fake gives the 100 most common
 words no meaning (a bag of words without that ranks by them; real models discount such words). Time per query includes the query's
-own /embeddings round trip to the local fake and the cosine in pure Python over every vector.
+own /embeddings round trip to the local fake and the cosine ranking over every vector (numpy when installed).
+
+Vectors (`--vectors`): the cosine ranking alone (`KnowledgeIndex.nearest`: the 50 nearest
+passages, and their rows), fast (numpy, one float32 matrix) against pure Python, at each size.
+Passages and their vectors (seeded random unit vectors of 1,536 dimensions: a brute-force
+ranking costs the same whatever the vectors hold) are written straight into an index file, as
+`chatrun index` would leave it. CPU time (process_time) per query, the two ways interleaved
+round by round (which goes first alternates), min and median over the rounds; the pure-Python
+way asks fewer queries at large sizes (seconds each). Also: reading the vectors from the file
+into memory (once per process and per change), and a check that both ways rank alike.
 
     python bench/bench_knowledge.py [--sizes 1000 100000] [--queries 300] [--hybrid]
+    python bench/bench_knowledge.py --vectors [--sizes 1000 100000] [--rounds 5] [--queries 20]
 """
 
 from __future__ import annotations
@@ -152,6 +162,75 @@ def hybrid(size: int, queries: int, seed: int) -> list[tuple[str, str, dict[str,
 
 
 COMMON: set[str] = set()
+DIMENSIONS = 1536  # text-embedding-3-small's
+MODEL = "text-embedding-3-small"
+
+
+def vector_index(folder: Path, size: int, seed: int) -> Path:
+    """An index file of `size` passages with a vector each, written directly (fast to make)."""
+    import numpy as np
+
+    from chatrun.knowledge import KnowledgeIndex, index_path
+    from chatrun.knowledge.index import source_tag
+
+    path = index_path(folder)
+    KnowledgeIndex(path).refresh([], ["docs"])  # the schema
+    rng = np.random.default_rng(seed)
+    with KnowledgeIndex(path).connect() as db:
+        db.execute("BEGIN")
+        for start in range(0, size, 10_000):
+            count = min(10_000, size - start)
+            matrix = rng.standard_normal((count, DIMENSIONS), dtype=np.float32)
+            matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+            passages = [(f"article-{(start + i) // 20:05d}.md", f"part-{start + i}", f"digest{start + i}")
+                        for i in range(count)]
+            db.executemany("INSERT INTO passages(source, path, anchor, title, tag, heading, body, digest) VALUES "
+                           "('docs', ?, ?, 'A title', ?, 'A heading', 'Some text of the passage.', ?)",
+                           [(file, anchor, source_tag("docs"), digest) for file, anchor, digest in passages])
+            db.executemany("INSERT INTO vectors VALUES (?, ?, ?)",
+                           [(MODEL, digest, row.tobytes()) for (_, _, digest), row in zip(passages, matrix, strict=True)])
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('vectors', '1')")
+        db.execute("COMMIT")
+    db.close()
+    return path
+
+
+def timed(way: Any, queries: list[Any]) -> float:
+    """CPU seconds per query of `way.nearest` over `queries`."""
+    start = time.process_time()
+    for query in queries:
+        way.nearest(MODEL, query, ["docs"], 50)
+    return (time.process_time() - start) / len(queries)
+
+
+def vectors_bench(size: int, rounds: int, queries: int, seed: int) -> dict[str, float]:
+    """Fast against pure Python at `size` passages: CPU ms per query (min, median of `rounds`),
+    and the seconds reading the vectors into memory takes each way."""
+    from chatrun.knowledge import KnowledgeIndex
+    from chatrun.knowledge.vectors import unit
+
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = vector_index(Path(tmp), size, seed)
+        fast, pure = KnowledgeIndex(path), KnowledgeIndex(path, fast=False)
+        loads = {}
+        for name, way in (("fast", fast), ("pure", pure)):
+            start = time.process_time()
+            assert way.vectors(MODEL).size == size
+            loads[name] = time.process_time() - start
+        asked = [unit([rng.gauss(0, 1) for _ in range(DIMENSIONS)]) for _ in range(queries)]
+        few = asked[:max(1, queries * 1000 // size)]
+        assert [h.ref for h in fast.nearest(MODEL, few[0], ["docs"], 10)] == [
+            h.ref for h in pure.nearest(MODEL, few[0], ["docs"], 10)]
+        per: dict[str, list[float]] = {"fast": [], "pure": []}
+        for number in range(rounds):
+            order = [("fast", fast, asked), ("pure", pure, few)]
+            for name, way, these in order if number % 2 == 0 else reversed(order):
+                per[name].append(timed(way, these))
+    return {"passages": size, "fast_load_s": loads["fast"], "pure_load_s": loads["pure"],
+            "fast_min_ms": min(per["fast"]) * 1000, "fast_median_ms": statistics.median(per["fast"]) * 1000,
+            "pure_min_ms": min(per["pure"]) * 1000, "pure_median_ms": statistics.median(per["pure"]) * 1000,
+            "pure_queries": len(few)}
 
 
 def run(size: int, queries: int, seed: int) -> dict[str, float]:
@@ -195,7 +274,18 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--seed", type=int, default=37)
     parser.add_argument("--hybrid", action="store_true", help="BM25 vs hybrid at the first size, and only that")
+    parser.add_argument("--vectors", action="store_true", help="the cosine ranking, fast (numpy) vs pure Python")
+    parser.add_argument("--rounds", type=int, default=5, help="--vectors: rounds of each way, interleaved")
     args = parser.parse_args()
+    if args.vectors:
+        print(f"{'passages':>9} {'load fast s':>11} {'load pure s':>11} {'fast min ms':>11} {'fast med ms':>11} "
+              f"{'pure min ms':>11} {'pure med ms':>11} {'pure q':>6}  (CPU, {args.rounds} rounds)")
+        for size in args.sizes:
+            r = vectors_bench(size, args.rounds, min(args.queries, 20), args.seed)
+            print(f"{r['passages']:>9,} {r['fast_load_s']:>11.2f} {r['pure_load_s']:>11.2f} {r['fast_min_ms']:>11.2f} "
+                  f"{r['fast_median_ms']:>11.2f} {r['pure_min_ms']:>11.1f} {r['pure_median_ms']:>11.1f} "
+                  f"{r['pure_queries']:>6}", flush=True)
+        return
     if args.hybrid:
         print(f"{'ranking':>8} {'questions':>12} {'R@5':>6} {'MRR':>6} {'q med ms':>9} {'q p95 ms':>9}")
         for ranking, questions, r in hybrid(args.sizes[0], args.queries, args.seed):

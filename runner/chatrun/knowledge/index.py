@@ -14,7 +14,9 @@ BM25 with a passage's own heading weighing more than its text (TITLE_WEIGHT); Po
 Embeddings (a source's `embeddings:`, chatrun.knowledge.vectors): a `vectors` table holds each
 passage's vector per model, keyed by the digest of its title and text, so a refresh embeds only
 passages whose text is new (`embed_missing`) and a version bump that re-reads every file keeps
-them; `nearest` ranks a source's passages by cosine.
+them; `nearest` ranks a source's passages by cosine over the model's vectors held in memory
+(a `VectorTable`: a numpy matrix when numpy is installed), read again only when meta `vectors`
+(bumped by every change of the vectors or of the passages' ids) says they changed.
 """
 
 from __future__ import annotations
@@ -35,9 +37,8 @@ from chatrun.knowledge.chunks import Chunk, chunk_file
 from chatrun.knowledge.vectors import (
     Embedder,
     EmbeddingsUnavailable,
-    dot,
+    VectorTable,
     embedded_text,
-    from_blob,
     passage_digest,
     to_blob,
 )
@@ -120,12 +121,14 @@ def plan(root: str | Path, sources: Iterable[KnowledgeSource]) -> list[SourceFil
 class KnowledgeIndex:
     """A bot's passages in one SQLite file."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, fast: bool = True):
         self.path = path
+        self.fast = fast  # rank vectors with numpy when it is installed (False: in pure Python, as a bench compares)
         self._readers = threading.local()  # a connection per thread for searches (opening one costs more than a query)
-        # The vectors of (model, sources), read once and kept while meta `vectors` (bumped by
-        # each change of the vectors table) is the same: reading 1,000 blobs costs more than a query.
-        self._vectors: dict[tuple[str, tuple[str, ...]], tuple[str | None, list[tuple[int, array]]]] = {}
+        # Each model's vectors, read once and kept while meta `vectors` (bumped by each change of
+        # the vectors table) is the same: reading 100,000 blobs costs ~1 s, much more than a query.
+        self._vectors: dict[str, tuple[str | None, VectorTable]] = {}
+        self._loading = threading.Lock()  # one thread reads a model's vectors; the others wait and use them
 
     def connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -267,7 +270,7 @@ class KnowledgeIndex:
     def nearest(self, model: str, query: array, sources: Sequence[str], n: int) -> list[Hit]:
         """The `n` passages of `sources` whose `model` vectors are nearest `query` (a unit
         vector), by cosine, best first."""
-        scored = sorted(((dot(query, vector), pid) for pid, vector in self._stored(model, sources)), reverse=True)[:n]
+        scored = self.vectors(model).nearest(query, sources, n)
         if not scored:
             return []
         db = self.reader()
@@ -276,20 +279,27 @@ class KnowledgeIndex:
             [pid for _, pid in scored])}
         return [Hit(*rows[pid], score=score) for score, pid in scored if pid in rows]
 
-    def _stored(self, model: str, sources: Sequence[str]) -> list[tuple[int, array]]:
-        """(passage id, vector) of `sources` for `model`, from memory while unchanged."""
-        db = self.reader()
-        generation = _meta(db, "vectors")
-        key = (model, tuple(sorted(sources)))
-        kept = self._vectors.get(key)
-        if kept is not None and kept[0] == generation:
+    def vectors(self, model: str) -> VectorTable:
+        """`model`'s vectors of every passage, from memory while unchanged."""
+        kept = self._vectors.get(model)
+        if kept is not None and kept[0] == _meta(self.reader(), "vectors"):
             return kept[1]
-        marks = ",".join("?" * len(sources))
-        rows = db.execute(f"SELECT p.id, v.vector FROM passages p JOIN vectors v ON v.model = ? AND v.digest = p.digest "
-                          f"WHERE p.source IN ({marks})", (model, *sources)).fetchall()
-        stored = [(pid, from_blob(blob)) for pid, blob in rows]
-        self._vectors[key] = (generation, stored)
-        return stored
+        with self._loading:
+            db = self.reader()
+            db.execute("BEGIN")  # the generation, the count and the rows of one snapshot
+            try:
+                generation = _meta(db, "vectors")
+                kept = self._vectors.get(model)
+                if kept is not None and kept[0] == generation:  # another thread read them meanwhile
+                    return kept[1]
+                join = "FROM passages p JOIN vectors v ON v.model = ? AND v.digest = p.digest"
+                count = db.execute(f"SELECT count(*) {join}", (model,)).fetchone()[0]
+                table = VectorTable(model, db.execute(f"SELECT p.id, p.source, v.vector {join}", (model,)), count,
+                                    self.fast)
+            finally:
+                db.execute("COMMIT")
+            self._vectors[model] = (generation, table)
+            return table
 
     def find(self, refs: Sequence[tuple[str, str]], sources: Sequence[str]) -> list[Hit]:
         """The passages `refs` ((path, anchor) pairs) name in `sources`, in the order named (one
