@@ -31,6 +31,7 @@ class ServeOptions:
     host: str
     port: int
     store: str
+    knowledge_store: str | None
     auth_file: str | None
     max_message_chars: int
     max_in_flight: int
@@ -133,6 +134,10 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
     "folder, sqlite:////abs/path.db absolute), redis://[:PASSWORD@]HOST:PORT/DB or rediss:// (N replicas "
     "share it; see docs/deploy.md), postgresql://USER@HOST:PORT/DB (N replicas share it) or memory://.",
 )
+@click.option("--knowledge-store", metavar="URL", default=None, envvar="CHATRUN_KNOWLEDGE_STORE", show_envvar=True,
+              help="Where the bots' knowledge index is read: postgresql://USER@HOST:PORT/DB (shared by replicas, "
+              "built by `chatrun index BOT --store URL`) or `local` (each bot folder's .chatrun/knowledge.db). "
+              "Default: the --store URL when it is PostgreSQL, else local.")
 @click.option("--if-busy", type=click.Choice(["queue", "reject"]), default="queue", show_default=True,
               help="A message for a session already running a turn: wait in its FIFO queue, or fail "
               "at once with TooManyRequests (a request may choose with ifBusy).")
@@ -259,6 +264,21 @@ def serve(options: ServeOptions) -> None:
     click.echo("chatrun: stopped", err=True)
 
 
+def _share_knowledge(options: ServeOptions) -> None:
+    """The bots read their knowledge index from PostgreSQL (chatrun.knowledge.pg_index) when the
+    store is PostgreSQL or --knowledge-store names one; `local` keeps each bot folder's file."""
+    from chatrun.knowledge import share_index
+    from chatrun.store import POSTGRES_SCHEMES
+
+    chosen = options.knowledge_store
+    if chosen is None:
+        chosen = options.store if options.store.startswith(POSTGRES_SCHEMES) else "local"
+    if chosen != "local" and not chosen.startswith(POSTGRES_SCHEMES):
+        raise click.BadParameter(f"{chosen!r}: give postgresql://USER@HOST:PORT/DB (the index shared by replicas) "
+                                 "or `local` (each bot folder's .chatrun/knowledge.db)", param_hint="--knowledge-store")
+    share_index(None if chosen == "local" else chosen)
+
+
 def _create_app(options: ServeOptions) -> Any:
     """The app, or the exit of any other command: 1 for an invalid bot or a bad store."""
     try:  # the `serve` extra is optional: say how to install it before anything starts
@@ -275,6 +295,7 @@ def _create_app(options: ServeOptions) -> Any:
 
     limits = options.limits()
     edge = options.edge(limits.max_frame_bytes)
+    _share_knowledge(options)
     try:  # the same messages and exit codes as the other commands (1: invalid bot, bad store)
         app = create_app(list(options.bots), options.store, auth=options.auth_file, limits=limits,
                          sessions=options.sessions(), edge=edge,
