@@ -23,7 +23,10 @@ which BM25 can only find through the two common noise words. The fake gives the 
 words no meaning (a bag of words without that ranks by them; real models discount such words). Time per query includes the query's
 own /embeddings round trip to the local fake and the cosine in pure Python over every vector.
 
-    python bench/bench_knowledge.py [--sizes 1000 100000] [--queries 300] [--hybrid]
+With `--store postgresql://…`, the same sizes on the index shared by replicas in PostgreSQL
+(chatrun.knowledge.pg_index: tsvector, GIN, ts_rank_cd), in that database (each size its own bot).
+
+    python bench/bench_knowledge.py [--sizes 1000 100000] [--queries 300] [--hybrid] [--store URL]
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
 
 from chatrun.definition.config import KnowledgeSource  # noqa: E402
-from chatrun.knowledge import Library  # noqa: E402
+from chatrun.knowledge import Library, open_index  # noqa: E402
 
 SECTIONS_PER_FILE = 20
 BODY_WORDS = 60
@@ -154,21 +157,24 @@ def hybrid(size: int, queries: int, seed: int) -> list[tuple[str, str, dict[str,
 COMMON: set[str] = set()
 
 
-def run(size: int, queries: int, seed: int) -> dict[str, float]:
+def run(size: int, queries: int, seed: int, store: str | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "docs").mkdir()
         sections = make_corpus(root / "docs", size, seed)
         questions = make_questions(sections, queries, seed)
         sources = {"docs": KnowledgeSource("docs", "docs")}
-        library = Library(root, sources)
+        name = f"bench-{size}-{seed}-{time.time_ns()}"  # a bot of its own in a shared database
+        library = Library(root, sources, index=open_index(root, name, store))
         start = time.perf_counter()
         done = library.refresh()
         indexed = time.perf_counter() - start
         assert done.passages == size, (done.passages, size)
+        again = Library(root, sources, index=open_index(root, name, store))
         start = time.perf_counter()
-        assert Library(root, sources).refresh().changed == 0
+        assert again.refresh().changed == 0
         unchanged = time.perf_counter() - start
+        again.close()
         times, ranks = [], []
         for question, target in questions:
             start = time.perf_counter()
@@ -176,6 +182,7 @@ def run(size: int, queries: int, seed: int) -> dict[str, float]:
             times.append(time.perf_counter() - start)
             refs = [hit.ref for hit in hits]
             ranks.append(refs.index(target) + 1 if target in refs else 0)
+        library.close()
     times.sort()
     return {
         "passages": size,
@@ -195,6 +202,8 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--seed", type=int, default=37)
     parser.add_argument("--hybrid", action="store_true", help="BM25 vs hybrid at the first size, and only that")
+    parser.add_argument("--store", default=None, metavar="URL",
+                        help="postgresql://…: the index shared by replicas, in that database (default: SQLite files)")
     args = parser.parse_args()
     if args.hybrid:
         print(f"{'ranking':>8} {'questions':>12} {'R@5':>6} {'MRR':>6} {'q med ms':>9} {'q p95 ms':>9}")
@@ -205,7 +214,7 @@ def main() -> None:
     print(f"{'passages':>9} {'index s':>8} {'pass/s':>8} {'no-op s':>8} {'R@5':>6} {'MRR':>6} "
           f"{'q med ms':>9} {'q p95 ms':>9}")
     for size in args.sizes:
-        r = run(size, args.queries, args.seed)
+        r = run(size, args.queries, args.seed, args.store)
         print(f"{r['passages']:>9,} {r['index_s']:>8.2f} {r['passages_per_s']:>8,.0f} {r['unchanged_refresh_s']:>8.2f} "
               f"{r['recall_at_5']:>6.3f} {r['mrr']:>6.3f} {r['query_median_ms']:>9.2f} {r['query_p95_ms']:>9.2f}",
               flush=True)

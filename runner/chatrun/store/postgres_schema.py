@@ -135,7 +135,7 @@ BEGIN
 END
 $$;
 """),
-    (2, "the shared knowledge index: files, passages (tsvector, GIN), vectors, state (knowledge/pg_index.py)", """
+    (2, "the shared knowledge index: files, passages (tsvector, GIN), vectors, state, terms (knowledge/pg_index.py)", """
 CREATE TABLE knowledge_files (
     bot    TEXT NOT NULL,
     source TEXT NOT NULL,
@@ -168,7 +168,14 @@ CREATE TABLE knowledge_state (
     bot        TEXT PRIMARY KEY,
     version    TEXT NOT NULL,               -- knowledge/index.py INDEX_VERSION of its last refresh
     generation BIGINT NOT NULL DEFAULT 0,   -- bumped by each change: replicas re-read vectors they hold
-    sources    TEXT NOT NULL DEFAULT ''
+    sources    TEXT NOT NULL DEFAULT '',
+    passages   INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE knowledge_terms (              -- in how many passages each lexeme is (a search leaves
+    bot      TEXT NOT NULL,                 -- out a word in most of them while a rarer one remains)
+    term     TEXT NOT NULL,
+    passages INTEGER NOT NULL,
+    PRIMARY KEY (bot, term)
 );
 """),
 ]
