@@ -149,6 +149,27 @@ def test_hybrid_search_ranks_vectors_kept_in_postgres(fake, tmp_path, postgres_s
     assert isinstance(library.index, PgIndex)
 
 
+@pytest.mark.slow
+def test_with_pgvector_the_database_ranks_vectors_as_python_does(fake, tmp_path, postgres_server):
+    root, url = helpcentre(tmp_path), postgres_server.url()
+    bot = (root / "bot.yaml").read_text().replace("    path: help\n", "    path: help\n    embeddings: text-embedding-3-small\n")
+    (root / "bot.yaml").write_text(bot)
+    library = shared_library(root, url)
+    try:
+        library.refresh()
+        index = library.index
+        assert isinstance(index, PgIndex)
+        if not index.pgvector:
+            pytest.skip("the pgvector extension is not installed here (Debian 12 has no package): ranked in Python")
+        query = library.embedder.embed("text-embedding-3-small", ["refund to my card"])[0]
+        in_database = index.nearest("text-embedding-3-small", query, ["help_centre"], 5)
+        index.pgvector = False
+        in_python = index.nearest("text-embedding-3-small", query, ["help_centre"], 5)
+        assert [h.ref for h in in_database] == [h.ref for h in in_python] and len(in_python) == 5
+    finally:
+        library.close()
+
+
 def cite_first(body: dict[str, Any]) -> dict[str, Any]:
     """The fake model: answers with the first passage it was given, citing it."""
     given = "\n".join(str(m.get("content") or "") for m in body["messages"] if m["role"] == "system")
