@@ -236,3 +236,13 @@ def test_a_shared_index_lives_in_postgresql_only(tmp_path):
     assert result.exit_code == 2 and "a shared knowledge index lives in PostgreSQL" in result.output
     served = CliRunner().invoke(main, ["serve", str(HELPCENTRE), "--knowledge-store", "sqlite:///k.db"])
     assert served.exit_code == 2 and "give postgresql://USER@HOST:PORT/DB" in served.output
+
+
+def test_a_shared_index_nobody_answers_for_is_named_without_its_password():
+    from redis_support import free_port
+
+    port = free_port()  # nothing listens there
+    result = CliRunner().invoke(main, ["index", str(HELPCENTRE), "--store", f"postgresql://u:s3cret@127.0.0.1:{port}/db"])
+    assert result.exit_code == 1
+    assert f"knowledge store postgresql://u:***@127.0.0.1:{port}/db: cannot reach PostgreSQL" in result.output
+    assert "s3cret" not in result.output

@@ -254,8 +254,10 @@ def serve(options: ServeOptions) -> None:
         import logging
 
         logging.getLogger("chatrun.reload").setLevel(logging.INFO)
+    from chatrun.knowledge import share_index
     from chatrun.server.drain import run
 
+    share_index(knowledge_store(options))  # now, not earlier: a command that failed leaves its process as it was
     try:
         run(app, host=options.host, port=options.port, log_level=options.log_level,
             drain_timeout=options.drain_timeout, options=options.listen_options(), sockets=[listener])
@@ -264,10 +266,9 @@ def serve(options: ServeOptions) -> None:
     click.echo("chatrun: stopped", err=True)
 
 
-def _share_knowledge(options: ServeOptions) -> None:
-    """The bots read their knowledge index from PostgreSQL (chatrun.knowledge.pg_index) when the
-    store is PostgreSQL or --knowledge-store names one; `local` keeps each bot folder's file."""
-    from chatrun.knowledge import share_index
+def knowledge_store(options: ServeOptions) -> str | None:
+    """Where the bots read their knowledge index: PostgreSQL (chatrun.knowledge.pg_index) when the
+    store is PostgreSQL or --knowledge-store names one; None (`local`): each bot folder's file."""
     from chatrun.store import POSTGRES_SCHEMES
 
     chosen = options.knowledge_store
@@ -276,11 +277,12 @@ def _share_knowledge(options: ServeOptions) -> None:
     if chosen != "local" and not chosen.startswith(POSTGRES_SCHEMES):
         raise click.BadParameter(f"{chosen!r}: give postgresql://USER@HOST:PORT/DB (the index shared by replicas) "
                                  "or `local` (each bot folder's .chatrun/knowledge.db)", param_hint="--knowledge-store")
-    share_index(None if chosen == "local" else chosen)
+    return None if chosen == "local" else chosen
 
 
 def _create_app(options: ServeOptions) -> Any:
     """The app, or the exit of any other command: 1 for an invalid bot or a bad store."""
+    knowledge_store(options)  # first: a bad --knowledge-store is the command's error before anything loads
     try:  # the `serve` extra is optional: say how to install it before anything starts
         for module in ("chatrun.server", "chatrun.server.drain"):
             importlib.import_module(module)
@@ -295,7 +297,6 @@ def _create_app(options: ServeOptions) -> Any:
 
     limits = options.limits()
     edge = options.edge(limits.max_frame_bytes)
-    _share_knowledge(options)
     try:  # the same messages and exit codes as the other commands (1: invalid bot, bad store)
         app = create_app(list(options.bots), options.store, auth=options.auth_file, limits=limits,
                          sessions=options.sessions(), edge=edge,
