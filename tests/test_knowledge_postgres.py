@@ -203,7 +203,7 @@ def test_two_replicas_answer_from_one_shared_index_and_both_see_a_reindexed_arti
     replicas = [Replica(str(root), url, fake.base_url).start() for _ in range(2)]
     try:
         for n, replica in enumerate(replicas):
-            text, sources = answer_and_sources(ask(replica, f"before-{n}", "How many days do I have to return an item?"))
+            text, sources = answer_and_sources(ask(replica, f"before-{n}", "What is the refund window?"))
             assert "within 30 days" in text, text
             assert sources == ["https://help.acme.example/returns#refund-window"]
         assert not (root / ".chatrun").exists()  # the replicas read PostgreSQL, never built a file of their own
@@ -211,7 +211,7 @@ def test_two_replicas_answer_from_one_shared_index_and_both_see_a_reindexed_arti
         returns.write_text(returns.read_text().replace("within 30 days of delivery", "within 45 days of delivery"))
         assert ", 1 read, 0 removed;" in index_into(root, url)  # from one machine, once
         for n, replica in enumerate(replicas):
-            text, _ = answer_and_sources(ask(replica, f"after-{n}", "How many days do I have to return an item?"))
+            text, _ = answer_and_sources(ask(replica, f"after-{n}", "What is the refund window?"))
             assert "within 45 days" in text, text
     finally:
         for replica in replicas:
