@@ -53,3 +53,11 @@ def serve(*bots: str) -> str:
     app = create_app([chatrun.load_bot(REPO / "bots" / name / "bot.yaml") for name in bots],
                      f"sqlite:///{folder / 'chat.db'}", auth=str(folder / "tokens.yaml"))
     return ThreadServer(app).__enter__().url
+
+
+def serve_site() -> str:
+    """A small help site (tests/site_support.py: pages, a sitemap index, robots.txt) until the
+    process ends; its base URL."""
+    from site_support import Site
+
+    return Site().__enter__().url

@@ -185,7 +185,7 @@ routes:
     assert "did you mean `card`?" in text and "did you mean `input`?" in text
     assert ":8: guardrail `guardrails[3]` has `pii` and `max_chars`: one detector per guardrail" in text
     assert "unknown key `pi` in `guardrails[4]`; did you mean `pii`?" in text
-    assert ":9: guardrail `guardrails[4]` detects nothing: give it `patterns`, `pii` or `max_chars`" in text
+    assert ":9: guardrail `guardrails[4]` detects nothing: give it `patterns`, `pii`, `max_chars`, `moderation` or `languages`" in text
 
 
 def test_traces_keep_no_card_number_even_with_message_content_captured(bot, spans, monkeypatch):

@@ -8,6 +8,7 @@ stored as float arrays (in Python without pgvector)."""
 from __future__ import annotations
 
 import shutil
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,17 @@ def test_a_shared_index_nobody_answers_for_is_named_without_its_password():
     assert result.exit_code == 1
     assert f"knowledge store postgresql://u:***@127.0.0.1:{port}/db: cannot reach PostgreSQL" in result.output
     assert "s3cret" not in result.output
+
+
+def test_web_sources_are_refused_by_the_shared_index_before_anything_is_fetched(tmp_path):
+    (tmp_path / "bot.yaml").write_text(textwrap.dedent("""\
+        name: site
+        model: {provider: openai, name: gpt-4o-mini}
+        knowledge:
+          pages: {urls: ["https://help.example/a"]}
+        routes:
+          main: {default: true, system: Answer., knowledge: {sources: [pages]}}
+        """))
+    result = CliRunner().invoke(main, ["index", str(tmp_path), "--store", "postgresql://u@127.0.0.1:1/db"])
+    assert result.exit_code == 1 and "knowledge source pages: web pages (`urls:`, `sitemap:`) are indexed in the bot " \
+        "folder's .chatrun/knowledge.db only" in result.output

@@ -24,9 +24,15 @@ def index(path: str, quiet: bool, store_url: str | None) -> None:
     the last run is not read again; files gone from a folder leave the index. A running bot
     does the same on its first search, so this only moves the work ahead of the first user.
 
+    Web pages (a source's `urls:` or `sitemap:`) are fetched here, and only here: a page
+    that did not change (304, or the same bytes) is not cut again; a page that fails keeps
+    its passages from the last run and is named on stderr at its source's line. The exit
+    status is 1 when a web source yielded no page at all.
+
     With --store postgresql://…, the passages go to that database (full-text search by
     PostgreSQL, pgvector when installed), where every `chatrun serve --store` replica reads
-    them at once; run it again after changing articles (docs/knowledge.md).
+    them at once; run it again after changing articles (docs/knowledge.md). Web sources are
+    not indexed there yet.
 
     The bot is validated first (a missing, empty or unreadable source is an error at its line);
     an invalid bot is not indexed and the exit status is 1.
@@ -56,10 +62,13 @@ def index(path: str, quiet: bool, store_url: str | None) -> None:
         library = Library(config.root or ".", config.knowledge, config.model,
                           open_index(config.root or ".", config.name, shared))
         files = plan(library.root, config.knowledge.values())
-        with click.progressbar(length=len(files), label="Indexing", show_pos=True,
+        # The web sources' pages (sitemaps fetched): only `chatrun index` fetches; the shared index refuses them.
+        pages = [] if shared else library.list_web()
+        length = len(files) + sum(len(listing.urls) for listing in pages)
+        with click.progressbar(length=length, label="Indexing", show_pos=True,
                                file=io.StringIO() if quiet else None) as bar:
             try:
-                done = library.refresh(lambda item: bar.update(1))
+                done = library.refresh(lambda item: bar.update(1), pages)
             finally:
                 library.close()
     except click.exceptions.Exit:
@@ -68,13 +77,19 @@ def index(path: str, quiet: bool, store_url: str | None) -> None:
         fail(exc)
     for problem in done.problems:
         click.echo(f"{path}: left out: {problem}", err=True)
+    for problem in library.web.problems:  # each page that failed, at its source's line; its passages are kept
+        click.echo(problem, err=True)
+    for name in library.web.silent:
+        click.echo(f"{path}: knowledge source `{name}`: no page could be fetched", err=True)
     if done.embeddings_problem:  # not a failure: searches use BM25 alone until the endpoint answers
         click.echo(f"{path}: no embeddings ({done.embeddings_problem}); searches use BM25 alone", err=True)
     embedded = f", {done.embedded} embedded" if library.embedding_models(list(config.knowledge)) else ""
-    click.echo(f"{path}: {plural(done.files, 'file')} in {plural(len(config.knowledge), 'source')}, "
+    folders = any(not source.web for source in config.knowledge.values())
+    held = " and ".join([plural(done.files, "file")] * folders + [plural(library.web.pages, "page")] * bool(pages))
+    click.echo(f"{path}: {held} in {plural(len(config.knowledge), 'source')}, "
                f"{done.changed} read, {done.removed} removed{embedded}; {plural(done.passages, 'passage')} in "
                f"{library.where}")
-    if done.problems:
+    if done.problems or library.web.silent:  # a page that failed alone is not: the others answered
         raise click.exceptions.Exit(1)
 
 

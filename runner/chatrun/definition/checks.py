@@ -17,13 +17,17 @@ from urllib.parse import urlsplit
 
 from jinja2 import TemplateSyntaxError, nodes
 
+from chatrun.definition import languages
 from chatrun.definition.binding import check_binding
 from chatrun.definition.catalogs import T_CALL, T_COMPUTED, catalog_checks
 from chatrun.definition.config import (
     ACTION_ORDER,
     CHATRUN_BACKEND_TYPES,
     GUARD_OUTCOMES,
+    KIND_STAGES,
+    MODERATION_CATEGORIES,
     STAGE_OUTCOMES,
+    WHOLE_TEXT_KINDS,
     WIDGET_LOGO_TYPES,
     ActionConfig,
     ApprovalCaseConfig,
@@ -488,7 +492,7 @@ class _Checker:
             if len(guard.detectors) != 1:
                 problem = (f"has {' and '.join(f'`{d}`' for d in guard.detectors)}: one detector per guardrail; "
                            "split it in two" if guard.detectors else
-                           "detects nothing: give it `patterns`, `pii` or `max_chars`")
+                           "detects nothing: give it `patterns`, `pii`, `max_chars`, `moderation` or `languages`")
                 self.out.append(Diagnostic(at.file, at.line, at.col, "error", f"guardrail `{guard.name}` {problem}",
                                            "guardrails"))
             for source, where in zip(guard.patterns, guard.pattern_where, strict=False):
@@ -505,6 +509,7 @@ class _Checker:
                                                f"guardrail `{guard.name}`: stage `{stage}` cannot `{guard.outcome}` "
                                                f"(it can: {', '.join(allowed)}); give that stage a guardrail of its own",
                                                "guardrails"))
+            self.guardrail_kind(guard)
             if guard.message and guard.outcome not in ("block", "operator"):
                 self.out.append(Diagnostic(at.file, at.line, at.col, "warning",
                                            f"guardrail `{guard.name}`: `message` is read only when it blocks or hands "
@@ -512,6 +517,35 @@ class _Checker:
             if guard.message:
                 self.template(guard.message, f"`message` of guardrail `{guard.name}`", (*path, "message"), None,
                               routes=[path[1]] if path[0] == "routes" else None)
+
+    def guardrail_kind(self, guard: GuardrailConfig) -> None:
+        """What the whole-text kinds (`moderation`, `languages`) can do: no `redact`, their stages,
+        categories the endpoint knows, languages the detector knows (and the detector installed)."""
+        if guard.kind not in WHOLE_TEXT_KINDS:
+            return
+        at, key = guard.where, "moderation" if guard.kind == "moderation" else "languages"
+
+        def add(level: str, message: str, where: Location = at) -> None:
+            self.out.append(Diagnostic(where.file, where.line, where.col, level, f"guardrail `{guard.name}`: {message}",
+                                       "guardrails"))
+        if guard.outcome == "redact":
+            add("error", f"`{key}` judges the whole text: it cannot `redact` (it can: block, flag, operator)")
+        for stage in guard.stages:
+            if stage not in KIND_STAGES[guard.kind]:
+                add("error", f"`{key}` does not watch stage `{stage}` (it watches: {', '.join(KIND_STAGES[guard.kind])})")
+        if guard.moderation is not None:
+            for category, where in zip(guard.moderation.categories, guard.moderation.category_where, strict=False):
+                if category not in MODERATION_CATEGORIES:
+                    add("warning", f"moderation category `{category}` is not one of the OpenAI-compatible "
+                                   f"endpoint's{suggest(category, MODERATION_CATEGORIES)} (another endpoint may "
+                                   "name it; it counts only if the endpoint reports it)", where)
+        if guard.kind == "language":
+            for code in guard.languages:
+                if code not in languages.KNOWN:
+                    add("error", f"unknown language `{code}` (give ISO 639-1 codes such as `en`, `de`, `fr`)"
+                                 f"{suggest(code, sorted(languages.KNOWN))}")
+            if not languages.available():
+                add("error", "`languages` needs the language detector: `pip install chatrun[language]` (py3langid)")
 
     def widget(self) -> None:
         """`widget:`: origins a browser can send, a logo that exists, a key for signed identities."""

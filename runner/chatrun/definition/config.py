@@ -399,15 +399,26 @@ class OutputConfig:
 
 @dataclass
 class KnowledgeSource:
-    """One of the bot's `knowledge:` sources: a folder of files, cut into passages along their
-    headings and indexed for full-text search (chatrun.knowledge)."""
+    """One of the bot's `knowledge:` sources: a folder of files, or web pages (`urls:`, or a
+    `sitemap:`'s) fetched at `chatrun index` time only, cut into passages along their headings
+    and indexed for full-text search (chatrun.knowledge)."""
 
     name: str
-    path: str  # the folder, relative to the bot's directory
+    path: str  # the folder, relative to the bot's directory ("" for web pages: see `web`)
     include: list[str] = field(default_factory=list)  # glob patterns; []: every supported file
     url: str | None = None  # a passage's link: `{path}` and `{anchor}` filled in; None: no link
     where: Location = field(default_factory=Location)
     embeddings: str | None = None  # a model for embeddings (hybrid search, chatrun.knowledge.vectors); None: BM25
+    urls: list[str] = field(default_factory=list)  # web pages, fetched by `chatrun index` (chatrun.knowledge.web)
+    urls_where: list[Location] = field(default_factory=list)  # each of `urls:`'s line, for its errors
+    sitemap: str | None = None  # a sitemap (or sitemap index) listing the web pages to fetch
+    exclude: list[str] = field(default_factory=list)  # a sitemap's URL paths left out (glob patterns)
+    max_pages: int | None = None  # a sitemap's pages fetched at most (None: chatrun.knowledge.web.MAX_PAGES)
+
+    @property
+    def web(self) -> bool:
+        """Web pages (fetched at index time only), not a folder."""
+        return bool(self.urls or self.sitemap)
 
 
 @dataclass
@@ -482,13 +493,42 @@ class FollowUpConfig:
 # (before the model reads it), the model's output (before a client sees it, streamed or not), and
 # what is stored (the history, the memories, the turn's trace).
 GUARD_STAGES = ("input", "tool_result", "output", "storage")
-GUARD_KINDS = ("pattern", "pii", "length")
+GUARD_KINDS = ("pattern", "pii", "length", "moderation", "language")
 PII_KINDS = ("email", "phone", "iban", "card")
+# The categories of the OpenAI-compatible `/moderations` endpoint (omni-moderation); another
+# endpoint may name others: the validator warns about a name it does not know, it does not refuse it.
+MODERATION_CATEGORIES = (
+    "harassment", "harassment/threatening", "hate", "hate/threatening", "illicit", "illicit/violent",
+    "self-harm", "self-harm/intent", "self-harm/instructions", "sexual", "sexual/minors", "violence",
+    "violence/graphic")
+# The kinds that judge a whole text (nothing to cut out): they block, flag or hand over, never redact.
+WHOLE_TEXT_KINDS = ("moderation", "language")
+# The stages each kind may watch (the others: every stage). Moderation reads what a model would
+# read or say; a language is the user's or the model's, not a tool's.
+KIND_STAGES = {"moderation": ("input", "tool_result", "output"), "language": ("input", "output")}
 GUARD_OUTCOMES = ("block", "redact", "flag", "operator")
 # What each stage can do: a stored value can only be redacted (the turn is over); a tool's result
 # cannot wait for an operator (the call would have to pause: an `operator:` action does that).
 STAGE_OUTCOMES = {"input": GUARD_OUTCOMES, "tool_result": ("block", "redact", "flag"),
                   "output": GUARD_OUTCOMES, "storage": ("redact",)}
+
+
+@dataclass(frozen=True)
+class ModerationConfig:
+    """A guardrail's `moderation:` (docs/guardrails.md): the bot's endpoint's `/moderations` asked
+    about the text. `categories`: those that count (none: any the endpoint flags); `threshold`: a
+    category counts when its score reaches it (None: when the endpoint flags it); `on_error`: what a
+    failed or timed-out call means (`block`: as if it matched; `allow`: the text passes, reported);
+    `window`: with `release: sentence`, the streamed reply is moderated in runs of whole sentences
+    of at least this many characters (one round trip each)."""
+
+    categories: tuple[str, ...] = ()
+    threshold: float | None = None
+    model: str = "omni-moderation-latest"
+    timeout: float = 5.0
+    on_error: str = "block"
+    window: int = 400
+    category_where: tuple[Location, ...] = ()  # each category's place, for the validator
 
 
 @dataclass(frozen=True)
@@ -508,6 +548,8 @@ class GuardrailConfig:
     message: str | None = None
     replacement: str | None = None
     release: str = "reply"  # an output guard on a streamed reply: "reply" (held whole) or "sentence"
+    moderation: ModerationConfig | None = None  # `moderation:` (kind "moderation")
+    languages: tuple[str, ...] = ()  # `languages:` (kind "language"): ISO 639-1 codes
     where: Location = field(default_factory=Location)
     pattern_where: tuple[Location, ...] = ()  # each pattern's place, for the validator
     detectors: tuple[str, ...] = ()  # the detector keys it has (the validator wants exactly one)

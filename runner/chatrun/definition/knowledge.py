@@ -32,7 +32,7 @@ def source_files(root: str | Path, source: KnowledgeSource) -> list[Path]:
     """The files the source reads, sorted: those its `include:` globs match, else every file of
     a supported kind, subfolders included (hidden files and folders left out)."""
     folder = source_folder(root, source)
-    if not folder.is_dir():
+    if source.web or not folder.is_dir():  # web pages are fetched by `chatrun index` (chatrun.knowledge.web)
         return []
     if source.include:
         found = {p for pattern in source.include for p in folder.glob(pattern)}
@@ -90,6 +90,8 @@ def check_knowledge(config: BotConfig, checks: Checks) -> None:
 
 def _check_source(root: str, source: KnowledgeSource, checks: Checks) -> None:
     at = ("knowledge", source.name)
+    if _check_kind(source, checks):
+        return
     for field in re.findall(r"\{([^{}]*)\}", source.url or ""):
         if field not in URL_FIELDS:
             checks.add("error", f"knowledge source `{source.name}`: `url` fills in `{{{field}}}`, which is not known"
@@ -119,3 +121,35 @@ def _check_source(root: str, source: KnowledgeSource, checks: Checks) -> None:
     if with_text == 0 and all(unreadable(p) is None for p in files):
         checks.add("error", f"knowledge source `{source.name}` is empty: every file in `{source.path}` is empty",
                    *at, "path")
+
+
+def _check_kind(source: KnowledgeSource, checks: Checks) -> bool:
+    """A source is a folder (`path`), a list of pages (`urls`) or a sitemap, never two; the keys
+    of one kind are not given to another. True: a web source (checked here; nothing is fetched)."""
+    at = ("knowledge", source.name)
+    kinds = [key for key, given in (("path", source.path), ("urls", source.urls), ("sitemap", source.sitemap)) if given]
+    if not kinds:
+        checks.add("error", f"knowledge source `{source.name}` has no `path` (a folder), `urls` or `sitemap`: "
+                   "declare one of them", *at)
+        return True
+    if len(kinds) > 1:
+        checks.add("error", f"knowledge source `{source.name}` has both `{kinds[0]}` and `{kinds[1]}`: a source is a "
+                   "folder (`path`), web pages (`urls`) or a `sitemap`; declare each as a source of its own",
+                   *at, kinds[1])
+        return True
+    if not source.web:
+        for key, given in (("exclude", source.exclude), ("max_pages", source.max_pages is not None)):
+            if given:
+                checks.add("error", f"knowledge source `{source.name}`: `{key}` is for a `sitemap`'s pages; a folder "
+                           "chooses its files with `include`", *at, key)
+        return False
+    if source.url:
+        checks.add("error", f"knowledge source `{source.name}`: a web page's passages link to the page itself "
+                   "(its URL and #anchor); remove `url`", *at, "url")
+    if source.urls:
+        for key, given in (("include", source.include), ("exclude", source.exclude),
+                           ("max_pages", source.max_pages is not None)):
+            if given:
+                checks.add("error", f"knowledge source `{source.name}`: `{key}` is for a `sitemap`'s pages; `urls` "
+                           "lists the pages themselves (remove the ones not wanted)", *at, key)
+    return True

@@ -44,6 +44,7 @@ from chatrun.definition.config import (
     MemoryPolicy,
     MigrationConfig,
     ModelConfig,
+    ModerationConfig,
     OnErrorConfig,
     OperatorConfig,
     OperatorTimeoutConfig,
@@ -355,6 +356,7 @@ _PATTERN_HINTS = {
     "^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$": "write a language tag: `en`, `de`, `pt-BR`",
     "^(?!(Message|Choices)$)[A-Za-z_][A-Za-z0-9_-]*$": "a message is said with `message:` and choices with "
     "`choices:` (format 3); other event types use letters, digits, `_` and `-`, starting with a letter or `_`",
+    "^https?://\\S+$": "write an absolute `http` or `https` URL, e.g. `https://help.example.com/returns`",
     "^[1-9][0-9]*[smhd]$": "write a duration: a whole number and `s`, `m`, `h` or `d` (e.g. `30m`)",
     "^([a-z0-9.+-]+|\\*)/([a-z0-9.+-]+|\\*)$":
         "write a media type in lower case: `image/png`, or `image/*` for every image",
@@ -562,10 +564,14 @@ def _knowledge(raw: Any, doc: YamlDoc) -> dict[str, KnowledgeSource]:
     """`knowledge:` name -> source (the schema has checked the shapes)."""
     out: dict[str, KnowledgeSource] = {}
     for name, spec in (raw.items() if isinstance(raw, dict) else ()):
-        if isinstance(spec, dict) and isinstance(spec.get("path"), str):
-            out[str(name)] = KnowledgeSource(str(name), spec["path"], _str_list(spec.get("include")),
-                                             _str(spec.get("url")), _loc(doc, ("knowledge", name)),
-                                             _str(spec.get("embeddings")))
+        if not isinstance(spec, dict) or not spec:  # (the schema wants `path`, `urls` or `sitemap`)
+            continue
+        urls, max_pages = _str_list(spec.get("urls")), spec.get("max_pages")
+        out[str(name)] = KnowledgeSource(
+            str(name), _str(spec.get("path")) or "", _str_list(spec.get("include")), _str(spec.get("url")),
+            _loc(doc, ("knowledge", name)), _str(spec.get("embeddings")), urls,
+            [_loc(doc, ("knowledge", name, "urls", i)) for i in range(len(urls))], _str(spec.get("sitemap")),
+            _str_list(spec.get("exclude")), max_pages if isinstance(max_pages, int) else None)
     return out
 
 
@@ -781,29 +787,57 @@ def _route(name: str, raw: dict, doc: YamlDoc) -> RouteConfig:
 
 def _guardrails(raw: Any, doc: YamlDoc, path: tuple) -> tuple[GuardrailConfig, ...]:
     """`guardrails:` (the bot's or a route's; the schema checked the shape: an entry it refused is
-    left out). Each entry's kind is the detector key it has: `patterns`, `pii` or `max_chars`."""
+    left out). Each entry's kind is the detector key it has (DETECTOR_KINDS)."""
     out = []
     for i, item in enumerate(raw if isinstance(raw, list) else []):
         if not isinstance(item, dict):
             continue
         # One detector key each (the schema's oneOf); without one it matches nothing (`patterns: []`).
-        detectors = tuple(k for k in ("patterns", "pii", "max_chars") if k in item)
-        kind = detectors[0] if detectors else "patterns"
+        detectors = tuple(k for k in DETECTOR_KINDS if k in item)
+        kind = DETECTOR_KINDS[detectors[0]] if detectors else "pattern"
         stages = tuple(_str_list(item.get("stages")))
         at = (*path, i)
         patterns = tuple(_str_list(item.get("patterns")))
         limit = item.get("max_chars")
         out.append(GuardrailConfig(
             name=_str(item.get("name")) or f"{'.'.join(map(str, path))}[{i}]",
-            kind={"patterns": "pattern", "max_chars": "length"}.get(kind, kind),
+            kind=kind,
             stages=stages, outcome=_str(item.get("outcome")) or "flag", patterns=patterns,
             pii=tuple(_str_list(item["pii"])) or PII_KINDS if "pii" in item else PII_KINDS,
             max_chars=limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None,
             message=_str(item.get("message")), replacement=_str(item.get("replacement")),
             release=_str(item.get("release")) or "reply", where=_loc(doc, at),
+            moderation=_moderation(item.get("moderation"), doc, (*at, "moderation")),
+            languages=tuple(code.lower() for code in _str_list(item.get("languages"))),
             pattern_where=tuple(_loc(doc, (*at, "patterns", j)) for j in range(len(patterns))),
             detectors=detectors))
     return tuple(out)
+
+
+# A guardrail's detector key -> its kind (the event's `kind`).
+DETECTOR_KINDS = {"patterns": "pattern", "pii": "pii", "max_chars": "length", "moderation": "moderation",
+                  "languages": "language"}
+
+
+def _moderation(raw: Any, doc: YamlDoc, path: tuple) -> ModerationConfig | None:
+    """A guardrail's `moderation:` (the schema checked its shape; `{}` takes every default)."""
+    if not isinstance(raw, dict):
+        return None
+    defaults = ModerationConfig()
+    categories = tuple(_str_list(raw.get("categories")))
+    threshold, timeout = _number(raw.get("threshold")), _number(raw.get("timeout"))
+    return ModerationConfig(
+        categories=categories,
+        threshold=threshold,
+        model=_str(raw.get("model")) or defaults.model,
+        timeout=timeout if timeout is not None and timeout > 0 else defaults.timeout,
+        on_error=_str(raw.get("on_error")) or defaults.on_error,
+        window=_positive_int(raw.get("window"), defaults.window),
+        category_where=tuple(_loc(doc, (*path, "categories", j)) for j in range(len(categories))))
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _follow_up(raw: Any, doc: YamlDoc, path: tuple) -> FollowUpConfig | None:

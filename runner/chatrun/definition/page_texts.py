@@ -1,7 +1,8 @@
 """The texts of chatrun's own web page (its Send button, its notices, the cards of pending
 items) in a few locales, and how a bot's catalog overrides them (docs/i18n.md, "The page").
 The conversation's own texts are kept here with them: `fallback` (what the user gets when the
-model has nothing to say and the bot declares no `fallback:`; engine/turn.py), and what the user
+model has nothing to say and the bot declares no `fallback:`; engine/turn.py), `language_refused`
+(a `languages:` guardrail's refusal; engine/guardrails.py), and what the user
 is told while a person decides (`tell_*`, `still_waiting`, ...; engine/pausing.py, engine/waiting.py).
 Every text chatrun itself shows a user has a key here, in every built-in locale.
 
@@ -51,6 +52,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "passed_on_waiting": "Your message was passed on; a colleague will answer here shortly.",
         "the_operator": "the operator",
         "fallback": "Sorry, I have no answer to that. Could you say it another way?",
+        "language_refused": "Sorry, I can only help in: {languages}.",
         "sources": "Sources",
         "connecting": "connecting…",
         "connected": "connected",
@@ -153,6 +155,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "passed_on_waiting": "Ihre Nachricht wurde weitergeleitet; ein Mitarbeiter antwortet Ihnen gleich hier.",
         "the_operator": "den Mitarbeiter",
         "fallback": "Entschuldigung, darauf habe ich keine Antwort. Können Sie es anders formulieren?",
+        "language_refused": "Entschuldigung, ich kann nur in diesen Sprachen helfen: {languages}.",
         "sources": "Quellen",
         "connecting": "Verbindung wird hergestellt…",
         "connected": "verbunden",
@@ -256,6 +259,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "passed_on_waiting": "تم تحويل رسالتك؛ سيرد عليك أحد الموظفين هنا قريبًا.",
         "the_operator": "الموظف",
         "fallback": "عذرًا، ليس لدي إجابة على ذلك. هل يمكنك قولها بطريقة أخرى؟",
+        "language_refused": "عذرًا، يمكنني المساعدة بهذه اللغات فقط: {languages}.",
         "sources": "المصادر",
         "connecting": "جارٍ الاتصال…",
         "connected": "متصل",

@@ -308,7 +308,7 @@ class ToolCalls:
         or resumed once approved, or run when an operator's wait timed out: all come here)."""
         outcome = await self.checked_tool(tool, args, call_id)
         if self.guard is not None:
-            outcome.reply = self.guard.check_tool_result(tool.name, outcome.reply)
+            outcome.reply = await self.guard.check_tool_result(tool.name, outcome.reply)
         return outcome
 
     async def checked_tool(self, tool: ToolConfig, args: dict[str, Any], call_id: str) -> ToolOutcome:

@@ -11,10 +11,14 @@ Four stages, each checked at the one spot its text passes through:
 
 The detectors are hand-written (`find`): regular expressions for patterns and emails, digits with
 the Luhn check for card numbers, the mod-97 check for IBANs; a guard costs microseconds a turn.
+Two kinds judge a whole text: `languages` (offline, engine/language_id.py, about 0.1 ms) and
+`moderation` (the route's endpoint's `/moderations`, a round trip: `Guardrails.screen` asks it
+after the local guards, on the text as they redacted it, and only if none of them stopped it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
@@ -22,10 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatrun import events as ev
+from chatrun.definition import languages
 from chatrun.definition.config import BotConfig, GuardrailConfig
-from chatrun.engine import observe, pausing
+from chatrun.engine import language_id, observe, pausing
 from chatrun.engine.context import TurnContext
 from chatrun.engine.pending import OPERATOR_ROLE, TAKEOVER
+from chatrun.errors import ModelError
 from chatrun.messages import (
     AssistantMessage,
     Message,
@@ -108,7 +114,7 @@ PII_DETECTORS: dict[str, Callable[[str], Iterable[tuple[int, int]]]] = {
 class Hit:
     start: int
     end: int
-    label: str  # what it is: card, iban, email, phone, pattern, length
+    label: str  # what it is: card, iban, email, phone, pattern, length, a language, a moderation category, unavailable
 
 
 def find(guard: GuardrailConfig, text: str) -> list[Hit]:
@@ -116,6 +122,11 @@ def find(guard: GuardrailConfig, text: str) -> list[Hit]:
     if guard.kind == "length":
         limit = guard.max_chars or 0
         return [Hit(limit, len(text), "length")] if len(text) > limit else []
+    if guard.kind == "language":
+        language = language_id.refused(text, guard.languages)
+        return [Hit(0, len(text), language)] if language else []
+    if guard.kind == "moderation":
+        return []  # a round trip: Guardrails.screen asks the endpoint
     spans: list[Hit] = []
     if guard.kind == "pii":
         for label in PII_DETECTORS:
@@ -169,20 +180,25 @@ class Verdict:
     matched: list[tuple[GuardrailConfig, list[Hit]]] = field(default_factory=list)
 
 
+    def take(self, guard: GuardrailConfig, hits: list[Hit]) -> bool:
+        """A guard's hits: the text redacted, or stopped (True: no later guard need look)."""
+        if not hits:
+            return False
+        self.matched.append((guard, hits))
+        if guard.outcome == "redact":
+            self.text = redacted(guard, self.text, hits)
+        elif guard.outcome in ("block", "operator"):
+            self.stopped_by = guard
+            return True
+        return False
+
+
 def judge(guards: Iterable[GuardrailConfig], stage: str, text: str) -> Verdict:
-    """Apply the guards of `stage` to `text` in order; a block or an operator hand-over stops there."""
+    """Apply the local guards of `stage` to `text` in order; a block or an operator hand-over stops
+    there. A `moderation` guard is a round trip: `Guardrails.screen` adds it."""
     verdict = Verdict(text)
     for guard in guards:
-        if stage not in guard.stages:
-            continue
-        hits = find(guard, verdict.text)
-        if not hits:
-            continue
-        verdict.matched.append((guard, hits))
-        if guard.outcome == "redact":
-            verdict.text = redacted(guard, verdict.text, hits)
-        elif guard.outcome in ("block", "operator"):
-            verdict.stopped_by = guard
+        if stage in guard.stages and guard.kind != "moderation" and verdict.take(guard, find(guard, verdict.text)):
             break
     return verdict
 
@@ -200,6 +216,8 @@ class Guardrails:
 
     def __init__(self, t: TurnContext):
         self.t = t
+        # The turn's ChatModel (engine/turn.py sets it): a `moderation` guard asks its `moderate`.
+        self.model: Any = None
 
     def on(self, stage: str, route: str | None = None) -> tuple[GuardrailConfig, ...]:
         """The guards of `stage` on `route` (default: the current one)."""
@@ -210,16 +228,17 @@ class Guardrails:
         flags lets it stream, and flags the whole text at the end)."""
         return any(g.outcome != "flag" for g in self.on("output"))
 
-    def report(self, verdict: Verdict, stage: str) -> None:
+    def report(self, verdict: Verdict, stage: str, outcome: str | None = None) -> None:
         """A Guardrail event (for the operators, unless `events:` says otherwise) and the metric,
-        for each guard that matched. The event names what was found, never the value."""
+        for each guard that matched. The event names what was found, never the value. `outcome`:
+        what happened instead of the guard's own (`allow`: its endpoint failed, the text passed)."""
         audience = self.t.config.events[GUARDRAIL].audience if GUARDRAIL in self.t.config.events else ev.OPERATORS
         for guard, hits in verdict.matched:
-            outcome = guard.outcome
-            self.t.emit(GUARDRAIL, {"name": guard.name, "stage": stage, "kind": guard.kind, "outcome": outcome,
+            done = outcome or guard.outcome
+            self.t.emit(GUARDRAIL, {"name": guard.name, "stage": stage, "kind": guard.kind, "outcome": done,
                                     "route": self.t.c.scope.route, "found": sorted({h.label for h in hits})},
                         audience=audience)
-            observe.guardrail(stage, guard.kind, outcome)
+            observe.guardrail(stage, guard.kind, done)
 
     def message(self, guard: GuardrailConfig) -> str:
         """What the user reads when `guard` blocks or hands over: its `message:`, else chatrun's own
@@ -228,7 +247,11 @@ class Guardrails:
             text = self.t.render_template(guard.message, f"guardrail {guard.name} message", guard.where)
             if text.strip():
                 return text
-        return self.t.own_text("handover" if guard.outcome == "operator" else "fallback")
+        if guard.outcome == "operator":
+            return self.t.own_text("handover")
+        if guard.kind == "language":
+            return self.t.own_text("language_refused", languages=languages.names(guard.languages))
+        return self.t.own_text("fallback")
 
     def hand_over(self, guard: GuardrailConfig, text: str) -> None:
         """An `operator` outcome: the conversation waits for an operator, as an `operator:` action's."""
@@ -237,9 +260,63 @@ class Guardrails:
         pausing.announce(self.t, item)
         self.t.paused = True
 
+    # -- the verdict of one stage, round trips included ---------------------------------------
+
+    async def screen(self, stage: str, text: str, guards: tuple[GuardrailConfig, ...] | None = None) -> Verdict:
+        """`text` judged by the guards of `stage`: the local ones first, then (unless one stopped
+        it) each `moderation` guard, on the text as they redacted it, so the moderation endpoint
+        never reads what a guard redacts, and a text already blocked costs no round trip."""
+        guards = self.on(stage) if guards is None else guards
+        if any(g.kind == "language" for g in guards):
+            await language_id.ready()
+        verdict = judge(guards, stage, text)
+        for guard in guards:
+            if verdict.stopped_by is not None:
+                break
+            if guard.kind == "moderation" and stage in guard.stages:
+                verdict.take(guard, await self.moderation_hits(guard, stage, verdict.text))
+        return verdict
+
+    async def moderation_hits(self, guard: GuardrailConfig, stage: str, text: str) -> list[Hit]:
+        """The categories the route's endpoint's `/moderations` finds in `text` that count for
+        `guard` (each a hit on the whole text); a failed call follows `on_error`."""
+        spec = guard.moderation
+        moderate = getattr(self.model, "moderate", None)
+        if spec is None or moderate is None or not text.strip():
+            return []
+        config = self.t.config.route_model(self.t.c.scope.route)
+        try:
+            result = await asyncio.wait_for(moderate(config, spec.model, text), spec.timeout)
+        except TimeoutError:
+            return self.unavailable(guard, stage, text, f"no answer within {spec.timeout:g} s")
+        except ModelError as exc:
+            return self.unavailable(guard, stage, text, str(exc))
+        if result is None:  # a model with no endpoint to ask (a replayed transcript's script)
+            return []
+        named = spec.categories or tuple(dict.fromkeys([*result.categories, *result.scores]))
+        if spec.threshold is not None:
+            found = [c for c in named if result.scores.get(c, 0.0) >= spec.threshold]
+        else:
+            found = [c for c in named if result.categories.get(c)]
+        return [Hit(0, len(text), category) for category in found]
+
+    def unavailable(self, guard: GuardrailConfig, stage: str, text: str, reason: str) -> list[Hit]:
+        """A moderation call that failed: `on_error: block` counts the text as matched (the guard's
+        outcome applies); `allow` lets it pass, reported as such. Logged with the session."""
+        assert guard.moderation is not None
+        block = guard.moderation.on_error == "block"
+        log.warning("session %s, turn %s: guardrail %s (%s): the moderation endpoint failed (%s); on_error: %s, so "
+                    "the text %s", self.t.c.id, self.t.number, guard.name, stage, reason, guard.moderation.on_error,
+                    "counts as flagged" if block else "passes unchecked")
+        hits = [Hit(0, len(text), "unavailable")]
+        if block:
+            return hits
+        self.report(Verdict(text, matched=[(guard, hits)]), stage, outcome="allow")
+        return []
+
     # -- the stages ------------------------------------------------------------------------
 
-    def check_input(self) -> bool:
+    async def check_input(self) -> bool:
         """The user's message (its text and its data's texts) before any model reads it: redacted
         in place, or stopped. True: the turn ends here (the user has read the guard's message)."""
         guards = self.on("input")
@@ -247,11 +324,11 @@ class Guardrails:
             return False
         stopped = None
         if self.t.user_message:
-            verdict = judge(guards, "input", self.t.user_message)
+            verdict = await self.screen("input", self.t.user_message, guards)
             self.report(verdict, "input")
             self.t.user_message, stopped = verdict.text, verdict.stopped_by
         if stopped is None and self.t.data:
-            self.t.data, stopped = self.data_verdict(guards, self.t.data)
+            self.t.data, stopped = await self.data_verdict(guards, self.t.data)
         if stopped is None:
             return False
         text = self.message(stopped)
@@ -260,24 +337,35 @@ class Guardrails:
             self.hand_over(stopped, text)
         return True
 
-    def data_verdict(self, guards: tuple[GuardrailConfig, ...], data: Any) -> tuple[Any, GuardrailConfig | None]:
-        """The texts in a message's data, each judged as input."""
+    async def data_verdict(self, guards: tuple[GuardrailConfig, ...], data: Any) -> tuple[Any, GuardrailConfig | None]:
+        """The texts in a message's data, each judged as input by the local guards; then all of
+        them, joined, by the moderation guards: one round trip, not one per text."""
         stopped: list[GuardrailConfig] = []
+        texts: list[str] = []
+        if any(g.kind == "language" for g in guards):
+            await language_id.ready()
 
         def visit(text: str) -> str:
             verdict = judge(guards, "input", text)
             self.report(verdict, "input")
             if verdict.stopped_by is not None:
                 stopped.append(verdict.stopped_by)
+            texts.append(verdict.text)
             return verdict.text
-        return map_strings(data, visit), (stopped[0] if stopped else None)
+        data = map_strings(data, visit)
+        moderated = tuple(g for g in guards if g.kind == "moderation")
+        if not stopped and moderated and texts:
+            verdict = await self.screen("input", "\n".join(texts), moderated)
+            self.report(verdict, "input")
+            stopped += [verdict.stopped_by] if verdict.stopped_by is not None else []
+        return data, (stopped[0] if stopped else None)
 
-    def check_tool_result(self, tool: str, reply: str) -> str:
+    async def check_tool_result(self, tool: str, reply: str) -> str:
         """A call's reply before the model reads it: redacted, or replaced by the guard's message."""
         guards = self.on("tool_result")
         if not guards:
             return reply
-        verdict = judge(guards, "tool_result", reply)
+        verdict = await self.screen("tool_result", reply, guards)
         self.report(verdict, "tool_result")
         if verdict.stopped_by is not None:
             guard = verdict.stopped_by
@@ -285,7 +373,7 @@ class Guardrails:
                     "tell the user you cannot give them this.")
         return verdict.text
 
-    def check_output(self, text: str | None, hold: OutputHold | None) -> tuple[str | None, bool]:
+    async def check_output(self, text: str | None, hold: OutputHold | None) -> tuple[str | None, bool]:
         """The model's answer before the user reads it (what a streamed reply's hold released
         counts as checked): the text to show and keep, and whether the turn was handed to an
         operator (its calls then do not run)."""
@@ -293,8 +381,8 @@ class Guardrails:
         if not guards or not text:
             return text, False
         if hold is not None:
-            return hold.final(text)
-        verdict = judge(guards, "output", text)
+            return await hold.final(text)
+        verdict = await self.screen("output", text, guards)
         return self.apply_output(verdict, "")
 
     def apply_output(self, verdict: Verdict, released: str) -> tuple[str, bool]:
@@ -330,6 +418,9 @@ class OutputHold:
         self.guards = guards
         self.send = send
         self.by_sentence = all(g.release == "sentence" for g in guards.on("output") if g.outcome != "flag")
+        # A moderation call per sentence would be a round trip each: with a moderation guard, the
+        # sentences are released in runs of at least its `window` characters, one call per run.
+        self.window = max((g.moderation.window for g in guards.on("output") if g.moderation is not None), default=0)
         self.raw = ""  # what the model has streamed so far
         self.consumed = 0  # how much of `raw` has been judged and released
         self.released = ""  # what went out (redacted)
@@ -342,9 +433,9 @@ class OutputHold:
         cut = None
         for m in _SENTENCE_END.finditer(self.raw, self.consumed):
             cut = m.end()
-        if cut is None:
+        if cut is None or cut - self.consumed < self.window:
             return
-        verdict = judge(self.guards.on("output"), "output", self.raw[self.consumed:cut])
+        verdict = await self.guards.screen("output", self.raw[self.consumed:cut])
         if verdict.stopped_by is not None:
             self.stopped = verdict
             return
@@ -354,14 +445,14 @@ class OutputHold:
         if verdict.text:
             await self.send(verdict.text)
 
-    def final(self, text: str) -> tuple[str, bool]:
+    async def final(self, text: str) -> tuple[str, bool]:
         """The reply as the user gets it, from the model's whole text."""
         if self.stopped is not None:
             return self.guards.apply_output(self.stopped, self.released)
         if not text.startswith(self.raw[:self.consumed]):  # the model's text is not what it streamed
             log.info("session %s: a streamed reply differs from the model's text; checked whole", self.guards.t.c.id)
             self.consumed, self.released = 0, ""
-        verdict = judge(self.guards.on("output"), "output", text[self.consumed:])
+        verdict = await self.guards.screen("output", text[self.consumed:])
         return self.guards.apply_output(verdict, self.released)
 
 

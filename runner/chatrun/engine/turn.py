@@ -115,6 +115,8 @@ class Turn:
                              self.summary_call)
         self.calls = ToolCalls(self.t)
         self.model = TextCalls(model)  # calls the model writes as text become calls (models/text_calls.py)
+        if self.calls.guard is not None:
+            self.calls.guard.model = self.model  # a `moderation` guardrail asks it (engine/guardrails.py)
         # The circuit breakers of the endpoints the model's clients call (`model.breaker:`), if it has any.
         self.breakers: Breakers | None = getattr(model, "breakers", None)
         self.number = self.t.number
@@ -136,7 +138,7 @@ class Turn:
         # The current route runs first, unless something waits (engine/waiting.py): then a decision
         # resolves it and the loop goes on (run again or hand off), or a message is handled without it.
         c = self.t.c
-        if self.calls.guard is not None and self.calls.guard.check_input():  # blocked, or handed to an operator
+        if self.calls.guard is not None and await self.calls.guard.check_input():  # blocked, or handed to an operator
             self.finish()
             return
         nothing_waits = self.t.decision is None and not c.pending  # engine/waiting.py only when something does
@@ -250,7 +252,7 @@ class Turn:
             if switches:
                 price, sent_tokens = self.t.config.prices.get(used.name), None  # counted with its own encoding
                 tracing.record_answered_by(span, used.name, model_config.name)
-            text, handed_over = guard.check_output(response.text, hold) if guard is not None else (response.text, False)
+            text, handed_over = await guard.check_output(response.text, hold) if guard is not None else (response.text, False)
             if text != response.text or handed_over:  # what the user reads is what the memory keeps
                 response = replace(response, text=text, tool_calls=[] if handed_over else response.tool_calls)
             calls = tuple(

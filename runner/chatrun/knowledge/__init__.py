@@ -2,6 +2,7 @@
 
     chunks.py   files cut into passages along their headings (titles and anchors kept)
     index.py    the passages in SQLite, searched with FTS5's BM25, refreshed incrementally
+    web.py      web pages (`urls:`, a `sitemap:`), fetched by `chatrun index` only
     vectors.py  embeddings (a source's `embeddings:`) through the bot's endpoint, and rank fusion
     pg_index.py the same index in PostgreSQL, shared by replicas (`--store postgresql://…`)
 
@@ -20,6 +21,7 @@ Layer 2 (tests/test_architecture.py): it reads the definition stage's config; th
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 import weakref
@@ -29,8 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import BotConfig, KnowledgeSource, ModelConfig
+from chatrun.errors import ChatrunError
 from chatrun.knowledge.index import Hit, KnowledgeIndex, Refreshed, plan
 from chatrun.knowledge.vectors import Embedder, EmbeddingsUnavailable, fuse
+from chatrun.knowledge.web import Listing, WebRefreshed, client, list_pages, refresh_web
+
+log = logging.getLogger("chatrun.knowledge")
 
 if TYPE_CHECKING:
     from chatrun.knowledge.pg_index import PgIndex
@@ -68,14 +74,48 @@ class Library:
         self.embedder = Embedder(model)  # the bot's endpoint, for sources with `embeddings:`
         self._fresh = False
         self._lock = threading.Lock()
+        self.web = WebRefreshed()  # what the last fetch of web pages did (`refresh(pages=...)`)
 
-    def refresh(self, step: Any = None) -> Refreshed:
-        """Bring the index up to date with the folders (only changed files are read)."""
+    def refresh(self, step: Any = None, pages: Sequence[Listing] | None = None) -> Refreshed:
+        """Bring the index up to date with the folders (only changed files are read); with
+        `pages` (`chatrun index` only: `list_web`), fetch the web sources' pages too (only
+        changed ones are cut again; `self.web` says what fetching did). Without, the web
+        sources' passages stay as the last `chatrun index` left them: a running bot never fetches."""
+        web = [source.name for source in self.sources.values() if source.web]
+        if web and not isinstance(self.index, KnowledgeIndex):
+            raise ChatrunError(f"knowledge source {web[0]}: web pages (`urls:`, `sitemap:`) are indexed in the bot "
+                               "folder's .chatrun/knowledge.db only, not yet in the shared PostgreSQL index; serve "
+                               "this bot with --knowledge-store local")
         with self._lock:
-            done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step)
+            done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step, web)
+            if pages is not None and isinstance(self.index, KnowledgeIndex):  # a shared index refused them above
+                with client() as http:
+                    self.web = refresh_web(self.index, pages, done, http, step)
+            else:
+                self._say_unindexed(web)
             self.index.embed_missing(self.embedder, self.embedding_models(list(self.sources)), done)
             self._fresh = True
             return done
+
+    def list_web(self) -> list[Listing]:
+        """The pages of each web source (a sitemap is fetched: `chatrun index` only)."""
+        with client() as http:
+            return [list_pages(source, http) for source in self.sources.values() if source.web]
+
+    def _say_unindexed(self, web: Sequence[str]) -> None:
+        """A web source with no page in the index is said in the log: nothing fails silently."""
+        if not isinstance(self.index, KnowledgeIndex):
+            return  # the shared index refuses web sources (refresh): nothing to say here
+        if not web or not self.index.path.exists():
+            missing = list(web)
+        else:
+            with self.index.connect() as db:
+                held = {row[0] for row in db.execute("SELECT DISTINCT source FROM files")}
+            db.close()
+            missing = [name for name in web if name not in held]
+        for name in missing:
+            log.warning("knowledge source %s: no page of it is in the index (web pages are fetched by "
+                        "`chatrun index`, never while the bot runs); run `chatrun index %s`", name, self.root)
 
     def ready(self) -> KnowledgeIndex | PgIndex:
         """The index, refreshed once in this process's life of the bot (a shared index only when
@@ -135,7 +175,10 @@ class Library:
 
     def link(self, hit: Hit) -> str | None:
         """A passage's link, from its source's `url:` (None: the source declares none)."""
-        pattern = self.sources[hit.source].url if hit.source in self.sources else None
+        source = self.sources.get(hit.source)
+        if source is not None and source.web:  # a web page's passage: the page's URL and #anchor
+            return hit.ref
+        pattern = source.url if source is not None else None
         if not pattern:
             return None
         stem = hit.path.rsplit(".", 1)[0] if "." in hit.path.rsplit("/", 1)[-1] else hit.path

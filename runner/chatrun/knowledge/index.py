@@ -144,9 +144,11 @@ class KnowledgeIndex:
         return db
 
     def refresh(self, files: Sequence[SourceFile], sources: Iterable[str],
-                step: Callable[[SourceFile], None] | None = None) -> Refreshed:
+                step: Callable[[SourceFile], None] | None = None, web: Iterable[str] = ()) -> Refreshed:
         """Bring the index up to date with `files` (of the sources named `sources`): read only
-        the files whose bytes changed; `step` is called after each file (a progress bar)."""
+        the files whose bytes changed; `step` is called after each file (a progress bar). The
+        passages of the sources in `web` (web pages, fetched by `chatrun index` only:
+        chatrun.knowledge.web) are kept as they are."""
         done = Refreshed(files=len(files))
         with self.connect() as db:
             db.execute("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
@@ -161,8 +163,10 @@ class KnowledgeIndex:
                     done.changed += 1
                 if step is not None:
                     step(item)
-            wanted = set(sources)
+            wanted, fetched = set(sources), set(web)
             for source, path in known:  # files deleted, and sources the bot no longer declares
+                if source in fetched:
+                    continue
                 _replace(db, source, path, None, [])
                 done.removed += 1
             db.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", (INDEX_VERSION,))

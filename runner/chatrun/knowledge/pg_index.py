@@ -169,9 +169,10 @@ class PgIndex:
     # -- building ----------------------------------------------------------------------------
 
     def refresh(self, files: Sequence[SourceFile], sources: Iterable[str],
-                step: Callable[[SourceFile], None] | None = None) -> Refreshed:
+                step: Callable[[SourceFile], None] | None = None, web: Iterable[str] = ()) -> Refreshed:
         """Bring the bot's passages up to date with `files`: read only the files whose bytes
-        changed; one transaction per source (readers see a source all old or all new)."""
+        changed; one transaction per source (readers see a source all old or all new). The
+        sources in `web` are left as they are (web pages: the Library refuses them here today)."""
         done = Refreshed(files=len(files))
         wanted = sorted(set(sources))
         by_source: dict[str, list[SourceFile]] = {name: [] for name in wanted}
@@ -180,7 +181,7 @@ class PgIndex:
         self._run("start the index", self._start)
         indexed = self._run("list the indexed sources", lambda c: [r[0] for r in c.execute(
             "SELECT DISTINCT source FROM knowledge_files WHERE bot = %s", (self.bot,))])
-        for source in sorted(set(by_source) | set(indexed)):
+        for source in sorted((set(by_source) | set(indexed)) - set(web)):
             items = by_source.get(source, [])  # a source no longer declared: all its files leave
             self._run(f"index source {source}", functools.partial(self._refresh_source, source=source, items=items,
                                                                    done=done, step=step))

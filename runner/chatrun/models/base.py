@@ -12,6 +12,15 @@ from chatrun.messages import BlobReader, Message, ToolCall
 ChunkCallback = Callable[[str], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class ModerationResult:
+    """What a `/moderations` endpoint said of a text (a `moderation` guardrail reads it,
+    engine/guardrails.py): per category, whether it flagged it and its score."""
+
+    categories: dict[str, bool]
+    scores: dict[str, float]
+
+
 @dataclass
 class ModelRequest:
     """One call to the model.

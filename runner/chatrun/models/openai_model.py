@@ -42,7 +42,7 @@ import openai
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ModelError, ModelUnavailable
 from chatrun.messages import SystemMessage, ToolCall, accepted_kinds
-from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse, ModerationResult
 from chatrun.models.fallback import RETRY_STATUS, unavailable_reason
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -181,6 +181,24 @@ class OpenAIModel:
                 api_key=api_key, base_url=base_url, max_retries=0, http_client=http_client
             )
         return client
+
+    async def moderate(self, config: ModelConfig, model: str, text: str) -> ModerationResult:
+        """`text` as the `/moderations` endpoint of `config`'s endpoint (its base URL and key) sees
+        it (a `moderation` guardrail); ModelError when it cannot say."""
+        client = self.client_for(*self.endpoint(config))
+        try:
+            answer = await client.moderations.create(model=model, input=text)
+        except openai.APIStatusError as exc:
+            raise ModelError(f"the moderation endpoint answered HTTP {exc.status_code}: {exc.message}") from None
+        except openai.APIError as exc:
+            raise ModelError(f"the moderation endpoint: {exc}") from None
+        if not answer.results:
+            raise ModelError(f"the moderation endpoint answered without results: {preview(answer)}")
+        result = answer.results[0]
+        categories = result.categories.model_dump(by_alias=True) if result.categories is not None else {}
+        scores = result.category_scores.model_dump(by_alias=True) if result.category_scores is not None else {}
+        return ModerationResult({k: bool(v) for k, v in categories.items() if v is not None},
+                                {k: float(v) for k, v in scores.items() if isinstance(v, int | float)})
 
     async def aclose(self) -> None:
         """Close the HTTP clients made on the running event loop."""

@@ -13,7 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
+from chatrun.definition.config import ModelConfig
+from chatrun.models.base import (
+    ChatModel,
+    ChunkCallback,
+    ModelRequest,
+    ModelResponse,
+    ModerationResult,
+)
 from chatrun.models.fallback import Breakers
 
 SHARED_PROVIDERS = ("openai",)  # clients that hold no per-conversation state
@@ -92,9 +99,19 @@ class PooledModel:
     async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
         return await self.for_provider(request.config.provider).complete(request, on_chunk)
 
+    async def moderate(self, config: ModelConfig, model: str, text: str) -> ModerationResult | None:
+        """The `/moderations` of the config's provider (None: it has none, e.g. the scripted model)."""
+        return await moderate_with(self.for_provider(config.provider), config, model, text)
+
     async def aclose(self) -> None:
         await _aclose_all(self._own.values())
         self._own = _NONE_OWN
+
+
+async def moderate_with(model: Any, config: ModelConfig, model_name: str, text: str) -> ModerationResult | None:
+    """`model.moderate(...)`, or None for a model that has no moderation endpoint to ask."""
+    moderate = getattr(model, "moderate", None)
+    return None if moderate is None else await moderate(config, model_name, text)
 
 
 async def _aclose_all(models: Iterable[ChatModel]) -> None:

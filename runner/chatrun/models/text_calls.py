@@ -40,8 +40,15 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from chatrun.definition.config import ModelConfig
 from chatrun.messages import ToolCall
-from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models.base import (
+    ChatModel,
+    ChunkCallback,
+    ModelRequest,
+    ModelResponse,
+    ModerationResult,
+)
 
 MODES = ("native", "text", "auto")
 DEFAULT_MODE = "auto"
@@ -344,3 +351,9 @@ class TextCalls:
         if held is not None:
             await held.finish(response.text)
         return response
+
+    async def moderate(self, config: ModelConfig, model: str, text: str) -> ModerationResult | None:
+        """The wrapped model's `/moderations` (None: it has none)."""
+        from chatrun.models.pool import moderate_with
+
+        return await moderate_with(self.model, config, model, text)

@@ -51,6 +51,15 @@ that words do not show:
     fake.embedding_for("exact text", [0.1, ...])     # this input gets this vector
     fake.embedding_requests                          # the /embeddings bodies received
 
+`POST /v1/moderations` answers as OpenAI's does (`results[0]`: `flagged`, `categories`,
+`category_scores` over the omni-moderation categories), scripted by words:
+
+    fake.flag_word("idiot", "harassment", 0.93)      # an input holding the word scores 0.93 there
+                                                     # (flagged from 0.5 on, as the endpoint's default)
+    fake.moderation_fails({"status": 503})           # every /moderations request fails so ...
+    fake.moderation_fails({"delay": 2.0})            # ... or answers late; None: as usual again
+    fake.moderation_requests                         # the /moderations bodies received
+
 The server is asyncio with a minimal HTTP/1.1 implementation (keep-alive, chunked
 transfer for streams) running in a background thread, so it starts in milliseconds,
 needs no web framework and holds thousands of concurrent streaming connections.
@@ -86,6 +95,11 @@ RESPONSE_KEYS = {
     "text", "tool_calls", "chunks", "status", "retry_after", "body", "raw",
     "delay", "chunk_delay", "finish_reason", "usage", "disconnect", "stall",
 }
+# The categories of OpenAI's omni-moderation (the fake's /moderations scores each).
+MODERATION_CATEGORIES = (
+    "harassment", "harassment/threatening", "hate", "hate/threatening", "illicit", "illicit/violent",
+    "self-harm", "self-harm/intent", "self-harm/instructions", "sexual", "sexual/minors", "violence",
+    "violence/graphic")
 MODELS = ["gpt-4o-mini", "gpt-4o", "fake-model", "text-embedding-3-small"]
 EMBEDDING_DIMENSIONS = 64
 MAX_HEADER_LINES = 200
@@ -160,6 +174,9 @@ class FakeOpenAI:
         self._synonyms: dict[str, str] = {}
         self._vectors: dict[str, list[float]] = {}
         self._embedding_requests: list[dict[str, Any]] = []
+        self._flagged_words: dict[str, dict[str, float]] = {}  # word -> {category: score}
+        self._moderation_failure: Response | None = None
+        self._moderation_requests: list[dict[str, Any]] = []
         self.port = port
         self.responder = responder
         self.prompt_cache = prompt_cache
@@ -220,6 +237,37 @@ class FakeOpenAI:
             self._vectors[text] = list(vector)
         return self
 
+    def flag_word(self, word: str, category: str, score: float = 0.9) -> FakeOpenAI:
+        """An input holding `word` (any case, a whole word) scores `score` in `category` at /moderations."""
+        with self._lock:
+            self._flagged_words.setdefault(word.lower(), {})[category] = score
+        return self
+
+    def moderation_fails(self, response: Response | None) -> FakeOpenAI:
+        """Answer every /moderations request with `response` (`{"status": 503}`, `{"delay": 2.0}`,
+        `{"disconnect": True}`); None: answer as usual again."""
+        with self._lock:
+            self._moderation_failure = response
+        return self
+
+    @property
+    def moderation_requests(self) -> list[dict[str, Any]]:
+        """The JSON bodies of the /moderations requests received, in order (a copy)."""
+        with self._lock:
+            return list(self._moderation_requests)
+
+    def moderation(self, text: str) -> dict[str, Any]:
+        """The fake's `/moderations` result for one input: the scores of the flagged words it holds."""
+        with self._lock:
+            words = dict(self._flagged_words)
+        scores = dict.fromkeys(MODERATION_CATEGORIES, 0.0)
+        for word in re.findall(r"\w+", text.lower()):
+            for category, score in words.get(word, {}).items():
+                scores[category] = max(scores.get(category, 0.0), score)
+        categories = {c: score >= 0.5 for c, score in scores.items()}
+        return {"flagged": any(categories.values()), "categories": categories, "category_scores": scores,
+                "category_applied_input_types": {c: ["text"] for c in scores}}
+
     @property
     def embedding_requests(self) -> list[dict[str, Any]]:
         """The JSON bodies of the /embeddings requests received, in order (a copy)."""
@@ -270,6 +318,9 @@ class FakeOpenAI:
             self._requests.clear()
             self._prompts.clear()
             self._embedding_requests.clear()
+            self._moderation_requests.clear()
+            self._flagged_words.clear()
+            self._moderation_failure = None
 
     @property
     def base_url(self) -> str:
@@ -386,6 +437,8 @@ class FakeOpenAI:
                 raise Disconnect() from exc  # the answer may have been half sent: end the connection
         elif method == "POST" and path == "/embeddings" and self.embeddings:
             await self._embeddings(body, writer)
+        elif method == "POST" and path == "/moderations":
+            await self._moderations(body, writer)
         else:
             await send_json(writer, 404, error_body(f"the fake serves no {method} {path}", "not_found"))
 
@@ -402,6 +455,26 @@ class FakeOpenAI:
         tokens = sum(len(t.split()) for t in texts)
         await send_json(writer, 200, {"object": "list", "data": data, "model": body.get("model", ""),
                                       "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def _moderations(self, body: Any, writer: asyncio.StreamWriter) -> None:
+        """`/moderations`: one result per input (a string or a list of strings), or the scripted failure."""
+        with self._lock:
+            self._moderation_requests.append(body)
+            failure = dict(self._moderation_failure) if self._moderation_failure is not None else None
+        if failure is not None:
+            await asyncio.sleep(failure.get("delay", 0))
+            if failure.get("disconnect"):
+                raise Disconnect()
+            if "status" in failure:
+                await send_json(writer, failure["status"], error_body("the moderation endpoint is down", "server_error"))
+                return
+        texts = body.get("input") if isinstance(body, dict) else None
+        texts = [texts] if isinstance(texts, str) else texts
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            await send_json(writer, 400, error_body("`input` must be a string or a list of strings", "invalid_request_error"))
+            return
+        await send_json(writer, 200, {"id": f"modr-{len(self._moderation_requests)}", "model": body.get("model", ""),
+                                      "results": [self.moderation(t) for t in texts]})
 
     # -- chat completions --------------------------------------------------------------------------
 

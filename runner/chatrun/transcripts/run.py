@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatrun.definition.config import ModelConfig
 from chatrun.engine.clock import FixedClock, parse_duration, parse_instant
 from chatrun.engine.pending import Answer, Approve, Expire, OperatorSay, Reject, Release, TakeOver
 from chatrun.errors import (
@@ -20,7 +21,7 @@ from chatrun.errors import (
     UnknownRouteError,
 )
 from chatrun.models import ModelPool
-from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse, ModerationResult
 from chatrun.models.fallback import Breakers
 from chatrun.models.scripted import ScriptedModel
 from chatrun.testing.unruly import Unruly
@@ -73,6 +74,10 @@ class LiveModel:
     async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
         self.requests.append(request)
         return await self._model.complete(request, on_chunk)
+
+    async def moderate(self, config: ModelConfig, model: str, text: str) -> ModerationResult | None:
+        """A `moderation` guardrail asks the real endpoint too (a replay's script has none)."""
+        return await self._model.moderate(config, model, text)
 
     async def aclose(self) -> None:
         await self._model.aclose()
