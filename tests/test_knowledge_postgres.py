@@ -261,3 +261,11 @@ def test_web_sources_are_refused_by_the_shared_index_before_anything_is_fetched(
     result = CliRunner().invoke(main, ["index", str(tmp_path), "--store", "postgresql://u@127.0.0.1:1/db"])
     assert result.exit_code == 1 and "knowledge source pages: web pages (`urls:`, `sitemap:`) are indexed in the bot " \
         "folder's .chatrun/knowledge.db only" in result.output
+    from chatrun.knowledge import KnowledgeIndex, library_of, share_index
+
+    share_index("postgresql://u@127.0.0.1:1/db")
+    try:  # a server reading the shared index keeps a bot with web sources on its folder's file
+        assert isinstance(library_of(load_config(tmp_path)[0]).index, KnowledgeIndex)
+        assert isinstance(library_of(load_config(HELPCENTRE)[0]).index, PgIndex)
+    finally:
+        share_index(None)

@@ -221,11 +221,24 @@ def open_index(root: str | Path, name: str, url: str | None) -> KnowledgeIndex |
     return KnowledgeIndex(index_path(root))
 
 
+def _shared_for(config: BotConfig) -> str | None:
+    """The shared index's URL for this bot; None for a bot with web sources, which the shared
+    index does not hold yet: it keeps its folder's file (said in the log, once per bot loaded)."""
+    if not _SHARED:
+        return None
+    web = [source.name for source in config.knowledge.values() if source.web]
+    if web:
+        log.warning("bot %s: knowledge source %s reads web pages, which the shared PostgreSQL index does not hold "
+                    "yet; this bot reads its folder's .chatrun/knowledge.db", config.name, web[0])
+        return None
+    return _SHARED[0]
+
+
 def library_of(config: BotConfig) -> Library:
     """The Library of a loaded bot (made on first use, dropped with the config)."""
     library = _LIBRARIES.get(id(config))
     if library is None:
-        index = open_index(config.root or ".", config.name, _SHARED[0] if _SHARED else None)
+        index = open_index(config.root or ".", config.name, _shared_for(config))
         library = _LIBRARIES[id(config)] = Library(config.root or ".", config.knowledge, config.model, index)
         weakref.finalize(config, _drop, id(config))
     return library
