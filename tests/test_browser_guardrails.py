@@ -2,7 +2,8 @@
 a blocked phrase, slowly, to the end-user page in real Chromium; a MutationObserver records every
 text the chat ever showed, chunk by chunk, and none of it holds the digits or the blocked words —
 the engine held the guarded reply before the page got a chunk (engine/guardrails.py, OutputHold).
-The WebSocket, `/v1` and Slack are tested in tests/test_guardrails_server.py."""
+The other doors: tests/test_doors.py, tests/test_guardrails_server.py, the channel tests (docs/guardrails.md
+lists them)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,9 @@ algorithms. One bot declares all the channels at once; each test runs its script
 channel: choices offered as buttons and a press choosing; a `confirm:` approval decided by a
 button; an operator's takeover from the operators' API while the user is on the channel; a
 delivery sent again three times answered once by one model call; a forged signature refused
-with 401 and no turn; an image the user sends reaching the model. The killed replica is tests/test_channel_replicas.py (real processes).
+with 401 and no turn; an image the user sends reaching the model; a reply's card number and
+blocked sentence never reaching the platform, and its cited sources shown as links (issue 37;
+the other doors are tests/test_doors.py). The killed replica is tests/test_channel_replicas.py (real processes).
 
 Twilio ConversationRelay is not driven here: a call is a WebSocket of speech already turned
 into text, with no buttons to press, no signed delivery a platform retries (the call's
@@ -75,10 +77,16 @@ channels:
   teams: {{app_id: TEAMS_APP_ID, app_password: TEAMS_APP_PASSWORD, openid: "{{{{ env.BF }}}}/openid",
            token_url: "{{{{ env.BF }}}}/token", {RETRY}}}
 state: {{booked: 0}}
+knowledge:
+  guides: {{path: guides, url: "https://docs.example/{{path}}#{{anchor}}"}}
+guardrails:  # the output stage only: a platform is not saved by the store's redaction
+  - {{name: cards, pii: [card], stages: [output], outcome: redact}}
+  - {{name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: block, message: I cannot share that.}}
 routes:
   main:
     default: true
     system: You sell tickets.
+    knowledge: [guides]
     choices: [Concert, {{label: Theatre tonight, value: theatre}}]
     tools: [book]
     attachments: {{kinds: [image/*], max_bytes: 5000, max_count: 2}}
@@ -105,7 +113,14 @@ def responder(body: dict[str, Any]) -> dict[str, Any]:
     text = user
     if text.startswith("book "):
         return {"tool_calls": [{"name": "book", "arguments": {"show": text[5:]}}]}
-    return {"text": f"You said {text}."}
+    return {"chunks": GUARDED[text]} if text in GUARDED else {"text": f"You said {text}."}
+
+
+GUARDED = {  # what the model answers to these, in chunks when the bot streams
+    "save my card": ["Thanks. Your card ", "4111 1111 ", "1111 1111 is ", "saved. Bye"],
+    "prices?": ["Sure. The price list ", "is for internal ", "only. Ask me later."],
+    "refund?": ["Thirty days ", "[returns.md#refund-window]."],
+}
 
 
 Reply = tuple[str, list[str]]  # what the user reads: a message's text and its buttons' values
@@ -138,6 +153,10 @@ class Driver:
 
     def replies(self) -> list[Reply]:
         raise NotImplementedError
+
+    def received(self) -> str:
+        """Everything the platform's API was sent."""
+        return json.dumps([call.body for call in self.api.seen])  # type: ignore[attr-defined]
 
     def post(self, body: bytes, headers: dict[str, str]) -> int:
         return self.client.post(f"/channels/shop/{self.kind}", content=body,
@@ -268,6 +287,9 @@ class TeamsDriver(Driver):
                                    {"contentType": "text/html", "content": f"<p>{caption}</p>"}]
         return self._send(activity)
 
+    def received(self) -> str:
+        return json.dumps(list(self.api.activities))
+
     def replies(self) -> list[Reply]:
         out: list[Reply] = []
         for activity in list(self.api.activities):
@@ -317,6 +339,8 @@ def chat(request, tmp_path, fake, monkeypatch) -> Iterator[Conversation]:
         base = {"telegram": api.url, "slack": api.url + "/api", "whatsapp": api.url + "/v21.0", "teams": api.url}[kind]
         monkeypatch.setenv({"telegram": "TG_API", "slack": "SLACK_API", "whatsapp": "WA_API", "teams": "BF"}[kind], base)
         (tmp_path / "bot.yaml").write_text(BOT)
+        (tmp_path / "guides").mkdir()
+        (tmp_path / "guides" / "returns.md").write_text("# Returns\n\n## Refund window\n\nWithin 30 days.\n")
         (tmp_path / "auth.yaml").write_text("tokens: {op-token-123: {principal: olga, roles: [operators, outbox]}}\n")
         app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
                                  auth=str(tmp_path / "auth.yaml"))
@@ -384,3 +408,16 @@ def test_an_image_the_user_sends_reaches_the_model(chat):
     assert chat.user.send_file(PNG, "my ticket") == 200
     wait_until(chat.user.replies, what="the reply to the image")
     assert chat.texts() == ["Got image_url with 'my ticket'."]
+
+
+def test_no_guarded_word_reaches_the_platform_and_the_sources_arrive_as_links(chat):
+    for i, text in enumerate(GUARDED, 1):
+        assert chat.user.say(text) == 200
+        wait_until(lambda i=i: len(chat.user.replies()) >= i, what=f"the reply to {text!r}")
+    wait_until(lambda: len(chat.user.replies()) == 4, what="the sources after the cited reply")
+    chat.settled()
+    assert chat.texts() == ["Thanks. Your card [card] is saved. Bye", "I cannot share that.",
+                            "Thirty days [returns.md#refund-window].",
+                            "Sources:\n1. Returns › Refund window — https://docs.example/returns#refund-window"]
+    received = chat.user.received()
+    assert "4111" not in received and "1111 1111" not in received and "internal" not in received.lower()

@@ -290,3 +290,26 @@ def test_the_validator_names_an_undeclared_token_and_a_hand_over_without_a_numbe
     assert all(line and line > 1 for line in lines.values()), lines  # each at its place in the file
     bot.write_text(BOT)
     assert [d for d in check_bot(bot)[1] if d.path.startswith("channels")] == []
+
+
+GUARDRAILS = """\
+guardrails:  # the output stage only: what the caller hears is not saved by the store's redaction
+  - {name: cards, pii: [card], stages: [output], outcome: redact, release: sentence}
+  - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: block, release: sentence,
+     message: I cannot share that.}
+"""
+
+
+def test_a_caller_never_hears_a_guarded_word_and_hears_each_sentence_once(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(BOT.replace("state: {booked: 0}\n", GUARDRAILS + "state: {booked: 0}\n"))
+    fake.queue({"chunks": ["Thanks. Your card ", "4111 1111 ", "1111 1111 is ", "saved. Bye"]},
+               {"chunks": ["Sure. The price list ", "is for internal ", "only. Ask me later."]})
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client, \
+            client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        heard = []
+        for said in ("save my card", "prices?"):
+            ws.send_json(prompt(said))
+            heard.append("".join(reply(ws)[0]))
+    assert heard == ["Thanks. Your card [card] is saved. Bye ", "Sure. I cannot share that. "]

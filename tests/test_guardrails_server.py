@@ -2,7 +2,7 @@
 number and a blocked phrase; the WebSocket, `/v1` (the real `openai` client) and a Slack chat
 (its streamed message posted and updated on a fake of Slack's Web API) never see the digits or
 the blocked words, because the engine holds a guarded reply before any door gets a chunk. The
-store and `/metrics` are read too."""
+store and `/metrics` are read too. Every other door: tests/test_doors.py."""
 
 from __future__ import annotations
 

@@ -618,3 +618,27 @@ def test_an_object_then_reply_text_keeps_the_text_the_reply_and_the_data_in_chat
         as_json = client.chat.completions.create(model="quote", messages=question,
                                                  response_format={"type": "json_object"})
         assert json.loads(as_json.choices[0].message.content) == {"price": 80, "currency": "EUR", "refundable": False}
+
+
+def test_citations_span_each_ref_in_the_whole_reply_and_a_source_without_a_link_is_no_url_citation():
+    from chatrun import events as ev
+    from chatrun.server.openai_api import _chat_annotations, _response_annotations
+    from chatrun.server.openai_turn import Reply
+
+    reply = Reply()
+    for event in (ev.Event(ev.MESSAGE, "Hello."), ev.Event(ev.STREAM, "See [a.md#x] "), ev.Event(ev.STREAM, "and [b.md]."),
+                  ev.Event(ev.MESSAGE, "See [a.md#x] and [b.md]."),
+                  ev.Event(ev.SOURCES, {"sources": [{"title": "A", "ref": "a.md#x", "source": "s", "url": "https://a/x"},
+                                                    {"title": "B", "ref": "b.md", "source": "t"}]})):
+        reply.feed(event)
+    completion = ChatCompletion.model_validate({  # OpenAI's own type reads them
+        "id": "c", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": reply.text, "annotations": _chat_annotations(reply)}}],
+    })
+    [chat] = completion.choices[0].message.annotations or []
+    assert reply.text[chat.url_citation.start_index:chat.url_citation.end_index] == "[a.md#x]"
+    assert (chat.url_citation.title, chat.url_citation.url) == ("A", "https://a/x")
+    assert _response_annotations(reply) == [{"type": "url_citation", "url": "https://a/x", "title": "A",
+                                             "start_index": 12, "end_index": 20}]
+    assert [s["ref"] for s in reply.sources] == ["a.md#x", "b.md"]  # both in `chatrun.sources`

@@ -27,6 +27,7 @@ from chatrun.definition.config import (
     KIND_STAGES,
     MODERATION_CATEGORIES,
     STAGE_OUTCOMES,
+    SUMMARY_FACT,
     WHOLE_TEXT_KINDS,
     WIDGET_LOGO_TYPES,
     ActionConfig,
@@ -40,6 +41,7 @@ from chatrun.definition.config import (
     OperatorConfig,
     RouteConfig,
     ToolConfig,
+    UserMemoryConfig,
     declared_arguments,
     duration_seconds,
 )
@@ -477,9 +479,26 @@ class _Checker:
                                            f"`user_memory` declares {', '.join(f'`{f}`' for f in unwritten)}, which no "
                                            "tool's action remembers: add `remember: {FACT: TEMPLATE}` to an action, "
                                            "or leave the fact out", "user_memory"))
+            self.user_summary(declared)
         elif self.config.retention.user_memory is not None:
             self.add("warning", "`retention.user_memory` forgets remembered facts, but the bot declares no "
                      "`user_memory:`: declare one, or leave the retention out", "retention", "user_memory")
+
+    def user_summary(self, declared: UserMemoryConfig) -> None:
+        """`user_memory.summary:`: kept as the fact `summary`, so no declared fact may be called
+        that; `when: outcome` needs `outcomes:`; its prompt compiles."""
+        summary = declared.summary
+        if summary is None:
+            return
+        if SUMMARY_FACT in declared.facts:
+            self.add("error", f"`user_memory.facts` names `{SUMMARY_FACT}`, which is where `user_memory.summary` keeps "
+                     "the conversation's summary: call the fact something else", "user_memory", "facts")
+        if "outcome" in summary.when and not self.config.outcomes:
+            self.add("warning", "`user_memory.summary` is written `when: outcome`, but the bot declares no `outcomes:`, "
+                     "so no outcome is ever recorded: add `outcomes:` or write it `when: end`",
+                     "user_memory", "summary", "when")
+        if summary.prompt is not None:
+            self.template(summary.prompt, "`user_memory.summary.prompt`", ("user_memory", "summary", "prompt"), None)
 
     def guardrails(self) -> None:
         """`guardrails:` (the bot's and each route's): patterns that compile, and outcomes each

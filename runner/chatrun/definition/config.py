@@ -615,6 +615,22 @@ class UserMemoryConfig:
     they are kept is the bot's `retention.user_memory`."""
 
     facts: list[str] = field(default_factory=list)
+    summary: UserSummaryConfig | None = None  # `summary:`: written by the model when a conversation ends
+    where: Location = field(default_factory=Location)
+
+
+SUMMARY_FACT = "summary"  # the name the summary is kept and read under (`user_memory.summary`)
+SUMMARY_WHEN = ("end", "outcome")  # what ends a conversation, for `summary.when`
+
+
+@dataclass
+class UserSummaryConfig:
+    """`user_memory.summary:`: a summary of each conversation the model writes when it ends
+    (`when`: `end` — a tool's `end` action; `outcome` — its outcome was recorded), kept of the
+    user as the fact `summary` (docs/memory.md, "A summary at conversation end")."""
+
+    when: tuple[str, ...] = ("end",)
+    prompt: str | None = None  # a template: what the summarizing model is told (None: the built-in text)
     where: Location = field(default_factory=Location)
 
 

@@ -25,6 +25,7 @@ from chatrun.definition.config import (
     ERASED_OUTBOX,
     PII_KINDS,
     READ,
+    SUMMARY_WHEN,
     ActionConfig,
     ApprovalCaseConfig,
     ApprovalConfig,
@@ -59,6 +60,7 @@ from chatrun.definition.config import (
     SinkConfig,
     ToolConfig,
     UserMemoryConfig,
+    UserSummaryConfig,
     WebhookConfig,
     WidgetConfig,
     duration_seconds,
@@ -714,7 +716,18 @@ def _user_memory(raw: Any, main: YamlDoc) -> UserMemoryConfig | None:
     """`user_memory:` (the schema has checked its shape)."""
     if not isinstance(raw, dict):
         return None
-    return UserMemoryConfig(facts=_str_list(raw.get("facts")), where=_loc(main, ("user_memory",)))
+    return UserMemoryConfig(facts=_str_list(raw.get("facts")), summary=_user_summary(raw.get("summary"), main),
+                            where=_loc(main, ("user_memory",)))
+
+
+def _user_summary(raw: Any, main: YamlDoc) -> UserSummaryConfig | None:
+    """`user_memory.summary:` (`when:` one name or a list of them; the schema has checked them)."""
+    if not isinstance(raw, dict):
+        return None
+    when = raw.get("when", "end")
+    names = [when] if isinstance(when, str) else _str_list(when)
+    return UserSummaryConfig(when=tuple(n for n in SUMMARY_WHEN if n in names) or ("end",),
+                             prompt=_str(raw.get("prompt")), where=_loc(main, ("user_memory", "summary")))
 
 
 def _widget(raw: Any, main: YamlDoc) -> WidgetConfig | None:

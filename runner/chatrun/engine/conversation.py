@@ -334,6 +334,14 @@ class Conversation:
         return {mid: (self._memories[mid].messages() if mid in self._memories else self.store.get_messages(mid))
                 for mid in self.live_memory_ids()}
 
+    def memories_since(self, before: Checkpoint) -> list[list[Message]]:
+        """The messages of every memory the conversation had during a turn: live before it, or
+        loaded in it (after an `end`, none is live any more), oldest scope first."""
+        ids = dict.fromkeys([*(mid for s in before.scopes for mid in s.memory_ids()), *self._memories,
+                             *self.live_memory_ids()])
+        return [self._memories[mid].messages() if mid in self._memories else self.store.get_messages(mid)
+                for mid in ids]
+
     def live_memory_ids(self) -> list[str]:
         return [mid for s in self.scopes for mid in s.memory_ids()]
 

@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
-from chatrun.engine import follow_up, guardrails, outcomes, tracing
+from chatrun.engine import follow_up, guardrails, outcomes, tracing, user_summary
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import NO_FACTS, Checkpoint, Conversation
 from chatrun.engine.pending import (
@@ -78,7 +78,8 @@ class Session:
 
     # No __dict__: a server keeps one per cached session (issue 26).
     __slots__ = ("bot", "store", "blobs", "_own_models", "_model", "_handlers", "_default_handlers", "_sink",
-                 "_running", "_closed", "_loop", "_last_entry", "tool_mocks", "_moved", "_c", "__weakref__")
+                 "_running", "_closed", "_loop", "_last_entry", "tool_mocks", "_moved", "_c", "may_summarize",
+                 "__weakref__")
 
     def __init__(
         self,
@@ -111,6 +112,9 @@ class Session:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_entry: dict[str, Any] | None = None
         self.tool_mocks: ToolMocks | None = None  # stand-ins for tools (golden transcripts set them)
+        # Whether the summary at the conversation's end (`user_memory.summary:`) may call the model now:
+        # a replayed transcript says so only when its turn scripts an answer for it (transcripts/run.py).
+        self.may_summarize: user_summary.MaySummarize = _always
         # A move to another version of the bot (engine/versions.py), committed with the next
         # turn: the conversation as it was before it, the bot it left, and what the move did.
         self._moved: tuple[Checkpoint, Bot, Moved] | None = None
@@ -653,6 +657,8 @@ class Session:
             if self._c.config.outcomes:  # before the turn is counted: its Outcome event belongs to it
                 outcomes.decide(self._c, turn.number, collected, isinstance(decision, Expire),
                                 _expire_now(decision) or self._c.now(), self._emit)
+            if self._c.config.user_memory is not None:  # the summary at the conversation's end, if it ended
+                await user_summary.write(turn, before, self.may_summarize)
             self._c.turn_count = turn.number
             self._c.usage.add(turn.usage)
             if self._c.follow_up is not None or self._c.route.follow_up is not None:  # most turns: neither
@@ -900,6 +906,10 @@ def _split_input(message: Input) -> tuple[str | None, dict[str, Any]]:
 def _expire_now(decision: Decision | None) -> datetime | None:
     """The instant an Expire says it runs at (the sweeper's), or None."""
     return parse_time(decision.now) if isinstance(decision, Expire) and decision.now else None
+
+
+def _always() -> bool:
+    return True
 
 
 def _usage_entry(turn: Turn) -> dict[str, Any]:

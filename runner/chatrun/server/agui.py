@@ -10,7 +10,9 @@ Server-Sent Events (docs/agui.md).
 - The bot's words stream as TEXT_MESSAGE_START/CONTENT/END; an item the user decides (an
   approval, `confirm:`, a question) ends the run with RUN_FINISHED's `interrupt` outcome
   (the item's id, kind, question, choices and the shape of the answer), and the next run's
-  `resume` decides it; what has no AG-UI event of its own (choices, a route change, a
+  `resume` decides it; the passages a reply cites (a Sources event) are an ACTIVITY_SNAPSHOT of
+  activity type `sources` after the message (`{messageId, sources}`: a front end renders them as
+  a widget in their place in the conversation); what has no AG-UI event of its own (choices, a route change, a
   structured object) is a CUSTOM event named `chatrun.<EventType>`. A turn that failed (and
   was rolled back) ends with RUN_ERROR.
 """
@@ -144,6 +146,8 @@ class _Translator:
     def __init__(self, encode: Any, emit: Emit):
         self.encode, self.emit = encode, emit
         self.open: str | None = None  # the id of the text message being streamed
+        self.last: str | None = None  # the id of the last text message (the one a Sources event cites)
+        self.streamed = ""  # the text of the message being streamed, so far
         self.interrupts: list[Any] = []
         self.failure: str | None = None
 
@@ -161,6 +165,8 @@ class _Translator:
             self.emit(self.encode(CustomEvent(name="chatrun.Error", value=data)))
         elif kind == ev.PENDING and isinstance(data, dict):
             self._pending(data)
+        elif kind == ev.SOURCES and isinstance(data, dict):
+            self._sources(data)
         else:
             self.close()
             self.emit(self.encode(CustomEvent(name=f"chatrun.{kind}", value=data)))
@@ -169,23 +175,39 @@ class _Translator:
         from ag_ui.core import TextMessageContentEvent, TextMessageStartEvent
 
         if self.open is None:
-            self.open = "msg_" + secrets.token_hex(8)
+            self.open = self.last = "msg_" + secrets.token_hex(8)
             self.emit(self.encode(TextMessageStartEvent(message_id=self.open, role="assistant")))
         if text:
+            self.streamed += text
             self.emit(self.encode(TextMessageContentEvent(message_id=self.open, delta=text)))
 
     def _message(self, text: str, name: Any) -> None:
         from ag_ui.core import TextMessageContentEvent, TextMessageEndEvent, TextMessageStartEvent
 
-        if self.open is not None:  # the message its chunks streamed
+        if self.open is not None:  # the message its chunks streamed: what it adds to them (a guarded
+            # reply streams its checked sentences only; the rest, or a guardrail's message, is here)
+            rest = text[len(self.streamed):] if text.startswith(self.streamed) else ""
+            if rest:
+                self.emit(self.encode(TextMessageContentEvent(message_id=self.open, delta=rest)))
             self.close()
             return
-        message_id = "msg_" + secrets.token_hex(8)
+        message_id = self.last = "msg_" + secrets.token_hex(8)
         self.emit(self.encode(TextMessageStartEvent(message_id=message_id, role="assistant",
                                                     name=name if isinstance(name, str) else None)))
         if text:
             self.emit(self.encode(TextMessageContentEvent(message_id=message_id, delta=text)))
         self.emit(self.encode(TextMessageEndEvent(message_id=message_id)))
+
+    def _sources(self, data: dict[str, Any]) -> None:
+        """The passages the last message cites: AG-UI has no citation event; an activity is
+        its structured, non-conversation content that keeps its place (a CUSTOM event would be
+        outside the protocol: no front end could know it)."""
+        from ag_ui.core import ActivitySnapshotEvent
+
+        self.close()
+        content = {"messageId": self.last, "sources": data.get("sources") or []}
+        self.emit(self.encode(ActivitySnapshotEvent(message_id="sources_" + secrets.token_hex(8),
+                                                    activity_type="sources", content=content)))
 
     def _pending(self, item: dict[str, Any]) -> None:
         from ag_ui._generated.models import Interrupt
@@ -205,7 +227,7 @@ class _Translator:
 
         if self.open is not None:
             self.emit(self.encode(TextMessageEndEvent(message_id=self.open)))
-            self.open = None
+            self.open, self.streamed = None, ""
 
     def outcome(self) -> Any:
         from ag_ui._generated.models import RunFinishedInterruptOutcome, RunFinishedSuccessOutcome

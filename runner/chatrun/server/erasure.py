@@ -1,6 +1,7 @@
 """Erasure of one principal over HTTP: `DELETE /principals/{principal}` (docs/deploy.md, "Erasing
 a person's data"; docs/security.md); and a user's own view of what a bot remembers of them:
-`GET`/`DELETE /bots/{bot}/user-memory` (docs/memory.md, "User memory").
+`GET`/`DELETE /bots/{bot}/user-memory`, `DELETE /bots/{bot}/user-memory/{fact}` (docs/memory.md,
+"User memory").
 
 Deletes everything stored of the principal (store/retention.py `erase_principal`): every
 session it owns, with its history, files, records and open pending items; its dead letters;
@@ -22,7 +23,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from chatrun.definition.config import Retention
+from chatrun.definition.config import SUMMARY_FACT, Retention
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.http import ERROR_RESPONSES
@@ -38,6 +39,7 @@ def make_erasure_router() -> APIRouter:
     router.add_api_route("/principals/{principal}", erase, methods=["DELETE"])
     router.add_api_route("/bots/{bot}/user-memory", list_user_memory, methods=["GET"])
     router.add_api_route("/bots/{bot}/user-memory", erase_user_memory, methods=["DELETE"])
+    router.add_api_route("/bots/{bot}/user-memory/{fact}", erase_user_fact, methods=["DELETE"])
     return router
 
 
@@ -55,9 +57,13 @@ async def erase(principal: str, who: Caller, registry: Registry, dry_run: bool =
 
 async def list_user_memory(bot: str, who: Caller, registry: Registry) -> Any:
     """What `bot` keeps of the caller across conversations (`user_memory:`): each fact, its
-    value and when it was written (epoch seconds)."""
+    value and when it was written (epoch seconds); the summary written at a conversation's end
+    (`user_memory.summary:`) is the fact `summary`, marked `"summary": true`."""
     name, keep = _own_memory(bot, who, registry)
     facts = await user_memory.alist(registry.store, bot, name, keep, time.time())
+    declared = registry.bot(bot).config.user_memory
+    if declared is not None and declared.summary is not None:
+        facts = [{**f, "summary": True} if f["fact"] == SUMMARY_FACT else f for f in facts]
     return {"bot": bot, "principal": name, "facts": facts}
 
 
@@ -66,6 +72,14 @@ async def erase_user_memory(bot: str, who: Caller, registry: Registry) -> Any:
     name, _ = _own_memory(bot, who, registry)
     erased = await user_memory.aerase(registry.store, bot, name)
     return {"bot": bot, "principal": name, "erased": erased}
+
+
+async def erase_user_fact(bot: str, fact: str, who: Caller, registry: Registry) -> Any:
+    """Delete one fact `bot` keeps of the caller (the summary too: `summary`); `erased`: 1, or 0
+    when it kept no such fact."""
+    name, keep = _own_memory(bot, who, registry)
+    erased = await user_memory.aforget(registry.store, bot, name, fact, keep, time.time())
+    return {"bot": bot, "principal": name, "fact": fact, "erased": erased}
 
 
 def _own_memory(bot: str, who: Principal | None, registry: Registry) -> tuple[str, float | None]:

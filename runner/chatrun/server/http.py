@@ -385,6 +385,10 @@ def _bot_summary(bot: Any, locale: str | None = None) -> dict[str, Any]:
         "version": config.version,  # the human `version:`, when the bot has one
         "content_version": config.content_version,  # the hash of its files (docs/versions.md)
         "on_change": config.on_change,
+        # What the page calls the bot (the widget's title, else its name), and whether it keeps
+        # anything of its users across conversations (`user_memory:`: the page's memory control).
+        "title": config.widget.title if config.widget is not None and config.widget.title else bot.name,
+        "user_memory": config.user_memory is not None,
     }
 
 

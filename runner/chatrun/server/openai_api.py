@@ -299,10 +299,12 @@ class ChatCompletion(TurnRequest):
         if not result.ok:
             raise OpenAIError(500, f"the turn failed: {result.error}", "server_error", "turn_failed")
         content = result.reply.json_text() if self.as_json else result.reply.text
+        annotations = [] if self.as_json else _chat_annotations(result.reply)
         return JSONResponse({
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
             "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                         "message": {"role": "assistant", "content": content, "refusal": None}}],
+                         "message": {"role": "assistant", "content": content, "refusal": None,
+                                     "annotations": annotations}}],
             "usage": result.usage, "system_fingerprint": None, "chatrun": self.info(result),
         }, headers={"X-Chatrun-Session": result.session["session"]})
 
@@ -359,6 +361,9 @@ class ChatCompletion(TurnRequest):
             failed = OpenAIError(500, f"the turn failed: {result.error}", "server_error", "turn_failed")
             return ["data: " + json.dumps(failed.body()) + "\n\n"]
         frames = [self.chunk({"content": result.reply.json_text()})] if self.as_json else []
+        annotations = [] if self.as_json else _chat_annotations(result.reply)
+        if annotations:  # the reply's citations, once its text is whole (as OpenAI streams a search's)
+            frames.append(self.chunk({"annotations": annotations}))
         frames.append(self.chunk({}, "stop", chatrun=self.info(result)))
         if self.include_usage:
             payload: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -432,7 +437,8 @@ class ResponseRequest(TurnRequest):
                         uploads=self.uploads)
 
     def response_object(self, status: str, result: TurnResult | None, text_out: str | None) -> dict[str, Any]:
-        output = [] if text_out is None else [_output_message(self.message_id, text_out, "completed")]
+        annotations = _response_annotations(result.reply) if result is not None else []
+        output = [] if text_out is None else [_output_message(self.message_id, text_out, "completed", annotations)]
         obj: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": self.created, "model": self.model,
             "status": status, "output": output, "parallel_tool_calls": False, "tool_choice": "auto",
@@ -492,12 +498,15 @@ class ResponseRequest(TurnRequest):
             failed = self.response_object("failed", None, None) | {"error": {"code": "server_error", "message": failure}}
             return [events.frame("response.failed", response=failed)]
         final = result.reply.text
-        part = {"type": "output_text", "text": final, "annotations": []}
+        annotations = _response_annotations(result.reply)
+        part = {"type": "output_text", "text": final, "annotations": annotations}
         return [
+            *(events.frame("response.output_text.annotation.added", annotation=annotation, annotation_index=i, **where)
+              for i, annotation in enumerate(annotations)),
             events.frame("response.output_text.done", text=final, logprobs=[], **where),
             events.frame("response.content_part.done", part=part, **where),
             events.frame("response.output_item.done", output_index=0,
-                         item=_output_message(self.message_id, final, "completed")),
+                         item=_output_message(self.message_id, final, "completed", annotations)),
             events.frame("response.completed", response=self.response_object("completed", result, final)),
         ]
 
@@ -552,8 +561,10 @@ def model_ids(registry: SessionRegistry) -> list[str]:
     return ids
 
 
-def _output_message(message_id: str, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+def _output_message(message_id: str, text: str | None, status: str,
+                    annotations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": annotations or [],
+                                        "logprobs": []}]
     return {"type": "message", "id": message_id, "role": "assistant", "status": status, "content": content}
 
 
@@ -569,5 +580,19 @@ def _sse(frames: AsyncIterator[str]) -> StreamingResponse:
 
 def _objects_and_events(reply: Reply, want_events: bool) -> dict[str, Any]:
     """What the `chatrun` field adds to the session: the turn's Object events as data (the
-    reply text shows them readably), and the other events when the request asked for them."""
-    return ({"objects": reply.objects} if reply.objects else {}) | ({"events": reply.other} if want_events else {})
+    reply text shows them readably), every source the reply cites (with a link or not), and
+    the other events when the request asked for them."""
+    out: dict[str, Any] = {"objects": reply.objects} if reply.objects else {}
+    if reply.sources:
+        out["sources"] = reply.sources
+    return out | ({"events": reply.other} if want_events else {})
+
+
+def _chat_annotations(reply: Reply) -> list[dict[str, Any]]:
+    """The reply's citations as Chat Completions' message `annotations` (docs/openai-api.md, Sources)."""
+    return [{"type": "url_citation", "url_citation": citation} for citation in reply.annotations()]
+
+
+def _response_annotations(reply: Reply) -> list[dict[str, Any]]:
+    """The reply's citations as the Responses API's `output_text` annotations."""
+    return [{"type": "url_citation", **citation} for citation in reply.annotations()]

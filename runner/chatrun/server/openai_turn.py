@@ -80,6 +80,8 @@ class Reply:
     objects: list[Any] = field(default_factory=list)
     other: list[dict[str, Any]] = field(default_factory=list)  # Thinking, Console, RouteChanged, ...
     streaming: str = ""
+    # The passages the reply's messages cite (Sources events): (the part they cite in, the sources).
+    cited: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)
 
     def feed(self, event: ev.Event) -> str:
         """The text to send the client now for this event ('' for none)."""
@@ -95,6 +97,8 @@ class Reply:
         if event.type == ev.PENDING:  # a front end without buttons: the user's next message answers it
             self.other.append(event.to_dict())
             return self._part(wire.written_out(event.data))
+        if event.type == ev.SOURCES and isinstance(event.data, dict) and self.parts:  # of the Message before it
+            self.cited.append((len(self.parts) - 1, [s for s in event.data.get("sources") or () if isinstance(s, dict)]))
         if event.type != ev.ERROR:
             self.other.append(event.to_dict())
         return ""
@@ -110,6 +114,30 @@ class Reply:
     @property
     def text(self) -> str:
         return SEPARATOR.join(self.parts + ([self.streaming] if self.streaming else []))
+
+    @property
+    def sources(self) -> list[dict[str, Any]]:
+        """Every passage the reply cites, as its Sources events carry them (with or without a link)."""
+        return [source for _, sources in self.cited for source in sources]
+
+    def annotations(self) -> list[dict[str, Any]]:
+        """The cited passages that have a link, as OpenAI's `url_citation` annotations of `text`:
+        each spans the `[ref]` the reply cites it with (`text[start_index:end_index]`; else the
+        whole message that cites it). Chat Completions nests these under `url_citation`, the
+        Responses API has them flat (server/openai_api.py)."""
+        out = []
+        for part, sources in self.cited:
+            start = sum(len(p) + len(SEPARATOR) for p in self.parts[:part])
+            text = self.parts[part]
+            for source in sources:
+                if not isinstance(source.get("url"), str):
+                    continue  # OpenAI's citations are links; every source is in `chatrun.sources`
+                marker = f"[{source.get('ref')}]"
+                at = text.find(marker)
+                span = (start + at, start + at + len(marker)) if at >= 0 else (start, start + len(text))
+                out.append({"url": source["url"], "title": str(source.get("title") or source.get("ref") or ""),
+                            "start_index": span[0], "end_index": span[1]})
+        return out
 
     def json_text(self) -> str:
         """The reply for response_format json_object/json_schema: the Object events as JSON."""

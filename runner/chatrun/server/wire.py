@@ -495,26 +495,36 @@ class TurnFrames:
     Quarkus runtime never sends Error; a bot's emitted Error is an application event and goes
     out). A streamed reply reaches it as a Quarkus route's would: one Message (a route returning
     String), or, from a route with `stream_to_quarkus: true` (Multi<String>), its Stream chunks
-    and not the full Message that follows them."""
+    and, instead of the full Message that follows them, what the Message adds to them as a last
+    chunk (a guarded reply released a sentence at a time streams only its checked sentences:
+    the rest, and a guardrail's message, are only in the Message)."""
 
     def __init__(self, dialect: Dialect):
         self.dialect = dialect
         self._after_multi = False
+        self._streamed = ""  # the text of the Multi chunks just sent
 
     def out(self, event: Any) -> tuple[str, Any] | None:
         """The frame (type, data) a chat is sent for an event, or None. The Quarkus dialect
         gets a Pending as the Message a Quarkus route would send to ask (`written_out`) and
         no Resolved: the user's next message answers."""
+        after_multi, streamed = self._after_multi, self._streamed
+        self._after_multi = event.type == STREAM and bool(getattr(event, "multi", False))
+        self._streamed = streamed + str(event.data) if self._after_multi else ""
+        if self.dialect.extensions:
+            return event.type, event.data
         if not self.keep(event):
             return None
-        if not self.dialect.extensions and event.type == PENDING:
+        if event.type == PENDING:
             return MESSAGE, written_out(event.data)
+        if event.type == MESSAGE and after_multi:  # the Multi's end: what the Message adds, as a last chunk
+            text = str(event.data)
+            rest = text[len(streamed):] if text.startswith(streamed) else ""
+            return (STREAM, rest) if rest else None
         return event.type, event.data
 
     def keep(self, event: Any) -> bool:
-        after_multi, self._after_multi = self._after_multi, event.type == STREAM and getattr(event, "multi", False)
-        if self.dialect.extensions:
-            return True
+        """Whether the Quarkus dialect sends anything for an event."""
         if event.type in (ROUTE_CHANGED, RESOLVED):
             return False
         # chatrun's own Error, and the Yes/No of a confirmation, which its Pending's Message writes out
@@ -522,7 +532,7 @@ class TurnFrames:
             return False
         if event.type == STREAM:
             return bool(getattr(event, "multi", False))
-        return not (event.type == MESSAGE and after_multi)
+        return True
 
 
 QUARKUS_DIALECT = Dialect(extensions=False)

@@ -108,6 +108,16 @@ async def asave(store: AsyncStore, bot: str, principal: str, changes: Mapping[st
         await store.put_record(key, record)
 
 
+async def aforget(store: AsyncStore, bot: str, principal: str, fact: str, keep: float | None, now: float) -> int:
+    """Delete one fact `bot` keeps of `principal` (the user's own erasure of it); 1 if there was one."""
+    key = user_memory_key(bot, principal)
+    record = await store.get_record(key)
+    if fact not in _fresh(record, keep, now):
+        return 0
+    await asave(store, bot, principal, {fact: None}, keep, now)
+    return 1
+
+
 async def aexpire(store: AsyncStore, bot: str, keep: float | None, now: float, dry_run: bool = False) -> int:
     """Forget the facts `bot` keeps that are older than `keep` (retention); how many went."""
     if keep is None:

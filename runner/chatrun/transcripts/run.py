@@ -309,6 +309,8 @@ def start_session(bot: Any, t: Transcript, model: Any = None) -> tuple[Any, Any]
                           principal=t.principal, session_id=SESSION_ID,
                           meta={"locale": t.locale} if t.locale else None, blobs=MemoryBlobs())
     session.tool_mocks = TranscriptMocks(t.mocks, live=model is not None, file=t.file, lines=t.mock_lines)
+    if model is None:  # a replay: the summary at the conversation's end only when the turn scripts its answer
+        session.may_summarize = lambda: script.current.remaining > 0
     if bot.config.knowledge:  # a replay reaches nothing outside the bot: its searches rank with BM25 alone
         from chatrun.knowledge import library_of
 

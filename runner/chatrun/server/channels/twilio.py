@@ -354,8 +354,11 @@ class Call:
             spoken.text += data
             await self.say(data)
         elif kind in (ev.MESSAGE, ev.ERROR) and isinstance(data, str):
-            if data != spoken.text:  # (a streamed reply's message repeats its chunks)
-                await self.say(data + " ")
+            # A streamed reply's message repeats its chunks: only what it adds is said (a guarded
+            # reply streams its checked sentences; its last one, or a guardrail's message, is here).
+            streamed = spoken.text if kind == ev.MESSAGE and data.startswith(spoken.text) else ""
+            if data != streamed:
+                await self.say(data[len(streamed):] + " ")
             spoken.text = ""
         elif kind == ev.CHOICES and isinstance(data, dict):
             await self.offer(data.get("choices"), spoken)

@@ -9,8 +9,10 @@
  *                      A streamed bot reply fires once, when it is complete.
  *   chatrun:turn-start on document when this page starts a turn; detail {chatId}.
  *   chatrun:turn-end   on document when it ends; detail {chatId, ok}.
+ *   chatrun:texts      on document when the page's texts changed locale (the session's own).
  * window.ChatrunPage: {bot, mode ("user"|"author"), session() (the chatscopes.js session),
- *   client() (its ChatScopesClient), api(path, options) (fetch under /bots/{bot}, with the token)}. */
+ *   client() (its ChatScopesClient), api(path, options) (fetch under /bots/{bot}, with the token),
+ *   text(key, args) (the page's text `key` in the session's locale, `{name}`s filled)}. */
 (function () {
   "use strict";
 
@@ -95,6 +97,7 @@
     document.querySelectorAll("#attach-tray .attachment").forEach((item) => {
       item.querySelector(".attach-remove").setAttribute("aria-label", tx("remove_file", { name: item.dataset.name }));
     });
+    document.dispatchEvent(new CustomEvent("chatrun:texts")); // other scripts' controls follow (user_memory.js)
   }
 
   /** The status beside the buttons as the page text `key` (kept in its locale by applyPageTexts). */
@@ -1797,7 +1800,7 @@
   setUpTheme();
   setUpPlay();
   window.ChatrunPage = {
-    bot: BOT, mode: MODE, session: () => session, client: () => client, api: api,
+    bot: BOT, mode: MODE, session: () => session, client: () => client, api: api, text: tx,
   };
   $("toggle-inspector").addEventListener("click", () => {
     document.body.classList.toggle(window.innerWidth > 900 ? "no-inspector" : "show-inspector");

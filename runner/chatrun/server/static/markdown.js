@@ -10,9 +10,10 @@
  * ChatrunMarkdown.html(text)        -> the cleaned HTML, undecorated (what a GFM renderer makes)
  * ChatrunMarkdown.stream(container, onDraw) -> {append(chunk), finish(text), text()}: a reply as it
  *   streams; onDraw() after each redraw (the page scrolls then).
- *   Redrawn at most every 250 ms, in an animation frame: every block but the last is rendered once
- *   and never touched again (so a selection or a hovered link in it survives later chunks); the
- *   growing last one shows its text as it comes, rendered as Markdown at most every 500 ms.
+ *   Redrawn at most every 250 ms (500 ms while it comes faster than anyone reads), in an animation
+ *   frame: every block but the last is rendered once and never touched again (so a selection or a
+ *   hovered link in it survives later chunks); the growing last one shows its text as it comes,
+ *   rendered as Markdown at most every 500 ms.
  * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them). */
 (function (global) {
   "use strict";
@@ -50,6 +51,12 @@
   });
   const texts = { copy: "Copy", copied: "Copied", code: "code" };
   const DRAW_MS = 250; // a streaming reply is redrawn at most this often
+  // ... and at most every FAST_DRAW_MS while more than FAST_CHARS come in each DRAW_MS (800 characters a
+  // second, some 30 times reading speed): each redraw costs the browser a frame or two whatever it adds
+  // (style, layout and paint of a chat that scrolls, about 8 ms on a slow machine), so a fast reply is
+  // shown in fewer, larger steps; one read as it comes keeps the smooth pace.
+  const FAST_DRAW_MS = 500;
+  const FAST_CHARS = 200;
   const RENDER_MS = 500; // and its growing block rendered as Markdown at most this often
   const stats = { parsed: 0 }; // characters streamed replies had parsed again, in all (a test reads it)
 
@@ -156,11 +163,11 @@
   /** A streaming reply in `container`: settled blocks, then the growing last one.
    *
    * The cost of a redraw is the browser's (style, layout, paint) far more than marked's, so a
-   * redraw does little: at most one per animation frame and one per DRAW_MS; a block is rendered
-   * once when it is complete (the next one has begun) and never touched again; the growing block
-   * shows its text as a plain text node as it comes (appended to, not replaced) and is rendered as
-   * Markdown at most every RENDER_MS, and when the reply finishes. Nothing reads the layout here
-   * (the page's onDraw scrolls, once per redraw). */
+   * redraw does little: at most one per animation frame and one per DRAW_MS (FAST_DRAW_MS for a fast
+   * reply); a block is rendered once when it is complete (the next one has begun) and never touched
+   * again; the growing block shows its text as a plain text node as it comes (appended to, not
+   * replaced) and is rendered as Markdown at most every RENDER_MS, and when the reply finishes.
+   * Nothing reads the layout here (the page's onDraw scrolls, once per redraw). */
   function stream(container, onDraw) {
     const settled = document.createElement("div");
     const tail = document.createElement("div");
@@ -229,9 +236,15 @@
     let timer = null;
     let frame = null;
     let drawn = -Infinity;
+    let drawnLength = 0; // the text's length at the last redraw
+    let interval = DRAW_MS;
     function draw() {
       frame = null;
-      drawn = performance.now();
+      const now = performance.now();
+      const perDraw = (text.length - drawnLength) * DRAW_MS / Math.max(DRAW_MS, now - drawn);
+      interval = perDraw > FAST_CHARS ? FAST_DRAW_MS : DRAW_MS;
+      drawn = now;
+      drawnLength = text.length;
       redraw(false);
       if (onDraw) onDraw();
     }
@@ -248,7 +261,7 @@
     return {
       append(chunk) {
         text += String(chunk).replace(/\r\n?/g, "\n");
-        if (timer === null && frame === null) timer = setTimeout(schedule, Math.max(0, DRAW_MS - (performance.now() - drawn)));
+        if (timer === null && frame === null) timer = setTimeout(schedule, Math.max(0, interval - (performance.now() - drawn)));
       },
       /** The whole reply: when it is what was streamed only the tail is rendered again. */
       finish(full) {
