@@ -32,7 +32,10 @@ round by round (which goes first alternates), min and median over the rounds; th
 way asks fewer queries at large sizes (seconds each). Also: reading the vectors from the file
 into memory (once per process and per change), and a check that both ways rank alike.
 
-    python bench/bench_knowledge.py [--sizes 1000 100000] [--queries 300] [--hybrid]
+With `--store postgresql://…`, the same sizes on the index shared by replicas in PostgreSQL
+(chatrun.knowledge.pg_index: tsvector, GIN, ts_rank x IDF), in that database (each size its own bot).
+
+    python bench/bench_knowledge.py [--sizes 1000 100000] [--queries 300] [--hybrid] [--store URL]
     python bench/bench_knowledge.py --vectors [--sizes 1000 100000] [--rounds 5] [--queries 20]
 """
 
@@ -51,7 +54,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
 
 from chatrun.definition.config import KnowledgeSource  # noqa: E402
-from chatrun.knowledge import Library  # noqa: E402
+from chatrun.knowledge import Library, open_index  # noqa: E402
 
 SECTIONS_PER_FILE = 20
 BODY_WORDS = 60
@@ -233,21 +236,24 @@ def vectors_bench(size: int, rounds: int, queries: int, seed: int) -> dict[str, 
             "pure_queries": len(few)}
 
 
-def run(size: int, queries: int, seed: int) -> dict[str, float]:
+def run(size: int, queries: int, seed: int, store: str | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "docs").mkdir()
         sections = make_corpus(root / "docs", size, seed)
         questions = make_questions(sections, queries, seed)
         sources = {"docs": KnowledgeSource("docs", "docs")}
-        library = Library(root, sources)
+        name = f"bench-{size}-{seed}-{time.time_ns()}"  # a bot of its own in a shared database
+        library = Library(root, sources, index=open_index(root, name, store))
         start = time.perf_counter()
         done = library.refresh()
         indexed = time.perf_counter() - start
         assert done.passages == size, (done.passages, size)
+        again = Library(root, sources, index=open_index(root, name, store))
         start = time.perf_counter()
-        assert Library(root, sources).refresh().changed == 0
+        assert again.refresh().changed == 0
         unchanged = time.perf_counter() - start
+        again.close()
         times, ranks = [], []
         for question, target in questions:
             start = time.perf_counter()
@@ -255,6 +261,7 @@ def run(size: int, queries: int, seed: int) -> dict[str, float]:
             times.append(time.perf_counter() - start)
             refs = [hit.ref for hit in hits]
             ranks.append(refs.index(target) + 1 if target in refs else 0)
+        library.close()
     times.sort()
     return {
         "passages": size,
@@ -276,6 +283,8 @@ def main() -> None:
     parser.add_argument("--hybrid", action="store_true", help="BM25 vs hybrid at the first size, and only that")
     parser.add_argument("--vectors", action="store_true", help="the cosine ranking, fast (numpy) vs pure Python")
     parser.add_argument("--rounds", type=int, default=5, help="--vectors: rounds of each way, interleaved")
+    parser.add_argument("--store", default=None, metavar="URL",
+                        help="postgresql://…: the index shared by replicas, in that database (default: SQLite files)")
     args = parser.parse_args()
     if args.vectors:
         print(f"{'passages':>9} {'load fast s':>11} {'load pure s':>11} {'fast min ms':>11} {'fast med ms':>11} "
@@ -295,7 +304,7 @@ def main() -> None:
     print(f"{'passages':>9} {'index s':>8} {'pass/s':>8} {'no-op s':>8} {'R@5':>6} {'MRR':>6} "
           f"{'q med ms':>9} {'q p95 ms':>9}")
     for size in args.sizes:
-        r = run(size, args.queries, args.seed)
+        r = run(size, args.queries, args.seed, args.store)
         print(f"{r['passages']:>9,} {r['index_s']:>8.2f} {r['passages_per_s']:>8,.0f} {r['unchanged_refresh_s']:>8.2f} "
               f"{r['recall_at_5']:>6.3f} {r['mrr']:>6.3f} {r['query_median_ms']:>9.2f} {r['query_p95_ms']:>9.2f}",
               flush=True)

@@ -13,7 +13,10 @@ from chatrun.errors import BotError
 @click.command("index")
 @click.argument("path", type=BotPath())
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar; only the summary line.")
-def index(path: str, quiet: bool) -> None:
+@click.option("--store", "store_url", metavar="URL", default=None,
+              help="Build the index shared by replicas in PostgreSQL (postgresql://USER@HOST:PORT/DB, the URL "
+              "`chatrun serve --store` is given) instead of the bot's folder.")
+def index(path: str, quiet: bool, store_url: str | None) -> None:
     """Build the knowledge index of a bot's `knowledge:` sources, reading only changed files.
 
     Each file is cut into passages along its headings and indexed for full-text search (BM25,
@@ -26,6 +29,11 @@ def index(path: str, quiet: bool) -> None:
     its passages from the last run and is named on stderr at its source's line. The exit
     status is 1 when a web source yielded no page at all.
 
+    With --store postgresql://…, the passages go to that database (full-text search by
+    PostgreSQL, pgvector when installed), where every `chatrun serve --store` replica reads
+    them at once; run it again after changing articles (docs/knowledge.md). Web sources are
+    not indexed there yet.
+
     The bot is validated first (a missing, empty or unreadable source is an error at its line);
     an invalid bot is not indexed and the exit status is 1.
 
@@ -33,11 +41,13 @@ def index(path: str, quiet: bool) -> None:
     Examples:
       chatrun index bots/helpcentre
       chatrun index bots/helpcentre --quiet
+      chatrun index bots/helpcentre --store postgresql://chatrun@db:5432/chatrun
     """
     from chatrun.definition.loader import load_config
-    from chatrun.knowledge import Library
+    from chatrun.knowledge import Library, open_index
     from chatrun.knowledge.index import plan
 
+    shared = _shared_url(store_url)
     try:
         try:
             config, warnings = load_config(path)
@@ -49,13 +59,18 @@ def index(path: str, quiet: bool) -> None:
         if not config.knowledge:
             click.echo(f"{path}: the bot declares no `knowledge:` sources; nothing to index")
             return
-        library = Library(config.root or ".", config.knowledge, config.model)
+        library = Library(config.root or ".", config.knowledge, config.model,
+                          open_index(config.root or ".", config.name, shared))
         files = plan(library.root, config.knowledge.values())
-        pages = library.list_web()  # the web sources' pages (sitemaps fetched): only `chatrun index` fetches
+        # The web sources' pages (sitemaps fetched): only `chatrun index` fetches; the shared index refuses them.
+        pages = [] if shared else library.list_web()
         length = len(files) + sum(len(listing.urls) for listing in pages)
         with click.progressbar(length=length, label="Indexing", show_pos=True,
                                file=io.StringIO() if quiet else None) as bar:
-            done = library.refresh(lambda item: bar.update(1), pages)
+            try:
+                done = library.refresh(lambda item: bar.update(1), pages)
+            finally:
+                library.close()
     except click.exceptions.Exit:
         raise
     except Exception as exc:  # never a traceback from the CLI
@@ -73,7 +88,18 @@ def index(path: str, quiet: bool) -> None:
     held = " and ".join([plural(done.files, "file")] * folders + [plural(library.web.pages, "page")] * bool(pages))
     click.echo(f"{path}: {held} in {plural(len(config.knowledge), 'source')}, "
                f"{done.changed} read, {done.removed} removed{embedded}; {plural(done.passages, 'passage')} in "
-               f"{library.index.path}")
+               f"{library.where}")
     if done.problems or library.web.silent:  # a page that failed alone is not: the others answered
         raise click.exceptions.Exit(1)
 
+
+
+def _shared_url(url: str | None) -> str | None:
+    """The shared index's URL (None: the bot's folder); a store that cannot hold one is refused."""
+    from chatrun.store import POSTGRES_SCHEMES
+
+    if url is None or url.startswith(POSTGRES_SCHEMES):
+        return url
+    raise click.BadParameter(f"{url!r}: a shared knowledge index lives in PostgreSQL (postgresql://USER@HOST:PORT/DB); "
+                             "without --store the index is the bot folder's .chatrun/knowledge.db",
+                             param_hint="--store")

@@ -31,6 +31,7 @@ class ServeOptions:
     host: str
     port: int
     store: str
+    knowledge_store: str | None
     auth_file: str | None
     max_message_chars: int
     max_in_flight: int
@@ -133,6 +134,10 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
     "folder, sqlite:////abs/path.db absolute), redis://[:PASSWORD@]HOST:PORT/DB or rediss:// (N replicas "
     "share it; see docs/deploy.md), postgresql://USER@HOST:PORT/DB (N replicas share it) or memory://.",
 )
+@click.option("--knowledge-store", metavar="URL", default=None, envvar="CHATRUN_KNOWLEDGE_STORE", show_envvar=True,
+              help="Where the bots' knowledge index is read: postgresql://USER@HOST:PORT/DB (shared by replicas, "
+              "built by `chatrun index BOT --store URL`) or `local` (each bot folder's .chatrun/knowledge.db). "
+              "Default: the --store URL when it is PostgreSQL, else local.")
 @click.option("--if-busy", type=click.Choice(["queue", "reject"]), default="queue", show_default=True,
               help="A message for a session already running a turn: wait in its FIFO queue, or fail "
               "at once with TooManyRequests (a request may choose with ifBusy).")
@@ -249,8 +254,10 @@ def serve(options: ServeOptions) -> None:
         import logging
 
         logging.getLogger("chatrun.reload").setLevel(logging.INFO)
+    from chatrun.knowledge import share_index
     from chatrun.server.drain import run
 
+    share_index(knowledge_store(options))  # now, not earlier: a command that failed leaves its process as it was
     try:
         run(app, host=options.host, port=options.port, log_level=options.log_level,
             drain_timeout=options.drain_timeout, options=options.listen_options(), sockets=[listener])
@@ -259,8 +266,23 @@ def serve(options: ServeOptions) -> None:
     click.echo("chatrun: stopped", err=True)
 
 
+def knowledge_store(options: ServeOptions) -> str | None:
+    """Where the bots read their knowledge index: PostgreSQL (chatrun.knowledge.pg_index) when the
+    store is PostgreSQL or --knowledge-store names one; None (`local`): each bot folder's file."""
+    from chatrun.store import POSTGRES_SCHEMES
+
+    chosen = options.knowledge_store
+    if chosen is None:
+        chosen = options.store if options.store.startswith(POSTGRES_SCHEMES) else "local"
+    if chosen != "local" and not chosen.startswith(POSTGRES_SCHEMES):
+        raise click.BadParameter(f"{chosen!r}: give postgresql://USER@HOST:PORT/DB (the index shared by replicas) "
+                                 "or `local` (each bot folder's .chatrun/knowledge.db)", param_hint="--knowledge-store")
+    return None if chosen == "local" else chosen
+
+
 def _create_app(options: ServeOptions) -> Any:
     """The app, or the exit of any other command: 1 for an invalid bot or a bad store."""
+    knowledge_store(options)  # first: a bad --knowledge-store is the command's error before anything loads
     try:  # the `serve` extra is optional: say how to install it before anything starts
         for module in ("chatrun.server", "chatrun.server.drain"):
             importlib.import_module(module)

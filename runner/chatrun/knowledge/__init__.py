@@ -4,11 +4,14 @@
     index.py    the passages in SQLite, searched with FTS5's BM25, refreshed incrementally
     web.py      web pages (`urls:`, a `sitemap:`), fetched by `chatrun index` only
     vectors.py  embeddings (a source's `embeddings:`) through the bot's endpoint, and rank fusion
+    pg_index.py the same index in PostgreSQL, shared by replicas (`--store postgresql://…`)
 
 A `Library` is a bot's sources and its index file (`.chatrun/knowledge.db` in the bot's
 directory; `chatrun index BOT` builds it ahead). The first search of a running bot refreshes
 the index once (only changed files are read), so a bot never answers from a stale or missing
-index. The model sees passages as `[ref] title` blocks and cites one by writing its `[ref]`;
+index. With a shared index (`share_index(url)`, set by `chatrun serve` when its store is
+PostgreSQL), a replica only reads what `chatrun index BOT --store URL` built; it builds it
+itself only when the bot was never indexed there. The model sees passages as `[ref] title` blocks and cites one by writing its `[ref]`;
 `cited` finds the passages a reply cites, which become its Sources event (engine/turn.py).
 
 Layer 2 (tests/test_architecture.py): it reads the definition stage's config; the engine
@@ -25,16 +28,21 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import BotConfig, KnowledgeSource, ModelConfig
+from chatrun.errors import ChatrunError
 from chatrun.knowledge.index import Hit, KnowledgeIndex, Refreshed, plan
 from chatrun.knowledge.vectors import Embedder, EmbeddingsUnavailable, fuse
 from chatrun.knowledge.web import Listing, WebRefreshed, client, list_pages, refresh_web
 
 log = logging.getLogger("chatrun.knowledge")
 
-__all__ = ["Hit", "KnowledgeIndex", "Library", "Refreshed", "index_path", "library_of", "passages_text"]
+if TYPE_CHECKING:
+    from chatrun.knowledge.pg_index import PgIndex
+
+__all__ = ["Hit", "KnowledgeIndex", "Library", "Refreshed", "index_path", "library_of", "passages_text",
+           "share_index"]
 
 INDEX_FILE = Path(".chatrun") / "knowledge.db"
 
@@ -58,10 +66,11 @@ def index_path(root: str | Path) -> Path:
 class Library:
     """A bot's knowledge sources and their index."""
 
-    def __init__(self, root: str | Path, sources: dict[str, KnowledgeSource], model: ModelConfig | None = None):
+    def __init__(self, root: str | Path, sources: dict[str, KnowledgeSource], model: ModelConfig | None = None,
+                 index: KnowledgeIndex | PgIndex | None = None):
         self.root = Path(root)
         self.sources = sources
-        self.index = KnowledgeIndex(index_path(self.root))
+        self.index = index if index is not None else KnowledgeIndex(index_path(self.root))
         self.embedder = Embedder(model)  # the bot's endpoint, for sources with `embeddings:`
         self._fresh = False
         self._lock = threading.Lock()
@@ -73,9 +82,13 @@ class Library:
         changed ones are cut again; `self.web` says what fetching did). Without, the web
         sources' passages stay as the last `chatrun index` left them: a running bot never fetches."""
         web = [source.name for source in self.sources.values() if source.web]
+        if web and not isinstance(self.index, KnowledgeIndex):
+            raise ChatrunError(f"knowledge source {web[0]}: web pages (`urls:`, `sitemap:`) are indexed in the bot "
+                               "folder's .chatrun/knowledge.db only, not yet in the shared PostgreSQL index; serve "
+                               "this bot with --knowledge-store local")
         with self._lock:
             done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step, web)
-            if pages is not None:
+            if pages is not None and isinstance(self.index, KnowledgeIndex):  # a shared index refused them above
                 with client() as http:
                     self.web = refresh_web(self.index, pages, done, http, step)
             else:
@@ -91,6 +104,8 @@ class Library:
 
     def _say_unindexed(self, web: Sequence[str]) -> None:
         """A web source with no page in the index is said in the log: nothing fails silently."""
+        if not isinstance(self.index, KnowledgeIndex):
+            return  # the shared index refuses web sources (refresh): nothing to say here
         if not web or not self.index.path.exists():
             missing = list(web)
         else:
@@ -102,11 +117,25 @@ class Library:
             log.warning("knowledge source %s: no page of it is in the index (web pages are fetched by "
                         "`chatrun index`, never while the bot runs); run `chatrun index %s`", name, self.root)
 
-    def ready(self) -> KnowledgeIndex:
-        """The index, refreshed once in this process's life of the bot."""
+    def ready(self) -> KnowledgeIndex | PgIndex:
+        """The index, refreshed once in this process's life of the bot (a shared index only when
+        the bot was never indexed there: `chatrun index --store` keeps it up to date)."""
         if not self._fresh:
-            self.refresh()
+            if not isinstance(self.index, KnowledgeIndex) and self.index.built():
+                self._fresh = True
+            else:
+                self.refresh()
         return self.index
+
+    def close(self) -> None:
+        """Let go of the index's connections (a shared index's pool; the SQLite file's are per thread)."""
+        if not isinstance(self.index, KnowledgeIndex):
+            self.index.close()
+
+    @property
+    def where(self) -> str:
+        """Where the index is, as `chatrun index` says it."""
+        return str(self.index.path) if isinstance(self.index, KnowledgeIndex) else self.index.where
 
     def embedding_models(self, sources: Sequence[str]) -> dict[str, str]:
         """Source -> its `embeddings:` model, for those of `sources` that declare one."""
@@ -174,12 +203,49 @@ def passages_text(hits: Sequence[Hit]) -> str:
 
 # A bot's Library, shared by its search tool and its turns, without keeping the bot alive.
 _LIBRARIES: dict[int, Library] = {}
+_SHARED: list[str] = []  # the shared index's URL, when this process serves from one (share_index)
+
+
+def share_index(url: str | None) -> None:
+    """Bots whose Library is made from now on read their knowledge from the PostgreSQL index at
+    `url` (None: each from its folder's SQLite file). `chatrun serve` sets it for its process."""
+    _SHARED[:] = [url] if url else []
+
+
+def open_index(root: str | Path, name: str, url: str | None) -> KnowledgeIndex | PgIndex:
+    """A bot's index: in PostgreSQL at `url` (keyed by the bot's `name`), else its folder's file."""
+    if url:
+        from chatrun.knowledge.pg_index import PgIndex
+
+        return PgIndex(url, name)
+    return KnowledgeIndex(index_path(root))
+
+
+def _shared_for(config: BotConfig) -> str | None:
+    """The shared index's URL for this bot; None for a bot with web sources, which the shared
+    index does not hold yet: it keeps its folder's file (said in the log, once per bot loaded)."""
+    if not _SHARED:
+        return None
+    web = [source.name for source in config.knowledge.values() if source.web]
+    if web:
+        log.warning("bot %s: knowledge source %s reads web pages, which the shared PostgreSQL index does not hold "
+                    "yet; this bot reads its folder's .chatrun/knowledge.db", config.name, web[0])
+        return None
+    return _SHARED[0]
 
 
 def library_of(config: BotConfig) -> Library:
     """The Library of a loaded bot (made on first use, dropped with the config)."""
     library = _LIBRARIES.get(id(config))
     if library is None:
-        library = _LIBRARIES[id(config)] = Library(config.root or ".", config.knowledge, config.model)
-        weakref.finalize(config, _LIBRARIES.pop, id(config), None)
+        index = open_index(config.root or ".", config.name, _shared_for(config))
+        library = _LIBRARIES[id(config)] = Library(config.root or ".", config.knowledge, config.model, index)
+        weakref.finalize(config, _drop, id(config))
     return library
+
+
+def _drop(key: int) -> None:
+    """A bot's config is gone (a reload, a version retired): its Library and connections too."""
+    library = _LIBRARIES.pop(key, None)
+    if library is not None:
+        library.close()

@@ -135,6 +135,49 @@ BEGIN
 END
 $$;
 """),
+    (2, "the shared knowledge index: files, passages (tsvector, GIN), vectors, state, terms (knowledge/pg_index.py)", """
+CREATE TABLE knowledge_files (
+    bot    TEXT NOT NULL,
+    source TEXT NOT NULL,
+    path   TEXT NOT NULL,                   -- relative to the source's folder
+    hash   TEXT NOT NULL,                   -- SHA-256 of its bytes: unchanged, it is not read again
+    PRIMARY KEY (bot, source, path)
+);
+CREATE TABLE knowledge_passages (
+    id       BIGSERIAL PRIMARY KEY,
+    bot      TEXT NOT NULL,
+    source   TEXT NOT NULL,
+    path     TEXT NOT NULL,
+    anchor   TEXT NOT NULL,
+    title    TEXT NOT NULL,
+    body     TEXT NOT NULL,
+    digest   TEXT NOT NULL,                 -- vectors.passage_digest: what its vectors are keyed by
+    language REGCONFIG NOT NULL,            -- its text search configuration
+    document TSVECTOR NOT NULL              -- heading weighted A, text D
+);
+CREATE INDEX knowledge_passages_document ON knowledge_passages USING GIN (document);
+CREATE INDEX knowledge_passages_at ON knowledge_passages (bot, source, path, anchor);
+CREATE INDEX knowledge_passages_digest ON knowledge_passages (digest);
+CREATE TABLE knowledge_vectors (
+    model  TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    vector REAL[] NOT NULL,                 -- a unit vector (pgvector, when installed, casts it)
+    PRIMARY KEY (model, digest)
+);
+CREATE TABLE knowledge_state (
+    bot        TEXT PRIMARY KEY,
+    version    TEXT NOT NULL,               -- knowledge/index.py INDEX_VERSION of its last refresh
+    generation BIGINT NOT NULL DEFAULT 0,   -- bumped by each change: replicas re-read vectors they hold
+    sources    TEXT NOT NULL DEFAULT '',
+    passages   INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE knowledge_terms (              -- in how many passages each lexeme is (a search leaves
+    bot      TEXT NOT NULL,                 -- out a word in most of them while a rarer one remains)
+    term     TEXT NOT NULL,
+    passages INTEGER NOT NULL,
+    PRIMARY KEY (bot, term)
+);
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -1,0 +1,468 @@
+"""The shared knowledge index: a bot's passages in PostgreSQL, read by every replica at once.
+
+The SQLite index (index.py) is one file in a bot's folder: each replica keeps its own. With many
+replicas, `chatrun index BOT --store postgresql://…` builds the index once, in the tables of
+migration 2 (store/postgres_schema.py), and every `chatrun serve --store postgresql://…` reads
+them (`--knowledge-store` names another database, or `local` keeps the bot folder's SQLite).
+Same interface as KnowledgeIndex (refresh, embed_missing, search, nearest, find, count), so the
+Library, the search tool and the turns do not know which one they read.
+
+Rows are keyed by the bot's name, so one database serves many bots. A refresh is incremental as
+the SQLite one is (a file whose SHA-256 is unchanged is not read again) and takes one transaction
+per source, under an advisory lock per bot: a reader sees a source's passages all old or all new
+(PostgreSQL's MVCC: readers never wait), and two indexers never interleave.
+
+Full-text ranking is PostgreSQL's own: a `tsvector` per passage (its heading weighted A, its
+text D; a GIN index), the query's words OR-ed into a `tsquery` to match, and a passage's score
+the sum over the words of `ts_rank` (a heading weighing TITLE_WEIGHT times its text, divided by
+1 + log(length)) times the word's IDF, BM25's, from `knowledge_terms` (each lexeme's passages,
+counted by `ts_stat` at the end of a refresh that changed anything). PostgreSQL's rankings
+have no IDF of their own, and without it a common word weighs as much as a rare one
+(`score_sql`). From SELECTIVE_FROM passages, a word in most of them is left out while a rarer
+one remains, as in the SQLite index. Each passage keeps its text search configuration
+(`language`, a `regconfig`): SOURCE_LANGUAGE ('english', the nearest to FTS5's Porter stemmer)
+for every source today; a search groups the sources by configuration. The ranking still
+differs from FTS5's BM25: the same passages are found, their order may differ (tests compare
+sets).
+
+Vectors (a source's `embeddings:`) are `real[]` rows keyed by model and passage digest, as in
+the SQLite index. With the pgvector extension installed in the database (`CREATE EXTENSION
+vector`), `nearest` ranks them in PostgreSQL (`<#>`, the inner product of unit vectors);
+without it (Debian 12 ships no pgvector package), they are read once per change of the index
+and ranked in Python (vectors.dot), as the SQLite index does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import math
+import threading
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from chatrun.errors import ChatrunError
+from chatrun.knowledge.chunks import Chunk, chunk_file
+from chatrun.knowledge.index import (
+    COMMON_SHARE,
+    INDEX_VERSION,
+    SELECTIVE_FROM,
+    TITLE_WEIGHT,
+    Hit,
+    Refreshed,
+    SourceFile,
+    query_words,
+)
+from chatrun.knowledge.vectors import (
+    Embedder,
+    EmbeddingsUnavailable,
+    dot,
+    embedded_text,
+    passage_digest,
+)
+
+log = logging.getLogger("chatrun.knowledge")
+
+SOURCE_LANGUAGE = "english"  # each source's text search configuration (one place to make it per source)
+# ts_rank's weights, in the order {D, C, B, A}: a heading (A) weighs TITLE_WEIGHT times text (D).
+RANK_WEIGHTS = "{%s,0.4,0.6,1.0}" % (1.0 / TITLE_WEIGHT)
+RANK_NORMALISATION = 1  # divide by 1 + log(length): a long passage does not win by length alone
+EMBED_BATCH = 256
+
+
+def _migrated(conninfo: str, shown: str) -> None:
+    """Bring the database's schema up to date (the Postgres store's migrations, which hold the
+    knowledge tables), on a connection and event loop of its own."""
+    import psycopg
+
+    from chatrun.store.postgres import migrate
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(conninfo, connect_timeout=5) as conn:
+            await migrate(conn, shown)
+
+    failed: list[BaseException] = []
+
+    def in_thread() -> None:  # a thread of its own: the caller may be inside an event loop
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # handed to the caller
+            failed.append(exc)
+
+    worker = threading.Thread(target=in_thread, name="chatrun-knowledge-migrate")
+    worker.start()
+    worker.join()
+    if failed:
+        exc = failed[0]
+        if isinstance(exc, psycopg.Error):
+            raise ChatrunError(f"knowledge store {shown}: cannot reach PostgreSQL: {str(exc).strip()}") from None
+        raise exc
+
+
+class PgIndex:
+    """A bot's passages in PostgreSQL (see the module's text)."""
+
+    def __init__(self, url: str, bot: str):
+        from chatrun.store.postgres import _import_psycopg, postgres_url_parts, redacted
+
+        self.url = redacted(url)
+        self.bot = bot
+        if _import_psycopg() is None:
+            raise ChatrunError(f"knowledge store {self.url}: needs psycopg 3; install it with: "
+                               "pip install 'chatrun[postgres]'")
+        self.conninfo, size = postgres_url_parts(url)
+        self.max_connections = min(size, 4)
+        self.pgvector = False  # the extension is installed in the database: vectors ranked there
+        self._pool: Any = None
+        self._opening = threading.Lock()
+        self._vectors: dict[tuple[str, tuple[str, ...]], tuple[int, list[tuple[int, array]]]] = {}
+
+    @property
+    def where(self) -> str:
+        """What `chatrun index` names as the index's place."""
+        return f"{self.url} (bot {self.bot})"
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def pool(self) -> Any:
+        """The connection pool, opened (and the schema migrated) on first use."""
+        if self._pool is None:
+            with self._opening:
+                if self._pool is None:
+                    from psycopg_pool import ConnectionPool
+
+                    _migrated(self.conninfo, self.url)
+                    pool = ConnectionPool(self.conninfo, min_size=1, max_size=self.max_connections, open=False,
+                                          check=ConnectionPool.check_connection, timeout=30,
+                                          kwargs={"connect_timeout": 5})
+                    pool.open(wait=True, timeout=30)
+                    with pool.connection() as conn:
+                        self.pgvector = _has_pgvector(conn)
+                    self._pool = pool
+        return self._pool
+
+    def _run(self, what: str, work: Callable[[Any], Any]) -> Any:
+        """`work(connection)` in one transaction; a database error is a ChatrunError naming `what`."""
+        import psycopg
+
+        try:
+            with self.pool().connection() as conn, conn.transaction():
+                return work(conn)
+        except psycopg.Error as exc:
+            raise ChatrunError(f"knowledge store {self.url}: could not {what}: {str(exc).strip()}") from None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def built(self) -> bool:
+        """The bot was indexed here, by this index version (a serving replica then only reads)."""
+        row = self._run("read the index's state", lambda c: c.execute(
+            "SELECT version FROM knowledge_state WHERE bot = %s", (self.bot,)).fetchone())
+        return row is not None and row[0] == INDEX_VERSION
+
+    # -- building ----------------------------------------------------------------------------
+
+    def refresh(self, files: Sequence[SourceFile], sources: Iterable[str],
+                step: Callable[[SourceFile], None] | None = None, web: Iterable[str] = ()) -> Refreshed:
+        """Bring the bot's passages up to date with `files`: read only the files whose bytes
+        changed; one transaction per source (readers see a source all old or all new). The
+        sources in `web` are left as they are (web pages: the Library refuses them here today)."""
+        done = Refreshed(files=len(files))
+        wanted = sorted(set(sources))
+        by_source: dict[str, list[SourceFile]] = {name: [] for name in wanted}
+        for item in files:
+            by_source.setdefault(item.source, []).append(item)
+        self._run("start the index", self._start)
+        indexed = self._run("list the indexed sources", lambda c: [r[0] for r in c.execute(
+            "SELECT DISTINCT source FROM knowledge_files WHERE bot = %s", (self.bot,))])
+        for source in sorted((set(by_source) | set(indexed)) - set(web)):
+            items = by_source.get(source, [])  # a source no longer declared: all its files leave
+            self._run(f"index source {source}", functools.partial(self._refresh_source, source=source, items=items,
+                                                                   done=done, step=step))
+        done.passages = self._run("count the passages", functools.partial(
+            self._finish, sources=wanted, counted=bool(done.changed or done.removed)))
+        return done
+
+    def _start(self, conn: Any) -> None:
+        """The bot's state row; an index cut or stored differently before: every file read again."""
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('knowledge:' || %s, 0))", (self.bot,))
+        row = conn.execute("SELECT version FROM knowledge_state WHERE bot = %s", (self.bot,)).fetchone()
+        if row is not None and row[0] != INDEX_VERSION:
+            conn.execute("DELETE FROM knowledge_files WHERE bot = %s", (self.bot,))
+
+    def _finish(self, conn: Any, sources: list[str], counted: bool) -> int:
+        """The bot's state, and (when passages changed) how many passages each lexeme is in."""
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('knowledge:' || %s, 0))", (self.bot,))
+        passages = int(conn.execute("SELECT count(*) FROM knowledge_passages WHERE bot = %s", (self.bot,)).fetchone()[0])
+        conn.execute("INSERT INTO knowledge_state (bot, version, sources, passages) VALUES (%s, %s, %s, %s) "
+                     "ON CONFLICT (bot) DO UPDATE SET version = excluded.version, sources = excluded.sources, "
+                     "passages = excluded.passages", (self.bot, INDEX_VERSION, ",".join(sources), passages))
+        if counted or not conn.execute("SELECT 1 FROM knowledge_terms WHERE bot = %s LIMIT 1", (self.bot,)).fetchone():
+            conn.execute("DELETE FROM knowledge_terms WHERE bot = %s", (self.bot,))
+            conn.execute("INSERT INTO knowledge_terms (bot, term, passages) SELECT %s, word, ndoc FROM ts_stat("
+                         "format('SELECT document FROM knowledge_passages WHERE bot = %%L', %s::text))",
+                         (self.bot, self.bot))
+        return passages
+
+    def _refresh_source(self, conn: Any, source: str, items: list[SourceFile], done: Refreshed,
+                        step: Callable[[SourceFile], None] | None) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('knowledge:' || %s, 0))", (self.bot,))
+        known = dict(conn.execute("SELECT path, hash FROM knowledge_files WHERE bot = %s AND source = %s",
+                                  (self.bot, source)).fetchall())
+        changed = False
+        for item in items:
+            read = _read(item, known.pop(item.relative, None), done)
+            if read is not None:
+                self._replace(conn, source, item.relative, *read)
+                done.changed += 1
+                changed = True
+            if step is not None:
+                step(item)
+        for path in known:  # files deleted from the folder
+            self._replace(conn, source, path, None, [])
+            done.removed += 1
+            changed = True
+        if changed:
+            _bump(conn, self.bot)
+
+    def _replace(self, conn: Any, source: str, path: str, digest: str | None, chunks: list[Chunk]) -> None:
+        """A file's passages replaced (digest None: the file is gone)."""
+        conn.execute("DELETE FROM knowledge_passages WHERE bot = %s AND source = %s AND path = %s",
+                     (self.bot, source, path))
+        if chunks:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO knowledge_passages (bot, source, path, anchor, title, body, digest, language, "
+                    "document) VALUES (%s, %s, %s, %s, %s, %s, %s, %s::regconfig, setweight(to_tsvector("
+                    "%s::regconfig, %s), 'A') || setweight(to_tsvector(%s::regconfig, %s), 'D'))",
+                    [(self.bot, source, path, c.anchor, c.title, c.text, passage_digest(c.title, c.text),
+                      SOURCE_LANGUAGE, SOURCE_LANGUAGE, c.heading, SOURCE_LANGUAGE, c.text) for c in chunks])
+        if digest is None:
+            conn.execute("DELETE FROM knowledge_files WHERE bot = %s AND source = %s AND path = %s",
+                         (self.bot, source, path))
+        else:
+            conn.execute("INSERT INTO knowledge_files (bot, source, path, hash) VALUES (%s, %s, %s, %s) "
+                         "ON CONFLICT (bot, source, path) DO UPDATE SET hash = excluded.hash",
+                         (self.bot, source, path, digest))
+
+    def embed_missing(self, embedder: Embedder, models: dict[str, str], done: Refreshed) -> None:
+        """Embed the passages of the sources in `models` (source -> model) that have no vector for
+        their model yet, a batch per transaction; then drop vectors no passage has any more."""
+        for model in sorted(set(models.values())):
+            names = [source for source, wanted in models.items() if wanted == model]
+            missing = self._run("find passages to embed", functools.partial(self._unembedded, model=model,
+                                                                             sources=names))
+            try:
+                for start in range(0, len(missing), EMBED_BATCH):
+                    batch = missing[start:start + EMBED_BATCH]
+                    vectors = embedder.embed(model, [embedded_text(title, body) for _, title, body in batch])
+                    rows = [(model, row[0], list(v)) for row, v in zip(batch, vectors, strict=True)]
+                    self._run("store vectors", functools.partial(self._store_vectors, rows=rows))
+                    done.embedded += len(batch)
+            except EmbeddingsUnavailable as exc:
+                done.embeddings_problem = f"model {model}: {exc}"
+        self._run("drop unused vectors", lambda c: c.execute(
+            "DELETE FROM knowledge_vectors v WHERE NOT EXISTS (SELECT 1 FROM knowledge_passages p "
+            "WHERE p.digest = v.digest)"))
+
+    def _unembedded(self, conn: Any, model: str, sources: list[str]) -> list[tuple[str, str, str]]:
+        """(digest, title, text) of the passages of `sources` without a `model` vector."""
+        return list(conn.execute(
+            "SELECT DISTINCT p.digest, p.title, p.body FROM knowledge_passages p WHERE p.bot = %s AND "
+            "p.source = ANY(%s) AND NOT EXISTS (SELECT 1 FROM knowledge_vectors v WHERE v.model = %s AND "
+            "v.digest = p.digest)", (self.bot, sources, model)).fetchall())
+
+    def _store_vectors(self, conn: Any, rows: list[tuple[str, str, list[float]]]) -> None:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO knowledge_vectors (model, digest, vector) VALUES (%s, %s, %s) "
+                            "ON CONFLICT (model, digest) DO UPDATE SET vector = excluded.vector", rows)
+        _bump(conn, self.bot)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def search(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
+        """The `k` passages of `sources` that best match `query`, best first: each word's
+        `ts_rank` weighed by its IDF (see `score_sql`)."""
+        words = query_words(query)
+        if not words or not sources or k < 1:
+            return []
+        weighed = self._run("weigh the query's words", functools.partial(self._weighed, words=words))
+        score, queries, score_params = score_sql(weighed)
+        # Words are \\w+ only, so no tsquery operator can be injected; OR-ed as FTS5's query is.
+        # The queries are parsed once (OFFSET 0 keeps the planner from inlining them into each row).
+        sql = (f"SELECT p.source, p.path, p.anchor, p.title, p.body, {score} AS score FROM knowledge_passages p, "
+               f"(SELECT to_tsquery(%s::regconfig, %s) AS q{queries} OFFSET 0) qs "
+               "WHERE p.bot = %s AND p.source = ANY(%s) AND p.language = %s::regconfig AND "
+               "p.document @@ qs.q ORDER BY score DESC, p.id LIMIT %s")
+        hits: list[Hit] = []
+        for language, names in _by_language(sources).items():
+            params = (language, " | ".join(w for w, _ in weighed), *score_params(language), self.bot, names, language,
+                      k)
+            rows = self._run("search the knowledge index", functools.partial(_fetch, sql=sql, params=params))
+            hits += [_hit(row) for row in rows]
+        return sorted(hits, key=lambda hit: -hit.score)[:k]
+
+    def _weighed(self, conn: Any, words: list[str]) -> list[tuple[str, float]]:
+        """Each word with its IDF (BM25's: ln(1 + (N - n + 0.5) / (n + 0.5)), n the passages it is
+        in, from the table the last refresh counted; a word it did not count weighs as a rare one).
+        From SELECTIVE_FROM passages, a word in more than COMMON_SHARE of them is left out while a
+        rarer one remains, as the SQLite index does (index.py `selective`): it weighs little, and
+        matching it means ranking a large share of the index."""
+        row = conn.execute("SELECT passages FROM knowledge_state WHERE bot = %s", (self.bot,)).fetchone()
+        total = max(int(row[0]) if row else 0, 1)
+        counts = dict(conn.execute(  # each word's lexeme first: the join then looks terms up by key
+            "SELECT x.w, max(t.passages) FROM (SELECT w, unnest(tsvector_to_array(to_tsvector(%s::regconfig, w))) "
+            "AS term FROM unnest(%s::text[]) w OFFSET 0) x JOIN knowledge_terms t ON t.bot = %s AND t.term = x.term "
+            "GROUP BY x.w", (SOURCE_LANGUAGE, words, self.bot)))
+        if len(words) > 1 and total >= SELECTIVE_FROM:
+            words = [w for w in words if counts.get(w, 0) <= total * COMMON_SHARE] or words
+        return [(w, math.log(1 + (total - min(counts.get(w, 1), total) + 0.5) / (min(counts.get(w, 1), total) + 0.5)))
+                for w in words]
+
+    def nearest(self, model: str, query: array, sources: Sequence[str], n: int) -> list[Hit]:
+        """The `n` passages of `sources` whose `model` vectors are nearest `query` (a unit
+        vector), by cosine, best first: in PostgreSQL with pgvector, else in Python."""
+        if not sources or n < 1:
+            return []
+        if self.pgvector:
+            return self._nearest_pgvector(model, query, sources, n)
+        scored = sorted(((dot(query, vector), pid) for pid, vector in self._stored(model, sources)), reverse=True)[:n]
+        if not scored:
+            return []
+        rows = {row[0]: row for row in self._run("read passages", functools.partial(
+            _fetch, sql="SELECT id, source, path, anchor, title, body, 0 FROM knowledge_passages WHERE id = ANY(%s)",
+            params=([pid for _, pid in scored],)))}
+        return [replace(_hit(rows[pid][1:]), score=score) for score, pid in scored if pid in rows]
+
+    def _nearest_pgvector(self, model: str, query: array, sources: Sequence[str], n: int) -> list[Hit]:
+        literal = "[" + ",".join(repr(float(x)) for x in query) + "]"
+        rows = self._run("rank by vectors", lambda c: c.execute(
+            "SELECT p.source, p.path, p.anchor, p.title, p.body, -(v.vector::vector <#> %s::vector) AS score "
+            "FROM knowledge_passages p JOIN knowledge_vectors v ON v.model = %s AND v.digest = p.digest "
+            "WHERE p.bot = %s AND p.source = ANY(%s) ORDER BY v.vector::vector <#> %s::vector, p.id LIMIT %s",
+            (literal, model, self.bot, list(sources), literal, n)).fetchall())
+        return [_hit(row) for row in rows]
+
+    def _stored(self, model: str, sources: Sequence[str]) -> list[tuple[int, array]]:
+        """(passage id, vector) of `sources` for `model`, from memory while the bot's index is
+        at the same generation (bumped by every change of its passages or vectors)."""
+        def read(conn: Any) -> tuple[int, list[tuple[int, array]] | None]:
+            row = conn.execute("SELECT generation FROM knowledge_state WHERE bot = %s", (self.bot,)).fetchone()
+            generation = int(row[0]) if row else 0
+            kept = self._vectors.get(key)
+            if kept is not None and kept[0] == generation:
+                return generation, None
+            rows = conn.execute("SELECT p.id, v.vector FROM knowledge_passages p JOIN knowledge_vectors v ON "
+                                "v.model = %s AND v.digest = p.digest WHERE p.bot = %s AND p.source = ANY(%s)",
+                                (model, self.bot, list(sources))).fetchall()
+            return generation, [(pid, array("f", vector)) for pid, vector in rows]
+
+        key = (model, tuple(sorted(sources)))
+        generation, fresh = self._run("read vectors", read)
+        if fresh is not None:
+            self._vectors[key] = (generation, fresh)
+        return self._vectors[key][1]
+
+    def find(self, refs: Sequence[tuple[str, str]], sources: Sequence[str]) -> list[Hit]:
+        """The passages `refs` ((path, anchor) pairs) name in `sources`, in the order named."""
+        if not refs or not sources:
+            return []
+
+        def read(conn: Any) -> list[Hit]:
+            out: list[Hit] = []
+            for path, anchor in refs:
+                row = conn.execute("SELECT source, path, anchor, title, body FROM knowledge_passages WHERE bot = %s "
+                                   "AND source = ANY(%s) AND path = %s AND anchor = %s ORDER BY id LIMIT 1",
+                                   (self.bot, list(sources), path, anchor)).fetchone()
+                if row is not None:
+                    out.append(Hit(*row))
+            return out
+
+        return list(self._run("find cited passages", read))
+
+    def count(self) -> int:
+        return int(self._run("count the passages", lambda c: c.execute(
+            "SELECT count(*) FROM knowledge_passages WHERE bot = %s", (self.bot,)).fetchone()[0]))
+
+
+def _read(item: SourceFile, old_hash: str | None, done: Refreshed) -> tuple[str, list[Chunk]] | None:
+    """(the file's hash, its passages), or None: unchanged or unreadable as a file."""
+    from chatrun.definition.knowledge import unreadable
+
+    try:
+        data = item.path.read_bytes()
+    except OSError as e:
+        done.problems.append(f"{item.source}/{item.relative}: {e}")
+        return None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest == old_hash:
+        return None
+    problem = unreadable(item.path)
+    try:
+        chunks = [] if problem else chunk_file(item.path, data)
+    except Exception as e:  # a PDF pypdf cannot parse, ...: left out, and said
+        problem, chunks = f"could not be read: {e}", []
+    if problem:
+        done.problems.append(f"{item.source}/{item.relative} {problem}")
+        log.warning("knowledge source %s: file %s %s; left out of the index", item.source, item.relative, problem)
+    return digest, chunks
+
+
+def score_sql(weighed: list[tuple[str, float]]) -> tuple[str, str, Callable[[str], tuple[Any, ...]]]:
+    """A passage's score: the sum over the query's words of IDF x `ts_rank` (a heading weighs
+    TITLE_WEIGHT times text; divided by 1 + log(length)). `ts_rank` alone has no IDF: a common
+    word weighs as much as a rare one (bench/bench_knowledge.py, recall@5 at 10,000 passages:
+    0.873 alone, 0.910 with IDF; at 1,000: 0.993, 1.000); `ts_rank_cd` (cover density) ranks an
+    OR of words worse still (0.847 at 1,000). The IDFs are literals (floats chatrun computed)."""
+    terms = [f"{idf!r} * ts_rank('{RANK_WEIGHTS}'::float4[], p.document, qs.q{i}, {RANK_NORMALISATION})"
+             for i, (_, idf) in enumerate(weighed)]
+    queries = "".join(f", to_tsquery(%s::regconfig, %s) AS q{i}" for i in range(len(weighed)))
+
+    def params(language: str) -> tuple[Any, ...]:
+        return tuple(value for word, _ in weighed for value in (language, word))
+
+    return "(" + " + ".join(terms) + ")", queries, params
+
+
+def _fetch(conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    return list(conn.execute(sql, params).fetchall())
+
+
+def _hit(row: Sequence[Any]) -> Hit:
+    """A row (source, path, anchor, title, body, score) as a Hit."""
+    return Hit(row[0], row[1], row[2], row[3], row[4], score=float(row[5]))
+
+
+def _bump(conn: Any, bot: str) -> None:
+    """The bot's passages or vectors changed: readers holding vectors in memory read them again."""
+    conn.execute("INSERT INTO knowledge_state (bot, version, generation) VALUES (%s, '', 1) ON CONFLICT (bot) "
+                 "DO UPDATE SET generation = knowledge_state.generation + 1", (bot,))
+
+
+def _by_language(sources: Sequence[str]) -> dict[str, list[str]]:
+    """Sources grouped by their text search configuration (a query is parsed once per group)."""
+    return {SOURCE_LANGUAGE: list(sources)}
+
+
+def _has_pgvector(conn: Any) -> bool:
+    """pgvector is installed in the database; or available, and this user may install it."""
+    import psycopg
+
+    if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone():
+        return True
+    if not conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone():
+        return False
+    try:
+        with conn.transaction():
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        return True
+    except psycopg.Error as exc:  # not allowed: ranked in Python, and said once
+        log.warning("knowledge: pgvector is available but could not be installed (%s); vectors are ranked in "
+                    "Python", str(exc).strip())
+        return False
