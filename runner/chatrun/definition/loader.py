@@ -1084,34 +1084,37 @@ def _operator_timeout(raw: Any, doc: YamlDoc, path: tuple) -> OperatorTimeoutCon
     )
 
 
+# An action's keys by how each is read (a key of the wrong type, reported by the schema, is
+# left at its default). One pass over the keys an action has, not a look-up of all 19: a big
+# bot has tens of thousands of actions, most with two or three keys.
+_ACTION_TEXTS = frozenset({"push", "route", "call", "message", "reply", "result"})
+_ACTION_FLAGS = frozenset({"pop", "end", "execute", "immediate", "clear_memory"})
+_ACTION_MAPS = frozenset({"set", "emit", "remember"})
+
+
 def _action(action: dict, doc: YamlDoc, path: tuple, where: Location | None = None) -> ActionConfig:
-    wipe = action.get("wipe")
-    assignments = {k: v for k, v in _dict(action.get("set")).items() if isinstance(k, str)}
-    ask = _ask(action.get("ask"), doc, (*path, "ask"))
-    if ask is not None and ask.into is None:
-        ask.into = _answer_target(assignments)
-    return ActionConfig(
-        push=_str(action.get("push")),
-        pop=_bool(action.get("pop")),
-        route=_str(action.get("route")),
-        call=_str(action.get("call")),
-        end=_bool(action.get("end")),
-        execute=_bool(action.get("execute")),
-        immediate=_bool(action.get("immediate")),
-        clear_memory=_bool(action.get("clear_memory")),
-        wipe=wipe if wipe in ("schedule", "abort") else None,
-        set=assignments,
-        emit={k: v for k, v in _dict(action.get("emit")).items() if isinstance(k, str)},
-        remember={k: v for k, v in _dict(action.get("remember")).items() if isinstance(k, str)},
-        message=_str(action.get("message")),
-        reply=_str(action.get("reply")),
-        result=_str(action.get("result")),
-        choices=_choices(action.get("choices")),
-        cases=_cases(action["cases"], doc, path) if "cases" in action else [],
-        ask=ask,
-        operator=_operator(action.get("operator"), doc, (*path, "operator")),
-        where=where or _loc(doc, path),
-    )
+    values: dict[str, Any] = {}
+    for key, raw in action.items():
+        if key in _ACTION_TEXTS:
+            if isinstance(raw, str):
+                values[key] = raw
+        elif key in _ACTION_FLAGS:
+            values[key] = raw is True
+        elif key in _ACTION_MAPS:
+            values[key] = {k: v for k, v in raw.items() if isinstance(k, str)} if isinstance(raw, dict) else {}
+        elif key == "wipe":
+            values[key] = raw if raw in ("schedule", "abort") else None
+        elif key == "choices":
+            values[key] = _choices(raw)
+        elif key == "cases":
+            values[key] = _cases(raw, doc, path)
+        elif key == "operator":
+            values[key] = _operator(raw, doc, (*path, "operator"))
+    if "ask" in action:
+        ask = values["ask"] = _ask(action["ask"], doc, (*path, "ask"))
+        if ask is not None and ask.into is None:
+            ask.into = _answer_target(values.setdefault("set", {}))
+    return ActionConfig(**values, where=where or _loc(doc, path))
 
 
 _WHOLE_RESULT = re.compile(r"\{\{-?\s*result\s*-?\}\}")
