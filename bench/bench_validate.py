@@ -8,7 +8,7 @@ interleaved rounds) of `load_config` in process, of `chatrun validate` as a comm
 PyYAML's C loader alone (`yaml.load` with CSafeLoader, values only: no positions, no duplicate
 keys, no schema) on the same file; then where the time goes.
 
-    python bench/bench_validate.py [--routes 5000] [--rounds 5] [--no-command]
+    python bench/bench_validate.py [--routes 5000] [--rounds 5] [--no-command] [--before ../main]
 """
 
 from __future__ import annotations
@@ -85,14 +85,15 @@ def main() -> None:
     parser.add_argument("--routes", type=int, default=5000)
     parser.add_argument("--rounds", "--runs", type=int, default=5, dest="rounds")
     parser.add_argument("--no-command", action="store_true", help="skip `chatrun validate` as a command")
+    parser.add_argument("--before", type=Path, help="an older checkout (e.g. a `git worktree` of main): its "
+                        "load_config is timed in a child process, interleaved, beside this tree's in a child too")
     args = parser.parse_args()
-    from chatrun.definition import checks
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bot.yaml"
         path.write_text(generate(args.routes))
         size = path.stat().st_size
-        rows = _rounds(path, args.rounds, command=not args.no_command)
+        rows = _rounds(path, args.rounds, command=not args.no_command, before=args.before)
         config, warnings = load_config(path)
         print(f"bot: {len(config.routes)} routes, {len(config.tools)} tools, {size / 1e6:.1f} MB of YAML, "
               f"{len(warnings)} warnings; CPU time, {args.rounds} interleaved rounds:")
@@ -109,8 +110,7 @@ def main() -> None:
         _phases(path)
         # An invalid bot: one typo in every route, each reported at its line.
         path.write_text(generate(args.routes).replace("    description: Route number", "    descripton: Route number"))
-        checks._analyse.cache_clear()
-        checks._simple_expression.cache_clear()
+        _clear_caches()
         start = time.process_time()
         try:
             with collector_paused():
@@ -125,7 +125,7 @@ C_LOADER = "yaml.load(CSafeLoader), values only"
 COMMAND = "`chatrun validate` as a command (child CPU)"
 
 
-def _rounds(path: Path, rounds: int, command: bool) -> dict[str, list[float]]:
+def _rounds(path: Path, rounds: int, command: bool, before: Path | None = None) -> dict[str, list[float]]:
     """CPU seconds of each way to read the file, interleaved round by round so a busy
     machine weighs on all of them alike."""
     import gc
@@ -135,19 +135,20 @@ def _rounds(path: Path, rounds: int, command: bool) -> dict[str, list[float]]:
 
     import yaml
 
-    from chatrun.definition import checks
 
     text = path.read_text()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "runner")}
     rows: dict[str, list[float]] = {IN_PROCESS: [], C_LOADER: []}
     if command:
         rows[COMMAND] = []
+    children = {} if before is None else {f"load_config in a child, {before}": before,
+                                          "load_config in a child, this tree": Path(__file__).resolve().parents[1]}
+    for name in children:
+        rows[name] = []
     for _ in range(rounds):
-        # Fresh caches each round: the first validation of a bot is what counts.
-        checks._analyse.cache_clear()
-        checks._simple_expression.cache_clear()
-        checks._check_schema.cache_clear()
-        compile_condition.cache_clear()
+        for name, checkout in children.items():
+            rows[name].append(_child_cpu(checkout, path))
+        _clear_caches()  # fresh caches each round: the first validation of a bot is what counts
         start = time.process_time()
         with collector_paused():  # as `chatrun validate` runs it
             load_config(path)
@@ -166,15 +167,32 @@ def _rounds(path: Path, rounds: int, command: bool) -> dict[str, list[float]]:
     return rows
 
 
+def _child_cpu(checkout: Path, path: Path) -> float:
+    """CPU seconds of one `load_config` of `path` in a fresh process running `checkout`'s code."""
+    import os
+    import subprocess
+
+    code = ("import sys, time; from chatrun.cli._gc import collector_paused; "
+            "from chatrun.definition.loader import load_config; s = time.process_time()\n"
+            "with collector_paused(): load_config(sys.argv[1])\nprint(time.process_time() - s)")
+    env = {**os.environ, "PYTHONPATH": str(checkout / "runner")}
+    out = subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True, text=True, env=env)
+    return float(out.stdout.split()[-1])
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
 
 def _phases(path: Path) -> None:
-    """Where the time goes (CPU time of one run per phase, with the GC paused as `chatrun validate` does)."""
+    """Where the time goes (CPU time of one run per phase, with the GC paused as `chatrun validate` does):
+    the checks are split into the route graph they build first, the reading of every template
+    (Jinja2's parser, or the reader of simple `{{ }}` expressions that gives the same answer) and
+    the rest; templates are parsed for their names and syntax only, never compiled."""
     import gc
 
     from chatrun.definition import checks, loader, yamlpos
+    from chatrun.definition.graph import RouteGraph
 
     text = path.read_text()
     gc.disable()
@@ -182,21 +200,58 @@ def _phases(path: Path) -> None:
         t0 = time.process_time()
         doc = yamlpos.load_yaml(text, str(path))
         t1 = time.process_time()
-        loader.schema_diagnostics(doc, None)
+        schema_file, known_valid = loader._schema_choice(doc.data)  # as check_bot does
+        if not known_valid:
+            loader.schema_diagnostics(doc, None, schema_file)
         t2 = time.process_time()
         sources = loader.Sources(doc, [doc])
         config = loader._build(sources, [], path)
         t3 = time.process_time()
-        checks._analyse.cache_clear()
-        checks._simple_expression.cache_clear()
-        checks._check_schema.cache_clear()
+        _clear_caches()
         checks.run_checks(config, sources)
         t4 = time.process_time()
+        RouteGraph.from_config(config)
+        t5 = time.process_time()
+        templates = _template_sources(config, sources)
+        _clear_caches()
+        t6 = time.process_time()
+        for source in templates:
+            checks._analyse(source)
+        t7 = time.process_time()
     finally:
         gc.enable()
-    print(f"  phases (CPU): yaml + positions {_ms(t1 - t0)}, schema {_ms(t2 - t1)}, "
-          f"dataclasses {_ms(t3 - t2)}, checks {_ms(t4 - t3)}")
+    print(f"  phases (CPU): YAML parse + line marks {_ms(t1 - t0)}, schema {_ms(t2 - t1)}, "
+          f"loader (dataclasses) {_ms(t3 - t2)}, checks {_ms(t4 - t3)} (of which the route graph {_ms(t5 - t4)}, "
+          f"reading {len(templates):,} templates {_ms(t7 - t6)})")
     _floor(text)
+
+
+def _clear_caches() -> None:
+    from chatrun.definition import checks
+
+    checks._analyse.cache_clear()
+    checks._simple_expression.cache_clear()
+    checks._check_schema.cache_clear()
+    compile_condition.cache_clear()
+
+
+def _template_sources(config: object, sources: object) -> list[str]:
+    """Every template the checks read (they ask `_analyse` once per template and condition)."""
+    from chatrun.definition import checks
+
+    seen: dict[str, None] = {}
+    analyse = checks._analyse
+
+    def recording(source: str) -> object:
+        seen[source] = None
+        return analyse(source)
+
+    checks._analyse = recording  # type: ignore[assignment]
+    try:
+        checks.run_checks(config, sources)  # type: ignore[arg-type]
+    finally:
+        checks._analyse = analyse
+    return list(seen)
 
 
 def _floor(text: str) -> None:

@@ -156,3 +156,39 @@ def test_templates_read_without_jinja_give_what_jinjas_parser_gives(bot, tmp_pat
             (9, "warning", "the top-level `state:`"),
             (10, "error", "o filter named `tojsn`"), (14, "error", "no filter named `lowr`"),
         ]
+
+
+FORMAT2_BOT = """\
+name: old
+routes:
+  main:
+    default: true
+    tools: [pick]
+tools:
+  pick:
+    description: Pick one
+    action: {ask: {from: user, text: Which one, into: state.choice}}
+"""
+
+
+@pytest.mark.parametrize("case", ["examples", "format2", "invalid"])
+def test_the_format_of_a_bot_without_format_is_judged_part_by_part_as_on_the_whole_file(case, tmp_path):
+    """Which schema a bot without `format:` fits is decided route by route and tool by tool
+    (the fast path, then jsonschema on a part that fails it), as the diagnostics are: it must
+    be what jsonschema says of the whole file, for bots that fit 3, fit only 2, or fit neither."""
+    from chatrun.definition import loader
+
+    if case == "examples":
+        docs = [yamlpos.read_yaml_file(path / "bot.yaml").data for path in EXAMPLE_BOTS]
+    elif case == "format2":
+        docs = [yaml.safe_load(FORMAT2_BOT)]
+    else:
+        docs = [yaml.safe_load(_generated_with_errors(tmp_path).read_text().replace("description: 12\n    ", ""))]
+    for data in docs:
+        for schema_file in (loader.BOT_SCHEMA, loader.FORMAT2_SCHEMA):
+            whole = next(loader._validator(None, schema_file).iter_errors(data), None) is None
+            assert loader._fits(data, schema_file) == whole, (data.get("name"), schema_file)
+    if case == "format2":
+        assert loader._schema_choice(docs[0]) == (loader.FORMAT2_SCHEMA, True)
+    if case == "invalid":
+        assert loader._schema_choice(docs[0]) == (loader.BOT_SCHEMA, False)

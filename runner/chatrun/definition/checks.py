@@ -1125,6 +1125,8 @@ class _Checker:
         """`outcomes:` (engine/outcomes.py): the routes they name exist (an error: the outcome
         could never be recorded), the events they name are ones the bot can emit (a warning: a
         Python handler may emit a type no YAML names), the `if:` compiles."""
+        if not self.config.outcomes:
+            return  # (the bot's event types are a walk of every tool's actions)
         emitted = self.config.event_types()
         for outcome in self.config.outcomes:
             at = ("outcomes", outcome.name)

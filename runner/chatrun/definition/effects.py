@@ -31,7 +31,7 @@ def default_effect(tool: ToolConfig) -> str:
     found = [action_effect(tool.action)]
     if found[0] == ONCE and not _distinguishable(tool):
         found = [IDEMPOTENT]
-    by_key = {kind.key: kind for kind in kinds()}
+    by_key = {kind.key: kind for kind in kinds()} if tool.kinds else {}  # an action-only tool has none
     for key, spec in tool.kinds.items():
         kind = by_key.get(key)
         if kind is not None:

@@ -95,15 +95,29 @@ def schema_for(data: Any) -> str:
     """The schema a bot's files are checked against: its declared `format:` picks it. Without
     `format:`, the current one, unless only format 2's fits (formats 2 and 3 mean the same,
     they differ in spelling): then format 2's, and a warning says so (`_undeclared_format2`)."""
+    return _schema_choice(data)[0]
+
+
+def _schema_choice(data: Any) -> tuple[str, bool]:
+    """`schema_for(data)`, and whether the fast check already found the file valid under it
+    (then checking the file again would only repeat that pass over every node)."""
     declared = data.get("format") if isinstance(data, dict) else None
-    if declared is None and isinstance(data, dict) and not _fits(data, BOT_SCHEMA):
-        return FORMAT2_SCHEMA if _fits(data, FORMAT2_SCHEMA) else BOT_SCHEMA
-    return FORMAT2_SCHEMA if declared in (1, 2) and not isinstance(declared, bool) else BOT_SCHEMA
+    if declared is None and isinstance(data, dict):
+        for schema_file in (BOT_SCHEMA, FORMAT2_SCHEMA):
+            if _fits(data, schema_file):
+                return schema_file, True
+        return BOT_SCHEMA, False
+    return FORMAT2_SCHEMA if declared in (1, 2) and not isinstance(declared, bool) else BOT_SCHEMA, False
 
 
 def _fits(data: Any, schema_file: str) -> bool:
-    """Whether a whole bot file is valid (the fast check may say no to a valid one: jsonschema decides)."""
-    return _fast_check(None, schema_file)(data) or next(_validator(None, schema_file).iter_errors(data), None) is None
+    """Whether a whole bot file is valid (the fast check may say no to a valid one: jsonschema
+    decides, part by part as `schema_diagnostics` splits the file)."""
+    if _fast_check(None, schema_file)(data):
+        return True
+    return all(_fast_check(schema, schema_file)(part)
+               or next(_validator(schema, schema_file).iter_errors(part), None) is None
+               for schema, _prefix, part in _schema_parts(data, None))
 
 
 def _undeclared_format2(main: YamlDoc) -> Diagnostic:
@@ -162,8 +176,9 @@ def check_bot(path: str | Path) -> tuple[BotConfig | None, list[Diagnostic]]:
         return None, _sorted(diagnostics)
     sources = Sources(main, [main])
     if main.data is not None:
-        schema_file = schema_for(main.data)
-        diagnostics.extend(schema_diagnostics(main, None, schema_file))
+        schema_file, known_valid = _schema_choice(main.data)
+        if not known_valid:
+            diagnostics.extend(schema_diagnostics(main, None, schema_file))
         if schema_file == FORMAT2_SCHEMA and "format" not in main.data:
             diagnostics.append(_undeclared_format2(main))
         for file in _included(main, diagnostics):
@@ -270,20 +285,25 @@ def schema_diagnostics(doc: YamlDoc, definition: str | None, schema_file: str = 
     if _fast_check(definition, schema_file)(data):
         return []
     out: list[Diagnostic] = []
+    for schema, prefix, part in _schema_parts(data, definition):
+        if schema == definition or not _fast_check(schema, schema_file)(part):
+            out.extend(_validate(doc, part, schema, prefix, definition, schema_file))
+    return out
+
+
+def _schema_parts(data: Any, definition: str | None) -> list[tuple[str | None, tuple, Any]]:
+    """A file as (schema definition, path, value) parts, each checked on its own: the file
+    with its routes and tools emptied (under `definition`), then each route and tool."""
     if not isinstance(data, dict):
-        return _validate(doc, data, definition, (), definition, schema_file)
+        return [(definition, (), data)]
     shell = dict(data)
-    parts: list[tuple[str, Any, Any]] = []
+    parts: list[tuple[str | None, tuple, Any]] = [(definition, (), shell)]
     for kind, item in (("routes", "route"), ("tools", "tool")):
         section = data.get(kind)
         if isinstance(section, dict):
             shell[kind] = dict.fromkeys(section, {})  # names still checked; {} is a valid route and tool
             parts += [(item, (kind, name), value) for name, value in section.items()]
-    out.extend(_validate(doc, shell, definition, (), definition, schema_file))
-    for item, prefix, value in parts:
-        if not _fast_check(item, schema_file)(value):
-            out.extend(_validate(doc, value, item, prefix, definition, schema_file))
-    return out
+    return parts
 
 
 def _validate(doc: YamlDoc, data: Any, schema: str | None, prefix: tuple, definition: str | None,
@@ -1111,34 +1131,37 @@ def _operator_timeout(raw: Any, doc: YamlDoc, path: tuple) -> OperatorTimeoutCon
     )
 
 
+# An action's keys by how each is read (a key of the wrong type, reported by the schema, is
+# left at its default). One pass over the keys an action has, not a look-up of all 19: a big
+# bot has tens of thousands of actions, most with two or three keys.
+_ACTION_TEXTS = frozenset({"push", "route", "call", "message", "reply", "result"})
+_ACTION_FLAGS = frozenset({"pop", "end", "execute", "immediate", "clear_memory"})
+_ACTION_MAPS = frozenset({"set", "emit", "remember"})
+
+
 def _action(action: dict, doc: YamlDoc, path: tuple, where: Location | None = None) -> ActionConfig:
-    wipe = action.get("wipe")
-    assignments = {k: v for k, v in _dict(action.get("set")).items() if isinstance(k, str)}
-    ask = _ask(action.get("ask"), doc, (*path, "ask"))
-    if ask is not None and ask.into is None:
-        ask.into = _answer_target(assignments)
-    return ActionConfig(
-        push=_str(action.get("push")),
-        pop=_bool(action.get("pop")),
-        route=_str(action.get("route")),
-        call=_str(action.get("call")),
-        end=_bool(action.get("end")),
-        execute=_bool(action.get("execute")),
-        immediate=_bool(action.get("immediate")),
-        clear_memory=_bool(action.get("clear_memory")),
-        wipe=wipe if wipe in ("schedule", "abort") else None,
-        set=assignments,
-        emit={k: v for k, v in _dict(action.get("emit")).items() if isinstance(k, str)},
-        remember={k: v for k, v in _dict(action.get("remember")).items() if isinstance(k, str)},
-        message=_str(action.get("message")),
-        reply=_str(action.get("reply")),
-        result=_str(action.get("result")),
-        choices=_choices(action.get("choices")),
-        cases=_cases(action["cases"], doc, path) if "cases" in action else [],
-        ask=ask,
-        operator=_operator(action.get("operator"), doc, (*path, "operator")),
-        where=where or _loc(doc, path),
-    )
+    values: dict[str, Any] = {}
+    for key, raw in action.items():
+        if key in _ACTION_TEXTS:
+            if isinstance(raw, str):
+                values[key] = raw
+        elif key in _ACTION_FLAGS:
+            values[key] = raw is True
+        elif key in _ACTION_MAPS:
+            values[key] = {k: v for k, v in raw.items() if isinstance(k, str)} if isinstance(raw, dict) else {}
+        elif key == "wipe":
+            values[key] = raw if raw in ("schedule", "abort") else None
+        elif key == "choices":
+            values[key] = _choices(raw)
+        elif key == "cases":
+            values[key] = _cases(raw, doc, path)
+        elif key == "operator":
+            values[key] = _operator(raw, doc, (*path, "operator"))
+    if "ask" in action:
+        ask = values["ask"] = _ask(action["ask"], doc, (*path, "ask"))
+        if ask is not None and ask.into is None:
+            ask.into = _answer_target(values.setdefault("set", {}))
+    return ActionConfig(**values, where=where or _loc(doc, path))
 
 
 _WHOLE_RESULT = re.compile(r"\{\{-?\s*result\s*-?\}\}")

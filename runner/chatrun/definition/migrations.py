@@ -11,6 +11,7 @@ runtime's `on_change` policy (docs/versions.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from chatrun.definition.config import (
@@ -61,22 +62,26 @@ def format_diagnostics(config: BotConfig, format_at: Location | None) -> list[Di
 def set_templates(config: BotConfig) -> list[tuple[Location, str]]:
     """Every `set` whose value is a template (what format 2 changed the meaning of): where it is
     (its action, or the route's `output:`) and what it is ("`set state.x` of tool `t`")."""
-    out: list[tuple[Location, str]] = []
+    return list(dict.fromkeys(_set_templates(config)))
+
+
+def _set_templates(config: BotConfig) -> Iterator[tuple[Location, str]]:
     for tool in config.tools.values():
         for _, action in tool.action.variants():
             where = action.where if action.where.line else tool.where
-            out += [(where, f"`set {target}` of tool `{tool.name}`")
-                    for target, value in action.set.items() if isinstance(value, str)]
+            for target, value in action.set.items():
+                if isinstance(value, str):
+                    yield where, f"`set {target}` of tool `{tool.name}`"
     for route in config.routes.values():
         if route.output is not None:
-            out += [(route.output.where, f"`output.set {target}` of route `{route.name}`")
-                    for target, value in route.output.set.items() if isinstance(value, str)]
-    return list(dict.fromkeys(out))
+            for target, value in route.output.set.items():
+                if isinstance(value, str):
+                    yield route.output.where, f"`output.set {target}` of route `{route.name}`"
 
 
 def first_set_template(config: BotConfig) -> Location | None:
-    found = set_templates(config)
-    return found[0][0] if found else None
+    first = next(_set_templates(config), None)  # the first is all a warning needs: no walk of a big bot
+    return first[0] if first else None
 
 
 def migration_diagnostics(config: BotConfig) -> list[Diagnostic]:
