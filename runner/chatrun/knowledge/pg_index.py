@@ -29,7 +29,7 @@ Vectors (a source's `embeddings:`) are `real[]` rows keyed by model and passage 
 the SQLite index. With the pgvector extension installed in the database (`CREATE EXTENSION
 vector`), `nearest` ranks them in PostgreSQL (`<#>`, the inner product of unit vectors);
 without it (Debian 12 ships no pgvector package), they are read once per change of the index
-and ranked in Python (vectors.dot), as the SQLite index does.
+and ranked by vectors.VectorTable (numpy when installed), as the SQLite index does.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from chatrun.knowledge.index import (
 from chatrun.knowledge.vectors import (
     Embedder,
     EmbeddingsUnavailable,
-    dot,
+    VectorTable,
     embedded_text,
     passage_digest,
 )
@@ -119,7 +119,7 @@ class PgIndex:
         self.pgvector = False  # the extension is installed in the database: vectors ranked there
         self._pool: Any = None
         self._opening = threading.Lock()
-        self._vectors: dict[tuple[str, tuple[str, ...]], tuple[int, list[tuple[int, array]]]] = {}
+        self._vectors: dict[str, tuple[int, VectorTable]] = {}
 
     @property
     def where(self) -> str:
@@ -332,7 +332,7 @@ class PgIndex:
             return []
         if self.pgvector:
             return self._nearest_pgvector(model, query, sources, n)
-        scored = sorted(((dot(query, vector), pid) for pid, vector in self._stored(model, sources)), reverse=True)[:n]
+        scored = self._table(model).nearest(query, sources, n)
         if not scored:
             return []
         rows = {row[0]: row for row in self._run("read passages", functools.partial(
@@ -349,25 +349,26 @@ class PgIndex:
             (literal, model, self.bot, list(sources), literal, n)).fetchall())
         return [_hit(row) for row in rows]
 
-    def _stored(self, model: str, sources: Sequence[str]) -> list[tuple[int, array]]:
-        """(passage id, vector) of `sources` for `model`, from memory while the bot's index is
-        at the same generation (bumped by every change of its passages or vectors)."""
-        def read(conn: Any) -> tuple[int, list[tuple[int, array]] | None]:
+    def _table(self, model: str) -> VectorTable:
+        """`model`'s vectors of every passage of the bot (vectors.py's one ranking: numpy when
+        installed), from memory while the bot's index is at the same generation (bumped by every
+        change of its passages or vectors)."""
+        def read(conn: Any) -> tuple[int, VectorTable | None]:
             row = conn.execute("SELECT generation FROM knowledge_state WHERE bot = %s", (self.bot,)).fetchone()
             generation = int(row[0]) if row else 0
-            kept = self._vectors.get(key)
+            kept = self._vectors.get(model)
             if kept is not None and kept[0] == generation:
                 return generation, None
-            rows = conn.execute("SELECT p.id, v.vector FROM knowledge_passages p JOIN knowledge_vectors v ON "
-                                "v.model = %s AND v.digest = p.digest WHERE p.bot = %s AND p.source = ANY(%s)",
-                                (model, self.bot, list(sources))).fetchall()
-            return generation, [(pid, array("f", vector)) for pid, vector in rows]
+            rows = conn.execute("SELECT p.id, p.source, v.vector FROM knowledge_passages p JOIN knowledge_vectors v "
+                                "ON v.model = %s AND v.digest = p.digest WHERE p.bot = %s",
+                                (model, self.bot)).fetchall()
+            return generation, VectorTable(model, ((pid, source, array("f", vector).tobytes())
+                                                   for pid, source, vector in rows), len(rows))
 
-        key = (model, tuple(sorted(sources)))
         generation, fresh = self._run("read vectors", read)
         if fresh is not None:
-            self._vectors[key] = (generation, fresh)
-        return self._vectors[key][1]
+            self._vectors[model] = (generation, fresh)
+        return self._vectors[model][1]
 
     def find(self, refs: Sequence[tuple[str, str]], sources: Sequence[str]) -> list[Hit]:
         """The passages `refs` ((path, anchor) pairs) name in `sources`, in the order named."""
