@@ -3,12 +3,13 @@ PostgreSQL (tests/postgres_support.py): `chatrun index BOT --store postgresql://
 incrementally; two `chatrun serve --store postgresql://…` replicas answer from it and both see a
 re-indexed article; a reader never sees half a re-indexed source; the hits match the SQLite
 index's (as sets: BM25 and ts_rank_cd order passages differently); hybrid search ranks vectors
-stored as float arrays (in Python without pgvector)."""
+stored as float arrays (in Python without pgvector); web sources (a sitemap, from
+tests/site_support.py's local site) go there with `chatrun index --store` as incrementally as
+into SQLite (validators kept in PostgreSQL, a down site losing nothing)."""
 
 from __future__ import annotations
 
 import shutil
-import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from chatrun.knowledge import Library, open_index
 from chatrun.knowledge.index import INDEX_VERSION, plan
 from chatrun.knowledge.pg_index import PgIndex
 from redis_support import Replica
+from site_support import Site
 
 pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'chatrun[postgres]')")
 
@@ -249,23 +251,124 @@ def test_a_shared_index_nobody_answers_for_is_named_without_its_password():
     assert "s3cret" not in result.output
 
 
-def test_web_sources_are_refused_by_the_shared_index_before_anything_is_fetched(tmp_path):
-    (tmp_path / "bot.yaml").write_text(textwrap.dedent("""\
-        name: site
-        model: {provider: openai, name: gpt-4o-mini}
-        knowledge:
-          pages: {urls: ["https://help.example/a"]}
-        routes:
-          main: {default: true, system: Answer., knowledge: {sources: [pages]}}
-        """))
-    result = CliRunner().invoke(main, ["index", str(tmp_path), "--store", "postgresql://u@127.0.0.1:1/db"])
-    assert result.exit_code == 1 and "knowledge source pages: web pages (`urls:`, `sitemap:`) are indexed in the bot " \
-        "folder's .chatrun/knowledge.db only" in result.output
-    from chatrun.knowledge import KnowledgeIndex, library_of, share_index
+WEB_BOT = """\
+name: site
+model: {{provider: openai, name: gpt-4o-mini, max_retries: 0}}
+knowledge:
+  help_site:
+    sitemap: {base}/sitemap.xml
+    exclude: ["/blog/**"]
+routes:
+  main: {{default: true, system: Answer from the help site., knowledge: [help_site]}}
+"""
+
+
+def web_bot(tmp_path: Path, base: str) -> Path:
+    root = tmp_path / "site"
+    root.mkdir()
+    (root / "bot.yaml").write_text(WEB_BOT.format(base=base))
+    return root
+
+
+def index_web(root: Path, url: str) -> tuple[int, str, str]:
+    out = CliRunner().invoke(main, ["index", str(root), "--store", url, "--quiet"])
+    return out.exit_code, out.stdout, out.stderr
+
+
+def shared_passages(url: str, bot: str = "site") -> dict[str, tuple[int, str]]:
+    """ref -> (passage id, text) of a bot's passages in the shared index."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT id, path, anchor, body FROM knowledge_passages WHERE bot = %s", (bot,)).fetchall()
+    return {f"{p}#{a}" if a else p: (i, b) for i, p, a, b in rows}
+
+
+def test_a_server_reading_the_shared_index_reads_a_bot_with_web_sources_from_it(tmp_path):
+    (tmp_path / "bot.yaml").write_text(WEB_BOT.format(base="https://help.example"))
+    from chatrun.knowledge import library_of, share_index
 
     share_index("postgresql://u@127.0.0.1:1/db")
-    try:  # a server reading the shared index keeps a bot with web sources on its folder's file
-        assert isinstance(library_of(load_config(tmp_path)[0]).index, KnowledgeIndex)
+    try:  # nothing is opened until the first search: the index is chosen, not reached
+        assert isinstance(library_of(load_config(tmp_path)[0]).index, PgIndex)
         assert isinstance(library_of(load_config(HELPCENTRE)[0]).index, PgIndex)
     finally:
         share_index(None)
+
+
+@pytest.mark.slow
+def test_chatrun_index_puts_a_sitemap_into_the_shared_index_and_two_readers_cite_its_urls(tmp_path, postgres_server):
+    url = postgres_server.url()
+    with Site() as site:
+        root, base = web_bot(tmp_path, site.url), site.url
+        code, out, err = index_web(root, url)
+        assert code == 0, err
+        assert "5 pages in 1 source, 4 read, 0 removed;" in out and "(bot site)" in out, out
+        assert f"{base}/private/salaries is disallowed by its host's robots.txt" in err
+        assert not (root / ".chatrun").exists()  # nothing in the bot's folder
+        readers = [shared_library(root, url) for _ in range(2)]
+        try:
+            for library in readers:
+                hits = library.search("refund window", ["help_site"], 3)
+                assert hits[0].ref == f"{base}/help/returns#refund-window", hits
+                assert library.source_entry(hits[0])["url"] == f"{base}/help/returns#refund-window"
+                cited = library.cited(f"Express costs 9.90 euros [{base}/help/shipping#costs].", ["help_site"])
+                assert [library.source_entry(h)["url"] for h in cited] == [f"{base}/help/shipping#costs"]
+        finally:
+            for library in readers:
+                library.close()
+        assert site.served("/help/returns") == [200]  # the readers fetched nothing
+
+
+@pytest.mark.slow
+def test_a_changed_page_alone_is_cut_again_in_the_shared_index(tmp_path, postgres_server):
+    url = postgres_server.url()
+    with Site() as site:
+        root, base = web_bot(tmp_path, site.url), site.url
+        assert index_web(root, url)[0] == 0
+        before = shared_passages(url)
+        site.pages["/help/shipping"] = site.pages["/help/shipping"].replace("9.90 euros", "12 euros")
+        code, out, err = index_web(root, url)
+        assert code == 0, err
+        assert ", 1 read, 0 removed;" in out, out
+        # The conditional requests carried the validators kept in PostgreSQL: ETag, then Last-Modified.
+        assert site.served("/help/returns") == [200, 304] and site.served("/help/account") == [200, 304]
+        assert site.served("/help/shipping") == [200, 200]
+        after = shared_passages(url)
+        assert "12 euros" in after[f"{base}/help/shipping#costs"][1]
+        unchanged = [ref for ref in before if "/help/shipping" not in ref]
+        assert unchanged and all(after[ref] == before[ref] for ref in unchanged)  # same rows: not re-cut
+        library = shared_library(root, url)
+        try:
+            assert "12 euros" in library.search("express delivery cost", ["help_site"], 1)[0].text
+        finally:
+            library.close()
+        (root / "bot.yaml").write_text(WEB_BOT.format(base=base).replace("    exclude", "    include: [/help/returns]\n"
+                                                                          "    exclude"))
+        code, out, err = index_web(root, url)
+        assert code == 0 and ", 0 read, 3 removed;" in out, out  # no longer listed by a sitemap read in full
+        assert {ref.split("#")[0] for ref in shared_passages(url)} == {f"{base}/help/returns"}
+
+
+@pytest.mark.slow
+def test_a_down_site_keeps_its_passages_in_the_shared_index(tmp_path, postgres_server):
+    url = postgres_server.url()
+    with Site() as site:
+        root, base = web_bot(tmp_path, site.url), site.url
+        assert index_web(root, url)[0] == 0
+        before = shared_passages(url)
+        site.failing["/help/shipping"] = 500
+        code, out, err = index_web(root, url)
+        assert code == 0 and ", 0 read, 0 removed;" in out, err
+        assert f"{base}/help/shipping answered 500 Internal Server Error; its passages from the last run are kept" \
+            in err
+        site.stop()
+        code, out, err = index_web(root, url)
+        assert code == 1 and "knowledge source `help_site`: no page could be fetched" in err
+        assert "no page is removed from the index" in err  # the sitemap could not be read: nothing leaves
+        assert shared_passages(url) == before
+        library = shared_library(root, url)
+        try:
+            assert library.search("refund window", ["help_site"], 1)[0].ref == f"{base}/help/returns#refund-window"
+        finally:
+            library.close()

@@ -31,8 +31,8 @@ def index(path: str, quiet: bool, store_url: str | None) -> None:
 
     With --store postgresql://…, the passages go to that database (full-text search by
     PostgreSQL, pgvector when installed), where every `chatrun serve --store` replica reads
-    them at once; run it again after changing articles (docs/knowledge.md). Web sources are
-    not indexed there yet.
+    them at once; run it again after changing articles (docs/knowledge.md). Web pages go
+    there too, as incrementally: each source's pages are written in one transaction.
 
     The bot is validated first (a missing, empty or unreadable source is an error at its line);
     an invalid bot is not indexed and the exit status is 1.
@@ -62,8 +62,7 @@ def index(path: str, quiet: bool, store_url: str | None) -> None:
         library = Library(config.root or ".", config.knowledge, config.model,
                           open_index(config.root or ".", config.name, shared))
         files = plan(library.root, config.knowledge.values())
-        # The web sources' pages (sitemaps fetched): only `chatrun index` fetches; the shared index refuses them.
-        pages = [] if shared else library.list_web()
+        pages = library.list_web()  # the web sources' pages (sitemaps fetched): only `chatrun index` fetches
         length = len(files) + sum(len(listing.urls) for listing in pages)
         with click.progressbar(length=length, label="Indexing", show_pos=True,
                                file=io.StringIO() if quiet else None) as bar:

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import BotConfig, KnowledgeSource, ModelConfig
-from chatrun.errors import ChatrunError
 from chatrun.knowledge.index import Hit, KnowledgeIndex, Refreshed, plan
 from chatrun.knowledge.vectors import Embedder, EmbeddingsUnavailable, fuse
 from chatrun.knowledge.web import Listing, WebRefreshed, client, list_pages, refresh_web
@@ -82,13 +81,9 @@ class Library:
         changed ones are cut again; `self.web` says what fetching did). Without, the web
         sources' passages stay as the last `chatrun index` left them: a running bot never fetches."""
         web = [source.name for source in self.sources.values() if source.web]
-        if web and not isinstance(self.index, KnowledgeIndex):
-            raise ChatrunError(f"knowledge source {web[0]}: web pages (`urls:`, `sitemap:`) are indexed in the bot "
-                               "folder's .chatrun/knowledge.db only, not yet in the shared PostgreSQL index; serve "
-                               "this bot with --knowledge-store local")
         with self._lock:
             done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step, web)
-            if pages is not None and isinstance(self.index, KnowledgeIndex):  # a shared index refused them above
+            if pages is not None:  # into either index, through web.py's one fetch path (its PageIndex seam)
                 with client() as http:
                     self.web = refresh_web(self.index, pages, done, http, step)
             else:
@@ -104,15 +99,8 @@ class Library:
 
     def _say_unindexed(self, web: Sequence[str]) -> None:
         """A web source with no page in the index is said in the log: nothing fails silently."""
-        if not isinstance(self.index, KnowledgeIndex):
-            return  # the shared index refuses web sources (refresh): nothing to say here
-        if not web or not self.index.path.exists():
-            missing = list(web)
-        else:
-            with self.index.connect() as db:
-                held = {row[0] for row in db.execute("SELECT DISTINCT source FROM files")}
-            db.close()
-            missing = [name for name in web if name not in held]
+        held = self.index.held_sources() if web else set()
+        missing = [name for name in web if name not in held]
         for name in missing:
             log.warning("knowledge source %s: no page of it is in the index (web pages are fetched by "
                         "`chatrun index`, never while the bot runs); run `chatrun index %s`", name, self.root)
@@ -221,24 +209,11 @@ def open_index(root: str | Path, name: str, url: str | None) -> KnowledgeIndex |
     return KnowledgeIndex(index_path(root))
 
 
-def _shared_for(config: BotConfig) -> str | None:
-    """The shared index's URL for this bot; None for a bot with web sources, which the shared
-    index does not hold yet: it keeps its folder's file (said in the log, once per bot loaded)."""
-    if not _SHARED:
-        return None
-    web = [source.name for source in config.knowledge.values() if source.web]
-    if web:
-        log.warning("bot %s: knowledge source %s reads web pages, which the shared PostgreSQL index does not hold "
-                    "yet; this bot reads its folder's .chatrun/knowledge.db", config.name, web[0])
-        return None
-    return _SHARED[0]
-
-
 def library_of(config: BotConfig) -> Library:
     """The Library of a loaded bot (made on first use, dropped with the config)."""
     library = _LIBRARIES.get(id(config))
     if library is None:
-        index = open_index(config.root or ".", config.name, _shared_for(config))
+        index = open_index(config.root or ".", config.name, _SHARED[0] if _SHARED else None)
         library = _LIBRARIES[id(config)] = Library(config.root or ".", config.knowledge, config.model, index)
         weakref.finalize(config, _drop, id(config))
     return library

@@ -27,7 +27,8 @@ import re
 import sqlite3
 import threading
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,8 @@ CREATE INDEX IF NOT EXISTS passages_at ON passages(source, path, anchor);
 CREATE INDEX IF NOT EXISTS passages_digest ON passages(digest);
 CREATE TABLE IF NOT EXISTS vectors(model TEXT NOT NULL, digest TEXT NOT NULL, vector BLOB NOT NULL,
                                    PRIMARY KEY (model, digest));
+CREATE TABLE IF NOT EXISTS web_pages(source TEXT NOT NULL, url TEXT NOT NULL, etag TEXT, last_modified TEXT,
+                                     PRIMARY KEY (source, url));
 CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(tag, heading, body, content='passages', content_rowid='id',
                                                           tokenize='porter unicode61 remove_diacritics 2');
 """
@@ -200,6 +203,48 @@ class KnowledgeIndex:
         _replace(db, item.source, item.relative, digest, chunks)
         return True
 
+    # -- web pages (web.py's PageIndex: the one fetch path writes through these) ----------------
+
+    def stored_pages(self, source: str) -> dict[str, StoredPage]:
+        """url -> (hash, ETag, Last-Modified) of a web source's pages in the index."""
+        with self.connect() as db:
+            db.executescript(_SCHEMA)
+            rows = db.execute("SELECT f.path, f.hash, w.etag, w.last_modified FROM files f LEFT JOIN web_pages w ON "
+                              "w.source = f.source AND w.url = f.path WHERE f.source = ?", (source,)).fetchall()
+        db.close()
+        return {url: (digest, etag, modified) for url, digest, etag, modified in rows}
+
+    @contextmanager
+    def writing_pages(self, source: str) -> Iterator[SqlitePages]:
+        """A web source's pages written as they are fetched, one transaction per page (an
+        interrupted run keeps the pages it finished, as for files)."""
+        with self.connect() as db:
+            yield SqlitePages(db, source)
+        db.close()
+
+    def pages_done(self, done: Refreshed, changed: bool) -> None:
+        """After the web pages: validators of pages gone dropped, the passages counted."""
+        with self.connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("DELETE FROM web_pages WHERE NOT EXISTS (SELECT 1 FROM files f WHERE f.source = "
+                       "web_pages.source AND f.path = web_pages.url)")
+            db.execute("COMMIT")
+            done.passages = db.execute("SELECT count(*) FROM passages").fetchone()[0]
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('passages', ?)", (str(done.passages),))
+        db.close()
+
+    def held_sources(self) -> set[str]:
+        """The sources with at least one file or page in the index."""
+        if not self.path.exists():
+            return set()
+        with self.connect() as db:
+            try:
+                held = {row[0] for row in db.execute("SELECT DISTINCT source FROM files")}
+            except sqlite3.OperationalError:  # no table yet
+                held = set()
+        db.close()
+        return held
+
     def search(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
         """The `k` passages of `sources` that best match `query` (BM25), best first."""
         words = query_words(query)
@@ -326,6 +371,27 @@ class KnowledgeIndex:
                 n = 0
         db.close()
         return n
+
+
+StoredPage = tuple[str, str | None, str | None]  # a web page's (hash, ETag, Last-Modified) in an index
+
+
+class SqlitePages:
+    """A web source's pages written into the SQLite index, each page in its own transaction."""
+
+    def __init__(self, db: sqlite3.Connection, source: str):
+        self.db, self.source = db, source
+
+    def page(self, url: str, digest: str, chunks: list[Chunk] | None, etag: str | None,
+             last_modified: str | None) -> None:
+        """A page that answered: its passages replaced by `chunks` (None: unchanged), its validators kept."""
+        if chunks is not None:
+            _replace(self.db, self.source, url, digest, chunks)
+        self.db.execute("INSERT OR REPLACE INTO web_pages VALUES (?, ?, ?, ?)", (self.source, url, etag, last_modified))
+
+    def remove(self, url: str) -> None:
+        _replace(self.db, self.source, url, None, [])
+        self.db.execute("DELETE FROM web_pages WHERE source = ? AND url = ?", (self.source, url))
 
 
 def _meta(db: sqlite3.Connection, key: str) -> str | None:

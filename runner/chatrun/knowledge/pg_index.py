@@ -41,8 +41,9 @@ import logging
 import math
 import threading
 from array import array
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatrun.errors import ChatrunError
@@ -55,6 +56,7 @@ from chatrun.knowledge.index import (
     Hit,
     Refreshed,
     SourceFile,
+    StoredPage,
     query_words,
 )
 from chatrun.knowledge.vectors import (
@@ -172,7 +174,8 @@ class PgIndex:
                 step: Callable[[SourceFile], None] | None = None, web: Iterable[str] = ()) -> Refreshed:
         """Bring the bot's passages up to date with `files`: read only the files whose bytes
         changed; one transaction per source (readers see a source all old or all new). The
-        sources in `web` are left as they are (web pages: the Library refuses them here today)."""
+        sources in `web` are left as they are (web pages: written by web.refresh_web through
+        `writing_pages`, at `chatrun index` only)."""
         done = Refreshed(files=len(files))
         wanted = sorted(set(sources))
         by_source: dict[str, list[SourceFile]] = {name: [] for name in wanted}
@@ -195,6 +198,7 @@ class PgIndex:
         row = conn.execute("SELECT version FROM knowledge_state WHERE bot = %s", (self.bot,)).fetchone()
         if row is not None and row[0] != INDEX_VERSION:
             conn.execute("DELETE FROM knowledge_files WHERE bot = %s", (self.bot,))
+            conn.execute("DELETE FROM knowledge_web_pages WHERE bot = %s", (self.bot,))
 
     def _finish(self, conn: Any, sources: list[str], counted: bool) -> int:
         """The bot's state, and (when passages changed) how many passages each lexeme is in."""
@@ -246,10 +250,60 @@ class PgIndex:
         if digest is None:
             conn.execute("DELETE FROM knowledge_files WHERE bot = %s AND source = %s AND path = %s",
                          (self.bot, source, path))
+            conn.execute("DELETE FROM knowledge_web_pages WHERE bot = %s AND source = %s AND url = %s",
+                         (self.bot, source, path))
         else:
             conn.execute("INSERT INTO knowledge_files (bot, source, path, hash) VALUES (%s, %s, %s, %s) "
                          "ON CONFLICT (bot, source, path) DO UPDATE SET hash = excluded.hash",
                          (self.bot, source, path, digest))
+
+    # -- web pages (web.py's PageIndex: the one fetch path writes through these) ----------------
+
+    def stored_pages(self, source: str) -> dict[str, StoredPage]:
+        """url -> (hash, ETag, Last-Modified) of a web source's pages in the index."""
+        rows = self._run("read the stored pages", lambda c: c.execute(
+            "SELECT f.path, f.hash, w.etag, w.last_modified FROM knowledge_files f LEFT JOIN knowledge_web_pages w "
+            "ON w.bot = f.bot AND w.source = f.source AND w.url = f.path WHERE f.bot = %s AND f.source = %s",
+            (self.bot, source)).fetchall())
+        return {url: (digest, etag, modified) for url, digest, etag, modified in rows}
+
+    @contextmanager
+    def writing_pages(self, source: str) -> Iterator[PgPages]:
+        """A web source's pages, held while they are fetched (no transaction stays open across
+        requests) and written at the end in one transaction: readers see the source all old or
+        all new. An interrupted run writes nothing of the source."""
+        pages = PgPages()
+        yield pages
+        if pages.written or pages.removed:
+            self._run(f"index source {source}", functools.partial(self._write_pages, source=source, pages=pages))
+
+    def _write_pages(self, conn: Any, source: str, pages: PgPages) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('knowledge:' || %s, 0))", (self.bot,))
+        changed = bool(pages.removed)
+        for url in pages.removed:
+            self._replace(conn, source, url, None, [])
+        for url, digest, chunks, etag, modified in pages.written:
+            if chunks is not None:
+                self._replace(conn, source, url, digest, chunks)
+                changed = True
+            conn.execute("INSERT INTO knowledge_web_pages (bot, source, url, etag, last_modified) VALUES (%s, %s, "
+                         "%s, %s, %s) ON CONFLICT (bot, source, url) DO UPDATE SET etag = excluded.etag, "
+                         "last_modified = excluded.last_modified", (self.bot, source, url, etag, modified))
+        if changed:
+            _bump(conn, self.bot)
+
+    def pages_done(self, done: Refreshed, changed: bool) -> None:
+        """After the web pages: the passages counted, and each lexeme's passages when they changed."""
+        state = self._run("read the index's state", lambda c: c.execute(
+            "SELECT sources FROM knowledge_state WHERE bot = %s", (self.bot,)).fetchone())
+        sources = [name for name in (state[0] if state else "").split(",") if name]
+        done.passages = self._run("count the passages", functools.partial(self._finish, sources=sources,
+                                                                           counted=changed))
+
+    def held_sources(self) -> set[str]:
+        """The sources with at least one file or page in the index."""
+        return set(self._run("list the indexed sources", lambda c: [r[0] for r in c.execute(
+            "SELECT DISTINCT source FROM knowledge_files WHERE bot = %s", (self.bot,))]))
 
     def embed_missing(self, embedder: Embedder, models: dict[str, str], done: Refreshed) -> None:
         """Embed the passages of the sources in `models` (source -> model) that have no vector for
@@ -390,6 +444,21 @@ class PgIndex:
     def count(self) -> int:
         return int(self._run("count the passages", lambda c: c.execute(
             "SELECT count(*) FROM knowledge_passages WHERE bot = %s", (self.bot,)).fetchone()[0]))
+
+
+@dataclass
+class PgPages:
+    """A web source's pages as fetched, written by PgIndex.writing_pages at the source's end."""
+
+    written: list[tuple[str, str, list[Chunk] | None, str | None, str | None]] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    def page(self, url: str, digest: str, chunks: list[Chunk] | None, etag: str | None,
+             last_modified: str | None) -> None:
+        self.written.append((url, digest, chunks, etag, last_modified))
+
+    def remove(self, url: str) -> None:
+        self.removed.append(url)
 
 
 def _read(item: SourceFile, old_hash: str | None, done: Refreshed) -> tuple[str, list[Chunk]] | None:

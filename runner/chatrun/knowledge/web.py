@@ -24,11 +24,12 @@ import gzip
 import hashlib
 import logging
 import re
-import sqlite3
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Protocol
 from urllib.parse import urljoin, urlsplit, urlunsplit
 from urllib.robotparser import RobotFileParser
 
@@ -36,7 +37,7 @@ import httpx
 
 from chatrun.definition.config import KnowledgeSource, Location
 from chatrun.knowledge.chunks import Chunk, chunk_file, chunk_html, chunk_markdown, chunk_pdf
-from chatrun.knowledge.index import KnowledgeIndex, Refreshed, _replace
+from chatrun.knowledge.index import Refreshed, StoredPage
 
 log = logging.getLogger("chatrun.knowledge")
 
@@ -45,12 +46,6 @@ TIMEOUT = 20.0  # seconds a request may take (to connect, and between bytes read
 MAX_PAGES = 1000  # a sitemap's pages at most, unless the source's `max_pages` says otherwise
 MAX_BYTES = 10_000_000  # a page or sitemap larger than this is not read (a failure: the page keeps its passages)
 SITEMAP_DEPTH = 3  # sitemap indexes nested at most this deep (the protocol has one level)
-
-_WEB_SCHEMA = """
-CREATE TABLE IF NOT EXISTS web_pages(source TEXT NOT NULL, url TEXT NOT NULL, etag TEXT, last_modified TEXT,
-                                     PRIMARY KEY (source, url));
-"""
-
 
 class FetchError(Exception):
     """A URL that could not be read: why, in words for the bot's author."""
@@ -260,38 +255,55 @@ class Robots:
             return f"cannot be fetched: its host's robots.txt could not be read ({type(exc).__name__})"
 
 
-def refresh_web(index: KnowledgeIndex, listings: Sequence[Listing], done: Refreshed, http: httpx.Client,
+class PageWriter(Protocol):
+    """Where one source's fetched pages go (an index's `writing_pages`)."""
+
+    def page(self, url: str, digest: str, chunks: list[Chunk] | None, etag: str | None,
+             last_modified: str | None) -> None:
+        """A page that answered: its passages replaced by `chunks` (None: unchanged), its validators kept."""
+
+    def remove(self, url: str) -> None:
+        """A page no longer listed, or disallowed: its passages leave."""
+
+
+class PageIndex(Protocol):
+    """The seam between fetching (here, the one fetch path) and an index: the SQLite file
+    (index.py KnowledgeIndex: a transaction per page) and PostgreSQL (pg_index.py PgIndex: a
+    transaction per source, so readers see a source all old or all new) both implement it."""
+
+    def stored_pages(self, source: str) -> dict[str, StoredPage]:
+        """url -> (hash, ETag, Last-Modified) of the source's pages in the index."""
+
+    def writing_pages(self, source: str) -> AbstractContextManager[PageWriter]:
+        """A writer for one source's pages; what it wrote is visible to readers by its end."""
+
+    def pages_done(self, done: Refreshed, changed: bool) -> None:
+        """After every source: `done.passages` counted (and what the index derives, when `changed`)."""
+
+
+def refresh_web(index: PageIndex, listings: Sequence[Listing], done: Refreshed, http: httpx.Client,
                 step: Callable[[str], None] | None = None) -> WebRefreshed:
     """Fetch each listed page and bring its passages up to date (only changed pages are cut
     again); remove a source's pages no longer listed (when its listing is complete)."""
     web = WebRefreshed()
     robots = Robots(http)
-    with index.connect() as db:
-        db.executescript(_WEB_SCHEMA)
-        for listing in listings:
-            web.problems += listing.problems
-            answered = _refresh_source(db, listing, robots, http, web, step)
-            if not answered:
-                web.silent.append(listing.source.name)
-        db.execute("BEGIN IMMEDIATE")
-        db.execute("DELETE FROM web_pages WHERE NOT EXISTS (SELECT 1 FROM files f WHERE f.source = web_pages.source "
-                   "AND f.path = web_pages.url)")
-        db.execute("COMMIT")
-        done.passages = db.execute("SELECT count(*) FROM passages").fetchone()[0]
-        db.execute("INSERT OR REPLACE INTO meta VALUES ('passages', ?)", (str(done.passages),))
-    db.close()
+    for listing in listings:
+        web.problems += listing.problems
+        stored = index.stored_pages(listing.source.name)
+        with index.writing_pages(listing.source.name) as writer:
+            answered = _refresh_source(writer, stored, listing, robots, http, web, step)
+        if not answered:
+            web.silent.append(listing.source.name)
+    index.pages_done(done, bool(web.read or web.removed))
     done.changed += web.read
     done.removed += web.removed
     return web
 
 
-def _refresh_source(db: sqlite3.Connection, listing: Listing, robots: Robots, http: httpx.Client,
-                    web: WebRefreshed, step: Callable[[str], None] | None) -> int:
+def _refresh_source(writer: PageWriter, stored: dict[str, StoredPage], listing: Listing, robots: Robots,
+                    http: httpx.Client, web: WebRefreshed, step: Callable[[str], None] | None) -> int:
     """One source's pages; how many answered (fetched, or confirmed unchanged)."""
     name = listing.source.name
-    stored = {url: (digest, etag, modified) for url, digest, etag, modified in db.execute(
-        "SELECT f.path, f.hash, w.etag, w.last_modified FROM files f LEFT JOIN web_pages w ON w.source = f.source "
-        "AND w.url = f.path WHERE f.source = ?", (name,))}
     answered = 0
     gone = [url for url in stored if url not in listing.where] if listing.complete else []
     for url in listing.urls:
@@ -302,7 +314,7 @@ def _refresh_source(db: sqlite3.Connection, listing: Listing, robots: Robots, ht
                                     "host's robots.txt; left out of the index")
                 gone += [url] if url in stored else []
                 continue
-            if _refresh_page(db, name, url, stored.get(url), http):
+            if _refresh_page(writer, url, stored.get(url), http):
                 web.read += 1
             else:
                 web.unchanged += 1
@@ -315,13 +327,12 @@ def _refresh_source(db: sqlite3.Connection, listing: Listing, robots: Robots, ht
             if step is not None:
                 step(url)
     for url in gone:  # no longer listed (by a listing read in full), or disallowed
-        _replace(db, name, url, None, [])
+        writer.remove(url)
         web.removed += 1
     return answered
 
 
-def _refresh_page(db: sqlite3.Connection, source: str, url: str, stored: tuple[str, str | None, str | None] | None,
-                  http: httpx.Client) -> bool:
+def _refresh_page(writer: PageWriter, url: str, stored: StoredPage | None, http: httpx.Client) -> bool:
     """Fetch one page (conditionally, when the index holds it) and replace its passages if its
     bytes changed. True: it was cut again."""
     headers: dict[str, str] = {}
@@ -336,15 +347,14 @@ def _refresh_page(db: sqlite3.Connection, source: str, url: str, stored: tuple[s
             raise FetchError("answered 304 Not Modified to a request that asked for the page")
         return False
     digest = hashlib.sha256(answer.content).hexdigest()
-    changed = stored is None or stored[0] != digest
-    if changed:
-        try:
-            chunks = cut_page(url, answer)  # a FetchError here keeps the old passages
-        except FetchError:
-            raise
-        except Exception as exc:  # a PDF pypdf cannot parse, ...
-            raise FetchError(f"could not be cut into passages ({exc})") from None
-        _replace(db, source, url, digest, chunks)
-    db.execute("INSERT OR REPLACE INTO web_pages VALUES (?, ?, ?, ?)",
-               (source, url, answer.etag, answer.last_modified))
-    return changed
+    if stored is not None and stored[0] == digest:
+        writer.page(url, digest, None, answer.etag, answer.last_modified)
+        return False
+    try:
+        chunks = cut_page(url, answer)  # a FetchError here keeps the old passages
+    except FetchError:
+        raise
+    except Exception as exc:  # a PDF pypdf cannot parse, ...
+        raise FetchError(f"could not be cut into passages ({exc})") from None
+    writer.page(url, digest, chunks, answer.etag, answer.last_modified)
+    return True

@@ -178,6 +178,16 @@ CREATE TABLE knowledge_terms (              -- in how many passages each lexeme 
     PRIMARY KEY (bot, term)
 );
 """),
+    (3, "web pages in the shared knowledge index: each page's validators (knowledge/pg_index.py)", """
+CREATE TABLE knowledge_web_pages (          -- a web source's page (its passages are knowledge_files/passages
+    bot           TEXT NOT NULL,            -- rows whose path is its URL): what a conditional request sends
+    source        TEXT NOT NULL,
+    url           TEXT NOT NULL,
+    etag          TEXT,
+    last_modified TEXT,
+    PRIMARY KEY (bot, source, url)
+);
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
