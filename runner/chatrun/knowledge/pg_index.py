@@ -25,6 +25,10 @@ for every source today; a search groups the sources by configuration. The rankin
 differs from FTS5's BM25: the same passages are found, their order may differ (tests compare
 sets).
 
+Web sources (`urls:`, `sitemap:`) are fetched by web.py (`chatrun index --store` only) and
+written through the PageIndex seam (`stored_pages`, `writing_pages`, `pages_done`): each page's
+validators in `knowledge_web_pages` (migration 3), a source's pages in one transaction.
+
 Vectors (a source's `embeddings:`) are `real[]` rows keyed by model and passage digest, as in
 the SQLite index. With the pgvector extension installed in the database (`CREATE EXTENSION
 vector`), `nearest` ranks them in PostgreSQL (`<#>`, the inner product of unit vectors);

@@ -10,7 +10,9 @@ pages' passages as the last `chatrun index` left them).
                  answers 304 or the same bytes is neither re-cut nor re-embedded
 
 A page is cut as a local file of its kind is (HTML along its headings, chunks.py), and stored
-in the index with its URL as its path, so a passage's ref and link are the page's URL and its
+in the index — either one, through the PageIndex seam: the bot folder's SQLite file
+(KnowledgeIndex, a transaction per page) or the shared PostgreSQL index (PgIndex, a
+transaction per source) — with its URL as its path, so a passage's ref and link are the page's URL and its
 heading's #anchor. Failures lose nothing: a page that answers an error, times out or cannot be
 cut keeps its passages from the last run, and a sitemap that cannot be read removes no page.
 robots.txt is honoured for pages (user agent USER_AGENT): a page it disallows is left out
