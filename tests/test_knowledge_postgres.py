@@ -372,3 +372,47 @@ def test_a_down_site_keeps_its_passages_in_the_shared_index(tmp_path, postgres_s
             assert library.search("refund window", ["help_site"], 1)[0].ref == f"{base}/help/returns#refund-window"
         finally:
             library.close()
+
+
+GERMAN = "# Erstattung\n\n## Rückerstattungen\n\nDie Rückerstattungen werden innerhalb von 14 Tagen überwiesen.\n"
+
+
+def test_a_language_postgresql_does_not_know_is_an_error_at_its_line(tmp_path):
+    root = helpcentre(tmp_path)
+    bot = (root / "bot.yaml").read_text()
+    (root / "bot.yaml").write_text(bot.replace("    path: help\n", "    path: help\n    language: germna\n"))
+    result = CliRunner().invoke(main, ["validate", str(root)])
+    line = next(n for n, text in enumerate((root / "bot.yaml").read_text().splitlines(), 1) if "germna" in text)
+    assert result.exit_code == 1 and f"bot.yaml:{line}:" in result.output, result.output
+    assert "knowledge source `help_centre`: `language: germna` is not one of PostgreSQL's text search " \
+        "configurations; did you mean `german`?" in result.output
+    (root / "bot.yaml").write_text(bot.replace("    path: help\n", "    path: help\n    language: german\n"))
+    assert load_config(root)[0].knowledge["help_centre"].language == "german"
+
+
+@pytest.mark.slow
+def test_a_source_language_stems_its_passages_and_changing_it_cuts_them_again(tmp_path, postgres_server):
+    import psycopg
+
+    from chatrun.definition.knowledge import TEXT_SEARCH_CONFIGS
+
+    root, url = helpcentre(tmp_path), postgres_server.url()
+    with psycopg.connect(url) as conn:  # the validator's list is PostgreSQL's own
+        assert tuple(r[0] for r in conn.execute("SELECT cfgname FROM pg_ts_config ORDER BY 1")) == TEXT_SEARCH_CONFIGS
+    (root / "help" / "erstattung.md").write_text(GERMAN)
+    index_into(root, url)
+    library = shared_library(root, url)
+    try:  # english stems nothing of "Rückerstattung": the plural is not found
+        assert [h.path for h in library.search("Rückerstattung", ["help_centre"], 3)] == []
+    finally:
+        library.close()
+    bot = (root / "bot.yaml").read_text()
+    (root / "bot.yaml").write_text(bot.replace("    path: help\n", "    path: help\n    language: german\n"))
+    assert "4 files in 1 source, 4 read, 0 removed;" in index_into(root, url)  # stemmed otherwise: all read again
+    assert ", 0 read, 0 removed;" in index_into(root, url)
+    library = shared_library(root, url)
+    try:
+        hits = library.search("Rückerstattung", ["help_centre"], 3)
+        assert hits and {h.path for h in hits} == {"erstattung.md"} and "14 Tagen" in hits[0].text, hits
+    finally:
+        library.close()

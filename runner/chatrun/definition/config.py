@@ -414,6 +414,7 @@ class KnowledgeSource:
     sitemap: str | None = None  # a sitemap (or sitemap index) listing the web pages to fetch
     exclude: list[str] = field(default_factory=list)  # a sitemap's URL paths left out (glob patterns)
     max_pages: int | None = None  # a sitemap's pages fetched at most (None: chatrun.knowledge.web.MAX_PAGES)
+    language: str | None = None  # the PostgreSQL index's text search configuration (None: english); SQLite: unused
 
     @property
     def web(self) -> bool:

@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 # The files a source reads when it declares no `include:`, by suffix.
 SUPPORTED = (".md", ".markdown", ".html", ".htm", ".txt", ".pdf")
 URL_FIELDS = ("path", "anchor")  # what a source's `url:` may fill in
+# A source's `language:`: PostgreSQL's built-in text search configurations (pg_ts_config of
+# PostgreSQL 13 to 17; tests/test_knowledge_postgres.py compares this list with the server's).
+TEXT_SEARCH_CONFIGS = ("arabic", "armenian", "basque", "catalan", "danish", "dutch", "english", "finnish", "french",
+                       "german", "greek", "hindi", "hungarian", "indonesian", "irish", "italian", "lithuanian",
+                       "nepali", "norwegian", "portuguese", "romanian", "russian", "serbian", "simple", "spanish",
+                       "swedish", "tamil", "turkish", "yiddish")
 
 
 def source_folder(root: str | Path, source: KnowledgeSource) -> Path:
@@ -73,6 +79,10 @@ def check_knowledge(config: BotConfig, checks: Checks) -> None:
     root = config.root or "."
     for source in config.knowledge.values():
         _check_source(root, source, checks)
+        if source.language is not None and source.language not in TEXT_SEARCH_CONFIGS:
+            hint = suggest(source.language, TEXT_SEARCH_CONFIGS) or f"; write one of {', '.join(TEXT_SEARCH_CONFIGS)}"
+            checks.add("error", f"knowledge source `{source.name}`: `language: {source.language}` is not one of "
+                       f"PostgreSQL's text search configurations{hint}", "knowledge", source.name, "language")
         if source.embeddings and config.model.provider != "openai":
             checks.add("warning", f"knowledge source `{source.name}`: `embeddings: {source.embeddings}` needs an "
                        f"OpenAI-compatible endpoint, and the bot's model is `{config.model.provider}`; its searches "

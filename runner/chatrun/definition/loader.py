@@ -593,7 +593,8 @@ def _knowledge(raw: Any, doc: YamlDoc) -> dict[str, KnowledgeSource]:
             str(name), _str(spec.get("path")) or "", _str_list(spec.get("include")), _str(spec.get("url")),
             _loc(doc, ("knowledge", name)), _str(spec.get("embeddings")), urls,
             [_loc(doc, ("knowledge", name, "urls", i)) for i in range(len(urls))], _str(spec.get("sitemap")),
-            _str_list(spec.get("exclude")), max_pages if isinstance(max_pages, int) else None)
+            _str_list(spec.get("exclude")), max_pages if isinstance(max_pages, int) else None,
+            _str(spec.get("language")))
     return out
 
 

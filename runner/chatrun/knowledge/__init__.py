@@ -70,6 +70,8 @@ class Library:
         self.root = Path(root)
         self.sources = sources
         self.index = index if index is not None else KnowledgeIndex(index_path(self.root))
+        if not isinstance(self.index, KnowledgeIndex):  # the shared index stems each source as it declares
+            self.index.languages = {name: s.language for name, s in sources.items() if s.language}
         self.embedder = Embedder(model)  # the bot's endpoint, for sources with `embeddings:`
         self._fresh = False
         self._lock = threading.Lock()

@@ -20,8 +20,10 @@ counted by `ts_stat` at the end of a refresh that changed anything). PostgreSQL'
 have no IDF of their own, and without it a common word weighs as much as a rare one
 (`score_sql`). From SELECTIVE_FROM passages, a word in most of them is left out while a rarer
 one remains, as in the SQLite index. Each passage keeps its text search configuration
-(`language`, a `regconfig`): SOURCE_LANGUAGE ('english', the nearest to FTS5's Porter stemmer)
-for every source today; a search groups the sources by configuration. The ranking still
+(`language`, a `regconfig`): the source's `language:` (the Library sets `languages`), else
+SOURCE_LANGUAGE ('english', the nearest to FTS5's Porter stemmer); a search groups the sources
+by configuration (each group's words stemmed and weighed in its own), and a source whose
+configuration changed has every file and page cut again. The ranking still
 differs from FTS5's BM25: the same passages are found, their order may differ (tests compare
 sets).
 
@@ -73,7 +75,7 @@ from chatrun.knowledge.vectors import (
 
 log = logging.getLogger("chatrun.knowledge")
 
-SOURCE_LANGUAGE = "english"  # each source's text search configuration (one place to make it per source)
+SOURCE_LANGUAGE = "english"  # a source's text search configuration when it declares no `language:`
 # ts_rank's weights, in the order {D, C, B, A}: a heading (A) weighs TITLE_WEIGHT times text (D).
 RANK_WEIGHTS = "{%s,0.4,0.6,1.0}" % (1.0 / TITLE_WEIGHT)
 RANK_NORMALISATION = 1  # divide by 1 + log(length): a long passage does not win by length alone
@@ -126,6 +128,11 @@ class PgIndex:
         self._pool: Any = None
         self._opening = threading.Lock()
         self._vectors: dict[str, tuple[int, VectorTable]] = {}
+        self.languages: dict[str, str] = {}  # source -> its `language:` (the Library sets it); else SOURCE_LANGUAGE
+
+    def language(self, source: str) -> str:
+        """A source's text search configuration."""
+        return self.languages.get(source) or SOURCE_LANGUAGE
 
     @property
     def where(self) -> str:
@@ -223,6 +230,8 @@ class PgIndex:
         conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('knowledge:' || %s, 0))", (self.bot,))
         known = dict(conn.execute("SELECT path, hash FROM knowledge_files WHERE bot = %s AND source = %s",
                                   (self.bot, source)).fetchall())
+        if self._language_changed(conn, source):  # stemmed otherwise now: every file is read again
+            known = dict.fromkeys(known, "")
         changed = False
         for item in items:
             read = _read(item, known.pop(item.relative, None), done)
@@ -239,8 +248,21 @@ class PgIndex:
         if changed:
             _bump(conn, self.bot)
 
+    def _by_language(self, sources: Sequence[str]) -> dict[str, list[str]]:
+        """Sources grouped by their text search configuration (a query is parsed once per group)."""
+        groups: dict[str, list[str]] = {}
+        for source in sources:
+            groups.setdefault(self.language(source), []).append(source)
+        return groups
+
+    def _language_changed(self, conn: Any, source: str) -> bool:
+        """Some of the source's passages were indexed with another text search configuration."""
+        return conn.execute("SELECT 1 FROM knowledge_passages WHERE bot = %s AND source = %s AND language <> "
+                            "%s::regconfig LIMIT 1", (self.bot, source, self.language(source))).fetchone() is not None
+
     def _replace(self, conn: Any, source: str, path: str, digest: str | None, chunks: list[Chunk]) -> None:
         """A file's passages replaced (digest None: the file is gone)."""
+        language = self.language(source)
         conn.execute("DELETE FROM knowledge_passages WHERE bot = %s AND source = %s AND path = %s",
                      (self.bot, source, path))
         if chunks:
@@ -250,7 +272,7 @@ class PgIndex:
                     "document) VALUES (%s, %s, %s, %s, %s, %s, %s, %s::regconfig, setweight(to_tsvector("
                     "%s::regconfig, %s), 'A') || setweight(to_tsvector(%s::regconfig, %s), 'D'))",
                     [(self.bot, source, path, c.anchor, c.title, c.text, passage_digest(c.title, c.text),
-                      SOURCE_LANGUAGE, SOURCE_LANGUAGE, c.heading, SOURCE_LANGUAGE, c.text) for c in chunks])
+                      language, language, c.heading, language, c.text) for c in chunks])
         if digest is None:
             conn.execute("DELETE FROM knowledge_files WHERE bot = %s AND source = %s AND path = %s",
                          (self.bot, source, path))
@@ -269,6 +291,8 @@ class PgIndex:
             "SELECT f.path, f.hash, w.etag, w.last_modified FROM knowledge_files f LEFT JOIN knowledge_web_pages w "
             "ON w.bot = f.bot AND w.source = f.source AND w.url = f.path WHERE f.bot = %s AND f.source = %s",
             (self.bot, source)).fetchall())
+        if self._run("read the source's language", functools.partial(self._language_changed, source=source)):
+            return {url: ("", None, None) for url, *_ in rows}  # stemmed otherwise now: every page cut again
         return {url: (digest, etag, modified) for url, digest, etag, modified in rows}
 
     @contextmanager
@@ -350,23 +374,19 @@ class PgIndex:
         words = query_words(query)
         if not words or not sources or k < 1:
             return []
-        weighed = self._run("weigh the query's words", functools.partial(self._weighed, words=words))
-        score, queries, score_params = score_sql(weighed)
-        # Words are \\w+ only, so no tsquery operator can be injected; OR-ed as FTS5's query is.
-        # The queries are parsed once (OFFSET 0 keeps the planner from inlining them into each row).
-        sql = (f"SELECT p.source, p.path, p.anchor, p.title, p.body, {score} AS score FROM knowledge_passages p, "
-               f"(SELECT to_tsquery(%s::regconfig, %s) AS q{queries} OFFSET 0) qs "
-               "WHERE p.bot = %s AND p.source = ANY(%s) AND p.language = %s::regconfig AND "
-               "p.document @@ qs.q ORDER BY score DESC, p.id LIMIT %s")
         hits: list[Hit] = []
-        for language, names in _by_language(sources).items():
+        for language, names in self._by_language(sources).items():  # each word's lexeme and IDF are per language
+            weighed = self._run("weigh the query's words", functools.partial(self._weighed, words=words,
+                                                                              language=language))
+            score, queries, score_params = score_sql(weighed)
+            sql = sql_of(score, queries)
             params = (language, " | ".join(w for w, _ in weighed), *score_params(language), self.bot, names, language,
                       k)
             rows = self._run("search the knowledge index", functools.partial(_fetch, sql=sql, params=params))
             hits += [_hit(row) for row in rows]
         return sorted(hits, key=lambda hit: -hit.score)[:k]
 
-    def _weighed(self, conn: Any, words: list[str]) -> list[tuple[str, float]]:
+    def _weighed(self, conn: Any, words: list[str], language: str) -> list[tuple[str, float]]:
         """Each word with its IDF (BM25's: ln(1 + (N - n + 0.5) / (n + 0.5)), n the passages it is
         in, from the table the last refresh counted; a word it did not count weighs as a rare one).
         From SELECTIVE_FROM passages, a word in more than COMMON_SHARE of them is left out while a
@@ -377,7 +397,7 @@ class PgIndex:
         counts = dict(conn.execute(  # each word's lexeme first: the join then looks terms up by key
             "SELECT x.w, max(t.passages) FROM (SELECT w, unnest(tsvector_to_array(to_tsvector(%s::regconfig, w))) "
             "AS term FROM unnest(%s::text[]) w OFFSET 0) x JOIN knowledge_terms t ON t.bot = %s AND t.term = x.term "
-            "GROUP BY x.w", (SOURCE_LANGUAGE, words, self.bot)))
+            "GROUP BY x.w", (language, words, self.bot)))
         if len(words) > 1 and total >= SELECTIVE_FROM:
             words = [w for w in words if counts.get(w, 0) <= total * COMMON_SHARE] or words
         return [(w, math.log(1 + (total - min(counts.get(w, 1), total) + 0.5) / (min(counts.get(w, 1), total) + 0.5)))
@@ -504,6 +524,16 @@ def score_sql(weighed: list[tuple[str, float]]) -> tuple[str, str, Callable[[str
     return "(" + " + ".join(terms) + ")", queries, params
 
 
+def sql_of(score: str, queries: str) -> str:
+    """A search's SQL. Words are \\w+ only, so no tsquery operator can be injected; OR-ed as
+    FTS5's query is. The queries are parsed once (OFFSET 0 keeps the planner from inlining them
+    into each row)."""
+    return (f"SELECT p.source, p.path, p.anchor, p.title, p.body, {score} AS score FROM knowledge_passages p, "
+            f"(SELECT to_tsquery(%s::regconfig, %s) AS q{queries} OFFSET 0) qs "
+            "WHERE p.bot = %s AND p.source = ANY(%s) AND p.language = %s::regconfig AND "
+            "p.document @@ qs.q ORDER BY score DESC, p.id LIMIT %s")
+
+
 def _fetch(conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
     return list(conn.execute(sql, params).fetchall())
 
@@ -517,11 +547,6 @@ def _bump(conn: Any, bot: str) -> None:
     """The bot's passages or vectors changed: readers holding vectors in memory read them again."""
     conn.execute("INSERT INTO knowledge_state (bot, version, generation) VALUES (%s, '', 1) ON CONFLICT (bot) "
                  "DO UPDATE SET generation = knowledge_state.generation + 1", (bot,))
-
-
-def _by_language(sources: Sequence[str]) -> dict[str, list[str]]:
-    """Sources grouped by their text search configuration (a query is parsed once per group)."""
-    return {SOURCE_LANGUAGE: list(sources)}
 
 
 def _has_pgvector(conn: Any) -> bool:
