@@ -416,3 +416,46 @@ def test_a_source_language_stems_its_passages_and_changing_it_cuts_them_again(tm
         assert hits and {h.path for h in hits} == {"erstattung.md"} and "14 Tagen" in hits[0].text, hits
     finally:
         library.close()
+
+
+@pytest.mark.slow
+def test_a_reader_never_sees_half_a_refetched_web_source(tmp_path, postgres_server):
+    url = postgres_server.url()
+    with Site() as site:
+        root = tmp_path / "notices"
+        root.mkdir()
+        paths = [f"/notice/{i}" for i in range(6)]
+        urls = "".join(f"\n      - {site.url}{p}" for p in paths)
+        (root / "bot.yaml").write_text(WEB_BOT.replace("    sitemap: {base}/sitemap.xml\n    exclude: [\"/blog/**\"]",
+                                                       f"    urls:{urls}").format(base=site.url))
+
+        def write(word: str) -> None:
+            for path in paths:
+                site.pages[path] = f"<html><body><h1>Notice</h1><p>The {word} edition of this notice.</p></body></html>"
+
+        write("alpha")
+        shared = shared_library(root, url)
+        shared.refresh(pages=shared.list_web())
+        seen: list[tuple[int, int]] = []
+        stop = threading.Event()
+
+        def read() -> None:
+            reader = shared_library(root, url)
+            try:
+                while not stop.is_set():
+                    words = [h.text.split()[1] for h in reader.index.search("alpha beta edition", ["help_site"], 50)]
+                    seen.append((words.count("alpha"), words.count("beta")))
+            finally:
+                reader.close()
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        try:
+            for round_ in range(4):
+                write("beta" if round_ % 2 == 0 else "alpha")
+                assert shared.refresh(pages=shared.list_web()).changed == len(paths)
+        finally:
+            stop.set()
+            thread.join()
+            shared.close()
+        assert len(seen) > 1 and set(seen) <= {(6, 0), (0, 6)}, set(seen)
