@@ -11,8 +11,8 @@ written in the commit itself (before issue 37's fix they were saved after it, an
 
 from __future__ import annotations
 
-import threading
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
