@@ -8,12 +8,16 @@ redis-server and a real PostgreSQL (tests/store_params.py)."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import pytest
 
+import chatrun
 from chatrun.store import user_memory
 from chatrun.store.aio import LeaseSettings, open_async_store
+from chatrun.store.memory import InMemoryStore
 from chatrun.store.record import REMEMBERED_KEY, Commit, Remembered
+from chatrun.store.sqlite import SQLiteStore
 from chatrun.store.versions import CREATE, LeaseLost, StaleVersion
 from store_params import DISTRIBUTED, STORES, store_url
 
@@ -112,3 +116,63 @@ def test_a_turn_whose_lease_was_lost_remembers_nothing(shared_url):
         await store.close()
 
     asyncio.run(go())
+
+
+# -- through a Session (the engine's hook) ----------------------------------------------------
+
+BOT = """
+name: concierge
+format: 3
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+user_memory: {facts: [seat]}
+routes:
+  desk:
+    default: true
+    system: You are a concierge.
+    tools: [note_seat]
+tools:
+  note_seat:
+    description: Remember the seat the user prefers
+    parameters: {type: object, properties: {seat: {type: string}}, required: [seat]}
+    action:
+      remember: {seat: "{{ args.seat }}"}
+      reply: Noted for next time.
+"""
+ANA = {"name": "ana", "roles": []}
+
+
+class FailingMemoryWrite(SQLiteStore):
+    """A SQLite store whose write of the user's memory fails (a full disk, say), inside the commit."""
+
+    def _remember(self, conn, commit):
+        super()._remember(conn, commit)
+        if commit.remembered:
+            raise sqlite3.OperationalError("database or disk is full")
+
+
+def remember_aisle(fake, write_bot, store):
+    bot = chatrun.load_bot(write_bot(BOT))
+    fake.queue({"tool_calls": [{"name": "note_seat", "arguments": {"seat": "aisle"}}]}, {"text": "Noted."})
+    session = bot.session(store=store, principal=ANA, meta={"owner": "ana"})
+    session.chat("Aisle, please")
+    return session
+
+
+def test_when_the_memory_write_fails_the_turn_does_not_commit_either(fake, write_bot, tmp_path):
+    store = FailingMemoryWrite(tmp_path / "c.db")
+    session = remember_aisle(fake, write_bot, store)
+    assert session.turn_count == 0 and store.load_history(session.id)[-1]["ok"] is False
+    assert "database or disk is full" in store.load_history(session.id)[-1]["error"]
+    assert store.get_record(user_memory.user_memory_key("concierge", "ana")) is None
+
+
+def test_a_store_of_ones_own_gets_the_facts_right_after_its_commit(fake, write_bot):
+    class MyStore(InMemoryStore):
+        commits_user_memory = False  # knows nothing of a commit's `remembered`
+
+    store = MyStore()
+    session = remember_aisle(fake, write_bot, store)
+    assert session.turn_count == 1
+    assert user_memory.facts_of(store.get_record(user_memory.user_memory_key("concierge", "ana")), None, 0) == {
+        "seat": "aisle"}
+    assert REMEMBERED_KEY not in store.load_history(session.id)[-1]
