@@ -61,7 +61,7 @@ from chatrun.messages import Attachment, ContextMessage, Message, SystemMessage
 from chatrun.models import ChatModel, ModelPool
 from chatrun.store import HistoryStore, RecordStore, SessionStore, user_memory
 from chatrun.store.blobs import BlobArea
-from chatrun.store.record import OUTBOX_KEY
+from chatrun.store.record import OUTBOX_KEY, REMEMBERED_KEY, Remembered
 
 if TYPE_CHECKING:
     from chatrun.definition.config import AttachmentPolicy, BotConfig
@@ -219,10 +219,21 @@ class Session:
         self._c.user_memory = dict(facts) if facts else NO_FACTS
 
     def take_remembered(self) -> Mapping[str, Any]:
-        """What the committed turns remembered since the last call (FACT -> value, None: forgotten),
-        for a server that saves it to its store itself (its store defers user memory)."""
+        """What the turns remembered since the last call that their commits did not write
+        (FACT -> value, None: forgotten); cleared."""
         remembered, self._c.remembered = self._c.remembered, NO_FACTS
         return remembered
+
+    def _with_remembered(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """The turn's history entry as committed: with what the turn remembered of its user, when
+        the store writes that in the commit itself (`commits_user_memory`: the built-in stores,
+        the server's TurnBuffer). The store takes it out of the stored entry (record.Remembered)."""
+        whose = self._c.user_memory_owner()
+        if (self.bot.config.user_memory is None or whose is None or not self._c.remembered
+                or not getattr(self.store, "commits_user_memory", False)):
+            return entry
+        remembered = Remembered(self.bot.name, whose, dict(self._c.remembered), self.bot.config.retention.user_memory)
+        return entry | {REMEMBERED_KEY: remembered.to_dict()}
 
     def _user_memory_store(self) -> RecordStore | None:
         """The store the Session reads and writes user memory in itself: its own, when it keeps
@@ -239,11 +250,17 @@ class Session:
                                 time.time()) or NO_FACTS
 
     def _save_remembered(self) -> None:
-        """After a commit: what the turn remembered goes to the store (when the Session keeps it)."""
-        config, whose, records = self.bot.config.user_memory, self._c.user_memory_owner(), self._user_memory_store()
-        if config is None or whose is None or records is None or not self._c.remembered:
+        """After a commit: what the turn remembered is the store's now. The built-in stores wrote it
+        in the commit itself (_with_remembered); a user's own store that keeps records gets it
+        here, right after (it cannot be atomic with a commit the store does not know about)."""
+        if not self._c.remembered:
             return
         remembered = self.take_remembered()
+        if getattr(self.store, "commits_user_memory", False):
+            return
+        config, whose, records = self.bot.config.user_memory, self._c.user_memory_owner(), self._user_memory_store()
+        if config is None or whose is None or records is None:
+            return
         user_memory.save(records, self.bot.name, whose, remembered, self.bot.config.retention.user_memory, time.time())
 
     @property
@@ -674,7 +691,7 @@ class Session:
             entry["seconds"] = round(time.perf_counter() - started, 4)  # what the user waited (`chatrun report`)
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
             entry, memories = self._stored(entry, self._c.dirty_memories(before), turn)
-            self.store.commit_turn(self.id, self._c.snapshot(), memories, [entry])
+            self.store.commit_turn(self.id, self._c.snapshot(), memories, [self._with_remembered(entry)])
             self._last_entry = entry
             self._moved = None
             self._save_remembered()

@@ -1,7 +1,8 @@
 """What a held session writes to the store: its request's commit and its deletion, fenced.
 
 The engine runs against a TurnBuffer (no I/O); after the turn its commit (a
-`chatrun.store.record.Commit`) is written here, fenced by the version the turn started from
+`chatrun.store.record.Commit`, with what its turns remembered of their user: written in the
+same atomic write, store/user_memory.py) is written here, fenced by the version the turn started from
 and by the lease: a refused commit is reported as Failed(Conflict) and the live copy
 dropped, so the next request reloads the session as stored, never writes over it. A commit
 whose fate is unknown (the store failed) drops the live copy too.
@@ -11,14 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
-from chatrun.engine.session import Session
 from chatrun.server import wire
 from chatrun.server.session_cache import Hold, SessionCache, Slot
-from chatrun.store import user_memory
 from chatrun.store.aio import AsyncStore, Lease
 from chatrun.store.versions import CREATE, StaleVersion
 
@@ -40,7 +37,6 @@ class SessionWrites:
         commit = slot.buffer.take()
         if commit is None:
             return
-        remembered = slot.session.take_remembered() if slot.session is not None else {}
         expected = commit.expected = slot.version if slot.version is not None else CREATE
         try:
             version = await self.store.commit_turn(commit, lease)
@@ -63,8 +59,6 @@ class SessionWrites:
                 "retry with the same request id: a turn that was saved is not run again",
             ) from None
         slot.version, slot.committed = version, commit.committed
-        if remembered and slot.session is not None:
-            await save_remembered(self.store, slot.session, remembered)
         done, self.committed = self.committed, asyncio.Event()
         done.set()
         if commit.outbox:
@@ -80,15 +74,6 @@ class SessionWrites:
         if hold.slot.session is not None:
             hold.slot.session.close()
         self.cache.drop(hold.slot)
-
-
-async def save_remembered(store: AsyncStore, session: Session, remembered: Mapping[str, Any]) -> None:
-    """What the committed turns remembered of the signed-in user, into the store (after the commit:
-    a turn that was not saved remembers nothing)."""
-    whose = session.user_memory_owner
-    if session.bot.config.user_memory is not None and whose is not None:
-        await user_memory.asave(store, session.bot.name, whose, remembered,
-                                session.bot.config.retention.user_memory, time.time())
 
 
 def exists(session_id: str) -> wire.RequestFailed:

@@ -34,8 +34,10 @@ from chatrun.store.record import (
 class TurnBuffer:
     """A SessionStore over one session's loaded record; commits wait in `pending`."""
 
-    # The server loads and saves its sessions' user memory itself, asynchronously (store/user_memory.py).
+    # The server loads its sessions' user memory itself, asynchronously; what a turn remembered
+    # rides in its Commit, and the server's store writes it with the commit (store/user_memory.py).
     defers_user_memory = True
+    commits_user_memory = True
     # No __dict__: one per cached session (issue 26).
     __slots__ = ("session_id", "records", "track_committed", "lean", "_snapshot_json", "_snapshot_size",
                  "_snapshot_values", "_unclaimed",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar, runtime_checkable
@@ -29,6 +30,7 @@ from chatrun.store import (
     RecordStore,
     RetentionIndex,
     SessionStore,
+    user_memory,
 )
 from chatrun.store.lease import Lease
 from chatrun.store.memory import InMemoryStore, Records
@@ -127,10 +129,26 @@ class LocalAsyncStore:
 
     def _commit_as_dicts(self, commit: Commit) -> str:
         outcome = None if commit.outcome is None else (commit.outcome[0], from_json(commit.outcome[1]))
-        return self.sync.commit_turn(
+        version = self.sync.commit_turn(
             commit.session_id, from_json(commit.snapshot_json), commit.memories,
             [from_json(e) for e in commit.history_json], commit.expected, outcome,
         )
+        if commit.remembered:  # a user's own store cannot write them in its commit: right after it
+            self._remember_after(commit)
+        return version
+
+    def _remember_after(self, commit: Commit) -> None:
+        now = time.time()
+        if self.records is not None:
+            user_memory.save_committed(self.records, commit.remembered, now)
+            return
+        for remembered in commit.remembered:  # a store without records: this process's
+            key = user_memory.remembered_key(remembered)
+            record = user_memory.written(self._process_records.get(key), remembered, now)
+            if record is None:
+                self._process_records.delete(key)
+            else:
+                self._process_records.put(key, to_json(f"record {key}", record), None)
 
     async def load_history(self, session_id: str) -> list[JSONObject]:
         """The stored history; [] from a store that keeps none (not a HistoryStore)."""

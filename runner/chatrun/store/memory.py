@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Collection
 
 from chatrun.messages import Message
+from chatrun.store import user_memory
 from chatrun.store.record import (
     DEAD,
     PENDING,
@@ -141,6 +142,8 @@ class FlatIndexes:
 class InMemoryStore:
     """Memories, session snapshots and history in dicts, behind a lock (the server uses threads)."""
 
+    commits_user_memory = True  # a commit writes what its turns remembered (store/user_memory.py)
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._memories: dict[str, tuple[Message, ...]] = {}
@@ -251,12 +254,24 @@ class InMemoryStore:
             self._history.setdefault(session_id, []).extend(commit.history_json)
             for item in commit.outbox:
                 self._outbox[item.id] = item.to_json()
+            self._remember(commit)
             if commit.outcome is not None:
                 outcomes = self._outcomes.setdefault(session_id, {})
                 outcomes[commit.outcome[0]] = commit.outcome[1]
                 while len(outcomes) > KEEP_OUTCOMES:  # dicts keep insertion order: drop the oldest
                     del outcomes[next(iter(outcomes))]
         return version
+
+    def _remember(self, commit: Commit) -> None:
+        """What the commit's turns remembered of their user, under the commit's lock."""
+        now = self.clock()
+        for remembered in commit.remembered:
+            key = user_memory.remembered_key(remembered)
+            record = user_memory.written(self._records.get(key), remembered, now)
+            if record is None:
+                self._records.delete(key)
+            else:
+                self._records.put(key, to_json(f"record {key}", record), None)
 
     def load_history(self, session_id: str) -> list[JSONObject]:
         with self._lock:

@@ -37,6 +37,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import Attachment, message_from_dict
+from chatrun.store import user_memory
 from chatrun.store.blobs import (
     BLOB_PARAMETERS,
     DEFAULT_MAX_FOLDER_BLOB_BYTES,
@@ -374,6 +375,7 @@ class PostgresStore:
             if (expected == CREATE and current is not None) or (expected != CREATE and current != expected):
                 raise StaleVersion(session_id, expected, current)
             version = next_version(current)
+            await _remember(conn, commit, self.clock())
             async with conn.pipeline():  # the writes, sent together: one round trip, not one per statement
                 await conn.execute(
                     "INSERT INTO sessions (session_id, snapshot, version, updated_at, bot, owner, due, pending) "
@@ -551,6 +553,23 @@ class _Waker:
 async def _lock_session(conn: Any, session_id: str) -> None:
     """Commits and deletes of one session, one at a time (until the transaction ends)."""
     await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('session:' || %s, 0))", (session_id,))
+
+
+async def _remember(conn: Any, commit: Commit, now: float) -> None:
+    """What the commit's turns remembered of their user, in the commit's transaction. The record
+    is the user's, not the session's: two sessions of one user commit at once, so it is locked
+    (an advisory lock for a record not there yet, FOR UPDATE for the row an erasure deletes)."""
+    for remembered in commit.remembered:
+        key = user_memory.remembered_key(remembered)
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('record:' || %s, 0))", (key,))
+        row = await (await conn.execute("SELECT record FROM records WHERE key = %s FOR UPDATE", (key,))).fetchone()
+        record = user_memory.written(None if row is None else from_json(row[0]), remembered, now)
+        if record is None:
+            await conn.execute("DELETE FROM records WHERE key = %s", (key,))
+        else:
+            await conn.execute("INSERT INTO records (key, record, session) VALUES (%s, %s, NULL) ON CONFLICT (key) "
+                               "DO UPDATE SET record = excluded.record, session = NULL",
+                               (key, to_json(f"record {key}", record)))
 
 
 async def _write_turn(conn: Any, commit: Commit) -> None:

@@ -569,6 +569,9 @@ class Commit:
     waiting: WaitingEntry | None = None  # its entry in the operators' index (None: nothing waits)
     tallies: list[tuple[str, str, int]] = field(default_factory=list)  # what it counts for (tallies_of)
     bot: str | None = None  # the snapshot's bot (stores index idle sessions by bot: retention)
+    # What its turns remembered of their user (`remember:`, the summary): written by the store in
+    # this commit's own atomic write (store/user_memory.py), never after it.
+    remembered: list[Remembered] = field(default_factory=list)
 
     @classmethod
     def encode(
@@ -592,7 +595,7 @@ class Commit:
             owner=owner_of(snapshot),
             memories=mems,
             memories_json={mid: None if m is None else messages_json(mid, m) for mid, m in mems.items()},
-            history_json=[to_json(f"session {session_id}: history entry {i}", _without_outbox(e))
+            history_json=[to_json(f"session {session_id}: history entry {i}", _as_stored(e))
                           for i, e in enumerate(history)],
             expected=expected,
             outcome=None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1])),
@@ -602,6 +605,7 @@ class Commit:
             waiting=waiting_entry(session_id, snapshot) if waiting else None,
             tallies=tallies_of(snapshot),
             bot=bot if isinstance(bot, str) else None,
+            remembered=remembered_of(session_id, history),
         )
 
     def merge(self, later: Commit) -> None:
@@ -614,6 +618,7 @@ class Commit:
         self.memories_json.update(later.memories_json)
         self.history_json.extend(later.history_json)
         self.outbox.extend(later.outbox)
+        self.remembered.extend(later.remembered)
         if later.turn is not None:
             self.turn, self.outcome = later.turn, later.outcome
 
@@ -674,17 +679,55 @@ def route_of(bot: str, sink: str) -> str:
     return f"{bot}/{sink}"
 
 
-def _without_outbox(entry: JSONObject) -> JSONObject:
+def _as_stored(entry: JSONObject) -> JSONObject:
     """A history entry as stored: its deliveries go to the outbox, not into the history (whose
-    readers include the session's own user; the backend events themselves stay in `events`)."""
-    return entry if OUTBOX_KEY not in entry else {k: v for k, v in entry.items() if k != OUTBOX_KEY}
+    readers include the session's own user; the backend events themselves stay in `events`),
+    and what it remembered of its user goes to the user's memory only (erasing that memory
+    leaves no copy of it in a session's history)."""
+    if OUTBOX_KEY not in entry and REMEMBERED_KEY not in entry:
+        return entry
+    return {k: v for k, v in entry.items() if k not in (OUTBOX_KEY, REMEMBERED_KEY)}
+
+
+# -- what a turn remembered of its user --------------------------------------------------------
+
+REMEMBERED_KEY = "remembered"  # a committed turn's entry carries its user-memory write under this key
+
+
+@dataclass
+class Remembered:
+    """What one turn remembered of its signed-in user (`remember:` facts, the summary at the
+    conversation's end): FACT -> value (None: forgotten), for `bot` and `principal`, facts
+    older than `keep` seconds dropped as it is written. Committed with the turn: every store
+    writes it in the commit's own atomic write (store/user_memory.py says why)."""
+
+    bot: str
+    principal: str
+    facts: JSONObject
+    keep: float | None = None
+
+    def to_dict(self) -> JSONObject:
+        return {"bot": self.bot, "principal": self.principal, "facts": self.facts, "keep": self.keep}
+
+
+def remembered_of(session_id: str, history: list[JSONObject]) -> list[Remembered]:
+    """The user-memory writes of the committed turns among `history` (engine/session.py puts
+    them under "remembered" in a successful turn's entry only)."""
+    out: list[Remembered] = []
+    for entry in history:
+        found = entry.get(REMEMBERED_KEY)
+        if not found or not entry.get("ok"):
+            continue
+        to_json(f"session {session_id}: what turn {entry.get('turn')} remembered", found)  # fails the turn, not the store
+        out.append(Remembered(str(found["bot"]), str(found["principal"]), dict(found["facts"]), found.get("keep")))
+    return out
 
 
 def outbox_of(session_id: str, history: list[JSONObject]) -> list[OutboxEntry]:
     """The deliveries the committed turns among `history` queued (Session puts them under
     "outbox" in a successful turn's entry; a failed turn's entry has at most its channel reply,
     telling the user it failed: engine/session.py's _replies). The stored history
-    entry leaves them out (_without_outbox)."""
+    entry leaves them out (_as_stored)."""
     out: list[OutboxEntry] = []
     for entry in history:
         for item in entry.get(OUTBOX_KEY) or ():

@@ -67,6 +67,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import message_from_dict
+from chatrun.store import user_memory
 from chatrun.store.blobs import BLOB_PARAMETERS
 from chatrun.store.lease import Lease, LeaseSettings
 from chatrun.store.record import (
@@ -95,6 +96,7 @@ log = logging.getLogger("chatrun.store")
 
 WAITER_TTL_MS = 3000  # a waiter that has not polled for this long is dropped from the queue
 QUEUE_KEYS_TTL_MS = 3_600_000  # the queue's keys vanish an hour after the last waiter polled
+REMEMBER_ATTEMPTS = 20  # a commit whose user-memory record another commit changed meanwhile is sent again
 RECONNECT_RETRIES = 1  # a command that meets a dead connection is sent once more, on a new one
 
 _ACQUIRE = """
@@ -182,16 +184,21 @@ return 1
 """
 
 # KEYS: session hash, history, lease, outcomes, outcome order, sessions index, owner set,
-#       outbox entries, outbox queue, due index, pending set, the bot's idle index
+#       outbox entries, outbox queue, due index, pending set, the bot's idle index, the records'
+#       index, the records' sessions
 # A resend of the same commit (redis-py sends a command again when its reply did not come: a
 # read timeout, a connection dropped after Redis ran it) finds the version it wrote itself,
 # `<expected + 1>.<random>`, and answers ok again: without this it would meet the version
 # check and report a committed turn as stale (a user told to send again runs the turn twice).
 # ARGV: token, expected, random, snapshot, session id, request id, outcome, keep, now, owner,
+#       user-memory count, (record key, its name, the text read before or '', the new text or '')...,
 #       memory count, (memory id, messages or '' to delete)..., entry count, entries...,
 #       outbox count, (id, due, entry, route queue, route)..., due ('' none), pending count,
 #       prefix, tallies, waiting entry ('' none), position count, (index key, position)... (_FLAT_LUA)
 # (KEYS[9] is the outbox's set of routes: each entry goes to its route's queue, see _CLAIM)
+# The user's memory (store/user_memory.py) is a compare-and-set: each record is written only if
+# it is still the text the caller read; if one changed ('memory'), nothing is written and the
+# caller reads again and sends the commit again.
 _COMMIT = _FLAT_LUA + """
 local cur = redis.call('HGET', KEYS[1], 'v')
 local mine = ((tonumber(string.match(ARGV[2], '^(%d+)')) or 0) + 1) .. '.' .. ARGV[3]
@@ -201,6 +208,20 @@ if ARGV[2] == '' then
   if cur then return {'stale', cur} end
 elseif cur ~= ARGV[2] then
   return {'stale', cur or ''}
+end
+local remembered = tonumber(ARGV[11])
+for j = 12, 11 + 4 * remembered, 4 do
+  if (redis.call('GET', ARGV[j]) or '') ~= ARGV[j + 2] then return {'memory', ARGV[j + 1]} end
+end
+for j = 12, 11 + 4 * remembered, 4 do
+  redis.call('HDEL', KEYS[14], ARGV[j + 1])
+  if ARGV[j + 3] == '' then
+    redis.call('DEL', ARGV[j])
+    redis.call('ZREM', KEYS[13], ARGV[j + 1])
+  else
+    redis.call('SET', ARGV[j], ARGV[j + 3])
+    redis.call('ZADD', KEYS[13], 0, ARGV[j + 1])
+  end
 end
 local n = 0
 if cur then n = tonumber(string.match(cur, '^(%d+)')) or 0 end
@@ -213,7 +234,7 @@ if not cur then
     redis.call('SADD', KEYS[7], ARGV[5])
   end
 end
-local i = 11
+local i = 12 + 4 * remembered
 local count = tonumber(ARGV[i]); i = i + 1
 for _ = 1, count do
   if ARGV[i + 1] == '' then
@@ -561,14 +582,14 @@ class RedisStore:
         if lease is not None and lease.lost:
             raise LeaseLost(session_id)
         owner = commit.owner if expected == CREATE else None
-        args: list[str | int | float] = [
+        head: list[str | int | float] = [
             lease.token if lease is not None and lease.token else "",
             # The random part also tells this commit's own resend apart (_COMMIT): 64 bits.
             expected, secrets.token_hex(8), commit.snapshot_json, session_id,
             commit.outcome[0] if commit.outcome else "", commit.outcome[1] if commit.outcome else "",
             KEEP_OUTCOMES, self.clock(), owner or "",
-            len(commit.memories_json),
         ]
+        args: list[str | int | float] = [len(commit.memories_json)]
         for mid, text in commit.memories_json.items():
             args += [mid, text if text is not None else ""]
         args.append(len(commit.history_json))
@@ -580,13 +601,36 @@ class RedisStore:
         args += [self.prefix, tallies_json(commit.tallies), *_waiting_args(commit.waiting)]
         keys = [self._key(k, session_id) for k in ("s", "h", "l", "r", "ro")]
         keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}", self._outbox_keys[0], self._outbox_keys[3],
-                 *self._pending_keys, self._idle_key(commit.bot or "")]
-        status, detail = await self._commit(keys=keys, args=args)
+                 *self._pending_keys, self._idle_key(commit.bot or ""), f"{self.prefix}recs", f"{self.prefix}rs"]
+        for _ in range(REMEMBER_ATTEMPTS):
+            remembered = await self._remembered_args(commit, float(head[8]))
+            status, detail = await self._commit(keys=keys, args=[*head, *remembered, *args])
+            if status != "memory":
+                break
+        else:
+            raise ChatrunError(f"store {self.url}: session {session_id}: the user's memory {detail} kept changing "
+                               f"while the turn was saved ({REMEMBER_ATTEMPTS} tries); the turn was not saved")
         if status == "lease":
             raise LeaseLost(session_id)
         if status == "stale":
             raise StaleVersion(session_id, expected, detail or None)
         return str(detail)
+
+    async def _remembered_args(self, commit: Commit, now: float) -> list[str | int | float]:
+        """The user-memory part of _COMMIT's arguments: each record the commit's turns change,
+        read now, with the text it must still hold and the one it gets (store/user_memory.py)."""
+        read: dict[str, str] = {}  # record key -> its text as read
+        after: dict[str, str] = {}  # record key -> its text once every write of the commit is applied
+        for remembered in commit.remembered:
+            key = user_memory.remembered_key(remembered)
+            if key not in read:
+                read[key] = after[key] = await self.client.get(f"{self.prefix}rec:{key}") or ""
+            record = user_memory.written(from_json(after[key]) if after[key] else None, remembered, now)
+            after[key] = "" if record is None else to_json(f"record {key}", record)
+        out: list[str | int | float] = [len(read)]
+        for key, text in read.items():
+            out += [f"{self.prefix}rec:{key}", key, text, after[key]]
+        return out
 
     async def load_history(self, session_id: str) -> list[JSONObject]:
         return [from_json(e) for e in await self.client.lrange(self._key("h", session_id), 0, -1)]

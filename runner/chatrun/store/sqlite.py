@@ -30,6 +30,7 @@ from typing import Any
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import Message, message_from_dict
+from chatrun.store import user_memory
 from chatrun.store.record import (
     DEAD,
     EMPTY_MEMORY_SIZE,
@@ -129,6 +130,8 @@ CREATE TABLE IF NOT EXISTS tallies (
 class SQLiteStore:
     """A ChatMemoryStore and SessionStore in the SQLite file `path` (created if missing; its
     folder must exist)."""
+
+    commits_user_memory = True  # a commit writes what its turns remembered (store/user_memory.py)
 
     def __init__(self, path: str | Path, exclusive: bool = False):
         self.path = str(path)
@@ -366,7 +369,22 @@ class SQLiteStore:
                 self._record_outcome(conn, session_id, *commit.outcome)
             conn.executemany("INSERT INTO outbox (id, state, due, entry) VALUES (?, ?, ?, ?)",
                              [(e.id, e.state, e.due, e.to_json()) for e in commit.outbox])
+            self._remember(conn, commit)
         return version
+
+    def _remember(self, conn: sqlite3.Connection, commit: Commit) -> None:
+        """What the commit's turns remembered of their user, in the commit's transaction."""
+        now = self.clock()
+        for remembered in commit.remembered:
+            key = user_memory.remembered_key(remembered)
+            row = conn.execute("SELECT record FROM records WHERE key = ?", (key,)).fetchone()
+            record = user_memory.written(None if row is None else from_json(row[0]), remembered, now)
+            if record is None:
+                conn.execute("DELETE FROM records WHERE key = ?", (key,))
+            else:
+                conn.execute("INSERT INTO records (key, record, session) VALUES (?, ?, NULL) ON CONFLICT(key) "
+                             "DO UPDATE SET record = excluded.record, session = NULL",
+                             (key, to_json(f"record {key}", record)))
 
     @staticmethod
     def _append_history(conn: sqlite3.Connection, session_id: str, entries: list[str]) -> None:

@@ -10,9 +10,28 @@ It belongs to no session (deleting a session leaves it): it goes when the princi
 `erase_principal`), and fact by fact when a fact is older than the bot's `retention.user_memory`
 (the sweeper and `chatrun purge` delete it; until then reading leaves it out, so an expired fact
 never reaches a template).
-This module is the one place that spells the key and the record; the engine keeps what a
-turn remembered (`Conversation.remembered`) and whoever owns the store saves it: the Session
-itself on a store it calls directly, the server (server/session_writes.py) after the commit.
+This module is the one place that spells the key and the record.
+
+Committed with the turn, in the same atomic write (issue 37). The engine keeps what a turn
+remembered (`Conversation.remembered`) and puts it in the turn's history entry (record.py
+`Remembered`); `Commit.encode` takes it out of the stored entry, and every store writes it in
+the commit's own atomic write: the SQLite and in-memory stores in the same transaction (lock),
+the Redis store in the same fenced Lua script (a compare-and-set on the record: the record is
+read first and the script writes the new one only if it is still what was read, else the whole
+commit is sent again from a fresh read), PostgreSQL in the same transaction under the session's
+lock plus a lock on the record. So a turn that committed has its facts, and a turn that did not
+(refused as stale, its lease lost, the store down, the replica killed before the commit) has
+none: no moment exists where one is stored without the other.
+
+Why not the turn's outbox (apply the facts later, once, by turn id)? The record is keyed per
+bot and principal, not per session, so it is not in the session's keys, but every built-in
+store keeps it in the same database as the session and can write both at once; an outbox would
+leave a window where the turn is committed and its facts are not yet readable (the user's next
+conversation greets a stranger), and a delayed, replayed apply could bring back a fact the user
+erased in between. The one cost is a read-modify-write of the record inside the commit, which
+only commits of the same user contend for.
+A user's own SessionStore, which knows nothing of this, gets the facts saved after its commit
+(store/local.py, engine/session.py), as before.
 """
 
 from __future__ import annotations
@@ -21,7 +40,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from chatrun.store.record import JSONObject
+from chatrun.store.record import JSONObject, Remembered
 
 if TYPE_CHECKING:
     from chatrun.store import RecordStore
@@ -57,6 +76,15 @@ def updated(record: JSONObject | None, bot: str, principal: str, changes: Mappin
     return {"bot": bot, "principal": principal, "facts": facts} if facts else None
 
 
+def written(record: JSONObject | None, remembered: Remembered, now: float) -> JSONObject | None:
+    """The user's record after a committed turn's `remembered` (None: nothing left: delete it)."""
+    return updated(record, remembered.bot, remembered.principal, remembered.facts, remembered.keep, now)
+
+
+def remembered_key(remembered: Remembered) -> str:
+    return user_memory_key(remembered.bot, remembered.principal)
+
+
 def _fresh(record: JSONObject | None, keep: float | None, now: float) -> dict[str, JSONObject]:
     facts = (record or {}).get("facts")
     if not isinstance(facts, dict):
@@ -80,6 +108,14 @@ def save(records: RecordStore, bot: str, principal: str, changes: Mapping[str, A
         records.delete_record(key)
     else:
         records.put_record(key, record)
+
+
+def save_committed(records: RecordStore, remembered: list[Remembered], now: float) -> None:
+    """A commit's user-memory writes, through a RecordStore's own methods: for a store that
+    commits in a transaction or lock of its own, call it inside that; for a user's store (which
+    does not know them), right after its commit."""
+    for r in remembered:
+        save(records, r.bot, r.principal, r.facts, r.keep, now)
 
 
 def seed(records: RecordStore, bot: str, principal: str, facts: Mapping[str, Any]) -> None:
