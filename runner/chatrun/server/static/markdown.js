@@ -17,7 +17,9 @@
  *   frame: every block but the last is rendered once and never touched again (so a selection or a
  *   hovered link in it survives later chunks); the growing last one shows its text as it comes,
  *   rendered as Markdown at most every 500 ms.
- * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them). */
+ * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them).
+ * ChatrunMarkdown.DRAW_MS: how often a streaming reply is redrawn at most (the page asks the server
+ *   for Stream events no more often: chatscopes.js streamEvery). */
 (function (global) {
   "use strict";
 
@@ -308,5 +310,6 @@
   }
 
   // `marked`: the configured marked (a test compares markdown.js with marked + DOMPurify).
-  global.ChatrunMarkdown = { render: render, html: html, stream: stream, texts: texts, stats: stats, marked: md };
+  global.ChatrunMarkdown = { render: render, html: html, stream: stream, texts: texts, stats: stats, marked: md,
+    DRAW_MS: DRAW_MS };
 })(window);
