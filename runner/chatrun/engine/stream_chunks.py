@@ -27,8 +27,9 @@ from chatrun import events as ev
 
 STREAM_EVERY = 0.05  # seconds: at most 20 Stream events a second per reply
 STREAM_EVERY_LIMITS = (0.05, 1.0)  # seconds a client may ask for (a turn frame's streamEvery)
-# This turn's interval, when its client asked for one (the engine's turn task inherits it).
-STREAM_EVERY_NOW: ContextVar[float] = ContextVar("stream_every", default=STREAM_EVERY)
+# This turn's interval in seconds when its client asked for one, else None: STREAM_EVERY (the
+# engine's turn task inherits it).
+STREAM_EVERY_NOW: ContextVar[float | None] = ContextVar("stream_every", default=None)
 
 
 class StreamBatcher:
@@ -37,7 +38,7 @@ class StreamBatcher:
 
     def __init__(self, emit: Callable[..., Any], multi: bool) -> None:
         self._emit, self._multi = emit, multi
-        self._every = STREAM_EVERY_NOW.get()
+        self._every = STREAM_EVERY_NOW.get() or STREAM_EVERY
         self._held: list[str] = []
         self._last = -self._every  # when the last event went (time.monotonic())
         self._timer: asyncio.TimerHandle | None = None

@@ -22,7 +22,7 @@ from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketState
 
 from chatrun.engine import tracing
-from chatrun.engine.stream_chunks import STREAM_EVERY, STREAM_EVERY_NOW
+from chatrun.engine.stream_chunks import STREAM_EVERY_NOW
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.outbound import Outbound
@@ -342,7 +342,7 @@ class Connection:
         dialect = self.dialect_of(frame.chat_id)
         frames = dialect.turn()
         playing = PLAYING.set(self.player(frame))  # the engine's turn task inherits it
-        every = STREAM_EVERY_NOW.set(frame.stream_every or STREAM_EVERY)  # and this (stream_chunks.py)
+        every = STREAM_EVERY_NOW.set(frame.stream_every)  # and this (stream_chunks.py)
         try:
             with tracing.own_trace():  # one trace per turn, linked to the connection's
                 async for event in run:
