@@ -396,7 +396,7 @@ def test_a_streamed_17kb_reply_costs_the_page_time_linear_in_its_length(server, 
     machine, warm), so the budget holds whatever the machine's speed; both figures are printed.
 
     Where the time goes (Chromium trace and CPU profile, this 2-core machine, loaded): the turn
-    costs 185-200 ms here, not the issue's 100 ms. Each redraw costs the browser a frame or two
+    costs 183-197 ms here, not the issue's 100 ms. Each redraw costs the browser a frame or two
     whatever it adds (style, layout and paint of a chat that scrolls, the scroll event after it:
     about 8 ms here), and a reply faster than anyone reads is redrawn every 500 ms (markdown.js):
     16 redraws, some 125 ms, are most of it. The Markdown costs about one render: each block is
