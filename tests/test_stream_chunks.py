@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import textwrap
 
+from fastapi.testclient import TestClient
+
 import chatrun
-from chatrun.engine.stream_chunks import StreamBatcher
+from chatrun.engine.stream_chunks import STREAM_EVERY_NOW, StreamBatcher
+from server_support import app_for_testclient, until_done
 
 
 def batcher(multi: bool = False):
@@ -79,3 +82,65 @@ def test_a_fast_stream_through_the_openai_client_is_a_few_events_with_the_whole_
     assert "".join(streamed) == "".join(chunks)
     assert len(streamed) < 10, len(streamed)  # not 300 frames on every door
     assert [e.data for e in events if e.type == "Message"] == ["".join(chunks)]
+
+
+def test_a_turn_asking_for_fewer_stream_events_holds_chunks_that_long():
+    async def run():
+        token = STREAM_EVERY_NOW.set(30.0)  # what ws.py sets for a turn frame's streamEvery (here far longer)
+        try:
+            b, sent, _ = batcher()
+        finally:
+            STREAM_EVERY_NOW.reset(token)
+        await b.send("a")
+        await b.send("b")  # the default 50 ms would be long past on a loaded machine: held all the same
+        await asyncio.sleep(0.2)
+        held = list(sent)
+        b.close()
+        return held, sent
+    held, sent = asyncio.run(run())
+    assert held == ["a"] and sent == ["a", "b"]
+
+
+FAST_BOT = """\
+format: 3
+name: fast
+model: {provider: openai, name: gpt-4o-mini, stream: true}
+routes:
+  main:
+    default: true
+    system: You answer.
+"""
+
+
+def stream_frames(ws, chat: str, **fields) -> list[dict]:
+    ws.send_json({"type": "ChatRouteMessage", "chatId": chat, "requestId": "m", "data": {"userMessage": "Talk"}, **fields})
+    return until_done(ws)
+
+
+def test_a_client_asks_for_fewer_stream_frames_with_stream_every(fake, tmp_path):
+    """The page redraws a reply at most every 250 ms: it asks for no more Stream frames than that
+    (`streamEvery`, chatrun dialect). Quarkus-dialect chats cannot ask; a value out of range fails."""
+    (tmp_path / "bot.yaml").write_text(FAST_BOT)
+    chunks = [f"word{i} " for i in range(300)]
+    app = app_for_testclient([chatrun.load_bot(tmp_path / "bot.yaml")], "memory://")
+    with TestClient(app) as client, client.websocket_connect("/_chat/routes") as ws:
+        ws.send_json({"type": "Connect", "chatId": "c1", "extensions": True})
+        assert until_done(ws)[-1]["type"] == "Completed"
+        fake.queue({"chunks": chunks})
+        frames = stream_frames(ws, "c1", streamEvery=1000)
+        streamed = [f["data"] for f in frames if f["type"] == "Stream"]
+        assert frames[-1]["type"] == "Completed"
+        assert streamed[0] == "word0 " and "".join(streamed) == "".join(chunks)
+        assert len(streamed) <= 3, len(streamed)  # the first chunk at once, the rest within a second or two
+        for bad in (10, 5000, "250", True):
+            failed = stream_frames(ws, "c1", streamEvery=bad)[-1]
+            assert failed["type"] == "Failed" and failed["data"] == "BadRequest", failed
+    with TestClient(app) as client, client.websocket_connect("/_chat/routes") as ws:
+        ws.send_json({"type": "Connect", "chatId": "q1"})  # Quarkus' dialect
+        assert until_done(ws)[-1]["type"] == "Completed"
+        fake.queue({"chunks": chunks})
+        frames = stream_frames(ws, "q1", streamEvery=250)
+        assert [f["type"] for f in frames] == ["Failed"], frames
+        fake.queue({"chunks": chunks})
+        frames = stream_frames(ws, "q1")
+        assert frames[-1]["type"] == "Completed"  # without it, the turn runs

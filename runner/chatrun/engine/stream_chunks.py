@@ -9,6 +9,10 @@ so the time to the first word is unchanged; a reader sees at most STREAM_EVERY o
 
 A route that streams to Quarkus-dialect clients (`stream_to_quarkus`: Quarkus' Multi<String>) sends
 each chunk as it comes: a Multi's items are values of their own on that wire, one frame each.
+
+A client may ask for fewer Stream events (the page redraws a reply at most four times a second, and
+each frame costs it CPU to receive): a turn frame's `streamEvery` (chatrun dialect, milliseconds,
+docs/protocol.md) sets STREAM_EVERY_NOW for that turn; the server's WebSocket sets it as PLAYING.
 """
 
 from __future__ import annotations
@@ -16,11 +20,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from chatrun import events as ev
 
 STREAM_EVERY = 0.05  # seconds: at most 20 Stream events a second per reply
+STREAM_EVERY_LIMITS = (0.05, 1.0)  # seconds a client may ask for (a turn frame's streamEvery)
+# This turn's interval in seconds when its client asked for one, else None: STREAM_EVERY (the
+# engine's turn task inherits it).
+STREAM_EVERY_NOW: ContextVar[float | None] = ContextVar("stream_every", default=None)
 
 
 class StreamBatcher:
@@ -29,15 +38,16 @@ class StreamBatcher:
 
     def __init__(self, emit: Callable[..., Any], multi: bool) -> None:
         self._emit, self._multi = emit, multi
+        self._every = STREAM_EVERY_NOW.get() or STREAM_EVERY
         self._held: list[str] = []
-        self._last = -STREAM_EVERY  # when the last event went (time.monotonic())
+        self._last = -self._every  # when the last event went (time.monotonic())
         self._timer: asyncio.TimerHandle | None = None
 
     async def send(self, chunk: str) -> None:
         if not chunk:
             return
         self._held.append(chunk)
-        wait = STREAM_EVERY - (time.monotonic() - self._last)
+        wait = self._every - (time.monotonic() - self._last)
         if wait <= 0 or self._multi:
             self._flush()
         elif self._timer is None:

@@ -35,6 +35,7 @@ from typing import Any
 
 from chatrun.definition.page_texts import BUILTIN as PAGE_TEXTS
 from chatrun.engine.pending import reply_hint
+from chatrun.engine.stream_chunks import STREAM_EVERY_LIMITS
 from chatrun.errors import DecisionRefused, InvalidDecision, NotPending
 
 # The server's request errors, used as wire.RequestFailed and wire.FrameError (re-exported).
@@ -139,6 +140,7 @@ class ClientFrame:
     if_busy: str | None = None  # chatrun extension "ifBusy": "queue" | "reject"
     item: str | None = None  # Decide / Answer: the pending item's id
     play_model: str | None = None  # a turn frame's "playModel": "auto" | "always" (server/play_model.py)
+    stream_every: float | None = None  # a turn frame's "streamEvery", in seconds (engine/stream_chunks.py)
 
 
 def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
@@ -157,6 +159,7 @@ def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
     if kind in TURN_TYPES:
         try:
             frame.play_model = _play_mode_of(fields.raw, kind)
+            frame.stream_every = _stream_every_of(fields.raw, kind)
         except RequestFailed as exc:
             raise fields.fail(exc.message, exc.reason) from None
     if kind == CONNECT:
@@ -277,7 +280,7 @@ def _read_decision(frame: ClientFrame, fields: _FrameFields) -> None:
     if frame.type == ANSWER and "answer" not in fields.raw:
         raise fields.fail("Answer needs an answer (any JSON value the item's schema accepts)")
     names = ("answer",) if frame.type == ANSWER else ("decision", "args", "reason")
-    unknown = sorted(set(fields.raw) - {"type", "chatId", "requestId", "playModel", "item", *names})
+    unknown = sorted(set(fields.raw) - {"type", "chatId", "requestId", "playModel", "streamEvery", "item", *names})
     if unknown:  # a misspelt `reason` would be dropped and the item decided without it
         raise fields.fail(f"{frame.type} has no field {unknown[0]!r}; it takes item, {', '.join(names)}")
     frame.data = {name: fields.raw[name] for name in names if name in fields.raw}
@@ -320,6 +323,18 @@ def _play_mode_of(raw: dict[str, Any], kind: str) -> str | None:
     if mode is not None and mode not in PLAY_MODES:
         raise RequestFailed(BAD_REQUEST, f'{kind}.playModel must be "auto" or "always", not {json.dumps(mode)}')
     return mode
+
+
+def _stream_every_of(raw: dict[str, Any], kind: str) -> float | None:
+    """A turn frame's `streamEvery`: milliseconds between Stream events, 50 to 1000, or absent."""
+    every = raw.get("streamEvery")
+    if every is None:
+        return None
+    low, high = (round(limit * 1000) for limit in STREAM_EVERY_LIMITS)
+    if isinstance(every, bool) or not isinstance(every, int | float) or not low <= every <= high:
+        raise RequestFailed(BAD_REQUEST, f"{kind}.streamEvery must be milliseconds between Stream events, "
+                                         f"{low} to {high}, not {json.dumps(every)}")
+    return every / 1000
 
 
 MAX_COMMENT = 2000  # characters of a feedback comment

@@ -22,6 +22,7 @@ from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketState
 
 from chatrun.engine import tracing
+from chatrun.engine.stream_chunks import STREAM_EVERY_NOW
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.outbound import Outbound
@@ -206,6 +207,9 @@ class Connection:
             self.answer_model(frame)
         elif frame.play_model is not None and (refused := self.play_refused(frame)):
             self.reject(frame.chat_id, *refused, frame.request_id)
+        elif frame.stream_every is not None and not self.dialect_of(frame.chat_id).extensions:
+            self.reject(frame.chat_id, wire.BAD_REQUEST, 'streamEvery is a chatrun extension: Connect with '
+                        '"extensions": true to ask for fewer Stream frames', frame.request_id)
         else:
             return False
         return True
@@ -338,6 +342,7 @@ class Connection:
         dialect = self.dialect_of(frame.chat_id)
         frames = dialect.turn()
         playing = PLAYING.set(self.player(frame))  # the engine's turn task inherits it
+        every = STREAM_EVERY_NOW.set(frame.stream_every)  # and this (stream_chunks.py)
         try:
             with tracing.own_trace():  # one trace per turn, linked to the connection's
                 async for event in run:
@@ -345,6 +350,7 @@ class Connection:
                     if sent is not None:
                         await self.send(frame.chat_id, *sent, frame.request_id)
         finally:
+            STREAM_EVERY_NOW.reset(every)
             PLAYING.reset(playing)
         # A replay sends a committed turn again: it succeeded (only successes are recorded).
         last = None if run.replayed else session.last_turn

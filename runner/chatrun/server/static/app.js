@@ -294,7 +294,7 @@
     document.dispatchEvent(new CustomEvent(name, { detail: Object.assign({ chatId: session && session.chatId }, detail) }));
   }
 
-  /** A bot reply: Markdown by markdown.js (marked, then DOMPurify), in the bubble's body. */
+  /** A bot reply: Markdown by markdown.js (marked, kept to what Markdown makes), in the bubble's body. */
   function botBubble(text, cls) {
     const node = chatBubble("msg bot md" + (cls ? " " + cls : ""));
     node.appendChild(el("div", "msg-body"));
@@ -732,6 +732,8 @@
   function builder() {
     return client.builder()
       .locale(LOCALE)
+      // No more Stream frames than the page redraws a reply (markdown.js): each costs it to receive.
+      .streamEvery(ChatrunMarkdown.DRAW_MS)
       .messageHandler((data) => showMessage(asText(data)))
       .streamHandler(showChunk)
       .thinkingHandler(showThinking)
@@ -1004,7 +1006,9 @@
     showInLocale(d);
     $("session-locale").textContent = d.locale ? "· locale " + d.locale : "";
     renderBreadcrumb(d.stack);
-    drawGraph(d.graph, d.stack);
+    // The route graph is the inspector's, which end users do not have: laying out its edge labels
+    // costs a turn's end some 40-120 ms of main-thread time on a slow machine.
+    if (MODE === "author") drawGraph(d.graph, d.stack);
     renderScopes(d.scopes, d.scopeId);
     attachmentsFollowRoute(d.route);
     $("state").innerHTML = jsonHtml(d.state);

@@ -22,7 +22,8 @@
  * chatrun's extras: the Connect asks for chatrun's extensions (RouteChanged events, the full
  * Message after Stream chunks, an Error frame saying why before a Failed; builder.extensions(false)
  * asks for the Quarkus frames only); builder.routeChangedHandler(fn), builder.resume(chatId)
- * continues a stored session, builder.bot(name) picks a bot on a shared endpoint; every request
+ * continues a stored session, builder.bot(name) picks a bot on a shared endpoint,
+ * builder.streamEvery(ms) asks for fewer Stream events; every request
  * carries a requestId, so several requests of one session may be in flight; a rejection is a
  * ChatRouteError with `reason` and `detail` (the Error text); session.close({keep}) sends
  * Disconnect; session.chatId / session.scopeId are id / currentScope; client.close().
@@ -64,6 +65,8 @@
       // (docs/protocol.md, "Playing the model"): its model calls come as ModelRequest events
       // (register an eventHandler("ModelRequest", …)) and answerModel() answers them.
       this.playModel = null;
+      // chatrun extra: milliseconds between Stream events the turns this session sends ask for.
+      this.streamEvery = builder._streamEvery || null;
     }
 
     /** chatrun names of id and currentScope. */
@@ -175,6 +178,9 @@
     extensions(on) { this._extensions = on !== false; return this; }
     /** chatrun extra: the locale a new chat asks for (`de`, `pt-BR`; docs/i18n.md). */
     locale(tag) { this._locale = tag; return this; }
+    /** chatrun extra: at most one Stream event every `ms` milliseconds (50 to 1000; the server's
+     * default is 50): a client that shows a reply less often need not receive it more often. */
+    streamEvery(ms) { this._streamEvery = ms; return this; }
 
     /** Start a chat (on `route`, else the default route). Promise of a Session. */
     connect(route) {
@@ -280,6 +286,7 @@
       }
       frame.requestId = this._nextRequest++;
       if (session.playModel && TURN_TYPES.includes(frame.type)) frame.playModel = session.playModel;
+      if (session.streamEvery && session.extensions && TURN_TYPES.includes(frame.type)) frame.streamEvery = session.streamEvery;
       return new Promise((resolve, reject) => {
         this._pending.set(frame.requestId, { session: session, resolve: resolve, reject: reject, error: null });
         this.send(frame);
