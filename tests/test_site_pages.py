@@ -34,12 +34,11 @@ def test_end_users_get_the_chat_page_and_authors_the_inspector(client):
     assert moved.status_code == 307 and moved.headers["location"] == "/chat/shop"
 
 
-def test_the_markdown_library_is_served_with_its_licence(client):
+def test_the_markdown_libraries_are_served_with_their_licences(client):
     page = client.get("/chat/shop").text
-    assert "/_chat/static/vendor/marked.min.js" in page
-    script = client.get("/_chat/static/vendor/marked.min.js")
-    assert script.status_code == 200 and "marked v18.3.0" in script.text and "sourceMappingURL" not in script.text
-    assert client.get("/_chat/static/vendor/marked.LICENSE").status_code == 200
-    # markdown.js keeps marked's HTML to what Markdown makes itself: DOMPurify is the tests' reference
-    # (tests/vendor/purify.min.js, test_browser_enduser.py), not the page's.
-    assert "purify" not in page and client.get("/_chat/static/vendor/purify.min.js").status_code == 404
+    for name, marker in (("marked.min.js", "marked v18.3.0"), ("purify.min.js", "DOMPurify 3.5.0")):
+        assert f"/_chat/static/vendor/{name}" in page
+        script = client.get(f"/_chat/static/vendor/{name}")
+        assert script.status_code == 200 and marker in script.text and "sourceMappingURL" not in script.text
+    for licence in ("marked.LICENSE", "purify.LICENSE"):
+        assert client.get(f"/_chat/static/vendor/{licence}").status_code == 200

@@ -1,13 +1,10 @@
-/* The bot's replies as Markdown: GitHub Flavored Markdown by marked (vendor/marked.min.js), parsed in
- * a document of its own and kept to what marked makes of Markdown before it reaches the page, so a
- * reply cannot run script, load a frame or style the page: HTML in a reply shows as text (marked's
- * raw-HTML tokens are escaped); every element is one marked makes (p, lists, tables, code, links...)
- * with only its own attributes; only http:, https:, mailto: and relative links stay links, and they
- * open in a new tab without an opener; images become links to them (a reply does not make the
- * reader's browser fetch anything); headings start at <h3>. Code blocks get a language label, a Copy
+/* The bot's replies as Markdown: GitHub Flavored Markdown by marked (vendor/marked.min.js), the
+ * HTML it makes cleaned by DOMPurify (vendor/purify.min.js) before it reaches the page, so a
+ * reply cannot run script, load a frame or style the page. Links open in a new tab without an
+ * opener; only http:, https: and mailto: links stay links; images become links to them (a reply
+ * does not make the reader's browser fetch anything); HTML in a reply shows as text; headings start
+ * at <h3>. Code blocks get a language label, a Copy
  * button and keyboard focus (they scroll sideways); tables scroll inside a focusable box.
- * (DOMPurify over the whole HTML did the same and cost three quarters of a render; a browser test
- * renders XSS vectors through this file and compares it with marked + DOMPurify.)
  *
  * ChatrunMarkdown.render(text)      -> DocumentFragment (decorated)
  * ChatrunMarkdown.html(text)        -> the cleaned HTML, undecorated (what a GFM renderer makes)
@@ -23,18 +20,16 @@
 (function (global) {
   "use strict";
 
-  // Links' addresses: http:, https:, mailto:, and relative ones (no scheme: "/a", "#b", "c.html");
-  // DOMPurify's rule (its ALLOWED_URI_REGEXP with these schemes), tested as it tests, on the
-  // attribute's value as the browser parsed it (entities decoded) without whitespace and controls.
+  // DOMPurify's own rule for attribute values, with http:, https: and mailto: the only schemes (it
+  // checks every attribute with it: a value without a scheme, "3" or "checkbox", must pass).
   const SAFE_URL = /^(?:(?:https?|mailto):|[^a-z]|[a-z+.\-]+(?:[^a-z+.\-:]|$))/i;
-  const URL_SPACE = /[\u0000-\u0020\u00A0\u1680\u180E\u2000-\u2029\u205F\u3000]/g;
   const escapeHtml = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
   const md = new global.marked.Marked({
     gfm: true,
     breaks: true, // models mean a single newline as a line break
     renderer: {
       // HTML in a reply shows as the text it is (as in ChatGPT): models quote HTML far more often than
-      // they mean to lay out with it; and no HTML of the reply reaches the page as HTML.
+      // they mean to lay out with it. (DOMPurify would clean it; this keeps what was written readable.)
       html(token) {
         return escapeHtml(token.text);
       },
@@ -48,16 +43,14 @@
       },
     },
   });
-  // What marked makes of Markdown (with the renderer above), and each element's attributes: all the
-  // page keeps. Anything else in marked's HTML (it cannot come from Markdown; raw HTML is escaped)
-  // is removed with its content; an attribute not listed is removed.
-  const NONE = new Set();
-  const ALLOWED = new Map([
-    ["A", new Set(["href", "title"])], ["CODE", new Set(["data-lang"])], ["OL", new Set(["start"])],
-    ["INPUT", new Set(["type", "checked", "disabled"])], ["TH", new Set(["align"])], ["TD", new Set(["align"])],
-    ...["P", "H3", "H4", "H5", "H6", "UL", "LI", "PRE", "BLOCKQUOTE", "TABLE", "THEAD", "TBODY", "TR",
-      "STRONG", "EM", "DEL", "BR", "HR"].map((tag) => [tag, NONE]),
-  ]);
+  // Set once: a config passed to every sanitize() call would be parsed again each time.
+  global.DOMPurify.setConfig({
+    ALLOWED_URI_REGEXP: SAFE_URL,
+    FORBID_TAGS: ["style", "img", "form", "button", "textarea", "select", "iframe", "svg", "math"],
+    FORBID_ATTR: ["style", "id", "class"], // `class` comes back for code blocks' language below
+    ADD_ATTR: ["target"],
+    IN_PLACE: true, // cleans the nodes given (parsed in INERT, below): no new document per call
+  });
   const texts = { copy: "Copy", copied: "Copied", code: "code" };
   const DRAW_MS = 250; // a streaming reply is redrawn at most this often
   // ... and at most every FAST_DRAW_MS while more than FAST_CHARS come in each DRAW_MS (800 characters a
@@ -72,34 +65,16 @@
   // marked's HTML is parsed in a document of its own, with no window: nothing in it loads or runs.
   const INERT = document.implementation.createHTMLDocument("");
 
-  /** marked's HTML as a fragment of this page, kept to ALLOWED (in INERT) first. */
+  /** marked's HTML as a fragment of this page, cleaned by DOMPurify (in place, in INERT) first. */
   function clean(html) {
-    // The language of a fenced block is its only class worth keeping: as data-lang.
+    // The language of a fenced block is its only class worth keeping: carried past the sanitizer.
     html = html.replace(/<code class="language-([\w+#.-]{1,40})">/g, '<code data-lang="$1">');
     const box = INERT.createElement("div");
     box.innerHTML = html;
-    keepAllowed(box);
+    global.DOMPurify.sanitize(box);
     const fragment = document.createDocumentFragment();
     fragment.append(...document.adoptNode(box).childNodes);
     return fragment;
-  }
-
-  function keepAllowed(box) {
-    for (const element of box.querySelectorAll("*")) {
-      const allowed = ALLOWED.get(element.tagName);
-      if (!allowed || (element.tagName === "INPUT" && element.getAttribute("type") !== "checkbox")) {
-        element.remove();
-        continue;
-      }
-      for (let i = element.attributes.length - 1; i >= 0; i -= 1) {
-        const name = element.attributes[i].name;
-        if (!allowed.has(name)) element.removeAttribute(name);
-      }
-      // A link whose address is not safe (javascript:, data:, vbscript:...) loses it: decorate()
-      // leaves its text alone.
-      const href = element.tagName === "A" && element.getAttribute("href");
-      if (href && !SAFE_URL.test(href.replace(URL_SPACE, ""))) element.removeAttribute("href");
-    }
   }
 
   function cleanHtml(html) {
@@ -309,7 +284,7 @@
     };
   }
 
-  // `marked`: the configured marked (a test compares markdown.js with marked + DOMPurify).
+  // `marked`: the configured marked (a test renders XSS vectors through it).
   global.ChatrunMarkdown = { render: render, html: html, stream: stream, texts: texts, stats: stats, marked: md,
     DRAW_MS: DRAW_MS };
 })(window);
