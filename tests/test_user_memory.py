@@ -255,3 +255,35 @@ def test_the_memory_is_the_conversation_owners_whoever_sends_the_request(fake, w
     session.chat("Aisle")
     assert facts_of(store.get_record(user_memory_key("concierge", "ana")), None, 0) == {"seat": "aisle"}
     assert store.get_record(user_memory_key("concierge", "olga")) is None
+
+
+GUARDED = BOT.replace("retention: {user_memory: 365d}", """retention: {user_memory: 365d}
+guardrails:
+  - {name: payment_data, pii: [card], stages: [storage], outcome: redact}""")
+CARD = "4111 1111 1111 1111"
+
+
+@pytest.fixture(params=STORES)
+def guarded_url(request, tmp_path):
+    return store_url_of(request, tmp_path)
+
+
+def test_a_storage_guardrail_redacts_what_is_remembered_before_any_store_holds_it(fake, write_bot, tmp_path,
+                                                                                   guarded_url):
+    """A `storage` guardrail applies to user memory as to the history: the fact the store keeps
+    (committed with the turn, on every store; through the server) holds no card number, nor does
+    the SQLite file."""
+    auth = Auth.from_mapping({"tokens": {"token-ana-123": {"principal": "ana"}}})
+    ana = {"Authorization": "Bearer token-ana-123"}
+    with TestClient(app_for_testclient([str(write_bot(GUARDED))], guarded_url, auth=auth)) as client:
+        fake.queue({"tool_calls": [{"name": "note_seat", "arguments": {"seat": f"window, card {CARD}"}}]},
+                   {"text": "Noted."})
+        assert client.post("/bots/concierge/sessions", json={"id": "g1"}, headers=ana).status_code == 201
+        answer = client.post("/bots/concierge/sessions/g1/messages", json={"userMessage": "Window"}, headers=ana)
+        assert answer.status_code == 200, answer.text
+    record = asyncio.run(_record(guarded_url, user_memory_key("concierge", "ana")))
+    seat = facts_of(record, None, 0)["seat"]
+    assert seat.startswith("window, card ") and "1111" not in seat
+    if guarded_url.startswith("sqlite"):
+        raw = (tmp_path / "s.db").read_bytes()
+        assert CARD.encode() not in raw and CARD.replace(" ", "").encode() not in raw

@@ -691,6 +691,8 @@ class Session:
             entry["seconds"] = round(time.perf_counter() - started, 4)  # what the user waited (`chatrun report`)
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
             entry, memories = self._stored(entry, self._c.dirty_memories(before), turn)
+            if self._c.remembered and self.bot.config.guarded:  # user memory is stored too: `storage` guards
+                self._c.remembered = kept(dict(self._c.remembered))
             self.store.commit_turn(self.id, self._c.snapshot(), memories, [self._with_remembered(entry)])
             self._last_entry = entry
             self._moved = None
