@@ -183,24 +183,10 @@ class KnowledgeIndex:
         return done
 
     def _refresh_file(self, db: sqlite3.Connection, item: SourceFile, old_hash: str | None, done: Refreshed) -> bool:
-        try:
-            data = item.path.read_bytes()
-        except OSError as e:
-            done.problems.append(f"{item.source}/{item.relative}: {e}")
+        read = read_source_file(item, old_hash, done)
+        if read is None:
             return False
-        digest = hashlib.sha256(data).hexdigest()
-        if digest == old_hash:
-            return False
-        problem = unreadable(item.path)
-        try:
-            chunks = [] if problem else chunk_file(item.path, data)
-        except Exception as e:  # a PDF pypdf cannot parse, ...: left out, and said
-            problem = f"could not be read: {e}"
-            chunks = []
-        if problem:
-            done.problems.append(f"{item.source}/{item.relative} {problem}")
-            log.warning("knowledge source %s: file %s %s; left out of the index", item.source, item.relative, problem)
-        _replace(db, item.source, item.relative, digest, chunks)
+        _replace(db, item.source, item.relative, *read)
         return True
 
     # -- web pages (web.py's PageIndex: the one fetch path writes through these) ----------------
@@ -438,3 +424,27 @@ def query_words(text: str) -> list[str]:
 def fts_query(text: str) -> str:
     """An FTS5 query for free text: its words, each quoted (no operator can be injected), OR-ed."""
     return " OR ".join(f'"{w}"' for w in query_words(text))
+
+
+def read_source_file(item: SourceFile, old_hash: str | None, done: Refreshed) -> tuple[str, list[Chunk]] | None:
+    """(the file's hash, its passages) for an index to store, or None when unchanged since
+    `old_hash` or unreadable as a file (said in `done.problems`). A file read but not understood
+    (an unreadable PDF...) is said too and stored with no passages: its hash keeps it from being
+    read again until it changes. Both indexes (this one, pg_index.py) read files through here."""
+    try:
+        data = item.path.read_bytes()
+    except OSError as e:
+        done.problems.append(f"{item.source}/{item.relative}: {e}")
+        return None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest == old_hash:
+        return None
+    problem = unreadable(item.path)
+    try:
+        chunks = [] if problem else chunk_file(item.path, data)
+    except Exception as e:  # a PDF pypdf cannot parse, ...: left out, and said
+        problem, chunks = f"could not be read: {e}", []
+    if problem:
+        done.problems.append(f"{item.source}/{item.relative} {problem}")
+        log.warning("knowledge source %s: file %s %s; left out of the index", item.source, item.relative, problem)
+    return digest, chunks

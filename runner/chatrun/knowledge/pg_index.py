@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
 import math
 import threading
@@ -53,7 +52,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatrun.errors import ChatrunError
-from chatrun.knowledge.chunks import Chunk, chunk_file
+from chatrun.knowledge.chunks import Chunk
 from chatrun.knowledge.index import (
     COMMON_SHARE,
     INDEX_VERSION,
@@ -64,6 +63,7 @@ from chatrun.knowledge.index import (
     SourceFile,
     StoredPage,
     query_words,
+    read_source_file,
 )
 from chatrun.knowledge.vectors import (
     Embedder,
@@ -234,7 +234,7 @@ class PgIndex:
             known = dict.fromkeys(known, "")
         changed = False
         for item in items:
-            read = _read(item, known.pop(item.relative, None), done)
+            read = read_source_file(item, known.pop(item.relative, None), done)
             if read is not None:
                 self._replace(conn, source, item.relative, *read)
                 done.changed += 1
@@ -483,29 +483,6 @@ class PgPages:
 
     def remove(self, url: str) -> None:
         self.removed.append(url)
-
-
-def _read(item: SourceFile, old_hash: str | None, done: Refreshed) -> tuple[str, list[Chunk]] | None:
-    """(the file's hash, its passages), or None: unchanged or unreadable as a file."""
-    from chatrun.definition.knowledge import unreadable
-
-    try:
-        data = item.path.read_bytes()
-    except OSError as e:
-        done.problems.append(f"{item.source}/{item.relative}: {e}")
-        return None
-    digest = hashlib.sha256(data).hexdigest()
-    if digest == old_hash:
-        return None
-    problem = unreadable(item.path)
-    try:
-        chunks = [] if problem else chunk_file(item.path, data)
-    except Exception as e:  # a PDF pypdf cannot parse, ...: left out, and said
-        problem, chunks = f"could not be read: {e}", []
-    if problem:
-        done.problems.append(f"{item.source}/{item.relative} {problem}")
-        log.warning("knowledge source %s: file %s %s; left out of the index", item.source, item.relative, problem)
-    return digest, chunks
 
 
 def score_sql(weighed: list[tuple[str, float]]) -> tuple[str, str, Callable[[str], tuple[Any, ...]]]:
