@@ -477,7 +477,7 @@ def test_streaming_leaves_shown_blocks_alone_and_scroll_follows_only_at_the_bott
         assert page.evaluate("document.getElementById('messages').scrollTop") == 0
         assert page.locator("#to-bottom").is_visible()
         page.click("#to-bottom")
-        # Parts skipped while out of view are laid out as the chat jumps: it follows them to the end.
+        # The chat jumps to its end and stays there while the reply may still grow.
         page.wait_for_function("(() => { const b = document.getElementById('messages');"
                                " return b.scrollHeight - b.scrollTop - b.clientHeight < 2; })()", timeout=10_000)
         assert not page.locator("#to-bottom").is_visible()

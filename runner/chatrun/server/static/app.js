@@ -187,8 +187,8 @@
     ui.messages.replaceChildren(ui.end);
   }
 
-  /** A jump to the bottom lays out parts of replies that were skipped while out of view (app.css,
-   * .md-part: content-visibility), which changes the height: follow it for a few frames. */
+  /** The chat may still grow in the frames after a jump to the bottom (a streaming reply's next
+   * redraw, a late layout): follow it for a few frames. */
   function stayAtBottom(frames) {
     requestAnimationFrame(() => {
       if (!following) return;

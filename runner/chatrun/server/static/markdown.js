@@ -49,7 +49,9 @@
     FORBID_TAGS: ["style", "img", "form", "button", "textarea", "select", "iframe", "svg", "math"],
     FORBID_ATTR: ["style", "id", "class"], // `class` comes back for code blocks' language below
     ADD_ATTR: ["target"],
-    IN_PLACE: true, // cleans the nodes given (parsed in INERT, below): no new document per call
+    // The cleaned nodes, not HTML to parse again. (IN_PLACE, cleaning nodes parsed here, walks the
+    // tree three more times to guard against a tree changing under it: twice the time.)
+    RETURN_DOM_FRAGMENT: true,
   });
   const texts = { copy: "Copy", copied: "Copied", code: "code" };
   const DRAW_MS = 250; // a streaming reply is redrawn at most this often
@@ -62,19 +64,12 @@
   const RENDER_MS = 500; // and its growing block rendered as Markdown at most this often
   const stats = { parsed: 0 }; // characters streamed replies had parsed again, in all (a test reads it)
 
-  // marked's HTML is parsed in a document of its own, with no window: nothing in it loads or runs.
-  const INERT = document.implementation.createHTMLDocument("");
-
-  /** marked's HTML as a fragment of this page, cleaned by DOMPurify (in place, in INERT) first. */
+  /** marked's HTML as a fragment of this page, cleaned by DOMPurify first (which parses it in a
+   * document of its own, with no window: nothing in it loads or runs before it is clean). */
   function clean(html) {
     // The language of a fenced block is its only class worth keeping: carried past the sanitizer.
     html = html.replace(/<code class="language-([\w+#.-]{1,40})">/g, '<code data-lang="$1">');
-    const box = INERT.createElement("div");
-    box.innerHTML = html;
-    global.DOMPurify.sanitize(box);
-    const fragment = document.createDocumentFragment();
-    fragment.append(...document.adoptNode(box).childNodes);
-    return fragment;
+    return document.adoptNode(global.DOMPurify.sanitize(html));
   }
 
   function cleanHtml(html) {
@@ -174,7 +169,7 @@
     const settled = document.createElement("div");
     const tail = document.createElement("div");
     settled.className = "md-settled";
-    tail.className = "md-tail";
+    tail.className = "md-tail md-open"; // md-open: the growing block (app.css draws a cursor after it)
     container.append(settled, tail);
     let text = "";
     let offset = 0; // text[0:offset] is rendered in `settled`, for good
@@ -191,8 +186,9 @@
       // Every block before the last is complete: a later chunk can only grow the last one.
       const done = last > 0 ? tokens.slice(0, last) : [];
       if (done.length) {
-        // Each redraw's finished blocks in a part of their own, which the browser skips laying out
-        // and painting while it is scrolled out of view (app.css, .md-part: content-visibility).
+        // Each redraw's finished blocks in a part of their own, appended and never touched again.
+        // (Not `content-visibility: auto`: measured, it made each redraw lay the new part out twice
+        // and again a frame later, as it entered the view and the one before left it.)
         const part = document.createElement("div");
         part.className = "md-part";
         part.appendChild(decorate(clean(blocksHtml(done, tokens.links))));
@@ -268,6 +264,7 @@
       /** The whole reply: when it is what was streamed only the tail is rendered again. */
       finish(full) {
         cancel();
+        tail.classList.remove("md-open");
         if (typeof full === "string" && full.replace(/\r\n?/g, "\n") !== text) {
           text = full;
           offset = 0;
