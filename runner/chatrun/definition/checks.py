@@ -11,7 +11,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -986,49 +986,58 @@ class _Checker:
             if said and self.config.catalogs is not None and source.strip():
                 self.untranslated(what, path)
             return  # plain text: nothing to compile or resolve
-        doc = self.src.doc_of(path[0], path[1]) if len(path) > 1 else self.src.main
-
-        def line_of(lineno: int) -> tuple[int, int]:
-            return _template_line(doc, path, lineno)
-
-        def emit(severity: str, message: str, lineno: int) -> None:
-            line, col = line_of(lineno)
-            self.out.append(Diagnostic(doc.file, line, col, severity, message, ".".join(map(str, path))))
-
+        # A big bot has tens of thousands of templates and nearly all are fine: the file, the
+        # line and the closures that place a diagnostic are made only when there is one.
         try:
             refs, names = _analyse(source)
         except TemplateSyntaxError as exc:
-            emit("error", f"template error in {what}: {exc.message}", exc.lineno or 1)
+            self.at_template_line(path, "error", f"template error in {what}: {exc.message}", exc.lineno or 1)
             return
-        self.translations(source, what, emit, line_of, doc.file, said)
+        if "t(" in source or (said and self.config.catalogs is not None):
+            doc = self.src.doc_of(path[0], path[1]) if len(path) > 1 else self.src.main
+            self.translations(source, what, partial(self.at_template_line, path),
+                              partial(_template_line, doc, path), doc.file, said)
         for kind_, unknown, lineno in names:
             known = ENV.filters if kind_ == "filter" else ENV.tests
-            emit("error", f"template error in {what}: no {kind_} named `{unknown}`{suggest(unknown, known)}", lineno)
+            self.at_template_line(path, "error", f"template error in {what}: no {kind_} named `{unknown}`"
+                                  f"{suggest(unknown, known)}", lineno)
         for ref, lineno in refs:
-            head = ref[0]
-            if head not in variables and head not in ENV.globals:
-                if head == "env":
-                    emit("error", f"{what} reads `{'.'.join(ref)}`, but `env` can only be read in a tool's "
-                         "`http:` section (so secrets never reach prompts, events or the history)", lineno)
-                else:
-                    emit("error", f"{what} uses unknown template variable `{head}`"
-                         f"{suggest(head, variables)} (templates can use: {', '.join(variables)})", lineno)
-                continue
-            if len(ref) == 1:
-                continue
-            if head == "env" and ref[1] not in self.config.env:
-                emit("error", f"{what} reads `env.{ref[1]}`, but the bot does not declare it under `env:`"
-                     f"{suggest(ref[1], self.config.env)}", lineno)
-            elif head in ("state", "scope"):
-                problem = self.undeclared(ref) or self.invisible(ref, routes or [])
-                if problem:
-                    emit(undeclared, f"{what} reads `{'.'.join(ref)}`, but {problem}", lineno)
-            elif head == "args" and tool is not None:
-                declared = _declared_args(tool.parameters)
-                if declared is not None and ref[1] not in declared:
-                    emit(undeclared, f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
-                         f"property `{ref[1]}`{suggest(ref[1], declared)}", lineno)
+            problem = self.template_read(ref, what, tool, variables, routes)
+            if problem is not None:
+                self.at_template_line(path, undeclared if problem[0] is None else problem[0], problem[1], lineno)
 
+    def template_read(self, ref: tuple[str, ...], what: str, tool: ToolConfig | None, variables: tuple[str, ...],
+                      routes: list[str] | None) -> tuple[str | None, str] | None:
+        """What is wrong with one variable a template reads: (severity, message), the severity
+        None for an undeclared name (the caller's `undeclared` severity); None when nothing is."""
+        head = ref[0]
+        if head not in variables and head not in ENV.globals:
+            if head == "env":
+                return "error", (f"{what} reads `{'.'.join(ref)}`, but `env` can only be read in a tool's "
+                                 "`http:` section (so secrets never reach prompts, events or the history)")
+            return "error", (f"{what} uses unknown template variable `{head}`"
+                             f"{suggest(head, variables)} (templates can use: {', '.join(variables)})")
+        if len(ref) == 1:
+            return None
+        if head == "env" and ref[1] not in self.config.env:
+            return "error", (f"{what} reads `env.{ref[1]}`, but the bot does not declare it under `env:`"
+                             f"{suggest(ref[1], self.config.env)}")
+        if head in ("state", "scope"):
+            problem = self.undeclared(ref) or self.invisible(ref, routes or [])
+            if problem:
+                return None, f"{what} reads `{'.'.join(ref)}`, but {problem}"
+        elif head == "args" and tool is not None:
+            declared = _declared_args(tool.parameters)
+            if declared is not None and ref[1] not in declared:
+                return None, (f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
+                              f"property `{ref[1]}`{suggest(ref[1], declared)}")
+        return None
+
+    def at_template_line(self, path: tuple, severity: str, message: str, lineno: int) -> None:
+        """A diagnostic at line `lineno` of the template at `path`."""
+        doc = self.src.doc_of(path[0], path[1]) if len(path) > 1 else self.src.main
+        line, col = _template_line(doc, path, lineno)
+        self.out.append(Diagnostic(doc.file, line, col, severity, message, ".".join(map(str, path))))
 
     def stable_system(self, route: RouteConfig) -> None:
         """A `system:` that reads the clock or per-turn state renders a new prompt on (almost) every
