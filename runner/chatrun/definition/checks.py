@@ -635,7 +635,8 @@ class _Checker:
                 self.add("warning", f"{of} sets `{path}`, but {problem}", *at, "set", path)
             if isinstance(template, str):
                 self.template(template, f"`set {path}` of {of}", (*at, "set", path), tool, routes=routes)
-        self.remembered(of, action, at, tool, routes)
+        if action.remember:
+            self.remembered(of, action, at, tool, routes)
         for event, template in action.emit.items():
             nested = list(nested_templates(template))
             for below, text in nested:  # data: each text in it is a template
@@ -860,7 +861,7 @@ class _Checker:
     def condition(self, condition: str, what: str, path: tuple, tool: ToolConfig | None, routes: list[str]) -> bool:
         """A condition (a Jinja expression without braces) compiles and reads what is declared;
         False when it does not compile."""
-        if any(mark in condition for mark in ("{{", "}}", "{%", "%}", "{#")):
+        if _TEMPLATE_MARK.search(condition):
             self.add("error", f"{what}: a condition is a Jinja expression without `{{{{ }}}}` "
                      "(write `args.amount > state.balance`)", *path)
             return False
@@ -892,7 +893,7 @@ class _Checker:
                 continue
             what = f"condition `{case.condition}` of tool `{tool.name}`"
             if not self.condition(case.condition, what, (*at, "if"), tool, routes):
-                if any(mark in case.condition for mark in ("{{", "}}", "{%", "%}", "{#")):
+                if _TEMPLATE_MARK.search(case.condition):
                     continue
             self.action(tool, case.action, (*at, "then"), f" (case `if: {case.condition}`)")
 
@@ -1276,6 +1277,7 @@ def _analyse_simple(source: str) -> _Analysis | None:
     refs: dict[tuple[str, ...], int] = {}
     unknown: list[tuple[str, str, int]] = []
     matches = 0
+    lines = "\n" in source  # most are one line: no line breaks to count
     for match in _SIMPLE.finditer(source):
         matches += 1
         found = _simple_expression(match.group(1), match.group(2))
@@ -1283,11 +1285,11 @@ def _analyse_simple(source: str) -> _Analysis | None:
             return None
         paths, filters = found
         if paths:
-            first = source.count("\n", 0, match.start(1)) + 1
+            first = source.count("\n", 0, match.start(1)) + 1 if lines else 1
             for path, breaks in paths:
                 refs.setdefault(path, first + breaks)
         if filters:  # at the name's own line, as Jinja reports it
-            first = source.count("\n", 0, match.start(2)) + 1
+            first = source.count("\n", 0, match.start(2)) + 1 if lines else 1
             unknown += [("filter", name, first + breaks) for name, breaks in filters]
     if source.count("{{") != matches:  # a match holds no `{{` (quoted text excludes braces)
         return None  # some expression is not simple: let Jinja parse (and judge) it
@@ -1325,6 +1327,8 @@ def _simple_expression(expression: str, filters: str) -> tuple[_Reads, tuple[tup
 
 
 _FILTER_NAME = re.compile(r"[A-Za-z_]\w*")
+# What a condition (an expression without braces) must not hold: the marks of a template.
+_TEMPLATE_MARK = re.compile(r"\{\{|\}\}|\{%|%\}|\{#")
 
 
 def _attr_path(node: nodes.Node) -> tuple[str, ...] | None:

@@ -987,8 +987,8 @@ def initial_state_problem(state: dict[str, Any], declared: dict[str, Any]) -> tu
 
 # Keywords of a `parameters` schema that let it take names `properties` does not list, or whose
 # meaning depends on the values (then only the validator can say what the tool takes).
-_OPEN_KEYWORDS = ("patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "not", "$ref",
-                  "$dynamicRef", "if", "dependentSchemas", "propertyNames")
+_OPEN_KEYWORDS = frozenset({"patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "not", "$ref",
+                            "$dynamicRef", "if", "dependentSchemas", "propertyNames"})
 
 
 def declared_arguments(parameters: dict[str, Any]) -> list[str] | None:
@@ -998,7 +998,7 @@ def declared_arguments(parameters: dict[str, Any]) -> list[str] | None:
     `properties` does not list). The one rule for which arguments a tool takes: the validator's
     checks of `args.X` and the engine's dropping of undeclared arguments (engine/call.py) use it."""
     props = parameters.get("properties")
-    if not isinstance(props, dict) or any(key in parameters for key in _OPEN_KEYWORDS):
+    if not isinstance(props, dict) or not _OPEN_KEYWORDS.isdisjoint(parameters):
         return None
     extra = parameters.get("additionalProperties")
     if extra is not None and extra is not False:
