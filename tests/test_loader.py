@@ -329,3 +329,39 @@ def test_loading_pauses_the_cyclic_collector_and_restores_it(travel, tmp_path):
         gc.callbacks.remove(record)
         gc.set_threshold(*threshold)
         (gc.enable if enabled else gc.disable)()
+
+
+def test_a_case_merged_over_its_action_takes_the_cases_keys_and_keeps_the_rest(write_bot):
+    """ActionConfig.with_case: the case's set keys win (the case's value, after the action's own
+    entries), a key the case leaves unset or false keeps the action's, the merge has no cases of
+    its own and is made once per case."""
+    path = write_bot(textwrap.dedent("""\
+        name: merge
+        format: 3
+        state: {a: null, b: null, c: null}
+        routes:
+          main: {default: true, description: Main, tools: [t], system: Hi}
+          other: {description: Other, system: Hi}
+        tools:
+          t:
+            description: A tool with cases
+            parameters: {type: object, properties: {x: {type: string}}}
+            action:
+              set: {state.a: one, state.b: two}
+              message: base
+              pop: false
+              cases:
+                - if: args.x == 'y'
+                  then: {set: {state.c: three, state.a: four}, route: other, message: case}
+                - else: {execute: false, route: other}
+        """))
+    config, _ = load_config(path)
+    action = config.tools["t"].action
+    merged = action.with_case(action.cases[0])
+    assert list(merged.set.items()) == [("state.b", "two"), ("state.c", "three"), ("state.a", "four")]
+    assert (merged.route, merged.message, merged.pop, merged.cases) == ("other", "case", False, [])
+    assert merged.where == action.cases[0].action.where and merged is action.with_case(action.cases[0])
+    otherwise = action.with_case(action.cases[1])
+    assert (otherwise.message, otherwise.route, otherwise.set) == ("base", "other", action.set)
+    assert otherwise.set is not action.set  # a merge's mappings are its own
+    assert [case for case, _ in action.variants()] == action.cases  # an `else`: no variant without a case

@@ -468,10 +468,10 @@ class _Checker:
         """`user_memory:` facts that some action writes, and a `retention.user_memory` with
         something to forget (docs/memory.md, "User memory")."""
         declared = self.config.user_memory
-        actions = [a for tool in self.config.tools.values()
-                   for a in (tool.action, *(case.action for case in tool.action.cases))]
-        written = {fact for action in actions for fact in action.remember}
         if declared is not None:
+            actions = [a for tool in self.config.tools.values()
+                       for a in (tool.action, *(case.action for case in tool.action.cases))]
+            written = {fact for action in actions for fact in action.remember}
             unwritten = [fact for fact in declared.facts if fact not in written]
             if unwritten:
                 at = declared.where

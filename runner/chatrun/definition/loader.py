@@ -661,8 +661,8 @@ def _version_files(main_file: Path) -> dict[str, str]:
 
 
 def _loc(doc: YamlDoc, path: tuple) -> Location:
-    pos = doc.pos(path)
-    return Location(doc.file, pos.line, pos.col)
+    line, col = doc.key_place(path)
+    return Location(doc.file, line, col)
 
 
 def _str(value: Any) -> str | None:
