@@ -9,6 +9,15 @@ PyYAML's C loader alone (`yaml.load` with CSafeLoader, values only: no positions
 keys, no schema) on the same file; then where the time goes.
 
     python bench/bench_validate.py [--routes 5000] [--rounds 5] [--no-command] [--before ../main]
+
+With `--before`, also one load per checkout with the cyclic collector left on, as a library caller
+leaves it (`load_config` pauses it itself since issue 39).
+
+Figures (2026-12-06, load average 5-7 on 2 shared cores, 5 rounds, CPU min / median): in process
+3.22 / 3.84 s; PyYAML's C loader alone 1.96 / 2.17 s; in a fresh process 3.30 / 3.60 s, main before
+(e062a16) 3.64 / 3.78 s; with the collector left on 3.60 s, main 12.05 s. Phases: YAML 0.80 s (libyaml's
+compose alone 0.68 s), schema 0.25 s, loader 0.69 s, checks 1.34 s. The goal, under 1 s, is not met:
+the node tree alone is two thirds of it (bench/README.md, "Validating 5,000 routes").
 """
 
 from __future__ import annotations
@@ -108,6 +117,8 @@ def main() -> None:
         except OSError:
             pass
         _phases(path)
+        if args.before is not None:
+            _collector_on(path, args.before)
         # An invalid bot: one typo in every route, each reported at its line.
         path.write_text(generate(args.routes).replace("    description: Route number", "    descripton: Route number"))
         _clear_caches()
@@ -167,17 +178,29 @@ def _rounds(path: Path, rounds: int, command: bool, before: Path | None = None) 
     return rows
 
 
-def _child_cpu(checkout: Path, path: Path) -> float:
-    """CPU seconds of one `load_config` of `path` in a fresh process running `checkout`'s code."""
+def _child_cpu(checkout: Path, path: Path, paused: bool = True) -> float:
+    """CPU seconds of one `load_config` of `path` in a fresh process running `checkout`'s code
+    (with the collector paused around it as `chatrun validate` does, or left on as a library
+    caller, e.g. a server reloading a bot, leaves it)."""
     import os
     import subprocess
 
     code = ("import sys, time; from chatrun.cli._gc import collector_paused; "
             "from chatrun.definition.loader import load_config; s = time.process_time()\n"
-            "with collector_paused(): load_config(sys.argv[1])\nprint(time.process_time() - s)")
+            + ("with collector_paused(): load_config(sys.argv[1])\n" if paused else "load_config(sys.argv[1])\n")
+            + "print(time.process_time() - s)")
     env = {**os.environ, "PYTHONPATH": str(checkout / "runner")}
     out = subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True, text=True, env=env)
     return float(out.stdout.split()[-1])
+
+
+def _collector_on(path: Path, before: Path) -> None:
+    """One `load_config` in a fresh process with the cyclic collector left on, as a library caller
+    leaves it: `load_config` pauses it itself since issue 39 (before, every full collection walked
+    libyaml's node tree, 2.1 million objects for 5,000 routes)."""
+    this = Path(__file__).resolve().parents[1]
+    print(f"  with the collector left on (one load in a fresh process): this tree "
+          f"{_ms(_child_cpu(this, path, paused=False))}, {before} {_ms(_child_cpu(before, path, paused=False))}")
 
 
 def _ms(seconds: float) -> str:

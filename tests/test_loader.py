@@ -289,3 +289,79 @@ def test_a_file_the_fast_build_cannot_take_is_built_whole_and_its_problems_repor
     assert [(d.line, d.message.split(":")[0]) for d in doc.diagnostics] == [
         (4, "duplicate key `chat` in `routes`"), (5, "`.nan` is not a number JSON can hold (NaN and infinity are not allowed)")]
     assert doc.positions[("routes", "chat", "system")] == (3, 10, 3, 18, "")
+
+
+def test_loading_pauses_the_cyclic_collector_and_restores_it(travel, tmp_path):
+    """A load builds millions of short-lived objects for a big bot; full collections walking them
+    tripled its CPU. The collector is paused for the load (even one that raises) and left as it was."""
+    import gc
+    import sys
+
+    from chatrun.definition import checks, schemas, yamlpos
+
+    bot = travel
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nroutes: {main: {default: true, descripton: typo}}\n")
+    collections: list[int] = []
+
+    work = {str(Path(module.__file__)) for module in (yamlpos, schemas, checks)}  # reading, the schema, the checks
+
+    def record(phase: str, info: dict) -> None:  # a collection started from inside the loader's work
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename not in work:
+            frame = frame.f_back
+        if phase == "start" and frame is not None:
+            collections.append(info["generation"])
+
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    gc.callbacks.append(record)
+    try:
+        gc.enable()
+        gc.set_threshold(1)  # a collection at nearly every allocation, unless paused
+        load_config(bot)
+        with pytest.raises(BotError):
+            load_config(bad)
+        assert collections == [] and gc.isenabled()
+        gc.disable()
+        load_config(bot)
+        assert not gc.isenabled()  # a collector the caller turned off stays off
+    finally:
+        gc.callbacks.remove(record)
+        gc.set_threshold(*threshold)
+        (gc.enable if enabled else gc.disable)()
+
+
+def test_a_case_merged_over_its_action_takes_the_cases_keys_and_keeps_the_rest(write_bot):
+    """ActionConfig.with_case: the case's set keys win (the case's value, after the action's own
+    entries), a key the case leaves unset or false keeps the action's, the merge has no cases of
+    its own and is made once per case."""
+    path = write_bot(textwrap.dedent("""\
+        name: merge
+        format: 3
+        state: {a: null, b: null, c: null}
+        routes:
+          main: {default: true, description: Main, tools: [t], system: Hi}
+          other: {description: Other, system: Hi}
+        tools:
+          t:
+            description: A tool with cases
+            parameters: {type: object, properties: {x: {type: string}}}
+            action:
+              set: {state.a: one, state.b: two}
+              message: base
+              pop: false
+              cases:
+                - if: args.x == 'y'
+                  then: {set: {state.c: three, state.a: four}, route: other, message: case}
+                - else: {execute: false, route: other}
+        """))
+    config, _ = load_config(path)
+    action = config.tools["t"].action
+    merged = action.with_case(action.cases[0])
+    assert list(merged.set.items()) == [("state.b", "two"), ("state.c", "three"), ("state.a", "four")]
+    assert (merged.route, merged.message, merged.pop, merged.cases) == ("other", "case", False, [])
+    assert merged.where == action.cases[0].action.where and merged is action.with_case(action.cases[0])
+    otherwise = action.with_case(action.cases[1])
+    assert (otherwise.message, otherwise.route, otherwise.set) == ("base", "other", action.set)
+    assert otherwise.set is not action.set  # a merge's mappings are its own
+    assert [case for case, _ in action.variants()] == action.cases  # an `else`: no variant without a case

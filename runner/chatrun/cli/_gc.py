@@ -1,24 +1,8 @@
-"""Garbage-collector settings a command may choose for its own process."""
+"""Garbage-collector settings a command may choose for its own process (the loader's pause,
+chatrun.definition.collector, which `load_config` now takes itself)."""
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
+from chatrun.definition.collector import collector_paused
 
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while loading bots.
-
-    Loading a big bot allocates hundreds of thousands of small objects and no cycles
-    worth collecting; the collector would otherwise run hundreds of times (2-3x slower).
-    A command owns its process and may do this; the library (`load_config`) never does.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+__all__ = ["collector_paused"]

@@ -11,7 +11,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -468,10 +468,10 @@ class _Checker:
         """`user_memory:` facts that some action writes, and a `retention.user_memory` with
         something to forget (docs/memory.md, "User memory")."""
         declared = self.config.user_memory
-        actions = [a for tool in self.config.tools.values()
-                   for a in (tool.action, *(case.action for case in tool.action.cases))]
-        written = {fact for action in actions for fact in action.remember}
         if declared is not None:
+            actions = [a for tool in self.config.tools.values()
+                       for a in (tool.action, *(case.action for case in tool.action.cases))]
+            written = {fact for action in actions for fact in action.remember}
             unwritten = [fact for fact in declared.facts if fact not in written]
             if unwritten:
                 at = declared.where
@@ -635,7 +635,8 @@ class _Checker:
                 self.add("warning", f"{of} sets `{path}`, but {problem}", *at, "set", path)
             if isinstance(template, str):
                 self.template(template, f"`set {path}` of {of}", (*at, "set", path), tool, routes=routes)
-        self.remembered(of, action, at, tool, routes)
+        if action.remember:
+            self.remembered(of, action, at, tool, routes)
         for event, template in action.emit.items():
             nested = list(nested_templates(template))
             for below, text in nested:  # data: each text in it is a template
@@ -860,7 +861,7 @@ class _Checker:
     def condition(self, condition: str, what: str, path: tuple, tool: ToolConfig | None, routes: list[str]) -> bool:
         """A condition (a Jinja expression without braces) compiles and reads what is declared;
         False when it does not compile."""
-        if any(mark in condition for mark in ("{{", "}}", "{%", "%}", "{#")):
+        if _TEMPLATE_MARK.search(condition):
             self.add("error", f"{what}: a condition is a Jinja expression without `{{{{ }}}}` "
                      "(write `args.amount > state.balance`)", *path)
             return False
@@ -892,7 +893,7 @@ class _Checker:
                 continue
             what = f"condition `{case.condition}` of tool `{tool.name}`"
             if not self.condition(case.condition, what, (*at, "if"), tool, routes):
-                if any(mark in case.condition for mark in ("{{", "}}", "{%", "%}", "{#")):
+                if _TEMPLATE_MARK.search(case.condition):
                     continue
             self.action(tool, case.action, (*at, "then"), f" (case `if: {case.condition}`)")
 
@@ -986,49 +987,58 @@ class _Checker:
             if said and self.config.catalogs is not None and source.strip():
                 self.untranslated(what, path)
             return  # plain text: nothing to compile or resolve
-        doc = self.src.doc_of(path[0], path[1]) if len(path) > 1 else self.src.main
-
-        def line_of(lineno: int) -> tuple[int, int]:
-            return _template_line(doc, path, lineno)
-
-        def emit(severity: str, message: str, lineno: int) -> None:
-            line, col = line_of(lineno)
-            self.out.append(Diagnostic(doc.file, line, col, severity, message, ".".join(map(str, path))))
-
+        # A big bot has tens of thousands of templates and nearly all are fine: the file, the
+        # line and the closures that place a diagnostic are made only when there is one.
         try:
             refs, names = _analyse(source)
         except TemplateSyntaxError as exc:
-            emit("error", f"template error in {what}: {exc.message}", exc.lineno or 1)
+            self.at_template_line(path, "error", f"template error in {what}: {exc.message}", exc.lineno or 1)
             return
-        self.translations(source, what, emit, line_of, doc.file, said)
+        if "t(" in source or (said and self.config.catalogs is not None):
+            doc = self.src.doc_of(path[0], path[1]) if len(path) > 1 else self.src.main
+            self.translations(source, what, partial(self.at_template_line, path),
+                              partial(_template_line, doc, path), doc.file, said)
         for kind_, unknown, lineno in names:
             known = ENV.filters if kind_ == "filter" else ENV.tests
-            emit("error", f"template error in {what}: no {kind_} named `{unknown}`{suggest(unknown, known)}", lineno)
+            self.at_template_line(path, "error", f"template error in {what}: no {kind_} named `{unknown}`"
+                                  f"{suggest(unknown, known)}", lineno)
         for ref, lineno in refs:
-            head = ref[0]
-            if head not in variables and head not in ENV.globals:
-                if head == "env":
-                    emit("error", f"{what} reads `{'.'.join(ref)}`, but `env` can only be read in a tool's "
-                         "`http:` section (so secrets never reach prompts, events or the history)", lineno)
-                else:
-                    emit("error", f"{what} uses unknown template variable `{head}`"
-                         f"{suggest(head, variables)} (templates can use: {', '.join(variables)})", lineno)
-                continue
-            if len(ref) == 1:
-                continue
-            if head == "env" and ref[1] not in self.config.env:
-                emit("error", f"{what} reads `env.{ref[1]}`, but the bot does not declare it under `env:`"
-                     f"{suggest(ref[1], self.config.env)}", lineno)
-            elif head in ("state", "scope"):
-                problem = self.undeclared(ref) or self.invisible(ref, routes or [])
-                if problem:
-                    emit(undeclared, f"{what} reads `{'.'.join(ref)}`, but {problem}", lineno)
-            elif head == "args" and tool is not None:
-                declared = _declared_args(tool.parameters)
-                if declared is not None and ref[1] not in declared:
-                    emit(undeclared, f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
-                         f"property `{ref[1]}`{suggest(ref[1], declared)}", lineno)
+            problem = self.template_read(ref, what, tool, variables, routes)
+            if problem is not None:
+                self.at_template_line(path, undeclared if problem[0] is None else problem[0], problem[1], lineno)
 
+    def template_read(self, ref: tuple[str, ...], what: str, tool: ToolConfig | None, variables: tuple[str, ...],
+                      routes: list[str] | None) -> tuple[str | None, str] | None:
+        """What is wrong with one variable a template reads: (severity, message), the severity
+        None for an undeclared name (the caller's `undeclared` severity); None when nothing is."""
+        head = ref[0]
+        if head not in variables and head not in ENV.globals:
+            if head == "env":
+                return "error", (f"{what} reads `{'.'.join(ref)}`, but `env` can only be read in a tool's "
+                                 "`http:` section (so secrets never reach prompts, events or the history)")
+            return "error", (f"{what} uses unknown template variable `{head}`"
+                             f"{suggest(head, variables)} (templates can use: {', '.join(variables)})")
+        if len(ref) == 1:
+            return None
+        if head == "env" and ref[1] not in self.config.env:
+            return "error", (f"{what} reads `env.{ref[1]}`, but the bot does not declare it under `env:`"
+                             f"{suggest(ref[1], self.config.env)}")
+        if head in ("state", "scope"):
+            problem = self.undeclared(ref) or self.invisible(ref, routes or [])
+            if problem:
+                return None, f"{what} reads `{'.'.join(ref)}`, but {problem}"
+        elif head == "args" and tool is not None:
+            declared = _declared_args(tool.parameters)
+            if declared is not None and ref[1] not in declared:
+                return None, (f"{what} reads `args.{ref[1]}`, but the tool's `parameters` declare no "
+                              f"property `{ref[1]}`{suggest(ref[1], declared)}")
+        return None
+
+    def at_template_line(self, path: tuple, severity: str, message: str, lineno: int) -> None:
+        """A diagnostic at line `lineno` of the template at `path`."""
+        doc = self.src.doc_of(path[0], path[1]) if len(path) > 1 else self.src.main
+        line, col = _template_line(doc, path, lineno)
+        self.out.append(Diagnostic(doc.file, line, col, severity, message, ".".join(map(str, path))))
 
     def stable_system(self, route: RouteConfig) -> None:
         """A `system:` that reads the clock or per-turn state renders a new prompt on (almost) every
@@ -1267,6 +1277,7 @@ def _analyse_simple(source: str) -> _Analysis | None:
     refs: dict[tuple[str, ...], int] = {}
     unknown: list[tuple[str, str, int]] = []
     matches = 0
+    lines = "\n" in source  # most are one line: no line breaks to count
     for match in _SIMPLE.finditer(source):
         matches += 1
         found = _simple_expression(match.group(1), match.group(2))
@@ -1274,11 +1285,11 @@ def _analyse_simple(source: str) -> _Analysis | None:
             return None
         paths, filters = found
         if paths:
-            first = source.count("\n", 0, match.start(1)) + 1
+            first = source.count("\n", 0, match.start(1)) + 1 if lines else 1
             for path, breaks in paths:
                 refs.setdefault(path, first + breaks)
         if filters:  # at the name's own line, as Jinja reports it
-            first = source.count("\n", 0, match.start(2)) + 1
+            first = source.count("\n", 0, match.start(2)) + 1 if lines else 1
             unknown += [("filter", name, first + breaks) for name, breaks in filters]
     if source.count("{{") != matches:  # a match holds no `{{` (quoted text excludes braces)
         return None  # some expression is not simple: let Jinja parse (and judge) it
@@ -1316,6 +1327,8 @@ def _simple_expression(expression: str, filters: str) -> tuple[_Reads, tuple[tup
 
 
 _FILTER_NAME = re.compile(r"[A-Za-z_]\w*")
+# What a condition (an expression without braces) must not hold: the marks of a template.
+_TEMPLATE_MARK = re.compile(r"\{\{|\}\}|\{%|%\}|\{#")
 
 
 def _attr_path(node: nodes.Node) -> tuple[str, ...] | None:

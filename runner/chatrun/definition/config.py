@@ -278,13 +278,20 @@ class ActionConfig:
         Computed once per case (the engine asks on every call)."""
         merged = self._merged.get(id(case))
         if merged is None:
-            extra = case.action
-            values = {key: getattr(extra, key) or getattr(self, key) for key in _SCALAR_KEYS}
-            values["set"] = {**{k: v for k, v in self.set.items() if k not in extra.set}, **extra.set}
-            values["emit"] = {**{k: v for k, v in self.emit.items() if k not in extra.emit}, **extra.emit}
-            values["remember"] = {**self.remember, **extra.remember}
-            merged = self._merged[id(case)] = ActionConfig(**values, ask=self.ask, operator=self.operator,
-                                                           where=extra.where)
+            # Field by field through the instances' dicts: a big bot merges tens of thousands of
+            # cases at load (the effects, the graph, the checks), and most cases set two or three keys.
+            mine, theirs = self.__dict__, case.action.__dict__
+            values = dict(mine)
+            for key in _SCALAR_KEYS:
+                if theirs[key]:
+                    values[key] = theirs[key]
+            values["set"] = _over(self.set, case.action.set)
+            values["emit"] = _over(self.emit, case.action.emit)
+            values["remember"] = {**self.remember, **case.action.remember}
+            values["cases"], values["where"], values["_merged"] = [], case.action.where, {}  # a merge has no cases
+            merged = ActionConfig.__new__(ActionConfig)
+            merged.__dict__.update(values)
+            self._merged[id(case)] = merged
         return merged
 
     def variants(self) -> list[tuple[CaseConfig | None, ActionConfig]]:
@@ -294,6 +301,13 @@ class ActionConfig:
         if not self.cases or self.cases[-1].condition is not None:
             out.append((None, self))
         return out
+
+
+def _over(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base`'s entries with `extra`'s over them, `extra`'s keys after the others (in its order)."""
+    if not extra:
+        return dict(base)
+    return {**{k: v for k, v in base.items() if k not in extra}, **extra}
 
 
 _SCALAR_KEYS = ("push", "pop", "route", "call", "end", "execute", "immediate", "clear_memory", "wipe", "message", "reply",
@@ -987,8 +1001,8 @@ def initial_state_problem(state: dict[str, Any], declared: dict[str, Any]) -> tu
 
 # Keywords of a `parameters` schema that let it take names `properties` does not list, or whose
 # meaning depends on the values (then only the validator can say what the tool takes).
-_OPEN_KEYWORDS = ("patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "not", "$ref",
-                  "$dynamicRef", "if", "dependentSchemas", "propertyNames")
+_OPEN_KEYWORDS = frozenset({"patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "not", "$ref",
+                            "$dynamicRef", "if", "dependentSchemas", "propertyNames"})
 
 
 def declared_arguments(parameters: dict[str, Any]) -> list[str] | None:
@@ -998,7 +1012,7 @@ def declared_arguments(parameters: dict[str, Any]) -> list[str] | None:
     `properties` does not list). The one rule for which arguments a tool takes: the validator's
     checks of `args.X` and the engine's dropping of undeclared arguments (engine/call.py) use it."""
     props = parameters.get("properties")
-    if not isinstance(props, dict) or any(key in parameters for key in _OPEN_KEYWORDS):
+    if not isinstance(props, dict) or not _OPEN_KEYWORDS.isdisjoint(parameters):
         return None
     extra = parameters.get("additionalProperties")
     if extra is not None and extra is not False:

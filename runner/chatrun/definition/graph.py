@@ -204,6 +204,8 @@ def _tool_edges(config: BotConfig, source: str, tool: str, action: ActionConfig)
     variants = action.variants()
     moves: dict[tuple[str, str | None], list[tuple[str, ActionConfig]]] = {}
     for case, merged in variants:
+        if not (merged.push or merged.route or merged.call or merged.pop or merged.end or merged.operator):
+            continue  # no move (most variants of a big bot's tools): nothing below would be kept
         label = case.label if case is not None else "otherwise"
         # A handover's `release_to` is where the conversation goes on when the operator releases it
         released = merged.operator.release_to if merged.operator is not None else None

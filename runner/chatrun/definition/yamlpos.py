@@ -142,6 +142,14 @@ class YamlDoc:
         text = self._lines[line - 1]
         return len(text) - len(text.lstrip()) + 1
 
+    def key_place(self, path: Path) -> tuple[int, int]:
+        """`pos(path)`'s line and column alone (of its key; of the item itself in a list): what a
+        config object's `where` keeps. The loader asks for tens of thousands of them."""
+        if isinstance(self.positions, NodePositions):
+            return self.positions.key_place(path)
+        pos = self.pos(path)
+        return pos.line, pos.col
+
     def pos(self, path: Path) -> Pos:
         """The position of `path`, or of its nearest ancestor that has one."""
         path = tuple(path)
@@ -391,6 +399,15 @@ class NodePositions(Mapping[Path, Pos]):
         mark = node.start_mark
         style = node.style if node.__class__ is yaml.ScalarNode else None
         return _new_pos(Pos, (key_mark.line + 1, key_mark.column + 1, mark.line + 1, mark.column + 1, style))
+
+    def key_place(self, path: Path) -> tuple[int, int]:
+        """The line and column of `nearest(path)`'s key, without the rest of its Pos."""
+        found = self._found.get(path) or self._node(path)
+        while found is None:
+            path = path[:-1]
+            found = self._node(path)
+        mark = found[0]
+        return mark.line + 1, mark.column + 1
 
     def nearest(self, path: Path) -> Pos:
         """The position of `path`, or of its nearest ancestor in the document."""
