@@ -396,7 +396,7 @@ def age_key(bot: str, kind: str) -> str:
 
 
 def tally_name(*parts: str | None) -> str:
-    return json.dumps(list(parts), ensure_ascii=False)
+    return _MESSAGES_JSON.encode(list(parts))  # json.dumps(..., ensure_ascii=False), no new encoder per call
 
 
 @dataclass
