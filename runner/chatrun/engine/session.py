@@ -566,8 +566,7 @@ class Session:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._running = True
         self._sink = queue.put_nowait
-        task = asyncio.ensure_future(self._run_turn(*turn))
-        task.add_done_callback(lambda _t: queue.put_nowait(_DONE))
+        task = asyncio.ensure_future(self._run_turn_then(queue.put_nowait, turn))
         try:
             while (item := await queue.get()) is not _DONE:
                 self._dispatch(item)
@@ -582,6 +581,14 @@ class Session:
                     pass
             self._sink = None
             self._running = False
+
+    async def _run_turn_then(self, done: Callable[[object], None], turn: _TurnInput) -> None:
+        """The turn, then `done(_DONE)` as its last step however it ends (not a done callback:
+        that would cost the stream's consumer one more pass of the event loop)."""
+        try:
+            await self._run_turn(*turn)
+        finally:
+            done(_DONE)
 
     def _begin(self, message: Input) -> _TurnInput | None:
         """The checked input of a turn about to run (text, data, decision, attachments); None for
