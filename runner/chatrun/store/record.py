@@ -18,6 +18,7 @@ OpenAI API's index of turns.)
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -395,6 +396,7 @@ def age_key(bot: str, kind: str) -> str:
     return "age " + json.dumps([bot, kind], ensure_ascii=False)
 
 
+@functools.lru_cache(maxsize=256)  # every commit names its bot's version: the same few names again and again
 def tally_name(*parts: str | None) -> str:
     return _MESSAGES_JSON.encode(list(parts))  # json.dumps(..., ensure_ascii=False), no new encoder per call
 
