@@ -693,8 +693,9 @@ class Session:
             with span as current:
                 await turn.run()
                 kept = _storage(self.bot.config, [*turn.hops, self.route])
-                tracing.record_turn(current, kept(entry["input"]), kept([e.data for e in collected if e.for_user
-                                                                         and e.type in (ev.MESSAGE, ev.OBJECT)]))
+                if current is not None:  # a span records: what the user said and got goes on it
+                    tracing.record_turn(current, kept(entry["input"]), kept([e.data for e in collected if e.for_user
+                                                                             and e.type in (ev.MESSAGE, ev.OBJECT)]))
                 await turn.summarize()  # after the reply: it never delays the user's answer
             if self._c.config.outcomes:  # before the turn is counted: its Outcome event belongs to it
                 outcomes.decide(self._c, turn.number, collected, isinstance(decision, Expire),
