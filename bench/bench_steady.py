@@ -18,6 +18,11 @@ median's ratio to floor_eb's from the same run. Goal (issue 39): chatrun <= 1.3x
 Figures (issue 39; 2-core machine shared with other agents, load average 4-5; 5 rounds x 150
 turns, two runs each, median x floor_eb): before (main at 7aabd1b) 1.48 and 1.57; after 1.36 and
 1.42 (floor_eb 1.4-1.7 ms, chatrun 2.0-2.3 ms median; goal <= 1.3x not met).
+Engine turn cost (2026-12-06, load average 7.2-7.9, 7 rounds x 200 turns, after and before run
+alternately, twice): before (main at e062a16) chatrun min/median 1.556/2.347 and 2.485/2.746 ms,
+1.38x and 1.38x floor_eb (1.341/1.697, 1.777/1.995); after 1.345/1.962 and 1.871/2.234 ms, 1.08x
+and 1.26x floor_eb (1.083/1.810, 1.220/1.777): goal <= 1.3x met in both runs (in five of six
+runs over the session's three sets at load 4-8; an earlier step measured 1.40 once).
 
     python bench/bench_steady.py                  # 7 rounds of 200 turns
     python bench/bench_steady.py --rounds 9 --turns 300 --runner /tmp/before/runner

@@ -84,3 +84,29 @@ def test_a_rating_is_kept_beside_its_turn_and_refused_for_a_turn_that_did_not_ru
     assert session.turn_count == 1  # a rating is not a turn
     with pytest.raises(SessionError, match="has no turn 2 to rate"):
         session.rate(2, "up")
+
+
+def test_a_cancelled_achat_is_rolled_back_like_a_stopped_stream(fake, tmp_path):
+    # `achat` with no `on()` handlers runs the turn in the caller's own task (no queue): cancelling
+    # that task must still roll the turn back, record it, and keep its `once` call done.
+    store = SQLiteStore(str(tmp_path / "s.db"))
+    session = customer_session(store)
+    fake.queue({"tool_calls": [REFUND_30]}, {"chunks": ["Refunded ", "30 EUR"], "stall": True})
+
+    async def cancel_while_the_model_stalls() -> None:
+        task = asyncio.ensure_future(session.achat("Refund 30 EUR on A1001"))
+        while len(fake.requests) < 2:  # the refund ran; the model's second answer stalls
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_while_the_model_stalls())
+    assert session.turn_count == 0 and session.state["refunded"] == 0
+    again = customer_session(SQLiteStore(str(tmp_path / "s.db")), session.id)
+    [entry] = again.history
+    assert entry["ok"] is False and entry["error"] == "cancelled"
+    assert entry["stopped"]["effects"] == [{"tool": "refund", "effect": "once"}]
+    fake.queue({"tool_calls": [REFUND_30]}, {"text": "It is refunded."})
+    assert [e.data for e in again.chat("Refund 30 EUR on A1001") if e.type == "Message"] == ["It is refunded."]
+    assert again.state["refunded"] == 0  # not paid twice

@@ -109,3 +109,18 @@ def test_a_session_cost_budget_holds_across_turns(fake, write_bot):
     events = session.chat("second")  # ... and then no call is sent
     assert events[-1].type == "Error" and "limits.max_session_cost" in events[-1].meta["detail"]
     assert len(fake.requests) == 1
+
+
+def test_usage_to_dict_copy_and_from_dict_agree_with_its_fields():
+    # to_dict and copy are written out field by field (no dataclasses.fields() per turn): a new
+    # field must reach both, and come back through from_dict.
+    from dataclasses import fields
+
+    from chatrun.engine.usage import Usage
+
+    values = {f.name: i + 1 for i, f in enumerate(fields(Usage))} | {"cost": 0.25, "estimated": True}
+    usage = Usage(**values)
+    assert usage.to_dict() == values
+    copied = usage.copy()
+    assert copied == usage and copied is not usage
+    assert Usage.from_dict(usage.to_dict()) == usage

@@ -282,10 +282,17 @@ def compile_template(source: str) -> Template:
     return ENV.from_string(source)
 
 
+def plain_text(source: str) -> str | None:
+    """What a template without Jinja syntax (most system prompts) renders to, whatever its context:
+    itself, less one trailing newline (keep_trailing_newline=False drops it); None when it has some."""
+    if "{" in source or "\r" in source:
+        return None
+    return source[:-1] if source.endswith("\n") else source
+
+
 def render(source: str, context: dict[str, Any]) -> str:
-    if "{" not in source and "\r" not in source:  # plain text (most system prompts): what Jinja would give
-        return source[:-1] if source.endswith("\n") else source  # (keep_trailing_newline=False drops one)
-    return compile_template(source).render(context)
+    text = plain_text(source)
+    return compile_template(source).render(context) if text is None else text
 
 
 def render_value(source: Any, context: dict[str, Any]) -> Any:

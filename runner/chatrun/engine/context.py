@@ -16,7 +16,7 @@ from typing import Any, Literal, overload
 from chatrun import events as ev
 from chatrun.definition.config import BotConfig, RouteConfig
 from chatrun.definition.page_texts import page_texts, said
-from chatrun.definition.templates import is_nothing
+from chatrun.definition.templates import is_nothing, plain_text
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.pending import Decision
 from chatrun.engine.scopes import set_path
@@ -87,6 +87,10 @@ class TurnContext:
                         *, typed: bool = False) -> Any:
         """Render for text (typed=False) or for a value that keeps its type (setters, event data).
         `values` adds to what templates see (a tool's `args` and `result`)."""
+        if not typed and isinstance(source, str):
+            text = plain_text(source)
+            if text is not None:  # what it renders to needs no context (made anew for each template)
+                return text
         try:
             return self.c.render(source, self.context(**(values or {})), typed=typed)
         except ChatrunError:

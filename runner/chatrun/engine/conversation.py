@@ -409,8 +409,9 @@ class Conversation:
 
     def capture(self) -> Checkpoint:
         return Checkpoint(self.turn_count, ev.copy_plain(self.state), [s.copy() for s in self.scopes], self._next_scope,
-                          {mid: _mark(m) for mid, m in self._memories.items()}, copy.copy(self.usage), self.ended,
-                          [item.to_dict() for item in self.pending], self.next_pending, copy.deepcopy(self.taken_over),
+                          {mid: _mark(m) for mid, m in self._memories.items()}, self.usage.copy(), self.ended,
+                          [item.to_dict() for item in self.pending], self.next_pending,
+                          copy.deepcopy(self.taken_over) if self.taken_over else self.taken_over,
                           dict(self.resolved) if self.resolved else None, self.done_calls, self.follow_up,
                           self.outcome, self.user_memory, self.remembered)
 
@@ -419,7 +420,7 @@ class Conversation:
         self.state = before.state
         self.scopes = before.scopes
         self._next_scope = before.next_scope
-        self.usage = copy.copy(before.usage)
+        self.usage = before.usage.copy()
         self.ended = before.ended
         self.pending = tuple(PendingItem.from_dict(d) for d in before.pending or ())
         self.next_pending = before.next_pending

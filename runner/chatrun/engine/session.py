@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("chatrun")
 Input = str | dict[str, Any] | Decision | None
 _DONE = object()
+_TurnInput = tuple[str | None, dict[str, Any], Decision | None, tuple[Attachment, ...]]
 _NO_HANDLERS: Mapping[str, list[Callable[[Any], object]]] = MappingProxyType({})
 
 
@@ -535,7 +536,22 @@ class Session:
         return self._loop.run_until_complete(self.achat(message))
 
     async def achat(self, message: Input = None) -> list[Event]:
-        return [event async for event in self.stream(message)]
+        if self._handlers or self._default_handlers:  # handlers run as the consumer takes each event
+            return [event async for event in self.stream(message)]
+        # No one to call per event: the turn runs in the caller's task, its events into a list (no
+        # task, queue or wake-up per event). Cancelling the caller rolls it back as a stopped stream does.
+        turn = self._begin(message)
+        if turn is None:
+            return []
+        events: list[Event] = []
+        self._running = True
+        self._sink = events.append
+        try:
+            await self._run_turn(*turn)
+        finally:
+            self._sink = None
+            self._running = False
+        return events
 
     async def stream(self, message: Input = None) -> AsyncIterator[Event]:
         """Run one turn, yielding its events as they happen (Stream chunks included).
@@ -544,24 +560,13 @@ class Session:
         `Release`, `Expire`; engine/pending.py) is an input too. It is checked before its turn
         starts: `NotPending`, `DecisionRefused`, `InvalidDecision` raise and nothing is committed.
         `Expire()` with nothing due runs no turn."""
-        self._check_usable()
-        decision: Decision | None = None
-        text: str | None = None
-        data: dict[str, Any] = {}
-        attachments: tuple[Attachment, ...] = ()
-        if isinstance(message, DECISION_TYPES):
-            decision = message
-            check_decision(self._c, self.bot.tools, decision)
-            if isinstance(decision, Expire) and not self._due(decision):
-                return
-        else:
-            text, data = _split_input(message)
-            attachments = self._attachments_of(data)
+        turn = self._begin(message)
+        if turn is None:
+            return
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._running = True
         self._sink = queue.put_nowait
-        task = asyncio.ensure_future(self._run_turn(text, data, decision, attachments))
-        task.add_done_callback(lambda _t: queue.put_nowait(_DONE))
+        task = asyncio.ensure_future(self._run_turn_then(queue.put_nowait, turn))
         try:
             while (item := await queue.get()) is not _DONE:
                 self._dispatch(item)
@@ -576,6 +581,26 @@ class Session:
                     pass
             self._sink = None
             self._running = False
+
+    async def _run_turn_then(self, done: Callable[[object], None], turn: _TurnInput) -> None:
+        """The turn, then `done(_DONE)` as its last step however it ends (not a done callback:
+        that would cost the stream's consumer one more pass of the event loop)."""
+        try:
+            await self._run_turn(*turn)
+        finally:
+            done(_DONE)
+
+    def _begin(self, message: Input) -> _TurnInput | None:
+        """The checked input of a turn about to run (text, data, decision, attachments); None for
+        an `Expire()` with nothing due (no turn runs). Raises as `stream` says, committing nothing."""
+        self._check_usable()
+        if isinstance(message, DECISION_TYPES):
+            check_decision(self._c, self.bot.tools, message)
+            if isinstance(message, Expire) and not self._due(message):
+                return None
+            return None, {}, message, ()
+        text, data = _split_input(message)
+        return text, data, None, self._attachments_of(data)
 
     def _due(self, expire: Expire) -> bool:
         """Whether `Expire` has an item to resolve or a follow-up to send (by its `now`, else the
@@ -668,8 +693,9 @@ class Session:
             with span as current:
                 await turn.run()
                 kept = _storage(self.bot.config, [*turn.hops, self.route])
-                tracing.record_turn(current, kept(entry["input"]), kept([e.data for e in collected if e.for_user
-                                                                         and e.type in (ev.MESSAGE, ev.OBJECT)]))
+                if current is not None:  # a span records: what the user said and got goes on it
+                    tracing.record_turn(current, kept(entry["input"]), kept([e.data for e in collected if e.for_user
+                                                                             and e.type in (ev.MESSAGE, ev.OBJECT)]))
                 await turn.summarize()  # after the reply: it never delays the user's answer
             if self._c.config.outcomes:  # before the turn is counted: its Outcome event belongs to it
                 outcomes.decide(self._c, turn.number, collected, isinstance(decision, Expire),

@@ -102,6 +102,8 @@ def _span(name: str, attributes: dict[str, Any], client: bool) -> Iterator[Any]:
 
 def turn_span(bot: str, session_id: str, turn: int, route: str, stack: list[str], owner: str | None,
               bot_version: str | None = None) -> Any:
+    if not recording():
+        return OFF
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": bot,
@@ -132,6 +134,8 @@ def record_turn(current: Any, user_input: Any, replies: list[Any]) -> None:
 
 
 def chat_span(provider: str, model: str, route: str, temperature: float | None) -> Any:
+    if not recording():
+        return OFF
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": provider,

@@ -574,6 +574,8 @@ def _as_is(value: Any) -> Any:
 def _answer_record(answer: AssistantMessage) -> dict[str, Any]:
     """A model answer as a transcript's `model:` item writes it: its text, and its tool calls
     with their arguments as the model sent them (a mapping when they are a JSON object)."""
+    if not answer.tool_calls:  # most answers: text alone, no JSON round trip for it
+        return {"text": storable(answer.content or "")}
     out: dict[str, Any] = {}
     if answer.content:
         out["text"] = answer.content

@@ -244,13 +244,15 @@ class InMemoryStore:
             self._index_pending(session_id, commit)
             self._flat.commit(commit)
             for mid, msgs in mems.items():
-                text = commit.memories_json.get(mid)
-                if msgs is None:
-                    self._memories.pop(mid, None)
+                size = commit.memory_size(mid)
+                if msgs is None or size is None:  # unknown: measured when next read for a session
                     self._memory_sizes.pop(mid, None)
                 else:
+                    self._memory_sizes[mid] = size
+                if msgs is None:
+                    self._memories.pop(mid, None)
+                else:
                     self._memories[mid] = msgs
-                    self._memory_sizes[mid] = len(text) if text is not None else _size_of(mid, msgs)
             self._history.setdefault(session_id, []).extend(commit.history_json)
             for item in commit.outbox:
                 self._outbox[item.id] = item.to_json()

@@ -18,6 +18,7 @@ OpenAI API's index of turns.)
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -395,8 +396,9 @@ def age_key(bot: str, kind: str) -> str:
     return "age " + json.dumps([bot, kind], ensure_ascii=False)
 
 
+@functools.lru_cache(maxsize=256)  # every commit names its bot's version: the same few names again and again
 def tally_name(*parts: str | None) -> str:
-    return json.dumps(list(parts), ensure_ascii=False)
+    return _MESSAGES_JSON.encode(list(parts))  # json.dumps(..., ensure_ascii=False), no new encoder per call
 
 
 @dataclass
@@ -557,7 +559,9 @@ class Commit:
     snapshot_json: str
     owner: str | None = None
     memories: dict[str, list[Message] | None] = field(default_factory=dict)
-    memories_json: dict[str, str | None] = field(default_factory=dict)
+    # Their JSON, made when a store first asks (`memories_json`): the in-memory store keeps the
+    # messages themselves and never does (a steady turn's whole window, encoded for nothing).
+    encoded_memories: dict[str, str | None] | None = field(default=None, repr=False)
     history_json: list[str] = field(default_factory=list)
     expected: str | None = None
     outcome: tuple[str, str] | None = None
@@ -594,7 +598,6 @@ class Commit:
             snapshot_json=to_json(f"session {session_id}: its snapshot", snapshot),
             owner=owner_of(snapshot),
             memories=mems,
-            memories_json={mid: None if m is None else messages_json(mid, m) for mid, m in mems.items()},
             history_json=[to_json(f"session {session_id}: history entry {i}", _as_stored(e))
                           for i, e in enumerate(history)],
             expected=expected,
@@ -608,14 +611,29 @@ class Commit:
             remembered=remembered_of(session_id, history),
         )
 
+    @property
+    def memories_json(self) -> dict[str, str | None]:
+        """Each changed memory as JSON text (None: deleted). Encoding checked messages cannot
+        fail (they hold text), so making it late keeps the commit all or nothing."""
+        if self.encoded_memories is None:
+            self.encoded_memories = {mid: None if m is None else _MESSAGES_JSON.encode([x.to_dict() for x in m])
+                                     for mid, m in self.memories.items()}
+        return self.encoded_memories
+
+    def memory_size(self, memory_id: str) -> int | None:
+        """The JSON size of a changed memory if its text was made already, else None."""
+        text = None if self.encoded_memories is None else self.encoded_memories.get(memory_id)
+        return None if text is None else len(text)
+
     def merge(self, later: Commit) -> None:
         """Fold a later commit of the same request into this one: its snapshot wins, memories
         are replaced, history entries append, and a later turn's outcome replaces an earlier one."""
         self.snapshot_json, self.owner, self.committed = later.snapshot_json, later.owner, later.committed
         self.due, self.pending_count, self.bot = later.due, later.pending_count, later.bot
         self.waiting, self.tallies = later.waiting, later.tallies
+        mine, theirs = self.encoded_memories, later.encoded_memories
         self.memories.update(later.memories)
-        self.memories_json.update(later.memories_json)
+        self.encoded_memories = None if mine is None or theirs is None else {**mine, **theirs}
         self.history_json.extend(later.history_json)
         self.outbox.extend(later.outbox)
         self.remembered.extend(later.remembered)
