@@ -267,10 +267,6 @@ class TurnIndex:
         if record is not None and record.get("running"):
             await self.records.delete_record(key)
 
-    async def settle(self, key: str, outcome: dict[str, Any], session_id: str) -> None:
-        """What a committed attempt answered, for its retries (deleted with the session)."""
-        await self.records.put_record(key, outcome, session_id)
-
     async def outcome(self, key: str) -> dict[str, Any] | None:
         """The committed outcome of an earlier attempt of this request, waiting while one runs;
         None when there is none (never tried, failed, or abandoned by a replica that died)."""
@@ -285,16 +281,18 @@ class TurnIndex:
 
     # -- after a committed turn ---------------------------------------------------------------
 
-    async def remember(self, session: Session, who: Principal | None, keys: list[str]) -> None:
-        """Record the session as it is now (right after a committed turn) under `keys`, in one
-        call of a local store's thread (LocalAsyncStore.in_one_call), else one call a record."""
+    async def remember(self, session: Session, who: Principal | None, keys: list[str],
+                       outcome: tuple[str, dict[str, Any]] | None = None) -> None:
+        """Record the session as it is now (right after a committed turn) under `keys`, and the
+        request's `outcome` (its key, what it answered), in one call of a local store's
+        thread (LocalAsyncStore.in_one_call), else one call a record."""
         turn = session.turn_count
         state = self.state_key(session.id, turn)
         memories = {mid: [m.to_dict() for m in messages] for mid, messages in session.memories().items()}
         record = {"bot": session.bot.name, "owner": _owner(who), "session": session.id, "turn": turn,
                   "state": state, "at": time.time()}
         work = functools.partial(_remember, session.id, turn, {"snapshot": session.snapshot(), "memories": memories},
-                                 record, keys)
+                                 record, keys, outcome)
         in_one_call = getattr(self.records, "in_one_call", None)
         await (in_one_call(work) if in_one_call is not None else work(self.records))
 
@@ -317,10 +315,12 @@ class TurnIndex:
 
 
 async def _remember(session_id: str, turn: int, state: dict[str, Any], record: dict[str, Any], keys: list[str],
-                    records: RecordOps) -> None:
-    """TurnIndex.remember's writes: the state, the keys, and the session's last KEEP_TURNS turns
-    kept (see KEEP_TURNS). Awaits nothing but `records` (LocalAsyncStore.in_one_call)."""
+                    outcome: tuple[str, dict[str, Any]] | None, records: RecordOps) -> None:
+    """TurnIndex.remember's writes: the state, the keys, the request's outcome, and the session's
+    last KEEP_TURNS turns kept (see KEEP_TURNS). Awaits nothing but `records` (in_one_call)."""
     await records.put_record(record["state"], state, session_id)
+    if outcome is not None:  # what a committed attempt answered, for its retries (deleted with the session)
+        await records.put_record(outcome[0], outcome[1], session_id)
     for key in keys:
         await records.put_record(key, record, session_id)
     listed = await records.get_record(TurnIndex.turns_key(session_id)) or {"turns": []}
