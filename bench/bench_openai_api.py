@@ -16,8 +16,25 @@ Contenders:
   chat       chatrun serve, POST /v1/chat/completions with the whole history (reconciliation)
   responses  chatrun serve, POST /v1/responses with previous_response_id
 
-Goal (issue 26): chat <= 1.15x floor_eb, flat in conversation length. Also printed: the bytes
-the records table holds after the run (the turn index; each record holds the session's state).
+Goals (issue 39): http <= 1.15x floor_eb; chat <= 1.3x floor_eb and flat from 5 to 40 turns
+(issue 26 had asked chat <= 1.15x). Also printed: the bytes the records table holds after the
+run (the turn index; each record holds the session's state). `--before DIR` serves an older
+checkout beside this one (rows ending in _before), its rounds interleaved with the others.
+
+Last figures (2026-12-06, `--rounds 5 --conversations 8 --before <main e062a16> --only
+http,chat`, load average 6-8 on 2 cores: the medians move by 20% between runs, the mins less),
+CPU ms per turn, min / median, turns 1-10 and 31-40:
+
+    floor_eb      1.50 / 2.00    1.75 / 2.38
+    http          3.37 / 4.75    4.00 / 4.62   (1.95x floor_eb late, median; 2.29x by mins)
+    chat          5.37 / 5.88    5.50 / 6.88   (2.89x; 3.14x by mins; late/early 1.17, floor_eb's 1.19)
+    http_before   4.25 / 4.62    4.88 / 5.25   (2.21x; 2.79x by mins)
+    chat_before   5.37 / 6.75    6.50 / 6.75   (2.84x; 3.71x by mins)
+
+Instructions per late turn (callgrind, in process; bench/README.md): http 10.08 -> 9.67 M, chat
+15.96 -> 14.75 M, floor_eb 6.64 M. Neither goal is met: what is left of the gap is mostly the engine's turn (a turn's model
+call through chatrun's model layer, the session's commit) and, for /v1, the index's records
+(the session's state is written with every turn, for forks): see bench/README.md.
 
     python bench/bench_openai_api.py                          # 3 rounds, 8 conversations of 40 turns
     python bench/bench_openai_api.py --rounds 5 --conversations 10
