@@ -187,3 +187,38 @@ def test_a_session_on_a_store_without_history_says_so(travel):
     with pytest.raises(chatrun.SessionError, match="its store \\(TurnBuffer\\) keeps no history"):
         _ = session.history
     assert travel.session(store=InMemoryStore(), model=ScriptedModel([])).history == []
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_records_in_one_call_are_read_and_written_in_one_thread_call(tmp_path, monkeypatch, kind):
+    """The /v1 index's writes of a turn (server/openai_sessions.py) go to a local store's thread
+    once; what they wrote is read back by the ordinary calls."""
+    sync = SQLiteStore(tmp_path / "r.db") if kind == "sqlite" else InMemoryStore()
+    store = LocalAsyncStore(sync)
+    calls = []
+    original = store._call
+
+    async def counted(fn, *args):
+        calls.append(fn)
+        return await original(fn, *args)
+
+    monkeypatch.setattr(store, "_call", counted)
+
+    async def work(records):
+        await records.put_record("a", {"n": 1}, "s1")
+        await records.put_record("b", {"n": 2})
+        seen = await records.get_record("a")
+        await records.delete_record("b")
+        return seen
+
+    assert asyncio.run(store.in_one_call(work)) == {"n": 1}
+    if kind == "sqlite":  # four operations, one call of the store's thread (memory:// has no thread)
+        assert len(calls) == 1
+    assert asyncio.run(store.get_record("a")) == {"n": 1} and asyncio.run(store.get_record("b")) is None
+
+    async def strays():  # work that awaits anything else is refused, not run half in the thread
+        await asyncio.sleep(0)
+
+    if kind == "sqlite":
+        with pytest.raises(RuntimeError, match="awaited something besides its records"):
+            asyncio.run(store.in_one_call(lambda records: strays()))

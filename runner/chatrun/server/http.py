@@ -66,6 +66,12 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
     """The HTTP API's routes: the module's endpoints, with the OpenAPI text of this app (the
     state keys of the bots it serves, its userMessage limit)."""
     router = APIRouter(responses=ERROR_RESPONSES)
+    # A turn first: a request is matched against each route in turn until one fits (~4 us each),
+    # and no other route's path can be a turn's.
+    router.add_api_route(
+        "/bots/{bot}/sessions/{session_id}/messages", send_message, methods=["POST"], tags=["sessions"],
+        responses=_turn_response(), openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
+                            {"userMessage": "I want to fly to Dublin"}))
     router.add_api_route("/health", health, methods=["GET"], tags=["server"])
     router.add_api_route("/ready", ready, methods=["GET"], tags=["server"])
     router.add_api_route("/bots", list_bots, methods=["GET"], tags=["bots"], name="bots")
@@ -85,10 +91,6 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
                          status_code=201, tags=["sessions"], openapi_extra=UPLOAD_BODY)
     router.add_api_route("/bots/{bot}/sessions/{session_id}/attachments/{ref}", read_attachment, methods=["GET"],
                          tags=["sessions"], response_class=Response)
-    router.add_api_route(
-        "/bots/{bot}/sessions/{session_id}/messages", send_message, methods=["POST"], tags=["sessions"],
-        responses=_turn_response(), openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
-                            {"userMessage": "I want to fly to Dublin"}))
     router.add_api_route(
         "/bots/{bot}/sessions/{session_id}/feedback", give_feedback, methods=["POST"], status_code=201,
         tags=["sessions"], openapi_extra=_body(

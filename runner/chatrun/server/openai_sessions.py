@@ -34,6 +34,7 @@ session's records go when it is deleted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -48,6 +49,7 @@ from chatrun.messages import AssistantMessage, Message, UserMessage, message_fro
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
+from chatrun.store.local import RecordOps
 from chatrun.store.record import Commit, forked_snapshot, renamed_id
 from chatrun.store.versions import CREATE
 
@@ -265,10 +267,6 @@ class TurnIndex:
         if record is not None and record.get("running"):
             await self.records.delete_record(key)
 
-    async def settle(self, key: str, outcome: dict[str, Any], session_id: str) -> None:
-        """What a committed attempt answered, for its retries (deleted with the session)."""
-        await self.records.put_record(key, outcome, session_id)
-
     async def outcome(self, key: str) -> dict[str, Any] | None:
         """The committed outcome of an earlier attempt of this request, waiting while one runs;
         None when there is none (never tried, failed, or abandoned by a replica that died)."""
@@ -283,31 +281,20 @@ class TurnIndex:
 
     # -- after a committed turn ---------------------------------------------------------------
 
-    async def remember(self, session: Session, who: Principal | None, keys: list[str]) -> None:
-        """Record the session as it is now (right after a committed turn) under `keys`."""
+    async def remember(self, session: Session, who: Principal | None, keys: list[str],
+                       outcome: tuple[str, dict[str, Any]] | None = None) -> None:
+        """Record the session as it is now (right after a committed turn) under `keys`, and the
+        request's `outcome` (its key, what it answered), in one call of a local store's
+        thread (LocalAsyncStore.in_one_call), else one call a record."""
         turn = session.turn_count
         state = self.state_key(session.id, turn)
-        await self.records.put_record(state, {
-            "snapshot": session.snapshot(),
-            "memories": {mid: [m.to_dict() for m in messages] for mid, messages in session.memories().items()},
-        }, session.id)
+        memories = {mid: [m.to_dict() for m in messages] for mid, messages in session.memories().items()}
         record = {"bot": session.bot.name, "owner": _owner(who), "session": session.id, "turn": turn,
                   "state": state, "at": time.time()}
-        for key in keys:
-            await self.records.put_record(key, record, session.id)
-        await self._forget_old_turns(session.id, turn, keys)
-
-    async def _forget_old_turns(self, session_id: str, turn: int, keys: list[str]) -> None:
-        """Keep the records of the session's last KEEP_TURNS turns (see KEEP_TURNS)."""
-        listed = await self.records.get_record(self.turns_key(session_id)) or {"turns": []}
-        turns = [entry for entry in listed["turns"] if entry[0] != turn] + [[turn, keys]]
-        for old_turn, old_keys in turns[:-KEEP_TURNS]:
-            await self.records.delete_record(self.state_key(session_id, old_turn))
-            for key in old_keys:
-                old = await self.records.get_record(key)
-                if old is not None and old.get("session") == session_id:  # not since saved for another
-                    await self.records.delete_record(key)
-        await self.records.put_record(self.turns_key(session_id), {"turns": turns[-KEEP_TURNS:]}, session_id)
+        work = functools.partial(_remember, session.id, turn, {"snapshot": session.snapshot(), "memories": memories},
+                                 record, keys, outcome)
+        in_one_call = getattr(self.records, "in_one_call", None)
+        await (in_one_call(work) if in_one_call is not None else work(self.records))
 
     async def _fork(self, record: dict[str, Any]) -> str | None:
         """A new session in the store: the recorded one as it was right after the recorded turn
@@ -325,6 +312,26 @@ class TurnIndex:
         # A new session (versions.CREATE: refused if the id exists), written like any commit.
         await self.registry.store.commit_turn(Commit.encode(new, snapshot, memories, [], expected=CREATE), None)
         return new
+
+
+async def _remember(session_id: str, turn: int, state: dict[str, Any], record: dict[str, Any], keys: list[str],
+                    outcome: tuple[str, dict[str, Any]] | None, records: RecordOps) -> None:
+    """TurnIndex.remember's writes: the state, the keys, the request's outcome, and the session's
+    last KEEP_TURNS turns kept (see KEEP_TURNS). Awaits nothing but `records` (in_one_call)."""
+    await records.put_record(record["state"], state, session_id)
+    if outcome is not None:  # what a committed attempt answered, for its retries (deleted with the session)
+        await records.put_record(outcome[0], outcome[1], session_id)
+    for key in keys:
+        await records.put_record(key, record, session_id)
+    listed = await records.get_record(TurnIndex.turns_key(session_id)) or {"turns": []}
+    turns = [entry for entry in listed["turns"] if entry[0] != turn] + [[turn, keys]]
+    for old_turn, old_keys in turns[:-KEEP_TURNS]:
+        await records.delete_record(TurnIndex.state_key(session_id, old_turn))
+        for key in old_keys:
+            old = await records.get_record(key)
+            if old is not None and old.get("session") == session_id:  # not since saved for another
+                await records.delete_record(key)
+    await records.put_record(TurnIndex.turns_key(session_id), {"turns": turns[-KEEP_TURNS:]}, session_id)
 
 
 def _running_hash(bot: str, owner: str | None, namespace: str, exchange: Exchange) -> Any:

@@ -215,15 +215,12 @@ async def run_turn(
     else:  # the user's own request, not a retry: it runs, whatever an earlier one answered
         await index.claim(attempt.key)
     try:
-        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads)
+        # A committed turn's outcome is settled with the index's records of it (TurnIndex.remember).
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt.key)
     except BaseException:
         await asyncio.shield(index.release(attempt.key))
         raise
-    if result.ok:
-        await index.settle(attempt.key, {"events": result.events, "usage": result.usage,
-                                         "estimated": result.usage_estimated, "session": result.session},
-                           result.session["session"])
-    else:
+    if not result.ok:
         await index.release(attempt.key)
     return result
 
@@ -244,6 +241,7 @@ def _replay(recorded: dict[str, Any], emit: Emit) -> TurnResult:
 async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
     emit: Emit, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
+    attempt_key: str | None = None,
 ) -> TurnResult:
     reply = Reply()
     events: list[dict[str, Any]] = []
@@ -276,8 +274,6 @@ async def _run_turn(
             reply.feed(event)
             events.append(event.to_dict())
             emit(event)
-        if ok:
-            await index.remember(session, who, keys_after(reply))
         usage, estimated, cost = openai_usage(entry.get("usage"), prompt_texts, reply.text)
         info = {"session": session.id, "turn": session.turn_count, "route": session.route, "stack": session.stack,
                 "how": opened.how}
@@ -291,6 +287,10 @@ async def _run_turn(
             info["usage_estimated"] = True
         if cost is not None:
             info["cost"] = cost
+        if ok:  # what a retry of the request replays (the attempt's outcome), with the turn's keys
+            outcome = None if attempt_key is None else (
+                attempt_key, {"events": events, "usage": usage, "estimated": estimated, "session": info})
+            await index.remember(session, who, keys_after(reply), outcome)
         return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from chatrun.store import (
     DurableStore,
@@ -202,6 +202,15 @@ class LocalAsyncStore:
             return
         await self._call(self.records.delete_record, key)
 
+    async def in_one_call(self, work: Callable[[RecordOps], Coroutine[Any, Any, T]]) -> T:
+        """Run `work`'s record reads and writes (get_record, put_record, delete_record) in one
+        call of the store's thread instead of one call each: each call is a thread hop of
+        ~40 us of CPU, and the OpenAI API's index writes several records a turn. `work` is a
+        coroutine that awaits nothing else, so it runs to its end in that thread."""
+        if self.records is None or self._executor is None:
+            return await work(self)
+        return await self._call(_run_to_end, work(_SyncRecords(self.records)))
+
     async def record_keys(self, prefix: str) -> list[str]:
         if self.records is None:
             return self._process_records.keys(prefix)
@@ -291,3 +300,39 @@ class LocalAsyncStore:
             await self._call(self._closes.close)
         if self._executor is not None:
             self._executor.shutdown(wait=False)
+
+
+class RecordOps(Protocol):
+    """The record operations `LocalAsyncStore.in_one_call` gives its work."""
+
+    async def get_record(self, key: str) -> JSONObject | None: ...
+
+    async def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None: ...
+
+    async def delete_record(self, key: str) -> None: ...
+
+
+class _SyncRecords:
+    """A RecordStore's calls as coroutines that never suspend (in_one_call's thread)."""
+
+    def __init__(self, records: RecordStore):
+        self.records = records
+
+    async def get_record(self, key: str) -> JSONObject | None:
+        return self.records.get_record(key)
+
+    async def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None:
+        self.records.put_record(key, record, session)
+
+    async def delete_record(self, key: str) -> None:
+        self.records.delete_record(key)
+
+
+def _run_to_end(work: Coroutine[Any, Any, T]) -> T:
+    """The result of a coroutine that never suspends (it awaits only _SyncRecords' calls)."""
+    try:
+        work.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    work.close()
+    raise RuntimeError("a record batch awaited something besides its records")
