@@ -6,8 +6,10 @@ Loads bots/travel, opens a library session on the scripted model, sends one warm
 a call is "cross-file" when its caller's file is another chatrun file. Printed: the files in the
 order the message first enters them, with how many calls enter each, and the totals.
 Goal (issue 39): a message to travel enters <= 30 files. Figures: in process 27 files and 116
-cross-file calls before issue 39 (main at 7aabd1b), 21 and 96 after; through the server's HTTP
-API (`--server`) 46 and 334 before, 36 and 297 after. docs/architecture.md lists the walk, and
+cross-file calls before issue 39 (main at 7aabd1b), 22 and 102 after (2026-12-06); through the
+server's HTTP API (`--server`) 46 and 334 before, 40 and 249 after (the request's dependencies now
+run on the event loop, where the trace sees them, not in a worker thread: auth.py and
+widget_identity.py are counted now). docs/architecture.md lists the walk, and
 tests/test_walk.py checks the list against it.
 
     python bench/walk.py            # the walk, in order
