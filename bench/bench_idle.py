@@ -24,6 +24,12 @@ Figures (2026-12-05, 2-core machine shared with ~8 agents, load average 4-11, on
   collection the same (cyclic garbage is not the cost). Goal <= 3 KiB: not met. At 1,000
   sessions chatrun reads 5.18 KiB: the first sessions pay one-time costs (the server grows
   95 -> 174 MiB over the 200 warm-up sessions, the floor 92 -> 97 MiB). See bench/README.md.
+2026-12-06, load average 1.5-4.5, 2 rounds, same run (`--before` = main e062a16):
+  before 3.56 KiB min, 3.59 median; after (windows of messages keep no (message, count) pair,
+  one dict of memories in the TurnBuffer, the last committed turn packed, one model object per
+  session) 3.11 min, 3.16 median; floor 0.74 / 0.74. A full collection gives back nothing.
+  Goal <= 3 KiB: not met (0.11 KiB over). Of it, SQLite's page cache (one connection, at most
+  ~2 MiB) is ~0.2 KiB at 10,000 sessions; tracemalloc counts ~3.2 KB of Python heap per session.
 """
 
 from __future__ import annotations
