@@ -70,11 +70,12 @@ class ChatMemory(Protocol):
 
 
 class _Window:
-    """The shared machinery: a system slot plus a sequence of (message, count) pairs."""
+    """The shared machinery: a system slot plus a sequence of messages, and beside it their counts
+    (None while every message counts 1: a window of messages keeps no count of its own)."""
 
     # No __dict__: a window is kept per memory of every cached session (issue 26). A subclass
     # of one's own without __slots__ gets a __dict__ as usual.
-    __slots__ = ("id", "_store", "_system", "_items", "_total", "_first", "_open", "_open_seq", "_limit",
+    __slots__ = ("id", "_store", "_system", "_items", "_counts", "_total", "_first", "_open", "_open_seq", "_limit",
                  "clear_tool_results", "version", "_tally")
 
     ephemeral = False
@@ -200,7 +201,11 @@ class _Window:
         # A list until the window first evicts, then a deque (_pop_front): a deque's first block
         # alone is ~760 B per memory of every idle session, but evicting from a list's front
         # moves the whole window (2.5 us an add at 30,000 messages, against 0.6).
-        self._items: MutableSequence[tuple[Message, int]] = []
+        self._items: MutableSequence[Message] = []
+        # Their counts, in step; None while every message counts 1 (a window that does not
+        # override _count: a window of messages): a (message, count) pair per message was 56 B of
+        # every message of every idle session (issue 39).
+        self._counts: MutableSequence[int] | None = None if type(self)._count is _Window._count else []
         self._total = 0  # sum of the counts of the system message and the items
         self._first = 0  # sequence number of _items[0]; item i has number _first + i
         # Unanswered tool call ids of the tail assistant message; shared empty set when none, so
@@ -213,7 +218,7 @@ class _Window:
 
     def _list(self) -> list[Message]:
         out: list[Message] = [self._system[0]] if self._system is not None else []
-        out.extend([m for m, _ in self._items])  # a list, not a generator: half the time at 1,000 messages
+        out.extend(self._items)
         return out
 
     def _fill(self, messages: Iterable[Message]) -> None:
@@ -247,7 +252,9 @@ class _Window:
             self._open = frozenset(c.id for c in message.tool_calls)
             self._open_seq = seq
         count = self._count(message)
-        self._items.append((message, count))
+        self._items.append(message)
+        if self._counts is not None:
+            self._counts.append(count)
         self._total += count
         self._tallied(message, 1)
         self.version += 1
@@ -256,14 +263,16 @@ class _Window:
     def _clear_old_tool_results(self, keep: int) -> None:
         """Replace the content of all but the newest `keep` tool results by a placeholder (the
         call and its result stay paired; a cleared result is never cleared twice)."""
-        results = [i for i, (m, _) in enumerate(self._items)
+        results = [i for i, m in enumerate(self._items)
                    if isinstance(m, ToolResultMessage) and not m.content.startswith(CLEARED)]
         for i in results[: max(0, len(results) - keep)]:
-            old, count = self._items[i]
+            old, count = self._items[i], self._count_at(i)
             assert isinstance(old, ToolResultMessage)
             new = ToolResultMessage(old.tool_call_id, old.name, f"{CLEARED} the result of {old.name} is no longer shown]")
             new_count = self._count(new)
-            self._items[i] = (new, new_count)
+            self._items[i] = new
+            if self._counts is not None:
+                self._counts[i] = new_count
             self._total += new_count - count
             self._tallied(old, -1)
             self._tallied(new, 1)
@@ -276,19 +285,26 @@ class _Window:
             self._pop_front()
             evicted = True
             # An evicted assistant message takes its tool results along: none may lead.
-            while self._items and isinstance(self._items[0][0], ToolResultMessage):
+            while self._items and isinstance(self._items[0], ToolResultMessage):
                 self._pop_front()
         return evicted
 
     def _pop_front(self) -> None:
         items = self._items
-        if not isinstance(items, deque):
+        if not isinstance(items, deque):  # the counts move to a deque with them
             items = self._items = deque(items)
-        message, count = items.popleft()
+            self._counts = None if self._counts is None else deque(self._counts)
+        message = items.popleft()
+        counts = self._counts
+        count = 1 if counts is None else counts.popleft() if isinstance(counts, deque) else counts.pop(0)
         self._total -= count
         self._tallied(message, -1)
         self._first += 1
         self.version += 1
+
+    def _count_at(self, index: int) -> int:
+        """The count of `_items[index]`."""
+        return 1 if self._counts is None else self._counts[index]
 
     def _persist(self) -> None:
         if self._store is not None:
@@ -414,14 +430,14 @@ class SummaryMemory(TokenWindowMemory):
 
     @property
     def summary(self) -> SummaryMessage | None:
-        first = self._items[0][0] if self._items else None
+        first = self._items[0] if self._items else None
         return first if isinstance(first, SummaryMessage) else None
 
     def fold_plan(self) -> list[Message] | None:
         """The messages to fold into the summary now, or None while the memory fits."""
         if self._total <= self.max_tokens:
             return None
-        verbatim = [m for m, _ in self._items if not isinstance(m, SummaryMessage)]
+        verbatim = [m for m in self._items if not isinstance(m, SummaryMessage)]
         boundary = len(verbatim) - self.keep_messages
         while 0 < boundary < len(verbatim) and isinstance(verbatim[boundary], ToolResultMessage):
             boundary -= 1  # keep the call with its results
@@ -429,7 +445,7 @@ class SummaryMemory(TokenWindowMemory):
 
     def apply_summary(self, text: str, folded: list[Message]) -> None:
         """Replace the summary so far and the `folded` messages (the oldest verbatim ones) by `text`."""
-        verbatim = [m for m, _ in self._items if not isinstance(m, SummaryMessage)]
+        verbatim = [m for m in self._items if not isinstance(m, SummaryMessage)]
         if verbatim[: len(folded)] != folded:
             raise ChatrunError(f"memory {self.id}: the messages to fold changed before the summary arrived")
         system = [self._system[0]] if self._system is not None else []

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from chatrun.store.buffer import TurnBuffer
 from chatrun.store.lease import Lease
-from chatrun.store.record import Committed
+from chatrun.store.record import Committed, PackedCommitted, pack_committed, unpack_committed
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -37,10 +37,22 @@ class Slot:
     session: Session | None = None
     buffer: TurnBuffer | None = None
     version: str | None = None  # the stored version the live session matches
-    committed: Committed | None = None  # the last committed turn: number, input, requestId, at
+    _committed: PackedCommitted | Committed | None = None  # the last committed turn (see `committed`), packed
     users: int = 0
     size: int = 0  # bytes counted for this slot in the cache's total
     used: float = field(default_factory=time.monotonic)
+
+    @property
+    def committed(self) -> Committed | None:
+        """The last committed turn: number, input, requestId, at."""
+        return unpack_committed(self._committed)
+
+    @committed.setter
+    def committed(self, committed: Committed | None) -> None:
+        packed = pack_committed(committed)
+        # Mostly the buffer's own (it committed that turn): one tuple for both, not two.
+        kept = self.buffer._committed if self.buffer is not None else None
+        self._committed = kept if kept is not None and kept == packed else packed
 
     @property
     def lock(self) -> asyncio.Lock:

@@ -223,7 +223,7 @@ class SessionOpener:
             session = request.bot.session(
                 route=request.start.route,
                 store=buffer,
-                model=PlayableModel(self.models.model()),  # the author may play it (play_model.py)
+                model=PlayableModel(self.models),  # the pool's model, which the author may play (play_model.py)
                 session_id=request.session_id,
                 state=request.start.state,
                 roles=set(principal.roles) if principal is not None else None,

@@ -24,9 +24,12 @@ from chatrun.store.record import (
     Commit,
     Committed,
     JSONObject,
+    PackedCommitted,
     SessionRecord,
     committed_turn,
     from_json,
+    pack_committed,
+    unpack_committed,
     with_committed,
 )
 
@@ -41,7 +44,7 @@ class TurnBuffer:
     # No __dict__: one per cached session (issue 26).
     __slots__ = ("session_id", "records", "track_committed", "lean", "_snapshot_json", "_snapshot_size",
                  "_snapshot_values", "_unclaimed",
-                 "_memories", "_sizes", "committed", "pending", "request_id")
+                 "_memories", "_committed", "pending", "request_id")
 
     def __init__(self, session_id: str, record: SessionRecord | None = None, records: RecordStore | None = None,
                  track_committed: bool = False, lean: bool = False):
@@ -60,17 +63,27 @@ class TurnBuffer:
         # The record's decoded snapshot, handed to the first load_session (the Session restored
         # from it) instead of decoding the text a second time.
         self._unclaimed: JSONObject | None = None if record is None else record.snapshot
-        self._memories: dict[str, tuple[Message, ...]] = {} if record is None else {
-            mid: tuple(m) for mid, m in record.memories.items()}
-        self._sizes: dict[str, int] = {} if record is None else dict(record.sizes)
-        self.committed: Committed | None = None if record is None else record.committed
+        # Each memory's messages and their JSON size, in one dict (a second dict of the sizes was
+        # 184 B of every idle session; issue 39).
+        self._memories: dict[str, tuple[tuple[Message, ...], int]] = {} if record is None else {
+            mid: (tuple(m), record.sizes.get(mid, 0)) for mid, m in record.memories.items()}
+        self._committed: PackedCommitted | Committed | None = None if record is None else pack_committed(record.committed)
         self.pending: Commit | None = None
         self.request_id: str | None = None  # stamped on the history entries of the running request
 
     @property
+    def committed(self) -> Committed | None:
+        """The last committed turn (kept packed: a live session keeps its buffer)."""
+        return unpack_committed(self._committed)
+
+    @committed.setter
+    def committed(self, committed: Committed | None) -> None:
+        self._committed = pack_committed(committed)
+
+    @property
     def size(self) -> int:
         """Roughly what the session costs in memory, in bytes (its JSON size)."""
-        return self._snapshot_size + sum(self._sizes.values())
+        return self._snapshot_size + self.memory_size
 
     @property
     def snapshot_size(self) -> int:
@@ -91,12 +104,12 @@ class TurnBuffer:
     @property
     def memory_size(self) -> int:
         """The JSON size of the messages of its memories, in bytes."""
-        return sum(self._sizes.values())
+        return sum(size for _, size in self._memories.values())
 
     @property
     def message_count(self) -> int:
         """The messages of the session's memories this buffer holds."""
-        return sum(len(messages) for messages in self._memories.values())
+        return sum(len(messages) for messages, _ in self._memories.values())
 
     def take(self) -> Commit | None:
         pending, self.pending = self.pending, None
@@ -105,7 +118,8 @@ class TurnBuffer:
     # -- ChatMemoryStore ----------------------------------------------------------------------
 
     def get_messages(self, memory_id: str) -> list[Message]:
-        return list(self._memories.get(memory_id, ()))
+        kept = self._memories.get(memory_id)
+        return [] if kept is None else list(kept[0])
 
     def update_messages(self, memory_id: str, messages: list[Message]) -> None:
         self.commit_turn(self.session_id, self.load_session(self.session_id) or {}, {memory_id: messages}, [])
@@ -167,10 +181,8 @@ class TurnBuffer:
         for mid, msgs in commit.memories.items():
             if msgs is None:
                 self._memories.pop(mid, None)
-                self._sizes.pop(mid, None)
             else:
-                self._memories[mid] = tuple(msgs)
-                self._sizes[mid] = len(commit.memories_json.get(mid) or "")
+                self._memories[mid] = (tuple(msgs), len(commit.memories_json.get(mid) or ""))
 
     def load_versioned(self, session_id: str) -> tuple[JSONObject, str] | None:
         snapshot = self.load_session(session_id)
@@ -187,7 +199,6 @@ class TurnBuffer:
         self._snapshot_json = self._unclaimed = None
         self._snapshot_size = self._snapshot_values = 0
         self._memories.clear()
-        self._sizes.clear()
         self.pending = None
 
     def list_sessions(self) -> list[str]:

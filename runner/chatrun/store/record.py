@@ -84,6 +84,28 @@ def committed_turn(entry: JSONObject, request_id: str | None) -> Committed:
     return {"turn": entry["turn"], "input": entry.get("input"), "requestId": request_id, "at": entry.get("at")}
 
 
+# What a live session keeps of its last committed turn between requests: the four values in a
+# tuple, not the dict (72 B against 184 B of every cached session; issue 39). A stored value of
+# another shape (JSON has no tuples) is kept as it is.
+PackedCommitted = tuple[int, Any, "str | None", Any]
+_COMMITTED_KEYS = frozenset(Committed.__annotations__)
+
+
+def pack_committed(committed: Committed | None) -> PackedCommitted | Committed | None:
+    """`committed` as a live session keeps it."""
+    if isinstance(committed, dict) and committed.keys() == _COMMITTED_KEYS:
+        return (committed["turn"], committed["input"], committed["requestId"], committed["at"])
+    return committed
+
+
+def unpack_committed(packed: PackedCommitted | Committed | None) -> Committed | None:
+    """The Committed dict `packed` holds (a new dict each time)."""
+    if not isinstance(packed, tuple):
+        return packed
+    turn, given, request_id, at = packed
+    return {"turn": turn, "input": given, "requestId": request_id, "at": at}
+
+
 def with_committed(snapshot: JSONObject, committed: Committed | None) -> JSONObject:
     """The snapshot as stored: the engine's, plus the last committed turn (when there is one)."""
     return snapshot | {"committed": committed} if committed is not None else snapshot
