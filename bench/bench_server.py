@@ -27,7 +27,7 @@ table shows per-column medians. The load average is printed before and after.
 Targets: within 10% of the floor's throughput, under 5 ms added p99 at 1,000 sessions (issue 5);
 CPU per turn <= 1.1x floor_eb (issue 26).
 Issue 39 (2026-12-06, 100 sessions, --before main e3b2912): CPU per turn 1.19x -> 1.09x floor_eb
-(--runs 7 --turns 10) and 1.25x -> 1.27x (--runs 5 --turns 5): the goal <= 1.15x is not shown met.
+(--runs 7 --turns 10), 1.25x -> 1.27x (--runs 5 --turns 5), 1.20x -> 1.28x: the goal <= 1.15x is not met.
 """
 
 from __future__ import annotations
