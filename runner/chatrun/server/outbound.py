@@ -49,7 +49,9 @@ class Outbound:
         if self.gone.is_set():
             return
         try:
-            data_size = len(text.encode())
+            # An ASCII frame (most are) is as long in bytes as in
+            # characters; str.isascii reads a flag, where encode copies the frame.
+            data_size = len(text) if text.isascii() else len(text.encode())
         except UnicodeEncodeError:  # a lone surrogate slipped through: escape it, keep the socket
             text = json.dumps(json.loads(text), ensure_ascii=True)
             data_size = len(text)
@@ -115,7 +117,10 @@ class Outbound:
             while self._frames and not self.gone.is_set():
                 text, size = self._frames[0]
                 try:
-                    await asyncio.wait_for(self.ws.send_text(text), self.send_timeout)
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the send in a task
+                    # of its own, one per frame (a few per turn); a timeout is only a timer.
+                    async with asyncio.timeout(self.send_timeout):
+                        await self.ws.send_text(text)
                 except TimeoutError:
                     self.give_up(f"client not reading: a send did not finish in {self.send_timeout:g} s")
                     return

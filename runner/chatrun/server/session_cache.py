@@ -146,9 +146,15 @@ class SessionCache:
     def evict(self) -> None:
         """Drop least recently used idle sessions while over the count or byte bound, and every
         session unused for longer than the idle bound (they stay in the store)."""
-        limits, now = self.limits, time.monotonic()
+        limits, now, slots = self.limits, time.monotonic(), self._slots
+        # The walk below stops at the first slot within every bound: when the least recently
+        # used one is (the common case, after every request), stop before copying the keys.
+        oldest = next(iter(slots.values()), None)
+        if oldest is None or (len(slots) <= limits.size and self._bytes <= limits.bytes
+                              and now - oldest.used <= limits.idle):
+            return
         dropped = False
-        for key in list(self._slots):
+        for key in list(slots):
             slot = self._slots[key]
             over = (
                 len(self._slots) > limits.size

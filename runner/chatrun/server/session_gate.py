@@ -103,7 +103,10 @@ class SessionGate:
                 raise
             return lease
         try:
-            await asyncio.wait_for(lock.acquire(), wait)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the acquire in a task of
+            # its own, one per request; a timeout is only a timer (a free lock is taken at once).
+            async with asyncio.timeout(wait):
+                await lock.acquire()
         except TimeoutError:
             raise busy(f"session {session_id} stayed busy for {wait:g} s; try again later") from None
         try:
@@ -114,7 +117,10 @@ class SessionGate:
 
     async def release(self, lease: Lease) -> None:
         try:
-            await asyncio.shield(self.store.release(lease))
+            if self.store.distributed:  # giving a lease back may wait on the store: a cancel must not stop it
+                await asyncio.shield(self.store.release(lease))
+            else:  # a lease of this process only: nothing to give back, nothing to shield (shield costs a task)
+                await self.store.release(lease)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the lease expires on its own

@@ -562,7 +562,11 @@ def server_frame(chat_id: str | None, kind: str, data: Any, request_id: Any = No
     out: dict[str, Any] = {"chatId": chat_id, "type": kind, "data": data}
     if request_id is not None:
         out["requestId"] = request_id
-    return json.dumps(out, ensure_ascii=False)  # event data is plain JSON already (events.plain)
+    return _encode_frame(out)  # event data is plain JSON already (events.plain)
+
+
+# json.dumps builds a new encoder on every call given any option; one, made once, for every frame.
+_encode_frame = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def turn_input(data: dict[str, Any]) -> str | dict[str, Any] | None:
