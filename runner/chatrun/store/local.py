@@ -142,13 +142,7 @@ class LocalAsyncStore:
         if self.records is not None:
             user_memory.save_committed(self.records, commit.remembered, now)
             return
-        for remembered in commit.remembered:  # a store without records: this process's
-            key = user_memory.remembered_key(remembered)
-            record = user_memory.written(self._process_records.get(key), remembered, now)
-            if record is None:
-                self._process_records.delete(key)
-            else:
-                self._process_records.put(key, to_json(f"record {key}", record), None)
+        self._process_records.remember(commit.remembered, now)  # a store without records: this process's
 
     async def load_history(self, session_id: str) -> list[JSONObject]:
         """The stored history; [] from a store that keeps none (not a HistoryStore)."""

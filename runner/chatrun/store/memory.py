@@ -23,6 +23,7 @@ from chatrun.store.record import (
     JSONObject,
     OutboxEntry,
     PendingSession,
+    Remembered,
     SessionRecord,
     WaitingEntry,
     check_messages,
@@ -71,6 +72,16 @@ class Records:
         session = self._session_of.pop(key, None)
         if session is not None:
             self._keys_of[session].discard(key)
+
+    def remember(self, remembered: Collection[Remembered], now: float) -> None:
+        """Write what committed turns remembered of their users (user_memory.written's rule)."""
+        for item in remembered:
+            key = user_memory.remembered_key(item)
+            record = user_memory.written(self.get(key), item, now)
+            if record is None:
+                self.delete(key)
+            else:
+                self.put(key, to_json(f"record {key}", record), None)
 
     def delete_session(self, session: str) -> None:
         for key in self._keys_of.pop(session, set()):
@@ -266,14 +277,7 @@ class InMemoryStore:
 
     def _remember(self, commit: Commit) -> None:
         """What the commit's turns remembered of their user, under the commit's lock."""
-        now = self.clock()
-        for remembered in commit.remembered:
-            key = user_memory.remembered_key(remembered)
-            record = user_memory.written(self._records.get(key), remembered, now)
-            if record is None:
-                self._records.delete(key)
-            else:
-                self._records.put(key, to_json(f"record {key}", record), None)
+        self._records.remember(commit.remembered, self.clock())
 
     def load_history(self, session_id: str) -> list[JSONObject]:
         with self._lock:
