@@ -311,6 +311,7 @@
     if (streaming) {
       const bubble = streaming;
       streaming = null;
+      showReplying(false);
       bubble.markdown.finish(text);
       bubble.dataset.text = text;
       bubble.classList.remove("streaming");
@@ -326,10 +327,17 @@
     if (!streaming) {
       streaming = add(botBubble("", "streaming"));
       streaming.markdown = ChatrunMarkdown.stream(streaming.querySelector(".msg-body"), () => scrollDown());
+      showReplying(true);
     }
     // The text is kept by the stream and copied to the bubble when it ends (not on each chunk: an
     // attribute as long as the reply written hundreds of times a second costs its square).
     streaming.markdown.append(chunk);
+  }
+
+  /** While a reply streams its cursor shows the bot at work: the dots of the "Thinking…" row
+   * under the chat rest (their animation made the browser draw 60 frames a second). */
+  function showReplying(on) {
+    ui.thinking.classList.toggle("replying", on);
   }
 
   /** A stream that ended without its Message (an error, a stop): what was shown stays. */
@@ -337,6 +345,7 @@
     if (!streaming) return;
     const bubble = streaming;
     streaming = null;
+    showReplying(false);
     bubble.classList.remove("streaming");
     bubble.markdown.finish();
     bubble.dataset.text = bubble.markdown.text();
@@ -1746,6 +1755,9 @@
     setStatusText("online", "connected");
     document.body.dataset.ready = "true";
     refreshInspector();
+    // While the page waits for the first message: compiling the Markdown code then spares the
+    // first streamed reply's redraws (markdown.js, warm).
+    (window.requestIdleCallback || ((run) => setTimeout(run, 200)))(() => ChatrunMarkdown.warm());
   }
 
   async function openClient() {
