@@ -254,6 +254,8 @@ def _clear_caches() -> None:
 
     checks._analyse.cache_clear()
     checks._simple_expression.cache_clear()
+    if hasattr(checks, "_analyse_one_line"):  # (an older checkout's, with --before, has none)
+        checks._analyse_one_line.cache_clear()
     checks._check_schema.cache_clear()
     compile_condition.cache_clear()
 

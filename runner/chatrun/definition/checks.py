@@ -930,14 +930,15 @@ class _Checker:
             self.add("error", f"`parameters` of tool `{tool.name}`: key `{odd[-1]}` at `{'.'.join(map(str, odd))}` "
                      "must be text; quote it", *base, *odd)
             return
+        text = json.dumps(tool.parameters, sort_keys=True)  # the cache key of both checks below
         try:
-            _check_schema(json.dumps(tool.parameters, sort_keys=True))
+            _check_schema(text)
         except NotASchema as exc:
             where = ".".join(map(str, exc.path))
             self.add("error", f"`parameters` of tool `{tool.name}` is not a valid JSON Schema"
                      f"{f' at `{where}`' if where else ''}: {exc.message}", "tools", tool.name, "parameters", *exc.path)
             return
-        unresolved = _unresolved_ref(json.dumps(tool.parameters, sort_keys=True))
+        unresolved = _unresolved_ref(text)
         if unresolved:
             self.add("error", f"`parameters` of tool `{tool.name}`: `$ref: {unresolved}` points nowhere "
                      "(a tool's schema can only refer inside itself, e.g. `#/$defs/NAME`)", *base)
@@ -1274,6 +1275,11 @@ def _analyse_simple(source: str) -> _Analysis | None:
     expressions; None for anything else."""
     if "{%" in source or "{#" in source:
         return None
+    if "\n" not in source:  # one line: what it reads hangs on its expressions alone
+        expressions = tuple(_SIMPLE.findall(source))
+        if source.count("{{") != len(expressions):
+            return None  # some expression is not simple: let Jinja parse (and judge) it
+        return _analyse_one_line(expressions)
     refs: dict[tuple[str, ...], int] = {}
     unknown: list[tuple[str, str, int]] = []
     matches = 0
@@ -1296,6 +1302,23 @@ def _analyse_simple(source: str) -> _Analysis | None:
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
 
 
+@lru_cache(maxsize=16384)
+def _analyse_one_line(expressions: tuple[tuple[str, str], ...]) -> _Analysis | None:
+    """`_analyse_simple` of a one-line template, from its `{{ }}` parts (expression, filters):
+    the text around them changes nothing, so templates that differ only in their text
+    (`Step 7 is set to {{ args.value }}`) are read once. Everything is on line 1."""
+    refs: dict[tuple[str, ...], int] = {}
+    unknown: list[tuple[str, str, int]] = []
+    for expression, filters in expressions:
+        found = _simple_expression(expression, filters)
+        if found is None:
+            return None
+        for path, _ in found[0]:
+            refs.setdefault(path, 1)
+        unknown += [("filter", name, 1) for name, _ in found[1]]
+    return tuple(refs.items()), tuple(unknown)
+
+
 _Reads = tuple[tuple[tuple[str, ...], int], ...]
 
 
@@ -1306,6 +1329,7 @@ def _simple_expression(expression: str, filters: str) -> tuple[_Reads, tuple[tup
     a bot's templates: read once). None when a keyword makes it not simple after all."""
     paths: list[tuple[tuple[str, ...], int]] = []
     previous = ""
+    one_line = "\n" not in expression  # most are: no line breaks to count before each name
     for token in _TOKEN.finditer(expression):
         text = token.group()
         after_is = previous == "is" or previous == "is not"
@@ -1314,13 +1338,14 @@ def _simple_expression(expression: str, filters: str) -> tuple[_Reads, tuple[tup
                 or (after_is and text in _TESTS_AFTER_IS):
             continue
         parts = tuple(text.split("."))
-        if any(p in _KEYWORDS for p in parts):
+        if not _KEYWORDS.isdisjoint(parts):
             return None
-        breaks = expression.count("\n", 0, token.start())
+        breaks = 0 if one_line else expression.count("\n", 0, token.start())
         paths.append((parts[:1], breaks))
-        path = _cut_dict_methods(parts)
-        if path and len(path) > 1:
-            paths.append((path, breaks))
+        if len(parts) > 1:
+            path = _cut_dict_methods(parts) if not _DICT_METHODS.isdisjoint(parts) else parts
+            if path and len(path) > 1:
+                paths.append((path, breaks))
     unknown = tuple((name.group(), filters.count("\n", 0, name.start()))
                     for name in _FILTER_NAME.finditer(filters) if name.group() not in ENV.filters)
     return tuple(paths), unknown
