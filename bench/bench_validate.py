@@ -254,8 +254,9 @@ def _clear_caches() -> None:
 
     checks._analyse.cache_clear()
     checks._simple_expression.cache_clear()
-    if hasattr(checks, "_analyse_one_line"):  # (an older checkout's, with --before, has none)
-        checks._analyse_one_line.cache_clear()
+    for newer in ("_analyse_one_line", "_paths_read"):  # (an older checkout, with --before, has none)
+        if hasattr(checks, newer):
+            getattr(checks, newer).cache_clear()
     checks._check_schema.cache_clear()
     compile_condition.cache_clear()
 

@@ -1250,11 +1250,7 @@ def _analyse(source: str) -> _Analysis:
         path = _attr_path(access)
         if path and path[0] not in stored and path[0] not in _JINJA_NAMES:
             refs.setdefault(path, access.lineno)
-    # Jinja sees `state.a` inside `state.a.b`: keep the longest paths, so one typo is one warning.
-    longest = {p for p in refs if len(p) > 1}
-    for path in list(refs):
-        if len(path) > 1 and any(len(q) > len(path) and q[: len(path)] == path for q in longest):
-            del refs[path]
+    _keep_longest(refs)
     unknown: list[tuple[str, str, int]] = []
     for call in ast.find_all((nodes.Filter, nodes.Test)):
         kind, known = ("filter", ENV.filters) if isinstance(call, nodes.Filter) else ("test", ENV.tests)
@@ -1263,11 +1259,28 @@ def _analyse(source: str) -> _Analysis:
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
 
 
+def _keep_longest(refs: dict[tuple[str, ...], int]) -> None:
+    """Jinja sees `state.a` inside `state.a.b`: keep the longest paths, so one typo is one warning
+    (also when `state.a` is read by itself elsewhere in the template: it is below `state.a.b`)."""
+    longest = [p for p in refs if len(p) > 1]
+    if len(longest) < 2:
+        return
+    for path in longest:
+        if any(len(q) > len(path) and q[: len(path)] == path for q in longest):
+            del refs[path]
+
+
 def paths_read(source: str) -> list[tuple[str, ...]]:
     """The variable paths a template reads (`("state", "total")`), each root alone only when
     nothing below it is read. Raises TemplateSyntaxError."""
+    return list(_paths_read(source))
+
+
+@lru_cache(maxsize=4096)
+def _paths_read(source: str) -> tuple[tuple[str, ...], ...]:
+    """`paths_read`, once per template text (a big bot's `set` templates repeat: `{{ args.value }}`)."""
     refs = [path for path, _ in _analyse(source)[0]]
-    return [p for p in refs if len(p) > 1 or not any(len(q) > 1 and q[0] == p[0] for q in refs)]
+    return tuple(p for p in refs if len(p) > 1 or not any(len(q) > 1 and q[0] == p[0] for q in refs))
 
 
 def _analyse_simple(source: str) -> _Analysis | None:
@@ -1299,6 +1312,7 @@ def _analyse_simple(source: str) -> _Analysis | None:
             unknown += [("filter", name, first + breaks) for name, breaks in filters]
     if source.count("{{") != matches:  # a match holds no `{{` (quoted text excludes braces)
         return None  # some expression is not simple: let Jinja parse (and judge) it
+    _keep_longest(refs)
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
 
 
@@ -1316,6 +1330,7 @@ def _analyse_one_line(expressions: tuple[tuple[str, str], ...]) -> _Analysis | N
         for path, _ in found[0]:
             refs.setdefault(path, 1)
         unknown += [("filter", name, 1) for name, _ in found[1]]
+    _keep_longest(refs)
     return tuple(refs.items()), tuple(unknown)
 
 
