@@ -18,6 +18,8 @@ Figures (2026-12-06, load average 5-7 on 2 shared cores, 5 rounds, CPU min / med
 (e062a16) 3.64 / 3.78 s; with the collector left on 3.60 s, main 12.05 s. Phases: YAML 0.80 s (libyaml's
 compose alone 0.68 s), schema 0.25 s, loader 0.69 s, checks 1.34 s. The goal, under 1 s, is not met:
 the node tree alone is two thirds of it (bench/README.md, "Validating 5,000 routes").
+Second pass (2026-12-06, load average 9-10, 7 rounds): in process 3.08 / 3.21 s; the C loader alone
+1.97 / 2.00 s; in a child 3.14 / 3.24 s, main before (9805da5) 3.17 / 3.33 s (within noise). Not met.
 """
 
 from __future__ import annotations
@@ -254,6 +256,9 @@ def _clear_caches() -> None:
 
     checks._analyse.cache_clear()
     checks._simple_expression.cache_clear()
+    for newer in ("_analyse_one_line", "_paths_read"):  # (an older checkout, with --before, has none)
+        if hasattr(checks, newer):
+            getattr(checks, newer).cache_clear()
     checks._check_schema.cache_clear()
     compile_condition.cache_clear()
 

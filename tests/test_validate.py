@@ -422,12 +422,33 @@ def test_simple_template_reader_matches_jinja():
                    "{{ args.amount > state.balance }}", "{{ not result.found and scope.x.y == 'a b' }}",
                    "{{ args.kind in state.kinds or turn.n >= 2.5 }}", "{{ scope.r is not none }}",
                    "{{ result.item is defined and args.q != none }}", "{{ state.n - 1 * args.x / 2 }}",
-                   "{{ not not args.flag }}", "{{ args.a not in state.seen }}", "{{ True or false }}"]:
+                   "{{ not not args.flag }}", "{{ args.a not in state.seen }}", "{{ True or false }}",
+                   # one line, read from its `{{ }}` parts alone: filters known and not, names repeated
+                   "Step 7 is {{ args.value | nosuchfilter | upper }}, {{ state.n }} of {{ args.value }}",
+                   "{{ a.b }}{{ a.b.c }} and {{ c | trim }}", "{{ state.prefs.items }} and {{ scope.q.keys }}",
+                   # a path read beside a longer one below it: the longest alone, as Jinja's reading keeps
+                   "{{ state.a.b or state.a.b.c }}", "x {{ state.a.b }}\n{{ state.a.b.c }} {{ state.a }}"]:
         fast = _analyse_simple(source)
         assert fast is not None
         _analyse.cache_clear()
         slow = _analyse.__wrapped__(source + "{% if false %}{% endif %}")  # forces the parser
         assert (dict(fast[0]), fast[1]) == (dict(slow[0]), slow[1]), source
+
+
+def test_one_line_templates_differing_only_in_text_are_read_once():
+    """A one-line template's reading hangs on its `{{ }}` parts alone: templates that differ only
+    in the text around them (5,000 generated routes' `Step N is {{ args.value }}`) are read once,
+    and each gets what Jinja's parser says of it; a part that is not simple still goes to Jinja."""
+    from chatrun.definition.checks import _analyse_one_line, _analyse_simple
+
+    _analyse_one_line.cache_clear()
+    sources = [f"Step {n} is set to {{{{ args.value | upper }}}}, {{{{ state.user_name }}}}." for n in range(5)]
+    for source in sources:
+        fast = _analyse_simple(source)
+        slow = _analyse.__wrapped__(source + "{% if false %}{% endif %}")
+        assert fast is not None and (dict(fast[0]), fast[1]) == (dict(slow[0]), slow[1]), source
+    assert _analyse_one_line.cache_info().misses == 1 and _analyse_one_line.cache_info().hits == 4
+    assert _analyse_simple("Step 1 {{ args.value }} {{ args.items[0] }}") is None  # a subscript: Jinja's
 
 
 # -- the schema ---------------------------------------------------------------------

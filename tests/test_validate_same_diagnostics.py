@@ -142,6 +142,7 @@ def test_templates_read_without_jinja_give_what_jinjas_parser_gives(bot, tmp_pat
     checks._analyse.cache_clear()
     quick = check_bot(path)[1]
     checks._analyse.cache_clear()
+    checks._paths_read.cache_clear()  # (what the effects read: from Jinja's parser too)
     with monkeypatch.context() as patched:
         patched.setattr(checks, "_analyse_simple", lambda source: None)  # every template through Jinja's parser
         parsed = check_bot(path)[1]

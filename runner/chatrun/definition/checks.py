@@ -930,14 +930,15 @@ class _Checker:
             self.add("error", f"`parameters` of tool `{tool.name}`: key `{odd[-1]}` at `{'.'.join(map(str, odd))}` "
                      "must be text; quote it", *base, *odd)
             return
+        text = json.dumps(tool.parameters, sort_keys=True)  # the cache key of both checks below
         try:
-            _check_schema(json.dumps(tool.parameters, sort_keys=True))
+            _check_schema(text)
         except NotASchema as exc:
             where = ".".join(map(str, exc.path))
             self.add("error", f"`parameters` of tool `{tool.name}` is not a valid JSON Schema"
                      f"{f' at `{where}`' if where else ''}: {exc.message}", "tools", tool.name, "parameters", *exc.path)
             return
-        unresolved = _unresolved_ref(json.dumps(tool.parameters, sort_keys=True))
+        unresolved = _unresolved_ref(text)
         if unresolved:
             self.add("error", f"`parameters` of tool `{tool.name}`: `$ref: {unresolved}` points nowhere "
                      "(a tool's schema can only refer inside itself, e.g. `#/$defs/NAME`)", *base)
@@ -1249,11 +1250,7 @@ def _analyse(source: str) -> _Analysis:
         path = _attr_path(access)
         if path and path[0] not in stored and path[0] not in _JINJA_NAMES:
             refs.setdefault(path, access.lineno)
-    # Jinja sees `state.a` inside `state.a.b`: keep the longest paths, so one typo is one warning.
-    longest = {p for p in refs if len(p) > 1}
-    for path in list(refs):
-        if len(path) > 1 and any(len(q) > len(path) and q[: len(path)] == path for q in longest):
-            del refs[path]
+    _keep_longest(refs)
     unknown: list[tuple[str, str, int]] = []
     for call in ast.find_all((nodes.Filter, nodes.Test)):
         kind, known = ("filter", ENV.filters) if isinstance(call, nodes.Filter) else ("test", ENV.tests)
@@ -1262,11 +1259,28 @@ def _analyse(source: str) -> _Analysis:
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
 
 
+def _keep_longest(refs: dict[tuple[str, ...], int]) -> None:
+    """Jinja sees `state.a` inside `state.a.b`: keep the longest paths, so one typo is one warning
+    (also when `state.a` is read by itself elsewhere in the template: it is below `state.a.b`)."""
+    longest = [p for p in refs if len(p) > 1]
+    if len(longest) < 2:
+        return
+    for path in longest:
+        if any(len(q) > len(path) and q[: len(path)] == path for q in longest):
+            del refs[path]
+
+
 def paths_read(source: str) -> list[tuple[str, ...]]:
     """The variable paths a template reads (`("state", "total")`), each root alone only when
     nothing below it is read. Raises TemplateSyntaxError."""
+    return list(_paths_read(source))
+
+
+@lru_cache(maxsize=4096)
+def _paths_read(source: str) -> tuple[tuple[str, ...], ...]:
+    """`paths_read`, once per template text (a big bot's `set` templates repeat: `{{ args.value }}`)."""
     refs = [path for path, _ in _analyse(source)[0]]
-    return [p for p in refs if len(p) > 1 or not any(len(q) > 1 and q[0] == p[0] for q in refs)]
+    return tuple(p for p in refs if len(p) > 1 or not any(len(q) > 1 and q[0] == p[0] for q in refs))
 
 
 def _analyse_simple(source: str) -> _Analysis | None:
@@ -1274,6 +1288,11 @@ def _analyse_simple(source: str) -> _Analysis | None:
     expressions; None for anything else."""
     if "{%" in source or "{#" in source:
         return None
+    if "\n" not in source:  # one line: what it reads hangs on its expressions alone
+        expressions = tuple(_SIMPLE.findall(source))
+        if source.count("{{") != len(expressions):
+            return None  # some expression is not simple: let Jinja parse (and judge) it
+        return _analyse_one_line(expressions)
     refs: dict[tuple[str, ...], int] = {}
     unknown: list[tuple[str, str, int]] = []
     matches = 0
@@ -1293,7 +1312,26 @@ def _analyse_simple(source: str) -> _Analysis | None:
             unknown += [("filter", name, first + breaks) for name, breaks in filters]
     if source.count("{{") != matches:  # a match holds no `{{` (quoted text excludes braces)
         return None  # some expression is not simple: let Jinja parse (and judge) it
+    _keep_longest(refs)
     return tuple(sorted(refs.items(), key=lambda kv: kv[1])), tuple(unknown)
+
+
+@lru_cache(maxsize=16384)
+def _analyse_one_line(expressions: tuple[tuple[str, str], ...]) -> _Analysis | None:
+    """`_analyse_simple` of a one-line template, from its `{{ }}` parts (expression, filters):
+    the text around them changes nothing, so templates that differ only in their text
+    (`Step 7 is set to {{ args.value }}`) are read once. Everything is on line 1."""
+    refs: dict[tuple[str, ...], int] = {}
+    unknown: list[tuple[str, str, int]] = []
+    for expression, filters in expressions:
+        found = _simple_expression(expression, filters)
+        if found is None:
+            return None
+        for path, _ in found[0]:
+            refs.setdefault(path, 1)
+        unknown += [("filter", name, 1) for name, _ in found[1]]
+    _keep_longest(refs)
+    return tuple(refs.items()), tuple(unknown)
 
 
 _Reads = tuple[tuple[tuple[str, ...], int], ...]
@@ -1306,6 +1344,7 @@ def _simple_expression(expression: str, filters: str) -> tuple[_Reads, tuple[tup
     a bot's templates: read once). None when a keyword makes it not simple after all."""
     paths: list[tuple[tuple[str, ...], int]] = []
     previous = ""
+    one_line = "\n" not in expression  # most are: no line breaks to count before each name
     for token in _TOKEN.finditer(expression):
         text = token.group()
         after_is = previous == "is" or previous == "is not"
@@ -1314,13 +1353,14 @@ def _simple_expression(expression: str, filters: str) -> tuple[_Reads, tuple[tup
                 or (after_is and text in _TESTS_AFTER_IS):
             continue
         parts = tuple(text.split("."))
-        if any(p in _KEYWORDS for p in parts):
+        if not _KEYWORDS.isdisjoint(parts):
             return None
-        breaks = expression.count("\n", 0, token.start())
+        breaks = 0 if one_line else expression.count("\n", 0, token.start())
         paths.append((parts[:1], breaks))
-        path = _cut_dict_methods(parts)
-        if path and len(path) > 1:
-            paths.append((path, breaks))
+        if len(parts) > 1:
+            path = _cut_dict_methods(parts) if not _DICT_METHODS.isdisjoint(parts) else parts
+            if path and len(path) > 1:
+                paths.append((path, breaks))
     unknown = tuple((name.group(), filters.count("\n", 0, name.start()))
                     for name in _FILTER_NAME.finditer(filters) if name.group() not in ENV.filters)
     return tuple(paths), unknown

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from jinja2 import TemplateSyntaxError
 
-from chatrun.definition.checks import paths_read
+from chatrun.definition.checks import _paths_read
 from chatrun.definition.config import ActionConfig, ToolConfig
 from chatrun.definition.kinds import kinds
 
@@ -51,9 +51,12 @@ def action_effect(action: ActionConfig) -> str:
     `idempotent` for one that writes only other values (the call's arguments, its result, a
     question's answer at `ask.into`, other state, fixed values): doing it again writes the same;
     `read` for one that writes nothing."""
-    writes = [(path, template) for _, variant in action.variants() for path, template in variant.set.items()]
-    if any(_reads_itself(path, template) for path, template in writes):
-        return ONCE
+    writes = False
+    for _, variant in action.variants():
+        for path, template in variant.set.items():
+            if _reads_itself(path, template):
+                return ONCE
+            writes = True
     return IDEMPOTENT if writes or (action.ask is not None and action.ask.into) else READ
 
 
@@ -62,8 +65,14 @@ def _reads_itself(path: str, template: object) -> bool:
     if not isinstance(template, str) or "{" not in template:
         return False  # a fixed value
     try:
-        read = paths_read(template)
+        read = _paths_read(template)
     except TemplateSyntaxError:
         return True  # the checks report it; until then, the careful reading
+    if not read:
+        return False
     written = tuple(path.split("."))
-    return any(r[:len(written)] == written or written[:len(r)] == r for r in read)
+    size = len(written)
+    for r in read:
+        if r[:size] == written or written[:len(r)] == r:
+            return True
+    return False
