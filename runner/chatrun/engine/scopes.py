@@ -32,7 +32,7 @@ class _Unwritten(dict[str, Any]):
     def _refuse(self, *args: object, **kwargs: object) -> Any:
         raise TypeError("the shared empty state of idle sessions is read-only (take the session's own dict)")
 
-    __setitem__ = __delitem__ = setdefault = update = pop = popitem = clear = __ior__ = _refuse  # type: ignore[assignment]
+    __setitem__ = __delitem__ = setdefault = update = pop = popitem = clear = __ior__ = _refuse
 
     # Copies are itself, as a frozen value's are; deepcopy keeps one copy of an object it meets
     # twice, so a fresh {} here would be one dict for every place it stood.
