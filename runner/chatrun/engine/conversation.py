@@ -291,7 +291,7 @@ class Conversation:
         the turn commits (they are no longer live), its history and last state stay for the author."""
         self.ended = {"tool": tool, "route": self.scope.route}
         for scope in self.scopes:
-            scope.memory_routes = []
+            scope.memory_routes = ()
 
     def change_route(self, route: str) -> None:
         scope = self.scopes[-1]
@@ -343,8 +343,7 @@ class Conversation:
         elif not create:
             return memory
         else:
-            # A new list of the exact size (an append's spare room was 24 B of every idle scope).
-            scope.memory_routes = scope.memory_routes + [route]  # (not [*a, b]: that keeps spare room too)
+            scope.memory_routes = (*scope.memory_routes, route)  # a tuple: replaced, never changed in place
         self._memories = (*self._memories, memory)
         return memory
 

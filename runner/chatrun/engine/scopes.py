@@ -10,7 +10,7 @@ lives for one turn (`@InvocationScoped`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
 from chatrun.errors import ChatrunError
@@ -64,15 +64,15 @@ class Scope:
 
     # Every open scope of every cached session: no __dict__. `local` and `shared` are properties:
     # an idle scope shares UNWRITTEN for each, and the first reader gets a dict of its own.
-    __slots__ = ("id", "route", "_local", "_shared", "memory_routes", "caller")
+    __slots__ = ("id", "route", "_local", "_shared", "_memory_routes", "caller")
 
     def __init__(self, id: str, route: str, local: dict[str, Any] | None = None, shared: dict[str, Any] | None = None,
-                 memory_routes: list[str] | None = None, caller: dict[str, str] | None = None):
+                 memory_routes: Iterable[str] = (), caller: dict[str, str] | None = None):
         self.id = id
         self.route = route
         self._local = UNWRITTEN if local is None else local
         self._shared = UNWRITTEN if shared is None else shared
-        self.memory_routes: list[str] = [] if memory_routes is None else memory_routes  # routes with a memory here
+        self.memory_routes = memory_routes
         self.caller = caller  # a called scope: {"call_id", "tool"} of the call waiting for it
 
     @property
@@ -96,6 +96,15 @@ class Scope:
     @shared.setter
     def shared(self, value: dict[str, Any]) -> None:
         self._shared = value
+
+    @property
+    def memory_routes(self) -> tuple[str, ...]:
+        """The routes that have a memory in this scope, in order (a tuple: replaced, never changed in place)."""
+        return self._memory_routes
+
+    @memory_routes.setter
+    def memory_routes(self, routes: Iterable[str]) -> None:
+        self._memory_routes = _shared_routes(tuple(routes))
 
     def compact(self) -> None:
         """Share UNWRITTEN for empty state again (a turn is done: no one holds these dicts)."""
@@ -121,7 +130,7 @@ class Scope:
 
     def copy(self) -> Scope:
         """A deep copy (copy.deepcopy's result, cheaper: a turn's checkpoint copies every scope)."""
-        return Scope(self.id, self.route, _copy_state(self._local), _copy_state(self._shared), list(self.memory_routes),
+        return Scope(self.id, self.route, _copy_state(self._local), _copy_state(self._shared), self.memory_routes,
                      dict(self.caller) if self.caller is not None else None)
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,14 +139,30 @@ class Scope:
             "route": self.route,
             "local": self._local or {},  # a fresh one for UNWRITTEN: a reader of the snapshot may write it
             "shared": self._shared or {},
-            "memory_routes": self.memory_routes,
+            "memory_routes": list(self.memory_routes),
             **({"caller": self.caller} if self.caller else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Scope:
         return cls(d["id"], d["route"], d.get("local") or UNWRITTEN, d.get("shared") or UNWRITTEN,
-                   list(d.get("memory_routes", [])), d.get("caller"))
+                   d.get("memory_routes", ()), d.get("caller"))
+
+
+# One tuple of routes for every scope with the same routes (most have one: their own route's
+# memory): a list of its own was 80 B of every idle scope (issue 39). Bounded: past the bound a
+# scope keeps a tuple of its own.
+_ROUTES: dict[tuple[str, ...], tuple[str, ...]] = {}
+_ROUTES_KEPT = 4096
+
+
+def _shared_routes(routes: tuple[str, ...]) -> tuple[str, ...]:
+    kept = _ROUTES.get(routes)
+    if kept is not None:
+        return kept
+    if len(_ROUTES) < _ROUTES_KEPT:
+        _ROUTES[routes] = routes
+    return routes
 
 
 def _copy_state(state: dict[str, Any]) -> dict[str, Any]:
