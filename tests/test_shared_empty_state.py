@@ -103,3 +103,21 @@ def test_the_shared_empty_refuses_writes() -> None:
         else:
             raise AssertionError("the shared empty took a write")
     assert UNWRITTEN == {}
+
+
+def test_sessions_of_the_python_api_share_nothing_they_write(tmp_path: Path) -> None:
+    """The same through `bot.session()` and `chat()` (the REPL's and the transcripts' path)."""
+    (tmp_path / "bot.yaml").write_text(BOT)
+    (tmp_path / "notes.py").write_text(HANDLER)
+    with FakeOpenAI() as fake:
+        os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = fake.base_url, "test-key"
+        fake.responder = _answer
+        bot = chatrun.load_bot(tmp_path)
+        a, b = bot.session(), bot.session()
+        a.chat("hello"), b.chat("hello")
+        assert a.scopes[-1]._local is b.scopes[-1]._local is UNWRITTEN  # shared while idle
+        a.chat("note this")
+        a.meta["channel"] = "test"
+        assert (a.state, a.meta, a.scopes[-1].local) == ({"noted": "by a"}, {"channel": "test"}, {"draft": ["by a"]})
+        assert (b.state, b.meta, b.scopes[-1].local, b.scopes[-1].shared) == ({}, {}, {}, {})
+        assert b.snapshot()["state"] == {} and UNWRITTEN == {}

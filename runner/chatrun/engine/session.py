@@ -551,6 +551,7 @@ class Session:
         try:
             await self._run_turn(*turn)
         finally:
+            self._c.compact()  # the turn is done: its empty dicts go back to the shared one
             self._sink = None
             self._running = False
         return events
