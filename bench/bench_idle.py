@@ -30,6 +30,11 @@ Figures (2026-12-05, 2-core machine shared with ~8 agents, load average 4-11, on
   session) 3.11 min, 3.16 median; floor 0.74 / 0.74. A full collection gives back nothing.
   Goal <= 3 KiB: not met (0.11 KiB over). Of it, SQLite's page cache (one connection, at most
   ~2 MiB) is ~0.2 KiB at 10,000 sessions; tracemalloc counts ~3.2 KB of Python heap per session.
+2026-12-06, load average 3-9, 2 rounds, same run (`--before` = main 9805da5):
+  before 3.15 KiB min, 3.17 median; after (empty state, meta and scope state share one read-only
+  empty between turns, memories in tuples not one-key dicts, a memory's system message and count
+  in two slots, shared tuples of memory routes) 2.40 min, 2.41 median; floor 0.73 / 0.74.
+  Goal <= 3 KiB: met.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def test_a_scope_copy_shares_nothing_with_its_scope():
     assert copied == copy.deepcopy(scope)
     copied.local["n"].append(2)
     copied.shared["m"]["k"] = "w"
-    copied.memory_routes.append("other")
+    copied.memory_routes = (*copied.memory_routes, "other")  # a tuple (shared by scopes alike): replaced, never changed in place
     assert copied.caller is not None
     copied.caller["tool"] = "u"
     assert scope == Scope("s.1", "main", {"n": [1]}, {"m": {"k": "v"}}, ["main"], {"call_id": "c1", "tool": "t"})

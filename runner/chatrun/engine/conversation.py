@@ -31,7 +31,7 @@ from chatrun.engine.pending import (
     TAKEOVER_KEY,
     PendingItem,
 )
-from chatrun.engine.scopes import Scope, ScopeView, init_declared, merged_scope
+from chatrun.engine.scopes import UNWRITTEN, Scope, ScopeView, compact, init_declared, merged_scope
 from chatrun.engine.usage import Usage
 from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.memory import ChatMemory, make_memory
@@ -80,7 +80,7 @@ class Checkpoint:
 
 class Conversation:
     # No __dict__: one per cached session (issue 26).
-    __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "state", "meta", "scopes", "_next_scope",
+    __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "_state", "_meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
                  "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
                  "remembered")
@@ -100,11 +100,15 @@ class Conversation:
         self.user_memory: Mapping[str, Any] = NO_FACTS
         self.remembered: Mapping[str, Any] = NO_FACTS
         self.turn_count = 0  # turns committed so far
-        self.state: dict[str, Any] = {}
-        self.meta: dict[str, Any] = {}
+        # The conversation state and meta: properties (below); an idle conversation shares UNWRITTEN
+        # for an empty one (scopes.compact).
+        self._state: dict[str, Any] = UNWRITTEN
+        self._meta: dict[str, Any] = UNWRITTEN
         self.scopes: list[Scope] = []
         self._next_scope = 1
-        self._memories: dict[str, ChatMemory] = {}
+        # The memories loaded or made so far, each under its own `id` (scope id#route): a tuple, not a
+        # dict by id (a one-key dict was 184 B of every idle session; a session holds a few; issue 39).
+        self._memories: tuple[ChatMemory, ...] = ()
         self.usage = Usage()  # every model call of the session, failed turns included
         self.ended: dict[str, str] | None = None  # set by an `end` action: {"tool", "route"}
         self.clock: Clock = SYSTEM_CLOCK  # what `now` reads (transcripts and the REPL pin it)
@@ -170,10 +174,10 @@ class Conversation:
             "bot_version": self.config.content_version,
             "id": self.id,
             "turn": self.turn_count,
-            "state": self.state,
+            "state": self._state or {},  # a fresh one for UNWRITTEN: a reader of the snapshot may write it
             "scopes": [s.to_dict() for s in self.scopes],
             "next_scope": self._next_scope,
-            "meta": self.meta,
+            "meta": self._meta or {},
             "usage": self.usage.to_dict(),
             "updated": time.time(),
             **({"ended": self.ended} if self.ended else {}),
@@ -186,6 +190,38 @@ class Conversation:
             **({FOLLOW_UP_KEY: self.follow_up} if self.follow_up else {}),
             **({OUTCOME_KEY: self.outcome} if self.outcome else {}),
         }
+
+    # -- its state ---------------------------------------------------------------------------
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The conversation state (every scope sees it); a dict of its own from the first read."""
+        if self._state is UNWRITTEN:
+            self._state = {}
+        return self._state
+
+    @state.setter
+    def state(self, value: dict[str, Any]) -> None:
+        self._state = value
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What the session's opener told about it (owner, channel, locale...); its own dict from the first read."""
+        if self._meta is UNWRITTEN:
+            self._meta = {}
+        return self._meta
+
+    @meta.setter
+    def meta(self, value: dict[str, Any]) -> None:
+        self._meta = value
+
+    def compact(self) -> None:
+        """Between turns: empty state, meta and scope state go back to the shared UNWRITTEN, so an
+        idle session keeps no empty dict of its own (four were 256 B of every idle session; issue 39).
+        Only when no turn runs: a dict handed out during one may still be written."""
+        self._state, self._meta = compact(self._state), compact(self._meta)
+        for scope in self.scopes:
+            scope.compact()
 
     # -- where it is -----------------------------------------------------------------------
 
@@ -236,8 +272,7 @@ class Conversation:
         call the runtime writes for it, `returned_from_<route>` (returned_call). Returns the
         caller of a called scope (the parent resumes), else None."""
         popped = self.scopes.pop()
-        for route in popped.memory_routes:
-            self._memories.pop(popped.memory_id(route), None)
+        self._forget_memories(popped.memory_ids())
         parent = self.scopes[-1]
         if popped.caller:
             text = handed_back or f"{popped.route} finished without a result."
@@ -256,7 +291,7 @@ class Conversation:
         the turn commits (they are no longer live), its history and last state stay for the author."""
         self.ended = {"tool": tool, "route": self.scope.route}
         for scope in self.scopes:
-            scope.memory_routes = []
+            scope.memory_routes = ()
 
     def change_route(self, route: str) -> None:
         scope = self.scopes[-1]
@@ -274,8 +309,7 @@ class Conversation:
         starts with `note` (what happened, for the model)."""
         first = next(i for i, s in enumerate(self.scopes) if s.route not in self.config.routes)
         for scope in self.scopes[first:]:
-            for memory_route in scope.memory_routes:
-                self._memories.pop(scope.memory_id(memory_route), None)
+            self._forget_memories(scope.memory_ids())
         self.scopes = self.scopes[:first]
         self.push_scope(route)
         self.memory_for(self.scope, route).add(SummaryMessage(note))
@@ -290,13 +324,13 @@ class Conversation:
 
     def memories_made(self) -> list[ChatMemory]:
         """The memories this conversation object has loaded or made so far."""
-        return list(self._memories.values())
+        return list(self._memories)
 
     def memory_for(self, scope: Scope, route: str, create: bool = True) -> ChatMemory:
         """The memory `<scope-id>#<route>`, loaded from the store once per conversation object.
         With create=False a route that has no memory yet gets an empty, unregistered one."""
         mid = scope.memory_id(route)
-        memory = self._memories.get(mid)
+        memory = self._memory(mid)
         if memory is not None:
             return memory
         policy = self.config.route_memory(route)
@@ -309,9 +343,8 @@ class Conversation:
         elif not create:
             return memory
         else:
-            # A new list of the exact size (an append's spare room was 24 B of every idle scope).
-            scope.memory_routes = scope.memory_routes + [route]  # (not [*a, b]: that keeps spare room too)
-        self._memories[mid] = memory
+            scope.memory_routes = (*scope.memory_routes, route)  # a tuple: replaced, never changed in place
+        self._memories = (*self._memories, memory)
         return memory
 
     def clear_scope_memories(self, scope: Scope) -> None:
@@ -321,33 +354,45 @@ class Conversation:
     def forget_turn_memories(self) -> None:
         """Policy `none`: what a route held during the turn is gone after it. Only memories
         loaded in this turn can hold anything (they are never persisted)."""
-        for memory in self._memories.values():
+        for memory in self._memories:
             if memory.ephemeral:
                 memory.clear()
 
     def loaded_memories(self) -> list[tuple[str, str, ChatMemory]]:
         """(memory id, route, memory) of the memories loaded so far, in the live scopes."""
         live = set(self.live_memory_ids())
-        return [(mid, route_of_memory(mid), m) for mid, m in self._memories.items() if mid in live]
+        return [(m.id, route_of_memory(m.id), m) for m in self._memories if m.id in live]
 
     def live_memories(self) -> dict[str, list[Message]]:
         """Every live memory's messages by memory id: as loaded, else as stored."""
-        return {mid: (self._memories[mid].messages() if mid in self._memories else self.store.get_messages(mid))
-                for mid in self.live_memory_ids()}
+        return {mid: self._messages_of(mid) for mid in self.live_memory_ids()}
 
     def memories_since(self, before: Checkpoint) -> list[list[Message]]:
         """The messages of every memory the conversation had during a turn: live before it, or
         loaded in it (after an `end`, none is live any more), oldest scope first."""
-        ids = dict.fromkeys([*(mid for s in before.scopes for mid in s.memory_ids()), *self._memories,
+        ids = dict.fromkeys([*(mid for s in before.scopes for mid in s.memory_ids()), *(m.id for m in self._memories),
                              *self.live_memory_ids()])
-        return [self._memories[mid].messages() if mid in self._memories else self.store.get_messages(mid)
-                for mid in ids]
+        return [self._messages_of(mid) for mid in ids]
 
     def live_memory_ids(self) -> list[str]:
         return [mid for s in self.scopes for mid in s.memory_ids()]
 
     def forget_cached_memories(self) -> None:
-        self._memories.clear()
+        self._memories = ()
+
+    def _memory(self, mid: str) -> ChatMemory | None:
+        """The memory `mid` if loaded (a scan: a session holds a few)."""
+        return next((m for m in self._memories if m.id == mid), None)
+
+    def _messages_of(self, mid: str) -> list[Message]:
+        """The messages of memory `mid`: as loaded, else as stored."""
+        memory = self._memory(mid)
+        return memory.messages() if memory is not None else self.store.get_messages(mid)
+
+    def _forget_memories(self, mids: list[str]) -> None:
+        gone = set(mids)
+        if any(m.id in gone for m in self._memories):
+            self._memories = tuple(m for m in self._memories if m.id not in gone)
 
     # -- templates ------------------------------------------------------------------------------
 
@@ -410,7 +455,7 @@ class Conversation:
 
     def capture(self) -> Checkpoint:
         return Checkpoint(self.turn_count, ev.copy_plain(self.state), [s.copy() for s in self.scopes], self._next_scope,
-                          {mid: _mark(m) for mid, m in self._memories.items()}, self.usage.copy(), self.ended,
+                          {m.id: _mark(m) for m in self._memories}, self.usage.copy(), self.ended,
                           [item.to_dict() for item in self.pending], self.next_pending,
                           copy.deepcopy(self.taken_over) if self.taken_over else self.taken_over,
                           dict(self.resolved) if self.resolved else None, self.done_calls, self.follow_up,
@@ -433,22 +478,22 @@ class Conversation:
         self.user_memory, self.remembered = before.user_memory, before.remembered
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
-        self._memories.clear()
+        self._memories = ()
 
     def dirty_memories(self, before: Checkpoint) -> dict[str, list[Message] | None]:
         """Memories whose messages changed since `before` (None: deleted with a popped scope)."""
         live = set(self.live_memory_ids())
         dirty: dict[str, list[Message] | None] = {}
-        for mid in list(self._memories):
+        for memory in self._memories:
+            mid = memory.id
             if mid not in live:
                 dirty[mid] = None
-                del self._memories[mid]
                 continue
-            memory = self._memories[mid]
             if memory.ephemeral:
                 continue
             if _changed(memory, before.memories.get(mid)):
                 dirty[mid] = memory.messages()
+        self._forget_memories([mid for mid, messages in dirty.items() if messages is None])
         for scope in before.scopes:
             for mid in scope.memory_ids():
                 if mid not in live:

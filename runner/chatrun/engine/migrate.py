@@ -156,7 +156,7 @@ class _Migration:
     def forget_memories(self, scope: Scope) -> None:
         for mid in scope.memory_ids():
             self.result.memories.pop(mid, None)
-        scope.memory_routes = []
+        scope.memory_routes = ()
 
     def answer_call(self, parent: Scope, caller: dict[str, str], route: str) -> None:
         """A dropped called scope's call gets a result, so the parent's memory holds no call

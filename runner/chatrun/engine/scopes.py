@@ -10,8 +10,7 @@ lives for one turn (`@InvocationScoped`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, MutableMapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
 from chatrun.errors import ChatrunError
@@ -21,14 +20,107 @@ from chatrun.store.record import memory_id
 ROOTS = ("state", "scope", "turn")
 
 
-@dataclass(slots=True)  # every open scope of every cached session: no __dict__
+class _Unwritten(dict[str, Any]):
+    """The one empty mapping every idle session shares for state it has not written (its
+    conversation state, meta, each scope's local and shared state): 64 B a dict, four a session
+    (issue 39). Never handed to a writer: the `Scope` and `Conversation` properties hand out a fresh
+    dict in its place, and `compact()` puts it back when a turn is done. It refuses every write,
+    so a path that skipped the properties fails loudly instead of writing into every session."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> Any:
+        raise TypeError("the shared empty state of idle sessions is read-only (take the session's own dict)")
+
+    __setitem__ = __delitem__ = setdefault = update = pop = popitem = clear = __ior__ = _refuse
+
+    # Copies are itself, as a frozen value's are; deepcopy keeps one copy of an object it meets
+    # twice, so a fresh {} here would be one dict for every place it stood.
+    def __copy__(self) -> _Unwritten:
+        return self
+
+    def __deepcopy__(self, memo: object) -> _Unwritten:
+        return self
+
+    def __reduce__(self) -> Any:
+        return dict, ()
+
+
+UNWRITTEN: dict[str, Any] = _Unwritten()
+
+
+def own(mapping: dict[str, Any]) -> dict[str, Any]:
+    """`mapping`, or a fresh dict in place of the shared UNWRITTEN."""
+    return {} if mapping is UNWRITTEN else mapping
+
+
+def compact(mapping: dict[str, Any]) -> dict[str, Any]:
+    """The shared UNWRITTEN in place of an empty dict (an idle session keeps none of its own)."""
+    return mapping if mapping else UNWRITTEN
+
+
 class Scope:
-    id: str
-    route: str
-    local: dict[str, Any] = field(default_factory=dict)
-    shared: dict[str, Any] = field(default_factory=dict)
-    memory_routes: list[str] = field(default_factory=list)  # routes that have a memory in this scope
-    caller: dict[str, str] | None = None  # a called scope: {"call_id", "tool"} of the call waiting for it
+    """One scope of a session's stack: its id, route, state and the routes with a memory in it."""
+
+    # Every open scope of every cached session: no __dict__. `local` and `shared` are properties:
+    # an idle scope shares UNWRITTEN for each, and the first reader gets a dict of its own.
+    __slots__ = ("id", "route", "_local", "_shared", "_memory_routes", "caller")
+
+    def __init__(self, id: str, route: str, local: dict[str, Any] | None = None, shared: dict[str, Any] | None = None,
+                 memory_routes: Iterable[str] = (), caller: dict[str, str] | None = None):
+        self.id = id
+        self.route = route
+        self._local = UNWRITTEN if local is None else local
+        self._shared = UNWRITTEN if shared is None else shared
+        self.memory_routes = memory_routes
+        self.caller = caller  # a called scope: {"call_id", "tool"} of the call waiting for it
+
+    @property
+    def local(self) -> dict[str, Any]:
+        """The scope's own state (seen by it only)."""
+        if self._local is UNWRITTEN:
+            self._local = {}
+        return self._local
+
+    @local.setter
+    def local(self, value: dict[str, Any]) -> None:
+        self._local = value
+
+    @property
+    def shared(self) -> dict[str, Any]:
+        """The state the scope shares with the scopes nested in it."""
+        if self._shared is UNWRITTEN:
+            self._shared = {}
+        return self._shared
+
+    @shared.setter
+    def shared(self, value: dict[str, Any]) -> None:
+        self._shared = value
+
+    @property
+    def memory_routes(self) -> tuple[str, ...]:
+        """The routes that have a memory in this scope, in order (a tuple: replaced, never changed in place)."""
+        return self._memory_routes
+
+    @memory_routes.setter
+    def memory_routes(self, routes: Iterable[str]) -> None:
+        self._memory_routes = _shared_routes(tuple(routes))
+
+    def compact(self) -> None:
+        """Share UNWRITTEN for empty state again (a turn is done: no one holds these dicts)."""
+        self._local, self._shared = compact(self._local), compact(self._shared)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Scope):
+            return NotImplemented
+        return (self.id, self.route, self._local, self._shared, self.memory_routes, self.caller) == (
+            other.id, other.route, other._local, other._shared, other.memory_routes, other.caller)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it was
+
+    def __repr__(self) -> str:
+        return (f"Scope(id={self.id!r}, route={self.route!r}, local={dict(self._local)!r}, "
+                f"shared={dict(self._shared)!r}, memory_routes={self.memory_routes!r}, caller={self.caller!r})")
 
     def memory_id(self, route: str) -> str:
         return memory_id(self.id, route)
@@ -38,23 +130,43 @@ class Scope:
 
     def copy(self) -> Scope:
         """A deep copy (copy.deepcopy's result, cheaper: a turn's checkpoint copies every scope)."""
-        return Scope(self.id, self.route, copy_plain(self.local), copy_plain(self.shared), list(self.memory_routes),
+        return Scope(self.id, self.route, _copy_state(self._local), _copy_state(self._shared), self.memory_routes,
                      dict(self.caller) if self.caller is not None else None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "route": self.route,
-            "local": self.local,
-            "shared": self.shared,
-            "memory_routes": self.memory_routes,
+            "local": self._local or {},  # a fresh one for UNWRITTEN: a reader of the snapshot may write it
+            "shared": self._shared or {},
+            "memory_routes": list(self.memory_routes),
             **({"caller": self.caller} if self.caller else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Scope:
-        return cls(d["id"], d["route"], d.get("local", {}), d.get("shared", {}), list(d.get("memory_routes", [])),
-                   d.get("caller"))
+        return cls(d["id"], d["route"], d.get("local") or UNWRITTEN, d.get("shared") or UNWRITTEN,
+                   d.get("memory_routes", ()), d.get("caller"))
+
+
+# One tuple of routes for every scope with the same routes (most have one: their own route's
+# memory): a list of its own was 80 B of every idle scope (issue 39). Bounded: past the bound a
+# scope keeps a tuple of its own.
+_ROUTES: dict[tuple[str, ...], tuple[str, ...]] = {}
+_ROUTES_KEPT = 4096
+
+
+def _shared_routes(routes: tuple[str, ...]) -> tuple[str, ...]:
+    kept = _ROUTES.get(routes)
+    if kept is not None:
+        return kept
+    if len(_ROUTES) < _ROUTES_KEPT:
+        _ROUTES[routes] = routes
+    return routes
+
+
+def _copy_state(state: dict[str, Any]) -> dict[str, Any]:
+    return copy_plain(state) if state else UNWRITTEN
 
 
 def merged_scope(scopes: list[Scope]) -> dict[str, Any]:

@@ -127,6 +127,7 @@ class Session:
         self.principal = principal
         if snapshot is not None:  # resume where it was; `route` and `state` apply to new sessions only
             self._c.restore(snapshot)
+            self._c.compact()
             self._c.user_memory = self._load_user_memory()  # its owner's, now that its meta is known
             recorded = snapshot.get("bot_version")
             if recorded is None and produced_by(bot.config, snapshot):
@@ -139,6 +140,7 @@ class Session:
         self._c.start(route or bot.config.default_route, state, meta)
         self._c.user_memory = self._load_user_memory()  # its owner's, now that its meta is known
         self.store.commit_turn(self.id, self._c.snapshot(), {}, [])
+        self._c.compact()
 
     # -- introspection -------------------------------------------------------------
 
@@ -549,6 +551,7 @@ class Session:
         try:
             await self._run_turn(*turn)
         finally:
+            self._c.compact()  # the turn is done: its empty dicts go back to the shared one
             self._sink = None
             self._running = False
         return events
@@ -588,6 +591,7 @@ class Session:
         try:
             await self._run_turn(*turn)
         finally:
+            self._c.compact()  # the turn is done: its empty dicts go back to the shared one
             done(_DONE)
 
     def _begin(self, message: Input) -> _TurnInput | None:

@@ -75,7 +75,7 @@ class _Window:
 
     # No __dict__: a window is kept per memory of every cached session (issue 26). A subclass
     # of one's own without __slots__ gets a __dict__ as usual.
-    __slots__ = ("id", "_store", "_system", "_items", "_counts", "_total", "_first", "_open", "_open_seq", "_limit",
+    __slots__ = ("id", "_store", "_system", "_system_count", "_items", "_counts", "_total", "_first", "_open", "_open_seq", "_limit",
                  "clear_tool_results", "version", "_tally")
 
     ephemeral = False
@@ -197,7 +197,10 @@ class _Window:
         if getattr(self, "_system", None) is not None or getattr(self, "_items", None):
             self.version += 1
         self._tally = None
-        self._system: tuple[SystemMessage, int] | None = None
+        # The system message and its count, in two slots: a (message, count) pair was 64 B of every
+        # memory of every idle session (issue 39).
+        self._system: SystemMessage | None = None
+        self._system_count = 0
         # A list until the window first evicts, then a deque (_pop_front): a deque's first block
         # alone is ~760 B per memory of every idle session, but evicting from a list's front
         # moves the whole window (2.5 us an add at 30,000 messages, against 0.6).
@@ -217,7 +220,7 @@ class _Window:
         return len(self._items) + (self._system is not None)
 
     def _list(self) -> list[Message]:
-        out: list[Message] = [self._system[0]] if self._system is not None else []
+        out: list[Message] = [self._system] if self._system is not None else []
         out.extend(self._items)
         return out
 
@@ -229,12 +232,12 @@ class _Window:
         """Apply the add rules (not the window). Returns whether anything changed."""
         if isinstance(message, SystemMessage):
             if self._system is not None:
-                if self._system[0].content == message.content:
+                if self._system.content == message.content:
                     return False
-                self._total -= self._system[1]
-                self._tallied(self._system[0], -1)
+                self._total -= self._system_count
+                self._tallied(self._system, -1)
             count = self._count(message)
-            self._system = (message, count)
+            self._system, self._system_count = message, count
             self._total += count
             self._tallied(message, 1)
             self.version += 1
@@ -448,7 +451,7 @@ class SummaryMemory(TokenWindowMemory):
         verbatim = [m for m in self._items if not isinstance(m, SummaryMessage)]
         if verbatim[: len(folded)] != folded:
             raise ChatrunError(f"memory {self.id}: the messages to fold changed before the summary arrived")
-        system = [self._system[0]] if self._system is not None else []
+        system = [self._system] if self._system is not None else []
         self._reset()
         self._fill([*system, SummaryMessage(text), *verbatim[len(folded):]])
         self._persist()

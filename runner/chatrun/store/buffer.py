@@ -63,10 +63,10 @@ class TurnBuffer:
         # The record's decoded snapshot, handed to the first load_session (the Session restored
         # from it) instead of decoding the text a second time.
         self._unclaimed: JSONObject | None = None if record is None else record.snapshot
-        # Each memory's messages and their JSON size, in one dict (a second dict of the sizes was
-        # 184 B of every idle session; issue 39).
-        self._memories: dict[str, tuple[tuple[Message, ...], int]] = {} if record is None else {
-            mid: (tuple(m), record.sizes.get(mid, 0)) for mid, m in record.memories.items()}
+        # Each memory's (id, messages, JSON size), in one tuple: a dict by id was 184 B of every idle
+        # session, a second dict of the sizes 184 more (issue 39); a session holds a few memories.
+        self._memories: tuple[tuple[str, tuple[Message, ...], int], ...] = () if record is None else tuple(
+            (mid, tuple(m), record.sizes.get(mid, 0)) for mid, m in record.memories.items())
         self._committed: PackedCommitted | Committed | None = None if record is None else pack_committed(record.committed)
         self.pending: Commit | None = None
         self.request_id: str | None = None  # stamped on the history entries of the running request
@@ -104,12 +104,12 @@ class TurnBuffer:
     @property
     def memory_size(self) -> int:
         """The JSON size of the messages of its memories, in bytes."""
-        return sum(size for _, size in self._memories.values())
+        return sum(size for _, _, size in self._memories)
 
     @property
     def message_count(self) -> int:
         """The messages of the session's memories this buffer holds."""
-        return sum(len(messages) for messages, _ in self._memories.values())
+        return sum(len(messages) for _, messages, _ in self._memories)
 
     def take(self) -> Commit | None:
         pending, self.pending = self.pending, None
@@ -118,8 +118,7 @@ class TurnBuffer:
     # -- ChatMemoryStore ----------------------------------------------------------------------
 
     def get_messages(self, memory_id: str) -> list[Message]:
-        kept = self._memories.get(memory_id)
-        return [] if kept is None else list(kept[0])
+        return next((list(messages) for mid, messages, _ in self._memories if mid == memory_id), [])
 
     def update_messages(self, memory_id: str, messages: list[Message]) -> None:
         self.commit_turn(self.session_id, self.load_session(self.session_id) or {}, {memory_id: messages}, [])
@@ -178,11 +177,11 @@ class TurnBuffer:
         self._measure(commit.snapshot_json)
         if self.lean:  # the session committing it holds it; the pending commit keeps the text until written
             self._snapshot_json = None
-        for mid, msgs in commit.memories.items():
-            if msgs is None:
-                self._memories.pop(mid, None)
-            else:
-                self._memories[mid] = (tuple(msgs), len(commit.memories_json.get(mid) or ""))
+        if commit.memories:
+            changed = commit.memories
+            kept = [entry for entry in self._memories if entry[0] not in changed]
+            self._memories = (*kept, *((mid, tuple(msgs), len(commit.memories_json.get(mid) or ""))
+                                       for mid, msgs in changed.items() if msgs is not None))
 
     def load_versioned(self, session_id: str) -> tuple[JSONObject, str] | None:
         snapshot = self.load_session(session_id)
@@ -198,7 +197,7 @@ class TurnBuffer:
         self._check(session_id)
         self._snapshot_json = self._unclaimed = None
         self._snapshot_size = self._snapshot_values = 0
-        self._memories.clear()
+        self._memories = ()
         self.pending = None
 
     def list_sessions(self) -> list[str]:
