@@ -20,6 +20,7 @@ does to get its result is its kind's (chatrun.toolkinds), reached through the To
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -39,7 +40,13 @@ from chatrun.engine import grounding, observe, tracing, waiting
 from chatrun.engine.call import ToolCalls
 from chatrun.engine.context import Emit, TurnContext, storable
 from chatrun.engine.conversation import Conversation
-from chatrun.engine.guardrails import OutputHold, bot_storage_guards, map_strings, storage_redactor
+from chatrun.engine.guardrails import (
+    Guardrails,
+    OutputHold,
+    bot_storage_guards,
+    map_strings,
+    storage_redactor,
+)
 from chatrun.engine.pending import Decision
 from chatrun.engine.steps import (
     NextStep,
@@ -113,10 +120,7 @@ class Turn:
         # What the tool calls and the decisions see of this turn (engine/context.py).
         self.t = TurnContext(conversation, tools, emit, text, data, mocks, decision, attachments, blobs,
                              self.summary_call)
-        self.calls = ToolCalls(self.t)
         self.model = TextCalls(model)  # calls the model writes as text become calls (models/text_calls.py)
-        if self.calls.guard is not None:
-            self.calls.guard.model = self.model  # a `moderation` guardrail asks it (engine/guardrails.py)
         # The circuit breakers of the endpoints the model's clients call (`model.breaker:`), if it has any.
         self.breakers: Breakers | None = getattr(model, "breakers", None)
         self.number = self.t.number
@@ -132,13 +136,27 @@ class Turn:
         self.nudged = False  # an empty answer was asked again (once per turn)
         self.asked_to_cite = False  # an answer that cited nothing (`cite: required`) was asked again (once)
 
+    @functools.cached_property
+    def calls(self) -> ToolCalls:
+        """The turn's one call path (engine/call.py), made when the turn first needs it: a turn whose
+        model calls no tool, with no guardrails and nothing waiting, never enters it."""
+        calls = ToolCalls(self.t)
+        if calls.guard is not None:
+            calls.guard.model = self.model  # a `moderation` guardrail asks it (engine/guardrails.py)
+        return calls
+
+    @property
+    def guard(self) -> Guardrails | None:
+        """The turn's guardrails (engine/guardrails.py), None when the bot declares none."""
+        return self.calls.guard if self.t.config.guarded else None
+
     # -- the loop ---------------------------------------------------------------
 
     async def run(self) -> None:
         # The current route runs first, unless something waits (engine/waiting.py): then a decision
         # resolves it and the loop goes on (run again or hand off), or a message is handled without it.
         c = self.t.c
-        if self.calls.guard is not None and await self.calls.guard.check_input():  # blocked, or handed to an operator
+        if self.guard is not None and await self.guard.check_input():  # blocked, or handed to an operator
             self.finish()
             return
         nothing_waits = self.t.decision is None and not c.pending  # engine/waiting.py only when something does
@@ -236,7 +254,7 @@ class Turn:
         # A reply that must cite a source is checked before anyone sees it: not streamed either.
         must_cite = route.knowledge is not None and route.knowledge.cite_required
         streamed = model_config.stream and not run.returning and not route.output and not must_cite
-        guard = self.calls.guard
+        guard = self.guard
         batcher = StreamBatcher(self.t.emit, bool(route.stream_to_quarkus)) if streamed else None
         sender = batcher.send if batcher is not None else None
         # Output guards hold the stream until checked: the one place chunks leave the engine.
