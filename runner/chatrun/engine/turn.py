@@ -57,10 +57,11 @@ from chatrun.engine.steps import (
 )
 from chatrun.engine.stream_chunks import StreamBatcher
 from chatrun.engine.tools import (
+    RoutePlan,
     Toolbox,
     ToolMocks,
     parse_output,
-    response_format,
+    plan_route,
 )
 from chatrun.engine.usage import Usage, call_usage, check_budgets
 from chatrun.errors import ModelError, TurnFailed
@@ -94,6 +95,7 @@ class RouteRun:
     offered: dict[str, ToolConfig]
     specs: list[dict[str, Any]]  # the offered tools as the model sees them
     model: ModelConfig
+    plan: RoutePlan  # what the YAML fixes for the route's calls, assembled when the bot loaded
     returning: bool  # a called route with `returns: answer`: its answer is the call's result
     # A rejected JSON answer and what was wrong with it, sent after the memory's messages (never
     # kept in the memory); once set it stays for the rest of this route's loop, as it always has.
@@ -192,8 +194,13 @@ class Turn:
             user_text = self.t.render_user(route)  # the system prompt goes first anyway: memories keep it first
             if user_text or self.t.attachments:  # files alone are a message too (a photo, no words)
                 memory.add(UserMessage(user_text or "", self.t.attachments))
-        offered, specs = await self.t.tools.route_tools(route, self.t.mocks)
-        return RouteRun(route, memory, offered, specs, self.t.config.route_model(route.name),
+        plan = self.t.tools.plans.get(route.name)
+        if plan is None or plan.route is not route:  # a route the loaded bot does not hold as it is
+            plan = plan_route(self.t.config, route)
+        tools = plan.tools
+        offered, specs = (dict(tools[0]), tools[1]) if tools is not None else \
+            await self.t.tools.route_tools(route, self.t.mocks)
+        return RouteRun(route, memory, offered, specs, plan.model, plan,
                         route.returns == "answer" and scope.caller is not None,
                         tool_choice=sendable_tool_choice(route.tool_choice, offered),
                         knowledge=await grounding.retrieved(self.t, route) if route.knowledge else [])
@@ -241,9 +248,9 @@ class Turn:
         self.add_system(run.memory, route)
         # The route's `context:` follows the memory, rendered anew for each call and never kept:
         # the system prompt and the memory stay the prefix a provider's prompt cache keeps.
-        extra, run.nudge = self.context_message(route) + run.knowledge + run.correction + run.nudge, []
+        extra, run.nudge = self.context_message(run.plan) + run.knowledge + run.correction + run.nudge, []
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
-                               response_format(route), self.t.read_blob if self.t.blobs is not None else None,
+                               run.plan.response_format, self.t.read_blob if self.t.blobs is not None else None,
                                run.tool_choice, cache_key=prompt_cache_key(self.t.config.name, route.name))
         counted = self.sent_tokens(run.memory, request.messages, len(extra), self.counter(model_config.name))
         price = self.t.config.prices.get(model_config.name)
@@ -427,10 +434,10 @@ class Turn:
                                  "the model would lose its instructions (make the template always say something)")
             memory.add(SystemMessage(text))
 
-    def context_message(self, route: RouteConfig) -> list[Message]:
+    def context_message(self, plan: RoutePlan) -> list[Message]:
         """The route's (else the bot's) `context:` rendered now, as the message that follows the
         memory on this call; none when it is not declared or renders blank."""
-        source = self.t.config.route_context(route.name)
+        source, route = plan.context, plan.route
         if not source:
             return []
         where = route.where if route.context is not None else self.t.config.where
