@@ -145,4 +145,3 @@ class TurnRun:
             await self._writes.commit(hold.slot, session.id, hold.lease)
         except Exception as exc:  # a conflict, a store down: the live copy was dropped, the store is the truth
             log.warning("the record of stopped turn %s of session %s was not saved: %s", number, session.id, exc)
-
