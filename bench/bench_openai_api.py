@@ -32,13 +32,16 @@ CPU ms per turn, min / median, turns 1-10 and 31-40:
     chat_before   5.37 / 6.75    6.50 / 6.75   (2.84x; 3.71x by mins)
 
 Instructions per late turn (callgrind, in process; bench/README.md): http 10.08 -> 9.67 M, chat
-15.96 -> 14.75 M, floor_eb 6.64 M. Neither goal is met: what is left of the gap is mostly the engine's turn (a turn's model
+15.96 -> 14.75 M, floor_eb 6.64 M. After "assemble once" on the HTTP path (2026-12-06, h-walk,
+`--instructions`, the ASGI app called directly): floor_eb 6.79 M, http 9.53 -> 9.51 M (1.40x); by
+CPU at load average 5-8, http 1.52x and 1.76x floor_eb late (median) in two interleaved runs. Neither goal is met: what is left of the gap is mostly the engine's turn (a turn's model
 call through chatrun's model layer, the session's commit) and, for /v1, the index's records
 (the session's state is written with every turn, for forks): see bench/README.md.
 
     python bench/bench_openai_api.py                          # 3 rounds, 8 conversations of 40 turns
     python bench/bench_openai_api.py --rounds 5 --conversations 10
     python bench/bench_openai_api.py --before /tmp/before --only http,chat   # an older checkout, interleaved
+    python bench/bench_openai_api.py --instructions --before /tmp/before     # callgrind: floor_eb, http, http_before
 """
 
 from __future__ import annotations
