@@ -32,13 +32,16 @@ CPU ms per turn, min / median, turns 1-10 and 31-40:
     chat_before   5.37 / 6.75    6.50 / 6.75   (2.84x; 3.71x by mins)
 
 Instructions per late turn (callgrind, in process; bench/README.md): http 10.08 -> 9.67 M, chat
-15.96 -> 14.75 M, floor_eb 6.64 M. Neither goal is met: what is left of the gap is mostly the engine's turn (a turn's model
+15.96 -> 14.75 M, floor_eb 6.64 M. After "assemble once" on the HTTP path (2026-12-06, h-walk,
+`--instructions`, the ASGI app called directly): floor_eb 6.79 M, http 9.53 -> 9.51 M (1.40x); by
+CPU at load average 5-8, http 1.52x and 1.76x floor_eb late (median) in two interleaved runs. Neither goal is met: what is left of the gap is mostly the engine's turn (a turn's model
 call through chatrun's model layer, the session's commit) and, for /v1, the index's records
 (the session's state is written with every turn, for forks): see bench/README.md.
 
     python bench/bench_openai_api.py                          # 3 rounds, 8 conversations of 40 turns
     python bench/bench_openai_api.py --rounds 5 --conversations 10
     python bench/bench_openai_api.py --before /tmp/before --only http,chat   # an older checkout, interleaved
+    python bench/bench_openai_api.py --instructions --before /tmp/before     # callgrind: floor_eb, http, http_before
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -208,6 +212,89 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
         print(f"records after the run: {records} rows, {size / 1024:.0f} KiB ({size / records / 1024:.1f} KiB a row)")
 
 
+# -- instructions (callgrind) ---------------------------------------------------------------------
+
+COUNTED = r"""
+import asyncio, gc, json, sys, tempfile
+from pathlib import Path
+runner, bench, kind, turns = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sys.path.insert(0, runner)
+import chatrun  # this checkout's, before the bench module puts its own runner/ on the path
+sys.path.insert(0, bench)
+import bench_openai_api as b
+
+async def call(app, path, data):
+    # One request straight into the ASGI app: no client library, no socket in the count.
+    body = json.dumps(data).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 80)}
+    done, given, out = asyncio.Event(), [], {"status": 0, "body": []}
+    async def receive():
+        if not given:
+            given.append(1)
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+    async def send(message):
+        if message["type"] == "http.response.start":
+            out["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            out["body"].append(message.get("body", b""))
+            if not message.get("more_body"):
+                done.set()
+    await app(scope, receive, send)
+    assert out["status"] < 300, (out["status"], b"".join(out["body"]))
+    return json.loads(b"".join(out["body"]) or b"null")
+
+async def main(tmp):
+    if kind == "floor_eb":
+        app = b.floor_app(True)
+    else:
+        from chatrun.server.app import create_app
+        (Path(tmp) / "echo.yaml").write_text(b.BOT)
+        app = create_app([chatrun.load_bot(Path(tmp) / "echo.yaml")], f"sqlite:///{tmp}/bench.db", gc_tuning=False)
+    async with app.router.lifespan_context(app):
+        talks = [{"name": f"c{i}", "history": [], "count": 0} for i in range(4)]
+        for talk in talks:
+            if kind == "http":
+                await call(app, "/bots/echo/sessions", {"id": talk["name"]})
+        for t in range(turns):
+            if t == 1:  # after one turn each (imports, first connections): no collection in the count
+                gc.collect(); gc.freeze(); gc.disable()
+            for talk in talks:
+                text = f"{talk['name']} message number {talk['count']}"
+                talk["count"] += 1
+                if kind == "http":
+                    await call(app, f"/bots/echo/sessions/{talk['name']}/messages", {"userMessage": text})
+                    continue
+                talk["history"].append({"role": "user", "content": text})
+                reply = await call(app, "/v1/chat/completions", {"model": "echo", "messages": talk["history"]})
+                talk["history"].append(reply["choices"][0]["message"])
+
+with tempfile.TemporaryDirectory() as tmp:
+    asyncio.run(main(tmp))
+"""
+
+
+def instructions(kind: str, checkout: Path, env: dict[str, str]) -> int:
+    """Instructions of one late turn (turns 31-40) in process, the ASGI app called directly (no
+    client library, no sockets; 4 conversations): callgrind's count for 40 turns less that for 30,
+    over 40. The fake model runs in its own process, not counted; the server's `openai` client is."""
+    env = {**env, "PYTHONHASHSEED": "0"}
+    env.pop("PYTHONPATH", None)
+    setarch = ["setarch", "-R"] if shutil.which("setarch") else []  # no address randomization: steadier counts
+    counts = []
+    for turns in (30, 40):
+        out = subprocess.run([*setarch, "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                              "-c", COUNTED, str(checkout / "runner"), str(ROOT / "bench"), kind, str(turns)],
+                             capture_output=True, text=True, env=env, check=True)
+        counts.append(int(next(x for x in out.stderr.splitlines() if "Collected" in x).split()[-1]))
+    return (counts[1] - counts[0]) // 40
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -217,6 +304,8 @@ def main() -> None:
                         "responses rows end in _before)")
     parser.add_argument("--only", default="http,chat,responses",
                         help="which of chatrun's endpoints to measure (comma-separated; default all three)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per late turn under callgrind instead (floor_eb, http, http_before)")
     parser.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-floor-eb", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -232,6 +321,12 @@ def main() -> None:
         env = dict(os.environ, OPENAI_BASE_URL=f"http://127.0.0.1:{fake_port}/v1", OPENAI_API_KEY="bench")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "runner"), env.get("PYTHONPATH")]))
         env.pop("CHATRUN_AUTH_FILE", None)
+        if args.instructions:
+            checkouts = {"floor_eb": ROOT, "http": ROOT} | ({"http_before": args.before} if args.before else {})
+            for kind, checkout in checkouts.items():
+                print(f"{kind:<12} {instructions(kind.removesuffix('_before'), checkout, env) / 1e6:.2f} M "
+                      "instructions per late turn (callgrind, in process, no sockets)", flush=True)
+            return
         with tempfile.TemporaryDirectory() as tmp:
             servers = start_servers(Path(tmp), env, args.before, tuple(args.only.split(",")))
             results: dict[str, list[dict[str, float]]] = {kind: [] for kind in servers}

@@ -6,11 +6,13 @@ Loads bots/travel, opens a library session on the scripted model, sends one warm
 a call is "cross-file" when its caller's file is another chatrun file. Printed: the files in the
 order the message first enters them, with how many calls enter each, and the totals.
 Goal (issue 39): a message to travel enters <= 30 files. Figures: in process 27 files and 116
-cross-file calls before issue 39 (main at 7aabd1b), 22 and 102 after (2026-12-06); through the
-server's HTTP API (`--server`) 46 and 334 before, 40 and 249 after (the request's dependencies now
-run on the event loop, where the trace sees them, not in a worker thread: auth.py and
-widget_identity.py are counted now). docs/architecture.md lists the walk, and
-tests/test_walk.py checks the list against it.
+cross-file calls before issue 39 (main at 7aabd1b), 22 and 102 after the first cuts, 19 and 94
+now (2026-12-06: each route's plan assembled when the bot loads, the call path made only when a
+tool is called); through the server's HTTP API (`--server`) 46 and 334 before, 40 and 249 after
+the first cuts, 34 and 239 now (also no caller to read with auth off and no token, the author's
+stand-in for the model asked by the pool instead of wrapping every session's model): the goal
+of 30 is met in process, not on the HTTP path. docs/architecture.md lists the walk, and
+tests/test_walk.py checks the list against it (the HTTP path: its count and the hooks it skips).
 
     python bench/walk.py            # the walk, in order
     python bench/walk.py --json     # the same as JSON (tests/test_walk.py reads it)
@@ -120,9 +122,17 @@ def server_walk() -> Walk:
                             env=dict(os.environ, PYTHONPATH=str(REPO / "runner")), stdout=subprocess.DEVNULL)
     try:
         wait_port(port, fake)
+        saved = {name: os.environ.get(name) for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY")}
         os.environ.update(OPENAI_BASE_URL=f"http://127.0.0.1:{port}/v1", OPENAI_API_KEY="walk")
-        app = create_app([chatrun.load_bot(REPO / "bots" / "travel")], "memory://", gc_tuning=False)
-        return asyncio.run(_http_walk(app, httpx))
+        try:
+            app = create_app([chatrun.load_bot(REPO / "bots" / "travel")], "memory://", gc_tuning=False)
+            return asyncio.run(_http_walk(app, httpx))
+        finally:  # a test process goes on with its own environment
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
     finally:
         fake.terminate()
         fake.wait(10)

@@ -134,6 +134,20 @@ def test_bad_widget_tokens_are_refused_with_the_reason(client, token, reason):
     assert reason in answer.json()["message"]
 
 
+@pytest.mark.parametrize("carried", ["authorization", "x-api-key", "query"])
+def test_with_auth_off_a_widget_token_is_read_wherever_a_token_is_carried(client, carried):
+    # Auth off: a request with no token is anonymous without reading one (server/plumbing.py's
+    # carries_token); a token in any of its three places is still read and checked.
+    token = "cwv.short"
+    headers = {"Authorization": f"Bearer {token}"} if carried == "authorization" else \
+        {"X-API-Key": token} if carried == "x-api-key" else {}
+    url = "/bots/travel/sessions" + (f"?lang=en&token={token}" if carried == "query" else "")
+    answer = client.post(url, headers=headers, json={})
+    assert answer.status_code == 401
+    assert "at least 22 random characters" in answer.json()["message"]
+    assert client.post("/bots/travel/sessions", json={}).status_code == 201  # no token: anonymous
+
+
 def test_a_widget_token_is_good_only_on_its_bots_paths(client):
     answer = client.get("/bots", headers={"Authorization": "Bearer cwv." + "v" * 30})
     assert answer.status_code == 401

@@ -800,8 +800,12 @@ class BotConfig:
 
     def audience_of(self, event_type: str) -> str:
         """Who events of this type are for: as `events:` declares it, else the user."""
-        declared = self.events.get(event_type)
-        return declared.audience if declared is not None else ev.USER
+        return self.audiences.get(event_type, ev.USER)
+
+    @cached_property  # read for every event a turn sends (engine/session.py), as audience_of says
+    def audiences(self) -> dict[str, str]:
+        """The audience of each event type `events:` declares (any other type's events are the user's)."""
+        return {name: declared.audience for name, declared in self.events.items()}
 
     def event_types(self) -> set[str]:
         """The event types a turn of the bot can send as far as its YAML says: chatrun's own
@@ -880,7 +884,7 @@ class Limits:
     max_session_cost: float | None = None
     max_calls_per_tool: int | None = None  # calls of one tool per turn (None: no bound but max_model_calls)
 
-    @property
+    @cached_property  # read on every model call; limits are not changed once loaded
     def has_budgets(self) -> bool:
         return any(v is not None for v in (self.max_turn_tokens, self.max_session_tokens,
                                            self.max_turn_cost, self.max_session_cost))

@@ -509,7 +509,7 @@ class Session:
               audience: str | None = None, multi: bool = False) -> None:
         # Who it is for: a handler's explicit audience, else as the bot's `events:` declares the type;
         # chatrun's own events (a failed turn's Error) are always the user's.
-        who = ev.USER if runtime else audience or self.bot.config.audience_of(event_type)
+        who = ev.USER if runtime else audience or self.bot.config.audiences.get(event_type, ev.USER)  # audience_of
         event = Event(event_type, ev.plain(data), self.turn_count + 1, meta or {}, runtime=runtime, audience=who,
                       multi=multi)
         if self._sink is not None:

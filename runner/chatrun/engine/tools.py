@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
 
-from chatrun.definition.config import BotConfig, RouteConfig, ToolConfig
+from chatrun.definition.config import BotConfig, ModelConfig, RouteConfig, ToolConfig
 from chatrun.engine.binding import bound_problem, offered_parameters
 from chatrun.errors import ModelError, ToolRefusal
 from chatrun.memory.tokens import TokenCounter
@@ -37,10 +37,9 @@ class Toolbox:
         # The token counters the bot's turns use, by (pinned tokenizer, model): made on first use
         # (engine/turn.py), not once per turn.
         self.counters: dict[tuple[str | None, str], TokenCounter] = {}
-        # Each route's tools and their specs, assembled once here when no tool kind adds to them
-        # at run time (an MCP route's are listed by its servers): such a route's messages reuse them.
-        self._assembled = {name: assembled for name, route in config.routes.items()
-                           if (assembled := assemble_route_tools(config, route)) is not None}
+        # What each route's model calls need that the YAML fixes, assembled once here (issue 39):
+        # the turn reads these fields and calls nothing to get them.
+        self.plans = {name: plan_route(config, route) for name, route in config.routes.items()}
 
     def setters(self, path: str) -> list[Setter]:
         """The tools whose action writes `path` (`set:`, a case's `set:`, `ask.into`), in the
@@ -77,9 +76,9 @@ class Toolbox:
                           mocks: ToolMocks | None = None) -> tuple[dict[str, ToolConfig], list[dict[str, Any]]]:
         """The tools the model may call on a route, by name, and their specs as the model sees them:
         assembled when the bot loaded, or (a kind adds to them: MCP) asked of the kinds now."""
-        assembled = self._assembled.get(route.name)
-        if assembled is not None and assembled[0] is route:
-            return dict(assembled[1]), assembled[2]
+        plan = self.plans.get(route.name)
+        if plan is not None and plan.route is route and plan.tools is not None:
+            return dict(plan.tools[0]), plan.tools[1]
         offered = await self.offered(route, mocks)
         return offered, [tool_spec(t) for t in offered.values()]
 
@@ -155,13 +154,32 @@ def tool_spec(tool: ToolConfig) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class RoutePlan:
+    """What a route's model calls need that the bot's YAML fixes, assembled when the bot loads:
+    its tools and their specs (None when a tool kind adds tools at run time: an MCP route's are
+    listed by its servers), its model (the bot's, with the route's own keys), the
+    `response_format` its `output:` asks for, and its `context:` template (else the bot's)."""
+
+    route: RouteConfig
+    tools: tuple[dict[str, ToolConfig], list[dict[str, Any]]] | None
+    model: ModelConfig
+    response_format: dict[str, Any] | None
+    context: str | None
+
+
+def plan_route(config: BotConfig, route: RouteConfig) -> RoutePlan:
+    return RoutePlan(route, assemble_route_tools(config, route), config.model.merged(route.model),
+                     response_format(route), route.context if route.context is not None else config.context)
+
+
 def assemble_route_tools(
-        config: BotConfig, route: RouteConfig) -> tuple[RouteConfig, dict[str, ToolConfig], list[dict[str, Any]]] | None:
+        config: BotConfig, route: RouteConfig) -> tuple[dict[str, ToolConfig], list[dict[str, Any]]] | None:
     """A route's offered tools and specs, when no tool kind adds to them at run time (else None)."""
     offered = {name: config.tools[name] for name in route.tools if name in config.tools}
     if any(kind.adds_tools(route, offered) for kind in KINDS.values()):
         return None
-    return route, offered, [tool_spec(tool) for tool in offered.values()]
+    return offered, [tool_spec(tool) for tool in offered.values()]
 
 
 def route_tool_specs(config: BotConfig, route: str) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ does to get its result is its kind's (chatrun.toolkinds), reached through the To
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -39,7 +40,13 @@ from chatrun.engine import grounding, observe, tracing, waiting
 from chatrun.engine.call import ToolCalls
 from chatrun.engine.context import Emit, TurnContext, storable
 from chatrun.engine.conversation import Conversation
-from chatrun.engine.guardrails import OutputHold, bot_storage_guards, map_strings, storage_redactor
+from chatrun.engine.guardrails import (
+    Guardrails,
+    OutputHold,
+    bot_storage_guards,
+    map_strings,
+    storage_redactor,
+)
 from chatrun.engine.pending import Decision
 from chatrun.engine.steps import (
     NextStep,
@@ -50,10 +57,11 @@ from chatrun.engine.steps import (
 )
 from chatrun.engine.stream_chunks import StreamBatcher
 from chatrun.engine.tools import (
+    RoutePlan,
     Toolbox,
     ToolMocks,
     parse_output,
-    response_format,
+    plan_route,
 )
 from chatrun.engine.usage import Usage, call_usage, check_budgets
 from chatrun.errors import ModelError, TurnFailed
@@ -87,6 +95,7 @@ class RouteRun:
     offered: dict[str, ToolConfig]
     specs: list[dict[str, Any]]  # the offered tools as the model sees them
     model: ModelConfig
+    plan: RoutePlan  # what the YAML fixes for the route's calls, assembled when the bot loaded
     returning: bool  # a called route with `returns: answer`: its answer is the call's result
     # A rejected JSON answer and what was wrong with it, sent after the memory's messages (never
     # kept in the memory); once set it stays for the rest of this route's loop, as it always has.
@@ -113,10 +122,7 @@ class Turn:
         # What the tool calls and the decisions see of this turn (engine/context.py).
         self.t = TurnContext(conversation, tools, emit, text, data, mocks, decision, attachments, blobs,
                              self.summary_call)
-        self.calls = ToolCalls(self.t)
         self.model = TextCalls(model)  # calls the model writes as text become calls (models/text_calls.py)
-        if self.calls.guard is not None:
-            self.calls.guard.model = self.model  # a `moderation` guardrail asks it (engine/guardrails.py)
         # The circuit breakers of the endpoints the model's clients call (`model.breaker:`), if it has any.
         self.breakers: Breakers | None = getattr(model, "breakers", None)
         self.number = self.t.number
@@ -132,13 +138,27 @@ class Turn:
         self.nudged = False  # an empty answer was asked again (once per turn)
         self.asked_to_cite = False  # an answer that cited nothing (`cite: required`) was asked again (once)
 
+    @functools.cached_property
+    def calls(self) -> ToolCalls:
+        """The turn's one call path (engine/call.py), made when the turn first needs it: a turn whose
+        model calls no tool, with no guardrails and nothing waiting, never enters it."""
+        calls = ToolCalls(self.t)
+        if calls.guard is not None:
+            calls.guard.model = self.model  # a `moderation` guardrail asks it (engine/guardrails.py)
+        return calls
+
+    @property
+    def guard(self) -> Guardrails | None:
+        """The turn's guardrails (engine/guardrails.py), None when the bot declares none."""
+        return self.calls.guard if self.t.config.guarded else None
+
     # -- the loop ---------------------------------------------------------------
 
     async def run(self) -> None:
         # The current route runs first, unless something waits (engine/waiting.py): then a decision
         # resolves it and the loop goes on (run again or hand off), or a message is handled without it.
         c = self.t.c
-        if self.calls.guard is not None and await self.calls.guard.check_input():  # blocked, or handed to an operator
+        if self.guard is not None and await self.guard.check_input():  # blocked, or handed to an operator
             self.finish()
             return
         nothing_waits = self.t.decision is None and not c.pending  # engine/waiting.py only when something does
@@ -174,8 +194,13 @@ class Turn:
             user_text = self.t.render_user(route)  # the system prompt goes first anyway: memories keep it first
             if user_text or self.t.attachments:  # files alone are a message too (a photo, no words)
                 memory.add(UserMessage(user_text or "", self.t.attachments))
-        offered, specs = await self.t.tools.route_tools(route, self.t.mocks)
-        return RouteRun(route, memory, offered, specs, self.t.config.route_model(route.name),
+        plan = self.t.tools.plans.get(route.name)
+        if plan is None or plan.route is not route:  # a route the loaded bot does not hold as it is
+            plan = plan_route(self.t.config, route)
+        tools = plan.tools
+        offered, specs = (dict(tools[0]), tools[1]) if tools is not None else \
+            await self.t.tools.route_tools(route, self.t.mocks)
+        return RouteRun(route, memory, offered, specs, plan.model, plan,
                         route.returns == "answer" and scope.caller is not None,
                         tool_choice=sendable_tool_choice(route.tool_choice, offered),
                         knowledge=await grounding.retrieved(self.t, route) if route.knowledge else [])
@@ -223,9 +248,9 @@ class Turn:
         self.add_system(run.memory, route)
         # The route's `context:` follows the memory, rendered anew for each call and never kept:
         # the system prompt and the memory stay the prefix a provider's prompt cache keeps.
-        extra, run.nudge = self.context_message(route) + run.knowledge + run.correction + run.nudge, []
+        extra, run.nudge = self.context_message(run.plan) + run.knowledge + run.correction + run.nudge, []
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
-                               response_format(route), self.t.read_blob if self.t.blobs is not None else None,
+                               run.plan.response_format, self.t.read_blob if self.t.blobs is not None else None,
                                run.tool_choice, cache_key=prompt_cache_key(self.t.config.name, route.name))
         counted = self.sent_tokens(run.memory, request.messages, len(extra), self.counter(model_config.name))
         price = self.t.config.prices.get(model_config.name)
@@ -236,7 +261,7 @@ class Turn:
         # A reply that must cite a source is checked before anyone sees it: not streamed either.
         must_cite = route.knowledge is not None and route.knowledge.cite_required
         streamed = model_config.stream and not run.returning and not route.output and not must_cite
-        guard = self.calls.guard
+        guard = self.guard
         batcher = StreamBatcher(self.t.emit, bool(route.stream_to_quarkus)) if streamed else None
         sender = batcher.send if batcher is not None else None
         # Output guards hold the stream until checked: the one place chunks leave the engine.
@@ -409,10 +434,10 @@ class Turn:
                                  "the model would lose its instructions (make the template always say something)")
             memory.add(SystemMessage(text))
 
-    def context_message(self, route: RouteConfig) -> list[Message]:
+    def context_message(self, plan: RoutePlan) -> list[Message]:
         """The route's (else the bot's) `context:` rendered now, as the message that follows the
         memory on this call; none when it is not declared or renders blank."""
-        source = self.t.config.route_context(route.name)
+        source, route = plan.context, plan.route
         if not source:
             return []
         where = route.where if route.context is not None else self.t.config.where

@@ -5,13 +5,16 @@ process, so a thousand sessions share one HTTP connection pool; a session starte
 the library gets a pool of its own. `pool.model()` is the `ChatModel` a session uses: it
 answers each request with the client of the request's provider — shared clients for
 providers that hold no per-conversation state, a client of its own for the others (the
-scripted model counts its answers).
+scripted model counts its answers). Who answers a call is decided here: the request's
+provider, or a stand-in the running turn's request set (`STAND_IN`: the author playing the
+model on the page, server/play_model.py), which no other layer knows about.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from chatrun.definition.config import ModelConfig
 from chatrun.models.base import (
@@ -24,6 +27,20 @@ from chatrun.models.base import (
 from chatrun.models.fallback import Breakers
 
 SHARED_PROVIDERS = ("openai",)  # clients that hold no per-conversation state
+
+
+class StandIn(Protocol):
+    """Someone who answers a model call in the model's place (server/play_model.py's ModelPlayer)."""
+
+    def wants(self, request: ModelRequest) -> bool: ...
+
+    async def answer(self, request: ModelRequest) -> ModelResponse: ...
+
+
+# The stand-in of the turn running in this context, if any. The request that runs the turn sets
+# it; the engine's turn task is created inside and inherits it. A context variable, not a wrapper
+# model, so a session nobody plays passes no extra layer (issue 39).
+STAND_IN: contextvars.ContextVar[StandIn | None] = contextvars.ContextVar("chatrun_model_stand_in", default=None)
 
 
 def make_model(provider: str, **options: Any) -> ChatModel:
@@ -97,6 +114,9 @@ class PooledModel:
         return model
 
     async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
+        stand_in = STAND_IN.get()
+        if stand_in is not None and stand_in.wants(request):
+            return await stand_in.answer(request)
         return await self.for_provider(request.config.provider).complete(request, on_chunk)
 
     async def moderate(self, config: ModelConfig, model: str, text: str) -> ModerationResult | None:

@@ -189,14 +189,20 @@ def resolve_auth(auth: Auth | str | Path | None) -> Auth | None:
     return Auth.load(env) if env else None
 
 
+# Where a request may carry a token: these headers, or this query parameter. A request with none
+# of them carries no token (server/plumbing.py answers it without reading further).
+AUTHORIZATION, API_KEY = TOKEN_HEADERS = ("authorization", "x-api-key")
+TOKEN_QUERY = "token"
+
+
 def token_from(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
     """The token a request carries: Authorization: Bearer, X-API-Key, or ?token=.
     `headers` and `query` are starlette's Headers and QueryParams, both read-only mappings."""
     get_h = headers.get
-    value = get_h("authorization")
+    value = get_h(AUTHORIZATION)
     if value and value.lower().startswith("bearer "):
         return value[7:].strip()
-    key = get_h("x-api-key")
+    key = get_h(API_KEY)
     if key:
         return key.strip()
-    return query.get("token") or None
+    return query.get(TOKEN_QUERY) or None

@@ -329,7 +329,7 @@ async def turn_reply(registry: SessionRegistry, session: Session, message: Any, 
     """One turn of a held session (a message, or a decision: server/pending_api.py) as one
     JSON reply: its events, whether it succeeded, where the conversation is, and whether it
     was a replay of the Idempotency-Key's committed turn."""
-    run = registry.turn(session, message, key)
+    run = registry.turn(session, message, key, whole=True)
     events = [e async for e in run]
     body = {
         "events": [e.to_dict() for e in events if e.type != ev.STREAM],

@@ -8,10 +8,10 @@ answer as the model") makes each model call of that turn a `ModelRequest` frame:
 messages the model would see (in short) and the tools offered. The turn waits until a
 `ModelAnswer` frame of the same connection answers it (text, or a tool call), then goes on.
 
-How the answer reaches the model call: the request's task sets `PLAYING` (a context variable)
-before it iterates the turn; the engine's turn task is created inside it and inherits it, and
-`PlayableModel` (every served session's model) asks the player when one is set and wants the
-call. Nothing else of the engine knows.
+How the answer reaches the model call: the request's task sets `PLAYING` (models/pool.py's
+`STAND_IN`, a context variable) before it iterates the turn; the engine's turn task is created
+inside it and inherits it, and the session's pooled model asks the player when one is set and
+wants the call. Nothing else of the engine knows, and a turn nobody plays never enters this file.
 
 Who may play: a caller with no auth (the server's own author, `chatrun serve` without `--auth`),
 or a principal with the role `authors`. Never the end-user page (it never asks), never a
@@ -31,8 +31,8 @@ from typing import Any
 
 from chatrun.errors import ModelError
 from chatrun.messages import ToolCall
-from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse
-from chatrun.models.pool import PooledModel
+from chatrun.models.base import ModelRequest, ModelResponse
+from chatrun.models.pool import STAND_IN, StandIn
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 
@@ -109,21 +109,7 @@ class ModelPlayer:
             del self.asks.waiting[ask]
 
 
-PLAYING: contextvars.ContextVar[ModelPlayer | None] = contextvars.ContextVar("chatrun_model_player", default=None)
-
-
-class PlayableModel(PooledModel):
-    """A served session's model: the page's player answers when one plays this turn and wants
-    the call, else the pool's model does. A PooledModel itself, not a wrapper around one: one
-    object per cached session instead of two (issue 39)."""
-
-    __slots__ = ()
-
-    async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
-        player = PLAYING.get()
-        if player is None or not player.wants(request):
-            return await super().complete(request, on_chunk)
-        return await player.answer(request)
+PLAYING: contextvars.ContextVar[StandIn | None] = STAND_IN  # a ModelPlayer answers the turn's model calls
 
 
 def model_request_data(ask: str, request: ModelRequest, why: str | None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from starlette.requests import HTTPConnection
 
 from chatrun.engine.bot import Bot
 from chatrun.server import wire
-from chatrun.server.auth import Auth, Principal, token_from
+from chatrun.server.auth import API_KEY, AUTHORIZATION, TOKEN_QUERY, Auth, Principal, token_from
 from chatrun.server.guard import EdgePolicy, Refused, read_body
 from chatrun.server.sessions import SessionRegistry
 from chatrun.server.widget_identity import IdentityRefused, is_widget_token, widget_principal
@@ -51,6 +51,8 @@ def authenticate(connection: HTTPConnection) -> Principal | None:
     A widget's token (a signed identity or an anonymous visitor) is checked first, against the
     `widget:` of the bot the path names, auth on or off. Raises Unauthorized when auth is on
     and the token is missing or unknown, WidgetRefused for a widget token the bot refuses."""
+    if connection.app.state.auth is None and not carries_token(connection):
+        return None  # auth off and no token: anonymous, with nothing to read (no widget token either)
     token = token_from(connection.headers, connection.query_params)
     if is_widget_token(token):
         return _widget_caller(connection, str(token))
@@ -61,6 +63,13 @@ def authenticate(connection: HTTPConnection) -> Principal | None:
     if found is None:
         raise Unauthorized()
     return found
+
+
+def carries_token(connection: HTTPConnection) -> bool:
+    """Whether a request has any of the places a token is carried (auth.py's token_from)."""
+    headers = connection.headers
+    return (AUTHORIZATION in headers or API_KEY in headers
+            or bool(connection.scope.get("query_string")) and TOKEN_QUERY in connection.query_params)
 
 
 def _widget_caller(connection: HTTPConnection, token: str) -> Principal:

@@ -30,7 +30,6 @@ from chatrun.models import ModelPool
 from chatrun.server import wire
 from chatrun.server.audience import OPERATOR_ROLE
 from chatrun.server.auth import Principal, template_principal
-from chatrun.server.play_model import PlayableModel
 from chatrun.server.session_cache import SessionCache, Slot
 from chatrun.server.session_writes import SessionWrites, exists
 from chatrun.server.versions import VersionShelf
@@ -223,7 +222,7 @@ class SessionOpener:
             session = request.bot.session(
                 route=request.start.route,
                 store=buffer,
-                model=PlayableModel(self.models),  # the pool's model, which the author may play (play_model.py)
+                model=self.models.model(),  # the pool's model, which the author may play (play_model.py)
                 session_id=request.session_id,
                 state=request.start.state,
                 roles=set(principal.roles) if principal is not None else None,

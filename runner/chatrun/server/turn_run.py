@@ -48,9 +48,11 @@ class TurnRun:
     its history entry once iterated (ok, usage, ...; the recorded one for a replay)."""
 
     def __init__(self, session: Session, message: Any, request_id: str | None, hold: Callable[[], Hold],
-                 store: AsyncStore, writes: SessionWrites, report: Callable[[], TurnReport]):
-        """hold: the session's hold (looked up when the turn starts); report: a new TurnReport."""
-        self._session, self._message, self.request_id = session, message, request_id
+                 store: AsyncStore, writes: SessionWrites, report: Callable[[], TurnReport], whole: bool = False):
+        """hold: the session's hold (looked up when the turn starts); report: a new TurnReport;
+        whole: the events are used only once the turn has ended (a JSON reply), so the turn runs
+        in the caller's task (Session.achat), without a task and a queue of its own (issue 39)."""
+        self._session, self._message, self.request_id, self._whole = session, message, request_id, whole
         self._hold_of, self._store, self._writes, self._report = hold, store, writes, report
         self.replayed = False
         self.turn = 0
@@ -111,9 +113,14 @@ class TurnRun:
         number = session.turn_count + 1
         try:
             with report.observing():
-                async for event in session.stream(self._message):
-                    report.saw(event)
-                    yield event
+                if self._whole:
+                    for event in await session.achat(self._message):
+                        report.saw(event)
+                        yield event
+                else:
+                    async for event in session.stream(self._message):
+                        report.saw(event)
+                        yield event
         except asyncio.CancelledError:  # stopped: the engine rolled the turn back; its record is kept
             await self._keep_stopped(session, hold, number)
             raise
