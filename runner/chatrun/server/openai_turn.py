@@ -474,6 +474,9 @@ def turn_input(session: Any, blobs: BlobArea | None, text: str, uploads: tuple[U
     return {"userMessage": text, "attachments": [a.to_dict() for a in refs]}
 
 
+_SPEAKERS = ("user", "assistant")
+
+
 def conversation_of(messages: Any, where: str) -> tuple[Exchange, str]:
     """(the earlier user/assistant exchange, the last user message) of an OpenAI message list.
     System and developer messages are not part of it: the bot has its own prompts."""
@@ -481,6 +484,11 @@ def conversation_of(messages: Any, where: str) -> tuple[Exchange, str]:
         raise OpenAIError(400, f"{where} must be a non-empty list of messages", code="invalid_messages")
     exchange: Exchange = []
     for i, message in enumerate(messages):
+        # The usual message first (a user's or assistant's text): no further checks to make.
+        if type(message) is dict and type(message.get("content")) is str and message.get("role") in _SPEAKERS \
+                and message.get("type") in (None, "message"):
+            exchange.append((message["role"], message["content"].strip()))
+            continue
         if isinstance(message, str):
             message = {"role": "user", "content": message}
         if not isinstance(message, dict):
