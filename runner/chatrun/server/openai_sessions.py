@@ -221,14 +221,16 @@ class TurnIndex:
     # -- opening the session of a request ----------------------------------------------------
 
     @asynccontextmanager
-    async def open(self, ident: Identity, who: Principal | None) -> AsyncIterator[Opened]:
-        """The request's session, locked for its turn (see the module's rules)."""
+    async def open(self, ident: Identity, who: Principal | None, claim: str | None = None) -> AsyncIterator[Opened]:
+        """The request's session, locked for its turn (see the module's rules). `claim`: the
+        key of the request's outcome, marked as running (so that its retries, on any replica,
+        wait for its outcome) in the same store call as the look-up of its conversation."""
         registry = self.registry
         if ident.explicit_id is not None:
             problem = wire.chat_id_problem(ident.explicit_id)
             if problem:
                 raise wire.RequestFailed(wire.BAD_REQUEST, f"the session id must be {problem}")
-            if await registry.store.version(ident.explicit_id) is not None:
+            if (await self._look_up(claim, None, ident.explicit_id))[1]:
                 async with registry.session(ident.bot, ident.explicit_id, who, EXISTING) as session:
                     yield Opened(session, CONTINUED, caught_up=await self._unseen(session))
                 return
@@ -237,9 +239,10 @@ class TurnIndex:
                 yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
             return
         record = ident.previous
-        if record is None and ident.earlier:
-            record = await self.records.get_record(ident.prefix_key(_owner(who)))
-        if record is not None and record.get("bot") == ident.bot and await self._alive(record):
+        key = ident.prefix_key(_owner(who)) if record is None and ident.earlier else None
+        found, alive = await self._look_up(claim, key, None if record is None else record["session"])
+        record = record or found
+        if record is not None and record.get("bot") == ident.bot and alive:
             async with registry.session(ident.bot, record["session"], who, EXISTING) as session:
                 if session.turn_count == record["turn"]:
                     yield Opened(session, CONTINUED)
@@ -258,6 +261,15 @@ class TurnIndex:
                                     version=ident.version, locale=ident.locale) as session:
             yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
 
+    async def _look_up(self, claim: str | None, key: str | None,
+                       session_id: str | None) -> tuple[dict[str, Any] | None, bool]:
+        """In one call of a local store's thread: the request's claim (when `claim`), the
+        record under `key` (when given), and whether the session it names (else `session_id`)
+        exists: a deleted session's recorded turns neither continue nor fork."""
+        work = functools.partial(_look_up, claim, key, session_id)
+        in_one_call = getattr(self.records, "in_one_call", None)
+        return await (in_one_call(work) if in_one_call is not None else work(self.records))
+
     async def _unseen(self, session: Session) -> list[dict[str, Any]]:
         """Others' turns since the session's last /v1 turn (all since the user's last turn when
         /v1 never took one), for a request naming the session by its id."""
@@ -268,10 +280,6 @@ class TurnIndex:
         return trailing_others_turns(await self.registry.history(session), last)
 
     # -- exactly once: a retried request replays the turn its first attempt committed ---------
-
-    async def claim(self, key: str) -> None:
-        """Mark a request as running, so that its retries (on any replica) wait for its outcome."""
-        await self.records.put_record(key, {"running": True, "at": time.time()})
 
     async def claim_or_outcome(self, key: str) -> dict[str, Any] | None:
         """For a request that may have run already (an Idempotency-Key, a retry): its committed
@@ -372,6 +380,17 @@ class TurnIndex:
         # A new session (versions.CREATE: refused if the id exists), written like any commit.
         await self.registry.store.commit_turn(Commit.encode(new, snapshot, memories, [], expected=CREATE), None)
         return new
+
+
+async def _look_up(claim: str | None, key: str | None, session_id: str | None,
+                   records: RecordOps) -> tuple[dict[str, Any] | None, bool]:
+    """TurnIndex._look_up's reads (and the claim). Awaits nothing but `records` (in_one_call)."""
+    if claim is not None:
+        await records.put_record(claim, {"running": True, "at": time.time()})
+    record = None if key is None else await records.get_record(key)
+    if record is not None:
+        session_id = record.get("session")
+    return record, session_id is not None and await records.version(session_id) is not None
 
 
 async def _remember(session_id: str, turn: int, state: dict[str, Any], record: dict[str, Any], keys: list[str],

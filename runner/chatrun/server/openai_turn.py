@@ -212,11 +212,12 @@ async def run_turn(
         recorded = await index.claim_or_outcome(attempt.key)
         if recorded is not None:
             return _replay(recorded, emit)
-    else:  # the user's own request, not a retry: it runs, whatever an earlier one answered
-        await index.claim(attempt.key)
+    # The user's own request, not a retry, runs whatever an earlier one answered: it claims
+    # the outcome's key as its session is looked up (TurnIndex.open).
+    claim = None if attempt.retry else attempt.key
     try:
         # A committed turn's outcome is settled with the index's records of it (TurnIndex.remember).
-        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt.key)
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt.key, claim)
     except BaseException:
         await asyncio.shield(index.release(attempt.key))
         raise
@@ -241,11 +242,11 @@ def _replay(recorded: dict[str, Any], emit: Emit) -> TurnResult:
 async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
     emit: Emit, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
-    attempt_key: str | None = None,
+    attempt_key: str | None = None, claim: str | None = None,
 ) -> TurnResult:
     reply = Reply()
     events: list[dict[str, Any]] = []
-    async with index.open(ident, who) as opened:
+    async with index.open(ident, who, claim) as opened:
         session = opened.session
         if session.ended:  # before OPENED: a streaming request fails with its status, no stream
             raise conversation_ended(session.id, session.ended)
