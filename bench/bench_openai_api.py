@@ -31,8 +31,12 @@ CPU ms per turn, min / median, turns 1-10 and 31-40:
     http_before   4.25 / 4.62    4.88 / 5.25   (2.21x; 2.79x by mins)
     chat_before   5.37 / 6.75    6.50 / 6.75   (2.84x; 3.71x by mins)
 
+The /v1 cuts (2026-12-06, `--only chat --before <main 9805da5>`, two runs, load average 3-8), late
+turns, min / median: chat 4.13 / 4.87 and 3.88 / 5.00, 2.29x and 2.35x floor_eb (before 5.00 / 5.37
+and 4.75 / 5.75, 2.53x and 2.71x); late/early 1.08 and 1.18 beside floor_eb's 0.94 and 1.21.
+
 Instructions per late turn (callgrind, in process; bench/README.md): http 10.08 -> 9.67 M, chat
-15.96 -> 14.75 M, floor_eb 6.64 M. After "assemble once" on the HTTP path (2026-12-06, h-walk,
+15.96 -> 14.75 M, floor_eb 6.64 M; then (bench/turn_instructions.py) chat 14.73 -> 13.85 M. After "assemble once" on the HTTP path (2026-12-06, h-walk,
 `--instructions`, the ASGI app called directly): floor_eb 6.79 M, http 9.53 -> 9.51 M (1.40x); by
 CPU at load average 5-8, http 1.52x and 1.76x floor_eb late (median) in two interleaved runs. Neither goal is met: what is left of the gap is mostly the engine's turn (a turn's model
 call through chatrun's model layer, the session's commit) and, for /v1, the index's records

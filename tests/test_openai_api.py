@@ -338,13 +338,14 @@ def test_the_index_keeps_a_sessions_last_turns_and_deletes_them_with_it(client, 
     from chatrun.server import openai_sessions
 
     monkeypatch.setattr(openai_sessions, "KEEP_TURNS", 2)
+    monkeypatch.setattr(openai_sessions, "CHAIN", 1)  # states: 1 full, 2 a delta of 1, 3 full, 4 a delta of 3
     fake.responder = lambda body: {"text": "ok"}
     ids = [client.responses.create(model="travel", input="one").id]
-    for text in ("two", "three"):
+    for text in ("two", "three", "four"):
         ids.append(client.responses.create(model="travel", input=text, previous_response_id=ids[-1]).id)
-    with pytest.raises(openai.NotFoundError):  # turn 1 is past the last two: forgotten
-        client.responses.create(model="travel", input="again", previous_response_id=ids[0])
-    forked = client.responses.create(model="travel", input="other", previous_response_id=ids[1])
+    with pytest.raises(openai.NotFoundError):  # turn 2 is past the last two: forgotten
+        client.responses.create(model="travel", input="again", previous_response_id=ids[1])
+    forked = client.responses.create(model="travel", input="other", previous_response_id=ids[2])
     assert forked.model_extra["chatrun"]["how"] == "forked"
     session = forked.model_extra["chatrun"]["forked_from"]
     with sqlite3.connect(tmp_path / "chat.db") as db:
@@ -354,11 +355,29 @@ def test_the_index_keeps_a_sessions_last_turns_and_deletes_them_with_it(client, 
         assert 0 < kept <= 2 * 3 + 1  # two turns' keys (response id, prefix), their states, the list of turns
         states = {k for (k,) in db.execute("SELECT key FROM records WHERE session = ? AND key LIKE 'openai:state:%'",
                                             (session,))}
-        assert states == {f"openai:state:{session}:2", f"openai:state:{session}:3"}  # turn 1's went with it
+        # Turn 4's state is a delta of turn 3's; turns 1 and 2's states went with their turns.
+        assert states == {f"openai:state:{session}:3", f"openai:state:{session}:4"}
         assert httpx.delete(f"{server.url}/bots/travel/sessions/{session}").status_code == 204
         assert records_of(session) == 0
     with pytest.raises(openai.NotFoundError):
-        client.responses.create(model="travel", input="again", previous_response_id=ids[2])
+        client.responses.create(model="travel", input="again", previous_response_id=ids[3])
+
+
+def test_every_kept_turn_forks_with_its_conversation_whole_across_delta_states(client, fake, monkeypatch):
+    """A turn's state is written as a delta of the turn before's (a full one every CHAIN turns):
+    a fork of any kept turn gets the conversation exactly as it was right after that turn."""
+    from chatrun.server import openai_sessions
+
+    monkeypatch.setattr(openai_sessions, "CHAIN", 3)  # full states at turns 1, 5; deltas between
+    fake.responder = lambda body: {"text": "A" + [m for m in body["messages"] if m["role"] == "user"][-1]["content"]}
+    ids = [client.responses.create(model="travel", input="u1").id]
+    for n in range(2, 8):
+        ids.append(client.responses.create(model="travel", input=f"u{n}", previous_response_id=ids[-1]).id)
+    for turn in range(1, 7):  # turn 7 is the session's last: a continuation, not a fork
+        forked = client.responses.create(model="travel", input="fork", previous_response_id=ids[turn - 1])
+        assert forked.model_extra["chatrun"]["how"] == "forked"
+        sent = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] != "system"]
+        assert sent == [text for n in range(1, turn + 1) for text in (f"u{n}", f"Au{n}")] + ["fork"]
 
 
 # -- responses -----------------------------------------------------------------------------------

@@ -3,11 +3,19 @@ not re-walked by the schema validator message by message, and the answers are un
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from chatrun.server.openai_schema import CHAT_COMPLETIONS, RESPONSES, problem, without_plain_history
+from chatrun.server.openai_schema import (
+    CHAT_COMPLETIONS,
+    RESPONSES,
+    problem,
+    surely_valid,
+    without_plain_history,
+)
 
 
 def full_check(schema, body):
@@ -66,3 +74,27 @@ def test_the_answer_and_the_place_named_are_those_of_the_whole_body(schema, body
     expected = full_check(schema, body)
     assert problem(schema, body) == expected
     assert (expected is None) == ((schema, body) in GOOD_BODIES)
+
+
+# Values for the fields the quick judgement knows, and some it leaves to the validator.
+_VALUES = [None, "", "x", True, False, 0, 1.5, [], {}, ["hi"], history(3), [*history(2), {"role": "user", "content": 7}],
+           [*history(2), "bare"], [{"content": "no role"}], {"id": "c"}, {"type": "json_object"}]
+_FIELDS = ["model", "messages", "input", "stream", "user", "safety_identifier", "previous_response_id",
+           "conversation", "response_format", "stream_options", "chatrun", "temperature"]
+
+
+def test_a_body_judged_surely_valid_is_one_the_validator_accepts():
+    """The quick judgement (no validator) never accepts what the schema refuses: random bodies."""
+    rng = random.Random(39)
+    judged = 0
+    for _ in range(4000):
+        body = {name: rng.choice(_VALUES) for name in ["model", "messages", "input", *rng.sample(_FIELDS, rng.randint(0, 4))]}
+        for schema in (CHAT_COMPLETIONS, RESPONSES):
+            if surely_valid(schema, body):
+                judged += 1
+                assert full_check(schema, body) is None, body
+    assert judged > 20  # the judgement was put to the test
+    # What the SDKs send each turn is judged without the validator.
+    assert surely_valid(CHAT_COMPLETIONS, {"model": "echo", "messages": [*history(79), {"role": "assistant",
+                        "content": "x", "refusal": None, "annotations": []}], "stream": False})
+    assert surely_valid(RESPONSES, {"model": "echo", "input": "hi", "previous_response_id": "resp_1"})

@@ -383,9 +383,9 @@ def attempt_of(index: TurnIndex, request: Request, body: dict[str, Any], ident: 
     if key is not None:
         check_request_id(key)
         return Attempt(index.request_key(ident.bot, owner, ["idempotency-key", key]), True)
-    what = [ident.namespace, ident.explicit_id, ident.route, ident.earlier, text, body.get("response_format")]
+    what = [ident.explicit_id, ident.route, text, body.get("response_format")]  # and the conversation: hashed once
     retries = request.headers.get(RETRY_HEADER, "0").strip()
-    return Attempt(index.request_key(ident.bot, owner, what), retries.isdigit() and int(retries) > 0)
+    return Attempt(ident.request_key(owner, what), retries.isdigit() and int(retries) > 0)
 
 
 # -- Responses ---------------------------------------------------------------------------------------

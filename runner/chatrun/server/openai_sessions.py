@@ -26,9 +26,13 @@ Every committed turn is recorded in the store (`RecordStore`: durable with SQLit
 rules hold across restarts; a store without records keeps the index in the process. A turn's
 keys (its prefix key, its response id) hold a small record naming the session and the turn;
 the session as it was after the turn (snapshot and memories, read only to fork) is one
-record of its own beside them, so a lookup or a clean-up reads no conversation. Only the last
-KEEP_TURNS turns of a session are kept (an older one matches nothing: rule 3), and a
-session's records go when it is deleted.
+record of its own beside them, so a lookup or a clean-up reads no conversation. That state is
+written as a delta of the state this process recorded for the same live session's turn before
+(the snapshot, and each memory's messages dropped from its front and added: a turn's write does
+not grow with the conversation), in full every CHAIN turns, after a restart and when a memory
+was rewritten; a fork reads the chain back to a full state. Only the last KEEP_TURNS turns of a
+session are kept (an older one matches nothing: rule 3) with the states their chains need, and
+a session's records go when it is deleted.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ import functools
 import hashlib
 import json
 import logging
+import operator
 import secrets
 import time
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -72,6 +78,8 @@ Exchange = list[tuple[str, str]]  # (role, text) pairs, role "user" or "assistan
 # Turns of a session that can be continued or forked from. Each record holds a snapshot and the
 # memories, so keeping every turn would grow a session's index with the square of its length.
 KEEP_TURNS = 32
+# At most this many delta states in a row before a full one: what a fork reads back.
+CHAIN = 8
 
 
 @dataclass
@@ -91,10 +99,22 @@ class Identity:
 
     def prefix_key(self, owner: str | None, more: Sequence[tuple[str, str]] = ()) -> str:
         """The index key of the earlier conversation followed by `more` (TurnIndex.prefix_key)."""
+        return _key_after(self._running(owner), bool(self.earlier), more)
+
+    def request_key(self, owner: str | None, rest: list[Any]) -> str:
+        """The key of one request's outcome: the conversation's running hash (bot, owner,
+        namespace, the earlier messages: hashed once for both keys) followed by `rest`, what
+        else the request says about its turn. A NUL byte (never in JSON text) parts the two."""
+        hashed = self._running(owner).copy()
+        hashed.update(b"\0" + _JSON(rest).encode())
+        digest: str = hashed.hexdigest()
+        return "openai:request:" + digest
+
+    def _running(self, owner: str | None) -> Any:
         running = self._hashes.get(owner)
         if running is None:
             running = self._hashes[owner] = _running_hash(self.bot, owner, self.namespace, self.earlier)
-        return _key_after(running, bool(self.earlier), more)
+        return running
 
 
 @dataclass
@@ -135,11 +155,23 @@ def trailing_others_turns(history: list[dict[str, Any]], turn: int) -> list[dict
     return caught_up
 
 
+@dataclass
+class _Recorded:
+    """The state this process last recorded of a live session: the delta base of its next."""
+
+    turn: int
+    depth: int  # delta states since its chain's full state (0: it is full)
+    memories: dict[str, tuple[Message, ...]]
+
+
 class TurnIndex:
     """Committed turns by conversation prefix and by response id, kept in the store."""
 
     def __init__(self, registry: SessionRegistry):
         self.registry = registry
+        # Weak: a session the registry lets go (evicted, reloaded after another replica's turn)
+        # takes its entry with it, and its next state is written in full.
+        self._recorded: weakref.WeakKeyDictionary[Session, _Recorded] = weakref.WeakKeyDictionary()
         # The server's store keeps the records (asynchronously: SQLite in its worker thread,
         # Redis shared by replicas); a store of the user's without RecordStore keeps them in
         # this process only.
@@ -189,14 +221,16 @@ class TurnIndex:
     # -- opening the session of a request ----------------------------------------------------
 
     @asynccontextmanager
-    async def open(self, ident: Identity, who: Principal | None) -> AsyncIterator[Opened]:
-        """The request's session, locked for its turn (see the module's rules)."""
+    async def open(self, ident: Identity, who: Principal | None, claim: str | None = None) -> AsyncIterator[Opened]:
+        """The request's session, locked for its turn (see the module's rules). `claim`: the
+        key of the request's outcome, marked as running (so that its retries, on any replica,
+        wait for its outcome) in the same store call as the look-up of its conversation."""
         registry = self.registry
         if ident.explicit_id is not None:
             problem = wire.chat_id_problem(ident.explicit_id)
             if problem:
                 raise wire.RequestFailed(wire.BAD_REQUEST, f"the session id must be {problem}")
-            if await registry.store.version(ident.explicit_id) is not None:
+            if (await self._look_up(claim, None, ident.explicit_id))[1]:
                 async with registry.session(ident.bot, ident.explicit_id, who, EXISTING) as session:
                     yield Opened(session, CONTINUED, caught_up=await self._unseen(session))
                 return
@@ -205,9 +239,10 @@ class TurnIndex:
                 yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
             return
         record = ident.previous
-        if record is None and ident.earlier:
-            record = await self.records.get_record(ident.prefix_key(_owner(who)))
-        if record is not None and record.get("bot") == ident.bot and await self._alive(record):
+        key = ident.prefix_key(_owner(who)) if record is None and ident.earlier else None
+        found, alive = await self._look_up(claim, key, None if record is None else record["session"])
+        record = record or found
+        if record is not None and record.get("bot") == ident.bot and alive:
             async with registry.session(ident.bot, record["session"], who, EXISTING) as session:
                 if session.turn_count == record["turn"]:
                     yield Opened(session, CONTINUED)
@@ -226,6 +261,15 @@ class TurnIndex:
                                     version=ident.version, locale=ident.locale) as session:
             yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
 
+    async def _look_up(self, claim: str | None, key: str | None,
+                       session_id: str | None) -> tuple[dict[str, Any] | None, bool]:
+        """In one call of a local store's thread: the request's claim (when `claim`), the
+        record under `key` (when given), and whether the session it names (else `session_id`)
+        exists: a deleted session's recorded turns neither continue nor fork."""
+        work = functools.partial(_look_up, claim, key, session_id)
+        in_one_call = getattr(self.records, "in_one_call", None)
+        return await (in_one_call(work) if in_one_call is not None else work(self.records))
+
     async def _unseen(self, session: Session) -> list[dict[str, Any]]:
         """Others' turns since the session's last /v1 turn (all since the user's last turn when
         /v1 never took one), for a request naming the session by its id."""
@@ -236,10 +280,6 @@ class TurnIndex:
         return trailing_others_turns(await self.registry.history(session), last)
 
     # -- exactly once: a retried request replays the turn its first attempt committed ---------
-
-    async def claim(self, key: str) -> None:
-        """Mark a request as running, so that its retries (on any replica) wait for its outcome."""
-        await self.records.put_record(key, {"running": True, "at": time.time()})
 
     async def claim_or_outcome(self, key: str) -> dict[str, Any] | None:
         """For a request that may have run already (an Idempotency-Key, a retry): its committed
@@ -287,20 +327,48 @@ class TurnIndex:
         request's `outcome` (its key, what it answered), in one call of a local store's
         thread (LocalAsyncStore.in_one_call), else one call a record."""
         turn = session.turn_count
-        state = self.state_key(session.id, turn)
-        memories = {mid: [m.to_dict() for m in messages] for mid, messages in session.memories().items()}
+        memories = {mid: tuple(messages) for mid, messages in session.memories().items()}
+        state, recorded = self._state_after(session, turn, memories)
         record = {"bot": session.bot.name, "owner": _owner(who), "session": session.id, "turn": turn,
-                  "state": state, "at": time.time()}
-        work = functools.partial(_remember, session.id, turn, {"snapshot": session.snapshot(), "memories": memories},
-                                 record, keys, outcome)
+                  "state": self.state_key(session.id, turn), "at": time.time()}
+        work = functools.partial(_remember, session.id, turn, state, record, keys, outcome)
         in_one_call = getattr(self.records, "in_one_call", None)
         await (in_one_call(work) if in_one_call is not None else work(self.records))
+        self._recorded[session] = recorded  # written: the next state may be a delta of this one
+
+    def _state_after(self, session: Session, turn: int,
+                     memories: dict[str, tuple[Message, ...]]) -> tuple[dict[str, Any], _Recorded]:
+        """The state record of the session right after `turn`: a delta of the state recorded
+        last for this live session (`parent`: its turn), or in full (see the module's text)."""
+        last = self._recorded.get(session)
+        if last is None or last.turn >= turn or last.depth >= CHAIN:
+            full = {mid: [m.to_dict() for m in messages] for mid, messages in memories.items()}
+            return {"snapshot": session.snapshot(), "memories": full}, _Recorded(turn, 0, memories)
+        deltas = {mid: _memory_delta(last.memories.get(mid), messages) for mid, messages in memories.items()}
+        return ({"snapshot": session.snapshot(), "parent": last.turn, "memories": deltas},
+                _Recorded(turn, last.depth + 1, memories))
+
+    async def state_at(self, session_id: str, key: str) -> dict[str, Any] | None:
+        """A recorded state in full ({"snapshot", "memories"}), its deltas applied to the full
+        state their chain starts from; None when a state of the chain is gone."""
+        chain: list[dict[str, Any]] = []
+        state = await self.records.get_record(key)
+        while state is not None and "parent" in state:
+            chain.append(state)
+            state = await self.records.get_record(self.state_key(session_id, int(state["parent"])))
+        if state is None:
+            return None
+        memories: dict[str, list[Any]] = state["memories"]
+        for delta in reversed(chain):
+            memories = {mid: kept if isinstance(kept, list) else memories[mid][kept["drop"]:] + kept["add"]
+                        for mid, kept in delta["memories"].items()}
+        return {"snapshot": (chain[0] if chain else state)["snapshot"], "memories": memories}
 
     async def _fork(self, record: dict[str, Any]) -> str | None:
         """A new session in the store: the recorded one as it was right after the recorded turn
         (None when that state is gone)."""
         # A record written before the state had a record of its own holds it inline.
-        state = record if "snapshot" in record else await self.records.get_record(record["state"])
+        state = record if "snapshot" in record else await self.state_at(record["session"], record["state"])
         if state is None:
             return None
         old, new = record["session"], secrets.token_hex(8)
@@ -314,10 +382,22 @@ class TurnIndex:
         return new
 
 
+async def _look_up(claim: str | None, key: str | None, session_id: str | None,
+                   records: RecordOps) -> tuple[dict[str, Any] | None, bool]:
+    """TurnIndex._look_up's reads (and the claim). Awaits nothing but `records` (in_one_call)."""
+    if claim is not None:
+        await records.put_record(claim, {"running": True, "at": time.time()})
+    record = None if key is None else await records.get_record(key)
+    if record is not None:
+        session_id = record.get("session")
+    return record, session_id is not None and await records.version(session_id) is not None
+
+
 async def _remember(session_id: str, turn: int, state: dict[str, Any], record: dict[str, Any], keys: list[str],
                     outcome: tuple[str, dict[str, Any]] | None, records: RecordOps) -> None:
     """TurnIndex.remember's writes: the state, the keys, the request's outcome, and the session's
-    last KEEP_TURNS turns kept (see KEEP_TURNS). Awaits nothing but `records` (in_one_call)."""
+    last KEEP_TURNS turns kept (see KEEP_TURNS) with the states their chains start from (each
+    state's parent, listed under "states"). Awaits nothing but `records` (in_one_call)."""
     await records.put_record(record["state"], state, session_id)
     if outcome is not None:  # what a committed attempt answered, for its retries (deleted with the session)
         await records.put_record(outcome[0], outcome[1], session_id)
@@ -325,13 +405,47 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
         await records.put_record(key, record, session_id)
     listed = await records.get_record(TurnIndex.turns_key(session_id)) or {"turns": []}
     turns = [entry for entry in listed["turns"] if entry[0] != turn] + [[turn, keys]]
-    for old_turn, old_keys in turns[:-KEEP_TURNS]:
-        await records.delete_record(TurnIndex.state_key(session_id, old_turn))
+    # Listed before states had parents: every state is full.
+    states = listed.get("states", [[entry[0], None] for entry in listed["turns"]])
+    states = [entry for entry in states if entry[0] != turn] + [[turn, state.get("parent")]]
+    for _old_turn, old_keys in turns[:-KEEP_TURNS]:
         for key in old_keys:
             old = await records.get_record(key)
             if old is not None and old.get("session") == session_id:  # not since saved for another
                 await records.delete_record(key)
-    await records.put_record(TurnIndex.turns_key(session_id), {"turns": turns[-KEEP_TURNS:]}, session_id)
+    needed = _chains_of([entry[0] for entry in turns[-KEEP_TURNS:]], dict(states))
+    for old_turn, _ in states:
+        if old_turn not in needed:
+            await records.delete_record(TurnIndex.state_key(session_id, old_turn))
+    await records.put_record(TurnIndex.turns_key(session_id), {
+        "turns": turns[-KEEP_TURNS:], "states": [entry for entry in states if entry[0] in needed]}, session_id)
+
+
+def _chains_of(turns: list[int], parents: dict[int, int | None]) -> set[int]:
+    """The states that `turns`' states need: theirs and their parents' back to a full one."""
+    needed: set[int] = set()
+    for turn in turns:
+        at: int | None = turn
+        while at is not None and at not in needed:
+            needed.add(at)
+            at = parents.get(at)
+    return needed
+
+
+def _memory_delta(before: tuple[Message, ...] | None, now: tuple[Message, ...]) -> Any:
+    """A memory as it is `now`, after `before`: {"drop": n, "add": [...]} when it is `before`
+    without its first n messages followed by new ones (a window that grew or slid), else its
+    messages in full (a new memory, or one whose earlier messages were rewritten: a summary)."""
+    if before is None:
+        return [m.to_dict() for m in now]
+    kept = drop = 0
+    if before:  # where before's last message is now: messages are immutable, found by identity
+        last = before[-1]
+        kept = next((i + 1 for i in range(len(now) - 1, -1, -1) if now[i] is last), 0)
+        drop = len(before) - kept
+        if not kept or drop < 0 or not all(map(operator.is_, now[:kept], before[drop:])):
+            return [m.to_dict() for m in now]
+    return {"drop": drop, "add": [m.to_dict() for m in now[kept:]]}
 
 
 def _running_hash(bot: str, owner: str | None, namespace: str, exchange: Exchange) -> Any:

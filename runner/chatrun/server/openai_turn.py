@@ -212,11 +212,12 @@ async def run_turn(
         recorded = await index.claim_or_outcome(attempt.key)
         if recorded is not None:
             return _replay(recorded, emit)
-    else:  # the user's own request, not a retry: it runs, whatever an earlier one answered
-        await index.claim(attempt.key)
+    # The user's own request, not a retry, runs whatever an earlier one answered: it claims
+    # the outcome's key as its session is looked up (TurnIndex.open).
+    claim = None if attempt.retry else attempt.key
     try:
         # A committed turn's outcome is settled with the index's records of it (TurnIndex.remember).
-        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt.key)
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt.key, claim)
     except BaseException:
         await asyncio.shield(index.release(attempt.key))
         raise
@@ -241,11 +242,11 @@ def _replay(recorded: dict[str, Any], emit: Emit) -> TurnResult:
 async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
     emit: Emit, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
-    attempt_key: str | None = None,
+    attempt_key: str | None = None, claim: str | None = None,
 ) -> TurnResult:
     reply = Reply()
     events: list[dict[str, Any]] = []
-    async with index.open(ident, who) as opened:
+    async with index.open(ident, who, claim) as opened:
         session = opened.session
         if session.ended:  # before OPENED: a streaming request fails with its status, no stream
             raise conversation_ended(session.id, session.ended)
@@ -474,6 +475,9 @@ def turn_input(session: Any, blobs: BlobArea | None, text: str, uploads: tuple[U
     return {"userMessage": text, "attachments": [a.to_dict() for a in refs]}
 
 
+_SPEAKERS = ("user", "assistant")
+
+
 def conversation_of(messages: Any, where: str) -> tuple[Exchange, str]:
     """(the earlier user/assistant exchange, the last user message) of an OpenAI message list.
     System and developer messages are not part of it: the bot has its own prompts."""
@@ -481,6 +485,11 @@ def conversation_of(messages: Any, where: str) -> tuple[Exchange, str]:
         raise OpenAIError(400, f"{where} must be a non-empty list of messages", code="invalid_messages")
     exchange: Exchange = []
     for i, message in enumerate(messages):
+        # The usual message first (a user's or assistant's text): no further checks to make.
+        if type(message) is dict and type(message.get("content")) is str and message.get("role") in _SPEAKERS \
+                and message.get("type") in (None, "message"):
+            exchange.append((message["role"], message["content"].strip()))
+            continue
         if isinstance(message, str):
             message = {"role": "user", "content": message}
         if not isinstance(message, dict):

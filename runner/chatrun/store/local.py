@@ -197,13 +197,13 @@ class LocalAsyncStore:
         await self._call(self.records.delete_record, key)
 
     async def in_one_call(self, work: Callable[[RecordOps], Coroutine[Any, Any, T]]) -> T:
-        """Run `work`'s record reads and writes (get_record, put_record, delete_record) in one
+        """Run `work`'s record reads and writes (get_record, put_record, delete_record; version) in one
         call of the store's thread instead of one call each: each call is a thread hop of
         ~40 us of CPU, and the OpenAI API's index writes several records a turn. `work` is a
         coroutine that awaits nothing else, so it runs to its end in that thread."""
         if self.records is None or self._executor is None:
             return await work(self)
-        return await self._call(_run_to_end, work(_SyncRecords(self.records)))
+        return await self._call(_run_to_end, work(_SyncRecords(self.records, self.sync)))
 
     async def record_keys(self, prefix: str) -> list[str]:
         if self.records is None:
@@ -297,7 +297,9 @@ class LocalAsyncStore:
 
 
 class RecordOps(Protocol):
-    """The record operations `LocalAsyncStore.in_one_call` gives its work."""
+    """The record operations `LocalAsyncStore.in_one_call` gives its work, and a session's version."""
+
+    async def version(self, session_id: str) -> str | None: ...
 
     async def get_record(self, key: str) -> JSONObject | None: ...
 
@@ -309,8 +311,11 @@ class RecordOps(Protocol):
 class _SyncRecords:
     """A RecordStore's calls as coroutines that never suspend (in_one_call's thread)."""
 
-    def __init__(self, records: RecordStore):
-        self.records = records
+    def __init__(self, records: RecordStore, sessions: SessionStore):
+        self.records, self.sessions = records, sessions
+
+    async def version(self, session_id: str) -> str | None:
+        return self.sessions.version(session_id)
 
     async def get_record(self, key: str) -> JSONObject | None:
         return self.records.get_record(key)
