@@ -36,7 +36,7 @@ turns, min / median: chat 4.13 / 4.87 and 3.88 / 5.00, 2.29x and 2.35x floor_eb 
 and 4.75 / 5.75, 2.53x and 2.71x); late/early 1.08 and 1.18 beside floor_eb's 0.94 and 1.21.
 
 Instructions per late turn (callgrind, in process; bench/README.md): http 10.08 -> 9.67 M, chat
-15.96 -> 14.75 M, floor_eb 6.64 M; then (bench/turn_instructions.py) chat 14.73 -> 13.85 M. After "assemble once" on the HTTP path (2026-12-06, h-walk,
+15.96 -> 14.75 M, floor_eb 6.64 M; after the /v1 cuts (`--instructions`, merged main) chat 14.80 -> 13.69 M (2.02x). After "assemble once" on the HTTP path (2026-12-06, h-walk,
 `--instructions`, the ASGI app called directly): floor_eb 6.79 M, http 9.53 -> 9.51 M (1.40x); by
 CPU at load average 5-8, http 1.52x and 1.76x floor_eb late (median) in two interleaved runs. Neither goal is met: what is left of the gap is mostly the engine's turn (a turn's model
 call through chatrun's model layer, the session's commit) and, for /v1, the index's records
@@ -45,7 +45,7 @@ call through chatrun's model layer, the session's commit) and, for /v1, the inde
     python bench/bench_openai_api.py                          # 3 rounds, 8 conversations of 40 turns
     python bench/bench_openai_api.py --rounds 5 --conversations 10
     python bench/bench_openai_api.py --before /tmp/before --only http,chat   # an older checkout, interleaved
-    python bench/bench_openai_api.py --instructions --before /tmp/before     # callgrind: floor_eb, http, http_before
+    python bench/bench_openai_api.py --instructions --before /tmp/before     # callgrind: floor_eb, http, chat (and before)
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def main() -> None:
     parser.add_argument("--only", default="http,chat,responses",
                         help="which of chatrun's endpoints to measure (comma-separated; default all three)")
     parser.add_argument("--instructions", action="store_true",
-                        help="count instructions per late turn under callgrind instead (floor_eb, http, http_before)")
+                        help="count instructions per late turn under callgrind instead (floor_eb, http, chat and the --before ones)")
     parser.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-floor-eb", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -326,7 +326,9 @@ def main() -> None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "runner"), env.get("PYTHONPATH")]))
         env.pop("CHATRUN_AUTH_FILE", None)
         if args.instructions:
-            checkouts = {"floor_eb": ROOT, "http": ROOT} | ({"http_before": args.before} if args.before else {})
+            checkouts = {"floor_eb": ROOT, "http": ROOT, "chat": ROOT}
+            if args.before:
+                checkouts |= {"http_before": args.before, "chat_before": args.before}
             for kind, checkout in checkouts.items():
                 print(f"{kind:<12} {instructions(kind.removesuffix('_before'), checkout, env) / 1e6:.2f} M "
                       "instructions per late turn (callgrind, in process, no sockets)", flush=True)
