@@ -31,7 +31,15 @@ from chatrun.engine.pending import (
     TAKEOVER_KEY,
     PendingItem,
 )
-from chatrun.engine.scopes import UNWRITTEN, Scope, ScopeView, compact, init_declared, merged_scope
+from chatrun.engine.scopes import (
+    UNWRITTEN,
+    OwnOnRead,
+    Scope,
+    ScopeView,
+    compact,
+    init_declared,
+    merged_scope,
+)
 from chatrun.engine.usage import Usage
 from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.memory import ChatMemory, make_memory
@@ -193,27 +201,8 @@ class Conversation:
 
     # -- its state ---------------------------------------------------------------------------
 
-    @property
-    def state(self) -> dict[str, Any]:
-        """The conversation state (every scope sees it); a dict of its own from the first read."""
-        if self._state is UNWRITTEN:
-            self._state = {}
-        return self._state
-
-    @state.setter
-    def state(self, value: dict[str, Any]) -> None:
-        self._state = value
-
-    @property
-    def meta(self) -> dict[str, Any]:
-        """What the session's opener told about it (owner, channel, locale...); its own dict from the first read."""
-        if self._meta is UNWRITTEN:
-            self._meta = {}
-        return self._meta
-
-    @meta.setter
-    def meta(self, value: dict[str, Any]) -> None:
-        self._meta = value
+    state = OwnOnRead()  # the conversation state (every scope sees it)
+    meta = OwnOnRead()  # what the session's opener told about it (owner, channel, locale...)
 
     def compact(self) -> None:
         """Between turns: empty state, meta and scope state go back to the shared UNWRITTEN, so an

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Iterator, MutableMapping
-from typing import Any
+from typing import Any, overload
 
 from chatrun.errors import ChatrunError
 from chatrun.events import copy_plain
@@ -59,6 +59,32 @@ def compact(mapping: dict[str, Any]) -> dict[str, Any]:
     return mapping if mapping else UNWRITTEN
 
 
+class OwnOnRead:
+    """A dict attribute kept in the slot `_NAME`, the shared UNWRITTEN while nothing is in it: its
+    first reader (every writer reads it first) gets a dict of its own in the slot's place."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    @overload
+    def __get__(self, holder: None, owner: type) -> OwnOnRead: ...
+
+    @overload
+    def __get__(self, holder: object, owner: type | None = None) -> dict[str, Any]: ...
+
+    def __get__(self, holder: object | None, owner: type | None = None) -> dict[str, Any] | OwnOnRead:
+        if holder is None:
+            return self
+        value: dict[str, Any] = getattr(holder, self.slot)
+        if value is UNWRITTEN:
+            value = {}
+            setattr(holder, self.slot, value)
+        return value
+
+    def __set__(self, holder: object, value: dict[str, Any]) -> None:
+        setattr(holder, self.slot, value)
+
+
 class Scope:
     """One scope of a session's stack: its id, route, state and the routes with a memory in it."""
 
@@ -75,27 +101,8 @@ class Scope:
         self.memory_routes = memory_routes
         self.caller = caller  # a called scope: {"call_id", "tool"} of the call waiting for it
 
-    @property
-    def local(self) -> dict[str, Any]:
-        """The scope's own state (seen by it only)."""
-        if self._local is UNWRITTEN:
-            self._local = {}
-        return self._local
-
-    @local.setter
-    def local(self, value: dict[str, Any]) -> None:
-        self._local = value
-
-    @property
-    def shared(self) -> dict[str, Any]:
-        """The state the scope shares with the scopes nested in it."""
-        if self._shared is UNWRITTEN:
-            self._shared = {}
-        return self._shared
-
-    @shared.setter
-    def shared(self, value: dict[str, Any]) -> None:
-        self._shared = value
+    local = OwnOnRead()  # the scope's own state (seen by it only)
+    shared = OwnOnRead()  # the state the scope shares with the scopes nested in it
 
     @property
     def memory_routes(self) -> tuple[str, ...]:
