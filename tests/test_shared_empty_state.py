@@ -6,10 +6,13 @@ writes never shows in another, nor in the shared empty, nor in another session's
 from __future__ import annotations
 
 import asyncio
-import os
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import chatrun
+from chatrun import Bot
 from chatrun.engine.scopes import UNWRITTEN
 from chatrun.server.sessions import NEW, SessionRegistry, SessionSettings
 from chatrun.store import open_store
@@ -74,16 +77,22 @@ async def _scenario(registry: SessionRegistry) -> dict:
     return seen
 
 
-def test_a_write_to_one_session_never_shows_in_another(tmp_path: Path) -> None:
+@pytest.fixture
+def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bot]:
+    """The note-taking bot on the fake model (the environment restored after the test)."""
     (tmp_path / "bot.yaml").write_text(BOT)
     (tmp_path / "notes.py").write_text(HANDLER)
     with FakeOpenAI() as fake:
-        os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = fake.base_url, "test-key"
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
         fake.responder = _answer
-        bot = chatrun.load_bot(tmp_path)
-        registry = SessionRegistry({bot.name: bot}, open_store(f"sqlite:///{tmp_path / 's.db'}"),
-                                   settings=SessionSettings(cache_size=100))
-        seen = asyncio.run(_scenario(registry))
+        yield chatrun.load_bot(tmp_path)
+
+
+def test_a_write_to_one_session_never_shows_in_another(bot: Bot, tmp_path: Path) -> None:
+    registry = SessionRegistry({bot.name: bot}, open_store(f"sqlite:///{tmp_path / 's.db'}"),
+                               settings=SessionSettings(cache_size=100))
+    seen = asyncio.run(_scenario(registry))
     assert seen["shared before"] == [[True] * 4] * 2
     assert seen["a"] == ({"noted": "by a", "direct": 1}, {"locale": "fr"}, {"draft": ["by a"]}, {"kept": True})
     assert seen["b"] == ({}, {}, {}, {})
@@ -105,19 +114,13 @@ def test_the_shared_empty_refuses_writes() -> None:
     assert UNWRITTEN == {}
 
 
-def test_sessions_of_the_python_api_share_nothing_they_write(tmp_path: Path) -> None:
+def test_sessions_of_the_python_api_share_nothing_they_write(bot: Bot) -> None:
     """The same through `bot.session()` and `chat()` (the REPL's and the transcripts' path)."""
-    (tmp_path / "bot.yaml").write_text(BOT)
-    (tmp_path / "notes.py").write_text(HANDLER)
-    with FakeOpenAI() as fake:
-        os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = fake.base_url, "test-key"
-        fake.responder = _answer
-        bot = chatrun.load_bot(tmp_path)
-        a, b = bot.session(), bot.session()
-        a.chat("hello"), b.chat("hello")
-        assert a.scopes[-1]._local is b.scopes[-1]._local is UNWRITTEN  # shared while idle
-        a.chat("note this")
-        a.meta["channel"] = "test"
-        assert (a.state, a.meta, a.scopes[-1].local) == ({"noted": "by a"}, {"channel": "test"}, {"draft": ["by a"]})
-        assert (b.state, b.meta, b.scopes[-1].local, b.scopes[-1].shared) == ({}, {}, {}, {})
-        assert b.snapshot()["state"] == {} and UNWRITTEN == {}
+    a, b = bot.session(), bot.session()
+    a.chat("hello"), b.chat("hello")
+    assert a.scopes[-1]._local is b.scopes[-1]._local is UNWRITTEN  # shared while idle
+    a.chat("note this")
+    a.meta["channel"] = "test"
+    assert (a.state, a.meta, a.scopes[-1].local) == ({"noted": "by a"}, {"channel": "test"}, {"draft": ["by a"]})
+    assert (b.state, b.meta, b.scopes[-1].local, b.scopes[-1].shared) == ({}, {}, {}, {})
+    assert b.snapshot()["state"] == {} and UNWRITTEN == {}
