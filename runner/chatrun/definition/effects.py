@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from jinja2 import TemplateSyntaxError
 
-from chatrun.definition.checks import _paths_read
+from chatrun.definition.checks import paths_read
 from chatrun.definition.config import ActionConfig, ToolConfig
 from chatrun.definition.kinds import kinds
 
@@ -65,7 +65,7 @@ def _reads_itself(path: str, template: object) -> bool:
     if not isinstance(template, str) or "{" not in template:
         return False  # a fixed value
     try:
-        read = _paths_read(template)
+        read = paths_read(template)
     except TemplateSyntaxError:
         return True  # the checks report it; until then, the careful reading
     if not read:

@@ -169,8 +169,8 @@ class RoutePlan:
 
 
 def plan_route(config: BotConfig, route: RouteConfig) -> RoutePlan:
-    return RoutePlan(route, assemble_route_tools(config, route), config.model.merged(route.model),
-                     response_format(route), route.context if route.context is not None else config.context)
+    return RoutePlan(route, assemble_route_tools(config, route), config.route_model(route.name),
+                     response_format(route), config.route_context(route.name))
 
 
 def assemble_route_tools(

@@ -500,7 +500,7 @@ def conversation_of(messages: Any, where: str) -> tuple[Exchange, str]:
                               "chatrun's tools run inside the bot", code="unsupported_item")
         if role in ("system", "developer"):
             continue
-        if role not in ("user", "assistant"):
+        if role not in _SPEAKERS:
             raise OpenAIError(400, f"{where}[{i}]: role {role!r} is not supported; chatrun's tools run inside the bot, "
                               "send user and assistant messages", code="unsupported_role")
         exchange.append((role, _text_of(message.get("content"), f"{where}[{i}]").strip()))
