@@ -11,7 +11,7 @@ time would hold its connection for ever. HeaderTimeoutProtocol adds one: a conne
 request headers are not complete within `header_timeout` seconds of its first byte (or of the
 connection) is answered 408 and closed. (Body timeouts are the EdgeGuard's.) A WebSocket
 whose client stopped reading is aborted once its handler ends, rather than waiting for ever
-to flush. Access logs never show a `token=` query value.
+to flush, and a closed one is freed at once (its parser closed). Access logs never show a `token=` query value.
 """
 
 from __future__ import annotations
@@ -145,6 +145,16 @@ class AbortingWebSocketProtocol(WebSocketsSansIOProtocol):
         await super().run_asgi()
         if not self.writable.is_set():
             self.transport.abort()  # the peer does not read: do not wait for ever to flush
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        # websockets' parser is a generator that waits for the end of the stream, which uvicorn
+        # never passes on once the socket is gone; its frame refers back to the connection, so the
+        # connection (and its permessage-deflate contexts: ~50 KB of zlib memory the cyclic
+        # collector neither sees nor counts) lived on as garbage until a rare full collection
+        # (tune_gc): ~20 MB of a server's RSS after a few hundred conversations. Closing it frees
+        # the connection as soon as its last reference goes.
+        self.conn.parser.close()
 
 
 class RedactTokens(logging.Filter):
