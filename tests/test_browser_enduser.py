@@ -196,8 +196,15 @@ CANON = """(html) => {
 }"""
 
 
-def test_markdown_renders_as_the_gfm_reference(server):
-    with chat_page(server.url, width=1280, path="/chat/hotels") as page:
+# The page's two sanitizers: the browser's own (the HTML Sanitizer API: Chromium has it) and, as in a
+# browser without it, DOMPurify. A test runs both with the JavaScript that makes the page such a browser.
+SANITIZERS = {"Sanitizer": None, "DOMPurify": "delete Element.prototype.setHTML;"}
+
+
+@pytest.mark.parametrize("sanitizer", SANITIZERS)
+def test_markdown_renders_as_the_gfm_reference(server, sanitizer):
+    with chat_page(server.url, width=1280, path="/chat/hotels", init_script=SANITIZERS[sanitizer]) as page:
+        assert page.evaluate("ChatrunMarkdown.sanitizer") == sanitizer
         for name, (source, expected) in GFM_CASES.items():
             ours = page.evaluate(f"(s) => ({CANON})(ChatrunMarkdown.html(s))", source)
             reference = page.evaluate(f"(s) => ({CANON})(s)", expected)
@@ -298,14 +305,45 @@ EXECUTABLE = r"""(sources) => new Promise((done) => {
   }, 200);
 })"""
 
-def test_no_markdown_runs_script(server):
-    """The XSS vectors above, rendered by markdown.js (marked, then DOMPurify) into the live page,
-    leave nothing that runs, loads or links to a script."""
+def xss_sources() -> list[str]:
     sources = [line.replace("\\n", "\n") for line in XSS]
-    sources = [s.encode().decode("unicode_escape") if "\\u" in s or "\\x" in s else s for s in sources]
+    return [s.encode().decode("unicode_escape") if "\\u" in s or "\\x" in s else s for s in sources]
+
+
+@pytest.mark.parametrize("sanitizer", SANITIZERS)
+def test_no_markdown_runs_script(server, sanitizer):
+    """The XSS vectors above, rendered by markdown.js (marked, then the browser's HTML Sanitizer or
+    DOMPurify) into the live page, leave nothing that runs, loads or links to a script."""
+    sources = xss_sources()
     assert len(sources) >= 50
-    with chat_page(server.url, width=1280, path="/chat/hotels") as page:
+    with chat_page(server.url, width=1280, path="/chat/hotels", init_script=SANITIZERS[sanitizer]) as page:
+        assert page.evaluate("ChatrunMarkdown.sanitizer") == sanitizer
         assert page.evaluate(EXECUTABLE, sources) == {"found": [], "ran": 0}
+
+
+def test_both_sanitizers_make_the_same_html(server):
+    """One allow-list configures both sanitizers: on the XSS vectors, the GFM cases and replies as
+    models write them, the browser's HTML Sanitizer and DOMPurify leave the same HTML."""
+    sources = [*xss_sources(), *(source for source, _ in GFM_CASES.values()), REPLY, long_reply()]
+    made = {}
+    for sanitizer, init_script in SANITIZERS.items():
+        with chat_page(server.url, width=1280, path="/chat/hotels", init_script=init_script) as page:
+            assert page.evaluate("ChatrunMarkdown.sanitizer") == sanitizer
+            made[sanitizer] = page.evaluate("(sources) => sources.map((s) => ChatrunMarkdown.html(s))", sources)
+    differ = [(source, native, purified) for source, native, purified in zip(sources, made["Sanitizer"], made["DOMPurify"])
+              if native != purified]
+    assert differ == []
+
+
+# A browser whose sanitizer keeps what it should not (an older draft of the API, a bug) is not trusted.
+LAX_SANITIZER = """Element.prototype.setHTML = function (html) { this.innerHTML = html.replace(/<script[^]*?<\\/script>/g, ""); };"""
+
+
+def test_a_sanitizer_that_keeps_too_much_is_not_used(server):
+    with chat_page(server.url, width=1280, path="/chat/hotels", init_script=LAX_SANITIZER) as page:
+        assert page.evaluate("ChatrunMarkdown.sanitizer") == "DOMPurify"
+        assert page.evaluate("ChatrunMarkdown.html('[a](https://ok.example/ \"t\")')") == \
+            '<p><a href="https://ok.example/" title="t">a</a></p>\n'
 
 
 def long_reply() -> str:
