@@ -11,10 +11,10 @@
  * ChatrunMarkdown.html(text)        -> the cleaned HTML, undecorated (what a GFM renderer makes)
  * ChatrunMarkdown.stream(container, onDraw) -> {append(chunk), finish(text), text()}: a reply as it
  *   streams; onDraw() after each redraw (the page scrolls then).
- *   Redrawn at most every 250 ms (500 ms while it comes faster than anyone reads, 1 s while it
- *   comes twice as fast again), in an animation frame: every block but the last is rendered once and never touched again (so a selection or a
- *   hovered link in it survives later chunks); the growing last one shows its text as it comes,
- *   rendered as Markdown at most every 500 ms.
+ *   Redrawn at most every 250 ms (500 ms while it comes faster than anyone reads, 2 s while it
+ *   comes twice as fast again), in an animation frame: every block but the last is rendered once
+ *   and never touched again (so a selection or a hovered link in it survives later chunks); the
+ *   growing last one shows its text as it comes, rendered as Markdown at most every 500 ms.
  * ChatrunMarkdown.warm(): renders a sample reply off the page once (app.js calls it when the page
  *   is idle), so the first streamed reply does not pay for compiling marked's (and DOMPurify's) code.
  * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them).
@@ -97,14 +97,17 @@
   const DRAW_MS = 250; // a streaming reply is redrawn at most this often
   // ... and at most every FAST_DRAW_MS while more than FAST_CHARS come in each DRAW_MS (800 characters a
   // second, some 30 times reading speed): each redraw costs the browser a frame or two whatever it adds
-  // (style, layout and paint of a chat that scrolls, about 8 ms on a slow machine), so a fast reply is
+  // (style, layout and paint of a chat that scrolls), so a fast reply is
   // shown in fewer, larger steps; one read as it comes keeps the smooth pace.
   const FAST_DRAW_MS = 500;
   const FAST_CHARS = 200;
   // ... and at most every FASTER_DRAW_MS while more than twice FAST_CHARS come (1,600 characters a
-  // second: a reader sees some 20 new lines a second, and the 17 KB reply of the page's budget test
-  // is redrawn 8 times instead of 15, each redraw's new blocks a larger share of its cost).
-  const FASTER_DRAW_MS = 1000;
+  // second, some 20 new lines a second: more than a screen between two redraws even a second apart,
+  // so no one reads it as it comes; the page shows it progress). Each redraw of such a reply costs
+  // some 8 ms on a slow machine, 5 of them whatever it adds (the frame's paint of a screen of new
+  // text, the growing block's render, the scroll): the 17 KB reply of the page's budget test is
+  // redrawn 5 times instead of 9 (was 16 at 500 ms), some 30 ms less.
+  const FASTER_DRAW_MS = 2000;
   const RENDER_MS = 500; // and its growing block rendered as Markdown at most this often
   const stats = { parsed: 0 }; // characters streamed replies had parsed again, in all (a test reads it)
 
