@@ -330,8 +330,8 @@ def test_both_sanitizers_make_the_same_html(server):
         with chat_page(server.url, width=1280, path="/chat/hotels", init_script=init_script) as page:
             assert page.evaluate("ChatrunMarkdown.sanitizer") == sanitizer
             made[sanitizer] = page.evaluate("(sources) => sources.map((s) => ChatrunMarkdown.html(s))", sources)
-    differ = [(source, native, purified) for source, native, purified in zip(sources, made["Sanitizer"], made["DOMPurify"])
-              if native != purified]
+    pairs = zip(sources, made["Sanitizer"], made["DOMPurify"], strict=True)
+    differ = [(source, native, purified) for source, native, purified in pairs if native != purified]
     assert differ == []
 
 
