@@ -39,15 +39,18 @@ def chromium() -> Iterator[Any]:
 
 @contextmanager
 def chat_page(base_url: str, width: int = 1280, height: int = 860, locale: str | None = None,
-              path: str = "/", color_scheme: str | None = None) -> Iterator[Any]:
+              path: str = "/", color_scheme: str | None = None, init_script: str | None = None) -> Iterator[Any]:
     """The server's chat page at `path` (the author's at /, the end-user page at /chat/BOT), loaded
     and ready; the block fails if the page threw a JavaScript error. The page carries `base_url` and
-    `js_errors`. `locale`: the browser's language; `color_scheme`: "dark" or "light"."""
+    `js_errors`. `locale`: the browser's language; `color_scheme`: "dark" or "light"; `init_script`:
+    JavaScript run in the page before its own (to make it a browser without some API)."""
     with chromium() as browser:
         options: dict[str, Any] = {"locale": locale} if locale else {}
         if color_scheme:
             options["color_scheme"] = color_scheme
         tab = browser.new_context(viewport={"width": width, "height": height}, **options).new_page()
+        if init_script:
+            tab.add_init_script(init_script)
         errors: list[str] = []
         tab.on("pageerror", lambda exc: errors.append(str(exc)))
         tab.goto(base_url + path)

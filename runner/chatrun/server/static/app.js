@@ -294,7 +294,7 @@
     document.dispatchEvent(new CustomEvent(name, { detail: Object.assign({ chatId: session && session.chatId }, detail) }));
   }
 
-  /** A bot reply: Markdown by markdown.js (marked, then DOMPurify), in the bubble's body. */
+  /** A bot reply: Markdown by markdown.js (marked, then a sanitizer), in the bubble's body. */
   function botBubble(text, cls) {
     const node = chatBubble("msg bot md" + (cls ? " " + cls : ""));
     node.appendChild(el("div", "msg-body"));

@@ -1,6 +1,7 @@
 /* The bot's replies as Markdown: GitHub Flavored Markdown by marked (vendor/marked.min.js), the
- * HTML it makes cleaned by DOMPurify (vendor/purify.min.js) before it reaches the page, so a
- * reply cannot run script, load a frame or style the page. Links open in a new tab without an
+ * HTML it makes cleaned before it reaches the page by the browser's HTML Sanitizer API where it has
+ * one (Element.setHTML: Chromium), else by DOMPurify (vendor/purify.min.js), both from one
+ * allow-list (ALLOWED), so a reply cannot run script, load a frame or style the page. Links open in a new tab without an
  * opener; only http:, https: and mailto: links stay links; images become links to them (a reply
  * does not make the reader's browser fetch anything); HTML in a reply shows as text; headings start
  * at <h3>. Code blocks get a language label, a Copy
@@ -10,28 +11,42 @@
  * ChatrunMarkdown.html(text)        -> the cleaned HTML, undecorated (what a GFM renderer makes)
  * ChatrunMarkdown.stream(container, onDraw) -> {append(chunk), finish(text), text()}: a reply as it
  *   streams; onDraw() after each redraw (the page scrolls then).
- *   Redrawn at most every 250 ms (500 ms while it comes faster than anyone reads, 1 s while it
- *   comes twice as fast again), in an animation frame: every block but the last is rendered once and never touched again (so a selection or a
- *   hovered link in it survives later chunks); the growing last one shows its text as it comes,
- *   rendered as Markdown at most every 500 ms.
+ *   Redrawn at most every 250 ms (500 ms while it comes faster than anyone reads, 2 s while it
+ *   comes twice as fast again), in an animation frame: every block but the last is rendered once
+ *   and never touched again (so a selection or a hovered link in it survives later chunks); the
+ *   growing last one shows its text as it comes, rendered as Markdown at most every 500 ms.
  * ChatrunMarkdown.warm(): renders a sample reply off the page once (app.js calls it when the page
- *   is idle), so the first streamed reply does not pay for compiling marked's and DOMPurify's code.
+ *   is idle), so the first streamed reply does not pay for compiling marked's (and DOMPurify's) code.
  * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them).
+ * ChatrunMarkdown.sanitizer: "Sanitizer" (the browser's) or "DOMPurify": the one that cleans.
  * ChatrunMarkdown.DRAW_MS: how often a streaming reply is redrawn at most (the page asks the server
  *   for Stream events no more often: chatscopes.js streamEvery). */
 (function (global) {
   "use strict";
 
-  // DOMPurify's own rule for attribute values, with http:, https: and mailto: the only schemes (it
-  // checks every attribute with it: a value without a scheme, "3" or "checkbox", must pass).
+  // What a reply's HTML may hold once clean: marked's own elements and attributes (HTML written in a
+  // reply is escaped below, so nothing else reaches the sanitizer but through a bug), no more. The
+  // one allow-list both sanitizers are configured from: the browser's own (the HTML Sanitizer API,
+  // whose walk runs in C++: a fifth of DOMPurify's time) where it has one, DOMPurify elsewhere.
+  // Images are links (renderer.image below); no `id`/`name` (DOM clobbering), `class`, `style`,
+  // form or media element, comment, or `data-` attribute but the code blocks' language.
+  const ALLOWED = {
+    elements: ["p", "h3", "h4", "h5", "h6", "hr", "br", "blockquote", "ul", "ol", "li", "input", "pre", "code",
+      "table", "thead", "tbody", "tr", "th", "td", "strong", "em", "del", "a"],
+    attributes: ["href", "title", "align", "start", "type", "checked", "disabled", "data-lang"],
+    urls: ["href"], // the attributes that hold an address: SAFE_URL's schemes only
+  };
+  // DOMPurify's own rule for addresses, with http:, https: and mailto: the only schemes; relative
+  // addresses ("/a", "#b", "c/d") pass. Tested without the blanks and controls a browser ignores.
   const SAFE_URL = /^(?:(?:https?|mailto):|[^a-z]|[a-z+.\-]+(?:[^a-z+.\-:]|$))/i;
+  const URL_BLANKS = /[\u0000-\u0020\u00A0\u1680\u180E\u2000-\u2029\u205F\u3000]/g; // DOMPurify's ATTR_WHITESPACE
   const escapeHtml = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
   const md = new global.marked.Marked({
     gfm: true,
     breaks: true, // models mean a single newline as a line break
     renderer: {
       // HTML in a reply shows as the text it is (as in ChatGPT): models quote HTML far more often than
-      // they mean to lay out with it. (DOMPurify would clean it; this keeps what was written readable.)
+      // they mean to lay out with it. (The sanitizer would clean it; this keeps what was written readable.)
       html(token) {
         return escapeHtml(token.text);
       },
@@ -45,37 +60,75 @@
       },
     },
   });
-  // Set once: a config passed to every sanitize() call would be parsed again each time.
-  global.DOMPurify.setConfig({
-    ALLOWED_URI_REGEXP: SAFE_URL,
-    FORBID_TAGS: ["style", "img", "form", "button", "textarea", "select", "iframe", "svg", "math"],
-    FORBID_ATTR: ["style", "id", "class"], // `class` comes back for code blocks' language below
-    ADD_ATTR: ["target"],
-    // The cleaned nodes, not HTML to parse again. (IN_PLACE, cleaning nodes parsed here, walks the
-    // tree three more times to guard against a tree changing under it: twice the time.)
-    RETURN_DOM_FRAGMENT: true,
-  });
+
+  /** The browser's HTML Sanitizer configured with ALLOWED, or null: none, or one that fails a probe
+   * (an older draft of the API, or one that keeps what it should not). */
+  function nativeSanitizer() {
+    if (typeof Element.prototype.setHTML !== "function" || typeof global.Sanitizer !== "function") return null;
+    try {
+      const sanitizer = new global.Sanitizer({ elements: ALLOWED.elements, attributes: ALLOWED.attributes,
+        comments: false, dataAttributes: false });
+      const probe = document.createElement("div");
+      probe.setHTML('<p title="t" class="c" id="i" onclick="x()">a<!--c--><b>b</b><script>x()</script>' +
+        '<a href="javascript:x()" style="x">l</a><code data-lang="c" data-x="1">c</code></p><form><input name="n"></form>',
+      { sanitizer: sanitizer });
+      return probe.innerHTML === '<p title="t">a<a>l</a><code data-lang="c">c</code></p>' ? sanitizer : null;
+    } catch (error) {
+      return null;
+    }
+  }
+  const NATIVE = nativeSanitizer();
+  if (!NATIVE) {
+    // Set once: a config passed to every sanitize() call would be parsed again each time.
+    global.DOMPurify.setConfig({
+      ALLOWED_TAGS: ALLOWED.elements,
+      ALLOWED_ATTR: ALLOWED.attributes,
+      ALLOW_DATA_ATTR: false,
+      ALLOW_ARIA_ATTR: false,
+      ALLOWED_URI_REGEXP: SAFE_URL,
+      // DOMPurify tests every attribute's value with ALLOWED_URI_REGEXP but these: only `urls` hold one.
+      ADD_URI_SAFE_ATTR: ALLOWED.attributes.filter((name) => !ALLOWED.urls.includes(name)),
+      // The cleaned nodes, not HTML to parse again. (IN_PLACE, cleaning nodes parsed here, walks the
+      // tree three more times to guard against a tree changing under it: twice the time.)
+      RETURN_DOM_FRAGMENT: true,
+    });
+  }
   const texts = { copy: "Copy", copied: "Copied", code: "code" };
   const DRAW_MS = 250; // a streaming reply is redrawn at most this often
   // ... and at most every FAST_DRAW_MS while more than FAST_CHARS come in each DRAW_MS (800 characters a
   // second, some 30 times reading speed): each redraw costs the browser a frame or two whatever it adds
-  // (style, layout and paint of a chat that scrolls, about 8 ms on a slow machine), so a fast reply is
+  // (style, layout and paint of a chat that scrolls), so a fast reply is
   // shown in fewer, larger steps; one read as it comes keeps the smooth pace.
   const FAST_DRAW_MS = 500;
   const FAST_CHARS = 200;
   // ... and at most every FASTER_DRAW_MS while more than twice FAST_CHARS come (1,600 characters a
-  // second: a reader sees some 20 new lines a second, and the 17 KB reply of the page's budget test
-  // is redrawn 8 times instead of 15, each redraw's new blocks a larger share of its cost).
-  const FASTER_DRAW_MS = 1000;
+  // second, some 20 new lines a second: more than a screen between two redraws even a second apart,
+  // so no one reads it as it comes; the page shows it progress). Each redraw of such a reply costs
+  // some 8 ms on a slow machine, 5 of them whatever it adds (the frame's paint of a screen of new
+  // text, the growing block's render, the scroll): the 17 KB reply of the page's budget test is
+  // redrawn 5 times instead of 9 (was 16 at 500 ms), some 30 ms less.
+  const FASTER_DRAW_MS = 2000;
   const RENDER_MS = 500; // and its growing block rendered as Markdown at most this often
   const stats = { parsed: 0 }; // characters streamed replies had parsed again, in all (a test reads it)
 
-  /** marked's HTML as a fragment of this page, cleaned by DOMPurify first (which parses it in a
-   * document of its own, with no window: nothing in it loads or runs before it is clean). */
+  /** marked's HTML as a fragment of this page, clean: parsed by the sanitizer in a document of its
+   * own (nothing in it loads or runs before it is clean), then only what ALLOWED allows. */
   function clean(html) {
     // The language of a fenced block is its only class worth keeping: carried past the sanitizer.
     html = html.replace(/<code class="language-([\w+#.-]{1,40})">/g, '<code data-lang="$1">');
-    return document.adoptNode(global.DOMPurify.sanitize(html));
+    if (!NATIVE) return document.adoptNode(global.DOMPurify.sanitize(html));
+    const box = document.createElement("div");
+    box.setHTML(html, { sanitizer: NATIVE }); // drops javascript: addresses, not data: or vbscript:
+    const urls = ALLOWED.urls.map((name) => "[" + name + "]").join(",");
+    for (const node of box.querySelectorAll(urls)) {
+      for (const name of ALLOWED.urls) {
+        const value = node.getAttribute(name);
+        if (value !== null && !SAFE_URL.test(value.replace(URL_BLANKS, ""))) node.removeAttribute(name);
+      }
+    }
+    const fragment = document.createDocumentFragment();
+    fragment.append(...box.childNodes);
+    return fragment;
   }
 
   function cleanHtml(html) {
@@ -305,6 +358,7 @@
   }
 
   // `marked`: the configured marked (a test renders XSS vectors through it).
+  // `sanitizer`: which one cleans ("Sanitizer", the browser's, or "DOMPurify"; a test runs both).
   global.ChatrunMarkdown = { render: render, html: html, stream: stream, warm: warm, texts: texts, stats: stats,
-    marked: md, DRAW_MS: DRAW_MS };
+    marked: md, DRAW_MS: DRAW_MS, sanitizer: NATIVE ? "Sanitizer" : "DOMPurify" };
 })(window);
