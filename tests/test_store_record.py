@@ -222,3 +222,22 @@ def test_records_in_one_call_are_read_and_written_in_one_thread_call(tmp_path, m
     if kind == "sqlite":
         with pytest.raises(RuntimeError, match="awaited something besides its records"):
             asyncio.run(store.in_one_call(lambda records: strays()))
+
+
+def test_a_memory_is_written_as_json_of_its_messages_dicts_for_every_kind():
+    # The commit writes plain text messages from their text (store/record.py encode_messages);
+    # the stored JSON must be what json.dumps of the messages' dicts writes, byte for byte.
+    from chatrun.messages import Attachment, SummaryMessage, SystemMessage, ToolCall, ToolResultMessage
+    from chatrun.store.record import encode_messages, messages_json
+
+    texts = ["", "plain", 'a "quoted" \\ back\\slash', "line\nbreak\ttab\x00\x1f\x7f", "café ☕ 日本",
+             "\ud800 lone surrogate", "\U0001f600 astral", "</script>"]
+    photo = Attachment("sha256-abc", "image/png", "photo.png", 3)
+    messages = [SystemMessage("be brief"), SummaryMessage("they asked about Dublin"),
+                AssistantMessage(None), AssistantMessage("", tool_calls=(ToolCall("c1", "book", '{"to": "Dublin"}'),)),
+                ToolResultMessage("c1", "book", '{"ok": true}'), UserMessage("see this", (photo,)), UserMessage("", (photo,))]
+    messages += [kind(text) for text in texts for kind in (UserMessage, AssistantMessage)]
+    assert encode_messages(messages) == json.dumps([m.to_dict() for m in messages], ensure_ascii=False)
+    assert messages_json("s.1#main", messages) == messages_to_json(messages)
+    assert encode_messages([]) == "[]"
+    assert [m.to_dict() for m in messages] == json.loads(encode_messages(messages))
