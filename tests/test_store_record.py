@@ -241,3 +241,14 @@ def test_a_memory_is_written_as_json_of_its_messages_dicts_for_every_kind():
     assert messages_json("s.1#main", messages) == messages_to_json(messages)
     assert encode_messages([]) == "[]"
     assert [m.to_dict() for m in messages] == json.loads(encode_messages(messages))
+
+
+def test_a_commit_refuses_a_memory_item_that_is_not_a_message_naming_it():
+    from chatrun.errors import ChatrunError
+
+    class NotQuite(UserMessage):  # a subclass is a message still
+        pass
+
+    assert Commit.encode("s", {}, {"s.1#main": [*MEMORY, NotQuite("hi")]}, []).memories["s.1#main"][-1] == NotQuite("hi")
+    with pytest.raises(ChatrunError, match=r"memory s.1#main: item 1 is a dict, not a chat message"):
+        Commit.encode("s", {}, {"s.1#main": [MEMORY[0], {"role": "user", "content": "hi"}]}, [])

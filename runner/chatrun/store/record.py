@@ -258,6 +258,7 @@ def forked_snapshot(snapshot: JSONObject, old: str, new: str, turn: int) -> JSON
 # -- JSON and messages, checked ---------------------------------------------------------------
 
 _KINDS = (SystemMessage, UserMessage, AssistantMessage, ToolResultMessage, SummaryMessage)
+_KIND_SET = frozenset(_KINDS)
 
 
 # One encoder each (json.dumps with options makes a new one per call; a turn saves several values).
@@ -285,6 +286,8 @@ def check_messages(memory: str, messages: Any) -> list[Message]:
         items = list(messages)
     except TypeError:
         raise ChatrunError(f"memory {memory}: expected a list of messages, got {type(messages).__name__}") from None
+    if set(map(type, items)) <= _KIND_SET:  # the usual case, in one pass in C: a commit checks the whole window
+        return items
     for i, m in enumerate(items):
         if not isinstance(m, _KINDS):
             raise ChatrunError(f"memory {memory}: item {i} is a {type(m).__name__}, not a chat message")
