@@ -13,7 +13,17 @@ import pytest
 
 import chatrun
 from chat_support import call
-from chatrun.messages import AssistantMessage, UserMessage, messages_to_json
+from chatrun.errors import ChatrunError
+from chatrun.messages import (
+    AssistantMessage,
+    Attachment,
+    SummaryMessage,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+    messages_to_json,
+)
 from chatrun.models.scripted import ScriptedModel
 from chatrun.store import DurableStore, EncodedStore, HistoryStore, SessionStore
 from chatrun.store.aio import LocalAsyncStore
@@ -22,8 +32,10 @@ from chatrun.store.memory import InMemoryStore
 from chatrun.store.record import (
     Commit,
     SessionRecord,
+    encode_messages,
     forked_snapshot,
     memory_id,
+    messages_json,
     renamed_id,
     route_of_memory,
     scope_id,
@@ -227,9 +239,6 @@ def test_records_in_one_call_are_read_and_written_in_one_thread_call(tmp_path, m
 def test_a_memory_is_written_as_json_of_its_messages_dicts_for_every_kind():
     # The commit writes plain text messages from their text (store/record.py encode_messages);
     # the stored JSON must be what json.dumps of the messages' dicts writes, byte for byte.
-    from chatrun.messages import Attachment, SummaryMessage, SystemMessage, ToolCall, ToolResultMessage
-    from chatrun.store.record import encode_messages, messages_json
-
     texts = ["", "plain", 'a "quoted" \\ back\\slash', "line\nbreak\ttab\x00\x1f\x7f", "café ☕ 日本",
              "\ud800 lone surrogate", "\U0001f600 astral", "</script>"]
     photo = Attachment("sha256-abc", "image/png", "photo.png", 3)
@@ -244,8 +253,6 @@ def test_a_memory_is_written_as_json_of_its_messages_dicts_for_every_kind():
 
 
 def test_a_commit_refuses_a_memory_item_that_is_not_a_message_naming_it():
-    from chatrun.errors import ChatrunError
-
     class NotQuite(UserMessage):  # a subclass is a message still
         pass
 
