@@ -42,6 +42,10 @@ CPU at load average 5-8, http 1.52x and 1.76x floor_eb late (median) in two inte
 call through chatrun's model layer, the session's commit) and, for /v1, the index's records
 (the session's state is written with every turn, for forks): see bench/README.md.
 
+After h-httpins (2026-12-06, `--instructions --before <main 2d509de>`): floor_eb 6.77 M, http 9.60 -> 9.06 M
+(1.34x), chat 13.59 -> 13.04 M (1.93x): a memory's JSON written from its messages' text, the body read
+under a timer instead of a task. Where the rest goes, part by part: bench/turn_parts.py, bench/README.md.
+
     python bench/bench_openai_api.py                          # 3 rounds, 8 conversations of 40 turns
     python bench/bench_openai_api.py --rounds 5 --conversations 10
     python bench/bench_openai_api.py --before /tmp/before --only http,chat   # an older checkout, interleaved

@@ -13,7 +13,17 @@ import pytest
 
 import chatrun
 from chat_support import call
-from chatrun.messages import AssistantMessage, UserMessage, messages_to_json
+from chatrun.errors import ChatrunError
+from chatrun.messages import (
+    AssistantMessage,
+    Attachment,
+    SummaryMessage,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+    messages_to_json,
+)
 from chatrun.models.scripted import ScriptedModel
 from chatrun.store import DurableStore, EncodedStore, HistoryStore, SessionStore
 from chatrun.store.aio import LocalAsyncStore
@@ -22,8 +32,10 @@ from chatrun.store.memory import InMemoryStore
 from chatrun.store.record import (
     Commit,
     SessionRecord,
+    encode_messages,
     forked_snapshot,
     memory_id,
+    messages_json,
     renamed_id,
     route_of_memory,
     scope_id,
@@ -222,3 +234,28 @@ def test_records_in_one_call_are_read_and_written_in_one_thread_call(tmp_path, m
     if kind == "sqlite":
         with pytest.raises(RuntimeError, match="awaited something besides its records"):
             asyncio.run(store.in_one_call(lambda records: strays()))
+
+
+def test_a_memory_is_written_as_json_of_its_messages_dicts_for_every_kind():
+    # The commit writes plain text messages from their text (store/record.py encode_messages);
+    # the stored JSON must be what json.dumps of the messages' dicts writes, byte for byte.
+    texts = ["", "plain", 'a "quoted" \\ back\\slash', "line\nbreak\ttab\x00\x1f\x7f", "café ☕ 日本",
+             "\ud800 lone surrogate", "\U0001f600 astral", "</script>"]
+    photo = Attachment("sha256-abc", "image/png", "photo.png", 3)
+    messages = [SystemMessage("be brief"), SummaryMessage("they asked about Dublin"),
+                AssistantMessage(None), AssistantMessage("", tool_calls=(ToolCall("c1", "book", '{"to": "Dublin"}'),)),
+                ToolResultMessage("c1", "book", '{"ok": true}'), UserMessage("see this", (photo,)), UserMessage("", (photo,))]
+    messages += [kind(text) for text in texts for kind in (UserMessage, AssistantMessage)]
+    assert encode_messages(messages) == json.dumps([m.to_dict() for m in messages], ensure_ascii=False)
+    assert messages_json("s.1#main", messages) == messages_to_json(messages)
+    assert encode_messages([]) == "[]"
+    assert [m.to_dict() for m in messages] == json.loads(encode_messages(messages))
+
+
+def test_a_commit_refuses_a_memory_item_that_is_not_a_message_naming_it():
+    class NotQuite(UserMessage):  # a subclass is a message still
+        pass
+
+    assert Commit.encode("s", {}, {"s.1#main": [*MEMORY, NotQuite("hi")]}, []).memories["s.1#main"][-1] == NotQuite("hi")
+    with pytest.raises(ChatrunError, match=r"memory s.1#main: item 1 is a dict, not a chat message"):
+        Commit.encode("s", {}, {"s.1#main": [MEMORY[0], {"role": "user", "content": "hi"}]}, [])

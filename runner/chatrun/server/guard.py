@@ -171,7 +171,10 @@ async def read_body(receive: Receive, limit: int, timeout: float,
     deadline = time.monotonic() + timeout
     while True:
         try:
-            message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs receive() in a task of
+            # its own, one per request; a timeout is only a timer (issue 39).
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                message = await receive()
         except TimeoutError:
             raise Refused(408, "RequestTimeout", f"the body did not arrive within {timeout:g} s") from None
         if message["type"] != "http.request":  # the client left

@@ -1,0 +1,128 @@
+"""Instructions of one part of a late turn (callgrind), for an attribution that does not move
+with the machine's load: where a served turn's instructions go (bench/README.md, "Where the HTTP
+turn's instructions go").
+
+The in-process harness of `bench_openai_api.py --instructions` (the ASGI app called directly, 4
+conversations of 40 turns, the fake model in its own process), instrumented only for turns 31-40:
+a tiny C library (compiled here with the system's valgrind/callgrind.h) issues callgrind's client
+requests through ctypes. With PART (`module:Qualified.name`, a function, method, coroutine or
+property), collection is on only while the main thread is inside it (awaits included: one request
+runs at a time, so what runs meanwhile is its); other threads are always collected (the store's
+thread: measure it alone with a PART that never runs). Prints M instructions per late turn.
+
+    python bench/turn_parts.py http                                   # the whole turn
+    python bench/turn_parts.py http chatrun.engine.session:Session.achat
+    python bench/turn_parts.py floor_eb openai.resources.chat.completions:AsyncCompletions.create
+    python bench/turn_parts.py chat --runner /tmp/before/runner      # an older checkout's
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_openai_api import COUNTED  # noqa: E402
+from bench_server import free_port, spawn, wait_port  # noqa: E402
+
+CONTROL = r"""
+#include <valgrind/callgrind.h>
+void cg_start(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; }
+void cg_toggle(void) { CALLGRIND_TOGGLE_COLLECT; }
+void cg_dump(void) { CALLGRIND_DUMP_STATS_AT("late"); CALLGRIND_STOP_INSTRUMENTATION; }
+"""
+
+# Put before COUNTED's main(): wraps PART so that the main thread collects only inside it; starts
+# instrumenting at turn 31 (COUNTED's gc.freeze marks turn 2; the hook below counts turns).
+HOOK = r"""
+import asyncio as _a, ctypes as _c, functools as _f, importlib as _i, threading as _t
+_cg = _c.CDLL(sys.argv[5]); _part = sys.argv[6] if len(sys.argv) > 6 else ""
+_main, _depth, _armed = _t.get_ident(), [0], [False]
+def _edge(step):
+    if _t.get_ident() != _main: return
+    _depth[0] += step
+    if _armed[0] and _depth[0] == (1 if step > 0 else 0): _cg.cg_toggle()
+def _wrapped(raw):
+    @_f.wraps(raw)
+    def w(*a, **k):
+        _edge(1)
+        try: res = raw(*a, **k)
+        except BaseException: _edge(-1); raise
+        if not _a.iscoroutine(res): _edge(-1); return res
+        async def rest():
+            try: return await res
+            finally: _edge(-1)
+        return rest()
+    return w
+if _part:
+    _mod, _path = _part.split(":"); *_owners, _name = _path.split(".")
+    _owner = _i.import_module(_mod)
+    for _o in _owners: _owner = getattr(_owner, _o)
+    _f0 = vars(_owner).get(_name, getattr(_owner, _name)) if isinstance(_owner, type) else getattr(_owner, _name)
+    if isinstance(_f0, property): setattr(_owner, _name, property(_wrapped(_f0.fget), _f0.fset, _f0.fdel))
+    elif isinstance(_f0, staticmethod): setattr(_owner, _name, staticmethod(_wrapped(_f0.__func__)))
+    elif isinstance(_f0, classmethod): setattr(_owner, _name, classmethod(_wrapped(_f0.__func__)))
+    else: setattr(_owner, _name, _wrapped(_f0))
+_turns, _call0 = [0], call
+async def call(app, path, data):
+    if path.endswith(("/messages", "/completions")):
+        _turns[0] += 1
+        if _turns[0] == 30 * 4 + 1:
+            _cg.cg_start()
+            if _part: _armed[0] = True; _cg.cg_toggle()
+    return await _call0(app, path, data)
+"""
+
+
+def control_library(tmp: Path) -> Path:
+    source, library = tmp / "cgctl.c", tmp / "cgctl.so"
+    source.write_text(CONTROL)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    return library
+
+
+def part_instructions(kind: str, part: str, runner: Path, env: dict[str, str], tmp: Path) -> float:
+    script = COUNTED.replace("async def main(tmp):", HOOK + "\nasync def main(tmp):", 1)
+    script = script.replace("    asyncio.run(main(tmp))", "    asyncio.run(main(tmp))\n_cg.cg_dump()", 1)
+    setarch = ["setarch", "-R"] if shutil.which("setarch") else []
+    out = subprocess.run([*setarch, "valgrind", "--tool=callgrind", "--instr-atstart=no",
+                          f"--callgrind-out-file={tmp}/out.%p", sys.executable, "-c", script, str(runner),
+                          str(ROOT / "bench"), kind, "40", str(control_library(tmp)), part],
+                         capture_output=True, text=True, env=env, check=True)
+    collected = int(next(x for x in out.stderr.splitlines() if "Collected" in x).split()[-1])
+    return collected / 40 / 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", choices=["floor_eb", "http", "chat"])
+    parser.add_argument("parts", nargs="*", help="module:Qualified.name (none: the whole turn)")
+    parser.add_argument("--runner", type=Path, default=ROOT / "runner", help="the runner/ of the checkout to measure")
+    args = parser.parse_args()
+    fake_port = free_port()
+    fake = spawn(["-m", "chatrun.testing.fake_openai", "--port", str(fake_port), "--echo"],
+                 dict(os.environ, PYTHONPATH=str(ROOT / "runner")))
+    try:
+        wait_port(fake_port, fake)
+        env = dict(os.environ, OPENAI_BASE_URL=f"http://127.0.0.1:{fake_port}/v1", OPENAI_API_KEY="bench",
+                   PYTHONHASHSEED="0")
+        env.pop("PYTHONPATH", None)
+        env.pop("CHATRUN_AUTH_FILE", None)
+        for part in args.parts or [""]:
+            with tempfile.TemporaryDirectory() as tmp:
+                count = part_instructions(args.kind, part, args.runner, env, Path(tmp))
+            print(f"{count:8.3f} M  {args.kind} {part or '(the whole late turn)'}", flush=True)
+    finally:
+        fake.terminate()
+        fake.wait(10)
+
+
+if __name__ == "__main__":
+    main()
