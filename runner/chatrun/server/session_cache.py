@@ -78,20 +78,27 @@ class Hold:
 # session holds each message's text once (its Message object, the window's entry) and its
 # snapshot decoded (state, scopes: the lean TurnBuffer keeps no second copy as text): about
 # their JSON size, plus a Python object or dict slot for every JSON value, plus what the
-# allocator cannot give back between them (HEAP_FACTOR), plus the session's fixed parts.
-# Counting 0.7 x the JSON size (fitted in-process to short messages, issue 26) counted a
-# 40-message window of 8 KB messages 2.3x under, and kept its state twice uncounted.
-LIVE_SESSION_BYTES = 4096  # the Session, its scopes, memories, buffer and slot
-MESSAGE_BYTES = 200  # a message object and its window entry, whatever its text
+# allocator cannot give back between them, plus the session's fixed parts. Refitted once closed
+# WebSockets stopped lingering as garbage (server/listen.py; they had added ~20 MB to every
+# server, which the old constants, 4096 / 200 / 100 and one factor of 1.9 for all text, had
+# absorbed): at --cache-mb 32 a small session (7 messages, 35 values, 0.9 KB of text) took
+# ~4.9 KB, a big-state one (66 KB of state) ~91 KB: 1.3x its state's text, a full-memory one
+# (40 messages of 8 KB) ~680 KB: 2.0x its messages' text, the allocator keeping what each
+# turn's ~330 KB request leaves between the messages it holds. A decoded value (a key and its
+# int, a dict slot) is ~100 B (tests/test_memory_bound.py), and even a new session's snapshot
+# has some 30 (its scopes, routes, state), so the per-value count carries most of a small
+# session's fixed cost.
+LIVE_SESSION_BYTES = 256  # the Session, its scopes, memories, buffer and slot, beyond their values
+MESSAGE_BYTES = 50  # a message object and its window entry, whatever its text
 VALUE_BYTES = 100  # a decoded JSON value of the snapshot, whatever its text
-HEAP_FACTOR = 1.9  # RSS per byte of text held, at the level a full cache settles at (evictions trimmed)
+STATE_TEXT_FACTOR = 1.3  # RSS per byte of the snapshot's text (decoded: strings, numbers)
+MEMORY_TEXT_FACTOR = 2.0  # RSS per byte of the memories' text, at the level a full cache settles at
 
 
 def live_size(buffer: TurnBuffer) -> int:
     """The estimated RSS of the live session `buffer` serves (its memories and snapshot)."""
-    text = buffer.snapshot_size + buffer.memory_size
     return int(LIVE_SESSION_BYTES + MESSAGE_BYTES * buffer.message_count + VALUE_BYTES * buffer.snapshot_values
-               + HEAP_FACTOR * text)
+               + STATE_TEXT_FACTOR * buffer.snapshot_size + MEMORY_TEXT_FACTOR * buffer.memory_size)
 
 
 @dataclass(frozen=True)
