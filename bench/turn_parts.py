@@ -82,15 +82,25 @@ async def call(app, path, data):
 
 
 def control_library(tmp: Path) -> Path:
+    if not Path("/usr/include/valgrind/callgrind.h").exists() or not shutil.which("gcc"):
+        raise SystemExit("turn_parts.py needs valgrind (with valgrind/callgrind.h) and gcc")
     source, library = tmp / "cgctl.c", tmp / "cgctl.so"
     source.write_text(CONTROL)
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     return library
 
 
+def instrumented(script: str, anchor: str, replacement: str) -> str:
+    """COUNTED with `anchor` replaced; an anchor it no longer has is an error, not a silent
+    measure of the whole turn."""
+    if anchor not in script:
+        raise SystemExit(f"bench_openai_api.COUNTED no longer has {anchor.strip()!r}: update turn_parts.py")
+    return script.replace(anchor, replacement, 1)
+
+
 def part_instructions(kind: str, part: str, runner: Path, env: dict[str, str], tmp: Path) -> float:
-    script = COUNTED.replace("async def main(tmp):", HOOK + "\nasync def main(tmp):", 1)
-    script = script.replace("    asyncio.run(main(tmp))", "    asyncio.run(main(tmp))\n_cg.cg_dump()", 1)
+    script = instrumented(COUNTED, "async def main(tmp):", HOOK + "\nasync def main(tmp):")
+    script = instrumented(script, "    asyncio.run(main(tmp))", "    asyncio.run(main(tmp))\n_cg.cg_dump()")
     setarch = ["setarch", "-R"] if shutil.which("setarch") else []
     out = subprocess.run([*setarch, "valgrind", "--tool=callgrind", "--instr-atstart=no",
                           f"--callgrind-out-file={tmp}/out.%p", sys.executable, "-c", script, str(runner),
