@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
+import time
 
 from fastapi.testclient import TestClient
 
 import chatrun
-from chatrun.engine.stream_chunks import STREAM_EVERY_NOW, StreamBatcher
+from chatrun.engine.stream_chunks import READER, STREAM_EVERY_NOW, StreamBatcher
 from server_support import app_for_testclient, until_done
 
 
@@ -118,8 +119,8 @@ def stream_frames(ws, chat: str, **fields) -> list[dict]:
 
 
 def test_a_client_asks_for_fewer_stream_frames_with_stream_every(fake, tmp_path):
-    """The page redraws a reply at most every 250 ms: it asks for no more Stream frames than that
-    (`streamEvery`, chatrun dialect). Quarkus-dialect chats cannot ask; a value out of range fails."""
+    """A client that shows a reply less often asks for fewer Stream frames (`streamEvery`, chatrun
+    dialect). Quarkus-dialect chats cannot ask; a value out of range fails."""
     (tmp_path / "bot.yaml").write_text(FAST_BOT)
     chunks = [f"word{i} " for i in range(300)]
     app = app_for_testclient([chatrun.load_bot(tmp_path / "bot.yaml")], "memory://")
@@ -132,7 +133,7 @@ def test_a_client_asks_for_fewer_stream_frames_with_stream_every(fake, tmp_path)
         assert frames[-1]["type"] == "Completed"
         assert streamed[0] == "word0 " and "".join(streamed) == "".join(chunks)
         assert len(streamed) <= 3, len(streamed)  # the first chunk at once, the rest within a second or two
-        for bad in (10, 5000, "250", True):
+        for bad in (10, 5000, "250", "fast", True):
             failed = stream_frames(ws, "c1", streamEvery=bad)[-1]
             assert failed["type"] == "Failed" and failed["data"] == "BadRequest", failed
     with TestClient(app) as client, client.websocket_connect("/_chat/routes") as ws:
@@ -144,3 +145,44 @@ def test_a_client_asks_for_fewer_stream_frames_with_stream_every(fake, tmp_path)
         fake.queue({"chunks": chunks})
         frames = stream_frames(ws, "q1")
         assert frames[-1]["type"] == "Completed"  # without it, the turn runs
+
+
+def test_a_readers_pace_is_four_events_a_second_fewer_while_a_reply_comes_faster_than_anyone_reads():
+    """READER (streamEvery "reader", chatrun's page): the wait after an event carrying so many
+    characters that came in so many seconds (measured over 250 ms at least)."""
+    assert READER.next_wait(12, 3600.0) == 0.25  # the first event
+    assert READER.next_wait(100, 0.25) == 0.25  # 400 characters a second: one reads along
+    assert READER.next_wait(250, 0.25) == 0.5  # 1,000 a second
+    assert READER.next_wait(575, 0.25) == 2.0  # 2,300 a second: the page's 17 KB reply
+    assert READER.next_wait(500, 0.01) == 2.0  # a burst is measured over 250 ms
+    assert READER.next_wait(3000, 2.0) == 0.5  # slower again: 1,500 a second
+    assert READER.next_wait(400, 2.0) == 0.25
+
+
+def timed_stream_frames(ws, chat: str, **fields) -> tuple[list[str], float]:
+    start = time.monotonic()
+    frames = stream_frames(ws, chat, **fields)
+    assert frames[-1]["type"] == "Completed", frames[-1]
+    return [f["data"] for f in frames if f["type"] == "Stream"], time.monotonic() - start
+
+
+def test_a_page_asks_for_a_readers_pace_and_a_fast_reply_comes_in_a_few_frames(fake, tmp_path):
+    """streamEvery "reader": a reply far faster than anyone reads (here some 20,000 characters a
+    second, 200 every 10 ms) comes every 2 s after its first 250 ms, not four times a second; one at
+    reading pace (20 characters every 50 ms) still four times a second. No chunk lost or reordered."""
+    (tmp_path / "bot.yaml").write_text(FAST_BOT)
+    fast = [f"{i:04d}" + "x" * 195 + " " for i in range(300)]
+    slow = [f"{i:03d} words go " + "." * 6 for i in range(40)]
+    app = app_for_testclient([chatrun.load_bot(tmp_path / "bot.yaml")], "memory://")
+    with TestClient(app) as client, client.websocket_connect("/_chat/routes") as ws:
+        ws.send_json({"type": "Connect", "chatId": "c1", "extensions": True})
+        assert until_done(ws)[-1]["type"] == "Completed"
+        fake.queue({"chunks": fast, "chunk_delay": 0.01})
+        streamed, seconds = timed_stream_frames(ws, "c1", streamEvery="reader")
+        assert streamed[0] == fast[0] and "".join(streamed) == "".join(fast)
+        # At once, 250 ms later, then every 2 s, and what is left at the end (four times a second: 12+).
+        assert len(streamed) <= 3 + seconds / 1.9, (len(streamed), seconds)
+        fake.queue({"chunks": slow, "chunk_delay": 0.05})
+        streamed, seconds = timed_stream_frames(ws, "c1", streamEvery="reader", requestId="slow")
+        assert "".join(streamed) == "".join(slow)
+        assert len(streamed) >= min(6, seconds / 0.5), (len(streamed), seconds)  # every 2 s would be 2 or 3

@@ -10,9 +10,12 @@ so the time to the first word is unchanged; a reader sees at most STREAM_EVERY o
 A route that streams to Quarkus-dialect clients (`stream_to_quarkus`: Quarkus' Multi<String>) sends
 each chunk as it comes: a Multi's items are values of their own on that wire, one frame each.
 
-A client may ask for fewer Stream events (the page redraws a reply at most four times a second, and
-each frame costs it CPU to receive): a turn frame's `streamEvery` (chatrun dialect, milliseconds,
-docs/protocol.md) sets STREAM_EVERY_NOW for that turn; the server's WebSocket sets it as PLAYING.
+A client may ask for fewer Stream events (each frame costs it CPU to receive): a turn frame's
+`streamEvery` (chatrun dialect, docs/protocol.md) sets STREAM_EVERY_NOW for that turn (the server's
+WebSocket sets it as PLAYING): milliseconds, or "reader" (READER), the pace of chatrun's page, which
+draws each event it receives: four a second while a reply comes at a pace one reads, fewer as it
+comes faster. The page's redraw cadence is this rule's, kept here alone: it receives no event it
+would not draw.
 """
 
 from __future__ import annotations
@@ -21,15 +24,44 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from chatrun import events as ev
 
+
+@dataclass(frozen=True)
+class Pace:
+    """How often a turn's Stream events go: at most every `every` seconds, and less often while the
+    reply comes fast: `slower` holds (characters a second above which, seconds between events),
+    slowest last."""
+
+    every: float
+    slower: tuple[tuple[float, float], ...] = ()
+
+    def next_wait(self, chars: int, seconds: float) -> float:
+        """The seconds until the next event, after one carrying `chars` characters that came in
+        `seconds` (since the event before)."""
+        rate = chars / max(seconds, self.every)
+        wait = self.every
+        for above, slower in self.slower:
+            if rate > above:
+                wait = slower
+        return wait
+
+
+# A reply on a page a person reads (streamEvery "reader": chatrun's page, which draws each event):
+# four events a second at the pace one reads; every 500 ms over 800 characters a second (some 30
+# times reading speed: each redraw costs the browser a frame or two whatever it adds: style, layout,
+# paint of a chat that scrolls); every 2 s over 1,600 (some 20 new lines a second: more than a screen
+# between two events, so no one reads it as it comes; the page shows it progress). The page's
+# 17 KB reply (tests/test_browser_enduser.py) at 2,300 characters a second: 5 events and 5 redraws.
+READER = Pace(0.25, ((800.0, 0.5), (1600.0, 2.0)))
 STREAM_EVERY = 0.05  # seconds: at most 20 Stream events a second per reply
 STREAM_EVERY_LIMITS = (0.05, 1.0)  # seconds a client may ask for (a turn frame's streamEvery)
-# This turn's interval in seconds when its client asked for one, else None: STREAM_EVERY (the
-# engine's turn task inherits it).
-STREAM_EVERY_NOW: ContextVar[float | None] = ContextVar("stream_every", default=None)
+# This turn's pace when its client asked for one (seconds between events, or a Pace), else None:
+# STREAM_EVERY (the engine's turn task inherits it).
+STREAM_EVERY_NOW: ContextVar[Pace | float | None] = ContextVar("stream_every", default=None)
 
 
 class StreamBatcher:
@@ -38,7 +70,9 @@ class StreamBatcher:
 
     def __init__(self, emit: Callable[..., Any], multi: bool) -> None:
         self._emit, self._multi = emit, multi
-        self._every = STREAM_EVERY_NOW.get() or STREAM_EVERY
+        asked = STREAM_EVERY_NOW.get()
+        self._pace = asked if isinstance(asked, Pace) else Pace(asked or STREAM_EVERY)
+        self._every = self._pace.every  # seconds from the last event to the next, at least
         self._held: list[str] = []
         self._last = -self._every  # when the last event went (time.monotonic())
         self._timer: asyncio.TimerHandle | None = None
@@ -63,7 +97,9 @@ class StreamBatcher:
         if self._held:
             text = "".join(self._held)
             self._held.clear()
-            self._last = time.monotonic()
+            now = time.monotonic()
+            self._every = self._pace.next_wait(len(text), now - self._last)
+            self._last = now
             self._emit(ev.STREAM, text, multi=self._multi)
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from chatrun.definition.page_texts import BUILTIN as PAGE_TEXTS
 from chatrun.engine.pending import reply_hint
-from chatrun.engine.stream_chunks import STREAM_EVERY_LIMITS
+from chatrun.engine.stream_chunks import READER, STREAM_EVERY_LIMITS, Pace
 from chatrun.errors import DecisionRefused, InvalidDecision, NotPending
 
 # The server's request errors, used as wire.RequestFailed and wire.FrameError (re-exported).
@@ -140,7 +140,7 @@ class ClientFrame:
     if_busy: str | None = None  # chatrun extension "ifBusy": "queue" | "reject"
     item: str | None = None  # Decide / Answer: the pending item's id
     play_model: str | None = None  # a turn frame's "playModel": "auto" | "always" (server/play_model.py)
-    stream_every: float | None = None  # a turn frame's "streamEvery", in seconds (engine/stream_chunks.py)
+    stream_every: float | Pace | None = None  # a turn frame's "streamEvery": seconds, or READER (engine/stream_chunks.py)
 
 
 def parse_frame(text: str | bytes | None, limits: ServerLimits) -> ClientFrame:
@@ -325,15 +325,18 @@ def _play_mode_of(raw: dict[str, Any], kind: str) -> str | None:
     return mode
 
 
-def _stream_every_of(raw: dict[str, Any], kind: str) -> float | None:
-    """A turn frame's `streamEvery`: milliseconds between Stream events, 50 to 1000, or absent."""
+def _stream_every_of(raw: dict[str, Any], kind: str) -> float | Pace | None:
+    """A turn frame's `streamEvery`: milliseconds between Stream events, 50 to 1000, "reader" (the
+    pace of a page a person reads: READER), or absent."""
     every = raw.get("streamEvery")
     if every is None:
         return None
+    if every == "reader":
+        return READER
     low, high = (round(limit * 1000) for limit in STREAM_EVERY_LIMITS)
     if isinstance(every, bool) or not isinstance(every, int | float) or not low <= every <= high:
         raise RequestFailed(BAD_REQUEST, f"{kind}.streamEvery must be milliseconds between Stream events, "
-                                         f"{low} to {high}, not {json.dumps(every)}")
+                                         f'{low} to {high}, or "reader", not {json.dumps(every)}')
     return every / 1000
 
 

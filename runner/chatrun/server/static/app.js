@@ -741,8 +741,9 @@
   function builder() {
     return client.builder()
       .locale(LOCALE)
-      // No more Stream frames than the page redraws a reply (markdown.js): each costs it to receive.
-      .streamEvery(ChatrunMarkdown.DRAW_MS)
+      // Stream frames at a reader's pace (engine/stream_chunks.py READER): four a second, fewer for a
+      // reply faster than anyone reads; each costs the page to receive, and each is drawn (markdown.js).
+      .streamEvery("reader")
       .messageHandler((data) => showMessage(asText(data)))
       .streamHandler(showChunk)
       .thinkingHandler(showThinking)

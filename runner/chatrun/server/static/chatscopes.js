@@ -23,7 +23,7 @@
  * Message after Stream chunks, an Error frame saying why before a Failed; builder.extensions(false)
  * asks for the Quarkus frames only); builder.routeChangedHandler(fn), builder.resume(chatId)
  * continues a stored session, builder.bot(name) picks a bot on a shared endpoint,
- * builder.streamEvery(ms) asks for fewer Stream events; every request
+ * builder.streamEvery(ms or "reader") asks for fewer Stream events; every request
  * carries a requestId, so several requests of one session may be in flight; a rejection is a
  * ChatRouteError with `reason` and `detail` (the Error text); session.close({keep}) sends
  * Disconnect; session.chatId / session.scopeId are id / currentScope; client.close().
@@ -179,7 +179,9 @@
     /** chatrun extra: the locale a new chat asks for (`de`, `pt-BR`; docs/i18n.md). */
     locale(tag) { this._locale = tag; return this; }
     /** chatrun extra: at most one Stream event every `ms` milliseconds (50 to 1000; the server's
-     * default is 50): a client that shows a reply less often need not receive it more often. */
+     * default is 50): a client that shows a reply less often need not receive it more often; or
+     * "reader": a reader's pace (four a second, fewer while a reply comes faster than anyone reads;
+     * engine/stream_chunks.py READER), what chatrun's page draws. */
     streamEvery(ms) { this._streamEvery = ms; return this; }
 
     /** Start a chat (on `route`, else the default route). Promise of a Session. */

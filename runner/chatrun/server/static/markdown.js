@@ -1,8 +1,8 @@
 /* The bot's replies as Markdown: GitHub Flavored Markdown by marked (vendor/marked.min.js), the
  * HTML it makes cleaned before it reaches the page by the browser's HTML Sanitizer API where it has
- * one (Element.setHTML: Chromium), else by DOMPurify (vendor/purify.min.js), both from one
- * allow-list (ALLOWED), so a reply cannot run script, load a frame or style the page. Links open in a new tab without an
- * opener; only http:, https: and mailto: links stay links; images become links to them (a reply
+ * one (Element.setHTML: Chromium), else by DOMPurify (vendor/purify.min.js, loaded only then), both
+ * from one allow-list (ALLOWED), so a reply cannot run script, load a frame or style the page. Links
+ * open in a new tab without an opener; only http:, https: and mailto: links stay links; images become links to them (a reply
  * does not make the reader's browser fetch anything); HTML in a reply shows as text; headings start
  * at <h3>. Code blocks get a language label, a Copy
  * button and keyboard focus (they scroll sideways); tables scroll inside a focusable box.
@@ -11,16 +11,17 @@
  * ChatrunMarkdown.html(text)        -> the cleaned HTML, undecorated (what a GFM renderer makes)
  * ChatrunMarkdown.stream(container, onDraw) -> {append(chunk), finish(text), text()}: a reply as it
  *   streams; onDraw() after each redraw (the page scrolls then).
- *   Redrawn at most every 250 ms (500 ms while it comes faster than anyone reads, 2 s while it
- *   comes twice as fast again), in an animation frame: every block but the last is rendered once
- *   and never touched again (so a selection or a hovered link in it survives later chunks); the
- *   growing last one shows its text as it comes, rendered as Markdown at most every 500 ms.
+ *   Redrawn when a chunk comes, at most every 250 ms, in an animation frame. How often chunks come
+ *   is the server's rule: the page asks for a reader's pace (streamEvery "reader":
+ *   engine/stream_chunks.py READER: every 250 ms, 500 ms while a reply comes faster than anyone
+ *   reads, 2 s while it comes twice as fast again), so each Stream frame received is drawn. Every
+ *   block but the last is rendered once and never touched again (so a selection or a hovered link
+ *   in it survives later chunks); the growing last one shows its text as it comes, rendered as
+ *   Markdown at most every 500 ms.
  * ChatrunMarkdown.warm(): renders a sample reply off the page once (app.js calls it when the page
  *   is idle), so the first streamed reply does not pay for compiling marked's (and DOMPurify's) code.
  * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them).
- * ChatrunMarkdown.sanitizer: "Sanitizer" (the browser's) or "DOMPurify": the one that cleans.
- * ChatrunMarkdown.DRAW_MS: how often a streaming reply is redrawn at most (the page asks the server
- *   for Stream events no more often: chatscopes.js streamEvery). */
+ * ChatrunMarkdown.sanitizer: "Sanitizer" (the browser's) or "DOMPurify": the one that cleans. */
 (function (global) {
   "use strict";
 
@@ -78,8 +79,24 @@
     }
   }
   const NATIVE = nativeSanitizer();
-  if (!NATIVE) {
-    // Set once: a config passed to every sanitize() call would be parsed again each time.
+  if (!NATIVE && !global.DOMPurify) {
+    // DOMPurify only where it cleans: the page's next script, before the page's own that render
+    // (a browser with the Sanitizer API does not fetch, parse or compile its 30 KB). Written into
+    // the page as it loads, as the tag it replaces was: it runs before the scripts after this one.
+    if (document.readyState !== "loading") throw new Error("markdown.js is loaded by a <script> tag of the page");
+    document.write('<script src="/_chat/static/vendor/purify.min.js"><\/script>');
+  }
+  let purifying = false; // DOMPurify configured (at its first use: it is loaded after this script)
+
+  /** DOMPurify's cleaning, configured from ALLOWED once (a config passed to every sanitize() call
+   * would be parsed again each time). */
+  function purify(html) {
+    if (!purifying) configurePurify();
+    purifying = true;
+    return document.adoptNode(global.DOMPurify.sanitize(html));
+  }
+
+  function configurePurify() {
     global.DOMPurify.setConfig({
       ALLOWED_TAGS: ALLOWED.elements,
       ALLOWED_ATTR: ALLOWED.attributes,
@@ -94,29 +111,19 @@
     });
   }
   const texts = { copy: "Copy", copied: "Copied", code: "code" };
-  const DRAW_MS = 250; // a streaming reply is redrawn at most this often
-  // ... and at most every FAST_DRAW_MS while more than FAST_CHARS come in each DRAW_MS (800 characters a
-  // second, some 30 times reading speed): each redraw costs the browser a frame or two whatever it adds
-  // (style, layout and paint of a chat that scrolls), so a fast reply is
-  // shown in fewer, larger steps; one read as it comes keeps the smooth pace.
-  const FAST_DRAW_MS = 500;
-  const FAST_CHARS = 200;
-  // ... and at most every FASTER_DRAW_MS while more than twice FAST_CHARS come (1,600 characters a
-  // second, some 20 new lines a second: more than a screen between two redraws even a second apart,
-  // so no one reads it as it comes; the page shows it progress). Each redraw of such a reply costs
-  // some 8 ms on a slow machine, 5 of them whatever it adds (the frame's paint of a screen of new
-  // text, the growing block's render, the scroll): the 17 KB reply of the page's budget test is
-  // redrawn 5 times instead of 9 (was 16 at 500 ms), some 30 ms less.
-  const FASTER_DRAW_MS = 2000;
+  // A streaming reply is redrawn at most this often (a floor: the server sends the page's chunks
+  // at a reader's pace, engine/stream_chunks.py READER, no more often than this).
+  const DRAW_MS = 250;
   const RENDER_MS = 500; // and its growing block rendered as Markdown at most this often
-  const stats = { parsed: 0 }; // characters streamed replies had parsed again, in all (a test reads it)
+  // Characters streamed replies had parsed again, and their redraws, in all (a test reads them).
+  const stats = { parsed: 0, redrawn: 0 };
 
   /** marked's HTML as a fragment of this page, clean: parsed by the sanitizer in a document of its
    * own (nothing in it loads or runs before it is clean), then only what ALLOWED allows. */
   function clean(html) {
     // The language of a fenced block is its only class worth keeping: carried past the sanitizer.
     html = html.replace(/<code class="language-([\w+#.-]{1,40})">/g, '<code data-lang="$1">');
-    if (!NATIVE) return document.adoptNode(global.DOMPurify.sanitize(html));
+    if (!NATIVE) return purify(html);
     const box = document.createElement("div");
     box.setHTML(html, { sanitizer: NATIVE }); // drops javascript: addresses, not data: or vbscript:
     const urls = ALLOWED.urls.map((name) => "[" + name + "]").join(",");
@@ -219,10 +226,11 @@
   /** A streaming reply in `container`: settled blocks, then the growing last one.
    *
    * The cost of a redraw is the browser's (style, layout, paint) far more than marked's, so a
-   * redraw does little: at most one per animation frame and one per DRAW_MS (FAST_DRAW_MS for a fast
-   * reply); a block is rendered once when it is complete (the next one has begun) and never touched
-   * again; the growing block shows its text as a plain text node as it comes (appended to, not
-   * replaced) and is rendered as Markdown at most every RENDER_MS, and when the reply finishes.
+   * redraw does little: at most one per animation frame and one per DRAW_MS (the server sends a fast
+   * reply's chunks less often: each is drawn); a block is rendered once when it is complete (the
+   * next one has begun) and never touched again; the growing block shows its text as a plain text
+   * node as it comes (appended to, not replaced) and is rendered as Markdown at most every
+   * RENDER_MS, and when the reply finishes.
    * Nothing reads the layout here (the page's onDraw scrolls, once per redraw). */
   function stream(container, onDraw) {
     const settled = document.createElement("div");
@@ -235,6 +243,7 @@
     let shown = 0; // text[0:shown] is on the page (rendered, or as plain text at the tail's end)
     let rendered = -Infinity; // when the growing block was last rendered as Markdown
     let raw = null; // the text node the plain text goes to, until the tail is rendered again
+    let tailFor = -1; // the text's length when the growing block was last rendered as Markdown
 
     /** Lex what is not settled; render the complete blocks once; the growing block's tokens. */
     function settle() {
@@ -262,6 +271,7 @@
       raw = null;
       shown = text.length;
       rendered = performance.now();
+      tailFor = text.length;
     }
 
     function appendRaw() {
@@ -281,6 +291,7 @@
       if (fresh) { // a new growing block: its text as it is, until RENDER_MS from now
         tail.textContent = "";
         raw = null;
+        tailFor = -1;
         shown = offset;
         rendered = performance.now();
       }
@@ -288,20 +299,15 @@
       else appendRaw();
     }
 
-    // However fast chunks come (a fast model sends hundreds a second), at most one redraw per
-    // DRAW_MS, in an animation frame (where the browser lays out and paints anyway).
+    // However fast chunks come (a client asking for no pace gets them 20 times a second), at most
+    // one redraw per DRAW_MS, in an animation frame (where the browser lays out and paints anyway).
     let timer = null;
     let frame = null;
     let drawn = -Infinity;
-    let drawnLength = 0; // the text's length at the last redraw
-    let interval = DRAW_MS;
     function draw() {
       frame = null;
-      const now = performance.now();
-      const perDraw = (text.length - drawnLength) * DRAW_MS / Math.max(DRAW_MS, now - drawn);
-      interval = perDraw > 2 * FAST_CHARS ? FASTER_DRAW_MS : perDraw > FAST_CHARS ? FAST_DRAW_MS : DRAW_MS;
-      drawn = now;
-      drawnLength = text.length;
+      drawn = performance.now();
+      stats.redrawn += 1;
       redraw(false);
       if (onDraw) onDraw();
     }
@@ -318,9 +324,15 @@
     return {
       append(chunk) {
         text += String(chunk).replace(/\r\n?/g, "\n");
-        if (timer === null && frame === null) timer = setTimeout(schedule, Math.max(0, interval - (performance.now() - drawn)));
+        if (timer !== null || frame !== null) return;
+        const wait = DRAW_MS - (performance.now() - drawn);
+        if (wait > 0) timer = setTimeout(schedule, wait);
+        else frame = requestAnimationFrame(draw); // the usual case: chunks come at the server's pace
       },
-      /** The whole reply: when it is what was streamed only the tail is rendered again. */
+      /** The whole reply: when it is what was streamed only the tail is rendered again, unless the
+       * last redraw rendered it as it is (a fast reply's last chunk, sent when the model's answer
+       * ended, is often drawn before the Message comes: the same render again is a layout and a
+       * paint of the reply's end for nothing). */
       finish(full) {
         cancel();
         tail.classList.remove("md-open");
@@ -334,7 +346,7 @@
           tail.textContent = "";
           return;
         }
-        redraw(true);
+        if (tailFor !== text.length) redraw(true);
       },
       text() { return text; },
     };
@@ -350,15 +362,15 @@
    * on a slow machine that the first streamed reply would otherwise pay in its first redraws. */
   function warm() {
     const box = document.createElement("div");
-    const before = stats.parsed;
+    const before = Object.assign({}, stats);
     const reply = stream(box);
     reply.append(SAMPLE);
     reply.finish();
-    stats.parsed = before; // not a reply's
+    Object.assign(stats, before); // not a reply's
   }
 
   // `marked`: the configured marked (a test renders XSS vectors through it).
   // `sanitizer`: which one cleans ("Sanitizer", the browser's, or "DOMPurify"; a test runs both).
   global.ChatrunMarkdown = { render: render, html: html, stream: stream, warm: warm, texts: texts, stats: stats,
-    marked: md, DRAW_MS: DRAW_MS, sanitizer: NATIVE ? "Sanitizer" : "DOMPurify" };
+    marked: md, sanitizer: NATIVE ? "Sanitizer" : "DOMPurify" };
 })(window);
