@@ -21,6 +21,7 @@ would not draw.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -40,8 +41,8 @@ class Pace:
     slower: tuple[tuple[float, float], ...] = ()
 
     def next_wait(self, chars: int, seconds: float) -> float:
-        """The seconds until the next event, after one carrying `chars` characters that came in
-        `seconds` (since the event before)."""
+        """The seconds from the last event to the next, when `chars` characters came in the
+        `seconds` since (measured over `every` at least: a burst is no pace)."""
         rate = chars / max(seconds, self.every)
         wait = self.every
         for above, slower in self.slower:
@@ -55,7 +56,7 @@ class Pace:
 # times reading speed: each redraw costs the browser a frame or two whatever it adds: style, layout,
 # paint of a chat that scrolls); every 2 s over 1,600 (some 20 new lines a second: more than a screen
 # between two events, so no one reads it as it comes; the page shows it progress). The page's
-# 17 KB reply (tests/test_browser_enduser.py) at 2,300 characters a second: 5 events and 5 redraws.
+# 17 KB reply (tests/test_browser_enduser.py) at 2,300 characters a second: 5-6 events, each drawn.
 READER = Pace(0.25, ((800.0, 0.5), (1600.0, 2.0)))
 STREAM_EVERY = 0.05  # seconds: at most 20 Stream events a second per reply
 STREAM_EVERY_LIMITS = (0.05, 1.0)  # seconds a client may ask for (a turn frame's streamEvery)
@@ -72,23 +73,35 @@ class StreamBatcher:
         self._emit, self._multi = emit, multi
         asked = STREAM_EVERY_NOW.get()
         self._pace = asked if isinstance(asked, Pace) else Pace(asked or STREAM_EVERY)
-        self._every = self._pace.every  # seconds from the last event to the next, at least
         self._held: list[str] = []
-        self._last = -self._every  # when the last event went (time.monotonic())
+        self._held_chars = 0
+        self._last = -math.inf  # when the last event went (time.monotonic())
         self._timer: asyncio.TimerHandle | None = None
 
     async def send(self, chunk: str) -> None:
         if not chunk:
             return
         self._held.append(chunk)
-        wait = self._every - (time.monotonic() - self._last)
-        if wait <= 0 or self._multi:
+        self._held_chars += len(chunk)
+        if self._multi:
             self._flush()
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(wait, self._flush)
+            self._due()
 
     def close(self) -> None:
         self._flush()
+
+    def _due(self) -> None:
+        """Send what is held if its time has come, else come back then. The time is the pace's for
+        the characters held over the time since the last event: a fast reply's second event waits
+        its 2 s too (not 250 ms, then 2 s), and one that slows down is sent sooner."""
+        self._timer = None
+        since = time.monotonic() - self._last
+        wait = self._pace.next_wait(self._held_chars, since) - since
+        if wait <= 0:
+            self._flush()
+        else:
+            self._timer = asyncio.get_running_loop().call_later(wait, self._due)
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -97,10 +110,6 @@ class StreamBatcher:
         if self._held:
             text = "".join(self._held)
             self._held.clear()
-            now = time.monotonic()
-            self._every = self._pace.next_wait(len(text), now - self._last)
-            self._last = now
+            self._held_chars = 0
+            self._last = time.monotonic()
             self._emit(ev.STREAM, text, multi=self._multi)
-
-
-
