@@ -50,6 +50,12 @@ under a timer instead of a task. Where the rest goes, part by part: bench/turn_p
     python bench/bench_openai_api.py --rounds 5 --conversations 10
     python bench/bench_openai_api.py --before /tmp/before --only http,chat   # an older checkout, interleaved
     python bench/bench_openai_api.py --instructions --before /tmp/before     # callgrind: floor_eb, http, chat (and before)
+    python bench/bench_openai_api.py --instructions --only ws --before /tmp/before   # a WebSocket turn: ws_floor_eb, ws
+
+The WebSocket kinds (`--only ws`, and bench/turn_parts.py's `ws`, `ws_floor_eb`) count a turn of
+bench_server.py's bot and floor on a real socket through the server's own uvicorn protocols
+(listen.py: permessage-deflate as the client offers it), the client in a process of its own
+(bench_server.lockstep_client, one turn at a time, not counted).
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ Targets: within 10% of the floor's throughput, under 5 ms added p99 at 1,000 ses
 CPU per turn <= 1.1x floor_eb (issue 26).
 Issue 39 (2026-12-06, 100 sessions, --before main e3b2912): CPU per turn 1.19x -> 1.09x floor_eb
 (--runs 7 --turns 10), 1.25x -> 1.27x (--runs 5 --turns 5), 1.20x -> 1.28x: the goal <= 1.15x is not met.
+2026-12-06 (h-wscut), instructions of a late turn (bench_openai_api.py --instructions --only ws,
+bench/turn_parts.py ws; lockstep_client below): 13.54-13.64 M -> 13.21-13.24 M against floor_eb
+11.65-11.75 M, 1.16x -> 1.13x; CPU at load average 6.4 (--runs 5 --turns 10 --before): before 1.06x,
+after 1.11x floor_eb (noise at that load).
 """
 
 from __future__ import annotations
