@@ -50,6 +50,12 @@ under a timer instead of a task. Where the rest goes, part by part: bench/turn_p
     python bench/bench_openai_api.py --rounds 5 --conversations 10
     python bench/bench_openai_api.py --before /tmp/before --only http,chat   # an older checkout, interleaved
     python bench/bench_openai_api.py --instructions --before /tmp/before     # callgrind: floor_eb, http, chat (and before)
+    python bench/bench_openai_api.py --instructions --only ws --before /tmp/before   # a WebSocket turn: ws_floor_eb, ws
+
+The WebSocket kinds (`--only ws`, and bench/turn_parts.py's `ws`, `ws_floor_eb`) count a turn of
+bench_server.py's bot and floor on a real socket through the server's own uvicorn protocols
+(listen.py: permessage-deflate as the client offers it), the client in a process of its own
+(bench_server.lockstep_client, one turn at a time, not counted).
 """
 
 from __future__ import annotations
@@ -257,7 +263,51 @@ async def call(app, path, data):
     assert out["status"] < 300, (out["status"], b"".join(out["body"]))
     return json.loads(b"".join(out["body"]) or b"null")
 
+ws_frames = [0]
+
+def turn_frame():
+    # A turn's frame reached the server: the WebSocket kinds count their turns here (turn_parts.py hooks it).
+    ws_frames[0] += 1
+    if ws_frames[0] == 5:  # after one turn each, as for HTTP below
+        gc.collect(); gc.freeze(); gc.disable()
+
+def counting(app):
+    async def counted(scope, receive, send):
+        async def receive_counted():
+            message = await receive()
+            if '"ChatRouteMessage"' in (message.get("text") or ""):
+                turn_frame()
+            return message
+        await app(scope, receive_counted if scope["type"] == "websocket" else receive, send)
+    return counted
+
+async def websocket_turns(tmp):
+    # The WebSocket kinds: the server on a real socket with its real uvicorn protocols (listen.py;
+    # permessage-deflate as the client offers it), the client in its own process (not counted).
+    import uvicorn
+    import bench_server
+    port = bench_server.free_port()
+    if kind == "ws_floor_eb":
+        config = uvicorn.Config(counting(bench_server.floor_app(True)), host="127.0.0.1", port=port, log_level="warning")
+    else:
+        from chatrun.server.app import create_app
+        from chatrun.server.listen import uvicorn_config
+        (Path(tmp) / "bench.yaml").write_text(bench_server.BOT)
+        app = create_app([chatrun.load_bot(Path(tmp) / "bench.yaml")], "memory://", gc_tuning=False)
+        config = uvicorn_config(counting(app), "127.0.0.1", port, log_level="warning")
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    client = await asyncio.create_subprocess_exec(sys.executable, f"{bench}/bench_server.py", "--client",
+                                                  f"ws://127.0.0.1:{port}/_chat/routes", "--turns", str(turns))
+    assert await client.wait() == 0, "the WebSocket client failed"
+    server.should_exit = True
+    await serving
+
 async def main(tmp):
+    if kind.startswith("ws"):
+        return await websocket_turns(tmp)
     if kind == "floor_eb":
         app = b.floor_app(True)
     else:
@@ -311,7 +361,8 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="an older checkout, served beside this one (its http, chat and "
                         "responses rows end in _before)")
     parser.add_argument("--only", default="http,chat,responses",
-                        help="which of chatrun's endpoints to measure (comma-separated; default all three)")
+                        help="which of chatrun's endpoints to measure (comma-separated; default all three); with "
+                        "--instructions also `ws`: a WebSocket turn (bench_server.py's bot and floor, over a socket)")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per late turn under callgrind instead (floor_eb, http, chat and the --before ones)")
     parser.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
@@ -330,12 +381,15 @@ def main() -> None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "runner"), env.get("PYTHONPATH")]))
         env.pop("CHATRUN_AUTH_FILE", None)
         if args.instructions:
-            checkouts = {"floor_eb": ROOT, "http": ROOT, "chat": ROOT}
+            counted = [kind for kind in ("http", "chat", "ws") if kind in args.only.split(",")]
+            floors = (["floor_eb"] if {"http", "chat"} & set(counted) else []) + (["ws_floor_eb"] if "ws" in counted else [])
+            checkouts = {kind: ROOT for kind in floors + counted}
             if args.before:
-                checkouts |= {"http_before": args.before, "chat_before": args.before}
+                checkouts |= {f"{kind}_before": args.before for kind in counted}
             for kind, checkout in checkouts.items():
                 print(f"{kind:<12} {instructions(kind.removesuffix('_before'), checkout, env) / 1e6:.2f} M "
-                      "instructions per late turn (callgrind, in process, no sockets)", flush=True)
+                      "instructions per late turn (callgrind, in process, "
+                      + ("over a socket, the client not counted)" if "ws" in kind else "no sockets)"), flush=True)
             return
         with tempfile.TemporaryDirectory() as tmp:
             servers = start_servers(Path(tmp), env, args.before, tuple(args.only.split(",")))

@@ -28,6 +28,10 @@ Targets: within 10% of the floor's throughput, under 5 ms added p99 at 1,000 ses
 CPU per turn <= 1.1x floor_eb (issue 26).
 Issue 39 (2026-12-06, 100 sessions, --before main e3b2912): CPU per turn 1.19x -> 1.09x floor_eb
 (--runs 7 --turns 10), 1.25x -> 1.27x (--runs 5 --turns 5), 1.20x -> 1.28x: the goal <= 1.15x is not met.
+2026-12-06 (h-wscut), instructions of a late turn (bench_openai_api.py --instructions --only ws,
+bench/turn_parts.py ws; lockstep_client below): 13.54-13.64 M -> 13.21-13.24 M against floor_eb
+11.65-11.75 M, 1.16x -> 1.13x; CPU at load average 6.4 (--runs 5 --turns 10 --before): before 1.06x,
+after 1.11x floor_eb (noise at that load).
 """
 
 from __future__ import annotations
@@ -239,6 +243,25 @@ async def timed_turn(ws, chat_id: str, text: str) -> float:
     return time.perf_counter() - start
 
 
+async def lockstep_client(url: str, turns: int, conversations: int = 4) -> None:
+    """The client of the WebSocket kinds of `bench_openai_api.py --instructions` (run in its own
+    process, so its work is not counted): `conversations` chats, one a connection, turn k of each
+    before turn k+1 of any, one turn at a time, then one closing turn on the first chat, whose
+    frame ends the count."""
+    import websockets
+
+    connections = [await websockets.connect(url, max_size=2**20, ping_interval=None) for _ in range(conversations)]
+    for i, ws in enumerate(connections):
+        await ws.send(json.dumps({"type": "Connect", "chatId": f"c{i}", "extensions": True}))
+        while json.loads(await ws.recv())["type"] != "Completed":
+            pass
+    for t in range(turns):  # one turn at a time, as the HTTP kinds: what runs inside a part is its turn's
+        for i, ws in enumerate(connections):
+            await timed_turn(ws, f"c{i}", f"c{i} message number {t}")
+    await timed_turn(connections[0], "c0", "the closing turn")
+    await asyncio.gather(*(ws.close() for ws in connections))
+
+
 def measure(kind: str, sessions: int, turns: int, fake_url: str, workdir: Path, spread: float = 0.0,
             before: Path | None = None) -> dict[str, float]:
     port = free_port()
@@ -285,9 +308,13 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="an older checkout: adds 'before memory://' (its runner/), interleaved")
     parser.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-floor-eb", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--client", help=argparse.SUPPRESS)  # a URL: lockstep_client's turns, then exit
     args = parser.parse_args()
     if args.serve_floor or args.serve_floor_eb:
         serve_floor(args.serve_floor or args.serve_floor_eb, extra_body=bool(args.serve_floor_eb))
+        return
+    if args.client:
+        asyncio.run(lockstep_client(args.client, args.turns))
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))

@@ -14,6 +14,7 @@ thread: measure it alone with a PART that never runs). Prints M instructions per
     python bench/turn_parts.py http chatrun.engine.session:Session.achat
     python bench/turn_parts.py floor_eb openai.resources.chat.completions:AsyncCompletions.create
     python bench/turn_parts.py chat --runner /tmp/before/runner      # an older checkout's
+    python bench/turn_parts.py ws chatrun.server.ws:Connection.dispatch   # a WebSocket turn (bench_server.py's)
 """
 
 from __future__ import annotations
@@ -70,14 +71,22 @@ if _part:
     elif isinstance(_f0, staticmethod): setattr(_owner, _name, staticmethod(_wrapped(_f0.__func__)))
     elif isinstance(_f0, classmethod): setattr(_owner, _name, classmethod(_wrapped(_f0.__func__)))
     else: setattr(_owner, _name, _wrapped(_f0))
-_turns, _call0 = [0], call
+_turns, _call0, _frame0 = [0], call, turn_frame
+def _turn_begins():
+    _turns[0] += 1
+    if _turns[0] == 30 * 4 + 1:
+        _cg.cg_start()
+        _armed[0] = bool(_part)
+        if _part and _depth[0] == 0: _cg.cg_toggle()  # collect only inside PART (on now if the turn starts in it)
+    elif _turns[0] == 40 * 4 + 1:  # the WebSocket client's closing turn: the late turns end as it arrives
+        _armed[0] = False; _cg.cg_dump()
 async def call(app, path, data):
     if path.endswith(("/messages", "/completions")):
-        _turns[0] += 1
-        if _turns[0] == 30 * 4 + 1:
-            _cg.cg_start()
-            if _part: _armed[0] = True; _cg.cg_toggle()
+        _turn_begins()
     return await _call0(app, path, data)
+def turn_frame():
+    _turn_begins()
+    _frame0()
 """
 
 
@@ -112,7 +121,7 @@ def part_instructions(kind: str, part: str, runner: Path, env: dict[str, str], t
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kind", choices=["floor_eb", "http", "chat"])
+    parser.add_argument("kind", choices=["floor_eb", "http", "chat", "ws_floor_eb", "ws"])
     parser.add_argument("parts", nargs="*", help="module:Qualified.name (none: the whole turn)")
     parser.add_argument("--runner", type=Path, default=ROOT / "runner", help="the runner/ of the checkout to measure")
     args = parser.parse_args()

@@ -119,6 +119,34 @@ def test_a_client_flooding_without_reading_is_cut_off_and_others_are_served(trav
         assert asyncio.run(one_turn(srv.ws_url, "after"))[-1]["type"] == "Completed"
 
 
+def test_a_send_that_never_finishes_gives_the_client_up_and_stops_the_writer():
+    """Outbound's watchdog (one timer for the send in progress, not one per frame): a send the
+    client's socket never takes ends the connection with its reason; the writer stops."""
+    from chatrun.server.outbound import Outbound
+
+    class StuckSocket:  # a client whose kernel buffers are full: a send never completes
+        def __init__(self) -> None:
+            self.sends = 0
+
+        async def send_text(self, text: str) -> None:
+            self.sends += 1
+            await asyncio.Event().wait()
+
+    async def run() -> tuple[Outbound, StuckSocket]:
+        socket_ = StuckSocket()
+        out = Outbound(socket_, max_bytes=1 << 20, send_timeout=0.05)
+        out.put('{"type": "Stream"}')
+        out.put('{"type": "Completed"}')
+        await asyncio.wait_for(out.gone.wait(), 30)
+        await out.close()
+        return out, socket_
+
+    out, stuck = asyncio.run(run())
+    assert out.reason == "client not reading: a send did not finish in 0.05 s"
+    assert stuck.sends == 1  # the writer stopped at the stuck send: the second frame was dropped
+    assert out._watchdog is None  # no timer left to keep the connection alive
+
+
 # -- item 2: a client that stops reading does not hold its session --------------------------
 
 

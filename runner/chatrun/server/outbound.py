@@ -2,8 +2,9 @@
 
 Nothing that serves a request ever awaits the client's socket: `put` only appends to the
 buffer (a turn holding its session's lock never waits on a client), and one writer task per
-connection sends the frames in order, each with a write timeout. A client that does not read
-is given up on: when what it was sent has not all gone out for `send_timeout` seconds (the
+connection sends the frames in order. A client that does not read is given up on: when a send
+has not finished in `send_timeout` seconds (one watchdog timer looks at the send in progress,
+not a timer per frame), when what it was sent has not all gone out for `send_timeout` seconds (the
 buffer has not been empty once in that time: a client that reads drains it at once, one whose
 kernel only trickles data in never does), or when more than `max_bytes` wait to be sent, the connection is dropped (no close frame) and what it had not
 read is discarded. Its turns still run to the end and are committed.
@@ -25,6 +26,8 @@ from typing import Any
 
 log = logging.getLogger("chatrun.server")
 
+WATCH_SLACK = 0.001  # seconds: the loop may run a timer this early (its clock's resolution)
+
 
 class Outbound:
     def __init__(self, websocket: Any, max_bytes: int, send_timeout: float):
@@ -42,6 +45,10 @@ class Outbound:
         # full receive window) drains a frame now and then but never a quarter of the buffer.
         self._room = asyncio.Event()
         self._room.set()
+        # The send in progress: when it began (the loop's clock), and the one timer that looks
+        # at it (see _watch): no timer per frame.
+        self._sending_since: float | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
         self._writer = asyncio.ensure_future(self._write())
 
     def put(self, text: str) -> None:
@@ -96,6 +103,7 @@ class Outbound:
         if reason:
             log.warning("closing a WebSocket connection: %s", reason)
         self.gone.set()
+        self._stop_watching()
         self._frames.clear()
         self._bytes = 0
         self._backlog_since = None
@@ -107,26 +115,29 @@ class Outbound:
         a closing handshake would wait for its answer): its connection is dropped when the
         handler ends (listen.AbortingWebSocketProtocol aborts one whose buffer is full)."""
         self._writer.cancel()
+        self._stop_watching()
         with contextlib.suppress(BaseException):
             await self._writer
 
     async def _write(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self.gone.is_set():
             await self._queued.wait()
             self._queued.clear()
             while self._frames and not self.gone.is_set():
                 text, size = self._frames[0]
+                # Not a timeout per frame (asyncio.timeout arms and cancels a timer: ~15 µs, a few
+                # times a turn): the watchdog looks at the send in progress (_watch).
+                self._sending_since = loop.time()
+                if self._watchdog is None:
+                    self._watchdog = loop.call_at(self._sending_since + self.send_timeout, self._watch)
                 try:
-                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the send in a task
-                    # of its own, one per frame (a few per turn); a timeout is only a timer.
-                    async with asyncio.timeout(self.send_timeout):
-                        await self.ws.send_text(text)
-                except TimeoutError:
-                    self.give_up(f"client not reading: a send did not finish in {self.send_timeout:g} s")
-                    return
+                    await self.ws.send_text(text)
                 except Exception:  # the client left: its turns still complete and are stored
                     self.give_up(None)
                     return
+                finally:
+                    self._sending_since = None
                 self._frames.popleft()
                 self._bytes -= size
                 if not self._frames:
@@ -135,3 +146,23 @@ class Outbound:
                     return
                 if self._bytes <= self.max_bytes // 4:
                     self._room.set()
+
+    def _watch(self) -> None:
+        """The watchdog's look at the send in progress: one that has taken send_timeout seconds
+        gives the client up (and stops the writer); one under it, begun since the watchdog was
+        armed, arms it again for its own deadline; no send in progress, no watchdog until the next."""
+        self._watchdog = None
+        since = self._sending_since
+        if since is None or self.gone.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        if since + self.send_timeout <= loop.time() + WATCH_SLACK:
+            self.give_up(f"client not reading: a send did not finish in {self.send_timeout:g} s")
+            self._writer.cancel()
+        else:
+            self._watchdog = loop.call_at(since + self.send_timeout, self._watch)
+
+    def _stop_watching(self) -> None:
+        if self._watchdog is not None:  # its handle would keep this connection alive until it fires
+            self._watchdog.cancel()
+            self._watchdog = None

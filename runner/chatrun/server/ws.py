@@ -73,8 +73,9 @@ class Connection:
     def open(self) -> bool:
         return not self.out.gone.is_set()
 
-    async def send(self, chat_id: str | None, kind: str, data: Any, request_id: Any = None) -> None:
-        # Never waits on the socket (see outbound.py): callers may hold a session's lock.
+    def send(self, chat_id: str | None, kind: str, data: Any, request_id: Any = None) -> None:
+        # Never waits on the socket (see outbound.py): callers may hold a session's lock. Not a
+        # coroutine: one fewer per frame (a few per turn).
         self.out.put(wire.server_frame(chat_id, kind, data, request_id))
 
     def dialect_of(self, chat_id: str | None) -> wire.Dialect:
@@ -284,7 +285,7 @@ class Connection:
                 if frame.resume:
                     if frame.route and frame.route != session.route:
                         # A resumed session stays where it was; say so rather than ignore the route silently.
-                        await self.send(
+                        self.send(
                             frame.chat_id,
                             "Console",
                             f"resumed session is on route {session.route}; the requested route {frame.route} was ignored",
@@ -293,13 +294,13 @@ class Connection:
                     if self.dialect_of(frame.chat_id).tells_resumed_route:
                         # lastTurn (chatrun extension): what the store holds as the last committed
                         # turn, so a client that lost a reply learns whether its message was taken.
-                        await self.send(
+                        self.send(
                             frame.chat_id, "RouteChanged",
                             {"route": session.route, "stack": session.stack,
                              "lastTurn": self.registry.last_committed(session)},
                             frame.request_id,
                         )
-                await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
+                self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
         except BaseException:
             if added and frame.chat_id in self.pending:  # this Connect attached the chat: detach it
                 self.pending.discard(frame.chat_id)
@@ -348,7 +349,7 @@ class Connection:
                 async for event in run:
                     sent = frames.out(event)
                     if sent is not None:
-                        await self.send(frame.chat_id, *sent, frame.request_id)
+                        self.send(frame.chat_id, *sent, frame.request_id)
         finally:
             STREAM_EVERY_NOW.reset(every)
             PLAYING.reset(playing)
@@ -357,22 +358,22 @@ class Connection:
         if last is not None and last.get("ok") is False:
             # Rolled back. Quarkus ends a failing route with Failed("ServerError"), so the
             # client's promise rejects; an extension-aware client got the reason as an Error.
-            await self.send(frame.chat_id, wire.FAILED, dialect.reason(wire.SERVER_ERROR), frame.request_id)
+            self.send(frame.chat_id, wire.FAILED, dialect.reason(wire.SERVER_ERROR), frame.request_id)
         else:
-            await self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
+            self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
 
     async def feedback(self, frame: wire.ClientFrame, bot: str) -> None:
         """Feedback (chatrun extension): a rating of one of the chat's turns, answered with
         Completed(null) once it is committed (Session.rate)."""
         await self.registry.rate(bot, frame.chat_id, self.principal, frame.data)
-        await self.send(frame.chat_id, wire.COMPLETED, None, frame.request_id)
+        self.send(frame.chat_id, wire.COMPLETED, None, frame.request_id)
 
     async def disconnect(self, frame: wire.ClientFrame, bot: str) -> None:
         if not frame.keep:
             await self.registry.delete(bot, frame.chat_id, self.principal)
         self.chats.pop(frame.chat_id, None)
         if self.dialect_of(frame.chat_id).answers_disconnect:
-            await self.send(frame.chat_id, wire.COMPLETED, None, frame.request_id)
+            self.send(frame.chat_id, wire.COMPLETED, None, frame.request_id)
         self._forget_dialect(frame.chat_id)
 
     def _forget_dialect(self, chat_id: str) -> None:

@@ -1,0 +1,47 @@
+"""The WebSocket frames' JSON, encoded and decoded with codecs made once (issue 39): the same
+text as the json module's encoder, the same values and refusals as json.loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chatrun.server import wire
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(st.none(), st.text(max_size=20)), st.text(min_size=1, max_size=12), JSON_VALUES,
+       st.one_of(st.none(), st.integers(), st.text(max_size=10)))
+def test_a_server_frame_is_the_text_the_json_module_writes(chat_id, kind, data, request_id):
+    frame = {"chatId": chat_id, "type": kind, "data": data}
+    if request_id is not None:
+        frame["requestId"] = request_id
+    assert wire.server_frame(chat_id, kind, data, request_id) == json.JSONEncoder(ensure_ascii=False).encode(frame)
+
+
+@settings(max_examples=60, deadline=None)
+@given(JSON_VALUES.filter(lambda v: "\\ud8" not in json.dumps(v).lower()), st.sampled_from(["str", "utf-8", "utf-16"]))
+def test_client_json_reads_as_json_loads_reads_it(value, form):
+    text = json.dumps(value, ensure_ascii=False)
+    given_text = text if form == "str" else text.encode(form)
+    try:
+        expected = json.loads(given_text)
+    except (ValueError, RecursionError):
+        return  # a refusal: the cases below
+    assert wire.load_json(given_text, "frame") == expected
+
+
+@pytest.mark.parametrize("text", ['{"a": NaN}', '{"a": Infinity}', "\ufeff{}", "{", b"\xff\xfe{\x00", "[1,]"])
+def test_client_json_that_json_loads_refuses_is_a_bad_request(text):
+    with pytest.raises(wire.RequestFailed) as caught:
+        wire.load_json(text, "frame")
+    assert caught.value.reason == wire.BAD_REQUEST and "not valid JSON" in caught.value.message
