@@ -32,7 +32,8 @@ written as a delta of the state this process recorded for the same live session'
 not grow with the conversation), in full every CHAIN turns, after a restart and when a memory
 was rewritten; a fork reads the chain back to a full state. Only the last KEEP_TURNS turns of a
 session are kept (an older one matches nothing: rule 3) with the states their chains need, and
-a session's records go when it is deleted.
+a session's records go when it is deleted. The list of those kept turns is read back only when
+this process did not write it last for the same live session (`_Recorded.listed`).
 """
 
 from __future__ import annotations
