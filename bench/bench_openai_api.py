@@ -46,6 +46,10 @@ After h-httpins (2026-12-06, `--instructions --before <main 2d509de>`): floor_eb
 (1.34x), chat 13.59 -> 13.04 M (1.93x): a memory's JSON written from its messages' text, the body read
 under a timer instead of a task. Where the rest goes, part by part: bench/turn_parts.py, bench/README.md.
 
+After h-v1cut (2026-12-06, `--instructions --before <main 38ee10a>`, load average 4-8): floor_eb 6.75 M,
+http 9.13 -> 9.21 M (untouched), chat 13.11 -> 12.69 M (1.88x; goal 1.3x: not met): the list of kept turns not read
+back each turn, a JSON answer's turn run whole (bench/README.md, "The `/v1` turn, third pass").
+
     python bench/bench_openai_api.py                          # 3 rounds, 8 conversations of 40 turns
     python bench/bench_openai_api.py --rounds 5 --conversations 10
     python bench/bench_openai_api.py --before /tmp/before --only http,chat   # an older checkout, interleaved

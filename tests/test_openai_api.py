@@ -363,6 +363,36 @@ def test_the_index_keeps_a_sessions_last_turns_and_deletes_them_with_it(client, 
         client.responses.create(model="travel", input="again", previous_response_id=ids[3])
 
 
+def test_the_kept_turns_stay_right_when_the_live_session_is_let_go_between_turns(fake, travel, tmp_path, monkeypatch):
+    """The index keeps a live session's list of kept turns to write the next turn's without
+    reading it back; a session loaded afresh (evicted, or after another replica's turn) reads
+    the list from the store: either way only the last KEEP_TURNS turns match, their records kept."""
+    import sqlite3
+
+    from chatrun.server import openai_sessions
+
+    monkeypatch.setattr(openai_sessions, "KEEP_TURNS", 2)
+    fake.responder = lambda body: {"text": "ok"}
+    app = create_app([travel], f"sqlite:///{tmp_path / 'chat.db'}")
+    with ThreadServer(app) as server, openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0) as client:
+        ids = [client.responses.create(model="travel", input="one").id]
+        for n, text in enumerate(("two", "three", "four", "five", "six")):
+            if n % 2:  # the registry lets the live session go: the next request loads it afresh
+                cache = app.state.registry.cache
+                for slot in list(cache._slots.values()):
+                    cache.drop(slot)
+            ids.append(client.responses.create(model="travel", input=text, previous_response_id=ids[-1]).id)
+        for forgotten in ids[:-2]:
+            with pytest.raises(openai.NotFoundError):
+                client.responses.create(model="travel", input="again", previous_response_id=forgotten)
+        with sqlite3.connect(tmp_path / "chat.db") as db:
+            (sid, text), = db.execute("SELECT session, record FROM records WHERE key LIKE 'openai:turns:%'")
+            assert [turn for turn, _ in json.loads(text)["turns"]] == [5, 6]
+            prefix_or_response = db.execute("SELECT count(*) FROM records WHERE session = ? AND "
+                                            "(key LIKE 'openai:prefix:%' OR key LIKE 'openai:response:%')", (sid,))
+            assert prefix_or_response.fetchone()[0] == 2  # turns 5 and 6's response ids (continued: no prefix key)
+
+
 def test_every_kept_turn_forks_with_its_conversation_whole_across_delta_states(client, fake, monkeypatch):
     """A turn's state is written as a delta of the turn before's (a full one every CHAIN turns):
     a fork of any kept turn gets the conversation exactly as it was right after that turn."""

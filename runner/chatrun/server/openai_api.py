@@ -286,7 +286,7 @@ class ChatCompletion(TurnRequest):
         turn = [("user", self.text), ("assistant", content)]
         return [self.ident.prefix_key(self.who.name if self.who else None, turn)]
 
-    def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:
+    def run(self, emit: Emit | None) -> Coroutine[Any, Any, TurnResult]:
         prompts = [t for _, t in self.ident.earlier] + [self.text]
         return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after, self.attempt,
                         self.uploads)
@@ -295,7 +295,7 @@ class ChatCompletion(TurnRequest):
         return result.session | _objects_and_events(result.reply, self.want_events)
 
     async def answer(self) -> JSONResponse:
-        result = await self.run(lambda _e: None)
+        result = await self.run(None)
         if not result.ok:
             raise OpenAIError(500, f"the turn failed: {result.error}", "server_error", "turn_failed")
         content = result.reply.json_text() if self.as_json else result.reply.text
@@ -431,7 +431,7 @@ class ResponseRequest(TurnRequest):
             keys.append(self.ident.prefix_key(self.who.name if self.who else None, turn))
         return keys
 
-    def run(self, emit: Emit) -> Coroutine[Any, Any, TurnResult]:
+    def run(self, emit: Emit | None) -> Coroutine[Any, Any, TurnResult]:
         prompts = [t for _, t in self.ident.earlier] + [self.text]
         return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after,
                         uploads=self.uploads)
@@ -453,7 +453,7 @@ class ResponseRequest(TurnRequest):
         return obj
 
     async def answer(self) -> JSONResponse:
-        result = await self.run(lambda _e: None)
+        result = await self.run(None)
         if not result.ok:
             raise OpenAIError(500, f"the turn failed: {result.error}", "server_error", "turn_failed")
         return JSONResponse(self.response_object("completed", result, result.reply.text),

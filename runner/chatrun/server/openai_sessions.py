@@ -32,7 +32,8 @@ written as a delta of the state this process recorded for the same live session'
 not grow with the conversation), in full every CHAIN turns, after a restart and when a memory
 was rewritten; a fork reads the chain back to a full state. Only the last KEEP_TURNS turns of a
 session are kept (an older one matches nothing: rule 3) with the states their chains need, and
-a session's records go when it is deleted.
+a session's records go when it is deleted. The list of those kept turns is read back only when
+this process did not write it last for the same live session (`_Recorded.listed`).
 """
 
 from __future__ import annotations
@@ -162,6 +163,10 @@ class _Recorded:
     turn: int
     depth: int  # delta states since its chain's full state (0: it is full)
     memories: dict[str, tuple[Message, ...]]
+    # The session's list of kept turns as this process wrote it with that state: while the live
+    # session is the same object no one else has written it (another replica's turn, a deletion
+    # make the registry load a new one), so the next turn's write need not read it back.
+    listed: dict[str, Any] | None = None
 
 
 class TurnIndex:
@@ -328,12 +333,14 @@ class TurnIndex:
         thread (LocalAsyncStore.in_one_call), else one call a record."""
         turn = session.turn_count
         memories = {mid: tuple(messages) for mid, messages in session.memories().items()}
+        last = self._recorded.get(session)
         state, recorded = self._state_after(session, turn, memories)
         record = {"bot": session.bot.name, "owner": _owner(who), "session": session.id, "turn": turn,
                   "state": self.state_key(session.id, turn), "at": time.time()}
-        work = functools.partial(_remember, session.id, turn, state, record, keys, outcome)
+        listed = last.listed if last is not None and last.turn < turn else None
+        work = functools.partial(_remember, session.id, turn, state, record, keys, outcome, listed)
         in_one_call = getattr(self.records, "in_one_call", None)
-        await (in_one_call(work) if in_one_call is not None else work(self.records))
+        recorded.listed = await (in_one_call(work) if in_one_call is not None else work(self.records))
         self._recorded[session] = recorded  # written: the next state may be a delta of this one
 
     def _state_after(self, session: Session, turn: int,
@@ -394,16 +401,19 @@ async def _look_up(claim: str | None, key: str | None, session_id: str | None,
 
 
 async def _remember(session_id: str, turn: int, state: dict[str, Any], record: dict[str, Any], keys: list[str],
-                    outcome: tuple[str, dict[str, Any]] | None, records: RecordOps) -> None:
+                    outcome: tuple[str, dict[str, Any]] | None, listed: dict[str, Any] | None,
+                    records: RecordOps) -> dict[str, Any]:
     """TurnIndex.remember's writes: the state, the keys, the request's outcome, and the session's
     last KEEP_TURNS turns kept (see KEEP_TURNS) with the states their chains start from (each
-    state's parent, listed under "states"). Awaits nothing but `records` (in_one_call)."""
+    state's parent, listed under "states"); that list is `listed` when the caller knows it, else
+    read. Returns the list written. Awaits nothing but `records` (in_one_call)."""
     await records.put_record(record["state"], state, session_id)
     if outcome is not None:  # what a committed attempt answered, for its retries (deleted with the session)
         await records.put_record(outcome[0], outcome[1], session_id)
     for key in keys:
         await records.put_record(key, record, session_id)
-    listed = await records.get_record(TurnIndex.turns_key(session_id)) or {"turns": []}
+    if listed is None:
+        listed = await records.get_record(TurnIndex.turns_key(session_id)) or {"turns": []}
     turns = [entry for entry in listed["turns"] if entry[0] != turn] + [[turn, keys]]
     # Listed before states had parents: every state is full.
     states = listed.get("states", [[entry[0], None] for entry in listed["turns"]])
@@ -417,8 +427,9 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
     for old_turn, _ in states:
         if old_turn not in needed:
             await records.delete_record(TurnIndex.state_key(session_id, old_turn))
-    await records.put_record(TurnIndex.turns_key(session_id), {
-        "turns": turns[-KEEP_TURNS:], "states": [entry for entry in states if entry[0] in needed]}, session_id)
+    written = {"turns": turns[-KEEP_TURNS:], "states": [entry for entry in states if entry[0] in needed]}
+    await records.put_record(TurnIndex.turns_key(session_id), written, session_id)
+    return written
 
 
 def _chains_of(turns: list[int], parents: dict[int, int | None]) -> set[int]:

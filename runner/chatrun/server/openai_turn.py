@@ -201,11 +201,13 @@ class TurnResult:
 
 async def run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
-    emit: Emit, keys_after: Callable[[Reply], list[str]], attempt: Attempt | None = None,
+    emit: Emit | None, keys_after: Callable[[Reply], list[str]], attempt: Attempt | None = None,
     uploads: tuple[Upload, ...] = (),
 ) -> TurnResult:
     """One turn in the request's session; the index records it when it commits. With an
-    `attempt`, a retry of a committed request replays that turn's answer instead."""
+    `attempt`, a retry of a committed request replays that turn's answer instead. `emit` None:
+    nobody reads the events before the turn ends (a JSON answer), so the turn runs whole in
+    this task (SessionRegistry.turn's `whole`: no task and queue of its own)."""
     if attempt is None:
         return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads)
     if attempt.retry:
@@ -226,9 +228,10 @@ async def run_turn(
     return result
 
 
-def _replay(recorded: dict[str, Any], emit: Emit) -> TurnResult:
+def _replay(recorded: dict[str, Any], emit: Emit | None) -> TurnResult:
     """The answer a committed attempt gave, sent again (its events, as the client saw them)."""
     reply = Reply()
+    emit = emit or _nobody
     emit(OPENED)
     for item in recorded.get("events", []):
         event = ev.Event.from_dict(item)
@@ -241,9 +244,10 @@ def _replay(recorded: dict[str, Any], emit: Emit) -> TurnResult:
 
 async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
-    emit: Emit, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
+    emit: Emit | None, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
     attempt_key: str | None = None, claim: str | None = None,
 ) -> TurnResult:
+    whole, emit = emit is None, emit or _nobody
     reply = Reply()
     events: list[dict[str, Any]] = []
     async with index.open(ident, who, claim) as opened:
@@ -260,7 +264,7 @@ async def _run_turn(
         caught_up = reply.text
         # Through the registry: the turn is committed (fenced by version and lease) before the
         # answer; a refused commit fails the request (Conflict) instead of answering unsaved.
-        async for event in index.registry.turn(session, message):
+        async for event in index.registry.turn(session, message, whole=whole):
             if event.type == ev.ERROR:
                 error = str(event.data)
             reply.feed(event)
@@ -293,6 +297,10 @@ async def _run_turn(
                 attempt_key, {"events": events, "usage": usage, "estimated": estimated, "session": info})
             await index.remember(session, who, keys_after(reply), outcome)
         return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
+
+
+def _nobody(_event: Any) -> None:
+    """The emit of a turn whose events nobody reads before it ends (a JSON answer)."""
 
 
 # What a /v1 user reads when their message went to the operators and nobody said anything yet
