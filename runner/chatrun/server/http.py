@@ -69,8 +69,8 @@ def make_router(registry: SessionRegistry, limits: wire.ServerLimits) -> APIRout
     """The HTTP API's routes: the module's endpoints, with the OpenAPI text of this app (the
     state keys of the bots it serves, its userMessage limit)."""
     router = APIRouter(responses=ERROR_RESPONSES)
-    # A turn first: a request is matched against each route in turn until one fits (~4 us each),
-    # and no other route's path can be a turn's.
+    # A turn first (server/app.py puts it first of all): a request is matched against each route in
+    # turn until one fits (~4 us each), and no other route's path can be a turn's.
     router.add_api_route(
         "/bots/{bot}/sessions/{session_id}/messages", send_message, methods=["POST"], tags=["sessions"],
         route_class_override=SendMessageRoute, responses=_turn_response(), openapi_extra=_body({"userMessage": {"type": "string", "maxLength": limits.max_message_chars}},
