@@ -38,6 +38,7 @@ def served(tmp_path, fake, monkeypatch, solved_by_fastapi: bool):
     bots = tmp_path / ("fastapi" if solved_by_fastapi else "direct")
     with monkeypatch.context() as patched:
         if solved_by_fastapi:  # the route's handler is made when the route is
+            patched.setattr(http.SendMessageRoute, "__init__", APIRoute.__init__)
             patched.setattr(http.SendMessageRoute, "get_route_handler", APIRoute.get_route_handler)
         return app_for_testclient([chatrun.load_bot(write_travel(bots))], "memory://", auth=str(auth))
 
@@ -61,8 +62,8 @@ def test_the_turn_route_answers_every_request_as_fastapis_parameter_solving_did(
     # the order of refusals: caller, query, then the bot, the session and the body (the endpoint's)
     requests += [(p, q, c, b) for p, q, c, b in itertools.product(PATHS, ["", "stream=maybe"], CALLERS[:3], BODIES)]
     direct = served(tmp_path, fake, monkeypatch, solved_by_fastapi=False)
-    assert [r.get_route_handler() for r in direct.routes if getattr(r, "name", "") == "send_message"] \
-        == [http.send_message_direct]
+    assert [(r.app, r.get_route_handler()) for r in direct.routes if getattr(r, "name", "") == "send_message"] \
+        == [(http._serve_turn, http.send_message_direct)]
     mine = answers(direct, requests)
     theirs = answers(served(tmp_path, fake, monkeypatch, solved_by_fastapi=True), requests)
     for request, got, expected in zip(requests, mine, theirs, strict=True):

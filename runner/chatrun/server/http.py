@@ -31,6 +31,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
+from starlette.types import Receive, Scope, Send
 
 from chatrun import events as ev
 from chatrun.definition.config import JSON_TYPES, initial_state_problem
@@ -299,20 +300,33 @@ class SendMessageRoute(APIRoute):
     itself. FastAPI's parameter solving validated 5 parameters and ran 2 dependencies a turn: 0.1 M
     instructions, a tenth of what a turn costs beyond floor_eb (bench/README.md)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Without FastAPI's request wrapping (two exit stacks for dependencies with `yield`, and an
+        # exception handler of its own): its errors reach the app's ExceptionMiddleware, whose
+        # handlers are the same (server/app.py ERROR_HANDLERS).
+        self.app = _serve_turn
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         return send_message_direct
 
 
-async def send_message_direct(request: Request) -> Any:
+async def _serve_turn(scope: Scope, receive: Receive, send: Send) -> None:
+    response = await send_message_direct(Request(scope, receive, send))
+    await response(scope, receive, send)
+
+
+async def send_message_direct(request: Request) -> Response:
     """`send_message`, its parameters read as FastAPI read them, and refused in its order: the
     caller (401) before the query's `stream` (400), both before the endpoint reads the body."""
     who = authenticate(request)
     query = request.query_params if request.scope.get("query_string") else None
     stream = _query_bool(query, "stream") if query is not None else False
     path = request.path_params
-    return await send_message(path["bot"], path["session_id"], request, who, registry_of(request), stream,
-                              query.get("ifBusy") if query is not None else None,
-                              request.headers.get("idempotency-key"))
+    response: Response = await send_message(path["bot"], path["session_id"], request, who, registry_of(request),
+                                            stream, query.get("ifBusy") if query is not None else None,
+                                            request.headers.get("idempotency-key"))
+    return response
 
 
 # What a query's boolean may say: pydantic's words (FastAPI validated `stream` with pydantic), any case.
