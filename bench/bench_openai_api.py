@@ -45,6 +45,9 @@ call through chatrun's model layer, the session's commit) and, for /v1, the inde
 After h-httpins (2026-12-06, `--instructions --before <main 2d509de>`): floor_eb 6.77 M, http 9.60 -> 9.06 M
 (1.34x), chat 13.59 -> 13.04 M (1.93x): a memory's JSON written from its messages' text, the body read
 under a timer instead of a task. Where the rest goes, part by part: bench/turn_parts.py, bench/README.md.
+After h-httpcut (2026-12-06, `--instructions --before <main 38ee10a>`, load average 3-7): floor_eb 6.77 M,
+http 9.36 -> 8.24 M (1.22x; not met), chat 13.13 -> 12.71 M (1.88x): the turn's route reads its own
+parameters, is matched first, and skips FastAPI's request wrapping; SQLite's calls through one thread.
 
 After h-v1cut (2026-12-06, `--instructions --before <main 38ee10a>`, load average 4-8): floor_eb 6.75 M,
 http 9.13 -> 9.21 M (untouched), chat 13.11 -> 12.69 M (1.88x; goal 1.3x: not met): the list of kept turns not read
