@@ -12,6 +12,7 @@ import pytest
 import chatrun
 from browser_support import BROWSER_MARKS, chat_page, send
 from chatrun.server import create_app
+from leak_support import card_leaked
 from server_support import ThreadServer
 from test_guardrails_server import BOT
 
@@ -48,5 +49,5 @@ def test_the_page_never_shows_a_streamed_card_number_or_a_blocked_sentence(serve
         shown = page.evaluate("window.shown")
         replies = page.locator(".msg.bot .msg-body").all_inner_texts()
     assert len(shown) > 4  # the page changed the chat many times while the replies streamed
-    assert not [text for text in shown if "4111" in text or "internal" in text.lower()]
+    assert not [text for text in shown if card_leaked(text) or "internal" in text.lower()]
     assert replies[-2:] == ["Thanks. Your card [card] is saved. Bye", "Sure. I cannot share that."]

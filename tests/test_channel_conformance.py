@@ -52,6 +52,7 @@ pytest.importorskip("slack_sdk", reason="slack_sdk is not installed (pip install
 pytest.importorskip("jwt", reason="PyJWT is not installed (pip install -e '.[test]' brings it)")
 
 from channel_support import FakeBotFramework  # noqa: E402
+from leak_support import card_leaked
 
 KINDS = ["telegram", "slack", "whatsapp", "teams"]
 OPERATOR = {"Authorization": "Bearer op-token-123"}
@@ -420,4 +421,4 @@ def test_no_guarded_word_reaches_the_platform_and_the_sources_arrive_as_links(ch
                             "Thirty days [returns.md#refund-window].",
                             "Sources:\n1. Returns › Refund window — https://docs.example/returns#refund-window"]
     received = chat.user.received()
-    assert "4111" not in received and "1111 1111" not in received and "internal" not in received.lower()
+    assert not card_leaked(received) and "internal" not in received.lower()

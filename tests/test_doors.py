@@ -31,6 +31,7 @@ import websockets
 import chatrun
 from chatrun.server import create_app
 from chatrun.testing.fake_openai import FakeOpenAI
+from leak_support import card_leaked
 from server_support import ThreadServer, async_until_done
 
 pytestmark = [pytest.mark.slow]
@@ -300,7 +301,7 @@ DOORS = {
 def test_no_door_receives_a_guarded_word_and_every_door_carries_the_citation(server, door):
     seen = DOORS[door](server).talk(TURNS)
     for turn in seen:
-        assert "4111" not in turn.received and "1111 1111" not in turn.received
+        assert not card_leaked(turn.received), turn.received
         assert "internal" not in turn.received.lower()
     assert [turn.text for turn in seen] == READS
     assert [turn.citations for turn in seen] == [[], [], [CITATION]]

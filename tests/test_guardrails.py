@@ -14,6 +14,7 @@ from chatrun.definition.config import GuardrailConfig
 from chatrun.definition.loader import check_bot
 from chatrun.engine.guardrails import find, iban_valid, luhn, redacted
 from chatrun.models.scripted import ScriptedModel
+from leak_support import card_leaked
 
 CARD = "4111 1111 1111 1111"  # passes Luhn
 NOT_A_CARD = "4111 1111 1111 1112"  # fails it
@@ -80,7 +81,7 @@ def test_a_card_number_in_the_input_never_reaches_the_model_and_a_lookalike_does
     s = bot.session(model=model)
     s.chat(f"my card is {CARD} and IBAN {IBAN}")
     sent = json.dumps([m.to_dict() for m in model.requests[0].messages])
-    assert "4111" not in sent and "3704" not in sent
+    assert not card_leaked(sent) and "3704" not in sent
     assert "my card is [card] and IBAN [iban]" in sent
     s.chat(f"order {NOT_A_CARD}")
     assert NOT_A_CARD in json.dumps([m.to_dict() for m in model.requests[1].messages])
@@ -126,7 +127,7 @@ routes:
     assert streamed == ["Hello there. ", "Your card is [card]. "]
     assert final == ["Hello there. Your card is [card]. Bye"]
     assert final[0].startswith("".join(streamed))  # what every door relies on
-    assert not any("4111" in str(d) for _, d in kinds(events))
+    assert not any(card_leaked(str(d)) for _, d in kinds(events))
     # a sentence that blocks stops the stream: the Message is what went out, then the guard's message
     events = s.chat("the plan?")
     assert stream_and_messages(events) == [("Stream", "Sure. "), ("Message", "Sure. I cannot share that.")]
@@ -158,11 +159,10 @@ def test_storage_keeps_no_card_number_in_the_store_or_the_logs(bot, caplog, tmp_
     store.close()
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*"))
     assert b"[card]" in stored
-    for digits in (b"4111", b"5555 5555"):
-        assert digits not in stored
-    assert "4111" not in caplog.text
+    assert not card_leaked(stored) and b"5555 5555" not in stored
+    assert not card_leaked(caplog.text)
     # the next turn's model reads the memory as stored
-    assert "4111" not in json.dumps([m.to_dict() for m in model.requests[2].messages])
+    assert not card_leaked(json.dumps([m.to_dict() for m in model.requests[2].messages]))
 
 
 def test_the_validator_names_bad_patterns_and_outcomes_at_their_line(write_bot):
@@ -194,7 +194,7 @@ def test_traces_keep_no_card_number_even_with_message_content_captured(bot, span
     bot.session(model=model).chat(f"card {CARD}")
     recorded = json.dumps([dict(span.attributes or {}) for span in spans.get_finished_spans()])
     assert "gen_ai.input.messages" in recorded and "[card]" in recorded
-    assert "4111" not in recorded
+    assert not card_leaked(recorded)
 
 
 def test_an_approved_calls_result_is_redacted_too(write_bot):

@@ -18,6 +18,7 @@ import websockets
 import chatrun
 from chatrun.server import create_app
 from chatrun.testing.fake_openai import FakeOpenAI
+from leak_support import card_leaked
 from server_support import ThreadServer, async_until_done, check_frame
 
 pytestmark = [pytest.mark.slow]
@@ -66,7 +67,7 @@ def test_the_websocket_never_sees_a_streamed_card_number_or_a_blocked_sentence(s
 
     card, secret = asyncio.run(run())
     everything = json.dumps(card + secret)
-    assert "4111" not in everything and "internal" not in everything
+    assert not card_leaked(everything) and "internal" not in everything
     streamed = "".join(f["data"] for f in card if f["type"] == "Stream")
     assert streamed == "Thanks. Your card [card] is saved. "  # released a checked sentence at a time
     assert [f["data"] for f in card if f["type"] == "Message"] == ["Thanks. Your card [card] is saved. Bye"]
@@ -74,7 +75,7 @@ def test_the_websocket_never_sees_a_streamed_card_number_or_a_blocked_sentence(s
     for frame in card + secret:
         check_frame(frame)
     stored = b"".join(p.read_bytes() for p in server.db.parent.glob("c.db*"))
-    assert b"4111" not in stored and b"[card]" in stored
+    assert not card_leaked(stored) and b"[card]" in stored
     metrics = httpx.get(server.url + "/metrics")
     if metrics.status_code == 200:  # prometheus-client installed (the test extra has it)
         assert 'chatrun_guardrail_total{bot="shop",kind="pii",outcome="redact",stage="output"}' in metrics.text
@@ -139,5 +140,5 @@ def test_a_slack_reply_streamed_into_one_message_never_shows_the_digits(tmp_path
                        what="the committed text in the streamed message")
             wait_until(lambda: client.get("/outbox").json()["entries"] == [], what="the outbox emptied")
             shown = [c["text"] for c in slack.calls("chat.postMessage") + slack.calls("chat.update")]
-    assert shown and not any("4111" in text for text in shown)
+    assert shown and not any(card_leaked(text) for text in shown)
     assert shown[0] == "Thanks. "  # the first checked sentence, posted as it was released
