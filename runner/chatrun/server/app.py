@@ -32,7 +32,7 @@ from chatrun.server.channels.door import Channels, make_channel_router
 from chatrun.server.channels.twilio import make_twilio_router
 from chatrun.server.erasure import make_erasure_router
 from chatrun.server.guard import EdgeGuard, EdgePolicy
-from chatrun.server.http import failure_response, make_router
+from chatrun.server.http import SendMessageRoute, failure_response, make_router
 from chatrun.server.listen import redact_tokens_in_logs
 from chatrun.server.metrics import ServerMetrics
 from chatrun.server.openai_api import OpenAIOptions, OpenAIState, make_openai_router
@@ -133,7 +133,9 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     nor the reverse)."""
     registry.channels = Channels(app.state.auth, registry.store)
     http_api = make_router(registry, limits)
-    app.router.routes.insert(0, http_api.routes.pop(0))  # make_router's first route: the turn
+    turn = next(route for route in http_api.routes if isinstance(route, SendMessageRoute))
+    http_api.routes.remove(turn)
+    app.router.routes.insert(0, turn)
     _include(app, make_twilio_router())  # before the shared webhook, whose path it shares
     _include(app, make_channel_router())
     app.state.openai = OpenAIState.create(registry, limits, openai)

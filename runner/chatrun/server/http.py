@@ -297,8 +297,10 @@ async def send_message(
 class SendMessageRoute(APIRoute):
     """The turn's route: documented by `send_message`'s signature (the OpenAPI text is FastAPI's,
     unchanged), served by `send_message_direct`, which reads those parameters from the request
-    itself. FastAPI's parameter solving validated 5 parameters and ran 2 dependencies a turn: 0.1 M
-    instructions, a tenth of what a turn costs beyond floor_eb (bench/README.md)."""
+    itself. FastAPI's handler (its parameter solving validated 5 parameters and ran 2 dependencies
+    a turn) cost about 0.5 M instructions of a late turn, a fifth of what it costs beyond floor_eb
+    (bench/README.md, "The HTTP turn's layers"). `get_route_handler` answers for FastAPI's other
+    uses of the route's handler; `app` serves it without FastAPI's request wrapping."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
