@@ -5,14 +5,19 @@ lost or reordered, and what is held sent when the time is up or the model's answ
 from __future__ import annotations
 
 import asyncio
+import json
 import textwrap
 import time
 
+import jsonschema
+import pytest
 from fastapi.testclient import TestClient
 
 import chatrun
 from chatrun.engine.stream_chunks import READER, STREAM_EVERY_NOW, StreamBatcher
-from server_support import app_for_testclient, check_frame, until_done
+from chatrun.errors import FrameError
+from chatrun.server import wire
+from server_support import WIRE_SCHEMA, app_for_testclient, check_frame, until_done
 
 
 def batcher(multi: bool = False):
@@ -145,6 +150,21 @@ def test_a_client_asks_for_fewer_stream_frames_with_stream_every(fake, tmp_path)
         fake.queue({"chunks": chunks})
         frames = stream_frames(ws, "q1")
         assert frames[-1]["type"] == "Completed"  # without it, the turn runs
+
+
+@pytest.mark.parametrize("kind", ["ChatRouteMessage", "Decide", "Answer"])
+def test_the_wire_schema_takes_the_stream_every_values_the_server_takes(kind):
+    """schemas/wire.schema.json describes a turn frame's `streamEvery` as the server reads it:
+    milliseconds from 50 to 1000, or "reader"."""
+    schema = jsonschema.Draft202012Validator(WIRE_SCHEMA["$defs"][kind]["properties"]["streamEvery"])
+    frame = {"type": "ChatRouteMessage", "chatId": "c1", "data": {"userMessage": "hi"}}
+    for value in (50, 250, 1000, 333.5, "reader", 10, 5000, "250", "fast", True, None):
+        try:
+            taken = value is not None and wire.parse_frame(json.dumps(frame | {"streamEvery": value}),
+                                                           wire.ServerLimits()).stream_every is not None
+        except FrameError:
+            taken = False
+        assert schema.is_valid(value) == taken, value
 
 
 def test_a_readers_pace_is_four_events_a_second_fewer_while_a_reply_comes_faster_than_anyone_reads():
