@@ -402,6 +402,39 @@ def streamed_turn_cpu_ms(page, message: str) -> float:
     return main_thread_cpu_ms(browser.stop_tracing())
 
 
+# The last streamed reply on the page against one render of `text`: the same text, the same blocks
+# (their HTML, whether the lexer worker or the page made it), and its <h4>s.
+STREAMED_AS_ONCE = """(text) => {
+  const whole = document.createElement("div");
+  whole.appendChild(ChatrunMarkdown.render(text));
+  const streamed = document.querySelectorAll("#messages .msg.bot .msg-body");
+  const last = streamed[streamed.length - 1];
+  const blocks = Array.from(last.querySelectorAll(":scope > .md-settled > .md-part > *, :scope > .md-tail > *"));
+  return [last.textContent === whole.textContent,
+    blocks.map((b) => b.outerHTML).join("") === Array.from(whole.children).map((b) => b.outerHTML).join(""),
+    last.querySelectorAll("h4").length];
+}"""
+
+# A browser without workers, and one whose worker fails (a Content-Security-Policy that refuses it,
+# a script that does not load): the page lexes a streaming reply itself.
+NO_WORKER = "delete window.Worker;"
+FAILING_WORKER = """window.Worker = class {
+  postMessage(job) { if (job.id) setTimeout(() => this.onerror(new Event("error")), 20); }
+};"""
+
+
+@pytest.mark.parametrize("init_script", [NO_WORKER, FAILING_WORKER], ids=["none", "failing"])
+def test_a_streamed_reply_is_rendered_the_same_without_a_lexer_worker(server, fake, init_script):
+    text = "\n".join(long_reply().split("\n")[:120])  # some 4 KB: headings, lists, code, tables
+    chunks = [text[i:i + 12] for i in range(0, len(text), 12)]
+    with chat_page(server.url, width=1280, path="/chat/hotels", init_script=init_script) as page:
+        fake.queue({"chunks": chunks, "chunk_delay": 0.005})
+        send(page, "rooms?")
+        assert page.evaluate(STREAMED_AS_ONCE, text) == [True, True, text.count("## ")]
+        assert page.evaluate("ChatrunMarkdown.stats.offPage") == 0
+        assert page.evaluate("ChatrunMarkdown.stats.parsed") >= len(text)
+
+
 def test_a_streamed_17kb_reply_costs_the_page_time_linear_in_its_length(server, fake):
     """What is measured: the CPU time of the page's main thread (Chromium trace, thread time) from
     the user's Enter to the end of a turn whose model streams a 17 KB reply in 1,436 word-sized
@@ -461,21 +494,19 @@ def test_a_streamed_17kb_reply_costs_the_page_time_linear_in_its_length(server, 
         send(page, "hi")
         fake.queue({"chunks": chunks, "chunk_delay": 0.005})
         cost = streamed_turn_cpu_ms(page, "rooms?")
-        parsed, redrawn = page.evaluate("[ChatrunMarkdown.stats.parsed, ChatrunMarkdown.stats.redrawn]")
+        parsed, off_page, redrawn = page.evaluate(
+            "[ChatrunMarkdown.stats.parsed, ChatrunMarkdown.stats.offPage, ChatrunMarkdown.stats.redrawn]")
         bottom = page.evaluate("(() => { const m = document.getElementById('messages');"
                                " return m.scrollHeight - m.scrollTop - m.clientHeight; })()")
-        same = page.evaluate("""(text) => {
-          const whole = document.createElement("div");
-          whole.appendChild(ChatrunMarkdown.render(text));
-          const streamed = document.querySelectorAll("#messages .msg.bot .msg-body");
-          const last = streamed[streamed.length - 1];
-          return [last.textContent === whole.textContent, last.querySelectorAll("h4").length];
-        }""", text)
+        same = page.evaluate(STREAMED_AS_ONCE, text)
         once = min(traced_cpu_ms(page, ONCE, text) for _ in range(2))
         print(f"{len(chunks)} chunks, {len(text)} characters: {cost:.1f} ms of main-thread CPU for the turn "
               f"(the issue's budget: 100 ms); one render of the reply: {once:.1f} ms; the turn: {cost / once:.1f} renders; "
               f"{parsed} characters parsed, {redrawn} redraws")
-        assert same == [True, 54]  # what one render of the whole reply makes
+        assert same == [True, True, 54]  # what one render of the whole reply makes
+        # The complete blocks were lexed and made HTML in the lexer worker, not on the main thread
+        # (the page lexes the reply's end, in finish()).
+        assert off_page >= 0.8 * len(text), (off_page, parsed)
         assert bottom < 2  # the chat followed the reply to its end (the reader stayed at the bottom)
         # Each block is parsed while it grows and once when done: a few times the reply, not (as when
         # every chunk re-rendered the whole reply) once per chunk: 1,436 x 8.6 KB on average.

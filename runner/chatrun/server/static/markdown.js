@@ -161,8 +161,9 @@
   const DRAW_MS = 250;
   const RENDER_MS = 500; // and its growing block rendered as Markdown at most this often
   const WARM_TIMES = 30; // the lexer worker lexes SAMPLE this often when the page is idle after loading
-  // Characters streamed replies had parsed again, and their redraws, in all (a test reads them).
-  const stats = { parsed: 0, redrawn: 0 };
+  // Characters streamed replies had parsed again (`offPage`: of them, in the lexer worker), and
+  // their redraws, in all (a test reads them).
+  const stats = { parsed: 0, offPage: 0, redrawn: 0 };
 
   /** marked's HTML as a fragment of this page, clean: parsed by the sanitizer in a document of its
    * own (nothing in it loads or runs before it is clean), then only what ALLOWED allows. */
@@ -390,6 +391,7 @@
       if (!answer) {
         redraw(false);
       } else {
+        stats.offPage += upTo - from;
         if (answer.html) addPart(answer.html, answer.consumed);
         if (answer.tail !== null && !answer.html) showTail(answer.tail, upTo);
         appendRaw();
