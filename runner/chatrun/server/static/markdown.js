@@ -17,9 +17,13 @@
  *   reads, 2 s while it comes twice as fast again), so each Stream frame received is drawn. Every
  *   block but the last is rendered once and never touched again (so a selection or a hovered link
  *   in it survives later chunks); the growing last one shows its text as it comes, rendered as
- *   Markdown at most every 500 ms.
+ *   Markdown at most every 500 ms. The complete blocks are lexed and made HTML by marked in a
+ *   worker (this file, run as one: serveLexer), off the page's main thread; the page cleans,
+ *   decorates and inserts what it answers. Where there is no worker (no Worker, or it failed) and
+ *   for the reply's end (finish), the page lexes.
  * ChatrunMarkdown.warm(): renders a sample reply off the page once (app.js calls it when the page
- *   is idle), so the first streamed reply does not pay for compiling marked's (and DOMPurify's) code.
+ *   is idle), so the first streamed reply does not pay for compiling marked's (and DOMPurify's) code;
+ *   starts the lexer worker and has it lex the sample WARM_TIMES times (in the worker).
  * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them).
  * ChatrunMarkdown.sanitizer: "Sanitizer" (the browser's) or "DOMPurify": the one that cleans. */
 (function (global) {
