@@ -515,7 +515,7 @@ def test_a_streamed_17kb_reply_costs_the_page_time_linear_in_its_length(server, 
         once = min(traced_cpu_ms(page, ONCE, text) for _ in range(2))
         print(f"{len(chunks)} chunks, {len(text)} characters: {cost:.1f} ms of main-thread CPU for the turn "
               f"(the issue's budget: 100 ms); one render of the reply: {once:.1f} ms; the turn: {cost / once:.1f} renders; "
-              f"{parsed} characters parsed, {redrawn} redraws")
+              f"{parsed} characters parsed ({off_page} in the lexer worker), {redrawn} redraws")
         assert same == [True, True, 54]  # what one render of the whole reply makes
         # The complete blocks were lexed and made HTML in the lexer worker, not on the main thread
         # (the page lexes the reply's end, in finish()).

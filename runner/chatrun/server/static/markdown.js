@@ -11,7 +11,8 @@
  * ChatrunMarkdown.html(text)        -> the cleaned HTML, undecorated (what a GFM renderer makes)
  * ChatrunMarkdown.stream(container, onDraw) -> {append(chunk), finish(text), text()}: a reply as it
  *   streams; onDraw() after each redraw (the page scrolls then).
- *   Redrawn when a chunk comes, at most every 250 ms, in an animation frame. How often chunks come
+ *   Redrawn when a chunk comes, at most every 250 ms (in an animation frame, or when the lexer
+ *   worker answers: the browser draws the change in its next frame). How often chunks come
  *   is the server's rule: the page asks for a reader's pace (streamEvery "reader":
  *   engine/stream_chunks.py READER: every 250 ms, 500 ms while a reply comes faster than anyone
  *   reads, 2 s while it comes twice as fast again), so each Stream frame received is drawn. Every
@@ -405,7 +406,8 @@
     }
 
     // However fast chunks come (a client asking for no pace gets them 20 times a second), at most
-    // one redraw per DRAW_MS, in an animation frame (where the browser lays out and paints anyway).
+    // one redraw per DRAW_MS: in an animation frame (where the browser lays out and paints anyway),
+    // or when the lexer worker answers.
     let timer = null;
     let frame = null;
     let drawn = -Infinity;
@@ -426,15 +428,19 @@
       redraw(false);
       if (onDraw) onDraw();
     }
+    // With the lexer worker the page changes nothing until it answers: it is asked at once (its
+    // answer then often comes before the reply's Message, which would otherwise lex on the page).
     function schedule() {
       timer = null;
-      frame = requestAnimationFrame(draw);
+      const worker = lexerWorker();
+      if (worker && worker.ok) draw();
+      else frame = requestAnimationFrame(draw);
     }
     function later() {
       if (timer !== null || frame !== null || asked !== null) return;
       const wait = DRAW_MS - (performance.now() - drawn);
       if (wait > 0) timer = setTimeout(schedule, wait);
-      else frame = requestAnimationFrame(draw); // the usual case: chunks come at the server's pace
+      else schedule(); // the usual case: chunks come at the server's pace
     }
     function cancel() {
       clearTimeout(timer);
