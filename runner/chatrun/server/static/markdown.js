@@ -11,15 +11,20 @@
  * ChatrunMarkdown.html(text)        -> the cleaned HTML, undecorated (what a GFM renderer makes)
  * ChatrunMarkdown.stream(container, onDraw) -> {append(chunk), finish(text), text()}: a reply as it
  *   streams; onDraw() after each redraw (the page scrolls then).
- *   Redrawn when a chunk comes, at most every 250 ms, in an animation frame. How often chunks come
+ *   Redrawn when a chunk comes, at most every 250 ms (in an animation frame, or when the lexer
+ *   worker answers: the browser draws the change in its next frame). How often chunks come
  *   is the server's rule: the page asks for a reader's pace (streamEvery "reader":
  *   engine/stream_chunks.py READER: every 250 ms, 500 ms while a reply comes faster than anyone
  *   reads, 2 s while it comes twice as fast again), so each Stream frame received is drawn. Every
  *   block but the last is rendered once and never touched again (so a selection or a hovered link
  *   in it survives later chunks); the growing last one shows its text as it comes, rendered as
- *   Markdown at most every 500 ms.
+ *   Markdown at most every 500 ms. The complete blocks are lexed and made HTML by marked in a
+ *   worker (this file, run as one: serveLexer), off the page's main thread; the page cleans,
+ *   decorates and inserts what it answers. Where there is no worker (no Worker, or it failed) and
+ *   for the reply's end (finish), the page lexes.
  * ChatrunMarkdown.warm(): renders a sample reply off the page once (app.js calls it when the page
- *   is idle), so the first streamed reply does not pay for compiling marked's (and DOMPurify's) code.
+ *   is idle), so the first streamed reply does not pay for compiling marked's (and DOMPurify's) code;
+ *   starts the lexer worker and has it lex the sample WARM_TIMES times (in the worker).
  * ChatrunMarkdown.texts: {copy, copied, code}: the Copy button's texts (app.js sets them).
  * ChatrunMarkdown.sanitizer: "Sanitizer" (the browser's) or "DOMPurify": the one that cleans. */
 (function (global) {
@@ -42,25 +47,70 @@
   const SAFE_URL = /^(?:(?:https?|mailto):|[^a-z]|[a-z+.\-]+(?:[^a-z+.\-:]|$))/i;
   const URL_BLANKS = /[\u0000-\u0020\u00A0\u1680\u180E\u2000-\u2029\u205F\u3000]/g; // DOMPurify's ATTR_WHITESPACE
   const escapeHtml = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
-  const md = new global.marked.Marked({
-    gfm: true,
-    breaks: true, // models mean a single newline as a line break
-    renderer: {
-      // HTML in a reply shows as the text it is (as in ChatGPT): models quote HTML far more often than
-      // they mean to lay out with it. (The sanitizer would clean it; this keeps what was written readable.)
-      html(token) {
-        return escapeHtml(token.text);
+  if (typeof document === "undefined") { // this file as the page's lexer worker (lexerWorker below)
+    global.importScripts("vendor/marked.min.js");
+    serveLexer(configured());
+    return;
+  }
+  const md = configured();
+
+  /** marked as chatrun renders replies (the page's and its lexer worker's: the same HTML). */
+  function configured() {
+    return new global.marked.Marked({
+      gfm: true,
+      breaks: true, // models mean a single newline as a line break
+      renderer: {
+        // HTML in a reply shows as the text it is (as in ChatGPT): models quote HTML far more often than
+        // they mean to lay out with it. (The sanitizer would clean it; this keeps what was written readable.)
+        html(token) {
+          return escapeHtml(token.text);
+        },
+        // A reply's headings sit under the page's own: # is <h3>, ## <h4>, and so on.
+        heading(token) {
+          const level = Math.min(6, token.depth + 2);
+          return "<h" + level + ">" + this.parser.parseInline(token.tokens) + "</h" + level + ">\n";
+        },
+        image(token) { // a link to the image, not the image: no request to a third party while reading
+          return '<a href="' + escapeHtml(token.href) + '">' + escapeHtml(token.text || token.href) + "</a>";
+        },
       },
-      // A reply's headings sit under the page's own: # is <h3>, ## <h4>, and so on.
-      heading(token) {
-        const level = Math.min(6, token.depth + 2);
-        return "<h" + level + ">" + this.parser.parseInline(token.tokens) + "</h" + level + ">\n";
-      },
-      image(token) { // a link to the image, not the image: no request to a third party while reading
-        return '<a href="' + escapeHtml(token.href) + '">' + escapeHtml(token.text || token.href) + "</a>";
-      },
-    },
-  });
+    });
+  }
+
+  /** A streaming reply's text split where a later chunk cannot change it: the complete blocks
+   * (all but the last, which may still grow), the growing block's tokens, and the length of the
+   * text the complete blocks are made of. */
+  function splitBlocks(marked, text) {
+    const tokens = marked.lexer(text);
+    let last = tokens.length - 1;
+    while (last > 0 && tokens[last].type === "space") last -= 1;
+    const done = last > 0 ? tokens.slice(0, last) : [];
+    let consumed = 0;
+    for (const token of done) consumed += token.raw.length;
+    return { done: done, growing: tokens.slice(Math.max(last, 0)), links: tokens.links, consumed: consumed };
+  }
+
+  function blocksHtml(marked, tokens, links) {
+    tokens.links = links;
+    return marked.parser(tokens);
+  }
+
+  /** The worker's side: {id, text, tail} -> {id, html (the complete blocks), consumed, tail (the
+   * growing block's HTML, when asked)}; {warm, times}: runs the lexer on a sample, so that V8 has
+   * compiled it (in the worker: no cost to the page) before a reply streams. */
+  function serveLexer(marked) {
+    global.onmessage = (event) => {
+      const job = event.data;
+      if (job.warm) {
+        for (let i = 0; i < job.times; i += 1) blocksHtml(marked, marked.lexer(job.warm), {});
+        return;
+      }
+      const split = splitBlocks(marked, job.text);
+      global.postMessage({ id: job.id, consumed: split.consumed,
+        html: split.done.length ? blocksHtml(marked, split.done, split.links) : "",
+        tail: job.tail ? blocksHtml(marked, split.growing, split.links) : null });
+    };
+  }
 
   /** The browser's HTML Sanitizer configured with ALLOWED, or null: none, or one that fails a probe
    * (an older draft of the API, or one that keeps what it should not). */
@@ -115,8 +165,10 @@
   // at a reader's pace, engine/stream_chunks.py READER, no more often than this).
   const DRAW_MS = 250;
   const RENDER_MS = 500; // and its growing block rendered as Markdown at most this often
-  // Characters streamed replies had parsed again, and their redraws, in all (a test reads them).
-  const stats = { parsed: 0, redrawn: 0 };
+  const WARM_TIMES = 30; // the lexer worker lexes SAMPLE this often when the page is idle after loading
+  // Characters streamed replies had parsed again (`offPage`: of them, in the lexer worker), and
+  // their redraws, in all (a test reads them).
+  const stats = { parsed: 0, offPage: 0, redrawn: 0 };
 
   /** marked's HTML as a fragment of this page, clean: parsed by the sanitizer in a document of its
    * own (nothing in it loads or runs before it is clean), then only what ALLOWED allows. */
@@ -208,11 +260,6 @@
     return cleanHtml(md.parse(String(text || "")));
   }
 
-  function blocksHtml(tokens, links) {
-    tokens.links = links;
-    return md.parser(tokens);
-  }
-
   // The deepest last block of a rendered tail, where the text that came since its last render is
   // shown as it is (a paragraph's, a list item's, a cell's, a code block's last line).
   const INTO = new Set(["DIV", "P", "UL", "OL", "LI", "PRE", "CODE", "BLOCKQUOTE", "TABLE", "THEAD", "TBODY",
@@ -223,6 +270,53 @@
     return node;
   }
 
+  // This script's address: the page's lexer worker runs it (serveLexer).
+  const SCRIPT = document.currentScript ? document.currentScript.src : null;
+  let lexer; // the lexer worker's client (undefined: not started; null: none)
+
+  /** The worker a streaming reply's complete blocks are lexed and made HTML in, off the page's
+   * main thread (marked is some 15 ms of a 17 KB reply's there, its lexer's code not yet fast when
+   * a reply comes); null where there is none (no Worker, no script address, an error): the page
+   * lexes them itself then. */
+  function lexerWorker() {
+    if (lexer !== undefined) return lexer;
+    lexer = null;
+    if (typeof global.Worker !== "function" || !SCRIPT) return lexer;
+    let worker;
+    try {
+      worker = new global.Worker(SCRIPT);
+    } catch (error) {
+      return lexer;
+    }
+    const waiting = new Map(); // job id -> what to do with its answer
+    let next = 0;
+    const client = {
+      ok: true,
+      /** Lex `text` ({tail}: its growing block's HTML too); `then(answer)`, or `then(null)` if
+       * the worker failed (its jobs are then done on the page). */
+      lex(text, tail, then) {
+        next += 1;
+        waiting.set(next, then);
+        worker.postMessage({ id: next, text: text, tail: tail });
+      },
+      warm(sample, times) { worker.postMessage({ warm: sample, times: times }); },
+    };
+    worker.onmessage = (event) => {
+      const then = waiting.get(event.data.id);
+      waiting.delete(event.data.id);
+      if (then) then(event.data);
+    };
+    worker.onerror = (event) => {
+      if (event.preventDefault) event.preventDefault();
+      client.ok = false;
+      const pending = Array.from(waiting.values());
+      waiting.clear();
+      for (const then of pending) then(null);
+    };
+    lexer = client;
+    return lexer;
+  }
+
   /** A streaming reply in `container`: settled blocks, then the growing last one.
    *
    * The cost of a redraw is the browser's (style, layout, paint) far more than marked's, so a
@@ -230,7 +324,9 @@
    * reply's chunks less often: each is drawn); a block is rendered once when it is complete (the
    * next one has begun) and never touched again; the growing block shows its text as a plain text
    * node as it comes (appended to, not replaced) and is rendered as Markdown at most every
-   * RENDER_MS, and when the reply finishes.
+   * RENDER_MS, and when the reply finishes. The text is lexed and made HTML in the lexer worker
+   * where there is one (the page cleans, decorates and inserts its answer); the reply's end, in
+   * finish(), on the page (what was not lexed yet: the last chunks, the growing block).
    * Nothing reads the layout here (the page's onDraw scrolls, once per redraw). */
   function stream(container, onDraw) {
     const settled = document.createElement("div");
@@ -244,34 +340,32 @@
     let rendered = -Infinity; // when the growing block was last rendered as Markdown
     let raw = null; // the text node the plain text goes to, until the tail is rendered again
     let tailFor = -1; // the text's length when the growing block was last rendered as Markdown
+    let asked = null; // the text's length when the lexer worker was asked (null: not waiting)
+    let ended = false;
 
-    /** Lex what is not settled; render the complete blocks once; the growing block's tokens. */
-    function settle() {
-      stats.parsed += text.length - offset;
-      const tokens = md.lexer(text.slice(offset));
-      let last = tokens.length - 1;
-      while (last > 0 && tokens[last].type === "space") last -= 1;
-      // Every block before the last is complete: a later chunk can only grow the last one.
-      const done = last > 0 ? tokens.slice(0, last) : [];
-      if (done.length) {
-        // Each redraw's finished blocks in a part of their own, appended and never touched again.
-        // (Not `content-visibility: auto`: measured, it made each redraw lay the new part out twice
-        // and again a frame later, as it entered the view and the one before left it.)
-        const part = document.createElement("div");
-        part.className = "md-part";
-        part.appendChild(decorate(clean(blocksHtml(done, tokens.links))));
-        settled.appendChild(part);
-        for (const token of done) offset += token.raw.length;
-      }
-      return { growing: tokens.slice(Math.max(last, 0)), links: tokens.links, fresh: done.length > 0 };
+    /** The complete blocks' HTML, once, in a part of their own, appended and never touched again.
+     * (Not `content-visibility: auto`: measured, it made each redraw lay the new part out twice
+     * and again a frame later, as it entered the view and the one before left it.) */
+    function addPart(html, consumed) {
+      const part = document.createElement("div");
+      part.className = "md-part";
+      part.appendChild(decorate(clean(html)));
+      settled.appendChild(part);
+      offset += consumed;
+      // A new growing block: its text as it is, until RENDER_MS from now.
+      tail.textContent = "";
+      raw = null;
+      tailFor = -1;
+      shown = offset;
+      rendered = performance.now();
     }
 
-    function renderTail(growing, links) {
-      tail.replaceChildren(decorate(clean(blocksHtml(growing, links))));
+    function showTail(html, upTo) {
+      tail.replaceChildren(decorate(clean(html)));
       raw = null;
-      shown = text.length;
+      shown = upTo;
       rendered = performance.now();
-      tailFor = text.length;
+      tailFor = upTo;
     }
 
     function appendRaw() {
@@ -286,21 +380,34 @@
       shown = text.length;
     }
 
+    /** On the page: lex what is not settled, render its complete blocks, then the tail. */
     function redraw(full) {
-      const { growing, links, fresh } = settle();
-      if (fresh) { // a new growing block: its text as it is, until RENDER_MS from now
-        tail.textContent = "";
-        raw = null;
-        tailFor = -1;
-        shown = offset;
-        rendered = performance.now();
-      }
-      if (full || performance.now() - rendered >= RENDER_MS) renderTail(growing, links);
+      stats.parsed += text.length - offset;
+      const split = splitBlocks(md, text.slice(offset));
+      if (split.done.length) addPart(blocksHtml(md, split.done, split.links), split.consumed);
+      if (full || performance.now() - rendered >= RENDER_MS) showTail(blocksHtml(md, split.growing, split.links), text.length);
       else appendRaw();
     }
 
+    /** The lexer worker's answer for text[offset:upTo] (null: the worker failed: the page lexes). */
+    function answered(answer, from, upTo) {
+      asked = null;
+      if (ended || from !== offset) return;
+      if (!answer) {
+        redraw(false);
+      } else {
+        stats.offPage += upTo - from;
+        if (answer.html) addPart(answer.html, answer.consumed);
+        if (answer.tail !== null && !answer.html) showTail(answer.tail, upTo);
+        appendRaw();
+      }
+      if (onDraw) onDraw();
+      if (shown < text.length) later(); // chunks came while the worker lexed
+    }
+
     // However fast chunks come (a client asking for no pace gets them 20 times a second), at most
-    // one redraw per DRAW_MS, in an animation frame (where the browser lays out and paints anyway).
+    // one redraw per DRAW_MS: in an animation frame (where the browser lays out and paints anyway),
+    // or when the lexer worker answers.
     let timer = null;
     let frame = null;
     let drawn = -Infinity;
@@ -308,12 +415,32 @@
       frame = null;
       drawn = performance.now();
       stats.redrawn += 1;
+      const worker = lexerWorker();
+      if (worker && worker.ok) {
+        const from = offset;
+        const upTo = text.length;
+        asked = upTo;
+        stats.parsed += upTo - from;
+        const tailToo = performance.now() - rendered >= RENDER_MS;
+        worker.lex(text.slice(from), tailToo, (answer) => answered(answer, from, upTo));
+        return;
+      }
       redraw(false);
       if (onDraw) onDraw();
     }
+    // With the lexer worker the page changes nothing until it answers: it is asked at once (its
+    // answer then often comes before the reply's Message, which would otherwise lex on the page).
     function schedule() {
       timer = null;
-      frame = requestAnimationFrame(draw);
+      const worker = lexerWorker();
+      if (worker && worker.ok) draw();
+      else frame = requestAnimationFrame(draw);
+    }
+    function later() {
+      if (timer !== null || frame !== null || asked !== null) return;
+      const wait = DRAW_MS - (performance.now() - drawn);
+      if (wait > 0) timer = setTimeout(schedule, wait);
+      else schedule(); // the usual case: chunks come at the server's pace
     }
     function cancel() {
       clearTimeout(timer);
@@ -324,17 +451,15 @@
     return {
       append(chunk) {
         text += String(chunk).replace(/\r\n?/g, "\n");
-        if (timer !== null || frame !== null) return;
-        const wait = DRAW_MS - (performance.now() - drawn);
-        if (wait > 0) timer = setTimeout(schedule, wait);
-        else frame = requestAnimationFrame(draw); // the usual case: chunks come at the server's pace
+        later();
       },
       /** The whole reply: when it is what was streamed only the tail is rendered again, unless the
        * last redraw rendered it as it is (a fast reply's last chunk, sent when the model's answer
        * ended, is often drawn before the Message comes: the same render again is a layout and a
-       * paint of the reply's end for nothing). */
+       * paint of the reply's end for nothing). A lexer worker's answer still to come is not used. */
       finish(full) {
         cancel();
+        ended = true;
         tail.classList.remove("md-open");
         if (typeof full === "string" && full.replace(/\r\n?/g, "\n") !== text) {
           text = full;
@@ -367,10 +492,13 @@
     reply.append(SAMPLE);
     reply.finish();
     Object.assign(stats, before); // not a reply's
+    // The worker's marked too, where it costs the page nothing: V8 compiles code that has run often.
+    const worker = lexerWorker();
+    if (worker) worker.warm(SAMPLE, WARM_TIMES);
   }
 
   // `marked`: the configured marked (a test renders XSS vectors through it).
   // `sanitizer`: which one cleans ("Sanitizer", the browser's, or "DOMPurify"; a test runs both).
   global.ChatrunMarkdown = { render: render, html: html, stream: stream, warm: warm, texts: texts, stats: stats,
     marked: md, sanitizer: NATIVE ? "Sanitizer" : "DOMPurify" };
-})(window);
+})(typeof window !== "undefined" ? window : self); // self: in the lexer worker
