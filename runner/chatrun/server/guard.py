@@ -166,17 +166,22 @@ async def read_body(receive: Receive, limit: int, timeout: float,
     """A request's body, read chunk by chunk and refused as soon as it passes `limit` bytes
     (Refused 413 with the message `over()` gives: nothing past the limit is kept) or takes
     longer than `timeout` seconds (408); and the message that ended it early when the client
-    left (None when it came whole). The one place a body is read under limits."""
+    left (None when it came whole). The one place a body is read under limits. From the edge's
+    Replay, its message is taken as it is, without a timer (it is there: nothing waits)."""
     body = bytearray()
     deadline = time.monotonic() + timeout
+    first = receive.take() if isinstance(receive, Replay) else None
     while True:
-        try:
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs receive() in a task of
-            # its own, one per request; a timeout is only a timer (issue 39).
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                message = await receive()
-        except TimeoutError:
-            raise Refused(408, "RequestTimeout", f"the body did not arrive within {timeout:g} s") from None
+        if first is not None:
+            message, first = first, None
+        else:
+            try:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs receive() in a task
+                # of its own, one per request; a timeout is only a timer (issue 39).
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    message = await receive()
+            except TimeoutError:
+                raise Refused(408, "RequestTimeout", f"the body did not arrive within {timeout:g} s") from None
         if message["type"] != "http.request":  # the client left
             return body, message
         chunk = message.get("body", b"")
@@ -188,14 +193,30 @@ async def read_body(receive: Receive, limit: int, timeout: float,
 
 
 def _replay(body: bytes, receive: Receive, first: Message | None = None) -> Receive:
-    pending = [first or {"type": "http.request", "body": body, "more_body": False}]
+    return Replay(first or {"type": "http.request", "body": body, "more_body": False}, receive)
 
-    async def replay() -> Message:
-        if pending:
-            return pending.pop()
-        return await receive()  # then only http.disconnect can come (StreamingResponse listens)
 
-    return replay
+class Replay:
+    """The receive the app gets from the edge: the body the edge read (or the message that ended
+    it early) at once, then the client's own (only http.disconnect can come: StreamingResponse
+    listens). `read_body` takes the first without awaiting it (`take`)."""
+
+    __slots__ = ("_pending", "_receive")
+
+    def __init__(self, first: Message, receive: Receive):
+        self._pending: Message | None = first
+        self._receive = receive
+
+    async def __call__(self) -> Message:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            return pending
+        return await self._receive()
+
+    def take(self) -> Message | None:
+        """The message a call would return at once, taken (None: a call would ask the client)."""
+        pending, self._pending = self._pending, None
+        return pending
 
 
 def _headers(scope: Scope) -> dict[str, str]:
