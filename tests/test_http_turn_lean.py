@@ -103,6 +103,67 @@ def test_a_body_the_edge_read_is_taken_without_a_timer_as_a_timed_read_takes_it(
     assert taken == timed
 
 
+def test_the_edge_reads_a_body_that_is_there_without_a_timer_and_times_one_that_waits(monkeypatch) -> None:
+    """guard._within: a message there at once (a small body comes with its headers) needs no
+    timer; one that waits is read under it as before: it arrives, or the request times out."""
+    message = {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def at_once() -> dict:
+        return message
+
+    async def scenario(late: float, timeout: float) -> tuple:
+        arrived = asyncio.Event()
+        asyncio.get_running_loop().call_later(late, arrived.set)
+
+        async def waits() -> dict:
+            await arrived.wait()
+            return message
+
+        try:
+            body, left = await read_body(waits, 100, timeout, lambda: "over")
+        except Refused as exc:
+            return (exc.status, exc.reason)
+        return (bytes(body), left)
+
+    assert asyncio.run(scenario(0.01, 30)) == (b"{}", None)
+    assert asyncio.run(scenario(30, 0.05)) == (408, "RequestTimeout")
+    with monkeypatch.context() as patched:
+        patched.setattr(guard.asyncio, "timeout", None)  # a timer used would fail
+        assert asyncio.run(read_body(at_once, 100, 30, lambda: "over")) == (bytearray(b"{}"), None)
+
+
+def test_a_request_cancelled_while_the_edge_waits_for_its_body_is_cancelled() -> None:
+    async def scenario() -> bool:
+        async def never() -> dict:
+            await asyncio.Event().wait()
+            return {}
+
+        reading = asyncio.ensure_future(read_body(never, 100, 30, lambda: "over"))
+        await asyncio.sleep(0.01)
+        reading.cancel()
+        try:
+            await reading
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert asyncio.run(scenario())
+
+
+def test_the_edge_remembers_only_allowed_hosts_and_refuses_the_others_each_time() -> None:
+    edge = guard.EdgeGuard(None, guard.EdgePolicy())  # type: ignore[arg-type]
+    for _ in range(2):
+        edge.check_host({"host": "127.0.0.1:8000"})
+        edge.check_host({"host": "localhost"})
+        with pytest.raises(Refused) as refused:
+            edge.check_host({"host": "evil.example:8000"})
+        assert refused.value.reason == "BadHost" and "evil.example:8000" in refused.value.message
+    assert edge._allowed_hosts == {"127.0.0.1:8000", "localhost"}
+    for port in range(100):  # bounded
+        edge.check_host({"host": f"localhost:{port}"})
+    assert len(edge._allowed_hosts) == guard.MAX_HOSTS_KEPT
+
+
 def test_a_replay_gives_the_edges_message_then_the_clients() -> None:
     async def client() -> dict:
         return {"type": "http.disconnect"}
@@ -137,7 +198,7 @@ def test_a_whole_turns_events_are_what_iterating_the_turn_gives(tmp_path, fake, 
     bodies), answered with TurnRun.events and with the iteration it replaces, and the turns they
     report (the chatrun_turns counters)."""
     fake.responder = echo
-    requests = [(PATHS[0], q, {**c, **e}, BODIES[0]) for c, q, e in zip(CALLERS * 3, QUERIES, EXTRAS * 4)]
+    requests = [(PATHS[0], q, {**c, **e}, BODIES[0]) for c, q, e in zip(CALLERS * 3, QUERIES, EXTRAS * 4, strict=False)]
     requests += [(p, "", c, b) for p in PATHS for c in CALLERS[:3] for b in BODIES]
     requests += [(PATHS[0], "", {"Authorization": "Bearer ana-token-123", "Idempotency-Key": "same"}, BODIES[0])] * 2
 
