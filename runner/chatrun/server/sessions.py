@@ -218,8 +218,10 @@ class SessionRegistry:
         """What the session's bot keeps of the person the conversation is with (`user_memory:`;
         its owner, whoever sends this request), read fresh per request: another conversation of
         theirs may have remembered something since."""
+        if session.bot.config.user_memory is None:  # the bot keeps nothing of its users
+            return
         whose = session.user_memory_owner
-        if session.bot.config.user_memory is not None and whose is not None:
+        if whose is not None:
             session.user_memory = await user_memory.aload(self.store, session.bot.name, whose,
                                                           session.bot.config.retention.user_memory,
                                                           time.time())
@@ -241,7 +243,8 @@ class SessionRegistry:
         bot = session.bot if only is session.bot else held.target(session.bot)
         if session.bot is not bot:
             session.use_bot(bot)
-        await self._load_user_memory(session)
+        if session.bot.config.user_memory is not None:
+            await self._load_user_memory(session)
         return session
 
     def _let_go(self, slot: Slot, session: Session) -> None:
