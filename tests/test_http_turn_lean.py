@@ -228,3 +228,35 @@ def test_a_whole_turns_events_are_what_iterating_the_turn_gives(tmp_path, fake, 
         theirs = served("iterated")
     assert mine == theirs
     assert any(replayed == "true" for *_, replayed, _ in mine[0]) and mine[1]
+
+
+def test_a_hold_leaves_nothing_held_whether_its_block_ends_well_or_not(tmp_path) -> None:
+    """SessionRegistry.session's one object (Holding) undoes what it did, in every ending: an
+    unknown session, a block that raises (SessionError becomes SessionNotActive), a block that
+    ends well; the session's lock is free and nothing waits or is active afterwards."""
+    from chatrun.errors import SessionError
+    from chatrun.server import wire
+    from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
+
+    bot = chatrun.load_bot(write_travel(tmp_path))
+
+    async def scenario() -> list:
+        registry = SessionRegistry({"travel": bot}, chatrun.InMemoryStore())
+        seen = []
+        async with registry.session("travel", "s1", None, NEW) as session:
+            seen.append((session.id, registry.gate.active, registry.cache._slots[("travel", "s1")].locked()))
+        with pytest.raises(wire.RequestFailed) as unknown:
+            async with registry.session("travel", "nobody", None, EXISTING):
+                pass
+        seen.append(unknown.value.reason)
+        with pytest.raises(wire.RequestFailed) as ended:
+            async with registry.session("travel", "s1", None, EXISTING):
+                raise SessionError("ended")
+        seen.append(ended.value.reason)
+        slot = registry.cache._slots[("travel", "s1")]
+        seen.append((registry.gate.active, registry.gate.waiting, slot.users, slot.locked(), slot._lock,
+                     ("travel", "nobody") in registry.cache._slots, registry._holds))
+        return seen
+
+    assert asyncio.run(scenario()) == [("s1", 1, True), wire.SESSION_NOT_ACTIVE, wire.SESSION_NOT_ACTIVE,
+                                       (0, 0, 0, False, None, False, {})]
