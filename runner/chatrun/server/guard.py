@@ -35,6 +35,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+MAX_HOSTS_KEPT = 64  # allowed Host headers remembered (EdgeGuard.check_host)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,9 @@ class EdgeGuard:
         self.hosts = {h.lower().strip("[]") for h in policy.allowed_hosts}
         self.any_origin = "*" in policy.allowed_origins
         self.origins = {o.lower().rstrip("/") for o in policy.allowed_origins}
+        # Host headers found allowed (a few: the names the server is known by, with their ports),
+        # so that a request does not parse its Host again (urlsplit: ~5,000 instructions).
+        self._allowed_hosts: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -103,14 +107,19 @@ class EdgeGuard:
         if self.any_host:
             return
         host = headers.get("host", "")
+        if host in self._allowed_hosts:
+            return
         name = urlsplit(f"//{host}").hostname or ""
-        if name not in self.hosts:
-            raise Refused(
-                400,
-                "BadHost",
-                f"Host {host!r} is not a name this server answers to (allowed: {', '.join(sorted(self.hosts))}); "
-                "start it with --allow-host NAME",
-            )
+        if name in self.hosts:
+            if len(self._allowed_hosts) < MAX_HOSTS_KEPT:
+                self._allowed_hosts.add(host)
+            return
+        raise Refused(
+            400,
+            "BadHost",
+            f"Host {host!r} is not a name this server answers to (allowed: {', '.join(sorted(self.hosts))}); "
+            "start it with --allow-host NAME",
+        )
 
     def check_origin(self, headers: dict[str, str]) -> None:
         origin = headers.get("origin")
@@ -166,17 +175,19 @@ async def read_body(receive: Receive, limit: int, timeout: float,
     """A request's body, read chunk by chunk and refused as soon as it passes `limit` bytes
     (Refused 413 with the message `over()` gives: nothing past the limit is kept) or takes
     longer than `timeout` seconds (408); and the message that ended it early when the client
-    left (None when it came whole). The one place a body is read under limits."""
+    left (None when it came whole). The one place a body is read under limits. From the edge's
+    Replay, its message is taken as it is, without a timer (it is there: nothing waits)."""
     body = bytearray()
     deadline = time.monotonic() + timeout
+    first = receive.take() if isinstance(receive, Replay) else None
     while True:
-        try:
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs receive() in a task of
-            # its own, one per request; a timeout is only a timer (issue 39).
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                message = await receive()
-        except TimeoutError:
-            raise Refused(408, "RequestTimeout", f"the body did not arrive within {timeout:g} s") from None
+        if first is not None:
+            message, first = first, None
+        else:
+            try:
+                message = await _within(receive, deadline)
+            except TimeoutError:
+                raise Refused(408, "RequestTimeout", f"the body did not arrive within {timeout:g} s") from None
         if message["type"] != "http.request":  # the client left
             return body, message
         chunk = message.get("body", b"")
@@ -187,15 +198,79 @@ async def read_body(receive: Receive, limit: int, timeout: float,
             return body, None
 
 
+async def _within(receive: Receive, deadline: float) -> Message:
+    """receive()'s message, TimeoutError if it has not come by `deadline` (time.monotonic()).
+    asyncio.timeout, not wait_for: on Python 3.11 wait_for runs receive() in a task of its own,
+    one per request; and the timer only once receive() waits: a message that is there (a small
+    body comes with its headers) is taken without one, as a timer costs a request some 36,000
+    instructions (scheduled, cancelled, popped) and could not fire while nothing waits
+    (bench/README.md, "The HTTP turn, third pass")."""
+    step = receive()
+    if asyncio.iscoroutine(step):
+        try:
+            waits_on = step.send(None)
+        except StopIteration as done:  # it came at once
+            message: Message = done.value
+            return message
+        step = _Resumed(step, waits_on)
+    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+        return await step
+
+
+class _Resumed:
+    """Awaiting the rest of a coroutine whose first step ran and waits on `waits_on`: what
+    `await` of the coroutine itself would have done from there (PEP 380's delegation)."""
+
+    __slots__ = ("_coro", "_waits_on")
+
+    def __init__(self, coro: Any, waits_on: Any):
+        self._coro, self._waits_on = coro, waits_on
+
+    def __await__(self) -> Any:
+        coro, value = self._coro, self._waits_on
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # a cancellation (the timer's, or the request's) goes in
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
+
+
 def _replay(body: bytes, receive: Receive, first: Message | None = None) -> Receive:
-    pending = [first or {"type": "http.request", "body": body, "more_body": False}]
+    return Replay(first or {"type": "http.request", "body": body, "more_body": False}, receive)
 
-    async def replay() -> Message:
-        if pending:
-            return pending.pop()
-        return await receive()  # then only http.disconnect can come (StreamingResponse listens)
 
-    return replay
+class Replay:
+    """The receive the app gets from the edge: the body the edge read (or the message that ended
+    it early) at once, then the client's own (only http.disconnect can come: StreamingResponse
+    listens). `read_body` takes the first without awaiting it (`take`)."""
+
+    __slots__ = ("_pending", "_receive")
+
+    def __init__(self, first: Message, receive: Receive):
+        self._pending: Message | None = first
+        self._receive = receive
+
+    async def __call__(self) -> Message:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            return pending
+        return await self._receive()
+
+    def take(self) -> Message | None:
+        """The message a call would return at once, taken (None: a call would ask the client)."""
+        pending, self._pending = self._pending, None
+        return pending
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -387,7 +387,7 @@ async def turn_reply(registry: SessionRegistry, session: Session, message: Any, 
     JSON reply: its events, whether it succeeded, where the conversation is, and whether it
     was a replay of the Idempotency-Key's committed turn."""
     run = registry.turn(session, message, key, whole=True)
-    events = [e async for e in run]
+    events = await run.events()
     body = {
         "events": [e.to_dict() for e in events if e.type != ev.STREAM],
         # Committed or rolled back, as the history says: an Error event the turn went on after
@@ -401,7 +401,19 @@ async def turn_reply(registry: SessionRegistry, session: Session, message: Any, 
     }
     if run.entry.get("usage"):  # the turn's model calls: absent when it made none
         body["usage"] = run.entry["usage"]
-    return JSONResponse(body, headers={"Idempotent-Replayed": "true"} if run.replayed else None)
+    return TurnReply(body, headers={"Idempotent-Replayed": "true"} if run.replayed else None)
+
+
+# Starlette's JSONResponse.render, its encoder made once: json.dumps given options builds an encoder
+# (and its C encoder) every call. The same bytes (tests/test_http_turn_route.py).
+_REPLY_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+
+
+class TurnReply(JSONResponse):
+    """A turn's JSON reply (turn_reply), rendered as JSONResponse renders it."""
+
+    def render(self, content: Any) -> bytes:
+        return _REPLY_JSON.encode(content).encode("utf-8")
 
 
 async def _sse(registry: SessionRegistry, turn: TurnRequest) -> AsyncIterator[str]:

@@ -118,21 +118,31 @@ class SessionCache:
     async def use(self, key: SlotKey) -> AsyncIterator[Slot]:
         """The slot of `key` (made if missing), counted as used until the block ends; then the
         cache forgets an empty slot and evicts what is over its bounds."""
+        slot = self.enter(key)
+        try:
+            yield slot
+        finally:
+            self.leave(key, slot)
+
+    def enter(self, key: SlotKey) -> Slot:
+        """`use`'s entry (for a holder that is not a context manager: sessions.py's Holding);
+        `leave` ends it."""
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = Slot()
         slot.users += 1
-        try:
-            yield slot
-        finally:
-            slot.users -= 1
-            slot.used = time.monotonic()
-            if slot.users == 0 and not slot.locked():  # no one holds it or waits for it
-                slot._lock = None
-            self.account(slot)
-            if slot.session is None and slot.users == 0 and self._slots.get(key) is slot:
-                del self._slots[key]
-            self.evict()
+        return slot
+
+    def leave(self, key: SlotKey, slot: Slot) -> None:
+        """The end of a use `enter` began."""
+        slot.users -= 1
+        slot.used = time.monotonic()
+        if slot.users == 0 and not slot.locked():  # no one holds it or waits for it
+            slot._lock = None
+        self.account(slot)
+        if slot.session is None and slot.users == 0 and self._slots.get(key) is slot:
+            del self._slots[key]
+        self.evict()
 
     def touch(self, key: SlotKey) -> None:
         """Mark the slot most recently used (evicted last)."""

@@ -54,6 +54,16 @@ class SessionGate:
                       waited: Callable[[float], None] | None = None) -> AsyncIterator[Lease]:
         """Hold the session (its `lock` in this process and its lease) for the block; `waited`
         hears how long the request queued. Raises RequestFailed (busy, draining, store failing)."""
+        lease = await self.enter(lock, session_id, policy, waited)
+        try:
+            yield lease
+        finally:
+            await self.leave(lock, lease)
+
+    async def enter(self, lock: asyncio.Lock, session_id: str, policy: str,
+                    waited: Callable[[float], None] | None = None) -> Lease:
+        """`through`'s entry (for a holder that is not a context manager: sessions.py's
+        Holding); `leave` ends what it returned. Raises RequestFailed as `through` does."""
         self.waiting += 1
         entered = False
         lease: Lease | None = None
@@ -64,8 +74,8 @@ class SessionGate:
                 waited(time.monotonic() - asked)
             self.waiting, self.active, entered = self.waiting - 1, self.active + 1, True
             self.refuse_if_draining()
-            yield lease
-        finally:
+            return lease
+        except BaseException:
             if entered:
                 self.active -= 1
                 lock.release()
@@ -73,6 +83,13 @@ class SessionGate:
                 self.waiting -= 1
             if lease is not None:
                 await self.release(lease)
+            raise
+
+    async def leave(self, lock: asyncio.Lock, lease: Lease) -> None:
+        """The end of a hold `enter` began: the lock, then the lease, given back."""
+        self.active -= 1
+        lock.release()
+        await self.release(lease)
 
     async def _enter_or_fail(self, lock: asyncio.Lock, session_id: str, policy: str) -> Lease:
         try:
@@ -102,13 +119,19 @@ class SessionGate:
                 await self.release(lease)
                 raise
             return lease
-        try:
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the acquire in a task of
-            # its own, one per request; a timeout is only a timer (a free lock is taken at once).
-            async with asyncio.timeout(wait):
-                await lock.acquire()
-        except TimeoutError:
-            raise busy(f"session {session_id} stayed busy for {wait:g} s; try again later") from None
+        if taken_at_once(lock):
+            # No timer for a lock acquire() takes without waiting (the usual case): a timer costs a
+            # turn some 36,000 instructions (a handle scheduled, cancelled, then popped), and
+            # it could not fire, as nothing waits (bench/README.md, "The HTTP turn, third pass").
+            await lock.acquire()
+        else:
+            try:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the acquire in a task
+                # of its own, one per request; a timeout is only a timer.
+                async with asyncio.timeout(wait):
+                    await lock.acquire()
+            except TimeoutError:
+                raise busy(f"session {session_id} stayed busy for {wait:g} s; try again later") from None
         try:
             return await self.store.acquire(session_id, wait)
         except BaseException:
@@ -125,6 +148,14 @@ class SessionGate:
             raise
         except Exception as exc:  # the lease expires on its own
             log.warning("could not release the lease on session %s: %s", lease.session_id, exc)
+
+
+def taken_at_once(lock: asyncio.Lock) -> bool:
+    """Whether `lock.acquire()` would take the lock without waiting: asyncio.Lock's own test
+    (unlocked, and no earlier request still waiting for it; tests/test_session_gate.py holds
+    this to what acquire does)."""
+    waiters = getattr(lock, "_waiters", None)
+    return not lock.locked() and (not waiters or all(waiter.cancelled() for waiter in waiters))
 
 
 def busy(message: str) -> wire.RequestFailed:

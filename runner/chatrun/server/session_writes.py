@@ -27,9 +27,16 @@ class SessionWrites:
         self.store = store
         self.cache = cache
         self.on_outbox: Callable[[], None] = lambda: None  # a commit queued backend events (the worker's nudge)
-        # Set (and replaced) at every commit of this replica: the operators' inbox stream
-        # (pending_api.pending_stream) looks again at once instead of at its next tick.
-        self.committed = asyncio.Event()
+        self._committed: asyncio.Event | None = None  # see `committed`
+
+    @property
+    def committed(self) -> asyncio.Event:
+        """Set (and replaced) at every commit of this replica: the operators' inbox stream
+        (pending_api.pending_stream) looks again at once instead of at its next tick. Made when
+        asked for: a commit nobody waits for makes and sets none."""
+        if self._committed is None:
+            self._committed = asyncio.Event()
+        return self._committed
 
     async def commit(self, slot: Slot, session_id: str, lease: Lease) -> None:
         """Write what the request's turns committed to the slot's buffer, if anything."""
@@ -59,8 +66,9 @@ class SessionWrites:
                 "retry with the same request id: a turn that was saved is not run again",
             ) from None
         slot.version, slot.committed = version, commit.committed
-        done, self.committed = self.committed, asyncio.Event()
-        done.set()
+        done, self._committed = self._committed, None
+        if done is not None:
+            done.set()
         if commit.outbox:
             self.on_outbox()
 

@@ -22,5 +22,8 @@ class TraceContext:
             return
         carried = {name.decode("latin-1"): value.decode("latin-1")
                    for name, value in scope.get("headers", ()) if name in CARRIED}
+        if "traceparent" not in carried:  # no trace to continue (continued_from would do nothing)
+            await self.app(scope, receive, send)
+            return
         with tracing.continued_from(carried):
             await self.app(scope, receive, send)
