@@ -59,6 +59,16 @@ def test_the_gate_skips_the_timer_exactly_when_acquire_would_not_wait() -> None:
     assert [acquire for _, acquire in seen] == [True, False, False, True]
 
 
+def test_a_lock_whose_queue_the_gate_cannot_see_is_waited_for_under_the_timer() -> None:
+    class OtherLock(asyncio.Lock):  # a Lock that keeps its waiters under another name
+        def __init__(self) -> None:
+            super().__init__()
+            del self._waiters
+
+    assert taken_at_once(asyncio.Lock())
+    assert not taken_at_once(OtherLock())
+
+
 def test_the_gate_still_refuses_a_session_that_stays_busy() -> None:
     from chatrun.server import wire
     from chatrun.store.aio import open_async_store

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
 from chatrun.server import wire
@@ -154,7 +154,9 @@ def taken_at_once(lock: asyncio.Lock) -> bool:
     """Whether `lock.acquire()` would take the lock without waiting: asyncio.Lock's own test
     (unlocked, and no earlier request still waiting for it; tests/test_session_gate.py holds
     this to what acquire does)."""
-    waiters = getattr(lock, "_waiters", None)
+    if not hasattr(lock, "_waiters"):  # a Python whose Lock keeps its queue elsewhere: wait under the timer
+        return False
+    waiters: Iterable[asyncio.Future[None]] | None = lock._waiters
     return not lock.locked() and (not waiters or all(waiter.cancelled() for waiter in waiters))
 
 
