@@ -428,3 +428,19 @@ def test_the_wire_messages_are_each_messages_own_wire_form_for_every_kind():
                 UserMessage("see this", (photo,)), UserMessage(""), SystemMessage(""), Quoted("hi")]
     for accepts in (DEFAULT_ACCEPTS, frozenset({"text"})):
         assert wire_messages(messages, None, accepts) == [m.to_openai_with(None, accepts) for m in messages]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_model_timeout_reaches_the_request_as_the_number_did(fake, stream):
+    # models/openai_model.py passes `model.timeout` as a Timeout made once (issue 39), not the number:
+    # the request carries the same read timeout (the client's header says it), every limit the same.
+    import openai
+
+    from chatrun.models.openai_model import request_timeout
+
+    fake.queue({"text": "hi"})
+    call(model(), config(fake, timeout=7.5, stream=stream), stream=stream)
+    assert fake.log[0].headers["x-stainless-read-timeout"] == str(7.5)
+    assert request_timeout(7.5).as_dict() == openai.Timeout(7.5).as_dict() == dict.fromkeys(
+        ("connect", "read", "write", "pool"), 7.5)
+    assert request_timeout(7.5) is request_timeout(7.5)
