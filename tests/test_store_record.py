@@ -290,6 +290,11 @@ def test_a_stored_value_is_json_dumps_text_and_its_refusals_are_json_dumps_refus
             to_json("v", bad)
         assert str(expected.value) in str(got.value)
         assert to_json("v", [shared, shared]) == json.dumps([shared, shared], ensure_ascii=False)
+    half = [shared, {"x": object()}]
+    with pytest.raises(ChatrunError):
+        to_json("v", half)
+    half[1]["x"] = "plain now"  # the same containers again: not left marked as being encoded
+    assert to_json("v", half) == json.dumps(half, ensure_ascii=False)
     texts: list[str] = []
     thread = threading.Thread(target=lambda: texts.append(to_json("v", [shared, circular["me"] is circular])))
     thread.start()
