@@ -410,3 +410,37 @@ def test_on_chunk_failures_are_the_callers(fake):
     with pytest.raises(RuntimeError, match="client went away"):
         asyncio.run(run())
     assert len(fake.requests) == 1
+
+
+def test_the_wire_messages_are_each_messages_own_wire_form_for_every_kind():
+    # models/openai_model.py `wire_messages` makes a text message's dict itself (issue 39): it must
+    # be what the message's own `to_openai_with` gives, for every kind and shape.
+    from chatrun.messages import DEFAULT_ACCEPTS, Attachment, ContextMessage, SummaryMessage
+    from chatrun.models.openai_model import wire_messages
+
+    class Quoted(UserMessage):  # a subclass keeps its own wire form
+        def to_openai_with(self, read, accepts=DEFAULT_ACCEPTS):
+            return {"role": "user", "content": f"> {self.content}"}
+
+    photo = Attachment("https://example.org/p.png", "image/png", "p.png", 3)
+    messages = [*MESSAGES, AssistantMessage(None), AssistantMessage("sure"), AssistantMessage(""),
+                SummaryMessage("they asked about Dublin"), ContextMessage("today is Monday"),
+                UserMessage("see this", (photo,)), UserMessage(""), SystemMessage(""), Quoted("hi")]
+    for accepts in (DEFAULT_ACCEPTS, frozenset({"text"})):
+        assert wire_messages(messages, None, accepts) == [m.to_openai_with(None, accepts) for m in messages]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_model_timeout_reaches_the_request_as_the_number_did(fake, stream):
+    # models/openai_model.py passes `model.timeout` as a Timeout made once (issue 39), not the number:
+    # the request carries the same read timeout (the client's header says it), every limit the same.
+    import openai
+
+    from chatrun.models.openai_model import request_timeout
+
+    fake.queue({"text": "hi"})
+    call(model(), config(fake, timeout=7.5, stream=stream), stream=stream)
+    assert fake.log[0].headers["x-stainless-read-timeout"] == str(7.5)
+    assert request_timeout(7.5).as_dict() == openai.Timeout(7.5).as_dict() == dict.fromkeys(
+        ("connect", "read", "write", "pool"), 7.5)
+    assert request_timeout(7.5) is request_timeout(7.5)

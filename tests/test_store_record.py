@@ -26,6 +26,7 @@ from chatrun.messages import (
 )
 from chatrun.models.scripted import ScriptedModel
 from chatrun.store import DurableStore, EncodedStore, HistoryStore, SessionStore
+from chatrun.store import record as record_module
 from chatrun.store.aio import LocalAsyncStore
 from chatrun.store.buffer import TurnBuffer
 from chatrun.store.memory import InMemoryStore
@@ -39,6 +40,7 @@ from chatrun.store.record import (
     renamed_id,
     route_of_memory,
     scope_id,
+    to_json,
 )
 from chatrun.store.sqlite import SQLiteStore
 from chatrun.store.versions import CREATE
@@ -149,7 +151,15 @@ def count_json(monkeypatch) -> dict[str, int]:
             counts["loads"] += 1
         return loads(text, *args, **kwargs)
 
+    stored = record_module._stored_json
+
+    def counting_stored(value):  # to_json's own encoder (one made once, not JSONEncoder.encode)
+        if isinstance(value, dict) and "scopes" in value:
+            counts["dumps"] += 1
+        return stored(value)
+
     monkeypatch.setattr(json.JSONEncoder, "encode", counting_encode)
+    monkeypatch.setattr(record_module, "_stored_json", counting_stored)
     monkeypatch.setattr(json, "loads", counting_loads)
     return counts
 
@@ -245,7 +255,7 @@ def test_a_memory_is_written_as_json_of_its_messages_dicts_for_every_kind():
     messages = [SystemMessage("be brief"), SummaryMessage("they asked about Dublin"),
                 AssistantMessage(None), AssistantMessage("", tool_calls=(ToolCall("c1", "book", '{"to": "Dublin"}'),)),
                 ToolResultMessage("c1", "book", '{"ok": true}'), UserMessage("see this", (photo,)), UserMessage("", (photo,))]
-    messages += [kind(text) for text in texts for kind in (UserMessage, AssistantMessage)]
+    messages += [kind(text) for text in texts for kind in (UserMessage, AssistantMessage, SystemMessage)]
     assert encode_messages(messages) == json.dumps([m.to_dict() for m in messages], ensure_ascii=False)
     assert messages_json("s.1#main", messages) == messages_to_json(messages)
     assert encode_messages([]) == "[]"
@@ -259,3 +269,34 @@ def test_a_commit_refuses_a_memory_item_that_is_not_a_message_naming_it():
     assert Commit.encode("s", {}, {"s.1#main": [*MEMORY, NotQuite("hi")]}, []).memories["s.1#main"][-1] == NotQuite("hi")
     with pytest.raises(ChatrunError, match=r"memory s.1#main: item 1 is a dict, not a chat message"):
         Commit.encode("s", {}, {"s.1#main": [MEMORY[0], {"role": "user", "content": "hi"}]}, [])
+
+
+def test_a_stored_value_is_json_dumps_text_and_its_refusals_are_json_dumps_refusals():
+    # store/record.py to_json keeps one C encoder per thread (issue 39): the same text as
+    # json.dumps(ensure_ascii=False, allow_nan=False), the same refusals, and an encode that failed
+    # half-way (its containers marked) spoils no later one, in this thread or another.
+    import threading
+
+    shared = {"k": [1, 2.5, -0.0, 10**30, None, True, "é \u2028 \ud800 \"q\""]}
+    values = ["text", 1, 1.25, None, [], {}, shared, [shared, shared], {1: "a", None: "b", 2.5: "c", False: "d"}]
+    for value in values:
+        assert to_json("v", value) == json.dumps(value, ensure_ascii=False, allow_nan=False)
+    circular: dict = {}
+    circular["me"] = circular
+    for bad in (float("nan"), {"a": float("inf")}, [shared, {"x": object()}], {(1,): 2}, circular):
+        with pytest.raises((TypeError, ValueError)) as expected:
+            json.dumps(bad, ensure_ascii=False, allow_nan=False)
+        with pytest.raises(ChatrunError, match="cannot save v: it holds a value JSON cannot represent") as got:
+            to_json("v", bad)
+        assert str(expected.value) in str(got.value)
+        assert to_json("v", [shared, shared]) == json.dumps([shared, shared], ensure_ascii=False)
+    half = [shared, {"x": object()}]
+    with pytest.raises(ChatrunError):
+        to_json("v", half)
+    half[1]["x"] = "plain now"  # the same containers again: not left marked as being encoded
+    assert to_json("v", half) == json.dumps(half, ensure_ascii=False)
+    texts: list[str] = []
+    thread = threading.Thread(target=lambda: texts.append(to_json("v", [shared, circular["me"] is circular])))
+    thread.start()
+    thread.join()
+    assert texts == [json.dumps([shared, True], ensure_ascii=False)]

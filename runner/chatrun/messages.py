@@ -170,7 +170,7 @@ class UserMessage(Message):
         return hash((self.content, self.attachments))
 
     def to_dict(self) -> dict:
-        # store/record.py `_message_json` writes this dict's JSON straight from the text when there
+        # store/record.py `encode_messages` writes this dict's JSON straight from the text when there
         # is nothing but text (a commit writes the whole window): a new key goes there too.
         out: dict[str, Any] = {"role": "user", "content": self.content}
         if self.attachments:
@@ -197,7 +197,7 @@ class AssistantMessage(Message):
     role: str = field(init=False, default="assistant")
 
     def to_dict(self) -> dict:
-        # Written straight from the text when there are no calls (store/record.py `_message_json`).
+        # Written straight from the text when there are no calls (store/record.py `encode_messages`).
         out: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.tool_calls:
             out["tool_calls"] = [c.to_dict() for c in self.tool_calls]

@@ -231,9 +231,10 @@ class Session:
         """The turn's history entry as committed: with what the turn remembered of its user, when
         the store writes that in the commit itself (`commits_user_memory`: the built-in stores,
         the server's TurnBuffer). The store takes it out of the stored entry (record.Remembered)."""
+        if self.bot.config.user_memory is None or not self._c.remembered:  # most bots, most turns: nothing to add
+            return entry
         whose = self._c.user_memory_owner()
-        if (self.bot.config.user_memory is None or whose is None or not self._c.remembered
-                or not getattr(self.store, "commits_user_memory", False)):
+        if whose is None or not getattr(self.store, "commits_user_memory", False):
             return entry
         remembered = Remembered(self.bot.name, whose, dict(self._c.remembered), self.bot.config.retention.user_memory)
         return entry | {REMEMBERED_KEY: remembered.to_dict()}
@@ -246,8 +247,10 @@ class Session:
         return self.store if isinstance(self.store, RecordStore) else None
 
     def _load_user_memory(self) -> Mapping[str, Any]:
-        config, whose, records = self.bot.config.user_memory, self._c.user_memory_owner(), self._user_memory_store()
-        if config is None or whose is None or records is None:
+        if self.bot.config.user_memory is None:  # a bot without `user_memory:` (each request sets the principal)
+            return NO_FACTS
+        whose, records = self._c.user_memory_owner(), self._user_memory_store()
+        if whose is None or records is None:
             return NO_FACTS
         return user_memory.load(records, self.bot.name, whose, self.bot.config.retention.user_memory,
                                 time.time()) or NO_FACTS
@@ -691,13 +694,14 @@ class Session:
                 sink(event)
 
         self._sink = collect
+        # The span's attributes are read only when spans are recorded (tracing off: OFF, as turn_span says).
         span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"),
-                                 self.bot_version)
+                                 self.bot_version) if tracing.recording() else tracing.OFF
         try:
             with span as current:
                 await turn.run()
-                kept = _storage(self.bot.config, [*turn.hops, self.route])
                 if current is not None:  # a span records: what the user said and got goes on it
+                    kept = _storage(self.bot.config, [*turn.hops, self.route])
                     tracing.record_turn(current, kept(entry["input"]), kept([e.data for e in collected if e.for_user
                                                                              and e.type in (ev.MESSAGE, ev.OBJECT)]))
                 await turn.summarize()  # after the reply: it never delays the user's answer
@@ -722,7 +726,7 @@ class Session:
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
             entry, memories = self._stored(entry, self._c.dirty_memories(before), turn)
             if self._c.remembered and self.bot.config.guarded:  # user memory is stored too: `storage` guards
-                self._c.remembered = kept(dict(self._c.remembered))
+                self._c.remembered = _storage(self.bot.config, [*turn.hops, self.route])(dict(self._c.remembered))
             self.store.commit_turn(self.id, self._c.snapshot(), memories, [self._with_remembered(entry)])
             self._last_entry = entry
             self._moved = None

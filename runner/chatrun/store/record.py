@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -269,9 +270,38 @@ _MESSAGES_JSON = json.JSONEncoder(ensure_ascii=False)
 def to_json(what: str, value: Any) -> str:
     """`value` as JSON text, or ChatrunError saying what could not be saved and why."""
     try:
-        return _STORED_JSON.encode(value)
+        return _stored_json(value)
     except (TypeError, ValueError) as exc:
         raise ChatrunError(f"cannot save {what}: it holds a value JSON cannot represent ({exc})") from None
+
+
+try:
+    from json.encoder import c_make_encoder  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - CPython has it
+    c_make_encoder = None
+
+_ENCODERS = threading.local()  # each thread's C encoder for to_json (its markers are its own)
+
+
+def _stored_json(value: Any) -> str:
+    """`_STORED_JSON.encode(value)`, the same text and errors, without what `encode` builds anew
+    on every call (the markers, a closure and the C encoder: a commit encodes a snapshot and a
+    history entry, ~0.02 M instructions a turn; issue 39): the C encoder made once per thread (the
+    circular-reference markers it fills are the running encode's). Without the accelerator, `encode`."""
+    if c_make_encoder is None:  # pragma: no cover
+        return _STORED_JSON.encode(value)
+    try:
+        markers, chunks = _ENCODERS.made
+    except AttributeError:
+        markers = {}
+        chunks = c_make_encoder(markers, _STORED_JSON.default, json.encoder.encode_basestring, None,
+                                _STORED_JSON.key_separator, _STORED_JSON.item_separator, False, False, False)
+        _ENCODERS.made = markers, chunks
+    try:
+        return "".join(chunks(value, 0))
+    except BaseException:
+        markers.clear()  # an encode that failed half-way leaves its containers marked
+        raise
 
 
 def from_json(text: str) -> JSONObject:
@@ -304,18 +334,23 @@ _TEXT_JSON = json.encoder.encode_basestring  # a str as a JSON string, as _MESSA
 def encode_messages(messages: list[Message]) -> str:
     """Checked messages as one JSON array: the text `_MESSAGES_JSON.encode([m.to_dict() ...])`
     makes, byte for byte. A commit writes a changed memory whole (its window, every turn); the
-    encoder's walk of a new dict per message cost ~6,000 instructions a message, so a plain text
-    message (most of a window) is written from its text (issue 39: 0.34 M instructions a turn at
-    70 messages). tests/test_store_record.py compares the two for every kind of message."""
-    return "[" + ", ".join([_message_json(m) for m in messages]) + "]"
+    encoder's walk of a new dict per message cost ~6,000 instructions a message, so a message of
+    text alone (most of a window) is written from its text, in this one loop (a function call and
+    two concatenations per message were a fifth of what was left: issue 39, at 70 messages). The
+    test of tests/test_store_record.py compares the two for every kind of message."""
+    parts: list[str] = []
+    add = parts.append
+    for m in messages:
+        if type(m) is UserMessage and not m.attachments:
+            add(f'{{"role": "user", "content": {_TEXT_JSON(m.content)}}}')
+        elif type(m) is AssistantMessage and m.content is not None and not m.tool_calls:
+            add(f'{{"role": "assistant", "content": {_TEXT_JSON(m.content)}}}')
+        elif type(m) is SystemMessage:
+            add(f'{{"role": "system", "content": {_TEXT_JSON(m.content)}}}')
+        else:
+            add(_MESSAGES_JSON.encode(m.to_dict()))  # the other kinds and shapes: their dict, as it is
+    return "[" + ", ".join(parts) + "]"
 
-
-def _message_json(message: Message) -> str:
-    if type(message) is UserMessage and not message.attachments:
-        return '{"role": "user", "content": ' + _TEXT_JSON(message.content) + "}"
-    if type(message) is AssistantMessage and message.content is not None and not message.tool_calls:
-        return '{"role": "assistant", "content": ' + _TEXT_JSON(message.content) + "}"
-    return _MESSAGES_JSON.encode(message.to_dict())  # the other kinds and shapes: their dict, as it is
 
 
 EMPTY_MEMORY_SIZE = len("[]")  # what an absent memory counts in a cache's byte bound
