@@ -491,10 +491,7 @@ class Turn:
         (the answer, the config of the model that gave it, the moves made). Each move is counted
         (metrics), noted on the call's span and logged."""
         if not request.config.fallback:  # the one call, as before fallbacks (models/fallback.py is not entered)
-            # A request that offers no tools, or to a model whose calls are native, is never read for calls
-            # written as text (TextCalls passes it on as it is): the model itself, one layer fewer.
-            reads_text = request.tools and request.config.tool_calls != "native"
-            model = self.model if reads_text else self.model.model
+            model = self.model.for_request(request)  # no text-call reader where no call can be read
             return await observe.timed_call(model, request, on_chunk), request.config, []
 
         def switched(switch: Switch) -> None:

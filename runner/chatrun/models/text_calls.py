@@ -340,9 +340,14 @@ class TextCalls:
     def __init__(self, model: ChatModel):
         self.model = model
 
+    def for_request(self, request: ModelRequest) -> ChatModel:
+        """The model to ask `request` of: this reader where the answer may hold calls written as text,
+        else the model itself (a request offering no tools, or with native calls: one layer fewer)."""
+        return self if request.tools and request.config.tool_calls != "native" else self.model
+
     async def complete(self, request: ModelRequest, on_chunk: ChunkCallback | None = None) -> ModelResponse:
         mode = request.config.tool_calls
-        if mode == "native" or not request.tools:
+        if self.for_request(request) is self.model:
             return await self.model.complete(request, on_chunk)
         held = HeldBack(on_chunk) if on_chunk is not None else None
         response = await self.model.complete(request, held.send if held is not None else None)
