@@ -406,14 +406,15 @@ async def turn_reply(registry: SessionRegistry, session: Session, message: Any, 
 
 # Starlette's JSONResponse.render, its encoder made once: json.dumps given options builds an encoder
 # (and its C encoder) every call. The same bytes (tests/test_http_turn_route.py).
-_REPLY_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+_reply_json = wire.encoder_made_once(
+    json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")))
 
 
 class TurnReply(JSONResponse):
     """A turn's JSON reply (turn_reply), rendered as JSONResponse renders it."""
 
     def render(self, content: Any) -> bytes:
-        return _REPLY_JSON.encode(content).encode("utf-8")
+        return _reply_json(content).encode("utf-8")
 
 
 async def _sse(registry: SessionRegistry, turn: TurnRequest) -> AsyncIterator[str]:

@@ -32,7 +32,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
+from json.encoder import c_make_encoder, encode_basestring, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from chatrun.definition.page_texts import BUILTIN as PAGE_TEXTS
@@ -587,24 +587,24 @@ def server_frame(chat_id: str | None, kind: str, data: Any, request_id: Any = No
     return _encode_frame(out)  # event data is plain JSON already (events.plain)
 
 
-def _frame_encoder() -> Callable[[dict[str, Any]], str]:
-    """json.JSONEncoder(ensure_ascii=False).encode, the same text, without what it builds anew on
-    every call (a closure and the C encoder: ~2/3 of a small frame's encoding, a few frames a
-    turn): the C encoder made once. No circular-reference check: a frame's data is plain JSON
-    (events.plain). Without the C accelerator, the encoder itself."""
-    plain = json.JSONEncoder(ensure_ascii=False)
-    if c_make_encoder is None:  # pragma: no cover - CPython has it
-        return plain.encode
-    chunks = c_make_encoder(None, plain.default, encode_basestring, None, plain.key_separator,
-                            plain.item_separator, False, False, True)
+def encoder_made_once(encoder: json.JSONEncoder) -> Callable[[Any], str]:
+    """`encoder.encode`, the same text and refusals, without what it builds anew on every call (a
+    closure and the C encoder: ~2/3 of a small frame's encoding, a few frames and a reply a turn):
+    the C encoder made once. No circular-reference check: what it encodes is plain JSON built here
+    (a frame's data: events.plain; a reply's body). Without the C accelerator, `encoder.encode`."""
+    if c_make_encoder is None or encoder.indent is not None:  # pragma: no cover - CPython has it
+        return encoder.encode
+    basestring = encode_basestring_ascii if encoder.ensure_ascii else encode_basestring
+    chunks = c_make_encoder(None, encoder.default, basestring, None, encoder.key_separator,
+                            encoder.item_separator, encoder.sort_keys, encoder.skipkeys, encoder.allow_nan)
 
-    def encode(frame: dict[str, Any]) -> str:
-        return "".join(chunks(frame, 0))
+    def encode(value: Any) -> str:
+        return "".join(chunks(value, 0))
 
     return encode
 
 
-_encode_frame = _frame_encoder()
+_encode_frame = encoder_made_once(json.JSONEncoder(ensure_ascii=False))
 
 
 def turn_input(data: dict[str, Any]) -> str | dict[str, Any] | None:
