@@ -9,7 +9,6 @@ import asyncio
 import math
 
 import pytest
-from fastapi.testclient import TestClient
 from starlette.responses import JSONResponse
 
 import chatrun
@@ -19,7 +18,7 @@ from chatrun.server.http import TurnReply
 from chatrun.server.session_gate import taken_at_once
 from chatrun.testing.fake_openai import echo
 from server_support import app_for_testclient, write_travel
-from test_http_turn_route import AUTH, BODIES, CALLERS, EXTRAS, PATHS, QUERIES
+from test_http_turn_route import AUTH, BODIES, CALLERS, EXTRAS, PATHS, QUERIES, answers
 
 
 def _takes_at_once(lock: asyncio.Lock) -> bool:
@@ -219,18 +218,8 @@ def test_a_whole_turns_events_are_what_iterating_the_turn_gives(tmp_path, fake, 
         auth = tmp_path / "auth.yaml"
         auth.write_text(AUTH)
         app = app_for_testclient([chatrun.load_bot(write_travel(tmp_path / name))], "memory://", auth=str(auth))
-        out = []
-        with TestClient(app) as client:
-            assert client.post("/bots/travel/sessions", json={"id": "mine"},
-                               headers={"Authorization": "Bearer ana-token-123"}).status_code == 201
-            for path, query, headers, body in requests:
-                r = client.post(f"{path}?{query}", content=body, headers={"content-type": "application/json", **headers})
-                kind = r.headers.get("content-type", "")
-                out.append((r.status_code, kind, r.headers.get("idempotent-replayed"),
-                            r.json() if kind.startswith("application/json") else r.text))
-            metrics = client.get("/metrics", headers={"Authorization": "Bearer ana-token-123"}).text
-        turns = sorted(line for line in metrics.splitlines() if line.startswith("chatrun_turns_total"))
-        return out, turns
+        turns: list[str] = []
+        return answers(app, requests, turns), turns
 
     mine = served("events")
     with monkeypatch.context() as patched:

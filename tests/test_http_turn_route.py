@@ -43,7 +43,8 @@ def served(tmp_path, fake, monkeypatch, solved_by_fastapi: bool):
         return app_for_testclient([chatrun.load_bot(write_travel(bots))], "memory://", auth=str(auth))
 
 
-def answers(app, requests) -> list[tuple]:
+def answers(app, requests, counted: list[str] | None = None) -> list[tuple]:
+    """Each request's answer; `counted` gets the turns the server counted (its chatrun_turns lines)."""
     out = []
     with TestClient(app) as client:
         assert client.post("/bots/travel/sessions", json={"id": "mine"},
@@ -53,6 +54,9 @@ def answers(app, requests) -> list[tuple]:
             kind = r.headers.get("content-type", "")
             seen = r.json() if kind.startswith("application/json") else r.text
             out.append((r.status_code, kind, r.headers.get("www-authenticate"), r.headers.get("idempotent-replayed"), seen))
+        if counted is not None:
+            metrics = client.get("/metrics", headers={"Authorization": "Bearer ana-token-123"}).text
+            counted += sorted(line for line in metrics.splitlines() if line.startswith("chatrun_turns_total"))
     return out
 
 

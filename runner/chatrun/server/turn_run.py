@@ -24,6 +24,7 @@ from chatrun.server.session_cache import Hold
 from chatrun.server.session_writes import SessionWrites
 from chatrun.server.turnlog import CANCELLED, CONFLICT, ERROR, REFUSED, TurnReport
 from chatrun.store.aio import AsyncStore
+from chatrun.store.buffer import TurnBuffer
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -117,21 +118,16 @@ class TurnRun:
             yield Event.from_dict(item)
 
     async def _run(self, hold: Hold, report: TurnReport) -> AsyncIterator[Event]:
-        session, slot = self._session, hold.slot
-        assert slot.buffer is not None
-        buffer = slot.buffer
-        buffer.request_id = self.request_id
-        number = session.turn_count + 1
+        if self._whole:  # nobody reads the events before the turn ends: the whole turn, then them
+            for event in await self._run_whole(hold, report):
+                yield event
+            return
+        session, buffer, number = self._begin(hold)
         try:
             with report.observing():
-                if self._whole:
-                    for event in await session.achat(self._message):
-                        report.saw(event)
-                        yield event
-                else:
-                    async for event in session.stream(self._message):
-                        report.saw(event)
-                        yield event
+                async for event in session.stream(self._message):
+                    report.saw(event)
+                    yield event
         except asyncio.CancelledError:  # stopped: the engine rolled the turn back; its record is kept
             await self._keep_stopped(session, hold, number)
             raise
@@ -140,12 +136,8 @@ class TurnRun:
         await self._ran(hold, report)
 
     async def _run_whole(self, hold: Hold, report: TurnReport) -> list[Event]:
-        """`_run` of a whole turn (Session.achat), as a coroutine."""
-        session, slot = self._session, hold.slot
-        assert slot.buffer is not None
-        buffer = slot.buffer
-        buffer.request_id = self.request_id
-        number = session.turn_count + 1
+        """`_run` of a whole turn (Session.achat), as a coroutine: its events once it has ended."""
+        session, buffer, number = self._begin(hold)
         try:
             with report.observing():
                 events = await session.achat(self._message)
@@ -158,6 +150,14 @@ class TurnRun:
             buffer.request_id = None
         await self._ran(hold, report)
         return events
+
+    def _begin(self, hold: Hold) -> tuple[Session, TurnBuffer, int]:
+        """The session, its buffer (marked with this turn's request id until the turn ends) and
+        the number the turn will have."""
+        buffer = hold.slot.buffer
+        assert buffer is not None
+        buffer.request_id = self.request_id
+        return self._session, buffer, self._session.turn_count + 1
 
     async def _ran(self, hold: Hold, report: TurnReport) -> None:
         """The turn ran: reported, then committed."""
