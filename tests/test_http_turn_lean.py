@@ -204,14 +204,16 @@ def test_the_turn_reply_renders_as_starlettes_json_response(content) -> None:
 
 def test_a_whole_turns_events_are_what_iterating_the_turn_gives(tmp_path, fake, monkeypatch) -> None:
     """Every request of test_http_turn_route's matrix (callers, queries, keys and replays, paths,
-    bodies), answered with TurnRun.events and with the iteration it replaces, and the turns they
-    report (the chatrun_turns counters)."""
+    bodies), answered with TurnRun.events (the whole turn in the request's task; iterating a whole
+    turn is it too) and with a streamed turn's iteration, and the turns they report (the
+    chatrun_turns counters)."""
     fake.responder = echo
     requests = [(PATHS[0], q, {**c, **e}, BODIES[0]) for c, q, e in zip(CALLERS * 3, QUERIES, EXTRAS * 4, strict=False)]
     requests += [(p, "", c, b) for p in PATHS for c in CALLERS[:3] for b in BODIES]
     requests += [(PATHS[0], "", {"Authorization": "Bearer ana-token-123", "Idempotency-Key": "same"}, BODIES[0])] * 2
 
-    async def iterated(self: turn_run.TurnRun) -> list:
+    async def iterated(self: turn_run.TurnRun) -> list:  # the streamed turn's iteration (its task and queue)
+        self._whole = False
         return [event async for event in self]
 
     def served(name: str) -> tuple[list, list]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from chatrun.errors import SessionError
 from chatrun.events import Event
@@ -73,6 +73,10 @@ class TurnRun:
         return self._events()
 
     async def _events(self) -> AsyncIterator[Event]:
+        if self._whole:  # nobody reads the events before the turn ends: the whole turn, then them
+            for event in await self.events():
+                yield event
+            return
         hold = self._hold_of()
         report = self._report()
         try:
@@ -85,10 +89,7 @@ class TurnRun:
                 if for_clients(event):  # the one filter every client's events pass
                     yield event
         except BaseException as exc:
-            failed = _failed(report, exc)
-            if failed is exc:
-                raise
-            raise failed from None
+            _reraise(report, exc)
         finally:
             report.finish()
 
@@ -103,10 +104,7 @@ class TurnRun:
                 return [event for event in self._replay(report) if for_clients(event)]
             return [event for event in await self._run_whole(hold, report) if for_clients(event)]
         except BaseException as exc:
-            failed = _failed(report, exc)
-            if failed is exc:
-                raise
-            raise failed from None
+            _reraise(report, exc)
         finally:
             report.finish()
 
@@ -118,10 +116,6 @@ class TurnRun:
             yield Event.from_dict(item)
 
     async def _run(self, hold: Hold, report: TurnReport) -> AsyncIterator[Event]:
-        if self._whole:  # nobody reads the events before the turn ends: the whole turn, then them
-            for event in await self._run_whole(hold, report):
-                yield event
-            return
         session, buffer, number = self._begin(hold)
         try:
             with report.observing():
@@ -180,6 +174,14 @@ class TurnRun:
             await self._writes.commit(hold.slot, session.id, hold.lease)
         except Exception as exc:  # a conflict, a store down: the live copy was dropped, the store is the truth
             log.warning("the record of stopped turn %s of session %s was not saved: %s", number, session.id, exc)
+
+
+def _reraise(report: TurnReport, exc: BaseException) -> NoReturn:
+    """Raise a turn's failure (`_failed`): `exc` itself, or what it becomes, without its context."""
+    failed = _failed(report, exc)
+    if failed is exc:
+        raise exc
+    raise failed from None
 
 
 def _failed(report: TurnReport, exc: BaseException) -> BaseException:
