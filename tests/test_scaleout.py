@@ -158,6 +158,7 @@ def test_kill_9_mid_turn_loses_nothing_acknowledged_and_retries_never_run_twice(
     acknowledged: dict[str, int] = {}  # request id -> turn, as the client was told
     sessions = ["k0", "k1", "k2"]
     retries: list[str] = []
+    in_flight: dict[str, int] = {}  # session -> the replica its request is waiting on
     try:
         async def client(http: httpx.AsyncClient, sid: str, n: int) -> None:
             """Send n messages, each with its own request id; on any failure retry the same id
@@ -165,6 +166,7 @@ def test_kill_9_mid_turn_loses_nothing_acknowledged_and_retries_never_run_twice(
             for i in range(n):
                 key, target = str(uuid.uuid4()), hash((sid, i)) % 3
                 while True:
+                    in_flight[sid] = target
                     try:
                         reply = await say(http, group[target], sid, f"{sid}-{i}", key)
                         if reply.status_code == 200:
@@ -172,14 +174,24 @@ def test_kill_9_mid_turn_loses_nothing_acknowledged_and_retries_never_run_twice(
                             break
                     except httpx.HTTPError:
                         pass  # the replica died under us: in doubt, retry with the same id
+                    finally:
+                        in_flight.pop(sid, None)
                     retries.append(key)
                     target = (target + 1) % 3
                     await asyncio.sleep(0.1)
 
         async def killer() -> None:
+            # Each round kills a replica a request is waiting on (the fake model answers in DELAY
+            # s, so the kill lands mid-turn), not one chosen by the clock: on a fast machine the
+            # clients may be between requests, or done, when a fixed time comes.
             for round_ in range(3):
-                await asyncio.sleep(0.6)
-                victim = group[round_ % 3]
+                await asyncio.sleep(0.3)
+                while not in_flight and len(acknowledged) < 24:
+                    await asyncio.sleep(0.01)
+                if not in_flight:
+                    return  # every turn answered: the assertion below says the kills hit nothing
+                busy = sorted(set(in_flight.values()))
+                victim = group[busy[round_ % len(busy)]]
                 victim.kill()  # kill -9, turns in flight
                 await asyncio.to_thread(victim.start)
 
