@@ -256,6 +256,7 @@ def _clear_caches() -> None:
 
     checks._analyse.cache_clear()
     checks._simple_expression.cache_clear()
+    checks.__dict__.get("_SHAPES", checks._analyse).cache_clear()  # (the shape memo: this tree only)
     for newer in ("_analyse_one_line", "_paths_read"):  # (an older checkout, with --before, has none)
         if hasattr(checks, newer):
             getattr(checks, newer).cache_clear()
