@@ -71,6 +71,11 @@ def _reads_arg(condition: str, name: str) -> bool:
     return re.search(rf"\bargs\s*(\.\s*{re.escape(name)}\b|\[\s*['\"]{re.escape(name)}['\"]\s*\])", condition) is not None
 
 
+# The checks' memos and shortcuts on a big bot's repeated shapes (a template read once per shape,
+# a state path judged once, ...). They change no diagnostic: tests/test_validate_shapes.py turns
+# them off and compares every diagnostic of a set of bots.
+MEMOS = True
+
 # Dict methods a template may call on state (`state.prefs.get('x')`): not state keys.
 _DICT_METHODS = frozenset({"get", "items", "keys", "values"})
 
@@ -91,6 +96,7 @@ class _Checker:
             _merge_decl(self.declared_scope, route.scope.local)
             _merge_decl(self.declared_scope, route.scope.shared)
         self.cache: dict[str, Any] = {}  # what the tool kinds' checks keep for this run
+        self.undeclared_paths: dict[str | tuple[str, ...], str | None] = {}  # `undeclared`, once per path
         self.defaults = [r.name for r in config.routes.values() if r.default]
         self.graph = RouteGraph.from_config(config)
         self.visibility = ScopeVisibility(config, self.graph)
@@ -900,6 +906,9 @@ class _Checker:
     def loops(self, tool: ToolConfig) -> None:
         """Moves that cannot work together: `execute` without a move runs the same route again with
         the same message (a loop); `call` with another move; `end` with a move or `execute`."""
+        action = tool.action  # a merge's flag is the case's or the action's: none set, no problem
+        if MEMOS and not any(a.end or a.call or a.execute for a in (action, *(case.action for case in action.cases))):
+            return
         for case, merged in tool.action.variants():
             if case is None:
                 at: tuple = ("action",)
@@ -949,7 +958,15 @@ class _Checker:
     # -- state paths ---------------------------------------------------------------
 
     def undeclared(self, path: str | tuple[str, ...]) -> str | None:
-        """Why a state path is not declared, or None when it is (or cannot be checked)."""
+        """Why a state path is not declared, or None when it is (or cannot be checked). Once per
+        path: the declarations do not change while the checks run, and a big bot reads the same
+        paths from many templates (`state.user_name` in every route's prompt)."""
+        known = self.undeclared_paths.get(path, self) if MEMOS else self
+        if known is self:
+            known = self.undeclared_paths[path] = self._undeclared(path)
+        return known  # type: ignore[return-value]
+
+    def _undeclared(self, path: str | tuple[str, ...]) -> str | None:
         parts = tuple(path.split(".")) if isinstance(path, str) else path
         if len(parts) < 2:
             return None
@@ -1309,7 +1326,7 @@ class _ShapeMemo:
 
     def analysis(self, source: str) -> _Analysis | None:
         parts = _DIGITS.split(source)  # text, run, text, run, ..., text
-        if len(parts) == 1 or not self.words_without_digits() or _SEP in source:
+        if len(parts) == 1 or not MEMOS or not self.words_without_digits() or _SEP in source:
             return _analyse_simple_text(source)
         first: dict[str, int] = {}
         key = ("0".join(parts[::2]), tuple([first.setdefault(run, len(first)) for run in parts[1::2]]))
