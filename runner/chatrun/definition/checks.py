@@ -97,6 +97,7 @@ class _Checker:
             _merge_decl(self.declared_scope, route.scope.shared)
         self.cache: dict[str, Any] = {}  # what the tool kinds' checks keep for this run
         self.undeclared_paths: dict[str | tuple[str, ...], str | None] = {}  # `undeclared`, once per path
+        self.fine_parameters: set[str | None] = set()  # `parameters` schemas found fine (their repr)
         self.defaults = [r.name for r in config.routes.values() if r.default]
         self.graph = RouteGraph.from_config(config)
         self.visibility = ScopeVisibility(config, self.graph)
@@ -933,6 +934,18 @@ class _Checker:
                 return
 
     def parameters(self, tool: ToolConfig) -> None:
+        """`parameters:` a JSON Schema of an object. What it says hangs on the schema alone (and
+        the tool's name in its words): a schema found fine once (the same text: `repr` tells
+        `1:` from `'1':`) is fine for every tool that has it."""
+        shape = repr(tool.parameters) if MEMOS else None
+        if shape in self.fine_parameters:
+            return
+        count = len(self.out)
+        self._parameters(tool)
+        if shape is not None and len(self.out) == count:
+            self.fine_parameters.add(shape)
+
+    def _parameters(self, tool: ToolConfig) -> None:
         base = ("tools", tool.name, "parameters")
         odd = _non_text_key(tool.parameters, ())
         if odd is not None:  # JSON Schema is JSON: `1:` or `true:` as a key has no meaning there
@@ -1021,6 +1034,8 @@ class _Checker:
             self.at_template_line(path, "error", f"template error in {what}: no {kind_} named `{unknown}`"
                                   f"{suggest(unknown, known)}", lineno)
         for ref, lineno in refs:
+            if MEMOS and len(ref) == 1 and (ref[0] in variables or ref[0] in ENV.globals):
+                continue  # a variable it may read, read whole: nothing to say (template_read's first answer)
             problem = self.template_read(ref, what, tool, variables, routes)
             if problem is not None:
                 self.at_template_line(path, undeclared if problem[0] is None else problem[0], problem[1], lineno)
