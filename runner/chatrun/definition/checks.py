@@ -1327,10 +1327,12 @@ class _ShapeMemo:
     """A simple template's reading, once per shape: the template with each run of digits written
     `0`, and which runs are the same run (5,000 generated routes' `{{ scope.form_17.field }}`,
     `state.visits > 17`). The reader decides by character classes (a digit is a digit, however
-    many), by words without digits (keywords, tests, dict methods, filter names: `_no_digit_words`)
-    and by comparing names; so a template whose digit runs are renamed one for one reads the
-    same paths with the runs renamed in them, at the same lines. Only readings by the simple
-    reader are kept (not Jinja's parser's: its literals have escapes)."""
+    many), by words without digits (keywords, tests, dict methods, filter names:
+    `words_without_digits`) and by comparing names; so a template whose digit runs are renamed one
+    for one reads the same paths with the runs renamed in them, at the same lines (a run is never
+    cut: a name or number ends where its digits do). Only readings by the simple reader are kept
+    (not Jinja's parser's: its literals have escapes). Which paths are declared and visible is
+    still judged for each template: that hangs on its names."""
 
     def __init__(self, size: int = 16384):
         self.size, self.vocabulary, self.usable = size, (-1, -1), False
