@@ -20,6 +20,9 @@ compose alone 0.68 s), schema 0.25 s, loader 0.69 s, checks 1.34 s. The goal, un
 the node tree alone is two thirds of it (bench/README.md, "Validating 5,000 routes").
 Second pass (2026-12-06, load average 9-10, 7 rounds): in process 3.08 / 3.21 s; the C loader alone
 1.97 / 2.00 s; in a child 3.14 / 3.24 s, main before (9805da5) 3.17 / 3.33 s (within noise). Not met.
+Third pass (2026-12-06, load average 5-7.5, 5 rounds; the checks' memos on repeated shapes): in process
+2.61 / 2.62 s; the C loader alone 1.78 / 1.91 s; in a child 2.56 / 2.65 s, main before (ba5cef0) 2.83 /
+2.92 s; the checks alone 0.85 / 0.91 s with the memos, 1.18 / 1.23 s without. Not met.
 """
 
 from __future__ import annotations
