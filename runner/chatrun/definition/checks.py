@@ -97,7 +97,7 @@ class _Checker:
             _merge_decl(self.declared_scope, route.scope.shared)
         self.cache: dict[str, Any] = {}  # what the tool kinds' checks keep for this run
         self.undeclared_paths: dict[str | tuple[str, ...], str | None] = {}  # `undeclared`, once per path
-        self.fine_parameters: set[str | None] = set()  # `parameters` schemas found fine (their repr)
+        self.fine_parameters: set[str] = set()  # `parameters` schemas found fine (their repr)
         self.defaults = [r.name for r in config.routes.values() if r.default]
         self.graph = RouteGraph.from_config(config)
         self.visibility = ScopeVisibility(config, self.graph)
@@ -937,12 +937,12 @@ class _Checker:
         """`parameters:` a JSON Schema of an object. What it says hangs on the schema alone (and
         the tool's name in its words): a schema found fine once (the same text: `repr` tells
         `1:` from `'1':`) is fine for every tool that has it."""
-        shape = repr(tool.parameters) if MEMOS else None
-        if shape in self.fine_parameters:
+        shape = repr(tool.parameters)
+        if MEMOS and shape in self.fine_parameters:
             return
         count = len(self.out)
         self._parameters(tool)
-        if shape is not None and len(self.out) == count:
+        if len(self.out) == count:
             self.fine_parameters.add(shape)
 
     def _parameters(self, tool: ToolConfig) -> None:
@@ -974,10 +974,10 @@ class _Checker:
         """Why a state path is not declared, or None when it is (or cannot be checked). Once per
         path: the declarations do not change while the checks run, and a big bot reads the same
         paths from many templates (`state.user_name` in every route's prompt)."""
-        known = self.undeclared_paths.get(path, self) if MEMOS else self
-        if known is self:
-            known = self.undeclared_paths[path] = self._undeclared(path)
-        return known  # type: ignore[return-value]
+        if MEMOS and path in self.undeclared_paths:
+            return self.undeclared_paths[path]
+        known = self.undeclared_paths[path] = self._undeclared(path)
+        return known
 
     def _undeclared(self, path: str | tuple[str, ...]) -> str | None:
         parts = tuple(path.split(".")) if isinstance(path, str) else path
