@@ -127,6 +127,11 @@ DETAILS = {
     "execute without a move": ("{else: {push: r23}}", "{else: {message: stay}}"),
     "a case that loops": ("then: {route: r23}}", "then: {route: r23, call: r2}}"),
     "state declared deeper": ("  visits: 0", "  visits: 0\n  form: {a1: {b2: null}}"),
+    "parameters that are no schema on one tool": ("{value: {type: string}}, required: [value]}\n    action:\n"
+                                                  "      set: {scope.form_7.field",
+                                                  "{value: {type: strng}}, required: [value]}\n    action:\n"
+                                                  "      set: {scope.form_7.field"),
+    "an unknown variable read whole": ("Step 24 field set to {{ args.value }}", "Step 24 field set to {{ arg }}"),
 }
 
 
