@@ -20,6 +20,9 @@ compose alone 0.68 s), schema 0.25 s, loader 0.69 s, checks 1.34 s. The goal, un
 the node tree alone is two thirds of it (bench/README.md, "Validating 5,000 routes").
 Second pass (2026-12-06, load average 9-10, 7 rounds): in process 3.08 / 3.21 s; the C loader alone
 1.97 / 2.00 s; in a child 3.14 / 3.24 s, main before (9805da5) 3.17 / 3.33 s (within noise). Not met.
+Third pass (2026-12-06, load average 5-7.5, 5 rounds; the checks' memos on repeated shapes): in process
+2.61 / 2.62 s; the C loader alone 1.78 / 1.91 s; in a child 2.56 / 2.65 s, main before (ba5cef0) 2.83 /
+2.92 s; the checks alone 0.85 / 0.91 s with the memos, 1.18 / 1.23 s without. Not met.
 """
 
 from __future__ import annotations
@@ -248,7 +251,34 @@ def _phases(path: Path) -> None:
     print(f"  phases (CPU): YAML parse + line marks {_ms(t1 - t0)}, schema {_ms(t2 - t1)}, "
           f"loader (dataclasses) {_ms(t3 - t2)}, checks {_ms(t4 - t3)} (of which the route graph {_ms(t5 - t4)}, "
           f"reading {len(templates):,} templates {_ms(t7 - t6)})")
+    _memos(config, sources)
     _floor(text)
+
+
+def _memos(config: object, sources: object, rounds: int = 5) -> None:
+    """The checks with their memos on repeated shapes and without (`checks.MEMOS`: a template
+    read once per shape, a state path and a tool's `parameters` judged once, ...), alternately,
+    CPU min / median of `rounds`."""
+    import gc
+
+    from chatrun.definition import checks
+
+    times: dict[bool, list[float]] = {True: [], False: []}
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for on in (True, False):
+                checks.MEMOS = on
+                _clear_caches()
+                start = time.process_time()
+                checks.run_checks(config, sources)  # type: ignore[arg-type]
+                times[on].append(time.process_time() - start)
+    finally:
+        checks.MEMOS = True
+        gc.enable()
+    on, off = times[True], times[False]
+    print(f"  the checks with their shape memos {_ms(min(on))} / {_ms(statistics.median(on))}, without "
+          f"{_ms(min(off))} / {_ms(statistics.median(off))} (CPU min / median of {rounds}, alternately)")
 
 
 def _clear_caches() -> None:
@@ -256,7 +286,7 @@ def _clear_caches() -> None:
 
     checks._analyse.cache_clear()
     checks._simple_expression.cache_clear()
-    for newer in ("_analyse_one_line", "_paths_read"):  # (an older checkout, with --before, has none)
+    for newer in ("_analyse_one_line", "_paths_read", "_SHAPES"):  # (an older checkout, with --before, has none)
         if hasattr(checks, newer):
             getattr(checks, newer).cache_clear()
     checks._check_schema.cache_clear()

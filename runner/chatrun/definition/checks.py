@@ -71,6 +71,11 @@ def _reads_arg(condition: str, name: str) -> bool:
     return re.search(rf"\bargs\s*(\.\s*{re.escape(name)}\b|\[\s*['\"]{re.escape(name)}['\"]\s*\])", condition) is not None
 
 
+# The checks' memos and shortcuts on a big bot's repeated shapes (a template read once per shape,
+# a state path judged once, ...). They change no diagnostic: tests/test_validate_shapes.py turns
+# them off and compares every diagnostic of a set of bots.
+MEMOS = True
+
 # Dict methods a template may call on state (`state.prefs.get('x')`): not state keys.
 _DICT_METHODS = frozenset({"get", "items", "keys", "values"})
 
@@ -91,6 +96,8 @@ class _Checker:
             _merge_decl(self.declared_scope, route.scope.local)
             _merge_decl(self.declared_scope, route.scope.shared)
         self.cache: dict[str, Any] = {}  # what the tool kinds' checks keep for this run
+        self.undeclared_paths: dict[str | tuple[str, ...], str | None] = {}  # `undeclared`, once per path
+        self.fine_parameters: set[str] = set()  # `parameters` schemas found fine (their repr)
         self.defaults = [r.name for r in config.routes.values() if r.default]
         self.graph = RouteGraph.from_config(config)
         self.visibility = ScopeVisibility(config, self.graph)
@@ -900,6 +907,9 @@ class _Checker:
     def loops(self, tool: ToolConfig) -> None:
         """Moves that cannot work together: `execute` without a move runs the same route again with
         the same message (a loop); `call` with another move; `end` with a move or `execute`."""
+        action = tool.action  # a merge's flag is the case's or the action's: none set, no problem
+        if MEMOS and not any(a.end or a.call or a.execute for a in (action, *(case.action for case in action.cases))):
+            return
         for case, merged in tool.action.variants():
             if case is None:
                 at: tuple = ("action",)
@@ -924,6 +934,18 @@ class _Checker:
                 return
 
     def parameters(self, tool: ToolConfig) -> None:
+        """`parameters:` a JSON Schema of an object. What it says hangs on the schema alone (and
+        the tool's name in its words): a schema found fine once (the same text: `repr` tells
+        `1:` from `'1':`) is fine for every tool that has it."""
+        shape = repr(tool.parameters)
+        if MEMOS and shape in self.fine_parameters:
+            return
+        count = len(self.out)
+        self._parameters(tool)
+        if len(self.out) == count:
+            self.fine_parameters.add(shape)
+
+    def _parameters(self, tool: ToolConfig) -> None:
         base = ("tools", tool.name, "parameters")
         odd = _non_text_key(tool.parameters, ())
         if odd is not None:  # JSON Schema is JSON: `1:` or `true:` as a key has no meaning there
@@ -949,7 +971,15 @@ class _Checker:
     # -- state paths ---------------------------------------------------------------
 
     def undeclared(self, path: str | tuple[str, ...]) -> str | None:
-        """Why a state path is not declared, or None when it is (or cannot be checked)."""
+        """Why a state path is not declared, or None when it is (or cannot be checked). Once per
+        path: the declarations do not change while the checks run, and a big bot reads the same
+        paths from many templates (`state.user_name` in every route's prompt)."""
+        if MEMOS and path in self.undeclared_paths:
+            return self.undeclared_paths[path]
+        known = self.undeclared_paths[path] = self._undeclared(path)
+        return known
+
+    def _undeclared(self, path: str | tuple[str, ...]) -> str | None:
         parts = tuple(path.split(".")) if isinstance(path, str) else path
         if len(parts) < 2:
             return None
@@ -1004,6 +1034,8 @@ class _Checker:
             self.at_template_line(path, "error", f"template error in {what}: no {kind_} named `{unknown}`"
                                   f"{suggest(unknown, known)}", lineno)
         for ref, lineno in refs:
+            if MEMOS and len(ref) == 1 and (ref[0] in variables or ref[0] in ENV.globals):
+                continue  # a variable it may read, read whole: nothing to say (template_read's first answer)
             problem = self.template_read(ref, what, tool, variables, routes)
             if problem is not None:
                 self.at_template_line(path, undeclared if problem[0] is None else problem[0], problem[1], lineno)
@@ -1285,9 +1317,105 @@ def _paths_read(source: str) -> tuple[tuple[str, ...], ...]:
 
 def _analyse_simple(source: str) -> _Analysis | None:
     """The same answer as Jinja's parser for templates made only of text and simple
-    expressions; None for anything else."""
+    expressions; None for anything else. Read once per shape (`_SHAPES`)."""
     if "{%" in source or "{#" in source:
         return None
+    return _SHAPES.analysis(source)
+
+
+class _ShapeMemo:
+    """A simple template's reading, once per shape: the template with each run of digits written
+    `0`, and which runs are the same run (5,000 generated routes' `{{ scope.form_17.field }}`,
+    `state.visits > 17`). The reader decides by character classes (a digit is a digit, however
+    many), by words without digits (keywords, tests, dict methods, filter names:
+    `words_without_digits`) and by comparing names; so a template whose digit runs are renamed one
+    for one reads the same paths with the runs renamed in them, at the same lines (a run is never
+    cut: a name or number ends where its digits do). Only readings by the simple reader are kept
+    (not Jinja's parser's: its literals have escapes). Which paths are declared and visible is
+    still judged for each template: that hangs on its names."""
+
+    def __init__(self, size: int = 16384):
+        self.size, self.vocabulary, self.usable = size, (-1, -1), False
+        self.kept: dict[tuple[str, tuple[int, ...]], _Reading] = {}
+
+    def cache_clear(self) -> None:
+        self.kept.clear()
+
+    def analysis(self, source: str) -> _Analysis | None:
+        parts = _DIGITS.split(source)  # text, run, text, run, ..., text
+        if len(parts) == 1 or not MEMOS or not self.words_without_digits() or _SEP in source:
+            return _analyse_simple_text(source)
+        first: dict[str, int] = {}
+        key = ("0".join(parts[::2]), tuple([first.setdefault(run, len(first)) for run in parts[1::2]]))
+        kept = self.kept.get(key)
+        if kept is not None:
+            renamed = kept.renamed(dict(zip(kept.runs, first, strict=True)))
+            if renamed is not None:
+                return renamed
+        found = _analyse_simple_text(source)
+        if found is not None and kept is None:
+            if len(self.kept) >= self.size:
+                self.kept.clear()
+            self.kept[key] = _Reading(tuple(first), found)
+        return found
+
+    def words_without_digits(self) -> bool:
+        """Whether the words the reader tells apart from names have no digits (a filter `b64`
+        beside a name `b65` would read differently: no shapes then). Looked at again when a
+        filter or test is added."""
+        vocabulary = (len(ENV.filters), len(ENV.tests))
+        if vocabulary != self.vocabulary:
+            words = (*ENV.filters, *ENV.tests, *_KEYWORDS, *_OPERATOR_WORDS, *_CONSTANTS, *_TESTS_AFTER_IS,
+                     *_DICT_METHODS)
+            self.vocabulary, self.usable = vocabulary, not any(_HAS_DIGIT.search(word) for word in words)
+        return self.usable
+
+
+class _Reading:
+    """One template's reading, kept for the templates of its shape: its digit runs (in the order
+    first seen), and where they are in the paths and names it read (most have none: reused whole)."""
+
+    def __init__(self, runs: tuple[str, ...], analysis: _Analysis):
+        self.runs, self.analysis = runs, analysis
+        self.refs = [None if not _HAS_DIGIT.search(_SEP.join(path)) else _DIGITS.split(_SEP.join(path))
+                     for path, _ in analysis[0]]
+        self.names = [None if not _HAS_DIGIT.search(name) else _DIGITS.split(name) for _, name, _ in analysis[1]]
+        self.plain = not any(self.refs) and not any(self.names)
+
+    def renamed(self, runs: dict[str, str]) -> _Analysis | None:
+        """The reading with each digit run replaced as `runs` says (None if one is not there)."""
+        if self.plain:
+            return self.analysis
+        try:
+            refs = tuple(ref if pieces is None else (tuple(_put(pieces, runs).split(_SEP)), ref[1])
+                         for ref, pieces in zip(self.analysis[0], self.refs, strict=True))
+            names = tuple(entry if pieces is None else (entry[0], _put(pieces, runs), entry[2])
+                          for entry, pieces in zip(self.analysis[1], self.names, strict=True))
+        except KeyError:
+            return None
+        return refs, names
+
+
+def _put(pieces: list[str], runs: dict[str, str]) -> str:
+    """Text split around its digit runs, joined again with each run replaced."""
+    out = list(pieces)
+    out[1::2] = [runs[run] for run in pieces[1::2]]
+    return "".join(out)
+
+
+_SEP = "\x1f"  # between a path's parts while its runs are replaced (no name holds it)
+
+
+# ASCII digits (the runs renamed): a digit of another script stays in the text compared whole.
+_DIGITS = re.compile(r"([0-9]+)")
+_HAS_DIGIT = re.compile(r"[0-9]")
+
+
+_SHAPES = _ShapeMemo()
+
+
+def _analyse_simple_text(source: str) -> _Analysis | None:
+    """`_analyse_simple` of one text (no shape memo)."""
     if "\n" not in source:  # one line: what it reads hangs on its expressions alone
         expressions = tuple(_SIMPLE.findall(source))
         if source.count("{{") != len(expressions):
