@@ -696,7 +696,7 @@ class Session:
         self._sink = collect
         # The span's attributes are read only when spans are recorded (tracing off: OFF, as turn_span says).
         span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"),
-                                 self.bot_version) if tracing.recording() else tracing.OFF
+                                 self.bot_version) if turn.recorded else tracing.OFF
         try:
             with span as current:
                 await turn.run()

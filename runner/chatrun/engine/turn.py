@@ -137,6 +137,10 @@ class Turn:
         self.answers: list[dict[str, Any]] = []
         self.nudged = False  # an empty answer was asked again (once per turn)
         self.asked_to_cite = False  # an answer that cited nothing (`cite: required`) was asked again (once)
+        # Whether the turn's spans are recorded, read once per turn: a tracer provider set while a
+        # turn runs counts from the next one (each reading costs ~10,000 instructions: OpenTelemetry
+        # looks its provider's variable up in os.environ every time; issue 39).
+        self.recorded = tracing.recording()
 
     @functools.cached_property
     def calls(self) -> ToolCalls:
@@ -266,8 +270,9 @@ class Turn:
         sender = batcher.send if batcher is not None else None
         # Output guards hold the stream until checked: the one place chunks leave the engine.
         hold = OutputHold(guard, sender) if sender is not None and guard is not None and guard.holds_output() else None
-        with tracing.chat_span(model_config.provider, model_config.name, route.name,
-                               model_config.temperature) as span:
+        chat = tracing.chat_span(model_config.provider, model_config.name, route.name,
+                                 model_config.temperature) if self.recorded else tracing.OFF
+        with chat as span:
             try:
                 response, used, switches = await self.call_model(request, hold.chunk if hold is not None else sender)
             finally:
