@@ -704,7 +704,8 @@ class Session:
                     kept = _storage(self.bot.config, [*turn.hops, self.route])
                     tracing.record_turn(current, kept(entry["input"]), kept([e.data for e in collected if e.for_user
                                                                              and e.type in (ev.MESSAGE, ev.OBJECT)]))
-                await turn.summarize()  # after the reply: it never delays the user's answer
+                if turn.may_summarize():  # a `summary` memory is loaded (most bots have none)
+                    await turn.summarize()  # after the reply: it never delays the user's answer
             if self._c.config.outcomes:  # before the turn is counted: its Outcome event belongs to it
                 outcomes.decide(self._c, turn.number, collected, isinstance(decision, Expire),
                                 _expire_now(decision) or self._c.now(), self._emit)

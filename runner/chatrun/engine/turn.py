@@ -452,6 +452,12 @@ class Turn:
 
     # -- summaries --------------------------------------------------------------
 
+    def may_summarize(self) -> bool:
+        """Whether summarize() has anything to look at: a `summary` memory among those loaded.
+        Most turns have none, and the look (the live scopes' memory ids) cost ~20,000 instructions
+        a turn (issue 39)."""
+        return self.t.c.has_loaded(SummaryMemory)
+
     async def summarize(self) -> None:
         """After the reply: fold what `summary` memories have outgrown into their running
         summaries. A failed summary fails nothing: the memory stays as it is (larger than its
