@@ -400,7 +400,8 @@ class Turn:
             self.t.emit(ev.MESSAGE, text)
             if run.cited:  # a route without knowledge never enters engine/grounding.py
                 grounding.send_sources(self.t, run.cited)
-        self.t.offer(route.choices, f"route {route.name} choices", route.where)
+        if route.choices is not None:  # no choices, no event: most answers skip the call and its label
+            self.t.offer(route.choices, f"route {route.name} choices", route.where)
         return NextStepFinalOutput()
 
     def apply_output(self, route: RouteConfig, value: Any) -> None:
