@@ -102,8 +102,7 @@ def create_app(
         exception_handlers=ERROR_HANDLERS,
     )
     # What the endpoints reach through request.app.state (chatrun.server.plumbing).
-    app.state = ServerState()
-    app.state.registry, app.state.auth, app.state.limits = registry, auth_config, limits
+    app.state = ServerState(registry=registry, auth=auth_config, limits=limits)
     app.state.metrics, app.state.default_bot = registry.metrics, next(iter(loaded))
     _add_routes(app, registry, limits, openai)
     policy = edge or EdgePolicy(max_body_bytes=limits.max_frame_bytes)

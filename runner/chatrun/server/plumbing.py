@@ -54,6 +54,11 @@ class ServerState(State):
     and deleted as State is, by attribute or by key, the two kept the same
     (tests/test_http_turn_route.py)."""
 
+    def __init__(self, **values: Any) -> None:
+        super().__init__()
+        for key, value in values.items():
+            setattr(self, key, value)
+
     def __setattr__(self, key: str, value: Any) -> None:
         self._state[key] = value
         object.__setattr__(self, key, value)
