@@ -50,7 +50,7 @@ _observer: ContextVar[Observer | None] = ContextVar("chatrun_observer", default=
 class observing:  # lower case: it reads as a `with` clause
     """Report the measurements of turns run inside this block (and the tasks it starts) to `observer`.
     A class, not a generator context manager: one a turn, and the generator's machinery cost
-    ~8,000 instructions more (issue 39)."""
+    ~10,000 instructions more (16,800 against 6,200; issue 39)."""
 
     __slots__ = ("_observer", "_token")
 

@@ -42,7 +42,7 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     def add(self, other: Usage) -> None:
-        # TOKEN_KEYS written out (not getattr/setattr by name: 7,200 -> ~2,500 instructions, twice
+        # TOKEN_KEYS written out (not getattr/setattr by name: 7,200 -> 2,900 instructions, twice
         # a turn; issue 39); tests/test_usage.py adds every one of them.
         self.input_tokens += other.input_tokens
         self.output_tokens += other.output_tokens
