@@ -90,3 +90,52 @@ def test_a_query_boolean_takes_pydantics_words_in_any_case(value):
     assert http._query_bool({"stream": value}, "stream") is True
     assert http._query_bool({"stream": {"1": "0", "on": "off", "t": "f", "true": "false", "y": "n",
                                         "yes": "no"}[value.lower()]}, "stream") is False
+
+
+@pytest.mark.parametrize("raw", [
+    [], [(b"accept", b"text/event-stream")], [(b"idempotency-key", b"k1"), (b"idempotency-key", b"k2")],
+    [(b"host", b"x"), (b"content-length", b"12"), (b"x-api-key", b"t")], [(b"authorization", b"Bearer \xe9")],
+    [(b"accept-encoding", b"gzip"), (b"accept", b"")],
+])
+@pytest.mark.parametrize("query", [b"", b"token=t", b"stream=1"])
+def test_headers_read_from_the_scope_are_starlettes(raw, query):
+    # plumbing.header and carries_token read the scope's list without starlette's Headers: the same answers.
+    from starlette.datastructures import Headers
+    from starlette.requests import Request
+
+    from chatrun.server.auth import TOKEN_HEADERS, TOKEN_QUERY
+    from chatrun.server.plumbing import carries_token, header
+
+    request = Request({"type": "http", "headers": list(raw), "query_string": query})
+    headers = Headers(scope={"headers": list(raw)})
+    for name in ("accept", "idempotency-key", "content-length", "authorization", "x-api-key", "host"):
+        assert header(request, name.encode()) == headers.get(name)
+    assert carries_token(request) == (any(h in headers for h in TOKEN_HEADERS)
+                                      or bool(query) and TOKEN_QUERY in request.query_params)
+
+
+def test_the_apps_state_reads_what_was_written_however_it_was_written():
+    # plumbing.ServerState keeps each value as a plain attribute beside starlette's dict: every way
+    # State writes or deletes keeps the two the same, so a read never sees an older value.
+    from chatrun.server.plumbing import ServerState
+
+    state = ServerState()
+    state.auth = "a"
+    state["auth"] = "b"
+    assert state.auth == state["auth"] == state._state["auth"] == "b"
+    state.limits = 1
+    assert state["limits"] == 1 and state.limits == 1
+    del state["limits"]
+    with pytest.raises(AttributeError):
+        state.limits  # noqa: B018
+    assert getattr(state, "limits", None) is None and "limits" not in state._state
+    state.edge = 2
+    del state.edge
+    assert getattr(state, "edge", None) is None and "edge" not in state._state
+    state["edge"] = 3
+    assert state.edge == 3
+
+
+def test_the_served_app_keeps_its_values_as_attributes(tmp_path, fake, monkeypatch):
+    app = served(tmp_path, fake, monkeypatch, solved_by_fastapi=False)
+    assert {"registry", "auth", "limits", "edge"} <= set(vars(app.state)) and vars(app.state)["edge"] is app.state.edge

@@ -124,3 +124,20 @@ def test_usage_to_dict_copy_and_from_dict_agree_with_its_fields():
     copied = usage.copy()
     assert copied == usage and copied is not usage
     assert Usage.from_dict(usage.to_dict()) == usage
+
+
+def test_usage_add_sums_every_token_key_cost_calls_and_estimated():
+    # Usage.add writes the token keys out by name: each of TOKEN_KEYS must be summed.
+    from chatrun.engine.usage import TOKEN_KEYS, Usage
+
+    for i, key in enumerate(TOKEN_KEYS):
+        total, other = Usage(), Usage(calls=1)
+        setattr(total, key, 10 + i)
+        setattr(other, key, 5)
+        total.add(other)
+        assert getattr(total, key) == 15 + i and total.calls == 1
+        assert all(getattr(total, k) == 0 for k in TOKEN_KEYS if k != key)
+    total = Usage(cost=None)
+    total.add(Usage(cost=0.5, estimated=True))
+    total.add(Usage(cost=None))
+    assert total.cost == 0.5 and total.estimated

@@ -45,3 +45,39 @@ def test_client_json_that_json_loads_refuses_is_a_bad_request(text):
     with pytest.raises(wire.RequestFailed) as caught:
         wire.load_json(text, "frame")
     assert caught.value.reason == wire.BAD_REQUEST and "not valid JSON" in caught.value.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=6) | st.sampled_from([b"", b"{", b"{}", b"\xef\xbb\xbf{}", b"\xff\xfe{\x00}\x00", b"\xfe\xff\x00{",
+                                                 b"{\x00}\x00", b"\x00{\x00}", b"{\x00\x00\x00", b"\x00\x00\x00{", b"\x7f\x01"]))
+def test_a_body_s_encoding_is_the_one_json_detect_encoding_says(data):
+    # _encoding_of answers the usual UTF-8 without json.detect_encoding's tests: the same answer for any bytes.
+    assert wire._encoding_of(data) == json.detect_encoding(data)
+    assert wire._encoding_of(bytearray(data)) == json.detect_encoding(data)
+
+
+@pytest.mark.parametrize("form", ["str", "utf-8", "utf-16", "utf-32"])
+@pytest.mark.parametrize("depth, refused", [(wire.MAX_JSON_DEPTH, False), (wire.MAX_JSON_DEPTH + 1, True)])
+@pytest.mark.parametrize("decoy", ["", "{[{["])
+def test_nesting_is_refused_past_the_limit_however_the_brackets_are_counted(form, depth, refused, decoy):
+    # The depth walk is skipped only for text with at most MAX_JSON_DEPTH brackets: strings' brackets
+    # (the decoy) count too, never fewer than the containers, in every encoding a body may come in.
+    text = '"x"'
+    for level in range(depth):
+        text = f"[{text}]" if level % 2 else f'{{"k{level}": {text}, "s": "{decoy}"}}'
+    given_text = text if form == "str" else text.encode(form)
+    assert json.loads(given_text)  # valid JSON, nested `depth` levels
+    if refused:
+        with pytest.raises(wire.RequestFailed) as caught:
+            wire.load_json(given_text, "body")
+        assert "nested deeper" in caught.value.message
+    else:
+        assert wire.load_json(given_text, "body") == json.loads(given_text)
+
+
+@pytest.mark.parametrize("body", [b'{"userMessage": "\\ud800"}', b'{"userMessage": "\\uDBFF x"}',
+                                  '{"userMessage": "a\ud800b"}'.encode("utf-8", "surrogatepass")])
+def test_a_body_s_lone_surrogate_is_refused_escaped_or_raw(body):
+    with pytest.raises(wire.RequestFailed) as caught:
+        wire.load_json(bytearray(body), "body")
+    assert "surrogate" in caught.value.message

@@ -347,6 +347,13 @@ class Conversation:
             if memory.ephemeral:
                 memory.clear()
 
+    def has_loaded(self, kind: type[ChatMemory]) -> bool:
+        """Whether a memory of this kind was loaded (live or not)."""
+        for memory in self._memories:
+            if isinstance(memory, kind):
+                return True
+        return False
+
     def loaded_memories(self) -> list[tuple[str, str, ChatMemory]]:
         """(memory id, route, memory) of the memories loaded so far, in the live scopes."""
         live = set(self.live_memory_ids())

@@ -9,9 +9,8 @@ here is a no-op costing one ContextVar lookup.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -48,15 +47,24 @@ class Observer(Protocol):
 _observer: ContextVar[Observer | None] = ContextVar("chatrun_observer", default=None)
 
 
-@contextlib.contextmanager
-def observing(observer: Observer | None) -> Iterator[None]:
-    """Report the measurements of turns run inside this block (and the tasks it starts) to `observer`."""
-    token = _observer.set(observer)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ValueError):  # left from another context (a generator closed elsewhere)
-            _observer.reset(token)
+class observing:  # lower case: it reads as a `with` clause
+    """Report the measurements of turns run inside this block (and the tasks it starts) to `observer`.
+    A class, not a generator context manager: one a turn, and the generator's machinery cost
+    ~10,000 instructions more (16,800 against 6,200; issue 39)."""
+
+    __slots__ = ("_observer", "_token")
+
+    def __init__(self, observer: Observer | None):
+        self._observer = observer
+
+    def __enter__(self) -> None:
+        self._token = _observer.set(self._observer)
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            _observer.reset(self._token)
+        except ValueError:  # left from another context (a generator closed elsewhere)
+            pass
 
 
 def active() -> bool:

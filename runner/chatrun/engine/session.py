@@ -696,7 +696,7 @@ class Session:
         self._sink = collect
         # The span's attributes are read only when spans are recorded (tracing off: OFF, as turn_span says).
         span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"),
-                                 self.bot_version) if tracing.recording() else tracing.OFF
+                                 self.bot_version) if turn.recorded else tracing.OFF
         try:
             with span as current:
                 await turn.run()
@@ -704,7 +704,8 @@ class Session:
                     kept = _storage(self.bot.config, [*turn.hops, self.route])
                     tracing.record_turn(current, kept(entry["input"]), kept([e.data for e in collected if e.for_user
                                                                              and e.type in (ev.MESSAGE, ev.OBJECT)]))
-                await turn.summarize()  # after the reply: it never delays the user's answer
+                if turn.may_summarize():  # a `summary` memory is loaded (most bots have none)
+                    await turn.summarize()  # after the reply: it never delays the user's answer
             if self._c.config.outcomes:  # before the turn is counted: its Outcome event belongs to it
                 outcomes.decide(self._c, turn.number, collected, isinstance(decision, Expire),
                                 _expire_now(decision) or self._c.now(), self._emit)

@@ -137,6 +137,10 @@ class Turn:
         self.answers: list[dict[str, Any]] = []
         self.nudged = False  # an empty answer was asked again (once per turn)
         self.asked_to_cite = False  # an answer that cited nothing (`cite: required`) was asked again (once)
+        # Whether the turn's spans are recorded, read once per turn: a tracer provider set while a
+        # turn runs counts from the next one (each reading costs ~10,000 instructions: OpenTelemetry
+        # looks its provider's variable up in os.environ every time; issue 39).
+        self.recorded = tracing.recording()
 
     @functools.cached_property
     def calls(self) -> ToolCalls:
@@ -266,8 +270,9 @@ class Turn:
         sender = batcher.send if batcher is not None else None
         # Output guards hold the stream until checked: the one place chunks leave the engine.
         hold = OutputHold(guard, sender) if sender is not None and guard is not None and guard.holds_output() else None
-        with tracing.chat_span(model_config.provider, model_config.name, route.name,
-                               model_config.temperature) as span:
+        chat = tracing.chat_span(model_config.provider, model_config.name, route.name,
+                                 model_config.temperature) if self.recorded else tracing.OFF
+        with chat as span:
             try:
                 response, used, switches = await self.call_model(request, hold.chunk if hold is not None else sender)
             finally:
@@ -395,7 +400,8 @@ class Turn:
             self.t.emit(ev.MESSAGE, text)
             if run.cited:  # a route without knowledge never enters engine/grounding.py
                 grounding.send_sources(self.t, run.cited)
-        self.t.offer(route.choices, f"route {route.name} choices", route.where)
+        if route.choices is not None:  # no choices, no event: most answers skip the call and its label
+            self.t.offer(route.choices, f"route {route.name} choices", route.where)
         return NextStepFinalOutput()
 
     def apply_output(self, route: RouteConfig, value: Any) -> None:
@@ -446,6 +452,12 @@ class Turn:
         return [ContextMessage(text)] if text else []
 
     # -- summaries --------------------------------------------------------------
+
+    def may_summarize(self) -> bool:
+        """Whether summarize() has anything to look at: a `summary` memory among those loaded.
+        Most turns have none, and the look (the live scopes' memory ids) cost ~20,000 instructions
+        a turn (issue 39)."""
+        return self.t.c.has_loaded(SummaryMemory)
 
     async def summarize(self) -> None:
         """After the reply: fold what `summary` memories have outgrown into their running

@@ -42,8 +42,12 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     def add(self, other: Usage) -> None:
-        for key in TOKEN_KEYS:
-            setattr(self, key, getattr(self, key) + getattr(other, key))
+        # TOKEN_KEYS written out (not getattr/setattr by name: 7,200 -> 2,900 instructions, twice
+        # a turn; issue 39); tests/test_usage.py adds every one of them.
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cached_input_tokens += other.cached_input_tokens
+        self.reasoning_tokens += other.reasoning_tokens
         if other.cost is not None:
             self.cost = (self.cost or 0.0) + other.cost
         self.calls += other.calls

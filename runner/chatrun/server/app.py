@@ -38,6 +38,7 @@ from chatrun.server.metrics import ServerMetrics
 from chatrun.server.openai_api import OpenAIOptions, OpenAIState, make_openai_router
 from chatrun.server.outbox import OutboxSettings, OutboxWorker, make_outbox_router
 from chatrun.server.pending_api import make_pending_router
+from chatrun.server.plumbing import ServerState
 from chatrun.server.reload import Watchers
 from chatrun.server.sessions import SessionRegistry, SessionSettings
 from chatrun.server.site import add_site_routes
@@ -101,7 +102,7 @@ def create_app(
         exception_handlers=ERROR_HANDLERS,
     )
     # What the endpoints reach through request.app.state (chatrun.server.plumbing).
-    app.state.registry, app.state.auth, app.state.limits = registry, auth_config, limits
+    app.state = ServerState(registry=registry, auth=auth_config, limits=limits)
     app.state.metrics, app.state.default_bot = registry.metrics, next(iter(loaded))
     _add_routes(app, registry, limits, openai)
     policy = edge or EdgePolicy(max_body_bytes=limits.max_frame_bytes)

@@ -55,6 +55,7 @@ from chatrun.server.plumbing import (
     Registry,
     authenticate,
     base64_size,
+    header,
     limits_of,
     read_json_object,
     read_limited,
@@ -283,7 +284,7 @@ async def send_message(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description="a retry with the same key replays the committed turn instead of running it again")] = None,
 ) -> Any:
     turn = TurnRequest(bot, session_id, who, await _message_body(request), if_busy, idempotency_key)
-    if stream or "text/event-stream" in request.headers.get("accept", ""):
+    if stream or "text/event-stream" in (header(request, b"accept") or ""):
         # Fail before the stream starts when the session is unknown or not the caller's.
         async with turn.session(registry):
             pass
@@ -327,7 +328,7 @@ async def send_message_direct(request: Request) -> Response:
     path = request.path_params
     response: Response = await send_message(path["bot"], path["session_id"], request, who, registry_of(request),
                                             stream, query.get("ifBusy") if query is not None else None,
-                                            request.headers.get("idempotency-key"))
+                                            header(request, b"idempotency-key"))
     return response
 
 

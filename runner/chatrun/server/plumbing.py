@@ -18,11 +18,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Annotated, Any, ClassVar
 
 from fastapi import Depends, Request
+from starlette.datastructures import State
 from starlette.requests import HTTPConnection
 
 from chatrun.engine.bot import Bot
 from chatrun.server import wire
-from chatrun.server.auth import API_KEY, AUTHORIZATION, TOKEN_QUERY, Auth, Principal, token_from
+from chatrun.server.auth import TOKEN_HEADERS, TOKEN_QUERY, Auth, Principal, token_from
 from chatrun.server.guard import EdgePolicy, Refused, read_body
 from chatrun.server.sessions import SessionRegistry
 from chatrun.server.widget_identity import IdentityRefused, is_widget_token, widget_principal
@@ -46,6 +47,33 @@ class WidgetRefused(Unauthorized):
         wire.RequestFailed.__init__(self, wire.UNAUTHORIZED, f"unauthorized: {message}")
 
 
+class ServerState(State):
+    """The app's `state` (what the endpoints reach through request.app.state), its values kept as
+    plain attributes too: starlette's State answers every read through `__getattr__`, after the
+    ordinary lookup failed (~6,000 instructions a read, and a turn reads five: issue 39). Written
+    and deleted as State is, by attribute or by key, the two kept the same
+    (tests/test_http_turn_route.py)."""
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__()
+        for key, value in values.items():
+            setattr(self, key, value)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self._state[key] = value
+        object.__setattr__(self, key, value)
+
+    def __delattr__(self, key: str) -> None:
+        del self._state[key]
+        object.__delattr__(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.__setattr__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.__delattr__(key)
+
+
 def authenticate(connection: HTTPConnection) -> Principal | None:
     """The principal of a request or WebSocket; None when auth is off (every caller is anonymous).
     A widget's token (a signed identity or an anonymous visitor) is checked first, against the
@@ -67,9 +95,24 @@ def authenticate(connection: HTTPConnection) -> Principal | None:
 
 def carries_token(connection: HTTPConnection) -> bool:
     """Whether a request has any of the places a token is carried (auth.py's token_from)."""
-    headers = connection.headers
-    return (AUTHORIZATION in headers or API_KEY in headers
-            or bool(connection.scope.get("query_string")) and TOKEN_QUERY in connection.query_params)
+    for key, _ in connection.scope["headers"]:
+        if key in _TOKEN_HEADERS:
+            return True
+    return bool(connection.scope.get("query_string")) and TOKEN_QUERY in connection.query_params
+
+
+_TOKEN_HEADERS = tuple(name.encode("latin-1") for name in TOKEN_HEADERS)
+
+
+def header(connection: HTTPConnection, name: bytes) -> str | None:
+    """`connection.headers.get(name)` (`name` in lower case): the first header of that name,
+    read from the scope's own list without building starlette's Headers (a turn asks for three
+    headers, two of them absent: Headers.get raises and catches a KeyError for each; issue 39).
+    tests/test_http_turn_route.py holds it to Headers.get."""
+    for key, value in connection.scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
 
 
 def _widget_caller(connection: HTTPConnection, token: str) -> Principal:
@@ -163,7 +206,7 @@ async def read_limited(request: Request, limit: int, over: Callable[[], str]) ->
     """The request's body, read as it arrives and refused as soon as it passes `limit` bytes
     (TooLarge, with the message `over()` gives) or the edge's body timeout (RequestTimeout):
     never more than the limit is held. Checked from Content-Length first."""
-    length = request.headers.get("content-length", "")
+    length = header(request, b"content-length") or ""
     if length.isdigit() and int(length) > limit:
         raise wire.RequestFailed(wire.TOO_LARGE, f"body of {length} bytes: {over()}")
     edge = getattr(request.app.state, "edge", None)
