@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 import websockets
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import chatrun
@@ -552,6 +552,14 @@ def test_an_include_outside_the_bot_directory_is_an_error(tmp_path):
     assert any("outside the bot directory" in d.message for d in caught.value.diagnostics)
 
 
+def documented_refusal(case) -> bool:
+    """A request each of whose values the document allows, refused for a rule across two of them
+    that OpenAPI cannot state (docs/operators.md states it, tests/test_operator_inbox.py tests it):
+    GET /pending's `order=recent` with `role` or `older_than` is a 400 naming the default order."""
+    query = case.query or {}
+    return case.path == "/pending" and query.get("order") == "recent" and bool({"role", "older_than"} & set(query))
+
+
 @pytest.mark.slow  # ~13 s of CPU: schemathesis walks every operation
 def test_the_api_conforms_to_its_openapi_document(travel, fake):
     """schemathesis with every check, positive and negative data, against the app (bounded:
@@ -578,6 +586,7 @@ def test_the_api_conforms_to_its_openapi_document(travel, fake):
                    derandomize=True)  # the same examples every run: CI does not flake
         @given(case=operation.as_strategy(generation_mode=mode))
         def check(case):
+            assume(not documented_refusal(case))
             ran[0] += 1
             case.call_and_validate(checks=every_check)
 
