@@ -45,3 +45,33 @@ def test_client_json_that_json_loads_refuses_is_a_bad_request(text):
     with pytest.raises(wire.RequestFailed) as caught:
         wire.load_json(text, "frame")
     assert caught.value.reason == wire.BAD_REQUEST and "not valid JSON" in caught.value.message
+
+
+# Strings that look like JSON's structure: brackets, quotes, backslashes and escapes of them.
+_TRICKY_TEXT = st.text(alphabet=st.sampled_from(list('[]{}"\\\\/nu"é x')), max_size=8)
+_NESTED = st.recursive(
+    st.none() | st.booleans() | st.integers() | _TRICKY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TRICKY_TEXT, inner, max_size=3),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_NESTED, st.integers(min_value=0, max_value=12), st.booleans(), st.sampled_from(["str", "bytes", "bytearray"]),
+       st.sampled_from([None, 1]))
+def test_the_depth_read_from_the_text_is_the_depth_of_the_values(value, limit, ascii_only, form, indent):
+    # wire.load_json reads a UTF-8 text's depth from the text (issue 39): the same verdict as the walk.
+    text = json.dumps(value, ensure_ascii=ascii_only, indent=indent)
+    given_text = text if form == "str" else text.encode() if form == "bytes" else bytearray(text.encode())
+    assert wire._text_depth_applies(given_text)
+    assert wire._text_deeper_than(given_text, limit) == wire._deeper_than(value, limit)
+
+
+def test_a_text_deeper_than_the_limit_is_refused_and_one_at_it_read():
+    at_limit = "[" * wire.MAX_JSON_DEPTH + '"]\\\\\\"["' + "]" * wire.MAX_JSON_DEPTH
+    assert wire.load_json(at_limit.encode(), "body") is not None
+    assert wire.load_json('{"a": "' + "[" * 100 + '"}', "body") == {"a": "[" * 100}
+    with pytest.raises(wire.RequestFailed, match="nested deeper than 64"):
+        wire.load_json(("[" * 65 + "]" * 65).encode(), "body")
+    with pytest.raises(wire.RequestFailed, match="nested deeper than 64"):  # UTF-16: the values are walked
+        wire.load_json(("[" * 65 + "]" * 65).encode("utf-16"), "body")
