@@ -181,6 +181,9 @@ class TurnIndex:
         # Redis shared by replicas); a store of the user's without RecordStore keeps them in
         # this process only.
         self.records = registry.store
+        # A store that keeps a record's JSON text at once is given the session's own snapshot, not
+        # a copy: the request holds the session until the record is written.
+        self._snapshot_uncopied = getattr(registry.store, "records_as_text", False) is True
         if getattr(registry.store, "records", True) is None:
             log.warning("the store %s keeps no records: the OpenAI API's session index lives in this process only",
                         registry.store.url)
@@ -470,7 +473,7 @@ def _key_after(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) ->
     """The prefix key of the conversation `running` hashed followed by `more`."""
     hashed = running.copy()
     if more:
-        hashed.update(("," if nonempty else "").encode() + _JSON(list(more))[1:-1].encode())
+        hashed.update(("," if nonempty else "").encode() + _pairs_json(more).encode())
     hashed.update(b"]]")
     digest: str = hashed.hexdigest()
     return "openai:prefix:" + digest
@@ -478,6 +481,24 @@ def _key_after(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) ->
 
 def _JSON(value: Any) -> str:  # noqa: N802 - the one spelling of the key's JSON text
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+_TEXT_JSON = json.encoder.encode_basestring  # a str as _JSON writes it (not ASCII-only): the encoder's own function
+_PAIR_OPENERS = {"user": '["user",', "assistant": '["assistant",'}  # what _JSON writes before a pair's text
+_ROLE, _TEXT = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def _pairs_json(pairs: Sequence[tuple[str, str]]) -> str:
+    """`_JSON(list(pairs))[1:-1]`, the same text, in C-level passes over the pairs: every request
+    hashes the conversation it resends, and the encoder's walk of its pairs cost ~0.25 M
+    instructions at 40 turns (issue 39). A pair of another role than the user's or the
+    assistant's (none is: conversation_of) takes the encoder."""
+    try:
+        openers = list(map(_PAIR_OPENERS.__getitem__, map(_ROLE, pairs)))
+        texts = list(map(_TEXT_JSON, map(_TEXT, pairs)))
+    except (KeyError, TypeError):
+        return _JSON(list(pairs))[1:-1]
+    return "],".join(map(str.__add__, openers, texts)) + "]" if texts else ""
 
 
 def _seed(session: Session, earlier: Exchange) -> int:
