@@ -4,9 +4,14 @@ it dropped and added since the state before, and read back whole through its cha
 from __future__ import annotations
 
 import asyncio
+import copy
+from types import SimpleNamespace
 
 from chatrun.messages import AssistantMessage, SummaryMessage, UserMessage
 from chatrun.server.openai_sessions import TurnIndex, _memory_delta
+from chatrun.store.local import LocalAsyncStore
+from chatrun.store.memory import InMemoryStore
+from chatrun.store.sqlite import SQLiteStore
 
 
 def test_a_window_that_grew_or_slid_is_written_as_what_it_dropped_and_added():
@@ -54,3 +59,33 @@ def test_a_state_is_read_back_whole_through_its_chain_and_not_when_a_link_is_gon
     assert asyncio.run(index.state_at("s", "openai:state:s:2"))["memories"] == {
         "s.1#main": [m("b"), m("c")], "s.2#other": [m("x")]}
     assert asyncio.run(index.state_at("s", "openai:state:s:5")) is None  # turn 3's state is gone
+
+
+class _LiveSession:
+    """What _state_after reads of a session: its snapshot, copied or its own."""
+
+    def __init__(self):
+        self.live = {"turn": 1, "state": {"city": "Dublin"}}
+
+    def snapshot(self):
+        return copy.deepcopy(self.live)
+
+    def snapshot_to_encode(self):
+        return self.live
+
+
+class _UsersRecords(InMemoryStore):
+    """A user's store whose put_record may keep the object itself (no records_as_text)."""
+
+    records_as_text = False
+
+
+def test_a_state_takes_the_sessions_own_snapshot_only_when_the_store_keeps_records_as_text(tmp_path):
+    session = _LiveSession()
+    for store, uncopied in [(LocalAsyncStore(InMemoryStore()), True),
+                            (LocalAsyncStore(SQLiteStore(str(tmp_path / "s.db"))), True),
+                            (LocalAsyncStore(_UsersRecords()), False)]:
+        index = TurnIndex(SimpleNamespace(store=store))
+        state, _ = index._state_after(session, 1, {})
+        assert (state["snapshot"] is session.live) is uncopied
+        assert state["snapshot"] == session.live

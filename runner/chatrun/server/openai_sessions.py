@@ -351,12 +351,12 @@ class TurnIndex:
         """The state record of the session right after `turn`: a delta of the state recorded
         last for this live session (`parent`: its turn), or in full (see the module's text)."""
         last = self._recorded.get(session)
+        snapshot = session.snapshot_to_encode() if self._snapshot_uncopied else session.snapshot()
         if last is None or last.turn >= turn or last.depth >= CHAIN:
             full = {mid: [m.to_dict() for m in messages] for mid, messages in memories.items()}
-            return {"snapshot": session.snapshot(), "memories": full}, _Recorded(turn, 0, memories)
+            return {"snapshot": snapshot, "memories": full}, _Recorded(turn, 0, memories)
         deltas = {mid: _memory_delta(last.memories.get(mid), messages) for mid, messages in memories.items()}
-        return ({"snapshot": session.snapshot(), "parent": last.turn, "memories": deltas},
-                _Recorded(turn, last.depth + 1, memories))
+        return {"snapshot": snapshot, "parent": last.turn, "memories": deltas}, _Recorded(turn, last.depth + 1, memories)
 
     async def state_at(self, session_id: str, key: str) -> dict[str, Any] | None:
         """A recorded state in full ({"snapshot", "memories"}), its deltas applied to the full
@@ -465,7 +465,7 @@ def _memory_delta(before: tuple[Message, ...] | None, now: tuple[Message, ...]) 
 def _running_hash(bot: str, owner: str | None, namespace: str, exchange: Exchange) -> Any:
     """A SHA-256 of the prefix key's JSON text without its closing "]]", so a longer
     conversation's key extends it instead of hashing the whole conversation again."""
-    text = _JSON([bot, owner or "", namespace, exchange])[:-2]
+    text = _JSON([bot, owner or "", namespace])[:-1] + ",[" + _pairs_json(exchange)  # _JSON([..., exchange])[:-2]
     return hashlib.sha256(text.encode())
 
 

@@ -77,6 +77,9 @@ class LocalAsyncStore:
         self._executor = StoreThread("chatrun-store") if threaded else None
         # A store without records (a user's own SessionStore) gets them in this process only.
         self.records: RecordStore | None = store if isinstance(store, RecordStore) else None
+        # Whether a record put is kept as its JSON text at once (the caller may change the object
+        # after): this process's records are; a user's RecordStore may keep the object itself.
+        self.records_as_text = self.records is None or getattr(store, "records_as_text", False) is True
         # What the wrapped store can do, found once: a runtime Protocol's isinstance walks its
         # members (about 0.1 ms), and these are asked on every turn.
         self._history = store if isinstance(store, HistoryStore) else None

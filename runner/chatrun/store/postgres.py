@@ -122,6 +122,8 @@ def _import_psycopg() -> Any:
 class PostgresStore:
     """See the module's text. One asyncio connection pool; every method is a coroutine."""
 
+    records_as_text = True  # put_record keeps the record's JSON text, not the object (TurnIndex relies on it)
+
     distributed = True
     has_outbox = True
 

@@ -433,6 +433,8 @@ def _check_parameters(client_url: str, shown: str) -> None:
 class RedisStore:
     """See the module's text. One asyncio connection pool; every method is a coroutine."""
 
+    records_as_text = True  # put_record keeps the record's JSON text, not the object (TurnIndex relies on it)
+
     distributed = True
     has_outbox = True
 

@@ -131,6 +131,8 @@ class SQLiteStore:
     """A ChatMemoryStore and SessionStore in the SQLite file `path` (created if missing; its
     folder must exist)."""
 
+    records_as_text = True  # put_record keeps the record's JSON text, not the object (TurnIndex relies on it)
+
     commits_user_memory = True  # a commit writes what its turns remembered (store/user_memory.py)
 
     def __init__(self, path: str | Path, exclusive: bool = False):
