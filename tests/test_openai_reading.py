@@ -11,7 +11,13 @@ import random
 
 import pytest
 
-from chatrun.server.openai_sessions import Identity, TurnIndex, _key_after, _pairs_json, _running_hash
+from chatrun.server.openai_sessions import (
+    Identity,
+    TurnIndex,
+    _key_after,
+    _pairs_json,
+    _running_hash,
+)
 from chatrun.server.openai_turn import OpenAIError, _exchange_of, conversation_of
 
 _MESSAGES = [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yes", "refusal": None},

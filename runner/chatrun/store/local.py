@@ -379,6 +379,15 @@ class _SyncRecords:
     async def delete_record(self, key: str) -> None:
         self.records.delete_record(key)
 
+    async def put_record_text(self, key: str, text: str, session: str | None = None) -> bool:
+        """put_record of a record given as its JSON text (the caller's, trusted to be an object),
+        when the store takes one (its own `put_record_text`); False when it does not (then put_record)."""
+        put_text = getattr(self.records, "put_record_text", None)
+        if put_text is None:
+            return False
+        put_text(key, text, session)
+        return True
+
 
 def _run_to_end(work: Coroutine[Any, Any, T]) -> T:
     """The result of a coroutine that never suspends (it awaits only _SyncRecords' calls)."""

@@ -578,7 +578,11 @@ class SQLiteStore:
         return None if row is None else from_json(row[0])
 
     def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None:
-        text = to_json(f"record {key}", record)
+        self.put_record_text(key, to_json(f"record {key}", record), session)
+
+    def put_record_text(self, key: str, text: str, session: str | None = None) -> None:
+        """put_record of a record given as its JSON text (an object's: the caller's word for it),
+        for a caller that has it already (the /v1 index's list of kept turns, written every turn)."""
         with self._locked(f"save record {key}") as conn:
             conn.execute(
                 "INSERT INTO records (key, record, session) VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
