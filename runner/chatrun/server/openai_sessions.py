@@ -536,7 +536,7 @@ def _pairs_json(pairs: Sequence[tuple[str, str]]) -> str:
         texts = list(map(_TEXT_JSON, map(_TEXT, pairs)))
     except (KeyError, TypeError):
         return _JSON(list(pairs))[1:-1]
-    return "],".join(map(str.__add__, openers, texts)) + "]" if texts else ""
+    return "],".join(map(operator.add, openers, texts)) + "]" if texts else ""
 
 
 def _seed(session: Session, earlier: Exchange) -> int:
