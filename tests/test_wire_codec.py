@@ -75,3 +75,7 @@ def test_a_text_deeper_than_the_limit_is_refused_and_one_at_it_read():
         wire.load_json(("[" * 65 + "]" * 65).encode(), "body")
     with pytest.raises(wire.RequestFailed, match="nested deeper than 64"):  # UTF-16: the values are walked
         wire.load_json(("[" * 65 + "]" * 65).encode("utf-16"), "body")
+    large = ("[" * 65 + '"' + "x" * wire._TEXT_DEPTH_MAX + '"' + "]" * 65).encode()
+    assert not wire._text_depth_applies(large)  # a large body (a file's base64): its few values are walked
+    with pytest.raises(wire.RequestFailed, match="nested deeper than 64"):
+        wire.load_json(large, "body")

@@ -463,10 +463,16 @@ _NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(_STRUCTURE)))
 _OPEN_CLOSE = bytes.maketrans(b"[]{}", b"()()")
 
 
+# Above this many characters the values are walked: a large body is large for its strings (files
+# as base64), which the walk passes over and the text's reading would copy and scan byte by byte.
+_TEXT_DEPTH_MAX = 1 << 16
+
+
 def _text_depth_applies(text: str | bytes | bytearray) -> bool:
-    """Whether `_text_deeper_than` can read `text`: a str, or bytes in UTF-8 (no BOM), where an
-    ASCII byte is that character (UTF-16 and UTF-32 texts are rare: their values are walked)."""
-    return isinstance(text, str) or json.detect_encoding(text) == "utf-8"
+    """Whether `_text_deeper_than` reads `text`: a str, or bytes in UTF-8 (no BOM), where an
+    ASCII byte is that character (UTF-16 and UTF-32 texts are rare: their values are walked),
+    of at most _TEXT_DEPTH_MAX characters."""
+    return len(text) <= _TEXT_DEPTH_MAX and (isinstance(text, str) or json.detect_encoding(text) == "utf-8")
 
 
 def _text_deeper_than(text: str | bytes | bytearray, limit: int) -> bool:
