@@ -169,38 +169,38 @@ class _Recorded:
     listed: _Kept | None = None
 
 
-# One entry of a session's list of kept turns ([turn, keys] or [turn, parent]) and its JSON text.
-_Entry = tuple[list[Any], str]
-
-
-def _entry(value: list[Any]) -> _Entry:
-    return value, to_json("an entry of the list of kept turns", value)
+def _entry_text(entry: list[Any]) -> str:
+    return to_json("an entry of the list of kept turns", entry)
 
 
 @dataclass
 class _Kept:
     """A session's list of kept turns, as stored ({"turns": [[turn, keys], ...], "states":
-    [[turn, parent], ...]}), each entry with its JSON text: the list is written whole every turn,
-    and encoding its ~65 entries cost ~0.3 M instructions of the store's thread (issue 39), so
-    it is written from its entries' texts (the same text, `text()`), each encoded once."""
+    [[turn, parent], ...]}), each entry kept as its JSON text (with its turn, and a state's
+    parent): the list is written whole every turn, and encoding its ~65 entries cost ~0.3 M
+    instructions of the store's thread (issue 39), so it is written from its entries' texts (the
+    same text, `text()`), each encoded once. (A turn's keys are read back from its text when
+    the turn is dropped: the texts alone take less memory than the entries did.)"""
 
-    turns: list[_Entry]
-    states: list[_Entry]
+    turns: list[tuple[int, str]]
+    states: list[tuple[int, int | None, str]]
 
     @classmethod
     def read(cls, stored: dict[str, Any] | None) -> _Kept:
         stored = stored or {"turns": []}
         # Listed before states had parents: every state is full.
         states = stored.get("states", [[entry[0], None] for entry in stored["turns"]])
-        return cls(list(map(_entry, stored["turns"])), list(map(_entry, states)))
+        return cls([(entry[0], _entry_text(entry)) for entry in stored["turns"]],
+                   [(entry[0], entry[1], _entry_text(entry)) for entry in states])
 
     def record(self) -> dict[str, Any]:
-        return {"turns": [entry for entry, _ in self.turns], "states": [entry for entry, _ in self.states]}
+        return {"turns": [json.loads(text) for _, text in self.turns],
+                "states": [[turn, parent] for turn, parent, _ in self.states]}
 
     def text(self) -> str:
         """`to_json` of `record()`, byte for byte (the stores' encoder's separators)."""
         return ('{"turns": [' + ", ".join([text for _, text in self.turns]) + '], "states": ['
-                + ", ".join([text for _, text in self.states]) + "]}")
+                + ", ".join([text for _, _, text in self.states]) + "]}")
 
 
 class TurnIndex:
@@ -450,18 +450,19 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
     for key in keys:
         await records.put_record(key, record, session_id)
     kept = listed if listed is not None else _Kept.read(await records.get_record(TurnIndex.turns_key(session_id)))
-    turns = [entry for entry in kept.turns if entry[0][0] != turn] + [_entry([turn, keys])]
-    states = [entry for entry in kept.states if entry[0][0] != turn] + [_entry([turn, state.get("parent")])]
-    for (_old_turn, old_keys), _ in turns[:-KEEP_TURNS]:
-        for key in old_keys:
+    turns = [entry for entry in kept.turns if entry[0] != turn] + [(turn, _entry_text([turn, keys]))]
+    parent = state.get("parent")
+    states = [entry for entry in kept.states if entry[0] != turn] + [(turn, parent, _entry_text([turn, parent]))]
+    for _old_turn, text in turns[:-KEEP_TURNS]:
+        for key in json.loads(text)[1]:
             old = await records.get_record(key)
             if old is not None and old.get("session") == session_id:  # not since saved for another
                 await records.delete_record(key)
-    needed = _chains_of([entry[0] for entry, _ in turns[-KEEP_TURNS:]], {entry[0]: entry[1] for entry, _ in states})
-    for (old_turn, _), _ in states:
+    needed = _chains_of([number for number, _ in turns[-KEEP_TURNS:]], {number: up for number, up, _ in states})
+    for old_turn, _, _ in states:
         if old_turn not in needed:
             await records.delete_record(TurnIndex.state_key(session_id, old_turn))
-    written = _Kept(turns[-KEEP_TURNS:], [entry for entry in states if entry[0][0] in needed])
+    written = _Kept(turns[-KEEP_TURNS:], [entry for entry in states if entry[0] in needed])
     await _put_kept(records, TurnIndex.turns_key(session_id), written, session_id)
     return written
 
@@ -534,7 +535,7 @@ def _pairs_json(pairs: Sequence[tuple[str, str]]) -> str:
     try:
         openers = list(map(_PAIR_OPENERS.__getitem__, map(_ROLE, pairs)))
         texts = list(map(_TEXT_JSON, map(_TEXT, pairs)))
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, IndexError):
         return _JSON(list(pairs))[1:-1]
     return "],".join(map(operator.add, openers, texts)) + "]" if texts else ""
 
