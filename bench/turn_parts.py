@@ -107,7 +107,8 @@ def instrumented(script: str, anchor: str, replacement: str) -> str:
     return script.replace(anchor, replacement, 1)
 
 
-def part_instructions(kind: str, part: str, runner: Path, env: dict[str, str], tmp: Path) -> float:
+def part_instructions(kind: str, part: str, runner: Path, env: dict[str, str], tmp: Path,
+                      keep: Path | None = None) -> float:
     script = instrumented(COUNTED, "async def main(tmp):", HOOK + "\nasync def main(tmp):")
     script = instrumented(script, "    asyncio.run(main(tmp))", "    asyncio.run(main(tmp))\n_cg.cg_dump()")
     setarch = ["setarch", "-R"] if shutil.which("setarch") else []
@@ -116,6 +117,10 @@ def part_instructions(kind: str, part: str, runner: Path, env: dict[str, str], t
                           str(ROOT / "bench"), kind, "40", str(control_library(tmp)), part],
                          capture_output=True, text=True, env=env, check=True)
     collected = int(next(x for x in out.stderr.splitlines() if "Collected" in x).split()[-1])
+    if keep is not None:  # the callgrind outputs, for callgrind_annotate
+        keep.mkdir(parents=True, exist_ok=True)
+        for dump in tmp.glob("out.*"):
+            shutil.copy(dump, keep / f"{kind}.{dump.name}")
     return collected / 40 / 1e6
 
 
@@ -124,6 +129,7 @@ def main() -> None:
     parser.add_argument("kind", choices=["floor_eb", "http", "chat", "ws_floor_eb", "ws"])
     parser.add_argument("parts", nargs="*", help="module:Qualified.name (none: the whole turn)")
     parser.add_argument("--runner", type=Path, default=ROOT / "runner", help="the runner/ of the checkout to measure")
+    parser.add_argument("--keep", type=Path, help="copy callgrind's outputs into this folder (callgrind_annotate)")
     args = parser.parse_args()
     fake_port = free_port()
     fake = spawn(["-m", "chatrun.testing.fake_openai", "--port", str(fake_port), "--echo"],
@@ -136,7 +142,7 @@ def main() -> None:
         env.pop("CHATRUN_AUTH_FILE", None)
         for part in args.parts or [""]:
             with tempfile.TemporaryDirectory() as tmp:
-                count = part_instructions(args.kind, part, args.runner, env, Path(tmp))
+                count = part_instructions(args.kind, part, args.runner, env, Path(tmp), args.keep)
             print(f"{count:8.3f} M  {args.kind} {part or '(the whole late turn)'}", flush=True)
     finally:
         fake.terminate()

@@ -555,6 +555,10 @@ def test_same_tokens_and_ownership_as_the_rest_of_the_server(fake, travel, tmp_p
         with openai.OpenAI(base_url=url, api_key="wrong-token", max_retries=0) as anon:
             with pytest.raises(openai.AuthenticationError):
                 anon.models.list()
+            # The turn's route (served without FastAPI's handler: ChatCompletionsRoute) refuses alike.
+            with pytest.raises(openai.AuthenticationError) as refused:
+                anon.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}])
+            assert refused.value.code == "invalid_api_key" and refused.value.response.headers["www-authenticate"] == "Bearer"
         with openai.OpenAI(base_url=url, api_key="s3cret-ana", max_retries=0) as ana, \
                 openai.OpenAI(base_url=url, api_key="s3cret-bob", max_retries=0) as bob:
             mine = ana.responses.create(model="travel", input="hi", conversation="ana-trip")

@@ -12,6 +12,8 @@ from jsonschema.exceptions import best_match
 from chatrun.server.openai_schema import (
     CHAT_COMPLETIONS,
     RESPONSES,
+    _all_plain,
+    plain_message,
     problem,
     surely_valid,
     without_plain_history,
@@ -98,3 +100,19 @@ def test_a_body_judged_surely_valid_is_one_the_validator_accepts():
     assert surely_valid(CHAT_COMPLETIONS, {"model": "echo", "messages": [*history(79), {"role": "assistant",
                         "content": "x", "refusal": None, "annotations": []}], "stream": False})
     assert surely_valid(RESPONSES, {"model": "echo", "input": "hi", "previous_response_id": "resp_1"})
+
+
+# Message-like items: the usual ones and each way one can be unusual (an unhashable value included).
+_ITEMS = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes", "refusal": None, "annotations": []},
+          {"role": "user", "content": None}, {"role": "user"}, {"content": "no role"}, {"role": 1, "content": "x"},
+          {"role": ["user"], "content": "x"}, {"role": "user", "content": ["a"]}, {"role": "user", "content": 7},
+          {"role": "user", "content": "x", "type": "message"}, {"role": "user", "content": "x", "type": None},
+          {"role": "user", "content": "x", "type": {}}, {"role": "system", "content": "be brief"}, "bare", 5, None, []]
+
+
+def test_the_quick_judgement_of_a_list_of_messages_is_the_one_by_one_judgement():
+    rng = random.Random(3939)
+    for _ in range(3000):
+        items = [rng.choice(_ITEMS) for _ in range(rng.randint(1, 6))]
+        for strings in (False, True):
+            assert _all_plain(items, strings) == all(plain_message(item, strings) for item in items), items

@@ -4,9 +4,14 @@ it dropped and added since the state before, and read back whole through its cha
 from __future__ import annotations
 
 import asyncio
+import copy
+from types import SimpleNamespace
 
 from chatrun.messages import AssistantMessage, SummaryMessage, UserMessage
 from chatrun.server.openai_sessions import TurnIndex, _memory_delta
+from chatrun.store.local import LocalAsyncStore
+from chatrun.store.memory import InMemoryStore
+from chatrun.store.sqlite import SQLiteStore
 
 
 def test_a_window_that_grew_or_slid_is_written_as_what_it_dropped_and_added():
@@ -54,3 +59,71 @@ def test_a_state_is_read_back_whole_through_its_chain_and_not_when_a_link_is_gon
     assert asyncio.run(index.state_at("s", "openai:state:s:2"))["memories"] == {
         "s.1#main": [m("b"), m("c")], "s.2#other": [m("x")]}
     assert asyncio.run(index.state_at("s", "openai:state:s:5")) is None  # turn 3's state is gone
+
+
+class _LiveSession:
+    """What _state_after reads of a session: its snapshot, copied or its own."""
+
+    def __init__(self):
+        self.live = {"turn": 1, "state": {"city": "Dublin"}}
+
+    def snapshot(self):
+        return copy.deepcopy(self.live)
+
+    def snapshot_to_encode(self):
+        return self.live
+
+
+class _UsersRecords(InMemoryStore):
+    """A user's store whose put_record may keep the object itself (no records_as_text)."""
+
+    records_as_text = False
+
+
+def test_a_state_takes_the_sessions_own_snapshot_only_when_the_store_keeps_records_as_text(tmp_path):
+    session = _LiveSession()
+    for store, uncopied in [(LocalAsyncStore(InMemoryStore()), True),
+                            (LocalAsyncStore(SQLiteStore(str(tmp_path / "s.db"))), True),
+                            (LocalAsyncStore(_UsersRecords()), False)]:
+        index = TurnIndex(SimpleNamespace(store=store))
+        state, _ = index._state_after(session, 1, {})
+        assert (state["snapshot"] is session.live) is uncopied
+        assert state["snapshot"] == session.live
+
+
+def _old_list_after(listed, turn, keys, parent):
+    """The list of kept turns as main ba5cef0 wrote it (its _remember), for the comparison below."""
+    from chatrun.server.openai_sessions import KEEP_TURNS, _chains_of
+    turns = [entry for entry in listed["turns"] if entry[0] != turn] + [[turn, keys]]
+    states = listed.get("states", [[entry[0], None] for entry in listed["turns"]])
+    states = [entry for entry in states if entry[0] != turn] + [[turn, parent]]
+    needed = _chains_of([entry[0] for entry in turns[-KEEP_TURNS:]], dict(states))
+    return {"turns": turns[-KEEP_TURNS:], "states": [entry for entry in states if entry[0] in needed]}
+
+
+def test_the_list_of_kept_turns_is_stored_as_the_same_text_whether_known_or_read_back(tmp_path):
+    # The list is written from its entries' texts (issue 39): the stored text is to_json's of the
+    # record main wrote, so an older replica reads it, and a list it wrote is read and extended.
+    from chatrun.server.openai_sessions import _remember
+    from chatrun.store.record import to_json
+
+    sqlite = SQLiteStore(str(tmp_path / "s.db"))
+    store = LocalAsyncStore(sqlite)
+    sqlite.put_record(TurnIndex.turns_key("s"), {"turns": [[1, ["openai:prefix:one"]]]}, "s")  # before "states"
+    expected = {"turns": [[1, ["openai:prefix:one"]]]}
+    listed = None
+    for turn in range(2, 45):
+        keys = [f"openai:prefix:{turn}", "openai:response:ü"] if turn % 3 else [f"openai:prefix:{turn}"]
+        parent = None if turn % 8 == 0 else turn - 1
+        state = {"snapshot": {}, "memories": {}} | ({"parent": parent} if parent is not None else {})
+        record = {"session": "s", "turn": turn, "state": TurnIndex.state_key("s", turn)}
+        known = listed if turn % 5 else None  # now and then read back, as after a reload
+        listed = asyncio.run(store.in_one_call(
+            lambda records, known=known, keys=keys, state=state, record=record, turn=turn:
+            _remember("s", turn, state, record, keys, None, known, records)))
+        expected = _old_list_after(expected, turn, keys, parent)
+        assert sqlite.get_record(TurnIndex.turns_key("s")) == expected == listed.record()
+        with sqlite._locked("read") as conn:
+            stored = conn.execute("SELECT record FROM records WHERE key = ?", (TurnIndex.turns_key("s"),)).fetchone()[0]
+        assert stored == to_json("list", expected)
+    asyncio.run(store.close())

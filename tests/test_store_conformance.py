@@ -166,6 +166,29 @@ def test_a_sessions_records_go_with_it_unless_since_saved_for_another(url):
     run(go())
 
 
+def test_the_v1_indexs_list_given_as_its_text_is_saved_as_put_record_saves_it(url):
+    # The /v1 index writes its list of kept turns from its entries' texts where the store takes a
+    # record's text (put_record_text; issue 39): read back as the record, gone with its session.
+    from chatrun.server.openai_sessions import _Kept, _put_kept
+
+    async def go():
+        store = open_async_store(url)
+        await store.commit_turn(commit_of("r1", {"turn": 0}), None)
+        listed = {"turns": [[1, ["openai:prefix:é"]], [2, []]], "states": [[1, None], [2, 1]]}
+
+        async def work(records):
+            await _put_kept(records, "openai:turns:r1", _Kept.read(listed), "r1")
+
+        in_one_call = getattr(store, "in_one_call", None)
+        await (in_one_call(work) if in_one_call is not None else work(store))
+        assert await store.get_record("openai:turns:r1") == listed
+        await store.delete_session("r1", [], None)
+        assert await store.get_record("openai:turns:r1") is None
+        await store.close()
+
+    run(go())
+
+
 def item(pid, kind="approval", due=None):
     return {"id": pid, "kind": kind, "created": T0, "due": due, "route": "main", "scope_id": "s.1",
             "ask": f"decide {pid}", "by": ["supervisor"]}

@@ -81,3 +81,36 @@ def test_a_body_s_lone_surrogate_is_refused_escaped_or_raw(body):
     with pytest.raises(wire.RequestFailed) as caught:
         wire.load_json(bytearray(body), "body")
     assert "surrogate" in caught.value.message
+
+
+# Strings that look like JSON's structure: brackets, quotes, backslashes and escapes of them.
+_TRICKY_TEXT = st.text(alphabet=st.sampled_from(list('[]{}"\\\\/nu"é x')), max_size=8)
+_NESTED = st.recursive(
+    st.none() | st.booleans() | st.integers() | _TRICKY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TRICKY_TEXT, inner, max_size=3),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_NESTED, st.integers(min_value=0, max_value=12), st.booleans(), st.sampled_from(["str", "bytes", "bytearray"]),
+       st.sampled_from([None, 1]))
+def test_the_depth_read_from_the_text_is_the_depth_of_the_values(value, limit, ascii_only, form, indent):
+    # wire.load_json reads a UTF-8 text's depth from the text (issue 39): the same verdict as the walk.
+    text = json.dumps(value, ensure_ascii=ascii_only, indent=indent)
+    given_text = text if form == "str" else text.encode() if form == "bytes" else bytearray(text.encode())
+    assert wire._text_deeper_than(given_text, limit) == wire._deeper_than(value, limit)
+
+
+def test_a_text_deeper_than_the_limit_is_refused_and_one_at_it_read():
+    at_limit = "[" * wire.MAX_JSON_DEPTH + '"]\\\\\\"["' + "]" * wire.MAX_JSON_DEPTH
+    assert wire.load_json(at_limit.encode(), "body") is not None
+    assert wire.load_json('{"a": "' + "[" * 100 + '"}', "body") == {"a": "[" * 100}
+    with pytest.raises(wire.RequestFailed, match="nested deeper than 64"):
+        wire.load_json(("[" * 65 + "]" * 65).encode(), "body")
+    with pytest.raises(wire.RequestFailed, match="nested deeper than 64"):  # UTF-16: the values are walked
+        wire.load_json(("[" * 65 + "]" * 65).encode("utf-16"), "body")
+    large = ("[" * 65 + '"' + "x" * wire._TEXT_DEPTH_MAX + '"' + "]" * 65).encode()
+    assert len(large) > wire._TEXT_DEPTH_MAX  # a large body (a file's base64): its few values are walked
+    with pytest.raises(wire.RequestFailed, match="nested deeper than 64"):
+        wire.load_json(large, "body")

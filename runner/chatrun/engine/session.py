@@ -496,6 +496,12 @@ class Session:
         """The session as JSON-able data (a copy): what the store keeps between turns."""
         return copy.deepcopy(self._c.snapshot())
 
+    def snapshot_to_encode(self) -> dict[str, Any]:
+        """`snapshot()` without the copy: the session's own values, which its next turn changes.
+        For a caller that encodes it (or lets it go) before the session runs again, as a commit
+        does; the copy of a 40-turn session's snapshot cost ~0.18 M instructions (issue 39)."""
+        return self._c.snapshot()
+
     # -- events ------------------------------------------------------------------------
 
     def on(self, event_type: str, handler: Callable[[Any], object]) -> Session:

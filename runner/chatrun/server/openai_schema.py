@@ -7,6 +7,7 @@ metadata, store, ...) is allowed and ignored: the bot's own model settings apply
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -163,11 +164,25 @@ def _none_or_non_empty(value: Any) -> bool:
 
 
 def _plain_messages(value: Any) -> bool:
-    return type(value) is list and value != [] and all(plain_message(m) for m in value)
+    return type(value) is list and value != [] and _all_plain(value, False)
 
 
 def _plain_input(value: Any) -> bool:
-    return _non_empty(value) or (type(value) is list and value != [] and all(plain_message(m, True) for m in value))
+    return _non_empty(value) or (type(value) is list and value != [] and _all_plain(value, True))
+
+
+_GET, _DICTS, _STRS, _STRS_OR_NONE = dict.get, {dict}, {str}, {str, type(None)}
+
+
+def _all_plain(items: list[Any], strings: bool) -> bool:
+    """`all(plain_message(item, strings) for item in items)`; for a list of objects only (the
+    usual conversation), in C-level passes over it: a resent conversation's messages checked one
+    by one cost ~0.2 M instructions at 40 turns (issue 39)."""
+    if set(map(type, items)) != _DICTS:
+        return all(plain_message(item, strings) for item in items)
+    return (set(map(type, map(_GET, items, repeat("role")))) == _STRS
+            and set(map(type, map(_GET, items, repeat("content")))) <= _STRS_OR_NONE
+            and set(map(type, map(_GET, items, repeat("type"), repeat("")))) == _STRS)  # absent: ""
 
 
 _PLAIN_FIELDS: dict[int, tuple[tuple[str, ...], dict[str, Any]]] = {

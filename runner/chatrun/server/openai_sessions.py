@@ -57,7 +57,7 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 from chatrun.store.local import RecordOps
-from chatrun.store.record import Commit, forked_snapshot, renamed_id
+from chatrun.store.record import Commit, forked_snapshot, renamed_id, to_json
 from chatrun.store.versions import CREATE
 
 if TYPE_CHECKING:
@@ -166,7 +166,41 @@ class _Recorded:
     # The session's list of kept turns as this process wrote it with that state: while the live
     # session is the same object no one else has written it (another replica's turn, a deletion
     # make the registry load a new one), so the next turn's write need not read it back.
-    listed: dict[str, Any] | None = None
+    listed: _Kept | None = None
+
+
+def _entry_text(entry: list[Any]) -> str:
+    return to_json("an entry of the list of kept turns", entry)
+
+
+@dataclass
+class _Kept:
+    """A session's list of kept turns, as stored ({"turns": [[turn, keys], ...], "states":
+    [[turn, parent], ...]}), each entry kept as its JSON text (with its turn, and a state's
+    parent): the list is written whole every turn, and encoding its ~65 entries cost ~0.3 M
+    instructions of the store's thread (issue 39), so it is written from its entries' texts (the
+    same text, `text()`), each encoded once. (A turn's keys are read back from its text when
+    the turn is dropped: the texts alone take less memory than the entries did.)"""
+
+    turns: list[tuple[int, str]]
+    states: list[tuple[int, int | None, str]]
+
+    @classmethod
+    def read(cls, stored: dict[str, Any] | None) -> _Kept:
+        stored = stored or {"turns": []}
+        # Listed before states had parents: every state is full.
+        states = stored.get("states", [[entry[0], None] for entry in stored["turns"]])
+        return cls([(entry[0], _entry_text(entry)) for entry in stored["turns"]],
+                   [(entry[0], entry[1], _entry_text(entry)) for entry in states])
+
+    def record(self) -> dict[str, Any]:
+        return {"turns": [json.loads(text) for _, text in self.turns],
+                "states": [[turn, parent] for turn, parent, _ in self.states]}
+
+    def text(self) -> str:
+        """`to_json` of `record()`, byte for byte (the stores' encoder's separators)."""
+        return ('{"turns": [' + ", ".join([text for _, text in self.turns]) + '], "states": ['
+                + ", ".join([text for _, _, text in self.states]) + "]}")
 
 
 class TurnIndex:
@@ -181,6 +215,9 @@ class TurnIndex:
         # Redis shared by replicas); a store of the user's without RecordStore keeps them in
         # this process only.
         self.records = registry.store
+        # A store that keeps a record's JSON text at once is given the session's own snapshot, not
+        # a copy: the request holds the session until the record is written.
+        self._snapshot_uncopied = getattr(registry.store, "records_as_text", False) is True
         if getattr(registry.store, "records", True) is None:
             log.warning("the store %s keeps no records: the OpenAI API's session index lives in this process only",
                         registry.store.url)
@@ -348,12 +385,12 @@ class TurnIndex:
         """The state record of the session right after `turn`: a delta of the state recorded
         last for this live session (`parent`: its turn), or in full (see the module's text)."""
         last = self._recorded.get(session)
+        snapshot = session.snapshot_to_encode() if self._snapshot_uncopied else session.snapshot()
         if last is None or last.turn >= turn or last.depth >= CHAIN:
             full = {mid: [m.to_dict() for m in messages] for mid, messages in memories.items()}
-            return {"snapshot": session.snapshot(), "memories": full}, _Recorded(turn, 0, memories)
+            return {"snapshot": snapshot, "memories": full}, _Recorded(turn, 0, memories)
         deltas = {mid: _memory_delta(last.memories.get(mid), messages) for mid, messages in memories.items()}
-        return ({"snapshot": session.snapshot(), "parent": last.turn, "memories": deltas},
-                _Recorded(turn, last.depth + 1, memories))
+        return {"snapshot": snapshot, "parent": last.turn, "memories": deltas}, _Recorded(turn, last.depth + 1, memories)
 
     async def state_at(self, session_id: str, key: str) -> dict[str, Any] | None:
         """A recorded state in full ({"snapshot", "memories"}), its deltas applied to the full
@@ -401,8 +438,8 @@ async def _look_up(claim: str | None, key: str | None, session_id: str | None,
 
 
 async def _remember(session_id: str, turn: int, state: dict[str, Any], record: dict[str, Any], keys: list[str],
-                    outcome: tuple[str, dict[str, Any]] | None, listed: dict[str, Any] | None,
-                    records: RecordOps) -> dict[str, Any]:
+                    outcome: tuple[str, dict[str, Any]] | None, listed: _Kept | None,
+                    records: RecordOps) -> _Kept:
     """TurnIndex.remember's writes: the state, the keys, the request's outcome, and the session's
     last KEEP_TURNS turns kept (see KEEP_TURNS) with the states their chains start from (each
     state's parent, listed under "states"); that list is `listed` when the caller knows it, else
@@ -412,24 +449,29 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
         await records.put_record(outcome[0], outcome[1], session_id)
     for key in keys:
         await records.put_record(key, record, session_id)
-    if listed is None:
-        listed = await records.get_record(TurnIndex.turns_key(session_id)) or {"turns": []}
-    turns = [entry for entry in listed["turns"] if entry[0] != turn] + [[turn, keys]]
-    # Listed before states had parents: every state is full.
-    states = listed.get("states", [[entry[0], None] for entry in listed["turns"]])
-    states = [entry for entry in states if entry[0] != turn] + [[turn, state.get("parent")]]
-    for _old_turn, old_keys in turns[:-KEEP_TURNS]:
-        for key in old_keys:
+    kept = listed if listed is not None else _Kept.read(await records.get_record(TurnIndex.turns_key(session_id)))
+    turns = [entry for entry in kept.turns if entry[0] != turn] + [(turn, _entry_text([turn, keys]))]
+    parent = state.get("parent")
+    states = [entry for entry in kept.states if entry[0] != turn] + [(turn, parent, _entry_text([turn, parent]))]
+    for _old_turn, text in turns[:-KEEP_TURNS]:
+        for key in json.loads(text)[1]:
             old = await records.get_record(key)
             if old is not None and old.get("session") == session_id:  # not since saved for another
                 await records.delete_record(key)
-    needed = _chains_of([entry[0] for entry in turns[-KEEP_TURNS:]], dict(states))
-    for old_turn, _ in states:
+    needed = _chains_of([number for number, _ in turns[-KEEP_TURNS:]], {number: up for number, up, _ in states})
+    for old_turn, _, _ in states:
         if old_turn not in needed:
             await records.delete_record(TurnIndex.state_key(session_id, old_turn))
-    written = {"turns": turns[-KEEP_TURNS:], "states": [entry for entry in states if entry[0] in needed]}
-    await records.put_record(TurnIndex.turns_key(session_id), written, session_id)
+    written = _Kept(turns[-KEEP_TURNS:], [entry for entry in states if entry[0] in needed])
+    await _put_kept(records, TurnIndex.turns_key(session_id), written, session_id)
     return written
+
+
+async def _put_kept(records: RecordOps, key: str, kept: _Kept, session_id: str) -> None:
+    """The list written from its entries' texts when the store takes a record's text, else as a record."""
+    put_text = getattr(records, "put_record_text", None)
+    if put_text is None or not await put_text(key, kept.text(), session_id):
+        await records.put_record(key, kept.record(), session_id)
 
 
 def _chains_of(turns: list[int], parents: dict[int, int | None]) -> set[int]:
@@ -462,7 +504,7 @@ def _memory_delta(before: tuple[Message, ...] | None, now: tuple[Message, ...]) 
 def _running_hash(bot: str, owner: str | None, namespace: str, exchange: Exchange) -> Any:
     """A SHA-256 of the prefix key's JSON text without its closing "]]", so a longer
     conversation's key extends it instead of hashing the whole conversation again."""
-    text = _JSON([bot, owner or "", namespace, exchange])[:-2]
+    text = _JSON([bot, owner or "", namespace])[:-1] + ",[" + _pairs_json(exchange)  # _JSON([..., exchange])[:-2]
     return hashlib.sha256(text.encode())
 
 
@@ -470,7 +512,7 @@ def _key_after(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) ->
     """The prefix key of the conversation `running` hashed followed by `more`."""
     hashed = running.copy()
     if more:
-        hashed.update(("," if nonempty else "").encode() + _JSON(list(more))[1:-1].encode())
+        hashed.update(("," if nonempty else "").encode() + _pairs_json(more).encode())
     hashed.update(b"]]")
     digest: str = hashed.hexdigest()
     return "openai:prefix:" + digest
@@ -478,6 +520,24 @@ def _key_after(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) ->
 
 def _JSON(value: Any) -> str:  # noqa: N802 - the one spelling of the key's JSON text
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+_TEXT_JSON = json.encoder.encode_basestring  # a str as _JSON writes it (not ASCII-only): the encoder's own function
+_PAIR_OPENERS = {"user": '["user",', "assistant": '["assistant",'}  # what _JSON writes before a pair's text
+_ROLE, _TEXT = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def _pairs_json(pairs: Sequence[tuple[str, str]]) -> str:
+    """`_JSON(list(pairs))[1:-1]`, the same text, in C-level passes over the pairs: every request
+    hashes the conversation it resends, and the encoder's walk of its pairs cost ~0.25 M
+    instructions at 40 turns (issue 39). A pair of another role than the user's or the
+    assistant's (none is: conversation_of) takes the encoder."""
+    try:
+        openers = list(map(_PAIR_OPENERS.__getitem__, map(_ROLE, pairs)))
+        texts = list(map(_TEXT_JSON, map(_TEXT, pairs)))
+    except (KeyError, TypeError, IndexError):
+        return _JSON(list(pairs))[1:-1]
+    return "],".join(map(operator.add, openers, texts)) + "]" if texts else ""
 
 
 def _seed(session: Session, earlier: Exchange) -> int:

@@ -397,7 +397,7 @@ def load_json(text: str | bytes | bytearray, what: str) -> Any:
     except (ValueError, RecursionError) as exc:
         reason = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise RequestFailed(BAD_REQUEST, f"{what} is not valid JSON: {reason}") from None
-    if _may_nest_deeper(text, MAX_JSON_DEPTH) and _deeper_than(value, MAX_JSON_DEPTH):
+    if _may_nest_deeper(text, MAX_JSON_DEPTH) and _nests_deeper(text, encoding, value, MAX_JSON_DEPTH):
         raise RequestFailed(BAD_REQUEST, f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
     where = lone_surrogate_at(value) if _may_hold_surrogate(text, encoding) else None
     if where is not None:
@@ -470,6 +470,51 @@ def _may_nest_deeper(text: str | bytes | bytearray, limit: int) -> bool:
     if isinstance(text, str):
         return text.count("{") + text.count("[") > limit
     return text.count(b"{") + text.count(b"[") > limit
+
+
+# The depth check reads the text the value was decoded from, in C: the walk of the values below
+# costs as much as the decode itself for a /v1 request resending 80 messages (~0.4 M instructions,
+# each value visited by Python code; issue 39). Valid JSON (the text decoded) nests its brackets
+# properly outside its strings, so the containers' depth is the brackets' once strings are gone.
+_STRUCTURE = b'"[]{}'
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(_STRUCTURE)))
+_OPEN_CLOSE = bytes.maketrans(b"[]{}", b"()()")
+
+
+# Above this many characters the values are walked: a large body is large for its strings (files
+# as base64), which the walk passes over and the text's reading would copy and scan byte by byte.
+_TEXT_DEPTH_MAX = 1 << 16
+
+
+def _nests_deeper(text: str | bytes | bytearray, encoding: str | None, value: Any, limit: int) -> bool:
+    """Whether the JSON `value`, decoded from `text` (bytes in `encoding`), nests deeper than
+    `limit`: read from the text (`_text_deeper_than`) when it is a str or UTF-8 of at most
+    _TEXT_DEPTH_MAX characters, where an ASCII byte is that character; else its values walked
+    (UTF-16 and UTF-32 texts are rare; a large body is large for its strings)."""
+    if len(text) <= _TEXT_DEPTH_MAX and (encoding is None or encoding == "utf-8"):
+        return _text_deeper_than(text, limit)
+    return _deeper_than(value, limit)
+
+
+def _text_deeper_than(text: str | bytes | bytearray, limit: int) -> bool:
+    """`_deeper_than(json.loads(text), limit)`, read from `text`, which must be valid JSON: its
+    strings taken out (escaped backslashes, then escaped quotes, then every byte but quotes and
+    brackets; what lies between two quotes), each bracket one parenthesis, then one level of
+    innermost "()" pairs removed per pass: the text is empty after `depth` passes."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    if b"\\" in data:  # (one byte: found by memchr) escapes, whose quotes end no string
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    skeleton = data.translate(None, _NOT_STRUCTURE)
+    # Two quotes side by side part nothing: an empty string, or two strings with no bracket between.
+    skeleton = skeleton.replace(b'""', b"")
+    if b'"' in skeleton:  # strings holding brackets: keep what lies outside them
+        skeleton = b"".join(skeleton.split(b'"')[::2])
+    skeleton = skeleton.translate(_OPEN_CLOSE)
+    for _ in range(limit):
+        if not skeleton:
+            return False
+        skeleton = skeleton.replace(b"()", b"")
+    return bool(skeleton)
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

@@ -77,6 +77,9 @@ class LocalAsyncStore:
         self._executor = StoreThread("chatrun-store") if threaded else None
         # A store without records (a user's own SessionStore) gets them in this process only.
         self.records: RecordStore | None = store if isinstance(store, RecordStore) else None
+        # Whether a record put is kept as its JSON text at once (the caller may change the object
+        # after): this process's records are; a user's RecordStore may keep the object itself.
+        self.records_as_text = self.records is None or getattr(store, "records_as_text", False) is True
         # What the wrapped store can do, found once: a runtime Protocol's isinstance walks its
         # members (about 0.1 ms), and these are asked on every turn.
         self._history = store if isinstance(store, HistoryStore) else None
@@ -375,6 +378,15 @@ class _SyncRecords:
 
     async def delete_record(self, key: str) -> None:
         self.records.delete_record(key)
+
+    async def put_record_text(self, key: str, text: str, session: str | None = None) -> bool:
+        """put_record of a record given as its JSON text (the caller's, trusted to be an object),
+        when the store takes one (its own `put_record_text`); False when it does not (then put_record)."""
+        put_text = getattr(self.records, "put_record_text", None)
+        if put_text is None:
+            return False
+        put_text(key, text, session)
+        return True
 
 
 def _run_to_end(work: Coroutine[Any, Any, T]) -> T:

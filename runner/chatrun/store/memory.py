@@ -153,6 +153,8 @@ class FlatIndexes:
 class InMemoryStore:
     """Memories, session snapshots and history in dicts, behind a lock (the server uses threads)."""
 
+    records_as_text = True  # put_record keeps the record's JSON text, not the object (TurnIndex relies on it)
+
     commits_user_memory = True  # a commit writes what its turns remembered (store/user_memory.py)
 
     def __init__(self) -> None:

@@ -122,6 +122,8 @@ def _import_psycopg() -> Any:
 class PostgresStore:
     """See the module's text. One asyncio connection pool; every method is a coroutine."""
 
+    records_as_text = True  # put_record keeps the record's JSON text, not the object (TurnIndex relies on it)
+
     distributed = True
     has_outbox = True
 
@@ -440,10 +442,15 @@ class PostgresStore:
         return None if row is None else from_json(row[0])
 
     async def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None:
-        text = to_json(f"record {key}", record)
+        await self.put_record_text(key, to_json(f"record {key}", record), session)
+
+    async def put_record_text(self, key: str, text: str, session: str | None = None) -> bool:
+        """put_record of a record given as its JSON text (an object's: the caller's word for it);
+        True: saved (the /v1 index's list of kept turns, written every turn, has its text)."""
         await self._one(f"save record {key}", "INSERT INTO records (key, record, session) VALUES (%s, %s, %s) "
                         "ON CONFLICT (key) DO UPDATE SET record = excluded.record, session = excluded.session "
                         "RETURNING 1", (key, text, session))
+        return True
 
     async def claim_record(self, key: str, record: JSONObject) -> bool:
         """put-if-absent: atomic across every replica (the primary key decides)."""

@@ -433,6 +433,8 @@ def _check_parameters(client_url: str, shown: str) -> None:
 class RedisStore:
     """See the module's text. One asyncio connection pool; every method is a coroutine."""
 
+    records_as_text = True  # put_record keeps the record's JSON text, not the object (TurnIndex relies on it)
+
     distributed = True
     has_outbox = True
 
@@ -687,7 +689,11 @@ class RedisStore:
         return None if text is None else from_json(text)
 
     async def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None:
-        text = to_json(f"record {key}", record)
+        await self.put_record_text(key, to_json(f"record {key}", record), session)
+
+    async def put_record_text(self, key: str, text: str, session: str | None = None) -> bool:
+        """put_record of a record given as its JSON text (an object's: the caller's word for it);
+        True: saved (the /v1 index's list of kept turns, written every turn, has its text)."""
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(f"{self.prefix}rec:{key}", text)
             pipe.zadd(f"{self.prefix}recs", {key: 0})
@@ -697,6 +703,7 @@ class RedisStore:
             else:
                 pipe.hdel(f"{self.prefix}rs", key)
             await pipe.execute()
+        return True
 
     async def claim_record(self, key: str, record: JSONObject) -> bool:
         """put-if-absent: SET NX, atomic across every replica sharing the Redis."""

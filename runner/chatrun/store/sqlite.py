@@ -131,6 +131,8 @@ class SQLiteStore:
     """A ChatMemoryStore and SessionStore in the SQLite file `path` (created if missing; its
     folder must exist)."""
 
+    records_as_text = True  # put_record keeps the record's JSON text, not the object (TurnIndex relies on it)
+
     commits_user_memory = True  # a commit writes what its turns remembered (store/user_memory.py)
 
     def __init__(self, path: str | Path, exclusive: bool = False):
@@ -576,7 +578,11 @@ class SQLiteStore:
         return None if row is None else from_json(row[0])
 
     def put_record(self, key: str, record: JSONObject, session: str | None = None) -> None:
-        text = to_json(f"record {key}", record)
+        self.put_record_text(key, to_json(f"record {key}", record), session)
+
+    def put_record_text(self, key: str, text: str, session: str | None = None) -> None:
+        """put_record of a record given as its JSON text (an object's: the caller's word for it),
+        for a caller that has it already (the /v1 index's list of kept turns, written every turn)."""
         with self._locked(f"save record {key}") as conn:
             conn.execute(
                 "INSERT INTO records (key, record, session) VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
