@@ -440,7 +440,10 @@ def _encoding_of(data: bytes | bytearray) -> str:
 # 0.13 ms, growing with the conversation.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # maybe \uD800-\uDFFF (or an escaped backslash)
 # In UTF-8 bytes: an escape of one, or a surrogate's own bytes (json.loads decodes them with surrogatepass).
-_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+# Two searches, not one alternation: each starts from a literal the engine finds fast, where an
+# alternation tries both at every byte (9 KB of a /v1 request: 51 against 3.4 µs).
+_SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
+_UTF8_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
 
 
 def _may_hold_surrogate(text: str | bytes | bytearray, encoding: str | None = None) -> bool:
@@ -460,7 +463,9 @@ def _may_hold_surrogate(text: str | bytes | bytearray, encoding: str | None = No
         return False
     if (encoding or _encoding_of(text)) != "utf-8":
         return True  # UTF-16 or UTF-32: walked
-    return _SURROGATE_BYTES.search(text) is not None
+    if _SURROGATE_ESCAPE_BYTES.search(text) is not None:
+        return True
+    return b"\xed" in text and _UTF8_SURROGATE.search(text) is not None
 
 
 def _may_nest_deeper(text: str | bytes | bytearray, limit: int) -> bool:
