@@ -31,7 +31,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
-from starlette.types import Receive, Scope, Send
 
 from chatrun import events as ev
 from chatrun.definition.config import JSON_TYPES, initial_state_problem
@@ -60,6 +59,7 @@ from chatrun.server.plumbing import (
     read_json_object,
     read_limited,
     registry_of,
+    served_directly,
 )
 from chatrun.server.sessions import EXISTING, NEW, OWNER_ONLY, STORE_OK, Reach, SessionRegistry
 from chatrun.server.versions import RETRY_AFTER_S, VERSION_HEADER
@@ -308,15 +308,10 @@ class SendMessageRoute(APIRoute):
         # Without FastAPI's request wrapping (two exit stacks for dependencies with `yield`, and an
         # exception handler of its own): its errors reach the app's ExceptionMiddleware, whose
         # handlers are the same (server/app.py ERROR_HANDLERS).
-        self.app = _serve_turn
+        self.app = served_directly(send_message_direct)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         return send_message_direct
-
-
-async def _serve_turn(scope: Scope, receive: Receive, send: Send) -> None:
-    response = await send_message_direct(Request(scope, receive, send))
-    await response(scope, receive, send)
 
 
 async def send_message_direct(request: Request) -> Response:

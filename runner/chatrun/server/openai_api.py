@@ -24,7 +24,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
-from starlette.types import Receive, Scope, Send
 
 from chatrun.server import openai_schema, openai_tasks, wire
 from chatrun.server.auth import Principal
@@ -51,6 +50,7 @@ from chatrun.server.plumbing import (
     authenticate,
     file_body_limit,
     read_json_object,
+    served_directly,
 )
 from chatrun.server.sessions import SessionRegistry
 from chatrun.server.turn_run import check_request_id
@@ -134,13 +134,7 @@ class ChatCompletionsRoute(OpenAIRoute):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        handler = _in_openai_shape(_chat_completions_direct)
-
-        async def serve(scope: Scope, receive: Receive, send: Send) -> None:
-            response = await handler(Request(scope, receive, send))
-            await response(scope, receive, send)
-
-        self.app = serve
+        self.app = served_directly(_in_openai_shape(_chat_completions_direct))
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         return _in_openai_shape(_chat_completions_direct)

@@ -20,6 +20,8 @@ from typing import Annotated, Any, ClassVar
 from fastapi import Depends, Request
 from starlette.datastructures import State
 from starlette.requests import HTTPConnection
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chatrun.engine.bot import Bot
 from chatrun.server import wire
@@ -72,6 +74,19 @@ class ServerState(State):
 
     def __delitem__(self, key: str) -> None:
         self.__delattr__(key)
+
+
+def served_directly(handler: Callable[[Request], Awaitable[Response]]) -> ASGIApp:
+    """A route's ASGI app answering with `handler(request)`, without FastAPI's request wrapping
+    (two exit stacks for dependencies with `yield`, its parameter solving, an exception handler of
+    its own): for the turn routes (http.py SendMessageRoute, openai_api.py ChatCompletionsRoute),
+    whose handlers read their parameters themselves (issue 39)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await handler(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+    return app
 
 
 def authenticate(connection: HTTPConnection) -> Principal | None:
