@@ -58,6 +58,7 @@ back each turn, a JSON answer's turn run whole (bench/README.md, "The `/v1` turn
     python bench/bench_openai_api.py --before /tmp/before --only http,chat   # an older checkout, interleaved
     python bench/bench_openai_api.py --instructions --before /tmp/before     # callgrind: floor_eb, http, chat (and before)
     python bench/bench_openai_api.py --instructions --only ws --before /tmp/before   # a WebSocket turn: ws_floor_eb, ws
+    python bench/bench_openai_api.py --instructions --served --only http   # served by uvicorn over a socket, memory://
 
 The WebSocket kinds (`--only ws`, and bench/turn_parts.py's `ws`, `ws_floor_eb`) count a turn of
 bench_server.py's bot and floor on a real socket through the server's own uvicorn protocols
@@ -100,6 +101,9 @@ routes:
     system: Repeat what the user says.
 """
 SYSTEM = "Repeat what the user says."
+# The stores chatrun is served on. The floors keep nothing, so `memory://` serves the same turn as
+# they do (the http and chat rows); SQLite's rows (`_sqlite`) add what keeping every turn on disk costs.
+STORES = ("memory", "sqlite")
 EARLY, LATE = range(0, 10), range(30, 40)
 
 
@@ -174,7 +178,8 @@ def measure(kind: str, url: str, pid: int, conversations: int, turns: int, round
     """Server CPU ms per turn over the early and the late turns of `conversations` conversations,
     turn k of each conversation before turn k+1 of any (so each block spans many turns)."""
     with httpx.Client(base_url=url, timeout=60) as http:
-        talks = [Conversation(http, kind.removesuffix("_before"), f"{kind[:4]}-{round_no}-{i}") for i in range(conversations)]
+        endpoint = kind.removesuffix("_before").removesuffix("_sqlite")
+        talks = [Conversation(http, endpoint, f"{kind[:4]}-{round_no}-{i}") for i in range(conversations)]
         spent = {"early": 0.0, "late": 0.0}
         for t in range(turns):
             start = cpu_seconds(pid)
@@ -190,7 +195,8 @@ def measure(kind: str, url: str, pid: int, conversations: int, turns: int, round
 
 
 def start_servers(workdir: Path, env: dict[str, str], before: Path | None = None,
-                  kinds: tuple[str, ...] = ("http", "chat", "responses")) -> dict[str, tuple[str, subprocess.Popen]]:
+                  kinds: tuple[str, ...] = ("http", "chat", "responses"),
+                  stores: tuple[str, ...] = STORES) -> dict[str, tuple[str, subprocess.Popen]]:
     servers: dict[str, tuple[str, subprocess.Popen]] = {}
     for kind in ("floor", "floor_eb"):
         port = free_port()
@@ -199,15 +205,16 @@ def start_servers(workdir: Path, env: dict[str, str], before: Path | None = None
         wait_port(port, servers[kind][1])
     (workdir / "echo.yaml").write_text(BOT)
     checkouts = {"": ROOT} | ({"_before": before} if before is not None else {})
-    for suffix, checkout in checkouts.items():  # one server per checkout: its endpoints share it
-        port = free_port()
-        db = workdir / f"bench{suffix}.db"
+    for suffix, checkout in checkouts.items():  # one server per checkout and store: its endpoints share it
         served = dict(env, PYTHONPATH=os.pathsep.join([str(checkout / "runner"), *env["PYTHONPATH"].split(os.pathsep)[1:]]))
-        proc = spawn(["-m", "chatrun", "serve", str(workdir / "echo.yaml"), "--port", str(port),
-                      "--store", f"sqlite:///{db}", "--log-level", "warning"], served)
-        wait_port(port, proc)
-        for kind in kinds:
-            servers[kind + suffix] = (f"http://127.0.0.1:{port}", proc)
+        for store in stores:
+            port = free_port()
+            url = "memory://" if store == "memory" else f"sqlite:///{workdir / f'bench{suffix}.db'}"
+            proc = spawn(["-m", "chatrun", "serve", str(workdir / "echo.yaml"), "--port", str(port),
+                          "--store", url, "--log-level", "warning"], served)
+            wait_port(port, proc)
+            for kind in kinds:
+                servers[kind + ("_sqlite" if store == "sqlite" else "") + suffix] = (f"http://127.0.0.1:{port}", proc)
     return servers
 
 
@@ -226,6 +233,8 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
               f"{median(kind, 'late') / median('floor_eb', 'late'):>19.2f}")
     print("goals (issue 39): http <= 1.15x floor_eb; chat <= 1.3x floor_eb, flat in conversation length "
           "(late/early ~ floor_eb's)")
+    if not db.exists():  # not served on SQLite (--stores)
+        return
     conn = sqlite3.connect(db)
     records, size = conn.execute("SELECT COUNT(*), SUM(LENGTH(record)) FROM records").fetchone()
     conn.close()
@@ -344,17 +353,88 @@ with tempfile.TemporaryDirectory() as tmp:
 """
 
 
-def instructions(kind: str, checkout: Path, env: dict[str, str]) -> int:
+SERVED = r"""
+import asyncio, gc, sys, tempfile
+from pathlib import Path
+runner, bench, kind, turns = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sys.path.insert(0, runner)
+import chatrun  # this checkout's, before the bench module puts its own runner/ on the path
+sys.path.insert(0, bench)
+import bench_openai_api as b
+import bench_server
+import uvicorn
+
+CLIENT = '''
+import sys, httpx
+url, kind, turns = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with httpx.Client(base_url=url, timeout=60) as http:
+    talks = [{"name": f"c{i}", "history": [], "count": 0} for i in range(4)]
+    for talk in talks:
+        if kind == "http":
+            http.post("/bots/echo/sessions", json={"id": talk["name"]}).raise_for_status()
+    for t in range(turns):
+        if t == 1:  # after one turn each (imports, first connections): no collection in the count
+            http.post("/__freeze").raise_for_status()
+        for talk in talks:
+            text = f"{talk['name']} message number {talk['count']}"
+            talk["count"] += 1
+            if kind == "http":
+                http.post(f"/bots/echo/sessions/{talk['name']}/messages", json={"userMessage": text}).raise_for_status()
+                continue
+            talk["history"].append({"role": "user", "content": text})
+            reply = http.post("/v1/chat/completions", json={"model": "echo", "messages": talk["history"]})
+            reply.raise_for_status()
+            talk["history"].append(reply.json()["choices"][0]["message"])
+'''
+
+def freezing(app):
+    async def served(scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == "/__freeze":
+            gc.collect(); gc.freeze(); gc.disable()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await app(scope, receive, send)
+    return served
+
+async def main(tmp):
+    port = bench_server.free_port()
+    if kind == "floor_eb":
+        config = uvicorn.Config(freezing(b.floor_app(True)), host="127.0.0.1", port=port, log_level="warning")
+    else:
+        from chatrun.server.app import create_app
+        from chatrun.server.listen import uvicorn_config
+        (Path(tmp) / "echo.yaml").write_text(b.BOT)
+        app = create_app([chatrun.load_bot(Path(tmp) / "echo.yaml")], "memory://", gc_tuning=False)
+        config = uvicorn_config(freezing(app), "127.0.0.1", port, log_level="warning")
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    client = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}", kind, str(turns))
+    assert await client.wait() == 0, "the client failed"
+    server.should_exit = True
+    await serving
+
+with tempfile.TemporaryDirectory() as tmp:
+    asyncio.run(main(tmp))
+"""
+
+
+def instructions(kind: str, checkout: Path, env: dict[str, str], served: bool = False) -> int:
     """Instructions of one late turn (turns 31-40) in process, the ASGI app called directly (no
     client library, no sockets; 4 conversations): callgrind's count for 40 turns less that for 30,
-    over 40. The fake model runs in its own process, not counted; the server's `openai` client is."""
+    over 40. The fake model runs in its own process, not counted; the server's `openai` client is.
+    `served`: the app behind uvicorn on a real socket in the counted process (chatrun on memory://,
+    as the floor keeps nothing), the client in a child process, not counted."""
     env = {**env, "PYTHONHASHSEED": "0"}
     env.pop("PYTHONPATH", None)
     setarch = ["setarch", "-R"] if shutil.which("setarch") else []  # no address randomization: steadier counts
     counts = []
     for turns in (30, 40):
         out = subprocess.run([*setarch, "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-                              "-c", COUNTED, str(checkout / "runner"), str(ROOT / "bench"), kind, str(turns)],
+                              "-c", SERVED if served else COUNTED, str(checkout / "runner"), str(ROOT / "bench"), kind,
+                              str(turns)],
                              capture_output=True, text=True, env=env, check=True)
         counts.append(int(next(x for x in out.stderr.splitlines() if "Collected" in x).split()[-1]))
     return (counts[1] - counts[0]) // 40
@@ -370,8 +450,14 @@ def main() -> None:
     parser.add_argument("--only", default="http,chat,responses",
                         help="which of chatrun's endpoints to measure (comma-separated; default all three); with "
                         "--instructions also `ws`: a WebSocket turn (bench_server.py's bot and floor, over a socket)")
+    parser.add_argument("--stores", default=",".join(STORES),
+                        help="the stores chatrun is served on (comma-separated; default memory,sqlite: the rows "
+                        "http and chat on memory://, the floors' like, and http_sqlite and chat_sqlite on SQLite)")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per late turn under callgrind instead (floor_eb, http, chat and the --before ones)")
+    parser.add_argument("--served", action="store_true",
+                        help="with --instructions: count http, chat and floor_eb served by uvicorn on a real socket "
+                        "(chatrun on memory://), the client in a child process, not counted")
     parser.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-floor-eb", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -394,12 +480,14 @@ def main() -> None:
             if args.before:
                 checkouts |= {f"{kind}_before": args.before for kind in counted}
             for kind, checkout in checkouts.items():
-                print(f"{kind:<12} {instructions(kind.removesuffix('_before'), checkout, env) / 1e6:.2f} M "
+                served = args.served and not kind.startswith("ws")
+                print(f"{kind:<12} {instructions(kind.removesuffix('_before'), checkout, env, served) / 1e6:.2f} M "
                       "instructions per late turn (callgrind, in process, "
-                      + ("over a socket, the client not counted)" if "ws" in kind else "no sockets)"), flush=True)
+                      + ("over a socket, the client not counted)" if "ws" in kind or served else "no sockets)"),
+                      flush=True)
             return
         with tempfile.TemporaryDirectory() as tmp:
-            servers = start_servers(Path(tmp), env, args.before, tuple(args.only.split(",")))
+            servers = start_servers(Path(tmp), env, args.before, tuple(args.only.split(",")), tuple(args.stores.split(",")))
             results: dict[str, list[dict[str, float]]] = {kind: [] for kind in servers}
             run: Callable[[str, int], dict[str, float]] = lambda kind, r: measure(  # noqa: E731
                 kind, servers[kind][0], servers[kind][1].pid, args.conversations, max(args.turns, 40), r)
