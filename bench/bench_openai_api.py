@@ -69,6 +69,7 @@ bench_server.py's bot and floor on a real socket through the server's own uvicor
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -300,26 +301,16 @@ def counting(app):
 async def websocket_turns(tmp):
     # The WebSocket kinds: the server on a real socket with its real uvicorn protocols (listen.py;
     # permessage-deflate as the client offers it), the client in its own process (not counted).
-    import uvicorn
     import bench_server
     port = bench_server.free_port()
     if kind == "ws_floor_eb":
-        config = uvicorn.Config(counting(bench_server.floor_app(True)), host="127.0.0.1", port=port, log_level="warning")
+        app = bench_server.floor_app(True)
     else:
         from chatrun.server.app import create_app
-        from chatrun.server.listen import uvicorn_config
         (Path(tmp) / "bench.yaml").write_text(bench_server.BOT)
         app = create_app([chatrun.load_bot(Path(tmp) / "bench.yaml")], "memory://", gc_tuning=False)
-        config = uvicorn_config(counting(app), "127.0.0.1", port, log_level="warning")
-    server = uvicorn.Server(config)
-    serving = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    client = await asyncio.create_subprocess_exec(sys.executable, f"{bench}/bench_server.py", "--client",
-                                                  f"ws://127.0.0.1:{port}/_chat/routes", "--turns", str(turns))
-    assert await client.wait() == 0, "the WebSocket client failed"
-    server.should_exit = True
-    await serving
+    await b.serve_during(counting(app), port, kind != "ws_floor_eb", [sys.executable, f"{bench}/bench_server.py",
+                         "--client", f"ws://127.0.0.1:{port}/_chat/routes", "--turns", str(turns)])
 
 async def main(tmp):
     if kind.startswith("ws"):
@@ -362,7 +353,6 @@ import chatrun  # this checkout's, before the bench module puts its own runner/ 
 sys.path.insert(0, bench)
 import bench_openai_api as b
 import bench_server
-import uvicorn
 
 CLIENT = '''
 import sys, httpx
@@ -400,25 +390,38 @@ def freezing(app):
 async def main(tmp):
     port = bench_server.free_port()
     if kind == "floor_eb":
-        config = uvicorn.Config(freezing(b.floor_app(True)), host="127.0.0.1", port=port, log_level="warning")
+        app = b.floor_app(True)
     else:
         from chatrun.server.app import create_app
-        from chatrun.server.listen import uvicorn_config
         (Path(tmp) / "echo.yaml").write_text(b.BOT)
         app = create_app([chatrun.load_bot(Path(tmp) / "echo.yaml")], "memory://", gc_tuning=False)
-        config = uvicorn_config(freezing(app), "127.0.0.1", port, log_level="warning")
-    server = uvicorn.Server(config)
-    serving = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    client = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}", kind, str(turns))
-    assert await client.wait() == 0, "the client failed"
-    server.should_exit = True
-    await serving
+    await b.serve_during(freezing(app), port, kind != "floor_eb",
+                         [sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}", kind, str(turns)])
 
 with tempfile.TemporaryDirectory() as tmp:
     asyncio.run(main(tmp))
 """
+
+
+async def serve_during(app: Any, port: int, as_chatrun_serve: bool, client: list[str]) -> None:
+    """Serve `app` on 127.0.0.1:`port` in this process (with `chatrun serve`'s listening options, or
+    uvicorn's defaults as the floors are served) until the `client` process ends, which must succeed."""
+    import uvicorn
+
+    from chatrun.server.listen import uvicorn_config
+
+    if as_chatrun_serve:
+        config = uvicorn_config(app, "127.0.0.1", port, log_level="warning")
+    else:
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    process = await asyncio.create_subprocess_exec(*client)
+    assert await process.wait() == 0, f"the client failed: {client[1:3]}"
+    server.should_exit = True
+    await serving
 
 
 def instructions(kind: str, checkout: Path, env: dict[str, str], served: bool = False) -> int:
