@@ -136,8 +136,9 @@ class Noted:
 
 def _read_whole(text: str) -> tuple[dict[str, Any], list[tuple[str, Any]], int]:
     """json.loads(text) of a top-level object, read member by member with the decoder's own
-    scanner (the same values, in the same order), its "messages" element by element: (the
-    body, its fields before "messages", the index after the last message)."""
+    scanner (the same values, in the same order): (the body, its fields before "messages", the
+    index after the last message: its array's last "}" before the closing "]", when its last
+    element is an object, which reads as one only if it ends with its "}")."""
     i = _WS(text, 0).end()
     if text[i:i + 1] != "{":
         raise _Unusual
@@ -149,17 +150,14 @@ def _read_whole(text: str) -> tuple[dict[str, Any], list[tuple[str, Any]], int]:
         if key is None:
             break
         first = False
-        if key == "messages":
-            if seen or text[at:at + 1] != "[":
-                raise _Unusual
-            seen, messages = True, list[Any]()
-            i, end = _elements(text, at + 1, messages, True)
-            body[key] = messages
-            continue
         value, i = wire.SCAN_ONCE(text, at)
         body[key] = value
-        if not seen:
+        if key != "messages" and not seen:
             head.append((key, value))
+        elif key == "messages":
+            if seen or type(value) is not list or not value or type(value[-1]) is not dict:
+                raise _Unusual
+            seen, end = True, text.rindex("}", at, i) + 1
     if end < 0 or _WS(text, i).end() != len(text):
         raise _Unusual
     return body, head, end
