@@ -19,7 +19,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -349,9 +349,17 @@ class ChatCompletion(TurnRequest):
     uploads: tuple[Upload, ...] = ()  # the files of the last user message
     usual: bool = False  # every message a usual one (openai_turn.read_conversation)
 
+    @overload
     @classmethod
     def parse(cls, api: OpenAIState, request: Request, body: dict[str, Any], who: Principal | None,
-              resent: openai_resent.Resent | None = None) -> ChatCompletion | Any:
+              resent: None = None) -> ChatCompletion: ...
+    @overload
+    @classmethod
+    def parse(cls, api: OpenAIState, request: Request, body: dict[str, Any], who: Principal | None,
+              resent: openai_resent.Resent) -> ChatCompletion | None: ...
+    @classmethod
+    def parse(cls, api: OpenAIState, request: Request, body: dict[str, Any], who: Principal | None,
+              resent: openai_resent.Resent | None = None) -> ChatCompletion | None:
         """The request checked; with `resent` (its body read from a known prefix), None when that
         prefix's hash is another caller's or namespace's: read the body whole."""
         bot, route = api.bot_and_route(body.get("model"))

@@ -183,21 +183,18 @@ def _member(text: str, i: int, first: bool) -> tuple[int, str | None, int]:
     return i, key, _WS(text, i + 1).end()
 
 
-def _elements(text: str, i: int, items: list[Any], first: bool) -> tuple[int, int]:
-    """An array's elements from `i` (after "[" when `first`, else after an element) to its
-    closing bracket: (the index after it, the index after its last element, -1 for none)."""
+def _elements(text: str, i: int, items: list[Any]) -> tuple[int, int]:
+    """An array's further elements from `i` (just after an element) to its closing bracket:
+    (the index after it, the index after its last element, -1 for none further)."""
     last = -1
     while True:
         i = _WS(text, i).end()
         sign = text[i:i + 1]
         if sign == "]":
             return i + 1, last
-        if not first:
-            if sign != ",":
-                raise _Unusual
-            i = _WS(text, i + 1).end()
-        first = False
-        value, i = wire.SCAN_ONCE(text, i)
+        if sign != ",":
+            raise _Unusual
+        value, i = wire.SCAN_ONCE(text, _WS(text, i + 1).end())
         if type(value) is not dict:
             raise _Unusual  # a message that is not an object: no prefix to know
         items.append(value)
@@ -262,7 +259,7 @@ def _rest(raw: bytes | bytearray, known: Known, hashed: Any) -> Resent | None:
     tail = bytes(raw[known.size:])
     text = tail.decode("utf-8", "surrogatepass")
     new: list[Any] = []
-    i, last = _elements(text, 0, new, False)
+    i, last = _elements(text, 0, new)
     body = dict(known.head)
     body["messages"] = new
     while True:
