@@ -17,15 +17,15 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
-from chatrun.server import openai_schema, openai_tasks, wire
+from chatrun.server import openai_resent, openai_schema, openai_tasks, wire
 from chatrun.server.auth import Principal
 from chatrun.server.openai_sessions import Identity, TurnIndex
 from chatrun.server.openai_turn import (
@@ -37,6 +37,7 @@ from chatrun.server.openai_turn import (
     conversation_of,
     from_failure,
     opened,
+    read_conversation,
     run_turn,
     uploads_of,
 )
@@ -45,11 +46,10 @@ from chatrun.server.plumbing import (
     Caller,
     DetachedTurn,
     Emit,
-    NotAnObject,
     Registry,
     authenticate,
     file_body_limit,
-    read_json_object,
+    read_limited,
     served_directly,
 )
 from chatrun.server.sessions import SessionRegistry
@@ -166,30 +166,43 @@ class OpenAIState:
     limits: wire.ServerLimits
     options: OpenAIOptions
     trusted: tuple[str, ...]  # options.session_headers, lower-case
+    resent: openai_resent.ResentBodies  # what this process read of the conversations resent to it
 
     @classmethod
     def create(cls, registry: SessionRegistry, limits: wire.ServerLimits, options: OpenAIOptions) -> OpenAIState:
-        return cls(TurnIndex(registry), limits, options, tuple(h.lower() for h in options.session_headers))
+        return cls(TurnIndex(registry), limits, options, tuple(h.lower() for h in options.session_headers),
+                   openai_resent.ResentBodies())
 
     @property
     def registry(self) -> SessionRegistry:
         return self.index.registry
 
     async def read_body(self, request: Request, schema: dict[str, Any]) -> dict[str, Any]:
+        return self.checked_body(await self.read_raw(request), schema)[0]
+
+    async def read_raw(self, request: Request) -> bytearray:
+        """The body's bytes (read_json_object's reading, its failures in OpenAI's shape)."""
+        limit = self.body_limit()
         try:
-            body = await read_json_object(request, limit=self.body_limit())
-        except NotAnObject:
-            raise OpenAIError(400, "the body must be a JSON object", code="invalid_json") from None
+            return await read_limited(request, limit, lambda: f"body over the limit of {limit} bytes")
         except wire.RequestFailed as exc:
-            if exc.reason == wire.TOO_LARGE:
-                raise OpenAIError(413, exc.message, code="too_large") from None
-            if exc.reason == wire.REQUEST_TIMEOUT:
-                raise OpenAIError(408, exc.message, code="timeout") from None
-            raise OpenAIError(400, exc.message, code="invalid_json") from None
-        wrong = openai_schema.problem(schema, body)
+            raise _unreadable(exc) from None
+
+    def checked_body(self, raw: bytearray, schema: dict[str, Any],
+                     decode: Callable[[Any, str | None], Any] | None = None) -> tuple[dict[str, Any], bool]:
+        """(the body, whether the schema surely accepts it without its validator): refused
+        as OpenAI refuses a body that is no JSON object, or one the schema refuses."""
+        try:
+            body = wire.load_json(raw, "body", decode)
+        except wire.RequestFailed as exc:
+            raise _unreadable(exc) from None
+        if not isinstance(body, dict):
+            raise OpenAIError(400, "the body must be a JSON object", code="invalid_json")
+        plain = openai_schema.surely_valid(schema, body)
+        wrong = None if plain else openai_schema.problem(schema, body)
         if wrong is not None:
             raise OpenAIError(400, wrong, code="invalid_request")
-        return body
+        return body, plain
 
     def body_limit(self) -> int:
         """A body's limit: a frame's, plus room for the most files (as base64 data URLs) a
@@ -221,6 +234,14 @@ class OpenAIState:
         return f"user:{user}" if isinstance(user, str) and user else ""
 
 
+def _unreadable(exc: wire.RequestFailed) -> OpenAIError:
+    if exc.reason == wire.TOO_LARGE:
+        return OpenAIError(413, exc.message, code="too_large")
+    if exc.reason == wire.REQUEST_TIMEOUT:
+        return OpenAIError(408, exc.message, code="timeout")
+    return OpenAIError(400, exc.message, code="invalid_json")
+
+
 def state_of(request: Request) -> OpenAIState:
     api: OpenAIState = request.app.state.openai
     return api
@@ -239,8 +260,7 @@ async def models(who: Caller, registry: Registry) -> Any:
 async def chat_completions(request: Request, who: Caller) -> Any:
     """OpenAI Chat Completions: the last user message is one turn of a chatrun session."""
     api = state_of(request)
-    body = await api.read_body(request, openai_schema.CHAT_COMPLETIONS)
-    completion = ChatCompletion.parse(api, request, body, who)
+    body, completion = await _chat_completion(api, request, who)
     task = openai_tasks.task_of(completion.ident.earlier, completion.text)
     if task is not None and api.options.front_end_tasks != openai_tasks.RUN:
         if api.options.front_end_tasks == openai_tasks.REFUSE:
@@ -248,6 +268,38 @@ async def chat_completions(request: Request, who: Caller) -> Any:
                               "follow-ups): turn them off in the front end (docs/openai-api.md)", code="front_end_task")
         return completion.fixed(openai_tasks.fixed_answer(task, completion.text), bool(body.get("stream")))
     return await completion.stream() if body.get("stream") else await completion.answer()
+
+
+async def _chat_completion(api: OpenAIState, request: Request, who: Principal | None
+                           ) -> tuple[dict[str, Any], ChatCompletion]:
+    """The request read (its body's fields, and the completion): from where the conversation
+    this process read before ends when the body resends it (server/openai_resent.py), else
+    whole; either way, what it read is kept for the conversation's next request."""
+    raw = await api.read_raw(request)
+    owner = who.name if who is not None else None
+    resent = api.resent.read(raw, owner)
+    if resent is not None:
+        completion = ChatCompletion.parse(api, request, resent.body, who, resent)
+        if completion is not None:
+            api.resent.hits += 1
+            _learn(api, raw, completion, resent.known.size, resent.hashed, resent.end, resent.known.head,
+                   resent.known.count + len(resent.body["messages"]))
+            return resent.body, completion
+    noted = openai_resent.Noted()
+    body, plain = api.checked_body(raw, openai_schema.CHAT_COMPLETIONS, noted)
+    completion = ChatCompletion.parse(api, request, body, who)
+    if completion.usual and noted.head is not None and (plain or openai_schema.all_plain(body["messages"])):
+        end = noted.end if raw.isascii() else len(noted.text[:noted.end].encode("utf-8", "surrogatepass"))
+        _learn(api, raw, completion, 0, None, end, noted.head, len(body["messages"]))
+    return body, completion
+
+
+def _learn(api: OpenAIState, raw: bytearray, completion: ChatCompletion, start: int, hashed: Any, end: int,
+           head: Sequence[tuple[str, Any]], count: int) -> None:
+    """Keep what reading this body up to the end of its last message gave, for the next request."""
+    ident, owner = completion.ident, completion.who.name if completion.who is not None else None
+    running = ident.running_after(owner, [("user", completion.text)])
+    api.resent.learn(raw, start, hashed, end, head, count, (ident.bot, owner, ident.namespace), running)
 
 
 async def responses(request: Request, who: Caller) -> Any:
@@ -276,6 +328,11 @@ class TurnRequest:
     ident: Identity
 
 
+    def prompts(self) -> list[str]:
+        """The texts of the conversation, for a usage estimate (asked only for one)."""
+        return [t for _, t in self.ident.earlier] + [self.text]
+
+
 # -- Chat Completions ------------------------------------------------------------------------------
 
 
@@ -290,21 +347,40 @@ class ChatCompletion(TurnRequest):
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
     uploads: tuple[Upload, ...] = ()  # the files of the last user message
+    usual: bool = False  # every message a usual one (openai_turn.read_conversation)
 
+    @overload
     @classmethod
-    def parse(cls, api: OpenAIState, request: Request, body: dict[str, Any], who: Principal | None) -> ChatCompletion:
+    def parse(cls, api: OpenAIState, request: Request, body: dict[str, Any], who: Principal | None,
+              resent: None = None) -> ChatCompletion: ...
+    @overload
+    @classmethod
+    def parse(cls, api: OpenAIState, request: Request, body: dict[str, Any], who: Principal | None,
+              resent: openai_resent.Resent) -> ChatCompletion | None: ...
+    @classmethod
+    def parse(cls, api: OpenAIState, request: Request, body: dict[str, Any], who: Principal | None,
+              resent: openai_resent.Resent | None = None) -> ChatCompletion | None:
+        """The request checked; with `resent` (its body read from a known prefix), None when that
+        prefix's hash is another caller's or namespace's: read the body whole."""
         bot, route = api.bot_and_route(body.get("model"))
-        earlier, text = conversation_of(body.get("messages"), "messages")
+        earlier: Sequence[tuple[str, str]]
+        if resent is None:
+            earlier, text, usual = read_conversation(body.get("messages"), "messages")
+        else:
+            earlier, text, usual = resent.earlier, resent.text, True
         api.check_length(text)
         ident = Identity(bot, earlier, request.headers.get(SESSION_HEADER), api.namespace(request, body), route=route,
                          version=request.headers.get(VERSION_HEADER), locale=locale_of(request, body))
+        if resent is not None and not ident.hashed_as(who.name if who is not None else None,
+                                                       resent.running((bot, who.name if who else None, ident.namespace))):
+            return None
         return cls(
             api.index, api.options.keepalive, who, body["model"], text, ident,
             as_json=(body.get("response_format") or {}).get("type") in ("json_object", "json_schema"),
             want_events=bool(body["chatrun"].get("events")) if isinstance(body.get("chatrun"), dict) else False,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
             attempt=attempt_of(api.index, request, body, ident, text, who),
-            uploads=uploads_of(body["messages"], "messages"),
+            uploads=() if resent is not None else uploads_of(body["messages"], "messages"), usual=usual,
         )
 
     def keys_after(self, reply: Reply) -> list[str]:
@@ -313,9 +389,8 @@ class ChatCompletion(TurnRequest):
         return [self.ident.prefix_key(self.who.name if self.who else None, turn)]
 
     def run(self, emit: Emit | None) -> Coroutine[Any, Any, TurnResult]:
-        prompts = [t for _, t in self.ident.earlier] + [self.text]
-        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after, self.attempt,
-                        self.uploads)
+        return run_turn(self.index, self.ident, self.who, self.text, self.prompts, emit, self.keys_after,
+                        self.attempt, self.uploads)
 
     def info(self, result: TurnResult) -> dict[str, Any]:
         return result.session | _objects_and_events(result.reply, self.want_events)
@@ -458,8 +533,7 @@ class ResponseRequest(TurnRequest):
         return keys
 
     def run(self, emit: Emit | None) -> Coroutine[Any, Any, TurnResult]:
-        prompts = [t for _, t in self.ident.earlier] + [self.text]
-        return run_turn(self.index, self.ident, self.who, self.text, prompts, emit, self.keys_after,
+        return run_turn(self.index, self.ident, self.who, self.text, self.prompts, emit, self.keys_after,
                         uploads=self.uploads)
 
     def response_object(self, status: str, result: TurnResult | None, text_out: str | None) -> dict[str, Any]:

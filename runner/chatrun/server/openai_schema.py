@@ -185,6 +185,11 @@ def _all_plain(items: list[Any], strings: bool) -> bool:
             and set(map(type, map(_GET, items, repeat("type"), repeat("")))) == _STRS)  # absent: ""
 
 
+def all_plain(messages: list[Any]) -> bool:
+    """Whether every message of a Chat Completions list is plain (plain_message)."""
+    return _all_plain(messages, False)
+
+
 _PLAIN_FIELDS: dict[int, tuple[tuple[str, ...], dict[str, Any]]] = {
     id(CHAT_COMPLETIONS): (("model", "messages"), {
         "model": _non_empty, "stream": _boolean, "user": _string, "safety_identifier": _string,

@@ -88,7 +88,9 @@ class Identity:
     """What a request says about its conversation."""
 
     bot: str
-    earlier: Exchange  # the conversation before the turn's user message
+    # The conversation before the turn's user message (read from the body only when needed when
+    # the body resent a conversation this process read before: openai_resent.ResentExchange).
+    earlier: Sequence[tuple[str, str]]
     explicit_id: str | None = None  # X-Chatrun-Session / Responses `conversation`
     namespace: str = ""  # the `user` field or a trusted front-end chat id
     previous: dict[str, Any] | None = None  # the record of previous_response_id
@@ -110,6 +112,19 @@ class Identity:
         hashed.update(b"\0" + _JSON(rest).encode())
         digest: str = hashed.hexdigest()
         return "openai:request:" + digest
+
+    def hashed_as(self, owner: str | None, running: Any) -> bool:
+        """Take `running` as the running hash of `earlier` for `owner` (False for None)."""
+        if running is None:
+            return False
+        self._hashes[owner] = running
+        return True
+
+    def running_after(self, owner: str | None, more: Sequence[tuple[str, str]]) -> Any:
+        """The running hash of `earlier` followed by `more` (what _key_after hashes before "]]")."""
+        hashed = self._running(owner).copy()
+        hashed.update(("," if self.earlier else "").encode() + _pairs_json(more).encode())
+        return hashed
 
     def _running(self, owner: str | None) -> Any:
         running = self._hashes.get(owner)
@@ -501,7 +516,7 @@ def _memory_delta(before: tuple[Message, ...] | None, now: tuple[Message, ...]) 
     return {"drop": drop, "add": [m.to_dict() for m in now[kept:]]}
 
 
-def _running_hash(bot: str, owner: str | None, namespace: str, exchange: Exchange) -> Any:
+def _running_hash(bot: str, owner: str | None, namespace: str, exchange: Sequence[tuple[str, str]]) -> Any:
     """A SHA-256 of the prefix key's JSON text without its closing "]]", so a longer
     conversation's key extends it instead of hashing the whole conversation again."""
     text = _JSON([bot, owner or "", namespace])[:-1] + ",[" + _pairs_json(exchange)  # _JSON([..., exchange])[:-2]
@@ -540,7 +555,10 @@ def _pairs_json(pairs: Sequence[tuple[str, str]]) -> str:
     return "],".join(map(operator.add, openers, texts)) + "]" if texts else ""
 
 
-def _seed(session: Session, earlier: Exchange) -> int:
+pairs_json = _pairs_json  # the same text, for server/openai_resent.py
+
+
+def _seed(session: Session, earlier: Sequence[tuple[str, str]]) -> int:
     """Put a new session's earlier conversation into its current route's memory."""
     if not earlier:
         return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 ANSWER = "answer"  # a fixed answer, nothing run (the default)
@@ -30,7 +31,7 @@ _HISTORY = re.compile(r"<chat_history>(.*?)</chat_history>", re.S)
 _USER_LINE = re.compile(r"^\s*USER:\s*(.+)$", re.M)
 
 
-def task_of(earlier: list[tuple[str, str]], text: str) -> str | None:
+def task_of(earlier: Sequence[tuple[str, str]], text: str) -> str | None:
     """The JSON key a front end's task request asks for ('' for an unknown task), or None
     for a chat message. A task is one user message starting with `### Task:`."""
     if earlier or not text.lstrip().startswith(TASK_MARKER):

@@ -201,7 +201,7 @@ class TurnResult:
 
 
 async def run_turn(
-    index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
+    index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], attempt: Attempt | None = None,
     uploads: tuple[Upload, ...] = (),
 ) -> TurnResult:
@@ -244,7 +244,7 @@ def _replay(recorded: dict[str, Any], emit: Emit | None) -> TurnResult:
 
 
 async def _run_turn(
-    index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: list[str],
+    index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
     attempt_key: str | None = None, claim: str | None = None,
 ) -> TurnResult:
@@ -280,7 +280,8 @@ async def _run_turn(
             reply.feed(event)
             events.append(event.to_dict())
             emit(event)
-        usage, estimated, cost = openai_usage(entry.get("usage"), prompt_texts, reply.text)
+        turn_usage = entry.get("usage")  # the conversation's texts only for an estimate: a resent one is read then
+        usage, estimated, cost = openai_usage(turn_usage, [] if turn_usage else prompt_texts(), reply.text)
         info = {"session": session.id, "turn": session.turn_count, "route": session.route, "stack": session.stack,
                 "how": opened.how}
         if opened.forked_from:
@@ -507,18 +508,28 @@ def _usual_exchange(messages: list[Any]) -> Exchange | None:
     return list(zip(roles, map(str.strip, contents), strict=True))
 
 
+usual_exchange = _usual_exchange  # for server/openai_resent.py
+
+
 def conversation_of(messages: Any, where: str) -> tuple[Exchange, str]:
     """(the earlier user/assistant exchange, the last user message) of an OpenAI message list.
     System and developer messages are not part of it: the bot has its own prompts."""
+    earlier, text, _usual = read_conversation(messages, where)
+    return earlier, text
+
+
+def read_conversation(messages: Any, where: str) -> tuple[Exchange, str, bool]:
+    """conversation_of's answer, and whether every message was a usual one (_usual_exchange)."""
     if not isinstance(messages, list) or not messages:
         raise OpenAIError(400, f"{where} must be a non-empty list of messages", code="invalid_messages")
     exchange = _usual_exchange(messages)
+    usual = exchange is not None
     if exchange is None:
         exchange = _exchange_of(messages, where)
     if not exchange or exchange[-1][0] != "user":
         raise OpenAIError(400, f"the last message of {where} must be the user's (the turn to run)",
                           code="invalid_messages")
-    return exchange[:-1], exchange[-1][1]
+    return exchange[:-1], exchange[-1][1], usual
 
 
 def _exchange_of(messages: list[Any], where: str) -> Exchange:

@@ -386,12 +386,15 @@ def chat_id_problem(value: Any) -> str | None:
 MAX_JSON_DEPTH = 64
 
 
-def load_json(text: str | bytes | bytearray, what: str) -> Any:
+def load_json(text: str | bytes | bytearray, what: str,
+              decode: Callable[[str | bytes | bytearray, str | None], Any] | None = None) -> Any:
     """Client JSON, or RequestFailed(BadRequest) saying what is wrong: not JSON, NaN or
-    Infinity (which no store can keep), or nested deeper than MAX_JSON_DEPTH."""
+    Infinity (which no store can keep), or nested deeper than MAX_JSON_DEPTH. `decode`: one
+    that decodes as `json.loads` does, the same value or the same error, and notes more
+    (server/openai_resent.py: where a body's messages end)."""
     encoding = None if isinstance(text, str) else _encoding_of(text)
     try:
-        value = _decode(text, encoding)
+        value = (decode or _decode)(text, encoding)
     except json.JSONDecodeError as exc:
         raise RequestFailed(BAD_REQUEST, f"{what} is not valid JSON: {exc.msg} at character {exc.pos}") from None
     except (ValueError, RecursionError) as exc:
@@ -413,6 +416,19 @@ def _no_constants(name: str) -> Any:
 
 # json.loads given an option builds a decoder (and its scanner) on every call: one, made once.
 _DECODER = json.JSONDecoder(parse_constant=_no_constants)
+# Its scanner: one JSON value at an index of a str, (value, the index after it), as the decoder reads
+# each value of a text (StopIteration or JSONDecodeError where there is none).
+SCAN_ONCE: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
+def nests_deeper(value: Any) -> bool:
+    """Whether a decoded JSON value nests deeper than MAX_JSON_DEPTH (load_json's check)."""
+    return _deeper_than(value, MAX_JSON_DEPTH)
+
+
+def decode_json(text: str | bytes | bytearray, encoding: str | None = None) -> Any:
+    """What load_json decodes with: json.loads(text) refusing NaN and Infinity."""
+    return _decode(text, encoding)
 
 
 def _decode(text: str | bytes | bytearray, encoding: str | None = None) -> Any:
@@ -466,6 +482,11 @@ def _may_hold_surrogate(text: str | bytes | bytearray, encoding: str | None = No
     if _SURROGATE_ESCAPE_BYTES.search(text) is not None:
         return True
     return b"\xed" in text and _UTF8_SURROGATE.search(text) is not None
+
+
+def may_hold_surrogate(text: str | bytes | bytearray) -> bool:
+    """load_json's screen: False when no string decoded from `text` can hold a lone surrogate."""
+    return _may_hold_surrogate(text)
 
 
 def _may_nest_deeper(text: str | bytes | bytearray, limit: int) -> bool:
