@@ -17,7 +17,7 @@ import chatrun
 from chatrun.server import create_app
 from chatrun.server.auth import Principal
 from chatrun.server.openai_api import _chat_completion
-from chatrun.server.openai_resent import Noted, ResentBodies
+from chatrun.server.openai_resent import HEAD_CHARACTERS, Noted, ResentBodies
 from chatrun.server.openai_turn import OpenAIError, Reply
 from chatrun.server.wire import RequestFailed, load_json
 from server_support import write_travel
@@ -199,3 +199,20 @@ def test_the_index_of_known_prefixes_is_bounded(api):
         outcome(api, json.dumps({"model": "travel", "messages": [{"role": "user", "content": f"hi {n}"}]}).encode(),
                 None)
     assert len(api.resent._known) == 3
+
+
+def test_a_long_text_before_the_messages_is_not_kept(api):
+    """An entry holds the fields before "messages": a client sending a long one (a body may
+    hold megabytes) leaves the index as small as ever, and its next request is read whole."""
+    api = dataclasses.replace(api, resent=ResentBodies())
+    first = [{"role": "user", "content": "hi"}]
+    room = HEAD_CHARACTERS - len("travel")  # the model's name is a text before the messages too
+    for user in ("u" * room, "u" * (room + 1)):
+        outcome(api, json.dumps({"model": "travel", "user": user, "messages": first}).encode(), None)
+        later = first + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
+        before = api.resent.hits
+        raw = json.dumps({"model": "travel", "user": user, "messages": later}).encode()
+        assert outcome(api, raw, None) == outcome(dataclasses.replace(api, resent=ResentBodies()), raw, None)
+        assert api.resent.hits - before == (1 if len(user) <= room else 0)
+    assert all(sum(len(v) for _, v in k.head if isinstance(v, str)) <= HEAD_CHARACTERS
+               for k in api.resent._known.values())

@@ -20,7 +20,8 @@ messages themselves are decoded again only if the turn needs them (a new session
 them: `ResentExchange`).
 
 The index is per owner, bounded (ENTRIES, oldest first out), and holds no text a client sent
-but scalar fields such as the model's name.
+but short scalar fields such as the model's name (HEAD_CHARACTERS: a body with more before its
+messages is not kept, so an entry stays ~0.5 KB whatever a client sends).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from chatrun.server.openai_sessions import Exchange, pairs_json
 from chatrun.server.openai_turn import conversation_of, usual_exchange
 
 ENTRIES = 4096  # prefixes kept (each ~0.5 KB: no text of the conversation)
+HEAD_CHARACTERS = 256  # the most characters of text the fields before "messages" may hold to be kept
 _TAIL = 48  # bytes before a prefix's end that key it, with its length and owner
 _TRIES = 32  # braces looked at from a body's end for the start of the message after a known prefix
 _GAP = 64  # bytes at most between a message's "}" and the next one's "{" (a comma, indentation)
@@ -246,6 +248,8 @@ class ResentBodies:
         `start` bytes (None: of none), `running` the hash of its `count` messages' pairs for `who`."""
         if not all(type(value) in _SCALARS for _, value in head):
             return  # a field whose value a request could change in place: not shared
+        if sum(len(value) for _, value in head if type(value) is str) > HEAD_CHARACTERS:
+            return  # a long text before the messages (a body may hold megabytes): the index stays small
         hashed = hashed.copy() if hashed is not None else hashlib.blake2b(digest_size=32)
         hashed.update(memoryview(raw)[start:end])
         key = (who[1], end, bytes(raw[max(0, end - _TAIL):end]))
