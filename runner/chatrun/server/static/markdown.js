@@ -401,6 +401,9 @@
         if (answer.tail !== null && !answer.html) showTail(answer.tail, upTo);
         appendRaw();
       }
+      // The page changed now: the next redraw is DRAW_MS after this, however long the worker took
+      // (counted from the question, a late answer left the next one less than DRAW_MS later).
+      drawn = performance.now();
       if (onDraw) onDraw();
       if (shown < text.length) later(); // chunks came while the worker lexed
     }
