@@ -372,6 +372,35 @@ def test_dripped_headers_and_bodies_time_out(travel):
         assert httpx.get(srv.url + "/health").status_code == 200
 
 
+def test_a_keep_alive_connections_later_request_has_its_own_header_deadline(travel):
+    # One header timer a connection (listen.py): requests that finish their headers in time go on
+    # past the first deadline, and a later request that drips its headers still gets its 408.
+    app = create_app([travel], "memory://")
+    with serve(app, header_timeout=1.0) as srv:
+        conn = socket.create_connection(("127.0.0.1", srv.port))
+        conn.settimeout(10)
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:  # well past the connection's first deadline
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert _one_response(conn).startswith(b"HTTP/1.1 200")
+            time.sleep(0.1)
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never finished
+        assert _one_response(conn).startswith(b"HTTP/1.1 408")
+        assert read_until_closed(conn, 5)
+
+
+def _one_response(sock: socket.socket) -> bytes:
+    """One whole HTTP response of a keep-alive connection (its Content-Length body included)."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += sock.recv(4096)
+    head, _, body = got.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head + b"\r\n\r\n" + body
+
+
 def test_over_the_connection_cap_new_clients_get_503(travel):
     app = create_app([travel], "memory://")
     with serve(app, max_connections=3, header_timeout=60) as srv:

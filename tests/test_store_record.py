@@ -10,6 +10,8 @@ import json
 import sqlite3
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import chatrun
 from chat_support import call
@@ -22,6 +24,7 @@ from chatrun.messages import (
     ToolCall,
     ToolResultMessage,
     UserMessage,
+    message_from_dict,
     messages_to_json,
 )
 from chatrun.models.scripted import ScriptedModel
@@ -41,6 +44,7 @@ from chatrun.store.record import (
     route_of_memory,
     scope_id,
     to_json,
+    window_size,
 )
 from chatrun.store.sqlite import SQLiteStore
 from chatrun.store.versions import CREATE
@@ -260,6 +264,54 @@ def test_a_memory_is_written_as_json_of_its_messages_dicts_for_every_kind():
     assert messages_json("s.1#main", messages) == messages_to_json(messages)
     assert encode_messages([]) == "[]"
     assert [m.to_dict() for m in messages] == json.loads(encode_messages(messages))
+
+
+def _window_pool():
+    photo = Attachment("sha256-abc", "image/png", "photo.png", 3)
+    return [UserMessage("hi"), AssistantMessage("hello"), UserMessage("café ☕ \"q\"\n"), AssistantMessage(None),
+            AssistantMessage("", tool_calls=(ToolCall("c1", "book", '{"to": "Dublin"}'),)),
+            ToolResultMessage("c1", "book", '{"ok": true}'), UserMessage("see", (photo,)), SummaryMessage("so far"),
+            UserMessage("\ud800 lone"), AssistantMessage("\U0001f600")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(old=st.lists(st.integers(0, 9), max_size=12), system=st.booleans(), dropped=st.integers(0, 12),
+       added=st.lists(st.integers(0, 9), max_size=4), other=st.booleans())
+def test_a_windows_size_from_the_one_before_is_its_encoded_length(old, system, dropped, added, other):
+    # The buffer measures a changed window from the one it replaces (record.window_size): when it
+    # answers, the answer is the length of the window's JSON, whatever was evicted and appended.
+    pool = _window_pool()
+    before = ([SystemMessage("be brief")] if system else []) + [pool[i] for i in old]
+    head = 1 if system else 0
+    after = before[:head] + before[head + dropped:] + [pool[i] for i in added]
+    if other and after:  # an equal message that is not the same object: measured, or refused, never wrong
+        after[len(after) // 2] = message_from_dict(after[len(after) // 2].to_dict())
+    size = window_size(tuple(before), len(encode_messages(before)), after)
+    assert size is None or size == len(encode_messages(after))
+    if not other and before and after and dropped <= 8:  # the turn's usual shape is measured
+        assert size == len(encode_messages(after))
+
+
+def test_a_windows_size_is_not_guessed_from_an_unknown_size():
+    window = [UserMessage("hi"), AssistantMessage("hello")]
+    assert window_size(tuple(window), 0, [*window, UserMessage("more")]) is None
+    assert window_size((), 2, window) is None
+
+
+def test_the_buffer_hands_the_in_memory_store_its_windows_size_without_encoding_it():
+    store = InMemoryStore()
+    buffer = TurnBuffer("s", lean=True)
+    first = [SystemMessage("be brief"), UserMessage("hi"), AssistantMessage("hello")]
+    buffer.commit_turn("s", {"bot": "b"}, {"s.1#main": first}, [])
+    store.write_commit(buffer.pending)
+    buffer.pending = None
+    second = [*first, UserMessage("more"), AssistantMessage("sure")]
+    buffer.commit_turn("s", {"bot": "b"}, {"s.1#main": second}, [])
+    assert buffer.pending.encoded_memories is None  # measured, not encoded
+    assert buffer.memory_size == len(encode_messages(second))
+    store.write_commit(buffer.pending)
+    assert store.read_session("s").sizes == {}  # no scopes in this snapshot: nothing read back
+    assert store._memory_sizes["s.1#main"] == len(encode_messages(second))
 
 
 def test_a_commit_refuses_a_memory_item_that_is_not_a_message_naming_it():

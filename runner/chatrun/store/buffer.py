@@ -30,6 +30,7 @@ from chatrun.store.record import (
     from_json,
     pack_committed,
     unpack_committed,
+    window_size,
     with_committed,
 )
 
@@ -180,8 +181,22 @@ class TurnBuffer:
         if commit.memories:
             changed = commit.memories
             kept = [entry for entry in self._memories if entry[0] not in changed]
-            self._memories = (*kept, *((mid, tuple(msgs), len(commit.memories_json.get(mid) or ""))
+            self._memories = (*kept, *((mid, tuple(msgs), self._size_of(commit, mid, msgs))
                                        for mid, msgs in changed.items() if msgs is not None))
+
+    def _size_of(self, commit: Commit, memory_id: str, messages: list[Message]) -> int:
+        """A changed memory's JSON size, from what it held before when it can be (record.window_size:
+        the in-memory store never encodes the window, so encoding it here only to measure it was
+        a steady turn's largest JSON), else from its JSON; the pending commit carries it to the store."""
+        size = commit.memory_size(memory_id)
+        if size is None:
+            before = next((entry for entry in self._memories if entry[0] == memory_id), None)
+            size = None if before is None else window_size(before[1], before[2], messages)
+            if size is None:
+                size = len(commit.memories_json.get(memory_id) or "")
+            elif self.pending is not None:  # the commit this one was folded into, or itself
+                self.pending.sizes[memory_id] = size
+        return size
 
     def load_versioned(self, session_id: str) -> tuple[JSONObject, str] | None:
         snapshot = self.load_session(session_id)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import threading
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -352,6 +353,37 @@ def encode_messages(messages: list[Message]) -> str:
     return "[" + ", ".join(parts) + "]"
 
 
+_SEPARATOR = len(", ")
+_MOST_DROPPED = 8  # how far into the old window a window's first kept message is looked for
+
+
+def _content_size(messages: tuple[Message, ...] | list[Message]) -> int:
+    """What `messages` add to a JSON array's length: their own text and a separator each."""
+    return len(encode_messages(list(messages))) - len("[]") + _SEPARATOR if messages else 0
+
+
+def window_size(old: tuple[Message, ...], old_size: int, new: list[Message]) -> int | None:
+    """`len(encode_messages(new))`, from the old window's size, when `new` is `old` with a few
+    messages evicted after its first `head` (0 or 1: a system message stays first) and others
+    appended, the same objects (messages are immutable); else None. A commit writes its window
+    whole every turn, and the server measured it by encoding it (some 2,600 instructions a
+    message) only for the session cache's byte bound: this encodes the messages that came and
+    went. tests/test_store_record.py holds it to the encoded length."""
+    if not old or not new or old_size <= len(old):  # an unknown size (0) is not a window's
+        return None
+    content = old_size - len("[]") + _SEPARATOR  # every message's text, and a separator each
+    for head in (0, 1):
+        if head and new[0] is not old[0]:
+            break
+        for dropped in range(min(_MOST_DROPPED, len(old) - head) + 1):
+            kept = len(old) - head - dropped
+            if kept > len(new) - head or not all(map(operator.is_, old[head + dropped:], new[head:head + kept])):
+                continue
+            content += _content_size(new[head + kept:]) - _content_size(old[head:head + dropped])
+            return content - _SEPARATOR + len("[]")
+    return None
+
+
 
 EMPTY_MEMORY_SIZE = len("[]")  # what an absent memory counts in a cache's byte bound
 
@@ -641,6 +673,8 @@ class Commit:
     # Their JSON, made when a store first asks (`memories_json`): the in-memory store keeps the
     # messages themselves and never does (a steady turn's whole window, encoded for nothing).
     encoded_memories: dict[str, str | None] | None = field(default=None, repr=False)
+    # The JSON size of changed memories measured without their text (record.window_size).
+    sizes: dict[str, int] = field(default_factory=dict, repr=False)
     history_json: list[str] = field(default_factory=list)
     expected: str | None = None
     outcome: tuple[str, str] | None = None
@@ -701,7 +735,7 @@ class Commit:
     def memory_size(self, memory_id: str) -> int | None:
         """The JSON size of a changed memory if its text was made already, else None."""
         text = None if self.encoded_memories is None else self.encoded_memories.get(memory_id)
-        return None if text is None else len(text)
+        return self.sizes.get(memory_id) if text is None else len(text)
 
     def merge(self, later: Commit) -> None:
         """Fold a later commit of the same request into this one: its snapshot wins, memories
@@ -711,6 +745,9 @@ class Commit:
         self.waiting, self.tallies = later.waiting, later.tallies
         mine, theirs = self.encoded_memories, later.encoded_memories
         self.memories.update(later.memories)
+        for mid in later.memories:  # a size measured for an earlier commit's messages is not theirs
+            self.sizes.pop(mid, None)
+        self.sizes.update(later.sizes)
         self.encoded_memories = None if mine is None or theirs is None else {**mine, **theirs}
         self.history_json.extend(later.history_json)
         self.outbox.extend(later.outbox)
