@@ -303,12 +303,7 @@ async def websocket_turns(tmp):
     # permessage-deflate as the client offers it), the client in its own process (not counted).
     import bench_server
     port = bench_server.free_port()
-    if kind == "ws_floor_eb":
-        app = bench_server.floor_app(True)
-    else:
-        from chatrun.server.app import create_app
-        (Path(tmp) / "bench.yaml").write_text(bench_server.BOT)
-        app = create_app([chatrun.load_bot(Path(tmp) / "bench.yaml")], "memory://", gc_tuning=False)
+    app = b.contender_app(bench_server.floor_app(True) if kind == "ws_floor_eb" else None, bench_server.BOT, tmp)
     await b.serve_during(counting(app), port, kind != "ws_floor_eb", [sys.executable, f"{bench}/bench_server.py",
                          "--client", f"ws://127.0.0.1:{port}/_chat/routes", "--turns", str(turns)])
 
@@ -389,18 +384,24 @@ def freezing(app):
 
 async def main(tmp):
     port = bench_server.free_port()
-    if kind == "floor_eb":
-        app = b.floor_app(True)
-    else:
-        from chatrun.server.app import create_app
-        (Path(tmp) / "echo.yaml").write_text(b.BOT)
-        app = create_app([chatrun.load_bot(Path(tmp) / "echo.yaml")], "memory://", gc_tuning=False)
+    app = b.contender_app(b.floor_app(True) if kind == "floor_eb" else None, b.BOT, tmp)
     await b.serve_during(freezing(app), port, kind != "floor_eb",
                          [sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}", kind, str(turns)])
 
 with tempfile.TemporaryDirectory() as tmp:
     asyncio.run(main(tmp))
 """
+
+
+def contender_app(floor: Any, bot: str, tmp: str) -> Any:
+    """`floor` when given (a floor's app), else chatrun's app serving `bot` (YAML) on memory://."""
+    if floor is not None:
+        return floor
+    import chatrun
+    from chatrun.server.app import create_app
+
+    (Path(tmp) / "bot.yaml").write_text(bot)
+    return create_app([chatrun.load_bot(Path(tmp) / "bot.yaml")], "memory://", gc_tuning=False)
 
 
 async def serve_during(app: Any, port: int, as_chatrun_serve: bool, client: list[str]) -> None:
