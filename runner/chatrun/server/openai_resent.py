@@ -34,7 +34,7 @@ from typing import Any, overload
 
 from chatrun.messages import lone_surrogate_at
 from chatrun.server import openai_schema, wire
-from chatrun.server.openai_sessions import Exchange, pairs_json
+from chatrun.server.openai_sessions import Exchange, extended
 from chatrun.server.openai_turn import conversation_of, usual_exchange
 
 ENTRIES = 4096  # prefixes kept (each ~0.5 KB: no text of the conversation)
@@ -107,10 +107,7 @@ class Resent:
         """The running hash of `earlier` for this bot, owner and namespace (None: another's)."""
         if who != self.known.who:
             return None
-        running = self.known.running.copy()
-        if self.new_pairs:
-            running.update(("," + pairs_json(self.new_pairs)).encode())
-        return running
+        return extended(self.known.running, True, self.new_pairs)  # a known prefix holds a message
 
 
 class Noted:

@@ -122,9 +122,7 @@ class Identity:
 
     def running_after(self, owner: str | None, more: Sequence[tuple[str, str]]) -> Any:
         """The running hash of `earlier` followed by `more` (what _key_after hashes before "]]")."""
-        hashed = self._running(owner).copy()
-        hashed.update(("," if self.earlier else "").encode() + _pairs_json(more).encode())
-        return hashed
+        return extended(self._running(owner), bool(self.earlier), more)
 
     def _running(self, owner: str | None) -> Any:
         running = self._hashes.get(owner)
@@ -523,11 +521,18 @@ def _running_hash(bot: str, owner: str | None, namespace: str, exchange: Sequenc
     return hashlib.sha256(text.encode())
 
 
-def _key_after(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) -> str:
-    """The prefix key of the conversation `running` hashed followed by `more`."""
+def extended(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) -> Any:
+    """A copy of `running` (the running hash of a conversation, `nonempty` if it has pairs) with
+    the pairs `more` hashed after them: the one way a key's hash grows."""
     hashed = running.copy()
     if more:
         hashed.update(("," if nonempty else "").encode() + _pairs_json(more).encode())
+    return hashed
+
+
+def _key_after(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) -> str:
+    """The prefix key of the conversation `running` hashed followed by `more`."""
+    hashed = extended(running, nonempty, more)
     hashed.update(b"]]")
     digest: str = hashed.hexdigest()
     return "openai:prefix:" + digest
@@ -553,9 +558,6 @@ def _pairs_json(pairs: Sequence[tuple[str, str]]) -> str:
     except (KeyError, TypeError, IndexError):
         return _JSON(list(pairs))[1:-1]
     return "],".join(map(operator.add, openers, texts)) + "]" if texts else ""
-
-
-pairs_json = _pairs_json  # the same text, for server/openai_resent.py
 
 
 def _seed(session: Session, earlier: Sequence[tuple[str, str]]) -> int:

@@ -490,7 +490,7 @@ _SPEAKER_SET, _USUAL_TYPES, _DICTS, _STRS = frozenset(_SPEAKERS), frozenset({Non
 _GET = dict.get
 
 
-def _usual_exchange(messages: list[Any]) -> Exchange | None:
+def usual_exchange(messages: list[Any]) -> Exchange | None:
     """The exchange of a list of usual messages only (each a dict of a user's or assistant's text
     content, of no other type than "message"), read in C-level passes over the list; None when
     any message is another, whose checks conversation_of makes one by one. The loop's checks of
@@ -508,9 +508,6 @@ def _usual_exchange(messages: list[Any]) -> Exchange | None:
     return list(zip(roles, map(str.strip, contents), strict=True))
 
 
-usual_exchange = _usual_exchange  # for server/openai_resent.py
-
-
 def conversation_of(messages: Any, where: str) -> tuple[Exchange, str]:
     """(the earlier user/assistant exchange, the last user message) of an OpenAI message list.
     System and developer messages are not part of it: the bot has its own prompts."""
@@ -519,10 +516,10 @@ def conversation_of(messages: Any, where: str) -> tuple[Exchange, str]:
 
 
 def read_conversation(messages: Any, where: str) -> tuple[Exchange, str, bool]:
-    """conversation_of's answer, and whether every message was a usual one (_usual_exchange)."""
+    """conversation_of's answer, and whether every message was a usual one (usual_exchange)."""
     if not isinstance(messages, list) or not messages:
         raise OpenAIError(400, f"{where} must be a non-empty list of messages", code="invalid_messages")
-    exchange = _usual_exchange(messages)
+    exchange = usual_exchange(messages)
     usual = exchange is not None
     if exchange is None:
         exchange = _exchange_of(messages, where)
