@@ -2,10 +2,11 @@
 against chatrun's own HTTP API and two floors, all measured in the same run.
 
 Three kinds of process on loopback: the fake OpenAI model (echo, no delay), the server under
-test, and this load generator. Measured: CPU time of the server process per turn (from
-/proc, so the client's and the model's work is not counted), for turns 1-10 and turns
-31-40 of --conversations conversations of --turns turns, contenders interleaved round by
-round; the table shows the min and median over rounds.
+test, and this load generator. Measured: CPU time of the server process per turn (its threads'
+time on a CPU from /proc/PID/task/*/schedstat, in ns, so the client's and the model's work is not
+counted; figures dated 2026-12-06 and before read /proc/PID/stat's 10 ms ticks, too coarse for a
+5% change), for turns 1-10 and turns 31-40 of --conversations conversations of --turns turns,
+contenders interleaved round by round; the table shows the min and median over rounds.
 
 Contenders:
   floor      a bare FastAPI /v1/chat/completions that forwards the client's whole history to
@@ -90,7 +91,7 @@ import httpx  # noqa: E402
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import Response  # noqa: E402
 
-from bench_server import cpu_seconds, free_port, spawn, wait_port  # noqa: E402
+from bench_server import ThreadsCpu, cpu_seconds, free_port, spawn, wait_port  # noqa: E402
 
 BOT = """
 name: echo
@@ -182,13 +183,20 @@ def measure(kind: str, url: str, pid: int, conversations: int, turns: int, round
         endpoint = kind.removesuffix("_before").removesuffix("_sqlite")
         talks = [Conversation(http, endpoint, f"{kind[:4]}-{round_no}-{i}") for i in range(conversations)]
         spent = {"early": 0.0, "late": 0.0}
+        clock, ticks, fine = ThreadsCpu(pid), cpu_seconds(pid), 0.0
         for t in range(turns):
-            start = cpu_seconds(pid)
+            clock.seconds()
             for talk in talks:
                 talk.turn()
             block = "early" if t in EARLY else "late" if t in LATE else None
+            spent_now = clock.seconds()
+            fine += spent_now
             if block:
-                spent[block] += cpu_seconds(pid) - start
+                spent[block] += spent_now
+    ticks = cpu_seconds(pid) - ticks
+    if clock.lost or fine < ticks * 0.98 - 0.02:  # short: threads ended (a tick is 10 ms)
+        print(f"  {kind}: the threads' clock read {fine:.3f} s where /proc/PID/stat read {ticks:.2f} s; "
+              f"{clock.lost} threads ended during the round and took their CPU with them")
     return {block: ms * 1000 / (conversations * 10) for block, ms in spent.items()}
 
 

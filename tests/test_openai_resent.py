@@ -216,3 +216,17 @@ def test_a_long_text_before_the_messages_is_not_kept(api):
         assert api.resent.hits - before == (1 if len(user) <= room else 0)
     assert all(sum(len(v) for _, v in k.head if isinstance(v, str)) <= HEAD_CHARACTERS
                for k in api.resent._known.values())
+
+
+def test_the_index_keeps_no_text_of_the_conversation(api):
+    """An entry is keyed by the hash of its prefix's last bytes, not by the bytes, which end the
+    conversation's last message: nothing a user or the bot said is held by the index."""
+    api = dataclasses.replace(api, resent=ResentBodies())
+    messages = [{"role": "user", "content": "my card is 4111 wombat"}]
+    outcome(api, json.dumps({"model": "travel", "messages": messages}).encode(), None)
+    messages += [{"role": "assistant", "content": "noted, kangaroo"}, {"role": "user", "content": "and quokka"}]
+    before = api.resent.hits
+    outcome(api, json.dumps({"model": "travel", "messages": messages}).encode(), None)
+    assert api.resent.hits == before + 1  # the first body was kept, and read from
+    kept = repr(list(api.resent._known.items()))
+    assert not any(word in kept for word in ("wombat", "4111", "kangaroo", "quokka"))

@@ -39,7 +39,7 @@ from chatrun.server.openai_turn import conversation_of, usual_exchange
 
 ENTRIES = 4096  # prefixes kept (each ~0.5 KB: no text of the conversation)
 HEAD_CHARACTERS = 256  # the most characters of text the fields before "messages" may hold to be kept
-_TAIL = 48  # bytes before a prefix's end that key it, with its length and owner
+_TAIL = 48  # bytes before a prefix's end whose hash keys it, with its length and owner
 _TRIES = 32  # braces looked at from a body's end for the start of the message after a known prefix
 _GAP = 64  # bytes at most between a message's "}" and the next one's "{" (a comma, indentation)
 _WS = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]  # the decoder's own whitespace
@@ -200,6 +200,13 @@ def _elements(text: str, i: int, items: list[Any]) -> tuple[int, int]:
         last = i
 
 
+def _tail_hash(raw: bytes | bytearray, end: int) -> int:
+    """The last bytes of a prefix, as the key of its entry: their hash, not the bytes, which
+    end the conversation's last message (the index keeps no text a client sent). A collision
+    only costs a digest that does not match."""
+    return hash(bytes(raw[max(0, end - _TAIL):end]))
+
+
 class ResentBodies:
     """The prefixes this process read, by owner, length and last bytes (see the module's text)."""
 
@@ -232,7 +239,7 @@ class ResentBodies:
             end = raw.rfind(b"}", max(0, at - _GAP), at) + 1
             if end <= 0 or raw[end:at].strip(b" \t\n\r") != b",":
                 continue
-            known = self._known.get((owner, end, bytes(raw[max(0, end - _TAIL):end])))
+            known = self._known.get((owner, end, _tail_hash(raw, end)))
             if known is None:
                 continue
             hashed = hashlib.blake2b(memoryview(raw)[:end], digest_size=32)
@@ -249,7 +256,7 @@ class ResentBodies:
             return  # a long text before the messages (a body may hold megabytes): the index stays small
         hashed = hashed.copy() if hashed is not None else hashlib.blake2b(digest_size=32)
         hashed.update(memoryview(raw)[start:end])
-        key = (who[1], end, bytes(raw[max(0, end - _TAIL):end]))
+        key = (who[1], end, _tail_hash(raw, end))
         self._known[key] = Known(end, hashed.digest(), tuple(head), count, who, running)
         if len(self._known) > self._entries:
             del self._known[next(iter(self._known))]
