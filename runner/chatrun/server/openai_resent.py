@@ -211,7 +211,7 @@ class ResentBodies:
     """The prefixes this process read, by owner, length and last bytes (see the module's text)."""
 
     def __init__(self, entries: int = ENTRIES):
-        self._known: dict[tuple[str | None, int, bytes], Known] = {}
+        self._known: dict[tuple[str | None, int, int], Known] = {}
         self._entries = entries
         self.hits = 0  # bodies read from a known prefix (counted by the caller that used the reading: the tests')
 
