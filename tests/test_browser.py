@@ -191,6 +191,27 @@ def test_the_javascript_client_is_a_superset_of_the_quarkus_client(page, fake):
     assert result["rejected"]["detail"] == chatrun.events.MODEL_FAILED_TEXT  # the safe text: what users may see
 
 
+def test_a_session_without_a_default_handler_logs_an_unhandled_frame_type_and_goes_on(page, fake):
+    """docs/protocol.md: a page without a `defaultHandler` never breaks on an unhandled frame type."""
+    logged: list[str] = []
+    page.on("console", lambda message: logged.append(message.text))
+    fake.queue({"chunks": ["a", "b"]}, {"text": "still here"})
+    replies = page.evaluate(
+        """async () => {
+        const replies = [];
+        const client = new ChatScopesClient();
+        await client.open(location.origin.replace("http", "ws") + "/_chat/routes");
+        const session = await client.builder().messageHandler((m) => replies.push(m)).connect();
+        await session.chat("hello");  // its Stream frames have no handler
+        client.onMessage({data: JSON.stringify({chatId: session.id, type: "Custom", data: 1})});
+        await session.chat("again");
+        return replies;
+    }"""
+    )
+    assert replies == ["ab", "still here"]
+    assert {"Handler not found for eventType: Stream", "Handler not found for eventType: Custom"} <= set(logged)
+
+
 @pytest.mark.parametrize("bot_path", [REPO / "bots" / "travel"])
 def test_the_travel_example_bot_books_a_flight_in_the_browser(page, fake, bot_path):
     fake.queue(

@@ -657,3 +657,14 @@ def test_without_a_model_users_read_a_plain_explanation(tmp_path, monkeypatch, m
             assert axe_problems(page) == []
         else:
             assert "OPENAI_API_KEY" in banner.inner_text() and "Answer in its place" in banner.inner_text()
+
+
+def test_the_end_user_page_never_asks_to_play_the_model_and_the_authors_page_does(server, fake):
+    """docs/protocol.md, "Who may play": the end-user page never asks (the author's page asks "auto")."""
+    for path, asked in (("/chat/hotels", set()), ("/", {"auto"})):
+        with chat_page(server.url, width=1280, path=path, init_script=KEEP_SENT_FRAMES) as page:
+            fake.queue({"text": "Hello."})
+            send(page, "hi")
+            sent = [json.loads(frame) for frame in page.evaluate("window.sentFrames")]
+        turns = [frame for frame in sent if frame.get("type") == "ChatRouteMessage"]
+        assert turns and {frame.get("playModel") for frame in turns} - {None} == asked, (path, turns)

@@ -9,6 +9,7 @@ Screenshots at 390 and 1280 px (CHATRUN_SCREENSHOTS=DIR keeps them)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -198,6 +199,29 @@ def test_the_widget_chats_on_another_origin_and_keeps_the_conversation(sites, fa
         shot(page, f"widget-unread-{width}")
         launcher.click()
         assert page.locator("[data-chatrun-widget] >> .badge").is_hidden()
+
+
+# Every frame a page's WebSockets send, kept in `window.sentFrames`.
+KEEP_SENT_FRAMES = """window.sentFrames = [];
+const sendFrame = WebSocket.prototype.send;
+WebSocket.prototype.send = function (data) { window.sentFrames.push(String(data)); return sendFrame.call(this, data); };"""
+
+
+def test_the_widget_never_asks_to_play_the_model_and_keeps_its_greeting_out_of_the_conversation(sites, fake):
+    """docs/protocol.md ("Who may play") and docs/widget.md (`greeting`)."""
+    _chat, shop, _port = sites
+    with shop_page(None, 1280) as page:
+        page.add_init_script(KEEP_SENT_FRAMES)  # in the panel's frame too
+        page.goto(shop + "/")
+        page.locator("[data-chatrun-widget] >> .launcher").click()
+        frame = panel_frame(page)
+        fake.queue({"text": "Lisbon."})
+        send(frame, "Where should I go?", 0)
+        panel = next(f for f in page.frames if "/widget/travel/frame" in f.url)
+        sent = [json.loads(text) for text in panel.evaluate("window.sentFrames")]
+    turns = [f for f in sent if f.get("type") == "ChatRouteMessage"]
+    assert turns and [f for f in turns if "playModel" in f] == [], turns
+    assert "Where would you like to go?" not in json.dumps(fake.requests[-1]["messages"])
 
 
 def test_a_page_on_an_undeclared_origin_gets_no_widget_and_the_reason(sites):

@@ -208,3 +208,23 @@ def test_an_operator_takes_over_a_telegram_user_and_the_user_reads_the_operator(
     assert len(fake.requests) == 2
     assert texts(telegram) == ["You said hello.", "olga joined the conversation", "Hi, I am Olga.",
                                "olga left the conversation", "You said and now?."]
+
+
+def test_a_credential_written_as_a_value_instead_of_a_variables_name_is_an_error(write_bot):
+    """docs/channels.md: credentials are the names of `env:` variables, never values."""
+    from chatrun.definition.loader import check_bot
+
+    _, found = check_bot(write_bot("""\
+        name: shop
+        env:
+          TELEGRAM_WEBHOOK_SECRET: {secret: true, default: set-me-too}
+        channels:
+          telegram:
+            token: "123456:AAH-the-token-itself"
+            secret: TELEGRAM_WEBHOOK_SECRET
+        routes:
+          main: {default: true, system: Shop.}
+        """))
+    errors = [(d.line, d.message) for d in found if d.severity == "error"]
+    # Refused at the token's line (by the schema, and by the check that it names a declared variable).
+    assert errors and all(line == 6 and "123456:AAH-the-token-itself" in message for line, message in errors), errors

@@ -132,6 +132,21 @@ def test_the_build_stage_copies_exactly_what_the_wheel_is_made_of(dockerfile):
     assert kept == needed, f".dockerignore keeps {sorted(kept)}, the wheel needs {sorted(needed)}"
 
 
+# The variables docs/deploy.md names as secrets (the model's key, the bundle key, PostgreSQL's).
+SECRETS = ("OPENAI_API_KEY", "CHATRUN_BUNDLE_KEY", "PGPASSWORD", "POSTGRES_PASSWORD")
+
+
+def test_secrets_come_from_the_environment_never_from_the_image_or_compose_yaml(dockerfile, compose):
+    baked = {name for i in dockerfile if i.keyword in ("ENV", "ARG")
+             for name in re.findall(r"(?:^|\s)(\w+)=", i.args) + i.args.split()[:1] if name in SECRETS}
+    assert baked == set(), f"the Dockerfile sets {sorted(baked)}: a secret would be in the image"
+    # compose.yaml passes each secret through from the environment (its .env), never a value of its own.
+    for name, service in compose["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            if key in SECRETS:
+                assert re.fullmatch(r"\$\{\w+(:[-?][^}]*)?\}", str(value)), f"{name}: {key} is {value!r}"
+
+
 def test_the_entrypoint_serves_on_the_exposed_port_and_the_health_check_asks_health(dockerfile):
     assert one(dockerfile, "EXPOSE").args == PORT
     command = exec_form(one(dockerfile, "ENTRYPOINT")) + exec_form(one(dockerfile, "CMD"))

@@ -4,6 +4,7 @@ tool actions, memories, atomic turns, persistence."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import pytest
 
@@ -536,3 +537,40 @@ def test_a_system_template_that_renders_empty_fails_the_turn_and_keeps_the_instr
     assert "moody.yaml:" in s.last_turn["error"]
     assert s.state["instructions"] == "Be brief."  # rolled back
     assert s.memory()[0] == SystemMessage("Be brief.")
+
+
+def test_a_memory_evicts_and_the_history_keeps_every_turn(write_bot, tmp_path):
+    """docs/memory.md: "A memory evicts; the history never does" (docs/deploy.md sizes for it)."""
+    path = write_bot("""
+name: short
+model: {provider: scripted}
+routes:
+  main: {default: true, system: Hi., memory: {type: message_window, max_messages: 3}}
+""")
+    db = str(tmp_path / "s.db")
+    session = chatrun.load_bot(path).session(store=SQLiteStore(db), model=ScriptedModel([f"r{i}" for i in range(6)]))
+    for i in range(6):
+        session.chat(f"m{i}")
+    assert [m.content for m in session.memory()] == ["Hi.", "m5", "r5"]  # evicted down to its window
+    again = chatrun.load_bot(path).session(store=SQLiteStore(db), session_id=session.id)
+    assert [(e["turn"], e["input"]) for e in again.history] == [(i + 1, f"m{i}") for i in range(6)]
+
+
+def test_a_none_memory_is_cleared_after_each_turn_and_never_stored(write_bot, tmp_path):
+    """docs/memory.md, `none`: the turn's messages only; the engine never writes it to the store."""
+    path = write_bot("""
+name: forgetful
+model: {provider: scripted}
+routes:
+  main: {default: true, system: Hi., memory: {type: none}}
+""")
+    db = str(tmp_path / "s.db")
+    model = ScriptedModel(["r0", "r1"])
+    session = chatrun.load_bot(path).session(store=SQLiteStore(db), model=model)
+    session.chat("m0")
+    session.chat("m1")
+    assert [m.content for m in model.requests[1].messages] == ["Hi.", "m1"]  # nothing of the first turn
+    memory_id = f"{session.scope_id}#main"
+    assert SQLiteStore(db).get_messages(memory_id) == []
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("SELECT count(*) FROM memories").fetchone()[0] == 0

@@ -271,3 +271,42 @@ def test_a_stdio_servers_env_adds_variables_to_the_environment_it_inherits(write
     told = results(asyncio.run(run()))
     assert told[:2] == ['{"result": "/srv/notes"}', '{"result": "replaced"}']  # env: wins over the inherited value
     assert told[2] not in ('{"result": ""}', '{"result": "<unset>"}')  # the rest of the environment is inherited
+
+
+SLOW_SERVER = """\
+import time
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("slow")
+
+
+@server.tool()
+def wait() -> str:
+    time.sleep(30)
+    return "too late"
+
+
+server.run()
+"""
+
+
+@pytest.mark.subprocess  # a stdio MCP server that answers too late
+def test_a_server_slower_than_the_tools_timeout_is_a_refusal_not_a_failure(write_bot, tmp_path):
+    (tmp_path / "slow_server.py").write_text(SLOW_SERVER)
+    bot = chatrun.load_bot(write_bot(f"""
+        name: n
+        model: {{provider: scripted, name: m}}
+        mcp_servers:
+          slow: {{command: [python, {tmp_path / 'slow_server.py'}]}}
+        routes:
+          main: {{default: true, system: Wait., tools: [wait]}}
+        tools:
+          wait: {{description: w, timeout: 2, mcp: {{server: slow, tool: wait}}}}
+        """))
+    session = bot.session(model=chatrun.ScriptedModel([call("wait"), {"text": "it is slow"}]))
+    events = session.chat("wait")
+    [reply] = results(session)  # the call gave up at its timeout: the server's answer is not in it
+    assert reply.startswith("Error:") and "too late" not in reply, reply
+    assert events[-1].type == "Message" and session.history[-1]["ok"] is True
+    session.close()

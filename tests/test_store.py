@@ -147,6 +147,15 @@ def test_loaded_values_are_copies(store):
     assert store.load_history("s1") == [{"turn": 1}]
 
 
+def test_a_callers_later_changes_to_what_it_committed_never_leak_in(store):
+    snapshot, entry = {"state": {"a": 1}}, {"turn": 1, "events": [1]}
+    store.commit_turn("s1", snapshot, {}, [entry])
+    snapshot["state"]["a"] = 99
+    entry["events"].append(2)
+    assert store.load_session("s1") == {"state": {"a": 1}}
+    assert store.load_history("s1") == [{"turn": 1, "events": [1]}]
+
+
 def test_commit_turn_with_an_invalid_message_lands_nothing(store):
     store.commit_turn("s1", {"turn": 1}, {"s1#a": [UserMessage("a1")], "s1#b": [UserMessage("b1")]}, [{"turn": 1}])
     with pytest.raises(ChatrunError, match="memory s1#b: item 1 is a str"):

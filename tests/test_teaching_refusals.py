@@ -92,6 +92,7 @@ def test_a_name_the_tool_does_not_take_is_dropped_before_the_handler_and_named_b
     s.chat("a large ham")
     assert tool_reply(s) == ('{"got": ["size"]}\n\nNote: `topping` is not an argument of order (it takes `size`, '
                              "`crust`); the value you sent was ignored.")
+    assert s.history[-1]["calls"][0]["args"] == {"size": "L"}  # the history's record of the call: without it
 
 
 def test_additional_properties_false_still_refuses_and_an_open_schema_takes_any_name(bot):

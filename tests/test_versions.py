@@ -238,6 +238,30 @@ def test_canary_weights_split_new_sessions_and_the_header_picks_one(fake, tmp_pa
         assert shown["version"] == "2"  # the primary: ties go to the newest
 
 
+def test_a_canarys_session_stays_on_it_moves_to_the_primary_at_weight_0_and_never_back(fake, tmp_path):
+    """docs/versions.md: a session never moves away from a version that still takes new sessions,
+    and never to an older one."""
+    fake.responder = shop_responder
+    root = shop_copy(tmp_path, on_change="migrate", weights='{"1": 10, "2": 90}')
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    v1_hash = chatrun.load_bot(root / "versions" / "1").config.content_version
+    v2_hash = chatrun.load_bot(root / "versions" / "2").config.content_version
+    with TestClient(create_app(str(root), store)) as both:
+        for sid, label in (("on1", "1"), ("on2", "2")):
+            both.post("/bots/shop/sessions", json={"id": sid}, headers={"Chatrun-Bot-Version": label})
+            say(both, sid, "hello")
+        assert resource(both, "on1")["botVersion"] == v1_hash  # version 1 still takes new sessions
+    (root / "versions.yaml").write_text('weights: {"1": 0, "2": 100}\n')
+    with TestClient(create_app(str(root), store)) as promoted:
+        say(promoted, "on1", "hello again")
+        assert resource(promoted, "on1")["botVersion"] == v2_hash  # its weight is 0: to the primary
+    (root / "versions.yaml").write_text('weights: {"1": 100, "2": 0}\n')  # rolled back
+    with TestClient(create_app(str(root), store)) as rolled_back:
+        for sid in ("on1", "on2"):
+            say(rolled_back, sid, "and again")
+            assert resource(rolled_back, sid)["botVersion"] == v2_hash, sid  # never a downgrade
+
+
 def test_the_v1_api_reads_the_version_header_for_new_sessions(fake, tmp_path):
     fake.responder = shop_responder
     root = shop_copy(tmp_path, on_change="pin")  # version 2 is the primary; a session stays on its version

@@ -188,3 +188,14 @@ def test_a_signed_only_widget_shows_its_panel_to_signed_identities_only(bot_path
         assert client.get(frame, params={"origin": SITE, "token": signed}).status_code == 200
         visitor = client.post("/bots/travel/sessions", headers={"Authorization": "Bearer cwv." + "v" * 30}, json={})
         assert visitor.status_code == 401 and "takes signed identities only" in visitor.json()["message"]
+
+
+def test_an_anonymous_only_widget_never_takes_a_signed_identity(bot_path, monkeypatch):
+    monkeypatch.setenv("CHATRUN_WIDGET_SECRET", KEY)
+    bot_path.write_text(BOT.replace("position: left", "identity: anonymous"))
+    with TestClient(create_app([chatrun.load_bot(bot_path)]), base_url="http://127.0.0.1:8000") as client:
+        signed = sign_identity(KEY.encode(), "cust-42", "Ana", int(time.time()) + 60)  # good, and still refused
+        refused = client.post("/bots/travel/sessions", headers={"Authorization": f"Bearer {signed}"}, json={})
+        assert refused.status_code == 401 and "takes anonymous visitors only" in refused.json()["message"]
+        visitor = client.post("/bots/travel/sessions", headers={"Authorization": "Bearer cwv." + "v" * 30}, json={})
+        assert visitor.status_code == 201, visitor.text
