@@ -160,6 +160,21 @@ def test_the_index_reads_only_changed_files_and_survives_a_restart(docs_bot):
     assert library.search("password", ["guides"], 5) == []  # the deleted page's passages are gone
 
 
+def test_a_running_bot_never_answers_from_a_missing_or_stale_index(docs_bot):
+    """No `chatrun index` before the bot starts, then an article edited between two starts: the
+    first search of each loaded bot refreshes the index, so its answer holds the file's text."""
+    def searched() -> str:
+        model = ScriptedModel([call("search_knowledge", query="refund window"),
+                               {"text": "See [returns.md#refund-window]."}])
+        chatrun.load_bot(docs_bot / "bot.yaml").session(model=model).chat("refund?")
+        return next(m.content for m in model.requests[1].messages if m.role == "tool")
+
+    assert not index_path(docs_bot).exists()
+    assert "within 30 days" in searched()  # missing: built by the first search
+    (docs_bot / "guides/returns.md").write_text(RETURNS.replace("30 days", "60 days"))
+    assert "within 60 days" in searched()  # stale: refreshed by the next start's first search
+
+
 def test_a_search_reads_only_the_sources_it_is_given(docs_bot):
     config, _ = load_config(docs_bot)
     library = Library(docs_bot, config.knowledge)

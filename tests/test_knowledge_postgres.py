@@ -1,9 +1,9 @@
 """The shared knowledge index in PostgreSQL (issue 37, knowledge/pg_index.py), against a real
 PostgreSQL (tests/postgres_support.py): `chatrun index BOT --store postgresql://…` builds it once,
 incrementally; two `chatrun serve --store postgresql://…` replicas answer from it and both see a
-re-indexed article; a reader never sees half a re-indexed source; the hits match the SQLite
-index's (as sets: BM25 and ts_rank_cd order passages differently); hybrid search ranks vectors
-stored as float arrays (in Python without pgvector); web sources (a sitemap, from
+re-indexed article; a reader never sees half a re-indexed source nor waits for a refresh, while a
+second indexer does; the hits match the SQLite index's (as sets: BM25 and ts_rank_cd order
+passages differently); hybrid search ranks vectors stored as float arrays (in Python without pgvector); web sources (a sitemap, from
 tests/site_support.py's local site) go there with `chatrun index --store` as incrementally as
 into SQLite (validators kept in PostgreSQL, a down site losing nothing)."""
 
@@ -133,6 +133,44 @@ def test_a_reader_never_sees_half_a_reindexed_source(tmp_path, postgres_server):
         thread.join()
         shared.close()
     assert set(seen) == {(6, 0), (0, 6)}, set(seen)
+
+
+@pytest.mark.slow
+def test_a_search_never_waits_for_a_refresh_in_progress_and_a_second_indexer_does(tmp_path, postgres_server):
+    """A refresh caught in the middle: its lock per bot taken, the bot's passages deleted, nothing
+    committed yet. A search (a replica's, its index built) answers at once from the old passages;
+    a second indexer waits for that lock (PostgreSQL's pg_locks shows it waiting), then runs."""
+    import psycopg
+
+    root, url = helpcentre(tmp_path), postgres_server.url()
+    shared = shared_library(root, url)
+    shared.refresh()
+    before = [h.ref for h in shared.search("refund window", ["help_centre"], 5)]
+    assert before
+    reader, found, refreshed = shared_library(root, url), [], []
+    try:
+        with psycopg.connect(url) as refreshing:
+            refreshing.execute("SELECT pg_advisory_xact_lock(hashtextextended('knowledge:' || %s, 0))",
+                               (shared.index.bot,))
+            refreshing.execute("DELETE FROM knowledge_passages WHERE bot = %s", (shared.index.bot,))
+            search = threading.Thread(target=lambda: found.append(
+                [h.ref for h in reader.search("refund window", ["help_centre"], 5)]), daemon=True)
+            search.start()
+            search.join(timeout=60)  # a bound for a search that waits, not a measure of speed
+            assert found == [before], "the search waited for the refresh or saw half of it"
+            (root / "help" / "returns.md").write_text("# Returns\n\nNothing can be returned.\n")
+            second = threading.Thread(target=lambda: refreshed.append(reader.refresh()), daemon=True)
+            second.start()
+            wait_until(lambda: refreshing.execute(
+                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone(),
+                timeout=60, what="the second indexer waiting for the lock per bot")
+            assert not refreshed
+            refreshing.rollback()
+        second.join(timeout=120)
+        assert [r.changed for r in refreshed] == [1]
+    finally:
+        reader.close()
+        shared.close()
 
 
 @pytest.mark.slow

@@ -91,13 +91,18 @@ def test_a_timeout_falls_back(write_bot, fake):
     assert session.history[-1]["usage"]["by_call"][0]["fallbacks"][0]["reason"] == "timeout"
 
 
-def test_a_refused_request_is_not_sent_to_the_fallback(bot, fake):
+@pytest.mark.parametrize(("answer", "detail"), [
+    ({"status": 400, "body": {"error": {"message": "bad field"}}}, "HTTP 400"),
+    ({"raw": "<html>proxy error</html>"}, "is it an OpenAI-compatible server?"),  # the bot streams
+], ids=["refused", "not-chat-completions"])
+def test_a_refused_request_or_an_answer_that_is_not_chat_completions_is_not_sent_to_the_fallback(bot, fake, answer,
+                                                                                                 detail):
     session = bot.session()
-    fake.queue_for("primary-model", {"status": 400, "body": {"error": {"message": "bad field"}}})
+    fake.queue_for("primary-model", answer)
     fake.queue_for("backup-model", {"text": "never asked"})
     events = session.chat("hi")
     assert models_asked(fake) == ["primary-model"]
-    assert events[-1].type == "Error" and "HTTP 400" in events[-1].meta["detail"]
+    assert events[-1].type == "Error" and detail in events[-1].meta["detail"]
 
 
 def test_a_failure_after_the_first_chunk_is_not_sent_to_the_fallback(bot, fake):

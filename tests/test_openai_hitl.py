@@ -213,3 +213,20 @@ def test_what_the_user_has_not_seen_is_the_others_turns_after_their_last_turn():
     assert trailing_others_turns(history, 5) == []
     assert others_turns_since(history, 1) is None  # turn 3 was a user's
     assert [e["turn"] for e in others_turns_since(history, 3) or []] == [4, 5]
+
+
+def test_a_message_while_a_supervisor_decides_is_answered_with_what_the_user_was_told_and_never_lost(client, fake):
+    ai = sdk(client)
+    messages = [{"role": "user", "content": "refund A1001 80"}]
+    told, first = chat(ai, "refunds", messages)
+    messages += [{"role": "assistant", "content": told}, {"role": "user", "content": "it is urgent"}]
+    asked = len(fake.requests)
+    waiting, info = chat(ai, "refunds", messages)
+    assert (info["session"], info["how"]) == (first["session"], "continued")
+    assert waiting == f"Still waiting: {told}" and len(fake.requests) == asked  # no model call
+    decided = client.post(f"/bots/refunds/sessions/{first['session']}/pending/p1", json={"decision": "approve"},
+                          headers=SAM)
+    assert decided.status_code == 200, decided.text
+    # The model reads the queued message right after the call's result (the context follows).
+    result, queued = [m for m in fake.requests[-1]["messages"] if m["role"] != "system"][-2:]
+    assert result["role"] == "tool" and queued == {"role": "user", "content": "it is urgent"}

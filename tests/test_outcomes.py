@@ -141,6 +141,18 @@ def test_a_failed_turn_records_nothing(desk):
     assert "outcome" not in session.snapshot()  # as before the turn: nothing recorded, nothing armed
 
 
+def test_a_users_rating_is_no_turns_event_so_an_outcome_on_feedback_never_holds(write_bot):
+    bot = chatrun.load_bot(write_bot(DESK.replace("  resolved: {event: TicketClosed}\n",
+                                                  "  rated: {event: Feedback}\n  resolved: {event: TicketClosed}\n")))
+    session = session_with(bot, ["Hello.", "Sorry about that.", call("close_ticket"), "Closed."])
+    assert outcome_events(session.chat("hi")) == []
+    session.rate(1, "down", "not helpful")
+    assert outcome_events(session.chat("that was not helpful")) == []
+    assert "name" not in session.snapshot()["outcome"]  # only the silence is armed
+    assert outcome_events(session.chat("close it")) == [  # the next outcome that holds
+        {"name": "resolved", "turn": 3, "route": "main", "at": START.isoformat()}]
+
+
 def test_validate_names_unknown_routes_and_events_with_did_you_mean(write_bot):
     text = DESK.replace("escalated: {route: human}", "escalated: {route: humen}").replace(
         "resolved: {event: TicketClosed}", "resolved: {event: TicketClose}")

@@ -166,6 +166,9 @@ def test_only_the_bots_own_files_trigger_a_reload(tmp_path):
     assert not reloader.relevant(folder / "__pycache__" / "handlers.cpython-311.pyc")
     assert not reloader.relevant(folder / "notes.txt")
     assert not reloader.relevant(tmp_path / "elsewhere.yaml")
+    # .chatrun/ (the editor's schema copies, the knowledge index): an edit there is no edit of the bot
+    assert not reloader.relevant(folder / ".chatrun" / "schemas" / "bot.schema.json")
+    assert not reloader.relevant(folder / ".chatrun" / "notes.yaml")
 
 
 # -- chatrun serve --reload, a real server process ---------------------------------------------

@@ -201,3 +201,37 @@ def test_a_german_user_who_decides_gets_german_buttons_a_german_hint_and_a_germa
     events = s.chat("zwölf")
     (refusal,) = [e.data for e in events if e.type == "Message"]
     assert refusal.startswith("Diese Antwort passt nicht: ") and refusal.endswith(". Wie alt sind Sie?")
+
+
+QUESTIONS = """\
+name: desk
+format: 3
+routes:
+  main: {default: true, system: Desk., tools: [status, documents]}
+tools:
+  status:
+    description: Ask the service desk
+    action:
+      ask: {from: operator, text: Check order A1 in the warehouse system., schema: {type: string}}
+  documents:
+    description: Have the documents checked
+    action:
+      ask: {from: backend, text: Verify passport 4711 against the register., tell: We are checking your documents.}
+"""
+
+
+@pytest.mark.parametrize(("tool", "question", "told"), [
+    ("status", "Check order A1 in the warehouse system.", "Your request is waiting for an answer."),
+    ("documents", "Verify passport 4711 against the register.", "We are checking your documents."),
+])
+def test_while_an_operator_or_a_backend_answers_the_user_reads_tell_never_the_question(write_bot, tool, question,
+                                                                                      told):
+    s = chatrun.load_bot(write_bot(QUESTIONS)).session(model=ScriptedModel([call(tool)]))
+    events = s.chat("Where is my order?")
+    (pending,) = [e.data for e in events if e.type == "Pending" and e.audience == "user"]
+    assert pending["ask"] == told
+    others = [e.data for e in events if e.type == "Pending" and e.audience != "user"]
+    assert others and all(item["ask"] == question for item in others)  # those who answer read the question
+    events += s.chat("Any news?")  # queued: the reply says what the user was told
+    assert [e.data for e in events if e.type == "Message"][-1] == f"Still waiting: {told}"
+    assert not [e for e in events if e.for_user and question in str(e.data)]
