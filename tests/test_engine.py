@@ -553,7 +553,9 @@ routes:
         session.chat(f"m{i}")
     assert [m.content for m in session.memory()] == ["Hi.", "m5", "r5"]  # evicted down to its window
     again = chatrun.load_bot(path).session(store=SQLiteStore(db), session_id=session.id)
-    assert [(e["turn"], e["input"]) for e in again.history] == [(i + 1, f"m{i}") for i in range(6)]
+    for history in (session.history, again.history):  # the live session's and the stored one
+        assert [(e["turn"], e["input"]) for e in history] == [(i + 1, f"m{i}") for i in range(6)]
+        assert [[event["data"] for event in e["events"]] for e in history] == [[f"r{i}"] for i in range(6)]
 
 
 def test_a_none_memory_is_cleared_after_each_turn_and_never_stored(write_bot, tmp_path):
