@@ -74,6 +74,16 @@ class _LiveSession:
         return self.live
 
 
+class _UsersSessions:
+    """A user's SessionStore that keeps no records (the index's records live in the process)."""
+
+    def version(self, session_id):
+        return None
+
+    def delete_session(self, session_id, memory_ids):
+        pass
+
+
 class _UsersRecords(InMemoryStore):
     """A user's store whose put_record may keep the object itself (no records_as_text)."""
 
@@ -127,3 +137,35 @@ def test_the_list_of_kept_turns_is_stored_as_the_same_text_whether_known_or_read
             stored = conn.execute("SELECT record FROM records WHERE key = ?", (TurnIndex.turns_key("s"),)).fetchone()[0]
         assert stored == to_json("list", expected)
     asyncio.run(store.close())
+
+
+def test_the_in_memory_store_keeps_the_list_of_kept_turns_as_its_text_without_decoding_it(monkeypatch):
+    # memory:// (no store thread: the index's work runs on LocalAsyncStore itself) takes the list's
+    # text as SQLite does (put_record_text): decoding its entries and encoding the list again cost
+    # ~0.3 M instructions of a late /v1 turn (issue 39). The same text as to_json of the record.
+    from chatrun.server.openai_sessions import _Kept, _remember
+    from chatrun.store.record import to_json
+
+    def not_decoded(self):
+        raise AssertionError("the list was decoded to be encoded again")
+
+    monkeypatch.setattr(_Kept, "record", not_decoded)
+    for store in (LocalAsyncStore(InMemoryStore()), LocalAsyncStore(_UsersSessions())):
+        listed, expected = None, {"turns": []}
+        for turn in range(1, 36):
+            keys = [f"openai:prefix:{turn}", "openai:response:ü"]
+            state = {"snapshot": {}, "memories": {}, "parent": turn - 1} if turn % 8 != 1 else {"snapshot": {}, "memories": {}}
+            record = {"session": "s", "turn": turn, "state": TurnIndex.state_key("s", turn)}
+            listed = asyncio.run(store.in_one_call(
+                lambda records, listed=listed, keys=keys, state=state, record=record, turn=turn:
+                _remember("s", turn, state, record, keys, None, listed, records)))
+            expected = _old_list_after(expected, turn, keys, state.get("parent"))
+            assert asyncio.run(store.get_record(TurnIndex.turns_key("s"))) == expected
+            assert _stored_text(store, TurnIndex.turns_key("s")) == to_json("list", expected)
+        asyncio.run(store.delete_session("s", [], None))
+        assert asyncio.run(store.get_record(TurnIndex.turns_key("s"))) is None
+
+
+def _stored_text(store, key):
+    records = store._process_records if store.records is None else store.sync._records
+    return records._texts[key]
