@@ -7,6 +7,8 @@ import asyncio
 import copy
 from types import SimpleNamespace
 
+import pytest
+
 from chatrun.messages import AssistantMessage, SummaryMessage, UserMessage
 from chatrun.server.openai_sessions import TurnIndex, _memory_delta
 from chatrun.store.local import LocalAsyncStore
@@ -169,3 +171,69 @@ def test_the_in_memory_store_keeps_the_list_of_kept_turns_as_its_text_without_de
 def _stored_text(store, key):
     records = store._process_records if store.records is None else store.sync._records
     return records._texts[key]
+
+
+ECHO = """
+name: echo
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: false}
+memory: {type: message_window, max_messages: 6}
+routes:
+  main:
+    default: true
+    system: Repeat what the user says.
+"""
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_turns_state_holds_the_snapshot_its_commit_encoded_the_same_text(fake, tmp_path, monkeypatch, store):
+    # The state's record takes the snapshot's text from the turn's commit (TurnRun.committed_snapshot)
+    # instead of encoding the snapshot again (issue 39): the same text as to_json of the session's
+    # snapshot right after the turn (its "updated" the commit's moment, as the session is stored, not
+    # a moment later), and the same record as to_json of the state, as before; a window
+    # that slides (deltas), a full state every CHAIN turns, and a fork (a regenerated answer).
+    import json
+
+    from fastapi.testclient import TestClient
+
+    import chatrun
+    from chatrun.store.record import to_json
+    from server_support import app_for_testclient
+
+    fake.responder = lambda body: {"text": "echo: " + str(body["messages"][-1]["content"])}
+    (tmp_path / "echo.yaml").write_text(ECHO)
+    url = "memory://" if store == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+    app = app_for_testclient([chatrun.load_bot(tmp_path / "echo.yaml")], url)
+    given, raw = [], TurnIndex.remember
+
+    async def remember(self, session, who, keys, outcome=None, snapshot_json=None):
+        live = dict(session.snapshot_to_encode())  # the snapshot as main encoded it here, but for
+        live["updated"] = json.loads(snapshot_json)["updated"]  # its moment: the commit's, as stored
+        given.append((session.id, session.turn_count, snapshot_json, to_json("snapshot", live)))
+        return await raw(self, session, who, keys, outcome, snapshot_json)
+
+    monkeypatch.setattr(TurnIndex, "remember", remember)
+    with TestClient(app) as client:
+        index = app.state.openai.index
+        history: list[dict] = []
+        for n in range(12):
+            if n == 10:  # regenerate the answer to the 9th message: a fork
+                history = history[:-3]
+            history.append({"role": "user", "content": f"message {n} ü"})
+            answer = client.post("/v1/chat/completions", json={"model": "echo", "messages": history})
+            assert answer.status_code == 200, answer.text
+            history.append(answer.json()["choices"][0]["message"])
+            session_id, turn, snapshot_json, encoded = given[-1]
+            assert snapshot_json == encoded
+            stored = asyncio.run(index.records.get_record(TurnIndex.state_key(session_id, turn)))
+            assert _stored_state_text(index.records, TurnIndex.state_key(session_id, turn)) == to_json("state", stored)
+            assert to_json("snapshot", stored["snapshot"]) == encoded
+            session = asyncio.run(index.registry.store.load_session(session_id)).snapshot
+            assert stored["snapshot"] == {k: v for k, v in session.items() if k != "committed"}  # as stored
+    assert len({sid for sid, *_ in given}) == 2  # the fork's
+
+
+def _stored_state_text(store, key):
+    if store.records is not None and isinstance(store.sync, InMemoryStore):
+        return store.sync._records._texts[key]
+    with store.sync._locked("read") as conn:
+        return conn.execute("SELECT record FROM records WHERE key = ?", (key,)).fetchone()[0]

@@ -377,10 +377,12 @@ class TurnIndex:
     # -- after a committed turn ---------------------------------------------------------------
 
     async def remember(self, session: Session, who: Principal | None, keys: list[str],
-                       outcome: tuple[str, dict[str, Any]] | None = None) -> None:
+                       outcome: tuple[str, dict[str, Any]] | None = None, snapshot_json: str | None = None) -> None:
         """Record the session as it is now (right after a committed turn) under `keys`, and the
         request's `outcome` (its key, what it answered), in one call of a local store's
-        thread (LocalAsyncStore.in_one_call), else one call a record."""
+        thread (LocalAsyncStore.in_one_call), else one call a record. `snapshot_json`: the
+        session's snapshot as the turn's commit encoded it (TurnRun.committed_snapshot), put in
+        the state's record as it is instead of encoding the snapshot again."""
         turn = session.turn_count
         memories = {mid: tuple(messages) for mid, messages in session.memories().items()}
         last = self._recorded.get(session)
@@ -388,7 +390,8 @@ class TurnIndex:
         record = {"bot": session.bot.name, "owner": _owner(who), "session": session.id, "turn": turn,
                   "state": self.state_key(session.id, turn), "at": time.time()}
         listed = last.listed if last is not None and last.turn < turn else None
-        work = functools.partial(_remember, session.id, turn, state, record, keys, outcome, listed)
+        work = functools.partial(_remember, session.id, turn, state, record, keys, outcome, listed,
+                                 snapshot_json=snapshot_json)
         in_one_call = getattr(self.records, "in_one_call", None)
         recorded.listed = await (in_one_call(work) if in_one_call is not None else work(self.records))
         self._recorded[session] = recorded  # written: the next state may be a delta of this one
@@ -452,12 +455,15 @@ async def _look_up(claim: str | None, key: str | None, session_id: str | None,
 
 async def _remember(session_id: str, turn: int, state: dict[str, Any], record: dict[str, Any], keys: list[str],
                     outcome: tuple[str, dict[str, Any]] | None, listed: _Kept | None,
-                    records: RecordOps) -> _Kept:
-    """TurnIndex.remember's writes: the state, the keys, the request's outcome, and the session's
-    last KEEP_TURNS turns kept (see KEEP_TURNS) with the states their chains start from (each
-    state's parent, listed under "states"); that list is `listed` when the caller knows it, else
-    read. Returns the list written. Awaits nothing but `records` (in_one_call)."""
-    await records.put_record(record["state"], state, session_id)
+                    records: RecordOps, *, snapshot_json: str | None = None) -> _Kept:
+    """TurnIndex.remember's writes: the state (with its snapshot's JSON text when known), the
+    keys, the request's outcome, and the session's last KEEP_TURNS turns kept (see KEEP_TURNS)
+    with the states their chains start from (each state's parent, listed under "states"); that
+    list is `listed` when the caller knows it, else read. Returns the list written. Awaits
+    nothing but `records` (in_one_call)."""
+    if snapshot_json is None or not await _put_text(records, record["state"], _state_text(state, snapshot_json),
+                                                    session_id):
+        await records.put_record(record["state"], state, session_id)
     if outcome is not None:  # what a committed attempt answered, for its retries (deleted with the session)
         await records.put_record(outcome[0], outcome[1], session_id)
     for key in keys:
@@ -482,9 +488,22 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
 
 async def _put_kept(records: RecordOps, key: str, kept: _Kept, session_id: str) -> None:
     """The list written from its entries' texts when the store takes a record's text, else as a record."""
-    put_text = getattr(records, "put_record_text", None)
-    if put_text is None or not await put_text(key, kept.text(), session_id):
+    if not await _put_text(records, key, kept.text(), session_id):
         await records.put_record(key, kept.record(), session_id)
+
+
+async def _put_text(records: RecordOps, key: str, text: str, session_id: str) -> bool:
+    """put_record of a record given as its JSON text, when the store takes one (else False: put_record)."""
+    put_text = getattr(records, "put_record_text", None)
+    return put_text is not None and bool(await put_text(key, text, session_id))
+
+
+def _state_text(state: dict[str, Any], snapshot_json: str) -> str:
+    """to_json(state) with `snapshot_json` as its snapshot's text: the same text (a state's
+    members are "snapshot", a delta's "parent", "memories", in that order: _state_after)."""
+    parent = f', "parent": {int(state["parent"])}' if "parent" in state else ""
+    return ('{"snapshot": ' + snapshot_json + parent + ', "memories": '
+            + to_json("the memories of a state of the session", state["memories"]) + "}")
 
 
 def _chains_of(turns: list[int], parents: dict[int, int | None]) -> set[int]:
