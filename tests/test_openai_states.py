@@ -8,6 +8,8 @@ import copy
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chatrun.messages import AssistantMessage, SummaryMessage, UserMessage
 from chatrun.server.openai_sessions import TurnIndex, _memory_delta
@@ -237,3 +239,17 @@ def _stored_state_text(store, key):
         return store.sync._records._texts[key]
     with store.sync._locked("read") as conn:
         return conn.execute("SELECT record FROM records WHERE key = ?", (key,)).fetchone()[0]
+
+
+_KEYS = st.lists(st.text() | st.none() | st.integers(), max_size=3)
+
+
+@given(st.lists(st.integers() | st.booleans() | st.none() | _KEYS | st.text(), min_size=1, max_size=3))
+@settings(max_examples=300, deadline=None)
+def test_an_entry_of_the_list_of_kept_turns_is_written_as_to_json_writes_it(entry):
+    # A turn's [turn, [keys]] and a state's [turn, parent] are written without the encoder (issue
+    # 39): the same text as to_json's, for any entry (the stored list's layout does not change).
+    from chatrun.server.openai_sessions import _entry_text
+    from chatrun.store.record import to_json
+
+    assert _entry_text(entry) == to_json("entry", entry)
