@@ -107,7 +107,8 @@ def test_a_state_takes_the_sessions_own_snapshot_only_when_the_store_keeps_recor
 
 def _old_list_after(listed, turn, keys, parent):
     """The list of kept turns as main ba5cef0 wrote it (its _remember), for the comparison below."""
-    from chatrun.server.openai_sessions import KEEP_TURNS, _chains_of
+    from chatrun.server.openai_sessions import KEEP_TURNS
+    from chatrun.server.openai_sessions import _walked_chains as _chains_of  # main's walk
     turns = [entry for entry in listed["turns"] if entry[0] != turn] + [[turn, keys]]
     states = listed.get("states", [[entry[0], None] for entry in listed["turns"]])
     states = [entry for entry in states if entry[0] != turn] + [[turn, parent]]
@@ -253,3 +254,13 @@ def test_an_entry_of_the_list_of_kept_turns_is_written_as_to_json_writes_it(entr
     from chatrun.store.record import to_json
 
     assert _entry_text(entry) == to_json("entry", entry)
+
+
+@given(st.dictionaries(st.integers(1, 60), st.none() | st.integers(0, 61), max_size=50), st.lists(st.integers(1, 62)))
+@settings(max_examples=500, deadline=None)
+def test_the_states_kept_turns_need_are_their_chains_as_walked(parents, turns):
+    # _chains_of looks at each state once, latest first (a parent is an earlier turn); a list
+    # whose parents are not earlier turns is walked chain by chain, as before (issue 39).
+    from chatrun.server.openai_sessions import _chains_of, _walked_chains
+
+    assert _chains_of(turns, parents) == _walked_chains(turns, parents)

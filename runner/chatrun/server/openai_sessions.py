@@ -182,6 +182,9 @@ class _Recorded:
     listed: _Kept | None = None
 
 
+_FIRST, _SECOND, _THIRD = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
+
+
 def _entry_text(entry: list[Any]) -> str:
     """to_json of an entry of the list of kept turns, the same text: a turn's [turn, [keys]] and a
     state's [turn, parent] written without the encoder (two a turn, ~0.03 M instructions; issue 39)."""
@@ -222,8 +225,8 @@ class _Kept:
 
     def text(self) -> str:
         """`to_json` of `record()`, byte for byte (the stores' encoder's separators)."""
-        return ('{"turns": [' + ", ".join([text for _, text in self.turns]) + '], "states": ['
-                + ", ".join([text for _, _, text in self.states]) + "]}")
+        return ('{"turns": [' + ", ".join(map(_SECOND, self.turns)) + '], "states": ['
+                + ", ".join(map(_THIRD, self.states)) + "]}")
 
 
 class TurnIndex:
@@ -479,21 +482,35 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
     for key in keys:
         await records.put_record(key, record, session_id)
     kept = listed if listed is not None else _Kept.read(await records.get_record(TurnIndex.turns_key(session_id)))
-    turns = [entry for entry in kept.turns if entry[0] != turn] + [(turn, _entry_text([turn, keys]))]
-    parent = state.get("parent")
-    states = [entry for entry in kept.states if entry[0] != turn] + [(turn, parent, _entry_text([turn, parent]))]
-    for _old_turn, text in turns[:-KEEP_TURNS]:
+    written, dropped, unneeded = _kept_after(kept, turn, keys, state.get("parent"))
+    for text in dropped:
         for key in json.loads(text)[1]:
             old = await records.get_record(key)
             if old is not None and old.get("session") == session_id:  # not since saved for another
                 await records.delete_record(key)
-    needed = _chains_of([number for number, _ in turns[-KEEP_TURNS:]], {number: up for number, up, _ in states})
-    for old_turn, _, _ in states:
-        if old_turn not in needed:
-            await records.delete_record(TurnIndex.state_key(session_id, old_turn))
-    written = _Kept(turns[-KEEP_TURNS:], [entry for entry in states if entry[0] in needed])
+    for old_turn in unneeded:
+        await records.delete_record(TurnIndex.state_key(session_id, old_turn))
     await _put_kept(records, TurnIndex.turns_key(session_id), written, session_id)
     return written
+
+
+def _kept_after(kept: _Kept, turn: int, keys: list[str], parent: int | None) -> tuple[_Kept, list[str], list[int]]:
+    """The list of kept turns once `turn` (its `keys`, its state's `parent`) is added: (the list,
+    the entry texts of the turns it dropped, the turns whose states no kept turn's chain needs).
+    In C-level passes where it can (the list is ~65 entries; issue 39)."""
+    turns = [*_without(kept.turns, turn), (turn, _entry_text([turn, keys]))]
+    states = [*_without(kept.states, turn), (turn, parent, _entry_text([turn, parent]))]
+    live = turns[-KEEP_TURNS:]
+    needed = _chains_of(list(map(_FIRST, live)), dict(zip(map(_FIRST, states), map(_SECOND, states), strict=True)))
+    unneeded = sorted(set(map(_FIRST, states)).difference(needed))
+    if unneeded:
+        states = [entry for entry in states if entry[0] in needed]
+    return _Kept(live, states), list(map(_SECOND, turns[:-KEEP_TURNS])), unneeded
+
+
+def _without(entries: list[Any], turn: int) -> list[Any]:
+    """`entries` without `turn`'s (a turn recorded again replaces its entry); the list itself when it has none."""
+    return [entry for entry in entries if entry[0] != turn] if turn in map(_FIRST, entries) else entries
 
 
 async def _put_kept(records: RecordOps, key: str, kept: _Kept, session_id: str) -> None:
@@ -517,7 +534,21 @@ def _state_text(state: dict[str, Any], snapshot_json: str) -> str:
 
 
 def _chains_of(turns: list[int], parents: dict[int, int | None]) -> set[int]:
-    """The states that `turns`' states need: theirs and their parents' back to a full one."""
+    """The states that `turns`' states need: theirs and their parents' back to a full one. A
+    state's parent is an earlier turn (_state_after), so the states are looked at latest first,
+    once each: a needed one makes its parent needed before the parent is looked at."""
+    needed = set(turns)
+    for turn in sorted(parents, reverse=True):
+        up = parents[turn]
+        if up is not None and turn in needed:
+            if up >= turn:  # not a list this module wrote: each chain walked
+                return _walked_chains(turns, parents)
+            needed.add(up)
+    return needed
+
+
+def _walked_chains(turns: list[int], parents: dict[int, int | None]) -> set[int]:
+    """_chains_of of any parents: each turn's chain walked back to a full state (or a loop's start)."""
     needed: set[int] = set()
     for turn in turns:
         at: int | None = turn
