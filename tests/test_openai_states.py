@@ -264,3 +264,28 @@ def test_the_states_kept_turns_need_are_their_chains_as_walked(parents, turns):
     from chatrun.server.openai_sessions import _chains_of, _walked_chains
 
     assert _chains_of(turns, parents) == _walked_chains(turns, parents)
+
+
+def test_a_states_text_is_to_json_of_its_record_for_every_kind_of_message():
+    # A state's memories are written as a commit writes them (encode_messages; issue 39): the
+    # same text as to_json of the record main wrote, full or as a delta, for every kind of message.
+    from chatrun.messages import Attachment, SystemMessage, ToolCall, ToolResultMessage
+    from chatrun.server.openai_sessions import _memory_change, _state_record, _state_text
+    from chatrun.store.record import to_json
+
+    photo = Attachment("sha256-abc", "image/png", "photo.png", 3)
+    window = (SystemMessage("be brief"), SummaryMessage("they asked about Dublin"), AssistantMessage(None),
+              AssistantMessage("", tool_calls=(ToolCall("c1", "book", '{"to": "Dublin"}'),)),
+              ToolResultMessage("c1", "book", '{"ok": true}'), UserMessage("see this", (photo,)),
+              UserMessage('a "quoted" \\ café ☕ \u2028 \x00'), AssistantMessage("\U0001f600 </script>"))
+    later = (*window[2:], UserMessage("next"), AssistantMessage("reply"))
+    snapshot = {"turn": 3, "state": {"city": "Dún Laoghaire"}, "updated": 1.25}
+    for memories in ({"s.1#main": _memory_change(None, window), 's.2#ü "': _memory_change(window, later)},
+                     {"s.1#main": _memory_change(window, window), "s.3#x": _memory_change((), later)}, {}):
+        for state in ({"snapshot": snapshot, "memories": memories},
+                      {"snapshot": snapshot, "parent": 2, "memories": memories}):
+            record = _state_record(state)
+            assert _state_text(state, None) == to_json("state", record)
+            assert _state_text(state, to_json("snapshot", snapshot)) == to_json("state", record)
+    assert _state_record({"snapshot": {}, "memories": {"m": _memory_change(window, later)}})["memories"] == {
+        "m": {"drop": 2, "add": [UserMessage("next").to_dict(), AssistantMessage("reply").to_dict()]}}

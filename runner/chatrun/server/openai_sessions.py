@@ -57,7 +57,7 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 from chatrun.store.local import RecordOps
-from chatrun.store.record import Commit, forked_snapshot, renamed_id, to_json
+from chatrun.store.record import Commit, encode_messages, forked_snapshot, renamed_id, to_json
 from chatrun.store.versions import CREATE
 
 if TYPE_CHECKING:
@@ -412,13 +412,14 @@ class TurnIndex:
     def _state_after(self, session: Session, turn: int,
                      memories: dict[str, tuple[Message, ...]]) -> tuple[dict[str, Any], _Recorded]:
         """The state record of the session right after `turn`: a delta of the state recorded
-        last for this live session (`parent`: its turn), or in full (see the module's text)."""
+        last for this live session (`parent`: its turn), or in full (see the module's text). Its
+        memories are their changes (`Change`), made JSON by _state_text or _state_record."""
         last = self._recorded.get(session)
         snapshot = session.snapshot_to_encode() if self._snapshot_uncopied else session.snapshot()
         if last is None or last.turn >= turn or last.depth >= CHAIN:
-            full = {mid: [m.to_dict() for m in messages] for mid, messages in memories.items()}
+            full: dict[str, Change] = {mid: (None, messages) for mid, messages in memories.items()}
             return {"snapshot": snapshot, "memories": full}, _Recorded(turn, 0, memories)
-        deltas = {mid: _memory_delta(last.memories.get(mid), messages) for mid, messages in memories.items()}
+        deltas = {mid: _memory_change(last.memories.get(mid), messages) for mid, messages in memories.items()}
         return {"snapshot": snapshot, "parent": last.turn, "memories": deltas}, _Recorded(turn, last.depth + 1, memories)
 
     async def state_at(self, session_id: str, key: str) -> dict[str, Any] | None:
@@ -474,9 +475,8 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
     with the states their chains start from (each state's parent, listed under "states"); that
     list is `listed` when the caller knows it, else read. Returns the list written. Awaits
     nothing but `records` (in_one_call)."""
-    if snapshot_json is None or not await _put_text(records, record["state"], _state_text(state, snapshot_json),
-                                                    session_id):
-        await records.put_record(record["state"], state, session_id)
+    if not await _put_text(records, record["state"], _state_text(state, snapshot_json), session_id):
+        await records.put_record(record["state"], _state_record(state), session_id)
     if outcome is not None:  # what a committed attempt answered, for its retries (deleted with the session)
         await records.put_record(outcome[0], outcome[1], session_id)
     for key in keys:
@@ -525,12 +525,22 @@ async def _put_text(records: RecordOps, key: str, text: str, session_id: str) ->
     return put_text is not None and bool(await put_text(key, text, session_id))
 
 
-def _state_text(state: dict[str, Any], snapshot_json: str) -> str:
-    """to_json(state) with `snapshot_json` as its snapshot's text: the same text (a state's
-    members are "snapshot", a delta's "parent", "memories", in that order: _state_after)."""
+def _state_text(state: dict[str, Any], snapshot_json: str | None) -> str:
+    """to_json(_state_record(state)), the same text, with `snapshot_json` as its snapshot's text
+    (None: encoded here) and its memories' messages written as a commit writes them
+    (record.encode_messages: a full state's window through the encoder cost ~0.07 M instructions
+    a turn; issue 39). A state's members are "snapshot", a delta's "parent", "memories", in that
+    order (_state_after)."""
+    if snapshot_json is None:
+        snapshot_json = to_json("the snapshot of a state of the session", state["snapshot"])
     parent = f', "parent": {int(state["parent"])}' if "parent" in state else ""
-    return ('{"snapshot": ' + snapshot_json + parent + ', "memories": '
-            + to_json("the memories of a state of the session", state["memories"]) + "}")
+    memories = ", ".join([_TEXT_JSON(mid) + ": " + _change_text(change) for mid, change in state["memories"].items()])
+    return '{"snapshot": ' + snapshot_json + parent + ', "memories": {' + memories + "}}"
+
+
+def _state_record(state: dict[str, Any]) -> dict[str, Any]:
+    """The state's record as stored: its memories' changes as JSON values."""
+    return state | {"memories": {mid: _change_record(change) for mid, change in state["memories"].items()}}
 
 
 def _chains_of(turns: list[int], parents: dict[int, int | None]) -> set[int]:
@@ -558,20 +568,43 @@ def _walked_chains(turns: list[int], parents: dict[int, int | None]) -> set[int]
     return needed
 
 
+# A memory in a state: (None, its messages) in full, or (n, messages) for the state before's
+# without its first n messages, followed by these (_memory_change).
+Change = tuple[int | None, tuple[Message, ...]]
+
+
 def _memory_delta(before: tuple[Message, ...] | None, now: tuple[Message, ...]) -> Any:
-    """A memory as it is `now`, after `before`: {"drop": n, "add": [...]} when it is `before`
-    without its first n messages followed by new ones (a window that grew or slid), else its
-    messages in full (a new memory, or one whose earlier messages were rewritten: a summary)."""
+    """A memory as it is `now`, after `before`, as stored: {"drop": n, "add": [...]} when it is
+    `before` without its first n messages followed by new ones (a window that grew or slid),
+    else its messages in full (a new memory, or one whose earlier messages were rewritten: a summary)."""
+    return _change_record(_memory_change(before, now))
+
+
+def _memory_change(before: tuple[Message, ...] | None, now: tuple[Message, ...]) -> Change:
+    """_memory_delta's change, its messages not yet made JSON."""
     if before is None:
-        return [m.to_dict() for m in now]
+        return None, now
     kept = drop = 0
     if before:  # where before's last message is now: messages are immutable, found by identity
         last = before[-1]
         kept = next((i + 1 for i in range(len(now) - 1, -1, -1) if now[i] is last), 0)
         drop = len(before) - kept
         if not kept or drop < 0 or not all(map(operator.is_, now[:kept], before[drop:])):
-            return [m.to_dict() for m in now]
-    return {"drop": drop, "add": [m.to_dict() for m in now[kept:]]}
+            return None, now
+    return drop, now[kept:]
+
+
+def _change_record(change: Change) -> Any:
+    drop, messages = change
+    listed = [m.to_dict() for m in messages]
+    return listed if drop is None else {"drop": drop, "add": listed}
+
+
+def _change_text(change: Change) -> str:
+    """to_json(_change_record(change)), the same text (encode_messages: the commit's writing)."""
+    drop, messages = change
+    listed = encode_messages(list(messages))
+    return listed if drop is None else f'{{"drop": {drop}, "add": {listed}}}'
 
 
 def _running_hash(bot: str, owner: str | None, namespace: str, exchange: Sequence[tuple[str, str]]) -> Any:
