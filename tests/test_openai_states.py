@@ -289,3 +289,22 @@ def test_a_states_text_is_to_json_of_its_record_for_every_kind_of_message():
             assert _state_text(state, to_json("snapshot", snapshot)) == to_json("state", record)
     assert _state_record({"snapshot": {}, "memories": {"m": _memory_change(window, later)}})["memories"] == {
         "m": {"drop": 2, "add": [UserMessage("next").to_dict(), AssistantMessage("reply").to_dict()]}}
+
+
+@given(st.dictionaries(st.text(), st.text() | st.integers() | st.floats() | st.booleans() | st.none() | st.lists(st.none()),
+                       max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_a_flat_record_of_the_index_is_written_as_to_json_writes_it(record):
+    # A turn's key's record and a claim are written member by member (issue 39): the same text as
+    # to_json's (the stored layout), or the same refusal (a NaN).
+    from chatrun.errors import ChatrunError
+    from chatrun.server.openai_sessions import _flat_text
+    from chatrun.store.record import to_json
+
+    def written(encode):
+        try:
+            return encode(record)
+        except ChatrunError:
+            return ChatrunError
+
+    assert written(_flat_text) == written(lambda value: to_json("record", value))
