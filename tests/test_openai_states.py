@@ -308,3 +308,17 @@ def test_a_flat_record_of_the_index_is_written_as_to_json_writes_it(record):
             return ChatrunError
 
     assert written(_flat_text) == written(lambda value: to_json("record", value))
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                    max_leaves=12))
+@settings(max_examples=300, deadline=None)
+def test_the_keys_json_text_is_json_dumps_text(value):
+    # A request's key hashes this text (stored keys: another replica must find them); its encoder
+    # is made once (issue 39), the text json.dumps's.
+    import json
+
+    from chatrun.server.openai_sessions import _JSON
+
+    assert _JSON(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))

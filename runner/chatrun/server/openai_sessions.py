@@ -656,7 +656,13 @@ def _key_after(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) ->
 
 
 def _JSON(value: Any) -> str:  # noqa: N802 - the one spelling of the key's JSON text
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """json.dumps(value, ensure_ascii=False, separators=(",", ":")), the same text, its encoder made
+    once (json.dumps given options builds one every call: every request's key; issue 39). What it
+    encodes is read from a JSON body or made here: no circular reference to look for."""
+    return _KEY_JSON(value)
+
+
+_KEY_JSON = wire.encoder_made_once(json.JSONEncoder(ensure_ascii=False, separators=(",", ":")))
 
 
 _TEXT_JSON = json.encoder.encode_basestring  # a str as _JSON writes it (not ASCII-only): the encoder's own function
