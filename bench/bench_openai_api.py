@@ -254,7 +254,7 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
 # -- instructions (callgrind) ---------------------------------------------------------------------
 
 COUNTED = r"""
-import asyncio, gc, json, sys, tempfile
+import asyncio, gc, json, os, sys, tempfile
 from pathlib import Path
 runner, bench, kind, turns = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 sys.path.insert(0, runner)
@@ -323,7 +323,8 @@ async def main(tmp):
     else:
         from chatrun.server.app import create_app
         (Path(tmp) / "echo.yaml").write_text(b.BOT)
-        app = create_app([chatrun.load_bot(Path(tmp) / "echo.yaml")], f"sqlite:///{tmp}/bench.db", gc_tuning=False)
+        store = os.environ.get("COUNTED_STORE") or f"sqlite:///{tmp}/bench.db"  # turn_parts.py --store
+        app = create_app([chatrun.load_bot(Path(tmp) / "echo.yaml")], store, gc_tuning=False)
     async with app.router.lifespan_context(app):
         talks = [{"name": f"c{i}", "history": [], "count": 0} for i in range(4)]
         for talk in talks:

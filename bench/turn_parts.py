@@ -14,6 +14,7 @@ thread: measure it alone with a PART that never runs). Prints M instructions per
     python bench/turn_parts.py http chatrun.engine.session:Session.achat
     python bench/turn_parts.py floor_eb openai.resources.chat.completions:AsyncCompletions.create
     python bench/turn_parts.py chat --runner /tmp/before/runner      # an older checkout's
+    python bench/turn_parts.py chat --store memory://                # on memory://, as count_served.sh serves it
     python bench/turn_parts.py ws chatrun.server.ws:Connection.dispatch   # a WebSocket turn (bench_server.py's)
 """
 
@@ -129,6 +130,7 @@ def main() -> None:
     parser.add_argument("kind", choices=["floor_eb", "http", "chat", "ws_floor_eb", "ws"])
     parser.add_argument("parts", nargs="*", help="module:Qualified.name (none: the whole turn)")
     parser.add_argument("--runner", type=Path, default=ROOT / "runner", help="the runner/ of the checkout to measure")
+    parser.add_argument("--store", default="", help="chatrun's store for http and chat (default: SQLite in a temporary folder; memory:// as the served count serves it)")
     parser.add_argument("--keep", type=Path, help="copy callgrind's outputs into this folder (callgrind_annotate)")
     args = parser.parse_args()
     fake_port = free_port()
@@ -139,6 +141,8 @@ def main() -> None:
         env = dict(os.environ, OPENAI_BASE_URL=f"http://127.0.0.1:{fake_port}/v1", OPENAI_API_KEY="bench",
                    PYTHONHASHSEED="0")
         env.pop("PYTHONPATH", None)
+        if args.store:
+            env["COUNTED_STORE"] = args.store
         env.pop("CHATRUN_AUTH_FILE", None)
         for part in args.parts or [""]:
             with tempfile.TemporaryDirectory() as tmp:

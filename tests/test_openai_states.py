@@ -7,6 +7,10 @@ import asyncio
 import copy
 from types import SimpleNamespace
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from chatrun.messages import AssistantMessage, SummaryMessage, UserMessage
 from chatrun.server.openai_sessions import TurnIndex, _memory_delta
 from chatrun.store.local import LocalAsyncStore
@@ -74,6 +78,16 @@ class _LiveSession:
         return self.live
 
 
+class _UsersSessions:
+    """A user's SessionStore that keeps no records (the index's records live in the process)."""
+
+    def version(self, session_id):
+        return None
+
+    def delete_session(self, session_id, memory_ids):
+        pass
+
+
 class _UsersRecords(InMemoryStore):
     """A user's store whose put_record may keep the object itself (no records_as_text)."""
 
@@ -93,7 +107,8 @@ def test_a_state_takes_the_sessions_own_snapshot_only_when_the_store_keeps_recor
 
 def _old_list_after(listed, turn, keys, parent):
     """The list of kept turns as main ba5cef0 wrote it (its _remember), for the comparison below."""
-    from chatrun.server.openai_sessions import KEEP_TURNS, _chains_of
+    from chatrun.server.openai_sessions import KEEP_TURNS
+    from chatrun.server.openai_sessions import _walked_chains as _chains_of  # main's walk
     turns = [entry for entry in listed["turns"] if entry[0] != turn] + [[turn, keys]]
     states = listed.get("states", [[entry[0], None] for entry in listed["turns"]])
     states = [entry for entry in states if entry[0] != turn] + [[turn, parent]]
@@ -127,3 +142,183 @@ def test_the_list_of_kept_turns_is_stored_as_the_same_text_whether_known_or_read
             stored = conn.execute("SELECT record FROM records WHERE key = ?", (TurnIndex.turns_key("s"),)).fetchone()[0]
         assert stored == to_json("list", expected)
     asyncio.run(store.close())
+
+
+def test_the_in_memory_store_keeps_the_list_of_kept_turns_as_its_text_without_decoding_it(monkeypatch):
+    # memory:// (no store thread: the index's work runs on LocalAsyncStore itself) takes the list's
+    # text as SQLite does (put_record_text): decoding its entries and encoding the list again cost
+    # ~0.3 M instructions of a late /v1 turn (issue 39). The same text as to_json of the record.
+    from chatrun.server.openai_sessions import _Kept, _remember
+    from chatrun.store.record import to_json
+
+    def not_decoded(self):
+        raise AssertionError("the list was decoded to be encoded again")
+
+    monkeypatch.setattr(_Kept, "record", not_decoded)
+    for store in (LocalAsyncStore(InMemoryStore()), LocalAsyncStore(_UsersSessions())):
+        listed, expected = None, {"turns": []}
+        for turn in range(1, 36):
+            keys = [f"openai:prefix:{turn}", "openai:response:ü"]
+            state = {"snapshot": {}, "memories": {}, "parent": turn - 1} if turn % 8 != 1 else {"snapshot": {}, "memories": {}}
+            record = {"session": "s", "turn": turn, "state": TurnIndex.state_key("s", turn)}
+            listed = asyncio.run(store.in_one_call(
+                lambda records, listed=listed, keys=keys, state=state, record=record, turn=turn:
+                _remember("s", turn, state, record, keys, None, listed, records)))
+            expected = _old_list_after(expected, turn, keys, state.get("parent"))
+            assert asyncio.run(store.get_record(TurnIndex.turns_key("s"))) == expected
+            assert _stored_text(store, TurnIndex.turns_key("s")) == to_json("list", expected)
+        asyncio.run(store.delete_session("s", [], None))
+        assert asyncio.run(store.get_record(TurnIndex.turns_key("s"))) is None
+
+
+def _stored_text(store, key):
+    records = store._process_records if store.records is None else store.sync._records
+    return records._texts[key]
+
+
+ECHO = """
+name: echo
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: false}
+memory: {type: message_window, max_messages: 6}
+routes:
+  main:
+    default: true
+    system: Repeat what the user says.
+"""
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_turns_state_holds_the_snapshot_its_commit_encoded_the_same_text(fake, tmp_path, monkeypatch, store):
+    # The state's record takes the snapshot's text from the turn's commit (TurnRun.committed_snapshot)
+    # instead of encoding the snapshot again (issue 39): the same text as to_json of the session's
+    # snapshot right after the turn (its "updated" the commit's moment, as the session is stored, not
+    # a moment later), and the same record as to_json of the state, as before; a window
+    # that slides (deltas), a full state every CHAIN turns, and a fork (a regenerated answer).
+    import json
+
+    from fastapi.testclient import TestClient
+
+    import chatrun
+    from chatrun.store.record import to_json
+    from server_support import app_for_testclient
+
+    fake.responder = lambda body: {"text": "echo: " + str(body["messages"][-1]["content"])}
+    (tmp_path / "echo.yaml").write_text(ECHO)
+    url = "memory://" if store == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+    app = app_for_testclient([chatrun.load_bot(tmp_path / "echo.yaml")], url)
+    given, raw = [], TurnIndex.remember
+
+    async def remember(self, session, who, keys, outcome=None, snapshot_json=None):
+        live = dict(session.snapshot_to_encode())  # the snapshot as main encoded it here, but for
+        live["updated"] = json.loads(snapshot_json)["updated"]  # its moment: the commit's, as stored
+        given.append((session.id, session.turn_count, snapshot_json, to_json("snapshot", live)))
+        return await raw(self, session, who, keys, outcome, snapshot_json)
+
+    monkeypatch.setattr(TurnIndex, "remember", remember)
+    with TestClient(app) as client:
+        index = app.state.openai.index
+        history: list[dict] = []
+        for n in range(12):
+            if n == 10:  # regenerate the answer to the 9th message: a fork
+                history = history[:-3]
+            history.append({"role": "user", "content": f"message {n} ü"})
+            answer = client.post("/v1/chat/completions", json={"model": "echo", "messages": history})
+            assert answer.status_code == 200, answer.text
+            history.append(answer.json()["choices"][0]["message"])
+            session_id, turn, snapshot_json, encoded = given[-1]
+            assert snapshot_json == encoded
+            stored = asyncio.run(index.records.get_record(TurnIndex.state_key(session_id, turn)))
+            assert _stored_state_text(index.records, TurnIndex.state_key(session_id, turn)) == to_json("state", stored)
+            assert to_json("snapshot", stored["snapshot"]) == encoded
+            session = asyncio.run(index.registry.store.load_session(session_id)).snapshot
+            assert stored["snapshot"] == {k: v for k, v in session.items() if k != "committed"}  # as stored
+    assert len({sid for sid, *_ in given}) == 2  # the fork's
+
+
+def _stored_state_text(store, key):
+    if store.records is not None and isinstance(store.sync, InMemoryStore):
+        return store.sync._records._texts[key]
+    with store.sync._locked("read") as conn:
+        return conn.execute("SELECT record FROM records WHERE key = ?", (key,)).fetchone()[0]
+
+
+_KEYS = st.lists(st.text() | st.none() | st.integers(), max_size=3)
+
+
+@given(st.lists(st.integers() | st.booleans() | st.none() | _KEYS | st.text(), min_size=1, max_size=3))
+@settings(max_examples=300, deadline=None)
+def test_an_entry_of_the_list_of_kept_turns_is_written_as_to_json_writes_it(entry):
+    # A turn's [turn, [keys]] and a state's [turn, parent] are written without the encoder (issue
+    # 39): the same text as to_json's, for any entry (the stored list's layout does not change).
+    from chatrun.server.openai_sessions import _entry_text
+    from chatrun.store.record import to_json
+
+    assert _entry_text(entry) == to_json("entry", entry)
+
+
+@given(st.dictionaries(st.integers(1, 60), st.none() | st.integers(0, 61), max_size=50), st.lists(st.integers(1, 62)))
+@settings(max_examples=500, deadline=None)
+def test_the_states_kept_turns_need_are_their_chains_as_walked(parents, turns):
+    # _chains_of looks at each state once, latest first (a parent is an earlier turn); a list
+    # whose parents are not earlier turns is walked chain by chain, as before (issue 39).
+    from chatrun.server.openai_sessions import _chains_of, _walked_chains
+
+    assert _chains_of(turns, parents) == _walked_chains(turns, parents)
+
+
+def test_a_states_text_is_to_json_of_its_record_for_every_kind_of_message():
+    # A state's memories are written as a commit writes them (encode_messages; issue 39): the
+    # same text as to_json of the record main wrote, full or as a delta, for every kind of message.
+    from chatrun.messages import Attachment, SystemMessage, ToolCall, ToolResultMessage
+    from chatrun.server.openai_sessions import _memory_change, _state_record, _state_text
+    from chatrun.store.record import to_json
+
+    photo = Attachment("sha256-abc", "image/png", "photo.png", 3)
+    window = (SystemMessage("be brief"), SummaryMessage("they asked about Dublin"), AssistantMessage(None),
+              AssistantMessage("", tool_calls=(ToolCall("c1", "book", '{"to": "Dublin"}'),)),
+              ToolResultMessage("c1", "book", '{"ok": true}'), UserMessage("see this", (photo,)),
+              UserMessage('a "quoted" \\ café ☕ \u2028 \x00'), AssistantMessage("\U0001f600 </script>"))
+    later = (*window[2:], UserMessage("next"), AssistantMessage("reply"))
+    snapshot = {"turn": 3, "state": {"city": "Dún Laoghaire"}, "updated": 1.25}
+    for memories in ({"s.1#main": _memory_change(None, window), 's.2#ü "': _memory_change(window, later)},
+                     {"s.1#main": _memory_change(window, window), "s.3#x": _memory_change((), later)}, {}):
+        for state in ({"snapshot": snapshot, "memories": memories},
+                      {"snapshot": snapshot, "parent": 2, "memories": memories}):
+            record = _state_record(state)
+            assert _state_text(state, None) == to_json("state", record)
+            assert _state_text(state, to_json("snapshot", snapshot)) == to_json("state", record)
+    assert _state_record({"snapshot": {}, "memories": {"m": _memory_change(window, later)}})["memories"] == {
+        "m": {"drop": 2, "add": [UserMessage("next").to_dict(), AssistantMessage("reply").to_dict()]}}
+
+
+@given(st.dictionaries(st.text(), st.text() | st.integers() | st.floats() | st.booleans() | st.none() | st.lists(st.none()),
+                       max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_a_flat_record_of_the_index_is_written_as_to_json_writes_it(record):
+    # A turn's key's record and a claim are written member by member (issue 39): the same text as
+    # to_json's (the stored layout), or the same refusal (a NaN).
+    from chatrun.errors import ChatrunError
+    from chatrun.server.openai_sessions import _flat_text
+    from chatrun.store.record import to_json
+
+    def written(encode):
+        try:
+            return encode(record)
+        except ChatrunError:
+            return ChatrunError
+
+    assert written(_flat_text) == written(lambda value: to_json("record", value))
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                    max_leaves=12))
+@settings(max_examples=300, deadline=None)
+def test_the_keys_json_text_is_json_dumps_text(value):
+    # A request's key hashes this text (stored keys: another replica must find them); its encoder
+    # is made once (issue 39), the text json.dumps's.
+    import json
+
+    from chatrun.server.openai_sessions import _JSON
+
+    assert _JSON(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))

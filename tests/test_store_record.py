@@ -352,3 +352,23 @@ def test_a_stored_value_is_json_dumps_text_and_its_refusals_are_json_dumps_refus
     thread.start()
     thread.join()
     assert texts == [json.dumps([shared, True], ensure_ascii=False)]
+
+
+def test_a_commit_encodes_the_snapshot_once_with_its_committed_turn_the_same_text():
+    # Commit.encode(committed=...) appends the committed turn to the engine's snapshot's text (issue
+    # 39: the /v1 index's state record takes the engine's part as it is): the same text as to_json of
+    # with_committed(...), and the engine's part the same as to_json of the snapshot.
+    from chatrun.store.record import Commit, to_json, with_committed
+
+    committed = {"turn": 3, "input": {"text": 'ü "x" \\ \u2028'}, "requestId": None, "at": "2030-01-01T00:00:00+00:00"}
+    for snapshot in ({}, {"turn": 3, "scopes": [], "state": {"k": "é"}}, {"turn": 1, "committed": {"turn": 0}},
+                     {"nested": {"committed": 1}, "updated": 1.5}):
+        for last in (committed, None):
+            commit = Commit.encode("s1", snapshot, {}, [], committed=last)
+            assert commit.snapshot_json == to_json("x", with_committed(snapshot, last))
+            engine = commit.engine_snapshot_json()
+            assert engine is None if (last is not None and (not snapshot or "committed" in snapshot)) else \
+                engine == to_json("x", snapshot)
+            later = Commit.encode("s1", snapshot | {"turn": 9}, {}, [], committed=last)
+            commit.merge(later)
+            assert commit.engine_snapshot_json() == later.engine_snapshot_json()

@@ -43,6 +43,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import operator
 import secrets
 import time
@@ -57,7 +58,7 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 from chatrun.store.local import RecordOps
-from chatrun.store.record import Commit, forked_snapshot, renamed_id, to_json
+from chatrun.store.record import Commit, encode_messages, forked_snapshot, renamed_id, to_json
 from chatrun.store.versions import CREATE
 
 if TYPE_CHECKING:
@@ -182,7 +183,20 @@ class _Recorded:
     listed: _Kept | None = None
 
 
+_FIRST, _SECOND, _THIRD = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
+
+
 def _entry_text(entry: list[Any]) -> str:
+    """to_json of an entry of the list of kept turns, the same text: a turn's [turn, [keys]] and a
+    state's [turn, parent] written without the encoder (two a turn, ~0.03 M instructions; issue 39)."""
+    if len(entry) == 2 and type(entry[0]) is int:
+        turn, second = entry
+        if second is None:
+            return f"[{turn}, null]"
+        if type(second) is int:
+            return f"[{turn}, {second}]"
+        if type(second) is list and all(type(key) is str for key in second):
+            return f"[{turn}, [" + ", ".join(map(_TEXT_JSON, second)) + "]]"
     return to_json("an entry of the list of kept turns", entry)
 
 
@@ -212,8 +226,8 @@ class _Kept:
 
     def text(self) -> str:
         """`to_json` of `record()`, byte for byte (the stores' encoder's separators)."""
-        return ('{"turns": [' + ", ".join([text for _, text in self.turns]) + '], "states": ['
-                + ", ".join([text for _, _, text in self.states]) + "]}")
+        return ('{"turns": [' + ", ".join(map(_SECOND, self.turns)) + '], "states": ['
+                + ", ".join(map(_THIRD, self.states)) + "]}")
 
 
 class TurnIndex:
@@ -377,10 +391,12 @@ class TurnIndex:
     # -- after a committed turn ---------------------------------------------------------------
 
     async def remember(self, session: Session, who: Principal | None, keys: list[str],
-                       outcome: tuple[str, dict[str, Any]] | None = None) -> None:
+                       outcome: tuple[str, dict[str, Any]] | None = None, snapshot_json: str | None = None) -> None:
         """Record the session as it is now (right after a committed turn) under `keys`, and the
         request's `outcome` (its key, what it answered), in one call of a local store's
-        thread (LocalAsyncStore.in_one_call), else one call a record."""
+        thread (LocalAsyncStore.in_one_call), else one call a record. `snapshot_json`: the
+        session's snapshot as the turn's commit encoded it (TurnRun.committed_snapshot), put in
+        the state's record as it is instead of encoding the snapshot again."""
         turn = session.turn_count
         memories = {mid: tuple(messages) for mid, messages in session.memories().items()}
         last = self._recorded.get(session)
@@ -388,7 +404,8 @@ class TurnIndex:
         record = {"bot": session.bot.name, "owner": _owner(who), "session": session.id, "turn": turn,
                   "state": self.state_key(session.id, turn), "at": time.time()}
         listed = last.listed if last is not None and last.turn < turn else None
-        work = functools.partial(_remember, session.id, turn, state, record, keys, outcome, listed)
+        work = functools.partial(_remember, session.id, turn, state, record, keys, outcome, listed,
+                                 snapshot_json=snapshot_json)
         in_one_call = getattr(self.records, "in_one_call", None)
         recorded.listed = await (in_one_call(work) if in_one_call is not None else work(self.records))
         self._recorded[session] = recorded  # written: the next state may be a delta of this one
@@ -396,13 +413,14 @@ class TurnIndex:
     def _state_after(self, session: Session, turn: int,
                      memories: dict[str, tuple[Message, ...]]) -> tuple[dict[str, Any], _Recorded]:
         """The state record of the session right after `turn`: a delta of the state recorded
-        last for this live session (`parent`: its turn), or in full (see the module's text)."""
+        last for this live session (`parent`: its turn), or in full (see the module's text). Its
+        memories are their changes (`Change`), made JSON by _state_text or _state_record."""
         last = self._recorded.get(session)
         snapshot = session.snapshot_to_encode() if self._snapshot_uncopied else session.snapshot()
         if last is None or last.turn >= turn or last.depth >= CHAIN:
-            full = {mid: [m.to_dict() for m in messages] for mid, messages in memories.items()}
+            full: dict[str, Change] = {mid: (None, messages) for mid, messages in memories.items()}
             return {"snapshot": snapshot, "memories": full}, _Recorded(turn, 0, memories)
-        deltas = {mid: _memory_delta(last.memories.get(mid), messages) for mid, messages in memories.items()}
+        deltas = {mid: _memory_change(last.memories.get(mid), messages) for mid, messages in memories.items()}
         return {"snapshot": snapshot, "parent": last.turn, "memories": deltas}, _Recorded(turn, last.depth + 1, memories)
 
     async def state_at(self, session_id: str, key: str) -> dict[str, Any] | None:
@@ -443,7 +461,9 @@ async def _look_up(claim: str | None, key: str | None, session_id: str | None,
                    records: RecordOps) -> tuple[dict[str, Any] | None, bool]:
     """TurnIndex._look_up's reads (and the claim). Awaits nothing but `records` (in_one_call)."""
     if claim is not None:
-        await records.put_record(claim, {"running": True, "at": time.time()})
+        running = {"running": True, "at": time.time()}
+        if not await _put_text(records, claim, _flat_text(running), None):
+            await records.put_record(claim, running)
     record = None if key is None else await records.get_record(key)
     if record is not None:
         session_id = record.get("session")
@@ -452,43 +472,117 @@ async def _look_up(claim: str | None, key: str | None, session_id: str | None,
 
 async def _remember(session_id: str, turn: int, state: dict[str, Any], record: dict[str, Any], keys: list[str],
                     outcome: tuple[str, dict[str, Any]] | None, listed: _Kept | None,
-                    records: RecordOps) -> _Kept:
-    """TurnIndex.remember's writes: the state, the keys, the request's outcome, and the session's
-    last KEEP_TURNS turns kept (see KEEP_TURNS) with the states their chains start from (each
-    state's parent, listed under "states"); that list is `listed` when the caller knows it, else
-    read. Returns the list written. Awaits nothing but `records` (in_one_call)."""
-    await records.put_record(record["state"], state, session_id)
+                    records: RecordOps, *, snapshot_json: str | None = None) -> _Kept:
+    """TurnIndex.remember's writes: the state (with its snapshot's JSON text when known), the
+    keys, the request's outcome, and the session's last KEEP_TURNS turns kept (see KEEP_TURNS)
+    with the states their chains start from (each state's parent, listed under "states"); that
+    list is `listed` when the caller knows it, else read. Returns the list written. Awaits
+    nothing but `records` (in_one_call)."""
+    if not await _put_text(records, record["state"], _state_text(state, snapshot_json), session_id):
+        await records.put_record(record["state"], _state_record(state), session_id)
     if outcome is not None:  # what a committed attempt answered, for its retries (deleted with the session)
         await records.put_record(outcome[0], outcome[1], session_id)
+    text = _flat_text(record) if keys else ""
     for key in keys:
-        await records.put_record(key, record, session_id)
+        if not await _put_text(records, key, text, session_id):
+            await records.put_record(key, record, session_id)
     kept = listed if listed is not None else _Kept.read(await records.get_record(TurnIndex.turns_key(session_id)))
-    turns = [entry for entry in kept.turns if entry[0] != turn] + [(turn, _entry_text([turn, keys]))]
-    parent = state.get("parent")
-    states = [entry for entry in kept.states if entry[0] != turn] + [(turn, parent, _entry_text([turn, parent]))]
-    for _old_turn, text in turns[:-KEEP_TURNS]:
+    written, dropped, unneeded = _kept_after(kept, turn, keys, state.get("parent"))
+    for text in dropped:
         for key in json.loads(text)[1]:
             old = await records.get_record(key)
             if old is not None and old.get("session") == session_id:  # not since saved for another
                 await records.delete_record(key)
-    needed = _chains_of([number for number, _ in turns[-KEEP_TURNS:]], {number: up for number, up, _ in states})
-    for old_turn, _, _ in states:
-        if old_turn not in needed:
-            await records.delete_record(TurnIndex.state_key(session_id, old_turn))
-    written = _Kept(turns[-KEEP_TURNS:], [entry for entry in states if entry[0] in needed])
+    for old_turn in unneeded:
+        await records.delete_record(TurnIndex.state_key(session_id, old_turn))
     await _put_kept(records, TurnIndex.turns_key(session_id), written, session_id)
     return written
 
 
+def _kept_after(kept: _Kept, turn: int, keys: list[str], parent: int | None) -> tuple[_Kept, list[str], list[int]]:
+    """The list of kept turns once `turn` (its `keys`, its state's `parent`) is added: (the list,
+    the entry texts of the turns it dropped, the turns whose states no kept turn's chain needs).
+    In C-level passes where it can (the list is ~65 entries; issue 39)."""
+    turns = [*_without(kept.turns, turn), (turn, _entry_text([turn, keys]))]
+    states = [*_without(kept.states, turn), (turn, parent, _entry_text([turn, parent]))]
+    live = turns[-KEEP_TURNS:]
+    needed = _chains_of(list(map(_FIRST, live)), dict(zip(map(_FIRST, states), map(_SECOND, states), strict=True)))
+    unneeded = sorted(set(map(_FIRST, states)).difference(needed))
+    if unneeded:
+        states = [entry for entry in states if entry[0] in needed]
+    return _Kept(live, states), list(map(_SECOND, turns[:-KEEP_TURNS])), unneeded
+
+
+def _without(entries: list[Any], turn: int) -> list[Any]:
+    """`entries` without `turn`'s (a turn recorded again replaces its entry); the list itself when it has none."""
+    return [entry for entry in entries if entry[0] != turn] if turn in map(_FIRST, entries) else entries
+
+
 async def _put_kept(records: RecordOps, key: str, kept: _Kept, session_id: str) -> None:
     """The list written from its entries' texts when the store takes a record's text, else as a record."""
-    put_text = getattr(records, "put_record_text", None)
-    if put_text is None or not await put_text(key, kept.text(), session_id):
+    if not await _put_text(records, key, kept.text(), session_id):
         await records.put_record(key, kept.record(), session_id)
 
 
+async def _put_text(records: RecordOps, key: str, text: str, session_id: str | None) -> bool:
+    """put_record of a record given as its JSON text, when the store takes one (else False: put_record)."""
+    put_text = getattr(records, "put_record_text", None)
+    return put_text is not None and bool(await put_text(key, text, session_id))
+
+
+def _flat_text(record: dict[str, Any]) -> str:
+    """to_json of a record of strings, integers, finite floats, booleans and nulls (a turn's key's
+    record, a claim), the same text, written member by member (the encoder's setup and walk were
+    most of the ~0.04 M instructions these two cost a turn; issue 39); any other, to_json's."""
+    members = []
+    for name, value in record.items():
+        kind = type(value)
+        if kind is str:
+            text = _TEXT_JSON(value)
+        elif value is None or kind is bool:
+            text = "null" if value is None else "true" if value else "false"
+        elif kind is int or (kind is float and math.isfinite(value)):
+            text = repr(value)
+        else:
+            return to_json("a record of the index", record)
+        members.append(_TEXT_JSON(name) + ": " + text)
+    return "{" + ", ".join(members) + "}"
+
+
+def _state_text(state: dict[str, Any], snapshot_json: str | None) -> str:
+    """to_json(_state_record(state)), the same text, with `snapshot_json` as its snapshot's text
+    (None: encoded here) and its memories' messages written as a commit writes them
+    (record.encode_messages: a full state's window through the encoder cost ~0.07 M instructions
+    a turn; issue 39). A state's members are "snapshot", a delta's "parent", "memories", in that
+    order (_state_after)."""
+    if snapshot_json is None:
+        snapshot_json = to_json("the snapshot of a state of the session", state["snapshot"])
+    parent = f', "parent": {int(state["parent"])}' if "parent" in state else ""
+    memories = ", ".join([_TEXT_JSON(mid) + ": " + _change_text(change) for mid, change in state["memories"].items()])
+    return '{"snapshot": ' + snapshot_json + parent + ', "memories": {' + memories + "}}"
+
+
+def _state_record(state: dict[str, Any]) -> dict[str, Any]:
+    """The state's record as stored: its memories' changes as JSON values."""
+    return state | {"memories": {mid: _change_record(change) for mid, change in state["memories"].items()}}
+
+
 def _chains_of(turns: list[int], parents: dict[int, int | None]) -> set[int]:
-    """The states that `turns`' states need: theirs and their parents' back to a full one."""
+    """The states that `turns`' states need: theirs and their parents' back to a full one. A
+    state's parent is an earlier turn (_state_after), so the states are looked at latest first,
+    once each: a needed one makes its parent needed before the parent is looked at."""
+    needed = set(turns)
+    for turn in sorted(parents, reverse=True):
+        up = parents[turn]
+        if up is not None and turn in needed:
+            if up >= turn:  # not a list this module wrote: each chain walked
+                return _walked_chains(turns, parents)
+            needed.add(up)
+    return needed
+
+
+def _walked_chains(turns: list[int], parents: dict[int, int | None]) -> set[int]:
+    """_chains_of of any parents: each turn's chain walked back to a full state (or a loop's start)."""
     needed: set[int] = set()
     for turn in turns:
         at: int | None = turn
@@ -498,20 +592,43 @@ def _chains_of(turns: list[int], parents: dict[int, int | None]) -> set[int]:
     return needed
 
 
+# A memory in a state: (None, its messages) in full, or (n, messages) for the state before's
+# without its first n messages, followed by these (_memory_change).
+Change = tuple[int | None, tuple[Message, ...]]
+
+
 def _memory_delta(before: tuple[Message, ...] | None, now: tuple[Message, ...]) -> Any:
-    """A memory as it is `now`, after `before`: {"drop": n, "add": [...]} when it is `before`
-    without its first n messages followed by new ones (a window that grew or slid), else its
-    messages in full (a new memory, or one whose earlier messages were rewritten: a summary)."""
+    """A memory as it is `now`, after `before`, as stored: {"drop": n, "add": [...]} when it is
+    `before` without its first n messages followed by new ones (a window that grew or slid),
+    else its messages in full (a new memory, or one whose earlier messages were rewritten: a summary)."""
+    return _change_record(_memory_change(before, now))
+
+
+def _memory_change(before: tuple[Message, ...] | None, now: tuple[Message, ...]) -> Change:
+    """_memory_delta's change, its messages not yet made JSON."""
     if before is None:
-        return [m.to_dict() for m in now]
+        return None, now
     kept = drop = 0
     if before:  # where before's last message is now: messages are immutable, found by identity
         last = before[-1]
         kept = next((i + 1 for i in range(len(now) - 1, -1, -1) if now[i] is last), 0)
         drop = len(before) - kept
         if not kept or drop < 0 or not all(map(operator.is_, now[:kept], before[drop:])):
-            return [m.to_dict() for m in now]
-    return {"drop": drop, "add": [m.to_dict() for m in now[kept:]]}
+            return None, now
+    return drop, now[kept:]
+
+
+def _change_record(change: Change) -> Any:
+    drop, messages = change
+    listed = [m.to_dict() for m in messages]
+    return listed if drop is None else {"drop": drop, "add": listed}
+
+
+def _change_text(change: Change) -> str:
+    """to_json(_change_record(change)), the same text (encode_messages: the commit's writing)."""
+    drop, messages = change
+    listed = encode_messages(list(messages))
+    return listed if drop is None else f'{{"drop": {drop}, "add": {listed}}}'
 
 
 def _running_hash(bot: str, owner: str | None, namespace: str, exchange: Sequence[tuple[str, str]]) -> Any:
@@ -539,7 +656,13 @@ def _key_after(running: Any, nonempty: bool, more: Sequence[tuple[str, str]]) ->
 
 
 def _JSON(value: Any) -> str:  # noqa: N802 - the one spelling of the key's JSON text
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """json.dumps(value, ensure_ascii=False, separators=(",", ":")), the same text, its encoder made
+    once (json.dumps given options builds one every call: every request's key; issue 39). What it
+    encodes is read from a JSON body or made here: no circular reference to look for."""
+    return _KEY_JSON(value)
+
+
+_KEY_JSON = wire.encoder_made_once(json.JSONEncoder(ensure_ascii=False, separators=(",", ":")))
 
 
 _TEXT_JSON = json.encoder.encode_basestring  # a str as _JSON writes it (not ASCII-only): the encoder's own function

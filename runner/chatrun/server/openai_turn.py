@@ -265,7 +265,8 @@ async def _run_turn(
         caught_up = reply.text
         # Through the registry: the turn is committed (fenced by version and lease) before the
         # answer; a refused commit fails the request (Conflict) instead of answering unsaved.
-        async for event in index.registry.turn(session, message, whole=whole):
+        run = index.registry.turn(session, message, whole=whole)
+        async for event in run:
             if event.type == ev.ERROR:
                 error = str(event.data)
             reply.feed(event)
@@ -297,7 +298,7 @@ async def _run_turn(
         if ok:  # what a retry of the request replays (the attempt's outcome), with the turn's keys
             outcome = None if attempt_key is None else (
                 attempt_key, {"events": events, "usage": usage, "estimated": estimated, "session": info})
-            await index.remember(session, who, keys_after(reply), outcome)
+            await index.remember(session, who, keys_after(reply), outcome, run.committed_snapshot())
         return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from chatrun.server import wire
 from chatrun.server.session_cache import Hold, SessionCache, Slot
 from chatrun.store.aio import AsyncStore, Lease
+from chatrun.store.record import Commit
 from chatrun.store.versions import CREATE, StaleVersion
 
 log = logging.getLogger("chatrun.server")
@@ -38,12 +39,12 @@ class SessionWrites:
             self._committed = asyncio.Event()
         return self._committed
 
-    async def commit(self, slot: Slot, session_id: str, lease: Lease) -> None:
-        """Write what the request's turns committed to the slot's buffer, if anything."""
+    async def commit(self, slot: Slot, session_id: str, lease: Lease) -> Commit | None:
+        """Write what the request's turns committed to the slot's buffer, if anything: the commit written."""
         assert slot.buffer is not None
         commit = slot.buffer.take()
         if commit is None:
-            return
+            return None
         expected = commit.expected = slot.version if slot.version is not None else CREATE
         try:
             version = await self.store.commit_turn(commit, lease)
@@ -71,6 +72,7 @@ class SessionWrites:
             done.set()
         if commit.outbox:
             self.on_outbox()
+        return commit
 
     async def delete(self, hold: Hold, session_id: str, memory_ids: list[str]) -> None:
         """Delete the stored session (its history, outcomes, records and these memories)."""

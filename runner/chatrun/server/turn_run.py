@@ -25,6 +25,7 @@ from chatrun.server.session_writes import SessionWrites
 from chatrun.server.turnlog import CANCELLED, CONFLICT, ERROR, REFUSED, TurnReport
 from chatrun.store.aio import AsyncStore
 from chatrun.store.buffer import TurnBuffer
+from chatrun.store.record import Commit
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -60,6 +61,16 @@ class TurnRun:
         self.entry: dict[str, Any] = {}
         self._recorded: dict[str, Any] | None = None
         self._looked_up = request_id is None
+        self._written: Commit | None = None  # the commit written when the turn ended
+
+    def committed_snapshot(self) -> str | None:
+        """The session's snapshot as the commit at the turn's end encoded it (the engine's,
+        without the committed turn: to_json's text), for a caller that records the session
+        right after the turn (the /v1 index); None when nothing was committed or it is not known."""
+        written = self._written
+        if written is None or written.turn != self.turn or self.turn != self._session.turn_count:
+            return None
+        return written.engine_snapshot_json()
 
     async def is_replay(self) -> bool:
         """Whether this request id already committed a turn (then iterating replays it). Checks
@@ -157,7 +168,7 @@ class TurnRun:
         """The turn ran: reported, then committed."""
         report.ran()
         self.turn, self.entry = self._session.turn_count, self._session.last_turn or {}
-        await self._writes.commit(hold.slot, self._session.id, hold.lease)
+        self._written = await self._writes.commit(hold.slot, self._session.id, hold.lease)
 
     async def _keep_stopped(self, session: Session, hold: Hold, number: int) -> None:
         """Write a stopped turn's record (ok false, error "cancelled", what it showed and what its

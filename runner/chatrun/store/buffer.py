@@ -31,7 +31,6 @@ from chatrun.store.record import (
     pack_committed,
     unpack_committed,
     window_size,
-    with_committed,
 )
 
 
@@ -159,7 +158,7 @@ class TurnBuffer:
         committed = self.committed
         if self.track_committed and turn_at is not None and entries[turn_at].get("ok"):
             committed = committed_turn(entries[turn_at], self.request_id)
-        commit = Commit.encode(session_id, with_committed(snapshot, committed), memories, entries)
+        commit = Commit.encode(session_id, snapshot, memories, entries, committed=committed)
         commit.committed = committed
         if turn_at is not None:
             commit.turn = entries[turn_at]["turn"]

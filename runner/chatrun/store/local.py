@@ -182,6 +182,20 @@ class LocalAsyncStore:
             return
         await self._call(self.records.put_record, key, record, session)
 
+    async def put_record_text(self, key: str, text: str, session: str | None = None) -> bool:
+        """put_record of a record given as its JSON text (the caller's, trusted to be an object),
+        when the store takes one (its own `put_record_text`, or this process's records); False
+        when it does not (then put_record). In one call (in_one_call) on the in-memory store,
+        which runs no thread: its list of kept turns is not decoded and encoded again."""
+        if self.records is None:
+            self._process_records.put(key, text, session)
+            return True
+        put_text = getattr(self.records, "put_record_text", None)
+        if put_text is None:
+            return False
+        await self._call(put_text, key, text, session)
+        return True
+
     async def claim_record(self, key: str, record: JSONObject) -> bool:
         if self.records is None:
             return self._process_records.claim(key, to_json(f"record {key}", record))

@@ -369,6 +369,12 @@ class InMemoryStore:
         with self._lock:
             self._records.put(key, text, session)
 
+    def put_record_text(self, key: str, text: str, session: str | None = None) -> None:
+        """put_record of a record given as its JSON text (the caller's, trusted to be an object):
+        the /v1 index writes its list of kept turns from its entries' texts (issue 39)."""
+        with self._lock:
+            self._records.put(key, text, session)
+
     def claim_record(self, key: str, record: JSONObject) -> bool:
         text = to_json(f"record {key}", record)
         with self._lock:

@@ -689,6 +689,9 @@ class Commit:
     # What its turns remembered of their user (`remember:`, the summary): written by the store in
     # this commit's own atomic write (store/user_memory.py), never after it.
     remembered: list[Remembered] = field(default_factory=list)
+    # Where the engine's snapshot ends in snapshot_json when the committed turn was appended to
+    # it (encode's `committed`): `engine_snapshot_json()`. -1: not known.
+    engine_end: int = field(default=-1, repr=False)
 
     @classmethod
     def encode(
@@ -699,16 +702,22 @@ class Commit:
         history: list[JSONObject],
         expected: str | None = None,
         outcome: tuple[str, JSONObject] | None = None,
+        committed: Committed | None = None,
     ) -> Commit:
         """SessionStore.commit_turn's arguments, checked and encoded: a value JSON cannot hold
-        or an item that is not a message raises ChatrunError here, before any store is touched."""
+        or an item that is not a message raises ChatrunError here, before any store is touched.
+        `committed`: stored in the snapshot as with_committed does (the same text)."""
+        snapshot_json, engine_end = _snapshot_text(session_id, snapshot, committed)
+        if committed is not None:
+            snapshot = with_committed(snapshot, committed)
         mems = {mid: None if m is None else check_messages(mid, m) for mid, m in memories.items()}
         items = pending_items_of(snapshot)
         waiting = len(items) + (taken_over_of(snapshot) is not None)  # a takeover waits for its release
         bot = snapshot.get("bot")
         return cls(
             session_id=session_id,
-            snapshot_json=to_json(f"session {session_id}: its snapshot", snapshot),
+            snapshot_json=snapshot_json,
+            engine_end=engine_end,
             owner=owner_of(snapshot),
             memories=mems,
             history_json=[to_json(f"session {session_id}: history entry {i}", _as_stored(e))
@@ -723,6 +732,15 @@ class Commit:
             bot=bot if isinstance(bot, str) else None,
             remembered=remembered_of(session_id, history),
         )
+
+    def engine_snapshot_json(self) -> str | None:
+        """The engine's snapshot as JSON text (the stored one without the committed turn), the
+        same text as to_json of it; None when not known. The /v1 index's state record of the
+        turn holds it: encoding it a second time cost ~0.06 M instructions a turn (issue 39)."""
+        if self.engine_end < 0:
+            return None
+        text = self.snapshot_json
+        return text if self.engine_end == len(text) - 1 else text[:self.engine_end] + "}"
 
     @property
     def memories_json(self) -> dict[str, str | None]:
@@ -741,6 +759,7 @@ class Commit:
         """Fold a later commit of the same request into this one: its snapshot wins, memories
         are replaced, history entries append, and a later turn's outcome replaces an earlier one."""
         self.snapshot_json, self.owner, self.committed = later.snapshot_json, later.owner, later.committed
+        self.engine_end = later.engine_end
         self.due, self.pending_count, self.bot = later.due, later.pending_count, later.bot
         self.waiting, self.tallies = later.waiting, later.tallies
         mine, theirs = self.encoded_memories, later.encoded_memories
@@ -754,6 +773,19 @@ class Commit:
         self.remembered.extend(later.remembered)
         if later.turn is not None:
             self.turn, self.outcome = later.turn, later.outcome
+
+
+def _snapshot_text(session_id: str, snapshot: JSONObject, committed: Committed | None) -> tuple[str, int]:
+    """(to_json of with_committed(snapshot, committed), where the engine's snapshot ends in it
+    or -1): the snapshot encoded once, the committed turn appended as the last member, as
+    `snapshot | {"committed": ...}` places it (the same text)."""
+    what = f"session {session_id}: its snapshot"
+    if type(snapshot) is not dict or (committed is not None and (not snapshot or "committed" in snapshot)):
+        return to_json(what, with_committed(snapshot, committed)), -1
+    text = to_json(what, snapshot)
+    if committed is None:
+        return text, len(text) - 1
+    return text[:-1] + ', "committed": ' + to_json(what, committed) + "}", len(text) - 1
 
 
 # -- the outbox ------------------------------------------------------------------------------
