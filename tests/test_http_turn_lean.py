@@ -14,8 +14,7 @@ from starlette.responses import JSONResponse
 import chatrun
 from chatrun.server import guard, session_gate, turn_run
 from chatrun.server.guard import Refused, Replay, read_body
-from chatrun.server.http import TurnReply
-from chatrun.server.openai_api import _Answer
+from chatrun.server.plumbing import QuickJSONResponse
 from chatrun.server.session_gate import taken_at_once
 from chatrun.testing.fake_openai import echo
 from server_support import app_for_testclient, write_travel
@@ -192,8 +191,8 @@ def test_a_replay_gives_the_edges_message_then_the_clients() -> None:
     {"data": "\ud800"},  # a lone surrogate: neither can encode it
     {"cost": math.nan},  # neither writes NaN
 ])
-@pytest.mark.parametrize("reply", [TurnReply, _Answer])  # the HTTP turn's reply; a /v1 answer
-def test_the_turn_reply_renders_as_starlettes_json_response(content, reply) -> None:
+def test_the_turn_reply_renders_as_starlettes_json_response(content) -> None:
+    """QuickJSONResponse (an HTTP turn's reply, a /v1 answer) renders what JSONResponse renders."""
     def rendered(kind: type[JSONResponse]) -> tuple:
         try:
             response = kind(content, headers={"Idempotent-Replayed": "true"})
@@ -201,7 +200,7 @@ def test_the_turn_reply_renders_as_starlettes_json_response(content, reply) -> N
             return (type(exc),)
         return (response.body, response.headers.items(), response.media_type)
 
-    assert rendered(reply) == rendered(JSONResponse)
+    assert rendered(QuickJSONResponse) == rendered(JSONResponse)
 
 
 def test_a_whole_turns_events_are_what_iterating_the_turn_gives(tmp_path, fake, monkeypatch) -> None:

@@ -51,6 +51,7 @@ from chatrun.server.plumbing import (
     DetachedTurn,
     Emit,
     NotAnObject,
+    QuickJSONResponse,
     Registry,
     authenticate,
     base64_size,
@@ -397,20 +398,9 @@ async def turn_reply(registry: SessionRegistry, session: Session, message: Any, 
     }
     if run.entry.get("usage"):  # the turn's model calls: absent when it made none
         body["usage"] = run.entry["usage"]
-    return TurnReply(body, headers={"Idempotent-Replayed": "true"} if run.replayed else None)
+    return QuickJSONResponse(body, headers={"Idempotent-Replayed": "true"} if run.replayed else None)
 
 
-# Starlette's JSONResponse.render, its encoder made once: json.dumps given options builds an encoder
-# (and its C encoder) every call. The same bytes (tests/test_http_turn_route.py).
-_reply_json = wire.encoder_made_once(
-    json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")))
-
-
-class TurnReply(JSONResponse):
-    """A turn's JSON reply (turn_reply), rendered as JSONResponse renders it."""
-
-    def render(self, content: Any) -> bytes:
-        return _reply_json(content).encode("utf-8")
 
 
 async def _sse(registry: SessionRegistry, turn: TurnRequest) -> AsyncIterator[str]:

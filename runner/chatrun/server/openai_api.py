@@ -46,6 +46,7 @@ from chatrun.server.plumbing import (
     Caller,
     DetachedTurn,
     Emit,
+    QuickJSONResponse,
     Registry,
     authenticate,
     file_body_limit,
@@ -401,7 +402,7 @@ class ChatCompletion(TurnRequest):
             raise OpenAIError(500, f"the turn failed: {result.error}", "server_error", "turn_failed")
         content = result.reply.json_text() if self.as_json else result.reply.text
         annotations = [] if self.as_json else _chat_annotations(result.reply)
-        return _Answer({
+        return QuickJSONResponse({
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
             "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                          "message": {"role": "assistant", "content": content, "refusal": None,
@@ -472,20 +473,6 @@ class ChatCompletion(TurnRequest):
                                        "usage": result.usage}
             frames.append("data: " + json.dumps(payload) + "\n\n")
         return [*frames, "data: [DONE]\n\n"]
-
-
-# Starlette's JSONResponse.render, its encoder made once (json.dumps given options builds an encoder
-# and its C encoder every call; an answer's body is plain JSON built here): the same bytes, as the
-# HTTP API's turn reply (http.py TurnReply).
-_answer_json = wire.encoder_made_once(
-    json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")))
-
-
-class _Answer(JSONResponse):
-    """A /v1 answer, rendered as JSONResponse renders it."""
-
-    def render(self, content: Any) -> bytes:
-        return _answer_json(content).encode("utf-8")
 
 
 def attempt_of(index: TurnIndex, request: Request, body: dict[str, Any], ident: Identity, text: str,
@@ -570,7 +557,7 @@ class ResponseRequest(TurnRequest):
         result = await self.run(None)
         if not result.ok:
             raise OpenAIError(500, f"the turn failed: {result.error}", "server_error", "turn_failed")
-        return _Answer(self.response_object("completed", result, result.reply.text),
+        return QuickJSONResponse(self.response_object("completed", result, result.reply.text),
                        headers={"X-Chatrun-Session": result.session["session"]})
 
     async def stream(self) -> StreamingResponse:

@@ -13,6 +13,7 @@ way (the HTTP API's JSON error, OpenAI's error object, a WebSocket close code).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Annotated, Any, ClassVar
@@ -20,7 +21,7 @@ from typing import Annotated, Any, ClassVar
 from fastapi import Depends, Request
 from starlette.datastructures import State
 from starlette.requests import HTTPConnection
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chatrun.engine.bot import Bot
@@ -296,3 +297,17 @@ class DetachedTurn:
         finally:
             if not ended and not self.task.done():
                 self.task.cancel()
+
+
+# Starlette's JSONResponse.render, its encoder made once: json.dumps given options builds an encoder
+# (and its C encoder) every call. The same bytes (tests/test_http_turn_lean.py).
+_response_json = wire.encoder_made_once(
+    json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")))
+
+
+class QuickJSONResponse(JSONResponse):
+    """A JSON response rendered as JSONResponse renders it, for bodies built here (plain JSON, no
+    circular references): an HTTP turn's reply, a /v1 answer."""
+
+    def render(self, content: Any) -> bytes:
+        return _response_json(content).encode("utf-8")
