@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from typing import Any
 
@@ -195,7 +196,11 @@ class Connection:
         running = [task for task in self.turns.get(frame.chat_id, ()) if not task.done() and task not in self.stopped]
         for task in running:
             self.stopped.add(task)
-            task.cancel()
+            # A request read in the same batch of frames has not begun: cancelling it would throw
+            # into _serve before its `try`, ending it with no frame. It stops itself as it begins.
+            coro = task.get_coro()
+            if not (inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED):
+                task.cancel()
         self.out.put(wire.server_frame(frame.chat_id, wire.COMPLETED, None, frame.request_id))
 
     def _answered_at_once(self, frame: wire.ClientFrame) -> bool:
@@ -249,6 +254,9 @@ class Connection:
         # A Quarkus-dialect Disconnect gets no frame, not even a Failed (Quarkus sends none).
         silent = frame.type == wire.DISCONNECT and not self.dialect_of(frame.chat_id).answers_disconnect
         try:
+            if asyncio.current_task() in self.stopped:  # a Cancel came before it began: it never runs
+                coro.close()
+                raise asyncio.CancelledError
             await coro
         except asyncio.CancelledError:
             task = asyncio.current_task()
