@@ -120,19 +120,28 @@ def test_closing_a_v1_stream_stops_the_turn(server):
     stopped_then_answered(server, "v1stop")
 
 
-def test_a_cancel_also_stops_the_chats_queued_message_before_it_runs(server):
+@pytest.mark.parametrize("m2_sent", ["queued", "with_the_cancel"])
+def test_a_cancel_also_stops_the_chats_queued_message_before_it_runs(server, m2_sent):
+    """m2 waits in the session's queue behind m1 when the Cancel comes (`queued`), or it comes in
+    one write with the Cancel (`with_the_cancel`), so the server reads both before m2's request
+    has begun: either way m2 never runs and ends with Failed("Cancelled") (a request cancelled
+    before its first step used to end with no frame at all)."""
     server.fake.queue(STALLING)
+    m2 = {"type": "ChatRouteMessage", "chatId": "ws2", "requestId": "m2", "data": {"userMessage": "m2"}}
+    cancel = {"type": "Cancel", "chatId": "ws2", "requestId": "c1"}
 
     async def run() -> list[dict]:
         async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
             await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "ws2"}))
             await async_until_done(ws)
-            for key in ("m1", "m2"):  # m2 waits in the session's queue behind m1
-                await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "ws2", "requestId": key,
-                                          "data": {"userMessage": key}}))
+            await ws.send(json.dumps({**m2, "requestId": "m1", "data": {"userMessage": "m1"}}))
+            if m2_sent == "queued":
+                await ws.send(json.dumps(m2))
             frames = [check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30)))]
             assert (frames[0]["type"], frames[0]["requestId"]) == ("Stream", "m1")
-            await ws.send(json.dumps({"type": "Cancel", "chatId": "ws2", "requestId": "c1"}))
+            for frame in ([cancel] if m2_sent == "queued" else [m2, cancel]):
+                ws.protocol.send_text(json.dumps(frame).encode())
+            ws.transport.write(b"".join(ws.protocol.data_to_send()))  # one write
             while sum(f["type"] in ("Completed", "Failed") for f in frames) < 3:
                 frames.append(check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30))))
             return frames
@@ -141,31 +150,3 @@ def test_a_cancel_also_stops_the_chats_queued_message_before_it_runs(server):
     assert ends == {"c1": ("Completed", None), "m1": ("Failed", "Cancelled"), "m2": ("Failed", "Cancelled")}
     assert len(server.fake.requests) == 1  # m2 never ran
     assert [(e["input"], e["error"]) for e in history(server, "ws2")] == [("m1", "cancelled")]
-
-
-def test_a_cancel_in_the_same_read_as_the_message_before_it_stops_that_message_too(server):
-    """m2 and the Cancel arrive in one write, so the server reads both before m2's request has
-    begun: the Cancel stops it before it starts, and it still ends with Failed("Cancelled") (a
-    request cancelled before its first step used to end with no frame at all)."""
-    server.fake.queue(STALLING)
-
-    async def run() -> list[dict]:
-        async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
-            await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "ws3"}))
-            await async_until_done(ws)
-            await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "ws3", "requestId": "m1",
-                                      "data": {"userMessage": "m1"}}))
-            frames = [check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30)))]
-            assert (frames[0]["type"], frames[0]["requestId"]) == ("Stream", "m1")
-            for frame in ({"type": "ChatRouteMessage", "chatId": "ws3", "requestId": "m2", "data": {"userMessage": "m2"}},
-                          {"type": "Cancel", "chatId": "ws3", "requestId": "c1"}):
-                ws.protocol.send_text(json.dumps(frame).encode())
-            ws.transport.write(b"".join(ws.protocol.data_to_send()))  # both frames in one write
-            while sum(f["type"] in ("Completed", "Failed") for f in frames) < 3:
-                frames.append(check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30))))
-            return frames
-
-    ends = {f["requestId"]: (f["type"], f["data"]) for f in asyncio.run(run()) if f["type"] in ("Completed", "Failed")}
-    assert ends == {"c1": ("Completed", None), "m1": ("Failed", "Cancelled"), "m2": ("Failed", "Cancelled")}
-    assert len(server.fake.requests) == 1  # m2 never ran
-    assert [(e["input"], e["error"]) for e in history(server, "ws3")] == [("m1", "cancelled")]
