@@ -401,8 +401,6 @@ async def turn_reply(registry: SessionRegistry, session: Session, message: Any, 
     return QuickJSONResponse(body, headers={"Idempotent-Replayed": "true"} if run.replayed else None)
 
 
-
-
 async def _sse(registry: SessionRegistry, turn: TurnRequest) -> AsyncIterator[str]:
     """The turn's events as Server-Sent Events. The turn is detached: a client that
     disconnects does not cancel it; it completes and is stored, as on the WebSocket."""
