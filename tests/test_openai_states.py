@@ -266,6 +266,62 @@ def test_the_states_kept_turns_need_are_their_chains_as_walked(parents, turns):
     assert _chains_of(turns, parents) == _walked_chains(turns, parents)
 
 
+_STEP = st.tuples(st.sampled_from(["next", "next", "next", "gap", "again", "back"]),
+                  st.sampled_from(["delta", "delta", "delta", "full", "other", "none_first"]),
+                  st.integers(1, 2), st.integers(0, 9))
+
+
+@given(st.lists(_STEP, min_size=1, max_size=90))
+@settings(max_examples=300, deadline=None)
+def test_a_turn_appended_to_a_linear_list_is_kept_as_the_whole_reckoning_keeps_it(steps):
+    # The usual next turn is appended in a few steps (_appended), the list's chains not looked at
+    # again (issue 39): the same list, text, dropped turns and unneeded states as _kept_rebuilt's
+    # for any sequence of turns (turns skipped, recorded again, earlier; states full, deltas of
+    # the last, of another), the list carried from turn to turn as a live session's is.
+    from chatrun.server.openai_sessions import _Kept, _kept_after, _kept_rebuilt
+    from chatrun.store.record import to_json
+
+    kept, last = _Kept([], []), 0
+    for how, state, n_keys, pick in steps:
+        turn = {"next": last + 1, "gap": last + 2 + pick, "again": max(1, last - pick % 3), "back": max(1, pick)}[how]
+        numbers = [entry[0] for entry in kept.states]
+        parent = {"delta": numbers[-1] if numbers else None, "full": None,
+                  "other": numbers[pick % len(numbers)] if numbers else pick,
+                  "none_first": None if pick % 2 else (numbers[-1] if numbers else None)}[state]
+        keys = [f"openai:prefix:{turn}:{i}" for i in range(n_keys)]
+        if pick == 0:
+            kept.text()  # the joined texts made, as a write makes them
+        expected = _kept_rebuilt(kept, turn, keys, parent)
+        got = _kept_after(kept, turn, keys, parent)
+        assert got[0].record() == expected[0].record()
+        assert got[0].text() == expected[0].text() == to_json("list", expected[0].record())
+        assert got[1:] == expected[1:]
+        assert got[0].linear == expected[0].linear
+        kept, last = got[0], max(last, turn)
+
+
+def test_a_usual_conversations_turns_are_appended_without_looking_at_every_chain(monkeypatch):
+    # What the cut keeps (issue 39): a live session's usual turns (each state a delta of the last,
+    # full every CHAIN) go through _appended once its list is known; the first after a read is
+    # reckoned whole. The list is main's, text for text (_old_list_after).
+    from chatrun.server import openai_sessions
+    from chatrun.server.openai_sessions import CHAIN, _Kept, _kept_after
+    from chatrun.store.record import to_json
+
+    rebuilt = []
+    whole = openai_sessions._kept_rebuilt
+    monkeypatch.setattr(openai_sessions, "_kept_rebuilt", lambda *args: rebuilt.append(args[1]) or whole(*args))
+    kept, expected = _Kept.read(None), {"turns": []}
+    for turn in range(1, 60):
+        parent = None if turn % (CHAIN + 1) == 1 else turn - 1
+        keys = [f"openai:prefix:{turn}"]
+        kept, _, _ = _kept_after(kept, turn, keys, parent)
+        expected = _old_list_after(expected, turn, keys, parent)
+        assert kept.record() == expected
+        assert kept.text() == to_json("list", expected)
+    assert rebuilt == [1]
+
+
 def test_a_states_text_is_to_json_of_its_record_for_every_kind_of_message():
     # A state's memories are written as a commit writes them (encode_messages; issue 39): the
     # same text as to_json of the record main wrote, full or as a delta, for every kind of message.

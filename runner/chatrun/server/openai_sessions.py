@@ -211,6 +211,12 @@ class _Kept:
 
     turns: list[tuple[int, str]]
     states: list[tuple[int, int | None, str]]
+    # Whether the list is linear (_is_linear: the usual list, whose next turn _appended adds in
+    # a few steps); known only of a list _kept_after made (False: not known).
+    linear: bool = False
+    # ", ".join of the turns' texts and of the states', once text() made them: _appended keeps
+    # them up instead of joining ~70 texts again every turn (~0.03 M instructions; issue 39).
+    joined: tuple[str, str] | None = field(default=None, repr=False)
 
     @classmethod
     def read(cls, stored: dict[str, Any] | None) -> _Kept:
@@ -226,8 +232,10 @@ class _Kept:
 
     def text(self) -> str:
         """`to_json` of `record()`, byte for byte (the stores' encoder's separators)."""
-        return ('{"turns": [' + ", ".join(map(_SECOND, self.turns)) + '], "states": ['
-                + ", ".join(map(_THIRD, self.states)) + "]}")
+        if self.joined is None:
+            self.joined = ", ".join(map(_SECOND, self.turns)), ", ".join(map(_THIRD, self.states))
+        turns, states = self.joined
+        return '{"turns": [' + turns + '], "states": [' + states + "]}"
 
 
 class TurnIndex:
@@ -501,8 +509,16 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
 
 def _kept_after(kept: _Kept, turn: int, keys: list[str], parent: int | None) -> tuple[_Kept, list[str], list[int]]:
     """The list of kept turns once `turn` (its `keys`, its state's `parent`) is added: (the list,
-    the entry texts of the turns it dropped, the turns whose states no kept turn's chain needs).
-    In C-level passes where it can (the list is ~65 entries; issue 39)."""
+    the entry texts of the turns it dropped, the turns whose states no kept turn's chain needs)."""
+    if kept.linear and turn > kept.turns[-1][0] and turn > kept.states[-1][0] \
+            and (parent is None or parent == kept.states[-1][0]):
+        return _appended(kept, turn, keys, parent)
+    return _kept_rebuilt(kept, turn, keys, parent)
+
+
+def _kept_rebuilt(kept: _Kept, turn: int, keys: list[str], parent: int | None) -> tuple[_Kept, list[str], list[int]]:
+    """_kept_after's answer for any list: every kept turn's chain looked at. In C-level passes
+    where it can (the list is ~65 entries; issue 39)."""
     turns = [*_without(kept.turns, turn), (turn, _entry_text([turn, keys]))]
     states = [*_without(kept.states, turn), (turn, parent, _entry_text([turn, parent]))]
     live = turns[-KEEP_TURNS:]
@@ -510,7 +526,49 @@ def _kept_after(kept: _Kept, turn: int, keys: list[str], parent: int | None) -> 
     unneeded = sorted(set(map(_FIRST, states)).difference(needed))
     if unneeded:
         states = [entry for entry in states if entry[0] in needed]
-    return _Kept(live, states), list(map(_SECOND, turns[:-KEEP_TURNS])), unneeded
+    return _Kept(live, states, _is_linear(live, states)), list(map(_SECOND, turns[:-KEEP_TURNS])), unneeded
+
+
+def _is_linear(turns: list[tuple[int, str]], states: list[tuple[int, int | None, str]]) -> bool:
+    """Whether a list _kept_rebuilt made (its states all needed by its turns' chains) is the
+    usual one: the turns and the states in ascending order, every turn's state kept, the first
+    state full and each other full or a delta of the one before it. Then each turn's chain is
+    the states from the last full one up to it."""
+    numbers, parents, listed = list(map(_FIRST, states)), list(map(_SECOND, states)), list(map(_FIRST, turns))
+    return (bool(states) and bool(turns) and parents[0] is None
+            and all(map(operator.lt, numbers, numbers[1:])) and all(map(operator.lt, listed, listed[1:]))
+            and all(up is None or (type(up) is int and up == before) for up, before in zip(parents[1:], numbers[:-1], strict=True))
+            and set(listed) <= set(numbers))
+
+
+def _appended(kept: _Kept, turn: int, keys: list[str], parent: int | None) -> tuple[_Kept, list[str], list[int]]:
+    """_kept_rebuilt's answer for a linear list (_is_linear) and a turn after all of it whose
+    state is full or a delta of its last: the turn added at the end, the turns past KEEP_TURNS
+    dropped from the front, and with them the states before the chain of the oldest turn kept
+    (the others are its chain's, or a later turn's or its chain's, as before). The list stays
+    linear. A few steps whatever the list's length, where looking at every chain cost ~0.15 M
+    instructions a late turn (issue 39); tests/test_openai_states.py compares the two."""
+    turn_text, state_text = _entry_text([turn, keys]), _entry_text([turn, parent])
+    turns, states = [*kept.turns, (turn, turn_text)], [*kept.states, (turn, parent, state_text)]
+    live, dropped = turns[-KEEP_TURNS:], turns[:-KEEP_TURNS]
+    oldest, start = live[0][0], 0
+    for at, (number, up, _) in enumerate(states):  # up to the oldest turn kept: its chain's full state
+        if number > oldest:
+            break
+        if up is None:
+            start = at
+    gone = states[:start]
+    appended = _Kept(live, states[start:], True)
+    if kept.joined is not None:
+        appended.joined = (_rejoined(kept.joined[0], list(map(_SECOND, dropped)), turn_text),
+                           _rejoined(kept.joined[1], list(map(_THIRD, gone)), state_text))
+    return appended, list(map(_SECOND, dropped)), list(map(_FIRST, gone))
+
+
+def _rejoined(joined: str, gone: list[str], added: str) -> str:
+    """`joined` (", ".join of texts) without its first texts, `gone`, and with `added` after the rest."""
+    rest = joined[sum(map(len, gone)) + 2 * len(gone):]
+    return rest + ", " + added if rest else added
 
 
 def _without(entries: list[Any], turn: int) -> list[Any]:
