@@ -105,6 +105,45 @@ def test_a_state_takes_the_sessions_own_snapshot_only_when_the_store_keeps_recor
         assert state["snapshot"] == session.live
 
 
+class _TextlessRecords(InMemoryStore):
+    """A user's store that keeps records as text but takes none given as text."""
+
+    put_record_text = None
+
+
+def test_a_state_given_its_snapshots_text_makes_no_snapshot_for_a_store_of_texts(tmp_path):
+    # The commit's text of the snapshot is the state's (TurnRun.committed_snapshot): a store that
+    # keeps records as text is written that text, and the snapshot's dicts are not made for it
+    # (issue 39); a store that may keep the object gets its copy as before, and one that keeps
+    # text but takes none given as text gets that text decoded. The stored record is the same.
+    import json
+
+    from chatrun.server.openai_sessions import _remember
+    from chatrun.store.record import to_json
+
+    class Unread(_LiveSession):
+        def snapshot_to_encode(self):
+            raise AssertionError("the snapshot was made for a state given its text")
+
+    snapshot_json = to_json("snapshot", {"turn": 1, "state": {"city": "Dublin"}, "updated": 1.5})
+    class ObjectsKept(_UsersRecords):  # may keep the object, takes no text
+        put_record_text = None
+
+    for store, made in [(LocalAsyncStore(InMemoryStore()), False), (LocalAsyncStore(SQLiteStore(str(tmp_path / "s.db"))), False),
+                        (LocalAsyncStore(_UsersRecords()), True), (LocalAsyncStore(_TextlessRecords()), False),
+                        (LocalAsyncStore(ObjectsKept()), True)]:
+        index = TurnIndex(SimpleNamespace(store=store))
+        state, _ = index._state_after(Unread(), 1, {}, snapshot_json)
+        assert (state["snapshot"] is not None) is made
+        record = {"session": "s", "turn": 1, "state": TurnIndex.state_key("s", 1)}
+        asyncio.run(store.in_one_call(lambda records, state=state, record=record: _remember(
+            "s", 1, state, record, [], None, None, records, snapshot_json=snapshot_json)))
+        stored = asyncio.run(store.get_record(TurnIndex.state_key("s", 1)))
+        expected = Unread().snapshot() if isinstance(store.sync, ObjectsKept) else json.loads(snapshot_json)
+        assert stored == {"snapshot": expected, "memories": {}}
+        asyncio.run(store.close())
+
+
 def _old_list_after(listed, turn, keys, parent):
     """The list of kept turns as main ba5cef0 wrote it (its _remember), for the comparison below."""
     from chatrun.server.openai_sessions import KEEP_TURNS

@@ -58,7 +58,14 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 from chatrun.store.local import RecordOps
-from chatrun.store.record import Commit, encode_messages, forked_snapshot, renamed_id, to_json
+from chatrun.store.record import (
+    Commit,
+    encode_messages,
+    forked_snapshot,
+    from_json,
+    renamed_id,
+    to_json,
+)
 from chatrun.store.versions import CREATE
 
 if TYPE_CHECKING:
@@ -408,7 +415,7 @@ class TurnIndex:
         turn = session.turn_count
         memories = {mid: tuple(messages) for mid, messages in session.memories().items()}
         last = self._recorded.get(session)
-        state, recorded = self._state_after(session, turn, memories)
+        state, recorded = self._state_after(session, turn, memories, snapshot_json)
         record = {"bot": session.bot.name, "owner": _owner(who), "session": session.id, "turn": turn,
                   "state": self.state_key(session.id, turn), "at": time.time()}
         listed = last.listed if last is not None and last.turn < turn else None
@@ -418,13 +425,19 @@ class TurnIndex:
         recorded.listed = await (in_one_call(work) if in_one_call is not None else work(self.records))
         self._recorded[session] = recorded  # written: the next state may be a delta of this one
 
-    def _state_after(self, session: Session, turn: int,
-                     memories: dict[str, tuple[Message, ...]]) -> tuple[dict[str, Any], _Recorded]:
+    def _state_after(self, session: Session, turn: int, memories: dict[str, tuple[Message, ...]],
+                     snapshot_json: str | None = None) -> tuple[dict[str, Any], _Recorded]:
         """The state record of the session right after `turn`: a delta of the state recorded
         last for this live session (`parent`: its turn), or in full (see the module's text). Its
-        memories are their changes (`Change`), made JSON by _state_text or _state_record."""
+        memories are their changes (`Change`), made JSON by _state_text or _state_record. Its
+        snapshot is None when a store that keeps records as text is given `snapshot_json` (the
+        commit's text of it, which _state_text writes): the snapshot's dicts were made for
+        nothing there (~0.025 M instructions a turn; issue 39)."""
         last = self._recorded.get(session)
-        snapshot = session.snapshot_to_encode() if self._snapshot_uncopied else session.snapshot()
+        if not self._snapshot_uncopied:
+            snapshot: dict[str, Any] | None = session.snapshot()
+        else:
+            snapshot = session.snapshot_to_encode() if snapshot_json is None else None
         if last is None or last.turn >= turn or last.depth >= CHAIN:
             full: dict[str, Change] = {mid: (None, messages) for mid, messages in memories.items()}
             return {"snapshot": snapshot, "memories": full}, _Recorded(turn, 0, memories)
@@ -487,7 +500,7 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
     list is `listed` when the caller knows it, else read. Returns the list written. Awaits
     nothing but `records` (in_one_call)."""
     if not await _put_text(records, record["state"], _state_text(state, snapshot_json), session_id):
-        await records.put_record(record["state"], _state_record(state), session_id)
+        await records.put_record(record["state"], _state_record(state, snapshot_json), session_id)
     if outcome is not None:  # what a committed attempt answered, for its retries (deleted with the session)
         await records.put_record(outcome[0], outcome[1], session_id)
     text = _flat_text(record) if keys else ""
@@ -620,9 +633,15 @@ def _state_text(state: dict[str, Any], snapshot_json: str | None) -> str:
     return '{"snapshot": ' + snapshot_json + parent + ', "memories": {' + memories + "}}"
 
 
-def _state_record(state: dict[str, Any]) -> dict[str, Any]:
-    """The state's record as stored: its memories' changes as JSON values."""
-    return state | {"memories": {mid: _change_record(change) for mid, change in state["memories"].items()}}
+def _state_record(state: dict[str, Any], snapshot_json: str | None = None) -> dict[str, Any]:
+    """The state's record as stored: its memories' changes as JSON values, and its snapshot
+    decoded from `snapshot_json` when _state_after left it to that text (a store that keeps
+    records as text but takes none given as text)."""
+    snapshot = state["snapshot"]
+    if snapshot is None and snapshot_json is not None:
+        snapshot = from_json(snapshot_json)
+    return state | {"snapshot": snapshot,
+                    "memories": {mid: _change_record(change) for mid, change in state["memories"].items()}}
 
 
 def _chains_of(turns: list[int], parents: dict[int, int | None]) -> set[int]:
