@@ -15,7 +15,9 @@ from chatrun.messages import AssistantMessage, SummaryMessage, UserMessage
 from chatrun.server.openai_sessions import TurnIndex, _memory_delta
 from chatrun.store.local import LocalAsyncStore
 from chatrun.store.memory import InMemoryStore
+from chatrun.store.record import Commit
 from chatrun.store.sqlite import SQLiteStore
+from chatrun.store.versions import CREATE
 
 
 def test_a_window_that_grew_or_slid_is_written_as_what_it_dropped_and_added():
@@ -142,6 +144,35 @@ def test_a_state_given_its_snapshots_text_makes_no_snapshot_for_a_store_of_texts
         expected = Unread().snapshot() if isinstance(store.sync, ObjectsKept) else json.loads(snapshot_json)
         assert stored == {"snapshot": expected, "memories": {}}
         asyncio.run(store.close())
+
+
+def test_the_in_memory_stores_batch_of_records_makes_its_calls_directly_as_the_stores_own(monkeypatch):
+    # memory:// runs the /v1 index's batch of record calls (in_one_call) on its records directly,
+    # not through LocalAsyncStore's methods and their _call (issue 39): the same reads and
+    # writes as those methods make, a version read, and a record kept as text.
+    from chatrun.server.openai_sessions import _put_text
+
+    async def work(records):
+        await records.put_record("openai:request:a", {"running": True, "at": 1.5})
+        assert await _put_text(records, "openai:prefix:b", '{"session": "s", "turn": 1}', "s")
+        seen = [await records.get_record("openai:request:a"), await records.get_record("openai:prefix:b"),
+                await records.version("s") is not None, await records.version("t")]
+        await records.delete_record("openai:request:a")
+        return seen + [await records.get_record("openai:request:a")]
+
+    direct = LocalAsyncStore(InMemoryStore())
+    asyncio.run(direct.commit_turn(Commit.encode("s", {"turn": 0}, {}, [], expected=CREATE), None))
+    expected = asyncio.run(work(direct))
+    batched = LocalAsyncStore(InMemoryStore())
+    asyncio.run(batched.commit_turn(Commit.encode("s", {"turn": 0}, {}, [], expected=CREATE), None))
+
+    def no_call(*args):
+        raise AssertionError("a record call of the batch went through LocalAsyncStore._call")
+
+    monkeypatch.setattr(batched, "_call", no_call)
+    assert asyncio.run(batched.in_one_call(work)) == expected
+    assert expected == [{"running": True, "at": 1.5}, {"session": "s", "turn": 1}, True, None, None]
+    assert batched.sync._records._texts == direct.sync._records._texts
 
 
 def _old_list_after(listed, turn, keys, parent):
