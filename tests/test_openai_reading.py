@@ -81,3 +81,23 @@ def test_the_keys_are_the_hashes_of_the_same_json_text_as_before(seed):
 def test_pairs_of_another_shape_take_the_encoder():
     odd = [("system", "x"), ("user", 3)]
     assert _pairs_json(odd) == json.dumps(odd, ensure_ascii=False, separators=(",", ":"))[1:-1]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_requests_headers_read_once_are_what_request_headers_get_finds(seed):
+    # A /v1 request's headers are read in one pass (openai_api.Heard; issue 39): for any header
+    # list (names repeated, absent, asked in another case, latin-1 values), the same value as
+    # starlette's request.headers.get, the first of a name.
+    from starlette.requests import Request
+
+    from chatrun.server.openai_api import IDEMPOTENCY_HEADER, RETRY_HEADER, SESSION_HEADER, Heard
+    from chatrun.server.versions import VERSION_HEADER
+
+    rng = random.Random(seed)
+    names = [SESSION_HEADER, VERSION_HEADER.lower(), IDEMPOTENCY_HEADER, RETRY_HEADER, "accept-language", "x-chat-id"]
+    raw = [(rng.choice(names).encode(), rng.choice([b"", b" 1 ", b"abc", "\u00e9t\u00e9".encode("latin-1")]))
+           for _ in range(rng.randrange(6))]
+    request = Request({"type": "http", "headers": raw})
+    heard = Heard(request)
+    for name in [*names, VERSION_HEADER, "X-Chatrun-Session", "absent"]:
+        assert heard.get(name) == request.headers.get(name)

@@ -11,6 +11,8 @@ import json
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.requests import Request
 
 import chatrun
@@ -230,3 +232,47 @@ def test_the_index_keeps_no_text_of_the_conversation(api):
     assert api.resent.hits == before + 1  # the first body was kept, and read from
     kept = repr(list(api.resent._known.items()))
     assert not any(word in kept for word in ("wombat", "4111", "kangaroo", "quokka"))
+
+
+_VALUES = st.sampled_from([None, "user", "assistant", "system", "message", "", " hi ", 3, True, [], {}, ["user"]])
+_MESSAGE = st.one_of(
+    st.dictionaries(st.sampled_from(["role", "content", "type", "refusal", "annotations", "name"]), _VALUES, max_size=5),
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": st.text(max_size=5)},
+                          optional={"type": _VALUES, "refusal": _VALUES}),
+    _VALUES)
+
+
+@given(st.lists(_MESSAGE, max_size=4))
+@settings(max_examples=1000, deadline=None)
+def test_a_resent_bodys_new_messages_read_in_one_loop_as_by_the_schema_and_the_usual_reading(messages):
+    # A resent body's few new messages are judged plain (the schema's test) and read as usual in
+    # one loop (issue 39): the same exchange, or None, as the two C-level readings give.
+    from chatrun.server.openai_resent import plain_exchange
+    from chatrun.server.openai_schema import CHAT_COMPLETIONS, all_plain, surely_valid
+    from chatrun.server.openai_turn import usual_exchange
+
+    expected = usual_exchange(messages) if all_plain(messages) else None
+    assert plain_exchange(messages) == (expected or None)
+    if expected:  # the schema's plain test of the body, its messages judged already
+        for body in ({"model": "m", "messages": messages}, {"model": "", "messages": messages},
+                     {"model": "m", "messages": messages, "stream": 1}, {"messages": messages}):
+            assert surely_valid(CHAT_COMPLETIONS, body, judged="messages") == surely_valid(CHAT_COMPLETIONS, body)
+
+
+@given(st.lists(st.tuples(st.integers(0, 70), st.sampled_from(["", "[", "{[", "x"])), min_size=1, max_size=3),
+       st.integers(0, 66))
+@settings(max_examples=300, deadline=None)
+def test_a_resent_bodys_depth_is_judged_from_its_new_bytes_as_the_walk_judges_it(new, after):
+    # A resent body's new part with few brackets is not walked for its depth (issue 39): the same
+    # verdict as wire.nests_deeper's walk of the body, near the limit and past it, with brackets
+    # in strings too.
+    from chatrun.server.openai_resent import _nests_deeper
+    from chatrun.server.wire import nests_deeper
+
+    first = {"role": "user", "content": "hi"}
+    messages = [{"role": "user", "content": text, "deep": _deep(levels)} for levels, text in new]
+    body = {"model": "m", "messages": messages, "extra": _deep(after)}
+    prefix = json.dumps({"model": "m", "messages": [first]})[:-2]
+    full = json.dumps({"model": "m", "messages": [first, *messages], "extra": _deep(after)})
+    assert full.startswith(prefix)
+    assert _nests_deeper(full[len(prefix):].encode(), body) == nests_deeper(body)

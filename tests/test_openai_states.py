@@ -15,7 +15,9 @@ from chatrun.messages import AssistantMessage, SummaryMessage, UserMessage
 from chatrun.server.openai_sessions import TurnIndex, _memory_delta
 from chatrun.store.local import LocalAsyncStore
 from chatrun.store.memory import InMemoryStore
+from chatrun.store.record import Commit
 from chatrun.store.sqlite import SQLiteStore
+from chatrun.store.versions import CREATE
 
 
 def test_a_window_that_grew_or_slid_is_written_as_what_it_dropped_and_added():
@@ -103,6 +105,74 @@ def test_a_state_takes_the_sessions_own_snapshot_only_when_the_store_keeps_recor
         state, _ = index._state_after(session, 1, {})
         assert (state["snapshot"] is session.live) is uncopied
         assert state["snapshot"] == session.live
+
+
+class _TextlessRecords(InMemoryStore):
+    """A user's store that keeps records as text but takes none given as text."""
+
+    put_record_text = None
+
+
+def test_a_state_given_its_snapshots_text_makes_no_snapshot_for_a_store_of_texts(tmp_path):
+    # The commit's text of the snapshot is the state's (TurnRun.committed_snapshot): a store that
+    # keeps records as text is written that text, and the snapshot's dicts are not made for it
+    # (issue 39); a store that may keep the object gets its copy as before, and one that keeps
+    # text but takes none given as text gets that text decoded. The stored record is the same.
+    import json
+
+    from chatrun.server.openai_sessions import _remember
+    from chatrun.store.record import to_json
+
+    class Unread(_LiveSession):
+        def snapshot_to_encode(self):
+            raise AssertionError("the snapshot was made for a state given its text")
+
+    snapshot_json = to_json("snapshot", {"turn": 1, "state": {"city": "Dublin"}, "updated": 1.5})
+    class ObjectsKept(_UsersRecords):  # may keep the object, takes no text
+        put_record_text = None
+
+    for store, made in [(LocalAsyncStore(InMemoryStore()), False), (LocalAsyncStore(SQLiteStore(str(tmp_path / "s.db"))), False),
+                        (LocalAsyncStore(_UsersRecords()), True), (LocalAsyncStore(_TextlessRecords()), False),
+                        (LocalAsyncStore(ObjectsKept()), True)]:
+        index = TurnIndex(SimpleNamespace(store=store))
+        state, _ = index._state_after(Unread(), 1, {}, snapshot_json)
+        assert (state["snapshot"] is not None) is made
+        record = {"session": "s", "turn": 1, "state": TurnIndex.state_key("s", 1)}
+        asyncio.run(store.in_one_call(lambda records, state=state, record=record: _remember(
+            "s", 1, state, record, [], None, None, records, snapshot_json=snapshot_json)))
+        stored = asyncio.run(store.get_record(TurnIndex.state_key("s", 1)))
+        expected = Unread().snapshot() if isinstance(store.sync, ObjectsKept) else json.loads(snapshot_json)
+        assert stored == {"snapshot": expected, "memories": {}}
+        asyncio.run(store.close())
+
+
+def test_the_in_memory_stores_batch_of_records_makes_its_calls_directly_as_the_stores_own(monkeypatch):
+    # memory:// runs the /v1 index's batch of record calls (in_one_call) on its records directly,
+    # not through LocalAsyncStore's methods and their _call (issue 39): the same reads and
+    # writes as those methods make, a version read, and a record kept as text.
+    from chatrun.server.openai_sessions import _put_text
+
+    async def work(records):
+        await records.put_record("openai:request:a", {"running": True, "at": 1.5})
+        assert await _put_text(records, "openai:prefix:b", '{"session": "s", "turn": 1}', "s")
+        seen = [await records.get_record("openai:request:a"), await records.get_record("openai:prefix:b"),
+                await records.version("s") is not None, await records.version("t")]
+        await records.delete_record("openai:request:a")
+        return seen + [await records.get_record("openai:request:a")]
+
+    direct = LocalAsyncStore(InMemoryStore())
+    asyncio.run(direct.commit_turn(Commit.encode("s", {"turn": 0}, {}, [], expected=CREATE), None))
+    expected = asyncio.run(work(direct))
+    batched = LocalAsyncStore(InMemoryStore())
+    asyncio.run(batched.commit_turn(Commit.encode("s", {"turn": 0}, {}, [], expected=CREATE), None))
+
+    def no_call(*args):
+        raise AssertionError("a record call of the batch went through LocalAsyncStore._call")
+
+    monkeypatch.setattr(batched, "_call", no_call)
+    assert asyncio.run(batched.in_one_call(work)) == expected
+    assert expected == [{"running": True, "at": 1.5}, {"session": "s", "turn": 1}, True, None, None]
+    assert batched.sync._records._texts == direct.sync._records._texts
 
 
 def _old_list_after(listed, turn, keys, parent):
@@ -264,6 +334,62 @@ def test_the_states_kept_turns_need_are_their_chains_as_walked(parents, turns):
     from chatrun.server.openai_sessions import _chains_of, _walked_chains
 
     assert _chains_of(turns, parents) == _walked_chains(turns, parents)
+
+
+_STEP = st.tuples(st.sampled_from(["next", "next", "next", "gap", "again", "back"]),
+                  st.sampled_from(["delta", "delta", "delta", "full", "other", "none_first"]),
+                  st.integers(1, 2), st.integers(0, 9))
+
+
+@given(st.lists(_STEP, min_size=1, max_size=90))
+@settings(max_examples=300, deadline=None)
+def test_a_turn_appended_to_a_linear_list_is_kept_as_the_whole_reckoning_keeps_it(steps):
+    # The usual next turn is appended in a few steps (_appended), the list's chains not looked at
+    # again (issue 39): the same list, text, dropped turns and unneeded states as _kept_rebuilt's
+    # for any sequence of turns (turns skipped, recorded again, earlier; states full, deltas of
+    # the last, of another), the list carried from turn to turn as a live session's is.
+    from chatrun.server.openai_sessions import _Kept, _kept_after, _kept_rebuilt
+    from chatrun.store.record import to_json
+
+    kept, last = _Kept([], []), 0
+    for how, state, n_keys, pick in steps:
+        turn = {"next": last + 1, "gap": last + 2 + pick, "again": max(1, last - pick % 3), "back": max(1, pick)}[how]
+        numbers = [entry[0] for entry in kept.states]
+        parent = {"delta": numbers[-1] if numbers else None, "full": None,
+                  "other": numbers[pick % len(numbers)] if numbers else pick,
+                  "none_first": None if pick % 2 else (numbers[-1] if numbers else None)}[state]
+        keys = [f"openai:prefix:{turn}:{i}" for i in range(n_keys)]
+        if pick == 0:
+            kept.text()  # the joined texts made, as a write makes them
+        expected = _kept_rebuilt(kept, turn, keys, parent)
+        got = _kept_after(kept, turn, keys, parent)
+        assert got[0].record() == expected[0].record()
+        assert got[0].text() == expected[0].text() == to_json("list", expected[0].record())
+        assert got[1:] == expected[1:]
+        assert got[0].linear == expected[0].linear
+        kept, last = got[0], max(last, turn)
+
+
+def test_a_usual_conversations_turns_are_appended_without_looking_at_every_chain(monkeypatch):
+    # What the cut keeps (issue 39): a live session's usual turns (each state a delta of the last,
+    # full every CHAIN) go through _appended once its list is known; the first after a read is
+    # reckoned whole. The list is main's, text for text (_old_list_after).
+    from chatrun.server import openai_sessions
+    from chatrun.server.openai_sessions import CHAIN, _Kept, _kept_after
+    from chatrun.store.record import to_json
+
+    rebuilt = []
+    whole = openai_sessions._kept_rebuilt
+    monkeypatch.setattr(openai_sessions, "_kept_rebuilt", lambda *args: rebuilt.append(args[1]) or whole(*args))
+    kept, expected = _Kept.read(None), {"turns": []}
+    for turn in range(1, 60):
+        parent = None if turn % (CHAIN + 1) == 1 else turn - 1
+        keys = [f"openai:prefix:{turn}"]
+        kept, _, _ = _kept_after(kept, turn, keys, parent)
+        expected = _old_list_after(expected, turn, keys, parent)
+        assert kept.record() == expected
+        assert kept.text() == to_json("list", expected)
+    assert rebuilt == [1]
 
 
 def test_a_states_text_is_to_json_of_its_record_for_every_kind_of_message():

@@ -65,12 +65,28 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 RETRY_HEADER = "x-stainless-retry-count"
 
 
-def locale_of(request: Request, body: dict[str, Any]) -> str | None:
+class Heard:
+    """A request's headers by name, each the first of its name as `request.headers.get` finds it,
+    read in one pass: each `Headers.get` walks the list and, for the names a request usually
+    lacks (a session, a version, a key, a retry), raises and catches a KeyError; the five a
+    /v1 request asks cost ~0.03 M instructions (issue 39)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, request: Request):
+        self._values = dict(reversed(request.headers.raw))  # reversed: the first of a name is kept
+
+    def get(self, name: str) -> str | None:
+        value = self._values.get(name.lower().encode("latin-1"))
+        return None if value is None else value.decode("latin-1")
+
+
+def locale_of(heard: Heard, body: dict[str, Any]) -> str | None:
     """The locale a request asks a new session to speak (docs/i18n.md): the body's
     `metadata.locale`, else the Accept-Language header."""
     metadata = body.get("metadata")
     wanted = metadata.get("locale") if isinstance(metadata, dict) else None
-    return wanted if isinstance(wanted, str) and wanted else request.headers.get("accept-language")
+    return wanted if isinstance(wanted, str) and wanted else heard.get("accept-language")
 
 
 @dataclass(frozen=True)
@@ -226,9 +242,9 @@ class OpenAIState:
         if too_long:
             raise OpenAIError(413, too_long, code="too_large")
 
-    def namespace(self, request: Request, body: dict[str, Any]) -> str:
+    def namespace(self, heard: Heard, body: dict[str, Any]) -> str:
         for header in self.trusted:
-            value = request.headers.get(header)
+            value = heard.get(header)
             if value:
                 return f"{header}:{value}"
         user = body.get("user") or body.get("safety_identifier")
@@ -370,8 +386,9 @@ class ChatCompletion(TurnRequest):
         else:
             earlier, text, usual = resent.earlier, resent.text, True
         api.check_length(text)
-        ident = Identity(bot, earlier, request.headers.get(SESSION_HEADER), api.namespace(request, body), route=route,
-                         version=request.headers.get(VERSION_HEADER), locale=locale_of(request, body))
+        heard = Heard(request)
+        ident = Identity(bot, earlier, heard.get(SESSION_HEADER), api.namespace(heard, body), route=route,
+                         version=heard.get(VERSION_HEADER), locale=locale_of(heard, body))
         if resent is not None and not ident.hashed_as(who.name if who is not None else None,
                                                        resent.running((bot, who.name if who else None, ident.namespace))):
             return None
@@ -380,7 +397,7 @@ class ChatCompletion(TurnRequest):
             as_json=(body.get("response_format") or {}).get("type") in ("json_object", "json_schema"),
             want_events=bool(body["chatrun"].get("events")) if isinstance(body.get("chatrun"), dict) else False,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
-            attempt=attempt_of(api.index, request, body, ident, text, who),
+            attempt=attempt_of(api.index, heard, body, ident, text, who),
             uploads=() if resent is not None else uploads_of(body["messages"], "messages"), usual=usual,
         )
 
@@ -475,18 +492,19 @@ class ChatCompletion(TurnRequest):
         return [*frames, "data: [DONE]\n\n"]
 
 
-def attempt_of(index: TurnIndex, request: Request, body: dict[str, Any], ident: Identity, text: str,
+def attempt_of(index: TurnIndex, heard: Heard, body: dict[str, Any], ident: Identity, text: str,
                who: Principal | None) -> Attempt:
     """Which request this is, for exactly-once: an Idempotency-Key names it; without one, it is
     what it says about its turn, and only the SDKs' own retries (x-stainless-retry-count > 0)
     look for an earlier attempt: the same request sent again by a user is a regenerate (a fork)."""
     owner = who.name if who is not None else None
-    key = request.headers.get(IDEMPOTENCY_HEADER)
+    key = heard.get(IDEMPOTENCY_HEADER)
     if key is not None:
         check_request_id(key)
         return Attempt(index.request_key(ident.bot, owner, ["idempotency-key", key]), True)
     what = [ident.explicit_id, ident.route, text, body.get("response_format")]  # and the conversation: hashed once
-    retries = request.headers.get(RETRY_HEADER, "0").strip()
+    retry = heard.get(RETRY_HEADER)
+    retries = "0" if retry is None else retry.strip()
     return Attempt(ident.request_key(owner, what), retries.isdigit() and int(retries) > 0)
 
 
@@ -519,9 +537,10 @@ class ResponseRequest(TurnRequest):
         if previous is not None:
             earlier = []  # the response's session already holds what came before
         conversation = _conversation_id(body.get("conversation"))
-        explicit = conversation or request.headers.get(SESSION_HEADER)
-        ident = Identity(bot, earlier, explicit, api.namespace(request, body), previous, route,
-                         request.headers.get(VERSION_HEADER), locale_of(request, body))
+        heard = Heard(request)
+        explicit = conversation or heard.get(SESSION_HEADER)
+        ident = Identity(bot, earlier, explicit, api.namespace(heard, body), previous, route,
+                         heard.get(VERSION_HEADER), locale_of(heard, body))
         want_events = isinstance(body.get("chatrun"), dict) and bool(body["chatrun"].get("events"))
         return cls(api.index, api.options.keepalive, who, body["model"], text, ident, previous_id, conversation,
                    want_events, uploads=uploads_of(items if isinstance(items, list) else [], "input"))

@@ -35,7 +35,7 @@ from typing import Any, overload
 from chatrun.messages import lone_surrogate_at
 from chatrun.server import openai_schema, wire
 from chatrun.server.openai_sessions import Exchange, extended
-from chatrun.server.openai_turn import conversation_of, usual_exchange
+from chatrun.server.openai_turn import conversation_of
 
 ENTRIES = 4096  # prefixes kept (each ~0.5 KB: no text of the conversation)
 HEAD_CHARACTERS = 256  # the most characters of text the fields before "messages" may hold to be kept
@@ -262,6 +262,37 @@ class ResentBodies:
             del self._known[next(iter(self._known))]
 
 
+def _nests_deeper(tail: bytes, body: dict[str, Any]) -> bool:
+    """wire.nests_deeper(body) of a body read from a known prefix: its fields before the messages
+    are scalars (ResentBodies.learn), so every container below the body and its list of messages
+    opens with a bracket of `tail` (strings' brackets counted too); with few of them, as a usual
+    turn's two new messages have, it cannot nest too deep, and is not walked (issue 39)."""
+    return tail.count(b"{") + tail.count(b"[") + 2 > wire.MAX_JSON_DEPTH and wire.nests_deeper(body)
+
+
+def plain_exchange(messages: list[Any]) -> Exchange | None:
+    """`usual_exchange(messages)` when `openai_schema.all_plain(messages)` too, else None, in one
+    loop: a resent body's new messages are a few (a usual turn's two), for which the C-level
+    passes of those two each cost more than this loop (~0.04 M instructions; issue 39). Each
+    message a dict whose role is the user's or the assistant's, whose content is a str and whose
+    "type", if any, is "message" (str values: the schema's plain test; those roles and that type:
+    the usual message's)."""
+    exchange: Exchange = []
+    for message in messages:
+        if type(message) is not dict:
+            return None
+        role, content = message.get("role"), message.get("content")
+        if type(role) is not str or role not in _SPEAKER_SET or type(content) is not str:
+            return None
+        if "type" in message and (type(message["type"]) is not str or message["type"] != "message"):
+            return None
+        exchange.append((role, content.strip()))
+    return exchange or None
+
+
+_SPEAKER_SET = frozenset({"user", "assistant"})
+
+
 def _rest(raw: bytes | bytearray, known: Known, hashed: Any) -> Resent | None:
     """The body read on from the end of the known prefix; None when it is not as usual."""
     tail = bytes(raw[known.size:])
@@ -280,13 +311,13 @@ def _rest(raw: bytes | bytearray, known: Known, hashed: Any) -> Resent | None:
     if last < 0 or _WS(text, i).end() != len(text):
         raise _Unusual
     # The whole body's checks, of what is new (see the module's text): the prefix passed them.
-    if wire.nests_deeper(body) or (wire.may_hold_surrogate(tail) and lone_surrogate_at(body) is not None):
+    if _nests_deeper(tail, body) or (wire.may_hold_surrogate(tail) and lone_surrogate_at(body) is not None):
         return None
-    if not openai_schema.all_plain(new) or openai_schema.problem(openai_schema.CHAT_COMPLETIONS, body) is not None:
-        return None  # (the validator judges each plain message alike: the new ones judged, the body is)
-    exchange = usual_exchange(new)
+    exchange = plain_exchange(new)
     if exchange is None or exchange[-1][0] != "user":
         return None
+    if openai_schema.problem(openai_schema.CHAT_COMPLETIONS, body, judged="messages") is not None:
+        return None  # (the validator judges each plain message alike: the new ones judged, the body is)
     end = known.size + (last if tail.isascii() else len(text[:last].encode("utf-8", "surrogatepass")))
     return Resent(body, exchange[-1][1], ResentExchange(raw, known.count + len(exchange) - 1), known,
                   exchange[:-1], hashed, end)

@@ -201,10 +201,12 @@ _PLAIN_FIELDS: dict[int, tuple[tuple[str, ...], dict[str, Any]]] = {
 }
 
 
-def surely_valid(schema: dict[str, Any], body: Any) -> bool:
+def surely_valid(schema: dict[str, Any], body: Any, judged: str | None = None) -> bool:
     """Whether the schema surely accepts `body`, judged without its validator: a body of the
     usual fields with plain values (False only means: ask the validator). A 40-turn request's
-    validation cost ~0.4 M instructions, most of it in jsonschema's walk of the small rest."""
+    validation cost ~0.4 M instructions, most of it in jsonschema's walk of the small rest.
+    `judged`: a field the caller found plain already (a resent body's new messages, judged
+    with their reading: openai_resent.plain_exchange), not tested again."""
     required, tests = _PLAIN_FIELDS[id(schema)]
     if type(body) is not dict or any(name not in body for name in required):
         return False
@@ -214,14 +216,15 @@ def surely_valid(schema: dict[str, Any], body: Any) -> bool:
         if test is None:
             if name in named:
                 return False  # a field with more to check (response_format, chatrun, ...)
-        elif not test(value):
+        elif name != judged and not test(value):
             return False
     return True
 
 
-def problem(schema: dict[str, Any], body: Any) -> str | None:
-    """What is wrong with a request body (the first error, with its place), or None."""
-    if surely_valid(schema, body):
+def problem(schema: dict[str, Any], body: Any, judged: str | None = None) -> str | None:
+    """What is wrong with a request body (the first error, with its place), or None.
+    `judged`: as surely_valid's."""
+    if surely_valid(schema, body, judged):
         return None
     validator = VALIDATORS[id(schema)]
     if validator.is_valid(without_plain_history(schema, body)):

@@ -58,7 +58,14 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 from chatrun.store.local import RecordOps
-from chatrun.store.record import Commit, encode_messages, forked_snapshot, renamed_id, to_json
+from chatrun.store.record import (
+    Commit,
+    encode_messages,
+    forked_snapshot,
+    from_json,
+    renamed_id,
+    to_json,
+)
 from chatrun.store.versions import CREATE
 
 if TYPE_CHECKING:
@@ -211,6 +218,9 @@ class _Kept:
 
     turns: list[tuple[int, str]]
     states: list[tuple[int, int | None, str]]
+    # Whether the list is linear (_is_linear: the usual list, whose next turn _appended adds in
+    # a few steps); known only of a list _kept_after made (False: not known).
+    linear: bool = False
 
     @classmethod
     def read(cls, stored: dict[str, Any] | None) -> _Kept:
@@ -400,7 +410,7 @@ class TurnIndex:
         turn = session.turn_count
         memories = {mid: tuple(messages) for mid, messages in session.memories().items()}
         last = self._recorded.get(session)
-        state, recorded = self._state_after(session, turn, memories)
+        state, recorded = self._state_after(session, turn, memories, snapshot_json)
         record = {"bot": session.bot.name, "owner": _owner(who), "session": session.id, "turn": turn,
                   "state": self.state_key(session.id, turn), "at": time.time()}
         listed = last.listed if last is not None and last.turn < turn else None
@@ -410,13 +420,19 @@ class TurnIndex:
         recorded.listed = await (in_one_call(work) if in_one_call is not None else work(self.records))
         self._recorded[session] = recorded  # written: the next state may be a delta of this one
 
-    def _state_after(self, session: Session, turn: int,
-                     memories: dict[str, tuple[Message, ...]]) -> tuple[dict[str, Any], _Recorded]:
+    def _state_after(self, session: Session, turn: int, memories: dict[str, tuple[Message, ...]],
+                     snapshot_json: str | None = None) -> tuple[dict[str, Any], _Recorded]:
         """The state record of the session right after `turn`: a delta of the state recorded
         last for this live session (`parent`: its turn), or in full (see the module's text). Its
-        memories are their changes (`Change`), made JSON by _state_text or _state_record."""
+        memories are their changes (`Change`), made JSON by _state_text or _state_record. Its
+        snapshot is None when a store that keeps records as text is given `snapshot_json` (the
+        commit's text of it, which _state_text writes): the snapshot's dicts were made for
+        nothing there (~0.025 M instructions a turn; issue 39)."""
         last = self._recorded.get(session)
-        snapshot = session.snapshot_to_encode() if self._snapshot_uncopied else session.snapshot()
+        if not self._snapshot_uncopied:
+            snapshot: dict[str, Any] | None = session.snapshot()
+        else:
+            snapshot = session.snapshot_to_encode() if snapshot_json is None else None
         if last is None or last.turn >= turn or last.depth >= CHAIN:
             full: dict[str, Change] = {mid: (None, messages) for mid, messages in memories.items()}
             return {"snapshot": snapshot, "memories": full}, _Recorded(turn, 0, memories)
@@ -479,7 +495,7 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
     list is `listed` when the caller knows it, else read. Returns the list written. Awaits
     nothing but `records` (in_one_call)."""
     if not await _put_text(records, record["state"], _state_text(state, snapshot_json), session_id):
-        await records.put_record(record["state"], _state_record(state), session_id)
+        await records.put_record(record["state"], _state_record(state, snapshot_json), session_id)
     if outcome is not None:  # what a committed attempt answered, for its retries (deleted with the session)
         await records.put_record(outcome[0], outcome[1], session_id)
     text = _flat_text(record) if keys else ""
@@ -501,8 +517,16 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
 
 def _kept_after(kept: _Kept, turn: int, keys: list[str], parent: int | None) -> tuple[_Kept, list[str], list[int]]:
     """The list of kept turns once `turn` (its `keys`, its state's `parent`) is added: (the list,
-    the entry texts of the turns it dropped, the turns whose states no kept turn's chain needs).
-    In C-level passes where it can (the list is ~65 entries; issue 39)."""
+    the entry texts of the turns it dropped, the turns whose states no kept turn's chain needs)."""
+    if kept.linear and turn > kept.turns[-1][0] and turn > kept.states[-1][0] \
+            and (parent is None or parent == kept.states[-1][0]):
+        return _appended(kept, turn, keys, parent)
+    return _kept_rebuilt(kept, turn, keys, parent)
+
+
+def _kept_rebuilt(kept: _Kept, turn: int, keys: list[str], parent: int | None) -> tuple[_Kept, list[str], list[int]]:
+    """_kept_after's answer for any list: every kept turn's chain looked at. In C-level passes
+    where it can (the list is ~65 entries; issue 39)."""
     turns = [*_without(kept.turns, turn), (turn, _entry_text([turn, keys]))]
     states = [*_without(kept.states, turn), (turn, parent, _entry_text([turn, parent]))]
     live = turns[-KEEP_TURNS:]
@@ -510,7 +534,39 @@ def _kept_after(kept: _Kept, turn: int, keys: list[str], parent: int | None) -> 
     unneeded = sorted(set(map(_FIRST, states)).difference(needed))
     if unneeded:
         states = [entry for entry in states if entry[0] in needed]
-    return _Kept(live, states), list(map(_SECOND, turns[:-KEEP_TURNS])), unneeded
+    return _Kept(live, states, _is_linear(live, states)), list(map(_SECOND, turns[:-KEEP_TURNS])), unneeded
+
+
+def _is_linear(turns: list[tuple[int, str]], states: list[tuple[int, int | None, str]]) -> bool:
+    """Whether a list _kept_rebuilt made (its states all needed by its turns' chains) is the
+    usual one: the turns and the states in ascending order, every turn's state kept, the first
+    state full and each other full or a delta of the one before it. Then each turn's chain is
+    the states from the last full one up to it."""
+    numbers, parents, listed = list(map(_FIRST, states)), list(map(_SECOND, states)), list(map(_FIRST, turns))
+    return (bool(states) and bool(turns) and parents[0] is None
+            and all(map(operator.lt, numbers, numbers[1:])) and all(map(operator.lt, listed, listed[1:]))
+            and all(up is None or (type(up) is int and up == before) for up, before in zip(parents[1:], numbers[:-1], strict=True))
+            and set(listed) <= set(numbers))
+
+
+def _appended(kept: _Kept, turn: int, keys: list[str], parent: int | None) -> tuple[_Kept, list[str], list[int]]:
+    """_kept_rebuilt's answer for a linear list (_is_linear) and a turn after all of it whose
+    state is full or a delta of its last: the turn added at the end, the turns past KEEP_TURNS
+    dropped from the front, and with them the states before the chain of the oldest turn kept
+    (the others are its chain's, or a later turn's or its chain's, as before). The list stays
+    linear. A few steps whatever the list's length, where looking at every chain cost ~0.15 M
+    instructions a late turn (issue 39); tests/test_openai_states.py compares the two."""
+    turn_text, state_text = _entry_text([turn, keys]), _entry_text([turn, parent])
+    turns, states = [*kept.turns, (turn, turn_text)], [*kept.states, (turn, parent, state_text)]
+    live, dropped = turns[-KEEP_TURNS:], turns[:-KEEP_TURNS]
+    oldest, start = live[0][0], 0
+    for at, (number, up, _) in enumerate(states):  # up to the oldest turn kept: its chain's full state
+        if number > oldest:
+            break
+        if up is None:
+            start = at
+    gone = states[:start]
+    return _Kept(live, states[start:], True), list(map(_SECOND, dropped)), list(map(_FIRST, gone))
 
 
 def _without(entries: list[Any], turn: int) -> list[Any]:
@@ -562,9 +618,15 @@ def _state_text(state: dict[str, Any], snapshot_json: str | None) -> str:
     return '{"snapshot": ' + snapshot_json + parent + ', "memories": {' + memories + "}}"
 
 
-def _state_record(state: dict[str, Any]) -> dict[str, Any]:
-    """The state's record as stored: its memories' changes as JSON values."""
-    return state | {"memories": {mid: _change_record(change) for mid, change in state["memories"].items()}}
+def _state_record(state: dict[str, Any], snapshot_json: str | None = None) -> dict[str, Any]:
+    """The state's record as stored: its memories' changes as JSON values, and its snapshot
+    decoded from `snapshot_json` when _state_after left it to that text (a store that keeps
+    records as text but takes none given as text)."""
+    snapshot = state["snapshot"]
+    if snapshot is None and snapshot_json is not None:
+        snapshot = from_json(snapshot_json)
+    return state | {"snapshot": snapshot,
+                    "memories": {mid: _change_record(change) for mid, change in state["memories"].items()}}
 
 
 def _chains_of(turns: list[int], parents: dict[int, int | None]) -> set[int]:
