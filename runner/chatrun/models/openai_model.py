@@ -400,19 +400,19 @@ class OpenAIModel:
 
 
 # The fields request_args sets, in the order `chat.completions.create` writes them into its body
-# (its dict of every parameter, those not given then dropped). tests/test_models.py holds
+# (its dict of every parameter, those not given then dropped). tests/test_openai_model.py holds
 # create_completion to what create itself sends.
 _CREATE_ORDER = ("model", "stream", "messages", "max_tokens", "prompt_cache_key", "response_format",
                  "stream_options", "temperature", "tool_choice")
 _SENT_AS_IS = frozenset(_CREATE_ORDER) | {"extra_body"}
 _CHUNKS = openai.AsyncStream[openai.types.chat.ChatCompletionChunk]
 _OPTIONS = make_request_options  # what create builds its request options with
-# create asks for the API key's bearer header through its options where the client has that option.
 # create as openai defines it: one wrapped or replaced since (an OpenTelemetry instrumentation of
 # the client, a test's patch) is called as it is, so that what it adds still happens.
 _CREATE = vars(openai.resources.chat.AsyncCompletions).get("create")
 if type(_CREATE) is not types.FunctionType:  # wrapped before chatrun was imported: always call it
     _CREATE = None
+# create asks for the API key's bearer header through its options where the client has that option.
 _SECURITY: dict[str, Any] = {"security": {"bearer_auth": True}} if "security" in inspect.signature(_OPTIONS).parameters else {}
 
 
