@@ -444,3 +444,76 @@ def test_the_model_timeout_reaches_the_request_as_the_number_did(fake, stream):
     assert request_timeout(7.5).as_dict() == openai.Timeout(7.5).as_dict() == dict.fromkeys(
         ("connect", "read", "write", "pool"), 7.5)
     assert request_timeout(7.5) is request_timeout(7.5)
+
+
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}, "strict": True}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("fields", [
+    {},
+    {"temperature": 0.3, "max_tokens": 50},
+    {"response_format": SCHEMA_FORMAT, "prompt_cache_key": "bot/main"},
+    {"response_format": {"type": "json_object"}, "temperature": 0},
+    {"tool_choice": "required"},
+    {"tool_choice": {"type": "function", "function": {"name": "book"}}, "max_tokens": None},
+    {"top_p": 0.5, "seed": 7},  # fields create knows and request_args does not set: create posts them
+])
+def test_create_completion_posts_what_create_posts(stream, fields):
+    """create_completion skips create's per-parameter checks and copies (~0.8 M instructions a
+    turn) for the fields request_args sets: the request it posts (path, body and its order,
+    options with the key's header and the timeout, answer type, stream) is create's own."""
+    import openai
+
+    from chatrun.models.openai_model import create_completion, request_timeout
+
+    args = {"model": "gpt-4o-mini", "messages": [],
+            "extra_body": {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}}
+    if stream:
+        args |= {"stream": True, "stream_options": {"include_usage": True}}
+    args |= {key: value for key, value in fields.items() if value is not None}
+
+    def posted(call):
+        client = openai.AsyncOpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")
+        seen = []
+
+        async def post(path, **kwargs):
+            seen.append((path, list(kwargs.pop("body").items()), kwargs))
+            return "answer"
+
+        client.post = post  # the resources take the client's post when first made
+        assert asyncio.run(call(client)) == "answer"
+        return seen
+
+    timeout = request_timeout(12.5)
+    ours = posted(lambda client: create_completion(client, args, timeout))
+    theirs = posted(lambda client: client.chat.completions.create(**args, timeout=timeout))
+    assert ours == theirs and len(ours) == 1
+    assert ours[0][2]["options"]["timeout"] is timeout
+
+
+def test_create_completion_calls_create_when_it_is_wrapped(monkeypatch):
+    """An instrumentation that wraps create (OpenTelemetry's for the openai client does) still
+    sees every call: create_completion then calls create itself."""
+    import openai
+
+    from chatrun.models.openai_model import create_completion, request_timeout
+
+    own = openai.resources.chat.AsyncCompletions.create
+    seen = []
+
+    async def wrapped(self, **kwargs):
+        seen.append(sorted(kwargs))
+        return await own(self, **kwargs)
+
+    monkeypatch.setattr(openai.resources.chat.AsyncCompletions, "create", wrapped)
+    client = openai.AsyncOpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")
+
+    async def post(path, **kwargs):
+        return "answer"
+
+    client.post = post
+    args = {"model": "m", "messages": [], "extra_body": {"messages": []}}
+    assert asyncio.run(create_completion(client, args, request_timeout(5))) == "answer"
+    assert seen == [["extra_body", "messages", "model", "timeout"]]

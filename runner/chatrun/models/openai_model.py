@@ -34,11 +34,13 @@ import ssl
 import sys
 import threading
 import time
+import types
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import openai
+from openai._base_client import make_request_options
 
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ModelError, ModelUnavailable
@@ -323,7 +325,7 @@ class OpenAIModel:
     async def complete_once(self, client: openai.AsyncOpenAI, args: dict[str, Any],
                             timeout: float) -> ModelResponse:
         with translate_errors(timeout):
-            completion = await client.chat.completions.create(**args, timeout=request_timeout(timeout))
+            completion = await create_completion(client, args, request_timeout(timeout))
         choices = getattr(completion, "choices", None)
         if not isinstance(choices, list) or not choices:
             raise ModelError(f"the server answered without choices: {preview(completion)}")
@@ -352,7 +354,7 @@ class OpenAIModel:
         finish_reason = None
         held = ""  # a high surrogate ending a chunk: its pair starts the next one
         with translate_errors(timeout):
-            stream = await client.chat.completions.create(**args, timeout=request_timeout(timeout))
+            stream = await create_completion(client, args, request_timeout(timeout))
         chunks = aiter(stream)
         try:
             while True:
@@ -395,6 +397,44 @@ class OpenAIModel:
         ]
         return ModelResponse(text="".join(text) or None, tool_calls=tool_calls, usage=usage,
                              finish_reason=finish_reason)
+
+
+# The fields request_args sets, in the order `chat.completions.create` writes them into its body
+# (its dict of every parameter, those not given then dropped). tests/test_openai_model.py holds
+# create_completion to what create itself sends.
+_CREATE_ORDER = ("model", "stream", "messages", "max_tokens", "prompt_cache_key", "response_format",
+                 "stream_options", "temperature", "tool_choice")
+_SENT_AS_IS = frozenset(_CREATE_ORDER) | {"extra_body"}
+_CHUNKS = openai.AsyncStream[openai.types.chat.ChatCompletionChunk]
+_OPTIONS = make_request_options  # what create builds its request options with
+# create as openai defines it: one wrapped or replaced since (an OpenTelemetry instrumentation of
+# the client, a test's patch) is called as it is, so that what it adds still happens.
+_CREATE = vars(openai.resources.chat.AsyncCompletions).get("create")
+if type(_CREATE) is not types.FunctionType:  # wrapped before chatrun was imported: always call it
+    _CREATE = None
+# create asks for the API key's bearer header through its options where the client has that option.
+_SECURITY: dict[str, Any] = {"security": {"bearer_auth": True}} if "security" in inspect.signature(_OPTIONS).parameters else {}
+
+
+async def create_completion(client: openai.AsyncOpenAI, args: dict[str, Any], timeout: openai.Timeout) -> Any:
+    """`client.chat.completions.create(**args, timeout=timeout)`: the same request, answer and
+    errors. For the fields request_args sets itself (plain JSON values: strings, numbers, and
+    dicts of them), create's own work before the request is ~0.8 M instructions a turn
+    (bench/README.md, "The HTTP turn, sixth pass"): it checks and copies every parameter against
+    its typed-dict annotations, which leaves such values as they are. So those are posted as
+    create posts them; any other field (a `params:` entry create knows) goes through create, and
+    so does every call while create is not openai's own (instrumented, patched)."""
+    if not _SENT_AS_IS.issuperset(args) or vars(openai.resources.chat.AsyncCompletions).get("create") is not _CREATE:
+        return await client.chat.completions.create(**args, timeout=timeout)
+    stream = args.get("stream", False)
+    return await client.post(
+        "/chat/completions",
+        body={key: args[key] for key in _CREATE_ORDER if key in args},
+        options=_OPTIONS(extra_body=args.get("extra_body"), timeout=timeout, **_SECURITY),
+        cast_to=openai.types.chat.ChatCompletion,
+        stream=bool(stream),
+        stream_cls=_CHUNKS,
+    )
 
 
 @functools.lru_cache(maxsize=64)
