@@ -7,6 +7,7 @@ import email.utils
 import json
 import socket
 import time
+from unittest import mock
 
 import pytest
 
@@ -516,4 +517,29 @@ def test_create_completion_calls_create_when_it_is_wrapped(monkeypatch):
     client.post = post
     args = {"model": "m", "messages": [], "extra_body": {"messages": []}}
     assert asyncio.run(create_completion(client, args, request_timeout(5))) == "answer"
+    assert seen == [["extra_body", "messages", "model", "timeout"]]
+
+
+def test_create_completion_calls_create_patched_on_the_client_alone():
+    """A create patched on one client's resource (`mock.patch.object(client.chat.completions,
+    "create")`, as a user's test does) is called too, not passed by."""
+    import openai
+
+    from chatrun.models.openai_model import create_completion, request_timeout
+
+    client = openai.AsyncOpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")
+    seen = []
+
+    async def patched(**kwargs):
+        seen.append(sorted(kwargs))
+        return "patched"
+
+    async def post(path, **kwargs):
+        return "posted"
+
+    client.post = post
+    args = {"model": "m", "messages": [], "extra_body": {"messages": []}}
+    assert asyncio.run(create_completion(client, args, request_timeout(5))) == "posted"  # not patched: posted
+    with mock.patch.object(client.chat.completions, "create", patched):
+        assert asyncio.run(create_completion(client, args, request_timeout(5))) == "patched"
     assert seen == [["extra_body", "messages", "model", "timeout"]]

@@ -423,9 +423,12 @@ async def create_completion(client: openai.AsyncOpenAI, args: dict[str, Any], ti
     (bench/README.md, "The HTTP turn, sixth pass"): it checks and copies every parameter against
     its typed-dict annotations, which leaves such values as they are. So those are posted as
     create posts them; any other field (a `params:` entry create knows) goes through create, and
-    so does every call while create is not openai's own (instrumented, patched)."""
-    if not _SENT_AS_IS.issuperset(args) or vars(openai.resources.chat.AsyncCompletions).get("create") is not _CREATE:
-        return await client.chat.completions.create(**args, timeout=timeout)
+    so does every call while create is not openai's own (instrumented, patched on the class or
+    on this client)."""
+    completions = client.chat.completions
+    if (not _SENT_AS_IS.issuperset(args) or vars(openai.resources.chat.AsyncCompletions).get("create") is not _CREATE
+            or "create" in vars(completions)):  # patched on this client alone (mock.patch.object)
+        return await completions.create(**args, timeout=timeout)
     stream = args.get("stream", False)
     return await client.post(
         "/chat/completions",
