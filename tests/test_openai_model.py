@@ -6,6 +6,7 @@ import asyncio
 import email.utils
 import json
 import socket
+import sys
 import time
 from unittest import mock
 
@@ -543,3 +544,35 @@ def test_create_completion_calls_create_patched_on_the_client_alone():
     with mock.patch.object(client.chat.completions, "create", patched):
         assert asyncio.run(create_completion(client, args, request_timeout(5))) == "patched"
     assert seen == [["extra_body", "messages", "model", "timeout"]]
+
+
+def test_create_completion_calls_create_when_openai_lacks_the_options_helper(monkeypatch):
+    """An `openai` whose module no longer has the helper create builds its options with (a later
+    release that moved it): every call goes through create."""
+    import types
+
+    import openai
+
+    from chatrun.models import openai_model
+
+    assert openai_model._posting(types.SimpleNamespace()) == (None, None, {})
+    monkeypatch.setattr(openai_model, "_CREATE", None)
+    monkeypatch.setattr(openai_model, "_OPTIONS", None)
+    client = openai.AsyncOpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")
+    sent = []
+
+    async def post(path, **kwargs):
+        sent.append(path)
+        return "posted"
+
+    client.post = post
+    args = {"model": "m", "messages": [], "extra_body": {"messages": []}}
+    # create's own pass over its parameters (a global of its module: patching it leaves create as it is)
+    module = sys.modules[openai.resources.chat.AsyncCompletions.create.__module__]
+    with mock.patch.object(module, "async_maybe_transform", wraps=module.async_maybe_transform) as passed:
+        assert asyncio.run(openai_model.create_completion(client, args, openai_model.request_timeout(5))) == "posted"
+    assert passed.call_count == 1 and sent == ["/chat/completions"]
+    monkeypatch.undo()
+    with mock.patch.object(module, "async_maybe_transform", wraps=module.async_maybe_transform) as passed:
+        assert asyncio.run(openai_model.create_completion(client, args, openai_model.request_timeout(5))) == "posted"
+    assert passed.call_count == 0  # openai's own create and helper: posted without create's pass

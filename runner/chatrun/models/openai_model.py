@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import email.utils
 import functools
+import importlib
 import inspect
 import json
 import logging
@@ -40,7 +41,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import openai
-from openai._base_client import make_request_options
 
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ModelError, ModelUnavailable
@@ -406,14 +406,25 @@ _CREATE_ORDER = ("model", "stream", "messages", "max_tokens", "prompt_cache_key"
                  "stream_options", "temperature", "tool_choice")
 _SENT_AS_IS = frozenset(_CREATE_ORDER) | {"extra_body"}
 _CHUNKS = openai.AsyncStream[openai.types.chat.ChatCompletionChunk]
-_OPTIONS = make_request_options  # what create builds its request options with
-# create as openai defines it: one wrapped or replaced since (an OpenTelemetry instrumentation of
-# the client, a test's patch) is called as it is, so that what it adds still happens.
-_CREATE = vars(openai.resources.chat.AsyncCompletions).get("create")
-if type(_CREATE) is not types.FunctionType:  # wrapped before chatrun was imported: always call it
-    _CREATE = None
-# create asks for the API key's bearer header through its options where the client has that option.
-_SECURITY: dict[str, Any] = {"security": {"bearer_auth": True}} if "security" in inspect.signature(_OPTIONS).parameters else {}
+
+
+def _posting(base_client: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """(create as openai defines it, the helper it builds its request options with, the options'
+    `security` where that helper takes it); create None: always call create. The helper is one of
+    the client's own modules, not its public API: an `openai` without it (a later release that
+    moved it) makes every call go through create. A create wrapped or replaced before chatrun was
+    imported (an OpenTelemetry instrumentation of the client, a test's patch) is called as it is,
+    so that what it adds still happens."""
+    options = getattr(base_client, "make_request_options", None)
+    create = vars(openai.resources.chat.AsyncCompletions).get("create")
+    if type(create) is not types.FunctionType or not callable(options):
+        return None, None, {}
+    # create asks for the API key's bearer header through its options where the client has that option.
+    security = {"security": {"bearer_auth": True}} if "security" in inspect.signature(options).parameters else {}
+    return create, options, security
+
+
+_CREATE, _OPTIONS, _SECURITY = _posting(importlib.import_module("openai._base_client"))
 
 
 async def create_completion(client: openai.AsyncOpenAI, args: dict[str, Any], timeout: openai.Timeout) -> Any:
