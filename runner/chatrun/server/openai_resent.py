@@ -35,7 +35,7 @@ from typing import Any, overload
 from chatrun.messages import lone_surrogate_at
 from chatrun.server import openai_schema, wire
 from chatrun.server.openai_sessions import Exchange, extended
-from chatrun.server.openai_turn import conversation_of
+from chatrun.server.openai_turn import USUAL_ROLES, conversation_of
 
 ENTRIES = 4096  # prefixes kept (each ~0.5 KB: no text of the conversation)
 HEAD_CHARACTERS = 256  # the most characters of text the fields before "messages" may hold to be kept
@@ -282,15 +282,12 @@ def plain_exchange(messages: list[Any]) -> Exchange | None:
         if type(message) is not dict:
             return None
         role, content = message.get("role"), message.get("content")
-        if type(role) is not str or role not in _SPEAKER_SET or type(content) is not str:
+        if type(role) is not str or role not in USUAL_ROLES or type(content) is not str:
             return None
         if "type" in message and (type(message["type"]) is not str or message["type"] != "message"):
             return None
         exchange.append((role, content.strip()))
     return exchange or None
-
-
-_SPEAKER_SET = frozenset({"user", "assistant"})
 
 
 def _rest(raw: bytes | bytearray, known: Known, hashed: Any) -> Resent | None:

@@ -487,7 +487,7 @@ def turn_input(session: Any, blobs: BlobArea | None, text: str, uploads: tuple[U
 
 
 _SPEAKERS = ("user", "assistant")
-_SPEAKER_SET, _USUAL_TYPES, _DICTS, _STRS = frozenset(_SPEAKERS), frozenset({None, "message"}), {dict}, {str}
+USUAL_ROLES, _USUAL_TYPES, _DICTS, _STRS = frozenset(_SPEAKERS), frozenset({None, "message"}), {dict}, {str}
 _GET = dict.get
 
 
@@ -501,7 +501,7 @@ def usual_exchange(messages: list[Any]) -> Exchange | None:
     contents: list[Any] = list(map(_GET, messages, repeat("content")))
     roles: list[Any] = list(map(_GET, messages, repeat("role")))
     try:
-        if set(map(type, contents)) != _STRS or not set(roles) <= _SPEAKER_SET \
+        if set(map(type, contents)) != _STRS or not set(roles) <= USUAL_ROLES \
                 or not set(map(_GET, messages, repeat("type"))) <= _USUAL_TYPES:
             return None
     except TypeError:  # an unhashable role or type: not a usual message
