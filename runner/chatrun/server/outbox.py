@@ -138,8 +138,10 @@ class OutboxWorker:
             # (Redis drops a queue's ids whose entry is gone as it claims; those count against
             # the batch, so what they hid waits for the next look, at most `poll` later.)
             if claimed < self.settings.batch:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for makes a task of every poll.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.settings.poll)
+                    async with asyncio.timeout(self.settings.poll):
+                        await self._wake.wait()
                 self._wake.clear()
 
     async def run_once(self) -> int:
