@@ -85,7 +85,7 @@ def write_bot(tmp_path):
 
 
 # Fixtures that start a process (a server or a terminal): a test using one is a subprocess test.
-PROCESS_FIXTURES = {"redis_server", "postgres_server", "term"}
+PROCESS_FIXTURES = {"redis_server", "postgres_server", "pgvector_server", "term"}
 
 
 def pytest_collection_modifyitems(items):
@@ -142,6 +142,22 @@ def postgres_server():
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql): Postgres tests skipped")
     pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'chatrun[postgres]')")
     server = PostgresServer().start()
+    yield server
+    server.remove()
+
+
+@pytest.fixture(scope="session")
+def pgvector_server():
+    """A real PostgreSQL with the pgvector extension (the `pgserver` wheel's binaries: Debian 12
+    packages no pgvector), like postgres_server."""
+    from postgres_support import PostgresServer, pgvector_binaries
+
+    bindir = pgvector_binaries()
+    if bindir is None:
+        pytest.skip("pgvector: the pgserver wheel is not installed (pip install pgserver; the test extra has it "
+                    "where it has a wheel): the database's vector ranking not tested")
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'chatrun[postgres]')")
+    server = PostgresServer(bindir).start()
     yield server
     server.remove()
 

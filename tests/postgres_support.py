@@ -3,7 +3,10 @@ a temporary folder, like tests/redis_support.py starts Redis. No tests here.
 
 Where the binaries are: `pg_config --bindir`, then /usr/lib/postgresql/*/bin, then PATH
 (`initdb`, `postgres`). None found: `postgres_binaries()` is None and the tests that need a
-server skip with one line.
+server skip with one line. Debian 12 packages no pgvector, so the tests of the knowledge index's
+pgvector ranking take a second server from the `pgserver` wheel (PostgreSQL 16 with pgvector
+built in; the `test` extra installs it where it has a wheel): `pgvector_binaries()`, only its
+binaries (`pgserver`'s own Python is not imported).
 
 PostgreSQL refuses to run as root ("root" execution of the PostgreSQL server is not permitted).
 When the tests run as root (a CI container), initdb and postgres are started as an unprivileged
@@ -50,6 +53,20 @@ def postgres_binaries() -> Path | None:
     return None
 
 
+def pgvector_binaries() -> Path | None:
+    """The `pgserver` wheel's folder of PostgreSQL binaries, when it is installed and has
+    pgvector beside them; else None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pgserver")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        install = Path(root) / "pginstall"
+        if (install / "share" / "postgresql" / "extension" / "vector.control").exists() and \
+                (install / "bin" / "postgres").exists():
+            return install / "bin"
+    return None
+
+
 def _run_as() -> pwd.struct_passwd | None:
     """The unprivileged user to run PostgreSQL as when we are root (None: run as ourselves)."""
     if os.geteuid() != 0:
@@ -65,8 +82,8 @@ def _run_as() -> pwd.struct_passwd | None:
 class PostgresServer:
     """initdb into a temporary folder, then `postgres` on a free loopback port."""
 
-    def __init__(self) -> None:
-        bindir = postgres_binaries()
+    def __init__(self, bindir: Path | None = None) -> None:
+        bindir = bindir or postgres_binaries()
         if bindir is None:
             raise RuntimeError("no PostgreSQL binaries (initdb, postgres)")
         self.bindir = bindir

@@ -3,7 +3,8 @@ PostgreSQL (tests/postgres_support.py): `chatrun index BOT --store postgresql://
 incrementally; two `chatrun serve --store postgresql://…` replicas answer from it and both see a
 re-indexed article; a reader never sees half a re-indexed source nor waits for a refresh, while a
 second indexer does; the hits match the SQLite index's (as sets: BM25 and ts_rank_cd order
-passages differently); hybrid search ranks vectors stored as float arrays (in Python without pgvector); web sources (a sitemap, from
+passages differently); hybrid search ranks vectors stored as float arrays (in Python without pgvector, in the database with it: the
+`pgserver` wheel's PostgreSQL); web sources (a sitemap, from
 tests/site_support.py's local site) go there with `chatrun index --store` as incrementally as
 into SQLite (validators kept in PostgreSQL, a down site losing nothing)."""
 
@@ -197,17 +198,15 @@ def test_hybrid_search_ranks_vectors_kept_in_postgres(fake, tmp_path, postgres_s
 
 
 @pytest.mark.slow
-def test_with_pgvector_the_database_ranks_vectors_as_python_does(fake, tmp_path, postgres_server):
-    root, url = helpcentre(tmp_path), postgres_server.url()
+def test_with_pgvector_the_database_ranks_vectors_as_python_does(fake, tmp_path, pgvector_server):
+    root, url = helpcentre(tmp_path), pgvector_server.url()
     bot = (root / "bot.yaml").read_text().replace("    path: help\n", "    path: help\n    embeddings: text-embedding-3-small\n")
     (root / "bot.yaml").write_text(bot)
     library = shared_library(root, url)
     try:
         library.refresh()
         index = library.index
-        assert isinstance(index, PgIndex)
-        if not index.pgvector:
-            pytest.skip("the pgvector extension is not installed here (Debian 12 has no package): ranked in Python")
+        assert isinstance(index, PgIndex) and index.pgvector  # the extension installed by the index itself
         query = library.embedder.embed("text-embedding-3-small", ["refund to my card"])[0]
         in_database = index.nearest("text-embedding-3-small", query, ["help_centre"], 5)
         index.pgvector = False
