@@ -298,7 +298,6 @@ async def _chat_completion(api: OpenAIState, request: Request, who: Principal | 
     if resent is not None:
         completion = ChatCompletion.parse(api, request, resent.body, who, resent)
         if completion is not None:
-            api.resent.hits += 1
             _learn(api, raw, completion, resent.known.size, resent.hashed, resent.end, resent.known.head,
                    resent.known.count + len(resent.body["messages"]))
             return resent.body, completion

@@ -213,7 +213,6 @@ class ResentBodies:
     def __init__(self, entries: int = ENTRIES):
         self._known: dict[tuple[str | None, int, int], Known] = {}
         self._entries = entries
-        self.hits = 0  # bodies read from a known prefix (counted by the caller that used the reading: the tests')
 
     def read(self, raw: bytes | bytearray, owner: str | None) -> Resent | None:
         """The body read from a known prefix of it, or None: read it the full way."""
