@@ -235,7 +235,7 @@ class Turn:
             return self.answered(run, response.text, value)
         if run.tool_choice != "none":
             run.tool_choice = None  # a call was made: the model may answer now
-        if response.text:
+        if response.text and response.text.strip():  # blanks are no reply: an empty answer after them is asked again
             self.t.emit(ev.MESSAGE, response.text)
         outcomes = await self.calls.run_calls(route, run.offered, calls)
         for call, outcome in zip(calls, outcomes, strict=True):
