@@ -1,0 +1,66 @@
+"""The unruly model through the doors (issue 32's promise: every guarantee holds whatever the model
+does): the real `openai` SDK over `/v1` and the HTTP API, the bot's model the fake OpenAI server
+answering blank and empty answers. Whatever the model leaves out, the user gets a reply."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+import chatrun
+from chatrun.definition.page_texts import BUILTIN
+from server_support import app_for_testclient
+
+BOT = """
+name: quiet
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+state: {count: 0}
+routes:
+  main: {default: true, system: You help., tools: [bump]}
+tools:
+  bump:
+    description: Count one more
+    action: {set: {state.count: "{{ state.count + 1 }}"}, reply: "Counted {{ state.count }}."}
+"""
+FALLBACK = BUILTIN["en"]["fallback"]
+BUMP = {"name": "bump", "arguments": {}}
+
+
+@pytest.fixture
+def client(fake, write_bot, tmp_path):
+    app = app_for_testclient([chatrun.load_bot(write_bot(BOT))], f"sqlite:///{tmp_path / 's.db'}")
+    with TestClient(app) as c:
+        yield c
+
+
+def sdk(client) -> openai.OpenAI:
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client, max_retries=0)
+
+
+def v1_reply(client, stream: bool) -> str:
+    messages = [{"role": "user", "content": "hi"}]
+    if not stream:
+        return sdk(client).chat.completions.create(model="quiet", messages=messages).choices[0].message.content or ""
+    chunks = sdk(client).chat.completions.create(model="quiet", messages=messages, stream=True)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_v1_sends_the_fallback_after_two_answers_that_streamed_only_blanks(client, fake, stream):
+    fake.queue({"chunks": [" ", "\n"]}, {"text": "   "})
+    assert v1_reply(client, stream).strip() == FALLBACK
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_v1_blanks_beside_a_call_then_blanks_get_the_fallback(client, fake, stream):
+    fake.queue({"text": " ", "tool_calls": [BUMP]}, {"text": "  "}, {"text": "\n"})
+    assert v1_reply(client, stream).strip() == FALLBACK
+
+
+def test_http_blanks_beside_a_call_are_no_message_and_the_user_gets_the_fallback(client, fake):
+    fake.queue({"text": " \n", "tool_calls": [BUMP]}, {"text": "  "}, {"text": "\t"})
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "count"}).json()
+    assert [e["data"] for e in body["events"] if e["type"] == "Message"] == [FALLBACK]
+    assert body["ok"] and client.get("/bots/quiet/sessions/s1").json()["state"]["count"] == 1
