@@ -17,8 +17,13 @@ name: quiet
 model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
 state: {count: 0}
 routes:
-  main: {default: true, system: You help., tools: [bump]}
+  main: {default: true, system: You help., tools: [bump, send]}
 tools:
+  send:
+    description: Send money
+    parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    confirm: "Send {{ args.amount }} EUR?"
+    action: {reply: "Sent {{ args.amount }} EUR."}
   bump:
     description: Count one more
     action: {set: {state.count: "{{ state.count + 1 }}"}, reply: "Counted {{ state.count }}."}
@@ -64,3 +69,16 @@ def test_http_blanks_beside_a_call_are_no_message_and_the_user_gets_the_fallback
     body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "count"}).json()
     assert [e["data"] for e in body["events"] if e["type"] == "Message"] == [FALLBACK]
     assert body["ok"] and client.get("/bots/quiet/sessions/s1").json()["state"]["count"] == 1
+
+
+def test_a_decision_answers_its_own_call_when_the_model_reuses_call_ids(client, fake):
+    """A model server that numbers each answer's calls from call_0: the user's yes replaces the
+    placeholder of the call it decides, not the result of an earlier call with the same id."""
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    fake.queue({"tool_calls": [{**BUMP, "id": "call_0"}]}, {"text": "Counted."},
+               {"tool_calls": [{"name": "send", "arguments": {"amount": 5}, "id": "call_0"}]}, {"text": "Sent."})
+    for text in ("count", "send 5", "yes"):
+        body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": text}).json()
+        assert body["ok"], body
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told == ["Counted 1.", "Sent 5 EUR."]
