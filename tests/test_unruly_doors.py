@@ -82,3 +82,15 @@ def test_a_decision_answers_its_own_call_when_the_model_reuses_call_ids(client, 
         assert body["ok"], body
     told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
     assert told == ["Counted 1.", "Sent 5 EUR."]
+
+
+def test_two_calls_of_one_answer_with_one_id_each_get_their_result(client, fake):
+    """A model server that gives every call of an answer the same id: each call still has its own
+    result in the memory (the second was dropped as an orphan: the model never read it)."""
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    fake.queue({"tool_calls": [{**BUMP, "id": "call_0"}, {**BUMP, "id": "call_0"}]}, {"text": "Counted twice."})
+    assert client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "two more"}).json()["ok"]
+    assistant, *results = [m for m in fake.requests[-1]["messages"] if m["role"] in ("assistant", "tool")]
+    ids = [call["id"] for call in assistant["tool_calls"]]
+    assert [(m["tool_call_id"], m["content"]) for m in results] == list(zip(ids, ["Counted 1.", "Counted 2."], strict=True))
+    assert len(set(ids)) == 2 and client.get("/bots/quiet/sessions/s1").json()["state"]["count"] == 2
