@@ -94,3 +94,22 @@ def test_two_calls_of_one_answer_with_one_id_each_get_their_result(client, fake)
     ids = [call["id"] for call in assistant["tool_calls"]]
     assert [(m["tool_call_id"], m["content"]) for m in results] == list(zip(ids, ["Counted 1.", "Counted 2."], strict=True))
     assert len(set(ids)) == 2 and client.get("/bots/quiet/sessions/s1").json()["state"]["count"] == 2
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    ('{"amount": NaN}', "NaN is not a JSON number"),
+    ('{"amount": -Infinity}', "-Infinity is not a JSON number"),
+    ('{"amount": 1e999}', "1e999 is too large a number"),
+    ('{"amount": ' + "9" * 5000 + "}", "a number has more than 4300 digits"),
+])
+def test_arguments_json_cannot_hold_are_refused_to_the_model_and_the_turn_goes_on(client, fake, raw, why):
+    """Python's JSON reader takes NaN, Infinity, 1e999 (inf) and fails on a number of more than
+    4,300 digits: the turn failed when it saved the state (or with a traceback). They are invalid
+    arguments the model reads about, like any JSON it got wrong."""
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    fake.queue({"tool_calls": [{"name": "send", "arguments": raw}]}, {"text": "Which amount?"})
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "send it"}).json()
+    assert body["ok"] and [e["data"] for e in body["events"] if e["type"] == "Message"] == ["Which amount?"]
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told == [f"Error: the arguments of send are not valid JSON ({why}). Call it again with a JSON object "
+                    "matching its parameters."]
