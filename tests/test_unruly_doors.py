@@ -15,10 +15,14 @@ from server_support import app_for_testclient
 BOT = """
 name: quiet
 model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
-state: {count: 0}
+state: {count: 0, total: 0}
 routes:
-  main: {default: true, system: You help., tools: [bump, send]}
+  main: {default: true, system: You help., tools: [bump, send, add]}
 tools:
+  add:
+    description: Add an amount to the total
+    parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    action: {set: {state.total: "{{ state.total + args.amount }}"}}
   send:
     description: Send money
     parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
@@ -113,3 +117,17 @@ def test_arguments_json_cannot_hold_are_refused_to_the_model_and_the_turn_goes_o
     told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
     assert told == [f"Error: the arguments of send are not valid JSON ({why}). Call it again with a JSON object "
                     "matching its parameters."]
+
+
+def test_a_value_json_cannot_hold_fails_the_turn_naming_the_tool_and_path(client, fake):
+    """Two amounts JSON holds (1.7e308, 1.6e308) make a total it does not (inf): the turn failed
+    only when it saved, naming no tool ("its snapshot: it holds a value JSON cannot represent"),
+    after the model had been asked again. It fails where the value is set, saying where."""
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    fake.queue({"tool_calls": [{"name": "add", "arguments": {"amount": 1.7e308}},
+                               {"name": "add", "arguments": {"amount": 1.6e308}}]}, {"text": "Added."})
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "add them"}).json()
+    assert not body["ok"] and [e["type"] for e in body["events"]] == ["Error"]
+    detail = body["events"][0]["meta"]["detail"]
+    assert detail.startswith("tool add (") and "state.total would be inf, which JSON cannot hold" in detail, detail
+    assert fake.pending == 1 and client.get("/bots/quiet/sessions/s1").json()["state"]["total"] == 0
