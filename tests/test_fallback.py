@@ -100,6 +100,18 @@ def test_no_nudge_when_the_user_already_has_a_reply_this_turn(bot):
     assert not any("answered nothing" in str(data) for _, data in kinds(events))
 
 
+def test_blank_text_beside_a_tool_call_is_no_reply_the_user_still_gets_one(bot):
+    """A model that writes only blanks beside its call, then only blanks again: the blanks are no
+    message (the user would read nothing), so the empty answer after them is asked again, then
+    answered with the fallback."""
+    model = ScriptedModel([{"text": " \n", "tool_calls": [{"name": "bump", "arguments": {}}]}, {"text": "  "},
+                           {"text": "\t"}])
+    s = bot.session(model=model)
+    events = s.chat("count")
+    assert messages(events) == [BUILTIN["en"]["fallback"]]
+    assert model.remaining == 0 and s.state["count"] == 1
+
+
 def test_a_loop_of_identical_calls_ends_with_the_fallback_naming_the_limit_and_keeps_what_ran(bot, fake):
     s = bot.session()
     fake.queue(*[call("bump")] * 4)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, overload
 
@@ -31,6 +32,18 @@ _SAYS = frozenset({ev.MESSAGE, ev.OBJECT, ev.CHOICES, ev.PENDING, ev.ERROR, ev.E
 # (route, instructions, text) -> the route's summary model's answer (engine/turn.py's summary_call)
 Summarize = Callable[[str, str, str], Awaitable[str]]
 
+
+
+def _not_finite(value: Any) -> bool:
+    """Whether a value holds NaN or an infinity (1e308 + 1e308 from two numbers a model sent):
+    no snapshot can keep it."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_not_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_not_finite(v) for v in value)
+    return False
 
 class TurnContext:
     """One turn's input, what its parts record of it, and the conversation it acts on."""
@@ -128,6 +141,10 @@ class TurnContext:
         """The one place a turn writes state (`set`, `output.set`, `ask.into`): a copy of `value` at
         `path` (`state.x`, `scope.y`, `turn.z`); a path that cannot be written fails the turn, naming
         its owner (e.g. "tool book") and where it is declared."""
+        if _not_finite(value):  # here, not when the turn saves: the failure names the tool and the path
+            shown = f"be {value!r}" if isinstance(value, float) else "hold a number"
+            raise TurnFailed(f"{owner} ({where}): {path} would {shown}, which JSON cannot hold "
+                             "(a number out of range, or not a number)")
         try:
             set_path(roots if roots is not None else self.roots(), path, copy.deepcopy(value))
         except ChatrunError as exc:

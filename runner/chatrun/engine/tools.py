@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -203,9 +205,9 @@ def parse_output(text: str | None, validator: Draft202012Validator) -> tuple[Any
     if raw.startswith("```") and raw.endswith("```"):
         raw = raw.strip("`").removeprefix("json").strip()
     try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return None, f"it is not JSON ({exc.msg} at character {exc.pos})"
+        value = model_json(raw)
+    except ValueError as exc:
+        return None, f"it is not JSON ({exc})"
     refuse_lone_surrogates(value, "the structured answer's values")
     problems = []
     for err in sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path)):
@@ -226,16 +228,45 @@ def parse_arguments(tool: ToolConfig, raw: str, validator: Draft202012Validator)
 def decode_arguments(tool: ToolConfig, raw: str) -> dict[str, Any]:
     """The model's arguments as a dict (not yet checked)."""
     try:
-        args = json.loads(raw) if raw and raw.strip() else {}
-    except json.JSONDecodeError as exc:
+        args = model_json(raw) if raw and raw.strip() else {}
+    except ValueError as exc:
         raise ToolRefusal(
-            f"Error: the arguments of {tool.name} are not valid JSON ({exc.msg} at character {exc.pos}). "
+            f"Error: the arguments of {tool.name} are not valid JSON ({exc}). "
             "Call it again with a JSON object matching its parameters."
         ) from None
     if not isinstance(args, dict):
         raise ToolRefusal(f"Error: the arguments of {tool.name} must be a JSON object, not {type(args).__name__}.")
     refuse_lone_surrogates(args, f"the arguments of tool {tool.name}")
     return args
+
+
+class _NotJSON(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJSON(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotJSON(f"{text} is too large a number")
+    return value
+
+
+def model_json(raw: str) -> Any:
+    """JSON the model wrote, as JSON has it: Python's reader also takes NaN, Infinity and 1e999
+    (inf), which no state, history or reply can hold (the turn failed when it saved), and fails on
+    a number of more digits than Python converts (a traceback). ValueError says what is wrong."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at character {exc.pos}") from None
+    except _NotJSON:
+        raise
+    except ValueError:  # Python's bound on the digits of an integer it converts
+        raise ValueError(f"a number has more than {sys.get_int_max_str_digits()} digits") from None
 
 
 def refuse_lone_surrogates(value: Any, what: str) -> None:

@@ -235,7 +235,7 @@ class Turn:
             return self.answered(run, response.text, value)
         if run.tool_choice != "none":
             run.tool_choice = None  # a call was made: the model may answer now
-        if response.text:
+        if response.text and response.text.strip():  # blanks are no reply: an empty answer after them is asked again
             self.t.emit(ev.MESSAGE, response.text)
         outcomes = await self.calls.run_calls(route, run.offered, calls)
         for call, outcome in zip(calls, outcomes, strict=True):
@@ -285,10 +285,7 @@ class Turn:
             text, handed_over = await guard.check_output(response.text, hold) if guard is not None else (response.text, False)
             if text != response.text or handed_over:  # what the user reads is what the memory keeps
                 response = replace(response, text=text, tool_calls=[] if handed_over else response.tool_calls)
-            calls = tuple(
-                ToolCall(c.id or f"call_{self.t.number}_{self.model_calls}_{i}", c.name, c.arguments)
-                for i, c in enumerate(response.tool_calls)
-            )
+            calls = _with_ids(response.tool_calls, f"call_{self.t.number}_{self.model_calls}_")
             answer = AssistantMessage(response.text, calls)
             self.answers.append(_answer_record(answer))
             usage = self.account(route.name, used.name, response.usage, price, request.messages, answer,
@@ -607,6 +604,19 @@ def prompt_cache_key(bot: str, route: str) -> str:
 
 def _as_is(value: Any) -> Any:
     return value
+
+
+def _with_ids(calls: list[ToolCall], prefix: str) -> tuple[ToolCall, ...]:
+    """The answer's calls, each with an id of its own: the model's, else (none, or one an earlier
+    call of the answer has: a server that gives every call the same id) `prefix` and its place.
+    A result is paired with its call by id: a second call of one id would lose its result."""
+    out: list[ToolCall] = []
+    taken: set[str] = set()
+    for i, c in enumerate(calls):
+        call_id = c.id if c.id and c.id not in taken else f"{prefix}{i}"
+        taken.add(call_id)
+        out.append(ToolCall(call_id, c.name, c.arguments))
+    return tuple(out)
 
 
 def _answer_record(answer: AssistantMessage) -> dict[str, Any]:

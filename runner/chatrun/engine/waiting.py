@@ -634,18 +634,32 @@ def replace_result(memory: ChatMemory, call_id: str | None, reply: str, *, drop:
     placeholder (a message window dropped it, with its call, while the item waited), `call` and
     its result are added at the end, so the model reads what was decided as a whole pair."""
     messages = memory.messages()
-    out: list[Message] = []
-    found = False
-    for message in messages:
+    at = _placeholder(messages, call_id)
+    if at is not None:
+        placeholder = messages[at]
+        assert isinstance(placeholder, ToolResultMessage)
+        kept = [] if drop else [ToolResultMessage(placeholder.tool_call_id, placeholder.name, reply)]
+        messages = [*messages[:at], *kept, *messages[at + 1:]]
+    elif not drop and call is not None:
+        messages = [*messages, AssistantMessage(None, (call,)), ToolResultMessage(call.id, call.name, reply)]
+    memory.set(messages)
+
+
+def _placeholder(messages: list[Message], call_id: str | None) -> int | None:
+    """Where the call's result is: the first result of its id after the latest answer that made a
+    call of that id. Only that one: a model server that numbers each answer's calls from `call_0`
+    reuses ids, and the results of earlier calls with the same id are theirs, not this call's."""
+    start = 0
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        if isinstance(message, AssistantMessage) and any(c.id == call_id for c in message.tool_calls):
+            start = i + 1
+            break
+    for i in range(start, len(messages)):
+        message = messages[i]
         if isinstance(message, ToolResultMessage) and message.tool_call_id == call_id:
-            found = True
-            if not drop:
-                out.append(ToolResultMessage(message.tool_call_id, message.name, reply))
-        else:
-            out.append(message)
-    if not found and not drop and call is not None:
-        out += [AssistantMessage(None, (call,)), ToolResultMessage(call.id, call.name, reply)]
-    memory.set(out)
+            return i
+    return None
 
 
 def resolve(calls: ToolCalls, item: PendingItem, outcome: str, **extra: Any) -> None:

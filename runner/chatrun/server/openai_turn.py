@@ -106,7 +106,10 @@ class Reply:
 
     def _part(self, text: str) -> str:
         streamed, self.streaming = self.streaming, ""
-        if streamed:  # the client has those chunks already: send what the final text adds, if anything
+        # Blanks streamed and not this text: an empty answer the engine set aside (it asked again,
+        # or sent the fallback), not the start of this message, which the client has not got.
+        if streamed and (text.startswith(streamed) or streamed.strip()):
+            # the client has those chunks already: send what the final text adds, if anything
             self.parts.append(text if text.startswith(streamed) else streamed)
             return text[len(streamed):] if text.startswith(streamed) else ""
         self.parts.append(text)

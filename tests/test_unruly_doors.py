@@ -1,0 +1,133 @@
+"""The unruly model through the doors (issue 32's promise: every guarantee holds whatever the model
+does): the real `openai` SDK over `/v1` and the HTTP API, the bot's model the fake OpenAI server
+answering blank and empty answers. Whatever the model leaves out, the user gets a reply."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+import chatrun
+from chatrun.definition.page_texts import BUILTIN
+from server_support import app_for_testclient
+
+BOT = """
+name: quiet
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+state: {count: 0, total: 0}
+routes:
+  main: {default: true, system: You help., tools: [bump, send, add]}
+tools:
+  add:
+    description: Add an amount to the total
+    parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    action: {set: {state.total: "{{ state.total + args.amount }}"}}
+  send:
+    description: Send money
+    parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    confirm: "Send {{ args.amount }} EUR?"
+    action: {reply: "Sent {{ args.amount }} EUR."}
+  bump:
+    description: Count one more
+    action: {set: {state.count: "{{ state.count + 1 }}"}, reply: "Counted {{ state.count }}."}
+"""
+FALLBACK = BUILTIN["en"]["fallback"]
+BUMP = {"name": "bump", "arguments": {}}
+
+
+@pytest.fixture
+def client(fake, write_bot, tmp_path):
+    app = app_for_testclient([chatrun.load_bot(write_bot(BOT))], f"sqlite:///{tmp_path / 's.db'}")
+    with TestClient(app) as c:
+        yield c
+
+
+def sdk(client) -> openai.OpenAI:
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client, max_retries=0)
+
+
+def v1_reply(client, stream: bool) -> str:
+    messages = [{"role": "user", "content": "hi"}]
+    if not stream:
+        return sdk(client).chat.completions.create(model="quiet", messages=messages).choices[0].message.content or ""
+    chunks = sdk(client).chat.completions.create(model="quiet", messages=messages, stream=True)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_v1_sends_the_fallback_after_two_answers_that_streamed_only_blanks(client, fake, stream):
+    fake.queue({"chunks": [" ", "\n"]}, {"text": "   "})
+    assert v1_reply(client, stream).strip() == FALLBACK
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_v1_blanks_beside_a_call_then_blanks_get_the_fallback(client, fake, stream):
+    fake.queue({"text": " ", "tool_calls": [BUMP]}, {"text": "  "}, {"text": "\n"})
+    assert v1_reply(client, stream).strip() == FALLBACK
+
+
+def test_http_blanks_beside_a_call_are_no_message_and_the_user_gets_the_fallback(client, fake):
+    fake.queue({"text": " \n", "tool_calls": [BUMP]}, {"text": "  "}, {"text": "\t"})
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "count"}).json()
+    assert [e["data"] for e in body["events"] if e["type"] == "Message"] == [FALLBACK]
+    assert body["ok"] and client.get("/bots/quiet/sessions/s1").json()["state"]["count"] == 1
+
+
+def test_a_decision_answers_its_own_call_when_the_model_reuses_call_ids(client, fake):
+    """A model server that numbers each answer's calls from call_0: the user's yes replaces the
+    placeholder of the call it decides, not the result of an earlier call with the same id."""
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    fake.queue({"tool_calls": [{**BUMP, "id": "call_0"}]}, {"text": "Counted."},
+               {"tool_calls": [{"name": "send", "arguments": {"amount": 5}, "id": "call_0"}]}, {"text": "Sent."})
+    for text in ("count", "send 5", "yes"):
+        body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": text}).json()
+        assert body["ok"], body
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told == ["Counted 1.", "Sent 5 EUR."]
+
+
+def test_two_calls_of_one_answer_with_one_id_each_get_their_result(client, fake):
+    """A model server that gives every call of an answer the same id: each call still has its own
+    result in the memory (the second was dropped as an orphan: the model never read it)."""
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    fake.queue({"tool_calls": [{**BUMP, "id": "call_0"}, {**BUMP, "id": "call_0"}]}, {"text": "Counted twice."})
+    assert client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "two more"}).json()["ok"]
+    assistant, *results = [m for m in fake.requests[-1]["messages"] if m["role"] in ("assistant", "tool")]
+    ids = [call["id"] for call in assistant["tool_calls"]]
+    assert [(m["tool_call_id"], m["content"]) for m in results] == list(zip(ids, ["Counted 1.", "Counted 2."], strict=True))
+    assert len(set(ids)) == 2 and client.get("/bots/quiet/sessions/s1").json()["state"]["count"] == 2
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    ('{"amount": NaN}', "NaN is not a JSON number"),
+    ('{"amount": -Infinity}', "-Infinity is not a JSON number"),
+    ('{"amount": 1e999}', "1e999 is too large a number"),
+    ('{"amount": ' + "9" * 5000 + "}", "a number has more than 4300 digits"),
+])
+def test_arguments_json_cannot_hold_are_refused_to_the_model_and_the_turn_goes_on(client, fake, raw, why):
+    """Python's JSON reader takes NaN, Infinity, 1e999 (inf) and fails on a number of more than
+    4,300 digits: the turn failed when it saved the state (or with a traceback). They are invalid
+    arguments the model reads about, like any JSON it got wrong."""
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    fake.queue({"tool_calls": [{"name": "send", "arguments": raw}]}, {"text": "Which amount?"})
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "send it"}).json()
+    assert body["ok"] and [e["data"] for e in body["events"] if e["type"] == "Message"] == ["Which amount?"]
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told == [f"Error: the arguments of send are not valid JSON ({why}). Call it again with a JSON object "
+                    "matching its parameters."]
+
+
+def test_a_value_json_cannot_hold_fails_the_turn_naming_the_tool_and_path(client, fake):
+    """Two amounts JSON holds (1.7e308, 1.6e308) make a total it does not (inf): the turn failed
+    only when it saved, naming no tool ("its snapshot: it holds a value JSON cannot represent"),
+    after the model had been asked again. It fails where the value is set, saying where."""
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    fake.queue({"tool_calls": [{"name": "add", "arguments": {"amount": 1.7e308}},
+                               {"name": "add", "arguments": {"amount": 1.6e308}}]}, {"text": "Added."})
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "add them"}).json()
+    assert not body["ok"] and [e["type"] for e in body["events"]] == ["Error"]
+    detail = body["events"][0]["meta"]["detail"]
+    assert detail.startswith("tool add (") and "state.total would be inf, which JSON cannot hold" in detail, detail
+    assert fake.pending == 1 and client.get("/bots/quiet/sessions/s1").json()["state"]["total"] == 0
