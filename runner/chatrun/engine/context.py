@@ -33,7 +33,6 @@ _SAYS = frozenset({ev.MESSAGE, ev.OBJECT, ev.CHOICES, ev.PENDING, ev.ERROR, ev.E
 Summarize = Callable[[str, str, str], Awaitable[str]]
 
 
-
 def _not_finite(value: Any) -> bool:
     """Whether a value holds NaN or an infinity (1e308 + 1e308 from two numbers a model sent):
     no snapshot can keep it."""
@@ -44,6 +43,7 @@ def _not_finite(value: Any) -> bool:
     if isinstance(value, list | tuple):
         return any(_not_finite(v) for v in value)
     return False
+
 
 class TurnContext:
     """One turn's input, what its parts record of it, and the conversation it acts on."""
