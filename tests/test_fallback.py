@@ -165,3 +165,36 @@ def test_fallback_is_read_checked_and_translated_like_other_texts(tmp_path):
     assert (3, "warning", "the bot's `fallback` is sent to the user untranslated: the bot declares `locales:`, so "
             "write it as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)") in said
     assert any(line == 7 and "`fallback` of route `main` reads `state.nope`" in message for line, _, message in said)
+
+
+MOVES = """
+name: mover
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+routes:
+  main:
+    default: true
+    system: You help.
+    tools: [go, go_on]
+  sub:
+    system: Sub.
+tools:
+  go:
+    description: Go to sub and say nothing
+    action: {push: sub}
+  go_on:
+    description: Go to sub and let it answer
+    action: {push: sub, execute: true}
+"""
+
+
+def test_a_move_with_no_message_and_no_execute_ends_the_turn_as_written(write_bot, fake):
+    # The exception docs/tools.md ("When the model has nothing to say") states: the author ended the
+    # turn at the move, so the model is not asked again and no fallback is sent.
+    s = chatrun.load_bot(write_bot(MOVES)).session()
+    fake.queue(call("go"))
+    asked = len(fake.requests)
+    assert kinds(s.chat("go")) == [("RouteChanged", {"route": "sub", "stack": ["main", "sub"]})]
+    assert len(fake.requests) == asked + 1  # the one answer that moved; the model was not asked again
+    s = chatrun.load_bot(write_bot(MOVES)).session()
+    fake.queue(call("go_on"), {"text": "Sub here."})
+    assert messages(s.chat("go on")) == ["Sub here."]
