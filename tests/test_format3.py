@@ -128,6 +128,43 @@ def _as_message(config):
     return config
 
 
+ALIASED = """\
+name: desk
+format: 2
+state: {size: null}
+routes:
+  main: {default: true, system: Hi., tools: [size, size2, bye, bye2, ok, ok2]}
+tools:
+  size:
+    action: &ask   # asked twice
+      ask: {from: user, text: "Which size?", into: state.size}
+      message: "Size {{ result }}."
+  size2:
+    action: *ask
+  bye:
+    action: &bye {emit: {Message: Bye.}, result: Done., pop: true}
+  bye2:
+    action: *bye
+  ok:
+    approval: &approval {by: [lead], ask: "Sure?", tell: Wait.}
+  ok2:
+    approval: *approval
+"""
+
+
+def test_upgrade_edits_a_node_that_aliases_name_once(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(ALIASED)
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert bot.read_text() == ALIASED.replace("format: 2", "format: 3").replace(
+        ", into: state.size}\n", "}\n      set: {state.size: '{{ result }}'}\n").replace(
+        "{emit: {Message: Bye.}, result: Done., pop: true}", "{message: Bye., result: Done., pop: true}").replace(
+        "ask: \"Sure?\", tell: Wait.}", "ask: {text: \"Sure?\", tell: Wait.}}")
+    assert result.output.count("is now `message:`") == 1, result.output
+    assert [d.message for d in check_bot(tmp_path)[1] if d.severity == "error"] == []
+
+
 def test_upgrade_diff_prints_the_change_and_writes_nothing(tmp_path):
     bot = tmp_path / "bot.yaml"
     bot.write_text(FORMAT2)

@@ -169,11 +169,15 @@ def _order_actions(edits: Edits, root: Node | None) -> list[int]:
     rank = {key: i for i, key in enumerate(ACTION_ORDER)}
     tools = get(root, "tools")
     moved: list[int] = []
+    seen: set[int] = set()  # a node that aliases name (`*act`) is one span of the text: edited once
     for _, tool in tools[1].value if tools is not None and isinstance(tools[1], MappingNode) else []:
         action = get(tool, "action")
         if action is None or not isinstance(action[1], MappingNode):
             continue
-        moved += [each.start_mark.line + 1 for each in _actions(action[1]) if reorder(edits, each, rank)]
+        for each in _actions(action[1]):
+            if id(each) not in seen and reorder(edits, each, rank):
+                moved.append(each.start_mark.line + 1)
+            seen.add(id(each))
     return moved
 
 
@@ -203,16 +207,21 @@ def spelling_edits(edits: Edits, root: Node | None) -> None:
     tools = get(root, "tools")
     if tools is None or not isinstance(tools[1], MappingNode):
         return
+    seen: set[int] = set()  # a node that aliases name (`*act`) is one span of the text: edited once
     for _, tool in tools[1].value:
         approval = get(tool, "approval")
-        if approval is not None and isinstance(approval[1], MappingNode):
+        if approval is not None and isinstance(approval[1], MappingNode) and id(approval[1]) not in seen:
+            seen.add(id(approval[1]))
             _approval_question(edits, approval[1])
         action = get(tool, "action")
-        if action is None or not isinstance(action[1], MappingNode):
+        if action is None or not isinstance(action[1], MappingNode) or id(action[1]) in seen:
             continue
+        seen.add(id(action[1]))
         _ask_into(edits, action[1])
         for each in _actions(action[1]):
-            _emit_message(edits, each)
+            if id(each) not in seen or each is action[1]:
+                seen.add(id(each))
+                _emit_message(edits, each)
 
 
 def _actions(action: MappingNode) -> list[MappingNode]:
