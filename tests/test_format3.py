@@ -165,6 +165,35 @@ def test_upgrade_edits_a_node_that_aliases_name_once(tmp_path):
     assert [d.message for d in check_bot(tmp_path)[1] if d.severity == "error"] == []
 
 
+def test_upgrade_keeps_a_files_crlf_line_ends_and_its_byte_order_mark(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_bytes(b"\xef\xbb\xbf" + FORMAT2.replace("\n", "\r\n").encode())
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert bot.read_bytes() == b"\xef\xbb\xbf" + FORMAT3.replace("\n", "\r\n").encode()
+    diff = CliRunner().invoke(main, ["upgrade", "--diff", str(tmp_path)])
+    assert diff.output == f"{bot}: already on the current format\n"
+
+
+def test_upgrade_reads_what_validate_reads_and_names_a_broken_files_line(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_text("name: x\nformat: 2\nroutes: {main: {default: true, tools: [a]}}\n"
+                   "tools:\n  a:\n    approval: {by: [lead], ask: Sure?, tell: Wait.}\n")
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert bot.read_text().endswith("    approval: {by: [lead], ask: {text: Sure?, tell: Wait.}}\n")
+    bot.write_text("name: x\nformat: 2\nroutes:\n  main: {default: true, system: \"Hi}\n")
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"{bot}:5:1: error: YAML syntax error: while scanning a quoted scalar "
+                                     "(from line 4), found unexpected end of stream\n"), result.output
+    bot.write_bytes(b"name: x\nformat: 2\nroutes:\n  main: {default: true, system: caf\xe9}\n")
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"{bot}:4:36: error: the file is not UTF-8 text: byte 0xe9 on line 4"), \
+        result.output
+
+
 def test_upgrade_diff_prints_the_change_and_writes_nothing(tmp_path):
     bot = tmp_path / "bot.yaml"
     bot.write_text(FORMAT2)

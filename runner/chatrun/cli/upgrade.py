@@ -81,7 +81,7 @@ def upgrade(paths: tuple[str, ...], check: bool, show_diff: bool) -> None:
             click.echo(_diff(written), nl=False)
         elif not check:
             for file, text in written.items():
-                file.write_text(text, encoding="utf-8")
+                _write(file, text)
     if failed:
         click.echo(f"{failed} bot(s) could not be upgraded (above)", err=True)
         raise click.exceptions.Exit(2)
@@ -95,8 +95,36 @@ def _diff(written: dict[Path, str]) -> str:
 
     return "".join(
         line for file, text in written.items()
-        for line in difflib.unified_diff(file.read_text(encoding="utf-8").splitlines(keepends=True),
+        for line in difflib.unified_diff(_read(file).splitlines(keepends=True),
                                          text.splitlines(keepends=True), f"{file}", f"{file} (format 3)"))
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def _read(file: Path) -> str:
+    """The file's text as the edits see it: without a byte order mark, each line ending in `\\n`
+    (`_write` puts back what the file had). A file the loader cannot read is an error at its line,
+    in `chatrun validate`'s words."""
+    from chatrun.definition.yamlpos import read_yaml_file
+
+    doc = read_yaml_file(file)
+    if doc.data is None and doc.diagnostics:
+        raise ValueError(doc.diagnostics[0].format())
+    raw = file.read_bytes().removeprefix(BOM)
+    return raw.decode("utf-8").replace("\r\n", "\n") if _crlf(raw) else raw.decode("utf-8")
+
+
+def _crlf(raw: bytes) -> bool:
+    """Every line of the file ends in CRLF (a file that mixes line ends is edited as it is)."""
+    return b"\n" in raw and raw.count(b"\r\n") == raw.count(b"\n")
+
+
+def _write(file: Path, text: str) -> None:
+    """`text` in place of the file, with its byte order mark and CRLF line ends if it had them."""
+    raw = file.read_bytes()
+    new = (text.replace("\n", "\r\n") if _crlf(raw.removeprefix(BOM)) else text).encode("utf-8")
+    file.write_bytes(BOM + new if raw.startswith(BOM) else new)
 
 
 def each_bot(path: str) -> list[str]:
@@ -122,7 +150,7 @@ def upgraded(path: str) -> Upgrade:
     from chatrun.definition.config import CURRENT_FORMAT, SUPPORTED_FORMATS
 
     file = bot_file(path)
-    text = file.read_text(encoding="utf-8")
+    text = _read(file)
     root = compose(text)
     if not isinstance(root, MappingNode):
         raise ValueError(f"{file}: not a YAML mapping")
@@ -142,7 +170,7 @@ def upgraded(path: str) -> Upgrade:
     if declared is not None:
         result.review += _review(path, declared)
     for other in _included_files(file, root):
-        more = Edits(other.read_text(encoding="utf-8"))
+        more = Edits(_read(other))
         new_text, said, _ = format3(more, compose(more.text))
         if said:
             result.others[other] = new_text

@@ -39,8 +39,14 @@ class Edits:
         return out
 
 
+# libyaml, as the loader reads bots (definition/yamlpos.py): PyYAML's own parser refuses some
+# files libyaml takes (`{ask: Sure?, tell: x}`). Its marks count characters, not a BOM (cli/upgrade.py
+# takes the BOM off first).
+_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def compose(text: str) -> Node | None:
-    return yaml.compose(text, Loader=yaml.SafeLoader)
+    return yaml.compose(text, Loader=_LOADER)
 
 
 def get(mapping: Node | None, key: str) -> tuple[ScalarNode, Node] | None:
