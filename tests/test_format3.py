@@ -78,6 +78,7 @@ tools:
       ask:
         from: user
         text: Which size?
+        # where the answer lands
       set: {state.size: '{{ result }}'}
       message: "Size {{ result }}."
 """

@@ -77,7 +77,8 @@ def _after_line(text: str, index: int) -> int:
 
 
 def remove_pair(edits: Edits, mapping: MappingNode, key: ScalarNode, value: Node) -> None:
-    """Take one `key: value` out of a mapping: its whole lines (block) or it and a comma (flow)."""
+    """Take one `key: value` out of a mapping: its whole lines but the comment at their end (block),
+    or it and a comma (flow)."""
     text = edits.text
     if mapping.flow_style:
         start, end = key.start_mark.index, value.end_mark.index
@@ -91,7 +92,10 @@ def remove_pair(edits: Edits, mapping: MappingNode, key: ScalarNode, value: Node
                 start = len(before) - 1
         edits.replace(start, end, "")
         return
-    edits.replace(_line_start(text, key.start_mark.index), _after_line(text, value.end_mark.index), "")
+    end = _after_line(text, value.end_mark.index)
+    comment = text[value.end_mark.index:end].strip()  # `into: state.x   # why`: the comment stays, on its own line
+    kept = f"{' ' * key.start_mark.column}{comment}\n" if comment.startswith("#") else ""
+    edits.replace(_line_start(text, key.start_mark.index), end, kept)
 
 
 def add_pair(edits: Edits, mapping: MappingNode, key: str, value: str) -> None:
