@@ -154,6 +154,15 @@ def test_save_writes_portable_paths_and_says_turn_in_the_singular(tmp_path, monk
     assert invoke(["test", "mybot/transcripts/saved.yaml"]).exit_code == 0
 
 
+def test_init_in_a_folder_whose_name_has_a_space_prints_commands_that_run_as_printed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = invoke(["init", "my bot"])
+    assert out.exit_code == 0, out.output
+    assert "next: chatrun validate 'my bot' && chatrun test 'my bot' && chatrun repl 'my bot'" in out.output
+    assert "# Check it:      chatrun validate 'my bot'\n" in (tmp_path / "my bot" / "bot.yaml").read_text()
+    assert "chatrun test 'my bot'/transcripts" in (tmp_path / "my bot" / "README.md").read_text()
+
+
 def test_save_over_the_bots_own_file_is_refused_and_a_transcript_is_replaced(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert invoke(["init", "mybot"]).exit_code == 0
