@@ -479,6 +479,15 @@ def test_record_against_the_fake_openai_server(tmp_path, monkeypatch):
     assert cli([str(path)])[0] == 0
 
 
+def test_an_option_chatrun_test_cannot_take_is_a_usage_error_exit_4_not_2_interrupted():
+    from chatrun.cli import main
+
+    for args in (["-n", "0"], ["--repeat", "x"], ["--no-such-option"]):
+        result = CliRunner().invoke(main, ["test", *args])
+        assert result.exit_code == 4, (args, result.output)  # as its --help says; 2 means interrupted
+        assert "Usage: " in result.output and "Traceback" not in result.output
+
+
 # -- saving a conversation (the REPL's /save) ----------------------------------------------------------
 
 
