@@ -423,6 +423,22 @@ def test_update_writes_missing_expectations(tmp_path):
     assert cli([str(path)])[0] == 0
 
 
+def test_update_keeps_a_transcripts_crlf_line_ends(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi    # greeting
+            model: [{text: Hello}]
+            expect: {route: nowhere}
+        """)
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    code, out = cli([str(path), "--update"])
+    assert code == 0, out
+    raw = path.read_bytes()
+    assert b"  - user: hi    # greeting\r\n" in raw and b"route: chat" in raw
+    assert raw.count(b"\n") == raw.count(b"\r\n")  # every line, the written ones too
+    assert cli([str(path)])[0] == 0
+
+
 def test_update_of_a_turn_that_expected_only_an_error_and_now_succeeds_writes_what_it_did(tmp_path):
     path = hello_transcript(tmp_path, """
         turns:

@@ -134,7 +134,7 @@ def rewrite_turns(path: str | Path, changes: dict[int, dict[str, Any]]) -> bool:
         return False
     for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
         lines[start:end] = new
-    path.write_text("".join(lines), encoding="utf-8")
+    _write_as_before(path, "".join(lines))
     return True
 
 
@@ -232,6 +232,14 @@ def _dump(y: YAML, key: str, node: Any, col: int) -> list[str]:
     return [(pad + line if line.strip() else line) for line in buf.getvalue().splitlines(keepends=True)]
 
 
+def _write_as_before(path: Path, text: str) -> None:
+    """`text` (read with `\\n` line ends) in place of the file, with CRLF line ends if all of its had them:
+    an update changes the lines it rewrites, not every line of a file written on Windows."""
+    raw = path.read_bytes()
+    crlf = b"\n" in raw and raw.count(b"\r\n") == raw.count(b"\n")
+    path.write_text(text, encoding="utf-8", newline="\r\n" if crlf else "\n")
+
+
 def pin_tokenizer(path: str | Path, tokenizer: str | None) -> bool:
     """Write `tokenizer: NAME` above `turns:` in a transcript that pins none, so its token
     windows replay the same on every machine. Returns True when the file changed."""
@@ -243,7 +251,7 @@ def pin_tokenizer(path: str | Path, tokenizer: str | None) -> bool:
     lines = text.splitlines(keepends=True)
     at = root.lc.key("turns")[0]
     lines.insert(at, f"tokenizer: {tokenizer}  # the token counter its windows were written with\n")
-    path.write_text("".join(lines), encoding="utf-8")
+    _write_as_before(path, "".join(lines))
     return True
 
 
