@@ -439,6 +439,24 @@ def test_update_keeps_a_transcripts_crlf_line_ends(tmp_path):
     assert cli([str(path)])[0] == 0
 
 
+def test_update_refuses_a_turn_written_as_an_alias_or_in_flow_style_at_its_line_and_writes_nothing(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - &hi
+            user: hi
+            model: [{text: Hello}]
+            expect: {route: nowhere}
+          - *hi   # again
+        """)
+    original = path.read_bytes()
+    code, out = cli([str(path), "--update"])
+    assert code == 1 and path.read_bytes() == original  # it dropped `- *hi` and wrote `expect:` twice
+    assert f"{path}:7: turn 2 is an alias of turn 1 (`*hi`); write it out to update it" in out, out
+    path.write_text(original.decode().split("turns:")[0] + "turns:\n  - {user: hi, model: [{text: Hi}], expect: {}}\n")
+    code, out = cli([str(path), "--update"])
+    assert f"\n{path}:3: turn 1 is written in flow style; write it as a block mapping to update it\n" in out, out
+
+
 def test_update_of_a_turn_that_expected_only_an_error_and_now_succeeds_writes_what_it_did(tmp_path):
     path = hello_transcript(tmp_path, """
         turns:

@@ -83,8 +83,9 @@ def _run_one(path: str, update: bool, record: bool, live: bool = False, locale: 
                 result = run_transcript(load_transcript(path), _BOTS)
     except BotError as exc:
         return Outcome(path, False, "\n".join(d.format() for d in exc.diagnostics), changed, invalid=True)
-    except ChatrunError as exc:
-        return Outcome(path, False, f"{path}: {exc}", changed, roles_off=roles_off)
+    except ChatrunError as exc:  # named at its place (`FILE:LINE: ...`), else at the file
+        said = str(exc) if str(exc).startswith(f"{path}:") else f"{path}: {exc}"
+        return Outcome(path, False, said, changed, roles_off=roles_off)
     return Outcome(path, result.passed, result.report(), changed, warnings=result.warnings, roles_off=roles_off,
                    usage=result.usage)
 

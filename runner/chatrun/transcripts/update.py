@@ -10,6 +10,7 @@ quoting and order stay byte-identical.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,16 @@ def rewrite_turns(path: str | Path, changes: dict[int, dict[str, Any]]) -> bool:
     edits: list[tuple[int, int, list[str]]] = []
     for index, keys in sorted(changes.items()):
         turn = turns[index]
+        first = next(i for i, each in enumerate(turns) if each is turn)
+        if first != index:  # `- *t`: its text is turn `first`'s; an edit there would change both
+            alias = f"*{turn.anchor.value}"
+            said = re.compile(rf"\s*-\s+{re.escape(alias)}(\s|$)")  # ruamel keeps no line for an alias
+            line = next((f":{n}" for n, text in enumerate(lines, 1) if said.match(text)), "")
+            raise ChatrunError(f"{path}{line}: turn {index + 1} is an alias of turn {first + 1} (`{alias}`); "
+                               "write it out to update it")
         if not isinstance(turn, CommentedMap) or turn.fa.flow_style():
-            raise ChatrunError(f"{path}: turn {index + 1} is written in flow style; write it as a block mapping to update it")
+            raise ChatrunError(f"{path}:{turns.lc.item(index)[0] + 1}: turn {index + 1} is written in flow style; "
+                               "write it as a block mapping to update it")
         for key, value in keys.items():
             if key in turn and _same(turn[key], value):
                 continue
