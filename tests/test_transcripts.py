@@ -455,6 +455,9 @@ def test_update_refuses_a_turn_written_as_an_alias_or_in_flow_style_at_its_line_
     path.write_text(original.decode().split("turns:")[0] + "turns:\n  - {user: hi, model: [{text: Hi}], expect: {}}\n")
     code, out = cli([str(path), "--update"])
     assert f"\n{path}:3: turn 1 is written in flow style; write it as a block mapping to update it\n" in out, out
+    path.write_text(original.decode().replace("  - *hi   # again\n", "  - <<: *hi\n    user: again\n"))
+    code, out = cli([str(path), "--update"])  # raised KeyError: 'expect'
+    assert f"\n{path}:7: turn 2 takes `expect` from another (`<<:`); write it out to update it\n" in out, out
 
 
 def test_update_of_a_turn_that_expected_only_an_error_and_now_succeeds_writes_what_it_did(tmp_path):

@@ -138,6 +138,9 @@ def rewrite_turns(path: str | Path, changes: dict[int, dict[str, Any]]) -> bool:
         for key, value in keys.items():
             if key in turn and _same(turn[key], value):
                 continue
+            if key in turn and key not in turn.lc.data:  # from `<<: *t`: its lines are another turn's
+                raise ChatrunError(f"{path}:{turns.lc.item(index)[0] + 1}: turn {index + 1} takes `{key}` from "
+                                   "another (`<<:`); write it out to update it")
             edits += _edit(y, root, turns, index, key, value, lines)
     if not edits:
         return False
