@@ -161,6 +161,11 @@ def test_init_in_a_folder_whose_name_has_a_space_prints_commands_that_run_as_pri
     assert "next: chatrun validate 'my bot' && chatrun test 'my bot' && chatrun repl 'my bot'" in out.output
     assert "# Check it:      chatrun validate 'my bot'\n" in (tmp_path / "my bot" / "bot.yaml").read_text()
     assert "chatrun test 'my bot'/transcripts" in (tmp_path / "my bot" / "README.md").read_text()
+    out = invoke(["repl", "my bot", "--play-model"], stdin="hello\nHi!\n/save my bot/transcripts/s.yaml\n")
+    assert "saved 1 turn to my bot/transcripts/s.yaml; run it with: chatrun test 'my bot/transcripts/s.yaml'" \
+        in out.output, out.output
+    assert "run it with: chatrun test 'my bot/transcripts/s.yaml'\n" in \
+        (tmp_path / "my bot" / "transcripts" / "s.yaml").read_text()
 
 
 def test_save_over_the_bots_own_file_is_refused_and_a_transcript_is_replaced(tmp_path, monkeypatch):

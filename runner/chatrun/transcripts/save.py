@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def save_transcript(
         turn.fa.set_block_style()  # --update splices block mappings
     y.dump(node, buf)
     bot_dir = _bot_dir(Path(bot_path))
-    header = HEADER.format(schema=schema_reference(path, bot_dir), file=_run_path(path, bot_dir))
+    header = HEADER.format(schema=schema_reference(path, bot_dir), file=shlex.quote(_run_path(path, bot_dir)))
     path.write_text(header + buf.getvalue(), encoding="utf-8")
     result = run_transcript(str(path))
     if result.error is None and update_from_result(result):
