@@ -195,6 +195,20 @@ def test_upgrade_reads_what_validate_reads_and_names_a_broken_files_line(tmp_pat
         result.output
 
 
+def test_upgrade_adds_format_after_a_name_written_as_a_block_or_on_the_files_last_line(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    for before, after, line in [
+        ("name: >-\n  desk\nroutes:\n  main: {default: true}\n",
+         "name: >-\n  desk\nformat: 3\nroutes:\n  main: {default: true}\n", 3),
+        ("routes:\n  main: {default: true}\nname: desk", "routes:\n  main: {default: true}\nname: desk\nformat: 3\n", 4),
+    ]:
+        bot.write_text(before)
+        result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+        assert result.exit_code == 0, result.output  # the text read `name: deskformat: 3`: a YAML error
+        assert bot.read_text() == after
+        assert result.output == f"{bot}:{line}: added `format: 3`\n"
+
+
 def test_upgrade_diff_prints_the_change_and_writes_nothing(tmp_path):
     bot = tmp_path / "bot.yaml"
     bot.write_text(FORMAT2)

@@ -20,6 +20,7 @@ from chatrun.cli._output import BotPath
 from chatrun.cli.upgrade_edits import (
     Edits,
     add_pair,
+    after_line,
     compose,
     flow_safe,
     get,
@@ -219,10 +220,10 @@ def _set_format(edits: Edits, root: MappingNode, declared: int | str | None, cur
     if found is None:
         name = get(root, "name")
         after = name[1] if name else root.value[0][1]
-        at = after.end_mark.index
-        at = edits.text.find("\n", at) + 1 or len(edits.text)
-        edits.replace(at, at, f"format: {current}\n")
-        edits.said.append((after.end_mark.line + 2, f"added `format: {current}`"))
+        at = after_line(edits.text, after.end_mark.index)  # a block scalar ends where the next key starts
+        prefix = "" if at == 0 or edits.text[at - 1] == "\n" else "\n"  # `name: x` on the last line, no newline
+        edits.replace(at, at, f"{prefix}format: {current}\n")
+        edits.said.append((edits.text.count("\n", 0, at) + 1 + len(prefix), f"added `format: {current}`"))
         return
     node = found[1]
     edits.replace(node.start_mark.index, node.end_mark.index, str(current))

@@ -66,7 +66,7 @@ def _line_start(text: str, index: int) -> int:
     return text.rfind("\n", 0, index) + 1
 
 
-def _after_line(text: str, index: int) -> int:
+def after_line(text: str, index: int) -> int:
     """The start of the line after the one `index` is on. A node that ends at a line start, or in
     the next line's indentation (a block mapping ends at the next key), ends at that line start."""
     start = _line_start(text, index)
@@ -92,7 +92,7 @@ def remove_pair(edits: Edits, mapping: MappingNode, key: ScalarNode, value: Node
                 start = len(before) - 1
         edits.replace(start, end, "")
         return
-    end = _after_line(text, value.end_mark.index)
+    end = after_line(text, value.end_mark.index)
     comment = text[value.end_mark.index:end].strip()  # `into: state.x   # why`: the comment stays, on its own line
     kept = f"{' ' * key.start_mark.column}{comment}\n" if comment.startswith("#") else ""
     edits.replace(_line_start(text, key.start_mark.index), end, kept)
@@ -108,7 +108,7 @@ def add_pair(edits: Edits, mapping: MappingNode, key: str, value: str) -> None:
         return
     last_key, last_value = mapping.value[-1]
     indent = " " * last_key.start_mark.column
-    at = _after_line(text, last_value.end_mark.index)
+    at = after_line(text, last_value.end_mark.index)
     prefix = "" if at == 0 or text[at - 1] == "\n" else "\n"
     edits.replace(at, at, f"{prefix}{indent}{key}: {value}\n")
 
@@ -143,8 +143,8 @@ def reorder(edits: Edits, mapping: MappingNode, rank: dict[str, int]) -> bool:
         spans = [(k.start_mark.index, v.end_mark.index) for k, v in pairs]
     else:
         starts = [_line_start(text, pairs[0][0].start_mark.index)] + [
-            _after_line(text, v.end_mark.index) for _, v in pairs[:-1]]
-        spans = list(zip(starts, [*starts[1:], _after_line(text, pairs[-1][1].end_mark.index)], strict=True))
+            after_line(text, v.end_mark.index) for _, v in pairs[:-1]]
+        spans = list(zip(starts, [*starts[1:], after_line(text, pairs[-1][1].end_mark.index)], strict=True))
     pieces = [text[a:b] if mapping.flow_style or text[a:b].endswith("\n") else text[a:b] + "\n" for a, b in spans]
     for slot, source_index in zip(ranked, wanted, strict=True):
         a, b = spans[slot]
