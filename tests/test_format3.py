@@ -209,6 +209,81 @@ def test_upgrade_adds_format_after_a_name_written_as_a_block_or_on_the_files_las
         assert result.output == f"{bot}:{line}: added `format: 3`\n"
 
 
+MOVED2 = """\
+name: desk
+format: 2
+routes:
+  main: {default: true, system: Hi., tools: [alone, before, after, two]}
+tools:
+  alone:
+    approval:
+      by: [lead]
+      tell: "Wait"   # only tell
+  before:
+    approval:
+      tell: |
+        Wait please.
+      by: [lead]
+      ask: >-
+        Sure
+        really?
+  after:
+    approval:
+      ask: Sure?   # the lead reads this
+      by: [lead]
+      tell: Wait.  # the user reads this
+  two:
+    action:
+      emit:
+        Message: |   # greet
+          Hello
+        Object: {a: 1}
+"""
+
+MOVED3 = """\
+name: desk
+format: 3
+routes:
+  main: {default: true, system: Hi., tools: [alone, before, after, two]}
+tools:
+  alone:
+    approval:
+      by: [lead]
+      ask:
+        tell: "Wait"   # only tell
+  before:
+    approval:
+      by: [lead]
+      ask:
+        text: >-
+          Sure
+          really?
+        tell: |
+          Wait please.
+  after:
+    approval:
+      ask:
+        text: Sure?   # the lead reads this
+        tell: Wait.  # the user reads this
+      by: [lead]
+  two:
+    action:
+      emit:
+        Object: {a: 1}
+      message: |   # greet
+        Hello
+"""
+
+
+def test_upgrade_moves_tell_and_message_with_their_comments_and_block_scalars_whole(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(MOVED2)
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 0, result.output  # `tell:` alone was a YAML error; a moved block left "  " lines
+    assert bot.read_text() == MOVED3
+    assert [d.message for d in check_bot(tmp_path)[1] if d.severity == "error"] == []
+
+
 def test_upgrade_diff_prints_the_change_and_writes_nothing(tmp_path):
     bot = tmp_path / "bot.yaml"
     bot.write_text(FORMAT2)

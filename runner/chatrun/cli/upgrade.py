@@ -24,6 +24,7 @@ from chatrun.cli.upgrade_edits import (
     compose,
     flow_safe,
     get,
+    moved_value,
     nested,
     remove_pair,
     reorder,
@@ -304,11 +305,13 @@ def _approval_question(edits: Edits, approval: MappingNode) -> None:
         return
     if ask is not None:
         _nest(edits, ask, f"ask:\n{indent}text")
-    if tell is not None:  # elsewhere in the approval: it moves to the end of `ask:`
-        remove_pair(edits, approval, *tell)
-        at = ask[1].end_mark.index if ask is not None else tell[0].start_mark.index
-        edits.replace(at, at, f"\n{indent}tell: {nested(edits, tell[1], 2)}" if ask is not None else
-                      f"ask:\n{indent}tell: {nested(edits, tell[1], 2)}\n{' ' * first_key.start_mark.column}")
+    if tell is not None and ask is None:  # `tell:` alone: a new `ask:` takes it in where it is
+        _nest(edits, tell, f"ask:\n{indent}tell")
+    elif tell is not None and ask is not None:  # elsewhere in the approval: it moves to the end of `ask:`
+        remove_pair(edits, approval, *tell, keep_comment=False)
+        at = after_line(edits.text, ask[1].end_mark.index)
+        prefix = "" if edits.text[at - 1] == "\n" else "\n"
+        edits.replace(at, at, f"{prefix}{indent}tell: {moved_value(edits, tell[1], 2)}\n")
 
 
 def _nest(edits: Edits, pair: tuple[ScalarNode, Node], new_key: str) -> None:
@@ -336,8 +339,9 @@ def _emit_message(edits: Edits, action: MappingNode) -> None:
         edits.replace(emit[0].start_mark.index, end,
                       "message: " + nested(edits, message[1], emit[0].start_mark.column - message[0].start_mark.column))
     else:
-        remove_pair(edits, emit[1], *message)
-        add_pair(edits, action, "message", nested(edits, message[1], emit[0].start_mark.column - message[0].start_mark.column))
+        remove_pair(edits, emit[1], *message, keep_comment=False)
+        add_pair(edits, action, "message",
+                 moved_value(edits, message[1], emit[0].start_mark.column - message[0].start_mark.column))
     edits.said.append((line, "`emit: {Message: ...}` is now `message:`"))
 
 

@@ -76,9 +76,9 @@ def after_line(text: str, index: int) -> int:
     return len(text) if nl < 0 else nl + 1
 
 
-def remove_pair(edits: Edits, mapping: MappingNode, key: ScalarNode, value: Node) -> None:
-    """Take one `key: value` out of a mapping: its whole lines but the comment at their end (block),
-    or it and a comma (flow)."""
+def remove_pair(edits: Edits, mapping: MappingNode, key: ScalarNode, value: Node, keep_comment: bool = True) -> None:
+    """Take one `key: value` out of a mapping: its whole lines but the comment at their end (block;
+    not when the pair moves elsewhere with it, `moved_value`), or it and a comma (flow)."""
     text = edits.text
     if mapping.flow_style:
         start, end = key.start_mark.index, value.end_mark.index
@@ -94,7 +94,7 @@ def remove_pair(edits: Edits, mapping: MappingNode, key: ScalarNode, value: Node
         return
     end = after_line(text, value.end_mark.index)
     comment = text[value.end_mark.index:end].strip()  # `into: state.x   # why`: the comment stays, on its own line
-    kept = f"{' ' * key.start_mark.column}{comment}\n" if comment.startswith("#") else ""
+    kept = f"{' ' * key.start_mark.column}{comment}\n" if comment.startswith("#") and keep_comment else ""
     edits.replace(_line_start(text, key.start_mark.index), end, kept)
 
 
@@ -125,9 +125,21 @@ def flow_safe(edits: Edits, node: Node) -> str:
 def nested(edits: Edits, node: Node, indent: int) -> str:
     """A value's source moved `indent` columns deeper, or shallower when negative (the lines after its first)."""
     text = source(edits, node)
+    # A block scalar's source ends with its last line break: the line after it is not the value's.
+    text, end = (text[:-1], "\n") if text.endswith("\n") else (text, "")
     if indent >= 0:
-        return text.replace("\n", "\n" + " " * indent)
-    return text.replace("\n" + " " * -indent, "\n")
+        return text.replace("\n", "\n" + " " * indent) + end
+    return text.replace("\n" + " " * -indent, "\n") + end
+
+
+def moved_value(edits: Edits, value: Node, indent: int) -> str:
+    """A block pair's value as it reads after its key on a line moved `indent` columns (`nested`),
+    with the comment at the end of its line, and no line break at its end (a block scalar's source
+    ends with one: the line after it must not start with its indentation)."""
+    text = nested(edits, value, indent)
+    text = text[:-1] if text.endswith("\n") else text
+    tail = edits.text[value.end_mark.index:after_line(edits.text, value.end_mark.index)].rstrip("\n")
+    return text + tail if tail.strip().startswith("#") else text
 
 
 def reorder(edits: Edits, mapping: MappingNode, rank: dict[str, int]) -> bool:
