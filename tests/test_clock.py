@@ -140,7 +140,7 @@ def test_durations_and_instants():
     assert parse_duration("5m") == timedelta(minutes=5)
     assert parse_duration("1d2h") == timedelta(days=1, hours=2)
     assert parse_duration(90) == timedelta(seconds=90)
-    for bad in ("5 minutes", "", "m5", "1.5h"):
+    for bad in ("5 minutes", "", "m5", "1.5h", "99999999999d"):
         with pytest.raises(ValueError, match="not a duration"):
             parse_duration(bad)
     from zoneinfo import ZoneInfo
@@ -149,6 +149,18 @@ def test_durations_and_instants():
     assert parse_instant("2026-12-24T18:00Z").isoformat() == "2026-12-24T18:00:00+00:00"
     with pytest.raises(ValueError, match="has no UTC offset"):
         parse_instant("2026-12-24T18:00")
+
+
+def test_the_repl_says_a_clock_cannot_move_past_the_year_9999_and_goes_on(tmp_path):
+    from chatrun.cli import main
+
+    script = "/clock 2026-12-24T18:00Z\n/clock +99999999999d\n/clock +999999999d\n/clock\n"
+    out = CliRunner().invoke(main, ["repl", str(REPO / "bots" / "hello"), "--play-model"], input=script)
+    assert out.exit_code == 0 and out.exception is None, out.output
+    assert "error: not a duration: '99999999999d' (too long for a clock)" in out.output, out.output
+    assert "error: the clock cannot move 999999999 days, 0:00:00 on from 2026-12-24T18:00:00+00:00: past the " \
+           "year 9999" in out.output
+    assert out.output.rstrip().endswith("2026-12-24T18:00:00+00:00 (Thursday, UTC; pinned)")
 
 
 def test_the_filters_and_today_are_known_to_validation_and_a_bad_zone_is_an_error_at_its_line(write_bot):

@@ -154,6 +154,34 @@ def test_save_writes_portable_paths_and_says_turn_in_the_singular(tmp_path, monk
     assert invoke(["test", "mybot/transcripts/saved.yaml"]).exit_code == 0
 
 
+def test_init_in_a_folder_whose_name_has_a_space_prints_commands_that_run_as_printed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = invoke(["init", "my bot"])
+    assert out.exit_code == 0, out.output
+    assert "next: chatrun validate 'my bot' && chatrun test 'my bot' && chatrun repl 'my bot'" in out.output
+    assert "# Check it:      chatrun validate 'my bot'\n" in (tmp_path / "my bot" / "bot.yaml").read_text()
+    assert "chatrun test 'my bot'/transcripts" in (tmp_path / "my bot" / "README.md").read_text()
+    out = invoke(["repl", "my bot", "--play-model"], stdin="hello\nHi!\n/save my bot/transcripts/s.yaml\n")
+    assert "saved 1 turn to my bot/transcripts/s.yaml; run it with: chatrun test 'my bot/transcripts/s.yaml'" \
+        in out.output, out.output
+    assert "run it with: chatrun test 'my bot/transcripts/s.yaml'\n" in \
+        (tmp_path / "my bot" / "transcripts" / "s.yaml").read_text()
+
+
+def test_save_over_the_bots_own_file_is_refused_and_a_transcript_is_replaced(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert invoke(["init", "mybot"]).exit_code == 0
+    bot = (tmp_path / "mybot" / "bot.yaml").read_text()
+    saved = tmp_path / "mybot" / "transcripts" / "saved.yaml"
+    script = f"hello\nHi!\n/save mybot/bot.yaml\n/save mybot/transcripts\n/save {saved}\n/save {saved}\n"
+    out = invoke(["repl", "mybot", "--play-model"], stdin=script).output
+    assert (tmp_path / "mybot" / "bot.yaml").read_text() == bot  # a typo away from losing the bot
+    assert "could not save: mybot/bot.yaml holds no transcript (no `turns:`); /save writes a new file or " \
+           "replaces a transcript" in out, out
+    assert "could not save: mybot/transcripts is a folder; name a file in it (mybot/transcripts/NAME.yaml)" in out
+    assert out.count(f"saved 1 turn to {saved};") == 2  # a transcript is replaced, as before
+
+
 def test_save_names_the_schema_by_its_id_outside_a_checkout_and_a_bot_without_copies(tmp_path, monkeypatch):
     from chatrun.transcripts.save import schema_reference
 

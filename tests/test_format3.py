@@ -78,6 +78,7 @@ tools:
       ask:
         from: user
         text: Which size?
+        # where the answer lands
       set: {state.size: '{{ result }}'}
       message: "Size {{ result }}."
 """
@@ -126,6 +127,161 @@ def _as_message(config):
         for value in config:
             _as_message(value)
     return config
+
+
+ALIASED = """\
+name: desk
+format: 2
+state: {size: null}
+routes:
+  main: {default: true, system: Hi., tools: [size, size2, bye, bye2, ok, ok2]}
+tools:
+  size:
+    action: &ask   # asked twice
+      ask: {from: user, text: "Which size?", into: state.size}
+      message: "Size {{ result }}."
+  size2:
+    action: *ask
+  bye:
+    action: &bye {emit: {Message: Bye.}, result: Done., pop: true}
+  bye2:
+    action: *bye
+  ok:
+    approval: &approval {by: [lead], ask: "Sure?", tell: Wait.}
+  ok2:
+    approval: *approval
+"""
+
+
+def test_upgrade_edits_a_node_that_aliases_name_once(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(ALIASED)
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert bot.read_text() == ALIASED.replace("format: 2", "format: 3").replace(
+        ", into: state.size}\n", "}\n      set: {state.size: '{{ result }}'}\n").replace(
+        "{emit: {Message: Bye.}, result: Done., pop: true}", "{message: Bye., result: Done., pop: true}").replace(
+        "ask: \"Sure?\", tell: Wait.}", "ask: {text: \"Sure?\", tell: Wait.}}")
+    assert result.output.count("is now `message:`") == 1, result.output
+    assert [d.message for d in check_bot(tmp_path)[1] if d.severity == "error"] == []
+
+
+def test_upgrade_keeps_a_files_crlf_line_ends_and_its_byte_order_mark(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_bytes(b"\xef\xbb\xbf" + FORMAT2.replace("\n", "\r\n").encode())
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert bot.read_bytes() == b"\xef\xbb\xbf" + FORMAT3.replace("\n", "\r\n").encode()
+    diff = CliRunner().invoke(main, ["upgrade", "--diff", str(tmp_path)])
+    assert diff.output == f"{bot}: already on the current format\n"
+
+
+def test_upgrade_reads_what_validate_reads_and_names_a_broken_files_line(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_text("name: x\nformat: 2\nroutes: {main: {default: true, tools: [a]}}\n"
+                   "tools:\n  a:\n    approval: {by: [lead], ask: Sure?, tell: Wait.}\n")
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert bot.read_text().endswith("    approval: {by: [lead], ask: {text: Sure?, tell: Wait.}}\n")
+    bot.write_text("name: x\nformat: 2\nroutes:\n  main: {default: true, system: \"Hi}\n")
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"{bot}:5:1: error: YAML syntax error: while scanning a quoted scalar "
+                                     "(from line 4), found unexpected end of stream\n"), result.output
+    bot.write_bytes(b"name: x\nformat: 2\nroutes:\n  main: {default: true, system: caf\xe9}\n")
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"{bot}:4:36: error: the file is not UTF-8 text: byte 0xe9 on line 4"), \
+        result.output
+
+
+def test_upgrade_adds_format_after_a_name_written_as_a_block_or_on_the_files_last_line(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    for before, after, line in [
+        ("name: >-\n  desk\nroutes:\n  main: {default: true}\n",
+         "name: >-\n  desk\nformat: 3\nroutes:\n  main: {default: true}\n", 3),
+        ("routes:\n  main: {default: true}\nname: desk", "routes:\n  main: {default: true}\nname: desk\nformat: 3\n", 4),
+    ]:
+        bot.write_text(before)
+        result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+        assert result.exit_code == 0, result.output  # the text read `name: deskformat: 3`: a YAML error
+        assert bot.read_text() == after
+        assert result.output == f"{bot}:{line}: added `format: 3`\n"
+
+
+MOVED2 = """\
+name: desk
+format: 2
+routes:
+  main: {default: true, system: Hi., tools: [alone, before, after, two]}
+tools:
+  alone:
+    approval:
+      by: [lead]
+      tell: "Wait"   # only tell
+  before:
+    approval:
+      tell: |
+        Wait please.
+      by: [lead]
+      ask: >-
+        Sure
+        really?
+  after:
+    approval:
+      ask: Sure?   # the lead reads this
+      by: [lead]
+      tell: Wait.  # the user reads this
+  two:
+    action:
+      emit:
+        Message: |   # greet
+          Hello
+        Object: {a: 1}
+"""
+
+MOVED3 = """\
+name: desk
+format: 3
+routes:
+  main: {default: true, system: Hi., tools: [alone, before, after, two]}
+tools:
+  alone:
+    approval:
+      by: [lead]
+      ask:
+        tell: "Wait"   # only tell
+  before:
+    approval:
+      by: [lead]
+      ask:
+        text: >-
+          Sure
+          really?
+        tell: |
+          Wait please.
+  after:
+    approval:
+      ask:
+        text: Sure?   # the lead reads this
+        tell: Wait.  # the user reads this
+      by: [lead]
+  two:
+    action:
+      emit:
+        Object: {a: 1}
+      message: |   # greet
+        Hello
+"""
+
+
+def test_upgrade_moves_tell_and_message_with_their_comments_and_block_scalars_whole(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(MOVED2)
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 0, result.output  # `tell:` alone was a YAML error; a moved block left "  " lines
+    assert bot.read_text() == MOVED3
+    assert [d.message for d in check_bot(tmp_path)[1] if d.severity == "error"] == []
 
 
 def test_upgrade_diff_prints_the_change_and_writes_nothing(tmp_path):

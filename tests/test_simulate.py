@@ -361,3 +361,16 @@ def test_a_malformed_scenario_is_told_each_problem_in_words_at_its_line(tmp_path
         "unknown key `bogus` in `success`; allowed: calls, events, judge, path, route, stack, state",
     ]
     assert [int(line.split(":")[1]) for line in result.output.splitlines() if ": error: " in line] == [4, 7, 7, 9, 9, 10]
+
+
+def test_an_empty_a_list_or_a_latin_1_scenario_is_named_a_scenario_at_its_line(tmp_path):
+    cases = {b"# nothing yet\n": "1:1: error: the scenario is empty; it needs `bot:`, `persona:`, `goal:` and `success:`",
+             b"- a\n": "1:1: error: the scenario must be a mapping (`bot:`, `persona:`, `goal:`, `success:`), not a list",
+             b"bot: ..\npersona: Jos\xe9\n": "2:13: error: the file is not UTF-8 text: byte 0xe9 on line 2 cannot be "
+                                            "decoded; save the file as UTF-8"}
+    for text, said in cases.items():
+        path = tmp_path / "s.yaml"
+        path.write_bytes(text)
+        result = CliRunner().invoke(main, ["simulate", str(path)])
+        assert result.exit_code == 1 and result.exception is None or isinstance(result.exception, SystemExit)
+        assert f"{path}:{said}\n" in result.output, result.output

@@ -423,6 +423,43 @@ def test_update_writes_missing_expectations(tmp_path):
     assert cli([str(path)])[0] == 0
 
 
+def test_update_keeps_a_transcripts_crlf_line_ends(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi    # greeting
+            model: [{text: Hello}]
+            expect: {route: nowhere}
+        """)
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    code, out = cli([str(path), "--update"])
+    assert code == 0, out
+    raw = path.read_bytes()
+    assert b"  - user: hi    # greeting\r\n" in raw and b"route: chat" in raw
+    assert raw.count(b"\n") == raw.count(b"\r\n")  # every line, the written ones too
+    assert cli([str(path)])[0] == 0
+
+
+def test_update_refuses_a_turn_written_as_an_alias_or_in_flow_style_at_its_line_and_writes_nothing(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - &hi
+            user: hi
+            model: [{text: Hello}]
+            expect: {route: nowhere}
+          - *hi   # again
+        """)
+    original = path.read_bytes()
+    code, out = cli([str(path), "--update"])
+    assert code == 1 and path.read_bytes() == original  # it dropped `- *hi` and wrote `expect:` twice
+    assert f"{path}:7: turn 2 is an alias of turn 1 (`*hi`); write it out to update it" in out, out
+    path.write_text(original.decode().split("turns:")[0] + "turns:\n  - {user: hi, model: [{text: Hi}], expect: {}}\n")
+    code, out = cli([str(path), "--update"])
+    assert f"\n{path}:3: turn 1 is written in flow style; write it as a block mapping to update it\n" in out, out
+    path.write_text(original.decode().replace("  - *hi   # again\n", "  - <<: *hi\n    user: again\n"))
+    code, out = cli([str(path), "--update"])  # raised KeyError: 'expect'
+    assert f"\n{path}:7: turn 2 takes `expect` from another (`<<:`); write it out to update it\n" in out, out
+
+
 def test_update_of_a_turn_that_expected_only_an_error_and_now_succeeds_writes_what_it_did(tmp_path):
     path = hello_transcript(tmp_path, """
         turns:
@@ -477,6 +514,15 @@ def test_record_against_the_fake_openai_server(tmp_path, monkeypatch):
     # offline from now on: no server, same result
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     assert cli([str(path)])[0] == 0
+
+
+def test_an_option_chatrun_test_cannot_take_is_a_usage_error_exit_4_not_2_interrupted():
+    from chatrun.cli import main
+
+    for args in (["-n", "0"], ["--repeat", "x"], ["--no-such-option"]):
+        result = CliRunner().invoke(main, ["test", *args])
+        assert result.exit_code == 4, (args, result.output)  # as its --help says; 2 means interrupted
+        assert "Usage: " in result.output and "Traceback" not in result.output
 
 
 # -- saving a conversation (the REPL's /save) ----------------------------------------------------------

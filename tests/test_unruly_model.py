@@ -225,6 +225,21 @@ def test_a_transcript_scripts_unruly_answers_made_from_the_route(tmp_path):
     assert sent[1] == {"assistant": 'refund({"order": 12345, "amount": "30"})\ntransfer_to_human({})'}
 
 
+def test_keys_that_go_with_unruly_are_named_together_once(tmp_path):
+    path = transcript(tmp_path, """
+        turns:
+          - user: hi
+            model:
+              - {tool: refund, args: {}}
+        """)
+    with pytest.raises(BotError) as info:
+        load_transcript(path)
+    lines = [d.format() for d in info.value.diagnostics if "unruly:" in d.message]
+    assert lines == [
+        f"{path}:6:10: error: `tool`, `args` in `turns[0].model[0]` go with `unruly:` (they say how the model "
+        "misbehaves; docs/transcripts.md, \"A model that misbehaves\")"], lines
+
+
 def test_unruly_items_are_checked_at_their_lines(tmp_path):
     path = transcript(tmp_path, """
         turns:

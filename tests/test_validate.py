@@ -722,3 +722,19 @@ def test_a_route_asking_to_stream_is_warned_that_quarkus_clients_get_a_message(w
     _config, found = check_bot(path)
     assert [(d.line, d.severity) for d in found] == [(5, "warning")]
     assert "add `stream_to_quarkus: true`" in found[0].message and "route `main`" in found[0].message
+
+
+def test_a_name_yaml_reads_as_true_false_or_null_is_named_as_written_and_told_to_be_quoted(write_bot):
+    path = write_bot("""\
+        name: b
+        format: 3
+        null: x
+        routes:
+          chat: {default: true, system: hi}
+          off: {system: x}
+        """)
+    _, found = check_bot(path)
+    assert [(d.line, d.message) for d in found if d.severity == "error"] == [
+        (3, "unknown key `null` at the top level (YAML reads `null` as null, not as text: quote it, `'null':`)"),
+        (6, "invalid route name `off` in `routes`: YAML reads `off` as false, not as text: quote it, `'off':`"),
+    ]

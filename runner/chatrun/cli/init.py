@@ -9,6 +9,7 @@ bot is committed, cloned elsewhere or chatrun is installed again."""
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import click
@@ -38,7 +39,7 @@ def render_starter(template: str, directory: Path) -> dict[Path, str]:
         text = path.read_text(encoding="utf-8")
         replacements = {
             "__NAME__": bot_name(directory),
-            "__DIR__": directory.as_posix(),
+            "__DIR__": shlex.quote(directory.as_posix()),  # in commands to copy: `chatrun repl 'my bot'`
             "__DOCS__": DOCS_URL,
             "__SCHEMA__": schema_ref(directory / BOT_SCHEMA_DIR / "bot.schema.json", target.parent),
             "__TRANSCRIPT_SCHEMA__": schema_ref(directory / BOT_SCHEMA_DIR / "transcript.schema.json", target.parent),
@@ -101,4 +102,5 @@ def init(name: Path | None, template: str, example: str | None) -> None:
     else:
         for path in create_bot(directory, template):
             click.echo(f"created {path}")
-    click.echo(f"\nnext: chatrun validate {directory} && chatrun test {directory} && chatrun repl {directory}")
+    shown = shlex.quote(str(directory))
+    click.echo(f"\nnext: chatrun validate {shown} && chatrun test {shown} && chatrun repl {shown}")

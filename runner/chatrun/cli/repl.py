@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -712,7 +713,8 @@ class Repl:
         except (ChatrunError, OSError) as exc:
             click.secho(f"could not save: {exc}", fg="red")
             return
-        click.secho(f"saved {plural(len(self.records), 'turn')} to {path}; run it with: chatrun test {path}", dim=True)
+        click.secho(f"saved {plural(len(self.records), 'turn')} to {path}; run it with: chatrun test {shlex.quote(path)}",
+                    dim=True)
 
 
 @click.command()

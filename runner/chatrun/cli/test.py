@@ -83,8 +83,9 @@ def _run_one(path: str, update: bool, record: bool, live: bool = False, locale: 
                 result = run_transcript(load_transcript(path), _BOTS)
     except BotError as exc:
         return Outcome(path, False, "\n".join(d.format() for d in exc.diagnostics), changed, invalid=True)
-    except ChatrunError as exc:
-        return Outcome(path, False, f"{path}: {exc}", changed, roles_off=roles_off)
+    except ChatrunError as exc:  # named at its place (`FILE:LINE: ...`), else at the file
+        said = str(exc) if str(exc).startswith(f"{path}:") else f"{path}: {exc}"
+        return Outcome(path, False, said, changed, roles_off=roles_off)
     return Outcome(path, result.passed, result.report(), changed, warnings=result.warnings, roles_off=roles_off,
                    usage=result.usage)
 
@@ -127,7 +128,22 @@ def keyword_filter(expr: str) -> Any:
 # -- the command -----------------------------------------------------------------------------------
 
 
-@click.command("test")
+class _UsageError(click.UsageError):
+    exit_code = EXIT_USAGE
+
+
+class _UsageExits4(click.Command):
+    """`chatrun test` exits as pytest does: 4 for a usage error, click's own (a bad option) too,
+    which would exit 2, this command's "interrupted"."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _UsageError(exc.format_message(), exc.ctx) from None
+
+
+@click.command("test", cls=_UsageExits4)
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("-k", "keyword", help="Only transcripts whose path matches: substrings with and/or/not, e.g. -k 'travel and not hotel'.")
 @click.option("-x", "--exitfirst", is_flag=True, help="Stop at the first failing transcript.")

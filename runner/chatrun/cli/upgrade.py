@@ -20,9 +20,11 @@ from chatrun.cli._output import BotPath
 from chatrun.cli.upgrade_edits import (
     Edits,
     add_pair,
+    after_line,
     compose,
     flow_safe,
     get,
+    moved_value,
     nested,
     remove_pair,
     reorder,
@@ -81,7 +83,7 @@ def upgrade(paths: tuple[str, ...], check: bool, show_diff: bool) -> None:
             click.echo(_diff(written), nl=False)
         elif not check:
             for file, text in written.items():
-                file.write_text(text, encoding="utf-8")
+                _write(file, text)
     if failed:
         click.echo(f"{failed} bot(s) could not be upgraded (above)", err=True)
         raise click.exceptions.Exit(2)
@@ -95,8 +97,36 @@ def _diff(written: dict[Path, str]) -> str:
 
     return "".join(
         line for file, text in written.items()
-        for line in difflib.unified_diff(file.read_text(encoding="utf-8").splitlines(keepends=True),
+        for line in difflib.unified_diff(_read(file).splitlines(keepends=True),
                                          text.splitlines(keepends=True), f"{file}", f"{file} (format 3)"))
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def _read(file: Path) -> str:
+    """The file's text as the edits see it: without a byte order mark, each line ending in `\\n`
+    (`_write` puts back what the file had). A file the loader cannot read is an error at its line,
+    in `chatrun validate`'s words."""
+    from chatrun.definition.yamlpos import read_yaml_file
+
+    doc = read_yaml_file(file)
+    if doc.data is None and doc.diagnostics:
+        raise ValueError(doc.diagnostics[0].format())
+    raw = file.read_bytes().removeprefix(BOM)
+    return raw.decode("utf-8").replace("\r\n", "\n") if _crlf(raw) else raw.decode("utf-8")
+
+
+def _crlf(raw: bytes) -> bool:
+    """Every line of the file ends in CRLF (a file that mixes line ends is edited as it is)."""
+    return b"\n" in raw and raw.count(b"\r\n") == raw.count(b"\n")
+
+
+def _write(file: Path, text: str) -> None:
+    """`text` in place of the file, with its byte order mark and CRLF line ends if it had them."""
+    raw = file.read_bytes()
+    new = (text.replace("\n", "\r\n") if _crlf(raw.removeprefix(BOM)) else text).encode("utf-8")
+    file.write_bytes(BOM + new if raw.startswith(BOM) else new)
 
 
 def each_bot(path: str) -> list[str]:
@@ -122,7 +152,7 @@ def upgraded(path: str) -> Upgrade:
     from chatrun.definition.config import CURRENT_FORMAT, SUPPORTED_FORMATS
 
     file = bot_file(path)
-    text = file.read_text(encoding="utf-8")
+    text = _read(file)
     root = compose(text)
     if not isinstance(root, MappingNode):
         raise ValueError(f"{file}: not a YAML mapping")
@@ -142,7 +172,7 @@ def upgraded(path: str) -> Upgrade:
     if declared is not None:
         result.review += _review(path, declared)
     for other in _included_files(file, root):
-        more = Edits(other.read_text(encoding="utf-8"))
+        more = Edits(_read(other))
         new_text, said, _ = format3(more, compose(more.text))
         if said:
             result.others[other] = new_text
@@ -169,11 +199,15 @@ def _order_actions(edits: Edits, root: Node | None) -> list[int]:
     rank = {key: i for i, key in enumerate(ACTION_ORDER)}
     tools = get(root, "tools")
     moved: list[int] = []
+    seen: set[int] = set()  # a node that aliases name (`*act`) is one span of the text: edited once
     for _, tool in tools[1].value if tools is not None and isinstance(tools[1], MappingNode) else []:
         action = get(tool, "action")
         if action is None or not isinstance(action[1], MappingNode):
             continue
-        moved += [each.start_mark.line + 1 for each in _actions(action[1]) if reorder(edits, each, rank)]
+        for each in _actions(action[1]):
+            if id(each) not in seen and reorder(edits, each, rank):
+                moved.append(each.start_mark.line + 1)
+            seen.add(id(each))
     return moved
 
 
@@ -187,10 +221,10 @@ def _set_format(edits: Edits, root: MappingNode, declared: int | str | None, cur
     if found is None:
         name = get(root, "name")
         after = name[1] if name else root.value[0][1]
-        at = after.end_mark.index
-        at = edits.text.find("\n", at) + 1 or len(edits.text)
-        edits.replace(at, at, f"format: {current}\n")
-        edits.said.append((after.end_mark.line + 2, f"added `format: {current}`"))
+        at = after_line(edits.text, after.end_mark.index)  # a block scalar ends where the next key starts
+        prefix = "" if at == 0 or edits.text[at - 1] == "\n" else "\n"  # `name: x` on the last line, no newline
+        edits.replace(at, at, f"{prefix}format: {current}\n")
+        edits.said.append((edits.text.count("\n", 0, at) + 1 + len(prefix), f"added `format: {current}`"))
         return
     node = found[1]
     edits.replace(node.start_mark.index, node.end_mark.index, str(current))
@@ -203,16 +237,21 @@ def spelling_edits(edits: Edits, root: Node | None) -> None:
     tools = get(root, "tools")
     if tools is None or not isinstance(tools[1], MappingNode):
         return
+    seen: set[int] = set()  # a node that aliases name (`*act`) is one span of the text: edited once
     for _, tool in tools[1].value:
         approval = get(tool, "approval")
-        if approval is not None and isinstance(approval[1], MappingNode):
+        if approval is not None and isinstance(approval[1], MappingNode) and id(approval[1]) not in seen:
+            seen.add(id(approval[1]))
             _approval_question(edits, approval[1])
         action = get(tool, "action")
-        if action is None or not isinstance(action[1], MappingNode):
+        if action is None or not isinstance(action[1], MappingNode) or id(action[1]) in seen:
             continue
+        seen.add(id(action[1]))
         _ask_into(edits, action[1])
         for each in _actions(action[1]):
-            _emit_message(edits, each)
+            if id(each) not in seen or each is action[1]:
+                seen.add(id(each))
+                _emit_message(edits, each)
 
 
 def _actions(action: MappingNode) -> list[MappingNode]:
@@ -266,11 +305,13 @@ def _approval_question(edits: Edits, approval: MappingNode) -> None:
         return
     if ask is not None:
         _nest(edits, ask, f"ask:\n{indent}text")
-    if tell is not None:  # elsewhere in the approval: it moves to the end of `ask:`
-        remove_pair(edits, approval, *tell)
-        at = ask[1].end_mark.index if ask is not None else tell[0].start_mark.index
-        edits.replace(at, at, f"\n{indent}tell: {nested(edits, tell[1], 2)}" if ask is not None else
-                      f"ask:\n{indent}tell: {nested(edits, tell[1], 2)}\n{' ' * first_key.start_mark.column}")
+    if tell is not None and ask is None:  # `tell:` alone: a new `ask:` takes it in where it is
+        _nest(edits, tell, f"ask:\n{indent}tell")
+    elif tell is not None and ask is not None:  # elsewhere in the approval: it moves to the end of `ask:`
+        remove_pair(edits, approval, *tell, keep_comment=False)
+        at = after_line(edits.text, ask[1].end_mark.index)
+        prefix = "" if edits.text[at - 1] == "\n" else "\n"
+        edits.replace(at, at, f"{prefix}{indent}tell: {moved_value(edits, tell[1], 2)}\n")
 
 
 def _nest(edits: Edits, pair: tuple[ScalarNode, Node], new_key: str) -> None:
@@ -298,8 +339,9 @@ def _emit_message(edits: Edits, action: MappingNode) -> None:
         edits.replace(emit[0].start_mark.index, end,
                       "message: " + nested(edits, message[1], emit[0].start_mark.column - message[0].start_mark.column))
     else:
-        remove_pair(edits, emit[1], *message)
-        add_pair(edits, action, "message", nested(edits, message[1], emit[0].start_mark.column - message[0].start_mark.column))
+        remove_pair(edits, emit[1], *message, keep_comment=False)
+        add_pair(edits, action, "message",
+                 moved_value(edits, message[1], emit[0].start_mark.column - message[0].start_mark.column))
     edits.said.append((line, "`emit: {Message: ...}` is now `message:`"))
 
 

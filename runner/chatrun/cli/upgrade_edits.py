@@ -39,8 +39,14 @@ class Edits:
         return out
 
 
+# libyaml, as the loader reads bots (definition/yamlpos.py): PyYAML's own parser refuses some
+# files libyaml takes (`{ask: Sure?, tell: x}`). Its marks count characters, not a BOM (cli/upgrade.py
+# takes the BOM off first).
+_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def compose(text: str) -> Node | None:
-    return yaml.compose(text, Loader=yaml.SafeLoader)
+    return yaml.compose(text, Loader=_LOADER)
 
 
 def get(mapping: Node | None, key: str) -> tuple[ScalarNode, Node] | None:
@@ -60,7 +66,7 @@ def _line_start(text: str, index: int) -> int:
     return text.rfind("\n", 0, index) + 1
 
 
-def _after_line(text: str, index: int) -> int:
+def after_line(text: str, index: int) -> int:
     """The start of the line after the one `index` is on. A node that ends at a line start, or in
     the next line's indentation (a block mapping ends at the next key), ends at that line start."""
     start = _line_start(text, index)
@@ -70,8 +76,9 @@ def _after_line(text: str, index: int) -> int:
     return len(text) if nl < 0 else nl + 1
 
 
-def remove_pair(edits: Edits, mapping: MappingNode, key: ScalarNode, value: Node) -> None:
-    """Take one `key: value` out of a mapping: its whole lines (block) or it and a comma (flow)."""
+def remove_pair(edits: Edits, mapping: MappingNode, key: ScalarNode, value: Node, keep_comment: bool = True) -> None:
+    """Take one `key: value` out of a mapping: its whole lines but the comment at their end (block;
+    not when the pair moves elsewhere with it, `moved_value`), or it and a comma (flow)."""
     text = edits.text
     if mapping.flow_style:
         start, end = key.start_mark.index, value.end_mark.index
@@ -85,7 +92,10 @@ def remove_pair(edits: Edits, mapping: MappingNode, key: ScalarNode, value: Node
                 start = len(before) - 1
         edits.replace(start, end, "")
         return
-    edits.replace(_line_start(text, key.start_mark.index), _after_line(text, value.end_mark.index), "")
+    end = after_line(text, value.end_mark.index)
+    comment = text[value.end_mark.index:end].strip()  # `into: state.x   # why`: the comment stays, on its own line
+    kept = f"{' ' * key.start_mark.column}{comment}\n" if comment.startswith("#") and keep_comment else ""
+    edits.replace(_line_start(text, key.start_mark.index), end, kept)
 
 
 def add_pair(edits: Edits, mapping: MappingNode, key: str, value: str) -> None:
@@ -98,7 +108,7 @@ def add_pair(edits: Edits, mapping: MappingNode, key: str, value: str) -> None:
         return
     last_key, last_value = mapping.value[-1]
     indent = " " * last_key.start_mark.column
-    at = _after_line(text, last_value.end_mark.index)
+    at = after_line(text, last_value.end_mark.index)
     prefix = "" if at == 0 or text[at - 1] == "\n" else "\n"
     edits.replace(at, at, f"{prefix}{indent}{key}: {value}\n")
 
@@ -115,9 +125,21 @@ def flow_safe(edits: Edits, node: Node) -> str:
 def nested(edits: Edits, node: Node, indent: int) -> str:
     """A value's source moved `indent` columns deeper, or shallower when negative (the lines after its first)."""
     text = source(edits, node)
+    # A block scalar's source ends with its last line break: the line after it is not the value's.
+    text, end = (text[:-1], "\n") if text.endswith("\n") else (text, "")
     if indent >= 0:
-        return text.replace("\n", "\n" + " " * indent)
-    return text.replace("\n" + " " * -indent, "\n")
+        return text.replace("\n", "\n" + " " * indent) + end
+    return text.replace("\n" + " " * -indent, "\n") + end
+
+
+def moved_value(edits: Edits, value: Node, indent: int) -> str:
+    """A block pair's value as it reads after its key on a line moved `indent` columns (`nested`),
+    with the comment at the end of its line, and no line break at its end (a block scalar's source
+    ends with one: the line after it must not start with its indentation)."""
+    text = nested(edits, value, indent)
+    text = text[:-1] if text.endswith("\n") else text
+    tail = edits.text[value.end_mark.index:after_line(edits.text, value.end_mark.index)].rstrip("\n")
+    return text + tail if tail.strip().startswith("#") else text
 
 
 def reorder(edits: Edits, mapping: MappingNode, rank: dict[str, int]) -> bool:
@@ -133,8 +155,8 @@ def reorder(edits: Edits, mapping: MappingNode, rank: dict[str, int]) -> bool:
         spans = [(k.start_mark.index, v.end_mark.index) for k, v in pairs]
     else:
         starts = [_line_start(text, pairs[0][0].start_mark.index)] + [
-            _after_line(text, v.end_mark.index) for _, v in pairs[:-1]]
-        spans = list(zip(starts, [*starts[1:], _after_line(text, pairs[-1][1].end_mark.index)], strict=True))
+            after_line(text, v.end_mark.index) for _, v in pairs[:-1]]
+        spans = list(zip(starts, [*starts[1:], after_line(text, pairs[-1][1].end_mark.index)], strict=True))
     pieces = [text[a:b] if mapping.flow_style or text[a:b].endswith("\n") else text[a:b] + "\n" for a, b in spans]
     for slot, source_index in zip(ranked, wanted, strict=True):
         a, b = spans[slot]

@@ -62,7 +62,11 @@ class FixedClock:
         self.at = at
 
     def advance(self, by: timedelta | None = None) -> None:
-        self.at = self.at + (self.step if by is None else by)
+        step = self.step if by is None else by
+        try:
+            self.at = self.at + step
+        except OverflowError:  # a datetime ends with the year 9999
+            raise ValueError(f"the clock cannot move {step} on from {self.at.isoformat()}: past the year 9999") from None
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,11 @@ def parse_duration(text: str | int | float) -> timedelta:
     if not compact or "".join(n + u for n, u in parts) != compact:
         raise ValueError(f"not a duration: {text!r} (write e.g. 30s, 5m, 1h30m, 2d)")
     total = timedelta(0)
-    for number, unit in parts:
-        total += timedelta(**{_UNITS[unit]: int(number)})
+    try:
+        for number, unit in parts:
+            total += timedelta(**{_UNITS[unit]: int(number)})
+    except OverflowError:  # over 999,999,999 days: no clock goes that far
+        raise ValueError(f"not a duration: {text!r} (too long for a clock)") from None
     return total
 
 

@@ -361,7 +361,7 @@ def schema_diagnostics(doc: YamlDoc, check: Draft202012Validator | None = None) 
             at = (*path, next(k for k in error.validator_value if k in error.instance))
         pos = doc.pos(at)
         out.append(Diagnostic(doc.file, pos.line, pos.col, "error", message, dotted(at)))
-    return sorted(out, key=lambda d: (d.line, d.col))
+    return sorted(dict.fromkeys(out), key=lambda d: (d.line, d.col))
 
 
 def _step(path: tuple) -> str | None:
@@ -450,9 +450,11 @@ def _message(error: Violation, path: tuple) -> str:
         return _unruly_message(error, path)
     if _response(error):
         return f"a model response {where} needs `text`, `tool_calls`, `chunks`, `error` or `unruly`"
-    if kind == "dependentRequired":
-        key = next(k for k in error.validator_value if k in error.instance)
-        return (f"`{key}` {where} goes with `unruly:` (it says how the model misbehaves; "
+    if kind == "dependentRequired":  # one error per key: each names them all, and the same words are said once
+        keys = [k for k in error.validator_value if k in error.instance]
+        one = len(keys) == 1
+        return (f"{', '.join(f'`{k}`' for k in keys)} {where} {'goes' if one else 'go'} with `unruly:` "
+                f"({'it says' if one else 'they say'} how the model misbehaves; "
                 "docs/transcripts.md, \"A model that misbehaves\")")
     if "propertyNames" in error.schema_path:
         return f"`{error.instance}` {where} is not a state path: start it with `state.` or `scope.`"

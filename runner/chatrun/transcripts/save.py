@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ def save_transcript(
                 "session?); a transcript replays a conversation from its start"
             )
     path = Path(path)
+    _check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"bot": _relative_bot(Path(bot_path), path.parent)}
     if route:
@@ -81,12 +83,23 @@ def save_transcript(
         turn.fa.set_block_style()  # --update splices block mappings
     y.dump(node, buf)
     bot_dir = _bot_dir(Path(bot_path))
-    header = HEADER.format(schema=schema_reference(path, bot_dir), file=_run_path(path, bot_dir))
+    header = HEADER.format(schema=schema_reference(path, bot_dir), file=shlex.quote(_run_path(path, bot_dir)))
     path.write_text(header + buf.getvalue(), encoding="utf-8")
     result = run_transcript(str(path))
     if result.error is None and update_from_result(result):
         result = run_transcript(str(path))
     return result
+
+
+def _check_replaceable(path: Path) -> None:
+    """A new file or a transcript is written; any other file is refused: `/save bots/x/bot.yaml`,
+    one slip of the hand, would otherwise replace the bot itself with a transcript."""
+    from chatrun.transcripts.format import is_transcript_text
+
+    if path.is_dir():
+        raise ChatrunError(f"{path} is a folder; name a file in it ({path / 'NAME.yaml'})")
+    if path.exists() and not is_transcript_text(path.read_bytes().decode("utf-8", errors="replace")):
+        raise ChatrunError(f"{path} holds no transcript (no `turns:`); /save writes a new file or replaces a transcript")
 
 
 def _failed(record: dict[str, Any]) -> bool:

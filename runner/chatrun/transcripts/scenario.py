@@ -27,8 +27,8 @@ from jsonschema import Draft202012Validator
 
 from chatrun import events as ev
 from chatrun.definition.schemas import load_schema
-from chatrun.definition.yamlpos import load_yaml
-from chatrun.errors import BotError, ChatrunError
+from chatrun.definition.yamlpos import read_yaml_file
+from chatrun.errors import BotError, ChatrunError, Diagnostic
 from chatrun.messages import AssistantMessage, Message, SystemMessage, UserMessage
 from chatrun.models.base import ModelRequest
 from chatrun.transcripts.expect import _shaped_call, match, resolve
@@ -75,16 +75,20 @@ class Scenario:
         return Path(os.path.abspath(Path(self.file).parent / self.bot))
 
 
+def _json_kind(value: Any) -> str:
+    return "a list" if isinstance(value, list) else "a string" if isinstance(value, str) else f"`{value}`"
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """A scenario file, checked against schemas/scenario.schema.json; BotError naming each
     problem's file:line otherwise."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ChatrunError(f"cannot read scenario {path}: {exc}") from exc
-    doc = load_yaml(text, str(path))
+    doc = read_yaml_file(Path(path))  # not UTF-8: named by its line, as a bot's file is
     if doc.diagnostics:
         raise BotError(doc.diagnostics)
+    if not isinstance(doc.data, dict):  # the schema's words would call it "the transcript"
+        raise BotError([Diagnostic(str(path), 1, 1, "error", "the scenario is empty; it needs `bot:`, `persona:`, "
+                                   "`goal:` and `success:`" if doc.data is None else "the scenario must be a mapping "
+                                   f"(`bot:`, `persona:`, `goal:`, `success:`), not {_json_kind(doc.data)}")])
     from chatrun.transcripts.format import clock_diagnostics, schema_diagnostics, version_label
 
     problems = schema_diagnostics(doc, Draft202012Validator(load_schema(SCHEMA)))

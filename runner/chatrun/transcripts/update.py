@@ -10,6 +10,7 @@ quoting and order stay byte-identical.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -124,17 +125,28 @@ def rewrite_turns(path: str | Path, changes: dict[int, dict[str, Any]]) -> bool:
     edits: list[tuple[int, int, list[str]]] = []
     for index, keys in sorted(changes.items()):
         turn = turns[index]
+        first = next(i for i, each in enumerate(turns) if each is turn)
+        if first != index:  # `- *t`: its text is turn `first`'s; an edit there would change both
+            alias = f"*{turn.anchor.value}"
+            said = re.compile(rf"\s*-\s+{re.escape(alias)}(\s|$)")  # ruamel keeps no line for an alias
+            line = next((f":{n}" for n, text in enumerate(lines, 1) if said.match(text)), "")
+            raise ChatrunError(f"{path}{line}: turn {index + 1} is an alias of turn {first + 1} (`{alias}`); "
+                               "write it out to update it")
         if not isinstance(turn, CommentedMap) or turn.fa.flow_style():
-            raise ChatrunError(f"{path}: turn {index + 1} is written in flow style; write it as a block mapping to update it")
+            raise ChatrunError(f"{path}:{turns.lc.item(index)[0] + 1}: turn {index + 1} is written in flow style; "
+                               "write it as a block mapping to update it")
         for key, value in keys.items():
             if key in turn and _same(turn[key], value):
                 continue
+            if key in turn and key not in turn.lc.data:  # from `<<: *t`: its lines are another turn's
+                raise ChatrunError(f"{path}:{turns.lc.item(index)[0] + 1}: turn {index + 1} takes `{key}` from "
+                                   "another (`<<:`); write it out to update it")
             edits += _edit(y, root, turns, index, key, value, lines)
     if not edits:
         return False
     for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
         lines[start:end] = new
-    path.write_text("".join(lines), encoding="utf-8")
+    _write_as_before(path, "".join(lines))
     return True
 
 
@@ -232,6 +244,14 @@ def _dump(y: YAML, key: str, node: Any, col: int) -> list[str]:
     return [(pad + line if line.strip() else line) for line in buf.getvalue().splitlines(keepends=True)]
 
 
+def _write_as_before(path: Path, text: str) -> None:
+    """`text` (read with `\\n` line ends) in place of the file, with CRLF line ends if all of its had them:
+    an update changes the lines it rewrites, not every line of a file written on Windows."""
+    raw = path.read_bytes()
+    crlf = b"\n" in raw and raw.count(b"\r\n") == raw.count(b"\n")
+    path.write_text(text, encoding="utf-8", newline="\r\n" if crlf else "\n")
+
+
 def pin_tokenizer(path: str | Path, tokenizer: str | None) -> bool:
     """Write `tokenizer: NAME` above `turns:` in a transcript that pins none, so its token
     windows replay the same on every machine. Returns True when the file changed."""
@@ -243,7 +263,7 @@ def pin_tokenizer(path: str | Path, tokenizer: str | None) -> bool:
     lines = text.splitlines(keepends=True)
     at = root.lc.key("turns")[0]
     lines.insert(at, f"tokenizer: {tokenizer}  # the token counter its windows were written with\n")
-    path.write_text("".join(lines), encoding="utf-8")
+    _write_as_before(path, "".join(lines))
     return True
 
 
