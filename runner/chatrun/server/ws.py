@@ -140,6 +140,9 @@ class Connection:
                 return
             try:
                 bot = self.registry.bot(frame.bot or self.bot_name).name
+                if self.bot_name is not None and bot != self.bot_name:  # a widget's token is checked for it
+                    raise wire.RequestFailed(wire.BOT_NOT_FOUND, f"/bots/{self.bot_name}/_chat/routes serves bot "
+                                             f"{self.bot_name!r} only; connect to /_chat/routes to pick another")
             except wire.RequestFailed as exc:
                 self.reject(frame.chat_id, exc.reason, exc.message, frame.request_id)
                 return
