@@ -540,6 +540,16 @@ def test_errors_have_openai_shape_so_the_sdk_raises_its_own_exceptions(client, f
     assert failed.value.code == "turn_failed"
 
 
+@pytest.mark.slow
+def test_a_model_with_an_empty_route_is_no_served_model(client, fake):
+    # "travel/" ran a turn of travel (the empty route read as none); GET /v1/models lists no such model.
+    for model in ("travel/", "/travel", "travel//flight"):
+        with pytest.raises(openai.NotFoundError) as exc:
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+        assert exc.value.code == "model_not_found" and repr(model) in exc.value.message
+    assert fake.requests == []
+
+
 def test_failed_turn_while_streaming_raises_in_the_sdk(client, fake):
     fake.queue({"status": 500, "body": "upstream down"})
     stream = client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}], stream=True)

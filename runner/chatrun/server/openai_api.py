@@ -230,9 +230,9 @@ class OpenAIState:
         if not isinstance(model, str) or not model:
             raise OpenAIError(400, "model must be the name of a served bot (GET /v1/models lists them)",
                               code="model_not_found")
-        name, _, route = model.partition("/")
+        name, slash, route = model.partition("/")
         bot = self.registry.bots.get(name)
-        if bot is None or (route and route not in bot.config.routes):
+        if bot is None or (slash and route not in bot.config.routes):  # "travel/" is no model either
             raise OpenAIError(404, f"the model {model!r} does not exist; this server serves: "
                               f"{', '.join(model_ids(self.registry))}", code="model_not_found")
         return name, route or None
