@@ -421,6 +421,26 @@ def test_over_the_connection_cap_new_clients_get_503(travel):
             time.sleep(0.1)
 
 
+@pytest.mark.slow
+def test_a_request_that_is_not_valid_http_gets_the_json_error_body(travel):
+    # uvicorn answered "Invalid HTTP request received." as text/plain; every other refusal is JSON.
+    app = create_app([travel], "memory://")
+    head = b"POST /bots/travel/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    with serve(app) as srv:
+        for broken in (head + b"Content-Length: abc\r\n\r\n{}",
+                       head + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+                       b"GET /health HTTP/1.1\r\nHost 127.0.0.1\r\n\r\n"):
+            sock = socket.create_connection(("127.0.0.1", srv.port))
+            sock.settimeout(10)
+            sock.sendall(broken)
+            answer = _one_response(sock)
+            sock.close()
+            head_part, _, body = answer.partition(b"\r\n\r\n")
+            assert head_part.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head_part.lower(), answer
+            assert json.loads(body)["error"] == "BadRequest" and "HTTP" in json.loads(body)["message"]
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+
+
 # -- item 5: the body limit holds while reading ---------------------------------------------
 
 

@@ -102,6 +102,17 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             return
         self._headers_too_slow()
 
+    def send_400_response(self, msg: str) -> None:
+        # httptools could not parse the request (its line, a header, Content-Length, a chunk):
+        # uvicorn's own answer is text/plain; every other refusal is the JSON error body.
+        body = (b'{"error": "BadRequest", "message": "the request is not valid HTTP/1.1 (its request line, '
+                b'a header, its Content-Length or its chunked body)"}')
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        self.transport.close()
+
     def _headers_too_slow(self) -> None:
         self._header_deadline = None
         if self.transport.is_closing():
