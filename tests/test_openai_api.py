@@ -550,6 +550,16 @@ def test_a_model_with_an_empty_route_is_no_served_model(client, fake):
     assert fake.requests == []
 
 
+@pytest.mark.slow
+def test_a_malformed_session_id_is_refused_naming_where_it_came_from(client, fake):
+    # The message read "the session id must be no '/'": not which of the request's fields it was.
+    with pytest.raises(openai.BadRequestError, match=r"X-Chatrun-Session header.*no '/'"):
+        say(client, [{"role": "user", "content": "hi"}], extra_headers={"X-Chatrun-Session": "a/b"})
+    with pytest.raises(openai.BadRequestError, match=r"Responses conversation\) needs to be at most 128"):
+        client.responses.create(model="travel", input="hi", conversation="x" * 129)
+    assert fake.requests == []
+
+
 def test_failed_turn_while_streaming_raises_in_the_sdk(client, fake):
     fake.queue({"status": 500, "body": "upstream down"})
     stream = client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}], stream=True)
