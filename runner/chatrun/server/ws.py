@@ -85,9 +85,12 @@ class Connection:
     async def fail(self, chat_id: str | None, reason: str, message: str, request_id: Any = None) -> None:
         self.reject(chat_id, reason, message, request_id)
 
-    def reject(self, chat_id: str | None, reason: str, message: str, request_id: Any = None) -> None:
-        """Answer a request with its failure frames, at once: no task per rejected frame."""
-        for kind, data in self.dialect_of(chat_id).failure(reason, message):
+    def reject(self, chat_id: str | None, reason: str, message: str, request_id: Any = None,
+               extended: bool = False) -> None:
+        """Answer a request with its failure frames, at once: no task per rejected frame.
+        `extended`: in the extended dialect whatever the chat's (a Connect that asked for it)."""
+        dialect = wire.EXTENDED_DIALECT if extended else self.dialect_of(chat_id)
+        for kind, data in dialect.failure(reason, message):
             self.out.put(wire.server_frame(chat_id, kind, data, request_id))
 
     async def run(self) -> None:
@@ -115,7 +118,7 @@ class Connection:
         try:
             frame = wire.parse_frame(raw, self.limits)
         except wire.FrameError as exc:
-            self.reject(exc.chat_id, exc.reason, exc.message, exc.request_id)
+            self.reject(exc.chat_id, exc.reason, exc.message, exc.request_id, exc.extensions)
             return
         if self.in_flight >= self.limits.max_in_flight:
             self.reject(
