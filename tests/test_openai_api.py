@@ -560,6 +560,16 @@ def test_a_malformed_session_id_is_refused_naming_where_it_came_from(client, fak
     assert fake.requests == []
 
 
+@pytest.mark.slow
+def test_every_method_the_v1_api_does_not_serve_is_answered_in_openai_shape(client):
+    # OPTIONS got the HTTP API's {"error": "MethodNotAllowed", ...}, no OpenAI error object.
+    base = str(client.base_url).rstrip("/")
+    for method in ("GET", "PUT", "DELETE", "OPTIONS"):
+        answer = httpx.request(method, f"{base}/chat/completions")
+        assert answer.status_code == 404, (method, answer.text)
+        assert answer.json()["error"]["code"] == "unknown_url", (method, answer.text)
+
+
 def test_failed_turn_while_streaming_raises_in_the_sdk(client, fake):
     fake.queue({"status": 500, "body": "upstream down"})
     stream = client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}], stream=True)

@@ -113,7 +113,7 @@ def make_openai_router() -> APIRouter:
             ("/responses", responses, openai_schema.RESPONSES, OpenAIRoute)):
         router.add_api_route(path, handler, methods=["POST"], responses=openai_schema.ERROR_RESPONSES,
                              openapi_extra=openai_schema.request_body(schema), route_class_override=route_class)
-    router.add_api_route("/{path:path}", unsupported, methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+    router.add_api_route("/{path:path}", unsupported, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
                          include_in_schema=False)
     return router
 
