@@ -492,6 +492,30 @@ def test_foreign_origins_hosts_and_simple_posts_are_refused(travel, fake):
         assert httpx.post(srv.url + "/bots/travel/sessions", json={"id": "z"}).status_code == 201
 
 
+def test_the_edges_refusals_on_v1_have_openai_shape(travel):
+    # The Host, Origin and Content-Type checks answered /v1 clients {"error": "BadHost", ...}: not
+    # the error object docs/openai-api.md (and /openapi.json's 400/403/415) promise there.
+    from fastapi.testclient import TestClient
+
+    app = create_app([travel], "memory://", edge=EdgePolicy(allowed_hosts=(*LOOPBACK_HOSTS, "testserver")))
+    body = {"model": "travel", "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(app) as client:
+        refusals = {
+            415: client.post("/v1/chat/completions", content=json.dumps(body), headers={"content-type": "text/plain"}),
+            403: client.post("/v1/responses", json=body, headers={"origin": "https://evil.example"}),
+            400: client.post("/v1/chat/completions", json=body, headers={"host": "evil.example"}),
+        }
+        for status, answer in refusals.items():
+            error = answer.json()["error"]
+            assert answer.status_code == status and isinstance(error, dict), answer.text
+            assert {"message", "type", "code"} <= set(error) and error["message"], answer.text
+        assert refusals[415].json()["error"]["code"] == "unsupported_media_type"
+        assert refusals[403].json()["error"]["type"] == "permission_error"
+        # the HTTP API's refusals keep theirs
+        plain = client.post("/bots/travel/sessions", content="{}", headers={"content-type": "text/plain"})
+        assert plain.json()["error"] == "UnsupportedMediaType"
+
+
 def test_serve_binds_loopback_by_default_and_warns_when_exposed_without_auth(tmp_path):
     from click.testing import CliRunner
 
