@@ -278,6 +278,29 @@ def test_lone_surrogates_from_clients_are_refused_at_the_edge(travel, fake):
         assert history == []
 
 
+@pytest.mark.slow
+def test_a_text_frame_that_is_not_utf8_closes_with_1007_without_a_server_error(travel):
+    # uvicorn closed it 1007 as RFC 6455 says, but logged the client's bytes as a server ERROR
+    # with a traceback: any client could fill the error log with them.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("uvicorn.error")
+    try:
+        with serve(create_app([travel], "memory://")) as srv:
+            logger.addHandler(handler)  # after uvicorn configured its logging, which drops handlers
+            sock = raw_ws(srv.port)
+            sock.sendall(ws_frame('{"type": "Connect", "chatId": "\udcff"}'))  # surrogatepass: no UTF-8
+            sock.settimeout(10)
+            close = sock.recv(16)
+            sock.close()
+            assert close[:1] == b"\x88" and int.from_bytes(close[2:4], "big") == 1007, close
+            assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+    finally:
+        logger.removeHandler(handler)
+    assert [r for r in records if r.levelno >= logging.ERROR or r.exc_info] == []
+
+
 @pytest.mark.parametrize(
     "answer",
     [{"text": "bad \ud800 text"}, {"chunks": ["bad ", "\udc00", "text"]}, call("remember_name", name="\ud83d"),

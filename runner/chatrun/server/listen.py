@@ -173,6 +173,23 @@ class AbortingWebSocketProtocol(WebSocketsSansIOProtocol):
         if not self.writable.is_set():
             self.transport.abort()  # the peer does not read: do not wait for ever to flush
 
+    def send_receive_event_to_app(self) -> None:
+        # A text frame that is not UTF-8 breaks the protocol: uvicorn closes it 1007, as RFC 6455
+        # says, but logs the client's bytes as a server ERROR with a traceback (a log any client
+        # could fill). Closed the same way here, with a warning.
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+            if not data.isascii():  # ASCII is UTF-8: the usual frame is checked no further
+                try:
+                    data.decode()
+                except UnicodeDecodeError:
+                    self.frames = []
+                    self.logger.warning("WebSocket text frame that is not UTF-8: connection closed (1007)")
+                    self.conn.send_close(1007)
+                    self.handle_parser_exception()
+                    return
+        super().send_receive_event_to_app()
+
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         # websockets' parser is a generator that waits for the end of the stream, which uvicorn
