@@ -69,6 +69,7 @@ def test_a_rating_of_a_turn_that_did_not_run_or_without_a_rating_is_refused(serv
     client.post("/bots/survey/sessions", json={"id": "s2"})
     refused = client.post("/bots/survey/sessions/s2/feedback", json={"turn": 1, "rating": "up"})
     assert refused.status_code == 400 and "has no turn 1 to rate" in refused.json()["message"]
+    assert "no turn has run yet" in refused.json()["message"]  # not "its turns are 1 to 0"
     bad = client.post("/bots/survey/sessions/s2/feedback", json={"turn": 1, "rating": "meh"})
     assert bad.status_code == 400 and 'rating must be "up" or "down"' in bad.json()["message"]
     with client.websocket_connect("/_chat/routes") as ws:

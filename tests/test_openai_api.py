@@ -540,6 +540,36 @@ def test_errors_have_openai_shape_so_the_sdk_raises_its_own_exceptions(client, f
     assert failed.value.code == "turn_failed"
 
 
+@pytest.mark.slow
+def test_a_model_with_an_empty_route_is_no_served_model(client, fake):
+    # "travel/" ran a turn of travel (the empty route read as none); GET /v1/models lists no such model.
+    for model in ("travel/", "/travel", "travel//flight"):
+        with pytest.raises(openai.NotFoundError) as exc:
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+        assert exc.value.code == "model_not_found" and repr(model) in exc.value.message
+    assert fake.requests == []
+
+
+@pytest.mark.slow
+def test_a_malformed_session_id_is_refused_naming_where_it_came_from(client, fake):
+    # The message read "the session id must be no '/'": not which of the request's fields it was.
+    with pytest.raises(openai.BadRequestError, match=r"X-Chatrun-Session header.*no '/'"):
+        say(client, [{"role": "user", "content": "hi"}], extra_headers={"X-Chatrun-Session": "a/b"})
+    with pytest.raises(openai.BadRequestError, match=r"Responses conversation\) needs to be at most 128"):
+        client.responses.create(model="travel", input="hi", conversation="x" * 129)
+    assert fake.requests == []
+
+
+@pytest.mark.slow
+def test_every_method_the_v1_api_does_not_serve_is_answered_in_openai_shape(client):
+    # OPTIONS got the HTTP API's {"error": "MethodNotAllowed", ...}, no OpenAI error object.
+    base = str(client.base_url).rstrip("/")
+    for method in ("GET", "PUT", "DELETE", "OPTIONS"):
+        answer = httpx.request(method, f"{base}/chat/completions")
+        assert answer.status_code == 404, (method, answer.text)
+        assert answer.json()["error"]["code"] == "unknown_url", (method, answer.text)
+
+
 def test_failed_turn_while_streaming_raises_in_the_sdk(client, fake):
     fake.queue({"status": 500, "body": "upstream down"})
     stream = client.chat.completions.create(model="travel", messages=[{"role": "user", "content": "hi"}], stream=True)

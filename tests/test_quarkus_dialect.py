@@ -150,3 +150,15 @@ def test_a_chat_that_asks_for_extensions_gets_them_beside_a_quarkus_chat(client,
         ws.send_json({"type": "Disconnect", "chatId": "chatrun"})
         assert until_done(ws) == [{"chatId": "chatrun", "type": "Completed", "data": None}]
     check_frame({"type": "Connect", "chatId": "x", "extensions": True})
+
+
+def test_a_malformed_connect_that_asks_for_extensions_is_told_why(client, fake):
+    # As a connection's first frame it was answered in the Quarkus dialect: a bare
+    # Failed("BadRequest"), no word of which field was wrong, though the frame asked for extensions.
+    with client.websocket_connect("/_chat/routes") as ws:
+        assert connect(ws, "e1", extensions=True, locale=5) == [
+            {"chatId": "e1", "type": "Error", "data": "Connect.locale must be a string (a locale such as de or pt-BR) or absent"},
+            {"chatId": "e1", "type": "Failed", "data": "BadRequest"}]
+    with client.websocket_connect("/_chat/routes") as ws:  # a Quarkus client's is answered as Quarkus would
+        assert connect(ws, "q2", route=5) == [{"chatId": "q2", "type": "Failed", "data": "BadRequest"}]
+    assert fake.requests == []

@@ -71,6 +71,30 @@ def test_a_session_belongs_to_its_principal(client, fake):
     assert fake.requests == []
 
 
+def test_another_principals_session_under_another_bots_path_answers_as_an_unknown_id(fake, tmp_path):
+    # The bot check came before the owner check: "session mine belongs to bot 'travel', not 'other'"
+    # told Bob that Ana's session exists, and on which bot (HTTP, /v1's session header alike).
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(AUTH)
+    travel = chatrun.load_bot(write_travel(tmp_path))
+    other = tmp_path / "other.yaml"
+    other.write_text((tmp_path / "travel.yaml").read_text().replace("name: travel", "name: other"))
+    app = app_for_testclient([travel, chatrun.load_bot(other)], "memory://", auth=str(auth))
+    with TestClient(app) as client:
+        assert client.post("/bots/travel/sessions", json={"id": "mine"}, headers=ANA).status_code == 201
+        unknown = client.get("/bots/other/sessions/nobody-has-this", headers=BOB).json()
+        for r in (client.get("/bots/other/sessions/mine", headers=BOB),
+                  client.post("/bots/other/sessions/mine/messages", json={"userMessage": "hi"}, headers=BOB)):
+            assert r.status_code == 404, r.text
+            assert r.json()["message"].replace("mine", "X") == unknown["message"].replace("nobody-has-this", "X")
+        v1 = client.post("/v1/chat/completions", headers={**BOB, "X-Chatrun-Session": "mine"},
+                         json={"model": "other", "messages": [{"role": "user", "content": "hi"}]})
+        assert v1.status_code == 404 and "travel" not in v1.json()["error"]["message"], v1.text
+        # its owner is still told where it belongs
+        assert "belongs to bot 'travel'" in client.get("/bots/other/sessions/mine", headers=ANA).json()["message"]
+    assert fake.requests == []
+
+
 def test_a_route_with_roles_cannot_be_entered_without_one(client, fake):
     # Bob has no role: connecting on the lounge fails; a tool pushing it fails for the model.
     with client.websocket_connect("/_chat/routes", headers=BOB) as ws:

@@ -278,6 +278,29 @@ def test_lone_surrogates_from_clients_are_refused_at_the_edge(travel, fake):
         assert history == []
 
 
+@pytest.mark.slow
+def test_a_text_frame_that_is_not_utf8_closes_with_1007_without_a_server_error(travel):
+    # uvicorn closed it 1007 as RFC 6455 says, but logged the client's bytes as a server ERROR
+    # with a traceback: any client could fill the error log with them.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("uvicorn.error")
+    try:
+        with serve(create_app([travel], "memory://")) as srv:
+            logger.addHandler(handler)  # after uvicorn configured its logging, which drops handlers
+            sock = raw_ws(srv.port)
+            sock.sendall(ws_frame('{"type": "Connect", "chatId": "\udcff"}'))  # surrogatepass: no UTF-8
+            sock.settimeout(10)
+            close = sock.recv(16)
+            sock.close()
+            assert close[:1] == b"\x88" and int.from_bytes(close[2:4], "big") == 1007, close
+            assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+    finally:
+        logger.removeHandler(handler)
+    assert [r for r in records if r.levelno >= logging.ERROR or r.exc_info] == []
+
+
 @pytest.mark.parametrize(
     "answer",
     [{"text": "bad \ud800 text"}, {"chunks": ["bad ", "\udc00", "text"]}, call("remember_name", name="\ud83d"),
@@ -421,6 +444,26 @@ def test_over_the_connection_cap_new_clients_get_503(travel):
             time.sleep(0.1)
 
 
+@pytest.mark.slow
+def test_a_request_that_is_not_valid_http_gets_the_json_error_body(travel):
+    # uvicorn answered "Invalid HTTP request received." as text/plain; every other refusal is JSON.
+    app = create_app([travel], "memory://")
+    head = b"POST /bots/travel/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    with serve(app) as srv:
+        for broken in (head + b"Content-Length: abc\r\n\r\n{}",
+                       head + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+                       b"GET /health HTTP/1.1\r\nHost 127.0.0.1\r\n\r\n"):
+            sock = socket.create_connection(("127.0.0.1", srv.port))
+            sock.settimeout(10)
+            sock.sendall(broken)
+            answer = _one_response(sock)
+            sock.close()
+            head_part, _, body = answer.partition(b"\r\n\r\n")
+            assert head_part.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head_part.lower(), answer
+            assert json.loads(body)["error"] == "BadRequest" and "HTTP" in json.loads(body)["message"]
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+
+
 # -- item 5: the body limit holds while reading ---------------------------------------------
 
 
@@ -470,6 +513,30 @@ def test_foreign_origins_hosts_and_simple_posts_are_refused(travel, fake):
         rebound = httpx.get(srv.url + "/bots", headers={"host": "evil.example"})
         assert rebound.status_code == 400 and rebound.json()["error"] == "BadHost"
         assert httpx.post(srv.url + "/bots/travel/sessions", json={"id": "z"}).status_code == 201
+
+
+def test_the_edges_refusals_on_v1_have_openai_shape(travel):
+    # The Host, Origin and Content-Type checks answered /v1 clients {"error": "BadHost", ...}: not
+    # the error object docs/openai-api.md (and /openapi.json's 400/403/415) promise there.
+    from fastapi.testclient import TestClient
+
+    app = create_app([travel], "memory://", edge=EdgePolicy(allowed_hosts=(*LOOPBACK_HOSTS, "testserver")))
+    body = {"model": "travel", "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(app) as client:
+        refusals = {
+            415: client.post("/v1/chat/completions", content=json.dumps(body), headers={"content-type": "text/plain"}),
+            403: client.post("/v1/responses", json=body, headers={"origin": "https://evil.example"}),
+            400: client.post("/v1/chat/completions", json=body, headers={"host": "evil.example"}),
+        }
+        for status, answer in refusals.items():
+            error = answer.json()["error"]
+            assert answer.status_code == status and isinstance(error, dict), answer.text
+            assert {"message", "type", "code"} <= set(error) and error["message"], answer.text
+        assert refusals[415].json()["error"]["code"] == "unsupported_media_type"
+        assert refusals[403].json()["error"]["type"] == "permission_error"
+        # the HTTP API's refusals keep theirs
+        plain = client.post("/bots/travel/sessions", content="{}", headers={"content-type": "text/plain"})
+        assert plain.json()["error"] == "UnsupportedMediaType"
 
 
 def test_serve_binds_loopback_by_default_and_warns_when_exposed_without_auth(tmp_path):

@@ -150,3 +150,33 @@ def test_a_cancel_also_stops_the_chats_queued_message_before_it_runs(server, m2_
     assert ends == {"c1": ("Completed", None), "m1": ("Failed", "Cancelled"), "m2": ("Failed", "Cancelled")}
     assert len(server.fake.requests) == 1  # m2 never ran
     assert [(e["input"], e["error"]) for e in history(server, "ws2")] == [("m1", "cancelled")]
+
+
+def test_a_v1_stream_closed_while_queued_for_its_session_never_runs(server):
+    # The handler waited for the session (behind a running turn) without listening to its client:
+    # a request whose client had gone ran its turn once the session was free (tools and all), and
+    # was stopped only when its first chunk found nobody to read it.
+    import socket
+
+    def in_progress() -> int:
+        return httpx.get(f"{server.url}/health").json()["in_progress"]
+
+    server.fake.queue(STALLING)
+    body = {"model": "travel", "stream": True, "messages": [{"role": "user", "content": "first"}]}
+    headers = {"X-Chatrun-Session": "queued1"}
+    with httpx.Client(timeout=30) as http, http.stream("POST", f"{server.url}/v1/chat/completions", json=body,
+                                                       headers=headers) as first:
+        lines = first.iter_lines()  # kept: a dropped iterator closes the stream (a Stop)
+        for line in lines:
+            if '"content": "Let me' in line:
+                break  # the first turn runs, holding the session
+        queued = socket.create_connection(("127.0.0.1", server.port))
+        raw = json.dumps(body | {"messages": [{"role": "user", "content": "second"}]}).encode()
+        queued.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                       b"X-Chatrun-Session: queued1\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+        wait_until(lambda: in_progress() == 2, 30, "the second request waiting for the session")
+        queued.close()
+        wait_until(lambda: in_progress() == 1, 30, "the gone client's request leaving the session's queue")
+    wait_until(lambda: in_progress() == 0, 30, "the first turn stopped")
+    assert [e["input"] for e in history(server, "queued1")] == ["first"]
+    assert len(server.fake.requests) == 1

@@ -18,6 +18,7 @@ from chatrun.definition.config import WidgetConfig
 from chatrun.definition.loader import check_bot
 from chatrun.server import create_app
 from chatrun.server.widget_identity import IdentityRefused, sign_identity, widget_principal
+from server_support import app_for_testclient
 
 KEY = "k" * 32
 SITE = "https://shop.example"
@@ -152,6 +153,29 @@ def test_a_widget_token_is_good_only_on_its_bots_paths(client):
     answer = client.get("/bots", headers={"Authorization": "Bearer cwv." + "v" * 30})
     assert answer.status_code == 401
     assert "only on its bot's own paths" in answer.json()["message"]
+
+
+def test_a_bots_websocket_path_serves_that_bot_only(bot_path, tmp_path, monkeypatch, fake):
+    # A Connect's `bot` picked any bot on /bots/travel/_chat/routes too: a visitor's token, checked
+    # for travel's widget at the upgrade, opened a session on a bot without `widget:` (auth on).
+    monkeypatch.setenv("CHATRUN_WIDGET_SECRET", KEY)
+    (tmp_path / "auth.yaml").write_text("tokens:\n  staff-token-123: {principal: staff}\n")
+    (tmp_path / "internal.yaml").write_text(BOT.replace("name: travel", "name: internal"))
+    app = app_for_testclient([chatrun.load_bot(bot_path), chatrun.load_bot(tmp_path / "internal.yaml")],
+                             auth=str(tmp_path / "auth.yaml"))
+    visitor = "cwv." + "v" * 30
+    with TestClient(app) as client:
+        with client.websocket_connect(f"/bots/travel/_chat/routes?token={visitor}") as ws:
+            ws.send_json({"type": "Connect", "chatId": "v1", "extensions": True, "bot": "internal"})
+            error = ws.receive_json()
+            assert error["type"] == "Error" and "serves bot 'travel' only" in error["data"], error
+            assert ws.receive_json()["data"] == "BotNotFound"
+            ws.send_json({"type": "Connect", "chatId": "v2", "extensions": True, "bot": "travel"})
+            assert ws.receive_json()["type"] == "Completed"  # its own bot, named or not
+        staff = {"Authorization": "Bearer staff-token-123"}
+        assert client.get("/bots/internal/sessions/v1", headers=staff).status_code == 404
+        assert client.get("/bots/travel/sessions/v1", headers=staff).status_code == 404
+    assert fake.requests == []
 
 
 def test_the_backend_snippet_in_the_docs_signs_what_the_server_accepts(monkeypatch):

@@ -196,7 +196,9 @@ class RequestFailed(ChatrunError):
 class FrameError(RequestFailed):
     """A WebSocket frame that cannot be read; carries what could be read of its chat and request ids."""
 
-    def __init__(self, reason: str, message: str, chat_id: str | None = None, request_id: Any = None):
+    def __init__(self, reason: str, message: str, chat_id: str | None = None, request_id: Any = None,
+                 extensions: bool = False):
         super().__init__(reason, message)
         self.chat_id = chat_id
         self.request_id = request_id
+        self.extensions = extensions  # a Connect that asked for the extended dialect: answered in it

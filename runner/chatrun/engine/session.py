@@ -474,7 +474,8 @@ class Session:
         if self._running:
             raise SessionError(f"session {self.id} is running a turn; rate a turn between turns")
         if not 1 <= turn <= self.turn_count:
-            raise SessionError(f"session {self.id} has no turn {turn} to rate (its turns are 1 to {self.turn_count})")
+            ran = f"its turns are 1 to {self.turn_count}" if self.turn_count else "no turn has run yet"
+            raise SessionError(f"session {self.id} has no turn {turn} to rate ({ran})")
         data: dict[str, Any] = {"turn": turn, "rating": rating, "route": self.route}
         if comment:
             data["comment"] = comment

@@ -99,7 +99,7 @@ class EdgeGuard:
                 # Refused before the handshake: the client sees HTTP 403 (browsers show no reason).
                 await send({"type": "websocket.close", "code": 1008, "reason": exc.message[:120]})
             else:
-                await send_error(send, exc.status, exc.reason, exc.message)
+                await send_error(send, exc.status, exc.reason, exc.message, openai=scope["path"].startswith("/v1/"))
             return
         await self.app(scope, receive, send)
 
@@ -277,8 +277,15 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
 
 
-async def send_error(send: Send, status: int, reason: str, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = json.dumps({"error": reason, "message": message}).encode()
+async def send_error(send: Send, status: int, reason: str, message: str, headers: list[tuple[bytes, bytes]] | None = None,
+                     openai: bool = False) -> None:
+    """A refusal as JSON; `openai`: in the OpenAI API's error shape, for /v1's clients (their SDKs read it)."""
+    error: Any = {"error": reason, "message": message}
+    if openai:
+        code = "".join("_" + c.lower() if c.isupper() else c for c in reason).lstrip("_")  # TooLarge: too_large
+        kind = "permission_error" if status == 403 else "invalid_request_error"
+        error = {"error": {"message": message, "type": kind, "code": code, "param": None}}
+    body = json.dumps(error).encode()
     await send(
         {
             "type": "http.response.start",

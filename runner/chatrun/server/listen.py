@@ -102,6 +102,17 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             return
         self._headers_too_slow()
 
+    def send_400_response(self, msg: str) -> None:
+        # httptools could not parse the request (its line, a header, Content-Length, a chunk):
+        # uvicorn's own answer is text/plain; every other refusal is the JSON error body.
+        body = (b'{"error": "BadRequest", "message": "the request is not valid HTTP/1.1 (its request line, '
+                b'a header, its Content-Length or its chunked body)"}')
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        self.transport.close()
+
     def _headers_too_slow(self) -> None:
         self._header_deadline = None
         if self.transport.is_closing():
@@ -161,6 +172,23 @@ class AbortingWebSocketProtocol(WebSocketsSansIOProtocol):
         await super().run_asgi()
         if not self.writable.is_set():
             self.transport.abort()  # the peer does not read: do not wait for ever to flush
+
+    def send_receive_event_to_app(self) -> None:
+        # A text frame that is not UTF-8 breaks the protocol: uvicorn closes it 1007, as RFC 6455
+        # says, but logs the client's bytes as a server ERROR with a traceback (a log any client
+        # could fill). Closed the same way here, with a warning.
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+            if not data.isascii():  # ASCII is UTF-8: the usual frame is checked no further
+                try:
+                    data.decode()
+                except UnicodeDecodeError:
+                    self.frames = []
+                    self.logger.warning("WebSocket text frame that is not UTF-8: connection closed (1007)")
+                    self.conn.send_close(1007)
+                    self.handle_parser_exception()
+                    return
+        super().send_receive_event_to_app()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

@@ -24,6 +24,7 @@ from typing import Any, overload
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
+from starlette.types import Receive
 
 from chatrun.server import openai_resent, openai_schema, openai_tasks, wire
 from chatrun.server.auth import Principal
@@ -112,7 +113,7 @@ def make_openai_router() -> APIRouter:
             ("/responses", responses, openai_schema.RESPONSES, OpenAIRoute)):
         router.add_api_route(path, handler, methods=["POST"], responses=openai_schema.ERROR_RESPONSES,
                              openapi_extra=openai_schema.request_body(schema), route_class_override=route_class)
-    router.add_api_route("/{path:path}", unsupported, methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+    router.add_api_route("/{path:path}", unsupported, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
                          include_in_schema=False)
     return router
 
@@ -230,9 +231,9 @@ class OpenAIState:
         if not isinstance(model, str) or not model:
             raise OpenAIError(400, "model must be the name of a served bot (GET /v1/models lists them)",
                               code="model_not_found")
-        name, _, route = model.partition("/")
+        name, slash, route = model.partition("/")
         bot = self.registry.bots.get(name)
-        if bot is None or (route and route not in bot.config.routes):
+        if bot is None or (slash and route not in bot.config.routes):  # "travel/" is no model either
             raise OpenAIError(404, f"the model {model!r} does not exist; this server serves: "
                               f"{', '.join(model_ids(self.registry))}", code="model_not_found")
         return name, route or None
@@ -284,7 +285,7 @@ async def chat_completions(request: Request, who: Caller) -> Any:
             raise OpenAIError(400, "this server does not run a chat front end's background tasks (title, tags, "
                               "follow-ups): turn them off in the front end (docs/openai-api.md)", code="front_end_task")
         return completion.fixed(openai_tasks.fixed_answer(task, completion.text), bool(body.get("stream")))
-    return await completion.stream() if body.get("stream") else await completion.answer()
+    return await completion.stream(request.receive) if body.get("stream") else await completion.answer()
 
 
 async def _chat_completion(api: OpenAIState, request: Request, who: Principal | None
@@ -323,7 +324,7 @@ async def responses(request: Request, who: Caller) -> Any:
     api = state_of(request)
     body = await api.read_body(request, openai_schema.RESPONSES)
     response = await ResponseRequest.parse(api, request, body, who)
-    return await response.stream() if body.get("stream") else await response.answer()
+    return await response.stream(request.receive) if body.get("stream") else await response.answer()
 
 
 async def unsupported(request: Request) -> Any:
@@ -426,9 +427,9 @@ class ChatCompletion(TurnRequest):
             "usage": result.usage, "system_fingerprint": None, "chatrun": self.info(result),
         }, headers={"X-Chatrun-Session": result.session["session"]})
 
-    async def stream(self) -> StreamingResponse:
+    async def stream(self, receive: Receive) -> StreamingResponse:
         turn = DetachedTurn(self.run)
-        await opened(turn)
+        await opened(turn, receive)
         return _sse(self.frames(turn))
 
     def fixed(self, content: str, stream: bool) -> Response:
@@ -578,9 +579,9 @@ class ResponseRequest(TurnRequest):
         return QuickJSONResponse(self.response_object("completed", result, result.reply.text),
                        headers={"X-Chatrun-Session": result.session["session"]})
 
-    async def stream(self) -> StreamingResponse:
+    async def stream(self, receive: Receive) -> StreamingResponse:
         turn = DetachedTurn(self.run)
-        await opened(turn)
+        await opened(turn, receive)
         return _sse(self.frames(turn))
 
     async def frames(self, turn: DetachedTurn) -> AsyncIterator[str]:

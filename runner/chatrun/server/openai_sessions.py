@@ -308,7 +308,8 @@ class TurnIndex:
         if ident.explicit_id is not None:
             problem = wire.chat_id_problem(ident.explicit_id)
             if problem:
-                raise wire.RequestFailed(wire.BAD_REQUEST, f"the session id must be {problem}")
+                raise wire.RequestFailed(wire.BAD_REQUEST, "the session id (the X-Chatrun-Session header, or the "
+                                         f"Responses conversation) needs to be {problem}")
             if (await self._look_up(claim, None, ident.explicit_id))[1]:
                 async with registry.session(ident.bot, ident.explicit_id, who, EXISTING) as session:
                     yield Opened(session, CONTINUED, caught_up=await self._unseen(session))

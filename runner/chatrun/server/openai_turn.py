@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
@@ -362,13 +362,29 @@ def openai_usage(turn_usage: dict[str, Any] | None, prompt_texts: list[str],
 OPENED = ev.Event("chatrun.opened", None)  # marker: the turn's session is open
 
 
-async def opened(turn: DetachedTurn) -> None:
+async def opened(turn: DetachedTurn, receive: Callable[[], Awaitable[Any]]) -> None:
     """Wait until the turn's session is open, so that a request naming a session it may not
-    use, or an unknown previous response, fails with its HTTP status before any SSE is sent."""
-    first = await turn.next()
+    use, or an unknown previous response, fails with its HTTP status before any SSE is sent.
+    A client that leaves meanwhile (its turn queued behind another on the session) stops it
+    before it runs: no stream is listening for that yet (`receive`: the request's)."""
+    first_item = asyncio.ensure_future(turn.next())
+    gone = asyncio.ensure_future(_client_gone(receive))
+    await asyncio.wait((first_item, gone), return_when=asyncio.FIRST_COMPLETED)
+    if not first_item.done():
+        first_item.cancel()
+        turn.task.cancel()
+        raise OpenAIError(499, "the client closed the request before its turn began", code="client_closed")
+    gone.cancel()
+    first = first_item.result()
     if first is END:
         turn.task.result()  # raises the reason
         raise OpenAIError(500, "the turn ended before it started", "server_error")
+
+
+async def _client_gone(receive: Callable[[], Awaitable[Any]]) -> None:
+    """Until the client disconnects (the body was read: nothing else comes)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 # -- requests ----------------------------------------------------------------------------------

@@ -198,6 +198,8 @@ class SessionOpener:
         if request.mode == NEW:
             raise exists(request.session_id)
         if record.bot not in (None, request.bot.name):
+            if record.owner != request.owner:
+                raise not_found(request.session_id)  # another principal's: no word of where it is
             raise wire.RequestFailed(
                 wire.SESSION_NOT_ACTIVE,
                 f"session {request.session_id} belongs to bot {record.bot!r}, not {request.bot.name!r}",

@@ -216,7 +216,8 @@ class _FrameFields:
         self.request_id = request_id
 
     def fail(self, message: str, reason: str = BAD_REQUEST) -> FrameError:
-        return FrameError(reason, message, self.safe_chat, self.request_id)
+        asks = self.raw.get("type") == CONNECT and self.raw.get("extensions") is True
+        return FrameError(reason, message, self.safe_chat, self.request_id, extensions=asks)
 
     def flag(self, kind: str, name: str) -> bool:
         value = self.raw.get(name, False)

@@ -85,9 +85,12 @@ class Connection:
     async def fail(self, chat_id: str | None, reason: str, message: str, request_id: Any = None) -> None:
         self.reject(chat_id, reason, message, request_id)
 
-    def reject(self, chat_id: str | None, reason: str, message: str, request_id: Any = None) -> None:
-        """Answer a request with its failure frames, at once: no task per rejected frame."""
-        for kind, data in self.dialect_of(chat_id).failure(reason, message):
+    def reject(self, chat_id: str | None, reason: str, message: str, request_id: Any = None,
+               extended: bool = False) -> None:
+        """Answer a request with its failure frames, at once: no task per rejected frame.
+        `extended`: in the extended dialect whatever the chat's (a Connect that asked for it)."""
+        dialect = wire.EXTENDED_DIALECT if extended else self.dialect_of(chat_id)
+        for kind, data in dialect.failure(reason, message):
             self.out.put(wire.server_frame(chat_id, kind, data, request_id))
 
     async def run(self) -> None:
@@ -115,7 +118,7 @@ class Connection:
         try:
             frame = wire.parse_frame(raw, self.limits)
         except wire.FrameError as exc:
-            self.reject(exc.chat_id, exc.reason, exc.message, exc.request_id)
+            self.reject(exc.chat_id, exc.reason, exc.message, exc.request_id, exc.extensions)
             return
         if self.in_flight >= self.limits.max_in_flight:
             self.reject(
@@ -140,6 +143,9 @@ class Connection:
                 return
             try:
                 bot = self.registry.bot(frame.bot or self.bot_name).name
+                if self.bot_name is not None and bot != self.bot_name:  # a widget's token is checked for it
+                    raise wire.RequestFailed(wire.BOT_NOT_FOUND, f"/bots/{self.bot_name}/_chat/routes serves bot "
+                                             f"{self.bot_name!r} only; connect to /_chat/routes to pick another")
             except wire.RequestFailed as exc:
                 self.reject(frame.chat_id, exc.reason, exc.message, frame.request_id)
                 return
