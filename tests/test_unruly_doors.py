@@ -131,3 +131,66 @@ def test_a_value_json_cannot_hold_fails_the_turn_naming_the_tool_and_path(client
     detail = body["events"][0]["meta"]["detail"]
     assert detail.startswith("tool add (") and "state.total would be inf, which JSON cannot hold" in detail, detail
     assert fake.pending == 1 and client.get("/bots/quiet/sessions/s1").json()["state"]["total"] == 0
+
+
+REFUSAL = "I can't help with that."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_v1_a_refusal_is_the_reply(client, fake, stream):
+    """OpenAI's `message.refusal` (content null): the model declined, and that is its answer. It was
+    taken for an empty answer: nudged, then the fallback text."""
+    fake.queue({"refusal": REFUSAL})
+    assert v1_reply(client, stream) == REFUSAL
+    assert len(fake.requests) == 1
+
+
+def test_http_a_refusal_is_the_reply_and_the_memory_keeps_it(client, fake):
+    fake.queue({"refusal": REFUSAL}, {"text": "Fine."})
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    for text in ("do something bad", "ok"):
+        body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": text}).json()
+        assert body["ok"], body
+    assert [(m["role"], m["content"]) for m in fake.requests[-1]["messages"][-3:]] == [
+        ("user", "do something bad"), ("assistant", REFUSAL), ("user", "ok")]
+
+
+def test_http_a_cut_off_reply_is_told_to_the_author(client, fake, caplog):
+    """`finish_reason: length`: the reply stopped at max_tokens. It is shown as it is, and the author
+    reads it was cut (a Console event, the `chatrun` logger), as other author-facing notes."""
+    fake.queue({"text": "The three steps are: first", "finish_reason": "length"})
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    with caplog.at_level("WARNING", logger="chatrun"):
+        body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "steps?"}).json()
+    assert [e["data"] for e in body["events"] if e["type"] == "Message"] == ["The three steps are: first"]
+    consoles = [e["data"] for e in body["events"] if e["type"] == "Console"]
+    assert any("cut off at its length limit (model.max_tokens" in c for c in consoles), consoles
+    assert any("cut off at its length limit" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("raw", ['{"amount": 12', '{"amount": 12}'])
+def test_http_a_call_cut_off_at_max_tokens_is_not_run(client, fake, raw):
+    """A tool call whose answer stopped at max_tokens: its arguments may be truncated (a lenient
+    server closes the JSON it cut: `{"amount": 12}` of 125). It is not run; the model reads why."""
+    fake.queue({"tool_calls": [BUMP, {"name": "add", "arguments": raw}], "finish_reason": "length"},
+               {"text": "Counted."})
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "add 125"}).json()
+    assert body["ok"] and client.get("/bots/quiet/sessions/s1").json()["state"] == {"count": 1, "total": 0}
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told[0] == "Counted 1." and told[1].startswith("Not run: your answer was cut off at the length limit")
+
+
+def test_http_blanks_after_a_reply_in_the_same_turn_are_no_message(client, fake):
+    """A reply, a call, then an answer of blanks: the user had a reply, so the blanks stand as the
+    answer, but they were sent as a blank Message too."""
+    fake.queue({"text": "Counting.", "tool_calls": [BUMP]}, {"text": " \n "})
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "count"}).json()
+    assert body["ok"] and [e["data"] for e in body["events"] if e["type"] == "Message"] == ["Counting."]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_v1_blanks_after_a_reply_add_nothing_to_it(client, fake, stream):
+    fake.queue({"text": "Counting.", "tool_calls": [BUMP]}, {"text": "   "})
+    assert v1_reply(client, stream) == "Counting."
