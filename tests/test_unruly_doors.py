@@ -194,3 +194,46 @@ def test_http_blanks_after_a_reply_in_the_same_turn_are_no_message(client, fake)
 def test_v1_blanks_after_a_reply_add_nothing_to_it(client, fake, stream):
     fake.queue({"text": "Counting.", "tool_calls": [BUMP]}, {"text": "   "})
     assert v1_reply(client, stream) == "Counting."
+
+
+PAY_BOT = """
+name: payer
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+state: {paid: 0}
+routes:
+  main: {default: true, system: You pay., tools: [pay]}
+tools:
+  pay:
+    effect: once
+    description: Pay an amount
+    parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    action: {set: {state.paid: "{{ state.paid + args.amount }}"}, reply: "Paid {{ args.amount }}"}
+"""
+
+
+@pytest.fixture
+def payer(fake, write_bot, tmp_path):
+    app = app_for_testclient([chatrun.load_bot(write_bot(PAY_BOT))], f"sqlite:///{tmp_path / 'p.db'}")
+    with TestClient(app) as c:
+        assert c.post("/bots/payer/sessions", json={"id": "s1"}).status_code == 201
+        yield c
+
+
+def test_http_an_identical_call_reads_the_earlier_reply_as_a_sentence(payer, fake):
+    """"Already done …: Paid 30 It was not run again": the earlier reply ran into the next sentence."""
+    pay = {"name": "pay", "arguments": {"amount": 30}}
+    fake.queue({"tool_calls": [pay, pay]}, {"text": "Paid."})
+    assert payer.post("/bots/payer/sessions/s1/messages", json={"userMessage": "pay 30"}).json()["ok"]
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told == ["Paid 30", "Already done earlier in this conversation (turn 1): Paid 30. It was not run again; "
+                               "do not call it again for the same thing."]
+
+
+@pytest.mark.parametrize(("raw", "kind"), [("null", "null"), ('"30"', "a string"), ("[30]", "a list"),
+                                           ("30", "a number"), ("true", "a boolean")])
+def test_http_arguments_not_an_object_are_named_in_json_words(payer, fake, raw, kind):
+    """The model wrote JSON: the refusal said Python's names (`not NoneType`, `not str`)."""
+    fake.queue({"tool_calls": [{"name": "pay", "arguments": raw}]}, {"text": "How much?"})
+    assert payer.post("/bots/payer/sessions/s1/messages", json={"userMessage": "pay"}).json()["ok"]
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told == [f"Error: the arguments of pay must be a JSON object, not {kind}."]
