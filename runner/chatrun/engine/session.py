@@ -40,6 +40,7 @@ from chatrun.engine.pending import (
     parse_time,
     without_secret,
 )
+from chatrun.engine.pausing import announce
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
 from chatrun.engine.turn import Turn
@@ -793,6 +794,18 @@ class Session:
         if replies:  # a channel's user still learns the turn failed (outbox_of keeps replies only)
             failed[OUTBOX_KEY] = replies
         self._rollback(before, failed, turn)
+        self._reopened(collected, turn)
+
+    def _reopened(self, collected: list[Event], turn: Turn) -> None:
+        """An item the failed turn resolved waits again (rolled back), but its Resolved event went out
+        as it happened: each such item is announced again, its Pending events after the Error, so
+        the last a client reads of it is that it waits (docs/operators.md)."""
+        if not self._c.pending:
+            return
+        ids = {e.data.get("id") for e in collected if e.type == ev.RESOLVED and isinstance(e.data, dict)}
+        for item in self._c.pending:
+            if item.id in ids:
+                announce(turn.t, item)
 
     def _rollback(self, before: Checkpoint, entry: dict[str, Any], turn: Turn,
                   keep_done: tuple[str, ...] | None = None) -> None:
