@@ -30,6 +30,7 @@ from chatrun import events as ev
 from chatrun.engine import follow_up, guardrails, outcomes, tracing, user_summary
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import NO_FACTS, Checkpoint, Conversation
+from chatrun.engine.pausing import announce
 from chatrun.engine.pending import (
     DECISION_TYPES,
     Decision,
@@ -40,7 +41,6 @@ from chatrun.engine.pending import (
     parse_time,
     without_secret,
 )
-from chatrun.engine.pausing import announce
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
 from chatrun.engine.turn import Turn
