@@ -91,8 +91,8 @@ def already_done(entry: dict[str, Any]) -> str:
 def sentence(text: Any) -> str:
     """A tool's reply quoted before another sentence: ended with a full stop when it has no end of
     its own ("Paid 30" would run into "It was not run again")."""
-    text = str(text).rstrip()
-    return text if not text or text[-1] in ".!?…。！？" else text + "."
+    said = str(text).rstrip()
+    return said if not said or said[-1] in ".!?…。！？" else said + "."
 
 
 def still_waiting(item: PendingItem) -> str:
