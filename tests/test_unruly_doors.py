@@ -253,3 +253,31 @@ def test_http_a_decision_turn_that_fails_leaves_its_item_pending_and_says_so(cli
     fake.queue({"text": "Sent."})
     body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "yes"}).json()
     assert body["ok"] and [e["type"] for e in body["events"]][:2] == ["Resolved", "Message"]
+
+
+LONG_WAIT = PAY_BOT.replace("    effect: once\n", "    effect: once\n    approval: {by: [user], timeout: TIMEOUT}\n")
+
+
+def test_validate_refuses_an_approval_timeout_no_clock_reaches(write_bot):
+    """`timeout: 99999999d` passed `chatrun validate`; the turn that asked for approval then failed
+    with "internal error: OverflowError" (now + the timeout is past the year 9999)."""
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+    path = write_bot(LONG_WAIT.replace("TIMEOUT", "99999999d"))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code != 0, result.output
+    assert "tool `pay`: `approval.timeout: 99999999d` is longer than any clock reaches" in result.output
+    assert CliRunner().invoke(main, ["validate", str(write_bot(LONG_WAIT.replace("TIMEOUT", "3650d")))]).exit_code == 0
+
+
+def test_a_timeout_past_the_clocks_end_never_comes_due_and_the_turn_goes_on(write_bot, fake):
+    """A timeout validation takes (400 days) on a session whose clock is near the year 9999: the
+    approval is asked (never due), not an internal error."""
+    from datetime import UTC, datetime
+    session = chatrun.load_bot(write_bot(LONG_WAIT.replace("TIMEOUT", "400d"))).session()
+    session.clock = chatrun.FixedClock(datetime(9999, 6, 1, tzinfo=UTC))
+    fake.queue({"tool_calls": [{"name": "pay", "arguments": {"amount": 30}}]})
+    events = session.chat("pay 30")
+    assert [e.type for e in events if e.type in ("Pending", "Error")] == ["Pending"], events
+    assert [(p.id, p.due) for p in session.pending] == [("p1", None)]
