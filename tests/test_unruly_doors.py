@@ -242,13 +242,13 @@ def test_http_arguments_not_an_object_are_named_in_json_words(payer, fake, raw, 
 def test_http_a_decision_turn_that_fails_leaves_its_item_pending_and_says_so(client, fake):
     """The user's yes resolves the approval, then the model fails: the turn is rolled back and the
     item waits again, but the client had read only `Resolved` (then the Error). The item is
-    announced again after the Error: the last the client reads of p1 is that it waits."""
+    announced again before the Error: the last the client reads of p1 is that it waits."""
     assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
     fake.queue({"tool_calls": [{"name": "send", "arguments": {"amount": 5}}]}, {"status": 500})
     assert client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "send 5"}).json()["ok"]
     body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "yes"}).json()
-    assert not body["ok"] and [e["type"] for e in body["events"]] == ["Resolved", "Error", "Pending"]
-    assert body["events"][-1]["data"]["id"] == "p1" and body["events"][-1]["data"]["tool"] == "send"
+    assert not body["ok"] and [e["type"] for e in body["events"]] == ["Resolved", "Pending", "Error"]
+    assert body["events"][1]["data"]["id"] == "p1" and body["events"][1]["data"]["tool"] == "send"
     assert [p["id"] for p in client.get("/bots/quiet/sessions/s1").json()["pending"]] == ["p1"]
     fake.queue({"text": "Sent."})
     body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "yes"}).json()
