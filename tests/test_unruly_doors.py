@@ -131,3 +131,153 @@ def test_a_value_json_cannot_hold_fails_the_turn_naming_the_tool_and_path(client
     detail = body["events"][0]["meta"]["detail"]
     assert detail.startswith("tool add (") and "state.total would be inf, which JSON cannot hold" in detail, detail
     assert fake.pending == 1 and client.get("/bots/quiet/sessions/s1").json()["state"]["total"] == 0
+
+
+REFUSAL = "I can't help with that."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_v1_a_refusal_is_the_reply(client, fake, stream):
+    """OpenAI's `message.refusal` (content null): the model declined, and that is its answer. It was
+    taken for an empty answer: nudged, then the fallback text."""
+    fake.queue({"refusal": REFUSAL})
+    assert v1_reply(client, stream) == REFUSAL
+    assert len(fake.requests) == 1
+
+
+def test_http_a_refusal_is_the_reply_and_the_memory_keeps_it(client, fake):
+    fake.queue({"refusal": REFUSAL}, {"text": "Fine."})
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    for text in ("do something bad", "ok"):
+        body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": text}).json()
+        assert body["ok"], body
+    assert [(m["role"], m["content"]) for m in fake.requests[-1]["messages"][-3:]] == [
+        ("user", "do something bad"), ("assistant", REFUSAL), ("user", "ok")]
+
+
+def test_http_a_cut_off_reply_is_told_to_the_author(client, fake, caplog):
+    """`finish_reason: length`: the reply stopped at max_tokens. It is shown as it is, and the author
+    reads it was cut (a Console event, the `chatrun` logger), as other author-facing notes."""
+    fake.queue({"text": "The three steps are: first", "finish_reason": "length"})
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    with caplog.at_level("WARNING", logger="chatrun"):
+        body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "steps?"}).json()
+    assert [e["data"] for e in body["events"] if e["type"] == "Message"] == ["The three steps are: first"]
+    consoles = [e["data"] for e in body["events"] if e["type"] == "Console"]
+    assert any("cut off at its length limit (model.max_tokens" in c for c in consoles), consoles
+    assert any("cut off at its length limit" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("raw", ['{"amount": 12', '{"amount": 12}'])
+def test_http_a_call_cut_off_at_max_tokens_is_not_run(client, fake, raw):
+    """A tool call whose answer stopped at max_tokens: its arguments may be truncated (a lenient
+    server closes the JSON it cut: `{"amount": 12}` of 125). It is not run; the model reads why."""
+    fake.queue({"tool_calls": [BUMP, {"name": "add", "arguments": raw}], "finish_reason": "length"},
+               {"text": "Counted."})
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "add 125"}).json()
+    assert body["ok"] and client.get("/bots/quiet/sessions/s1").json()["state"] == {"count": 1, "total": 0}
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told[0] == "Counted 1." and told[1].startswith("Not run: your answer was cut off at the length limit")
+
+
+def test_http_blanks_after_a_reply_in_the_same_turn_are_no_message(client, fake):
+    """A reply, a call, then an answer of blanks: the user had a reply, so the blanks stand as the
+    answer, but they were sent as a blank Message too."""
+    fake.queue({"text": "Counting.", "tool_calls": [BUMP]}, {"text": " \n "})
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "count"}).json()
+    assert body["ok"] and [e["data"] for e in body["events"] if e["type"] == "Message"] == ["Counting."]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_v1_blanks_after_a_reply_add_nothing_to_it(client, fake, stream):
+    fake.queue({"text": "Counting.", "tool_calls": [BUMP]}, {"text": "   "})
+    assert v1_reply(client, stream) == "Counting."
+
+
+PAY_BOT = """
+name: payer
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+state: {paid: 0}
+routes:
+  main: {default: true, system: You pay., tools: [pay]}
+tools:
+  pay:
+    effect: once
+    description: Pay an amount
+    parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    action: {set: {state.paid: "{{ state.paid + args.amount }}"}, reply: "Paid {{ args.amount }}"}
+"""
+
+
+@pytest.fixture
+def payer(fake, write_bot, tmp_path):
+    app = app_for_testclient([chatrun.load_bot(write_bot(PAY_BOT))], f"sqlite:///{tmp_path / 'p.db'}")
+    with TestClient(app) as c:
+        assert c.post("/bots/payer/sessions", json={"id": "s1"}).status_code == 201
+        yield c
+
+
+def test_http_an_identical_call_reads_the_earlier_reply_as_a_sentence(payer, fake):
+    """"Already done …: Paid 30 It was not run again": the earlier reply ran into the next sentence."""
+    pay = {"name": "pay", "arguments": {"amount": 30}}
+    fake.queue({"tool_calls": [pay, pay]}, {"text": "Paid."})
+    assert payer.post("/bots/payer/sessions/s1/messages", json={"userMessage": "pay 30"}).json()["ok"]
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told == ["Paid 30", "Already done earlier in this conversation (turn 1): Paid 30. It was not run again; "
+                               "do not call it again for the same thing."]
+
+
+@pytest.mark.parametrize(("raw", "kind"), [("null", "null"), ('"30"', "a string"), ("[30]", "a list"),
+                                           ("30", "a number"), ("true", "a boolean")])
+def test_http_arguments_not_an_object_are_named_in_json_words(payer, fake, raw, kind):
+    """The model wrote JSON: the refusal said Python's names (`not NoneType`, `not str`)."""
+    fake.queue({"tool_calls": [{"name": "pay", "arguments": raw}]}, {"text": "How much?"})
+    assert payer.post("/bots/payer/sessions/s1/messages", json={"userMessage": "pay"}).json()["ok"]
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told == [f"Error: the arguments of pay must be a JSON object, not {kind}."]
+
+
+def test_http_a_decision_turn_that_fails_leaves_its_item_pending_and_says_so(client, fake):
+    """The user's yes resolves the approval, then the model fails: the turn is rolled back and the
+    item waits again, but the client had read only `Resolved` (then the Error). The item is
+    announced again before the Error: the last the client reads of p1 is that it waits."""
+    assert client.post("/bots/quiet/sessions", json={"id": "s1"}).status_code == 201
+    fake.queue({"tool_calls": [{"name": "send", "arguments": {"amount": 5}}]}, {"status": 500})
+    assert client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "send 5"}).json()["ok"]
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "yes"}).json()
+    assert not body["ok"] and [e["type"] for e in body["events"]] == ["Resolved", "Pending", "Error"]
+    assert body["events"][1]["data"]["id"] == "p1" and body["events"][1]["data"]["tool"] == "send"
+    assert [p["id"] for p in client.get("/bots/quiet/sessions/s1").json()["pending"]] == ["p1"]
+    fake.queue({"text": "Sent."})
+    body = client.post("/bots/quiet/sessions/s1/messages", json={"userMessage": "yes"}).json()
+    assert body["ok"] and [e["type"] for e in body["events"]][:2] == ["Resolved", "Message"]
+
+
+LONG_WAIT = PAY_BOT.replace("    effect: once\n", "    effect: once\n    approval: {by: [user], timeout: TIMEOUT}\n")
+
+
+def test_validate_refuses_an_approval_timeout_no_clock_reaches(write_bot):
+    """`timeout: 99999999d` passed `chatrun validate`; the turn that asked for approval then failed
+    with "internal error: OverflowError" (now + the timeout is past the year 9999)."""
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+    path = write_bot(LONG_WAIT.replace("TIMEOUT", "99999999d"))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code != 0, result.output
+    assert "tool `pay`: `approval.timeout: 99999999d` is longer than any clock reaches" in result.output
+    assert CliRunner().invoke(main, ["validate", str(write_bot(LONG_WAIT.replace("TIMEOUT", "3650d")))]).exit_code == 0
+
+
+def test_a_timeout_past_the_clocks_end_never_comes_due_and_the_turn_goes_on(write_bot, fake):
+    """A timeout validation takes (400 days) on a session whose clock is near the year 9999: the
+    approval is asked (never due), not an internal error."""
+    from datetime import UTC, datetime
+    session = chatrun.load_bot(write_bot(LONG_WAIT.replace("TIMEOUT", "400d"))).session()
+    session.clock = chatrun.FixedClock(datetime(9999, 6, 1, tzinfo=UTC))
+    fake.queue({"tool_calls": [{"name": "pay", "arguments": {"amount": 30}}]})
+    events = session.chat("pay 30")
+    assert [e.type for e in events if e.type in ("Pending", "Error")] == ["Pending"], events
+    assert [(p.id, p.due) for p in session.pending] == [("p1", None)]

@@ -11,6 +11,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from functools import lru_cache, partial
 from typing import Any
 from urllib.parse import urlsplit
@@ -84,6 +85,11 @@ def run_checks(config: BotConfig, sources: Sources) -> list[Diagnostic]:
     checker = _Checker(config, sources)
     checker.run()
     return checker.out
+
+
+def seconds_to_year_9999() -> float:
+    """The longest wait a clock can time from now: a datetime ends with the year 9999."""
+    return (datetime.max.replace(tzinfo=UTC) - datetime.now(UTC)).total_seconds()
 
 
 class _Checker:
@@ -182,6 +188,7 @@ class _Checker:
         self.env()
         self.timezones()
         self.retention()
+        self.reachable_waits()
         self.user_memory()
         self.widget()
         self.guardrails()
@@ -470,6 +477,27 @@ class _Checker:
                         f"`retention.idle_sessions` keeps an idle session; the session would be deleted before "
                         "the timeout's `on_timeout` runs: shorten the timeout or lengthen the retention",
                         f"tools.{tool.name}"))
+
+    def reachable_waits(self) -> None:
+        """A `timeout:` of an approval, a question or a handover that no clock reaches (a datetime ends
+        with the year 9999): its item could never be given a due time (the turn failed with an
+        OverflowError); such a wait is no timeout at all."""
+        for tool in self.config.tools.values():
+            waits = (("approval", tool.approval), ("ask", tool.action.ask), ("operator", tool.action.operator))
+            for what, wait in waits:
+                timeout = wait.timeout if wait is not None else None
+                try:
+                    seconds = duration_seconds(timeout) if timeout else None
+                except ValueError:
+                    continue  # the schema reports it
+                if wait is None or seconds is None or seconds <= seconds_to_year_9999():
+                    continue
+                at = wait.where
+                self.out.append(Diagnostic(
+                    at.file, at.line, at.col, "error",
+                    f"tool `{tool.name}`: `{what}.timeout: {timeout}` is longer than any clock reaches (from now "
+                    "it passes the year 9999): leave `timeout` out to wait for ever, or write a shorter one",
+                    f"tools.{tool.name}.{what}.timeout"))
 
     def user_memory(self) -> None:
         """`user_memory:` facts that some action writes, and a `retention.user_memory` with

@@ -84,11 +84,18 @@ def waiting_with(c: Conversation, same: str, acted_on: dict[str, Any]) -> Pendin
 
 
 def already_done(entry: dict[str, Any]) -> str:
-    return (f"Already done earlier in this conversation (turn {entry.get('turn')}): {entry.get('reply')} "
+    return (f"Already done earlier in this conversation (turn {entry.get('turn')}): {sentence(entry.get('reply'))} "
             "It was not run again; do not call it again for the same thing.")
+
+
+def sentence(text: Any) -> str:
+    """A tool's reply quoted before another sentence: ended with a full stop when it has no end of
+    its own ("Paid 30" would run into "It was not run again")."""
+    said = str(text).rstrip()
+    return said if not said or said[-1] in ".!?…。！？" else said + "."
 
 
 def still_waiting(item: PendingItem) -> str:
     what = "the approval" if item.kind == APPROVAL else "the answer"
-    return (f"Still waiting for {what} of this same call ({item.id}): {item.ask} It was not asked again; "
+    return (f"Still waiting for {what} of this same call ({item.id}): {sentence(item.ask)} It was not asked again; "
             "tell the user it is waiting, and do not call it again for the same thing.")

@@ -219,8 +219,14 @@ def decision_entry(decision: Decision) -> dict[str, Any]:
 # -- times ------------------------------------------------------------------------------------
 
 def due_after(now: datetime, timeout: str | None) -> str | None:
-    """When an item made `now` with `timeout` (a duration such as `30m`) is due; None: never."""
-    return format_time(now + parse_duration(timeout)) if timeout else None
+    """When an item made `now` with `timeout` (a duration such as `30m`) is due; None: never (also
+    when no clock reaches it: past the year 9999, which `chatrun validate` refuses)."""
+    if not timeout:
+        return None
+    try:
+        return format_time(now + parse_duration(timeout))
+    except (OverflowError, ValueError):  # ValueError: a timedelta too long for a clock (engine/clock.py)
+        return None
 
 
 def format_time(moment: datetime) -> str:

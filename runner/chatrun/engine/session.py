@@ -30,6 +30,7 @@ from chatrun import events as ev
 from chatrun.engine import follow_up, guardrails, outcomes, tracing, user_summary
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import NO_FACTS, Checkpoint, Conversation
+from chatrun.engine.pausing import announce
 from chatrun.engine.pending import (
     DECISION_TYPES,
     Decision,
@@ -786,6 +787,7 @@ class Session:
         # INFO: a failed turn is the bot's or the model's problem, reported to the client already;
         # `chatrun serve` logs it (the author's detail), library users opt in with logging.
         log.info("session %s, turn %s failed: %s", self.id, self.turn_count + 1, detail)
+        self._reopened(before, collected, turn)
         # First, so the history's record of the attempt holds it too.
         self._emit(ev.ERROR, text, runtime=True, meta={"detail": detail})
         failed = entry | {"ok": False, "error": detail, "events": _plain(collected)}
@@ -793,6 +795,17 @@ class Session:
         if replies:  # a channel's user still learns the turn failed (outbox_of keeps replies only)
             failed[OUTBOX_KEY] = replies
         self._rollback(before, failed, turn)
+
+    def _reopened(self, before: Checkpoint, collected: list[Event], turn: Turn) -> None:
+        """An item the failing turn resolved waits again once it is rolled back, but its Resolved
+        event went out as it happened: each such item is announced again (its Pending events, before
+        the Error), so the last a client reads of it is that it waits (docs/operators.md)."""
+        if not before.pending:
+            return
+        ids = {e.data.get("id") for e in collected if e.type == ev.RESOLVED and isinstance(e.data, dict)}
+        for data in before.pending:
+            if data.get("id") in ids:
+                announce(turn.t, PendingItem.from_dict(data))
 
     def _rollback(self, before: Checkpoint, entry: dict[str, Any], turn: Turn,
                   keep_done: tuple[str, ...] | None = None) -> None:

@@ -75,12 +75,19 @@ class StreamBatcher:
         self._pace = asked if isinstance(asked, Pace) else Pace(asked or STREAM_EVERY)
         self._held: list[str] = []
         self._held_chars = 0
+        self._lead = ""  # the answer's leading blanks, held until a chunk that is not blank
         self._last = -math.inf  # when the last event went (time.monotonic())
         self._timer: asyncio.TimerHandle | None = None
 
     async def send(self, chunk: str) -> None:
         if not chunk:
             return
+        if not self._held_chars and self._last == -math.inf and not chunk.strip():
+            # Blanks that begin an answer wait for its first word: an answer of blanks alone is no
+            # reply (engine/turn.py), and no door should show it as one.
+            self._lead += chunk
+            return
+        chunk, self._lead = self._lead + chunk, ""
         self._held.append(chunk)
         self._held_chars += len(chunk)
         if self._multi:

@@ -235,9 +235,20 @@ def decode_arguments(tool: ToolConfig, raw: str) -> dict[str, Any]:
             "Call it again with a JSON object matching its parameters."
         ) from None
     if not isinstance(args, dict):
-        raise ToolRefusal(f"Error: the arguments of {tool.name} must be a JSON object, not {type(args).__name__}.")
+        raise ToolRefusal(f"Error: the arguments of {tool.name} must be a JSON object, not {json_kind(args)}.")
     refuse_lone_surrogates(args, f"the arguments of tool {tool.name}")
     return args
+
+
+def json_kind(value: Any) -> str:
+    """What a decoded JSON value is, in JSON's words (the model wrote JSON, not Python)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "a string" if isinstance(value, str) else "a list"
 
 
 class _NotJSON(ValueError):

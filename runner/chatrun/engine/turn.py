@@ -53,6 +53,7 @@ from chatrun.engine.steps import (
     NextStepFinalOutput,
     NextStepHandoff,
     NextStepRunAgain,
+    ToolOutcome,
     combine,
 )
 from chatrun.engine.stream_chunks import StreamBatcher
@@ -217,6 +218,8 @@ class Turn:
                                        f"limits.max_model_calls = {limit} allows (route {run.route.name}){self.repeats()}")
         response, answer = await self.ask_model(run)
         route, calls = run.route, answer.tool_calls
+        if response.finish_reason == "length":
+            self.cut_off(run, bool(calls))
         value = None
         if route.output is not None and not calls:
             value, problem = parse_output(response.text, self.t.tools.output_validator(route.name))
@@ -237,7 +240,14 @@ class Turn:
             run.tool_choice = None  # a call was made: the model may answer now
         if response.text and response.text.strip():  # blanks are no reply: an empty answer after them is asked again
             self.t.emit(ev.MESSAGE, response.text)
-        outcomes = await self.calls.run_calls(route, run.offered, calls)
+        # A cut-off answer's last call may hold truncated arguments (a lenient server closes the JSON):
+        # it is not run, whatever they parse as; the model reads why.
+        cut = response.finish_reason == "length"
+        outcomes = await self.calls.run_calls(route, run.offered, calls[:-1] if cut else calls)
+        if cut:
+            outcomes.append(ToolOutcome(f"Not run: your answer was cut off at the length limit "
+                                        f"({_max_tokens(run.model)}) while writing the arguments of "
+                                        f"{calls[-1].name}. Call it again with shorter arguments.", failed=True))
         for call, outcome in zip(calls, outcomes, strict=True):
             if outcome.deferred:
                 continue  # the called route's result answers it when it returns
@@ -317,6 +327,15 @@ class Turn:
             "matches the required schema, and nothing else.")]
         return NextStepRunAgain()
 
+    def cut_off(self, run: RouteRun, calls: bool) -> None:
+        """The model's answer stopped at its length limit (`finish_reason: length`, `model.max_tokens`):
+        what it says is shown as it is, but the author learns it was cut (a reply may look complete)."""
+        what = "its last tool call is not run" if calls else "the reply may be incomplete"
+        note = (f"route {run.route.name}: the model's answer was cut off at its length limit "
+                f"(model.{_max_tokens(run.model)}); {what}")
+        log.warning("session %s, turn %s: %s", self.t.c.id, self.number, note)
+        self.t.emit(ev.CONSOLE, note)
+
     def empty_answer(self, run: RouteRun) -> NextStep | None:
         """An answer with no text and no tool call. If the user has had nothing yet this turn
         (or a called route owes its caller a result), the model is asked again once, with a nudge
@@ -393,7 +412,7 @@ class Turn:
             return self.return_answer(text or "" if value is None else json.dumps(value, ensure_ascii=False))
         if route.output is not None:
             self.apply_output(route, value)
-        elif text:
+        elif text and text.strip():  # blanks after a reply are no reply (empty_answer let them stand)
             self.t.emit(ev.MESSAGE, text)
             if run.cited:  # a route without knowledge never enters engine/grounding.py
                 grounding.send_sources(self.t, run.cited)
@@ -580,6 +599,11 @@ def _fold_text(memory: SummaryMemory, folded: list[Message]) -> str:
             lines.append(f"{message.role}: {text}")
     return "\n".join(lines)
 
+
+
+def _max_tokens(model: ModelConfig) -> str:
+    """The length limit a cut-off answer reached, as the author set it (else the server's own)."""
+    return f"max_tokens = {model.max_tokens}" if model.max_tokens is not None else "max_tokens not set: the server's own limit"
 
 
 def sendable_tool_choice(choice: str | None, offered: dict[str, ToolConfig]) -> str | None:

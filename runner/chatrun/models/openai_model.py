@@ -342,6 +342,9 @@ class OpenAIModel:
             arguments = whole_text("a tool call's arguments", arguments, completion)
             calls.append(ToolCall(call.id or f"call_{i}", name, arguments))
         content = whole_text("the message content", message.content or "", completion)
+        refusal = getattr(message, "refusal", None)
+        if refusal and not content.strip():  # the model declined: its refusal is its answer (content null)
+            content = whole_text("the message refusal", refusal, completion)
         return ModelResponse(text=content or None, tool_calls=calls, usage=usage_of(completion),
                              finish_reason=getattr(choices[0], "finish_reason", None))
 
@@ -373,9 +376,11 @@ class OpenAIModel:
                     delta = choice.delta
                     if delta is None:
                         continue
-                    if delta.content:
-                        check_text("streamed content", delta.content, chunk)
-                        content, held = split_high_surrogate(held + delta.content)
+                    # A refusal (the model declined, `content` null) streams in `delta.refusal`: it is the answer.
+                    piece = delta.content or getattr(delta, "refusal", None)
+                    if piece:
+                        check_text("streamed content", piece, chunk)
+                        content, held = split_high_surrogate(held + piece)
                         content = whole_text("streamed content", content, chunk)
                         if content:
                             text.append(content)

@@ -19,6 +19,8 @@ Response forms (dicts), consumed one per chat completion request:
     {"delay": 0.5, ...}                              wait before answering (with any of the above)
     {"chunk_delay": 0.01, ...}                       wait between streamed chunks
     {"finish_reason": "length", "usage": {...}}      override those fields ("usage": None: report none)
+    {"refusal": "I can't help with that."}           the model declines: `content` null, `refusal` the text
+                                                     (streamed: in `delta.refusal` pieces)
     {"disconnect": True, ...}                        drop the connection: before any answer, or
                                                      for a stream after its chunks, before the end
     {"stall": True, ...}                             a stream that sends its chunks, then nothing more
@@ -93,7 +95,7 @@ Responder = Callable[[dict[str, Any]], Any]
 
 RESPONSE_KEYS = {
     "text", "tool_calls", "chunks", "status", "retry_after", "body", "raw",
-    "delay", "chunk_delay", "finish_reason", "usage", "disconnect", "stall",
+    "delay", "chunk_delay", "finish_reason", "usage", "disconnect", "stall", "refusal",
 }
 # The categories of OpenAI's omni-moderation (the fake's /moderations scores each).
 MODERATION_CATEGORIES = (
@@ -548,11 +550,11 @@ class FakeOpenAI:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             await self._stream(writer, meta, chunks, calls, finish, usage if include_usage else None,
                                float(response.get("chunk_delay") or 0), bool(response.get("disconnect")),
-                               bool(response.get("stall")), reader)
+                               bool(response.get("stall")), reader, response.get("refusal"))
             return
         if response.get("disconnect"):
             raise Disconnect()
-        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": response.get("refusal")}
         if calls:
             message["tool_calls"] = [
                 {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
@@ -578,7 +580,7 @@ class FakeOpenAI:
     async def _stream(self, writer: asyncio.StreamWriter, meta: dict[str, Any], chunks: list[str],
                       calls: list[dict[str, str]], finish: str, usage: dict[str, int] | None,
                       pause: float, disconnect: bool = False, stall: bool = False,
-                      reader: asyncio.StreamReader | None = None) -> None:
+                      reader: asyncio.StreamReader | None = None, refusal: str | None = None) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n")
 
@@ -597,6 +599,8 @@ class FakeOpenAI:
         await event(delta({"role": "assistant", "content": ""}))
         for piece in chunks:
             await event(delta({"content": piece}))
+        for piece in split_text(refusal) if refusal else []:  # as OpenAI streams a refusal
+            await event(delta({"refusal": piece}))
         # Tool calls as real providers send them: the id and name first, the arguments in pieces.
         for index, call in enumerate(calls):
             await event(delta({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
