@@ -455,8 +455,9 @@ def check_initial_state(state: dict[str, Any], declared: dict[str, Any]) -> None
         raise wire.RequestFailed(wire.BAD_REQUEST, problem[1])
 
 
-# wire.chat_id_problem as a schema: 1-128 characters, not all blank, no slash.
-SESSION_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": wire.MAX_CHAT_ID, "pattern": "^[^/]*[^/\\s][^/]*$"}
+# wire.chat_id_problem as a schema: 1-128 characters, not all blank, no slash, not '.' or '..'.
+SESSION_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": wire.MAX_CHAT_ID,
+                     "pattern": "^(?!\\.\\.?$)[^/]*[^/\\s][^/]*$"}
 
 
 def _state_schema(registry: SessionRegistry) -> dict[str, Any]:

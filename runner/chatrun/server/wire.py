@@ -381,6 +381,9 @@ def chat_id_problem(value: Any) -> str | None:
         return f"at most {MAX_CHAT_ID} characters, not {len(value)}"
     if "/" in value:
         return "no '/' (ids appear in URL paths)"
+    if value in (".", ".."):
+        # a path segment of its own: URL normalization would read it as this or the parent path
+        return "not '.' or '..' (ids appear in URL paths)"
     return None
 
 
