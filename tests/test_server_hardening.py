@@ -539,6 +539,47 @@ def test_the_edges_refusals_on_v1_have_openai_shape(travel):
         assert plain.json()["error"] == "UnsupportedMediaType"
 
 
+def test_v1_codes_of_the_shared_refusals_are_snake_case_like_its_own(travel, fake):
+    # A shared refusal (wire.RequestFailed) reached a /v1 client with the HTTP API's reason as its
+    # code ("BadRequest") beside /v1's own "model_not_found": one spelling now.
+    from fastapi.testclient import TestClient
+
+    body = {"model": "travel", "messages": [{"role": "user", "content": "hi"}]}
+    app = create_app([travel], "memory://", edge=EdgePolicy(allowed_hosts=(*LOOPBACK_HOSTS, "testserver")))
+    with TestClient(app) as client:
+        answer = client.post("/v1/chat/completions", json=body, headers={"X-Chatrun-Session": "a/b"})
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "bad_request", answer.text
+    assert fake.requests == []
+
+
+@pytest.mark.slow
+def test_the_listeners_408_and_503_on_v1_have_openai_shape(travel):
+    # A dripped /v1 request's 408 and a /v1 request over the connection cap's 503 came in the HTTP
+    # API's shape ({"error": "RequestTimeout", ...}); the HTTP API keeps its own.
+    app = create_app([travel], "memory://")
+    with serve(app, max_connections=3, header_timeout=1.0) as srv:
+        drip = socket.create_connection(("127.0.0.1", srv.port))
+        drip.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        drip.settimeout(10)
+        head, _, body = _one_response(drip).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), head
+        error = json.loads(body)["error"]
+        assert error["code"] == "request_timeout" and error["type"] == "invalid_request_error", body
+    with serve(app, max_connections=3, header_timeout=60) as srv:
+        held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(2)]
+        for sock in held:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")  # headers never finished
+        time.sleep(0.3)
+        answer = httpx.get(srv.url + "/v1/models", timeout=10)
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "unavailable" and "--max-connections" in error["message"], answer.text
+        plain = httpx.get(srv.url + "/health", timeout=10)
+        assert plain.status_code == 503 and plain.json()["error"] == "Unavailable"
+        for sock in held:
+            sock.close()
+
+
 def test_serve_binds_loopback_by_default_and_warns_when_exposed_without_auth(tmp_path):
     from click.testing import CliRunner
 

@@ -25,6 +25,8 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from chatrun.server.guard import error_body, is_openai_path, send_error
+
 
 @dataclass(frozen=True)
 class ListenOptions:
@@ -117,7 +119,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._header_deadline = None
         if self.transport.is_closing():
             return
-        body = b'{"error": "RequestTimeout", "message": "the request headers did not arrive in time"}'
+        # /v1's clients read OpenAI's error shape: the request line, when it came, names the path.
+        body = error_body(408, "RequestTimeout", "the request headers did not arrive in time",
+                          openai=is_openai_path(getattr(self, "url", b"")))
         self.transport.write(
             b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
@@ -125,8 +129,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-OVER_THE_CAP_BODY = (b'{"error": "Unavailable", "message": "the server is serving as many connections as it may '
-                     b'(serve --max-connections); try again shortly"}')
+OVER_THE_CAP_MESSAGE = "the server is serving as many connections as it may (serve --max-connections); try again shortly"
+OVER_THE_CAP_BODY = error_body(503, "Unavailable", OVER_THE_CAP_MESSAGE)
 OVER_THE_CAP_HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(OVER_THE_CAP_BODY)).encode()),
                         (b"connection", b"close"), (b"retry-after", b"1")]
 # The same answer, written before the request is read (a connection refused at accept).
@@ -139,6 +143,9 @@ FD_RESERVE = 64
 
 
 async def _over_the_cap(scope: Any, receive: Any, send: Any) -> None:
+    if is_openai_path(scope["path"]):  # /v1's clients read OpenAI's error shape (a refusal at accept has no path)
+        await send_error(send, 503, "Unavailable", OVER_THE_CAP_MESSAGE, [(b"retry-after", b"1")], openai=True)
+        return
     await send({"type": "http.response.start", "status": 503, "headers": OVER_THE_CAP_HEADERS})
     await send({"type": "http.response.body", "body": OVER_THE_CAP_BODY, "more_body": False})
 

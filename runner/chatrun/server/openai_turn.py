@@ -25,6 +25,7 @@ from chatrun.messages import Attachment
 from chatrun.server import wire
 from chatrun.server.audience import for_clients
 from chatrun.server.auth import Principal
+from chatrun.server.guard import openai_code
 from chatrun.server.inspect import pending_data
 from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Opened, TurnIndex
 from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
@@ -57,7 +58,7 @@ _CODES = {wire.UNAUTHORIZED: "invalid_api_key", wire.BOT_NOT_FOUND: "model_not_f
 def from_failure(exc: wire.RequestFailed) -> OpenAIError:
     status = wire.HTTP_STATUS.get(exc.reason, 400)
     message = UNAUTHORIZED_MESSAGE if isinstance(exc, Unauthorized) else exc.message
-    return OpenAIError(status, message, _TYPES.get(status, "invalid_request_error"), _CODES.get(exc.reason, exc.reason))
+    return OpenAIError(status, message, _TYPES.get(status, "invalid_request_error"), _CODES.get(exc.reason) or openai_code(exc.reason))
 
 
 def conversation_ended(session_id: str, ended: dict[str, str]) -> OpenAIError:
