@@ -279,6 +279,29 @@ def test_lone_surrogates_from_clients_are_refused_at_the_edge(travel, fake):
 
 
 @pytest.mark.slow
+def test_uvicorn_reads_a_websocket_frame_only_up_to_twice_the_frame_limit(travel):
+    # uvicorn read frames up to its own 16 MiB whole before chatrun's 64 KiB limit refused them.
+    # Now: a little over the limit is still TooLarge on a usable connection; far over is 1009.
+    app = create_app([travel], "memory://", limits=ServerLimits(max_frame_bytes=2000))
+
+    async def run(url: str) -> None:
+        async with websockets.connect(url + "/_chat/routes", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "Connect", "chatId": "w", "extensions": True}))
+            assert (await async_until_done(ws))[-1]["type"] == "Completed"
+            await ws.send(json.dumps({"type": "Disconnect", "chatId": "w", "pad": "x" * 3000}))
+            error, failed = await async_until_done(ws)
+            assert failed["data"] == "TooLarge" and "limit of 2000 bytes" in error["data"], error
+            await ws.send(json.dumps({"type": "Disconnect", "chatId": "w", "pad": "x" * 5000}))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009, closed.value
+
+    with serve(app) as srv:
+        asyncio.run(run(srv.ws_url))
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+
+
+@pytest.mark.slow
 def test_a_text_frame_that_is_not_utf8_closes_with_1007_without_a_server_error(travel):
     # uvicorn closed it 1007 as RFC 6455 says, but logged the client's bytes as a server ERROR
     # with a traceback: any client could fill the error log with them.

@@ -9,7 +9,8 @@ free again; `fd_headroom` checks at start-up that the cap fits under the fd limi
 offers the keep-alive timeout; it has no timeout on a request's headers, so a client dripping them one byte at a
 time would hold its connection for ever. HeaderTimeoutProtocol adds one: a connection whose
 request headers are not complete within `header_timeout` seconds of its first byte (or of the
-connection) is answered 408 and closed. (Body timeouts are the EdgeGuard's.) A WebSocket
+connection) is answered 408 and closed. (Body timeouts are the EdgeGuard's.) uvicorn reads
+a WebSocket message up to twice chatrun's frame limit (`ws_read_bound`), not 16 MiB. A WebSocket
 whose client stopped reading is aborted once its handler ends, rather than waiting for ever
 to flush, and a closed one is freed at once (its parser closed). Access logs never show a `token=` query value.
 """
@@ -254,6 +255,9 @@ def uvicorn_config(app: Any, host: str, port: int, options: ListenOptions = List
     protocol = type("HeaderTimeout", (HeaderTimeoutProtocol,), {"header_timeout": options.header_timeout})
     if options.log_format == "json":
         extra.setdefault("log_config", json_log_config())
+    bound = ws_read_bound(app)
+    if bound is not None:
+        extra.setdefault("ws_max_size", bound)
     config = uvicorn.Config(
         app,
         host=host,
@@ -268,6 +272,21 @@ def uvicorn_config(app: Any, host: str, port: int, options: ListenOptions = List
     )
     redact_tokens_in_logs()
     return config
+
+
+# What uvicorn reads of one WebSocket message before chatrun sees it, as a multiple of chatrun's
+# frame limit (ServerLimits.max_frame_bytes): uvicorn's own bound is 16 MiB, each read whole
+# before chatrun refused it. A frame a little over the limit still gets its TooLarge and the
+# connection stays usable; one over this bound is closed 1009 (message too big) as it arrives.
+WS_READ_FACTOR = 2
+
+
+def ws_read_bound(app: Any) -> int | None:
+    """uvicorn's `ws_max_size` for `app` (chatrun's app keeps its ServerLimits in app.state);
+    None (uvicorn's default) for an app without them."""
+    limits = getattr(getattr(app, "state", None), "limits", None)
+    frame = getattr(limits, "max_frame_bytes", None)
+    return frame * WS_READ_FACTOR if isinstance(frame, int) else None
 
 
 def json_log_config() -> dict[str, Any]:
