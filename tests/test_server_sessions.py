@@ -154,6 +154,25 @@ def test_a_retried_idempotency_key_replays_the_committed_turn(fake, travel, tmp_
         assert too_long.status_code == 400 and "1 to 200 characters, not 201" in too_long.json()["message"]
 
 
+def test_an_idempotency_key_sent_again_with_another_message_is_a_422(fake, travel, tmp_path):
+    # It replayed the first message's answer: a client that reused a key by mistake got the answer
+    # to another question. The IETF draft and Stripe answer 422; the same message still replays.
+    fake.responder = lambda body: {"text": "answered"}
+    app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}")
+    with TestClient(app) as c:
+        c.post("/bots/travel/sessions", json={"id": "r"})
+        key = {"Idempotency-Key": "k-1"}
+        first = c.post("/bots/travel/sessions/r/messages", json={"userMessage": "hi"}, headers=key)
+        assert first.status_code == 200 and first.json()["replayed"] is False
+        for stream in ("false", "true"):
+            other = c.post(f"/bots/travel/sessions/r/messages?stream={stream}", json={"userMessage": "bye"}, headers=key)
+            assert other.status_code == 422, other.text
+            assert other.json()["error"] == "IdempotencyKeyReused" and "'k-1'" in other.json()["message"]
+        again = c.post("/bots/travel/sessions/r/messages", json={"userMessage": "hi"}, headers=key)
+        assert again.json()["replayed"] is True and again.json()["events"] == first.json()["events"]
+        assert len(fake.requests) == 1 and c.get("/bots/travel/sessions/r").json()["turn"] == 1
+
+
 def test_a_slow_sqlite_write_does_not_freeze_the_event_loop(fake, travel, tmp_path):
     """Another process holds the SQLite write lock for a while: the turn waiting to commit waits
     in the store's worker thread, and the server keeps answering everyone else meanwhile."""

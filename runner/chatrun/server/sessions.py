@@ -260,14 +260,16 @@ class SessionRegistry:
                 # live copy is ahead of the store, so it goes; the store is the truth.
                 self.cache.drop(slot)
 
-    def turn(self, session: Session, message: Any, request_id: str | None = None, whole: bool = False) -> TurnRun:
+    def turn(self, session: Session, message: Any, request_id: str | None = None, whole: bool = False,
+             asks: str | None = None) -> TurnRun:
         """Run one turn of a session held by `session()`: its events, then the commit (the
         last step of the iteration). A retry of a committed `request_id` replays its events.
-        whole: the caller uses the events only once the turn has ended (a JSON reply)."""
+        whole: the caller uses the events only once the turn has ended (a JSON reply); asks:
+        what the request asks (turn_run.request_asks), refused under another request's key."""
         check_request_id(request_id)
         report = functools.partial(TurnReport, session, request_id, self.metrics, self.log_content, message)
         return TurnRun(session, message, request_id, functools.partial(self._hold_of, session),
-                       self.store, self.writes, report, whole)
+                       self.store, self.writes, report, whole, asks)
 
     async def rate(self, bot_name: str | None, session_id: str, principal: Principal | None,
                    feedback: dict[str, Any]) -> dict[str, Any]:
