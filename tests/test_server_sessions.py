@@ -89,6 +89,28 @@ def test_a_principal_may_own_at_most_the_configured_number_of_sessions(fake, tra
         assert c.post("/bots/travel/sessions", json={"id": "a2"}, headers=ana).status_code == 201
 
 
+def test_a_v1_request_refused_before_its_turn_leaves_no_session_to_count(fake, travel, tmp_path):
+    # The new conversation's session was created before its file was refused (attachment_refused):
+    # each such request left an empty session that counted against the limit, locking ana out.
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(AUTH)
+    app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}", auth=str(auth),
+                     sessions=SessionSettings(max_sessions_per_principal=1))
+    ana = {"Authorization": "Bearer ana-token"}
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    refused = {"model": "travel", "messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, image]}]}
+    fake.queue({"text": "Hello."})
+    with TestClient(app) as c:
+        for session_header in ({}, {"X-Chatrun-Session": "named"}):
+            answer = c.post("/v1/chat/completions", json=refused, headers=ana | session_header)
+            assert answer.status_code == 400 and answer.json()["error"]["code"] == "attachment_refused", answer.text
+        assert c.get("/bots/travel/sessions/named", headers=ana).status_code == 404
+        hello = {"model": "travel", "messages": [{"role": "user", "content": "hi"}]}
+        answer = c.post("/v1/chat/completions", json=hello, headers=ana)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"] == "Hello."
+
+
 def test_if_busy_reject_fails_at_once_while_queue_waits(fake, travel, tmp_path):
     fake.responder = lambda body: {"text": "slow", "delay": 0.8}
     app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}")

@@ -298,6 +298,21 @@ class SessionRegistry:
             memory_ids = [mid for s in session.scopes for mid in s.memory_ids()]
             await self.writes.delete(self._hold_of(session), session_id, memory_ids)
 
+    async def discard_unused(self, session: Session) -> bool:
+        """Delete a held session that ran no turn and recorded none (a /v1 request that created
+        it and was refused before its turn): left in the store, it would count against
+        `--max-sessions-per-principal` for a request that did nothing. Whether it was deleted."""
+        if session.closed or session.turn_count:
+            return False
+        try:
+            if session.last_turn is not None:  # a turn tried: failed or stopped, its record is kept
+                return False
+        except SessionError:  # nothing recorded to read back: no turn was tried
+            pass
+        memory_ids = [mid for s in session.scopes for mid in s.memory_ids()]
+        await self.writes.delete(self._hold_of(session), session.id, memory_ids)
+        return True
+
     async def erase(self, session_id: str, bot_name: str | None) -> int:
         """Delete a stored session for retention or erasure (store/retention.py), whatever its
         bot (this replica may serve another): held as a request holds it (lock and lease), never
