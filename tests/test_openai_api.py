@@ -551,6 +551,24 @@ def test_a_model_with_an_empty_route_is_no_served_model(client, fake):
 
 
 @pytest.mark.slow
+def test_an_idempotency_key_sent_again_with_another_request_is_a_422(client, fake):
+    # It replayed the first request's answer: a key reused by mistake answered another question.
+    fake.queue({"text": "Hello!"})
+    key = {"Idempotency-Key": "order-4711"}
+    first = say(client, [{"role": "user", "content": "hi"}], extra_headers=key)
+    for messages in ([{"role": "user", "content": "book me to Oslo"}],
+                     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"},
+                      {"role": "user", "content": "hi"}]):
+        for stream in (False, True):
+            with pytest.raises(openai.UnprocessableEntityError) as reused:
+                say(client, messages, extra_headers=key, stream=stream)
+            assert reused.value.code == "idempotency_key_reused" and "'order-4711'" in reused.value.message
+    again = say(client, [{"role": "user", "content": "hi"}], extra_headers=key)
+    assert again.choices[0].message.content == first.choices[0].message.content == "Hello!"
+    assert info(again)["how"] == "replayed" and len(fake.requests) == 1
+
+
+@pytest.mark.slow
 def test_a_malformed_session_id_is_refused_naming_where_it_came_from(client, fake):
     # The message read "the session id must be no '/'": not which of the request's fields it was.
     with pytest.raises(openai.BadRequestError, match=r"X-Chatrun-Session header.*no '/'"):

@@ -88,6 +88,7 @@ def test_malformed_frames_get_error_and_failed_and_the_connection_stays_usable(c
         ("[1, 2]", "JSON object"),
         (json.dumps({"type": "Hello", "chatId": "c1"}), "unknown frame type 'Hello'"),
         (json.dumps({"type": "Connect"}), "needs a chatId"),
+        (json.dumps({"type": "Connect", "chatId": ".."}), "not '.' or '..'"),
         (json.dumps({"type": "Connect", "chatId": "c1", "route": 5}), "route must be a string"),
         (json.dumps({"type": "ChatRouteMessage", "chatId": "c1", "data": "hi"}), "data must be a JSON object"),
         (json.dumps({"type": "ChatRouteMessage", "chatId": "c1", "data": {"userMessage": 3}}), "userMessage must be a string"),
@@ -300,7 +301,8 @@ def test_http_errors_are_json_that_say_what_is_wrong(client):
     assert r.status_code == 404 and r.json()["error"] == "NotFound"
     r = client.post("/bots/travel/sessions/x/messages?stream=maybe", json={"userMessage": "hi"})
     assert r.status_code == 400 and r.json()["error"] == "BadRequest" and "stream" in r.json()["message"]
-    for bad_id, expected in [(0, "non-empty string"), ("a/b", "no '/'"), ("x" * 200, "at most 128")]:
+    for bad_id, expected in [(0, "non-empty string"), ("a/b", "no '/'"), ("x" * 200, "at most 128"),
+                             (".", "not '.' or '..'"), ("..", "not '.' or '..'")]:
         r = client.post("/bots/travel/sessions", json={"id": bad_id})
         assert r.status_code == 400 and expected in r.json()["message"], r.text
     assert client.get("/docs").status_code == 200

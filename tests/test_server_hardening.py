@@ -279,6 +279,29 @@ def test_lone_surrogates_from_clients_are_refused_at_the_edge(travel, fake):
 
 
 @pytest.mark.slow
+def test_uvicorn_reads_a_websocket_frame_only_up_to_twice_the_frame_limit(travel):
+    # uvicorn read frames up to its own 16 MiB whole before chatrun's 64 KiB limit refused them.
+    # Now: a little over the limit is still TooLarge on a usable connection; far over is 1009.
+    app = create_app([travel], "memory://", limits=ServerLimits(max_frame_bytes=2000))
+
+    async def run(url: str) -> None:
+        async with websockets.connect(url + "/_chat/routes", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "Connect", "chatId": "w", "extensions": True}))
+            assert (await async_until_done(ws))[-1]["type"] == "Completed"
+            await ws.send(json.dumps({"type": "Disconnect", "chatId": "w", "pad": "x" * 3000}))
+            error, failed = await async_until_done(ws)
+            assert failed["data"] == "TooLarge" and "limit of 2000 bytes" in error["data"], error
+            await ws.send(json.dumps({"type": "Disconnect", "chatId": "w", "pad": "x" * 5000}))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009, closed.value
+
+    with serve(app) as srv:
+        asyncio.run(run(srv.ws_url))
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+
+
+@pytest.mark.slow
 def test_a_text_frame_that_is_not_utf8_closes_with_1007_without_a_server_error(travel):
     # uvicorn closed it 1007 as RFC 6455 says, but logged the client's bytes as a server ERROR
     # with a traceback: any client could fill the error log with them.
@@ -537,6 +560,47 @@ def test_the_edges_refusals_on_v1_have_openai_shape(travel):
         # the HTTP API's refusals keep theirs
         plain = client.post("/bots/travel/sessions", content="{}", headers={"content-type": "text/plain"})
         assert plain.json()["error"] == "UnsupportedMediaType"
+
+
+def test_v1_codes_of_the_shared_refusals_are_snake_case_like_its_own(travel, fake):
+    # A shared refusal (wire.RequestFailed) reached a /v1 client with the HTTP API's reason as its
+    # code ("BadRequest") beside /v1's own "model_not_found": one spelling now.
+    from fastapi.testclient import TestClient
+
+    body = {"model": "travel", "messages": [{"role": "user", "content": "hi"}]}
+    app = create_app([travel], "memory://", edge=EdgePolicy(allowed_hosts=(*LOOPBACK_HOSTS, "testserver")))
+    with TestClient(app) as client:
+        answer = client.post("/v1/chat/completions", json=body, headers={"X-Chatrun-Session": "a/b"})
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "bad_request", answer.text
+    assert fake.requests == []
+
+
+@pytest.mark.slow
+def test_the_listeners_408_and_503_on_v1_have_openai_shape(travel):
+    # A dripped /v1 request's 408 and a /v1 request over the connection cap's 503 came in the HTTP
+    # API's shape ({"error": "RequestTimeout", ...}); the HTTP API keeps its own.
+    app = create_app([travel], "memory://")
+    with serve(app, max_connections=3, header_timeout=1.0) as srv:
+        drip = socket.create_connection(("127.0.0.1", srv.port))
+        drip.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        drip.settimeout(10)
+        head, _, body = _one_response(drip).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), head
+        error = json.loads(body)["error"]
+        assert error["code"] == "request_timeout" and error["type"] == "invalid_request_error", body
+    with serve(app, max_connections=3, header_timeout=60) as srv:
+        held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(2)]
+        for sock in held:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")  # headers never finished
+        time.sleep(0.3)
+        answer = httpx.get(srv.url + "/v1/models", timeout=10)
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "unavailable" and "--max-connections" in error["message"], answer.text
+        plain = httpx.get(srv.url + "/health", timeout=10)
+        assert plain.status_code == 503 and plain.json()["error"] == "Unavailable"
+        for sock in held:
+            sock.close()
 
 
 def test_serve_binds_loopback_by_default_and_warns_when_exposed_without_auth(tmp_path):

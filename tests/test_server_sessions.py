@@ -89,6 +89,28 @@ def test_a_principal_may_own_at_most_the_configured_number_of_sessions(fake, tra
         assert c.post("/bots/travel/sessions", json={"id": "a2"}, headers=ana).status_code == 201
 
 
+def test_a_v1_request_refused_before_its_turn_leaves_no_session_to_count(fake, travel, tmp_path):
+    # The new conversation's session was created before its file was refused (attachment_refused):
+    # each such request left an empty session that counted against the limit, locking ana out.
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(AUTH)
+    app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}", auth=str(auth),
+                     sessions=SessionSettings(max_sessions_per_principal=1))
+    ana = {"Authorization": "Bearer ana-token"}
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    refused = {"model": "travel", "messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, image]}]}
+    fake.queue({"text": "Hello."})
+    with TestClient(app) as c:
+        for session_header in ({}, {"X-Chatrun-Session": "named"}):
+            answer = c.post("/v1/chat/completions", json=refused, headers=ana | session_header)
+            assert answer.status_code == 400 and answer.json()["error"]["code"] == "attachment_refused", answer.text
+        assert c.get("/bots/travel/sessions/named", headers=ana).status_code == 404
+        hello = {"model": "travel", "messages": [{"role": "user", "content": "hi"}]}
+        answer = c.post("/v1/chat/completions", json=hello, headers=ana)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"] == "Hello."
+
+
 def test_if_busy_reject_fails_at_once_while_queue_waits(fake, travel, tmp_path):
     fake.responder = lambda body: {"text": "slow", "delay": 0.8}
     app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}")
@@ -152,6 +174,25 @@ def test_a_retried_idempotency_key_replays_the_committed_turn(fake, travel, tmp_
         assert retried.json()["ok"] and retried.json()["replayed"] is False and retried.json()["turn"] == 2
         too_long = c.post("/bots/travel/sessions/i/messages", json={"userMessage": "x"}, headers={"Idempotency-Key": "k" * 201})
         assert too_long.status_code == 400 and "1 to 200 characters, not 201" in too_long.json()["message"]
+
+
+def test_an_idempotency_key_sent_again_with_another_message_is_a_422(fake, travel, tmp_path):
+    # It replayed the first message's answer: a client that reused a key by mistake got the answer
+    # to another question. The IETF draft and Stripe answer 422; the same message still replays.
+    fake.responder = lambda body: {"text": "answered"}
+    app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}")
+    with TestClient(app) as c:
+        c.post("/bots/travel/sessions", json={"id": "r"})
+        key = {"Idempotency-Key": "k-1"}
+        first = c.post("/bots/travel/sessions/r/messages", json={"userMessage": "hi"}, headers=key)
+        assert first.status_code == 200 and first.json()["replayed"] is False
+        for stream in ("false", "true"):
+            other = c.post(f"/bots/travel/sessions/r/messages?stream={stream}", json={"userMessage": "bye"}, headers=key)
+            assert other.status_code == 422, other.text
+            assert other.json()["error"] == "IdempotencyKeyReused" and "'k-1'" in other.json()["message"]
+        again = c.post("/bots/travel/sessions/r/messages", json={"userMessage": "hi"}, headers=key)
+        assert again.json()["replayed"] is True and again.json()["events"] == first.json()["events"]
+        assert len(fake.requests) == 1 and c.get("/bots/travel/sessions/r").json()["turn"] == 1
 
 
 def test_a_slow_sqlite_write_does_not_freeze_the_event_loop(fake, travel, tmp_path):

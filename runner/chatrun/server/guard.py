@@ -99,7 +99,7 @@ class EdgeGuard:
                 # Refused before the handshake: the client sees HTTP 403 (browsers show no reason).
                 await send({"type": "websocket.close", "code": 1008, "reason": exc.message[:120]})
             else:
-                await send_error(send, exc.status, exc.reason, exc.message, openai=scope["path"].startswith("/v1/"))
+                await send_error(send, exc.status, exc.reason, exc.message, openai=is_openai_path(scope["path"]))
             return
         await self.app(scope, receive, send)
 
@@ -277,15 +277,30 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
 
 
+def openai_code(reason: str) -> str:
+    """A reason in /v1's spelling of codes, snake_case like its own (`model_not_found`): TooLarge: too_large."""
+    return "".join("_" + c.lower() if c.isupper() else c for c in reason).lstrip("_")
+
+
+def error_body(status: int, reason: str, message: str, openai: bool = False) -> bytes:
+    """A refusal's JSON body: the HTTP API's `{"error", "message"}`, or `openai`: OpenAI's shape."""
+    if not openai:
+        return json.dumps({"error": reason, "message": message}).encode()
+    kind = "permission_error" if status == 403 else "server_error" if status >= 500 else "invalid_request_error"
+    return json.dumps({"error": {"message": message, "type": kind, "code": openai_code(reason), "param": None}}).encode()
+
+
+def is_openai_path(path: str | bytes) -> bool:
+    """A path of the OpenAI-compatible API (/v1/...), whose refusals are in OpenAI's shape."""
+    if isinstance(path, bytes):
+        return path.startswith(b"/v1/")
+    return path.startswith("/v1/")
+
+
 async def send_error(send: Send, status: int, reason: str, message: str, headers: list[tuple[bytes, bytes]] | None = None,
                      openai: bool = False) -> None:
     """A refusal as JSON; `openai`: in the OpenAI API's error shape, for /v1's clients (their SDKs read it)."""
-    error: Any = {"error": reason, "message": message}
-    if openai:
-        code = "".join("_" + c.lower() if c.isupper() else c for c in reason).lstrip("_")  # TooLarge: too_large
-        kind = "permission_error" if status == 403 else "invalid_request_error"
-        error = {"error": {"message": message, "type": kind, "code": code, "param": None}}
-    body = json.dumps(error).encode()
+    body = error_body(status, reason, message, openai)
     await send(
         {
             "type": "http.response.start",

@@ -63,6 +63,7 @@ from chatrun.server.plumbing import (
     served_directly,
 )
 from chatrun.server.sessions import EXISTING, NEW, OWNER_ONLY, STORE_OK, Reach, SessionRegistry
+from chatrun.server.turn_run import TurnRun, request_asks
 from chatrun.server.versions import RETRY_AFTER_S, VERSION_HEADER
 
 log = logging.getLogger("chatrun.server")
@@ -286,9 +287,11 @@ async def send_message(
 ) -> Any:
     turn = TurnRequest(bot, session_id, who, await _message_body(request), if_busy, idempotency_key)
     if stream or "text/event-stream" in (header(request, b"accept") or ""):
-        # Fail before the stream starts when the session is unknown or not the caller's.
-        async with turn.session(registry):
-            pass
+        # Fail before the stream starts when the session is unknown or not the caller's, or the
+        # Idempotency-Key is a committed request's and this request asks something else (422).
+        async with turn.session(registry) as session:
+            if idempotency_key is not None:
+                await _keyed_turn(registry, session, turn).is_replay()
         return StreamingResponse(
             _sse(registry, turn), media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -373,6 +376,12 @@ async def _message_body(request: Request) -> dict[str, Any]:
     return data
 
 
+def _keyed_turn(registry: SessionRegistry, session: Session, turn: TurnRequest) -> TurnRun:
+    """The streamed turn of a POST .../messages, with what it asks when it has an Idempotency-Key."""
+    message, key = wire.turn_input(turn.data), turn.idempotency_key
+    return registry.turn(session, message, key, asks=None if key is None else request_asks(message))
+
+
 async def _reply(registry: SessionRegistry, turn: TurnRequest) -> JSONResponse:
     """The turn's events and outcome as one JSON reply."""
     async with turn.session(registry) as session:
@@ -383,7 +392,7 @@ async def turn_reply(registry: SessionRegistry, session: Session, message: Any, 
     """One turn of a held session (a message, or a decision: server/pending_api.py) as one
     JSON reply: its events, whether it succeeded, where the conversation is, and whether it
     was a replay of the Idempotency-Key's committed turn."""
-    run = registry.turn(session, message, key, whole=True)
+    run = registry.turn(session, message, key, whole=True, asks=None if key is None else request_asks(message))
     events = await run.events()
     body = {
         "events": [e.to_dict() for e in events if e.type != ev.STREAM],
@@ -411,7 +420,7 @@ async def _sse(registry: SessionRegistry, turn: TurnRequest) -> AsyncIterator[st
 async def _sse_turn(registry: SessionRegistry, turn: TurnRequest, emit: Emit) -> None:
     try:
         async with turn.session(registry) as session:
-            run = registry.turn(session, wire.turn_input(turn.data), turn.idempotency_key)
+            run = _keyed_turn(registry, session, turn)
             async for event in run:
                 emit(_sse_frame(event.type, event.to_dict()))
             done = {"type": wire.COMPLETED, "data": session.scope_id, "route": session.route, "stack": session.stack}
@@ -455,8 +464,9 @@ def check_initial_state(state: dict[str, Any], declared: dict[str, Any]) -> None
         raise wire.RequestFailed(wire.BAD_REQUEST, problem[1])
 
 
-# wire.chat_id_problem as a schema: 1-128 characters, not all blank, no slash.
-SESSION_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": wire.MAX_CHAT_ID, "pattern": "^[^/]*[^/\\s][^/]*$"}
+# wire.chat_id_problem as a schema: 1-128 characters, not all blank, no slash, not '.' or '..'.
+SESSION_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": wire.MAX_CHAT_ID,
+                     "pattern": "^(?!\\.\\.?$)[^/]*[^/\\s][^/]*$"}
 
 
 def _state_schema(registry: SessionRegistry) -> dict[str, Any]:
@@ -488,7 +498,8 @@ _ERRORS = {
     409: "SessionExists, ScopeNotActive, Conflict, or NotPending (the item was resolved already, or never was)",
     413: "TooLarge: body or userMessage over the limit",
     415: "UnsupportedMediaType: a body that is not application/json",
-    422: "InvalidDecision: edited arguments or an answer that do not match the declared schema (the item stays pending)",
+    422: "InvalidDecision: edited arguments or an answer that do not match the declared schema (the item stays pending); "
+         "IdempotencyKeyReused: the Idempotency-Key of a committed request, sent with another request",
     429: "TooManyRequests",
     500: "ServerError",
 }

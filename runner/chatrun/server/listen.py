@@ -9,7 +9,8 @@ free again; `fd_headroom` checks at start-up that the cap fits under the fd limi
 offers the keep-alive timeout; it has no timeout on a request's headers, so a client dripping them one byte at a
 time would hold its connection for ever. HeaderTimeoutProtocol adds one: a connection whose
 request headers are not complete within `header_timeout` seconds of its first byte (or of the
-connection) is answered 408 and closed. (Body timeouts are the EdgeGuard's.) A WebSocket
+connection) is answered 408 and closed. (Body timeouts are the EdgeGuard's.) uvicorn reads
+a WebSocket message up to twice chatrun's frame limit (`ws_read_bound`), not 16 MiB. A WebSocket
 whose client stopped reading is aborted once its handler ends, rather than waiting for ever
 to flush, and a closed one is freed at once (its parser closed). Access logs never show a `token=` query value.
 """
@@ -24,6 +25,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from chatrun.server.guard import error_body, is_openai_path, send_error
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._header_deadline = None
         if self.transport.is_closing():
             return
-        body = b'{"error": "RequestTimeout", "message": "the request headers did not arrive in time"}'
+        # /v1's clients read OpenAI's error shape: the request line, when it came, names the path.
+        body = error_body(408, "RequestTimeout", "the request headers did not arrive in time",
+                          openai=is_openai_path(getattr(self, "url", b"")))
         self.transport.write(
             b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
@@ -125,8 +130,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-OVER_THE_CAP_BODY = (b'{"error": "Unavailable", "message": "the server is serving as many connections as it may '
-                     b'(serve --max-connections); try again shortly"}')
+OVER_THE_CAP_MESSAGE = "the server is serving as many connections as it may (serve --max-connections); try again shortly"
+OVER_THE_CAP_BODY = error_body(503, "Unavailable", OVER_THE_CAP_MESSAGE)
 OVER_THE_CAP_HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(OVER_THE_CAP_BODY)).encode()),
                         (b"connection", b"close"), (b"retry-after", b"1")]
 # The same answer, written before the request is read (a connection refused at accept).
@@ -139,6 +144,9 @@ FD_RESERVE = 64
 
 
 async def _over_the_cap(scope: Any, receive: Any, send: Any) -> None:
+    if is_openai_path(scope["path"]):  # /v1's clients read OpenAI's error shape (a refusal at accept has no path)
+        await send_error(send, 503, "Unavailable", OVER_THE_CAP_MESSAGE, [(b"retry-after", b"1")], openai=True)
+        return
     await send({"type": "http.response.start", "status": 503, "headers": OVER_THE_CAP_HEADERS})
     await send({"type": "http.response.body", "body": OVER_THE_CAP_BODY, "more_body": False})
 
@@ -247,6 +255,9 @@ def uvicorn_config(app: Any, host: str, port: int, options: ListenOptions = List
     protocol = type("HeaderTimeout", (HeaderTimeoutProtocol,), {"header_timeout": options.header_timeout})
     if options.log_format == "json":
         extra.setdefault("log_config", json_log_config())
+    bound = ws_read_bound(app)
+    if bound is not None:
+        extra.setdefault("ws_max_size", bound)
     config = uvicorn.Config(
         app,
         host=host,
@@ -261,6 +272,21 @@ def uvicorn_config(app: Any, host: str, port: int, options: ListenOptions = List
     )
     redact_tokens_in_logs()
     return config
+
+
+# What uvicorn reads of one WebSocket message before chatrun sees it, as a multiple of chatrun's
+# frame limit (ServerLimits.max_frame_bytes): uvicorn's own bound is 16 MiB, each read whole
+# before chatrun refused it. A frame a little over the limit still gets its TooLarge and the
+# connection stays usable; one over this bound is closed 1009 (message too big) as it arrives.
+WS_READ_FACTOR = 2
+
+
+def ws_read_bound(app: Any) -> int | None:
+    """uvicorn's `ws_max_size` for `app` (chatrun's app keeps its ServerLimits in app.state);
+    None (uvicorn's default) for an app without them."""
+    limits = getattr(getattr(app, "state", None), "limits", None)
+    frame = getattr(limits, "max_frame_bytes", None)
+    return frame * WS_READ_FACTOR if isinstance(frame, int) else None
 
 
 def json_log_config() -> dict[str, Any]:

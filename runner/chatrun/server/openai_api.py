@@ -499,10 +499,12 @@ def attempt_of(index: TurnIndex, heard: Heard, body: dict[str, Any], ident: Iden
     look for an earlier attempt: the same request sent again by a user is a regenerate (a fork)."""
     owner = who.name if who is not None else None
     key = heard.get(IDEMPOTENCY_HEADER)
+    what = [ident.explicit_id, ident.route, text, body.get("response_format")]  # and the conversation: hashed once
     if key is not None:
         check_request_id(key)
-        return Attempt(index.request_key(ident.bot, owner, ["idempotency-key", key]), True)
-    what = [ident.explicit_id, ident.route, text, body.get("response_format")]  # and the conversation: hashed once
+        # What the request asks, kept with its outcome: the key reused for another request is a 422.
+        return Attempt(index.request_key(ident.bot, owner, ["idempotency-key", key]), True,
+                       key, ident.request_key(owner, what))
     retry = heard.get(RETRY_HEADER)
     retries = "0" if retry is None else retry.strip()
     return Attempt(ident.request_key(owner, what), retries.isdigit() and int(retries) > 0)

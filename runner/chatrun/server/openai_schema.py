@@ -91,6 +91,7 @@ _ERRORS = {
     409: "the session is busy or changed meanwhile; conversation_ended: an `end` action ended the conversation",
     413: "too_large: the body or the user message is over the limit",
     415: "a body that is not application/json",
+    422: "idempotency_key_reused: the Idempotency-Key of a committed request, sent with another request",
     429: "rate_limit_error: too many sessions for this caller",
     500: "server_error: the turn failed (the model, a tool), or the store",
     503: "the server is shutting down: send again",

@@ -314,9 +314,8 @@ class TurnIndex:
                 async with registry.session(ident.bot, ident.explicit_id, who, EXISTING) as session:
                     yield Opened(session, CONTINUED, caught_up=await self._unseen(session))
                 return
-            async with registry.session(ident.bot, ident.explicit_id, who, NEW, route=ident.route,
-                                        version=ident.version, locale=ident.locale) as session:
-                yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
+            async with self._new(ident, who, ident.explicit_id) as opened:
+                yield opened
             return
         record = ident.previous
         key = ident.prefix_key(_owner(who)) if record is None and ident.earlier else None
@@ -337,9 +336,23 @@ class TurnIndex:
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
                     yield Opened(session, FORKED, forked_from=record["session"])
                 return
-        async with registry.session(ident.bot, secrets.token_hex(8), who, NEW, route=ident.route,
+        async with self._new(ident, who, secrets.token_hex(8)) as opened:
+            yield opened
+
+    @asynccontextmanager
+    async def _new(self, ident: Identity, who: Principal | None, session_id: str) -> AsyncIterator[Opened]:
+        """A session this request creates; deleted again when the request ran no turn on it (refused
+        before it, as a file its route does not take): a request that did nothing leaves nothing."""
+        registry = self.registry
+        async with registry.session(ident.bot, session_id, who, NEW, route=ident.route,
                                     version=ident.version, locale=ident.locale) as session:
-            yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
+            try:
+                yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
+            finally:
+                try:
+                    await asyncio.shield(registry.discard_unused(session))
+                except Exception as exc:  # the request's own outcome stands; the session stays
+                    log.warning("session %s ran no turn and was not deleted: %s", session_id, exc)
 
     async def _look_up(self, claim: str | None, key: str | None,
                        session_id: str | None) -> tuple[dict[str, Any] | None, bool]:

@@ -25,6 +25,7 @@ from chatrun.messages import Attachment
 from chatrun.server import wire
 from chatrun.server.audience import for_clients
 from chatrun.server.auth import Principal
+from chatrun.server.guard import openai_code
 from chatrun.server.inspect import pending_data
 from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Opened, TurnIndex
 from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
@@ -57,7 +58,7 @@ _CODES = {wire.UNAUTHORIZED: "invalid_api_key", wire.BOT_NOT_FOUND: "model_not_f
 def from_failure(exc: wire.RequestFailed) -> OpenAIError:
     status = wire.HTTP_STATUS.get(exc.reason, 400)
     message = UNAUTHORIZED_MESSAGE if isinstance(exc, Unauthorized) else exc.message
-    return OpenAIError(status, message, _TYPES.get(status, "invalid_request_error"), _CODES.get(exc.reason, exc.reason))
+    return OpenAIError(status, message, _TYPES.get(status, "invalid_request_error"), _CODES.get(exc.reason) or openai_code(exc.reason))
 
 
 def conversation_ended(session_id: str, ended: dict[str, str]) -> OpenAIError:
@@ -189,6 +190,8 @@ class Attempt:
 
     key: str
     retry: bool
+    idempotency_key: str | None = None  # the Idempotency-Key that names it, if one does
+    asks: str | None = None  # with an Idempotency-Key: the hash of what the request asks (its outcome keeps it)
 
 
 @dataclass
@@ -217,19 +220,32 @@ async def run_turn(
     if attempt.retry:
         recorded = await index.claim_or_outcome(attempt.key)
         if recorded is not None:
-            return _replay(recorded, emit)
+            return _replay(_same_request(recorded, attempt), emit)
     # The user's own request, not a retry, runs whatever an earlier one answered: it claims
     # the outcome's key as its session is looked up (TurnIndex.open).
     claim = None if attempt.retry else attempt.key
     try:
         # A committed turn's outcome is settled with the index's records of it (TurnIndex.remember).
-        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt.key, claim)
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt, claim)
     except BaseException:
         await asyncio.shield(index.release(attempt.key))
         raise
     if not result.ok:
         await index.release(attempt.key)
     return result
+
+
+def _same_request(recorded: dict[str, Any], attempt: Attempt) -> dict[str, Any]:
+    """`recorded`, when it is the outcome of this request; a 422 when its Idempotency-Key was
+    used before for a request that asked something else (the IETF draft's and Stripe's answer):
+    the client learns its mistake instead of getting the answer to another question. An outcome
+    recorded before chatrun kept what it asked (no `asks`) is replayed as before."""
+    asked = recorded.get("asks")
+    if attempt.asks is None or asked is None or asked == attempt.asks:
+        return recorded
+    raise OpenAIError(422, f"the Idempotency-Key {attempt.idempotency_key!r} was used for another request "
+                      "(another message, conversation, session, route or response_format); "
+                      "send a new key for a new request", code="idempotency_key_reused")
 
 
 def _replay(recorded: dict[str, Any], emit: Emit | None) -> TurnResult:
@@ -249,7 +265,7 @@ def _replay(recorded: dict[str, Any], emit: Emit | None) -> TurnResult:
 async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
-    attempt_key: str | None = None, claim: str | None = None,
+    attempt: Attempt | None = None, claim: str | None = None,
 ) -> TurnResult:
     whole, emit = emit is None, emit or _nobody
     reply = Reply()
@@ -299,8 +315,8 @@ async def _run_turn(
         if cost is not None:
             info["cost"] = cost
         if ok:  # what a retry of the request replays (the attempt's outcome), with the turn's keys
-            outcome = None if attempt_key is None else (
-                attempt_key, {"events": events, "usage": usage, "estimated": estimated, "session": info})
+            outcome = None if attempt is None else (attempt.key, {
+                "events": events, "usage": usage, "estimated": estimated, "session": info, "asks": attempt.asks})
             await index.remember(session, who, keys_after(reply), outcome, run.committed_snapshot())
         return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
 

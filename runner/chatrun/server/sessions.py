@@ -260,14 +260,16 @@ class SessionRegistry:
                 # live copy is ahead of the store, so it goes; the store is the truth.
                 self.cache.drop(slot)
 
-    def turn(self, session: Session, message: Any, request_id: str | None = None, whole: bool = False) -> TurnRun:
+    def turn(self, session: Session, message: Any, request_id: str | None = None, whole: bool = False,
+             asks: str | None = None) -> TurnRun:
         """Run one turn of a session held by `session()`: its events, then the commit (the
         last step of the iteration). A retry of a committed `request_id` replays its events.
-        whole: the caller uses the events only once the turn has ended (a JSON reply)."""
+        whole: the caller uses the events only once the turn has ended (a JSON reply); asks:
+        what the request asks (turn_run.request_asks), refused under another request's key."""
         check_request_id(request_id)
         report = functools.partial(TurnReport, session, request_id, self.metrics, self.log_content, message)
         return TurnRun(session, message, request_id, functools.partial(self._hold_of, session),
-                       self.store, self.writes, report, whole)
+                       self.store, self.writes, report, whole, asks)
 
     async def rate(self, bot_name: str | None, session_id: str, principal: Principal | None,
                    feedback: dict[str, Any]) -> dict[str, Any]:
@@ -295,6 +297,21 @@ class SessionRegistry:
         async with self.session(bot.name, session_id, principal, EXISTING) as session:
             memory_ids = [mid for s in session.scopes for mid in s.memory_ids()]
             await self.writes.delete(self._hold_of(session), session_id, memory_ids)
+
+    async def discard_unused(self, session: Session) -> bool:
+        """Delete a held session that ran no turn and recorded none (a /v1 request that created
+        it and was refused before its turn): left in the store, it would count against
+        `--max-sessions-per-principal` for a request that did nothing. Whether it was deleted."""
+        if session.closed or session.turn_count:
+            return False
+        try:
+            if session.last_turn is not None:  # a turn tried: failed or stopped, its record is kept
+                return False
+        except SessionError:  # nothing recorded to read back: no turn was tried
+            pass
+        memory_ids = [mid for s in session.scopes for mid in s.memory_ids()]
+        await self.writes.delete(self._hold_of(session), session.id, memory_ids)
+        return True
 
     async def erase(self, session_id: str, bot_name: str | None) -> int:
         """Delete a stored session for retention or erasure (store/retention.py), whatever its

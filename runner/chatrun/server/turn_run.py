@@ -12,6 +12,9 @@ user's events go on (audience.for_clients); the others are in the history, with 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -35,6 +38,17 @@ log = logging.getLogger("chatrun.server")
 MAX_REQUEST_ID = 200  # characters of an idempotency key (each session keeps its last 1,000)
 
 
+def request_asks(message: Any) -> str:
+    """The hash of what a request asks (a message's text and data, a decision and its fields),
+    kept with its outcome: an Idempotency-Key sent again with another request is refused
+    (KEY_REUSED) instead of replaying the answer to the first."""
+    shown: Any = message
+    if dataclasses.is_dataclass(message) and not isinstance(message, type):  # a decision (Approve, Answer, ...)
+        shown = {type(message).__name__: dataclasses.asdict(message)}
+    text = json.dumps(shown, sort_keys=True, ensure_ascii=False, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def check_request_id(request_id: str | None) -> None:
     if request_id is not None and not 0 < len(request_id) <= MAX_REQUEST_ID:
         raise wire.RequestFailed(
@@ -50,11 +64,15 @@ class TurnRun:
     its history entry once iterated (ok, usage, ...; the recorded one for a replay)."""
 
     def __init__(self, session: Session, message: Any, request_id: str | None, hold: Callable[[], Hold],
-                 store: AsyncStore, writes: SessionWrites, report: Callable[[], TurnReport], whole: bool = False):
+                 store: AsyncStore, writes: SessionWrites, report: Callable[[], TurnReport], whole: bool = False,
+                 asks: str | None = None):
         """hold: the session's hold (looked up when the turn starts); report: a new TurnReport;
         whole: the events are used only once the turn has ended (a JSON reply), so the turn runs
-        in the caller's task (Session.achat), without a task and a queue of its own (issue 39)."""
+        in the caller's task (Session.achat), without a task and a queue of its own (issue 39);
+        asks: what the request asks (request_asks), kept with its outcome and compared with a
+        replayed one's (the HTTP API's Idempotency-Key; None: not kept, not compared)."""
         self._session, self._message, self.request_id, self._whole = session, message, request_id, whole
+        self._asks = asks
         self._hold_of, self._store, self._writes, self._report = hold, store, writes, report
         self.replayed = False
         self.turn = 0
@@ -78,6 +96,12 @@ class TurnRun:
         if not self._looked_up:
             self._recorded = await self._store.get_outcome(self._session.id, self.request_id or "")
             self._looked_up = True
+        asked = (self._recorded or {}).get("asks")
+        if self._asks is not None and asked is not None and asked != self._asks:
+            # Not a retry: another request under a committed one's key (an outcome kept before
+            # chatrun kept what it asked has no `asks`, and is replayed as before).
+            raise wire.RequestFailed(wire.KEY_REUSED, f"the Idempotency-Key {self.request_id!r} was used for "
+                                     "another request to this session; send a new key for a new request")
         return self._recorded is not None
 
     def __aiter__(self) -> AsyncIterator[Event]:
@@ -161,7 +185,7 @@ class TurnRun:
         the number the turn will have."""
         buffer = hold.slot.buffer
         assert buffer is not None
-        buffer.request_id = self.request_id
+        buffer.request_id, buffer.request_asks = self.request_id, self._asks
         return self._session, buffer, self._session.turn_count + 1
 
     async def _ran(self, hold: Hold, report: TurnReport) -> None:

@@ -82,6 +82,7 @@ NOT_FOUND = "NotFound"  # no such thing (an outbox entry)
 DECISION_REFUSED = "DecisionRefused"  # a decision on a pending item by someone who may not make it
 NOT_PENDING = "NotPending"  # a decision on an item that is not pending (unknown, or resolved already)
 INVALID_DECISION = "InvalidDecision"  # edited arguments or an answer that do not validate (item stays pending)
+KEY_REUSED = "IdempotencyKeyReused"  # an Idempotency-Key of a committed request sent with another request
 
 # HTTP status for each reason, so the REST API and the WebSocket fail the same way.
 HTTP_STATUS = {
@@ -104,6 +105,7 @@ HTTP_STATUS = {
     DECISION_REFUSED: 403,
     NOT_PENDING: 409,
     INVALID_DECISION: 422,
+    KEY_REUSED: 422,
 }
 
 
@@ -381,6 +383,9 @@ def chat_id_problem(value: Any) -> str | None:
         return f"at most {MAX_CHAT_ID} characters, not {len(value)}"
     if "/" in value:
         return "no '/' (ids appear in URL paths)"
+    if value in (".", ".."):
+        # a path segment of its own: URL normalization would read it as this or the parent path
+        return "not '.' or '..' (ids appear in URL paths)"
     return None
 
 

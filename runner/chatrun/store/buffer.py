@@ -17,6 +17,8 @@ server is final: nothing is decoded or encoded again on the way to the store.
 
 from __future__ import annotations
 
+import json
+
 from chatrun.errors import ChatrunError
 from chatrun.messages import Message
 from chatrun.store import RecordStore
@@ -44,7 +46,7 @@ class TurnBuffer:
     # No __dict__: one per cached session (issue 26).
     __slots__ = ("session_id", "records", "track_committed", "lean", "_snapshot_json", "_snapshot_size",
                  "_snapshot_values", "_unclaimed",
-                 "_memories", "_committed", "pending", "request_id")
+                 "_memories", "_committed", "pending", "request_id", "request_asks")
 
     def __init__(self, session_id: str, record: SessionRecord | None = None, records: RecordStore | None = None,
                  track_committed: bool = False, lean: bool = False):
@@ -70,6 +72,7 @@ class TurnBuffer:
         self._committed: PackedCommitted | Committed | None = None if record is None else pack_committed(record.committed)
         self.pending: Commit | None = None
         self.request_id: str | None = None  # stamped on the history entries of the running request
+        self.request_asks: str | None = None  # what it asks (a hash), kept in its outcome only (server/turn_run.py)
 
     @property
     def committed(self) -> Committed | None:
@@ -163,7 +166,7 @@ class TurnBuffer:
         if turn_at is not None:
             commit.turn = entries[turn_at]["turn"]
             if self.request_id is not None and entries[turn_at].get("ok"):
-                commit.outcome = (self.request_id, commit.history_json[turn_at])  # the entry's own JSON
+                commit.outcome = (self.request_id, _with_asks(commit.history_json[turn_at], self.request_asks))
         self._keep(commit)
         return "pending"
 
@@ -242,3 +245,12 @@ class TurnBuffer:
     def _check(self, session_id: str) -> None:
         if session_id != self.session_id:
             raise ChatrunError(f"the buffer of session {self.session_id} was asked for session {session_id}")
+
+
+def _with_asks(entry_json: str, asks: str | None) -> str:
+    """A committed request's outcome: its history entry's JSON text, with what the request asked
+    (`asks`) when the server keeps it, so a key sent again with another request is refused.
+    The history keeps the entry without it."""
+    if asks is None:
+        return entry_json
+    return entry_json[:-1] + ',"asks":' + json.dumps(asks) + "}"  # the entry is a non-empty object
