@@ -165,6 +165,22 @@ def test_storage_keeps_no_card_number_in_the_store_or_the_logs(bot, caplog, tmp_
     assert not card_leaked(json.dumps([m.to_dict() for m in model.requests[2].messages]))
 
 
+def test_a_conversation_begun_elsewhere_is_seeded_redacted_for_the_model_and_the_store(bot, tmp_path):
+    # An OpenAI client's first request resends its earlier messages (server/openai_sessions.py
+    # seeds them): they are the user's messages too, so neither the model nor the store reads a card.
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    model = ScriptedModel([{"text": "Noted."}])
+    s = bot.session(store=store, model=model)
+    s.seed_memory([chatrun.UserMessage(f"my card is {CARD}"), chatrun.AssistantMessage(f"Got {CARD}.")])
+    store.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*"))
+    assert not card_leaked(stored) and b"[card]" in stored
+    s = bot.session(session_id=s.id, store=chatrun.SQLiteStore(str(tmp_path / "s.db")), model=model)
+    s.chat("thanks")
+    sent = json.dumps([m.to_dict() for m in model.requests[0].messages])
+    assert not card_leaked(sent) and "my card is [card]" in sent
+
+
 def test_the_validator_names_bad_patterns_and_outcomes_at_their_line(write_bot):
     path = write_bot("""
 name: bad
