@@ -181,6 +181,37 @@ def test_a_conversation_begun_elsewhere_is_seeded_redacted_for_the_model_and_the
     assert not card_leaked(sent) and "my card is [card]" in sent
 
 
+KNOWLEDGE_BOT = """
+name: kb
+model: {provider: scripted, stream: true}
+knowledge:
+  help: {path: help}
+guardrails:
+  - {name: cards, pii: [card], stages: [tool_result, output], outcome: redact}
+routes:
+  main: {default: true, system: Answer from help., knowledge: {sources: [help], retrieve: RETRIEVE}}
+"""
+
+
+@pytest.mark.parametrize("retrieve", ["tool", "auto"])
+def test_a_knowledge_passage_and_its_citation_are_guarded_on_each_way_to_the_model_and_the_user(write_bot,
+                                                                                                   retrieve):
+    # search_knowledge's passages pass the tool_result guards; `retrieve: auto` gives the model the
+    # same passages (and must too), and the Sources event's titles reach the user beside the reply.
+    path = write_bot(KNOWLEDGE_BOT.replace("RETRIEVE", retrieve))
+    (path.parent / "help").mkdir()
+    (path.parent / "help" / "cards.md").write_text(
+        f"# Test cards {CARD}\n\n## Refund window\n\nRefund to the test card {CARD} within 30 days.\n")
+    search = {"tool_calls": [{"name": "search_knowledge", "arguments": {"query": "refund test card"}}]}
+    answer = {"text": "Within 30 days [cards.md#refund-window]."}
+    model = ScriptedModel([search, answer] if retrieve == "tool" else [answer])
+    events = chatrun.load_bot(path).session(model=model).chat("refund to the test card?")
+    sent = json.dumps([m.to_dict() for r in model.requests for m in r.messages])
+    assert not card_leaked(sent) and "test card [card]" in sent
+    sources = [e.data for e in events if e.type == "Sources"]
+    assert sources and not card_leaked(json.dumps(sources)) and "Test cards [card]" in json.dumps(sources)
+
+
 def test_the_validator_names_bad_patterns_and_outcomes_at_their_line(write_bot):
     path = write_bot("""
 name: bad

@@ -208,7 +208,7 @@ class Turn:
         return RouteRun(route, memory, offered, specs, plan.model, plan,
                         route.returns == "answer" and scope.caller is not None,
                         tool_choice=sendable_tool_choice(route.tool_choice, offered),
-                        knowledge=await grounding.retrieved(self.t, route) if route.knowledge else [])
+                        knowledge=await grounding.retrieved(self.t, route, self.guard) if route.knowledge else [])
 
     async def model_step(self, run: RouteRun) -> NextStep:
         """One model call on the route and what follows from its answer."""
