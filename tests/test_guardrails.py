@@ -212,6 +212,33 @@ def test_a_knowledge_passage_and_its_citation_are_guarded_on_each_way_to_the_mod
     assert sources and not card_leaked(json.dumps(sources)) and "Test cards [card]" in json.dumps(sources)
 
 
+CITING_BOT = """
+name: kb
+model: {provider: scripted}
+knowledge:
+  help: {path: help}
+guardrails:
+  - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: OUTCOME, message: "I cannot share that."}
+routes:
+  main: {default: true, system: Answer from help., knowledge: {sources: [help], cite: required}}
+"""
+
+
+@pytest.mark.parametrize("outcome", ["block", "operator"])
+def test_a_blocked_reply_on_a_route_that_must_cite_is_the_guards_message_not_asked_again(write_bot, outcome):
+    # The guard's message cites nothing: `cite: required` asked the model again and sent the
+    # fallback, so the user never read the message docs/guardrails.md promises.
+    path = write_bot(CITING_BOT.replace("OUTCOME", outcome))
+    (path.parent / "help").mkdir()
+    (path.parent / "help" / "returns.md").write_text("# Returns\n\n## Refund window\n\nWithin 30 days.\n")
+    model = ScriptedModel([{"text": "It is internal only [returns.md#refund-window]."}, {"text": "Sure."}])
+    s = chatrun.load_bot(path).session(model=model)
+    events = s.chat("refund?")
+    assert [d for t, d in kinds(events) if t == "Message"] == ["I cannot share that."]
+    assert len(model.requests) == 1
+    assert s.memory()[-1].content == "I cannot share that."
+
+
 def test_the_validator_names_bad_patterns_and_outcomes_at_their_line(write_bot):
     path = write_bot("""
 name: bad

@@ -218,6 +218,9 @@ class Guardrails:
         self.t = t
         # The turn's ChatModel (engine/turn.py sets it): a `moderation` guard asks its `moderate`.
         self.model: Any = None
+        # Whether the last answer checked was stopped (blocked, or handed over): what the user reads
+        # is the guard's message, which `cite: required` must not refuse (engine/turn.py).
+        self.stopped_output = False
 
     def on(self, stage: str, route: str | None = None) -> tuple[GuardrailConfig, ...]:
         """The guards of `stage` on `route` (default: the current one)."""
@@ -378,6 +381,7 @@ class Guardrails:
         counts as checked): the text to show and keep, and whether the turn was handed to an
         operator (its calls then do not run)."""
         guards = self.on("output")
+        self.stopped_output = False
         if not guards or not text:
             return text, False
         if hold is not None:
@@ -391,6 +395,7 @@ class Guardrails:
         guard = verdict.stopped_by
         if guard is None:
             return released + verdict.text, False
+        self.stopped_output = True
         text = self.message(guard)
         if released:  # what went out stays the start of the Message: every door relies on it
             text = released + ("" if released[-1].isspace() else " ") + text

@@ -231,7 +231,8 @@ class Turn:
                 return step  # the empty answer is not kept: the memory gets what the user gets
         elif not calls and route.knowledge is not None and not run.returning:
             run.cited = await grounding.cited(self.t, route, response.text)
-            if not run.cited and route.knowledge.cite_required:
+            stopped = self.guard is not None and self.guard.stopped_output  # the guard's message cites nothing
+            if not run.cited and route.knowledge.cite_required and not stopped:
                 return self.uncited(run, response.text)  # not kept either, and never sent (not streamed)
         run.memory.add(answer)
         if not calls:
