@@ -239,6 +239,31 @@ def test_a_blocked_reply_on_a_route_that_must_cite_is_the_guards_message_not_ask
     assert s.memory()[-1].content == "I cannot share that."
 
 
+ASKING_BOT = """
+name: kyc
+model: {provider: scripted}
+guardrails:
+  - {name: cards, pii: [card], stages: [tool_result], outcome: redact}
+routes:
+  main: {default: true, system: You help., tools: [card_on_file]}
+tools:
+  card_on_file:
+    description: Ask the back office for the card on file
+    action: {ask: {from: backend, text: Which card is on file?, schema: {type: string}}}
+"""
+
+
+def test_a_backends_answer_is_redacted_before_the_model_reads_it_as_the_calls_result(write_bot):
+    model = ScriptedModel([{"tool_calls": [{"name": "card_on_file", "arguments": {}}]}, {"text": "Found it."}])
+    s = chatrun.load_bot(write_bot(ASKING_BOT)).session(model=model)
+    token = next(e.data["token"] for e in s.chat("which card?") if e.type == "Pending" and e.data.get("token"))
+    events = s.chat(chatrun.Answer("p1", f"the card {CARD}", token=token))
+    read = [m for m in model.requests[1].messages if m.role == "tool"][0].content
+    assert not card_leaked(read) and read == "the card [card]"
+    assert {"name": "cards", "stage": "tool_result", "kind": "pii", "outcome": "redact", "route": "main",
+            "found": ["card"]} in [e.data for e in events if e.type == "Guardrail"]
+
+
 def test_the_validator_names_bad_patterns_and_outcomes_at_their_line(write_bot):
     path = write_bot("""
 name: bad

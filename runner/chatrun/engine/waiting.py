@@ -601,6 +601,8 @@ async def answered(calls: ToolCalls, item: PendingItem, value: Any, outcome: str
         tool_outcome = await calls.apply(tool, args, value, action, item.call_id or "")
     except ToolRefusal as refusal:
         tool_outcome = ToolOutcome(str(refusal), failed=True)
+    if calls.guard is not None:  # the answer is the call's result: the model reads it as `tool_result`
+        tool_outcome.reply = await calls.guard.check_tool_result(tool.name, tool_outcome.reply)
     return _continue(calls, item, memory, tool_outcome)
 
 
