@@ -264,6 +264,24 @@ def test_a_backends_answer_is_redacted_before_the_model_reads_it_as_the_calls_re
             "found": ["card"]} in [e.data for e in events if e.type == "Guardrail"]
 
 
+@pytest.mark.parametrize("release", ["reply", "sentence"])
+def test_max_chars_on_a_streamed_reply_limits_the_whole_reply_released_a_sentence_at_a_time_or_not(write_bot, release):
+    # Each sentence was judged alone: a reply of short sentences passed any max_chars.
+    path = write_bot(f"""
+        name: short
+        model: {{provider: scripted, stream: true}}
+        guardrails:
+          - {{name: short, max_chars: 30, stages: [output], outcome: redact, release: {release}}}
+        routes:
+          main: {{default: true, system: You help.}}
+        """)
+    chunks = ["One short line. ", "Another short line. ", "A third short line here. ", "End."]
+    events = chatrun.load_bot(path).session(model=ScriptedModel([{"chunks": chunks}])).chat("hi")
+    shown = stream_and_messages(events)
+    assert shown[-1] == ("Message", "One short line. Another short ")
+    assert all(len(data) <= 30 for kind, data in shown)
+
+
 def test_the_validator_names_bad_patterns_and_outcomes_at_their_line(write_bot):
     path = write_bot("""
 name: bad

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatrun import events as ev
@@ -440,7 +440,7 @@ class OutputHold:
             cut = m.end()
         if cut is None or cut - self.consumed < self.window:
             return
-        verdict = await self.guards.screen("output", self.raw[self.consumed:cut])
+        verdict = await self.guards.screen("output", self.raw[self.consumed:cut], self.budgeted())
         if verdict.stopped_by is not None:
             self.stopped = verdict
             return
@@ -457,8 +457,14 @@ class OutputHold:
         if not text.startswith(self.raw[:self.consumed]):  # the model's text is not what it streamed
             log.info("session %s: a streamed reply differs from the model's text; checked whole", self.guards.t.c.id)
             self.consumed, self.released = 0, ""
-        verdict = await self.guards.screen("output", text[self.consumed:])
+        verdict = await self.guards.screen("output", text[self.consumed:], self.budgeted())
         return self.guards.apply_output(verdict, self.released)
+
+    def budgeted(self) -> tuple[GuardrailConfig, ...]:
+        """The output guards, each `max_chars` less what already went out: the limit is the
+        reply's, not each sentence's (a reply of short sentences would never reach it)."""
+        return tuple(replace(g, max_chars=max(0, (g.max_chars or 0) - len(self.released))) if g.kind == "length" else g
+                     for g in self.guards.on("output"))
 
 
 # -- storage --------------------------------------------------------------------------------
