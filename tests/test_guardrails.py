@@ -264,6 +264,18 @@ def test_a_backends_answer_is_redacted_before_the_model_reads_it_as_the_calls_re
             "found": ["card"]} in [e.data for e in events if e.type == "Guardrail"]
 
 
+def test_a_rejects_reason_is_redacted_before_the_model_reads_it_as_the_calls_result(write_bot):
+    path = write_bot(ASKING_BOT.replace("action: {ask: {from: backend, text: Which card is on file?, "
+                                        "schema: {type: string}}}",
+                                        "action: {reply: done}\n    approval: {by: [user], ask: Look it up?}"))
+    model = ScriptedModel([{"tool_calls": [{"name": "card_on_file", "arguments": {}}]}, {"text": "Understood."}])
+    s = chatrun.load_bot(path).session(model=model)
+    s.chat("which card?")
+    s.chat(chatrun.Reject("p1", reason=f"not with my card {CARD}"))
+    read = [m for m in model.requests[1].messages if m.role == "tool"][0].content
+    assert not card_leaked(read) and "not with my card [card]" in read
+
+
 @pytest.mark.parametrize("release", ["reply", "sentence"])
 def test_max_chars_on_a_streamed_reply_limits_the_whole_reply_released_a_sentence_at_a_time_or_not(write_bot, release):
     # Each sentence was judged alone: a reply of short sentences passed any max_chars.
