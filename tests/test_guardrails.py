@@ -165,6 +165,135 @@ def test_storage_keeps_no_card_number_in_the_store_or_the_logs(bot, caplog, tmp_
     assert not card_leaked(json.dumps([m.to_dict() for m in model.requests[2].messages]))
 
 
+def test_a_conversation_begun_elsewhere_is_seeded_redacted_for_the_model_and_the_store(bot, tmp_path):
+    # An OpenAI client's first request resends its earlier messages (server/openai_sessions.py
+    # seeds them): they are the user's messages too, so neither the model nor the store reads a card.
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    model = ScriptedModel([{"text": "Noted."}])
+    s = bot.session(store=store, model=model)
+    s.seed_memory([chatrun.UserMessage(f"my card is {CARD}"), chatrun.AssistantMessage(f"Got {CARD}.")])
+    store.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*"))
+    assert not card_leaked(stored) and b"[card]" in stored
+    s = bot.session(session_id=s.id, store=chatrun.SQLiteStore(str(tmp_path / "s.db")), model=model)
+    s.chat("thanks")
+    sent = json.dumps([m.to_dict() for m in model.requests[0].messages])
+    assert not card_leaked(sent) and "my card is [card]" in sent
+
+
+KNOWLEDGE_BOT = """
+name: kb
+model: {provider: scripted, stream: true}
+knowledge:
+  help: {path: help}
+guardrails:
+  - {name: cards, pii: [card], stages: [tool_result, output], outcome: redact}
+routes:
+  main: {default: true, system: Answer from help., knowledge: {sources: [help], retrieve: RETRIEVE}}
+"""
+
+
+@pytest.mark.parametrize("retrieve", ["tool", "auto"])
+def test_a_knowledge_passage_and_its_citation_are_guarded_on_each_way_to_the_model_and_the_user(write_bot,
+                                                                                                   retrieve):
+    # search_knowledge's passages pass the tool_result guards; `retrieve: auto` gives the model the
+    # same passages (and must too), and the Sources event's titles reach the user beside the reply.
+    path = write_bot(KNOWLEDGE_BOT.replace("RETRIEVE", retrieve))
+    (path.parent / "help").mkdir()
+    (path.parent / "help" / "cards.md").write_text(
+        f"# Test cards {CARD}\n\n## Refund window\n\nRefund to the test card {CARD} within 30 days.\n")
+    search = {"tool_calls": [{"name": "search_knowledge", "arguments": {"query": "refund test card"}}]}
+    answer = {"text": "Within 30 days [cards.md#refund-window]."}
+    model = ScriptedModel([search, answer] if retrieve == "tool" else [answer])
+    events = chatrun.load_bot(path).session(model=model).chat("refund to the test card?")
+    sent = json.dumps([m.to_dict() for r in model.requests for m in r.messages])
+    assert not card_leaked(sent) and "test card [card]" in sent
+    sources = [e.data for e in events if e.type == "Sources"]
+    assert sources and not card_leaked(json.dumps(sources)) and "Test cards [card]" in json.dumps(sources)
+
+
+CITING_BOT = """
+name: kb
+model: {provider: scripted}
+knowledge:
+  help: {path: help}
+guardrails:
+  - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: OUTCOME, message: "I cannot share that."}
+routes:
+  main: {default: true, system: Answer from help., knowledge: {sources: [help], cite: required}}
+"""
+
+
+@pytest.mark.parametrize("outcome", ["block", "operator"])
+def test_a_blocked_reply_on_a_route_that_must_cite_is_the_guards_message_not_asked_again(write_bot, outcome):
+    # The guard's message cites nothing: `cite: required` asked the model again and sent the
+    # fallback, so the user never read the message docs/guardrails.md promises.
+    path = write_bot(CITING_BOT.replace("OUTCOME", outcome))
+    (path.parent / "help").mkdir()
+    (path.parent / "help" / "returns.md").write_text("# Returns\n\n## Refund window\n\nWithin 30 days.\n")
+    model = ScriptedModel([{"text": "It is internal only [returns.md#refund-window]."}, {"text": "Sure."}])
+    s = chatrun.load_bot(path).session(model=model)
+    events = s.chat("refund?")
+    assert [d for t, d in kinds(events) if t == "Message"] == ["I cannot share that."]
+    assert len(model.requests) == 1
+    assert s.memory()[-1].content == "I cannot share that."
+
+
+ASKING_BOT = """
+name: kyc
+model: {provider: scripted}
+guardrails:
+  - {name: cards, pii: [card], stages: [tool_result], outcome: redact}
+routes:
+  main: {default: true, system: You help., tools: [card_on_file]}
+tools:
+  card_on_file:
+    description: Ask the back office for the card on file
+    action: {ask: {from: backend, text: Which card is on file?, schema: {type: string}}}
+"""
+
+
+def test_a_backends_answer_is_redacted_before_the_model_reads_it_as_the_calls_result(write_bot):
+    model = ScriptedModel([{"tool_calls": [{"name": "card_on_file", "arguments": {}}]}, {"text": "Found it."}])
+    s = chatrun.load_bot(write_bot(ASKING_BOT)).session(model=model)
+    token = next(e.data["token"] for e in s.chat("which card?") if e.type == "Pending" and e.data.get("token"))
+    events = s.chat(chatrun.Answer("p1", f"the card {CARD}", token=token))
+    read = [m for m in model.requests[1].messages if m.role == "tool"][0].content
+    assert not card_leaked(read) and read == "the card [card]"
+    assert {"name": "cards", "stage": "tool_result", "kind": "pii", "outcome": "redact", "route": "main",
+            "found": ["card"]} in [e.data for e in events if e.type == "Guardrail"]
+
+
+def test_a_rejects_reason_is_redacted_before_the_model_reads_it_as_the_calls_result(write_bot):
+    path = write_bot(ASKING_BOT.replace("action: {ask: {from: backend, text: Which card is on file?, "
+                                        "schema: {type: string}}}",
+                                        "action: {reply: done}\n    approval: {by: [user], ask: Look it up?}"))
+    model = ScriptedModel([{"tool_calls": [{"name": "card_on_file", "arguments": {}}]}, {"text": "Understood."}])
+    s = chatrun.load_bot(path).session(model=model)
+    s.chat("which card?")
+    s.chat(chatrun.Reject("p1", reason=f"not with my card {CARD}"))
+    read = [m for m in model.requests[1].messages if m.role == "tool"][0].content
+    assert not card_leaked(read) and "not with my card [card]" in read
+
+
+@pytest.mark.parametrize("release", ["reply", "sentence"])
+def test_max_chars_on_a_streamed_reply_limits_the_whole_reply_released_a_sentence_at_a_time_or_not(write_bot, release):
+    # Each sentence was judged alone: a reply of short sentences passed any max_chars.
+    path = write_bot(f"""
+        name: short
+        model: {{provider: scripted, stream: true}}
+        guardrails:
+          - {{name: short, max_chars: 30, stages: [output], outcome: redact, release: {release}}}
+        routes:
+          main: {{default: true, system: You help.}}
+        """)
+    chunks = ["One short line. ", "Another short line. ", "A third short line here. ", "End."]
+    events = chatrun.load_bot(path).session(model=ScriptedModel([{"chunks": chunks}])).chat("hi")
+    shown = stream_and_messages(events)
+    assert shown[-1] == ("Message", "One short line. Another short ")
+    assert all(len(data) <= 30 for kind, data in shown)
+
+
 def test_the_validator_names_bad_patterns_and_outcomes_at_their_line(write_bot):
     path = write_bot("""
 name: bad

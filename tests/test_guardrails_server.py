@@ -142,3 +142,31 @@ def test_a_slack_reply_streamed_into_one_message_never_shows_the_digits(tmp_path
             shown = [c["text"] for c in slack.calls("chat.postMessage") + slack.calls("chat.update")]
     assert shown and not any(card_leaked(text) for text in shown)
     assert shown[0] == "Thanks. "  # the first checked sentence, posted as it was released
+
+
+INPUT_BOT = """
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+guardrails:
+  - {name: cards, pii: [card], stages: [input, storage], outcome: redact}
+routes:
+  main: {default: true, system: You sell things.}
+"""
+
+
+def test_v1_earlier_messages_resent_by_the_client_reach_neither_the_model_nor_the_store(monkeypatch, tmp_path):
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        (tmp_path / "shop.yaml").write_text(INPUT_BOT)
+        app = create_app([chatrun.load_bot(tmp_path / "shop.yaml")], f"sqlite:///{tmp_path / 'c.db'}")
+        fake.queue({"text": "Fine."}, {"text": "Fine again."})
+        earlier = [{"role": "user", "content": "my card is 4111 1111 1111 1111"},
+                   {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "thanks"}]
+        with ThreadServer(app) as srv, openai.OpenAI(base_url=srv.url + "/v1", api_key="unused",
+                                                     max_retries=0) as client:
+            client.chat.completions.create(model="shop", messages=earlier)  # type: ignore[arg-type]
+            client.responses.create(model="shop", input=earlier)  # type: ignore[arg-type]
+        assert len(fake.requests) == 2 and not card_leaked(json.dumps(fake.requests))
+        assert "my card is [card]" in json.dumps(fake.requests[0])
+        assert not card_leaked(b"".join(p.read_bytes() for p in tmp_path.glob("c.db*")))

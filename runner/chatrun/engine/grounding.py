@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from chatrun import events as ev
 from chatrun.definition.config import RouteConfig
+from chatrun.engine import guardrails
 from chatrun.knowledge import Hit, library_of, passages_text
 from chatrun.messages import Message, SystemMessage
 
@@ -23,16 +24,20 @@ if TYPE_CHECKING:
 RETRIEVED_HEADER = "Knowledge passages that may answer the user's last message:"
 
 
-async def retrieved(t: TurnContext, route: RouteConfig) -> list[Message]:
+async def retrieved(t: TurnContext, route: RouteConfig, guard: guardrails.Guardrails | None = None) -> list[Message]:
     """With `retrieve: auto`: the passages that best match the user's message, as a system
-    message for the model (and a Console note naming them, which transcripts can expect)."""
+    message for the model (and a Console note naming them, which transcripts can expect). They
+    pass the `tool_result` guardrails (`guard`) as the same passages found by search_knowledge do."""
     knowledge = route.knowledge
     if knowledge is None or knowledge.retrieve != "auto" or not (t.user_message or "").strip():
         return []
     hits = await library_of(t.config).asearch(t.user_message or "", knowledge.sources, knowledge.top_k)
     refs = ", ".join(hit.ref for hit in hits) or "nothing"
     t.emit(ev.CONSOLE, f"route {route.name}: retrieved {refs}")
-    return [SystemMessage(f"{RETRIEVED_HEADER}\n\n{passages_text(hits)}")]
+    text = passages_text(hits)
+    if guard is not None and hits:
+        text = await guard.check_tool_result("search_knowledge", text)
+    return [SystemMessage(f"{RETRIEVED_HEADER}\n\n{text}")]
 
 
 async def cited(t: TurnContext, route: RouteConfig, text: str | None) -> list[Hit]:
@@ -44,7 +49,13 @@ async def cited(t: TurnContext, route: RouteConfig, text: str | None) -> list[Hi
 
 
 def send_sources(t: TurnContext, hits: list[Hit]) -> None:
-    """The Sources event of a reply: each cited passage's title, ref, source and link."""
+    """The Sources event of a reply: each cited passage's title, ref, source and link, redacted
+    by the route's `output` guardrails that redact (the user reads them beside the reply)."""
     if hits:
         library = library_of(t.config)
-        t.emit(ev.SOURCES, {"sources": [library.source_entry(hit) for hit in hits]})
+        sources = [library.source_entry(hit) for hit in hits]
+        redacting = tuple(g for g in guardrails.Guardrails(t).on("output") if g.outcome == "redact") \
+            if t.config.guarded else ()
+        if redacting:
+            sources = guardrails.map_strings(sources, lambda text: guardrails.judge(redacting, "output", text).text)
+        t.emit(ev.SOURCES, {"sources": sources})

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatrun import events as ev
@@ -218,6 +218,9 @@ class Guardrails:
         self.t = t
         # The turn's ChatModel (engine/turn.py sets it): a `moderation` guard asks its `moderate`.
         self.model: Any = None
+        # Whether the last answer checked was stopped (blocked, or handed over): what the user reads
+        # is the guard's message, which `cite: required` must not refuse (engine/turn.py).
+        self.stopped_output = False
 
     def on(self, stage: str, route: str | None = None) -> tuple[GuardrailConfig, ...]:
         """The guards of `stage` on `route` (default: the current one)."""
@@ -378,6 +381,7 @@ class Guardrails:
         counts as checked): the text to show and keep, and whether the turn was handed to an
         operator (its calls then do not run)."""
         guards = self.on("output")
+        self.stopped_output = False
         if not guards or not text:
             return text, False
         if hold is not None:
@@ -391,6 +395,7 @@ class Guardrails:
         guard = verdict.stopped_by
         if guard is None:
             return released + verdict.text, False
+        self.stopped_output = True
         text = self.message(guard)
         if released:  # what went out stays the start of the Message: every door relies on it
             text = released + ("" if released[-1].isspace() else " ") + text
@@ -435,7 +440,7 @@ class OutputHold:
             cut = m.end()
         if cut is None or cut - self.consumed < self.window:
             return
-        verdict = await self.guards.screen("output", self.raw[self.consumed:cut])
+        verdict = await self.guards.screen("output", self.raw[self.consumed:cut], self.budgeted())
         if verdict.stopped_by is not None:
             self.stopped = verdict
             return
@@ -452,8 +457,14 @@ class OutputHold:
         if not text.startswith(self.raw[:self.consumed]):  # the model's text is not what it streamed
             log.info("session %s: a streamed reply differs from the model's text; checked whole", self.guards.t.c.id)
             self.consumed, self.released = 0, ""
-        verdict = await self.guards.screen("output", text[self.consumed:])
+        verdict = await self.guards.screen("output", text[self.consumed:], self.budgeted())
         return self.guards.apply_output(verdict, self.released)
+
+    def budgeted(self) -> tuple[GuardrailConfig, ...]:
+        """The output guards, each `max_chars` less what already went out: the limit is the
+        reply's, not each sentence's (a reply of short sentences would never reach it)."""
+        return tuple(replace(g, max_chars=max(0, (g.max_chars or 0) - len(self.released))) if g.kind == "length" else g
+                     for g in self.guards.on("output"))
 
 
 # -- storage --------------------------------------------------------------------------------

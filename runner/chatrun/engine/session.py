@@ -58,7 +58,7 @@ from chatrun.memory.tokens import (
     tiktoken_counter,
 )
 from chatrun.memory.window import TokenWindowMemory
-from chatrun.messages import Attachment, ContextMessage, Message, SystemMessage
+from chatrun.messages import Attachment, ContextMessage, Message, SystemMessage, UserMessage
 from chatrun.models import ChatModel, ModelPool
 from chatrun.store import HistoryStore, RecordStore, SessionStore, user_memory
 from chatrun.store.blobs import BlobArea
@@ -442,6 +442,8 @@ class Session:
         memory = self._c.memory_for(scope, scope.route)
         if memory.ephemeral:
             return 0
+        if self.bot.config.guarded:  # the earlier messages are the user's too: no model or store reads what a guard redacts
+            messages = _seeded(self.bot.config, scope.route, messages)
         for message in messages:
             memory.add(message)
         self.store.commit_turn(self.id, self._c.snapshot(), {scope.memory_id(scope.route): memory.messages()}, [])
@@ -1083,6 +1085,20 @@ def _reference_problem(item: dict[str, Any]) -> str | None:
             return f"{key} must be {'a string' if kind is str else 'an integer'}, not {type(item[key]).__name__}"
     unknown = sorted(set(item) - {"ref", "media_type", "name", "size"})
     return f"a reference has no field {unknown[0]!r} (it is {{ref, media_type, name?, size?}})" if unknown else None
+
+
+def _seeded(config: Any, route: str, messages: list[Message]) -> list[Message]:
+    """A conversation begun elsewhere as a route's memory keeps it: its user messages redacted by
+    the route's redacting `input` guards (a model reads them next; nothing there can be blocked
+    any more), then every message by the `storage` guards (the store keeps them)."""
+    local = tuple(g for g in guardrails.stage_guards(config.route_guardrails(route), "input") if g.outcome == "redact")
+    seeded = [UserMessage(guardrails.judge(local, "input", m.content).text, m.attachments)
+              if local and isinstance(m, UserMessage) and m.content else m for m in messages]
+    stored = guardrails.bot_storage_guards(config, [route])
+    if not stored:
+        return seeded
+    redact = guardrails.storage_redactor(stored)
+    return [guardrails.stored_message(m, redact) for m in seeded]
 
 
 def _storage(config: Any, routes: list[str]) -> Callable[[Any], Any]:

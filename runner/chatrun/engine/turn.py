@@ -208,7 +208,7 @@ class Turn:
         return RouteRun(route, memory, offered, specs, plan.model, plan,
                         route.returns == "answer" and scope.caller is not None,
                         tool_choice=sendable_tool_choice(route.tool_choice, offered),
-                        knowledge=await grounding.retrieved(self.t, route) if route.knowledge else [])
+                        knowledge=await grounding.retrieved(self.t, route, self.guard) if route.knowledge else [])
 
     async def model_step(self, run: RouteRun) -> NextStep:
         """One model call on the route and what follows from its answer."""
@@ -231,7 +231,8 @@ class Turn:
                 return step  # the empty answer is not kept: the memory gets what the user gets
         elif not calls and route.knowledge is not None and not run.returning:
             run.cited = await grounding.cited(self.t, route, response.text)
-            if not run.cited and route.knowledge.cite_required:
+            stopped = self.guard is not None and self.guard.stopped_output  # the guard's message cites nothing
+            if not run.cited and route.knowledge.cite_required and not stopped:
                 return self.uncited(run, response.text)  # not kept either, and never sent (not streamed)
         run.memory.add(answer)
         if not calls:

@@ -567,7 +567,7 @@ async def rejected(calls: ToolCalls, item: PendingItem, outcome: str, reason: st
         reply = f"No one approved this call of {tool.name} in time; it was not run."
     else:
         reply = f"This call of {tool.name} was rejected{': ' + reason if reason else ''}; it was not run."
-    return _continue(calls, item, memory, ToolOutcome(reply))
+    return _continue(calls, item, memory, await _guarded(calls, tool.name, ToolOutcome(reply)))
 
 
 def _declined(tool: ToolConfig, item: PendingItem, outcome: str, reason: str | None) -> str:
@@ -601,7 +601,14 @@ async def answered(calls: ToolCalls, item: PendingItem, value: Any, outcome: str
         tool_outcome = await calls.apply(tool, args, value, action, item.call_id or "")
     except ToolRefusal as refusal:
         tool_outcome = ToolOutcome(str(refusal), failed=True)
-    return _continue(calls, item, memory, tool_outcome)
+    return _continue(calls, item, memory, await _guarded(calls, tool.name, tool_outcome))
+
+
+async def _guarded(calls: ToolCalls, tool: str, outcome: ToolOutcome) -> ToolOutcome:
+    """A decided call's result (an answer, a reject's reason): the model reads it as `tool_result`."""
+    if calls.guard is not None:
+        outcome.reply = await calls.guard.check_tool_result(tool, outcome.reply)
+    return outcome
 
 
 def dropped(calls: ToolCalls, item: PendingItem) -> NextStep:
