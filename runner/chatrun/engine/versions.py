@@ -99,14 +99,15 @@ def move(conversation: Conversation, old: BotConfig | None, new: BotConfig, lost
 
 
 def _withdraw_stranded(conversation: Conversation, moved: Moved) -> None:
-    """Open items the move stranded — their scope ended, or their tool is gone — are withdrawn:
+    """Open items the move stranded — their scope ended, their route or tool is gone (a migration
+    renames them with the bot's) — are withdrawn:
     a decision could not run them (it failed with an internal KeyError at every try and the item
     waited forever); now it is told NotPending (409) with the outcome `withdrawn`. A takeover is
     the session's, not a scope's: it stays."""
     scopes = {s.id for s in conversation.scopes}
-    tools = conversation.config.tools
-    stranded = [i for i in conversation.pending if i.kind != TAKEOVER
-                and (i.scope_id not in scopes or (i.tool is not None and i.tool not in tools))]
+    tools, routes = conversation.config.tools, conversation.config.routes
+    stranded = [i for i in conversation.pending if i.kind != TAKEOVER and (
+        i.scope_id not in scopes or i.route not in routes or (i.tool is not None and i.tool not in tools))]
     if not stranded:
         return
     ids = {i.id for i in stranded}
