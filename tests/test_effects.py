@@ -82,6 +82,29 @@ def test_an_approved_refund_asked_again_gets_the_approved_result_not_a_second_ap
     assert session.pending == [] and session.state["refunded"] == 80
 
 
+def test_a_call_identical_to_one_that_waits_makes_no_second_item(write_bot):
+    """Two identical calls in one answer: the first asks (p1), the second is no p2."""
+    bot = chatrun.load_bot(write_bot("""
+    name: desk
+    model: {provider: scripted, name: m}
+    state: {refunded: 0}
+    routes:
+      main: {default: true, system: Desk., tools: [refund]}
+    tools:
+      refund:
+        description: Refund
+        parameters: {type: object, properties: {order: {type: string}, amount: {type: number}}}
+        approval: {by: [supervisor], ask: "Refund {{ args.amount }} EUR on {{ args.order }}?"}
+        action: {set: {state.refunded: "{{ state.refunded + args.amount }}"}}
+    """))
+    same = {"name": "refund", "arguments": {"order": "B2002", "amount": 120}}
+    model = ScriptedModel([{"tool_calls": [same, same]}, {"text": "It waits for a supervisor."}])
+    session = bot.session(model=model)
+    events = session.chat("Refund 120 EUR on B2002")
+    assert [i.id for i in session.pending] == ["p1"]
+    assert {e.data["id"] for e in events if e.type == "Pending"} == {"p1"}
+
+
 def test_an_approval_whose_scope_a_bot_update_ends_is_withdrawn_and_the_same_call_asks_again(tmp_path, write_bot):
     """A bot update that ends the scope an approval waits in withdraws it (it stayed open before,
     and no decision could run it: its scope was gone); the model asking for the same refund
