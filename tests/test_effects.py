@@ -82,9 +82,33 @@ def test_an_approved_refund_asked_again_gets_the_approved_result_not_a_second_ap
     assert session.pending == [] and session.state["refunded"] == 80
 
 
-def test_a_call_identical_to_one_that_waits_makes_no_second_item(tmp_path, write_bot):
-    """A bot update that ends the scope an approval waits in leaves it open, and no longer in
-    the way of the user's messages: the model asking for the same refund again gets no p2."""
+def test_a_call_identical_to_one_that_waits_makes_no_second_item(write_bot):
+    """Two identical calls in one answer: the first asks (p1), the second is no p2."""
+    bot = chatrun.load_bot(write_bot("""
+    name: desk
+    model: {provider: scripted, name: m}
+    state: {refunded: 0}
+    routes:
+      main: {default: true, system: Desk., tools: [refund]}
+    tools:
+      refund:
+        description: Refund
+        parameters: {type: object, properties: {order: {type: string}, amount: {type: number}}}
+        approval: {by: [supervisor], ask: "Refund {{ args.amount }} EUR on {{ args.order }}?"}
+        action: {set: {state.refunded: "{{ state.refunded + args.amount }}"}}
+    """))
+    same = {"name": "refund", "arguments": {"order": "B2002", "amount": 120}}
+    model = ScriptedModel([{"tool_calls": [same, same]}, {"text": "It waits for a supervisor."}])
+    session = bot.session(model=model)
+    events = session.chat("Refund 120 EUR on B2002")
+    assert [i.id for i in session.pending] == ["p1"]
+    assert {e.data["id"] for e in events if e.type == "Pending"} == {"p1"}
+
+
+def test_an_approval_whose_scope_a_bot_update_ends_is_withdrawn_and_the_same_call_asks_again(tmp_path, write_bot):
+    """A bot update that ends the scope an approval waits in withdraws it (it stayed open before,
+    and no decision could run it: its scope was gone); the model asking for the same refund
+    again opens p2, which a supervisor approves: the refund runs once."""
     v1 = """
     name: desk
     model: {provider: scripted, name: m}
@@ -109,14 +133,14 @@ def test_a_call_identical_to_one_that_waits_makes_no_second_item(tmp_path, write
 
     second = chatrun.load_bot(write_bot(v1.replace("      refunds: {system: Refunds., tools: [refund]}\n", "")
                                         .replace("push: refunds", "route: main"), "v2.yaml"))
-    model = ScriptedModel([call("refund", order="B2002", amount=120), {"text": "It waits for a supervisor."}])
+    model = ScriptedModel([call("refund", order="B2002", amount=120), {"text": "It waits for a supervisor."},
+                           {"text": "Refunded."}])
     moved = second.session(store=store, model=model, session_id=session.id)
     events = moved.chat("Refund 120 EUR on B2002, please")
-    assert moved.route == "main" and [i.id for i in moved.pending] == ["p1"]
-    assert not [e for e in events if e.type == "Pending"]
-    assert model.requests[1].messages[-1].content == (
-        "Still waiting for the approval of this same call (p1): Refund 120 EUR on B2002? It was not asked again; "
-        "tell the user it is waiting, and do not call it again for the same thing.")
+    assert moved.route == "main" and [i.id for i in moved.pending] == ["p2"]
+    assert {e.data["id"] for e in events if e.type == "Pending"} == {"p2"}  # the user's copy and the deciders'
+    as_(moved, SUPERVISOR).chat(Approve("p2"))
+    assert moved.state["refunded"] == 120 and not moved.pending
 
 
 # -- the record ------------------------------------------------------------------------------------

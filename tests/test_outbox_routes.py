@@ -8,6 +8,7 @@ test_outbox_fleet.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
@@ -19,7 +20,7 @@ from chatrun.server.outbox import OutboxSettings, OutboxWorker
 from chatrun.server.sessions import SessionRegistry
 from chatrun.store import open_store
 from chatrun.store.aio import AsyncStore, as_async_store
-from chatrun.store.record import DEAD, PENDING, Commit, OutboxEntry
+from chatrun.store.record import DEAD, PENDING, Commit, OutboxEntry, WaitingEntry
 from chatrun.store.redis import RedisStore
 from chatrun.store.versions import CREATE
 from webhook_support import OPENAI_MODEL, SECRET, Receiver, survey_bot
@@ -148,3 +149,26 @@ def test_a_worker_delivers_its_routes_and_leaves_the_others_pending_reported_onc
     text = registry.metrics.render().decode()
     assert 'chatrun_outbox_unserved_entries{bot="other",sink="crm"} 1.0' in text
     assert 'chatrun_outbox_unserved_entries{bot="survey",sink="audit"} 1.0' in text
+
+
+@pytest.mark.subprocess
+def test_an_entry_a_newer_chatrun_wrote_with_fields_this_one_lacks_is_claimed_listed_and_settled(redis_server):
+    """A rolling deploy: a newer replica's outbox entries (and operators' index entries) may carry
+    fields this chatrun does not know. They are left out; before, `cls(**json)` raised TypeError
+    in the claim, after the claim script had taken the batch, so this replica delivered nothing."""
+    async def go():
+        store = RedisStore(redis_server.url())
+        await store.commit_turn(queued([("evt_new", "a", "crm"), ("evt_mine", "a", "crm")]), None)
+        text = await store.client.hget(f"{store.prefix}ob", "evt_new")
+        await store.client.hset(f"{store.prefix}ob", "evt_new", json.dumps({**json.loads(text), "priority": 3}))
+        assert ids(await store.list_outbox(PENDING)) == {"evt_new", "evt_mine"}
+        claimed = await store.claim_outbox(200.0, 30, 10, ["a/crm"])
+        assert ids(claimed) == {"evt_new", "evt_mine"}
+        assert all([await store.settle_outbox(e, delivered=True) for e in claimed])
+        assert await store.list_outbox() == []
+        await store.close()
+
+    asyncio.run(go())
+    waiting = WaitingEntry("s", "a", None, [], None, {}, None)
+    newer = json.dumps({**json.loads(waiting.to_json()), "priority": 3})
+    assert WaitingEntry.from_json(newer) == waiting

@@ -23,6 +23,7 @@ from typing import Any
 
 from chatrun.definition.config import BotConfig, KeyChanges, MigrationConfig
 from chatrun.definition.migrations import applying, split_state_path
+from chatrun.engine.pending import PENDING_KEY
 from chatrun.engine.scopes import Scope, init_declared
 from chatrun.messages import AssistantMessage, Message, ToolCall, ToolResultMessage
 
@@ -114,6 +115,7 @@ class _Migration:
     # -- routes and scopes -------------------------------------------------------------------
 
     def rename_route(self, old: str, new: str, where: str) -> None:
+        self.rename_in_items("route", old, new)  # an open item's call was made on it: decided there
         for scope in self.scopes:
             if scope.route == old:
                 scope.route = new
@@ -169,7 +171,14 @@ class _Migration:
 
     # -- tools in memories -------------------------------------------------------------------
 
+    def rename_in_items(self, key: str, old: str, new: str) -> None:
+        """An open item's `route` or `tool` renamed with the bot's (else the move withdraws it)."""
+        for item in self.result.snapshot.get(PENDING_KEY) or ():
+            if item.get(key) == old:
+                item[key] = new
+
     def rename_tool(self, old: str, new: str, where: str) -> None:
+        self.rename_in_items("tool", old, new)
         changed = 0
         for mid, messages in self.result.memories.items():
             renamed = [_with_tool_renamed(m, old, new) for m in messages]

@@ -34,6 +34,7 @@ KINDS = (APPROVAL, QUESTION, TAKEOVER)
 # Outcomes in Resolved events and `decision.outcome`
 APPROVED, EDITED, REJECTED, TIMED_OUT = "approved", "edited", "rejected", "timed_out"
 ANSWERED, RELEASED, TAKEN = "answered", "released", "taken"
+WITHDRAWN = "withdrawn"  # a version move ended its scope or removed its tool (engine/versions.py)
 
 USER_ROLE = "user"  # in `by:`: the session's own user
 BACKEND_ROLE = "backend"  # a question `from: backend` is answered with its token

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.versions import MIGRATE, POLICIES
+from chatrun.engine.pending import TAKEOVER, WITHDRAWN
 from chatrun.messages import SummaryMessage
 from chatrun.store.record import MEMORY_SEPARATOR
 
@@ -93,7 +94,27 @@ def move(conversation: Conversation, old: BotConfig | None, new: BotConfig, lost
             f"The bot was updated and the version {lost} this conversation ran on is no longer available; "
             f"the conversation continues on version {shown}."))
         moved.notes.append(f"version {lost} is no longer available: moved by on_change {new.on_change!r}")
+    _withdraw_stranded(conversation, moved)
     return moved
+
+
+def _withdraw_stranded(conversation: Conversation, moved: Moved) -> None:
+    """Open items the move stranded — their scope ended, their route or tool is gone (a migration
+    renames them with the bot's) — are withdrawn:
+    a decision could not run them (it failed with an internal KeyError at every try and the item
+    waited forever); now it is told NotPending (409) with the outcome `withdrawn`. A takeover is
+    the session's, not a scope's: it stays."""
+    scopes = {s.id for s in conversation.scopes}
+    tools, routes = conversation.config.tools, conversation.config.routes
+    stranded = [i for i in conversation.pending if i.kind != TAKEOVER and (
+        i.scope_id not in scopes or i.route not in routes or (i.tool is not None and i.tool not in tools))]
+    if not stranded:
+        return
+    ids = {i.id for i in stranded}
+    conversation.pending = tuple(i for i in conversation.pending if i.id not in ids)
+    conversation.resolved = {**conversation.resolved, **dict.fromkeys(ids, WITHDRAWN)}
+    moved.notes.extend(f"{i.kind} {i.id} ({i.tool or i.route}) withdrawn: its route or tool is gone"
+                       for i in stranded)
 
 
 def _fill_defaults(state: dict[str, Any], declared: dict[str, Any], at: str) -> list[str]:

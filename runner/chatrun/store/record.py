@@ -22,7 +22,7 @@ import functools
 import json
 import operator
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
 from chatrun.errors import ChatrunError
@@ -311,6 +311,14 @@ def from_json(text: str) -> JSONObject:
     return value
 
 
+def known_fields(cls: type, text: str) -> JSONObject:
+    """The fields of `cls` in a stored record. During a rolling deploy a newer chatrun's replica
+    may have written fields this one does not know: they are left out, not a TypeError that
+    would stop this replica's outbox worker or its GET /pending (as PendingItem.from_dict)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in from_json(text).items() if k in names}
+
+
 def check_messages(memory: str, messages: Any) -> list[Message]:
     """The messages as a list, or ChatrunError naming the memory and the bad item."""
     try:
@@ -532,7 +540,7 @@ class WaitingEntry:
 
     @classmethod
     def from_json(cls, text: str) -> WaitingEntry:
-        return cls(**from_json(text))
+        return cls(**known_fields(cls, text))
 
     def shown(self, kind: str | None = None) -> PendingSession:
         """As list_pending shows it: its items of `kind` (all when None)."""
@@ -820,7 +828,7 @@ class OutboxEntry:
 
     @classmethod
     def from_json(cls, text: str) -> OutboxEntry:
-        return cls(**from_json(text))
+        return cls(**known_fields(cls, text))
 
     @property
     def due(self) -> float:

@@ -71,8 +71,15 @@ def saved(inbound: Inbound) -> dict[str, Any]:
 
 
 def restored(data: dict[str, Any]) -> Inbound:
-    files = tuple(InboundFile(**f) for f in data.get("files") or ())
-    return Inbound(**{**data, "files": files})
+    """The message a record keeps. Fields a newer chatrun's replica wrote (a rolling deploy) are
+    left out: a TypeError here stopped this replica's recovery at the record, every time."""
+    files = tuple(InboundFile(**_known(InboundFile, f)) for f in data.get("files") or ())
+    return Inbound(**{**_known(Inbound, data), "files": files})
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 # Runs one user message's turn: (bot, kind, inbound) -> None; raises when another try may heal it.
