@@ -237,3 +237,12 @@ def test_a_rolled_back_streamed_reply_is_replaced_by_the_failure_text(streamed, 
     assert [p["text"] for p in slack.calls("chat.postMessage")] == ["Half ", "The "]
     first, second = slack.calls("chat.update")
     assert second["text"] == "The show starts at eight." and second["ts"] != first["ts"]
+
+
+def test_a_press_not_of_slacks_shape_gets_400_naming_the_channel(client, slack, fake):
+    for broken in ({"type": "block_actions", "trigger_id": "T1", "actions": {"a": 1}},
+                   {"type": "block_actions", "trigger_id": "T2", "actions": [{"value": "yes"}], "user": "U42"}):
+        answer = post_press(client, broken)
+        assert answer.status_code == 400, answer.text
+        assert "slack delivery" in answer.json()["message"]
+    assert fake.requests == [] and slack.seen == []

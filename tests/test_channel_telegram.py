@@ -210,6 +210,48 @@ def test_an_operator_takes_over_a_telegram_user_and_the_user_reads_the_operator(
                                "olga left the conversation", "You said and now?."]
 
 
+def test_a_message_for_a_busy_session_is_given_back_to_telegram_to_send_again(tmp_path, fake, telegram, monkeypatch):
+    """With `--if-busy reject`, a second message while the first's turn runs is refused busy:
+    Telegram gets 429 and sends it again (a 200 would tell it the message was handled: lost)."""
+    import threading
+
+    from chatrun.server.sessions import SessionSettings
+
+    for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    go_on = threading.Event()
+
+    def held(body):  # the first turn's model answers only once the second message was refused
+        if not go_on.is_set() and len(fake.requests) == 1:
+            go_on.wait(60)
+        return responder(body)
+
+    fake.responder = held
+    (tmp_path / "bot.yaml").write_text(BOT)
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             sessions=SessionSettings(if_busy="reject"))
+    with TestClient(app) as client:
+        first = threading.Thread(target=deliver, args=(client, telegram_message(1, "one")))
+        first.start()
+        wait_until(lambda: fake.requests, what="the first turn asking the model")
+        refused = deliver(client, telegram_message(2, "two"))
+        go_on.set()
+        first.join()
+        assert refused.status_code == 429, refused.text
+        assert deliver(client, telegram_message(2, "two")).status_code == 200  # Telegram sends it again
+        wait_until(lambda: len(texts(telegram)) == 2, what="both replies")
+    assert texts(telegram) == ["You said one.", "You said two."]
+
+
+def test_an_update_not_of_telegrams_shape_gets_400_naming_the_channel(client, telegram, fake):
+    broken = {"update_id": 9, "message": {"message_id": 1, "chat": "42", "from": {"id": 42}, "text": "hi"}}
+    answer = deliver(client, broken)
+    assert answer.status_code == 400, answer.text
+    assert "telegram delivery" in answer.json()["message"]
+    assert fake.requests == [] and telegram.seen == []
+
+
 def test_a_credential_written_as_a_value_instead_of_a_variables_name_is_an_error(write_bot):
     """docs/channels.md: credentials are the names of `env:` variables, never values."""
     from chatrun.definition.loader import check_bot

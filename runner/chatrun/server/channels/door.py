@@ -248,10 +248,16 @@ async def receive(bot: str, kind: str, request: Request, registry: Registry) -> 
         payload = channel.read(body, request.headers)
     except ValueError as exc:
         raise wire.RequestFailed(wire.BAD_REQUEST, f"a {kind} delivery that cannot be read: {exc}") from None
-    answer = channel.handshake(payload)
+    try:
+        answer = channel.handshake(payload)
+        messages = [] if answer is not None else channel.inbound(payload)
+    except (AttributeError, KeyError, IndexError, TypeError) as exc:  # a field not of the platform's shape
+        log.warning("channel %s of bot %s: refused a delivery not of the platform's shape: %s: %s",
+                    kind, bot, type(exc).__name__, exc)
+        raise wire.RequestFailed(wire.BAD_REQUEST, f"a {kind} delivery not of the shape the platform sends "
+                                 f"({type(exc).__name__}: {exc})") from None
     if answer is not None:
         return JSONResponse(answer)
-    messages = channel.inbound(payload)
     if channel.ack_within is None:
         await _handle_all(registry, channels, channel, bot, messages)
         return JSONResponse({"ok": True})
@@ -307,7 +313,7 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
     """The message's turn in the session; False when that conversation has ended (nothing ran).
     A refusal that another try cannot change (a message too long, say) is logged and dropped, so
     the platform does not deliver it again forever; a failure another try may heal (the store is
-    down, a version this replica lacks) is the platform's to retry: 5xx. A file the route does
+    down, a version this replica lacks, the session busy) is the platform's to retry: 5xx or 429. A file the route does
     not take, or one that cannot be fetched, is told to the user instead of running the turn."""
     kind = channel.kind
     meta = {REPLY_TO: {"sink": channel.config.sink, "address": inbound.address}}
@@ -332,7 +338,8 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
                     if streamer is not None:
                         await streamer.chunk(event)
     except wire.RequestFailed as exc:
-        if wire.HTTP_STATUS.get(exc.reason, 400) >= 500:
+        # A busy session (if busy: reject, or a queue waited out) heals too: the platform sends again.
+        if wire.HTTP_STATUS.get(exc.reason, 400) >= 500 or exc.reason == wire.TOO_MANY_REQUESTS:
             raise
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc.message)
     except SessionError as exc:
