@@ -252,6 +252,38 @@ def test_an_update_not_of_telegrams_shape_gets_400_naming_the_channel(client, te
     assert fake.requests == [] and telegram.seen == []
 
 
+class _RefusesOneSend(FakeTelegram):
+    """The Bot API refusing (502) the sendMessage call number `refuse` (counting from 0), once."""
+
+    refuse = -1
+
+    @property
+    def status(self) -> int:
+        sends = sum(c.path.endswith("/sendMessage") for c in self.seen)
+        return 502 if sends == self.refuse else 200
+
+    @status.setter
+    def status(self, value: int) -> None:
+        pass
+
+
+def test_a_reply_of_two_messages_refused_half_way_sends_only_the_rest_again(tmp_path, fake, monkeypatch):
+    with _RefusesOneSend(TOKEN) as telegram:
+        for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
+                            ("CHATRUN_OUTBOX_POLL", "0.2")):
+            monkeypatch.setenv(name, value)
+        telegram.refuse = 1  # the reply's second message
+        fake.queue({"tool_calls": [{"name": "note", "arguments": {}}]}, {"text": "Done."})
+        bot = BOT.replace("tools: [book, bye]", "tools: [book, bye, note]").replace(
+            "tools:\n  bye:", "tools:\n  note:\n    description: Take a note.\n    action: {message: Noted.}\n  bye:")
+        (tmp_path / "bot.yaml").write_text(bot)
+        with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+            deliver(client, telegram_message(1, "note it"))
+            wait_until(lambda: len(telegram.seen) >= 3, what="the retried reply")
+            wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+        assert [(c.status, c.body["text"]) for c in telegram.seen] == [(200, "Noted."), (502, "Done."), (200, "Done.")]
+
+
 def test_a_credential_written_as_a_value_instead_of_a_variables_name_is_an_error(write_bot):
     """docs/channels.md: credentials are the names of `env:` variables, never values."""
     from chatrun.definition.loader import check_bot

@@ -140,17 +140,26 @@ class Channels:
         if channel is None:
             return Attempt(False, f"bot {bot.name} declares no channel {kind}")
         data = body.get("data") or {}
+        messages = outgoing(data.get("events") or [])
+        # A reply of several messages notes how many the platform took, so a retry after a
+        # refusal half-way sends only the rest (the user never reads the first ones twice).
+        key = f"channel-sent:{body['id']}" if self.store is not None and body.get("id") and len(messages) > 1 else None
         try:
             streamed = await self._streamed(channel, body)
-            for i, message in enumerate(outgoing(data.get("events") or [])):
+            sent = int((await self.store.get_record(key) or {}).get("sent") or 0) if key and self.store else 0
+            for i, message in enumerate(messages[sent:], sent):
                 if i == 0 and streamed is not None:  # the message the model's stream was shown in
                     await channel.replace(self.client(), streamed, message)
                 else:
                     await channel.send(self.client(), data.get("to") or {}, message)
+                if key and self.store and i + 1 < len(messages):
+                    await self.store.put_record(key, {"sent": i + 1}, str(body.get("session") or "") or None)
         except SendFailed as exc:
             return Attempt(False, str(exc), exc.status)
         except ChatrunError as exc:  # an unset credential: named, never shown
             return Attempt(False, str(exc))
+        if key and self.store:
+            await self.store.delete_record(key)
         return Attempt(True, status=200)
 
 
