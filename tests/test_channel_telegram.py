@@ -302,3 +302,17 @@ def test_a_credential_written_as_a_value_instead_of_a_variables_name_is_an_error
     errors = [(d.line, d.message) for d in found if d.severity == "error"]
     # Refused at the token's line (by the schema, and by the check that it names a declared variable).
     assert errors and all(line == 6 and "123456:AAH-the-token-itself" in message for line, message in errors), errors
+
+
+def test_a_bot_api_url_that_cannot_be_called_makes_the_reply_a_dead_letter_naming_the_channel(tmp_path, fake,
+                                                                                              monkeypatch):
+    for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", "http://[::1"),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace("attempts: 50", "attempts: 2"))
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        assert deliver(client, telegram_message(1, "hello")).status_code == 200
+        dead = wait_until(lambda: client.get("/outbox?state=dead").json()["entries"], what="the dead letter")
+    assert dead[0]["attempts"] == 2
+    assert dead[0]["error"].startswith("channel telegram of bot shop: the request cannot be made (InvalidURL")

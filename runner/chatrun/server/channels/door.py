@@ -57,7 +57,7 @@ from chatrun.server.channels.whatsapp import WhatsApp
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
 from chatrun.server.sessions import OPEN
-from chatrun.server.webhook import Attempt
+from chatrun.server.webhook import Attempt, unusable
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -158,6 +158,8 @@ class Channels:
             return Attempt(False, str(exc), exc.status)
         except ChatrunError as exc:  # an unset credential: named, never shown
             return Attempt(False, str(exc))
+        except (httpx.InvalidURL, ValueError) as exc:  # an env value (`api:`) made the URL or a header unusable
+            return Attempt(False, f"channel {kind} of bot {bot.name}: the request cannot be made ({unusable(exc)})")
         if key and self.store:
             await self.store.delete_record(key)
         return Attempt(True, status=200)
