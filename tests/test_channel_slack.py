@@ -246,3 +246,13 @@ def test_a_press_not_of_slacks_shape_gets_400_naming_the_channel(client, slack, 
         assert answer.status_code == 400, answer.text
         assert "slack delivery" in answer.json()["message"]
     assert fake.requests == [] and slack.seen == []
+
+
+def test_a_timestamp_that_is_no_number_or_a_signature_beyond_ascii_gets_401_not_a_500(client, slack, fake):
+    body = json.dumps(slack_message("Ev1", "hi")).encode()
+    good = slack_signed(SIGNING, body, int(time.time()))
+    for headers in ({**good, "X-Slack-Request-Timestamp": "soon"},
+                    {**good, "X-Slack-Signature": "v0=\xe9".encode("latin-1")}):
+        answer = client.post("/channels/shop/slack", content=body, headers={"Content-Type": "application/json", **headers})
+        assert answer.status_code == 401, answer.text
+    assert fake.requests == [] and slack.seen == []

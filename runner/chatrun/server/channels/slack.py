@@ -55,7 +55,11 @@ class Slack(ChannelKind):
         from slack_sdk.signature import SignatureVerifier
 
         verifier = SignatureVerifier(self.secret("signing_secret"))
-        if not verifier.is_valid(body, headers.get("x-slack-request-timestamp"), headers.get("x-slack-signature")):
+        try:
+            valid = verifier.is_valid(body, headers.get("x-slack-request-timestamp"), headers.get("x-slack-signature"))
+        except (ValueError, TypeError):  # slack_sdk's int() of a timestamp that is no number; a non-ASCII signature
+            valid = False
+        if not valid:
             raise Unauthorized("slack: the X-Slack-Signature is missing, wrong or over five minutes old")
 
     def read(self, body: bytes, headers: Mapping[str, str]) -> Any:
