@@ -256,3 +256,17 @@ def test_a_timestamp_that_is_no_number_or_a_signature_beyond_ascii_gets_401_not_
         answer = client.post("/channels/shop/slack", content=body, headers={"Content-Type": "application/json", **headers})
         assert answer.status_code == 401, answer.text
     assert fake.requests == [] and slack.seen == []
+
+
+def test_a_mention_in_a_thread_slack_sends_as_two_events_runs_once_and_replies_once(client, slack, fake):
+    """Subscribed to app_mention and message.channels, Slack sends one mention in a thread as
+    both events, with two event_ids: one message, so one turn and one reply."""
+    post_event(client, slack_message("Ev1", "<@B1> hi", channel="C1", ts="100.1", kind="app_mention"))
+    wait_until(lambda: texts(slack), what="the first reply")
+    again = {"channel": "C1", "ts": "100.5", "thread_ts": "100.1"}
+    assert post_event(client, slack_message("Ev2", "<@B1> more", kind="app_mention", **again)).status_code == 200
+    assert post_event(client, slack_message("Ev3", "<@B1> more", kind="message", **again)).status_code == 200
+    wait_until(lambda: len(texts(slack)) >= 2, what="the reply in the thread")
+    wait_until(lambda: client.portal.call(client.app.state.registry.store.record_keys, "channel-in:") == [],
+               what="both deliveries done")
+    assert texts(slack) == ["You said <@B1> hi.", "You said <@B1> more."] and len(fake.requests) == 2
