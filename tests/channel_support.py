@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -127,9 +128,12 @@ def slack_signed(secret: str, body: bytes, timestamp: int) -> dict[str, str]:
     return {"X-Slack-Request-Timestamp": str(timestamp), "X-Slack-Signature": signature}
 
 
-def slack_message(event_id: str, text: str, user: str = "U42", channel: str = "D42", ts: str = "1764950400.000100",
+def slack_message(event_id: str, text: str, user: str = "U42", channel: str = "D42", ts: str | None = None,
                   thread_ts: str | None = None, kind: str = "message") -> dict[str, Any]:
-    """An Events API event_callback with a message (a direct message by default), as Slack documents it."""
+    """An Events API event_callback with a message (a direct message by default), as Slack documents it.
+    Each message has its own `ts` (by default one derived from the event_id: a retry of the event
+    carries the same, as Slack's do)."""
+    ts = ts or f"1764950400.{zlib.crc32(event_id.encode()) % 1000000:06d}"
     event = {"type": kind, "user": user, "text": text, "ts": ts, "channel": channel,
              "channel_type": "im" if channel.startswith("D") else "channel", "event_ts": ts}
     if thread_ts:

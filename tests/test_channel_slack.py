@@ -241,3 +241,36 @@ def test_a_rolled_back_streamed_reply_is_replaced_by_the_failure_text(streamed, 
     assert [p["text"] for p in slack.calls("chat.postMessage")] == ["Half ", "The "]
     first, second = slack.calls("chat.update")
     assert second["text"] == "The show starts at eight." and second["ts"] != first["ts"]
+
+
+def test_a_press_not_of_slacks_shape_gets_400_naming_the_channel(client, slack, fake):
+    for broken in ({"type": "block_actions", "trigger_id": "T1", "actions": {"a": 1}},
+                   {"type": "block_actions", "trigger_id": "T2", "actions": [{"value": "yes"}], "user": "U42"}):
+        answer = post_press(client, broken)
+        assert answer.status_code == 400, answer.text
+        assert "slack delivery" in answer.json()["message"]
+    assert fake.requests == [] and slack.seen == []
+
+
+def test_a_timestamp_that_is_no_number_or_a_signature_beyond_ascii_gets_401_not_a_500(client, slack, fake):
+    body = json.dumps(slack_message("Ev1", "hi")).encode()
+    good = slack_signed(SIGNING, body, int(time.time()))
+    for headers in ({**good, "X-Slack-Request-Timestamp": "soon"},
+                    {**good, "X-Slack-Signature": "v0=\xe9".encode("latin-1")}):
+        answer = client.post("/channels/shop/slack", content=body, headers={"Content-Type": "application/json", **headers})
+        assert answer.status_code == 401, answer.text
+    assert fake.requests == [] and slack.seen == []
+
+
+def test_a_mention_in_a_thread_slack_sends_as_two_events_runs_once_and_replies_once(client, slack, fake):
+    """Subscribed to app_mention and message.channels, Slack sends one mention in a thread as
+    both events, with two event_ids: one message, so one turn and one reply."""
+    post_event(client, slack_message("Ev1", "<@B1> hi", channel="C1", ts="100.1", kind="app_mention"))
+    wait_until(lambda: texts(slack), what="the first reply")
+    again = {"channel": "C1", "ts": "100.5", "thread_ts": "100.1"}
+    assert post_event(client, slack_message("Ev2", "<@B1> more", kind="app_mention", **again)).status_code == 200
+    assert post_event(client, slack_message("Ev3", "<@B1> more", kind="message", **again)).status_code == 200
+    wait_until(lambda: len(texts(slack)) >= 2, what="the reply in the thread")
+    wait_until(lambda: client.portal.call(client.app.state.registry.store.record_keys, "channel-in:") == [],
+               what="both deliveries done")
+    assert texts(slack) == ["You said <@B1> hi.", "You said <@B1> more."] and len(fake.requests) == 2

@@ -210,6 +210,80 @@ def test_an_operator_takes_over_a_telegram_user_and_the_user_reads_the_operator(
                                "olga left the conversation", "You said and now?."]
 
 
+def test_a_message_for_a_busy_session_is_given_back_to_telegram_to_send_again(tmp_path, fake, telegram, monkeypatch):
+    """With `--if-busy reject`, a second message while the first's turn runs is refused busy:
+    Telegram gets 429 and sends it again (a 200 would tell it the message was handled: lost)."""
+    import threading
+
+    from chatrun.server.sessions import SessionSettings
+
+    for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    go_on = threading.Event()
+
+    def held(body):  # the first turn's model answers only once the second message was refused
+        if not go_on.is_set() and len(fake.requests) == 1:
+            go_on.wait(60)
+        return responder(body)
+
+    fake.responder = held
+    (tmp_path / "bot.yaml").write_text(BOT)
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             sessions=SessionSettings(if_busy="reject"))
+    with TestClient(app) as client:
+        first = threading.Thread(target=deliver, args=(client, telegram_message(1, "one")))
+        first.start()
+        wait_until(lambda: fake.requests, what="the first turn asking the model")
+        refused = deliver(client, telegram_message(2, "two"))
+        go_on.set()
+        first.join()
+        assert refused.status_code == 429, refused.text
+        assert deliver(client, telegram_message(2, "two")).status_code == 200  # Telegram sends it again
+        wait_until(lambda: len(texts(telegram)) == 2, what="both replies")
+    assert texts(telegram) == ["You said one.", "You said two."]
+
+
+def test_an_update_not_of_telegrams_shape_gets_400_naming_the_channel(client, telegram, fake):
+    broken = {"update_id": 9, "message": {"message_id": 1, "chat": "42", "from": {"id": 42}, "text": "hi"}}
+    answer = deliver(client, broken)
+    assert answer.status_code == 400, answer.text
+    assert "telegram delivery" in answer.json()["message"]
+    assert fake.requests == [] and telegram.seen == []
+
+
+class _RefusesOneSend(FakeTelegram):
+    """The Bot API refusing (502) the sendMessage call number `refuse` (counting from 0), once."""
+
+    refuse = -1
+
+    @property
+    def status(self) -> int:
+        sends = sum(c.path.endswith("/sendMessage") for c in self.seen)
+        return 502 if sends == self.refuse else 200
+
+    @status.setter
+    def status(self, value: int) -> None:
+        pass
+
+
+def test_a_reply_of_two_messages_refused_half_way_sends_only_the_rest_again(tmp_path, fake, monkeypatch):
+    with _RefusesOneSend(TOKEN) as telegram:
+        for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
+                            ("CHATRUN_OUTBOX_POLL", "0.2")):
+            monkeypatch.setenv(name, value)
+        telegram.refuse = 1  # the reply's second message
+        fake.queue({"tool_calls": [{"name": "note", "arguments": {}}]}, {"text": "Done."})
+        bot = BOT.replace("tools: [book, bye]", "tools: [book, bye, note]").replace(
+            "tools:\n  bye:", "tools:\n  note:\n    description: Take a note.\n    action: {message: Noted.}\n  bye:")
+        (tmp_path / "bot.yaml").write_text(bot)
+        with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+            deliver(client, telegram_message(1, "note it"))
+            wait_until(lambda: len(telegram.seen) >= 3, what="the retried reply")
+            wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+        assert [(c.status, c.body["text"]) for c in telegram.seen] == [(200, "Noted."), (502, "Done."), (200, "Done.")]
+
+
 def test_a_credential_written_as_a_value_instead_of_a_variables_name_is_an_error(write_bot):
     """docs/channels.md: credentials are the names of `env:` variables, never values."""
     from chatrun.definition.loader import check_bot
@@ -228,3 +302,17 @@ def test_a_credential_written_as_a_value_instead_of_a_variables_name_is_an_error
     errors = [(d.line, d.message) for d in found if d.severity == "error"]
     # Refused at the token's line (by the schema, and by the check that it names a declared variable).
     assert errors and all(line == 6 and "123456:AAH-the-token-itself" in message for line, message in errors), errors
+
+
+def test_a_bot_api_url_that_cannot_be_called_makes_the_reply_a_dead_letter_naming_the_channel(tmp_path, fake,
+                                                                                              monkeypatch):
+    for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", "http://[::1"),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace("attempts: 50", "attempts: 2"))
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        assert deliver(client, telegram_message(1, "hello")).status_code == 200
+        dead = wait_until(lambda: client.get("/outbox?state=dead").json()["entries"], what="the dead letter")
+    assert dead[0]["attempts"] == 2
+    assert dead[0]["error"].startswith("channel telegram of bot shop: the request cannot be made (InvalidURL")

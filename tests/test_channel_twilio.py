@@ -115,6 +115,18 @@ def test_a_forged_or_missing_signature_gets_401_and_no_call(client, fake):
     assert fake.requests == []
 
 
+def test_a_signature_or_relay_token_with_characters_beyond_ascii_is_refused_not_a_500(client, fake):
+    from starlette.websockets import WebSocketDisconnect
+
+    answer = client.post("/channels/phone/twilio", content=urlencode(call_params()), headers={
+        "Content-Type": "application/x-www-form-urlencoded", "X-Twilio-Signature": "sig\xe9".encode("latin-1")})
+    assert answer.status_code == 401
+    with pytest.raises(WebSocketDisconnect) as closed, \
+            client.websocket_connect("/channels/phone/twilio/relay?token=CA0001.99999999999.%C3%A9") as ws:
+        ws.receive_json()
+    assert closed.value.code == 1008 and fake.requests == []
+
+
 def test_the_twiml_connects_the_call_to_a_signed_relay_and_only_that_call_may_open_it(client, fake):
     answer = signed_post(client, "/channels/phone/twilio", call_params())
     assert answer.headers["content-type"].startswith("application/xml")

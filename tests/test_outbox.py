@@ -216,3 +216,28 @@ def test_each_delivery_attempt_is_a_span(spans, served, receiver):
     assert first.attributes["chatrun.event.id"] == last.attributes["chatrun.event.id"]
     assert first.status.status_code.name == "ERROR" and first.attributes["error.type"] == "delivery_failed"
     assert last.status.status_code.name == "UNSET" and "error.type" not in last.attributes
+
+
+@pytest.mark.parametrize("url, header", [("http://[::1", ""), ("http://127.0.0.1:9", "Bearer é")],
+                         ids=["invalid-url", "non-ascii-header"])
+def test_a_webhook_request_that_cannot_be_made_is_a_failed_attempt_naming_it_then_a_dead_letter(
+        url, header, tmp_path, fake, monkeypatch):
+    """An env value that makes the URL or a header unusable (httpx refuses before sending) fails
+    the attempt with a reason, as an unreachable receiver does: never a worker error that leaves
+    the entry claimed and retried without end."""
+    monkeypatch.setenv("HOOK_URL", url)
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    monkeypatch.setenv("HOOK_AUTH", header)
+    monkeypatch.setenv("CHATRUN_OUTBOX_POLL", "0.2")
+    fake.responder = survey_responder
+    bot = tmp_path / "bot.yaml"
+    text = survey_bot(OPENAI_MODEL, "attempts: 2, backoff: 0.1, max_backoff: 0.2", timeout=1)
+    text = text.replace("  HOOK_SECRET: {secret: true}", "  HOOK_SECRET: {secret: true}\n  HOOK_AUTH: {secret: true}")
+    text = text.replace("timeout: 1}", "timeout: 1, headers: {Authorization: \"{{ env.HOOK_AUTH }}\"}}")
+    bot.write_text(text)
+    with TestClient(app_for_testclient([str(bot)], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        client.post("/bots/survey/sessions", json={"id": "s1"})
+        assert turn(client, "3")["ok"] is True
+        dead = wait_until(lambda: outbox(client, DEAD), what="the dead letter")
+    assert dead[0]["attempts"] == 2 and "the request cannot be made" in dead[0]["error"]
+    assert "é" not in dead[0]["error"] and "xe9" not in dead[0]["error"]  # a header's value is never shown

@@ -89,6 +89,8 @@ class WebhookSender:
             return Attempt(False, f"{_shown(url)}: no answer within {hook.timeout:g} s (the webhook's `timeout`)")
         except httpx.HTTPError as exc:
             return Attempt(False, f"{_shown(url)}: cannot connect ({type(exc).__name__})")
+        except (httpx.InvalidURL, ValueError) as exc:  # an env value made the URL or a header unusable
+            return Attempt(False, f"{_shown(url)}: the request cannot be made ({unusable(exc)})")
         if 200 <= response.status_code < 300:
             return Attempt(True, status=response.status_code)
         return Attempt(False, f"{_shown(url)} answered {response.status_code}", response.status_code)
@@ -119,6 +121,14 @@ def _secret(config: BotConfig, name: str) -> str:
         raise ChatrunError(f"the webhook's secret `env.{name}` is not set (and has no `default`); "
                            "nothing is sent unsigned")
     return secret
+
+
+def unusable(exc: Exception) -> str:
+    """Why httpx would not make a request: an invalid URL's reason, or only the kind of a value
+    error (a header's character HTTP cannot carry: its message would show part of a secret)."""
+    if isinstance(exc, httpx.InvalidURL):
+        return f"InvalidURL: {exc}"
+    return f"{type(exc).__name__}: a header or the URL holds a character HTTP cannot carry"
 
 
 def _shown(url: str) -> str:

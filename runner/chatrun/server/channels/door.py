@@ -57,7 +57,7 @@ from chatrun.server.channels.whatsapp import WhatsApp
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
 from chatrun.server.sessions import OPEN
-from chatrun.server.webhook import Attempt
+from chatrun.server.webhook import Attempt, unusable
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -140,17 +140,28 @@ class Channels:
         if channel is None:
             return Attempt(False, f"bot {bot.name} declares no channel {kind}")
         data = body.get("data") or {}
+        messages = outgoing(data.get("events") or [])
+        # A reply of several messages notes how many the platform took, so a retry after a
+        # refusal half-way sends only the rest (the user never reads the first ones twice).
+        key = f"channel-sent:{body['id']}" if self.store is not None and body.get("id") and len(messages) > 1 else None
         try:
             streamed = await self._streamed(channel, body)
-            for i, message in enumerate(outgoing(data.get("events") or [])):
+            sent = int((await self.store.get_record(key) or {}).get("sent") or 0) if key and self.store else 0
+            for i, message in enumerate(messages[sent:], sent):
                 if i == 0 and streamed is not None:  # the message the model's stream was shown in
                     await channel.replace(self.client(), streamed, message)
                 else:
                     await channel.send(self.client(), data.get("to") or {}, message)
+                if key and self.store and i + 1 < len(messages):
+                    await self.store.put_record(key, {"sent": i + 1}, str(body.get("session") or "") or None)
         except SendFailed as exc:
             return Attempt(False, str(exc), exc.status)
         except ChatrunError as exc:  # an unset credential: named, never shown
             return Attempt(False, str(exc))
+        except (httpx.InvalidURL, ValueError) as exc:  # an env value (`api:`) made the URL or a header unusable
+            return Attempt(False, f"channel {kind} of bot {bot.name}: the request cannot be made ({unusable(exc)})")
+        if key and self.store:
+            await self.store.delete_record(key)
         return Attempt(True, status=200)
 
 
@@ -248,10 +259,16 @@ async def receive(bot: str, kind: str, request: Request, registry: Registry) -> 
         payload = channel.read(body, request.headers)
     except ValueError as exc:
         raise wire.RequestFailed(wire.BAD_REQUEST, f"a {kind} delivery that cannot be read: {exc}") from None
-    answer = channel.handshake(payload)
+    try:
+        answer = channel.handshake(payload)
+        messages = [] if answer is not None else channel.inbound(payload)
+    except (AttributeError, KeyError, IndexError, TypeError) as exc:  # a field not of the platform's shape
+        log.warning("channel %s of bot %s: refused a delivery not of the platform's shape: %s: %s",
+                    kind, bot, type(exc).__name__, exc)
+        raise wire.RequestFailed(wire.BAD_REQUEST, f"a {kind} delivery not of the shape the platform sends "
+                                 f"({type(exc).__name__}: {exc})") from None
     if answer is not None:
         return JSONResponse(answer)
-    messages = channel.inbound(payload)
     if channel.ack_within is None:
         await _handle_all(registry, channels, channel, bot, messages)
         return JSONResponse({"ok": True})
@@ -307,7 +324,7 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
     """The message's turn in the session; False when that conversation has ended (nothing ran).
     A refusal that another try cannot change (a message too long, say) is logged and dropped, so
     the platform does not deliver it again forever; a failure another try may heal (the store is
-    down, a version this replica lacks) is the platform's to retry: 5xx. A file the route does
+    down, a version this replica lacks, the session busy) is the platform's to retry: 5xx or 429. A file the route does
     not take, or one that cannot be fetched, is told to the user instead of running the turn."""
     kind = channel.kind
     meta = {REPLY_TO: {"sink": channel.config.sink, "address": inbound.address}}
@@ -332,7 +349,8 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
                     if streamer is not None:
                         await streamer.chunk(event)
     except wire.RequestFailed as exc:
-        if wire.HTTP_STATUS.get(exc.reason, 400) >= 500:
+        # A busy session (if busy: reject, or a queue waited out) heals too: the platform sends again.
+        if wire.HTTP_STATUS.get(exc.reason, 400) >= 500 or exc.reason == wire.TOO_MANY_REQUESTS:
             raise
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc.message)
     except SessionError as exc:

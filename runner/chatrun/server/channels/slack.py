@@ -8,9 +8,10 @@ chat.postMessage, with Block Kit buttons for choices and approvals.
 
 A direct message channel is one conversation; in a channel, a thread is (the top message's
 `ts`), and the bot answers in the thread. The principal is `slack:<user id>`. The delivery is
-the event's `event_id` (Slack sends a retry with the same id and X-Slack-Retry-Num); a press's
-is its `trigger_id`. Slack waits 3 seconds for the answer: the webhook answers within
-`ack_within` and the turn goes on."""
+the message's channel and `ts` (a retry, with X-Slack-Retry-Num, carries the same; so do the
+`app_mention` and the `message` event Slack sends for one mention in a thread), else the
+event's `event_id`; a press's is its `trigger_id`. Slack waits 3 seconds for the answer: the
+webhook answers within `ack_within` and the turn goes on."""
 
 from __future__ import annotations
 
@@ -55,7 +56,11 @@ class Slack(ChannelKind):
         from slack_sdk.signature import SignatureVerifier
 
         verifier = SignatureVerifier(self.secret("signing_secret"))
-        if not verifier.is_valid(body, headers.get("x-slack-request-timestamp"), headers.get("x-slack-signature")):
+        try:
+            valid = verifier.is_valid(body, headers.get("x-slack-request-timestamp"), headers.get("x-slack-signature"))
+        except (ValueError, TypeError):  # slack_sdk's int() of a timestamp that is no number; a non-ASCII signature
+            valid = False
+        if not valid:
             raise Unauthorized("slack: the X-Slack-Signature is missing, wrong or over five minutes old")
 
     def read(self, body: bytes, headers: Mapping[str, str]) -> Any:
@@ -146,6 +151,10 @@ def _event(delivery: str, event: dict[str, Any]) -> list[Inbound]:
     if kind == "message" and not direct and not event.get("thread_ts"):
         return []  # a channel's chatter: the bot answers mentions (app_mention) and its threads
     thread = None if direct else str(event.get("thread_ts") or event.get("ts"))
+    if isinstance(event.get("ts"), str) and event["ts"]:
+        # The message, not the event: a mention in a thread comes as an `app_mention` and as a
+        # `message` (message.channels), two event_ids for one message, which must run one turn.
+        delivery = f"{channel}:{event['ts']}"
     return [Inbound(delivery, f"{channel}:{thread or user}", user, text,
                     {"channel": channel, "thread_ts": thread}, files=files)]
 

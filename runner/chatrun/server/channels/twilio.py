@@ -78,7 +78,8 @@ class Twilio(ChannelKind):
         data = url + "".join(f"{name}{value}" for name, value in sorted(params, key=lambda p: p[0]))
         expected = base64.b64encode(hmac.new(self.secret("auth_token").encode(), data.encode(),
                                              hashlib.sha1).digest()).decode()
-        if not signature or not hmac.compare_digest(expected, signature):
+        # (compared as bytes: a forged header may hold characters compare_digest refuses in a str)
+        if not signature or not hmac.compare_digest(expected.encode(), signature.encode()):
             raise Unauthorized(f"twilio: the {SIGNATURE_HEADER} header is missing or wrong")
 
     def relay_token(self, call_sid: str, now: float | None = None) -> str:
@@ -93,7 +94,7 @@ class Twilio(ChannelKind):
         expires, _, mac = rest.partition(".")
         if not (call_sid and expires.isdigit() and mac):
             raise Unauthorized("twilio: the relay URL has no token")
-        if not hmac.compare_digest(mac, self._relay_mac(call_sid, int(expires))):
+        if not hmac.compare_digest(mac.encode(), self._relay_mac(call_sid, int(expires)).encode()):
             raise Unauthorized("twilio: the relay token is forged")
         if int(expires) < (now if now is not None else time.time()):
             raise Unauthorized("twilio: the relay token expired")
