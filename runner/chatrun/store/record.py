@@ -311,12 +311,13 @@ def from_json(text: str) -> JSONObject:
     return value
 
 
-def known_fields(cls: type, text: str) -> JSONObject:
-    """The fields of `cls` in a stored record. During a rolling deploy a newer chatrun's replica
-    may have written fields this one does not know: they are left out, not a TypeError that
-    would stop this replica's outbox worker or its GET /pending (as PendingItem.from_dict)."""
+def known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """The fields of dataclass `cls` in a stored record. During a rolling deploy a newer chatrun's
+    replica may have written fields this one does not know: they are left out, not a TypeError
+    that would stop this replica's outbox worker, its GET /pending or a channel's recovery (as
+    PendingItem.from_dict)."""
     names = {f.name for f in fields(cls)}
-    return {k: v for k, v in from_json(text).items() if k in names}
+    return {k: v for k, v in data.items() if k in names}
 
 
 def check_messages(memory: str, messages: Any) -> list[Message]:
@@ -540,7 +541,7 @@ class WaitingEntry:
 
     @classmethod
     def from_json(cls, text: str) -> WaitingEntry:
-        return cls(**known_fields(cls, text))
+        return cls(**known_fields(cls, from_json(text)))
 
     def shown(self, kind: str | None = None) -> PendingSession:
         """As list_pending shows it: its items of `kind` (all when None)."""
@@ -828,7 +829,7 @@ class OutboxEntry:
 
     @classmethod
     def from_json(cls, text: str) -> OutboxEntry:
-        return cls(**known_fields(cls, text))
+        return cls(**known_fields(cls, from_json(text)))
 
     @property
     def due(self) -> float:

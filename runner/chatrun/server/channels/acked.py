@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatrun.errors import ChatrunError
 from chatrun.server.channels.base import Inbound, InboundFile
+from chatrun.store.record import known_fields
 
 if TYPE_CHECKING:
     from chatrun.server.sessions import SessionRegistry
@@ -73,13 +74,8 @@ def saved(inbound: Inbound) -> dict[str, Any]:
 def restored(data: dict[str, Any]) -> Inbound:
     """The message a record keeps. Fields a newer chatrun's replica wrote (a rolling deploy) are
     left out: a TypeError here stopped this replica's recovery at the record, every time."""
-    files = tuple(InboundFile(**_known(InboundFile, f)) for f in data.get("files") or ())
-    return Inbound(**{**_known(Inbound, data), "files": files})
-
-
-def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+    files = tuple(InboundFile(**known_fields(InboundFile, f)) for f in data.get("files") or ())
+    return Inbound(**{**known_fields(Inbound, data), "files": files})
 
 
 # Runs one user message's turn: (bot, kind, inbound) -> None; raises when another try may heal it.
