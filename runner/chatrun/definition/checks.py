@@ -454,50 +454,51 @@ class _Checker:
             if var.default is None and name not in os.environ:
                 self.add("warning", f"environment variable `{name}` is declared under `env:` but not set "
                              "(and has no `default`); a tool that reads it will fail its turn", "env", name)
+
+    def timed_waits(self) -> Iterator[tuple[ToolConfig, str, ApprovalConfig | AskConfig | OperatorConfig, float]]:
+        """Each tool's waits that have a `timeout`, with it in seconds: its approval, its question
+        (`ask`) and its handover (`operator`). A timeout the schema refuses is left to the schema."""
+        for tool in self.config.tools.values():
+            waits: tuple[tuple[str, ApprovalConfig | AskConfig | OperatorConfig | None], ...] = (
+                ("approval", tool.approval), ("ask", tool.action.ask), ("operator", tool.action.operator))
+            for what, wait in waits:
+                if wait is None or not wait.timeout:
+                    continue
+                try:
+                    yield tool, what, wait, duration_seconds(wait.timeout)
+                except ValueError:
+                    continue
+
     def retention(self) -> None:
         """A wait longer than `retention.idle_sessions` never ends as declared: the session is
         deleted, waiting item and all, once it has been idle that long (docs/deploy.md)."""
         idle = self.config.retention.idle_sessions
         if idle is None:
             return
-        for tool in self.config.tools.values():
-            waits: list[tuple[str, ApprovalConfig | AskConfig | None]] = [
-                ("approval", tool.approval), ("question", tool.action.ask)]
-            for what, wait in waits:
-                timeout = wait.timeout if wait is not None else None
-                try:
-                    seconds = duration_seconds(timeout) if timeout else None
-                except ValueError:
-                    continue  # the schema reports it
-                if wait is not None and seconds is not None and seconds > idle:
-                    at = wait.where
-                    self.out.append(Diagnostic(
-                        at.file, at.line, at.col, "warning",
-                        f"tool `{tool.name}`: its {what} waits up to {timeout}, longer than "
-                        f"`retention.idle_sessions` keeps an idle session; the session would be deleted before "
-                        "the timeout's `on_timeout` runs: shorten the timeout or lengthen the retention",
-                        f"tools.{tool.name}"))
+        for tool, what, wait, seconds in self.timed_waits():
+            if what == "operator" or seconds <= idle:
+                continue
+            at = wait.where
+            self.out.append(Diagnostic(
+                at.file, at.line, at.col, "warning",
+                f"tool `{tool.name}`: its {'question' if what == 'ask' else what} waits up to {wait.timeout}, longer "
+                "than `retention.idle_sessions` keeps an idle session; the session would be deleted before "
+                "the timeout's `on_timeout` runs: shorten the timeout or lengthen the retention",
+                f"tools.{tool.name}"))
 
     def reachable_waits(self) -> None:
         """A `timeout:` of an approval, a question or a handover that no clock reaches (a datetime ends
         with the year 9999): its item could never be given a due time (the turn failed with an
         OverflowError); such a wait is no timeout at all."""
-        for tool in self.config.tools.values():
-            waits = (("approval", tool.approval), ("ask", tool.action.ask), ("operator", tool.action.operator))
-            for what, wait in waits:
-                timeout = wait.timeout if wait is not None else None
-                try:
-                    seconds = duration_seconds(timeout) if timeout else None
-                except ValueError:
-                    continue  # the schema reports it
-                if wait is None or seconds is None or seconds <= seconds_to_year_9999():
-                    continue
-                at = wait.where
-                self.out.append(Diagnostic(
-                    at.file, at.line, at.col, "error",
-                    f"tool `{tool.name}`: `{what}.timeout: {timeout}` is longer than any clock reaches (from now "
-                    "it passes the year 9999): leave `timeout` out to wait for ever, or write a shorter one",
-                    f"tools.{tool.name}.{what}.timeout"))
+        for tool, what, wait, seconds in self.timed_waits():
+            if seconds <= seconds_to_year_9999():
+                continue
+            at = wait.where
+            self.out.append(Diagnostic(
+                at.file, at.line, at.col, "error",
+                f"tool `{tool.name}`: `{what}.timeout: {wait.timeout}` is longer than any clock reaches (from now "
+                "it passes the year 9999): leave `timeout` out to wait for ever, or write a shorter one",
+                f"tools.{tool.name}.{what}.timeout"))
 
     def user_memory(self) -> None:
         """`user_memory:` facts that some action writes, and a `retention.user_memory` with
