@@ -108,23 +108,21 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         # httptools could not parse the request (its line, a header, Content-Length, a chunk):
         # uvicorn's own answer is text/plain; every other refusal is the JSON error body.
-        body = (b'{"error": "BadRequest", "message": "the request is not valid HTTP/1.1 (its request line, '
-                b'a header, its Content-Length or its chunked body)"}')
-        self.transport.write(
-            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-        )
-        self.transport.close()
+        self._refuse(b"400 Bad Request", 400, "BadRequest", "the request is not valid HTTP/1.1 (its request line, "
+                     "a header, its Content-Length or its chunked body)")
 
     def _headers_too_slow(self) -> None:
         self._header_deadline = None
         if self.transport.is_closing():
             return
-        # /v1's clients read OpenAI's error shape: the request line, when it came, names the path.
-        body = error_body(408, "RequestTimeout", "the request headers did not arrive in time",
-                          openai=is_openai_path(getattr(self, "url", b"")))
+        self._refuse(b"408 Request Timeout", 408, "RequestTimeout", "the request headers did not arrive in time")
+
+    def _refuse(self, status_line: bytes, status: int, reason: str, message: str) -> None:
+        """Answer before the app is reached, and close: the JSON error body, in OpenAI's shape on
+        /v1 paths (the request line, when it came, names the path)."""
+        body = error_body(status, reason, message, openai=is_openai_path(getattr(self, "url", b"")))
         self.transport.write(
-            b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"HTTP/1.1 " + status_line + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
         self.transport.close()
