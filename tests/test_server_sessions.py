@@ -195,6 +195,33 @@ def test_an_idempotency_key_sent_again_with_another_message_is_a_422(fake, trave
         assert len(fake.requests) == 1 and c.get("/bots/travel/sessions/r").json()["turn"] == 1
 
 
+@pytest.mark.parametrize("extensions", [True, False])
+def test_a_websocket_request_id_sent_again_with_another_message_is_refused(fake, travel, tmp_path, extensions):
+    # A string requestId is the WebSocket's idempotency key; sent again with another message it
+    # replayed the first message's answer (a client numbering its requests per connection, "1",
+    # "2", ..., got old answers after a reconnect). Now refused as the HTTP API's Idempotency-Key is.
+    from server_support import until_done
+
+    fake.responder = lambda body: {"text": "answered"}
+    app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}")
+    with TestClient(app) as c, c.websocket_connect("/_chat/routes") as ws:
+        ws.send_json({"type": "Connect", "chatId": "w", "extensions": extensions})
+        until_done(ws)
+        frame = {"type": "ChatRouteMessage", "chatId": "w", "requestId": "1", "data": {"userMessage": "hi"}}
+        ws.send_json(frame)
+        first = until_done(ws)
+        assert first[-1]["type"] == "Completed"
+        ws.send_json(frame | {"data": {"userMessage": "bye"}})
+        refused = until_done(ws)
+        assert refused[-1]["type"] == "Failed" and all(f["requestId"] == "1" for f in refused), refused
+        assert refused[-1]["data"] == "IdempotencyKeyReused", refused
+        if extensions:  # the Error says why, naming the key
+            assert [f["type"] for f in refused] == ["Error", "Failed"] and "'1'" in refused[0]["data"], refused
+        ws.send_json(frame)  # the same message again is a retry: replayed
+        assert [f["type"] for f in until_done(ws)] == [f["type"] for f in first if f["type"] != "Stream"]
+        assert len(fake.requests) == 1
+
+
 def test_a_slow_sqlite_write_does_not_freeze_the_event_loop(fake, travel, tmp_path):
     """Another process holds the SQLite write lock for a while: the turn waiting to commit waits
     in the store's worker thread, and the server keeps answering everyone else meanwhile."""

@@ -100,8 +100,9 @@ class TurnRun:
         if self._asks is not None and asked is not None and asked != self._asks:
             # Not a retry: another request under a committed one's key (an outcome kept before
             # chatrun kept what it asked has no `asks`, and is replayed as before).
-            raise wire.RequestFailed(wire.KEY_REUSED, f"the Idempotency-Key {self.request_id!r} was used for "
-                                     "another request to this session; send a new key for a new request")
+            raise wire.RequestFailed(wire.KEY_REUSED, f"the idempotency key {self.request_id!r} (Idempotency-Key, "
+                                     "string requestId) was used for another request to this session; send a new "
+                                     "key for a new request")
         return self._recorded is not None
 
     def __aiter__(self) -> AsyncIterator[Event]:

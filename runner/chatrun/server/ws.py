@@ -37,6 +37,7 @@ from chatrun.server.plumbing import (
     registry_of,
 )
 from chatrun.server.sessions import EXISTING, NEW, Reach, SessionRegistry
+from chatrun.server.turn_run import request_asks
 from chatrun.server.versions import VERSION_HEADER
 
 log = logging.getLogger("chatrun.server")
@@ -330,7 +331,8 @@ class Connection:
             # A string requestId is an idempotency key: a retry of a committed turn is replayed
             # (even if the scope it named has gone since: that turn may be what ended it).
             key = frame.request_id if isinstance(frame.request_id, str) else None
-            run = self.registry.turn(session, wire.turn_input(frame.data), key)
+            message = wire.turn_input(frame.data)
+            run = self.registry.turn(session, message, key, asks=None if key is None else request_asks(message))
             replay = await run.is_replay()
             if not replay and frame.scope_id and frame.scope_id not in {s.id for s in session.scopes}:
                 raise wire.RequestFailed(
@@ -350,7 +352,8 @@ class Connection:
             if frame.chat_id not in self.chats or frame.chat_id in self.pending:
                 raise _not_connected(frame.chat_id)
             key = frame.request_id if isinstance(frame.request_id, str) else None
-            await self._send_turn(frame, session, self.registry.turn(session, decision, key))
+            asks = None if key is None else request_asks(decision)
+            await self._send_turn(frame, session, self.registry.turn(session, decision, key, asks=asks))
 
     async def _send_turn(self, frame: wire.ClientFrame, session: Any, run: Any) -> None:
         """A turn's frames in the chat's dialect, then its Completed (or Failed when rolled back)."""
