@@ -744,6 +744,7 @@ class Session:
             self._moved = None
             self._save_remembered()
         except asyncio.CancelledError:  # stopped (Stop on the page, a Cancel frame, a closed stream)
+            self._reopened(before, collected, turn)  # as a failed turn: the items it resolved wait again
             stopped = _stopped(self.bot.config, collected, turn.tool_calls)
             self._rollback(before, entry | {"ok": False, "error": "cancelled", "events": _plain(collected),
                                             "stopped": stopped}, turn, keep_done=self._c.done_calls)
@@ -820,9 +821,10 @@ class Session:
         return guardrails.storage_redactor(guards)(text) if guards else text
 
     def _reopened(self, before: Checkpoint, collected: list[Event], turn: Turn) -> None:
-        """An item the failing turn resolved waits again once it is rolled back, but its Resolved
-        event went out as it happened: each such item is announced again (its Pending events, before
-        the Error), so the last a client reads of it is that it waits (docs/operators.md)."""
+        """An item the failing or stopped turn resolved waits again once it is rolled back, but its
+        Resolved event went out as it happened: each such item is announced again (its Pending
+        events, before the Error; a stopped turn's are in its record, and the WebSocket sends them
+        before its Stopped), so the last a client reads of it is that it waits (docs/operators.md)."""
         if not before.pending:
             return
         ids = {e.data.get("id") for e in collected if e.type == ev.RESOLVED and isinstance(e.data, dict)}
