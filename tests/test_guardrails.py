@@ -391,3 +391,44 @@ routes:
     events = bot.session(model=model).chat("write to ann@example.com")
     assert [d["found"] for t, d in kinds(events, "backend") if t == "Guardrail"] == [["email"]]
     assert "ann@example.com" in json.dumps([m.to_dict() for m in model.requests[0].messages])  # flag changes nothing
+
+
+LEAKY = """
+name: leaky
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+guardrails:
+  - {name: pii, pii: [card, email], stages: [storage], outcome: redact}
+routes:
+  main: {default: true, system: You help., tools: [look]}
+tools:
+  look:
+    description: Look the customer up
+    handler: leaky_tools:look
+"""
+LEAKY_TOOLS = """
+def look(ctx):
+    raise ValueError("no account for ann@example.com, card 4111 1111 1111 1111")
+"""
+
+
+def test_a_handlers_exception_text_is_redacted_in_the_error_the_history_and_the_log(fake, write_bot, tmp_path,
+                                                                                      caplog):
+    """A handler raised with a card number and an email in its message: the turn's Error kept it
+    in `meta.detail` (the HTTP answer's events), and the log held it; the history alone was redacted."""
+    from fastapi.testclient import TestClient
+
+    from server_support import app_for_testclient
+    bot = chatrun.load_bot(write_bot(LEAKY, extra={"leaky_tools.py": LEAKY_TOOLS}))
+    app = app_for_testclient([bot], f"sqlite:///{tmp_path / 's.db'}")
+    caplog.set_level(logging.DEBUG)
+    fake.queue({"tool_calls": [{"name": "look", "arguments": {}}]})
+    with TestClient(app) as client:
+        assert client.post("/bots/leaky/sessions", json={"id": "s1"}).status_code == 201
+        body = client.post("/bots/leaky/sessions/s1/messages", json={"userMessage": "who am I?"}).json()
+        history = client.get("/bots/leaky/sessions/s1").json()["history"]
+    [error] = [e for e in body["events"] if e["type"] == "Error"]
+    assert error["meta"]["detail"].endswith("raised ValueError: no account for [email], card [card]")
+    assert history[-1]["error"] == error["meta"]["detail"]
+    for seen in (json.dumps(body), caplog.text):
+        assert not card_leaked(seen) and "ann@example.com" not in seen
+    assert "no account for [email], card [card]" in caplog.text

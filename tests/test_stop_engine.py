@@ -110,3 +110,35 @@ def test_a_cancelled_achat_is_rolled_back_like_a_stopped_stream(fake, tmp_path):
     fake.queue({"tool_calls": [REFUND_30]}, {"text": "It is refunded."})
     assert [e.data for e in again.chat("Refund 30 EUR on A1001") if e.type == "Message"] == ["It is refunded."]
     assert again.state["refunded"] == 0  # not paid twice
+
+
+SENDER = """
+name: sender
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+routes:
+  main: {default: true, system: You send., tools: [send]}
+tools:
+  send:
+    description: Send money
+    parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    confirm: "Send {{ args.amount }} EUR?"
+    action: {reply: "Sent {{ args.amount }} EUR."}
+"""
+
+
+def test_a_stopped_decision_turn_announces_its_item_again_in_its_record(fake, write_bot, tmp_path):
+    """Every door that stops a turn (a closed event stream, a `/v1` client leaving) leaves the
+    record: after the Resolved the stream showed, the item's Pending again, as a failed turn does."""
+    store = SQLiteStore(str(tmp_path / "s.db"))
+    session = chatrun.load_bot(write_bot(SENDER)).session(store=store)
+    fake.queue({"tool_calls": [{"name": "send", "arguments": {"amount": 5}}]})
+    session.chat("send 5")
+    fake.queue({"chunks": ["Sending ", "now"], "stall": True})
+    seen = asyncio.run(stop_after_first_chunk(session, "yes"))
+    assert [e.type for e in seen if e.type != "Stream"] == ["Resolved"]
+    [entry] = [e for e in SQLiteStore(str(tmp_path / "s.db")).load_history(session.id) if not e["ok"]]
+    assert entry["error"] == "cancelled"
+    told = [(e["type"], e["data"]["id"]) for e in entry["events"] if e["type"] in ("Resolved", "Pending")
+            and e.get("audience", "user") == "user"]
+    assert told == [("Resolved", "p1"), ("Pending", "p1")]
+    assert [p.id for p in session.pending] == ["p1"]

@@ -180,3 +180,55 @@ def test_a_v1_stream_closed_while_queued_for_its_session_never_runs(server):
     wait_until(lambda: in_progress() == 0, 30, "the first turn stopped")
     assert [e["input"] for e in history(server, "queued1")] == ["first"]
     assert len(server.fake.requests) == 1
+
+
+DECIDING = """
+name: sender
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+routes:
+  main: {default: true, system: You send., tools: [send]}
+tools:
+  send:
+    description: Send money
+    parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    confirm: "Send {{ args.amount }} EUR?"
+    action: {reply: "Sent {{ args.amount }} EUR."}
+"""
+
+
+def test_a_stopped_decision_turn_says_its_item_waits_again_before_the_stop(monkeypatch, tmp_path):
+    """The user's yes resolves the confirmation (Resolved goes out), the model's answer streams and
+    is stopped: the turn is rolled back and the item waits again. The client read Resolved last;
+    now the item's Pending comes again before the Stopped Error, as for a failed decision turn."""
+    (tmp_path / "bot.yaml").write_text(DECIDING)
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        app = create_app([chatrun.load_bot(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 'c.db'}")
+        with ThreadServer(app) as srv:
+            fake.queue({"tool_calls": [{"name": "send", "arguments": {"amount": 5}}]}, STALLING)
+
+            async def run() -> list[dict]:
+                async with websockets.connect(srv.ws_url + "/_chat/routes") as ws:
+                    await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "d1"}))
+                    await async_until_done(ws)
+                    await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "d1", "requestId": "m1",
+                                              "data": {"userMessage": "send 5"}}))
+                    await async_until_done(ws, 30)
+                    await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "d1", "requestId": "m2",
+                                              "data": {"userMessage": "yes"}}))
+                    frames = [check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30)))]
+                    while frames[-1]["type"] != "Stream":
+                        frames.append(check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30))))
+                    await ws.send(json.dumps({"type": "Cancel", "chatId": "d1", "requestId": "c1"}))
+                    while sum(f["type"] in ("Completed", "Failed") for f in frames) < 2:
+                        frames.append(check_frame(json.loads(await asyncio.wait_for(ws.recv(), 30))))
+                    return frames
+
+            frames = [f for f in asyncio.run(run()) if f.get("requestId") == "m2"]
+            entries = httpx.get(f"{srv.url}/bots/sender/sessions/d1").json()
+    kinds = [f["type"] for f in frames if f["type"] != "Stream"]
+    assert kinds == ["Resolved", "Pending", "Error", "Failed"], frames
+    assert frames[-1]["data"] == "Cancelled" and frames[-2]["data"].startswith("Stopped")
+    assert [p["id"] for p in entries["pending"]] == ["p1"]
+    assert entries["history"][-1]["error"] == "cancelled"

@@ -73,8 +73,10 @@ AUTH = """
 tokens:
   ana-token-123: {principal: ana}
   ops-token-123: {principal: ops, roles: [operators, supervisor]}
+  sue-token-123: {principal: sue, roles: [supervisor]}
 """
 ANA, OPS = {"Authorization": "Bearer ana-token-123"}, {"Authorization": "Bearer ops-token-123"}
+SUE = {"Authorization": "Bearer sue-token-123"}  # a decider of version 1's approvals, not an operator
 
 
 def responder(body: dict[str, Any]) -> dict[str, Any]:
@@ -141,5 +143,27 @@ def test_an_item_whose_route_and_tool_a_migration_renames_is_decided_on_the_new_
             assert [e["data"]["outcome"] for e in decided.json()["events"] if e["type"] == "Resolved"] == ["approved"]
             session = http.get(f"{new.url}/bots/refunds/sessions/s", headers=ANA).json()
             assert session["state"]["n"] == 1 and session["route"] == "refunds"  # give_refund ran, once
+        finally:
+            new.kill()
+
+
+def test_a_decider_the_new_version_no_longer_names_is_told_withdrawn_not_not_found(tmp_path: Path):
+    """The replica that moved the session (version 2 names no decider) answered the supervisor's
+    late decision 404, as for a session they never could reach, where a replica still on version
+    1 answered 409 withdrawn. Every replica holding version 1 now answers 409."""
+    with FakeOpenAI() as fake, httpx.Client(timeout=60) as http:
+        fake.responder = responder
+        store, auth = asked_on_version_1(tmp_path, V2, fake, http)
+        new = Replica(str(tmp_path / "new"), store, fake.base_url, "--auth", auth).start()
+        try:
+            said = http.post(f"{new.url}/bots/refunds/sessions/s/messages", json={"userMessage": "hello"},
+                             headers=ANA).json()
+            assert said["ok"] is True and said["route"] == "main", said  # moved: p1 withdrawn
+            decided = http.post(f"{new.url}/bots/refunds/sessions/s/pending/p1", json={"decision": "approve"},
+                                headers=SUE)
+            assert decided.status_code == 409, decided.text
+            assert decided.json()["error"] == "NotPending" and "withdrawn" in decided.json()["message"]
+            # A decider reaches the pending items, not the session (the owner's alone).
+            assert http.get(f"{new.url}/bots/refunds/sessions/s", headers=SUE).status_code == 404
         finally:
             new.kill()

@@ -58,6 +58,12 @@ from chatrun.store.record import (
 
 SNAPSHOT_VERSION = 1
 DONE_CALLS_KEY = "calls_done"  # the snapshot's record of calls done once (engine/once.py)
+# Every top-level field a snapshot of this chatrun has: what `snapshot` writes, and "committed",
+# which the server adds to it as stored (store/record.py, with_committed). Any other was written
+# by a newer chatrun and is kept (Conversation.unknown).
+SNAPSHOT_KEYS = frozenset({"version", "bot", "bot_version", "id", "turn", "state", "scopes", "next_scope", "meta",
+                           "usage", "updated", "ended", PENDING_KEY, PENDING_COUNTER_KEY, TAKEOVER_KEY, RESOLVED_KEY,
+                           DONE_CALLS_KEY, FOLLOW_UP_KEY, OUTCOME_KEY, "committed"})
 NOTHING_RESOLVED: Mapping[str, str] = MappingProxyType({})  # shared by every session with none
 NO_FACTS: Mapping[str, Any] = MappingProxyType({})  # user memory: shared by every session with none (replaced, not changed)
 
@@ -91,7 +97,7 @@ class Conversation:
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "_state", "_meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
                  "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
-                 "remembered")
+                 "remembered", "unknown")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -137,6 +143,10 @@ class Conversation:
         self.follow_up: dict[str, Any] | None = None
         # The outcome (engine/outcomes.py): recorded {"name", ...} or armed {"due", "since"}; replaced, never changed in place.
         self.outcome: dict[str, Any] | None = None
+        # The stored snapshot's fields this chatrun does not know (a newer replica's, in a rolling
+        # deploy): written back as read by every commit (`snapshot`), so this replica never drops
+        # them. None for nearly every session: then they cost `snapshot` one test.
+        self.unknown: dict[str, Any] | None = None
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -172,11 +182,15 @@ class Conversation:
         self.done_calls = tuple(e for e in snapshot.get(DONE_CALLS_KEY) or () if isinstance(e, str))
         self.follow_up = follow_up_of(snapshot)
         self.outcome = outcome_of(snapshot)
+        # One subset test in C when every field is known (the usual case).
+        self.unknown = None if snapshot.keys() <= SNAPSHOT_KEYS else {
+            k: v for k, v in snapshot.items() if k not in SNAPSHOT_KEYS}
         # A scope on a route this bot lacks is moved by the session (engine/versions.py) before it runs.
 
     def snapshot(self) -> dict[str, Any]:
-        """The conversation as JSON-able data (not a copy): what the store keeps between turns."""
-        return {
+        """The conversation as JSON-able data (not a copy): what the store keeps between turns,
+        with the stored fields this chatrun does not know, as read (`restore`)."""
+        snapshot = {
             "version": SNAPSHOT_VERSION,
             "bot": self.config.name,
             "bot_version": self.config.content_version,
@@ -198,6 +212,9 @@ class Conversation:
             **({FOLLOW_UP_KEY: self.follow_up} if self.follow_up else {}),
             **({OUTCOME_KEY: self.outcome} if self.outcome else {}),
         }
+        if self.unknown is not None:
+            snapshot.update(self.unknown)
+        return snapshot
 
     # -- its state ---------------------------------------------------------------------------
 

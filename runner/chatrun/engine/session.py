@@ -20,6 +20,7 @@ import os
 import secrets
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
@@ -743,6 +744,7 @@ class Session:
             self._moved = None
             self._save_remembered()
         except asyncio.CancelledError:  # stopped (Stop on the page, a Cancel frame, a closed stream)
+            self._reopened(before, collected, turn)  # as a failed turn: the items it resolved wait again
             stopped = _stopped(self.bot.config, collected, turn.tool_calls)
             self._rollback(before, entry | {"ok": False, "error": "cancelled", "events": _plain(collected),
                                             "stopped": stopped}, turn, keep_done=self._c.done_calls)
@@ -753,9 +755,9 @@ class Session:
         except ChatrunError as exc:  # TurnFailed and friends: the message names the place
             self._fail(before, entry, collected, str(exc), turn)
         except Exception as exc:  # a bug in chatrun or in a library: still never lose the session
-            log.exception("internal error in session %s", self.id)
-            self._fail(before, entry, collected, f"internal error on route {self.route}: {type(exc).__name__}: {exc}",
-                       turn)
+            detail = f"internal error on route {self.route}: {type(exc).__name__}: {exc}"
+            self._log_internal(exc, self._kept_text(detail, turn))
+            self._fail(before, entry, collected, detail, turn)
         except BaseException as exc:  # KeyboardInterrupt and the like: roll back, then let it go on
             self._rollback(before, entry | {"ok": False, "error": f"interrupted: {type(exc).__name__}",
                                             "events": _plain(collected)}, turn)
@@ -786,6 +788,9 @@ class Session:
               text: str = ev.TURN_FAILED_TEXT) -> None:
         """The turn failed: the user gets a safe Error text (no file paths, exception names or
         stack details); the author gets `detail` in the Error event's meta, the history and the log."""
+        # The detail may quote what a handler or a backend raised (a card number, an email): the
+        # `storage` guards redact it before the log, the Error's meta and the history keep it.
+        detail = self._kept_text(detail, turn)
         # INFO: a failed turn is the bot's or the model's problem, reported to the client already;
         # `chatrun serve` logs it (the author's detail), library users opt in with logging.
         log.info("session %s, turn %s failed: %s", self.id, self.turn_count + 1, detail)
@@ -798,10 +803,28 @@ class Session:
             failed[OUTBOX_KEY] = replies
         self._rollback(before, failed, turn)
 
+    def _log_internal(self, exc: Exception, detail: str) -> None:
+        """Log an internal error with its stack; on a bot with `guardrails:` the exception's own
+        text is left out of the stack (it may quote what the user said): `detail` is redacted."""
+        if not self.bot.config.guarded:
+            log.exception("internal error in session %s", self.id)
+            return
+        stack = "".join(traceback.format_tb(exc.__traceback__))
+        log.error("internal error in session %s: %s\nTraceback (most recent call last):\n%s", self.id, detail, stack)
+
+    def _kept_text(self, text: str, turn: Turn) -> str:
+        """`text` as the store keeps it: redacted by the `storage` guards of the bot and of the
+        routes the turn ran on (the same guards as `_stored`); as it is when there are none."""
+        if not self.bot.config.guarded:
+            return text
+        guards = guardrails.bot_storage_guards(self.bot.config, [*turn.hops, self.route])
+        return guardrails.storage_redactor(guards)(text) if guards else text
+
     def _reopened(self, before: Checkpoint, collected: list[Event], turn: Turn) -> None:
-        """An item the failing turn resolved waits again once it is rolled back, but its Resolved
-        event went out as it happened: each such item is announced again (its Pending events, before
-        the Error), so the last a client reads of it is that it waits (docs/operators.md)."""
+        """An item the failing or stopped turn resolved waits again once it is rolled back, but its
+        Resolved event went out as it happened: each such item is announced again (its Pending
+        events, before the Error; a stopped turn's are in its record, and the WebSocket sends them
+        before its Stopped), so the last a client reads of it is that it waits (docs/operators.md)."""
         if not before.pending:
             return
         ids = {e.data.get("id") for e in collected if e.type == ev.RESOLVED and isinstance(e.data, dict)}

@@ -19,6 +19,7 @@ are not reachable with auth off either. See docs/security.md.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -77,12 +78,15 @@ OWNER_ONLY = Reach()
 SYSTEM = Reach(system=True)
 
 
-def reaches(reach: Reach, principal: Principal | None, record: SessionRecord, bot: Bot) -> bool:
+def reaches(reach: Reach, principal: Principal | None, record: SessionRecord, bot: Bot,
+            versions: Iterable[Bot] = ()) -> bool:
     """Whether a request that is not the owner's may use a stored session (see the module's
     text): the server itself; an operator, or a principal with a role an open item waits for,
     or a backend with an open item's token; and, once items were resolved, a principal with a
-    role the bot names as a decider (so a decision retried after it landed is replayed, and a
-    late one told NotPending, rather than not found)."""
+    role the bot names as a decider in any of its `versions` this replica holds (so a decision
+    retried after it landed is replayed, and a late one told NotPending, rather than not found:
+    an item a move to a new version withdrew was asked by the version it left, whose deciders
+    the new one may not name)."""
     if reach.system:
         return True
     if reach.takeover and takes_over(principal, bot):
@@ -94,7 +98,7 @@ def reaches(reach: Reach, principal: Principal | None, record: SessionRecord, bo
         return True
     if any(roles & set(item.get("by") or ()) for item in record.pending):
         return True
-    if record.resolved and roles & decider_roles(bot):
+    if record.resolved and any(roles & decider_roles(b) for b in (bot, *versions)):
         return True
     return reach.token is not None and any(_same_token(item.get(TOKEN_KEY), reach.token) for item in record.pending)
 
@@ -164,7 +168,7 @@ class SessionOpener:
         elif owner_in_meta(slot.session.meta) != request.owner:
             snapshot = slot.session.snapshot()
             if not reaches(request.reach, request.principal, SessionRecord.of(request.session_id, snapshot, "", ""),
-                           request.bot):
+                           request.bot, self._versions(request.bot)):
                 raise not_found(request.session_id)
 
     async def _open(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
@@ -193,8 +197,7 @@ class SessionOpener:
         except Exception as exc:  # a corrupt record or an unreachable store
             raise wire.RequestFailed(wire.SERVER_ERROR, f"session {session_id}: could not load it: {exc}") from None
 
-    @staticmethod
-    def _check_loaded(record: SessionRecord, request: SessionRequest) -> None:
+    def _check_loaded(self, record: SessionRecord, request: SessionRequest) -> None:
         if request.mode == NEW:
             raise exists(request.session_id)
         if record.bot not in (None, request.bot.name):
@@ -204,8 +207,14 @@ class SessionOpener:
                 wire.SESSION_NOT_ACTIVE,
                 f"session {request.session_id} belongs to bot {record.bot!r}, not {request.bot.name!r}",
             )
-        if record.owner != request.owner and not reaches(request.reach, request.principal, record, request.bot):
+        if record.owner != request.owner and not reaches(request.reach, request.principal, record, request.bot,
+                                                         self._versions(request.bot)):
             raise not_found(request.session_id)
+
+    def _versions(self, bot: Bot) -> list[Bot]:
+        """The versions of `bot` this replica holds (served, or loaded from the store)."""
+        held = self.shelf.bots.get(bot.name)
+        return [v.bot for v in held.versions] if held is not None else []
 
     async def _check_quota(self, principal: Principal | None) -> None:
         limit = self.max_sessions_per_principal

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from chatrun.errors import SessionError
-from chatrun.events import Event
+from chatrun.events import PENDING, RESOLVED, Event
 from chatrun.server import wire
 from chatrun.server.audience import for_clients
 from chatrun.server.session_cache import Hold
@@ -80,6 +80,27 @@ class TurnRun:
         self._recorded: dict[str, Any] | None = None
         self._looked_up = request_id is None
         self._written: Commit | None = None  # the commit written when the turn ended
+
+    def reopened(self) -> list[Event]:
+        """The user's Pending events a stopped turn announced again (engine/session.py,
+        `_reopened`: each item it resolved waits again once it is rolled back), from its record,
+        for a client still connected to read before its Stopped; [] for any other turn."""
+        events = self.entry.get("events") if self.entry.get("error") == "cancelled" else None
+        if not isinstance(events, list):
+            return []
+        resolved: set[Any] = set()
+        out = []
+        for item in events:
+            data = item.get("data") if isinstance(item, dict) else None
+            if not isinstance(data, dict):
+                continue
+            if item["type"] == RESOLVED:
+                resolved.add(data.get("id"))
+            elif item["type"] == PENDING and data.get("id") in resolved:
+                event = Event.from_dict(item)
+                if for_clients(event):
+                    out.append(event)
+        return out
 
     def committed_snapshot(self) -> str | None:
         """The session's snapshot as the commit at the turn's end encoded it (the engine's,

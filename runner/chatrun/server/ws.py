@@ -367,6 +367,12 @@ class Connection:
                     sent = frames.out(event)
                     if sent is not None:
                         self.send(frame.chat_id, *sent, frame.request_id)
+        except asyncio.CancelledError:  # stopped: an item it resolved waits again, said before the Stopped
+            for event in run.reopened():
+                sent = frames.out(event)
+                if sent is not None:
+                    self.send(frame.chat_id, *sent, frame.request_id)
+            raise
         finally:
             STREAM_EVERY_NOW.reset(every)
             PLAYING.reset(playing)
