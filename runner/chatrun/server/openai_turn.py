@@ -37,12 +37,13 @@ UNAUTHORIZED_MESSAGE = "unauthorized: send a valid token as Authorization: Beare
 
 
 class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type_, code
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": None}}
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
 
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
@@ -441,6 +442,13 @@ def _text_of(content: Any, where: str) -> str:
                                   f"send {', '.join(TEXT_PARTS + FILE_PARTS)}", code="unsupported_content")
         return "".join(texts)
     raise OpenAIError(400, f"{where}.content must be a string or a list of parts", code="invalid_content")
+
+
+def check_said(text: str, uploads: tuple[Upload, ...], where: str, param: str) -> None:
+    """A last user message that says nothing (wire.says_nothing: no text, no file) runs no turn:
+    400 `empty_message` naming it (`param`: the request's field), before any session is opened."""
+    if wire.says_nothing(text, uploads):
+        raise OpenAIError(400, wire.nothing_said(where), code="empty_message", param=param)
 
 
 def uploads_of(messages: list[Any], where: str) -> tuple[Upload, ...]:
