@@ -562,7 +562,7 @@ class ResponseRequest(TurnRequest):
 
     def run(self, emit: Emit | None) -> Coroutine[Any, Any, TurnResult]:
         return run_turn(self.index, self.ident, self.who, self.text, self.prompts, emit, self.keys_after,
-                        uploads=self.uploads)
+                        uploads=self.uploads, stopped=(self.index.response_key(self.id),))
 
     def response_object(self, status: str, result: TurnResult | None, text_out: str | None) -> dict[str, Any]:
         annotations = _response_annotations(result.reply) if result is not None else []
