@@ -125,3 +125,17 @@ def test_v1_refuses_a_last_user_message_that_says_nothing_with_400_naming_the_fi
         client.responses.create(model="travel", input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": PNG_URL}]}])
     assert len(fake.requests) == 2  # a file with no text runs
+
+
+def test_v1_refuses_more_than_one_choice_naming_n(server, fake):
+    """`n: 2` ran one turn and answered one choice: a client reading choices[1] failed, and a turn
+    whose tools act cannot be sampled twice. Refused before anything runs; `n: 1` runs."""
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        for n, message in [(2, "n: 2 is greater than the maximum of 1"), (0, "n: 0 is less than the minimum of 1")]:
+            error = refused(client.chat.completions.create, "invalid_request", model="travel", n=n,
+                            messages=[{"role": "user", "content": "Hi"}])
+            assert error.body["message"] == message
+        assert fake.requests == []
+        fake.queue({"text": "Hello."})
+        one = client.chat.completions.create(model="travel", n=1, messages=[{"role": "user", "content": "Hi"}])
+    assert [c.message.content for c in one.choices] == ["Hello."]
