@@ -110,3 +110,20 @@ def test_a_cancelled_interrupt_rejects_and_bad_input_is_a_400_naming_the_field(c
     empty = client.post("/agui/shop", json={"threadId": "t", "runId": "r", "messages": [], "state": {},
                                              "tools": [], "context": [], "forwardedProps": {}})
     assert empty.status_code == 400 and "user message" in empty.json()["message"]
+
+
+def test_a_last_user_message_that_says_nothing_is_a_422_and_no_earlier_one_runs_again(client, fake):
+    """The run's input is its last user message: one that says nothing (empty, only whitespace)
+    is 422 EmptyMessage, as on the HTTP API; an earlier user message with text (a turn already)
+    was taken instead and ran again."""
+    assert text_of(run(client, "r1", "hello")) == "You said hello (turn 1)."
+    history = [{"id": "u-r1", "role": "user", "content": "hello"},
+               {"id": "a-r1", "role": "assistant", "content": "You said hello (turn 1)."}]
+    for said in ("", "  \n"):
+        body = {"threadId": "thread-1", "runId": f"r-{len(said)}", "state": {}, "tools": [], "context": [],
+                "forwardedProps": {}, "messages": [*history, {"id": "u-2", "role": "user", "content": said}]}
+        refused = client.post("/agui/shop", json=body, headers={"Accept": "text/event-stream"})
+        assert refused.status_code == 422, refused.text
+        assert refused.json() == {"error": "EmptyMessage", "message": "the last user message of messages is empty "
+                                  "(no text and no attachment): send the user's text; no turn ran"}
+    assert len(fake.requests) == 1

@@ -422,3 +422,15 @@ def test_no_guarded_word_reaches_the_platform_and_the_sources_arrive_as_links(ch
                             "Sources:\n1. Returns › Refund window — https://docs.example/returns#refund-window"]
     received = chat.user.received()
     assert not card_leaked(received) and "internal" not in received.lower()
+
+
+def test_a_message_that_says_nothing_runs_no_turn_and_a_file_without_text_still_runs(chat):
+    for text in ("", "  \n\t"):  # an empty text, a blank one: answered 200, no turn, no reply
+        assert chat.user.say(text) == 200
+    assert chat.client.get(chat.session(), headers=OPERATOR).status_code == 404  # not even a session
+    assert chat.user.send_file(PNG, "") == 200  # a file with no caption says something
+    wait_until(chat.user.replies, what="the reply to the image")
+    chat.settled()
+    assert chat.texts() == ["Got image_url with ''."]
+    assert len(chat.fake.requests) == 1  # the image's turn alone asked the model
+

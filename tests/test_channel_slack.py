@@ -274,3 +274,23 @@ def test_a_mention_in_a_thread_slack_sends_as_two_events_runs_once_and_replies_o
     wait_until(lambda: client.portal.call(client.app.state.registry.store.record_keys, "channel-in:") == [],
                what="both deliveries done")
     assert texts(slack) == ["You said <@B1> hi.", "You said <@B1> more."] and len(fake.requests) == 2
+
+
+def test_an_edit_a_join_or_a_blank_message_runs_no_turn(client, slack, fake):
+    """What Slack sends that is not the user saying something new: an edit (`message_changed`,
+    its text under `message`, no user at the top), a join (`channel_join`, Slack's own words;
+    `member_joined_channel`, no text) and a message of spaces. Each is answered 200 and runs
+    no turn; the next message is the only one the model is asked about."""
+    edit = slack_message("Ev1", "")
+    edit["event"] |= {"subtype": "message_changed", "message": {"type": "message", "user": "U42", "text": "hallo"}}
+    del edit["event"]["user"]
+    join = slack_message("Ev2", "<@U42> has joined the channel")
+    join["event"]["subtype"] = "channel_join"
+    member = slack_message("Ev3", "")
+    member["event"] = {"type": "member_joined_channel", "user": "U42", "channel": "D42", "event_ts": "1.2"}
+    for payload in (edit, join, member, slack_message("Ev4", " \n ")):
+        assert post_event(client, payload).status_code == 200
+    assert post_event(client, slack_message("Ev5", "hello")).status_code == 200
+    wait_until(lambda: texts(slack), what="the reply")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert texts(slack) == ["You said hello."] and len(fake.requests) == 1

@@ -232,3 +232,50 @@ def test_a_stopped_decision_turn_says_its_item_waits_again_before_the_stop(monke
     assert frames[-1]["data"] == "Cancelled" and frames[-2]["data"].startswith("Stopped")
     assert [p["id"] for p in entries["pending"]] == ["p1"]
     assert entries["history"][-1]["error"] == "cancelled"
+
+
+def continued_after_stop(client: openai.OpenAI, previous_id: str) -> openai.types.responses.Response:
+    """The next response after `previous_id`: a refusal (404) runs nothing, so it is asked again
+    until the stopped response's id is recorded (its stream's end raced the record's write)."""
+
+    def ask() -> openai.types.responses.Response | None:
+        try:
+            return client.responses.create(model="travel", input="again", previous_response_id=previous_id)
+        except openai.NotFoundError:
+            return None
+
+    return wait_until(ask, 30, "the stopped response's id continuing its session")
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_stopped_responses_stream_id_continues_where_its_turn_began(server, first):
+    """docs/openai-api.md, Stop: a closed Responses stream's turn is rolled back, and its id names
+    the session as the stop left it. previous_response_id = that id continues the same session
+    from where the stopped turn began (its first turn, or the response before it): the model sees
+    no trace of the stopped message."""
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=30) as client:
+        earlier = None
+        if not first:
+            server.fake.queue({"text": "Hi."})
+            earlier = client.responses.create(model="travel", input="hello")
+        server.fake.queue(STALLING)
+        stream = client.responses.create(model="travel", input="stop me", stream=True,
+                                         previous_response_id=earlier.id if earlier else None)
+        stopped_id = None
+        for event in stream:
+            if event.type == "response.created":
+                stopped_id = event.response.id
+            if event.type == "response.output_text.delta":
+                break
+        stream.close()
+        server.fake.queue({"text": "Here again."})
+        after = continued_after_stop(client, stopped_id)
+    info = after.model_extra["chatrun"]
+    assert info["how"] == "continued" and info["turn"] == (1 if first else 2)
+    if earlier is not None:
+        assert info["session"] == earlier.model_extra["chatrun"]["session"]
+    assert after.output_text == "Here again."
+    sent = [m["content"] for m in server.fake.requests[-1]["messages"][1:]]
+    assert sent == (["again"] if first else ["hello", "Hi.", "again"])
+    entries = history(server, info["session"])
+    assert [(e["ok"], e.get("error")) for e in entries][-2:] == [(False, "cancelled"), (True, None)]

@@ -104,10 +104,11 @@ def _input_of(run: Any) -> Any:
             return decision_of(entry.interrupt_id, payload, None)
         return Answer(entry.interrupt_id, payload)
     for message in reversed(run.messages):
-        if message.role == "user":
+        if message.role == "user":  # the last one: an earlier one was a turn already
             text = _text(message.content)
-            if text:
-                return text
+            if wire.says_nothing(text, ()):
+                raise wire.RequestFailed(wire.EMPTY_MESSAGE, wire.nothing_said("the last user message of messages"))
+            return text
     raise wire.RequestFailed(wire.BAD_REQUEST, "an AG-UI run needs a user message with text, or `resume`")
 
 

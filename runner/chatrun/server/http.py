@@ -373,6 +373,8 @@ async def _message_body(request: Request) -> dict[str, Any]:
     too_long = limits_of(request).message_too_long(message) if isinstance(message, str) else None
     if too_long:
         raise wire.RequestFailed(wire.TOO_LARGE, too_long)
+    if "userMessage" in data and wire.says_nothing(message, data.get("attachments")):
+        raise wire.RequestFailed(wire.EMPTY_MESSAGE, wire.nothing_said("userMessage"))
     return data
 
 
@@ -499,7 +501,8 @@ _ERRORS = {
     413: "TooLarge: body or userMessage over the limit",
     415: "UnsupportedMediaType: a body that is not application/json",
     422: "InvalidDecision: edited arguments or an answer that do not match the declared schema (the item stays pending); "
-         "IdempotencyKeyReused: the Idempotency-Key of a committed request, sent with another request",
+         "IdempotencyKeyReused: the Idempotency-Key of a committed request, sent with another request; "
+         "EmptyMessage: a userMessage with no text (null, empty or only whitespace) and no attachment",
     429: "TooManyRequests",
     500: "ServerError",
 }

@@ -35,6 +35,7 @@ from chatrun.server.openai_turn import (
     Reply,
     TurnResult,
     Upload,
+    check_said,
     conversation_of,
     from_failure,
     opened,
@@ -392,13 +393,15 @@ class ChatCompletion(TurnRequest):
         if resent is not None and not ident.hashed_as(who.name if who is not None else None,
                                                        resent.running((bot, who.name if who else None, ident.namespace))):
             return None
+        uploads = () if resent is not None else uploads_of(body["messages"], "messages")
+        check_said(text, uploads, "the last user message of messages", "messages")
         return cls(
             api.index, api.options.keepalive, who, body["model"], text, ident,
             as_json=(body.get("response_format") or {}).get("type") in ("json_object", "json_schema"),
             want_events=bool(body["chatrun"].get("events")) if isinstance(body.get("chatrun"), dict) else False,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
             attempt=attempt_of(api.index, heard, body, ident, text, who),
-            uploads=() if resent is not None else uploads_of(body["messages"], "messages"), usual=usual,
+            uploads=uploads, usual=usual,
         )
 
     def keys_after(self, reply: Reply) -> list[str]:
@@ -534,6 +537,9 @@ class ResponseRequest(TurnRequest):
             items = [{"role": "user", "content": items}]
         earlier, text = conversation_of(items, "input")
         api.check_length(text)
+        uploads = uploads_of(items if isinstance(items, list) else [], "input")
+        check_said(text, uploads, "input" if isinstance(body.get("input"), str) else "the last user message of input",
+                   "input")
         previous_id = body.get("previous_response_id")
         previous = None if previous_id is None else await _previous_response(api.index, str(previous_id), bot, who)
         if previous is not None:
@@ -545,7 +551,7 @@ class ResponseRequest(TurnRequest):
                          heard.get(VERSION_HEADER), locale_of(heard, body))
         want_events = isinstance(body.get("chatrun"), dict) and bool(body["chatrun"].get("events"))
         return cls(api.index, api.options.keepalive, who, body["model"], text, ident, previous_id, conversation,
-                   want_events, uploads=uploads_of(items if isinstance(items, list) else [], "input"))
+                   want_events, uploads=uploads)
 
     def keys_after(self, reply: Reply) -> list[str]:
         keys = [self.index.response_key(self.id)]
@@ -556,7 +562,7 @@ class ResponseRequest(TurnRequest):
 
     def run(self, emit: Emit | None) -> Coroutine[Any, Any, TurnResult]:
         return run_turn(self.index, self.ident, self.who, self.text, self.prompts, emit, self.keys_after,
-                        uploads=self.uploads)
+                        uploads=self.uploads, stopped=(self.index.response_key(self.id),))
 
     def response_object(self, status: str, result: TurnResult | None, text_out: str | None) -> dict[str, Any]:
         annotations = _response_annotations(result.reply) if result is not None else []

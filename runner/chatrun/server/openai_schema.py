@@ -46,6 +46,9 @@ CHAT_COMPLETIONS: dict[str, Any] = {
                      "description": "the conversation; its last message is the user's, the turn to run"},
         "stream": {"type": "boolean"},
         "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": "boolean"}}},
+        # One request is one turn, whose tools act once: no second choice can be sampled.
+        "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1,
+              "description": "1 (or left out): a request runs one turn, which has one answer"},
         "response_format": {"type": ["object", "null"], "properties": {
             "type": {"enum": ["text", "json_object", "json_schema"],
                      "description": "json_object/json_schema: the reply is the turn's Object events as JSON"}}},

@@ -434,6 +434,16 @@ class TurnIndex:
         recorded.listed = await (in_one_call(work) if in_one_call is not None else work(self.records))
         self._recorded[session] = recorded  # written: the next state may be a delta of this one
 
+    async def remember_stopped(self, session: Session, who: Principal | None, turn: int, keys: tuple[str, ...]) -> None:
+        """A stopped turn's `keys` (a closed Responses stream's id) name the session at `turn`, where
+        the turn began: rolled back, it committed nothing, so continuing it (previous_response_id)
+        goes on from there, as if the stopped message had not been sent (docs/openai-api.md, Stop).
+        Deleted with the session; not among its kept turns."""
+        record = {"bot": session.bot.name, "owner": _owner(who), "session": session.id, "turn": turn,
+                  "state": self.state_key(session.id, turn), "at": time.time(), "stopped": True}
+        for key in keys:
+            await self.records.put_record(key, record, session.id)
+
     def _state_after(self, session: Session, turn: int, memories: dict[str, tuple[Message, ...]],
                      snapshot_json: str | None = None) -> tuple[dict[str, Any], _Recorded]:
         """The state record of the session right after `turn`: a delta of the state recorded

@@ -11,7 +11,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
 
@@ -31,18 +31,22 @@ from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Opened,
 from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
 from chatrun.store.blobs import BlobArea
 
+if TYPE_CHECKING:
+    from chatrun.server.turn_run import TurnRun
+
 SEPARATOR = "\n\n"  # between the texts of a turn's several Message/Object events
 # The HTTP API's wording names its three ways to send a token; an OpenAI client has one.
 UNAUTHORIZED_MESSAGE = "unauthorized: send a valid token as Authorization: Bearer <token> (the OpenAI SDKs' api_key)"
 
 
 class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type_, code
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": None}}
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
 
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
@@ -209,14 +213,15 @@ class TurnResult:
 async def run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], attempt: Attempt | None = None,
-    uploads: tuple[Upload, ...] = (),
+    uploads: tuple[Upload, ...] = (), stopped: tuple[str, ...] = (),
 ) -> TurnResult:
     """One turn in the request's session; the index records it when it commits. With an
     `attempt`, a retry of a committed request replays that turn's answer instead. `emit` None:
     nobody reads the events before the turn ends (a JSON answer), so the turn runs whole in
-    this task (SessionRegistry.turn's `whole`: no task and queue of its own)."""
+    this task (SessionRegistry.turn's `whole`: no task and queue of its own). `stopped`: the keys
+    that name the session as a stopped turn left it (a Responses stream's response id)."""
     if attempt is None:
-        return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads)
+        return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, stopped=stopped)
     if attempt.retry:
         recorded = await index.claim_or_outcome(attempt.key)
         if recorded is not None:
@@ -265,7 +270,7 @@ def _replay(recorded: dict[str, Any], emit: Emit | None) -> TurnResult:
 async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
-    attempt: Attempt | None = None, claim: str | None = None,
+    attempt: Attempt | None = None, claim: str | None = None, stopped: tuple[str, ...] = (),
 ) -> TurnResult:
     whole, emit = emit is None, emit or _nobody
     reply = Reply()
@@ -280,18 +285,16 @@ async def _run_turn(
             reply.feed(event)
             events.append(event.to_dict())
             emit(event)
-        error = None
-        caught_up = reply.text
+        caught_up, before = reply.text, session.turn_count
         # Through the registry: the turn is committed (fenced by version and lease) before the
         # answer; a refused commit fails the request (Conflict) instead of answering unsaved.
         run = index.registry.turn(session, message, whole=whole)
-        async for event in run:
-            if event.type == ev.ERROR:
-                error = str(event.data)
-            reply.feed(event)
-            if event.type != ev.STREAM:  # what a replay sends again: the Message has the chunks' text
-                events.append(event.to_dict())
-            emit(event)
+        try:
+            error = await _fed(run, reply, events, emit)
+        except asyncio.CancelledError:  # stopped (its stream closed): rolled back, its keys name where it began
+            if stopped:
+                await asyncio.shield(index.remember_stopped(session, who, before, stopped))
+            raise
         entry = session.last_turn or {}
         ok = bool(entry.get("ok")) and error is None
         passed_on = ok and reply.text.strip() == caught_up.strip() and operator_text(session)
@@ -319,6 +322,19 @@ async def _run_turn(
                 "events": events, "usage": usage, "estimated": estimated, "session": info, "asks": attempt.asks})
             await index.remember(session, who, keys_after(reply), outcome, run.committed_snapshot())
         return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
+
+
+async def _fed(run: TurnRun, reply: Reply, events: list[dict[str, Any]], emit: Emit) -> str | None:
+    """The turn's events: fed to the reply, kept for a replay, emitted; the text of its Error."""
+    error = None
+    async for event in run:
+        if event.type == ev.ERROR:
+            error = str(event.data)
+        reply.feed(event)
+        if event.type != ev.STREAM:  # what a replay sends again: the Message has the chunks' text
+            events.append(event.to_dict())
+        emit(event)
+    return error
 
 
 def _nobody(_event: Any) -> None:
@@ -441,6 +457,13 @@ def _text_of(content: Any, where: str) -> str:
                                   f"send {', '.join(TEXT_PARTS + FILE_PARTS)}", code="unsupported_content")
         return "".join(texts)
     raise OpenAIError(400, f"{where}.content must be a string or a list of parts", code="invalid_content")
+
+
+def check_said(text: str, uploads: tuple[Upload, ...], where: str, param: str) -> None:
+    """A last user message that says nothing (wire.says_nothing: no text, no file) runs no turn:
+    400 `empty_message` naming it (`param`: the request's field), before any session is opened."""
+    if wire.says_nothing(text, uploads):
+        raise OpenAIError(400, wire.nothing_said(where), code="empty_message", param=param)
 
 
 def uploads_of(messages: list[Any], where: str) -> tuple[Upload, ...]:

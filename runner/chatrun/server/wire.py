@@ -83,6 +83,7 @@ DECISION_REFUSED = "DecisionRefused"  # a decision on a pending item by someone 
 NOT_PENDING = "NotPending"  # a decision on an item that is not pending (unknown, or resolved already)
 INVALID_DECISION = "InvalidDecision"  # edited arguments or an answer that do not validate (item stays pending)
 KEY_REUSED = "IdempotencyKeyReused"  # an Idempotency-Key of a committed request sent with another request
+EMPTY_MESSAGE = "EmptyMessage"  # a userMessage with no text and no attachment: no turn runs (says_nothing)
 
 # HTTP status for each reason, so the REST API and the WebSocket fail the same way.
 HTTP_STATUS = {
@@ -106,7 +107,21 @@ HTTP_STATUS = {
     NOT_PENDING: 409,
     INVALID_DECISION: 422,
     KEY_REUSED: 422,
+    EMPTY_MESSAGE: 422,
 }
+
+
+def says_nothing(text: Any, attachments: Any) -> bool:
+    """Whether a user message says nothing: no text (null, empty or only whitespace) and no
+    attachment. The one rule of every door (HTTP, WebSocket, /v1, channels): such a message runs
+    no turn, since the model would be asked to answer nothing (docs/protocol.md). A message
+    with a file and no text still runs."""
+    return not attachments and (text is None or (isinstance(text, str) and not text.strip()))
+
+
+def nothing_said(field: str) -> str:
+    """The refusal's text for a message that says nothing (says_nothing), naming its field."""
+    return f"{field} is empty (no text and no attachment): send the user's text; no turn ran"
 
 
 @dataclass(frozen=True)
@@ -256,6 +271,8 @@ def _read_chat_route_message(frame: ClientFrame, fields: _FrameFields, limits: S
     too_long = limits.message_too_long(message) if isinstance(message, str) else None
     if too_long:
         raise fields.fail(too_long, TOO_LARGE)
+    if "userMessage" in data and says_nothing(message, data.get("attachments")):
+        raise fields.fail(nothing_said("ChatRouteMessage.data.userMessage"), EMPTY_MESSAGE)
     scope_id = fields.raw.get("scopeId")
     if scope_id is not None and not isinstance(scope_id, str):
         raise fields.fail("ChatRouteMessage.scopeId must be a string (the data of the last Completed)")

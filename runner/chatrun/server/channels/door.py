@@ -261,7 +261,7 @@ async def receive(bot: str, kind: str, request: Request, registry: Registry) -> 
         raise wire.RequestFailed(wire.BAD_REQUEST, f"a {kind} delivery that cannot be read: {exc}") from None
     try:
         answer = channel.handshake(payload)
-        messages = [] if answer is not None else channel.inbound(payload)
+        messages = [] if answer is not None else _saying(channel.inbound(payload))
     except (AttributeError, KeyError, IndexError, TypeError) as exc:  # a field not of the platform's shape
         log.warning("channel %s of bot %s: refused a delivery not of the platform's shape: %s: %s",
                     kind, bot, type(exc).__name__, exc)
@@ -281,6 +281,13 @@ async def receive(bot: str, kind: str, request: Request, registry: Registry) -> 
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(handling), channel.ack_within)
     return JSONResponse({"ok": True})
+
+
+def _saying(messages: list[Inbound]) -> list[Inbound]:
+    """The messages that say something: one with no text (empty or only whitespace) and no file
+    runs no turn and gets no reply (wire.says_nothing, every door's rule); its delivery is
+    answered 200 all the same, so the platform does not send it again."""
+    return [message for message in messages if not wire.says_nothing(message.text, message.files)]
 
 
 async def _handle_recorded(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str,

@@ -266,11 +266,11 @@ class Call:
             self.locale = message.get("lang") or self.locale
             if message.get("last", True):
                 text, self.partial = self.partial.strip(), ""
-                if text:
+                if not wire.says_nothing(text, ()):  # silence heard as a prompt runs no turn
                     await self.start(text)
         elif kind == "dtmf":
             digit = str(message.get("digit") or "")
-            if digit:
+            if not wire.says_nothing(digit, ()):
                 await self.start(self.digits.get(digit, digit))
         elif kind == "interrupt":
             await self.interrupt(str(message.get("utteranceUntilInterrupt") or ""))
