@@ -28,6 +28,7 @@ class _FakeApi:
 
     def __init__(self) -> None:
         self.status = 200
+        self.answer_headers: dict[str, str] = {}  # sent with every answer not 200 (Slack's Retry-After)
         self.seen: list[ApiCall] = []
         self._lock = threading.Lock()
         fake = self
@@ -45,6 +46,8 @@ class _FakeApi:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in fake.answer_headers.items() if status != 200 else ():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -336,6 +339,7 @@ class FakeTelegram:
     def __init__(self, token: str):
         self.token = token
         self.status = 200
+        self.retry_after: int | None = None  # a 429's `parameters.retry_after`, when set
         self.files: dict[str, bytes] = {}
         self.downloads: list[str] = []
         self.seen: list[ApiCall] = []
@@ -360,6 +364,9 @@ class FakeTelegram:
                 body = {"ok": True, "result": result} if status == 200 else \
                     {"ok": False, "error_code": status, "description": "Bad Gateway" if status >= 500 else
                      "Bad Request: invalid file_id" if status == 400 else "Unauthorized"}
+                if status == 429:  # Telegram's flood control: the wait in the body, no header
+                    body = {"ok": False, "error_code": 429, "description": "Too Many Requests: retry after "
+                            f"{fake.retry_after}", "parameters": {"retry_after": fake.retry_after}}
                 self._send(status, json.dumps(body).encode(), "application/json")
 
             def do_GET(self) -> None:  # noqa: N802 - a file's download, as getFile named it

@@ -18,7 +18,7 @@ from chatrun import events as ev
 from chatrun.definition.config import BotConfig, ChannelConfig
 from chatrun.definition.templates import ENV
 from chatrun.errors import ChatrunError
-from chatrun.toolkinds.http import Environment
+from chatrun.toolkinds.http import Environment, retry_after
 
 
 def session_id_for(bot: str, kind: str, conversation: str) -> str:
@@ -32,11 +32,34 @@ class Unauthorized(ChatrunError):
 
 class SendFailed(ChatrunError):
     """The platform refused a reply or did not answer: the outbox retries it (backoff, then a
-    dead letter); `status` is the platform's HTTP status when it answered."""
+    dead letter); `status` is the platform's HTTP status when it answered, `retry_after` the
+    seconds it asked to be left alone (the outbox's next try waits that long, up to its
+    `max_backoff`)."""
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, retry_after: float | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.retry_after = status, retry_after
+
+    @classmethod
+    def answered(cls, message: str, response: httpx.Response) -> SendFailed:
+        """The platform's refusal `response`: its status, and the wait it asks for."""
+        return cls(message, response.status_code, asked_wait(response))
+
+
+def asked_wait(response: httpx.Response) -> float | None:
+    """The seconds a platform's refusal asks to wait before the next call: its `Retry-After`
+    header (Slack's, the Bot Connector's, any HTTP API's), else Telegram's
+    `parameters.retry_after` in the body of its 429; None when it asks for none."""
+    wait = retry_after(response)
+    if wait is not None:
+        return wait
+    try:
+        answer = response.json()
+    except ValueError:
+        return None
+    asked = answer.get("parameters", {}).get("retry_after") if isinstance(answer, dict) else None
+    asked = asked if isinstance(asked, (int, float)) and not isinstance(asked, bool) else None
+    return max(0.0, float(asked)) if asked is not None else None
 
 
 class FetchFailed(ChatrunError):

@@ -70,6 +70,9 @@ log = logging.getLogger("chatrun.channels")
 # The channel kinds, by their key under `channels:` (definition/config.py's CHANNEL_SECRETS
 # lists their credentials for the validator).
 CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Teams, Telegram, Twilio, WhatsApp)}
+# What httpx raises for a request it cannot make from the values it was given: a URL it cannot
+# parse or whose scheme it does not speak, a header value not in ASCII (UnicodeEncodeError).
+UNUSABLE = (httpx.InvalidURL, httpx.UnsupportedProtocol, UnicodeEncodeError)
 
 
 class Channels:
@@ -155,11 +158,15 @@ class Channels:
                 if key and self.store and i + 1 < len(messages):
                     await self.store.put_record(key, {"sent": i + 1}, str(body.get("session") or "") or None)
         except SendFailed as exc:
-            return Attempt(False, str(exc), exc.status)
+            return Attempt(False, str(exc), exc.status, exc.retry_after)
         except ChatrunError as exc:  # an unset credential: named, never shown
             return Attempt(False, str(exc))
-        except (httpx.InvalidURL, ValueError) as exc:  # an env value (`api:`) made the URL or a header unusable
+        except UNUSABLE as exc:  # an env value (`api:`, a token) made the URL or a header unusable
             return Attempt(False, f"channel {kind} of bot {bot.name}: the request cannot be made ({unusable(exc)})")
+        except ValueError as exc:  # a bug (a kind's, chatrun's): a failed attempt, its traceback in the log
+            log.exception("channel %s of bot %s: outbox entry %s: a bug while sending it", kind, bot.name, body.get("id"))
+            return Attempt(False, f"channel {kind} of bot {bot.name}: a bug in chatrun while sending "
+                                  f"({type(exc).__name__}; its traceback is in the server's log)")
         if key and self.store:
             await self.store.delete_record(key)
         return Attempt(True, status=200)

@@ -118,8 +118,8 @@ class Slack(ChannelKind):
             raise SendFailed(f"slack {method}: cannot reach the Web API ({type(exc).__name__})") from None
         answer = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
         if response.status_code != 200 or not answer.get("ok"):
-            raise SendFailed(f"slack {method}: {response.status_code} {answer.get('error') or response.text[:200]}",
-                             response.status_code)
+            raise SendFailed.answered(f"slack {method}: {response.status_code} "
+                                      f"{answer.get('error') or response.text[:200]}", response)
         return answer
 
 

@@ -154,8 +154,8 @@ class Teams(ChannelKind):
         if response.status_code not in (200, 201, 202):
             if response.status_code == 401:
                 self._token = ("", 0.0)
-            raise SendFailed(f"teams: the Bot Connector answered {response.status_code}: {response.text[:200]}",
-                             response.status_code)
+            raise SendFailed.answered(f"teams: the Bot Connector answered {response.status_code}: "
+                                      f"{response.text[:200]}", response)
 
     async def _access_token(self, client: httpx.AsyncClient) -> str:
         token, expires = self._token

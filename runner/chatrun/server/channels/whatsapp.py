@@ -116,8 +116,8 @@ class WhatsApp(ChannelKind):
         except httpx.HTTPError as exc:
             raise SendFailed(f"whatsapp messages: cannot reach the Cloud API ({type(exc).__name__})") from None
         if response.status_code != 200:
-            raise SendFailed(f"whatsapp messages: the Cloud API answered {response.status_code}: {response.text[:200]}",
-                             response.status_code)
+            raise SendFailed.answered(f"whatsapp messages: the Cloud API answered {response.status_code}: "
+                                      f"{response.text[:200]}", response)
 
 
 MEDIA = ("image", "document", "audio", "video")  # media a message may carry (a sticker is not a file to read)
