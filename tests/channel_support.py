@@ -239,6 +239,7 @@ class FakeBotFramework:
         jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))
         self.jwks = {"keys": [jwk | {"kid": "test-key-1", "use": "sig", "alg": "RS256"}]}
         self.status = 200
+        self.keys_status = 200  # what GET /keys answers (another status: the keys' endpoint failing)
         self.activities: list[dict[str, Any]] = []
         self.tokens_issued = 0
         self.files: dict[str, bytes] = {}  # GET path -> bytes (an attachment's contentUrl), with the token only
@@ -251,7 +252,7 @@ class FakeBotFramework:
                     self._json(200, {"issuer": fake.ISSUER, "jwks_uri": f"{fake.url}/keys",
                                      "id_token_signing_alg_values_supported": ["RS256"]})
                 elif self.path == "/keys":
-                    self._json(200, fake.jwks)
+                    self._json(fake.keys_status, fake.jwks if fake.keys_status == 200 else {"error": "unavailable"})
                 elif self.path in fake.files:  # a file on the Bot Connector: only with the token it issued
                     fake.downloads.append((self.path, self.headers.get("Authorization") or ""))
                     if self.headers.get("Authorization") != "Bearer bf-access-1":

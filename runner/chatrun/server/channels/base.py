@@ -30,6 +30,11 @@ class Unauthorized(ChatrunError):
     """A delivery whose signature (or secret header) is missing or wrong: 401, nothing runs."""
 
 
+class Unreachable(ChatrunError):
+    """What checking a delivery needs cannot be had (Teams' signing keys: their endpoint is down):
+    503, nothing runs, and the platform sends the delivery again; the message names the endpoint."""
+
+
 class SendFailed(ChatrunError):
     """The platform refused a reply or did not answer: the outbox retries it (backoff, then a
     dead letter); `status` is the platform's HTTP status when it answered, `retry_after` the

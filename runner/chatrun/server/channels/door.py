@@ -46,6 +46,7 @@ from chatrun.server.channels.base import (
     Outgoing,
     SendFailed,
     Unauthorized,
+    Unreachable,
     outgoing,
     session_id_for,
 )
@@ -262,6 +263,9 @@ async def receive(bot: str, kind: str, request: Request, registry: Registry) -> 
     except Unauthorized as exc:
         log.warning("channel %s of bot %s: refused a delivery: %s", kind, bot, exc)
         return JSONResponse({"ok": False, "error": "unauthorized"}, status_code=401)
+    except Unreachable as exc:  # not the delivery's fault: the platform sends it again
+        log.warning("channel %s of bot %s: cannot check a delivery now: %s", kind, bot, exc)
+        return JSONResponse({"ok": False, "error": "unavailable"}, status_code=503)
     try:
         payload = channel.read(body, request.headers)
     except ValueError as exc:
