@@ -171,3 +171,15 @@ def test_openid_metadata_that_cannot_be_read_is_a_503_naming_it(tmp_path, fake, 
         assert post(c, bf, bf.activity("act-1", "hello")).status_code == 503
     assert any(f"OpenID metadata at {closed}/openid cannot be read" in r.getMessage() for r in caplog.records)
     assert fake.requests == []
+
+
+def test_two_activities_without_an_id_are_two_turns_never_one_answered_from_the_other(client, bf, fake):
+    """The delivery id is the turn's request id: two id-less activities were both "None", and the
+    second was answered from the first's committed turn (the user read "You said hello." twice)."""
+    for text in ("hello", "again"):
+        activity = bf.activity("unused", text)
+        del activity["id"]
+        assert post(client, bf, activity).status_code == 200
+    wait_until(lambda: len(bf.activities) == 2, what="both replies")
+    assert sorted(a["text"] for a in bf.activities) == ["You said again.", "You said hello."]
+    assert len(fake.requests) == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -103,6 +104,15 @@ class Inbound:
     locale: str | None = None  # the sender's language, when the platform says it
     extra: dict[str, Any] = field(default_factory=dict)  # what the kind needs after the turn (a callback's id)
     files: tuple[InboundFile, ...] = ()  # photos, documents: the turn's attachments once fetched
+
+    def __post_init__(self) -> None:
+        # The delivery id is the turn's request id (and names the message's records): a delivery
+        # without one (the kinds pass the platform's field as it is, None when absent) gets an id
+        # of its own, so two of them are never one turn answered from the other's commit. Its
+        # retry, unrecognisable, runs again: without an id, at-least-once is all a platform gives.
+        delivery: Any = self.delivery
+        object.__setattr__(self, "delivery", f"no-id-{uuid.uuid4().hex}" if delivery in (None, "")
+                           else str(delivery))
 
 
 @dataclass(frozen=True)

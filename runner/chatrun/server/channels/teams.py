@@ -134,7 +134,7 @@ class Teams(ChannelKind):
         user = str(sender.get("aadObjectId") or sender.get("id"))
         address = {"service_url": payload.get("serviceUrl"), "conversation": conversation.get("id"),
                    "reply_to": payload.get("id"), "bot": payload.get("recipient")}
-        return [Inbound(str(payload.get("id")), str(conversation.get("id")), user, text, address,
+        return [Inbound(payload.get("id") or "", str(conversation.get("id")), user, text, address,
                         str(sender.get("name") or ""), payload.get("locale"), files=files)]
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:

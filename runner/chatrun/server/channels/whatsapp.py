@@ -72,7 +72,7 @@ class WhatsApp(ChannelKind):
                         text = str(message[message["type"]].get("caption") or "")
                     if text is not None and number:
                         user = str(message.get("from"))
-                        out.append(Inbound(str(message.get("id")), f"{number}:{user}", user, text,
+                        out.append(Inbound(message.get("id"), f"{number}:{user}", user, text,
                                            {"phone_number_id": number, "to": user}, names.get(user, ""),
                                            files=files))
         return out
