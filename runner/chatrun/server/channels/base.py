@@ -11,15 +11,19 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 
 from chatrun import events as ev
 from chatrun.definition.config import BotConfig, ChannelConfig
+from chatrun.definition.page_texts import builtin_locale, page_texts, said
 from chatrun.definition.templates import ENV
 from chatrun.errors import ChatrunError
 from chatrun.toolkinds.http import Environment, retry_after
+
+if TYPE_CHECKING:
+    from chatrun.engine.session import Session
 
 
 def session_id_for(bot: str, kind: str, conversation: str) -> str:
@@ -229,6 +233,22 @@ class ChannelKind:
         except httpx.HTTPError as exc:
             raise FetchFailed(f"{self.kind} {what}: cannot reach the platform ({type(exc).__name__})") from None
         return bytes(data)
+
+
+def local_number(number: str, locale: str | None) -> str:
+    """A number (as Python writes it) in the locale's digits and separators (English: as it is)."""
+    if locale and builtin_locale(locale) != "en":
+        from babel.numbers import format_decimal  # only a bot with locales: has a locale
+
+        return str(format_decimal(float(number), locale=locale.replace("-", "_")))
+    return number
+
+
+def too_long_notice(session: Session, limit: int) -> str:
+    """What a user reads when their message is over the server's --max-message-chars (chatrun's
+    text `channel_too_long`, which a bot's `page.channel_too_long` replaces), the limit stated."""
+    return said(page_texts(session.bot.config.catalogs, session.locale), "channel_too_long",
+                limit=local_number(str(limit), session.locale))
 
 
 def media_type_of(value: Any, default: str = "application/octet-stream") -> str:
