@@ -28,6 +28,7 @@ class _FakeApi:
 
     def __init__(self) -> None:
         self.status = 200
+        self.answer_headers: dict[str, str] = {}  # sent with every answer not 200 (Slack's Retry-After)
         self.seen: list[ApiCall] = []
         self._lock = threading.Lock()
         fake = self
@@ -45,6 +46,8 @@ class _FakeApi:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in fake.answer_headers.items() if status != 200 else ():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -236,6 +239,7 @@ class FakeBotFramework:
         jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))
         self.jwks = {"keys": [jwk | {"kid": "test-key-1", "use": "sig", "alg": "RS256"}]}
         self.status = 200
+        self.keys_status = 200  # what GET /keys answers (another status: the keys' endpoint failing)
         self.activities: list[dict[str, Any]] = []
         self.tokens_issued = 0
         self.files: dict[str, bytes] = {}  # GET path -> bytes (an attachment's contentUrl), with the token only
@@ -248,7 +252,7 @@ class FakeBotFramework:
                     self._json(200, {"issuer": fake.ISSUER, "jwks_uri": f"{fake.url}/keys",
                                      "id_token_signing_alg_values_supported": ["RS256"]})
                 elif self.path == "/keys":
-                    self._json(200, fake.jwks)
+                    self._json(fake.keys_status, fake.jwks if fake.keys_status == 200 else {"error": "unavailable"})
                 elif self.path in fake.files:  # a file on the Bot Connector: only with the token it issued
                     fake.downloads.append((self.path, self.headers.get("Authorization") or ""))
                     if self.headers.get("Authorization") != "Bearer bf-access-1":
@@ -336,6 +340,7 @@ class FakeTelegram:
     def __init__(self, token: str):
         self.token = token
         self.status = 200
+        self.retry_after: int | None = None  # a 429's `parameters.retry_after`, when set
         self.files: dict[str, bytes] = {}
         self.downloads: list[str] = []
         self.seen: list[ApiCall] = []
@@ -360,6 +365,9 @@ class FakeTelegram:
                 body = {"ok": True, "result": result} if status == 200 else \
                     {"ok": False, "error_code": status, "description": "Bad Gateway" if status >= 500 else
                      "Bad Request: invalid file_id" if status == 400 else "Unauthorized"}
+                if status == 429:  # Telegram's flood control: the wait in the body, no header
+                    body = {"ok": False, "error_code": 429, "description": "Too Many Requests: retry after "
+                            f"{fake.retry_after}", "parameters": {"retry_after": fake.retry_after}}
                 self._send(status, json.dumps(body).encode(), "application/json")
 
             def do_GET(self) -> None:  # noqa: N802 - a file's download, as getFile named it

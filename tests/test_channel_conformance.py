@@ -434,3 +434,23 @@ def test_a_message_that_says_nothing_runs_no_turn_and_a_file_without_text_still_
     assert chat.texts() == ["Got image_url with ''."]
     assert len(chat.fake.requests) == 1  # the image's turn alone asked the model
 
+
+def test_a_message_over_max_message_chars_runs_no_turn_and_the_user_is_told_the_limit_once(chat):
+    """As the HTTP API and the WebSocket refuse a userMessage over --max-message-chars (8000 by
+    default), a channel runs no turn for one: the platform gets its 200 (it would be refused
+    again), the user reads why, through the outbox, once however often it is delivered."""
+    for _ in range(3):  # the first and the platform's two retries
+        assert chat.user.say("x" * 8001, delivery=78) == 200
+    wait_until(chat.user.replies, what="the notice")
+    chat.settled()
+    assert chat.texts() == ["Sorry, your message is too long: I take messages of up to 8000 characters. "
+                            "Please send a shorter one."]
+    assert chat.fake.requests == []
+    store = chat.client.app.state.registry.store
+    session_id = session_id_for("shop", chat.user.kind, chat.user.conversation)
+    history = chat.client.portal.call(store.load_history, session_id)
+    assert [e for e in history if "turn" in e] == [] and history[0]["notice"]["why"] == \
+        "userMessage of 8001 characters is over the limit of 8000"
+    assert chat.user.say("hello") == 200  # a message within the limit runs its turn as ever
+    wait_until(lambda: len(chat.user.replies()) == 2, what="the reply")
+    assert chat.texts()[1] == "You said hello." and len(chat.fake.requests) == 1

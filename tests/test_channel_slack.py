@@ -294,3 +294,36 @@ def test_an_edit_a_join_or_a_blank_message_runs_no_turn(client, slack, fake):
     wait_until(lambda: texts(slack), what="the reply")
     wait_until(lambda: outbox_empty(client), what="the outbox emptied")
     assert texts(slack) == ["You said hello."] and len(fake.requests) == 1
+
+
+def test_a_429_with_retry_after_puts_the_next_try_that_far_off(tmp_path, fake, slack, monkeypatch):
+    """Slack's rate limit (429, `Retry-After: 30`) is honoured by the outbox: its next try of
+    the reply is not before 30 s (the sink's own backoff would have tried again at once)."""
+    for name, value in (("SLACK_TOKEN", TOKEN), ("SLACK_SIGNING", SIGNING), ("SLACK_API", slack.url + "/api"),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace("max_backoff: 0.5", "max_backoff: 120"))
+    slack.status, slack.answer_headers = 429, {"Retry-After": "30"}
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        asked = time.time()
+        assert post_event(client, slack_message("Ev1", "hello")).status_code == 200
+        entry = wait_until(lambda: [e for e in client.get("/outbox").json()["entries"] if e["attempts"] >= 1],
+                           what="the refused attempt")[0]
+        assert entry["next_at"] >= asked + 30 and entry["attempts"] == 1, entry
+    assert [c.status for c in slack.seen] == [429]
+
+
+def test_a_token_http_cannot_carry_in_a_header_is_a_request_that_cannot_be_made_never_shown(tmp_path, fake, slack,
+                                                                                            monkeypatch):
+    for name, value in (("SLACK_TOKEN", "xoxb-tökén"), ("SLACK_SIGNING", SIGNING), ("SLACK_API", slack.url + "/api"),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace("attempts: 50", "attempts: 2"))
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        assert post_event(client, slack_message("Ev1", "hello")).status_code == 200
+        dead = wait_until(lambda: client.get("/outbox?state=dead").json()["entries"], what="the dead letter")
+    assert dead[0]["error"] == ("channel slack of bot shop: the request cannot be made (UnicodeEncodeError: "
+                                "a header or the URL holds a character HTTP cannot carry)")
+    assert slack.seen == []

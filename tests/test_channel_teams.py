@@ -134,3 +134,52 @@ def test_a_users_files_are_read_from_the_activity_and_the_token_goes_only_to_the
         (connector, "image/png", True),
         ("https://contoso.sharepoint.com/dl?tempauth=abc", "application/pdf", False),
         ("https://elsewhere.example/a.jpg", "image/jpeg", False)]
+
+
+def test_signing_keys_that_cannot_be_fetched_are_a_503_naming_the_endpoint_and_the_retry_runs(client, bf, fake,
+                                                                                              caplog):
+    """The Bot Framework sends an activity again when it gets a 5xx, never after a 401: an
+    unreachable keys endpoint is not a forged activity. A key that is fetched but does not
+    match (an unknown `kid`) is still 401."""
+    import jwt
+
+    activity = bf.activity("act-1", "hello")
+    bf.keys_status = 500
+    assert post(client, bf, activity).status_code == 503
+    assert any("cannot check a delivery now" in r.getMessage() and f"{bf.url}/keys" in r.getMessage()
+               for r in caplog.records)
+    assert fake.requests == [] and bf.activities == []
+    bf.keys_status = 200
+    assert post(client, bf, activity).status_code == 200  # the platform's retry
+    unknown_kid = jwt.encode({"iss": bf.ISSUER, "aud": APP_ID, "exp": 2**31}, bf.key, algorithm="RS256",
+                             headers={"kid": "not-a-key-of-the-bot-framework"})
+    assert post(client, bf, bf.activity("act-2", "hello"), unknown_kid).status_code == 401
+    wait_until(lambda: bf.activities, what="the reply")
+    assert len(fake.requests) == 1
+
+
+def test_openid_metadata_that_cannot_be_read_is_a_503_naming_it(tmp_path, fake, bf, monkeypatch, caplog):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for name, value in (("TEAMS_APP_ID", APP_ID), ("TEAMS_APP_PASSWORD", APP_PASSWORD), ("BF", bf.url)):
+        monkeypatch.setenv(name, value)
+    (tmp_path / "bot.yaml").write_text(BOT.replace('openid: "{{ env.BF }}/openid"', f'openid: "{closed}/openid"'))
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as c:
+        assert post(c, bf, bf.activity("act-1", "hello")).status_code == 503
+    assert any(f"OpenID metadata at {closed}/openid cannot be read" in r.getMessage() for r in caplog.records)
+    assert fake.requests == []
+
+
+def test_two_activities_without_an_id_are_two_turns_never_one_answered_from_the_other(client, bf, fake):
+    """The delivery id is the turn's request id: two id-less activities were both "None", and the
+    second was answered from the first's committed turn (the user read "You said hello." twice)."""
+    for text in ("hello", "again"):
+        activity = bf.activity("unused", text)
+        del activity["id"]
+        assert post(client, bf, activity).status_code == 200
+    wait_until(lambda: len(bf.activities) == 2, what="both replies")
+    assert sorted(a["text"] for a in bf.activities) == ["You said again.", "You said hello."]
+    assert len(fake.requests) == 2

@@ -7,6 +7,8 @@ buttons for choices and for the user's own confirmation, a failed turn still ans
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -316,3 +318,71 @@ def test_a_bot_api_url_that_cannot_be_called_makes_the_reply_a_dead_letter_namin
         dead = wait_until(lambda: client.get("/outbox?state=dead").json()["entries"], what="the dead letter")
     assert dead[0]["attempts"] == 2
     assert dead[0]["error"].startswith("channel telegram of bot shop: the request cannot be made (InvalidURL")
+
+
+def test_a_429_with_retry_after_puts_the_next_try_that_far_off_bounded_by_max_backoff(tmp_path, fake, telegram,
+                                                                                      monkeypatch):
+    """Telegram's flood control (a 429 whose body says `parameters.retry_after`) is honoured by
+    the outbox: the next try is not before that many seconds (the sink's own backoff, 0.2 s,
+    would have tried again at once), and never later than the sink's `max_backoff`."""
+    for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace("max_backoff: 0.5", "max_backoff: 120"))
+    telegram.status, telegram.retry_after = 429, 30
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        asked = time.time()
+        assert deliver(client, telegram_message(1, "hello")).status_code == 200
+        entry = wait_until(lambda: [e for e in client.get("/outbox").json()["entries"] if e["attempts"] >= 1],
+                           what="the refused attempt")[0]
+        assert entry["next_at"] >= asked + 30 and entry["attempts"] == 1, entry
+        assert "429" in entry["error"]
+    assert [c.status for c in telegram.seen] == [429]  # not tried again meanwhile
+
+
+def test_the_wait_a_refusal_asks_for_is_read_from_retry_after_or_telegrams_parameters():
+    import httpx
+
+    from chatrun.server.channels.base import asked_wait
+
+    assert asked_wait(httpx.Response(429, json={"ok": False, "parameters": {"retry_after": 7}})) == 7
+    assert asked_wait(httpx.Response(429, headers={"Retry-After": "12"}, json={"ok": False})) == 12
+    assert asked_wait(httpx.Response(429, headers={"Retry-After": "whenever"}, text="slow down")) is None
+    assert asked_wait(httpx.Response(503, json={"parameters": {"retry_after": "7"}})) is None
+    assert asked_wait(httpx.Response(502, text="<html>Bad Gateway</html>")) is None
+
+
+def test_the_outbox_waits_the_asked_time_at_least_and_max_backoff_at_most():
+    from chatrun.definition.config import RetryPolicy
+    from chatrun.server.outbox import next_attempt
+
+    policy = RetryPolicy(backoff=0.2, max_backoff=60)
+    assert all(100 + 30 <= next_attempt(policy, 1, 100, asked=30) <= 100 + 60 for _ in range(50))
+    assert all(next_attempt(policy, 1, 100, asked=3600) == 100 + 60 for _ in range(50))
+    assert all(next_attempt(policy, 1, 100) <= 100 + 0.2 for _ in range(50))
+
+
+def test_a_value_error_of_a_bug_while_sending_is_a_failed_attempt_named_a_bug_with_its_traceback_logged(
+        tmp_path, fake, telegram, monkeypatch, caplog):
+    """docs/channels.md: only httpx's errors for a URL or header it cannot use count as "the
+    request cannot be made"; any other ValueError is a bug: logged with its traceback, the
+    attempt failed (retried, then a dead letter that `POST /outbox/{id}/retry` sends again)."""
+    from chatrun.server.channels.telegram import Telegram
+
+    async def broken(self, client, address, message):  # noqa: ANN001, ANN202
+        raise ValueError("a bug in the kind")
+
+    for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(Telegram, "send", broken)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace("attempts: 50", "attempts: 2"))
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        assert deliver(client, telegram_message(1, "hello")).status_code == 200
+        dead = wait_until(lambda: client.get("/outbox?state=dead").json()["entries"], what="the dead letter")
+    assert dead[0]["attempts"] == 2
+    assert dead[0]["error"].startswith("channel telegram of bot shop: a bug in chatrun while sending (ValueError")
+    logged = [r for r in caplog.records if "a bug while sending" in r.getMessage()]
+    assert logged and logged[0].exc_info and "a bug in the kind" in str(logged[0].exc_info[1])

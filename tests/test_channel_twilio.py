@@ -325,3 +325,23 @@ def test_a_caller_never_hears_a_guarded_word_and_hears_each_sentence_once(tmp_pa
             ws.send_json(prompt(said))
             heard.append("".join(reply(ws)[0]))
     assert heard == ["Thanks. Your card [card] is saved. Bye ", "Sure. I cannot share that. "]
+
+
+def test_a_prompt_over_max_message_chars_runs_no_turn_and_the_caller_hears_the_limit(tmp_path, fake, monkeypatch):
+    """As on every door, a caller's prompt over --max-message-chars runs no turn; the caller
+    hears why (a call has no outbox: its answer goes down the socket), then goes on."""
+    from chatrun.server.wire import ServerLimits
+
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(BOT)
+    fake.queue({"chunks": ["Two ", "left."]})
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             limits=ServerLimits(max_message_chars=20))
+    with TestClient(app) as client, client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Any tickets for the concert tonight?"))
+        assert reply(ws)[0] == ["Sorry, your message is too long: I take messages of up to 20 characters. "
+                                "Please send a shorter one."]
+        ws.send_json(prompt("Any tickets?"))
+        assert "".join(reply(ws)[0]) == "Two left."
+    assert [r["messages"][-1]["content"] for r in fake.requests] == ["Any tickets?"]

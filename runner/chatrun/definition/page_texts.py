@@ -107,6 +107,9 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_refused": "Sorry, I cannot take that file. I take {kinds} files of up to {size}, "
                                 "at most {count} per message.",
         "channel_file_unreadable": "Sorry, I could not read your file. Please send it again.",
+        # A messaging platform's user whose message is over the server's --max-message-chars: no turn runs.
+        "channel_too_long": "Sorry, your message is too long: I take messages of up to {limit} characters. "
+                            "Please send a shorter one.",
         # The end-user page (/chat/{bot}): its title, greeting and controls.
         "chat_title": "Chat",
         "hello_user": "How can I help you?",
@@ -227,6 +230,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_refused": "Leider kann ich diese Datei nicht annehmen. Ich nehme {kinds}-Dateien bis {size} an, "
                                 "höchstens {count} pro Nachricht.",
         "channel_file_unreadable": "Leider konnte ich Ihre Datei nicht lesen. Bitte senden Sie sie noch einmal.",
+        "channel_too_long": "Leider ist Ihre Nachricht zu lang: Ich nehme Nachrichten mit bis zu {limit} Zeichen an. "
+                            "Bitte senden Sie eine kürzere.",
         "chat_title": "Chat",
         "hello_user": "Wie kann ich Ihnen helfen?",
         "no_model_user": "Dieser Chat kann noch nicht antworten: Er ist noch nicht mit seinem Assistenten verbunden. "
@@ -342,6 +347,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_refused": "عذرًا، لا يمكنني استلام هذا الملف. أستلم ملفات {kinds} بحجم أقصاه {size}، "
                                 "وبحد أقصى {count} في الرسالة الواحدة.",
         "channel_file_unreadable": "عذرًا، تعذّرت قراءة ملفك. يُرجى إرساله مرة أخرى.",
+        "channel_too_long": "عذرًا، رسالتك طويلة جدًا: أستلم رسائل لا يتجاوز طولها {limit} حرفًا. "
+                            "يُرجى إرسال رسالة أقصر.",
         "chat_title": "محادثة",
         "hello_user": "كيف يمكنني مساعدتك؟",
         "no_model_user": "لا تستطيع هذه المحادثة الرد بعد: لم يتم ربطها بمساعدها. "

@@ -492,6 +492,20 @@ class Session:
         self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
         return data
 
+    def notice(self, text: str, why: str) -> None:
+        """Tell the session's user `text` where they are (a channel's chat: `meta.reply_to`) with
+        no turn: an entry of its own in the history (`{"notice": {"text", "why"}, "at"}`: no
+        `turn`, so no reader takes it for a turn), its reply queued in the outbox by the commit
+        like a turn's (a channel's message refused before any turn: over the server's
+        `--max-message-chars`). Between turns only."""
+        if self._running:
+            raise SessionError(f"session {self.id} is running a turn; a notice goes between turns")
+        entry: dict[str, Any] = {"notice": {"text": text, "why": why}, "at": time.time()}
+        replies = _replies(self.meta, self.bot.config, self.id, [Event(ev.ERROR, text)])
+        if replies:
+            entry[OUTBOX_KEY] = replies
+        self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
+
     def forget_last_turn(self) -> None:
         """Drop the kept copy of the last history entry (an idle session need not hold it; about
         1.3 KB): `last_turn` reads it back from the store's history when asked again."""

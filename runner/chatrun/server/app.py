@@ -132,7 +132,7 @@ def _add_routes(app: FastAPI, registry: SessionRegistry, limits: wire.ServerLimi
     then the platforms' webhooks (the HTTP API's many routes cost a channel delivery about 0.1 ms
     to pass), then /v1's four, then the rest of the HTTP API's (no /v1 path is the HTTP API's,
     nor the reverse)."""
-    registry.channels = Channels(app.state.auth, registry.store)
+    registry.channels = Channels(app.state.auth, registry.store, limits=limits)
     http_api = make_router(registry, limits)
     turn = next(route for route in http_api.routes if isinstance(route, SendMessageRoute))
     http_api.routes.remove(turn)

@@ -87,21 +87,25 @@ class OutboxSettings:
         return cls(poll=values.get("poll", cls.poll), lease=values.get("lease", cls.lease))
 
 
-def next_attempt(policy: RetryPolicy, attempts: int, now: float) -> float:
+def next_attempt(policy: RetryPolicy, attempts: int, now: float, asked: float | None = None) -> float:
     """When the try after `attempts` failed ones is due: backoff * 2**(attempts-1), at most
-    max_backoff, times a jitter in [0.5, 1] (so receivers are not hit by every replica at once)."""
+    max_backoff, times a jitter in [0.5, 1] (so receivers are not hit by every replica at once);
+    never sooner than the `asked` seconds the receiver asked to wait (Telegram's `retry_after`,
+    a `Retry-After`), itself at most max_backoff (a receiver cannot park an entry for a day)."""
     delay = min(policy.max_backoff, policy.backoff * 2.0 ** max(0, attempts - 1))
-    return now + delay * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not a secret
+    delay *= 0.5 + random.random() / 2  # noqa: S311 - jitter, not a secret
+    return now + max(delay, min(policy.max_backoff, asked or 0.0))
 
 
-def after_failure(entry: OutboxEntry, policy: RetryPolicy, error: str, now: float) -> OutboxEntry:
+def after_failure(entry: OutboxEntry, policy: RetryPolicy, error: str, now: float,
+                  asked: float | None = None) -> OutboxEntry:
     """The entry's bookkeeping after a failed attempt (its `attempts` already counts it)."""
     entry.error = error
     if entry.attempts >= policy.attempts or now - entry.created >= policy.max_age:
         entry.state = DEAD
         entry.next_at = now
     else:
-        entry.next_at = next_attempt(policy, entry.attempts, now)
+        entry.next_at = next_attempt(policy, entry.attempts, now, asked)
     return entry
 
 
@@ -204,7 +208,7 @@ class OutboxWorker:
 
     async def _settle(self, entry: OutboxEntry, attempt: Attempt, policy: RetryPolicy, seconds: float) -> None:
         if not attempt.delivered:
-            after_failure(entry, policy, attempt.error or "failed", time.time())
+            after_failure(entry, policy, attempt.error or "failed", time.time(), attempt.retry_after)
             log.warning("outbox: %s to sink %s, attempt %d failed: %s%s", entry.id, entry.sink, entry.attempts,
                         attempt.error, " (now a dead letter)" if entry.state == DEAD else "")
         if not await self.registry.store.settle_outbox(entry, attempt.delivered):

@@ -56,6 +56,7 @@ class Attempt:
     delivered: bool
     error: str | None = None
     status: int | None = None
+    retry_after: float | None = None  # seconds the receiver asked to wait (a channel's 429), or None
 
 
 class WebhookSender:
@@ -126,8 +127,8 @@ def _secret(config: BotConfig, name: str) -> str:
 def unusable(exc: Exception) -> str:
     """Why httpx would not make a request: an invalid URL's reason, or only the kind of a value
     error (a header's character HTTP cannot carry: its message would show part of a secret)."""
-    if isinstance(exc, httpx.InvalidURL):
-        return f"InvalidURL: {exc}"
+    if isinstance(exc, (httpx.InvalidURL, httpx.UnsupportedProtocol)):  # (names the scheme, no more of the URL)
+        return f"{type(exc).__name__}: {exc}"
     return f"{type(exc).__name__}: a header or the URL holds a character HTTP cannot carry"
 
 

@@ -407,7 +407,7 @@ class HttpCaller(RuntimeDefaults):
                 problem = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
                 if response.status_code not in RETRY_STATUSES:
                     break
-                wait = _retry_after(response) or BACKOFF_S * 2**attempt
+                wait = retry_after(response) or BACKOFF_S * 2**attempt
             attempt += 1
             if attempt > http.retries or time.monotonic() + wait > deadline:
                 break
@@ -543,14 +543,19 @@ def _result(response: httpx.Response) -> dict[str, Any]:
     }
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds a `Retry-After` header asks for (a number or an HTTP date), None without one
+    (or with one that is neither: a date that cannot be read is no reason to fail)."""
     value = response.headers.get("retry-after")
     if not value:
         return None
     try:
         return max(0.0, float(value))
     except ValueError:
-        when = email.utils.parsedate_to_datetime(value)
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
         return max(0.0, when.timestamp() - time.time()) if when else None
 
 

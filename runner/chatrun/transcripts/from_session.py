@@ -54,8 +54,9 @@ async def load_stored_session(url: str, session_id: str) -> StoredSession:
         record = await store.load_session(session_id)
         if record is None:
             raise ChatrunError(f"{url} has no session {session_id!r}")
-        # The turns: a user's rating (Session.rate) is an entry of its own, not a turn to replay.
-        history = [e for e in await store.load_history(session_id) if "feedback" not in e]
+        # The turns: a user's rating (Session.rate) or a notice (Session.notice) is an entry of
+        # its own, without `turn`, not a turn to replay.
+        history = [e for e in await store.load_history(session_id) if "turn" in e]
         files = _attached_files(store, session_id, list(history))
     finally:
         await store.close()

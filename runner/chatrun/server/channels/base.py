@@ -8,17 +8,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 
 from chatrun import events as ev
 from chatrun.definition.config import BotConfig, ChannelConfig
+from chatrun.definition.page_texts import builtin_locale, page_texts, said
 from chatrun.definition.templates import ENV
 from chatrun.errors import ChatrunError
-from chatrun.toolkinds.http import Environment
+from chatrun.toolkinds.http import Environment, retry_after
+
+if TYPE_CHECKING:
+    from chatrun.engine.session import Session
 
 
 def session_id_for(bot: str, kind: str, conversation: str) -> str:
@@ -30,13 +35,41 @@ class Unauthorized(ChatrunError):
     """A delivery whose signature (or secret header) is missing or wrong: 401, nothing runs."""
 
 
+class Unreachable(ChatrunError):
+    """What checking a delivery needs cannot be had (Teams' signing keys: their endpoint is down):
+    503, nothing runs, and the platform sends the delivery again; the message names the endpoint."""
+
+
 class SendFailed(ChatrunError):
     """The platform refused a reply or did not answer: the outbox retries it (backoff, then a
-    dead letter); `status` is the platform's HTTP status when it answered."""
+    dead letter); `status` is the platform's HTTP status when it answered, `retry_after` the
+    seconds it asked to be left alone (the outbox's next try waits that long, up to its
+    `max_backoff`)."""
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, retry_after: float | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.retry_after = status, retry_after
+
+    @classmethod
+    def answered(cls, message: str, response: httpx.Response) -> SendFailed:
+        """The platform's refusal `response`: its status, and the wait it asks for."""
+        return cls(message, response.status_code, asked_wait(response))
+
+
+def asked_wait(response: httpx.Response) -> float | None:
+    """The seconds a platform's refusal asks to wait before the next call: its `Retry-After`
+    header (Slack's, the Bot Connector's, any HTTP API's), else Telegram's
+    `parameters.retry_after` in the body of its 429; None when it asks for none."""
+    wait = retry_after(response)
+    if wait is not None:
+        return wait
+    try:
+        answer = response.json()
+    except ValueError:
+        return None
+    asked = answer.get("parameters", {}).get("retry_after") if isinstance(answer, dict) else None
+    asked = asked if isinstance(asked, (int, float)) and not isinstance(asked, bool) else None
+    return max(0.0, float(asked)) if asked is not None else None
 
 
 class FetchFailed(ChatrunError):
@@ -75,6 +108,15 @@ class Inbound:
     locale: str | None = None  # the sender's language, when the platform says it
     extra: dict[str, Any] = field(default_factory=dict)  # what the kind needs after the turn (a callback's id)
     files: tuple[InboundFile, ...] = ()  # photos, documents: the turn's attachments once fetched
+
+    def __post_init__(self) -> None:
+        # The delivery id is the turn's request id (and names the message's records): a delivery
+        # without one (the kinds pass the platform's field as it is, None when absent) gets an id
+        # of its own, so two of them are never one turn answered from the other's commit. Its
+        # retry, unrecognisable, runs again: without an id, at-least-once is all a platform gives.
+        delivery: Any = self.delivery
+        object.__setattr__(self, "delivery", f"no-id-{uuid.uuid4().hex}" if delivery in (None, "")
+                           else str(delivery))
 
 
 @dataclass(frozen=True)
@@ -191,6 +233,22 @@ class ChannelKind:
         except httpx.HTTPError as exc:
             raise FetchFailed(f"{self.kind} {what}: cannot reach the platform ({type(exc).__name__})") from None
         return bytes(data)
+
+
+def local_number(number: str, locale: str | None) -> str:
+    """A number (as Python writes it) in the locale's digits and separators (English: as it is)."""
+    if locale and builtin_locale(locale) != "en":
+        from babel.numbers import format_decimal  # only a bot with locales: has a locale
+
+        return str(format_decimal(float(number), locale=locale.replace("-", "_")))
+    return number
+
+
+def too_long_notice(session: Session, limit: int) -> str:
+    """What a user reads when their message is over the server's --max-message-chars (chatrun's
+    text `channel_too_long`, which a bot's `page.channel_too_long` replaces), the limit stated."""
+    return said(page_texts(session.bot.config.catalogs, session.locale), "channel_too_long",
+                limit=local_number(str(limit), session.locale))
 
 
 def media_type_of(value: Any, default: str = "application/octet-stream") -> str:

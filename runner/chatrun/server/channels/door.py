@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from chatrun import events as ev
 from chatrun.definition.config import BotConfig
-from chatrun.definition.page_texts import builtin_locale, page_texts, said
+from chatrun.definition.page_texts import page_texts, said
 from chatrun.engine.session import REPLY_TO
 from chatrun.errors import AttachmentRefused, ChatrunError, SessionError
 from chatrun.events import Event
@@ -46,8 +46,11 @@ from chatrun.server.channels.base import (
     Outgoing,
     SendFailed,
     Unauthorized,
+    Unreachable,
+    local_number,
     outgoing,
     session_id_for,
+    too_long_notice,
 )
 from chatrun.server.channels.slack import Slack
 from chatrun.server.channels.teams import Teams
@@ -70,14 +73,19 @@ log = logging.getLogger("chatrun.channels")
 # The channel kinds, by their key under `channels:` (definition/config.py's CHANNEL_SECRETS
 # lists their credentials for the validator).
 CHANNELS: dict[str, type[ChannelKind]] = {kind.kind: kind for kind in (Slack, Teams, Telegram, Twilio, WhatsApp)}
+# What httpx raises for a request it cannot make from the values it was given: a URL it cannot
+# parse or whose scheme it does not speak, a header value not in ASCII (UnicodeEncodeError).
+UNUSABLE = (httpx.InvalidURL, httpx.UnsupportedProtocol, UnicodeEncodeError)
 
 
 class Channels:
     """The app's channels: each bot's declared ones, built from the bot's config as served now,
     and the one HTTP client that calls the platforms."""
 
-    def __init__(self, auth: Auth | None, store: AsyncStore | None = None, acked: AckedSettings | None = None):
+    def __init__(self, auth: Auth | None, store: AsyncStore | None = None, acked: AckedSettings | None = None,
+                 limits: wire.ServerLimits | None = None):
         self.auth, self.store = auth, store  # the store: where a streamed reply's message is noted
+        self.limits = limits or wire.ServerLimits()  # a user's message: --max-message-chars, as on every door
         self.acked = AckedDeliveries(acked)  # deliveries answered before their turn ran (Slack's)
         self._built: dict[tuple[int, str], ChannelKind] = {}
         self._client: httpx.AsyncClient | None = None
@@ -155,11 +163,15 @@ class Channels:
                 if key and self.store and i + 1 < len(messages):
                     await self.store.put_record(key, {"sent": i + 1}, str(body.get("session") or "") or None)
         except SendFailed as exc:
-            return Attempt(False, str(exc), exc.status)
+            return Attempt(False, str(exc), exc.status, exc.retry_after)
         except ChatrunError as exc:  # an unset credential: named, never shown
             return Attempt(False, str(exc))
-        except (httpx.InvalidURL, ValueError) as exc:  # an env value (`api:`) made the URL or a header unusable
+        except UNUSABLE as exc:  # an env value (`api:`, a token) made the URL or a header unusable
             return Attempt(False, f"channel {kind} of bot {bot.name}: the request cannot be made ({unusable(exc)})")
+        except ValueError as exc:  # a bug (a kind's, chatrun's): a failed attempt, its traceback in the log
+            log.exception("channel %s of bot %s: outbox entry %s: a bug while sending it", kind, bot.name, body.get("id"))
+            return Attempt(False, f"channel {kind} of bot {bot.name}: a bug in chatrun while sending "
+                                  f"({type(exc).__name__}; its traceback is in the server's log)")
         if key and self.store:
             await self.store.delete_record(key)
         return Attempt(True, status=200)
@@ -255,6 +267,9 @@ async def receive(bot: str, kind: str, request: Request, registry: Registry) -> 
     except Unauthorized as exc:
         log.warning("channel %s of bot %s: refused a delivery: %s", kind, bot, exc)
         return JSONResponse({"ok": False, "error": "unauthorized"}, status_code=401)
+    except Unreachable as exc:  # not the delivery's fault: the platform sends it again
+        log.warning("channel %s of bot %s: cannot check a delivery now: %s", kind, bot, exc)
+        return JSONResponse({"ok": False, "error": "unavailable"}, status_code=503)
     try:
         payload = channel.read(body, request.headers)
     except ValueError as exc:
@@ -329,8 +344,9 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
 async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str, session_id: str,
                inbound: Inbound) -> bool:
     """The message's turn in the session; False when that conversation has ended (nothing ran).
-    A refusal that another try cannot change (a message too long, say) is logged and dropped, so
-    the platform does not deliver it again forever; a failure another try may heal (the store is
+    A refusal that another try cannot change is logged and dropped, so the platform does not
+    deliver it again forever (a message over --max-message-chars runs no turn: its user is told,
+    `_too_long`); a failure another try may heal (the store is
     down, a version this replica lacks, the session busy) is the platform's to retry: 5xx or 429. A file the route does
     not take, or one that cannot be fetched, is told to the user instead of running the turn."""
     kind = channel.kind
@@ -343,6 +359,10 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
             run = registry.turn(session, inbound.text, request_id)
             if session.ended is not None and not await run.is_replay():  # (the ending turn's retry replays)
                 return False
+            too_long = channels.limits.message_too_long(inbound.text)
+            if too_long is not None:
+                await _too_long(registry, channels, channel, bot, session, inbound, too_long)
+                return True
             if inbound.files and not await run.is_replay():  # a retry replays: nothing fetched again
                 try:
                     run = registry.turn(session, await _attached(channels, channel, session, inbound), request_id)
@@ -407,12 +427,20 @@ def _file_notice(session: Session, exc: ChatrunError) -> str:
 def _size(texts: dict[str, str], n: int, locale: str | None) -> str:
     """A size as the page writes it: `size_mb`/`size_kb`/`size_bytes`, the number in the locale's digits."""
     key, value = ("size_mb", n / 1048576) if n >= 1048576 else ("size_kb", n / 1024) if n >= 1024 else ("size_bytes", n)
-    number = f"{value:.3g}"
-    if locale and builtin_locale(locale) != "en":
-        from babel.numbers import format_decimal  # only a bot with locales: has a locale
+    return said(texts, key, n=local_number(f"{value:.3g}", locale))
 
-        number = format_decimal(float(number), locale=locale.replace("-", "_"))
-    return said(texts, key, n=number)
+
+async def _too_long(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str, session: Session,
+                    inbound: Inbound, why: str) -> None:
+    """A message over --max-message-chars runs no turn (as the HTTP API and the WebSocket refuse
+    it): the platform gets its 200 (another try would be refused the same), the user is told
+    through the outbox like any reply, once per delivery (a retry finds the record)."""
+    log.warning("channel %s of bot %s: delivery %s refused: %s", channel.kind, bot, inbound.delivery, why)
+    key = f"channel-notice:{bot}:{channel.kind}:{inbound.delivery}"
+    if await registry.store.get_record(key) is not None:
+        return
+    await registry.notice(session, too_long_notice(session, channels.limits.max_message_chars), why)
+    await registry.store.put_record(key, {"notice": "too long"}, session.id)
 
 
 async def _tell(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str, session_id: str,

@@ -78,7 +78,7 @@ class Slack(ChannelKind):
         if not isinstance(payload, dict):
             return []
         if payload.get("type") == "event_callback" and isinstance(payload.get("event"), dict):
-            return _event(str(payload.get("event_id")), payload["event"])
+            return _event(payload.get("event_id"), payload["event"])
         if payload.get("type") == "block_actions" and payload.get("actions"):
             return _press(payload)
         return []
@@ -118,8 +118,8 @@ class Slack(ChannelKind):
             raise SendFailed(f"slack {method}: cannot reach the Web API ({type(exc).__name__})") from None
         answer = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
         if response.status_code != 200 or not answer.get("ok"):
-            raise SendFailed(f"slack {method}: {response.status_code} {answer.get('error') or response.text[:200]}",
-                             response.status_code)
+            raise SendFailed.answered(f"slack {method}: {response.status_code} "
+                                      f"{answer.get('error') or response.text[:200]}", response)
         return answer
 
 
@@ -136,7 +136,7 @@ def _content(message: Outgoing) -> dict[str, Any]:
     return body
 
 
-def _event(delivery: str, event: dict[str, Any]) -> list[Inbound]:
+def _event(delivery: Any, event: dict[str, Any]) -> list[Inbound]:
     """A message or a mention from a person (not a bot, not an edit); in a channel only the
     bot's mentions and messages in threads start or go on with a conversation."""
     kind, user, text = event.get("type"), event.get("user"), event.get("text", "")
@@ -178,6 +178,6 @@ def _press(payload: dict[str, Any]) -> list[Inbound]:
     direct = channel.startswith("D")
     thread = None if direct else str(message.get("thread_ts") or message.get("ts"))
     user_id = str(user.get("id"))
-    return [Inbound(str(payload.get("trigger_id") or action.get("action_ts")), f"{channel}:{thread or user_id}",
+    return [Inbound(payload.get("trigger_id") or action.get("action_ts"), f"{channel}:{thread or user_id}",
                     user_id, str(action.get("value") or ""), {"channel": channel, "thread_ts": thread},
                     str(user.get("name") or ""))]

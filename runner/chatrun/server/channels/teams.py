@@ -41,6 +41,7 @@ from chatrun.server.channels.base import (
     Outgoing,
     SendFailed,
     Unauthorized,
+    Unreachable,
     media_type_of,
 )
 
@@ -79,11 +80,18 @@ class Teams(ChannelKind):
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("teams: no Bot Framework token (Authorization: Bearer)")
+        keys = self._signing_keys()  # Unreachable: the metadata cannot be read (503, retried)
         try:
-            key = self._signing_keys().get_signing_key_from_jwt(token)
+            key = keys.get_signing_key_from_jwt(token)
+        except (jwt.PyJWKClientConnectionError, OSError) as exc:  # the keys' endpoint, not the token: 503
+            raise Unreachable(f"teams: the Bot Framework's signing keys at {_shown(keys.uri)} cannot be "
+                              f"fetched ({exc})") from None
+        except jwt.PyJWTError as exc:  # no key of the token's `kid` (after fetching them again): forged
+            raise Unauthorized(f"teams: the Bot Framework token is not valid ({type(exc).__name__}: {exc})") from None
+        try:
             claims = jwt.decode(token, key.key, algorithms=["RS256"], audience=self.secret("app_id"),
                                 issuer=ISSUER, leeway=LEEWAY, options={"require": ["exp", "iss", "aud"]})
-        except (jwt.PyJWTError, OSError) as exc:
+        except jwt.PyJWTError as exc:
             raise Unauthorized(f"teams: the Bot Framework token is not valid ({type(exc).__name__}: {exc})") from None
         try:
             payload = json.loads(body)
@@ -103,9 +111,13 @@ class Teams(ChannelKind):
 
         if self._keys is None:
             url = self.option("openid", OPENID)
-            with urllib.request.urlopen(url, timeout=self.timeout) as answer:  # noqa: S310 - the bot's own setting
-                metadata = json.load(answer)
-            self._keys = jwt.PyJWKClient(metadata["jwks_uri"], cache_keys=True, lifespan=86400)
+            try:
+                with urllib.request.urlopen(url, timeout=self.timeout) as answer:  # noqa: S310 - the bot's own setting
+                    jwks_uri = json.load(answer)["jwks_uri"]
+            except (OSError, ValueError, LookupError, TypeError) as exc:  # down, refusing, or not the metadata
+                raise Unreachable(f"teams: the Bot Framework's OpenID metadata at {_shown(url)} cannot be read "
+                                  f"({type(exc).__name__}: {exc})") from None
+            self._keys = jwt.PyJWKClient(str(jwks_uri), cache_keys=True, lifespan=86400)
         return self._keys
 
     def inbound(self, payload: Any) -> list[Inbound]:
@@ -122,7 +134,7 @@ class Teams(ChannelKind):
         user = str(sender.get("aadObjectId") or sender.get("id"))
         address = {"service_url": payload.get("serviceUrl"), "conversation": conversation.get("id"),
                    "reply_to": payload.get("id"), "bot": payload.get("recipient")}
-        return [Inbound(str(payload.get("id")), str(conversation.get("id")), user, text, address,
+        return [Inbound(payload.get("id") or "", str(conversation.get("id")), user, text, address,
                         str(sender.get("name") or ""), payload.get("locale"), files=files)]
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
@@ -154,8 +166,8 @@ class Teams(ChannelKind):
         if response.status_code not in (200, 201, 202):
             if response.status_code == 401:
                 self._token = ("", 0.0)
-            raise SendFailed(f"teams: the Bot Connector answered {response.status_code}: {response.text[:200]}",
-                             response.status_code)
+            raise SendFailed.answered(f"teams: the Bot Connector answered {response.status_code}: "
+                                      f"{response.text[:200]}", response)
 
     async def _access_token(self, client: httpx.AsyncClient) -> str:
         token, expires = self._token
@@ -193,6 +205,11 @@ def _files(attachments: Any, service_url: str) -> tuple[InboundFile, ...]:
                 kind = mimetypes.guess_type(name)[0] or kind.replace("*", "png")
             files.append(InboundFile(url, media_type_of(kind), name, bearer=bool(origin) and _origin(url) == origin))
     return tuple(files)
+
+
+def _shown(url: str) -> str:
+    """An endpoint as the log names it: no query (it might carry a key)."""
+    return url.split("?", 1)[0]
 
 
 def _origin(url: str) -> str:

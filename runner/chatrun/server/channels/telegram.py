@@ -85,8 +85,8 @@ class Telegram(ChannelKind):
         except httpx.HTTPError as exc:
             raise SendFailed(f"telegram {method}: cannot reach the Bot API ({type(exc).__name__})") from None
         if response.status_code != 200:
-            raise SendFailed(f"telegram {method}: the Bot API answered {response.status_code}: "
-                             f"{response.text[:200]}", response.status_code)
+            raise SendFailed.answered(f"telegram {method}: the Bot API answered {response.status_code}: "
+                                      f"{response.text[:200]}", response)
         try:
             answer = response.json()
         except ValueError:

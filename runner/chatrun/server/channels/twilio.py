@@ -47,6 +47,7 @@ from chatrun.server.channels.base import (
     SendFailed,
     Unauthorized,
     session_id_for,
+    too_long_notice,
 )
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
@@ -314,7 +315,12 @@ class Call:
             async with self.registry.session(self.bot, session_id, self.principal, OPEN, locale=self.locale,
                                              meta={CALL: self.call_sid}) as session:  # (no follow-ups: a call)
                 run = self.registry.turn(session, text, self.request_id(session, text))
-                if session.ended is not None and not await run.is_replay():
+                if (too_long := self.registry.channels.limits.message_too_long(text)) is not None:
+                    # No turn, as on every door: the caller hears why (a call has no outbox: its socket).
+                    log.warning("channel twilio of bot %s: call %s: a prompt refused: %s", self.bot, self.call_sid,
+                                too_long)
+                    await self.say(too_long_notice(session, self.registry.channels.limits.max_message_chars))
+                elif session.ended is not None and not await run.is_replay():
                     handoff = {"reason": "ended"}
                 else:
                     spoken = Spoken()

@@ -72,7 +72,7 @@ class WhatsApp(ChannelKind):
                         text = str(message[message["type"]].get("caption") or "")
                     if text is not None and number:
                         user = str(message.get("from"))
-                        out.append(Inbound(str(message.get("id")), f"{number}:{user}", user, text,
+                        out.append(Inbound(message.get("id"), f"{number}:{user}", user, text,
                                            {"phone_number_id": number, "to": user}, names.get(user, ""),
                                            files=files))
         return out
@@ -116,8 +116,8 @@ class WhatsApp(ChannelKind):
         except httpx.HTTPError as exc:
             raise SendFailed(f"whatsapp messages: cannot reach the Cloud API ({type(exc).__name__})") from None
         if response.status_code != 200:
-            raise SendFailed(f"whatsapp messages: the Cloud API answered {response.status_code}: {response.text[:200]}",
-                             response.status_code)
+            raise SendFailed.answered(f"whatsapp messages: the Cloud API answered {response.status_code}: "
+                                      f"{response.text[:200]}", response)
 
 
 MEDIA = ("image", "document", "audio", "video")  # media a message may carry (a sticker is not a file to read)
