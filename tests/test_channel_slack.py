@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from channel_support import FakeSlack, slack_message, slack_press, slack_signed
 from channel_support import shop_responder as responder
 from chatrun.engine import stream_chunks
+from chatrun.server.channels.base import session_id_for
 from server_support import app_for_testclient, wait_until
 from webhook_support import OPENAI_MODEL
 
@@ -274,3 +275,28 @@ def test_a_mention_in_a_thread_slack_sends_as_two_events_runs_once_and_replies_o
     wait_until(lambda: client.portal.call(client.app.state.registry.store.record_keys, "channel-in:") == [],
                what="both deliveries done")
     assert texts(slack) == ["You said <@B1> hi.", "You said <@B1> more."] and len(fake.requests) == 2
+
+
+def test_in_a_thread_each_sender_has_their_own_conversation_and_decides_only_their_own_confirmation(client, slack):
+    """Two people in one channel thread: each is answered in the thread from a session of their
+    own (the second was answered by silence when the thread was one owner-only session), and a
+    press by one on the other's confirmation decides nothing of the other's."""
+    post_event(client, slack_message("Ev1", "book Hamlet", user="U1", channel="C7", ts="100.1", kind="app_mention"))
+    wait_until(lambda: "Book Hamlet?" in texts(slack), what="U1's question")
+    post_event(client, slack_message("Ev2", "hello", user="U2", channel="C7", ts="100.5", thread_ts="100.1"))
+    wait_until(lambda: "You said hello." in texts(slack), what="U2's own reply in the thread")
+    question_ts = "100.9"  # U2 presses Yes under U1's question: U2's own session reads a "yes"
+    post_press(client, slack_press("trig-2", "yes", user="U2", channel="C7", message_ts=question_ts)
+               | {"message": {"ts": question_ts, "thread_ts": "100.1", "text": "Book Hamlet?"}})
+    wait_until(lambda: "You said yes." in texts(slack), what="U2's press answered in U2's conversation")
+    assert not any("Booked" in t for t in texts(slack))
+    post_press(client, slack_press("trig-3", "yes", user="U1", channel="C7", message_ts=question_ts)
+               | {"message": {"ts": question_ts, "thread_ts": "100.1", "text": "Book Hamlet?"}})
+    wait_until(lambda: any("Booked Hamlet" in t for t in texts(slack)), what="U1's own press deciding it")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert {(c["channel"], c["thread_ts"]) for c in slack.calls("chat.postMessage")} == {("C7", "100.1")}
+    assert len([t for t in texts(slack) if "Booked Hamlet" in t]) == 1
+    store = client.app.state.registry.store  # derived from chat, thread and sender: every replica finds it
+    for user in ("U1", "U2"):
+        record = client.portal.call(store.load_session, session_id_for("shop", "slack", f"C7:100.1:{user}"))
+        assert record.owner == f"slack:{user}"

@@ -6,8 +6,9 @@ the bot is in) and `app_mention`s are user messages; a Block Kit button press ar
 interactivity URL as a form field `payload` holding `block_actions`. Replies are
 chat.postMessage, with Block Kit buttons for choices and approvals.
 
-A direct message channel is one conversation; in a channel, a thread is (the top message's
-`ts`), and the bot answers in the thread. The principal is `slack:<user id>`. The delivery is
+A direct message channel is one conversation; in a channel, a thread is one conversation per
+sender (the top message's `ts` and the sender's id: a second person writing in the thread has
+their own, owner-only session), and the bot answers in the thread. The principal is `slack:<user id>`. The delivery is
 the message's channel and `ts` (a retry, with X-Slack-Retry-Num, carries the same; so do the
 `app_mention` and the `message` event Slack sends for one mention in a thread), else the
 event's `event_id`; a press's is its `trigger_id`. Slack waits 3 seconds for the answer: the
@@ -155,8 +156,14 @@ def _event(delivery: str, event: dict[str, Any]) -> list[Inbound]:
         # The message, not the event: a mention in a thread comes as an `app_mention` and as a
         # `message` (message.channels), two event_ids for one message, which must run one turn.
         delivery = f"{channel}:{event['ts']}"
-    return [Inbound(delivery, f"{channel}:{thread or user}", user, text,
+    return [Inbound(delivery, _conversation(channel, thread, user), user, text,
                     {"channel": channel, "thread_ts": thread}, files=files)]
+
+
+def _conversation(channel: str, thread: str | None, user: str) -> str:
+    """One conversation per sender: a direct message's channel and its user (the key every DM
+    session had before threads were per sender), or a channel's thread and its sender."""
+    return f"{channel}:{user}" if thread is None else f"{channel}:{thread}:{user}"
 
 
 def _files(files: Any) -> tuple[InboundFile, ...]:
@@ -178,6 +185,6 @@ def _press(payload: dict[str, Any]) -> list[Inbound]:
     direct = channel.startswith("D")
     thread = None if direct else str(message.get("thread_ts") or message.get("ts"))
     user_id = str(user.get("id"))
-    return [Inbound(str(payload.get("trigger_id") or action.get("action_ts")), f"{channel}:{thread or user_id}",
+    return [Inbound(str(payload.get("trigger_id") or action.get("action_ts")), _conversation(channel, thread, user_id),
                     user_id, str(action.get("value") or ""), {"channel": channel, "thread_ts": thread},
                     str(user.get("name") or ""))]
