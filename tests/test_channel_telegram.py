@@ -7,10 +7,14 @@ buttons for choices and for the user's own confirmation, a failed turn still ans
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from fastapi.testclient import TestClient
 
-from channel_support import FakeTelegram, telegram_message, telegram_press
+from channel_support import FakeTelegram, shop_responder, telegram_message, telegram_press
 from channel_support import shop_responder as responder
 from chatrun.server.channels.door import session_id_for
 from server_support import app_for_testclient, wait_until
@@ -316,3 +320,32 @@ def test_a_bot_api_url_that_cannot_be_called_makes_the_reply_a_dead_letter_namin
         dead = wait_until(lambda: client.get("/outbox?state=dead").json()["entries"], what="the dead letter")
     assert dead[0]["attempts"] == 2
     assert dead[0]["error"].startswith("channel telegram of bot shop: the request cannot be made (InvalidURL")
+
+
+def test_two_messages_right_after_the_end_go_on_in_one_new_session(client, telegram, fake):
+    """Two messages arrive while the turn that ends the conversation runs: both find it ended
+    and go on in the same new session (each started its own, named after its delivery)."""
+    asked, released = threading.Event(), threading.Event()
+
+    async def responder(body):
+        if body["messages"][-1] == {"role": "user", "content": "bye"}:
+            asked.set()
+            while not released.is_set():  # the ending turn holds its session until both wait for it
+                await asyncio.sleep(0.02)
+        return shop_responder(body)
+
+    fake.responder = responder
+    registry = client.app.state.registry
+    with ThreadPoolExecutor(3) as pool:
+        ending = pool.submit(deliver, client, telegram_message(1, "bye"))
+        wait_until(asked.is_set, what="the ending turn asking the model")
+        both = [pool.submit(deliver, client, telegram_message(n, text)) for n, text in ((2, "one"), (3, "two"))]
+        wait_until(lambda: registry.waiting == 2, what="both messages waiting for the ending session")
+        released.set()
+        assert [f.result().status_code for f in (ending, *both)] == [200, 200, 200]
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert sorted(texts(telegram)) == ["Goodbye.", "You said one.", "You said two."]
+    said = [[m["content"] for m in r["messages"] if m["role"] == "user"] for r in fake.requests]
+    assert sorted(said[-2:]) in ([["one"], ["one", "two"]], [["one", "two"], ["two"]]), said  # one session
+    sessions = client.portal.call(registry.store.list_sessions)
+    assert len(sessions) == 2, sessions  # the ended one and the one it goes on in

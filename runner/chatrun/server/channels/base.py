@@ -26,6 +26,13 @@ def session_id_for(bot: str, kind: str, conversation: str) -> str:
     return "ch-" + hashlib.sha256(f"{bot}\0{kind}\0{conversation}".encode()).hexdigest()[:32]
 
 
+def session_after(session_id: str) -> str:
+    """The session a platform conversation goes on in after `session_id` ended (`end: true`):
+    derived from the ended one alone, so two messages arriving together, on one replica or two,
+    both go on in the same new session (one derived from each message's delivery made two)."""
+    return "ch-" + hashlib.sha256(f"after\0{session_id}".encode()).hexdigest()[:32]
+
+
 class Unauthorized(ChatrunError):
     """A delivery whose signature (or secret header) is missing or wrong: 401, nothing runs."""
 
