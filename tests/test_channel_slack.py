@@ -43,7 +43,7 @@ state: {{booked: 0}}
 routes:
   main:
     default: true
-    system: You sell tickets.
+    system: "You sell tickets to {{{{ principal.display_name or 'someone' }}}}."
     tools: [book]
 tools:
   book:
@@ -300,3 +300,25 @@ def test_in_a_thread_each_sender_has_their_own_conversation_and_decides_only_the
     for user in ("U1", "U2"):
         record = client.portal.call(store.load_session, session_id_for("shop", "slack", f"C7:100.1:{user}"))
         assert record.owner == f"slack:{user}"
+
+
+def test_the_senders_display_name_is_asked_of_users_info_once_and_kept(client, slack):
+    """Slack's event names the sender by id only: the name (the principal's `display_name`, as
+    Telegram and Teams give it) is asked of users.info, once for the user's messages and presses."""
+    slack.users = {"U42": "Ana Lima"}
+    post_event(client, slack_message("Ev1", "who"))
+    wait_until(lambda: texts(slack), what="the first reply")
+    post_event(client, slack_message("Ev2", "who"))
+    wait_until(lambda: len(texts(slack)) >= 2, what="the second reply")
+    assert texts(slack) == ["You sell tickets to Ana Lima."] * 2
+    assert slack.lookups == ["U42"]
+
+
+def test_without_users_read_the_turn_goes_on_without_a_name_and_slack_is_not_asked_each_time(client, slack):
+    slack.users = None  # the token lacks users:read
+    post_event(client, slack_message("Ev1", "who"))
+    wait_until(lambda: texts(slack), what="the first reply")
+    post_event(client, slack_message("Ev2", "who"))
+    wait_until(lambda: len(texts(slack)) >= 2, what="the second reply")
+    assert texts(slack) == ["You sell tickets to someone."] * 2
+    assert slack.lookups == ["U42"]

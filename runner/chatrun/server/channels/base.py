@@ -163,6 +163,11 @@ class ChannelKind:
         """Post one message to the conversation at `address`; SendFailed when the platform refuses."""
         raise NotImplementedError
 
+    async def named(self, client: httpx.AsyncClient, inbound: Inbound) -> Inbound:
+        """The message with its sender's display name, for a platform whose deliveries carry only
+        the sender's id (Slack: users.info); as it is for the others."""
+        return inbound
+
     async def after(self, client: httpx.AsyncClient, inbound: Inbound) -> None:
         """What the platform wants once a message is handled (Telegram: answer a button's callback)."""
 

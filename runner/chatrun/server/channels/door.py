@@ -310,6 +310,7 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
     not to walk the chain each time: a note missing, or older than another replica's, is walked
     forward to the same session."""
     kind, store = channel.kind, registry.store
+    inbound = await channel.named(channels.client(), inbound)
     key = f"channel:{bot}:{kind}:{inbound.conversation}"
     found = await store.get_record(key)
     session_id = str(found["session"]) if found else session_id_for(bot, kind, inbound.conversation)

@@ -11,18 +11,25 @@ sender (the top message's `ts` and the sender's id: a second person writing in t
 their own, owner-only session), and the bot answers in the thread. The principal is `slack:<user id>`. The delivery is
 the message's channel and `ts` (a retry, with X-Slack-Retry-Num, carries the same; so do the
 `app_mention` and the `message` event Slack sends for one mention in a thread), else the
-event's `event_id`; a press's is its `trigger_id`. Slack waits 3 seconds for the answer: the
+event's `event_id`; a press's is its `trigger_id`. The sender's display name (the principal's claim
+`display_name`), which an event does not carry, is asked of users.info (scope `users:read`)
+once per user and kept an hour (`SenderNames`); without the scope there is none, and a press
+gives its username. Slack waits 3 seconds for the answer: the
 webhook answers within `ack_within` and the turn goes on."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
+from chatrun.errors import ChatrunError
 from chatrun.server.channels.base import (
     ChannelKind,
     FetchFailed,
@@ -34,16 +41,43 @@ from chatrun.server.channels.base import (
     media_type_of,
 )
 
+log = logging.getLogger("chatrun.channels")
+
 DEFAULT_API = "https://slack.com/api"
 FILES_HOST = "https://files.slack.com/"  # where a file's url_private is: the only host the token goes to
 MAX_VALUE = 2000  # Slack's limit on a button's value
 MAX_TEXT = 3000  # Slack's limit on a section block's text
 
 
+class SenderNames:
+    """Slack users' display names, asked of users.info once per user and kept `ttl` seconds
+    (a failure, such as a token without `users:read`, `retry_after`: not one call per message),
+    at most `limit` users (the oldest dropped first). One per channel of a bot version."""
+
+    def __init__(self, ttl: float = 3600.0, retry_after: float = 300.0, limit: int = 10000):
+        self.ttl, self.retry_after, self.limit = ttl, retry_after, limit
+        self._names: dict[str, tuple[str, float]] = {}  # user id -> (name, when to ask again)
+
+    def get(self, user: str) -> str | None:
+        """The kept name ("" when Slack gave none), or None when it must be asked."""
+        kept = self._names.get(user)
+        return kept[0] if kept is not None and kept[1] > time.monotonic() else None
+
+    def put(self, user: str, name: str) -> None:
+        self._names.pop(user, None)
+        while len(self._names) >= self.limit:
+            del self._names[next(iter(self._names))]
+        self._names[user] = (name, time.monotonic() + (self.ttl if name else self.retry_after))
+
+
 class Slack(ChannelKind):
     kind = "slack"
     ack_within = 2.0
     stream_every = 1.0  # Slack's chat.update is rate-limited (Tier 3, about 50 a minute)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.names = SenderNames()
 
     @classmethod
     def missing(cls) -> str | None:
@@ -83,6 +117,32 @@ class Slack(ChannelKind):
         if payload.get("type") == "block_actions" and payload.get("actions"):
             return _press(payload)
         return []
+
+    async def named(self, client: httpx.AsyncClient, inbound: Inbound) -> Inbound:
+        name = self.names.get(inbound.user)
+        if name is None:
+            name = await self._display_name(client, inbound.user)
+            self.names.put(inbound.user, name)
+        return dataclasses.replace(inbound, name=name) if name else inbound
+
+    async def _display_name(self, client: httpx.AsyncClient, user: str) -> str:
+        """users.info's name for the user (the profile's display name, else the real name), or ""
+        when Slack does not give it (logged: the turn goes on without a name)."""
+        url = f"{self.option('api', DEFAULT_API).rstrip('/')}/users.info"
+        try:
+            response = await client.get(url, params={"user": user}, timeout=self.timeout,
+                                        headers={"Authorization": f"Bearer {self.secret('token')}"})
+            answer = response.json() if response.status_code == 200 else {"error": response.status_code}
+        except (httpx.HTTPError, ValueError, ChatrunError) as exc:  # unreachable, not JSON, no token
+            answer = {"error": type(exc).__name__}
+        found = answer.get("user") if isinstance(answer, dict) and answer.get("ok") else None
+        if not isinstance(found, dict):
+            error = answer.get("error") if isinstance(answer, dict) else None
+            log.info("slack: no display name for %s: users.info answered %s", user, error or "nothing")
+            return ""
+        profile = found.get("profile") if isinstance(found.get("profile"), dict) else {}
+        return str(profile.get("display_name") or profile.get("real_name") or found.get("real_name")
+                   or found.get("name") or "")
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
         """A file's url_private, read with the bot token (scope `files:read`). The token goes only
