@@ -140,7 +140,7 @@ class Slack(ChannelKind):
             error = answer.get("error") if isinstance(answer, dict) else None
             log.info("slack: no display name for %s: users.info answered %s", user, error or "nothing")
             return ""
-        profile = found.get("profile") if isinstance(found.get("profile"), dict) else {}
+        profile: dict[str, Any] = found["profile"] if isinstance(found.get("profile"), dict) else {}
         return str(profile.get("display_name") or profile.get("real_name") or found.get("real_name")
                    or found.get("name") or "")
 
