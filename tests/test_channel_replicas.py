@@ -235,7 +235,7 @@ def test_two_messages_right_after_the_end_on_two_replicas_go_on_in_one_new_sessi
             while not released.is_set():  # the ending turn holds its session until both wait for it
                 await asyncio.sleep(0.02)
             return {"tool_calls": [{"name": "bye", "arguments": {}}]}
-        return {"text": f"Heard {[m['content'] for m in body['messages'] if m['role'] == 'user']}"}
+        return {"text": f"Heard {sorted(m['content'] for m in body['messages'] if m['role'] == 'user')}"}
 
     with contextlib.ExitStack() as stack:
         bot, api = serve(tmp_path, monkeypatch, "telegram", stack)
