@@ -53,9 +53,10 @@ class _FakeApi:
 
             def do_GET(self) -> None:  # noqa: N802 - a GET: a file's bytes, or what `got` answers
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                with fake._lock:
-                    fake.downloads.append((self.path, headers.get("authorization", "")))
                 status, body, content_type = fake.got(self.path, headers)
+                if not self.path.startswith("/api/"):  # a Web API method (Slack's users.info) is no download
+                    with fake._lock:
+                        fake.downloads.append((self.path, headers.get("authorization", "")))
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
@@ -108,6 +109,29 @@ class FakeSlack(_FakeApi):
     def __init__(self, token: str):
         super().__init__()
         self.token = token
+        # users.info's users: id -> display name ({} answers user_not_found, None missing_scope)
+        self.users: dict[str, str] | None = {}
+        self.lookups: list[str] = []  # the user of every users.info call
+
+    def got(self, path: str, headers: dict[str, str]) -> tuple[int, bytes, str]:
+        """GET /api/users.info?user=ID as Slack answers it (recorded in `lookups`), else a file."""
+        method, _, query = path.partition("?")
+        if not method.endswith("/users.info"):
+            return super().got(path, headers)
+        user = parse_qs(query).get("user", [""])[0]
+        with self._lock:
+            self.lookups.append(user)
+        if headers.get("authorization") != f"Bearer {self.token}":
+            answer: dict[str, Any] = {"ok": False, "error": "invalid_auth"}
+        elif self.users is None:
+            answer = {"ok": False, "error": "missing_scope", "needed": "users:read"}
+        elif user not in self.users:
+            answer = {"ok": False, "error": "user_not_found"}
+        else:
+            name = self.users[user]
+            answer = {"ok": True, "user": {"id": user, "name": name.lower().split()[0], "real_name": name,
+                                           "profile": {"display_name": name, "real_name": name}}}
+        return 200, json.dumps(answer).encode(), "application/json"
 
     def answer(self, call: ApiCall) -> tuple[int, dict[str, Any]]:
         if self.status != 200:

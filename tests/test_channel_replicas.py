@@ -9,6 +9,7 @@ sent three times across both replicas at once, loses none and doubles none."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -61,7 +62,9 @@ env:
 channels:
   {CHANNELS[kind]}
 routes:
-  main: {{default: true, system: You sell tickets.}}
+  main: {{default: true, system: You sell tickets., tools: [bye]}}
+tools:
+  bye: {{description: End the conversation., action: {{message: Goodbye., end: true}}}}
 """
 
 
@@ -216,6 +219,52 @@ def test_a_burst_delivered_three_times_across_two_replicas_loses_none_and_double
         assert sorted(telegram()) == sorted(f"Hi u{u}" for u in users)
         assert len(fake.requests) == len(users)
 
+
+
+def test_two_messages_right_after_the_end_on_two_replicas_go_on_in_one_new_session(
+        tmp_path, fake, redis_server, monkeypatch):
+    """The turn that ends a conversation runs on one replica; a message arrives at each replica
+    meanwhile. Both find the conversation ended and go on in one new session, derived from the
+    ended one on each replica (each replica started its own, named after its delivery)."""
+    asked, released = threading.Event(), threading.Event()
+
+    async def responder(body):
+        said = body["messages"][-1]
+        if said == {"role": "user", "content": "bye"}:
+            asked.set()
+            while not released.is_set():  # the ending turn holds its session until both wait for it
+                await asyncio.sleep(0.02)
+            return {"tool_calls": [{"name": "bye", "arguments": {}}]}
+        return {"text": f"Heard {sorted(m['content'] for m in body['messages'] if m['role'] == 'user')}"}
+
+    with contextlib.ExitStack() as stack:
+        bot, api = serve(tmp_path, monkeypatch, "telegram", stack)
+        fake.responder = responder
+        store = redis_server.url()
+        replicas = [Replica(bot, store, fake.base_url).start(), Replica(bot, store, fake.base_url).start()]
+        try:
+            with ThreadPoolExecutor(3) as pool:
+                ending = pool.submit(deliver, replicas[0], telegram_message(1, "bye"))
+                wait_until(asked.is_set, what="the ending turn asking the model")
+                both = [pool.submit(deliver, r, telegram_message(n, text))
+                        for r, n, text in ((replicas[0], 2, "one"), (replicas[1], 3, "two"))]
+                wait_until(lambda: [waiting(r) for r in replicas] == [1, 1], what="a message waiting on each replica")
+                released.set()
+                assert [f.result() for f in (ending, *both)] == [200, 200, 200]
+            wait_until(lambda: len(api.replies()) >= 3, what="three replies")
+            wait_until(lambda: all(outbox_empty(r) for r in replicas), what="the outbox emptied")
+        finally:
+            for r in replicas:
+                r.kill()
+        assert sorted(api.replies()) in (["Goodbye.", "Heard ['one', 'two']", "Heard ['one']"],
+                                         ["Goodbye.", "Heard ['one', 'two']", "Heard ['two']"]), api.replies()
+
+
+def waiting(replica: Replica) -> float:
+    """The replica's requests waiting for a session held elsewhere (its /metrics gauge)."""
+    text = httpx.get(f"{replica.url}/metrics", timeout=30).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("chatrun_session_requests_waiting"))
 
 
 def deliver(replica: Replica, update: dict) -> int:

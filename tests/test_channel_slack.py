@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from channel_support import FakeSlack, slack_message, slack_press, slack_signed
 from channel_support import shop_responder as responder
 from chatrun.engine import stream_chunks
+from chatrun.server.channels.base import session_id_for
 from server_support import app_for_testclient, wait_until
 from webhook_support import OPENAI_MODEL
 
@@ -42,7 +43,7 @@ state: {{booked: 0}}
 routes:
   main:
     default: true
-    system: You sell tickets.
+    system: "You sell tickets to {{{{ principal.display_name or 'someone' }}}}."
     tools: [book]
 tools:
   book:
@@ -327,3 +328,50 @@ def test_a_token_http_cannot_carry_in_a_header_is_a_request_that_cannot_be_made_
     assert dead[0]["error"] == ("channel slack of bot shop: the request cannot be made (UnicodeEncodeError: "
                                 "a header or the URL holds a character HTTP cannot carry)")
     assert slack.seen == []
+
+
+def test_in_a_thread_each_sender_has_their_own_conversation_and_decides_only_their_own_confirmation(client, slack):
+    """Two people in one channel thread: each is answered in the thread from a session of their
+    own (the second was answered by silence when the thread was one owner-only session), and a
+    press by one on the other's confirmation decides nothing of the other's."""
+    post_event(client, slack_message("Ev1", "book Hamlet", user="U1", channel="C7", ts="100.1", kind="app_mention"))
+    wait_until(lambda: "Book Hamlet?" in texts(slack), what="U1's question")
+    post_event(client, slack_message("Ev2", "hello", user="U2", channel="C7", ts="100.5", thread_ts="100.1"))
+    wait_until(lambda: "You said hello." in texts(slack), what="U2's own reply in the thread")
+    question_ts = "100.9"  # U2 presses Yes under U1's question: U2's own session reads a "yes"
+    post_press(client, slack_press("trig-2", "yes", user="U2", channel="C7", message_ts=question_ts)
+               | {"message": {"ts": question_ts, "thread_ts": "100.1", "text": "Book Hamlet?"}})
+    wait_until(lambda: "You said yes." in texts(slack), what="U2's press answered in U2's conversation")
+    assert not any("Booked" in t for t in texts(slack))
+    post_press(client, slack_press("trig-3", "yes", user="U1", channel="C7", message_ts=question_ts)
+               | {"message": {"ts": question_ts, "thread_ts": "100.1", "text": "Book Hamlet?"}})
+    wait_until(lambda: any("Booked Hamlet" in t for t in texts(slack)), what="U1's own press deciding it")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert {(c["channel"], c["thread_ts"]) for c in slack.calls("chat.postMessage")} == {("C7", "100.1")}
+    assert len([t for t in texts(slack) if "Booked Hamlet" in t]) == 1
+    store = client.app.state.registry.store  # derived from chat, thread and sender: every replica finds it
+    for user in ("U1", "U2"):
+        record = client.portal.call(store.load_session, session_id_for("shop", "slack", f"C7:100.1:{user}"))
+        assert record.owner == f"slack:{user}"
+
+
+def test_the_senders_display_name_is_asked_of_users_info_once_and_kept(client, slack):
+    """Slack's event names the sender by id only: the name (the principal's `display_name`, as
+    Telegram and Teams give it) is asked of users.info, once for the user's messages and presses."""
+    slack.users = {"U42": "Ana Lima"}
+    post_event(client, slack_message("Ev1", "who"))
+    wait_until(lambda: texts(slack), what="the first reply")
+    post_event(client, slack_message("Ev2", "who"))
+    wait_until(lambda: len(texts(slack)) >= 2, what="the second reply")
+    assert texts(slack) == ["You sell tickets to Ana Lima."] * 2
+    assert slack.lookups == ["U42"]
+
+
+def test_without_users_read_the_turn_goes_on_without_a_name_and_slack_is_not_asked_each_time(client, slack):
+    slack.users = None  # the token lacks users:read
+    post_event(client, slack_message("Ev1", "who"))
+    wait_until(lambda: texts(slack), what="the first reply")
+    post_event(client, slack_message("Ev2", "who"))
+    wait_until(lambda: len(texts(slack)) >= 2, what="the second reply")
+    assert texts(slack) == ["You sell tickets to someone."] * 2
+    assert slack.lookups == ["U42"]

@@ -183,3 +183,26 @@ def test_two_activities_without_an_id_are_two_turns_never_one_answered_from_the_
     wait_until(lambda: len(bf.activities) == 2, what="both replies")
     assert sorted(a["text"] for a in bf.activities) == ["You said again.", "You said hello."]
     assert len(fake.requests) == 2
+
+
+def group(activity: dict, conversation: str = "19:meeting-group@thread.v2") -> dict:
+    """The activity as the Bot Connector sends it from a group chat (several members)."""
+    activity["conversation"] = {"conversationType": "groupChat", "isGroup": True, "tenantId": "t1", "id": conversation}
+    return activity
+
+
+def test_in_a_group_chat_each_member_has_their_own_conversation_and_decides_only_their_own(client, bf):
+    """Two members of one group chat: each is answered in the chat from a session of their own
+    (the second was answered by silence when the chat was one owner-only session), and one's
+    press on the other's card decides nothing of the other's."""
+    post(client, bf, group(bf.activity("act-1", "book Hamlet", user="29:ana", aad="aad-ana")))
+    wait_until(lambda: bf.activities, what="Ana's question")
+    post(client, bf, group(bf.activity("act-2", "hello", user="29:bo", aad="aad-bo")))
+    wait_until(lambda: any(a.get("text") == "You said hello." for a in bf.activities), what="Bo's own reply")
+    post(client, bf, group(bf.activity("act-3", value={"choice": "yes"}, user="29:bo", aad="aad-bo")))
+    wait_until(lambda: any(a.get("text") == "You said yes." for a in bf.activities), what="Bo's press, Bo's own")
+    assert not any("Booked" in a.get("text", "") for a in bf.activities)
+    post(client, bf, group(bf.activity("act-4", value={"choice": "yes"}, user="29:ana", aad="aad-ana")))
+    wait_until(lambda: any("Booked Hamlet" in a.get("text", "") for a in bf.activities), what="Ana's press")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert {a["path"] for a in bf.activities} == {"/teams-service/v3/conversations/19:meeting-group@thread.v2/activities"}

@@ -7,12 +7,15 @@ buttons for choices and for the user's own confirmation, a failed turn still ans
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from fastapi.testclient import TestClient
 
-from channel_support import FakeTelegram, telegram_message, telegram_press
+from channel_support import FakeTelegram, shop_responder, telegram_message, telegram_press
 from channel_support import shop_responder as responder
 from chatrun.server.channels.door import session_id_for
 from server_support import app_for_testclient, wait_until
@@ -386,3 +389,33 @@ def test_a_value_error_of_a_bug_while_sending_is_a_failed_attempt_named_a_bug_wi
     assert dead[0]["error"].startswith("channel telegram of bot shop: a bug in chatrun while sending (ValueError")
     logged = [r for r in caplog.records if "a bug while sending" in r.getMessage()]
     assert logged and logged[0].exc_info and "a bug in the kind" in str(logged[0].exc_info[1])
+
+
+def test_two_messages_right_after_the_end_go_on_in_one_new_session(client, telegram, fake):
+    """Two messages arrive while the turn that ends the conversation runs: both find it ended
+    and go on in the same new session (each started its own, named after its delivery)."""
+    asked, released = threading.Event(), threading.Event()
+
+    async def responder(body):
+        if body["messages"][-1] == {"role": "user", "content": "bye"}:
+            asked.set()
+            while not released.is_set():  # the ending turn holds its session until both wait for it
+                await asyncio.sleep(0.02)
+        return shop_responder(body)
+
+    fake.responder = responder
+    registry = client.app.state.registry
+    with ThreadPoolExecutor(3) as pool:
+        ending = pool.submit(deliver, client, telegram_message(1, "bye"))
+        wait_until(asked.is_set, what="the ending turn asking the model")
+        both = [pool.submit(deliver, client, telegram_message(n, text)) for n, text in ((2, "one"), (3, "two"))]
+        wait_until(lambda: registry.waiting == 2, what="both messages waiting for the ending session")
+        released.set()
+        assert [f.result().status_code for f in (ending, *both)] == [200, 200, 200]
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert sorted(texts(telegram)) == ["Goodbye.", "You said one.", "You said two."]
+    said = [[m["content"] for m in r["messages"] if m["role"] == "user"] for r in fake.requests]
+    # one session: the message that ran second reads the first (in either order)
+    assert sorted(sorted(users) for users in said[-2:]) in ([["one"], ["one", "two"]], [["one", "two"], ["two"]]), said
+    sessions = client.portal.call(registry.store.list_sessions)
+    assert len(sessions) == 2, sessions  # the ended one and the one it goes on in

@@ -134,3 +134,16 @@ def test_replies_wait_while_the_cloud_api_is_down(client, meta):
     wait_until(lambda: sent(meta), what="the reply once the API is back")
     wait_until(lambda: outbox_empty(client), what="the outbox emptied")
     assert len(sent(meta)) == 1
+
+
+def test_each_sender_to_the_business_number_has_their_own_conversation(client, meta, fake):
+    """WhatsApp delivers one person's chat with the business (no groups): a conversation is the
+    number and the sender, each answered at their own number from a session of their own."""
+    post(client, whatsapp_message("wamid.D1", "one", user="4915100000001"))
+    post(client, whatsapp_message("wamid.D2", "two", user="4915100000002"))
+    wait_until(lambda: len(sent(meta)) >= 2, what="two replies")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert sorted((r["to"], r["interactive"]["body"]["text"]) for r in sent(meta)) == [
+        ("4915100000001", "You said one."), ("4915100000002", "You said two.")]
+    said = [[m["content"] for m in r["messages"] if m["role"] == "user"] for r in fake.requests]
+    assert sorted(said) == [["one"], ["two"]]  # neither session holds the other's message

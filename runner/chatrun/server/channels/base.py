@@ -31,6 +31,13 @@ def session_id_for(bot: str, kind: str, conversation: str) -> str:
     return "ch-" + hashlib.sha256(f"{bot}\0{kind}\0{conversation}".encode()).hexdigest()[:32]
 
 
+def session_after(session_id: str) -> str:
+    """The session a platform conversation goes on in after `session_id` ended (`end: true`):
+    derived from the ended one alone, so two messages arriving together, on one replica or two,
+    both go on in the same new session (one derived from each message's delivery made two)."""
+    return "ch-" + hashlib.sha256(f"after\0{session_id}".encode()).hexdigest()[:32]
+
+
 class Unauthorized(ChatrunError):
     """A delivery whose signature (or secret header) is missing or wrong: 401, nothing runs."""
 
@@ -197,6 +204,11 @@ class ChannelKind:
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
         """Post one message to the conversation at `address`; SendFailed when the platform refuses."""
         raise NotImplementedError
+
+    async def named(self, client: httpx.AsyncClient, inbound: Inbound) -> Inbound:
+        """The message with its sender's display name, for a platform whose deliveries carry only
+        the sender's id (Slack: users.info); as it is for the others."""
+        return inbound
 
     async def after(self, client: httpx.AsyncClient, inbound: Inbound) -> None:
         """What the platform wants once a message is handled (Telegram: answer a button's callback)."""

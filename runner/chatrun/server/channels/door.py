@@ -49,6 +49,7 @@ from chatrun.server.channels.base import (
     Unreachable,
     local_number,
     outgoing,
+    session_after,
     session_id_for,
     too_long_notice,
 )
@@ -325,16 +326,19 @@ async def _handle_all(registry: SessionRegistry, channels: Channels, channel: Ch
 async def _handle(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str,
                   inbound: Inbound) -> None:
     """One user message: its turn, run once (a retried delivery replays the committed one). A
-    conversation an `end` action ended goes on in a new session, which the store remembers for
-    the platform's conversation (its id derives from the delivery, so a retry finds it too)."""
+    conversation an `end` action ended goes on in the session derived from the ended one
+    (`session_after`): every message that finds it ended, together or on another replica, goes
+    to the same one. The store remembers the latest for the platform's conversation, only so as
+    not to walk the chain each time: a note missing, or older than another replica's, is walked
+    forward to the same session."""
     kind, store = channel.kind, registry.store
+    inbound = await channel.named(channels.client(), inbound)
     key = f"channel:{bot}:{kind}:{inbound.conversation}"
     found = await store.get_record(key)
     session_id = str(found["session"]) if found else session_id_for(bot, kind, inbound.conversation)
-    if not await _run(registry, channels, channel, bot, session_id, inbound):
-        session_id = session_id_for(bot, kind, f"{inbound.conversation}#{inbound.delivery}")
+    while not await _run(registry, channels, channel, bot, session_id, inbound):
+        session_id = session_after(session_id)
         await store.put_record(key, {"session": session_id})
-        await _run(registry, channels, channel, bot, session_id, inbound)
     try:
         await channel.after(channels.client(), inbound)
     except ChatrunError as exc:  # a button's spinner left turning: nothing lost

@@ -6,22 +6,30 @@ the bot is in) and `app_mention`s are user messages; a Block Kit button press ar
 interactivity URL as a form field `payload` holding `block_actions`. Replies are
 chat.postMessage, with Block Kit buttons for choices and approvals.
 
-A direct message channel is one conversation; in a channel, a thread is (the top message's
-`ts`), and the bot answers in the thread. The principal is `slack:<user id>`. The delivery is
+A direct message channel is one conversation; in a channel, a thread is one conversation per
+sender (the top message's `ts` and the sender's id: a second person writing in the thread has
+their own, owner-only session), and the bot answers in the thread. The principal is `slack:<user id>`. The delivery is
 the message's channel and `ts` (a retry, with X-Slack-Retry-Num, carries the same; so do the
 `app_mention` and the `message` event Slack sends for one mention in a thread), else the
-event's `event_id`; a press's is its `trigger_id`. Slack waits 3 seconds for the answer: the
+event's `event_id`; a press's is its `trigger_id`. The sender's display name (the principal's claim
+`display_name`), which an event does not carry, is asked of users.info (scope `users:read`)
+once per user and kept an hour (`SenderNames`); without the scope there is none, and a press
+gives its username. Slack waits 3 seconds for the answer: the
 webhook answers within `ack_within` and the turn goes on."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
+from chatrun.errors import ChatrunError
 from chatrun.server.channels.base import (
     ChannelKind,
     FetchFailed,
@@ -33,16 +41,43 @@ from chatrun.server.channels.base import (
     media_type_of,
 )
 
+log = logging.getLogger("chatrun.channels")
+
 DEFAULT_API = "https://slack.com/api"
 FILES_HOST = "https://files.slack.com/"  # where a file's url_private is: the only host the token goes to
 MAX_VALUE = 2000  # Slack's limit on a button's value
 MAX_TEXT = 3000  # Slack's limit on a section block's text
 
 
+class SenderNames:
+    """Slack users' display names, asked of users.info once per user and kept `ttl` seconds
+    (a failure, such as a token without `users:read`, `retry_after`: not one call per message),
+    at most `limit` users (the oldest dropped first). One per channel of a bot version."""
+
+    def __init__(self, ttl: float = 3600.0, retry_after: float = 300.0, limit: int = 10000):
+        self.ttl, self.retry_after, self.limit = ttl, retry_after, limit
+        self._names: dict[str, tuple[str, float]] = {}  # user id -> (name, when to ask again)
+
+    def get(self, user: str) -> str | None:
+        """The kept name ("" when Slack gave none), or None when it must be asked."""
+        kept = self._names.get(user)
+        return kept[0] if kept is not None and kept[1] > time.monotonic() else None
+
+    def put(self, user: str, name: str) -> None:
+        self._names.pop(user, None)
+        while len(self._names) >= self.limit:
+            del self._names[next(iter(self._names))]
+        self._names[user] = (name, time.monotonic() + (self.ttl if name else self.retry_after))
+
+
 class Slack(ChannelKind):
     kind = "slack"
     ack_within = 2.0
     stream_every = 1.0  # Slack's chat.update is rate-limited (Tier 3, about 50 a minute)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.names = SenderNames()
 
     @classmethod
     def missing(cls) -> str | None:
@@ -82,6 +117,32 @@ class Slack(ChannelKind):
         if payload.get("type") == "block_actions" and payload.get("actions"):
             return _press(payload)
         return []
+
+    async def named(self, client: httpx.AsyncClient, inbound: Inbound) -> Inbound:
+        name = self.names.get(inbound.user)
+        if name is None:
+            name = await self._display_name(client, inbound.user)
+            self.names.put(inbound.user, name)
+        return dataclasses.replace(inbound, name=name) if name else inbound
+
+    async def _display_name(self, client: httpx.AsyncClient, user: str) -> str:
+        """users.info's name for the user (the profile's display name, else the real name), or ""
+        when Slack does not give it (logged: the turn goes on without a name)."""
+        url = f"{self.option('api', DEFAULT_API).rstrip('/')}/users.info"
+        try:
+            response = await client.get(url, params={"user": user}, timeout=self.timeout,
+                                        headers={"Authorization": f"Bearer {self.secret('token')}"})
+            answer = response.json() if response.status_code == 200 else {"error": response.status_code}
+        except (httpx.HTTPError, ValueError, ChatrunError) as exc:  # unreachable, not JSON, no token
+            answer = {"error": type(exc).__name__}
+        found = answer.get("user") if isinstance(answer, dict) and answer.get("ok") else None
+        if not isinstance(found, dict):
+            error = answer.get("error") if isinstance(answer, dict) else None
+            log.info("slack: no display name for %s: users.info answered %s", user, error or "nothing")
+            return ""
+        profile: dict[str, Any] = found["profile"] if isinstance(found.get("profile"), dict) else {}
+        return str(profile.get("display_name") or profile.get("real_name") or found.get("real_name")
+                   or found.get("name") or "")
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
         """A file's url_private, read with the bot token (scope `files:read`). The token goes only
@@ -155,8 +216,14 @@ def _event(delivery: Any, event: dict[str, Any]) -> list[Inbound]:
         # The message, not the event: a mention in a thread comes as an `app_mention` and as a
         # `message` (message.channels), two event_ids for one message, which must run one turn.
         delivery = f"{channel}:{event['ts']}"
-    return [Inbound(delivery, f"{channel}:{thread or user}", user, text,
+    return [Inbound(delivery, _conversation(channel, thread, user), user, text,
                     {"channel": channel, "thread_ts": thread}, files=files)]
+
+
+def _conversation(channel: str, thread: str | None, user: str) -> str:
+    """One conversation per sender: a direct message's channel and its user (the key every DM
+    session had before threads were per sender), or a channel's thread and its sender."""
+    return f"{channel}:{user}" if thread is None else f"{channel}:{thread}:{user}"
 
 
 def _files(files: Any) -> tuple[InboundFile, ...]:
@@ -178,6 +245,6 @@ def _press(payload: dict[str, Any]) -> list[Inbound]:
     direct = channel.startswith("D")
     thread = None if direct else str(message.get("thread_ts") or message.get("ts"))
     user_id = str(user.get("id"))
-    return [Inbound(payload.get("trigger_id") or action.get("action_ts"), f"{channel}:{thread or user_id}",
+    return [Inbound(payload.get("trigger_id") or action.get("action_ts"), _conversation(channel, thread, user_id),
                     user_id, str(action.get("value") or ""), {"channel": channel, "thread_ts": thread},
                     str(user.get("name") or ""))]

@@ -16,8 +16,9 @@ HTML (`text/html`) and cards are not files.
 
 The checks are the ones botbuilder's JwtTokenValidation makes, done with PyJWT (its own
 dependency) instead of the botbuilder packages, which would bring aiohttp and msal to every
-server. A conversation is Teams' conversation id (a personal chat, or a channel's thread); the
-principal is `teams:<aadObjectId>` (the user's Entra ID object id, else their channel id);
+server. A conversation is Teams' conversation id for a personal chat, and that id and the
+sender in a group chat or a channel's thread (each member has their own, owner-only session;
+the bot answers in the chat or thread); the principal is `teams:<aadObjectId>` (the user's Entra ID object id, else their channel id);
 the delivery is the activity's `id`."""
 
 from __future__ import annotations
@@ -134,7 +135,10 @@ class Teams(ChannelKind):
         user = str(sender.get("aadObjectId") or sender.get("id"))
         address = {"service_url": payload.get("serviceUrl"), "conversation": conversation.get("id"),
                    "reply_to": payload.get("id"), "bot": payload.get("recipient")}
-        return [Inbound(payload.get("id") or "", str(conversation.get("id")), user, text, address,
+        key = str(conversation.get("id"))  # a group chat or a channel's thread: one conversation per member
+        if conversation.get("isGroup") or conversation.get("conversationType") in ("groupChat", "channel"):
+            key = f"{key}:{user}"
+        return [Inbound(payload.get("id") or "", key, user, text, address,
                         str(sender.get("name") or ""), payload.get("locale"), files=files)]
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
