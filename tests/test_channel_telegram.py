@@ -419,3 +419,21 @@ def test_two_messages_right_after_the_end_go_on_in_one_new_session(client, teleg
     assert sorted(sorted(users) for users in said[-2:]) in ([["one"], ["one", "two"]], [["one", "two"], ["two"]]), said
     sessions = client.portal.call(registry.store.list_sessions)
     assert len(sessions) == 2, sessions  # the ended one and the one it goes on in
+
+
+def test_a_retry_of_the_ending_message_after_the_next_one_is_replayed_not_run_again(client, telegram, fake):
+    """The platform sends the message that ended the conversation again, after the user's next
+    message already went on in the new session: it is the ended session's committed turn
+    (replayed: no model call, no second reply), not a new message of the new session."""
+    fake.responder = shop_responder
+    assert deliver(client, telegram_message(1, "bye")).status_code == 200
+    assert deliver(client, telegram_message(2, "hello")).status_code == 200
+    wait_until(lambda: outbox_empty(client) and len(texts(telegram)) == 2, what="both replies")
+    calls = len(fake.requests)
+    assert deliver(client, telegram_message(1, "bye")).status_code == 200  # the retry, late
+    assert deliver(client, telegram_message(3, "more")).status_code == 200
+    wait_until(lambda: outbox_empty(client) and len(texts(telegram)) >= 3, what="the reply to the next message")
+    assert texts(telegram) == ["Goodbye.", "You said hello.", "You said more."]
+    assert len(fake.requests) == calls + 1  # the retry asked the model nothing
+    said = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "user"]
+    assert said == ["hello", "more"]  # and the new session never read it

@@ -330,15 +330,20 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
     (`session_after`): every message that finds it ended, together or on another replica, goes
     to the same one. The store remembers the latest for the platform's conversation, only so as
     not to walk the chain each time: a note missing, or older than another replica's, is walked
-    forward to the same session."""
+    forward to the same session. The note names the ended session before the latest too, where
+    a retry of a message that ran there is replayed."""
     kind, store = channel.kind, registry.store
     inbound = await channel.named(channels.client(), inbound)
     key = f"channel:{bot}:{kind}:{inbound.conversation}"
     found = await store.get_record(key)
     session_id = str(found["session"]) if found else session_id_for(bot, kind, inbound.conversation)
+    if found and found.get("before") and await store.get_outcome(str(found["before"]), f"{kind}:{inbound.delivery}"):
+        # The platform's retry of the message that ran in the session before (its `end`, say),
+        # delivered after the next message moved on: replayed there, not run again here.
+        session_id = str(found["before"])
     while not await _run(registry, channels, channel, bot, session_id, inbound):
-        session_id = session_after(session_id)
-        await store.put_record(key, {"session": session_id})
+        ended, session_id = session_id, session_after(session_id)
+        await store.put_record(key, {"session": session_id, "before": ended})
     try:
         await channel.after(channels.client(), inbound)
     except ChatrunError as exc:  # a button's spinner left turning: nothing lost
