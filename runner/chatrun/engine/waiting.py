@@ -689,7 +689,7 @@ def resolve(calls: ToolCalls, item: PendingItem, outcome: str, **extra: Any) -> 
 async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) -> NextStep:
     c = calls.t.c
     item = takeover_item(c)
-    name = (c.principal or {}).get("name") or "operator"
+    name = _operator_name(c.principal)
     if item is None:  # an operator takes a conversation nobody handed over
         item = new_item(calls.t, TAKEOVER, None, ask=decision.note if isinstance(decision, TakeOver) and decision.note
                         else "An operator took over.", tell=calls.t.own_text("tell_takeover"), by=_stepping_in_roles(c),
@@ -707,6 +707,12 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
         await release(calls, item, decision.route)
         return await apply_all_held(calls)
     return NextStepFinalOutput()
+
+
+def _operator_name(principal: dict[str, Any] | None) -> str:
+    """The name the user reads an operator by, joining, speaking and leaving (`operator` when no
+    one is signed in: a server without --auth, a program)."""
+    return (principal or {}).get("name") or "operator"
 
 
 def _stepping_in_roles(c: Conversation) -> list[str]:
@@ -784,11 +790,10 @@ async def release(calls: ToolCalls, item: PendingItem, route: str | None) -> Non
     """The bot has the conversation back, with what was said in its memory; maybe on another route."""
     c = calls.t.c
     said = item.data.get("messages") or []
-    joined = (c.taken_over or {}).get("by") or {}
-    c.taken_over = None
+    taken, c.taken_over = c.taken_over, None
     resolve(calls, item, RELEASED)
-    if joined:  # the user read who joined: they read who left, in their language
-        name = joined.get("name") or calls.t.own_text("the_operator")
+    if taken is not None:  # the user read who joined (also no one signed in: auth off): they read who left
+        name = _operator_name(taken.get("by"))
         calls.t.emit(ev.MESSAGE, calls.t.own_text("operator_left", name=name),
                      meta={"from": "notice", "notice": "operator_left", "name": name}, audience=ev.USER)
     target = route or item.data.get("release_to")
