@@ -752,6 +752,25 @@ def test_with_no_one_signed_in_the_user_reads_the_operator_leave_as_they_read_th
     assert left == [("operator left the conversation",
                      {"from": "notice", "notice": "operator_left", "name": "operator"})]
 
+
+def test_a_file_the_user_sends_during_a_takeover_reaches_the_operators_and_then_the_bot(write_bot):
+    """The bot is silent while an operator has the conversation, but it loses nothing: the file
+    goes to the operators with the words, and the bot's memory holds it after the release."""
+    from chatrun.store.blobs import MemoryBlobs
+
+    bot = chatrun.load_bot(write_bot(DESK.replace("    tools: [refund,", "    attachments: {kinds: [image/*]}\n"
+                                                                            "    tools: [refund,", 1),
+                                     extra={"desk_tools.py": TOOLS}))
+    session = as_(bot.session(model=ScriptedModel([call("human")]), blobs=MemoryBlobs()), ALICE)
+    session.chat("I want a human")
+    as_(session, OPERATOR).chat(TakeOver())
+    photo = as_(session, ALICE).attach(b"\x89PNG receipt", "image/png", "receipt.png")
+    events = session.chat({"userMessage": "Here is my receipt", "attachments": [photo.to_dict()]})
+    assert of(events, "UserMessage", "operators") == [
+        {"text": "Here is my receipt", "data": {}, "attachments": [photo.to_dict()]}]
+    as_(session, OPERATOR).chat(Release())
+    assert UserMessage("Here is my receipt", (photo,)) in session.memory(route="menu")
+
 REQUEST = """
 import sys, chatrun
 from chatrun import SQLiteStore, ScriptedModel

@@ -86,7 +86,14 @@ from chatrun.errors import (
     UnknownRouteError,
 )
 from chatrun.memory import ChatMemory, SummaryMemory
-from chatrun.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
+from chatrun.messages import (
+    AssistantMessage,
+    Attachment,
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 
 if TYPE_CHECKING:
     from chatrun.engine.tools import Toolbox
@@ -355,8 +362,12 @@ def to_operators(calls: ToolCalls) -> NextStep:
     """During a takeover the bot is silent: the message goes to the operators and is kept."""
     item = takeover_item(calls.t.c)
     assert item is not None
-    data = {"text": calls.t.user_message, "data": {k: v for k, v in calls.t.data.items() if k != "userMessage"}}
-    item.data.setdefault("messages", []).append({"from": "user", "text": _said(calls)})
+    data: dict[str, Any] = {"text": calls.t.user_message,
+                            "data": {k: v for k, v in calls.t.data.items() if k != "userMessage"}}
+    line: dict[str, Any] = {"from": "user", "text": _said(calls)}
+    if calls.t.attachments:  # the files too: the operators see them, and the bot reads them after the release
+        data["attachments"] = line["attachments"] = [a.to_dict() for a in calls.t.attachments]
+    item.data.setdefault("messages", []).append(line)
     calls.t.emit(ev.USER_MESSAGE, data, audience=ev.OPERATORS)
     return NextStepFinalOutput()
 
@@ -812,7 +823,8 @@ async def release(calls: ToolCalls, item: PendingItem, route: str | None) -> Non
             memory.add(AssistantMessage(await _summary(calls, scope.route, memory, said)))
     else:
         for line in said:
-            memory.add(UserMessage(line["text"]) if line["from"] == "user"
+            memory.add(UserMessage(line["text"], tuple(map(Attachment.from_dict, line.get("attachments") or ())))
+                       if line["from"] == "user"
                        else AssistantMessage(f"[operator {line.get('name') or ''}] {line['text']}".replace("  ", " ")))
 
 
@@ -855,4 +867,5 @@ def _digest(said: list[dict[str, Any]]) -> str:
 def _talk_line(line: dict[str, Any], limit: int) -> str:
     who = "user" if line["from"] == "user" else f"operator {line.get('name') or ''}".strip()
     text = re.sub(r"\s+", " ", str(line.get("text") or "")).strip()
-    return f"{who}: {text if len(text) <= limit else text[:limit - 1] + '…'}"
+    files = "".join(" " + Attachment.from_dict(a).description() for a in line.get("attachments") or ())
+    return f"{who}: {text if len(text) <= limit else text[:limit - 1] + '…'}{files}"
