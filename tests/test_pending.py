@@ -771,6 +771,21 @@ def test_a_file_the_user_sends_during_a_takeover_reaches_the_operators_and_then_
     as_(session, OPERATOR).chat(Release())
     assert UserMessage("Here is my receipt", (photo,)) in session.memory(route="menu")
 
+
+@pytest.mark.parametrize("made", ["2026-10-25T00:45:00+00:00", "2026-10-25T01:15:00+00:00"])
+def test_a_timeout_is_time_that_passes_also_when_the_bots_clocks_go_back(write_bot, made):
+    """A bot in Berlin, the night summer time ends (01:00 UTC: 03:00 CEST is 02:00 CET again): a
+    30-minute timeout is due 30 minutes after the item was made, not an hour later or before it."""
+    bot = chatrun.load_bot(write_bot(DESK.replace("name: desk\n", "name: desk\ntimezone: Europe/Berlin\n", 1),
+                                     extra={"desk_tools.py": TOOLS}))
+    session = as_(bot.session(model=ScriptedModel([call("refund", order="A1", amount=120)])), ALICE)
+    session.clock = FixedClock(datetime.fromisoformat(made))
+    session.chat("Refund my order A1")
+    [item] = session.pending
+    assert datetime.fromisoformat(item.due) - datetime.fromisoformat(made) == timedelta(minutes=30)
+    assert of(session.chat(Expire()), "Resolved") == []  # nothing is due yet: the item waits
+    assert [i.id for i in session.pending] == ["p1"]
+
 REQUEST = """
 import sys, chatrun
 from chatrun import SQLiteStore, ScriptedModel

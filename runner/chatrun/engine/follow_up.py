@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
-from chatrun.engine.pending import format_time, parse_time
+from chatrun.engine.pending import format_time, parse_time, time_after
 from chatrun.messages import AssistantMessage
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def armed(c: Conversation, expired: bool) -> dict[str, Any] | None:
     if config is None or c.ended or c.taken_over:
         return None
     since = c.now()
-    return {"due": format_time(since + timedelta(seconds=config.after)), "route": c.scope.route,
+    return {"due": time_after(since, timedelta(seconds=config.after)), "route": c.scope.route,
             "since": format_time(since)}
 
 
