@@ -64,7 +64,7 @@ class FixedClock:
     def advance(self, by: timedelta | None = None) -> None:
         step = self.step if by is None else by
         try:
-            self.at = self.at + step
+            self.at = later(self.at, step)
         except OverflowError:  # a datetime ends with the year 9999
             raise ValueError(f"the clock cannot move {step} on from {self.at.isoformat()}: past the year 9999") from None
 
@@ -94,6 +94,13 @@ class FileClock:
     def timestamp(self) -> float:
         """The instant as epoch seconds (the sweeper's clock)."""
         return self.now().timestamp()
+
+
+def later(moment: datetime, wait: timedelta) -> datetime:
+    """The instant a `wait` after `moment`, in its zone: time that passes, added in UTC. An aware
+    time of a zone adds on its wall clock, so the night its clocks go back, 30 minutes on would be
+    an hour and a half on, or half an hour back (the hour 02:00-03:00 comes twice)."""
+    return (moment.astimezone(UTC) + wait).astimezone(moment.tzinfo)
 
 
 def parse_instant(text: str, zone: tzinfo | None = None) -> datetime:
