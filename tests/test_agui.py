@@ -125,6 +125,7 @@ def test_an_operators_words_and_notices_reach_the_agui_user_at_the_next_run(clie
     assert any(e.name == "operator" for e in starts)  # named after the operator (auth off: `operator`)
     assert text_of(during).endswith("Your message was passed on to the operator; their answer will appear here.")
     assert len(fake.requests) == 1  # the bot stayed silent
+    assert text_of(run(client, "r2", "are you a person?")) == text_of(during)  # sent again: told again
     assert client.post(f"{session}/release", json={}).status_code == 200
     after = run(client, "r3", "thanks")
     assert "left the conversation" in text_of(after) and "Hi, I am Olga." not in text_of(after)

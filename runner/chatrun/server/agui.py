@@ -131,15 +131,17 @@ async def _run(registry: SessionRegistry, bot: str, who: Principal | None, run: 
             turn = registry.turn(session, message, f"agui:{run.run_id}")
             events = _Translator(encode, emit)
             replay = await turn.is_replay()
-            if not replay:
-                for event in await _unseen(registry, session):
-                    events.add(event)
+            unseen, keep = await _unseen(registry, session, run.run_id, replay)
+            for event in unseen:
+                events.add(event)
             said = events.said
             async for event in turn:
                 events.add(event)
             events.close()
-            await registry.store.put_record(_seen_key(session), {"turn": session.turn_count}, session=session.id)
-            if turn.entry.get("ok") and not replay and events.said == said and operator_text(session):
+            if keep is not None:
+                await registry.store.put_record(_seen_key(session), keep | {"turn": session.turn_count},
+                                                session=session.id)
+            if turn.entry.get("ok") and events.said == said and operator_text(session):
                 # The bot is silent during a takeover: the user learns where the message went (as on /v1).
                 events.add(ev.Event(ev.MESSAGE, operator_text(session), session.turn_count, {"from": "chatrun"}))
                 events.close()
@@ -159,15 +161,23 @@ def _seen_key(session: Any) -> str:
     return f"agui:{session.bot.name}:{session.id}"
 
 
-async def _unseen(registry: SessionRegistry, session: Any) -> list[Event]:
+async def _unseen(registry: SessionRegistry, session: Any, run_id: str,
+                  replay: bool) -> tuple[list[Event], dict[str, Any] | None]:
     """What others said to the user since the thread's last run (an operator joining, their words,
     their leaving; a decision's reply): AG-UI has no push, so it comes first in the next run, as
-    on /v1 (openai_sessions). All since the user's last turn when no run was made here yet."""
-    seen = await registry.store.get_record(_seen_key(session))
-    last = int((seen or {}).get("turn") or 0)
+    on /v1 (openai_sessions); all since the user's last turn when no run was made here yet. A run
+    sent again tells it again (its first stream may have been lost). With it, what to keep of
+    this run (None: a replay keeps what its first attempt kept)."""
+    seen = await registry.store.get_record(_seen_key(session)) or {}
+    last = int(seen.get("turn") or 0)
+    if replay:  # what the first attempt told before its turn (the turns between `since` and its own)
+        if seen.get("run") != run_id:
+            return [], None
+        before = [e for e in await registry.history(session) if int(e.get("turn") or 0) < last]
+        return caught_up_events(trailing_others_turns(before, int(seen.get("since") or 0))), None
     if session.turn_count <= last:
-        return []  # nothing since: no history to read
-    return caught_up_events(trailing_others_turns(await registry.history(session), last))
+        return [], {"since": last, "run": run_id}  # nothing since: no history to read
+    return caught_up_events(trailing_others_turns(await registry.history(session), last)), {"since": last, "run": run_id}
 
 
 class _Translator:
