@@ -151,6 +151,13 @@ def test_a_pinned_clock_in_a_zone_moves_by_the_time_that_passes_when_the_zone_go
     clock.advance(timedelta(minutes=30))
     assert clock.now().astimezone(UTC) == datetime(2026, 10, 25, 1, 45, tzinfo=UTC)
 
+
+def test_add_hours_is_time_that_passes_the_night_the_clocks_go_back(write_bot):
+    # 02:45 CEST in Paris, 15 minutes before 03:00 CEST becomes 02:00 CET: three hours on is 04:45 CET
+    # (03:45 UTC), not the wall clock's 05:45 CET, four hours on.
+    _, results, _ = turn(write_bot, at("2026-10-25T00:45:00+00:00"), call("stamp"))
+    assert results == ["2026-10-25T02:45:00+02:00 / 2026-10-25T04:45:00+01:00 / 2026-11-25T10:00:00+01:00"]
+
 def test_durations_and_instants():
     assert parse_duration("5m") == timedelta(minutes=5)
     assert parse_duration("1d2h") == timedelta(days=1, hours=2)

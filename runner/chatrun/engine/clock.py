@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from functools import partial
 from typing import Protocol
 
-from chatrun.definition.templates import zone_named
+from chatrun.definition.templates import later, zone_named
 from chatrun.errors import TurnFailed
 
 _DURATION_PART = re.compile(r"(\d+)\s*(d|h|m|s)")
@@ -94,13 +94,6 @@ class FileClock:
     def timestamp(self) -> float:
         """The instant as epoch seconds (the sweeper's clock)."""
         return self.now().timestamp()
-
-
-def later(moment: datetime, wait: timedelta) -> datetime:
-    """The instant a `wait` after `moment`, in its zone: time that passes, added in UTC. An aware
-    time of a zone adds on its wall clock, so the night its clocks go back, 30 minutes on would be
-    an hour and a half on, or half an hour back (the hour 02:00-03:00 comes twice)."""
-    return (moment.astimezone(UTC) + wait).astimezone(moment.tzinfo)
 
 
 def parse_instant(text: str, zone: tzinfo | None = None) -> datetime:

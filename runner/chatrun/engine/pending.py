@@ -18,7 +18,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chatrun import events as ev
-from chatrun.engine.clock import later, parse_duration
+from chatrun.definition.templates import later
+from chatrun.engine.clock import parse_duration
 
 PENDING_KEY = "pending"  # the snapshot's list of open items (plain dicts)
 PENDING_COUNTER_KEY = "pending_next"  # the snapshot's next item number
@@ -231,7 +232,7 @@ def due_after(now: datetime, timeout: str | None) -> str | None:
 
 
 def time_after(moment: datetime, wait: timedelta) -> str:
-    """The stored time (format_time) a `wait` after `moment`: time that passes (clock.later), not
+    """The stored time (format_time) a `wait` after `moment`: time that passes (templates.later), not
     the wall clock's, which the night clocks go back would end a 30-minute wait an hour late, or
     before it began (the sweeper would resolve the item at once)."""
     return format_time(later(moment, wait))
