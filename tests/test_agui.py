@@ -127,3 +127,23 @@ def test_a_last_user_message_that_says_nothing_is_a_422_and_no_earlier_one_runs_
         assert refused.json() == {"error": "EmptyMessage", "message": "the last user message of messages is empty "
                                   "(no text and no attachment): send the user's text; no turn ran"}
     assert len(fake.requests) == 1
+
+
+def test_an_operators_words_and_notices_reach_the_agui_user_at_the_next_run(client, fake):
+    """AG-UI has no push: what others said to the user between two runs (an operator joining,
+    their words, their leaving) comes first in the user's next run, as on /v1, once."""
+    run(client, "r1", "hello")
+    session = "/bots/shop/sessions/thread-1"
+    assert client.post(f"{session}/takeover", json={}).status_code == 200
+    assert client.post(f"{session}/operator/messages", json={"text": "Hi, I am Olga."}).status_code == 200
+    during = run(client, "r2", "are you a person?")
+    starts = [e for e in during if e.type == core.EventType.TEXT_MESSAGE_START]
+    assert "Hi, I am Olga." in text_of(during), [e.type.value for e in during]
+    assert any(e.name == "operator" for e in starts)  # named after the operator (auth off: `operator`)
+    assert text_of(during).endswith("Your message was passed on to the operator; their answer will appear here.")
+    assert len(fake.requests) == 1  # the bot stayed silent
+    assert text_of(run(client, "r2", "are you a person?")) == text_of(during)  # sent again: told again
+    assert client.post(f"{session}/release", json={}).status_code == 200
+    after = run(client, "r3", "thanks")
+    assert "left the conversation" in text_of(after) and "Hi, I am Olga." not in text_of(after)
+    assert text_of(after).endswith("You said thanks (turn 3).")

@@ -136,6 +136,28 @@ def test_the_system_clock_is_the_default_and_a_fixed_clock_moves_only_when_told(
         chatrun.FixedClock(datetime(2026, 11, 25, 9))
 
 
+
+def test_a_pinned_clock_in_a_zone_moves_by_the_time_that_passes_when_the_zone_goes_back():
+    """`/clock +30m`, a transcript's step: 30 minutes on from 02:45 CEST, the night Berlin's clocks
+    go back at 03:00, is 02:15 CET (00:45 to 01:15 UTC), not 03:15 CET an hour and a half on."""
+    from zoneinfo import ZoneInfo
+
+    clock = chatrun.FixedClock(parse_instant("2026-10-25T02:45", ZoneInfo("Europe/Berlin")))
+    clock.advance(timedelta(minutes=30))
+    # (compared in UTC: Python never finds a time of the repeated hour's second pass, fold=1, equal
+    # to one of another zone)
+    assert clock.now().astimezone(UTC) == datetime(2026, 10, 25, 1, 15, tzinfo=UTC)
+    assert clock.now().utcoffset() == timedelta(hours=1)  # still in the bot's zone
+    clock.advance(timedelta(minutes=30))
+    assert clock.now().astimezone(UTC) == datetime(2026, 10, 25, 1, 45, tzinfo=UTC)
+
+
+def test_add_hours_is_time_that_passes_the_night_the_clocks_go_back(write_bot):
+    # 02:45 CEST in Paris, 15 minutes before 03:00 CEST becomes 02:00 CET: three hours on is 04:45 CET
+    # (03:45 UTC), not the wall clock's 05:45 CET, four hours on.
+    _, results, _ = turn(write_bot, at("2026-10-25T00:45:00+00:00"), call("stamp"))
+    assert results == ["2026-10-25T02:45:00+02:00 / 2026-10-25T04:45:00+01:00 / 2026-11-25T10:00:00+01:00"]
+
 def test_durations_and_instants():
     assert parse_duration("5m") == timedelta(minutes=5)
     assert parse_duration("1d2h") == timedelta(days=1, hours=2)

@@ -207,3 +207,16 @@ def test_an_operator_in_the_conversation_disarms_it_and_the_release_arms_it(bot)
     assert session.next_due is None and at(session, hours=5).chat(Expire()) == []
     at(session, hours=6).chat(Release())
     assert session.route == "wizard" and session.next_due == (START + timedelta(hours=8)).isoformat()
+
+
+def test_a_conversation_handed_to_the_operators_gets_no_follow_up_while_it_waits(write_bot):
+    """The bot handed the conversation over (an `operator:` action); nobody has taken it yet. The
+    bot is silent meanwhile, as when an operator has it: no follow-up nudges the waiting user."""
+    bot = load(write_bot, BOOKING.replace("    tools: [done]\n", "    tools: [done, human]\n", 1)
+               + "  human:\n    description: Hand over\n    action: {operator: {text: A colleague comes.}}\n")
+    session, model = in_wizard(bot)
+    model.add(call("human"))
+    at(session, minutes=5).chat("a person please")
+    assert [i.kind for i in session.pending] == ["takeover"] and session.taken_over is None
+    assert session.next_due is None
+    assert messages(at(session, hours=5).chat(Expire())) == []

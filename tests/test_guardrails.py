@@ -432,3 +432,28 @@ def test_a_handlers_exception_text_is_redacted_in_the_error_the_history_and_the_
     for seen in (json.dumps(body), caplog.text):
         assert not card_leaked(seen) and "ann@example.com" not in seen
     assert "no account for [email], card [card]" in caplog.text
+
+
+def test_what_is_said_during_a_takeover_is_stored_redacted(write_bot, tmp_path):
+    """A `storage` guard keeps a card number out of the store also while an operator has the
+    conversation: the talk the bot gets on release waits in the session's record meanwhile."""
+    bot = chatrun.load_bot(write_bot(
+        "name: desk\nmodel: {provider: scripted}\n"
+        "guardrails:\n  - {name: cards, pii: [card], stages: [storage], outcome: redact}\n"
+        "routes:\n  main: {default: true, system: You help.}\n"))
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    model = ScriptedModel([{"text": "Hello."}, {"text": "Welcome back."}])
+    s = bot.session(store=store, model=model)
+    s.chat("hi")
+    s.chat(chatrun.TakeOver())
+    s.chat(f"my card is {CARD}")
+    s.chat(chatrun.OperatorSay("I see the card 5555 5555 5555 4444 on file."))
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*"))  # while the operator has it
+    assert not card_leaked(stored) and b"5555 5555" not in stored and b"[card]" in stored
+    s.chat(chatrun.Release())
+    s.chat("thanks")
+    store.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*"))
+    assert not card_leaked(stored) and b"5555 5555" not in stored
+    sent = json.dumps([m.to_dict() for m in model.requests[-1].messages])
+    assert "my card is [card]" in sent and not card_leaked(sent)

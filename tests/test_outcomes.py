@@ -5,6 +5,7 @@ backend event; `silent_for` outcomes are tried by Expire (the sweeper's) once du
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 
@@ -353,3 +354,23 @@ def test_an_operator_taking_over_is_an_outcome_when_the_bot_says_so(write_bot):
     session = session_with(bot, ["Hi."])
     session.chat("hi")
     assert [o["name"] for o in outcome_events(session.chat(TakeOver()))] == ["escalated"]
+
+
+@pytest.mark.subprocess  # its own redis-server, with a password
+def test_the_report_names_its_store_without_the_password(tmp_path):
+    """The report is a file to share: the store's URL it names has no password in it."""
+    from redis_support import REDIS_SERVER, RedisServer
+
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip("redis-server is not installed")
+    locked = RedisServer("--requirepass", "s3cret-pw").start()
+    try:
+        out = tmp_path / "report.html"
+        result = CliRunner().invoke(report, ["--store", f"redis://:s3cret-pw@127.0.0.1:{locked.port}/0",
+                                             "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        page = out.read_text()
+        assert "s3cret-pw" not in page and "s3cret-pw" not in result.output
+        assert f"redis://:***@127.0.0.1:{locked.port}/0" in page
+    finally:
+        locked.stop()

@@ -739,6 +739,53 @@ def test_an_operator_takes_a_conversation_nobody_handed_over(desk):
     assert session.route == "menu" and session.pending == [] and session.taken_over is None
 
 
+
+def test_with_no_one_signed_in_the_user_reads_the_operator_leave_as_they_read_them_join(desk):
+    """Auth off (or a program): the takeover has no principal; the user read "operator joined",
+    so they read "operator left" too, not an operator silently gone."""
+    session = start(desk, ScriptedModel(["Hello."]), principal=None)
+    session.chat("Hi")
+    joined = [(e.data, e.meta) for e in session.chat(TakeOver()) if e.type == "Message"]
+    assert joined == [("operator joined the conversation",
+                       {"from": "notice", "notice": "operator_joined", "name": "operator"})]
+    left = [(e.data, e.meta) for e in session.chat(Release()) if e.type == "Message"]
+    assert left == [("operator left the conversation",
+                     {"from": "notice", "notice": "operator_left", "name": "operator"})]
+
+
+def test_a_file_the_user_sends_during_a_takeover_reaches_the_operators_and_then_the_bot(write_bot):
+    """The bot is silent while an operator has the conversation, but it loses nothing: the file
+    goes to the operators with the words, and the bot's memory holds it after the release."""
+    from chatrun.store.blobs import MemoryBlobs
+
+    bot = chatrun.load_bot(write_bot(DESK.replace("    tools: [refund,", "    attachments: {kinds: [image/*]}\n"
+                                                                            "    tools: [refund,", 1),
+                                     extra={"desk_tools.py": TOOLS}))
+    session = as_(bot.session(model=ScriptedModel([call("human")]), blobs=MemoryBlobs()), ALICE)
+    session.chat("I want a human")
+    as_(session, OPERATOR).chat(TakeOver())
+    photo = as_(session, ALICE).attach(b"\x89PNG receipt", "image/png", "receipt.png")
+    events = session.chat({"userMessage": "Here is my receipt", "attachments": [photo.to_dict()]})
+    assert of(events, "UserMessage", "operators") == [
+        {"text": "Here is my receipt", "data": {}, "attachments": [photo.to_dict()]}]
+    as_(session, OPERATOR).chat(Release())
+    assert UserMessage("Here is my receipt", (photo,)) in session.memory(route="menu")
+
+
+@pytest.mark.parametrize("made", ["2026-10-25T00:45:00+00:00", "2026-10-25T01:15:00+00:00"])
+def test_a_timeout_is_time_that_passes_also_when_the_bots_clocks_go_back(write_bot, made):
+    """A bot in Berlin, the night summer time ends (01:00 UTC: 03:00 CEST is 02:00 CET again): a
+    30-minute timeout is due 30 minutes after the item was made, not an hour later or before it."""
+    bot = chatrun.load_bot(write_bot(DESK.replace("name: desk\n", "name: desk\ntimezone: Europe/Berlin\n", 1),
+                                     extra={"desk_tools.py": TOOLS}))
+    session = as_(bot.session(model=ScriptedModel([call("refund", order="A1", amount=120)])), ALICE)
+    session.clock = FixedClock(datetime.fromisoformat(made))
+    session.chat("Refund my order A1")
+    [item] = session.pending
+    assert datetime.fromisoformat(item.due) - datetime.fromisoformat(made) == timedelta(minutes=30)
+    assert of(session.chat(Expire()), "Resolved") == []  # nothing is due yet: the item waits
+    assert [i.id for i in session.pending] == ["p1"]
+
 REQUEST = """
 import sys, chatrun
 from chatrun import SQLiteStore, ScriptedModel

@@ -71,5 +71,6 @@ async def _write(store_url: str, since: float | None, since_text: str | None, me
         found = figures(await read_conversations(store, since))
     finally:
         await store.close()
-    out.write_text(report_html(found, meanings, store_url, since_text), encoding="utf-8")
+    # The store as it names itself (`AsyncStore.url`: without a password): the report is a file to share.
+    out.write_text(report_html(found, meanings, store.url, since_text), encoding="utf-8")
     return found.total.conversations

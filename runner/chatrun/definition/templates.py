@@ -131,7 +131,15 @@ def _add_hours(context: Context, value: Any, hours: int | float) -> datetime:
     moment = _moment(context, value)
     if not isinstance(moment, datetime):
         moment = _as_datetime(context, moment)
-    return moment + timedelta(hours=hours)
+    return later(moment, timedelta(hours=hours)) if moment.tzinfo is not None else moment + timedelta(hours=hours)
+
+
+def later(moment: datetime, wait: timedelta) -> datetime:
+    """The instant a `wait` after an aware `moment`, in its zone: time that passes, added in UTC
+    (the one rule of it: timeouts, follow-ups, a pinned clock's steps, `add_hours`). An aware time of
+    a zone adds on its wall clock, so the night its clocks go back, 30 minutes on would be an hour
+    and a half on, or half an hour back (the hour 02:00-03:00 comes twice)."""
+    return (moment.astimezone(UTC) + wait).astimezone(moment.tzinfo)
 
 
 def _moment(context: Context, value: Any) -> date | datetime:

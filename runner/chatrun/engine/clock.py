@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from functools import partial
 from typing import Protocol
 
-from chatrun.definition.templates import zone_named
+from chatrun.definition.templates import later, zone_named
 from chatrun.errors import TurnFailed
 
 _DURATION_PART = re.compile(r"(\d+)\s*(d|h|m|s)")
@@ -64,7 +64,7 @@ class FixedClock:
     def advance(self, by: timedelta | None = None) -> None:
         step = self.step if by is None else by
         try:
-            self.at = self.at + step
+            self.at = later(self.at, step)
         except OverflowError:  # a datetime ends with the year 9999
             raise ValueError(f"the clock cannot move {step} on from {self.at.isoformat()}: past the year 9999") from None
 

@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
-from chatrun.engine.pending import format_time, parse_time
+from chatrun.engine.pending import TAKEOVER, format_time, parse_time, time_after
 from chatrun.messages import AssistantMessage
 
 if TYPE_CHECKING:
@@ -49,18 +49,24 @@ def armed(c: Conversation, expired: bool) -> dict[str, Any] | None:
     while the conversation stays on its route; every other turn arms the current route's anew."""
     if expired:
         kept = c.follow_up
-        return kept if kept is not None and kept.get("route") == c.scope.route and not c.taken_over else None
+        return kept if kept is not None and kept.get("route") == c.scope.route and not _with_operators(c) else None
     config = _config(c, c.scope.route)
-    if config is None or c.ended or c.taken_over:
+    if config is None or c.ended or _with_operators(c):
         return None
     since = c.now()
-    return {"due": format_time(since + timedelta(seconds=config.after)), "route": c.scope.route,
+    return {"due": time_after(since, timedelta(seconds=config.after)), "route": c.scope.route,
             "since": format_time(since)}
 
 
 def is_due(c: Conversation, now: datetime) -> bool:
     due = (c.follow_up or {}).get("due")
     return isinstance(due, str) and parse_time(due) <= now
+
+
+def _with_operators(c: Conversation) -> bool:
+    """Whether the conversation is the operators': handed over (waiting for one) or taken. The bot
+    is silent then (docs/format.md, "During a takeover (handed over or taken)")."""
+    return c.taken_over is not None or any(item.kind == TAKEOVER for item in c.pending)
 
 
 def fire(t: TurnContext, now: datetime) -> None:
@@ -72,8 +78,8 @@ def fire(t: TurnContext, now: datetime) -> None:
     if armed_now is None or not is_due(c, now):
         return
     c.follow_up = None  # once: whatever happens below, this silence has had its follow-up
-    if c.taken_over:
-        return  # the operators have the conversation: the bot says nothing (the release arms it again)
+    if _with_operators(c):
+        return  # the operators have the conversation, or it waits for them: the bot says nothing (the release arms it again)
     route = str(armed_now.get("route"))
     config = _config(c, route)
     if config is None or route != c.scope.route:

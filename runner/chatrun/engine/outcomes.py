@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
 from chatrun.definition.templates import holds
-from chatrun.engine.pending import format_time, parse_time
+from chatrun.engine.pending import format_time, parse_time, time_after
 
 if TYPE_CHECKING:
     from chatrun.definition.config import OutcomeConfig
@@ -92,5 +92,5 @@ def _armed(outcomes: list[OutcomeConfig], since: datetime, silence: float) -> di
     ahead = [o.silent_for for o in outcomes if o.silent_for is not None and o.silent_for > silence]
     if not ahead:
         return None
-    return {"due": format_time(since + timedelta(seconds=min(ahead))), "since": format_time(since)}
+    return {"due": time_after(since, timedelta(seconds=min(ahead))), "since": format_time(since)}
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chatrun import events as ev
+from chatrun.definition.templates import later
 from chatrun.engine.clock import parse_duration
 
 PENDING_KEY = "pending"  # the snapshot's list of open items (plain dicts)
@@ -225,9 +226,16 @@ def due_after(now: datetime, timeout: str | None) -> str | None:
     if not timeout:
         return None
     try:
-        return format_time(now + parse_duration(timeout))
+        return time_after(now, parse_duration(timeout))
     except (OverflowError, ValueError):  # ValueError: a timedelta too long for a clock (engine/clock.py)
         return None
+
+
+def time_after(moment: datetime, wait: timedelta) -> str:
+    """The stored time (format_time) a `wait` after `moment`: time that passes (templates.later), not
+    the wall clock's, which the night clocks go back would end a 30-minute wait an hour late, or
+    before it began (the sweeper would resolve the item at once)."""
+    return format_time(later(moment, wait))
 
 
 def format_time(moment: datetime) -> str:

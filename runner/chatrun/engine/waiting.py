@@ -38,6 +38,7 @@ from chatrun.engine import follow_up, tracing
 from chatrun.engine.call import ToolCalls
 from chatrun.engine.context import storable
 from chatrun.engine.conversation import Conversation
+from chatrun.engine.guardrails import bot_storage_guards, storage_redactor
 from chatrun.engine.pausing import new_item, takeover_data
 from chatrun.engine.pending import (
     ANSWERED,
@@ -86,7 +87,14 @@ from chatrun.errors import (
     UnknownRouteError,
 )
 from chatrun.memory import ChatMemory, SummaryMemory
-from chatrun.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
+from chatrun.messages import (
+    AssistantMessage,
+    Attachment,
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 
 if TYPE_CHECKING:
     from chatrun.engine.tools import Toolbox
@@ -355,8 +363,12 @@ def to_operators(calls: ToolCalls) -> NextStep:
     """During a takeover the bot is silent: the message goes to the operators and is kept."""
     item = takeover_item(calls.t.c)
     assert item is not None
-    data = {"text": calls.t.user_message, "data": {k: v for k, v in calls.t.data.items() if k != "userMessage"}}
-    item.data.setdefault("messages", []).append({"from": "user", "text": _said(calls)})
+    data: dict[str, Any] = {"text": calls.t.user_message,
+                            "data": {k: v for k, v in calls.t.data.items() if k != "userMessage"}}
+    line: dict[str, Any] = {"from": "user", "text": _kept(calls, _said(calls))}
+    if calls.t.attachments:  # the files too: the operators see them, and the bot reads them after the release
+        data["attachments"] = line["attachments"] = [a.to_dict() for a in calls.t.attachments]
+    item.data.setdefault("messages", []).append(line)
     calls.t.emit(ev.USER_MESSAGE, data, audience=ev.OPERATORS)
     return NextStepFinalOutput()
 
@@ -689,7 +701,7 @@ def resolve(calls: ToolCalls, item: PendingItem, outcome: str, **extra: Any) -> 
 async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) -> NextStep:
     c = calls.t.c
     item = takeover_item(c)
-    name = (c.principal or {}).get("name") or "operator"
+    name = _operator_name(c.principal)
     if item is None:  # an operator takes a conversation nobody handed over
         item = new_item(calls.t, TAKEOVER, None, ask=decision.note if isinstance(decision, TakeOver) and decision.note
                         else "An operator took over.", tell=calls.t.own_text("tell_takeover"), by=_stepping_in_roles(c),
@@ -701,12 +713,29 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
         calls.t.emit(ev.MESSAGE, calls.t.own_text("operator_joined", name=name),
                      meta={"from": "notice", "notice": "operator_joined", "name": name}, audience=ev.USER)
     if isinstance(decision, OperatorSay):
-        item.data.setdefault("messages", []).append({"from": "operator", "name": name, "text": decision.text})
+        item.data.setdefault("messages", []).append({"from": "operator", "name": name,
+                                                     "text": _kept(calls, decision.text)})
         calls.t.emit(ev.MESSAGE, decision.text, meta={"from": "operator", "name": name})
     elif isinstance(decision, Release):
         await release(calls, item, decision.route)
         return await apply_all_held(calls)
     return NextStepFinalOutput()
+
+
+def _operator_name(principal: dict[str, Any] | None) -> str:
+    """The name the user reads an operator by, joining, speaking and leaving (`operator` when no
+    one is signed in: a server without --auth, a program)."""
+    return (principal or {}).get("name") or "operator"
+
+
+def _kept(calls: ToolCalls, text: str) -> str:
+    """A line of the talk as the takeover keeps it for the bot: with the `storage` guardrails
+    applied, as a memory is (the talk waits in the session's record, which the store keeps, until
+    the release puts it into a memory; the model then reads what any replica would)."""
+    if not calls.t.config.guarded:
+        return text
+    guards = bot_storage_guards(calls.t.config, [calls.t.c.scope.route])
+    return storage_redactor(guards)(text) if guards else text
 
 
 def _stepping_in_roles(c: Conversation) -> list[str]:
@@ -784,11 +813,10 @@ async def release(calls: ToolCalls, item: PendingItem, route: str | None) -> Non
     """The bot has the conversation back, with what was said in its memory; maybe on another route."""
     c = calls.t.c
     said = item.data.get("messages") or []
-    joined = (c.taken_over or {}).get("by") or {}
-    c.taken_over = None
+    taken, c.taken_over = c.taken_over, None
     resolve(calls, item, RELEASED)
-    if joined:  # the user read who joined: they read who left, in their language
-        name = joined.get("name") or calls.t.own_text("the_operator")
+    if taken is not None:  # the user read who joined (also no one signed in: auth off): they read who left
+        name = _operator_name(taken.get("by"))
         calls.t.emit(ev.MESSAGE, calls.t.own_text("operator_left", name=name),
                      meta={"from": "notice", "notice": "operator_left", "name": name}, audience=ev.USER)
     target = route or item.data.get("release_to")
@@ -807,7 +835,8 @@ async def release(calls: ToolCalls, item: PendingItem, route: str | None) -> Non
             memory.add(AssistantMessage(await _summary(calls, scope.route, memory, said)))
     else:
         for line in said:
-            memory.add(UserMessage(line["text"]) if line["from"] == "user"
+            memory.add(UserMessage(line["text"], tuple(map(Attachment.from_dict, line.get("attachments") or ())))
+                       if line["from"] == "user"
                        else AssistantMessage(f"[operator {line.get('name') or ''}] {line['text']}".replace("  ", " ")))
 
 
@@ -850,4 +879,5 @@ def _digest(said: list[dict[str, Any]]) -> str:
 def _talk_line(line: dict[str, Any], limit: int) -> str:
     who = "user" if line["from"] == "user" else f"operator {line.get('name') or ''}".strip()
     text = re.sub(r"\s+", " ", str(line.get("text") or "")).strip()
-    return f"{who}: {text if len(text) <= limit else text[:limit - 1] + '…'}"
+    files = "".join(" " + Attachment.from_dict(a).description() for a in line.get("attachments") or ())
+    return f"{who}: {text if len(text) <= limit else text[:limit - 1] + '…'}{files}"

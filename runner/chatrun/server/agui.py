@@ -15,6 +15,8 @@ Server-Sent Events (docs/agui.md).
   a widget in their place in the conversation); what has no AG-UI event of its own (choices, a route change, a
   structured object) is a CUSTOM event named `chatrun.<EventType>`. A turn that failed (and
   was rolled back) ends with RUN_ERROR.
+- AG-UI has no push: what others said to the user since the thread's last run (an operator's
+  words, a decision's reply) comes first in the next run, once, as on /v1.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from chatrun import events as ev
 from chatrun.engine.pending import Answer, Reject
 from chatrun.server import wire
 from chatrun.server.auth import Principal
+from chatrun.server.openai_sessions import trailing_others_turns
+from chatrun.server.openai_turn import caught_up_events, operator_text
 from chatrun.server.pending_api import decision_of
 from chatrun.server.plumbing import (
     KEEPALIVE,
@@ -127,9 +131,21 @@ async def _run(registry: SessionRegistry, bot: str, who: Principal | None, run: 
         async with registry.session(bot, run.thread_id, who, OPEN) as session:
             turn = registry.turn(session, message, f"agui:{run.run_id}")
             events = _Translator(encode, emit)
+            replay = await turn.is_replay()
+            unseen, keep = await _unseen(registry, session, run.run_id, replay)
+            for event in unseen:
+                events.add(event)
+            said = events.said
             async for event in turn:
                 events.add(event)
             events.close()
+            if keep is not None:
+                await registry.store.put_record(_seen_key(session), keep | {"turn": session.turn_count},
+                                                session=session.id)
+            if turn.entry.get("ok") and events.said == said and operator_text(session):
+                # The bot is silent during a takeover: the user learns where the message went (as on /v1).
+                events.add(ev.Event(ev.MESSAGE, operator_text(session), session.turn_count, {"from": "chatrun"}))
+                events.close()
             if not turn.entry.get("ok"):
                 emit(encode(RunErrorEvent(message=events.failure or ev.TURN_FAILED_TEXT, code="TurnFailed")))
                 return
@@ -139,6 +155,30 @@ async def _run(registry: SessionRegistry, bot: str, who: Principal | None, run: 
     except Exception as exc:  # a bug: the client still learns the run ended
         log.exception("AG-UI run %s of thread %s failed", run.run_id, run.thread_id)
         emit(encode(RunErrorEvent(message=f"internal server error: {type(exc).__name__}", code=wire.SERVER_ERROR)))
+
+
+def _seen_key(session: Any) -> str:
+    """The record of the last turn the thread's runs delivered (deleted with the session)."""
+    return f"agui:{session.bot.name}:{session.id}"
+
+
+async def _unseen(registry: SessionRegistry, session: Any, run_id: str,
+                  replay: bool) -> tuple[list[Event], dict[str, Any] | None]:
+    """What others said to the user since the thread's last run (an operator joining, their words,
+    their leaving; a decision's reply): AG-UI has no push, so it comes first in the next run, as
+    on /v1 (openai_sessions); all since the user's last turn when no run was made here yet. A run
+    sent again tells it again (its first stream may have been lost). With it, what to keep of
+    this run (None: a replay keeps what its first attempt kept)."""
+    seen = await registry.store.get_record(_seen_key(session)) or {}
+    last = int(seen.get("turn") or 0)
+    if replay:  # what the first attempt told before its turn (the turns between `since` and its own)
+        if seen.get("run") != run_id:
+            return [], None
+        before = [e for e in await registry.history(session) if int(e.get("turn") or 0) < last]
+        return caught_up_events(trailing_others_turns(before, int(seen.get("since") or 0))), None
+    if session.turn_count <= last:
+        return [], {"since": last, "run": run_id}  # nothing since: no history to read
+    return caught_up_events(trailing_others_turns(await registry.history(session), last)), {"since": last, "run": run_id}
 
 
 class _Translator:
@@ -151,6 +191,7 @@ class _Translator:
         self.streamed = ""  # the text of the message being streamed, so far
         self.interrupts: list[Any] = []
         self.failure: str | None = None
+        self.said = 0  # the messages told so far (a turn that told none while an operator has the thread says so)
 
     def add(self, event: Event) -> None:
         from ag_ui.core import CustomEvent
@@ -159,7 +200,9 @@ class _Translator:
         if kind == ev.STREAM:
             self._delta(str(data))
         elif kind == ev.MESSAGE:
-            self._message(str(data), (event.meta or {}).get("name"))
+            self.said += 1
+            meta = event.meta or {}  # an operator's words are named after them; a notice is chatrun's
+            self._message(str(data), meta.get("name") if meta.get("from") == "operator" else None)
         elif kind == ev.ERROR:
             self.close()
             self.failure = str(data)
