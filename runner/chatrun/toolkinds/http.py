@@ -55,6 +55,7 @@ REDACTED = "[redacted]"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 BACKOFF_S = 0.2
 MAX_TEXT_CHARS = 100_000  # a result the model and templates can use, not a download
+MAX_BODY_BYTES = 10_000_000  # an answer read at most (its JSON is parsed whole): a bigger one is a failure
 
 Render = Callable[[Any, bool], Any]  # (template or value, typed) -> rendered
 # (the value a `file:` template rendered, the field) -> the file and its bytes
@@ -393,17 +394,19 @@ class HttpCaller(RuntimeDefaults):
         attempt = 0
         while True:
             try:
-                response = await self.client().send(request)
-                await response.aread()
-            except httpx.TimeoutException:
+                response, body = await self._attempt(request, tool.timeout)
+            except (httpx.TimeoutException, TimeoutError):
                 problem = f"no answer within {tool.timeout:g} s"
                 wait = BACKOFF_S * 2**attempt
             except httpx.HTTPError as exc:
                 problem = f"cannot connect ({type(exc).__name__})"
                 wait = BACKOFF_S * 2**attempt
+            except AnswerTooLarge:  # the same API sends the same body again: no retry
+                problem, attempt = f"an answer larger than {MAX_BODY_BYTES // 1_000_000} MB", attempt + 1
+                break
             else:
                 if response.is_success or response.status_code in http.accept:
-                    return _redacted_result(_result(response), secrets)
+                    return _redacted_result(_result(response, body), secrets)
                 problem = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
                 if response.status_code not in RETRY_STATUSES:
                     break
@@ -417,13 +420,33 @@ class HttpCaller(RuntimeDefaults):
         raise ToolRefusal(f"Error: {tool.name} failed: {problem} from {request.method} {where}{tries}. "
                           "Tell the user it did not work this time.")
 
+    async def _attempt(self, request: httpx.Request, timeout: float) -> tuple[httpx.Response, bytes]:
+        """One attempt: the response and its body, read within `timeout` seconds in all (httpx's
+        own timeout is per read: an API trickling its body in would hold the turn for ever) and
+        no more than MAX_BODY_BYTES of it (a huge body would take the process's memory)."""
+        import asyncio
+
+        async with asyncio.timeout(timeout):
+            response = await self.client().send(request, stream=True)
+            try:
+                chunks, size = [], 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > MAX_BODY_BYTES:
+                        raise AnswerTooLarge
+                    chunks.append(chunk)
+            finally:
+                await response.aclose()
+        return response, b"".join(chunks)
+
     def _build(self, http: HttpConfig, args: dict[str, Any], render: Render, timeout: float,
                trace_headers: Callable[[dict[str, str]], None], file_of: FileOf,
                key: str) -> tuple[httpx.Request, Multipart | None]:
         """The request, and what its multipart body carries (None: it has none)."""
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
-            raise TurnFailed(f"{http.where}: http.url rendered to {url[:80]!r}, not an http(s) URL")
+            shown = _redact_text(url, self.env.secrets())[:80]  # the turn's error is logged and may be shown
+            raise TurnFailed(f"{http.where}: http.url rendered to {shown!r}, not an http(s) URL")
         query = _query(http, render)
         # an OpenAPI operation's query parameters, as the model gave them
         query.update({k: _text(args[k]) for k in http.args_in_query if args.get(k) is not None})
@@ -442,6 +465,10 @@ class HttpCaller(RuntimeDefaults):
             body["files"], sent = _multipart(http.multipart, render, file_of)
         request = self.client().build_request(http.method, url, params=query, headers=headers, timeout=timeout, **body)
         return request, sent
+
+
+class AnswerTooLarge(Exception):
+    """An API's answer has more than MAX_BODY_BYTES: not read further."""
 
 
 @dataclass
@@ -528,17 +555,17 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value) if value is not None else ""
 
 
-def _result(response: httpx.Response) -> dict[str, Any]:
-    text = response.text[:MAX_TEXT_CHARS]
+def _result(response: httpx.Response, body: bytes) -> dict[str, Any]:
+    text = body.decode(response.encoding or "utf-8", "replace")
     try:
-        parsed = json.loads(response.text) if "json" in response.headers.get("content-type", "") else None
+        parsed = json.loads(text) if "json" in response.headers.get("content-type", "") else None
     except ValueError:
         parsed = None
     return {
         "status": response.status_code,
         "ok": response.is_success,
         "json": parsed,
-        "text": text,
+        "text": text[:MAX_TEXT_CHARS],
         "headers": dict(response.headers),
     }
 
@@ -550,8 +577,12 @@ def _retry_after(response: httpx.Response) -> float | None:
     try:
         return max(0.0, float(value))
     except ValueError:
+        pass
+    try:
         when = email.utils.parsedate_to_datetime(value)
-        return max(0.0, when.timestamp() - time.time()) if when else None
+    except (ValueError, TypeError):  # neither seconds nor a date: the API's hint is unreadable, back off as usual
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _shown_url(url: httpx.URL) -> str:

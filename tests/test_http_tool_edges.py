@@ -1,0 +1,127 @@
+"""An `http:` tool against an API that misbehaves, served for real on loopback: a body larger
+than a result can be, a body trickled in past the tool's timeout, a `Retry-After` that is
+neither seconds nor a date, and a secret in a URL that is not one."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler
+
+import pytest
+
+import chatrun
+from chatrun.messages import ToolResultMessage
+from chatrun.toolkinds.http import MAX_BODY_BYTES
+from orders_api import LoopbackApi
+
+SECRET = "s3cret-api-key-value"
+
+
+class UnrulyApi(LoopbackApi):
+    """/huge: a JSON body over MAX_BODY_BYTES; /drip: a byte every 0.2 s; /soon: 503 with
+    `Retry-After: soon`, then 200."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = threading.Event()  # the test ended: a trickling answer stops
+        self.soon_left = 1
+
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
+        self.requests.append(h.path)
+        if h.path == "/huge":
+            self._huge(h)
+        elif h.path == "/drip":
+            h.send_response(200)
+            h.send_header("content-type", "text/plain")
+            h.send_header("content-length", "40")
+            h.end_headers()
+            for _ in range(40):
+                if self.done.wait(0.2):
+                    return
+                h.wfile.write(b"x")
+                h.wfile.flush()
+        elif h.path == "/soon" and self.soon_left:
+            self.soon_left -= 1
+            h.send_response(503)
+            h.send_header("retry-after", "soon")
+            h.send_header("content-length", "0")
+            h.end_headers()
+        else:
+            self.reply(h, 200, {"ok": True})
+
+    @staticmethod
+    def _huge(h: BaseHTTPRequestHandler) -> None:
+        chunk = b" " * 1_000_000
+        count = MAX_BODY_BYTES // len(chunk) + 2
+        h.send_response(200)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(count * len(chunk) + 2))
+        h.end_headers()
+        h.wfile.write(b"[")
+        for _ in range(count):
+            h.wfile.write(chunk)
+        h.wfile.write(b"]")
+
+
+@pytest.fixture
+def api(monkeypatch):
+    with UnrulyApi() as server:
+        monkeypatch.setenv("API_URL", server.url)
+        monkeypatch.setenv("API_KEY", SECRET)
+        yield server
+        server.done.set()
+
+
+BOT = """
+name: unruly
+model: {provider: scripted, name: gpt-4o-mini}
+env:
+  API_URL: {}
+  API_KEY: {secret: true}
+routes:
+  main: {default: true, system: s, tools: [huge, drip, soon, lookup]}
+tools:
+  huge: {description: d, http: {url: "{{ env.API_URL }}/huge", retries: 0}}
+  drip: {description: d, timeout: 0.5, http: {url: "{{ env.API_URL }}/drip", retries: 0}}
+  soon: {description: d, http: {url: "{{ env.API_URL }}/soon", retries: 1}}
+  lookup:
+    description: d
+    parameters: {type: object, properties: {base: {type: string}}}
+    http: {url: "{{ args.base }}/find?key={{ env.API_KEY }}"}
+"""
+
+
+def run(write_bot, name: str, **arguments: object) -> tuple[chatrun.Session, list[chatrun.Event]]:
+    model = chatrun.ScriptedModel([{"tool_calls": [{"name": name, "arguments": arguments}]}, {"text": "ok"}])
+    session = chatrun.load_bot(write_bot(BOT)).session(model=model)
+    return session, [e for e in session.chat("go") if e.type != "Stream"]
+
+
+def tool_result(session: chatrun.Session) -> str:
+    [reply] = [m.content for m in session.memory() if isinstance(m, ToolResultMessage)]
+    return reply
+
+
+def test_a_body_larger_than_a_result_can_be_is_a_failure_the_model_reads(api, write_bot):
+    session, events = run(write_bot, "huge")
+    assert tool_result(session).startswith("Error: huge failed: an answer larger than 10 MB from GET ")
+    assert [e.type for e in events] == ["Message"]
+    assert api.requests == ["/huge"]  # the same API would send the same body again: not retried
+
+
+def test_a_body_trickled_in_past_the_timeout_is_a_timeout(api, write_bot):
+    session, _ = run(write_bot, "drip")
+    assert tool_result(session).startswith("Error: drip failed: no answer within 0.5 s"), tool_result(session)
+
+
+def test_an_unreadable_retry_after_is_retried_with_the_usual_backoff(api, write_bot):
+    session, events = run(write_bot, "soon")
+    assert [e.type for e in events] == ["Message"]
+    assert '"ok": true' in tool_result(session) and api.requests == ["/soon", "/soon"]
+
+
+def test_a_secret_in_a_url_that_is_not_http_is_redacted_from_the_turns_error(api, write_bot):
+    _, events = run(write_bot, "lookup", base="ftp://files")
+    assert events[-1].type == "Error"
+    detail = events[-1].meta["detail"]
+    assert "not an http(s) URL" in detail and "key=[redacted]" in detail and SECRET not in detail
