@@ -5,6 +5,7 @@ the sessions of a bot, restarted after a crash, and a server that is down is a r
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -310,3 +311,55 @@ def test_a_server_slower_than_the_tools_timeout_is_a_refusal_not_a_failure(write
     assert reply.startswith("Error:") and "too late" not in reply, reply
     assert events[-1].type == "Message" and session.history[-1]["ok"] is True
     session.close()
+
+
+ERROR_SERVER = """\
+import os
+
+from mcp.server.mcpserver import MCPServer
+from mcp.shared.exceptions import MCPError
+
+server = MCPServer("strict")
+CALLS = []
+
+
+@server.tool()
+def count() -> dict:
+    CALLS.append(1)
+    return {"calls": len(CALLS), "pid": os.getpid()}
+
+
+@server.tool()
+def strict(n: int) -> str:
+    # what some SDKs answer a bad argument with: a JSON-RPC error, not a result marked an error
+    raise MCPError(-32602, f"Invalid params: n must be positive, got {n}")
+
+
+server.run()
+"""
+
+
+@pytest.mark.subprocess  # a stdio MCP server that answers a call with a JSON-RPC error
+def test_a_json_rpc_error_answer_is_the_servers_reason_and_the_server_keeps_running(write_bot, tmp_path):
+    (tmp_path / "strict_server.py").write_text(ERROR_SERVER)
+    bot = chatrun.load_bot(write_bot(f"""
+        name: n
+        model: {{provider: scripted, name: m}}
+        mcp_servers:
+          strict: {{command: [python, {tmp_path / 'strict_server.py'}]}}
+        routes:
+          main: {{default: true, system: Count., mcp: [strict]}}
+        """))
+
+    async def run() -> chatrun.Session:
+        session = bot.session(model=chatrun.ScriptedModel([
+            call("count"), {"text": "one"}, call("strict", n=-1), {"text": "no"}, call("count"), {"text": "two"},
+        ]))
+        for text in ("count", "bad", "count"):
+            await session.achat(text)
+        await bot.tools.aclose()
+        return session
+
+    first, refused, second = results(asyncio.run(run()))
+    assert refused == "Error: strict failed: Invalid params: n must be positive, got -1"  # not "not reachable"
+    assert json.loads(second) == {"calls": 2, "pid": json.loads(first)["pid"]}  # the same process, its state kept

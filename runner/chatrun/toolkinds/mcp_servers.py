@@ -10,7 +10,8 @@ the process.
 
 What a call gives the action as `result`: the tool's structured content when it has
 some, else its text parsed as JSON when it is JSON, else the text. A result the server
-marks as an error is a refusal with the server's text.
+marks as an error, or a JSON-RPC error it answers the call with, is a refusal with the
+server's text (the server is not restarted for it).
 """
 
 from __future__ import annotations
@@ -171,8 +172,10 @@ class McpConnection:
         except TimeoutError:
             raise ToolRefusal(f"Error: {tool} failed: the MCP server {self.config.name} did not answer within "
                               f"{timeout:g} s. Tell the user it did not work this time.") from None
-        except Exception as exc:  # a broken connection: start it again next time
-            self._broken = True
+        except Exception as exc:
+            if _refused(exc):  # the server answered the call with an error: it runs, and says why
+                raise ToolRefusal(f"Error: {tool} failed: {exc}") from None
+            self._broken = True  # a broken connection: start it again next time
             raise self._unreachable(_reason(exc)) from None
         text = "\n".join(getattr(part, "text", "") for part in answer.content if getattr(part, "text", None))
         if answer.is_error:
@@ -242,6 +245,16 @@ class McpServers:
         connections = self._by_loop.pop(asyncio.get_running_loop(), {})
         for connection in connections.values():
             await connection.aclose()
+
+
+def _refused(exc: Exception) -> bool:
+    """A JSON-RPC error the server answered with (invalid params, an unknown tool: what some SDKs
+    answer a model's bad call with), not a lost connection. Restarting the server for it would
+    drop its state and the other sessions' calls in flight, and tell the model it is down."""
+    from mcp import MCPError
+    from mcp.types import CONNECTION_CLOSED
+
+    return isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED
 
 
 def _reason(exc: BaseException | None) -> str:
