@@ -1,7 +1,8 @@
 """A webhook receiver that misbehaves, served for real on loopback: one that trickles its
 answer's headers in (the attempt must end within the webhook's `timeout`, or it outlives its
 outbox claim and another replica sends the event again meanwhile), and one that answers 2xx
-with a huge body (its status is the answer: the body is not read)."""
+with a huge body (its status is the answer: the body is not read); and a webhook URL that is a
+secret."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import socket
 import threading
 
 import chatrun
+from chatrun.definition.config import BotConfig
 from chatrun.server.webhook import Attempt, WebhookSender
-from webhook_support import SECRET, survey_bot
+from webhook_support import SECRET, Receiver, survey_bot
 
 BODY = {"id": "evt_1", "type": "Detractor", "data": 1, "turn": 1, "session": "s", "bot": "survey", "created": 1.0}
 HUGE = 40_000_000  # bytes of the huge answer's body
@@ -80,16 +82,15 @@ def attempt(receiver: RawReceiver, tmp_path, monkeypatch, timeout: float) -> Att
     bot_file.write_text(survey_bot("provider: scripted", timeout=timeout))
     monkeypatch.setenv("HOOK_URL", receiver.url)
     monkeypatch.setenv("HOOK_SECRET", SECRET)
-    config = chatrun.load_bot(bot_file).config
+    return asyncio.run(send(chatrun.load_bot(bot_file).config))
 
-    async def send() -> Attempt:
-        sender = WebhookSender()
-        try:
-            return await sender.send(config, config.sinks["crm"].webhook, BODY, 1)
-        finally:
-            await sender.aclose()
 
-    return asyncio.run(send())
+async def send(config: BotConfig) -> Attempt:
+    sender = WebhookSender()
+    try:
+        return await sender.send(config, config.sinks["crm"].webhook, BODY, 1)
+    finally:
+        await sender.aclose()
 
 
 def test_a_receiver_trickling_its_answer_in_fails_the_attempt_within_the_timeout(tmp_path, monkeypatch):
@@ -104,3 +105,17 @@ def test_a_2xx_with_a_huge_body_is_a_delivery_and_the_body_is_not_read(tmp_path,
         delivered = attempt(receiver, tmp_path, monkeypatch, timeout=20)
     assert delivered.delivered and delivered.status == 200
     assert receiver.written < HUGE  # the sender hung up: it did not take 40 MB in
+
+
+def test_a_webhook_url_that_is_a_secret_is_redacted_from_the_failed_attempts_error(tmp_path, monkeypatch):
+    """An incoming webhook of a chat platform is a URL that is itself the secret: a failed
+    attempt's error (a dead letter's in GET /outbox, the log's) names it redacted."""
+    with Receiver(status=500) as receiver:
+        bot_file = tmp_path / "bot.yaml"
+        bot_file.write_text(survey_bot("provider: scripted").replace("HOOK_URL: {}", "HOOK_URL: {secret: true}"))
+        monkeypatch.setenv("HOOK_URL", receiver.url)
+        monkeypatch.setenv("HOOK_SECRET", SECRET)
+        config = chatrun.load_bot(bot_file).config
+        failed = asyncio.run(send(config))
+        assert len(receiver.seen()) == 1
+    assert failed.error == "[redacted]/hooks/chatrun answered 500" and receiver.url not in failed.error

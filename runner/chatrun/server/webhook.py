@@ -35,7 +35,7 @@ from chatrun import __version__
 from chatrun.definition.config import BotConfig, WebhookConfig
 from chatrun.definition.templates import ENV
 from chatrun.errors import ChatrunError
-from chatrun.toolkinds.http import Environment
+from chatrun.toolkinds.http import Environment, redact_text
 
 SIGNATURE_VERSION = "v1"
 DRAIN_BYTES = 64 * 1024  # of a receiver's answer, read only to keep its connection (the status is the answer)
@@ -86,17 +86,18 @@ class WebhookSender:
                 headers["Chatrun-Signature"] = signature(_secret(config, hook.secret), timestamp, raw)
         except ChatrunError as exc:  # an unset variable: the error names it, never a value
             return Attempt(False, str(exc))
+        shown = _shown(url, Environment(config.env).secrets())
         try:
             status = await self._post(url, raw, headers, hook.timeout)
         except (httpx.TimeoutException, TimeoutError):
-            return Attempt(False, f"{_shown(url)}: no answer within {hook.timeout:g} s (the webhook's `timeout`)")
+            return Attempt(False, f"{shown}: no answer within {hook.timeout:g} s (the webhook's `timeout`)")
         except httpx.HTTPError as exc:
-            return Attempt(False, f"{_shown(url)}: cannot connect ({type(exc).__name__})")
+            return Attempt(False, f"{shown}: cannot connect ({type(exc).__name__})")
         except (httpx.InvalidURL, ValueError) as exc:  # an env value made the URL or a header unusable
-            return Attempt(False, f"{_shown(url)}: the request cannot be made ({unusable(exc)})")
+            return Attempt(False, f"{shown}: the request cannot be made ({unusable(exc)})")
         if 200 <= status < 300:
             return Attempt(True, status=status)
-        return Attempt(False, f"{_shown(url)} answered {status}", status)
+        return Attempt(False, f"{shown} answered {status}", status)
 
     async def _post(self, url: str, raw: bytes, headers: dict[str, str], timeout: float) -> int:
         """POST the body; the receiver's status, which must come within `timeout` seconds in all
@@ -156,6 +157,8 @@ def unusable(exc: Exception) -> str:
     return f"{type(exc).__name__}: a header or the URL holds a character HTTP cannot carry"
 
 
-def _shown(url: str) -> str:
-    """The URL for an error message: no query (it may carry a token)."""
-    return url.split("?", 1)[0]
+def _shown(url: str, secrets: list[str]) -> str:
+    """The URL for an error message (a dead letter's, the log's): no query (it may carry a
+    token), and the values of `secret: true` variables redacted (a URL that is itself the
+    secret, as a chat platform's incoming webhook is)."""
+    return redact_text(url.split("?", 1)[0], secrets)

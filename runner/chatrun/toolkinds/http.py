@@ -415,7 +415,7 @@ class HttpCaller(RuntimeDefaults):
             if attempt > http.retries or time.monotonic() + wait > deadline:
                 break
             await asyncio.sleep(wait)
-        where = _redact_text(_shown_url(request.url), secrets)
+        where = redact_text(_shown_url(request.url), secrets)
         tries = f" after {attempt} attempts" if attempt > 1 else ""
         raise ToolRefusal(f"Error: {tool.name} failed: {problem} from {request.method} {where}{tries}. "
                           "Tell the user it did not work this time.")
@@ -445,7 +445,7 @@ class HttpCaller(RuntimeDefaults):
         """The request, and what its multipart body carries (None: it has none)."""
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
-            shown = _redact_text(url, self.env.secrets())[:80]  # the turn's error is logged and may be shown
+            shown = redact_text(url, self.env.secrets())[:80]  # the turn's error is logged and may be shown
             raise TurnFailed(f"{http.where}: http.url rendered to {shown!r}, not an http(s) URL")
         query = _query(http, render)
         # an OpenAPI operation's query parameters, as the model gave them
@@ -591,7 +591,8 @@ def _shown_url(url: httpx.URL) -> str:
     return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
 
 
-def _redact_text(text: str, secrets: list[str]) -> str:
+def redact_text(text: str, secrets: list[str]) -> str:
+    """The text with each secret value replaced by `[redacted]`."""
     for secret in secrets:
         text = text.replace(secret, REDACTED)
     return text
@@ -607,7 +608,7 @@ def _redacted(value: Any, secrets: list[str]) -> Any:
     if not secrets:
         return value
     if isinstance(value, str):
-        return _redact_text(value, secrets)
+        return redact_text(value, secrets)
     if isinstance(value, dict):
         return {_redacted(k, secrets): _redacted(v, secrets) for k, v in value.items()}
     if isinstance(value, list):
