@@ -1,9 +1,11 @@
 """An `http:` tool against an API that misbehaves, served for real on loopback: a body larger
 than a result can be, a body trickled in past the tool's timeout, a `Retry-After` that is
-neither seconds nor a date, and a secret in a URL that is not one."""
+neither seconds nor a date, and a secret in a URL that is not one; and an OpenAPI document as
+real APIs write them (a schema that refers to itself, a path parameter named `order-id`)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from http.server import BaseHTTPRequestHandler
 
@@ -25,10 +27,14 @@ class UnrulyApi(LoopbackApi):
         super().__init__()
         self.done = threading.Event()  # the test ended: a trickling answer stops
         self.soon_left = 1
+        self.bodies: list[object] = []
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:
         self.requests.append(h.path)
-        if h.path == "/huge":
+        if h.command == "POST":
+            self.bodies.append(json.loads(h.rfile.read(int(h.headers["content-length"]))))
+            self.reply(h, 201, {"planted": True})
+        elif h.path == "/huge":
             self._huge(h)
         elif h.path == "/drip":
             h.send_response(200)
@@ -125,3 +131,55 @@ def test_a_secret_in_a_url_that_is_not_http_is_redacted_from_the_turns_error(api
     assert events[-1].type == "Error"
     detail = events[-1].meta["detail"]
     assert "not an http(s) URL" in detail and "key=[redacted]" in detail and SECRET not in detail
+
+
+TREES_DOC = """
+openapi: 3.0.3
+info: {title: Trees, version: "1"}
+paths:
+  /trees/{tree-id}:
+    post:
+      operationId: plant
+      parameters: [{name: tree-id, in: path, required: true, schema: {type: string}}]
+      requestBody:
+        required: true
+        content: {application/json: {schema: {$ref: "#/components/schemas/Node"}}}
+      responses: {"201": {description: planted}}
+components:
+  schemas:
+    Node:
+      type: object
+      required: [name]
+      properties:
+        name: {type: string}
+        children: {type: array, items: {$ref: "#/components/schemas/Node"}}
+"""
+
+TREES_BOT = """
+name: trees
+model: {provider: scripted, name: gpt-4o-mini}
+env: {API_URL: {}}
+routes:
+  main: {default: true, system: s, tools: [plant]}
+tools:
+  plant: {openapi: {spec: trees.yaml, operation: plant, base_url: "{{ env.API_URL }}"}}
+"""
+
+
+def test_an_openapi_schema_that_refers_to_itself_and_a_hyphenated_path_parameter_make_a_tool(api, write_bot):
+    """A tree (a schema whose items are itself) loaded in a RecursionError, and `{tree-id}` made a
+    template reading `args.tree - id`: now the schema goes into `$defs` once, and the argument is read
+    by its name. The model's nested body reaches the API; one with a wrong type inside is refused."""
+    tree = {"name": "oak", "children": [{"name": "branch", "children": [{"name": "twig"}]}]}
+    model = chatrun.ScriptedModel([
+        {"tool_calls": [{"name": "plant", "arguments": {"tree-id": "a/b", "body": {"name": "x", "children": [{}]}}}]},
+        {"tool_calls": [{"name": "plant", "arguments": {"tree-id": "a/b", "body": tree}}]}, {"text": "ok"}])
+    bot = chatrun.load_bot(write_bot(TREES_BOT, extra={"trees.yaml": TREES_DOC}))
+    assert bot.config.tools["plant"].parameters["$defs"]["components.schemas.Node"]["properties"]["children"] == {
+        "type": "array", "items": {"$ref": "#/$defs/components.schemas.Node"}}
+    session = bot.session(model=model)
+    assert [e.type for e in session.chat("plant") if e.type != "Stream"] == ["Message"]
+    refused, planted = [m.content for m in session.memory() if isinstance(m, ToolResultMessage)]
+    assert "body.children.0: 'name' is a required property" in refused  # a child without its name: not sent
+    assert '"planted": true' in planted
+    assert api.requests == ["/trees/a%2Fb"] and api.bodies == [tree]
