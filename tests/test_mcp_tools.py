@@ -363,3 +363,54 @@ def test_a_json_rpc_error_answer_is_the_servers_reason_and_the_server_keeps_runn
     first, refused, second = results(asyncio.run(run()))
     assert refused == "Error: strict failed: Invalid params: n must be positive, got -1"  # not "not reachable"
     assert json.loads(second) == {"calls": 2, "pid": json.loads(first)["pid"]}  # the same process, its state kept
+
+
+HANGING_LIST_SERVER = """\
+import asyncio
+
+from mcp.server.mcpserver import MCPServer
+
+
+class Hanging(MCPServer):
+    async def list_tools(self, *args, **kwargs):
+        await asyncio.sleep(3600)  # started, but never lists its tools
+
+
+server = Hanging("hanging")
+
+
+@server.tool()
+def hello() -> str:
+    return "hi"
+
+
+server.run()
+"""
+
+
+@pytest.mark.subprocess  # a stdio MCP server that never lists its tools
+def test_a_server_that_never_lists_its_tools_does_not_hold_the_turn(write_bot, tmp_path, monkeypatch):
+    from chatrun.toolkinds import mcp_servers
+
+    monkeypatch.setattr(mcp_servers, "LIST_TIMEOUT_S", 1.0, raising=False)  # the test need not wait 30 s
+    (tmp_path / "hanging_server.py").write_text(HANGING_LIST_SERVER)
+    bot = chatrun.load_bot(write_bot(f"""
+        name: n
+        model: {{provider: scripted, name: m}}
+        mcp_servers:
+          hanging: {{command: [python, {tmp_path / 'hanging_server.py'}]}}
+        routes:
+          main: {{default: true, system: Hello., mcp: [hanging]}}
+        """))
+    model = chatrun.ScriptedModel([{"text": "hello without its tools"}])
+
+    async def run() -> list[chatrun.Event]:
+        session = bot.session(model=model)
+        try:  # 60 s: a bound for a turn that was held for as long as the server liked, not a speed figure
+            return await asyncio.wait_for(session.achat("hi"), 60)
+        finally:
+            await bot.tools.aclose()
+
+    events = [e for e in asyncio.run(run()) if e.type != "Stream"]
+    assert [(e.type, e.data) for e in events] == [("Message", "hello without its tools")]
+    assert model.requests[0].tools == []  # the route is offered without its server's tools

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # asyncio loads when a server is first used: `chatrun validat
     import asyncio
 
 START_TIMEOUT_S = 30.0
+LIST_TIMEOUT_S = 30.0  # seconds a started server has to list its tools
 
 
 @dataclass
@@ -154,9 +155,19 @@ class McpConnection:
         return stdio_client(params, errlog=self._stderr)
 
     async def tools(self) -> list[McpTool]:
+        import asyncio
+
         if self._tools is None:
             client = await self.client()
-            listed = await client.list_tools()
+            try:  # a route's turn waits for the list: a server that never gives it must not hold it
+                async with asyncio.timeout(LIST_TIMEOUT_S):
+                    listed = await client.list_tools()
+            except TimeoutError:
+                self._broken = True
+                raise self._unreachable(f"it did not list its tools within {LIST_TIMEOUT_S:g} s") from None
+            except Exception as exc:  # it exited, or answered the list with an error
+                self._broken = not _refused(exc)
+                raise self._unreachable(_reason(exc)) from None
             self._tools = [McpTool(self.config.name, t.name, t.description or "",
                                    dict(t.input_schema or {"type": "object", "properties": {}}))
                            for t in listed.tools]
