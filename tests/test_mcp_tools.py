@@ -373,7 +373,7 @@ from mcp.server.mcpserver import MCPServer
 
 class Hanging(MCPServer):
     async def list_tools(self, *args, **kwargs):
-        await asyncio.sleep(3600)  # started, but never lists its tools
+        await asyncio.sleep(3600)  # started, but never lists its tools (WHEN_LISTING)
 
 
 server = Hanging("hanging")
@@ -389,11 +389,12 @@ server.run()
 
 
 @pytest.mark.subprocess  # a stdio MCP server that never lists its tools
-def test_a_server_that_never_lists_its_tools_does_not_hold_the_turn(write_bot, tmp_path, monkeypatch):
+@pytest.mark.parametrize("when_listing", ["await asyncio.sleep(3600)", "import os; os._exit(3)"], ids=["hangs", "exits"])
+def test_a_server_that_never_lists_its_tools_does_not_hold_the_turn(write_bot, tmp_path, monkeypatch, when_listing):
     from chatrun.toolkinds import mcp_servers
 
     monkeypatch.setattr(mcp_servers, "LIST_TIMEOUT_S", 1.0, raising=False)  # the test need not wait 30 s
-    (tmp_path / "hanging_server.py").write_text(HANGING_LIST_SERVER)
+    (tmp_path / "hanging_server.py").write_text(HANGING_LIST_SERVER.replace("await asyncio.sleep(3600)", when_listing))
     bot = chatrun.load_bot(write_bot(f"""
         name: n
         model: {{provider: scripted, name: m}}
