@@ -415,3 +415,55 @@ def test_a_server_that_never_lists_its_tools_does_not_hold_the_turn(write_bot, t
     events = [e for e in asyncio.run(run()) if e.type != "Stream"]
     assert [(e.type, e.data) for e in events] == [("Message", "hello without its tools")]
     assert model.requests[0].tools == []  # the route is offered without its server's tools
+
+
+GROWING_SERVER = """\
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("growing")
+
+
+def late() -> str:
+    '''A tool the server adds while it runs.'''
+    return "late"
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    server.add_tool(late)
+    await ctx.notify_tools_changed()  # its tool list changed: the clients that listen are told
+    return "grown"
+
+
+server.run()
+"""
+
+
+@pytest.mark.subprocess  # a stdio MCP server whose tool list changes while it runs
+def test_a_server_whose_tool_list_changes_is_listed_again(write_bot, tmp_path):
+    (tmp_path / "growing_server.py").write_text(GROWING_SERVER)
+    bot = chatrun.load_bot(write_bot(f"""
+        name: n
+        model: {{provider: scripted, name: m}}
+        mcp_servers:
+          growing: {{command: [python, {tmp_path / 'growing_server.py'}]}}
+        routes:
+          main: {{default: true, system: Grow., mcp: [growing]}}
+        """))
+    model = chatrun.ScriptedModel([call("grow"), {"text": "grown"}, call("late"), {"text": "done"}])
+
+    async def run() -> chatrun.Session:
+        session = bot.session(model=model)
+        await session.achat("grow")
+        for _ in range(100):  # the change arrives on its own stream: wait for it, not for a time
+            if bot.tools.runtime("mcp").servers.connection("growing")._tools is None:
+                break
+            await asyncio.sleep(0.05)
+        await session.achat("use the new one")
+        await bot.tools.aclose()
+        return session
+
+    session = asyncio.run(run())
+    offered = [[t["function"]["name"] for t in request.tools] for request in model.requests]
+    assert offered == [["grow"], ["grow"], ["grow", "late"], ["grow", "late"]]
+    assert results(session) == ['{"result": "grown"}', '{"result": "late"}']

@@ -16,6 +16,7 @@ server's text (the server is not restarted for it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -124,10 +125,16 @@ class McpConnection:
             self._ready.set()
             return
         try:
-            async with Client(self._server(), raise_exceptions=False) as client:
+            async with Client(self._server(), raise_exceptions=False, message_handler=self._on_message) as client:
                 self._client = client
                 self._ready.set()
-                await self._stop.wait()
+                watcher = asyncio.get_running_loop().create_task(self._listen(client))
+                try:
+                    await self._stop.wait()
+                finally:
+                    watcher.cancel()
+                    with contextlib.suppress(BaseException):
+                        await watcher
         except BaseException as exc:  # an exiting server ends this task, never the process
             self._start_error = exc
             if isinstance(exc, asyncio.CancelledError):
@@ -137,6 +144,25 @@ class McpConnection:
             self._ready.set()
             if self._stderr is not None:
                 self._stderr.close()
+
+    async def _listen(self, client: Any) -> None:
+        """A server of the 2026-07-28 protocol tells of a changed tool list only on a
+        `subscriptions/listen` stream: each change has it listed again (an older one sends a
+        notification instead: _on_message)."""
+        try:
+            async with client.listen(tools_list_changed=True) as changes:
+                async for _ in changes:
+                    self._tools = None
+        except Exception:  # an older server (no listen), or the stream dropped: its notifications, or none
+            return
+
+    async def _on_message(self, message: Any) -> None:
+        """A server that says its tool list changed (tools/list_changed) is listed again when a
+        turn next asks: its routes offer the tools it has now, not those of its start."""
+        from mcp.types import ToolListChangedNotification
+
+        if isinstance(message, ToolListChangedNotification):
+            self._tools = None
 
     def _server(self) -> Any:
         from mcp import StdioServerParameters
