@@ -17,6 +17,7 @@ from chatrun.toolkinds.http import MAX_BODY_BYTES
 from orders_api import LoopbackApi
 
 SECRET = "s3cret-api-key-value"
+ODD_SECRET = "k3y+with/slash=and space&more"  # a value a URL carries escaped
 
 
 class UnrulyApi(LoopbackApi):
@@ -34,6 +35,8 @@ class UnrulyApi(LoopbackApi):
         if h.command == "POST":
             self.bodies.append(json.loads(h.rfile.read(int(h.headers["content-length"]))))
             self.reply(h, 201, {"planted": True})
+        elif h.path.startswith("/echo"):  # an API that shows the URL it was asked (an error page's "not found: ...")
+            self.reply(h, 404, {"not_found": h.path})
         elif h.path == "/huge":
             self._huge(h)
         elif h.path == "/drip":
@@ -74,6 +77,7 @@ def api(monkeypatch):
     with UnrulyApi() as server:
         monkeypatch.setenv("API_URL", server.url)
         monkeypatch.setenv("API_KEY", SECRET)
+        monkeypatch.setenv("API_PASS", ODD_SECRET)
         yield server
         server.done.set()
 
@@ -84,12 +88,27 @@ model: {provider: scripted, name: gpt-4o-mini}
 env:
   API_URL: {}
   API_KEY: {secret: true}
+  API_PASS: {secret: true}
 routes:
-  main: {default: true, system: s, tools: [huge, drip, soon, lookup]}
+  main: {default: true, system: s, tools: [huge, drip, soon, lookup, echo_query, echo_inline, search, search_page]}
 tools:
   huge: {description: d, http: {url: "{{ env.API_URL }}/huge", retries: 0}}
   drip: {description: d, timeout: 0.5, http: {url: "{{ env.API_URL }}/drip", retries: 0}}
   soon: {description: d, http: {url: "{{ env.API_URL }}/soon", retries: 1}}
+  echo_query:
+    description: d
+    http: {url: "{{ env.API_URL }}/echo/{{ env.API_PASS | urlsegment }}", query: {pass: "{{ env.API_PASS }}"}, accept: [404]}
+  echo_inline:
+    description: d
+    http: {url: "{{ env.API_URL }}/echo?pass={{ env.API_PASS }}", accept: [404]}
+  search:
+    description: d
+    parameters: {type: object, properties: {q: {type: string}}}
+    http: {url: "{{ env.API_URL }}/echo/search?q={{ args.q }}&n=2", accept: [404]}
+  search_page:
+    description: d
+    parameters: {type: object, properties: {q: {type: string}}}
+    http: {url: "{{ env.API_URL }}/echo/search?q={{ args.q }}&n=2", query: {page: "3", n: "5"}, accept: [404]}
   lookup:
     description: d
     parameters: {type: object, properties: {base: {type: string}}}
@@ -131,6 +150,27 @@ def test_a_secret_in_a_url_that_is_not_http_is_redacted_from_the_turns_error(api
     assert events[-1].type == "Error"
     detail = events[-1].meta["detail"]
     assert "not an http(s) URL" in detail and "key=[redacted]" in detail and SECRET not in detail
+
+
+@pytest.mark.parametrize("tool, sent", [("search", "/echo/search?q=tea&n=2"),
+                                        ("search_page", "/echo/search?q=tea&n=5&page=3")])
+def test_a_query_written_into_the_url_is_sent_with_the_query_mapping(api, write_bot, tool, sent):
+    """`url: ".../search?q={{ args.q }}"` (docs/tools.md writes one): httpx replaced the URL's
+    query with the `query:` mapping's, or with none when it had no values, so `q` never arrived."""
+    run(write_bot, tool, q="tea")
+    assert api.requests == [sent]  # `query:` wins a name both give
+
+
+@pytest.mark.parametrize("tool", ["echo_query", "echo_inline"])
+def test_a_secret_the_api_echoes_as_the_url_carried_it_is_redacted(api, write_bot, tool):
+    """The URL escapes a secret (`+` as `%2B`, a space as `+` or `%20`): an API that shows the
+    URL it was asked shows it so, and that form is redacted too."""
+    session, _ = run(write_bot, tool)
+    result = json.loads(tool_result(session))
+    assert result["status"] == 404 and "[redacted]" in result["json"]["not_found"]
+    stored = json.dumps(session.history) + tool_result(session)
+    for form in ("k3y", "with%2Fslash", "and+space", "and%20space"):
+        assert form not in stored, (form, result["json"]["not_found"])
 
 
 TREES_DOC = """

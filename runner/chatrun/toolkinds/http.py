@@ -300,8 +300,21 @@ class Environment(Mapping[str, str]):
         return len(self._declared)
 
     def secrets(self) -> list[str]:
+        """The values of the `secret: true` variables, each also as a URL carries it (an API that
+        echoes the request's URL, or a Location header, shows it encoded), longest first so that
+        no shorter form is replaced inside a longer one."""
         values = [os.environ.get(n, v.default) for n, v in self._declared.items() if v.secret]
-        return [v for v in values if v]
+        forms = {form for value in values if value for form in _url_forms(value)}
+        return sorted(forms, key=len, reverse=True)
+
+
+def _url_forms(value: str) -> set[str]:
+    """A secret as written, and as a request's URL carries it: escaped as a path segment or a
+    query value (`urlsegment`, `query:`), and as httpx leaves it written into the URL's query."""
+    from urllib.parse import quote, quote_plus
+
+    inline = quote(value, safe="!$&'()*+,;=:@/?%")  # RFC 3986's query characters stay, as httpx leaves them
+    return {value, quote(value, safe=""), quote_plus(value), inline}
 
 
 class HttpCaller(RuntimeDefaults):
@@ -463,7 +476,8 @@ class HttpCaller(RuntimeDefaults):
             body["data"] = {k: _text(render(v, False)) for k, v in http.form.items()}
         elif http.multipart is not None:
             body["files"], sent = _multipart(http.multipart, render, file_of)
-        request = self.client().build_request(http.method, url, params=query, headers=headers, timeout=timeout, **body)
+        request = self.client().build_request(http.method, url, params=_params(url, query), headers=headers,
+                                              timeout=timeout, **body)
         return request, sent
 
 
@@ -514,6 +528,15 @@ def _plain_request(request: httpx.Request, http: HttpConfig, sent: Multipart | N
         "form": sent.form if sent is not None else form,
         "files": sent.files if sent is not None else None,
     }
+
+
+def _params(url: str, query: dict[str, str]) -> httpx.QueryParams | None:
+    """The request's query: the URL's own (`?q={{ args.q }}`) and `query:`'s, `query:` winning a
+    name both give. httpx replaces a URL's query with whatever `params` it is given, `{}` too, so
+    None (no `query:` values) keeps the URL's as written."""
+    import httpx
+
+    return httpx.URL(url).params.merge(query) if query else None
 
 
 def _query(http: HttpConfig, render: Render) -> dict[str, str]:
