@@ -5,6 +5,7 @@ the sessions of a bot, restarted after a crash, and a server that is down is a r
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -310,3 +311,159 @@ def test_a_server_slower_than_the_tools_timeout_is_a_refusal_not_a_failure(write
     assert reply.startswith("Error:") and "too late" not in reply, reply
     assert events[-1].type == "Message" and session.history[-1]["ok"] is True
     session.close()
+
+
+ERROR_SERVER = """\
+import os
+
+from mcp.server.mcpserver import MCPServer
+from mcp.shared.exceptions import MCPError
+
+server = MCPServer("strict")
+CALLS = []
+
+
+@server.tool()
+def count() -> dict:
+    CALLS.append(1)
+    return {"calls": len(CALLS), "pid": os.getpid()}
+
+
+@server.tool()
+def strict(n: int) -> str:
+    # what some SDKs answer a bad argument with: a JSON-RPC error, not a result marked an error
+    raise MCPError(-32602, f"Invalid params: n must be positive, got {n}")
+
+
+server.run()
+"""
+
+
+@pytest.mark.subprocess  # a stdio MCP server that answers a call with a JSON-RPC error
+def test_a_json_rpc_error_answer_is_the_servers_reason_and_the_server_keeps_running(write_bot, tmp_path):
+    (tmp_path / "strict_server.py").write_text(ERROR_SERVER)
+    bot = chatrun.load_bot(write_bot(f"""
+        name: n
+        model: {{provider: scripted, name: m}}
+        mcp_servers:
+          strict: {{command: [python, {tmp_path / 'strict_server.py'}]}}
+        routes:
+          main: {{default: true, system: Count., mcp: [strict]}}
+        """))
+
+    async def run() -> chatrun.Session:
+        session = bot.session(model=chatrun.ScriptedModel([
+            call("count"), {"text": "one"}, call("strict", n=-1), {"text": "no"}, call("count"), {"text": "two"},
+        ]))
+        for text in ("count", "bad", "count"):
+            await session.achat(text)
+        await bot.tools.aclose()
+        return session
+
+    first, refused, second = results(asyncio.run(run()))
+    assert refused == "Error: strict failed: Invalid params: n must be positive, got -1"  # not "not reachable"
+    assert json.loads(second) == {"calls": 2, "pid": json.loads(first)["pid"]}  # the same process, its state kept
+
+
+HANGING_LIST_SERVER = """\
+import asyncio
+
+from mcp.server.mcpserver import MCPServer
+
+
+class Hanging(MCPServer):
+    async def list_tools(self, *args, **kwargs):
+        await asyncio.sleep(3600)  # started, but never lists its tools (WHEN_LISTING)
+
+
+server = Hanging("hanging")
+
+
+@server.tool()
+def hello() -> str:
+    return "hi"
+
+
+server.run()
+"""
+
+
+@pytest.mark.subprocess  # a stdio MCP server that never lists its tools
+@pytest.mark.parametrize("when_listing", ["await asyncio.sleep(3600)", "import os; os._exit(3)"], ids=["hangs", "exits"])
+def test_a_server_that_never_lists_its_tools_does_not_hold_the_turn(write_bot, tmp_path, monkeypatch, when_listing):
+    from chatrun.toolkinds import mcp_servers
+
+    monkeypatch.setattr(mcp_servers, "LIST_TIMEOUT_S", 1.0, raising=False)  # the test need not wait 30 s
+    (tmp_path / "hanging_server.py").write_text(HANGING_LIST_SERVER.replace("await asyncio.sleep(3600)", when_listing))
+    bot = chatrun.load_bot(write_bot(f"""
+        name: n
+        model: {{provider: scripted, name: m}}
+        mcp_servers:
+          hanging: {{command: [python, {tmp_path / 'hanging_server.py'}]}}
+        routes:
+          main: {{default: true, system: Hello., mcp: [hanging]}}
+        """))
+    model = chatrun.ScriptedModel([{"text": "hello without its tools"}])
+
+    async def run() -> list[chatrun.Event]:
+        session = bot.session(model=model)
+        try:  # 60 s: a bound for a turn that was held for as long as the server liked, not a speed figure
+            return await asyncio.wait_for(session.achat("hi"), 60)
+        finally:
+            await bot.tools.aclose()
+
+    events = [e for e in asyncio.run(run()) if e.type != "Stream"]
+    assert [(e.type, e.data) for e in events] == [("Message", "hello without its tools")]
+    assert model.requests[0].tools == []  # the route is offered without its server's tools
+
+
+GROWING_SERVER = """\
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("growing")
+
+
+def late() -> str:
+    '''A tool the server adds while it runs.'''
+    return "late"
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    server.add_tool(late)
+    await ctx.notify_tools_changed()  # its tool list changed: the clients that listen are told
+    return "grown"
+
+
+server.run()
+"""
+
+
+@pytest.mark.subprocess  # a stdio MCP server whose tool list changes while it runs
+def test_a_server_whose_tool_list_changes_is_listed_again(write_bot, tmp_path):
+    (tmp_path / "growing_server.py").write_text(GROWING_SERVER)
+    bot = chatrun.load_bot(write_bot(f"""
+        name: n
+        model: {{provider: scripted, name: m}}
+        mcp_servers:
+          growing: {{command: [python, {tmp_path / 'growing_server.py'}]}}
+        routes:
+          main: {{default: true, system: Grow., mcp: [growing]}}
+        """))
+    model = chatrun.ScriptedModel([call("grow"), {"text": "grown"}, call("late"), {"text": "done"}])
+
+    async def run() -> chatrun.Session:
+        session = bot.session(model=model)
+        await session.achat("grow")
+        for _ in range(100):  # the change arrives on its own stream: wait for it, not for a time
+            if bot.tools.runtime("mcp").servers.connection("growing")._tools is None:
+                break
+            await asyncio.sleep(0.05)
+        await session.achat("use the new one")
+        await bot.tools.aclose()
+        return session
+
+    session = asyncio.run(run())
+    offered = [[t["function"]["name"] for t in request.tools] for request in model.requests]
+    assert offered == [["grow"], ["grow"], ["grow", "late"], ["grow", "late"]]
+    assert results(session) == ['{"result": "grown"}', '{"result": "late"}']

@@ -19,6 +19,8 @@ failed attempt, retried by the outbox worker (chatrun.server.outbox).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -33,9 +35,10 @@ from chatrun import __version__
 from chatrun.definition.config import BotConfig, WebhookConfig
 from chatrun.definition.templates import ENV
 from chatrun.errors import ChatrunError
-from chatrun.toolkinds.http import Environment
+from chatrun.toolkinds.http import Environment, redact_text
 
 SIGNATURE_VERSION = "v1"
+DRAIN_BYTES = 64 * 1024  # of a receiver's answer, read only to keep its connection (the status is the answer)
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:
@@ -84,17 +87,40 @@ class WebhookSender:
                 headers["Chatrun-Signature"] = signature(_secret(config, hook.secret), timestamp, raw)
         except ChatrunError as exc:  # an unset variable: the error names it, never a value
             return Attempt(False, str(exc))
+        shown = _shown(url, Environment(config.env).secrets())
         try:
-            response = await self.client().post(url, content=raw, headers=headers, timeout=hook.timeout)
-        except httpx.TimeoutException:
-            return Attempt(False, f"{_shown(url)}: no answer within {hook.timeout:g} s (the webhook's `timeout`)")
+            status = await self._post(url, raw, headers, hook.timeout)
+        except (httpx.TimeoutException, TimeoutError):
+            return Attempt(False, f"{shown}: no answer within {hook.timeout:g} s (the webhook's `timeout`)")
         except httpx.HTTPError as exc:
-            return Attempt(False, f"{_shown(url)}: cannot connect ({type(exc).__name__})")
+            return Attempt(False, f"{shown}: cannot connect ({type(exc).__name__})")
         except (httpx.InvalidURL, ValueError) as exc:  # an env value made the URL or a header unusable
-            return Attempt(False, f"{_shown(url)}: the request cannot be made ({unusable(exc)})")
-        if 200 <= response.status_code < 300:
-            return Attempt(True, status=response.status_code)
-        return Attempt(False, f"{_shown(url)} answered {response.status_code}", response.status_code)
+            return Attempt(False, f"{shown}: the request cannot be made ({unusable(exc)})")
+        if 200 <= status < 300:
+            return Attempt(True, status=status)
+        return Attempt(False, f"{shown} answered {status}", status)
+
+    async def _post(self, url: str, raw: bytes, headers: dict[str, str], timeout: float) -> int:
+        """POST the body; the receiver's status, which must come within `timeout` seconds in all
+        (httpx's timeout is per read: a receiver trickling its headers in would hold the attempt
+        past its claim, and another replica would send the event again meanwhile). The answer's
+        body means nothing: at most DRAIN_BYTES of it are read, in what is left of the time, so
+        that the connection can serve the next attempt; a bigger or slower one closes it."""
+        client = self.client()
+        request = client.build_request("POST", url, content=raw, headers=headers, timeout=timeout)
+        async with asyncio.timeout(timeout) as limit:
+            response = await client.send(request, stream=True)
+        try:
+            with contextlib.suppress(TimeoutError, httpx.HTTPError):
+                async with asyncio.timeout_at(limit.when()):
+                    drained = 0
+                    async for chunk in response.aiter_raw():
+                        drained += len(chunk)
+                        if drained > DRAIN_BYTES:
+                            break
+        finally:
+            await response.aclose()
+        return response.status_code
 
 
 def _request(config: BotConfig, hook: WebhookConfig, body: dict[str, Any], attempt: int) -> tuple[str, dict[str, str]]:
@@ -132,6 +158,8 @@ def unusable(exc: Exception) -> str:
     return f"{type(exc).__name__}: a header or the URL holds a character HTTP cannot carry"
 
 
-def _shown(url: str) -> str:
-    """The URL for an error message: no query (it may carry a token)."""
-    return url.split("?", 1)[0]
+def _shown(url: str, secrets: list[str]) -> str:
+    """The URL for an error message (a dead letter's, the log's): no query (it may carry a
+    token), and the values of `secret: true` variables redacted (a URL that is itself the
+    secret, as a chat platform's incoming webhook is)."""
+    return redact_text(url.split("?", 1)[0], secrets)

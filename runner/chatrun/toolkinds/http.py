@@ -55,6 +55,7 @@ REDACTED = "[redacted]"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 BACKOFF_S = 0.2
 MAX_TEXT_CHARS = 100_000  # a result the model and templates can use, not a download
+MAX_BODY_BYTES = 10_000_000  # an answer read at most (its JSON is parsed whole): a bigger one is a failure
 
 Render = Callable[[Any, bool], Any]  # (template or value, typed) -> rendered
 # (the value a `file:` template rendered, the field) -> the file and its bytes
@@ -299,8 +300,21 @@ class Environment(Mapping[str, str]):
         return len(self._declared)
 
     def secrets(self) -> list[str]:
+        """The values of the `secret: true` variables, each also as a URL carries it (an API that
+        echoes the request's URL, or a Location header, shows it encoded), longest first so that
+        no shorter form is replaced inside a longer one."""
         values = [os.environ.get(n, v.default) for n, v in self._declared.items() if v.secret]
-        return [v for v in values if v]
+        forms = {form for value in values if value for form in _url_forms(value)}
+        return sorted(forms, key=len, reverse=True)
+
+
+def _url_forms(value: str) -> set[str]:
+    """A secret as written, and as a request's URL carries it: escaped as a path segment or a
+    query value (`urlsegment`, `query:`), and as httpx leaves it written into the URL's query."""
+    from urllib.parse import quote, quote_plus
+
+    inline = quote(value, safe="!$&'()*+,;=:@/?%")  # RFC 3986's query characters stay, as httpx leaves them
+    return {value, quote(value, safe=""), quote_plus(value), inline}
 
 
 class HttpCaller(RuntimeDefaults):
@@ -393,17 +407,19 @@ class HttpCaller(RuntimeDefaults):
         attempt = 0
         while True:
             try:
-                response = await self.client().send(request)
-                await response.aread()
-            except httpx.TimeoutException:
+                response, body = await self._attempt(request, tool.timeout)
+            except (httpx.TimeoutException, TimeoutError):
                 problem = f"no answer within {tool.timeout:g} s"
                 wait = BACKOFF_S * 2**attempt
             except httpx.HTTPError as exc:
                 problem = f"cannot connect ({type(exc).__name__})"
                 wait = BACKOFF_S * 2**attempt
+            except AnswerTooLarge:  # the same API sends the same body again: no retry
+                problem, attempt = f"an answer larger than {MAX_BODY_BYTES // 1_000_000} MB", attempt + 1
+                break
             else:
                 if response.is_success or response.status_code in http.accept:
-                    return _redacted_result(_result(response), secrets)
+                    return _redacted_result(_result(response, body), secrets)
                 problem = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
                 if response.status_code not in RETRY_STATUSES:
                     break
@@ -412,10 +428,29 @@ class HttpCaller(RuntimeDefaults):
             if attempt > http.retries or time.monotonic() + wait > deadline:
                 break
             await asyncio.sleep(wait)
-        where = _redact_text(_shown_url(request.url), secrets)
+        where = redact_text(_shown_url(request.url), secrets)
         tries = f" after {attempt} attempts" if attempt > 1 else ""
         raise ToolRefusal(f"Error: {tool.name} failed: {problem} from {request.method} {where}{tries}. "
                           "Tell the user it did not work this time.")
+
+    async def _attempt(self, request: httpx.Request, timeout: float) -> tuple[httpx.Response, bytes]:
+        """One attempt: the response and its body, read within `timeout` seconds in all (httpx's
+        own timeout is per read: an API trickling its body in would hold the turn for ever) and
+        no more than MAX_BODY_BYTES of it (a huge body would take the process's memory)."""
+        import asyncio
+
+        async with asyncio.timeout(timeout):
+            response = await self.client().send(request, stream=True)
+            try:
+                chunks, size = [], 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > MAX_BODY_BYTES:
+                        raise AnswerTooLarge
+                    chunks.append(chunk)
+            finally:
+                await response.aclose()
+        return response, b"".join(chunks)
 
     def _build(self, http: HttpConfig, args: dict[str, Any], render: Render, timeout: float,
                trace_headers: Callable[[dict[str, str]], None], file_of: FileOf,
@@ -423,7 +458,8 @@ class HttpCaller(RuntimeDefaults):
         """The request, and what its multipart body carries (None: it has none)."""
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
-            raise TurnFailed(f"{http.where}: http.url rendered to {url[:80]!r}, not an http(s) URL")
+            shown = redact_text(url, self.env.secrets())[:80]  # the turn's error is logged and may be shown
+            raise TurnFailed(f"{http.where}: http.url rendered to {shown!r}, not an http(s) URL")
         query = _query(http, render)
         # an OpenAPI operation's query parameters, as the model gave them
         query.update({k: _text(args[k]) for k in http.args_in_query if args.get(k) is not None})
@@ -440,8 +476,13 @@ class HttpCaller(RuntimeDefaults):
             body["data"] = {k: _text(render(v, False)) for k, v in http.form.items()}
         elif http.multipart is not None:
             body["files"], sent = _multipart(http.multipart, render, file_of)
-        request = self.client().build_request(http.method, url, params=query, headers=headers, timeout=timeout, **body)
+        request = self.client().build_request(http.method, url, params=_params(url, query), headers=headers,
+                                              timeout=timeout, **body)
         return request, sent
+
+
+class AnswerTooLarge(Exception):
+    """An API's answer has more than MAX_BODY_BYTES: not read further."""
 
 
 @dataclass
@@ -489,6 +530,15 @@ def _plain_request(request: httpx.Request, http: HttpConfig, sent: Multipart | N
     }
 
 
+def _params(url: str, query: dict[str, str]) -> httpx.QueryParams | None:
+    """The request's query: the URL's own (`?q={{ args.q }}`) and `query:`'s, `query:` winning a
+    name both give. httpx replaces a URL's query with whatever `params` it is given, `{}` too, so
+    None (no `query:` values) keeps the URL's as written."""
+    import httpx
+
+    return httpx.URL(url).params.merge(query) if query else None
+
+
 def _query(http: HttpConfig, render: Render) -> dict[str, str]:
     """The rendered query parameters; one whose template gives none (or undefined) is left out,
     not sent as `None` (an empty text is sent: `?q=` may mean something to the API)."""
@@ -528,17 +578,17 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value) if value is not None else ""
 
 
-def _result(response: httpx.Response) -> dict[str, Any]:
-    text = response.text[:MAX_TEXT_CHARS]
+def _result(response: httpx.Response, body: bytes) -> dict[str, Any]:
+    text = body.decode(response.encoding or "utf-8", "replace")
     try:
-        parsed = json.loads(response.text) if "json" in response.headers.get("content-type", "") else None
+        parsed = json.loads(text) if "json" in response.headers.get("content-type", "") else None
     except ValueError:
         parsed = None
     return {
         "status": response.status_code,
         "ok": response.is_success,
         "json": parsed,
-        "text": text,
+        "text": text[:MAX_TEXT_CHARS],
         "headers": dict(response.headers),
     }
 
@@ -565,7 +615,8 @@ def _shown_url(url: httpx.URL) -> str:
     return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
 
 
-def _redact_text(text: str, secrets: list[str]) -> str:
+def redact_text(text: str, secrets: list[str]) -> str:
+    """The text with each secret value replaced by `[redacted]`."""
     for secret in secrets:
         text = text.replace(secret, REDACTED)
     return text
@@ -581,7 +632,7 @@ def _redacted(value: Any, secrets: list[str]) -> Any:
     if not secrets:
         return value
     if isinstance(value, str):
-        return _redact_text(value, secrets)
+        return redact_text(value, secrets)
     if isinstance(value, dict):
         return {_redacted(k, secrets): _redacted(v, secrets) for k, v in value.items()}
     if isinstance(value, list):

@@ -10,11 +10,13 @@ the process.
 
 What a call gives the action as `result`: the tool's structured content when it has
 some, else its text parsed as JSON when it is JSON, else the text. A result the server
-marks as an error is a refusal with the server's text.
+marks as an error, or a JSON-RPC error it answers the call with, is a refusal with the
+server's text (the server is not restarted for it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -30,6 +32,7 @@ if TYPE_CHECKING:  # asyncio loads when a server is first used: `chatrun validat
     import asyncio
 
 START_TIMEOUT_S = 30.0
+LIST_TIMEOUT_S = 30.0  # seconds a started server has to list its tools
 
 
 @dataclass
@@ -122,10 +125,16 @@ class McpConnection:
             self._ready.set()
             return
         try:
-            async with Client(self._server(), raise_exceptions=False) as client:
+            async with Client(self._server(), raise_exceptions=False, message_handler=self._on_message) as client:
                 self._client = client
                 self._ready.set()
-                await self._stop.wait()
+                watcher = asyncio.get_running_loop().create_task(self._listen(client))
+                try:
+                    await self._stop.wait()
+                finally:
+                    watcher.cancel()
+                    with contextlib.suppress(BaseException):
+                        await watcher
         except BaseException as exc:  # an exiting server ends this task, never the process
             self._start_error = exc
             if isinstance(exc, asyncio.CancelledError):
@@ -135,6 +144,25 @@ class McpConnection:
             self._ready.set()
             if self._stderr is not None:
                 self._stderr.close()
+
+    async def _listen(self, client: Any) -> None:
+        """A server of the 2026-07-28 protocol tells of a changed tool list only on a
+        `subscriptions/listen` stream: each change has it listed again (an older one sends a
+        notification instead: _on_message)."""
+        try:
+            async with client.listen(tools_list_changed=True) as changes:
+                async for _ in changes:
+                    self._tools = None
+        except Exception:  # an older server (no listen), or the stream dropped: its notifications, or none
+            return
+
+    async def _on_message(self, message: Any) -> None:
+        """A server that says its tool list changed (tools/list_changed) is listed again when a
+        turn next asks: its routes offer the tools it has now, not those of its start."""
+        from mcp.types import ToolListChangedNotification
+
+        if isinstance(message, ToolListChangedNotification):
+            self._tools = None
 
     def _server(self) -> Any:
         from mcp import StdioServerParameters
@@ -153,9 +181,19 @@ class McpConnection:
         return stdio_client(params, errlog=self._stderr)
 
     async def tools(self) -> list[McpTool]:
+        import asyncio
+
         if self._tools is None:
             client = await self.client()
-            listed = await client.list_tools()
+            try:  # a route's turn waits for the list: a server that never gives it must not hold it
+                async with asyncio.timeout(LIST_TIMEOUT_S):
+                    listed = await client.list_tools()
+            except TimeoutError:
+                self._broken = True
+                raise self._unreachable(f"it did not list its tools within {LIST_TIMEOUT_S:g} s") from None
+            except Exception as exc:  # it exited, or answered the list with an error
+                self._broken = not _refused(exc)
+                raise self._unreachable(_reason(exc)) from None
             self._tools = [McpTool(self.config.name, t.name, t.description or "",
                                    dict(t.input_schema or {"type": "object", "properties": {}}))
                            for t in listed.tools]
@@ -171,8 +209,10 @@ class McpConnection:
         except TimeoutError:
             raise ToolRefusal(f"Error: {tool} failed: the MCP server {self.config.name} did not answer within "
                               f"{timeout:g} s. Tell the user it did not work this time.") from None
-        except Exception as exc:  # a broken connection: start it again next time
-            self._broken = True
+        except Exception as exc:
+            if _refused(exc):  # the server answered the call with an error: it runs, and says why
+                raise ToolRefusal(f"Error: {tool} failed: {exc}") from None
+            self._broken = True  # a broken connection: start it again next time
             raise self._unreachable(_reason(exc)) from None
         text = "\n".join(getattr(part, "text", "") for part in answer.content if getattr(part, "text", None))
         if answer.is_error:
@@ -242,6 +282,16 @@ class McpServers:
         connections = self._by_loop.pop(asyncio.get_running_loop(), {})
         for connection in connections.values():
             await connection.aclose()
+
+
+def _refused(exc: Exception) -> bool:
+    """A JSON-RPC error the server answered with (invalid params, an unknown tool: what some SDKs
+    answer a model's bad call with), not a lost connection. Restarting the server for it would
+    drop its state and the other sessions' calls in flight, and tell the model it is down."""
+    from mcp import MCPError
+    from mcp.types import CONNECTION_CLOSED
+
+    return isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED
 
 
 def _reason(exc: BaseException | None) -> str:

@@ -125,6 +125,7 @@ def operation_tool(ref: OpenApiRef, spec: dict[str, Any], where: Location) -> tu
     properties: dict[str, Any] = {}
     required: list[str] = []
     query: list[str] = []
+    schemas = _Schemas(spec)
     for param in [*item.get("parameters", []), *op.get("parameters", [])]:
         param = _deref(param, spec)
         where_in, name = param.get("in"), param.get("name")
@@ -133,12 +134,12 @@ def operation_tool(ref: OpenApiRef, spec: dict[str, Any], where: Location) -> tu
         schema = dict(_deref(param.get("schema") or {"type": "string"}, spec))
         if param.get("description"):
             schema.setdefault("description", param["description"])
-        properties[name] = _json_schema(schema, spec)
+        properties[name] = schemas.convert(schema)
         if where_in == "path" or param.get("required"):
             required.append(name)
         if where_in == "query":
             query.append(name)
-    body = _json_body(op, spec)
+    body = _json_body(op, schemas)
     if body is not None:
         properties["body"] = body[0]
         if body[1]:
@@ -151,6 +152,8 @@ def operation_tool(ref: OpenApiRef, spec: dict[str, Any], where: Location) -> tu
                       idempotency_header=idempotency_header(ref.idempotency_key, method))
     description = op.get("summary") or op.get("description") or ""
     parameters = {"type": "object", "properties": properties, "required": sorted(set(required))}
+    if schemas.defs:
+        parameters["$defs"] = schemas.defs
     return http, description, parameters
 
 
@@ -166,43 +169,78 @@ def _templated_path(path: str) -> str:
     while "{" in rest:
         head, _, tail = rest.partition("{")
         name, _, rest = tail.partition("}")
-        out += head + "{{ args." + name + " | urlsegment }}"
+        # `order-id` is no name in a template (`args.order - id`): such a one is read by subscript
+        arg = f"args.{name}" if name.isidentifier() else f"args[{json.dumps(name)}]"
+        out += head + "{{ " + arg + " | urlsegment }}"
     return out + rest
 
 
-def _json_body(op: dict[str, Any], spec: dict[str, Any]) -> tuple[dict[str, Any], bool] | None:
-    body = _deref(op.get("requestBody") or {}, spec)
+def _json_body(op: dict[str, Any], schemas: _Schemas) -> tuple[dict[str, Any], bool] | None:
+    body = _deref(op.get("requestBody") or {}, schemas.spec)
     content = body.get("content") or {}
     media = content.get("application/json")
     if not isinstance(media, dict):
         return None
-    return _json_schema(_deref(media.get("schema") or {}, spec), spec), bool(body.get("required"))
+    return schemas.convert(media.get("schema") or {}), bool(body.get("required"))
 
 
 def _deref(node: Any, spec: dict[str, Any]) -> Any:
     """Follow a local `$ref` (`#/components/...`)."""
     seen = 0
     while isinstance(node, dict) and isinstance(node.get("$ref"), str) and seen < 32:
-        ref = node["$ref"]
-        if not ref.startswith("#/"):
-            raise ChatrunError(f"the OpenAPI document refers to {ref}; only references inside it (#/...) are read")
-        target: Any = spec
-        for part in ref[2:].split("/"):
-            target = target.get(part) if isinstance(target, dict) else None
-        if target is None:
-            raise ChatrunError(f"the OpenAPI document's reference {ref} points nowhere")
-        node, seen = target, seen + 1
+        node, seen = _target(node["$ref"], spec), seen + 1
     return node
 
 
-def _json_schema(schema: Any, spec: dict[str, Any]) -> Any:
-    """An OpenAPI schema as JSON Schema: references resolved, 3.0's `nullable` as a null type."""
-    schema = _deref(schema, spec)
-    if isinstance(schema, list):
-        return [_json_schema(s, spec) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _json_schema(v, spec) for k, v in schema.items() if k not in ("nullable", "example", "xml")}
-    if schema.get("nullable") and isinstance(out.get("type"), str):
-        out["type"] = [out["type"], "null"]
-    return out
+def _target(ref: str, spec: dict[str, Any]) -> Any:
+    """What a local `$ref` points at (one step)."""
+    if not ref.startswith("#/"):
+        raise ChatrunError(f"the OpenAPI document refers to {ref}; only references inside it (#/...) are read")
+    target: Any = spec
+    for part in ref[2:].split("/"):
+        target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
+    if target is None:
+        raise ChatrunError(f"the OpenAPI document's reference {ref} points nowhere")
+    return target
+
+
+@dataclass
+class _Schemas:
+    """The walk that turns an operation's schemas into the tool's JSON Schema: references are
+    written out in place, except a schema that refers to itself (a tree, a thread of replies),
+    which cannot be: it goes into the parameters' `$defs` once, referred to by `$ref`."""
+
+    spec: dict[str, Any]
+    defs: dict[str, Any] = field(default_factory=dict)  # `$defs` name -> the schema
+    recursive: set[str] = field(default_factory=set)  # the references met inside themselves
+    within: tuple[str, ...] = ()  # the references being written out, outermost first
+
+    def convert(self, schema: Any) -> Any:
+        """An OpenAPI schema as JSON Schema: references resolved, 3.0's `nullable` as a null type."""
+        if isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
+            return self._reference(schema["$ref"])
+        if isinstance(schema, list):
+            return [self.convert(s) for s in schema]
+        if not isinstance(schema, dict):
+            return schema
+        out = {k: self.convert(v) for k, v in schema.items() if k not in ("nullable", "example", "xml")}
+        if schema.get("nullable") and isinstance(out.get("type"), str):
+            out["type"] = [out["type"], "null"]
+        return out
+
+    def _reference(self, ref: str) -> Any:
+        name = ref[2:].replace("/", ".")
+        if name in self.defs or ref in self.within:
+            self.recursive.add(ref)
+            return {"$ref": f"#/$defs/{name}"}
+        if len(self.within) >= 64:
+            raise ChatrunError(f"the OpenAPI document's schemas nest more than 64 references deep at {ref}")
+        self.within = (*self.within, ref)
+        try:
+            out = self.convert(_target(ref, self.spec))
+        finally:
+            self.within = self.within[:-1]
+        if ref not in self.recursive:
+            return out
+        self.defs[name] = out
+        return {"$ref": f"#/$defs/{name}"}
