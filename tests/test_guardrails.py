@@ -432,3 +432,45 @@ def test_a_handlers_exception_text_is_redacted_in_the_error_the_history_and_the_
     for seen in (json.dumps(body), caplog.text):
         assert not card_leaked(seen) and "ann@example.com" not in seen
     assert "no account for [email], card [card]" in caplog.text
+
+
+HANDLED = LEAKY.replace("    handler: leaky_tools:look\n", """    handler: leaky_tools:look
+    on_error:
+      message: "Lookup failed: {{ error }}"
+      reply: "The lookup failed ({{ error }}). Say so."
+""")
+
+
+def test_a_handled_failures_console_note_is_redacted_and_the_authors_error_text_only_where_it_is_stored(
+        fake, write_bot, tmp_path):
+    """`on_error:`: chatrun's own Console note went to every client with the handler's raw text.
+    It holds what the store keeps; the author's `{{ error }}` renders as raised (the author chose
+    to show it: guard `output` to hide it), and the history keeps it redacted."""
+    from fastapi.testclient import TestClient
+
+    from server_support import app_for_testclient
+    bot = chatrun.load_bot(write_bot(HANDLED, extra={"leaky_tools.py": LEAKY_TOOLS}))
+    app = app_for_testclient([bot], f"sqlite:///{tmp_path / 's.db'}")
+    fake.queue({"tool_calls": [{"name": "look", "arguments": {}}]}, {"text": "Sorry, no luck."})
+    with TestClient(app) as client:
+        assert client.post("/bots/leaky/sessions", json={"id": "s1"}).status_code == 201
+        body = client.post("/bots/leaky/sessions/s1/messages", json={"userMessage": "who am I?"}).json()
+        history = client.get("/bots/leaky/sessions/s1").json()["history"]
+    [console] = [e["data"] for e in body["events"] if e["type"] == "Console" and "handled failure" in e["data"]]
+    assert console.endswith("no account for [email], card [card]")
+    assert "Lookup failed: no account for ann@example.com" in json.dumps(body)  # the author's choice, live
+    stored = json.dumps(history)
+    assert "Lookup failed: no account for [email], card [card]" in stored
+    assert not card_leaked(stored) and "ann@example.com" not in stored
+    assert "The lookup failed (no account for ann@example.com" in json.dumps(fake.requests[-1])  # the model's, as raised
+
+
+def test_a_failures_text_on_the_spans_is_redacted(write_bot, spans):
+    """A handler raised with a card number and an email: the turn's and the tool call's spans
+    ended with the exception's text as their status."""
+    bot = chatrun.load_bot(write_bot(LEAKY.replace("provider: openai, name: gpt-4o-mini, max_retries: 0",
+                                                   "provider: scripted"), extra={"leaky_tools.py": LEAKY_TOOLS}))
+    bot.session(model=ScriptedModel([{"tool_calls": [{"name": "look", "arguments": {}}]}])).chat("who am I?")
+    statuses = [span.status.description or "" for span in spans.get_finished_spans()]
+    assert sum("no account for [email], card [card]" in s for s in statuses) == 2  # execute_tool, invoke_agent
+    assert not any(card_leaked(s) or "ann@example.com" in s for s in statuses)

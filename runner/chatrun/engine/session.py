@@ -706,8 +706,10 @@ class Session:
 
         self._sink = collect
         # The span's attributes are read only when spans are recorded (tracing off: OFF, as turn_span says).
+        # A failure's text on the turn's spans (and the tool and model calls' in it) is redacted as the history's.
         span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"),
-                                 self.bot_version) if turn.recorded else tracing.OFF
+                                 self.bot_version, kept=lambda text: self._kept_text(text, turn)) \
+            if turn.recorded else tracing.OFF
         try:
             with span as current:
                 await turn.run()
@@ -815,10 +817,7 @@ class Session:
     def _kept_text(self, text: str, turn: Turn) -> str:
         """`text` as the store keeps it: redacted by the `storage` guards of the bot and of the
         routes the turn ran on (the same guards as `_stored`); as it is when there are none."""
-        if not self.bot.config.guarded:
-            return text
-        guards = guardrails.bot_storage_guards(self.bot.config, [*turn.hops, self.route])
-        return guardrails.storage_redactor(guards)(text) if guards else text
+        return guardrails.kept_text(self.bot.config, [*turn.hops, self.route], text)
 
     def _reopened(self, before: Checkpoint, collected: list[Event], turn: Turn) -> None:
         """An item the failing or stopped turn resolved waits again once it is rolled back, but its
