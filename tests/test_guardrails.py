@@ -474,3 +474,21 @@ def test_a_failures_text_on_the_spans_is_redacted(write_bot, spans):
     statuses = [span.status.description or "" for span in spans.get_finished_spans()]
     assert sum("no account for [email], card [card]" in s for s in statuses) == 2  # execute_tool, invoke_agent
     assert not any(card_leaked(s) or "ann@example.com" in s for s in statuses)
+
+
+def test_the_turn_logs_content_is_redacted_as_the_history_keeps_it(fake, write_bot, tmp_path, caplog):
+    """`chatrun serve --log-content`: the turn line's `input` and `reply` held the card number and
+    the email the history keeps redacted."""
+    from fastapi.testclient import TestClient
+
+    from server_support import app_for_testclient
+    bot = chatrun.load_bot(write_bot(LEAKY, extra={"leaky_tools.py": LEAKY_TOOLS}))
+    app = app_for_testclient([bot], f"sqlite:///{tmp_path / 's.db'}", log_content=True)
+    caplog.set_level(logging.INFO, logger="chatrun.turns")
+    fake.queue({"text": f"Noted {CARD} for ann@example.com."})
+    with TestClient(app) as client:
+        assert client.post("/bots/leaky/sessions", json={"id": "s1"}).status_code == 201
+        said = client.post("/bots/leaky/sessions/s1/messages", json={"userMessage": f"card {CARD}, ann@example.com"})
+    assert card_leaked(json.dumps(said.json()))  # the user reads the reply as the `output` stage let it through
+    [line] = [r.chatrun for r in caplog.records if r.name == "chatrun.turns"]
+    assert line["input"] == "card [card], [email]" and line["reply"] == "Noted [card] for [email]."
