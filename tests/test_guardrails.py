@@ -492,3 +492,25 @@ def test_the_turn_logs_content_is_redacted_as_the_history_keeps_it(fake, write_b
     assert card_leaked(json.dumps(said.json()))  # the user reads the reply as the `output` stage let it through
     [line] = [r.chatrun for r in caplog.records if r.name == "chatrun.turns"]
     assert line["input"] == "card [card], [email]" and line["reply"] == "Noted [card] for [email]."
+
+
+@pytest.mark.slow
+def test_a_v1_requests_replayable_outcome_is_stored_redacted(fake, write_bot, tmp_path):
+    """/v1 with an Idempotency-Key: the outcome a retry replays was kept in the store with the
+    reply as the model wrote it (a card number in the SQLite file); the history had it redacted.
+    The retry now replays what the store keeps, as the HTTP API's retries do."""
+    import openai
+
+    from server_support import ThreadServer, app_for_testclient
+    bot = chatrun.load_bot(write_bot(LEAKY, extra={"leaky_tools.py": LEAKY_TOOLS}))
+    fake.queue({"text": f"Noted {CARD}."})
+    key = {"Idempotency-Key": "order-1"}
+    with ThreadServer(app_for_testclient([bot], f"sqlite:///{tmp_path / 's.db'}")) as server, \
+            openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        def say():
+            return client.chat.completions.create(model="leaky", messages=[{"role": "user", "content": "note it"}],
+                                                  extra_headers=key).choices[0].message.content
+        first, again = say(), say()
+    assert first == f"Noted {CARD}." and again == "Noted [card]." and len(fake.requests) == 1
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*")).decode("utf-8", "replace")
+    assert "Noted [card]." in stored and not card_leaked(stored)

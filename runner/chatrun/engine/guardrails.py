@@ -515,6 +515,14 @@ def kept_text(config: BotConfig, routes: Iterable[str], text: str) -> str:
     return storage_redactor(guards)(text) if guards else text
 
 
+def kept_value(config: BotConfig, routes: Iterable[str], value: Any) -> Any:
+    """`value` (plain JSON) with every string as `kept_text` leaves it."""
+    if not config.guarded:
+        return value
+    routes = list(routes)
+    return map_strings(value, lambda text: kept_text(config, routes, text))
+
+
 def bot_storage_guards(config: BotConfig, routes: Iterable[str]) -> tuple[GuardrailConfig, ...]:
     """The storage guards of the bot and of the routes a turn ran on."""
     seen: dict[int, GuardrailConfig] = {id(g): g for g in stage_guards(config.guardrails, "storage")}

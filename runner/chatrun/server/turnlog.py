@@ -122,9 +122,8 @@ class TurnReport:
         if self.content:
             message = self.message.get("userMessage") if isinstance(self.message, dict) else self.message
             # A log keeps what it holds: on a bot with `storage` guardrails, as the history keeps it.
-            config, routes = self.session.bot.config, [self.route, after]
-            fields["input"], fields["reply"] = guardrails.map_strings(
-                [message, "\n".join(self.replies)], lambda text: guardrails.kept_text(config, routes, text))
+            fields["input"], fields["reply"] = guardrails.kept_value(self.session.bot.config, [self.route, after],
+                                                                     [message, "\n".join(self.replies)])
         return {k: v for k, v in fields.items() if v is not None}
 
 
