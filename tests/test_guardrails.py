@@ -494,6 +494,10 @@ def test_the_turn_logs_content_is_redacted_as_the_history_keeps_it(fake, write_b
     assert line["input"] == "card [card], [email]" and line["reply"] == "Noted [card] for [email]."
 
 
+# LEAKY without its tool: the store keeps a bot's files (its versions), which would hold the card.
+QUIET = LEAKY.split("routes:")[0] + "routes:\n  main: {default: true, system: You help.}\n"
+
+
 @pytest.mark.slow
 def test_a_v1_requests_replayable_outcome_is_stored_redacted(fake, write_bot, tmp_path):
     """/v1 with an Idempotency-Key: the outcome a retry replays was kept in the store with the
@@ -502,7 +506,7 @@ def test_a_v1_requests_replayable_outcome_is_stored_redacted(fake, write_bot, tm
     import openai
 
     from server_support import ThreadServer, app_for_testclient
-    bot = chatrun.load_bot(write_bot(LEAKY, extra={"leaky_tools.py": LEAKY_TOOLS}))
+    bot = chatrun.load_bot(write_bot(QUIET))
     fake.queue({"text": f"Noted {CARD}."})
     key = {"Idempotency-Key": "order-1"}
     with ThreadServer(app_for_testclient([bot], f"sqlite:///{tmp_path / 's.db'}")) as server, \
@@ -514,3 +518,25 @@ def test_a_v1_requests_replayable_outcome_is_stored_redacted(fake, write_bot, tm
     assert first == f"Noted {CARD}." and again == "Noted [card]." and len(fake.requests) == 1
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*")).decode("utf-8", "replace")
     assert "Noted [card]." in stored and not card_leaked(stored)
+
+
+def test_a_ratings_comment_is_kept_redacted(fake, write_bot, tmp_path):
+    """POST .../feedback: the user's comment went into the history (and a sink's outbox entry)
+    as typed, a card number and an email among it, beside turns the `storage` guards redacted."""
+    from fastapi.testclient import TestClient
+
+    from server_support import app_for_testclient
+    bot = chatrun.load_bot(write_bot(QUIET))
+    fake.queue({"text": "Done."})
+    with TestClient(app_for_testclient([bot], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        assert client.post("/bots/leaky/sessions", json={"id": "s1"}).status_code == 201
+        assert client.post("/bots/leaky/sessions/s1/messages", json={"userMessage": "hi"}).json()["ok"] is True
+        rated = client.post("/bots/leaky/sessions/s1/feedback",
+                            json={"turn": 1, "rating": "down", "comment": f"you charged {CARD}, ann@example.com"})
+        history = client.get("/bots/leaky/sessions/s1").json()["history"]
+    assert rated.status_code == 201 and rated.json()["comment"] == "you charged [card], [email]"
+    assert history[-1]["feedback"]["comment"] == "you charged [card], [email]"
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*")).decode("utf-8", "replace")
+    assert not card_leaked(stored) and "ann@example.com" not in stored
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*")).decode("utf-8", "replace")
+    assert not card_leaked(stored) and "ann@example.com" not in stored

@@ -481,8 +481,8 @@ class Session:
             ran = f"its turns are 1 to {self.turn_count}" if self.turn_count else "no turn has run yet"
             raise SessionError(f"session {self.id} has no turn {turn} to rate ({ran})")
         data: dict[str, Any] = {"turn": turn, "rating": rating, "route": self.route}
-        if comment:
-            data["comment"] = comment
+        if comment:  # the user's words, kept in the history and the outbox: the `storage` guards apply
+            data["comment"] = guardrails.kept_text(self.bot.config, [self.route], comment)
         if by is not None:
             data["by"] = by.get("name")
         event = Event(ev.FEEDBACK, data, turn, audience=ev.BACKEND)
