@@ -356,7 +356,8 @@ def to_operators(calls: ToolCalls) -> NextStep:
     item = takeover_item(calls.t.c)
     assert item is not None
     data = {"text": calls.t.user_message, "data": {k: v for k, v in calls.t.data.items() if k != "userMessage"}}
-    item.data.setdefault("messages", []).append({"from": "user", "text": _said(calls)})
+    # The talk is kept in the snapshot until the release puts it in the memory: as the history keeps it.
+    item.data.setdefault("messages", []).append({"from": "user", "text": calls.kept(_said(calls))})
     calls.t.emit(ev.USER_MESSAGE, data, audience=ev.OPERATORS)
     return NextStepFinalOutput()
 
@@ -701,7 +702,8 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
         calls.t.emit(ev.MESSAGE, calls.t.own_text("operator_joined", name=name),
                      meta={"from": "notice", "notice": "operator_joined", "name": name}, audience=ev.USER)
     if isinstance(decision, OperatorSay):
-        item.data.setdefault("messages", []).append({"from": "operator", "name": name, "text": decision.text})
+        item.data.setdefault("messages", []).append({"from": "operator", "name": name,
+                                                     "text": calls.kept(decision.text)})
         calls.t.emit(ev.MESSAGE, decision.text, meta={"from": "operator", "name": name})
     elif isinstance(decision, Release):
         await release(calls, item, decision.route)
