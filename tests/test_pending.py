@@ -870,3 +870,17 @@ def test_the_talk_of_a_takeover_is_kept_as_the_history_keeps_it(write_bot, tmp_p
     as_(session, OPERATOR).chat(Release())
     assert session.memory(route="menu")[-2:] == [UserMessage("my card is [card]"),
                                                  AssistantMessage("[operator olga] Write to [email]")]
+
+
+def test_a_failed_handover_summarys_console_note_passes_the_storage_guardrails(write_bot):
+    """The summarizing model's error text (which may quote what it read: the talk) went to every
+    client in the Console note as raised, on a bot whose `storage` guardrails redact it."""
+    guarded = SUMMARIZED.replace("routes:", "guardrails:\n  - {pii: [card], stages: [storage], outcome: redact}\n"
+                                 "routes:", 1)
+    bot = chatrun.load_bot(write_bot(guarded))
+    session = start(bot, ScriptedModel([call("human"), {"error": "cannot summarize 4111 1111 1111 1111"}]))
+    session.chat("A person, please")
+    as_(session, OPERATOR).chat(OperatorSay("Hello."))
+    events = as_(session, OPERATOR).chat(Release())
+    [note] = of(events, "Console")
+    assert note.startswith("the handover summary failed") and "cannot summarize [card]" in note

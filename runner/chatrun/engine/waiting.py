@@ -833,7 +833,8 @@ async def _summary(calls: ToolCalls, route: str, memory: ChatMemory, said: list[
             text = await calls.t.summarize(route, HANDOVER_PROMPT, talk)
             return f"(Summary of what an operator and the user said while I was away: {text})"
         except Exception as exc:  # a summary never fails the release: the digest says it instead
-            calls.t.emit(ev.CONSOLE, f"the handover summary failed ({type(exc).__name__}: {exc}); kept a digest")
+            calls.t.emit(ev.CONSOLE, calls.kept(f"the handover summary failed ({type(exc).__name__}: {exc}); "
+                                                "kept a digest"))
     return _digest(said)
 
 
