@@ -210,3 +210,18 @@ def test_the_auth_file_gives_principals_claims():
                             ("ana@example.com", "claims is a mapping")):
         with pytest.raises(chatrun.ChatrunError, match=problem):
             Auth.from_mapping({"tokens": {"tok-ana-0123456": {"principal": "ana", "claims": claims}}})
+
+
+def test_an_invalid_bound_values_detail_passes_the_storage_guards(api, write_bot):
+    """The Error's `meta.detail` quotes the bound value the schema refused: on a bot whose
+    `storage` guards redact cards and emails it held them as rendered (the history alone was redacted)."""
+    guarded = BOT.replace("state: {team: null}", "state: {team: null}\nguardrails:\n"
+                          "  - {pii: [card, email], stages: [storage], outcome: redact}")
+    model = chatrun.ScriptedModel([call("my_tickets"), {"text": "ok"}])
+    team = ["ana@example.com", "4111 1111 1111 1111"]  # not a string: the schema refuses it
+    session = chatrun.load_bot(write_bot(guarded)).session(model=model, principal=ANA, state={"team": team})
+    [error] = [e for e in session.chat("my tickets?") if e.type == "Error"]
+    assert api.requests == []
+    detail = error.meta["detail"]
+    assert "a bound argument is invalid" in detail and "[email]" in detail and "[card]" in detail
+    assert "4111" not in detail and "ana@example.com" not in detail

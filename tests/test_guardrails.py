@@ -457,3 +457,111 @@ def test_what_is_said_during_a_takeover_is_stored_redacted(write_bot, tmp_path):
     assert not card_leaked(stored) and b"5555 5555" not in stored
     sent = json.dumps([m.to_dict() for m in model.requests[-1].messages])
     assert "my card is [card]" in sent and not card_leaked(sent)
+
+
+HANDLED = LEAKY.replace("    handler: leaky_tools:look\n", """    handler: leaky_tools:look
+    on_error:
+      message: "Lookup failed: {{ error }}"
+      reply: "The lookup failed ({{ error }}). Say so."
+""")
+
+
+def test_a_handled_failures_console_note_is_redacted_and_the_authors_error_text_only_where_it_is_stored(
+        fake, write_bot, tmp_path):
+    """`on_error:`: chatrun's own Console note went to every client with the handler's raw text.
+    It holds what the store keeps; the author's `{{ error }}` renders as raised (the author chose
+    to show it: guard `output` to hide it), and the history keeps it redacted."""
+    from fastapi.testclient import TestClient
+
+    from server_support import app_for_testclient
+    bot = chatrun.load_bot(write_bot(HANDLED, extra={"leaky_tools.py": LEAKY_TOOLS}))
+    app = app_for_testclient([bot], f"sqlite:///{tmp_path / 's.db'}")
+    fake.queue({"tool_calls": [{"name": "look", "arguments": {}}]}, {"text": "Sorry, no luck."})
+    with TestClient(app) as client:
+        assert client.post("/bots/leaky/sessions", json={"id": "s1"}).status_code == 201
+        body = client.post("/bots/leaky/sessions/s1/messages", json={"userMessage": "who am I?"}).json()
+        history = client.get("/bots/leaky/sessions/s1").json()["history"]
+    [console] = [e["data"] for e in body["events"] if e["type"] == "Console" and "handled failure" in e["data"]]
+    assert console.endswith("no account for [email], card [card]")
+    assert "Lookup failed: no account for ann@example.com" in json.dumps(body)  # the author's choice, live
+    stored = json.dumps(history)
+    assert "Lookup failed: no account for [email], card [card]" in stored
+    assert not card_leaked(stored) and "ann@example.com" not in stored
+    assert "The lookup failed (no account for ann@example.com" in json.dumps(fake.requests[-1])  # the model's, as raised
+
+
+def test_a_failures_text_on_the_spans_is_redacted(write_bot, spans):
+    """A handler raised with a card number and an email: the turn's and the tool call's spans
+    ended with the exception's text as their status."""
+    bot = chatrun.load_bot(write_bot(LEAKY.replace("provider: openai, name: gpt-4o-mini, max_retries: 0",
+                                                   "provider: scripted"), extra={"leaky_tools.py": LEAKY_TOOLS}))
+    bot.session(model=ScriptedModel([{"tool_calls": [{"name": "look", "arguments": {}}]}])).chat("who am I?")
+    statuses = [span.status.description or "" for span in spans.get_finished_spans()]
+    assert sum("no account for [email], card [card]" in s for s in statuses) == 2  # execute_tool, invoke_agent
+    assert not any(card_leaked(s) or "ann@example.com" in s for s in statuses)
+
+
+def test_the_turn_logs_content_is_redacted_as_the_history_keeps_it(fake, write_bot, tmp_path, caplog):
+    """`chatrun serve --log-content`: the turn line's `input` and `reply` held the card number and
+    the email the history keeps redacted."""
+    from fastapi.testclient import TestClient
+
+    from server_support import app_for_testclient
+    bot = chatrun.load_bot(write_bot(LEAKY, extra={"leaky_tools.py": LEAKY_TOOLS}))
+    app = app_for_testclient([bot], f"sqlite:///{tmp_path / 's.db'}", log_content=True)
+    caplog.set_level(logging.INFO, logger="chatrun.turns")
+    fake.queue({"text": f"Noted {CARD} for ann@example.com."})
+    with TestClient(app) as client:
+        assert client.post("/bots/leaky/sessions", json={"id": "s1"}).status_code == 201
+        said = client.post("/bots/leaky/sessions/s1/messages", json={"userMessage": f"card {CARD}, ann@example.com"})
+    assert card_leaked(json.dumps(said.json()))  # the user reads the reply as the `output` stage let it through
+    [line] = [r.chatrun for r in caplog.records if r.name == "chatrun.turns"]
+    assert line["input"] == "card [card], [email]" and line["reply"] == "Noted [card] for [email]."
+
+
+# LEAKY without its tool: the store keeps a bot's files (its versions), which would hold the card.
+QUIET = LEAKY.split("routes:")[0] + "routes:\n  main: {default: true, system: You help.}\n"
+
+
+@pytest.mark.slow
+def test_a_v1_requests_replayable_outcome_is_stored_redacted(fake, write_bot, tmp_path):
+    """/v1 with an Idempotency-Key: the outcome a retry replays was kept in the store with the
+    reply as the model wrote it (a card number in the SQLite file); the history had it redacted.
+    The retry now replays what the store keeps, as the HTTP API's retries do."""
+    import openai
+
+    from server_support import ThreadServer, app_for_testclient
+    bot = chatrun.load_bot(write_bot(QUIET))
+    fake.queue({"text": f"Noted {CARD}."})
+    key = {"Idempotency-Key": "order-1"}
+    with ThreadServer(app_for_testclient([bot], f"sqlite:///{tmp_path / 's.db'}")) as server, \
+            openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        def say():
+            return client.chat.completions.create(model="leaky", messages=[{"role": "user", "content": "note it"}],
+                                                  extra_headers=key).choices[0].message.content
+        first, again = say(), say()
+    assert first == f"Noted {CARD}." and again == "Noted [card]." and len(fake.requests) == 1
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*")).decode("utf-8", "replace")
+    assert "Noted [card]." in stored and not card_leaked(stored)
+
+
+def test_a_ratings_comment_is_kept_redacted(fake, write_bot, tmp_path):
+    """POST .../feedback: the user's comment went into the history (and a sink's outbox entry)
+    as typed, a card number and an email among it, beside turns the `storage` guards redacted."""
+    from fastapi.testclient import TestClient
+
+    from server_support import app_for_testclient
+    bot = chatrun.load_bot(write_bot(QUIET))
+    fake.queue({"text": "Done."})
+    with TestClient(app_for_testclient([bot], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        assert client.post("/bots/leaky/sessions", json={"id": "s1"}).status_code == 201
+        assert client.post("/bots/leaky/sessions/s1/messages", json={"userMessage": "hi"}).json()["ok"] is True
+        rated = client.post("/bots/leaky/sessions/s1/feedback",
+                            json={"turn": 1, "rating": "down", "comment": f"you charged {CARD}, ann@example.com"})
+        history = client.get("/bots/leaky/sessions/s1").json()["history"]
+    assert rated.status_code == 201 and rated.json()["comment"] == "you charged [card], [email]"
+    assert history[-1]["feedback"]["comment"] == "you charged [card], [email]"
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*")).decode("utf-8", "replace")
+    assert not card_leaked(stored) and "ann@example.com" not in stored
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*")).decode("utf-8", "replace")
+    assert not card_leaked(stored) and "ann@example.com" not in stored

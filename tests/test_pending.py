@@ -895,3 +895,39 @@ def test_a_decision_puts_back_a_call_the_window_dropped_while_it_waited(write_bo
     assert [c.tool_calls[0].name for c in calls] == ["refund"] and [r.content for r in results] == ["Refunded A1."]
     assert results[0].tool_call_id == calls[0].tool_calls[0].id and sent.index(results[0]) == sent.index(calls[0]) + 1
     assert session.memory(route="main")[-1] == AssistantMessage("Refunded, thanks for waiting.")
+
+
+def test_the_talk_of_a_takeover_is_kept_as_the_history_keeps_it(write_bot, tmp_path):
+    """What the user and the operator said during a takeover waits in the takeover item, in the
+    session's snapshot, until the release: a card number and an email were kept there as said,
+    on a bot whose `storage` guardrails redact them everywhere else."""
+    guarded = DESK.replace("state: {refunds", "guardrails:\n  - {pii: [card, email], stages: [storage], "
+                           "outcome: redact}\nstate: {refunds")
+    bot = chatrun.load_bot(write_bot(guarded, extra={"desk_tools.py": TOOLS}))
+    store = SQLiteStore(str(tmp_path / "s.db"))
+    session = start(bot, ScriptedModel([call("human")]), store=store)
+    session.chat("I want a human")
+    session.chat("my card is 4111 1111 1111 1111")
+    as_(session, OPERATOR).chat(TakeOver())
+    session.chat(OperatorSay("Write to olga@example.com"))
+    [item] = session.snapshot()["pending"]
+    assert [m["text"] for m in item["data"]["messages"]] == ["my card is [card]", "Write to [email]"]
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*"))
+    assert b"4111 1111" not in stored and b"olga@example.com" not in stored
+    as_(session, OPERATOR).chat(Release())
+    assert session.memory(route="menu")[-2:] == [UserMessage("my card is [card]"),
+                                                 AssistantMessage("[operator olga] Write to [email]")]
+
+
+def test_a_failed_handover_summarys_console_note_passes_the_storage_guardrails(write_bot):
+    """The summarizing model's error text (which may quote what it read: the talk) went to every
+    client in the Console note as raised, on a bot whose `storage` guardrails redact it."""
+    guarded = SUMMARIZED.replace("routes:", "guardrails:\n  - {pii: [card], stages: [storage], outcome: redact}\n"
+                                 "routes:", 1)
+    bot = chatrun.load_bot(write_bot(guarded))
+    session = start(bot, ScriptedModel([call("human"), {"error": "cannot summarize 4111 1111 1111 1111"}]))
+    session.chat("A person, please")
+    as_(session, OPERATOR).chat(OperatorSay("Hello."))
+    events = as_(session, OPERATOR).chat(Release())
+    [note] = of(events, "Console")
+    assert note.startswith("the handover summary failed") and "cannot summarize [card]" in note

@@ -253,12 +253,12 @@ class ToolCalls:
         except Unbound as unbound:
             why = "" if self.t.c.principal is not None else " (no one is signed in)"
             self.t.emit(ev.ERROR, f"{tool.name} could not run: the bot has no value for its argument `{unbound.name}`"
-                      f"{why}", runtime=True, meta={"detail": f"{tool.where}: {unbound}{why}"})
+                      f"{why}", runtime=True, meta={"detail": self.kept(f"{tool.where}: {unbound}{why}")})
             raise ToolRefusal(f"Error: {tool.name} cannot run: its argument `{unbound.name}` is set by the bot "
                               "and has no value here. Nothing was sent.") from None
         except BoundInvalid as invalid:
             self.t.emit(ev.ERROR, f"{tool.name} could not run: a value the bot gives its arguments is invalid",
-                      runtime=True, meta={"detail": f"{tool.where}: {invalid.detail}"})
+                      runtime=True, meta={"detail": self.kept(f"{tool.where}: {invalid.detail}")})
             raise
         if ignored:
             self.t.emit(ev.CONSOLE, f"tool {tool.name}: the model sent {', '.join(ignored)}, which the bot binds; "
@@ -266,6 +266,11 @@ class ToolCalls:
             notes = ignored_note(ignored) + notes
         self.check_from_user(tool, args)
         return args, notes
+
+    def kept(self, text: str) -> str:
+        """A failure's text as an event a client receives may hold it: what the `storage` guards
+        leave of it (engine/guardrails.py `kept_text`); as it is on a bot without guardrails."""
+        return text if self.guard is None else self.guard.kept(text)
 
     def drop_undeclared(self, tool: ToolConfig, sent: dict[str, Any]) -> tuple[dict[str, Any], str]:
         """The model's arguments without the names the tool's `parameters` do not take (a tool
@@ -549,7 +554,9 @@ class ToolCalls:
         """A declared failure (`on_error:`): the user gets its message, the model its reply."""
         on_error = tool.on_error
         assert on_error is not None
-        self.t.emit(ev.CONSOLE, f"handled failure: {failure}")
+        # chatrun's own note goes to every client as it is sent: it holds what the store would keep
+        # of the failure. The author's `{{ error }}` renders the text as raised (the store redacts its copies).
+        self.t.emit(ev.CONSOLE, self.kept(f"handled failure: {failure}"))
         extra = {"args": args, "error": failure.reason}
         if on_error.message:
             self.t.emit(ev.MESSAGE, self.t.render_template(on_error.message, "on_error message", on_error.where, extra))

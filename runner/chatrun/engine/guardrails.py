@@ -226,6 +226,10 @@ class Guardrails:
         """The guards of `stage` on `route` (default: the current one)."""
         return stage_guards(self.t.config.route_guardrails(route or self.t.c.scope.route), stage)
 
+    def kept(self, text: str) -> str:
+        """`text` as what keeps it may hold it (`kept_text`) on the routes the turn is on."""
+        return kept_text(self.t.config, [self.t.c.scope.route], text)
+
     def holds_output(self) -> bool:
         """Whether a streamed reply must be held: an output guard may change it (one that only
         flags lets it stream, and flags the whole text at the end)."""
@@ -499,6 +503,24 @@ def stored_message(message: Message, redact: Callable[[str], str]) -> Message:
     if isinstance(message, SystemMessage):
         return SystemMessage(redact(message.content))
     return message
+
+
+def kept_text(config: BotConfig, routes: Iterable[str], text: str) -> str:
+    """`text` as anything that keeps it (the store, the log, an event sent to a client, a span)
+    may hold it: redacted by the `storage` guards of the bot and of `routes`; as it is when there
+    are none. The one rule for a failure's text, wherever chatrun keeps or sends it."""
+    if not config.guarded:
+        return text
+    guards = bot_storage_guards(config, routes)
+    return storage_redactor(guards)(text) if guards else text
+
+
+def kept_value(config: BotConfig, routes: Iterable[str], value: Any) -> Any:
+    """`value` (plain JSON) with every string as `kept_text` leaves it."""
+    if not config.guarded:
+        return value
+    routes = list(routes)
+    return map_strings(value, lambda text: kept_text(config, routes, text))
 
 
 def bot_storage_guards(config: BotConfig, routes: Iterable[str]) -> tuple[GuardrailConfig, ...]:

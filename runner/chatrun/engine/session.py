@@ -481,8 +481,8 @@ class Session:
             ran = f"its turns are 1 to {self.turn_count}" if self.turn_count else "no turn has run yet"
             raise SessionError(f"session {self.id} has no turn {turn} to rate ({ran})")
         data: dict[str, Any] = {"turn": turn, "rating": rating, "route": self.route}
-        if comment:
-            data["comment"] = comment
+        if comment:  # the user's words, kept in the history and the outbox: the `storage` guards apply
+            data["comment"] = guardrails.kept_text(self.bot.config, [self.route], comment)
         if by is not None:
             data["by"] = by.get("name")
         event = Event(ev.FEEDBACK, data, turn, audience=ev.BACKEND)
@@ -720,8 +720,10 @@ class Session:
 
         self._sink = collect
         # The span's attributes are read only when spans are recorded (tracing off: OFF, as turn_span says).
+        # A failure's text on the turn's spans (and the tool and model calls' in it) is redacted as the history's.
         span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"),
-                                 self.bot_version) if turn.recorded else tracing.OFF
+                                 self.bot_version, kept=lambda text: self._kept_text(text, turn)) \
+            if turn.recorded else tracing.OFF
         try:
             with span as current:
                 await turn.run()
@@ -829,10 +831,7 @@ class Session:
     def _kept_text(self, text: str, turn: Turn) -> str:
         """`text` as the store keeps it: redacted by the `storage` guards of the bot and of the
         routes the turn ran on (the same guards as `_stored`); as it is when there are none."""
-        if not self.bot.config.guarded:
-            return text
-        guards = guardrails.bot_storage_guards(self.bot.config, [*turn.hops, self.route])
-        return guardrails.storage_redactor(guards)(text) if guards else text
+        return guardrails.kept_text(self.bot.config, [*turn.hops, self.route], text)
 
     def _reopened(self, before: Checkpoint, collected: list[Event], turn: Turn) -> None:
         """An item the failing or stopped turn resolved waits again once it is rolled back, but its

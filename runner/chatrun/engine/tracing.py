@@ -18,9 +18,10 @@ Without the package every call here is a no-op costing one function call.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 try:
@@ -29,6 +30,11 @@ except ImportError:  # the optional extra is not installed: no spans, no cost
     _trace = None  # type: ignore[assignment]  # mypy types the name as the module; None says "off"
 
 from chatrun.version import VERSION
+
+# What a span keeps of an exception's text, set by the turn span for every span inside it: the bot's
+# `storage` guardrails (a handler's error may quote a card number the history holds redacted).
+_KEPT: contextvars.ContextVar[Callable[[str], str] | None] = contextvars.ContextVar("chatrun_span_kept",
+                                                                                   default=None)
 
 SEMCONV_VERSION = "1.37.0"
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
@@ -76,16 +82,19 @@ def recording() -> bool:
     return _trace is not None and not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
 
 
-def span(name: str, attributes: dict[str, Any], client: bool = True) -> contextlib.AbstractContextManager[Any]:
+def span(name: str, attributes: dict[str, Any], client: bool = True,
+         kept: Callable[[str], str] | None = None) -> contextlib.AbstractContextManager[Any]:
     """A span around a block (None inside when tracing is off): CLIENT (a call out) or INTERNAL.
-    An exception ends it with status ERROR and `error.type`, then goes on."""
-    return _span(name, attributes, client) if recording() else OFF
+    An exception ends it with status ERROR, `error.type` and its text as `kept` (given to this
+    span or the one around it) leaves it, then goes on."""
+    return _span(name, attributes, client, kept) if recording() else OFF
 
 
 @contextlib.contextmanager
-def _span(name: str, attributes: dict[str, Any], client: bool) -> Iterator[Any]:
+def _span(name: str, attributes: dict[str, Any], client: bool, kept: Callable[[str], str] | None) -> Iterator[Any]:
     from opentelemetry import context
 
+    token = _KEPT.set(kept) if kept is not None else None
     linked = context.get_value(_LINK_KEY)
     root = isinstance(linked, _trace.SpanContext) and not _trace.get_current_span().get_span_context().is_valid
     links = [_trace.Link(linked)] if root and isinstance(linked, _trace.SpanContext) else None
@@ -95,13 +104,19 @@ def _span(name: str, attributes: dict[str, Any], client: bool) -> Iterator[Any]:
         try:
             yield current
         except BaseException as exc:
+            redact = _KEPT.get()
             current.set_attribute("error.type", type(exc).__name__)
-            current.set_status(_trace.Status(_trace.StatusCode.ERROR, str(exc)[:500]))
+            # Redacted before it is cut: a card number cut in two is no longer found.
+            current.set_status(_trace.Status(_trace.StatusCode.ERROR,
+                                             (redact(str(exc)) if redact is not None else str(exc))[:500]))
             raise
+        finally:
+            if token is not None:
+                _KEPT.reset(token)
 
 
 def turn_span(bot: str, session_id: str, turn: int, route: str, stack: list[str], owner: str | None,
-              bot_version: str | None = None) -> Any:
+              bot_version: str | None = None, kept: Callable[[str], str] | None = None) -> Any:
     if not recording():
         return OFF
     attributes: dict[str, Any] = {
@@ -116,7 +131,7 @@ def turn_span(bot: str, session_id: str, turn: int, route: str, stack: list[str]
     }
     if owner:
         attributes["user.id"] = owner
-    return span(f"invoke_agent {bot}", attributes, client=False)
+    return span(f"invoke_agent {bot}", attributes, client=False, kept=kept)
 
 
 def record_turn(current: Any, user_input: Any, replies: list[Any]) -> None:

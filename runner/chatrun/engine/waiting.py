@@ -38,7 +38,6 @@ from chatrun.engine import follow_up, tracing
 from chatrun.engine.call import ToolCalls
 from chatrun.engine.context import storable
 from chatrun.engine.conversation import Conversation
-from chatrun.engine.guardrails import bot_storage_guards, storage_redactor
 from chatrun.engine.pausing import new_item, takeover_data
 from chatrun.engine.pending import (
     ANSWERED,
@@ -365,7 +364,8 @@ def to_operators(calls: ToolCalls) -> NextStep:
     assert item is not None
     data: dict[str, Any] = {"text": calls.t.user_message,
                             "data": {k: v for k, v in calls.t.data.items() if k != "userMessage"}}
-    line: dict[str, Any] = {"from": "user", "text": _kept(calls, _said(calls))}
+    # The talk is kept in the snapshot until the release puts it in the memory: as the history keeps it.
+    line: dict[str, Any] = {"from": "user", "text": calls.kept(_said(calls))}
     if calls.t.attachments:  # the files too: the operators see them, and the bot reads them after the release
         data["attachments"] = line["attachments"] = [a.to_dict() for a in calls.t.attachments]
     item.data.setdefault("messages", []).append(line)
@@ -714,7 +714,7 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
                      meta={"from": "notice", "notice": "operator_joined", "name": name}, audience=ev.USER)
     if isinstance(decision, OperatorSay):
         item.data.setdefault("messages", []).append({"from": "operator", "name": name,
-                                                     "text": _kept(calls, decision.text)})
+                                                     "text": calls.kept(decision.text)})
         calls.t.emit(ev.MESSAGE, decision.text, meta={"from": "operator", "name": name})
     elif isinstance(decision, Release):
         await release(calls, item, decision.route)
@@ -726,16 +726,6 @@ def _operator_name(principal: dict[str, Any] | None) -> str:
     """The name the user reads an operator by, joining, speaking and leaving (`operator` when no
     one is signed in: a server without --auth, a program)."""
     return (principal or {}).get("name") or "operator"
-
-
-def _kept(calls: ToolCalls, text: str) -> str:
-    """A line of the talk as the takeover keeps it for the bot: with the `storage` guardrails
-    applied, as a memory is (the talk waits in the session's record, which the store keeps, until
-    the release puts it into a memory; the model then reads what any replica would)."""
-    if not calls.t.config.guarded:
-        return text
-    guards = bot_storage_guards(calls.t.config, [calls.t.c.scope.route])
-    return storage_redactor(guards)(text) if guards else text
 
 
 def _stepping_in_roles(c: Conversation) -> list[str]:
@@ -860,7 +850,8 @@ async def _summary(calls: ToolCalls, route: str, memory: ChatMemory, said: list[
             text = await calls.t.summarize(route, HANDOVER_PROMPT, talk)
             return f"(Summary of what an operator and the user said while I was away: {text})"
         except Exception as exc:  # a summary never fails the release: the digest says it instead
-            calls.t.emit(ev.CONSOLE, f"the handover summary failed ({type(exc).__name__}: {exc}); kept a digest")
+            calls.t.emit(ev.CONSOLE, calls.kept(f"the handover summary failed ({type(exc).__name__}: {exc}); "
+                                                "kept a digest"))
     return _digest(said)
 
 

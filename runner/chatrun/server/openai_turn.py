@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from chatrun import events as ev
 from chatrun.definition.page_texts import BUILTIN as PAGE_TEXTS
 from chatrun.definition.page_texts import page_texts, said
+from chatrun.engine import guardrails
 from chatrun.engine.pending import TAKEOVER
 from chatrun.errors import AttachmentRefused
 from chatrun.memory.tokens import estimate_tokens
@@ -285,7 +286,7 @@ async def _run_turn(
             reply.feed(event)
             events.append(event.to_dict())
             emit(event)
-        caught_up, before = reply.text, session.turn_count
+        caught_up, before, route = reply.text, session.turn_count, session.route
         # Through the registry: the turn is committed (fenced by version and lease) before the
         # answer; a refused commit fails the request (Conflict) instead of answering unsaved.
         run = index.registry.turn(session, message, whole=whole)
@@ -318,8 +319,10 @@ async def _run_turn(
         if cost is not None:
             info["cost"] = cost
         if ok:  # what a retry of the request replays (the attempt's outcome), with the turn's keys
+            # The store keeps what a retry replays: the events as the history keeps them (`storage` guardrails).
             outcome = None if attempt is None else (attempt.key, {
-                "events": events, "usage": usage, "estimated": estimated, "session": info, "asks": attempt.asks})
+                "events": guardrails.kept_value(session.bot.config, [route, session.route], events), "usage": usage,
+                "estimated": estimated, "session": info, "asks": attempt.asks})
             await index.remember(session, who, keys_after(reply), outcome, run.committed_snapshot())
         return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
 

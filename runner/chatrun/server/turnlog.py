@@ -5,7 +5,8 @@
 
 `chatrun serve --log-format json` writes the same fields as one JSON object per line
 (JsonFormatter, for every `chatrun.*` logger). The user's message and the bot's replies are
-logged only when asked (`--log-content`); an author's failure detail stays in the engine's
+logged only when asked (`--log-content`), redacted by the bot's `storage` guardrails as the
+history keeps them; an author's failure detail stays in the engine's
 own log line. Outcomes: ok, failed (rolled back), cancelled, replayed (a retried request id:
 nothing ran), conflict (not committed: the session changed meanwhile), refused (the session
 cannot take a message, e.g. it ended), error (the store failed, or a bug).
@@ -20,7 +21,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
-from chatrun.engine import observe, tracing
+from chatrun.engine import guardrails, observe, tracing
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -120,8 +121,9 @@ class TurnReport:
         }
         if self.content:
             message = self.message.get("userMessage") if isinstance(self.message, dict) else self.message
-            fields["input"] = message
-            fields["reply"] = "\n".join(self.replies)
+            # A log keeps what it holds: on a bot with `storage` guardrails, as the history keeps it.
+            fields["input"], fields["reply"] = guardrails.kept_value(self.session.bot.config, [self.route, after],
+                                                                     [message, "\n".join(self.replies)])
         return {k: v for k, v in fields.items() if v is not None}
 
 
