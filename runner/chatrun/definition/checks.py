@@ -978,8 +978,10 @@ class _Checker:
         base = ("tools", tool.name, "parameters")
         odd = _non_text_key(tool.parameters, ())
         if odd is not None:  # JSON Schema is JSON: `1:` or `true:` as a key has no meaning there
-            self.add("error", f"`parameters` of tool `{tool.name}`: key `{odd[-1]}` at `{'.'.join(map(str, odd))}` "
-                     "must be text; quote it", *base, *odd)
+            # Only the last step is a key YAML read as no text (`no:` is false): name it as written.
+            key = self.src.doc_of("tools", tool.name).written((*base, *odd))
+            self.add("error", f"`parameters` of tool `{tool.name}`: key `{key}` at "
+                     f"`{'.'.join([*map(str, odd[:-1]), key])}` must be text; quote it", *base, *odd)
             return
         text = json.dumps(tool.parameters, sort_keys=True)  # the cache key of both checks below
         try:
