@@ -800,3 +800,24 @@ def test_every_diagnostic_names_a_key_yaml_reads_as_no_text_as_written(write_bot
     ]
     assert "key `no` at `properties.no` must be text" in found[2].message
     assert not any("True" in d.message or "False" in d.message for d in found), found
+
+
+def test_a_key_yaml_reads_as_no_text_in_a_free_mapping_is_an_error_not_a_silent_name(write_bot):
+    """Mappings whose keys may be any text (prices by model, HTTP headers) still take text only:
+    `on:` or `1:` there would have been the name `True` or `1` said nowhere."""
+    path = write_bot("""\
+        name: b
+        format: 3
+        prices: {on: {input: 1, output: 2}}
+        routes:
+          chat: {default: true, system: hi, tools: [t]}
+        tools:
+          t:
+            description: d
+            http: {url: "https://x.example/a", headers: {1: a}}
+        """)
+    _, found = check_bot(path)
+    assert [(d.line, d.message) for d in found] == [
+        (3, "invalid key `on` in `prices`: YAML reads `on` as true, not as text: quote it, `'on':`"),
+        (9, "invalid key `1` in `http.headers` of tool `t`: YAML reads `1` as 1, not as text: quote it, `'1':`"),
+    ]

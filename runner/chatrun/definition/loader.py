@@ -407,10 +407,12 @@ def _hint(error: Violation) -> str:
     return f"it must match `{pattern}`" if pattern else _IDENTIFIER_HINT
 
 
-def _not_text(doc: YamlDoc, at: tuple) -> str:
-    """Why a key YAML reads as true, false or null is no name (it looks like one); else ''."""
+def _not_text(doc: YamlDoc, at: tuple, numbers: bool = False) -> str:
+    """Why a key YAML reads as true, false or null is no name (it looks like one); else ''. With
+    `numbers`, a number too (`1:`), where any text is a name: quoting it then is the whole fix
+    (where a name has a pattern, `'1'` would fail it, so the pattern's hint says more)."""
     key = at[-1]
-    if key is not None and not isinstance(key, bool):
+    if key is not None and not isinstance(key, bool) and not (numbers and isinstance(key, (int, float))):
         return ""
     spelled = doc.written(at)
     return f"YAML reads `{spelled}` as {json.dumps(key)}, not as text: quote it, `'{spelled}':`"
@@ -439,7 +441,8 @@ def _translate(error: Violation, doc: YamlDoc, definition: str | None = None,
         what = {"routes": "route name", "tools": "tool name", "set": "`set` path", "emit": "event type"}.get(
             str(path[-1]) if path else "", "key")
         at = (*path, error.instance)
-        return [diag(f"invalid {what} `{doc.written(at)}` {where}: {_not_text(doc, at) or _hint(error)}", at)]
+        free = not (isinstance(error.schema, dict) and "pattern" in error.schema)  # `{type: string}`: any text
+        return [diag(f"invalid {what} `{doc.written(at)}` {where}: {_not_text(doc, at, free) or _hint(error)}", at)]
     if kind == "required":
         missing = [k for k in error.validator_value if k not in error.instance]
         return [diag(f"missing required key `{k}` {where}") for k in missing]
