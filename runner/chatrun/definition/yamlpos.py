@@ -132,6 +132,9 @@ class YamlDoc:
     # Dotted paths of values JSON cannot hold (`.nan`, `!!binary`): reported here, their text
     # kept as a stand-in, so the loader drops later complaints about the stand-in.
     replaced: set[str] = field(default_factory=set)
+    # Dotted paths of mappings that hold `<<: *anchor`: the line of `<<:` and the keys it brought
+    # (those the mapping does not write itself), which read where `<<:` stands.
+    merged: dict[str, tuple[int, frozenset]] = field(default_factory=dict)
     _lines: list[str] | None = field(default=None, repr=False)
 
     def indent(self, line: int) -> int:
@@ -257,8 +260,10 @@ class _Builder:
 
     def mapping(self, node: yaml.MappingNode, path: Path) -> dict:
         merged: dict = {}
+        merge_line = 0
         for key_node, value_node in node.value:  # `<<: *anchor` first: explicit keys win, positions too
             if key_node.tag == _MERGE:
+                merge_line = merge_line or key_node.start_mark.line + 1
                 sources = value_node.value if value_node.id == "sequence" else [value_node]
                 for source in sources:
                     if source.id == "mapping":
@@ -266,8 +271,13 @@ class _Builder:
                             merged.setdefault(key, value)
         result: dict = {}
         seen: dict[Any, tuple[int, yaml.ScalarNode]] = {}  # key -> its first line and node
+        if merged:  # the keys the mapping does not write itself, read where `<<:` stands (its order)
+            own = {key_node.value for key_node, _ in node.value if key_node.tag == _STR}
+            merged = {key: value for key, value in merged.items() if key not in own}
+            self.doc.merged[_dotted(path)] = (merge_line, frozenset(merged))
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE:
+                result.update((key, value) for key, value in merged.items() if key not in result)
                 continue
             if key_node.id != "scalar":  # `? [a, b]`: JSON object keys are text
                 self.error(key_node, f"mapping keys must be plain scalars{_in(path)}, not a "
@@ -283,8 +293,6 @@ class _Builder:
                 result[key] = self.build(value_node, (*path, key), key_node.start_mark)
             else:
                 result[key] = self.build_non_text_key(key_node, value_node, key, path)
-        for key, value in merged.items():
-            result.setdefault(key, value)
         return result
 
 
