@@ -76,7 +76,7 @@ from chatrun.definition.schemas import (
     properties,
     violation,
 )
-from chatrun.definition.sources import Sources, inside, subject, suggest
+from chatrun.definition.sources import Sources, inside, subject, suggest, wrong_file
 from chatrun.definition.versions import DEFAULT_POLICY, bot_files, content_version
 from chatrun.definition.yamlpos import YamlDoc, read_yaml_file
 from chatrun.errors import BotError, Diagnostic
@@ -180,6 +180,9 @@ def _check_bot(path: Path) -> tuple[BotConfig | None, list[Diagnostic]]:
     main = _read(main_file, diagnostics)
     if main is None:
         return None, _sorted(diagnostics)
+    other = wrong_file(main.file, main.data, "bot")
+    if other is not None:  # a transcript or scenario given for a bot: not its schema errors
+        return None, [other]
     sources = Sources(main, [main])
     if main.data is not None:
         schema_file, known_valid = _schema_choice(main.data)
