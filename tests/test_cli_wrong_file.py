@@ -4,12 +4,14 @@ reads it, at the file's first line, not the other schema's list of errors."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from chatrun.cli import main
+from chatrun.definition.loader import check_bot
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,3 +60,29 @@ def test_simulate_given_a_bot_or_a_transcript_says_what_it_is(tmp_path):
     result = CliRunner().invoke(main, ["simulate", str(bot / "transcripts" / "smalltalk.yaml")])
     assert "error: this is a transcript (it has `turns:`), not a scenario: `chatrun test" in result.output, result.output
     assert "unknown key" not in result.output and result.exit_code != 0
+
+
+def test_a_bot_file_whose_name_is_not_utf8_validates(tmp_path):
+    """A file system allows a name no UTF-8 can spell (byte 0xfe): the content version hashed the
+    name as text and validate said "unexpected UnicodeEncodeError (this is a chatrun bug)"."""
+    name = os.fsdecode(b"b\xfe.yaml")
+    (tmp_path / name).write_bytes((REPO / "bots" / "hello" / "bot.yaml").read_bytes())
+    config, found = check_bot(tmp_path / name)  # what validate runs (click's test runner cannot print the name)
+    assert config is not None and found == [], found
+
+
+def test_init_refuses_a_directory_name_that_is_not_utf8_before_writing_anything(tmp_path):
+    target = tmp_path / os.fsdecode(b"new\xffbot")
+    result = CliRunner().invoke(main, ["init", str(target)])
+    assert result.exit_code == 2, result.output
+    assert "new\\xffbot is not UTF-8 text (byte 0xff)" in result.output, result.output
+    assert not target.exists()
+
+
+def test_report_names_the_file_it_cannot_write_not_the_store(tmp_path):
+    store = tmp_path / "empty.db"
+    store.touch()
+    out = tmp_path / "no such folder" / "report.html"
+    result = CliRunner().invoke(main, ["report", "--store", f"sqlite:///{store}", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"{out}: error: cannot write the report: No such file or directory"
