@@ -400,3 +400,11 @@ def test_a_bot_without_format_written_in_format_2_is_read_as_it_with_one_warning
     assert [(d.line, d.severity) for d in found] == [(1, "warning")]
     assert "declares no `format:` and is written in format 2" in found[0].message
     assert config.tools["a"].approval.ask == "Sure?" and config.tools["a"].approval.tell == "Wait."
+
+
+def test_upgrade_refuses_a_format_that_is_a_list_instead_of_calling_it_none(tmp_path):
+    (tmp_path / "bot.yaml").write_text("name: x\nformat: [1]\nroutes: {main: {default: true, system: Hi.}}\n")
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'bot.yaml'}:2: `format:` must be a number (1, 2, 3), not a list" in result.output, result.output
+    assert "None" not in result.output

@@ -161,6 +161,9 @@ def upgraded(path: str) -> Upgrade:
         raise ValueError(f"{file}: not a YAML mapping")
     result = Upgrade(file, text)
     found = get(root, "format")
+    if found is not None and not isinstance(found[1], ScalarNode):  # `format: [1]`: no version to read
+        raise ValueError(f"{file}:{found[1].start_mark.line + 1}: `format:` must be a number "
+                         f"({', '.join(map(str, SUPPORTED_FORMATS))}), not a {'list' if isinstance(found[1], SequenceNode) else 'mapping'}")
     declared = _int(found[1]) if found else None
     if declared == CURRENT_FORMAT:  # nothing to rewrite but the order of actions' keys (validate's warning)
         return _ordered(result, root)
