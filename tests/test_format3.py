@@ -336,6 +336,58 @@ def test_format_3_warns_about_an_action_written_out_of_the_order_it_applies(writ
     assert [d.path for d in found] == ["format"]  # format 2: only the upgrade warning
 
 
+MERGED = """\
+name: m
+format: 3
+state: {a: 0}
+routes:
+  main: {default: true, system: hi, tools: [t1, t2, t3]}
+tools:
+  t1:
+    action: &base
+      set: {state.a: 1}
+      message: hi
+  t2:
+    action:
+      reply: done  # its reply
+      <<: *base
+  t3:
+    action: {reply: ok, set: {state.a: 2}}
+"""
+
+
+def test_upgrade_reorders_a_format_3_bots_actions_also_through_a_merge_as_validate_says(tmp_path):
+    """validate's warning says `chatrun upgrade` reorders: it does on a bot already on format 3
+    (it said "already on the current format"), `<<: *base` moving as one key, where its keys read."""
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(MERGED)
+    warned = [d.message for d in check_bot(tmp_path)[1]]
+    assert len(warned) == 2 and all(m.endswith("`chatrun upgrade` reorders them") for m in warned), warned
+    check = CliRunner().invoke(main, ["upgrade", "--check", str(tmp_path)])
+    assert check.exit_code == 0 and bot.read_text() == MERGED, check.output  # --check: the format is current
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert bot.read_text() == MERGED.replace("      reply: done  # its reply\n      <<: *base\n",
+                                             "      <<: *base\n      reply: done  # its reply\n").replace(
+        "{reply: ok, set: {state.a: 2}}", "{set: {state.a: 2}, reply: ok}")
+    assert result.output.count("the action's keys are now in the order they apply") == 2, result.output
+    assert check_bot(tmp_path)[1] == []
+
+
+def test_validate_says_to_reorder_by_hand_when_a_merges_keys_apply_on_both_sides_of_the_actions(tmp_path):
+    bot = tmp_path / "bot.yaml"
+    text = MERGED.replace("      message: hi\n", "      reply: hi\n").replace(
+        "      reply: done  # its reply\n      <<: *base\n", "      <<: *base\n      message: done\n").replace(
+        ", t3]", "]").split("  t3:")[0]
+    bot.write_text(text)
+    found = check_bot(tmp_path)[1]
+    assert [(d.line, d.message.split("); ")[1]) for d in found] == [(14, (
+        "`chatrun upgrade` cannot: the keys `<<:` on line 13 brings apply before and after `message`; write "
+        "them in the action itself, or `message` in the anchored mapping"))]
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 0 and bot.read_text() == text, result.output
+
+
 def test_a_bot_without_format_written_in_format_2_is_read_as_it_with_one_warning(write_bot):
     path = write_bot("""\
         name: x
@@ -348,3 +400,11 @@ def test_a_bot_without_format_written_in_format_2_is_read_as_it_with_one_warning
     assert [(d.line, d.severity) for d in found] == [(1, "warning")]
     assert "declares no `format:` and is written in format 2" in found[0].message
     assert config.tools["a"].approval.ask == "Sure?" and config.tools["a"].approval.tell == "Wait."
+
+
+def test_upgrade_refuses_a_format_that_is_a_list_instead_of_calling_it_none(tmp_path):
+    (tmp_path / "bot.yaml").write_text("name: x\nformat: [1]\nroutes: {main: {default: true, system: Hi.}}\n")
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'bot.yaml'}:2: `format:` must be a number (1, 2, 3), not a list" in result.output, result.output
+    assert "None" not in result.output

@@ -132,6 +132,16 @@ def test_auth_file_errors_name_the_problem(tmp_path, monkeypatch):
         Auth.load(bad)
     with pytest.raises(ChatrunError, match="cannot read the auth file"):
         Auth.load(tmp_path / "missing.yaml")
+    bad.write_text("tokens: [\n")  # one line `file:line:col: ...`, not PyYAML's several
+    with pytest.raises(ChatrunError, match=r"^\S+auth.yaml:2:1: the auth file is not valid: YAML syntax error: [^\n]*$"):
+        Auth.load(bad)
+    bad.write_text("tokens:\n  secret-token-1: {principal: a}\n  secret-token-1: {principal: b}\n")  # was: b silently
+    with pytest.raises(ChatrunError, match=r"auth.yaml:3:3: the auth file is not valid: a token is given twice") as got:
+        Auth.load(bad)
+    assert "secret-token" not in str(got.value)
+    bad.write_bytes(b"tokens: {\xff: 1}\n")  # was: UnicodeDecodeError, a traceback from `chatrun serve --auth`
+    with pytest.raises(ChatrunError, match=r"auth.yaml:1: the auth file is not UTF-8 text \(byte 0xff\)"):
+        Auth.load(bad)
     good = tmp_path / "good.yaml"
     good.write_text(AUTH)
     monkeypatch.setenv("CHATRUN_AUTH_FILE", str(good))

@@ -738,3 +738,86 @@ def test_a_name_yaml_reads_as_true_false_or_null_is_named_as_written_and_told_to
         (3, "unknown key `null` at the top level (YAML reads `null` as null, not as text: quote it, `'null':`)"),
         (6, "invalid route name `off` in `routes`: YAML reads `off` as false, not as text: quote it, `'off':`"),
     ]
+
+
+def test_keys_written_apart_that_yaml_reads_as_one_key_are_both_named_as_written(write_bot):
+    """`1:` and `on:` are 1 and true to YAML 1.1, and 1 == True in Python: one key once loaded.
+    The error names both as written, with their lines, in every mapping the same way."""
+    path = write_bot("""\
+        name: b
+        format: 3
+        state: {1: 0, on: 1}
+        routes:
+          chat: {default: true, system: hi, tools: [t]}
+        tools:
+          t:
+            description: d
+            parameters: {type: object, properties: {a: {type: string}}}
+            bind:
+              yes: a
+              on: a
+            action: {set: {1: a, true: b}}
+        """)
+    _, found = check_bot(path)
+    same = [(d.line, d.message) for d in found if "the same key" in d.message]
+    assert same == [
+        (3, "key `on` in `state` is the same key as `1` on line 3: YAML reads `on` as true and `1` as 1, "
+            "one key once loaded; quote them to make them text (`'on':`, `'1':`)"),
+        (12, "key `on` in `tools.t.bind` is the same key as `yes` on line 11: YAML reads `on` as true and `yes` "
+             "as true, one key once loaded; quote them to make them text (`'on':`, `'yes':`)"),
+        (13, "key `true` in `tools.t.action.set` is the same key as `1` on line 13: YAML reads `true` as true and "
+             "`1` as 1, one key once loaded; quote them to make them text (`'true':`, `'1':`)"),
+    ]
+    assert not any("True" in d.message or "False" in d.message for d in found), found
+
+
+def test_every_diagnostic_names_a_key_yaml_reads_as_no_text_as_written(write_bot):
+    """Warnings too (an unreachable route, an unlisted tool, a parameters key), at the key's own line;
+    a bound argument YAML reads as true is an error, not silently dropped."""
+    path = write_bot("""\
+        name: b
+        format: 3
+        routes:
+          chat: {default: true, system: hi, tools: [t]}
+          on: {system: x}
+        tools:
+          t:
+            description: d
+            parameters: {type: object, properties: {a: {type: string}, no: {type: string}}}
+            bind: {off: a}
+          1: {description: d}
+        canned: {yes: hello}
+        """)
+    _, found = check_bot(path)
+    assert [(d.line, d.severity, d.message.split(":")[0]) for d in found] == [
+        (5, "error", "invalid route name `on` in `routes`"),
+        (5, "warning", "route `on` is not reachable from the default route `chat`"),
+        (9, "error", "`parameters` of tool `t`"),
+        (10, "error", "invalid key `off` in `bind` of tool `t`"),
+        (11, "error", "invalid tool name `1` in `tools`"),
+        (11, "warning", "tool `1` is not listed by any route, so the model can never call it"),
+        (12, "error", "invalid key `yes` in `canned`"),
+    ]
+    assert "key `no` at `properties.no` must be text" in found[2].message
+    assert not any("True" in d.message or "False" in d.message for d in found), found
+
+
+def test_a_key_yaml_reads_as_no_text_in_a_free_mapping_is_an_error_not_a_silent_name(write_bot):
+    """Mappings whose keys may be any text (prices by model, HTTP headers) still take text only:
+    `on:` or `1:` there would have been the name `True` or `1` said nowhere."""
+    path = write_bot("""\
+        name: b
+        format: 3
+        prices: {on: {input: 1, output: 2}}
+        routes:
+          chat: {default: true, system: hi, tools: [t]}
+        tools:
+          t:
+            description: d
+            http: {url: "https://x.example/a", headers: {1: a}}
+        """)
+    _, found = check_bot(path)
+    assert [(d.line, d.message) for d in found] == [
+        (3, "invalid key `on` in `prices`: YAML reads `on` as true, not as text: quote it, `'on':`"),
+        (9, "invalid key `1` in `http.headers` of tool `t`: YAML reads `1` as 1, not as text: quote it, `'1':`"),
+    ]

@@ -27,6 +27,18 @@ def bot_name(directory: Path) -> str:
     return name if re.match(r"[A-Za-z_]", name) else f"_{name}"
 
 
+def _utf8_name(directory: Path) -> None:
+    """The bot's files name its directory (`chatrun repl DIR` in their comments), and they are UTF-8
+    text: a name that is not (a byte such as 0xff, which the file system allows) cannot be written."""
+    try:
+        str(directory).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        shown = str(directory).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        byte = str(directory)[exc.start].encode("utf-8", "surrogateescape")
+        raise click.BadParameter(f"{shown} is not UTF-8 text (byte {byte[0]:#04x}): the bot's files name "
+                                 "their directory and are UTF-8; choose a name in UTF-8", param_hint="NAME") from None
+
+
 def render_starter(template: str, directory: Path) -> dict[Path, str]:
     """The files to write (path -> text), placeholders filled in."""
     source = STARTERS / template
@@ -95,6 +107,7 @@ def init(name: Path | None, template: str, example: str | None) -> None:
         raise click.UsageError("say which directory to create: chatrun init NAME (or copy an example bot: "
                                "chatrun init --example BOT; `chatrun examples` lists them)")
     directory = name if name is not None else Path(str(example))
+    _utf8_name(directory)
     if example:
         written = copy_example_bot(directory, example)
         click.echo(f"copied the example bot {example} into {directory} ({len(written)} files, its transcripts "

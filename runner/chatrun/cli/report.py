@@ -56,11 +56,16 @@ def report(store_url: str, since: str | None, out: str, resolved: str, escalated
     from chatrun.report.figures import Meanings
 
     meanings = Meanings(_names(resolved), _names(escalated), _names(abandoned))
-    written = run_on_store(store_url, _write(store_url, _since(since), since, meanings, Path(out)))
-    click.echo(f"wrote {out}: {written:,} conversations")
+    html, count = run_on_store(store_url, _report(store_url, _since(since), since, meanings))
+    try:  # a problem here is the file's, not the store's: named by its path
+        Path(out).write_text(html, encoding="utf-8")
+    except OSError as exc:
+        click.echo(f"{out}: error: cannot write the report: {exc.strerror or exc}", err=True)
+        raise click.exceptions.Exit(2) from None
+    click.echo(f"wrote {out}: {count:,} conversations")
 
 
-async def _write(store_url: str, since: float | None, since_text: str | None, meanings: Meanings, out: Path) -> int:
+async def _report(store_url: str, since: float | None, since_text: str | None, meanings: Meanings) -> tuple[str, int]:
     from chatrun.report.figures import figures
     from chatrun.report.read import read_conversations
     from chatrun.report.render import report_html
@@ -72,5 +77,4 @@ async def _write(store_url: str, since: float | None, since_text: str | None, me
     finally:
         await store.close()
     # The store as it names itself (`AsyncStore.url`: without a password): the report is a file to share.
-    out.write_text(report_html(found, meanings, store.url, since_text), encoding="utf-8")
-    return found.total.conversations
+    return report_html(found, meanings, store.url, since_text), found.total.conversations

@@ -31,6 +31,8 @@ from chatrun.cli.upgrade_edits import (
     source,
 )
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
 
 @dataclass
 class Upgrade:
@@ -38,6 +40,7 @@ class Upgrade:
 
     file: Path
     text: str
+    outdated: bool = True  # its format is not the current one (a current bot may still get its keys ordered)
     changes: list[str] = field(default_factory=list)
     review: list[str] = field(default_factory=list)
     others: dict[Path, str] = field(default_factory=dict)  # included files rewritten, by path
@@ -74,10 +77,10 @@ def upgrade(paths: tuple[str, ...], check: bool, show_diff: bool) -> None:
             continue
         for line in [*result.changes, *result.review]:
             click.echo(line)
-        if not result.changes:
+        if not result.changes or (check and not result.outdated):
             click.echo(f"{result.file}: already on the current format")
             continue
-        outdated += 1
+        outdated += result.outdated
         written = {result.file: result.text, **result.others}
         if show_diff:
             click.echo(_diff(written), nl=False)
@@ -158,9 +161,12 @@ def upgraded(path: str) -> Upgrade:
         raise ValueError(f"{file}: not a YAML mapping")
     result = Upgrade(file, text)
     found = get(root, "format")
+    if found is not None and not isinstance(found[1], ScalarNode):  # `format: [1]`: no version to read
+        raise ValueError(f"{file}:{found[1].start_mark.line + 1}: `format:` must be a number "
+                         f"({', '.join(map(str, SUPPORTED_FORMATS))}), not a {'list' if isinstance(found[1], SequenceNode) else 'mapping'}")
     declared = _int(found[1]) if found else None
-    if declared == CURRENT_FORMAT:
-        return result
+    if declared == CURRENT_FORMAT:  # nothing to rewrite but the order of actions' keys (validate's warning)
+        return _ordered(result, root)
     if declared is not None and declared not in SUPPORTED_FORMATS:
         raise ValueError(f"{file}:{found[0].start_mark.line + 1}: format {declared!r} is not one this chatrun "  # type: ignore[index]
                          f"reads ({', '.join(map(str, SUPPORTED_FORMATS))})")
@@ -191,6 +197,24 @@ def format3(edits: Edits, root: Node | None) -> tuple[str, list[tuple[int, str]]
     return ordered.applied(), said, review
 
 
+def _ordered(result: Upgrade, root: MappingNode) -> Upgrade:
+    """A bot on the current format with each action's keys in the order they apply, in its own
+    file and the files it includes."""
+    result.outdated = False
+    for file, text, node in [(result.file, result.text, root),
+                             *((other, _read(other), None) for other in _included_files(result.file, root))]:
+        edits = Edits(text)
+        moved = _order_actions(edits, node if node is not None else compose(text))
+        if moved:
+            said = "the action's keys are now in the order they apply (docs/format.md, \"The order actions apply\")"
+            result.changes += [f"{file}:{line}: {said}" for line in moved]
+            if file == result.file:
+                result.text = edits.applied()
+            else:
+                result.others[file] = edits.applied()
+    return result
+
+
 def _order_actions(edits: Edits, root: Node | None) -> list[int]:
     """Reorder every action's keys (`ACTION_ORDER`); the lines of those moved (of the new text's
     first pass: the spelling edits may have shifted lines, so these are approximate only for them)."""
@@ -205,10 +229,25 @@ def _order_actions(edits: Edits, root: Node | None) -> list[int]:
         if action is None or not isinstance(action[1], MappingNode):
             continue
         for each in _actions(action[1]):
-            if id(each) not in seen and reorder(edits, each, rank):
+            if id(each) not in seen and reorder(edits, each, _with_merge(each, rank)):
                 moved.append(each.start_mark.line + 1)
             seen.add(id(each))
     return moved
+
+
+def _with_merge(action: MappingNode, rank: dict[str, int]) -> dict[str, int]:
+    """`rank` with a place for the action's `<<: *anchor`: the keys it brings (those the action does
+    not write itself) read where it stands, so it moves as one key, ranked by the first of them
+    that applies. When they apply on both sides of a key the action writes, no order of the lines
+    is right: validate says to write them out (definition/checks.py, `action_order`)."""
+    own = {key.value for key, _ in action.value if isinstance(key, ScalarNode) and key.tag != MERGE_TAG}
+    brought: list[int] = []
+    for key, value in action.value:
+        if key.tag == MERGE_TAG:
+            sources = value.value if isinstance(value, SequenceNode) else [value]
+            brought += [rank[k.value] for source in sources if isinstance(source, MappingNode)
+                        for k, _ in source.value if k.value in rank and k.value not in own]
+    return {**rank, "<<": min(brought)} if brought else rank
 
 
 def _int(node: Node) -> int | str | None:

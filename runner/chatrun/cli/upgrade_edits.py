@@ -14,6 +14,7 @@ quoting, blank lines, key order) stays byte for byte. Format 2 -> 3 (docs/format
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 import yaml
@@ -142,6 +143,18 @@ def moved_value(edits: Edits, value: Node, indent: int) -> str:
     return text + tail if tail.strip().startswith("#") else text
 
 
+_ALIAS = re.compile(r"\s*:?\s*\*[^\s,\]}]+")
+
+
+def value_end(text: str, key: Node, value: Node) -> int:
+    """Where a pair's value ends in the text. An alias (`<<: *base`, `set: *common`) is the node it
+    names, whose marks are the anchor's, elsewhere in the file: its own text is `*name` after the key."""
+    if value.start_mark.index >= key.end_mark.index:
+        return int(value.end_mark.index)
+    found = _ALIAS.match(text, key.end_mark.index)
+    return found.end() if found else int(key.end_mark.index)
+
+
 def reorder(edits: Edits, mapping: MappingNode, rank: dict[str, int]) -> bool:
     """Put the keys `rank` orders in that order, each with its value and comments, in the places
     those keys held (the other keys stay where they are). Returns whether anything moved."""
@@ -151,12 +164,12 @@ def reorder(edits: Edits, mapping: MappingNode, rank: dict[str, int]) -> bool:
     wanted = sorted(ranked, key=lambda i: rank[pairs[i][0].value])
     if wanted == ranked:
         return False
+    ends = [value_end(text, k, v) for k, v in pairs]
     if mapping.flow_style:
-        spans = [(k.start_mark.index, v.end_mark.index) for k, v in pairs]
+        spans = [(k.start_mark.index, end) for (k, _), end in zip(pairs, ends, strict=True)]
     else:
-        starts = [_line_start(text, pairs[0][0].start_mark.index)] + [
-            after_line(text, v.end_mark.index) for _, v in pairs[:-1]]
-        spans = list(zip(starts, [*starts[1:], after_line(text, pairs[-1][1].end_mark.index)], strict=True))
+        starts = [_line_start(text, pairs[0][0].start_mark.index)] + [after_line(text, end) for end in ends[:-1]]
+        spans = list(zip(starts, [*starts[1:], after_line(text, ends[-1])], strict=True))
     pieces = [text[a:b] if mapping.flow_style or text[a:b].endswith("\n") else text[a:b] + "\n" for a, b in spans]
     for slot, source_index in zip(ranked, wanted, strict=True):
         a, b = spans[slot]

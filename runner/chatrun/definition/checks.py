@@ -416,6 +416,23 @@ class _Checker:
         if (self.config.format or 0) >= 3 and isinstance(raw, dict):  # a bot that says it is written for 3
             self.action_order(tool.name, raw.get("action"), ("tools", name, "action"))
 
+    def _written_at(self, name: str, at: tuple, key: str) -> tuple:
+        """Where an action's key is written: a key `<<: *anchor` brings is on the anchor's line, in
+        another tool; the warning names the action that reads it, so it stands there."""
+        _, brought = self.src.doc_of("tools", name).merged.get(".".join(map(str, at)), (0, frozenset()))
+        return at if key in brought else (*at, key)
+
+    def _who_reorders(self, name: str, steps: list[str], at: tuple) -> str:
+        """`chatrun upgrade` moves `<<: *anchor` as one key, where the keys it brings read (the
+        loader's order, yamlpos): it cannot when they apply on both sides of a key the action writes."""
+        line, brought = self.src.doc_of("tools", name).merged.get(".".join(map(str, at)), (0, frozenset()))
+        ranks = [ACTION_ORDER.index(k) for k in steps if k in brought]
+        between = [k for k in steps if k not in brought and ranks and min(ranks) < ACTION_ORDER.index(k) < max(ranks)]
+        if not between:
+            return "`chatrun upgrade` reorders them"
+        return (f"`chatrun upgrade` cannot: the keys `<<:` on line {line} brings apply before and after "
+                f"`{between[0]}`; write them in the action itself, or `{between[0]}` in the anchored mapping")
+
     def action_order(self, name: str, action: Any, at: tuple) -> None:
         """Format 3 writes an action's keys in the order they apply (ACTION_ORDER), so it reads
         top to bottom as it happens; its cases' actions too."""
@@ -426,7 +443,8 @@ class _Checker:
             if ACTION_ORDER.index(key) < ACTION_ORDER.index(before):
                 self.add("warning", f"`{key}` of tool `{name}` is written after `{before}` but applies before it: "
                          f"write an action's keys in the order they apply ({', '.join(k for k in ACTION_ORDER if k in steps)}; "
-                         "docs/format.md, \"The order actions apply\"); `chatrun upgrade` reorders them", *at, key)
+                         f"docs/format.md, \"The order actions apply\"); {self._who_reorders(name, steps, at)}",
+                         *self._written_at(name, at, key))
                 break
         cases = action.get("cases")
         for i, case in enumerate(cases if isinstance(cases, list) else []):
@@ -978,8 +996,10 @@ class _Checker:
         base = ("tools", tool.name, "parameters")
         odd = _non_text_key(tool.parameters, ())
         if odd is not None:  # JSON Schema is JSON: `1:` or `true:` as a key has no meaning there
-            self.add("error", f"`parameters` of tool `{tool.name}`: key `{odd[-1]}` at `{'.'.join(map(str, odd))}` "
-                     "must be text; quote it", *base, *odd)
+            # Only the last step is a key YAML read as no text (`no:` is false): name it as written.
+            key = self.src.doc_of("tools", tool.name).written((*base, *odd))
+            self.add("error", f"`parameters` of tool `{tool.name}`: key `{key}` at "
+                     f"`{'.'.join([*map(str, odd[:-1]), key])}` must be text; quote it", *base, *odd)
             return
         text = json.dumps(tool.parameters, sort_keys=True)  # the cache key of both checks below
         try:

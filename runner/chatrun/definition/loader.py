@@ -76,7 +76,7 @@ from chatrun.definition.schemas import (
     properties,
     violation,
 )
-from chatrun.definition.sources import Sources, inside, subject, suggest
+from chatrun.definition.sources import Sources, inside, subject, suggest, wrong_file
 from chatrun.definition.versions import DEFAULT_POLICY, bot_files, content_version
 from chatrun.definition.yamlpos import YamlDoc, read_yaml_file
 from chatrun.errors import BotError, Diagnostic
@@ -180,6 +180,9 @@ def _check_bot(path: Path) -> tuple[BotConfig | None, list[Diagnostic]]:
     main = _read(main_file, diagnostics)
     if main is None:
         return None, _sorted(diagnostics)
+    other = wrong_file(main.file, main.data, "bot")
+    if other is not None:  # a transcript or scenario given for a bot: not its schema errors
+        return None, [other]
     sources = Sources(main, [main])
     if main.data is not None:
         schema_file, known_valid = _schema_choice(main.data)
@@ -407,23 +410,14 @@ def _hint(error: Violation) -> str:
     return f"it must match `{pattern}`" if pattern else _IDENTIFIER_HINT
 
 
-def _as_written(doc: YamlDoc, at: tuple) -> str:
-    """A key as the file spells it: `off`, `null`, `yes` (YAML reads them as False, None, True)."""
+def _not_text(doc: YamlDoc, at: tuple, numbers: bool = False) -> str:
+    """Why a key YAML reads as true, false or null is no name (it looks like one); else ''. With
+    `numbers`, a number too (`1:`), where any text is a name: quoting it then is the whole fix
+    (where a name has a pattern, `'1'` would fail it, so the pattern's hint says more)."""
     key = at[-1]
-    if isinstance(key, str):
-        return key
-    pos = doc.pos(at)
-    lines = doc.text.splitlines() if doc.text else []
-    spelled = re.match(r"[^\s:,{}\[\]]+", lines[pos.line - 1][pos.col - 1:]) if 0 < pos.line <= len(lines) else None
-    return spelled.group(0) if spelled else json.dumps(key)
-
-
-def _not_text(doc: YamlDoc, at: tuple) -> str:
-    """Why a key YAML reads as true, false or null is no name (it looks like one); else ''."""
-    key = at[-1]
-    if key is not None and not isinstance(key, bool):
+    if key is not None and not isinstance(key, bool) and not (numbers and isinstance(key, (int, float))):
         return ""
-    spelled = _as_written(doc, at)
+    spelled = doc.written(at)
     return f"YAML reads `{spelled}` as {json.dumps(key)}, not as text: quote it, `'{spelled}':`"
 
 
@@ -443,14 +437,15 @@ def _translate(error: Violation, doc: YamlDoc, definition: str | None = None,
         if definition == "fragment" and not path:
             return [diag(f"unknown key `{k}` at the top level of an included file: included files hold only "
                          "`routes:` and `tools:`", (k,)) for k in extras]
-        return [diag(f"unknown key `{_as_written(doc, (*path, k))}` {where}"
+        return [diag(f"unknown key `{doc.written((*path, k))}` {where}"
                      + (f" ({_not_text(doc, (*path, k))})" if _not_text(doc, (*path, k)) else suggest(str(k), allowed)),
                      (*path, k)) for k in extras]
     if "propertyNames" in error.schema_path:
         what = {"routes": "route name", "tools": "tool name", "set": "`set` path", "emit": "event type"}.get(
             str(path[-1]) if path else "", "key")
         at = (*path, error.instance)
-        return [diag(f"invalid {what} `{_as_written(doc, at)}` {where}: {_not_text(doc, at) or _hint(error)}", at)]
+        free = not (isinstance(error.schema, dict) and "pattern" in error.schema)  # `{type: string}`: any text
+        return [diag(f"invalid {what} `{doc.written(at)}` {where}: {_not_text(doc, at, free) or _hint(error)}", at)]
     if kind == "required":
         missing = [k for k in error.validator_value if k not in error.instance]
         return [diag(f"missing required key `{k}` {where}") for k in missing]
@@ -551,7 +546,8 @@ def _build(sources: Sources, diagnostics: list[Diagnostic], main_file: Path) -> 
             if not isinstance(section, dict):
                 continue
             for key, raw in section.items():
-                name = str(key)  # `2:` is a (reported) bad name, but still a name
+                # `2:` or `on:` is a (reported) bad name, but still a name: the one written
+                name = key if isinstance(key, str) else doc.written((kind, key))
                 if name in target:
                     first_file, first = sources.at(kind, name)
                     pos = doc.pos((kind, name))

@@ -60,3 +60,41 @@ def dotted(path: tuple) -> str:
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
+
+
+def file_kind(data: Any) -> str | None:
+    """What a YAML file is by its top-level keys — "bot" (`routes:`), "transcript" (`turns:` or
+    `refused:`) or "scenario" (`persona:`, `goal:`) — or None when it is not clearly one. The one
+    rule by which each command tells a file meant for another apart from a broken one of its own."""
+    if not isinstance(data, dict):
+        return None
+    if "routes" in data:
+        return None if "turns" in data or "bot" in data else "bot"
+    if "turns" in data or "refused" in data:
+        return "transcript"
+    if "persona" in data or "goal" in data:
+        return "scenario"
+    return None
+
+
+def wrong_file(file: str, data: Any, wanted: str) -> Diagnostic | None:
+    """The one error for a file given to a command that reads another kind (`wanted`): what it
+    is and the command that reads it; None when it is not clearly another kind."""
+    import shlex
+    from pathlib import Path
+
+    kind = file_kind(data)
+    if kind is None or kind == wanted:
+        return None
+    what = {"bot": "it has `routes:`", "transcript": "it has `turns:`", "scenario": "it has `persona:` and `goal:`"}
+    reads = {"bot": "a bot: a directory holding bot.yaml, or one YAML file with `routes:`",
+             "transcript": "transcripts: a transcript file, or a directory searched for YAML files with `turns:`",
+             "scenario": "scenarios: a scenario file, a folder of them, or a bot's folder holding scenarios/"}
+    folder = shlex.quote(str(Path(file).parent))
+    run = {"transcript": f"`chatrun test {shlex.quote(file)}` replays it against its bot",
+           "scenario": f"`chatrun simulate {shlex.quote(file)}` plays it",
+           "bot": (f"`chatrun simulate {folder}` plays the bot's scenarios (its scenarios/ folder)" if wanted == "scenario"
+                   else f"`chatrun test {folder}` replays the bot's transcripts (e.g. its transcripts/ folder)")
+           + f"; `chatrun validate {shlex.quote(file)}` checks the bot"}[kind]
+    return Diagnostic(file, 1, 1, "error", f"this is a {kind} ({what[kind]}), not a {wanted}: {run}; "
+                      f"this command takes {reads[wanted]}")

@@ -57,7 +57,7 @@ def content_version(files: dict[str, str]) -> str:
     digest = hashlib.sha256()
     for name in sorted(files):
         for part in (name, files[name]):
-            data = part.encode("utf-8")
+            data = part.encode("utf-8", "surrogateescape")  # a file name that is no UTF-8: its bytes as on disk
             digest.update(len(data).to_bytes(8, "big"))
             digest.update(data)
     return digest.hexdigest()[:HASH_LENGTH]

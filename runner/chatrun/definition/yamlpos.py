@@ -9,6 +9,7 @@ recording a position per JSON path.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import sys
@@ -131,6 +132,9 @@ class YamlDoc:
     # Dotted paths of values JSON cannot hold (`.nan`, `!!binary`): reported here, their text
     # kept as a stand-in, so the loader drops later complaints about the stand-in.
     replaced: set[str] = field(default_factory=set)
+    # Dotted paths of mappings that hold `<<: *anchor`: the line of `<<:` and the keys it brought
+    # (those the mapping does not write itself), which read where `<<:` stands.
+    merged: dict[str, tuple[int, frozenset]] = field(default_factory=dict)
     _lines: list[str] | None = field(default=None, repr=False)
 
     def indent(self, line: int) -> int:
@@ -141,6 +145,19 @@ class YamlDoc:
             return 1
         text = self._lines[line - 1]
         return len(text) - len(text.lstrip()) + 1
+
+    def written(self, path: Path) -> str:
+        """The last key of `path` as the file spells it: `off`, `null`, `yes`, `1` (YAML reads them
+        as False, None, True, 1). Every diagnostic names a key so, never as Python prints its value."""
+        key = path[-1]
+        if isinstance(key, str):
+            return key
+        pos = self.pos(path)
+        if self._lines is None:
+            self._lines = self.text.splitlines()
+        line = self._lines[pos.line - 1][pos.col - 1:] if 0 < pos.line <= len(self._lines) else ""
+        spelled = re.match(r"[^\s:,{}\[\]]+", line)
+        return spelled.group(0) if spelled else json.dumps(key)
 
     def key_place(self, path: Path) -> tuple[int, int]:
         """`pos(path)`'s line and column alone (of its key; of the item itself in a list): what a
@@ -243,17 +260,24 @@ class _Builder:
 
     def mapping(self, node: yaml.MappingNode, path: Path) -> dict:
         merged: dict = {}
+        merge_line = 0
         for key_node, value_node in node.value:  # `<<: *anchor` first: explicit keys win, positions too
             if key_node.tag == _MERGE:
+                merge_line = merge_line or key_node.start_mark.line + 1
                 sources = value_node.value if value_node.id == "sequence" else [value_node]
                 for source in sources:
                     if source.id == "mapping":
                         for key, value in self.mapping(source, path).items():
                             merged.setdefault(key, value)
         result: dict = {}
-        seen: dict[Any, int] = {}
+        seen: dict[Any, tuple[int, yaml.ScalarNode]] = {}  # key -> its first line and node
+        if merged:  # the keys the mapping does not write itself, read where `<<:` stands (its order)
+            own = {key_node.value for key_node, _ in node.value if key_node.tag == _STR}
+            merged = {key: value for key, value in merged.items() if key not in own}
+            self.doc.merged[_dotted(path)] = (merge_line, frozenset(merged))
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE:
+                result.update((key, value) for key, value in merged.items() if key not in result)
                 continue
             if key_node.id != "scalar":  # `? [a, b]`: JSON object keys are text
                 self.error(key_node, f"mapping keys must be plain scalars{_in(path)}, not a "
@@ -262,18 +286,51 @@ class _Builder:
             key = key_node.value if key_node.tag == _STR else self.scalar(key_node, (*path, key_node.value))
             line = key_node.start_mark.line + 1
             if key in seen:
-                self.doc.diagnostics.append(Diagnostic(
-                    self.doc.file, line, key_node.start_mark.column + 1, "error",
-                    f"duplicate key `{key}`{_in(path)}: first defined on line {seen[key]}; "
-                    "YAML would silently keep only the last one",
-                    _dotted((*path, key)),
-                ))
+                self.duplicate(key_node, key, seen[key], path)
                 continue
-            seen[key] = line
-            result[key] = self.build(value_node, (*path, key), key_node.start_mark)
-        for key, value in merged.items():
-            result.setdefault(key, value)
+            seen[key] = (line, key_node)
+            if key_node.tag == _STR:
+                result[key] = self.build(value_node, (*path, key), key_node.start_mark)
+            else:
+                result[key] = self.build_non_text_key(key_node, value_node, key, path)
         return result
+
+
+    def build_non_text_key(self, key_node: yaml.ScalarNode, value_node: yaml.Node, key: Any, path: Path) -> Any:
+        """The value under a key YAML reads as no text (`on:`, `1:`). Its positions are kept under
+        the key as written too: the loader names such a (reported) route or tool `on`, not `True`,
+        and its later diagnostics look their lines up by that name."""
+        before = len(self.positions)
+        value = self.build(value_node, (*path, key), key_node.start_mark)
+        depth = len(path)
+        for at, pos in list(self.positions.items())[before:]:
+            self.positions.setdefault((*path, key_node.value, *at[depth + 1:]), pos)
+        return value
+
+    def duplicate(self, node: yaml.ScalarNode, key: Any, first: tuple[int, yaml.ScalarNode], path: Path) -> None:
+        """A key the mapping already holds. Keys written alike are the same key; keys written apart
+        that YAML 1.1 reads as one Python key (`on` and `yes` are both true, and `1` == true) are
+        named both as written with their lines, since neither alone is the duplicate."""
+        line, earlier = first
+        mark = node.start_mark
+        if (node.value, node.tag) == (earlier.value, earlier.tag):
+            message = (f"duplicate key `{node.value}`{_in(path)}: first defined on line {line}; "
+                       "YAML would silently keep only the last one")
+        else:
+            message = (f"key `{node.value}`{_in(path)} is the same key as `{earlier.value}` on line {line}: YAML reads "
+                       f"`{node.value}` as {_json_text(node)} and `{earlier.value}` as "
+                       f"{_json_text(earlier)}, one key once loaded; quote them to make them text "
+                       f"(`'{node.value}':`, `'{earlier.value}':`)")
+        self.doc.diagnostics.append(Diagnostic(self.doc.file, mark.line + 1, mark.column + 1, "error", message,
+                                               _dotted((*path, node.value))))
+
+
+def _json_text(node: yaml.ScalarNode) -> str:
+    """How JSON spells the value YAML read from a key's node (`true`, `1`, `null`; a text key quoted)."""
+    if node.tag == _STR:
+        return f'the text "{node.value}"'
+    value = yaml.SafeLoader.yaml_constructors[node.tag](yaml.SafeLoader(""), node)
+    return json.dumps(value)
 
 
 def _count_nodes(root: yaml.Node) -> int:

@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from chatrun.engine.pending import BACKEND_ROLE, ENGINE_AUDIENCES, USER_ROLE
 from chatrun.errors import ChatrunError
 
@@ -85,14 +83,29 @@ class Auth:
 
     @classmethod
     def load(cls, path: str | Path) -> Auth:
+        from chatrun.definition.yamlpos import load_yaml
+
         path = Path(path)
         try:
-            raw = yaml.safe_load(path.read_text())
+            raw = path.read_bytes()  # once: `--auth <(...)` is a pipe
+            text = raw.decode("utf-8")
         except OSError as exc:
             raise ChatrunError(f"cannot read the auth file {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ChatrunError(f"{path}: the auth file is not valid YAML: {exc}") from None
-        return cls.from_mapping(raw, str(path))
+        except UnicodeDecodeError as exc:
+            line = raw.count(b"\n", 0, exc.start) + 1
+            raise ChatrunError(f"{path}:{line}: the auth file is not UTF-8 text (byte {raw[exc.start]:#04x}); "
+                               "save it as UTF-8") from None
+        # Read as a bot's files are: a syntax error or a duplicate key (a token given twice) is
+        # `file:line:col:` and one line, not PyYAML's several.
+        doc = load_yaml(text, str(path))
+        errors = [d for d in doc.diagnostics if d.severity == "error"]
+        if errors:
+            first = errors[0]
+            message = ("a token is given twice (the keys of `tokens:` are the tokens: keep one entry)"
+                       if first.path.startswith("tokens.") and first.message.startswith("duplicate key")
+                       else first.message)  # a token is a secret: not printed, not even in an error
+            raise ChatrunError(f"{first.file}:{first.line}:{first.col}: the auth file is not valid: {message}")
+        return cls.from_mapping(doc.data, str(path))
 
     @classmethod
     def from_mapping(cls, raw: object, source: str = "<auth>") -> Auth:

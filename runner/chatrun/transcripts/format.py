@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from chatrun.definition.schemas import Violation, inline_refs, load_schema, properties, violation
-from chatrun.definition.sources import dotted, suggest
+from chatrun.definition.sources import dotted, suggest, wrong_file
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.engine.clock import parse_duration
 from chatrun.errors import BotError, Diagnostic
@@ -142,6 +142,9 @@ def load_transcript(path: str | Path) -> Transcript:
         raise BotError([_not_utf8(file, raw, exc)]) from None
     doc = load_yaml(text, file)
     diagnostics = list(doc.diagnostics)
+    other = wrong_file(file, doc.data, "transcript") if not diagnostics else None
+    if other is not None:  # a bot or scenario given for a transcript: not its schema errors
+        raise BotError([other])
     if doc.data is not None and not diagnostics:
         diagnostics += schema_diagnostics(doc)
     if doc.data is not None and not diagnostics:

@@ -27,6 +27,7 @@ from jsonschema import Draft202012Validator
 
 from chatrun import events as ev
 from chatrun.definition.schemas import load_schema
+from chatrun.definition.sources import wrong_file
 from chatrun.definition.yamlpos import read_yaml_file
 from chatrun.errors import BotError, ChatrunError, Diagnostic
 from chatrun.messages import AssistantMessage, Message, SystemMessage, UserMessage
@@ -85,6 +86,9 @@ def load_scenario(path: str | Path) -> Scenario:
     doc = read_yaml_file(Path(path))  # not UTF-8: named by its line, as a bot's file is
     if doc.diagnostics:
         raise BotError(doc.diagnostics)
+    other = wrong_file(str(path), doc.data, "scenario")
+    if other is not None:  # a bot or transcript given for a scenario: not its schema errors
+        raise BotError([other])
     if not isinstance(doc.data, dict):  # the schema's words would call it "the transcript"
         raise BotError([Diagnostic(str(path), 1, 1, "error", "the scenario is empty; it needs `bot:`, `persona:`, "
                                    "`goal:` and `success:`" if doc.data is None else "the scenario must be a mapping "
