@@ -75,3 +75,12 @@ def test_a_store_error_and_a_recorded_header_show_no_password(tmp_path):
     write_transcript({"bot": "../travel", "turns": []}, path, "s1", PG_QUERY)
     header = path.read_text().splitlines()[1]
     assert SECRET not in header and "password=***" in header
+
+
+@pytest.mark.parametrize("url", [PG, PG_QUERY, REDIS])
+def test_a_shared_stores_url_the_startup_line_and_logs_read_shows_no_password(url):
+    from chatrun.cli._output import describe_store
+    from chatrun.store.aio import open_async_store
+
+    store = open_async_store(url)  # not connected yet: the URL is all that is read
+    assert SECRET not in store.url and "***" in describe_store(store)

@@ -11,6 +11,7 @@ The auth file (YAML), given with `--auth FILE` or the CHATRUN_AUTH_FILE environm
 
     principals:
       telegram:4242: {roles: [approvers]}
+      widget:cust-42: {roles: [vip]}      # a widget's signed identity (server/widget_identity.py)
 
 `claims:` are what templates read besides the name and roles (`principal.email`), e.g. for
 bound arguments (`bind:`): text, numbers or booleans, by name.
