@@ -165,7 +165,9 @@ def _check_holder(c: Conversation, decision: TakeOver | OperatorSay | Release) -
     if c.taken_over is None:
         return
     holder = c.taken_over.get("by")
-    if _same_principal(c.principal, holder):
+    # Taken by no one signed in (auth off then): no holder to name, whoever may act does, so a
+    # conversation taken before the server had --auth is not held for ever.
+    if holder is None or _same_principal(c.principal, holder):
         return
     action = {TakeOver: "takeover", OperatorSay: "an operator's message", Release: "release"}[type(decision)]
     raise HeldByAnother(c.id, action, _operator_name(holder))
