@@ -629,6 +629,28 @@ def test_an_operator_action_without_a_role_waits_for_the_servers_role_operators(
     assert session.taken_over["by"]["name"] == "olga"
 
 
+def test_one_operator_holds_a_taken_conversation_in_the_library_too(desk):
+    # The rule is the engine's (check_decision): a program, the REPL and transcripts get it as the server does.
+    from chatrun import HeldByAnother
+
+    session = start(desk, ScriptedModel([call("human")]))
+    session.chat("I want a human")
+    as_(session, OPERATOR).chat(TakeOver())
+    max_ = {"name": "max", "roles": ["operators"]}
+    for decision in (TakeOver(), OperatorSay("max here"), Release()):
+        with pytest.raises(HeldByAnother, match="the operator olga holds the conversation"):
+            as_(session, max_).chat(decision)
+    assert as_(session, OPERATOR).chat(TakeOver()) == [] and session.taken_over["by"]["name"] == "olga"
+    as_(session, OPERATOR).chat(Release())
+    as_(session, max_).chat(TakeOver())
+    assert session.taken_over["by"]["name"] == "max"
+    as_(session, max_).chat(Release())
+    as_(session, None).chat(TakeOver())  # taken while no one was signed in (auth off) ...
+    assert session.taken_over["by"] is None
+    as_(session, OPERATOR).chat(Release())  # ... is not held for ever: whoever may act does
+    assert session.taken_over is None
+
+
 def test_an_operator_answers_a_question_and_others_may_not(desk):
     model = ScriptedModel([call("ask_desk")])
     session = start(desk, model)

@@ -26,6 +26,7 @@ tokens:
   sam-token-123: {principal: sam, roles: [supervisor]}
   olga-token-12: {principal: olga, roles: [operators]}
   eve-token-123: {principal: eve, roles: [staff]}
+  max-token-123: {principal: max, roles: [operators]}
 """
 ANA, SAM, OLGA, EVE = ({"Authorization": f"Bearer {t}"} for t in
                        ("ana-token-123", "sam-token-123", "olga-token-12", "eve-token-123"))
@@ -154,6 +155,23 @@ def test_only_operators_or_a_takeover_items_role_take_over_speak_and_release(wai
     assert r.status_code == 403
     r = client.post("/bots/travel/sessions/s1/operator/messages", json={"text": ""}, headers=OLGA)
     assert r.status_code == 400 and "text must be a non-empty string" in r.json()["message"]
+
+
+def test_one_operator_holds_a_taken_conversation_another_is_refused_409_naming_the_holder(waiting):
+    client, _ = waiting
+    MAX = {"Authorization": "Bearer max-token-123"}
+    assert client.post("/bots/travel/sessions/s1/takeover", json={}, headers=OLGA).status_code == 200
+    for path, body in (("takeover", {}), ("operator/messages", {"text": "max here"}), ("release", {})):
+        r = client.post(f"/bots/travel/sessions/s1/{path}", json=body, headers=MAX)
+        assert r.status_code == 409, (path, r.json())
+        assert r.json()["error"] == "HeldByAnother" and "the operator olga holds" in r.json()["message"], path
+    again = client.post("/bots/travel/sessions/s1/takeover", json={}, headers=OLGA)  # the holder: idempotent
+    assert again.status_code == 200 and again.json()["events"] == []
+    assert client.get("/bots/travel/sessions/s1/pending", headers=OLGA).json()["taken_over"]["by"]["name"] == "olga"
+    left = client.post("/bots/travel/sessions/s1/release", json={}, headers=OLGA).json()["events"]
+    assert [e["meta"]["name"] for e in left if e.get("meta", {}).get("from") == "notice"] == ["olga"]
+    joined = client.post("/bots/travel/sessions/s1/takeover", json={}, headers=MAX)  # free again: max takes it
+    assert joined.status_code == 200 and "max joined the conversation" in [e["data"] for e in joined.json()["events"]]
 
 
 def test_the_openapi_text_shows_the_bodies_and_the_refusals(served):

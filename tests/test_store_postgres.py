@@ -17,8 +17,9 @@ from chatrun.errors import ChatrunError
 from chatrun.server import create_app
 from chatrun.store import open_store
 from chatrun.store.aio import open_async_store
-from chatrun.store.postgres import PostgresStore, check_reachable, postgres_url_parts, redacted
+from chatrun.store.postgres import PostgresStore, check_reachable, postgres_url_parts
 from chatrun.store.postgres_schema import MIGRATIONS, SCHEMA_VERSION
+from chatrun.store.urls import shown_url
 from redis_support import free_port
 from server_support import ThreadServer, write_travel
 
@@ -28,7 +29,7 @@ def test_a_postgres_url_opens_the_postgres_store_and_its_own_parameters_stay_cha
     assert isinstance(open_async_store("postgres://u@127.0.0.1:5432/db"), PostgresStore)
     conninfo, size = postgres_url_parts("postgresql://u@h/db?sslmode=require&max_connections=7&max_blob_files=3")
     assert conninfo == "postgresql://u@h/db?sslmode=require" and size == 7
-    assert redacted("postgresql://u:s3cret@h/db") == "postgresql://u:***@h/db"
+    assert shown_url("postgresql://u:s3cret@h/db") == "postgresql://u:***@h/db"
     with pytest.raises(ChatrunError, match="max_connections must be a positive number"):
         PostgresStore("postgresql://u@h/db?max_connections=none")
     with pytest.raises(ChatrunError, match="Postgres store is asynchronous"):

@@ -138,6 +138,9 @@ def test_operator_steps_and_taken_over(tmp_path):
   - as: {name: carla, roles: [operators]}
     operator: {say: Hello!}
     expect: {events: [{Message: Hello!}]}
+  - as: {name: dan, roles: [operators]}
+    operator: {release: support}
+    expect: {error: {contains: the operator carla holds the conversation}, taken_over: {by: carla}}
   - as: {name: carla, roles: [operators]}
     operator: {release: support}
     expect: {resolved: {p1: released}, taken_over: null, route: support, pending: []}

@@ -117,7 +117,7 @@ def test_a_signed_identity_is_the_principal_and_owns_its_sessions(client, fake):
     fake.queue({"text": "Hello Ana."})
     turn = client.post(f"/bots/travel/sessions/{session}/messages", headers=bearer, json={"message": "hi"})
     assert turn.status_code == 200, turn.text
-    assert "You plan trips for cust-42." in str(fake.requests[-1]["messages"][0])
+    assert "You plan trips for widget:cust-42." in str(fake.requests[-1]["messages"][0])
     assert client.get(f"/bots/travel/sessions/{session}", headers=bearer).status_code == 200
     visitor = {"Authorization": "Bearer cwv." + "v" * 30}
     assert client.get(f"/bots/travel/sessions/{session}", headers=visitor).status_code == 404
@@ -185,7 +185,7 @@ def test_the_backend_snippet_in_the_docs_signs_what_the_server_accepts(monkeypat
     scope: dict[str, object] = {}
     exec(snippet, scope)  # noqa: S102 - the docs' own example, run as printed
     principal = widget_principal("travel", WidgetConfig(origins=(SITE,)), str(scope["token"]))
-    assert (principal.name, dict(principal.claims)) == ("cust-42", {"display_name": "Ana Lima"})
+    assert (principal.name, dict(principal.claims)) == ("widget:cust-42", {"display_name": "Ana Lima", "sub": "cust-42"})
     with pytest.raises(IdentityRefused, match="signature does not match"):
         monkeypatch.setenv("CHATRUN_WIDGET_SECRET", "another-key-0123456789")
         widget_principal("travel", WidgetConfig(origins=(SITE,)), str(scope["token"]))

@@ -174,6 +174,17 @@ class NotPending(ChatrunError):
         super().__init__(f"session {session_id}: item {item} is not pending: {done}")
 
 
+class HeldByAnother(ChatrunError):
+    """A takeover, an operator's message or a release by an operator who does not hold the
+    conversation: another operator took it over and holds it until their release (the server
+    answers 409). Nothing was committed; the holder taking over again is not refused."""
+
+    def __init__(self, session_id: str, action: str, holder: str):
+        self.session_id, self.action, self.holder = session_id, action, holder
+        super().__init__(f"session {session_id}: {action} refused: the operator {holder} holds the conversation "
+                         f"(only they may speak and release it; take it over once they release it)")
+
+
 class InvalidDecision(ChatrunError):
     """A decision whose edited arguments or answer do not match the declared schema: nothing was
     committed and the item stays pending (the server answers 422)."""

@@ -83,7 +83,9 @@ def run_on_store(url: str, work: Coroutine[Any, Any, Any]) -> Any:
     try:
         return asyncio.run(work)
     except (ChatrunError, OSError, ValueError) as exc:
-        click.echo(f"{url}: error: {exc}", err=True)
+        from chatrun.store.urls import shown_url  # here: only a failure needs it
+
+        click.echo(f"{shown_url(url)}: error: {exc}", err=True)
         raise click.exceptions.Exit(2) from None
 
 

@@ -186,8 +186,11 @@ class Versions:
 
 
 def _fail(where: str, message: str) -> click.exceptions.Exit:
-    """`where: error: message` on stderr; the exit (status 2) to raise."""
-    click.echo(f"{where}: error: {message}", err=True)
+    """`where: error: message` on stderr; the exit (status 2) to raise. `where` is a file or a
+    store's URL, shown without its password (a file's path is shown as given)."""
+    from chatrun.store.urls import shown_url
+
+    click.echo(f"{shown_url(where)}: error: {message}", err=True)
     return click.exceptions.Exit(2)
 
 
@@ -231,8 +234,7 @@ def _count(changes: list[Change], url: str, bot: str, version: str) -> Stored:
     try:
         stored = asyncio.run(_footprints(url, bot, version))
     except (ChatrunError, OSError) as exc:
-        click.echo(f"{url}: error: {exc}", err=True)
-        raise click.exceptions.Exit(2) from None
+        raise _fail(url, str(exc)) from None
     for change in changes:
         change.sessions = _touched(change, stored.old)
         change.unversioned = _touched(change, stored.unversioned)

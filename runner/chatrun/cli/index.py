@@ -96,9 +96,10 @@ def index(path: str, quiet: bool, store_url: str | None) -> None:
 def _shared_url(url: str | None) -> str | None:
     """The shared index's URL (None: the bot's folder); a store that cannot hold one is refused."""
     from chatrun.store import POSTGRES_SCHEMES
+    from chatrun.store.urls import shown_url
 
     if url is None or url.startswith(POSTGRES_SCHEMES):
         return url
-    raise click.BadParameter(f"{url!r}: a shared knowledge index lives in PostgreSQL (postgresql://USER@HOST:PORT/DB); "
+    raise click.BadParameter(f"{shown_url(url)!r}: a shared knowledge index lives in PostgreSQL (postgresql://USER@HOST:PORT/DB); "
                              "without --store the index is the bot folder's .chatrun/knowledge.db",
                              param_hint="--store")

@@ -25,6 +25,7 @@ from chatrun.engine.pending import Answer, Approve, Expire, OperatorSay, Reject,
 from chatrun.errors import (
     ChatrunError,
     DecisionRefused,
+    HeldByAnother,
     InvalidDecision,
     NotPending,
     UnknownRouteError,
@@ -75,7 +76,7 @@ TEXT or /say TEXT  answer with this text
 /quit              leave (the turn is not kept; Ctrl-D too)
 Ctrl-C cancels the turn: the session is as it was before it. Other commands wait for the turn's end."""
 
-REFUSED = (DecisionRefused, NotPending, InvalidDecision, UnknownRouteError)  # a decision refused before its turn
+REFUSED = (DecisionRefused, NotPending, InvalidDecision, HeldByAnother, UnknownRouteError)  # a decision refused before its turn
 ROLES_OFF = ("(no --roles given: role checks are off, every route is open; "
              "--roles a,b or /roles a,b to walk the bot as a principal with those roles)")
 

@@ -69,7 +69,9 @@ def prune(store_url: str, bot: str, keep: tuple[str, ...], dry_run: bool) -> Non
     unknown = [k for k in keep if not any(k in (v.label, v.content_version) for v in kept)]
     if unknown:
         listed = ", ".join(f"{v.label} ({v.content_version})" for v in kept) or "none"
-        click.echo(f"{store_url}: error: --keep {', '.join(unknown)}: bot {bot} keeps no such version "
+        from chatrun.store.urls import shown_url
+
+        click.echo(f"{shown_url(store_url)}: error: --keep {', '.join(unknown)}: bot {bot} keeps no such version "
                    f"(it keeps: {listed})", err=True)
         raise click.exceptions.Exit(2)
     refused = 0

@@ -79,6 +79,7 @@ from chatrun.engine.tools import check_arguments
 from chatrun.errors import (
     ChatrunError,
     DecisionRefused,
+    HeldByAnother,
     InvalidDecision,
     NotPending,
     ToolRefusal,
@@ -118,6 +119,7 @@ def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
             raise NotPending(c.id, "takeover", None)
         needed = list(dict.fromkeys([*(item.by if item else handover_roles(c.config)), OPERATOR_ROLE]))
         _check_roles(c, item.id if item else "takeover", needed)
+        _check_holder(c, decision)
         if isinstance(decision, Release) and decision.route and decision.route not in c.config.routes:
             raise UnknownRouteError(decision.route, list(c.config.routes))
         return
@@ -153,6 +155,21 @@ def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
                               "decide it (the tool's `approval` does not allow `self`); another approver must")
     if isinstance(decision, Approve) and decision.args is not None:
         edited_args(c, tools, item, decision.args)
+
+
+def _check_holder(c: Conversation, decision: TakeOver | OperatorSay | Release) -> None:
+    """One operator holds a taken conversation: another one's takeover, message or release is
+    refused (HeldByAnother), so the user never reads a leaving they never read joining. The
+    holder taking over again is not refused: nothing happens (an idempotent retry)."""
+    if c.taken_over is None:
+        return
+    holder = c.taken_over.get("by")
+    # Taken by no one signed in (auth off then): no holder to name, whoever may act does, so a
+    # conversation taken before the server had --auth is not held for ever.
+    if holder is None or _same_principal(c.principal, holder):
+        return
+    action = {TakeOver: "takeover", OperatorSay: "an operator's message", Release: "release"}[type(decision)]
+    raise HeldByAnother(c.id, action, _operator_name(holder))
 
 
 def _token_matches(expected: str | None, sent: str | None) -> bool:

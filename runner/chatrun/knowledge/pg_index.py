@@ -115,9 +115,10 @@ class PgIndex:
     """A bot's passages in PostgreSQL (see the module's text)."""
 
     def __init__(self, url: str, bot: str):
-        from chatrun.store.postgres import _import_psycopg, postgres_url_parts, redacted
+        from chatrun.store.postgres import _import_psycopg, postgres_url_parts
+        from chatrun.store.urls import shown_url
 
-        self.url = redacted(url)
+        self.url = shown_url(url)
         self.bot = bot
         if _import_psycopg() is None:
             raise ChatrunError(f"knowledge store {self.url}: needs psycopg 3; install it with: "

@@ -11,6 +11,7 @@ The auth file (YAML), given with `--auth FILE` or the CHATRUN_AUTH_FILE environm
 
     principals:
       telegram:4242: {roles: [approvers]}
+      widget:cust-42: {roles: [vip]}      # a widget's signed identity (server/widget_identity.py)
 
 `claims:` are what templates read besides the name and roles (`principal.email`), e.g. for
 bound arguments (`bind:`): text, numbers or booleans, by name.
@@ -36,6 +37,9 @@ from chatrun.errors import ChatrunError
 
 AUTH_ENV = "CHATRUN_AUTH_FILE"
 WIDGET_TOKEN_PREFIXES = ("cw1.", "cwv.")  # signed identities and anonymous visitors (server/widget_identity.py)
+# The names of the widget's signed identities (`widget:ID`, server/widget_identity.py): no token of
+# the auth file is one of them, so a widget visitor and another door's principal never share a name.
+WIDGET_PRINCIPAL_PREFIX = "widget:"
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,10 @@ class Auth:
             if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
                 raise ChatrunError(f"{where}: roles is a list of role names")
             _refuse_engine_audiences(where, entry["principal"], roles)
+            if entry["principal"].startswith(WIDGET_PRINCIPAL_PREFIX):
+                raise ChatrunError(f"{where}: a token's principal may not be named {WIDGET_PRINCIPAL_PREFIX}…: those are "
+                                   "the widget's signed identities (docs/widget.md); give such a visitor roles "
+                                   f"under `principals:` ({WIDGET_PRINCIPAL_PREFIX}ID: {{roles: [...]}})")
             tokens[token] = Principal(entry["principal"], frozenset(roles), _claims(entry.get("claims"), where))
         return cls(tokens, source, _principals(raw.get("principals"), source))
 

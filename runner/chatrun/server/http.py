@@ -497,7 +497,8 @@ _ERRORS = {
     404: "NotFound, BotNotFound, SessionNotActive (also another principal's session), RouteNotFound",
     405: "MethodNotAllowed (with an Allow header)",
     408: "RequestTimeout: the body did not arrive in time",
-    409: "SessionExists, ScopeNotActive, Conflict, or NotPending (the item was resolved already, or never was)",
+    409: "SessionExists, ScopeNotActive, Conflict, NotPending (the item was resolved already, or never was), or "
+         "HeldByAnother (another operator holds the conversation)",
     413: "TooLarge: body or userMessage over the limit",
     415: "UnsupportedMediaType: a body that is not application/json",
     422: "InvalidDecision: edited arguments or an answer that do not match the declared schema (the item stays pending); "

@@ -137,10 +137,13 @@ def _widget_caller(connection: HTTPConnection, token: str) -> Principal:
     try:
         if bot is None:
             raise IdentityRefused("a widget token is good only on its bot's own paths (/bots/BOT/...)")
-        return widget_principal(bot_name, bot.config.widget, token)
+        found = widget_principal(bot_name, bot.config.widget, token)
     except IdentityRefused as exc:
         logging.getLogger("chatrun.widget").info("chatrun: widget token refused on %s: %s", connection.url.path, exc)
         raise WidgetRefused(str(exc)) from None
+    auth: Auth | None = connection.app.state.auth
+    # The roles the auth file's `principals:` gives this name (`widget:ID`), as to a channel's user.
+    return auth.principal(found.name, found.claims) if auth is not None else found
 
 
 async def _caller(connection: HTTPConnection) -> Principal | None:

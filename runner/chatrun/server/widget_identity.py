@@ -6,14 +6,16 @@ Two kinds of token reach a bot with `widget:` from its frame, both as any other 
 - a **signed identity** `cw1.PAYLOAD.SIGNATURE` the host site's backend makes for its signed-in
   user: PAYLOAD is base64url JSON `{"sub": ID, "name": NAME, "exp": UNIX_SECONDS}`, SIGNATURE the
   base64url HMAC-SHA256 of `cw1.PAYLOAD` under the key in the bot's `widget.secret_env`. It
-  becomes the principal ID (templates: `principal.name`; the person's name is
-  `principal.display_name`).
+  becomes the principal `widget:ID` — a name of the widget's own, so that a host site's user id
+  `olga` or `telegram:4242` never is the auth file's olga or a channel's user (their sessions,
+  user memory, roles) — with the claims `sub` (ID) and `display_name` (NAME).
 - an **anonymous visitor** `cwv.RANDOM` the widget makes once per browser (kept in the host
   page's localStorage): the principal `visitor-` + a hash of it, so that the visitor's sessions
   are theirs alone, and nobody learns the token from the name.
 
 Checked before the `--auth` file: a widget token is never an auth-file token, and it grants no
-roles; it is good only for the bot whose `widget:` accepts it.
+roles by itself (the auth file's `principals:` may give roles to a `widget:ID`, as to a channel's
+user: server/plumbing.py); it is good only for the bot whose `widget:` accepts it.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ import time
 from typing import Any
 
 from chatrun.definition.config import WidgetConfig
-from chatrun.server.auth import WIDGET_TOKEN_PREFIXES, Principal
+from chatrun.server.auth import WIDGET_PRINCIPAL_PREFIX, WIDGET_TOKEN_PREFIXES, Principal
 
 SIGNED_PREFIX, VISITOR_PREFIX = WIDGET_TOKEN_PREFIXES
 MIN_KEY_BYTES = 16
 MIN_VISITOR_CHARS = 22  # 128 bits of base64url: not guessable
+# Signed identities are named `widget:ID` (WIDGET_PRINCIPAL_PREFIX); anonymous visitors stay
+# `visitor-HASH`, outside it, so a signed `sub` of `visitor-HASH` is not that visitor either.
 log = logging.getLogger("chatrun.widget")
 
 
@@ -74,7 +78,8 @@ def _signed(bot: str, widget: WidgetConfig, token: str, now: float) -> Principal
                               f"${widget.secret_env} is not set")
     payload = _verified_payload(token, key)
     claims = _claims(payload, now)
-    return Principal(claims["sub"], claims=(("display_name", claims["name"]),))
+    return Principal(WIDGET_PRINCIPAL_PREFIX + claims["sub"],
+                     claims=(("display_name", claims["name"]), ("sub", claims["sub"])))
 
 
 def _verified_payload(token: str, key: bytes) -> bytes:

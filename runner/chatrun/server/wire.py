@@ -38,7 +38,7 @@ from typing import Any
 from chatrun.definition.page_texts import BUILTIN as PAGE_TEXTS
 from chatrun.engine.pending import reply_hint
 from chatrun.engine.stream_chunks import READER, STREAM_EVERY_LIMITS, Pace
-from chatrun.errors import DecisionRefused, InvalidDecision, NotPending
+from chatrun.errors import DecisionRefused, HeldByAnother, InvalidDecision, NotPending
 
 # The server's request errors, used as wire.RequestFailed and wire.FrameError (re-exported).
 from chatrun.errors import FrameError as FrameError
@@ -81,6 +81,7 @@ UNAVAILABLE = "Unavailable"  # the server is shutting down: send again (another 
 NOT_FOUND = "NotFound"  # no such thing (an outbox entry)
 DECISION_REFUSED = "DecisionRefused"  # a decision on a pending item by someone who may not make it
 NOT_PENDING = "NotPending"  # a decision on an item that is not pending (unknown, or resolved already)
+HELD_BY_ANOTHER = "HeldByAnother"  # a takeover, operator message or release while another operator holds it
 INVALID_DECISION = "InvalidDecision"  # edited arguments or an answer that do not validate (item stays pending)
 KEY_REUSED = "IdempotencyKeyReused"  # an Idempotency-Key of a committed request sent with another request
 EMPTY_MESSAGE = "EmptyMessage"  # a userMessage with no text and no attachment: no turn runs (says_nothing)
@@ -105,6 +106,7 @@ HTTP_STATUS = {
     UNAVAILABLE: 503,
     DECISION_REFUSED: 403,
     NOT_PENDING: 409,
+    HELD_BY_ANOTHER: 409,
     INVALID_DECISION: 422,
     KEY_REUSED: 422,
     EMPTY_MESSAGE: 422,
@@ -284,13 +286,14 @@ def _read_chat_route_message(frame: ClientFrame, fields: _FrameFields, limits: S
     frame.if_busy = if_busy
 
 
-DECISION_ERRORS = (DecisionRefused, NotPending, InvalidDecision)
+DECISION_ERRORS = (DecisionRefused, NotPending, InvalidDecision, HeldByAnother)
 
 
-def decision_failed(exc: DecisionRefused | NotPending | InvalidDecision) -> RequestFailed:
+def decision_failed(exc: DecisionRefused | NotPending | InvalidDecision | HeldByAnother) -> RequestFailed:
     """The request failure of a decision the engine refused before its turn ran (nothing
     committed): the same reason on every transport (HTTP 403, 409, 422)."""
-    reason = {DecisionRefused: DECISION_REFUSED, NotPending: NOT_PENDING}.get(type(exc), INVALID_DECISION)
+    reason = {DecisionRefused: DECISION_REFUSED, NotPending: NOT_PENDING,
+              HeldByAnother: HELD_BY_ANOTHER}.get(type(exc), INVALID_DECISION)
     return RequestFailed(reason, str(exc))
 
 

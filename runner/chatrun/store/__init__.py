@@ -251,6 +251,7 @@ def open_store(url: str | None, exclusive: bool = False, must_exist: bool = Fals
     that is not there, instead of creating an empty store and finding nothing in it."""
     from chatrun.errors import ChatrunError
     from chatrun.store.blobs import local_store_url
+    from chatrun.store.urls import shown_url
 
     if not url or (url.startswith("memory://") and local_store_url(url) == "memory://"):  # a query: the blob area's
         from chatrun.store.memory import InMemoryStore
@@ -266,10 +267,10 @@ def open_store(url: str | None, exclusive: bool = False, must_exist: bool = Fals
     if url.startswith(("redis://", "rediss://", *POSTGRES_SCHEMES)):
         kind = "Redis" if url.startswith("redis") else "Postgres"
         raise ChatrunError(
-            f"store {url}: a {kind} store is asynchronous; open it with chatrun.store.aio.open_async_store"
+            f"store {shown_url(url)}: a {kind} store is asynchronous; open it with chatrun.store.aio.open_async_store"
         )
     raise ChatrunError(
-        f"unknown store URL {url!r}; use memory://, sqlite:///path/to.db, redis://host:port/db or "
+        f"unknown store URL {shown_url(url)!r}; use memory://, sqlite:///path/to.db, redis://host:port/db or "
         "postgresql://user@host:port/db"
     )
 

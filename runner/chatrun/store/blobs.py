@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl
 
 from chatrun.errors import AttachmentRefused, ChatrunError
 from chatrun.messages import Attachment
+from chatrun.store.urls import shown_url
 
 MAX_BLOB_BYTES_PARAMETER = "max_blob_bytes"
 MAX_BLOB_FILES_PARAMETER = "max_blob_files"
@@ -82,7 +83,7 @@ def blob_quota(url: str, default_bytes: int, shown: str | None = None) -> BlobQu
     defaults); ChatrunError for a value that is no positive number (naming the URL as `shown`:
     without its password)."""
     given = dict(parse_qsl(url.partition("?")[2]))
-    shown = shown or url
+    shown = shown or shown_url(url)
     return BlobQuota(_positive(given.get(MAX_BLOB_BYTES_PARAMETER), default_bytes, "a positive number of bytes", shown),
                      _positive(given.get(MAX_BLOB_FILES_PARAMETER), DEFAULT_MAX_BLOB_FILES, "a positive number", shown))
 
@@ -102,7 +103,7 @@ def local_store_url(url: str) -> str:
     base, _, query = url.partition("?")
     for name, _value in parse_qsl(query, keep_blank_values=True):
         if name not in BLOB_PARAMETERS:
-            raise ChatrunError(f"store {url}: unknown URL parameter `{name}` (a local store takes "
+            raise ChatrunError(f"store {shown_url(url)}: unknown URL parameter `{name}` (a local store takes "
                                f"{', '.join(BLOB_PARAMETERS)})")
     blob_quota(url, 1)  # its values, checked when the store opens
     return base

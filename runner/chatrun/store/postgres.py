@@ -71,6 +71,7 @@ from chatrun.store.record import (
     to_json,
     unclaimed,
 )
+from chatrun.store.urls import shown_url
 from chatrun.store.versions import (
     CREATE,
     KEEP_OUTCOMES,
@@ -98,16 +99,9 @@ def postgres_url_parts(url: str) -> tuple[str, int]:
     given = dict(query)
     size = given.get("max_connections", str(DEFAULT_MAX_CONNECTIONS))
     if not size.isdigit() or int(size) < 1:
-        raise ChatrunError(f"store {redacted(url)}: max_connections must be a positive number, not {size!r}")
+        raise ChatrunError(f"store {shown_url(url)}: max_connections must be a positive number, not {size!r}")
     rest = urlencode([(k, v) for k, v in query if k not in CHATRUN_PARAMETERS])
     return urlunsplit(parts._replace(query=rest)), int(size)
-
-
-def redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
-    return url
 
 
 def _import_psycopg() -> Any:
@@ -128,7 +122,7 @@ class PostgresStore:
     has_outbox = True
 
     def __init__(self, url: str, settings: LeaseSettings = LeaseSettings()):  # noqa: B008 - frozen
-        self.url = redacted(url)
+        self.url = shown_url(url)
         if _import_psycopg() is None:
             raise ChatrunError(f"store {self.url}: the Postgres store needs psycopg 3; "
                                "install it with: pip install 'chatrun[postgres]'")

@@ -90,6 +90,7 @@ from chatrun.store.record import (
 )
 from chatrun.store.redis_blobs import RedisBlobs, redis_blob_quota
 from chatrun.store.redis_pool import blocking_pool, check_pool_parameters, without_pool_parameters
+from chatrun.store.urls import shown_url
 from chatrun.store.versions import CREATE, KEEP_OUTCOMES, LeaseLost, SessionBusy, StaleVersion
 
 log = logging.getLogger("chatrun.store")
@@ -401,14 +402,6 @@ def url_parameter(url: str, name: str) -> str | None:
     return next((v for k, v in parse_qsl(urlsplit(url).query) if k == name), None)
 
 
-def redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
-
-
 def _check_parameters(client_url: str, shown: str) -> None:
     """ChatrunError for a query parameter of the URL that neither chatrun nor redis-py's
     connections take: redis-py hands it to each connection, which fails only at the first
@@ -447,11 +440,11 @@ class RedisStore:
             from redis.exceptions import TimeoutError as RedisTimeoutError
         except ModuleNotFoundError:
             raise ChatrunError(
-                f"store {redacted(url)}: the Redis store needs the redis package; "
+                f"store {shown_url(url)}: the Redis store needs the redis package; "
                 "install it with: pip install 'chatrun[redis]'"
             ) from None
         client_url, self.prefix = redis_url_parts(url)
-        self.url = redacted(url)
+        self.url = shown_url(url)
         _check_parameters(client_url, self.url)
         check_pool_parameters(client_url, self.url)
         self.settings = settings

@@ -20,6 +20,7 @@ from typing import Any
 
 from chatrun import events as ev
 from chatrun.errors import ChatrunError
+from chatrun.store.urls import shown_url
 from chatrun.transcripts.expect import item_view
 
 HEADER = ("# yaml-language-server: $schema={schema}\n"
@@ -232,16 +233,8 @@ def write_transcript(doc: dict[str, Any], path: Path, session_id: str, store_url
         turn.fa.set_block_style()
     y.dump(node, buf)
     schema = os.path.relpath(schema_path("transcript.schema.json"), path.parent.resolve())
-    header = HEADER.format(schema=schema, session=session_id, store=_shown_url(store_url), file=path)
+    header = HEADER.format(schema=schema, session=session_id, store=shown_url(store_url), file=path)
     path.write_text(header + buf.getvalue(), encoding="utf-8")
-
-
-def _shown_url(url: str) -> str:
-    """The store's URL without a password (redis://:secret@host)."""
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-    return url
 
 
 def bot_reference(bot_path: Path, folder: Path) -> str:

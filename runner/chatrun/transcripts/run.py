@@ -15,6 +15,7 @@ from chatrun.errors import (
     BotError,
     ChatrunError,
     DecisionRefused,
+    HeldByAnother,
     InvalidDecision,
     NotPending,
     SessionError,
@@ -400,7 +401,7 @@ def message_after_end(session: Any, turn: TurnSpec, refusal: str, requests: Any 
 
 
 # What a decision step may meet instead of a turn (the engine raises them before anything runs)
-REFUSED_DECISIONS = (DecisionRefused, NotPending, InvalidDecision, UnknownRouteError)  # a release to an unknown route too
+REFUSED_DECISIONS = (DecisionRefused, NotPending, InvalidDecision, HeldByAnother, UnknownRouteError)  # a release to an unknown route too
 
 
 def send(session: Any, turn: TurnSpec) -> list[Any]:
