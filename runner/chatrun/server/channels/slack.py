@@ -172,11 +172,8 @@ class Slack(ChannelKind):
 
     async def _call(self, client: httpx.AsyncClient, method: str, body: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.option('api', DEFAULT_API).rstrip('/')}/{method}"
-        try:
-            response = await client.post(url, json=body, timeout=self.timeout,
-                                         headers={"Authorization": f"Bearer {self.secret('token')}"})
-        except httpx.HTTPError as exc:
-            raise SendFailed(f"slack {method}: cannot reach the Web API ({type(exc).__name__})") from None
+        response = await self.call(client, "POST", url, f"slack {method}", "the Web API", json=body,
+                                   headers={"Authorization": f"Bearer {self.secret('token')}"})
         answer = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
         if response.status_code != 200 or not answer.get("ok"):
             raise SendFailed.answered(f"slack {method}: {response.status_code} "

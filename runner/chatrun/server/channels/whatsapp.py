@@ -110,11 +110,8 @@ class WhatsApp(ChannelKind):
             body |= {"type": "interactive", "interactive": {"type": "list", "body": {"text": text}, "action": {
                 "button": "Choose", "sections": [{"title": "Choose one", "rows": rows}]}}}
         url = f"{self.option('api', DEFAULT_API).rstrip('/')}/{address['phone_number_id']}/messages"
-        try:
-            response = await client.post(url, json=body, timeout=self.timeout,
-                                         headers={"Authorization": f"Bearer {self.secret('token')}"})
-        except httpx.HTTPError as exc:
-            raise SendFailed(f"whatsapp messages: cannot reach the Cloud API ({type(exc).__name__})") from None
+        response = await self.call(client, "POST", url, "whatsapp messages", "the Cloud API", json=body,
+                                   headers={"Authorization": f"Bearer {self.secret('token')}"})
         if response.status_code != 200:
             raise SendFailed.answered(f"whatsapp messages: the Cloud API answered {response.status_code}: "
                                       f"{response.text[:200]}", response)
