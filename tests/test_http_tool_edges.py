@@ -6,6 +6,7 @@ real APIs write them (a schema that refers to itself, a path parameter named `or
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler
 
@@ -106,9 +107,11 @@ env:
   API_URL: {}
   API_KEY: {secret: true}
   API_PASS: {secret: true}
+  STUCK_URL: {default: "http://127.0.0.1:9"}
 routes:
   main: {default: true, system: s, tools: [huge, drip, soon, lookup, echo_query, echo_inline, search, search_page,
-                                         refund, refund_boom, refund_busy, refund_keyed, refund_nowhere]}
+                                         refund, refund_boom, refund_busy, refund_keyed, refund_nowhere,
+                                         refund_stuck]}
 tools:
   refund:
     description: d
@@ -124,6 +127,10 @@ tools:
     description: d
     timeout: 0.5
     http: {method: POST, url: "{{ env.API_URL }}/refund/slow", json: {order: A1}, retries: 1}
+  refund_stuck:
+    description: d
+    timeout: 0.5
+    http: {method: POST, url: "{{ env.STUCK_URL }}/refund", json: {order: A1}, idempotency_key: false, retries: 1}
   refund_nowhere:
     description: d
     http: {method: POST, url: "http://127.0.0.1:9/refund", json: {order: A1}, idempotency_key: false, retries: 1}
@@ -286,3 +293,21 @@ def test_a_post_with_a_key_is_retried_after_a_timeout_with_the_same_key(api, wri
     session, _ = run(write_bot, "refund_keyed")
     assert len(api.refunds) == 2 and api.refunds[0] == api.refunds[1] is not None  # the API dedupes by it
     assert tool_result(session).startswith("Error: refund_keyed failed: no answer within 0.5 s")
+
+
+def test_a_post_without_a_key_whose_connection_is_never_made_in_time_is_retried(api, write_bot, monkeypatch):
+    """A server whose listen queue is full never completes the connection (Linux drops the SYN):
+    the connect times out before the tool's whole time does, so the request surely was not sent."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    waiting = [socket.socket() for _ in range(3)]  # fill the queue: further connections hang
+    try:
+        for sock in waiting:
+            sock.setblocking(False)
+            sock.connect_ex(listener.getsockname())
+        monkeypatch.setenv("STUCK_URL", f"http://127.0.0.1:{listener.getsockname()[1]}")
+        session, _ = run(write_bot, "refund_stuck")
+    finally:
+        for sock in (*waiting, listener):
+            sock.close()
+    assert tool_result(session).startswith("Error: refund_stuck failed: cannot connect (ConnectTimeout) from POST "), \
+        tool_result(session)

@@ -55,6 +55,7 @@ REDACTED = "[redacted]"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # HTTP's: sending one twice changes nothing
 BACKOFF_S = 0.2
+CONNECT_SHARE = 0.8  # of a tool's timeout, for making the connection
 MAX_TEXT_CHARS = 100_000  # a result the model and templates can use, not a download
 MAX_BODY_BYTES = 10_000_000  # an answer read at most (its JSON is parsed whole): a bigger one is a failure
 
@@ -466,6 +467,8 @@ class HttpCaller(RuntimeDefaults):
                trace_headers: Callable[[dict[str, str]], None], file_of: FileOf,
                key: str) -> tuple[httpx.Request, Multipart | None]:
         """The request, and what its multipart body carries (None: it has none)."""
+        import httpx
+
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
             shown = redact_text(url, self.env.secrets())[:80]  # the turn's error is logged and may be shown
@@ -486,8 +489,11 @@ class HttpCaller(RuntimeDefaults):
             body["data"] = {k: _text(render(v, False)) for k, v in http.form.items()}
         elif http.multipart is not None:
             body["files"], sent = _multipart(http.multipart, render, file_of)
+        # The connection must be made within CONNECT_SHARE of the time: a connect timeout then says
+        # the request was never sent (`_send` may retry it), before the whole answer's time runs out.
+        limits = httpx.Timeout(timeout, connect=timeout * CONNECT_SHARE)
         request = self.client().build_request(http.method, url, params=_params(url, query), headers=headers,
-                                              timeout=timeout, **body)
+                                              timeout=limits, **body)
         return request, sent
 
 
