@@ -103,9 +103,10 @@ class WebhookSender:
         return Attempt(False, f"{shown} answered {status}", status, retry_after(response))
 
     async def _post(self, url: str, raw: bytes, headers: dict[str, str], timeout: float) -> httpx.Response:
-        """POST the body; the receiver's answer (closed: its status and headers), which must come within `timeout` seconds in all
-        (httpx's timeout is per read: a receiver trickling its headers in would hold the attempt
-        past its claim, and another replica would send the event again meanwhile). The answer's
+        """POST the body; the receiver's answer (closed: its status and headers), which must come
+        within `timeout` seconds in all (httpx's timeout is per read: a receiver trickling its
+        headers in would hold the attempt past its claim, and another replica would send the event
+        again meanwhile). The answer's
         body means nothing: at most DRAIN_BYTES of it are read, in what is left of the time, so
         that the connection can serve the next attempt; a bigger or slower one closes it."""
         client = self.client()
