@@ -14,6 +14,22 @@ from typing import Any
 from urllib.parse import parse_qs
 
 
+def write_body(handler: BaseHTTPRequestHandler, data: bytes, trickle: float, pad: int = 0) -> None:
+    """An answer's body (its headers sent): at once, or, as a platform answering too slowly
+    (`trickle` > 0), a byte every `trickle` seconds; `pad` spaces after it (a huge answer, which
+    the Content-Length the caller sent must count)."""
+    try:
+        if not trickle:
+            handler.wfile.write(data + b" " * pad)
+            return
+        for byte in data:
+            time.sleep(trickle)
+            handler.wfile.write(bytes([byte]))
+            handler.wfile.flush()
+    except OSError:  # the client hung up (it gave up on the answer): nothing more to write
+        pass
+
+
 @dataclass
 class ApiCall:
     path: str
@@ -29,6 +45,8 @@ class _FakeApi:
     def __init__(self) -> None:
         self.status = 200
         self.answer_headers: dict[str, str] = {}  # sent with every answer not 200 (Slack's Retry-After)
+        self.trickle = 0.0  # seconds between two bytes of an answer's body (0: at once)
+        self.pad = 0  # spaces after an answer's JSON (a huge answer)
         self.seen: list[ApiCall] = []
         self._lock = threading.Lock()
         fake = self
@@ -45,11 +63,11 @@ class _FakeApi:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Length", str(len(data) + fake.pad))
                 for name, value in fake.answer_headers.items() if status != 200 else ():
                     self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(data)
+                write_body(self, data, fake.trickle, fake.pad)
 
             def do_GET(self) -> None:  # noqa: N802 - a GET: a file's bytes, or what `got` answers
                 headers = {k.lower(): v for k, v in self.headers.items()}
@@ -263,6 +281,7 @@ class FakeBotFramework:
         jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))
         self.jwks = {"keys": [jwk | {"kid": "test-key-1", "use": "sig", "alg": "RS256"}]}
         self.status = 200
+        self.trickle = 0.0  # seconds between two bytes of the Bot Connector's answer (0: at once)
         self.keys_status = 200  # what GET /keys answers (another status: the keys' endpoint failing)
         self.activities: list[dict[str, Any]] = []
         self.tokens_issued = 0
@@ -303,15 +322,15 @@ class FakeBotFramework:
                 if fake.status != 200:
                     return self._json(fake.status, {"error": {"code": "ServiceError"}})
                 fake.activities.append({"path": self.path, **json.loads(raw)})
-                return self._json(201, {"id": f"reply-{len(fake.activities)}"})
+                return self._json(201, {"id": f"reply-{len(fake.activities)}"}, fake.trickle)
 
-            def _json(self, status: int, body: dict[str, Any]) -> None:
+            def _json(self, status: int, body: dict[str, Any], trickle: float = 0.0) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                write_body(self, data, trickle)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -365,6 +384,7 @@ class FakeTelegram:
         self.token = token
         self.status = 200
         self.retry_after: int | None = None  # a 429's `parameters.retry_after`, when set
+        self.trickle = 0.0  # seconds between two bytes of an answer's body (0: at once)
         self.files: dict[str, bytes] = {}
         self.downloads: list[str] = []
         self.seen: list[ApiCall] = []
@@ -392,7 +412,7 @@ class FakeTelegram:
                 if status == 429:  # Telegram's flood control: the wait in the body, no header
                     body = {"ok": False, "error_code": 429, "description": "Too Many Requests: retry after "
                             f"{fake.retry_after}", "parameters": {"retry_after": fake.retry_after}}
-                self._send(status, json.dumps(body).encode(), "application/json")
+                self._send(status, json.dumps(body).encode(), "application/json", fake.trickle)
 
             def do_GET(self) -> None:  # noqa: N802 - a file's download, as getFile named it
                 prefix = f"/file/bot{fake.token}/documents/"
@@ -403,12 +423,12 @@ class FakeTelegram:
                     return self._send(404, b"Not Found", "text/plain")
                 self._send(200, fake.files[file_id], "application/octet-stream")
 
-            def _send(self, status: int, data: bytes, content_type: str) -> None:
+            def _send(self, status: int, data: bytes, content_type: str, trickle: float = 0.0) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                write_body(self, data, trickle)
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -6,6 +6,7 @@ real APIs write them (a schema that refers to itself, a path parameter named `or
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler
 
@@ -28,11 +29,15 @@ class UnrulyApi(LoopbackApi):
         super().__init__()
         self.done = threading.Event()  # the test ended: a trickling answer stops
         self.soon_left = 1
+        self.busy_left = 1
+        self.refunds: list[str | None] = []  # the Idempotency-Key of each refund done
         self.bodies: list[object] = []
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:
         self.requests.append(h.path)
-        if h.command == "POST":
+        if h.command == "POST" and h.path.startswith("/refund"):
+            self._refund(h)
+        elif h.command == "POST":
             self.bodies.append(json.loads(h.rfile.read(int(h.headers["content-length"]))))
             self.reply(h, 201, {"planted": True})
         elif h.path.startswith("/echo"):  # an API that shows the URL it was asked (an error page's "not found: ...")
@@ -57,6 +62,19 @@ class UnrulyApi(LoopbackApi):
             h.end_headers()
         else:
             self.reply(h, 200, {"ok": True})
+
+    def _refund(self, h: BaseHTTPRequestHandler) -> None:
+        """A refund is done at once; then /refund/slow answers after the test (a timeout),
+        /refund/boom answers 500, /refund/busy refuses the first call with 429 (nothing done)."""
+        h.rfile.read(int(h.headers["content-length"]))
+        if h.path == "/refund/busy" and self.busy_left:
+            self.busy_left -= 1
+            self.reply(h, 429, {"error": "slow down"})
+            return
+        self.refunds.append(h.headers.get("idempotency-key"))
+        if h.path == "/refund/slow":
+            self.done.wait(10)
+        self.reply(h, 500 if h.path == "/refund/boom" else 201, {"refunded": True})
 
     @staticmethod
     def _huge(h: BaseHTTPRequestHandler) -> None:
@@ -89,9 +107,33 @@ env:
   API_URL: {}
   API_KEY: {secret: true}
   API_PASS: {secret: true}
+  STUCK_URL: {default: "http://127.0.0.1:9"}
 routes:
-  main: {default: true, system: s, tools: [huge, drip, soon, lookup, echo_query, echo_inline, search, search_page]}
+  main: {default: true, system: s, tools: [huge, drip, soon, lookup, echo_query, echo_inline, search, search_page,
+                                         refund, refund_boom, refund_busy, refund_keyed, refund_nowhere,
+                                         refund_stuck]}
 tools:
+  refund:
+    description: d
+    timeout: 0.5
+    http: {method: POST, url: "{{ env.API_URL }}/refund/slow", json: {order: A1}, idempotency_key: false}
+  refund_boom:
+    description: d
+    http: {method: POST, url: "{{ env.API_URL }}/refund/boom", json: {order: A1}, idempotency_key: false}
+  refund_busy:
+    description: d
+    http: {method: POST, url: "{{ env.API_URL }}/refund/busy", json: {order: A1}, idempotency_key: false}
+  refund_keyed:
+    description: d
+    timeout: 0.5
+    http: {method: POST, url: "{{ env.API_URL }}/refund/slow", json: {order: A1}, retries: 1}
+  refund_stuck:
+    description: d
+    timeout: 0.5
+    http: {method: POST, url: "{{ env.STUCK_URL }}/refund", json: {order: A1}, idempotency_key: false, retries: 1}
+  refund_nowhere:
+    description: d
+    http: {method: POST, url: "http://127.0.0.1:9/refund", json: {order: A1}, idempotency_key: false, retries: 1}
   huge: {description: d, http: {url: "{{ env.API_URL }}/huge", retries: 0}}
   drip: {description: d, timeout: 0.5, http: {url: "{{ env.API_URL }}/drip", retries: 0}}
   soon: {description: d, http: {url: "{{ env.API_URL }}/soon", retries: 1}}
@@ -223,3 +265,49 @@ def test_an_openapi_schema_that_refers_to_itself_and_a_hyphenated_path_parameter
     assert "body.children.0: 'name' is a required property" in refused  # a child without its name: not sent
     assert '"planted": true' in planted
     assert api.requests == ["/trees/a%2Fb"] and api.bodies == [tree]
+
+
+@pytest.mark.parametrize(("tool", "problem"), [("refund", "no answer within 0.5 s"), ("refund_boom", "HTTP 500 Internal Server Error")])
+def test_a_post_without_a_key_that_may_have_been_done_is_done_once_and_the_model_reads_the_outcome_is_unknown(
+        api, write_bot, tool, problem):
+    session, events = run(write_bot, tool)
+    assert len(api.refunds) == 1  # was 3: the refund done, then twice more on the retries
+    reply = tool_result(session)
+    assert reply.startswith(f"Error: {tool}'s outcome is unknown: {problem} from POST "), reply
+    assert f"Do not call {tool} again" in reply and [e.type for e in events] == ["Message"]
+
+
+def test_a_post_without_a_key_refused_before_the_work_is_retried(api, write_bot):
+    session, _ = run(write_bot, "refund_busy")
+    assert api.requests == ["/refund/busy", "/refund/busy"] and len(api.refunds) == 1
+    assert '"refunded": true' in tool_result(session)
+
+
+def test_a_post_without_a_key_that_could_not_connect_is_retried(api, write_bot):
+    session, _ = run(write_bot, "refund_nowhere")
+    assert tool_result(session).startswith("Error: refund_nowhere failed: cannot connect (ConnectError) from POST "
+                                           "http://127.0.0.1:9/refund after 2 attempts"), tool_result(session)
+
+
+def test_a_post_with_a_key_is_retried_after_a_timeout_with_the_same_key(api, write_bot):
+    session, _ = run(write_bot, "refund_keyed")
+    assert len(api.refunds) == 2 and api.refunds[0] == api.refunds[1] is not None  # the API dedupes by it
+    assert tool_result(session).startswith("Error: refund_keyed failed: no answer within 0.5 s")
+
+
+def test_a_post_without_a_key_whose_connection_is_never_made_in_time_is_retried(api, write_bot, monkeypatch):
+    """A server whose listen queue is full never completes the connection (Linux drops the SYN):
+    the connect times out before the tool's whole time does, so the request surely was not sent."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    waiting = [socket.socket() for _ in range(3)]  # fill the queue: further connections hang
+    try:
+        for sock in waiting:
+            sock.setblocking(False)
+            sock.connect_ex(listener.getsockname())
+        monkeypatch.setenv("STUCK_URL", f"http://127.0.0.1:{listener.getsockname()[1]}")
+        session, _ = run(write_bot, "refund_stuck")
+    finally:
+        for sock in (*waiting, listener):
+            sock.close()
+    assert tool_result(session).startswith("Error: refund_stuck failed: cannot connect (ConnectTimeout) from POST "), \
+        tool_result(session)

@@ -11,7 +11,8 @@ import socket
 import threading
 
 import chatrun
-from chatrun.definition.config import BotConfig
+from chatrun.definition.config import BotConfig, RetryPolicy
+from chatrun.server.outbox import next_attempt
 from chatrun.server.webhook import Attempt, WebhookSender
 from webhook_support import SECRET, Receiver, survey_bot
 
@@ -61,6 +62,9 @@ class RawReceiver:
                 if self.done.wait(0.2):
                     return
                 conn.sendall(bytes([byte]))
+            return
+        if self.mode == "busy":
+            conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 7\r\nContent-Length: 0\r\n\r\n")
             return
         conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {HUGE}\r\n\r\n".encode())
         chunk = b"x" * 1_000_000
@@ -119,3 +123,13 @@ def test_a_webhook_url_that_is_a_secret_is_redacted_from_the_failed_attempts_err
         failed = asyncio.run(send(config))
         assert len(receiver.seen()) == 1
     assert failed.error == "[redacted]/hooks/chatrun answered 500" and receiver.url not in failed.error
+
+
+def test_a_receivers_retry_after_is_carried_to_the_outbox(tmp_path, monkeypatch):
+    """A 503 with `Retry-After: 7`: the attempt carries the 7 s, which outbox.next_attempt waits
+    at least (capped at max_backoff), as it does for a channel's platform."""
+    with RawReceiver("busy") as receiver:
+        failed = attempt(receiver, tmp_path, monkeypatch, timeout=5)
+    assert not failed.delivered and failed.status == 503 and failed.retry_after == 7.0
+    policy = RetryPolicy(backoff=0.01, max_backoff=60)
+    assert next_attempt(policy, 1, 1000.0, failed.retry_after) >= 1007.0

@@ -35,7 +35,7 @@ from chatrun import __version__
 from chatrun.definition.config import BotConfig, WebhookConfig
 from chatrun.definition.templates import ENV
 from chatrun.errors import ChatrunError
-from chatrun.toolkinds.http import Environment, redact_text
+from chatrun.toolkinds.http import Environment, redact_text, retry_after
 
 SIGNATURE_VERSION = "v1"
 DRAIN_BYTES = 64 * 1024  # of a receiver's answer, read only to keep its connection (the status is the answer)
@@ -59,7 +59,7 @@ class Attempt:
     delivered: bool
     error: str | None = None
     status: int | None = None
-    retry_after: float | None = None  # seconds the receiver asked to wait (a channel's 429), or None
+    retry_after: float | None = None  # seconds the receiver asked to wait (a 429's or 503's Retry-After), or None
 
 
 class WebhookSender:
@@ -89,21 +89,24 @@ class WebhookSender:
             return Attempt(False, str(exc))
         shown = _shown(url, Environment(config.env).secrets())
         try:
-            status = await self._post(url, raw, headers, hook.timeout)
+            response = await self._post(url, raw, headers, hook.timeout)
         except (httpx.TimeoutException, TimeoutError):
             return Attempt(False, f"{shown}: no answer within {hook.timeout:g} s (the webhook's `timeout`)")
         except httpx.HTTPError as exc:
             return Attempt(False, f"{shown}: cannot connect ({type(exc).__name__})")
         except (httpx.InvalidURL, ValueError) as exc:  # an env value made the URL or a header unusable
             return Attempt(False, f"{shown}: the request cannot be made ({unusable(exc)})")
+        status = response.status_code
         if 200 <= status < 300:
             return Attempt(True, status=status)
-        return Attempt(False, f"{shown} answered {status}", status)
+        # a receiver's `Retry-After` (a 429, a 503) is waited, as a channel's is (outbox.next_attempt)
+        return Attempt(False, f"{shown} answered {status}", status, retry_after(response))
 
-    async def _post(self, url: str, raw: bytes, headers: dict[str, str], timeout: float) -> int:
-        """POST the body; the receiver's status, which must come within `timeout` seconds in all
-        (httpx's timeout is per read: a receiver trickling its headers in would hold the attempt
-        past its claim, and another replica would send the event again meanwhile). The answer's
+    async def _post(self, url: str, raw: bytes, headers: dict[str, str], timeout: float) -> httpx.Response:
+        """POST the body; the receiver's answer (closed: its status and headers), which must come
+        within `timeout` seconds in all (httpx's timeout is per read: a receiver trickling its
+        headers in would hold the attempt past its claim, and another replica would send the event
+        again meanwhile). The answer's
         body means nothing: at most DRAIN_BYTES of it are read, in what is left of the time, so
         that the connection can serve the next attempt; a bigger or slower one closes it."""
         client = self.client()
@@ -120,7 +123,7 @@ class WebhookSender:
                             break
         finally:
             await response.aclose()
-        return response.status_code
+        return response
 
 
 def _request(config: BotConfig, hook: WebhookConfig, body: dict[str, Any], attempt: int) -> tuple[str, dict[str, str]]:

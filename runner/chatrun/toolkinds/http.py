@@ -53,7 +53,9 @@ if TYPE_CHECKING:  # asyncio and httpx (with the click, rich and pygments its CL
 
 REDACTED = "[redacted]"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # HTTP's: sending one twice changes nothing
 BACKOFF_S = 0.2
+CONNECT_SHARE = 0.8  # of a tool's timeout, for making the connection
 MAX_TEXT_CHARS = 100_000  # a result the model and templates can use, not a download
 MAX_BODY_BYTES = 10_000_000  # an answer read at most (its JSON is parsed whole): a bigger one is a failure
 
@@ -397,17 +399,23 @@ class HttpCaller(RuntimeDefaults):
                                       f"({_empty_why(var)}). Tell the user it did not work this time.")
 
     async def _send(self, tool: ToolConfig, http: HttpConfig, request: httpx.Request) -> dict[str, Any]:
-        """Send, retrying what may pass on a second try, within the tool's time."""
+        """Send, retrying what may pass on a second try, within the tool's time. A request that
+        may change something and carries no idempotency key is retried only when it certainly
+        did not reach the API (`repeatable`); else the model reads that its outcome is unknown."""
         import asyncio
 
         import httpx
 
         secrets = self.env.secrets()
         deadline = time.monotonic() + tool.timeout * (http.retries + 1)
-        attempt = 0
+        attempt, repeatable = 0, _repeatable(request, http)
         while True:
+            reached = True  # the API may have acted on it
             try:
                 response, body = await self._attempt(request, tool.timeout)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # no connection: not sent
+                problem, reached = f"cannot connect ({type(exc).__name__})", False
+                wait = BACKOFF_S * 2**attempt
             except (httpx.TimeoutException, TimeoutError):
                 problem = f"no answer within {tool.timeout:g} s"
                 wait = BACKOFF_S * 2**attempt
@@ -423,8 +431,11 @@ class HttpCaller(RuntimeDefaults):
                 problem = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
                 if response.status_code not in RETRY_STATUSES:
                     break
+                reached = not _refused_unprocessed(response)
                 wait = retry_after(response) or BACKOFF_S * 2**attempt
             attempt += 1
+            if reached and not repeatable:
+                raise ToolRefusal(_unknown_outcome(tool, request, problem, secrets))
             if attempt > http.retries or time.monotonic() + wait > deadline:
                 break
             await asyncio.sleep(wait)
@@ -456,6 +467,8 @@ class HttpCaller(RuntimeDefaults):
                trace_headers: Callable[[dict[str, str]], None], file_of: FileOf,
                key: str) -> tuple[httpx.Request, Multipart | None]:
         """The request, and what its multipart body carries (None: it has none)."""
+        import httpx
+
         url = str(render(http.url, False)).strip()
         if not url.startswith(("http://", "https://")):
             shown = redact_text(url, self.env.secrets())[:80]  # the turn's error is logged and may be shown
@@ -476,9 +489,36 @@ class HttpCaller(RuntimeDefaults):
             body["data"] = {k: _text(render(v, False)) for k, v in http.form.items()}
         elif http.multipart is not None:
             body["files"], sent = _multipart(http.multipart, render, file_of)
+        # The connection must be made within CONNECT_SHARE of the time: a connect timeout then says
+        # the request was never sent (`_send` may retry it), before the whole answer's time runs out.
+        limits = httpx.Timeout(timeout, connect=timeout * CONNECT_SHARE)
         request = self.client().build_request(http.method, url, params=_params(url, query), headers=headers,
-                                              timeout=timeout, **body)
+                                              timeout=limits, **body)
         return request, sent
+
+
+def _repeatable(request: httpx.Request, http: HttpConfig) -> bool:
+    """Whether sending the request twice does what sending it once does: a safe method (HTTP's
+    GET, HEAD, OPTIONS), or one that carries an idempotency key the API dedupes by (the call's,
+    or the author's own header of that name)."""
+    header = http.idempotency_header or IDEMPOTENCY_HEADER
+    return request.method in SAFE_METHODS or header in request.headers
+
+
+def _refused_unprocessed(response: httpx.Response) -> bool:
+    """A refusal that says the API did not act on the request: 429 (rate limits are checked
+    before the work, RFC 6585), or 503 with `Retry-After` (the server asks to be called again
+    later; a 503 without it may be a gateway giving up on a backend that went on working)."""
+    return response.status_code == 429 or (response.status_code == 503 and "retry-after" in response.headers)
+
+
+def _unknown_outcome(tool: ToolConfig, request: httpx.Request, problem: str, secrets: list[str]) -> str:
+    """What the model reads when a request that may change something got no clear answer: it may
+    have been done, so it is not sent again (no key lets the API tell a repeat) nor to be called again."""
+    where = redact_text(_shown_url(request.url), secrets)
+    return (f"Error: {tool.name}'s outcome is unknown: {problem} from {request.method} {where}. The API may have "
+            f"done it, so it was not sent again. Do not call {tool.name} again for this; tell the user it is not "
+            "known whether it went through and that it should be checked before trying again.")
 
 
 class AnswerTooLarge(Exception):

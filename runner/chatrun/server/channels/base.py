@@ -5,6 +5,7 @@ platform's API calls. The flow around them, the same for every platform, is door
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -24,6 +25,8 @@ from chatrun.toolkinds.http import Environment, retry_after
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
+
+MAX_ANSWER_BYTES = 1_000_000  # of a platform's answer to a call (a message's id, an error): more is not read
 
 
 def session_id_for(bot: str, kind: str, conversation: str) -> str:
@@ -226,6 +229,30 @@ class ChannelKind:
         failure's when the turn rolled back (`stream_update`, unless the kind needs more)."""
         await self.stream_update(client, handle, message)
 
+    async def call(self, client: httpx.AsyncClient, method: str, url: str, who: str, api: str,
+                   **options: Any) -> httpx.Response:
+        """One call of the platform's API (`options`: httpx's json, data, headers), its answer read
+        whole within `timeout` seconds in all and at most MAX_ANSWER_BYTES of it. httpx's own
+        timeout is per read: a platform trickling its answer in would hold the outbox's claim past
+        its lease (and another replica would send the reply again), and a huge answer would be
+        read whole. SendFailed names `who` ("slack chat.postMessage") and the `api` it could not reach."""
+        request = client.build_request(method, url, timeout=self.timeout, **options)
+        try:
+            async with asyncio.timeout(self.timeout):
+                response = await client.send(request, stream=True)
+                try:
+                    body = await _capped(response, f"{who}: {api} answered more than {MAX_ANSWER_BYTES} bytes")
+                finally:
+                    await response.aclose()
+        except TimeoutError:
+            raise SendFailed(f"{who}: no answer from {api} within {self.timeout:g} s") from None
+        except httpx.HTTPError as exc:
+            raise SendFailed(f"{who}: cannot reach {api} ({type(exc).__name__})") from None
+        # the body as read (decoded): the answer without the headers that described it on the wire
+        headers = [(k, v) for k, v in response.headers.multi_items()
+                   if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+        return httpx.Response(response.status_code, headers=headers, content=body, request=request)
+
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
         """The bytes of a user's file (at most `limit`); FetchFailed when they cannot be had."""
         raise FetchFailed(f"{self.kind}: files are not read on this channel")
@@ -245,6 +272,16 @@ class ChannelKind:
         except httpx.HTTPError as exc:
             raise FetchFailed(f"{self.kind} {what}: cannot reach the platform ({type(exc).__name__})") from None
         return bytes(data)
+
+
+async def _capped(response: httpx.Response, too_large: str) -> bytes:
+    """A streamed answer's body, SendFailed(`too_large`) past MAX_ANSWER_BYTES."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            raise SendFailed(too_large, response.status_code)
+    return bytes(body)
 
 
 def local_number(number: str, locale: str | None) -> str:

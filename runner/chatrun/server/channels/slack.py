@@ -130,10 +130,12 @@ class Slack(ChannelKind):
         when Slack does not give it (logged: the turn goes on without a name)."""
         url = f"{self.option('api', DEFAULT_API).rstrip('/')}/users.info"
         try:
-            response = await client.get(url, params={"user": user}, timeout=self.timeout,
-                                        headers={"Authorization": f"Bearer {self.secret('token')}"})
+            response = await self.call(client, "GET", url, "slack users.info", "the Web API", params={"user": user},
+                                       headers={"Authorization": f"Bearer {self.secret('token')}"})
             answer = response.json() if response.status_code == 200 else {"error": response.status_code}
-        except (httpx.HTTPError, ValueError, ChatrunError) as exc:  # unreachable, not JSON, no token
+        except SendFailed as exc:  # unreachable, too slow, too big
+            answer = {"error": str(exc)}
+        except (ValueError, ChatrunError) as exc:  # not JSON, no token
             answer = {"error": type(exc).__name__}
         found = answer.get("user") if isinstance(answer, dict) and answer.get("ok") else None
         if not isinstance(found, dict):
@@ -172,11 +174,8 @@ class Slack(ChannelKind):
 
     async def _call(self, client: httpx.AsyncClient, method: str, body: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.option('api', DEFAULT_API).rstrip('/')}/{method}"
-        try:
-            response = await client.post(url, json=body, timeout=self.timeout,
-                                         headers={"Authorization": f"Bearer {self.secret('token')}"})
-        except httpx.HTTPError as exc:
-            raise SendFailed(f"slack {method}: cannot reach the Web API ({type(exc).__name__})") from None
+        response = await self.call(client, "POST", url, f"slack {method}", "the Web API", json=body,
+                                   headers={"Authorization": f"Bearer {self.secret('token')}"})
         answer = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
         if response.status_code != 200 or not answer.get("ok"):
             raise SendFailed.answered(f"slack {method}: {response.status_code} "

@@ -162,11 +162,8 @@ class Teams(ChannelKind):
             activity.pop("text")
         url = f"{str(address['service_url']).rstrip('/')}/v3/conversations/{address['conversation']}/activities"
         token = await self._access_token(client)
-        try:
-            response = await client.post(url, json=activity, timeout=self.timeout,
-                                         headers={"Authorization": f"Bearer {token}"})
-        except httpx.HTTPError as exc:
-            raise SendFailed(f"teams: cannot reach the Bot Connector ({type(exc).__name__})") from None
+        response = await self.call(client, "POST", url, "teams", "the Bot Connector", json=activity,
+                                   headers={"Authorization": f"Bearer {token}"})
         if response.status_code not in (200, 201, 202):
             if response.status_code == 401:
                 self._token = ("", 0.0)
@@ -179,10 +176,11 @@ class Teams(ChannelKind):
             return token
         form = {"grant_type": "client_credentials", "client_id": self.secret("app_id"),
                 "client_secret": self.secret("app_password"), "scope": SCOPE}
+        response = await self.call(client, "POST", self.option("token_url", TOKEN_URL), "teams: the bot's token",
+                                   "Entra ID", data=form)
         try:
-            response = await client.post(self.option("token_url", TOKEN_URL), data=form, timeout=self.timeout)
             answer = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except ValueError as exc:
             raise SendFailed(f"teams: cannot get the bot's token from Entra ID ({type(exc).__name__})") from None
         if response.status_code != 200 or "access_token" not in answer:
             raise SendFailed(f"teams: Entra ID refused the bot's credentials ({response.status_code}: "

@@ -80,10 +80,7 @@ class Telegram(ChannelKind):
 
     async def _call(self, client: httpx.AsyncClient, method: str, body: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.option('api', DEFAULT_API).rstrip('/')}/bot{self.secret('token')}/{method}"
-        try:
-            response = await client.post(url, json=body, timeout=self.timeout)
-        except httpx.HTTPError as exc:
-            raise SendFailed(f"telegram {method}: cannot reach the Bot API ({type(exc).__name__})") from None
+        response = await self.call(client, "POST", url, f"telegram {method}", "the Bot API", json=body)
         if response.status_code != 200:
             raise SendFailed.answered(f"telegram {method}: the Bot API answered {response.status_code}: "
                                       f"{response.text[:200]}", response)

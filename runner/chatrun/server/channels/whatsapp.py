@@ -81,10 +81,10 @@ class WhatsApp(ChannelKind):
         """GET /MEDIA_ID names the media's URL (and size); the URL is read with the same token."""
         auth = {"Authorization": f"Bearer {self.secret('token')}"}
         try:
-            response = await client.get(f"{self.option('api', DEFAULT_API).rstrip('/')}/{file.ref}",
-                                        headers=auth, timeout=self.timeout)
-        except httpx.HTTPError as exc:
-            raise FetchFailed(f"whatsapp media: cannot reach the Cloud API ({type(exc).__name__})") from None
+            response = await self.call(client, "GET", f"{self.option('api', DEFAULT_API).rstrip('/')}/{file.ref}",
+                                       "whatsapp media", "the Cloud API", headers=auth)
+        except SendFailed as exc:
+            raise FetchFailed(str(exc)) from None
         found = response.json() if response.status_code == 200 else {}
         if not isinstance(found, dict) or not isinstance(found.get("url"), str):
             raise FetchFailed(f"whatsapp media {file.ref}: the Cloud API answered {response.status_code}: "
@@ -110,11 +110,8 @@ class WhatsApp(ChannelKind):
             body |= {"type": "interactive", "interactive": {"type": "list", "body": {"text": text}, "action": {
                 "button": "Choose", "sections": [{"title": "Choose one", "rows": rows}]}}}
         url = f"{self.option('api', DEFAULT_API).rstrip('/')}/{address['phone_number_id']}/messages"
-        try:
-            response = await client.post(url, json=body, timeout=self.timeout,
-                                         headers={"Authorization": f"Bearer {self.secret('token')}"})
-        except httpx.HTTPError as exc:
-            raise SendFailed(f"whatsapp messages: cannot reach the Cloud API ({type(exc).__name__})") from None
+        response = await self.call(client, "POST", url, "whatsapp messages", "the Cloud API", json=body,
+                                   headers={"Authorization": f"Bearer {self.secret('token')}"})
         if response.status_code != 200:
             raise SendFailed.answered(f"whatsapp messages: the Cloud API answered {response.status_code}: "
                                       f"{response.text[:200]}", response)

@@ -1,0 +1,110 @@
+"""A reply the outbox sends to a platform that misbehaves (the local fakes of
+tests/channel_support.py, real HTTP servers on loopback), through `Channels.deliver` as the
+outbox calls it: a platform trickling its answer in fails the attempt within the channel's
+timeout (httpx's timeout is per read: the attempt outlived the outbox's claim, and another
+replica sent the reply again), and a huge answer is not read whole. Every kind calls its
+platform through the one `ChannelKind.call`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import chatrun
+from channel_support import FakeSlack, FakeTelegram, FakeWhatsApp
+from chatrun.server.channels.base import MAX_ANSWER_BYTES, ChannelKind
+from chatrun.server.channels.door import Channels
+from chatrun.server.webhook import Attempt
+
+pytest.importorskip("jwt", reason="PyJWT is not installed (pip install -e '.[test]' brings it)")
+
+from channel_support import FakeBotFramework  # noqa: E402
+
+SECRETS = {"TG_TOKEN": "123456:sends", "TG_SECRET": "tg-secret-sends-01", "SLACK_TOKEN": "xoxb-sends",
+           "SLACK_SIGNING": "slack-signing-sends", "WA_TOKEN": "EAAG-sends", "WA_SECRET": "meta-secret-sends",
+           "WA_VERIFY": "verify-sends", "TEAMS_APP_ID": "app-sends", "TEAMS_APP_PASSWORD": "teams-secret-sends"}
+BOT = f"""\
+name: shop
+model: {{provider: scripted, name: gpt-4o-mini}}
+env:
+{chr(10).join(f"  {name}: {{secret: true}}" for name in SECRETS)}
+  API: {{}}
+channels:
+  telegram: {{token: TG_TOKEN, secret: TG_SECRET, api: "{{{{ env.API }}}}"}}
+  slack: {{token: SLACK_TOKEN, signing_secret: SLACK_SIGNING, api: "{{{{ env.API }}}}/api"}}
+  whatsapp: {{token: WA_TOKEN, app_secret: WA_SECRET, verify_token: WA_VERIFY, api: "{{{{ env.API }}}}/v21.0"}}
+  teams: {{app_id: TEAMS_APP_ID, app_password: TEAMS_APP_PASSWORD, openid: "{{{{ env.API }}}}/openid",
+           token_url: "{{{{ env.API }}}}/token"}}
+routes:
+  main: {{default: true, system: s}}
+"""
+API = {"telegram": "the Bot API", "slack": "the Web API", "whatsapp": "the Cloud API", "teams": "the Bot Connector"}
+WHO = {"telegram": "telegram sendMessage", "slack": "slack chat.postMessage", "whatsapp": "whatsapp messages",
+       "teams": "teams"}
+
+
+def fake_of(kind: str) -> Any:
+    if kind == "teams":
+        return FakeBotFramework(SECRETS["TEAMS_APP_ID"], SECRETS["TEAMS_APP_PASSWORD"])
+    return {"telegram": FakeTelegram(SECRETS["TG_TOKEN"]), "slack": FakeSlack(SECRETS["SLACK_TOKEN"]),
+            "whatsapp": FakeWhatsApp(SECRETS["WA_TOKEN"])}[kind]
+
+
+def address(kind: str, api: Any) -> dict[str, Any]:
+    return {"telegram": {"chat_id": 42}, "slack": {"channel": "D42"},
+            "whatsapp": {"to": "4915112345678", "phone_number_id": "1065550001"},
+            "teams": {"service_url": api.url, "conversation": "c1", "reply_to": "a1"}}[kind]
+
+
+def deliver(tmp_path, kind: str, api: Any) -> Attempt:
+    """The outbox's attempt at a reply of one message, as Channels.deliver makes it."""
+    (tmp_path / "bot.yaml").write_text(BOT)
+    bot = chatrun.load_bot(tmp_path / "bot.yaml").config
+    body = {"id": "evt_1", "data": {"to": address(kind, api), "events": [{"type": "Message", "data": "Hello."}]}}
+
+    async def attempt() -> Attempt:
+        channels = Channels(None)
+        try:
+            return await channels.deliver(bot, kind, body)
+        finally:
+            await channels.aclose()
+
+    return asyncio.run(attempt())
+
+
+@pytest.fixture
+def env(monkeypatch):
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(ChannelKind, "timeout", 0.5)
+
+
+@pytest.mark.parametrize("kind", ["telegram", "slack", "whatsapp", "teams"])
+def test_a_platform_trickling_its_answer_in_fails_the_attempt_within_the_timeout(tmp_path, monkeypatch, env, kind):
+    with fake_of(kind) as api:
+        monkeypatch.setenv("API", api.url)
+        api.trickle = 0.2  # a byte every 0.2 s: an answer of 40 bytes or more takes 8 s, each read in time
+        failed = deliver(tmp_path, kind, api)
+    assert not failed.delivered
+    assert failed.error == f"{WHO[kind]}: no answer from {API[kind]} within 0.5 s", failed.error
+
+
+def test_a_huge_answer_is_not_read_whole(tmp_path, monkeypatch, env):
+    monkeypatch.setattr(ChannelKind, "timeout", 20.0)
+    with FakeSlack(SECRETS["SLACK_TOKEN"]) as api:
+        monkeypatch.setenv("API", api.url)
+        api.pad = 40 * MAX_ANSWER_BYTES
+        failed = deliver(tmp_path, "slack", api)
+    assert not failed.delivered
+    assert failed.error == f"slack chat.postMessage: the Web API answered more than {MAX_ANSWER_BYTES} bytes"
+
+
+def test_a_platforms_answer_is_read_as_before(tmp_path, monkeypatch, env):
+    """The answer `call` hands the kind is the platform's: Slack's JSON says ok, the reply is delivered."""
+    with FakeSlack(SECRETS["SLACK_TOKEN"]) as api:
+        monkeypatch.setenv("API", api.url)
+        delivered = deliver(tmp_path, "slack", api)
+        assert delivered.delivered, delivered.error
+        assert [c["text"] for c in api.calls("chat.postMessage")] == ["Hello."]
