@@ -149,7 +149,7 @@ class Channels:
         if channel is None:
             return Attempt(False, f"bot {bot.name} declares no channel {kind}")
         data = body.get("data") or {}
-        messages = outgoing(data.get("events") or [])
+        messages = channel.fitted(outgoing(data.get("events") or []))  # a text over the platform's limit: several
         # A reply of several messages notes how many the platform took, so a retry after a
         # refusal half-way sends only the rest (the user never reads the first ones twice).
         key = f"channel-sent:{body['id']}" if self.store is not None and body.get("id") and len(messages) > 1 else None
