@@ -462,3 +462,18 @@ def test_a_reply_over_4096_utf16_units_is_several_messages_and_a_refusal_half_wa
     taken = [t for status, t in sent if status == 200]
     assert " ".join(taken).split() == text.split() and all(t.startswith("Part ") for t in taken)
     assert all(len(t.encode("utf-16-le")) // 2 <= 4096 for t in taken)
+
+
+def test_a_text_is_cut_at_the_best_boundary_within_the_limit():
+    """split_text's order of boundaries: a paragraph, a line, a sentence's end, a space, each
+    only where it leaves the piece at least half full; else at the limit. Whitespace at a cut
+    goes; nothing else is lost."""
+    from chatrun.server.channels.base import split_text
+
+    assert split_text("One two three.\n\nFour five six.", 20) == ["One two three.", "Four five six."]
+    assert split_text("One.\n\nTwo three four five.", 20) == ["One.\n\nTwo three four", "five."]  # (not half full)
+    assert split_text("Short. Then a much longer sentence.", 24) == ["Short. Then a much", "longer sentence."]
+    assert split_text("A first sentence. A second one here.", 30) == ["A first sentence.", "A second one here."]
+    assert split_text("x" * 25, 10) == ["x" * 10, "x" * 10, "x" * 5]
+    assert split_text("短い文です。次の文です。", 8) == ["短い文です。", "次の文です。"]
+    assert split_text("fits", 4) == ["fits"] and split_text("", 4) == [""]
