@@ -172,8 +172,10 @@ def test_a_file_the_platform_will_not_give_is_told_to_the_user_not_lost(client, 
     telegram = apis[0]  # no file "gone" on the Bot API: getFile answers 400
     to_telegram(client, telegram_file(1, "gone", caption="see this"))
     wait_until(lambda: telegram_texts(telegram), what="the notice")
+    to_telegram(client, telegram_file(1, "gone", caption="see this"))  # the platform's retry: told already
+    wait_until(lambda: client.get("/outbox").json()["entries"] == [], what="the outbox emptied")
     assert telegram_texts(telegram) == [FILE_UNREADABLE]
-    assert fake.requests == []
+    assert fake.requests == [] and len([c for c in telegram.seen if c.path.endswith("/getFile")]) == 1
 
 
 def test_a_route_without_attachments_tells_the_user_it_takes_none(tmp_path, fake, apis, monkeypatch):

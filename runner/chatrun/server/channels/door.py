@@ -372,6 +372,8 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
                 await _too_long(registry, channels, channel, bot, session, inbound, too_long)
                 return True
             if inbound.files and not await run.is_replay():  # a retry replays: nothing fetched again
+                if await registry.store.get_record(_notice_key(bot, kind, inbound)) is not None:
+                    return True  # its files were refused and the user told: nothing fetched again
                 try:
                     run = registry.turn(session, await _attached(channels, channel, session, inbound), request_id)
                 except (AttachmentRefused, FetchFailed) as exc:
@@ -451,8 +453,13 @@ async def _notify(registry: SessionRegistry, channel: ChannelKind, bot: str, ses
     the one way a channel's user is told anything, a notice committed in the session and sent
     through the outbox like a reply (so a platform down at that moment gets it on a later try),
     once per delivery (a retried delivery finds the record and tells nothing again)."""
-    key = f"channel-notice:{bot}:{channel.kind}:{inbound.delivery}"
+    key = _notice_key(bot, channel.kind, inbound)
     if await registry.store.get_record(key) is not None:
         return
     await registry.notice(session, text, why)
     await registry.store.put_record(key, {"notice": why}, session.id)
+
+
+def _notice_key(bot: str, kind: str, inbound: Inbound) -> str:
+    """The store's record that a delivery's user was told why no turn ran for it."""
+    return f"channel-notice:{bot}:{kind}:{inbound.delivery}"
