@@ -36,6 +36,7 @@ class ApiCall:
     body: dict[str, Any]
     status: int
     headers: dict[str, str] = field(default_factory=dict)
+    refused: bool = False  # refused in a 200 (Slack's {"ok": false})
 
 
 class _FakeApi:
@@ -116,7 +117,7 @@ class _FakeApi:
 
     def calls(self, method: str) -> list[dict[str, Any]]:
         with self._lock:
-            return [c.body for c in self.seen if c.status == 200 and c.path.endswith(f"/{method}")]
+            return [c.body for c in self.seen if c.status == 200 and not c.refused and c.path.endswith(f"/{method}")]
 
 
 class FakeSlack(_FakeApi):
@@ -157,11 +158,16 @@ class FakeSlack(_FakeApi):
         if call.headers.get("authorization") != f"Bearer {self.token}":
             call.status = 401  # recorded as refused
             return 200, {"ok": False, "error": "invalid_auth"}
+        # Slack's limits: a message's text, a section block's text (where buttons go)
+        sections = [b["text"]["text"] for b in call.body.get("blocks") or () if b.get("type") == "section"]
+        if len(call.body.get("text") or "") > 40000 or any(len(text) > 3000 for text in sections):
+            call.refused = True
+            return 200, {"ok": False, "error": "msg_too_long" if not sections else "invalid_blocks"}
         return 200, {"ok": True, "channel": call.body.get("channel"), "ts": f"{1764950400 + len(self.seen)}.000100"}
 
     def calls(self, method: str) -> list[dict[str, Any]]:
         with self._lock:
-            return [c.body for c in self.seen if c.path.endswith(f"/{method}")
+            return [c.body for c in self.seen if c.path.endswith(f"/{method}") and not c.refused
                     and c.headers.get("authorization") == f"Bearer {self.token}" and self.status == 200]
 
 
@@ -221,6 +227,10 @@ class FakeWhatsApp(_FakeApi):
             return 401, {"error": {"message": "Invalid OAuth access token.", "type": "OAuthException", "code": 190}}
         if self.status != 200:
             return self.status, {"error": {"message": "Service temporarily unavailable", "code": 2}}
+        # The Cloud API's limits: a text's body, an interactive message's body (where buttons go)
+        text, interactive = call.body.get("text") or {}, call.body.get("interactive") or {}
+        if len(text.get("body") or "") > 4096 or len((interactive.get("body") or {}).get("text") or "") > 1024:
+            return 400, {"error": {"message": "(#100) Invalid parameter", "type": "OAuthException", "code": 100}}
         return 200, {"messaging_product": "whatsapp", "contacts": [{"input": call.body.get("to"), "wa_id": call.body.get("to")}],
                      "messages": [{"id": f"wamid.out{len(self.seen)}"}]}
 
@@ -321,6 +331,8 @@ class FakeBotFramework:
                     return self._json(401, {"message": "Authorization has been denied for this request."})
                 if fake.status != 200:
                     return self._json(fake.status, {"error": {"code": "ServiceError"}})
+                if len(raw) > 28 * 1024:  # the Bot Connector's limit on an activity
+                    return self._json(413, {"error": {"code": "MessageSizeTooBig", "message": "Activity too large"}})
                 fake.activities.append({"path": self.path, **json.loads(raw)})
                 return self._json(201, {"id": f"reply-{len(fake.activities)}"}, fake.trickle)
 
@@ -406,9 +418,13 @@ class FakeTelegram:
                     else:
                         result = {"file_id": file_id, "file_unique_id": f"u-{file_id}",
                                   "file_size": len(fake.files[file_id]), "file_path": f"documents/{file_id}.bin"}
+                if status == 200 and self.path.endswith("/sendMessage") and \
+                        len(str(call.body.get("text") or "").encode("utf-16-le")) > 2 * 4096:
+                    status = call.status = 400  # Telegram's limit on a message's text, in UTF-16 units
                 body = {"ok": True, "result": result} if status == 200 else \
                     {"ok": False, "error_code": status, "description": "Bad Gateway" if status >= 500 else
-                     "Bad Request: invalid file_id" if status == 400 else "Unauthorized"}
+                     "Bad Request: message is too long" if self.path.endswith("/sendMessage") and status == 400
+                     else "Bad Request: invalid file_id" if status == 400 else "Unauthorized"}
                 if status == 429:  # Telegram's flood control: the wait in the body, no header
                     body = {"ok": False, "error_code": 429, "description": "Too Many Requests: retry after "
                             f"{fake.retry_after}", "parameters": {"retry_after": fake.retry_after}}

@@ -114,6 +114,8 @@ def responder(body: dict[str, Any]) -> dict[str, Any]:
     text = user
     if text.startswith("book "):
         return {"tool_calls": [{"name": "book", "arguments": {"show": text[5:]}}]}
+    if text == "tell me everything":
+        return {"text": LONG}
     return {"chunks": GUARDED[text]} if text in GUARDED else {"text": f"You said {text}."}
 
 
@@ -123,6 +125,11 @@ GUARDED = {  # what the model answers to these, in chunks when the bot streams
     "refund?": ["Thirty days ", "[returns.md#refund-window]."],
 }
 
+
+# A reply over every platform's limit on one message (46,000 characters: Telegram's and WhatsApp's
+# 4,096, Slack's 40,000, the Bot Connector's 28 KB), in paragraphs of sentences.
+LONG = "\n\n".join(f"Part {i}. " + " ".join(f"Sentence {j} of part {i} tells a little more." for j in range(12))
+                   for i in range(85))
 
 Reply = tuple[str, list[str]]  # what the user reads: a message's text and its buttons' values
 
@@ -454,3 +461,19 @@ def test_a_message_over_max_message_chars_runs_no_turn_and_the_user_is_told_the_
     assert chat.user.say("hello") == 200  # a message within the limit runs its turn as ever
     wait_until(lambda: len(chat.user.replies()) == 2, what="the reply")
     assert chat.texts()[1] == "You said hello." and len(chat.fake.requests) == 1
+
+
+def test_a_reply_longer_than_the_platform_takes_arrives_whole_in_several_messages(chat):
+    """A reply over the platform's limit on one message (Telegram and WhatsApp cut it at 4,096
+    characters, Slack at 3,000, the Bot Connector refused it: a dead letter) arrives whole: in
+    several messages, each cut at a paragraph's end and within the limit (the fakes refuse a
+    longer one as the platforms do; WhatsApp's message with buttons: 1,024, Slack's: 3,000), the
+    route's buttons under the last."""
+    assert chat.user.say("tell me everything") == 200
+    words = LONG.split()
+    wait_until(lambda: " ".join(chat.texts()).split() == words, timeout=60, what="the whole reply")
+    chat.settled()
+    replies = chat.user.replies()
+    assert " ".join(chat.texts()).split() == words and len(replies) > 1
+    assert all(text.startswith("Part ") and text.endswith("more.") for text, _ in replies)
+    assert [buttons for _, buttons in replies] == [[]] * (len(replies) - 1) + [["Concert", "theatre"]]

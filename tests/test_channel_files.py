@@ -28,6 +28,7 @@ from channel_support import (
     whatsapp_signed,
 )
 from chatrun.definition.page_texts import BUILTIN
+from chatrun.server.channels.base import session_id_for
 from server_support import app_for_testclient, wait_until
 from webhook_support import OPENAI_MODEL
 
@@ -135,6 +136,29 @@ def test_a_telegram_document_of_a_kind_the_route_does_not_take_is_told_and_runs_
     assert telegram_texts(telegram)[-1] == "Text only: hello"
 
 
+def test_a_file_notice_the_platform_refuses_at_first_still_arrives_once(tmp_path, fake, apis, monkeypatch):
+    """The notice of a refused file leaves through the outbox like a reply (it was sent straight
+    to the platform, and lost when the platform refused that one send): the Bot API answering
+    502 at first, the user reads it on the outbox's next try, once; the session's history has it
+    as a notice, not a turn."""
+    telegram = apis[0]
+    telegram.files["doc-1"] = b"a,b\n1,2\n"
+    telegram.status = 502
+    bot = BOT.replace('api: "{{ env.TG_API }}"}', 'api: "{{ env.TG_API }}", retry: {backoff: 0.2, max_backoff: 0.5}}')
+    with serve(tmp_path, fake, apis, monkeypatch, bot) as client:
+        assert to_telegram(client, telegram_file(1, "doc-1", kind="document", mime_type="text/csv")).status_code == 200
+        wait_until(lambda: [c for c in telegram.seen if c.path.endswith("/sendMessage")], what="the refused send")
+        telegram.status = 200
+        wait_until(lambda: telegram_texts(telegram), what="the notice, on a later try")
+        wait_until(lambda: client.get("/outbox").json()["entries"] == [], what="the outbox emptied")
+        history = client.portal.call(client.app.state.registry.store.load_history,
+                                     session_id_for("shop", "telegram", "42:42"))
+    assert telegram_texts(telegram) == ["Sorry, I cannot take that file. I take image/*, application/pdf files "
+                                        "of up to 4.88 kB, at most 2 per message."]
+    assert fake.requests == [] and [e for e in history if "turn" in e] == []
+    assert "text/csv" in history[0]["notice"]["why"]
+
+
 def test_a_file_over_max_bytes_is_refused_while_it_is_read(client, apis, fake):
     telegram = apis[0]
     telegram.files["big"] = b"%PDF" + b"x" * 6000  # announced as 1000 bytes: found out while reading
@@ -148,8 +172,10 @@ def test_a_file_the_platform_will_not_give_is_told_to_the_user_not_lost(client, 
     telegram = apis[0]  # no file "gone" on the Bot API: getFile answers 400
     to_telegram(client, telegram_file(1, "gone", caption="see this"))
     wait_until(lambda: telegram_texts(telegram), what="the notice")
+    to_telegram(client, telegram_file(1, "gone", caption="see this"))  # the platform's retry: told already
+    wait_until(lambda: client.get("/outbox").json()["entries"] == [], what="the outbox emptied")
     assert telegram_texts(telegram) == [FILE_UNREADABLE]
-    assert fake.requests == []
+    assert fake.requests == [] and len([c for c in telegram.seen if c.path.endswith("/getFile")]) == 1
 
 
 def test_a_route_without_attachments_tells_the_user_it_takes_none(tmp_path, fake, apis, monkeypatch):

@@ -437,3 +437,43 @@ def test_a_retry_of_the_ending_message_after_the_next_one_is_replayed_not_run_ag
     assert len(fake.requests) == calls + 1  # the retry asked the model nothing
     said = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "user"]
     assert said == ["hello", "more"]  # and the new session never read it
+
+
+def test_a_reply_over_4096_utf16_units_is_several_messages_and_a_refusal_half_way_resends_only_the_rest(
+        tmp_path, fake, monkeypatch):
+    """The Bot API takes 4,096 UTF-16 code units a message (an emoji is two): a longer reply is
+    cut at paragraphs into messages within it (it was cut at 4,096 characters: its end lost, or
+    refused as too long when they were emoji), and the outbox's count of the messages the Bot
+    API took holds for the pieces: the second refused once, the retry sends it and the rest only."""
+    text = "\n\n".join(f"Part {i} 🎫. " + " ".join(f"Seat {j} 🎫🎫🎫🎫 is free." for j in range(40)) for i in range(14))
+    with _RefusesOneSend(TOKEN) as telegram:
+        for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
+                            ("CHATRUN_OUTBOX_POLL", "0.2")):
+            monkeypatch.setenv(name, value)
+        telegram.refuse = 1  # the reply's second message
+        fake.queue({"text": text})
+        (tmp_path / "bot.yaml").write_text(BOT)
+        with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+            deliver(client, telegram_message(1, "which seats?"))
+            wait_until(lambda: len(telegram.seen) >= 6, what="the retried reply")
+            wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    sent = [(c.status, c.body["text"]) for c in telegram.seen]
+    assert [status for status, _ in sent] == [200, 502, 200, 200, 200, 200] and sent[1][1] == sent[2][1]
+    taken = [t for status, t in sent if status == 200]
+    assert " ".join(taken).split() == text.split() and all(t.startswith("Part ") for t in taken)
+    assert all(len(t.encode("utf-16-le")) // 2 <= 4096 for t in taken)
+
+
+def test_a_text_is_cut_at_the_best_boundary_within_the_limit():
+    """split_text's order of boundaries: a paragraph, a line, a sentence's end, a space, each
+    only where it leaves the piece at least half full; else at the limit. Whitespace at a cut
+    goes; nothing else is lost."""
+    from chatrun.server.channels.base import split_text
+
+    assert split_text("One two three.\n\nFour five six.", 20) == ["One two three.", "Four five six."]
+    assert split_text("One.\n\nTwo three four five.", 20) == ["One.\n\nTwo three four", "five."]  # (not half full)
+    assert split_text("Short. Then a much longer sentence.", 24) == ["Short. Then a much", "longer sentence."]
+    assert split_text("A first sentence. A second one here.", 30) == ["A first sentence.", "A second one here."]
+    assert split_text("x" * 25, 10) == ["x" * 10, "x" * 10, "x" * 5]
+    assert split_text("短い文です。次の文です。", 8) == ["短い文です。", "次の文です。"]
+    assert split_text("fits", 4) == ["fits"] and split_text("", 4) == [""]

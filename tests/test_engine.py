@@ -576,3 +576,16 @@ routes:
     assert SQLiteStore(db).get_messages(memory_id) == []
     with sqlite3.connect(db) as raw:
         assert raw.execute("SELECT count(*) FROM memories").fetchone()[0] == 0
+
+
+def test_last_turn_is_the_last_turn_not_a_rating_or_a_notice_after_it(travel):
+    """Session.last_turn is the last entry with `turn`: a rating or a notice committed after it
+    is an entry of its own (it was history[-1], once the kept copy was forgotten)."""
+    s = travel.session(model=ScriptedModel([{"text": "Hello."}]))
+    s.notice("Sorry, your message is too long.", "over the limit")
+    assert s.history[-1]["notice"]["why"] == "over the limit" and s.last_turn is None
+    s.chat("hi")
+    s.rate(1, "up")
+    s.notice("Sorry, your message is too long.", "over the limit")
+    s.forget_last_turn()
+    assert "notice" in s.history[-1] and s.last_turn["turn"] == 1 and s.last_turn["input"] == "hi"

@@ -509,3 +509,33 @@ def test_a_turns_tool_calls_are_kept_in_its_history_entry_for_operators_views_on
     assert made["tool"] == "back" and made["route"] == "main" and made["args"] == {}
     assert "tried to pop the root scope" in made["error"] and "result" not in made
     assert "calls" not in resource["history"][0]  # the user's view of the history
+
+
+def test_a_rating_or_a_notice_is_no_turn_to_the_session_readers(fake, write_bot):
+    """A user's rating and a notice (Session.notice: a channel's user told something with no
+    turn) are history entries without `turn`: the inspector's last turn and its usage list skip
+    them (they showed the rating as the last turn, a `turn: null` row in the usage, and a session
+    with only a notice as having run one); the session's resource lists the notice, no turn."""
+    from chatrun.server.sessions import OPEN
+
+    with TestClient(app_for_testclient([chatrun.load_bot(write_bot(POP_AT_ROOT))], "memory://")) as c:
+        c.post("/bots/popper/sessions", json={"id": "k1"})
+        fake.queue({"text": "Hello."})
+        assert c.post("/bots/popper/sessions/k1/messages", json={"userMessage": "hi"}).status_code == 200
+        assert c.post("/bots/popper/sessions/k1/feedback", json={"turn": 1, "rating": "up"}).status_code == 201
+        inspected = c.get("/bots/popper/sessions/k1/inspect").json()
+        registry = c.app.state.registry
+
+        async def only_a_notice() -> None:
+            async with registry.session("popper", "k2", None, OPEN) as session:
+                await registry.notice(session, "Sorry, your message is too long.", "over the limit")
+
+        c.portal.call(only_a_notice)
+        resource = c.get("/bots/popper/sessions/k2")
+        alone = c.get("/bots/popper/sessions/k2/inspect").json()
+    assert inspected["last_turn"]["turn"] == 1 and inspected["last_turn"]["input"] == "hi"
+    assert [u["turn"] for u in inspected["turns_usage"]] == [1]
+    assert resource.status_code == 200, resource.text
+    assert resource.json()["turn"] == 0 and resource.json()["lastTurn"] is None
+    assert [e["notice"]["text"] for e in resource.json()["history"]] == ["Sorry, your message is too long."]
+    assert alone["last_turn"] is None and alone["turns_usage"] == []

@@ -63,7 +63,7 @@ from chatrun.messages import Attachment, ContextMessage, Message, SystemMessage,
 from chatrun.models import ChatModel, ModelPool
 from chatrun.store import HistoryStore, RecordStore, SessionStore, user_memory
 from chatrun.store.blobs import BlobArea
-from chatrun.store.record import OUTBOX_KEY, REMEMBERED_KEY, Remembered
+from chatrun.store.record import OUTBOX_KEY, REMEMBERED_KEY, Remembered, turns_of
 
 if TYPE_CHECKING:
     from chatrun.definition.config import AttachmentPolicy, BotConfig
@@ -460,11 +460,12 @@ class Session:
 
     @property
     def last_turn(self) -> dict[str, Any] | None:
-        """The history's last entry (the last turn tried, failed or not), without reading the
-        whole history back when this session object ran that turn."""
+        """The last turn tried, failed or not (the history's last entry with `turn`: a rating or
+        a notice after it is not a turn), without reading the whole history back when this
+        session object ran that turn."""
         if self._last_entry is None:
-            history = self.history
-            self._last_entry = history[-1] if history else None
+            turns = turns_of(self.history)
+            self._last_entry = turns[-1] if turns else None
         return self._last_entry
 
     def rate(self, turn: int, rating: str, comment: str | None = None,

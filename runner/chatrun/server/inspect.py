@@ -13,6 +13,7 @@ from chatrun.engine.scopes import merged_scope
 from chatrun.engine.tools import route_tool_specs
 from chatrun.memory.tokens import counter_label
 from chatrun.messages import ContextMessage, Message, SummaryMessage, UserMessage
+from chatrun.store.record import turns_of
 
 if TYPE_CHECKING:
     from chatrun.definition.config import RouteConfig
@@ -128,7 +129,7 @@ def inspect_data(session: Session, history: list[dict[str, Any]]) -> dict[str, A
     memory = session.preview_messages()  # exactly as the model will be sent it next
     policy = config.route_memory(route)
     return session_data(session) | {
-        "last_turn": history[-1] if history else None,
+        "last_turn": turns[-1] if (turns := turns_of(history)) else None,  # (a rating, a notice: no turn)
         "moved": session.moved.to_dict() if session.moved is not None else None,  # committed with the next turn
         "turns_usage": turns_usage(history),
         # The bot's files were edited into an invalid bot (serve --reload): the page shows a banner.
@@ -181,10 +182,11 @@ USAGE_TURNS = 50
 
 def turns_usage(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each recorded turn's usage (failed attempts too: their calls were paid for), the latest
-    USAGE_TURNS, oldest first: {turn, ok, usage (None: no model call), summaries}."""
+    USAGE_TURNS, oldest first: {turn, ok, usage (None: no model call), summaries}. A rating or a
+    notice is no turn: not listed."""
     return [{"turn": entry.get("turn"), "ok": entry.get("ok", True), "usage": _without_calls(entry.get("usage")),
              "summaries": entry.get("summaries", [])}
-            for entry in history[-USAGE_TURNS:]]
+            for entry in turns_of(history)[-USAGE_TURNS:]]
 
 
 def _without_calls(usage: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -81,6 +81,13 @@ class Committed(TypedDict):
     at: Any
 
 
+def turns_of(history: list[JSONObject]) -> list[JSONObject]:
+    """The entries of a session's history that are turns tried: the ones with `turn`. A user's
+    rating (`{"feedback"}`, Session.rate) and a notice (`{"notice"}`, Session.notice: a channel
+    user told something with no turn) are entries of their own, and no reader takes them for turns."""
+    return [entry for entry in history if "turn" in entry]
+
+
 def committed_turn(entry: JSONObject, request_id: str | None) -> Committed:
     """What the snapshot records of a turn committed with history `entry`."""
     return {"turn": entry["turn"], "input": entry.get("input"), "requestId": request_id, "at": entry.get("at")}

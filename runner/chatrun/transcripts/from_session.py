@@ -49,6 +49,7 @@ async def load_stored_session(url: str, session_id: str) -> StoredSession:
     """The session `session_id` of the store at `url` (sqlite:///…, redis://…). ChatrunError
     when there is no such session."""
     from chatrun.store.aio import open_existing_store
+    from chatrun.store.record import turns_of
 
     store = await open_existing_store(url)  # reading: never create an empty store
     try:
@@ -57,7 +58,7 @@ async def load_stored_session(url: str, session_id: str) -> StoredSession:
             raise ChatrunError(f"{url} has no session {session_id!r}")
         # The turns: a user's rating (Session.rate) or a notice (Session.notice) is an entry of
         # its own, without `turn`, not a turn to replay.
-        history = [e for e in await store.load_history(session_id) if "turn" in e]
+        history = turns_of(await store.load_history(session_id))
         files = _attached_files(store, session_id, list(history))
     finally:
         await store.close()

@@ -9,8 +9,9 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -151,6 +152,11 @@ class ChannelKind:
     # Seconds between the updates of a reply shown while the model streams it (Slack: post the
     # first chunk, update that message); None: the kind shows only the committed reply.
     stream_every: ClassVar[float | None] = None
+    # The longest text one message of the platform takes, in `text_size`'s units (None: no
+    # limit), and with buttons (Slack's section block, WhatsApp's interactive body take less): a
+    # longer reply is sent as several messages (`fitted`), never cut short or refused.
+    max_text: ClassVar[int | None] = None
+    max_button_text: ClassVar[int | None] = None
 
     def __init__(self, bot: BotConfig, config: ChannelConfig):
         self.bot, self.config = bot, config
@@ -177,6 +183,30 @@ class ChannelKind:
             self._options[key] = ENV.from_string(text).render({"env": Environment(self.bot.env)}) \
                 if isinstance(text, str) else default
         return self._options[key]
+
+    def text_size(self, text: str) -> int:
+        """A text's length as the platform counts it against `max_text` (characters, unless the
+        kind says otherwise: Telegram's UTF-16 units, the Bot Connector's bytes)."""
+        return len(text)
+
+    def fitted(self, messages: list[Outgoing]) -> list[Outgoing]:
+        """The messages as the platform takes them: one over `max_text` (`max_button_text` for
+        the part its buttons go under) split at paragraph, line, sentence or word boundaries into
+        several, the buttons under the last. The same reply always gives the same messages, so
+        the outbox's count of those the platform took stays right for a retry."""
+        if self.max_text is None:
+            return messages
+        out: list[Outgoing] = []
+        for message in messages:
+            if message.whatsapp_template is not None:  # the template is sent, not the text
+                out.append(message)
+                continue
+            pieces = split_text(message.text, self.max_text, self.text_size)
+            if message.buttons and self.max_button_text is not None:
+                pieces[-1:] = split_text(pieces[-1], self.max_button_text, self.text_size)
+            out.extend(Outgoing(piece) for piece in pieces[:-1])
+            out.append(Outgoing(pieces[-1], message.buttons))
+        return out
 
     def verify(self, headers: Mapping[str, str], body: bytes) -> None:
         """Raise Unauthorized unless the delivery is the platform's own."""
@@ -282,6 +312,53 @@ async def _capped(response: httpx.Response, too_large: str) -> bytes:
         if len(body) > MAX_ANSWER_BYTES:
             raise SendFailed(too_large, response.status_code)
     return bytes(body)
+
+
+# Where a sentence ends: its mark (and a closing quote or bracket) before a space; CJK's marks
+# need none.
+SENTENCE_END = re.compile(r"""[.!?…]["'”’)\]]*(?=\s)|[。！？]""")
+
+
+def split_text(text: str, limit: int, size: Callable[[str], int] = len) -> list[str]:
+    """`text` in pieces of at most `limit` (by `size`), each cut at the last paragraph break
+    before the limit, else line break, else sentence end, else space (each only when it leaves
+    the piece at least half full), else at the limit; the whitespace at a cut is dropped (the
+    messages' own break shows it). At least one piece, each non-empty unless the text is."""
+    pieces: list[str] = []
+    rest = text
+    while size(rest) > limit:
+        cut = _boundary(rest, _fitting(rest, limit, size))
+        piece, rest = rest[:cut].rstrip(), rest[cut:].lstrip()
+        if piece:
+            pieces.append(piece)
+    if rest or not pieces:
+        pieces.append(rest)
+    return pieces
+
+
+def _fitting(text: str, limit: int, size: Callable[[str], int]) -> int:
+    """The most characters of `text`'s start within `limit` (at least one: no piece is empty)."""
+    if size is len:
+        return max(1, limit)
+    low, high = 1, min(len(text), limit)  # (no unit counts a character as less than one)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if size(text[:middle]) <= limit else (low, middle - 1)
+    return low
+
+
+def _boundary(text: str, n: int) -> int:
+    """Where to cut `text`, whose first `n` characters fit: the last good boundary at or before n."""
+    least = n // 2
+    for mark in ("\n\n", "\n"):
+        at = text.rfind(mark, 0, n + len(mark))
+        if at >= max(least, 1):
+            return at
+    ends = [m.end() for m in SENTENCE_END.finditer(text, 0, n + 1) if least <= m.end() <= n]
+    if ends:
+        return ends[-1]
+    at = text.rfind(" ", 0, n + 1)
+    return at if at >= max(least, 1) else n
 
 
 def local_number(number: str, locale: str | None) -> str:

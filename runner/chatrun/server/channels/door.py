@@ -149,7 +149,7 @@ class Channels:
         if channel is None:
             return Attempt(False, f"bot {bot.name} declares no channel {kind}")
         data = body.get("data") or {}
-        messages = outgoing(data.get("events") or [])
+        messages = channel.fitted(outgoing(data.get("events") or []))  # a text over the platform's limit: several
         # A reply of several messages notes how many the platform took, so a retry after a
         # refusal half-way sends only the rest (the user never reads the first ones twice).
         key = f"channel-sent:{body['id']}" if self.store is not None and body.get("id") and len(messages) > 1 else None
@@ -357,10 +357,9 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
     deliver it again forever (a message over --max-message-chars runs no turn: its user is told,
     `_too_long`); a failure another try may heal (the store is
     down, a version this replica lacks, the session busy) is the platform's to retry: 5xx or 429. A file the route does
-    not take, or one that cannot be fetched, is told to the user instead of running the turn."""
+    not take, or one that cannot be fetched, is told to the user instead of running the turn (`_notify`)."""
     kind = channel.kind
     meta = {REPLY_TO: {"sink": channel.config.sink, "address": inbound.address}}
-    notice: str | None = None
     try:
         async with registry.session(bot, session_id, channels.principal(kind, inbound), OPEN,
                                     locale=inbound.locale, meta=meta) as session:
@@ -373,17 +372,19 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
                 await _too_long(registry, channels, channel, bot, session, inbound, too_long)
                 return True
             if inbound.files and not await run.is_replay():  # a retry replays: nothing fetched again
+                if await registry.store.get_record(_notice_key(bot, kind, inbound)) is not None:
+                    return True  # its files were refused and the user told: nothing fetched again
                 try:
                     run = registry.turn(session, await _attached(channels, channel, session, inbound), request_id)
                 except (AttachmentRefused, FetchFailed) as exc:
                     log.warning("channel %s of bot %s: delivery %s: its files are refused: %s",
                                 kind, bot, inbound.delivery, exc)
-                    notice = _file_notice(session, exc)
-            if notice is None:
-                streamer = await _streamer(channels, channel, session, inbound, run)
-                async for event in run:  # the events reach the user through the outbox, after the commit
-                    if streamer is not None:
-                        await streamer.chunk(event)
+                    await _notify(registry, channel, bot, session, inbound, _file_notice(session, exc), str(exc))
+                    return True
+            streamer = await _streamer(channels, channel, session, inbound, run)
+            async for event in run:  # the events reach the user through the outbox, after the commit
+                if streamer is not None:
+                    await streamer.chunk(event)
     except wire.RequestFailed as exc:
         # A busy session (if busy: reject, or a queue waited out) heals too: the platform sends again.
         if wire.HTTP_STATUS.get(exc.reason, 400) >= 500 or exc.reason == wire.TOO_MANY_REQUESTS:
@@ -391,8 +392,6 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc.message)
     except SessionError as exc:
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc)
-    if notice is not None:
-        await _tell(registry, channels, channel, bot, session_id, inbound, notice)
     return True
 
 
@@ -442,26 +441,25 @@ def _size(texts: dict[str, str], n: int, locale: str | None) -> str:
 async def _too_long(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str, session: Session,
                     inbound: Inbound, why: str) -> None:
     """A message over --max-message-chars runs no turn (as the HTTP API and the WebSocket refuse
-    it): the platform gets its 200 (another try would be refused the same), the user is told
-    through the outbox like any reply, once per delivery (a retry finds the record)."""
+    it): the platform gets its 200 (another try would be refused the same), the user is told."""
     log.warning("channel %s of bot %s: delivery %s refused: %s", channel.kind, bot, inbound.delivery, why)
-    key = f"channel-notice:{bot}:{channel.kind}:{inbound.delivery}"
-    if await registry.store.get_record(key) is not None:
-        return
-    await registry.notice(session, too_long_notice(session, channels.limits.max_message_chars), why)
-    await registry.store.put_record(key, {"notice": "too long"}, session.id)
+    await _notify(registry, channel, bot, session, inbound, too_long_notice(session, channels.limits.max_message_chars),
+                  why)
 
 
-async def _tell(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str, session_id: str,
-                inbound: Inbound, text: str) -> None:
-    """Send a notice that no turn made (its files refused) straight to the user, once per
-    delivery: a retried delivery finds the record and sends nothing again."""
-    key = f"channel-notice:{bot}:{channel.kind}:{inbound.delivery}"
+async def _notify(registry: SessionRegistry, channel: ChannelKind, bot: str, session: Session, inbound: Inbound,
+                  text: str, why: str) -> None:
+    """Tell the user `text` where no turn ran for their message (too long, its files refused):
+    the one way a channel's user is told anything, a notice committed in the session and sent
+    through the outbox like a reply (so a platform down at that moment gets it on a later try),
+    once per delivery (a retried delivery finds the record and tells nothing again)."""
+    key = _notice_key(bot, channel.kind, inbound)
     if await registry.store.get_record(key) is not None:
         return
-    try:
-        await channel.send(channels.client(), inbound.address, Outgoing(text))
-    except ChatrunError as exc:
-        log.warning("channel %s of bot %s: could not tell the user their files were refused: %s", channel.kind, bot, exc)
-        return
-    await registry.store.put_record(key, {"sent": text}, session_id)
+    await registry.notice(session, text, why)
+    await registry.store.put_record(key, {"notice": why}, session.id)
+
+
+def _notice_key(bot: str, kind: str, inbound: Inbound) -> str:
+    """The store's record that a delivery's user was told why no turn ran for it."""
+    return f"channel-notice:{bot}:{kind}:{inbound.delivery}"

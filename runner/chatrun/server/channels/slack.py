@@ -46,7 +46,8 @@ log = logging.getLogger("chatrun.channels")
 DEFAULT_API = "https://slack.com/api"
 FILES_HOST = "https://files.slack.com/"  # where a file's url_private is: the only host the token goes to
 MAX_VALUE = 2000  # Slack's limit on a button's value
-MAX_TEXT = 3000  # Slack's limit on a section block's text
+MAX_TEXT = 40000  # Slack's limit on a message's text (a longer reply is several messages: ChannelKind.fitted)
+MAX_SECTION = 3000  # Slack's limit on a section block's text: a message with buttons
 
 
 class SenderNames:
@@ -74,6 +75,7 @@ class Slack(ChannelKind):
     kind = "slack"
     ack_within = 2.0
     stream_every = 1.0  # Slack's chat.update is rate-limited (Tier 3, about 50 a minute)
+    max_text, max_button_text = MAX_TEXT, MAX_SECTION
 
     def __init__(self, *args: Any):
         super().__init__(*args)
@@ -185,10 +187,10 @@ class Slack(ChannelKind):
 
 def _content(message: Outgoing) -> dict[str, Any]:
     """A message's text, and its buttons as Block Kit (chat.postMessage and chat.update alike)."""
-    body: dict[str, Any] = {"text": message.text[:MAX_TEXT]}
+    body: dict[str, Any] = {"text": message.text[:MAX_TEXT]}  # (a streamed reply's text so far may be longer)
     if message.buttons:
         body["blocks"] = [
-            {"type": "section", "text": {"type": "mrkdwn", "text": message.text[:MAX_TEXT]}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": message.text[:MAX_SECTION]}},
             {"type": "actions", "elements": [
                 {"type": "button", "action_id": f"choice_{i}", "text": {"type": "plain_text", "text": label[:75]},
                  "value": value[:MAX_VALUE]} for i, (label, value) in enumerate(message.buttons)]},

@@ -52,10 +52,17 @@ ISSUER = "https://api.botframework.com"
 SCOPE = "https://api.botframework.com/.default"
 FILE_INFO = "application/vnd.microsoft.teams.file.download.info"  # a file sent in a personal chat
 LEEWAY = 300  # seconds of clock skew the Bot Framework allows
+MAX_TEXT_BYTES = 25000  # a message's text as sent (see Teams.max_text)
 
 
 class Teams(ChannelKind):
     kind = "teams"
+    # The Bot Connector refuses an activity over about 28 KB: a message's text is held to 25,000
+    # bytes as sent (JSON-escaped, UTF-8), the rest of the activity fits in what is left.
+    max_text = MAX_TEXT_BYTES
+
+    def text_size(self, text: str) -> int:
+        return len(json.dumps(text).encode()) - 2  # (without the quotes)
 
     def __init__(self, *args: Any):
         super().__init__(*args)

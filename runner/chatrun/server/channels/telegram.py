@@ -28,11 +28,15 @@ from chatrun.server.channels.base import (
 DEFAULT_API = "https://api.telegram.org"
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
 MAX_CALLBACK_BYTES = 64  # Telegram's limit on a button's callback_data
-MAX_TEXT = 4096  # Telegram's limit on a message's text
+MAX_TEXT = 4096  # Telegram's limit on a message's text (a longer reply is several messages: ChannelKind.fitted)
 
 
 class Telegram(ChannelKind):
     kind = "telegram"
+    max_text = MAX_TEXT
+
+    def text_size(self, text: str) -> int:
+        return len(text.encode("utf-16-le")) // 2  # the Bot API counts UTF-16 code units (an emoji: 2)
 
     def verify(self, headers: Mapping[str, str], body: bytes) -> None:
         sent = headers.get(SECRET_HEADER, "")
@@ -54,7 +58,7 @@ class Telegram(ChannelKind):
         return []  # an edit, a join, a sticker...: nothing for the bot to answer
 
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
-        body: dict[str, Any] = {"chat_id": address["chat_id"], "text": message.text[:MAX_TEXT]}
+        body: dict[str, Any] = {"chat_id": address["chat_id"], "text": message.text}
         if message.buttons:
             body["reply_markup"] = {"inline_keyboard": [[{"text": label, "callback_data": _callback(label, value)}]
                                                         for label, value in message.buttons]}

@@ -38,11 +38,13 @@ MAX_BUTTONS = 3  # reply buttons of one interactive message
 MAX_ROWS = 10  # rows of one interactive list
 MAX_TITLE = 20  # characters of a button's title
 MAX_ROW_TITLE = 24  # characters of a list row's title
-MAX_TEXT = 4096
+MAX_TEXT = 4096  # characters of a text message's body (a longer reply is several: ChannelKind.fitted)
+MAX_BODY = 1024  # characters of an interactive message's body (the one with buttons)
 
 
 class WhatsApp(ChannelKind):
     kind = "whatsapp"
+    max_text, max_button_text = MAX_TEXT, MAX_BODY
 
     def verify(self, headers: Mapping[str, str], body: bytes) -> None:
         sent = headers.get("x-hub-signature-256", "")
@@ -95,7 +97,7 @@ class WhatsApp(ChannelKind):
 
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
         body: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": address["to"]}
-        text = message.text[:MAX_TEXT]
+        text = message.text
         if message.whatsapp_template is not None:
             name, language = message.whatsapp_template
             body |= {"type": "template", "template": {"name": name, "language": {"code": language}}}
