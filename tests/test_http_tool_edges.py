@@ -169,9 +169,12 @@ def tool_result(session: chatrun.Session) -> str:
     return reply
 
 
-def test_a_body_larger_than_a_result_can_be_is_a_failure_the_model_reads(api, write_bot):
+def test_a_body_larger_than_a_result_can_be_is_not_read_and_the_model_reads_it_was_done(api, write_bot):
+    # A 2xx says the API did it: were the model told "failed", a POST's effect would be asked again.
     session, events = run(write_bot, "huge")
-    assert tool_result(session).startswith("Error: huge failed: an answer larger than 10 MB from GET ")
+    assert tool_result(session).startswith("Error: huge's GET http://"), tool_result(session)
+    assert "succeeded (HTTP 200), but its answer is larger than 10 MB" in tool_result(session)
+    assert "do not call huge again" in tool_result(session)
     assert [e.type for e in events] == ["Message"]
     assert api.requests == ["/huge"]  # the same API would send the same body again: not retried
 

@@ -422,8 +422,13 @@ class HttpCaller(RuntimeDefaults):
             except httpx.HTTPError as exc:
                 problem = f"cannot connect ({type(exc).__name__})"
                 wait = BACKOFF_S * 2**attempt
-            except AnswerTooLarge:  # the same API sends the same body again: no retry
+            except AnswerTooLarge as exc:  # the same API sends the same body again: no retry
+                if exc.done:  # the API did it: a "failed" would have the model do it again
+                    raise ToolRefusal(_unread_answer(tool, request, exc.status, secrets)) from None
                 problem, attempt = f"an answer larger than {MAX_BODY_BYTES // 1_000_000} MB", attempt + 1
+                if exc.status >= 500 and not repeatable:  # a 5xx may come after the work, as below
+                    raise ToolRefusal(_unknown_outcome(tool, request, f"HTTP {exc.status}, {problem}", secrets)) \
+                        from None
                 break
             else:
                 if response.is_success or response.status_code in http.accept:
@@ -457,7 +462,7 @@ class HttpCaller(RuntimeDefaults):
                 async for chunk in response.aiter_bytes():
                     size += len(chunk)
                     if size > MAX_BODY_BYTES:
-                        raise AnswerTooLarge
+                        raise AnswerTooLarge(response.status_code, response.is_success)
                     chunks.append(chunk)
             finally:
                 await response.aclose()
@@ -522,7 +527,21 @@ def _unknown_outcome(tool: ToolConfig, request: httpx.Request, problem: str, sec
 
 
 class AnswerTooLarge(Exception):
-    """An API's answer has more than MAX_BODY_BYTES: not read further."""
+    """An API's answer has more than MAX_BODY_BYTES: not read further. `status`: its HTTP status;
+    `done`: it says the request succeeded."""
+
+    def __init__(self, status: int, done: bool):
+        super().__init__(status)
+        self.status, self.done = status, done
+
+
+def _unread_answer(tool: ToolConfig, request: httpx.Request, status: int, secrets: list[str]) -> str:
+    """What the model reads when the API did what was asked (a 2xx) but its answer is too large to
+    read: that it was done, so it is not asked again (a POST's effect twice)."""
+    where = redact_text(_shown_url(request.url), secrets)
+    return (f"Error: {tool.name}'s {request.method} {where} succeeded (HTTP {status}), but its answer is larger than "
+            f"{MAX_BODY_BYTES // 1_000_000} MB and was not read. It was done: do not call {tool.name} again for "
+            "this; tell the user it went through but its answer could not be shown.")
 
 
 @dataclass
