@@ -51,8 +51,8 @@ COMMANDS = """\
 /approve ID [{{JSON}}] [REASON]  approve item ID as the principal, with edited arguments
 /reject ID [REASON]  reject item ID (the model reads the tool's `rejected` text)
 /answer ID VALUE   answer question ID (JSON, else text); a backend's question with its token
-/operator take|say TEXT|release [ROUTE]  act as an operator: take the conversation, speak, give it back
-/operator force [NOTE]  take the conversation from the operator who holds it (announced to the user)
+/operator take|force|say TEXT|release [ROUTE]  act as an operator: take the conversation (force: from
+                   the operator who holds it, announced to the user), speak, give it back
 /expire            let the timeouts of the items due by the clock decide them (/clock +31m first)
 /locale [TAG]      the session's locale and the bot's `locales:`; with a tag (de, pt-BR), speak it
 /clock [WHEN|real] the time templates see (`now`); 2026-12-24T18:00 pins it (in the bot's
