@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,10 @@ tokens:
   ben-token-123: {principal: ben}
   chloe-token-12: {principal: chloe}
   sam-token-123: {principal: sam, roles: [supervisor, operators]}
+  olga-token-12: {principal: olga, roles: [operators]}
 """
-TOKENS = {"ana": "ana-token-123", "ben": "ben-token-123", "chloe": "chloe-token-12", "sam": "sam-token-123"}
+TOKENS = {"ana": "ana-token-123", "ben": "ben-token-123", "chloe": "chloe-token-12", "sam": "sam-token-123",
+          "olga": "olga-token-12"}
 # Counts what the page shows as notifications (headless Chromium shows none).
 NOTIFICATIONS = """
 window.__notes = [];
@@ -163,6 +166,56 @@ def test_the_inbox_lists_pushes_notifies_and_the_operator_answers_at_the_bottom(
         dark.wait_for_selector(".op-session", timeout=30_000)
         shot(dark, f"inbox-list-dark-{width}")
         no_serious_violations(dark, f"the inbox in dark mode at {width} px")
+    assert not errors, f"JavaScript errors: {errors}"
+
+
+def refused(url: str, path: str, who: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    try:
+        post(url, path, who, body)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    raise AssertionError(f"POST {path} by {who} was not refused")
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_a_held_conversation_is_taken_from_its_holder_on_the_operator_page(server, width):
+    """olga took ana's conversation and went home without releasing it: sam's message is refused
+    (409 HeldByAnother, shown) and the page offers "Take over from olga"; sam takes it, ana reads
+    "olga left" then "sam joined", sam speaks, and olga's message is refused naming sam."""
+    errors: list[str] = []
+    with chromium() as browser:
+        user = open_page(browser, server, "/", "ana", width, errors)
+        user.fill("#input", "human please, my parcel is two weeks late")
+        user.press("#input", "Enter")
+        user.locator(".msg.bot", has_text="Connecting you with a colleague.").wait_for(timeout=30_000)
+        ana = session_of(user)
+        post(server, f"/bots/shop/sessions/{ana}/takeover", "olga", {})
+        post(server, f"/bots/shop/sessions/{ana}/operator/messages", "olga", {"text": "Olga here, checking."})
+        user.locator(".msg.operator", has_text="Olga here, checking.").wait_for(timeout=30_000)
+
+        inbox = open_page(browser, server, "/operator", "sam", width, errors)
+        inbox.locator(".op-session", has_text="ana").first.click()
+        inbox.wait_for_selector("#operator-input", timeout=30_000)
+        inbox.fill("#operator-input", "Sam here")
+        inbox.click("#operator-say button[type=submit]")
+        force = inbox.locator("#force-takeover")
+        force.wait_for(timeout=30_000)
+        assert force.inner_text() == "Take over from olga"
+        assert "the operator olga holds the conversation" in inbox.inner_text("#action-problem")
+        shot(inbox, f"inbox-held-by-another-{width}")
+        no_serious_violations(inbox, f"the take over from choice at {width} px")
+        force.click()
+        user.locator(".notice-line", has_text="sam joined the conversation").wait_for(timeout=30_000)
+        assert user.locator(".notice-line").all_inner_texts() == [
+            "olga joined the conversation", "olga left the conversation", "sam joined the conversation"]
+        inbox.wait_for_selector("#force-takeover", state="detached", timeout=30_000)
+        assert inbox.input_value("#operator-input") == "Sam here"  # what sam typed is kept
+        inbox.click("#operator-say button[type=submit]")
+        user.locator(".msg.operator", has_text="Sam here").wait_for(timeout=30_000)
+        assert user.locator(".msg.operator", has_text="Olga here, checking.").count() == 1  # the talk stays
+        shot(user, f"inbox-taken-from-user-{width}")
+        status, body = refused(server, f"/bots/shop/sessions/{ana}/operator/messages", "olga", {"text": "back"})
+        assert status == 409 and body["error"] == "HeldByAnother" and "the operator sam holds" in body["message"]
     assert not errors, f"JavaScript errors: {errors}"
 
 

@@ -349,7 +349,8 @@ def chat(request, tmp_path, fake, monkeypatch) -> Iterator[Conversation]:
         (tmp_path / "bot.yaml").write_text(BOT)
         (tmp_path / "guides").mkdir()
         (tmp_path / "guides" / "returns.md").write_text("# Returns\n\n## Refund window\n\nWithin 30 days.\n")
-        (tmp_path / "auth.yaml").write_text("tokens: {op-token-123: {principal: olga, roles: [operators, outbox]}}\n")
+        (tmp_path / "auth.yaml").write_text("tokens: {op-token-123: {principal: olga, roles: [operators, outbox]}, "
+                                            "max-token-123: {principal: max, roles: [operators]}}\n")
         app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
                                  auth=str(tmp_path / "auth.yaml"))
         with TestClient(app) as client:
@@ -395,6 +396,19 @@ def test_an_operator_takes_over_while_the_user_is_on_the_channel(chat):
     assert chat.texts() == ["You said hello.", "olga joined the conversation", "Hi, I am Olga.",
                             "olga left the conversation", "You said and now?."]
     assert len(chat.fake.requests) == 2
+
+
+def test_a_forced_takeover_reaches_the_channel_user_as_a_leaving_then_a_joining(chat):
+    chat.user.say("hello")
+    wait_until(chat.user.replies, what="the bot's reply")
+    session = chat.session()
+    assert chat.client.post(f"{session}/takeover", json={}, headers=OPERATOR).status_code == 200
+    max_ = {"Authorization": "Bearer max-token-123"}
+    assert chat.client.post(f"{session}/takeover", json={"force": True}, headers=max_).status_code == 200
+    wait_until(lambda: "max joined the conversation" in chat.texts(), what="the new operator's joining")
+    chat.settled()
+    assert chat.texts() == ["You said hello.", "olga joined the conversation", "olga left the conversation",
+                            "max joined the conversation"]
 
 
 def test_a_delivery_sent_four_times_is_answered_once_by_one_model_call(chat):

@@ -25,8 +25,10 @@ tokens:
   ana-token-123: {principal: ana}
   sam-token-123: {principal: sam, roles: [supervisor]}
   olga-token-12: {principal: olga, roles: [operators]}
+  max-token-123: {principal: max, roles: [operators]}
 """
 SAM, OLGA = {"Authorization": "Bearer sam-token-123"}, {"Authorization": "Bearer olga-token-12"}
+MAX = {"Authorization": "Bearer max-token-123"}
 CHAT_HEADER = "X-OpenWebUI-Chat-Id"
 
 
@@ -194,6 +196,22 @@ def test_a_takeover_over_v1_the_operator_reads_the_user_and_the_user_reads_the_o
     assert back.startswith("Fixed: 10 EUR credited.\n\n")
     assert back.endswith("You said great, thanks; refunded so far: - EUR.")  # the bot again, on billing
     assert [e["data"]["outcome"] for e in info["events"] if e["type"] == "Resolved"] == ["released"]
+
+
+def test_a_forced_takeover_reaches_the_v1_user_as_a_leaving_then_a_joining(client):
+    ai = sdk(client)
+    messages = [{"role": "user", "content": "human"}]
+    connecting, first = chat(ai, "handover", messages)
+    base = f"/bots/handover/sessions/{first['session']}"
+    assert client.post(f"{base}/takeover", json={}, headers=OLGA).status_code == 200
+    forced = client.post(f"{base}/takeover", json={"force": True}, headers=MAX)  # olga went home holding it
+    assert forced.status_code == 200, forced.text
+    assert client.post(f"{base}/operator/messages", json={"text": "Max here."}, headers=MAX).status_code == 200
+    messages += [{"role": "assistant", "content": connecting}, {"role": "user", "content": "hello?"}]
+    text, info = chat(ai, "handover", messages)
+    assert info["session"] == first["session"]
+    assert text.startswith("olga joined the conversation\n\nolga left the conversation\n\n"
+                           "max joined the conversation\n\nMax here.\n\n"), text
 
 
 def test_what_the_user_has_not_seen_is_the_others_turns_after_their_last_turn():

@@ -953,3 +953,31 @@ def test_a_failed_handover_summarys_console_note_passes_the_storage_guardrails(w
     events = as_(session, OPERATOR).chat(Release())
     [note] = of(events, "Console")
     assert note.startswith("the handover summary failed") and "cannot summarize [card]" in note
+
+
+def test_a_forced_takeover_moves_the_hold_announced_and_keeps_the_talk(desk):
+    # The holder went home without releasing: another operator takes it, the user reads who left and who joined.
+    from chatrun import HeldByAnother
+
+    session = start(desk, ScriptedModel([call("human")]))
+    session.chat("I want a human")
+    as_(session, OPERATOR).chat(TakeOver())
+    as_(session, OPERATOR).chat(OperatorSay("olga here"))
+    item = session.pending[0].id
+    max_ = {"name": "max", "roles": ["operators"]}
+    events = as_(session, max_).chat(TakeOver(force=True))
+    notices = [(e.meta["notice"], e.meta["name"]) for e in events if e.type == "Message"]
+    assert notices == [("operator_left", "olga"), ("operator_joined", "max")]
+    assert [e.data["by"] for e in events if e.type == "Resolved"] == ["max"]
+    assert session.taken_over["by"]["name"] == "max" and session.taken_over["item"] == item
+    assert [i.id for i in session.pending] == [item] and session.pending[0].data["messages"][0]["text"] == "olga here"
+    for decision in (OperatorSay("still me"), Release(), TakeOver()):
+        with pytest.raises(HeldByAnother, match="the operator max holds the conversation"):
+            as_(session, OPERATOR).chat(decision)
+    assert as_(session, max_).chat(TakeOver(force=True)) == []  # the holder's own: nothing happens
+    with pytest.raises(DecisionRefused):  # who may force is who may take over at all
+        as_(session, {"name": "sam", "roles": ["supervisor"]}).chat(TakeOver(force=True))
+    from chatrun.engine.pending import decision_entry
+
+    assert decision_entry(TakeOver()) == {"decision": {"kind": "takeover"}}  # history entries as before
+    assert decision_entry(TakeOver(force=True)) == {"decision": {"kind": "takeover", "force": True}}

@@ -174,6 +174,30 @@ def test_one_operator_holds_a_taken_conversation_another_is_refused_409_naming_t
     assert joined.status_code == 200 and "max joined the conversation" in [e["data"] for e in joined.json()["events"]]
 
 
+def test_a_forced_takeover_moves_the_hold_and_the_first_operator_is_then_refused_409(waiting):
+    client, _ = waiting
+    MAX = {"Authorization": "Bearer max-token-123"}
+    assert client.post("/bots/travel/sessions/s1/takeover", json={}, headers=OLGA).status_code == 200
+    said = client.post("/bots/travel/sessions/s1/operator/messages", json={"text": "olga here"}, headers=OLGA)
+    assert said.status_code == 200
+    bad = client.post("/bots/travel/sessions/s1/takeover", json={"force": "yes"}, headers=MAX)
+    assert bad.status_code == 400 and "force must be true or false" in bad.json()["message"]
+    assert client.post("/bots/travel/sessions/s1/takeover", json={"force": True}, headers=SAM).status_code == 403
+    r = client.post("/bots/travel/sessions/s1/takeover", json={"force": True}, headers=MAX)
+    assert r.status_code == 200, r.json()
+    notices = [e["data"] for e in r.json()["events"] if e.get("meta", {}).get("from") == "notice"]
+    assert notices == ["olga left the conversation", "max joined the conversation"]
+    held = client.get("/bots/travel/sessions/s1/pending", headers=MAX).json()
+    assert held["taken_over"]["by"]["name"] == "max"
+    takeover = [i for i in held["pending"] if i["kind"] == "takeover"]
+    assert len(takeover) == 1 and takeover[0]["id"] == held["taken_over"]["item"]  # the same talk goes on
+    for path, body in (("operator/messages", {"text": "still olga"}), ("release", {})):
+        r = client.post(f"/bots/travel/sessions/s1/{path}", json=body, headers=OLGA)
+        assert r.status_code == 409 and "the operator max holds" in r.json()["message"], path
+    released = client.post("/bots/travel/sessions/s1/release", json={}, headers=MAX).json()["events"]
+    assert [e["data"] for e in released if e.get("meta", {}).get("from") == "notice"] == ["max left the conversation"]
+
+
 def test_the_openapi_text_shows_the_bodies_and_the_refusals(served):
     client, _ = served
     spec = client.get("/openapi.json").json()

@@ -129,6 +129,9 @@ def test_an_operator_takes_over_speaks_and_releases_and_time_passes_to_a_timeout
         "/principal carla roles=operators",
         "/operator take",
         "/operator say Hi, I am Carla from billing.",
+        "/principal dan roles=operators",
+        "/operator say Dan here",  # carla holds it: refused, naming her
+        "/operator force",  # dan takes it from her: the user reads her leave and him join
         "/operator release support",
         "/pending",
     ]) + "\n"
@@ -138,10 +141,13 @@ def test_an_operator_takes_over_speaks_and_releases_and_time_passes_to_a_timeout
     assert "Connecting you with a colleague from billing; they will be with you shortly." in text
     assert "⏸ p1 takeover: Connecting you with a colleague" in text and "— /operator take" in text
     assert "[to operators] user: Hello?" in text
-    assert "error: usage: /operator take [NOTE] | /operator say TEXT | /operator release [ROUTE]" in text
+    assert ("error: usage: /operator take [NOTE] | /operator force [NOTE] | /operator say TEXT | "
+            "/operator release [ROUTE]") in text
     assert "✓ p1 takeover taken by carla" in text
     assert "[operator carla] Hi, I am Carla from billing." in text
-    assert "✓ p1 takeover released by carla" in text
+    assert "the operator carla holds the conversation" in text
+    assert text.index("carla left the conversation") < text.index("dan joined the conversation")
+    assert "✓ p1 takeover released by dan" in text
     assert text.rstrip().endswith("(nothing is pending)")
 
     timeout = run_repl(["bots/refunds", "--play-model"], "\n".join([

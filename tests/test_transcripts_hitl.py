@@ -149,6 +149,30 @@ def test_operator_steps_and_taken_over(tmp_path):
     assert result.passed, result.report()
 
 
+def test_an_operator_step_takes_a_held_conversation_with_force(tmp_path):
+    path = write(tmp_path, """\
+  - user: I need a person about my bill.
+    model: [{tool_calls: [{name: human, arguments: {topic: billing}}]}]
+  - as: {name: carla, roles: [operators]}
+    operator: take
+  - as: {name: dan, roles: [operators]}
+    operator: force
+    expect:
+      events: [{Message: carla left the conversation}, {Resolved: {id: p1, kind: takeover, outcome: taken, by: dan}},
+               {Message: dan joined the conversation}]
+      taken_over: {by: dan, item: p1}
+      pending: [{id: p1, kind: takeover}]
+  - as: {name: carla, roles: [operators]}
+    operator: {say: Still here}
+    expect: {error: {contains: the operator dan holds the conversation}, taken_over: {by: dan}}
+  - as: {name: dan, roles: [operators]}
+    operator: {release: support}
+    expect: {resolved: {p1: released}, taken_over: null, route: support}
+""", bot=REPO / "bots" / "handover")
+    result = chatrun.run_transcript(str(path))
+    assert result.passed, result.report()
+
+
 @pytest.mark.parametrize(("turn", "message", "line"), [
     ("  - user: hi\n    approve: p1\n", "turn in `turns[0]` has both `user:` and `approve:`; give one", 5),
     ("  - operator: hold\n", "operator", 5),

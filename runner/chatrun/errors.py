@@ -177,12 +177,14 @@ class NotPending(ChatrunError):
 class HeldByAnother(ChatrunError):
     """A takeover, an operator's message or a release by an operator who does not hold the
     conversation: another operator took it over and holds it until their release (the server
-    answers 409). Nothing was committed; the holder taking over again is not refused."""
+    answers 409). Nothing was committed; the holder taking over again is not refused, nor a
+    takeover with `force` (it moves the hold, announced to the user)."""
 
     def __init__(self, session_id: str, action: str, holder: str):
         self.session_id, self.action, self.holder = session_id, action, holder
         super().__init__(f"session {session_id}: {action} refused: the operator {holder} holds the conversation "
-                         f"(only they may speak and release it; take it over once they release it)")
+                         f"(only they may speak and release it; take it over once they release it, "
+                         f"or take it from them with force)")
 
 
 class InvalidDecision(ChatrunError):

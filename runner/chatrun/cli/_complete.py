@@ -23,7 +23,7 @@ class Names:
     items: list[str] = field(default_factory=list)  # the ids of the pending items (/approve, /reject, /answer)
 
 
-OPERATOR_WORDS = ["take", "say", "release"]
+OPERATOR_WORDS = ["take", "force", "say", "release"]
 DECIDING = ("/approve", "/reject", "/answer")
 
 

@@ -51,7 +51,8 @@ COMMANDS = """\
 /approve ID [{{JSON}}] [REASON]  approve item ID as the principal, with edited arguments
 /reject ID [REASON]  reject item ID (the model reads the tool's `rejected` text)
 /answer ID VALUE   answer question ID (JSON, else text); a backend's question with its token
-/operator take|say TEXT|release [ROUTE]  act as an operator: take the conversation, speak, give it back
+/operator take|force|say TEXT|release [ROUTE]  act as an operator: take the conversation (force: from
+                   the operator who holds it, announced to the user), speak, give it back
 /expire            let the timeouts of the items due by the clock decide them (/clock +31m first)
 /locale [TAG]      the session's locale and the bot's `locales:`; with a tag (de, pt-BR), speak it
 /clock [WHEN|real] the time templates see (`now`); 2026-12-24T18:00 pins it (in the bot's
@@ -814,11 +815,14 @@ def parse_decision(name: str, arg: str, pending: list[Any]) -> tuple[Any, dict[s
 def operator_decision(word: str, rest: str) -> tuple[Any, dict[str, Any], bool]:
     if word == "take":
         return TakeOver(rest or None), {"operator": {"take": rest} if rest else "take"}, False
+    if word == "force":  # from the operator who holds it (the user reads them leave, this one join)
+        return TakeOver(rest or None, force=True), {"operator": {"force": rest} if rest else "force"}, False
     if word == "say" and rest:
         return OperatorSay(rest), {"operator": {"say": rest}}, False
     if word == "release":
         return Release(rest or None), {"operator": {"release": rest} if rest else "release"}, False
-    raise ValueError("usage: /operator take [NOTE] | /operator say TEXT | /operator release [ROUTE]")
+    raise ValueError("usage: /operator take [NOTE] | /operator force [NOTE] | /operator say TEXT | "
+                     "/operator release [ROUTE]")
 
 
 def pending_line(item: dict[str, Any]) -> str:

@@ -179,9 +179,12 @@ class Answer:
 
 @dataclass(frozen=True)
 class TakeOver:
-    """An operator takes the conversation (no item needed): the bot stays silent until `Release`."""
+    """An operator takes the conversation (no item needed): the bot stays silent until `Release`.
+    `force`: take it from the operator who holds it (the user reads them leave and this one join;
+    the talk so far stays). Without it another operator's hold is refused (HeldByAnother)."""
 
     note: str | None = None
+    force: bool = False
 
 
 @dataclass(frozen=True)
@@ -213,8 +216,9 @@ _DECISION_NAMES = {Approve: "approve", Reject: "reject", Answer: "answer", TakeO
 
 def decision_entry(decision: Decision) -> dict[str, Any]:
     """A decision as a history entry's input: {"decision": {"kind": "approve", "item": "p1", ...}}.
-    A backend's token is never recorded."""
-    body = {k: v for k, v in asdict(decision).items() if v is not None and k != TOKEN_KEY}
+    A backend's token is never recorded, nor a `force` left false (entries stay as they were)."""
+    body = {k: v for k, v in asdict(decision).items() if v is not None and k != TOKEN_KEY
+            and not (k == "force" and v is False)}
     return {"decision": {"kind": _DECISION_NAMES[type(decision)], **body}}
 
 

@@ -160,8 +160,10 @@ def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
 def _check_holder(c: Conversation, decision: TakeOver | OperatorSay | Release) -> None:
     """One operator holds a taken conversation: another one's takeover, message or release is
     refused (HeldByAnother), so the user never reads a leaving they never read joining. The
-    holder taking over again is not refused: nothing happens (an idempotent retry)."""
-    if c.taken_over is None:
+    holder taking over again is not refused: nothing happens (an idempotent retry). A forced
+    takeover is not refused either: it moves the hold, announced (`operate`), so a holder who
+    went home without releasing does not leave the user unanswered for ever."""
+    if c.taken_over is None or isinstance(decision, TakeOver) and decision.force:
         return
     holder = c.taken_over.get("by")
     # Taken by no one signed in (auth off then): no holder to name, whoever may act does, so a
@@ -723,6 +725,9 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
         item = new_item(calls.t, TAKEOVER, None, ask=decision.note if isinstance(decision, TakeOver) and decision.note
                         else "An operator took over.", tell=calls.t.own_text("tell_takeover"), by=_stepping_in_roles(c),
                         data=takeover_data(None, "messages"))
+    if isinstance(decision, TakeOver) and decision.force and _held_by_another(c):
+        _operator_left(calls, (c.taken_over or {}).get("by"))  # the talk and its item stay: only the holder moves
+        c.taken_over = None
     if c.taken_over is None:  # taken: the item stays open (the takeover) until the release
         item = taken(c, item)
         calls.t.emit(ev.RESOLVED, {"id": item.id, "kind": TAKEOVER, "outcome": TAKEN, "by": name})
@@ -737,6 +742,19 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
         await release(calls, item, decision.route)
         return await apply_all_held(calls)
     return NextStepFinalOutput()
+
+
+def _held_by_another(c: Conversation) -> bool:
+    """Whether the conversation is taken by someone other than the caller (the holder's own
+    forced takeover is the idempotent retry: nothing happens)."""
+    return c.taken_over is not None and not _same_principal(c.principal, c.taken_over.get("by"))
+
+
+def _operator_left(calls: ToolCalls, holder: dict[str, Any] | None) -> None:
+    """The user reads who left, in their language: on a release and when another operator takes over."""
+    name = _operator_name(holder)
+    calls.t.emit(ev.MESSAGE, calls.t.own_text("operator_left", name=name),
+                 meta={"from": "notice", "notice": "operator_left", "name": name}, audience=ev.USER)
 
 
 def _operator_name(principal: dict[str, Any] | None) -> str:
@@ -823,9 +841,7 @@ async def release(calls: ToolCalls, item: PendingItem, route: str | None) -> Non
     taken, c.taken_over = c.taken_over, None
     resolve(calls, item, RELEASED)
     if taken is not None:  # the user read who joined (also no one signed in: auth off): they read who left
-        name = _operator_name(taken.get("by"))
-        calls.t.emit(ev.MESSAGE, calls.t.own_text("operator_left", name=name),
-                     meta={"from": "notice", "notice": "operator_left", "name": name}, audience=ev.USER)
+        _operator_left(calls, taken.get("by"))
     target = route or item.data.get("release_to")
     if target and target != c.scope.route:
         if target not in c.config.routes:

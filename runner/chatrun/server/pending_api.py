@@ -5,7 +5,7 @@ items"; docs/operators.md).
     GET  /bots/{bot}/sessions/{id}/pending             {"pending": [item, ...], "taken_over": ...}
     POST /bots/{bot}/sessions/{id}/pending/{item}      {"decision": "approve"|"reject", "args"?, "reason"?}
                                                        or {"answer": value}       -> the turn, as POST .../messages
-    POST /bots/{bot}/sessions/{id}/takeover            {"note"?}                  -> the turn
+    POST /bots/{bot}/sessions/{id}/takeover            {"note"?, "force"?}        -> the turn
     POST /bots/{bot}/sessions/{id}/operator/messages   {"text"}                   -> the turn
     POST /bots/{bot}/sessions/{id}/release             {"route"?}                 -> the turn
     GET  /pending/stream?bot=&kind=&limit=&order=      server-sent events: `inbox`, the first page, when it changes
@@ -90,6 +90,9 @@ _LAST = {"type": ["object", "null"], "description": "the session's last turn: {a
          "(user, operator or decision), text (the message, or the decision's kind)}"}
 _TEXT = {"type": "string", "minLength": 1}  # _text_field
 _REASON = {"type": "string", "description": "why: the history and the model's conditions see it"}
+_FORCE = {"type": "boolean", "default": False,
+          "description": "take the conversation from the operator who holds it (announced to the user: the "
+                         "holder leaves, you join); without it a held conversation is refused 409 HeldByAnother"}
 _DECISION_BODY = {"requestBody": {"required": True, "content": {"application/json": {
     "schema": {"oneOf": [
         {"type": "object", "required": ["decision"], "additionalProperties": False,
@@ -111,7 +114,7 @@ def make_pending_router() -> APIRouter:
                              "pending": {"type": "array", "items": _ITEM}, "taken_over": _TAKEN_OVER}))
     router.add_api_route(f"{session}/pending/{{item}}", decide, methods=["POST"], openapi_extra=_DECISION_BODY)
     router.add_api_route(f"{session}/takeover", take_over, methods=["POST"],
-                         openapi_extra=_body({"note": _TEXT}, {"note": "customer asked for a human"}))
+                         openapi_extra=_body({"note": _TEXT, "force": _FORCE}, {"note": "customer asked for a human"}))
     router.add_api_route(f"{session}/operator/messages", operator_says, methods=["POST"],
                          openapi_extra=_required_body({"text": _TEXT}, {"text": "Hello, this is Olga from support."}))
     router.add_api_route(f"{session}/release", release, methods=["POST"],
@@ -163,8 +166,13 @@ async def decide(bot: str, session_id: str, item: str, request: Request, caller:
 
 async def take_over(bot: str, session_id: str, request: Request, who: Caller, registry: Registry,
                     idempotency_key: IdempotencyKey = None) -> JSONResponse:
-    note = _text_field(await read_json_object(request, blank_is_empty=True), "note", required=False)
-    return await _operator_turn(registry, bot, session_id, who, TakeOver(note), idempotency_key)
+    body = await read_json_object(request, blank_is_empty=True)
+    note = _text_field(body, "note", required=False)
+    force = body.get("force", False)
+    if not isinstance(force, bool):
+        raise wire.RequestFailed(wire.BAD_REQUEST, "force must be true or false (true: take the conversation "
+                                 "from the operator who holds it)")
+    return await _operator_turn(registry, bot, session_id, who, TakeOver(note, force), idempotency_key)
 
 
 async def operator_says(bot: str, session_id: str, request: Request, who: Caller, registry: Registry,

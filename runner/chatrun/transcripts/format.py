@@ -73,7 +73,7 @@ STEP_SHAPES = {  # what a step key takes, for the message when it is written wro
     "approve": "an item id (approve: p1) or {item, args, reason}",
     "reject": "an item id (reject: p1) or {item, reason}",
     "answer": "{item: ID, value: ANSWER}",
-    "operator": "take, release, {take: NOTE}, {say: TEXT} or {release: ROUTE}",
+    "operator": "take, force, release, {take: NOTE}, {force: NOTE}, {say: TEXT} or {release: ROUTE}",
     "expire": "true (let the items due by the turn's clock time out)",
     "as": "backend, or a principal {name: NAME, roles: [...]}",
 }

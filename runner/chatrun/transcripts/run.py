@@ -439,9 +439,9 @@ def step_input(session: Any, turn: TurnSpec) -> Any:
         return Answer(body["item"], body["value"], token=token)
     if kind == "expire":
         return Expire()
-    if value == "take" or "take" in body:
-        note = body.get("take")
-        return TakeOver(note if isinstance(note, str) else None)
+    if value in ("take", "force") or "take" in body or "force" in body:
+        note = body.get("force", body.get("take"))
+        return TakeOver(note if isinstance(note, str) else None, force=value == "force" or "force" in body)
     if "say" in body:
         return OperatorSay(body["say"])
     route = body.get("release")

@@ -48,6 +48,7 @@
     if (!r.ok) {
       const err = new Error(body.message || r.statusText);
       err.status = r.status;
+      err.code = body.error; // e.g. HeldByAnother: another operator holds the conversation
       throw err;
     }
     return body;
@@ -517,11 +518,31 @@
       });
     } catch (err) {
       $("action-problem").textContent = err.message;
+      if (err.code === "HeldByAnother") offerForce();
       return false;
     }
     await refreshSession();
     refreshList();
     return true;
+  }
+
+  /** After a 409 HeldByAnother: the holder may have gone home without releasing, so the operator
+   * may take the conversation from them, announced to the user (they read the holder leave and
+   * this operator join; POST .../takeover {"force": true}, docs/operators.md). The holder's name
+   * is read again: it is who holds it now. */
+  async function offerForce() {
+    const current = open;
+    const data = await call(sessionPath(current.bot, current.id)).catch(() => null);
+    const holder = data && data.taken_over && data.taken_over.by && data.taken_over.by.name;
+    const problem = $("action-problem");
+    if (!holder || current !== open || !problem || $("force-takeover")) return;
+    const force = el("button", "btn", "Take over from " + holder);
+    force.id = "force-takeover";
+    force.type = "button";
+    force.addEventListener("click", () => { stopTyping(); act("/takeover", { force: true }); });
+    const row = el("div", "op-force"); // on its own line, under the refusal it answers
+    row.appendChild(force);
+    problem.appendChild(row);
   }
 
   /** The conversation as the user saw it, a time stamp where it paused, and what waited for whom. */
