@@ -196,6 +196,7 @@ def test_a_held_conversation_is_taken_from_its_holder_on_the_operator_page(serve
         inbox = open_page(browser, server, "/operator", "sam", width, errors)
         inbox.locator(".op-session", has_text="ana").first.click()
         inbox.wait_for_selector("#operator-input", timeout=30_000)
+        assert inbox.inner_text(".op-with").startswith("olga has this conversation (since ")  # not "You have"
         inbox.fill("#operator-input", "Sam here")
         inbox.click("#operator-say button[type=submit]")
         force = inbox.locator("#force-takeover")
@@ -210,6 +211,7 @@ def test_a_held_conversation_is_taken_from_its_holder_on_the_operator_page(serve
             "olga joined the conversation", "olga left the conversation", "sam joined the conversation"]
         inbox.wait_for_selector("#force-takeover", state="detached", timeout=30_000)
         assert inbox.input_value("#operator-input") == "Sam here"  # what sam typed is kept
+        assert inbox.inner_text(".op-with").startswith("You have this conversation (since ")
         inbox.click("#operator-say button[type=submit]")
         user.locator(".msg.operator", has_text="Sam here").wait_for(timeout=30_000)
         assert user.locator(".msg.operator", has_text="Olga here, checking.").count() == 1  # the talk stays

@@ -165,13 +165,20 @@ def _check_holder(c: Conversation, decision: TakeOver | OperatorSay | Release) -
     went home without releasing does not leave the user unanswered for ever."""
     if c.taken_over is None or isinstance(decision, TakeOver) and decision.force:
         return
-    holder = c.taken_over.get("by")
-    # Taken by no one signed in (auth off then): no holder to name, whoever may act does, so a
-    # conversation taken before the server had --auth is not held for ever.
-    if holder is None or _same_principal(c.principal, holder):
+    if holds_taken(c.taken_over, c.principal):
         return
+    holder = c.taken_over.get("by")
     action = {TakeOver: "takeover", OperatorSay: "an operator's message", Release: "release"}[type(decision)]
     raise HeldByAnother(c.id, action, _operator_name(holder))
+
+
+def holds_taken(taken_over: dict[str, Any], principal: dict[str, Any] | None) -> bool:
+    """Whether `principal` holds a taken conversation (`taken_over`: the conversation's record of
+    it), so may speak and release it. Taken by no one signed in (auth off then): there is no
+    holder to name and whoever may act does, so a conversation taken before the server had
+    --auth is not held for ever."""
+    holder = taken_over.get("by")
+    return holder is None or _same_principal(principal, holder)
 
 
 def _token_matches(expected: str | None, sent: str | None) -> bool:

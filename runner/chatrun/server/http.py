@@ -36,6 +36,7 @@ from chatrun import events as ev
 from chatrun.definition.config import JSON_TYPES, initial_state_problem
 from chatrun.definition.templates import display_text
 from chatrun.engine.session import Session
+from chatrun.engine.waiting import holds_taken
 from chatrun.server import wire
 from chatrun.server.audience import (
     OPERATOR_ROLE,
@@ -43,7 +44,7 @@ from chatrun.server.audience import (
     inspector_audiences,
     resource_audiences,
 )
-from chatrun.server.auth import Principal
+from chatrun.server.auth import Principal, template_principal
 from chatrun.server.guard import body_type
 from chatrun.server.inspect import graph_data, inspect_data, session_data
 from chatrun.server.plumbing import (
@@ -192,7 +193,10 @@ async def read_session(bot: str, session_id: str, who: Caller, registry: Registr
         history = history_for(await registry.history(session), resource_audiences(who))
         # the user reads what they are told of an item others decide; its deciders read its question
         roles = who.roles if who is not None else ()
-        return session_data(session, roles) | {"history": history, "lastTurn": registry.last_committed(session)}
+        data = session_data(session, roles) | {"history": history, "lastTurn": registry.last_committed(session)}
+        if session.taken_over is not None:  # whether the reader holds it (the operator page says who does)
+            data["taken_over"] = session.taken_over | {"yours": holds_taken(session.taken_over, template_principal(who))}
+        return data
 
 
 async def inspect_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:

@@ -432,7 +432,9 @@
       return box;
     }
     const since = Date.parse(data.taken_over.since);
-    box.appendChild(el("div", "op-with", "You have this conversation (since " + ago(since, data.locale) + "): the bot is silent."));
+    const holder = data.taken_over.by && data.taken_over.by.name;
+    const who = data.taken_over.yours === false && holder ? holder + " has" : "You have"; // (yours: read from the server)
+    box.appendChild(el("div", "op-with", who + " this conversation (since " + ago(since, data.locale) + "): the bot is silent."));
     const say = el("form", "op-say");
     say.id = "operator-say";
     const input = el("textarea");
