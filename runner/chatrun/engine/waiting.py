@@ -161,15 +161,25 @@ def _check_holder(c: Conversation, decision: TakeOver | OperatorSay | Release) -
     """One operator holds a taken conversation: another one's takeover, message or release is
     refused (HeldByAnother), so the user never reads a leaving they never read joining. The
     holder taking over again is not refused: nothing happens (an idempotent retry)."""
-    if c.taken_over is None:
-        return
-    holder = c.taken_over.get("by")
-    # Taken by no one signed in (auth off then): no holder to name, whoever may act does, so a
-    # conversation taken before the server had --auth is not held for ever.
-    if holder is None or _same_principal(c.principal, holder):
+    holder = held_by_another(c.taken_over, c.principal)
+    if holder is None:
         return
     action = {TakeOver: "takeover", OperatorSay: "an operator's message", Release: "release"}[type(decision)]
-    raise HeldByAnother(c.id, action, _operator_name(holder))
+    raise HeldByAnother(c.id, action, holder)
+
+
+def held_by_another(taken_over: dict[str, Any] | None, principal: dict[str, Any] | None) -> str | None:
+    """The name of the operator who holds a taken conversation when it is not `principal`
+    (whose takeover, message or release is then refused: HeldByAnother), else None. The
+    operator console asks it too, so it offers no action the server would refuse."""
+    if taken_over is None:
+        return None
+    holder = taken_over.get("by")
+    # Taken by no one signed in (auth off then): no holder to name, whoever may act does, so a
+    # conversation taken before the server had --auth is not held for ever.
+    if holder is None or _same_principal(principal, holder):
+        return None
+    return _operator_name(holder)
 
 
 def _token_matches(expected: str | None, sent: str | None) -> bool:

@@ -204,11 +204,17 @@
       chip.title = it.ask;
       kinds.appendChild(chip);
     }
-    if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", "with " + (s.taken_over.by.name || s.taken_over.by)));
+    if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", "with " + holderName(s.taken_over)));
     row.appendChild(kinds);
     row.addEventListener("click", () => openSession(s.bot, s.session, s.owner));
     item.appendChild(row);
     return item;
+  }
+
+  /** Who holds a taken conversation: taken with no one signed in (a server without --auth), by null. */
+  function holderName(taken) {
+    const by = taken.by;
+    return (by && typeof by === "object" ? by.name : by) || "an operator";
   }
 
   function lastLine(s) {
@@ -378,7 +384,7 @@
       + (data.turn === 1 ? " turn" : " turns") + (data.locale ? " · " + data.locale : "")));
     head.appendChild(title);
     const actions = el("div", "op-head-actions");
-    if (data.taken_over) {
+    if (data.taken_over && !data.heldByAnother) { // only the holder releases it
       const to = el("select");
       to.id = "release-route";
       to.setAttribute("aria-label", "Release to route");
@@ -417,6 +423,14 @@
     const problem = el("div", "pending-problem");
     problem.id = "action-problem";
     problem.setAttribute("role", "alert");
+    if (data.heldByAnother) { // another operator holds it: the server refuses our actions (409 HeldByAnother)
+      const held = el("div", "op-with", data.heldByAnother + " has this conversation (since "
+        + ago(Date.parse(data.taken_over.since), data.locale) + "): only they can write to the user and release it.");
+      held.id = "held-by";
+      box.appendChild(held);
+      box.appendChild(problem);
+      return box;
+    }
     if (!data.taken_over) {
       const bar = el("div", "op-takebar");
       const take = el("button", "btn primary", "Take over");
