@@ -800,8 +800,13 @@
     if (!(data.history || []).length) showEmpty();
   }
 
+  /** Whether the page takes a message now: one turn at a time, none once the conversation ended. */
+  function accepting() {
+    return !busy && !ended && Boolean(session);
+  }
+
   async function send(text) {
-    if ((!text.trim() && !tray.length) || busy || ended || !session) return;
+    if ((!text.trim() && !tray.length) || !accepting()) return;
     setBusy(true);
     epoch += 1;
     let files;
@@ -1798,6 +1803,9 @@
 
   $("composer").addEventListener("submit", (ev) => {
     ev.preventDefault();
+    // Enter while a turn runs (the Send button is disabled then, Enter is not) sends nothing: what
+    // was typed stays in the box, to send once the reply has come.
+    if (!accepting()) return;
     const text = ui.input.value;
     ui.input.value = "";
     pingTyping(false);
