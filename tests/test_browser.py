@@ -283,6 +283,36 @@ def test_the_page_reconnects_after_a_server_restart_and_continues(fake, tmp_path
             assert tab.get_attribute("body", "data-turn") == "2"
 
 
+def test_a_message_sent_while_the_server_is_away_stays_in_the_box_and_goes_once_back(fake, tmp_path):
+    """While the page reconnects nothing can be sent: Enter keeps the text in the box (it was
+    shown as sent, never reached the server, and no error said so); sent again once the page is
+    back online, it goes once."""
+    db = f"sqlite:///{tmp_path / 'chat.db'}"
+    bot_file = write_travel(tmp_path / "bots")
+    port = free_port()
+    with chromium() as browser:
+        tab = browser.new_page(viewport={"width": 390, "height": 860})
+        errors: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port) as server:
+            tab.goto(server.url + "/")
+            tab.wait_for_selector("body[data-ready=true]")
+        tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
+        tab.fill("#input", "are you there?")
+        tab.press("#input", "Enter")
+        assert tab.input_value("#input") == "are you there?"
+        assert tab.locator(".msg.user").count() == 0  # not shown as sent
+        with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port):
+            tab.wait_for_function("document.getElementById('status').dataset.state === 'online'", timeout=15_000)
+            fake.queue({"text": "I am."})
+            send(tab, tab.input_value("#input"))
+            assert tab.locator(".msg.bot").last.inner_text() == "I am."
+            assert [m.inner_text() for m in tab.locator(".msg.user").all()] == ["are you there?"]
+        sent = [r["messages"][-1]["content"] for r in fake.requests]
+        assert sent == ["are you there?"], sent
+        assert not errors, errors
+
+
 def test_the_page_takes_its_token_out_of_the_url_and_keeps_working(fake, tmp_path, bot_path):
     from chatrun.server.auth import Auth
 

@@ -800,9 +800,14 @@
     if (!(data.history || []).length) showEmpty();
   }
 
-  /** Whether the page takes a message now: one turn at a time, none once the conversation ended. */
+  /** Whether the page takes a message now: one turn at a time, none once the conversation ended,
+   * none while it reconnects (the session of a closed connection would drop it unsaid). */
   function accepting() {
-    return !busy && !ended && Boolean(session);
+    return !busy && !ended && Boolean(session) && session.client === client && connected();
+  }
+
+  function connected() {
+    return Boolean(client && client.websocket) && client.websocket.readyState === WebSocket.OPEN;
   }
 
   async function send(text) {
@@ -1803,8 +1808,8 @@
 
   $("composer").addEventListener("submit", (ev) => {
     ev.preventDefault();
-    // Enter while a turn runs (the Send button is disabled then, Enter is not) sends nothing: what
-    // was typed stays in the box, to send once the reply has come.
+    // Enter while a turn runs (the Send button is disabled then, Enter is not) or while the page
+    // reconnects sends nothing: what was typed stays in the box, to send once the reply has come.
     if (!accepting()) return;
     const text = ui.input.value;
     ui.input.value = "";
