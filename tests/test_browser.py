@@ -313,6 +313,36 @@ def test_a_message_sent_while_the_server_is_away_stays_in_the_box_and_goes_once_
         assert not errors, errors
 
 
+def test_a_reply_the_server_committed_as_it_went_away_shows_once_after_the_reconnect(fake, tmp_path):
+    """The server stops mid-turn (it ends the turn, commits it, and closes the connection before
+    the reply reaches the page): back online, the page shows that reply once, without a reload
+    (it showed none, and no error)."""
+    db = f"sqlite:///{tmp_path / 'chat.db'}"
+    bot_file = write_travel(tmp_path / "bots")
+    port = free_port()
+    with chromium() as browser:
+        tab = browser.new_page(viewport={"width": 390, "height": 860})
+        errors: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port) as server:
+            tab.goto(server.url + "/")
+            tab.wait_for_selector("body[data-ready=true]")
+            tab.wait_for_function("document.body.dataset.refreshes !== undefined")  # the turn it is at
+            fake.queue({"text": "A slow reply.", "delay": 2.0})
+            tab.fill("#input", "hello")
+            tab.press("#input", "Enter")
+            tab.wait_for_selector("#thinking", state="visible")
+        tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
+        with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port):
+            tab.wait_for_function("document.getElementById('status').dataset.state === 'online'", timeout=15_000)
+            tab.locator(".msg.bot", has_text="A slow reply.").wait_for(timeout=15_000)
+            assert [m.inner_text() for m in tab.locator(".msg.user").all()] == ["hello"]
+            assert tab.locator(".msg.bot", has_text="A slow reply.").count() == 1
+            assert tab.input_value("#input") == "" and tab.locator("#thinking").is_hidden()
+        assert len(fake.requests) == 1
+        assert not errors, errors
+
+
 def test_the_page_takes_its_token_out_of_the_url_and_keeps_working(fake, tmp_path, bot_path):
     from chatrun.server.auth import Auth
 

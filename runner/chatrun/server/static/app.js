@@ -61,6 +61,8 @@
   let watching = null; // the polling timer while someone else has to act
   let waitingOnOthers = false;
   let epoch = 0; // bumped by every turn of this page: a poll that overlapped one is dropped
+  // A message whose connection closed before its turn ended: {text, turn (the session's before)}
+  let lostTurn = null;
   let sessionLocale = ""; // the locale the session speaks (the inspector reads it; docs/i18n.md)
 
   // -- the page's own texts, in the session's locale (docs/i18n.md, "The page") ----------------
@@ -691,7 +693,7 @@
       }
       shown = true;
     }
-    showTakeover(data.taken_over ? data.taken_over.by.name || data.taken_over.by : null);
+    showTakeover(data.taken_over ? ChatrunPending.holder(data.taken_over) : null);
     if (shown) refreshInspector();
   }
 
@@ -795,9 +797,23 @@
       if (entry.ok === false && entry.error && !events.some((e) => e.type === "Error")) showError(entry.error);
     }
     renderBreadcrumb(data.stack);
-    showTakeover(data.taken_over ? data.taken_over.by.name : null);
+    showTakeover(data.taken_over ? ChatrunPending.holder(data.taken_over) : null);
     watch();
     if (!(data.history || []).length) showEmpty();
+    return data;
+  }
+
+  /** After a reconnect, the turn whose connection closed before its end: the chat is drawn again
+   * from the server's history, so its reply shows once if the server committed it (as a failed
+   * turn's error if it failed); if the server has no record of it, its text goes back to the box. */
+  async function recoverLostTurn() {
+    const lost = lostTurn;
+    lostTurn = null;
+    const data = await replayHistory();
+    const own = (entry) => entry.turn > lost.turn && ((entry.input && entry.input.userMessage) || entry.input) === lost.text;
+    if ((data.history || []).some(own)) return;
+    if (!ui.input.value) ui.input.value = lost.text;
+    showError(tx("lost_turn"));
   }
 
   /** Whether the page takes a message now: one turn at a time, none once the conversation ended,
@@ -836,8 +852,10 @@
       await (files.length ? session.sendData({ userMessage: text, attachments: files }) : session.chat(text));
       ok = true;
     } catch (err) {
+      // The connection closed mid-turn: what became of it is read once the page is back (reconnect).
+      if (err.reason === "Closed") lostTurn = { text: text, turn: inspectData ? inspectData.turn : 0 };
       // The Error frame before a Failed was shown by the errorHandler; else show the reason.
-      if (!err.detail) showError(err.message || String(err));
+      else if (!err.detail) showError(err.message || String(err));
     } finally {
       endStreaming();
       closePlay();
@@ -1792,6 +1810,7 @@
       await openClient();
       session = await builder().resume(session.chatId).connect();
       setStatusText("online", "connected");
+      if (lostTurn) await recoverLostTurn();
       refreshInspector();
     } catch (err) {
       if (client && client.websocket && client.websocket.readyState === WebSocket.OPEN) {

@@ -204,17 +204,11 @@
       chip.title = it.ask;
       kinds.appendChild(chip);
     }
-    if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", "with " + holderName(s.taken_over)));
+    if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", "with " + ChatrunPending.holder(s.taken_over)));
     row.appendChild(kinds);
     row.addEventListener("click", () => openSession(s.bot, s.session, s.owner));
     item.appendChild(row);
     return item;
-  }
-
-  /** Who holds a taken conversation: taken with no one signed in (a server without --auth), by null. */
-  function holderName(taken) {
-    const by = taken.by;
-    return (by && typeof by === "object" ? by.name : by) || "an operator";
   }
 
   function lastLine(s) {
