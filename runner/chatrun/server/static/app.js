@@ -806,13 +806,15 @@
   /** After a reconnect, the turn whose connection closed before its end: the chat is drawn again
    * from the server's history, so its reply shows once if the server committed it (as a failed
    * turn's error if it failed); if the server has no record of it, its text goes back to the box. */
-  async function recoverLostTurn() {
-    const lost = lostTurn;
-    lostTurn = null;
+  async function recoverLostTurn(lost) {
     const data = await replayHistory();
     const own = (entry) => entry.turn > lost.turn && ((entry.input && entry.input.userMessage) || entry.input) === lost.text;
-    if ((data.history || []).some(own)) return;
-    if (!ui.input.value) ui.input.value = lost.text;
+    if (!(data.history || []).some(own)) giveBack(lost.text);
+  }
+
+  /** A message the server has no record of (or whose fate could not be read): back in the box. */
+  function giveBack(text) {
+    if (!ui.input.value) ui.input.value = text;
     showError(tx("lost_turn"));
   }
 
@@ -1810,7 +1812,10 @@
       await openClient();
       session = await builder().resume(session.chatId).connect();
       setStatusText("online", "connected");
-      if (lostTurn) await recoverLostTurn();
+      // Not in this try: a failed read of the history is no reason to start a new conversation.
+      const lost = lostTurn;
+      lostTurn = null;
+      if (lost) recoverLostTurn(lost).catch(() => giveBack(lost.text));
       refreshInspector();
     } catch (err) {
       if (client && client.websocket && client.websocket.readyState === WebSocket.OPEN) {
