@@ -222,11 +222,20 @@
     setStatus("offline", "unauthorized");
     ui.input.disabled = true;
     ui.send.disabled = true;
-    ui.input.placeholder = "Unauthorized: see the notice above";
-    const notice = el("div", "notice error", "Unauthorized: this server needs a token. Open the page with "
-      + "?token=YOUR_TOKEN at the end of its address (tokens are in the server's --auth file)."
-      + (detail ? " The server said: " + detail : ""));
+    const notice = el("div", "notice error");
     notice.id = "unauthorized";
+    if (MODE === "user") {
+      // An end user (or a widget's visitor, whose host page's identity expired) has no token to
+      // fix: their words, in their language; the server's reason is for the site's developers.
+      console.warn("chatrun: unauthorized: " + (detail || ""));
+      notice.textContent = tx("unauthorized_user");
+      notice.dataset.pageText = "unauthorized_user";
+      ui.input.placeholder = "";
+    } else {
+      ui.input.placeholder = "Unauthorized: see the notice above";
+      notice.textContent = "Unauthorized: this server needs a token. Open the page with ?token=YOUR_TOKEN at the "
+        + "end of its address (tokens are in the server's --auth file)." + (detail ? " The server said: " + detail : "");
+    }
     add(notice);
   }
 
