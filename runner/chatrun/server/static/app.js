@@ -1821,7 +1821,8 @@
       await openClient();
       session = await builder().resume(session.chatId).connect();
       setStatusText("online", "connected");
-      // Not in this try: a failed read of the history is no reason to start a new conversation.
+      // Not awaited: a failed read of the history must not reach the catch below, which starts a
+      // new conversation; it gives the message back instead.
       const lost = lostTurn;
       lostTurn = null;
       if (lost) recoverLostTurn(lost).catch(() => giveBack(lost.text));
