@@ -5,6 +5,8 @@ Set CHATRUN_SCREENSHOTS=DIR to keep screenshots of each step."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import chatrun
@@ -281,6 +283,111 @@ def test_the_page_reconnects_after_a_server_restart_and_continues(fake, tmp_path
             # text on a busy machine: wait for it, then check it.
             tab.wait_for_function("document.body.dataset.turn === '2'", timeout=15_000)
             assert tab.get_attribute("body", "data-turn") == "2"
+
+
+def test_a_message_sent_while_the_server_is_away_stays_in_the_box_and_goes_once_back(fake, tmp_path):
+    """While the page reconnects nothing can be sent: Enter keeps the text in the box (it was
+    shown as sent, never reached the server, and no error said so); sent again once the page is
+    back online, it goes once."""
+    db = f"sqlite:///{tmp_path / 'chat.db'}"
+    bot_file = write_travel(tmp_path / "bots")
+    port = free_port()
+    with chromium() as browser:
+        tab = browser.new_page(viewport={"width": 390, "height": 860})
+        errors: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port) as server:
+            tab.goto(server.url + "/")
+            tab.wait_for_selector("body[data-ready=true]")
+        tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
+        tab.fill("#input", "are you there?")
+        tab.press("#input", "Enter")
+        assert tab.input_value("#input") == "are you there?"
+        assert tab.locator(".msg.user").count() == 0  # not shown as sent
+        with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port):
+            tab.wait_for_function("document.getElementById('status').dataset.state === 'online'", timeout=15_000)
+            fake.queue({"text": "I am."})
+            send(tab, tab.input_value("#input"))
+            assert tab.locator(".msg.bot").last.inner_text() == "I am."
+            assert [m.inner_text() for m in tab.locator(".msg.user").all()] == ["are you there?"]
+        sent = [r["messages"][-1]["content"] for r in fake.requests]
+        assert sent == ["are you there?"], sent
+        assert not errors, errors
+
+
+def test_a_reply_the_server_committed_as_it_went_away_shows_once_after_the_reconnect(fake, tmp_path):
+    """The server stops mid-turn (it ends the turn, commits it, and closes the connection before
+    the reply reaches the page): back online, the page shows that reply once, without a reload
+    (it showed none, and no error)."""
+    db = f"sqlite:///{tmp_path / 'chat.db'}"
+    bot_file = write_travel(tmp_path / "bots")
+    port = free_port()
+    with chromium() as browser:
+        tab = browser.new_page(viewport={"width": 390, "height": 860})
+        errors: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port) as server:
+            tab.goto(server.url + "/")
+            tab.wait_for_selector("body[data-ready=true]")
+            tab.wait_for_function("document.body.dataset.refreshes !== undefined")  # the turn it is at
+            fake.queue({"text": "A slow reply.", "delay": 2.0})
+            tab.fill("#input", "hello")
+            tab.press("#input", "Enter")
+            tab.wait_for_selector("#thinking", state="visible")
+        tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
+        with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port):
+            tab.wait_for_function("document.getElementById('status').dataset.state === 'online'", timeout=15_000)
+            tab.locator(".msg.bot", has_text="A slow reply.").wait_for(timeout=15_000)
+            assert [m.inner_text() for m in tab.locator(".msg.user").all()] == ["hello"]
+            assert tab.locator(".msg.bot", has_text="A slow reply.").count() == 1
+            assert tab.input_value("#input") == "" and tab.locator("#thinking").is_hidden()
+        assert len(fake.requests) == 1
+        assert not errors, errors
+
+
+def test_a_turn_the_server_died_in_gives_the_message_back_once_reconnected(fake, tmp_path):
+    """kill -9 mid-turn: nothing was committed. Back online, the page says the reply was lost and
+    puts the message back in the box (it stayed shown as sent, unanswered, with no error);
+    sent again, it goes once and is answered."""
+    import signal
+
+    from redis_support import Replica
+
+    bot_file = write_travel(tmp_path / "bots")
+    replica = Replica(str(bot_file), f"sqlite:///{tmp_path / 'chat.db'}", fake.base_url).start()
+    try:
+        with chromium() as browser:
+            tab = browser.new_page(viewport={"width": 390, "height": 860})
+            errors: list[str] = []
+            tab.on("pageerror", lambda exc: errors.append(str(exc)))
+            tab.goto(replica.url + "/")
+            tab.wait_for_selector("body[data-ready=true]", timeout=30_000)
+            fake.queue({"text": "Never sent.", "delay": 30.0})
+            tab.fill("#input", "hello")
+            tab.press("#input", "Enter")
+            tab.wait_for_selector("#thinking", state="visible")
+            deadline = time.monotonic() + 30
+            while not fake.requests:  # the turn runs: the model was asked
+                assert time.monotonic() < deadline, "the model was never asked"
+                time.sleep(0.05)
+            replica.signal(signal.SIGKILL)
+            replica.proc.wait(timeout=30)
+            tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
+            fake.reset()  # the delayed answer's request and queue: only the resend counts below
+            replica.start()
+            tab.wait_for_function("document.getElementById('status').dataset.state === 'online'", timeout=60_000)
+            tab.locator("#messages .error", has_text="The connection was lost before the reply").wait_for(timeout=30_000)
+            assert tab.input_value("#input") == "hello"
+            assert tab.locator(".msg.user").count() == 0  # the server has no such message
+            fake.queue({"text": "Hello again."})
+            send(tab, tab.input_value("#input"))
+            assert [m.inner_text() for m in tab.locator(".msg.user").all()] == ["hello"]
+            assert tab.locator(".msg.bot").last.inner_text() == "Hello again."
+            assert [r["messages"][-1]["content"] for r in fake.requests] == ["hello"]
+            assert not errors, errors
+    finally:
+        replica.signal(signal.SIGINT)
+        replica.proc.wait(timeout=60)
 
 
 def test_the_page_takes_its_token_out_of_the_url_and_keeps_working(fake, tmp_path, bot_path):

@@ -317,3 +317,25 @@ def assert_labels_apart(geometry: dict) -> None:
         for node in geometry["nodes"]:
             assert not overlaps(a["box"], node), (a, node)
     assert geometry["crossings"] == []
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_message_sent_while_the_bot_replies_stays_in_the_box(server, fake, width):
+    """Enter while a turn runs sends nothing (one turn at a time) and keeps what was typed: the
+    box was emptied and the text lost. It goes once, when the reader sends it after the reply."""
+    fake.queue({"text": "A slow reply.", "delay": 2.0}, {"text": "Got it."})
+    with chat_page(server.url, width=width) as page:
+        page.fill("#input", "first")
+        page.press("#input", "Enter")
+        page.wait_for_selector("#thinking", state="visible")
+        page.fill("#input", "my second thought")
+        page.press("#input", "Enter")
+        assert page.input_value("#input") == "my second thought"
+        page.wait_for_selector("#thinking", state="hidden", timeout=30_000)
+        assert page.input_value("#input") == "my second thought"  # the reply did not take it either
+        send(page, page.input_value("#input"))
+        said = [m.inner_text() for m in page.locator(".msg.user").all()]
+        assert said == ["first", "my second thought"]
+        assert page.locator(".msg.bot").last.inner_text() == "Got it."
+        sent = [r["messages"][-1]["content"] for r in fake.requests]
+        assert sent.count("my second thought") == 1, sent

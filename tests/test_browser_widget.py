@@ -253,6 +253,34 @@ def test_a_signed_identity_is_the_sessions_principal(sites, fake):
     assert visitor.status_code == 404  # ... and nobody else's
 
 
+def test_a_signed_identity_expiring_mid_conversation_tells_the_visitor_to_reload(sites, fake, monkeypatch):
+    """The identity expires while the panel is open and its connection is lost: the visitor reads
+    why the chat stopped and what to do, in the page's words (they read the author's page's
+    notice: open the page with ?token=, tokens in the server's --auth file); what they typed
+    stays in the box, and the server's reason is in the console for the site's developers."""
+    import chatrun.server.widget_identity as identity_module
+
+    chat, shop, _port = sites
+    with shop_page(shop + "/signed", 390) as page:
+        logged: list[str] = []
+        page.on("console", lambda message: logged.append(message.text))
+        page.locator("[data-chatrun-widget] >> .launcher").click()
+        frame = panel_frame(page)
+        fake.queue({"text": "Hello Ana."})
+        send(frame, "Hi", 0)
+        later = time.time() + 7200  # the identity (an hour) has expired
+        monkeypatch.setattr(identity_module, "time", type("Later", (), {"time": staticmethod(lambda: later)}))
+        frame.locator("#input").fill("and my booking?")
+        frame.locator("body").evaluate("() => ChatrunPage.client().websocket.close()")  # the network drops
+        notice = frame.locator("#unauthorized")
+        notice.wait_for(timeout=30_000)
+        assert notice.inner_text() == ("This chat cannot go on: its access has expired or was refused. "
+                                       "Reload the page to continue.")
+        assert frame.locator("#input").input_value() == "and my booking?"
+        assert any("expired" in line for line in logged), logged
+        shot(page, "widget-expired-390")
+
+
 AXE = Path(__file__).parent / "vendor" / "axe.min.js"
 
 

@@ -23,7 +23,7 @@ from hitl_support import SHOP, responder
 from redis_support import Replica
 
 pytestmark = BROWSER_MARKS
-ANA, SAM = "ana-token-123", "sam-token-123"  # tests/fixtures/hitl_shop/auth.yaml
+ANA, SAM, OLGA = "ana-token-123", "sam-token-123", "olga-token-123"  # tests/fixtures/hitl_shop/auth.yaml
 
 
 @pytest.fixture
@@ -206,6 +206,70 @@ def test_a_takeover_round_trip(pages, width):
     operator.wait_for_selector("#take-over", timeout=30_000)
     say(user, "hello again")
     assert user.locator(".msg.bot").last.inner_text() == "You said hello again."
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_a_second_operator_sees_who_holds_the_conversation(pages, width):
+    """Sam holds the conversation: Olga's console names him, offers her no composer nor Release
+    (the server would refuse them: 409 HeldByAnother), and once he releases it she may take it."""
+    user = pages.open("/", ANA, width)
+    say(user, "human")
+    sam = pages.open("/operator", SAM, width)
+    open_waiting(sam, "takeover")
+    sam.click("#take-over")
+    sam.wait_for_selector("#operator-input", timeout=30_000)
+
+    olga = pages.open("/operator", OLGA, width)
+    row = olga.locator(".op-session").first
+    row.wait_for(timeout=60_000)
+    row.click()
+    held = olga.locator("#held-by")
+    held.wait_for(timeout=30_000)
+    assert "sam has this conversation" in held.inner_text()
+    assert "You have this conversation" not in olga.locator("#detail").inner_text()
+    assert olga.locator("#operator-input").count() == 0 and olga.locator("#release").count() == 0
+    assert olga.locator("#take-over").count() == 0  # only the announced one: "Take over from sam"
+    assert olga.inner_text("#force-takeover") == "Take over from sam"
+    assert sam.locator("#held-by").count() == 0 and sam.locator("#force-takeover").count() == 0  # the holder keeps his composer
+    shot(olga, f"hitl-operator-held-{width}")
+
+    sam.click("#release")
+    olga.wait_for_selector("#take-over", timeout=30_000)
+    assert olga.locator("#held-by").count() == 0
+
+
+def test_the_inbox_lists_a_conversation_taken_with_no_one_signed_in(fake, tmp_path):
+    """Without --auth a takeover is held by no one (`taken_over.by` is null): the inbox still
+    lists it (a page error left the whole list unshown) and the taker keeps the composer."""
+    fake.responder = responder
+    replica = Replica(str(SHOP / "shop.yaml"), f"sqlite:///{tmp_path / 's.db'}", fake.base_url)
+    replica.start()
+    try:
+        with chromium() as browser:
+            p = Pages(browser, replica.url)
+            user = p.open("/", "", 390)
+            say(user, "human")
+            operator = p.open("/operator", "", 390)
+            open_waiting(operator, "takeover")
+            operator.click("#take-over")
+            operator.wait_for_selector("#operator-input", timeout=30_000)
+            operator.click(".op-back")
+            taken = operator.locator(".op-session .op-kind.taken")
+            taken.wait_for(timeout=30_000)
+            assert taken.inner_text() == "with operator"
+            # the user's page, read again, keeps the conversation and shows the banner (it threw on
+            # the null holder and started a new conversation)
+            before = user.evaluate("ChatrunPage.session().chatId")
+            user.reload()
+            user.wait_for_selector("body[data-ready=true]", timeout=30_000)
+            assert user.evaluate("ChatrunPage.session().chatId") == before
+            assert "Connecting you with a colleague." in user.locator("#messages").inner_text()
+            banner = user.locator("#takeover-banner")
+            assert banner.is_visible() and banner.inner_text() == "You are talking to operator"
+            assert not p.errors, f"JavaScript errors: {p.errors}"
+    finally:
+        replica.signal(signal.SIGINT)
+        replica.proc.wait(timeout=60)
 
 
 @pytest.mark.parametrize("width", [1280, 390])

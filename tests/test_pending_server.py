@@ -165,6 +165,9 @@ def test_one_operator_holds_a_taken_conversation_another_is_refused_409_naming_t
         r = client.post(f"/bots/travel/sessions/s1/{path}", json=body, headers=MAX)
         assert r.status_code == 409, (path, r.json())
         assert r.json()["error"] == "HeldByAnother" and "the operator olga holds" in r.json()["message"], path
+    # the console reads who holds it, so that it offers max no action the server refuses
+    assert client.get("/bots/travel/sessions/s1", headers=MAX).json()["heldByAnother"] == "olga"
+    assert client.get("/bots/travel/sessions/s1", headers=OLGA).json()["heldByAnother"] is None
     again = client.post("/bots/travel/sessions/s1/takeover", json={}, headers=OLGA)  # the holder: idempotent
     assert again.status_code == 200 and again.json()["events"] == []
     assert client.get("/bots/travel/sessions/s1/pending", headers=OLGA).json()["taken_over"]["by"]["name"] == "olga"

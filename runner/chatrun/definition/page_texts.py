@@ -101,6 +101,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "attach_kind_unknown": "{name} is of an unknown type; this chat takes {kinds} (attachments.kinds).",
         "attach_size": "{name} is {size}, over this chat's limit of {limit} per file (attachments.max_bytes).",
         "not_sent": "Not sent: {reason}",
+        "unauthorized_user": "This chat cannot go on: its access has expired or was refused. Reload the page to continue.",
+        "lost_turn": "The connection was lost before the reply: your message is back in the box, to send again.",
         "unreadable": "cannot read {name}",
         # A messaging platform's user whose files are not taken (server/channels/door.py): no turn runs.
         "channel_no_files": "Sorry, I cannot take files here. Please send your message as text.",
@@ -225,6 +227,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "attach_size": "{name} ist {size} groß und überschreitet die Grenze dieses Chats von {limit} pro Datei "
                        "(attachments.max_bytes).",
         "not_sent": "Nicht gesendet: {reason}",
+        "unauthorized_user": "Dieser Chat kann nicht weitergehen: sein Zugang ist abgelaufen oder wurde abgelehnt. Laden Sie die Seite neu, um fortzufahren.",
+        "lost_turn": "Die Verbindung brach vor der Antwort ab: Ihre Nachricht steht wieder im Eingabefeld, zum erneuten Senden.",
         "unreadable": "{name} kann nicht gelesen werden",
         "channel_no_files": "Leider kann ich hier keine Dateien annehmen. Bitte schreiben Sie Ihre Nachricht als Text.",
         "channel_file_refused": "Leider kann ich diese Datei nicht annehmen. Ich nehme {kinds}-Dateien bis {size} an, "
@@ -342,6 +346,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "attach_size": "حجم {name} هو {size}، وهذا يتجاوز الحد المسموح به في هذه المحادثة وهو {limit} لكل ملف "
                        "(attachments.max_bytes).",
         "not_sent": "لم يتم الإرسال: {reason}",
+        "unauthorized_user": "لا يمكن متابعة هذه المحادثة: انتهت صلاحية الوصول إليها أو رُفض. أعد تحميل الصفحة للمتابعة.",
+        "lost_turn": "انقطع الاتصال قبل الرد: رسالتك عادت إلى مربع الكتابة لإرسالها مرة أخرى.",
         "unreadable": "تعذّرت قراءة {name}",
         "channel_no_files": "عذرًا، لا يمكنني استلام الملفات هنا. يُرجى إرسال رسالتك نصًا.",
         "channel_file_refused": "عذرًا، لا يمكنني استلام هذا الملف. أستلم ملفات {kinds} بحجم أقصاه {size}، "

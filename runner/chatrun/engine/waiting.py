@@ -163,22 +163,27 @@ def _check_holder(c: Conversation, decision: TakeOver | OperatorSay | Release) -
     holder taking over again is not refused: nothing happens (an idempotent retry). A forced
     takeover is not refused either: it moves the hold, announced (`operate`), so a holder who
     went home without releasing does not leave the user unanswered for ever."""
-    if c.taken_over is None or isinstance(decision, TakeOver) and decision.force:
+    if isinstance(decision, TakeOver) and decision.force:
         return
-    if holds_taken(c.taken_over, c.principal):
+    holder = held_by_another(c.taken_over, c.principal)
+    if holder is None:
         return
-    holder = c.taken_over.get("by")
     action = {TakeOver: "takeover", OperatorSay: "an operator's message", Release: "release"}[type(decision)]
-    raise HeldByAnother(c.id, action, _operator_name(holder))
+    raise HeldByAnother(c.id, action, holder)
 
 
-def holds_taken(taken_over: dict[str, Any], principal: dict[str, Any] | None) -> bool:
-    """Whether `principal` holds a taken conversation (`taken_over`: the conversation's record of
-    it), so may speak and release it. Taken by no one signed in (auth off then): there is no
-    holder to name and whoever may act does, so a conversation taken before the server had
-    --auth is not held for ever."""
+def held_by_another(taken_over: dict[str, Any] | None, principal: dict[str, Any] | None) -> str | None:
+    """The name of the operator who holds a taken conversation when it is not `principal`
+    (whose takeover, message or release is then refused: HeldByAnother), else None. The
+    operator console asks it too, so it offers no action the server would refuse."""
+    if taken_over is None:
+        return None
     holder = taken_over.get("by")
-    return holder is None or _same_principal(principal, holder)
+    # Taken by no one signed in (auth off then): no holder to name, whoever may act does, so a
+    # conversation taken before the server had --auth is not held for ever.
+    if holder is None or _same_principal(principal, holder):
+        return None
+    return _operator_name(holder)
 
 
 def _token_matches(expected: str | None, sent: str | None) -> bool:

@@ -36,7 +36,7 @@ from chatrun import events as ev
 from chatrun.definition.config import JSON_TYPES, initial_state_problem
 from chatrun.definition.templates import display_text
 from chatrun.engine.session import Session
-from chatrun.engine.waiting import holds_taken
+from chatrun.engine.waiting import held_by_another
 from chatrun.server import wire
 from chatrun.server.audience import (
     OPERATOR_ROLE,
@@ -193,10 +193,10 @@ async def read_session(bot: str, session_id: str, who: Caller, registry: Registr
         history = history_for(await registry.history(session), resource_audiences(who))
         # the user reads what they are told of an item others decide; its deciders read its question
         roles = who.roles if who is not None else ()
-        data = session_data(session, roles) | {"history": history, "lastTurn": registry.last_committed(session)}
-        if session.taken_over is not None:  # whether the reader holds it (the operator page says who does)
-            data["taken_over"] = session.taken_over | {"yours": holds_taken(session.taken_over, template_principal(who))}
-        return data
+        # the operator console offers no action the server would refuse (409 HeldByAnother)
+        held = held_by_another(session.taken_over, template_principal(who))
+        return session_data(session, roles) | {"history": history, "lastTurn": registry.last_committed(session),
+                                               "heldByAnother": held}
 
 
 async def inspect_session(bot: str, session_id: str, who: Caller, registry: Registry) -> dict[str, Any]:
@@ -534,7 +534,10 @@ def _session_response(status: int, history: bool = False) -> dict[int | str, dic
     }
     if history:
         properties |= {"history": {"type": "array", "items": {"type": "object"}},
-                       "lastTurn": {"type": ["object", "null"]}}
+                       "lastTurn": {"type": ["object", "null"]},
+                       # the operator who holds it when not the caller (their takeover, message
+                       # and release are refused: 409 HeldByAnother), else null
+                       "heldByAnother": {"type": ["string", "null"]}}
     schema = {"type": "object", "required": list(properties), "properties": properties, "additionalProperties": True}
     return {status: {"description": "the session", "content": {"application/json": {"schema": schema}}}}
 

@@ -61,6 +61,8 @@
   let watching = null; // the polling timer while someone else has to act
   let waitingOnOthers = false;
   let epoch = 0; // bumped by every turn of this page: a poll that overlapped one is dropped
+  // A message whose connection closed before its turn ended: {text, turn (the session's before)}
+  let lostTurn = null;
   let sessionLocale = ""; // the locale the session speaks (the inspector reads it; docs/i18n.md)
 
   // -- the page's own texts, in the session's locale (docs/i18n.md, "The page") ----------------
@@ -220,11 +222,20 @@
     setStatus("offline", "unauthorized");
     ui.input.disabled = true;
     ui.send.disabled = true;
-    ui.input.placeholder = "Unauthorized: see the notice above";
-    const notice = el("div", "notice error", "Unauthorized: this server needs a token. Open the page with "
-      + "?token=YOUR_TOKEN at the end of its address (tokens are in the server's --auth file)."
-      + (detail ? " The server said: " + detail : ""));
+    const notice = el("div", "notice error");
     notice.id = "unauthorized";
+    if (MODE === "user") {
+      // An end user (or a widget's visitor, whose host page's identity expired) has no token to
+      // fix: their words, in their language; the server's reason is for the site's developers.
+      console.warn("chatrun: unauthorized: " + (detail || ""));
+      notice.textContent = tx("unauthorized_user");
+      notice.dataset.pageText = "unauthorized_user";
+      ui.input.placeholder = "";
+    } else {
+      ui.input.placeholder = "Unauthorized: see the notice above";
+      notice.textContent = "Unauthorized: this server needs a token. Open the page with ?token=YOUR_TOKEN at the "
+        + "end of its address (tokens are in the server's --auth file)." + (detail ? " The server said: " + detail : "");
+    }
     add(notice);
   }
 
@@ -691,7 +702,7 @@
       }
       shown = true;
     }
-    showTakeover(data.taken_over ? data.taken_over.by.name || data.taken_over.by : null);
+    showTakeover(data.taken_over ? ChatrunPending.holder(data.taken_over) : null);
     if (shown) refreshInspector();
   }
 
@@ -795,13 +806,39 @@
       if (entry.ok === false && entry.error && !events.some((e) => e.type === "Error")) showError(entry.error);
     }
     renderBreadcrumb(data.stack);
-    showTakeover(data.taken_over ? data.taken_over.by.name : null);
+    showTakeover(data.taken_over ? ChatrunPending.holder(data.taken_over) : null);
     watch();
     if (!(data.history || []).length) showEmpty();
+    return data;
+  }
+
+  /** After a reconnect, the turn whose connection closed before its end: the chat is drawn again
+   * from the server's history, so its reply shows once if the server committed it (as a failed
+   * turn's error if it failed); if the server has no record of it, its text goes back to the box. */
+  async function recoverLostTurn(lost) {
+    const data = await replayHistory();
+    const own = (entry) => entry.turn > lost.turn && ((entry.input && entry.input.userMessage) || entry.input) === lost.text;
+    if (!(data.history || []).some(own)) giveBack(lost.text);
+  }
+
+  /** A message the server has no record of (or whose fate could not be read): back in the box. */
+  function giveBack(text) {
+    if (!ui.input.value) ui.input.value = text;
+    showError(tx("lost_turn"));
+  }
+
+  /** Whether the page takes a message now: one turn at a time, none once the conversation ended,
+   * none while it reconnects (the session of a closed connection would drop it unsaid). */
+  function accepting() {
+    return !busy && !ended && Boolean(session) && session.client === client && connected();
+  }
+
+  function connected() {
+    return Boolean(client && client.websocket) && client.websocket.readyState === WebSocket.OPEN;
   }
 
   async function send(text) {
-    if ((!text.trim() && !tray.length) || busy || ended || !session) return;
+    if ((!text.trim() && !tray.length) || !accepting()) return;
     setBusy(true);
     epoch += 1;
     let files;
@@ -826,8 +863,10 @@
       await (files.length ? session.sendData({ userMessage: text, attachments: files }) : session.chat(text));
       ok = true;
     } catch (err) {
+      // The connection closed mid-turn: what became of it is read once the page is back (reconnect).
+      if (err.reason === "Closed") lostTurn = { text: text, turn: inspectData ? inspectData.turn : 0 };
       // The Error frame before a Failed was shown by the errorHandler; else show the reason.
-      if (!err.detail) showError(err.message || String(err));
+      else if (!err.detail) showError(err.message || String(err));
     } finally {
       endStreaming();
       closePlay();
@@ -1782,6 +1821,11 @@
       await openClient();
       session = await builder().resume(session.chatId).connect();
       setStatusText("online", "connected");
+      // Not awaited: a failed read of the history must not reach the catch below, which starts a
+      // new conversation; it gives the message back instead.
+      const lost = lostTurn;
+      lostTurn = null;
+      if (lost) recoverLostTurn(lost).catch(() => giveBack(lost.text));
       refreshInspector();
     } catch (err) {
       if (client && client.websocket && client.websocket.readyState === WebSocket.OPEN) {
@@ -1798,6 +1842,9 @@
 
   $("composer").addEventListener("submit", (ev) => {
     ev.preventDefault();
+    // Enter while a turn runs (the Send button is disabled then, Enter is not) or while the page
+    // reconnects sends nothing: what was typed stays in the box, to send once the reply has come.
+    if (!accepting()) return;
     const text = ui.input.value;
     ui.input.value = "";
     pingTyping(false);

@@ -205,7 +205,7 @@
       chip.title = it.ask;
       kinds.appendChild(chip);
     }
-    if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", "with " + (s.taken_over.by.name || s.taken_over.by)));
+    if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", "with " + ChatrunPending.holder(s.taken_over)));
     row.appendChild(kinds);
     row.addEventListener("click", () => openSession(s.bot, s.session, s.owner));
     item.appendChild(row);
@@ -379,7 +379,7 @@
       + (data.turn === 1 ? " turn" : " turns") + (data.locale ? " · " + data.locale : "")));
     head.appendChild(title);
     const actions = el("div", "op-head-actions");
-    if (data.taken_over) {
+    if (data.taken_over && !data.heldByAnother) { // only the holder releases it
       const to = el("select");
       to.id = "release-route";
       to.setAttribute("aria-label", "Release to route");
@@ -418,6 +418,15 @@
     const problem = el("div", "pending-problem");
     problem.id = "action-problem";
     problem.setAttribute("role", "alert");
+    if (data.heldByAnother) { // another operator holds it: the server refuses our actions (409 HeldByAnother)
+      const held = el("div", "op-with", data.heldByAnother + " has this conversation (since "
+        + ago(Date.parse(data.taken_over.since), data.locale) + "): only they can write to the user and release it.");
+      held.id = "held-by";
+      box.appendChild(held);
+      box.appendChild(forceButton(data.heldByAnother)); // unless they went home without releasing it
+      box.appendChild(problem);
+      return box;
+    }
     if (!data.taken_over) {
       const bar = el("div", "op-takebar");
       const take = el("button", "btn primary", "Take over");
@@ -432,9 +441,7 @@
       return box;
     }
     const since = Date.parse(data.taken_over.since);
-    const holder = data.taken_over.by && data.taken_over.by.name;
-    const who = data.taken_over.yours === false && holder ? holder + " has" : "You have"; // (yours: read from the server)
-    box.appendChild(el("div", "op-with", who + " this conversation (since " + ago(since, data.locale) + "): the bot is silent."));
+    box.appendChild(el("div", "op-with", "You have this conversation (since " + ago(since, data.locale) + "): the bot is silent."));
     const say = el("form", "op-say");
     say.id = "operator-say";
     const input = el("textarea");
@@ -528,23 +535,27 @@
     return true;
   }
 
-  /** After a 409 HeldByAnother: the holder may have gone home without releasing, so the operator
-   * may take the conversation from them, announced to the user (they read the holder leave and
-   * this operator join; POST .../takeover {"force": true}, docs/operators.md). The holder's name
-   * is read again: it is who holds it now. */
+  /** After a 409 HeldByAnother (the page showed the conversation before another operator took
+   * it): the page as it is now, which shows who holds it and offers to take it from them. */
   async function offerForce() {
     const current = open;
     const data = await call(sessionPath(current.bot, current.id)).catch(() => null);
-    const holder = data && data.taken_over && data.taken_over.by && data.taken_over.by.name;
     const problem = $("action-problem");
-    if (!holder || current !== open || !problem || $("force-takeover")) return;
+    if (!data || !data.heldByAnother || current !== open || !problem || $("force-takeover")) return;
+    problem.appendChild(forceButton(data.heldByAnother));
+  }
+
+  /** "Take over from NAME": the holder may have gone home without releasing, so the operator may
+   * take the conversation from them, announced to the user (they read the holder leave and this
+   * operator join; POST .../takeover {"force": true}, docs/operators.md). On its own line. */
+  function forceButton(holder) {
     const force = el("button", "btn", "Take over from " + holder);
     force.id = "force-takeover";
     force.type = "button";
     force.addEventListener("click", () => { stopTyping(); act("/takeover", { force: true }); });
-    const row = el("div", "op-force"); // on its own line, under the refusal it answers
+    const row = el("div", "op-force");
     row.appendChild(force);
-    problem.appendChild(row);
+    return row;
   }
 
   /** The conversation as the user saw it, a time stamp where it paused, and what waited for whom. */

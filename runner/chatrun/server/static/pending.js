@@ -303,6 +303,14 @@
     return plain(answer);
   }
 
-  window.ChatrunPending = { card: card, resolve: resolve, schemaForm: schemaForm, plain: plain, setTexts: setTexts,
+  /** Who holds a taken conversation (`taken_over`), by the name the user reads in its notices:
+   * one taken with no one signed in (a server without --auth: `by` null) is the engine's
+   * "operator" (engine/waiting.py, _operator_name). */
+  function holder(taken) {
+    const by = taken ? taken.by : null;
+    return (by && typeof by === "object" ? by.name : by) || "operator";
+  }
+
+  window.ChatrunPending = { card: card, holder: holder, resolve: resolve, schemaForm: schemaForm, plain: plain, setTexts: setTexts,
     confirmation: confirmation };
 })();
