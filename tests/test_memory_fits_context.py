@@ -7,6 +7,7 @@ image)."""
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 import zlib
@@ -90,3 +91,38 @@ def test_an_image_counts_its_cost_with_tiktoken_and_with_the_estimate_a_pdf_its_
         text = count(UserMessage("look", (pdf,)))
         assert count(UserMessage("look", (image, image))) >= 2 * IMAGE_TOKENS
         assert text < 50  # a PDF: its description only
+
+
+WORDS = " ".join(f"word{i}" for i in range(400))  # ~1,200 tokens of o200k_base
+
+TOOLS_BOT = f"""
+name: helpdesk
+model: {{provider: openai, name: gpt-4o, max_retries: 0}}
+routes:
+  main:
+    default: true
+    system: Help.
+    context: "Reference for this call: {WORDS}"
+    tools: [lookup]
+    memory: {{type: token_window, max_tokens: {{context_size: {CONTEXT}, reply_reserve: {RESERVE}}}}}
+tools:
+  lookup:
+    description: "Looks a ticket up. {WORDS}"
+    parameters: {{type: object, properties: {{ticket: {{type: string, description: "{WORDS}"}}}}}}
+    action: {{reply: found}}
+"""
+
+
+def test_a_context_sized_window_leaves_room_for_the_tools_and_the_context_it_is_sent_with(fake, write_bot):
+    """The request is the memory and, beside it, the offered tools' schemas and the route's
+    `context:`: the window holds what is left of the context once they are counted."""
+    session = chatrun.load_bot(write_bot(TOOLS_BOT)).session()
+    for turn in range(20):
+        fake.queue({"text": f"Answer {turn}: " + " ".join(["fine"] * 300)})
+        session.chat(f"Question {turn}: " + " ".join(["why"] * 300))
+    sent = fake.requests[-1]
+    enc = tiktoken.get_encoding("o200k_base")
+    tools = len(enc.encode(json.dumps(sent["tools"])))
+    assert tools > 1500  # what the window must leave room for
+    assert request_tokens(sent, 0) + tools <= CONTEXT - RESERVE
+    assert "Question 19" in sent["messages"][-2]["content"]  # the turn's own message is sent
