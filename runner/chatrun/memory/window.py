@@ -470,9 +470,16 @@ class SummaryMemory(TokenWindowMemory):
         verbatim = [m for m in self._items if not isinstance(m, SummaryMessage)]
         if verbatim[: len(folded)] != folded:
             raise ChatrunError(f"memory {self.id}: the messages to fold changed before the summary arrived")
+        summary = SummaryMessage(text)
+        # Garbage (a runaway answer, the conversation repeated) would grow the memory it is to shrink,
+        # and every later turn would fold again: refused, beyond the heading a first summary adds.
+        replaced = sum(map(self.counter, folded)) + self.counter(self.summary or SummaryMessage(""))
+        if (tokens := self.counter(summary)) > replaced:
+            raise ChatrunError(f"memory {self.id}: the summary ({tokens} tokens) is no shorter than the messages "
+                               f"it would replace ({replaced} tokens); they are kept")
         system = [self._system] if self._system is not None else []
         self._reset()
-        self._fill([*system, SummaryMessage(text), *verbatim[len(folded):]])
+        self._fill([*system, summary, *verbatim[len(folded):]])
         self._persist()
 
 
