@@ -8,6 +8,7 @@ buttons for choices and for the user's own confirmation, a failed turn still ans
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -477,3 +478,18 @@ def test_a_text_is_cut_at_the_best_boundary_within_the_limit():
     assert split_text("x" * 25, 10) == ["x" * 10, "x" * 10, "x" * 5]
     assert split_text("短い文です。次の文です。", 8) == ["短い文です。", "次の文です。"]
     assert split_text("fits", 4) == ["fits"] and split_text("", 4) == [""]
+
+
+def test_erasing_a_telegram_user_leaves_no_record_of_their_chat(client, telegram, fake, tmp_path):
+    """The note of which session a chat went on in after its conversation ended names the chat
+    (its key) and the sessions: it goes with them when the user's data is erased."""
+    deliver(client, telegram_message(1, "bye"))
+    wait_until(lambda: texts(telegram), what="the goodbye")
+    deliver(client, telegram_message(2, "hello again"))
+    wait_until(lambda: len(texts(telegram)) >= 2, what="the new conversation's reply")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    erased = client.delete("/principals/telegram:42").json()["erased"]
+    assert erased["sessions"] == 2, erased
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        left = [key for (key,) in db.execute("SELECT key FROM records") if ":42" in key or "telegram" in key]
+    assert left == []

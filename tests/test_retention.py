@@ -23,6 +23,7 @@ from chatrun.messages import UserMessage
 from chatrun.server.auth import Auth
 from chatrun.server.sessions import SessionRegistry
 from chatrun.server.sweeper import PendingSweeper, SweepSettings
+from chatrun.store import user_memory
 from chatrun.store.aio import open_async_store
 from chatrun.store.postgres import PostgresStore
 from chatrun.store.record import DEAD, Commit, memory_id, scope_id
@@ -333,3 +334,51 @@ def test_delete_stored_is_the_one_deletion_of_a_session(tmp_path):
         assert await store.load_session("s") is None and blobs.refs("s") == [] and await store.sessions_of("ana") == []
 
     asyncio.run(go())
+
+
+SECRET = "ana-passport-X7Q2-91"  # what ana said, in every place a store keeps of her
+
+
+@pytest.mark.parametrize("library_default", [0, 1])
+def test_erasing_a_principal_leaves_no_copy_in_the_sqlite_files(tmp_path, monkeypatch, library_default):
+    """The store's raw files, not only its rows, while the server still runs: SQLite keeps a deleted
+    row's bytes in the page it freed (unless `secure_delete` is on: SQLite's own default is off,
+    some builds turn it on; `library_default` plays both) and in the write-ahead log until they are
+    written over, so the erased text could be read back from the files (a backup, a copied disk)
+    after the erasure answered that it was gone."""
+    connect = sqlite3.connect
+
+    def connect_as_built(*args, **kwargs):
+        conn = connect(*args, **kwargs)
+        conn.execute(f"PRAGMA secure_delete = {library_default}")
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", connect_as_built)
+    registry = registry_on(tmp_path, f"sqlite:///{tmp_path / 's.db'}")
+
+    def copies():
+        return [p.name for p in tmp_path.iterdir() if p.name.startswith("s.db") and SECRET.encode() in p.read_bytes()]
+
+    async def go():
+        store = registry.store
+        set_clock(store, NOW)
+        scope = scope_id("ana-1", 1)
+        history = [{"turn": 1, "ok": True, "input": f"my passport is {SECRET}"}]
+        commit = Commit.encode("ana-1", snapshot("ana") | {"scopes": [{"id": scope, "memory_routes": ["main"]}],
+                                                          "state": {"passport": SECRET}},
+                               {memory_id(scope, "main"): [UserMessage(f"my passport is {SECRET} " * 50)]}, history,
+                               expected=CREATE)
+        await store.commit_turn(commit, None)
+        await store.put_record("resp_ana-1", {"session": "ana-1", "said": SECRET}, session="ana-1")
+        await user_memory.asave(store, "shop", "ana", {"passport": SECRET}, None, NOW)
+        await write(store, registry.blobs, "bob-1", "bob", NOW, files=0)  # another's data stays
+        assert copies()
+        counts = await erase_principal(store, "ana", lambda bot: Retention(), registry.erase, registry.blobs)
+        assert (counts.sessions, counts.user_memory) == (1, 1)
+        assert copies() == []  # at once, the store still open
+        await store.close()
+
+    asyncio.run(go())
+    assert copies() == []
+    with sqlite3.connect(tmp_path / "s.db") as db:  # bob's rows are still there
+        assert db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 1

@@ -136,3 +136,26 @@ def test_through_the_real_openai_client_the_summary_leads_the_next_request(fake,
     assert third[0] == {"role": "system", "content": "You chat."}
     assert third[1] == {"role": "user", "content": "Summary of the earlier conversation:\nS: the user said one and two."}
     assert [m["content"] for m in third[2:]] == ["two", "b " + long, "three"]
+
+
+def test_a_summary_longer_than_what_it_replaces_is_refused_and_the_memory_kept(write_bot):
+    """A summarizing call that answers garbage (the conversation repeated, a runaway answer) would
+    grow the memory it was asked to shrink, and every later turn would fold again: it is a failed
+    summary, and the messages stay as they were."""
+    long = " ".join(["word"] * 30)
+    runaway = "S: " + " ".join(["blah"] * 400)
+    model = chatrun.ScriptedModel([
+        {"text": "first " + long}, {"text": "second " + long}, {"text": runaway},
+        {"text": "third " + long}, {"text": "S: short."},
+    ])
+    session = chatrun.load_bot(write_bot(BOT)).session(model=model)
+    session.chat("one")
+    before = session.memory()
+    session.chat("two")
+    assert session.last_turn["ok"]
+    [failure] = session.last_turn["summaries"]
+    assert "no shorter than" in failure["failed"]
+    assert not any(isinstance(m, SummaryMessage) for m in session.memory())
+    assert session.memory()[: len(before)] == before  # kept as it was, then the turn's messages
+    session.chat("three")
+    assert session.memory()[1] == SummaryMessage("S: short.")

@@ -67,7 +67,7 @@ from chatrun.engine.tools import (
 from chatrun.engine.usage import Usage, call_usage, check_budgets
 from chatrun.errors import ModelError, TurnFailed
 from chatrun.knowledge import CITE_NUDGE, Hit
-from chatrun.memory import ChatMemory, SummaryMemory
+from chatrun.memory import ChatMemory, SummaryMemory, TokenWindowMemory
 from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
 from chatrun.messages import (
     AssistantMessage,
@@ -264,6 +264,8 @@ class Turn:
         # The route's `context:` follows the memory, rendered anew for each call and never kept:
         # the system prompt and the memory stay the prefix a provider's prompt cache keeps.
         extra, run.nudge = self.context_message(run.plan) + run.knowledge + run.correction + run.nudge, []
+        if isinstance(run.memory, TokenWindowMemory):  # a window sized to the context leaves room for these
+            run.memory.leave_room(extra, run.specs)
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
                                run.plan.response_format, self.t.read_blob if self.t.blobs is not None else None,
                                run.tool_choice, cache_key=prompt_cache_key(self.t.config.name, route.name))

@@ -10,6 +10,8 @@ one message at a time). `tiktoken_counter()` builds the default one:
   no model is given or tiktoken does not know the model.
 - `message.text()` of an assistant message already includes each tool call as
   `name(arguments)`, so tool calls are counted.
+- An attached image counts IMAGE_TOKENS more, what the model spends on it, not the line that
+  describes it (a window sized to the model's context must hold the request it is sent).
 - MESSAGE_OVERHEAD = 4: OpenAI's chat format spends 3-4 tokens per message on role and
   separators; we take the upper value so the window errs on the safe side. The 3 tokens
   that prime the reply are not counted (they belong to the request, not to a message).
@@ -40,6 +42,10 @@ from chatrun.messages import Message
 TokenCounter = Callable[[Message], int]
 
 MESSAGE_OVERHEAD = 4
+# What one attached image costs the model, whatever its size (a counter sees its reference, not
+# its pixels), so the upper value: gpt-4o spends at most 1,445 at `detail: high` (85 + 8 tiles of
+# 170: 768 x 2048 once scaled), Claude about 1,600 (its largest image, width x height / 750).
+IMAGE_TOKENS = 1600
 DEFAULT_ENCODING = "o200k_base"
 CHARS_PER_TOKEN = 4
 ESTIMATE = "estimate"  # the name of the offline counter (a transcript's `tokenizer: estimate`)
@@ -121,9 +127,17 @@ def remember_count(message: Message, encoding: str, tokens: int) -> None:
     object.__setattr__(message, COUNT_ATTRIBUTE, (encoding, tokens))  # frozen: not a field, not compared
 
 
+def attached_tokens(message: Message) -> int:
+    """The tokens of the images attached to `message` (IMAGE_TOKENS each): sent as content parts,
+    they cost the model far more than their description in `message.text()`. Other files (a PDF,
+    audio) are counted by that description only."""
+    attachments = getattr(message, "attachments", ())
+    return IMAGE_TOKENS * sum(a.kind == "image" for a in attachments) if attachments else 0
+
+
 def estimate_counter(message: Message) -> int:
-    """The fallback counter: ceil(len(text) / 4) + MESSAGE_OVERHEAD."""
-    return estimate_tokens(message.text()) + MESSAGE_OVERHEAD
+    """The fallback counter: ceil(len(text) / 4) + MESSAGE_OVERHEAD, plus attached images."""
+    return estimate_tokens(message.text()) + MESSAGE_OVERHEAD + attached_tokens(message)
 
 
 # Why the ignore: mypy has no attributes on functions; which counter counts is worth showing.
@@ -183,9 +197,9 @@ def tiktoken_counter(encoding: str | None = None, model_name: str | None = None)
             return known[1]
         text = message.text()
         try:
-            tokens = len(encode(text)) + MESSAGE_OVERHEAD
+            tokens = len(encode(text)) + MESSAGE_OVERHEAD + attached_tokens(message)
         except Exception:  # never fail a turn over a count
-            return estimate_tokens(text) + MESSAGE_OVERHEAD
+            return estimate_tokens(text) + MESSAGE_OVERHEAD + attached_tokens(message)
         remember_count(message, name, tokens)
         return tokens
 

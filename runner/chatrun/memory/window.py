@@ -26,9 +26,10 @@ messages are loaded once at construction, `update_messages` is called after each
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Callable, Iterable, MutableSequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from chatrun.errors import ChatrunError
 from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
@@ -360,7 +361,7 @@ class TokenWindowMemory(_Window):
     tiktoken with `encoding`, else the model's encoding, else o200k_base (see tokens.py).
     """
 
-    __slots__ = ("_max", "_dynamic", "counter", "fullest")
+    __slots__ = ("_max", "_dynamic", "counter", "fullest", "beside", "_tools_counted")
     _limit_name = "max_tokens"
 
     def __init__(
@@ -381,6 +382,10 @@ class TokenWindowMemory(_Window):
         self._limit = 0 if callable(max_tokens) else max_tokens
         self.counter: TokenCounter = counter or tiktoken_counter(encoding, model_name)
         self.fullest = 0  # the most tokens it was asked to hold (before evicting), see near_limit
+        # A window sized to the model's context (make_memory): what the next request sends beside
+        # it, counted by leave_room; None for any other window (nothing to leave room for).
+        self.beside: int | None = None
+        self._tools_counted: tuple[list[dict[str, Any]], int] | None = None  # (the specs, their count)
         super().__init__(id, store)
 
     @property
@@ -402,6 +407,20 @@ class TokenWindowMemory(_Window):
     def _over(self) -> bool:
         self.fullest = max(self.fullest, self._total)
         return self._total > self._limit
+
+    def leave_room(self, sent_with: list[Message], tools: list[dict[str, Any]]) -> None:
+        """Before a model call, for a window sized to the model's context: count what the request
+        sends beside the window (the offered tools' schemas, the route's `context:`, knowledge
+        passages), which its maximum then leaves room for, so the request fits the context. The
+        schemas are counted once per list of them (a route's stays the same); a no-op for a window
+        of a fixed size."""
+        if self.beside is None:
+            return
+        known = self._tools_counted
+        if known is None or known[0] is not tools:
+            text = json.dumps(tools, ensure_ascii=False)  # JSON spends more than the model's own form: the safe side
+            known = self._tools_counted = (tools, self.counter(SystemMessage(text)) if tools else 0)
+        self.beside = known[1] + sum(map(self.counter, sent_with))
 
     def near_limit(self) -> bool:
         """Whether the window has held at least half its maximum: from there another counter
@@ -451,9 +470,16 @@ class SummaryMemory(TokenWindowMemory):
         verbatim = [m for m in self._items if not isinstance(m, SummaryMessage)]
         if verbatim[: len(folded)] != folded:
             raise ChatrunError(f"memory {self.id}: the messages to fold changed before the summary arrived")
+        summary = SummaryMessage(text)
+        # Garbage (a runaway answer, the conversation repeated) would grow the memory it is to shrink,
+        # and every later turn would fold again: refused, beyond the heading a first summary adds.
+        replaced = sum(map(self.counter, folded)) + self.counter(self.summary or SummaryMessage(""))
+        if (tokens := self.counter(summary)) > replaced:
+            raise ChatrunError(f"memory {self.id}: the summary ({tokens} tokens) is no shorter than the messages "
+                               f"it would replace ({replaced} tokens); they are kept")
         system = [self._system] if self._system is not None else []
         self._reset()
-        self._fill([*system, SummaryMessage(text), *verbatim[len(folded):]])
+        self._fill([*system, summary, *verbatim[len(folded):]])
         self._persist()
 
 
@@ -488,8 +514,15 @@ def make_memory(
             if reserve is None:
                 raise ChatrunError(f"memory {memory_id}: max_tokens.context_size needs a reply_reserve "
                                    "(or the model's max_tokens)")
-            max_tokens = lambda: context - reserve  # noqa: E731 - read on every add, as LangChain4j's
-        memory = TokenWindowMemory(memory_id, max_tokens, counter, policy.encoding, model_name)
+
+            def room() -> int:  # read on every add, as LangChain4j's: the context less the reply's
+                # reserve and what the request sends beside the window (leave_room); at least 1
+                return max(1, context - reserve - (window.beside or 0))
+            max_tokens = room
+        window = TokenWindowMemory(memory_id, max_tokens, counter, policy.encoding, model_name)
+        if policy.context_size is not None:
+            window.beside = 0
+        memory = window
     elif policy.type == "summary":
         memory = SummaryMemory(memory_id, policy.max_tokens, policy.keep_messages, counter, policy.encoding,
                                model_name)

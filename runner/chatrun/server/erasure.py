@@ -29,6 +29,7 @@ from chatrun.server.auth import Principal
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Caller, Registry
 from chatrun.store import user_memory
+from chatrun.store.aio import scrub
 from chatrun.store.retention import erase_principal
 
 PRIVACY_ROLE = "privacy"  # with auth on, only principals with this role erase others' data
@@ -71,6 +72,7 @@ async def erase_user_memory(bot: str, who: Caller, registry: Registry) -> Any:
     """Delete everything `bot` keeps of the caller; answers how many facts went."""
     name, _ = _own_memory(bot, who, registry)
     erased = await user_memory.aerase(registry.store, bot, name)
+    await scrub(registry.store)
     return {"bot": bot, "principal": name, "erased": erased}
 
 
@@ -79,6 +81,7 @@ async def erase_user_fact(bot: str, fact: str, who: Caller, registry: Registry) 
     when it kept no such fact."""
     name, keep = _own_memory(bot, who, registry)
     erased = await user_memory.aforget(registry.store, bot, name, fact, keep, time.time())
+    await scrub(registry.store)
     return {"bot": bot, "principal": name, "fact": fact, "erased": erased}
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from chatrun.server import wire
 from chatrun.server.session_cache import Hold, SessionCache, Slot
-from chatrun.store.aio import AsyncStore, Lease
+from chatrun.store.aio import AsyncStore, Lease, scrub
 from chatrun.store.record import Commit
 from chatrun.store.versions import CREATE, StaleVersion
 
@@ -81,6 +81,7 @@ class SessionWrites:
         except StaleVersion as exc:
             self.cache.drop(hold.slot)
             raise wire.RequestFailed(wire.CONFLICT, f"session {session_id} was not deleted: {exc}") from None
+        await scrub(self.store)  # gone from the store's files too
         if hold.slot.session is not None:
             hold.slot.session.close()
         self.cache.drop(hold.slot)

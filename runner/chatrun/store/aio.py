@@ -124,6 +124,16 @@ class AsyncStore(Protocol):
     async def close(self) -> None: ...
 
 
+async def scrub(store: AsyncStore) -> None:
+    """After deleting what must be forgotten (an erasure, a retention pass, a deleted session): have
+    the store write over the deleted bytes it still keeps in its files (SQLite: its write-ahead log;
+    SQLiteStore.scrub). A store without `scrub` keeps them until its own rewrite (Redis's AOF,
+    PostgreSQL's VACUUM; docs/deploy.md, "Erasing a person's data")."""
+    do = getattr(store, "scrub", None)
+    if do is not None:
+        await do()
+
+
 def open_async_store(url: str | None, lease: LeaseSettings = LeaseSettings(),  # noqa: B008 - frozen
                      exclusive: bool = False, must_exist: bool = False) -> AsyncStore:
     """The server's store for a URL: memory://, sqlite:///path.db, redis://host:port/db, rediss://,

@@ -312,6 +312,12 @@ class LocalAsyncStore:
             return False
         return await self._call(self._outbox.requeue_outbox, entry_id, now)
 
+    async def scrub(self) -> None:
+        """The store's `scrub` (SQLite: write over what was deleted), where it has one (aio.scrub)."""
+        scrub = getattr(self.sync, "scrub", None)
+        if scrub is not None:
+            await self._call(scrub)
+
     async def close(self) -> None:
         if self._closes is not None:  # SessionStore does not require close()
             await self._call(self._closes.close)

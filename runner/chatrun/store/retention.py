@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import DROP, Retention
 from chatrun.store import user_memory
+from chatrun.store.aio import scrub
 from chatrun.store.record import DEAD, OutboxEntry
 
 if TYPE_CHECKING:
@@ -103,6 +104,8 @@ async def purge(store: AsyncStore, bots: dict[str, Retention], now: float, delet
         dead = await old_dead_letters(store, bot, retention, now)
         counts.dead_letters += len(dead) if dry_run else await store.delete_outbox(dead)
         counts.user_memory += await user_memory.aexpire(store, bot, retention.user_memory, now, dry_run)
+    if not dry_run and (counts.sessions or counts.dead_letters or counts.user_memory):  # most passes delete nothing
+        await scrub(store)
     return counts
 
 
@@ -124,6 +127,8 @@ async def erase_principal(store: AsyncStore, principal: str, retention_of: Reten
     counts.outbox = len(erased) - counts.dead_letters
     for sid in sessions:
         await _delete_sessions([sid], bots[sid], delete, blobs, dry_run, counts)
+    if not dry_run:
+        await scrub(store)  # gone from the store's files too, not only from its rows
     return counts
 
 

@@ -162,6 +162,9 @@ class SQLiteStore:
             )
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; a crash loses at most the last commit
+            # A deleted row's bytes are written over in the file, not left in the page it freed:
+            # SQLite's own default is off (some builds turn it on), and an erasure must leave no copy.
+            self._conn.execute("PRAGMA secure_delete=ON")
             self._conn.executescript(_SCHEMA)
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
@@ -240,6 +243,14 @@ class SQLiteStore:
                     conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    def scrub(self) -> None:
+        """After an erasure or a retention pass: move the write-ahead log into the file and empty
+        it, so the deleted rows' bytes (written over in the file, secure_delete) are in neither.
+        Once per pass, not per deleted session: it writes the whole log. A process reading the file
+        at that instant keeps its part of the log until the next scrub or checkpoint."""
+        with self._locked("write over what was deleted") as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def close(self) -> None:
         with self._lock:

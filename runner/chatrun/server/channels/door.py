@@ -343,7 +343,8 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
         session_id = str(found["before"])
     while not await _run(registry, channels, channel, bot, session_id, inbound):
         ended, session_id = session_id, session_after(session_id)
-        await store.put_record(key, {"session": session_id, "before": ended})
+        # Deleted with the session it names: it keeps the chat's id (its key), which an erasure takes too.
+        await store.put_record(key, {"session": session_id, "before": ended}, session_id)
     try:
         await channel.after(channels.client(), inbound)
     except ChatrunError as exc:  # a button's spinner left turning: nothing lost
