@@ -420,7 +420,7 @@
     problem.setAttribute("role", "alert");
     if (data.heldByAnother) { // another operator holds it: the server refuses our actions (409 HeldByAnother)
       const held = el("div", "op-with", data.heldByAnother + " has this conversation (since "
-        + ago(Date.parse(data.taken_over.since), data.locale) + "): only they can write to the user and release it.");
+        + ago(Date.parse(data.taken_over.since), data.locale) + "): the bot is silent.");
       held.id = "held-by";
       box.appendChild(held);
       box.appendChild(forceButton(data.heldByAnother)); // unless they went home without releasing it
