@@ -4,6 +4,7 @@ breaking a bot, the pytest plugin, and saving from a session."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shutil
@@ -395,6 +396,53 @@ def test_changing_a_prompt_fails_with_a_diff_of_what_was_sent(travel_copy):
     assert cli([])[0] == 0
     text = (travel_copy / "transcripts" / "flight_booking.yaml").read_text()
     assert "# shared state of the main menu's scope" in text  # comments in expect blocks survive
+
+
+def test_update_rewrites_only_the_list_items_that_changed_with_the_comments_between_them(travel_copy):
+    route_file = travel_copy / "routes" / "flight.yaml"
+    route_file.write_text(route_file.read_text().replace("Destination set to", "Destination now"))
+    path = travel_copy / "transcripts" / "flight_booking.yaml"
+    path.write_text(path.read_text().replace(
+        "        - Thinking: Destination set to Dublin\n"
+        "        - Message: When do you want to leave, and when do you come back?\n",
+        "        # the setter says what it set\n"
+        "        - Thinking: Destination set to Dublin\n"
+        "        - Message: {contains: When do you want}   # the model's question\n", 1))
+    before = path.read_text().splitlines()
+    assert cli([str(path), "--update"])[0] == 0
+    after = path.read_text().splitlines()
+    changed = [line for line in difflib.unified_diff(before, after, n=0, lineterm="")
+               if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert changed == ["-        - Thinking: Destination set to Dublin", "+        - Thinking: Destination now Dublin"]
+    assert cli([str(path)])[0] == 0
+
+
+def test_update_adds_and_removes_list_items_beside_the_ones_kept(tmp_path):
+    from chatrun.transcripts.update import rewrite_turns
+
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              events:
+              - Message: Hello   # at the key's column
+              # kept
+              - Message: |
+                  two
+                  lines
+              - Message: gone
+              route: chat
+        """)
+    new_events = [{"Message": "Hello"}, {"Message": "two\nlines\n"}, {"Message": "new"}, {"Choices": ["a", "b"]}]
+    assert rewrite_turns(path, {0: {"expect": {"events": new_events, "route": "chat"}}})
+    text = path.read_text()
+    assert ("      events:\n      - Message: Hello   # at the key's column\n      # kept\n      - Message: |\n"
+            "          two\n          lines\n      - Message: new\n      - Choices: [a, b]\n      route: chat\n") in text
+    assert load_transcript(path).turns[0].expect == {"events": new_events, "route": "chat"}
+    assert rewrite_turns(path, {0: {"expect": {"events": new_events[:1], "route": "chat"}}})
+    assert load_transcript(path).turns[0].expect == {"events": new_events[:1], "route": "chat"}
+    assert "      - Message: Hello   # at the key's column\n      route: chat\n" in path.read_text()
 
 
 def test_update_of_passing_transcripts_changes_no_byte(travel_copy):

@@ -197,7 +197,8 @@ def _map_edits(y: YAML, old: CommentedMap, value: dict[str, Any], block: Comment
         if key not in value:
             edits.append((k_start, k_end, []))
         elif not _same(old[key], value[key]):
-            edits.append((k_start, k_end, _dump(y, key, block[key], col)))
+            items = _seq_edits(y, old[key], value[key], block[key], k_start, k_end, lines)
+            edits += items if items is not None else [(k_start, k_end, _dump(y, key, block[key], col))]
     added = [k for k in value if k not in old]
     if added:
         at = _trim(lines, start, end, col)
@@ -206,6 +207,48 @@ def _map_edits(y: YAML, old: CommentedMap, value: dict[str, Any], block: Comment
             new += _dump(y, key, block[key], col)
         edits.append((at, at, new))
     return edits
+
+
+def _seq_edits(y: YAML, old: Any, value: Any, block: Any, start: int, end: int,
+               lines: list[str]) -> list[tuple[int, int, list[str]]] | None:
+    """Edits inside a block list, item by item: the items that still hold keep their lines, and
+    so do the comments between them (one changed event of twenty rewrites that event's lines).
+    None when the list is not one written in block style, one `- ` item per line start."""
+    if not (isinstance(old, CommentedSeq) and isinstance(value, list) and old and not old.fa.flow_style()):
+        return None
+    dashes = [_dash_at(lines, *old.lc.item(i)) for i in range(len(old))]
+    starts = [d for d in dashes if d is not None]
+    if len(starts) < len(old) or starts[0][0] <= start:  # an item with no dash of its own, or on the key's line
+        return None
+    dash = starts[0][1]
+    bounds = [line for line, _ in starts] + [end]
+    edits: list[tuple[int, int, list[str]]] = []
+    for i, item in enumerate(value[:len(old)]):
+        if not _same(old[i], item):
+            edits.append((bounds[i], _trim(lines, bounds[i], bounds[i + 1], dash), _dump_item(y, block[i], dash)))
+    for i in range(len(value), len(old)):  # items the list no longer has, with the comments above them
+        edits.append((_trim(lines, bounds[i - 1], bounds[i], dash) if i else bounds[i],
+                      _trim(lines, bounds[i], bounds[i + 1], dash), []))
+    if len(value) > len(old):
+        at = _trim(lines, bounds[-2], end, dash)
+        edits.append((at, at, [line for item in block[len(old):] for line in _dump_item(y, item, dash)]))
+    return edits
+
+
+def _dash_at(lines: list[str], line: int, col: int) -> tuple[int, int] | None:
+    """The line and column of the `-` that starts a list item whose value ruamel places at
+    (line, col); None when the value is not on its dash's line (`-` alone on a line)."""
+    before = lines[line][:col].rstrip() if line < len(lines) else ""
+    return (line, len(before) - 1) if before.endswith("-") and not before[:-1].strip() else None
+
+
+def _dump_item(y: YAML, node: Any, dash: int) -> list[str]:
+    """One list item's lines, its `-` at column `dash`."""
+    dumped = _dump(y, "x", CommentedSeq([node]), 0)[1:]  # "x:" then "  - ..." (the sequence's offset)
+    shift = len(dumped[0]) - len(dumped[0].lstrip()) - dash
+    if shift >= 0:  # every line of the item is indented at least as far as its dash was
+        return [line[shift:] if line.strip() else line for line in dumped]
+    return [" " * -shift + line if line.strip() else line for line in dumped]
 
 
 def _keep_model_items(old: CommentedSeq, value: list, block: CommentedSeq) -> CommentedSeq:
