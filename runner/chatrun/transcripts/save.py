@@ -72,8 +72,9 @@ def save_transcript(
     tokenizer = session.counting_tokenizer() if hasattr(session, "counting_tokenizer") else None
     if tokenizer:  # the counter the REPL's windows counted with: the replay's windows are the same anywhere
         doc["tokenizer"] = tokenizer
-    if _needs_clock(records):  # items with due times: the replay must count from the same instant
-        doc["clock"] = records[0]["at"]
+    start = _start_clock(records)
+    if start is not None:  # what reads `now` replays the same on any day (items' due times too)
+        doc["clock"] = start
     doc["turns"] = [_turn(r, principal, roles) for r in records]
     y = _yaml()
     buf = io.StringIO()
@@ -124,12 +125,14 @@ def _turn(record: dict[str, Any], principal: Any = None, roles: Any = None) -> d
     return turn
 
 
-def _needs_clock(records: list[dict[str, Any]]) -> bool:
-    """Whether a turn made an item with a due time while no turn had its clock pinned."""
-    if any(r.get("clock") for r in records) or not records[0].get("at"):
-        return False
-    return any(getattr(e, "type", None) == "Pending" and (getattr(e, "data", None) or {}).get("due")
-               for r in records for e in r.get("events") or [])
+def _start_clock(records: list[dict[str, Any]]) -> str | None:
+    """The instant the replay's clock is pinned at from its first turn: the first turn's own,
+    when `/clock` did not pin it. A turn the system clock ran would replay at another time on
+    every run, and a template that reads `now` or `today` (a date's "34 days from today", an
+    item's due time) would fail the day after the save."""
+    if records[0].get("clock"):
+        return None
+    return next((r["at"] for r in records if r.get("at")), None)
 
 
 def _acting(record: dict[str, Any], principal: Any, roles: Any) -> Any:
