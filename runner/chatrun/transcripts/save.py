@@ -54,7 +54,7 @@ def save_transcript(
                 "session?); a transcript replays a conversation from its start"
             )
     path = Path(path)
-    _check_replaceable(path)
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"bot": _relative_bot(Path(bot_path), path.parent)}
     if route:
@@ -92,15 +92,16 @@ def save_transcript(
     return result
 
 
-def _check_replaceable(path: Path) -> None:
-    """A new file or a transcript is written; any other file is refused: `/save bots/x/bot.yaml`,
-    one slip of the hand, would otherwise replace the bot itself with a transcript."""
+def check_replaceable(path: Path) -> None:
+    """A new file or a transcript is written; any other file is refused: `/save bots/x/bot.yaml`
+    (or `chatrun record -o` it), one slip of the hand, would otherwise replace the bot itself with
+    a transcript. Every writer of a whole transcript asks it first."""
     from chatrun.transcripts.format import is_transcript_text
 
     if path.is_dir():
         raise ChatrunError(f"{path} is a folder; name a file in it ({path / 'NAME.yaml'})")
     if path.exists() and not is_transcript_text(path.read_bytes().decode("utf-8", errors="replace")):
-        raise ChatrunError(f"{path} holds no transcript (no `turns:`); /save writes a new file or replaces a transcript")
+        raise ChatrunError(f"{path} holds no transcript (no `turns:`); name a new file, or a transcript to replace")
 
 
 def _failed(record: dict[str, Any]) -> bool:
