@@ -709,13 +709,17 @@ class Repl:
                         "(use `chatrun test --record` to record a real model)", fg="red")
             return
         try:
-            save_transcript(path, bot_path=self.bot.config.path, route=self.route, records=self.records,
-                            session=self.session)
+            replay = save_transcript(path, bot_path=self.bot.config.path, route=self.route, records=self.records,
+                                     session=self.session)
         except (ChatrunError, OSError) as exc:
             click.secho(f"could not save: {exc}", fg="red")
             return
-        click.secho(f"saved {plural(len(self.records), 'turn')} to {path}; run it with: chatrun test {shlex.quote(path)}",
-                    dim=True)
+        saved = f"saved {plural(len(self.records), 'turn')} to {path}"
+        if not replay.passed:  # a handler that reads the world, a bot edited since a turn ran: say so now
+            click.secho(f"{saved}, but its replay does not do what this session did, so `chatrun test` fails "
+                        f"it:\n{replay.report()}", fg="yellow")
+            return
+        click.secho(f"{saved}; run it with: chatrun test {shlex.quote(path)}", dim=True)
 
 
 @click.command()
