@@ -471,6 +471,24 @@ def test_update_writes_missing_expectations(tmp_path):
     assert cli([str(path)])[0] == 0
 
 
+def test_update_keeps_a_turns_judge_criteria_and_rewrites_the_rest(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              route: nowhere
+              judge: The bot greets the user.   # scored by the judge
+            judged:
+              - {criterion: The bot greets the user., score: 1.0, reason: it greets}
+        """)
+    code, out = cli([str(path), "--update"])
+    assert code == 0 and "raised" not in out, out
+    text = path.read_text()
+    assert "      route: chat\n      judge: The bot greets the user.   # scored by the judge\n" in text
+    assert cli([str(path)])[0] == 0
+
+
 def test_update_keeps_a_transcripts_crlf_line_ends(tmp_path):
     path = hello_transcript(tmp_path, """
         turns:
