@@ -223,7 +223,7 @@ def _instant(at: float) -> str:
 
 def write_transcript(doc: dict[str, Any], path: Path, session_id: str, store_url: str) -> None:
     from chatrun.definition.schemas import schema_path
-    from chatrun.transcripts.save import check_replaceable
+    from chatrun.transcripts.format import check_replaceable
     from chatrun.transcripts.update import _yaml, to_node
 
     check_replaceable(path)

@@ -15,6 +15,7 @@ from typing import Any
 
 from chatrun.errors import ChatrunError
 from chatrun.models.base import ModelResponse
+from chatrun.transcripts.format import check_replaceable
 from chatrun.transcripts.record import response_to_script
 from chatrun.transcripts.update import _yaml, to_node, update_from_result
 
@@ -90,18 +91,6 @@ def save_transcript(
     if result.error is None and update_from_result(result):
         result = run_transcript(str(path))
     return result
-
-
-def check_replaceable(path: Path) -> None:
-    """A new file or a transcript is written; any other file is refused: `/save bots/x/bot.yaml`
-    (or `chatrun record -o` it), one slip of the hand, would otherwise replace the bot itself with
-    a transcript. Every writer of a whole transcript asks it first."""
-    from chatrun.transcripts.format import is_transcript_text
-
-    if path.is_dir():
-        raise ChatrunError(f"{path} is a folder; name a file in it ({path / 'NAME.yaml'})")
-    if path.exists() and not is_transcript_text(path.read_bytes().decode("utf-8", errors="replace")):
-        raise ChatrunError(f"{path} holds no transcript (no `turns:`); name a new file, or a transcript to replace")
 
 
 def _failed(record: dict[str, Any]) -> bool:
