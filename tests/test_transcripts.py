@@ -471,6 +471,23 @@ def test_update_writes_missing_expectations(tmp_path):
     assert cli([str(path)])[0] == 0
 
 
+def test_a_diff_writes_the_characters_a_terminal_does_not_show_as_escapes_a_transcript_can_hold(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: "Das macht 3,20\\u00a0€ (1\\u202f234 Punkte)"}]
+            expect:
+              events: [{Message: "Das macht 3,20 € (1 234 Punkte)"}]
+        """)
+    code, out = cli([str(path)])
+    assert code == 1
+    assert '    -- Message: Das macht 3,20 € (1 234 Punkte)\n' in out
+    written = '- Message: "Das macht 3,20\\u00a0€ (1\\u202f234 Punkte)"'
+    assert f"    +{written}\n" in out  # not two lines that look the same
+    path.write_text(path.read_text().replace('[{Message: "Das macht 3,20 € (1 234 Punkte)"}]', f"\n        {written}"))
+    assert cli([str(path)])[0] == 0  # the actual line, pasted, passes
+
+
 def test_update_keeps_a_turns_judge_criteria_and_rewrites_the_rest(tmp_path):
     path = hello_transcript(tmp_path, """
         turns:

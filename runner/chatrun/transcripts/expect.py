@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import json
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -481,7 +482,20 @@ def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
 
 
+def _unseen(char: str) -> bool:
+    """A character a terminal shows as a space or not at all: a no-break space (U+00A0, which Babel
+    puts before the euro sign in German; U+202F, its French thousands separator), a zero-width
+    space, a soft hyphen."""
+    return char != " " and unicodedata.category(char) in ("Zs", "Zl", "Zp", "Cf")
+
+
+def _escaped(char: str) -> str:
+    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
+
+
 def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    if any(_unseen(c) for c in data):  # double-quoted, so dump() can write them as escapes
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
     # Multi-line text (system prompts) as a literal block: one diff line per line of text.
     style = "|" if "\n" in data.strip("\n") and not any(line != line.rstrip() for line in data.splitlines()) else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
@@ -492,7 +506,11 @@ _Dumper.add_representer(str, _represent_str)
 
 
 def dump(value: Any) -> str:
-    return yaml.dump(_printable(value), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    """`value` as YAML, what a terminal would not show written as escapes (backslash u00a0, as a
+    transcript can say it): else a diff shows two lines that look the same. The strings holding
+    them are double-quoted (_represent_str), where an escape reads back as the character."""
+    text = yaml.dump(_printable(value), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    return "".join(_escaped(c) if _unseen(c) else c for c in text) if any(_unseen(c) for c in text) else text
 
 
 def _printable(value: Any) -> Any:
