@@ -445,6 +445,27 @@ def test_update_adds_and_removes_list_items_beside_the_ones_kept(tmp_path):
     assert "      - Message: Hello   # at the key's column\n      route: chat\n" in path.read_text()
 
 
+def test_update_matches_the_items_of_a_list_that_gained_or_lost_one(tmp_path):
+    from chatrun.transcripts.update import rewrite_turns
+
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              events:
+                - Message: {contains: Hel}   # the greeting
+                # the choices
+                - Choices: {choices: [{label: Yes, value: y}, {label: No, value: n}]}
+        """)
+    kept = path.read_text().split("      events:\n")[1]
+    choices = {"Choices": {"choices": [{"label": "Yes", "value": "y"}, {"label": "No", "value": "n"}]}}
+    assert rewrite_turns(path, {0: {"expect": {"events": [{"Thinking": "t"}, {"Message": {"contains": "Hel"}}, choices]}}})
+    assert path.read_text().split("      events:\n")[1] == "        - Thinking: t\n" + kept
+    assert rewrite_turns(path, {0: {"expect": {"events": [{"Thinking": "t"}, choices]}}})  # the greeting goes
+    assert path.read_text().split("      events:\n")[1] == "        - Thinking: t\n" + kept.split("\n", 1)[1]
+
+
 def test_update_of_passing_transcripts_changes_no_byte(travel_copy):
     before = {p: p.read_bytes() for p in (travel_copy / "transcripts").glob("*.yaml")}
     code, out = cli(["--update"])

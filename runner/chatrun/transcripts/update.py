@@ -9,7 +9,9 @@ quoting and order stay byte-identical.
 
 from __future__ import annotations
 
+import difflib
 import io
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -212,7 +214,8 @@ def _map_edits(y: YAML, old: CommentedMap, value: dict[str, Any], block: Comment
 def _seq_edits(y: YAML, old: Any, value: Any, block: Any, start: int, end: int,
                lines: list[str]) -> list[tuple[int, int, list[str]]] | None:
     """Edits inside a block list, item by item: the items that still hold keep their lines, and
-    so do the comments between them (one changed event of twenty rewrites that event's lines).
+    so do the comments between them (one changed event of twenty rewrites that event's lines; an
+    event more or less is one item added or removed, the others matched as they are).
     None when the list is not one written in block style, one `- ` item per line start."""
     if not (isinstance(old, CommentedSeq) and isinstance(value, list) and old and not old.fa.flow_style()):
         return None
@@ -222,17 +225,29 @@ def _seq_edits(y: YAML, old: Any, value: Any, block: Any, start: int, end: int,
         return None
     dash = starts[0][1]
     bounds = [line for line, _ in starts] + [end]
+
+    def after(i: int) -> int:  # where item i's lines end: the comments below it are the next item's
+        return _trim(lines, bounds[i], bounds[i + 1], dash)
+
+    def new_lines(j1: int, j2: int) -> list[str]:
+        return [line for item in block[j1:j2] for line in _dump_item(y, item, dash)]
+
+    matcher = difflib.SequenceMatcher(None, [_key(v) for v in old], [_key(v) for v in value], autojunk=False)
     edits: list[tuple[int, int, list[str]]] = []
-    for i, item in enumerate(value[:len(old)]):
-        if not _same(old[i], item):
-            edits.append((bounds[i], _trim(lines, bounds[i], bounds[i + 1], dash), _dump_item(y, block[i], dash)))
-    for i in range(len(value), len(old)):  # items the list no longer has, with the comments above them
-        edits.append((_trim(lines, bounds[i - 1], bounds[i], dash) if i else bounds[i],
-                      _trim(lines, bounds[i], bounds[i + 1], dash), []))
-    if len(value) > len(old):
-        at = _trim(lines, bounds[-2], end, dash)
-        edits.append((at, at, [line for item in block[len(old):] for line in _dump_item(y, item, dash)]))
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "replace" and i2 - i1 == j2 - j1:  # as many items: each in place, the comments between kept
+            edits += [(bounds[i], after(i), new_lines(j, j + 1)) for i, j in zip(range(i1, i2), range(j1, j2), strict=True)]
+        elif op in ("replace", "delete"):  # removed items go with the comments above them
+            edits.append((after(i1 - 1) if i1 else bounds[i1], after(i2 - 1), new_lines(j1, j2)))
+        elif op == "insert":  # after the item before, above the comments of the item after
+            at = after(i1 - 1) if i1 else bounds[0]
+            edits.append((at, at, new_lines(j1, j2)))
     return edits
+
+
+def _key(item: Any) -> str:
+    """An item as plain data, for matching the old list's items with the new one's."""
+    return json.dumps(item, sort_keys=True, default=str)
 
 
 def _dash_at(lines: list[str], line: int, col: int) -> tuple[int, int] | None:
