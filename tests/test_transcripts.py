@@ -209,6 +209,25 @@ def test_refresh_keeps_matchers_that_hold():
     assert refresh(expected, actual) == [{"Message": {"contains": "booked"}}, {"Thinking": "new"}, {"Message": "more"}]
 
 
+def test_refresh_finds_the_items_that_hold_when_the_list_gained_or_lost_one():
+    expected = [{"Message": {"contains": "booked"}}, {"Message": {"regex": "^Anything"}}]
+    actual = [{"Thinking": "new"}, {"Message": "Your flight is booked"}, {"Message": "Anything else?"}]
+    assert refresh(expected, actual, aligned=True) == [{"Thinking": "new"}, *expected]
+    assert refresh([*expected, {"Thinking": "gone"}], actual[1:], aligned=True) == expected
+    assert refresh([{"Message": {"contains": "x"}}, expected[1]], actual, aligned=True) == [*actual[:2], expected[1]]
+
+
+def test_update_keeps_a_matcher_after_an_event_the_bot_now_sends(travel_copy):
+    path = travel_copy / "transcripts" / "flight_booking.yaml"
+    path.write_text(path.read_text().replace(
+        "        - Thinking: Destination set to Dublin\n"
+        "        - Message: When do you want to leave, and when do you come back?\n",
+        "        - Message: {contains: When do you want}\n", 1))
+    assert cli([str(path), "--update"])[0] == 0
+    assert ("        - Thinking: Destination set to Dublin\n"
+            "        - Message: {contains: When do you want}\n") in path.read_text()
+
+
 # -- the runner ----------------------------------------------------------------------------------
 
 

@@ -273,15 +273,55 @@ def reconcile(expected: Any, actual: Any) -> Any:
     return expected
 
 
-def refresh(expected: Any, actual: Any) -> Any:
-    """What --update writes: the expectation as written where it still holds, else the actual value."""
+def refresh(expected: Any, actual: Any, aligned: bool = False) -> Any:
+    """What --update writes: the expectation as written where it still holds, else the actual value.
+    `aligned`: the top list's actual items do not depend on the expected ones (events, memory; not
+    `calls:` or `sent:`, each shaped by the expectation at its index), so they are matched in order."""
     if match(expected, actual):
         return expected
     if isinstance(expected, dict) and not is_matcher(expected) and isinstance(actual, dict) and set(expected) == set(actual):
         return {k: refresh(v, actual[k]) for k, v in expected.items()}
     if isinstance(expected, list) and isinstance(actual, list):
+        if aligned and len(expected) != len(actual):
+            return _refresh_list(expected, actual)
         return [refresh(expected[i], a) if i < len(expected) else a for i, a in enumerate(actual)]
     return None if actual is MISSING else actual
+
+
+def _refresh_list(expected: list[Any], actual: list[Any]) -> list[Any]:
+    """refresh() of a list of another length: the expected items that still hold are found among
+    the actual ones in order (the longest such match), so an event more or less keeps the
+    matchers around it; between two found items, as many expected as actual items are refreshed
+    pairwise."""
+    found = [*_held_in_order(expected, actual), (len(expected), len(actual))]
+    out: list[Any] = []
+    i0 = j0 = 0
+    for i1, j1 in found:
+        gap_e, gap_a = expected[i0:i1], actual[j0:j1]
+        out += [refresh(e, a) for e, a in zip(gap_e, gap_a, strict=True)] if len(gap_e) == len(gap_a) else gap_a
+        if j1 < len(actual):
+            out.append(expected[i1])
+        i0, j0 = i1 + 1, j1 + 1
+    return out
+
+
+def _held_in_order(expected: list[Any], actual: list[Any]) -> list[tuple[int, int]]:
+    """The longest in-order pairing of expected items with actual items they match (LCS)."""
+    n, m = len(expected), len(actual)
+    best = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            best[i][j] = best[i + 1][j + 1] + 1 if match(expected[i], actual[j]) else max(best[i + 1][j], best[i][j + 1])
+    pairs, i, j = [], 0, 0
+    while i < n and j < m:
+        if match(expected[i], actual[j]) and best[i][j] == best[i + 1][j + 1] + 1:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        elif best[i + 1][j] >= best[i][j + 1]:
+            i += 1
+        else:
+            j += 1
+    return pairs
 
 
 # -- the actual value, shaped like an expectation ----------------------------------------------------
@@ -461,7 +501,7 @@ def updated(expect: dict[str, Any] | None, obs: Observed) -> dict[str, Any]:
             if obs.error is not None:
                 out[key] = expected if expected is True or match(expected, obs.error) else obs.error
             continue
-        out[key] = refresh(expected, shaped(key, expected, obs))
+        out[key] = refresh(expected, shaped(key, expected, obs), aligned=key in (*EVENT_KEYS, "memory"))
     if obs.error is not None and "error" not in out:
         out["error"] = obs.error
     if not out:  # only `error:` was expected and the turn now succeeds: expect what it did instead
