@@ -176,8 +176,8 @@ def test_save_over_the_bots_own_file_is_refused_and_a_transcript_is_replaced(tmp
     script = f"hello\nHi!\n/save mybot/bot.yaml\n/save mybot/transcripts\n/save {saved}\n/save {saved}\n"
     out = invoke(["repl", "mybot", "--play-model"], stdin=script).output
     assert (tmp_path / "mybot" / "bot.yaml").read_text() == bot  # a typo away from losing the bot
-    assert "could not save: mybot/bot.yaml holds no transcript (no `turns:`); /save writes a new file or " \
-           "replaces a transcript" in out, out
+    assert "could not save: mybot/bot.yaml holds no transcript (no `turns:`); name a new file, or a " \
+           "transcript to replace" in out, out
     assert "could not save: mybot/transcripts is a folder; name a file in it (mybot/transcripts/NAME.yaml)" in out
     assert out.count(f"saved 1 turn to {saved};") == 2  # a transcript is replaced, as before
 

@@ -238,6 +238,16 @@ def test_cli_runs_as_a_process(travel):
     assert done.stderr == ""
 
 
+@pytest.mark.subprocess
+def test_a_terminal_that_is_not_utf8_shows_what_it_cannot_print_as_question_marks(travel):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner"), "PYTHONIOENCODING": "latin-1"}
+    done = subprocess.run([sys.executable, "-m", "chatrun", "graph", str(TRAVEL)], capture_output=True,
+                          env=env, cwd=REPO, timeout=60)
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode("latin-1")
+    expected = travel.render("text").encode("latin-1", errors="replace")  # `├─ book` as `?? book`
+    assert done.stdout == expected and b"?? " in expected
+
+
 @pytest.mark.parametrize("fmt", ["text", "mermaid", "dot"])
 def test_cli_prints_the_graph(travel, fmt):
     done = chatrun("graph", str(TRAVEL), "--format", fmt)

@@ -84,3 +84,16 @@ def test_a_file_gone_from_the_blob_area_is_one_line_naming_the_turn(here):
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "session c1, turn 1: the attached file 'dent.png' is no longer in the store's blob area" in result.output
     assert not (here / "c1.yaml").exists()
+
+
+def test_recording_over_a_file_that_is_not_a_transcript_is_refused_and_writes_nothing(here):
+    claims_session(here, [(PNG, "image/png", "dent.png")])
+    bot = here / "bots" / "claims" / "bot.yaml"
+    before = bot.read_bytes()
+    result = record("bots/claims/bot.yaml")  # one slip of the hand: the bot itself
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "bots/claims/bot.yaml holds no transcript (no `turns:`)" in result.output
+    assert bot.read_bytes() == before
+    assert not (here / "bots" / "claims" / "bot.files").exists()  # nor the files beside it
+    assert record("bots/claims/transcripts/c1.yaml").exit_code == 0  # a new file is written
+    assert record("bots/claims/transcripts/c1.yaml").exit_code == 0  # and a transcript replaced

@@ -92,3 +92,20 @@ def test_offline_tiktoken_warning_is_one_sentence_on_one_line(tmp_path):
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("warning: tiktoken could not load the o200k_base encoding")
     assert "TIKTOKEN_CACHE_DIR" in lines[0] and lines[0].count(". ") == 0
+
+
+@pytest.mark.parametrize("encoding, line, said", [
+    ("ascii", "Grüße\n".encode(), "error: input line 1 is not ascii text (byte 0xc3 at column 3); it was left out "
+                                  "(for UTF-8 input set PYTHONIOENCODING=utf-8)"),
+    ("utf-8", b"caf\xe9\n", "error: input line 1 is not utf-8 text (byte 0xe9 at column 4); it was left out "
+                            "(save the input as UTF-8)"),
+])
+def test_a_line_that_is_not_text_in_the_inputs_encoding_is_named_and_left_out(encoding, line, said):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env |= {"PYTHONPATH": str(REPO / "runner"), "PYTHONIOENCODING": encoding}
+    done = subprocess.run([sys.executable, "-m", "chatrun", "repl", "bots/hello"], capture_output=True, timeout=60,
+                          env=env, cwd=REPO, input=line + b"hello\n/say Hi!\n/history\n")
+    out, err = done.stdout.decode(encoding, errors="replace"), done.stderr.decode(encoding, errors="replace")
+    assert done.returncode == 0 and "Traceback" not in err, err
+    assert said in err
+    assert '"input": "hello"' in out and out.count('{"turn": ') == 1  # the lines after it: read, as a turn

@@ -64,3 +64,23 @@ def test_help_lists_every_command_once_with_one_line_each():
                     "/reload", "/save", "/reset", "/quit"):
         assert names.count(command) == 1, command
     assert all(len(line.split(None, 1)) == 2 for line in lines)  # each with its line of help
+
+
+def test_save_says_when_the_saved_transcript_does_not_replay_what_the_session_did(tmp_path):
+    bot = tmp_path / "dice"
+    bot.mkdir()
+    (bot / "bot.yaml").write_text(
+        "name: dice\nformat: 3\nroutes:\n  chat:\n    default: true\n    system: Roll dice when asked.\n"
+        "    tools: [roll]\ntools:\n  roll:\n    description: Roll a die\n    handler: dice_tools:roll\n"
+        "    action:\n      message: 'You rolled {{ result }}.'\n")
+    (bot / "dice_tools.py").write_text(  # another number on each call, in any process: a count kept on disk
+        "from pathlib import Path\n\nCOUNT = Path(__file__).with_name('rolls.txt')\n\n\n"
+        "def roll(ctx):\n    n = int(COUNT.read_text()) + 1 if COUNT.exists() else 1\n"
+        "    COUNT.write_text(str(n))\n    return n\n")
+    saved = tmp_path / "roll.yaml"
+    out = run_repl([str(bot), "--play-model"], f"roll\n/call roll {{}}\n/say done\n/save {saved}\n")
+    assert out.returncode == 0, out.stderr
+    assert f"saved 1 turn to {saved}, but its replay does not do what this session did, so `chatrun test` " \
+           "fails it:\nturn 1 (" in out.stdout
+    assert "-- Message: You rolled" in out.stdout and "run it with: chatrun test" not in out.stdout
+    assert saved.is_file()  # kept: the author decides (a mock, a pinned handler) and saves again

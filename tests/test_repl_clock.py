@@ -52,3 +52,26 @@ def test_clock_pins_moves_and_unpins_the_time_the_bot_sees(tmp_path):
     # the saved transcript pins the turn at the REPL's instant, and passes
     assert "  - clock: '2026-11-25T11:30:00+01:00'\n    user: Please move my flight to the 27th.\n" in saved.read_text()
     assert run_transcript(str(saved)).passed
+
+
+def test_save_pins_the_clock_a_turn_ran_at_so_the_transcript_passes_the_next_day(tmp_path, monkeypatch):
+    saved = tmp_path / "t" / "moved.yaml"
+    script = "\n".join([
+        "Please move my flight to 10 January 2099.",  # the system clock: no /clock
+        '/call change_date {"new_date": "2099-01-10"}',
+        "/say Done.",
+        f"/save {saved}",
+        "/quit",
+    ]) + "\n"
+    out = run_repl(["bots/airline", "--play-model"], script)
+    assert out.returncode == 0, out.stderr
+    text = saved.read_text()
+    assert "days from today)" in text  # what the replay checks reads the date the turn ran on
+    assert "\nclock: '" in text  # pinned at the first turn's instant
+    from datetime import UTC, datetime, timedelta
+
+    from chatrun.engine.clock import SystemClock
+
+    monkeypatch.setattr(SystemClock, "now", staticmethod(lambda: datetime.now(UTC) + timedelta(days=1)))
+    result = run_transcript(str(saved))  # tomorrow
+    assert result.passed, result.report()

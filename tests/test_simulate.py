@@ -205,8 +205,8 @@ def test_scripted_sides_run_every_trial_from_the_top_with_no_model(scenarios, no
                     bot=BOOKS_DUBLIN, user=[{"text": "I need a flight to Dublin"}], trials=3)
     result = CliRunner().invoke(main, ["simulate", str(path), "--json", "-", "--record", "recorded"])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("...\n") and "3/3 trials passed" in result.output
-    verdict = json.loads(result.output[result.output.index("{"):result.output.rindex("}") + 1])
+    assert result.stderr.startswith("...\n") and "3/3 trials passed" in result.stderr
+    verdict = json.loads(result.stdout)  # `--json -`: stdout is the JSON alone, the progress on stderr
     assert verdict["scenarios"][0]["passed"] == 3
     # The user ran out of lines after one: each trial is one turn, the bot's script used from its top.
     recorded = yaml.safe_load((tmp_path / "recorded" / "scripted.trial3.yaml").read_text())

@@ -90,7 +90,7 @@ def test_a_versioned_bot_runs_its_primary_version_and_a_bot_folder_finds_its_sce
     assert path.parent == here / "bots" / "desk" / "scenarios"
     result = CliRunner().invoke(main, ["simulate", "bots/desk", "--json", "-", "--record", "recorded"])
     assert result.exit_code == 0, result.output
-    verdict = json.loads(result.output[result.output.index("{"):result.output.rindex("}") + 1])
+    verdict = json.loads(result.stdout)
     assert verdict["scenarios"][0]["passed"] == 2
     assert yaml.safe_load((here / "recorded" / "greet.trial1.yaml").read_text())["version"] == "2"
     assert CliRunner().invoke(main, ["test", "recorded"]).exit_code == 0

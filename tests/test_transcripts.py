@@ -4,6 +4,7 @@ breaking a bot, the pytest plugin, and saving from a session."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shutil
@@ -208,6 +209,25 @@ def test_refresh_keeps_matchers_that_hold():
     assert refresh(expected, actual) == [{"Message": {"contains": "booked"}}, {"Thinking": "new"}, {"Message": "more"}]
 
 
+def test_refresh_finds_the_items_that_hold_when_the_list_gained_or_lost_one():
+    expected = [{"Message": {"contains": "booked"}}, {"Message": {"regex": "^Anything"}}]
+    actual = [{"Thinking": "new"}, {"Message": "Your flight is booked"}, {"Message": "Anything else?"}]
+    assert refresh(expected, actual, aligned=True) == [{"Thinking": "new"}, *expected]
+    assert refresh([*expected, {"Thinking": "gone"}], actual[1:], aligned=True) == expected
+    assert refresh([{"Message": {"contains": "x"}}, expected[1]], actual, aligned=True) == [*actual[:2], expected[1]]
+
+
+def test_update_keeps_a_matcher_after_an_event_the_bot_now_sends(travel_copy):
+    path = travel_copy / "transcripts" / "flight_booking.yaml"
+    path.write_text(path.read_text().replace(
+        "        - Thinking: Destination set to Dublin\n"
+        "        - Message: When do you want to leave, and when do you come back?\n",
+        "        - Message: {contains: When do you want}\n", 1))
+    assert cli([str(path), "--update"])[0] == 0
+    assert ("        - Thinking: Destination set to Dublin\n"
+            "        - Message: {contains: When do you want}\n") in path.read_text()
+
+
 # -- the runner ----------------------------------------------------------------------------------
 
 
@@ -397,6 +417,74 @@ def test_changing_a_prompt_fails_with_a_diff_of_what_was_sent(travel_copy):
     assert "# shared state of the main menu's scope" in text  # comments in expect blocks survive
 
 
+def test_update_rewrites_only_the_list_items_that_changed_with_the_comments_between_them(travel_copy):
+    route_file = travel_copy / "routes" / "flight.yaml"
+    route_file.write_text(route_file.read_text().replace("Destination set to", "Destination now"))
+    path = travel_copy / "transcripts" / "flight_booking.yaml"
+    path.write_text(path.read_text().replace(
+        "        - Thinking: Destination set to Dublin\n"
+        "        - Message: When do you want to leave, and when do you come back?\n",
+        "        # the setter says what it set\n"
+        "        - Thinking: Destination set to Dublin\n"
+        "        - Message: {contains: When do you want}   # the model's question\n", 1))
+    before = path.read_text().splitlines()
+    assert cli([str(path), "--update"])[0] == 0
+    after = path.read_text().splitlines()
+    changed = [line for line in difflib.unified_diff(before, after, n=0, lineterm="")
+               if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert changed == ["-        - Thinking: Destination set to Dublin", "+        - Thinking: Destination now Dublin"]
+    assert cli([str(path)])[0] == 0
+
+
+def test_update_adds_and_removes_list_items_beside_the_ones_kept(tmp_path):
+    from chatrun.transcripts.update import rewrite_turns
+
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              events:
+              - Message: Hello   # at the key's column
+              # kept
+              - Message: |
+                  two
+                  lines
+              - Message: gone
+              route: chat
+        """)
+    new_events = [{"Message": "Hello"}, {"Message": "two\nlines\n"}, {"Message": "new"}, {"Choices": ["a", "b"]}]
+    assert rewrite_turns(path, {0: {"expect": {"events": new_events, "route": "chat"}}})
+    text = path.read_text()
+    assert ("      events:\n      - Message: Hello   # at the key's column\n      # kept\n      - Message: |\n"
+            "          two\n          lines\n      - Message: new\n      - Choices: [a, b]\n      route: chat\n") in text
+    assert load_transcript(path).turns[0].expect == {"events": new_events, "route": "chat"}
+    assert rewrite_turns(path, {0: {"expect": {"events": new_events[:1], "route": "chat"}}})
+    assert load_transcript(path).turns[0].expect == {"events": new_events[:1], "route": "chat"}
+    assert "      - Message: Hello   # at the key's column\n      route: chat\n" in path.read_text()
+
+
+def test_update_matches_the_items_of_a_list_that_gained_or_lost_one(tmp_path):
+    from chatrun.transcripts.update import rewrite_turns
+
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              events:
+                - Message: {contains: Hel}   # the greeting
+                # the choices
+                - Choices: {choices: [{label: Yes, value: y}, {label: No, value: n}]}
+        """)
+    kept = path.read_text().split("      events:\n")[1]
+    choices = {"Choices": {"choices": [{"label": "Yes", "value": "y"}, {"label": "No", "value": "n"}]}}
+    assert rewrite_turns(path, {0: {"expect": {"events": [{"Thinking": "t"}, {"Message": {"contains": "Hel"}}, choices]}}})
+    assert path.read_text().split("      events:\n")[1] == "        - Thinking: t\n" + kept
+    assert rewrite_turns(path, {0: {"expect": {"events": [{"Thinking": "t"}, choices]}}})  # the greeting goes
+    assert path.read_text().split("      events:\n")[1] == "        - Thinking: t\n" + kept.split("\n", 1)[1]
+
+
 def test_update_of_passing_transcripts_changes_no_byte(travel_copy):
     before = {p: p.read_bytes() for p in (travel_copy / "transcripts").glob("*.yaml")}
     code, out = cli(["--update"])
@@ -420,6 +508,41 @@ def test_update_writes_missing_expectations(tmp_path):
     assert text.startswith(original.split("  - user: bye")[0].rstrip("\n").rsplit("\n", 1)[0])
     assert "  - user: hi    # greeting\n    model: [{text: Hello}]\n    expect:\n      route: chat\n" in text
     assert "      error: 'the model failed on route chat: gone'" in text
+    assert cli([str(path)])[0] == 0
+
+
+def test_a_diff_writes_the_characters_a_terminal_does_not_show_as_escapes_a_transcript_can_hold(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: "Das macht 3,20\\u00a0€ (1\\u202f234 Punkte)"}]
+            expect:
+              events: [{Message: "Das macht 3,20 € (1 234 Punkte)"}]
+        """)
+    code, out = cli([str(path)])
+    assert code == 1
+    assert '    -- Message: Das macht 3,20 € (1 234 Punkte)\n' in out
+    written = '- Message: "Das macht 3,20\\u00a0€ (1\\u202f234 Punkte)"'
+    assert f"    +{written}\n" in out  # not two lines that look the same
+    path.write_text(path.read_text().replace('[{Message: "Das macht 3,20 € (1 234 Punkte)"}]', f"\n        {written}"))
+    assert cli([str(path)])[0] == 0  # the actual line, pasted, passes
+
+
+def test_update_keeps_a_turns_judge_criteria_and_rewrites_the_rest(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              route: nowhere
+              judge: The bot greets the user.   # scored by the judge
+            judged:
+              - {criterion: The bot greets the user., score: 1.0, reason: it greets}
+        """)
+    code, out = cli([str(path), "--update"])
+    assert code == 0 and "raised" not in out, out
+    text = path.read_text()
+    assert "      route: chat\n      judge: The bot greets the user.   # scored by the judge\n" in text
     assert cli([str(path)])[0] == 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import sys
 import warnings
 
 import click
@@ -19,6 +21,21 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 _python_show_warning = warnings.showwarning
+
+
+def _tolerant_output() -> None:
+    """On a terminal that is not UTF-8 (a Latin-1 locale, a Windows code page, PYTHONIOENCODING),
+    what it cannot show is printed as `?`: the graph's `├─`, a bot's em dash or emoji would
+    otherwise end the command with a UnicodeEncodeError traceback, mid-conversation in the REPL."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None)
+        if not encoding or getattr(stream, "errors", None) != "strict" or not hasattr(stream, "reconfigure"):
+            continue
+        try:
+            if codecs.lookup(encoding).name != "utf-8":
+                stream.reconfigure(errors="replace")
+        except (LookupError, ValueError, OSError):  # an unknown codec, a closed stream: left as it is
+            continue
 
 COMMANDS = {
     "validate": "chatrun.cli.validate:validate",
@@ -114,3 +131,4 @@ def main() -> None:
       chatrun init mybot --template wizard
     """
     warnings.showwarning = _show_warning
+    _tolerant_output()

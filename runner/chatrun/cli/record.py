@@ -59,8 +59,8 @@ def record(session_id: str, store_url: str, bot_path: str | None, output: str) -
         path = Path(output)
         fixtures = fixture_paths(stored, f"{path.stem}.files")  # the attached files, beside the transcript
         doc = transcript_of(stored, bot.config, bot_reference(where, path.parent), is_outside, fixtures)
+        write_transcript(doc, path, session_id, store_url)  # first: it refuses a file that is not a transcript
         write_fixtures(stored, fixtures, path.parent)
-        write_transcript(doc, path, session_id, store_url)
         result = run_transcript(str(path))
     except Exception as exc:  # never a traceback from the CLI
         fail(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import os
 import shlex
@@ -132,6 +133,24 @@ def setup_line_editing(names: Callable[[], Names]) -> Path | None:
     return path
 
 
+def escape_undecodable_input() -> None:
+    """Bytes that are not text in the input's encoding arrive as lone surrogates (Python's
+    `surrogateescape`, the default of a UTF-8 C locale already), so `undecodable` finds the line
+    holding them: a strict stdin (a Windows code page, PYTHONIOENCODING=ascii) would end the REPL
+    with a UnicodeDecodeError traceback, and the lines read ahead with it would be lost."""
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None and getattr(sys.stdin, "errors", None) == "strict":
+        reconfigure(errors="surrogateescape")
+
+
+def undecodable(line: str | None) -> str | None:
+    """"byte 0xe9 at column 4" for the first byte of `line` that was not text, else None."""
+    for column, char in enumerate(line or "", 1):
+        if "\udc80" <= char <= "\udcff":
+            return f"byte 0x{ord(char) - 0xdc00:02x} at column {column}"
+    return None
+
+
 def typed_so_far() -> str:
     """The line being edited at the prompt ("" without readline, where the terminal holds it)."""
     readline = sys.modules.get("readline")
@@ -203,6 +222,8 @@ class Repl:
         self.principal: dict[str, Any] | None = None  # who is signed in (/principal): what `bind:` reads
         self.wanted_locale: str | None = None  # the locale /locale asked for (docs/i18n.md)
         self.interactive = sys.stdin.isatty()
+        self.lines_read = 0  # of a pipe: a line that is not text is named by its number
+        escape_undecodable_input()
         self.human = HumanModel(self.read_line, self.note, self.command_while_answering) if play_model else None
         self.leaving = False  # /quit at the `model>` prompt: leave once its turn has ended
         self.waiting_at: str | None = None  # the prompt input() shows now, if it is waiting
@@ -228,6 +249,20 @@ class Repl:
         return self._read_line(prompt)
 
     def _read_line(self, prompt: str) -> str | None:
+        """The next line typed or piped in; a line that is not text in the input's encoding is
+        said and left out (the lines after it are read as usual)."""
+        while True:
+            line = self._next_line(prompt)
+            bad = undecodable(line)
+            if bad is None:
+                return line
+            where = "that line" if self.interactive else f"input line {self.lines_read}"
+            encoding = sys.stdin.encoding or "utf-8"
+            hint = "save the input as UTF-8" if codecs.lookup(encoding).name == "utf-8" \
+                else "for UTF-8 input set PYTHONIOENCODING=utf-8"
+            click.secho(f"error: {where} is not {encoding} text ({bad}); it was left out ({hint})", fg="red", err=True)
+
+    def _next_line(self, prompt: str) -> str | None:
         if self.interactive:
             self.waiting_at = prompt
             try:
@@ -241,6 +276,7 @@ class Repl:
                             "here); pipe long text in instead: chatrun repl BOT < file", fg="yellow", err=True)
             return line
         line = sys.stdin.readline()
+        self.lines_read += 1
         return line.rstrip("\n") if line else None
 
     def note(self, text: str) -> None:
@@ -710,13 +746,17 @@ class Repl:
                         "(use `chatrun test --record` to record a real model)", fg="red")
             return
         try:
-            save_transcript(path, bot_path=self.bot.config.path, route=self.route, records=self.records,
-                            session=self.session)
+            replay = save_transcript(path, bot_path=self.bot.config.path, route=self.route, records=self.records,
+                                     session=self.session)
         except (ChatrunError, OSError) as exc:
             click.secho(f"could not save: {exc}", fg="red")
             return
-        click.secho(f"saved {plural(len(self.records), 'turn')} to {path}; run it with: chatrun test {shlex.quote(path)}",
-                    dim=True)
+        saved = f"saved {plural(len(self.records), 'turn')} to {path}"
+        if not replay.passed:  # a handler that reads the world, a bot edited since a turn ran: say so now
+            click.secho(f"{saved}, but its replay does not do what this session did, so `chatrun test` fails "
+                        f"it:\n{replay.report()}", fg="yellow")
+            return
+        click.secho(f"{saved}; run it with: chatrun test {shlex.quote(path)}", dim=True)
 
 
 @click.command()

@@ -18,7 +18,8 @@ from chatrun.cli._output import fail
 @click.option("--junit", "junit", type=click.Path(dir_okay=False), default=None,
               help="Write a JUnit XML report here (one test case per scenario).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the verdicts as JSON here (`-` for stdout).")
+              help="Write the verdicts as JSON here (`-`: stdout, which then holds the JSON alone; "
+                   "the progress goes to stderr).")
 @click.option("--record", "record_dir", type=click.Path(file_okay=False), default=None,
               help="Write each trial as a golden transcript into this folder: it replays the trial offline and keeps "
                    "the scenario's criteria, so a failed trial's recording fails under `chatrun test`.")
@@ -43,14 +44,16 @@ def simulate(paths: tuple[str, ...], trials: int | None, junit: str | None, json
     from chatrun.transcripts.scenario import junit_xml
     from chatrun.transcripts.scenario import simulate as run_scenario
 
+    # With `--json -` stdout is the JSON alone (a pipe into jq reads it): the rest goes to stderr.
+    aside = json_path == "-"
     try:
         files = _scenario_files(paths)
         outcomes = []
         for file in files:
-            outcome = run_scenario(file, trials, on_trial=_progress,
+            outcome = run_scenario(file, trials, on_trial=lambda trial: _progress(trial, aside),
                                    keep=_recorder(Path(record_dir)) if record_dir else None)
-            click.echo("")
-            click.echo(_line(outcome))
+            click.echo("", err=aside)
+            click.echo(_line(outcome), err=aside)
             outcomes.append(outcome)
         if junit:
             Path(junit).write_text(junit_xml(outcomes), encoding="utf-8")
@@ -61,7 +64,8 @@ def simulate(paths: tuple[str, ...], trials: int | None, junit: str | None, json
     except Exception as exc:  # never a traceback from the CLI
         fail(exc)
     failed = sum(not o.ok for o in outcomes)
-    click.echo(f"{len(outcomes) - failed} scenario{'s' if len(outcomes) - failed != 1 else ''} passed, {failed} failed")
+    click.echo(f"{len(outcomes) - failed} scenario{'s' if len(outcomes) - failed != 1 else ''} passed, {failed} failed",
+               err=aside)
     if failed:
         raise click.exceptions.Exit(1)
 
@@ -80,8 +84,8 @@ def _scenario_files(paths: tuple[str, ...]) -> list[str]:
     return files
 
 
-def _progress(trial: Any) -> None:
-    click.echo("." if trial.passed else "F", nl=False)
+def _progress(trial: Any, aside: bool) -> None:
+    click.echo("." if trial.passed else "F", nl=False, err=aside)
 
 
 def _line(outcome: Any) -> str:

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import json
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -272,15 +273,55 @@ def reconcile(expected: Any, actual: Any) -> Any:
     return expected
 
 
-def refresh(expected: Any, actual: Any) -> Any:
-    """What --update writes: the expectation as written where it still holds, else the actual value."""
+def refresh(expected: Any, actual: Any, aligned: bool = False) -> Any:
+    """What --update writes: the expectation as written where it still holds, else the actual value.
+    `aligned`: the top list's actual items do not depend on the expected ones (events, memory; not
+    `calls:` or `sent:`, each shaped by the expectation at its index), so they are matched in order."""
     if match(expected, actual):
         return expected
     if isinstance(expected, dict) and not is_matcher(expected) and isinstance(actual, dict) and set(expected) == set(actual):
         return {k: refresh(v, actual[k]) for k, v in expected.items()}
     if isinstance(expected, list) and isinstance(actual, list):
+        if aligned and len(expected) != len(actual):
+            return _refresh_list(expected, actual)
         return [refresh(expected[i], a) if i < len(expected) else a for i, a in enumerate(actual)]
     return None if actual is MISSING else actual
+
+
+def _refresh_list(expected: list[Any], actual: list[Any]) -> list[Any]:
+    """refresh() of a list of another length: the expected items that still hold are found among
+    the actual ones in order (the longest such match), so an event more or less keeps the
+    matchers around it; between two found items, as many expected as actual items are refreshed
+    pairwise."""
+    found = [*_held_in_order(expected, actual), (len(expected), len(actual))]
+    out: list[Any] = []
+    i0 = j0 = 0
+    for i1, j1 in found:
+        gap_e, gap_a = expected[i0:i1], actual[j0:j1]
+        out += [refresh(e, a) for e, a in zip(gap_e, gap_a, strict=True)] if len(gap_e) == len(gap_a) else gap_a
+        if j1 < len(actual):
+            out.append(expected[i1])
+        i0, j0 = i1 + 1, j1 + 1
+    return out
+
+
+def _held_in_order(expected: list[Any], actual: list[Any]) -> list[tuple[int, int]]:
+    """The longest in-order pairing of expected items with actual items they match (LCS)."""
+    n, m = len(expected), len(actual)
+    best = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            best[i][j] = best[i + 1][j + 1] + 1 if match(expected[i], actual[j]) else max(best[i + 1][j], best[i][j + 1])
+    pairs, i, j = [], 0, 0
+    while i < n and j < m:
+        if match(expected[i], actual[j]) and best[i][j] == best[i + 1][j + 1] + 1:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        elif best[i + 1][j] >= best[i][j + 1]:
+            i += 1
+        else:
+            j += 1
+    return pairs
 
 
 # -- the actual value, shaped like an expectation ----------------------------------------------------
@@ -453,11 +494,14 @@ def updated(expect: dict[str, Any] | None, obs: Observed) -> dict[str, Any]:
         return out
     out = {}
     for key, expected in expect.items():
+        if key == "judge":  # the author's criteria, scored by a judge: nothing a run observes rewrites them
+            out[key] = expected
+            continue
         if key == "error":
             if obs.error is not None:
                 out[key] = expected if expected is True or match(expected, obs.error) else obs.error
             continue
-        out[key] = refresh(expected, shaped(key, expected, obs))
+        out[key] = refresh(expected, shaped(key, expected, obs), aligned=key in (*EVENT_KEYS, "memory"))
     if obs.error is not None and "error" not in out:
         out["error"] = obs.error
     if not out:  # only `error:` was expected and the turn now succeeds: expect what it did instead
@@ -478,7 +522,20 @@ def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
 
 
+def _unseen(char: str) -> bool:
+    """A character a terminal shows as a space or not at all: a no-break space (U+00A0, which Babel
+    puts before the euro sign in German; U+202F, its French thousands separator), a zero-width
+    space, a soft hyphen."""
+    return char != " " and unicodedata.category(char) in ("Zs", "Zl", "Zp", "Cf")
+
+
+def _escaped(char: str) -> str:
+    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
+
+
 def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    if any(_unseen(c) for c in data):  # double-quoted, so dump() can write them as escapes
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
     # Multi-line text (system prompts) as a literal block: one diff line per line of text.
     style = "|" if "\n" in data.strip("\n") and not any(line != line.rstrip() for line in data.splitlines()) else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
@@ -489,7 +546,11 @@ _Dumper.add_representer(str, _represent_str)
 
 
 def dump(value: Any) -> str:
-    return yaml.dump(_printable(value), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    """`value` as YAML, what a terminal would not show written as escapes (backslash u00a0, as a
+    transcript can say it): else a diff shows two lines that look the same. The strings holding
+    them are double-quoted (_represent_str), where an escape reads back as the character."""
+    text = yaml.dump(_printable(value), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    return "".join(_escaped(c) if _unseen(c) else c for c in text) if any(_unseen(c) for c in text) else text
 
 
 def _printable(value: Any) -> Any:

@@ -21,7 +21,7 @@ from chatrun.definition.schemas import Violation, inline_refs, load_schema, prop
 from chatrun.definition.sources import dotted, suggest, wrong_file
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.engine.clock import parse_duration
-from chatrun.errors import BotError, Diagnostic
+from chatrun.errors import BotError, ChatrunError, Diagnostic
 
 SCHEMA = "transcript.schema.json"
 
@@ -127,6 +127,16 @@ def validator() -> Draft202012Validator:
 def is_transcript_text(text: str) -> bool:
     """Cheap test used by discovery: a YAML mapping with a top-level `turns:` (or `refused:`) key."""
     return any(line.startswith(("turns:", "refused:")) for line in text.splitlines())
+
+
+def check_replaceable(path: Path) -> None:
+    """A new file or a transcript is written; any other file is refused: `/save bots/x/bot.yaml`
+    (or `chatrun record -o` it), one slip of the hand, would otherwise replace the bot itself with
+    a transcript. Every writer of a whole transcript asks it first."""
+    if path.is_dir():
+        raise ChatrunError(f"{path} is a folder; name a file in it ({path / 'NAME.yaml'})")
+    if path.exists() and not is_transcript_text(path.read_bytes().decode("utf-8", errors="replace")):
+        raise ChatrunError(f"{path} holds no transcript (no `turns:`); name a new file, or a transcript to replace")
 
 
 def load_transcript(path: str | Path) -> Transcript:

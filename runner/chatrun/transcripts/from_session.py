@@ -223,8 +223,10 @@ def _instant(at: float) -> str:
 
 def write_transcript(doc: dict[str, Any], path: Path, session_id: str, store_url: str) -> None:
     from chatrun.definition.schemas import schema_path
+    from chatrun.transcripts.format import check_replaceable
     from chatrun.transcripts.update import _yaml, to_node
 
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     y = _yaml()
     buf = io.StringIO()

@@ -15,6 +15,7 @@ from typing import Any
 
 from chatrun.errors import ChatrunError
 from chatrun.models.base import ModelResponse
+from chatrun.transcripts.format import check_replaceable
 from chatrun.transcripts.record import response_to_script
 from chatrun.transcripts.update import _yaml, to_node, update_from_result
 
@@ -54,7 +55,7 @@ def save_transcript(
                 "session?); a transcript replays a conversation from its start"
             )
     path = Path(path)
-    _check_replaceable(path)
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"bot": _relative_bot(Path(bot_path), path.parent)}
     if route:
@@ -72,8 +73,9 @@ def save_transcript(
     tokenizer = session.counting_tokenizer() if hasattr(session, "counting_tokenizer") else None
     if tokenizer:  # the counter the REPL's windows counted with: the replay's windows are the same anywhere
         doc["tokenizer"] = tokenizer
-    if _needs_clock(records):  # items with due times: the replay must count from the same instant
-        doc["clock"] = records[0]["at"]
+    start = _start_clock(records)
+    if start is not None:  # what reads `now` replays the same on any day (items' due times too)
+        doc["clock"] = start
     doc["turns"] = [_turn(r, principal, roles) for r in records]
     y = _yaml()
     buf = io.StringIO()
@@ -89,17 +91,6 @@ def save_transcript(
     if result.error is None and update_from_result(result):
         result = run_transcript(str(path))
     return result
-
-
-def _check_replaceable(path: Path) -> None:
-    """A new file or a transcript is written; any other file is refused: `/save bots/x/bot.yaml`,
-    one slip of the hand, would otherwise replace the bot itself with a transcript."""
-    from chatrun.transcripts.format import is_transcript_text
-
-    if path.is_dir():
-        raise ChatrunError(f"{path} is a folder; name a file in it ({path / 'NAME.yaml'})")
-    if path.exists() and not is_transcript_text(path.read_bytes().decode("utf-8", errors="replace")):
-        raise ChatrunError(f"{path} holds no transcript (no `turns:`); /save writes a new file or replaces a transcript")
 
 
 def _failed(record: dict[str, Any]) -> bool:
@@ -124,12 +115,14 @@ def _turn(record: dict[str, Any], principal: Any = None, roles: Any = None) -> d
     return turn
 
 
-def _needs_clock(records: list[dict[str, Any]]) -> bool:
-    """Whether a turn made an item with a due time while no turn had its clock pinned."""
-    if any(r.get("clock") for r in records) or not records[0].get("at"):
-        return False
-    return any(getattr(e, "type", None) == "Pending" and (getattr(e, "data", None) or {}).get("due")
-               for r in records for e in r.get("events") or [])
+def _start_clock(records: list[dict[str, Any]]) -> str | None:
+    """The instant the replay's clock is pinned at from its first turn: the first turn's own,
+    when `/clock` did not pin it. A turn the system clock ran would replay at another time on
+    every run, and a template that reads `now` or `today` (a date's "34 days from today", an
+    item's due time) would fail the day after the save."""
+    if records[0].get("clock"):
+        return None
+    return next((r["at"] for r in records if r.get("at")), None)
 
 
 def _acting(record: dict[str, Any], principal: Any, roles: Any) -> Any:

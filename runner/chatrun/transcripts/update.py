@@ -9,7 +9,9 @@ quoting and order stay byte-identical.
 
 from __future__ import annotations
 
+import difflib
 import io
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -197,7 +199,8 @@ def _map_edits(y: YAML, old: CommentedMap, value: dict[str, Any], block: Comment
         if key not in value:
             edits.append((k_start, k_end, []))
         elif not _same(old[key], value[key]):
-            edits.append((k_start, k_end, _dump(y, key, block[key], col)))
+            items = _seq_edits(y, old[key], value[key], block[key], k_start, k_end, lines)
+            edits += items if items is not None else [(k_start, k_end, _dump(y, key, block[key], col))]
     added = [k for k in value if k not in old]
     if added:
         at = _trim(lines, start, end, col)
@@ -206,6 +209,61 @@ def _map_edits(y: YAML, old: CommentedMap, value: dict[str, Any], block: Comment
             new += _dump(y, key, block[key], col)
         edits.append((at, at, new))
     return edits
+
+
+def _seq_edits(y: YAML, old: Any, value: Any, block: Any, start: int, end: int,
+               lines: list[str]) -> list[tuple[int, int, list[str]]] | None:
+    """Edits inside a block list, item by item: the items that still hold keep their lines, and
+    so do the comments between them (one changed event of twenty rewrites that event's lines; an
+    event more or less is one item added or removed, the others matched as they are).
+    None when the list is not one written in block style, one `- ` item per line start."""
+    if not (isinstance(old, CommentedSeq) and isinstance(value, list) and old and not old.fa.flow_style()):
+        return None
+    dashes = [_dash_at(lines, *old.lc.item(i)) for i in range(len(old))]
+    starts = [d for d in dashes if d is not None]
+    if len(starts) < len(old) or starts[0][0] <= start:  # an item with no dash of its own, or on the key's line
+        return None
+    dash = starts[0][1]
+    bounds = [line for line, _ in starts] + [end]
+
+    def after(i: int) -> int:  # where item i's lines end: the comments below it are the next item's
+        return _trim(lines, bounds[i], bounds[i + 1], dash)
+
+    def new_lines(j1: int, j2: int) -> list[str]:
+        return [line for item in block[j1:j2] for line in _dump_item(y, item, dash)]
+
+    matcher = difflib.SequenceMatcher(None, [_key(v) for v in old], [_key(v) for v in value], autojunk=False)
+    edits: list[tuple[int, int, list[str]]] = []
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "replace" and i2 - i1 == j2 - j1:  # as many items: each in place, the comments between kept
+            edits += [(bounds[i], after(i), new_lines(j, j + 1)) for i, j in zip(range(i1, i2), range(j1, j2), strict=True)]
+        elif op in ("replace", "delete"):  # removed items go with the comments above them
+            edits.append((after(i1 - 1) if i1 else bounds[i1], after(i2 - 1), new_lines(j1, j2)))
+        elif op == "insert":  # after the item before, above the comments of the item after
+            at = after(i1 - 1) if i1 else bounds[0]
+            edits.append((at, at, new_lines(j1, j2)))
+    return edits
+
+
+def _key(item: Any) -> str:
+    """An item as plain data, for matching the old list's items with the new one's."""
+    return json.dumps(item, sort_keys=True, default=str)
+
+
+def _dash_at(lines: list[str], line: int, col: int) -> tuple[int, int] | None:
+    """The line and column of the `-` that starts a list item whose value ruamel places at
+    (line, col); None when the value is not on its dash's line (`-` alone on a line)."""
+    before = lines[line][:col].rstrip() if line < len(lines) else ""
+    return (line, len(before) - 1) if before.endswith("-") and not before[:-1].strip() else None
+
+
+def _dump_item(y: YAML, node: Any, dash: int) -> list[str]:
+    """One list item's lines, its `-` at column `dash`."""
+    dumped = _dump(y, "x", CommentedSeq([node]), 0)[1:]  # "x:" then "  - ..." (the sequence's offset)
+    shift = len(dumped[0]) - len(dumped[0].lstrip()) - dash
+    if shift >= 0:  # every line of the item is indented at least as far as its dash was
+        return [line[shift:] if line.strip() else line for line in dumped]
+    return [" " * -shift + line if line.strip() else line for line in dumped]
 
 
 def _keep_model_items(old: CommentedSeq, value: list, block: CommentedSeq) -> CommentedSeq:
