@@ -737,7 +737,7 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
         item = new_item(calls.t, TAKEOVER, None, ask=decision.note if isinstance(decision, TakeOver) and decision.note
                         else "An operator took over.", tell=calls.t.own_text("tell_takeover"), by=_stepping_in_roles(c),
                         data=takeover_data(None, "messages"))
-    if isinstance(decision, TakeOver) and decision.force and _held_by_another(c):
+    if isinstance(decision, TakeOver) and decision.force and held_by_another(c.taken_over, c.principal):
         _operator_left(calls, (c.taken_over or {}).get("by"))  # the talk and its item stay: only the holder moves
         c.taken_over = None
     if c.taken_over is None:  # taken: the item stays open (the takeover) until the release
@@ -754,12 +754,6 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
         await release(calls, item, decision.route)
         return await apply_all_held(calls)
     return NextStepFinalOutput()
-
-
-def _held_by_another(c: Conversation) -> bool:
-    """Whether the conversation is taken by someone other than the caller (the holder's own
-    forced takeover is the idempotent retry: nothing happens)."""
-    return c.taken_over is not None and not _same_principal(c.principal, c.taken_over.get("by"))
 
 
 def _operator_left(calls: ToolCalls, holder: dict[str, Any] | None) -> None:
