@@ -121,3 +121,44 @@ def test_schema_prints_each_schema_path():
         assert Path(out.output.strip()).name == f"{which}.schema.json" and Path(out.output.strip()).is_file()
     assert runner.invoke(main, ["schema"]).output.strip().endswith("bot.schema.json")
     assert runner.invoke(main, ["schema", "nope"]).exit_code == 2
+
+
+@pytest.mark.parametrize("name, hint", [("x/bot.yaml", "chatrun init x"), ("pizza.yml", "chatrun init mybot")])
+def test_a_name_that_is_a_yaml_file_is_refused_with_the_directory_to_give(tmp_path, monkeypatch, name, hint):
+    # `chatrun init bots/x/bot.yaml` made a directory named bot.yaml, a bot no command finds.
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["init", name])
+    assert result.exit_code == 2 and "a bot is a directory holding bot.yaml" in result.output, result.output
+    assert hint in result.output and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("origin", ["notaurl", "https://chat.example.com/app", "ftp://chat.example.com",
+                                    "chat.example.com"])
+def test_an_allow_origin_no_browser_sends_is_refused(origin):
+    # A browser's Origin is scheme://host[:port]: a value with a path (or no scheme) never matched,
+    # and the page was refused with nothing said at the start.
+    import click
+
+    from chatrun.cli.serve import _origins
+
+    with pytest.raises(click.BadParameter, match="is not an origin: write scheme://host"):
+        _origins(("*", origin))
+
+
+@pytest.mark.slow
+def test_serve_with_such_an_origin_exits_2_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "chatrun", "serve", str(repo / "bots" / "travel"), "--port", "0",
+                          "--allow-origin", "https://chat.example.com/app"], capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(repo / "runner")})
+    assert out.returncode == 2 and "'https://chat.example.com/app' is not an origin" in out.stderr, out.stderr
+
+
+def test_serve_takes_an_origin_with_a_port_a_trailing_slash_or_star():
+    from chatrun.cli.serve import _origins
+
+    values = ("https://chat.example.com", "http://localhost:5173/", "*")
+    assert _origins(values) == values

@@ -36,6 +36,7 @@ def test_clock_pins_moves_and_unpins_the_time_the_bot_sees(tmp_path):
         "/say Sorry, it is today.",
         f"/save {saved}",
         "/clock tomorrow",
+        "/clock -1h",
         "/clock real",
         "/quit",
     ]) + "\n"
@@ -47,6 +48,7 @@ def test_clock_pins_moves_and_unpins_the_time_the_bot_sees(tmp_path):
     assert "Today is Wednesday 25 November 2026; it is 11:30 in Paris." in text  # kept across /reset
     assert "same-day changes cannot be made here" in text
     assert "error: Invalid isoformat string: 'tomorrow' (e.g. /clock 2026-12-24T18:00, /clock +1d, /clock real)" in text
+    assert "error: -1h: the clock moves on only (what waits is due by it); to go back, pin an earlier instant" in text
     assert text.rstrip().endswith(", Europe/Paris; system clock)")  # /clock real: the real time, unpinned
     assert "Traceback" not in text + out.stderr
     # the saved transcript pins the turn at the REPL's instant, and passes

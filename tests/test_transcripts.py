@@ -648,6 +648,15 @@ def test_an_option_chatrun_test_cannot_take_is_a_usage_error_exit_4_not_2_interr
         assert "Usage: " in result.output and "Traceback" not in result.output
 
 
+def test_update_with_repeat_is_a_usage_error_and_writes_nothing(travel_copy):
+    # N runs of one file, each rewriting it (two at once with -n) make a file no one ran.
+    before = {p: p.read_bytes() for p in (travel_copy / "transcripts").glob("*.yaml")}
+    for flag in ("--update", "--record"):
+        code, out = cli([flag, "--repeat", "3", "-n", "2"])
+        assert code == 4 and "use one or the other" in out, out
+    assert {p: p.read_bytes() for p in before} == before
+
+
 # -- saving a conversation (the REPL's /save) ----------------------------------------------------------
 
 

@@ -108,6 +108,12 @@ def init(name: Path | None, template: str, example: str | None) -> None:
                                "chatrun init --example BOT; `chatrun examples` lists them)")
     directory = name if name is not None else Path(str(example))
     _utf8_name(directory)
+    if directory.suffix.lower() in (".yaml", ".yml"):  # a bot is a directory: `init bots/x/bot.yaml` made one named bot.yaml
+        raise click.BadParameter(f"{directory} names a file: a bot is a directory holding bot.yaml; give the "
+                                 f"directory, e.g. chatrun init {shlex.quote(str(directory.parent))}"
+                                 if directory.name.lower() in ("bot.yaml", "bot.yml") else
+                                 f"{directory} names a YAML file: a bot is a directory holding bot.yaml; give a "
+                                 "directory name, e.g. chatrun init mybot", param_hint="NAME")
     if example:
         written = copy_example_bot(directory, example)
         click.echo(f"copied the example bot {example} into {directory} ({len(written)} files, its transcripts "

@@ -699,6 +699,9 @@ class Repl:
         try:
             if arg == "real":
                 self.clock = SystemClock()
+            elif arg.startswith("-") and arg[1:2].isdigit():  # (a date never starts with "-")
+                raise ValueError(f"{arg}: the clock moves on only (what waits is due by it); to go back, pin an "
+                                 "earlier instant")
             elif arg.startswith("+"):
                 pinned = self.clock if isinstance(self.clock, FixedClock) else FixedClock(self.session.now())
                 pinned.advance(parse_duration(arg[1:]))

@@ -120,6 +120,23 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
     return with_options
 
 
+def _origins(values: tuple[str, ...]) -> tuple[str, ...]:
+    """--allow-origin's values, each an origin a browser sends (scheme://host[:port]) or '*': one
+    with a path or another scheme would never match, and the server would refuse its page for a
+    reason the operator could not see."""
+    from urllib.parse import urlsplit
+
+    for value in values:
+        if value == "*":
+            continue
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/") \
+                or parts.query or parts.fragment:
+            raise click.BadParameter(f"{value!r} is not an origin: write scheme://host[:port] as the browser's "
+                                     "address bar shows it, without a path (e.g. https://chat.example.com), or '*'")
+    return values
+
+
 @click.command()
 @click.argument("bots", nargs=-1, required=True, metavar="BOT [BOT...]", type=BotPath())
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
@@ -195,7 +212,7 @@ def _gathered(command: Callable[[ServeOptions], None]) -> Callable[..., None]:
 @click.option("--front-end-tasks", default="answer", show_default=True, type=click.Choice(["answer", "run", "refuse"]),
               help="OpenAI API: a chat front end's background tasks (Open WebUI's titles, tags, follow-ups): "
               "answer them at once without running the bot, run them as turns, or refuse them (400).")
-@click.option("--allow-origin", multiple=True, metavar="ORIGIN",
+@click.option("--allow-origin", multiple=True, metavar="ORIGIN", callback=lambda _c, _p, v: _origins(v),
               help="Browser origin (scheme://host[:port]) allowed to open the WebSocket or POST, besides "
               "the server's own page; repeatable; '*' allows any.")
 @click.option("--allow-host", multiple=True, metavar="NAME",

@@ -205,6 +205,10 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
     if (update or record) and live:
         click.echo("error: --live runs against the real model and writes nothing; drop --update/--record", err=True)
         sys.exit(EXIT_USAGE)
+    if (update or record) and repeat > 1:  # N runs of one file would each rewrite it, at once with -n
+        click.echo("error: --repeat runs each transcript N times to measure it, and --update/--record rewrite "
+                   "it from one run; use one or the other", err=True)
+        sys.exit(EXIT_USAGE)
     if locale is not None:
         problems = _locale_problems(found, locale)
         if problems:
