@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import textwrap
 import time
@@ -314,18 +315,29 @@ def test_a_second_server_process_on_one_sqlite_file_is_refused(tmp_path, counter
         again.kill()
 
 
+def listening(pid: int) -> bool:
+    """Whether process `pid` has a listening TCP socket (Linux: its socket fds against /proc/net/tcp*).
+    Asked of the process, not by connecting to its port: once it stops listening, a test on another
+    worker may be given the same free port, and a probe would reach that test's server (and be
+    recorded there as a stray request)."""
+    try:
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:  # gone (exited), or a descriptor closed while listed: ask again
+        return os.path.exists(f"/proc/{pid}")
+    inodes = {link[len("socket:["):-1] for link in links if link.startswith("socket:[")}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    return True
+    return False
+
+
 def test_sigterm_lets_the_turn_in_flight_finish_and_exits(tmp_path, counter_bot, fake):
     server = Replica(counter_bot, f"sqlite:///{tmp_path / 't.db'}", fake.base_url).start()
     fake.queue({"tool_calls": [{"name": "inc", "arguments": {}}], "delay": 3})
     try:
-        async def refused() -> bool:
-            try:
-                async with httpx.AsyncClient() as http:
-                    await http.get(f"{server.url}/health", timeout=2)
-                return False
-            except (httpx.HTTPError, OSError):
-                return True
-
         async def drive() -> tuple[list[dict], float]:
             async with websockets.connect(server.ws_url) as ws:
                 await ws.send(json.dumps({"type": "Connect", "chatId": "t"}))
@@ -333,9 +345,10 @@ def test_sigterm_lets_the_turn_in_flight_finish_and_exits(tmp_path, counter_bot,
                 await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "t", "data": {"userMessage": "x"}}))
                 while not fake.requests:
                     await asyncio.sleep(0.02)
+                assert listening(server.proc.pid), "the server does not listen: the check below would prove nothing"
                 server.signal(signal.SIGTERM)
                 sent = time.monotonic()
-                while not await refused():  # soon after SIGTERM no new connection is accepted
+                while listening(server.proc.pid):  # soon after SIGTERM no new connection is accepted
                     assert time.monotonic() - sent < SLACK, "still accepting connections after SIGTERM"
                     await asyncio.sleep(0.05)
                 return await async_until_done(ws, 30), sent
