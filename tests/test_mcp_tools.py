@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -293,7 +294,8 @@ server.run()
 
 
 @pytest.mark.subprocess  # a stdio MCP server that answers too late
-def test_a_server_slower_than_the_tools_timeout_is_a_refusal_not_a_failure(write_bot, tmp_path):
+@pytest.mark.parametrize("effect", ["read", "once"])
+def test_a_server_slower_than_the_tools_timeout_is_a_refusal_not_a_failure(write_bot, tmp_path, effect):
     (tmp_path / "slow_server.py").write_text(SLOW_SERVER)
     bot = chatrun.load_bot(write_bot(f"""
         name: n
@@ -303,12 +305,18 @@ def test_a_server_slower_than_the_tools_timeout_is_a_refusal_not_a_failure(write
         routes:
           main: {{default: true, system: Wait., tools: [wait]}}
         tools:
-          wait: {{description: w, timeout: 2, mcp: {{server: slow, tool: wait}}}}
+          wait: {{description: w, timeout: 2, effect: {effect}, mcp: {{server: slow, tool: wait}}}}
         """))
     session = bot.session(model=chatrun.ScriptedModel([call("wait"), {"text": "it is slow"}]))
     events = session.chat("wait")
     [reply] = results(session)  # the call gave up at its timeout: the server's answer is not in it
     assert reply.startswith("Error:") and "too late" not in reply, reply
+    if effect == "once":  # it may have been done: the model does not call it again, as for an unkeyed POST
+        assert reply.startswith("Error: wait's outcome is unknown: no answer within 2 s from the MCP server slow. "
+                                "The MCP server slow may have done it, so it was not sent again. Do not call wait "
+                                "again for this;"), reply
+    else:  # calling it again changes nothing
+        assert reply.startswith("Error: wait failed: the MCP server slow did not answer within 2 s."), reply
     assert events[-1].type == "Message" and session.history[-1]["ok"] is True
     session.close()
 
@@ -467,3 +475,73 @@ def test_a_server_whose_tool_list_changes_is_listed_again(write_bot, tmp_path):
     offered = [[t["function"]["name"] for t in request.tools] for request in model.requests]
     assert offered == [["grow"], ["grow"], ["grow", "late"], ["grow", "late"]]
     assert results(session) == ['{"result": "grown"}', '{"result": "late"}']
+
+
+BOOKING_SERVER = """\
+import json
+import re
+import os
+import sys
+
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("booking")
+LOG = sys.argv[1]
+
+
+@server.tool()
+def book(seat: str, ctx: Context) -> dict:
+    meta = dict(ctx.request_context.meta or {})
+    with open(LOG, "a") as log:
+        log.write(json.dumps({"seat": seat, "meta": meta, "pid": os.getpid()}) + "\\n")
+    if not os.path.exists(LOG + ".crashed"):  # the first call: taken, then the server is gone
+        open(LOG + ".crashed", "w").close()
+        os._exit(3)
+    return {"booked": seat}
+
+
+server.run()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess  # a stdio MCP server that records the _meta of each call, and dies in the first
+def test_each_mcp_call_carries_its_idempotency_key_the_same_when_its_turn_runs_again(write_bot, tmp_path):
+    from chatrun.models.scripted import ScriptedModel
+
+    server, log = tmp_path / "booking_server.py", tmp_path / "calls.jsonl"
+    server.write_text(BOOKING_SERVER)
+    bot = chatrun.load_bot(write_bot(f"""
+        name: n
+        model: {{provider: scripted, name: m}}
+        mcp_servers:
+          booking: {{command: [python, {server}, {log}]}}
+        routes:
+          main: {{default: true, system: Book., tools: [book]}}
+        tools:
+          book: {{description: b, effect: once, mcp: {{server: booking}}}}
+        """))
+    model = ScriptedModel([call("book", seat="12A"), {"error": "the model is down"}])
+
+    async def run() -> chatrun.Session:
+        session = bot.session(model=model, session_id="s1")
+        failed = await session.achat("book 12A")  # the server took it and died; then the turn failed
+        assert failed[-1].type == "Error" and session.turn_count == 0
+        model.add(call("book", seat="12A"), "Booked.")
+        await session.achat("book 12A")  # the turn again: the same call, a new server process
+        model.add(call("book", seat="12B"), "Booked.")
+        await session.achat("and 12B")  # another call
+        await bot.tools.aclose()
+        return session
+
+    session = asyncio.run(run())
+    lost = model.requests[1].messages[-1].content  # what the model read of the call the server died in
+    assert lost.startswith("Error: book's outcome is unknown: the connection to the MCP server booking was lost "
+                           "during the call ("), lost
+    assert "The MCP server booking may have done it, so it was not sent again. Do not call book again" in lost
+    first, again, other = [json.loads(line) for line in log.read_text().splitlines()]
+    key = first["meta"]["dev.chatrun/idempotency-key"]
+    assert re.fullmatch(r"[0-9a-f]{32}", key)
+    assert first["pid"] != again["pid"] and again["meta"]["dev.chatrun/idempotency-key"] == key  # the same call
+    assert other["meta"]["dev.chatrun/idempotency-key"] != key  # another call: another key
+    assert results(session) == ['{"booked": "12A"}', '{"booked": "12B"}']

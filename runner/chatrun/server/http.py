@@ -65,7 +65,7 @@ from chatrun.server.plumbing import (
 )
 from chatrun.server.sessions import EXISTING, NEW, OWNER_ONLY, STORE_OK, Reach, SessionRegistry
 from chatrun.server.turn_run import TurnRun, request_asks
-from chatrun.server.versions import RETRY_AFTER_S, VERSION_HEADER
+from chatrun.server.versions import VERSION_HEADER
 
 log = logging.getLogger("chatrun.server")
 
@@ -575,10 +575,8 @@ def _plain_schema(node: Any) -> Any:
 
 def failure_response(exc: wire.RequestFailed) -> JSONResponse:
     status = wire.HTTP_STATUS.get(exc.reason, 400)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    if status == 503:  # draining, or a bot version this replica lacks: another try is served
-        headers = {"Retry-After": str(RETRY_AFTER_S)}
-    return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=status, headers=headers)
+    return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=status,
+                        headers=wire.status_headers(status))
 
 
 # An upload (docs/protocol.md, "Attachments"): the file as base64 in JSON, like every body, or

@@ -50,8 +50,7 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=wire.status_headers(self.status))
 
 
 _TYPES = {401: "invalid_request_error", 403: "permission_error", 404: "invalid_request_error",

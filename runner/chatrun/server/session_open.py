@@ -176,6 +176,8 @@ class SessionOpener:
         versions = self.shelf.bots[request.bot.name]
         if record is not None:
             self._check_loaded(record, request)
+            if record.owner != request.owner and not await self._reached(record, request):
+                raise not_found(request.session_id)
             bot = await self.shelf.bot_for(request.bot.name, record) or request.bot
             buffer = TurnBuffer(request.session_id, record, self.records, track_committed=True, lean=True)
             version, committed = record.version, record.committed
@@ -207,9 +209,24 @@ class SessionOpener:
                 wire.SESSION_NOT_ACTIVE,
                 f"session {request.session_id} belongs to bot {record.bot!r}, not {request.bot.name!r}",
             )
-        if record.owner != request.owner and not reaches(request.reach, request.principal, record, request.bot,
-                                                         self._versions(request.bot)):
-            raise not_found(request.session_id)
+
+    async def _reached(self, record: SessionRecord, request: SessionRequest) -> bool:
+        """Whether a request that is not the owner's reaches the stored session (`reaches`), by
+        the versions this replica holds and the session's own: a replica that has not loaded the
+        session's version yet loads it for a decider it names (else it would answer 404 where a
+        replica holding it answers). A version that cannot be loaded here: not reached (no word
+        of the session to whom it may not concern)."""
+        held = self._versions(request.bot)
+        if reaches(request.reach, request.principal, record, request.bot, held):
+            return True
+        if not (request.reach.pending and record.resolved and record.bot_version is not None):
+            return False  # the versions' deciders are not asked
+        try:
+            own = await self.shelf.bot_for(request.bot.name, record)
+        except wire.RequestFailed:
+            return False
+        return own is not None and own not in held and reaches(request.reach, request.principal, record,
+                                                               request.bot, [own])
 
     def _versions(self, bot: Bot) -> list[Bot]:
         """The versions of `bot` this replica holds (served, or loaded from the store)."""

@@ -58,7 +58,6 @@ log = logging.getLogger("chatrun.versions")
 
 VERSION_HEADER = "Chatrun-Bot-Version"  # a tester's pick of the version a new session starts on
 RECORD_PREFIX = "bot-version:"
-RETRY_AFTER_S = 1
 PIN_LINE = re.compile(r"^on_change:[ \t]*[\"']?pin[\"']?[ \t]*(#.*)?$", re.MULTILINE)
 
 

@@ -113,6 +113,20 @@ HTTP_STATUS = {
 }
 
 
+RETRY_AFTER_S = 1  # what a 503 asks a client to wait before it sends the request again
+
+
+def status_headers(status: int) -> dict[str, str] | None:
+    """The headers a refusal's HTTP status carries, on every HTTP door (the HTTP API, /v1): a
+    401's challenge; a 503's Retry-After (the server drains, or lacks the bot version a session
+    runs on: the request sent again is served, by this replica later or by another)."""
+    if status == 401:
+        return {"WWW-Authenticate": "Bearer"}
+    if status == 503:
+        return {"Retry-After": str(RETRY_AFTER_S)}
+    return None
+
+
 def says_nothing(text: Any, attachments: Any) -> bool:
     """Whether a user message says nothing: no text (null, empty or only whitespace) and no
     attachment. The one rule of every door (HTTP, WebSocket, /v1, channels): such a message runs

@@ -78,6 +78,16 @@ class CallContext(Protocol):
         """The bytes of one of `attachments()`, or None: gone, or it came as a URL."""
 
 
+def unknown_outcome(tool: str, problem: str, who: str) -> str:
+    """What the model reads when a call that may change something got no clear answer (the
+    connection dropped, no answer in time): `who` ("The API", "The MCP server notes") may have
+    done it, so chatrun did not send it again, and the model is not to call it again either. The
+    one text of every kind (docs/tools.md, "Retries of a request without a key")."""
+    return (f"Error: {tool}'s outcome is unknown: {problem}. {who} may have done it, so it was not sent again. "
+            f"Do not call {tool} again for this; tell the user it is not known whether it went through and "
+            "that it should be checked before trying again.")
+
+
 class ToolFailed(Exception):
     """A tool's own code raised or timed out. The message is for the author (it names the
     place and the exception); `reason` is what the model may read through `on_error`."""

@@ -44,7 +44,7 @@ from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal, TurnFailed
 from chatrun.messages import Attachment
 from chatrun.toolkinds.attachments import find_attachment, read_or_refuse, template_values
-from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolKind
+from chatrun.toolkinds.base import CallContext, RuntimeDefaults, ToolKind, unknown_outcome
 
 if TYPE_CHECKING:  # asyncio and httpx (with the click, rich and pygments its CLI pulls in) load on the first call
     import asyncio
@@ -521,9 +521,7 @@ def _unknown_outcome(tool: ToolConfig, request: httpx.Request, problem: str, sec
     """What the model reads when a request that may change something got no clear answer: it may
     have been done, so it is not sent again (no key lets the API tell a repeat) nor to be called again."""
     where = redact_text(_shown_url(request.url), secrets)
-    return (f"Error: {tool.name}'s outcome is unknown: {problem} from {request.method} {where}. The API may have "
-            f"done it, so it was not sent again. Do not call {tool.name} again for this; tell the user it is not "
-            "known whether it went through and that it should be checked before trying again.")
+    return unknown_outcome(tool.name, f"{problem} from {request.method} {where}", "The API")
 
 
 class AnswerTooLarge(Exception):

@@ -19,13 +19,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from chatrun.definition.config import BotConfig, Location, RouteConfig, ToolConfig
+from chatrun.definition.config import ONCE, BotConfig, Location, RouteConfig, ToolConfig
 from chatrun.definition.kinds import Checks, Load
 from chatrun.definition.sources import suggest
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import Diagnostic, ToolRefusal
-from chatrun.toolkinds.base import CallContext, ToolKind
-from chatrun.toolkinds.mcp_servers import McpServerConfig, McpServers, McpTool
+from chatrun.toolkinds.base import CallContext, ToolKind, unknown_outcome
+from chatrun.toolkinds.mcp_servers import LostCall, McpServerConfig, McpServers, McpTool
 
 
 @dataclass
@@ -127,7 +127,16 @@ class McpRuntime:
         self.servers = servers
 
     async def call(self, tool: ToolConfig, spec: McpToolRef, args: dict[str, Any], ctx: CallContext) -> Any:
-        return await self.servers.connection(spec.server).call(spec.tool or tool.name, args, tool.timeout)
+        """The server's answer, the call's idempotency key in its `_meta`. A call that may have been
+        done but got no answer is not sent again; a tool whose effect is `once` then tells the model
+        its outcome is unknown and not to call it again, as an unkeyed `http:` POST does."""
+        server = self.servers.connection(spec.server)
+        try:
+            return await server.call(spec.tool or tool.name, args, tool.timeout, ctx.idempotency_key)
+        except LostCall as lost:
+            if tool.effect != ONCE:  # calling it again does nothing more: the model may
+                raise
+            raise ToolRefusal(unknown_outcome(tool.name, lost.problem, f"The MCP server {spec.server}")) from None
 
     async def request(self, tool: ToolConfig, spec: McpToolRef, args: dict[str, Any],
                       ctx: CallContext) -> dict[str, Any] | None:

@@ -12,6 +12,12 @@ What a call gives the action as `result`: the tool's structured content when it 
 some, else its text parsed as JSON when it is JSON, else the text. A result the server
 marks as an error, or a JSON-RPC error it answers the call with, is a refusal with the
 server's text (the server is not restarted for it).
+
+Each `tools/call` carries the call's idempotency key (the one an `http:` tool sends as
+`Idempotency-Key`) in its `_meta`, as IDEMPOTENCY_META, for a server to dedupe a call chatrun
+makes again (a turn run again after a crash or a failure). A call is never sent twice by
+chatrun itself: one whose connection dropped, or that got no answer in time, is a `LostCall`,
+whose kind says what the model reads (chatrun.toolkinds.mcp).
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ from chatrun.errors import ToolRefusal
 if TYPE_CHECKING:  # asyncio loads when a server is first used: `chatrun validate` needs none of it
     import asyncio
 
+# Where a call's idempotency key goes in `params._meta`: the MCP spec's key format (a prefix of
+# dot-separated labels and a slash; reverse DNS recommended from 2025-11-25; `dev.chatrun` is
+# chatrun.dev's, not a reserved `mcp`/`modelcontextprotocol` second label), named after the
+# HTTP header (draft-ietf-httpapi-idempotency-key-header).
+IDEMPOTENCY_META = "dev.chatrun/idempotency-key"
 START_TIMEOUT_S = 30.0
 LIST_TIMEOUT_S = 30.0  # seconds a started server has to list its tools
 
@@ -199,21 +210,27 @@ class McpConnection:
                            for t in listed.tools]
         return self._tools
 
-    async def call(self, tool: str, args: dict[str, Any], timeout: float) -> Any:
+    async def call(self, tool: str, args: dict[str, Any], timeout: float, key: str = "") -> Any:
+        """The tool's result, called once with the call's idempotency `key` in `_meta` (none when
+        empty). Raises ToolRefusal; LostCall when the server may have acted on it."""
         import asyncio
 
-        client = await self.client()
+        client = await self.client()  # not reachable: nothing was sent
+        name = self.config.name
         try:
             async with asyncio.timeout(timeout):
-                answer = await client.call_tool(tool, args)
+                answer = await client.call_tool(tool, args, meta={IDEMPOTENCY_META: key} if key else None)
         except TimeoutError:
-            raise ToolRefusal(f"Error: {tool} failed: the MCP server {self.config.name} did not answer within "
-                              f"{timeout:g} s. Tell the user it did not work this time.") from None
+            raise LostCall(f"Error: {tool} failed: the MCP server {name} did not answer within {timeout:g} s. "
+                           "Tell the user it did not work this time.",
+                           f"no answer within {timeout:g} s from the MCP server {name}") from None
         except Exception as exc:
             if _refused(exc):  # the server answered the call with an error: it runs, and says why
                 raise ToolRefusal(f"Error: {tool} failed: {exc}") from None
             self._broken = True  # a broken connection: start it again next time
-            raise self._unreachable(_reason(exc)) from None
+            raise LostCall(str(self._unreachable(_reason(exc))),
+                           f"the connection to the MCP server {name} was lost during the call ({_reason(exc)})") \
+                from None
         text = "\n".join(getattr(part, "text", "") for part in answer.content if getattr(part, "text", None))
         if answer.is_error:
             raise ToolRefusal(f"Error: {tool} failed: {text or 'the MCP server reported an error'}")
@@ -244,6 +261,16 @@ class McpConnection:
                 await asyncio.wait_for(asyncio.shield(task), 5)
             except (TimeoutError, Exception):  # ending it anyway
                 task.cancel()
+
+
+class LostCall(ToolRefusal):
+    """A call sent to a server that gave no answer (the connection dropped, the tool's time ran
+    out): the server may have done it. Its message is what a call that changes nothing reads;
+    `problem` says what happened, for the text of an unknown outcome (toolkinds/base.py)."""
+
+    def __init__(self, message: str, problem: str):
+        super().__init__(message)
+        self.problem = problem
 
 
 class McpServers:
