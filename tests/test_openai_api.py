@@ -579,6 +579,32 @@ def test_a_malformed_session_id_is_refused_naming_where_it_came_from(client, fak
 
 
 @pytest.mark.slow
+def test_a_body_the_schema_refuses_names_the_field_at_fault_in_param(client, server):
+    """`param` was null: a client learnt where its body was wrong only by reading the message."""
+    h = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    refused = {
+        "messages[2].content": lambda: say(client, [*h, {"role": "user", "content": 7}]),
+        "messages[1].role": lambda: say(client, [h[0], {"content": "no role"}, h[0]]),
+        "n": lambda: say(client, [h[0]], n=2),
+        "response_format.type": lambda: say(client, [h[0]], response_format={"type": "xml"}),
+        "model": lambda: client.chat.completions.create(messages=[h[0]], model=openai.NOT_GIVEN),
+        "input[1]": lambda: client.responses.create(model="travel", input=["hi", 5]),
+        "previous_response_id": lambda: client.responses.create(model="travel", input="hi", previous_response_id=""),
+        "conversation.id": lambda: client.responses.create(model="travel", input="hi", extra_body={"conversation": {}}),
+    }
+    for param, send in refused.items():
+        with pytest.raises(openai.BadRequestError) as exc:
+            send()
+        assert exc.value.param == param, exc.value.body
+        assert exc.value.body["param"] == param and exc.value.code == "invalid_request"
+    # Streamed, the same 400 before any event.
+    with httpx.stream("POST", server.url + "/v1/chat/completions",
+                      json={"model": "travel", "messages": [*h, {"role": "user", "content": 7}], "stream": True}) as answer:
+        answer.read()
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages[2].content"
+
+
+@pytest.mark.slow
 def test_every_method_the_v1_api_does_not_serve_is_answered_in_openai_shape(client):
     # OPTIONS got the HTTP API's {"error": "MethodNotAllowed", ...}, no OpenAI error object.
     base = str(client.base_url).rstrip("/")

@@ -220,7 +220,7 @@ class OpenAIState:
         plain = openai_schema.surely_valid(schema, body)
         wrong = None if plain else openai_schema.problem(schema, body)
         if wrong is not None:
-            raise OpenAIError(400, wrong, code="invalid_request")
+            raise OpenAIError(400, wrong.message, code="invalid_request", param=wrong.param)
         return body, plain
 
     def body_limit(self) -> int:
