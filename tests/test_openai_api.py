@@ -345,6 +345,9 @@ def test_the_index_keeps_a_sessions_last_turns_and_deletes_them_with_it(client, 
         ids.append(client.responses.create(model="travel", input=text, previous_response_id=ids[-1]).id)
     with pytest.raises(openai.NotFoundError):  # turn 2 is past the last two: forgotten
         client.responses.create(model="travel", input="again", previous_response_id=ids[1])
+    with pytest.raises(openai.NotFoundError):  # nor retrieved: its response went with it
+        client.responses.retrieve(ids[1])
+    assert client.responses.retrieve(ids[3]).output_text == "ok"
     forked = client.responses.create(model="travel", input="other", previous_response_id=ids[2])
     assert forked.model_extra["chatrun"]["how"] == "forked"
     session = forked.model_extra["chatrun"]["forked_from"]
@@ -519,8 +522,11 @@ def test_errors_have_openai_shape_so_the_sdk_raises_its_own_exceptions(client, f
         client.chat.completions.create(model="travel", messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}])
     with pytest.raises(openai.NotFoundError, match="previous_response_id"):
         client.responses.create(model="travel", input="hi", previous_response_id="resp_unknown")
-    with pytest.raises(openai.NotFoundError, match="not part of chatrun's OpenAI API"):
+    with pytest.raises(openai.NotFoundError, match="no response 'resp_123' for this caller") as never:
         client.responses.retrieve("resp_123")
+    assert never.value.code == "response_not_found" and never.value.param == "id"
+    with pytest.raises(openai.NotFoundError, match="not part of chatrun's OpenAI API"):
+        client.responses.delete("resp_123")
     with pytest.raises(openai.NotFoundError) as unknown:
         client.embeddings.create(model="travel", input="hi")
     assert unknown.value.body["code"] == "unknown_url"
@@ -576,6 +582,51 @@ def test_a_malformed_session_id_is_refused_naming_where_it_came_from(client, fak
     with pytest.raises(openai.BadRequestError, match=r"Responses conversation\) needs to be at most 128"):
         client.responses.create(model="travel", input="hi", conversation="x" * 129)
     assert fake.requests == []
+
+
+@pytest.mark.slow
+def test_a_response_is_retrieved_as_it_was_answered_by_its_caller_alone(fake, travel, tmp_path):
+    """GET /v1/responses/{id} was not served (the SDK's responses.retrieve got a 404): now each
+    response the index keeps is answered as its request was, and only to the caller that made it."""
+    queue_booking(fake, chunks=True)
+    fake.queue({"text": "Anything else?", "usage": USAGE})
+    auth = Auth.from_mapping({"tokens": {"s3cret-ana": "ana", "s3cret-bob": "bob"}})
+    with serve(travel, tmp_path, auth=auth) as server:
+        url = server.url + "/v1"
+        with openai.OpenAI(base_url=url, api_key="s3cret-ana", max_retries=0) as ana, \
+                openai.OpenAI(base_url=url, api_key="s3cret-bob", max_retries=0) as bob:
+            events = list(ana.responses.create(model="travel", input="Dublin", stream=True))
+            streamed = events[-1].response  # response.completed
+            second = ana.responses.create(model="travel", input="July 1st", previous_response_id=streamed.id)
+            third = ana.responses.create(model="travel", input="thanks", previous_response_id=second.id,
+                                         extra_body={"chatrun": {"events": True}})
+            for answered in (streamed, second, third):
+                kept = ana.responses.retrieve(answered.id)
+                assert kept.model_dump() == answered.model_dump()
+            assert second.output_text == BOOKED and kept.output_text == "Anything else?"
+            assert (ana.responses.retrieve(second.id).previous_response_id, kept.previous_response_id) == \
+                (streamed.id, second.id)
+            assert streamed.status == "completed" and streamed.output_text == "When do you leave?"
+            assert kept.usage.total_tokens == 13 and kept.model_extra["chatrun"]["turn"] == 3
+            raw = httpx.get(f"{url}/responses/{second.id}", headers={"Authorization": "Bearer s3cret-ana"}).json()
+            Response.model_validate(raw, strict=True)
+            # Someone else's response is no response to bob: 404 naming `id`, the reply never shown.
+            with pytest.raises(openai.NotFoundError) as refused:
+                bob.responses.retrieve(second.id)
+            assert refused.value.code == "response_not_found" and refused.value.param == "id"
+            assert BOOKED not in refused.value.response.text
+            with openai.OpenAI(base_url=url, api_key="wrong", max_retries=0) as nobody:
+                with pytest.raises(openai.AuthenticationError):
+                    nobody.responses.retrieve(second.id)
+            with pytest.raises(openai.BadRequestError) as streaming:
+                ana.responses.retrieve(second.id, stream=True)
+            assert streaming.value.param == "stream"
+            # A deleted conversation's responses are gone with it.
+            session = second.model_extra["chatrun"]["session"]
+            assert httpx.delete(f"{server.url}/bots/travel/sessions/{session}",
+                                headers={"Authorization": "Bearer s3cret-ana"}).status_code == 204
+            with pytest.raises(openai.NotFoundError, match="for this caller"):
+                ana.responses.retrieve(second.id)
 
 
 @pytest.mark.slow

@@ -90,7 +90,7 @@ _ERRORS = {
          "that does not end with the user's message, unsupported content",
     401: "invalid_api_key: no valid token (auth on)",
     403: "permission_error: a route the caller's roles do not allow",
-    404: "model_not_found, previous_response_not_found",
+    404: "model_not_found, previous_response_not_found, response_not_found (`param`: id)",
     408: "the body did not arrive in time",
     409: "the session is busy or changed meanwhile; conversation_ended: an `end` action ended the conversation",
     413: "too_large: the body or the user message is over the limit",

@@ -28,7 +28,7 @@ from chatrun.server.audience import for_clients
 from chatrun.server.auth import Principal
 from chatrun.server.guard import openai_code
 from chatrun.server.inspect import pending_data
-from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Opened, TurnIndex
+from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Kept, Opened, TurnIndex
 from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
 from chatrun.store.blobs import BlobArea
 
@@ -211,18 +211,25 @@ class TurnResult:
     events: list[dict[str, Any]] = field(default_factory=list)  # the client's events, without Stream chunks
 
 
+# What a committed turn's keys' records keep besides the turn, made from its result (run_turn's `kept`).
+KeptAfter = Callable[[TurnResult], Kept]
+
+
 async def run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], attempt: Attempt | None = None,
-    uploads: tuple[Upload, ...] = (), stopped: tuple[str, ...] = (),
+    uploads: tuple[Upload, ...] = (), stopped: Kept | None = None, kept: KeptAfter | None = None,
 ) -> TurnResult:
     """One turn in the request's session; the index records it when it commits. With an
     `attempt`, a retry of a committed request replays that turn's answer instead. `emit` None:
     nobody reads the events before the turn ends (a JSON answer), so the turn runs whole in
     this task (SessionRegistry.turn's `whole`: no task and queue of its own). `stopped`: the keys
-    that name the session as a stopped turn left it (a Responses stream's response id)."""
+    that name the session as a stopped turn left it (a Responses stream's response id), with
+    what their records keep besides; `kept`: what the committed turn's keys' records keep besides
+    (a Responses request's response object), as storage guardrails leave it."""
     if attempt is None:
-        return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, stopped=stopped)
+        return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, stopped=stopped,
+                               kept=kept)
     if attempt.retry:
         recorded = await index.claim_or_outcome(attempt.key)
         if recorded is not None:
@@ -271,7 +278,8 @@ def _replay(recorded: dict[str, Any], emit: Emit | None) -> TurnResult:
 async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
-    attempt: Attempt | None = None, claim: str | None = None, stopped: tuple[str, ...] = (),
+    attempt: Attempt | None = None, claim: str | None = None, stopped: Kept | None = None,
+    kept: KeptAfter | None = None,
 ) -> TurnResult:
     whole, emit = emit is None, emit or _nobody
     reply = Reply()
@@ -318,13 +326,16 @@ async def _run_turn(
             info["usage_estimated"] = True
         if cost is not None:
             info["cost"] = cost
+        result = TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
         if ok:  # what a retry of the request replays (the attempt's outcome), with the turn's keys
             # The store keeps what a retry replays: the events as the history keeps them (`storage` guardrails).
+            routes = [route, session.route]
             outcome = None if attempt is None else (attempt.key, {
-                "events": guardrails.kept_value(session.bot.config, [route, session.route], events), "usage": usage,
+                "events": guardrails.kept_value(session.bot.config, routes, events), "usage": usage,
                 "estimated": estimated, "session": info, "asks": attempt.asks})
-            await index.remember(session, who, keys_after(reply), outcome, run.committed_snapshot())
-        return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
+            more = None if kept is None else guardrails.kept_value(session.bot.config, routes, kept(result))
+            await index.remember(session, who, keys_after(reply), outcome, run.committed_snapshot(), more)
+        return result
 
 
 async def _fed(run: TurnRun, reply: Reply, events: list[dict[str, Any]], emit: Emit) -> str | None:
