@@ -239,7 +239,8 @@ async def run_turn(
     claim = None if attempt.retry else attempt.key
     try:
         # A committed turn's outcome is settled with the index's records of it (TurnIndex.remember).
-        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt, claim)
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt, claim,
+                                 stopped=stopped, kept=kept)
     except BaseException:
         await asyncio.shield(index.release(attempt.key))
         raise
