@@ -648,6 +648,25 @@ def test_a_body_the_schema_refuses_names_the_field_at_fault_in_param(client, ser
             send()
         assert exc.value.param == param, exc.value.body
         assert exc.value.body["param"] == param and exc.value.code == "invalid_request"
+    # So do the refusals the handlers make of what the schema lets through.
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "ogg"}}
+    handled = {
+        "messages[0].role": (openai.BadRequestError, lambda: say(client, [{"role": "tool", "content": "x"}, h[0]])),
+        "messages": (openai.BadRequestError, lambda: say(client, h)),
+        "messages[0].content[1].input_audio.format": (
+            openai.BadRequestError, lambda: say(client, [{"role": "user", "content": [{"type": "text", "text": "hi"}, audio]}])),
+        "messages[0].content[0].type": (
+            openai.BadRequestError, lambda: say(client, [{"role": "user", "content": [{"type": "video"}]}])),
+        "input[0].type": (openai.BadRequestError, lambda: client.responses.create(
+            model="travel", input=[{"type": "function_call", "role": "user", "content": "x"}])),
+        "model": (openai.NotFoundError, lambda: client.chat.completions.create(model="nope", messages=[h[0]])),
+        "previous_response_id": (openai.NotFoundError, lambda: client.responses.create(
+            model="travel", input="hi", previous_response_id="resp_unknown")),
+    }
+    for param, (error, send) in handled.items():
+        with pytest.raises(error) as exc:
+            send()
+        assert exc.value.param == param, exc.value.body
     # Streamed, the same 400 before any event.
     with httpx.stream("POST", server.url + "/v1/chat/completions",
                       json={"model": "travel", "messages": [*h, {"role": "user", "content": 7}], "stream": True}) as answer:

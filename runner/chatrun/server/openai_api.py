@@ -234,12 +234,12 @@ class OpenAIState:
     def bot_and_route(self, model: Any) -> tuple[str, str | None]:
         if not isinstance(model, str) or not model:
             raise OpenAIError(400, "model must be the name of a served bot (GET /v1/models lists them)",
-                              code="model_not_found")
+                              code="model_not_found", param="model")
         name, slash, route = model.partition("/")
         bot = self.registry.bots.get(name)
         if bot is None or (slash and route not in bot.config.routes):  # "travel/" is no model either
             raise OpenAIError(404, f"the model {model!r} does not exist; this server serves: "
-                              f"{', '.join(model_ids(self.registry))}", code="model_not_found")
+                              f"{', '.join(model_ids(self.registry))}", code="model_not_found", param="model")
         return name, route or None
 
     def check_length(self, text: str) -> None:
@@ -679,10 +679,10 @@ async def _previous_response(index: TurnIndex, previous_id: str, bot: str, who: 
     previous = await index.response(previous_id, who)
     if previous is None:
         raise OpenAIError(404, f"no response {previous_id!r} (previous_response_id) for this caller",
-                          code="previous_response_not_found")
+                          code="previous_response_not_found", param="previous_response_id")
     if previous.get("bot") != bot:
         raise OpenAIError(400, f"response {previous_id!r} was made by model {previous.get('bot')!r}, "
-                          f"not {bot!r}", code="model_mismatch")
+                          f"not {bot!r}", code="model_mismatch", param="previous_response_id")
     return previous
 
 
@@ -690,7 +690,8 @@ def _conversation_id(conversation: Any) -> str | None:
     if isinstance(conversation, dict):
         conversation = conversation.get("id")
     if conversation is not None and not isinstance(conversation, str):
-        raise OpenAIError(400, "conversation must be an id (a string or {\"id\": ...})", code="invalid_conversation")
+        raise OpenAIError(400, "conversation must be an id (a string or {\"id\": ...})", code="invalid_conversation",
+                          param="conversation")
     return conversation
 
 
