@@ -504,6 +504,7 @@ def test_replicas_on_redis_share_the_sessions_and_the_index_of_turns(fake, trave
             first = a.responses.create(model="travel", input="Dublin")
         with openai.OpenAI(base_url=two.url + "/v1", api_key="x", max_retries=0) as b:
             second = b.responses.create(model="travel", input="July 1st", previous_response_id=first.id)
+            assert b.responses.retrieve(first.id).model_dump() == first.model_dump()  # made on the other replica
     assert second.output_text == BOOKED
     assert second.model_extra["chatrun"]["how"] == "continued"
     assert second.model_extra["chatrun"]["session"] == first.model_extra["chatrun"]["session"]
