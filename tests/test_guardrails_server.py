@@ -170,3 +170,31 @@ def test_v1_earlier_messages_resent_by_the_client_reach_neither_the_model_nor_th
         assert len(fake.requests) == 2 and not card_leaked(json.dumps(fake.requests))
         assert "my card is [card]" in json.dumps(fake.requests[0])
         assert not card_leaked(b"".join(p.read_bytes() for p in tmp_path.glob("c.db*")))
+
+
+STORAGE_BOT = """
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+guardrails:
+  - {name: cards, pii: [card], stages: [storage], outcome: redact}
+routes:
+  main: {default: true, system: You sell things.}
+"""
+
+
+def test_v1_a_kept_response_is_stored_as_storage_guardrails_leave_it(monkeypatch, tmp_path):
+    """GET /v1/responses/{id} answers the response as the store keeps it: the user read the
+    digits (no output guardrail), the store (and so a later retrieve) never holds them."""
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        (tmp_path / "shop.yaml").write_text(STORAGE_BOT)
+        app = create_app([chatrun.load_bot(tmp_path / "shop.yaml")], f"sqlite:///{tmp_path / 'c.db'}")
+        fake.queue({"text": "Your card 4111 1111 1111 1111 is saved."})
+        with ThreadServer(app) as srv, openai.OpenAI(base_url=srv.url + "/v1", api_key="unused",
+                                                     max_retries=0) as client:
+            answered = client.responses.create(model="shop", input="save my card")
+            kept = client.responses.retrieve(answered.id)
+        assert card_leaked(answered.output_text)
+        assert kept.output_text == "Your card [card] is saved." and kept.id == answered.id
+        assert not card_leaked(b"".join(p.read_bytes() for p in tmp_path.glob("c.db*")))

@@ -345,6 +345,9 @@ def test_the_index_keeps_a_sessions_last_turns_and_deletes_them_with_it(client, 
         ids.append(client.responses.create(model="travel", input=text, previous_response_id=ids[-1]).id)
     with pytest.raises(openai.NotFoundError):  # turn 2 is past the last two: forgotten
         client.responses.create(model="travel", input="again", previous_response_id=ids[1])
+    with pytest.raises(openai.NotFoundError):  # nor retrieved: its response went with it
+        client.responses.retrieve(ids[1])
+    assert client.responses.retrieve(ids[3]).output_text == "ok"
     forked = client.responses.create(model="travel", input="other", previous_response_id=ids[2])
     assert forked.model_extra["chatrun"]["how"] == "forked"
     session = forked.model_extra["chatrun"]["forked_from"]
@@ -501,6 +504,7 @@ def test_replicas_on_redis_share_the_sessions_and_the_index_of_turns(fake, trave
             first = a.responses.create(model="travel", input="Dublin")
         with openai.OpenAI(base_url=two.url + "/v1", api_key="x", max_retries=0) as b:
             second = b.responses.create(model="travel", input="July 1st", previous_response_id=first.id)
+            assert b.responses.retrieve(first.id).model_dump() == first.model_dump()  # made on the other replica
     assert second.output_text == BOOKED
     assert second.model_extra["chatrun"]["how"] == "continued"
     assert second.model_extra["chatrun"]["session"] == first.model_extra["chatrun"]["session"]
@@ -519,8 +523,11 @@ def test_errors_have_openai_shape_so_the_sdk_raises_its_own_exceptions(client, f
         client.chat.completions.create(model="travel", messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}])
     with pytest.raises(openai.NotFoundError, match="previous_response_id"):
         client.responses.create(model="travel", input="hi", previous_response_id="resp_unknown")
-    with pytest.raises(openai.NotFoundError, match="not part of chatrun's OpenAI API"):
+    with pytest.raises(openai.NotFoundError, match="no response 'resp_123' for this caller") as never:
         client.responses.retrieve("resp_123")
+    assert never.value.code == "response_not_found" and never.value.param == "id"
+    with pytest.raises(openai.NotFoundError, match="not part of chatrun's OpenAI API"):
+        client.responses.delete("resp_123")
     with pytest.raises(openai.NotFoundError) as unknown:
         client.embeddings.create(model="travel", input="hi")
     assert unknown.value.body["code"] == "unknown_url"
@@ -576,6 +583,96 @@ def test_a_malformed_session_id_is_refused_naming_where_it_came_from(client, fak
     with pytest.raises(openai.BadRequestError, match=r"Responses conversation\) needs to be at most 128"):
         client.responses.create(model="travel", input="hi", conversation="x" * 129)
     assert fake.requests == []
+
+
+@pytest.mark.slow
+def test_a_response_is_retrieved_as_it_was_answered_by_its_caller_alone(fake, travel, tmp_path):
+    """GET /v1/responses/{id} was not served (the SDK's responses.retrieve got a 404): now each
+    response the index keeps is answered as its request was, and only to the caller that made it."""
+    queue_booking(fake, chunks=True)
+    fake.queue({"text": "Anything else?", "usage": USAGE})
+    auth = Auth.from_mapping({"tokens": {"s3cret-ana": "ana", "s3cret-bob": "bob"}})
+    with serve(travel, tmp_path, auth=auth) as server:
+        url = server.url + "/v1"
+        with openai.OpenAI(base_url=url, api_key="s3cret-ana", max_retries=0) as ana, \
+                openai.OpenAI(base_url=url, api_key="s3cret-bob", max_retries=0) as bob:
+            events = list(ana.responses.create(model="travel", input="Dublin", stream=True))
+            streamed = events[-1].response  # response.completed
+            second = ana.responses.create(model="travel", input="July 1st", previous_response_id=streamed.id)
+            third = ana.responses.create(model="travel", input="thanks", previous_response_id=second.id,
+                                         extra_body={"chatrun": {"events": True}})
+            for answered in (streamed, second, third):
+                kept = ana.responses.retrieve(answered.id)
+                assert kept.model_dump() == answered.model_dump()
+            assert second.output_text == BOOKED and kept.output_text == "Anything else?"
+            assert (ana.responses.retrieve(second.id).previous_response_id, kept.previous_response_id) == \
+                (streamed.id, second.id)
+            assert streamed.status == "completed" and streamed.output_text == "When do you leave?"
+            assert kept.usage.total_tokens == 13 and kept.model_extra["chatrun"]["turn"] == 3
+            raw = httpx.get(f"{url}/responses/{second.id}", headers={"Authorization": "Bearer s3cret-ana"}).json()
+            Response.model_validate(raw, strict=True)
+            # Someone else's response is no response to bob: 404 naming `id`, the reply never shown.
+            with pytest.raises(openai.NotFoundError) as refused:
+                bob.responses.retrieve(second.id)
+            assert refused.value.code == "response_not_found" and refused.value.param == "id"
+            assert BOOKED not in refused.value.response.text
+            with openai.OpenAI(base_url=url, api_key="wrong", max_retries=0) as nobody:
+                with pytest.raises(openai.AuthenticationError):
+                    nobody.responses.retrieve(second.id)
+            with pytest.raises(openai.BadRequestError) as streaming:
+                ana.responses.retrieve(second.id, stream=True)
+            assert streaming.value.param == "stream"
+            # A deleted conversation's responses are gone with it.
+            session = second.model_extra["chatrun"]["session"]
+            assert httpx.delete(f"{server.url}/bots/travel/sessions/{session}",
+                                headers={"Authorization": "Bearer s3cret-ana"}).status_code == 204
+            with pytest.raises(openai.NotFoundError, match="for this caller"):
+                ana.responses.retrieve(second.id)
+
+
+@pytest.mark.slow
+def test_a_body_the_schema_refuses_names_the_field_at_fault_in_param(client, server):
+    """`param` was null: a client learnt where its body was wrong only by reading the message."""
+    h = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    refused = {
+        "messages[2].content": lambda: say(client, [*h, {"role": "user", "content": 7}]),
+        "messages[1].role": lambda: say(client, [h[0], {"content": "no role"}, h[0]]),
+        "n": lambda: say(client, [h[0]], n=2),
+        "response_format.type": lambda: say(client, [h[0]], response_format={"type": "xml"}),
+        "model": lambda: client.chat.completions.create(messages=[h[0]], model=openai.NOT_GIVEN),
+        "input[1]": lambda: client.responses.create(model="travel", input=["hi", 5]),
+        "previous_response_id": lambda: client.responses.create(model="travel", input="hi", previous_response_id=""),
+        "conversation.id": lambda: client.responses.create(model="travel", input="hi", extra_body={"conversation": {}}),
+    }
+    for param, send in refused.items():
+        with pytest.raises(openai.BadRequestError) as exc:
+            send()
+        assert exc.value.param == param, exc.value.body
+        assert exc.value.body["param"] == param and exc.value.code == "invalid_request"
+    # So do the refusals the handlers make of what the schema lets through.
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "ogg"}}
+    handled = {
+        "messages[0].role": (openai.BadRequestError, lambda: say(client, [{"role": "tool", "content": "x"}, h[0]])),
+        "messages": (openai.BadRequestError, lambda: say(client, h)),
+        "messages[0].content[1].input_audio.format": (
+            openai.BadRequestError, lambda: say(client, [{"role": "user", "content": [{"type": "text", "text": "hi"}, audio]}])),
+        "messages[0].content[0].type": (
+            openai.BadRequestError, lambda: say(client, [{"role": "user", "content": [{"type": "video"}]}])),
+        "input[0].type": (openai.BadRequestError, lambda: client.responses.create(
+            model="travel", input=[{"type": "function_call", "role": "user", "content": "x"}])),
+        "model": (openai.NotFoundError, lambda: client.chat.completions.create(model="nope", messages=[h[0]])),
+        "previous_response_id": (openai.NotFoundError, lambda: client.responses.create(
+            model="travel", input="hi", previous_response_id="resp_unknown")),
+    }
+    for param, (error, send) in handled.items():
+        with pytest.raises(error) as exc:
+            send()
+        assert exc.value.param == param, exc.value.body
+    # Streamed, the same 400 before any event.
+    with httpx.stream("POST", server.url + "/v1/chat/completions",
+                      json={"model": "travel", "messages": [*h, {"role": "user", "content": 7}], "stream": True}) as answer:
+        answer.read()
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages[2].content"
 
 
 @pytest.mark.slow

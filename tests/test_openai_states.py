@@ -278,11 +278,11 @@ def test_a_turns_state_holds_the_snapshot_its_commit_encoded_the_same_text(fake,
     app = app_for_testclient([chatrun.load_bot(tmp_path / "echo.yaml")], url)
     given, raw = [], TurnIndex.remember
 
-    async def remember(self, session, who, keys, outcome=None, snapshot_json=None):
+    async def remember(self, session, who, keys, outcome=None, snapshot_json=None, more=None):
         live = dict(session.snapshot_to_encode())  # the snapshot as main encoded it here, but for
         live["updated"] = json.loads(snapshot_json)["updated"]  # its moment: the commit's, as stored
         given.append((session.id, session.turn_count, snapshot_json, to_json("snapshot", live)))
-        return await raw(self, session, who, keys, outcome, snapshot_json)
+        return await raw(self, session, who, keys, outcome, snapshot_json, more)
 
     monkeypatch.setattr(TurnIndex, "remember", remember)
     with TestClient(app) as client:

@@ -279,3 +279,8 @@ def test_a_stopped_responses_stream_id_continues_where_its_turn_began(server, fi
     assert sent == (["again"] if first else ["hello", "Hi.", "again"])
     entries = history(server, info["session"])
     assert [(e["ok"], e.get("error")) for e in entries][-2:] == [(False, "cancelled"), (True, None)]
+    # Retrieved, the stopped response says it was cancelled: nothing of it was kept.
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=30) as client:
+        stopped = client.responses.retrieve(stopped_id)
+    assert (stopped.id, stopped.status, stopped.output) == (stopped_id, "cancelled", [])
+    assert stopped.previous_response_id == (earlier.id if earlier else None)

@@ -3,6 +3,7 @@
     GET  /v1/models              each bot, and each `bot/route` entry point
     POST /v1/chat/completions    the last user message is one turn of a chatrun session
     POST /v1/responses           the same in the Responses API; previous_response_id, conversation
+    GET  /v1/responses/{id}      a response as it was answered (the caller's, while kept)
 
 The client sees the conversation, never chatrun's tools: a turn's Message events (and Object
 events as JSON) are the assistant's reply; Thinking, Console and RouteChanged are dropped,
@@ -28,7 +29,7 @@ from starlette.types import Receive
 
 from chatrun.server import openai_resent, openai_schema, openai_tasks, wire
 from chatrun.server.auth import Principal
-from chatrun.server.openai_sessions import Identity, TurnIndex
+from chatrun.server.openai_sessions import KEEP_TURNS, RESPONSE, Identity, Kept, TurnIndex
 from chatrun.server.openai_turn import (
     Attempt,
     OpenAIError,
@@ -114,6 +115,8 @@ def make_openai_router() -> APIRouter:
             ("/responses", responses, openai_schema.RESPONSES, OpenAIRoute)):
         router.add_api_route(path, handler, methods=["POST"], responses=openai_schema.ERROR_RESPONSES,
                              openapi_extra=openai_schema.request_body(schema), route_class_override=route_class)
+    router.add_api_route("/responses/{response_id}", retrieve_response, methods=["GET"],
+                         responses=openai_schema.ERROR_RESPONSES)
     router.add_api_route("/{path:path}", unsupported, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
                          include_in_schema=False)
     return router
@@ -220,7 +223,7 @@ class OpenAIState:
         plain = openai_schema.surely_valid(schema, body)
         wrong = None if plain else openai_schema.problem(schema, body)
         if wrong is not None:
-            raise OpenAIError(400, wrong, code="invalid_request")
+            raise OpenAIError(400, wrong.message, code="invalid_request", param=wrong.param)
         return body, plain
 
     def body_limit(self) -> int:
@@ -231,12 +234,12 @@ class OpenAIState:
     def bot_and_route(self, model: Any) -> tuple[str, str | None]:
         if not isinstance(model, str) or not model:
             raise OpenAIError(400, "model must be the name of a served bot (GET /v1/models lists them)",
-                              code="model_not_found")
+                              code="model_not_found", param="model")
         name, slash, route = model.partition("/")
         bot = self.registry.bots.get(name)
         if bot is None or (slash and route not in bot.config.routes):  # "travel/" is no model either
             raise OpenAIError(404, f"the model {model!r} does not exist; this server serves: "
-                              f"{', '.join(model_ids(self.registry))}", code="model_not_found")
+                              f"{', '.join(model_ids(self.registry))}", code="model_not_found", param="model")
         return name, route or None
 
     def check_length(self, text: str) -> None:
@@ -326,6 +329,20 @@ async def responses(request: Request, who: Caller) -> Any:
     body = await api.read_body(request, openai_schema.RESPONSES)
     response = await ResponseRequest.parse(api, request, body, who)
     return await response.stream(request.receive) if body.get("stream") else await response.answer()
+
+
+async def retrieve_response(response_id: str, request: Request, who: Caller) -> Any:
+    """OpenAI Responses: a response this caller made, as its request was answered (the last
+    turns of each conversation are kept, while the conversation is)."""
+    if request.query_params.get("stream", "false").lower() not in ("false", "0", ""):
+        raise OpenAIError(400, "a kept response is not streamed again: retrieve it without stream",
+                          code="unsupported_parameter", param="stream")
+    kept = await state_of(request).index.kept_response(response_id, who)
+    if kept is None:
+        raise OpenAIError(404, f"no response {response_id!r} for this caller: chatrun keeps the responses of "
+                          f"a conversation's last {KEEP_TURNS} turns, and only for the caller that made them",
+                          code="response_not_found", param="id")
+    return QuickJSONResponse(kept)
 
 
 async def unsupported(request: Request) -> Any:
@@ -561,8 +578,14 @@ class ResponseRequest(TurnRequest):
         return keys
 
     def run(self, emit: Emit | None) -> Coroutine[Any, Any, TurnResult]:
+        stopped = {self.index.response_key(self.id): {RESPONSE: self.response_object("cancelled", None, None)}}
         return run_turn(self.index, self.ident, self.who, self.text, self.prompts, emit, self.keys_after,
-                        uploads=self.uploads, stopped=(self.index.response_key(self.id),))
+                        uploads=self.uploads, stopped=stopped, kept=self.kept_after)
+
+    def kept_after(self, result: TurnResult) -> Kept:
+        """What the response id's record keeps besides the turn: the response object as this
+        request answers it (JSON or the stream's response.completed), for GET /v1/responses/{id}."""
+        return {self.index.response_key(self.id): {RESPONSE: self.response_object("completed", result, result.reply.text)}}
 
     def response_object(self, status: str, result: TurnResult | None, text_out: str | None) -> dict[str, Any]:
         annotations = _response_annotations(result.reply) if result is not None else []
@@ -656,10 +679,10 @@ async def _previous_response(index: TurnIndex, previous_id: str, bot: str, who: 
     previous = await index.response(previous_id, who)
     if previous is None:
         raise OpenAIError(404, f"no response {previous_id!r} (previous_response_id) for this caller",
-                          code="previous_response_not_found")
+                          code="previous_response_not_found", param="previous_response_id")
     if previous.get("bot") != bot:
         raise OpenAIError(400, f"response {previous_id!r} was made by model {previous.get('bot')!r}, "
-                          f"not {bot!r}", code="model_mismatch")
+                          f"not {bot!r}", code="model_mismatch", param="previous_response_id")
     return previous
 
 
@@ -667,7 +690,8 @@ def _conversation_id(conversation: Any) -> str | None:
     if isinstance(conversation, dict):
         conversation = conversation.get("id")
     if conversation is not None and not isinstance(conversation, str):
-        raise OpenAIError(400, "conversation must be an id (a string or {\"id\": ...})", code="invalid_conversation")
+        raise OpenAIError(400, "conversation must be an id (a string or {\"id\": ...})", code="invalid_conversation",
+                          param="conversation")
     return conversation
 
 

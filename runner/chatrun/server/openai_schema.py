@@ -7,11 +7,12 @@ metadata, store, ...) is allowed and ignored: the bot's own model settings apply
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
+from jsonschema.exceptions import ValidationError, best_match
 
 # Roles, item and part types are strings here: the handler says which it supports, and why.
 _TEXT_PART = {
@@ -89,7 +90,7 @@ _ERRORS = {
          "that does not end with the user's message, unsupported content",
     401: "invalid_api_key: no valid token (auth on)",
     403: "permission_error: a route the caller's roles do not allow",
-    404: "model_not_found, previous_response_not_found",
+    404: "model_not_found, previous_response_not_found, response_not_found (`param`: id)",
     408: "the body did not arrive in time",
     409: "the session is busy or changed meanwhile; conversation_ended: an `end` action ended the conversation",
     413: "too_large: the body or the user message is over the limit",
@@ -225,7 +226,15 @@ def surely_valid(schema: dict[str, Any], body: Any, judged: str | None = None) -
     return True
 
 
-def problem(schema: dict[str, Any], body: Any, judged: str | None = None) -> str | None:
+class Problem(NamedTuple):
+    """What is wrong with a request body: the message (its place first), and `param`, the field
+    at fault as OpenAI names one (`messages[2].content`, `n`; None for the body as a whole)."""
+
+    message: str
+    param: str | None
+
+
+def problem(schema: dict[str, Any], body: Any, judged: str | None = None) -> Problem | None:
     """What is wrong with a request body (the first error, with its place), or None.
     `judged`: as surely_valid's."""
     if surely_valid(schema, body, judged):
@@ -238,5 +247,18 @@ def problem(schema: dict[str, Any], body: Any, judged: str | None = None) -> str
     error = best_match(validator.iter_errors(body))
     if error is None:
         return None
-    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
-    return f"{where or 'the body'}: {error.message}"
+    where = place(error.absolute_path)
+    return Problem(f"{where or 'the body'}: {error.message}", place([*error.absolute_path, *_missing(error)]) or None)
+
+
+def place(path: Iterable[str | int]) -> str:
+    """A place in a body as OpenAI writes one: `messages[2].content`."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def _missing(error: ValidationError) -> list[str]:
+    """The member a `required` error misses (its place is the object's): the field at fault."""
+    required = error.validator_value
+    if error.validator != "required" or not isinstance(error.instance, dict) or not isinstance(required, list):
+        return []
+    return [name for name in required if name not in error.instance][:1]

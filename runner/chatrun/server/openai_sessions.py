@@ -32,7 +32,9 @@ written as a delta of the state this process recorded for the same live session'
 not grow with the conversation), in full every CHAIN turns, after a restart and when a memory
 was rewritten; a fork reads the chain back to a full state. Only the last KEEP_TURNS turns of a
 session are kept (an older one matches nothing: rule 3) with the states their chains need, and
-a session's records go when it is deleted. The list of those kept turns is read back only when
+a session's records go when it is deleted. A Responses id's record also keeps the response object
+its request answered (`RESPONSE`), which GET /v1/responses/{id} answers (`kept_response`) as long
+as the id is kept. The list of those kept turns is read back only when
 this process did not write it last for the same live session (`_Recorded.listed`).
 """
 
@@ -84,6 +86,8 @@ REPLAY_WAIT = 300.0
 REPLAY_POLL = 0.1
 
 Exchange = list[tuple[str, str]]  # (role, text) pairs, role "user" or "assistant"
+Kept = dict[str, dict[str, Any]]  # by key of the index: what its record keeps besides the turn's
+RESPONSE = "response"  # a response id's record's member: the response object (TurnIndex.kept_response)
 # Turns of a session that can be continued or forked from. Each record holds a snapshot and the
 # memories, so keeping every turn would grow a session's index with the square of its length.
 KEEP_TURNS = 32
@@ -293,6 +297,15 @@ class TurnIndex:
             return None
         return record
 
+    async def kept_response(self, response_id: str, who: Principal | None) -> dict[str, Any] | None:
+        """The response object a Responses request answered (GET /v1/responses/{id}), kept with
+        its id's record while the index keeps the turn (KEEP_TURNS, until the session is
+        deleted), and only for the caller that made it; None otherwise, or for a response
+        recorded before chatrun kept them."""
+        record = await self.response(response_id, who)
+        kept = None if record is None else record.get(RESPONSE)
+        return kept if isinstance(kept, dict) else None
+
     async def _alive(self, record: dict[str, Any]) -> bool:
         # A deleted session is gone for good: its recorded turns neither continue nor fork.
         return await self.registry.store.version(record["session"]) is not None
@@ -415,12 +428,14 @@ class TurnIndex:
     # -- after a committed turn ---------------------------------------------------------------
 
     async def remember(self, session: Session, who: Principal | None, keys: list[str],
-                       outcome: tuple[str, dict[str, Any]] | None = None, snapshot_json: str | None = None) -> None:
+                       outcome: tuple[str, dict[str, Any]] | None = None, snapshot_json: str | None = None,
+                       more: Kept | None = None) -> None:
         """Record the session as it is now (right after a committed turn) under `keys`, and the
         request's `outcome` (its key, what it answered), in one call of a local store's
         thread (LocalAsyncStore.in_one_call), else one call a record. `snapshot_json`: the
         session's snapshot as the turn's commit encoded it (TurnRun.committed_snapshot), put in
-        the state's record as it is instead of encoding the snapshot again."""
+        the state's record as it is instead of encoding the snapshot again. `more`: what some
+        keys' records keep besides (a response id's: the response object, `kept_response`)."""
         turn = session.turn_count
         memories = {mid: tuple(messages) for mid, messages in session.memories().items()}
         last = self._recorded.get(session)
@@ -429,20 +444,21 @@ class TurnIndex:
                   "state": self.state_key(session.id, turn), "at": time.time()}
         listed = last.listed if last is not None and last.turn < turn else None
         work = functools.partial(_remember, session.id, turn, state, record, keys, outcome, listed,
-                                 snapshot_json=snapshot_json)
+                                 snapshot_json=snapshot_json, more=more)
         in_one_call = getattr(self.records, "in_one_call", None)
         recorded.listed = await (in_one_call(work) if in_one_call is not None else work(self.records))
         self._recorded[session] = recorded  # written: the next state may be a delta of this one
 
-    async def remember_stopped(self, session: Session, who: Principal | None, turn: int, keys: tuple[str, ...]) -> None:
-        """A stopped turn's `keys` (a closed Responses stream's id) name the session at `turn`, where
-        the turn began: rolled back, it committed nothing, so continuing it (previous_response_id)
-        goes on from there, as if the stopped message had not been sent (docs/openai-api.md, Stop).
-        Deleted with the session; not among its kept turns."""
+    async def remember_stopped(self, session: Session, who: Principal | None, turn: int, keys: Kept) -> None:
+        """A stopped turn's `keys` (a closed Responses stream's id, with what its record keeps
+        besides: the response object) name the session at `turn`, where the turn began: rolled
+        back, it committed nothing, so continuing it (previous_response_id) goes on from there, as
+        if the stopped message had not been sent (docs/openai-api.md, Stop). Deleted with the
+        session; not among its kept turns."""
         record = {"bot": session.bot.name, "owner": _owner(who), "session": session.id, "turn": turn,
                   "state": self.state_key(session.id, turn), "at": time.time(), "stopped": True}
-        for key in keys:
-            await self.records.put_record(key, record, session.id)
+        for key, besides in keys.items():
+            await self.records.put_record(key, record | besides, session.id)
 
     def _state_after(self, session: Session, turn: int, memories: dict[str, tuple[Message, ...]],
                      snapshot_json: str | None = None) -> tuple[dict[str, Any], _Recorded]:
@@ -512,9 +528,10 @@ async def _look_up(claim: str | None, key: str | None, session_id: str | None,
 
 async def _remember(session_id: str, turn: int, state: dict[str, Any], record: dict[str, Any], keys: list[str],
                     outcome: tuple[str, dict[str, Any]] | None, listed: _Kept | None,
-                    records: RecordOps, *, snapshot_json: str | None = None) -> _Kept:
+                    records: RecordOps, *, snapshot_json: str | None = None, more: Kept | None = None) -> _Kept:
     """TurnIndex.remember's writes: the state (with its snapshot's JSON text when known), the
-    keys, the request's outcome, and the session's last KEEP_TURNS turns kept (see KEEP_TURNS)
+    keys (each with what `more` says its record keeps besides), the request's outcome, and the
+    session's last KEEP_TURNS turns kept (see KEEP_TURNS)
     with the states their chains start from (each state's parent, listed under "states"); that
     list is `listed` when the caller knows it, else read. Returns the list written. Awaits
     nothing but `records` (in_one_call)."""
@@ -524,7 +541,9 @@ async def _remember(session_id: str, turn: int, state: dict[str, Any], record: d
         await records.put_record(outcome[0], outcome[1], session_id)
     text = _flat_text(record) if keys else ""
     for key in keys:
-        if not await _put_text(records, key, text, session_id):
+        if more and key in more:
+            await records.put_record(key, record | more[key], session_id)
+        elif not await _put_text(records, key, text, session_id):
             await records.put_record(key, record, session_id)
     kept = listed if listed is not None else _Kept.read(await records.get_record(TurnIndex.turns_key(session_id)))
     written, dropped, unneeded = _kept_after(kept, turn, keys, state.get("parent"))

@@ -28,7 +28,7 @@ from chatrun.server.audience import for_clients
 from chatrun.server.auth import Principal
 from chatrun.server.guard import openai_code
 from chatrun.server.inspect import pending_data
-from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Opened, TurnIndex
+from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Kept, Opened, TurnIndex
 from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
 from chatrun.store.blobs import BlobArea
 
@@ -210,18 +210,25 @@ class TurnResult:
     events: list[dict[str, Any]] = field(default_factory=list)  # the client's events, without Stream chunks
 
 
+# What a committed turn's keys' records keep besides the turn, made from its result (run_turn's `kept`).
+KeptAfter = Callable[[TurnResult], Kept]
+
+
 async def run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], attempt: Attempt | None = None,
-    uploads: tuple[Upload, ...] = (), stopped: tuple[str, ...] = (),
+    uploads: tuple[Upload, ...] = (), stopped: Kept | None = None, kept: KeptAfter | None = None,
 ) -> TurnResult:
     """One turn in the request's session; the index records it when it commits. With an
     `attempt`, a retry of a committed request replays that turn's answer instead. `emit` None:
     nobody reads the events before the turn ends (a JSON answer), so the turn runs whole in
     this task (SessionRegistry.turn's `whole`: no task and queue of its own). `stopped`: the keys
-    that name the session as a stopped turn left it (a Responses stream's response id)."""
+    that name the session as a stopped turn left it (a Responses stream's response id), with
+    what their records keep besides; `kept`: what the committed turn's keys' records keep besides
+    (a Responses request's response object), as storage guardrails leave it."""
     if attempt is None:
-        return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, stopped=stopped)
+        return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, stopped=stopped,
+                               kept=kept)
     if attempt.retry:
         recorded = await index.claim_or_outcome(attempt.key)
         if recorded is not None:
@@ -231,7 +238,8 @@ async def run_turn(
     claim = None if attempt.retry else attempt.key
     try:
         # A committed turn's outcome is settled with the index's records of it (TurnIndex.remember).
-        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt, claim)
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt, claim,
+                                 stopped=stopped, kept=kept)
     except BaseException:
         await asyncio.shield(index.release(attempt.key))
         raise
@@ -270,7 +278,8 @@ def _replay(recorded: dict[str, Any], emit: Emit | None) -> TurnResult:
 async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
-    attempt: Attempt | None = None, claim: str | None = None, stopped: tuple[str, ...] = (),
+    attempt: Attempt | None = None, claim: str | None = None, stopped: Kept | None = None,
+    kept: KeptAfter | None = None,
 ) -> TurnResult:
     whole, emit = emit is None, emit or _nobody
     reply = Reply()
@@ -317,13 +326,16 @@ async def _run_turn(
             info["usage_estimated"] = True
         if cost is not None:
             info["cost"] = cost
+        result = TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
         if ok:  # what a retry of the request replays (the attempt's outcome), with the turn's keys
             # The store keeps what a retry replays: the events as the history keeps them (`storage` guardrails).
+            routes = [route, session.route]
             outcome = None if attempt is None else (attempt.key, {
-                "events": guardrails.kept_value(session.bot.config, [route, session.route], events), "usage": usage,
+                "events": guardrails.kept_value(session.bot.config, routes, events), "usage": usage,
                 "estimated": estimated, "session": info, "asks": attempt.asks})
-            await index.remember(session, who, keys_after(reply), outcome, run.committed_snapshot())
-        return TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
+            more = None if kept is None else guardrails.kept_value(session.bot.config, routes, kept(result))
+            await index.remember(session, who, keys_after(reply), outcome, run.committed_snapshot(), more)
+        return result
 
 
 async def _fed(run: TurnRun, reply: Reply, events: list[dict[str, Any]], emit: Emit) -> str | None:
@@ -456,9 +468,11 @@ def _text_of(content: Any, where: str) -> str:
             elif not (isinstance(part, dict) and part.get("type") in FILE_PARTS):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise OpenAIError(400, f"{where}.content[{i}]: parts of type {kind!r} are not supported; "
-                                  f"send {', '.join(TEXT_PARTS + FILE_PARTS)}", code="unsupported_content")
+                                  f"send {', '.join(TEXT_PARTS + FILE_PARTS)}", code="unsupported_content",
+                                  param=f"{where}.content[{i}].type")
         return "".join(texts)
-    raise OpenAIError(400, f"{where}.content must be a string or a list of parts", code="invalid_content")
+    raise OpenAIError(400, f"{where}.content must be a string or a list of parts", code="invalid_content",
+                      param=f"{where}.content")
 
 
 def check_said(text: str, uploads: tuple[Upload, ...], where: str, param: str) -> None:
@@ -490,10 +504,10 @@ def _upload(part: dict[str, Any], where: str) -> Upload:
         file = part.get("file") if part["type"] == "file" else part
         if not isinstance(file, dict) or not isinstance(file.get("file_data"), str):
             raise OpenAIError(400, f"{where}: a file part needs file_data (a base64 data URL); file ids "
-                              "are not supported (chatrun has no Files API)", code="unsupported_content")
+                              "are not supported (chatrun has no Files API)", code="unsupported_content", param=where)
         url, name = file["file_data"], str(file.get("filename") or "")
     if not isinstance(url, str):
-        raise OpenAIError(400, f"{where}: the image's url must be a string", code="invalid_content")
+        raise OpenAIError(400, f"{where}: the image's url must be a string", code="invalid_content", param=where)
     if url.startswith(("http://", "https://")):
         return Upload("image/*", url=url)
     return _decoded(url, name, where)
@@ -502,15 +516,17 @@ def _upload(part: dict[str, Any], where: str) -> Upload:
 def _audio(audio: Any, where: str) -> Upload:
     """An `input_audio` part: {"data": base64, "format": "wav" | "mp3"}."""
     if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
-        raise OpenAIError(400, f"{where}: an input_audio part needs input_audio.data (base64)", code="invalid_content")
+        raise OpenAIError(400, f"{where}: an input_audio part needs input_audio.data (base64)", code="invalid_content",
+                          param=f"{where}.input_audio.data")
     media_type = AUDIO_MEDIA_TYPES.get(str(audio.get("format", "")).lower())
     if media_type is None:
         raise OpenAIError(400, f"{where}: input_audio.format must be {' or '.join(AUDIO_MEDIA_TYPES)}, "
-                          f"not {audio.get('format')!r}", code="invalid_content")
+                          f"not {audio.get('format')!r}", code="invalid_content", param=f"{where}.input_audio.format")
     try:
         data = base64.b64decode(audio["data"], validate=True)
     except ValueError:
-        raise OpenAIError(400, f"{where}: input_audio.data is not valid base64", code="invalid_content") from None
+        raise OpenAIError(400, f"{where}: input_audio.data is not valid base64", code="invalid_content",
+                          param=f"{where}.input_audio.data") from None
     return Upload(media_type, data, name=f"audio.{audio['format'].lower()}")
 
 
@@ -521,11 +537,12 @@ def _decoded(url: str, name: str, where: str) -> Upload:
             head, payload = "data:application/octet-stream;base64", url
         else:
             raise OpenAIError(400, f"{where}: expected a base64 data URL (data:<type>;base64,...) "
-                              "or an http(s) URL", code="invalid_content")
+                              "or an http(s) URL", code="invalid_content", param=where)
     try:
         data = base64.b64decode(payload, validate=True)
     except ValueError:
-        raise OpenAIError(400, f"{where}: the data URL's base64 is invalid", code="invalid_content") from None
+        raise OpenAIError(400, f"{where}: the data URL's base64 is invalid", code="invalid_content",
+                          param=where) from None
     return Upload(head[len("data:"):-len(";base64")] or "application/octet-stream", data, name=name)
 
 
@@ -579,14 +596,14 @@ def conversation_of(messages: Any, where: str) -> tuple[Exchange, str]:
 def read_conversation(messages: Any, where: str) -> tuple[Exchange, str, bool]:
     """conversation_of's answer, and whether every message was a usual one (usual_exchange)."""
     if not isinstance(messages, list) or not messages:
-        raise OpenAIError(400, f"{where} must be a non-empty list of messages", code="invalid_messages")
+        raise OpenAIError(400, f"{where} must be a non-empty list of messages", code="invalid_messages", param=where)
     exchange = usual_exchange(messages)
     usual = exchange is not None
     if exchange is None:
         exchange = _exchange_of(messages, where)
     if not exchange or exchange[-1][0] != "user":
         raise OpenAIError(400, f"the last message of {where} must be the user's (the turn to run)",
-                          code="invalid_messages")
+                          code="invalid_messages", param=where)
     return exchange[:-1], exchange[-1][1], usual
 
 
@@ -602,15 +619,16 @@ def _exchange_of(messages: list[Any], where: str) -> Exchange:
         if isinstance(message, str):
             message = {"role": "user", "content": message}
         if not isinstance(message, dict):
-            raise OpenAIError(400, f"{where}[{i}] must be a message object", code="invalid_messages")
+            raise OpenAIError(400, f"{where}[{i}] must be a message object", code="invalid_messages",
+                              param=f"{where}[{i}]")
         role = message.get("role")
         if message.get("type") not in (None, "message"):
             raise OpenAIError(400, f"{where}[{i}]: items of type {message.get('type')!r} are not supported; "
-                              "chatrun's tools run inside the bot", code="unsupported_item")
+                              "chatrun's tools run inside the bot", code="unsupported_item", param=f"{where}[{i}].type")
         if role in ("system", "developer"):
             continue
         if role not in _SPEAKERS:
             raise OpenAIError(400, f"{where}[{i}]: role {role!r} is not supported; chatrun's tools run inside the bot, "
-                              "send user and assistant messages", code="unsupported_role")
+                              "send user and assistant messages", code="unsupported_role", param=f"{where}[{i}].role")
         exchange.append((role, _text_of(message.get("content"), f"{where}[{i}]").strip()))
     return exchange
