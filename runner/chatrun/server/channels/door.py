@@ -143,8 +143,14 @@ class Channels:
         name, claims = f"{kind}:{inbound.user}", (("display_name", inbound.name),) if inbound.name else ()
         return self.auth.principal(name, claims) if self.auth is not None else Principal(name, claims=claims)
 
-    async def deliver(self, bot: BotConfig, kind: str, body: dict[str, Any]) -> Attempt:
-        """Send one queued reply (an outbox entry's body) through the bot's channel."""
+    async def deliver(self, bot: BotConfig, kind: str, body: dict[str, Any], within: float | None = None) -> Attempt:
+        """Send one queued reply (an outbox entry's body) through the bot's channel: its messages
+        (`fitted`) in order, one platform call each. `within`: the seconds this try may take
+        (the outbox's claim covers them): a further message starts only while a whole call's
+        `timeout` is left, and the rest is left to the next try (a failed one), so that a long
+        reply to a slow platform never outlives the claim while another replica, claiming the
+        entry after it, sends the same messages."""
+        started = time.monotonic()
         channel = self.of(bot, kind)
         if channel is None:
             return Attempt(False, f"bot {bot.name} declares no channel {kind}")
@@ -157,6 +163,10 @@ class Channels:
             streamed = await self._streamed(channel, body)
             sent = int((await self.store.get_record(key) or {}).get("sent") or 0) if key and self.store else 0
             for i, message in enumerate(messages[sent:], sent):
+                if i > sent and within is not None and time.monotonic() - started + channel.timeout > within:
+                    return Attempt(False, f"channel {kind} of bot {bot.name}: {i} of the reply's {len(messages)} "
+                                   f"messages sent within this try's {within:g} s (a call may take "
+                                   f"{channel.timeout:g} s); the rest on the next try")
                 if i == 0 and streamed is not None:  # the message the model's stream was shown in
                     await channel.replace(self.client(), streamed, message)
                 else:
