@@ -528,3 +528,20 @@ def shop_responder(body: dict[str, Any]) -> dict[str, Any]:
                "fail": {"status": 500, "body": "down"},
                "slow": {"text": "Slow answer.", "delay": 6}}
     return special.get(user, {"text": f"You said {user}."})
+
+
+def die_after_a_notice_commits(store: Any, monkeypatch: Any) -> list[str]:
+    """The server dying right after a channel notice's commit landed, before anything after it
+    ran: the real store writes the commit, then the request fails as a kill leaves it (no answer
+    to the platform). The sessions it happened in, once it has (at the first notice only)."""
+    commit_turn, crashed = store.commit_turn, []
+
+    async def commit_then_die(commit: Any, lease: Any) -> str:
+        version = await commit_turn(commit, lease)
+        if not crashed and any('"notice"' in entry for entry in commit.history_json):
+            crashed.append(commit.session_id)
+            raise RuntimeError("killed right after the notice's commit")
+        return str(version)
+
+    monkeypatch.setattr(store, "commit_turn", commit_then_die)
+    return crashed

@@ -33,6 +33,7 @@ from channel_support import (
     FakeSlack,
     FakeTelegram,
     FakeWhatsApp,
+    die_after_a_notice_commits,
     slack_file_share,
     slack_message,
     slack_press,
@@ -477,31 +478,13 @@ def test_a_message_over_max_message_chars_runs_no_turn_and_the_user_is_told_the_
     assert chat.texts()[1] == "You said hello." and len(chat.fake.requests) == 1
 
 
-def crash_after_the_notice_commits(chat, monkeypatch) -> list[str]:
-    """The process dying right after a notice's commit landed, before anything after it ran (the
-    real store writes the commit; then the request fails as a kill would leave it: no answer).
-    The sessions it happened in, once it has."""
-    store = chat.client.app.state.registry.store
-    commit_turn, crashed = store.commit_turn, []
-
-    async def commit_then_die(commit, lease):
-        version = await commit_turn(commit, lease)
-        if not crashed and any('"notice"' in entry for entry in commit.history_json):
-            crashed.append(commit.session_id)
-            raise RuntimeError("killed right after the notice's commit")
-        return version
-
-    monkeypatch.setattr(store, "commit_turn", commit_then_die)
-    return crashed
-
-
 def test_a_notice_committed_just_before_a_crash_is_not_sent_again_for_the_retried_delivery(chat, monkeypatch):
     """The notice and the mark that its delivery was answered are one commit (the delivery's
     request id is the notice's outcome): a crash right after it leaves nothing half done, and the
     platform's retry of the delivery (Slack's: the replica that takes the message over) is
     answered from it, so the user is told once. (The mark was a store record written after the
     commit: the retry after such a crash told the user a second time.)"""
-    crashed = crash_after_the_notice_commits(chat, monkeypatch)
+    crashed = die_after_a_notice_commits(chat.client.app.state.registry.store, monkeypatch)
     chat.user.say("x" * 8001, delivery=79)  # the platform gets no answer: the process died (Slack's got 200)
     wait_until(lambda: crashed, what="the notice's commit")
     for _ in range(2):  # the platform sends it again (Slack: the record of the message is run again)
