@@ -47,6 +47,7 @@ class _FakeApi:
         self.status = 200
         self.answer_headers: dict[str, str] = {}  # sent with every answer not 200 (Slack's Retry-After)
         self.trickle = 0.0  # seconds between two bytes of an answer's body (0: at once)
+        self.delay = 0.0  # seconds a POST waits before it is answered (a slow platform)
         self.pad = 0  # spaces after an answer's JSON (a huge answer)
         self.seen: list[ApiCall] = []
         self._lock = threading.Lock()
@@ -57,6 +58,7 @@ class _FakeApi:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 call = ApiCall(self.path, json.loads(raw or b"{}"), 0)
                 call.headers = {k.lower(): v for k, v in self.headers.items()}
+                time.sleep(fake.delay)
                 status, body = fake.answer(call)
                 call.status = status
                 with fake._lock:
@@ -167,7 +169,7 @@ class FakeSlack(_FakeApi):
 
     def calls(self, method: str) -> list[dict[str, Any]]:
         with self._lock:
-            return [c.body for c in self.seen if c.path.endswith(f"/{method}") and not c.refused
+            return [c.body for c in self.seen if c.path.endswith(f"/{method}") and not c.refused and c.status == 200
                     and c.headers.get("authorization") == f"Bearer {self.token}" and self.status == 200]
 
 
@@ -292,6 +294,7 @@ class FakeBotFramework:
         self.jwks = {"keys": [jwk | {"kid": "test-key-1", "use": "sig", "alg": "RS256"}]}
         self.status = 200
         self.trickle = 0.0  # seconds between two bytes of the Bot Connector's answer (0: at once)
+        self.delay = 0.0  # seconds an activity's POST waits before it is answered (a slow platform)
         self.keys_status = 200  # what GET /keys answers (another status: the keys' endpoint failing)
         self.activities: list[dict[str, Any]] = []
         self.tokens_issued = 0
@@ -333,6 +336,7 @@ class FakeBotFramework:
                     return self._json(fake.status, {"error": {"code": "ServiceError"}})
                 if len(raw) > 28 * 1024:  # the Bot Connector's limit on an activity
                     return self._json(413, {"error": {"code": "MessageSizeTooBig", "message": "Activity too large"}})
+                time.sleep(fake.delay)
                 fake.activities.append({"path": self.path, **json.loads(raw)})
                 return self._json(201, {"id": f"reply-{len(fake.activities)}"}, fake.trickle)
 
@@ -397,6 +401,7 @@ class FakeTelegram:
         self.status = 200
         self.retry_after: int | None = None  # a 429's `parameters.retry_after`, when set
         self.trickle = 0.0  # seconds between two bytes of an answer's body (0: at once)
+        self.delay = 0.0  # seconds a POST waits before it is answered (a slow platform)
         self.files: dict[str, bytes] = {}
         self.downloads: list[str] = []
         self.seen: list[ApiCall] = []
@@ -406,6 +411,7 @@ class FakeTelegram:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(fake.delay)
                 status = fake.status if self.path.startswith(f"/bot{fake.token}/") else 401
                 call = ApiCall(self.path, json.loads(raw or b"{}"), status)
                 with fake._lock:
@@ -522,3 +528,20 @@ def shop_responder(body: dict[str, Any]) -> dict[str, Any]:
                "fail": {"status": 500, "body": "down"},
                "slow": {"text": "Slow answer.", "delay": 6}}
     return special.get(user, {"text": f"You said {user}."})
+
+
+def die_after_a_notice_commits(store: Any, monkeypatch: Any) -> list[str]:
+    """The server dying right after a channel notice's commit landed, before anything after it
+    ran: the real store writes the commit, then the request fails as a kill leaves it (no answer
+    to the platform). The sessions it happened in, once it has (at the first notice only)."""
+    commit_turn, crashed = store.commit_turn, []
+
+    async def commit_then_die(commit: Any, lease: Any) -> str:
+        version = await commit_turn(commit, lease)
+        if not crashed and any('"notice"' in entry for entry in commit.history_json):
+            crashed.append(commit.session_id)
+            raise RuntimeError("killed right after the notice's commit")
+        return str(version)
+
+    monkeypatch.setattr(store, "commit_turn", commit_then_die)
+    return crashed

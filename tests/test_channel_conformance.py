@@ -33,6 +33,7 @@ from channel_support import (
     FakeSlack,
     FakeTelegram,
     FakeWhatsApp,
+    die_after_a_notice_commits,
     slack_file_share,
     slack_message,
     slack_press,
@@ -475,6 +476,28 @@ def test_a_message_over_max_message_chars_runs_no_turn_and_the_user_is_told_the_
     assert chat.user.say("hello") == 200  # a message within the limit runs its turn as ever
     wait_until(lambda: len(chat.user.replies()) == 2, what="the reply")
     assert chat.texts()[1] == "You said hello." and len(chat.fake.requests) == 1
+
+
+def test_a_notice_committed_just_before_a_crash_is_not_sent_again_for_the_retried_delivery(chat, monkeypatch):
+    """The notice and the mark that its delivery was answered are one commit (the delivery's
+    request id is the notice's outcome): a crash right after it leaves nothing half done, and the
+    platform's retry of the delivery (Slack's: the replica that takes the message over) is
+    answered from it, so the user is told once. (The mark was a store record written after the
+    commit: the retry after such a crash told the user a second time.)"""
+    crashed = die_after_a_notice_commits(chat.client.app.state.registry.store, monkeypatch)
+    chat.user.say("x" * 8001, delivery=79)  # the platform gets no answer: the process died (Slack's got 200)
+    wait_until(lambda: crashed, what="the notice's commit")
+    for _ in range(2):  # the platform sends it again (Slack: the record of the message is run again)
+        assert chat.user.say("x" * 8001, delivery=79) == 200
+    store = chat.client.app.state.registry.store
+    wait_until(lambda: chat.client.portal.call(store.record_keys, "channel-in:") == [], timeout=60,
+               what="the acknowledged message run again")
+    chat.settled()
+    assert chat.texts() == ["Sorry, your message is too long: I take messages of up to 8000 characters. "
+                            "Please send a shorter one."]
+    history = chat.client.portal.call(store.load_history, crashed[0])
+    assert [e["notice"]["why"] for e in history] == ["userMessage of 8001 characters is over the limit of 8000"]
+    assert chat.fake.requests == []
 
 
 def test_a_reply_longer_than_the_platform_takes_arrives_whole_in_several_messages(chat):

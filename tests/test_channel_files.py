@@ -19,6 +19,7 @@ from channel_support import (
     FakeSlack,
     FakeTelegram,
     FakeWhatsApp,
+    die_after_a_notice_commits,
     slack_file_share,
     slack_signed,
     telegram_file,
@@ -157,6 +158,24 @@ def test_a_file_notice_the_platform_refuses_at_first_still_arrives_once(tmp_path
                                         "of up to 4.88 kB, at most 2 per message."]
     assert fake.requests == [] and [e for e in history if "turn" in e] == []
     assert "text/csv" in history[0]["notice"]["why"]
+
+
+def test_a_file_notice_committed_just_before_a_crash_is_not_sent_again_for_the_retry(client, apis, fake,
+                                                                                      monkeypatch):
+    """The refused file's notice is its delivery's answer, in its own commit: the server dying
+    right after that commit, Telegram's retry of the update is answered from it (before, a
+    record written after the commit said it was told, and the retry told the user again)."""
+    telegram = apis[0]
+    telegram.files["doc-1"] = b"a,b\n1,2\n"
+    crashed = die_after_a_notice_commits(client.app.state.registry.store, monkeypatch)
+    update = telegram_file(1, "doc-1", kind="document", mime_type="text/csv")
+    assert to_telegram(client, update).status_code >= 500  # the answer the platform never got
+    assert crashed
+    assert to_telegram(client, update).status_code == 200  # its retry
+    wait_until(lambda: client.get("/outbox").json()["entries"] == [], what="the outbox emptied")
+    assert telegram_texts(telegram) == ["Sorry, I cannot take that file. I take image/*, application/pdf files "
+                                        "of up to 4.88 kB, at most 2 per message."]
+    assert fake.requests == [] and telegram.downloads == []
 
 
 def test_a_file_over_max_bytes_is_refused_while_it_is_read(client, apis, fake):

@@ -2,12 +2,14 @@
 tests/channel_support.py, real HTTP servers on loopback), through `Channels.deliver` as the
 outbox calls it: a platform trickling its answer in fails the attempt within the channel's
 timeout (httpx's timeout is per read: the attempt outlived the outbox's claim, and another
-replica sent the reply again), and a huge answer is not read whole. Every kind calls its
-platform through the one `ChannelKind.call`."""
+replica sent the reply again), a huge answer is not read whole, and a long reply to a slow
+platform is sent over several tries, each within the outbox's claim, none sending a message
+again. Every kind calls its platform through the one `ChannelKind.call`."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -15,8 +17,9 @@ import pytest
 import chatrun
 from channel_support import FakeSlack, FakeTelegram, FakeWhatsApp
 from chatrun.server.channels.base import MAX_ANSWER_BYTES, ChannelKind
-from chatrun.server.channels.door import Channels
+from chatrun.server.channels.door import CHANNELS, Channels
 from chatrun.server.webhook import Attempt
+from chatrun.store.aio import open_async_store
 
 pytest.importorskip("jwt", reason="PyJWT is not installed (pip install -e '.[test]' brings it)")
 
@@ -108,3 +111,61 @@ def test_a_platforms_answer_is_read_as_before(tmp_path, monkeypatch, env):
         delivered = deliver(tmp_path, "slack", api)
         assert delivered.delivered, delivered.error
         assert [c["text"] for c in api.calls("chat.postMessage")] == ["Hello."]
+
+
+def sent_texts(kind: str, api: Any) -> list[str]:
+    """The texts of the messages the platform took, in order."""
+    if kind == "teams":
+        return [a["text"] for a in list(api.activities)]
+    if kind == "whatsapp":
+        return [m["text"]["body"] for m in api.calls("1065550001/messages")]
+    return [m["text"] for m in api.calls({"telegram": "sendMessage", "slack": "chat.postMessage"}[kind])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["telegram", "slack", "whatsapp", "teams"])
+def test_a_long_reply_to_a_slow_platform_is_sent_over_tries_within_the_claim_and_never_twice(
+        tmp_path, monkeypatch, env, kind):
+    """A reply of five messages (five paragraphs, each 0.8 of the platform's most) is five calls,
+    one after another. The platform answers each in 0.4 s: a try that may take 1.5 s (the
+    outbox's claim) with calls of up to 1 s starts no call past 0.5 s, so it sends two, notes
+    them, and fails naming what is left; each next try sends from there (the second is refused
+    by the platform), until the reply is whole. (All five were sent in one try however long it took: a reply of many messages held
+    the claim past its lease, and another replica claiming it sent them again.)"""
+    monkeypatch.setattr(ChannelKind, "timeout", 1.0)
+    size = CHANNELS[kind].max_text or 0
+    paragraphs = [f"Part {i}. " + "word " * int(0.8 * size / 5) for i in range(5)]
+    paragraphs = [p.strip() for p in paragraphs]
+    (tmp_path / "bot.yaml").write_text(BOT)
+    bot = chatrun.load_bot(tmp_path / "bot.yaml").config
+    with fake_of(kind) as api:
+        monkeypatch.setenv("API", api.url)
+        api.delay = 0.4
+        body = {"id": "evt_long", "session": "s1",
+                "data": {"to": address(kind, api), "events": [{"type": "Message", "data": "\n\n".join(paragraphs)}]}}
+
+        async def tries() -> list[tuple[Attempt, float]]:
+            store = open_async_store(f"sqlite:///{tmp_path / 's.db'}")
+            channels = Channels(None, store)
+            made: list[tuple[Attempt, float]] = []
+            try:
+                while not made or not made[-1][0].delivered:
+                    assert len(made) < 6, made  # each try but the refused one sends a message at least
+                    api.status = 502 if len(made) == 1 else 200  # the second try: the platform refuses
+                    started = time.monotonic()
+                    attempt = await channels.deliver(bot, kind, body, within=1.5)
+                    made.append((attempt, time.monotonic() - started))
+                return made
+            finally:
+                await channels.aclose()
+                await store.close()
+
+        made = asyncio.run(tries())
+        texts = sent_texts(kind, api)
+    assert texts == paragraphs  # each message once, in order
+    first, seconds = made[0]
+    assert not first.delivered and first.error is not None
+    assert first.error.startswith(f"channel {kind} of bot shop: ") and first.error.endswith(
+        " of the reply's 5 messages sent within this try's 1.5 s (a call may take 1 s); the rest on the next try")
+    assert seconds < 1.5 + 1.0  # (a bound for a loaded machine: what a try may take, plus a call)
+    assert not made[1][0].delivered and made[1][0].status == 502

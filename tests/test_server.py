@@ -528,7 +528,7 @@ def test_a_rating_or_a_notice_is_no_turn_to_the_session_readers(fake, write_bot)
 
         async def only_a_notice() -> None:
             async with registry.session("popper", "k2", None, OPEN) as session:
-                await registry.notice(session, "Sorry, your message is too long.", "over the limit")
+                await registry.turn(session, "x" * 9000, "d1").notice("Sorry, your message is too long.", "over the limit")
 
         c.portal.call(only_a_notice)
         resource = c.get("/bots/popper/sessions/k2")

@@ -191,6 +191,25 @@ def test_a_load_and_a_commit_are_one_json_pass_each(travel, tmp_path, monkeypatc
     sync.close()
 
 
+def test_a_notice_is_its_requests_outcome_even_folded_into_the_sessions_first_commit(travel, tmp_path):
+    """A notice that answers a request (a channel's message refused before any turn) is kept as
+    that request's outcome, in its own commit: so also when the buffer folds it into a commit
+    waiting before it (a new session's first snapshot), and the store writes both at once."""
+    sync = SQLiteStore(tmp_path / "n.db")
+    store = LocalAsyncStore(sync)
+    buffer = TurnBuffer("s1", track_committed=True)
+    session = travel.session(store=buffer, session_id="s1", model=ScriptedModel([]))  # its first snapshot waits
+    buffer.request_id = "telegram:7"
+    session.notice("Sorry, your message is too long.", "over the limit")
+    commit = buffer.take()
+    commit.expected = CREATE
+    asyncio.run(store.commit_turn(commit, None))
+    outcome = asyncio.run(store.get_outcome("s1", "telegram:7"))
+    assert outcome is not None and outcome["notice"]["why"] == "over the limit" and "turn" not in outcome
+    assert [e["requestId"] for e in sync.load_history("s1")] == ["telegram:7"]
+    sync.close()
+
+
 def test_the_buffer_is_a_session_store_and_the_stores_are_durable(tmp_path):
     buffer = TurnBuffer("s1")
     assert isinstance(buffer, SessionStore) and not isinstance(buffer, DurableStore)

@@ -50,7 +50,9 @@ log = logging.getLogger("chatrun.outbox")
 GAUGE_LIMIT = 10_000  # the outbox gauges count this many entries at most
 MEASURE_EVERY = 10.0  # seconds between two updates of the outbox gauges
 WARN_EVERY = 300.0  # seconds between two warnings about the same unserved route
-CHANNEL_SEND_TIME = 30.0  # seconds a channel reply (a few platform calls) may take, for the claim
+# Seconds one try at a channel reply may take, for the claim: its messages are sent one call
+# each while a call's whole timeout (10 s) is left of it, the rest on the next try (door.py, deliver).
+CHANNEL_SEND_TIME = 30.0
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,8 @@ class OutboxWorker:
 
     async def _attempt(self, served: Served, entry: OutboxEntry) -> Attempt:
         if served.channel is not None:  # a reply to a channel's user (server/channels/door.py)
-            return await self.registry.channels.deliver(served.bot, served.channel, entry.body)  # type: ignore[no-any-return]
+            return await self.registry.channels.deliver(  # type: ignore[no-any-return]
+                served.bot, served.channel, entry.body, within=CHANNEL_SEND_TIME)
         assert served.sink.webhook is not None
         return await self.sender.send(served.bot, served.sink.webhook, entry.body, entry.attempts)
 

@@ -288,13 +288,6 @@ class SessionRegistry:
                 self.metrics.feedback_given(session.bot.name, str(data["route"]), str(data["rating"]))
             return data
 
-    async def notice(self, session: Session, text: str, why: str) -> None:
-        """Tell a held session's user `text` with no turn (Session.notice), committed like a turn:
-        the reply leaves through the outbox. RequestFailed when the commit cannot land."""
-        session.notice(text, why)
-        hold = self._hold_of(session)
-        await self.writes.commit(hold.slot, session.id, hold.lease)
-
     def last_committed(self, session: Session) -> Committed | None:
         """The session's last committed turn: {"turn", "input", "requestId", "at"}, or None."""
         return self._hold_of(session).slot.committed

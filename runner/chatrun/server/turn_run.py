@@ -202,6 +202,19 @@ class TurnRun:
         await self._ran(hold, report)
         return events
 
+    async def notice(self, text: str, why: str) -> None:
+        """Answer the request with a notice instead of its turn (Session.notice: a channel's
+        message refused before any turn ran), committed with the request id as its outcome, in
+        the one commit: a retry finds it (`is_replay`), replays it and tells nothing again,
+        whenever the process died. RequestFailed when the commit cannot land."""
+        hold = self._hold_of()
+        session, buffer, _ = self._begin(hold)
+        try:
+            session.notice(text, why)
+        finally:
+            buffer.request_id = None
+        self._written = await self._writes.commit(hold.slot, session.id, hold.lease)
+
     def _begin(self, hold: Hold) -> tuple[Session, TurnBuffer, int]:
         """The session, its buffer (marked with this turn's request id until the turn ends) and
         the number the turn will have."""

@@ -165,8 +165,9 @@ class TurnBuffer:
         commit.committed = committed
         if turn_at is not None:
             commit.turn = entries[turn_at]["turn"]
-            if self.request_id is not None and entries[turn_at].get("ok"):
-                commit.outcome = (self.request_id, _with_asks(commit.history_json[turn_at], self.request_asks))
+        answer = _answer_at(entries, turn_at)
+        if self.request_id is not None and answer is not None:
+            commit.outcome = (self.request_id, _with_asks(commit.history_json[answer], self.request_asks))
         self._keep(commit)
         return "pending"
 
@@ -245,6 +246,15 @@ class TurnBuffer:
     def _check(self, session_id: str) -> None:
         if session_id != self.session_id:
             raise ChatrunError(f"the buffer of session {self.session_id} was asked for session {session_id}")
+
+
+def _answer_at(entries: list[JSONObject], turn_at: int | None) -> int | None:
+    """The entry that answers the running request, kept as its outcome (a retry replays it): its
+    turn's when the turn committed (none when it failed); with no turn, a notice that answered
+    it instead (a channel's message refused before any turn: server/turn_run.py's `notice`)."""
+    if turn_at is not None:
+        return turn_at if entries[turn_at].get("ok") else None
+    return next((i for i in range(len(entries) - 1, -1, -1) if "notice" in entries[i]), None)
 
 
 def _with_asks(entry_json: str, asks: str | None) -> str:

@@ -773,7 +773,7 @@ class Commit:
 
     def merge(self, later: Commit) -> None:
         """Fold a later commit of the same request into this one: its snapshot wins, memories
-        are replaced, history entries append, and a later turn's outcome replaces an earlier one."""
+        are replaced, history entries append, and a later turn's outcome (or a notice's) replaces an earlier one."""
         self.snapshot_json, self.owner, self.committed = later.snapshot_json, later.owner, later.committed
         self.engine_end = later.engine_end
         self.due, self.pending_count, self.bot = later.due, later.pending_count, later.bot
@@ -789,6 +789,8 @@ class Commit:
         self.remembered.extend(later.remembered)
         if later.turn is not None:
             self.turn, self.outcome = later.turn, later.outcome
+        elif later.outcome is not None:  # a request answered without a turn (a notice)
+            self.outcome = later.outcome
 
 
 def _snapshot_text(session_id: str, snapshot: JSONObject, committed: Committed | None) -> tuple[str, int]:

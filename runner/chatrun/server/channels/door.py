@@ -143,8 +143,14 @@ class Channels:
         name, claims = f"{kind}:{inbound.user}", (("display_name", inbound.name),) if inbound.name else ()
         return self.auth.principal(name, claims) if self.auth is not None else Principal(name, claims=claims)
 
-    async def deliver(self, bot: BotConfig, kind: str, body: dict[str, Any]) -> Attempt:
-        """Send one queued reply (an outbox entry's body) through the bot's channel."""
+    async def deliver(self, bot: BotConfig, kind: str, body: dict[str, Any], within: float | None = None) -> Attempt:
+        """Send one queued reply (an outbox entry's body) through the bot's channel: its messages
+        (`fitted`) in order, one platform call each. `within`: the seconds this try may take
+        (the outbox's claim covers them): a further message starts only while a whole call's
+        `timeout` is left, and the rest is left to the next try (a failed one), so that a long
+        reply to a slow platform never outlives the claim while another replica, claiming the
+        entry after it, sends the same messages."""
+        started = time.monotonic()
         channel = self.of(bot, kind)
         if channel is None:
             return Attempt(False, f"bot {bot.name} declares no channel {kind}")
@@ -157,6 +163,10 @@ class Channels:
             streamed = await self._streamed(channel, body)
             sent = int((await self.store.get_record(key) or {}).get("sent") or 0) if key and self.store else 0
             for i, message in enumerate(messages[sent:], sent):
+                if i > sent and within is not None and time.monotonic() - started + channel.timeout > within:
+                    return Attempt(False, f"channel {kind} of bot {bot.name}: {i} of the reply's {len(messages)} "
+                                   f"messages sent within this try's {within:g} s (a call may take "
+                                   f"{channel.timeout:g} s); the rest on the next try")
                 if i == 0 and streamed is not None:  # the message the model's stream was shown in
                     await channel.replace(self.client(), streamed, message)
                 else:
@@ -355,10 +365,13 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
                inbound: Inbound) -> bool:
     """The message's turn in the session; False when that conversation has ended (nothing ran).
     A refusal that another try cannot change is logged and dropped, so the platform does not
-    deliver it again forever (a message over --max-message-chars runs no turn: its user is told,
-    `_too_long`); a failure another try may heal (the store is
-    down, a version this replica lacks, the session busy) is the platform's to retry: 5xx or 429. A file the route does
-    not take, or one that cannot be fetched, is told to the user instead of running the turn (`_notify`)."""
+    deliver it again forever; a failure another try may heal (the store is down, a version this
+    replica lacks, the session busy) is the platform's to retry: 5xx or 429. A message over
+    --max-message-chars, or with a file the route does not take or that cannot be fetched, runs
+    no turn: its user is told why by a notice that answers the delivery (`TurnRun.notice`: the
+    one way a channel's user is told anything, committed with the delivery's request id as its
+    outcome and sent through the outbox like a reply), so a retry replays it and tells nothing
+    again, even after a crash right after its commit."""
     kind = channel.kind
     meta = {REPLY_TO: {"sink": channel.config.sink, "address": inbound.address}}
     try:
@@ -366,21 +379,23 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
                                     locale=inbound.locale, meta=meta) as session:
             request_id = f"{kind}:{inbound.delivery}"
             run = registry.turn(session, inbound.text, request_id)
-            if session.ended is not None and not await run.is_replay():  # (the ending turn's retry replays)
+            # A retry replays what the delivery got: its turn, or the notice that answered it
+            # (too long, its files refused): nothing is fetched, run or told again.
+            replay = await run.is_replay()
+            if session.ended is not None and not replay:  # (the ending turn's retry replays)
                 return False
-            too_long = channels.limits.message_too_long(inbound.text)
-            if too_long is not None:
-                await _too_long(registry, channels, channel, bot, session, inbound, too_long)
+            too_long = None if replay else channels.limits.message_too_long(inbound.text)
+            if too_long is not None:  # (as the HTTP API and the WebSocket refuse it; another try would be too)
+                log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, too_long)
+                await run.notice(too_long_notice(session, channels.limits.max_message_chars), too_long)
                 return True
-            if inbound.files and not await run.is_replay():  # a retry replays: nothing fetched again
-                if await registry.store.get_record(_notice_key(bot, kind, inbound)) is not None:
-                    return True  # its files were refused and the user told: nothing fetched again
+            if inbound.files and not replay:
                 try:
                     run = registry.turn(session, await _attached(channels, channel, session, inbound), request_id)
                 except (AttachmentRefused, FetchFailed) as exc:
                     log.warning("channel %s of bot %s: delivery %s: its files are refused: %s",
                                 kind, bot, inbound.delivery, exc)
-                    await _notify(registry, channel, bot, session, inbound, _file_notice(session, exc), str(exc))
+                    await run.notice(_file_notice(session, exc), str(exc))
                     return True
             streamer = await _streamer(channels, channel, session, inbound, run)
             async for event in run:  # the events reach the user through the outbox, after the commit
@@ -438,29 +453,3 @@ def _size(texts: dict[str, str], n: int, locale: str | None) -> str:
     key, value = ("size_mb", n / 1048576) if n >= 1048576 else ("size_kb", n / 1024) if n >= 1024 else ("size_bytes", n)
     return said(texts, key, n=local_number(f"{value:.3g}", locale))
 
-
-async def _too_long(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str, session: Session,
-                    inbound: Inbound, why: str) -> None:
-    """A message over --max-message-chars runs no turn (as the HTTP API and the WebSocket refuse
-    it): the platform gets its 200 (another try would be refused the same), the user is told."""
-    log.warning("channel %s of bot %s: delivery %s refused: %s", channel.kind, bot, inbound.delivery, why)
-    await _notify(registry, channel, bot, session, inbound, too_long_notice(session, channels.limits.max_message_chars),
-                  why)
-
-
-async def _notify(registry: SessionRegistry, channel: ChannelKind, bot: str, session: Session, inbound: Inbound,
-                  text: str, why: str) -> None:
-    """Tell the user `text` where no turn ran for their message (too long, its files refused):
-    the one way a channel's user is told anything, a notice committed in the session and sent
-    through the outbox like a reply (so a platform down at that moment gets it on a later try),
-    once per delivery (a retried delivery finds the record and tells nothing again)."""
-    key = _notice_key(bot, channel.kind, inbound)
-    if await registry.store.get_record(key) is not None:
-        return
-    await registry.notice(session, text, why)
-    await registry.store.put_record(key, {"notice": why}, session.id)
-
-
-def _notice_key(bot: str, kind: str, inbound: Inbound) -> str:
-    """The store's record that a delivery's user was told why no turn ran for it."""
-    return f"channel-notice:{bot}:{kind}:{inbound.delivery}"
