@@ -565,3 +565,26 @@ def test_a_ratings_comment_is_kept_redacted(fake, write_bot, tmp_path):
     assert not card_leaked(stored) and "ann@example.com" not in stored
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*")).decode("utf-8", "replace")
     assert not card_leaked(stored) and "ann@example.com" not in stored
+
+
+KEYED_TOOLS = """
+def look(ctx):
+    return {"4111 1111 1111 1111": "ok", "5555 5555 5555 4444": "expired", "ann@example.com": {"ann@example.com": 1}}
+"""
+
+
+def test_a_card_number_as_a_key_of_a_tool_result_or_its_arguments_is_stored_redacted(write_bot, tmp_path):
+    """A tool's result, and the arguments the model gave it, keyed by card numbers: the history
+    (read back from SQLite as a chatrun user reads it) keeps the keys redacted, each of them."""
+    bot = chatrun.load_bot(write_bot(LEAKY.replace("provider: openai, name: gpt-4o-mini, max_retries: 0",
+                                                   "provider: scripted"), extra={"leaky_tools.py": KEYED_TOOLS}))
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    model = ScriptedModel([{"tool_calls": [{"name": "look", "arguments": {CARD: "yes"}}]}, {"text": "Done."}])
+    s = bot.session(store=store, model=model)
+    s.chat("look me up")
+    history = json.dumps(store.load_history(s.id))
+    store.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*"))
+    assert '"[card]"' in history and '"[email]"' in history
+    assert not card_leaked(history) and "5555 5555" not in history and "ann@example.com" not in history
+    assert not card_leaked(stored) and b"5555 5555" not in stored and b"ann@example.com" not in stored

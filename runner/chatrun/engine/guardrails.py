@@ -485,10 +485,43 @@ def map_strings(value: Any, change: Callable[[str], str]) -> Any:
     return value
 
 
+def kept_strings(value: Any, redact: Callable[[str], str]) -> Any:
+    """`value` (plain JSON) as what keeps it holds it: every string redacted, the keys of its
+    mappings too (a tool's result keyed by card numbers). Two keys redacted alike both stay: the
+    second is `[card] (2)`, the third `[card] (3)`."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            out[_unique(redact(k), out) if isinstance(k, str) else k] = kept_strings(v, redact)
+        return out
+    if isinstance(value, list | tuple):
+        return [kept_strings(v, redact) for v in value]
+    return value
+
+
+def _unique(key: str, taken: dict[Any, Any]) -> str:
+    n, unique = 1, key
+    while unique in taken:
+        n += 1
+        unique = f"{key} ({n})"
+    return unique
+
+
 def storage_redactor(guards: tuple[GuardrailConfig, ...]) -> Callable[[str], str]:
     def redact(text: str) -> str:
         return judge(guards, "storage", text).text if text else text
     return redact
+
+
+def storage_mapper(guards: tuple[GuardrailConfig, ...]) -> Callable[[Any], Any]:
+    """What keeps a value (the history, a trace, user memory) makes of it under `guards`:
+    `kept_strings` with their redaction; the value as it is when there are none."""
+    if not guards:
+        return lambda value: value
+    redact = storage_redactor(guards)
+    return lambda value: kept_strings(value, redact)
 
 
 def stored_message(message: Message, redact: Callable[[str], str]) -> Message:
@@ -516,11 +549,11 @@ def kept_text(config: BotConfig, routes: Iterable[str], text: str) -> str:
 
 
 def kept_value(config: BotConfig, routes: Iterable[str], value: Any) -> Any:
-    """`value` (plain JSON) with every string as `kept_text` leaves it."""
+    """`value` (plain JSON) with every string, and every key of its mappings, as `kept_text`
+    leaves it (`kept_strings`)."""
     if not config.guarded:
         return value
-    routes = list(routes)
-    return map_strings(value, lambda text: kept_text(config, routes, text))
+    return storage_mapper(bot_storage_guards(config, routes))(value)
 
 
 def bot_storage_guards(config: BotConfig, routes: Iterable[str]) -> tuple[GuardrailConfig, ...]:

@@ -755,7 +755,8 @@ class Session:
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
             entry, memories = self._stored(entry, self._c.dirty_memories(before), turn)
             if self._c.remembered and self.bot.config.guarded:  # user memory is stored too: `storage` guards
-                self._c.remembered = _storage(self.bot.config, [*turn.hops, self.route])(dict(self._c.remembered))
+                kept = _storage(self.bot.config, [*turn.hops, self.route])  # the facts' names are the author's
+                self._c.remembered = {fact: kept(value) for fact, value in self._c.remembered.items()}
             self.store.commit_turn(self.id, self._c.snapshot(), memories, [self._with_remembered(entry)])
             self._last_entry = entry
             self._moved = None
@@ -799,7 +800,7 @@ class Session:
                   for mid, messages in memories.items()}
         if stored != memories:
             self._c.forget_cached_memories()
-        return guardrails.map_strings(entry, redact), stored
+        return guardrails.kept_strings(entry, redact), stored
 
     def _fail(self, before: Checkpoint, entry: dict[str, Any], collected: list[Event], detail: str, turn: Turn,
               text: str = ev.TURN_FAILED_TEXT) -> None:
@@ -1140,8 +1141,4 @@ def _seeded(config: Any, route: str, messages: list[Message]) -> list[Message]:
 
 def _storage(config: Any, routes: list[str]) -> Callable[[Any], Any]:
     """What a turn's trace keeps of a value: its strings with the `storage` guardrails applied."""
-    guards = guardrails.bot_storage_guards(config, routes) if config.guarded else ()
-    if not guards:
-        return lambda value: value
-    redact = guardrails.storage_redactor(guards)
-    return lambda value: guardrails.map_strings(value, redact)
+    return guardrails.storage_mapper(guardrails.bot_storage_guards(config, routes) if config.guarded else ())

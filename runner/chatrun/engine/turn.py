@@ -44,8 +44,7 @@ from chatrun.engine.guardrails import (
     Guardrails,
     OutputHold,
     bot_storage_guards,
-    map_strings,
-    storage_redactor,
+    storage_mapper,
 )
 from chatrun.engine.pending import Decision
 from chatrun.engine.steps import (
@@ -314,9 +313,7 @@ class Turn:
 
     def traced(self, route: str) -> Callable[[Any], Any]:
         """What a trace keeps of a value: its strings with the `storage` guardrails applied."""
-        guards = bot_storage_guards(self.t.config, [route])
-        redact = storage_redactor(guards)
-        return (lambda value: map_strings(value, redact)) if guards else (lambda value: value)
+        return storage_mapper(bot_storage_guards(self.t.config, [route]))
 
     def correct(self, run: RouteRun, text: str | None, problem: str) -> NextStep:
         """A JSON answer that misses the route's `output` schema: asked again once, with what was wrong."""
