@@ -35,6 +35,7 @@ from chatrun.errors import ModelError
 from chatrun.messages import (
     AssistantMessage,
     Message,
+    SummaryMessage,
     SystemMessage,
     ToolCall,
     ToolResultMessage,
@@ -525,7 +526,8 @@ def storage_mapper(guards: tuple[GuardrailConfig, ...]) -> Callable[[Any], Any]:
 
 
 def stored_message(message: Message, redact: Callable[[str], str]) -> Message:
-    """A memory's message as the store keeps it: its texts (and its calls' arguments) redacted."""
+    """A memory's message as the store keeps it: its texts (its calls' arguments, a running
+    summary) redacted."""
     if isinstance(message, UserMessage):
         return UserMessage(redact(message.content), message.attachments)
     if isinstance(message, AssistantMessage):
@@ -535,6 +537,8 @@ def stored_message(message: Message, redact: Callable[[str], str]) -> Message:
         return ToolResultMessage(message.tool_call_id, message.name, redact(message.content))
     if isinstance(message, SystemMessage):
         return SystemMessage(redact(message.content))
+    if isinstance(message, SummaryMessage):  # written by a model, from what the user said
+        return SummaryMessage(redact(message.content))
     return message
 
 

@@ -723,7 +723,7 @@ class Session:
         # The span's attributes are read only when spans are recorded (tracing off: OFF, as turn_span says).
         # A failure's text on the turn's spans (and the tool and model calls' in it) is redacted as the history's.
         span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"),
-                                 self.bot_version, kept=lambda text: self._kept_text(text, turn)) \
+                                 self.bot_version, kept=turn.kept_text) \
             if turn.recorded else tracing.OFF
         try:
             with span as current:
@@ -774,7 +774,7 @@ class Session:
             self._fail(before, entry, collected, str(exc), turn)
         except Exception as exc:  # a bug in chatrun or in a library: still never lose the session
             detail = f"internal error on route {self.route}: {type(exc).__name__}: {exc}"
-            self._log_internal(exc, self._kept_text(detail, turn))
+            self._log_internal(exc, turn.kept_text(detail))
             self._fail(before, entry, collected, detail, turn)
         except BaseException as exc:  # KeyboardInterrupt and the like: roll back, then let it go on
             self._rollback(before, entry | {"ok": False, "error": f"interrupted: {type(exc).__name__}",
@@ -808,7 +808,7 @@ class Session:
         stack details); the author gets `detail` in the Error event's meta, the history and the log."""
         # The detail may quote what a handler or a backend raised (a card number, an email): the
         # `storage` guards redact it before the log, the Error's meta and the history keep it.
-        detail = self._kept_text(detail, turn)
+        detail = turn.kept_text(detail)
         # INFO: a failed turn is the bot's or the model's problem, reported to the client already;
         # `chatrun serve` logs it (the author's detail), library users opt in with logging.
         log.info("session %s, turn %s failed: %s", self.id, self.turn_count + 1, detail)
@@ -829,11 +829,6 @@ class Session:
             return
         stack = "".join(traceback.format_tb(exc.__traceback__))
         log.error("internal error in session %s: %s\nTraceback (most recent call last):\n%s", self.id, detail, stack)
-
-    def _kept_text(self, text: str, turn: Turn) -> str:
-        """`text` as the store keeps it: redacted by the `storage` guards of the bot and of the
-        routes the turn ran on (the same guards as `_stored`); as it is when there are none."""
-        return guardrails.kept_text(self.bot.config, [*turn.hops, self.route], text)
 
     def _reopened(self, before: Checkpoint, collected: list[Event], turn: Turn) -> None:
         """An item the failing or stopped turn resolved waits again once it is rolled back, but its
