@@ -754,7 +754,7 @@ class Session:
             entry["seconds"] = round(time.perf_counter() - started, 4)  # what the user waited (`chatrun report`)
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
             entry, memories = self._stored(entry, self._c.dirty_memories(before), turn)
-            if self._c.remembered and self.bot.config.guarded:  # user memory is stored too: `storage` guards
+            if self._c.remembered and self.bot.config.redacts_kept:  # user memory is stored too: `storage` guards
                 kept = _storage(self.bot.config, [*turn.hops, self.route])  # the facts' names are the author's
                 self._c.remembered = {fact: kept(value) for fact, value in self._c.remembered.items()}
             self.store.commit_turn(self.id, self._c.snapshot(), memories, [self._with_remembered(entry)])
@@ -789,8 +789,9 @@ class Session:
         """A turn's history entry and changed memories as the store keeps them: with the `storage`
         guardrails of the bot and of the routes the turn ran on applied (engine/guardrails.py).
         When that changed a memory, the live one is dropped too, so the next turn reads the
-        store's copy: the model sees what any replica would."""
-        if not self.bot.config.guarded:
+        store's copy: the model sees what any replica would. The values of the bot's secret
+        variables are redacted so too (`guardrails.secrets_guard`)."""
+        if not self.bot.config.redacts_kept:
             return entry, memories
         guards = guardrails.bot_storage_guards(self.bot.config, [*turn.hops, self.route])
         if not guards:
@@ -822,9 +823,10 @@ class Session:
         self._rollback(before, failed, turn)
 
     def _log_internal(self, exc: Exception, detail: str) -> None:
-        """Log an internal error with its stack; on a bot with `guardrails:` the exception's own
-        text is left out of the stack (it may quote what the user said): `detail` is redacted."""
-        if not self.bot.config.guarded:
+        """Log an internal error with its stack; on a bot with `guardrails:` or secret variables the
+        exception's own text is left out of the stack (it may quote what the user said, or a
+        secret): `detail` is redacted."""
+        if not self.bot.config.redacts_kept:
             log.exception("internal error in session %s", self.id)
             return
         stack = "".join(traceback.format_tb(exc.__traceback__))
@@ -1136,4 +1138,4 @@ def _seeded(config: Any, route: str, messages: list[Message]) -> list[Message]:
 
 def _storage(config: Any, routes: list[str]) -> Callable[[Any], Any]:
     """What a turn's trace keeps of a value: its strings with the `storage` guardrails applied."""
-    return guardrails.storage_mapper(guardrails.bot_storage_guards(config, routes) if config.guarded else ())
+    return guardrails.storage_mapper(guardrails.bot_storage_guards(config, routes) if config.redacts_kept else ())
