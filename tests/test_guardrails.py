@@ -565,3 +565,70 @@ def test_a_ratings_comment_is_kept_redacted(fake, write_bot, tmp_path):
     assert not card_leaked(stored) and "ann@example.com" not in stored
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*")).decode("utf-8", "replace")
     assert not card_leaked(stored) and "ann@example.com" not in stored
+
+
+KEYED_TOOLS = """
+def look(ctx):
+    return {"4111 1111 1111 1111": "ok", "5555 5555 5555 4444": "expired", "ann@example.com": {"ann@example.com": 1}}
+"""
+
+
+def test_a_card_number_as_a_key_of_a_tool_result_or_its_arguments_is_stored_redacted(write_bot, tmp_path):
+    """A tool's result, and the arguments the model gave it, keyed by card numbers: the history
+    (read back from SQLite as a chatrun user reads it) keeps the keys redacted, each of them."""
+    bot = chatrun.load_bot(write_bot(LEAKY.replace("provider: openai, name: gpt-4o-mini, max_retries: 0",
+                                                   "provider: scripted"), extra={"leaky_tools.py": KEYED_TOOLS}))
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    model = ScriptedModel([{"tool_calls": [{"name": "look", "arguments": {CARD: "yes"}}]}, {"text": "Done."}])
+    s = bot.session(store=store, model=model)
+    s.chat("look me up")
+    history = json.dumps(store.load_history(s.id))
+    store.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*"))
+    assert '"[card]"' in history and '"[email]"' in history
+    assert not card_leaked(history) and "5555 5555" not in history and "ann@example.com" not in history
+    assert not card_leaked(stored) and b"5555 5555" not in stored and b"ann@example.com" not in stored
+
+
+SECRET = "pa55-w0rd-of-the-service"
+BASIC_BOT = """
+name: basic
+model: {provider: scripted}
+env:
+  API_PASSWORD: {secret: true}
+routes:
+  main: {default: true, system: You help., tools: [call_api]}
+tools:
+  call_api:
+    description: Call the API
+    handler: basic_tools:call_api
+"""
+BASIC_TOOLS = """
+import base64, os
+
+def call_api(ctx):
+    credential = base64.b64encode(("svc:" + os.environ["API_PASSWORD"]).encode()).decode()
+    raise RuntimeError(f"the API refused Authorization: Basic {credential} (password {os.environ['API_PASSWORD']})")
+"""
+
+
+def test_a_secret_in_a_handlers_error_is_kept_redacted_as_written_and_base64_encoded(write_bot, tmp_path, caplog,
+                                                                                      monkeypatch):
+    """A handler's error echoed the Basic credential it built from a `secret: true` variable: the
+    Error's detail, the history (SQLite) and the log kept it, encoded and as written, on a bot
+    without guardrails as on any."""
+    import base64
+    monkeypatch.setenv("API_PASSWORD", SECRET)
+    bot = chatrun.load_bot(write_bot(BASIC_BOT, extra={"basic_tools.py": BASIC_TOOLS}))
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    caplog.set_level(logging.DEBUG)
+    s = bot.session(store=store, model=ScriptedModel([{"tool_calls": [{"name": "call_api", "arguments": {}}]}]))
+    [error] = [e for e in s.chat("call it") if e.type == "Error"]
+    assert error.meta["detail"].endswith("the API refused Authorization: Basic [redacted] (password [redacted])")
+    history = json.dumps(store.load_history(s.id))
+    store.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*")).decode("utf-8", "replace")
+    assert "Basic [redacted] (password [redacted])" in history
+    encoded = base64.b64encode(f"svc:{SECRET}".encode()).decode()
+    for kept in (history, stored, caplog.text):
+        assert SECRET not in kept and encoded[8:24] not in kept

@@ -5,6 +5,7 @@ model, secrets redacted, the environment allow-list checked at load and at run t
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import threading
 import time
@@ -51,6 +52,11 @@ class OrdersApi(LoopbackApi):
             self.reply(h, 200, {"late": True})
         elif parts.path == "/echo-token":
             self.reply(h, 200, {"you_sent": h.headers.get("authorization")})
+        elif parts.path == "/echo-basic":  # an API that says which credentials it took the token for
+            token = (h.headers.get("authorization") or "").removeprefix("Bearer ")
+            basic = base64.b64encode(f"svc:{token}".encode()).decode()
+            self.reply(h, 401, {"error": f"refused Authorization: Basic {basic}",
+                                "urlsafe": base64.urlsafe_b64encode(f"x{token}?>".encode()).decode()})
         else:
             self.reply(h, 500, {"error": "boom"})
 
@@ -254,6 +260,29 @@ def test_secrets_are_redacted_from_results(api, write_bot):
     [reply] = tool_results(session)
     assert TOKEN not in reply and "Bearer [redacted]" in reply
     assert TOKEN not in json.dumps(session.history) and TOKEN not in str(session.memories())
+
+
+def test_a_secret_the_api_echoes_base64_encoded_is_redacted_from_the_result(api, write_bot):
+    """An API that answers with the token inside a Basic credential (`svc:TOKEN`, base64) or
+    encoded URL-safe: the result, the memory and the history kept it, since only the token as
+    written and URL-escaped was redacted."""
+    bot = BOT.replace("tools: [order_status,", "tools: [echo_basic, order_status,") + """
+  echo_basic:
+    description: Who am I
+    http:
+      url: "{{ env.ORDERS_API_URL }}/echo-basic"
+      headers: {Authorization: "Bearer {{ env.ORDERS_API_TOKEN }}"}
+      accept: [401]
+"""
+    model = chatrun.ScriptedModel([call("echo_basic"), {"text": "ok"}])
+    session = chatrun.load_bot(write_bot(bot)).session(model=model)
+    session.chat("go")
+    [reply] = tool_results(session)
+    assert "refused Authorization: Basic [redacted]" in reply and '"urlsafe": "[redacted]"' in reply
+    kept = reply + json.dumps(session.history) + str(session.memories())
+    for encoded in (base64.b64encode(f"svc:{TOKEN}".encode()).decode(), base64.urlsafe_b64encode(f"x{TOKEN}?>".encode())
+                    .decode()):
+        assert encoded[8:20] not in kept
 
 
 def test_an_unset_variable_fails_the_turn_naming_it(api, write_bot, monkeypatch):

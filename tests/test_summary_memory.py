@@ -159,3 +159,27 @@ def test_a_summary_longer_than_what_it_replaces_is_refused_and_the_memory_kept(w
     assert session.memory()[: len(before)] == before  # kept as it was, then the turn's messages
     session.chat("three")
     assert session.memory()[1] == SummaryMessage("S: short.")
+
+
+def test_a_running_summary_is_stored_redacted_by_a_storage_guard(write_bot, tmp_path):
+    """The summary a `summary` memory keeps of what it folded is written by a model: a card number
+    it repeats was kept in the store as it was, while every other message was redacted."""
+    from leak_support import card_leaked
+    guarded = BOT.replace("routes:", "guardrails:\n  - {name: cards, pii: [card], stages: [storage], "
+                                     "outcome: redact}\nroutes:")
+    long = " ".join(["word"] * 20)
+    model = chatrun.ScriptedModel([
+        {"text": "first answer " + long},
+        {"text": "second answer " + long},
+        {"text": "S1: the user's card is 4111 1111 1111 1111."},
+        {"text": "third answer"},
+    ])
+    store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
+    session = chatrun.load_bot(write_bot(guarded)).session(store=store, model=model)
+    session.chat("hello")
+    session.chat("hello again")
+    session.chat("and?")
+    assert SummaryMessage("S1: the user's card is [card].") in model.requests[3].messages  # read back from the store
+    store.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*"))
+    assert b"S1: the user's card is [card]." in stored and not card_leaked(stored)

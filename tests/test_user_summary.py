@@ -249,3 +249,27 @@ def test_a_conversation_the_user_left_is_summarized_when_its_silence_is_recorded
     fake.queue({"text": "Hello again."})
     bot.session(store=open_store(f"sqlite:///{tmp_path / 'c.db'}"), principal=ANA).chat("Hi")
     assert contexts(fake.requests[-1]) == ["Earlier: Ana asked for a spa appointment; the day is still open."]
+
+
+def test_a_failing_summarys_text_is_redacted_on_its_span_and_in_the_log(fake, write_bot, tmp_path, caplog, spans):
+    """The summarizing call runs after the turn's span has ended: its span's status and the log line
+    of its failure kept what the endpoint said (here, the card the conversation held) as it was."""
+    import logging
+
+    from leak_support import card_leaked
+    guarded = bot_text().replace("user_memory:", "guardrails:\n  - {name: cards, pii: [card], stages: [storage], "
+                                                 "outcome: redact}\nuser_memory:")
+    bot = chatrun.load_bot(write_bot(guarded))
+    store = open_store(f"sqlite:///{tmp_path / 'c.db'}")
+    echoed = {"status": 400, "body": {"error": {"message": "cannot read 'card 4111 1111 1111 1111'",
+                                                "type": "invalid_request_error"}}}
+    fake.queue(BYE, echoed)
+    caplog.set_level(logging.DEBUG)
+    session = bot.session(store=store, principal=ANA)
+    session.chat("My card is 4111 1111 1111 1111, goodbye")
+    assert session.last_turn["summaries"][0]["failed"].endswith("HTTP 400: cannot read 'card [card]'")
+    [failed] = [s for s in spans.get_finished_spans() if s.status.description]
+    assert failed.status.description.endswith("HTTP 400: cannot read 'card [card]'")
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("chatrun"))
+    assert "writing the user's summary at the conversation's end failed" in logged
+    assert "cannot read 'card [card]'" in logged and not card_leaked(logged)

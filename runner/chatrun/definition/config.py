@@ -790,6 +790,12 @@ class BotConfig:
         """Whether any guardrail is declared (else the engine never enters engine/guardrails.py)."""
         return bool(self.guardrails) or any(route.guardrails for route in self.routes.values())
 
+    @cached_property
+    def redacts_kept(self) -> bool:
+        """Whether what chatrun keeps passes the storage rule (engine/guardrails.py `kept_text`): a
+        guardrail is declared, or a `secret: true` variable (whose values are never kept)."""
+        return self.guarded or any(var.secret for var in self.env.values())
+
     def route_guardrails(self, route: str) -> tuple[GuardrailConfig, ...]:
         """The guardrails on a route: the bot's, then the route's own."""
         own = self.routes[route].guardrails if route in self.routes else ()

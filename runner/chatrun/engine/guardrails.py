@@ -19,6 +19,7 @@ after the local guards, on the text as they redacted it, and only if none of the
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatrun import events as ev
-from chatrun.definition import languages
+from chatrun.definition import languages, secret_forms
 from chatrun.definition.config import BotConfig, GuardrailConfig
 from chatrun.engine import language_id, observe, pausing
 from chatrun.engine.context import TurnContext
@@ -35,6 +36,7 @@ from chatrun.errors import ModelError
 from chatrun.messages import (
     AssistantMessage,
     Message,
+    SummaryMessage,
     SystemMessage,
     ToolCall,
     ToolResultMessage,
@@ -485,14 +487,48 @@ def map_strings(value: Any, change: Callable[[str], str]) -> Any:
     return value
 
 
+def kept_strings(value: Any, redact: Callable[[str], str]) -> Any:
+    """`value` (plain JSON) as what keeps it holds it: every string redacted, the keys of its
+    mappings too (a tool's result keyed by card numbers). Two keys redacted alike both stay: the
+    second is `[card] (2)`, the third `[card] (3)`."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            out[_unique(redact(k), out) if isinstance(k, str) else k] = kept_strings(v, redact)
+        return out
+    if isinstance(value, list | tuple):
+        return [kept_strings(v, redact) for v in value]
+    return value
+
+
+def _unique(key: str, taken: dict[Any, Any]) -> str:
+    n, unique = 1, key
+    while unique in taken:
+        n += 1
+        unique = f"{key} ({n})"
+    return unique
+
+
 def storage_redactor(guards: tuple[GuardrailConfig, ...]) -> Callable[[str], str]:
     def redact(text: str) -> str:
         return judge(guards, "storage", text).text if text else text
     return redact
 
 
+def storage_mapper(guards: tuple[GuardrailConfig, ...]) -> Callable[[Any], Any]:
+    """What keeps a value (the history, a trace, user memory) makes of it under `guards`:
+    `kept_strings` with their redaction; the value as it is when there are none."""
+    if not guards:
+        return lambda value: value
+    redact = storage_redactor(guards)
+    return lambda value: kept_strings(value, redact)
+
+
 def stored_message(message: Message, redact: Callable[[str], str]) -> Message:
-    """A memory's message as the store keeps it: its texts (and its calls' arguments) redacted."""
+    """A memory's message as the store keeps it: its texts (its calls' arguments, a running
+    summary) redacted."""
     if isinstance(message, UserMessage):
         return UserMessage(redact(message.content), message.attachments)
     if isinstance(message, AssistantMessage):
@@ -502,32 +538,53 @@ def stored_message(message: Message, redact: Callable[[str], str]) -> Message:
         return ToolResultMessage(message.tool_call_id, message.name, redact(message.content))
     if isinstance(message, SystemMessage):
         return SystemMessage(redact(message.content))
+    if isinstance(message, SummaryMessage):  # written by a model, from what the user said
+        return SummaryMessage(redact(message.content))
     return message
 
 
 def kept_text(config: BotConfig, routes: Iterable[str], text: str) -> str:
     """`text` as anything that keeps it (the store, the log, an event sent to a client, a span)
-    may hold it: redacted by the `storage` guards of the bot and of `routes`; as it is when there
-    are none. The one rule for a failure's text, wherever chatrun keeps or sends it."""
-    if not config.guarded:
+    may hold it: redacted by the `storage` guards of the bot and of `routes`, and of the values of
+    the bot's secret variables (`secrets_guard`); as it is when there are none. The one rule for a
+    failure's text, wherever chatrun keeps or sends it."""
+    if not config.redacts_kept:
         return text
     guards = bot_storage_guards(config, routes)
     return storage_redactor(guards)(text) if guards else text
 
 
 def kept_value(config: BotConfig, routes: Iterable[str], value: Any) -> Any:
-    """`value` (plain JSON) with every string as `kept_text` leaves it."""
-    if not config.guarded:
+    """`value` (plain JSON) with every string, and every key of its mappings, as `kept_text`
+    leaves it (`kept_strings`)."""
+    if not config.redacts_kept:
         return value
-    routes = list(routes)
-    return map_strings(value, lambda text: kept_text(config, routes, text))
+    return storage_mapper(bot_storage_guards(config, routes))(value)
 
 
 def bot_storage_guards(config: BotConfig, routes: Iterable[str]) -> tuple[GuardrailConfig, ...]:
-    """The storage guards of the bot and of the routes a turn ran on."""
+    """The guard of the bot's secret variables (`secrets_guard`), if it has any set, then the
+    storage guards of the bot and of the routes a turn ran on."""
     seen: dict[int, GuardrailConfig] = {id(g): g for g in stage_guards(config.guardrails, "storage")}
     for route in dict.fromkeys(routes):
         if route in config.routes:
             for guard in stage_guards(config.routes[route].guardrails, "storage"):
                 seen.setdefault(id(guard), guard)
-    return tuple(seen.values())
+    secrets = secrets_guard(config)
+    # First: a PII guard that took part of a secret (its digits as a phone) would leave the rest.
+    return (secrets, *seen.values()) if secrets is not None else tuple(seen.values())
+
+
+def secrets_guard(config: BotConfig) -> GuardrailConfig | None:
+    """The values of the bot's `secret: true` variables as a storage guard (None: it has none set):
+    each in every form definition/secret_forms.py knows (as written, URL-escaped, base64),
+    replaced by `[redacted]`, as the `http:` kind redacts them from what it returns."""
+    values = secret_forms.secret_values(config.env) if config.redacts_kept and config.env else ()
+    pattern = secret_forms.secrets_pattern(values) if values else None
+    return _pattern_guard(pattern.pattern) if pattern is not None else None
+
+
+@functools.lru_cache(maxsize=64)
+def _pattern_guard(source: str) -> GuardrailConfig:
+    return GuardrailConfig("secrets", "pattern", ("storage",), "redact", patterns=(source,),
+                           replacement="[redacted]")

@@ -723,7 +723,7 @@ class Session:
         # The span's attributes are read only when spans are recorded (tracing off: OFF, as turn_span says).
         # A failure's text on the turn's spans (and the tool and model calls' in it) is redacted as the history's.
         span = tracing.turn_span(self.bot.name, self.id, turn.number, self.route, self.stack, self.meta.get("owner"),
-                                 self.bot_version, kept=lambda text: self._kept_text(text, turn)) \
+                                 self.bot_version, kept=turn.kept_text) \
             if turn.recorded else tracing.OFF
         try:
             with span as current:
@@ -754,8 +754,9 @@ class Session:
             entry["seconds"] = round(time.perf_counter() - started, 4)  # what the user waited (`chatrun report`)
             # Inside the try: a value the store cannot hold (set by a handler) fails the turn, too.
             entry, memories = self._stored(entry, self._c.dirty_memories(before), turn)
-            if self._c.remembered and self.bot.config.guarded:  # user memory is stored too: `storage` guards
-                self._c.remembered = _storage(self.bot.config, [*turn.hops, self.route])(dict(self._c.remembered))
+            if self._c.remembered and self.bot.config.redacts_kept:  # user memory is stored too: `storage` guards
+                kept = _storage(self.bot.config, [*turn.hops, self.route])  # the facts' names are the author's
+                self._c.remembered = {fact: kept(value) for fact, value in self._c.remembered.items()}
             self.store.commit_turn(self.id, self._c.snapshot(), memories, [self._with_remembered(entry)])
             self._last_entry = entry
             self._moved = None
@@ -773,7 +774,7 @@ class Session:
             self._fail(before, entry, collected, str(exc), turn)
         except Exception as exc:  # a bug in chatrun or in a library: still never lose the session
             detail = f"internal error on route {self.route}: {type(exc).__name__}: {exc}"
-            self._log_internal(exc, self._kept_text(detail, turn))
+            self._log_internal(exc, turn.kept_text(detail))
             self._fail(before, entry, collected, detail, turn)
         except BaseException as exc:  # KeyboardInterrupt and the like: roll back, then let it go on
             self._rollback(before, entry | {"ok": False, "error": f"interrupted: {type(exc).__name__}",
@@ -788,8 +789,9 @@ class Session:
         """A turn's history entry and changed memories as the store keeps them: with the `storage`
         guardrails of the bot and of the routes the turn ran on applied (engine/guardrails.py).
         When that changed a memory, the live one is dropped too, so the next turn reads the
-        store's copy: the model sees what any replica would."""
-        if not self.bot.config.guarded:
+        store's copy: the model sees what any replica would. The values of the bot's secret
+        variables are redacted so too (`guardrails.secrets_guard`)."""
+        if not self.bot.config.redacts_kept:
             return entry, memories
         guards = guardrails.bot_storage_guards(self.bot.config, [*turn.hops, self.route])
         if not guards:
@@ -799,7 +801,7 @@ class Session:
                   for mid, messages in memories.items()}
         if stored != memories:
             self._c.forget_cached_memories()
-        return guardrails.map_strings(entry, redact), stored
+        return guardrails.kept_strings(entry, redact), stored
 
     def _fail(self, before: Checkpoint, entry: dict[str, Any], collected: list[Event], detail: str, turn: Turn,
               text: str = ev.TURN_FAILED_TEXT) -> None:
@@ -807,7 +809,7 @@ class Session:
         stack details); the author gets `detail` in the Error event's meta, the history and the log."""
         # The detail may quote what a handler or a backend raised (a card number, an email): the
         # `storage` guards redact it before the log, the Error's meta and the history keep it.
-        detail = self._kept_text(detail, turn)
+        detail = turn.kept_text(detail)
         # INFO: a failed turn is the bot's or the model's problem, reported to the client already;
         # `chatrun serve` logs it (the author's detail), library users opt in with logging.
         log.info("session %s, turn %s failed: %s", self.id, self.turn_count + 1, detail)
@@ -821,18 +823,14 @@ class Session:
         self._rollback(before, failed, turn)
 
     def _log_internal(self, exc: Exception, detail: str) -> None:
-        """Log an internal error with its stack; on a bot with `guardrails:` the exception's own
-        text is left out of the stack (it may quote what the user said): `detail` is redacted."""
-        if not self.bot.config.guarded:
+        """Log an internal error with its stack; on a bot with `guardrails:` or secret variables the
+        exception's own text is left out of the stack (it may quote what the user said, or a
+        secret): `detail` is redacted."""
+        if not self.bot.config.redacts_kept:
             log.exception("internal error in session %s", self.id)
             return
         stack = "".join(traceback.format_tb(exc.__traceback__))
         log.error("internal error in session %s: %s\nTraceback (most recent call last):\n%s", self.id, detail, stack)
-
-    def _kept_text(self, text: str, turn: Turn) -> str:
-        """`text` as the store keeps it: redacted by the `storage` guards of the bot and of the
-        routes the turn ran on (the same guards as `_stored`); as it is when there are none."""
-        return guardrails.kept_text(self.bot.config, [*turn.hops, self.route], text)
 
     def _reopened(self, before: Checkpoint, collected: list[Event], turn: Turn) -> None:
         """An item the failing or stopped turn resolved waits again once it is rolled back, but its
@@ -1140,8 +1138,4 @@ def _seeded(config: Any, route: str, messages: list[Message]) -> list[Message]:
 
 def _storage(config: Any, routes: list[str]) -> Callable[[Any], Any]:
     """What a turn's trace keeps of a value: its strings with the `storage` guardrails applied."""
-    guards = guardrails.bot_storage_guards(config, routes) if config.guarded else ()
-    if not guards:
-        return lambda value: value
-    redact = guardrails.storage_redactor(guards)
-    return lambda value: guardrails.map_strings(value, redact)
+    return guardrails.storage_mapper(guardrails.bot_storage_guards(config, routes) if config.redacts_kept else ())

@@ -148,7 +148,10 @@ def record_turn(current: Any, user_input: Any, replies: list[Any]) -> None:
         [{"role": "assistant", "parts": parts, "finish_reason": "stop"}], ensure_ascii=False))
 
 
-def chat_span(provider: str, model: str, route: str, temperature: float | None) -> Any:
+def chat_span(provider: str, model: str, route: str, temperature: float | None,
+              kept: Callable[[str], str] | None = None) -> Any:
+    """A model call's span; `kept`: what its failure's text is redacted by, where no span around
+    it says (a call after the turn's span ended: the user's summary at the conversation's end)."""
     if not recording():
         return OFF
     attributes: dict[str, Any] = {
@@ -160,7 +163,7 @@ def chat_span(provider: str, model: str, route: str, temperature: float | None) 
     }
     if not _latest_only():
         attributes["gen_ai.system"] = provider
-    return span(f"chat {model}", attributes)
+    return span(f"chat {model}", attributes, kept=kept)
 
 
 def tool_span(tool: str, call_id: str, action: str) -> Any:

@@ -44,8 +44,8 @@ from chatrun.engine.guardrails import (
     Guardrails,
     OutputHold,
     bot_storage_guards,
-    map_strings,
-    storage_redactor,
+    kept_text,
+    storage_mapper,
 )
 from chatrun.engine.pending import Decision
 from chatrun.engine.steps import (
@@ -314,9 +314,7 @@ class Turn:
 
     def traced(self, route: str) -> Callable[[Any], Any]:
         """What a trace keeps of a value: its strings with the `storage` guardrails applied."""
-        guards = bot_storage_guards(self.t.config, [route])
-        redact = storage_redactor(guards)
-        return (lambda value: map_strings(value, redact)) if guards else (lambda value: value)
+        return storage_mapper(bot_storage_guards(self.t.config, [route]))
 
     def correct(self, run: RouteRun, text: str | None, problem: str) -> NextStep:
         """A JSON answer that misses the route's `output` schema: asked again once, with what was wrong."""
@@ -478,6 +476,11 @@ class Turn:
         a turn (issue 39)."""
         return self.t.c.has_loaded(SummaryMemory)
 
+    def kept_text(self, text: str) -> str:
+        """`text` (a failure's, which may quote what was said) as what keeps it may hold it: the
+        `storage` guards of the routes this turn ran on (engine/guardrails.py `kept_text`)."""
+        return kept_text(self.t.config, [*self.hops, self.t.c.scope.route], text)
+
     async def summarize(self) -> None:
         """After the reply: fold what `summary` memories have outgrown into their running
         summaries. A failed summary fails nothing: the memory stays as it is (larger than its
@@ -495,7 +498,7 @@ class Turn:
                 memory.apply_summary(text, folded)
                 self.summaries.append({"memory": memory_id, "folded": len(folded)})
             except Exception as exc:  # a summary never fails the turn
-                reason = f"{type(exc).__name__}: {exc}"
+                reason = self.kept_text(f"{type(exc).__name__}: {exc}")  # it may quote what was said
                 log.warning("session %s: summarizing memory %s failed (the turn goes on, the next one "
                             "retries): %s", self.t.c.id, memory_id, reason)
                 self.summaries.append({"memory": memory_id, "failed": reason})

@@ -65,7 +65,7 @@ async def write(turn: Turn, before: Checkpoint, may_summarize: MaySummarize) -> 
     try:
         text = await _call(turn, summary, before)
     except Exception as exc:  # the summary never fails the turn, nor loses what was kept before
-        reason = f"{type(exc).__name__}: {exc}"
+        reason = turn.kept_text(f"{type(exc).__name__}: {exc}")  # it may quote what was said
         log.warning("session %s: writing the user's summary at the conversation's end failed (skipped; the "
                     "summary kept before stays): %s", c.id, reason)
         turn.summaries.append({"user_memory": SUMMARY_FACT, "failed": reason})
@@ -84,7 +84,9 @@ async def _call(turn: Turn, summary: UserSummaryConfig, before: Checkpoint) -> s
     config = c.config.route_model(route)
     request = ModelRequest([SystemMessage(instructions), UserMessage(conversation_text(c, before))], [], config,
                            f"{route} (user summary)")
-    with tracing.chat_span(config.provider, config.name, request.route, config.temperature) as span:
+    # After the turn's span: this span redacts its failure's text itself, as the turn's would.
+    with tracing.chat_span(config.provider, config.name, request.route, config.temperature,
+                           turn.kept_text) as span:
         response, used, switches = await turn.call_model(request, None)
         tracing.record_answered_by(span, used.name, config.name)
     turn.account(request.route, used.name, response.usage, c.config.prices.get(used.name), request.messages,

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from chatrun.engine import guardrails
 from chatrun.server import wire
 from chatrun.server.session_cache import Hold, SessionCache, Slot
 from chatrun.store.aio import AsyncStore, Lease, scrub
@@ -59,11 +60,12 @@ class SessionWrites:
                 "as stored; send the message again.",
             ) from None
         except Exception as exc:  # the store failed: whether the commit landed is unknown
+            reason = store_error(slot, exc)
             self.cache.drop(slot)
-            log.warning("commit of session %s failed: %s", session_id, exc)
+            log.warning("commit of session %s failed: %s", session_id, reason)
             raise wire.RequestFailed(
                 wire.SERVER_ERROR,
-                f"session {session_id}: the turn could not be saved ({type(exc).__name__}: {exc}); "
+                f"session {session_id}: the turn could not be saved ({type(exc).__name__}: {reason}); "
                 "retry with the same request id: a turn that was saved is not run again",
             ) from None
         slot.version, slot.committed = version, commit.committed
@@ -85,6 +87,15 @@ class SessionWrites:
         if hold.slot.session is not None:
             hold.slot.session.close()
         self.cache.drop(hold.slot)
+
+
+def store_error(slot: Slot, exc: Exception) -> str:
+    """A store's error text as the session's `storage` guardrails keep it (engine/guardrails.py
+    `kept_text`): PostgreSQL's `DETAIL: Failing row contains (...)` and redis-py's annotation of a
+    pipeline's command quote the values written."""
+    session = slot.session
+    text = str(exc)
+    return text if session is None else guardrails.kept_text(session.bot.config, [session.route], text)
 
 
 def exists(session_id: str) -> wire.RequestFailed:

@@ -161,7 +161,7 @@ def unusable(exc: Exception) -> str:
     return f"{type(exc).__name__}: a header or the URL holds a character HTTP cannot carry"
 
 
-def _shown(url: str, secrets: list[str]) -> str:
+def _shown(url: str, secrets: tuple[str, ...]) -> str:
     """The URL for an error message (a dead letter's, the log's): no query (it may carry a
     token), and the values of `secret: true` variables redacted (a URL that is itself the
     secret, as a chat platform's incoming webhook is)."""

@@ -39,6 +39,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from chatrun.definition.config import BotConfig, EnvVar, Location, ToolConfig
 from chatrun.definition.kinds import Checks
+from chatrun.definition.secret_forms import redact_secrets, secret_values
 from chatrun.definition.templates import TEMPLATE_VARIABLES, EmptySegment, is_nothing
 from chatrun.definition.yamlpos import YamlDoc
 from chatrun.errors import ToolRefusal, TurnFailed
@@ -301,22 +302,10 @@ class Environment(Mapping[str, str]):
     def __len__(self) -> int:
         return len(self._declared)
 
-    def secrets(self) -> list[str]:
-        """The values of the `secret: true` variables, each also as a URL carries it (an API that
-        echoes the request's URL, or a Location header, shows it encoded), longest first so that
-        no shorter form is replaced inside a longer one."""
-        values = [os.environ.get(n, v.default) for n, v in self._declared.items() if v.secret]
-        forms = {form for value in values if value for form in _url_forms(value)}
-        return sorted(forms, key=len, reverse=True)
-
-
-def _url_forms(value: str) -> set[str]:
-    """A secret as written, and as a request's URL carries it: escaped as a path segment or a
-    query value (`urlsegment`, `query:`), and as httpx leaves it written into the URL's query."""
-    from urllib.parse import quote, quote_plus
-
-    inline = quote(value, safe="!$&'()*+,;=:@/?%")  # RFC 3986's query characters stay, as httpx leaves them
-    return {value, quote(value, safe=""), quote_plus(value), inline}
+    def secrets(self) -> tuple[str, ...]:
+        """The values of the `secret: true` variables, each redacted in every form a response or
+        an error may carry it (definition/secret_forms.py: as written, URL-escaped, base64)."""
+        return secret_values(self._declared)
 
 
 class HttpCaller(RuntimeDefaults):
@@ -517,7 +506,7 @@ def _refused_unprocessed(response: httpx.Response) -> bool:
     return response.status_code == 429 or (response.status_code == 503 and "retry-after" in response.headers)
 
 
-def _unknown_outcome(tool: ToolConfig, request: httpx.Request, problem: str, secrets: list[str]) -> str:
+def _unknown_outcome(tool: ToolConfig, request: httpx.Request, problem: str, secrets: tuple[str, ...]) -> str:
     """What the model reads when a request that may change something got no clear answer: it may
     have been done, so it is not sent again (no key lets the API tell a repeat) nor to be called again."""
     where = redact_text(_shown_url(request.url), secrets)
@@ -533,7 +522,7 @@ class AnswerTooLarge(Exception):
         self.status, self.done = status, done
 
 
-def _unread_answer(tool: ToolConfig, request: httpx.Request, status: int, secrets: list[str]) -> str:
+def _unread_answer(tool: ToolConfig, request: httpx.Request, status: int, secrets: tuple[str, ...]) -> str:
     """What the model reads when the API did what was asked (a 2xx) but its answer is too large to
     read: that it was done, so it is not asked again (a POST's effect twice)."""
     where = redact_text(_shown_url(request.url), secrets)
@@ -672,20 +661,18 @@ def _shown_url(url: httpx.URL) -> str:
     return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
 
 
-def redact_text(text: str, secrets: list[str]) -> str:
-    """The text with each secret value replaced by `[redacted]`."""
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    return text
+def redact_text(text: str, secrets: tuple[str, ...]) -> str:
+    """The text with each secret value, in each of its forms, replaced by `[redacted]`."""
+    return redact_secrets(text, secrets, REDACTED)
 
 
-def _redacted_result(result: dict[str, Any], secrets: list[str]) -> dict[str, Any]:
+def _redacted_result(result: dict[str, Any], secrets: tuple[str, ...]) -> dict[str, Any]:
     if not secrets:
         return result
     return {_redacted(k, secrets): _redacted(v, secrets) for k, v in result.items()}
 
 
-def _redacted(value: Any, secrets: list[str]) -> Any:
+def _redacted(value: Any, secrets: tuple[str, ...]) -> Any:
     if not secrets:
         return value
     if isinstance(value, str):
