@@ -327,6 +327,24 @@ def test_an_expired_identity_is_renewed_by_the_host_page_and_the_chat_goes_on(si
         shot(page, "widget-renewed-390")
 
 
+def test_a_panel_opened_with_an_expired_identity_gets_a_fresh_one_first(sites, fake, monkeypatch):
+    """The page was rendered an hour ago (its identity has expired since): the panel's first
+    request is refused, the host page's function gives a fresh identity, and the chat starts."""
+    import chatrun.server.widget_identity as identity_module
+
+    _chat, shop, _port = sites
+    with shop_page(shop + "/renewing", 1280) as page:
+        page.wait_for_selector("[data-chatrun-widget][data-ready=true]", state="attached")
+        later = time.time() + 7200
+        monkeypatch.setattr(identity_module, "time", type("Later", (), {"time": staticmethod(lambda: later)}))
+        page.locator("[data-chatrun-widget] >> .launcher").click()
+        frame = panel_frame(page)
+        assert page.evaluate("() => window.renewals") == 1
+        fake.queue({"text": "Hello Ana."})
+        send(frame, "Hi", 0)
+        assert "You plan trips for Ana Lima." in str(fake.requests[-1]["messages"][0])
+
+
 AXE = Path(__file__).parent / "vendor" / "axe.min.js"
 
 
