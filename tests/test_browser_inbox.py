@@ -10,6 +10,7 @@ A real `chatrun serve` (SQLite, an --auth file), the fake OpenAI server as its m
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 import urllib.error
@@ -266,4 +267,92 @@ def test_the_users_page_shows_the_operator_typing_and_joined_left_as_lines(serve
         user.wait_for_selector("body[data-ready=true]", timeout=30_000)
         user.locator(".notice-line").nth(1).wait_for(timeout=30_000)
         assert user.locator(".notice-line").all_inner_texts() == ["sam joined the conversation", "sam left the conversation"]
+    assert not errors, f"JavaScript errors: {errors}"
+
+
+def test_the_inbox_names_the_operator_who_spoke_and_says_you_for_your_own(server):
+    """olga took ana's conversation and spoke: sam's inbox shows her message as "olga: …", not
+    "You: …"; olga's own inbox says "You: …". sam takes it over and speaks: the rows swap
+    (pushed to both pages)."""
+    errors: list[str] = []
+    with chromium() as browser:
+        ana = waiting_customer(server, "ana", "human please, my parcel is two weeks late")
+        post(server, f"/bots/shop/sessions/{ana}/takeover", "olga", {})
+        post(server, f"/bots/shop/sessions/{ana}/operator/messages", "olga", {"text": "Olga here, checking."})
+        sam = open_page(browser, server, "/operator", "sam", 1280, errors)
+        olga = open_page(browser, server, "/operator", "olga", 1280, errors)
+        row = f".op-session[data-session='{ana}'] .op-last"
+        sam.locator(row, has_text="Olga here").wait_for(timeout=30_000)
+        olga.locator(row, has_text="Olga here").wait_for(timeout=30_000)
+        assert sam.inner_text(row) == "olga: Olga here, checking."
+        assert olga.inner_text(row) == "You: Olga here, checking."
+        shot(sam, "inbox-another-operator-spoke")
+
+        post(server, f"/bots/shop/sessions/{ana}/takeover", "sam", {"force": True})
+        post(server, f"/bots/shop/sessions/{ana}/operator/messages", "sam", {"text": "Sam here."})
+        sam.locator(row, has_text="Sam here.").wait_for(timeout=30_000)
+        olga.locator(row, has_text="Sam here.").wait_for(timeout=30_000)
+        assert sam.inner_text(row) == "You: Sam here."
+        assert olga.inner_text(row) == "sam: Sam here."
+    assert not errors, f"JavaScript errors: {errors}"
+
+
+@pytest.fixture
+def german_server(fake, tmp_path):
+    """The shop, German only (`locales: [de]`), its catalog renaming one of the page's texts."""
+    bot = tmp_path / "shop"
+    shutil.copytree(SHOP, bot)
+    yaml = (bot / "shop.yaml").read_text()
+    (bot / "shop.yaml").write_text(yaml.replace("format: 3\n", "format: 3\nlocales: [de]\n", 1))
+    (bot / "locales").mkdir()
+    (bot / "locales" / "de.yaml").write_text("page:\n  op_take_over: Gespräch übernehmen\n")
+    fake.responder = responder
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(AUTH)
+    replica = Replica(str(bot / "shop.yaml"), f"sqlite:///{tmp_path / 's.db'}", fake.base_url, "--auth", str(auth))
+    replica.start()
+    try:
+        yield replica.url
+    finally:
+        replica.signal(signal.SIGINT)
+        replica.proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_operator_page_speaks_the_bots_locale(german_server, width):
+    """A German bot's operator page is German (definition/page_texts.py's `op_*` texts, the
+    catalog's `page.op_take_over` over the built-in one): the list, its chips, the conversation,
+    the composer and the cards of pending items."""
+    url, errors = german_server, []
+    with chromium() as browser:
+        waiting_customer(url, "ben", "human please, the size is wrong")
+        ana = "ana-1"
+        post(url, "/bots/shop/sessions", "ana", {"id": ana})
+        post(url, f"/bots/shop/sessions/{ana}/messages", "ana", {"userMessage": "refund A1 80"})
+        inbox = open_page(browser, url, "/operator", "sam", width, errors)
+        inbox.wait_for_selector(".op-session", timeout=30_000)
+        assert inbox.get_attribute("html", "lang") == "de"
+        assert inbox.inner_text(".op-title [data-page-text]") == "Posteingang"
+        assert inbox.inner_text("#list-title") == "Wartend"
+        assert inbox.title().endswith("Posteingang · chatrun")
+        assert inbox.inner_text("#notify") == "Benachrichtigen"
+        assert inbox.locator(".op-kind.takeover").first.inner_text().startswith("Übernahme · ")
+        assert inbox.locator(".op-kind.approval").first.inner_text().startswith("Genehmigung · ")
+        shot(inbox, f"inbox-de-list-{width}")
+        no_serious_violations(inbox, f"the German inbox at {width} px")
+
+        inbox.locator(f".op-session[data-session='{ana}']").click()
+        card = inbox.locator(".pending-card[data-kind=approval]")
+        card.wait_for(timeout=30_000)
+        assert card.locator(".tag").text_content() == "Genehmigung"
+        assert card.locator("button.approve").inner_text() == "Genehmigen"
+        assert inbox.inner_text("#take-over") == "Gespräch übernehmen"  # the bot's own page.op_take_over
+        assert inbox.inner_text(".op-takebar .op-sub") == "Der Bot antwortet, bis Sie übernehmen."
+        inbox.click("#take-over")
+        inbox.wait_for_selector("#operator-input", timeout=30_000)
+        assert inbox.inner_text(".op-with").startswith("Sie betreuen dieses Gespräch (seit ")
+        assert inbox.get_attribute("#operator-input", "placeholder") == "Als Mitarbeiter schreiben…"
+        assert inbox.inner_text("#operator-say button[type=submit]") == "Senden"
+        shot(inbox, f"inbox-de-conversation-{width}")
+        no_serious_violations(inbox, f"the German conversation at {width} px")
     assert not errors, f"JavaScript errors: {errors}"

@@ -52,20 +52,35 @@ LOGO = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><circle cx=
         '<path d="M6 20h20l-4-8-5 5-3-3z" fill="#0b7a5f"/></svg>')
 
 
+# The host page's function that gives the widget a fresh identity (docs/widget.md): its backend's.
+RENEW = ("<script>window.renewals = 0; window.chatIdentity = async () => { window.renewals += 1; "
+         "return (await fetch('/identity')).text(); };</script>")
+
+
 class ShopPages(BaseHTTPRequestHandler):
-    """The host site: a page with the widget's tag (and the signed identity, on /signed)."""
+    """The host site: a page with the widget's tag (and the signed identity, on /signed; and the
+    function that renews it, on /renewing); its backend's fresh identity at /identity."""
 
     chat = ""  # the chat server's URL
     identity = ""
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        extra = f' data-identity="{self.identity}"' if self.path.startswith("/signed") else ""
-        body = (f"<!doctype html><html lang=en><head><meta name=viewport content='width=device-width'><title>Shop</title>"
+        if self.path == "/identity":  # an hour from now, as the chat server's clock reads it
+            import chatrun.server.widget_identity as clock
+            return self.reply(sign_identity(KEY.encode(), "cust-42", "Ana Lima", int(clock.time.time()) + 3600).encode(),
+                              "text/plain")
+        extra = f' data-identity="{self.identity}"' if self.path.startswith(("/signed", "/renewing")) else ""
+        extra += ' data-identity-refresh="chatIdentity"' if self.path.startswith("/renewing") else ""
+        body = ("<!doctype html><html lang=en><head><meta name=viewport content='width=device-width'><title>Shop</title>"
                 "<style>button { background: red !important; } * { font-family: serif !important; }</style></head>"
                 "<body><h1>Our shop</h1><p>Sunglasses, hats and sun cream.</p>"
-                f'<script src="{self.chat}/widget.js" data-bot="travel"{extra}></script></body></html>').encode()
+                + (RENEW if self.path.startswith("/renewing") else "")
+                + f'<script src="{self.chat}/widget.js" data-bot="travel"{extra}></script></body></html>').encode()
+        self.reply(body, "text/html; charset=utf-8")
+
+    def reply(self, body: bytes, content_type: str) -> None:
         self.send_response(200)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -279,6 +294,55 @@ def test_a_signed_identity_expiring_mid_conversation_tells_the_visitor_to_reload
         assert frame.locator("#input").input_value() == "and my booking?"
         assert any("expired" in line for line in logged), logged
         shot(page, "widget-expired-390")
+
+
+def test_an_expired_identity_is_renewed_by_the_host_page_and_the_chat_goes_on(sites, fake, monkeypatch):
+    """The identity expires while the panel is open and its connection is lost; the host page
+    names a function that gives a fresh one (data-identity-refresh): the panel asks it once, goes
+    on in the same conversation with no reload and no notice, and what was typed is sent."""
+    import chatrun.server.widget_identity as identity_module
+
+    chat, shop, _port = sites
+    with shop_page(shop + "/renewing", 390) as page:
+        page.locator("[data-chatrun-widget] >> .launcher").click()
+        frame = panel_frame(page)
+        fake.queue({"text": "Hello Ana."})
+        send(frame, "Hi", 0)
+        frame.locator("body").evaluate("() => { window.notReloaded = true; }")
+        later = time.time() + 7200  # the identity (an hour) has expired
+        monkeypatch.setattr(identity_module, "time", type("Later", (), {"time": staticmethod(lambda: later)}))
+        frame.locator("#input").fill("and my booking?")
+        frame.locator("body").evaluate("() => ChatrunPage.client().websocket.close()")  # the network drops
+        page.wait_for_function("() => window.renewals === 1", timeout=30_000)  # asked once ...
+        frame.locator("#status[data-state=online]").wait_for(state="attached", timeout=30_000)  # ... and connected
+        assert page.evaluate("() => window.renewals") == 1
+        assert frame.locator("body").evaluate("() => window.notReloaded") is True
+        assert frame.locator("#unauthorized").count() == 0
+        assert frame.locator("#input").input_value() == "and my booking?"
+        fake.queue({"text": "Your booking is confirmed."})
+        frame.locator("#input").press("Enter")
+        frame.locator(".msg.bot", has_text="Your booking is confirmed.").wait_for(timeout=10_000)
+        sent = str(fake.requests[-1]["messages"])
+        assert "Hi" in sent and "Hello Ana." in sent and "and my booking?" in sent  # the same conversation
+        shot(page, "widget-renewed-390")
+
+
+def test_a_panel_opened_with_an_expired_identity_gets_a_fresh_one_first(sites, fake, monkeypatch):
+    """The page was rendered an hour ago (its identity has expired since): the panel's first
+    request is refused, the host page's function gives a fresh identity, and the chat starts."""
+    import chatrun.server.widget_identity as identity_module
+
+    _chat, shop, _port = sites
+    with shop_page(shop + "/renewing", 1280) as page:
+        page.wait_for_selector("[data-chatrun-widget][data-ready=true]", state="attached")
+        later = time.time() + 7200
+        monkeypatch.setattr(identity_module, "time", type("Later", (), {"time": staticmethod(lambda: later)}))
+        page.locator("[data-chatrun-widget] >> .launcher").click()
+        frame = panel_frame(page)
+        assert page.evaluate("() => window.renewals") == 1
+        fake.queue({"text": "Hello Ana."})
+        send(frame, "Hi", 0)
+        assert "You plan trips for Ana Lima." in str(fake.requests[-1]["messages"][0])
 
 
 AXE = Path(__file__).parent / "vendor" / "axe.min.js"

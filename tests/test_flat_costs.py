@@ -147,7 +147,7 @@ def test_every_store_pages_its_waiting_sessions_newest_activity_first_with_the_l
     shown = {e.session_id: e.shown().to_dict()["last"] for e in write.run(store.waiting_page(recent_key(), None, None, 9))}
     assert shown == {"a": {"at": 60.0, "from": "user", "text": "Hello??"},
                      "b": {"at": 50.0, "from": "user", "text": "hello"},
-                     "c": {"at": 40.0, "from": "operator", "text": "Olga here"}}
+                     "c": {"at": 40.0, "from": "operator", "text": "Olga here", "by": "olga"}}  # who spoke: the holder
 
 
 def test_the_index_and_the_tallies_stay_true_when_items_are_resolved_and_sessions_deleted(store):

@@ -87,7 +87,8 @@ _ITEM = {"type": "object", "description": "a pending item (docs/protocol.md, \"P
                                  "{kind, by, at}"}}}
 _TAKEN_OVER = {"type": ["object", "null"], "properties": {"by": {}, "since": {"type": "string"}}}
 _LAST = {"type": ["object", "null"], "description": "the session's last turn: {at (epoch seconds), from "
-         "(user, operator or decision), text (the message, or the decision's kind)}"}
+         "(user, operator or decision), text (the message, or the decision's kind); an operator's message also "
+         "has by (the operator's name, null when no one signed in: compare it with `you`)}"}
 _TEXT = {"type": "string", "minLength": 1}  # _text_field
 _REASON = {"type": "string", "description": "why: the history and the model's conditions see it"}
 _FORCE = {"type": "boolean", "default": False,
@@ -141,7 +142,9 @@ def make_pending_router() -> APIRouter:
                                  "owner": {"type": ["string", "null"]}, "items": {"type": "array", "items": _ITEM},
                                  "taken_over": _TAKEN_OVER, "last": _LAST}}},
                              "next": {"type": ["string", "null"],
-                                      "description": "pass as `cursor` for the next page (null: the last page)"}}))
+                                      "description": "pass as `cursor` for the next page (null: the last page)"},
+                             "you": {"type": ["string", "null"], "description": "the caller's name (null: no one "
+                                     "signed in), so a page tells its own messages (`last.by`) from others'"}}))
     return router
 
 
@@ -217,7 +220,8 @@ async def list_all_pending(
     page = page[:limit]
     shown = [s for s in (_filtered(e.shown(kind), role, older_than, now) for e in page) if s is not None]
     last = page[-1] if more else None
-    return {"sessions": shown, "next": None if last is None else encode_cursor(last.positions[key], last.session_id)}
+    return {"sessions": shown, "next": None if last is None else encode_cursor(last.positions[key], last.session_id),
+            "you": who.name if who is not None else None}
 
 
 STREAM_TICK = 2.0  # seconds: how often the stream looks at the store with no commit here (other replicas')

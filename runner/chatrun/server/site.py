@@ -97,10 +97,17 @@ def _index_html() -> str:
     return (STATIC / "index.html").read_text()
 
 
-async def operator_page() -> FileResponse:
+@functools.cache
+def _operator_html() -> str:
+    return (STATIC / "operator.html").read_text()
+
+
+async def operator_page(request: Request, registry: Registry) -> HTMLResponse:
     # The page itself is public like the chat page; what it shows comes from GET /pending,
-    # which needs the role `operators` (the page asks for a token when refused).
-    return FileResponse(STATIC / "operator.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
+    # which needs the role `operators` (the page asks for a token when refused). Its texts are
+    # the chat page's mechanism: the served bot's catalogs (the default bot's), the browser's locale.
+    bot = request.app.state.default_bot
+    return _with_texts(_operator_html(), _texts_for(registry.bots.get(bot), request))
 
 
 def _page(name: str, bot: Any, request: Request, mode: str) -> HTMLResponse:
@@ -110,9 +117,18 @@ def _page(name: str, bot: Any, request: Request, mode: str) -> HTMLResponse:
     # Its own texts (Send, the notices), `lang` and `dir` come with it in the locale the browser
     # asks for (docs/i18n.md, "The page"): no flash of English, no extra request. Later the
     # session's own locale (which the bot may change) replaces them.
+    return _with_texts(text, _texts_for(bot, request))
+
+
+def _texts_for(bot: Any, request: Request) -> dict[str, object]:
+    """The page's texts, `lang` and `dir` in the bot's locale the browser asks for (`?locale=`,
+    else its Accept-Language; else the bot's default)."""
     catalogs = bot.config.catalogs if bot is not None else None
     wanted = request.query_params.get("locale") or request.headers.get("accept-language")
-    page = page_data(catalogs, catalogs.negotiate(wanted) if catalogs is not None else None)
+    return page_data(catalogs, catalogs.negotiate(wanted) if catalogs is not None else None)
+
+
+def _with_texts(text: str, page: dict[str, object]) -> HTMLResponse:
     text = text.replace("__CHATRUN_LANG__", html.escape(str(page["lang"]), quote=True))
     text = text.replace("__CHATRUN_DIR__", str(page["dir"]))
     text = text.replace("__CHATRUN_PAGE__", json.dumps(page, ensure_ascii=False).replace("</", "<\\/"))

@@ -595,7 +595,10 @@ LAST_TEXT = 200  # characters of the last message the inbox shows
 
 def last_turn_of(snapshot: JSONObject) -> JSONObject | None:
     """The session's last committed turn as the operators' inbox shows it: when, from whom, what
-    (a user's message, an operator's, or the kind of a decision); None before the first."""
+    (a user's message, an operator's, or the kind of a decision); None before the first. An
+    operator's message also says `by` whom: the name of the operator holding the conversation
+    (only its holder may speak in it: engine/waiting.py, `_check_holder`), null when no one
+    signed in holds it (a server without --auth)."""
     committed = snapshot.get("committed")
     if not isinstance(committed, dict) or not isinstance(committed.get("at"), int | float):
         return None
@@ -607,7 +610,16 @@ def last_turn_of(snapshot: JSONObject) -> JSONObject | None:
     else:
         sender, text = "user", given.get("userMessage") if isinstance(given, dict) else given
     text = text if isinstance(text, str) else ""
-    return {"at": float(committed["at"]), "from": sender, "text": text[:LAST_TEXT]}
+    last: JSONObject = {"at": float(committed["at"]), "from": sender, "text": text[:LAST_TEXT]}
+    if sender == "operator":
+        last["by"] = _holder_name(taken_over_of(snapshot))
+    return last
+
+
+def _holder_name(taken: JSONObject | None) -> str | None:
+    holder = (taken or {}).get("by")
+    name = holder.get("name") if isinstance(holder, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def tallies_of(snapshot: JSONObject) -> list[tuple[str, str, int]]:

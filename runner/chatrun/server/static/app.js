@@ -12,7 +12,9 @@
  *   chatrun:texts      on document when the page's texts changed locale (the session's own).
  * window.ChatrunPage: {bot, mode ("user"|"author"), session() (the chatscopes.js session),
  *   client() (its ChatScopesClient), api(path, options) (fetch under /bots/{bot}, with the token),
- *   text(key, args) (the page's text `key` in the session's locale, `{name}`s filled)}. */
+ *   text(key, args) (the page's text `key` in the session's locale, `{name}`s filled),
+ *   renewToken (null, or a function a wrapper sets that resolves to a fresh token, or null, when
+ *   the server refuses the page's: the widget's panel asks the host page; docs/widget.md)}. */
 (function () {
   "use strict";
 
@@ -24,7 +26,7 @@
   // The token comes once in the URL (?token=…); it is kept for this tab in sessionStorage and
   // taken out of the address bar, so it does not linger in history, bookmarks or screenshots.
   const TOKEN_KEY = "chatrun:" + location.host + ":token";
-  const TOKEN = params.get("token") || sessionStorage.getItem(TOKEN_KEY);
+  let TOKEN = params.get("token") || sessionStorage.getItem(TOKEN_KEY); // renewed by renewed()
   if (params.has("token")) {
     if (TOKEN) sessionStorage.setItem(TOKEN_KEY, TOKEN);
     params.delete("token");
@@ -1780,6 +1782,7 @@
       drawGraph(info.graph, [info.default_route]);
       attachmentsFollowRoute(info.default_route);
     } catch (err) {
+      if (err.status === 401 && await renewed(err.message)) return main();
       if (err.status === 401) showUnauthorized(err.message);
       else setStatusText("offline", "unreachable");
       return;
@@ -1792,6 +1795,7 @@
       return;
     }
     await startSession();
+    renewals = 0;
     setStatusText("online", "connected");
     document.body.dataset.ready = "true";
     refreshInspector();
@@ -1803,23 +1807,49 @@
   async function openClient() {
     client = new ChatScopesClient();
     await client.open(wsUrl());
-    client.websocket.addEventListener("close", (ev) => {
-      if (ev.code === 4401) {
+    client.websocket.addEventListener("close", async (ev) => {
+      if (ev.code === 4401 && !(await renewed(ev.reason))) {
         showUnauthorized(ev.reason);
         return;
       }
       setStatusText("offline", "reconnecting");
-      reconnect(1);
+      reconnect(); // with a renewed token: the same session, what was typed still in the box
     });
+  }
+
+  let failures = 0; // reconnections tried since the page was last connected (the pause grows)
+  let renewals = 0; // tokens renewed since then: one, so a fresh token refused at once is not asked for again
+
+  /** The server refused the page's token (an identity that expired): whether a fresh one came
+   * from `ChatrunPage.renewToken` (the widget's panel asks the host page), now the page's. Asked
+   * once until the page is connected again: a fresh token refused at once is not asked for again. */
+  async function renewed(reason) {
+    const renew = window.ChatrunPage && window.ChatrunPage.renewToken;
+    if (typeof renew !== "function" || renewals > 0) return false;
+    renewals += 1;
+    try {
+      console.info("chatrun: the token was refused (" + (reason || "") + "): asking for a fresh one");
+      const fresh = await renew(reason || "");
+      if (typeof fresh !== "string" || !fresh || fresh === TOKEN) return false;
+      TOKEN = fresh;
+      sessionStorage.setItem(TOKEN_KEY, TOKEN);
+      return true;
+    } catch (err) {
+      return false;
+    }
   }
 
   /** The server went away (restart, network): reopen and resume the same session, which
    * lives in the server's store, with a growing pause between tries. */
-  async function reconnect(attempt) {
-    await new Promise((r) => setTimeout(r, Math.min(5000, 250 * attempt)));
+  async function reconnect() {
+    failures += 1;
+    await new Promise((r) => setTimeout(r, Math.min(5000, 250 * failures)));
+    let opened = false;
     try {
       await openClient();
+      opened = true;
       session = await builder().resume(session.chatId).connect();
+      failures = renewals = 0;
       setStatusText("online", "connected");
       // Not awaited: a failed read of the history must not reach the catch below, which starts a
       // new conversation; it gives the message back instead.
@@ -1828,7 +1858,7 @@
       if (lost) recoverLostTurn(lost).catch(() => giveBack(lost.text));
       refreshInspector();
     } catch (err) {
-      if (client && client.websocket && client.websocket.readyState === WebSocket.OPEN) {
+      if (opened && client.websocket.readyState === WebSocket.OPEN) {
         // Connected but the session is gone (deleted meanwhile): start a new one.
         localStorage.removeItem(STORE_KEY);
         await startSession();
@@ -1836,7 +1866,9 @@
         refreshInspector();
         return;
       }
-      reconnect(attempt + 1);
+      // Closed again once open: its close handler goes on (reconnects, renews the token or says
+      // why), so this is no second loop of tries; a connection that never opened is tried again.
+      if (!opened) reconnect();
     }
   }
 
@@ -1864,7 +1896,7 @@
   setUpTheme();
   setUpPlay();
   window.ChatrunPage = {
-    bot: BOT, mode: MODE, session: () => session, client: () => client, api: api, text: tx,
+    bot: BOT, mode: MODE, session: () => session, client: () => client, api: api, text: tx, renewToken: null,
   };
   $("toggle-inspector").addEventListener("click", () => {
     document.body.classList.toggle(window.innerWidth > 900 ? "no-inspector" : "show-inspector");

@@ -6,7 +6,9 @@
  * click) and a sound (opt-in) tell of new activity. One conversation: its history, its open
  * items as cards, typing both ways, and the composer at the bottom with the bot's canned
  * replies (`canned:`). Dates and numbers use Intl in the session's locale. Needs a token with
- * the role `operators` (?token=… once, kept for the tab). */
+ * the role `operators` (?token=… once, kept for the tab). Its own texts come with the page in the
+ * bot's locale (definition/page_texts.py, the `op_*` keys; a catalog's `page.<key>` overrides them),
+ * as the chat page's do; the inspector's labels stay English, as on the chat page. */
 (function () {
   "use strict";
 
@@ -31,6 +33,22 @@
   let stream = null;
   let known = null; // session -> the time of its last activity, as last seen (null: the first load)
   let lastPing = 0;
+  let you = null; // the viewer's name, as GET /pending says it (null: no one signed in)
+  const pageData = JSON.parse($("page-data").textContent);
+
+  /** The page's text `key` (definition/page_texts.py, or the bot's `page.<key>`), `{name}`s filled. */
+  function tx(key, args) {
+    let text = pageData.texts[key] !== undefined ? pageData.texts[key] : key;
+    for (const name in args || {}) text = text.split("{" + name + "}").join(String(args[name]));
+    return text;
+  }
+
+  /** The texts of the page's own HTML (`data-page-text`, `data-page-label`) and the cards'. */
+  function applyPageTexts() {
+    document.querySelectorAll("[data-page-text]").forEach((node) => { node.textContent = tx(node.dataset.pageText); });
+    document.querySelectorAll("[data-page-label]").forEach((node) => { node.setAttribute("aria-label", tx(node.dataset.pageLabel)); });
+    ChatrunPending.setTexts(pageData.texts);
+  }
 
   function el(tag, cls, text) {
     const node = document.createElement(tag);
@@ -101,6 +119,7 @@
       let cursor = null;
       for (let page = 0; page < pages; page++) {
         const data = await call("/pending?" + listQuery(cursor ? { cursor: cursor } : null).toString());
+        you = data.you === undefined ? you : data.you;
         sessions = sessions.concat(data.sessions || []);
         cursor = data.next || null;
         if (!cursor) break;
@@ -108,7 +127,7 @@
       shown(sessions, Boolean(cursor));
     } catch (err) {
       if (err.status === 401 || err.status === 403) return refused(err);
-      setStatus("offline", "server unreachable");
+      setStatus("offline", tx("unreachable"));
     }
     if (!stream) listTimer = setTimeout(refreshList, 3000); // the fallback while no stream is open
   }
@@ -127,6 +146,7 @@
       document.body.dataset.channel = "push";
       if (pages > 1) return refreshList(); // the later pages are read as before
       const data = JSON.parse(ev.data);
+      you = data.you === undefined ? you : data.you;
       shown(data.sessions || [], Boolean(data.next));
     });
     source.onerror = () => { // refused, or the server went away: poll, and try the stream again later
@@ -141,35 +161,34 @@
   function shown(sessions, more) {
     renderList(sessions, more);
     announce(sessions);
-    setStatus("online", "live");
+    setStatus("online", tx("op_live"));
     document.body.dataset.ready = "true";
   }
 
   function refused(err) {
     if (stream) stream.close();
     stream = null;
-    setStatus("offline", "unauthorized");
+    setStatus("offline", tx("op_unauthorized"));
     const box = $("sessions");
     box.textContent = "";
-    const notice = el("li", "notice error", "This page is for operators: open it with ?token=YOUR_TOKEN at the end of "
-      + "its address, a token of the server's --auth file with the role operators. The server said: " + err.message);
+    const notice = el("li", "notice error", tx("op_refused", { problem: err.message }));
     notice.id = "unauthorized";
     box.appendChild(notice);
     document.body.dataset.ready = "true";
   }
 
   function customer(s) {
-    return s.owner || "Visitor " + String(s.session).slice(0, 6);
+    return s.owner || tx("op_visitor", { id: String(s.session).slice(0, 6) });
   }
 
   function renderList(sessions, more) {
     const box = $("sessions");
     box.textContent = "";
-    if (!sessions.length) box.appendChild(el("li", "op-none", "Nobody is waiting."));
+    if (!sessions.length) box.appendChild(el("li", "op-none", tx("op_nobody")));
     for (const s of sessions) box.appendChild(renderRow(s));
     if (more) {
       const item = el("li");
-      const next = el("button", "op-more", "More waiting conversations");
+      const next = el("button", "op-more", tx("op_more"));
       next.type = "button";
       next.id = "more-sessions";
       next.addEventListener("click", () => { pages += 1; refreshList(); });
@@ -178,7 +197,7 @@
     }
     const open_ = sessions.filter((s) => !s.taken_over).length;
     $("count").textContent = open_ ? String(open_) : "";
-    document.title = (open_ ? "(" + open_ + ") " : "") + "Inbox · chatrun";
+    document.title = (open_ ? "(" + open_ + ") " : "") + tx("op_inbox") + " · chatrun";
   }
 
   function renderRow(s) {
@@ -195,17 +214,17 @@
     avatar.setAttribute("aria-hidden", "true");
     row.appendChild(avatar);
     row.appendChild(el("span", "op-who", name));
-    const when = el("span", "op-when", last ? ago(last.at * 1000) : "");
-    if (last) when.title = clock(last.at * 1000);
+    const when = el("span", "op-when", last ? ago(last.at * 1000, pageData.lang) : "");
+    if (last) when.title = clock(last.at * 1000, pageData.lang);
     row.appendChild(when);
     row.appendChild(el("span", "op-last", lastLine(s)));
     const kinds = el("span", "op-kinds");
     for (const it of s.items) {
-      const chip = el("span", "op-kind " + it.kind, it.kind + " · " + waited(it.created));
+      const chip = el("span", "op-kind " + it.kind, tx("op_chip_" + it.kind, { waited: waited(it.created, pageData.lang) }));
       chip.title = it.ask;
       kinds.appendChild(chip);
     }
-    if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", "with " + ChatrunPending.holder(s.taken_over)));
+    if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", tx("op_with", { name: ChatrunPending.holder(s.taken_over) })));
     row.appendChild(kinds);
     row.addEventListener("click", () => openSession(s.bot, s.session, s.owner));
     item.appendChild(row);
@@ -215,8 +234,16 @@
   function lastLine(s) {
     const last = s.last;
     if (last && last.from === "user" && last.text) return last.text;
-    if (last && last.from === "operator") return "You: " + last.text;
+    if (last && last.from === "operator") return sender(last, s) + ": " + last.text;
     return s.items.length ? s.items[0].ask : last ? last.text : "";
+  }
+
+  /** Who sent an operator's last message: "You" when it is the viewer (by name, as the server
+   * tells principals apart), else that operator's name (`last.by`; a page stored before it was
+   * kept: the holder's, who alone may speak). */
+  function sender(last, s) {
+    const by = "by" in last ? last.by : s.taken_over && s.taken_over.by ? ChatrunPending.holder(s.taken_over) : null;
+    return by === you ? tx("op_you") : by || ChatrunPending.holder(null);
   }
 
   function seenAt(s) {
@@ -249,7 +276,9 @@
     document.body.dataset.news = String(Number(document.body.dataset.news || 0) + news.length);
     if (prefs.notify && window.Notification && Notification.permission === "granted") {
       const s = news[0];
-      const note = new Notification(customer(s) + (news.length > 1 ? " and " + (news.length - 1) + " more" : "") + " · waiting",
+      const title = news.length > 1 ? tx("op_note_more", { name: customer(s), count: news.length - 1 })
+        : tx("op_note_waiting", { name: customer(s) });
+      const note = new Notification(title,
         { body: lastLine(s), tag: "chatrun-inbox" });
       note.onclick = () => { window.focus(); openSession(s.bot, s.session, s.owner); note.close(); };
     }
@@ -274,17 +303,17 @@
   function savePrefs() {
     localStorage.setItem(PREFS_KEY, JSON.stringify(prefs));
     $("notify").setAttribute("aria-pressed", String(Boolean(prefs.notify)));
-    $("notify").textContent = prefs.notify ? "Notifying" : "Notify me";
+    $("notify").textContent = tx(prefs.notify ? "op_notifying" : "op_notify");
     $("sound").checked = Boolean(prefs.sound);
   }
 
   $("notify").addEventListener("click", async () => {
     if (prefs.notify) { prefs.notify = false; return savePrefs(); }
-    if (!window.Notification) { $("notify").textContent = "No notifications here"; return; }
+    if (!window.Notification) { $("notify").textContent = tx("op_notify_none"); return; }
     const answer = Notification.permission === "granted" ? "granted" : await Notification.requestPermission();
     prefs.notify = answer === "granted";
     savePrefs();
-    if (answer === "denied") $("notify").textContent = "Notifications blocked";
+    if (answer === "denied") $("notify").textContent = tx("op_notify_blocked");
   });
   $("sound").addEventListener("change", () => { prefs.sound = $("sound").checked; savePrefs(); if (prefs.sound) chime(); });
 
@@ -368,37 +397,42 @@
 
   function renderHead(data) {
     const head = el("div", "op-detail-head");
-    const back = el("button", "btn op-back", "‹ List");
+    const back = el("button", "btn op-back", tx("op_back"));
     back.type = "button";
     back.addEventListener("click", () => { stopTyping(); open = null; document.body.classList.remove("op-open"); refreshList(); });
     head.appendChild(back);
     const title = el("div", "op-head-title");
-    title.appendChild(el("h2", "", open.owner || "Visitor " + data.id.slice(0, 6)));
-    const turns = new Intl.NumberFormat(data.locale || undefined).format(data.turn);
-    title.appendChild(el("div", "op-sub", data.bot + " · " + data.id + " · on " + data.route + " · " + turns
-      + (data.turn === 1 ? " turn" : " turns") + (data.locale ? " · " + data.locale : "")));
+    title.appendChild(el("h2", "", open.owner || tx("op_visitor", { id: data.id.slice(0, 6) })));
+    title.appendChild(el("div", "op-sub", [data.bot, data.id, tx("op_on_route", { route: data.route }), turns(data.turn, data.locale)]
+      .concat(data.locale ? [data.locale] : []).join(" · ")));
     head.appendChild(title);
     const actions = el("div", "op-head-actions");
     if (data.taken_over && !data.heldByAnother) { // only the holder releases it
       const to = el("select");
       to.id = "release-route";
-      to.setAttribute("aria-label", "Release to route");
-      to.appendChild(el("option", "", "back to where it was")).value = "";
-      for (const r of open.routes || []) to.appendChild(el("option", "", "to " + r)).value = r;
-      const button = el("button", "btn", "Release");
+      to.setAttribute("aria-label", tx("op_release_to"));
+      to.appendChild(el("option", "", tx("op_release_back"))).value = "";
+      for (const r of open.routes || []) to.appendChild(el("option", "", tx("op_release_route", { route: r }))).value = r;
+      const button = el("button", "btn", tx("op_release"));
       button.id = "release";
       button.type = "button";
       button.addEventListener("click", () => { stopTyping(); act("/release", to.value ? { route: to.value } : {}); });
       actions.appendChild(to);
       actions.appendChild(button);
     }
-    const details = el("button", "btn op-aside-toggle", "Details");
+    const details = el("button", "btn op-aside-toggle", tx("op_details"));
     details.type = "button";
     details.setAttribute("aria-controls", "op-inspector");
     details.addEventListener("click", () => $("detail").classList.toggle("aside-open"));
     actions.appendChild(details);
     head.appendChild(actions);
     return head;
+  }
+
+  /** "3 turns", by the plural rule of the page's language (`op_turns_one`, `op_turns_other`). */
+  function turns(n, locale) {
+    const form = new Intl.PluralRules(pageData.lang).select(n) === "one" ? "op_turns_one" : "op_turns_other";
+    return tx(form, { n: new Intl.NumberFormat(locale || undefined).format(n) });
   }
 
   /** The open items with their controls (an item only its user or a backend decides: shown, without). */
@@ -419,8 +453,8 @@
     problem.id = "action-problem";
     problem.setAttribute("role", "alert");
     if (data.heldByAnother) { // another operator holds it: the server refuses our actions (409 HeldByAnother)
-      const held = el("div", "op-with", data.heldByAnother + " has this conversation (since "
-        + ago(Date.parse(data.taken_over.since), data.locale) + "): the bot is silent.");
+      const held = el("div", "op-with", tx("op_held_by", { name: data.heldByAnother,
+        ago: ago(Date.parse(data.taken_over.since), data.locale) }));
       held.id = "held-by";
       box.appendChild(held);
       box.appendChild(forceButton(data.heldByAnother)); // unless they went home without releasing it
@@ -429,31 +463,31 @@
     }
     if (!data.taken_over) {
       const bar = el("div", "op-takebar");
-      const take = el("button", "btn primary", "Take over");
+      const take = el("button", "btn primary", tx("op_take_over"));
       take.id = "take-over";
       take.type = "button";
       take.addEventListener("click", () => act("/takeover", {}));
       bar.appendChild(take);
       const waits = (data.pending || []).find((i) => i.kind === "takeover");
-      bar.appendChild(el("span", "op-sub", waits ? "The user asked for a person: " + waits.ask : "The bot answers until you take over."));
+      bar.appendChild(el("span", "op-sub", waits ? tx("op_asked_person", { ask: waits.ask }) : tx("op_bot_answers")));
       box.appendChild(bar);
       box.appendChild(problem);
       return box;
     }
     const since = Date.parse(data.taken_over.since);
-    box.appendChild(el("div", "op-with", "You have this conversation (since " + ago(since, data.locale) + "): the bot is silent."));
+    box.appendChild(el("div", "op-with", tx("op_you_have", { ago: ago(since, data.locale) })));
     const say = el("form", "op-say");
     say.id = "operator-say";
     const input = el("textarea");
     input.rows = 2;
-    input.placeholder = "Type as the operator…";
-    input.setAttribute("aria-label", "Operator message");
+    input.placeholder = tx("op_placeholder");
+    input.setAttribute("aria-label", tx("op_message_label"));
     input.id = "operator-input";
     input.addEventListener("input", () => pingTyping(input.value.trim() !== ""));
     input.addEventListener("keydown", (ev) => {
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); say.requestSubmit(); }
     });
-    const send = el("button", "btn primary", "Send");
+    const send = el("button", "btn primary", tx("send"));
     send.type = "submit";
     say.appendChild(input);
     say.appendChild(send);
@@ -474,7 +508,7 @@
   function renderCanned(input) {
     const row = el("div", "op-canned");
     row.setAttribute("role", "group");
-    row.setAttribute("aria-label", "Canned replies");
+    row.setAttribute("aria-label", tx("op_canned"));
     for (const reply of open.canned) {
       const pick = el("button", "", reply.name);
       pick.type = "button";
@@ -505,7 +539,7 @@
   function showTyping(typing) {
     const line = $("user-typing");
     if (!line) return;
-    const text = typing && typing.user ? (open.owner || "The user") + " is typing…" : "";
+    const text = typing && typing.user ? tx("operator_typing", { name: open.owner || tx("op_the_user") }) : "";
     if (line.textContent !== text) line.textContent = text;
   }
 
@@ -549,7 +583,7 @@
    * take the conversation from them, announced to the user (they read the holder leave and this
    * operator join; POST .../takeover {"force": true}, docs/operators.md). On its own line. */
   function forceButton(holder) {
-    const force = el("button", "btn", "Take over from " + holder);
+    const force = el("button", "btn", tx("op_take_from", { name: holder }));
     force.id = "force-takeover";
     force.type = "button";
     force.addEventListener("click", () => { stopTyping(); act("/takeover", { force: true }); });
@@ -574,7 +608,7 @@
       if (decision) box.appendChild(el("div", "route-change", describe(decision)));
       for (const event of entry.events || []) renderEvent(box, event, asked);
     }
-    if (!history.length) box.appendChild(el("div", "muted", "No turns yet."));
+    if (!history.length) box.appendChild(el("div", "muted", tx("op_no_turns")));
     return box;
   }
 
@@ -585,18 +619,19 @@
     } else if (event.type === "Message") {
       const operator = meta.from === "operator";
       const bubble = el("div", "msg bot md" + (operator ? " operator" : ""));
-      if (operator) bubble.appendChild(el("div", "from", (meta.name || "operator") + " · operator"));
+      if (operator) bubble.appendChild(el("div", "from", tx("op_from", { name: meta.name || ChatrunPending.holder(null) })));
       bubble.appendChild(ChatrunMarkdown.render(String(event.data)));
       box.appendChild(bubble);
     } else if (event.type === "Pending" && !asked.has(event.data.id)) {
       asked.add(event.data.id);
-      box.appendChild(el("div", "note", "waiting (" + event.data.kind + " " + event.data.id + "): " + event.data.ask));
+      box.appendChild(el("div", "note", tx("op_waiting_item", { kind: tx("kind_" + event.data.kind), id: event.data.id, ask: event.data.ask })));
     }
   }
 
   function describe(decision) {
-    const what = { approve: "approved", reject: "rejected", answer: "answered", takeover: "taken over",
-      operator_say: "operator spoke", release: "released", expire: "timed out" }[decision.kind] || decision.kind;
+    const key = { approve: "approved", reject: "rejected", answer: "answered", takeover: "taken",
+      operator_say: "op_spoke", release: "released", expire: "timed_out" }[decision.kind];
+    const what = key ? tx(key).toLocaleLowerCase(pageData.lang) : decision.kind; // in a line: "rejected p1"
     return what + (decision.item ? " " + decision.item : "");
   }
 
@@ -604,6 +639,7 @@
     const box = el("aside", "op-inspector");
     box.id = "op-inspector";
     box.setAttribute("aria-label", "Inspector");
+    box.dir = "ltr"; // English, left to right, as the chat page's inspector
     box.appendChild(el("h3", "", "Inspector"));
     box.appendChild(el("div", "small", "route stack: " + (data.stack || []).join(" › ")));
     const state = el("pre", "json");
@@ -627,6 +663,7 @@
     return box;
   }
 
+  applyPageTexts();
   window.addEventListener("pagehide", stopTyping);
   $("kind-filter").addEventListener("change", () => { pages = 1; openStream(); });
   savePrefs();

@@ -2,7 +2,9 @@
    Adds the widget's header (logo, title, a close button) and greeting, and talks to the host
    page's widget.js by postMessage, to that origin only: "chatrun:close" (the close button,
    Esc), "chatrun:message" (a reply arrived: the launcher counts it while closed),
-   "chatrun:started" (a conversation exists: load the panel at once on the next page). Keeps
+   "chatrun:started" (a conversation exists: load the panel at once on the next page),
+   "chatrun:identity-expired" (the server refused the visitor's identity: the host page answers
+   "chatrun:identity" with a fresh one, or null; app.js's ChatrunPage.renewToken). Keeps
    the keyboard inside the panel while it is open (a dialog's focus trap). */
 (function () {
   "use strict";
@@ -74,6 +76,22 @@
     const first = items[0], last = items[items.length - 1];
     if (event.shiftKey && document.activeElement === first) { event.preventDefault(); last.focus(); }
     else if (!event.shiftKey && document.activeElement === last) { event.preventDefault(); first.focus(); }
+  });
+  // An identity the server refused (expired): the host page is asked for a fresh one (its
+  // data-identity-refresh function); app.js goes on with it, or says to reload on null.
+  const RENEW_WAIT = 30000; // ms: a host page whose widget.js does not answer (an older one)
+  window.ChatrunPage.renewToken = (reason) => new Promise((resolve) => {
+    if (window.parent === window) return resolve(null);
+    const id = String(Math.random()).slice(2);
+    const timer = setTimeout(() => done(null), RENEW_WAIT);
+    function done(token) { clearTimeout(timer); window.removeEventListener("message", answered); resolve(token); }
+    function answered(event) {
+      const said = event.data;
+      if (event.origin === parentOrigin && event.source === window.parent && said && said.type === "chatrun:identity"
+          && said.id === id) done(typeof said.token === "string" ? said.token : null);
+    }
+    window.addEventListener("message", answered);
+    tell("chatrun:identity-expired", { id: id, reason: reason });
   });
   tell("chatrun:ready");
 })();

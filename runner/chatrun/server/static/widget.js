@@ -2,6 +2,9 @@
 
      <script src="https://CHAT-SERVER/widget.js" data-bot="travel" async></script>
      <script ... data-identity="cw1.…">  (optional: a signed identity the site's backend made)
+     <script ... data-identity-refresh="chatIdentity">  (optional: the name of the host page's
+       function that gives a fresh identity, or a Promise of one, when the server refuses the
+       one it had (expired): the panel goes on with it, no reload; see docs/widget.md)
 
    puts a launcher button in a corner and, when it is opened, a chat panel: an iframe of the
    chat server's own page (/widget/BOT/frame), so the host page's CSS cannot reach it. The
@@ -158,12 +161,31 @@
       const type = event.data.type;
       if (type === "chatrun:close") close();
       else if (type === "chatrun:started") store.set("started", "1");
+      else if (type === "chatrun:identity-expired") renewIdentity(event.data.id);
       else if (type === "chatrun:ready" && !panel.hidden && focusWanted) frame.contentWindow.postMessage({ type: "chatrun:focus" }, SERVER);
       else if (type === "chatrun:message" && panel.hidden) {
         unread += 1; session.set("unread", String(unread)); showBadge();
         live.textContent = config.title + ": " + (event.data.text || "new message");
       }
     });
+    /** The panel's identity was refused (expired): the host page's function named by
+     * data-identity-refresh gives a fresh one, which goes to the panel (and into the next panel
+     * loaded); without such a function, or when it fails, the panel is told null and says why. */
+    function renewIdentity(id) {
+      const name = script.dataset.identityRefresh;
+      const renew = name ? window[name] : null;
+      const answer = (fresh) => frame.contentWindow.postMessage({ type: "chatrun:identity", id: id, token: fresh }, SERVER);
+      if (typeof renew !== "function") {
+        if (name) console.error("chatrun widget: data-identity-refresh names " + name + ", which is not a function of this page");
+        return answer(null);
+      }
+      Promise.resolve().then(() => renew()).then((given) => {
+        const fresh = typeof given === "string" && given ? given : null;
+        if (fresh) script.dataset.identity = fresh;
+        else console.error("chatrun widget: " + name + "() gave no identity (a cw1. token as text)");
+        answer(fresh);
+      }, (err) => { console.error("chatrun widget: " + name + "() failed: " + err); answer(null); });
+    }
     showBadge();
     if (session.get("open") === "1") open(true);
     else if (store.get("started") === "1") load();  // a conversation exists: its replies count while closed
