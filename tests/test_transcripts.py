@@ -657,6 +657,16 @@ def test_update_with_repeat_is_a_usage_error_and_writes_nothing(travel_copy):
     assert {p: p.read_bytes() for p in before} == before
 
 
+def test_the_help_of_repeat_says_it_refuses_update_and_record():
+    from chatrun.cli import main
+
+    result = CliRunner().invoke(main, ["test", "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    repeat = result.output[result.output.index("--repeat"):]
+    repeat = " ".join(repeat[:repeat.index("--help")].split())
+    assert "not with --update or --record" in repeat, repeat
+
+
 # -- saving a conversation (the REPL's /save) ----------------------------------------------------------
 
 
