@@ -5,6 +5,7 @@ breaking a bot, the pytest plugin, and saving from a session."""
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import shutil
@@ -526,6 +527,26 @@ def test_a_diff_writes_the_characters_a_terminal_does_not_show_as_escapes_a_tran
     assert f"    +{written}\n" in out  # not two lines that look the same
     path.write_text(path.read_text().replace('[{Message: "Das macht 3,20 € (1 234 Punkte)"}]', f"\n        {written}"))
     assert cli([str(path)])[0] == 0  # the actual line, pasted, passes
+
+
+def test_update_writes_the_characters_a_reader_cannot_see_as_escapes_that_read_back_the_same(tmp_path):
+    said = "3,20\u00a0€, zero\u200bwidth,\ttab"  # a no-break space, a zero-width space, a tab
+    multi = "first\u00a0line\nsecond\tline"
+    path = hello_transcript(tmp_path, f"""
+        turns:
+          - user: hi
+            model: [{{text: {json.dumps(said)}}}]
+          - user: again
+            model: [{{text: {json.dumps(multi)}}}]
+        """)
+    code, out = cli([str(path), "--update"])
+    assert code == 0, out
+    text = path.read_text(encoding="utf-8")
+    assert not {"\u00a0", "\u200b", "\t"} & set(text), text  # none written raw
+    assert '- Message: "3,20\\u00a0€, zero\\u200bwidth,\\ttab"\n' in text, text
+    messages = [turn.expect["events"] for turn in load_transcript(path).turns]
+    assert messages == [[{"Message": said}], [{"Message": multi}]]  # the same value, read back
+    assert cli([str(path)])[0] == 0
 
 
 def test_update_keeps_a_turns_judge_criteria_and_rewrites_the_rest(tmp_path):

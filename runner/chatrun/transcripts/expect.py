@@ -522,7 +522,7 @@ def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
 
 
-def _unseen(char: str) -> bool:
+def unseen(char: str) -> bool:
     """A character a terminal shows as a space or not at all: a no-break space (U+00A0, which Babel
     puts before the euro sign in German; U+202F, its French thousands separator), a zero-width
     space, a soft hyphen."""
@@ -533,8 +533,14 @@ def _escaped(char: str) -> str:
     return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
 
 
+def escape_unseen(text: str) -> str:
+    """`text` with each character a terminal does not show written as its escape (backslash
+    u00a0), which reads back as the character inside a double-quoted YAML scalar."""
+    return "".join(_escaped(c) if unseen(c) else c for c in text) if any(unseen(c) for c in text) else text
+
+
 def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-    if any(_unseen(c) for c in data):  # double-quoted, so dump() can write them as escapes
+    if any(unseen(c) for c in data):  # double-quoted, so dump() can write them as escapes
         return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
     # Multi-line text (system prompts) as a literal block: one diff line per line of text.
     style = "|" if "\n" in data.strip("\n") and not any(line != line.rstrip() for line in data.splitlines()) else None
@@ -550,7 +556,7 @@ def dump(value: Any) -> str:
     transcript can say it): else a diff shows two lines that look the same. The strings holding
     them are double-quoted (_represent_str), where an escape reads back as the character."""
     text = yaml.dump(_printable(value), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
-    return "".join(_escaped(c) if _unseen(c) else c for c in text) if any(_unseen(c) for c in text) else text
+    return escape_unseen(text)
 
 
 def _printable(value: Any) -> Any:
