@@ -22,7 +22,7 @@ from chatrun.errors import BotError
 from chatrun.models.base import ModelResponse
 from chatrun.testing.fake_openai import FakeOpenAI
 from chatrun.transcripts import load_transcript, run_transcript
-from chatrun.transcripts.expect import MISSING, match, refresh
+from chatrun.transcripts.expect import MISSING, compare_live, match, refresh
 from chatrun.transcripts.save import save_transcript
 
 REPO = Path(__file__).resolve().parents[1]
@@ -283,6 +283,29 @@ def test_unexpected_error_and_error_expectations(tmp_path):
     assert problems[2] == []
     assert problems[3] == ["the Error text differs"]
     assert problems[4] == ["expected the turn to end in an Error, but it succeeded"]
+
+
+def test_error_false_passes_a_turn_without_an_error_and_fails_one_with_it_saying_so(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: fine}]
+            expect: {error: false, route: chat}
+          - user: hi
+            model: [{error: down}]
+            expect: {error: false}
+        """)
+    result = run_transcript(str(path))
+    problems = {tr.turn.index: [p.format() for p in tr.problems] for tr in result.turns}
+    assert problems[1] == []
+    assert len(problems[2]) == 1 and problems[2][0].startswith(
+        "expected the turn not to end in an Error, but it did: the model failed on route chat: down"), problems
+    assert "-error: false" in problems[2][0], problems[2][0]
+    live = {tr.turn.index: [p.message for p in compare_live(tr.turn.expect, tr.observed)] for tr in result.turns}
+    assert live[1] == [] and live[2][0].startswith("expected the turn not to end in an Error")  # --live asks the same
+    path.write_text(path.read_text().replace("model: [{error: down}]", "model: [{text: fine too}]"))
+    assert cli([str(path), "--update"])[0] == 0
+    assert [t.expect.get("error") for t in load_transcript(path).turns] == [False, False]  # kept as written
 
 
 def test_failure_diff_shows_only_what_differs(tmp_path):
