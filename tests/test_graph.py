@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -239,13 +240,47 @@ def test_cli_runs_as_a_process(travel):
 
 
 @pytest.mark.subprocess
-def test_a_terminal_that_is_not_utf8_shows_what_it_cannot_print_as_question_marks(travel):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "runner"), "PYTHONIOENCODING": "latin-1"}
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_a_terminal_that_is_not_utf8_shows_the_tree_in_ascii_and_what_it_cannot_print_as_escapes(tmp_path, encoding):
+    path = tmp_path / "bot.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: cafe
+        description: Caf\u00e9 \u2014 commandes
+        routes:
+          main:
+            default: true
+            description: Men\u00fc \u2192 Bestellung
+            system: Hi.
+            tools: [order]
+          order:
+            system: Order.
+            tools: [done]
+        tools:
+          order: {description: Order., action: {push: order}}
+          done: {description: Done., action: {pop: true}}
+        """), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner"), "PYTHONIOENCODING": encoding}
+    done = subprocess.run([sys.executable, "-m", "chatrun", "graph", str(path)], capture_output=True,
+                          env=env, cwd=REPO, timeout=60)
+    out, err = done.stdout.decode(encoding), done.stderr.decode(encoding)
+    assert done.returncode == 0 and "Traceback" not in err, err
+    assert "?" not in out, out  # nothing the terminal cannot show reads as a question mark
+    assert "cafe: Caf\\xe9 \\u2014 commandes\n" in out if encoding == "ascii" else "cafe: Caf\xe9 \\u2014 commandes\n" in out
+    assert "  `- order  push -> order\n" in out and "Men" in out and "\\u2192 Bestellung" in out, out
+    assert "cannot show some characters" in err and "PYTHONIOENCODING=utf-8" in err, err
+    utf8 = subprocess.run([sys.executable, "-m", "chatrun", "graph", str(path)], capture_output=True,
+                          env={**env, "PYTHONIOENCODING": "utf-8"}, cwd=REPO, timeout=60)
+    assert utf8.stdout.decode() == RouteGraph.from_config(load_config(path)[0]).render("text") and not utf8.stderr
+
+
+@pytest.mark.subprocess
+def test_a_terminal_that_is_not_utf8_shows_a_graph_it_can_print_in_ascii_lines_and_says_nothing(travel):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner"), "PYTHONIOENCODING": "ascii"}
     done = subprocess.run([sys.executable, "-m", "chatrun", "graph", str(TRAVEL)], capture_output=True,
                           env=env, cwd=REPO, timeout=60)
-    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode("latin-1")
-    expected = travel.render("text").encode("latin-1", errors="replace")  # `├─ book` as `?? book`
-    assert done.stdout == expected and b"?? " in expected
+    assert done.returncode == 0 and done.stderr == b"", done.stderr
+    assert done.stdout.decode("ascii") == travel.render("text", ascii_lines=True)
+    assert "|- book_hotel" in done.stdout.decode("ascii")
 
 
 @pytest.mark.parametrize("fmt", ["text", "mermaid", "dot"])

@@ -5,6 +5,7 @@ breaking a bot, the pytest plugin, and saving from a session."""
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ from chatrun.errors import BotError
 from chatrun.models.base import ModelResponse
 from chatrun.testing.fake_openai import FakeOpenAI
 from chatrun.transcripts import load_transcript, run_transcript
-from chatrun.transcripts.expect import MISSING, match, refresh
+from chatrun.transcripts.expect import MISSING, compare_live, match, refresh
 from chatrun.transcripts.save import save_transcript
 
 REPO = Path(__file__).resolve().parents[1]
@@ -284,6 +285,29 @@ def test_unexpected_error_and_error_expectations(tmp_path):
     assert problems[4] == ["expected the turn to end in an Error, but it succeeded"]
 
 
+def test_error_false_passes_a_turn_without_an_error_and_fails_one_with_it_saying_so(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: fine}]
+            expect: {error: false, route: chat}
+          - user: hi
+            model: [{error: down}]
+            expect: {error: false}
+        """)
+    result = run_transcript(str(path))
+    problems = {tr.turn.index: [p.format() for p in tr.problems] for tr in result.turns}
+    assert problems[1] == []
+    assert len(problems[2]) == 1 and problems[2][0].startswith(
+        "expected the turn not to end in an Error, but it did: the model failed on route chat: down"), problems
+    assert "-error: false" in problems[2][0], problems[2][0]
+    live = {tr.turn.index: [p.message for p in compare_live(tr.turn.expect, tr.observed)] for tr in result.turns}
+    assert live[1] == [] and live[2][0].startswith("expected the turn not to end in an Error")  # --live asks the same
+    path.write_text(path.read_text().replace("model: [{error: down}]", "model: [{text: fine too}]"))
+    assert cli([str(path), "--update"])[0] == 0
+    assert [t.expect.get("error") for t in load_transcript(path).turns] == [False, False]  # kept as written
+
+
 def test_failure_diff_shows_only_what_differs(tmp_path):
     path = hello_transcript(tmp_path, """
         turns:
@@ -528,6 +552,26 @@ def test_a_diff_writes_the_characters_a_terminal_does_not_show_as_escapes_a_tran
     assert cli([str(path)])[0] == 0  # the actual line, pasted, passes
 
 
+def test_update_writes_the_characters_a_reader_cannot_see_as_escapes_that_read_back_the_same(tmp_path):
+    said = "3,20\u00a0€, zero\u200bwidth,\ttab"  # a no-break space, a zero-width space, a tab
+    multi = "first\u00a0line\nsecond\tline"
+    path = hello_transcript(tmp_path, f"""
+        turns:
+          - user: hi
+            model: [{{text: {json.dumps(said)}}}]
+          - user: again
+            model: [{{text: {json.dumps(multi)}}}]
+        """)
+    code, out = cli([str(path), "--update"])
+    assert code == 0, out
+    text = path.read_text(encoding="utf-8")
+    assert not {"\u00a0", "\u200b", "\t"} & set(text), text  # none written raw
+    assert '- Message: "3,20\\u00a0€, zero\\u200bwidth,\\ttab"\n' in text, text
+    messages = [turn.expect["events"] for turn in load_transcript(path).turns]
+    assert messages == [[{"Message": said}], [{"Message": multi}]]  # the same value, read back
+    assert cli([str(path)])[0] == 0
+
+
 def test_update_keeps_a_turns_judge_criteria_and_rewrites_the_rest(tmp_path):
     path = hello_transcript(tmp_path, """
         turns:
@@ -655,6 +699,16 @@ def test_update_with_repeat_is_a_usage_error_and_writes_nothing(travel_copy):
         code, out = cli([flag, "--repeat", "3", "-n", "2"])
         assert code == 4 and "use one or the other" in out, out
     assert {p: p.read_bytes() for p in before} == before
+
+
+def test_the_help_of_repeat_says_it_refuses_update_and_record():
+    from chatrun.cli import main
+
+    result = CliRunner().invoke(main, ["test", "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    repeat = result.output[result.output.index("--repeat"):]
+    repeat = " ".join(repeat[:repeat.index("--help")].split())
+    assert "not with --update or --record" in repeat, repeat
 
 
 # -- saving a conversation (the REPL's /save) ----------------------------------------------------------

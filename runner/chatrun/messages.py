@@ -50,13 +50,25 @@ class Attachment:
     media_type: str
     name: str = ""
     size: int = 0
+    # What the model spends on it depends on these, read from its bytes where the engine holds
+    # them (memory/files.py): a PDF's pages, an audio file's seconds. 0: not known.
+    pages: int = field(default=0, compare=False)
+    seconds: float = field(default=0.0, compare=False)
 
     def to_dict(self) -> dict:
+        """The reference a client sends and reads back (`{ref, media_type, name, size}`)."""
         return {"ref": self.ref, "media_type": self.media_type, "name": self.name, "size": self.size}
+
+    def stored(self) -> dict:
+        """`to_dict()` with what was measured of the file, as a memory keeps it (its token counts
+        then stay the same once the session is loaded again)."""
+        measured = {"pages": self.pages} if self.pages else {}
+        return self.to_dict() | measured | ({"seconds": self.seconds} if self.seconds else {})
 
     @classmethod
     def from_dict(cls, d: dict) -> Attachment:
-        return cls(str(d["ref"]), str(d["media_type"]), str(d.get("name", "")), int(d.get("size", 0)))
+        return cls(str(d["ref"]), str(d["media_type"]), str(d.get("name", "")), int(d.get("size", 0)),
+                   int(d.get("pages", 0)), float(d.get("seconds", 0.0)))
 
     @property
     def is_url(self) -> bool:
@@ -174,7 +186,7 @@ class UserMessage(Message):
         # is nothing but text (a commit writes the whole window): a new key goes there too.
         out: dict[str, Any] = {"role": "user", "content": self.content}
         if self.attachments:
-            out["attachments"] = [a.to_dict() for a in self.attachments]
+            out["attachments"] = [a.stored() for a in self.attachments]
         return out
 
     def to_openai(self) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Coroutine, Iterable
 from typing import Any, NoReturn
 
@@ -60,6 +61,19 @@ def fail(exc: BaseException, code: int = 1) -> NoReturn:
     else:
         click.echo(f"error: unexpected {type(exc).__name__}: {exc} (this is a chatrun bug; please report it)", err=True)
     raise click.exceptions.Exit(code)
+
+
+def for_the_terminal(text: str) -> tuple[str, bool]:
+    """`text` as stdout's encoding can show it, each character it cannot as a backslash escape
+    (`\\xe9`, `\\u2192`) rather than a `?` that reads as text; and whether any was escaped."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return text.encode(encoding, "backslashreplace").decode(encoding), True
+    except LookupError:  # a codec Python does not know: left to the stream
+        pass
+    return text, False
 
 
 def describe_store(store: object) -> str:

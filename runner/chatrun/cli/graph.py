@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from chatrun.cli._output import BotPath, fail, print_diagnostics, summary
-from chatrun.definition.graph import FORMATS
+from chatrun.cli._output import BotPath, fail, for_the_terminal, print_diagnostics, summary
+from chatrun.definition.graph import FORMATS, RouteGraph
 from chatrun.errors import BotError, Diagnostic
 
 
@@ -30,7 +30,6 @@ def graph(path: str, fmt: str) -> None:
       chatrun graph bots/travel --format mermaid > docs/travel-graph.md
       chatrun graph bots/travel --format dot | dot -Tsvg > travel.svg
     """
-    from chatrun.definition.graph import RouteGraph
     from chatrun.definition.loader import load_config
 
     try:
@@ -41,12 +40,26 @@ def graph(path: str, fmt: str) -> None:
             raise click.exceptions.Exit(1) from None
         if warnings:  # shown, not fatal: the graph of a bot with warnings is still useful
             _report(warnings, path)
-        text = RouteGraph.from_config(config).render(fmt)
+        text = _shown(RouteGraph.from_config(config), fmt)
     except click.exceptions.Exit:
         raise
     except Exception as exc:  # never a traceback from the CLI
         fail(exc)
     click.echo(text, nl=False)
+
+
+def _shown(route_graph: RouteGraph, fmt: str) -> str:
+    """The graph as the terminal can show it: on one that is not UTF-8, the tree and arrows in
+    ASCII and what is left that it cannot show (a description's `é`) as escapes, said on stderr."""
+    text, escaped = for_the_terminal(route_graph.render(fmt))
+    if escaped and fmt == "text":
+        text, escaped = for_the_terminal(route_graph.render(fmt, ascii_lines=True))
+    if escaped:
+        encoding = getattr(sys.stdout, "encoding", None)
+        click.echo(f"note: this terminal's encoding ({encoding}) cannot show some characters of the bot's "
+                   "descriptions or conditions; they are written as backslash escapes (such as \\xe9). "
+                   "Use a UTF-8 locale or PYTHONIOENCODING=utf-8 to see them.", err=True)
+    return text
 
 
 def _report(diagnostics: list[Diagnostic], path: str) -> None:

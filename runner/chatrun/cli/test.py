@@ -158,7 +158,8 @@ class _UsageExits4(click.Command):
 @click.option("--locale", "locale", metavar="TAG", help="Run every transcript in this locale (docs/i18n.md), "
               "instead of its own `locale:`.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Run each transcript N times and print its pass rate (with --live: how flaky it is).")
+              help="Run each transcript N times and print its pass rate (with --live: how flaky it is); "
+              "not with --update or --record, which rewrite a transcript from one run.")
 def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: int, verbose: bool,
          update: bool, record: bool, live: bool, repeat: int, locale: str | None) -> None:
     """Replay golden transcripts offline and check what each turn did.

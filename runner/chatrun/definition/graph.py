@@ -164,11 +164,12 @@ class RouteGraph:
 
     # -- rendering --------------------------------------------------------------------
 
-    def render(self, fmt: str = "text") -> str:
+    def render(self, fmt: str = "text", ascii_lines: bool = False) -> str:
         """The graph as `text` (for a terminal), `mermaid` (renders in GitHub Markdown)
-        or `dot` (Graphviz). Always ends with a newline."""
+        or `dot` (Graphviz). Always ends with a newline. `ascii_lines`: the text's tree and
+        arrows drawn in ASCII (`|-`, `->`), for a terminal that cannot show `├─` and `→`."""
         if fmt == "text":
-            return _render_text(self)
+            return _render_text(self, _ASCII_LINES if ascii_lines else _LINES)
         if fmt == "mermaid":
             return _render_mermaid(self)
         if fmt == "dot":
@@ -242,7 +243,11 @@ def _grouped(graph: RouteGraph) -> list[tuple[str, str, EdgeKind, list[str]]]:
 # -- text ---------------------------------------------------------------------------
 
 
-def _render_text(graph: RouteGraph) -> str:
+_LINES = {"branch": "├─", "last": "└─", "to": "→"}
+_ASCII_LINES = {"branch": "|-", "last": "`-", "to": "->"}
+
+
+def _render_text(graph: RouteGraph, drawn: dict[str, str]) -> str:
     lines = [f"{graph.name}: {graph.description}" if graph.description else graph.name]
     reached = graph.reachable_from_starts()
     for node in graph.nodes.values():
@@ -264,14 +269,15 @@ def _render_text(graph: RouteGraph) -> str:
             lines.append("  (no way out: the conversation stays here)")
         width = max((len(e.tool) for e in edges), default=0)
         for i, edge in enumerate(edges):
-            branch = "└─" if i == len(edges) - 1 else "├─"
+            branch = drawn["last"] if i == len(edges) - 1 else drawn["branch"]
+            to = drawn["to"]
             if edge.kind == "pop":
                 parents = graph.pop_targets(node.name)
-                where = "pop → back to " + (" | ".join(parents) if parents else "(nothing: never nested)")
+                where = f"pop {to} back to " + (" | ".join(parents) if parents else "(nothing: never nested)")
             elif edge.kind == "end":
-                where = "end → the conversation ends"
+                where = f"end {to} the conversation ends"
             else:
-                where = f"{edge.kind} → {edge.target}"
+                where = f"{edge.kind} {to} {edge.target}"
             flags = f"  ({', '.join(edge.flags)})" if edge.flags else ""
             condition = f"  [{edge.condition}]" if edge.condition else ""
             lines.append(f"  {branch} {edge.tool.ljust(width)}  {where}{flags}{condition}")

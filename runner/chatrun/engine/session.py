@@ -50,6 +50,7 @@ from chatrun.engine.versions import move as move_conversation
 from chatrun.engine.waiting import check_decision
 from chatrun.errors import AttachmentRefused, ChatrunError, ModelError, SessionError
 from chatrun.events import Event
+from chatrun.memory.files import measured
 from chatrun.memory.tokens import (
     ESTIMATE,
     TokenCounter,
@@ -660,8 +661,9 @@ class Session:
                 held = self.blobs.read(self.id, attachment.ref) if self.blobs is not None else None
                 if held is None:
                     raise AttachmentRefused(f"session {self.id}: attachments[{i}]: no upload {attachment.ref!r} in this session")
-                # The upload's own size, not the one the client says: the limits apply to the bytes.
-                attachment = Attachment(attachment.ref, attachment.media_type, attachment.name, len(held))
+                # The upload's own size, not the one the client says: the limits apply to the bytes;
+                # and its pages or seconds, what the memory counts it by (memory/files.py).
+                attachment = measured(Attachment(attachment.ref, attachment.media_type, attachment.name, len(held)), held)
             found.append(attachment)
         self.check_attachments([(a.media_type, a.size) for a in found])
         return tuple(found)

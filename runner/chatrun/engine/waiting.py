@@ -398,7 +398,8 @@ def to_operators(calls: ToolCalls) -> NextStep:
     # The talk is kept in the snapshot until the release puts it in the memory: as the history keeps it.
     line: dict[str, Any] = {"from": "user", "text": calls.kept(_said(calls))}
     if calls.t.attachments:  # the files too: the operators see them, and the bot reads them after the release
-        data["attachments"] = line["attachments"] = [a.to_dict() for a in calls.t.attachments]
+        data["attachments"] = [a.to_dict() for a in calls.t.attachments]
+        line["attachments"] = [a.stored() for a in calls.t.attachments]  # with what the memory counts
     item.data.setdefault("messages", []).append(line)
     calls.t.emit(ev.USER_MESSAGE, data, audience=ev.OPERATORS)
     return NextStepFinalOutput()

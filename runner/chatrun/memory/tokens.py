@@ -10,8 +10,9 @@ one message at a time). `tiktoken_counter()` builds the default one:
   no model is given or tiktoken does not know the model.
 - `message.text()` of an assistant message already includes each tool call as
   `name(arguments)`, so tool calls are counted.
-- An attached image counts IMAGE_TOKENS more, what the model spends on it, not the line that
-  describes it (a window sized to the model's context must hold the request it is sent).
+- An attached file counts what the model spends on it, not the line that describes it (a
+  window sized to the model's context must hold the request it is sent): an image
+  IMAGE_TOKENS, a PDF PDF_PAGE_TOKENS a page, audio AUDIO_TOKENS_PER_SECOND (`attached_tokens`).
 - MESSAGE_OVERHEAD = 4: OpenAI's chat format spends 3-4 tokens per message on role and
   separators; we take the upper value so the window errs on the safe side. The 3 tokens
   that prime the reply are not counted (they belong to the request, not to a message).
@@ -37,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chatrun.errors import ChatrunError
-from chatrun.messages import Message
+from chatrun.messages import Attachment, Message
 
 TokenCounter = Callable[[Message], int]
 
@@ -46,6 +47,17 @@ MESSAGE_OVERHEAD = 4
 # its pixels), so the upper value: gpt-4o spends at most 1,445 at `detail: high` (85 + 8 tiles of
 # 170: 768 x 2048 once scaled), Claude about 1,600 (its largest image, width x height / 750).
 IMAGE_TOKENS = 1600
+# A PDF is sent as each page's text and an image of each page (OpenAI's and Claude's file input):
+# Claude's documents say 1,500 to 3,000 text tokens a page, so the upper value, plus a page image.
+PDF_PAGE_TOKENS = 3000 + IMAGE_TOKENS
+# Audio costs by its length: gpt-4o's audio input about 10 tokens a second, Gemini's 32: the upper.
+AUDIO_TOKENS_PER_SECOND = 32
+# Where a file's pages or length could not be read from its bytes (a URL, an encrypted PDF, an
+# MP3, whose length a header does not say): its size read as the most pages or seconds it can
+# hold: a PDF page of plain text takes about 1,000 bytes or more, audio at 8 kbit/s (MP3's lowest
+# rate) 1,000 bytes a second; WAV is at least 8,000.
+BYTES_PER_PDF_PAGE = 1000
+BYTES_PER_AUDIO_SECOND = 1000
 DEFAULT_ENCODING = "o200k_base"
 CHARS_PER_TOKEN = 4
 ESTIMATE = "estimate"  # the name of the offline counter (a transcript's `tokenizer: estimate`)
@@ -128,15 +140,31 @@ def remember_count(message: Message, encoding: str, tokens: int) -> None:
 
 
 def attached_tokens(message: Message) -> int:
-    """The tokens of the images attached to `message` (IMAGE_TOKENS each): sent as content parts,
-    they cost the model far more than their description in `message.text()`. Other files (a PDF,
-    audio) are counted by that description only."""
+    """The tokens of the files attached to `message`, beyond their description in
+    `message.text()`: sent as content parts, they cost the model far more (`file_tokens`)."""
     attachments = getattr(message, "attachments", ())
-    return IMAGE_TOKENS * sum(a.kind == "image" for a in attachments) if attachments else 0
+    return sum(map(file_tokens, attachments)) if attachments else 0
+
+
+def file_tokens(attachment: Attachment) -> int:
+    """What one attached file costs the model at most: an image IMAGE_TOKENS; a PDF
+    PDF_PAGE_TOKENS a page; audio AUDIO_TOKENS_PER_SECOND. Pages and seconds as measured from
+    its bytes (memory/files.py), else the most its size can hold (BYTES_PER_PDF_PAGE,
+    BYTES_PER_AUDIO_SECOND). A PDF or audio sent by URL is sent as its description: 0 more."""
+    kind = attachment.kind
+    if kind == "image":
+        return IMAGE_TOKENS
+    if kind == "file" and not attachment.is_url:
+        pages = attachment.pages or math.ceil(attachment.size / BYTES_PER_PDF_PAGE)
+        return PDF_PAGE_TOKENS * pages
+    if kind == "audio" and not attachment.is_url:
+        seconds = attachment.seconds or attachment.size / BYTES_PER_AUDIO_SECOND
+        return math.ceil(AUDIO_TOKENS_PER_SECOND * seconds)
+    return 0
 
 
 def estimate_counter(message: Message) -> int:
-    """The fallback counter: ceil(len(text) / 4) + MESSAGE_OVERHEAD, plus attached images."""
+    """The fallback counter: ceil(len(text) / 4) + MESSAGE_OVERHEAD, plus attached files."""
     return estimate_tokens(message.text()) + MESSAGE_OVERHEAD + attached_tokens(message)
 
 

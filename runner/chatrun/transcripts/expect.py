@@ -420,11 +420,7 @@ def compare(expect: dict[str, Any] | None, obs: Observed) -> list[Mismatch]:
         if key == "judge":  # scored by a judge model (chatrun.transcripts.judge)
             continue
         if key == "error":
-            if obs.error is None:
-                out.append(Mismatch("error", "expected the turn to end in an Error, but it succeeded",
-                                    {"error": expected}, {"error": None}))
-            elif expected is not True and not match(expected, obs.error):
-                out.append(Mismatch("error", "the Error text differs", {"error": expected}, {"error": obs.error}))
+            out += _error_mismatches(expected, obs.error)
             continue
         actual = shaped(key, expected, obs)
         if not match(expected, actual):
@@ -432,6 +428,20 @@ def compare(expect: dict[str, Any] | None, obs: Observed) -> list[Mismatch]:
             out.append(Mismatch(key, _headline(key, expected, actual),
                                 {key: reconcile(expected, actual)}, {key: actual}, note))
     return out
+
+
+def _error_mismatches(expected: Any, error: str | None) -> list[Mismatch]:
+    """`error:` is true (the turn ends in an Error), false (it does not) or a matcher on the
+    Error's text."""
+    if expected is False:
+        return [] if error is None else [Mismatch("error", f"expected the turn not to end in an Error, but it did: "
+                                                  f"{error}", {"error": False}, {"error": error})]
+    if error is None:
+        return [Mismatch("error", "expected the turn to end in an Error, but it succeeded",
+                         {"error": expected}, {"error": None})]
+    if expected is not True and not match(expected, error):
+        return [Mismatch("error", "the Error text differs", {"error": expected}, {"error": error})]
+    return []
 
 
 def _token_note(key: str, obs: Observed) -> str:
@@ -463,7 +473,7 @@ def live_events(events: Any) -> Any:
 def compare_live(expect: dict[str, Any] | None, obs: Observed) -> list[Mismatch]:
     """compare() for a live run: the keys of LIVE_KEYS, the model's text left out."""
     expect = {k: v for k, v in (expect or {}).items() if k in LIVE_KEYS}
-    if "error" in expect:
+    if expect.get("error", False) is not False:  # an Error's text is the model's: only whether there is one
         expect["error"] = True
     for key in EVENT_KEYS:
         if key in expect:
@@ -500,6 +510,8 @@ def updated(expect: dict[str, Any] | None, obs: Observed) -> dict[str, Any]:
         if key == "error":
             if obs.error is not None:
                 out[key] = expected if expected is True or match(expected, obs.error) else obs.error
+            elif expected is False:  # it still holds
+                out[key] = False
             continue
         out[key] = refresh(expected, shaped(key, expected, obs), aligned=key in (*EVENT_KEYS, "memory"))
     if obs.error is not None and "error" not in out:
@@ -522,7 +534,7 @@ def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
 
 
-def _unseen(char: str) -> bool:
+def unseen(char: str) -> bool:
     """A character a terminal shows as a space or not at all: a no-break space (U+00A0, which Babel
     puts before the euro sign in German; U+202F, its French thousands separator), a zero-width
     space, a soft hyphen."""
@@ -533,8 +545,14 @@ def _escaped(char: str) -> str:
     return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
 
 
+def escape_unseen(text: str) -> str:
+    """`text` with each character a terminal does not show written as its escape (backslash
+    u00a0), which reads back as the character inside a double-quoted YAML scalar."""
+    return "".join(_escaped(c) if unseen(c) else c for c in text) if any(unseen(c) for c in text) else text
+
+
 def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-    if any(_unseen(c) for c in data):  # double-quoted, so dump() can write them as escapes
+    if any(unseen(c) for c in data):  # double-quoted, so dump() can write them as escapes
         return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
     # Multi-line text (system prompts) as a literal block: one diff line per line of text.
     style = "|" if "\n" in data.strip("\n") and not any(line != line.rstrip() for line in data.splitlines()) else None
@@ -550,7 +568,7 @@ def dump(value: Any) -> str:
     transcript can say it): else a diff shows two lines that look the same. The strings holding
     them are double-quoted (_represent_str), where an escape reads back as the character."""
     text = yaml.dump(_printable(value), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
-    return "".join(_escaped(c) if _unseen(c) else c for c in text) if any(_unseen(c) for c in text) else text
+    return escape_unseen(text)
 
 
 def _printable(value: Any) -> Any:

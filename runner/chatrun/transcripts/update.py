@@ -18,18 +18,49 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.scalarstring import LiteralScalarString, SingleQuotedScalarString
+from ruamel.yaml.emitter import Emitter
+from ruamel.yaml.scalarstring import (
+    DoubleQuotedScalarString,
+    LiteralScalarString,
+    SingleQuotedScalarString,
+)
 from yaml.nodes import ScalarNode
 from yaml.resolver import Resolver
 
 from chatrun.errors import ChatrunError
+from chatrun.transcripts.expect import escape_unseen, unseen
 
 _RESOLVER = Resolver()  # PyYAML's: how the transcript loader reads a plain scalar
 TURN_KEY_ORDER = ("clock", "as", "user", "data", "attach", "approve", "reject", "answer", "operator", "expire", "model", "mocks", "expect", "judged")
 
 
+class _Escaping:
+    """The emitter's stream while it writes a double-quoted scalar: the characters a reader
+    cannot see (a no-break space, a zero-width space) go in as escapes, which read back as them."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, data: Any) -> Any:
+        return self.stream.write(escape_unseen(data) if isinstance(data, str) else data)
+
+
+class _Emitter(Emitter):
+    """ruamel's emitter, writing what a reader cannot see in a double-quoted scalar as escapes
+    (ruamel writes each printable character as it is, a no-break space too)."""
+
+    def write_double_quoted(self, text: Any, split: Any = True) -> None:
+        stream = self.stream
+        self.stream = _Escaping(stream)
+        try:
+            super().write_double_quoted(text, split)
+        finally:
+            self.stream = stream
+
+
 def _yaml() -> YAML:
     y = YAML()
+    y.Emitter = _Emitter
     y.preserve_quotes = True
     y.width = 4096  # never fold a long line: a diff of the file stays one line per change
     y.indent(mapping=2, sequence=4, offset=2)
@@ -41,6 +72,8 @@ def to_node(value: Any, top: bool = True) -> Any:
     in flow style ([main_menu, flight]), one-key items ({Message: ..}) and the rest in
     block style, multi-line text as literal blocks."""
     if isinstance(value, str):
+        if _hidden(value):  # double-quoted, where they are written as escapes
+            return DoubleQuotedScalarString(value)
         if "\n" in value.strip("\n"):
             return LiteralScalarString(value)
         return SingleQuotedScalarString(value) if _not_text_to_the_reader(value) else value
@@ -59,6 +92,12 @@ def to_node(value: Any, top: bool = True) -> Any:
             seq.fa.set_flow_style()
         return seq
     return value
+
+
+def _hidden(text: str) -> bool:
+    """Whether `text` holds a character a reader of the file would not see: a no-break or
+    zero-width space, or a tab (which reads as spaces in a literal block)."""
+    return any(c == "\t" or unseen(c) for c in text)
 
 
 def _not_text_to_the_reader(text: str) -> bool:

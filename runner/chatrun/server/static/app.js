@@ -820,12 +820,17 @@
   async function recoverLostTurn(lost) {
     const data = await replayHistory();
     const own = (entry) => entry.turn > lost.turn && ((entry.input && entry.input.userMessage) || entry.input) === lost.text;
-    if (!(data.history || []).some(own)) giveBack(lost.text);
+    if (!(data.history || []).some(own)) giveBack(lost);
   }
 
-  /** A message the server has no record of (or whose fate could not be read): back in the box. */
-  function giveBack(text) {
-    if (!ui.input.value) ui.input.value = text;
+  /** A message the server has no record of (or whose fate could not be read): back in the box,
+   * its files back in the tray (unless the reader has put others there meanwhile). */
+  function giveBack(lost) {
+    if (!ui.input.value) ui.input.value = lost.text;
+    if (!tray.length && lost.files.length) {
+      tray.push(...lost.files);
+      renderTray();
+    }
     showError(tx("lost_turn"));
   }
 
@@ -854,6 +859,7 @@
       setBusy(false);
       return;
     }
+    const sentTray = tray.slice(); // given back if the turn is lost
     clearTray(true);
     showAttachProblem("");
     showUser(text, files);
@@ -866,7 +872,7 @@
       ok = true;
     } catch (err) {
       // The connection closed mid-turn: what became of it is read once the page is back (reconnect).
-      if (err.reason === "Closed") lostTurn = { text: text, turn: inspectData ? inspectData.turn : 0 };
+      if (err.reason === "Closed") lostTurn = { text: text, files: sentTray, turn: inspectData ? inspectData.turn : 0 };
       // The Error frame before a Failed was shown by the errorHandler; else show the reason.
       else if (!err.detail) showError(err.message || String(err));
     } finally {
@@ -1855,7 +1861,7 @@
       // new conversation; it gives the message back instead.
       const lost = lostTurn;
       lostTurn = null;
-      if (lost) recoverLostTurn(lost).catch(() => giveBack(lost.text));
+      if (lost) recoverLostTurn(lost).catch(() => giveBack(lost));
       refreshInspector();
     } catch (err) {
       if (opened && client.websocket.readyState === WebSocket.OPEN) {
