@@ -21,6 +21,7 @@ import chatrun
 from chatrun.memory.files import measured
 from chatrun.memory.tokens import (
     IMAGE_TOKENS,
+    MOST_PDF_PAGES,
     PDF_PAGE_TOKENS,
     estimate_counter,
     file_tokens,
@@ -143,12 +144,14 @@ def test_a_file_counts_what_the_model_spends_on_it_pages_seconds_or_the_most_its
     unread = Attachment("e" * 64, "application/pdf", "locked.pdf", 2500)  # pages unknown: 3 by its size
     mp3 = Attachment("f" * 64, "audio/mpeg", "voice.mp3", 4000)  # length unknown: 4 s at 8 kbit/s
     by_url = Attachment("https://example.org/menu.pdf", "application/pdf", "menu.pdf")  # sent as its description
+    scanned = Attachment("g" * 64, "application/pdf", "scan.pdf", 2_000_000)  # pages unknown, mostly images
     for count in (tiktoken_counter("o200k_base"), estimate_counter):
         assert beyond_text(count, image, image) == 2 * IMAGE_TOKENS
         assert beyond_text(count, measured_pdf, measured_wav) == 3 * PDF_PAGE_TOKENS + 80
         assert file_tokens(measured_pdf) == 3 * (3000 + IMAGE_TOKENS)
         assert file_tokens(measured_wav) == 80 and file_tokens(mp3) == 4 * 32
         assert file_tokens(unread) == 3 * PDF_PAGE_TOKENS and file_tokens(by_url) == 0
+        assert file_tokens(scanned) == MOST_PDF_PAGES * PDF_PAGE_TOKENS  # 2 MB of images: not 2,000 pages
     # What is measured is kept with the memory: the count is the same once the session is loaded again.
     again = message_from_dict(json.loads(json.dumps(UserMessage("look", (measured_pdf, measured_wav)).to_dict())))
     assert [(a.pages, a.seconds) for a in again.attachments] == [(3, 0.0), (0, 2.5)]

@@ -57,6 +57,9 @@ AUDIO_TOKENS_PER_SECOND = 32
 # hold: a PDF page of plain text takes about 1,000 bytes or more, audio at 8 kbit/s (MP3's lowest
 # rate) 1,000 bytes a second; WAV is at least 8,000.
 BYTES_PER_PDF_PAGE = 1000
+# ...but no more pages than the providers take in one PDF (OpenAI's and Claude's limit: 100): a
+# scanned PDF whose pages cannot be read would otherwise count a page per kilobyte of its images.
+MOST_PDF_PAGES = 100
 BYTES_PER_AUDIO_SECOND = 1000
 DEFAULT_ENCODING = "o200k_base"
 CHARS_PER_TOKEN = 4
@@ -150,12 +153,12 @@ def file_tokens(attachment: Attachment) -> int:
     """What one attached file costs the model at most: an image IMAGE_TOKENS; a PDF
     PDF_PAGE_TOKENS a page; audio AUDIO_TOKENS_PER_SECOND. Pages and seconds as measured from
     its bytes (memory/files.py), else the most its size can hold (BYTES_PER_PDF_PAGE,
-    BYTES_PER_AUDIO_SECOND). A PDF or audio sent by URL is sent as its description: 0 more."""
+    BYTES_PER_AUDIO_SECOND; at most MOST_PDF_PAGES pages so). A PDF or audio sent by URL is sent as its description: 0 more."""
     kind = attachment.kind
     if kind == "image":
         return IMAGE_TOKENS
     if kind == "file" and not attachment.is_url:
-        pages = attachment.pages or math.ceil(attachment.size / BYTES_PER_PDF_PAGE)
+        pages = attachment.pages or min(math.ceil(attachment.size / BYTES_PER_PDF_PAGE), MOST_PDF_PAGES)
         return PDF_PAGE_TOKENS * pages
     if kind == "audio" and not attachment.is_url:
         seconds = attachment.seconds or attachment.size / BYTES_PER_AUDIO_SECOND
