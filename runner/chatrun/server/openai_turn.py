@@ -33,6 +33,7 @@ from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
 from chatrun.store.blobs import BlobArea
 
 if TYPE_CHECKING:
+    from chatrun.engine.session import Session
     from chatrun.server.turn_run import TurnRun
 
 SEPARATOR = "\n\n"  # between the texts of a turn's several Message/Object events
@@ -314,18 +315,7 @@ async def _run_turn(
             emit(event)
         turn_usage = entry.get("usage")  # the conversation's texts only for an estimate: a resent one is read then
         usage, estimated, cost = openai_usage(turn_usage, [] if turn_usage else prompt_texts(), reply.text)
-        info = {"session": session.id, "turn": session.turn_count, "route": session.route, "stack": session.stack,
-                "how": opened.how}
-        if opened.forked_from:
-            info["forked_from"] = opened.forked_from
-        if session.ended:  # this turn's `end` action ended the conversation: later messages are refused
-            info["ended"] = session.ended
-        if session.pending:  # what the reply's text asks, as data (a front end with buttons may use it)
-            info["pending"] = pending_data(session, ())["pending"]  # as its user reads them (`for_user`)
-        if estimated:
-            info["usage_estimated"] = True
-        if cost is not None:
-            info["cost"] = cost
+        info = _turn_info(session, opened, estimated, cost)
         result = TurnResult(opened, reply, ok, error or entry.get("error"), usage, estimated, info, events)
         if ok:  # what a retry of the request replays (the attempt's outcome), with the turn's keys
             # The store keeps what a retry replays: the events as the history keeps them (`storage` guardrails).
@@ -336,6 +326,24 @@ async def _run_turn(
             more = None if kept is None else guardrails.kept_value(session.bot.config, routes, kept(result))
             await index.remember(session, who, keys_after(reply), outcome, run.committed_snapshot(), more)
         return result
+
+
+def _turn_info(session: Session, opened: Opened, estimated: bool, cost: float | None) -> dict[str, Any]:
+    """The turn's `chatrun` block: where the conversation is, how the request found its session,
+    what now waits, and how its usage was counted."""
+    info: dict[str, Any] = {"session": session.id, "turn": session.turn_count, "route": session.route,
+                            "stack": session.stack, "how": opened.how}
+    if opened.forked_from:
+        info["forked_from"] = opened.forked_from
+    if session.ended:  # this turn's `end` action ended the conversation: later messages are refused
+        info["ended"] = session.ended
+    if session.pending:  # what the reply's text asks, as data (a front end with buttons may use it)
+        info["pending"] = pending_data(session, ())["pending"]  # as its user reads them (`for_user`)
+    if estimated:
+        info["usage_estimated"] = True
+    if cost is not None:
+        info["cost"] = cost
+    return info
 
 
 async def _fed(run: TurnRun, reply: Reply, events: list[dict[str, Any]], emit: Emit) -> str | None:
