@@ -1139,5 +1139,12 @@ def _seeded(config: Any, route: str, messages: list[Message]) -> list[Message]:
 
 
 def _storage(config: Any, routes: list[str]) -> Callable[[Any], Any]:
-    """What a turn's trace keeps of a value: its strings with the `storage` guardrails applied."""
-    return guardrails.storage_mapper(guardrails.bot_storage_guards(config, routes) if config.redacts_kept else ())
+    """What a turn's trace keeps of a value: its strings with the `storage` guardrails applied (a
+    bot that redacts nothing keeps it as it is, without entering engine/guardrails.py: the walk)."""
+    if not config.redacts_kept:
+        return _kept_as_is
+    return guardrails.storage_mapper(guardrails.bot_storage_guards(config, routes))
+
+
+def _kept_as_is(value: Any) -> Any:
+    return value
