@@ -126,7 +126,7 @@ class TurnReport:
         message = self.message
         if isinstance(message, DECISION_TYPES):
             return decision_entry(message)
-        return message.get("userMessage", message) if isinstance(message, dict) else message
+        return message.get("userMessage") if isinstance(message, dict) else message
 
     def fields(self, seconds: float) -> dict[str, Any]:
         usage = self.entry.get("usage") or {}
