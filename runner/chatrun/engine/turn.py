@@ -305,8 +305,9 @@ class Turn:
                                  used.provider, sent_tokens, switches)
             if span is not None:
                 content = tracing.capture_content()
-                # The `storage` guardrails apply to traces: they are kept too.
-                kept = self.traced(route.name) if content and guard is not None else _as_is
+                # The storage rule applies to traces: they are kept too (the `storage` guardrails, and
+                # the values of `secret: true` variables on a bot without guardrails as on any).
+                kept = self.traced(route.name) if content and self.t.config.redacts_kept else _as_is
                 tracing.record_answer(span, usage, response.finish_reason,
                                       kept([m.to_dict() for m in request.messages]) if content else None,
                                       kept(answer.to_dict()) if content else None)

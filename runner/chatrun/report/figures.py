@@ -73,12 +73,15 @@ class Group:
         return {"containment": 1.0 - escalation if self.conversations else 0.0, "escalation": escalation,
                 "abandonment": self.share(meanings.abandoned), "resolution": self.share(meanings.resolved)}
 
-    def cost_per_resolved(self, meanings: Meanings) -> tuple[float | None, str]:
-        """(cost or tokens per resolved conversation, its unit); None when none was resolved."""
+    def cost_per_resolved(self, meanings: Meanings, priced: bool) -> float | None:
+        """Cost per resolved conversation when the report counts cost (`priced`: some bot of the
+        report declares prices), else tokens: one unit for every group. None when none was
+        resolved, or when the report counts cost and no conversation of this group had a price
+        (a version before `prices:`): its cost is not known, and its tokens are not a cost."""
         resolved = sum(self.outcomes[n] for n in meanings.resolved)
-        unit = "cost" if self.priced else "tokens"
-        spent = self.cost if self.priced else float(self.tokens)
-        return (spent / resolved if resolved else None), unit
+        if not resolved or (priced and not self.priced):
+            return None
+        return (self.cost if priced else float(self.tokens)) / resolved
 
     @property
     def csat(self) -> float | None:

@@ -104,8 +104,8 @@ def report_html(figures: Figures, meanings: Meanings, store: str, since: str | N
     groups = figures.groups
     rates = {g.name: g.rates(meanings) for g in groups}
     kinds = ("containment", "escalation", "abandonment")
-    cost = {g.name: g.cost_per_resolved(meanings) for g in groups}
     unit = "cost" if figures.total.priced else "tokens"
+    cost = {g.name: g.cost_per_resolved(meanings, unit == "cost") for g in groups}
     sections = [
         _section("Containment, escalation and abandonment",
                  bars("Rates by group", [(g.name, [rates[g.name][k] for k in kinds]) for g in groups], kinds,
@@ -114,7 +114,7 @@ def report_html(figures: Figures, meanings: Meanings, store: str, since: str | N
                                   number)),
         _section("Where conversations end, and how", _funnel(figures.total)),
         _section(f"{'Cost' if unit == 'cost' else 'Tokens'} per resolved conversation",
-                 bars(f"{unit} per resolved conversation", [(g.name, [cost[g.name][0]]) for g in groups], [unit],
+                 bars(f"{unit} per resolved conversation", [(g.name, [cost[g.name]]) for g in groups], [unit],
                       number)),
         _section("User feedback (CSAT: thumbs up of all rated replies)",
                  bars("CSAT by group", [(g.name, [g.csat]) for g in groups], ["CSAT"], percent, top=1.0)),
@@ -157,7 +157,7 @@ def _table(groups: list[Group], meanings: Meanings, unit: str) -> str:
     lines = ["<table><thead><tr>", *(f"<th>{_e(h)}</th>" for h in head), "</tr></thead><tbody>"]
     for g in groups:
         rates = g.rates(meanings)
-        cost, _ = g.cost_per_resolved(meanings)
+        cost = g.cost_per_resolved(meanings, unit == "cost")
         cells: list[tuple[str, float | None, Format]] = [
             ("conversations", g.conversations, number), *((k, rates[k], percent) for k in rates),
             ("cost_per_resolved", cost, number), ("csat", g.csat, percent), ("ratings", g.up + g.down, number),

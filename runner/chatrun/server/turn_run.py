@@ -25,7 +25,7 @@ from chatrun.server import wire
 from chatrun.server.audience import for_clients
 from chatrun.server.session_cache import Hold
 from chatrun.server.session_writes import SessionWrites
-from chatrun.server.turnlog import CANCELLED, CONFLICT, ERROR, REFUSED, TurnReport
+from chatrun.server.turnlog import CONFLICT, ERROR, REFUSED, TurnReport
 from chatrun.store.aio import AsyncStore
 from chatrun.store.buffer import TurnBuffer
 from chatrun.store.record import Commit
@@ -258,7 +258,7 @@ def _failed(report: TurnReport, exc: BaseException) -> BaseException:
     """A turn's failure, its outcome noted in its report: the exception to raise (a refused
     decision becomes the request's failure; any other, `exc` itself)."""
     if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):  # cancelled, or stopped reading
-        report.outcome = CANCELLED
+        report.stopped()
     elif isinstance(exc, SessionError):  # e.g. a conversation an `end` action ended
         report.outcome = REFUSED
     elif isinstance(exc, wire.RequestFailed):

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
 from chatrun.engine import guardrails, observe, tracing
+from chatrun.engine.pending import DECISION_TYPES, decision_entry
+from chatrun.errors import SessionError
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -46,6 +48,7 @@ class TurnReport:
         self.replies: list[str] = []
         self.outcome = ERROR
         self.turn = 0
+        self.number = session.turn_count + 1  # the number the turn will have, if it runs
         self.entry: dict[str, Any] = {}
         self.waiting = {item.id: item.created for item in session.pending}  # what a Resolved may resolve
         self.opened: list[str] = []  # the items this turn opened ("p1:approval")
@@ -74,6 +77,17 @@ class TurnReport:
         self.turn = int(self.entry.get("turn") or 0)
         error = self.entry.get("error")
         self.outcome = OK if self.entry.get("ok") else CANCELLED if error == "cancelled" else FAILED
+
+    def stopped(self) -> None:
+        """The turn was stopped (cancelled, or its reader went): when the engine recorded it (ok
+        false, error cancelled), its number and usage are reported as a failed turn's are."""
+        self.outcome = CANCELLED
+        try:
+            entry = self.session.last_turn or {}
+        except SessionError:  # stopped before it started: no record
+            return
+        if not self.entry and entry.get("turn") == self.number and entry.get("error") == "cancelled":
+            self.entry, self.turn = entry, self.number
 
     def replayed(self, recorded: dict[str, Any]) -> None:
         self.outcome, self.turn = REPLAYED, int(recorded.get("turn") or 0)
@@ -104,6 +118,16 @@ class TurnReport:
         except ValueError:
             return None
 
+    def _given(self) -> Any:
+        """The input as the history keeps it (a decision as plain JSON, without a backend's token);
+        a turn that did not run (replayed, refused): the request's, in the same form."""
+        if "input" in self.entry:
+            return self.entry["input"]
+        message = self.message
+        if isinstance(message, DECISION_TYPES):
+            return decision_entry(message)
+        return message.get("userMessage") if isinstance(message, dict) else message
+
     def fields(self, seconds: float) -> dict[str, Any]:
         usage = self.entry.get("usage") or {}
         after = self.session.route if self.outcome == OK else self.route
@@ -120,10 +144,9 @@ class TurnReport:
             "bot_version": self.session.bot_version,
         }
         if self.content:
-            message = self.message.get("userMessage") if isinstance(self.message, dict) else self.message
             # A log keeps what it holds: on a bot with `storage` guardrails, as the history keeps it.
             fields["input"], fields["reply"] = guardrails.kept_value(self.session.bot.config, [self.route, after],
-                                                                     [message, "\n".join(self.replies)])
+                                                                     [self._given(), "\n".join(self.replies)])
         return {k: v for k, v in fields.items() if v is not None}
 
 
