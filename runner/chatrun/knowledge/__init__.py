@@ -54,7 +54,10 @@ CITE_NUDGE = ("(Your last answer cites no source. Answer again from the knowledg
               "search_knowledge first if you have no passage that answers. If none answers, say you do not know "
               "and cite nothing.)")
 CANDIDATES = 50  # passages each ranking (BM25, cosine) offers the fusion: a passage far down both can still win
-_CITATION = re.compile(r"\[([^\[\]\s]+)\]")
+# A citation: what a reply holds in square brackets (on one line). A ref may hold spaces (`[refund
+# policy.md#costs]`), and a model may cite several passages in one pair (`[a.md#x, b.md#y]`).
+_CITATION = re.compile(r"\[([^\[\]\n]{1,500})\]")
+_CITED_APART = re.compile(r"\s*[,;]\s*")
 
 
 def index_path(root: str | Path) -> Path:
@@ -159,7 +162,7 @@ class Library:
 
     def cited(self, text: str, sources: Sequence[str]) -> list[Hit]:
         """The passages of `sources` that `text` cites (`[path#anchor]`), each once, in order."""
-        refs = list(dict.fromkeys(m.group(1) for m in _CITATION.finditer(text or "")))
+        refs = list(dict.fromkeys(ref for m in _CITATION.finditer(text or "") for ref in cited_refs(m.group(1))))
         pairs = [(ref.partition("#")[0], ref.partition("#")[2]) for ref in refs]
         return self.ready().find(pairs, sources) if pairs else []
 
@@ -181,6 +184,14 @@ class Library:
         if url:
             entry["url"] = url
         return entry
+
+
+def cited_refs(inside: str) -> list[str]:
+    """The refs a pair of square brackets may cite: what it holds, and each of its parts apart
+    (`a.md#x, b.md#y`); only those that name a passage count (`Library.cited`)."""
+    whole = inside.strip()
+    parts = [part for part in _CITED_APART.split(whole) if part] if _CITED_APART.search(whole) else []
+    return [whole, *parts] if whole else parts
 
 
 def passages_text(hits: Sequence[Hit]) -> str:
