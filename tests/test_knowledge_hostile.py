@@ -6,8 +6,6 @@ client against chatrun.testing.fake_openai, the SQLite index, the CLI."""
 
 from __future__ import annotations
 
-import json
-import os
 import textwrap
 from pathlib import Path
 
@@ -90,3 +88,61 @@ def test_brackets_that_name_no_passage_are_still_no_citation(tmp_path, fake):
     fake.queue({"text": "It costs [some amount, I think]."}, {"text": "Still [no idea]\n[really]."})
     events = chatrun.load_bot(bot / "bot.yaml").session().chat("Cost?")
     assert messages(events) == ["I do not know that one."] and sources_of(events) == []
+
+
+# -- files outside the source's folder -----------------------------------------------------------
+
+SECRET = "# Payroll\n\nThe chief executive earns 9 million zorkmids.\n"
+
+
+def problems(root: Path) -> list[str]:
+    try:
+        _, found = load_config(root)
+    except BotError as e:
+        found = e.diagnostics
+    return [f"{d.severity}: {d.message}" for d in found]
+
+
+def test_a_link_out_of_the_folder_is_left_out_of_the_index_and_said(tmp_path, fake):
+    """A symbolic link in the folder (to a file, or to a folder) that leads elsewhere on the
+    machine: its file was indexed and given to the model (the user could read `/etc/...` or a
+    sibling's payroll). It is left out, `validate` warns at the source, and `chatrun index` too."""
+    (tmp_path / "private").mkdir()
+    (tmp_path / "private/payroll.md").write_text(SECRET)
+    bot = make_bot(tmp_path, fake, {"shipping.md": SHIPPING})
+    (bot / "help/payroll.md").symlink_to(tmp_path / "private/payroll.md")
+    (bot / "help/more").symlink_to(tmp_path / "private", target_is_directory=True)
+    (bot / "help/inside.md").symlink_to(bot / "help/shipping.md")  # a link within the folder is read
+
+    run = CliRunner().invoke(main, ["index", str(bot), "--quiet"])
+    assert run.exit_code == 0 and "2 files in 1 source, 2 read" in run.output, run.output
+    assert "file `payroll.md` leads out of its folder" in run.output and "more/payroll.md" not in run.output
+    config, _ = load_config(bot)
+    library = Library(bot, config.knowledge)
+    assert library.search("chief executive zorkmids payroll", ["help"], 5) == []
+    assert {hit.ref for hit in library.search("express delivery", ["help"], 5)} == {"shipping.md#costs",
+                                                                                      "inside.md#costs"}
+
+    found = problems(bot)
+    assert f"warning: knowledge source `help`: file `payroll.md` leads out of its folder (to " \
+           f"{(tmp_path / 'private/payroll.md').resolve()}) and is left out; copy the file into the folder, or point " \
+           "`path` at the folder that holds it" in found, found
+
+    bot.joinpath("bot.yaml").write_text(bot.joinpath("bot.yaml").read_text().replace(
+        "path: help}", "path: help, include: ['**/*.md', 'more/*.md']}"))
+    assert any("file `more/payroll.md` leads out of its folder" in p for p in problems(bot))
+    assert Library(bot, load_config(bot)[0].knowledge).search("zorkmids", ["help"], 5) == []
+
+
+@pytest.mark.parametrize("pattern", ["/etc/*.conf", "../*.yaml", "docs/../../*.md"])
+def test_an_include_pattern_out_of_the_folder_is_an_error_at_its_line_not_a_crash(tmp_path, fake, pattern):
+    """An absolute `include:` pattern crashed validate and `chatrun index` (NotImplementedError,
+    "this is a chatrun bug"); one with `..` was dropped without a word."""
+    bot = make_bot(tmp_path, fake, {"shipping.md": SHIPPING}, include=f", include: ['*.md', '{pattern}']")
+    found = problems(bot)
+    assert f"error: knowledge source `help`: `include` pattern `{pattern}` reaches out of its folder `help`; a pattern " \
+           "is relative to the folder (move the files into it, or point `path` at the folder that holds them)" \
+           in found, found
+    run = CliRunner().invoke(main, ["index", str(bot), "--quiet"])
+    assert run.exit_code == 1 and f"`include` pattern `{pattern}` reaches out" in run.output, run.output
+    assert "unexpected" not in run.output

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatrun.definition.config import KnowledgeSource
-from chatrun.definition.knowledge import source_files, source_folder, unreadable
+from chatrun.definition.knowledge import source_folder, source_listing, unreadable
 from chatrun.knowledge.chunks import Chunk, chunk_file
 from chatrun.knowledge.vectors import (
     Embedder,
@@ -117,7 +117,11 @@ def plan(root: str | Path, sources: Iterable[KnowledgeSource]) -> list[SourceFil
     out: list[SourceFile] = []
     for source in sources:
         folder = source_folder(root, source)
-        out += [SourceFile(source.name, p, p.relative_to(folder).as_posix()) for p in source_files(root, source)]
+        inside, outside = source_listing(root, source)
+        out += [SourceFile(source.name, p, p.relative_to(folder).as_posix()) for p in inside]
+        for path, target in outside:  # `chatrun validate` warns of it too
+            log.warning("knowledge source %s: file %s leads out of its folder (to %s); left out of the index",
+                        source.name, path.relative_to(folder).as_posix(), target)
     return out
 
 
