@@ -146,3 +146,27 @@ def test_an_include_pattern_out_of_the_folder_is_an_error_at_its_line_not_a_cras
     run = CliRunner().invoke(main, ["index", str(bot), "--quiet"])
     assert run.exit_code == 1 and f"`include` pattern `{pattern}` reaches out" in run.output, run.output
     assert "unexpected" not in run.output
+
+
+# -- a refresh while the folder changes -------------------------------------------------------------
+
+def test_a_file_deleted_while_a_refresh_runs_leaves_the_index_and_is_no_failure(tmp_path, fake):
+    """A file listed by the refresh, then deleted before it was read (an editor saving by
+    rename, a deploy replacing the folder): its passages stayed in the index, and the refresh
+    called it unreadable (`chatrun index` exit 1). It is removed, as a file gone before."""
+    bot = make_bot(tmp_path, fake, {"a.md": REFUNDS, "b.md": SHIPPING})
+    config, _ = load_config(bot)
+    assert Library(bot, config.knowledge).refresh().changed == 2
+    (bot / "help/a.md").write_text(REFUNDS.replace("30 days", "60 days"))
+
+    def delete_b(item) -> None:
+        if item.relative == "a.md":
+            (bot / "help/b.md").unlink()
+
+    library = Library(bot, config.knowledge)
+    done = library.refresh(delete_b)
+    assert (done.files, done.changed, done.removed, done.problems) == (2, 1, 1, [])
+    assert library.search("express delivery costs", ["help"], 5) == []
+    assert "60 days" in library.search("refund window", ["help"], 1)[0].text
+    again = Library(bot, config.knowledge).refresh()
+    assert (again.files, again.changed, again.removed, again.problems) == (1, 0, 0, [])

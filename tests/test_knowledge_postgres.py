@@ -502,3 +502,27 @@ def test_a_reader_never_sees_half_a_refetched_web_source(tmp_path, postgres_serv
             thread.join()
             shared.close()
         assert len(seen) > 1 and set(seen) <= {(6, 0), (0, 6)}, set(seen)
+
+
+@pytest.mark.slow
+def test_a_file_deleted_while_chatrun_index_runs_leaves_the_shared_index(tmp_path, postgres_server):
+    """As for SQLite (tests/test_knowledge_hostile.py): a file listed, then deleted before it was
+    read, leaves the shared index, and is no failure."""
+    root, url = helpcentre(tmp_path), postgres_server.url()
+    index_into(root, url)
+    (root / "help" / "returns.md").write_text("# Returns\n\n## Refund window\n\nReturn it within 60 days.\n")
+
+    def delete_shipping(item: Any) -> None:
+        if item.relative == "returns.md":
+            (root / "help" / "shipping.md").unlink(missing_ok=True)
+
+    library = shared_library(root, url)
+    try:
+        files = sorted(p.relative for p in plan(root, library.sources.values()))
+        assert files.index("returns.md") < files.index("shipping.md")  # deleted before it is read
+        done = library.refresh(delete_shipping)
+        assert (done.changed, done.removed, done.problems) == (1, 1, [])
+        assert library.search("shipping costs", ["help_centre"], 5) == []
+        assert "60 days" in library.search("refund window", ["help_centre"], 1)[0].text
+    finally:
+        library.close()

@@ -79,6 +79,12 @@ def unreadable(path: Path) -> str | None:
         data = path.read_bytes()
     except OSError as e:
         return f"cannot be read ({e.strerror or e})"
+    return unreadable_bytes(path, data)
+
+
+def unreadable_bytes(path: Path, data: bytes) -> str | None:
+    """Why `data`, read from `path`, cannot be read as text (None: it can); `unreadable`'s rule
+    for bytes already read (a refresh reads each file once, so its hash and passages agree)."""
     if path.suffix.lower() == ".pdf":
         if not data.startswith(b"%PDF-"):
             return "is not a PDF file (it does not start with %PDF-)"

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatrun.definition.config import KnowledgeSource
-from chatrun.definition.knowledge import source_folder, source_listing, unreadable
+from chatrun.definition.knowledge import source_folder, source_listing, unreadable_bytes
 from chatrun.knowledge.chunks import Chunk, chunk_file
 from chatrun.knowledge.vectors import (
     Embedder,
@@ -191,7 +191,7 @@ class KnowledgeIndex:
         if read is None:
             return False
         _replace(db, item.source, item.relative, *read)
-        return True
+        return read[0] is not None  # else removed: gone since the refresh listed it
 
     # -- web pages (web.py's PageIndex: the one fetch path writes through these) ----------------
 
@@ -430,20 +430,27 @@ def fts_query(text: str) -> str:
     return " OR ".join(f'"{w}"' for w in query_words(text))
 
 
-def read_source_file(item: SourceFile, old_hash: str | None, done: Refreshed) -> tuple[str, list[Chunk]] | None:
+def read_source_file(item: SourceFile, old_hash: str | None,
+                     done: Refreshed) -> tuple[str, list[Chunk]] | tuple[None, list[Chunk]] | None:
     """(the file's hash, its passages) for an index to store, or None when unchanged since
     `old_hash` or unreadable as a file (said in `done.problems`). A file read but not understood
     (an unreadable PDF...) is said too and stored with no passages: its hash keeps it from being
-    read again until it changes. Both indexes (this one, pg_index.py) read files through here."""
+    read again until it changes. A file gone since the refresh listed it (deleted meanwhile) is
+    (None, []): removed, as a file gone before it (counted in `done.removed`). The file is read
+    once: its hash, its check and its passages are of the same bytes. Both indexes (this one,
+    pg_index.py) read files through here."""
     try:
         data = item.path.read_bytes()
+    except FileNotFoundError:
+        done.removed += old_hash is not None
+        return None, []
     except OSError as e:
         done.problems.append(f"{item.source}/{item.relative}: {e}")
         return None
     digest = hashlib.sha256(data).hexdigest()
     if digest == old_hash:
         return None
-    problem = unreadable(item.path)
+    problem = unreadable_bytes(item.path, data)
     try:
         chunks = [] if problem else chunk_file(item.path, data)
     except Exception as e:  # a PDF pypdf cannot parse, ...: left out, and said
