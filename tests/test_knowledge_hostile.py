@@ -170,3 +170,44 @@ def test_a_file_deleted_while_a_refresh_runs_leaves_the_index_and_is_no_failure(
     assert "60 days" in library.search("refund window", ["help"], 1)[0].text
     again = Library(bot, config.knowledge).refresh()
     assert (again.files, again.changed, again.removed, again.problems) == (1, 0, 0, [])
+
+
+# -- files as editors and sites write them ----------------------------------------------------------
+
+def test_a_byte_order_mark_and_a_misclosed_html_heading_lose_no_title_nor_text(tmp_path, fake):
+    """A Markdown file saved with a UTF-8 byte order mark (Windows editors) lost its title (`A`
+    instead of `Returns`) and made a passage of `\\ufeff# Returns`; an HTML heading closed by
+    another heading's end tag (`<h2>..</h3>`), left open before a paragraph, or never closed
+    swallowed its section: heading and text were not in the index at all."""
+    bot = make_bot(tmp_path, fake, {"shipping.md": SHIPPING})
+    (bot / "help/returns.md").write_bytes(b"\xef\xbb\xbf" + REFUNDS.encode())
+    (bot / "help/faq.html").write_text(
+        "<title>FAQ</title><h2 id='damaged'>Damaged parcels</h3><p>We replace damaged parcels.</p>"
+        "<h2>Gift cards<p>Gift cards never expire.</p><h2>Vouchers</h2><p>Vouchers last a year.</p>"
+        "<h3>Unfinished heading")
+    run = CliRunner().invoke(main, ["index", str(bot), "--quiet"])
+    assert run.exit_code == 0, run.output
+    library = Library(bot, load_config(bot)[0].knowledge)
+    hits = library.search("refund window days", ["help"], 5)
+    assert [(h.ref, h.title) for h in hits] == [("returns.md#refund-window", "Refund policy › Refund window")]
+    assert [(h.ref, h.title, h.text) for h in library.search("damaged parcels", ["help"], 1)] == [
+        ("faq.html#damaged", "FAQ › Damaged parcels", "We replace damaged parcels.")]
+    assert [(h.ref, h.text) for h in library.search("gift cards expire", ["help"], 1)] == [
+        ("faq.html#gift-cards", "Gift cards never expire.")]
+
+    fake.queue({"text": "They never expire [faq.html#gift-cards]."})
+    events = chatrun.load_bot(bot / "bot.yaml").session().chat("Do gift cards expire?")
+    assert sources_of(events) == ["faq.html#gift-cards"]
+
+
+def test_a_code_fence_closes_only_at_its_own_marker():
+    """CommonMark: a ``` fence is closed by ``` (as long or longer), not by ~~~ nor a shorter
+    run; a `#` line inside it is code, not a heading (it was cut as one)."""
+    from chatrun.knowledge.chunks import chunk_markdown
+
+    for text in ("# Doc\n\n```sh\n~~~\n# rm -rf not a heading\n~~~\n```\n\n## After\n\nText.\n",
+                 "# Doc\n\n````\n```\n# rm -rf not a heading\n```\n````\n\n## After\n\nText.\n",
+                 "# Doc\n\n~~~~\n~~~\n# rm -rf not a heading\n~~~~\n\n## After\n\nText.\n"):
+        chunks = chunk_markdown(text, "doc")
+        assert [c.anchor for c in chunks] == ["doc", "after"], text
+        assert "# rm -rf not a heading" in chunks[0].text

@@ -47,7 +47,7 @@ from chatrun.knowledge.vectors import (
 log = logging.getLogger("chatrun.knowledge")
 
 # Bumped when the way files are cut or stored changes: every file is then read again.
-INDEX_VERSION = "3"
+INDEX_VERSION = "4"
 TITLE_WEIGHT = 4.0
 COMMON_SHARE = 0.1  # a query word in more than this share of the passages is left out (see `selective`)...
 SELECTIVE_FROM = 10_000  # ...in an index of this many passages or more (a smaller one is fast anyway)
