@@ -6,6 +6,7 @@ client against chatrun.testing.fake_openai, the SQLite index, the CLI."""
 
 from __future__ import annotations
 
+import sqlite3
 import textwrap
 from pathlib import Path
 
@@ -211,3 +212,44 @@ def test_a_code_fence_closes_only_at_its_own_marker():
         chunks = chunk_markdown(text, "doc")
         assert [c.anchor for c in chunks] == ["doc", "after"], text
         assert "# rm -rf not a heading" in chunks[0].text
+
+
+# -- a damaged index file ---------------------------------------------------------------------------
+
+def damage(index: Path, how: str) -> None:
+    if how == "not a database":
+        index.write_bytes(b"This is not SQLite, whatever its name says.\n" * 100)
+    else:  # a copy cut short: the header is sound, later pages are missing
+        data = index.read_bytes()
+        index.write_bytes(data[:len(data) // 3])
+    for suffix in ("-wal", "-shm"):
+        index.with_name(index.name + suffix).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("how", ["not a database", "cut short"])
+def test_a_damaged_index_file_is_set_aside_and_built_anew(tmp_path, fake, how, caplog):
+    """The index file is made from the folders; a damaged one (a disk full, a copy cut short)
+    made `chatrun index` fail with "unexpected DatabaseError ... this is a chatrun bug" and every
+    turn of a running bot that searched fail. It is set aside (`knowledge.broken.db`), said, and
+    built anew."""
+    files = {f"topic{n}.md": f"# Topic {n}\n\n## Part\n\n" + f"Sentence {n} about refunds. " * 60 for n in range(30)}
+    bot = make_bot(tmp_path, fake, {**files, "shipping.md": SHIPPING})
+    assert CliRunner().invoke(main, ["index", str(bot), "--quiet"]).exit_code == 0
+    index = bot / ".chatrun/knowledge.db"
+    with sqlite3.connect(index) as db:  # everything in the main file, none in the write-ahead log
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    damage(index, how)
+
+    run = CliRunner().invoke(main, ["index", str(bot), "--quiet"])
+    assert run.exit_code == 0, run.output
+    assert "31 files in 1 source, 31 read" in run.output
+    said = [r.getMessage() for r in caplog.records if r.name == "chatrun.knowledge"]
+    assert any("is damaged" in m and "set aside as knowledge.broken.db and built anew" in m for m in said), said
+    assert (bot / ".chatrun/knowledge.broken.db").exists()
+
+    damage(index, how)  # and a running bot: its first search builds it anew, the turn goes on
+    fake.queue({"tool_calls": [{"name": "search_knowledge", "arguments": {"query": "express delivery"}}]},
+               {"text": "9.90 euros [shipping.md#costs]."})
+    events = chatrun.load_bot(bot / "bot.yaml").session().chat("Express?")
+    assert messages(events) == ["9.90 euros [shipping.md#costs]."] and sources_of(events) == ["shipping.md#costs"]

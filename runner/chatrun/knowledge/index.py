@@ -158,7 +158,30 @@ class KnowledgeIndex:
         """Bring the index up to date with `files` (of the sources named `sources`): read only
         the files whose bytes changed; `step` is called after each file (a progress bar). The
         passages of the sources in `web` (web pages, fetched by `chatrun index` only:
-        chatrun.knowledge.web) are kept as they are."""
+        chatrun.knowledge.web) are kept as they are. A damaged file (not a database, a malformed
+        image: a disk full, a copy cut short) is set aside and the index built anew: it is made
+        from the folders, and a bot that could not search it would fail every turn."""
+        try:
+            return self._refresh(files, sources, step, web)
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is not sqlite3.DatabaseError or not self.path.exists():
+                raise  # a locked file, a constraint...: not damage
+            self._set_aside(exc)
+            return self._refresh(files, sources, step, web)
+
+    def _set_aside(self, exc: sqlite3.DatabaseError) -> None:
+        """The damaged index file moved to `knowledge.broken.db` (its journal files removed)."""
+        aside = self.path.with_name(f"{self.path.stem}.broken{self.path.suffix}")  # `*.db` in .gitignore
+        self.path.replace(aside)
+        for suffix in ("-wal", "-shm"):
+            self.path.with_name(self.path.name + suffix).unlink(missing_ok=True)
+        self._readers = threading.local()  # no reader keeps the damaged file open
+        self._vectors.clear()
+        log.warning("knowledge index %s is damaged (%s); set aside as %s and built anew from the folders (web "
+                    "pages come back with `chatrun index`)", self.path, exc, aside.name)
+
+    def _refresh(self, files: Sequence[SourceFile], sources: Iterable[str],
+                 step: Callable[[SourceFile], None] | None, web: Iterable[str]) -> Refreshed:
         done = Refreshed(files=len(files))
         with self.connect() as db:
             db.execute("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
