@@ -253,3 +253,13 @@ def test_a_damaged_index_file_is_set_aside_and_built_anew(tmp_path, fake, how, c
                {"text": "9.90 euros [shipping.md#costs]."})
     events = chatrun.load_bot(bot / "bot.yaml").session().chat("Express?")
     assert messages(events) == ["9.90 euros [shipping.md#costs]."] and sources_of(events) == ["shipping.md#costs"]
+
+
+def test_a_long_query_is_searched_with_its_first_and_last_words():
+    """Both indexes search the same words of a pasted text (tests/test_knowledge_postgres.py:
+    the shared index failed beyond 1,664): its first 32 and last 32 distinct ones."""
+    from chatrun.knowledge.index import MAX_QUERY_WORDS, query_words
+
+    words = query_words("Refund? " + " ".join(f"w{n}" for n in range(1000)) + " Can I return it")
+    assert len(words) == MAX_QUERY_WORDS == 64
+    assert words[0] == "refund" and words[-2:] == ["w999", "return"] and "w500" not in words

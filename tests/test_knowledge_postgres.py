@@ -526,3 +526,22 @@ def test_a_file_deleted_while_chatrun_index_runs_leaves_the_shared_index(tmp_pat
         assert "60 days" in library.search("refund window", ["help_centre"], 1)[0].text
     finally:
         library.close()
+
+
+@pytest.mark.slow
+def test_a_search_of_a_pasted_document_answers_as_on_sqlite(tmp_path, postgres_server):
+    """A user who pastes a long text (`retrieve: auto` searches the whole message; a model may
+    call search_knowledge with one): thousands of distinct words. The SQLite index answered;
+    the shared index failed (one `to_tsquery` column per word: PostgreSQL allows 1,664)."""
+    root, url = helpcentre(tmp_path), postgres_server.url()
+    index_into(root, url)
+    pasted = "How long is the refund window? " + " ".join(f"word{n}" for n in range(3000))
+    config, _ = load_config(root)
+    local = Library(root, config.knowledge)
+    library = shared_library(root, url)
+    try:
+        shared = library.search(pasted, ["help_centre"], 5)
+        assert "returns.md#refund-window" in {h.ref for h in shared}
+        assert {h.ref for h in shared} == {h.ref for h in local.search(pasted, ["help_centre"], 5)}
+    finally:
+        library.close()

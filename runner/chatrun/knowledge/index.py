@@ -51,6 +51,7 @@ INDEX_VERSION = "4"
 TITLE_WEIGHT = 4.0
 COMMON_SHARE = 0.1  # a query word in more than this share of the passages is left out (see `selective`)...
 SELECTIVE_FROM = 10_000  # ...in an index of this many passages or more (a smaller one is fast anyway)
+MAX_QUERY_WORDS = 64  # a query's distinct words searched at most (a pasted text: see `query_words`)
 STOP_WORDS = frozenset(
     "a an and are as at be but by can do does for from how i if in into is it its me my no not of on or our so "
     "that the their then there these this to was we what when where which who why will with you your".split())
@@ -444,8 +445,13 @@ def source_tag(source: str) -> str:
 
 
 def query_words(text: str) -> list[str]:
-    """The words of free text a search looks for: lower case, once each, stop words left out."""
-    return list(dict.fromkeys(w for w in re.findall(r"\w+", text.lower()) if w not in STOP_WORDS and len(w) > 1))
+    """The words of free text a search looks for: lower case, once each, stop words left out;
+    of more than MAX_QUERY_WORDS, the first and the last half (a question before or after a
+    pasted text): both indexes search the same words, and PostgreSQL's (a term per word) can."""
+    words = list(dict.fromkeys(w for w in re.findall(r"\w+", text.lower()) if w not in STOP_WORDS and len(w) > 1))
+    if len(words) <= MAX_QUERY_WORDS:
+        return words
+    return words[:MAX_QUERY_WORDS // 2] + words[-(MAX_QUERY_WORDS // 2):]
 
 
 def fts_query(text: str) -> str:
