@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sqlite3
 import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -263,3 +265,32 @@ def test_a_long_query_is_searched_with_its_first_and_last_words():
     words = query_words("Refund? " + " ".join(f"w{n}" for n in range(1000)) + " Can I return it")
     assert len(words) == MAX_QUERY_WORDS == 64
     assert words[0] == "refund" and words[-2:] == ["w999", "return"] and "w500" not in words
+
+
+# -- a running bot's first searches ---------------------------------------------------------------------
+
+def test_the_first_searches_at_once_refresh_the_index_once(tmp_path, fake, monkeypatch):
+    """A server's first users search at the same moment: each waited for the lock, then refreshed
+    again (every file read and hashed once per waiting search: minutes for a large folder). One
+    refreshes; the others wait for it and search."""
+    from chatrun.knowledge.index import KnowledgeIndex
+
+    bot = make_bot(tmp_path, fake, {f"topic{n}.md": f"# Topic {n}\n\nAbout refunds {n}.\n" for n in range(20)})
+    library = Library(bot, load_config(bot)[0].knowledge)
+    refreshes: list[int] = []
+    real = KnowledgeIndex.refresh
+
+    def counted(self, *args, **kwargs):
+        refreshes.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(KnowledgeIndex, "refresh", counted)
+    start = threading.Barrier(6)
+
+    def search() -> int:
+        start.wait()
+        return len(library.search("refunds", ["help"], 3))
+
+    with ThreadPoolExecutor(6) as pool:
+        found = list(pool.map(lambda _: search(), range(6)))
+    assert found == [3] * 6 and len(refreshes) == 1

@@ -85,17 +85,21 @@ class Library:
         `pages` (`chatrun index` only: `list_web`), fetch the web sources' pages too (only
         changed ones are cut again; `self.web` says what fetching did). Without, the web
         sources' passages stay as the last `chatrun index` left them: a running bot never fetches."""
-        web = [source.name for source in self.sources.values() if source.web]
         with self._lock:
-            done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step, web)
-            if pages is not None:  # into either index, through web.py's one fetch path (its PageIndex seam)
-                with client() as http:
-                    self.web = refresh_web(self.index, pages, done, http, step)
-            else:
-                self._say_unindexed(web)
-            self.index.embed_missing(self.embedder, self.embedding_models(list(self.sources)), done)
-            self._fresh = True
-            return done
+            return self._refresh(step, pages)
+
+    def _refresh(self, step: Any, pages: Sequence[Listing] | None) -> Refreshed:
+        """`refresh`, under the lock."""
+        web = [source.name for source in self.sources.values() if source.web]
+        done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step, web)
+        if pages is not None:  # into either index, through web.py's one fetch path (its PageIndex seam)
+            with client() as http:
+                self.web = refresh_web(self.index, pages, done, http, step)
+        else:
+            self._say_unindexed(web)
+        self.index.embed_missing(self.embedder, self.embedding_models(list(self.sources)), done)
+        self._fresh = True
+        return done
 
     def list_web(self) -> list[Listing]:
         """The pages of each web source (a sitemap is fetched: `chatrun index` only)."""
@@ -113,11 +117,15 @@ class Library:
     def ready(self) -> KnowledgeIndex | PgIndex:
         """The index, refreshed once in this process's life of the bot (a shared index only when
         the bot was never indexed there: `chatrun index --store` keeps it up to date)."""
-        if not self._fresh:
-            if not isinstance(self.index, KnowledgeIndex) and self.index.built():
+        if self._fresh:
+            return self.index
+        with self._lock:  # the first searches at once: one refreshes, the others wait for it
+            if self._fresh:
+                pass
+            elif not isinstance(self.index, KnowledgeIndex) and self.index.built():
                 self._fresh = True
             else:
-                self.refresh()
+                self._refresh(None, None)
         return self.index
 
     def close(self) -> None:
