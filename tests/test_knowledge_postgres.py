@@ -545,3 +545,20 @@ def test_a_search_of_a_pasted_document_answers_as_on_sqlite(tmp_path, postgres_s
         assert {h.ref for h in shared} == {h.ref for h in local.search(pasted, ["help_centre"], 5)}
     finally:
         library.close()
+
+
+@pytest.mark.slow
+def test_a_reply_with_a_control_character_in_brackets_cites_as_on_sqlite(tmp_path, postgres_server):
+    """A model's reply holding a NUL or another control character in square brackets: the SQLite
+    index found no passage in it; the shared index failed the turn (PostgreSQL text holds no NUL)."""
+    root, url = helpcentre(tmp_path), postgres_server.url()
+    index_into(root, url)
+    reply = "See [returns.md#refund-window] and [\x00] [returns.md#refund\x00-window] [shipping.md#costs\x07]."
+    config, _ = load_config(root)
+    library = shared_library(root, url)
+    try:
+        cited = [h.ref for h in library.cited(reply, ["help_centre"])]
+        assert cited == ["returns.md#refund-window"]
+        assert cited == [h.ref for h in Library(root, config.knowledge).cited(reply, ["help_centre"])]
+    finally:
+        library.close()

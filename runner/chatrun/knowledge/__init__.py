@@ -54,9 +54,10 @@ CITE_NUDGE = ("(Your last answer cites no source. Answer again from the knowledg
               "search_knowledge first if you have no passage that answers. If none answers, say you do not know "
               "and cite nothing.)")
 CANDIDATES = 50  # passages each ranking (BM25, cosine) offers the fusion: a passage far down both can still win
-# A citation: what a reply holds in square brackets (on one line). A ref may hold spaces (`[refund
-# policy.md#costs]`), and a model may cite several passages in one pair (`[a.md#x, b.md#y]`).
-_CITATION = re.compile(r"\[([^\[\]\n]{1,500})\]")
+# A citation: what a reply holds in square brackets (on one line, no control character: no ref
+# holds one, and PostgreSQL's text holds no NUL). A ref may hold spaces (`[refund policy.md#costs]`),
+# and a model may cite several passages in one pair (`[a.md#x, b.md#y]`).
+_CITATION = re.compile(r"\[([^\[\]\x00-\x1f\x7f]{1,500})\]")
 _CITED_APART = re.compile(r"\s*[,;]\s*")
 
 
