@@ -535,7 +535,7 @@ def test_a_search_of_a_pasted_document_answers_as_on_sqlite(tmp_path, postgres_s
     the shared index failed (one `to_tsquery` column per word: PostgreSQL allows 1,664)."""
     root, url = helpcentre(tmp_path), postgres_server.url()
     index_into(root, url)
-    pasted = "How long is the refund window? " + " ".join(f"word{n}" for n in range(3000))
+    pasted = "How long is the refund window? " + "x" * 5000 + " " + " ".join(f"word{n}" for n in range(3000))
     config, _ = load_config(root)
     local = Library(root, config.knowledge)
     library = shared_library(root, url)
