@@ -187,7 +187,7 @@ def test_a_byte_order_mark_and_a_misclosed_html_heading_lose_no_title_nor_text(t
     (bot / "help/faq.html").write_text(
         "<title>FAQ</title><h2 id='damaged'>Damaged parcels</h3><p>We replace damaged parcels.</p>"
         "<h2>Gift cards<p>Gift cards never expire.</p><h2>Vouchers</h2><p>Vouchers last a year.</p>"
-        "<h3>Unfinished heading")
+        "<h2 id='hours'>Opening<br>hours</h2><p>Nine to five.</p><h3>Unfinished heading")
     run = CliRunner().invoke(main, ["index", str(bot), "--quiet"])
     assert run.exit_code == 0, run.output
     library = Library(bot, load_config(bot)[0].knowledge)
@@ -197,6 +197,8 @@ def test_a_byte_order_mark_and_a_misclosed_html_heading_lose_no_title_nor_text(t
         ("faq.html#damaged", "FAQ › Damaged parcels", "We replace damaged parcels.")]
     assert [(h.ref, h.text) for h in library.search("gift cards expire", ["help"], 1)] == [
         ("faq.html#gift-cards", "Gift cards never expire.")]
+    assert [(h.title, h.text) for h in library.search("opening hours", ["help"], 1)] == [
+        ("FAQ › Opening hours", "Nine to five.")]  # a line break in a heading is no end of it
 
     fake.queue({"text": "They never expire [faq.html#gift-cards]."})
     events = chatrun.load_bot(bot / "bot.yaml").session().chat("Do gift cards expire?")

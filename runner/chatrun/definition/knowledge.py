@@ -37,7 +37,7 @@ def source_folder(root: str | Path, source: KnowledgeSource) -> Path:
 def source_files(root: str | Path, source: KnowledgeSource) -> list[Path]:
     """The files the source reads, sorted: those its `include:` globs match, else every file of
     a supported kind, subfolders included (hidden files and folders left out), and only those
-    inside its folder (`outside_files`: a link out of it is left out)."""
+    inside its folder (`source_listing`: a link out of it is left out)."""
     return source_listing(root, source)[0]
 
 

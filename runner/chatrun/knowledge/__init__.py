@@ -122,8 +122,8 @@ class Library:
             return self.index
         with self._lock:  # the first searches at once: one refreshes, the others wait for it
             if self._fresh:
-                pass
-            elif not isinstance(self.index, KnowledgeIndex) and self.index.built():
+                return self.index
+            if not isinstance(self.index, KnowledgeIndex) and self.index.built():
                 self._fresh = True
             else:
                 self._refresh(None, None)

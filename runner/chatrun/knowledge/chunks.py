@@ -159,6 +159,8 @@ class _HtmlSections(HTMLParser):
             self._end_heading()  # a heading left open ends where the next begins, as a browser ends it
             self._heading = (int(tag[1]), dict(attrs).get("id") or "")
             self._heading_text = []
+        elif tag == "br" and self._heading is not None:  # a line break in a heading: a space in its text
+            self._heading_text.append(" ")
         elif tag in self.BLOCKS:
             self._end_heading()  # `<h2>Title<p>text`: the text is the section's, not lost in its heading
             self.sections[-1][3].append("\n")
