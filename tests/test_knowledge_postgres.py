@@ -502,3 +502,63 @@ def test_a_reader_never_sees_half_a_refetched_web_source(tmp_path, postgres_serv
             thread.join()
             shared.close()
         assert len(seen) > 1 and set(seen) <= {(6, 0), (0, 6)}, set(seen)
+
+
+@pytest.mark.slow
+def test_a_file_deleted_while_chatrun_index_runs_leaves_the_shared_index(tmp_path, postgres_server):
+    """As for SQLite (tests/test_knowledge_hostile.py): a file listed, then deleted before it was
+    read, leaves the shared index, and is no failure."""
+    root, url = helpcentre(tmp_path), postgres_server.url()
+    index_into(root, url)
+    (root / "help" / "returns.md").write_text("# Returns\n\n## Refund window\n\nReturn it within 60 days.\n")
+
+    def delete_shipping(item: Any) -> None:
+        if item.relative == "returns.md":
+            (root / "help" / "shipping.md").unlink(missing_ok=True)
+
+    library = shared_library(root, url)
+    try:
+        files = sorted(p.relative for p in plan(root, library.sources.values()))
+        assert files.index("returns.md") < files.index("shipping.md")  # deleted before it is read
+        done = library.refresh(delete_shipping)
+        assert (done.changed, done.removed, done.problems) == (1, 1, [])
+        assert library.search("shipping costs", ["help_centre"], 5) == []
+        assert "60 days" in library.search("refund window", ["help_centre"], 1)[0].text
+    finally:
+        library.close()
+
+
+@pytest.mark.slow
+def test_a_search_of_a_pasted_document_answers_as_on_sqlite(tmp_path, postgres_server):
+    """A user who pastes a long text (`retrieve: auto` searches the whole message; a model may
+    call search_knowledge with one): thousands of distinct words. The SQLite index answered;
+    the shared index failed (one `to_tsquery` column per word: PostgreSQL allows 1,664)."""
+    root, url = helpcentre(tmp_path), postgres_server.url()
+    index_into(root, url)
+    pasted = "How long is the refund window? " + "x" * 5000 + " " + " ".join(f"word{n}" for n in range(3000))
+    config, _ = load_config(root)
+    local = Library(root, config.knowledge)
+    library = shared_library(root, url)
+    try:
+        shared = library.search(pasted, ["help_centre"], 5)
+        assert "returns.md#refund-window" in {h.ref for h in shared}
+        assert {h.ref for h in shared} == {h.ref for h in local.search(pasted, ["help_centre"], 5)}
+    finally:
+        library.close()
+
+
+@pytest.mark.slow
+def test_a_reply_with_a_control_character_in_brackets_cites_as_on_sqlite(tmp_path, postgres_server):
+    """A model's reply holding a NUL or another control character in square brackets: the SQLite
+    index found no passage in it; the shared index failed the turn (PostgreSQL text holds no NUL)."""
+    root, url = helpcentre(tmp_path), postgres_server.url()
+    index_into(root, url)
+    reply = "See [returns.md#refund-window] and [\x00] [returns.md#refund\x00-window] [shipping.md#costs\x07]."
+    config, _ = load_config(root)
+    library = shared_library(root, url)
+    try:
+        cited = [h.ref for h in library.cited(reply, ["help_centre"])]
+        assert cited == ["returns.md#refund-window"]
+        assert cited == [h.ref for h in Library(root, config.knowledge).cited(reply, ["help_centre"])]
+    finally:
+        library.close()

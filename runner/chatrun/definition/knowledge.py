@@ -36,15 +36,36 @@ def source_folder(root: str | Path, source: KnowledgeSource) -> Path:
 
 def source_files(root: str | Path, source: KnowledgeSource) -> list[Path]:
     """The files the source reads, sorted: those its `include:` globs match, else every file of
-    a supported kind, subfolders included (hidden files and folders left out)."""
+    a supported kind, subfolders included (hidden files and folders left out), and only those
+    inside its folder (`source_listing`: a link out of it is left out)."""
+    return source_listing(root, source)[0]
+
+
+def source_listing(root: str | Path, source: KnowledgeSource) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """(the files the source reads, the (file, target) of each it leaves out because it leads
+    out of the folder: a symbolic link to a file elsewhere, or through a linked folder). What a
+    bot's model is given is what its folder holds, never a file a link reaches (`/etc/...`)."""
     folder = source_folder(root, source)
     if source.web or not folder.is_dir():  # web pages are fetched by `chatrun index` (chatrun.knowledge.web)
-        return []
+        return [], []
     if source.include:
-        found = {p for pattern in source.include for p in folder.glob(pattern)}
+        found = {p for pattern in source.include if not escaping_pattern(pattern) for p in folder.glob(pattern)}
     else:
         found = {p for p in folder.rglob("*") if p.suffix.lower() in SUPPORTED}
-    return sorted(p for p in found if p.is_file() and not _hidden(p.relative_to(folder)))
+    inside: list[Path] = []
+    outside: list[tuple[Path, Path]] = []
+    for path in sorted(p for p in found if p.is_file() and not _hidden(p.relative_to(folder))):
+        target = path.resolve()
+        if target.is_relative_to(folder):
+            inside.append(path)
+        else:
+            outside.append((path, target))
+    return inside, outside
+
+
+def escaping_pattern(pattern: str) -> bool:
+    """An `include:` pattern that names files outside the folder: absolute, or with a `..` part."""
+    return pattern.startswith(("/", "\\")) or bool(re.match(r"^[A-Za-z]:", pattern)) or ".." in re.split(r"[/\\]", pattern)
 
 
 def _hidden(relative: Path) -> bool:
@@ -58,6 +79,12 @@ def unreadable(path: Path) -> str | None:
         data = path.read_bytes()
     except OSError as e:
         return f"cannot be read ({e.strerror or e})"
+    return unreadable_bytes(path, data)
+
+
+def unreadable_bytes(path: Path, data: bytes) -> str | None:
+    """Why `data`, read from `path`, cannot be read as text (None: it can); `unreadable`'s rule
+    for bytes already read (a refresh reads each file once, so its hash and passages agree)."""
     if path.suffix.lower() == ".pdf":
         if not data.startswith(b"%PDF-"):
             return "is not a PDF file (it does not start with %PDF-)"
@@ -112,7 +139,16 @@ def _check_source(root: str, source: KnowledgeSource, checks: Checks) -> None:
         checks.add("error", f"knowledge source `{source.name}`: its folder `{source.path}` ({folder}) {what}",
                    *at, "path")
         return
-    files = source_files(root, source)
+    for pattern in source.include or ():
+        if escaping_pattern(pattern):
+            checks.add("error", f"knowledge source `{source.name}`: `include` pattern `{pattern}` reaches out of its "
+                       f"folder `{source.path}`; a pattern is relative to the folder (move the files into it, or "
+                       "point `path` at the folder that holds them)", *at, "include")
+    files, outside = source_listing(root, source)
+    for path, target in outside:
+        checks.add("warning", f"knowledge source `{source.name}`: file `{path.relative_to(folder).as_posix()}` "
+                   f"leads out of its folder (to {target}) and is left out; copy the file into the folder, or "
+                   "point `path` at the folder that holds it", *at, "path")
     if not files:
         kinds = ", ".join(source.include) if source.include else ", ".join(SUPPORTED)
         checks.add("error", f"knowledge source `{source.name}` is empty: its folder `{source.path}` holds no file "

@@ -54,7 +54,11 @@ CITE_NUDGE = ("(Your last answer cites no source. Answer again from the knowledg
               "search_knowledge first if you have no passage that answers. If none answers, say you do not know "
               "and cite nothing.)")
 CANDIDATES = 50  # passages each ranking (BM25, cosine) offers the fusion: a passage far down both can still win
-_CITATION = re.compile(r"\[([^\[\]\s]+)\]")
+# A citation: what a reply holds in square brackets (on one line, no control character: no ref
+# holds one, and PostgreSQL's text holds no NUL). A ref may hold spaces (`[refund policy.md#costs]`),
+# and a model may cite several passages in one pair (`[a.md#x, b.md#y]`).
+_CITATION = re.compile(r"\[([^\[\]\x00-\x1f\x7f]{1,500})\]")
+_CITED_APART = re.compile(r"\s*[,;]\s*")
 
 
 def index_path(root: str | Path) -> Path:
@@ -82,17 +86,21 @@ class Library:
         `pages` (`chatrun index` only: `list_web`), fetch the web sources' pages too (only
         changed ones are cut again; `self.web` says what fetching did). Without, the web
         sources' passages stay as the last `chatrun index` left them: a running bot never fetches."""
-        web = [source.name for source in self.sources.values() if source.web]
         with self._lock:
-            done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step, web)
-            if pages is not None:  # into either index, through web.py's one fetch path (its PageIndex seam)
-                with client() as http:
-                    self.web = refresh_web(self.index, pages, done, http, step)
-            else:
-                self._say_unindexed(web)
-            self.index.embed_missing(self.embedder, self.embedding_models(list(self.sources)), done)
-            self._fresh = True
-            return done
+            return self._refresh(step, pages)
+
+    def _refresh(self, step: Any, pages: Sequence[Listing] | None) -> Refreshed:
+        """`refresh`, under the lock."""
+        web = [source.name for source in self.sources.values() if source.web]
+        done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step, web)
+        if pages is not None:  # into either index, through web.py's one fetch path (its PageIndex seam)
+            with client() as http:
+                self.web = refresh_web(self.index, pages, done, http, step)
+        else:
+            self._say_unindexed(web)
+        self.index.embed_missing(self.embedder, self.embedding_models(list(self.sources)), done)
+        self._fresh = True
+        return done
 
     def list_web(self) -> list[Listing]:
         """The pages of each web source (a sitemap is fetched: `chatrun index` only)."""
@@ -110,11 +118,15 @@ class Library:
     def ready(self) -> KnowledgeIndex | PgIndex:
         """The index, refreshed once in this process's life of the bot (a shared index only when
         the bot was never indexed there: `chatrun index --store` keeps it up to date)."""
-        if not self._fresh:
+        if self._fresh:
+            return self.index
+        with self._lock:  # the first searches at once: one refreshes, the others wait for it
+            if self._fresh:
+                return self.index
             if not isinstance(self.index, KnowledgeIndex) and self.index.built():
                 self._fresh = True
             else:
-                self.refresh()
+                self._refresh(None, None)
         return self.index
 
     def close(self) -> None:
@@ -159,7 +171,7 @@ class Library:
 
     def cited(self, text: str, sources: Sequence[str]) -> list[Hit]:
         """The passages of `sources` that `text` cites (`[path#anchor]`), each once, in order."""
-        refs = list(dict.fromkeys(m.group(1) for m in _CITATION.finditer(text or "")))
+        refs = list(dict.fromkeys(ref for m in _CITATION.finditer(text or "") for ref in cited_refs(m.group(1))))
         pairs = [(ref.partition("#")[0], ref.partition("#")[2]) for ref in refs]
         return self.ready().find(pairs, sources) if pairs else []
 
@@ -181,6 +193,14 @@ class Library:
         if url:
             entry["url"] = url
         return entry
+
+
+def cited_refs(inside: str) -> list[str]:
+    """The refs a pair of square brackets may cite: what it holds, and each of its parts apart
+    (`a.md#x, b.md#y`); only those that name a passage count (`Library.cited`)."""
+    whole = inside.strip()
+    parts = [part for part in _CITED_APART.split(whole) if part] if _CITED_APART.search(whole) else []
+    return [whole, *parts] if whole else parts
 
 
 def passages_text(hits: Sequence[Hit]) -> str:

@@ -40,7 +40,7 @@ def chunk_file(path: Path, data: bytes) -> list[Chunk]:
     suffix = path.suffix.lower()
     if suffix == ".pdf":
         return chunk_pdf(path, data)
-    text = data.decode("utf-8")
+    text = data.decode("utf-8-sig")  # a byte order mark (as Windows editors save) is not text
     if suffix in (".html", ".htm"):
         return chunk_html(text, path.stem)
     if suffix in (".md", ".markdown"):
@@ -55,18 +55,18 @@ def slug(heading: str) -> str:
 
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_FENCE = re.compile(r"^\s*(```|~~~)")
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
+BOM = "\ufeff"
 _EXPLICIT_ID = re.compile(r"\s*\{#([\w-]+)\}\s*$")
 
 
 def chunk_markdown(text: str, stem: str) -> list[Chunk]:
     """Markdown cut at its headings; the first `#` heading is the document's title."""
     sections: list[tuple[int, str, str, list[str]]] = [(0, "", "", [])]  # (level, heading, anchor, lines)
-    fenced = False
-    for line in text.splitlines():
-        if _FENCE.match(line):
-            fenced = not fenced
-        found = None if fenced else _HEADING.match(line)
+    fence = ""  # the open code fence's marker ("" outside one)
+    for line in text.removeprefix(BOM).splitlines():
+        fence = _fence_after(fence, line)
+        found = None if fence or _FENCE.match(line) else _HEADING.match(line)
         if found is None:
             sections[-1][3].append(line)
             continue
@@ -77,6 +77,19 @@ def chunk_markdown(text: str, stem: str) -> list[Chunk]:
         sections.append((len(found.group(1)), heading.strip(), explicit.group(1) if explicit else slug(heading), []))
     doc_title = next((h for level, h, _, _ in sections if level == 1), "") or _humane(stem)
     return _titled(sections, doc_title)
+
+
+def _fence_after(fence: str, line: str) -> str:
+    """The open fence after `line` (CommonMark): a fence closes only at a run of its own
+    character at least as long, with nothing after it (a ``` fence may hold ~~~ lines)."""
+    found = _FENCE.match(line)
+    if found is None:
+        return fence
+    marker, rest = found.groups()
+    if not fence:
+        return marker
+    closes = marker[0] == fence[0] and len(marker) >= len(fence) and not rest.strip()
+    return "" if closes else fence
 
 
 def _titled(sections: list[tuple[int, str, str, list[str]]], doc_title: str) -> list[Chunk]:
@@ -143,9 +156,13 @@ class _HtmlSections(HTMLParser):
         elif tag == "title":
             self._in_title = True
         elif re.fullmatch(r"h[1-6]", tag) and not self._skip:
+            self._end_heading()  # a heading left open ends where the next begins, as a browser ends it
             self._heading = (int(tag[1]), dict(attrs).get("id") or "")
             self._heading_text = []
+        elif tag == "br" and self._heading is not None:  # a line break in a heading: a space in its text
+            self._heading_text.append(" ")
         elif tag in self.BLOCKS:
+            self._end_heading()  # `<h2>Title<p>text`: the text is the section's, not lost in its heading
             self.sections[-1][3].append("\n")
 
     def handle_endtag(self, tag: str) -> None:
@@ -153,13 +170,22 @@ class _HtmlSections(HTMLParser):
             self._skip = max(0, self._skip - 1)
         elif tag == "title":
             self._in_title = False
-        elif self._heading is not None and tag == f"h{self._heading[0]}":
+        elif re.fullmatch(r"h[1-6]", tag):  # any heading's end tag ends the open one (`<h2>..</h3>`)
+            self._end_heading()
+        elif tag in self.BLOCKS:
+            self.sections[-1][3].append("\n")
+
+    def _end_heading(self) -> None:
+        """The open heading, if any, becomes a section."""
+        if self._heading is not None:
             level, anchor = self._heading
             heading = " ".join("".join(self._heading_text).split())
             self.sections.append((level, heading, anchor or slug(heading), []))
             self._heading = None
-        elif tag in self.BLOCKS:
-            self.sections[-1][3].append("\n")
+
+    def close(self) -> None:
+        super().close()
+        self._end_heading()  # a heading never closed: its text is kept
 
     def handle_data(self, data: str) -> None:
         if self._in_title:
@@ -175,7 +201,7 @@ class _HtmlSections(HTMLParser):
 def chunk_html(text: str, stem: str) -> list[Chunk]:
     """An HTML page cut at its headings; its <title> (else its first <h1>) is the document's title."""
     parser = _HtmlSections()
-    parser.feed(text)
+    parser.feed(text.removeprefix(BOM))
     parser.close()
     sections = [(level, heading, anchor, [_tidy("".join(parts))]) for level, heading, anchor, parts in parser.sections]
     first_h1 = next((h for level, h, _, _ in sections if level == 1), "")

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatrun.definition.config import KnowledgeSource
-from chatrun.definition.knowledge import source_files, source_folder, unreadable
+from chatrun.definition.knowledge import source_folder, source_listing, unreadable_bytes
 from chatrun.knowledge.chunks import Chunk, chunk_file
 from chatrun.knowledge.vectors import (
     Embedder,
@@ -47,10 +47,11 @@ from chatrun.knowledge.vectors import (
 log = logging.getLogger("chatrun.knowledge")
 
 # Bumped when the way files are cut or stored changes: every file is then read again.
-INDEX_VERSION = "3"
+INDEX_VERSION = "4"
 TITLE_WEIGHT = 4.0
 COMMON_SHARE = 0.1  # a query word in more than this share of the passages is left out (see `selective`)...
 SELECTIVE_FROM = 10_000  # ...in an index of this many passages or more (a smaller one is fast anyway)
+MAX_QUERY_WORDS = 64  # a query's distinct words searched at most (a pasted text: see `query_words`)
 STOP_WORDS = frozenset(
     "a an and are as at be but by can do does for from how i if in into is it its me my no not of on or our so "
     "that the their then there these this to was we what when where which who why will with you your".split())
@@ -117,7 +118,11 @@ def plan(root: str | Path, sources: Iterable[KnowledgeSource]) -> list[SourceFil
     out: list[SourceFile] = []
     for source in sources:
         folder = source_folder(root, source)
-        out += [SourceFile(source.name, p, p.relative_to(folder).as_posix()) for p in source_files(root, source)]
+        inside, outside = source_listing(root, source)
+        out += [SourceFile(source.name, p, p.relative_to(folder).as_posix()) for p in inside]
+        for path, target in outside:  # `chatrun validate` warns of it too
+            log.warning("knowledge source %s: file %s leads out of its folder (to %s); left out of the index",
+                        source.name, path.relative_to(folder).as_posix(), target)
     return out
 
 
@@ -154,7 +159,30 @@ class KnowledgeIndex:
         """Bring the index up to date with `files` (of the sources named `sources`): read only
         the files whose bytes changed; `step` is called after each file (a progress bar). The
         passages of the sources in `web` (web pages, fetched by `chatrun index` only:
-        chatrun.knowledge.web) are kept as they are."""
+        chatrun.knowledge.web) are kept as they are. A damaged file (not a database, a malformed
+        image: a disk full, a copy cut short) is set aside and the index built anew: it is made
+        from the folders, and a bot that could not search it would fail every turn."""
+        try:
+            return self._refresh(files, sources, step, web)
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is not sqlite3.DatabaseError or not self.path.exists():
+                raise  # a locked file, a constraint...: not damage
+            self._set_aside(exc)
+            return self._refresh(files, sources, step, web)
+
+    def _set_aside(self, exc: sqlite3.DatabaseError) -> None:
+        """The damaged index file moved to `knowledge.broken.db` (its journal files removed)."""
+        aside = self.path.with_name(f"{self.path.stem}.broken{self.path.suffix}")  # `*.db` in .gitignore
+        self.path.replace(aside)
+        for suffix in ("-wal", "-shm"):
+            self.path.with_name(self.path.name + suffix).unlink(missing_ok=True)
+        self._readers = threading.local()  # no reader keeps the damaged file open
+        self._vectors.clear()
+        log.warning("knowledge index %s is damaged (%s); set aside as %s and built anew from the folders (web "
+                    "pages come back with `chatrun index`)", self.path, exc, aside.name)
+
+    def _refresh(self, files: Sequence[SourceFile], sources: Iterable[str],
+                 step: Callable[[SourceFile], None] | None, web: Iterable[str]) -> Refreshed:
         done = Refreshed(files=len(files))
         with self.connect() as db:
             db.execute("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
@@ -187,7 +215,7 @@ class KnowledgeIndex:
         if read is None:
             return False
         _replace(db, item.source, item.relative, *read)
-        return True
+        return read[0] is not None  # else removed: gone since the refresh listed it
 
     # -- web pages (web.py's PageIndex: the one fetch path writes through these) ----------------
 
@@ -417,8 +445,13 @@ def source_tag(source: str) -> str:
 
 
 def query_words(text: str) -> list[str]:
-    """The words of free text a search looks for: lower case, once each, stop words left out."""
-    return list(dict.fromkeys(w for w in re.findall(r"\w+", text.lower()) if w not in STOP_WORDS and len(w) > 1))
+    """The words of free text a search looks for: lower case, once each, stop words left out;
+    of more than MAX_QUERY_WORDS, the first and the last half (a question before or after a
+    pasted text): both indexes search the same words, and PostgreSQL's (a term per word) can."""
+    words = list(dict.fromkeys(w for w in re.findall(r"\w+", text.lower()) if w not in STOP_WORDS and len(w) > 1))
+    if len(words) <= MAX_QUERY_WORDS:
+        return words
+    return words[:MAX_QUERY_WORDS // 2] + words[-(MAX_QUERY_WORDS // 2):]
 
 
 def fts_query(text: str) -> str:
@@ -426,20 +459,27 @@ def fts_query(text: str) -> str:
     return " OR ".join(f'"{w}"' for w in query_words(text))
 
 
-def read_source_file(item: SourceFile, old_hash: str | None, done: Refreshed) -> tuple[str, list[Chunk]] | None:
+def read_source_file(item: SourceFile, old_hash: str | None,
+                     done: Refreshed) -> tuple[str, list[Chunk]] | tuple[None, list[Chunk]] | None:
     """(the file's hash, its passages) for an index to store, or None when unchanged since
     `old_hash` or unreadable as a file (said in `done.problems`). A file read but not understood
     (an unreadable PDF...) is said too and stored with no passages: its hash keeps it from being
-    read again until it changes. Both indexes (this one, pg_index.py) read files through here."""
+    read again until it changes. A file gone since the refresh listed it (deleted meanwhile) is
+    (None, []): removed, as a file gone before it (counted in `done.removed`). The file is read
+    once: its hash, its check and its passages are of the same bytes. Both indexes (this one,
+    pg_index.py) read files through here."""
     try:
         data = item.path.read_bytes()
+    except FileNotFoundError:
+        done.removed += old_hash is not None
+        return None, []
     except OSError as e:
         done.problems.append(f"{item.source}/{item.relative}: {e}")
         return None
     digest = hashlib.sha256(data).hexdigest()
     if digest == old_hash:
         return None
-    problem = unreadable(item.path)
+    problem = unreadable_bytes(item.path, data)
     try:
         chunks = [] if problem else chunk_file(item.path, data)
     except Exception as e:  # a PDF pypdf cannot parse, ...: left out, and said

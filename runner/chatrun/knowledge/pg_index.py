@@ -238,7 +238,7 @@ class PgIndex:
             read = read_source_file(item, known.pop(item.relative, None), done)
             if read is not None:
                 self._replace(conn, source, item.relative, *read)
-                done.changed += 1
+                done.changed += read[0] is not None  # else removed: gone since the refresh listed it
                 changed = True
             if step is not None:
                 step(item)
