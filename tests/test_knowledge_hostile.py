@@ -175,6 +175,29 @@ def test_a_file_deleted_while_a_refresh_runs_leaves_the_index_and_is_no_failure(
     assert (again.files, again.changed, again.removed, again.problems) == (1, 0, 0, [])
 
 
+def test_a_file_that_cannot_be_read_any_more_leaves_the_index_and_is_said(tmp_path, fake, monkeypatch):
+    """A file indexed once, then unreadable (its permissions changed; root reads any file, so the
+    refusal is raised where the refresh reads it): its old passages stayed and were given to the
+    model, where docs/knowledge.md says such a file is left out. Now they go, and it is said."""
+    bot = make_bot(tmp_path, fake, {"a.md": REFUNDS, "b.md": SHIPPING})
+    config, _ = load_config(bot)
+    assert Library(bot, config.knowledge).refresh().changed == 2
+    (bot / "help/b.md").write_text(SHIPPING + "\nChanged.\n")
+    read_bytes = Path.read_bytes
+
+    def refused(path: Path) -> bytes:
+        if path.name == "b.md":
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    library = Library(bot, config.knowledge)
+    done = library.refresh()
+    assert [p.split(":")[0] for p in done.problems] == ["help/b.md"] and "Permission denied" in done.problems[0]
+    assert library.search("express delivery costs", ["help"], 5) == []
+    assert library.search("refund window", ["help"], 1)
+
+
 # -- files as editors and sites write them ----------------------------------------------------------
 
 def test_a_byte_order_mark_and_a_misclosed_html_heading_lose_no_title_nor_text(tmp_path, fake):

@@ -462,7 +462,8 @@ def fts_query(text: str) -> str:
 def read_source_file(item: SourceFile, old_hash: str | None,
                      done: Refreshed) -> tuple[str, list[Chunk]] | tuple[None, list[Chunk]] | None:
     """(the file's hash, its passages) for an index to store, or None when unchanged since
-    `old_hash` or unreadable as a file (said in `done.problems`). A file read but not understood
+    `old_hash`. A file that cannot be read (its permissions...) is (None, []): left out, its
+    passages from an earlier refresh too, and said in `done.problems`. A file read but not understood
     (an unreadable PDF...) is said too and stored with no passages: its hash keeps it from being
     read again until it changes. A file gone since the refresh listed it (deleted meanwhile) is
     (None, []): removed, as a file gone before it (counted in `done.removed`). The file is read
@@ -473,9 +474,11 @@ def read_source_file(item: SourceFile, old_hash: str | None,
     except FileNotFoundError:
         done.removed += old_hash is not None
         return None, []
-    except OSError as e:
+    except OSError as e:  # there but not readable (its permissions, a disk error): left out, and said
         done.problems.append(f"{item.source}/{item.relative}: {e}")
-        return None
+        log.warning("knowledge source %s: file %s cannot be read (%s); left out of the index", item.source,
+                    item.relative, e)
+        return None, []
     digest = hashlib.sha256(data).hexdigest()
     if digest == old_hash:
         return None
