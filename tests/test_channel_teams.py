@@ -96,7 +96,10 @@ def test_tokens_signed_elsewhere_for_another_app_or_another_service_url_get_401(
     other_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     forged = [bf.activity_token(activity["serviceUrl"], key=other_key),
               bf.activity_token(activity["serviceUrl"], audience="another-app"),
-              bf.activity_token("https://evil.example/")]
+              bf.activity_token("https://evil.example/"),
+              # A token naming no serviceUrl passed, whatever serviceUrl the activity named (the
+              # Bot Framework's validation requires the claim): a replayed one could send replies anywhere.
+              bf.activity_token(None)]
     for token in forged:
         assert post(client, bf, activity, token).status_code == 401
     assert client.post("/channels/shop/teams", json=activity).status_code == 401

@@ -1,9 +1,10 @@
 """Microsoft Teams (the Bot Framework's Bot Connector): each activity comes with a JWT in the
 Authorization header, signed by the Bot Framework, whose keys are listed by its OpenID
 metadata; the token must be for this bot (`aud` = the app id), from the Bot Framework
-(`iss` https://api.botframework.com) and name the activity's `serviceUrl` (a forged activity
-cannot send replies elsewhere). `message` activities are the user's texts, or the `value` of an
-Adaptive Card's Action.Submit (a button press). Replies are POSTed to the activity's
+(`iss` https://api.botframework.com) and name the activity's `serviceUrl` (a token without
+that claim is refused: a forged activity cannot send replies, nor the bot's token, elsewhere).
+`message` activities are the user's texts, or the `value` of an Adaptive Card's Action.Submit
+(a button press). Replies are POSTed to the activity's
 serviceUrl with a token the bot gets from Microsoft Entra ID (client credentials), as Adaptive
 Cards when they carry buttons.
 
@@ -107,7 +108,11 @@ class Teams(ChannelKind):
             service_url = payload.get("serviceUrl")
         except (ValueError, AttributeError):
             service_url = None
-        if claims.get("serviceurl") not in (None, service_url):
+        # Required, as botbuilder's channel validation requires it: a token naming no serviceUrl,
+        # replayed with another activity, would send its replies (and the bot's token) anywhere.
+        if not claims.get("serviceurl"):
+            raise Unauthorized("teams: the Bot Framework token names no serviceurl")
+        if claims["serviceurl"] != service_url:
             raise Unauthorized("teams: the token's serviceurl is not the activity's serviceUrl")
 
     def read(self, body: bytes, headers: Mapping[str, str]) -> Any:
