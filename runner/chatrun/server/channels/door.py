@@ -363,7 +363,7 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
     meta = {REPLY_TO: {"sink": channel.config.sink, "address": inbound.address}}
     try:
         async with registry.session(bot, session_id, channels.principal(kind, inbound), OPEN,
-                                    locale=inbound.locale, meta=meta) as session:
+                                    locale=inbound.locale, meta=meta, channel=True) as session:
             request_id = f"{kind}:{inbound.delivery}"
             run = registry.turn(session, inbound.text, request_id)
             if session.ended is not None and not await run.is_replay():  # (the ending turn's retry replays)
