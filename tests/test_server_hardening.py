@@ -568,6 +568,25 @@ def test_foreign_origins_hosts_and_simple_posts_are_refused(travel, fake):
         assert httpx.post(srv.url + "/bots/travel/sessions", json={"id": "z"}).status_code == 201
 
 
+def test_an_allowed_sites_preflight_is_answered_and_the_edges_refusals_are_readable_by_it(travel):
+    # (tests/test_browser_cors.py: the same in Chromium.) A preflight of another site is not answered
+    # for it; the server's own page needs no CORS.
+    app = create_app([travel], "memory://", edge=EdgePolicy(allowed_origins=("https://chat.example.com",)))
+    with serve(app) as srv:
+        asked = {"access-control-request-method": "POST", "access-control-request-headers": "authorization,content-type"}
+        ok = httpx.options(srv.url + "/bots/travel/sessions", headers={"origin": "https://chat.example.com", **asked})
+        assert ok.status_code == 204 and ok.headers["access-control-allow-origin"] == "https://chat.example.com"
+        assert ok.headers["access-control-allow-headers"] == "authorization,content-type"
+        assert "POST" in ok.headers["access-control-allow-methods"]
+        foreign = httpx.options(srv.url + "/bots/travel/sessions", headers={"origin": "http://evil.example", **asked})
+        assert "access-control-allow-origin" not in foreign.headers
+        typed = httpx.post(srv.url + "/bots/travel/sessions", content="{}",
+                           headers={"origin": "https://chat.example.com", "content-type": "text/plain"})
+        assert typed.status_code == 415 and typed.headers["access-control-allow-origin"] == "https://chat.example.com"
+        own = httpx.post(srv.url + "/bots/travel/sessions", json={}, headers={"origin": srv.url})
+        assert own.status_code == 201 and "access-control-allow-origin" not in own.headers
+
+
 def test_the_edges_refusals_on_v1_have_openai_shape(travel):
     # The Host, Origin and Content-Type checks answered /v1 clients {"error": "BadHost", ...}: not
     # the error object docs/openai-api.md (and /openapi.json's 400/403/415) promise there.
