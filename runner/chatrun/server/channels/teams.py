@@ -12,8 +12,9 @@ A user's files come as the activity's `attachments`: a file sent in a personal c
 `application/vnd.microsoft.teams.file.download.info` attachment whose `downloadUrl` is
 pre-authorised (fetched without a token); an image pasted into the message has a
 `contentUrl` on the Bot Connector's host, fetched with the bot's token (the token goes only to
-the origin of the activity's `serviceUrl`, which the verified JWT names). The message's own
-HTML (`text/html`) and cards are not files.
+the origin of the activity's `serviceUrl`, which the verified JWT names). Any other file URL is
+fetched only over https from a host name (`_public_https`): never plain http nor an address.
+The message's own HTML (`text/html`) and cards are not files.
 
 The checks are the ones botbuilder's JwtTokenValidation makes, done with PyJWT (its own
 dependency) instead of the botbuilder packages, which would bring aiohttp and msal to every
@@ -25,6 +26,7 @@ the delivery is the activity's `id`."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import mimetypes
 import time
@@ -155,8 +157,8 @@ class Teams(ChannelKind):
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
         """A file's bytes: a Bot Connector URL with the bot's token, a downloadUrl as it is."""
-        if not file.ref.startswith(("https://", "http://")):
-            raise FetchFailed(f"teams: not a file URL: {file.ref[:80]}")
+        if not (file.bearer or _public_https(file.ref)):  # (a bearer URL is on the serviceUrl's origin)
+            raise FetchFailed(f"teams: a file URL neither on the Bot Connector nor https to a host name: {file.ref[:80]}")
         headers = None
         if file.bearer:
             try:
@@ -219,6 +221,21 @@ def _files(attachments: Any, service_url: str) -> tuple[InboundFile, ...]:
                 kind = mimetypes.guess_type(name)[0] or kind.replace("*", "png")
             files.append(InboundFile(url, media_type_of(kind), name, bearer=bool(origin) and _origin(url) == origin))
     return tuple(files)
+
+
+def _public_https(url: str) -> bool:
+    """Whether a file URL off the Bot Connector may be fetched: https to a host name (Teams' are
+    SharePoint's), never plain http nor an address, where the server's own network answers (a
+    cloud's metadata endpoint, a local admin port) and its bytes would reach the model."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme != "https" or not host or host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
 
 
 def _shown(url: str) -> str:
