@@ -389,7 +389,12 @@ class Holding:
         self._slot = slot = registry.cache.enter(key)
         try:
             self._lock = lock = slot.lock
-            self._lease = lease = await registry.gate.enter(lock, self._session_id, policy, waited)
+            try:
+                self._lease = lease = await registry.gate.enter(lock, self._session_id, policy, waited)
+            except wire.RequestFailed as exc:
+                if exc.reason == wire.TOO_MANY_REQUESTS:  # busy: but is it the caller's to know?
+                    await registry.opener.refuse_unreached(request)
+                raise
             try:
                 await registry.opener.ready(slot, request, lease)
                 self._session = await registry._hand_over(slot, Hold(slot, lease), request)
