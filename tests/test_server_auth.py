@@ -186,6 +186,10 @@ def test_another_principals_busy_session_answers_as_an_unknown_id_not_as_busy(fa
                                            json={"userMessage": "hi"}, headers=BOB)
                     unknown = await http.post("/bots/travel/sessions/nobody-has-this/messages?ifBusy=reject",
                                               json={"userMessage": "hi"}, headers=BOB)
+                    # Nor does Bob queue behind her turn (up to --queue-timeout) to learn the same
+                    # from how long his 404 took: he gets it while her turn still runs.
+                    queued = await asyncio.wait_for(http.get("/bots/travel/sessions/mine", headers=BOB), 20)
+                    assert queued.status_code == 404 and not release.is_set(), queued.text
                     anas = await http.post("/bots/travel/sessions/mine/messages?ifBusy=reject",
                                            json={"userMessage": "again"}, headers=ANA)
                 finally:

@@ -389,10 +389,12 @@ class Holding:
         self._slot = slot = registry.cache.enter(key)
         try:
             self._lock = lock = slot.lock
+            if lock.locked():  # busy here: one who may not use it neither waits behind its turn nor hears of it
+                await registry.opener.refuse_unreached(request)
             try:
                 self._lease = lease = await registry.gate.enter(lock, self._session_id, policy, waited)
             except wire.RequestFailed as exc:
-                if exc.reason == wire.TOO_MANY_REQUESTS:  # busy: but is it the caller's to know?
+                if exc.reason == wire.TOO_MANY_REQUESTS:  # busy on another replica (its lease): the same
                     await registry.opener.refuse_unreached(request)
                 raise
             try:
