@@ -367,12 +367,15 @@ class FakeBotFramework:
         self.server.shutdown()
         self.server.server_close()
 
-    def activity_token(self, service_url: str, audience: str | None = None, key: Any = None) -> str:
+    def activity_token(self, service_url: str | None, audience: str | None = None, key: Any = None) -> str:
+        """A Bot Framework token for an activity; `service_url` None: one without the claim."""
         import jwt
 
         now = int(time.time())
-        claims = {"iss": self.ISSUER, "aud": audience or self.app_id, "serviceurl": service_url,
-                  "nbf": now - 10, "iat": now - 10, "exp": now + 3600}
+        claims: dict[str, Any] = {"iss": self.ISSUER, "aud": audience or self.app_id,
+                                  "nbf": now - 10, "iat": now - 10, "exp": now + 3600}
+        if service_url is not None:
+            claims["serviceurl"] = service_url
         return jwt.encode(claims, key or self.key, algorithm="RS256", headers={"kid": "test-key-1"})
 
     def activity(self, activity_id: str, text: str | None = None, value: dict[str, Any] | None = None,

@@ -147,3 +147,16 @@ def test_an_operators_words_and_notices_reach_the_agui_user_at_the_next_run(clie
     after = run(client, "r3", "thanks")
     assert "left the conversation" in text_of(after) and "Hi, I am Olga." not in text_of(after)
     assert text_of(after).endswith("You said thanks (turn 3).")
+
+
+def test_a_message_over_max_message_chars_is_a_413_and_runs_no_turn(client, fake):
+    """--max-message-chars (8000 by default) held on the HTTP API, the WebSocket, /v1 and every
+    channel, but an AG-UI run's user message of any length (up to the body's 64 KiB) ran a turn."""
+    body = {"threadId": "thread-1", "runId": "r-long", "state": {}, "tools": [], "context": [],
+            "forwardedProps": {}, "messages": [{"id": "u-1", "role": "user", "content": "x" * 8001}]}
+    refused = client.post("/agui/shop", json=body, headers={"Accept": "text/event-stream"})
+    assert refused.status_code == 413, refused.text
+    assert refused.json() == {"error": "TooLarge",
+                              "message": "messages[0].content of 8001 characters is over the limit of 8000"}
+    assert fake.requests == []
+    assert text_of(run(client, "r-fits", "x" * 7990)).startswith("You said x")

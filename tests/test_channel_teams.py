@@ -96,7 +96,10 @@ def test_tokens_signed_elsewhere_for_another_app_or_another_service_url_get_401(
     other_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     forged = [bf.activity_token(activity["serviceUrl"], key=other_key),
               bf.activity_token(activity["serviceUrl"], audience="another-app"),
-              bf.activity_token("https://evil.example/")]
+              bf.activity_token("https://evil.example/"),
+              # A token naming no serviceUrl passed, whatever serviceUrl the activity named (the
+              # Bot Framework's validation requires the claim): a replayed one could send replies anywhere.
+              bf.activity_token(None)]
     for token in forged:
         assert post(client, bf, activity, token).status_code == 401
     assert client.post("/channels/shop/teams", json=activity).status_code == 401
@@ -206,3 +209,30 @@ def test_in_a_group_chat_each_member_has_their_own_conversation_and_decides_only
     wait_until(lambda: any("Booked Hamlet" in a.get("text", "") for a in bf.activities), what="Ana's press")
     wait_until(lambda: outbox_empty(client), what="the outbox emptied")
     assert {a["path"] for a in bf.activities} == {"/teams-service/v3/conversations/19:meeting-group@thread.v2/activities"}
+
+
+def test_a_file_url_that_is_not_https_off_the_bot_connector_is_not_fetched(tmp_path, fake, bf, monkeypatch):
+    """A file's downloadUrl was fetched from wherever the activity said, plain http to an address
+    inside the server's network included (a cloud's metadata endpoint, a local admin port), and its
+    bytes became the turn's attachment, which the model reads back to the user. Slack fetches only
+    from its file host; a Teams file now only over https to a host name, or from the Bot
+    Connector's own origin (with the token): anything else is told to the user as unreadable."""
+    from chatrun.definition.page_texts import BUILTIN
+    from chatrun.server.channels.teams import FILE_INFO
+
+    for name, value in (("TEAMS_APP_ID", APP_ID), ("TEAMS_APP_PASSWORD", APP_PASSWORD), ("BF", bf.url),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace(
+        "    tools: [book]\n", "    tools: [book]\n    attachments: {kinds: [application/pdf], max_bytes: 5000, max_count: 2}\n"))
+    inside = bf.url.replace("127.0.0.1", "localhost") + "/internal/secret.pdf"  # another origin than the serviceUrl's
+    bf.files["/internal/secret.pdf"] = b"%PDF-1.4 the admin password"
+    activity = bf.activity("act-1", "here")
+    activity["attachments"] = [{"contentType": FILE_INFO, "name": "secret.pdf",
+                                "content": {"downloadUrl": inside, "fileType": "pdf"}}]
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        assert post(client, bf, activity).status_code == 200
+        wait_until(lambda: bf.activities, what="the notice")
+    assert [a["text"] for a in bf.activities] == [BUILTIN["en"]["channel_file_unreadable"]]
+    assert bf.downloads == [] and fake.requests == []

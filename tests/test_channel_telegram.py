@@ -8,6 +8,7 @@ buttons for choices and for the user's own confirmation, a failed turn still ans
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import sqlite3
 import threading
 import time
@@ -19,7 +20,7 @@ from fastapi.testclient import TestClient
 from channel_support import FakeTelegram, shop_responder, telegram_message, telegram_press
 from channel_support import shop_responder as responder
 from chatrun.server.channels.door import session_id_for
-from server_support import app_for_testclient, wait_until
+from server_support import app_for_testclient, until_done, wait_until
 from webhook_support import OPENAI_MODEL
 
 TOKEN, SECRET = "123456:test-token", "tg-secret-0123456789"
@@ -493,3 +494,29 @@ def test_erasing_a_telegram_user_leaves_no_record_of_their_chat(client, telegram
     with sqlite3.connect(tmp_path / "s.db") as db:
         left = [key for (key,) in db.execute("SELECT key FROM records") if ":42" in key or "telegram" in key]
     assert left == []
+
+
+def test_no_other_door_can_take_a_channel_conversations_session_id_first(client, telegram, fake):
+    """A conversation's session id is a digest anyone can compute from the bot, the kind and the
+    chat (a Telegram id, a WhatsApp phone number): a client of the HTTP API, the WebSocket, /v1
+    or AG-UI that created a session under it first made the user's every message a 404, dropped
+    with no reply. Such ids are the channels' own: every other door refuses to start one."""
+    taken = session_id_for("shop", "telegram", "42:42")
+    created = client.post("/bots/shop/sessions", json={"id": taken})
+    assert created.status_code == 400 and "reserved" in created.json()["message"], created.text
+    with client.websocket_connect("/_chat/routes") as ws:
+        ws.send_json({"type": "Connect", "extensions": True, "chatId": taken})
+        error, failed = until_done(ws)
+        assert failed["data"] == "BadRequest" and "reserved" in error["data"]
+    v1 = client.post("/v1/chat/completions", headers={"X-Chatrun-Session": taken},
+                     json={"model": "shop", "messages": [{"role": "user", "content": "hi"}]})
+    assert v1.status_code == 400 and "reserved" in v1.json()["error"]["message"], v1.text
+    if importlib.util.find_spec("ag_ui") is not None:
+        agui = client.post("/agui/shop", headers={"Accept": "text/event-stream"}, json={
+            "threadId": taken, "runId": "r1", "state": {}, "tools": [], "context": [], "forwardedProps": {},
+            "messages": [{"id": "u1", "role": "user", "content": "hi"}]})
+        assert '"RUN_ERROR"' in agui.text and "reserved" in agui.text, agui.text
+    assert fake.requests == []
+    assert deliver(client, telegram_message(1, "hello")).status_code == 200
+    wait_until(lambda: texts(telegram), what="the reply")
+    assert texts(telegram) == ["You said hello."]

@@ -147,3 +147,57 @@ def test_auth_file_errors_name_the_problem(tmp_path, monkeypatch):
     monkeypatch.setenv("CHATRUN_AUTH_FILE", str(good))
     app = app_for_testclient([chatrun.load_bot(write_travel(tmp_path / "b"))], "memory://")
     assert app.state.auth.authenticate("bob-token-456").name == "bob"
+
+
+@pytest.mark.slow
+def test_another_principals_busy_session_answers_as_an_unknown_id_not_as_busy(fake, tmp_path):
+    """The session's gate came before its owner check: while Ana's turn ran, Bob's request with
+    `ifBusy: reject` on her session's id got 429 "running a turn" where an unknown id gets 404,
+    telling him that the session exists and that she is using it right now."""
+    import asyncio
+    import threading
+
+    import httpx
+
+    from chatrun.server import create_app
+    from server_support import ThreadServer
+
+    running = threading.Event()
+    release = threading.Event()
+
+    def responder(body):
+        running.set()
+        release.wait(30)
+        return {"text": "Done."}
+
+    fake.responder = responder
+    app = create_app([chatrun.load_bot(write_travel(tmp_path))], "memory://", auth=Auth.from_mapping(
+        {"tokens": {"ana-token-123": "ana", "bob-token-456": "bob"}}))
+    with ThreadServer(app) as server:
+
+        async def run() -> tuple[httpx.Response, httpx.Response, httpx.Response, httpx.Response]:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+                assert (await http.post("/bots/travel/sessions", json={"id": "mine"}, headers=ANA)).status_code == 201
+                turn = asyncio.ensure_future(http.post("/bots/travel/sessions/mine/messages",
+                                                       json={"userMessage": "hi"}, headers=ANA))
+                await asyncio.to_thread(running.wait, 30)
+                try:
+                    bobs = await http.post("/bots/travel/sessions/mine/messages?ifBusy=reject",
+                                           json={"userMessage": "hi"}, headers=BOB)
+                    unknown = await http.post("/bots/travel/sessions/nobody-has-this/messages?ifBusy=reject",
+                                              json={"userMessage": "hi"}, headers=BOB)
+                    # Nor does Bob queue behind her turn (up to --queue-timeout) to learn the same
+                    # from how long his 404 took: he gets it while her turn still runs.
+                    queued = await asyncio.wait_for(http.get("/bots/travel/sessions/mine", headers=BOB), 20)
+                    assert queued.status_code == 404 and not release.is_set(), queued.text
+                    anas = await http.post("/bots/travel/sessions/mine/messages?ifBusy=reject",
+                                           json={"userMessage": "again"}, headers=ANA)
+                finally:
+                    release.set()
+                return bobs, unknown, anas, await turn
+
+        bobs, unknown, anas, turn = asyncio.run(run())
+    assert bobs.status_code == unknown.status_code == 404, bobs.text
+    assert bobs.json()["message"].replace("mine", "X") == unknown.json()["message"].replace("nobody-has-this", "X")
+    assert anas.status_code == 429 and "running a turn" in anas.json()["message"]  # its owner is told
+    assert turn.status_code == 200 and len(fake.requests) == 1

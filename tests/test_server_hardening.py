@@ -420,6 +420,36 @@ def test_dripped_headers_and_bodies_time_out(travel):
         assert httpx.get(srv.url + "/health").status_code == 200
 
 
+def test_headers_over_the_limit_are_refused_431_not_held(travel):
+    # httptools keeps a request's headers whatever their size: one header of 20 MB, sent within the
+    # header timeout, was held whole and then served 200 (a thousand such connections, 20 GB).
+    # Here one byte over the limit (and no more: everything sent is read, the answer is not lost
+    # to a reset), the headers not even finished.
+    app = create_app([travel], "memory://")
+    with serve(app) as srv:
+        big = socket.create_connection(("127.0.0.1", srv.port))
+        start = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
+        big.sendall(start + b"a" * (64 * 1024 + 1 - len(start)))
+        big.settimeout(5)  # (the header timeout, 10 s, would answer 408)
+        answer = b""
+        while chunk := big.recv(65536):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        assert body == {"error": "TooLarge", "message": "the request's line and headers are over the limit of "
+                                                         "65536 bytes"}
+        # Headers within it (cookies, a long token) are served, one chunk or dripped in several.
+        assert httpx.get(srv.url + "/health", headers={"X-Fits": "b" * 60_000}).status_code == 200
+        drip = socket.create_connection(("127.0.0.1", srv.port))
+        drip.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        for _ in range(6):
+            drip.sendall(b"X-Part: " + b"c" * 8000 + b"\r\n")
+        drip.sendall(b"\r\n")
+        drip.settimeout(10)
+        assert drip.recv(4096).startswith(b"HTTP/1.1 200")
+        drip.close()
+
+
 def test_a_keep_alive_connections_later_request_has_its_own_header_deadline(travel):
     # One header timer a connection (listen.py): requests that finish their headers in time go on
     # past the first deadline, and a later request that drips its headers still gets its 408.
@@ -536,6 +566,25 @@ def test_foreign_origins_hosts_and_simple_posts_are_refused(travel, fake):
         rebound = httpx.get(srv.url + "/bots", headers={"host": "evil.example"})
         assert rebound.status_code == 400 and rebound.json()["error"] == "BadHost"
         assert httpx.post(srv.url + "/bots/travel/sessions", json={"id": "z"}).status_code == 201
+
+
+def test_an_allowed_sites_preflight_is_answered_and_the_edges_refusals_are_readable_by_it(travel):
+    # (tests/test_browser_cors.py: the same in Chromium.) A preflight of another site is not answered
+    # for it; the server's own page needs no CORS.
+    app = create_app([travel], "memory://", edge=EdgePolicy(allowed_origins=("https://chat.example.com",)))
+    with serve(app) as srv:
+        asked = {"access-control-request-method": "POST", "access-control-request-headers": "authorization,content-type"}
+        ok = httpx.options(srv.url + "/bots/travel/sessions", headers={"origin": "https://chat.example.com", **asked})
+        assert ok.status_code == 204 and ok.headers["access-control-allow-origin"] == "https://chat.example.com"
+        assert ok.headers["access-control-allow-headers"] == "authorization,content-type"
+        assert "POST" in ok.headers["access-control-allow-methods"]
+        foreign = httpx.options(srv.url + "/bots/travel/sessions", headers={"origin": "http://evil.example", **asked})
+        assert "access-control-allow-origin" not in foreign.headers
+        typed = httpx.post(srv.url + "/bots/travel/sessions", content="{}",
+                           headers={"origin": "https://chat.example.com", "content-type": "text/plain"})
+        assert typed.status_code == 415 and typed.headers["access-control-allow-origin"] == "https://chat.example.com"
+        own = httpx.post(srv.url + "/bots/travel/sessions", json={}, headers={"origin": srv.url})
+        assert own.status_code == 201 and "access-control-allow-origin" not in own.headers
 
 
 def test_the_edges_refusals_on_v1_have_openai_shape(travel):

@@ -43,3 +43,13 @@ def test_the_markdown_libraries_are_served_with_their_licences(client):
         assert script.status_code == 200 and marker in script.text and "sourceMappingURL" not in script.text
     for licence in ("marked.LICENSE", "purify.LICENSE"):
         assert client.get(f"/_chat/static/vendor/{licence}").status_code == 200
+
+
+def test_no_foreign_site_may_frame_the_pages(client):
+    # The widget's panel carried `frame-ancestors` of its origins, but the same chat page at
+    # /chat/{bot}, the author's page (which can play the model) and the operator's page (which
+    # decides approvals) could be framed by any site: a click on a foreign page could land on them.
+    for path in ("/", "/bots/shop/", "/chat/shop", "/bots/shop/?view=user", "/operator", "/docs", "/redoc"):
+        page = client.get(path)
+        assert page.headers["content-security-policy"] == "frame-ancestors 'self'", path
+        assert page.headers["x-frame-options"] == "SAMEORIGIN", path

@@ -43,6 +43,7 @@ from chatrun.server.plumbing import (
     DetachedTurn,
     Emit,
     Registry,
+    limits_of,
     read_json_object,
 )
 from chatrun.server.sessions import OPEN
@@ -82,7 +83,7 @@ async def run_agent(bot: str, request: Request, who: Caller, registry: Registry)
     problem = wire.chat_id_problem(run.thread_id)
     if problem:
         raise wire.RequestFailed(wire.BAD_REQUEST, f"threadId must be {problem}")
-    message = _input_of(run)
+    message = _input_of(run, limits_of(request))
     registry.bot(bot)  # an unknown bot is a 404 before the stream starts
     encoder = EventEncoder(accept=request.headers.get("accept") or "text/event-stream")
     turn = DetachedTurn(functools.partial(_run, registry, bot, who, run, message, encoder.encode))
@@ -95,8 +96,9 @@ async def _frames(turn: DetachedTurn) -> AsyncIterator[str]:
         yield ": keepalive\n\n" if item is KEEPALIVE else item
 
 
-def _input_of(run: Any) -> Any:
-    """The turn's input: the decision a `resume` entry makes, else the last user message's text."""
+def _input_of(run: Any, limits: wire.ServerLimits) -> Any:
+    """The turn's input: the decision a `resume` entry makes, else the last user message's text
+    (refused over --max-message-chars, as on every door)."""
     if run.resume:
         if len(run.resume) > 1:
             raise wire.RequestFailed(wire.BAD_REQUEST, "resume one interrupt per run (chatrun decides one item a turn)")
@@ -107,11 +109,15 @@ def _input_of(run: Any) -> Any:
         if isinstance(payload, dict) and ({"decision", "answer"} & set(payload)):
             return decision_of(entry.interrupt_id, payload, None)
         return Answer(entry.interrupt_id, payload)
-    for message in reversed(run.messages):
+    for at in reversed(range(len(run.messages))):
+        message = run.messages[at]
         if message.role == "user":  # the last one: an earlier one was a turn already
             text = _text(message.content)
             if wire.says_nothing(text, ()):
                 raise wire.RequestFailed(wire.EMPTY_MESSAGE, wire.nothing_said("the last user message of messages"))
+            too_long = limits.message_too_long(text, f"messages[{at}].content")
+            if too_long:
+                raise wire.RequestFailed(wire.TOO_LARGE, too_long)
             return text
     raise wire.RequestFailed(wire.BAD_REQUEST, "an AG-UI run needs a user message with text, or `resume`")
 

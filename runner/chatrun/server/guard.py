@@ -3,7 +3,9 @@
 - Host: only the names the server is known by (DNS rebinding: a page on a foreign name that
   resolves to 127.0.0.1 must not reach a local server). 400 BadHost / WebSocket refused (403).
 - Origin: a browser's WebSocket or write request (POST, DELETE...) from another site is
-  refused unless its origin is allowed (same-origin by default). 403 Forbidden / 403.
+  refused unless its origin is allowed (same-origin by default). 403 Forbidden / 403. A page of
+  an allowed origin (`--allow-origin`) gets what a browser needs to call the HTTP API (CORS):
+  its preflight (OPTIONS) answered 204, and every answer, refusals included, readable by it.
 - Content-Type: a POST with a body must be JSON (a form or text/plain POST is what a foreign
   page can send without asking); an upload may also be the file itself, in its own type, but
   never one of the types a foreign page can send (SIMPLE_TYPES); a channel's webhook
@@ -35,6 +37,11 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+# What a page of an allowed origin may send and read (CORS): the API's methods, any header it
+# asks for (a token, Idempotency-Key, X-Chatrun-Session...), and the answers' own headers.
+CORS_METHODS = b"GET, POST, DELETE"
+CORS_EXPOSED = b"Retry-After, Content-Disposition, Allow"
+CORS_MAX_AGE = b"600"
 MAX_HOSTS_KEPT = 64  # allowed Host headers remembered (EdgeGuard.check_host)
 
 
@@ -88,6 +95,12 @@ class EdgeGuard:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
+        origin = headers.get("origin")
+        if scope["type"] == "http" and origin is not None and self.cross_origin(origin, headers):
+            if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+                await _preflight(send, origin, headers)  # (the Host check is for what answers data)
+                return
+            send = _readable_by(origin, send)
         try:
             self.check_host(headers)
             if scope["type"] == "websocket" or scope["method"] not in SAFE_METHODS:
@@ -133,6 +146,12 @@ class EdgeGuard:
             403, "Forbidden", f"Origin {origin!r} is not allowed; start the server with --allow-origin {origin}"
         )
 
+    def cross_origin(self, origin: str, headers: dict[str, str]) -> bool:
+        """Whether `origin` is another site's that --allow-origin allows (the server's own page
+        needs no CORS)."""
+        own = origin.lower().rstrip("/")
+        return (self.any_origin or own in self.origins) and urlsplit(own).netloc != headers.get("host", "").lower()
+
     async def read_body(self, scope: Scope, headers: dict[str, str], receive: Receive) -> Receive:
         """Read the body under the size and time limits; hand the app a receive replaying it.
         A body that carries files goes to its endpoint unread (its limits are its route's)."""
@@ -163,6 +182,33 @@ class EdgeGuard:
         raise Refused(
             415, "UnsupportedMediaType", f"the body must be JSON (Content-Type: application/json), not {kind or 'untyped'}"
         )
+
+
+async def _preflight(send: Send, origin: str, headers: dict[str, str]) -> None:
+    """A browser asking whether a page of an allowed origin may send its request: yes."""
+    asked = headers.get("access-control-request-headers", "").encode("latin-1")
+    await send({"type": "http.response.start", "status": 204, "headers": [
+        *_cors_headers(origin), (b"access-control-allow-methods", CORS_METHODS),
+        *([(b"access-control-allow-headers", asked)] if asked else []), (b"access-control-max-age", CORS_MAX_AGE)]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _cors_headers(origin: str) -> list[tuple[bytes, bytes]]:
+    return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
+
+
+def _readable_by(origin: str, send: Send) -> Send:
+    """`send`, its answer's start carrying the headers that let a page of `origin` read it."""
+    added = [*_cors_headers(origin), (b"access-control-expose-headers", CORS_EXPOSED)]
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            kept = [(k, v) for k, v in message.get("headers", [])
+                    if k.lower() != b"access-control-allow-origin" and (k.lower(), v) != (b"vary", b"Origin")]
+            message = {**message, "headers": [*kept, *added]}
+        await send(message)
+
+    return sending
 
 
 def body_type(headers: Any) -> str:

@@ -9,7 +9,9 @@ free again; `fd_headroom` checks at start-up that the cap fits under the fd limi
 offers the keep-alive timeout; it has no timeout on a request's headers, so a client dripping them one byte at a
 time would hold its connection for ever. HeaderTimeoutProtocol adds one: a connection whose
 request headers are not complete within `header_timeout` seconds of its first byte (or of the
-connection) is answered 408 and closed. (Body timeouts are the EdgeGuard's.) uvicorn reads
+connection) is answered 408 and closed; one whose line and headers pass `max_header_bytes` is
+answered 431 and closed (httptools keeps them whatever their size). (Body timeouts are the
+EdgeGuard's.) uvicorn reads
 a WebSocket message up to twice chatrun's frame limit (`ws_read_bound`), not 16 MiB. A WebSocket
 whose client stopped reading is aborted once its handler ends, rather than waiting for ever
 to flush, and a closed one is freed at once (its parser closed). Access logs never show a `token=` query value.
@@ -35,11 +37,13 @@ class ListenOptions:
     keep_alive_timeout: int = 5  # seconds an idle HTTP connection stays open
     max_connections: int = 1000  # beyond it new requests get 503 (keep under the fd limit)
     ws_ping_interval: float = 20.0  # WebSocket pings; a peer that does not answer in time is closed
+    max_header_bytes: int = 64 * 1024  # a request's line and headers; beyond it 431 (httptools keeps any size)
     log_format: str = "text"  # "json": uvicorn's own records (access log included) as JSON lines too
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
     header_timeout = ListenOptions.header_timeout
+    max_header_bytes = ListenOptions.max_header_bytes
 
     # One timer a connection, not one a request: a request's start sets its deadline and the
     # headers' end clears it, and the timer, when it fires, answers 408 only if the deadline it
@@ -50,6 +54,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
         self._header_deadline: float | None = None
+        self._header_bytes = 0  # of the request whose headers are being read (data_received)
         cap = self.limit_concurrency
         if cap is not None and len(self.connections) > cap:  # this one included: over the cap at accept
             self.logger.warning("Exceeded connection limit (serve --max-connections %d): refused at accept.", cap)
@@ -62,6 +67,21 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().on_message_begin()
         if self._header_deadline is None:  # a keep-alive connection's next request starts
             self._start_header_clock()
+
+    def data_received(self, data: bytes) -> None:
+        # httptools keeps a request's line and headers whatever their size, until they end: 20 MB
+        # of one header, sent within the header timeout, was held and then served. Counted here
+        # by the bytes that came while they were being read (a chunk that ends them, a body's
+        # with them, is not counted), refused 431 once over `max_header_bytes`.
+        super().data_received(data)
+        if self._header_deadline is None or self.transport.is_closing():
+            self._header_bytes = 0
+            return
+        self._header_bytes += len(data)
+        if self._header_bytes > self.max_header_bytes:
+            self._header_deadline = None
+            self._refuse(b"431 Request Header Fields Too Large", 431, "TooLarge",
+                         f"the request's line and headers are over the limit of {self.max_header_bytes} bytes")
 
     def on_headers_complete(self) -> None:
         self._header_deadline = None
@@ -250,7 +270,8 @@ def uvicorn_config(app: Any, host: str, port: int, options: ListenOptions = List
     """The uvicorn.Config `chatrun serve` runs (tests use it too)."""
     import uvicorn
 
-    protocol = type("HeaderTimeout", (HeaderTimeoutProtocol,), {"header_timeout": options.header_timeout})
+    protocol = type("HeaderTimeout", (HeaderTimeoutProtocol,), {"header_timeout": options.header_timeout,
+                                                               "max_header_bytes": options.max_header_bytes})
     if options.log_format == "json":
         extra.setdefault("log_config", json_log_config())
     bound = ws_read_bound(app)

@@ -323,6 +323,7 @@ class TurnIndex:
             if problem:
                 raise wire.RequestFailed(wire.BAD_REQUEST, "the session id (the X-Chatrun-Session header, or the "
                                          f"Responses conversation) needs to be {problem}")
+            wire.refuse_reserved_id(ident.explicit_id)  # before the look-up: no word of whether it exists
             if (await self._look_up(claim, None, ident.explicit_id))[1]:
                 async with registry.session(ident.bot, ident.explicit_id, who, EXISTING) as session:
                     yield Opened(session, CONTINUED, caught_up=await self._unseen(session))

@@ -193,6 +193,19 @@ class SessionOpener:
         if version == CREATE:
             await self.writes.commit(slot, request.session_id, lease)
 
+    async def refuse_unreached(self, request: SessionRequest) -> None:
+        """Not found, unless the stored session is the caller's to reach: what a request that found
+        the session busy (the gate refused it, or it waited out the queue) answers one that may not
+        use it, as it answers once it holds the session. So "busy" never tells another principal
+        that a session exists, nor that its owner is in a turn right now. Read without the lease."""
+        record = await self._load(request.session_id)
+        if record is not None and request.mode == NEW:
+            raise exists(request.session_id)  # as once it is held: ids are one namespace
+        if record is None or record.owner == request.owner:
+            return
+        if record.bot not in (None, request.bot.name) or not await self._reached(record, request):
+            raise not_found(request.session_id)
+
     async def _load(self, session_id: str) -> SessionRecord | None:
         try:
             return await self.store.load_session(session_id)

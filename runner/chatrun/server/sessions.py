@@ -201,10 +201,16 @@ class SessionRegistry:
         version: str | None = None,
         locale: str | None = None,
         meta: dict[str, Any] | None = None,
+        channel: bool = False,
     ) -> AbstractAsyncContextManager[Session]:
         """The session, held for the caller until the block ends (its turn, see `turn`); its
         stored history is `history(session)`. `reach`: who besides its owner may use it
-        (session_open.Reach: the parties its pending items wait for). Raises wire.RequestFailed."""
+        (session_open.Reach: the parties its pending items wait for). `channel`: a channel's
+        conversation (server/channels), the only requester that may start a session under a
+        channel's id (wire.refuse_reserved_id; refused before anything is read, so the refusal
+        says nothing of whether it exists). Raises wire.RequestFailed."""
+        if mode != EXISTING and not channel:
+            wire.refuse_reserved_id(session_id)
         return Holding(self, bot_name, session_id, principal, if_busy,
                        lambda bot: SessionRequest(bot, session_id, principal, mode,
                                                   SessionStart(route, state, locale, meta), reach, version))
@@ -376,7 +382,14 @@ class Holding:
         self._slot = slot = registry.cache.enter(key)
         try:
             self._lock = lock = slot.lock
-            self._lease = lease = await registry.gate.enter(lock, self._session_id, policy, waited)
+            if lock.locked():  # busy here: one who may not use it neither waits behind its turn nor hears of it
+                await registry.opener.refuse_unreached(request)
+            try:
+                self._lease = lease = await registry.gate.enter(lock, self._session_id, policy, waited)
+            except wire.RequestFailed as exc:
+                if exc.reason == wire.TOO_MANY_REQUESTS:  # busy on another replica (its lease): the same
+                    await registry.opener.refuse_unreached(request)
+                raise
             try:
                 await registry.opener.ready(slot, request, lease)
                 self._session = await registry._hand_over(slot, Hold(slot, lease), request)

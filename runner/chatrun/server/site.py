@@ -22,6 +22,11 @@ from chatrun.server.metrics import CONTENT_TYPE, MISSING
 from chatrun.server.plumbing import Caller, Registry
 
 STATIC = Path(__file__).parent / "static"
+# The site's pages may be framed by its own pages only: a foreign site framing the chat, the
+# author's page or the operator's could make its visitors' clicks land on them (clickjacking).
+# The widget's panel, the one page meant for other sites' frames, names its origins instead
+# (widget.py). X-Frame-Options for browsers that do not read frame-ancestors.
+NOT_FRAMED = {"Content-Security-Policy": "frame-ancestors 'self'", "X-Frame-Options": "SAMEORIGIN"}
 
 
 def add_site_routes(app: FastAPI) -> None:
@@ -132,7 +137,7 @@ def _with_texts(text: str, page: dict[str, object]) -> HTMLResponse:
     text = text.replace("__CHATRUN_LANG__", html.escape(str(page["lang"]), quote=True))
     text = text.replace("__CHATRUN_DIR__", str(page["dir"]))
     text = text.replace("__CHATRUN_PAGE__", json.dumps(page, ensure_ascii=False).replace("</", "<\\/"))
-    return HTMLResponse(text, headers={"Cache-Control": "no-cache"})
+    return HTMLResponse(text, headers={"Cache-Control": "no-cache", **NOT_FRAMED})
 
 
 # -- the API docs: /docs (Swagger UI) and /redoc over /openapi.json ---------------------------------
@@ -148,24 +153,29 @@ def _docs_assets() -> Path | None:
     return Path(fastapi_offline.__file__).parent / "static"
 
 
+def _not_framed(page: HTMLResponse) -> HTMLResponse:
+    page.headers.update(NOT_FRAMED)
+    return page
+
+
 def _docs_missing() -> HTMLResponse:
     return HTMLResponse("<p>The API docs need the fastapi-offline package: "
                         "<code>pip install 'chatrun[serve]'</code>. The API itself is at "
-                        '<a href="/openapi.json">/openapi.json</a>.</p>', status_code=503)
+                        '<a href="/openapi.json">/openapi.json</a>.</p>', status_code=503, headers=NOT_FRAMED)
 
 
 async def swagger_ui(request: Request) -> HTMLResponse:
     if request.app.state.docs_assets is None:
         return _docs_missing()
-    return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{request.app.title} — API",
+    return _not_framed(get_swagger_ui_html(openapi_url="/openapi.json", title=f"{request.app.title} — API",
                                swagger_js_url="/_chat/docs-assets/swagger-ui-bundle.js",
                                swagger_css_url="/_chat/docs-assets/swagger-ui.css",
-                               swagger_favicon_url="/favicon.ico")
+                               swagger_favicon_url="/favicon.ico"))
 
 
 async def redoc(request: Request) -> HTMLResponse:
     if request.app.state.docs_assets is None:
         return _docs_missing()
-    return get_redoc_html(openapi_url="/openapi.json", title=f"{request.app.title} — API",
+    return _not_framed(get_redoc_html(openapi_url="/openapi.json", title=f"{request.app.title} — API",
                           redoc_js_url="/_chat/docs-assets/redoc.standalone.js",
-                          redoc_favicon_url="/favicon.ico", with_google_fonts=False)
+                          redoc_favicon_url="/favicon.ico", with_google_fonts=False))

@@ -152,10 +152,11 @@ class ServerLimits:
     max_outbound_bytes: int = 1024 * 1024  # replies waiting to be sent on one connection
     model_answer_timeout: float = 900.0  # seconds the author playing the model may take (play_model.py)
 
-    def message_too_long(self, text: str) -> str | None:
-        """Why a user message is refused for its length, or None (one rule for every transport)."""
+    def message_too_long(self, text: str, field: str = "userMessage") -> str | None:
+        """Why a user message is refused for its length, or None (one rule for every transport);
+        `field` names where the door's request carries it."""
         if len(text) > self.max_message_chars:
-            return f"userMessage of {len(text)} characters is over the limit of {self.max_message_chars}"
+            return f"{field} of {len(text)} characters is over the limit of {self.max_message_chars}"
         return None
 
 
@@ -406,6 +407,28 @@ def feedback_of(raw: dict[str, Any], what: str) -> dict[str, Any]:
 
 
 MAX_CHAT_ID = 128
+
+
+# The sessions of channels' conversations (server/channels): `ch-` and 32 hex digits, a digest
+# of the bot, the kind and the platform's conversation, which anyone can compute (a WhatsApp
+# user's is their phone number's). Only a channel starts one: another door that took such an id
+# first would make that conversation's every message answer 404, dropped unanswered.
+CHANNEL_SESSION_PREFIX = "ch-"
+_CHANNEL_SESSION_ID = re.compile(r"ch-[0-9a-f]{32}")
+
+
+def channel_session_id(digest: str) -> str:
+    """A channel conversation's session id, from a hex digest (its first 32 digits)."""
+    return CHANNEL_SESSION_PREFIX + digest[:32]
+
+
+def refuse_reserved_id(session_id: str) -> None:
+    """BadRequest when a client would start a session under a channel's id (whether or not it
+    exists: the refusal tells nothing of a conversation)."""
+    if _CHANNEL_SESSION_ID.fullmatch(session_id):
+        raise RequestFailed(BAD_REQUEST, f"session id {session_id!r} is reserved: ids of the form ch- and 32 hex "
+                            "digits are the sessions of channels' conversations (docs/channels.md); "
+                            "start yours under another id")
 
 
 def chat_id_problem(value: Any) -> str | None:

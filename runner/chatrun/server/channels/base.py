@@ -22,6 +22,7 @@ from chatrun.definition.config import BotConfig, ChannelConfig
 from chatrun.definition.page_texts import builtin_locale, page_texts, said
 from chatrun.definition.templates import ENV
 from chatrun.errors import ChatrunError
+from chatrun.server.wire import channel_session_id
 from chatrun.toolkinds.http import Environment, retry_after
 
 if TYPE_CHECKING:
@@ -32,14 +33,14 @@ MAX_ANSWER_BYTES = 1_000_000  # of a platform's answer to a call (a message's id
 
 def session_id_for(bot: str, kind: str, conversation: str) -> str:
     """The session of a platform conversation: the same on every replica, for every retry."""
-    return "ch-" + hashlib.sha256(f"{bot}\0{kind}\0{conversation}".encode()).hexdigest()[:32]
+    return channel_session_id(hashlib.sha256(f"{bot}\0{kind}\0{conversation}".encode()).hexdigest())
 
 
 def session_after(session_id: str) -> str:
     """The session a platform conversation goes on in after `session_id` ended (`end: true`):
     derived from the ended one alone, so two messages arriving together, on one replica or two,
     both go on in the same new session (one derived from each message's delivery made two)."""
-    return "ch-" + hashlib.sha256(f"after\0{session_id}".encode()).hexdigest()[:32]
+    return channel_session_id(hashlib.sha256(f"after\0{session_id}".encode()).hexdigest())
 
 
 class Unauthorized(ChatrunError):

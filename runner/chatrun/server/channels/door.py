@@ -376,7 +376,7 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
     meta = {REPLY_TO: {"sink": channel.config.sink, "address": inbound.address}}
     try:
         async with registry.session(bot, session_id, channels.principal(kind, inbound), OPEN,
-                                    locale=inbound.locale, meta=meta) as session:
+                                    locale=inbound.locale, meta=meta, channel=True) as session:
             request_id = f"{kind}:{inbound.delivery}"
             run = registry.turn(session, inbound.text, request_id)
             # A retry replays what the delivery got: its turn, or the notice that answered it

@@ -1,9 +1,10 @@
 """Microsoft Teams (the Bot Framework's Bot Connector): each activity comes with a JWT in the
 Authorization header, signed by the Bot Framework, whose keys are listed by its OpenID
 metadata; the token must be for this bot (`aud` = the app id), from the Bot Framework
-(`iss` https://api.botframework.com) and name the activity's `serviceUrl` (a forged activity
-cannot send replies elsewhere). `message` activities are the user's texts, or the `value` of an
-Adaptive Card's Action.Submit (a button press). Replies are POSTed to the activity's
+(`iss` https://api.botframework.com) and name the activity's `serviceUrl` (a token without
+that claim is refused: a forged activity cannot send replies, nor the bot's token, elsewhere).
+`message` activities are the user's texts, or the `value` of an Adaptive Card's Action.Submit
+(a button press). Replies are POSTed to the activity's
 serviceUrl with a token the bot gets from Microsoft Entra ID (client credentials), as Adaptive
 Cards when they carry buttons.
 
@@ -11,8 +12,9 @@ A user's files come as the activity's `attachments`: a file sent in a personal c
 `application/vnd.microsoft.teams.file.download.info` attachment whose `downloadUrl` is
 pre-authorised (fetched without a token); an image pasted into the message has a
 `contentUrl` on the Bot Connector's host, fetched with the bot's token (the token goes only to
-the origin of the activity's `serviceUrl`, which the verified JWT names). The message's own
-HTML (`text/html`) and cards are not files.
+the origin of the activity's `serviceUrl`, which the verified JWT names). Any other file URL is
+fetched only over https from a host name (`_public_https`): never plain http nor an address.
+The message's own HTML (`text/html`) and cards are not files.
 
 The checks are the ones botbuilder's JwtTokenValidation makes, done with PyJWT (its own
 dependency) instead of the botbuilder packages, which would bring aiohttp and msal to every
@@ -24,6 +26,7 @@ the delivery is the activity's `id`."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import mimetypes
 import time
@@ -107,7 +110,11 @@ class Teams(ChannelKind):
             service_url = payload.get("serviceUrl")
         except (ValueError, AttributeError):
             service_url = None
-        if claims.get("serviceurl") not in (None, service_url):
+        # Required, as botbuilder's channel validation requires it: a token naming no serviceUrl,
+        # replayed with another activity, would send its replies (and the bot's token) anywhere.
+        if not claims.get("serviceurl"):
+            raise Unauthorized("teams: the Bot Framework token names no serviceurl")
+        if claims["serviceurl"] != service_url:
             raise Unauthorized("teams: the token's serviceurl is not the activity's serviceUrl")
 
     def read(self, body: bytes, headers: Mapping[str, str]) -> Any:
@@ -150,8 +157,8 @@ class Teams(ChannelKind):
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
         """A file's bytes: a Bot Connector URL with the bot's token, a downloadUrl as it is."""
-        if not file.ref.startswith(("https://", "http://")):
-            raise FetchFailed(f"teams: not a file URL: {file.ref[:80]}")
+        if not (file.bearer or _public_https(file.ref)):  # (a bearer URL is on the serviceUrl's origin)
+            raise FetchFailed(f"teams: a file URL neither on the Bot Connector nor https to a host name: {file.ref[:80]}")
         headers = None
         if file.bearer:
             try:
@@ -214,6 +221,21 @@ def _files(attachments: Any, service_url: str) -> tuple[InboundFile, ...]:
                 kind = mimetypes.guess_type(name)[0] or kind.replace("*", "png")
             files.append(InboundFile(url, media_type_of(kind), name, bearer=bool(origin) and _origin(url) == origin))
     return tuple(files)
+
+
+def _public_https(url: str) -> bool:
+    """Whether a file URL off the Bot Connector may be fetched: https to a host name (Teams' are
+    SharePoint's), never plain http nor an address, where the server's own network answers (a
+    cloud's metadata endpoint, a local admin port) and its bytes would reach the model."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme != "https" or not host or host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
 
 
 def _shown(url: str) -> str:

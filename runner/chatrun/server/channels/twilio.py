@@ -313,7 +313,7 @@ class Call:
         handoff: dict[str, Any] | None = None
         try:
             async with self.registry.session(self.bot, session_id, self.principal, OPEN, locale=self.locale,
-                                             meta={CALL: self.call_sid}) as session:  # (no follow-ups: a call)
+                                             meta={CALL: self.call_sid}, channel=True) as session:  # (no follow-ups: a call)
                 run = self.registry.turn(session, text, self.request_id(session, text))
                 if (too_long := self.registry.channels.limits.message_too_long(text)) is not None:
                     # No turn, as on every door: the caller hears why (a call has no outbox: its socket).
