@@ -1,0 +1,63 @@
+"""A live session's move to another version of its bot (docs/versions.md, "What a live session
+does"): the move is part of the session's next turn, committed with it and only with it.
+Real apps on a real SQLite file, the fake OpenAI server, bots/shop."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+import chatrun
+from server_support import app_for_testclient as create_app
+from test_versions import (
+    resource,
+    say,
+    sent_calls,
+    shop_copy,
+    shop_responder,
+    start_v1_sessions,
+)
+
+
+def test_a_rating_between_turns_does_not_commit_half_a_move(fake, tmp_path):
+    """A rating (or any write that is not a turn) after a promotion commits the session as it
+    was stored: the move, with its migrated memories and its `moved` entry, waits for the turn."""
+    fake.responder = shop_responder
+    root = shop_copy(tmp_path, on_change="migrate")
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    start_v1_sessions(store, root, 3)  # s2 browses, its memory holds a call of add_item
+    v2_hash = chatrun.load_bot(root / "versions" / "2").config.content_version
+    with TestClient(create_app(str(root), store)) as both:
+        rated = both.post("/bots/shop/sessions/s2/feedback", json={"turn": 1, "rating": "up"})
+        assert rated.status_code == 201, rated.text
+    with TestClient(create_app(str(root), store)) as later:  # another replica, or after a restart
+        fake.requests.clear()
+        say(later, "s2", "hello again")
+        session = resource(later, "s2")
+    assert session["botVersion"] == v2_hash and session["state"]["contact"] == {"email": "a2@example.com"}
+    assert sent_calls(fake)[0] == ("add_to_basket", {"product": "T1", "quantity": 1})  # the migrated memory
+    moved = [h for h in session["history"] if h.get("moved")]
+    assert len(moved) == 1 and moved[0]["ok"] and moved[0]["moved"]["to"] == v2_hash, session["history"]
+
+
+def stored_memories(db: Path, session_id: str) -> list[str]:
+    with sqlite3.connect(db) as conn:
+        return [row[0] for row in conn.execute("SELECT memory_id FROM memories WHERE memory_id LIKE ?",
+                                               (session_id + ".%",))]
+
+
+def test_deleting_a_session_whose_move_waits_deletes_the_memories_it_has_in_the_store(fake, tmp_path):
+    """A session deleted before the turn that would move it: the memories of its stored scopes
+    go with it (the move dropped the gift_wrap scope and renamed none in the store yet)."""
+    fake.responder = shop_responder
+    root = shop_copy(tmp_path, on_change="migrate")
+    db = tmp_path / "sessions.db"
+    start_v1_sessions(f"sqlite:///{db}", root, 1)  # s0 wraps a gift: a scope version 2 drops
+    with TestClient(create_app(str(root / "versions" / "1"), f"sqlite:///{db}")) as v1:
+        say(v1, "s0", "a red ribbon")  # the gift_wrap scope's memory is stored
+    assert sorted(stored_memories(db, "s0")) == ["s0.1#browse", "s0.2#gift_wrap"]
+    with TestClient(create_app(str(root), f"sqlite:///{db}")) as both:
+        assert both.delete("/bots/shop/sessions/s0").status_code == 204
+    assert stored_memories(db, "s0") == []
