@@ -61,3 +61,69 @@ def test_deleting_a_session_whose_move_waits_deletes_the_memories_it_has_in_the_
     with TestClient(create_app(str(root), f"sqlite:///{db}")) as both:
         assert both.delete("/bots/shop/sessions/s0").status_code == 204
     assert stored_memories(db, "s0") == []
+
+
+REFUNDS_V1 = """\
+name: refunds
+version: "1"
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+state: {refunded: []}
+routes:
+  main: {default: true, system: Refund orders., tools: [refund]}
+tools:
+  refund:
+    description: Refund an order
+    parameters: {type: object, properties: {order: {type: string}}, required: [order]}
+    action: {set: {state.refunded: "{{ state.refunded + [args.order] }}"}, message: refunded}
+    approval: {by: [user]}
+"""
+REFUNDS_V2 = """\
+name: refunds
+version: "2"
+on_change: migrate
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+state: {refunded: []}
+migrations:
+  - from: "1"
+    tools: {refund: give_refund}
+    arguments: {give_refund: {rename: {order: order_id}, default: {reason: none given}}}
+routes:
+  main: {default: true, system: Refund orders., tools: [give_refund]}
+tools:
+  give_refund:
+    description: Refund an order
+    parameters:
+      type: object
+      properties: {order_id: {type: string}, reason: {type: string}}
+      required: [order_id, reason]
+    action: {set: {state.refunded: "{{ state.refunded + [args.order_id ~ ': ' ~ args.reason] }}"}, message: refunded}
+    approval: {by: [user]}
+"""
+
+
+def refunds_responder(body: dict) -> dict:
+    if body["messages"][-1]["role"] == "tool":
+        return {"text": "Done."}
+    return {"tool_calls": [{"name": "refund", "arguments": {"order": "A7"}}]}
+
+
+def test_an_approval_whose_tools_arguments_a_migration_maps_runs_with_the_mapped_arguments(fake, tmp_path):
+    """A call waiting for approval when version 2 arrives: its tool is renamed with the bot's
+    (tests/test_versions_pending.py), and its arguments are mapped as the calls in memories are,
+    so the approved call is one of version 2's tool."""
+    fake.responder = refunds_responder
+    for label, text in (("1", REFUNDS_V1), ("2", REFUNDS_V2)):
+        (tmp_path / "refunds" / "versions" / label).mkdir(parents=True)
+        (tmp_path / "refunds" / "versions" / label / "bot.yaml").write_text(text)
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    with TestClient(create_app(str(tmp_path / "refunds" / "versions" / "1"), store)) as v1:
+        assert v1.post("/bots/refunds/sessions", json={"id": "s"}).status_code == 201
+        asked = v1.post("/bots/refunds/sessions/s/messages", json={"userMessage": "refund A7"}).json()
+        assert [e["data"]["id"] for e in asked["events"] if e["type"] == "Pending"] == ["p1"], asked
+    with TestClient(create_app(str(tmp_path / "refunds"), store)) as both:
+        pending = both.get("/bots/refunds/sessions/s/pending").json()["pending"]
+        assert [(p["tool"], p["args"]) for p in pending] == [("give_refund", {"order_id": "A7", "reason": "none given"})]
+        decided = both.post("/bots/refunds/sessions/s/pending/p1", json={"decision": "approve"})
+        assert decided.status_code == 200 and decided.json()["ok"] is True, decided.text
+        state = both.get("/bots/refunds/sessions/s").json()["state"]
+    assert state["refunded"] == ["A7: none given"]
