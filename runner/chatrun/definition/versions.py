@@ -17,8 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from chatrun.definition.yamlpos import read_yaml_file
 from chatrun.errors import BotError, ChatrunError, Diagnostic
 
 # What a bot's content version covers: the files an edit of which can change the bot
@@ -143,8 +142,11 @@ def version_layout(path: str | Path) -> VersionLayout | None:
 def _weights(file: Path, labels: list[str]) -> dict[str, int]:
     if not file.is_file():
         return {}
-    text = file.read_text(encoding="utf-8")
-    data = yaml.safe_load(text) or {}
+    doc = read_yaml_file(file)  # a syntax error, a file that is not UTF-8: a diagnostic at its line
+    errors = [d for d in doc.diagnostics if d.severity == "error"]
+    if errors:
+        raise BotError(errors)
+    text, data = doc.text, doc.data or {}
     weights = data.get("weights") if isinstance(data, dict) else None
     if weights is None:
         return {}
