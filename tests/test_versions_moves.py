@@ -127,3 +127,27 @@ def test_an_approval_whose_tools_arguments_a_migration_maps_runs_with_the_mapped
         assert decided.status_code == 200 and decided.json()["ok"] is True, decided.text
         state = both.get("/bots/refunds/sessions/s").json()["state"]
     assert state["refunded"] == ["A7: none given"]
+
+
+def test_a_tester_cannot_start_a_session_on_a_version_its_sessions_move_away_from(fake, tmp_path):
+    """docs/versions.md, "Canaries": the header picks the version a new session starts on. A
+    version of weight 0 older than the primary, whose sessions the primary moves (not `pin`), is
+    refused (400, naming the versions that keep their sessions); the session was created on it
+    and moved to the primary at once, the header silently ignored. Under `pin` it is started."""
+    fake.responder = shop_responder
+    root = shop_copy(tmp_path, on_change="migrate")  # no versions.yaml: version 2 takes all
+    with TestClient(create_app(str(root), f"sqlite:///{tmp_path / 'sessions.db'}")) as server:
+        for door in ({"url": "/bots/shop/sessions", "json": {"id": "t"}},
+                     {"url": "/v1/chat/completions", "json": {"model": "shop", "messages": [
+                         {"role": "user", "content": "wrap it please"}]}}):
+            refused = server.post(**door, headers={"Chatrun-Bot-Version": "1"})
+            assert refused.status_code == 400, refused.text
+            assert "version 1 of bot shop takes no new sessions" in refused.text and "pick 2," in refused.text
+        assert server.get("/bots/shop/sessions/t").status_code == 404  # nothing was created
+    root = shop_copy(tmp_path / "pinned", on_change="pin")
+    v1_hash = chatrun.load_bot(root / "versions" / "1").config.content_version
+    with TestClient(create_app(str(root), f"sqlite:///{tmp_path / 'pinned.db'}")) as server:
+        created = server.post("/bots/shop/sessions", json={"id": "t"}, headers={"Chatrun-Bot-Version": "1"})
+        assert created.status_code == 201 and created.json()["botVersion"] == v1_hash, created.text
+        say(server, "t", "wrap it please")  # version 1's route
+        assert resource(server, "t")["route"] == "gift_wrap"
