@@ -151,3 +151,29 @@ def test_a_tester_cannot_start_a_session_on_a_version_its_sessions_move_away_fro
         assert created.status_code == 201 and created.json()["botVersion"] == v1_hash, created.text
         say(server, "t", "wrap it please")  # version 1's route
         assert resource(server, "t")["route"] == "gift_wrap"
+
+
+def test_an_approved_call_whose_arguments_the_new_version_refuses_is_refused_not_failed_at_every_try(
+        fake, tmp_path):
+    """Version 2 changed the tool's parameters and its migration maps no `arguments:`: the call
+    that waited for approval is checked against the parameters it would run with now. Before, the
+    decision's turn failed at every try (the action read arguments that were not there), and the
+    item waited forever; now the model reads why the call was not run, as for any invalid call."""
+    fake.responder = refunds_responder
+    for label, text in (("1", REFUNDS_V1), ("2", REFUNDS_V2.replace(
+            "    arguments: {give_refund: {rename: {order: order_id}, default: {reason: none given}}}\n", ""))):
+        (tmp_path / "refunds" / "versions" / label).mkdir(parents=True)
+        (tmp_path / "refunds" / "versions" / label / "bot.yaml").write_text(text)
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    with TestClient(create_app(str(tmp_path / "refunds" / "versions" / "1"), store)) as v1:
+        assert v1.post("/bots/refunds/sessions", json={"id": "s"}).status_code == 201
+        assert v1.post("/bots/refunds/sessions/s/messages", json={"userMessage": "refund A7"}).json()["ok"]
+    with TestClient(create_app(str(tmp_path / "refunds"), store)) as both:
+        decided = both.post("/bots/refunds/sessions/s/pending/p1", json={"decision": "approve"})
+        assert decided.status_code == 200 and decided.json()["ok"] is True, decided.text
+        assert not [e for e in decided.json()["events"] if e["type"] == "Error"], decided.text
+        session = both.get("/bots/refunds/sessions/s").json()
+        assert both.get("/bots/refunds/sessions/s/pending").json()["pending"] == []
+    assert session["state"]["refunded"] == []  # not run
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told and "order_id" in told[-1], told  # the model reads what the tool wants now
