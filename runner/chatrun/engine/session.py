@@ -498,8 +498,8 @@ class Session:
         entry: dict[str, Any] = {"feedback": data, "at": time.time(), OUTBOX_KEY: _outbox(self.bot.config, self.id, [event])}
         if not entry[OUTBOX_KEY]:
             del entry[OUTBOX_KEY]
-        with self._as_stored():
-            self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
+        with self._as_stored() as stored:
+            self.store.commit_turn(self.id, stored(), {}, [entry])
         return data
 
     def notice(self, text: str, why: str) -> None:
@@ -514,8 +514,8 @@ class Session:
         replies = _replies(self.meta, self.bot.config, self.id, [Event(ev.ERROR, text)])
         if replies:
             entry[OUTBOX_KEY] = replies
-        with self._as_stored():
-            self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
+        with self._as_stored() as stored:
+            self.store.commit_turn(self.id, stored(), {}, [entry])
 
     def forget_last_turn(self) -> None:
         """Drop the kept copy of the last history entry (an idle session need not hold it; about
@@ -858,7 +858,7 @@ class Session:
                   keep_done: tuple[str, ...] | None = None) -> None:
         """Undo the turn and record its attempt. `keep_done`: the record of calls done once as the
         turn left it, kept (a stopped turn's `once` calls did happen: resending must not repeat them)."""
-        with self._as_stored():  # a failed turn undoes itself, not the bot's change
+        with self._as_stored() as stored:  # a failed turn undoes itself, not the bot's change
             self._c.rollback(before)
             if keep_done is not None:
                 self._c.done_calls = keep_done
@@ -867,24 +867,26 @@ class Session:
             entry.update(_usage_entry(turn))
             entry.setdefault("route", self.route)
             entry, _ = self._stored(entry, {}, turn)
-            self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
+            self.store.commit_turn(self.id, stored(), {}, [entry])
             self._last_entry = entry
 
     @contextmanager
-    def _as_stored(self) -> Iterator[None]:
+    def _as_stored(self) -> Iterator[Callable[[], dict[str, Any]]]:
         """The conversation as its store keeps it, for a write that is not a turn (a failed
         turn's record, a rating, a notice) while a move to another version waits for the next
         turn: the move is committed with a turn and only with one (its migrated memories, its
         `moved` entry); a write between turns that took it along would store the moved snapshot
-        without them. The move is made again after the write."""
+        without them. Gives the snapshot to write: with the version the session recorded (a lost
+        one, or none for a session stored before versions), so the next try moves it again.
+        The move is made again after the write."""
         moved, self._moved = self._moved, None
         if moved is None:
-            yield
+            yield self._c.snapshot
             return
         self._c.config = moved[1].config  # as stored: on the bot it left
         self._c.rollback(moved[0])
         try:
-            yield
+            yield lambda: recorded_as(self._c.snapshot(), moved[2].old)
         finally:
             target, self.bot = self.bot, moved[1]
             self._begin_move(target, moved[1] if moved[2].known else None, moved[2].lost)
@@ -1163,3 +1165,9 @@ def _seeded(config: Any, route: str, messages: list[Message]) -> list[Message]:
 def _storage(config: Any, routes: list[str]) -> Callable[[Any], Any]:
     """What a turn's trace keeps of a value: its strings with the `storage` guardrails applied."""
     return guardrails.storage_mapper(guardrails.bot_storage_guards(config, routes) if config.redacts_kept else ())
+
+
+def recorded_as(snapshot: dict[str, Any], version: str | None) -> dict[str, Any]:
+    """`snapshot` recording the bot version `version` (None: none, as chatrun 0.2 stored it)."""
+    snapshot = {k: v for k, v in snapshot.items() if k != "bot_version"}
+    return snapshot if version is None else {**snapshot, "bot_version": version}
