@@ -211,3 +211,59 @@ def test_a_failed_first_turn_of_a_session_of_a_lost_version_leaves_it_as_stored_
     assert "version 0123456789ab this conversation ran on is no longer available" in str(fake.requests[-1])
     moved = [h["moved"] for h in session["history"] if h.get("moved")]
     assert [(m["from"], m["to"]) for m in moved] == [("0123456789ab", v2_hash)], session["history"]
+
+
+COLOURS_V1 = """\
+name: colours
+version: "1"
+format: 3
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+state: {colour: null}
+routes:
+  main: {default: true, system: Pick a colour., tools: [pick_colour]}
+tools:
+  pick_colour:
+    description: Ask the user for a colour
+    action:
+      ask: {from: user, text: Which colour?, schema: {enum: [red, blue]}}
+      set: {state.colour: "{{ result }}"}
+"""
+COLOURS_V2 = """\
+name: colours
+version: "2"
+format: 3
+on_change: migrate
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+state: {colour: null}
+routes:
+  main: {default: true, system: Pick a colour., tools: [pick_colour]}
+tools:
+  pick_colour:
+    description: Every order is red now
+    action: {set: {state.colour: red}, reply: Red it is.}
+"""
+
+
+def test_a_question_whose_tool_no_longer_asks_is_withdrawn_by_the_move(fake, tmp_path):
+    """Version 2 keeps the tool but it no longer asks: the open question is withdrawn with the
+    move, as one whose tool is gone; before, its answer failed at every try (an internal
+    AssertionError) and the question waited forever."""
+    fake.responder = lambda body: ({"text": "Done."} if body["messages"][-1]["role"] == "tool"
+                                   else {"tool_calls": [{"name": "pick_colour", "arguments": {}}]})
+    for label, text in (("1", COLOURS_V1), ("2", COLOURS_V2)):
+        (tmp_path / "colours" / "versions" / label).mkdir(parents=True)
+        (tmp_path / "colours" / "versions" / label / "bot.yaml").write_text(text)
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    with TestClient(create_app(str(tmp_path / "colours" / "versions" / "1"), store)) as v1:
+        assert v1.post("/bots/colours/sessions", json={"id": "s"}).status_code == 201
+        asked = v1.post("/bots/colours/sessions/s/messages", json={"userMessage": "a colour"}).json()
+        assert [e["data"]["id"] for e in asked["events"] if e["type"] == "Pending"] == ["p1"], asked
+    with TestClient(create_app(str(tmp_path / "colours"), store)) as both:
+        answered = both.post("/bots/colours/sessions/s/pending/p1", json={"answer": "blue"})
+        assert answered.status_code == 409, answered.text
+        assert answered.json()["error"] == "NotPending" and "withdrawn" in answered.json()["message"]
+        said = both.post("/bots/colours/sessions/s/messages", json={"userMessage": "hello"}).json()
+        assert said["ok"] is True, said
+        session = both.get("/bots/colours/sessions/s").json()
+    (moved,) = [h["moved"] for h in session["history"] if h.get("moved")]
+    assert any("p1" in note and "withdrawn" in note for note in moved["notes"]), moved
