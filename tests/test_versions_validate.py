@@ -35,3 +35,18 @@ def test_a_versions_yaml_that_is_not_yaml_is_an_error_at_its_line_on_every_comma
         result = run(*args)
         assert result.exit_code == 1, (args, result.output)
         assert f"{root / 'versions.yaml'}:3:1: error: YAML syntax error" in result.output, (args, result.output)
+
+
+def test_validate_warns_when_folder_names_order_the_versions_otherwise_than_their_numbers(tmp_path):
+    """docs/versions.md: versions are ordered by folder name, whole numbers numerically; `1.9`
+    and `1.10` sort by text, so 1.10 is served as the older one (and 1.9 takes new sessions)."""
+    root = shop_copy(tmp_path)
+    (root / "versions" / "1").rename(root / "versions" / "1.9")
+    (root / "versions" / "2").rename(root / "versions" / "1.10")
+    checked = run("validate", str(root))
+    assert checked.exit_code == 0, checked.output  # a warning: the server serves it as named
+    assert (f"{root / 'versions'}: warning: the versions are ordered by folder name, a name that is not a whole "
+            "number by its text, so '1.10' is taken to be older than '1.9'") in checked.output, checked.output
+    (root / "versions" / "1.9").rename(root / "versions" / "9")
+    (root / "versions" / "1.10").rename(root / "versions" / "10")
+    assert "ordered by folder name" not in run("validate", str(root)).output

@@ -41,7 +41,7 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool, against: str | Non
     for path in paths:  # a folder of versions: its versions.yaml, as `chatrun serve` reads it
         problems = layout_problems(path)
         found.extend(problems)
-        invalid += bool(problems)
+        invalid += any(d.severity == "error" for d in problems)
         if problems and fmt == "text":
             print_diagnostics(problems)
             click.echo(summary(problems, problems[0].file))
@@ -83,14 +83,16 @@ def versions_of(path: str, against: str | None) -> list[tuple[str, str | None]]:
 
 def layout_problems(path: str) -> list[Diagnostic]:
     """What `chatrun serve` refuses in a folder of versions besides its versions: its
-    versions.yaml (not YAML, weights naming a version that is not there)."""
-    from chatrun.definition.versions import version_layout
+    versions.yaml (not YAML, weights naming a version that is not there); and a warning when
+    the folders' names order the versions otherwise than their numbers suggest."""
+    from chatrun.definition.versions import VERSIONS_DIR, order_problem, version_layout
 
     try:
-        version_layout(path)
+        layout = version_layout(path)
     except BotError as exc:
         return exc.diagnostics
-    return []
+    problem = order_problem([label for label, _ in layout.versions]) if layout is not None else None
+    return [Diagnostic(str(layout.root / VERSIONS_DIR), 0, 0, "warning", problem)] if layout and problem else []
 
 
 def stale_schema_copies(path: str) -> list[str]:

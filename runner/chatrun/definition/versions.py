@@ -120,6 +120,23 @@ def _order(label: str) -> tuple[int, int, str]:
     return (0, int(label), label) if label.isdigit() else (1, 0, label)
 
 
+def _natural(label: str) -> list[tuple[int, int | str]]:
+    """A name as people order it: its runs of digits by value (`1.9` before `1.10`)."""
+    return [(0, int(run)) if run.isdigit() else (1, run) for run in re.findall(r"\d+|\D+", label)]
+
+
+def order_problem(labels: list[str]) -> str | None:
+    """Why the order of these version names (oldest first, as served) is not the one their
+    numbers suggest, or None: a name that is not a whole number sorts by its text."""
+    expected = sorted(labels, key=_natural)
+    if expected == labels:
+        return None
+    wrong = next((a, b) for a, b in zip(labels, expected, strict=True) if a != b)
+    return (f"the versions are ordered by folder name, a name that is not a whole number by its text, so "
+            f"{wrong[0]!r} is taken to be older than {wrong[1]!r} (the newest, {labels[-1]!r}, takes new "
+            f"sessions unless versions.yaml gives weights); name the folders with whole numbers (1, 2, ... 10)")
+
+
 def version_folders(path: str | Path) -> list[tuple[str, Path]] | None:
     """(label, folder) of each `versions/<label>/bot.yaml` of a bot directory, oldest first;
     None for a directory that is not a bot in versions (it has a bot.yaml of its own, or none)."""
