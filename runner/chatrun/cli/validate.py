@@ -38,6 +38,13 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool, against: str | Non
     """
     found: list[Diagnostic] = []
     invalid = 0
+    for path in paths:  # a folder of versions: its versions.yaml, as `chatrun serve` reads it
+        problems = layout_problems(path)
+        found.extend(problems)
+        invalid += any(d.severity == "error" for d in problems)
+        if problems and fmt == "text":
+            print_diagnostics(problems)
+            click.echo(summary(problems, problems[0].file))
     checks = [pair for path in paths for pair in versions_of(path, against)]
     for path, old in checks:
         try:  # per bot: one broken bot must not stop the others being checked
@@ -63,23 +70,29 @@ def validate(paths: tuple[str, ...], fmt: str, connect: bool, against: str | Non
 
 def versions_of(path: str, against: str | None) -> list[tuple[str, str | None]]:
     """(bot, the version it migrates from) to check for a PATH: the bot itself; or, for a folder
-    of versions (`versions/<v>/bot.yaml`, no bot.yaml of its own), each version in order, each
-    against the one before it."""
-    from pathlib import Path
+    of versions (`versions/<v>/bot.yaml`, no bot.yaml of its own), each version in the order the
+    server serves them (definition/versions.py), each against the one before it."""
+    from chatrun.definition.versions import version_folders
 
-    folder = Path(path)
-    if not folder.is_dir() or (folder / "bot.yaml").is_file():
+    found = version_folders(path)
+    if found is None:
         return [(path, against)]
-    found = sorted((p.parent for p in folder.glob("versions/*/bot.yaml")), key=lambda p: _version_key(p.name))
-    if not found:
-        return [(path, against)]
-    shown = [str(Path(path) / "versions" / p.name) for p in found]
+    shown = [str(folder) for _, folder in found]
     return [(v, shown[i - 1] if i else against) for i, v in enumerate(shown)]
 
 
-def _version_key(name: str) -> tuple[int, int | str]:
-    """Versions in order: numbers by value (2 before 10), then names."""
-    return (0, int(name)) if name.isdigit() else (1, name)
+def layout_problems(path: str) -> list[Diagnostic]:
+    """What `chatrun serve` refuses in a folder of versions besides its versions: its
+    versions.yaml (not YAML, weights naming a version that is not there); and a warning when
+    the folders' names order the versions otherwise than their numbers suggest."""
+    from chatrun.definition.versions import VERSIONS_DIR, order_problem, version_layout
+
+    try:
+        layout = version_layout(path)
+    except BotError as exc:
+        return exc.diagnostics
+    problem = order_problem([label for label, _ in layout.versions]) if layout is not None else None
+    return [Diagnostic(str(layout.root / VERSIONS_DIR), 0, 0, "warning", problem)] if layout and problem else []
 
 
 def stale_schema_copies(path: str) -> list[str]:

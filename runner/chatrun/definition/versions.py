@@ -17,8 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from chatrun.definition.yamlpos import read_yaml_file
 from chatrun.errors import BotError, ChatrunError, Diagnostic
 
 # What a bot's content version covers: the files an edit of which can change the bot
@@ -121,6 +120,23 @@ def _order(label: str) -> tuple[int, int, str]:
     return (0, int(label), label) if label.isdigit() else (1, 0, label)
 
 
+def _natural(label: str) -> list[tuple[int, int | str]]:
+    """A name as people order it: its runs of digits by value (`1.9` before `1.10`)."""
+    return [(0, int(run)) if run.isdigit() else (1, run) for run in re.findall(r"\d+|\D+", label)]
+
+
+def order_problem(labels: list[str]) -> str | None:
+    """Why the order of these version names (oldest first, as served) is not the one their
+    numbers suggest, or None: a name that is not a whole number sorts by its text."""
+    expected = sorted(labels, key=_natural)
+    if expected == labels:
+        return None
+    wrong = next((a, b) for a, b in zip(labels, expected, strict=True) if a != b)
+    return (f"the versions are ordered by folder name, a name that is not a whole number by its text, so "
+            f"{wrong[0]!r} is taken to be older than {wrong[1]!r} (the newest, {labels[-1]!r}, takes new "
+            f"sessions unless versions.yaml gives weights); name the folders with whole numbers (1, 2, ... 10)")
+
+
 def version_folders(path: str | Path) -> list[tuple[str, Path]] | None:
     """(label, folder) of each `versions/<label>/bot.yaml` of a bot directory, oldest first;
     None for a directory that is not a bot in versions (it has a bot.yaml of its own, or none)."""
@@ -143,8 +159,11 @@ def version_layout(path: str | Path) -> VersionLayout | None:
 def _weights(file: Path, labels: list[str]) -> dict[str, int]:
     if not file.is_file():
         return {}
-    text = file.read_text(encoding="utf-8")
-    data = yaml.safe_load(text) or {}
+    doc = read_yaml_file(file)  # a syntax error, a file that is not UTF-8: a diagnostic at its line
+    errors = [d for d in doc.diagnostics if d.severity == "error"]
+    if errors:
+        raise BotError(errors)
+    text, data = doc.text, doc.data or {}
     weights = data.get("weights") if isinstance(data, dict) else None
     if weights is None:
         return {}

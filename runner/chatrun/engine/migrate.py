@@ -193,8 +193,15 @@ class _Migration:
 
     def change_arguments(self, tool: str, changes: KeyChanges, where: str) -> None:
         """The arguments of `tool`'s calls in memories, renamed, dropped and defaulted as its new
-        parameters want them (the model reads them as examples of how to call it)."""
+        parameters want them (the model reads them as examples of how to call it), and of its
+        open items' calls (an approved call runs with them: with the old names it failed)."""
         changed = 0
+        for item in self.result.snapshot.get(PENDING_KEY) or ():
+            if item.get("tool") == tool and isinstance(item.get("args"), dict):
+                item["args"] = _mapped(item["args"], changes)
+                item["edit"] = [n for n in (changes.rename.get(e, e) for e in item.get("edit") or ())
+                                if n not in changes.drop]
+                changed += 1
         for mid, messages in self.result.memories.items():
             out: list[Message] = []
             for message in messages:
@@ -287,6 +294,12 @@ def _with_arguments(call: ToolCall, changes: KeyChanges) -> ToolCall:
         return call  # malformed as the model sent it: kept as it was
     if not isinstance(arguments, dict):
         return call
+    text = json.dumps(_mapped(arguments, changes), ensure_ascii=False)
+    return call if text == call.arguments else dataclasses.replace(call, arguments=text)
+
+
+def _mapped(arguments: dict[str, Any], changes: KeyChanges) -> dict[str, Any]:
+    """A call's arguments renamed, dropped and defaulted by `changes` (changed in place)."""
     for old, new in changes.rename.items():
         if old in arguments:
             arguments[new] = arguments.pop(old)
@@ -294,8 +307,7 @@ def _with_arguments(call: ToolCall, changes: KeyChanges) -> ToolCall:
         arguments.pop(name, None)
     for name, value in changes.default.items():
         arguments.setdefault(name, copy.deepcopy(value))
-    text = json.dumps(arguments, ensure_ascii=False)
-    return call if text == call.arguments else dataclasses.replace(call, arguments=text)
+    return arguments
 
 
 def _get(container: dict[str, Any], keys: list[str]) -> Any:

@@ -22,7 +22,8 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -428,6 +429,13 @@ class Session:
             return messages
         return messages
 
+    def memory_ids(self) -> list[str]:
+        """Every memory the session's deletion must delete: its scopes', and while a move to
+        another version waits for the next turn, those of the scopes it has in the store (which
+        the move may have dropped or renamed)."""
+        stored = self._moved[0].scopes if self._moved is not None else []
+        return list(dict.fromkeys(mid for s in [*stored, *self._c.scopes] for mid in s.memory_ids()))
+
     def memories(self) -> dict[str, list[Message]]:
         return {
             s.memory_id(r): self._c.memory_for(s, r, create=False).messages()
@@ -491,7 +499,8 @@ class Session:
         entry: dict[str, Any] = {"feedback": data, "at": time.time(), OUTBOX_KEY: _outbox(self.bot.config, self.id, [event])}
         if not entry[OUTBOX_KEY]:
             del entry[OUTBOX_KEY]
-        self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
+        with self._as_stored() as stored:
+            self.store.commit_turn(self.id, stored(), {}, [entry])
         return data
 
     def notice(self, text: str, why: str) -> None:
@@ -506,7 +515,8 @@ class Session:
         replies = _replies(self.meta, self.bot.config, self.id, [Event(ev.ERROR, text)])
         if replies:
             entry[OUTBOX_KEY] = replies
-        self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
+        with self._as_stored() as stored:
+            self.store.commit_turn(self.id, stored(), {}, [entry])
 
     def forget_last_turn(self) -> None:
         """Drop the kept copy of the last history entry (an idle session need not hold it; about
@@ -850,20 +860,36 @@ class Session:
                   keep_done: tuple[str, ...] | None = None) -> None:
         """Undo the turn and record its attempt. `keep_done`: the record of calls done once as the
         turn left it, kept (a stopped turn's `once` calls did happen: resending must not repeat them)."""
+        with self._as_stored() as stored:  # a failed turn undoes itself, not the bot's change
+            self._c.rollback(before)
+            if keep_done is not None:
+                self._c.done_calls = keep_done
+            # The conversation is as before, but the calls were made (and paid for): they count.
+            self._c.usage.add(turn.usage)
+            entry.update(_usage_entry(turn))
+            entry.setdefault("route", self.route)
+            entry, _ = self._stored(entry, {}, turn)
+            self.store.commit_turn(self.id, stored(), {}, [entry])
+            self._last_entry = entry
+
+    @contextmanager
+    def _as_stored(self) -> Iterator[Callable[[], dict[str, Any]]]:
+        """The conversation as its store keeps it, for a write that is not a turn (a failed
+        turn's record, a rating, a notice) while a move to another version waits for the next
+        turn: the move is committed with a turn and only with one (its migrated memories, its
+        `moved` entry); a write between turns that took it along would store the moved snapshot
+        without them. Gives the snapshot to write: with the version the session recorded (a lost
+        one, or none for a session stored before versions), so the next try moves it again.
+        The move is made again after the write."""
         moved, self._moved = self._moved, None
-        if moved is not None:  # as stored: on the bot it left (the move is made again below)
-            self._c.config = moved[1].config
-        self._c.rollback(before)
-        if keep_done is not None:
-            self._c.done_calls = keep_done
-        # The conversation is as before, but the calls were made (and paid for): they count.
-        self._c.usage.add(turn.usage)
-        entry.update(_usage_entry(turn))
-        entry.setdefault("route", self.route)
-        entry, _ = self._stored(entry, {}, turn)
-        self.store.commit_turn(self.id, self._c.snapshot(), {}, [entry])
-        self._last_entry = entry
-        if moved is not None:  # a failed turn undoes itself, not the bot's change
+        if moved is None:
+            yield self._c.snapshot
+            return
+        self._c.config = moved[1].config  # as stored: on the bot it left
+        self._c.rollback(moved[0])
+        try:
+            yield lambda: recorded_as(self._c.snapshot(), moved[2].old)
+        finally:
             target, self.bot = self.bot, moved[1]
             self._begin_move(target, moved[1] if moved[2].known else None, moved[2].lost)
 
@@ -902,7 +928,7 @@ class Session:
         """End the conversation: delete its scopes, memories and history from the store."""
         if self._closed:
             return
-        self.store.delete_session(self.id, self._c.live_memory_ids())
+        self.store.delete_session(self.id, self.memory_ids())
         if self.blobs is not None:  # the files go with the session
             self.blobs.delete_session(self.id)
         self._c.forget_cached_memories()
@@ -1148,3 +1174,9 @@ def _storage(config: Any, routes: list[str]) -> Callable[[Any], Any]:
 
 def _kept_as_is(value: Any) -> Any:
     return value
+
+
+def recorded_as(snapshot: dict[str, Any], version: str | None) -> dict[str, Any]:
+    """`snapshot` recording the bot version `version` (None: none, as chatrun 0.2 stored it)."""
+    snapshot = {k: v for k, v in snapshot.items() if k != "bot_version"}
+    return snapshot if version is None else {**snapshot, "bot_version": version}

@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.versions import MIGRATE, POLICIES
-from chatrun.engine.pending import TAKEOVER, WITHDRAWN
+from chatrun.engine.pending import QUESTION, TAKEOVER, WITHDRAWN
 from chatrun.messages import SummaryMessage
 from chatrun.store.record import MEMORY_SEPARATOR
 
 if TYPE_CHECKING:
     from chatrun.definition.config import BotConfig
     from chatrun.engine.conversation import Conversation
+    from chatrun.engine.pending import PendingItem
     from chatrun.messages import Message
 
 log = logging.getLogger("chatrun.versions")
@@ -100,21 +101,35 @@ def move(conversation: Conversation, old: BotConfig | None, new: BotConfig, lost
 
 def _withdraw_stranded(conversation: Conversation, moved: Moved) -> None:
     """Open items the move stranded — their scope ended, their route or tool is gone (a migration
-    renames them with the bot's) — are withdrawn:
+    renames them with the bot's), a question's tool no longer asks — are withdrawn:
     a decision could not run them (it failed with an internal KeyError at every try and the item
     waited forever); now it is told NotPending (409) with the outcome `withdrawn`. A takeover is
     the session's, not a scope's: it stays."""
     scopes = {s.id for s in conversation.scopes}
-    tools, routes = conversation.config.tools, conversation.config.routes
-    stranded = [i for i in conversation.pending if i.kind != TAKEOVER and (
-        i.scope_id not in scopes or i.route not in routes or (i.tool is not None and i.tool not in tools))]
+    stranded = {i.id: why for i in conversation.pending if (why := _stranded(i, scopes, conversation.config))}
     if not stranded:
         return
-    ids = {i.id for i in stranded}
-    conversation.pending = tuple(i for i in conversation.pending if i.id not in ids)
-    conversation.resolved = {**conversation.resolved, **dict.fromkeys(ids, WITHDRAWN)}
-    moved.notes.extend(f"{i.kind} {i.id} ({i.tool or i.route}) withdrawn: its route or tool is gone"
-                       for i in stranded)
+    pending = conversation.pending
+    conversation.pending = tuple(i for i in pending if i.id not in stranded)
+    conversation.resolved = {**conversation.resolved, **dict.fromkeys(stranded, WITHDRAWN)}
+    moved.notes.extend(f"{i.kind} {i.id} ({i.tool or i.route}) withdrawn: {stranded[i.id]}"
+                       for i in pending if i.id in stranded)
+
+
+def _stranded(item: PendingItem, scopes: set[str], config: BotConfig) -> str | None:
+    """Why the new version cannot resolve an open item (None: it can)."""
+    if item.kind == TAKEOVER:
+        return None
+    if item.scope_id not in scopes:
+        return "its scope ended"
+    if item.route not in config.routes:
+        return "its route is gone"
+    tool = config.tools.get(item.tool) if item.tool is not None else None
+    if item.tool is not None and tool is None:
+        return "its tool is gone"
+    if tool is not None and item.kind == QUESTION and tool.action.ask is None:
+        return "its tool no longer asks"  # an answer would have nowhere to go
+    return None
 
 
 def _fill_defaults(state: dict[str, Any], declared: dict[str, Any], at: str) -> list[str]:

@@ -580,6 +580,8 @@ async def approved(calls: ToolCalls, item: PendingItem, args: dict[str, Any], ou
         calls.t.tool_calls.append(record)
         try:
             calls.check_action(tool)  # the state may have changed while it waited (a route's roles)
+            # ... and the bot: a version move may have changed the tool's parameters (docs/versions.md)
+            check_arguments(tool, args, calls.t.tools.argument_validator(tool))
             tool_outcome = await calls.run_checked_tool(tool, args, item.call_id or "")
         except ToolRefusal as refusal:
             tool_outcome = ToolOutcome(str(refusal), failed=True)

@@ -301,8 +301,7 @@ class SessionRegistry:
     async def delete(self, bot_name: str | None, session_id: str, principal: Principal | None) -> None:
         bot = self.bot(bot_name)
         async with self.session(bot.name, session_id, principal, EXISTING) as session:
-            memory_ids = [mid for s in session.scopes for mid in s.memory_ids()]
-            await self.writes.delete(self._hold_of(session), session_id, memory_ids)
+            await self.writes.delete(self._hold_of(session), session_id, session.memory_ids())
 
     async def discard_unused(self, session: Session) -> bool:
         """Delete a held session that ran no turn and recorded none (a /v1 request that created
@@ -315,8 +314,7 @@ class SessionRegistry:
                 return False
         except SessionError:  # nothing recorded to read back: no turn was tried
             pass
-        memory_ids = [mid for s in session.scopes for mid in s.memory_ids()]
-        await self.writes.delete(self._hold_of(session), session.id, memory_ids)
+        await self.writes.delete(self._hold_of(session), session.id, session.memory_ids())
         return True
 
     async def erase(self, session_id: str, bot_name: str | None) -> int:

@@ -113,6 +113,14 @@ class BotVersions:
                 labels = ", ".join(f"{v.label} ({v.content_version})" for v in self.versions)
                 raise wire.RequestFailed(wire.BAD_REQUEST, f"{VERSION_HEADER}: bot {self.name} has no version "
                                                            f"{wanted!r}; it serves: {labels}")
+            if self.target(named.bot) is not named.bot:  # it would move to the primary at once
+                primary = self.primary
+                kept = ", ".join(v.label for v in self.versions if self.target(v.bot) is v.bot)
+                raise wire.RequestFailed(wire.BAD_REQUEST, f"{VERSION_HEADER}: version {named.label} of bot "
+                                         f"{self.name} takes no new sessions (weight 0) and its sessions move to "
+                                         f"version {primary.label} (on_change: {primary.bot.config.on_change}), so a "
+                                         f"session started on it would not stay there; pick {kept}, or give "
+                                         f"version {named.label} a weight in versions.yaml")
             return named.bot
         weighted = [v for v in self.versions if v.weight > 0] or [self.primary]
         total = sum(v.weight for v in weighted) or 1
