@@ -491,3 +491,39 @@ def test_a_reply_longer_than_the_platform_takes_arrives_whole_in_several_message
     assert " ".join(chat.texts()).split() == words and len(replies) > 1
     assert all(text.startswith("Part ") and text.endswith("more.") for text, _ in replies)
     assert [buttons for _, buttons in replies] == [[]] * (len(replies) - 1) + [["Concert", "theatre"]]
+
+
+# -- the unruly model (issue 32) on the channel ---------------------------------------------------
+
+def test_the_models_own_consent_books_nothing_and_the_users_typed_yes_books_once(chat):
+    """The model invents the show and consents itself, then after the user's yes calls again,
+    consenting, twice: nothing is booked before the yes, one booking after it."""
+    chat.fake.queue({"unruly": ["invent_values", "self_confirm"], "tool": "book"},
+                    {"unruly": ["repeat_call", "self_confirm"]}, {"unruly": ["repeat_call", "self_confirm"]},
+                    {"text": "Booked."})
+    chat.user.say("I want a ticket")
+    wait_until(chat.user.replies, what="the question")
+    ((asked, buttons),) = chat.user.replies()
+    assert asked.startswith("Book ") and buttons == ["yes", "no"]
+    assert chat.client.get(chat.session(), headers=OPERATOR).json()["state"]["booked"] == 0
+    chat.user.say("yes")
+    wait_until(lambda: "Booked." in chat.texts(), what="the reply after the booking")
+    chat.settled()
+    assert chat.client.get(chat.session(), headers=OPERATOR).json()["state"]["booked"] == 1
+    assert chat.fake.pending == 0
+
+
+@pytest.mark.parametrize("model", [{"raw": "<html>502 Bad Gateway</html>"},
+                                   {"tool_calls": [{"name": "book", "arguments": "{\"show\": "}]}])
+def test_a_model_that_answers_garbage_or_loops_leaves_the_user_told(chat, model):
+    """A body that is no JSON fails the turn; arguments cut mid-JSON for ever (every answer the
+    same) end the turn at max_model_calls: either way the user reads a message, never silence."""
+    from chatrun.definition.page_texts import BUILTIN
+    from chatrun.events import MODEL_FAILED_TEXT
+
+    chat.fake.responder = lambda body: model
+    chat.user.say("hello")
+    wait_until(chat.user.replies, what="the reply")
+    chat.settled()
+    told = MODEL_FAILED_TEXT if "raw" in model else BUILTIN["en"]["fallback"]
+    assert chat.texts() == [told]
