@@ -306,3 +306,36 @@ def test_a_model_that_answers_garbage_or_nothing_in_time_fails_the_turn_and_the_
     reply = client.say(what)
     assert reply.failed, reply
     print(door, what, reply)
+
+
+@pytest.mark.subprocess
+def test_on_two_replicas_sharing_redis_the_turns_alternate_and_each_effect_happens_once(
+        tmp_path, redis_server, receiver, monkeypatch):
+    """`/v1` with the history resent, each request to the other replica than the one before
+    (each reads the conversation whole: it did not serve the request before)."""
+    from redis_support import Replica
+
+    (tmp_path / "bot.yaml").write_text(BOT)
+    monkeypatch.setenv("PAY_URL", receiver.url)
+    with FakeOpenAI(responder=model) as fake:
+        store = redis_server.url()  # one store: each url() is a key prefix of its own
+        replicas = [Replica(str(tmp_path / "bot.yaml"), store, fake.base_url) for _ in range(2)]
+        try:
+            doors = []
+            for replica in replicas:
+                door = ChatCompletions(server=replica.start(), stream=False, how="history")  # type: ignore[arg-type]
+                doors.append(door)
+            history: list[dict[str, str]] = []
+            for n, text in enumerate(["pay payee-replicas", "pay again to be sure payee-replicas",
+                                      "send recipient-replicas", "yes"]):
+                door = doors[n % 2]
+                door.history = history
+                reply = door.say(text)
+                assert reply.failed is None, (text, reply)
+                history = door.history
+            assert reply.text == "Sent."
+        finally:
+            for replica in replicas:
+                replica.kill()
+    assert sorted((d.body["to"], d.body["amount"]) for d in receiver.seen() if "replicas" in d.body["to"]) == [
+        ("payee-replicas", 30), ("recipient-replicas", 1000)]
