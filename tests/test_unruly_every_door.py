@@ -93,6 +93,11 @@ def model(body: dict[str, Any]) -> dict[str, Any]:
         if calls == 0:
             return {"unruly": "self_confirm", "call": {"name": "send", "arguments": {"to": who, "amount": 1000}}}
         return {"unruly": ["repeat_call", "self_confirm"]} if calls < 3 else {"text": "Sent."}
+    if said.startswith("write"):  # the call written into the text (`write tag NAME`), streamed
+        if calls == 0 and body["messages"][-1]["role"] == "user":
+            return {"unruly": "as_text", "format": said.split()[1], "text": "Paying now.",
+                    "call": {"name": "pay", "arguments": {"to": who, "amount": 5}}}
+        return {"text": "Paid."}
     if said.startswith("loop"):
         return {"tool_calls": [{"name": "bump", "arguments": {}}]}
     if said.startswith("garbage"):
@@ -290,6 +295,16 @@ def test_the_models_consent_sends_nothing_and_the_users_yes_sends_once(server, r
     decided = client.say("yes")
     assert decided.failed is None and decided.text.endswith("Sent."), decided
     assert [d.body for d in receiver.seen() if d.body["to"] == who] == [{"to": who, "amount": 1000}]
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("form", ["tag", "fenced", "bare"])
+def test_a_call_written_as_text_runs_once_and_no_door_shows_it(server, receiver, door, form):
+    client, who = DOORS[door](server), f"text-{form}-{door}"
+    reply = client.say(f"write {form} {who}")
+    assert reply.failed is None, reply
+    assert reply.texts in (["Paying now.", "Paid."], ["Paying now.\n\nPaid."], ["Paying now.Paid."]), reply
+    assert [d.body for d in receiver.seen() if d.body["to"] == who] == [{"to": who, "amount": 5}]
 
 
 @pytest.mark.parametrize("door", DOORS)

@@ -236,6 +236,8 @@ async def run_turn(
         await asyncio.shield(index.release(attempt.key))
         raise
     if not result.ok:
+        if result.opened is not None:  # its next attempt runs in the session this one made
+            await index.remember_failed(attempt.key, result.opened)
         await index.release(attempt.key)
     return result
 
@@ -275,7 +277,7 @@ async def _run_turn(
     whole, emit = emit is None, emit or _nobody
     reply = Reply()
     events: list[dict[str, Any]] = []
-    async with index.open(ident, who, claim) as opened:
+    async with index.open(ident, who, claim, attempt.key if attempt is not None else None) as opened:
         session = opened.session
         if session.ended:  # before OPENED: a streaming request fails with its status, no stream
             raise conversation_ended(session.id, session.ended)
