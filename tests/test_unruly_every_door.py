@@ -1,8 +1,9 @@
 """The unruly model (issue 32) on every door of one real server: the WebSocket in both dialects,
 the HTTP API as JSON and as Server-Sent Events, `/v1` Chat Completions (the history resent, the
 session header; plain and streamed) and Responses (`previous_response_id`; plain and streamed),
-through the real `openai` client. tests/test_unruly_doors.py holds the single-door cases, the
-channels are in tests/test_channel_conformance.py.
+through the real `openai` client, and AG-UI (read with the protocol's own types); then two
+replicas on one Redis. tests/test_unruly_doors.py holds the single-door cases, the channels are
+in tests/test_channel_conformance.py.
 
 Whatever the model does, on every door: a `once` call it repeats six times an answer, answer
 after answer and turn after turn, pays once; its own consent flag (and the values it invents)
@@ -263,6 +264,40 @@ class Responses(Door):
         return Reply([response.output_text])
 
 
+class AgUi(Door):
+    """`POST /agui/shop`, one thread, each event read with ag-ui-protocol's types; the user's
+    confirmation is an interrupt (its question what the user reads), decided by the next run's
+    `resume` when the user says yes."""
+
+    def __init__(self, server: ThreadServer):
+        super().__init__(server)
+        self.thread, self.count, self.interrupts = f"agui-{next(CHATS)}", 0, []
+
+    def say(self, text: str) -> Reply:
+        from ag_ui.core import Event, EventType
+        from pydantic import TypeAdapter
+
+        self.count += 1
+        body: dict[str, Any] = {"threadId": self.thread, "runId": f"run-{self.count}", "state": {}, "tools": [],
+                                "context": [], "forwardedProps": {},
+                                "messages": [{"id": f"u{self.count}", "role": "user", "content": text}]}
+        if text == "yes" and self.interrupts:
+            body["resume"] = [{"interruptId": self.interrupts[0].id, "status": "resolved",
+                               "payload": {"decision": "approve"}}]
+        response = httpx.post(self.server.url + "/agui/shop", json=body, timeout=60)
+        adapter: TypeAdapter[Any] = TypeAdapter(Event)
+        events = [adapter.validate_json(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+        reply = Reply(["".join(e.delta for e in events if e.type == EventType.TEXT_MESSAGE_CONTENT)])
+        last = events[-1]
+        if last.type == EventType.RUN_ERROR:
+            reply.failed = last.message
+        elif last.outcome is not None and last.outcome.type == "interrupt":
+            self.interrupts = list(last.outcome.interrupts)
+            reply.texts.extend(i.message for i in self.interrupts)
+        reply.texts = [t for t in reply.texts if t]
+        return reply
+
+
 DOORS = {
     "websocket": lambda s: WebSocket(s, extensions=True),
     "websocket-quarkus": lambda s: WebSocket(s, extensions=False),
@@ -273,6 +308,7 @@ DOORS = {
     "v1-chat-stream-session-header": lambda s: ChatCompletions(s, stream=True, how="header"),
     "v1-responses-previous": lambda s: Responses(s, stream=False),
     "v1-responses-stream-previous": lambda s: Responses(s, stream=True),
+    "agui": AgUi,
 }
 
 
