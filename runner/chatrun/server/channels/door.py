@@ -49,6 +49,7 @@ from chatrun.server.channels.base import (
     Unreachable,
     local_number,
     outgoing,
+    pressed,
     session_after,
     session_id_for,
     too_long_notice,
@@ -365,9 +366,16 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
         async with registry.session(bot, session_id, channels.principal(kind, inbound), OPEN,
                                     locale=inbound.locale, meta=meta) as session:
             request_id = f"{kind}:{inbound.delivery}"
-            run = registry.turn(session, inbound.text, request_id)
+            text, answered = _press_read(session, inbound.text)
+            run = registry.turn(session, text, request_id)
             if session.ended is not None and not await run.is_replay():  # (the ending turn's retry replays)
                 return False
+            if answered is not None and not await run.is_replay():
+                why = f"a press on the button of {answered}, which waits no more"
+                log.info("channel %s of bot %s: delivery %s: %s", kind, bot, inbound.delivery, why)
+                await _notify(registry, channel, bot, session, inbound, page_texts(
+                    session.bot.config.catalogs, session.locale)["channel_answered"], why)
+                return True
             too_long = channels.limits.message_too_long(inbound.text)
             if too_long is not None:
                 await _too_long(registry, channels, channel, bot, session, inbound, too_long)
@@ -417,6 +425,21 @@ async def _attached(channels: Channels, channel: ChannelKind, session: Session, 
         data = await channel.fetch(channels.client(), file, policy.max_bytes)
         kept.append(session.attach(data, file.media_type, file.name).to_dict())
     return {"userMessage": inbound.text, "attachments": kept}
+
+
+def _press_read(session: Session, text: str) -> tuple[str, str | None]:
+    """A message's text as the turn takes it, and the item an answered question's button named.
+    A press on a pending item's button (base.press_value) is its value, as if typed, while that
+    item is the one a message answers (the first waiting in the current scope); a press on the
+    button of an item that waits no more (answered, declined, timed out) or not yet (another
+    waits before it) answers nothing: a chat keeps old messages, and `yes` to an earlier
+    question must not be the yes to the question asked since."""
+    found = pressed(text)
+    if found is None:
+        return text, None
+    value, item = found
+    waiting = [i.id for i in session.pending if i.scope_id == session.scope_id]
+    return (value, None) if waiting[:1] == [item] else (text, item)
 
 
 def _file_notice(session: Session, exc: ChatrunError) -> str:
