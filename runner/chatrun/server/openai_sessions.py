@@ -53,12 +53,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chatrun.engine.waiting import not_decided_here
 from chatrun.messages import AssistantMessage, Message, UserMessage, message_from_dict
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 from chatrun.store.local import RecordOps
 from chatrun.store.record import (
+    PENDING_ITEMS_KEY,
     Commit,
     encode_messages,
     forked_snapshot,
@@ -518,13 +520,16 @@ class TurnIndex:
         if state is None:
             return None
         old, new = record["session"], secrets.token_hex(8)
-        memories: dict[str, list[Message] | None] = {
+        memories: dict[str, list[Message]] = {
             renamed_id(mid, old, new): [message_from_dict(d) for d in messages]
             for mid, messages in state["memories"].items()
         }
+        for item in state["snapshot"].get(PENDING_ITEMS_KEY) or ():  # not forked: the model reads so
+            not_decided_here(memories, item)
         snapshot = forked_snapshot(state["snapshot"], old, new, record["turn"])
         # A new session (versions.CREATE: refused if the id exists), written like any commit.
-        await self.registry.store.commit_turn(Commit.encode(new, snapshot, memories, [], expected=CREATE), None)
+        written: dict[str, list[Message] | None] = dict(memories)
+        await self.registry.store.commit_turn(Commit.encode(new, snapshot, written, [], expected=CREATE), None)
         return new
 
 
