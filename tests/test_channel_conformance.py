@@ -554,3 +554,10 @@ def test_a_press_on_an_answered_questions_button_decides_nothing_else(chat):
     wait_until(lambda: "Booked." in chat.texts(), what="the booking")
     chat.settled()
     assert chat.client.get(chat.session(), headers=OPERATOR).json()["state"]["booked"] == 1
+
+
+def test_a_typed_message_that_ends_like_a_buttons_value_is_a_message(chat):
+    chat.user.say("where is order #p7")  # typed: not a press on item p7's button
+    wait_until(chat.user.replies, what="the reply")
+    chat.settled()
+    assert chat.texts() == ["You said where is order #p7."]

@@ -119,6 +119,7 @@ class Inbound:
     locale: str | None = None  # the sender's language, when the platform says it
     extra: dict[str, Any] = field(default_factory=dict)  # what the kind needs after the turn (a callback's id)
     files: tuple[InboundFile, ...] = ()  # photos, documents: the turn's attachments once fetched
+    pressed: bool = False  # a button's value, pressed (not typed): it may name a waiting item (press_value)
 
     def __post_init__(self) -> None:
         # The delivery id is the turn's request id (and names the message's records): a delivery
@@ -417,9 +418,14 @@ def press_value(value: str, item: str) -> str:
     return f"{value}#{item}" if item else value
 
 
-def pressed(text: str) -> tuple[str, str] | None:
-    """(the value, the item) a press on a pending item's button sent; None for any other text."""
-    found = _PRESSED.fullmatch(text)
+def pressed(inbound: Inbound) -> tuple[str, str] | None:
+    """(the value, the item) a press on a pending item's button sent; None for any other
+    message (a typed "order #p12" is a message, whatever it ends with)."""
+    return _value_and_item(inbound.text) if inbound.pressed else None
+
+
+def _value_and_item(value: str) -> tuple[str, str] | None:
+    found = _PRESSED.fullmatch(value)
     return (found.group(1), found.group(2)) if found else None
 
 
@@ -433,7 +439,7 @@ def sources_text(data: dict[str, Any]) -> str:
 def _with_buttons(out: list[Outgoing], text: str, choices: Any, item: str = "", asked: bool = False) -> None:
     buttons = [(str(c.get("label", c.get("value"))), press_value(str(c.get("value", c.get("label"))), item))
                for c in choices or () if isinstance(c, dict)]
-    if asked and out and [(label, (pressed(value) or (value, ""))[0]) for label, value in out[-1].buttons] == buttons:
+    if asked and out and [(label, (_value_and_item(value) or (value, ""))[0]) for label, value in out[-1].buttons] == buttons:
         return  # the same buttons again (a confirmation's Yes/No follow its question): shown once
     if not text and out and not out[-1].buttons:
         out[-1] = Outgoing(out[-1].text, buttons)  # the buttons go under the question just asked

@@ -366,7 +366,7 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
         async with registry.session(bot, session_id, channels.principal(kind, inbound), OPEN,
                                     locale=inbound.locale, meta=meta) as session:
             request_id = f"{kind}:{inbound.delivery}"
-            text, answered = _press_read(session, inbound.text)
+            text, answered = _press_read(session, inbound)
             run = registry.turn(session, text, request_id)
             if session.ended is not None and not await run.is_replay():  # (the ending turn's retry replays)
                 return False
@@ -427,19 +427,19 @@ async def _attached(channels: Channels, channel: ChannelKind, session: Session, 
     return {"userMessage": inbound.text, "attachments": kept}
 
 
-def _press_read(session: Session, text: str) -> tuple[str, str | None]:
+def _press_read(session: Session, inbound: Inbound) -> tuple[str, str | None]:
     """A message's text as the turn takes it, and the item an answered question's button named.
     A press on a pending item's button (base.press_value) is its value, as if typed, while that
     item is the one a message answers (the first waiting in the current scope); a press on the
     button of an item that waits no more (answered, declined, timed out) or not yet (another
     waits before it) answers nothing: a chat keeps old messages, and `yes` to an earlier
     question must not be the yes to the question asked since."""
-    found = pressed(text)
+    found = pressed(inbound)
     if found is None:
-        return text, None
+        return inbound.text, None
     value, item = found
     waiting = [i.id for i in session.pending if i.scope_id == session.scope_id]
-    return (value, None) if waiting[:1] == [item] else (text, item)
+    return (value, None) if waiting[:1] == [item] else (inbound.text, item)
 
 
 def _file_notice(session: Session, exc: ChatrunError) -> str:
