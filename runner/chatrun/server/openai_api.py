@@ -561,8 +561,10 @@ class ResponseRequest(TurnRequest):
         return keys
 
     def run(self, emit: Emit | None) -> Coroutine[Any, Any, TurnResult]:
+        # No replays (each attempt is its own response), but a failed first turn's retry runs in its session.
+        again = self.ident.request_key(self.who.name if self.who else None, ["responses", self.ident.route, self.text])
         return run_turn(self.index, self.ident, self.who, self.text, self.prompts, emit, self.keys_after,
-                        uploads=self.uploads, stopped=(self.index.response_key(self.id),))
+                        uploads=self.uploads, stopped=(self.index.response_key(self.id),), again=again)
 
     def response_object(self, status: str, result: TurnResult | None, text_out: str | None) -> dict[str, Any]:
         annotations = _response_annotations(result.reply) if result is not None else []

@@ -213,15 +213,21 @@ class TurnResult:
 async def run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], attempt: Attempt | None = None,
-    uploads: tuple[Upload, ...] = (), stopped: tuple[str, ...] = (),
+    uploads: tuple[Upload, ...] = (), stopped: tuple[str, ...] = (), again: str | None = None,
 ) -> TurnResult:
     """One turn in the request's session; the index records it when it commits. With an
     `attempt`, a retry of a committed request replays that turn's answer instead. `emit` None:
     nobody reads the events before the turn ends (a JSON answer), so the turn runs whole in
     this task (SessionRegistry.turn's `whole`: no task and queue of its own). `stopped`: the keys
-    that name the session as a stopped turn left it (a Responses stream's response id)."""
+    that name the session as a stopped turn left it (a Responses stream's response id).
+    `again`: without an `attempt` (no replays), what names the request to its next attempt, which
+    runs in the new session a failed one made (TurnIndex.remember_failed)."""
     if attempt is None:
-        return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, stopped=stopped)
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, stopped=stopped,
+                                 again=again)
+        if again is not None and not result.ok and result.opened is not None:
+            await index.remember_failed(again, result.opened)
+        return result
     if attempt.retry:
         recorded = await index.claim_or_outcome(attempt.key)
         if recorded is not None:
@@ -231,7 +237,8 @@ async def run_turn(
     claim = None if attempt.retry else attempt.key
     try:
         # A committed turn's outcome is settled with the index's records of it (TurnIndex.remember).
-        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt, claim)
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt, claim,
+                                 again=attempt.key)
     except BaseException:
         await asyncio.shield(index.release(attempt.key))
         raise
@@ -272,12 +279,12 @@ def _replay(recorded: dict[str, Any], emit: Emit | None) -> TurnResult:
 async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
-    attempt: Attempt | None = None, claim: str | None = None, stopped: tuple[str, ...] = (),
+    attempt: Attempt | None = None, claim: str | None = None, stopped: tuple[str, ...] = (), again: str | None = None,
 ) -> TurnResult:
     whole, emit = emit is None, emit or _nobody
     reply = Reply()
     events: list[dict[str, Any]] = []
-    async with index.open(ident, who, claim, attempt.key if attempt is not None else None) as opened:
+    async with index.open(ident, who, claim, again) as opened:
         session = opened.session
         if session.ended:  # before OPENED: a streaming request fails with its status, no stream
             raise conversation_ended(session.id, session.ended)
