@@ -51,6 +51,7 @@ tools:
     description: Start booking a room
     action: {push: booking, execute: true}
   pay_deposit:
+    effect: once
     description: Pay the room's deposit (the user is asked to confirm)
     parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
     confirm: "Pay a deposit of {{ args.amount }} EUR?"
@@ -223,6 +224,23 @@ def test_a_confirmation_is_one_card_with_yes_and_no_also_after_a_reload(server, 
         page.locator(".msg.bot", has_text="Your deposit is paid.").wait_for(timeout=10_000)
         assert page.locator(".pending-card").count() == 1 and page.locator("#messages .choices").count() == 0
         assert page.locator(".pending-card .pending-status").inner_text() == "Yes"
+
+
+def test_the_models_own_consent_is_no_yes_and_its_repeat_after_the_yes_asks_nothing(server, fake):
+    """The unruly model (issue 32) on the page: it consents in its own arguments, and the user is
+    asked all the same; after the user's Yes it calls again, consenting: the deposit is paid once,
+    and no second card asks the question the user has answered."""
+    with chat_page(server.url) as page:
+        fake.queue({"unruly": "self_confirm", "call": {"name": "pay_deposit", "arguments": {"amount": 50}}})
+        send(page, "pay the deposit")
+        card = page.locator('.pending-card[data-confirm="true"]')
+        assert card.locator(".pending-ask").inner_text() == "Pay a deposit of 50 EUR?"
+        fake.queue({"unruly": ["repeat_call", "self_confirm"]}, {"text": "Your deposit is paid."})
+        card.locator("button.approve").click()
+        page.locator(".msg.bot", has_text="Your deposit is paid.").wait_for(timeout=10_000)
+        assert page.locator(".pending-card").count() == 1 and card.locator(".pending-status").inner_text() == "Yes"
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told[0].startswith("Paid 50 EUR.") and told[1].startswith("Already done earlier"), told
 
 
 @pytest.mark.parametrize("width", WIDTHS)

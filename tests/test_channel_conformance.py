@@ -45,6 +45,7 @@ from channel_support import (
     whatsapp_message,
     whatsapp_signed,
 )
+from chatrun.definition.page_texts import BUILTIN
 from chatrun.server.channels.base import session_id_for
 from server_support import app_for_testclient, wait_until
 from webhook_support import OPENAI_MODEL
@@ -56,6 +57,7 @@ from channel_support import FakeBotFramework  # noqa: E402
 from leak_support import card_leaked
 
 KINDS = ["telegram", "slack", "whatsapp", "teams"]
+PAGE_TEXTS = BUILTIN["en"]
 OPERATOR = {"Authorization": "Bearer op-token-123"}
 SECRETS = {"TG_TOKEN": "123456:conform", "TG_SECRET": "tg-secret-conform-01", "SLACK_TOKEN": "xoxb-conform",
            "SLACK_SIGNING": "slack-signing-conform", "WA_TOKEN": "EAAG-conform", "WA_SECRET": "meta-secret-conform",
@@ -371,8 +373,8 @@ def test_choices_arrive_as_buttons_and_a_press_chooses(chat):
 def test_a_confirm_approval_arrives_as_buttons_and_a_press_decides_it(chat):
     chat.user.say("book Hamlet")
     wait_until(chat.user.replies, what="the question")
-    assert chat.user.replies() == [("Book Hamlet?", ["yes", "no"])]
-    assert chat.user.press("yes") == 200
+    assert chat.user.replies() == [("Book Hamlet?", ["yes#p1", "no#p1"])]  # each names its question
+    assert chat.user.press("yes#p1") == 200
     wait_until(lambda: any("Booked Hamlet" in t for t in chat.texts()), what="the booking's reply")
     chat.settled()
     assert not any("Booked" in t for t in chat.texts()[:1])
@@ -514,3 +516,71 @@ def test_a_reply_longer_than_the_platform_takes_arrives_whole_in_several_message
     assert " ".join(chat.texts()).split() == words and len(replies) > 1
     assert all(text.startswith("Part ") and text.endswith("more.") for text, _ in replies)
     assert [buttons for _, buttons in replies] == [[]] * (len(replies) - 1) + [["Concert", "theatre"]]
+
+
+# -- the unruly model (issue 32) on the channel ---------------------------------------------------
+
+def test_the_models_own_consent_books_nothing_and_the_users_typed_yes_books_once(chat):
+    """The model invents the show and consents itself, then after the user's yes calls again,
+    consenting, twice: nothing is booked before the yes, one booking after it."""
+    chat.fake.queue({"unruly": ["invent_values", "self_confirm"], "tool": "book"},
+                    {"unruly": ["repeat_call", "self_confirm"]}, {"unruly": ["repeat_call", "self_confirm"]},
+                    {"text": "Booked."})
+    chat.user.say("I want a ticket")
+    wait_until(chat.user.replies, what="the question")
+    ((asked, buttons),) = chat.user.replies()
+    assert asked.startswith("Book ") and buttons == ["yes#p1", "no#p1"]
+    assert chat.client.get(chat.session(), headers=OPERATOR).json()["state"]["booked"] == 0
+    chat.user.say("yes")
+    wait_until(lambda: "Booked." in chat.texts(), what="the reply after the booking")
+    chat.settled()
+    assert chat.client.get(chat.session(), headers=OPERATOR).json()["state"]["booked"] == 1
+    assert chat.fake.pending == 0
+
+
+@pytest.mark.parametrize("model", [{"raw": "<html>502 Bad Gateway</html>"},
+                                   {"tool_calls": [{"name": "book", "arguments": "{\"show\": "}]}])
+def test_a_model_that_answers_garbage_or_loops_leaves_the_user_told(chat, model):
+    """A body that is no JSON fails the turn; arguments cut mid-JSON for ever (every answer the
+    same) end the turn at max_model_calls: either way the user reads a message, never silence."""
+    from chatrun.definition.page_texts import BUILTIN
+    from chatrun.events import MODEL_FAILED_TEXT
+
+    chat.fake.responder = lambda body: model
+    chat.user.say("hello")
+    wait_until(chat.user.replies, what="the reply")
+    chat.settled()
+    told = MODEL_FAILED_TEXT if "raw" in model else BUILTIN["en"]["fallback"]
+    assert chat.texts() == [told]
+
+
+def test_a_press_on_an_answered_questions_button_decides_nothing_else(chat):
+    """The user declines "Book Hamlet?" by asking for another show, and the model asks "Book
+    Macbeth?". Hamlet's Yes button is still on the platform (a chat keeps its old messages): a
+    press on it said only `yes`, so it booked Macbeth, which the user never said yes to. A button
+    names its question: a press on an answered one decides nothing, and the user is told."""
+    chat.user.say("book Hamlet")
+    wait_until(chat.user.replies, what="the first question")
+    ((asked, hamlet_buttons),) = chat.user.replies()
+    assert asked == "Book Hamlet?" and len(hamlet_buttons) == 2
+    chat.fake.queue({"tool_calls": [{"name": "book", "arguments": {"show": "Macbeth"}}]})
+    chat.user.say("rather Macbeth")
+    wait_until(lambda: "Book Macbeth?" in chat.texts(), what="the second question")
+    assert chat.user.press(hamlet_buttons[0]) == 200  # Hamlet's Yes, pressed late
+    wait_until(lambda: len(chat.user.replies()) == 3, what="the answer to the late press")
+    chat.settled()
+    assert chat.client.get(chat.session(), headers=OPERATOR).json()["state"]["booked"] == 0, chat.texts()
+    assert chat.texts()[2] == PAGE_TEXTS["channel_answered"]
+    macbeth_buttons = chat.user.replies()[1][1]
+    chat.fake.queue({"text": "Booked."})
+    assert chat.user.press(macbeth_buttons[0]) == 200  # the question that waits: its Yes books it
+    wait_until(lambda: "Booked." in chat.texts(), what="the booking")
+    chat.settled()
+    assert chat.client.get(chat.session(), headers=OPERATOR).json()["state"]["booked"] == 1
+
+
+def test_a_typed_message_that_ends_like_a_buttons_value_is_a_message(chat):
+    chat.user.say("where is order #p7")  # typed: not a press on item p7's button
+    wait_until(chat.user.replies, what="the reply")
+    chat.settled()
+    assert chat.texts() == ["You said where is order #p7."]

@@ -144,8 +144,8 @@ def test_the_users_confirmation_is_block_kit_buttons_and_a_press_decides_it(clie
     question = slack.calls("chat.postMessage")[-1]
     assert question["text"] == "Book Hamlet?"
     buttons = question["blocks"][1]["elements"]
-    assert [(b["text"]["text"], b["value"]) for b in buttons] == [("Yes", "yes"), ("No", "no")]
-    assert post_press(client, slack_press("trig-1", "yes")).status_code == 200
+    assert [(b["text"]["text"], b["value"]) for b in buttons] == [("Yes", "yes#p1"), ("No", "no#p1")]
+    assert post_press(client, slack_press("trig-1", "yes#p1")).status_code == 200
     wait_until(lambda: any("Booked Hamlet" in t for t in texts(slack)), what="the booking's reply")
 
 

@@ -112,9 +112,9 @@ def test_the_users_confirmation_is_an_adaptive_card_and_a_press_decides_it(clien
     card = bf.activities[-1]["attachments"][0]
     assert card["contentType"] == "application/vnd.microsoft.card.adaptive"
     assert card["content"]["body"][0]["text"] == "Book Hamlet?"
-    assert [(a["title"], a["data"]) for a in card["content"]["actions"]] == [("Yes", {"choice": "yes"}),
-                                                                           ("No", {"choice": "no"})]
-    post(client, bf, bf.activity("act-2", value={"choice": "yes"}))
+    assert [(a["title"], a["data"]) for a in card["content"]["actions"]] == [("Yes", {"choice": "yes#p1"}),
+                                                                           ("No", {"choice": "no#p1"})]
+    post(client, bf, bf.activity("act-2", value={"choice": "yes#p1"}))
     wait_until(lambda: any("Booked Hamlet" in a.get("text", "") for a in bf.activities), what="the booking's reply")
 
 

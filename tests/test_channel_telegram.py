@@ -142,8 +142,8 @@ def test_the_users_confirmation_comes_as_buttons_and_a_press_decides_it(client, 
     question = telegram.calls("sendMessage")[-1]
     assert len(telegram.calls("sendMessage")) == 1 and question["text"] == "Book Hamlet?"
     buttons = [b[0] for b in question["reply_markup"]["inline_keyboard"]]
-    assert buttons == [{"text": "Yes", "callback_data": "yes"}, {"text": "No", "callback_data": "no"}]
-    deliver(client, telegram_press(2, "yes"))
+    assert buttons == [{"text": "Yes", "callback_data": "yes#p1"}, {"text": "No", "callback_data": "no#p1"}]
+    deliver(client, telegram_press(2, "yes#p1"))
     wait_until(lambda: any("Booked Hamlet" in t for t in texts(telegram)), what="the booking's reply")
     assert telegram.calls("answerCallbackQuery") == [{"callback_query_id": "cbq-2"}]
 

@@ -120,9 +120,9 @@ def test_the_users_confirmation_is_reply_buttons_and_a_press_decides_it(client, 
     wait_until(lambda: sent(meta), what="the question")
     question = sent(meta)[-1]["interactive"]
     assert question["type"] == "button" and question["body"]["text"] == "Book Hamlet?"
-    assert [b["reply"] for b in question["action"]["buttons"]] == [{"id": "yes", "title": "Yes"},
-                                                                   {"id": "no", "title": "No"}]
-    post(client, whatsapp_message("wamid.B2", button="yes"))
+    assert [b["reply"] for b in question["action"]["buttons"]] == [{"id": "yes#p1", "title": "Yes"},
+                                                                   {"id": "no#p1", "title": "No"}]
+    post(client, whatsapp_message("wamid.B2", button="yes#p1"))
     wait_until(lambda: any("Booked Hamlet" in json.dumps(m) for m in sent(meta)), what="the booking's reply")
 
 

@@ -176,16 +176,20 @@ class ChatCompletions(Door):
         if self.stream:  # the SDK's own accumulation of the deltas into the final message
             with self.client.chat.completions.stream(model="shop", messages=messages,  # type: ignore[arg-type]
                                                      extra_headers=self.headers) as stream:
+                chunks = [event.chunk for event in stream if event.type == "chunk"]
                 completion = stream.get_final_completion()
+            extra = chunks[-1].model_extra  # the final completion the SDK builds drops the last chunk's `chatrun`
         else:
             completion = self.client.chat.completions.create(model="shop", messages=messages,  # type: ignore[arg-type]
                                                              extra_headers=self.headers)
+            extra = completion.model_extra
         message = completion.choices[0].message
         if self.how == "history":
             self.history = [*messages, {"role": "assistant", "content": message.content or ""}]
         elif self.how == "header":
-            session = completion.model_extra["chatrun"]["session"] if completion.model_extra else None
-            self.headers = {"X-Chatrun-Session": str(session)}
+            session = (extra or {})["chatrun"]["session"]
+            assert self.headers in ({}, {"X-Chatrun-Session": session}), "the header's session was not continued"
+            self.headers = {"X-Chatrun-Session": session}
         citations = [(a.url_citation.title, a.url_citation.url) for a in message.annotations or ()]
         for a in message.annotations or ():  # each spans the `[ref]` that cites it
             assert (message.content or "")[a.url_citation.start_index:a.url_citation.end_index] == \

@@ -147,3 +147,35 @@ def test_two_first_attempts_with_one_key_at_two_replicas_run_one_turn(fake, shop
     assert sorted(r["chatrun"]["how"] for r in replies) == ["new", "replayed"]
     assert {r["choices"][0]["message"]["content"] for r in replies} == {"Ordered: tea."}
     assert replies[0]["chatrun"]["session"] == replies[1]["chatrun"]["session"]
+
+
+@pytest.mark.parametrize("how", ["sdk retry", "idempotency key", "responses"])
+def test_a_retry_of_a_failed_first_turn_sends_its_tool_call_with_the_same_idempotency_key(fake, shop, redis_server,
+                                                                                         how):
+    """The first message of a conversation: the tool POSTs, then the model fails, so the turn is
+    rolled back (HTTP 500) and the client retries, on the other replica. The retry runs the turn
+    again and the model makes the same call: it must carry the same Idempotency-Key (the session's
+    id is part of it), or the service that dedupes by it orders twice. The retry made another new
+    session, so another key."""
+    bot, receiver = shop
+    fake.queue(call("place_order", item="tea"), {"status": 400, "body": "the model broke"},
+               call("place_order", item="tea"), {"text": "Ordered: tea."})
+    one, two = replicas(bot, redis_server.url())
+    messages = [{"role": "user", "content": "tea please"}]
+    with one, two:
+        transport = Alternating([one.url, two.url])
+        with sdk(transport, timeout=30, retries=0 if how == "idempotency key" else 1) as client:
+            if how == "responses":  # no replays there, but the retry of a failed first input all the same
+                response = client.responses.create(model="shop", input="tea please")
+                text, info = response.output_text, response.model_extra["chatrun"]
+            else:
+                headers = {"Idempotency-Key": "order-9"} if how == "idempotency key" else {}
+                if how == "idempotency key":  # the client's own retry, with the same key
+                    with pytest.raises(openai.InternalServerError):
+                        client.chat.completions.create(model="shop", messages=messages, extra_headers=headers)
+                reply = client.chat.completions.create(model="shop", messages=messages, extra_headers=headers)
+                text, info = reply.choices[0].message.content, reply.model_extra["chatrun"]
+    assert text == "Ordered: tea." and transport.sent == 2
+    keys = [d.headers["idempotency-key"] for d in receiver.seen()]
+    assert len(keys) == 2 and keys[0] == keys[1], keys
+    assert info["how"] == "new" and info["turn"] == 1

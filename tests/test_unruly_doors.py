@@ -281,3 +281,60 @@ def test_a_timeout_past_the_clocks_end_never_comes_due_and_the_turn_goes_on(writ
     events = session.chat("pay 30")
     assert [e.type for e in events if e.type in ("Pending", "Error")] == ["Pending"], events
     assert [(p.id, p.due) for p in session.pending] == [("p1", None)]
+
+
+def test_v1_a_fork_of_a_turn_that_asked_for_consent_tells_the_model_nothing_waits_there(client, fake):
+    """The user's yes sent the money; the front end then regenerates the answer to that yes (the
+    same history resent), which forks from right after the question. The question's item is not
+    forked (a decision belongs to the conversation that asked), but the fork's memory still read
+    "Waiting for the user's confirmation", then the user's "yes": a model answers "Sent." with
+    nothing sent in that conversation (or asks its own way). The model reads that nothing waits."""
+    ai = sdk(client)
+    send = {"tool_calls": [{"name": "send", "arguments": {"amount": 5}}]}
+    fake.queue(send)
+    messages = [{"role": "user", "content": "send 5"}]
+    asked = ai.chat.completions.create(model="quiet", messages=messages).choices[0].message.content
+    messages += [{"role": "assistant", "content": asked}, {"role": "user", "content": "yes"}]
+    fake.queue({"text": "Sent."})
+    assert ai.chat.completions.create(model="quiet", messages=messages).choices[0].message.content == "Sent."
+    fake.queue({"text": "Shall I send it again?"})
+    regenerated = ai.chat.completions.create(model="quiet", messages=messages)
+    assert regenerated.model_extra["chatrun"]["how"] == "forked"
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told == ["Not decided: the conversation was taken up again from before this call was decided, "
+                    "so send did not run here and nothing waits for it. If it is still wanted, call it again."]
+    assert fake.requests[-1]["messages"][-1] == {"role": "user", "content": "yes"}
+
+
+DEPOSIT_BOT = """
+name: deposit
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+routes:
+  main: {default: true, system: You take deposits., tools: [pay_deposit]}
+tools:
+  pay_deposit:
+    effect: once
+    description: Pay the deposit (the user is asked to confirm)
+    parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    confirm: "Pay a deposit of {{ args.amount }} EUR?"
+    action: {reply: "Paid {{ args.amount }} EUR."}
+"""
+
+
+@pytest.mark.parametrize("decision", ["yes", "Approve"])
+def test_a_once_call_the_user_approved_is_done_and_its_repeat_asks_nothing(write_bot, fake, decision):
+    """A `once` tool whose action only replies counted as having done nothing, so it was not
+    remembered: after the user's yes the model's identical call (consenting itself) asked the
+    user the same question again. The approval is what it did: the repeat is answered."""
+    from chatrun.testing.unruly import Unruly  # noqa: F401 - the fake answers the same items
+
+    session = chatrun.load_bot(write_bot(DEPOSIT_BOT)).session()
+    fake.queue({"unruly": "self_confirm", "call": {"name": "pay_deposit", "arguments": {"amount": 50}}})
+    session.chat("pay the deposit")
+    fake.queue({"unruly": ["repeat_call", "self_confirm"]}, {"text": "Your deposit is paid."})
+    events = session.chat("yes" if decision == "yes" else chatrun.Approve("p1"))
+    assert [e.type for e in events if e.type in ("Pending", "Resolved")] == ["Resolved"], events
+    assert session.pending == [] and fake.pending == 0
+    told = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told[0].startswith("Paid 50 EUR.")
+    assert told[1].startswith("Already done earlier in this conversation (turn 2): Paid 50 EUR."), told

@@ -109,6 +109,9 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_refused": "Sorry, I cannot take that file. I take {kinds} files of up to {size}, "
                                 "at most {count} per message.",
         "channel_file_unreadable": "Sorry, I could not read your file. Please send it again.",
+        # A messaging platform's user who pressed a button of a question answered before: nothing is decided.
+        "channel_answered": "That question was answered already, so the button did nothing. "
+                            "Please answer the latest question.",
         # A messaging platform's user whose message is over the server's --max-message-chars: no turn runs.
         "channel_too_long": "Sorry, your message is too long: I take messages of up to {limit} characters. "
                             "Please send a shorter one.",
@@ -287,6 +290,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_refused": "Leider kann ich diese Datei nicht annehmen. Ich nehme {kinds}-Dateien bis {size} an, "
                                 "höchstens {count} pro Nachricht.",
         "channel_file_unreadable": "Leider konnte ich Ihre Datei nicht lesen. Bitte senden Sie sie noch einmal.",
+        "channel_answered": "Diese Frage wurde schon beantwortet, der Knopf hat nichts bewirkt. "
+                            "Bitte beantworten Sie die letzte Frage.",
         "channel_too_long": "Leider ist Ihre Nachricht zu lang: Ich nehme Nachrichten mit bis zu {limit} Zeichen an. "
                             "Bitte senden Sie eine kürzere.",
         "chat_title": "Chat",
@@ -458,6 +463,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_refused": "عذرًا، لا يمكنني استلام هذا الملف. أستلم ملفات {kinds} بحجم أقصاه {size}، "
                                 "وبحد أقصى {count} في الرسالة الواحدة.",
         "channel_file_unreadable": "عذرًا، تعذّرت قراءة ملفك. يُرجى إرساله مرة أخرى.",
+        "channel_answered": "تمت الإجابة عن هذا السؤال من قبل، لذا لم يفعل الزر شيئًا. "
+                            "يُرجى الإجابة عن السؤال الأخير.",
         "channel_too_long": "عذرًا، رسالتك طويلة جدًا: أستلم رسائل لا يتجاوز طولها {limit} حرفًا. "
                             "يُرجى إرسال رسالة أقصر.",
         "chat_title": "محادثة",

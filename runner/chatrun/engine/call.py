@@ -651,10 +651,13 @@ def _next_step(action: ActionConfig, execute: bool) -> NextStep:
 
 
 def _did_something(tool: ToolConfig, action: ActionConfig) -> bool:
-    """Whether a call did anything to remember: its kind ran (a handler, an API, a server), or
-    the action that applied writes state or sends events. A case that only answered (a refusal
-    written as a case) did nothing: the same call may run when it would do something."""
-    return tool.kind is not None or bool(action.set or action.emit) or bool(action.ask and action.ask.into)
+    """Whether a call did anything to remember: its kind ran (a handler, an API, a server), the
+    action that applied writes state or sends events, or a person approved it (a tool with
+    `approval:` or `confirm:`: the same call again would ask them again for what they said yes
+    to). A case that only answered (a refusal written as a case) did nothing: the same call may
+    run when it would do something."""
+    return (tool.kind is not None or bool(action.set or action.emit) or bool(action.ask and action.ask.into)
+            or tool.approval is not None)
 
 
 def _action_words(tool: ToolConfig | None) -> str:

@@ -687,7 +687,7 @@ def replace_result(memory: ChatMemory, call_id: str | None, reply: str, *, drop:
     placeholder (a message window dropped it, with its call, while the item waited), `call` and
     its result are added at the end, so the model reads what was decided as a whole pair."""
     messages = memory.messages()
-    at = _placeholder(messages, call_id)
+    at = placeholder_at(messages, call_id)
     if at is not None:
         placeholder = messages[at]
         assert isinstance(placeholder, ToolResultMessage)
@@ -698,7 +698,27 @@ def replace_result(memory: ChatMemory, call_id: str | None, reply: str, *, drop:
     memory.set(messages)
 
 
-def _placeholder(messages: list[Message], call_id: str | None) -> int | None:
+# What the model reads of a waiting call in a /v1 fork, which does not take the item (server/openai_sessions.py).
+NOT_DECIDED = ("Not decided: the conversation was taken up again from before this call was decided, so {tool} did "
+               "not run here and nothing waits for it. If it is still wanted, call it again.")
+
+
+def not_decided_here(memories: dict[str, list[Message]], item: dict[str, Any]) -> None:
+    """The placeholder result of a waiting item's call ("Waiting for ...") in `memories`, replaced
+    with NOT_DECIDED: a copy of the conversation without the item (a fork) would tell the model
+    the call still waits, and read a `yes` after it as if it decided something."""
+    call_id, tool = item.get("call_id"), item.get("tool")
+    if not call_id or not tool:
+        return  # a takeover: no call waits
+    for messages in memories.values():
+        at = placeholder_at(messages, call_id)
+        if at is not None:
+            result = messages[at]
+            assert isinstance(result, ToolResultMessage)
+            messages[at] = ToolResultMessage(call_id, result.name, NOT_DECIDED.format(tool=tool))
+
+
+def placeholder_at(messages: list[Message], call_id: str | None) -> int | None:
     """Where the call's result is: the first result of its id after the latest answer that made a
     call of that id. Only that one: a model server that numbers each answer's calls from `call_0`
     reuses ids, and the results of earlier calls with the same id are theirs, not this call's."""

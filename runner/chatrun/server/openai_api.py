@@ -579,8 +579,10 @@ class ResponseRequest(TurnRequest):
 
     def run(self, emit: Emit | None) -> Coroutine[Any, Any, TurnResult]:
         stopped = {self.index.response_key(self.id): {RESPONSE: self.response_object("cancelled", None, None)}}
+        # No replays (each attempt is its own response), but a failed first turn's retry runs in its session.
+        again = self.ident.request_key(self.who.name if self.who else None, ["responses", self.ident.route, self.text])
         return run_turn(self.index, self.ident, self.who, self.text, self.prompts, emit, self.keys_after,
-                        uploads=self.uploads, stopped=stopped, kept=self.kept_after)
+                        uploads=self.uploads, stopped=stopped, kept=self.kept_after, again=again)
 
     def kept_after(self, result: TurnResult) -> Kept:
         """What the response id's record keeps besides the turn: the response object as this

@@ -55,12 +55,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chatrun.engine.waiting import not_decided_here
 from chatrun.messages import AssistantMessage, Message, UserMessage, message_from_dict
 from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 from chatrun.store.local import RecordOps
 from chatrun.store.record import (
+    PENDING_ITEMS_KEY,
     Commit,
     encode_messages,
     forked_snapshot,
@@ -313,10 +315,13 @@ class TurnIndex:
     # -- opening the session of a request ----------------------------------------------------
 
     @asynccontextmanager
-    async def open(self, ident: Identity, who: Principal | None, claim: str | None = None) -> AsyncIterator[Opened]:
+    async def open(self, ident: Identity, who: Principal | None, claim: str | None = None,
+                   attempt: str | None = None) -> AsyncIterator[Opened]:
         """The request's session, locked for its turn (see the module's rules). `claim`: the
         key of the request's outcome, marked as running (so that its retries, on any replica,
-        wait for its outcome) in the same store call as the look-up of its conversation."""
+        wait for its outcome) in the same store call as the look-up of its conversation.
+        `attempt`: that key (also of a retry): a new session an earlier attempt of the same
+        request made and left without a turn is the one this attempt runs in (remember_failed)."""
         registry = self.registry
         if ident.explicit_id is not None:
             problem = wire.chat_id_problem(ident.explicit_id)
@@ -350,8 +355,36 @@ class TurnIndex:
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
                     yield Opened(session, FORKED, forked_from=record["session"])
                 return
+        failed = await self._failed_attempts_session(attempt)
+        if failed is not None:
+            async with registry.session(ident.bot, failed, who, EXISTING) as session:
+                if not session.turn_count:  # nothing committed since: the turn the attempt failed to run
+                    yield Opened(session, NEW_SESSION)
+                    return
         async with self._new(ident, who, secrets.token_hex(8)) as opened:
             yield opened
+
+    @staticmethod
+    def failed_key(attempt: str) -> str:
+        return attempt + ":failed"
+
+    async def remember_failed(self, attempt: str, opened: Opened) -> None:
+        """A failed attempt of a request that made a new session (its first turn rolled back):
+        the request's next attempt runs its turn in that session again, not in another new one,
+        so the calls it makes again carry the same idempotency keys (the session's id is part of
+        them) and a service that dedupes by them acts once (docs/tools.md, idempotency keys)."""
+        session = opened.session
+        if opened.how == NEW_SESSION and not session.turn_count:
+            await self.records.put_record(self.failed_key(attempt), {"session": session.id}, session.id)
+
+    async def _failed_attempts_session(self, attempt: str | None) -> str | None:
+        if attempt is None:
+            return None
+        record = await self.records.get_record(self.failed_key(attempt))
+        session_id = record.get("session") if record is not None else None
+        if not isinstance(session_id, str) or await self.records.version(session_id) is None:
+            return None  # none, or deleted since
+        return session_id
 
     @asynccontextmanager
     async def _new(self, ident: Identity, who: Principal | None, session_id: str) -> AsyncIterator[Opened]:
@@ -504,13 +537,16 @@ class TurnIndex:
         if state is None:
             return None
         old, new = record["session"], secrets.token_hex(8)
-        memories: dict[str, list[Message] | None] = {
+        memories: dict[str, list[Message]] = {
             renamed_id(mid, old, new): [message_from_dict(d) for d in messages]
             for mid, messages in state["memories"].items()
         }
+        for item in state["snapshot"].get(PENDING_ITEMS_KEY) or ():  # not forked: the model reads so
+            not_decided_here(memories, item)
         snapshot = forked_snapshot(state["snapshot"], old, new, record["turn"])
         # A new session (versions.CREATE: refused if the id exists), written like any commit.
-        await self.registry.store.commit_turn(Commit.encode(new, snapshot, memories, [], expected=CREATE), None)
+        written: dict[str, list[Message] | None] = dict(memories)
+        await self.registry.store.commit_turn(Commit.encode(new, snapshot, written, [], expected=CREATE), None)
         return new
 
 

@@ -219,6 +219,7 @@ async def run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], attempt: Attempt | None = None,
     uploads: tuple[Upload, ...] = (), stopped: Kept | None = None, kept: KeptAfter | None = None,
+    again: str | None = None,
 ) -> TurnResult:
     """One turn in the request's session; the index records it when it commits. With an
     `attempt`, a retry of a committed request replays that turn's answer instead. `emit` None:
@@ -226,10 +227,15 @@ async def run_turn(
     this task (SessionRegistry.turn's `whole`: no task and queue of its own). `stopped`: the keys
     that name the session as a stopped turn left it (a Responses stream's response id), with
     what their records keep besides; `kept`: what the committed turn's keys' records keep besides
-    (a Responses request's response object), as storage guardrails leave it."""
+    (a Responses request's response object), as storage guardrails leave it. `again`: without an
+    `attempt` (no replays), what names the request to its next attempt, which runs in the new
+    session a failed one made (TurnIndex.remember_failed)."""
     if attempt is None:
-        return await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, stopped=stopped,
-                               kept=kept)
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, stopped=stopped,
+                                 kept=kept, again=again)
+        if again is not None and not result.ok and result.opened is not None:
+            await index.remember_failed(again, result.opened)
+        return result
     if attempt.retry:
         recorded = await index.claim_or_outcome(attempt.key)
         if recorded is not None:
@@ -240,11 +246,13 @@ async def run_turn(
     try:
         # A committed turn's outcome is settled with the index's records of it (TurnIndex.remember).
         result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt, claim,
-                                 stopped=stopped, kept=kept)
+                                 stopped=stopped, kept=kept, again=attempt.key)
     except BaseException:
         await asyncio.shield(index.release(attempt.key))
         raise
     if not result.ok:
+        if result.opened is not None:  # its next attempt runs in the session this one made
+            await index.remember_failed(attempt.key, result.opened)
         await index.release(attempt.key)
     return result
 
@@ -280,12 +288,12 @@ async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
     attempt: Attempt | None = None, claim: str | None = None, stopped: Kept | None = None,
-    kept: KeptAfter | None = None,
+    kept: KeptAfter | None = None, again: str | None = None,
 ) -> TurnResult:
     whole, emit = emit is None, emit or _nobody
     reply = Reply()
     events: list[dict[str, Any]] = []
-    async with index.open(ident, who, claim) as opened:
+    async with index.open(ident, who, claim, again) as opened:
         session = opened.session
         if session.ended:  # before OPENED: a streaming request fails with its status, no stream
             raise conversation_ended(session.id, session.ended)

@@ -120,6 +120,7 @@ class Inbound:
     locale: str | None = None  # the sender's language, when the platform says it
     extra: dict[str, Any] = field(default_factory=dict)  # what the kind needs after the turn (a callback's id)
     files: tuple[InboundFile, ...] = ()  # photos, documents: the turn's attachments once fetched
+    pressed: bool = False  # a button's value, pressed (not typed): it may name a waiting item (press_value)
 
     def __post_init__(self) -> None:
         # The delivery id is the turn's request id (and names the message's records): a delivery
@@ -397,15 +398,36 @@ def outgoing(events: list[dict[str, Any]]) -> list[Outgoing]:
         elif kind == ev.OBJECT:
             out.append(Outgoing(_object_text(data)))
         elif kind == ev.CHOICES and isinstance(data, dict):
-            _with_buttons(out, "", data.get("choices"))
+            _with_buttons(out, "", data.get("choices"), asked=True)
         elif kind == ev.SOURCES and isinstance(data, dict) and (text := sources_text(data)):
             out.append(Outgoing(text))
         elif kind == ev.PENDING and isinstance(data, dict):
             text = str(data.get("ask") or "")
             if not data.get("choices") and data.get("reply"):
                 text = f"{text}\n{data['reply']}".strip()
-            _with_buttons(out, text, data.get("choices"))
+            _with_buttons(out, text, data.get("choices"), item=str(data.get("id") or ""))
     return out
+
+
+# A button of a pending item's question says which item it answers: the value, "#", the item's
+# id. A chat keeps its old messages, and a press on an answered question's button must not
+# answer the question asked since (door.py reads it back: `pressed`).
+_PRESSED = re.compile(r"(?s)(.+)#(p\d+)")
+
+
+def press_value(value: str, item: str) -> str:
+    return f"{value}#{item}" if item else value
+
+
+def pressed(inbound: Inbound) -> tuple[str, str] | None:
+    """(the value, the item) a press on a pending item's button sent; None for any other
+    message (a typed "order #p12" is a message, whatever it ends with)."""
+    return _value_and_item(inbound.text) if inbound.pressed else None
+
+
+def _value_and_item(value: str) -> tuple[str, str] | None:
+    found = _PRESSED.fullmatch(value)
+    return (found.group(1), found.group(2)) if found else None
 
 
 def sources_text(data: dict[str, Any]) -> str:
@@ -415,10 +437,10 @@ def sources_text(data: dict[str, Any]) -> str:
     return "Sources:\n" + "\n".join(lines) if lines else ""
 
 
-def _with_buttons(out: list[Outgoing], text: str, choices: Any) -> None:
-    buttons = [(str(c.get("label", c.get("value"))), str(c.get("value", c.get("label"))))
+def _with_buttons(out: list[Outgoing], text: str, choices: Any, item: str = "", asked: bool = False) -> None:
+    buttons = [(str(c.get("label", c.get("value"))), press_value(str(c.get("value", c.get("label"))), item))
                for c in choices or () if isinstance(c, dict)]
-    if not text and out and out[-1].buttons == buttons:
+    if asked and out and [(label, (_value_and_item(value) or (value, ""))[0]) for label, value in out[-1].buttons] == buttons:
         return  # the same buttons again (a confirmation's Yes/No follow its question): shown once
     if not text and out and not out[-1].buttons:
         out[-1] = Outgoing(out[-1].text, buttons)  # the buttons go under the question just asked

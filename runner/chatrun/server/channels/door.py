@@ -49,6 +49,7 @@ from chatrun.server.channels.base import (
     Unreachable,
     local_number,
     outgoing,
+    pressed,
     session_after,
     session_id_for,
     too_long_notice,
@@ -378,12 +379,19 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
         async with registry.session(bot, session_id, channels.principal(kind, inbound), OPEN,
                                     locale=inbound.locale, meta=meta, channel=True) as session:
             request_id = f"{kind}:{inbound.delivery}"
-            run = registry.turn(session, inbound.text, request_id)
+            text, answered = _press_read(session, inbound)
+            run = registry.turn(session, text, request_id)
             # A retry replays what the delivery got: its turn, or the notice that answered it
-            # (too long, its files refused): nothing is fetched, run or told again.
+            # (too long, its files refused, a press on an answered question's button): nothing is
+            # fetched, run or told again.
             replay = await run.is_replay()
             if session.ended is not None and not replay:  # (the ending turn's retry replays)
                 return False
+            if answered is not None and not replay:
+                why = f"a press on the button of {answered}, which waits no more"
+                log.info("channel %s of bot %s: delivery %s: %s", kind, bot, inbound.delivery, why)
+                await run.notice(page_texts(session.bot.config.catalogs, session.locale)["channel_answered"], why)
+                return True
             too_long = None if replay else channels.limits.message_too_long(inbound.text)
             if too_long is not None:  # (as the HTTP API and the WebSocket refuse it; another try would be too)
                 log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, too_long)
@@ -432,6 +440,21 @@ async def _attached(channels: Channels, channel: ChannelKind, session: Session, 
         data = await channel.fetch(channels.client(), file, policy.max_bytes)
         kept.append(session.attach(data, file.media_type, file.name).to_dict())
     return {"userMessage": inbound.text, "attachments": kept}
+
+
+def _press_read(session: Session, inbound: Inbound) -> tuple[str, str | None]:
+    """A message's text as the turn takes it, and the item an answered question's button named.
+    A press on a pending item's button (base.press_value) is its value, as if typed, while that
+    item is the one a message answers (the first waiting in the current scope); a press on the
+    button of an item that waits no more (answered, declined, timed out) or not yet (another
+    waits before it) answers nothing: a chat keeps old messages, and `yes` to an earlier
+    question must not be the yes to the question asked since."""
+    found = pressed(inbound)
+    if found is None:
+        return inbound.text, None
+    value, item = found
+    waiting = [i.id for i in session.pending if i.scope_id == session.scope_id]
+    return (value, None) if waiting[:1] == [item] else (inbound.text, item)
 
 
 def _file_notice(session: Session, exc: ChatrunError) -> str:

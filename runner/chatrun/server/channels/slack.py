@@ -248,4 +248,4 @@ def _press(payload: dict[str, Any]) -> list[Inbound]:
     user_id = str(user.get("id"))
     return [Inbound(payload.get("trigger_id") or action.get("action_ts"), _conversation(channel, thread, user_id),
                     user_id, str(action.get("value") or ""), {"channel": channel, "thread_ts": thread},
-                    str(user.get("name") or ""))]
+                    str(user.get("name") or ""), pressed=True)]

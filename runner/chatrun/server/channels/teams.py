@@ -139,8 +139,10 @@ class Teams(ChannelKind):
         if not isinstance(payload, dict) or payload.get("type") != "message":
             return []
         value, text = payload.get("value"), payload.get("text")
-        if isinstance(value, dict) and isinstance(value.get("choice"), str):
-            text = value["choice"]  # an Adaptive Card's button
+        choice = value.get("choice") if isinstance(value, dict) else None
+        pressed = isinstance(choice, str)
+        if pressed:
+            text = choice  # an Adaptive Card's button
         text = text.strip() if isinstance(text, str) else ""
         files = _files(payload.get("attachments"), str(payload.get("serviceUrl") or ""))
         if not text and not files:
@@ -153,7 +155,7 @@ class Teams(ChannelKind):
         if conversation.get("isGroup") or conversation.get("conversationType") in ("groupChat", "channel"):
             key = f"{key}:{user}"
         return [Inbound(payload.get("id") or "", key, user, text, address,
-                        str(sender.get("name") or ""), payload.get("locale"), files=files)]
+                        str(sender.get("name") or ""), payload.get("locale"), files=files, pressed=pressed)]
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
         """A file's bytes: a Bot Connector URL with the bot's token, a downloadUrl as it is."""

@@ -54,7 +54,7 @@ class Telegram(ChannelKind):
             return [_inbound(delivery, message, message.get("from"), str(message.get("caption") or ""), files=files)]
         if isinstance(query, dict) and isinstance(query.get("message"), dict) and isinstance(query.get("data"), str):
             return [_inbound(delivery, query["message"], query.get("from"), query["data"],
-                             {"callback_query_id": query.get("id")})]
+                             {"callback_query_id": query.get("id")}, pressed=True)]
         return []  # an edit, a join, a sticker...: nothing for the bot to answer
 
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
@@ -96,13 +96,13 @@ class Telegram(ChannelKind):
 
 
 def _inbound(delivery: str, message: dict[str, Any], sender: Any, text: str,
-             extra: dict[str, Any] | None = None, files: tuple[InboundFile, ...] = ()) -> Inbound:
+             extra: dict[str, Any] | None = None, files: tuple[InboundFile, ...] = (), pressed: bool = False) -> Inbound:
     chat = message.get("chat") or {}
     sender = sender if isinstance(sender, dict) else {}
     user = str(sender.get("id", chat.get("id")))
     name = " ".join(str(sender[k]) for k in ("first_name", "last_name") if sender.get(k))
     return Inbound(delivery, f"{chat.get('id')}:{user}", user, text, {"chat_id": chat.get("id")}, name,
-                   sender.get("language_code"), extra or {}, files)
+                   sender.get("language_code"), extra or {}, files, pressed)
 
 
 # The media a message may carry, and the media type of each when Telegram names none.

@@ -76,7 +76,7 @@ class WhatsApp(ChannelKind):
                         user = str(message.get("from"))
                         out.append(Inbound(message.get("id"), f"{number}:{user}", user, text,
                                            {"phone_number_id": number, "to": user}, names.get(user, ""),
-                                           files=files))
+                                           files=files, pressed=message.get("type") in ("interactive", "button")))
         return out
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
