@@ -345,3 +345,34 @@ def test_a_prompt_over_max_message_chars_runs_no_turn_and_the_caller_hears_the_l
         ws.send_json(prompt("Any tickets?"))
         assert "".join(reply(ws)[0]) == "Two left."
     assert [r["messages"][-1]["content"] for r in fake.requests] == ["Any tickets?"]
+
+
+def test_a_prompt_is_measured_by_the_callers_words_and_a_refused_one_keeps_the_interrupts_note(
+        tmp_path, fake, monkeypatch):
+    """The limit is on what the caller said, not on chatrun's note of an interrupt before it; a
+    prompt refused as too long runs no turn and loses nothing (the note waits for the next prompt),
+    and the caller speaking over the notice is no answer of the model's to tell it about."""
+    from chatrun.server.wire import ServerLimits
+
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(BOT)
+    fake.queue({"chunks": [f"word{i} " for i in range(200)], "chunk_delay": 0.2}, {"text": "Sure, the theatre."})
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             limits=ServerLimits(max_message_chars=30))
+    with TestClient(app) as client, client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Tell me everything."))
+        assert ws.receive_json()["token"] == "word0 "
+        ws.send_json({"type": "interrupt", "utteranceUntilInterrupt": "word0"})
+        ws.send_json(prompt("And the concert tonight, the one at eight?"))  # 42 characters: refused
+        while (message := ws.receive_json())["token"] != "Sorry, your message is too long: I take messages " \
+                                                          "of up to 30 characters. Please send a shorter one.":
+            assert not message["last"], message  # (chunks of the cancelled answer already on the socket)
+        assert ws.receive_json() == {"type": "text", "token": "", "last": True}
+        ws.send_json({"type": "interrupt", "utteranceUntilInterrupt": "Sorry, your message"})
+        ws.send_json(prompt("Actually, the theatre."))  # 22 characters, 130 with the note
+        assert "".join(reply(ws)[0]).strip() == "Sure, the theatre."
+    assert len(fake.requests) == 2
+    assert [m["content"] for m in fake.requests[-1]["messages"][1:]] == [
+        '(The caller asked "Tell me everything."; you began to answer and they interrupted you after hearing: '
+        '"word0".)\nActually, the theatre.']

@@ -25,6 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
@@ -223,7 +224,7 @@ class Call:
         self.bot = channel.bot.name
         self.principal: Principal | None = None
         self.running: asyncio.Task[None] | None = None
-        self.prompt = ""  # the prompt being answered (for an interrupt's note)
+        self.prompt: str | None = ""  # the prompt being answered (an interrupt's note); None: a notice
         self.partial = ""  # a prompt's parts until its `last`
         self.heard: str | None = None  # a note for the next prompt: what the interrupted caller heard
         self.digits: dict[str, str] = {}  # the choices just offered, by digit
@@ -283,6 +284,8 @@ class Call:
     async def interrupt(self, heard: str) -> None:
         """The caller spoke over the reply: the running turn is cancelled (it rolls back, the
         prompt with it) and the next prompt carries what was asked and what the caller heard."""
+        if self.prompt is None:
+            return  # the caller spoke over a notice (a prompt refused), not over an answer
         if self.running is not None and not self.running.done():
             self.running.cancel()
             await asyncio.gather(self.running, return_exceptions=True)
@@ -291,12 +294,20 @@ class Call:
         elif heard:
             self.heard = f'(The caller interrupted your last answer after hearing: "{heard}".)'
 
-    async def start(self, text: str) -> None:
+    async def start(self, words: str) -> None:
         if self.running is not None and not self.running.done():
             await asyncio.gather(self.running, return_exceptions=True)  # one turn at a time, in order
-        self.prompt = text  # the caller's own words (an interrupt's note names them, not an earlier note)
+        if (too_long := self.registry.channels.limits.message_too_long(words)) is not None:
+            # No turn, as on every door; the limit is on the caller's words, not on an interrupt's
+            # note, which waits for the next prompt. The notice is not the model's answer: the
+            # caller speaking over it is nothing to tell the model (prompt None).
+            self.prompt = None
+            self.running = asyncio.ensure_future(self.refuse(too_long))
+            return
+        self.prompt = words  # the caller's own words (an interrupt's note names them, not an earlier note)
+        text = words
         if self.heard is not None:
-            text, self.heard = f"{self.heard}\n{text}", None
+            text, self.heard = f"{self.heard}\n{words}", None
         self.running = asyncio.ensure_future(self.turn(text))
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -308,19 +319,29 @@ class Call:
     async def say(self, token: str, last: bool = False) -> None:
         await self.send({"type": "text", "token": token, "last": last})
 
+    def session(self) -> AbstractAsyncContextManager[Any]:
+        """The call's session (one per CallSid), held for one prompt."""
+        return self.registry.session(self.bot, session_id_for(self.bot, KIND, self.call_sid), self.principal, OPEN,
+                                     locale=self.locale, meta={CALL: self.call_sid})  # (no follow-ups: a call)
+
+    async def refuse(self, why: str) -> None:
+        """A prompt over --max-message-chars: the caller hears why, in the session's locale (a call
+        has no outbox: its socket), and nothing is kept."""
+        log.warning("channel twilio of bot %s: call %s: a prompt refused: %s", self.bot, self.call_sid, why)
+        self.first = False  # (a prompt sent again after a dropped socket would have been its first)
+        try:
+            async with self.session() as session:
+                await self.say(too_long_notice(session, self.registry.channels.limits.max_message_chars))
+        except (wire.RequestFailed, SessionError, ChatrunError) as exc:
+            log.warning("channel twilio of bot %s: call %s: %s", self.bot, self.call_sid, exc)
+        await self.say("", last=True)
+
     async def turn(self, text: str) -> None:
-        session_id = session_id_for(self.bot, KIND, self.call_sid)
         handoff: dict[str, Any] | None = None
         try:
-            async with self.registry.session(self.bot, session_id, self.principal, OPEN, locale=self.locale,
-                                             meta={CALL: self.call_sid}) as session:  # (no follow-ups: a call)
+            async with self.session() as session:
                 run = self.registry.turn(session, text, self.request_id(session, text))
-                if (too_long := self.registry.channels.limits.message_too_long(text)) is not None:
-                    # No turn, as on every door: the caller hears why (a call has no outbox: its socket).
-                    log.warning("channel twilio of bot %s: call %s: a prompt refused: %s", self.bot, self.call_sid,
-                                too_long)
-                    await self.say(too_long_notice(session, self.registry.channels.limits.max_message_chars))
-                elif session.ended is not None and not await run.is_replay():
+                if session.ended is not None and not await run.is_replay():
                     handoff = {"reason": "ended"}
                 else:
                     spoken = Spoken()
