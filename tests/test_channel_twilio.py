@@ -376,3 +376,28 @@ def test_a_prompt_is_measured_by_the_callers_words_and_a_refused_one_keeps_the_i
     assert [m["content"] for m in fake.requests[-1]["messages"][1:]] == [
         '(The caller asked "Tell me everything."; you began to answer and they interrupted you after hearing: '
         '"word0".)\nActually, the theatre.']
+
+
+LOCALE_BOT = BOT.replace("state: {booked: 0}\n", "locales: [en, de]\nstate: {booked: 0}\n").replace(
+    'confirm: "Book {{ args.show }}?"', "confirm: \"{{ t('book', show=args.show) }}\"")
+
+
+@pytest.mark.parametrize(("lang", "asked", "offered"), [
+    ("de-DE", "Hamlet buchen?", "Sagen oder drücken Sie 1 für Ja, 2 für Nein."),
+    ("en-US", "Book Hamlet?", "Say or press 1 for Yes, 2 for No."),
+])
+def test_a_caller_hears_the_digits_offered_in_the_calls_language(tmp_path, fake, monkeypatch, lang, asked, offered):
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(LOCALE_BOT)
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "en.yaml").write_text('book: "Book {show}?"\n')
+    (tmp_path / "locales" / "de.yaml").write_text('book: "{show} buchen?"\n')
+    fake.queue({"tool_calls": [{"name": "book", "arguments": {"show": "Hamlet"}}]}, {"text": "Gebucht."})
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client, \
+            client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json({**prompt("Hamlet, bitte"), "lang": lang})
+        assert "".join(reply(ws)[0]) == f"{asked} {offered} "
+        ws.send_json({"type": "dtmf", "digit": "1"})
+        assert "".join(reply(ws)[0]).strip() == "Gebucht."
+    assert fake.requests[-1]["messages"][-1]["content"] == "Booked Hamlet."  # 1: yes, in either language

@@ -36,6 +36,7 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from chatrun import events as ev
+from chatrun.definition.page_texts import page_texts, said
 from chatrun.engine.follow_up import CALL
 from chatrun.engine.pending import TAKEOVER
 from chatrun.errors import ChatrunError, SessionError
@@ -210,8 +211,10 @@ async def relay(websocket: WebSocket, bot: str) -> None:
 
 @dataclass
 class Spoken:
-    """What a turn said on the call: its text, and the digits its choices were offered under."""
+    """What a turn said on the call: its text, and the digits its choices were offered under
+    (read in the session's locale)."""
 
+    session: Any
     text: str = ""
     digits: dict[str, str] = field(default_factory=dict)
 
@@ -344,7 +347,7 @@ class Call:
                 if session.ended is not None and not await run.is_replay():
                     handoff = {"reason": "ended"}
                 else:
-                    spoken = Spoken()
+                    spoken = Spoken(session)
                     async for event in run:
                         await self.speak(event, spoken)
                     self.digits = spoken.digits
@@ -399,10 +402,11 @@ class Call:
         options = [c for c in choices or () if isinstance(c, dict)][:9]
         if not options or spoken.digits:
             return  # (a confirmation's Yes/No follow its question: read once)
+        texts = page_texts(spoken.session.bot.config.catalogs, spoken.session.locale)  # chatrun's, or page.phone_*
         parts = []
         for number, choice in enumerate(options, 1):
             label = str(choice.get("label", choice.get("value")))
             spoken.digits[str(number)] = str(choice.get("value", label))
-            parts.append(f"{number} for {label}")
-        await self.say("Say or press " + ", ".join(parts) + ". ")
+            parts.append(said(texts, "phone_choice", digit=number, label=label))
+        await self.say(said(texts, "phone_choices", choices=", ".join(parts)) + " ")
 
