@@ -401,3 +401,24 @@ def test_a_caller_hears_the_digits_offered_in_the_calls_language(tmp_path, fake,
         ws.send_json({"type": "dtmf", "digit": "1"})
         assert "".join(reply(ws)[0]).strip() == "Gebucht."
     assert fake.requests[-1]["messages"][-1]["content"] == "Booked Hamlet."  # 1: yes, in either language
+
+
+def test_a_prompt_after_an_interrupt_sent_again_on_a_new_socket_replays_its_turn(client, fake):
+    """The prompt that carried an interrupt's note is still the caller's words: Twilio sending it
+    again on a new socket (the first dropped mid-turn) is answered from its committed turn."""
+    fake.queue({"chunks": [f"word{i} " for i in range(200)], "chunk_delay": 0.2},
+               {"chunks": [f"w{i} " for i in range(10)], "chunk_delay": 0.1})
+    path = relay_path(client)
+    with client.websocket_connect(path) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Tell me everything."))
+        assert ws.receive_json()["token"] == "word0 "
+        ws.send_json({"type": "interrupt", "utteranceUntilInterrupt": "word0"})
+        ws.send_json(prompt("Just the theatre."))
+        while ws.receive_json()["token"] != "w0 ":
+            pass  # (chunks of the cancelled answer already on the socket)
+    with client.websocket_connect(path) as ws:  # Twilio lost the socket and sends the prompt again
+        ws.send_json(setup())
+        ws.send_json(prompt("Just the theatre."))
+        assert "".join(reply(ws)[0]).strip() == "".join(f"w{i} " for i in range(10)).strip()
+    assert len(fake.requests) == 2  # the interrupted turn's, and one for the prompt sent twice

@@ -64,6 +64,7 @@ KIND = "twilio"
 SIGNATURE_HEADER = "x-twilio-signature"
 RELAY_TTL = 4 * 3600  # seconds a relay URL may open a socket: Twilio's longest call
 POLICY_VIOLATION = 1008  # the WebSocket close code of a socket that is not the call's
+NOTE = "(The caller "  # an interrupt's note starts so, on a line of its own before the caller's words
 
 
 class Twilio(ChannelKind):
@@ -209,6 +210,16 @@ async def relay(websocket: WebSocket, bot: str) -> None:
     await Call(registry, channel, websocket, call_sid).run()
 
 
+def one_line(text: str) -> str:
+    """A text on one line (an interrupt's note is the first line of the prompt it goes before)."""
+    return " ".join(text.split())
+
+
+def words_of(text: str) -> str:
+    """The caller's words of a turn's input: the input without an interrupt's note."""
+    return text.split("\n", 1)[1] if text.startswith(NOTE) and "\n" in text else text
+
+
 @dataclass
 class Spoken:
     """What a turn said on the call: its text, and the digits its choices were offered under
@@ -292,10 +303,10 @@ class Call:
         if self.running is not None and not self.running.done():
             self.running.cancel()
             await asyncio.gather(self.running, return_exceptions=True)
-            self.heard = f'(The caller asked "{self.prompt}"; you began to answer and they interrupted you ' \
-                         f'after hearing: "{heard}".)'
+            self.heard = f'{NOTE}asked "{one_line(self.prompt)}"; you began to answer and they interrupted you ' \
+                         f'after hearing: "{one_line(heard)}".)'
         elif heard:
-            self.heard = f'(The caller interrupted your last answer after hearing: "{heard}".)'
+            self.heard = f'{NOTE}interrupted your last answer after hearing: "{one_line(heard)}".)'
 
     async def start(self, words: str) -> None:
         if self.running is not None and not self.running.done():
@@ -311,7 +322,7 @@ class Call:
         text = words
         if self.heard is not None:
             text, self.heard = f"{self.heard}\n{words}", None
-        self.running = asyncio.ensure_future(self.turn(text))
+        self.running = asyncio.ensure_future(self.turn(text, words))
 
     async def send(self, message: dict[str, Any]) -> None:
         try:
@@ -339,11 +350,12 @@ class Call:
             log.warning("channel twilio of bot %s: call %s: %s", self.bot, self.call_sid, exc)
         await self.say("", last=True)
 
-    async def turn(self, text: str) -> None:
+    async def turn(self, text: str, words: str) -> None:
+        """One prompt's turn: `text` reaches the model (an interrupt's note before the caller's `words`)."""
         handoff: dict[str, Any] | None = None
         try:
             async with self.session() as session:
-                run = self.registry.turn(session, text, self.request_id(session, text))
+                run = self.registry.turn(session, text, self.request_id(session, words))
                 if session.ended is not None and not await run.is_replay():
                     handoff = {"reason": "ended"}
                 else:
@@ -358,12 +370,13 @@ class Call:
         if handoff is not None:
             await self.send({"type": "end", "handoffData": json.dumps(handoff)})
 
-    def request_id(self, session: Any, text: str) -> str:
-        """The prompt's request id. The socket's first prompt, when it is the call's last committed
-        one, is Twilio sending it again after a dropped socket: its id, so it replays."""
+    def request_id(self, session: Any, words: str) -> str:
+        """The prompt's request id. The socket's first prompt, when its words are the call's last
+        committed prompt's (with or without an interrupt's note before them), is Twilio sending it
+        again after a dropped socket: its id, so it replays."""
         committed = self.registry.last_committed(session)
         first, self.first = self.first, False
-        if first and committed and committed.get("input") == text and committed.get("requestId"):
+        if first and committed and words_of(str(committed.get("input"))) == words and committed.get("requestId"):
             return str(committed["requestId"])
         return f"{KIND}:{self.call_sid}:{session.turn_count + 1}"
 
