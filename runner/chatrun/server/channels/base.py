@@ -316,7 +316,7 @@ async def _capped(response: httpx.Response, too_large: str) -> bytes:
 
 # Where a sentence ends: its mark (and a closing quote or bracket) before a space; CJK's marks
 # need none.
-SENTENCE_END = re.compile(r"""[.!?…]["'”’)\]]*(?=\s)|[。！？]""")
+SENTENCE_END = re.compile(r"""[.!?…؟۔।]["'”’)\]]*(?=\s)|[。！？]""")  # (؟ ۔: Arabic, Urdu; ।: Devanagari)
 
 
 def split_text(text: str, limit: int, size: Callable[[str], int] = len) -> list[str]:
