@@ -422,3 +422,38 @@ def test_a_prompt_after_an_interrupt_sent_again_on_a_new_socket_replays_its_turn
         ws.send_json(prompt("Just the theatre."))
         assert "".join(reply(ws)[0]).strip() == "".join(f"w{i} " for i in range(10)).strip()
     assert len(fake.requests) == 2  # the interrupted turn's, and one for the prompt sent twice
+
+
+SUPERVISED = BOT.replace("tools: [book, human]", "tools: [book, human, refund]") + """\
+  refund:
+    description: Refund the caller.
+    parameters: {type: object, properties: {amount: {type: integer}}, required: [amount]}
+    approval: {by: [supervisor], ask: {text: "Refund {{ args.amount }}?"}}
+    action: {reply: "Refunded {{ args.amount }}."}
+"""
+
+
+def test_a_supervisors_decision_made_while_the_caller_waits_is_heard_at_the_next_prompt(tmp_path, fake, monkeypatch):
+    """What a turn the caller did not send said to them (a supervisor's decision, here) reaches the
+    caller as it reaches a user on every other channel: said before the answer to their next prompt,
+    once (a call has no outbox)."""
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(SUPERVISED)
+    (tmp_path / "auth.yaml").write_text("tokens:\n  sam-token-123: {principal: sam, roles: [supervisor]}\n")
+    fake.queue({"tool_calls": [{"name": "refund", "arguments": {"amount": 80}}]}, {"text": "Your money is on its way."},
+               {"text": "Anything else?"}, {"text": "Goodbye."})
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             auth=str(tmp_path / "auth.yaml"))
+    sam, sid = {"Authorization": "Bearer sam-token-123"}, session_id_for("phone", "twilio", "CA0001")
+    with TestClient(app) as client, client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Refund my 80 dollars."))
+        assert "".join(reply(ws)[0]).strip() == "Your request is waiting for approval."
+        [item] = client.get(f"/bots/phone/sessions/{sid}/pending", headers=sam).json()["pending"]
+        decided = client.post(f"/bots/phone/sessions/{sid}/pending/{item['id']}", json={"decision": "approve"},
+                              headers=sam)
+        assert decided.status_code == 200, decided.text
+        ws.send_json(prompt("Hello?"))
+        assert "".join(reply(ws)[0]).strip() == "Your money is on its way. Anything else?"
+        ws.send_json(prompt("No, thanks."))
+        assert "".join(reply(ws)[0]).strip() == "Goodbye."  # said once

@@ -41,6 +41,7 @@ from chatrun.engine.follow_up import CALL
 from chatrun.engine.pending import TAKEOVER
 from chatrun.errors import ChatrunError, SessionError
 from chatrun.server import wire
+from chatrun.server.audience import USER_ONLY, history_for
 from chatrun.server.auth import Principal
 from chatrun.server.channels.base import (
     ChannelKind,
@@ -244,6 +245,7 @@ class Call:
         self.digits: dict[str, str] = {}  # the choices just offered, by digit
         self.first = True  # the socket's first prompt may be Twilio re-sending a committed one
         self.locale: str | None = None
+        self.heard_through: int | None = None  # the session's last turn the caller heard (catch_up)
 
     async def run(self) -> None:
         try:
@@ -356,19 +358,35 @@ class Call:
         try:
             async with self.session() as session:
                 run = self.registry.turn(session, text, self.request_id(session, words))
+                spoken = Spoken(session)
+                await self.catch_up(session, spoken)
                 if session.ended is not None and not await run.is_replay():
                     handoff = {"reason": "ended"}
                 else:
-                    spoken = Spoken(session)
                     async for event in run:
                         await self.speak(event, spoken)
                     self.digits = spoken.digits
                     handoff = self.handoff(session)
+                self.heard_through = session.turn_count
         except (wire.RequestFailed, SessionError, ChatrunError) as exc:  # the caller hears silence, then may ask again
             log.warning("channel twilio of bot %s: call %s: a prompt refused: %s", self.bot, self.call_sid, exc)
         await self.say("", last=True)
         if handoff is not None:
             await self.send({"type": "end", "handoffData": json.dumps(handoff)})
+
+    async def catch_up(self, session: Any, spoken: Spoken) -> None:
+        """Say what the turns the caller did not send said to them since the last they heard (a
+        supervisor's decision, an operator's words, an expired wait): a call has no outbox, so
+        they are heard before the answer to the next prompt, once. A socket starts from the
+        session's turns as it finds them."""
+        if self.heard_through is None:
+            self.heard_through = session.turn_count
+        if session.turn_count <= self.heard_through:
+            return
+        for entry in history_for(await self.registry.history(session), USER_ONLY):
+            if entry.get("ok") and isinstance(entry.get("turn"), int) and entry["turn"] > self.heard_through:
+                for event in entry.get("events") or ():
+                    await self.speak(ev.Event.from_dict(event), spoken)
 
     def request_id(self, session: Any, words: str) -> str:
         """The prompt's request id. The socket's first prompt, when its words are the call's last
