@@ -358,14 +358,15 @@ class Call:
         try:
             async with self.session() as session:
                 run = self.registry.turn(session, text, self.request_id(session, words))
-                spoken = Spoken(session)
-                await self.catch_up(session, spoken)
+                missed = Spoken(session)  # (its choices are read, and stand until the turn offers its own)
+                await self.catch_up(session, missed)
                 if session.ended is not None and not await run.is_replay():
                     handoff = {"reason": "ended"}
                 else:
+                    spoken = Spoken(session)
                     async for event in run:
                         await self.speak(event, spoken)
-                    self.digits = spoken.digits
+                    self.digits = spoken.digits or missed.digits
                     handoff = self.handoff(session)
                 self.heard_through = session.turn_count
         except (wire.RequestFailed, SessionError, ChatrunError) as exc:  # the caller hears silence, then may ask again
