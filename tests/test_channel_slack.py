@@ -375,3 +375,25 @@ def test_without_users_read_the_turn_goes_on_without_a_name_and_slack_is_not_ask
     wait_until(lambda: len(texts(slack)) >= 2, what="the second reply")
     assert texts(slack) == ["You sell tickets to someone."] * 2
     assert slack.lookups == ["U42"]
+
+
+def test_a_slack_users_locale_from_users_info_is_the_conversations(tmp_path, fake, slack, monkeypatch):
+    """Slack's events carry no language: the user's `locale` comes with their name from users.info
+    (`include_locale`), asked once, and is the new conversation's (de-DE speaks the bot's de)."""
+    for name, value in (("SLACK_TOKEN", TOKEN), ("SLACK_SIGNING", SIGNING), ("SLACK_API", slack.url + "/api"),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace("state: {booked: 0}\n", "locales: [en, de]\nstate: {booked: 0}\n")
+                                       .replace("system: \"You sell", "system: \"{{ t('hi') }} You sell"))
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "en.yaml").write_text("hi: Hello.\n")
+    (tmp_path / "locales" / "de.yaml").write_text("hi: Hallo.\n")
+    slack.users, slack.locales = {"U42": "Ana Lima"}, {"U42": "de-DE"}
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        post_event(client, slack_message("Ev1", "who"))
+        wait_until(lambda: texts(slack), what="the first reply")
+        post_event(client, slack_message("Ev2", "who"))
+        wait_until(lambda: len(texts(slack)) >= 2, what="the second reply")
+    assert texts(slack) == ["Hallo. You sell tickets to Ana Lima."] * 2
+    assert slack.lookups == ["U42"]
