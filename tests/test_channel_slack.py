@@ -397,3 +397,19 @@ def test_a_slack_users_locale_from_users_info_is_the_conversations(tmp_path, fak
         wait_until(lambda: len(texts(slack)) >= 2, what="the second reply")
     assert texts(slack) == ["Hallo. You sell tickets to Ana Lima."] * 2
     assert slack.lookups == ["U42"]
+
+
+def test_a_slack_turn_run_after_the_answer_continues_the_callers_trace(client, slack, spans):
+    """A delivery with a W3C traceparent (a proxy or gateway in front of chatrun adds one) is
+    continued by its turn, though the turn runs on after Slack got its answer (docs/observability.md,
+    "Trace context across services")."""
+    from test_observability import TRACE_ID, TRACEPARENT, agent_spans, assert_continued
+
+    body = json.dumps(slack_message("Ev1", "hello")).encode()
+    headers = {"Content-Type": "application/json", "traceparent": TRACEPARENT,
+               **slack_signed(SIGNING, body, int(time.time()))}
+    assert client.post("/channels/shop/slack", content=body, headers=headers).status_code == 200
+    wait_until(lambda: texts(slack), what="the reply")
+    [agent] = agent_spans(spans, session_id_for("shop", "slack", "D42:U42"))
+    assert f"{agent.context.trace_id:032x}" == TRACE_ID
+    assert_continued(agent, spans)
