@@ -114,6 +114,8 @@ BUILTIN: dict[str, dict[str, str]] = {
                             "Please send a shorter one.",
         "phone_choices": "Say or press {choices}.",
         "phone_choice": "{digit} for {label}",
+        "channel_list_button": "Choose",
+        "channel_list_title": "Choose one",
         # The end-user page (/chat/{bot}): its title, greeting and controls.
         "chat_title": "Chat",
         "hello_user": "How can I help you?",
@@ -293,6 +295,8 @@ BUILTIN: dict[str, dict[str, str]] = {
                             "Bitte senden Sie eine kürzere.",
         "phone_choices": "Sagen oder drücken Sie {choices}.",
         "phone_choice": "{digit} für {label}",
+        "channel_list_button": "Auswählen",
+        "channel_list_title": "Bitte wählen Sie",
         "chat_title": "Chat",
         "hello_user": "Wie kann ich Ihnen helfen?",
         "no_model_user": "Dieser Chat kann noch nicht antworten: Er ist noch nicht mit seinem Assistenten verbunden. "
@@ -466,6 +470,8 @@ BUILTIN: dict[str, dict[str, str]] = {
                             "يُرجى إرسال رسالة أقصر.",
         "phone_choices": "قل أو اضغط {choices}.",
         "phone_choice": "{digit} لـ{label}",
+        "channel_list_button": "اختر",
+        "channel_list_title": "اختر واحدًا",
         "chat_title": "محادثة",
         "hello_user": "كيف يمكنني مساعدتك؟",
         "no_model_user": "لا تستطيع هذه المحادثة الرد بعد: لم يتم ربطها بمساعدها. "

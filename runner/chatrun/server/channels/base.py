@@ -138,6 +138,9 @@ class Outgoing:
     buttons: list[tuple[str, str]] = field(default_factory=list)
     # A follow-up past WhatsApp's 24-hour window: the approved template sent instead (name, language).
     whatsapp_template: tuple[str, str] | None = None
+    # The session's locale when the reply was made: for the words the platform's message adds
+    # around the reply's own (WhatsApp's list button), chatrun's texts (definition/page_texts.py).
+    locale: str | None = None
 
 
 class ChannelKind:
