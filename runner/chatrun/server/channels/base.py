@@ -386,9 +386,10 @@ def media_type_of(value: Any, default: str = "application/octet-stream") -> str:
     return text or default
 
 
-def outgoing(events: list[dict[str, Any]]) -> list[Outgoing]:
+def outgoing(events: list[dict[str, Any]], sources: str = "Sources") -> list[Outgoing]:
     """A reply's events for the user as plain messages: texts, and the buttons of choices and of
-    the items the user decides (an approval's Yes/No) on the message before them."""
+    the items the user decides (an approval's Yes/No) on the message before them. `sources`: the
+    heading of its Sources (chatrun's text `sources` in the reply's locale)."""
     out: list[Outgoing] = []
     for event in events:
         kind, data = event.get("type"), event.get("data")
@@ -400,7 +401,7 @@ def outgoing(events: list[dict[str, Any]]) -> list[Outgoing]:
             out.append(Outgoing(_object_text(data)))
         elif kind == ev.CHOICES and isinstance(data, dict):
             _with_buttons(out, "", data.get("choices"))
-        elif kind == ev.SOURCES and isinstance(data, dict) and (text := sources_text(data)):
+        elif kind == ev.SOURCES and isinstance(data, dict) and (text := sources_text(data, sources)):
             out.append(Outgoing(text))
         elif kind == ev.PENDING and isinstance(data, dict):
             text = str(data.get("ask") or "")
@@ -410,11 +411,11 @@ def outgoing(events: list[dict[str, Any]]) -> list[Outgoing]:
     return out
 
 
-def sources_text(data: dict[str, Any]) -> str:
+def sources_text(data: dict[str, Any], heading: str = "Sources") -> str:
     """A reply's Sources event as a message: each cited passage's title and link, numbered."""
     lines = [f"{i}. {s.get('title') or s.get('ref')}" + (f" — {s['url']}" if isinstance(s.get("url"), str) else "")
              for i, s in enumerate((s for s in data.get("sources") or () if isinstance(s, dict)), 1)]
-    return "Sources:\n" + "\n".join(lines) if lines else ""
+    return f"{heading}:\n" + "\n".join(lines) if lines else ""
 
 
 def _with_buttons(out: list[Outgoing], text: str, choices: Any) -> None:
