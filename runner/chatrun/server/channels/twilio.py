@@ -384,8 +384,9 @@ class Call:
             self.heard_through = session.turn_count
         if session.turn_count <= self.heard_through:
             return
+        since, self.heard_through = self.heard_through, session.turn_count  # (said once, even if spoken over)
         for entry in history_for(await self.registry.history(session), USER_ONLY):
-            if entry.get("ok") and isinstance(entry.get("turn"), int) and entry["turn"] > self.heard_through:
+            if entry.get("ok") and isinstance(entry.get("turn"), int) and entry["turn"] > since:
                 for event in entry.get("events") or ():
                     await self.speak(ev.Event.from_dict(event), spoken)
 
