@@ -133,13 +133,15 @@ class FakeSlack(_FakeApi):
         # users.info's users: id -> display name ({} answers user_not_found, None missing_scope)
         self.users: dict[str, str] | None = {}
         self.lookups: list[str] = []  # the user of every users.info call
+        self.locales: dict[str, str] = {}  # users.info's `locale` of a user (given with include_locale=true)
 
     def got(self, path: str, headers: dict[str, str]) -> tuple[int, bytes, str]:
         """GET /api/users.info?user=ID as Slack answers it (recorded in `lookups`), else a file."""
         method, _, query = path.partition("?")
         if not method.endswith("/users.info"):
             return super().got(path, headers)
-        user = parse_qs(query).get("user", [""])[0]
+        asked = parse_qs(query)
+        user = asked.get("user", [""])[0]
         with self._lock:
             self.lookups.append(user)
         if headers.get("authorization") != f"Bearer {self.token}":
@@ -152,6 +154,8 @@ class FakeSlack(_FakeApi):
             name = self.users[user]
             answer = {"ok": True, "user": {"id": user, "name": name.lower().split()[0], "real_name": name,
                                            "profile": {"display_name": name, "real_name": name}}}
+            if asked.get("include_locale") == ["true"] and user in self.locales:
+                answer["user"]["locale"] = self.locales[user]
         return 200, json.dumps(answer).encode(), "application/json"
 
     def answer(self, call: ApiCall) -> tuple[int, dict[str, Any]]:

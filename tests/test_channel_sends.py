@@ -169,3 +169,29 @@ def test_a_long_reply_to_a_slow_platform_is_sent_over_tries_within_the_claim_and
         " of the reply's 5 messages sent within this try's 1.5 s (a call may take 1 s); the rest on the next try")
     assert seconds < 1.5 + 1.0  # (a bound for a loaded machine: what a try may take, plus a call)
     assert not made[1][0].delivered and made[1][0].status == 502
+
+
+def test_a_replys_sources_are_headed_in_the_sessions_locale(tmp_path, monkeypatch, env):
+    """The Sources message's heading is chatrun's word (`sources`), in the locale the reply was
+    made in (its outbox entry's `data.locale`), as the page shows it."""
+    (tmp_path / "bot.yaml").write_text(BOT)
+    bot = chatrun.load_bot(tmp_path / "bot.yaml").config
+    sources = {"sources": [{"title": "Rückgabe", "ref": "returns.md", "url": "https://docs.example/returns"}]}
+    with FakeTelegram(SECRETS["TG_TOKEN"]) as api:
+        monkeypatch.setenv("API", api.url)
+        for locale in ("de", None):
+            data = {"to": {"chat_id": 42}, "events": [{"type": "Message", "data": "30 Tage."},
+                                                      {"type": "Sources", "data": sources}]}
+            body = {"id": f"evt_{locale}", "data": data | ({"locale": locale} if locale else {})}
+
+            async def attempt(body=body) -> Attempt:
+                channels = Channels(None)
+                try:
+                    return await channels.deliver(bot, "telegram", body)
+                finally:
+                    await channels.aclose()
+
+            assert asyncio.run(attempt()).delivered
+        texts = [call["text"] for call in api.calls("sendMessage")]
+    assert texts == ["30 Tage.", "Quellen:\n1. Rückgabe — https://docs.example/returns",
+                     "30 Tage.", "Sources:\n1. Rückgabe — https://docs.example/returns"]

@@ -375,3 +375,41 @@ def test_without_users_read_the_turn_goes_on_without_a_name_and_slack_is_not_ask
     wait_until(lambda: len(texts(slack)) >= 2, what="the second reply")
     assert texts(slack) == ["You sell tickets to someone."] * 2
     assert slack.lookups == ["U42"]
+
+
+def test_a_slack_users_locale_from_users_info_is_the_conversations(tmp_path, fake, slack, monkeypatch):
+    """Slack's events carry no language: the user's `locale` comes with their name from users.info
+    (`include_locale`), asked once, and is the new conversation's (de-DE speaks the bot's de)."""
+    for name, value in (("SLACK_TOKEN", TOKEN), ("SLACK_SIGNING", SIGNING), ("SLACK_API", slack.url + "/api"),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace("state: {booked: 0}\n", "locales: [en, de]\nstate: {booked: 0}\n")
+                                       .replace("system: \"You sell", "system: \"{{ t('hi') }} You sell"))
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "en.yaml").write_text("hi: Hello.\n")
+    (tmp_path / "locales" / "de.yaml").write_text("hi: Hallo.\n")
+    slack.users, slack.locales = {"U42": "Ana Lima"}, {"U42": "de-DE"}
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        post_event(client, slack_message("Ev1", "who"))
+        wait_until(lambda: texts(slack), what="the first reply")
+        post_event(client, slack_message("Ev2", "who"))
+        wait_until(lambda: len(texts(slack)) >= 2, what="the second reply")
+    assert texts(slack) == ["Hallo. You sell tickets to Ana Lima."] * 2
+    assert slack.lookups == ["U42"]
+
+
+def test_a_slack_turn_run_after_the_answer_continues_the_callers_trace(client, slack, spans):
+    """A delivery with a W3C traceparent (a proxy or gateway in front of chatrun adds one) is
+    continued by its turn, though the turn runs on after Slack got its answer (docs/observability.md,
+    "Trace context across services")."""
+    from test_observability import TRACE_ID, TRACEPARENT, agent_spans, assert_continued
+
+    body = json.dumps(slack_message("Ev1", "hello")).encode()
+    headers = {"Content-Type": "application/json", "traceparent": TRACEPARENT,
+               **slack_signed(SIGNING, body, int(time.time()))}
+    assert client.post("/channels/shop/slack", content=body, headers=headers).status_code == 200
+    wait_until(lambda: texts(slack), what="the reply")
+    [agent] = agent_spans(spans, session_id_for("shop", "slack", "D42:U42"))
+    assert f"{agent.context.trace_id:032x}" == TRACE_ID
+    assert_continued(agent, spans)

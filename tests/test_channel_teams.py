@@ -236,3 +236,25 @@ def test_a_file_url_that_is_not_https_off_the_bot_connector_is_not_fetched(tmp_p
         wait_until(lambda: bf.activities, what="the notice")
     assert [a["text"] for a in bf.activities] == [BUILTIN["en"]["channel_file_unreadable"]]
     assert bf.downloads == [] and fake.requests == []
+
+
+def test_a_teams_users_locale_is_the_conversations_and_a_press_in_it_decides(tmp_path, fake, bf, monkeypatch):
+    """The activity's `locale` (de-DE) is the session's, matched to the bot's `locales:` (de): the
+    confirmation asks in German with chatrun's German buttons, and a press on Ja decides it."""
+    for name, value in (("TEAMS_APP_ID", APP_ID), ("TEAMS_APP_PASSWORD", APP_PASSWORD), ("BF", bf.url),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace("state: {booked: 0}\n", "locales: [en, de]\nstate: {booked: 0}\n")
+                                       .replace('confirm: "Book {{ args.show }}?"', "confirm: \"{{ t('book') }}\""))
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "en.yaml").write_text('book: "Book it?"\n')
+    (tmp_path / "locales" / "de.yaml").write_text('book: "Buchen?"\n')
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        post(client, bf, bf.activity("act-1", "book Hamlet") | {"locale": "de-DE"})
+        wait_until(lambda: bf.activities, what="the question")
+        card = bf.activities[-1]["attachments"][0]["content"]
+        assert card["body"][0]["text"] == "Buchen?"
+        assert [a["title"] for a in card["actions"]] == ["Ja", "Nein"]
+        post(client, bf, bf.activity("act-2", value={"choice": "yes"}) | {"locale": "de-DE"})
+        wait_until(lambda: any("Booked Hamlet" in a.get("text", "") for a in bf.activities), what="the booking")

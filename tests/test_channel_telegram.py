@@ -478,6 +478,11 @@ def test_a_text_is_cut_at_the_best_boundary_within_the_limit():
     assert split_text("A first sentence. A second one here.", 30) == ["A first sentence.", "A second one here."]
     assert split_text("x" * 25, 10) == ["x" * 10, "x" * 10, "x" * 5]
     assert split_text("短い文です。次の文です。", 8) == ["短い文です。", "次の文です。"]
+    # Arabic's and Urdu's question mark and full stop, and the Devanagari danda, end sentences too.
+    assert split_text("هل لديك تذاكر للحفل الليلة؟ نعم، بقي لدينا مقعدان", 34) == [
+        "هل لديك تذاكر للحفل الليلة؟", "نعم، بقي لدينا مقعدان"]
+    assert split_text("کیا آج ٹکٹ ہیں۔ ہاں، دو باقی ہیں", 20) == ["کیا آج ٹکٹ ہیں۔", "ہاں، دو باقی ہیں"]
+    assert split_text("क्या आज टिकट हैं। हाँ, दो बचे हैं", 22) == ["क्या आज टिकट हैं।", "हाँ, दो बचे हैं"]
     assert split_text("fits", 4) == ["fits"] and split_text("", 4) == [""]
 
 

@@ -345,3 +345,115 @@ def test_a_prompt_over_max_message_chars_runs_no_turn_and_the_caller_hears_the_l
         ws.send_json(prompt("Any tickets?"))
         assert "".join(reply(ws)[0]) == "Two left."
     assert [r["messages"][-1]["content"] for r in fake.requests] == ["Any tickets?"]
+
+
+def test_a_prompt_is_measured_by_the_callers_words_and_a_refused_one_keeps_the_interrupts_note(
+        tmp_path, fake, monkeypatch):
+    """The limit is on what the caller said, not on chatrun's note of an interrupt before it; a
+    prompt refused as too long runs no turn and loses nothing (the note waits for the next prompt),
+    and the caller speaking over the notice is no answer of the model's to tell it about."""
+    from chatrun.server.wire import ServerLimits
+
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(BOT)
+    fake.queue({"chunks": [f"word{i} " for i in range(200)], "chunk_delay": 0.2}, {"text": "Sure, the theatre."})
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             limits=ServerLimits(max_message_chars=30))
+    with TestClient(app) as client, client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Tell me everything."))
+        assert ws.receive_json()["token"] == "word0 "
+        ws.send_json({"type": "interrupt", "utteranceUntilInterrupt": "word0"})
+        ws.send_json(prompt("And the concert tonight, the one at eight?"))  # 42 characters: refused
+        while (message := ws.receive_json())["token"] != "Sorry, your message is too long: I take messages " \
+                                                          "of up to 30 characters. Please send a shorter one.":
+            assert not message["last"], message  # (chunks of the cancelled answer already on the socket)
+        assert ws.receive_json() == {"type": "text", "token": "", "last": True}
+        ws.send_json({"type": "interrupt", "utteranceUntilInterrupt": "Sorry, your message"})
+        ws.send_json(prompt("Actually, the theatre."))  # 22 characters, 130 with the note
+        assert "".join(reply(ws)[0]).strip() == "Sure, the theatre."
+    assert len(fake.requests) == 2
+    assert [m["content"] for m in fake.requests[-1]["messages"][1:]] == [
+        '(The caller asked "Tell me everything."; you began to answer and they interrupted you after hearing: '
+        '"word0".)\nActually, the theatre.']
+
+
+LOCALE_BOT = BOT.replace("state: {booked: 0}\n", "locales: [en, de]\nstate: {booked: 0}\n").replace(
+    'confirm: "Book {{ args.show }}?"', "confirm: \"{{ t('book', show=args.show) }}\"")
+
+
+@pytest.mark.parametrize(("lang", "asked", "offered"), [
+    ("de-DE", "Hamlet buchen?", "Sagen oder drücken Sie 1 für Ja, 2 für Nein."),
+    ("en-US", "Book Hamlet?", "Say or press 1 for Yes, 2 for No."),
+])
+def test_a_caller_hears_the_digits_offered_in_the_calls_language(tmp_path, fake, monkeypatch, lang, asked, offered):
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(LOCALE_BOT)
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "en.yaml").write_text('book: "Book {show}?"\n')
+    (tmp_path / "locales" / "de.yaml").write_text('book: "{show} buchen?"\n')
+    fake.queue({"tool_calls": [{"name": "book", "arguments": {"show": "Hamlet"}}]}, {"text": "Gebucht."})
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client, \
+            client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json({**prompt("Hamlet, bitte"), "lang": lang})
+        assert "".join(reply(ws)[0]) == f"{asked} {offered} "
+        ws.send_json({"type": "dtmf", "digit": "1"})
+        assert "".join(reply(ws)[0]).strip() == "Gebucht."
+    assert fake.requests[-1]["messages"][-1]["content"] == "Booked Hamlet."  # 1: yes, in either language
+
+
+def test_a_prompt_after_an_interrupt_sent_again_on_a_new_socket_replays_its_turn(client, fake):
+    """The prompt that carried an interrupt's note is still the caller's words: Twilio sending it
+    again on a new socket (the first dropped mid-turn) is answered from its committed turn."""
+    fake.queue({"chunks": [f"word{i} " for i in range(200)], "chunk_delay": 0.2},
+               {"chunks": [f"w{i} " for i in range(10)], "chunk_delay": 0.1})
+    path = relay_path(client)
+    with client.websocket_connect(path) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Tell me everything."))
+        assert ws.receive_json()["token"] == "word0 "
+        ws.send_json({"type": "interrupt", "utteranceUntilInterrupt": "word0"})
+        ws.send_json(prompt("Just the theatre."))
+        while ws.receive_json()["token"] != "w0 ":
+            pass  # (chunks of the cancelled answer already on the socket)
+    with client.websocket_connect(path) as ws:  # Twilio lost the socket and sends the prompt again
+        ws.send_json(setup())
+        ws.send_json(prompt("Just the theatre."))
+        assert "".join(reply(ws)[0]).strip() == "".join(f"w{i} " for i in range(10)).strip()
+    assert len(fake.requests) == 2  # the interrupted turn's, and one for the prompt sent twice
+
+
+SUPERVISED = BOT.replace("tools: [book, human]", "tools: [book, human, refund]") + """\
+  refund:
+    description: Refund the caller.
+    parameters: {type: object, properties: {amount: {type: integer}}, required: [amount]}
+    approval: {by: [supervisor], ask: {text: "Refund {{ args.amount }}?"}}
+    action: {reply: "Refunded {{ args.amount }}."}
+"""
+
+
+def test_a_supervisors_decision_made_while_the_caller_waits_is_heard_at_the_next_prompt(tmp_path, fake, monkeypatch):
+    """What a turn the caller did not send said to them (a supervisor's decision, here) reaches the
+    caller as it reaches a user on every other channel: said before the answer to their next prompt,
+    once (a call has no outbox)."""
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(SUPERVISED)
+    (tmp_path / "auth.yaml").write_text("tokens:\n  sam-token-123: {principal: sam, roles: [supervisor]}\n")
+    fake.queue({"tool_calls": [{"name": "refund", "arguments": {"amount": 80}}]}, {"text": "Your money is on its way."},
+               {"text": "Anything else?"}, {"text": "Goodbye."})
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             auth=str(tmp_path / "auth.yaml"))
+    sam, sid = {"Authorization": "Bearer sam-token-123"}, session_id_for("phone", "twilio", "CA0001")
+    with TestClient(app) as client, client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Refund my 80 dollars."))
+        assert "".join(reply(ws)[0]).strip() == "Your request is waiting for approval."
+        [item] = client.get(f"/bots/phone/sessions/{sid}/pending", headers=sam).json()["pending"]
+        decided = client.post(f"/bots/phone/sessions/{sid}/pending/{item['id']}", json={"decision": "approve"},
+                              headers=sam)
+        assert decided.status_code == 200, decided.text
+        ws.send_json(prompt("Hello?"))
+        assert "".join(reply(ws)[0]).strip() == "Your money is on its way. Anything else?"
+        ws.send_json(prompt("No, thanks."))
+        assert "".join(reply(ws)[0]).strip() == "Goodbye."  # said once

@@ -147,3 +147,21 @@ def test_each_sender_to_the_business_number_has_their_own_conversation(client, m
         ("4915100000001", "You said one."), ("4915100000002", "You said two.")]
     said = [[m["content"] for m in r["messages"] if m["role"] == "user"] for r in fake.requests]
     assert sorted(said) == [["one"], ["two"]]  # neither session holds the other's message
+
+
+def test_a_list_of_choices_opens_with_words_in_the_sessions_locale(tmp_path, fake, meta, monkeypatch):
+    """The list's button and section title are chatrun's words: in the session's locale (here the
+    bot's first, German: WhatsApp says no language), not English."""
+    for name, value in (("WA_TOKEN", TOKEN), ("WA_SECRET", APP_SECRET), ("WA_VERIFY", VERIFY),
+                        ("WA_API", meta.url + "/v21.0"), ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace("state: {booked: 0}\n", "locales: [de, en]\nstate: {booked: 0}\n"))
+    (tmp_path / "locales").mkdir()
+    for locale in ("de", "en"):
+        (tmp_path / "locales" / f"{locale}.yaml").write_text("{}\n")
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        assert post(client, whatsapp_message("wamid.A1", "hello")).status_code == 200
+        wait_until(lambda: sent(meta), what="the reply")
+    action = sent(meta)[0]["interactive"]["action"]
+    assert (action["button"], action["sections"][0]["title"]) == ("Auswählen", "Bitte wählen Sie")

@@ -115,6 +115,10 @@ BUILTIN: dict[str, dict[str, str]] = {
         # A messaging platform's user whose message is over the server's --max-message-chars: no turn runs.
         "channel_too_long": "Sorry, your message is too long: I take messages of up to {limit} characters. "
                             "Please send a shorter one.",
+        "phone_choices": "Say or press {choices}.",
+        "phone_choice": "{digit} for {label}",
+        "channel_list_button": "Choose",
+        "channel_list_title": "Choose one",
         # The end-user page (/chat/{bot}): its title, greeting and controls.
         "chat_title": "Chat",
         "hello_user": "How can I help you?",
@@ -294,6 +298,10 @@ BUILTIN: dict[str, dict[str, str]] = {
                             "Bitte beantworten Sie die letzte Frage.",
         "channel_too_long": "Leider ist Ihre Nachricht zu lang: Ich nehme Nachrichten mit bis zu {limit} Zeichen an. "
                             "Bitte senden Sie eine kürzere.",
+        "phone_choices": "Sagen oder drücken Sie {choices}.",
+        "phone_choice": "{digit} für {label}",
+        "channel_list_button": "Auswählen",
+        "channel_list_title": "Bitte wählen Sie",
         "chat_title": "Chat",
         "hello_user": "Wie kann ich Ihnen helfen?",
         "no_model_user": "Dieser Chat kann noch nicht antworten: Er ist noch nicht mit seinem Assistenten verbunden. "
@@ -467,6 +475,10 @@ BUILTIN: dict[str, dict[str, str]] = {
                             "يُرجى الإجابة عن السؤال الأخير.",
         "channel_too_long": "عذرًا، رسالتك طويلة جدًا: أستلم رسائل لا يتجاوز طولها {limit} حرفًا. "
                             "يُرجى إرسال رسالة أقصر.",
+        "phone_choices": "قل أو اضغط {choices}.",
+        "phone_choice": "{digit} لـ{label}",
+        "channel_list_button": "اختر",
+        "channel_list_title": "اختر واحدًا",
         "chat_title": "محادثة",
         "hello_user": "كيف يمكنني مساعدتك؟",
         "no_model_user": "لا تستطيع هذه المحادثة الرد بعد: لم يتم ربطها بمساعدها. "

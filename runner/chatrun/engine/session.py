@@ -512,7 +512,7 @@ class Session:
         if self._running:
             raise SessionError(f"session {self.id} is running a turn; a notice goes between turns")
         entry: dict[str, Any] = {"notice": {"text": text, "why": why}, "at": time.time()}
-        replies = _replies(self.meta, self.bot.config, self.id, [Event(ev.ERROR, text)])
+        replies = _replies(self.meta, self.bot.config, self.id, [Event(ev.ERROR, text)], self.locale)
         if replies:
             entry[OUTBOX_KEY] = replies
         with self._as_stored() as stored:
@@ -757,7 +757,7 @@ class Session:
                 self._c.follow_up = follow_up.armed(self._c, isinstance(decision, Expire))
             entry.update(ok=True, route=self.route, stack=self.stack, events=_plain(collected))
             outbox = _outbox(self.bot.config, self.id, collected) + _replies(self.meta, self.bot.config, self.id,
-                                                                             collected)
+                                                                             collected, self.locale)
             if outbox:  # the store queues these with the commit (chatrun.store.record.outbox_of)
                 entry[OUTBOX_KEY] = outbox
             entry.update(_usage_entry(turn))
@@ -829,7 +829,7 @@ class Session:
         # First, so the history's record of the attempt holds it too.
         self._emit(ev.ERROR, text, runtime=True, meta={"detail": detail})
         failed = entry | {"ok": False, "error": detail, "events": _plain(collected)}
-        replies = _replies(self.meta, self.bot.config, self.id, collected)
+        replies = _replies(self.meta, self.bot.config, self.id, collected, self.locale)
         if replies:  # a channel's user still learns the turn failed (outbox_of keeps replies only)
             failed[OUTBOX_KEY] = replies
         self._rollback(before, failed, turn)
@@ -1120,18 +1120,21 @@ REPLY_TO = "reply_to"  # a session's meta key: where its user's events go beside
 REPLY = "Reply"  # the type of a reply's outbox entry
 
 
-def _replies(meta: Mapping[str, Any], config: BotConfig, session_id: str, events: list[Event]) -> list[dict[str, Any]]:
+def _replies(meta: Mapping[str, Any], config: BotConfig, session_id: str, events: list[Event],
+             locale: str | None = None) -> list[dict[str, Any]]:
     """The delivery of a turn's events for the user to where the session's user is (a
     channel's chat: `meta.reply_to` = {sink, address}), queued with the turn's commit like a
     sink's events, so the reply leaves after the commit and survives a crash. Every turn of
-    the session queues one (a decision, an operator's words), none when it has nothing for the user."""
+    the session queues one (a decision, an operator's words), none when it has nothing for the user.
+    `locale`: the session's, for the words the platform's message adds (WhatsApp's list button)."""
     reply_to = meta.get(REPLY_TO)
     if not isinstance(reply_to, Mapping):
         return []
     shown = [e.to_dict() for e in events if e.for_user and e.type != ev.STREAM]
     if not shown:
         return []
-    body = {"id": "rep_" + secrets.token_hex(12), "type": REPLY, "data": {"to": reply_to.get("address"), "events": shown},
+    data = {"to": reply_to.get("address"), "events": shown} | ({"locale": locale} if locale else {})
+    body = {"id": "rep_" + secrets.token_hex(12), "type": REPLY, "data": data,
             "turn": events[0].turn, "session": session_id, "bot": config.name, "created": time.time()}
     return [{"sink": reply_to["sink"], "body": body, "reply": True}]
 

@@ -140,6 +140,9 @@ class Outgoing:
     buttons: list[tuple[str, str]] = field(default_factory=list)
     # A follow-up past WhatsApp's 24-hour window: the approved template sent instead (name, language).
     whatsapp_template: tuple[str, str] | None = None
+    # The session's locale when the reply was made: for the words the platform's message adds
+    # around the reply's own (WhatsApp's list button), chatrun's texts (definition/page_texts.py).
+    locale: str | None = None
 
 
 class ChannelKind:
@@ -318,7 +321,7 @@ async def _capped(response: httpx.Response, too_large: str) -> bytes:
 
 # Where a sentence ends: its mark (and a closing quote or bracket) before a space; CJK's marks
 # need none.
-SENTENCE_END = re.compile(r"""[.!?…]["'”’)\]]*(?=\s)|[。！？]""")
+SENTENCE_END = re.compile(r"""[.!?…؟۔।]["'”’)\]]*(?=\s)|[。！？]""")  # (؟ ۔: Arabic, Urdu; ।: Devanagari)
 
 
 def split_text(text: str, limit: int, size: Callable[[str], int] = len) -> list[str]:
@@ -385,9 +388,10 @@ def media_type_of(value: Any, default: str = "application/octet-stream") -> str:
     return text or default
 
 
-def outgoing(events: list[dict[str, Any]]) -> list[Outgoing]:
+def outgoing(events: list[dict[str, Any]], sources: str = "Sources") -> list[Outgoing]:
     """A reply's events for the user as plain messages: texts, and the buttons of choices and of
-    the items the user decides (an approval's Yes/No) on the message before them."""
+    the items the user decides (an approval's Yes/No) on the message before them. `sources`: the
+    heading of its Sources (chatrun's text `sources` in the reply's locale)."""
     out: list[Outgoing] = []
     for event in events:
         kind, data = event.get("type"), event.get("data")
@@ -399,7 +403,7 @@ def outgoing(events: list[dict[str, Any]]) -> list[Outgoing]:
             out.append(Outgoing(_object_text(data)))
         elif kind == ev.CHOICES and isinstance(data, dict):
             _with_buttons(out, "", data.get("choices"), asked=True)
-        elif kind == ev.SOURCES and isinstance(data, dict) and (text := sources_text(data)):
+        elif kind == ev.SOURCES and isinstance(data, dict) and (text := sources_text(data, sources)):
             out.append(Outgoing(text))
         elif kind == ev.PENDING and isinstance(data, dict):
             text = str(data.get("ask") or "")
@@ -430,11 +434,11 @@ def _value_and_item(value: str) -> tuple[str, str] | None:
     return (found.group(1), found.group(2)) if found else None
 
 
-def sources_text(data: dict[str, Any]) -> str:
+def sources_text(data: dict[str, Any], heading: str = "Sources") -> str:
     """A reply's Sources event as a message: each cited passage's title and link, numbered."""
     lines = [f"{i}. {s.get('title') or s.get('ref')}" + (f" — {s['url']}" if isinstance(s.get("url"), str) else "")
              for i, s in enumerate((s for s in data.get("sources") or () if isinstance(s, dict)), 1)]
-    return "Sources:\n" + "\n".join(lines) if lines else ""
+    return f"{heading}:\n" + "\n".join(lines) if lines else ""
 
 
 def _with_buttons(out: list[Outgoing], text: str, choices: Any, item: str = "", asked: bool = False) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -156,7 +157,10 @@ class Channels:
         if channel is None:
             return Attempt(False, f"bot {bot.name} declares no channel {kind}")
         data = body.get("data") or {}
-        messages = channel.fitted(outgoing(data.get("events") or []))  # a text over the platform's limit: several
+        locale = data.get("locale")  # the session's when the reply was made: chatrun's own words speak it
+        heading = page_texts(bot.catalogs, locale)["sources"]
+        messages = [dataclasses.replace(message, locale=locale)  # a text over the platform's limit: several
+                    for message in channel.fitted(outgoing(data.get("events") or [], heading))]
         # A reply of several messages notes how many the platform took, so a retry after a
         # refusal half-way sends only the rest (the user never reads the first ones twice).
         key = f"channel-sent:{body['id']}" if self.store is not None and body.get("id") and len(messages) > 1 else None

@@ -12,8 +12,9 @@ their own, owner-only session), and the bot answers in the thread. The principal
 the message's channel and `ts` (a retry, with X-Slack-Retry-Num, carries the same; so do the
 `app_mention` and the `message` event Slack sends for one mention in a thread), else the
 event's `event_id`; a press's is its `trigger_id`. The sender's display name (the principal's claim
-`display_name`), which an event does not carry, is asked of users.info (scope `users:read`)
-once per user and kept an hour (`SenderNames`); without the scope there is none, and a press
+`display_name`) and locale (a new session's), which an event does not carry, are asked of
+users.info (scope `users:read`) once per user and kept an hour (`SenderNames`); without the
+scope there are none, and a press
 gives its username. Slack waits 3 seconds for the answer: the
 webhook answers within `ack_within` and the turn goes on."""
 
@@ -50,25 +51,28 @@ MAX_TEXT = 40000  # Slack's limit on a message's text (a longer reply is several
 MAX_SECTION = 3000  # Slack's limit on a section block's text: a message with buttons
 
 
+Sender = tuple[str, str | None]  # a Slack user's display name ("" when none) and locale (None when none)
+
+
 class SenderNames:
-    """Slack users' display names, asked of users.info once per user and kept `ttl` seconds
-    (a failure, such as a token without `users:read`, `retry_after`: not one call per message),
-    at most `limit` users (the oldest dropped first). One per channel of a bot version."""
+    """Slack users' display names and locales, asked of users.info once per user and kept `ttl`
+    seconds (a failure, such as a token without `users:read`, `retry_after`: not one call per
+    message), at most `limit` users (the oldest dropped first). One per channel of a bot version."""
 
     def __init__(self, ttl: float = 3600.0, retry_after: float = 300.0, limit: int = 10000):
         self.ttl, self.retry_after, self.limit = ttl, retry_after, limit
-        self._names: dict[str, tuple[str, float]] = {}  # user id -> (name, when to ask again)
+        self._names: dict[str, tuple[Sender, float]] = {}  # user id -> (sender, when to ask again)
 
-    def get(self, user: str) -> str | None:
-        """The kept name ("" when Slack gave none), or None when it must be asked."""
+    def get(self, user: str) -> Sender | None:
+        """The kept sender (a name "" when Slack gave none), or None when it must be asked."""
         kept = self._names.get(user)
         return kept[0] if kept is not None and kept[1] > time.monotonic() else None
 
-    def put(self, user: str, name: str) -> None:
+    def put(self, user: str, sender: Sender) -> None:
         self._names.pop(user, None)
         while len(self._names) >= self.limit:
             del self._names[next(iter(self._names))]
-        self._names[user] = (name, time.monotonic() + (self.ttl if name else self.retry_after))
+        self._names[user] = (sender, time.monotonic() + (self.ttl if sender[0] else self.retry_after))
 
 
 class Slack(ChannelKind):
@@ -121,18 +125,22 @@ class Slack(ChannelKind):
         return []
 
     async def named(self, client: httpx.AsyncClient, inbound: Inbound) -> Inbound:
-        name = self.names.get(inbound.user)
-        if name is None:
-            name = await self._display_name(client, inbound.user)
-            self.names.put(inbound.user, name)
-        return dataclasses.replace(inbound, name=name) if name else inbound
+        """The message with its sender's name and locale (an event carries neither)."""
+        sender = self.names.get(inbound.user)
+        if sender is None:
+            sender = await self._sender(client, inbound.user)
+            self.names.put(inbound.user, sender)
+        name, locale = sender
+        return dataclasses.replace(inbound, name=name or inbound.name, locale=locale or inbound.locale)
 
-    async def _display_name(self, client: httpx.AsyncClient, user: str) -> str:
+    async def _sender(self, client: httpx.AsyncClient, user: str) -> Sender:
         """users.info's name for the user (the profile's display name, else the real name), or ""
-        when Slack does not give it (logged: the turn goes on without a name)."""
+        when Slack does not give it (logged: the turn goes on without a name); and their locale
+        (`include_locale`: the language of their Slack, `de-DE`), None without one."""
         url = f"{self.option('api', DEFAULT_API).rstrip('/')}/users.info"
         try:
-            response = await self.call(client, "GET", url, "slack users.info", "the Web API", params={"user": user},
+            response = await self.call(client, "GET", url, "slack users.info", "the Web API",
+                                       params={"user": user, "include_locale": "true"},
                                        headers={"Authorization": f"Bearer {self.secret('token')}"})
             answer = response.json() if response.status_code == 200 else {"error": response.status_code}
         except SendFailed as exc:  # unreachable, too slow, too big
@@ -143,10 +151,11 @@ class Slack(ChannelKind):
         if not isinstance(found, dict):
             error = answer.get("error") if isinstance(answer, dict) else None
             log.info("slack: no display name for %s: users.info answered %s", user, error or "nothing")
-            return ""
+            return "", None
         profile: dict[str, Any] = found["profile"] if isinstance(found.get("profile"), dict) else {}
-        return str(profile.get("display_name") or profile.get("real_name") or found.get("real_name")
-                   or found.get("name") or "")
+        locale = found.get("locale")
+        return (str(profile.get("display_name") or profile.get("real_name") or found.get("real_name")
+                    or found.get("name") or ""), locale if isinstance(locale, str) and locale else None)
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
         """A file's url_private, read with the bot token (scope `files:read`). The token goes only

@@ -25,6 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
@@ -35,10 +36,12 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from chatrun import events as ev
+from chatrun.definition.page_texts import page_texts, said
 from chatrun.engine.follow_up import CALL
 from chatrun.engine.pending import TAKEOVER
 from chatrun.errors import ChatrunError, SessionError
 from chatrun.server import wire
+from chatrun.server.audience import USER_ONLY, history_for
 from chatrun.server.auth import Principal
 from chatrun.server.channels.base import (
     ChannelKind,
@@ -62,6 +65,7 @@ KIND = "twilio"
 SIGNATURE_HEADER = "x-twilio-signature"
 RELAY_TTL = 4 * 3600  # seconds a relay URL may open a socket: Twilio's longest call
 POLICY_VIOLATION = 1008  # the WebSocket close code of a socket that is not the call's
+NOTE = "(The caller "  # an interrupt's note starts so, on a line of its own before the caller's words
 
 
 class Twilio(ChannelKind):
@@ -207,10 +211,22 @@ async def relay(websocket: WebSocket, bot: str) -> None:
     await Call(registry, channel, websocket, call_sid).run()
 
 
+def one_line(text: str) -> str:
+    """A text on one line (an interrupt's note is the first line of the prompt it goes before)."""
+    return " ".join(text.split())
+
+
+def words_of(text: str) -> str:
+    """The caller's words of a turn's input: the input without an interrupt's note."""
+    return text.split("\n", 1)[1] if text.startswith(NOTE) and "\n" in text else text
+
+
 @dataclass
 class Spoken:
-    """What a turn said on the call: its text, and the digits its choices were offered under."""
+    """What a turn said on the call: its text, and the digits its choices were offered under
+    (read in the session's locale)."""
 
+    session: Any
     text: str = ""
     digits: dict[str, str] = field(default_factory=dict)
 
@@ -223,12 +239,13 @@ class Call:
         self.bot = channel.bot.name
         self.principal: Principal | None = None
         self.running: asyncio.Task[None] | None = None
-        self.prompt = ""  # the prompt being answered (for an interrupt's note)
+        self.prompt: str | None = ""  # the prompt being answered (an interrupt's note); None: a notice
         self.partial = ""  # a prompt's parts until its `last`
         self.heard: str | None = None  # a note for the next prompt: what the interrupted caller heard
         self.digits: dict[str, str] = {}  # the choices just offered, by digit
         self.first = True  # the socket's first prompt may be Twilio re-sending a committed one
         self.locale: str | None = None
+        self.heard_through: int | None = None  # the session's last turn the caller heard (catch_up)
 
     async def run(self) -> None:
         try:
@@ -283,21 +300,31 @@ class Call:
     async def interrupt(self, heard: str) -> None:
         """The caller spoke over the reply: the running turn is cancelled (it rolls back, the
         prompt with it) and the next prompt carries what was asked and what the caller heard."""
+        if self.prompt is None:
+            return  # the caller spoke over a notice (a prompt refused), not over an answer
         if self.running is not None and not self.running.done():
             self.running.cancel()
             await asyncio.gather(self.running, return_exceptions=True)
-            self.heard = f'(The caller asked "{self.prompt}"; you began to answer and they interrupted you ' \
-                         f'after hearing: "{heard}".)'
+            self.heard = f'{NOTE}asked "{one_line(self.prompt)}"; you began to answer and they interrupted you ' \
+                         f'after hearing: "{one_line(heard)}".)'
         elif heard:
-            self.heard = f'(The caller interrupted your last answer after hearing: "{heard}".)'
+            self.heard = f'{NOTE}interrupted your last answer after hearing: "{one_line(heard)}".)'
 
-    async def start(self, text: str) -> None:
+    async def start(self, words: str) -> None:
         if self.running is not None and not self.running.done():
             await asyncio.gather(self.running, return_exceptions=True)  # one turn at a time, in order
-        self.prompt = text  # the caller's own words (an interrupt's note names them, not an earlier note)
+        if (too_long := self.registry.channels.limits.message_too_long(words)) is not None:
+            # No turn, as on every door; the limit is on the caller's words, not on an interrupt's
+            # note, which waits for the next prompt. The notice is not the model's answer: the
+            # caller speaking over it is nothing to tell the model (prompt None).
+            self.prompt = None
+            self.running = asyncio.ensure_future(self.refuse(too_long))
+            return
+        self.prompt = words  # the caller's own words (an interrupt's note names them, not an earlier note)
+        text = words
         if self.heard is not None:
-            text, self.heard = f"{self.heard}\n{text}", None
-        self.running = asyncio.ensure_future(self.turn(text))
+            text, self.heard = f"{self.heard}\n{words}", None
+        self.running = asyncio.ensure_future(self.turn(text, words))
 
     async def send(self, message: dict[str, Any]) -> None:
         try:
@@ -308,38 +335,68 @@ class Call:
     async def say(self, token: str, last: bool = False) -> None:
         await self.send({"type": "text", "token": token, "last": last})
 
-    async def turn(self, text: str) -> None:
-        session_id = session_id_for(self.bot, KIND, self.call_sid)
+    def session(self) -> AbstractAsyncContextManager[Any]:
+        """The call's session (one per CallSid), held for one prompt."""
+        return self.registry.session(self.bot, session_id_for(self.bot, KIND, self.call_sid), self.principal, OPEN,
+                                     locale=self.locale, meta={CALL: self.call_sid}, channel=True)  # (no follow-ups)
+
+    async def refuse(self, why: str) -> None:
+        """A prompt over --max-message-chars: the caller hears why, in the session's locale (a call
+        has no outbox: its socket), and nothing is kept."""
+        log.warning("channel twilio of bot %s: call %s: a prompt refused: %s", self.bot, self.call_sid, why)
+        self.first = False  # (a prompt sent again after a dropped socket would have been its first)
+        try:
+            async with self.session() as session:
+                await self.say(too_long_notice(session, self.registry.channels.limits.max_message_chars))
+        except (wire.RequestFailed, SessionError, ChatrunError) as exc:
+            log.warning("channel twilio of bot %s: call %s: %s", self.bot, self.call_sid, exc)
+        await self.say("", last=True)
+
+    async def turn(self, text: str, words: str) -> None:
+        """One prompt's turn: `text` reaches the model (an interrupt's note before the caller's `words`)."""
         handoff: dict[str, Any] | None = None
         try:
-            async with self.registry.session(self.bot, session_id, self.principal, OPEN, locale=self.locale,
-                                             meta={CALL: self.call_sid}, channel=True) as session:  # (no follow-ups: a call)
-                run = self.registry.turn(session, text, self.request_id(session, text))
-                if (too_long := self.registry.channels.limits.message_too_long(text)) is not None:
-                    # No turn, as on every door: the caller hears why (a call has no outbox: its socket).
-                    log.warning("channel twilio of bot %s: call %s: a prompt refused: %s", self.bot, self.call_sid,
-                                too_long)
-                    await self.say(too_long_notice(session, self.registry.channels.limits.max_message_chars))
-                elif session.ended is not None and not await run.is_replay():
+            async with self.session() as session:
+                run = self.registry.turn(session, text, self.request_id(session, words))
+                missed = Spoken(session)  # (its choices are read, and stand until the turn offers its own)
+                await self.catch_up(session, missed)
+                if session.ended is not None and not await run.is_replay():
                     handoff = {"reason": "ended"}
                 else:
-                    spoken = Spoken()
+                    spoken = Spoken(session)
                     async for event in run:
                         await self.speak(event, spoken)
-                    self.digits = spoken.digits
+                    self.digits = spoken.digits or missed.digits
                     handoff = self.handoff(session)
+                self.heard_through = session.turn_count
         except (wire.RequestFailed, SessionError, ChatrunError) as exc:  # the caller hears silence, then may ask again
             log.warning("channel twilio of bot %s: call %s: a prompt refused: %s", self.bot, self.call_sid, exc)
         await self.say("", last=True)
         if handoff is not None:
             await self.send({"type": "end", "handoffData": json.dumps(handoff)})
 
-    def request_id(self, session: Any, text: str) -> str:
-        """The prompt's request id. The socket's first prompt, when it is the call's last committed
-        one, is Twilio sending it again after a dropped socket: its id, so it replays."""
+    async def catch_up(self, session: Any, spoken: Spoken) -> None:
+        """Say what the turns the caller did not send said to them since the last they heard (a
+        supervisor's decision, an operator's words, an expired wait): a call has no outbox, so
+        they are heard before the answer to the next prompt, once. A socket starts from the
+        session's turns as it finds them."""
+        if self.heard_through is None:
+            self.heard_through = session.turn_count
+        if session.turn_count <= self.heard_through:
+            return
+        since, self.heard_through = self.heard_through, session.turn_count  # (said once, even if spoken over)
+        for entry in history_for(await self.registry.history(session), USER_ONLY):
+            if entry.get("ok") and isinstance(entry.get("turn"), int) and entry["turn"] > since:
+                for event in entry.get("events") or ():
+                    await self.speak(ev.Event.from_dict(event), spoken)
+
+    def request_id(self, session: Any, words: str) -> str:
+        """The prompt's request id. The socket's first prompt, when its words are the call's last
+        committed prompt's (with or without an interrupt's note before them), is Twilio sending it
+        again after a dropped socket: its id, so it replays."""
         committed = self.registry.last_committed(session)
         first, self.first = self.first, False
-        if first and committed and committed.get("input") == text and committed.get("requestId"):
+        if first and committed and words_of(str(committed.get("input"))) == words and committed.get("requestId"):
             return str(committed["requestId"])
         return f"{KIND}:{self.call_sid}:{session.turn_count + 1}"
 
@@ -378,10 +435,11 @@ class Call:
         options = [c for c in choices or () if isinstance(c, dict)][:9]
         if not options or spoken.digits:
             return  # (a confirmation's Yes/No follow its question: read once)
+        texts = page_texts(spoken.session.bot.config.catalogs, spoken.session.locale)  # chatrun's, or page.phone_*
         parts = []
         for number, choice in enumerate(options, 1):
             label = str(choice.get("label", choice.get("value")))
             spoken.digits[str(number)] = str(choice.get("value", label))
-            parts.append(f"{number} for {label}")
-        await self.say("Say or press " + ", ".join(parts) + ". ")
+            parts.append(said(texts, "phone_choice", digit=number, label=label))
+        await self.say(said(texts, "phone_choices", choices=", ".join(parts)) + " ")
 

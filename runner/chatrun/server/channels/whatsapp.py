@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from chatrun.definition.page_texts import page_texts
 from chatrun.server.channels.base import (
     ChannelKind,
     FetchFailed,
@@ -109,8 +110,10 @@ class WhatsApp(ChannelKind):
                             for label, value in message.buttons]}}}
         else:
             rows = [{"id": value[:200], "title": label[:MAX_ROW_TITLE]} for label, value in message.buttons[:MAX_ROWS]]
+            texts = page_texts(self.bot.catalogs, message.locale)  # chatrun's words, in the session's locale
             body |= {"type": "interactive", "interactive": {"type": "list", "body": {"text": text}, "action": {
-                "button": "Choose", "sections": [{"title": "Choose one", "rows": rows}]}}}
+                "button": texts["channel_list_button"][:MAX_TITLE],
+                "sections": [{"title": texts["channel_list_title"][:MAX_ROW_TITLE], "rows": rows}]}}}
         url = f"{self.option('api', DEFAULT_API).rstrip('/')}/{address['phone_number_id']}/messages"
         response = await self.call(client, "POST", url, "whatsapp messages", "the Cloud API", json=body,
                                    headers={"Authorization": f"Bearer {self.secret('token')}"})
