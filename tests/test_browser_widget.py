@@ -128,10 +128,10 @@ def shop_page(url: str | None, width: int, color_scheme: str = "light") -> Itera
         assert not errors, f"JavaScript errors on the page: {errors}"
 
 
-def panel_frame(page: Any) -> Any:
+def panel_frame(page: Any, timeout: float = 10_000) -> Any:
     page.wait_for_selector("[data-chatrun-widget] >> .panel iframe", state="attached")
     frame = page.frame_locator("[data-chatrun-widget] >> .panel iframe")
-    frame.locator("body[data-ready=true]").wait_for(timeout=10_000)
+    frame.locator("body[data-ready=true]").wait_for(timeout=timeout)
     return frame
 
 
@@ -338,7 +338,10 @@ def test_a_panel_opened_with_an_expired_identity_gets_a_fresh_one_first(sites, f
         later = time.time() + 7200
         monkeypatch.setattr(identity_module, "time", type("Later", (), {"time": staticmethod(lambda: later)}))
         page.locator("[data-chatrun-widget] >> .launcher").click()
-        frame = panel_frame(page)
+        # Refused, the host page asked, then connected again: three round trips and the page's
+        # reconnect pause before it is ready (a busy machine took over 10 s).
+        page.wait_for_function("() => window.renewals === 1", timeout=30_000)
+        frame = panel_frame(page, timeout=30_000)
         assert page.evaluate("() => window.renewals") == 1
         fake.queue({"text": "Hello Ana."})
         send(frame, "Hi", 0)
