@@ -152,10 +152,11 @@ class ServerLimits:
     max_outbound_bytes: int = 1024 * 1024  # replies waiting to be sent on one connection
     model_answer_timeout: float = 900.0  # seconds the author playing the model may take (play_model.py)
 
-    def message_too_long(self, text: str) -> str | None:
-        """Why a user message is refused for its length, or None (one rule for every transport)."""
+    def message_too_long(self, text: str, field: str = "userMessage") -> str | None:
+        """Why a user message (the request's `field`) is refused for its length, or None (one
+        rule for every transport)."""
         if len(text) > self.max_message_chars:
-            return f"userMessage of {len(text)} characters is over the limit of {self.max_message_chars}"
+            return f"{field} of {len(text)} characters is over the limit of {self.max_message_chars}"
         return None
 
 
