@@ -83,9 +83,10 @@ def test_a_full_booking_in_the_browser(page, fake):
 def test_errors_reload_and_reset(page, fake):
     fake.queue({"status": 400, "body": {"error": {"message": "model says no"}}})
     send(page, "hello")
-    assert page.locator("#messages .error").count() == 1
-    shown = page.locator("#messages .error").inner_text()
+    assert page.locator("#messages .error").count() == 2  # the turn's error, then: the message is back
+    shown = page.locator("#messages .error").first.inner_text()
     assert "cannot answer right now" in shown and "127.0.0.1" not in shown  # safe text, no endpoint
+    assert page.input_value("#input") == "hello"  # rolled back: back in the box, to send again
 
     fake.queue(call("book_flight"), {"text": "Where to?"})
     send(page, "a flight")

@@ -257,3 +257,29 @@ def test_a_turn_the_server_died_in_gives_its_files_back_with_the_message(fake, t
     finally:
         replica.signal(signal.SIGINT)
         replica.proc.wait(timeout=60)
+
+
+def test_a_turn_that_fails_gives_its_text_and_files_back_with_the_error(server, fake):
+    """The model cannot be reached: the turn fails (rolled back, nothing kept). The page shows the
+    error and puts the message back in the box and its photo back in the tray (before: both gone,
+    only a turn lost with the server came back); sent again, the model gets both."""
+    fake.responder = lambda body: {"status": 500, "body": "down"}
+    with chat_page(server.url, width=390) as page:
+        with page.expect_file_chooser() as chooser:
+            page.click("#attach")
+        chooser.value.set_files(str(PHOTO))
+        page.fill("#input", "My parcel arrived like this")
+        page.press("#input", "Enter")
+        page.locator("#messages .error", has_text="Your message is back in the box").wait_for(timeout=60_000)
+        assert page.locator("#messages .error").count() == 2  # the turn's error, then the note
+        assert page.input_value("#input") == "My parcel arrived like this"
+        assert tray(page) == ["attachment image dented-box.png"]
+        shot(page, "failed-turn-gives-back-390")
+        fake.responder = None
+        fake.reset()
+        fake.queue({"text": "I see a dented box."})
+        send(page, page.input_value("#input"))
+        assert user_parts(fake.requests[0]) == [{"type": "text", "text": "My parcel arrived like this"},
+                                                {"type": "image_url", "image_url": {"url": PNG_URL}}]
+        assert tray(page) == [] and page.input_value("#input") == ""
+        assert not page.js_errors, page.js_errors

@@ -110,7 +110,7 @@ def test_the_end_user_page_keeps_its_plain_explanation_and_never_plays(server):
         assert "Answer in its place" not in banner.inner_text()
         page.fill("#input", "Hello")
         page.press("#input", "Enter")
-        page.locator("#messages .error").wait_for(state="visible", timeout=10_000)
+        page.locator("#messages .error").first.wait_for(state="visible", timeout=10_000)
         assert not page.locator("#play-model").is_visible()
         assert not page.locator("#play-always").is_visible()
         assert page.evaluate("window.ChatrunPage.session().playModel") is None

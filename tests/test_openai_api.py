@@ -840,3 +840,38 @@ def test_citations_span_each_ref_in_the_whole_reply_and_a_source_without_a_link_
     assert _response_annotations(reply) == [{"type": "url_citation", "url": "https://a/x", "title": "A",
                                              "start_index": 12, "end_index": 20}]
     assert [s["ref"] for s in reply.sources] == ["a.md#x", "b.md"]  # both in `chatrun.sources`
+
+
+def test_a_user_message_over_the_limit_is_413_naming_its_field(fake, travel, tmp_path):
+    """The 413 of a message over `max_message_chars` names the field (before: `param: null`, and
+    the message spoke of a `userMessage` no /v1 request has): the last user message's
+    `messages[N].content` (N counts every message, a system one too; a conversation resent after a
+    turn too), `input` for a string input, `input[N].content` for a list."""
+    from chatrun.server.wire import ServerLimits
+
+    fake.responder = lambda body: {"text": "Hello."}
+    app = create_app([travel], f"sqlite:///{tmp_path / 'chat.db'}", limits=ServerLimits(max_message_chars=40))
+    long = "x" * 41
+    with ThreadServer(app) as server, openai.OpenAI(base_url=server.url + "/v1", api_key="unused",
+                                                    max_retries=0) as client:
+        first = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello."},
+                 {"role": "user", "content": "and?"}]
+        answer = client.chat.completions.create(model="travel", messages=first).choices[0].message.content
+        refused = [
+            (lambda: client.chat.completions.create(model="travel", messages=[
+                {"role": "system", "content": "Be brief."}, {"role": "user", "content": long}]), "messages[1].content"),
+            (lambda: client.chat.completions.create(  # the resent conversation, read from its known prefix
+                model="travel", messages=[*first, {"role": "assistant", "content": answer},
+                                          {"role": "user", "content": long}]), "messages[4].content"),
+            (lambda: client.responses.create(model="travel", input=long), "input"),
+            (lambda: client.responses.create(model="travel", input=[{"role": "user", "content": "hi"},
+                                                                    {"role": "user", "content": long}]),
+             "input[1].content"),
+        ]
+        for send, field in refused:
+            with pytest.raises(openai.APIStatusError) as caught:
+                send()
+            assert caught.value.status_code == 413
+            error = caught.value.body
+            assert (error["code"], error["param"]) == ("too_large", field), error
+            assert error["message"] == f"{field} of 41 characters is over the limit of 40"

@@ -131,3 +131,16 @@ def test_a_tool_that_refuses_marks_its_span_as_an_error(spans, write_bot):
     refused, done = [s for s in spans.get_finished_spans() if s.name == "execute_tool named"]
     assert refused.status.status_code == trace.StatusCode.ERROR and refused.attributes["error.type"] == "tool_error"
     assert done.status.status_code == trace.StatusCode.UNSET and "error.type" not in done.attributes
+
+
+def test_a_tool_name_the_model_invents_names_no_span(fake, spans):
+    """A misbehaving model calls tools that do not exist, each under a new name: the spans are
+    `execute_tool (unknown)`, as the metrics count them (one rule, engine/call.py `tool_label`),
+    and each keeps the name the model sent in `gen_ai.tool.name` (before: a span name per name)."""
+    invented = [f"tool_{n}_{'x' * n}" for n in range(3)]
+    fake.queue(*(call(name) for name in invented), {"text": "Sorry."})
+    chatrun.load_bot(REPO / "bots" / "hello").session().chat("hi")
+    tools = [s for s in spans.get_finished_spans() if s.attributes.get("gen_ai.operation.name") == "execute_tool"]
+    assert [s.name for s in tools] == ["execute_tool (unknown)"] * 3
+    assert [s.attributes["gen_ai.tool.name"] for s in tools] == invented
+    assert all(s.status.status_code == trace.StatusCode.ERROR for s in tools)  # the model was told: no such tool

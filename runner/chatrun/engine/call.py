@@ -108,7 +108,8 @@ class ToolCalls:
                 continue
             watched = self.watched(route, offered.get(call.name), offered, calls[index + 1:])
             self.took_effect = False
-            with tracing.tool_span(call.name, call.id, _action_words(offered.get(call.name))) as span:
+            with tracing.tool_span(tool_label(call, offered), call.id, _action_words(offered.get(call.name)),
+                                   sent=call.name) as span:
                 outcome = await self.timed_tool(offered, call)
                 if outcome.failed:
                     tracing.tool_failed(span)
@@ -148,9 +149,7 @@ class ToolCalls:
             failed = outcome.failed
             return outcome
         finally:  # a failure that fails the turn counts too
-            # A name the model made up is not a label: one series per invented name would never end.
-            observe.tool_call(call.name if call.name in offered else "(unknown)", time.perf_counter() - started,
-                              failed)
+            observe.tool_call(tool_label(call, offered), time.perf_counter() - started, failed)
 
     async def run_tool(self, offered: dict[str, ToolConfig], call: ToolCall) -> ToolOutcome:
         record: dict[str, Any] = {"tool": call.name, "route": self.t.c.scope.route}
@@ -658,6 +657,15 @@ def _did_something(tool: ToolConfig, action: ActionConfig) -> bool:
     run when it would do something."""
     return (tool.kind is not None or bool(action.set or action.emit) or bool(action.ask and action.ask.into)
             or tool.approval is not None)
+
+
+UNKNOWN_TOOL = "(unknown)"  # the tool of a call naming none the route offers, in metrics and span names
+
+
+def tool_label(call: ToolCall, offered: dict[str, ToolConfig]) -> str:
+    """The tool a call is counted and its span named by: a name the model made up is not a label
+    (one series, or span name, per invented name would never end); the span keeps the name sent."""
+    return call.name if call.name in offered else UNKNOWN_TOOL
 
 
 def _action_words(tool: ToolConfig | None) -> str:

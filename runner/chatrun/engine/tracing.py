@@ -3,7 +3,9 @@ marked development), when `opentelemetry-api` is installed (`pip install 'chatru
 
     invoke_agent {bot}       one turn       gen_ai.conversation.id = session.id = the session id
       chat {model}           a model call   gen_ai.request.model, gen_ai.usage.*, finish reasons
-      execute_tool {tool}    a tool call    gen_ai.tool.name, gen_ai.tool.call.id
+      execute_tool {tool}    a tool call    gen_ai.tool.name, gen_ai.tool.call.id ({tool}: `(unknown)`
+                                            for a name the route does not offer; gen_ai.tool.name
+                                            keeps the name the model sent)
 
 plus chatrun's own attributes (`chatrun.route`, `chatrun.stack`, `chatrun.turn`, `chatrun.action`).
 The agent span is INTERNAL (the agent runs in this process), the model calls CLIENT. Message
@@ -166,10 +168,12 @@ def chat_span(provider: str, model: str, route: str, temperature: float | None,
     return span(f"chat {model}", attributes, kept=kept)
 
 
-def tool_span(tool: str, call_id: str, action: str) -> Any:
+def tool_span(tool: str, call_id: str, action: str, sent: str | None = None) -> Any:
+    """The span of one tool call, named by `tool` (a bounded name: engine/call.py `tool_label`);
+    `gen_ai.tool.name` is the name the model `sent` (the tool's, when not given)."""
     return span(f"execute_tool {tool}", {
         "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": tool,
+        "gen_ai.tool.name": tool if sent is None else sent,
         "gen_ai.tool.call.id": call_id,
         "gen_ai.tool.type": "function",
         "chatrun.action": action,

@@ -39,6 +39,7 @@ from chatrun.server.openai_turn import (
     check_said,
     conversation_of,
     from_failure,
+    last_user_field,
     opened,
     read_conversation,
     run_turn,
@@ -242,10 +243,11 @@ class OpenAIState:
                               f"{', '.join(model_ids(self.registry))}", code="model_not_found", param="model")
         return name, route or None
 
-    def check_length(self, text: str) -> None:
-        too_long = self.limits.message_too_long(text)
+    def check_length(self, text: str, field: str) -> None:
+        """413 for a user message over the limit, naming its `field` (`messages[N].content`, `input`)."""
+        too_long = self.limits.message_too_long(text, field)
         if too_long:
-            raise OpenAIError(413, too_long, code="too_large")
+            raise OpenAIError(413, too_long, code="too_large", param=field)
 
     def namespace(self, heard: Heard, body: dict[str, Any]) -> str:
         for header in self.trusted:
@@ -403,7 +405,8 @@ class ChatCompletion(TurnRequest):
             earlier, text, usual = read_conversation(body.get("messages"), "messages")
         else:
             earlier, text, usual = resent.earlier, resent.text, True
-        api.check_length(text)
+        api.check_length(text, last_user_field(body.get("messages"), "messages",
+                                               resent.known.count if resent is not None else 0))
         heard = Heard(request)
         ident = Identity(bot, earlier, heard.get(SESSION_HEADER), api.namespace(heard, body), route=route,
                          version=heard.get(VERSION_HEADER), locale=locale_of(heard, body))
@@ -553,7 +556,7 @@ class ResponseRequest(TurnRequest):
         if isinstance(items, str):
             items = [{"role": "user", "content": items}]
         earlier, text = conversation_of(items, "input")
-        api.check_length(text)
+        api.check_length(text, "input" if isinstance(body.get("input"), str) else last_user_field(items, "input"))
         uploads = uploads_of(items if isinstance(items, list) else [], "input")
         check_said(text, uploads, "input" if isinstance(body.get("input"), str) else "the last user message of input",
                    "input")

@@ -623,6 +623,19 @@ def read_conversation(messages: Any, where: str) -> tuple[Exchange, str, bool]:
     return exchange[:-1], exchange[-1][1], usual
 
 
+def last_user_field(messages: Any, where: str, before: int = 0) -> str:
+    """The field of the turn's text in a message list: `where[N].content`, N the last user
+    message's index (after `before` earlier messages the list does not hold); `where` itself when
+    it is the text (a string)."""
+    if not isinstance(messages, list):
+        return where
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        if isinstance(message, str) or (isinstance(message, dict) and message.get("role") == "user"):
+            return f"{where}[{before + i}].content"
+    return where
+
+
 def _exchange_of(messages: list[Any], where: str) -> Exchange:
     """The user/assistant exchange of a message list, each message read with its checks."""
     exchange: Exchange = []

@@ -167,8 +167,9 @@ class SessionOpener:
             raise exists(request.session_id)
         elif owner_in_meta(slot.session.meta) != request.owner:
             snapshot = slot.session.snapshot()
-            if not reaches(request.reach, request.principal, SessionRecord.of(request.session_id, snapshot, "", ""),
-                           request.bot, self._versions(request.bot)):
+            record = SessionRecord.of(request.session_id, snapshot, "", "")
+            # the live session's own version: whose `operator:` roles may step in
+            if not reaches(request.reach, request.principal, record, slot.session.bot, self._versions(request.bot)):
                 raise not_found(request.session_id)
 
     async def _open(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
@@ -229,17 +230,26 @@ class SessionOpener:
         session's version yet loads it for a decider it names (else it would answer 404 where a
         replica holding it answers). A version that cannot be loaded here: not reached (no word
         of the session to whom it may not concern)."""
-        held = self._versions(request.bot)
-        if reaches(request.reach, request.principal, record, request.bot, held):
+        held, reach = self._versions(request.bot), request.reach
+        if reach.takeover:  # who may step in: the session's own version's `operator:` roles, not the primary's
+            own = await self._own_version(request.bot, record)
+            if own is not None and takes_over(request.principal, own):
+                return True
+            reach = replace(reach, takeover=False)
+        if reaches(reach, request.principal, record, request.bot, held):
             return True
-        if not (request.reach.pending and record.resolved and record.bot_version is not None):
+        if not (reach.pending and record.resolved and record.bot_version is not None):
             return False  # the versions' deciders are not asked
+        own = await self._own_version(request.bot, record)
+        return own is not None and own not in held and reaches(reach, request.principal, record, request.bot, [own])
+
+    async def _own_version(self, bot: Bot, record: SessionRecord) -> Bot | None:
+        """The version of `bot` the stored session runs on (loaded when this replica lacks it),
+        the primary for a session the engine moves to it; None when it cannot be loaded here."""
         try:
-            own = await self.shelf.bot_for(request.bot.name, record)
+            return await self.shelf.bot_for(bot.name, record) or bot
         except wire.RequestFailed:
-            return False
-        return own is not None and own not in held and reaches(request.reach, request.principal, record,
-                                                               request.bot, [own])
+            return None
 
     def _versions(self, bot: Bot) -> list[Bot]:
         """The versions of `bot` this replica holds (served, or loaded from the store)."""

@@ -10,7 +10,7 @@ import html
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -111,8 +111,22 @@ async def operator_page(request: Request, registry: Registry) -> HTMLResponse:
     # The page itself is public like the chat page; what it shows comes from GET /pending,
     # which needs the role `operators` (the page asks for a token when refused). Its texts are
     # the chat page's mechanism: the served bot's catalogs (the default bot's), the browser's locale.
+    # A conversation's cards are in its own bot's texts: `bots`, those of the other bots that differ.
     bot = request.app.state.default_bot
-    return _with_texts(_operator_html(), _texts_for(registry.bots.get(bot), request))
+    page = _texts_for(registry.bots.get(bot), request)
+    return _with_texts(_operator_html(), page | {"bots": _other_bots_texts(registry, bot, page, request)})
+
+
+def _other_bots_texts(registry: Registry, default: str, page: dict[str, Any], request: Request) -> dict[str, Any]:
+    """Each other served bot's page texts in the locale of it the browser asks for, only those
+    that differ from the page's (the default bot's); a bot whose texts are the page's is left out."""
+    found: dict[str, Any] = {}
+    for name, bot in registry.bots.items():
+        own = cast(dict[str, str], _texts_for(bot, request)["texts"]) if name != default else {}
+        differ = {key: text for key, text in own.items() if page["texts"].get(key) != text}
+        if differ:
+            found[name] = differ
+    return found
 
 
 def _page(name: str, bot: Any, request: Request, mode: str) -> HTMLResponse:

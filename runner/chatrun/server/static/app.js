@@ -823,15 +823,16 @@
     if (!(data.history || []).some(own)) giveBack(lost);
   }
 
-  /** A message the server has no record of (or whose fate could not be read): back in the box,
-   * its files back in the tray (unless the reader has put others there meanwhile). */
-  function giveBack(lost) {
+  /** A message the server has no record of (or whose fate could not be read), or whose turn
+   * failed (rolled back, `failed_turn`): back in the box, its files back in the tray (unless the
+   * reader has put others there meanwhile), told with the page text `note`. */
+  function giveBack(lost, note) {
     if (!ui.input.value) ui.input.value = lost.text;
     if (!tray.length && lost.files.length) {
       tray.push(...lost.files);
       renderTray();
     }
-    showError(tx("lost_turn"));
+    showError(tx(note || "lost_turn"));
   }
 
   /** Whether the page takes a message now: one turn at a time, none once the conversation ended,
@@ -859,7 +860,7 @@
       setBusy(false);
       return;
     }
-    const sentTray = tray.slice(); // given back if the turn is lost
+    const sentTray = tray.slice(); // given back if the turn is lost or fails
     clearTray(true);
     showAttachProblem("");
     showUser(text, files);
@@ -873,8 +874,13 @@
     } catch (err) {
       // The connection closed mid-turn: what became of it is read once the page is back (reconnect).
       if (err.reason === "Closed") lostTurn = { text: text, files: sentTray, turn: inspectData ? inspectData.turn : 0 };
-      // The Error frame before a Failed was shown by the errorHandler; else show the reason.
-      else if (!err.detail) showError(err.message || String(err));
+      else {
+        // The Error frame before a Failed was shown by the errorHandler; else show the reason.
+        if (!err.detail) showError(err.message || String(err));
+        // A failed turn is rolled back: its text and files come back to send again (a stopped
+        // one, Cancelled, is the reader's own doing: what they wrote stays in the chat only).
+        if (err.reason !== "Cancelled") giveBack({ text: text, files: sentTray }, "failed_turn");
+      }
     } finally {
       endStreaming();
       closePlay();

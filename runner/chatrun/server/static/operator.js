@@ -7,8 +7,9 @@
  * items as cards, typing both ways, and the composer at the bottom with the bot's canned
  * replies (`canned:`). Dates and numbers use Intl in the session's locale. Needs a token with
  * the role `operators` (?token=… once, kept for the tab). Its own texts come with the page in the
- * bot's locale (definition/page_texts.py, the `op_*` keys; a catalog's `page.<key>` overrides them),
- * as the chat page's do; the inspector's labels stay English, as on the chat page. */
+ * default bot's locale (definition/page_texts.py, the `op_*` keys; a catalog's `page.<key>` overrides
+ * them), as the chat page's do; a conversation's cards are in its own bot's texts (`botTexts`); the
+ * inspector's labels stay English, as on the chat page. */
 (function () {
   "use strict";
 
@@ -41,6 +42,12 @@
     let text = pageData.texts[key] !== undefined ? pageData.texts[key] : key;
     for (const name in args || {}) text = text.split("{" + name + "}").join(String(args[name]));
     return text;
+  }
+
+  /** The texts of a conversation of `bot`: its own bot's where they differ from the page's (the
+   * default bot's, site.py `_other_bots_texts`): its cards and decisions read as that bot words them. */
+  function botTexts(bot) {
+    return Object.assign({}, pageData.texts, (pageData.bots || {})[bot] || {});
   }
 
   /** The texts of the page's own HTML (`data-page-text`, `data-page-label`) and the cards'. */
@@ -374,6 +381,7 @@
     box.className = "op-detail has-aside" + (asideOpen ? " aside-open" : "");
     box.dataset.session = data.id;
     box.dataset.turn = String(data.turn);
+    ChatrunPending.setTexts(botTexts(data.bot)); // the cards and outcomes below, in the conversation's bot's texts
     const conv = el("div", "op-conv");
     conv.appendChild(renderHead(data));
     const scroll = el("div", "op-scroll");
