@@ -240,6 +240,29 @@ def test_a_prompt_twilio_sends_again_after_a_dropped_socket_runs_once(client, fa
     assert [m["content"] for m in fake.requests[-1]["messages"][1:]] == ["Any tickets?", "Two left.", "Any tickets?"]
 
 
+def test_a_voice_webhook_replayed_after_the_calls_first_prompt_gets_no_relay_token(client, fake):
+    """A captured signed webhook posted again would mint a fresh relay token for the CallSid and
+    let whoever holds it go on in the call's session: once the call's session exists, its
+    webhook is refused (409), while Twilio's own retries (before the first prompt) and its
+    reconnects (the same relay URL) still work."""
+    fake.queue({"text": "Two left."})
+    relay_path(client)
+    path = relay_path(client)  # Twilio retrying the webhook before the call connected: answered
+    with client.websocket_connect(path) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Any tickets?"))
+        assert "".join(reply(ws)[0]) == "Two left."
+    replayed = signed_post(client, "/channels/phone/twilio", call_params())
+    assert replayed.status_code == 409
+    assert "ConversationRelay" not in replayed.text and "CA0001 is already connected" in replayed.text
+    with client.websocket_connect(path) as ws:  # Twilio reconnecting the live call: its URL still opens
+        ws.send_json(setup())
+        ws.send_json(prompt("Any tickets?"))
+        assert "".join(reply(ws)[0]).strip() == "Two left."
+    assert len(fake.requests) == 1
+    assert relay_path(client, "CA0002")  # another call is answered
+
+
 def test_a_socket_dropped_mid_turn_lets_the_turn_commit_and_the_prompt_sent_again_replays_it(client, fake):
     chunks = [f"w{i} " for i in range(10)]
     fake.queue({"chunks": chunks, "chunk_delay": 0.1})

@@ -5,7 +5,8 @@ speech both ways; chatrun reads and writes text over a WebSocket.
    X-Twilio-Signature: base64 HMAC-SHA1 of the URL and the sorted POST parameters, keyed with
    the account's auth token). A wrong signature gets 401 and no call. The answer is TwiML that
    connects the call to the relay socket, whose URL carries a token chatrun signed for this
-   call (`relay_token`): only the call Twilio announced may open a socket.
+   call (`relay_token`): only the call Twilio announced may open a socket, and a webhook for a
+   call whose session exists (a captured one replayed) gets 409, no token.
 2. `/channels/{bot}/twilio/relay`: Twilio's messages (setup, prompt, interrupt, dtmf, error).
    Each complete prompt (or DTMF digit) runs one turn of the call's session (one per CallSid,
    as the principal `twilio:<caller's number>`); its reply is streamed down the socket as
@@ -171,6 +172,13 @@ async def answer_call(bot: str, request: Request, registry: Registry) -> Respons
     call_sid = dict(params).get("CallSid", "")
     if not call_sid:
         raise wire.RequestFailed(wire.BAD_REQUEST, "a Twilio voice webhook without a CallSid")
+    if await registry.store.load_session(session_id_for(bot, KIND, call_sid)) is not None:
+        # A call's webhook comes (and is retried by Twilio) before its first prompt: one for a
+        # call whose session exists is a captured webhook replayed to get a relay token.
+        log.warning("channel twilio of bot %s: refused a voice webhook for call %s: its session exists "
+                    "(a replayed webhook?)", bot, call_sid)
+        raise wire.RequestFailed(wire.SESSION_EXISTS, f"call {call_sid} is already connected: a voice webhook gets a "
+                                 "relay token only before the call's first prompt")
     base = channel.public_base(str(request.base_url))
     socket = base.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
     relay_url = f"{socket}/channels/{bot}/{KIND}/relay?" + urlencode({"token": channel.relay_token(call_sid)})
