@@ -370,6 +370,33 @@ def test_a_prompt_over_max_message_chars_runs_no_turn_and_the_caller_hears_the_l
     assert [r["messages"][-1]["content"] for r in fake.requests] == ["Any tickets?"]
 
 
+def test_a_prompt_in_parts_is_refused_once_its_parts_are_over_max_message_chars(tmp_path, fake, monkeypatch,
+                                                                                 caplog):
+    """`last: false` parts were joined without limit until the prompt's end: they are refused as
+    too long as soon as they are over --max-message-chars, the prompt's later parts dropped."""
+    from chatrun.server.wire import ServerLimits
+
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(BOT)
+    fake.queue({"text": "Two left."})
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             limits=ServerLimits(max_message_chars=20))
+    with caplog.at_level("WARNING", logger="chatrun.channels"), TestClient(app) as client, \
+            client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        for part in ("Any tickets ", "for the concert ", "tonight? " * 1000):  # over 20 at the second
+            ws.send_json(prompt(part, last=False))
+        ws.send_json(prompt("and more", last=True))
+        ws.send_json(prompt("Any tickets?"))
+        assert reply(ws)[0] == ["Sorry, your message is too long: I take messages of up to 20 characters. "
+                                "Please send a shorter one."]
+        assert "".join(reply(ws)[0]) == "Two left."
+    assert [r["messages"][-1]["content"] for r in fake.requests] == ["Any tickets?"]
+    # Refused at the part that went over (27 characters kept), not after 9000 more were joined.
+    assert [r.getMessage().rsplit(": ", 1)[1] for r in caplog.records if "a prompt refused" in r.getMessage()] \
+        == ["userMessage of 27 characters is over the limit of 20"]
+
+
 def test_a_prompt_is_measured_by_the_callers_words_and_a_refused_one_keeps_the_interrupts_note(
         tmp_path, fake, monkeypatch):
     """The limit is on what the caller said, not on chatrun's note of an interrupt before it; a

@@ -248,7 +248,8 @@ class Call:
         self.principal: Principal | None = None
         self.running: asyncio.Task[None] | None = None
         self.prompt: str | None = ""  # the prompt being answered (an interrupt's note); None: a notice
-        self.partial = ""  # a prompt's parts until its `last`
+        self.partial = ""  # a prompt's parts until its `last` (at most --max-message-chars: hear)
+        self.overlong = False  # a prompt refused as too long before its `last`: its parts are dropped
         self.heard: str | None = None  # a note for the next prompt: what the interrupted caller heard
         self.digits: dict[str, str] = {}  # the choices just offered, by digit
         self.first = True  # the socket's first prompt may be Twilio re-sending a committed one
@@ -288,12 +289,8 @@ class Call:
         elif self.principal is None:
             return True  # nothing before the setup
         elif kind == "prompt":
-            self.partial += str(message.get("voicePrompt") or "")
             self.locale = message.get("lang") or self.locale
-            if message.get("last", True):
-                text, self.partial = self.partial.strip(), ""
-                if not wire.says_nothing(text, ()):  # silence heard as a prompt runs no turn
-                    await self.start(text)
+            await self.hear(str(message.get("voicePrompt") or ""), bool(message.get("last", True)))
         elif kind == "dtmf":
             digit = str(message.get("digit") or "")
             if not wire.says_nothing(digit, ()):
@@ -304,6 +301,19 @@ class Call:
             log.warning("channel twilio of bot %s: call %s: Twilio reports %s", self.bot, self.call_sid,
                         message.get("description"))
         return True
+
+    async def hear(self, part: str, last: bool) -> None:
+        """A part of a prompt: the prompt runs at its `last`, or is refused as too long as soon as
+        its parts are over --max-message-chars (the rest of its parts then dropped, not kept)."""
+        if self.overlong:
+            self.overlong = not last
+            return
+        self.partial += part
+        over = self.registry.channels.limits.message_too_long(self.partial.strip()) is not None
+        if last or over:
+            text, self.partial, self.overlong = self.partial.strip(), "", over and not last
+            if not wire.says_nothing(text, ()):  # silence heard as a prompt runs no turn
+                await self.start(text)  # (which refuses one too long)
 
     async def interrupt(self, heard: str) -> None:
         """The caller spoke over the reply: the running turn is cancelled (it rolls back, the
