@@ -259,10 +259,12 @@ def whatsapp_signed(app_secret: str, body: bytes) -> dict[str, str]:
 
 
 def whatsapp_message(wamid: str, text: str | None = None, user: str = "4915112345678", number: str = "1065550001",
-                     button: str | None = None, media: tuple[str, str, str, str | None] | None = None) -> dict[str, Any]:
+                     button: str | None = None, media: tuple[str, str, str, str | None] | None = None,
+                     sent: float | None = None) -> dict[str, Any]:
     """A Cloud API webhook with one text message (or, with `button`, an interactive reply
-    button's press; with `media`, an image or document), as Meta's documentation shows it."""
-    message: dict[str, Any] = {"from": user, "id": wamid, "timestamp": "1764950400"}
+    button's press; with `media`, an image or document), as Meta's documentation shows it,
+    sent now (or at `sent`, seconds since the epoch)."""
+    message: dict[str, Any] = {"from": user, "id": wamid, "timestamp": str(int(time.time() if sent is None else sent))}
     if media is not None:  # (kind, media id, mime type, caption)
         kind, media_id, mime_type, caption = media
         message |= {"type": kind, kind: {"id": media_id, "mime_type": mime_type, "sha256": "unused",

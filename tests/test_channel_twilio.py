@@ -240,6 +240,29 @@ def test_a_prompt_twilio_sends_again_after_a_dropped_socket_runs_once(client, fa
     assert [m["content"] for m in fake.requests[-1]["messages"][1:]] == ["Any tickets?", "Two left.", "Any tickets?"]
 
 
+def test_a_voice_webhook_replayed_after_the_calls_first_prompt_gets_no_relay_token(client, fake):
+    """A captured signed webhook posted again would mint a fresh relay token for the CallSid and
+    let whoever holds it go on in the call's session: once the call's session exists, its
+    webhook is refused (409), while Twilio's own retries (before the first prompt) and its
+    reconnects (the same relay URL) still work."""
+    fake.queue({"text": "Two left."})
+    relay_path(client)
+    path = relay_path(client)  # Twilio retrying the webhook before the call connected: answered
+    with client.websocket_connect(path) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Any tickets?"))
+        assert "".join(reply(ws)[0]) == "Two left."
+    replayed = signed_post(client, "/channels/phone/twilio", call_params())
+    assert replayed.status_code == 409
+    assert "ConversationRelay" not in replayed.text and "CA0001 is already connected" in replayed.text
+    with client.websocket_connect(path) as ws:  # Twilio reconnecting the live call: its URL still opens
+        ws.send_json(setup())
+        ws.send_json(prompt("Any tickets?"))
+        assert "".join(reply(ws)[0]).strip() == "Two left."
+    assert len(fake.requests) == 1
+    assert relay_path(client, "CA0002")  # another call is answered
+
+
 def test_a_socket_dropped_mid_turn_lets_the_turn_commit_and_the_prompt_sent_again_replays_it(client, fake):
     chunks = [f"w{i} " for i in range(10)]
     fake.queue({"chunks": chunks, "chunk_delay": 0.1})
@@ -345,6 +368,33 @@ def test_a_prompt_over_max_message_chars_runs_no_turn_and_the_caller_hears_the_l
         ws.send_json(prompt("Any tickets?"))
         assert "".join(reply(ws)[0]) == "Two left."
     assert [r["messages"][-1]["content"] for r in fake.requests] == ["Any tickets?"]
+
+
+def test_a_prompt_in_parts_is_refused_once_its_parts_are_over_max_message_chars(tmp_path, fake, monkeypatch,
+                                                                                 caplog):
+    """`last: false` parts were joined without limit until the prompt's end: they are refused as
+    too long as soon as they are over --max-message-chars, the prompt's later parts dropped."""
+    from chatrun.server.wire import ServerLimits
+
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(BOT)
+    fake.queue({"text": "Two left."})
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             limits=ServerLimits(max_message_chars=20))
+    with caplog.at_level("WARNING", logger="chatrun.channels"), TestClient(app) as client, \
+            client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        for part in ("Any tickets ", "for the concert ", "tonight? " * 1000):  # over 20 at the second
+            ws.send_json(prompt(part, last=False))
+        ws.send_json(prompt("and more", last=True))
+        ws.send_json(prompt("Any tickets?"))
+        assert reply(ws)[0] == ["Sorry, your message is too long: I take messages of up to 20 characters. "
+                                "Please send a shorter one."]
+        assert "".join(reply(ws)[0]) == "Two left."
+    assert [r["messages"][-1]["content"] for r in fake.requests] == ["Any tickets?"]
+    # Refused at the part that went over (27 characters kept), not after 9000 more were joined.
+    assert [r.getMessage().rsplit(": ", 1)[1] for r in caplog.records if "a prompt refused" in r.getMessage()] \
+        == ["userMessage of 27 characters is over the limit of 20"]
 
 
 def test_a_prompt_is_measured_by_the_callers_words_and_a_refused_one_keeps_the_interrupts_note(

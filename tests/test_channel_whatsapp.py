@@ -9,6 +9,7 @@ a list for more than three choices."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -113,6 +114,20 @@ def test_a_forged_or_missing_signature_gets_401_and_statuses_are_not_messages(cl
         "statuses": [{"id": "wamid.out1", "status": "read", "recipient_id": "4915112345678"}]}}]}]}
     assert post(client, statuses).status_code == 200
     assert fake.requests == [] and meta.seen == [] and outbox_empty(client)
+
+
+def test_a_delivery_whose_message_was_sent_over_a_day_ago_runs_no_turn(client, meta, fake):
+    """A captured signed delivery replayed once its dedupe record is gone (retention, erasure)
+    would run its turn again: a message older than MAX_DELIVERY_AGE by its own signed timestamp
+    is answered 200 (Meta stops sending it) and runs nothing; a fresh one runs."""
+    from chatrun.server.channels.base import MAX_DELIVERY_AGE
+    old = time.time() - MAX_DELIVERY_AGE - 60
+    assert post(client, whatsapp_message("wamid.OLD", "hello", sent=old)).status_code == 200
+    assert post(client, whatsapp_message("wamid.NEW", "again")).status_code == 200
+    wait_until(lambda: sent(meta), what="the fresh message's reply")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert [r["interactive"]["body"]["text"] for r in sent(meta)] == ["You said again."]
+    assert len(fake.requests) == 1
 
 
 def test_the_users_confirmation_is_reply_buttons_and_a_press_decides_it(client, meta):

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,25 @@ if TYPE_CHECKING:
     from chatrun.engine.session import Session
 
 MAX_ANSWER_BYTES = 1_000_000  # of a platform's answer to a call (a message's id, an error): more is not read
+# The oldest a message's own signed timestamp may be: past it a delivery is refused, since the
+# turn's dedupe record (the last outcomes of a session) may be gone and a captured delivery would
+# run again. 24 h is WhatsApp's customer-service window: a reply to an older message cannot go out
+# as text anyway (CHANGELOG, docs/channels.md).
+MAX_DELIVERY_AGE = 24 * 3600
+
+
+def too_old(sent: float | None, max_age: float, now: float | None = None) -> bool:
+    """Whether a delivery's signed timestamp `sent` (seconds since the epoch) is over `max_age`
+    seconds old; a message without one is not judged so (its platform's signature bounds it)."""
+    return sent is not None and sent < (now if now is not None else time.time()) - max_age
+
+
+def epoch_seconds(value: Any) -> float | None:
+    """A platform's timestamp (seconds since the epoch, a number or its digits) or None."""
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def session_id_for(bot: str, kind: str, conversation: str) -> str:
@@ -121,6 +141,7 @@ class Inbound:
     extra: dict[str, Any] = field(default_factory=dict)  # what the kind needs after the turn (a callback's id)
     files: tuple[InboundFile, ...] = ()  # photos, documents: the turn's attachments once fetched
     pressed: bool = False  # a button's value, pressed (not typed): it may name a waiting item (press_value)
+    sent: float | None = None  # when the user sent it, as the platform signed it (too_old refuses a replay)
 
     def __post_init__(self) -> None:
         # The delivery id is the turn's request id (and names the message's records): a delivery

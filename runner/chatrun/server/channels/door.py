@@ -41,6 +41,7 @@ from chatrun.server import wire
 from chatrun.server.auth import Auth, Principal
 from chatrun.server.channels.acked import AckedDeliveries, AckedSettings
 from chatrun.server.channels.base import (
+    MAX_DELIVERY_AGE,
     ChannelKind,
     FetchFailed,
     Inbound,
@@ -54,6 +55,7 @@ from chatrun.server.channels.base import (
     session_after,
     session_id_for,
     too_long_notice,
+    too_old,
 )
 from chatrun.server.channels.slack import Slack
 from chatrun.server.channels.teams import Teams
@@ -292,7 +294,7 @@ async def receive(bot: str, kind: str, request: Request, registry: Registry) -> 
         raise wire.RequestFailed(wire.BAD_REQUEST, f"a {kind} delivery that cannot be read: {exc}") from None
     try:
         answer = channel.handshake(payload)
-        messages = [] if answer is not None else _saying(channel.inbound(payload))
+        messages = [] if answer is not None else _fresh(channel, _saying(channel.inbound(payload)))
     except (AttributeError, KeyError, IndexError, TypeError) as exc:  # a field not of the platform's shape
         log.warning("channel %s of bot %s: refused a delivery not of the platform's shape: %s: %s",
                     kind, bot, type(exc).__name__, exc)
@@ -319,6 +321,18 @@ def _saying(messages: list[Inbound]) -> list[Inbound]:
     runs no turn and gets no reply (wire.says_nothing, every door's rule); its delivery is
     answered 200 all the same, so the platform does not send it again."""
     return [message for message in messages if not wire.says_nothing(message.text, message.files)]
+
+
+def _fresh(channel: ChannelKind, messages: list[Inbound]) -> list[Inbound]:
+    """The messages sent within MAX_DELIVERY_AGE by their own signed timestamp: an older one may be
+    a captured delivery replayed after its dedupe record is gone (retention, erasure), and runs no
+    turn; its delivery is answered 200 all the same, so the platform does not send it again."""
+    fresh = [message for message in messages if not too_old(message.sent, MAX_DELIVERY_AGE)]
+    for message in messages:
+        if message not in fresh:
+            log.warning("channel %s of bot %s: refused message %s: sent at %s, over %d s ago (a replay?)",
+                        channel.kind, channel.bot.name, message.delivery, message.sent, MAX_DELIVERY_AGE)
+    return fresh
 
 
 async def _handle_recorded(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str,

@@ -5,7 +5,8 @@ speech both ways; chatrun reads and writes text over a WebSocket.
    X-Twilio-Signature: base64 HMAC-SHA1 of the URL and the sorted POST parameters, keyed with
    the account's auth token). A wrong signature gets 401 and no call. The answer is TwiML that
    connects the call to the relay socket, whose URL carries a token chatrun signed for this
-   call (`relay_token`): only the call Twilio announced may open a socket.
+   call (`relay_token`): only the call Twilio announced may open a socket, and a webhook for a
+   call whose session exists (a captured one replayed) gets 409, no token.
 2. `/channels/{bot}/twilio/relay`: Twilio's messages (setup, prompt, interrupt, dtmf, error).
    Each complete prompt (or DTMF digit) runs one turn of the call's session (one per CallSid,
    as the principal `twilio:<caller's number>`); its reply is streamed down the socket as
@@ -171,6 +172,13 @@ async def answer_call(bot: str, request: Request, registry: Registry) -> Respons
     call_sid = dict(params).get("CallSid", "")
     if not call_sid:
         raise wire.RequestFailed(wire.BAD_REQUEST, "a Twilio voice webhook without a CallSid")
+    if await registry.store.load_session(session_id_for(bot, KIND, call_sid)) is not None:
+        # A call's webhook comes (and is retried by Twilio) before its first prompt: one for a
+        # call whose session exists is a captured webhook replayed to get a relay token.
+        log.warning("channel twilio of bot %s: refused a voice webhook for call %s: its session exists "
+                    "(a replayed webhook?)", bot, call_sid)
+        raise wire.RequestFailed(wire.SESSION_EXISTS, f"call {call_sid} is already connected: a voice webhook gets a "
+                                 "relay token only before the call's first prompt")
     base = channel.public_base(str(request.base_url))
     socket = base.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
     relay_url = f"{socket}/channels/{bot}/{KIND}/relay?" + urlencode({"token": channel.relay_token(call_sid)})
@@ -240,7 +248,8 @@ class Call:
         self.principal: Principal | None = None
         self.running: asyncio.Task[None] | None = None
         self.prompt: str | None = ""  # the prompt being answered (an interrupt's note); None: a notice
-        self.partial = ""  # a prompt's parts until its `last`
+        self.partial = ""  # a prompt's parts until its `last` (at most --max-message-chars: hear)
+        self.overlong = False  # a prompt refused as too long before its `last`: its parts are dropped
         self.heard: str | None = None  # a note for the next prompt: what the interrupted caller heard
         self.digits: dict[str, str] = {}  # the choices just offered, by digit
         self.first = True  # the socket's first prompt may be Twilio re-sending a committed one
@@ -280,12 +289,8 @@ class Call:
         elif self.principal is None:
             return True  # nothing before the setup
         elif kind == "prompt":
-            self.partial += str(message.get("voicePrompt") or "")
             self.locale = message.get("lang") or self.locale
-            if message.get("last", True):
-                text, self.partial = self.partial.strip(), ""
-                if not wire.says_nothing(text, ()):  # silence heard as a prompt runs no turn
-                    await self.start(text)
+            await self.hear(str(message.get("voicePrompt") or ""), bool(message.get("last", True)))
         elif kind == "dtmf":
             digit = str(message.get("digit") or "")
             if not wire.says_nothing(digit, ()):
@@ -296,6 +301,19 @@ class Call:
             log.warning("channel twilio of bot %s: call %s: Twilio reports %s", self.bot, self.call_sid,
                         message.get("description"))
         return True
+
+    async def hear(self, part: str, last: bool) -> None:
+        """A part of a prompt: the prompt runs at its `last`, or is refused as too long as soon as
+        its parts are over --max-message-chars (the rest of its parts then dropped, not kept)."""
+        if self.overlong:
+            self.overlong = not last
+            return
+        self.partial += part
+        over = self.registry.channels.limits.message_too_long(self.partial.strip()) is not None
+        if last or over:
+            text, self.partial, self.overlong = self.partial.strip(), "", over and not last
+            if not wire.says_nothing(text, ()):  # silence heard as a prompt runs no turn
+                await self.start(text)  # (which refuses one too long)
 
     async def interrupt(self, heard: str) -> None:
         """The caller spoke over the reply: the running turn is cancelled (it rolls back, the

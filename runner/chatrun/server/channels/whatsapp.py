@@ -31,6 +31,7 @@ from chatrun.server.channels.base import (
     Outgoing,
     SendFailed,
     Unauthorized,
+    epoch_seconds,
     media_type_of,
 )
 
@@ -77,7 +78,8 @@ class WhatsApp(ChannelKind):
                         user = str(message.get("from"))
                         out.append(Inbound(message.get("id"), f"{number}:{user}", user, text,
                                            {"phone_number_id": number, "to": user}, names.get(user, ""),
-                                           files=files, pressed=message.get("type") in ("interactive", "button")))
+                                           files=files, pressed=message.get("type") in ("interactive", "button"),
+                                           sent=epoch_seconds(message.get("timestamp"))))
         return out
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
