@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
+from chatrun.definition.page_texts import page_texts, said
 from chatrun.engine import follow_up, guardrails, outcomes, tracing, user_summary
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import NO_FACTS, Checkpoint, Conversation
@@ -822,6 +823,7 @@ class Session:
         # The detail may quote what a handler or a backend raised (a card number, an email): the
         # `storage` guards redact it before the log, the Error's meta and the history keep it.
         detail = turn.kept_text(detail)
+        text = self._failed_text(text, turn)
         # INFO: a failed turn is the bot's or the model's problem, reported to the client already;
         # `chatrun serve` logs it (the author's detail), library users opt in with logging.
         log.info("session %s, turn %s failed: %s", self.id, self.turn_count + 1, detail)
@@ -833,6 +835,16 @@ class Session:
         if replies:  # a channel's user still learns the turn failed (outbox_of keeps replies only)
             failed[OUTBOX_KEY] = replies
         self._rollback(before, failed, turn)
+
+    def _failed_text(self, text: str, turn: Turn) -> str:
+        """What the user is told of a failed turn: `text` ("nothing was kept") when no tool that may
+        change something ran in it, else that the message was not saved but those tools ran, in the
+        session's locale (`failed_after_effect`, definition/page_texts.py): the rollback undoes the
+        conversation, never what a tool did. Every door shows this Error's text."""
+        names = list(dict.fromkeys(e["tool"] for e in _effects(self.bot.config, turn.tool_calls)))
+        if not names:
+            return text
+        return said(page_texts(self.bot.config.catalogs, self.locale), "failed_after_effect", tools=", ".join(names))
 
     def _log_internal(self, exc: Exception, detail: str) -> None:
         """Log an internal error with its stack; on a bot with `guardrails:` or secret variables the
@@ -1078,12 +1090,18 @@ def _stopped(config: BotConfig, events: list[Event], calls: list[dict[str, Any]]
             shown = []
         elif event.type == ev.STREAM and isinstance(event.data, str):
             shown.append(event.data)
+    return {"shown": "".join(shown), "effects": _effects(config, calls)}
+
+
+def _effects(config: BotConfig, calls: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The turn's tool calls that ran and may have changed something outside (effect `idempotent`
+    or `once`; a call that failed is left out), as `{tool, effect}`."""
     effects = []
     for call in calls:
         tool = config.tools.get(str(call.get("tool")))
         if tool is not None and "error" not in call and tool.effect != "read":
             effects.append({"tool": tool.name, "effect": tool.effect})
-    return {"shown": "".join(shown), "effects": effects}
+    return effects
 
 
 def _plain(events: list[Event]) -> list[dict[str, Any]]:
