@@ -42,6 +42,7 @@ from chatrun.engine.pending import (
     decision_entry,
     earliest_due,
     parse_time,
+    retried,
     without_secret,
 )
 from chatrun.engine.scopes import Scope, merged_scope
@@ -385,6 +386,12 @@ class Session:
             if isinstance(later, str) and (due is None or parse_time(later) < parse_time(due)):
                 due = later
         return due
+
+    @property
+    def retry_after(self) -> float | None:
+        """When a sweeper may next try this session's timeouts (epoch seconds) after its last
+        timeout turn failed, or None (engine/pending.py `retried`)."""
+        return None if self._c.retry is None else float(self._c.retry["after"])
 
     @property
     def stale(self) -> str | None:
@@ -753,6 +760,7 @@ class Session:
             if self._c.config.user_memory is not None:  # the summary at the conversation's end, if it ended
                 await user_summary.write(turn, before, self.may_summarize)
             self._c.turn_count = turn.number
+            self._c.retry = None  # a committed turn ends a failing timeout's backoff
             self._c.usage.add(turn.usage)
             if self._c.follow_up is not None or self._c.route.follow_up is not None:  # most turns: neither
                 self._c.follow_up = follow_up.armed(self._c, isinstance(decision, Expire))
@@ -828,6 +836,7 @@ class Session:
         # `chatrun serve` logs it (the author's detail), library users opt in with logging.
         log.info("session %s, turn %s failed: %s", self.id, self.turn_count + 1, detail)
         self._reopened(before, collected, turn)
+        self._back_off(turn)
         # First, so the history's record of the attempt holds it too.
         self._emit(ev.ERROR, text, runtime=True, meta={"detail": detail})
         failed = entry | {"ok": False, "error": detail, "events": _plain(collected)}
@@ -835,6 +844,15 @@ class Session:
         if replies:  # a channel's user still learns the turn failed (outbox_of keeps replies only)
             failed[OUTBOX_KEY] = replies
         self._rollback(before, failed, turn)
+
+    def _back_off(self, turn: Turn) -> None:
+        """A failed turn of the sweeper's Expire: no sweeper tries again before the backoff is
+        over (engine/pending.py `retried`, kept in the snapshot the failed turn's record commits),
+        so a timeout whose turn keeps failing does not run its approved tool at every sweep."""
+        decision = turn.t.decision
+        if isinstance(decision, Expire) and decision.backoff:
+            now = parse_time(decision.now).timestamp() if decision.now else time.time()
+            self._c.retry = retried(self._c.retry, decision.backoff, now)
 
     def _failed_text(self, text: str, turn: Turn) -> str:
         """What the user is told of a failed turn: `text` ("nothing was kept") when no tool that may
