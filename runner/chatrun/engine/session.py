@@ -856,10 +856,13 @@ class Session:
 
     def _failed_text(self, text: str, turn: Turn) -> str:
         """What the user is told of a failed turn: `text` ("nothing was kept") when no tool that may
-        change something ran in it, else that the message was not saved but those tools ran, in the
+        change something outside the conversation (a handler, http:, openapi:, mcp: tool whose
+        effect is not `read`) ran in it, else that the message was not saved but those tools ran, in the
         session's locale (`failed_after_effect`, definition/page_texts.py): the rollback undoes the
         conversation, never what a tool did. Every door shows this Error's text."""
-        names = list(dict.fromkeys(e["tool"] for e in _effects(self.bot.config, turn.tool_calls)))
+        tools = self.bot.config.tools  # an action-only tool (no kind) changed the conversation only: undone
+        names = list(dict.fromkeys(e["tool"] for e in _effects(self.bot.config, turn.tool_calls)
+                                   if tools[e["tool"]].kinds))
         if not names:
             return text
         return said(page_texts(self.bot.config.catalogs, self.locale), "failed_after_effect", tools=", ".join(names))
