@@ -85,3 +85,18 @@ def test_a_failed_turn_after_only_a_read_tool_keeps_the_old_text(write_bot, tmp_
         assert _ws_error(client, "look", "w2") == chatrun.events.MODEL_FAILED_TEXT
         fake.queue(MODEL_DOWN)
         assert _http_error(client, "hi", "h2") == chatrun.events.MODEL_FAILED_TEXT
+
+
+def test_the_text_is_in_the_sessions_locale_and_a_bot_may_word_it(write_bot, tmp_path, fake):
+    """The real model client against the fake; the session's locale picks chatrun's German
+    text, and a bot's `page.failed_after_effect` replaces it (as every page text)."""
+    bot = BOT.replace("name: booking", "name: booking\nlocales: [en, de, fr]")
+    (tmp_path / "locales").mkdir()
+    path = write_bot(bot, extra={"book_tools.py": TOOLS, "locales/en.yaml": "x: y\n", "locales/de.yaml": "x: z\n",
+                                 "locales/fr.yaml": "x: w\npage.failed_after_effect: \"{tools} a été fait.\"\n"})
+    loaded = chatrun.load_bot(path)
+    for locale, expected in (("de", BUILTIN["de"]["failed_after_effect"].format(tools="book")),
+                             ("fr", "book a été fait.")):
+        fake.queue(call("book"), MODEL_DOWN)
+        events = loaded.session(meta={"locale": locale}).chat("book it")
+        assert [e.data for e in events if e.type == "Error"] == [expected]
