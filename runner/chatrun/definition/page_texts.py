@@ -104,6 +104,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "unauthorized_user": "This chat cannot go on: its access has expired or was refused. Reload the page to continue.",
         "lost_turn": "The connection was lost before the reply: your message is back in the box, to send again.",
         "failed_turn": "Your message is back in the box, to send again.",
+        # A failed turn in which a tool that may change something ran (engine/session.py _failed_text).
+        "failed_after_effect": "Sorry, your last message could not be handled and was not saved, but {tools} ran: please check what it did before asking again.",
         "unreadable": "cannot read {name}",
         # A messaging platform's user whose files are not taken (server/channels/door.py): no turn runs.
         "channel_no_files": "Sorry, I cannot take files here. Please send your message as text.",
@@ -291,6 +293,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "unauthorized_user": "Dieser Chat kann nicht weitergehen: sein Zugang ist abgelaufen oder wurde abgelehnt. Laden Sie die Seite neu, um fortzufahren.",
         "lost_turn": "Die Verbindung brach vor der Antwort ab: Ihre Nachricht steht wieder im Eingabefeld, zum erneuten Senden.",
         "failed_turn": "Ihre Nachricht steht wieder im Eingabefeld, zum erneuten Senden.",
+        "failed_after_effect": "Entschuldigung, Ihre letzte Nachricht konnte nicht bearbeitet werden und wurde nicht gespeichert, aber {tools} wurde ausgeführt: Bitte prüfen Sie das Ergebnis, bevor Sie erneut fragen.",
         "unreadable": "{name} kann nicht gelesen werden",
         "channel_no_files": "Leider kann ich hier keine Dateien annehmen. Bitte schreiben Sie Ihre Nachricht als Text.",
         "channel_file_refused": "Leider kann ich diese Datei nicht annehmen. Ich nehme {kinds}-Dateien bis {size} an, "
@@ -469,6 +472,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "unauthorized_user": "لا يمكن متابعة هذه المحادثة: انتهت صلاحية الوصول إليها أو رُفض. أعد تحميل الصفحة للمتابعة.",
         "lost_turn": "انقطع الاتصال قبل الرد: رسالتك عادت إلى مربع الكتابة لإرسالها مرة أخرى.",
         "failed_turn": "رسالتك عادت إلى مربع الكتابة لإرسالها مرة أخرى.",
+        "failed_after_effect": "عذرًا، تعذّرت معالجة رسالتك الأخيرة ولم تُحفظ، لكن {tools} نُفِّذ: يُرجى التحقق مما حدث قبل أن تطلب مرة أخرى.",
         "unreadable": "تعذّرت قراءة {name}",
         "channel_no_files": "عذرًا، لا يمكنني استلام الملفات هنا. يُرجى إرسال رسالتك نصًا.",
         "channel_file_refused": "عذرًا، لا يمكنني استلام هذا الملف. أستلم ملفات {kinds} بحجم أقصاه {size}، "

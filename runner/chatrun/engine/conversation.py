@@ -48,10 +48,12 @@ from chatrun.store import SessionStore
 from chatrun.store.record import (
     FOLLOW_UP_KEY,
     OUTCOME_KEY,
+    RETRY_KEY,
     SCOPE_SEPARATOR,
     follow_up_of,
     outcome_of,
     owner_in_meta,
+    retry_of,
     route_of_memory,
     scope_id,
 )
@@ -63,7 +65,7 @@ DONE_CALLS_KEY = "calls_done"  # the snapshot's record of calls done once (engin
 # by a newer chatrun and is kept (Conversation.unknown).
 SNAPSHOT_KEYS = frozenset({"version", "bot", "bot_version", "id", "turn", "state", "scopes", "next_scope", "meta",
                            "usage", "updated", "ended", PENDING_KEY, PENDING_COUNTER_KEY, TAKEOVER_KEY, RESOLVED_KEY,
-                           DONE_CALLS_KEY, FOLLOW_UP_KEY, OUTCOME_KEY, "committed"})
+                           DONE_CALLS_KEY, FOLLOW_UP_KEY, OUTCOME_KEY, RETRY_KEY, "committed"})
 NOTHING_RESOLVED: Mapping[str, str] = MappingProxyType({})  # shared by every session with none
 NO_FACTS: Mapping[str, Any] = MappingProxyType({})  # user memory: shared by every session with none (replaced, not changed)
 
@@ -97,7 +99,7 @@ class Conversation:
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "_state", "_meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
                  "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
-                 "remembered", "unknown")
+                 "remembered", "unknown", "retry")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -143,6 +145,9 @@ class Conversation:
         self.follow_up: dict[str, Any] | None = None
         # The outcome (engine/outcomes.py): recorded {"name", ...} or armed {"due", "since"}; replaced, never changed in place.
         self.outcome: dict[str, Any] | None = None
+        # The sweep backoff after a failed timeout turn ({"after", "wait"}; engine/pending.py `retried`):
+        # set by the failed turn's record, cleared by the next committed turn. Not rolled back.
+        self.retry: dict[str, Any] | None = None
         # The stored snapshot's fields this chatrun does not know (a newer replica's, in a rolling
         # deploy): written back as read by every commit (`snapshot`), so this replica never drops
         # them. None for nearly every session: then they cost `snapshot` one test.
@@ -182,6 +187,7 @@ class Conversation:
         self.done_calls = tuple(e for e in snapshot.get(DONE_CALLS_KEY) or () if isinstance(e, str))
         self.follow_up = follow_up_of(snapshot)
         self.outcome = outcome_of(snapshot)
+        self.retry = retry_of(snapshot)
         # One subset test in C when every field is known (the usual case).
         self.unknown = None if snapshot.keys() <= SNAPSHOT_KEYS else {
             k: v for k, v in snapshot.items() if k not in SNAPSHOT_KEYS}
@@ -211,6 +217,7 @@ class Conversation:
             **({DONE_CALLS_KEY: list(self.done_calls)} if self.done_calls else {}),
             **({FOLLOW_UP_KEY: self.follow_up} if self.follow_up else {}),
             **({OUTCOME_KEY: self.outcome} if self.outcome else {}),
+            **({RETRY_KEY: self.retry} if self.retry else {}),
         }
         if self.unknown is not None:
             snapshot.update(self.unknown)

@@ -12,7 +12,7 @@ atomic, rolled back and recorded as a user's message (docs/format.md, "Humans in
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -206,6 +206,20 @@ class Expire:
     """Resolve every item whose due time has passed (by the session clock, or `now`); no-op if none."""
 
     now: str | None = None
+    # The sweeper's interval (seconds): when this turn fails, the session waits that long before
+    # the next try, doubled with each failure up to RETRY_CAP (`retried`). Not in the history.
+    backoff: float | None = None
+
+
+RETRY_CAP = 3600.0  # the longest wait between two tries of a failing timeout turn (seconds)
+
+
+def retried(previous: Mapping[str, Any] | None, backoff: float, now: float) -> dict[str, float]:
+    """The backoff after a failed timeout turn at `now`: wait `backoff` the first time, twice
+    the last wait after that, at most RETRY_CAP; {"after", "wait"} (store/record.py RETRY_KEY)."""
+    last = previous.get("wait") if previous else None
+    wait = min(RETRY_CAP, 2 * float(last) if isinstance(last, int | float) and last > 0 else backoff)
+    return {"after": now + wait, "wait": wait}
 
 
 Decision = Approve | Reject | Answer | TakeOver | OperatorSay | Release | Expire
@@ -217,7 +231,7 @@ _DECISION_NAMES = {Approve: "approve", Reject: "reject", Answer: "answer", TakeO
 def decision_entry(decision: Decision) -> dict[str, Any]:
     """A decision as a history entry's input: {"decision": {"kind": "approve", "item": "p1", ...}}.
     A backend's token is never recorded, nor a `force` left false (entries stay as they were)."""
-    body = {k: v for k, v in asdict(decision).items() if v is not None and k != TOKEN_KEY
+    body = {k: v for k, v in asdict(decision).items() if v is not None and k not in (TOKEN_KEY, "backoff")
             and not (k == "force" and v is False)}
     return {"decision": {"kind": _DECISION_NAMES[type(decision)], **body}}
 

@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
+from chatrun.definition.page_texts import page_texts, said
 from chatrun.engine import follow_up, guardrails, outcomes, tracing, user_summary
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import NO_FACTS, Checkpoint, Conversation
@@ -41,6 +42,7 @@ from chatrun.engine.pending import (
     decision_entry,
     earliest_due,
     parse_time,
+    retried,
     without_secret,
 )
 from chatrun.engine.scopes import Scope, merged_scope
@@ -384,6 +386,12 @@ class Session:
             if isinstance(later, str) and (due is None or parse_time(later) < parse_time(due)):
                 due = later
         return due
+
+    @property
+    def retry_after(self) -> float | None:
+        """When a sweeper may next try this session's timeouts (epoch seconds) after its last
+        timeout turn failed, or None (engine/pending.py `retried`)."""
+        return None if self._c.retry is None else float(self._c.retry["after"])
 
     @property
     def stale(self) -> str | None:
@@ -752,6 +760,7 @@ class Session:
             if self._c.config.user_memory is not None:  # the summary at the conversation's end, if it ended
                 await user_summary.write(turn, before, self.may_summarize)
             self._c.turn_count = turn.number
+            self._c.retry = None  # a committed turn ends a failing timeout's backoff
             self._c.usage.add(turn.usage)
             if self._c.follow_up is not None or self._c.route.follow_up is not None:  # most turns: neither
                 self._c.follow_up = follow_up.armed(self._c, isinstance(decision, Expire))
@@ -822,10 +831,12 @@ class Session:
         # The detail may quote what a handler or a backend raised (a card number, an email): the
         # `storage` guards redact it before the log, the Error's meta and the history keep it.
         detail = turn.kept_text(detail)
+        text = self._failed_text(text, turn)
         # INFO: a failed turn is the bot's or the model's problem, reported to the client already;
         # `chatrun serve` logs it (the author's detail), library users opt in with logging.
         log.info("session %s, turn %s failed: %s", self.id, self.turn_count + 1, detail)
         self._reopened(before, collected, turn)
+        self._back_off(turn)
         # First, so the history's record of the attempt holds it too.
         self._emit(ev.ERROR, text, runtime=True, meta={"detail": detail})
         failed = entry | {"ok": False, "error": detail, "events": _plain(collected)}
@@ -833,6 +844,28 @@ class Session:
         if replies:  # a channel's user still learns the turn failed (outbox_of keeps replies only)
             failed[OUTBOX_KEY] = replies
         self._rollback(before, failed, turn)
+
+    def _back_off(self, turn: Turn) -> None:
+        """A failed turn of the sweeper's Expire: no sweeper tries again before the backoff is
+        over (engine/pending.py `retried`, kept in the snapshot the failed turn's record commits),
+        so a timeout whose turn keeps failing does not run its approved tool at every sweep."""
+        decision = turn.t.decision
+        if isinstance(decision, Expire) and decision.backoff:
+            now = parse_time(decision.now).timestamp() if decision.now else time.time()
+            self._c.retry = retried(self._c.retry, decision.backoff, now)
+
+    def _failed_text(self, text: str, turn: Turn) -> str:
+        """What the user is told of a failed turn: `text` ("nothing was kept") when no tool that may
+        change something outside the conversation (a handler, http:, openapi:, mcp: tool whose
+        effect is not `read`) ran in it, else that the message was not saved but those tools ran, in the
+        session's locale (`failed_after_effect`, definition/page_texts.py): the rollback undoes the
+        conversation, never what a tool did. Every door shows this Error's text."""
+        tools = self.bot.config.tools  # an action-only tool (no kind) changed the conversation only: undone
+        names = list(dict.fromkeys(e["tool"] for e in _effects(self.bot.config, turn.tool_calls)
+                                   if tools[e["tool"]].kinds))
+        if not names:
+            return text
+        return said(page_texts(self.bot.config.catalogs, self.locale), "failed_after_effect", tools=", ".join(names))
 
     def _log_internal(self, exc: Exception, detail: str) -> None:
         """Log an internal error with its stack; on a bot with `guardrails:` or secret variables the
@@ -1078,12 +1111,18 @@ def _stopped(config: BotConfig, events: list[Event], calls: list[dict[str, Any]]
             shown = []
         elif event.type == ev.STREAM and isinstance(event.data, str):
             shown.append(event.data)
+    return {"shown": "".join(shown), "effects": _effects(config, calls)}
+
+
+def _effects(config: BotConfig, calls: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The turn's tool calls that ran and may have changed something outside (effect `idempotent`
+    or `once`; a call that failed is left out), as `{tool, effect}`."""
     effects = []
     for call in calls:
         tool = config.tools.get(str(call.get("tool")))
         if tool is not None and "error" not in call and tool.effect != "read":
             effects.append({"tool": tool.name, "effect": tool.effect})
-    return {"shown": "".join(shown), "effects": effects}
+    return effects
 
 
 def _plain(events: list[Event]) -> list[dict[str, Any]]:

@@ -112,8 +112,10 @@ class PendingSweeper:
                 due = session.next_due
                 if due is None or parse_time(due).timestamp() > now:
                     return 0  # another replica (or a decision) resolved it first
+                if (session.retry_after or 0) > now:
+                    return 0  # its last timeout turn failed: not before its backoff is over
                 # A request id per due time: a retried sweep replays instead of expiring twice.
-                async for _ in self.registry.turn(session, sweep_input(now), f"expire:{due}"):
+                async for _ in self.registry.turn(session, sweep_input(now, self.settings.interval), f"expire:{due}"):
                     pass
         except wire.RequestFailed as exc:  # busy (a turn runs: next look), a conflict, draining
             log.info("pending sweeper: session %s not expired now: %s", session_id, exc.message)
@@ -149,10 +151,12 @@ class PendingSweeper:
         metrics.pending_state(await pending_counts(self.registry.store, now))
 
 
-def sweep_input(now: float) -> Expire:
+def sweep_input(now: float, backoff: float | None = None) -> Expire:
     """The Expire a sweep runs: what is due by the sweeper's own clock (the instant it found the
-    session due at), so the engine resolves exactly what the sweeper saw due."""
-    return Expire(format_time(datetime.fromtimestamp(now, UTC)))
+    session due at), so the engine resolves exactly what the sweeper saw due; if its turn fails,
+    the session waits `backoff` (the sweep interval), then twice as long, and so on, before a
+    sweeper tries again (engine/pending.py `retried`)."""
+    return Expire(format_time(datetime.fromtimestamp(now, UTC)), backoff=backoff or None)
 
 
 async def pending_counts(store: AsyncStore, now: float) -> dict[tuple[str, str], tuple[int, float]]:

@@ -192,6 +192,25 @@ def due_of(items: list[JSONObject]) -> str | None:
     return None if best is None else best[1]
 
 
+# The snapshot's backoff after a failed timeout turn (engine/pending.py `retried`): {"after": epoch
+# seconds, "wait": seconds}; no sweeper expires the session before `after` (server/sweeper.py).
+RETRY_KEY = "sweep_retry"
+
+
+def retry_of(snapshot: JSONObject) -> JSONObject | None:
+    """The snapshot's sweep backoff (a timeout turn failed: try again no sooner than `after`), or None."""
+    found = snapshot.get(RETRY_KEY)
+    return found if isinstance(found, dict) and isinstance(found.get("after"), int | float) else None
+
+
+def retried_due(snapshot: JSONObject) -> float | None:
+    """When the session is next due for the sweeper (epoch seconds): its earliest due time
+    (due_items), or its backoff's `after` if later; None when nothing is due."""
+    due = due_epoch(due_items(snapshot))
+    retry = retry_of(snapshot)
+    return due if due is None or retry is None else max(due, float(retry["after"]))
+
+
 FOLLOW_UP_KEY = "follow_up"  # the snapshot's armed follow-up: {"due", "route", "since"} (engine/follow_up.py)
 
 
@@ -753,7 +772,7 @@ class Commit:
             expected=expected,
             outcome=None if outcome is None else (outcome[0], to_json(f"session {session_id}: outcome", outcome[1])),
             outbox=outbox_of(session_id, history),
-            due=due_epoch(due_items(snapshot)),
+            due=retried_due(snapshot),
             pending_count=waiting,
             waiting=waiting_entry(session_id, snapshot) if waiting else None,
             tallies=tallies_of(snapshot),
