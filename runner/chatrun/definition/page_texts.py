@@ -116,6 +116,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         # A messaging platform's user whose message is over the server's --max-message-chars: no turn runs.
         "channel_too_long": "Sorry, your message is too long: I take messages of up to {limit} characters. "
                             "Please send a shorter one.",
+        "phone_too_long": "That was too long for me; please say it in fewer words.",
         "phone_choices": "Say or press {choices}.",
         "phone_choice": "{digit} for {label}",
         "channel_list_button": "Choose",
@@ -300,6 +301,7 @@ BUILTIN: dict[str, dict[str, str]] = {
                             "Bitte beantworten Sie die letzte Frage.",
         "channel_too_long": "Leider ist Ihre Nachricht zu lang: Ich nehme Nachrichten mit bis zu {limit} Zeichen an. "
                             "Bitte senden Sie eine kürzere.",
+        "phone_too_long": "Das war zu lang für mich; bitte sagen Sie es mit weniger Worten.",
         "phone_choices": "Sagen oder drücken Sie {choices}.",
         "phone_choice": "{digit} für {label}",
         "channel_list_button": "Auswählen",
@@ -478,6 +480,7 @@ BUILTIN: dict[str, dict[str, str]] = {
                             "يُرجى الإجابة عن السؤال الأخير.",
         "channel_too_long": "عذرًا، رسالتك طويلة جدًا: أستلم رسائل لا يتجاوز طولها {limit} حرفًا. "
                             "يُرجى إرسال رسالة أقصر.",
+        "phone_too_long": "كان ذلك طويلًا جدًا بالنسبة لي؛ من فضلك قل ذلك بكلمات أقل.",
         "phone_choices": "قل أو اضغط {choices}.",
         "phone_choice": "{digit} لـ{label}",
         "channel_list_button": "اختر",

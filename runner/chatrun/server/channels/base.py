@@ -375,10 +375,11 @@ def local_number(number: str, locale: str | None) -> str:
     return number
 
 
-def too_long_notice(session: Session, limit: int) -> str:
+def too_long_notice(session: Session, limit: int, key: str = "channel_too_long") -> str:
     """What a user reads when their message is over the server's --max-message-chars (chatrun's
-    text `channel_too_long`, which a bot's `page.channel_too_long` replaces), the limit stated."""
-    return said(page_texts(session.bot.config.catalogs, session.locale), "channel_too_long",
+    text `channel_too_long`, which a bot's `page.channel_too_long` replaces), the limit stated;
+    a caller hears `phone_too_long` (spoken: no count of characters)."""
+    return said(page_texts(session.bot.config.catalogs, session.locale), key,
                 limit=local_number(str(limit), session.locale))
 
 
