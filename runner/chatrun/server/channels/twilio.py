@@ -348,7 +348,7 @@ class Call:
         try:
             async with self.session() as session:
                 await self.say(too_long_notice(session, self.registry.channels.limits.max_message_chars,
-                                               "phone_too_long"))
+                                               spoken=True))
         except (wire.RequestFailed, SessionError, ChatrunError) as exc:
             log.warning("channel twilio of bot %s: call %s: %s", self.bot, self.call_sid, exc)
         await self.say("", last=True)
