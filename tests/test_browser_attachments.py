@@ -9,6 +9,7 @@ Set CHATRUN_SCREENSHOTS=DIR to keep screenshots."""
 from __future__ import annotations
 
 import base64
+import shutil
 
 import httpx
 import pytest
@@ -283,3 +284,16 @@ def test_a_turn_that_fails_gives_its_text_and_files_back_with_the_error(server, 
                                                 {"type": "image_url", "image_url": {"url": PNG_URL}}]
         assert tray(page) == [] and page.input_value("#input") == ""
         assert not page.js_errors, page.js_errors
+
+
+def test_a_limit_of_one_byte_is_said_in_the_singular_on_the_page(fake, tmp_path):
+    """The page said "over this chat's limit of 1 bytes": `size_bytes_one`/`_other` by the plural
+    rule of the page's language, as the server's notices pick them."""
+    shutil.copytree(REPO / "bots" / "claims", tmp_path / "claims")
+    yaml = tmp_path / "claims" / "bot.yaml"
+    yaml.write_text(yaml.read_text().replace("max_bytes: 5000000,", "max_bytes: 1,"))
+    app = create_app([chatrun.load_bot(tmp_path / "claims")], f"sqlite:///{tmp_path / 'chat.db'}")
+    with ThreadServer(app) as server, chat_page(server.url, width=390) as page:
+        dispatch(page, "paste", "#input", b"ab", "image/png", "tiny.png")
+        assert page.inner_text("#attach-problem") == (
+            "tiny.png is 2 bytes, over this chat's limit of 1 byte per file (attachments.max_bytes).")

@@ -480,6 +480,20 @@ def test_a_message_over_max_message_chars_runs_no_turn_and_the_user_is_told_the_
     assert chat.texts()[1] == "You said hello." and len(chat.fake.requests) == 1
 
 
+def test_a_limit_of_one_character_is_said_in_the_singular(chat, monkeypatch):
+    """The notice said "up to 1 characters": its count now picks `channel_too_long_one` or
+    `_other` by the locale's plural rule, as the operator page's "1 turn" / "3 turns"."""
+    from chatrun.server.wire import ServerLimits
+
+    monkeypatch.setattr(chat.client.app.state.registry.channels, "limits", ServerLimits(max_message_chars=1))
+    assert chat.user.say("ab", delivery=80) == 200
+    wait_until(chat.user.replies, what="the notice")
+    chat.settled()
+    assert chat.texts() == ["Sorry, your message is too long: I take messages of up to 1 character. "
+                            "Please send a shorter one."]
+    assert chat.fake.requests == []
+
+
 def test_a_notice_committed_just_before_a_crash_is_not_sent_again_for_the_retried_delivery(chat, monkeypatch):
     """The notice and the mark that its delivery was answered are one commit (the delivery's
     request id is the notice's outcome): a crash right after it leaves nothing half done, and the

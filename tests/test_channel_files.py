@@ -178,6 +178,20 @@ def test_a_file_notice_committed_just_before_a_crash_is_not_sent_again_for_the_r
     assert fake.requests == [] and telegram.downloads == []
 
 
+def test_a_limit_of_one_byte_is_said_in_the_singular(tmp_path, fake, apis, monkeypatch):
+    """A size under a kilobyte said "1 bytes" (and 1000 bytes as "1e+03 bytes"): `size_bytes_one`
+    or `_other` by the locale's plural rule, the number written whole."""
+    telegram = apis[0]
+    for told, (limit, said) in enumerate(((1, "1 byte"), (1000, "1000 bytes")), 1):
+        (tmp_path / str(limit)).mkdir()
+        bot = BOT.replace("max_bytes: 5000,", f"max_bytes: {limit},")
+        with serve(tmp_path / str(limit), fake, apis, monkeypatch, bot=bot) as client:
+            to_telegram(client, telegram_file(limit, "doc-1", kind="document", mime_type="text/csv"))
+            wait_until(lambda told=told: len(telegram_texts(telegram)) == told, what="the refusal")
+        assert telegram_texts(telegram)[-1] == ("Sorry, I cannot take that file. I take image/*, application/pdf "
+                                                f"files of up to {said}, at most 2 per message.")
+
+
 def test_a_file_over_max_bytes_is_refused_while_it_is_read(client, apis, fake):
     telegram = apis[0]
     telegram.files["big"] = b"%PDF" + b"x" * 6000  # announced as 1000 bytes: found out while reading

@@ -363,8 +363,7 @@ def test_a_prompt_over_max_message_chars_runs_no_turn_and_the_caller_hears_the_l
     with TestClient(app) as client, client.websocket_connect(relay_path(client)) as ws:
         ws.send_json(setup())
         ws.send_json(prompt("Any tickets for the concert tonight?"))
-        assert reply(ws)[0] == ["Sorry, your message is too long: I take messages of up to 20 characters. "
-                                "Please send a shorter one."]
+        assert reply(ws)[0] == ["That was too long for me; please say it in fewer words."]
         ws.send_json(prompt("Any tickets?"))
         assert "".join(reply(ws)[0]) == "Two left."
     assert [r["messages"][-1]["content"] for r in fake.requests] == ["Any tickets?"]
@@ -415,11 +414,10 @@ def test_a_prompt_is_measured_by_the_callers_words_and_a_refused_one_keeps_the_i
         assert ws.receive_json()["token"] == "word0 "
         ws.send_json({"type": "interrupt", "utteranceUntilInterrupt": "word0"})
         ws.send_json(prompt("And the concert tonight, the one at eight?"))  # 42 characters: refused
-        while (message := ws.receive_json())["token"] != "Sorry, your message is too long: I take messages " \
-                                                          "of up to 30 characters. Please send a shorter one.":
+        while (message := ws.receive_json())["token"] != "That was too long for me; please say it in fewer words.":
             assert not message["last"], message  # (chunks of the cancelled answer already on the socket)
         assert ws.receive_json() == {"type": "text", "token": "", "last": True}
-        ws.send_json({"type": "interrupt", "utteranceUntilInterrupt": "Sorry, your message"})
+        ws.send_json({"type": "interrupt", "utteranceUntilInterrupt": "That was too long"})
         ws.send_json(prompt("Actually, the theatre."))  # 22 characters, 130 with the note
         assert "".join(reply(ws)[0]).strip() == "Sure, the theatre."
     assert len(fake.requests) == 2
@@ -451,6 +449,33 @@ def test_a_caller_hears_the_digits_offered_in_the_calls_language(tmp_path, fake,
         ws.send_json({"type": "dtmf", "digit": "1"})
         assert "".join(reply(ws)[0]).strip() == "Gebucht."
     assert fake.requests[-1]["messages"][-1]["content"] == "Booked Hamlet."  # 1: yes, in either language
+
+
+@pytest.mark.parametrize(("lang", "own", "heard"), [
+    ("de-DE", False, "Das war zu lang für mich; bitte sagen Sie es mit weniger Worten."),
+    ("en-US", False, "That was too long for me; please say it in fewer words."),
+    ("de-DE", True, "Zu lang, fürchte ich: bitte in weniger Worten."),
+])
+def test_a_caller_hears_the_phones_own_too_long_text_in_the_calls_language(tmp_path, fake, monkeypatch, lang, own,
+                                                                            heard):
+    """The phone's notice said "Please send a shorter one", written for a chat, odd when spoken:
+    a caller hears `phone_too_long`, in the call's language, which a bot's catalog replaces."""
+    from chatrun.server.wire import ServerLimits
+
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(LOCALE_BOT)
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "en.yaml").write_text('book: "Book {show}?"\n'
+                                                  + ('page.phone_too_long: "Too long."\n' if own else ""))
+    (tmp_path / "locales" / "de.yaml").write_text('book: "{show} buchen?"\n'
+                                                  + (f'page.phone_too_long: "{heard}"\n' if own else ""))
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             limits=ServerLimits(max_message_chars=20))
+    with TestClient(app) as client, client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json({**prompt("Karten für das Konzert heute Abend?"), "lang": lang})
+        assert reply(ws)[0] == [heard]
+    assert fake.requests == []
 
 
 def test_a_prompt_after_an_interrupt_sent_again_on_a_new_socket_replays_its_turn(client, fake):

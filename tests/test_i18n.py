@@ -269,3 +269,21 @@ def test_every_built_in_page_locale_has_every_text_with_its_placeholders():
             assert set(PLACEHOLDER.findall(text)) == set(PLACEHOLDER.findall(BUILTIN["en"][key])), (locale, key)
             if "attachments." in BUILTIN["en"][key]:  # the bot's setting, named as bot.yaml spells it
                 assert BUILTIN["en"][key].split("(")[-1].split(")")[0] in text, (locale, key)
+
+
+@pytest.mark.parametrize(("locale", "count", "text"), [
+    ("en", 1, "I take messages of up to 1 character."),
+    ("en", 8000, "I take messages of up to 8000 characters."),
+    ("de", 1, "Ich nehme Nachrichten mit bis zu 1 Zeichen an."),
+    ("ar", 1, "الحد الأقصى لعدد الأحرف في الرسالة: 1."),
+    ("ar", 3, "الحد الأقصى لعدد الأحرف في الرسالة: 3."),  # Arabic's `few`: the `other` text
+])
+def test_a_page_text_with_a_count_takes_the_plural_form_of_its_locale(locale, count, text):
+    """`channel_too_long` said "1 characters"; `said_count` picks `_one` or `_other` by the
+    locale's plural rule (CLDR's `one`, else `other`), and every such text has both forms."""
+    from chatrun.definition.catalogs import said_count
+    from chatrun.definition.page_texts import BUILTIN, page_texts
+
+    assert text in said_count(page_texts(None, locale), "channel_too_long", locale, count, limit=count)
+    for texts in BUILTIN.values():
+        assert {k[:-4] for k in texts if k.endswith("_one")} == {k[:-6] for k in texts if k.endswith("_other")}

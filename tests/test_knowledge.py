@@ -306,3 +306,21 @@ def test_a_large_index_leaves_out_query_words_most_passages_hold_while_a_rarer_o
     assert library.index.selective(["refund", "password"]) == ["password"]
     assert library.index.selective(["refund"]) == ["refund"]  # never all of them
     assert [h.ref for h in library.search("refund password", ["guides"], 5)] == ["account.html#pw"]
+
+
+def test_a_reply_full_of_brackets_is_looked_up_for_its_first_50_refs_only(docs_bot):
+    """Every distinct `[x]` of a reply was one query of the index: a reply of 10,000 made 10,000
+    (a model looping, or a user having it repeat a pasted list). The first 50 are looked up, the
+    others are not citations."""
+    config, _ = load_config(docs_bot)
+    library = Library(docs_bot, config.knowledge)
+    index = library.ready()
+    queries: list[str] = []
+    index.reader().set_trace_callback(queries.append)
+    made_up = " ".join(f"[made-up-{i}.md#x]" for i in range(10_000))
+    hits = library.cited(f"Yes [returns.md#sale] {made_up} and [account.html#pw]", ["guides"])
+    assert [hit.ref for hit in hits] == ["returns.md#sale"]
+    assert sum("FROM passages" in q for q in queries) == 50
+    refs = " ".join(f"[made-up-{i}.md#x]" for i in range(48))
+    assert [h.ref for h in library.cited(f"[returns.md#sale] {refs} [account.html#pw]", ["guides"])] == \
+        ["returns.md#sale", "account.html#pw"]

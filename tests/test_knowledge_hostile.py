@@ -319,3 +319,28 @@ def test_the_first_searches_at_once_refresh_the_index_once(tmp_path, fake, monke
     with ThreadPoolExecutor(6) as pool:
         found = list(pool.map(lambda _: search(), range(6)))
     assert found == [3] * 6 and len(refreshes) == 1
+
+
+def test_a_file_larger_than_a_web_page_may_be_is_left_out_and_said(tmp_path, fake):
+    """Web pages were capped at 10 MB, local files at nothing: a 2 GB log dropped into the folder
+    was read whole into memory by validate and by every refresh. A file over the same cap is left
+    out (its old passages too), `validate` warns at the source, and `chatrun index` says it."""
+    bot = make_bot(tmp_path, fake, {"a.md": REFUNDS, "b.md": SHIPPING})
+    config, _ = load_config(bot)
+    assert Library(bot, config.knowledge).refresh().changed == 2
+    big = "# Shipping\n\n## Costs\n\nExpress delivery costs 9.90 euros.\n" + "word " * 2_000_000
+    (bot / "help/b.md").write_text(big)
+    assert len(big) > 10_000_000
+
+    found = problems(bot)
+    assert "warning: knowledge source `help`: file `b.md` is larger than 10 MB and is left out; split it into " \
+           "smaller files" in found, found
+    assert not any(p.startswith("error") for p in found), found
+    library = Library(bot, config.knowledge)
+    done = library.refresh()
+    assert done.problems == ["help/b.md is larger than 10 MB; split it into smaller files"]
+    assert library.search("express delivery costs", ["help"], 5) == []
+    assert library.search("refund window", ["help"], 1)
+    run = CliRunner().invoke(main, ["index", str(bot), "--quiet"])
+    assert run.exit_code == 1 and "b.md is larger than 10 MB" in run.output and "Traceback" not in run.output, \
+        run.output

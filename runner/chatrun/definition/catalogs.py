@@ -19,6 +19,7 @@ from typing import Any
 from chatrun.definition.page_texts import BUILTIN as PAGE_BUILTIN
 from chatrun.definition.page_texts import KEYS as PAGE_KEYS
 from chatrun.definition.page_texts import PREFIX as PAGE_PREFIX
+from chatrun.definition.page_texts import said
 from chatrun.errors import Diagnostic
 
 PLURAL_CATEGORIES = frozenset({"zero", "one", "two", "few", "many", "other"})
@@ -133,6 +134,14 @@ def plural_category(locale: str, count: Any) -> str:
     except (TypeError, ValueError):
         return "other"
     return str(_plural_rule(locale)(number))
+
+
+def said_count(texts: dict[str, str], key: str, locale: str | None, count: int, **args: object) -> str:
+    """The page text `<key>_one` or `<key>_other` ("1 character", "8000 characters") by the plural
+    rule of `locale` (CLDR's `one`, else `other`: as the operator page picks `op_turns_*`), filled
+    as `said` (definition/page_texts.py) fills it."""
+    form = "one" if plural_category(locale or "en", count) == "one" else "other"
+    return said(texts, f"{key}_{form}", **args)
 
 
 def load_catalogs(root: str, locales: list[str], declared_at: tuple[str, int, int]) -> tuple[Catalogs, list[Diagnostic]]:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 # The files a source reads when it declares no `include:`, by suffix.
 SUPPORTED = (".md", ".markdown", ".html", ".htm", ".txt", ".pdf")
 URL_FIELDS = ("path", "anchor")  # what a source's `url:` may fill in
+# A knowledge file, a web page or a sitemap larger than this is not read: left out, and said.
+MAX_BYTES = 10_000_000
 # A source's `language:`: PostgreSQL's built-in text search configurations (pg_ts_config of
 # PostgreSQL 13 to 17; tests/test_knowledge_postgres.py compares this list with the server's).
 TEXT_SEARCH_CONFIGS = ("arabic", "armenian", "basque", "catalan", "danish", "dutch", "english", "finnish", "french",
@@ -70,6 +72,11 @@ def escaping_pattern(pattern: str) -> bool:
 
 def _hidden(relative: Path) -> bool:
     return any(part.startswith(".") for part in relative.parts)
+
+
+def too_large(size: int) -> str | None:
+    """Why a file or page of `size` bytes is not read (None: it is): larger than MAX_BYTES."""
+    return f"is larger than {MAX_BYTES // 1_000_000} MB" if size > MAX_BYTES else None
 
 
 def unreadable(path: Path) -> str | None:
@@ -154,19 +161,29 @@ def _check_source(root: str, source: KnowledgeSource, checks: Checks) -> None:
         checks.add("error", f"knowledge source `{source.name}` is empty: its folder `{source.path}` holds no file "
                    f"matching {kinds}", *at, "path")
         return
-    with_text = 0
+    _check_files(source, folder, files, checks)
+
+
+def _check_files(source: KnowledgeSource, folder: Path, files: list[Path], checks: Checks) -> None:
+    """Each file is readable (an error), not too large (left out: a warning) and not empty (a
+    warning); a source whose every file is empty is an error."""
+    at = ("knowledge", source.name, "path")
+    empty = 0
     for path in files:
-        problem = unreadable(path)
         name = path.relative_to(folder).as_posix()
-        if problem is not None:
-            checks.add("error", f"knowledge source `{source.name}`: file `{name}` {problem}", *at, "path")
-        elif path.stat().st_size == 0:
-            checks.add("warning", f"knowledge source `{source.name}`: file `{name}` is empty", *at, "path")
-        else:
-            with_text += 1
-    if with_text == 0 and all(unreadable(p) is None for p in files):
-        checks.add("error", f"knowledge source `{source.name}` is empty: every file in `{source.path}` is empty",
-                   *at, "path")
+        size = path.stat().st_size
+        big = too_large(size)
+        problem = None if big else unreadable(path)
+        if big:
+            checks.add("warning", f"knowledge source `{source.name}`: file `{name}` {big} and is left out; "
+                       "split it into smaller files", *at)
+        elif problem is not None:
+            checks.add("error", f"knowledge source `{source.name}`: file `{name}` {problem}", *at)
+        elif size == 0:
+            empty += 1
+            checks.add("warning", f"knowledge source `{source.name}`: file `{name}` is empty", *at)
+    if empty == len(files):
+        checks.add("error", f"knowledge source `{source.name}` is empty: every file in `{source.path}` is empty", *at)
 
 
 def _check_kind(source: KnowledgeSource, checks: Checks) -> bool:

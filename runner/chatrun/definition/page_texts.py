@@ -91,7 +91,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "file": "file",
         "image": "image",
         "image_gone": "{name} (no longer available)",
-        "size_bytes": "{n} bytes",
+        "size_bytes_one": "{n} byte",
+        "size_bytes_other": "{n} bytes",
         "size_kb": "{n} kB",
         "size_mb": "{n} MB",
         "attach_none": "This part of the conversation ({route}) takes no files.",
@@ -116,8 +117,11 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_answered": "That question was answered already, so the button did nothing. "
                             "Please answer the latest question.",
         # A messaging platform's user whose message is over the server's --max-message-chars: no turn runs.
-        "channel_too_long": "Sorry, your message is too long: I take messages of up to {limit} characters. "
-                            "Please send a shorter one.",
+        "channel_too_long_one": "Sorry, your message is too long: I take messages of up to {limit} character. "
+                                "Please send a shorter one.",
+        "channel_too_long_other": "Sorry, your message is too long: I take messages of up to {limit} characters. "
+                                  "Please send a shorter one.",
+        "phone_too_long": "That was too long for me; please say it in fewer words.",
         "phone_choices": "Say or press {choices}.",
         "phone_choice": "{digit} for {label}",
         "channel_list_button": "Choose",
@@ -276,7 +280,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "file": "Datei",
         "image": "Bild",
         "image_gone": "{name} (nicht mehr verfügbar)",
-        "size_bytes": "{n} Bytes",
+        "size_bytes_one": "{n} Byte",
+        "size_bytes_other": "{n} Bytes",
         "size_kb": "{n} kB",
         "size_mb": "{n} MB",
         "attach_none": "In diesem Teil des Gesprächs ({route}) können keine Dateien angehängt werden.",
@@ -301,8 +306,11 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_unreadable": "Leider konnte ich Ihre Datei nicht lesen. Bitte senden Sie sie noch einmal.",
         "channel_answered": "Diese Frage wurde schon beantwortet, der Knopf hat nichts bewirkt. "
                             "Bitte beantworten Sie die letzte Frage.",
-        "channel_too_long": "Leider ist Ihre Nachricht zu lang: Ich nehme Nachrichten mit bis zu {limit} Zeichen an. "
-                            "Bitte senden Sie eine kürzere.",
+        "channel_too_long_one": "Leider ist Ihre Nachricht zu lang: Ich nehme Nachrichten mit bis zu {limit} Zeichen "
+                                "an. Bitte senden Sie eine kürzere.",
+        "channel_too_long_other": "Leider ist Ihre Nachricht zu lang: Ich nehme Nachrichten mit bis zu {limit} Zeichen "
+                                  "an. Bitte senden Sie eine kürzere.",
+        "phone_too_long": "Das war zu lang für mich; bitte sagen Sie es mit weniger Worten.",
         "phone_choices": "Sagen oder drücken Sie {choices}.",
         "phone_choice": "{digit} für {label}",
         "channel_list_button": "Auswählen",
@@ -457,7 +465,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "file": "ملف",
         "image": "صورة",
         "image_gone": "{name} (لم يعد متاحًا)",
-        "size_bytes": "{n} بايت",
+        "size_bytes_one": "{n} بايت",
+        "size_bytes_other": "{n} بايت",
         "size_kb": "{n} كيلوبايت",
         "size_mb": "{n} ميغابايت",
         "attach_none": "لا يقبل هذا الجزء من المحادثة ({route}) أي ملفات.",
@@ -480,8 +489,11 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_unreadable": "عذرًا، تعذّرت قراءة ملفك. يُرجى إرساله مرة أخرى.",
         "channel_answered": "تمت الإجابة عن هذا السؤال من قبل، لذا لم يفعل الزر شيئًا. "
                             "يُرجى الإجابة عن السؤال الأخير.",
-        "channel_too_long": "عذرًا، رسالتك طويلة جدًا: أستلم رسائل لا يتجاوز طولها {limit} حرفًا. "
-                            "يُرجى إرسال رسالة أقصر.",
+        "channel_too_long_one": "عذرًا، رسالتك طويلة جدًا: الحد الأقصى لعدد الأحرف في الرسالة: {limit}. "
+                                "يُرجى إرسال رسالة أقصر.",
+        "channel_too_long_other": "عذرًا، رسالتك طويلة جدًا: الحد الأقصى لعدد الأحرف في الرسالة: {limit}. "
+                                  "يُرجى إرسال رسالة أقصر.",
+        "phone_too_long": "كان ذلك طويلًا جدًا بالنسبة لي؛ من فضلك قل ذلك بكلمات أقل.",
         "phone_choices": "قل أو اضغط {choices}.",
         "phone_choice": "{digit} لـ{label}",
         "channel_list_button": "اختر",

@@ -59,6 +59,7 @@ CANDIDATES = 50  # passages each ranking (BM25, cosine) offers the fusion: a pas
 # and a model may cite several passages in one pair (`[a.md#x, b.md#y]`).
 _CITATION = re.compile(r"\[([^\[\]\x00-\x1f\x7f]{1,500})\]")
 _CITED_APART = re.compile(r"\s*[,;]\s*")
+MAX_CITED = 50  # distinct refs a reply's citations are looked up for; the others are not citations
 
 
 def index_path(root: str | Path) -> Path:
@@ -170,8 +171,13 @@ class Library:
         return await asyncio.to_thread(self.search, query, sources, k)
 
     def cited(self, text: str, sources: Sequence[str]) -> list[Hit]:
-        """The passages of `sources` that `text` cites (`[path#anchor]`), each once, in order."""
-        refs = list(dict.fromkeys(ref for m in _CITATION.finditer(text or "") for ref in cited_refs(m.group(1))))
+        """The passages of `sources` that `text` cites (`[path#anchor]`), each once, in order; of
+        its first MAX_CITED distinct refs (a reply of 10,000 `[x]` is 50 look-ups, not 10,000)."""
+        refs: dict[str, None] = {}
+        for ref in (ref for m in _CITATION.finditer(text or "") for ref in cited_refs(m.group(1))):
+            refs[ref] = None
+            if len(refs) == MAX_CITED:
+                break
         pairs = [(ref.partition("#")[0], ref.partition("#")[2]) for ref in refs]
         return self.ready().find(pairs, sources) if pairs else []
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatrun.definition.config import KnowledgeSource
-from chatrun.definition.knowledge import source_folder, source_listing, unreadable_bytes
+from chatrun.definition.knowledge import source_folder, source_listing, too_large, unreadable_bytes
 from chatrun.knowledge.chunks import Chunk, chunk_file
 from chatrun.knowledge.vectors import (
     Embedder,
@@ -463,14 +463,16 @@ def read_source_file(item: SourceFile, old_hash: str | None,
                      done: Refreshed) -> tuple[str, list[Chunk]] | tuple[None, list[Chunk]] | None:
     """(the file's hash, its passages) for an index to store, or None when unchanged since
     `old_hash`. A file that cannot be read (its permissions...) is (None, []): left out, its
-    passages from an earlier refresh too, and said in `done.problems`. A file read but not understood
+    passages from an earlier refresh too, and said in `done.problems`; so is a file larger than
+    MAX_BYTES (`too_large`: not read at all, as a web page of that size). A file read but not understood
     (an unreadable PDF...) is said too and stored with no passages: its hash keeps it from being
     read again until it changes. A file gone since the refresh listed it (deleted meanwhile) is
     (None, []): removed, as a file gone before it (counted in `done.removed`). The file is read
     once: its hash, its check and its passages are of the same bytes. Both indexes (this one,
     pg_index.py) read files through here."""
     try:
-        data = item.path.read_bytes()
+        big = too_large(item.path.stat().st_size)
+        data = b"" if big else item.path.read_bytes()
     except FileNotFoundError:
         done.removed += old_hash is not None
         return None, []
@@ -478,6 +480,10 @@ def read_source_file(item: SourceFile, old_hash: str | None,
         done.problems.append(f"{item.source}/{item.relative}: {e}")
         log.warning("knowledge source %s: file %s cannot be read (%s); left out of the index", item.source,
                     item.relative, e)
+        return None, []
+    if big:
+        done.problems.append(f"{item.source}/{item.relative} {big}; split it into smaller files")
+        log.warning("knowledge source %s: file %s %s; left out of the index", item.source, item.relative, big)
         return None, []
     digest = hashlib.sha256(data).hexdigest()
     if digest == old_hash:

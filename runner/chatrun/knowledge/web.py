@@ -38,6 +38,7 @@ from urllib.robotparser import RobotFileParser
 import httpx
 
 from chatrun.definition.config import KnowledgeSource, Location
+from chatrun.definition.knowledge import too_large
 from chatrun.knowledge.chunks import Chunk, chunk_file, chunk_html, chunk_markdown, chunk_pdf
 from chatrun.knowledge.index import Refreshed, StoredPage
 
@@ -46,7 +47,6 @@ log = logging.getLogger("chatrun.knowledge")
 USER_AGENT = "chatrun-knowledge/1 (+https://chatrun.dev/docs/knowledge)"
 TIMEOUT = 20.0  # seconds a request may take (to connect, and between bytes read)
 MAX_PAGES = 1000  # a sitemap's pages at most, unless the source's `max_pages` says otherwise
-MAX_BYTES = 10_000_000  # a page or sitemap larger than this is not read (a failure: the page keeps its passages)
 SITEMAP_DEPTH = 3  # sitemap indexes nested at most this deep (the protocol has one level)
 
 class FetchError(Exception):
@@ -181,7 +181,7 @@ class Answer:
 
 
 def fetch_bytes(http: httpx.Client, url: str, headers: dict[str, str] | None = None) -> Answer:
-    """GET `url` (at most MAX_BYTES); 200 and 304 answer, anything else is a FetchError."""
+    """GET `url` (at most MAX_BYTES of definition/knowledge.py); 200 and 304 answer, anything else is a FetchError."""
     try:
         with http.stream("GET", url, headers=headers or {}) as response:
             if response.status_code not in (200, 304):
@@ -189,8 +189,8 @@ def fetch_bytes(http: httpx.Client, url: str, headers: dict[str, str] | None = N
             content = bytearray()
             for piece in response.iter_bytes():
                 content += piece
-                if len(content) > MAX_BYTES:
-                    raise FetchError(f"is larger than {MAX_BYTES // 1_000_000} MB")
+                if big := too_large(len(content)):  # not read: a failure (the page keeps its passages)
+                    raise FetchError(big)
             return Answer(response.status_code, bytes(content), response.headers.get("content-type", ""),
                           response.charset_encoding, response.headers.get("etag"),
                           response.headers.get("last-modified"))

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import httpx
 
 from chatrun import events as ev
+from chatrun.definition.catalogs import said_count
 from chatrun.definition.config import BotConfig, ChannelConfig
-from chatrun.definition.page_texts import builtin_locale, page_texts, said
+from chatrun.definition.page_texts import builtin_locale, page_texts
 from chatrun.definition.templates import ENV
 from chatrun.errors import ChatrunError
 from chatrun.server.wire import channel_session_id
@@ -396,11 +397,15 @@ def local_number(number: str, locale: str | None) -> str:
     return number
 
 
-def too_long_notice(session: Session, limit: int) -> str:
+def too_long_notice(session: Session, limit: int, spoken: bool = False) -> str:
     """What a user reads when their message is over the server's --max-message-chars (chatrun's
-    text `channel_too_long`, which a bot's `page.channel_too_long` replaces), the limit stated."""
-    return said(page_texts(session.bot.config.catalogs, session.locale), "channel_too_long",
-                limit=local_number(str(limit), session.locale))
+    texts `channel_too_long_one`/`_other` by the limit's plural form, which a bot's
+    `page.channel_too_long_*` replace), the limit stated; a caller (`spoken`) hears
+    `phone_too_long` (no count of characters)."""
+    texts = page_texts(session.bot.config.catalogs, session.locale)
+    if spoken:
+        return texts["phone_too_long"]
+    return said_count(texts, "channel_too_long", session.locale, limit, limit=local_number(str(limit), session.locale))
 
 
 def media_type_of(value: Any, default: str = "application/octet-stream") -> str:

@@ -32,6 +32,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from chatrun import events as ev
+from chatrun.definition.catalogs import said_count
 from chatrun.definition.config import BotConfig
 from chatrun.definition.page_texts import page_texts, said
 from chatrun.engine.session import REPLY_TO
@@ -490,7 +491,10 @@ def _file_notice(session: Session, exc: ChatrunError) -> str:
 
 
 def _size(texts: dict[str, str], n: int, locale: str | None) -> str:
-    """A size as the page writes it: `size_mb`/`size_kb`/`size_bytes`, the number in the locale's digits."""
-    key, value = ("size_mb", n / 1048576) if n >= 1048576 else ("size_kb", n / 1024) if n >= 1024 else ("size_bytes", n)
+    """A size as the page writes it: `size_mb`/`size_kb`/`size_bytes_*` (by the plural rule), the
+    number in the locale's digits."""
+    if n < 1024:
+        return said_count(texts, "size_bytes", locale, n, n=local_number(str(n), locale))
+    key, value = ("size_mb", n / 1048576) if n >= 1048576 else ("size_kb", n / 1024)
     return said(texts, key, n=local_number(f"{value:.3g}", locale))
 

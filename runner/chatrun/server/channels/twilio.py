@@ -365,7 +365,8 @@ class Call:
         self.first = False  # (a prompt sent again after a dropped socket would have been its first)
         try:
             async with self.session() as session:
-                await self.say(too_long_notice(session, self.registry.channels.limits.max_message_chars))
+                await self.say(too_long_notice(session, self.registry.channels.limits.max_message_chars,
+                                               spoken=True))
         except (wire.RequestFailed, SessionError, ChatrunError) as exc:
             log.warning("channel twilio of bot %s: call %s: %s", self.bot, self.call_sid, exc)
         await self.say("", last=True)

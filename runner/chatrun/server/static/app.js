@@ -79,6 +79,14 @@
     return text;
   }
 
+  /** The text `<key>_one` or `<key>_other` by the plural rule of the page's language, for count `n`
+   * ("1 byte", "2 bytes"; as the operator page picks `op_turns_*`, and the server `said_count`). */
+  function txCount(key, n, args) {
+    let one = n === 1;
+    try { one = new Intl.PluralRules(pageData.lang).select(n) === "one"; } catch (err) { /* a tag the browser does not know */ }
+    return tx(key + (one ? "_one" : "_other"), args);
+  }
+
   /** Show the page in `data`'s locale (the session's, from the inspector's data): `lang` and
    * `dir` on the document, every control marked `data-page-text`, the cards of pending items. */
   function applyPageTexts(data) {
@@ -1531,7 +1539,7 @@
 
   /** Sizes in decimal units, as bot authors write limits (max_bytes: 5000000 is "5 MB"). */
   function formatSize(bytes) {
-    if (bytes < 1000) return tx("size_bytes", { n: formatNumber(bytes) });
+    if (bytes < 1000) return txCount("size_bytes", bytes, { n: formatNumber(bytes) });
     if (bytes < 1000 * 1000) return tx("size_kb", { n: formatNumber(bytes / 1000, 1) });
     return tx("size_mb", { n: formatNumber(bytes / (1000 * 1000), 1) });
   }
@@ -1554,7 +1562,7 @@
     if (file.size > limits.max_bytes) {
       // Rounded sizes that read the same ("5 MB, over the limit of 5 MB") are given in bytes.
       const exact = formatSize(file.size) === formatSize(limits.max_bytes);
-      const size = (n) => (exact ? tx("size_bytes", { n: formatNumber(n) }) : formatSize(n));
+      const size = (n) => (exact ? txCount("size_bytes", n, { n: formatNumber(n) }) : formatSize(n));
       return tx("attach_size", { name: name, size: size(file.size), limit: size(limits.max_bytes) });
     }
     return null;
