@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from twilio.request_validator import RequestValidator
 
+from chatrun.definition.page_texts import BUILTIN
 from chatrun.server.channels.base import session_id_for
 from server_support import app_for_testclient
 
@@ -387,8 +388,7 @@ def test_a_prompt_in_parts_is_refused_once_its_parts_are_over_max_message_chars(
             ws.send_json(prompt(part, last=False))
         ws.send_json(prompt("and more", last=True))
         ws.send_json(prompt("Any tickets?"))
-        assert reply(ws)[0] == ["Sorry, your message is too long: I take messages of up to 20 characters. "
-                                "Please send a shorter one."]
+        assert reply(ws)[0] == [BUILTIN["en"]["phone_too_long"]]
         assert "".join(reply(ws)[0]) == "Two left."
     assert [r["messages"][-1]["content"] for r in fake.requests] == ["Any tickets?"]
     # Refused at the part that went over (27 characters kept), not after 9000 more were joined.
