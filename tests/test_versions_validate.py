@@ -28,13 +28,15 @@ def test_validate_reports_the_versions_yaml_that_serve_refuses(tmp_path):
     assert run("validate", str(root)).exit_code == 0
 
 
-def test_a_versions_yaml_that_is_not_yaml_is_an_error_at_its_line_on_every_command(tmp_path):
+def test_a_versions_yaml_that_is_not_yaml_is_an_error_at_its_line_on_every_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # `serve`'s default store (chatrun.db) is the working folder's: not another test's
     root = shop_copy(tmp_path)
     (root / "versions.yaml").write_text('# the canary\nweights: {"1": 10\n')
     for args in (["validate", str(root)], ["repl", str(root), "--play-model"], ["serve", str(root), "--port", "0"]):
         result = run(*args)
         assert result.exit_code == 1, (args, result.output)
         assert f"{root / 'versions.yaml'}:3:1: error: YAML syntax error" in result.output, (args, result.output)
+    assert not (tmp_path / "chatrun.db").exists()  # `serve` opened no store for a bot it refused
 
 
 def test_validate_warns_when_folder_names_order_the_versions_otherwise_than_their_numbers(tmp_path):
