@@ -400,8 +400,10 @@ def test_a_file_clock_reads_its_file_at_every_look(tmp_path):
         clock.now()
 
 
-def test_serve_refuses_a_clock_file_that_holds_no_instant_before_it_starts(tmp_path):
+def test_serve_refuses_a_clock_file_that_holds_no_instant_before_it_starts(tmp_path, monkeypatch):
     from chatrun.cli import main
+
+    monkeypatch.chdir(tmp_path)  # `serve`'s default store (chatrun.db) is the working folder's, not the checkout's
 
     (tmp_path / "clock").write_text("tomorrow")
     bot = Path(__file__).resolve().parents[1] / "bots" / "hello"
@@ -409,3 +411,4 @@ def test_serve_refuses_a_clock_file_that_holds_no_instant_before_it_starts(tmp_p
     assert result.exit_code == 1, result.output
     assert f"{tmp_path / 'clock'}: the clock file holds 'tomorrow', not an instant" in result.output
     assert "Traceback" not in result.output
+    assert not (tmp_path / "chatrun.db").exists()  # refused before any store was opened
