@@ -89,8 +89,7 @@ def create_app(
     auth_config = resolve_auth(auth)  # before the store opens: a bad auth file leaves nothing open
     versions = _load_bots(bots)  # so does an invalid bot: it is the error said, and no store file is made for it
     own_store = store is None  # opened here, so closed here (SQLite: no -wal/-shm left behind)
-    if store is None:
-        store = open_async_store(store_url, settings.lease, exclusive=True)
+    store = open_async_store(store_url, settings.lease, exclusive=True) if store is None else store
     registry = _registry(versions, store, settings, log_content)
     loaded = registry.bots
     app = FastAPI(
