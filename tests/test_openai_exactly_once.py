@@ -109,6 +109,40 @@ def test_an_idempotency_key_replays_on_any_replica_and_a_regenerate_still_forks(
     assert len(receiver.seen()) == 2
 
 
+def regenerate_twice_and_edit(client: openai.OpenAI, fake) -> None:
+    """A second turn that orders tea; the user regenerates its answer twice, then edits it to ask
+    for coffee. Each request forks from turn 1."""
+    messages = [{"role": "user", "content": "hello"}]
+    fake.queue({"text": "Hello! What would you like?"})
+    first = client.chat.completions.create(model="shop", messages=messages)
+    messages += [{"role": "assistant", "content": "Hello! What would you like?"},
+                 {"role": "user", "content": "tea please"}]
+    for answer in ("Ordered: tea.", "Tea is ordered.", "Your tea is on its way."):
+        fake.queue(call("place_order", item="tea"), {"text": answer})
+        reply = client.chat.completions.create(model="shop", messages=messages)
+        assert reply.choices[0].message.content == answer
+    assert reply.model_extra["chatrun"]["how"] == "forked"
+    assert reply.model_extra["chatrun"]["forked_from"] == first.model_extra["chatrun"]["session"]
+    fake.queue(call("place_order", item="coffee"), {"text": "Ordered: coffee."})
+    edited = messages[:-1] + [{"role": "user", "content": "coffee please"}]
+    assert client.chat.completions.create(model="shop", messages=edited).model_extra["chatrun"]["how"] == "forked"
+
+
+def test_a_regenerated_answer_makes_the_same_call_with_its_originals_key(fake, shop, redis_server, tmp_path):
+    """A regenerate or an edit forks (docs/openai-api.md), and a fork's calls carry the keys its
+    original's would (docs/tools.md, "Idempotency keys"): an order regenerated twice, on two
+    replicas, reaches the shop three times with one key, which the shop dedupes by; the edited
+    order (other arguments) is another call, with another key. On SQLite too."""
+    bot, receiver = shop
+    for store in (redis_server.url(), f"sqlite:///{tmp_path}/shop.db"):
+        receiver.deliveries.clear()
+        one, two = replicas(bot, store)
+        with one, two, sdk(Alternating([one.url, two.url]), timeout=30, retries=0) as client:
+            regenerate_twice_and_edit(client, fake)
+        keys = [delivery.headers["idempotency-key"] for delivery in receiver.seen()]
+        assert len(keys) == 4 and len(set(keys[:3])) == 1 and keys[3] != keys[0]
+
+
 def test_a_failed_attempt_is_run_again_by_its_retry(fake, shop, redis_server):
     bot, receiver = shop
     fake.queue({"status": 500, "body": "down"}, {"text": "Hello."})

@@ -339,14 +339,14 @@ class ToolCalls:
 
     def call_key(self, tool: ToolConfig, args: dict[str, Any]) -> str:
         """The call's idempotency key (`ctx.idempotency_key`, an `http:` tool's `Idempotency-Key`):
-        the session, the turn's number, the tool, its arguments and how many times this same call
+        the session (a `/v1` fork's original: `Conversation.keyed_as`), the turn's number, the tool, its arguments and how many times this same call
         ran before in this turn. A turn run again — retried after a failure, or a decision retried
         on another replica after the first died — has the same number and makes the same calls,
         so each gets its key again; any other call gets another. The model's call id is left out:
         most servers make a new random one for each answer, even the same answer again."""
         call = json.dumps([tool.name, args], sort_keys=True, default=str, separators=(",", ":"))
         occurrence = self.made[call] = self.made.get(call, 0) + 1
-        identity = f"{self.t.c.id}\n{self.t.number}\n{occurrence}\n{call}"
+        identity = f"{self.t.c.keyed_as}\n{self.t.number}\n{occurrence}\n{call}"
         return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
     async def tool_result(self, tool: ToolConfig, args: dict[str, Any]) -> Any:

@@ -228,6 +228,14 @@ class Conversation:
     state = OwnOnRead()  # the conversation state (every scope sees it)
     meta = OwnOnRead()  # what the session's opener told about it (owner, channel, locale...)
 
+    @property
+    def keyed_as(self) -> str:
+        """The session id its calls' idempotency keys are made of: its own, or for a `/v1` fork the
+        original conversation's (the first of a chain of forks), so that regenerating an answer or
+        editing a message makes the same call with the same key and a service that dedupes pays once."""
+        forked = self._meta.get("forked_from")
+        return str(forked.get("keys", forked["session"])) if isinstance(forked, dict) else self.id
+
     def compact(self) -> None:
         """Between turns: empty state, meta and scope state go back to the shared UNWRITTEN, so an
         idle session keeps no empty dict of its own (four were 256 B of every idle session; issue 39).

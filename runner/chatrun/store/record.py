@@ -274,7 +274,10 @@ def forked_snapshot(snapshot: JSONObject, old: str, new: str, turn: int) -> JSON
     """A copy of session `old`'s snapshot as the new session `new`, noting where it forked from."""
     forked: JSONObject = json.loads(json.dumps(snapshot))
     forked["id"] = new
-    forked["meta"] = dict(forked.get("meta") or {}, forked_from={"session": old, "turn": turn})
+    meta = forked.get("meta") or {}
+    earlier = meta.get("forked_from")  # a fork of a fork: its calls are keyed as the first original's
+    keys = earlier.get("keys", earlier["session"]) if isinstance(earlier, dict) else old
+    forked["meta"] = dict(meta, forked_from={"session": old, "turn": turn, "keys": keys})
     forked.pop(PENDING_ITEMS_KEY, None)  # a decision belongs to the conversation that asked for it
     forked.pop(TAKEN_OVER_KEY, None)
     forked.pop(RESOLVED_ITEMS_KEY, None)
