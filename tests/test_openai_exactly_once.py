@@ -128,19 +128,33 @@ def regenerate_twice_and_edit(client: openai.OpenAI, fake) -> None:
     assert client.chat.completions.create(model="shop", messages=edited).model_extra["chatrun"]["how"] == "forked"
 
 
+def regenerate_by_response_id(client: openai.OpenAI, fake) -> None:
+    """The same on the Responses API: the answer to `previous_response_id` regenerated twice."""
+    fake.queue({"text": "Hello! What would you like?"})
+    first = client.responses.create(model="shop", input="hello")
+    for answer in ("Ordered: tea.", "Tea is ordered."):
+        fake.queue(call("place_order", item="tea"), {"text": answer})
+        reply = client.responses.create(model="shop", input="tea please", previous_response_id=first.id)
+        assert reply.output_text == answer
+    assert reply.model_extra["chatrun"]["how"] == "forked"
+
+
 def test_a_regenerated_answer_makes_the_same_call_with_its_originals_key(fake, shop, redis_server, tmp_path):
     """A regenerate or an edit forks (docs/openai-api.md), and a fork's calls carry the keys its
     original's would (docs/tools.md, "Idempotency keys"): an order regenerated twice, on two
     replicas, reaches the shop three times with one key, which the shop dedupes by; the edited
-    order (other arguments) is another call, with another key. On SQLite too."""
+    order (other arguments) is another call, with another key. The same with the Responses API's
+    `previous_response_id`. On SQLite too."""
     bot, receiver = shop
     for store in (redis_server.url(), f"sqlite:///{tmp_path}/shop.db"):
         receiver.deliveries.clear()
         one, two = replicas(bot, store)
         with one, two, sdk(Alternating([one.url, two.url]), timeout=30, retries=0) as client:
             regenerate_twice_and_edit(client, fake)
+            regenerate_by_response_id(client, fake)
         keys = [delivery.headers["idempotency-key"] for delivery in receiver.seen()]
-        assert len(keys) == 4 and len(set(keys[:3])) == 1 and keys[3] != keys[0]
+        assert len(keys) == 6 and len(set(keys[:3])) == 1 and keys[3] != keys[0]
+        assert keys[4] == keys[5] and keys[4] not in keys[:4]  # another conversation: another key
 
 
 def test_a_failed_attempt_is_run_again_by_its_retry(fake, shop, redis_server):
