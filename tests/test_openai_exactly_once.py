@@ -15,6 +15,7 @@ import redis
 import chatrun
 from chat_support import call
 from chatrun.server import create_app
+from chatrun.server.openai_api import OpenAIOptions
 from server_support import ThreadServer
 from webhook_support import Receiver
 
@@ -59,8 +60,8 @@ def shop(tmp_path, write_bot):
         yield chatrun.load_bot(write_bot(BOT.replace("RECEIVER", receiver.url))), receiver
 
 
-def replicas(bot, url: str) -> tuple[ThreadServer, ThreadServer]:
-    return ThreadServer(create_app([bot], url)), ThreadServer(create_app([bot], url))
+def replicas(bot, url: str, **options) -> tuple[ThreadServer, ThreadServer]:
+    return ThreadServer(create_app([bot], url, **options)), ThreadServer(create_app([bot], url, **options))
 
 
 def sdk(transport: Alternating, timeout: float, retries: int) -> openai.OpenAI:
@@ -155,6 +156,30 @@ def test_a_regenerated_answer_makes_the_same_call_with_its_originals_key(fake, s
         keys = [delivery.headers["idempotency-key"] for delivery in receiver.seen()]
         assert len(keys) == 6 and len(set(keys[:3])) == 1 and keys[3] != keys[0]
         assert keys[4] == keys[5] and keys[4] not in keys[:4]  # another conversation: another key
+
+
+def test_a_regenerated_first_answer_in_a_front_ends_chat_sends_its_originals_key(fake, shop, redis_server, tmp_path):
+    """With a front end's chat id (`--session-header`), the first answer regenerated (the same first
+    message again in the same chat, on either API) forks from the chat's start, and its call
+    carries the key the first answer's did; the same message in another chat is a new one."""
+    bot, receiver = shop
+    options = {"openai": OpenAIOptions(session_headers=("X-Chat-Id",))}
+    for store in (redis_server.url(), f"sqlite:///{tmp_path}/shop.db"):
+        receiver.deliveries.clear()
+        one, two = replicas(bot, store, **options)
+        with one, two, sdk(Alternating([one.url, two.url]), timeout=30, retries=0) as client:
+            hows = []
+            for chat in ("chat-1", "chat-1", "chat-2", "chat-2"):
+                fake.queue(call("place_order", item="tea"), {"text": "Ordered: tea."})
+                if chat == "chat-1":
+                    reply = client.chat.completions.create(model="shop", messages=[{"role": "user", "content": "tea"}],
+                                                           extra_headers={"X-Chat-Id": chat})
+                else:
+                    reply = client.responses.create(model="shop", input="tea", extra_headers={"X-Chat-Id": chat})
+                hows.append(reply.model_extra["chatrun"]["how"])
+        keys = [delivery.headers["idempotency-key"] for delivery in receiver.seen()]
+        assert hows == ["new", "forked", "new", "forked"]
+        assert keys[0] == keys[1] != keys[2] == keys[3]
 
 
 def test_a_failed_attempt_is_run_again_by_its_retry(fake, shop, redis_server):

@@ -29,7 +29,14 @@ from starlette.types import Receive
 
 from chatrun.server import openai_resent, openai_schema, openai_tasks, wire
 from chatrun.server.auth import Principal
-from chatrun.server.openai_sessions import KEEP_TURNS, RESPONSE, Identity, Kept, TurnIndex
+from chatrun.server.openai_sessions import (
+    KEEP_TURNS,
+    RESPONSE,
+    USER_NAMESPACE,
+    Identity,
+    Kept,
+    TurnIndex,
+)
 from chatrun.server.openai_turn import (
     Attempt,
     OpenAIError,
@@ -255,7 +262,7 @@ class OpenAIState:
             if value:
                 return f"{header}:{value}"
         user = body.get("user") or body.get("safety_identifier")
-        return f"user:{user}" if isinstance(user, str) and user else ""
+        return f"{USER_NAMESPACE}{user}" if isinstance(user, str) and user else ""
 
 
 def _unreadable(exc: wire.RequestFailed) -> OpenAIError:

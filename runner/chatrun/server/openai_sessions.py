@@ -16,7 +16,8 @@ first match wins:
    instead (the client regenerated an answer, edited an earlier message, or a second client
    shares the history), a new session forks from the state right after that turn, so no
    conversation ever overwrites another. Turns of a deleted session match nothing.
-3. Nothing matches: a new session, whose earlier messages become its memory.
+3. Nothing matches: a new session, whose earlier messages become its memory; for a first
+   message sent again in a front end's chat (`Identity.in_chat`), a fork of the chat's start.
 
 What those other parties' turns said to the user since the user's last exchange over /v1
 (`Opened.caught_up`: the turns after the session's last /v1 turn and its last user turn,
@@ -79,6 +80,7 @@ log = logging.getLogger("chatrun.server.openai")
 
 CONTINUED = "continued"  # the request is the next turn of a stored session
 FORKED = "forked"  # a new session forked from an earlier turn of another
+USER_NAMESPACE = "user:"  # a namespace from the `user` field; any other is a front end's chat id
 NEW_SESSION = "new"  # nothing matched: a new session (earlier messages seeded into its memory)
 REPLAYED = "replayed"  # a retry of a request whose turn committed: its answer again, nothing run
 
@@ -126,6 +128,19 @@ class Identity:
         hashed.update(b"\0" + _JSON(rest).encode())
         digest: str = hashed.hexdigest()
         return "openai:request:" + digest
+
+    @property
+    def in_chat(self) -> bool:
+        """Whether the namespace is a front end's chat id (a trusted header), not the `user` field:
+        then a first message sent again in it is that chat's first answer regenerated."""
+        return bool(self.namespace) and not self.namespace.startswith(USER_NAMESPACE)
+
+    def start_key(self, owner: str | None) -> str:
+        """The key of the chat's start: which session its first turn made (`TurnIndex.open`)."""
+        hashed = self._running(owner).copy()
+        hashed.update(b"\0start")
+        digest: str = hashed.hexdigest()
+        return "openai:start:" + digest
 
     def hashed_as(self, owner: str | None, running: Any) -> bool:
         """Take `running` as the running hash of `earlier` for `owner` (False for None)."""
@@ -361,8 +376,19 @@ class TurnIndex:
                 if not session.turn_count:  # nothing committed since: the turn the attempt failed to run
                     yield Opened(session, NEW_SESSION)
                     return
-        async with self._new(ident, who, secrets.token_hex(8)) as opened:
+        async with self._new(ident, who, secrets.token_hex(8), await self._chat_started(ident, who)) as opened:
             yield opened
+
+    async def _chat_started(self, ident: Identity, who: Principal | None) -> dict[str, Any] | None:
+        """For a first message in a front end's chat (`Identity.in_chat`) that already made a
+        session (its first answer is being regenerated, or the message edited): where that chat
+        started, which the new session forks from (`_new`); else None."""
+        if ident.earlier or ident.previous is not None or not ident.in_chat:
+            return None
+        started = await self.records.get_record(ident.start_key(_owner(who)))
+        if started is None or started.get("bot") != ident.bot or not await self._alive(started):
+            return None
+        return started
 
     @staticmethod
     def failed_key(attempt: str) -> str:
@@ -387,14 +413,26 @@ class TurnIndex:
         return session_id
 
     @asynccontextmanager
-    async def _new(self, ident: Identity, who: Principal | None, session_id: str) -> AsyncIterator[Opened]:
+    async def _new(self, ident: Identity, who: Principal | None, session_id: str,
+                   started: dict[str, Any] | None = None) -> AsyncIterator[Opened]:
         """A session this request creates; deleted again when the request ran no turn on it (refused
-        before it, as a file its route does not take): a request that did nothing leaves nothing."""
+        before it, as a file its route does not take): a request that did nothing leaves nothing.
+        `started`: the start of the chat this first message was sent in before (`_chat_started`):
+        the session forks from it, its calls keyed as that chat's (`Conversation.keyed_as`); else
+        a first message in a chat records the chat's start."""
         registry = self.registry
         async with registry.session(ident.bot, session_id, who, NEW, route=ident.route,
                                     version=ident.version, locale=ident.locale) as session:
+            if started is not None:
+                session.meta["forked_from"] = {"session": started["session"], "turn": 0, "keys": started["keys"]}
+            elif ident.in_chat and not ident.earlier and ident.previous is None:
+                await self.records.put_record(ident.start_key(_owner(who)), {
+                    "bot": ident.bot, "session": session_id, "keys": session_id}, session_id)
             try:
-                yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
+                if started is not None:
+                    yield Opened(session, FORKED, forked_from=started["session"])
+                else:
+                    yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
             finally:
                 try:
                     await asyncio.shield(registry.discard_unused(session))
