@@ -153,3 +153,84 @@ def _expect_lost(request: Any, lost: list[BaseException]) -> None:
         request()
     except httpx.HTTPError as exc:
         lost.append(exc)
+
+
+SHOP = """
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: false}
+env:
+  HELPDESK_API_URL: {description: Base URL of the helpdesk API}
+routes:
+  main: {default: true, system: You order devices., tools: [order_device]}
+tools:
+  order_device:
+    description: Order a device (charges the department)
+    parameters: {type: object, properties: {body: {type: object}}, required: [body]}
+    http:
+      url: "{{ env.HELPDESK_API_URL }}/device-orders?reporter=ana"
+      method: POST
+      json: {device: "{{ args.body.device }}", reason: "{{ args.body.reason }}"}
+"""
+
+
+def _age_claims(url: str, seconds: float) -> int:
+    """Make the `/v1` requests' running claims in the store `seconds` older, as if that long had
+    passed since the attempt that holds them began (the wait for a replica that died)."""
+    import asyncio
+
+    from chatrun.store.aio import open_async_store
+
+    async def age() -> int:
+        store = open_async_store(url)
+        aged = 0
+        try:
+            for key in await store.record_keys("openai:request:"):
+                record = await store.get_record(key)
+                if record and record.get("running"):
+                    await store.put_record(key, dict(record, at=float(record["at"]) - seconds))
+                    aged += 1
+        finally:
+            await store.close()
+        return aged
+
+    return asyncio.run(age())
+
+
+@pytest.mark.subprocess
+def test_a_v1_first_message_retried_on_another_replica_after_kill_9_sends_the_same_idempotency_key(
+        fake, api, shared_store, tmp_path):
+    """docs/tools.md, "Idempotency keys": a conversation's first `/v1` request orders a device;
+    its replica dies (-9) after the order reached the API, before the commit. The SDK retries on
+    the other replica, which takes over the dead attempt's claim and runs the turn in the session
+    that attempt made: the order goes out again with the same key, and the API places it once."""
+    import openai
+
+    from test_openai_exactly_once import Alternating
+
+    fake.responder = responder
+    bot = tmp_path / "shop.yaml"
+    bot.write_text(SHOP)
+    replicas = [Replica(str(bot), shared_store, fake.base_url).start() for _ in range(2)]
+    try:
+        transport = Alternating([replica.url for replica in replicas])
+        client = openai.OpenAI(base_url=replicas[0].url + "/v1", api_key="x", timeout=120, max_retries=2,
+                               http_client=httpx.Client(transport=transport))
+        answers: list[Any] = []
+        thread = threading.Thread(target=lambda: answers.append(client.chat.completions.create(
+            model="shop", messages=[{"role": "user", "content": "My laptop's screen is cracked."}])))
+        thread.start()
+        assert api.arrived.wait(60), "the order never reached the API"
+        replicas[0].kill()  # the tool ran, the turn is not committed
+        assert _age_claims(shared_store, 3600) == 1  # its claim, as after the wait for a dead replica
+        api.release.set()
+        thread.join(180)
+        assert answers, "the SDK's retry got no answer"
+        reply = answers[0]
+        assert reply.choices[0].message.content.startswith("Done: ") and reply.model_extra["chatrun"]["how"] == "new"
+        sent = [r for r in api.requests if r["path"] == "/device-orders"]
+        assert len(sent) == 2 and sent[0]["key"] == sent[1]["key"]  # again, with the same key ...
+        assert len(api.orders) == 1  # ... so the API placed it once
+    finally:
+        api.release.set()
+        for replica in replicas:
+            replica.kill()

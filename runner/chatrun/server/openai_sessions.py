@@ -336,7 +336,8 @@ class TurnIndex:
         key of the request's outcome, marked as running (so that its retries, on any replica,
         wait for its outcome) in the same store call as the look-up of its conversation.
         `attempt`: that key (also of a retry): a new session an earlier attempt of the same
-        request made and left without a turn is the one this attempt runs in (remember_failed)."""
+        request made and left without a turn is the one this attempt runs in (remember_failed; or
+        the one its key names, `_made_id`: its replica died before the commit)."""
         registry = self.registry
         if ident.explicit_id is not None:
             problem = wire.chat_id_problem(ident.explicit_id)
@@ -370,13 +371,15 @@ class TurnIndex:
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
                     yield Opened(session, FORKED, forked_from=record["session"])
                 return
-        failed = await self._failed_attempts_session(attempt)
-        if failed is not None:
-            async with registry.session(ident.bot, failed, who, EXISTING) as session:
-                if not session.turn_count:  # nothing committed since: the turn the attempt failed to run
-                    yield Opened(session, NEW_SESSION)
-                    return
-        async with self._new(ident, who, secrets.token_hex(8), await self._chat_started(ident, who)) as opened:
+        made = _made_id(attempt)
+        for earlier in (await self._failed_attempts_session(attempt), made):
+            if earlier is not None and await self.records.version(earlier) is not None:
+                async with registry.session(ident.bot, earlier, who, EXISTING) as session:
+                    if not session.turn_count:  # nothing committed: the turn an earlier attempt did not finish
+                        yield Opened(session, NEW_SESSION)
+                        return
+                made = None  # the same first message sent again by its user: a conversation of its own
+        async with self._new(ident, who, made or secrets.token_hex(8), await self._chat_started(ident, who)) as opened:
             yield opened
 
     async def _chat_started(self, ident: Identity, who: Principal | None) -> dict[str, Any] | None:
@@ -586,6 +589,13 @@ class TurnIndex:
         written: dict[str, list[Message] | None] = dict(memories)
         await self.registry.store.commit_turn(Commit.encode(new, snapshot, written, [], expected=CREATE), None)
         return new
+
+
+def _made_id(attempt: str | None) -> str | None:
+    """The id of the new session a request with an `attempt` key makes: made from the key, so
+    that a retry after an attempt whose replica died before its commit (the session made, no turn
+    committed) runs in that session, and its calls carry the same idempotency keys (docs/tools.md)."""
+    return None if attempt is None else hashlib.blake2b(attempt.encode(), digest_size=8).hexdigest()
 
 
 async def _look_up(claim: str | None, key: str | None, session_id: str | None,
